@@ -1,0 +1,13 @@
+"""shardscope: show, check and plan how JAX shards arrays and what communication XLA inserts."""
+
+from shardscope._devices import hardware_summary as hardware_summary
+from shardscope._devices import use_cpu_devices as use_cpu_devices
+from shardscope._errors import DeviceSetupError as DeviceSetupError
+from shardscope._errors import HloParseError as HloParseError
+from shardscope._errors import LayoutError as LayoutError
+from shardscope._errors import MeshSpecError as MeshSpecError
+from shardscope._errors import ShardscopeError as ShardscopeError
+from shardscope._mesh import make_mesh as make_mesh
+from shardscope._mesh import parse_mesh_spec as parse_mesh_spec
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from shardscope.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""Exceptions. Every bad-input error is a ``ValueError`` subclass, so callers may catch either."""
+
+from __future__ import annotations
+
+
+class ShardscopeError(ValueError):
+    """Bad input to shardscope: the message names the value, the rule and the fix."""
+
+
+class MeshSpecError(ShardscopeError):
+    """A mesh description that cannot be built (bad syntax, sizes, names or device count)."""
+
+
+class LayoutError(ShardscopeError):
+    """A shape and sharding that do not fit together (e.g. a dimension not divisible)."""
+
+
+class HloParseError(ShardscopeError):
+    """Text that is not optimized HLO, or HLO whose structure cannot be read."""
+
+
+class DeviceSetupError(RuntimeError):
+    """Simulated devices were requested after JAX's backend had already started."""
