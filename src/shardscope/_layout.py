@@ -112,6 +112,11 @@ class Layout:
 
         return layout_table(self)
 
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
+        from shardscope._render import mimebundle
+
+        return mimebundle(self)
+
 
 def _spec_entry_json(entry: Any) -> Any:
     if entry is None or isinstance(entry, str):

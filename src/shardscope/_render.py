@@ -62,3 +62,23 @@ def console(**kwargs: Any) -> Any:
     from rich.console import Console
 
     return Console(**kwargs)
+
+
+def mimebundle(renderable: Any, width: int = 110) -> dict[str, str]:
+    """Plain text and HTML of a rich renderable, for notebooks' ``_repr_mimebundle_``."""
+    from rich.console import Console
+
+    rec = Console(width=width, record=True, file=_Discard(), force_jupyter=False)
+    rec.print(renderable)
+    return {
+        "text/plain": rec.export_text(clear=False),
+        "text/html": rec.export_html(inline_styles=True, code_format="<pre>{code}</pre>"),
+    }
+
+
+class _Discard:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
