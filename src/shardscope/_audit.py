@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardscope import _comm
+from shardscope._comm import format_bytes
 from shardscope._errors import HloParseError, MeshSpecError, ShardscopeError
 from shardscope._groups import (
     AxisMatch,
@@ -361,13 +362,13 @@ class Audit:
         for axis, budget in (bytes_per_axis or {}).items():
             got = self.axis_traffic(axis)
             rows.append(
-                (f"bytes/device over {axis!r}", f"<= {_fmt_bytes(budget)}", _fmt_bytes(got),
+                (f"bytes/device over {axis!r}", f"<= {format_bytes(budget)}", format_bytes(got),
                  got <= budget)
             )
         if traffic_bytes is not None:
             got = self.total().traffic_bytes
             rows.append(
-                ("bytes/device in all", f"<= {_fmt_bytes(traffic_bytes)}", _fmt_bytes(got),
+                ("bytes/device in all", f"<= {format_bytes(traffic_bytes)}", format_bytes(got),
                  got <= traffic_bytes)
             )
         bad = [r for r in rows if not r[3]]
@@ -389,7 +390,7 @@ class Audit:
                 where = c.source or (f"after {c.operand_source}" if c.operand_source else "?")
                 lines.append(
                     f"  {c.kind} x{c.count} over {c.axes_label} ({c.dtype}{list(c.shape)}, "
-                    f"{_fmt_bytes(c.payload_bytes)}) at {where} [{c.name}]"
+                    f"{format_bytes(c.payload_bytes)}) at {where} [{c.name}]"
                 )
         if not self.exact:
             lines.append("note: some counts are not exact (unknown trip counts or branches)")
@@ -428,17 +429,6 @@ def _kind_rank(kind: str) -> int:
     return _comm.KINDS.index(kind) if kind in _comm.KINDS else len(_comm.KINDS)
 
 
-def _fmt_bytes(n: int) -> str:
-    """Bytes for people: ``65536`` -> ``'64 KiB'``; exact below 1 KiB."""
-    if n < 1024:
-        return f"{n} B"
-    for power, unit in enumerate(("KiB", "MiB", "GiB", "TiB"), start=1):
-        value = n / 1024**power
-        if value < 1024 or unit == "TiB":
-            return f"{value:.4g} {unit}"
-    raise AssertionError("unreachable")
-
-
 # --------------------------------------------------------------------------------------
 # Analysis of a parsed module
 # --------------------------------------------------------------------------------------
@@ -474,10 +464,10 @@ def _edges(ins: Instruction) -> Iterator[tuple[str, int, bool, Loop | None, str 
         if ins.opcode == "while":
             trips = _trip_count(ins)
             loop = Loop(ins.name, trips)
-            if attr == "body":
-                yield callee, (trips if trips is not None else 1), trips is not None, loop, None, False
-            else:
-                yield callee, (trips + 1 if trips is not None else 1), trips is not None, loop, None, False
+            known = trips is not None
+            # The condition runs once more than the body: the test that ends the loop.
+            factor = (trips if attr == "body" else trips + 1) if trips is not None else 1
+            yield callee, factor, known, loop, None, False
         elif ins.opcode == "conditional":
             label = f"{ins.name}[{branch}]"
             branch += 1

@@ -136,3 +136,18 @@ def alpha_beta_time(
         raise ShardscopeError(f"alpha_s must be non-negative, got {alpha_s!r}")
     sent = traffic_bytes(kind, payload_bytes, group_size)
     return latency_steps(kind, group_size) * alpha_s + sent / bandwidth_bytes_per_s
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: ``65536`` -> ``'64 KiB'``; exact below 1 KiB.
+
+    >>> format_bytes(16 * 1024 * 4), format_bytes(1000), format_bytes(3 * 2**20 // 2)
+    ('64 KiB', '1000 B', '1.5 MiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    for power, unit in enumerate(("KiB", "MiB", "GiB", "TiB"), start=1):
+        value = n / 1024**power
+        if value < 1024 or unit == "TiB":
+            return f"{value:.4g} {unit}"
+    raise AssertionError("unreachable")
