@@ -43,8 +43,9 @@ def test_alpha_beta_time():
     assert t == pytest.approx(2 * 7 * 0.5 + 2 * 7 * 8_000 / (8 * 1000.0), rel=1e-12)
     t = comm.alpha_beta_time("all-to-all", 64_000, 8, bandwidth_bytes_per_s=1000.0)
     assert t == pytest.approx(7 * 64_000 / (64 * 1000.0), rel=1e-12)
-    assert comm.alpha_beta_time("collective-permute", 10, 2, bandwidth_bytes_per_s=5.0,
-                                alpha_s=1.0) == pytest.approx(3.0, rel=1e-12)
+    assert comm.alpha_beta_time(
+        "collective-permute", 10, 2, bandwidth_bytes_per_s=5.0, alpha_s=1.0
+    ) == pytest.approx(3.0, rel=1e-12)
     assert comm.latency_steps("all-gather", 1) == 0
 
 

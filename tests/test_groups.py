@@ -158,7 +158,9 @@ def test_irregular_groups_are_reported_with_reason(groups, why):
 
 
 def test_axes_of_pairs():
-    ring = tuple((i, (i + 1) % 4) for i in range(4)) + tuple((4 + i, 4 + (i + 1) % 4) for i in range(4))
+    ring = tuple((i, (i + 1) % 4) for i in range(4)) + tuple(
+        (4 + i, 4 + (i + 1) % 4) for i in range(4)
+    )
     m = axes_of_pairs(ring, DP_MP)
     assert (m.axes, m.group_size) == (("mp",), 4)
     m = axes_of_pairs(((0, 4), (4, 0), (1, 5), (5, 1), (2, 6), (6, 2), (3, 7), (7, 3)), DP_MP)

@@ -163,8 +163,11 @@ def test_unknown_opcodes_and_attributes_are_kept_raw():
     [
         ("", "empty"),
         ("hello world", "is not HLO"),
-        ('module @jit_f {\n  func.func public @main() {\n  }\n}', "StableHLO"),
-        ("HloModule m\n\nENTRY %main () -> f32[] {\n  ROOT %c = f32[] constant(1)\n", "never closed"),
+        ("module @jit_f {\n  func.func public @main() {\n  }\n}", "StableHLO"),
+        (
+            "HloModule m\n\nENTRY %main () -> f32[] {\n  ROOT %c = f32[] constant(1)\n",
+            "never closed",
+        ),
         ("HloModule m\n\n%f () -> f32[] {\n  ROOT %c = f32[] constant(1)\n}\n", "no ENTRY"),
         ("HloModule m\n\nENTRY %main () -> f32[] {\n  ROOT %c = f32[ constant(1)\n}\n", "line 4"),
         ("HloModule m\n\nENTRY %main () -> f32[] {\n  garbage\n}\n", "line 4"),
@@ -177,8 +180,13 @@ def test_text_that_is_not_hlo_fails_loudly(text, words):
 
 
 def _mutate(text: str, data: st.DataObject) -> str:
-    kind = data.draw(st.sampled_from(["delete", "insert", "replace", "drop_line", "dup_line",
-                                      "truncate", "swap_lines"]))
+    if not text:
+        return text
+    kind = data.draw(
+        st.sampled_from(
+            ["delete", "insert", "replace", "drop_line", "dup_line", "truncate", "swap_lines"]
+        )
+    )
     n = len(text)
     i = data.draw(st.integers(0, n - 1))
     j = data.draw(st.integers(i, min(n, i + 40)))
@@ -225,6 +233,6 @@ def test_fuzz_mutated_hlo_never_raises_anything_but_parse_error(data):
     # Whatever parsed must also be readable record by record.
     for ins in module.instructions():
         try:
-            ins.metadata, ins.backend_config, ins.called_computations
+            _ = (ins.metadata, ins.backend_config, ins.called_computations)
         except HloParseError:
             pass
