@@ -26,6 +26,7 @@ from shardscope import audit  # noqa: E402
 from shardscope._audit import parse_rematerializations  # noqa: E402
 from shardscope._audit_cli import run_audit_command  # noqa: E402
 from shardscope._demos import taster_matmul, taster_reshard  # noqa: E402
+from shardscope._groups import parse_replica_groups  # noqa: E402
 from shardscope._hlo import parse_hlo  # noqa: E402
 from shardscope._render_audit import format_audit  # noqa: E402
 
@@ -123,6 +124,18 @@ GOLDEN = {
         ("all-gather", ("x",), 4, 8 * 16 * 16 * 4, 3 * 8 * 16 * 16, 1, True, "remat"),
         ("all-gather", ("y",), 2, 16 * 16 * 16 * 4, 16 * 16 * 16 * 2, 1, True, "remat"),
     ],
+    # The iota form [2,4]<=[8] groups partitions 0-3 and 4-7: the minor 4 of i, 'i:(2)4'.
+    # all-gather result f32[4,6]; all-to-all of two f32[3,1,1,1] pieces over pairs {p, p+4}
+    # ('i:(1)2'); a permute of one f32[6,1,1] buffer along i (some pairs stay put).
+    ("reshape_1d", "i=8"): [
+        ("all-gather", ("i:(2)4",), 4, 4 * 6 * 4, 3 * 96 // 4, 1, True, "reshape"),
+        ("all-to-all", ("i:(1)2",), 2, 2 * (2 * 3 * 4), 48 // 4, 1, True, "reshape"),
+        ("collective-permute", ("i",), 8, 6 * 4, 6 * 4, 1, True, "reshape"),
+    ],
+    # A scan of 3 over a scan of 4: the inner body's all-reduce runs 12 times.
+    ("nested_scan_1d", "model=8"): [
+        ("all-reduce", ("model",), 8, 16 * 64 * 4, 7168, 3 * 4, True, "nested_inner"),
+    ],
 }
 
 
@@ -155,6 +168,15 @@ def test_golden_details():
     (c,) = a.collectives
     assert c.loops[0].trip_count == 5
     assert (c.dtype, c.shape, c.reduction) == ("f32", (16, 64), "add")
+    a = fixture_audit("nested_scan_1d", "model=8")
+    (c,) = a.collectives
+    assert [lp.trip_count for lp in c.loops] == [3, 4]  # outermost first
+    a = fixture_audit("reshape_1d", "i=8")
+    assert [parse_replica_groups(c.replica_groups).form for c in a.collectives[:2]] == [
+        "iota",
+        "mesh",
+    ]
+    assert (0, 0) in a.collectives[2].pairs
     a = fixture_audit("cond_1d", "model=8")
     assert [c.conditionals for c in a.collectives] == [
         ("conditional.clone[0]",),
@@ -257,8 +279,15 @@ def test_async_pairs_count_once_and_async_wrappers_are_found():
         ("all-reduce", ("y",), 32, 1, True),
         ("all-gather", ("x",), 64, 1, True),
         ("collective-permute", ("y",), 32, 1, True),
+        ("all-reduce", ("x", "y"), 32, 1, False),
+        ("all-reduce", (), 32, 1, False),
     ]
-    assert a.counts()["all-reduce"] == 1
+    assert a.counts()["all-reduce"] == 3
+    # replica_groups={} with a channel: every partition; without a channel_id the groups are
+    # replica ids and there is one replica: nothing leaves a device.
+    assert [c.group_size for c in a.collectives[-2:]] == [4, 1]
+    assert a.collectives[-1].traffic_bytes == 0
+    assert "no channel_id" in a.collectives[-1].note
 
 
 def test_unknown_trip_count_is_flagged_not_guessed():
