@@ -232,7 +232,9 @@ class Audit:
     ``memory`` is per device (``compiled.memory_analysis()``, bytes), ``flops`` per device
     (``compiled.cost_analysis()``); both None for HLO text. ``rematerializations`` is None
     when the audit did not compile the program itself and so could not see the
-    partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one.
+    partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one (a
+    verdict can compile alternatives and compare), ``module`` the parsed HLO and ``hlo_text``
+    its text.
     """
 
     collectives: tuple[Collective, ...]
@@ -247,10 +249,7 @@ class Audit:
     unknown_instructions: tuple[UnknownInstruction, ...] = ()
     module: HloModule | None = field(default=None, repr=False, compare=False)
     compiled: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def hlo_text(self) -> str | None:
-        return None if self.compiled is None else self.compiled.as_text()
+    hlo_text: str = field(default="", repr=False, compare=False)
 
     def counts(self) -> dict[str, int]:
         """``{kind: executions per run}`` for every collective kind (zeros included)."""
@@ -994,6 +993,8 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
         key = hash(text)
         remats = parse_rematerializations(log, module)
         if remats:
+            if len(_REMAT_CACHE) >= 256:
+                _REMAT_CACHE.pop(next(iter(_REMAT_CACHE)))
             _REMAT_CACHE[key] = remats
         else:
             # JAX reuses a compiled executable for an identical program, without logging.
@@ -1015,6 +1016,7 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
         unknown_instructions=unknown,
         module=module,
         compiled=compiled,
+        hlo_text=text,
     )
 
 
