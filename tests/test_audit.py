@@ -571,3 +571,20 @@ def test_run_audit_command_prints_and_writes_json(tmp_path, capsys):
         run_audit_command("matmul", "model=16", None)
     with pytest.raises(MeshSpecError):
         run_audit_command("matmul", "model=3", None)
+
+
+@needs8
+def test_plain_function_with_partition_specs_and_a_mesh_description():
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32)
+    w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+
+    def f(x, w):
+        return x @ w
+
+    a = audit(f, x, w, mesh="model=8", in_shardings=(P(), P("model", None)))
+    assert [(c.kind, c.axes, c.payload_bytes) for c in a.collectives] == [
+        ("all-reduce", ("model",), 16 * 1024 * 4)
+    ]
+    assert a.in_shardings == ("P()", "P('model', None)")
+    with pytest.raises(ShardscopeError, match="needs a function"):
+        audit(42)
