@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -46,14 +48,16 @@ shardscope.layout(w)
 # ## A sharded matmul against one device
 # A replicated (16, 1024) activation times the row-sharded matrix: each device multiplies
 # its 128 columns of `x` by its 128 rows of `w`, and the partial sums must be added across
-# devices, which is the all-reduce XLA inserts.
+# devices, which is the all-reduce XLA inserts. The step audits the compiled program: exactly
+# one all-reduce over `model`, of the 16 x 1024 x 4-byte result.
 
 # %%
 y = taster.sharded_matmul(lab, mesh, x_host, w)
 
 # %% [markdown]
 # ## Resharding with `device_put`
-# The same values, moved to column shards and then to every device.
+# The same values, moved to column shards and then to every device. Inside `jit`, rows to
+# columns compiles to a single all-to-all.
 
 # %%
 taster.reshard(lab, mesh, w)

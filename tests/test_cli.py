@@ -17,6 +17,10 @@ from shardscope.cli import main
         (["lab", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["teleport"], "invalid choice: 'teleport'"),
         ([], "required: COMMAND"),
+        (["audit", "transpose"], "invalid choice: 'transpose'"),
+        (["audit", "matmul", "--mesh", "dp=2,dp=4"], "axis name 'dp' is repeated"),
+        (["audit", "matmul", "--mesh", "model=3"], "does not divide"),
+        (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but JAX has 8"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):
@@ -92,3 +96,15 @@ def test_bad_devices_no_traceback_in_a_real_process():
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_audit_command_writes_json(tmp_path, capsys):
+    path = tmp_path / "matmul.json"
+    assert main(["audit", "matmul", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "all-reduce" in out and "model" in out
+    data = json.loads(path.read_text())
+    assert data["counts"]["all-reduce"] == 1
+    assert sum(data["counts"].values()) == 1
+    (c,) = data["collectives"]
+    assert (c["axes"], c["payload_bytes"], c["count"]) == (["model"], 16 * 1024 * 4, 1)

@@ -41,6 +41,12 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     return 0 if summary["passed"] == summary["total"] else 1
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from shardscope._audit_cli import run_audit_command
+
+    return run_audit_command(args.program, args.mesh, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -69,6 +75,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
     )
     lab.set_defaults(run=_cmd_lab)
+
+    from shardscope._demos import DEMOS
+
+    audit = sub.add_parser(
+        "audit",
+        help="compile a program and list the collectives XLA inserted: kind, axis, bytes, line",
+        description="Audit a built-in program: every collective XLA inserted, by mesh axis and "
+        "kind, with counts (loop trips included), bytes and source lines.",
+    )
+    audit.add_argument("program", choices=list(DEMOS), help="the program to compile and audit")
+    audit.add_argument(
+        "--mesh",
+        default=None,
+        metavar="SPEC",
+        help="mesh description, e.g. 'model=8' (default) or 'dp=2,model=4'",
+    )
+    audit.add_argument("--json", default=None, metavar="FILE", help="also write the audit as JSON")
+    audit.set_defaults(run=_cmd_audit)
     return parser
 
 

@@ -99,7 +99,46 @@ def sharded_matmul(lab: Lab, mesh: Any, x_host: Any, w: Any | None) -> Any:
     w_host = host_value(w)
     y_ref = jnp.matmul(jax.device_put(x_host, one), jax.device_put(w_host, one))
     lab.assert_close("matmul_matches_single_device", host_value(y), y_ref, rtol=MATMUL_RTOL)
+    audit_demo(lab, "matmul_one_all_reduce", "matmul", mesh)
     return y
+
+
+def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
+    """Audits one of the taster's programs compiled on ``mesh`` and checks XLA's collectives.
+
+    ``matmul``: exactly one all-reduce over ``model`` of 16 x 1024 x 4 bytes. ``reshard``
+    (rows to columns inside ``jit``): exactly one all-to-all of the whole array. Prints the
+    audit table either way.
+    """
+    from shardscope._audit import audit
+    from shardscope._demos import get_demo
+    from shardscope._render_audit import audit_table
+
+    if mesh.devices.size < 2:
+        lab.skip(check, "one device: nothing to communicate")
+        return None
+    program = get_demo(demo, mesh)
+    done: dict[str, Any] = {}
+
+    def audited() -> bool:
+        done["audit"] = audit(program)
+        program.check(done["audit"])
+        return True
+
+    lab.check(
+        check,
+        audited,
+        f"one {program.expected_kind} over {program.axis!r} of "
+        f"{program.expected_payload_bytes:,} bytes",
+        details={
+            "kind": program.expected_kind,
+            "axis": program.axis,
+            "payload_bytes": program.expected_payload_bytes,
+        },
+    )
+    if "audit" in done:
+        lab.print(audit_table(done["audit"], title=f"{program.name}: {program.description}"))
+    return done.get("audit")
 
 
 def reshard(lab: Lab, mesh: Any, w: Any | None) -> None:
@@ -130,6 +169,7 @@ def reshard(lab: Lab, mesh: Any, w: Any | None) -> None:
         lambda: moved(P(), (ROWS, COLS)),
         f"values unchanged, every device holds all {ROWS} x {COLS}",
     )
+    audit_demo(lab, "reshard_in_jit_one_all_to_all", "reshard", mesh)
 
 
 def mesh_2d(lab: Lab) -> Any | None:
