@@ -231,35 +231,15 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Layou
         positions = {d: () for d in order}
 
     index_map = sharding.devices_indices_map(shape)
-    shards = []
-    seen: dict[tuple[tuple[int, int], ...], int] = {}
-    for device in order:
-        index = tuple(
-            slice(*s.indices(n)[:2]) for s, n in zip(index_map[device], shape, strict=True)
+    pieces = (
+        (
+            int(device.id),
+            positions[device],
+            tuple(slice(*s.indices(n)[:2]) for s, n in zip(index_map[device], shape, strict=True)),
         )
-        key = tuple((s.start, s.stop) for s in index)
-        replica = seen.get(key, 0)
-        seen[key] = replica + 1
-        piece = tuple(s.stop - s.start for s in index)
-        shards.append(
-            DeviceShard(
-                device_id=int(device.id),
-                position=positions[device],
-                index=index,
-                shape=piece,
-                nbytes=math.prod(piece) * dt.itemsize,
-                replica_id=replica,
-            )
-        )
-    return Layout(
-        shape=shape,
-        dtype=dt.name,
-        itemsize=dt.itemsize,
-        spec=spec,
-        mesh_axes=axes,
-        shards=tuple(shards),
-        sharding_repr=repr(sharding),
+        for device in order
     )
+    return _assemble(shape, dt, spec, axes, pieces, repr(sharding))
 
 
 def spec_layout(
@@ -285,27 +265,44 @@ def spec_layout(
     dt = np.dtype(dtype)
     names = list(axes)
     sizes = [axes[a] for a in names]
+
+    def pieces() -> Any:
+        for device_id, pos in enumerate(np.ndindex(*sizes) if sizes else [()]):
+            coord = dict(zip(names, pos, strict=True))
+            index = []
+            for size, entry in zip(shape, spec, strict=True):
+                block, parts = 0, 1
+                for a in _axes_of(entry):  # major-to-minor, as JAX orders a tuple entry
+                    block = block * axes[a] + coord[a]
+                    parts *= axes[a]
+                step = size // parts
+                index.append(slice(block * step, (block + 1) * step))
+            yield device_id, tuple(int(p) for p in pos), tuple(index)
+
+    return _assemble(shape, dt, spec, axes, pieces(), "")
+
+
+def _assemble(
+    shape: tuple[int, ...],
+    dt: Any,
+    spec: tuple[Any, ...] | None,
+    axes: dict[str, int],
+    pieces: Any,
+    sharding_repr: str,
+) -> Layout:
+    """A :class:`Layout` from ``(device id, mesh position, index)`` triples in mesh order."""
     shards = []
     seen: dict[tuple[tuple[int, int], ...], int] = {}
-    for device_id, pos in enumerate(np.ndindex(*sizes) if sizes else [()]):
-        coord = dict(zip(names, pos, strict=True))
-        index = []
-        for size, entry in zip(shape, spec, strict=True):
-            block, parts = 0, 1
-            for a in _axes_of(entry):  # major-to-minor, as JAX orders a tuple entry
-                block = block * axes[a] + coord[a]
-                parts *= axes[a]
-            step = size // parts
-            index.append(slice(block * step, (block + 1) * step))
+    for device_id, position, index in pieces:
         key = tuple((s.start, s.stop) for s in index)
-        replica = seen.get(key, 0)
+        replica = seen.get(key, 0)  # the n-th device holding the same piece
         seen[key] = replica + 1
         piece = tuple(s.stop - s.start for s in index)
         shards.append(
             DeviceShard(
                 device_id=device_id,
-                position=tuple(int(p) for p in pos),
-                index=tuple(index),
+                position=position,
+                index=index,
                 shape=piece,
                 nbytes=math.prod(piece) * dt.itemsize,
                 replica_id=replica,
@@ -318,4 +315,5 @@ def spec_layout(
         spec=spec,
         mesh_axes=axes,
         shards=tuple(shards),
+        sharding_repr=sharding_repr,
     )
