@@ -78,7 +78,7 @@ class Collective:
             instruction combines several: ``shapes`` has them all). all-reduce,
             reduce-scatter, collective-permute, collective-broadcast: the operand;
             all-gather: the result; all-to-all: one device's buffer.
-        payload_bytes: the full logical array ``S`` of REFERENCE.md section 3: all-reduce and
+        payload_bytes: the full logical array ``S`` of ``shardscope.comm``: all-reduce and
             reduce-scatter operand, all-gather result, all-to-all group size times one
             device's buffer, collective-permute one device's buffer.
         traffic_bytes: bytes each device sends per execution (:func:`traffic_bytes`).
@@ -607,7 +607,7 @@ def _match_groups(
 def _payload(
     kind: str, is_async: bool, ins: Instruction, operand_shapes: list[Any], n: int
 ) -> tuple[int, list[Any], str]:
-    """(payload bytes, payload array shapes, note) following REFERENCE.md section 3."""
+    """(payload bytes, payload array shapes, note), ``S`` as ``shardscope.comm`` defines it."""
     leaves = [leaf for s in operand_shapes for leaf in s.leaves()]
     note = ""
     if kind == "all-gather":
