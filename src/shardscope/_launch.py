@@ -1,0 +1,355 @@
+"""A local launcher for multi-process JAX runs: P processes on this machine, one supervisor.
+
+It exists to test multi-process code on one machine (a laptop, a CI runner); a real cluster
+starts its processes with its own launcher (``srun``, ``mpirun``, a Kubernetes job) and JAX
+detects them. The supervisor prefixes every output line with the process index, and ends the
+whole run as soon as one process dies: JAX gives the survivors no error to catch, they would
+block in their next collective until the heartbeat timeout (100 s) and then abort.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from shardscope._errors import ShardscopeError
+
+# Flags the launcher gives each process itself; a sub-command must not carry them.
+LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id", "--devices", "--distributed")
+DEFAULT_GRACE_S = 3.0
+_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    """How one process of a run ended: its exit status and whether the launcher ended it."""
+
+    index: int
+    pid: int
+    returncode: int  # negative: killed by that signal (subprocess's convention)
+    ended_by_launcher: str | None  # the last signal the launcher sent, e.g. "SIGTERM"
+    elapsed_s: float
+
+    @property
+    def how(self) -> str:
+        return describe_returncode(self.returncode)
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """The outcome of a run: ``exit_code`` 0 only when every process exited 0."""
+
+    exit_code: int
+    status: str  # "ok", "failed", "timeout" or "interrupted"
+    message: str  # one line, naming the process that failed and how
+    processes: tuple[ProcessOutcome, ...]
+    elapsed_s: float
+    first_failure: int | None = None  # index of the process whose death ended the run
+
+
+def describe_returncode(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free now (the coordinator binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class _Terminated(Exception):
+    """The launcher itself got SIGTERM or SIGHUP: end the run as for Ctrl-C."""
+
+
+def supervise(
+    commands: Sequence[Sequence[str]],
+    *,
+    timeout_s: float | None = None,
+    grace_s: float = DEFAULT_GRACE_S,
+    env: Mapping[str, str] | Sequence[Mapping[str, str]] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> LaunchResult:
+    """Runs ``commands[i]`` as process ``i``, all at once, until all end, one fails, or time's up.
+
+    Each process runs in its own session (process group), with its stdout and stderr lines
+    copied to ``stdout``/``stderr`` (default: this process's) prefixed with ``[i] ``. When a
+    process exits non-zero or is killed, or ``timeout_s`` passes, or this process gets Ctrl-C
+    (SIGINT), SIGTERM or SIGHUP, every remaining process group gets SIGTERM, and SIGKILL after
+    ``grace_s`` seconds. It returns once every process is gone.
+
+    Exit code: 0 when all exit 0; else the failed process's exit code, 128 + its signal number
+    when killed, 124 on timeout, 130 when interrupted.
+    """
+    if not commands or any(not c for c in commands):
+        raise ShardscopeError("supervise needs at least one command, and no empty command")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ShardscopeError(f"timeout must be a positive number of seconds, got {timeout_s}")
+    n = len(commands)
+    envs: list[Mapping[str, str] | None]
+    if env is None or isinstance(env, Mapping):
+        envs = [env] * n
+    else:
+        envs = list(env)
+        if len(envs) != n:
+            raise ShardscopeError(f"{len(envs)} environments for {n} commands")
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    lock = threading.Lock()
+    start = time.monotonic()
+    procs: list[subprocess.Popen[bytes]] = []
+    readers: list[threading.Thread] = []
+    ended_at: dict[int, float] = {}
+    sent: dict[int, str] = {}
+    first: int | None = None
+    status = "ok"
+
+    restore = _install_stop_handlers()
+    try:
+        try:
+            for i, cmd in enumerate(commands):
+                p = subprocess.Popen(
+                    list(cmd),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=None if envs[i] is None else dict(envs[i]),
+                    start_new_session=True,  # its own process group: ended as a whole
+                )
+                procs.append(p)
+                for pipe, target in ((p.stdout, out), (p.stderr, err)):
+                    t = threading.Thread(
+                        target=_copy_lines, args=(pipe, target, f"[{i}] ", lock), daemon=True
+                    )
+                    t.start()
+                    readers.append(t)
+            deadline = None if timeout_s is None else start + timeout_s
+            while len(ended_at) < n:
+                for i, p in enumerate(procs):
+                    if i not in ended_at and p.poll() is not None:
+                        ended_at[i] = time.monotonic() - start
+                        if p.returncode != 0 and first is None:
+                            first = i
+                if first is not None:
+                    status = "failed"
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    status = "timeout"
+                    break
+                time.sleep(_POLL_S)
+        except (KeyboardInterrupt, _Terminated):
+            status = "interrupted"
+        _end_all(procs, ended_at, sent, grace_s, start)
+    finally:
+        # Whatever happened above (even an error starting process k), no process stays behind.
+        _end_all(procs, ended_at, sent, 0.0, start)
+        restore()
+        for t in readers:
+            t.join(timeout=5)
+
+    outcomes = tuple(
+        ProcessOutcome(i, p.pid, int(p.returncode), sent.get(i), round(ended_at[i], 3))
+        for i, p in enumerate(procs)
+    )
+    elapsed = time.monotonic() - start
+    code, message = _verdict(status, outcomes, first, timeout_s, elapsed)
+    return LaunchResult(code, status, message, outcomes, round(elapsed, 3), first)
+
+
+def _copy_lines(pipe: Any, target: IO[str], prefix: str, lock: threading.Lock) -> None:
+    with pipe:
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            with lock:
+                target.write(f"{prefix}{line}\n")
+                target.flush()
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
+    try:
+        os.killpg(p.pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _end_all(
+    procs: list[subprocess.Popen[bytes]],
+    ended_at: dict[int, float],
+    sent: dict[int, str],
+    grace_s: float,
+    start: float,
+) -> None:
+    """SIGTERM to every live process group, SIGKILL after ``grace_s``; then sweeps the groups."""
+
+    def reap() -> None:
+        for i, p in enumerate(procs):
+            if i not in ended_at and p.poll() is not None:
+                ended_at[i] = time.monotonic() - start
+
+    reap()
+    for i, p in enumerate(procs):
+        if i not in ended_at and _signal_group(p, signal.SIGTERM):
+            sent[i] = "SIGTERM"
+    stop = time.monotonic() + grace_s
+    while time.monotonic() < stop and len(ended_at) < len(procs):
+        time.sleep(_POLL_S)
+        reap()
+    for i, p in enumerate(procs):
+        if i not in ended_at and _signal_group(p, signal.SIGKILL):
+            sent[i] = "SIGKILL"
+    for i, p in enumerate(procs):
+        if i not in ended_at:
+            p.wait()
+            ended_at[i] = time.monotonic() - start
+    # Children of a process (its group) can outlive it; none may outlive the run.
+    for p in procs:
+        _signal_group(p, signal.SIGKILL)
+
+
+def _install_stop_handlers() -> Any:
+    """Turns SIGTERM and SIGHUP into an exception while the run lasts (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Terminated(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    return restore
+
+
+def _verdict(
+    status: str,
+    outcomes: tuple[ProcessOutcome, ...],
+    first: int | None,
+    timeout_s: float | None,
+    elapsed: float,
+) -> tuple[int, str]:
+    n = len(outcomes)
+    ended = [o for o in outcomes if o.ended_by_launcher]
+    ended_text = (
+        "; ended " + ", ".join(f"process {o.index} ({o.ended_by_launcher})" for o in ended)
+        if ended
+        else ""
+    )
+    others = [
+        o for o in outcomes if o.index != first and not o.ended_by_launcher and o.returncode != 0
+    ]
+    others_text = "".join(f"; process {o.index} {o.how}" for o in others)
+    if status == "ok":
+        return 0, f"all {n} processes exited 0 in {elapsed:.1f} s"
+    if status == "failed":
+        assert first is not None
+        o = outcomes[first]
+        code = o.returncode if o.returncode > 0 else 128 - o.returncode
+        return code, (
+            f"process {first} of {n} {o.how} after {o.elapsed_s:.1f} s{others_text}{ended_text}"
+        )
+    if status == "timeout":
+        return 124, (
+            f"timed out after {timeout_s:g} s with {len(ended)} of {n} processes still running"
+            f"{others_text}{ended_text}"
+        )
+    return 130, f"interrupted after {elapsed:.1f} s{others_text}{ended_text}"
+
+
+def shardscope_commands(
+    command: Sequence[str],
+    num_processes: int,
+    *,
+    devices_per_process: int | None = None,
+    coordinator: str,
+    python: str | None = None,
+) -> list[list[str]]:
+    """``python -m shardscope COMMAND ... --coordinator C --num-processes P --process-id i``."""
+    base = [python or sys.executable, "-m", "shardscope", *command]
+    base += ["--coordinator", coordinator, "--num-processes", str(num_processes)]
+    if devices_per_process is not None:
+        base += ["--devices", str(devices_per_process)]
+    return [base + ["--process-id", str(i)] for i in range(num_processes)]
+
+
+def check_launch_command(command: Sequence[str]) -> None:
+    """Refuses a sub-command the launcher cannot run, with why (before any process starts)."""
+    if not command:
+        raise ShardscopeError(
+            "no sub-command to run: put it after '--', e.g. 'shardscope launch -n 2 -- lab'"
+        )
+    if command[0] == "launch":
+        raise ShardscopeError("'launch' cannot launch itself; give the sub-command to run")
+    clash = [a for a in command if a.split("=", 1)[0] in LAUNCHER_FLAGS]
+    if clash:
+        raise ShardscopeError(
+            f"the launcher sets {', '.join(LAUNCHER_FLAGS)} for each process itself; remove "
+            f"{' '.join(clash)} from the sub-command (use --devices-per-process for devices)"
+        )
+
+
+def launch(
+    command: Sequence[str],
+    num_processes: int,
+    *,
+    devices_per_process: int | None = 4,
+    timeout_s: float | None = None,
+    grace_s: float = DEFAULT_GRACE_S,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> LaunchResult:
+    """Runs ``shardscope COMMAND ...`` as ``num_processes`` local processes of one JAX run.
+
+    Every process gets ``--coordinator 127.0.0.1:PORT`` (a free loopback port),
+    ``--num-processes``, its ``--process-id`` and ``--devices devices_per_process`` (simulated
+    CPU devices each, so the mesh has ``num_processes * devices_per_process`` devices;
+    ``None`` leaves each process its default). ``JAX_PLATFORMS=cpu`` is set unless the
+    environment already sets ``JAX_PLATFORMS``, so several processes on one host never contend
+    for its accelerators. See :func:`supervise` for output, failures and exit codes.
+
+    >>> result = launch(["lab", "--out", "scores"], 2)  # doctest: +SKIP
+    >>> result.exit_code
+    0
+    """
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ShardscopeError(
+            f"the number of processes must be a positive whole number, got {num_processes!r}"
+        )
+    if devices_per_process is not None and (
+        isinstance(devices_per_process, bool)
+        or not isinstance(devices_per_process, int)
+        or devices_per_process < 1
+    ):
+        raise ShardscopeError(
+            f"devices per process must be a positive whole number, got {devices_per_process!r}"
+        )
+    command = list(command)
+    check_launch_command(command)
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["PYTHONUNBUFFERED"] = "1"  # lines arrive as printed, not at exit
+    coordinator = f"127.0.0.1:{free_port()}"
+    commands = shardscope_commands(
+        command, num_processes, devices_per_process=devices_per_process, coordinator=coordinator
+    )
+    return supervise(
+        commands, timeout_s=timeout_s, grace_s=grace_s, env=env, stdout=stdout, stderr=stderr
+    )
