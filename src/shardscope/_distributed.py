@@ -9,8 +9,13 @@ and a mesh over them spans the whole run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
-from typing import Any
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
@@ -219,3 +224,42 @@ def initialize_from_args(args: argparse.Namespace) -> bool:
     return initialize_distributed(
         args.coordinator, args.num_processes, args.process_id, detect=args.distributed
     )
+
+
+def in_multiprocess_run() -> bool:
+    """Whether this process has joined a multi-process JAX run (imports nothing new)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and bool(jax.distributed.is_initialized())
+
+
+@contextlib.contextmanager
+def leave_run_on_failure() -> Iterator[None]:
+    """In a multi-process run, a failing process exits at once instead of waiting for peers.
+
+    A JAX process that ends normally first waits, at exit, until every process of the run ends
+    too. After an error in one process the others are usually blocked in a collective that
+    waits for it, so both would wait until JAX's timeouts (minutes). Leaving with ``os._exit``
+    makes the failure visible at once to the launcher (``shardscope launch``, ``srun``), which
+    ends the run. Single-process runs, and successful or check-failing returns, are untouched.
+    """
+    try:
+        yield
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code and in_multiprocess_run():
+            _exit_now(code)
+        raise
+    except BaseException:
+        if in_multiprocess_run():
+            traceback.print_exc()
+            _exit_now(1)
+        raise
+
+
+def _exit_now(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -10,6 +10,7 @@ block in their next collective until the heartbeat timeout (100 s) and then abor
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -24,8 +25,9 @@ from shardscope._errors import ShardscopeError
 
 # Flags the launcher gives each process itself; a sub-command must not carry them.
 LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id", "--devices", "--distributed")
-DEFAULT_GRACE_S = 3.0
-_POLL_S = 0.02
+# JAX processes in a distributed run take SIGTERM as a preemption notice and go on, so the grace
+# before SIGKILL is only for code that acts on that notice; keep it short.
+DEFAULT_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -110,65 +112,111 @@ def supervise(
             raise ShardscopeError(f"{len(envs)} environments for {n} commands")
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
-    lock = threading.Lock()
-    start = time.monotonic()
-    procs: list[subprocess.Popen[bytes]] = []
-    readers: list[threading.Thread] = []
-    ended_at: dict[int, float] = {}
-    sent: dict[int, str] = {}
-    first: int | None = None
+    run = _Run(time.monotonic())
     status = "ok"
-
+    first: int | None = None
     restore = _install_stop_handlers()
     try:
         try:
             for i, cmd in enumerate(commands):
-                p = subprocess.Popen(
-                    list(cmd),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=None if envs[i] is None else dict(envs[i]),
-                    start_new_session=True,  # its own process group: ended as a whole
-                )
-                procs.append(p)
-                for pipe, target in ((p.stdout, out), (p.stderr, err)):
-                    t = threading.Thread(
-                        target=_copy_lines, args=(pipe, target, f"[{i}] ", lock), daemon=True
-                    )
-                    t.start()
-                    readers.append(t)
-            deadline = None if timeout_s is None else start + timeout_s
-            while len(ended_at) < n:
-                for i, p in enumerate(procs):
-                    if i not in ended_at and p.poll() is not None:
-                        ended_at[i] = time.monotonic() - start
-                        if p.returncode != 0 and first is None:
-                            first = i
-                if first is not None:
-                    status = "failed"
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
+                run.start(i, cmd, envs[i], out, err)
+            deadline = None if timeout_s is None else run.t0 + timeout_s
+            while len(run.ended_at) < n:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    run.events.get(timeout=wait)
+                except queue.Empty:
                     status = "timeout"
                     break
-                time.sleep(_POLL_S)
+                failed = [i for i in run.ended_at if run.procs[i].returncode != 0]
+                if failed:
+                    # The waiters time-stamp each exit; the earliest failure caused the rest.
+                    first = min(failed, key=run.ended_at.__getitem__)
+                    status = "failed"
+                    break
         except (KeyboardInterrupt, _Terminated):
             status = "interrupted"
-        _end_all(procs, ended_at, sent, grace_s, start)
+        run.end_all(grace_s)
     finally:
         # Whatever happened above (even an error starting process k), no process stays behind.
-        _end_all(procs, ended_at, sent, 0.0, start)
+        run.end_all(0.0)
         restore()
-        for t in readers:
-            t.join(timeout=5)
+        run.join_readers()
 
     outcomes = tuple(
-        ProcessOutcome(i, p.pid, int(p.returncode), sent.get(i), round(ended_at[i], 3))
-        for i, p in enumerate(procs)
+        ProcessOutcome(
+            i, p.pid, int(p.returncode), run.sent.get(i), round(run.ended_at[i] - run.t0, 3)
+        )
+        for i, p in enumerate(run.procs)
     )
-    elapsed = time.monotonic() - start
+    elapsed = time.monotonic() - run.t0
     code, message = _verdict(status, outcomes, first, timeout_s, elapsed)
     return LaunchResult(code, status, message, outcomes, round(elapsed, 3), first)
+
+
+class _Run:
+    """The processes of one run, a waiter thread each that time-stamps its exit, and readers."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.ended_at: dict[int, float] = {}  # monotonic time each process was seen to end
+        self.sent: dict[int, str] = {}  # the last signal the launcher sent each process
+        self.events: queue.Queue[int] = queue.Queue()
+        self._lock = threading.Lock()
+        self._readers: list[threading.Thread] = []
+        self._waiters: list[threading.Thread] = []
+
+    def start(
+        self, i: int, cmd: Sequence[str], env: Mapping[str, str] | None, out: IO[str], err: IO[str]
+    ) -> None:
+        p = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=None if env is None else dict(env),
+            start_new_session=True,  # its own process group, so it is ended as a whole
+        )
+        self.procs.append(p)
+        for pipe, target in ((p.stdout, out), (p.stderr, err)):
+            self._thread(self._readers, _copy_lines, pipe, target, f"[{i}] ", self._lock)
+        self._thread(self._waiters, self._wait, i, p)
+
+    @staticmethod
+    def _thread(into: list[threading.Thread], target: Any, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        into.append(t)
+
+    def _wait(self, i: int, p: subprocess.Popen[bytes]) -> None:
+        p.wait()
+        self.ended_at[i] = time.monotonic()
+        self.events.put(i)
+
+    def end_all(self, grace_s: float) -> None:
+        """SIGTERM to every live process group, SIGKILL after ``grace_s``; sweeps the groups."""
+        live = [i for i in range(len(self.procs)) if i not in self.ended_at]
+        for i in live:
+            if _signal_group(self.procs[i], signal.SIGTERM):
+                self.sent[i] = "SIGTERM"
+                # A stopped process acts on SIGTERM only once woken.
+                _signal_group(self.procs[i], signal.SIGCONT)
+        stop = time.monotonic() + grace_s
+        for i in live:
+            self._waiters[i].join(timeout=max(0.0, stop - time.monotonic()))
+        for i in live:
+            if i not in self.ended_at and _signal_group(self.procs[i], signal.SIGKILL):
+                self.sent[i] = "SIGKILL"
+        for t in self._waiters:
+            t.join()
+        # A process's children (its group) can outlive it; none may outlive the run.
+        for p in self.procs:
+            _signal_group(p, signal.SIGKILL)
+
+    def join_readers(self) -> None:
+        for t in self._readers:
+            t.join(timeout=5)
 
 
 def _copy_lines(pipe: Any, target: IO[str], prefix: str, lock: threading.Lock) -> None:
@@ -186,40 +234,6 @@ def _signal_group(p: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def _end_all(
-    procs: list[subprocess.Popen[bytes]],
-    ended_at: dict[int, float],
-    sent: dict[int, str],
-    grace_s: float,
-    start: float,
-) -> None:
-    """SIGTERM to every live process group, SIGKILL after ``grace_s``; then sweeps the groups."""
-
-    def reap() -> None:
-        for i, p in enumerate(procs):
-            if i not in ended_at and p.poll() is not None:
-                ended_at[i] = time.monotonic() - start
-
-    reap()
-    for i, p in enumerate(procs):
-        if i not in ended_at and _signal_group(p, signal.SIGTERM):
-            sent[i] = "SIGTERM"
-    stop = time.monotonic() + grace_s
-    while time.monotonic() < stop and len(ended_at) < len(procs):
-        time.sleep(_POLL_S)
-        reap()
-    for i, p in enumerate(procs):
-        if i not in ended_at and _signal_group(p, signal.SIGKILL):
-            sent[i] = "SIGKILL"
-    for i, p in enumerate(procs):
-        if i not in ended_at:
-            p.wait()
-            ended_at[i] = time.monotonic() - start
-    # Children of a process (its group) can outlive it; none may outlive the run.
-    for p in procs:
-        _signal_group(p, signal.SIGKILL)
 
 
 def _install_stop_handlers() -> Any:

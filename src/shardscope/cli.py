@@ -169,6 +169,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from shardscope._distributed import leave_run_on_failure
+
+    with leave_run_on_failure():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
     parser = build_parser()
