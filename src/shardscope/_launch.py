@@ -28,6 +28,8 @@ LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id", "--devices
 # JAX processes in a distributed run take SIGTERM as a preemption notice and go on, so the grace
 # before SIGKILL is only for code that acts on that notice; keep it short.
 DEFAULT_GRACE_S = 2.0
+_TICK_S = 0.05  # how often the supervisor looks at the clock and at signals it noted
+_SETTLE_S = 0.2  # after a failure, how long to wait for peers failing in its wake
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class _Terminated(Exception):
-    """The launcher itself got SIGTERM or SIGHUP: end the run as for Ctrl-C."""
+class _StopSignals:
+    """Notes SIGINT (Ctrl-C), SIGTERM and SIGHUP while a run lasts (main thread only).
+
+    The handler only notes the signal, and the supervisor acts on it within ``_TICK_S``:
+    an exception raised at an arbitrary point (inside ``Popen``, say) could leave a process
+    running untracked.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = self.received or signal.Signals(signum).name
 
 
 def supervise(
@@ -115,33 +140,38 @@ def supervise(
     run = _Run(time.monotonic())
     status = "ok"
     first: int | None = None
-    restore = _install_stop_handlers()
-    try:
+    with _StopSignals() as stops:
         try:
             for i, cmd in enumerate(commands):
                 run.start(i, cmd, envs[i], out, err)
             deadline = None if timeout_s is None else run.t0 + timeout_s
             while len(run.ended_at) < n:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    run.events.get(timeout=wait)
-                except queue.Empty:
+                if stops.received:
+                    status = "interrupted"
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
                     status = "timeout"
                     break
-                failed = [i for i in run.ended_at if run.procs[i].returncode != 0]
-                if failed:
-                    # The waiters time-stamp each exit; the earliest failure caused the rest.
+                wait = _TICK_S if deadline is None else min(_TICK_S, deadline - time.monotonic())
+                try:
+                    run.events.get(timeout=max(0.0, wait))
+                except queue.Empty:
+                    continue
+                if any(run.procs[i].returncode != 0 for i in run.ended_at):
+                    # Peers of a dead process often fail a moment later (a collective breaks):
+                    # let those exits arrive so they are reported as theirs, not as ended by
+                    # the launcher. The waiters time-stamp each exit; the earliest failure is
+                    # named first (best effort: exits a few ms apart may be seen out of order).
+                    run.settle(_SETTLE_S)
+                    failed = [i for i in run.ended_at if run.procs[i].returncode != 0]
                     first = min(failed, key=run.ended_at.__getitem__)
                     status = "failed"
                     break
-        except (KeyboardInterrupt, _Terminated):
-            status = "interrupted"
-        run.end_all(grace_s)
-    finally:
-        # Whatever happened above (even an error starting process k), no process stays behind.
-        run.end_all(0.0)
-        restore()
-        run.join_readers()
+            run.end_all(grace_s)
+        finally:
+            # Whatever happened (even an error starting process k), no process stays behind.
+            run.end_all(0.0)
+            run.join_readers()
 
     outcomes = tuple(
         ProcessOutcome(
@@ -150,7 +180,7 @@ def supervise(
         for i, p in enumerate(run.procs)
     )
     elapsed = time.monotonic() - run.t0
-    code, message = _verdict(status, outcomes, first, timeout_s, elapsed)
+    code, message = _verdict(status, outcomes, first, timeout_s, elapsed, stops.received)
     return LaunchResult(code, status, message, outcomes, round(elapsed, 3), first)
 
 
@@ -194,8 +224,19 @@ class _Run:
         self.ended_at[i] = time.monotonic()
         self.events.put(i)
 
+    def settle(self, seconds: float) -> None:
+        """Waits up to ``seconds`` for more processes to end (all of them, at most)."""
+        stop = time.monotonic() + seconds
+        while len(self.ended_at) < len(self.procs) and time.monotonic() < stop:
+            try:
+                self.events.get(timeout=max(0.0, stop - time.monotonic()))
+            except queue.Empty:
+                break
+
     def end_all(self, grace_s: float) -> None:
         """SIGTERM to every live process group, SIGKILL after ``grace_s``; sweeps the groups."""
+        for i in range(len(self._waiters), len(self.procs)):  # interrupted inside start()
+            self._thread(self._waiters, self._wait, i, self.procs[i])
         live = [i for i in range(len(self.procs)) if i not in self.ended_at]
         for i in live:
             if _signal_group(self.procs[i], signal.SIGTERM):
@@ -236,29 +277,13 @@ def _signal_group(p: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
         return False
 
 
-def _install_stop_handlers() -> Any:
-    """Turns SIGTERM and SIGHUP into an exception while the run lasts (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def stop(signum: int, frame: Any) -> None:
-        raise _Terminated(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-
-    def restore() -> None:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-    return restore
-
-
 def _verdict(
     status: str,
     outcomes: tuple[ProcessOutcome, ...],
     first: int | None,
     timeout_s: float | None,
     elapsed: float,
+    received: str | None = None,
 ) -> tuple[int, str]:
     n = len(outcomes)
     ended = [o for o in outcomes if o.ended_by_launcher]
@@ -285,7 +310,8 @@ def _verdict(
             f"timed out after {timeout_s:g} s with {len(ended)} of {n} processes still running"
             f"{others_text}{ended_text}"
         )
-    return 130, f"interrupted after {elapsed:.1f} s{others_text}{ended_text}"
+    by = f" by {received}" if received else ""
+    return 130, f"interrupted{by} after {elapsed:.1f} s{others_text}{ended_text}"
 
 
 def shardscope_commands(
