@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from shardscope._distributed import add_distributed_options
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
 PROG = "shardscope"
@@ -36,15 +37,19 @@ def positive_int(text: str) -> int:
 
 def _cmd_lab(args: argparse.Namespace) -> int:
     from shardscope import taster
+    from shardscope._distributed import initialize_from_args
 
+    initialize_from_args(args)
     lab, summary = taster.run(devices=args.devices, out_dir=args.out)
     return 0 if summary["passed"] == summary["total"] else 1
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     from shardscope._audit_cli import run_audit_command
+    from shardscope._distributed import initialize_from_args
 
-    return run_audit_command(args.program, args.mesh, args.json)
+    initialize_from_args(args)
+    return run_audit_command(args.program, args.mesh, args.json, devices=args.devices)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,11 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         metavar="N",
-        help="simulated CPU devices (default: XLA_FLAGS' count if set, else 8)",
+        help="simulated CPU devices, per process in a multi-process run (default: XLA_FLAGS' "
+        "count if set, else 8)",
     )
     lab.add_argument(
         "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
     )
+    add_distributed_options(lab)
     lab.set_defaults(run=_cmd_lab)
 
     from shardscope._demos import DEMOS
@@ -92,11 +99,118 @@ def build_parser() -> argparse.ArgumentParser:
         help="mesh description, e.g. 'model=8' (default) or 'dp=2,model=4'",
     )
     audit.add_argument("--json", default=None, metavar="FILE", help="also write the audit as JSON")
+    audit.add_argument(
+        "--devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="simulated CPU devices, per process in a multi-process run (default: enough for "
+        "the mesh, at least 8)",
+    )
+    add_distributed_options(audit)
     audit.set_defaults(run=_cmd_audit)
+    _add_launch(sub)
     return parser
 
 
+# -- shardscope launch --------------------------------------------------------------------------
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    launch = sub.add_parser(
+        "launch",
+        help="run a sub-command as P local processes of one multi-process JAX run",
+        description="Start P processes of 'shardscope SUB-COMMAND ...' on this machine, joined "
+        "in one JAX run over a free loopback port (each gets --coordinator, --num-processes, "
+        "--process-id and --devices), with every output line prefixed by '[i] '. If one "
+        "process dies, the others are ended at once and the launcher names it. For local "
+        "testing of multi-process code; on a cluster use srun/mpirun and --distributed.",
+    )
+    launch.add_argument(
+        "-n",
+        "--num-processes",
+        dest="launch_n",
+        type=positive_int,
+        required=True,
+        metavar="P",
+        help="processes to start",
+    )
+    launch.add_argument(
+        "--devices-per-process",
+        type=positive_int,
+        default=4,
+        metavar="D",
+        help="simulated CPU devices in each process (default: 4)",
+    )
+    launch.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="end the whole run after S seconds (exit 124)",
+    )
+    launch.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- SUB-COMMAND ...",
+        help="the shardscope sub-command each process runs, after '--'",
+    )
+    launch.set_defaults(run=_cmd_launch)
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from shardscope._launch import check_launch_command, launch
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    try:
+        check_launch_command(command)
+    except ShardscopeError as e:
+        raise UsageError(f"{PROG} launch: {e}") from None
+    # A bad sub-command is reported once, here, rather than by every process.
+    try:
+        build_parser().parse_args(command)
+    except UsageError as e:
+        raise UsageError(f"{PROG} launch: {e}") from None
+    probe = command + ["--coordinator", "127.0.0.1:1", "--num-processes", "1"]
+    probe += ["--process-id", "0", "--devices", "1"]
+    try:
+        build_parser().parse_args(probe)
+    except UsageError:
+        raise UsageError(
+            f"{PROG} launch: '{command[0]}' cannot run as several processes (it takes no "
+            f"--coordinator, --num-processes, --process-id and --devices options)"
+        ) from None
+    result = launch(
+        command,
+        args.launch_n,
+        devices_per_process=args.devices_per_process,
+        timeout_s=args.timeout,
+    )
+    if result.exit_code:
+        print(f"{PROG} launch: {result.message}", file=sys.stderr)
+    return result.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from shardscope._distributed import leave_run_on_failure
+
+    with leave_run_on_failure():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
     parser = build_parser()

@@ -185,18 +185,25 @@ def mesh_2d(lab: Lab) -> Any | None:
         return None
     mesh = make_mesh({"dp": 2, "mp": n // 2})
     a_host = np.arange(8 * COLS, dtype=np.float32).reshape(8, COLS)
-    a = jax.device_put(a_host, NamedSharding(mesh, P("dp", "mp")))
     want = (8 // 2, COLS // (n // 2))
-    lab.check(
-        "mesh_2d_shards",
-        lambda: (
+    placed: dict[str, Any] = {}
+
+    def place() -> bool:
+        # Inside the check: a mesh axis that does not divide the array is a failure, not a crash.
+        a = placed["a"] = jax.device_put(a_host, NamedSharding(mesh, P("dp", "mp")))
+        return (
             dict(mesh.shape) == {"dp": 2, "mp": n // 2}
             and _local_shard_shapes(a) == {want}
             and np.array_equal(host_value(a), a_host)
-        ),
+        )
+
+    lab.check(
+        "mesh_2d_shards",
+        place,
         f"(8, {COLS}) with P('dp', 'mp') on dp=2 x mp={n // 2}: shards {want[0]} x {want[1]}",
     )
-    lab.print(layout(a).__rich__())
+    if "a" in placed:
+        lab.print(layout(placed["a"]).__rich__())
     return mesh
 
 
@@ -254,6 +261,33 @@ def memory_picture(lab: Lab, mesh: Any, mesh2: Any | None) -> Path | None:
     return path
 
 
+def processes_agree(lab: Lab) -> None:
+    """In a multi-process run: one check that every process passed its own checks.
+
+    Only process 0 reports, so without this a check failing on another process's shards would
+    be missing from the scorecard. Every process must call it (it is a collective).
+    """
+    import jax
+
+    n = jax.process_count()
+    if n < 2:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    failed = sum(1 for r in lab.results if not r.skipped and not r.passed)
+    counts = np.asarray(multihost_utils.process_allgather(np.array([failed]))).reshape(n)
+    bad = {i: int(c) for i, c in enumerate(counts) if c}
+    lab.check(
+        "all_processes_passed",
+        not bad,
+        f"all {n} processes passed their own checks"
+        if not bad
+        else "failed checks by process: " + ", ".join(f"{i}: {c}" for i, c in bad.items()),
+        details={"failed_by_process": [int(c) for c in counts]},
+    )
+
+
 def run(
     devices: int | None = None,
     out_dir: str | os.PathLike[str] | None = None,
@@ -270,6 +304,7 @@ def run(
     reshard(lab, mesh, w)
     mesh2 = mesh_2d(lab)
     png = memory_picture(lab, mesh, mesh2)
+    processes_agree(lab)
     summary = lab.summary()
     path = lab.save()
     lab.print(f"wrote {path}" + (f" and {png}" if png else ""))
