@@ -254,3 +254,26 @@ def test_bad_input_in_a_real_process_starts_nothing():
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_audit_two_processes_reports_once(tmp_path):
+    path = tmp_path / "matmul.json"
+    r = subprocess.run(
+        [*SHARDSCOPE, "launch", "-n", "2", "--devices-per-process", "4", "--timeout", "120"]
+        + ["--", "audit", "matmul", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [x[:3] for x in r.stdout.splitlines() if "all-reduce" in x] == ["[0]"]
+    data = json.loads(path.read_text())
+    (c,) = data["collectives"]
+    assert (c["kind"], c["axes"], c["group_size"], c["payload_bytes"]) == (
+        "all-reduce",
+        ["model"],
+        8,
+        16 * 1024 * 4,
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["matmul.json"]
