@@ -119,3 +119,12 @@ def test_bootstrap_seeds_and_reports(tmp_path, capsys):
     bootstrap("boot2", seed=3, out_dir=tmp_path, verbose=False)
     assert np.random.rand() == a
     assert jax.random.key_data(lab.key).tolist() == jax.random.key_data(jax.random.key(3)).tolist()
+
+
+def test_saved_files_have_ordinary_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = make_lab(tmp_path).save()
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -18,6 +18,7 @@ def write_atomic(
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         with os.fdopen(
             fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})
         ) as f:
@@ -46,3 +47,9 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return write_atomic(path, lambda f: f.write(text))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
