@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from shardscope import Lab, ShardscopeError, bootstrap
+from shardscope._errors import OutputPathError
 
 
 def make_lab(tmp_path, **kw):
@@ -87,7 +88,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(json, "dump", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputPathError, match=r"cannot write .*unit.json.: disk full"):
         lab.save()
     assert (tmp_path / "unit.json").read_text() == before
     assert sorted(os.listdir(tmp_path)) == ["unit.json"]

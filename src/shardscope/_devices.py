@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
 DEFAULT_CPU_DEVICES = 8
+MAX_CPU_DEVICES = 8192  # compile-only planning reaches 1024; far beyond, memory runs out
 _FORCE_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
@@ -37,8 +39,8 @@ def use_cpu_devices(n: int | None = None) -> int:
     >>> shardscope.use_cpu_devices(8)  # doctest: +SKIP
     8
     """
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
-        raise ShardscopeError(f"device count must be a positive integer, got {n!r}")
+    if n is not None:
+        n = _count(n)
     import jax
 
     flagged = _flag_device_count()
@@ -58,6 +60,21 @@ def use_cpu_devices(n: int | None = None) -> int:
         return flagged  # The user's own flag decides; JAX reads it when the backend starts.
     jax.config.update("jax_num_cpu_devices", requested)
     return requested
+
+
+def _count(n: object) -> int:
+    try:
+        value = operator.index(n)  # type: ignore[arg-type]
+    except TypeError:
+        value = 0
+    if isinstance(n, bool) or value <= 0:
+        raise ShardscopeError(f"device count must be a positive integer, got {n!r}")
+    if value > MAX_CPU_DEVICES:
+        raise ShardscopeError(
+            f"{value} simulated devices is more than this tool supports ({MAX_CPU_DEVICES}); "
+            f"ask for at most {MAX_CPU_DEVICES}"
+        )
+    return value
 
 
 def _backends_started() -> bool:

@@ -26,10 +26,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    digits = text.strip().removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be a positive whole number")
     return value
@@ -38,7 +38,9 @@ def positive_int(text: str) -> int:
 def _cmd_lab(args: argparse.Namespace) -> int:
     from shardscope import taster
     from shardscope._distributed import initialize_from_args
+    from shardscope._io import check_dir_path
 
+    check_dir_path(args.out)
     initialize_from_args(args)
     lab, summary = taster.run(devices=args.devices, out_dir=args.out)
     return 0 if summary["passed"] == summary["total"] else 1
@@ -47,7 +49,10 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 def _cmd_audit(args: argparse.Namespace) -> int:
     from shardscope._audit_cli import run_audit_command
     from shardscope._distributed import initialize_from_args
+    from shardscope._io import check_file_path
 
+    if args.json is not None:
+        check_file_path(args.json)
     initialize_from_args(args)
     return run_audit_command(args.program, args.mesh, args.json, devices=args.devices)
 
@@ -212,7 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args_list
+    # --debug may stand anywhere before a "--" (after it, the words belong to a sub-command).
+    end = args_list.index("--") if "--" in args_list else len(args_list)
+    debug = "--debug" in args_list[:end]
+    args_list = [a for a in args_list[:end] if a != "--debug"] + args_list[end:]
     parser = build_parser()
     try:
         args = parser.parse_args(args_list)
@@ -223,6 +231,10 @@ def _main(argv: Sequence[str] | None) -> int:
     except UsageError as e:
         _fail(str(e))
     except (ShardscopeError, DeviceSetupError) as e:
+        if debug:
+            raise
+        _fail(f"{PROG}: error: {e}")
+    except OSError as e:  # a file we were asked to write or read; the message names it
         if debug:
             raise
         _fail(f"{PROG}: error: {e}")

@@ -77,7 +77,9 @@ def shard_parameter(lab: Lab, mesh: Any, w_host: Any) -> Any:
     lab.check(
         "param_row_shards",
         place,
-        f"every shard of w is {want[0]} x {want[1]} ({ROWS}/{n} rows, all columns)",
+        f"every shard of w is {want[0]} x {want[1]} ({ROWS}/{n} rows, all columns)"
+        if ROWS % n == 0
+        else f"{ROWS} rows do not split evenly over {n} devices",
         details={"shard_shape": list(want), "devices": n},
     )
     return placed.get("w")
@@ -92,6 +94,7 @@ def sharded_matmul(lab: Lab, mesh: Any, x_host: Any, w: Any | None) -> Any:
 
     if w is None:
         lab.skip("matmul_matches_single_device", "no sharded parameter (param_row_shards failed)")
+        audit_demo(lab, "matmul_one_all_reduce", "matmul", mesh)
         return None
     x = jax.device_put(x_host, NamedSharding(mesh, P()))
     y = jax.jit(jnp.matmul)(x, w)
@@ -117,10 +120,13 @@ def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
     if mesh.devices.size < 2:
         lab.skip(check, "one device: nothing to communicate")
         return None
-    program = get_demo(demo, mesh)
+    from shardscope._demos import DEMO_FACTS
+
+    kind, payload = DEMO_FACTS[demo]
     done: dict[str, Any] = {}
 
     def audited() -> bool:
+        done["program"] = program = get_demo(demo, mesh)
         done["audit"] = audit(program)
         program.check(done["audit"])
         return True
@@ -128,15 +134,11 @@ def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
     lab.check(
         check,
         audited,
-        f"one {program.expected_kind} over {program.axis!r} of "
-        f"{program.expected_payload_bytes:,} bytes",
-        details={
-            "kind": program.expected_kind,
-            "axis": program.axis,
-            "payload_bytes": program.expected_payload_bytes,
-        },
+        f"one {kind} over 'model' of {payload:,} bytes",
+        details={"kind": kind, "axis": "model", "payload_bytes": payload},
     )
     if "audit" in done:
+        program = done["program"]
         lab.print(audit_table(done["audit"], title=f"{program.name}: {program.description}"))
     return done.get("audit")
 
@@ -151,6 +153,7 @@ def reshard(lab: Lab, mesh: Any, w: Any | None) -> None:
     if w is None:
         for name in ("reshard_to_columns", "reshard_to_replicated"):
             lab.skip(name, "no sharded parameter (param_row_shards failed)")
+        audit_demo(lab, "reshard_in_jit_one_all_to_all", "reshard", mesh)
         return
     n = mesh.shape["model"]
     before = host_value(w)
@@ -181,7 +184,9 @@ def mesh_2d(lab: Lab) -> Any | None:
 
     n = jax.device_count()
     if n % 2 or n < 4:
-        lab.skip("mesh_2d", f"a 2-D (2, n/2) mesh needs an even device count >= 4, found {n}")
+        lab.skip(
+            "mesh_2d_shards", f"a 2-D (2, n/2) mesh needs an even device count >= 4, found {n}"
+        )
         return None
     mesh = make_mesh({"dp": 2, "mp": n // 2})
     a_host = np.arange(8 * COLS, dtype=np.float32).reshape(8, COLS)
@@ -257,8 +262,7 @@ def memory_picture(lab: Lab, mesh: Any, mesh2: Any | None) -> Path | None:
     def draw() -> bool:
         return plot_device_bytes(layouts, path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    lab.check("memory_plot_png", draw, str(path))
-    return path
+    return path if lab.check("memory_plot_png", draw, str(path)) else None
 
 
 def processes_agree(lab: Lab) -> None:
