@@ -1,5 +1,9 @@
 """shardscope: show, check and plan how JAX shards arrays and what communication XLA inserts."""
 
+from shardscope import comm as comm
+from shardscope._audit import Audit as Audit
+from shardscope._audit import Collective as Collective
+from shardscope._audit import audit as audit
 from shardscope._devices import hardware_summary as hardware_summary
 from shardscope._devices import use_cpu_devices as use_cpu_devices
 from shardscope._errors import DeviceSetupError as DeviceSetupError
@@ -9,5 +13,6 @@ from shardscope._errors import MeshSpecError as MeshSpecError
 from shardscope._errors import ShardscopeError as ShardscopeError
 from shardscope._mesh import make_mesh as make_mesh
 from shardscope._mesh import parse_mesh_spec as parse_mesh_spec
+from shardscope._render_audit import render_audit as render_audit
 
 __version__ = "0.1.0"

@@ -1,0 +1,12 @@
+"""Minimum communication of collectives (bandwidth-optimal bytes per device, alpha-beta time).
+
+>>> from shardscope import comm
+>>> comm.traffic_bytes("all-reduce", 16 * 1024 * 4, 8)
+114688
+"""
+
+from shardscope._comm import KINDS as KINDS
+from shardscope._comm import alpha_beta_time as alpha_beta_time
+from shardscope._comm import format_bytes as format_bytes
+from shardscope._comm import latency_steps as latency_steps
+from shardscope._comm import traffic_bytes as traffic_bytes
