@@ -131,8 +131,8 @@ class Program:
         """Random arguments, placed with the program's input shardings."""
         import jax
 
-        params = init_params(self.config, jax.random.key(seed))
-        inputs, targets = init_batch(self.config, jax.random.key(seed + 1))
+        params = init_params(self.config, seed)
+        inputs, targets = init_batch(self.config, seed + 1)
         args = (params, inputs) if self.mode == "forward" else (params, (inputs, targets))
         return jax.device_put(args, self.arg_shardings)
 
