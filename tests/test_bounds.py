@@ -23,7 +23,12 @@ from shardscope._errors import StrategyError  # noqa: E402
 from shardscope._model import ModelConfig  # noqa: E402
 from shardscope._numerics import TOLERANCES, reference_outputs, relative_error  # noqa: E402
 from shardscope._programs import build_program  # noqa: E402
-from shardscope._strategies import STRATEGIES, get_strategy, mesh_spec_for  # noqa: E402
+from shardscope._strategies import (  # noqa: E402
+    STRATEGIES,
+    abstract_mesh,
+    get_strategy,
+    mesh_spec_for,
+)
 
 MiB = 2**20
 TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8)
@@ -170,6 +175,17 @@ def test_train_bounds_follow_the_published_formulas():
     assert fsdp.traffic_bytes - 7 == dp.traffic_bytes - 7
     tp = transformer_bound(get_strategy("tp").bind(config, "model=8"), "train")
     assert tp.counts() == {"all-reduce": 4 * 2}
+
+
+def test_bounds_for_meshes_larger_than_the_devices_at_hand():
+    # The planner's case: an abstract mesh needs no devices.
+    config = ModelConfig(d_model=4096, heads=32, ff=16384, layers=32, batch=64, seq=2048)
+    bound = transformer_bound(get_strategy("dp_tp").bind(config, abstract_mesh("data=64,model=16")),
+                              "train")
+    act = (64 // 64) * 2048 * 4096 * 4
+    tp_terms = [t for t in bound.terms if t.axes == ("model",)]
+    assert sum(t.count for t in tp_terms) == 4 * 32
+    assert {t.payload_bytes for t in tp_terms} == {act}
 
 
 def test_replicated_needs_nothing():

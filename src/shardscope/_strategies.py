@@ -138,6 +138,9 @@ class Strategy:
     ) -> BoundStrategy:
         """Resolves the roles on ``mesh`` and checks that every sharded dimension divides.
 
+        ``mesh`` is a ``Mesh``, a description (made into a ``Mesh`` of this process's
+        devices), or an :func:`abstract_mesh` (specs and bounds only, no devices).
+
         ``axes`` overrides the resolution (``{"data": ("pod", "data"), "model": ("model",)}``).
         ``constraints=False`` drops the activation constraints (what a user who only
         shards the weights writes); the verdict shows what that costs.
@@ -223,6 +226,24 @@ def get_strategy(name: str | Strategy) -> Strategy:
             f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}"
         )
     return STRATEGIES[name]
+
+
+def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
+    """A ``jax.sharding.AbstractMesh`` (Auto axes) for a description: no devices needed.
+
+    Binding a strategy to it checks the fit and gives specs and bounds for meshes larger
+    than the devices at hand (the planner's case); compiling needs a real mesh.
+
+    >>> dict(abstract_mesh("data=64,model=16").shape)
+    {'data': 64, 'model': 16}
+    """
+    from jax.sharding import AbstractMesh, AxisType
+
+    from shardscope._mesh import parse_mesh_spec
+
+    sizes = parse_mesh_spec(spec)
+    return AbstractMesh(tuple(sizes.values()), tuple(sizes),
+                        axis_types=(AxisType.Auto,) * len(sizes))
 
 
 def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:

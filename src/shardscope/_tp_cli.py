@@ -75,7 +75,7 @@ def run_transformer_command(
     from shardscope._model import ModelConfig
     from shardscope._render_audit import render_audit
     from shardscope._render_verdict import render_verdict
-    from shardscope._strategies import get_strategy, mesh_spec_for
+    from shardscope._strategies import abstract_mesh, get_strategy, mesh_spec_for
     from shardscope._verdict import transformer_verdict
 
     _check_mesh(mesh_spec)
@@ -85,6 +85,7 @@ def run_transformer_command(
     sizes = {"layers": layers, "d_model": d_model, "heads": heads, "ff": ff, "batch": batch,
              "seq": seq, "dtype": dtype}
     config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None})
+    s.bind(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
     _ensure_devices(mesh_spec)
     report = transformer_verdict(s, config, mesh_spec, mode=mode, impl=impl,
                                  constraints=constraints, hints=hints)
