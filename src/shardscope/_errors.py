@@ -25,3 +25,11 @@ class OutputPathError(ShardscopeError):
 
 class DeviceSetupError(RuntimeError):
     """Simulated devices were requested after JAX's backend had already started."""
+
+
+class ModelConfigError(ShardscopeError):
+    """A reference-model configuration that cannot be built (sizes, dtype, divisibility)."""
+
+
+class StrategyError(ShardscopeError):
+    """A sharding strategy or spec that does not fit the model, the mesh or the operands."""
