@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from shardscope._devices import ensure_devices_for
 from shardscope._errors import MeshSpecError
-from shardscope._mesh import parse_mesh_spec
-
-
-def _ensure_devices(mesh_spec: str | None, devices: int | None) -> None:
-    """Simulates ``devices`` CPU devices, or enough for the mesh, when JAX has not started."""
-    from shardscope._demos import DEFAULT_MESH
-    from shardscope._devices import DEFAULT_CPU_DEVICES, _backends_started, use_cpu_devices
-
-    need = math.prod(parse_mesh_spec(mesh_spec or DEFAULT_MESH).values())
-    if devices is not None:
-        use_cpu_devices(devices)
-    elif not _backends_started():
-        use_cpu_devices(max(need, DEFAULT_CPU_DEVICES))
 
 
 def run_audit_command(
@@ -51,7 +38,7 @@ def run_audit_command(
 
     if mesh_spec is not None and not mesh_spec.strip():
         raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'dp=2,model=4'")
-    _ensure_devices(mesh_spec, devices)
+    ensure_devices_for(mesh_spec, devices)
     import jax
 
     program = get_demo(demo, mesh_spec)

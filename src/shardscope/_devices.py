@@ -62,6 +62,20 @@ def use_cpu_devices(n: int | None = None) -> int:
     return requested
 
 
+def ensure_devices_for(mesh_spec: str | None, devices: int | None = None) -> None:
+    """Simulates ``devices`` CPU devices, or enough for ``mesh_spec`` (at least 8), unless
+    JAX has started (then a mesh that does not fit is reported where it is built)."""
+    import math
+
+    from shardscope._mesh import parse_mesh_spec
+
+    need = math.prod(parse_mesh_spec(mesh_spec).values()) if mesh_spec else DEFAULT_CPU_DEVICES
+    if devices is not None:
+        use_cpu_devices(devices)
+    elif not _backends_started():
+        use_cpu_devices(max(need, DEFAULT_CPU_DEVICES))
+
+
 def _count(n: object) -> int:
     try:
         value = operator.index(n)  # type: ignore[arg-type]

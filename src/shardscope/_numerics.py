@@ -117,8 +117,7 @@ def compare_numerics(
     from shardscope._mesh import mesh_axes
     from shardscope._programs import build_program
 
-    program = build_program(strategy, config, mesh, mode=mode, impl=impl,
-                            capture=mode == "forward")
+    program = build_program(strategy, config, mesh, mode=mode, impl=impl, capture=mode == "forward")
     config = program.config
     args = program.example_args(seed)
     actual = program.fn(*args)

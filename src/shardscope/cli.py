@@ -47,14 +47,161 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from shardscope._audit_cli import run_audit_command
+    from shardscope._devices import ensure_devices_for
     from shardscope._distributed import initialize_from_args
     from shardscope._io import check_file_path
 
     if args.json is not None:
         check_file_path(args.json)
     initialize_from_args(args)
-    return run_audit_command(args.program, args.mesh, args.json, devices=args.devices)
+    ensure_devices_for(args.mesh or args.default_mesh, args.devices)
+    import jax
+
+    json_path, console = args.json, None
+    if jax.process_index() != 0:  # every process compiles the same program; 0 reports it
+        from rich.console import Console
+
+        json_path, console = None, Console(quiet=True)
+    if args.program == "reshard":
+        from shardscope._audit_cli import run_audit_command
+
+        return run_audit_command("reshard", args.mesh, json_path, console=console)
+    if args.program == "matmul":
+        from shardscope._tp_cli import run_matmul_command
+
+        return run_matmul_command(
+            args.mesh or args.default_mesh,
+            args.m,
+            args.k,
+            args.n,
+            args.dtype,
+            args.a_spec,
+            args.b_spec,
+            args.out_spec,
+            json_path,
+            hints=args.hints,
+            console=console,
+        )
+    from shardscope._tp_cli import run_transformer_command
+
+    return run_transformer_command(
+        args.strategy,
+        args.mesh,
+        args.layers,
+        json_path,
+        mode=args.mode,
+        impl=args.impl,
+        constraints=args.constraints,
+        d_model=args.d_model,
+        heads=args.heads,
+        ff=args.ff,
+        batch=args.batch,
+        seq=args.seq,
+        dtype=args.dtype,
+        hints=args.hints,
+        console=console,
+    )
+
+
+def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from shardscope._strategies import STRATEGIES
+
+    audit = sub.add_parser(
+        "audit",
+        help="compile a program and list the collectives XLA inserted, against the minimum",
+        description="Compile a program and list every collective XLA inserted, by mesh axis "
+        "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
+        "and the transformer, compare with the minimum communication and verify better plans.",
+    )
+    programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=_Parser)
+    programs.required = True
+
+    def common(p: argparse.ArgumentParser, default_mesh: str | None) -> None:
+        p.add_argument(
+            "--mesh",
+            default=None,
+            metavar="SPEC",
+            help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
+            + (f" (default {default_mesh})" if default_mesh else ""),
+        )
+        p.add_argument("--json", default=None, metavar="FILE", help="also write it as JSON")
+        p.add_argument(
+            "--devices",
+            type=positive_int,
+            default=None,
+            metavar="N",
+            help="simulated CPU devices, per process in a multi-process run (default: enough "
+            "for the mesh, at least 8)",
+        )
+        add_distributed_options(p)
+        p.set_defaults(run=_cmd_audit, default_mesh=default_mesh)
+
+    def hints(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--no-hints",
+            dest="hints",
+            action="store_false",
+            help="skip compiling the suggested better plans",
+        )
+
+    mm = programs.add_parser(
+        "matmul",
+        help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
+        description="Audit one sharded matmul and compare it with the best plan for its specs. "
+        "A spec has one entry per dimension, comma-separated: None or a mesh axis name. The "
+        "defaults are the taster's: a replicated [16,1024] activation times a [1024,1024] "
+        "matrix sharded on rows over 'model'.",
+    )
+    common(mm, "model=8")
+    mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
+    mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
+    mm.add_argument(
+        "--n", type=positive_int, default=1024, help="columns of B and C (default 1024)"
+    )
+    mm.add_argument("--dtype", default="float32", help="element type (default float32)")
+    mm.add_argument(
+        "--a-spec", default="None,None", metavar="S", help="A's spec (default None,None)"
+    )
+    mm.add_argument(
+        "--b-spec", default="model,None", metavar="S", help="B's spec (default model,None)"
+    )
+    mm.add_argument(
+        "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
+    )
+    hints(mm)
+
+    rs = programs.add_parser(
+        "reshard",
+        help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
+    )
+    common(rs, "model=8")
+
+    tf = programs.add_parser(
+        "transformer",
+        help="the reference decoder under a sharding strategy, against its minimum",
+        description="Audit the reference decoder (RMSNorm, causal attention, MLP) under a "
+        "strategy and compare with the minimum communication for it, per axis and kind.",
+    )
+    common(tf, None)
+    tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
+    tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
+    tf.add_argument("--mode", choices=["forward", "train"], default="forward")
+    tf.add_argument(
+        "--impl",
+        choices=["jit", "shard_map"],
+        default="jit",
+        help="jit (the compiler inserts collectives) or shard_map (explicit ones)",
+    )
+    tf.add_argument(
+        "--no-constraints",
+        dest="constraints",
+        action="store_false",
+        help="drop the strategy's activation sharding constraints",
+    )
+    for flag in ("d-model", "heads", "ff", "batch", "seq"):
+        tf.add_argument(f"--{flag}", type=positive_int, default=None, metavar="N")
+    tf.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    hints(tf)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,32 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_distributed_options(lab)
     lab.set_defaults(run=_cmd_lab)
 
-    from shardscope._demos import DEMOS
-
-    audit = sub.add_parser(
-        "audit",
-        help="compile a program and list the collectives XLA inserted: kind, axis, bytes, line",
-        description="Audit a built-in program: every collective XLA inserted, by mesh axis and "
-        "kind, with counts (loop trips included), bytes and source lines.",
-    )
-    audit.add_argument("program", choices=list(DEMOS), help="the program to compile and audit")
-    audit.add_argument(
-        "--mesh",
-        default=None,
-        metavar="SPEC",
-        help="mesh description, e.g. 'model=8' (default) or 'dp=2,model=4'",
-    )
-    audit.add_argument("--json", default=None, metavar="FILE", help="also write the audit as JSON")
-    audit.add_argument(
-        "--devices",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="simulated CPU devices, per process in a multi-process run (default: enough for "
-        "the mesh, at least 8)",
-    )
-    add_distributed_options(audit)
-    audit.set_defaults(run=_cmd_audit)
+    _add_audit(sub)
     _add_launch(sub)
     return parser
 
