@@ -19,8 +19,8 @@ from shardscope.cli import main
         ([], "required: COMMAND"),
         (["audit", "transpose"], "invalid choice: 'transpose'"),
         (["audit", "matmul", "--mesh", "dp=2,dp=4"], "axis name 'dp' is repeated"),
-        (["audit", "matmul", "--mesh", "model=3"], "does not divide"),
-        (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but JAX has 8"),
+        (["audit", "matmul", "--mesh", "model=3"], "1024 is not divisible by 3"),
+        (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but 8 are available"),
         (["lab", "--devices", "1_0"], "'1_0' is not a whole number"),
         (["lab", "--out", ""], "output folder is empty"),
         (["lab", "--out", "/proc/version/x"], "'/proc/version' is a file, not a folder"),
@@ -65,6 +65,11 @@ DOCUMENTED_CHECKS = [
     "mesh_2d_shards",
     "per_device_bytes",
     "memory_plot_png",
+    "tp_block_matches_single_device",
+    "tp_forward_minimum_collectives",
+    "tp_shard_map_matches_single_device",
+    "tp_shard_map_same_collectives",
+    "sp_verdict",
 ]
 
 

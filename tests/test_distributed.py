@@ -126,6 +126,6 @@ def test_lab_under_slurm_is_detected_by_jax(tmp_path):
     assert r.exit_code == 0, r.message + out.getvalue()
     assert "[0] sharding_taster: JAX 0.10.2, backend cpu, 4 x cpu, 2 processes" in out.getvalue()
     data = json.loads((tmp_path / "sharding_taster.json").read_text())
-    assert data["passed"] == data["total"] == 11
+    assert data["passed"] == data["total"] == 16
     by_name = {x["name"]: x for x in data["results"]}
     assert by_name["param_row_shards"]["details"] == {"shard_shape": [256, 1024], "devices": 4}

@@ -84,7 +84,7 @@ def test_lab_two_processes_of_four_devices(tmp_path):
     assert "[0] sharding_taster: JAX 0.10.2, backend cpu, 8 x cpu, 2 processes" in lines
     # Only process 0 reports and writes, once.
     assert [x for x in lines if "checks passed" in x] == [
-        "[0] [sharding_taster] 11/11 checks passed (100%); skipped=0"
+        "[0] [sharding_taster] 16/16 checks passed (100%); skipped=0"
     ]
     assert [x[:10] for x in lines if x[4:].startswith("wrote ")] == ["[0] wrote "]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -92,7 +92,7 @@ def test_lab_two_processes_of_four_devices(tmp_path):
         "sharding_taster_memory.png",
     ]
     data = json.loads((tmp_path / "sharding_taster.json").read_text())
-    assert (data["passed"], data["total"], data["skipped"], data["score"]) == (11, 11, 0, 1.0)
+    assert (data["passed"], data["total"], data["skipped"], data["score"]) == (16, 16, 0, 1.0)
     by_name = {x["name"]: x for x in data["results"]}
     assert by_name["param_row_shards"]["details"] == {"shard_shape": [128, 1024], "devices": 8}
     assert by_name["all_processes_passed"]["details"] == {"failed_by_process": [0, 0]}
@@ -267,7 +267,8 @@ def test_audit_two_processes_reports_once(tmp_path):
         timeout=180,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [x[:3] for x in r.stdout.splitlines() if "all-reduce" in x] == ["[0]"]
+    reported = [x[:3] for x in r.stdout.splitlines() if "all-reduce" in x]
+    assert reported and set(reported) == {"[0]"}  # process 0 alone prints
     data = json.loads(path.read_text())
     (c,) = data["collectives"]
     assert (c["kind"], c["axes"], c["group_size"], c["payload_bytes"]) == (

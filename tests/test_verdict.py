@@ -248,38 +248,18 @@ def test_transformer_command_bad_input():
 # -- lab checks -----------------------------------------------------------------------------------
 
 
-class FakeLab:
-    def __init__(self):
-        self.results = {}
-        self.printed = []
+def test_exercise_checks_all_pass_and_report_the_sp_verdict(tmp_path):
+    from shardscope import Lab
 
-    def check(self, name, predicate, msg="", details=None):
-        try:
-            ok = bool(predicate() if callable(predicate) else predicate)
-            error = None
-        except Exception as e:  # recorded as a failure, as the harness does
-            ok, error = False, f"{type(e).__name__}: {e}"
-        self.results[name] = (ok, error, details)
-        return ok
-
-    def assert_close(self, name, actual, expected, rtol=0.05):
-        raise AssertionError("not used")
-
-    def print(self, *objects):
-        self.printed.append(" ".join(str(o) for o in objects))
-
-
-def test_exercise_checks_all_pass_and_report_the_sp_verdict():
-    lab = FakeLab()
+    lab = Lab("exercises", out_dir=tmp_path, verbose=False)
     facts = run_exercise_checks(lab)
-    assert list(lab.results) == list(EXERCISE_CHECKS)
-    assert all(ok for ok, _, _ in lab.results.values()), lab.results
+    assert [r.name for r in lab.results] == list(EXERCISE_CHECKS)
+    assert all(r.passed for r in lab.results), [(r.name, r.message) for r in lab.results]
     assert facts["tp_counts"] == {"all-reduce": 4}
     assert facts["tp_traffic_bytes"] == facts["tp_bound_bytes"] == facts["twin_traffic_bytes"]
     assert facts["sp_verdict"]["ratio"] == pytest.approx(1.5)
-    _, _, details = lab.results[EXERCISE_CHECKS[4]]
+    details = lab.results[4].details
     assert details["verdict"]["summary"].startswith("exceeds the bound (1.50x")
-    assert any("sequence parallel" in line for line in lab.printed)
 
 
 @pytest.mark.parametrize(

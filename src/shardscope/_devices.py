@@ -99,6 +99,23 @@ def _backends_started() -> bool:
     return bool(xla_bridge.backends_are_initialized())
 
 
+def host_value(tree: Any) -> Any:
+    """NumPy copies of a pytree's arrays, gathered from the other processes of a
+    multi-process run where this one does not hold every shard (every process must call it,
+    in the same order: the gather is a collective)."""
+    import jax
+    import numpy as np
+
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)
+
+
 def hardware_summary() -> dict[str, Any]:
     """JAX version, default backend, device count and kind, processes: plain data."""
     import jax

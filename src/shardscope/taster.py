@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shardscope._devices import host_value
 from shardscope._harness import Lab, bootstrap
 from shardscope._layout import Layout, layout
 from shardscope._mesh import make_mesh
@@ -18,18 +19,6 @@ LAB_ID = "sharding_taster"
 ROWS = COLS = 1024  # the parameter matrix
 BATCH = 16  # rows of the activation
 MATMUL_RTOL = 1e-4  # float32 sums in another order: about 1e-7 observed
-
-
-def host_value(x: Any) -> Any:
-    """The whole array on this host as NumPy, gathering from other processes when needed."""
-    import jax
-    import numpy as np
-
-    if jax.process_count() > 1 and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
 
 
 def _local_shard_shapes(x: Any) -> set[tuple[int, ...]]:
@@ -292,6 +281,15 @@ def processes_agree(lab: Lab) -> None:
     )
 
 
+def exercises(lab: Lab, mesh: Any) -> dict[str, Any]:
+    """Step 7, the taster's exercises: a Megatron tensor-parallel decoder block on the 1-D
+    mesh against one device, its exact collectives against the minimum, its shard_map twin
+    with explicit ``psum``, and the sequence-parallel variant's verdict."""
+    from shardscope._exercises import run_exercise_checks
+
+    return run_exercise_checks(lab, mesh_spec=f"model={mesh.shape['model']}")
+
+
 def run(
     devices: int | None = None,
     out_dir: str | os.PathLike[str] | None = None,
@@ -308,6 +306,7 @@ def run(
     reshard(lab, mesh, w)
     mesh2 = mesh_2d(lab)
     png = memory_picture(lab, mesh, mesh2)
+    exercises(lab, mesh)
     processes_agree(lab)
     summary = lab.summary()
     path = lab.save()
