@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from shardscope._argtypes import nonnegative_int, positive_int
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
 _LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -166,23 +167,6 @@ def _check_same_run(given: dict[str, Any]) -> bool:
 # -- the command line ---------------------------------------------------------------------------
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
-
-
-def _pos_int(text: str) -> int:
-    value = _nonneg_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 must be a positive whole number")
-    return value
-
-
 def _coordinator(text: str) -> str:
     try:
         parse_coordinator(text)
@@ -207,10 +191,10 @@ def add_distributed_options(parser: argparse.ArgumentParser) -> None:
         help="address of process 0, the same for every process",
     )
     group.add_argument(
-        "--num-processes", type=_pos_int, default=None, metavar="N", help="processes in the run"
+        "--num-processes", type=positive_int, default=None, metavar="N", help="processes in the run"
     )
     group.add_argument(
-        "--process-id", type=_nonneg_int, default=None, metavar="I", help="this process, 0..N-1"
+        "--process-id", type=nonnegative_int, default=None, metavar="I", help="this process, 0..N-1"
     )
     group.add_argument(
         "--distributed",

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from shardscope._argtypes import positive_float, positive_int
 from shardscope._distributed import add_distributed_options
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
@@ -23,16 +24,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
-
-
-def positive_int(text: str) -> int:
-    digits = text.strip().removeprefix("-")
-    if not (digits.isascii() and digits.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive whole number")
-    return value
 
 
 def _cmd_lab(args: argparse.Namespace) -> int:
@@ -241,16 +232,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- shardscope launch --------------------------------------------------------------------------
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
-    return value
 
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -1,0 +1,37 @@
+"""argparse value types shared by the command line's option groups: strict whole numbers
+(ASCII digits only, no underscores) and positive seconds, with messages that name the value."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _whole(text: str) -> int:
+    digits = text.strip().removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+def nonnegative_int(text: str) -> int:
+    value = _whole(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _whole(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive whole number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
