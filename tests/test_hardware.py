@@ -1,0 +1,29 @@
+import pytest
+
+from shardscope._hardware import PRESETS, hardware
+
+
+def test_presets_named_in_the_planner_exist():
+    assert list(PRESETS) == ["h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
+    assert hardware("H200").memory_bytes == 141e9
+    assert hardware("tpu-v5p").link_bandwidth == 2 * 9e10
+
+
+def test_override_keeps_the_rest_and_says_so():
+    h = hardware("h100", link_bandwidth=370e9)
+    assert h.link_bandwidth == 370e9
+    assert h.peak_flops == PRESETS["h100"].peak_flops
+    assert "overridden: link_bandwidth=3.7e+11" in h.source
+
+
+@pytest.mark.parametrize(
+    "args, kw, words",
+    [
+        (("a100",), {}, "unknown hardware preset 'a100'; choose one of h100"),
+        (("h100",), {"warp_speed": 9}, "unknown hardware setting 'warp_speed'"),
+        (("h100",), {"peak_flops": 0}, "must be a positive number"),
+    ],
+)
+def test_bad_presets(args, kw, words):
+    with pytest.raises(ValueError, match=words):
+        hardware(*args, **kw)
