@@ -11,8 +11,15 @@ from shardscope._errors import HloParseError as HloParseError
 from shardscope._errors import LayoutError as LayoutError
 from shardscope._errors import MeshSpecError as MeshSpecError
 from shardscope._errors import ShardscopeError as ShardscopeError
+from shardscope._harness import Lab as Lab
+from shardscope._harness import bootstrap as bootstrap
+from shardscope._layout import DeviceShard as DeviceShard
+from shardscope._layout import Layout as Layout
+from shardscope._layout import layout as layout
+from shardscope._layout import spec_layout as spec_layout
 from shardscope._mesh import make_mesh as make_mesh
 from shardscope._mesh import parse_mesh_spec as parse_mesh_spec
+from shardscope._plot import plot_device_bytes as plot_device_bytes
 from shardscope._render_audit import render_audit as render_audit
 
 __version__ = "0.1.0"

@@ -6,15 +6,15 @@ async-wrapped, looped or branched computations, names the user's mesh axes it ru
 (:mod:`shardscope._groups`) and prices it (:mod:`shardscope._comm`). The result is plain
 data: :class:`Collective` records inside an :class:`Audit`.
 
->>> import jax, jax.numpy as jnp                                     # doctest: +SKIP
->>> from jax.sharding import NamedSharding, PartitionSpec as P       # doctest: +SKIP
->>> mesh = shardscope.make_mesh("model=8")                           # doctest: +SKIP
->>> x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
->>> w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32,
-...                          sharding=NamedSharding(mesh, P("model", None)))  # doctest: +SKIP
->>> a = shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)          # doctest: +SKIP
->>> a.counts()["all-reduce"], a.collectives[0].axes                  # doctest: +SKIP
-(1, ('model',))
+Example (needs 8 simulated devices, so not run as a doctest)::
+
+    mesh = shardscope.make_mesh("model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32,
+                             sharding=NamedSharding(mesh, P("model", None)))
+    a = shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
+    a.counts()["all-reduce"], a.collectives[0].axes     # (1, ('model',))
+    a.expect(all_reduce=1, all_gather=0)                # raises AssertionError if not
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Collective:
             instruction combines several: ``shapes`` has them all). all-reduce,
             reduce-scatter, collective-permute, collective-broadcast: the operand;
             all-gather: the result; all-to-all: one device's buffer.
-        payload_bytes: the full logical array ``S`` of REFERENCE.md section 3: all-reduce and
+        payload_bytes: the full logical array ``S`` of ``shardscope.comm``: all-reduce and
             reduce-scatter operand, all-gather result, all-to-all group size times one
             device's buffer, collective-permute one device's buffer.
         traffic_bytes: bytes each device sends per execution (:func:`traffic_bytes`).
@@ -232,7 +232,9 @@ class Audit:
     ``memory`` is per device (``compiled.memory_analysis()``, bytes), ``flops`` per device
     (``compiled.cost_analysis()``); both None for HLO text. ``rematerializations`` is None
     when the audit did not compile the program itself and so could not see the
-    partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one.
+    partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one (a
+    verdict can compile alternatives and compare), ``module`` the parsed HLO and ``hlo_text``
+    its text.
     """
 
     collectives: tuple[Collective, ...]
@@ -247,10 +249,7 @@ class Audit:
     unknown_instructions: tuple[UnknownInstruction, ...] = ()
     module: HloModule | None = field(default=None, repr=False, compare=False)
     compiled: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def hlo_text(self) -> str | None:
-        return None if self.compiled is None else self.compiled.as_text()
+    hlo_text: str = field(default="", repr=False, compare=False)
 
     def counts(self) -> dict[str, int]:
         """``{kind: executions per run}`` for every collective kind (zeros included)."""
@@ -362,14 +361,22 @@ class Audit:
         for axis, budget in (bytes_per_axis or {}).items():
             got = self.axis_traffic(axis)
             rows.append(
-                (f"bytes/device over {axis!r}", f"<= {format_bytes(budget)}", format_bytes(got),
-                 got <= budget)
+                (
+                    f"bytes/device over {axis!r}",
+                    f"<= {format_bytes(budget)}",
+                    format_bytes(got),
+                    got <= budget,
+                )
             )
         if traffic_bytes is not None:
             got = self.total().traffic_bytes
             rows.append(
-                ("bytes/device in all", f"<= {format_bytes(traffic_bytes)}", format_bytes(got),
-                 got <= traffic_bytes)
+                (
+                    "bytes/device in all",
+                    f"<= {format_bytes(traffic_bytes)}",
+                    format_bytes(got),
+                    got <= traffic_bytes,
+                )
             )
         bad = [r for r in rows if not r[3]]
         if not bad:
@@ -413,9 +420,7 @@ class Audit:
             "memory": dict(self.memory) if self.memory is not None else None,
             "flops": self.flops,
             "in_shardings": list(self.in_shardings) if self.in_shardings is not None else None,
-            "out_shardings": (
-                list(self.out_shardings) if self.out_shardings is not None else None
-            ),
+            "out_shardings": (list(self.out_shardings) if self.out_shardings is not None else None),
             "rematerializations": (
                 [r.to_dict() for r in self.rematerializations]
                 if self.rematerializations is not None
@@ -552,7 +557,7 @@ def _operand_shapes(comp: Computation, ins: Instruction) -> list[Any]:
     return out
 
 
-def _group_mode(module: HloModule, ins: Instruction, kind: str) -> str:
+def _group_mode(ins: Instruction, kind: str) -> str:
     """XLA's CollectiveOpGroupMode, from channel_id and use_global_device_ids."""
     has_channel = "channel_id" in ins.attributes
     if kind in ("collective-permute", "collective-broadcast"):
@@ -570,7 +575,7 @@ def _match_groups(
     module: HloModule, ins: Instruction, kind: str, mesh: Mapping[str, int]
 ) -> tuple[AxisMatch, tuple[tuple[int, ...], ...], tuple[tuple[int, int], ...], str]:
     p, r = module.num_partitions, module.replica_count
-    mode = _group_mode(module, ins, kind)
+    mode = _group_mode(ins, kind)
     if kind == "collective-permute":
         raw = ins.attributes.get("source_target_pairs", "{}")
         pairs = parse_source_target_pairs(raw)
@@ -602,7 +607,7 @@ def _match_groups(
 def _payload(
     kind: str, is_async: bool, ins: Instruction, operand_shapes: list[Any], n: int
 ) -> tuple[int, list[Any], str]:
-    """(payload bytes, payload array shapes, note) following REFERENCE.md section 3."""
+    """(payload bytes, payload array shapes, note), ``S`` as ``shardscope.comm`` defines it."""
     leaves = [leaf for s in operand_shapes for leaf in s.leaves()]
     note = ""
     if kind == "all-gather":
@@ -611,9 +616,7 @@ def _payload(
         else:
             dims = ins.attributes.get("dimensions", "{0}").strip("{}").split(",")
             d = int(dims[0]) if dims and dims[0].strip().isdigit() else 0
-            arrays = [
-                _scaled(leaf, d, n) for leaf in leaves
-            ]
+            arrays = [_scaled(leaf, d, n) for leaf in leaves]
     elif kind == "collective-permute":
         arrays = leaves[:1]
     elif kind == "ragged-all-to-all":
@@ -672,9 +675,9 @@ def _operand_source(module: HloModule, comp: Computation, ins: Instruction) -> s
     return None
 
 
-def analyze(module: HloModule, mesh: Mapping[str, int]) -> tuple[
-    tuple[Collective, ...], tuple[UnknownInstruction, ...]
-]:
+def analyze(
+    module: HloModule, mesh: Mapping[str, int]
+) -> tuple[tuple[Collective, ...], tuple[UnknownInstruction, ...]]:
     """Every collective of ``module`` (in text order), and its instructions of unknown opcode.
 
     ``mesh`` (``{axis: size}``, mesh order) must hold ``module.num_partitions`` devices.
@@ -835,7 +838,11 @@ def _capture_stderr() -> Iterator[list[str]]:
         sys.stderr.flush()
     except (AttributeError, ValueError):
         pass
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (e.g. a daemon): nothing to capture
+        yield out
+        return
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
@@ -964,7 +971,7 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
                 )
             with _capture_stderr() as captured:
                 compiled = lowered.compile()
-            log = captured[0] if captured else ""
+            log = captured[0] if captured else None
         text = compiled.as_text()
         in_leaves = _sharding_leaves(compiled.input_shardings)
         out_leaves = _sharding_leaves(compiled.output_shardings)
@@ -986,6 +993,8 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
         key = hash(text)
         remats = parse_rematerializations(log, module)
         if remats:
+            if len(_REMAT_CACHE) >= 256:
+                _REMAT_CACHE.pop(next(iter(_REMAT_CACHE)))
             _REMAT_CACHE[key] = remats
         else:
             # JAX reuses a compiled executable for an identical program, without logging.
@@ -1007,6 +1016,7 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
         unknown_instructions=unknown,
         module=module,
         compiled=compiled,
+        hlo_text=text,
     )
 
 

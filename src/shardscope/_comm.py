@@ -3,7 +3,7 @@
 Pure functions of the collective's kind, its payload and its group size; no JAX. The formulas
 are the bandwidth-optimal ones (ring all-gather / reduce-scatter, Rabenseifner all-reduce,
 pairwise all-to-all) from nccl-tests' PERFORMANCE.md, the MPICH cost comments, ZeRO (arXiv
-1910.02054) section 7 and the JAX scaling book, part 3; see REFERENCE.md section 3.
+1910.02054) section 7 and the JAX scaling book, part 3.
 
 ``payload_bytes`` is always the full logical array ``S``: the all-reduce operand, the
 all-gather result, the reduce-scatter operand, the whole array an all-to-all exchanges (the
@@ -123,7 +123,7 @@ def alpha_beta_time(
 
     ``bandwidth_bytes_per_s`` is one device's egress bandwidth ``B``; ``alpha_s`` the
     per-message latency. For all-reduce this is ``2(n-1)a + 2(n-1)S/(nB)``; for all-to-all on
-    a switch ``(n-1)a + (n-1)S/(n**2 B)`` (REFERENCE.md section 3).
+    a switch ``(n-1)a + (n-1)S/(n**2 B)``.
 
     >>> alpha_beta_time("all-gather", 8 * 10**9, 8, bandwidth_bytes_per_s=10**9)
     7.0

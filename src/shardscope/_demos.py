@@ -31,10 +31,31 @@ class Demo:
     args: tuple[Any, ...]
     mesh: Any
     axis: str
+    expected_kind: str
+    expected_payload_bytes: int
 
     def lower(self) -> Any:
         """``jax.stages.Lowered`` of the program."""
         return self.fn.lower(*self.args)
+
+    def check(self, audit: Any) -> None:
+        """Raises ``AssertionError`` unless ``audit`` (of this demo) is the taster's fact.
+
+        The fact: exactly one collective, of ``expected_kind``, over the demo's axis alone,
+        moving ``expected_payload_bytes``; the message says what differed. It holds on 1-D
+        meshes; beside another axis XLA may pick another plan (JAX 0.10.2 on CPU all-gathers
+        the matmul's weight on ``data=2,model=4``), and the audit then says so.
+        """
+        counts = {k.replace("-", "_"): 0 for k in audit.counts()}
+        counts[self.expected_kind.replace("-", "_")] = 1
+        audit.expect(**counts)
+        (c,) = audit.collectives
+        if (c.axes, c.payload_bytes) != ((self.axis,), self.expected_payload_bytes):
+            raise AssertionError(
+                f"{self.name}: expected one {self.expected_kind} over ({self.axis!r},) of "
+                f"{self.expected_payload_bytes} bytes, found one over {c.axes} of "
+                f"{c.payload_bytes} bytes at {c.source}"
+            )
 
 
 def demo_mesh(mesh: Any = None) -> Any:
@@ -99,6 +120,8 @@ def taster_matmul(mesh: Any = None) -> Demo:
         args=(x, w),
         mesh=m,
         axis=axis,
+        expected_kind="all-reduce",
+        expected_payload_bytes=16 * 1024 * 4,
     )
 
 
@@ -129,6 +152,8 @@ def taster_reshard(mesh: Any = None) -> Demo:
         args=(w,),
         mesh=m,
         axis=axis,
+        expected_kind="all-to-all",
+        expected_payload_bytes=1024 * 1024 * 4,
     )
 
 
@@ -141,7 +166,5 @@ DEMOS: dict[str, Callable[[Any], Demo]] = {
 def get_demo(name: str, mesh: Any = None) -> Demo:
     """The demo called ``name`` (see :data:`DEMOS`) on ``mesh``."""
     if name not in DEMOS:
-        raise ShardscopeError(
-            f"unknown demo {name!r}; the built-in demos are {', '.join(DEMOS)}"
-        )
+        raise ShardscopeError(f"unknown demo {name!r}; the built-in demos are {', '.join(DEMOS)}")
     return DEMOS[name](mesh)

@@ -122,7 +122,7 @@ def _parse_explicit(s: str) -> ReplicaGroups:
         if pos >= len(inner):
             break
         if inner[pos] != "{":
-            raise _error(s, f"expected '{{' at {inner[pos:pos + 20]!r}")
+            raise _error(s, f"expected '{{' at {inner[pos : pos + 20]!r}")
         end = inner.find("}", pos)
         if end < 0:
             raise _error(s, "a group is never closed")
@@ -308,8 +308,10 @@ def _dim_factor(values: list[int], size: int) -> list[tuple[int, int]] | None:
     # One strided run: {base + j * post}.
     if n > 1:
         post = values[1] - values[0]
-        if post > 0 and size % (post * n) == 0 and all(
-            values[j] == values[0] + j * post for j in range(n)
+        if (
+            post > 0
+            and size % (post * n) == 0
+            and all(values[j] == values[0] + j * post for j in range(n))
         ):
             if (values[0] // post) % n == 0:
                 return [(size // (post * n), n)]
@@ -346,9 +348,7 @@ def _dim_factor(values: list[int], size: int) -> list[tuple[int, int]] | None:
     return out
 
 
-def axes_of_groups(
-    groups: Sequence[Sequence[int]], mesh_axes: Mapping[str, int]
-) -> AxisMatch:
+def axes_of_groups(groups: Sequence[Sequence[int]], mesh_axes: Mapping[str, int]) -> AxisMatch:
     """Names the mesh axes that every group in ``groups`` spans (partition ids).
 
     All groups must span the same (sub-)axes, hold every combination of them exactly once,
@@ -364,15 +364,11 @@ def axes_of_groups(
         return AxisMatch((), group_size, True, "groups differ in size")
     flat = [p for g in groups for p in g]
     if any(p < 0 or p >= total for p in flat):
-        return AxisMatch(
-            (), group_size, True, f"an id is outside the mesh's {total} partitions"
-        )
+        return AxisMatch((), group_size, True, f"an id is outside the mesh's {total} partitions")
     if len(set(flat)) != len(flat):
         return AxisMatch((), group_size, True, "a partition appears in two groups")
     if len(flat) != total:
-        return AxisMatch(
-            (), group_size, True, f"the groups hold {len(flat)} of {total} partitions"
-        )
+        return AxisMatch((), group_size, True, f"the groups hold {len(flat)} of {total} partitions")
     if group_size == 1:
         return AxisMatch((), 1)
     coords = np.stack(np.unravel_index(np.asarray(groups, dtype=np.int64), sizes), axis=-1)
@@ -393,9 +389,7 @@ def axes_of_groups(
             for pre, size in subs:
                 labels.append(names[d] if size == sizes[d] else f"{names[d]}:({pre}){size}")
         if math.prod(len(v) for v in per_dim) != group_size:
-            return AxisMatch(
-                (), group_size, True, "the group is not every combination of its axes"
-            )
+            return AxisMatch((), group_size, True, "the group is not every combination of its axes")
         if result is None:
             result = tuple(labels)
         elif result != tuple(labels):
@@ -403,9 +397,7 @@ def axes_of_groups(
     return AxisMatch(result or (), group_size)
 
 
-def axes_of_pairs(
-    pairs: Sequence[tuple[int, int]], mesh_axes: Mapping[str, int]
-) -> AxisMatch:
+def axes_of_pairs(pairs: Sequence[tuple[int, int]], mesh_axes: Mapping[str, int]) -> AxisMatch:
     """Axes along which a collective-permute moves data: where source and target differ.
 
     ``group_size`` is the number of devices along those axes (the ring length).

@@ -214,7 +214,7 @@ def parse_key_values(text: str, lineno: int | None = None) -> dict[str, str]:
             break
         m = _IDENT.match(s, i)
         if m is None or m.end() >= n or s[m.end()] != "=":
-            raise _error(lineno, f"expected key=value at {s[i:i + 30]!r}", text)
+            raise _error(lineno, f"expected key=value at {s[i : i + 30]!r}", text)
         key = m.group()
         i = m.end() + 1
         if i < n and s[i] == '"':
@@ -318,7 +318,7 @@ def _parse_shape_at(s: str, i: int, lineno: int | None, depth: int) -> tuple[Sha
                 raise _error(lineno, "tuple shape is not closed by ')'", s)
     m = _ARRAY_SHAPE.match(s, i)
     if m is None:
-        raise _error(lineno, f"expected a shape such as f32[8,16] at {s[i:i + 30]!r}", s)
+        raise _error(lineno, f"expected a shape such as f32[8,16] at {s[i : i + 30]!r}", s)
     dtype, dims_text, layout = m.group(1), m.group(2), m.group(3)
     dims: list[int] = []
     dynamic: list[bool] = []
@@ -654,7 +654,7 @@ def _parse_attributes(s: str, i: int, lineno: int | None) -> dict[str, str]:
         if i >= n:
             return attrs
         if s[i] != ",":
-            raise _error(lineno, f"expected ',' before {s[i:i + 30]!r}", s)
+            raise _error(lineno, f"expected ',' before {s[i : i + 30]!r}", s)
         i += 1
         while i < n and s[i] == " ":
             i += 1

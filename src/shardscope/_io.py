@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 
-def write_atomic(path: str | os.PathLike[str], write: Callable[[Any], None], *, binary: bool = False) -> Path:
+def write_atomic(
+    path: str | os.PathLike[str], write: Callable[[Any], None], *, binary: bool = False
+) -> Path:
     """Calls ``write(fileobj)`` on a temporary file beside ``path``, then renames it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+        with os.fdopen(
+            fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})
+        ) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

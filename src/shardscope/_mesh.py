@@ -20,7 +20,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
     """Parses a mesh description into an ordered ``{axis name: size}`` dict.
 
-    Accepts ``"dp=2,mp=4"`` (spaces allowed) or a mapping. Names must be identifiers, unique, and sizes positive integers.
+    Accepts ``"dp=2,mp=4"`` (spaces allowed) or a mapping. Names must be unique identifiers
+    and sizes positive integers.
 
     >>> parse_mesh_spec("dp=2,mp=4")
     {'dp': 2, 'mp': 4}

@@ -56,8 +56,8 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
     table.add_column("kind")
     table.add_column("count", justify="right")
     table.add_column("array")
-    table.add_column("payload", justify="right")
-    table.add_column("sent/device", justify="right")
+    table.add_column("payload (each)", justify="right")
+    table.add_column("sent/device (x count)", justify="right")
     table.add_column("source")
     table.add_column("HLO", style="dim")
     collectives = audit.sorted_collectives()
@@ -71,7 +71,7 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
         previous_axes = c.axes_label
         axes = c.axes_label
         if c.irregular:
-            axes = Text(f"irregular ({c.reason})", style="red")
+            axes = Text("irregular", style="red")
         table.add_row(
             axes,
             c.kind + (" (async)" if c.is_async else ""),
@@ -88,15 +88,26 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
         if len(group) > 1 and (nxt is None or (nxt.axes_label, nxt.kind) != key):
             t = totals[key]
             table.add_row(
-                "", Text(f"{c.kind} total", style="italic"), str(t.count), "",
-                format_bytes(t.payload_bytes), format_bytes(t.traffic_bytes), "", "",
+                "",
+                Text(f"{c.kind} total", style="italic"),
+                str(t.count),
+                "",
+                "",
+                format_bytes(t.traffic_bytes),
+                "",
+                "",
             )
     total = audit.total()
     table.add_section()
     table.add_row(
-        Text("all", style="bold"), "", Text(str(total.count), style="bold"), "",
-        format_bytes(total.payload_bytes), Text(format_bytes(total.traffic_bytes), style="bold"),
-        "", "",
+        Text("all", style="bold"),
+        "",
+        Text(str(total.count), style="bold"),
+        "",
+        "",
+        Text(format_bytes(total.traffic_bytes), style="bold"),
+        "",
+        "",
     )
     return table
 
@@ -110,6 +121,10 @@ def audit_notes(audit: Audit) -> list[str]:
             f"Involuntary full rematerialization at {where} ({r.op_name}): the partitioner "
             f"replicated {r.instruction} to go from {r.from_sharding} to {r.to_sharding}"
         )
+    for c in audit.sorted_collectives():
+        if c.irregular:
+            groups = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in c.groups) + "}"
+            notes.append(f"irregular groups of {c.name}: {c.reason}; groups {groups[:200]}")
     if audit.rematerializations is None:
         notes.append(
             "rematerializations not checked: the audit did not compile this program itself"

@@ -1,0 +1,41 @@
+"""The taster notebook runs headless, errors disallowed, and its two paired files agree."""
+
+from pathlib import Path
+
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def test_pair_in_sync():
+    text = jupytext.read(NOTEBOOKS / "sharding_taster.py")
+    ipynb = jupytext.read(NOTEBOOKS / "sharding_taster.ipynb")
+    assert [(c.cell_type, c.source) for c in text.cells] == [
+        (c.cell_type, c.source) for c in ipynb.cells
+    ]
+
+
+def test_notebook_executes(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "sharding_taster.ipynb", as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=120,
+        kernel_name="python3",
+        allow_errors=False,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute()
+    outputs = "".join(
+        o.get("text", "") + o.get("data", {}).get("text/plain", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
+    assert "8 x cpu" in outputs
+    assert "[sharding_taster_notebook] 10/10 checks passed (100%)" in outputs
+    assert "float32[1024x1024] P('model', None)" in outputs  # the layout table
+    assert "all-reduce" in outputs and "all-to-all" in outputs  # the audit tables
+    assert (tmp_path / "scores" / "sharding_taster_notebook.json").exists()
+    assert (tmp_path / "scores" / "sharding_taster_notebook_memory.png").exists()
