@@ -1,0 +1,973 @@
+"""The planner: every strategy and mesh shape for a model on N devices, compiled, audited,
+estimated and ranked. Plain data in, plain data out; renderers live in ``_render_plan``.
+
+A sweep has four steps:
+
+1. **Enumerate** candidates: each strategy with each factorization of N over its roles (a 1-D
+   mesh ``data=N`` or ``model=N``; a 2-D mesh ``data=d,model=t`` with ``d, t >= 2``; more axes
+   would give the same program, because the ``data`` role spans every non-model axis).
+2. **Filter** without compiling: a candidate whose dimensions do not divide is skipped
+   (the strategy's own :class:`StrategyError` says which), one whose model state (parameters,
+   gradients, optimizer state) alone exceeds the device memory is skipped for memory.
+   Both need only an abstract mesh, so this runs without any device.
+3. **Compile** each remaining plan from abstract arguments (nothing allocated, layers under
+   ``lax.scan``) and audit the compiled program, in this process or in a pool of worker
+   processes that each simulate N CPU devices.
+4. **Estimate** and rank: alpha-beta time of every compiled collective on the hardware preset,
+   compute time from model FLOPs, memory from the analytic formulas (the compiled CPU
+   numbers beside them), the ratio to the lower bound of :mod:`shardscope._bounds`.
+
+Two things the CPU compiler does that GPU and TPU compilers do not are accounted for and
+reported: it runs bf16 arithmetic in f32 and moves f32 through the collectives (the plan
+counts them at the model's 2 bytes per element), and it forms no reduce-scatter (an all-reduce
+plus a slice moves twice the bytes; the plan keeps the compiled bytes and says so).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardscope._comm import ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER
+from shardscope._errors import PlanError, StrategyError
+from shardscope._estimates import (
+    DEFAULT_BYTES_PER_PARAM,
+    MemoryEstimate,
+    crosses_nodes,
+    estimate_memory,
+    model_flops,
+    settings_dict,
+)
+from shardscope._hardware import Hardware, hardware
+from shardscope._model import ModelConfig
+from shardscope._model_presets import model_preset
+
+#: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
+DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
+#: Strategies whose compiled communication is checked against the analytic formula.
+VALIDATED_STRATEGIES = ("dp", "fsdp", "tp")
+#: How far the compiled bytes may be from the formula's and still "match".
+VALIDATION_TOLERANCE = 0.05
+#: The most simulated devices a plan may ask for.
+MAX_DEVICES = 4096
+#: XLA options for the plan's compiles. The plan needs the partitioned program and its buffer
+#: sizes, not fast CPU code: without LLVM's optimisations a train step compiles about twice
+#: as fast, with the same collectives and buffer sizes (tests/test_plan.py checks it).
+COMPILE_OPTIONS: Mapping[str, Any] = {"xla_backend_optimization_level": 0}
+MODES = ("train", "forward")
+
+Progress = Callable[[int, int, str], None]
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy on one mesh shape, before it is filtered or compiled."""
+
+    strategy: str
+    mesh: tuple[tuple[str, int], ...]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self.mesh)
+
+    @property
+    def mesh_spec(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.mesh)
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy} {self.mesh_spec}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A candidate that was not compiled, and why: ``reason`` is ``"divisibility"``,
+    ``"memory"`` or ``"error"`` (the compile itself failed; ``message`` has the error)."""
+
+    strategy: str
+    mesh: str
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "strategy": self.strategy, "mesh": self.mesh, "reason": self.reason,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class PlanCollective:
+    """One compiled collective as the plan counts it.
+
+    ``payload_bytes`` is at the model's dtype (see the module docstring);
+    ``cpu_payload_bytes`` what the CPU program moves. ``traffic_bytes`` is per device over all
+    ``count`` executions.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    count: int
+    count_exact: bool
+    irregular: bool
+    dtype: str
+    payload_bytes: int
+    cpu_payload_bytes: int
+    traffic_bytes: int
+    cpu_traffic_bytes: int
+    op_name: str | None
+    source: str | None
+
+    @property
+    def axes_label(self) -> str:
+        if self.irregular:
+            return "irregular"
+        return ",".join(self.axes) if self.axes else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "axes": list(self.axes), "group_size": self.group_size,
+            "count": self.count, "count_exact": self.count_exact, "irregular": self.irregular,
+            "dtype": self.dtype, "payload_bytes": self.payload_bytes,
+            "cpu_payload_bytes": self.cpu_payload_bytes, "traffic_bytes": self.traffic_bytes,
+            "cpu_traffic_bytes": self.cpu_traffic_bytes, "op_name": self.op_name,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class CompiledFacts:
+    """What compiling and auditing one plan found: independent of the hardware preset."""
+
+    collectives: tuple[PlanCollective, ...]
+    memory: Mapping[str, int]
+    rematerializations: tuple[str, ...]
+    exact: bool
+    lower_s: float
+    compile_s: float
+    audit_s: float
+
+    @property
+    def analysis_s(self) -> float:
+        return self.lower_s + self.compile_s + self.audit_s
+
+
+@dataclass(frozen=True)
+class AxisComm:
+    """The collectives of one kind over one set of axes, summed, with their bound and time."""
+
+    axes: str
+    kind: str
+    count: int
+    traffic_bytes: int
+    bound_bytes: int
+    time_s: float
+    crosses_nodes: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "axes": self.axes, "kind": self.kind, "count": self.count,
+            "traffic_bytes": self.traffic_bytes, "bound_bytes": self.bound_bytes,
+            "time_s": self.time_s, "crosses_nodes": self.crosses_nodes,
+        }
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Compiled communication against the analytic formula for one plan.
+
+    ``ok`` when within :data:`VALIDATION_TOLERANCE`. Otherwise ``explanation`` says why, and
+    ``cpu_formula_bytes`` is the formula with every reduce-scatter replaced by the all-reduce
+    the CPU backend emits (``cpu_ratio`` against it).
+    """
+
+    strategy: str
+    mesh: str
+    formula_bytes: int
+    compiled_bytes: int
+    ratio: float | None
+    ok: bool
+    cpu_formula_bytes: int
+    cpu_ratio: float | None
+    explanation: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy, "mesh": self.mesh, "formula_bytes": self.formula_bytes,
+            "compiled_bytes": self.compiled_bytes, "ratio": self.ratio, "ok": self.ok,
+            "cpu_formula_bytes": self.cpu_formula_bytes, "cpu_ratio": self.cpu_ratio,
+            "explanation": self.explanation,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One compiled plan with its estimates. ``rank`` 1 is the best (see :func:`plan`)."""
+
+    strategy: str
+    summary: str
+    mesh: Mapping[str, int]
+    memory: MemoryEstimate
+    compiled_memory: Mapping[str, int]
+    memory_limit_bytes: int
+    collectives: tuple[PlanCollective, ...]
+    comm: tuple[AxisComm, ...]
+    bound_bytes_per_device: int
+    bound_comm_time_s: float
+    comm_time_s: float
+    flops_per_device: float
+    compute_time_s: float
+    rank: int = 0
+    pareto: bool = False
+    notes: tuple[str, ...] = ()
+    analysis_s: float = 0.0
+    exact: bool = True
+
+    @property
+    def mesh_spec(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy} {self.mesh_spec}"
+
+    @property
+    def memory_bytes_per_device(self) -> int:
+        """The analytic estimate (what ``fits`` compares with the device memory)."""
+        return self.memory.total
+
+    @property
+    def compiled_memory_bytes_per_device(self) -> int:
+        """CPU buffer assignment: arguments + outputs + temporaries - aliased."""
+        m = self.compiled_memory
+        return (
+            m.get("argument_size_in_bytes", 0) + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0) - m.get("alias_size_in_bytes", 0)
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.memory_limit_bytes
+
+    @property
+    def comm_bytes_per_device(self) -> int:
+        return sum(c.traffic_bytes for c in self.collectives)
+
+    @property
+    def cpu_comm_bytes_per_device(self) -> int:
+        return sum(c.cpu_traffic_bytes for c in self.collectives)
+
+    @property
+    def bound_ratio(self) -> float | None:
+        """Compiled bytes over the lower bound (1.0 when both are 0; None if only it is)."""
+        if self.bound_bytes_per_device:
+            return self.comm_bytes_per_device / self.bound_bytes_per_device
+        return 1.0 if self.comm_bytes_per_device == 0 else None
+
+    @property
+    def step_time_s(self) -> float:
+        """Compute then communication, nothing overlapped (the ranking key)."""
+        return self.compute_time_s + self.comm_time_s
+
+    @property
+    def step_time_overlap_s(self) -> float:
+        """Communication perfectly hidden behind compute (or the reverse)."""
+        return max(self.compute_time_s, self.comm_time_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "strategy": self.strategy,
+            "mesh": self.mesh_spec,
+            "mesh_shape": dict(self.mesh),
+            "summary": self.summary,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "fits": self.fits,
+            "memory": self.memory.to_dict(),
+            "compiled_memory_bytes_per_device": self.compiled_memory_bytes_per_device,
+            "compiled_memory": dict(self.compiled_memory),
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+            "cpu_comm_bytes_per_device": self.cpu_comm_bytes_per_device,
+            "bound_bytes_per_device": self.bound_bytes_per_device,
+            "bound_ratio": self.bound_ratio,
+            "comm_time_s": self.comm_time_s,
+            "bound_comm_time_s": self.bound_comm_time_s,
+            "flops_per_device": self.flops_per_device,
+            "compute_time_s": self.compute_time_s,
+            "est_step_time_s": self.step_time_s,
+            "est_step_time_overlap_s": self.step_time_overlap_s,
+            "pareto": self.pareto,
+            "exact": self.exact,
+            "comm": [c.to_dict() for c in self.comm],
+            "collectives": [c.to_dict() for c in self.collectives],
+            "notes": list(self.notes),
+            "analysis_s": self.analysis_s,
+        }
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A sweep: the plans best first, what was skipped and why, and the validation."""
+
+    model: str
+    config: ModelConfig
+    devices: int
+    mode: str
+    hardware: Hardware
+    settings: Mapping[str, Any]
+    plans: tuple[Plan, ...]
+    skipped: tuple[Skipped, ...]
+    validations: tuple[Validation, ...]
+    notes: tuple[str, ...]
+    wall_s: float = 0.0
+    workers: int = 0
+    candidates: int = field(default=0)
+
+    @property
+    def best(self) -> Plan | None:
+        return self.plans[0] if self.plans else None
+
+    @property
+    def empty_reason(self) -> str | None:
+        """Why there is no plan (None when there is one)."""
+        if self.plans:
+            return None
+        return _why_empty(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "config": self.config.to_dict(),
+            "params": self.config.param_count(),
+            "devices": self.devices,
+            "mode": self.mode,
+            "hardware": self.hardware.to_dict(),
+            "settings": dict(self.settings),
+            "plans": [p.to_dict() for p in self.plans],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "validations": [v.to_dict() for v in self.validations],
+            "empty_reason": self.empty_reason,
+            "notes": list(self.notes),
+            "candidates": self.candidates,
+            "wall_s": self.wall_s,
+            "workers": self.workers,
+        }
+
+
+# -- enumeration -----------------------------------------------------------------------------
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(strategies: Iterable[str], devices: int) -> list[Candidate]:
+    """Every mesh shape of ``devices`` for each strategy, in a stable order.
+
+    >>> [c.label for c in candidates(["tp", "dp_tp"], 8)]
+    ['tp model=8', 'dp_tp data=4,model=2', 'dp_tp data=2,model=4']
+    """
+    from shardscope._strategies import get_strategy
+
+    out = []
+    for name in strategies:
+        roles = get_strategy(name).roles
+        if len(roles) <= 1:
+            axis = roles[0] if roles else "data"
+            out.append(Candidate(name, ((axis, devices),)))
+        else:
+            for t in divisors(devices):
+                if 1 < t < devices:
+                    out.append(Candidate(name, (("data", devices // t), ("model", t))))
+    return out
+
+
+def _abstract_mesh(sizes: Mapping[str, int]) -> Any:
+    from jax.sharding import AbstractMesh, AxisType
+
+    return AbstractMesh(
+        tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes)
+    )
+
+
+# -- compiling (in this process or a worker) -------------------------------------------------
+
+
+def _target_payload(kind: str, dtype: str, shapes: Sequence[Sequence[int]], payload: int,
+                    group_size: int, itemsize: int) -> int:
+    """The payload at the model's dtype: the CPU backend moves bf16 values as f32.
+
+    Only f32 collectives of a 16-bit model are rescaled, and scalars (the f32 loss) kept.
+    """
+    if itemsize >= 4 or dtype != "f32" or not shapes:
+        return payload
+    scale = group_size if kind == ALL_TO_ALL else 1
+    as_cpu = sum(math.prod(s) * 4 for s in shapes) * scale
+    if as_cpu != payload:  # not the arrays we think: leave it as compiled
+        return payload
+    return sum(math.prod(s) * (4 if len(s) == 0 else itemsize) for s in shapes) * scale
+
+
+def _plan_collective(c: Any, itemsize: int) -> PlanCollective:
+    from shardscope._comm import traffic_bytes
+
+    payload = _target_payload(c.kind, c.dtype, c.shapes, c.payload_bytes, c.group_size,
+                              itemsize)
+    if c.kind == COLLECTIVE_PERMUTE:
+        per_run = payload if c.traffic_bytes else 0
+    else:
+        per_run = traffic_bytes(c.kind, payload, max(c.group_size, 1))
+    return PlanCollective(
+        kind=c.kind, axes=tuple(c.axes), group_size=c.group_size, count=c.count,
+        count_exact=c.count_exact, irregular=c.irregular, dtype=c.dtype,
+        payload_bytes=payload, cpu_payload_bytes=c.payload_bytes,
+        traffic_bytes=per_run * c.count, cpu_traffic_bytes=c.traffic_bytes * c.count,
+        op_name=c.op_name, source=c.source,
+    )
+
+
+def compile_facts(
+    strategy: str,
+    mesh_spec: str,
+    config: ModelConfig,
+    mode: str,
+    devices: Sequence[Any] | None = None,
+) -> CompiledFacts:
+    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices."""
+    from shardscope._audit import _capture_stderr, audit, parse_rematerializations
+    from shardscope._mesh import make_mesh
+    from shardscope._programs import build_program
+    from shardscope._strategies import get_strategy
+
+    t0 = time.perf_counter()
+    mesh = make_mesh(mesh_spec, devices=devices)
+    bound = get_strategy(strategy).bind(config, mesh)
+    lowered = build_program(bound, mode=mode).lower()
+    t1 = time.perf_counter()
+    with _capture_stderr() as log:
+        compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
+    t2 = time.perf_counter()
+    result = audit(compiled)
+    remats = parse_rematerializations(log[0] if log else "", result.module)
+    facts = CompiledFacts(
+        collectives=tuple(_plan_collective(c, config.itemsize) for c in result.collectives),
+        memory=dict(result.memory or {}),
+        rematerializations=tuple(
+            r.source or r.op_name or r.instruction or "?" for r in remats
+        ),
+        exact=result.exact,
+        lower_s=t1 - t0,
+        compile_s=t2 - t1,
+        audit_s=time.perf_counter() - t2,
+    )
+    return facts
+
+
+def _worker_init(devices: int) -> None:
+    from shardscope._devices import use_cpu_devices
+
+    use_cpu_devices(devices)
+
+
+def _worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
+    strategy, mesh_spec, config, mode = args
+    return compile_facts(strategy, mesh_spec, ModelConfig(**config), mode)
+
+
+def _local_devices(n: int) -> list[Any]:
+    import jax
+
+    have = jax.devices("cpu")
+    if len(have) < n:
+        raise PlanError(
+            f"planning in this process needs {n} CPU devices but JAX has {len(have)}; call "
+            f"shardscope.use_cpu_devices({n}) before JAX starts, or pass workers=1 (or more) "
+            f"to compile in worker processes that simulate {n} devices each"
+        )
+    return list(have[:n])
+
+
+def default_workers(devices: int, jobs: int) -> int:
+    """Worker processes for ``jobs`` compiles: 0 (this process) unless there are 2+ cores and
+    2+ jobs, then one per core, at most 2 (each holds a JAX runtime: ~0.5 GB at 1024 devices,
+    and a third worker on a 2-core laptop only competes for the cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if jobs < 2 or (cores or 1) < 2:
+        return 0
+    return min(2, cores or 1, jobs)
+
+
+def _compile_all(
+    todo: Sequence[Candidate],
+    config: ModelConfig,
+    mode: str,
+    devices: int,
+    workers: int,
+    progress: Progress | None,
+) -> dict[Candidate, CompiledFacts | BaseException]:
+    out: dict[Candidate, CompiledFacts | BaseException] = {}
+    total = len(todo)
+    if progress:
+        progress(0, total, "")
+    if not todo:
+        return out
+    if workers == 0:
+        local = _local_devices(devices)
+        for i, cand in enumerate(todo, start=1):
+            try:
+                out[cand] = compile_facts(cand.strategy, cand.mesh_spec, config, mode, local)
+            except (StrategyError, RuntimeError, ValueError) as e:
+                out[cand] = e
+            if progress:
+                progress(i, total, cand.label)
+        return out
+
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(devices,)
+    ) as pool:
+        futures = {
+            pool.submit(_worker_task, (c.strategy, c.mesh_spec, config.to_dict(), mode)): c
+            for c in todo
+        }
+        for i, fut in enumerate(as_completed(futures), start=1):
+            cand = futures[fut]
+            try:
+                out[cand] = fut.result()
+            except Exception as e:  # reported as a skipped plan with its message
+                out[cand] = e
+            if progress:
+                progress(i, total, cand.label)
+    return out
+
+
+# -- estimates -------------------------------------------------------------------------------
+
+
+def _bandwidth(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> tuple[float, bool]:
+    cross = crosses_nodes(sizes, () if c.irregular else c.axes, hw.node_size)
+    return (hw.cross_node_bandwidth if cross else hw.link_bandwidth), cross
+
+
+def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> float:
+    """Alpha-beta seconds of all ``count`` executions of a collective."""
+    from shardscope._comm import latency_steps
+
+    bandwidth, _ = _bandwidth(hw, sizes, c)
+    steps = latency_steps(c.kind, max(c.group_size, 1)) if c.traffic_bytes else 0
+    return c.count * steps * hw.latency_s + c.traffic_bytes / bandwidth
+
+
+def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Any) -> float:
+    from shardscope._comm import latency_steps
+
+    total = 0.0
+    for t in bound.terms:
+        cross = crosses_nodes(sizes, t.axes, hw.node_size)
+        bandwidth = hw.cross_node_bandwidth if cross else hw.link_bandwidth
+        total += t.count * latency_steps(t.kind, t.group_size) * hw.latency_s
+        total += t.traffic_bytes / bandwidth
+    return total
+
+
+def _axis_comm(hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective],
+               bound: Any) -> tuple[AxisComm, ...]:
+    from shardscope._comm import KINDS
+
+    bound_by = {(",".join(axes), kind): b for (axes, kind), b in bound.by_axes_kind().items()}
+    rows: dict[tuple[str, str], list[PlanCollective]] = {}
+    for c in collectives:
+        rows.setdefault((c.axes_label, c.kind), []).append(c)
+    keys = set(rows) | set(bound_by)
+    names = list(sizes)
+
+    def order(key: tuple[str, str]) -> tuple[Any, ...]:
+        label, kind = key
+        first = label.split(",")[0]
+        return (names.index(first) if first in names else len(names), label,
+                KINDS.index(kind) if kind in KINDS else len(KINDS))
+
+    out = []
+    for key in sorted(keys, key=order):
+        group = rows.get(key, [])
+        out.append(AxisComm(
+            axes=key[0], kind=key[1], count=sum(c.count for c in group),
+            traffic_bytes=sum(c.traffic_bytes for c in group),
+            bound_bytes=bound_by.get(key, 0),
+            time_s=sum(collective_time(hw, sizes, c) for c in group),
+            crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group),
+        ))
+    return tuple(out)
+
+
+def _cpu_formula(bound: Any) -> Any:
+    """The bound with every reduce-scatter as the all-reduce the CPU backend emits."""
+    from dataclasses import replace
+
+    from shardscope._bounds import Bound
+
+    terms = tuple(
+        replace(t, kind=ALL_REDUCE) if t.kind == REDUCE_SCATTER else t for t in bound.terms
+    )
+    return Bound(bound.label + " (CPU: all-reduce for reduce-scatter)", terms, bound.notes)
+
+
+def _ratio(a: int, b: int) -> float | None:
+    if b:
+        return a / b
+    return 1.0 if a == 0 else None
+
+
+def _within(r: float | None) -> bool:
+    return r is not None and abs(r - 1.0) <= VALIDATION_TOLERANCE + 1e-12
+
+
+def _validate(plan: Plan, bound: Any) -> Validation:
+    formula = bound.traffic_bytes
+    ratio = _ratio(plan.comm_bytes_per_device, formula)
+    cpu = _cpu_formula(bound).traffic_bytes
+    cpu_ratio = _ratio(plan.comm_bytes_per_device, cpu)
+    if _within(ratio):
+        explanation = ""
+    elif cpu != formula and _within(cpu_ratio):
+        explanation = (
+            "the CPU backend forms no reduce-scatter: XLA all-reduces and then slices "
+            "(twice the reduce-scatter's bytes); the compiled bytes match the formula with "
+            "that substitution. GPU and TPU backends form the reduce-scatter."
+        )
+    else:
+        worst = max(plan.comm, key=lambda a: abs(a.traffic_bytes - a.bound_bytes), default=None)
+        where = (f"; the largest difference is {worst.kind} over {worst.axes}: "
+                 f"{worst.traffic_bytes} compiled vs {worst.bound_bytes} in the formula"
+                 if worst else "")
+        explanation = (
+            f"compiled communication is {ratio:.3g}x the formula" if ratio is not None
+            else "the formula needs no communication but the compiled program has some"
+        ) + where
+    return Validation(
+        plan.strategy, plan.mesh_spec, formula, plan.comm_bytes_per_device, ratio,
+        _within(ratio), cpu, cpu_ratio, explanation,
+    )
+
+
+def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
+    notes = []
+    bound_rs = {t.axes for t in bound.terms if t.kind == REDUCE_SCATTER}
+    compiled_rs = {c.axes for c in collectives if c.kind == REDUCE_SCATTER}
+    if bound_rs - compiled_rs:
+        notes.append(
+            "CPU backend: all-reduce + slice where a reduce-scatter suffices (GPU/TPU form "
+            "it), so the compiled bytes exceed the bound"
+        )
+    if facts.rematerializations:
+        notes.append(
+            "the partitioner replicated a whole array then sliced it (involuntary full "
+            f"rematerialization) at {', '.join(sorted(set(facts.rematerializations)))}"
+        )
+    if not facts.exact:
+        notes.append("some collective counts are not exact (unknown trip count or a branch)")
+    return notes
+
+
+def _pareto(plans: Sequence[Plan]) -> set[int]:
+    """Indices of the plans no other plan beats on both memory and communication time."""
+    front = set()
+    for i, p in enumerate(plans):
+        dominated = any(
+            q.memory.total <= p.memory.total and q.comm_time_s <= p.comm_time_s
+            and (q.memory.total < p.memory.total or q.comm_time_s < p.comm_time_s)
+            for j, q in enumerate(plans) if j != i
+        )
+        if not dominated:
+            front.add(i)
+    return front
+
+
+def _why_empty(result: PlanResult) -> str:
+    by: dict[str, list[Skipped]] = {}
+    for s in result.skipped:
+        by.setdefault(s.reason, []).append(s)
+    parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
+    head = (
+        f"no plan for {result.model} on {result.devices} device(s): "
+        + (", ".join(parts) if parts else "no candidate mesh")
+    )
+    if "memory" in by:
+        from shardscope._render import format_bytes
+
+        limit = format_bytes(result.hardware.memory_bytes)
+        head += (
+            f"; the model state alone needs more than the {limit} of a "
+            f"{result.hardware.name}: use more devices, a preset with more memory, "
+            f"--memory, or a smaller --bytes-per-param"
+        )
+    if "divisibility" in by:
+        head += f"; e.g. {by['divisibility'][0].message}"
+    return head
+
+
+# -- the front door --------------------------------------------------------------------------
+
+
+def resolve_config(
+    model: str | ModelConfig | None = None,
+    *,
+    devices: int,
+    batch: int | None = None,
+    seq: int | None = None,
+    dtype: str = "bfloat16",
+    **dims: int | None,
+) -> tuple[str, ModelConfig]:
+    """``(name, config)`` from a preset name (with overrides) or explicit dimensions.
+
+    The default batch is one sequence per device.
+    """
+    if isinstance(model, ModelConfig):
+        from dataclasses import replace
+
+        extra = {k: v for k, v in dims.items() if v is not None}
+        if batch is not None:
+            extra["batch"] = batch
+        if seq is not None:
+            extra["seq"] = seq
+        return "custom", replace(model, scan=True, **extra)
+    batch = devices if batch is None else batch
+    if model is not None:
+        preset = model_preset(model)
+        return preset.name, preset.config(batch=batch, seq=seq, dtype=dtype, **dims)
+    missing = [k for k in ("d_model", "heads", "ff", "layers") if dims.get(k) is None]
+    if missing:
+        flags = ", ".join("--" + k.replace("_", "-") for k in missing)
+        raise PlanError(
+            f"a model needs a preset (--model tiny|1b|7b|13b|70b) or its shape; missing "
+            f"{flags}"
+        )
+    fields = {k: v for k, v in dims.items() if v is not None}
+    return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True,
+                                 **fields)
+
+
+def plan(
+    model: str | ModelConfig | None = "7b",
+    devices: int = 8,
+    *,
+    batch: int | None = None,
+    seq: int | None = None,
+    mode: str = "train",
+    hardware_preset: str | Hardware = "h100",
+    hardware_overrides: Mapping[str, float] | None = None,
+    strategies: Sequence[str] | None = None,
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    flash_attention: bool = True,
+    dtype: str = "bfloat16",
+    workers: int | None = None,
+    progress: Progress | None = None,
+    **dims: int | None,
+) -> PlanResult:
+    """Plans ``model`` on ``devices`` accelerators: every strategy and mesh, compiled and ranked.
+
+    Args:
+        model: a preset (``tiny``, ``1b``, ``7b``, ``13b``, ``70b``), a :class:`ModelConfig`,
+            or None with ``d_model=``, ``heads=``, ``ff=``, ``layers=`` (and ``vocab=``) given.
+            Those keywords also override a preset's dimensions.
+        devices: accelerators to plan for (simulated as CPU devices while compiling).
+        batch: global batch in sequences (default: one per device); seq: sequence length
+            (default: the preset's).
+        mode: ``"train"`` (forward, backward, gradients) or ``"forward"``.
+        hardware_preset: ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e`` or
+            a :class:`Hardware`; ``hardware_overrides`` changes fields (e.g.
+            ``{"link_bandwidth": 370e9}``).
+        strategies: names to try (default :data:`DEFAULT_STRATEGIES`).
+        bytes_per_param: model-state bytes per parameter in training (16: mixed-precision Adam).
+        flash_attention: leave the attention-score term out of the activation estimate.
+        workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
+            many worker processes; None picks (:func:`default_workers`).
+        progress: called as ``progress(done, total, label)`` while compiling.
+
+    Returns:
+        A :class:`PlanResult`: ``plans`` ranked by estimated step time (plans that do not fit
+        the device memory after those that do), ``skipped`` with reasons, ``validations``.
+        No plan is not an error: ``empty_reason`` says why.
+
+    Raises:
+        PlanError: an unknown preset, a bad device count or mode.
+
+    >>> result = plan("tiny", 8, workers=0)  # doctest: +SKIP
+    >>> result.best.label  # doctest: +SKIP
+    'dp data=8'
+    """
+    from shardscope._bounds import transformer_bound
+    from shardscope._strategies import STRATEGIES, get_strategy
+
+    start = time.perf_counter()
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"devices={devices!r}: must be a positive whole number")
+    if devices > MAX_DEVICES:
+        raise PlanError(
+            f"devices={devices}: at most {MAX_DEVICES} devices can be simulated for "
+            f"planning here; plan {MAX_DEVICES} or fewer (a pod of N devices with a data "
+            f"axis of d behaves like N/d replicas of the d-device plan's model axis)"
+        )
+    if mode not in MODES:
+        raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 0):
+        raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
+    names = tuple(strategies) if strategies is not None else DEFAULT_STRATEGIES
+    for name in names:
+        if name not in STRATEGIES:
+            raise PlanError(
+                f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}"
+            )
+    hw = hardware(hardware_preset, **dict(hardware_overrides or {}))
+    model_name, config = resolve_config(model, devices=devices, batch=batch, seq=seq,
+                                        dtype=dtype, **dims)
+    if bytes_per_param < 2 * config.itemsize and mode == "train":
+        raise PlanError(
+            f"bytes_per_param={bytes_per_param} is less than a parameter and its gradient at "
+            f"{config.dtype} ({2 * config.itemsize} bytes); use at least {2 * config.itemsize}"
+        )
+
+    skipped: list[Skipped] = []
+    todo: list[Candidate] = []
+    bounds: dict[Candidate, Any] = {}
+    memory: dict[Candidate, MemoryEstimate] = {}
+    all_candidates = candidates(names, devices)
+    for cand in all_candidates:
+        try:
+            bound = get_strategy(cand.strategy).bind(config, _abstract_mesh(cand.sizes))
+        except StrategyError as e:
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, "divisibility", str(e)))
+            continue
+        mem = estimate_memory(bound, mode, bytes_per_param=bytes_per_param,
+                              flash_attention=flash_attention)
+        if mem.model_state > hw.memory_bytes:
+            from shardscope._render import format_bytes
+
+            what = "parameters, gradients and optimizer state" if mode == "train" else (
+                "parameters")
+            skipped.append(Skipped(
+                cand.strategy, cand.mesh_spec, "memory",
+                f"{what} need {format_bytes(mem.model_state)} per device, more than the "
+                f"{format_bytes(hw.memory_bytes)} of a {hw.name}",
+            ))
+            continue
+        todo.append(cand)
+        bounds[cand] = transformer_bound(bound, mode)
+        memory[cand] = mem
+
+    n_workers = default_workers(devices, len(todo)) if workers is None else workers
+    if n_workers > len(todo):
+        n_workers = len(todo)
+    facts = _compile_all(todo, config, mode, devices, n_workers, progress)
+
+    flops = model_flops(config, mode)
+    plans: list[Plan] = []
+    bound_of: dict[int, Any] = {}
+    for cand in todo:
+        got = facts[cand]
+        if isinstance(got, BaseException):
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, "error",
+                                   f"{type(got).__name__}: {got}"))
+            continue
+        sizes = cand.sizes
+        bound = bounds[cand]
+        comm = _axis_comm(hw, sizes, got.collectives, bound)
+        p = Plan(
+            strategy=cand.strategy,
+            summary=STRATEGIES[cand.strategy].summary,
+            mesh=sizes,
+            memory=memory[cand],
+            compiled_memory=got.memory,
+            memory_limit_bytes=int(hw.memory_bytes),
+            collectives=got.collectives,
+            comm=comm,
+            bound_bytes_per_device=bound.traffic_bytes,
+            bound_comm_time_s=_bound_time(hw, sizes, bound),
+            comm_time_s=sum(a.time_s for a in comm),
+            flops_per_device=flops / devices,
+            compute_time_s=flops / devices / hw.peak_flops,
+            notes=tuple(_notes(got, bound, got.collectives)),
+            analysis_s=got.analysis_s,
+            exact=got.exact,
+        )
+        bound_of[id(p)] = bound
+        plans.append(p)
+
+    from dataclasses import replace
+
+    order = sorted(
+        plans,
+        key=lambda p: (not p.fits, p.step_time_s, p.memory.total,
+                       names.index(p.strategy), tuple(p.mesh.values())),
+    )
+    front = _pareto(order)
+    ranked = tuple(
+        replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order)
+    )
+    validations = tuple(
+        _validate(p, bound_of[id(q)])
+        for p, q in zip(ranked, order, strict=True) if p.strategy in VALIDATED_STRATEGIES
+    )
+    result = PlanResult(
+        model=model_name,
+        config=config,
+        devices=devices,
+        mode=mode,
+        hardware=hw,
+        settings={
+            **settings_dict(bytes_per_param, flash_attention),
+            "compile_options": dict(COMPILE_OPTIONS),
+            "strategies": list(names),
+        },
+        plans=ranked,
+        skipped=tuple(skipped),
+        validations=validations,
+        notes=tuple(_result_notes(config, hw, ranked)),
+        wall_s=time.perf_counter() - start,
+        workers=n_workers,
+        candidates=len(all_candidates),
+    )
+    return result
+
+
+def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> list[str]:
+    notes = [
+        "memory per device is the analytic estimate (ZeRO model state, Korthikanti "
+        "activations); the compiled numbers beside it are the CPU compiler's buffer "
+        "assignment (bf16 computed in f32, no GPU/TPU memory scheduler), not a GPU/TPU "
+        "prediction",
+        "communication is the compiled program's collectives, loop trips counted, bytes each "
+        "device sends under bandwidth-optimal algorithms",
+        f"time: alpha-beta per collective ({hw.name}: {hw.link_bandwidth / 1e9:g} GB/s within "
+        f"a node of {hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s for groups that "
+        f"span nodes, {hw.latency_s * 1e6:g} us per step); compute = model FLOPs / (devices x "
+        f"{hw.peak_flops / 1e12:g} TFLOP/s peak); step = compute + communication (no "
+        f"overlap) or the larger of the two (perfect overlap)",
+    ]
+    if config.itemsize == 2 and any(
+        c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives
+    ):
+        notes.append(
+            f"the CPU backend runs {config.dtype} arithmetic in f32 and moves f32 through the "
+            f"collectives; they are counted at {config.itemsize} bytes per element, as GPU "
+            f"and TPU compilers keep them (cpu_comm_bytes_per_device has the CPU bytes)"
+        )
+    if any("reduce-scatter" in n for p in plans for n in p.notes):
+        notes.append(
+            "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the bytes): "
+            "plans that need one (FSDP gradients, sequence parallelism) are charged the "
+            "compiled all-reduce; bound_comm_time_s is the time at the lower bound"
+        )
+    return notes
