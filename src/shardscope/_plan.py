@@ -471,13 +471,8 @@ def compile_facts(
     return facts
 
 
-def _worker_init(devices: int) -> None:
-    from shardscope._devices import use_cpu_devices
-
-    use_cpu_devices(devices)
-
-
-def _worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
+def worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
+    """:func:`compile_facts` on this process's devices, from picklable arguments."""
     strategy, mesh_spec, config, mode = args
     return compile_facts(strategy, mesh_spec, ModelConfig(**config), mode)
 
@@ -530,25 +525,13 @@ def _compile_all(
                 progress(i, total, cand.label)
         return out
 
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from shardscope._plan_worker import run_tasks
 
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(devices,)
-    ) as pool:
-        futures = {
-            pool.submit(_worker_task, (c.strategy, c.mesh_spec, config.to_dict(), mode)): c
-            for c in todo
-        }
-        for i, fut in enumerate(as_completed(futures), start=1):
-            cand = futures[fut]
-            try:
-                out[cand] = fut.result()
-            except Exception as e:  # reported as a skipped plan with its message
-                out[cand] = e
-            if progress:
-                progress(i, total, cand.label)
+    tasks = [(c.strategy, c.mesh_spec, config.to_dict(), mode) for c in todo]
+    for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
+        out[todo[index]] = got
+        if progress:
+            progress(i, total, todo[index].label)
     return out
 
 
