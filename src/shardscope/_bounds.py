@@ -23,7 +23,7 @@ from typing import Any
 
 from shardscope._comm import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, traffic_bytes
 from shardscope._errors import StrategyError
-from shardscope._model import LAYER_PARAMS, ModelConfig, param_shapes
+from shardscope._model import LAYER_PARAMS, param_shapes
 from shardscope._strategies import BoundStrategy
 
 MODES = ("forward", "train")
@@ -111,8 +111,11 @@ class Bound:
 
 
 def _group(bound: BoundStrategy, roles: Sequence[str]) -> tuple[tuple[str, ...], int]:
-    axes = tuple(a for r in roles if r in bound.axes for a in bound.axes[r])
-    return axes, math.prod(bound.role_size(r) for r in roles if r in bound.axes)
+    """The mesh axes of ``roles`` (in mesh order) and the size of one group over them."""
+    names = {a for r in roles if r in bound.axes for a in bound.axes[r]}
+    sizes = {str(k): int(v) for k, v in bound.mesh.shape.items()}
+    axes = tuple(a for a in sizes if a in names)
+    return axes, math.prod(sizes[a] for a in axes)
 
 
 def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
@@ -194,21 +197,26 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
             if train:
                 add(REDUCE_SCATTER, axes, n, payload, count,
                     f"{name} gradient reduce-scattered to its shards", scope)
-        elif train and s.batch_role == "data":
-            add(ALL_REDUCE, data_axes, n_data, payload, count,
-                f"{name} gradient summed over data shards", scope)
-        if train and s.sequence_parallel and "model" not in used_roles:
-            # A weight replicated over 'model' that sees only a sequence shard (norm gains,
-            # embeddings) gets a partial gradient on each model device.
-            add(ALL_REDUCE, model_axes, t, payload, count,
-                f"{name} gradient summed over sequence shards", scope)
+        # A gradient is partial over every axis that splits the tokens its weight sees:
+        # the data axes (unless FSDP's reduce-scatter covers them) and, under sequence
+        # parallelism, 'model' for weights it does not split (norm gains, embeddings).
+        # One all-reduce over all of them at once is cheaper than one per axis.
+        partial = []
+        if s.batch_role == "data" and not data_sharded:
+            partial.append("data")
+        if s.sequence_parallel and "model" not in used_roles:
+            partial.append("model")
+        if train and partial:
+            axes, n = _group(bound, partial)
+            add(ALL_REDUCE, axes, n, payload, count,
+                f"{name} gradient summed over token shards", scope)
 
     if train:
         token_roles = [r for r in ("data", "model") if r in bound.axes and (
             (r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))]
         axes, n = _group(bound, token_roles)
         add(ALL_REDUCE, axes, n, 4, 1, "scalar loss summed over token shards", "loss")
-        if "data" in storage.get("wq", ()):
+        if "data" in storage["wqkv"]:
             notes.append(
                 "FSDP bound keeps gathered weights for the backward pass; ZeRO-3 as "
                 "published gathers them again (1.5x data parallel)"
@@ -217,7 +225,7 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
 
 
 _SCOPE_OF = {
-    "attention": ("attn_norm", "wq", "wk", "wv", "wo"),
+    "attention": ("attn_norm", "wqkv", "wo"),
     "mlp": ("mlp_norm", "w_up", "w_down"),
     "embedding": ("embed", "final_norm", "unembed"),
 }

@@ -97,7 +97,7 @@ def _divisor_near(n: int, want: int) -> int:
 # -- parameters ----------------------------------------------------------------------------
 
 # Per-layer weights; stacked, each gets a leading ``layers`` axis.
-LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_up", "w_down")
+LAYER_PARAMS = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_up", "w_down")
 # Weights outside the layer stack, present only with a vocabulary.
 VOCAB_PARAMS = ("embed", "final_norm", "unembed")
 
@@ -105,16 +105,16 @@ VOCAB_PARAMS = ("embed", "final_norm", "unembed")
 def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """``{name: shape}`` of every parameter; layer weights carry the leading layers axis.
 
-    ``wq``/``wk``/``wv`` are ``[d_model, heads, head_dim]`` and ``wo`` is
-    ``[heads, head_dim, d_model]``, so sharding by heads is sharding one named dimension.
+    ``wqkv`` is ``[d_model, 3, heads, head_dim]`` (queries, keys, values) and ``wo`` is
+    ``[heads, head_dim, d_model]``, so sharding by heads is sharding one named dimension. The
+    three projections are one weight so that their input gradient is one sum: as three
+    matmuls, the partitioner all-reduces three partial gradients under tensor parallelism.
     """
     c = config
     L, d, h, k = c.layers, c.d_model, c.heads, c.head_dim
     shapes = {
         "attn_norm": (L, d),
-        "wq": (L, d, h, k),
-        "wk": (L, d, h, k),
-        "wv": (L, d, h, k),
+        "wqkv": (L, d, 3, h, k),
         "wo": (L, h, k, d),
         "mlp_norm": (L, d),
         "w_up": (L, d, c.ff),
@@ -150,27 +150,28 @@ def abstract_params(config: ModelConfig) -> dict[str, Any]:
     )
 
 
-def init_params(config: ModelConfig, key: Any) -> dict[str, Any]:
-    """Random parameters: weights ~ N(0, 1/fan_in), norm gains ~ 1 + N(0, 0.1^2)."""
-    import jax
-    import jax.numpy as jnp
+def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
+    """Random parameters: weights ~ N(0, 1/fan_in), norm gains ~ 1 + N(0, 0.1^2).
 
+    Drawn with NumPy's generator (seeded, on the host): no compile, unlike ``jax.random``.
+    """
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
     dtype = jnp.dtype(config.dtype)
-    shapes = param_shapes(config)
-    keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
     fan_in = {
-        "wq": config.d_model, "wk": config.d_model, "wv": config.d_model,
-        "wo": config.d_model, "w_up": config.d_model, "w_down": config.ff,
-        "embed": 1, "unembed": config.d_model,
+        "wqkv": config.d_model, "wo": config.d_model, "w_up": config.d_model,
+        "w_down": config.ff, "embed": 1, "unembed": config.d_model,
     }
     flat = {}
-    for name, shape in shapes.items():
-        noise = jax.random.normal(keys[name], shape, jnp.float32)
+    for name, shape in param_shapes(config).items():
+        noise = rng.standard_normal(shape, dtype=np.float32)
         if name.endswith("norm"):
             value = 1.0 + 0.1 * noise
         else:
-            value = noise / math.sqrt(fan_in[name])
-        flat[name] = value.astype(dtype)
+            value = noise / np.float32(math.sqrt(fan_in[name]))
+        flat[name] = jnp.asarray(value, dtype=dtype)
     return split_params(flat)
 
 
@@ -186,22 +187,21 @@ def abstract_batch(config: ModelConfig) -> tuple[Any, Any]:
     return tok, tok
 
 
-def init_batch(config: ModelConfig, key: Any) -> tuple[Any, Any]:
+def init_batch(config: ModelConfig, seed: int = 1) -> tuple[Any, Any]:
     """A random ``(inputs, targets)`` pair of the shapes :func:`abstract_batch` gives."""
-    import jax
     import jax.numpy as jnp
+    import numpy as np
 
-    k1, k2 = jax.random.split(key)
+    rng = np.random.default_rng(seed)
     if config.vocab is None:
         shape = (config.batch, config.seq, config.d_model)
-        return (
-            jax.random.normal(k1, shape, jnp.float32).astype(config.dtype),
-            jax.random.normal(k2, shape, jnp.float32).astype(config.dtype),
+        return tuple(  # type: ignore[return-value]
+            jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=config.dtype)
+            for _ in range(2)
         )
     shape = (config.batch, config.seq)
-    return (
-        jax.random.randint(k1, shape, 0, config.vocab, jnp.int32),
-        jax.random.randint(k2, shape, 0, config.vocab, jnp.int32),
+    return tuple(  # type: ignore[return-value]
+        jnp.asarray(rng.integers(0, config.vocab, shape), dtype=jnp.int32) for _ in range(2)
     )
 
 
@@ -261,9 +261,8 @@ def attention(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 
     with jax.named_scope("attention"):
         h = hooks.enter("attention", rms_norm(x, hooks.weight("attn_norm", p["attn_norm"])))
-        q = hooks.heads(jnp.einsum("bsd,dhk->bshk", h, hooks.weight("wq", p["wq"])))
-        k = hooks.heads(jnp.einsum("bsd,dhk->bshk", h, hooks.weight("wk", p["wk"])))
-        v = hooks.heads(jnp.einsum("bsd,dhk->bshk", h, hooks.weight("wv", p["wv"])))
+        qkv = jnp.einsum("bsd,dthk->bsthk", h, hooks.weight("wqkv", p["wqkv"]))
+        q, k, v = (hooks.heads(qkv[:, :, i]) for i in range(3))
         seq = q.shape[1]
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
         scores = scores / math.sqrt(q.shape[-1])

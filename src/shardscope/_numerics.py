@@ -9,6 +9,7 @@ small multiple of the dtype's rounding unit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ TOLERANCES = {"float32": 1e-5, "bfloat16": 4 * 2.0**-7, "float16": 4 * 2.0**-10}
 
 # Weights belonging to each named scope, for per-scope gradient errors.
 SCOPE_PARAMS = {
-    "attention": ("attn_norm", "wq", "wk", "wv", "wo"),
+    "attention": ("attn_norm", "wqkv", "wo"),
     "mlp": ("mlp_norm", "w_up", "w_down"),
     "embedding": ("embed", "final_norm", "unembed"),
 }
@@ -79,13 +80,21 @@ def reference_outputs(config: ModelConfig, args: tuple[Any, ...], mode: str) -> 
     ``(loss, grads)``."""
     import jax
 
-    from shardscope._model import forward, train_step
-
     device = jax.devices()[0]
     local = jax.device_put(jax.device_get(args), device)
+    return _reference_fn(config, mode)(*local)
+
+
+@functools.lru_cache(maxsize=32)
+def _reference_fn(config: ModelConfig, mode: str) -> Any:
+    # One compiled reference per config and mode, shared by every strategy compared to it.
+    import jax
+
+    from shardscope._model import forward, train_step
+
     if mode == "forward":
-        return jax.jit(lambda p, x: forward(p, x, config, capture=True))(*local)
-    return jax.jit(lambda p, b: train_step(p, b, config))(*local)
+        return jax.jit(lambda p, x: forward(p, x, config, capture=True))
+    return jax.jit(lambda p, b: train_step(p, b, config))
 
 
 def compare_numerics(

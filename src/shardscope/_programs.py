@@ -131,8 +131,8 @@ class Program:
         """Random arguments, placed with the program's input shardings."""
         import jax
 
-        params = init_params(self.config, jax.random.key(seed))
-        inputs, targets = init_batch(self.config, jax.random.key(seed + 1))
+        params = init_params(self.config, seed)
+        inputs, targets = init_batch(self.config, seed + 1)
         args = (params, inputs) if self.mode == "forward" else (params, (inputs, targets))
         return jax.device_put(args, self.arg_shardings)
 
@@ -262,3 +262,118 @@ def _shard_map_forward(bound: BoundStrategy, capture: bool) -> Callable[..., Any
         in_specs=(bound.param_specs(), in_spec),
         out_specs=out_specs,
     )
+
+
+# -- one sharded matmul ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MatmulProgram:
+    """``C = A @ B`` under jit with the problem's specs, optionally forced to a plan."""
+
+    label: str
+    problem: Any
+    mesh: Any
+    fn: Callable[..., Any]
+    code: str
+
+    def abstract_args(self) -> tuple[Any, Any]:
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        p = self.problem
+        dtype = jnp.dtype(p.dtype)
+        return (
+            jax.ShapeDtypeStruct((p.m, p.k), dtype,
+                                 sharding=NamedSharding(self.mesh, PartitionSpec(*p.a_spec))),
+            jax.ShapeDtypeStruct((p.k, p.n), dtype,
+                                 sharding=NamedSharding(self.mesh, PartitionSpec(*p.b_spec))),
+        )
+
+    def lower(self) -> Any:
+        return self.fn.lower(*self.abstract_args())
+
+
+def _spec_text(spec: Any) -> str:
+    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+
+
+def build_matmul(problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = False
+                 ) -> MatmulProgram:
+    """The matmul of ``problem`` (a :class:`shardscope._bounds.MatmulProblem`) on ``mesh``.
+
+    Without ``plan``: the compiler chooses (the program a user writes). With a
+    :class:`~shardscope._bounds.MatmulPlan`: sharding constraints put A, B and the product
+    in the plan's layouts (``explicit=False``), or a ``shard_map`` computes the local
+    product and reduces partial sums with ``psum`` / ``psum_scatter`` (``explicit=True``);
+    the output sharding then moves the result to the problem's output spec.
+    """
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def sharding(spec: Any) -> Any:
+        return NamedSharding(mesh, PartitionSpec(*spec))
+
+    in_sh = (sharding(problem.a_spec), sharding(problem.b_spec))
+    out_sh = sharding(problem.out_spec)
+    if plan is None:
+        def run(a: Any, b: Any) -> Any:
+            return a @ b
+
+        return MatmulProgram("as written", problem, mesh,
+                             jax.jit(run, in_shardings=in_sh, out_shardings=out_sh), "a @ b")
+
+    a_spec, b_spec = plan.layout("a"), plan.layout("b")
+    if not explicit:
+        split_k = any(p.partition == "k" for p in plan.axes)
+        c_spec = None if split_k else plan.layout("product")
+        wsc = jax.lax.with_sharding_constraint
+
+        def run(a: Any, b: Any) -> Any:
+            c = wsc(a, sharding(a_spec)) @ wsc(b, sharding(b_spec))
+            return c if c_spec is None else wsc(c, sharding(c_spec))
+
+        code = ("wsc = jax.lax.with_sharding_constraint; "
+                f"c = wsc(a, {_spec_text(a_spec)}) @ wsc(b, {_spec_text(b_spec)})"
+                + ("" if c_spec is None else f"; c = wsc(c, {_spec_text(c_spec)})"))
+        return MatmulProgram("sharding constraints", problem, mesh,
+                             jax.jit(run, in_shardings=in_sh, out_shardings=out_sh), code)
+
+    # shard_map: the product's spec gains each contraction axis where the output wants it.
+    product = list(plan.layout("product"))
+    reductions: list[tuple[str, int | None]] = []
+    for p in plan.axes:
+        if p.partition != "k":
+            continue
+        dim = problem.where("c", p.axis)
+        index = None if dim is None else ("m", "n").index(dim)
+        if index is not None and product[index] is not None:
+            raise ValueError(f"axis {p.axis} cannot scatter onto a dimension already sharded")
+        if index is not None:
+            product[index] = p.axis
+        reductions.append((p.axis, index))
+
+    def local(a: Any, b: Any) -> Any:
+        c = a @ b
+        for axis, index in reductions:
+            if index is None:
+                c = jax.lax.psum(c, axis)
+            else:
+                c = jax.lax.psum_scatter(c, axis, scatter_dimension=index, tiled=True)
+        return c
+
+    body = jax.shard_map(
+        local, mesh=mesh,
+        in_specs=(PartitionSpec(*a_spec), PartitionSpec(*b_spec)),
+        out_specs=PartitionSpec(*product),
+    )
+    steps = "; ".join(
+        f"c = {'psum' if i is None else 'psum_scatter'}(c, {axis!r}"
+        + ("" if i is None else f", scatter_dimension={i}, tiled=True") + ")"
+        for axis, i in reductions
+    )
+    code = (f"shard_map(in_specs=({_spec_text(a_spec)}, {_spec_text(b_spec)}), "
+            f"out_specs={_spec_text(product)}): c = a @ b" + (f"; {steps}" if steps else ""))
+    return MatmulProgram("shard_map", problem, mesh,
+                         jax.jit(body, in_shardings=in_sh, out_shardings=out_sh), code)

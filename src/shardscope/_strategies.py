@@ -32,9 +32,7 @@ ROLES = ("data", "model")
 # Dimension names, used to check divisibility and to word errors.
 PARAM_DIMS: dict[str, tuple[str, ...]] = {
     "attn_norm": ("d_model",),
-    "wq": ("d_model", "heads", "head_dim"),
-    "wk": ("d_model", "heads", "head_dim"),
-    "wv": ("d_model", "heads", "head_dim"),
+    "wqkv": ("d_model", "qkv", "heads", "head_dim"),
     "wo": ("heads", "head_dim", "d_model"),
     "mlp_norm": ("d_model",),
     "w_up": ("d_model", "ff"),
@@ -58,18 +56,14 @@ def _rules(**kw: Roles) -> tuple[tuple[str, Roles], ...]:
 _REPLICATED_PARAMS = {name: (None,) * len(dims) for name, dims in PARAM_DIMS.items()}
 _TP_PARAMS = dict(
     _REPLICATED_PARAMS,
-    wq=(None, "model", None),
-    wk=(None, "model", None),
-    wv=(None, "model", None),
+    wqkv=(None, None, "model", None),
     wo=("model", None, None),
     w_up=(None, "model"),
     w_down=("model", None),
 )
 _FSDP_PARAMS = dict(
     attn_norm=("data",),
-    wq=("data", None, None),
-    wk=("data", None, None),
-    wv=("data", None, None),
+    wqkv=("data", None, None, None),
     wo=(None, None, "data"),
     mlp_norm=("data",),
     w_up=("data", None),
@@ -143,6 +137,9 @@ class Strategy:
         constraints: bool = True,
     ) -> BoundStrategy:
         """Resolves the roles on ``mesh`` and checks that every sharded dimension divides.
+
+        ``mesh`` is a ``Mesh``, a description (made into a ``Mesh`` of this process's
+        devices), or an :func:`abstract_mesh` (specs and bounds only, no devices).
 
         ``axes`` overrides the resolution (``{"data": ("pod", "data"), "model": ("model",)}``).
         ``constraints=False`` drops the activation constraints (what a user who only
@@ -229,6 +226,49 @@ def get_strategy(name: str | Strategy) -> Strategy:
             f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}"
         )
     return STRATEGIES[name]
+
+
+def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
+    """A ``jax.sharding.AbstractMesh`` (Auto axes) for a description: no devices needed.
+
+    Binding a strategy to it checks the fit and gives specs and bounds for meshes larger
+    than the devices at hand (the planner's case); compiling needs a real mesh.
+
+    >>> dict(abstract_mesh("data=64,model=16").shape)
+    {'data': 64, 'model': 16}
+    """
+    from jax.sharding import AbstractMesh, AxisType
+
+    from shardscope._mesh import parse_mesh_spec
+
+    sizes = parse_mesh_spec(spec)
+    return AbstractMesh(tuple(sizes.values()), tuple(sizes),
+                        axis_types=(AxisType.Auto,) * len(sizes))
+
+
+def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
+    """A mesh description of shape ``sizes`` whose axis names fit ``strategy``'s roles.
+
+    The last axis is ``model`` when the strategy uses that role; the others are ``data``,
+    preceded by ``pod`` and ``pod1``, ... for more axes. A 1-D mesh for a data-only
+    strategy is ``data=N``.
+
+    >>> mesh_spec_for("dp_tp", (2, 4))
+    'data=2,model=4'
+    >>> mesh_spec_for("tp", (8,))
+    'model=8'
+    >>> mesh_spec_for("fsdp", (2, 2, 2))
+    'pod=2,data=2,model=2'
+    """
+    s = get_strategy(strategy)
+    if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in sizes):
+        raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
+    if len(sizes) == 1:
+        names = ["model" if "model" in s.roles else "data"]
+    else:
+        lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
+        names = [*lead, "data", "model"]
+    return ",".join(f"{n}={v}" for n, v in zip(names, sizes, strict=True))
 
 
 def _resolve_roles(
@@ -359,8 +399,8 @@ class BoundStrategy:
     def dim_sizes(self) -> dict[str, int]:
         c = self.config
         sizes = {
-            "d_model": c.d_model, "heads": c.heads, "head_dim": c.head_dim, "ff": c.ff,
-            "batch": c.batch, "seq": c.seq,
+            "d_model": c.d_model, "qkv": 3, "heads": c.heads, "head_dim": c.head_dim,
+            "ff": c.ff, "batch": c.batch, "seq": c.seq,
         }
         if c.vocab is not None:
             sizes["vocab"] = c.vocab
