@@ -26,7 +26,6 @@ plus a slice moves twice the bytes; the plan keeps the compiled bytes and says s
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,9 +54,13 @@ VALIDATION_TOLERANCE = 0.05
 #: The most simulated devices a plan may ask for.
 MAX_DEVICES = 4096
 #: XLA options for the plan's compiles. The plan needs the partitioned program and its buffer
-#: sizes, not fast CPU code: without LLVM's optimisations a train step compiles about twice
-#: as fast, with the same collectives and buffer sizes (tests/test_plan.py checks it).
-COMPILE_OPTIONS: Mapping[str, Any] = {"xla_backend_optimization_level": 0}
+#: sizes, not fast CPU code: without LLVM's optimisations and the CPU fusion emitters a 7B
+#: train step compiles 3 to 6 times faster, with the same collectives and buffer sizes to
+#: within 0.01% (tests/test_plan.py checks it).
+COMPILE_OPTIONS: Mapping[str, Any] = {
+    "xla_backend_optimization_level": 0,
+    "xla_cpu_use_fusion_emitters": False,
+}
 MODES = ("train", "forward")
 
 Progress = Callable[[int, int, str], None]
@@ -229,6 +232,7 @@ class Plan:
     pareto: bool = False
     notes: tuple[str, ...] = ()
     analysis_s: float = 0.0
+    timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
 
     @property
@@ -310,6 +314,7 @@ class Plan:
             "collectives": [c.to_dict() for c in self.collectives],
             "notes": list(self.notes),
             "analysis_s": self.analysis_s,
+            "timing": dict(self.timing),
         }
 
 
@@ -375,27 +380,19 @@ def candidates(strategies: Iterable[str], devices: int) -> list[Candidate]:
     >>> [c.label for c in candidates(["tp", "dp_tp"], 8)]
     ['tp model=8', 'dp_tp data=4,model=2', 'dp_tp data=2,model=4']
     """
-    from shardscope._strategies import get_strategy
+    from shardscope._mesh import parse_mesh_spec
+    from shardscope._strategies import get_strategy, mesh_spec_for
 
     out = []
     for name in strategies:
-        roles = get_strategy(name).roles
-        if len(roles) <= 1:
-            axis = roles[0] if roles else "data"
-            out.append(Candidate(name, ((axis, devices),)))
+        if len(get_strategy(name).roles) <= 1:
+            shapes = [(devices,)]
         else:
-            for t in divisors(devices):
-                if 1 < t < devices:
-                    out.append(Candidate(name, (("data", devices // t), ("model", t))))
+            shapes = [(devices // t, t) for t in divisors(devices) if 1 < t < devices]
+        for shape in shapes:
+            spec = parse_mesh_spec(mesh_spec_for(name, shape))
+            out.append(Candidate(name, tuple(spec.items())))
     return out
-
-
-def _abstract_mesh(sizes: Mapping[str, int]) -> Any:
-    from jax.sharding import AbstractMesh, AxisType
-
-    return AbstractMesh(
-        tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes)
-    )
 
 
 # -- compiling (in this process or a worker) -------------------------------------------------
@@ -490,14 +487,30 @@ def _local_devices(n: int) -> list[Any]:
     return list(have[:n])
 
 
-def default_workers(devices: int, jobs: int) -> int:
-    """Worker processes for ``jobs`` compiles: 0 (this process) unless there are 2+ cores and
-    2+ jobs, then one per core, at most 2 (each holds a JAX runtime: ~0.5 GB at 1024 devices,
-    and a third worker on a 2-core laptop only competes for the cores)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if jobs < 2 or (cores or 1) < 2:
-        return 0
-    return min(2, cores or 1, jobs)
+def can_compile_here(devices: int) -> bool:
+    """Whether this process has (or, not started yet, is configured for) ``devices`` CPU
+    devices. Never starts JAX's backend or changes its configuration."""
+    import jax
+
+    from shardscope._devices import _backends_started, _flag_device_count
+
+    if _backends_started():
+        return len(jax.devices("cpu")) >= devices
+    configured = jax.config.jax_num_cpu_devices
+    if configured is not None and configured > 0:
+        return configured >= devices
+    return (_flag_device_count() or 1) >= devices
+
+
+def default_workers(devices: int) -> int:
+    """0 (compile in this process) when it can simulate ``devices`` devices, else 1.
+
+    Measured on 2 cores (benchmarks/plan_speed.py): one process is faster than a pool of two
+    (7b on 64 devices: 15 s against 21 s; each compile already keeps a core busy, and every
+    worker pays for starting JAX), and holds a third of the memory. A pool of more workers
+    is there for machines with more cores (``workers=N``).
+    """
+    return 0 if can_compile_here(devices) else 1
 
 
 def _compile_all(
@@ -775,7 +788,9 @@ def plan(
         bytes_per_param: model-state bytes per parameter in training (16: mixed-precision Adam).
         flash_attention: leave the attention-score term out of the activation estimate.
         workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
-            many worker processes; None picks (:func:`default_workers`).
+            many worker processes that each simulate ``devices``; None: this process when it
+            can, else one worker (:func:`default_workers`), so that the caller's JAX is never
+            reconfigured.
         progress: called as ``progress(done, total, label)`` while compiling.
 
     Returns:
@@ -791,7 +806,7 @@ def plan(
     'dp data=8'
     """
     from shardscope._bounds import transformer_bound
-    from shardscope._strategies import STRATEGIES, get_strategy
+    from shardscope._strategies import STRATEGIES, abstract_mesh, get_strategy
 
     start = time.perf_counter()
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
@@ -829,7 +844,7 @@ def plan(
     all_candidates = candidates(names, devices)
     for cand in all_candidates:
         try:
-            bound = get_strategy(cand.strategy).bind(config, _abstract_mesh(cand.sizes))
+            bound = get_strategy(cand.strategy).bind(config, abstract_mesh(cand.mesh_spec))
         except StrategyError as e:
             skipped.append(Skipped(cand.strategy, cand.mesh_spec, "divisibility", str(e)))
             continue
@@ -850,9 +865,8 @@ def plan(
         bounds[cand] = transformer_bound(bound, mode)
         memory[cand] = mem
 
-    n_workers = default_workers(devices, len(todo)) if workers is None else workers
-    if n_workers > len(todo):
-        n_workers = len(todo)
+    n_workers = default_workers(devices) if workers is None else workers
+    n_workers = min(n_workers, len(todo))
     facts = _compile_all(todo, config, mode, devices, n_workers, progress)
 
     flops = model_flops(config, mode)
@@ -883,6 +897,8 @@ def plan(
             compute_time_s=flops / devices / hw.peak_flops,
             notes=tuple(_notes(got, bound, got.collectives)),
             analysis_s=got.analysis_s,
+            timing={"lower_s": got.lower_s, "compile_s": got.compile_s,
+                    "audit_s": got.audit_s},
             exact=got.exact,
         )
         bound_of[id(p)] = bound
