@@ -69,23 +69,28 @@ def run_plan_command(
 
         # Piped output gets room for the whole table instead of rich's 80 columns.
         console = Console() if sys.stdout.isatty() else Console(width=150)
+    bar_console = progress_console or Console(stderr=True)
     bar = Progress(
         TextColumn("compiling plans"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.description}"),
-        console=progress_console or Console(stderr=True),
+        console=bar_console,
         transient=True,
+        disable=not bar_console.is_terminal,  # no bar in logs and pipes
     )
     task = None
 
     def progress(done: int, total: int, label: str) -> None:
         nonlocal task
+        if total == 0:
+            return
         if task is None:
+            bar.start()
             task = bar.add_task("", total=total)
         bar.update(task, completed=done, description=label)
 
-    with bar:
+    try:
         result = plan(
             model,
             devices,
@@ -101,6 +106,9 @@ def run_plan_command(
             progress=progress,
             **dict(dims or {}),
         )
+    finally:
+        if task is not None:
+            bar.stop()
     render_plan(result, console=console, top=top)
     written = []
     if json_path:
