@@ -241,7 +241,7 @@ def test_indivisible_candidates_are_skipped_with_the_rule():
 
 
 def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
-    result = plan("70b", 8, hardware_preset="tpu-v5e", workers=0)
+    result = plan("70b", 8, hardware="tpu-v5e", workers=0)
     assert result.plans == ()
     assert {s.reason for s in result.skipped} <= {"memory", "divisibility"}
     assert "memory" in result.empty_reason and "tpu-v5e" in result.empty_reason
@@ -267,7 +267,7 @@ def test_bad_requests_raise_plan_errors(kwargs, words):
 
 def test_unknown_hardware_is_an_error():
     with pytest.raises(ShardscopeError, match="unknown hardware preset 'a100'"):
-        plan("tiny", 8, hardware_preset="a100")
+        plan("tiny", 8, hardware="a100")
     with pytest.raises(ShardscopeError, match="link_bandwidth"):
         plan("tiny", 8, hardware_overrides={"link_bandwidth": -1.0})
 

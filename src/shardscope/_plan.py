@@ -41,7 +41,8 @@ from shardscope._estimates import (
     model_flops,
     settings_dict,
 )
-from shardscope._hardware import Hardware, hardware
+from shardscope._hardware import Hardware
+from shardscope._hardware import hardware as get_hardware
 from shardscope._model import ModelConfig
 from shardscope._model_presets import model_preset
 
@@ -761,7 +762,7 @@ def plan(
     batch: int | None = None,
     seq: int | None = None,
     mode: str = "train",
-    hardware_preset: str | Hardware = "h100",
+    hardware: str | Hardware = "h100",
     hardware_overrides: Mapping[str, float] | None = None,
     strategies: Sequence[str] | None = None,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
@@ -781,7 +782,7 @@ def plan(
         batch: global batch in sequences (default: one per device); seq: sequence length
             (default: the preset's).
         mode: ``"train"`` (forward, backward, gradients) or ``"forward"``.
-        hardware_preset: ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e`` or
+        hardware: ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e`` or
             a :class:`Hardware`; ``hardware_overrides`` changes fields (e.g.
             ``{"link_bandwidth": 370e9}``).
         strategies: names to try (default :data:`DEFAULT_STRATEGIES`).
@@ -828,7 +829,7 @@ def plan(
             raise PlanError(
                 f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}"
             )
-    hw = hardware(hardware_preset, **dict(hardware_overrides or {}))
+    hw = get_hardware(hardware, **dict(hardware_overrides or {}))
     model_name, config = resolve_config(model, devices=devices, batch=batch, seq=seq,
                                         dtype=dtype, **dims)
     if bytes_per_param < 2 * config.itemsize and mode == "train":

@@ -97,7 +97,7 @@ def run_plan_command(
             batch=batch,
             seq=seq,
             mode=mode,
-            hardware_preset=hardware,
+            hardware=hardware,
             hardware_overrides=hardware_overrides,
             strategies=strategies,
             bytes_per_param=bytes_per_param,
