@@ -71,7 +71,8 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
                 label="Pareto front",
             )
             for p in front:
-                ax.annotate(p.mesh_spec, (p.memory_bytes_per_device / gib, p.comm_time_s),
+                short = f"{p.strategy} {'x'.join(str(v) for v in p.mesh.values())}"
+                ax.annotate(short, (p.memory_bytes_per_device / gib, p.comm_time_s),
                             textcoords="offset points", xytext=(5, 4), fontsize=7)
         best = result.plans[0]
         ax.scatter([best.memory_bytes_per_device / gib], [best.comm_time_s], marker="*",
@@ -83,11 +84,21 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
         else:
             ax.plot([], [], " ", label=f"device memory {format_bytes(hw.memory_bytes)} "
                     "(off the chart)")
+        if any(not p.fits for p in result.plans):
+            ax.scatter([], [], s=46, facecolors="none", edgecolors="grey",
+                       label="hollow: does not fit")
         times = [p.comm_time_s for p in result.plans if p.comm_time_s > 0]
-        if times and max(times) / min(times) > 50:
+        if times and max(times) / min(times) > 10:
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            from matplotlib.ticker import FuncFormatter
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_seconds(v)))
         ax.set_xlabel(f"memory per device, analytic ({unit})")
-        ax.set_ylabel("communication time per step (s, alpha-beta)")
+        ax.set_ylabel("communication time per step (alpha-beta)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     buf = io.BytesIO()

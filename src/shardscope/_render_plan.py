@@ -121,9 +121,10 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
 
 
 def skipped_table(result: PlanResult) -> Any:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="Skipped", title_justify="left")
+    table = Table(title="Skipped", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("strategy")
     table.add_column("mesh")
     table.add_column("reason")
@@ -134,11 +135,13 @@ def skipped_table(result: PlanResult) -> Any:
 
 
 def validation_table(result: PlanResult) -> Any:
+    from rich import box
     from rich.table import Table
 
     table = Table(
-        title="Compiled communication vs the analytic formula (within 5%)",
-        title_justify="left",
+        title="Compiled communication vs the analytic formula (best plan of each strategy; "
+        "ok: within 5%)",
+        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
     )
     for col in ("strategy", "mesh", "formula", "compiled", "ratio", "ok", "why not"):
         table.add_column(col, overflow="fold" if col == "why not" else "ellipsis")
