@@ -251,7 +251,7 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     "kwargs, words",
     [
         (dict(devices=0), "must be a positive whole number"),
-        (dict(devices=10**6), "at most 4096"),
+        (dict(devices=4096), "at most 2048"),
         (dict(mode="decode"), "mode 'decode'"),
         (dict(strategies=["zero3"]), "unknown strategy 'zero3'"),
         (dict(model=None), "missing --d-model, --heads, --ff, --layers"),
@@ -332,7 +332,7 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
         (["plan", "--model", "8b", "--devices", "8"], "invalid choice: '8b'"),
         (["plan", "--model", "tiny"], "required: --devices"),
         (["plan", "--model", "tiny", "--devices", "0"], "0 must be a positive whole number"),
-        (["plan", "--model", "tiny", "--devices", "5000"], "at most 4096"),
+        (["plan", "--model", "tiny", "--devices", "3072"], "at most 2048"),
         (["plan", "--devices", "8", "--heads", "8"], "missing --d-model, --ff, --layers"),
         (["plan", "--model", "tiny", "--devices", "8", "--hardware", "a100"],
          "invalid choice: 'a100'"),

@@ -62,7 +62,10 @@ def run_plan_command(
     from shardscope._render_plan import markdown_report, render_plan
 
     if devices > MAX_DEVICES:
-        raise PlanError(f"--devices {devices}: at most {MAX_DEVICES} can be simulated")
+        raise PlanError(
+            f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
+            f"simulated devices; plan {MAX_DEVICES} or fewer"
+        )
     _ensure_devices(devices)
     if console is None:
         import sys
@@ -109,7 +112,7 @@ def run_plan_command(
     finally:
         if task is not None:
             bar.stop()
-    render_plan(result, console=console, top=top)
+    render_plan(result, console=console, top=top, empty_reason=False)
     written = []
     if json_path:
         written.append(write_json_atomic(json_path, result.to_dict()))

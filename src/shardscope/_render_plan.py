@@ -153,22 +153,29 @@ def validation_table(result: PlanResult) -> Any:
     return table
 
 
-def render_plan(result: PlanResult, *, console: Any = None, top: int | None = None) -> None:
-    """Prints the plan table, then what was skipped, the validation and the caveats."""
+def render_plan(
+    result: PlanResult, *, console: Any = None, top: int | None = None,
+    empty_reason: bool = True,
+) -> None:
+    """Prints the plan table, then what was skipped, the validation and the caveats.
+
+    With no plan it prints why (unless ``empty_reason=False``: the CLI says it on stderr).
+    """
     from rich.console import Console
 
     console = console or Console()
     if result.plans:
         console.print(plan_table(result, top=top))
         console.print(comm_table(result))
-    else:
+    elif empty_reason:
         console.print(f"[bold]{result.empty_reason}[/bold]")
     if result.skipped:
         console.print(skipped_table(result))
     if result.validations:
         console.print(validation_table(result))
-    for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
+    if result.plans:
+        for note in result.notes:
+            console.print(f"note: {note}", highlight=False)
 
 
 # -- Markdown --------------------------------------------------------------------------------
