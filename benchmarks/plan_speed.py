@@ -5,7 +5,8 @@ process and its workers together every 50 ms, and prints for each case: the wall
 plans compiled and skipped, the per-plan analysis time (lower + compile + audit) as
 median / max, and the peak resident memory of the whole process tree. Targets (issue 5):
 7b on 64 devices in at most 60 s on 2 cores; 70b on 1024 devices completes; peak memory under
-2 GB; one plan's analysis in at most 3 s.
+2 GB; one plan's analysis in at most 3 s. Each case also prints its validation: compiled
+communication over the analytic formula for the best plan of each strategy.
 
     .venv/bin/python benchmarks/plan_speed.py [--cases 7b:64,70b:1024] [--workers N]
 """
@@ -86,13 +87,18 @@ def run_case(model: str, devices: int, workers: int | None, extra: list[str]) ->
         "per_plan_max_s": max(per_plan) if per_plan else None,
         "peak_rss_mb": peak / 2**20,
         "best": f"{best['strategy']} {best['mesh']}" if best else None,
+        "validations": [
+            (v["strategy"], v["mesh"], v["ratio"], v["ok"], v["cpu_ratio"])
+            for v in data["validations"]
+        ],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="7b:64,70b:1024",
-                        help="comma-separated model:devices (default 7b:64,70b:1024)")
+    parser.add_argument("--cases", default="7b:64,70b:1024,1b:8",
+                        help="comma-separated model:devices (default 7b:64,70b:1024,1b:8; "
+                        "1b on 8 has DP, FSDP and TP plans that fit, for the validation)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes (default: the command's own choice)")
     parser.add_argument("extra", nargs="*", help="more arguments for `shardscope plan`")
@@ -110,6 +116,12 @@ def main() -> None:
             f"{r['per_plan_median_s']:.2f} s / max {r['per_plan_max_s']:.2f} s, peak RSS "
             f"(all processes) {r['peak_rss_mb']:.0f} MB; best {r['best']}"
         )
+        checks = ", ".join(
+            f"{s} {m} {ratio:.3f}x"
+            + ("" if ok else f" (CPU all-reduce for reduce-scatter: {cpu:.3f}x)")
+            for s, m, ratio, ok, cpu in r["validations"] if ratio is not None
+        )
+        print(f"{'':>12}compiled / formula: {checks}")
 
 
 if __name__ == "__main__":
