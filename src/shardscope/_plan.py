@@ -509,10 +509,10 @@ def can_compile_here(devices: int) -> bool:
 def default_workers(devices: int) -> int:
     """0 (compile in this process) when it can simulate ``devices`` devices, else 1.
 
-    Measured on 2 cores (benchmarks/plan_speed.py): one process is faster than a pool of two
-    (7b on 64 devices: 15 s against 21 s; each compile already keeps a core busy, and every
-    worker pays for starting JAX), and holds a third of the memory. A pool of more workers
-    is there for machines with more cores (``workers=N``).
+    Measured on 2 shared cores (benchmarks/plan_speed.py, 7b on 64 devices): 15-20 s in one
+    process, 18-19 s with two workers, which hold 680 MB against 270 MB (each worker starts
+    its own JAX, and a compile already keeps more than one core busy). A pool is there for
+    machines with more cores (``workers=N``).
     """
     return 0 if can_compile_here(devices) else 1
 
