@@ -860,7 +860,8 @@ def plan(
             skipped.append(Skipped(
                 cand.strategy, cand.mesh_spec, "memory",
                 f"{what} need {format_bytes(mem.model_state)} per device, more than the "
-                f"{format_bytes(hw.memory_bytes)} of a {hw.name}",
+                f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
+                f"devices (fsdp, fsdp_tp) or give more memory (--memory)",
             ))
             continue
         todo.append(cand)
