@@ -390,3 +390,15 @@ def test_plan_for_more_devices_through_a_worker():
     assert [p.label for p in result.plans] == ["dp data=16"]
     dp = result.plans[0]
     assert dp.comm_bytes_per_device == dp.bound_bytes_per_device
+
+
+def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
+    from shardscope._plan import CompiledFacts
+    from shardscope._plan_worker import WorkerError, run_tasks
+
+    config = TINY.config(batch=16).to_dict()
+    tasks = [("dp", "data=16", config, "forward"), ("zero3", "data=16", config, "forward")]
+    got = dict(run_tasks(tasks, devices=16, workers=2))
+    assert isinstance(got[0], CompiledFacts) and got[0].collectives == ()
+    assert isinstance(got[1], WorkerError)
+    assert "StrategyError: unknown strategy 'zero3'" in str(got[1])
