@@ -30,6 +30,7 @@ lint: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-runtime
 	$(BIN)/python benchmarks/lab_cold_start.py
+	$(BIN)/python benchmarks/audit_overhead.py
 
 clean:
 	rm -rf $(VENV) scores build src/*.egg-info

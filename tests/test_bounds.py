@@ -75,8 +75,9 @@ def test_reduce_scatter_when_contraction_is_cheapest_and_output_sharded():
 
 
 def test_no_duplicated_flops_option():
-    problem = matmul_problem("x=8", 4096, 1024, 1024, "bfloat16", "None,x", "None,None",
-                             "None,None")
+    problem = matmul_problem(
+        "x=8", 4096, 1024, 1024, "bfloat16", "None,x", "None,None", "None,None"
+    )
     free = plan_matmul(problem)
     split = plan_matmul(problem, duplicate_flops=False)
     assert free.axes[0].duplicated_flops and free.traffic_bytes == 7 * MiB
@@ -87,8 +88,9 @@ def test_no_duplicated_flops_option():
 
 def test_two_axes_are_planned_with_the_other_axis_sharding():
     # Megatron's MLP-down on a 2-D mesh: rows of A on data, contraction on model.
-    plan = matmul_bound("data=2,model=4", 64, 256, 32, "float32", "data,model", "model,None",
-                        "data,None")
+    plan = matmul_bound(
+        "data=2,model=4", 64, 256, 32, "float32", "data,model", "model,None", "data,None"
+    )
     by_axis = {p.axis: p for p in plan.axes}
     assert by_axis["data"].terms == ()
     (term,) = by_axis["model"].terms
@@ -180,8 +182,9 @@ def test_train_bounds_follow_the_published_formulas():
 def test_bounds_for_meshes_larger_than_the_devices_at_hand():
     # The planner's case: an abstract mesh needs no devices.
     config = ModelConfig(d_model=4096, heads=32, ff=16384, layers=32, batch=64, seq=2048)
-    bound = transformer_bound(get_strategy("dp_tp").bind(config, abstract_mesh("data=64,model=16")),
-                              "train")
+    bound = transformer_bound(
+        get_strategy("dp_tp").bind(config, abstract_mesh("data=64,model=16")), "train"
+    )
     act = (64 // 64) * 2048 * 4096 * 4
     tp_terms = [t for t in bound.terms if t.axes == ("model",)]
     assert sum(t.count for t in tp_terms) == 4 * 32

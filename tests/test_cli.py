@@ -19,8 +19,14 @@ from shardscope.cli import main
         ([], "required: COMMAND"),
         (["audit", "transpose"], "invalid choice: 'transpose'"),
         (["audit", "matmul", "--mesh", "dp=2,dp=4"], "axis name 'dp' is repeated"),
-        (["audit", "matmul", "--mesh", "model=3"], "does not divide"),
-        (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but JAX has 8"),
+        (["audit", "matmul", "--mesh", "model=3"], "1024 is not divisible by 3"),
+        (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but 8 are available"),
+        (["lab", "--devices", "1_0"], "'1_0' is not a whole number"),
+        (["lab", "--out", ""], "output folder is empty"),
+        (["lab", "--out", "/proc/version/x"], "'/proc/version' is a file, not a folder"),
+        (["audit", "matmul", "--json", "/tmp"], "'/tmp' is a folder, not a file"),
+        (["audit", "matmul", "--json", ""], "output file path is empty"),
+        (["audit", "matmul", "--mesh", "model=99999999999"], "more than this tool supports"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):
@@ -33,24 +39,48 @@ def test_bad_input_is_one_line_exit_2(argv, words, capsys):
     assert "Traceback" not in err
 
 
+def test_debug_shows_the_traceback(capsys):
+    with pytest.raises(ValueError, match="positive"):
+        main(["audit", "matmul", "--mesh", "model=0", "--debug"])
+
+
+def test_output_checked_before_any_work(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit) as info:
+        main(["lab", "--out", str(afile / "sub")])
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "is a file, not a folder" in err
+
+
+DOCUMENTED_CHECKS = [
+    "mesh_1d",
+    "param_row_shards",
+    "matmul_matches_single_device",
+    "matmul_one_all_reduce",
+    "reshard_to_columns",
+    "reshard_to_replicated",
+    "reshard_in_jit_one_all_to_all",
+    "mesh_2d_shards",
+    "per_device_bytes",
+    "memory_plot_png",
+    "tp_block_matches_single_device",
+    "tp_forward_minimum_collectives",
+    "tp_shard_map_matches_single_device",
+    "tp_shard_map_same_collectives",
+    "sp_verdict",
+]
+
+
 def test_lab_in_process(tmp_path, capsys):
     assert main(["lab", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "[sharding_taster]" in out and "checks passed (100%)" in out
     data = json.loads((tmp_path / "sharding_taster.json").read_text())
     assert data["passed"] == data["total"] > 0
-    names = [r["name"] for r in data["results"]]
-    for name in [
-        "mesh_1d",
-        "param_row_shards",
-        "matmul_matches_single_device",
-        "reshard_to_columns",
-        "reshard_to_replicated",
-        "mesh_2d_shards",
-        "per_device_bytes",
-        "memory_plot_png",
-    ]:
-        assert name in names
+    assert [r["name"] for r in data["results"]] == DOCUMENTED_CHECKS
+    assert data["hardware"]["device_count"] == 8
     png = tmp_path / "sharding_taster_memory.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
 
@@ -83,7 +113,12 @@ def test_lab_exit_1_when_a_check_fails(tmp_path):
     assert "Traceback" not in r.stdout + r.stderr
     data = json.loads((tmp_path / "sharding_taster.json").read_text())
     assert data["passed"] < data["total"]
-    assert any(x["skipped"] for x in data["results"])  # the 2-D mesh needs an even count
+    # every documented check is recorded: run, failed or skipped with a reason
+    assert sorted(x["name"] for x in data["results"]) == sorted(DOCUMENTED_CHECKS)
+    by_name = {x["name"]: x for x in data["results"]}
+    assert by_name["mesh_2d_shards"]["skipped"]  # the 2-D mesh needs an even count
+    assert "does not divide" in by_name["matmul_one_all_reduce"]["message"]
+    assert "png" not in r.stdout.split("wrote")[-1]
 
 
 def test_bad_devices_no_traceback_in_a_real_process():

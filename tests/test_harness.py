@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from shardscope import Lab, ShardscopeError, bootstrap
+from shardscope._errors import OutputPathError
 
 
 def make_lab(tmp_path, **kw):
@@ -87,7 +88,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(json, "dump", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputPathError, match=r"cannot write .*unit.json.: disk full"):
         lab.save()
     assert (tmp_path / "unit.json").read_text() == before
     assert sorted(os.listdir(tmp_path)) == ["unit.json"]
@@ -119,3 +120,12 @@ def test_bootstrap_seeds_and_reports(tmp_path, capsys):
     bootstrap("boot2", seed=3, out_dir=tmp_path, verbose=False)
     assert np.random.rand() == a
     assert jax.random.key_data(lab.key).tolist() == jax.random.key_data(jax.random.key(3)).tolist()
+
+
+def test_saved_files_have_ordinary_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = make_lab(tmp_path).save()
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

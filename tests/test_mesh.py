@@ -62,7 +62,10 @@ def test_make_mesh_explicit_axes():
 
 
 def test_make_mesh_device_count_mismatch():
-    with pytest.raises(MeshSpecError, match=r"needs 2 x 2 = 4 devices but 8 are available"):
+    with pytest.raises(
+        MeshSpecError,
+        match=r"needs 2 x 2 = 4 devices but 8 are available.*devices=jax.devices\(\)\[:4\]",
+    ):
         make_mesh("dp=2,mp=2")
 
 

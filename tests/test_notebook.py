@@ -34,7 +34,7 @@ def test_notebook_executes(tmp_path):
         for o in c.get("outputs", [])
     )
     assert "8 x cpu" in outputs
-    assert "[sharding_taster_notebook] 10/10 checks passed (100%)" in outputs
+    assert "[sharding_taster_notebook] 15/15 checks passed (100%)" in outputs
     assert "float32[1024x1024] P('model', None)" in outputs  # the layout table
     assert "all-reduce" in outputs and "all-to-all" in outputs  # the audit tables
     assert (tmp_path / "scores" / "sharding_taster_notebook.json").exists()

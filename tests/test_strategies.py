@@ -67,8 +67,12 @@ def test_without_constraints_there_are_no_activation_specs():
 
 @pytest.mark.parametrize(
     "strategy, shape, expect",
-    [("tp", (8,), "model=8"), ("dp", (8,), "data=8"), ("dp_tp", (2, 4), "data=2,model=4"),
-     ("sp", (2, 2, 2), "pod=2,data=2,model=2")],
+    [
+        ("tp", (8,), "model=8"),
+        ("dp", (8,), "data=8"),
+        ("dp_tp", (2, 4), "data=2,model=4"),
+        ("sp", (2, 2, 2), "pod=2,data=2,model=2"),
+    ],
 )
 def test_mesh_spec_for(strategy, shape, expect):
     assert mesh_spec_for(strategy, shape) == expect

@@ -9,6 +9,7 @@ from shardscope._bounds import matmul_bound as matmul_bound
 from shardscope._bounds import transformer_bound as transformer_bound
 from shardscope._devices import hardware_summary as hardware_summary
 from shardscope._devices import use_cpu_devices as use_cpu_devices
+from shardscope._distributed import initialize_distributed as initialize_distributed
 from shardscope._errors import DeviceSetupError as DeviceSetupError
 from shardscope._errors import HloParseError as HloParseError
 from shardscope._errors import LayoutError as LayoutError
@@ -21,6 +22,8 @@ from shardscope._hardware import Hardware as Hardware
 from shardscope._hardware import hardware as hardware
 from shardscope._harness import Lab as Lab
 from shardscope._harness import bootstrap as bootstrap
+from shardscope._launch import LaunchResult as LaunchResult
+from shardscope._launch import launch as launch
 from shardscope._layout import DeviceShard as DeviceShard
 from shardscope._layout import Layout as Layout
 from shardscope._layout import layout as layout

@@ -353,7 +353,7 @@ class Audit:
                 valid = ", ".join(k.replace("-", "_") for k in _comm.KINDS)
                 raise TypeError(f"expect() got an unexpected keyword {key!r}; kinds are {valid}")
             if isinstance(want, bool) or not isinstance(want, int) or want < 0:
-                raise TypeError(f"expect({key}=...) needs a count >= 0, got {want!r}")
+                raise ShardscopeError(f"expect({key}=...) needs a count >= 0, got {want!r}")
             ok = actual[kind] == want
             if not ok:
                 failing_kinds.append(kind)
@@ -402,6 +402,16 @@ class Audit:
         if not self.exact:
             lines.append("note: some counts are not exact (unknown trip counts or branches)")
         raise AssertionError("\n".join(lines))
+
+    def __rich__(self) -> Any:
+        from shardscope._render_audit import audit_table
+
+        return audit_table(self)
+
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
+        from shardscope._render import mimebundle
+
+        return mimebundle(self, width=140)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data."""
@@ -934,6 +944,7 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
     """
     import jax
 
+    given_axes = _mesh_from(mesh)  # a bad mesh is refused before anything is compiled
     compiled = None
     remats: tuple[Rematerialization, ...] | None = None
     log: str | None = None
@@ -979,11 +990,12 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
         out_sh = tuple(_format_sharding(s) for s in out_leaves)
         shard_mesh = _mesh_of_shardings(in_leaves + out_leaves)
     module = parse_hlo(text)
-    axes = _mesh_from(mesh) or shard_mesh or {_FALLBACK_AXIS: module.num_partitions}
+    axes = given_axes or shard_mesh or {_FALLBACK_AXIS: module.num_partitions}
     if math.prod(axes.values()) != module.num_partitions:
-        shape = " x ".join(str(v) for v in axes.values())
+        size = math.prod(axes.values())
+        shape = " x ".join(str(v) for v in axes.values()) + f" = {size}" if len(axes) > 1 else size
         raise MeshSpecError(
-            f"mesh {format_mesh_spec(axes)!r} holds {shape} = {math.prod(axes.values())} "
+            f"mesh {format_mesh_spec(axes)!r} holds {shape} "
             f"devices but the program is partitioned over {module.num_partitions} "
             f"(num_partitions in the HLO module header); describe a mesh whose sizes "
             f"multiply to {module.num_partitions}, in the order the program's mesh uses"
@@ -1033,6 +1045,9 @@ def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh:
     elif mesh is not None:
         from shardscope._mesh import make_mesh
 
-        ctx = jax.set_mesh(make_mesh(mesh))
+        # A description names axes for bare PartitionSpecs in the program; one that does not
+        # fit the devices is reported against the compiled program's partition count below.
+        if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():
+            ctx = jax.set_mesh(make_mesh(mesh))
     with ctx:
         return fn.lower(*args)

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from shardscope._devices import ensure_devices_for
 from shardscope._errors import MeshSpecError
-from shardscope._mesh import parse_mesh_spec
-
-
-def _ensure_devices(mesh_spec: str | None) -> None:
-    """Simulates enough CPU devices for the mesh when JAX has not started yet."""
-    from shardscope._demos import DEFAULT_MESH
-    from shardscope._devices import DEFAULT_CPU_DEVICES, _backends_started, use_cpu_devices
-
-    need = math.prod(parse_mesh_spec(mesh_spec or DEFAULT_MESH).values())
-    if not _backends_started():
-        use_cpu_devices(max(need, DEFAULT_CPU_DEVICES))
 
 
 def run_audit_command(
@@ -24,6 +13,7 @@ def run_audit_command(
     mesh_spec: str | None = None,
     json_path: str | None = None,
     *,
+    devices: int | None = None,
     console: Any = None,
 ) -> int:
     """Audits a built-in demo, prints its table, optionally writes JSON; returns 0.
@@ -33,6 +23,8 @@ def run_audit_command(
         mesh_spec: a mesh description such as ``"model=8"`` or ``"dp=2,model=4"``;
             None for the demo's default (``model=8``).
         json_path: where to write ``Audit.to_dict()`` as JSON (atomically), or None.
+        devices: simulated CPU devices to ask for (per process in a multi-process run);
+            None: enough for the mesh, at least 8, if JAX has not started yet.
         console: a rich Console to print to (default: stdout).
 
     Raises:
@@ -46,9 +38,13 @@ def run_audit_command(
 
     if mesh_spec is not None and not mesh_spec.strip():
         raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'dp=2,model=4'")
-    _ensure_devices(mesh_spec)
+    ensure_devices_for(mesh_spec, devices)
+    import jax
+
     program = get_demo(demo, mesh_spec)
     result = audit(program)
+    if jax.process_index() != 0:
+        return 0  # every process compiles the same program; process 0 reports it
     render_audit(result, console=console, title=f"{program.name}: {program.description}")
     if json_path is not None:
         data = {"demo": program.name, "description": program.description, **result.to_dict()}

@@ -153,8 +153,15 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
     model_axes, t = _group(bound, ["model"])
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
 
-    def add(kind: str, axes: tuple[str, ...], n: int, payload: int, count: int, what: str,
-            scope: str = "") -> None:
+    def add(
+        kind: str,
+        axes: tuple[str, ...],
+        n: int,
+        payload: int,
+        count: int,
+        what: str,
+        scope: str = "",
+    ) -> None:
         if n > 1 and count > 0 and payload > 0:
             terms.append(Term(kind, axes, n, payload, count, what, scope))
 
@@ -166,19 +173,50 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
             ("mlp", "MLP-up", "MLP-down"),
         ):
             if s.sequence_parallel:
-                add(ALL_GATHER, model_axes, t, activation, passes * L,
+                add(
+                    ALL_GATHER,
+                    model_axes,
+                    t,
+                    activation,
+                    passes * L,
                     f"sequence shards gathered before the column-parallel {first} matmul"
-                    + (" (and its transpose for the backward of the reduce-scatter)"
-                       if train else ""), scope)
-                add(REDUCE_SCATTER, model_axes, t, activation, passes * L,
+                    + (
+                        " (and its transpose for the backward of the reduce-scatter)"
+                        if train
+                        else ""
+                    ),
+                    scope,
+                )
+                add(
+                    REDUCE_SCATTER,
+                    model_axes,
+                    t,
+                    activation,
+                    passes * L,
                     f"{last} partial sums reduce-scattered to sequence shards"
-                    + (" (and the backward of the gather)" if train else ""), scope)
+                    + (" (and the backward of the gather)" if train else ""),
+                    scope,
+                )
             else:
-                add(ALL_REDUCE, model_axes, t, activation, L,
-                    f"{last} partial sums (row-parallel)", scope)
+                add(
+                    ALL_REDUCE,
+                    model_axes,
+                    t,
+                    activation,
+                    L,
+                    f"{last} partial sums (row-parallel)",
+                    scope,
+                )
                 if train:
-                    add(ALL_REDUCE, model_axes, t, activation, L,
-                        f"input gradient of the column-parallel {first} matmul", scope)
+                    add(
+                        ALL_REDUCE,
+                        model_axes,
+                        t,
+                        activation,
+                        L,
+                        f"input gradient of the column-parallel {first} matmul",
+                        scope,
+                    )
 
     # Weights: gathered at use (FSDP), gradients reduced over the data axes.
     storage, use = s.param_rules(), s.use_rules()
@@ -195,8 +233,15 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
             axes, n = _group(bound, ["data"])
             add(ALL_GATHER, axes, n, payload, count, f"{name} gathered at use", scope)
             if train:
-                add(REDUCE_SCATTER, axes, n, payload, count,
-                    f"{name} gradient reduce-scattered to its shards", scope)
+                add(
+                    REDUCE_SCATTER,
+                    axes,
+                    n,
+                    payload,
+                    count,
+                    f"{name} gradient reduce-scattered to its shards",
+                    scope,
+                )
         # A gradient is partial over every axis that splits the tokens its weight sees:
         # the data axes (unless FSDP's reduce-scatter covers them) and, under sequence
         # parallelism, 'model' for weights it does not split (norm gains, embeddings).
@@ -208,12 +253,23 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
             partial.append("model")
         if train and partial:
             axes, n = _group(bound, partial)
-            add(ALL_REDUCE, axes, n, payload, count,
-                f"{name} gradient summed over token shards", scope)
+            add(
+                ALL_REDUCE,
+                axes,
+                n,
+                payload,
+                count,
+                f"{name} gradient summed over token shards",
+                scope,
+            )
 
     if train:
-        token_roles = [r for r in ("data", "model") if r in bound.axes and (
-            (r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))]
+        token_roles = [
+            r
+            for r in ("data", "model")
+            if r in bound.axes
+            and ((r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))
+        ]
         axes, n = _group(bound, token_roles)
         add(ALL_REDUCE, axes, n, 4, 1, "scalar loss summed over token shards", "loss")
         if "data" in storage["wqkv"]:
@@ -345,8 +401,13 @@ class MatmulProblem:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "mesh": dict(self.mesh), "m": self.m, "k": self.k, "n": self.n,
-            "dtype": self.dtype, "a_spec": list(self.a_spec), "b_spec": list(self.b_spec),
+            "mesh": dict(self.mesh),
+            "m": self.m,
+            "k": self.k,
+            "n": self.n,
+            "dtype": self.dtype,
+            "a_spec": list(self.a_spec),
+            "b_spec": list(self.b_spec),
             "out_spec": list(self.out_spec),
         }
 
@@ -384,17 +445,27 @@ class AxisPlan:
         return self.partition is None and self.size > 1
 
     def describe(self) -> str:
-        what = {"m": "rows of C (m)", "n": "columns of C (n)", "k": "the contraction (k)",
-                None: "nothing: every device computes all of C"}[self.partition]
+        what = {
+            "m": "rows of C (m)",
+            "n": "columns of C (n)",
+            "k": "the contraction (k)",
+            None: "nothing: every device computes all of C",
+        }[self.partition]
         steps = "; ".join(t.what for t in self.terms) or "no communication"
         return f"axis {self.axis}: split {what}; {steps}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "axis": self.axis, "size": self.size, "partition": self.partition,
-            "a": self.a, "b": self.b, "product": self.product,
-            "traffic_bytes": self.traffic_bytes, "duplicated_flops": self.duplicated_flops,
-            "terms": [t.to_dict() for t in self.terms], "description": self.describe(),
+            "axis": self.axis,
+            "size": self.size,
+            "partition": self.partition,
+            "a": self.a,
+            "b": self.b,
+            "product": self.product,
+            "traffic_bytes": self.traffic_bytes,
+            "duplicated_flops": self.duplicated_flops,
+            "terms": [t.to_dict() for t in self.terms],
+            "description": self.describe(),
         }
 
 
@@ -442,8 +513,9 @@ class MatmulPlan:
         }
 
 
-def _reshard(kind_from: str | None, kind_to: str | None, payload: int, n: int, axis: str,
-             label: str) -> Term | None:
+def _reshard(
+    kind_from: str | None, kind_to: str | None, payload: int, n: int, axis: str, label: str
+) -> Term | None:
     """The collective that moves an array's sharding on one axis from one dim to another."""
     if kind_from == kind_to or kind_from is None:
         return None  # same layout, or a local slice of a replicated array
@@ -453,8 +525,14 @@ def _reshard(kind_from: str | None, kind_to: str | None, payload: int, n: int, a
         return Term(kind, (axis,), n, payload, 1, f"{kind} {label} partial sums {where}")
     if kind_to is None:
         return Term(ALL_GATHER, (axis,), n, payload, 1, f"all-gather {label} ({kind_from}-sharded)")
-    return Term(ALL_TO_ALL, (axis,), n, payload, 1,
-                f"all-to-all {label} from {kind_from}-shards to {kind_to}-shards")
+    return Term(
+        ALL_TO_ALL,
+        (axis,),
+        n,
+        payload,
+        1,
+        f"all-to-all {label} from {kind_from}-shards to {kind_to}-shards",
+    )
 
 
 def plan_axis(problem: MatmulProblem, axis: str, partition: str | None) -> AxisPlan | None:
@@ -492,12 +570,22 @@ def plan_matmul(problem: MatmulProblem, *, duplicate_flops: bool = True) -> Matm
     for axis in problem.mesh:
         used = any(problem.where(arr, axis) for arr in ("a", "b", "c"))
         options = [
-            p for part in PARTITIONS
+            p
+            for part in PARTITIONS
             if (duplicate_flops or part is not None or not used)
             and (p := plan_axis(problem, axis, part)) is not None
         ]
-        plans.append(min(options, key=lambda p: (
-            p.traffic_bytes, len(p.terms), p.partition is None, PARTITIONS.index(p.partition))))
+        plans.append(
+            min(
+                options,
+                key=lambda p: (
+                    p.traffic_bytes,
+                    len(p.terms),
+                    p.partition is None,
+                    PARTITIONS.index(p.partition),
+                ),
+            )
+        )
     return MatmulPlan(problem, tuple(plans))
 
 
@@ -552,7 +640,11 @@ def matmul_problem(
     else:
         sizes = mesh_axes(mesh)
     return MatmulProblem(
-        sizes, m, k, n, str(dtype),
+        sizes,
+        m,
+        k,
+        n,
+        str(dtype),
         parse_spec(a_spec, what="a-spec"),
         parse_spec(b_spec, what="b-spec"),
         parse_spec(out_spec, what="out-spec"),

@@ -19,6 +19,11 @@ from shardscope._errors import MeshSpecError, ShardscopeError
 from shardscope._mesh import format_mesh_spec, make_mesh, parse_mesh_spec
 
 DEFAULT_MESH = "model=8"
+# What XLA inserts for each demo on a 1-D mesh: (kind, payload bytes).
+DEMO_FACTS: dict[str, tuple[str, int]] = {
+    "matmul": ("all-reduce", 16 * 1024 * 4),
+    "reshard": ("all-to-all", 1024 * 1024 * 4),
+}
 
 
 @dataclass(frozen=True)
@@ -120,8 +125,8 @@ def taster_matmul(mesh: Any = None) -> Demo:
         args=(x, w),
         mesh=m,
         axis=axis,
-        expected_kind="all-reduce",
-        expected_payload_bytes=16 * 1024 * 4,
+        expected_kind=DEMO_FACTS["matmul"][0],
+        expected_payload_bytes=DEMO_FACTS["matmul"][1],
     )
 
 
@@ -152,8 +157,8 @@ def taster_reshard(mesh: Any = None) -> Demo:
         args=(w,),
         mesh=m,
         axis=axis,
-        expected_kind="all-to-all",
-        expected_payload_bytes=1024 * 1024 * 4,
+        expected_kind=DEMO_FACTS["reshard"][0],
+        expected_payload_bytes=DEMO_FACTS["reshard"][1],
     )
 
 

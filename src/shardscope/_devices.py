@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
 DEFAULT_CPU_DEVICES = 8
+MAX_CPU_DEVICES = 8192  # compile-only planning reaches 1024; far beyond, memory runs out
 _FORCE_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
@@ -37,8 +39,8 @@ def use_cpu_devices(n: int | None = None) -> int:
     >>> shardscope.use_cpu_devices(8)  # doctest: +SKIP
     8
     """
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
-        raise ShardscopeError(f"device count must be a positive integer, got {n!r}")
+    if n is not None:
+        n = _count(n)
     import jax
 
     flagged = _flag_device_count()
@@ -60,12 +62,58 @@ def use_cpu_devices(n: int | None = None) -> int:
     return requested
 
 
+def ensure_devices_for(mesh_spec: str | None, devices: int | None = None) -> None:
+    """Simulates ``devices`` CPU devices, or enough for ``mesh_spec`` (at least 8), unless
+    JAX has started (then a mesh that does not fit is reported where it is built)."""
+    import math
+
+    from shardscope._mesh import parse_mesh_spec
+
+    need = math.prod(parse_mesh_spec(mesh_spec).values()) if mesh_spec else DEFAULT_CPU_DEVICES
+    if devices is not None:
+        use_cpu_devices(devices)
+    elif not _backends_started():
+        use_cpu_devices(max(need, DEFAULT_CPU_DEVICES))
+
+
+def _count(n: object) -> int:
+    try:
+        value = operator.index(n)  # type: ignore[arg-type]
+    except TypeError:
+        value = 0
+    if isinstance(n, bool) or value <= 0:
+        raise ShardscopeError(f"device count must be a positive integer, got {n!r}")
+    if value > MAX_CPU_DEVICES:
+        raise ShardscopeError(
+            f"{value} simulated devices is more than this tool supports ({MAX_CPU_DEVICES}); "
+            f"ask for at most {MAX_CPU_DEVICES}"
+        )
+    return value
+
+
 def _backends_started() -> bool:
     # JAX has no public query for this; it is the same check jax_num_cpu_devices' own
     # validator makes, and asking through jax.devices() would start the backends.
     from jax._src import xla_bridge
 
     return bool(xla_bridge.backends_are_initialized())
+
+
+def host_value(tree: Any) -> Any:
+    """NumPy copies of a pytree's arrays, gathered from the other processes of a
+    multi-process run where this one does not hold every shard (every process must call it,
+    in the same order: the gather is a collective)."""
+    import jax
+    import numpy as np
+
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)
 
 
 def hardware_summary() -> dict[str, Any]:

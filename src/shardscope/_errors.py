@@ -19,6 +19,10 @@ class HloParseError(ShardscopeError):
     """Text that is not optimized HLO, or HLO whose structure cannot be read."""
 
 
+class OutputPathError(ShardscopeError):
+    """A result file or folder that cannot be written where the user asked."""
+
+
 class DeviceSetupError(RuntimeError):
     """Simulated devices were requested after JAX's backend had already started."""
 

@@ -1,15 +1,14 @@
 """The taster's exercises as lab checks: a tensor-parallel block, its exact collectives, its
 shard_map twin, and the sequence-parallel variant's verdict.
 
-:func:`run_exercise_checks` takes the lab's harness (anything with ``check(name, predicate,
-msg)`` and ``assert_close(name, actual, expected, rtol)``) and records one check per claim.
+:func:`run_exercise_checks` takes the lab's harness (a :class:`~shardscope.Lab`) and records
+one check per claim.
 Each predicate does its own work, so a failure in one (an exception included) is recorded
 and the others still run.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
@@ -18,11 +17,11 @@ from shardscope._model import ModelConfig
 
 #: The names of the checks, in order.
 EXERCISE_CHECKS = (
-    "exercise: TP block matches one device",
-    "exercise: jitted TP forward has exactly the minimum collectives",
-    "exercise: shard_map twin matches one device",
-    "exercise: shard_map twin communicates what jit does",
-    "exercise: sequence-parallel verdict",
+    "tp_block_matches_single_device",
+    "tp_forward_minimum_collectives",
+    "tp_shard_map_matches_single_device",
+    "tp_shard_map_same_collectives",
+    "sp_verdict",
 )
 
 #: The block the exercises shard: small enough to compile in well under a second.
@@ -30,14 +29,7 @@ EXERCISE_CONFIG = ModelConfig(d_model=64, heads=8, ff=256, layers=2, batch=8, se
 
 
 def _check(lab: Any, name: str, predicate: Any, msg: str = "", details: Any = None) -> bool:
-    # The harness may take structured details for its JSON; pass them when it does.
-    try:
-        takes_details = "details" in inspect.signature(lab.check).parameters
-    except (TypeError, ValueError):
-        takes_details = False
-    if takes_details and details is not None:
-        return lab.check(name, predicate, msg, details=details)
-    return lab.check(name, predicate, msg)
+    return bool(lab.check(name, predicate, msg, details=details))
 
 
 def _per_axis_kind(audit: Any) -> dict[tuple[tuple[str, ...], str], tuple[int, int, int]]:
@@ -45,7 +37,10 @@ def _per_axis_kind(audit: Any) -> dict[tuple[tuple[str, ...], str], tuple[int, i
     for c in audit.collectives:
         n, payload, sent = out.get((tuple(c.axes), c.kind), (0, 0, 0))
         out[(tuple(c.axes), c.kind)] = (
-            n + c.count, payload + c.payload_bytes * c.count, sent + c.traffic_bytes * c.count)
+            n + c.count,
+            payload + c.payload_bytes * c.count,
+            sent + c.traffic_bytes * c.count,
+        )
     return out
 
 
@@ -53,8 +48,11 @@ def _bound_per_axis_kind(bound: Any) -> dict[tuple[tuple[str, ...], str], tuple[
     out: dict[tuple[tuple[str, ...], str], tuple[int, int, int]] = {}
     for t in bound.terms:
         n, payload, sent = out.get((t.axes, t.kind), (0, 0, 0))
-        out[(t.axes, t.kind)] = (n + t.count, payload + t.payload_bytes * t.count,
-                                 sent + t.traffic_bytes)
+        out[(t.axes, t.kind)] = (
+            n + t.count,
+            payload + t.payload_bytes * t.count,
+            sent + t.traffic_bytes,
+        )
     return out
 
 
@@ -114,8 +112,10 @@ def run_exercise_checks(
         return once("tp_audit", lambda: audit(tp_program().lower()))
 
     def twin_audit() -> Any:
-        return once("twin_audit", lambda: audit(
-            build_program("tp", config, mesh_spec, impl="shard_map").lower()))
+        return once(
+            "twin_audit",
+            lambda: audit(build_program("tp", config, mesh_spec, impl="shard_map").lower()),
+        )
 
     # 1. numerics of the jitted TP block (the holders are filled in by the predicates; the
     # harness keeps references to them, so its JSON gets what was measured)
@@ -127,9 +127,14 @@ def run_exercise_checks(
         tp_errors.update(report.errors, tolerance=report.tolerance)
         return report.ok
 
-    _check(lab, EXERCISE_CHECKS[0], matches_one_device,
-           f"largest relative error per scope (attention, mlp, output) within the "
-           f"{config.dtype} tolerance", details={"relative_errors": tp_errors})
+    _check(
+        lab,
+        EXERCISE_CHECKS[0],
+        matches_one_device,
+        f"largest relative error per scope (attention, mlp, output) within the "
+        f"{config.dtype} tolerance",
+        details={"relative_errors": tp_errors},
+    )
 
     # 2. exact collectives
     def exact_minimum() -> bool:
@@ -144,14 +149,18 @@ def run_exercise_checks(
         if _per_axis_kind(result) != _bound_per_axis_kind(bound):
             raise AssertionError(
                 f"per axis and kind {_per_axis_kind(result)} differ from the bound "
-                f"{_bound_per_axis_kind(bound)}")
+                f"{_bound_per_axis_kind(bound)}"
+            )
         return True
 
     per_layer = config.batch * config.seq * config.d_model * config.itemsize
-    _check(lab, EXERCISE_CHECKS[1],
-           exact_minimum,
-           f"2 all-reduces per layer over 'model' of batch x seq x d_model "
-           f"({per_layer} bytes each), bytes equal to the bound")
+    _check(
+        lab,
+        EXERCISE_CHECKS[1],
+        exact_minimum,
+        f"2 all-reduces per layer over 'model' of batch x seq x d_model "
+        f"({per_layer} bytes each), bytes equal to the bound",
+    )
 
     # 3. numerics of the shard_map twin
     twin_errors: dict[str, Any] = {}
@@ -162,9 +171,13 @@ def run_exercise_checks(
         twin_errors.update(report.errors, tolerance=report.tolerance)
         return report.ok
 
-    _check(lab, EXERCISE_CHECKS[2], twin_matches,
-           "explicit psum after the row-parallel matmuls",
-           details={"relative_errors": twin_errors})
+    _check(
+        lab,
+        EXERCISE_CHECKS[2],
+        twin_matches,
+        "explicit psum after the row-parallel matmuls",
+        details={"relative_errors": twin_errors},
+    )
 
     # 4. the twin communicates the same
     def twin_same() -> bool:
@@ -174,8 +187,7 @@ def run_exercise_checks(
             raise AssertionError(f"shard_map {twin_side} vs jit {jit_side}")
         return True
 
-    _check(lab, EXERCISE_CHECKS[3], twin_same,
-           "same kinds, axes, counts and bytes")
+    _check(lab, EXERCISE_CHECKS[3], twin_same, "same kinds, axes, counts and bytes")
 
     # 5. the sequence-parallel verdict
     holder: dict[str, Any] = {}
@@ -184,17 +196,29 @@ def run_exercise_checks(
         report = transformer_verdict("sp", config, mesh_spec)
         v = report.verdict
         holder.update(
-            summary=v.summary(), ratio=v.ratio, bound_bytes=v.bound_bytes,
+            summary=v.summary(),
+            ratio=v.ratio,
+            bound_bytes=v.bound_bytes,
             actual_bytes=v.actual_bytes,
-            hints=[{"change": h.change, "traffic_bytes": h.traffic_bytes,
-                    "reaches_bound": h.reaches_bound} for h in v.hints],
+            hints=[
+                {
+                    "change": h.change,
+                    "traffic_bytes": h.traffic_bytes,
+                    "reaches_bound": h.reaches_bound,
+                }
+                for h in v.hints
+            ],
         )
         facts["sp_verdict"] = holder
         return v.optimal or any(h.reaches_bound for h in v.hints)
 
-    _check(lab, EXERCISE_CHECKS[4], sp_verdict,
-                "the verdict (ratio to the bound) with a verified hint that reaches it",
-                details={"verdict": holder})
-    if "summary" in holder and hasattr(lab, "print"):
+    _check(
+        lab,
+        EXERCISE_CHECKS[4],
+        sp_verdict,
+        "the verdict (ratio to the bound) with a verified hint that reaches it",
+        details={"verdict": holder},
+    )
+    if "summary" in holder:
         lab.print(f"  sequence parallel (jit): {holder['summary']}")
     return facts

@@ -97,7 +97,12 @@ class Lab:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(highlight=False, soft_wrap=True)
+            console = Console(highlight=False)
+            if not console.is_terminal and not console.is_jupyter:
+                # Piped or captured (a log, CI): no terminal width to follow, so wide tables
+                # stay readable rather than squeezed into 80 columns.
+                console = Console(highlight=False, width=140)
+            self._console = console
         return self._console
 
     def print(self, *objects: Any) -> None:
@@ -140,8 +145,11 @@ class Lab:
         start = time.perf_counter()
         info = dict(details or {})
         try:
-            passed = bool(predicate() if callable(predicate) else predicate)
+            value = predicate() if callable(predicate) else predicate
+            passed = bool(value)
             message = msg
+            if value is None:
+                message = (msg + ": " if msg else "") + "predicate returned None, not True/False"
         except Exception as e:  # the scorecard records every failure and goes on
             passed = False
             message = f"{type(e).__name__}: {e}"
@@ -208,10 +216,11 @@ class Lab:
             info["ratio"] = ratio
             if higher_is_better:
                 passed = measured >= must_beat * baseline
-                goal = f">= {must_beat:g} x {baseline:.4g}"
+                goal = (f"{must_beat:g} x " if must_beat != 1 else "") + f"{baseline:.4g}"
+                goal = ">= " + goal
             else:
                 passed = measured * must_beat <= baseline
-                goal = f"<= {baseline:.4g} / {must_beat:g}"
+                goal = f"<= {baseline:.4g}" + (f" / {must_beat:g}" if must_beat != 1 else "")
             message = f"{measured:.4g} {unit} (goal {goal} {unit})".replace("  ", " ")
         return self._record(CheckResult(name, passed, False, message, 0.0, info))
 
@@ -235,6 +244,7 @@ class Lab:
             "score": score,
             "elapsed_s": round(time.perf_counter() - self._start, 6),
             "seed": self.seed,
+            "hardware": dict(self.hardware),
             "results": [r.to_dict() for r in self.results],
         }
         if self.verbose and self.primary:
@@ -285,6 +295,8 @@ def bootstrap(
     """
     from shardscope._devices import hardware_summary, use_cpu_devices
 
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ShardscopeError(f"seed must be a non-negative integer, got {seed!r}")
     lab = Lab(lab_id, seed=seed, out_dir=out_dir, verbose=verbose)
     use_cpu_devices(devices)
     import jax

@@ -204,7 +204,13 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Layou
             )
         shape = tuple(int(d) for d in x_or_shape.shape)
         sharding = x_or_shape.sharding
-        dt = np.dtype(x_or_shape.dtype if dtype is None else dtype)
+        if sharding is None:
+            raise ShardscopeError(
+                f"layout() of a {type(x_or_shape).__name__} with no sharding: give it one "
+                f"(jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(...)))) "
+                f"or call layout(shape, sharding)"
+            )
+        dt = _dtype(x_or_shape.dtype if dtype is None else dtype)
     else:
         try:
             shape = tuple(int(d) for d in x_or_shape)
@@ -214,7 +220,16 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Layou
             ) from None
         if any(d < 0 for d in shape):
             raise ShardscopeError(f"layout(): shape {shape} has a negative dimension")
-        dt = np.dtype("float32" if dtype is None else dtype)
+        dt = _dtype("float32" if dtype is None else dtype)
+    if not hasattr(sharding, "devices_indices_map"):
+        from jax.sharding import PartitionSpec
+
+        hint = (
+            "a PartitionSpec needs its mesh: pass NamedSharding(mesh, spec)"
+            if isinstance(sharding, PartitionSpec)
+            else "pass e.g. NamedSharding(mesh, P('x'))"
+        )
+        raise ShardscopeError(f"layout(): {sharding!r} is not a jax.sharding.Sharding; {hint}")
 
     mesh = getattr(sharding, "mesh", None)
     spec = getattr(sharding, "spec", None)
@@ -262,7 +277,7 @@ def spec_layout(
     shape = tuple(int(d) for d in shape)
     spec = normalize_spec(spec, len(shape), axes)
     check_divisible(shape, spec, axes)
-    dt = np.dtype(dtype)
+    dt = _dtype(dtype)
     names = list(axes)
     sizes = [axes[a] for a in names]
 
@@ -280,6 +295,18 @@ def spec_layout(
             yield device_id, tuple(int(p) for p in pos), tuple(index)
 
     return _assemble(shape, dt, spec, axes, pieces(), "")
+
+
+def _dtype(dtype: Any) -> Any:
+    import jax.numpy as jnp  # knows bfloat16 and the other ml_dtypes by name
+    import numpy as np
+
+    try:
+        return np.dtype(jnp.dtype(dtype))
+    except TypeError:
+        raise ShardscopeError(
+            f"dtype {dtype!r} is not a data type; use e.g. 'float32', 'bfloat16' or 'int8'"
+        ) from None
 
 
 def _assemble(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 
 MeshLike = "str | Mapping[str, int] | jax.sharding.Mesh"
 
+MAX_AXIS_SIZE = 8192  # as many devices as shardscope will simulate
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -45,9 +47,10 @@ def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
                 )
             name, _, size = part.partition("=")
             name, size = name.strip(), size.strip()
-            try:
+            digits = size.removeprefix("-")
+            if digits.isascii() and digits.isdigit():
                 value: Any = int(size)
-            except ValueError:
+            else:
                 raise MeshSpecError(
                     f"mesh description {where}: size {size!r} of axis {name!r} is not an "
                     f"integer; write e.g. '{name or 'dp'}=2'"
@@ -78,12 +81,21 @@ def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
                 f"mesh description {where}: axis name {name!r} is repeated; each axis needs "
                 f"its own name"
             )
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        try:
+            value = operator.index(size)
+        except TypeError:
+            value = 0
+        if isinstance(size, bool) or value <= 0:
             raise MeshSpecError(
                 f"mesh description {where}: axis {name!r} has size {size!r}; sizes must be "
                 f"positive integers"
             )
-        out[name] = size
+        if value > MAX_AXIS_SIZE:
+            raise MeshSpecError(
+                f"mesh description {where}: axis {name!r} has size {value}, more than this "
+                f"tool supports ({MAX_AXIS_SIZE})"
+            )
+        out[name] = value
     return out
 
 
@@ -121,13 +133,21 @@ def make_mesh(
     axes = parse_mesh_spec(spec)
     devs = list(jax.devices() if devices is None else devices)
     need = math.prod(axes.values())
+    if len(set(devs)) != len(devs):
+        raise MeshSpecError("the devices given to make_mesh repeat a device; list each once")
     if need != len(devs):
         shape = " x ".join(str(v) for v in axes.values())
+        needs = f"{shape} = {need}" if len(axes) > 1 else str(need)
+        if need < len(devs):
+            fix = f"or pass devices=jax.devices()[:{need}] to use the first {need}"
+        else:
+            fix = (
+                f"or simulate {need} CPU devices with shardscope.use_cpu_devices({need}) "
+                f"before JAX's first computation"
+            )
         raise MeshSpecError(
-            f"mesh {format_mesh_spec(axes)!r} needs {shape} = {need} devices but "
-            f"{len(devs)} are available; choose sizes that multiply to {len(devs)}, or "
-            f"simulate {need} CPU devices with shardscope.use_cpu_devices({need}) before "
-            f"JAX starts"
+            f"mesh {format_mesh_spec(axes)!r} needs {needs} devices but {len(devs)} are "
+            f"available; choose sizes that multiply to {len(devs)}, {fix}"
         )
     kind = AxisType.Explicit if explicit else AxisType.Auto
     return Mesh(

@@ -49,9 +49,7 @@ class ModelConfig:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ModelConfigError(
-                    f"model config {name}={value!r}: must be a positive integer"
-                )
+                raise ModelConfigError(f"model config {name}={value!r}: must be a positive integer")
         if self.vocab is not None and (
             isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab <= 0
         ):
@@ -161,8 +159,12 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     dtype = jnp.dtype(config.dtype)
     fan_in = {
-        "wqkv": config.d_model, "wo": config.d_model, "w_up": config.d_model,
-        "w_down": config.ff, "embed": 1, "unembed": config.d_model,
+        "wqkv": config.d_model,
+        "wo": config.d_model,
+        "w_up": config.d_model,
+        "w_down": config.ff,
+        "embed": 1,
+        "unembed": config.d_model,
     }
     flat = {}
     for name, shape in param_shapes(config).items():

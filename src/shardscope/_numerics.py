@@ -76,12 +76,13 @@ def relative_error(actual: Any, expected: Any) -> float:
 
 
 def reference_outputs(config: ModelConfig, args: tuple[Any, ...], mode: str) -> Any:
-    """The unsharded reference on the first device: forward with sublayer captures, or
-    ``(loss, grads)``."""
+    """The unsharded reference on this process's first device: forward with sublayer
+    captures, or ``(loss, grads)``."""
     import jax
 
-    device = jax.devices()[0]
-    local = jax.device_put(jax.device_get(args), device)
+    from shardscope._devices import host_value
+
+    local = jax.device_put(host_value(args), jax.local_devices()[0])
     return _reference_fn(config, mode)(*local)
 
 
@@ -117,11 +118,12 @@ def compare_numerics(
     from shardscope._mesh import mesh_axes
     from shardscope._programs import build_program
 
-    program = build_program(strategy, config, mesh, mode=mode, impl=impl,
-                            capture=mode == "forward")
+    program = build_program(strategy, config, mesh, mode=mode, impl=impl, capture=mode == "forward")
     config = program.config
+    from shardscope._devices import host_value
+
     args = program.example_args(seed)
-    actual = program.fn(*args)
+    actual = host_value(program.fn(*args))
     expected = reference_outputs(config, args, mode)
 
     errors: dict[str, float] = {}

@@ -206,9 +206,11 @@ def build_program(
         hooks = JitHooks(bound)
 
         if mode == "forward":
+
             def run(params: Any, inputs: Any) -> Any:
                 return forward(params, inputs, config, hooks, capture=capture)
         else:
+
             def run(params: Any, batch: Any) -> Any:
                 return jax.value_and_grad(loss)(params, batch, config, hooks)
     else:
@@ -216,6 +218,7 @@ def build_program(
         if mode == "forward":
             run = local
         else:
+
             def run(params: Any, batch: Any) -> Any:
                 def objective(p: Any) -> Any:
                     return loss_from_output(local(p, batch[0]), batch[1], config)
@@ -285,10 +288,12 @@ class MatmulProgram:
         p = self.problem
         dtype = jnp.dtype(p.dtype)
         return (
-            jax.ShapeDtypeStruct((p.m, p.k), dtype,
-                                 sharding=NamedSharding(self.mesh, PartitionSpec(*p.a_spec))),
-            jax.ShapeDtypeStruct((p.k, p.n), dtype,
-                                 sharding=NamedSharding(self.mesh, PartitionSpec(*p.b_spec))),
+            jax.ShapeDtypeStruct(
+                (p.m, p.k), dtype, sharding=NamedSharding(self.mesh, PartitionSpec(*p.a_spec))
+            ),
+            jax.ShapeDtypeStruct(
+                (p.k, p.n), dtype, sharding=NamedSharding(self.mesh, PartitionSpec(*p.b_spec))
+            ),
         )
 
     def lower(self) -> Any:
@@ -299,8 +304,9 @@ def _spec_text(spec: Any) -> str:
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
 
 
-def build_matmul(problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = False
-                 ) -> MatmulProgram:
+def build_matmul(
+    problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = False
+) -> MatmulProgram:
     """The matmul of ``problem`` (a :class:`shardscope._bounds.MatmulProblem`) on ``mesh``.
 
     Without ``plan``: the compiler chooses (the program a user writes). With a
@@ -318,11 +324,17 @@ def build_matmul(problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = 
     in_sh = (sharding(problem.a_spec), sharding(problem.b_spec))
     out_sh = sharding(problem.out_spec)
     if plan is None:
+
         def run(a: Any, b: Any) -> Any:
             return a @ b
 
-        return MatmulProgram("as written", problem, mesh,
-                             jax.jit(run, in_shardings=in_sh, out_shardings=out_sh), "a @ b")
+        return MatmulProgram(
+            "as written",
+            problem,
+            mesh,
+            jax.jit(run, in_shardings=in_sh, out_shardings=out_sh),
+            "a @ b",
+        )
 
     a_spec, b_spec = plan.layout("a"), plan.layout("b")
     if not explicit:
@@ -334,11 +346,18 @@ def build_matmul(problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = 
             c = wsc(a, sharding(a_spec)) @ wsc(b, sharding(b_spec))
             return c if c_spec is None else wsc(c, sharding(c_spec))
 
-        code = ("wsc = jax.lax.with_sharding_constraint; "
-                f"c = wsc(a, {_spec_text(a_spec)}) @ wsc(b, {_spec_text(b_spec)})"
-                + ("" if c_spec is None else f"; c = wsc(c, {_spec_text(c_spec)})"))
-        return MatmulProgram("sharding constraints", problem, mesh,
-                             jax.jit(run, in_shardings=in_sh, out_shardings=out_sh), code)
+        code = (
+            "wsc = jax.lax.with_sharding_constraint; "
+            f"c = wsc(a, {_spec_text(a_spec)}) @ wsc(b, {_spec_text(b_spec)})"
+            + ("" if c_spec is None else f"; c = wsc(c, {_spec_text(c_spec)})")
+        )
+        return MatmulProgram(
+            "sharding constraints",
+            problem,
+            mesh,
+            jax.jit(run, in_shardings=in_sh, out_shardings=out_sh),
+            code,
+        )
 
     # shard_map: the product's spec gains each contraction axis where the output wants it.
     product = list(plan.layout("product"))
@@ -364,16 +383,21 @@ def build_matmul(problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = 
         return c
 
     body = jax.shard_map(
-        local, mesh=mesh,
+        local,
+        mesh=mesh,
         in_specs=(PartitionSpec(*a_spec), PartitionSpec(*b_spec)),
         out_specs=PartitionSpec(*product),
     )
     steps = "; ".join(
         f"c = {'psum' if i is None else 'psum_scatter'}(c, {axis!r}"
-        + ("" if i is None else f", scatter_dimension={i}, tiled=True") + ")"
+        + ("" if i is None else f", scatter_dimension={i}, tiled=True")
+        + ")"
         for axis, i in reductions
     )
-    code = (f"shard_map(in_specs=({_spec_text(a_spec)}, {_spec_text(b_spec)}), "
-            f"out_specs={_spec_text(product)}): c = a @ b" + (f"; {steps}" if steps else ""))
-    return MatmulProgram("shard_map", problem, mesh,
-                         jax.jit(body, in_shardings=in_sh, out_shardings=out_sh), code)
+    code = (
+        f"shard_map(in_specs=({_spec_text(a_spec)}, {_spec_text(b_spec)}), "
+        f"out_specs={_spec_text(product)}): c = a @ b" + (f"; {steps}" if steps else "")
+    )
+    return MatmulProgram(
+        "shard_map", problem, mesh, jax.jit(body, in_shardings=in_sh, out_shardings=out_sh), code
+    )

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shardscope._comm import format_bytes
+
 if TYPE_CHECKING:
     from shardscope._layout import Layout
-
-
-def format_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``; exact below 1 KiB."""
-    if n < 1024:
-        return f"{int(n)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024 or unit == "TiB":
-            return f"{n:.3g} {unit}" if n < 100 else f"{n:.0f} {unit}"
-    raise AssertionError("unreachable")
 
 
 def _slice_text(s: slice, size: int) -> str:
@@ -56,12 +47,6 @@ def layout_table(lay: Layout, *, title: str | None = None) -> Any:
         ]
         table.add_row(*row)
     return table
-
-
-def console(**kwargs: Any) -> Any:
-    from rich.console import Console
-
-    return Console(**kwargs)
 
 
 def mimebundle(renderable: Any, width: int = 110) -> dict[str, str]:

@@ -52,14 +52,15 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
         show_footer=False,
         header_style="bold",
     )
-    table.add_column("axes")
-    table.add_column("kind")
-    table.add_column("count", justify="right")
-    table.add_column("array")
-    table.add_column("payload (each)", justify="right")
-    table.add_column("sent/device (x count)", justify="right")
-    table.add_column("source")
-    table.add_column("HLO", style="dim")
+    # The facts never wrap; in a narrow terminal the source and HLO name give way first.
+    table.add_column("axes", no_wrap=True)
+    table.add_column("kind", no_wrap=True, min_width=10)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("array", no_wrap=True)
+    table.add_column("payload\n(each)", justify="right", no_wrap=True)
+    table.add_column("sent per\ndevice", justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold", ratio=1)
+    table.add_column("HLO", style="dim", overflow="fold", ratio=1)
     collectives = audit.sorted_collectives()
     if not collectives:
         table.add_row("-", "none", "0", "", "", "0 B", "", "")

@@ -47,13 +47,21 @@ def verdict_table(verdict: Verdict, *, title: str | None = None) -> Any:
     for r in verdict.rows:
         over = r.ratio is None or r.ratio > 1.05
         table.add_row(
-            ",".join(r.axes) or "-", r.kind, str(r.bound_count), str(r.actual_count),
-            format_bytes(r.bound_bytes), format_bytes(r.actual_bytes),
+            ",".join(r.axes) or "-",
+            r.kind,
+            str(r.bound_count),
+            str(r.actual_count),
+            format_bytes(r.bound_bytes),
+            format_bytes(r.actual_bytes),
             Text(_ratio_text(r.ratio), style="red" if over else "green"),
         )
     table.add_section()
     table.add_row(
-        Text("all", style="bold"), "", "", "", format_bytes(verdict.bound_bytes),
+        Text("all", style="bold"),
+        "",
+        "",
+        "",
+        format_bytes(verdict.bound_bytes),
         Text(format_bytes(verdict.actual_bytes), style="bold"),
         Text(_ratio_text(verdict.ratio), style="bold"),
     )
@@ -71,9 +79,7 @@ def verdict_lines(verdict: Verdict) -> list[str]:
         )
     for h in verdict.hints:
         status = "reaches the bound" if h.reaches_bound else f"{_ratio_text(h.ratio)} the bound"
-        lines.append(
-            f"hint (compiled: {format_bytes(h.traffic_bytes)}, {status}): {h.change}"
-        )
+        lines.append(f"hint (compiled: {format_bytes(h.traffic_bytes)}, {status}): {h.change}")
         lines.append(f"      {h.code}")
     for note in (*verdict.bound_notes, *verdict.notes):
         lines.append(f"note: {note}")

@@ -173,41 +173,68 @@ def _strategies() -> dict[str, Strategy]:
     tp = _rules(**_TP_PARAMS)
     out = [
         Strategy(
-            "replicated", "every device holds and computes everything", (), rep,
+            "replicated",
+            "every device holds and computes everything",
+            (),
+            rep,
         ),
         Strategy(
-            "dp", "data parallel: batch sharded on every mesh axis, weights replicated",
-            ("data",), rep, activations=_rules(**_acts("data", None, None)),
-        ),
-        Strategy(
-            "fsdp", "fully sharded data parallel: weights sharded on the data axes, gathered "
-            "at use", ("data",), _rules(**_FSDP_PARAMS), use=rep,
+            "dp",
+            "data parallel: batch sharded on every mesh axis, weights replicated",
+            ("data",),
+            rep,
             activations=_rules(**_acts("data", None, None)),
         ),
         Strategy(
-            "tp", "Megatron tensor parallel on 'model': QKV and MLP-up column-parallel, "
-            "out-projection and MLP-down row-parallel", ("model",), tp,
-            activations=_rules(**_acts(None, "model", None)), twin=True,
+            "fsdp",
+            "fully sharded data parallel: weights sharded on the data axes, gathered at use",
+            ("data",),
+            _rules(**_FSDP_PARAMS),
+            use=rep,
+            activations=_rules(**_acts("data", None, None)),
         ),
         Strategy(
-            "dp_tp", "data x tensor parallel: batch on the data axes, Megatron on 'model'",
-            ("data", "model"), tp, activations=_rules(**_acts("data", "model", None)),
+            "tp",
+            "Megatron tensor parallel on 'model': QKV and MLP-up column-parallel, "
+            "out-projection and MLP-down row-parallel",
+            ("model",),
+            tp,
+            activations=_rules(**_acts(None, "model", None)),
             twin=True,
         ),
         Strategy(
-            "fsdp_tp", "FSDP on the data axes x Megatron on 'model'", ("data", "model"),
-            _rules(**_FSDP_TP_PARAMS), use=tp,
+            "dp_tp",
+            "data x tensor parallel: batch on the data axes, Megatron on 'model'",
+            ("data", "model"),
+            tp,
+            activations=_rules(**_acts("data", "model", None)),
+            twin=True,
+        ),
+        Strategy(
+            "fsdp_tp",
+            "FSDP on the data axes x Megatron on 'model'",
+            ("data", "model"),
+            _rules(**_FSDP_TP_PARAMS),
+            use=tp,
             activations=_rules(**_acts("data", "model", None)),
         ),
         Strategy(
-            "sp", "Megatron tensor parallel with sequence parallelism: residual stream "
-            "sharded on the sequence over 'model'", ("model",), tp,
-            activations=_rules(**_acts(None, "model", "model")), sequence_parallel=True,
+            "sp",
+            "Megatron tensor parallel with sequence parallelism: residual stream "
+            "sharded on the sequence over 'model'",
+            ("model",),
+            tp,
+            activations=_rules(**_acts(None, "model", "model")),
+            sequence_parallel=True,
             twin=True,
         ),
         Strategy(
-            "dp_sp", "data parallel x tensor-and-sequence parallel", ("data", "model"), tp,
-            activations=_rules(**_acts("data", "model", "model")), sequence_parallel=True,
+            "dp_sp",
+            "data parallel x tensor-and-sequence parallel",
+            ("data", "model"),
+            tp,
+            activations=_rules(**_acts("data", "model", "model")),
+            sequence_parallel=True,
             twin=True,
         ),
     ]
@@ -222,9 +249,7 @@ def get_strategy(name: str | Strategy) -> Strategy:
     if isinstance(name, Strategy):
         return name
     if name not in STRATEGIES:
-        raise StrategyError(
-            f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}"
-        )
+        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
     return STRATEGIES[name]
 
 
@@ -242,8 +267,9 @@ def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
     from shardscope._mesh import parse_mesh_spec
 
     sizes = parse_mesh_spec(spec)
-    return AbstractMesh(tuple(sizes.values()), tuple(sizes),
-                        axis_types=(AxisType.Auto,) * len(sizes))
+    return AbstractMesh(
+        tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes)
+    )
 
 
 def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
@@ -399,8 +425,13 @@ class BoundStrategy:
     def dim_sizes(self) -> dict[str, int]:
         c = self.config
         sizes = {
-            "d_model": c.d_model, "qkv": 3, "heads": c.heads, "head_dim": c.head_dim,
-            "ff": c.ff, "batch": c.batch, "seq": c.seq,
+            "d_model": c.d_model,
+            "qkv": 3,
+            "heads": c.heads,
+            "head_dim": c.head_dim,
+            "ff": c.ff,
+            "batch": c.batch,
+            "seq": c.seq,
         }
         if c.vocab is not None:
             sizes["vocab"] = c.vocab

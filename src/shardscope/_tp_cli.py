@@ -7,20 +7,10 @@ ending with the verdict line, and optionally writes the JSON: the audit's dict p
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from shardscope._devices import ensure_devices_for
 from shardscope._errors import MeshSpecError
-from shardscope._mesh import parse_mesh_spec
-
-
-def _ensure_devices(mesh_spec: str) -> None:
-    """Simulates enough CPU devices for the mesh when JAX has not started yet."""
-    from shardscope._devices import DEFAULT_CPU_DEVICES, _backends_started, use_cpu_devices
-
-    need = math.prod(parse_mesh_spec(mesh_spec).values())
-    if not _backends_started():
-        use_cpu_devices(max(need, DEFAULT_CPU_DEVICES))
 
 
 def _check_mesh(mesh_spec: str | None) -> None:
@@ -82,16 +72,25 @@ def run_transformer_command(
     s = get_strategy(strategy)
     if mesh_spec is None:
         mesh_spec = mesh_spec_for(s, (2, 4) if len(s.roles) > 1 else (8,))
-    sizes = {"layers": layers, "d_model": d_model, "heads": heads, "ff": ff, "batch": batch,
-             "seq": seq, "dtype": dtype}
+    sizes = {
+        "layers": layers,
+        "d_model": d_model,
+        "heads": heads,
+        "ff": ff,
+        "batch": batch,
+        "seq": seq,
+        "dtype": dtype,
+    }
     config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None})
     s.bind(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
-    _ensure_devices(mesh_spec)
-    report = transformer_verdict(s, config, mesh_spec, mode=mode, impl=impl,
-                                 constraints=constraints, hints=hints)
+    ensure_devices_for(mesh_spec)
+    report = transformer_verdict(
+        s, config, mesh_spec, mode=mode, impl=impl, constraints=constraints, hints=hints
+    )
     out = _console(console)
-    render_audit(report.audit, console=out,
-                 title=f"{report.program.name} on mesh {mesh_spec}: collectives")
+    render_audit(
+        report.audit, console=out, title=f"{report.program.name} on mesh {mesh_spec}: collectives"
+    )
     render_verdict(report.verdict, console=out)
     if json_path is not None:
         write_json_atomic(json_path, report.to_dict())
@@ -128,12 +127,15 @@ def run_matmul_command(
     if mesh_spec is None:
         raise MeshSpecError("--mesh is required, e.g. --mesh model=8")
     matmul_problem(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)  # bad input first
-    _ensure_devices(mesh_spec)
+    ensure_devices_for(mesh_spec)
     report = matmul_verdict(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec, hints=hints)
     out = _console(console)
-    render_audit(report.audit, console=out,
-                 title=f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
-                       f"mesh {mesh_spec}: collectives")
+    render_audit(
+        report.audit,
+        console=out,
+        title=f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
+        f"mesh {mesh_spec}: collectives",
+    )
     render_verdict(report.verdict, console=out)
     if json_path is not None:
         write_json_atomic(json_path, report.to_dict())

@@ -22,8 +22,21 @@ from shardscope._comm import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER,
 #: A program within this fraction of its bound is called optimal; hints must reach it.
 TOLERANCE = 0.05
 _MAX_EXCESS = 8  # instructions listed per verdict
-_HLO_ITEMSIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1,
-                 "u8": 1, "pred": 1, "s64": 8, "u64": 8, "s16": 2, "u16": 2}
+_HLO_ITEMSIZE = {
+    "f64": 8,
+    "f32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+    "s64": 8,
+    "u64": 8,
+    "s16": 2,
+    "u16": 2,
+}
 _PROGRAM_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -50,9 +63,12 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "axes": list(self.axes), "kind": self.kind,
-            "bound_bytes": self.bound_bytes, "actual_bytes": self.actual_bytes,
-            "bound_count": self.bound_count, "actual_count": self.actual_count,
+            "axes": list(self.axes),
+            "kind": self.kind,
+            "bound_bytes": self.bound_bytes,
+            "actual_bytes": self.actual_bytes,
+            "bound_count": self.bound_count,
+            "actual_count": self.actual_count,
             "ratio": self.ratio,
         }
 
@@ -74,9 +90,15 @@ class Excess:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "axes": list(self.axes), "instruction": self.instruction,
-            "source": self.source, "op_name": self.op_name, "scope": self.scope,
-            "array": self.array, "count": self.count, "traffic_bytes": self.traffic_bytes,
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "instruction": self.instruction,
+            "source": self.source,
+            "op_name": self.op_name,
+            "scope": self.scope,
+            "array": self.array,
+            "count": self.count,
+            "traffic_bytes": self.traffic_bytes,
             "reason": self.reason,
         }
 
@@ -90,7 +112,7 @@ class Hint:
     traffic_bytes: int
     bound_bytes: int
     counts: dict[str, int] = field(default_factory=dict)
-    program_dtype_bytes: int | None = None
+    backend_bytes: int | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -98,15 +120,18 @@ class Hint:
 
     @property
     def reaches_bound(self) -> bool:
-        """Within 5% of the bound, counting widened collectives at the program's width."""
-        sent = self.traffic_bytes if self.program_dtype_bytes is None else self.program_dtype_bytes
-        return sent <= self.bound_bytes * (1 + TOLERANCE)
+        """Within 5% of the bound."""
+        return self.traffic_bytes <= self.bound_bytes * (1 + TOLERANCE)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "change": self.change, "code": self.code, "traffic_bytes": self.traffic_bytes,
-            "program_dtype_bytes": self.program_dtype_bytes, "ratio": self.ratio,
-            "reaches_bound": self.reaches_bound, "counts": dict(self.counts),
+            "change": self.change,
+            "code": self.code,
+            "traffic_bytes": self.traffic_bytes,
+            "backend_bytes": self.backend_bytes,
+            "ratio": self.ratio,
+            "reaches_bound": self.reaches_bound,
+            "counts": dict(self.counts),
         }
 
 
@@ -122,7 +147,7 @@ class Verdict:
     hints: tuple[Hint, ...] = ()
     notes: tuple[str, ...] = ()
     bound_notes: tuple[str, ...] = ()
-    program_dtype_bytes: int | None = None
+    backend_bytes: int | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -130,15 +155,8 @@ class Verdict:
         return _ratio(self.actual_bytes, self.bound_bytes)
 
     @property
-    def ratio_at_program_dtype(self) -> float | None:
-        """The ratio with widened 16-bit collectives counted at the program's width."""
-        sent = self.actual_bytes if self.program_dtype_bytes is None else self.program_dtype_bytes
-        return _ratio(sent, self.bound_bytes)
-
-    @property
     def optimal(self) -> bool:
-        sent = self.actual_bytes if self.program_dtype_bytes is None else self.program_dtype_bytes
-        return sent <= self.bound_bytes * (1 + TOLERANCE)
+        return self.actual_bytes <= self.bound_bytes * (1 + TOLERANCE)
 
     def replace(self, **changes: Any) -> Verdict:
         return dataclasses.replace(self, **changes)
@@ -147,11 +165,12 @@ class Verdict:
         """One line: the ratio and what it means."""
         ratio = self.ratio
         if ratio is None:
-            head = (f"{format_bytes(self.actual_bytes)} sent per device where the minimum "
-                    f"is none")
+            head = f"{format_bytes(self.actual_bytes)} sent per device where the minimum is none"
         else:
-            head = (f"{ratio:.2f}x the minimum: {format_bytes(self.actual_bytes)} sent per "
-                    f"device, bound {format_bytes(self.bound_bytes)}")
+            head = (
+                f"{ratio:.2f}x the minimum: {format_bytes(self.actual_bytes)} sent per "
+                f"device, bound {format_bytes(self.bound_bytes)}"
+            )
         if self.optimal:
             return f"optimal ({head})"
         best = min(self.hints, key=lambda h: h.traffic_bytes, default=None)
@@ -166,8 +185,7 @@ class Verdict:
             "bound_bytes": self.bound_bytes,
             "actual_bytes": self.actual_bytes,
             "ratio": self.ratio,
-            "program_dtype_bytes": self.program_dtype_bytes,
-            "ratio_at_program_dtype": self.ratio_at_program_dtype,
+            "backend_bytes": self.backend_bytes,
             "optimal": self.optimal,
             "tolerance": TOLERANCE,
             "summary": self.summary(),
@@ -188,41 +206,52 @@ def _scope(op_name: str | None) -> str | None:
     return None
 
 
-def _reason(c: Any, bound_kinds: set[str], row: Row, known: dict[tuple[int, ...], str]
-            ) -> str:
+def _reason(c: Any, bound_kinds: set[str], row: Row, known: dict[tuple[int, ...], str]) -> str:
     kind, where = c.kind, ",".join(c.axes) or "no axis"
     if kind == ALL_GATHER and tuple(c.shape) in known:
-        return (f"all-gather over {where} of {known[tuple(c.shape)]}, which the strategy keeps "
-                f"sharded: without activation constraints the partitioner gathers weights "
-                f"instead of activations")
+        return (
+            f"all-gather over {where} of {known[tuple(c.shape)]}, which the strategy keeps "
+            f"sharded: without activation constraints the partitioner gathers weights "
+            f"instead of activations"
+        )
     if kind == ALL_REDUCE and REDUCE_SCATTER in bound_kinds:
-        return (f"all-reduce over {where} where a reduce-scatter suffices (the CPU backend "
-                f"forms no reduce-scatter: it all-reduces and slices, 2x the bytes)")
+        return (
+            f"all-reduce over {where} where a reduce-scatter suffices (the CPU backend "
+            f"forms no reduce-scatter: it all-reduces and slices, 2x the bytes)"
+        )
     if kind == ALL_GATHER and ALL_TO_ALL in bound_kinds:
-        return (f"all-gather over {where} of a whole operand where an all-to-all of it "
-                f"suffices")
+        return f"all-gather over {where} of a whole operand where an all-to-all of it suffices"
     if row.bound_bytes == 0:
         return f"{kind} over {where}, which the minimum plan does not need"
-    return (f"{kind} over {where} beyond the minimum ({format_bytes(row.actual_bytes)} sent "
-            f"where {format_bytes(row.bound_bytes)} suffice)")
+    return (
+        f"{kind} over {where} beyond the minimum ({format_bytes(row.actual_bytes)} sent "
+        f"where {format_bytes(row.bound_bytes)} suffice)"
+    )
 
 
-def compare(audit: Any, bound: Any, *, program_dtype: str | None = None,
-            label: str | None = None, known_arrays: dict[tuple[int, ...], str] | None = None,
-            ) -> Verdict:
+def compare(
+    audit: Any,
+    bound: Any,
+    *,
+    program_dtype: str | None = None,
+    label: str | None = None,
+    known_arrays: dict[tuple[int, ...], str] | None = None,
+) -> Verdict:
     """The verdict of ``audit`` against ``bound``, without hints (pure, no compiling).
 
     In every (axes, kind) pair that exceeds the bound, each bound term claims compiled
     collectives of its payload (up to its count); what no term claims is listed as excess.
     ``known_arrays`` maps shapes to names (the model's weights) for the reasons.
-    ``program_dtype`` lets the verdict see through a backend that widens 16-bit collectives
-    to float32 (XLA:CPU does): ``optimal`` and the hints' ``reaches_bound`` compare the
-    bytes at the program's width, and a note says so.
+    ``program_dtype`` lets the verdict see through a backend that widens a 16-bit program's
+    collectives to float32 (XLA:CPU does): every byte count, ratio and claim is then taken at
+    the program's width, as a backend that keeps 16 bits sends them, and a note gives what
+    this backend's program sends (``backend_bytes``).
     """
+    width = _Width(program_dtype)
     actual: dict[tuple[tuple[str, ...], str], list[int]] = {}
     for c in audit.collectives:
         slot = actual.setdefault((tuple(c.axes), c.kind), [0, 0])
-        slot[0] += c.traffic_bytes * c.count
+        slot[0] += width.sent(c)
         slot[1] += c.count
     wanted: dict[tuple[tuple[str, ...], str], list[int]] = {}
     for t in bound.terms:
@@ -231,8 +260,14 @@ def compare(audit: Any, bound: Any, *, program_dtype: str | None = None,
         slot[1] += t.count
     keys = list(wanted) + [k for k in actual if k not in wanted]
     rows = tuple(
-        Row(axes, kind, wanted.get((axes, kind), [0, 0])[0], actual.get((axes, kind), [0, 0])[0],
-            wanted.get((axes, kind), [0, 0])[1], actual.get((axes, kind), [0, 0])[1])
+        Row(
+            axes,
+            kind,
+            wanted.get((axes, kind), [0, 0])[0],
+            actual.get((axes, kind), [0, 0])[0],
+            wanted.get((axes, kind), [0, 0])[1],
+            actual.get((axes, kind), [0, 0])[1],
+        )
         for axes, kind in keys
     )
     by_key = {(r.axes, r.kind): r for r in rows}
@@ -248,37 +283,43 @@ def compare(audit: Any, bound: Any, *, program_dtype: str | None = None,
     # Claim bound terms for collectives of known weights last: a weight gather the bound
     # does not expect may have the same size as an activation gather it does.
     extra_count: dict[int, int] = {}
-    for i, c in sorted(enumerate(audit.collectives),
-                       key=lambda ic: (tuple(ic[1].shape) in known, -ic[1].traffic_bytes)):
-        key3 = (tuple(c.axes), c.kind, c.payload_bytes)
+    for i, c in sorted(
+        enumerate(audit.collectives),
+        key=lambda ic: (tuple(ic[1].shape) in known, -ic[1].traffic_bytes),
+    ):
+        key3 = (tuple(c.axes), c.kind, width.payload(c))
         claimed = min(unclaimed.get(key3, 0), c.count)
         unclaimed[key3] = unclaimed.get(key3, 0) - claimed
         extra_count[i] = c.count - claimed
     excess = []
-    for i, c in sorted(enumerate(audit.collectives),
-                       key=lambda ic: -ic[1].traffic_bytes * ic[1].count):
+    for i, c in sorted(enumerate(audit.collectives), key=lambda ic: -width.sent(ic[1])):
         key = (tuple(c.axes), c.kind)
         extra = extra_count[i]
         if key not in over or c.traffic_bytes == 0 or extra == 0:
             continue
-        excess.append(Excess(
-            kind=c.kind, axes=tuple(c.axes), instruction=c.name,
-            source=c.source or (f"after {c.operand_source}" if c.operand_source else None),
-            op_name=c.op_name, scope=_scope(c.op_name),
-            array=f"{c.dtype}[{','.join(str(d) for d in c.shape)}]",
-            count=extra, traffic_bytes=c.traffic_bytes * extra,
-            reason=_reason(c, bound_kinds.get(tuple(c.axes), set()), by_key[key], known),
-        ))
+        excess.append(
+            Excess(
+                kind=c.kind,
+                axes=tuple(c.axes),
+                instruction=c.name,
+                source=c.source or (f"after {c.operand_source}" if c.operand_source else None),
+                op_name=c.op_name,
+                scope=_scope(c.op_name),
+                array=f"{c.dtype}[{','.join(str(d) for d in c.shape)}]",
+                count=extra,
+                traffic_bytes=width.sent(c) // c.count * extra,
+                reason=_reason(c, bound_kinds.get(tuple(c.axes), set()), by_key[key], known),
+            )
+        )
     notes = []
-    narrowed = narrowed_bytes(audit, program_dtype)
     actual_total = sum(v[0] for v in actual.values())
-    if narrowed != actual_total:
-        ratio = _ratio(narrowed, bound.traffic_bytes)
-        shown = "n/a" if ratio is None else f"{ratio:.2f}x"
+    backend = audit.total().traffic_bytes
+    if backend != actual_total:
         notes.append(
-            f"this backend widens {program_dtype} collectives to float32 (XLA:CPU runs 16-bit "
-            f"dots in float32): at {program_dtype} width the program sends "
-            f"{format_bytes(narrowed)} ({shown} the bound); optimality is judged at that width"
+            f"this backend widened the {program_dtype} program's collectives to float32 "
+            f"(XLA:CPU runs 16-bit dots in float32); bytes here are at {program_dtype} width, "
+            f"as a backend that keeps {program_dtype} sends them: this compiled program sends "
+            f"{format_bytes(backend)} per device"
         )
     if not audit.exact:
         notes.append("some counts are not exact (unknown loop trip counts or branches)")
@@ -290,32 +331,51 @@ def compare(audit: Any, bound: Any, *, program_dtype: str | None = None,
         excess=tuple(excess[:_MAX_EXCESS]),
         notes=tuple(notes),
         bound_notes=tuple(bound.notes),
-        program_dtype_bytes=narrowed,
+        backend_bytes=backend,
     )
 
 
+class _Width:
+    """Bytes of a collective at the program's width: a 16-bit program's float32 collectives
+    (widened by the backend) count at 16 bits; everything else as compiled."""
+
+    def __init__(self, program_dtype: str | None) -> None:
+        self.narrow = _PROGRAM_ITEMSIZE.get(program_dtype or "", 0) == 2
+
+    def _scale(self, c: Any, value: int) -> int:
+        if self.narrow and c.dtype == "f32":
+            return -(-value * 2 // _HLO_ITEMSIZE["f32"])
+        return value
+
+    def sent(self, c: Any) -> int:
+        """Bytes each device sends over all of ``c``'s executions."""
+        return self._scale(c, c.traffic_bytes * c.count)
+
+    def payload(self, c: Any) -> int:
+        return self._scale(c, c.payload_bytes)
+
+
 def narrowed_bytes(audit: Any, program_dtype: str | None) -> int:
-    """Bytes per device if the collectives carried ``program_dtype`` wherever the backend
-    widened a 16-bit program's collectives to float32 (the audit's total otherwise)."""
-    want = _PROGRAM_ITEMSIZE.get(program_dtype or "", 0)
-    total = 0
-    for c in audit.collectives:
-        sent = c.traffic_bytes * c.count
-        have = _HLO_ITEMSIZE.get(c.dtype, 0)
-        if want == 2 and c.dtype == "f32":
-            sent = -(-sent * want // have)
-        total += sent
-    return total
+    """Bytes per device at the program's width (see :class:`_Width`)."""
+    width = _Width(program_dtype)
+    return sum(width.sent(c) for c in audit.collectives)
 
 
-def _verify(change: str, code: str, lower: Callable[[], Any], bound_bytes: int,
-            program_dtype: str) -> Hint:
+def _verify(
+    change: str, code: str, lower: Callable[[], Any], bound_bytes: int, program_dtype: str
+) -> Hint:
     from shardscope._audit import audit
 
     result = audit(lower())
     counts = {k: v for k, v in result.counts().items() if v}
-    return Hint(change, code, result.total().traffic_bytes, bound_bytes, counts,
-                narrowed_bytes(result, program_dtype))
+    return Hint(
+        change,
+        code,
+        narrowed_bytes(result, program_dtype),
+        bound_bytes,
+        counts,
+        result.total().traffic_bytes,
+    )
 
 
 # -- matmul ----------------------------------------------------------------------------------
@@ -372,7 +432,8 @@ def matmul_verdict(
     When the compiled program exceeds the bound by more than 5%, the hints are the best
     plan forced with sharding constraints, the same plan as an explicit shard_map when a
     reduce-scatter is involved, and, when the best plan duplicates the compute, the best
-    plan that does not; each compiled and audited.
+    plan that does not; each compiled and audited. A hint that duplicates the compute says
+    so, with its flops per device: fewer bytes are not free.
 
     >>> report = matmul_verdict("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
     ...                         "None,x")  # doctest: +SKIP
@@ -389,8 +450,9 @@ def matmul_verdict(
     plan = plan_matmul(problem)
     result = audit(build_matmul(problem, mesh_obj).lower())
     bound = plan.bound()
-    verdict = compare(result, bound, program_dtype=problem.dtype,
-                      label=f"matmul [{m},{k}]x[{k},{n}] {dtype}")
+    verdict = compare(
+        result, bound, program_dtype=problem.dtype, label=f"matmul [{m},{k}]x[{k},{n}] {dtype}"
+    )
     found: list[Hint] = []
     if hints and not verdict.optimal:
         candidates = [(plan, False)]
@@ -407,10 +469,11 @@ def matmul_verdict(
                 change = "shard_map with explicit psum_scatter: " + change
             if any(p.duplicated_flops for p in cand.axes):
                 devices = math.prod(problem.mesh.values())
-                change += (f" [duplicates the compute: {cand.flops_per_device:,} flops per "
-                           f"device instead of {problem.flops // devices:,}]")
-            found.append(_verify(change, prog.code, prog.lower, bound.traffic_bytes,
-                                 problem.dtype))
+                change += (
+                    f" [duplicates the compute: {cand.flops_per_device:,} flops per "
+                    f"device instead of {problem.flops // devices:,}]"
+                )
+            found.append(_verify(change, prog.code, prog.lower, bound.traffic_bytes, problem.dtype))
     return MatmulReport(result, plan, verdict.replace(hints=tuple(found)))
 
 
@@ -459,8 +522,7 @@ def transformer_verdict(
     from shardscope._bounds import transformer_bound
     from shardscope._programs import build_program
 
-    program = build_program(strategy, config, mesh, mode=mode, impl=impl,
-                            constraints=constraints)
+    program = build_program(strategy, config, mesh, mode=mode, impl=impl, constraints=constraints)
     bound = transformer_bound(program.bound, mode)
     result = audit(program.lower())
     from shardscope._model import param_shapes
@@ -469,27 +531,41 @@ def transformer_verdict(
     for name, shape in param_shapes(program.config).items():
         weights[shape] = f"weight {name}{list(shape)}"
         weights.setdefault(shape[1:], f"weight {name}{list(shape[1:])} (one layer)")
-    verdict = compare(result, bound, program_dtype=program.config.dtype, label=program.name,
-                      known_arrays=weights)
+    verdict = compare(
+        result, bound, program_dtype=program.config.dtype, label=program.name, known_arrays=weights
+    )
     found: list[Hint] = []
     s = program.bound.strategy
     if hints and not verdict.optimal:
         if impl == "jit" and not constraints and s.activations:
             fixed = build_program(s, program.config, program.mesh, mode=mode, impl="jit")
-            found.append(_verify(
-                "add the strategy's activation sharding constraints: "
-                + _constraint_text(fixed.bound),
-                "jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at each point",
-                fixed.lower, bound.traffic_bytes, program.config.dtype))
+            found.append(
+                _verify(
+                    "add the strategy's activation sharding constraints: "
+                    + _constraint_text(fixed.bound),
+                    "jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at each point",
+                    fixed.lower,
+                    bound.traffic_bytes,
+                    program.config.dtype,
+                )
+            )
         if impl == "jit" and s.twin:
             twin = build_program(s, program.config, program.mesh, mode=mode, impl="shard_map")
-            collectives = ("all_gather before the column-parallel matmuls and psum_scatter "
-                           "after the row-parallel ones" if s.sequence_parallel
-                           else "psum after the row-parallel matmuls")
-            found.append(_verify(
-                f"use the shard_map twin of {s.name!r}: {collectives}",
-                "build_program(strategy, config, mesh, impl='shard_map')",
-                twin.lower, bound.traffic_bytes, program.config.dtype))
+            collectives = (
+                "all_gather before the column-parallel matmuls and psum_scatter "
+                "after the row-parallel ones"
+                if s.sequence_parallel
+                else "psum after the row-parallel matmuls"
+            )
+            found.append(
+                _verify(
+                    f"use the shard_map twin of {s.name!r}: {collectives}",
+                    "build_program(strategy, config, mesh, impl='shard_map')",
+                    twin.lower,
+                    bound.traffic_bytes,
+                    program.config.dtype,
+                )
+            )
         if not found:
             verdict = _with_note(verdict, _no_hint_note(verdict))
     return TransformerReport(program, result, bound, verdict.replace(hints=tuple(found)))
@@ -511,9 +587,10 @@ def _with_note(verdict: Verdict, note: str | None) -> Verdict:
 
 
 def _no_hint_note(verdict: Verdict) -> str | None:
-    if any(e.kind == ALL_REDUCE and "reduce-scatter suffices" in e.reason
-           for e in verdict.excess):
-        return ("no hint verified on this backend: XLA:CPU forms no reduce-scatter under jit, "
-                "so only an explicit psum_scatter in shard_map reaches the bound; GPU and TPU "
-                "backends form it from all-reduce + slice")
+    if any(e.kind == ALL_REDUCE and "reduce-scatter suffices" in e.reason for e in verdict.excess):
+        return (
+            "no hint verified on this backend: XLA:CPU forms no reduce-scatter under jit, "
+            "so only an explicit psum_scatter in shard_map reaches the bound; GPU and TPU "
+            "backends form it from all-reduce + slice"
+        )
     return None

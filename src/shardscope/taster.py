@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shardscope._devices import host_value
 from shardscope._harness import Lab, bootstrap
 from shardscope._layout import Layout, layout
 from shardscope._mesh import make_mesh
@@ -18,18 +19,6 @@ LAB_ID = "sharding_taster"
 ROWS = COLS = 1024  # the parameter matrix
 BATCH = 16  # rows of the activation
 MATMUL_RTOL = 1e-4  # float32 sums in another order: about 1e-7 observed
-
-
-def host_value(x: Any) -> Any:
-    """The whole array on this host as NumPy, gathering from other processes when needed."""
-    import jax
-    import numpy as np
-
-    if jax.process_count() > 1 and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
 
 
 def _local_shard_shapes(x: Any) -> set[tuple[int, ...]]:
@@ -77,7 +66,9 @@ def shard_parameter(lab: Lab, mesh: Any, w_host: Any) -> Any:
     lab.check(
         "param_row_shards",
         place,
-        f"every shard of w is {want[0]} x {want[1]} ({ROWS}/{n} rows, all columns)",
+        f"every shard of w is {want[0]} x {want[1]} ({ROWS}/{n} rows, all columns)"
+        if ROWS % n == 0
+        else f"{ROWS} rows do not split evenly over {n} devices",
         details={"shard_shape": list(want), "devices": n},
     )
     return placed.get("w")
@@ -92,6 +83,7 @@ def sharded_matmul(lab: Lab, mesh: Any, x_host: Any, w: Any | None) -> Any:
 
     if w is None:
         lab.skip("matmul_matches_single_device", "no sharded parameter (param_row_shards failed)")
+        audit_demo(lab, "matmul_one_all_reduce", "matmul", mesh)
         return None
     x = jax.device_put(x_host, NamedSharding(mesh, P()))
     y = jax.jit(jnp.matmul)(x, w)
@@ -117,10 +109,13 @@ def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
     if mesh.devices.size < 2:
         lab.skip(check, "one device: nothing to communicate")
         return None
-    program = get_demo(demo, mesh)
+    from shardscope._demos import DEMO_FACTS
+
+    kind, payload = DEMO_FACTS[demo]
     done: dict[str, Any] = {}
 
     def audited() -> bool:
+        done["program"] = program = get_demo(demo, mesh)
         done["audit"] = audit(program)
         program.check(done["audit"])
         return True
@@ -128,15 +123,11 @@ def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
     lab.check(
         check,
         audited,
-        f"one {program.expected_kind} over {program.axis!r} of "
-        f"{program.expected_payload_bytes:,} bytes",
-        details={
-            "kind": program.expected_kind,
-            "axis": program.axis,
-            "payload_bytes": program.expected_payload_bytes,
-        },
+        f"one {kind} over 'model' of {payload:,} bytes",
+        details={"kind": kind, "axis": "model", "payload_bytes": payload},
     )
     if "audit" in done:
+        program = done["program"]
         lab.print(audit_table(done["audit"], title=f"{program.name}: {program.description}"))
     return done.get("audit")
 
@@ -151,6 +142,7 @@ def reshard(lab: Lab, mesh: Any, w: Any | None) -> None:
     if w is None:
         for name in ("reshard_to_columns", "reshard_to_replicated"):
             lab.skip(name, "no sharded parameter (param_row_shards failed)")
+        audit_demo(lab, "reshard_in_jit_one_all_to_all", "reshard", mesh)
         return
     n = mesh.shape["model"]
     before = host_value(w)
@@ -181,22 +173,31 @@ def mesh_2d(lab: Lab) -> Any | None:
 
     n = jax.device_count()
     if n % 2 or n < 4:
-        lab.skip("mesh_2d", f"a 2-D (2, n/2) mesh needs an even device count >= 4, found {n}")
+        lab.skip(
+            "mesh_2d_shards", f"a 2-D (2, n/2) mesh needs an even device count >= 4, found {n}"
+        )
         return None
     mesh = make_mesh({"dp": 2, "mp": n // 2})
     a_host = np.arange(8 * COLS, dtype=np.float32).reshape(8, COLS)
-    a = jax.device_put(a_host, NamedSharding(mesh, P("dp", "mp")))
     want = (8 // 2, COLS // (n // 2))
-    lab.check(
-        "mesh_2d_shards",
-        lambda: (
+    placed: dict[str, Any] = {}
+
+    def place() -> bool:
+        # Inside the check: a mesh axis that does not divide the array is a failure, not a crash.
+        a = placed["a"] = jax.device_put(a_host, NamedSharding(mesh, P("dp", "mp")))
+        return (
             dict(mesh.shape) == {"dp": 2, "mp": n // 2}
             and _local_shard_shapes(a) == {want}
             and np.array_equal(host_value(a), a_host)
-        ),
+        )
+
+    lab.check(
+        "mesh_2d_shards",
+        place,
         f"(8, {COLS}) with P('dp', 'mp') on dp=2 x mp={n // 2}: shards {want[0]} x {want[1]}",
     )
-    lab.print(layout(a).__rich__())
+    if "a" in placed:
+        lab.print(layout(placed["a"]).__rich__())
     return mesh
 
 
@@ -250,8 +251,43 @@ def memory_picture(lab: Lab, mesh: Any, mesh2: Any | None) -> Path | None:
     def draw() -> bool:
         return plot_device_bytes(layouts, path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    lab.check("memory_plot_png", draw, str(path))
-    return path
+    return path if lab.check("memory_plot_png", draw, str(path)) else None
+
+
+def processes_agree(lab: Lab) -> None:
+    """In a multi-process run: one check that every process passed its own checks.
+
+    Only process 0 reports, so without this a check failing on another process's shards would
+    be missing from the scorecard. Every process must call it (it is a collective).
+    """
+    import jax
+
+    n = jax.process_count()
+    if n < 2:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    failed = sum(1 for r in lab.results if not r.skipped and not r.passed)
+    counts = np.asarray(multihost_utils.process_allgather(np.array([failed]))).reshape(n)
+    bad = {i: int(c) for i, c in enumerate(counts) if c}
+    lab.check(
+        "all_processes_passed",
+        not bad,
+        f"all {n} processes passed their own checks"
+        if not bad
+        else "failed checks by process: " + ", ".join(f"{i}: {c}" for i, c in bad.items()),
+        details={"failed_by_process": [int(c) for c in counts]},
+    )
+
+
+def exercises(lab: Lab, mesh: Any) -> dict[str, Any]:
+    """Step 7, the taster's exercises: a Megatron tensor-parallel decoder block on the 1-D
+    mesh against one device, its exact collectives against the minimum, its shard_map twin
+    with explicit ``psum``, and the sequence-parallel variant's verdict."""
+    from shardscope._exercises import run_exercise_checks
+
+    return run_exercise_checks(lab, mesh_spec=f"model={mesh.shape['model']}")
 
 
 def run(
@@ -270,6 +306,8 @@ def run(
     reshard(lab, mesh, w)
     mesh2 = mesh_2d(lab)
     png = memory_picture(lab, mesh, mesh2)
+    exercises(lab, mesh)
+    processes_agree(lab)
     summary = lab.summary()
     path = lab.save()
     lab.print(f"wrote {path}" + (f" and {png}" if png else ""))
