@@ -357,6 +357,16 @@ def test_plan_command_bad_input_is_one_line_exit_2(argv, words, capsys):
     assert words in err and "Traceback" not in err
 
 
+def test_plan_command_refuses_a_bad_output_path_before_compiling(tmp_path, capsys):
+    from shardscope.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--model", "tiny", "--devices", "8", "--json", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a folder, not a file" in err
+
+
 # -- more devices than this process has ------------------------------------------------------
 
 

@@ -56,7 +56,7 @@ def run_plan_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from shardscope._io import write_json_atomic, write_text_atomic
+    from shardscope._io import check_file_path, write_atomic, write_json_atomic
     from shardscope._plan import MAX_DEVICES, plan
     from shardscope._plot_plan import plot_plans
     from shardscope._render_plan import markdown_report, render_plan
@@ -66,6 +66,9 @@ def run_plan_command(
             f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
             f"simulated devices; plan {MAX_DEVICES} or fewer"
         )
+    for path in (json_path, png_path, report_path):
+        if path is not None:
+            check_file_path(path)  # before minutes of compiling, not after
     _ensure_devices(devices)
     if console is None:
         import sys
@@ -119,7 +122,8 @@ def run_plan_command(
     if png_path:
         written.append(plot_plans(result, png_path))
     if report_path:
-        written.append(write_text_atomic(report_path, markdown_report(result)))
+        report = markdown_report(result)
+        written.append(write_atomic(report_path, lambda f: f.write(report)))
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     if not result.plans:
