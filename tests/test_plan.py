@@ -257,6 +257,9 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
         (dict(model=None), "missing --d-model, --heads, --ff, --layers"),
         (dict(bytes_per_param=2), "bytes_per_param=2"),
         (dict(workers=-1), "workers=-1"),
+        (dict(batch=10**20), "--batch 100000000000000000000: .* up to 1048576"),
+        (dict(d_model=10**20), "--d-model .* up to 1048576"),  # no divisor search for minutes
+        (dict(batch=2**20, seq=2**20, vocab=2**20), "largest array would hold"),
     ],
 )
 def test_bad_requests_raise_plan_errors(kwargs, words):

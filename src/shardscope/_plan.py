@@ -26,6 +26,7 @@ plus a slice moves twice the bytes; the plan keeps the compiled bytes and says s
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,11 @@ COMPILE_OPTIONS: Mapping[str, Any] = {
     "xla_cpu_use_fusion_emitters": False,
 }
 MODES = ("train", "forward")
+#: The largest dimension (batch, seq, d_model, heads, ff, layers, vocab) and the largest array
+#: (bytes, 4 per element) a plan accepts: far beyond any model, and short of where XLA's shape
+#: arithmetic overflows or a divisor search in an error message takes minutes.
+MAX_DIM = 2**20
+MAX_ARRAY_BYTES = 2**50
 
 Progress = Callable[[int, int, str], None]
 
@@ -732,6 +738,51 @@ def resolve_config(
 
     The default batch is one sequence per device.
     """
+    _check_dims({"batch": batch, "seq": seq, **dims})
+    name, config = _resolve(model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims)
+    _check_dims({k: getattr(config, k) for k in
+                 ("batch", "seq", "d_model", "heads", "ff", "layers", "vocab")})
+    _check_arrays(config)
+    return name, config
+
+
+def _check_dims(values: Mapping[str, int | None]) -> None:
+    for name, value in values.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DIM:
+            flag = "--" + name.replace("_", "-")
+            raise PlanError(
+                f"{flag} {value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
+                f"choose a smaller {name}"
+            )
+
+
+def _check_arrays(c: ModelConfig) -> None:
+    from shardscope._render import format_bytes
+
+    v = c.vocab or 0
+    largest = 4 * max(
+        c.batch * c.seq * max(c.d_model, c.ff, v),  # activations and logits
+        c.batch * c.heads * c.seq * c.seq,  # attention scores
+        c.layers * c.d_model * max(3 * c.d_model, c.ff),  # stacked weights
+        v * c.d_model,  # embeddings
+    )
+    if largest > MAX_ARRAY_BYTES:
+        raise PlanError(
+            f"this model's largest array would hold {format_bytes(largest)} at 4 bytes per "
+            f"element, more than the {format_bytes(MAX_ARRAY_BYTES)} the planner compiles; "
+            f"choose a smaller batch, seq or width"
+        )
+
+
+def _resolve(
+    model: str | ModelConfig | None,
+    *,
+    devices: int,
+    batch: int | None,
+    seq: int | None,
+    dtype: str,
+    **dims: int | None,
+) -> tuple[str, ModelConfig]:
     if isinstance(model, ModelConfig):
         from dataclasses import replace
 
@@ -869,7 +920,7 @@ def plan(
         memory[cand] = mem
 
     n_workers = default_workers(devices) if workers is None else workers
-    n_workers = min(n_workers, len(todo))
+    n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
     facts = _compile_all(todo, config, mode, devices, n_workers, progress)
 
     flops = model_flops(config, mode)
