@@ -29,7 +29,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardscope._comm import ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER
@@ -619,8 +619,6 @@ def _axis_comm(hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[Pla
 
 def _cpu_formula(bound: Any) -> Any:
     """The bound with every reduce-scatter as the all-reduce the CPU backend emits."""
-    from dataclasses import replace
-
     from shardscope._bounds import Bound
 
     terms = tuple(
@@ -784,8 +782,6 @@ def _resolve(
     **dims: int | None,
 ) -> tuple[str, ModelConfig]:
     if isinstance(model, ModelConfig):
-        from dataclasses import replace
-
         extra = {k: v for k, v in dims.items() if v is not None}
         if batch is not None:
             extra["batch"] = batch
@@ -875,7 +871,7 @@ def plan(
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 0):
         raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
-    names = tuple(strategies) if strategies is not None else DEFAULT_STRATEGIES
+    names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
     for name in names:
         if name not in STRATEGIES:
             raise PlanError(
@@ -957,8 +953,6 @@ def plan(
         )
         bound_of[id(p)] = bound
         plans.append(p)
-
-    from dataclasses import replace
 
     order = sorted(
         plans,
