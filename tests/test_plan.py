@@ -20,14 +20,12 @@ from shardscope._estimates import (
 )
 from shardscope._model import ModelConfig
 from shardscope._model_presets import MODEL_PRESETS, model_preset
-from shardscope._plan import (
+from shardscope._plan import VALIDATED_STRATEGIES, candidates, plan
+from shardscope._plan_compile import (
     COMPILE_OPTIONS,
-    VALIDATED_STRATEGIES,
     _target_payload,
     can_compile_here,
-    candidates,
     default_workers,
-    plan,
 )
 from shardscope._strategies import abstract_mesh, get_strategy
 
@@ -406,7 +404,7 @@ def test_plan_for_more_devices_through_a_worker():
 
 
 def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
-    from shardscope._plan import CompiledFacts
+    from shardscope._plan_types import CompiledFacts
     from shardscope._plan_worker import WorkerError, run_tasks
 
     config = TINY.config(batch=16).to_dict()

@@ -33,9 +33,9 @@ from shardscope._mesh import parse_mesh_spec as parse_mesh_spec
 from shardscope._model import ModelConfig as ModelConfig
 from shardscope._model_presets import MODEL_PRESETS as MODEL_PRESETS
 from shardscope._numerics import compare_numerics as compare_numerics
-from shardscope._plan import Plan as Plan
-from shardscope._plan import PlanResult as PlanResult
 from shardscope._plan import plan as plan
+from shardscope._plan_types import Plan as Plan
+from shardscope._plan_types import PlanResult as PlanResult
 from shardscope._plot import plot_device_bytes as plot_device_bytes
 from shardscope._programs import build_program as build_program
 from shardscope._render_audit import render_audit as render_audit

@@ -1,5 +1,6 @@
 """The planner: every strategy and mesh shape for a model on N devices, compiled, audited,
-estimated and ranked. Plain data in, plain data out; renderers live in ``_render_plan``.
+estimated and ranked. Plain data in, plain data out: the records are in ``_plan_types``,
+compiling one plan in ``_plan_compile``, the renderers in ``_render_plan`` and ``_plot_plan``.
 
 A sweep has four steps:
 
@@ -25,14 +26,13 @@ plus a slice moves twice the bytes; the plan keeps the compiled bytes and says s
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from shardscope._comm import ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE, REDUCE_SCATTER
+from shardscope._comm import ALL_REDUCE, REDUCE_SCATTER
 from shardscope._errors import PlanError, StrategyError
 from shardscope._estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -46,6 +46,17 @@ from shardscope._hardware import Hardware
 from shardscope._hardware import hardware as get_hardware
 from shardscope._model import ModelConfig
 from shardscope._model_presets import model_preset
+from shardscope._plan_compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
+from shardscope._plan_types import (
+    AxisComm,
+    Candidate,
+    CompiledFacts,
+    Plan,
+    PlanCollective,
+    PlanResult,
+    Skipped,
+    Validation,
+)
 
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
 DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
@@ -58,323 +69,12 @@ VALIDATION_TOLERANCE = 0.05
 #: for more in one process ("Multiprocess computations aren't implemented"; it numbers the
 #: devices of a second process from 2048).
 MAX_DEVICES = 2048
-#: XLA options for the plan's compiles. The plan needs the partitioned program and its buffer
-#: sizes, not fast CPU code: without LLVM's optimisations and the CPU fusion emitters a 7B
-#: train step compiles 3 to 6 times faster, with the same collectives and buffer sizes to
-#: within 0.01% (tests/test_plan.py checks it).
-COMPILE_OPTIONS: Mapping[str, Any] = {
-    "xla_backend_optimization_level": 0,
-    "xla_cpu_use_fusion_emitters": False,
-}
 MODES = ("train", "forward")
 #: The largest dimension (batch, seq, d_model, heads, ff, layers, vocab) and the largest array
 #: (bytes, 4 per element) a plan accepts: far beyond any model, and short of where XLA's shape
 #: arithmetic overflows or a divisor search in an error message takes minutes.
 MAX_DIM = 2**20
 MAX_ARRAY_BYTES = 2**50
-
-Progress = Callable[[int, int, str], None]
-
-
-# -- data ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One strategy on one mesh shape, before it is filtered or compiled."""
-
-    strategy: str
-    mesh: tuple[tuple[str, int], ...]
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return dict(self.mesh)
-
-    @property
-    def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh)
-
-    @property
-    def label(self) -> str:
-        return f"{self.strategy} {self.mesh_spec}"
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A candidate that was not compiled, and why: ``reason`` is ``"divisibility"``,
-    ``"memory"`` or ``"error"`` (the compile itself failed; ``message`` has the error)."""
-
-    strategy: str
-    mesh: str
-    reason: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "strategy": self.strategy, "mesh": self.mesh, "reason": self.reason,
-            "message": self.message,
-        }
-
-
-@dataclass(frozen=True)
-class PlanCollective:
-    """One compiled collective as the plan counts it.
-
-    ``payload_bytes`` is at the model's dtype (see the module docstring);
-    ``cpu_payload_bytes`` what the CPU program moves. ``traffic_bytes`` is per device over all
-    ``count`` executions.
-    """
-
-    kind: str
-    axes: tuple[str, ...]
-    group_size: int
-    count: int
-    count_exact: bool
-    irregular: bool
-    dtype: str
-    payload_bytes: int
-    cpu_payload_bytes: int
-    traffic_bytes: int
-    cpu_traffic_bytes: int
-    op_name: str | None
-    source: str | None
-
-    @property
-    def axes_label(self) -> str:
-        if self.irregular:
-            return "irregular"
-        return ",".join(self.axes) if self.axes else "-"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind, "axes": list(self.axes), "group_size": self.group_size,
-            "count": self.count, "count_exact": self.count_exact, "irregular": self.irregular,
-            "dtype": self.dtype, "payload_bytes": self.payload_bytes,
-            "cpu_payload_bytes": self.cpu_payload_bytes, "traffic_bytes": self.traffic_bytes,
-            "cpu_traffic_bytes": self.cpu_traffic_bytes, "op_name": self.op_name,
-            "source": self.source,
-        }
-
-
-@dataclass(frozen=True)
-class CompiledFacts:
-    """What compiling and auditing one plan found: independent of the hardware preset."""
-
-    collectives: tuple[PlanCollective, ...]
-    memory: Mapping[str, int]
-    rematerializations: tuple[str, ...]
-    exact: bool
-    lower_s: float
-    compile_s: float
-    audit_s: float
-
-    @property
-    def analysis_s(self) -> float:
-        return self.lower_s + self.compile_s + self.audit_s
-
-
-@dataclass(frozen=True)
-class AxisComm:
-    """The collectives of one kind over one set of axes, summed, with their bound and time."""
-
-    axes: str
-    kind: str
-    count: int
-    traffic_bytes: int
-    bound_bytes: int
-    time_s: float
-    crosses_nodes: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "axes": self.axes, "kind": self.kind, "count": self.count,
-            "traffic_bytes": self.traffic_bytes, "bound_bytes": self.bound_bytes,
-            "time_s": self.time_s, "crosses_nodes": self.crosses_nodes,
-        }
-
-
-@dataclass(frozen=True)
-class Validation:
-    """Compiled communication against the analytic formula for one plan.
-
-    ``ok`` when within :data:`VALIDATION_TOLERANCE`. Otherwise ``explanation`` says why, and
-    ``cpu_formula_bytes`` is the formula with every reduce-scatter replaced by the all-reduce
-    the CPU backend emits (``cpu_ratio`` against it).
-    """
-
-    strategy: str
-    mesh: str
-    formula_bytes: int
-    compiled_bytes: int
-    ratio: float | None
-    ok: bool
-    cpu_formula_bytes: int
-    cpu_ratio: float | None
-    explanation: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy, "mesh": self.mesh, "formula_bytes": self.formula_bytes,
-            "compiled_bytes": self.compiled_bytes, "ratio": self.ratio, "ok": self.ok,
-            "cpu_formula_bytes": self.cpu_formula_bytes, "cpu_ratio": self.cpu_ratio,
-            "explanation": self.explanation,
-        }
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One compiled plan with its estimates. ``rank`` 1 is the best (see :func:`plan`)."""
-
-    strategy: str
-    summary: str
-    mesh: Mapping[str, int]
-    memory: MemoryEstimate
-    compiled_memory: Mapping[str, int]
-    memory_limit_bytes: int
-    collectives: tuple[PlanCollective, ...]
-    comm: tuple[AxisComm, ...]
-    bound_bytes_per_device: int
-    bound_comm_time_s: float
-    comm_time_s: float
-    flops_per_device: float
-    compute_time_s: float
-    rank: int = 0
-    pareto: bool = False
-    notes: tuple[str, ...] = ()
-    analysis_s: float = 0.0
-    timing: Mapping[str, float] = field(default_factory=dict)
-    exact: bool = True
-
-    @property
-    def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
-
-    @property
-    def label(self) -> str:
-        return f"{self.strategy} {self.mesh_spec}"
-
-    @property
-    def memory_bytes_per_device(self) -> int:
-        """The analytic estimate (what ``fits`` compares with the device memory)."""
-        return self.memory.total
-
-    @property
-    def compiled_memory_bytes_per_device(self) -> int:
-        """CPU buffer assignment: arguments + outputs + temporaries - aliased."""
-        m = self.compiled_memory
-        return (
-            m.get("argument_size_in_bytes", 0) + m.get("output_size_in_bytes", 0)
-            + m.get("temp_size_in_bytes", 0) - m.get("alias_size_in_bytes", 0)
-        )
-
-    @property
-    def fits(self) -> bool:
-        return self.memory.total <= self.memory_limit_bytes
-
-    @property
-    def comm_bytes_per_device(self) -> int:
-        return sum(c.traffic_bytes for c in self.collectives)
-
-    @property
-    def cpu_comm_bytes_per_device(self) -> int:
-        return sum(c.cpu_traffic_bytes for c in self.collectives)
-
-    @property
-    def bound_ratio(self) -> float | None:
-        """Compiled bytes over the lower bound (1.0 when both are 0; None if only it is)."""
-        if self.bound_bytes_per_device:
-            return self.comm_bytes_per_device / self.bound_bytes_per_device
-        return 1.0 if self.comm_bytes_per_device == 0 else None
-
-    @property
-    def step_time_s(self) -> float:
-        """Compute then communication, nothing overlapped (the ranking key)."""
-        return self.compute_time_s + self.comm_time_s
-
-    @property
-    def step_time_overlap_s(self) -> float:
-        """Communication perfectly hidden behind compute (or the reverse)."""
-        return max(self.compute_time_s, self.comm_time_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "strategy": self.strategy,
-            "mesh": self.mesh_spec,
-            "mesh_shape": dict(self.mesh),
-            "summary": self.summary,
-            "memory_bytes_per_device": self.memory_bytes_per_device,
-            "fits": self.fits,
-            "memory": self.memory.to_dict(),
-            "compiled_memory_bytes_per_device": self.compiled_memory_bytes_per_device,
-            "compiled_memory": dict(self.compiled_memory),
-            "comm_bytes_per_device": self.comm_bytes_per_device,
-            "cpu_comm_bytes_per_device": self.cpu_comm_bytes_per_device,
-            "bound_bytes_per_device": self.bound_bytes_per_device,
-            "bound_ratio": self.bound_ratio,
-            "comm_time_s": self.comm_time_s,
-            "bound_comm_time_s": self.bound_comm_time_s,
-            "flops_per_device": self.flops_per_device,
-            "compute_time_s": self.compute_time_s,
-            "est_step_time_s": self.step_time_s,
-            "est_step_time_overlap_s": self.step_time_overlap_s,
-            "pareto": self.pareto,
-            "exact": self.exact,
-            "comm": [c.to_dict() for c in self.comm],
-            "collectives": [c.to_dict() for c in self.collectives],
-            "notes": list(self.notes),
-            "analysis_s": self.analysis_s,
-            "timing": dict(self.timing),
-        }
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    """A sweep: the plans best first, what was skipped and why, and the validation."""
-
-    model: str
-    config: ModelConfig
-    devices: int
-    mode: str
-    hardware: Hardware
-    settings: Mapping[str, Any]
-    plans: tuple[Plan, ...]
-    skipped: tuple[Skipped, ...]
-    validations: tuple[Validation, ...]
-    notes: tuple[str, ...]
-    wall_s: float = 0.0
-    workers: int = 0
-    candidates: int = field(default=0)
-
-    @property
-    def best(self) -> Plan | None:
-        return self.plans[0] if self.plans else None
-
-    @property
-    def empty_reason(self) -> str | None:
-        """Why there is no plan (None when there is one)."""
-        if self.plans:
-            return None
-        return _why_empty(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "config": self.config.to_dict(),
-            "params": self.config.param_count(),
-            "devices": self.devices,
-            "mode": self.mode,
-            "hardware": self.hardware.to_dict(),
-            "settings": dict(self.settings),
-            "plans": [p.to_dict() for p in self.plans],
-            "skipped": [s.to_dict() for s in self.skipped],
-            "validations": [v.to_dict() for v in self.validations],
-            "empty_reason": self.empty_reason,
-            "notes": list(self.notes),
-            "candidates": self.candidates,
-            "wall_s": self.wall_s,
-            "workers": self.workers,
-        }
 
 
 # -- enumeration -----------------------------------------------------------------------------
@@ -403,160 +103,6 @@ def candidates(strategies: Iterable[str], devices: int) -> list[Candidate]:
             spec = parse_mesh_spec(mesh_spec_for(name, shape))
             out.append(Candidate(name, tuple(spec.items())))
     return out
-
-
-# -- compiling (in this process or a worker) -------------------------------------------------
-
-
-def _target_payload(kind: str, dtype: str, shapes: Sequence[Sequence[int]], payload: int,
-                    group_size: int, itemsize: int) -> int:
-    """The payload at the model's dtype: the CPU backend moves bf16 values as f32.
-
-    Only f32 collectives of a 16-bit model are rescaled, and scalars (the f32 loss) kept.
-    """
-    if itemsize >= 4 or dtype != "f32" or not shapes:
-        return payload
-    scale = group_size if kind == ALL_TO_ALL else 1
-    as_cpu = sum(math.prod(s) * 4 for s in shapes) * scale
-    if as_cpu != payload:  # not the arrays we think: leave it as compiled
-        return payload
-    return sum(math.prod(s) * (4 if len(s) == 0 else itemsize) for s in shapes) * scale
-
-
-def _plan_collective(c: Any, itemsize: int) -> PlanCollective:
-    from shardscope._comm import traffic_bytes
-
-    payload = _target_payload(c.kind, c.dtype, c.shapes, c.payload_bytes, c.group_size,
-                              itemsize)
-    if c.kind == COLLECTIVE_PERMUTE:
-        per_run = payload if c.traffic_bytes else 0
-    else:
-        per_run = traffic_bytes(c.kind, payload, max(c.group_size, 1))
-    return PlanCollective(
-        kind=c.kind, axes=tuple(c.axes), group_size=c.group_size, count=c.count,
-        count_exact=c.count_exact, irregular=c.irregular, dtype=c.dtype,
-        payload_bytes=payload, cpu_payload_bytes=c.payload_bytes,
-        traffic_bytes=per_run * c.count, cpu_traffic_bytes=c.traffic_bytes * c.count,
-        op_name=c.op_name, source=c.source,
-    )
-
-
-def compile_facts(
-    strategy: str,
-    mesh_spec: str,
-    config: ModelConfig,
-    mode: str,
-    devices: Sequence[Any] | None = None,
-) -> CompiledFacts:
-    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices."""
-    from shardscope._audit import _capture_stderr, audit, parse_rematerializations
-    from shardscope._mesh import make_mesh
-    from shardscope._programs import build_program
-    from shardscope._strategies import get_strategy
-
-    t0 = time.perf_counter()
-    mesh = make_mesh(mesh_spec, devices=devices)
-    bound = get_strategy(strategy).bind(config, mesh)
-    lowered = build_program(bound, mode=mode).lower()
-    t1 = time.perf_counter()
-    with _capture_stderr() as log:
-        compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
-    t2 = time.perf_counter()
-    result = audit(compiled)
-    remats = parse_rematerializations(log[0] if log else "", result.module)
-    facts = CompiledFacts(
-        collectives=tuple(_plan_collective(c, config.itemsize) for c in result.collectives),
-        memory=dict(result.memory or {}),
-        rematerializations=tuple(
-            r.source or r.op_name or r.instruction or "?" for r in remats
-        ),
-        exact=result.exact,
-        lower_s=t1 - t0,
-        compile_s=t2 - t1,
-        audit_s=time.perf_counter() - t2,
-    )
-    return facts
-
-
-def worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
-    """:func:`compile_facts` on this process's devices, from picklable arguments."""
-    strategy, mesh_spec, config, mode = args
-    return compile_facts(strategy, mesh_spec, ModelConfig(**config), mode)
-
-
-def _local_devices(n: int) -> list[Any]:
-    import jax
-
-    have = jax.devices("cpu")
-    if len(have) < n:
-        raise PlanError(
-            f"planning in this process needs {n} CPU devices but JAX has {len(have)}; call "
-            f"shardscope.use_cpu_devices({n}) before JAX starts, or pass workers=1 (or more) "
-            f"to compile in worker processes that simulate {n} devices each"
-        )
-    return list(have[:n])
-
-
-def can_compile_here(devices: int) -> bool:
-    """Whether this process has (or, not started yet, is configured for) ``devices`` CPU
-    devices. Never starts JAX's backend or changes its configuration."""
-    import jax
-
-    from shardscope._devices import _backends_started, _flag_device_count
-
-    if _backends_started():
-        return len(jax.devices("cpu")) >= devices
-    configured = jax.config.jax_num_cpu_devices
-    if configured is not None and configured > 0:
-        return configured >= devices
-    return (_flag_device_count() or 1) >= devices
-
-
-def default_workers(devices: int) -> int:
-    """0 (compile in this process) when it can simulate ``devices`` devices, else 1.
-
-    Measured on 2 shared cores (benchmarks/plan_speed.py, 7b on 64 devices): 15-20 s in one
-    process, 18-19 s with two workers, which hold 680 MB against 270 MB (each worker starts
-    its own JAX, and a compile already keeps more than one core busy). A pool is there for
-    machines with more cores (``workers=N``).
-    """
-    return 0 if can_compile_here(devices) else 1
-
-
-def _compile_all(
-    todo: Sequence[Candidate],
-    config: ModelConfig,
-    mode: str,
-    devices: int,
-    workers: int,
-    progress: Progress | None,
-) -> dict[Candidate, CompiledFacts | BaseException]:
-    out: dict[Candidate, CompiledFacts | BaseException] = {}
-    total = len(todo)
-    if progress:
-        progress(0, total, "")
-    if not todo:
-        return out
-    if workers == 0:
-        local = _local_devices(devices)
-        for i, cand in enumerate(todo, start=1):
-            try:
-                out[cand] = compile_facts(cand.strategy, cand.mesh_spec, config, mode, local)
-            except (StrategyError, RuntimeError, ValueError) as e:
-                out[cand] = e
-            if progress:
-                progress(i, total, cand.label)
-        return out
-
-    from shardscope._plan_worker import run_tasks
-
-    tasks = [(c.strategy, c.mesh_spec, config.to_dict(), mode) for c in todo]
-    for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
-        out[todo[index]] = got
-        if progress:
-            progress(i, total, todo[index].label)
-    return out
-
 
 # -- estimates -------------------------------------------------------------------------------
 
@@ -695,30 +241,6 @@ def _pareto(plans: Sequence[Plan]) -> set[int]:
         if not dominated:
             front.add(i)
     return front
-
-
-def _why_empty(result: PlanResult) -> str:
-    by: dict[str, list[Skipped]] = {}
-    for s in result.skipped:
-        by.setdefault(s.reason, []).append(s)
-    parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
-    head = (
-        f"no plan for {result.model} on {result.devices} device(s): "
-        + (", ".join(parts) if parts else "no candidate mesh")
-    )
-    if "memory" in by:
-        from shardscope._render import format_bytes
-
-        limit = format_bytes(result.hardware.memory_bytes)
-        head += (
-            f"; the model state alone needs more than the {limit} of a "
-            f"{result.hardware.name}: use more devices, a preset with more memory, "
-            f"--memory, or a smaller --bytes-per-param"
-        )
-    if "divisibility" in by:
-        head += f"; e.g. {by['divisibility'][0].message}"
-    return head
-
 
 # -- the front door --------------------------------------------------------------------------
 
@@ -917,7 +439,7 @@ def plan(
 
     n_workers = default_workers(devices) if workers is None else workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
-    facts = _compile_all(todo, config, mode, devices, n_workers, progress)
+    facts = compile_all(todo, config, mode, devices, n_workers, progress)
 
     flops = model_flops(config, mode)
     plans: list[Plan] = []

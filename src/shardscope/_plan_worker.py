@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shardscope._devices import use_cpu_devices
 
     use_cpu_devices(devices)
-    from shardscope._plan import worker_task
+    from shardscope._plan_compile import worker_task
     inp = sys.stdin.buffer
     while True:
         try:

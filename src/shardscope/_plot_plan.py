@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from shardscope._io import write_atomic
 
 if TYPE_CHECKING:
-    from shardscope._plan import PlanResult
+    from shardscope._plan_types import PlanResult
 
 
 def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:

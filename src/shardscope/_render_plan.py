@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from shardscope._render import format_bytes
 
 if TYPE_CHECKING:
-    from shardscope._plan import Plan, PlanResult
+    from shardscope._plan_types import Plan, PlanResult
 
 KIND_SHORT = {
     "all-reduce": "AR",
