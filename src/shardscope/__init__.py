@@ -15,8 +15,11 @@ from shardscope._errors import HloParseError as HloParseError
 from shardscope._errors import LayoutError as LayoutError
 from shardscope._errors import MeshSpecError as MeshSpecError
 from shardscope._errors import ModelConfigError as ModelConfigError
+from shardscope._errors import PlanError as PlanError
 from shardscope._errors import ShardscopeError as ShardscopeError
 from shardscope._errors import StrategyError as StrategyError
+from shardscope._hardware import Hardware as Hardware
+from shardscope._hardware import hardware as hardware
 from shardscope._harness import Lab as Lab
 from shardscope._harness import bootstrap as bootstrap
 from shardscope._launch import LaunchResult as LaunchResult
@@ -28,7 +31,11 @@ from shardscope._layout import spec_layout as spec_layout
 from shardscope._mesh import make_mesh as make_mesh
 from shardscope._mesh import parse_mesh_spec as parse_mesh_spec
 from shardscope._model import ModelConfig as ModelConfig
+from shardscope._model_presets import MODEL_PRESETS as MODEL_PRESETS
 from shardscope._numerics import compare_numerics as compare_numerics
+from shardscope._plan import plan as plan
+from shardscope._plan_types import Plan as Plan
+from shardscope._plan_types import PlanResult as PlanResult
 from shardscope._plot import plot_device_bytes as plot_device_bytes
 from shardscope._programs import build_program as build_program
 from shardscope._render_audit import render_audit as render_audit

@@ -33,3 +33,7 @@ class ModelConfigError(ShardscopeError):
 
 class StrategyError(ShardscopeError):
     """A sharding strategy or spec that does not fit the model, the mesh or the operands."""
+
+
+class PlanError(ShardscopeError):
+    """A planning request that cannot be met (unknown preset, no device count, no plan)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from shardscope._argtypes import positive_float, positive_int
 from shardscope._distributed import add_distributed_options
@@ -195,6 +195,85 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     hints(tf)
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from shardscope._plan_cli import run_plan_command
+
+    overrides = {
+        k: getattr(args, k)
+        for k in ("link_bandwidth", "cross_node_bandwidth", "latency_s", "memory_bytes",
+                  "peak_flops", "node_size")
+        if getattr(args, k) is not None
+    }
+    dims = {k: getattr(args, k) for k in ("d_model", "heads", "ff", "layers", "vocab")}
+    return run_plan_command(
+        model=args.model, devices=args.devices, dims=dims, batch=args.batch, seq=args.seq,
+        mode=args.mode, hardware=args.hardware, hardware_overrides=overrides,
+        strategies=args.strategies.split(",") if args.strategies else None,
+        bytes_per_param=args.bytes_per_param, flash_attention=not args.no_flash_attention,
+        workers=args.workers, json_path=args.json, png_path=args.png, report_path=args.report,
+        top=args.top,
+    )
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 450e9)") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def _add_plan_parser(sub: Any) -> None:
+    from shardscope._hardware import PRESETS
+    from shardscope._model_presets import MODEL_PRESETS
+
+    p = sub.add_parser(
+        "plan",
+        help="rank sharding strategies and mesh shapes for a model on N devices",
+        description="Compile every strategy and mesh shape for a model on N simulated "
+        "devices (nothing allocated), audit the collectives, estimate memory, communication "
+        "and step time on a hardware preset, and rank the plans.",
+    )
+    p.add_argument("--model", choices=list(MODEL_PRESETS), help="a model preset")
+    for dim in ("d-model", "heads", "ff", "layers", "vocab"):
+        p.add_argument(f"--{dim}", type=positive_int, metavar="N",
+                       help="model shape (overrides the preset's)")
+    p.add_argument("--devices", type=positive_int, required=True, metavar="N",
+                   help="accelerators to plan for")
+    p.add_argument("--batch", type=positive_int, metavar="N",
+                   help="global batch in sequences (default: one per device)")
+    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
+    p.add_argument("--mode", choices=["train", "forward"], default="train")
+    p.add_argument("--hardware", default="h100", choices=list(PRESETS),
+                   help="hardware preset (default h100)")
+    for flag, dest, what in (
+        ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
+        ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
+        ("--latency", "latency_s", "seconds per collective step"),
+        ("--memory", "memory_bytes", "device memory in bytes"),
+        ("--peak-flops", "peak_flops", "FLOP/s per device"),
+    ):
+        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
+    p.add_argument("--node-size", type=positive_int, metavar="N",
+                   help="devices per node with the fast links")
+    p.add_argument("--strategies", metavar="LIST",
+                   help="comma-separated strategies to try (default: dp,fsdp,tp,sp,dp_tp,"
+                   "fsdp_tp,dp_sp)")
+    p.add_argument("--bytes-per-param", type=positive_int, default=16, metavar="N",
+                   help="training model state per parameter (default 16: mixed-precision Adam)")
+    p.add_argument("--no-flash-attention", action="store_true",
+                   help="count the attention scores in the activation estimate")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="compile in N worker processes (0: in this process; default: auto)")
+    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
+    p.add_argument("--json", metavar="FILE", help="write the plans as JSON")
+    p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
+    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+    p.set_defaults(run=_cmd_plan)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -228,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_audit(sub)
     _add_launch(sub)
+    _add_plan_parser(sub)
     return parser
 
 

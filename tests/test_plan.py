@@ -1,0 +1,415 @@
+"""The planner: enumeration, estimates, a compiled sweep on 8 devices, validation against the
+formulas, bad input, and sweeps on more devices through a subprocess or a worker."""
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from shardscope._errors import PlanError, ShardscopeError
+from shardscope._estimates import (
+    activation_bytes_per_layer,
+    crosses_nodes,
+    estimate_memory,
+    model_flops,
+)
+from shardscope._model import ModelConfig
+from shardscope._model_presets import MODEL_PRESETS, model_preset
+from shardscope._plan import VALIDATED_STRATEGIES, candidates, plan
+from shardscope._plan_compile import (
+    COMPILE_OPTIONS,
+    _target_payload,
+    can_compile_here,
+    default_workers,
+)
+from shardscope._strategies import abstract_mesh, get_strategy
+
+TINY = model_preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """Every default strategy and mesh for the tiny preset on 8 devices, in this process."""
+    return plan("tiny", 8, workers=0)
+
+
+# -- enumeration and presets (no compiling) ----------------------------------------------------
+
+
+def test_candidates_factor_the_device_count():
+    labels = [c.label for c in candidates(["dp", "fsdp", "tp", "sp", "dp_tp"], 12)]
+    assert labels == [
+        "dp data=12", "fsdp data=12", "tp model=12", "sp model=12",
+        "dp_tp data=6,model=2", "dp_tp data=4,model=3", "dp_tp data=3,model=4",
+        "dp_tp data=2,model=6",
+    ]
+    assert [c.label for c in candidates(["fsdp_tp"], 7)] == []  # prime: no 2-D mesh
+    assert all(math.prod(c.sizes.values()) == 64 for c in candidates(["dp_sp"], 64))
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("tiny", 3_672_320), ("1b", 1_100_048_384), ("7b", 6_738_415_616),
+     ("13b", 13_015_864_320), ("70b", 68_976_648_192)],
+)
+def test_presets_have_the_published_parameter_counts(name, params):
+    assert MODEL_PRESETS[name].param_count() == params
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(PlanError, match="unknown model preset '8b'.*tiny, 1b, 7b, 13b, 70b"):
+        model_preset("8b")
+
+
+# -- analytic estimates ------------------------------------------------------------------------
+
+
+def _bound(strategy, mesh, **kw):
+    config = ModelConfig(**{**dict(d_model=256, heads=8, ff=1024, layers=4, batch=8, seq=128,
+                                   dtype="bfloat16", vocab=1024), **kw})
+    return get_strategy(strategy).bind(config, abstract_mesh(mesh))
+
+
+def test_model_state_follows_the_storage_specs():
+    dp = estimate_memory(_bound("dp", "data=8"))
+    fsdp = estimate_memory(_bound("fsdp", "data=8"))
+    params = TINY.param_count()
+    assert dp.params == 2 * params and dp.grads == 2 * params
+    assert dp.optimizer == 12 * params
+    assert fsdp.params * 8 == dp.params  # every tiny dimension FSDP shards divides by 8
+    tp = estimate_memory(_bound("tp", "model=8"))
+    c = TINY.config(batch=8)
+    replicated = c.layers * 2 * c.d_model + 2 * c.vocab * c.d_model + c.d_model
+    assert tp.params == 2 * ((params - replicated) // 8 + replicated)
+    ten = estimate_memory(_bound("dp", "data=8"), bytes_per_param=10)
+    assert ten.optimizer == 6 * params
+    fwd = estimate_memory(_bound("dp", "data=8"), "forward")
+    assert (fwd.grads, fwd.optimizer) == (0, 0)
+
+
+def test_activations_reduce_to_korthikanti_table_2():
+    # ff = 4h: no parallelism sbh(34 + 5as/h); TP sbh(10 + 24/t + 5as/ht); TP+SP sbh(34/t + ..)
+    s, b, h, a, t = 128, 8, 256, 8, 4
+    kw = dict(ff=4 * h)
+    assert activation_bytes_per_layer(_bound("dp", "data=1", **kw)) == s * b * h * 34
+    assert activation_bytes_per_layer(_bound("dp", "data=1", **kw), flash_attention=False) == (
+        s * b * h * 34 + 5 * a * s * s * b
+    )
+    assert activation_bytes_per_layer(_bound("tp", "model=4", **kw)) == s * b * h * (10 + 24 / t)
+    assert activation_bytes_per_layer(_bound("sp", "model=4", **kw)) == s * b * h * 34 / t
+
+
+def test_model_flops_is_korthikanti_eq_7():
+    c = ModelConfig(d_model=512, heads=8, ff=2048, layers=6, batch=4, seq=256, vocab=1000)
+    B, L, s, h, v = c.batch, c.layers, c.seq, c.d_model, c.vocab
+    eq7 = 72 * B * L * s * h * h * (1 + s / (6 * h) + v / (12 * h * L))
+    assert model_flops(c, "train") == pytest.approx(eq7, rel=1e-12)
+    assert model_flops(c, "train") == 3 * model_flops(c, "forward")
+
+
+def test_groups_cross_nodes_by_device_numbering():
+    mesh = {"data": 8, "model": 8}
+    assert crosses_nodes(mesh, ["model"], 8) is False
+    assert crosses_nodes(mesh, ["data"], 8) is True
+    assert crosses_nodes(mesh, ["data"], 64) is False
+    assert crosses_nodes({"data": 4, "model": 4}, ["model"], 8) is False
+    assert crosses_nodes({"data": 4, "model": 16}, ["model"], 8) is True
+    assert crosses_nodes(mesh, [], 8) is True  # irregular: assume the worst
+
+
+def test_cpu_f32_collectives_count_at_the_model_dtype():
+    # 16-bit model: arrays at 2 bytes, the f32 scalar loss at 4.
+    assert _target_payload("all-reduce", "f32", [(64, 8), ()], 64 * 8 * 4 + 4, 8, 2) == (
+        64 * 8 * 2 + 4
+    )
+    assert _target_payload("all-to-all", "f32", [(16,)], 16 * 4 * 8, 8, 2) == 16 * 2 * 8
+    assert _target_payload("all-gather", "bf16", [(16,)], 32, 8, 2) == 32
+    assert _target_payload("all-gather", "f32", [(16,)], 64, 8, 4) == 64  # f32 model
+    assert _target_payload("all-gather", "f32", [(16,)], 999, 8, 2) == 999  # not understood
+
+
+# -- a compiled sweep on 8 devices ------------------------------------------------------------
+
+
+def test_sweep_ranks_fitting_plans_by_step_time(sweep):
+    keys = [(not p.fits, p.step_time_s) for p in sweep.plans]
+    assert keys == sorted(keys)
+    assert [p.rank for p in sweep.plans] == list(range(1, len(sweep.plans) + 1))
+    assert len(sweep.plans) + len(sweep.skipped) == sweep.candidates == 10
+    for p in sweep.plans:
+        assert p.step_time_s == pytest.approx(p.compute_time_s + p.comm_time_s, rel=1e-12)
+        assert p.step_time_overlap_s == max(p.compute_time_s, p.comm_time_s)
+        assert p.memory_bytes_per_device == p.memory.total > 0
+        assert p.compiled_memory_bytes_per_device > 0
+
+
+def test_pareto_front_is_the_undominated_plans(sweep):
+    def dominates(q, p):
+        return (q.memory.total <= p.memory.total and q.comm_time_s <= p.comm_time_s
+                and (q.memory.total, q.comm_time_s) != (p.memory.total, p.comm_time_s))
+
+    for p in sweep.plans:
+        beaten = any(dominates(q, p) for q in sweep.plans if q is not p)
+        assert p.pareto is (not beaten), p.label
+
+
+def test_collectives_count_loop_trips(sweep):
+    layers = TINY.layers
+    tp = next(p for p in sweep.plans if p.label == "tp model=8")
+    assert [(a.axes, a.kind, a.count) for a in tp.comm] == [("model", "all-reduce", 4 * layers)]
+    fsdp = next(p for p in sweep.plans if p.label == "fsdp data=8")
+    gathers = next(a for a in fsdp.comm if a.kind == "all-gather")
+    assert gathers.count == 6 * layers + 3  # each layer weight per trip, plus the 3 vocab ones
+
+
+@pytest.mark.parametrize("strategy", VALIDATED_STRATEGIES)
+def test_compiled_communication_matches_the_formula(sweep, strategy):
+    v = next(v for v in sweep.validations if v.strategy == strategy)
+    if strategy in ("dp", "tp"):
+        assert v.ok and v.explanation == ""
+        assert v.compiled_bytes == v.formula_bytes  # exactly, once bf16 is counted as bf16
+    else:
+        # FSDP: the CPU backend all-reduces gradients where GPU/TPU reduce-scatter them.
+        assert not v.ok and "reduce-scatter" in v.explanation
+        assert v.cpu_ratio == pytest.approx(1.0, abs=0.05)
+        assert v.ratio == pytest.approx(1.5, abs=0.01)
+
+
+def test_bf16_collectives_are_counted_at_two_bytes(sweep):
+    dp = next(p for p in sweep.plans if p.label == "dp data=8")
+    assert dp.cpu_comm_bytes_per_device == 2 * dp.comm_bytes_per_device - 7  # f32 loss: 7 B
+    assert any("f32" in n for n in sweep.notes)
+
+
+def test_plan_json_has_the_promised_fields(sweep):
+    data = json.loads(json.dumps(sweep.to_dict(), allow_nan=False))
+    assert data["devices"] == 8 and data["model"] == "tiny"
+    for key in ("mesh", "strategy", "memory_bytes_per_device", "comm_bytes_per_device",
+                "est_step_time_s", "fits", "memory", "comm", "bound_ratio", "pareto"):
+        assert key in data["plans"][0], key
+    times = [(not p["fits"], p["est_step_time_s"]) for p in data["plans"]]
+    assert times == sorted(times)
+
+
+def test_compile_options_keep_collectives_and_buffers():
+    from shardscope._audit import audit
+    from shardscope._programs import build_program
+
+    bound = get_strategy("fsdp_tp").bind(TINY.config(batch=8), "data=4,model=2")
+    lowered = build_program(bound, mode="train").lower()
+    plain = audit(lowered.compile())
+    fast = audit(lowered.compile(compiler_options=dict(COMPILE_OPTIONS)))
+
+    def records(a):
+        return sorted((c.kind, c.axes, c.count, c.payload_bytes) for c in a.collectives)
+
+    assert records(fast) == records(plain)
+    for k in ("argument_size_in_bytes", "output_size_in_bytes"):
+        assert fast.memory[k] == plain.memory[k]
+    assert fast.memory["temp_size_in_bytes"] == pytest.approx(
+        plain.memory["temp_size_in_bytes"], rel=0.01
+    )
+
+
+def test_forward_mode_needs_no_data_parallel_communication():
+    result = plan("tiny", 8, mode="forward", strategies=["dp", "tp"], workers=0)
+    dp = next(p for p in result.plans if p.strategy == "dp")
+    assert dp.comm_bytes_per_device == dp.bound_bytes_per_device == 0
+    assert dp.bound_ratio == 1.0
+    tp = next(p for p in result.plans if p.strategy == "tp")
+    assert [(a.kind, a.count) for a in tp.comm] == [("all-reduce", 2 * TINY.layers)]
+
+
+# -- skipped candidates and bad input ---------------------------------------------------------
+
+
+def test_indivisible_candidates_are_skipped_with_the_rule():
+    result = plan("tiny", 8, batch=4, strategies=["dp", "fsdp"], workers=0)
+    assert result.plans == ()
+    assert {(s.strategy, s.reason) for s in result.skipped} == {
+        ("dp", "divisibility"), ("fsdp", "divisibility")
+    }
+    assert "batch=4" in result.skipped[0].message
+    assert "2 skipped for divisibility" in result.empty_reason
+
+
+def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
+    result = plan("70b", 8, hardware="tpu-v5e", workers=0)
+    assert result.plans == ()
+    assert {s.reason for s in result.skipped} <= {"memory", "divisibility"}
+    assert "memory" in result.empty_reason and "tpu-v5e" in result.empty_reason
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(devices=0), "must be a positive whole number"),
+        (dict(devices=4096), "at most 2048"),
+        (dict(mode="decode"), "mode 'decode'"),
+        (dict(strategies=["zero3"]), "unknown strategy 'zero3'"),
+        (dict(model=None), "missing --d-model, --heads, --ff, --layers"),
+        (dict(bytes_per_param=2), "bytes_per_param=2"),
+        (dict(workers=-1), "workers=-1"),
+        (dict(batch=10**20), "--batch 100000000000000000000: .* up to 1048576"),
+        (dict(d_model=10**20), "--d-model .* up to 1048576"),  # no divisor search for minutes
+        (dict(batch=2**20, seq=2**20, vocab=2**20), "largest array would hold"),
+    ],
+)
+def test_bad_requests_raise_plan_errors(kwargs, words):
+    args = {"model": "tiny", "devices": 8, **kwargs}
+    with pytest.raises(PlanError, match=words):
+        plan(**args)
+
+
+def test_unknown_hardware_is_an_error():
+    with pytest.raises(ShardscopeError, match="unknown hardware preset 'a100'"):
+        plan("tiny", 8, hardware="a100")
+    with pytest.raises(ShardscopeError, match="link_bandwidth"):
+        plan("tiny", 8, hardware_overrides={"link_bandwidth": -1.0})
+
+
+def test_in_process_planning_needs_the_devices():
+    assert can_compile_here(8) and not can_compile_here(16)
+    assert default_workers(8) == 0 and default_workers(16) == 1
+    with pytest.raises(PlanError, match="needs 16 CPU devices but JAX has 8"):
+        plan("tiny", 16, strategies=["dp"], workers=0)
+
+
+# -- renderers ---------------------------------------------------------------------------------
+
+
+def test_renderers_show_the_best_plan(sweep, tmp_path):
+    from rich.console import Console
+
+    from shardscope._plot_plan import plot_plans
+    from shardscope._render_plan import markdown_report, render_plan
+
+    console = Console(record=True, width=160, file=io.StringIO())
+    render_plan(sweep, console=console)
+    text = console.export_text()
+    best = sweep.plans[0]
+    assert best.strategy in text and best.mesh_spec in text and "Skipped" not in text
+    report = markdown_report(sweep)
+    for heading in ("## Ranked plans", "## Memory per device", "## Communication per axis",
+                    "## Validation", "## Conventions and caveats"):
+        assert heading in report
+    assert f"Best: **{best.label}**" in report
+    png = plot_plans(sweep, tmp_path / "plans.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    empty = replace(sweep, plans=())
+    assert plot_plans(empty, tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"
+    assert "**no plan for tiny" in markdown_report(empty)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
+    from shardscope.cli import main
+
+    out = tmp_path / "out"
+    code = main(["plan", "--model", "tiny", "--devices", "8", "--strategies", "dp,tp",
+                 "--hardware", "tpu-v5e", "--link-bandwidth", "1e11",
+                 "--json", str(out / "p.json"), "--png", str(out / "p.png"),
+                 "--report", str(out / "p.md")])
+    assert code == 0
+    data = json.loads((out / "p.json").read_text())
+    assert [p["strategy"] for p in data["plans"]] in (["dp", "tp"], ["tp", "dp"])
+    assert data["hardware"]["name"] == "tpu-v5e"
+    assert data["hardware"]["link_bandwidth"] == 1e11
+    assert (out / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "p.md").read_text().startswith("# Sharding plan: tiny on 8 x tpu-v5e")
+    assert "dp" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["plan", "--model", "8b", "--devices", "8"], "invalid choice: '8b'"),
+        (["plan", "--model", "tiny"], "required: --devices"),
+        (["plan", "--model", "tiny", "--devices", "0"], "0 must be a positive whole number"),
+        (["plan", "--model", "tiny", "--devices", "3072"], "at most 2048"),
+        (["plan", "--devices", "8", "--heads", "8"], "missing --d-model, --ff, --layers"),
+        (["plan", "--model", "tiny", "--devices", "8", "--hardware", "a100"],
+         "invalid choice: 'a100'"),
+        (["plan", "--model", "tiny", "--devices", "8", "--memory", "-5"],
+         "must be a positive number"),
+        (["plan", "--model", "tiny", "--devices", "8", "--memory", "1000"],
+         "skipped for memory"),
+        (["plan", "--model", "tiny", "--devices", "8", "--batch", "3", "--strategies",
+          "dp,fsdp"], "skipped for divisibility"),
+        (["plan", "--model", "tiny", "--devices", "8", "--strategies", "dp,zero3"],
+         "unknown strategy 'zero3'"),
+    ],
+)
+def test_plan_command_bad_input_is_one_line_exit_2(argv, words, capsys):
+    from shardscope.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert words in err and "Traceback" not in err
+
+
+def test_plan_command_refuses_a_bad_output_path_before_compiling(tmp_path, capsys):
+    from shardscope.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--model", "tiny", "--devices", "8", "--json", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a folder, not a file" in err
+
+
+# -- more devices than this process has ------------------------------------------------------
+
+
+def test_plan_for_16_devices_in_a_subprocess(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    out = tmp_path / "plan.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "shardscope", "plan", "--model", "tiny", "--devices", "16",
+         "--strategies", "dp,tp,dp_tp", "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["workers"] == 0  # the command simulated 16 devices in its own process
+    labels = sorted(f"{p['strategy']} {p['mesh']}" for p in data["plans"])
+    assert labels == sorted([
+        "dp data=16", "dp_tp data=8,model=2", "dp_tp data=4,model=4", "dp_tp data=2,model=8",
+    ])
+    assert [(s["strategy"], s["mesh"], s["reason"]) for s in data["skipped"]] == [
+        ("tp", "model=16", "divisibility")  # 8 heads
+    ]
+    keys = [(not p["fits"], p["est_step_time_s"]) for p in data["plans"]]
+    assert keys == sorted(keys)
+    row = next(p for p in data["plans"] if p["mesh"] == "data=2,model=8")
+    assert row["comm_bytes_per_device"] == row["bound_bytes_per_device"]
+
+
+def test_plan_for_more_devices_through_a_worker():
+    result = plan("tiny", 16, strategies=["dp"])  # this process has 8: one worker simulates 16
+    assert result.workers == 1
+    assert [p.label for p in result.plans] == ["dp data=16"]
+    dp = result.plans[0]
+    assert dp.comm_bytes_per_device == dp.bound_bytes_per_device
+
+
+def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
+    from shardscope._plan_types import CompiledFacts
+    from shardscope._plan_worker import WorkerError, run_tasks
+
+    config = TINY.config(batch=16).to_dict()
+    tasks = [("dp", "data=16", config, "forward"), ("zero3", "data=16", config, "forward")]
+    got = dict(run_tasks(tasks, devices=16, workers=2))
+    assert isinstance(got[0], CompiledFacts) and got[0].collectives == ()
+    assert isinstance(got[1], WorkerError)
+    assert "StrategyError: unknown strategy 'zero3'" in str(got[1])
