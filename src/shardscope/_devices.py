@@ -10,7 +10,9 @@ from typing import Any
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
 DEFAULT_CPU_DEVICES = 8
-MAX_CPU_DEVICES = 8192  # compile-only planning reaches 1024; far beyond, memory runs out
+#: JAX 0.10.2's CPU backend compiles for at most 2048 devices in one process ("Multiprocess
+#: computations aren't implemented": it numbers a second process's devices from 2048).
+MAX_CPU_DEVICES = 2048
 _FORCE_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
@@ -85,8 +87,8 @@ def _count(n: object) -> int:
         raise ShardscopeError(f"device count must be a positive integer, got {n!r}")
     if value > MAX_CPU_DEVICES:
         raise ShardscopeError(
-            f"{value} simulated devices is more than this tool supports ({MAX_CPU_DEVICES}); "
-            f"ask for at most {MAX_CPU_DEVICES}"
+            f"{value} simulated devices is more than JAX's CPU backend compiles for in one "
+            f"process ({MAX_CPU_DEVICES}); ask for at most {MAX_CPU_DEVICES}"
         )
     return value
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 MeshLike = "str | Mapping[str, int] | jax.sharding.Mesh"
 
-MAX_AXIS_SIZE = 8192  # as many devices as shardscope will simulate
+MAX_AXIS_SIZE = 2048  # as many devices as JAX's CPU backend compiles for in one process
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

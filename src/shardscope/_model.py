@@ -22,6 +22,11 @@ SCOPES = ("attention", "mlp")
 _EPS = 1e-6
 
 
+#: The largest dimension a config takes: far beyond any model, and short of where XLA's shape
+#: arithmetic overflows or a divisor search in an error message takes minutes.
+MAX_DIM = 2**20
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the reference decoder and of one batch.
@@ -50,6 +55,13 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ModelConfigError(f"model config {name}={value!r}: must be a positive integer")
+        for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "vocab"):
+            value = getattr(self, name)
+            if isinstance(value, int) and value > MAX_DIM:
+                raise ModelConfigError(
+                    f"model config {name}={value}: dimensions go up to {MAX_DIM} (2**20), far "
+                    f"beyond any model; choose a smaller {name}"
+                )
         if self.vocab is not None and (
             isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab <= 0
         ):

@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from shardscope._comm import ALL_REDUCE, REDUCE_SCATTER
+from shardscope._devices import MAX_CPU_DEVICES
 from shardscope._errors import PlanError, StrategyError
 from shardscope._estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -44,7 +45,7 @@ from shardscope._estimates import (
 )
 from shardscope._hardware import Hardware
 from shardscope._hardware import hardware as get_hardware
-from shardscope._model import ModelConfig
+from shardscope._model import MAX_DIM, ModelConfig
 from shardscope._model_presets import model_preset
 from shardscope._plan_compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
 from shardscope._plan_types import (
@@ -65,15 +66,10 @@ DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
 VALIDATED_STRATEGIES = ("dp", "fsdp", "tp")
 #: How far the compiled bytes may be from the formula's and still "match".
 VALIDATION_TOLERANCE = 0.05
-#: The most simulated devices a plan may ask for: JAX 0.10.2's CPU backend refuses to compile
-#: for more in one process ("Multiprocess computations aren't implemented"; it numbers the
-#: devices of a second process from 2048).
-MAX_DEVICES = 2048
+#: The most simulated devices a plan may ask for (see ``MAX_CPU_DEVICES``).
+MAX_DEVICES = MAX_CPU_DEVICES
 MODES = ("train", "forward")
-#: The largest dimension (batch, seq, d_model, heads, ff, layers, vocab) and the largest array
-#: (bytes, 4 per element) a plan accepts: far beyond any model, and short of where XLA's shape
-#: arithmetic overflows or a divisor search in an error message takes minutes.
-MAX_DIM = 2**20
+#: The largest array (bytes, 4 per element) a plan accepts; dimensions stop at ``MAX_DIM``.
 MAX_ARRAY_BYTES = 2**50
 
 
