@@ -31,6 +31,7 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-runtime
 	$(BIN)/python benchmarks/lab_cold_start.py
 	$(BIN)/python benchmarks/audit_overhead.py
+	$(BIN)/python benchmarks/plan_speed.py
 
 clean:
 	rm -rf $(VENV) scores build src/*.egg-info
