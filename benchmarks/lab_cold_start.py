@@ -1,6 +1,6 @@
 """Cold wall time of `shardscope lab`: a new Python process each run, median of several.
 
-Target (issue 2): at most 10 s on a 2-core machine. Run: `python benchmarks/lab_cold_start.py`.
+Target: at most 10 s on a 2-core machine. Run: `python benchmarks/lab_cold_start.py`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Runs the command as a user would (a fresh process), samples the resident memory of that
 process and its workers together every 50 ms, and prints for each case: the wall time, the
 plans compiled and skipped, the per-plan analysis time (lower + compile + audit) as
-median / max, and the peak resident memory of the whole process tree. Targets (issue 5):
+median / max, and the peak resident memory of the whole process tree. Targets:
 7b on 64 devices in at most 60 s on 2 cores; 70b on 1024 devices completes; peak memory under
 2 GB; one plan's analysis in at most 3 s. Each case also prints its validation: compiled
 communication over the analytic formula for the best plan of each strategy.

@@ -35,8 +35,8 @@ TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8)
 SHAPES = {"8": (8,), "2x4": (2, 4), "2x2x2": (2, 2, 2)}
 DETERMINISTIC = settings(derandomize=True, database=None, deadline=None, max_examples=60)
 
-# REFERENCE.md section 3: n=8, M=4096, K=N=1024, bf16. (A spec, B spec, C spec) -> best
-# plan in MiB sent per device.
+# The reference cases (scaling book part 3): n=8, M=4096, K=N=1024, bf16.
+# (A spec, B spec, C spec) -> best plan in MiB sent per device.
 MATMUL_CASES = {
     "b": (("x,None", "None,None", "x,None"), 0.0),
     "c": (("None,None", "None,x", "None,x"), 0.0),

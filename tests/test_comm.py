@@ -1,4 +1,4 @@
-"""The communication formulas of REFERENCE.md section 3, on exact integers."""
+"""The communication formulas (bandwidth-optimal bytes per device), on exact integers."""
 
 import pytest
 

@@ -29,7 +29,7 @@ def _mm(specs, shape=REF, mesh="x=8"):
     return matmul_verdict(mesh, *shape, *specs)
 
 
-# -- matmul cases (REFERENCE.md section 3, n=8, M=4096, K=N=1024) --------------------------------
+# -- matmul cases (scaling book part 3, n=8, M=4096, K=N=1024) ------------------------------------
 
 
 def test_case_d_double_prime_gathers_a_whole_operand_four_times_the_bound():

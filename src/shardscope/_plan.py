@@ -61,7 +61,7 @@ from shardscope._plan_types import (
 
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
 DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
-#: Strategies whose compiled communication must match the analytic formula (issue 5); every
+#: Strategies whose compiled communication must match the analytic formula within 5%; every
 #: strategy's best plan is validated and reported.
 VALIDATED_STRATEGIES = ("dp", "fsdp", "tp")
 #: How far the compiled bytes may be from the formula's and still "match".
