@@ -278,3 +278,35 @@ def test_audit_two_processes_reports_once(tmp_path):
         16 * 1024 * 4,
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["matmul.json"]
+
+
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    out = tmp_path / "out"
+    launcher = _launch_cli("-n", "2", "--timeout", "60", "--", "lab", "--out", str(out))
+    workers = [_wait_for_worker(str(out), i) for i in (0, 1)]
+    for pid in workers:  # frozen, they would outlive a closed pipe: only the kernel ends them
+        os.kill(pid, signal.SIGSTOP)
+    launcher.kill()  # SIGKILL: the launcher cannot clean up
+    launcher.communicate(timeout=30)
+    stop = time.monotonic() + 20
+    while time.monotonic() < stop and _processes_with(str(out)):
+        time.sleep(0.05)
+    assert not _processes_with(str(out)), workers
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["-n", "100000", "--", "lab"], "at most 64 local processes"),
+        (["-n", "64", "--devices-per-process", "64", "--", "lab"], "= 4096 devices"),
+        (["-n", "2", "--", "plan", "--model", "tiny", "--devices", "8"], "'plan' cannot run"),
+    ],
+)
+def test_runs_it_cannot_hold_are_refused_before_starting(args, words, capsys):
+    from shardscope.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1

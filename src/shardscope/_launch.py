@@ -207,6 +207,7 @@ class _Run:
             stderr=subprocess.PIPE,
             env=None if env is None else dict(env),
             start_new_session=True,  # its own process group, so it is ended as a whole
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         self.procs.append(p)
         for pipe, target in ((p.stdout, out), (p.stderr, err)):
@@ -330,6 +331,43 @@ def shardscope_commands(
     return [base + ["--process-id", str(i)] for i in range(num_processes)]
 
 
+#: The sub-commands that join a multi-process run.
+MULTIPROCESS_COMMANDS = ("lab", "audit")
+#: At most this many local processes: each is a whole JAX runtime (about 150 MB and a second
+#: of start-up), so far more than the cores only thrashes the machine.
+MAX_PROCESSES = 64
+
+
+def check_launch_size(num_processes: int, devices_per_process: int | None) -> None:
+    """Refuses a run this machine cannot hold, before any process starts."""
+    from shardscope._devices import MAX_CPU_DEVICES
+
+    if num_processes > MAX_PROCESSES:
+        raise ShardscopeError(
+            f"-n {num_processes}: the launcher starts at most {MAX_PROCESSES} local processes "
+            f"(each is a whole JAX runtime); use fewer processes and more "
+            f"--devices-per-process"
+        )
+    total = num_processes * (devices_per_process or 1)
+    if total > MAX_CPU_DEVICES:
+        raise ShardscopeError(
+            f"-n {num_processes} x --devices-per-process {devices_per_process} = {total} "
+            f"devices, more than JAX's CPU backend runs in one program ({MAX_CPU_DEVICES})"
+        )
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: ask Linux to kill it if the launcher dies, so a
+    # launcher killed by SIGKILL or the OOM killer leaves no process behind.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's own clean-up still ends its children
+
+
 def check_launch_command(command: Sequence[str]) -> None:
     """Refuses a sub-command the launcher cannot run, with why (before any process starts)."""
     if not command:
@@ -338,6 +376,11 @@ def check_launch_command(command: Sequence[str]) -> None:
         )
     if command[0] == "launch":
         raise ShardscopeError("'launch' cannot launch itself; give the sub-command to run")
+    if command[0] not in MULTIPROCESS_COMMANDS and not command[0].startswith("-"):
+        raise ShardscopeError(
+            f"'{command[0]}' cannot run as several processes; the launcher runs "
+            f"{' and '.join(MULTIPROCESS_COMMANDS)}"
+        )
     clash = [a for a in command if a.split("=", 1)[0] in LAUNCHER_FLAGS]
     if clash:
         raise ShardscopeError(
@@ -383,6 +426,7 @@ def launch(
         )
     command = list(command)
     check_launch_command(command)
+    check_launch_size(num_processes, devices_per_process)
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["PYTHONUNBUFFERED"] = "1"  # lines arrive as printed, not at exit

@@ -357,13 +357,14 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from shardscope._launch import check_launch_command, launch
+    from shardscope._launch import check_launch_command, check_launch_size, launch
 
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
     try:
         check_launch_command(command)
+        check_launch_size(args.launch_n, args.devices_per_process)
     except ShardscopeError as e:
         raise UsageError(f"{PROG} launch: {e}") from None
     # A bad sub-command is reported once, here, rather than by every process.
