@@ -413,3 +413,14 @@ def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
     assert isinstance(got[0], CompiledFacts) and got[0].collectives == ()
     assert isinstance(got[1], WorkerError)
     assert "StrategyError: unknown strategy 'zero3'" in str(got[1])
+
+
+def test_no_best_plan_when_none_fits():
+    from shardscope import plan
+
+    result = plan("tiny", 8, hardware_overrides={"memory_bytes": 9e6})
+    assert result.plans and not any(p.fits for p in result.plans)
+    assert result.best is None
+    assert result.fit_note.startswith("no plan fits: the smallest, ")
+    data = result.to_dict()
+    assert data["best"] is None and data["fit_note"] == result.fit_note

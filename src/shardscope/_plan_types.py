@@ -284,7 +284,24 @@ class PlanResult:
 
     @property
     def best(self) -> Plan | None:
-        return self.plans[0] if self.plans else None
+        """The fastest plan that fits the device memory (None when none fits)."""
+        return next((p for p in self.plans if p.fits), None)
+
+    @property
+    def fit_note(self) -> str | None:
+        """When plans compiled but none fits the device memory: by how much, and what to do."""
+        if not self.plans or self.best is not None:
+            return None
+        from shardscope._render import format_bytes
+
+        small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
+        return (
+            f"no plan fits: the smallest, {small.label}, needs "
+            f"{format_bytes(small.memory_bytes_per_device)} per device of the "
+            f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use more "
+            f"devices, a smaller batch or sequence, or more memory (--memory). Activation "
+            f"recompute and micro-batching, which would shrink the activations, are not modelled"
+        )
 
     @property
     def empty_reason(self) -> str | None:
@@ -306,6 +323,8 @@ class PlanResult:
             "skipped": [s.to_dict() for s in self.skipped],
             "validations": [v.to_dict() for v in self.validations],
             "empty_reason": self.empty_reason,
+            "best": None if self.best is None else self.best.label,
+            "fit_note": self.fit_note,
             "notes": list(self.notes),
             "candidates": self.candidates,
             "wall_s": self.wall_s,

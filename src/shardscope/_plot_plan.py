@@ -74,10 +74,13 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
                 short = f"{p.strategy} {'x'.join(str(v) for v in p.mesh.values())}"
                 ax.annotate(short, (p.memory_bytes_per_device / gib, p.comm_time_s),
                             textcoords="offset points", xytext=(5, 4), fontsize=7)
-        best = result.plans[0]
-        ax.scatter([best.memory_bytes_per_device / gib], [best.comm_time_s], marker="*",
-                   s=220, color="gold", edgecolors="black", zorder=4,
-                   label=f"best: {best.label} ({format_seconds(best.step_time_s)}/step)")
+        best = result.best
+        if best is not None:
+            ax.scatter([best.memory_bytes_per_device / gib], [best.comm_time_s], marker="*",
+                       s=220, color="gold", edgecolors="black", zorder=4,
+                       label=f"best: {best.label} ({format_seconds(best.step_time_s)}/step)")
+        else:
+            ax.plot([], [], " ", label="no plan fits the device memory")
         if hw.memory_bytes <= 2 * top:
             ax.axvline(hw.memory_bytes / gib, color="grey", linestyle="--", linewidth=1,
                        label=f"device memory {format_bytes(hw.memory_bytes)}")

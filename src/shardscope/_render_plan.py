@@ -166,6 +166,8 @@ def render_plan(
     console = console or Console()
     if result.plans:
         console.print(plan_table(result, top=top))
+        if result.fit_note:
+            console.print(f"[bold red]{result.fit_note}[/]", highlight=False)
         console.print(comm_table(result))
     elif empty_reason:
         console.print(f"[bold]{result.empty_reason}[/bold]")
@@ -224,8 +226,11 @@ def markdown_report(result: PlanResult) -> str:
                 for p in result.plans
             ],
         )
-        best = result.plans[0]
-        lines += ["", f"Best: **{best.label}** ({best.summary}).", ""]
+        best = result.best
+        if best is not None:
+            lines += ["", f"Best: **{best.label}** ({best.summary}).", ""]
+        else:
+            lines += ["", f"**{result.fit_note}**", ""]
         lines += ["## Memory per device", ""]
         lines += _md_table(
             ["#", "plan", "params", "grads", "optimizer", "activations", "gathered weights",
