@@ -284,6 +284,9 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     out = tmp_path / "out"
     launcher = _launch_cli("-n", "2", "--timeout", "60", "--", "lab", "--out", str(out))
     workers = [_wait_for_worker(str(out), i) for i in (0, 1)]
+    for line in launcher.stdout:  # both have joined the run: process 0 reports its devices
+        if "sharding_taster: JAX" in line:
+            break
     for pid in workers:  # frozen, they would outlive a closed pipe: only the kernel ends them
         os.kill(pid, signal.SIGSTOP)
     launcher.kill()  # SIGKILL: the launcher cannot clean up
@@ -291,7 +294,10 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     stop = time.monotonic() + 20
     while time.monotonic() < stop and _processes_with(str(out)):
         time.sleep(0.05)
-    assert not _processes_with(str(out)), workers
+    left = _processes_with(str(out))
+    for pid in left:  # whatever the outcome, leave nothing behind
+        os.kill(pid, signal.SIGKILL)
+    assert not left, workers
 
 
 @pytest.mark.parametrize(

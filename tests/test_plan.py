@@ -44,8 +44,13 @@ def sweep():
 def test_candidates_factor_the_device_count():
     labels = [c.label for c in candidates(["dp", "fsdp", "tp", "sp", "dp_tp"], 12)]
     assert labels == [
-        "dp data=12", "fsdp data=12", "tp model=12", "sp model=12",
-        "dp_tp data=6,model=2", "dp_tp data=4,model=3", "dp_tp data=3,model=4",
+        "dp data=12",
+        "fsdp data=12",
+        "tp model=12",
+        "sp model=12",
+        "dp_tp data=6,model=2",
+        "dp_tp data=4,model=3",
+        "dp_tp data=3,model=4",
         "dp_tp data=2,model=6",
     ]
     assert [c.label for c in candidates(["fsdp_tp"], 7)] == []  # prime: no 2-D mesh
@@ -54,8 +59,13 @@ def test_candidates_factor_the_device_count():
 
 @pytest.mark.parametrize(
     "name, params",
-    [("tiny", 3_672_320), ("1b", 1_100_048_384), ("7b", 6_738_415_616),
-     ("13b", 13_015_864_320), ("70b", 68_976_648_192)],
+    [
+        ("tiny", 3_672_320),
+        ("1b", 1_100_048_384),
+        ("7b", 6_738_415_616),
+        ("13b", 13_015_864_320),
+        ("70b", 68_976_648_192),
+    ],
 )
 def test_presets_have_the_published_parameter_counts(name, params):
     assert MODEL_PRESETS[name].param_count() == params
@@ -70,8 +80,21 @@ def test_unknown_preset_names_the_choices():
 
 
 def _bound(strategy, mesh, **kw):
-    config = ModelConfig(**{**dict(d_model=256, heads=8, ff=1024, layers=4, batch=8, seq=128,
-                                   dtype="bfloat16", vocab=1024), **kw})
+    config = ModelConfig(
+        **{
+            **dict(
+                d_model=256,
+                heads=8,
+                ff=1024,
+                layers=4,
+                batch=8,
+                seq=128,
+                dtype="bfloat16",
+                vocab=1024,
+            ),
+            **kw,
+        }
+    )
     return get_strategy(strategy).bind(config, abstract_mesh(mesh))
 
 
@@ -150,8 +173,11 @@ def test_sweep_ranks_fitting_plans_by_step_time(sweep):
 
 def test_pareto_front_is_the_undominated_plans(sweep):
     def dominates(q, p):
-        return (q.memory.total <= p.memory.total and q.comm_time_s <= p.comm_time_s
-                and (q.memory.total, q.comm_time_s) != (p.memory.total, p.comm_time_s))
+        return (
+            q.memory.total <= p.memory.total
+            and q.comm_time_s <= p.comm_time_s
+            and (q.memory.total, q.comm_time_s) != (p.memory.total, p.comm_time_s)
+        )
 
     for p in sweep.plans:
         beaten = any(dominates(q, p) for q in sweep.plans if q is not p)
@@ -189,8 +215,18 @@ def test_bf16_collectives_are_counted_at_two_bytes(sweep):
 def test_plan_json_has_the_promised_fields(sweep):
     data = json.loads(json.dumps(sweep.to_dict(), allow_nan=False))
     assert data["devices"] == 8 and data["model"] == "tiny"
-    for key in ("mesh", "strategy", "memory_bytes_per_device", "comm_bytes_per_device",
-                "est_step_time_s", "fits", "memory", "comm", "bound_ratio", "pareto"):
+    for key in (
+        "mesh",
+        "strategy",
+        "memory_bytes_per_device",
+        "comm_bytes_per_device",
+        "est_step_time_s",
+        "fits",
+        "memory",
+        "comm",
+        "bound_ratio",
+        "pareto",
+    ):
         assert key in data["plans"][0], key
     times = [(not p["fits"], p["est_step_time_s"]) for p in data["plans"]]
     assert times == sorted(times)
@@ -232,7 +268,8 @@ def test_indivisible_candidates_are_skipped_with_the_rule():
     result = plan("tiny", 8, batch=4, strategies=["dp", "fsdp"], workers=0)
     assert result.plans == ()
     assert {(s.strategy, s.reason) for s in result.skipped} == {
-        ("dp", "divisibility"), ("fsdp", "divisibility")
+        ("dp", "divisibility"),
+        ("fsdp", "divisibility"),
     }
     assert "batch=4" in result.skipped[0].message
     assert "2 skipped for divisibility" in result.empty_reason
@@ -295,8 +332,13 @@ def test_renderers_show_the_best_plan(sweep, tmp_path):
     best = sweep.plans[0]
     assert best.strategy in text and best.mesh_spec in text and "Skipped" not in text
     report = markdown_report(sweep)
-    for heading in ("## Ranked plans", "## Memory per device", "## Communication per axis",
-                    "## Validation", "## Conventions and caveats"):
+    for heading in (
+        "## Ranked plans",
+        "## Memory per device",
+        "## Communication per axis",
+        "## Validation",
+        "## Conventions and caveats",
+    ):
         assert heading in report
     assert f"Best: **{best.label}**" in report
     png = plot_plans(sweep, tmp_path / "plans.png")
@@ -313,10 +355,27 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
     from shardscope.cli import main
 
     out = tmp_path / "out"
-    code = main(["plan", "--model", "tiny", "--devices", "8", "--strategies", "dp,tp",
-                 "--hardware", "tpu-v5e", "--link-bandwidth", "1e11",
-                 "--json", str(out / "p.json"), "--png", str(out / "p.png"),
-                 "--report", str(out / "p.md")])
+    code = main(
+        [
+            "plan",
+            "--model",
+            "tiny",
+            "--devices",
+            "8",
+            "--strategies",
+            "dp,tp",
+            "--hardware",
+            "tpu-v5e",
+            "--link-bandwidth",
+            "1e11",
+            "--json",
+            str(out / "p.json"),
+            "--png",
+            str(out / "p.png"),
+            "--report",
+            str(out / "p.md"),
+        ]
+    )
     assert code == 0
     data = json.loads((out / "p.json").read_text())
     assert [p["strategy"] for p in data["plans"]] in (["dp", "tp"], ["tp", "dp"])
@@ -335,16 +394,33 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
         (["plan", "--model", "tiny", "--devices", "0"], "0 must be a positive whole number"),
         (["plan", "--model", "tiny", "--devices", "3072"], "at most 2048"),
         (["plan", "--devices", "8", "--heads", "8"], "missing --d-model, --ff, --layers"),
-        (["plan", "--model", "tiny", "--devices", "8", "--hardware", "a100"],
-         "invalid choice: 'a100'"),
-        (["plan", "--model", "tiny", "--devices", "8", "--memory", "-5"],
-         "must be a positive number"),
-        (["plan", "--model", "tiny", "--devices", "8", "--memory", "1000"],
-         "skipped for memory"),
-        (["plan", "--model", "tiny", "--devices", "8", "--batch", "3", "--strategies",
-          "dp,fsdp"], "skipped for divisibility"),
-        (["plan", "--model", "tiny", "--devices", "8", "--strategies", "dp,zero3"],
-         "unknown strategy 'zero3'"),
+        (
+            ["plan", "--model", "tiny", "--devices", "8", "--hardware", "a100"],
+            "invalid choice: 'a100'",
+        ),
+        (
+            ["plan", "--model", "tiny", "--devices", "8", "--memory", "-5"],
+            "must be a positive number",
+        ),
+        (["plan", "--model", "tiny", "--devices", "8", "--memory", "1000"], "skipped for memory"),
+        (
+            [
+                "plan",
+                "--model",
+                "tiny",
+                "--devices",
+                "8",
+                "--batch",
+                "3",
+                "--strategies",
+                "dp,fsdp",
+            ],
+            "skipped for divisibility",
+        ),
+        (
+            ["plan", "--model", "tiny", "--devices", "8", "--strategies", "dp,zero3"],
+            "unknown strategy 'zero3'",
+        ),
     ],
 )
 def test_plan_command_bad_input_is_one_line_exit_2(argv, words, capsys):
@@ -375,17 +451,37 @@ def test_plan_for_16_devices_in_a_subprocess(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     out = tmp_path / "plan.json"
     r = subprocess.run(
-        [sys.executable, "-m", "shardscope", "plan", "--model", "tiny", "--devices", "16",
-         "--strategies", "dp,tp,dp_tp", "--json", str(out)],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "shardscope",
+            "plan",
+            "--model",
+            "tiny",
+            "--devices",
+            "16",
+            "--strategies",
+            "dp,tp,dp_tp",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["workers"] == 0  # the command simulated 16 devices in its own process
     labels = sorted(f"{p['strategy']} {p['mesh']}" for p in data["plans"])
-    assert labels == sorted([
-        "dp data=16", "dp_tp data=8,model=2", "dp_tp data=4,model=4", "dp_tp data=2,model=8",
-    ])
+    assert labels == sorted(
+        [
+            "dp data=16",
+            "dp_tp data=8,model=2",
+            "dp_tp data=4,model=4",
+            "dp_tp data=2,model=8",
+        ]
+    )
     assert [(s["strategy"], s["mesh"], s["reason"]) for s in data["skipped"]] == [
         ("tp", "model=16", "divisibility")  # 8 heads
     ]

@@ -329,10 +329,22 @@ class MatmulProblem:
     out_spec: Spec
 
     def __post_init__(self) -> None:
+        from shardscope._model import DTYPES, MAX_DIM
+
         for name in ("m", "k", "n"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise StrategyError(f"matmul {name}={v!r}: must be a positive integer")
+            if v > MAX_DIM:
+                raise StrategyError(
+                    f"matmul {name}={v}: sizes go up to {MAX_DIM} (2**20); choose a smaller {name}"
+                )
+        if self.dtype not in DTYPES:
+            raise StrategyError(
+                f"matmul dtype {self.dtype!r}: must be one of {', '.join(DTYPES)} (JAX computes "
+                f"in 32 bits unless jax_enable_x64 is set, so a float64 bound would not describe "
+                f"the program)"
+            )
         sizes = {"m": self.m, "k": self.k, "n": self.n}
         for arr in ("a", "b", "c"):
             spec = self.spec(arr)

@@ -146,8 +146,7 @@ def estimate_memory(
         "data" in roles for roles in bound.strategy.param_rules().values()
     ):
         layer = sum(
-            math.prod(shape[1:]) for name, shape in param_shapes(c).items()
-            if name in LAYER_PARAMS
+            math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
         )
         gathered = layer * item // model_ways(bound)
     return MemoryEstimate(params, grads, optimizer, activations, gathered)

@@ -207,7 +207,6 @@ class _Run:
             stderr=subprocess.PIPE,
             env=None if env is None else dict(env),
             start_new_session=True,  # its own process group, so it is ended as a whole
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         self.procs.append(p)
         for pipe, target in ((p.stdout, out), (p.stderr, err)):
@@ -331,8 +330,10 @@ def shardscope_commands(
     return [base + ["--process-id", str(i)] for i in range(num_processes)]
 
 
-#: The sub-commands that join a multi-process run.
+#: The sub-commands that join a multi-process run, and those that do not (``plan`` simulates
+#: the devices it plans for in one process).
 MULTIPROCESS_COMMANDS = ("lab", "audit")
+SINGLE_PROCESS_COMMANDS = ("plan",)
 #: At most this many local processes: each is a whole JAX runtime (about 150 MB and a second
 #: of start-up), so far more than the cores only thrashes the machine.
 MAX_PROCESSES = 64
@@ -356,16 +357,24 @@ def check_launch_size(num_processes: int, devices_per_process: int | None) -> No
         )
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: ask Linux to kill it if the launcher dies, so a
-    # launcher killed by SIGKILL or the OOM killer leaves no process behind.
+#: Set in each launched process's environment: the launcher's pid, which it must not outlive.
+LAUNCHER_PID_ENV = "SHARDSCOPE_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """In a launched process: have Linux kill it when the launcher dies, so a launcher killed
+    by SIGKILL or the OOM killer leaves no process behind. A no-op elsewhere."""
+    want = os.environ.get(LAUNCHER_PID_ENV, "")
+    if not want.isdigit() or not sys.platform.startswith("linux"):
+        return
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass  # not Linux: the launcher's own clean-up still ends its children
+        return  # the launcher's own clean-up still ends its children
+    if os.getppid() != int(want):  # the launcher died before the request took effect
+        os._exit(128 + int(signal.SIGKILL))
 
 
 def check_launch_command(command: Sequence[str]) -> None:
@@ -376,7 +385,7 @@ def check_launch_command(command: Sequence[str]) -> None:
         )
     if command[0] == "launch":
         raise ShardscopeError("'launch' cannot launch itself; give the sub-command to run")
-    if command[0] not in MULTIPROCESS_COMMANDS and not command[0].startswith("-"):
+    if command[0] in SINGLE_PROCESS_COMMANDS:
         raise ShardscopeError(
             f"'{command[0]}' cannot run as several processes; the launcher runs "
             f"{' and '.join(MULTIPROCESS_COMMANDS)}"
@@ -430,6 +439,7 @@ def launch(
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["PYTHONUNBUFFERED"] = "1"  # lines arrive as printed, not at exit
+    env[LAUNCHER_PID_ENV] = str(os.getpid())
     coordinator = f"127.0.0.1:{free_port()}"
     commands = shardscope_commands(
         command, num_processes, devices_per_process=devices_per_process, coordinator=coordinator

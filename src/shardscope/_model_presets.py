@@ -35,12 +35,19 @@ class ModelPreset:
     seq: int
     source: str
 
-    def config(self, *, batch: int, seq: int | None = None, dtype: str = "bfloat16",
-               **overrides: Any) -> ModelConfig:
+    def config(
+        self, *, batch: int, seq: int | None = None, dtype: str = "bfloat16", **overrides: Any
+    ) -> ModelConfig:
         """The :class:`ModelConfig` of this preset, scanned over layers, with overrides."""
         fields = dict(
-            d_model=self.d_model, heads=self.heads, ff=self.ff, layers=self.layers,
-            vocab=self.vocab, batch=batch, seq=self.seq if seq is None else seq, dtype=dtype,
+            d_model=self.d_model,
+            heads=self.heads,
+            ff=self.ff,
+            layers=self.layers,
+            vocab=self.vocab,
+            batch=batch,
+            seq=self.seq if seq is None else seq,
+            dtype=dtype,
             scan=True,
         )
         fields.update({k: v for k, v in overrides.items() if v is not None})
@@ -51,9 +58,15 @@ class ModelPreset:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "d_model": self.d_model, "heads": self.heads, "ff": self.ff,
-            "layers": self.layers, "vocab": self.vocab, "seq": self.seq,
-            "params": self.param_count(), "source": self.source,
+            "name": self.name,
+            "d_model": self.d_model,
+            "heads": self.heads,
+            "ff": self.ff,
+            "layers": self.layers,
+            "vocab": self.vocab,
+            "seq": self.seq,
+            "params": self.param_count(),
+            "source": self.source,
         }
 
 
@@ -61,26 +74,56 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         ModelPreset(
-            "tiny", 256, 8, 1024, 4, 1024, 128,
+            "tiny",
+            256,
+            8,
+            1024,
+            4,
+            1024,
+            128,
             "test-sized (3.7M parameters), not a published model",
         ),
         ModelPreset(
-            "1b", 2048, 32, 6656, 22, 32000, 2048,
+            "1b",
+            2048,
+            32,
+            6656,
+            22,
+            32000,
+            2048,
             "TinyLlama-1.1B (Zhang et al. 2024): d_model, heads, layers, vocab, context; ff "
             "6656 gives its 1.10B parameters (it has SwiGLU width 5632 and 4 key/value heads)",
         ),
         ModelPreset(
-            "7b", 4096, 32, 16512, 32, 32000, 4096,
+            "7b",
+            4096,
+            32,
+            16512,
+            32,
+            32000,
+            4096,
             "Llama-2-7B (Touvron et al. 2023): d_model, heads, layers, vocab, context; ff = "
             "3/2 x its SwiGLU width 11008, so 6.74B parameters as published",
         ),
         ModelPreset(
-            "13b", 5120, 40, 20736, 40, 32000, 4096,
+            "13b",
+            5120,
+            40,
+            20736,
+            40,
+            32000,
+            4096,
             "Llama-2-13B (Touvron et al. 2023): ff = 3/2 x its SwiGLU width 13824, so 13.0B "
             "parameters as published",
         ),
         ModelPreset(
-            "70b", 8192, 64, 35840, 80, 32000, 4096,
+            "70b",
+            8192,
+            64,
+            35840,
+            80,
+            32000,
+            4096,
             "Llama-2-70B (Touvron et al. 2023): ff 35840 gives its 69.0B parameters (it has "
             "SwiGLU width 28672 and 8 key/value heads, which this decoder does not model)",
         ),

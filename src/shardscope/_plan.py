@@ -100,6 +100,7 @@ def candidates(strategies: Iterable[str], devices: int) -> list[Candidate]:
             out.append(Candidate(name, tuple(spec.items())))
     return out
 
+
 # -- estimates -------------------------------------------------------------------------------
 
 
@@ -129,8 +130,9 @@ def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Any) -> float:
     return total
 
 
-def _axis_comm(hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective],
-               bound: Any) -> tuple[AxisComm, ...]:
+def _axis_comm(
+    hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective], bound: Any
+) -> tuple[AxisComm, ...]:
     from shardscope._comm import KINDS
 
     bound_by = {(",".join(axes), kind): b for (axes, kind), b in bound.by_axes_kind().items()}
@@ -143,19 +145,26 @@ def _axis_comm(hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[Pla
     def order(key: tuple[str, str]) -> tuple[Any, ...]:
         label, kind = key
         first = label.split(",")[0]
-        return (names.index(first) if first in names else len(names), label,
-                KINDS.index(kind) if kind in KINDS else len(KINDS))
+        return (
+            names.index(first) if first in names else len(names),
+            label,
+            KINDS.index(kind) if kind in KINDS else len(KINDS),
+        )
 
     out = []
     for key in sorted(keys, key=order):
         group = rows.get(key, [])
-        out.append(AxisComm(
-            axes=key[0], kind=key[1], count=sum(c.count for c in group),
-            traffic_bytes=sum(c.traffic_bytes for c in group),
-            bound_bytes=bound_by.get(key, 0),
-            time_s=sum(collective_time(hw, sizes, c) for c in group),
-            crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group),
-        ))
+        out.append(
+            AxisComm(
+                axes=key[0],
+                kind=key[1],
+                count=sum(c.count for c in group),
+                traffic_bytes=sum(c.traffic_bytes for c in group),
+                bound_bytes=bound_by.get(key, 0),
+                time_s=sum(collective_time(hw, sizes, c) for c in group),
+                crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group),
+            )
+        )
     return tuple(out)
 
 
@@ -193,16 +202,27 @@ def _validate(plan: Plan, bound: Any) -> Validation:
         )
     else:
         worst = max(plan.comm, key=lambda a: abs(a.traffic_bytes - a.bound_bytes), default=None)
-        where = (f"; the largest difference is {worst.kind} over {worst.axes}: "
-                 f"{worst.traffic_bytes} compiled vs {worst.bound_bytes} in the formula"
-                 if worst else "")
+        where = (
+            f"; the largest difference is {worst.kind} over {worst.axes}: "
+            f"{worst.traffic_bytes} compiled vs {worst.bound_bytes} in the formula"
+            if worst
+            else ""
+        )
         explanation = (
-            f"compiled communication is {ratio:.3g}x the formula" if ratio is not None
+            f"compiled communication is {ratio:.3g}x the formula"
+            if ratio is not None
             else "the formula needs no communication but the compiled program has some"
         ) + where
     return Validation(
-        plan.strategy, plan.mesh_spec, formula, plan.comm_bytes_per_device, ratio,
-        _within(ratio), cpu, cpu_ratio, explanation,
+        plan.strategy,
+        plan.mesh_spec,
+        formula,
+        plan.comm_bytes_per_device,
+        ratio,
+        _within(ratio),
+        cpu,
+        cpu_ratio,
+        explanation,
     )
 
 
@@ -230,13 +250,16 @@ def _pareto(plans: Sequence[Plan]) -> set[int]:
     front = set()
     for i, p in enumerate(plans):
         dominated = any(
-            q.memory.total <= p.memory.total and q.comm_time_s <= p.comm_time_s
+            q.memory.total <= p.memory.total
+            and q.comm_time_s <= p.comm_time_s
             and (q.memory.total < p.memory.total or q.comm_time_s < p.comm_time_s)
-            for j, q in enumerate(plans) if j != i
+            for j, q in enumerate(plans)
+            if j != i
         )
         if not dominated:
             front.add(i)
     return front
+
 
 # -- the front door --------------------------------------------------------------------------
 
@@ -256,8 +279,12 @@ def resolve_config(
     """
     _check_dims({"batch": batch, "seq": seq, **dims})
     name, config = _resolve(model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims)
-    _check_dims({k: getattr(config, k) for k in
-                 ("batch", "seq", "d_model", "heads", "ff", "layers", "vocab")})
+    _check_dims(
+        {
+            k: getattr(config, k)
+            for k in ("batch", "seq", "d_model", "heads", "ff", "layers", "vocab")
+        }
+    )
     _check_arrays(config)
     return name, config
 
@@ -314,12 +341,10 @@ def _resolve(
     if missing:
         flags = ", ".join("--" + k.replace("_", "-") for k in missing)
         raise PlanError(
-            f"a model needs a preset (--model tiny|1b|7b|13b|70b) or its shape; missing "
-            f"{flags}"
+            f"a model needs a preset (--model tiny|1b|7b|13b|70b) or its shape; missing {flags}"
         )
     fields = {k: v for k, v in dims.items() if v is not None}
-    return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True,
-                                 **fields)
+    return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True, **fields)
 
 
 def plan(
@@ -386,18 +411,18 @@ def plan(
         )
     if mode not in MODES:
         raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 0):
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
+    ):
         raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
     names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
     for name in names:
         if name not in STRATEGIES:
-            raise PlanError(
-                f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}"
-            )
+            raise PlanError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     hw = get_hardware(hardware, **dict(hardware_overrides or {}))
-    model_name, config = resolve_config(model, devices=devices, batch=batch, seq=seq,
-                                        dtype=dtype, **dims)
+    model_name, config = resolve_config(
+        model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims
+    )
     if bytes_per_param < 2 * config.itemsize and mode == "train":
         raise PlanError(
             f"bytes_per_param={bytes_per_param} is less than a parameter and its gradient at "
@@ -415,19 +440,25 @@ def plan(
         except StrategyError as e:
             skipped.append(Skipped(cand.strategy, cand.mesh_spec, "divisibility", str(e)))
             continue
-        mem = estimate_memory(bound, mode, bytes_per_param=bytes_per_param,
-                              flash_attention=flash_attention)
+        mem = estimate_memory(
+            bound, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
+        )
         if mem.model_state > hw.memory_bytes:
             from shardscope._render import format_bytes
 
-            what = "parameters, gradients and optimizer state" if mode == "train" else (
-                "parameters")
-            skipped.append(Skipped(
-                cand.strategy, cand.mesh_spec, "memory",
-                f"{what} need {format_bytes(mem.model_state)} per device, more than the "
-                f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
-                f"devices (fsdp, fsdp_tp) or give more memory (--memory)",
-            ))
+            what = (
+                "parameters, gradients and optimizer state" if mode == "train" else ("parameters")
+            )
+            skipped.append(
+                Skipped(
+                    cand.strategy,
+                    cand.mesh_spec,
+                    "memory",
+                    f"{what} need {format_bytes(mem.model_state)} per device, more than the "
+                    f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
+                    f"devices (fsdp, fsdp_tp) or give more memory (--memory)",
+                )
+            )
             continue
         todo.append(cand)
         bounds[cand] = transformer_bound(bound, mode)
@@ -443,8 +474,9 @@ def plan(
     for cand in todo:
         got = facts[cand]
         if isinstance(got, BaseException):
-            skipped.append(Skipped(cand.strategy, cand.mesh_spec, "error",
-                                   f"{type(got).__name__}: {got}"))
+            skipped.append(
+                Skipped(cand.strategy, cand.mesh_spec, "error", f"{type(got).__name__}: {got}")
+            )
             continue
         sizes = cand.sizes
         bound = bounds[cand]
@@ -465,8 +497,7 @@ def plan(
             compute_time_s=flops / devices / hw.peak_flops,
             notes=tuple(_notes(got, bound, got.collectives)),
             analysis_s=got.analysis_s,
-            timing={"lower_s": got.lower_s, "compile_s": got.compile_s,
-                    "audit_s": got.audit_s},
+            timing={"lower_s": got.lower_s, "compile_s": got.compile_s, "audit_s": got.audit_s},
             exact=got.exact,
         )
         bound_of[id(p)] = bound
@@ -474,13 +505,16 @@ def plan(
 
     order = sorted(
         plans,
-        key=lambda p: (not p.fits, p.step_time_s, p.memory.total,
-                       names.index(p.strategy), tuple(p.mesh.values())),
+        key=lambda p: (
+            not p.fits,
+            p.step_time_s,
+            p.memory.total,
+            names.index(p.strategy),
+            tuple(p.mesh.values()),
+        ),
     )
     front = _pareto(order)
-    ranked = tuple(
-        replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order)
-    )
+    ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     # One validation per strategy, on its best plan: the issue's DP, FSDP and TP, and the rest.
     first: dict[str, tuple[Plan, Any]] = {}
     for p, q in zip(ranked, order, strict=True):

@@ -26,8 +26,14 @@ COMPILE_OPTIONS: Mapping[str, Any] = {
 }
 
 
-def _target_payload(kind: str, dtype: str, shapes: Sequence[Sequence[int]], payload: int,
-                    group_size: int, itemsize: int) -> int:
+def _target_payload(
+    kind: str,
+    dtype: str,
+    shapes: Sequence[Sequence[int]],
+    payload: int,
+    group_size: int,
+    itemsize: int,
+) -> int:
     """The payload at the model's dtype: the CPU backend moves bf16 values as f32.
 
     Only f32 collectives of a 16-bit model are rescaled, and scalars (the f32 loss) kept.
@@ -44,18 +50,25 @@ def _target_payload(kind: str, dtype: str, shapes: Sequence[Sequence[int]], payl
 def _plan_collective(c: Any, itemsize: int) -> PlanCollective:
     from shardscope._comm import traffic_bytes
 
-    payload = _target_payload(c.kind, c.dtype, c.shapes, c.payload_bytes, c.group_size,
-                              itemsize)
+    payload = _target_payload(c.kind, c.dtype, c.shapes, c.payload_bytes, c.group_size, itemsize)
     if c.kind == COLLECTIVE_PERMUTE:
         per_run = payload if c.traffic_bytes else 0
     else:
         per_run = traffic_bytes(c.kind, payload, max(c.group_size, 1))
     return PlanCollective(
-        kind=c.kind, axes=tuple(c.axes), group_size=c.group_size, count=c.count,
-        count_exact=c.count_exact, irregular=c.irregular, dtype=c.dtype,
-        payload_bytes=payload, cpu_payload_bytes=c.payload_bytes,
-        traffic_bytes=per_run * c.count, cpu_traffic_bytes=c.traffic_bytes * c.count,
-        op_name=c.op_name, source=c.source,
+        kind=c.kind,
+        axes=tuple(c.axes),
+        group_size=c.group_size,
+        count=c.count,
+        count_exact=c.count_exact,
+        irregular=c.irregular,
+        dtype=c.dtype,
+        payload_bytes=payload,
+        cpu_payload_bytes=c.payload_bytes,
+        traffic_bytes=per_run * c.count,
+        cpu_traffic_bytes=c.traffic_bytes * c.count,
+        op_name=c.op_name,
+        source=c.source,
     )
 
 
@@ -85,9 +98,7 @@ def compile_facts(
     facts = CompiledFacts(
         collectives=tuple(_plan_collective(c, config.itemsize) for c in result.collectives),
         memory=dict(result.memory or {}),
-        rematerializations=tuple(
-            r.source or r.op_name or r.instruction or "?" for r in remats
-        ),
+        rematerializations=tuple(r.source or r.op_name or r.instruction or "?" for r in remats),
         exact=result.exact,
         lower_s=t1 - t0,
         compile_s=t2 - t1,

@@ -47,7 +47,9 @@ class Skipped:
 
     def to_dict(self) -> dict[str, str]:
         return {
-            "strategy": self.strategy, "mesh": self.mesh, "reason": self.reason,
+            "strategy": self.strategy,
+            "mesh": self.mesh,
+            "reason": self.reason,
             "message": self.message,
         }
 
@@ -83,11 +85,18 @@ class PlanCollective:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "axes": list(self.axes), "group_size": self.group_size,
-            "count": self.count, "count_exact": self.count_exact, "irregular": self.irregular,
-            "dtype": self.dtype, "payload_bytes": self.payload_bytes,
-            "cpu_payload_bytes": self.cpu_payload_bytes, "traffic_bytes": self.traffic_bytes,
-            "cpu_traffic_bytes": self.cpu_traffic_bytes, "op_name": self.op_name,
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "group_size": self.group_size,
+            "count": self.count,
+            "count_exact": self.count_exact,
+            "irregular": self.irregular,
+            "dtype": self.dtype,
+            "payload_bytes": self.payload_bytes,
+            "cpu_payload_bytes": self.cpu_payload_bytes,
+            "traffic_bytes": self.traffic_bytes,
+            "cpu_traffic_bytes": self.cpu_traffic_bytes,
+            "op_name": self.op_name,
             "source": self.source,
         }
 
@@ -123,9 +132,13 @@ class AxisComm:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "axes": self.axes, "kind": self.kind, "count": self.count,
-            "traffic_bytes": self.traffic_bytes, "bound_bytes": self.bound_bytes,
-            "time_s": self.time_s, "crosses_nodes": self.crosses_nodes,
+            "axes": self.axes,
+            "kind": self.kind,
+            "count": self.count,
+            "traffic_bytes": self.traffic_bytes,
+            "bound_bytes": self.bound_bytes,
+            "time_s": self.time_s,
+            "crosses_nodes": self.crosses_nodes,
         }
 
 
@@ -150,9 +163,14 @@ class Validation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "strategy": self.strategy, "mesh": self.mesh, "formula_bytes": self.formula_bytes,
-            "compiled_bytes": self.compiled_bytes, "ratio": self.ratio, "ok": self.ok,
-            "cpu_formula_bytes": self.cpu_formula_bytes, "cpu_ratio": self.cpu_ratio,
+            "strategy": self.strategy,
+            "mesh": self.mesh,
+            "formula_bytes": self.formula_bytes,
+            "compiled_bytes": self.compiled_bytes,
+            "ratio": self.ratio,
+            "ok": self.ok,
+            "cpu_formula_bytes": self.cpu_formula_bytes,
+            "cpu_ratio": self.cpu_ratio,
             "explanation": self.explanation,
         }
 
@@ -199,8 +217,10 @@ class Plan:
         """CPU buffer assignment: arguments + outputs + temporaries - aliased."""
         m = self.compiled_memory
         return (
-            m.get("argument_size_in_bytes", 0) + m.get("output_size_in_bytes", 0)
-            + m.get("temp_size_in_bytes", 0) - m.get("alias_size_in_bytes", 0)
+            m.get("argument_size_in_bytes", 0)
+            + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0)
+            - m.get("alias_size_in_bytes", 0)
         )
 
     @property
@@ -332,15 +352,13 @@ class PlanResult:
         }
 
 
-
 def _why_empty(result: PlanResult) -> str:
     by: dict[str, list[Skipped]] = {}
     for s in result.skipped:
         by.setdefault(s.reason, []).append(s)
     parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
-    head = (
-        f"no plan for {result.model} on {result.devices} device(s): "
-        + (", ".join(parts) if parts else "no candidate mesh")
+    head = f"no plan for {result.model} on {result.devices} device(s): " + (
+        ", ".join(parts) if parts else "no candidate mesh"
     )
     if "memory" in by:
         from shardscope._render import format_bytes

@@ -32,9 +32,7 @@ class _Worker:
         env = dict(os.environ)
         # The worker must import this very package, installed or not.
         root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (root, env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardscope._plan_worker", str(devices)],
             stdin=subprocess.PIPE,
@@ -129,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     use_cpu_devices(devices)
     from shardscope._plan_compile import worker_task
+
     inp = sys.stdin.buffer
     while True:
         try:

@@ -29,13 +29,20 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
     ax = fig.add_subplot()
     hw = result.hardware
     ax.set_title(
-        f"{result.model} {result.mode} on {result.devices} x {hw.name}: "
-        f"{len(result.plans)} plans",
+        f"{result.model} {result.mode} on {result.devices} x {hw.name}: {len(result.plans)} plans",
         fontsize=11,
     )
     if not result.plans:
-        ax.text(0.5, 0.5, result.empty_reason or "no plan", ha="center", va="center",
-                wrap=True, fontsize=9, transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            result.empty_reason or "no plan",
+            ha="center",
+            va="center",
+            wrap=True,
+            fontsize=9,
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
     else:
         top = max(p.memory_bytes_per_device for p in result.plans)
@@ -61,35 +68,60 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
                     label=s if fits or not any(q.fits for q in group) else None,
                     zorder=3,
                 )
-        front = sorted((p for p in result.plans if p.pareto),
-                       key=lambda p: (p.memory_bytes_per_device, p.comm_time_s))
+        front = sorted(
+            (p for p in result.plans if p.pareto),
+            key=lambda p: (p.memory_bytes_per_device, p.comm_time_s),
+        )
         if front:
             ax.step(
                 [p.memory_bytes_per_device / gib for p in front],
                 [p.comm_time_s for p in front],
-                where="post", color="black", linewidth=1.0, alpha=0.7, zorder=2,
+                where="post",
+                color="black",
+                linewidth=1.0,
+                alpha=0.7,
+                zorder=2,
                 label="Pareto front",
             )
             for p in front:
                 short = f"{p.strategy} {'x'.join(str(v) for v in p.mesh.values())}"
-                ax.annotate(short, (p.memory_bytes_per_device / gib, p.comm_time_s),
-                            textcoords="offset points", xytext=(5, 4), fontsize=7)
+                ax.annotate(
+                    short,
+                    (p.memory_bytes_per_device / gib, p.comm_time_s),
+                    textcoords="offset points",
+                    xytext=(5, 4),
+                    fontsize=7,
+                )
         best = result.best
         if best is not None:
-            ax.scatter([best.memory_bytes_per_device / gib], [best.comm_time_s], marker="*",
-                       s=220, color="gold", edgecolors="black", zorder=4,
-                       label=f"best: {best.label} ({format_seconds(best.step_time_s)}/step)")
+            ax.scatter(
+                [best.memory_bytes_per_device / gib],
+                [best.comm_time_s],
+                marker="*",
+                s=220,
+                color="gold",
+                edgecolors="black",
+                zorder=4,
+                label=f"best: {best.label} ({format_seconds(best.step_time_s)}/step)",
+            )
         else:
             ax.plot([], [], " ", label="no plan fits the device memory")
         if hw.memory_bytes <= 2 * top:
-            ax.axvline(hw.memory_bytes / gib, color="grey", linestyle="--", linewidth=1,
-                       label=f"device memory {format_bytes(hw.memory_bytes)}")
+            ax.axvline(
+                hw.memory_bytes / gib,
+                color="grey",
+                linestyle="--",
+                linewidth=1,
+                label=f"device memory {format_bytes(hw.memory_bytes)}",
+            )
         else:
-            ax.plot([], [], " ", label=f"device memory {format_bytes(hw.memory_bytes)} "
-                    "(off the chart)")
+            ax.plot(
+                [], [], " ", label=f"device memory {format_bytes(hw.memory_bytes)} (off the chart)"
+            )
         if any(not p.fits for p in result.plans):
-            ax.scatter([], [], s=46, facecolors="none", edgecolors="grey",
-                       label="hollow: does not fit")
+            ax.scatter(
+                [], [], s=46, facecolors="none", edgecolors="grey", label="hollow: does not fit"
+            )
         times = [p.comm_time_s for p in result.plans if p.comm_time_s > 0]
         if times and max(times) / min(times) > 10:
             from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter

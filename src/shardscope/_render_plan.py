@@ -40,9 +40,7 @@ def format_ratio(r: float | None) -> str:
 
 def comm_summary(p: Plan) -> str:
     """``'model AR x128; data AR x33'``: compiled collectives per axis, loop trips counted."""
-    parts = [
-        f"{a.axes} {KIND_SHORT.get(a.kind, a.kind)} x{a.count}" for a in p.comm if a.count
-    ]
+    parts = [f"{a.axes} {KIND_SHORT.get(a.kind, a.kind)} x{a.count}" for a in p.comm if a.count]
     return "; ".join(parts) or "none"
 
 
@@ -75,10 +73,22 @@ def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    for name in ("#", "strategy", "mesh", "mem/dev", "fits", "comm/dev", "x bound", "comm",
-                 "compute", "step", "overlap"):
-        table.add_column(name, justify="left" if name in ("strategy", "mesh") else "right",
-                         no_wrap=True)
+    for name in (
+        "#",
+        "strategy",
+        "mesh",
+        "mem/dev",
+        "fits",
+        "comm/dev",
+        "x bound",
+        "comm",
+        "compute",
+        "step",
+        "overlap",
+    ):
+        table.add_column(
+            name, justify="left" if name in ("strategy", "mesh") else "right", no_wrap=True
+        )
     for p in result.plans[: top or None]:
         table.add_row(
             f"{p.rank}{'*' if p.pareto else ''}",
@@ -103,17 +113,25 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
 
     table = Table(
         title=f"Communication of the best {min(top, len(result.plans))} plans, per axis",
-        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
     for name in ("plan", "axes", "kind", "count", "bytes/dev", "bound", "time", "nodes"):
-        table.add_column(name, justify="left" if name in ("plan", "axes", "kind") else "right",
-                         no_wrap=True)
+        table.add_column(
+            name, justify="left" if name in ("plan", "axes", "kind") else "right", no_wrap=True
+        )
     for p in result.plans[:top]:
         for i, a in enumerate(p.comm):
             table.add_row(
-                f"{p.rank}. {p.label}" if i == 0 else "", a.axes, a.kind, str(a.count),
-                format_bytes(a.traffic_bytes), format_bytes(a.bound_bytes),
-                format_seconds(a.time_s), "across" if a.crosses_nodes else "within",
+                f"{p.rank}. {p.label}" if i == 0 else "",
+                a.axes,
+                a.kind,
+                str(a.count),
+                format_bytes(a.traffic_bytes),
+                format_bytes(a.bound_bytes),
+                format_seconds(a.time_s),
+                "across" if a.crosses_nodes else "within",
             )
         if not p.comm:
             table.add_row(f"{p.rank}. {p.label}", "-", "none", "0", "0 B", "0 B", "0", "")
@@ -141,20 +159,30 @@ def validation_table(result: PlanResult) -> Any:
     table = Table(
         title="Compiled communication vs the analytic formula (best plan of each strategy; "
         "ok: within 5%)",
-        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
     for col in ("strategy", "mesh", "formula", "compiled", "ratio", "ok", "why not"):
         table.add_column(col, overflow="fold" if col == "why not" else "ellipsis")
     for v in result.validations:
         table.add_row(
-            v.strategy, v.mesh, format_bytes(v.formula_bytes), format_bytes(v.compiled_bytes),
-            format_ratio(v.ratio), "yes" if v.ok else "no", v.explanation,
+            v.strategy,
+            v.mesh,
+            format_bytes(v.formula_bytes),
+            format_bytes(v.compiled_bytes),
+            format_ratio(v.ratio),
+            "yes" if v.ok else "no",
+            v.explanation,
         )
     return table
 
 
 def render_plan(
-    result: PlanResult, *, console: Any = None, top: int | None = None,
+    result: PlanResult,
+    *,
+    console: Any = None,
+    top: int | None = None,
     empty_reason: bool = True,
 ) -> None:
     """Prints the plan table, then what was skipped, the validation and the caveats.
@@ -214,15 +242,35 @@ def markdown_report(result: PlanResult) -> str:
     else:
         lines += ["## Ranked plans", ""]
         lines += _md_table(
-            ["#", "strategy", "mesh", "memory/device", "fits", "comm/device", "x bound",
-             "comm time", "compute", "step", "step (overlap)", "Pareto"],
             [
-                [str(p.rank), p.strategy, f"`{p.mesh_spec}`",
-                 format_bytes(p.memory_bytes_per_device), "yes" if p.fits else "**no**",
-                 format_bytes(p.comm_bytes_per_device), format_ratio(p.bound_ratio),
-                 format_seconds(p.comm_time_s), format_seconds(p.compute_time_s),
-                 format_seconds(p.step_time_s), format_seconds(p.step_time_overlap_s),
-                 "yes" if p.pareto else ""]
+                "#",
+                "strategy",
+                "mesh",
+                "memory/device",
+                "fits",
+                "comm/device",
+                "x bound",
+                "comm time",
+                "compute",
+                "step",
+                "step (overlap)",
+                "Pareto",
+            ],
+            [
+                [
+                    str(p.rank),
+                    p.strategy,
+                    f"`{p.mesh_spec}`",
+                    format_bytes(p.memory_bytes_per_device),
+                    "yes" if p.fits else "**no**",
+                    format_bytes(p.comm_bytes_per_device),
+                    format_ratio(p.bound_ratio),
+                    format_seconds(p.comm_time_s),
+                    format_seconds(p.compute_time_s),
+                    format_seconds(p.step_time_s),
+                    format_seconds(p.step_time_overlap_s),
+                    "yes" if p.pareto else "",
+                ]
                 for p in result.plans
             ],
         )
@@ -233,14 +281,29 @@ def markdown_report(result: PlanResult) -> str:
             lines += ["", f"**{result.fit_note}**", ""]
         lines += ["## Memory per device", ""]
         lines += _md_table(
-            ["#", "plan", "params", "grads", "optimizer", "activations", "gathered weights",
-             "total (analytic)", "compiled on CPU"],
             [
-                [str(p.rank), p.label, format_bytes(p.memory.params),
-                 format_bytes(p.memory.grads), format_bytes(p.memory.optimizer),
-                 format_bytes(p.memory.activations), format_bytes(p.memory.gathered_weights),
-                 format_bytes(p.memory.total),
-                 format_bytes(p.compiled_memory_bytes_per_device)]
+                "#",
+                "plan",
+                "params",
+                "grads",
+                "optimizer",
+                "activations",
+                "gathered weights",
+                "total (analytic)",
+                "compiled on CPU",
+            ],
+            [
+                [
+                    str(p.rank),
+                    p.label,
+                    format_bytes(p.memory.params),
+                    format_bytes(p.memory.grads),
+                    format_bytes(p.memory.optimizer),
+                    format_bytes(p.memory.activations),
+                    format_bytes(p.memory.gathered_weights),
+                    format_bytes(p.memory.total),
+                    format_bytes(p.compiled_memory_bytes_per_device),
+                ]
                 for p in result.plans
             ],
         )
@@ -251,12 +314,17 @@ def markdown_report(result: PlanResult) -> str:
                 lines += ["No communication.", ""]
                 continue
             lines += _md_table(
-                ["axes", "kind", "count", "bytes/device", "lower bound", "time",
-                 "crosses nodes"],
+                ["axes", "kind", "count", "bytes/device", "lower bound", "time", "crosses nodes"],
                 [
-                    [a.axes, a.kind, str(a.count), format_bytes(a.traffic_bytes),
-                     format_bytes(a.bound_bytes), format_seconds(a.time_s),
-                     "yes" if a.crosses_nodes else "no"]
+                    [
+                        a.axes,
+                        a.kind,
+                        str(a.count),
+                        format_bytes(a.traffic_bytes),
+                        format_bytes(a.bound_bytes),
+                        format_seconds(a.time_s),
+                        "yes" if a.crosses_nodes else "no",
+                    ]
                     for a in p.comm
                 ],
             )
@@ -267,9 +335,15 @@ def markdown_report(result: PlanResult) -> str:
         lines += _md_table(
             ["strategy", "mesh", "formula", "compiled", "ratio", "within 5%", "why not"],
             [
-                [v.strategy, f"`{v.mesh}`", format_bytes(v.formula_bytes),
-                 format_bytes(v.compiled_bytes), format_ratio(v.ratio),
-                 "yes" if v.ok else "no", v.explanation]
+                [
+                    v.strategy,
+                    f"`{v.mesh}`",
+                    format_bytes(v.formula_bytes),
+                    format_bytes(v.compiled_bytes),
+                    format_ratio(v.ratio),
+                    "yes" if v.ok else "no",
+                    v.explanation,
+                ]
                 for v in result.validations
             ],
         )

@@ -46,6 +46,8 @@ def verdict_table(verdict: Verdict, *, title: str | None = None) -> Any:
         table.add_row("-", "none", "0", "0", "0 B", "0 B", "1.00x")
     for r in verdict.rows:
         over = r.ratio is None or r.ratio > 1.05
+        # A ratio is meaningful where the bound and the program both send something here.
+        shown = r.ratio if r.bound_bytes and r.actual_bytes else None
         table.add_row(
             ",".join(r.axes) or "-",
             r.kind,
@@ -53,7 +55,7 @@ def verdict_table(verdict: Verdict, *, title: str | None = None) -> Any:
             str(r.actual_count),
             format_bytes(r.bound_bytes),
             format_bytes(r.actual_bytes),
-            Text(_ratio_text(r.ratio), style="red" if over else "green"),
+            Text(_ratio_text(shown), style="red" if over else "green"),
         )
     table.add_section()
     table.add_row(
@@ -79,6 +81,8 @@ def verdict_lines(verdict: Verdict) -> list[str]:
         )
     for h in verdict.hints:
         status = "reaches the bound" if h.reaches_bound else f"{_ratio_text(h.ratio)} the bound"
+        if h.traffic_bytes >= verdict.actual_bytes:
+            status += ", no better than the program on this backend"
         lines.append(f"hint (compiled: {format_bytes(h.traffic_bytes)}, {status}): {h.change}")
         lines.append(f"      {h.code}")
     for note in (*verdict.bound_notes, *verdict.notes):

@@ -474,7 +474,21 @@ def matmul_verdict(
                     f"device instead of {problem.flops // devices:,}]"
                 )
             found.append(_verify(change, prog.code, prog.lower, bound.traffic_bytes, problem.dtype))
-    return MatmulReport(result, plan, verdict.replace(hints=tuple(found)))
+    verdict = verdict.replace(hints=tuple(found))
+    if any(p.duplicated_flops for p in plan.axes):
+        # The byte minimum has every device compute all of C; say so, and where the program
+        # stands against the best plan that keeps the compute split.
+        split = plan_matmul(problem, duplicate_flops=False)
+        ratio = _ratio(verdict.actual_bytes, split.traffic_bytes)
+        shown = "n/a" if ratio is None else f"{ratio:.2f}x"
+        verdict = _with_note(
+            verdict,
+            f"the minimum's plan has every device compute all of C ({plan.flops_per_device:,} "
+            f"flops per device instead of {problem.flops // math.prod(problem.mesh.values()):,}); "
+            f"against the cheapest plan that keeps the compute split "
+            f"({format_bytes(split.traffic_bytes)}) the program is at {shown}",
+        )
+    return MatmulReport(result, plan, verdict)
 
 
 # -- transformer -------------------------------------------------------------------------------

@@ -200,17 +200,33 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     overrides = {
         k: getattr(args, k)
-        for k in ("link_bandwidth", "cross_node_bandwidth", "latency_s", "memory_bytes",
-                  "peak_flops", "node_size")
+        for k in (
+            "link_bandwidth",
+            "cross_node_bandwidth",
+            "latency_s",
+            "memory_bytes",
+            "peak_flops",
+            "node_size",
+        )
         if getattr(args, k) is not None
     }
     dims = {k: getattr(args, k) for k in ("d_model", "heads", "ff", "layers", "vocab")}
     return run_plan_command(
-        model=args.model, devices=args.devices, dims=dims, batch=args.batch, seq=args.seq,
-        mode=args.mode, hardware=args.hardware, hardware_overrides=overrides,
+        model=args.model,
+        devices=args.devices,
+        dims=dims,
+        batch=args.batch,
+        seq=args.seq,
+        mode=args.mode,
+        hardware=args.hardware,
+        hardware_overrides=overrides,
         strategies=args.strategies.split(",") if args.strategies else None,
-        bytes_per_param=args.bytes_per_param, flash_attention=not args.no_flash_attention,
-        workers=args.workers, json_path=args.json, png_path=args.png, report_path=args.report,
+        bytes_per_param=args.bytes_per_param,
+        flash_attention=not args.no_flash_attention,
+        workers=args.workers,
+        json_path=args.json,
+        png_path=args.png,
+        report_path=args.report,
         top=args.top,
     )
 
@@ -238,16 +254,23 @@ def _add_plan_parser(sub: Any) -> None:
     )
     p.add_argument("--model", choices=list(MODEL_PRESETS), help="a model preset")
     for dim in ("d-model", "heads", "ff", "layers", "vocab"):
-        p.add_argument(f"--{dim}", type=positive_int, metavar="N",
-                       help="model shape (overrides the preset's)")
-    p.add_argument("--devices", type=positive_int, required=True, metavar="N",
-                   help="accelerators to plan for")
-    p.add_argument("--batch", type=positive_int, metavar="N",
-                   help="global batch in sequences (default: one per device)")
+        p.add_argument(
+            f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
+        )
+    p.add_argument(
+        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
+    )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        metavar="N",
+        help="global batch in sequences (default: one per device)",
+    )
     p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
     p.add_argument("--mode", choices=["train", "forward"], default="train")
-    p.add_argument("--hardware", default="h100", choices=list(PRESETS),
-                   help="hardware preset (default h100)")
+    p.add_argument(
+        "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
+    )
     for flag, dest, what in (
         ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
         ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
@@ -256,17 +279,33 @@ def _add_plan_parser(sub: Any) -> None:
         ("--peak-flops", "peak_flops", "FLOP/s per device"),
     ):
         p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
-    p.add_argument("--node-size", type=positive_int, metavar="N",
-                   help="devices per node with the fast links")
-    p.add_argument("--strategies", metavar="LIST",
-                   help="comma-separated strategies to try (default: dp,fsdp,tp,sp,dp_tp,"
-                   "fsdp_tp,dp_sp)")
-    p.add_argument("--bytes-per-param", type=positive_int, default=16, metavar="N",
-                   help="training model state per parameter (default 16: mixed-precision Adam)")
-    p.add_argument("--no-flash-attention", action="store_true",
-                   help="count the attention scores in the activation estimate")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="compile in N worker processes (0: in this process; default: auto)")
+    p.add_argument(
+        "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
+    )
+    p.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="comma-separated strategies to try (default: dp,fsdp,tp,sp,dp_tp,fsdp_tp,dp_sp)",
+    )
+    p.add_argument(
+        "--bytes-per-param",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="training model state per parameter (default 16: mixed-precision Adam)",
+    )
+    p.add_argument(
+        "--no-flash-attention",
+        action="store_true",
+        help="count the attention scores in the activation estimate",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile in N worker processes (0: in this process; default: auto)",
+    )
     p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
     p.add_argument("--json", metavar="FILE", help="write the plans as JSON")
     p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
@@ -394,7 +433,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from shardscope._distributed import leave_run_on_failure
+    from shardscope._launch import die_with_launcher
 
+    die_with_launcher()
     with leave_run_on_failure():
         return _main(argv)
 
