@@ -121,13 +121,18 @@ def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -
 def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Any) -> float:
     from shardscope._comm import latency_steps
 
+    # A lower bound on time: every byte of the bound at full bandwidth, and one collective's
+    # latency per (axes, kind), since a compiler may merge the bound's terms (it does merge
+    # the per-weight gradient all-reduces).
     total = 0.0
+    latency: dict[tuple[Any, str], float] = {}
     for t in bound.terms:
         cross = crosses_nodes(sizes, t.axes, hw.node_size)
         bandwidth = hw.cross_node_bandwidth if cross else hw.link_bandwidth
-        total += t.count * latency_steps(t.kind, t.group_size) * hw.latency_s
         total += t.traffic_bytes / bandwidth
-    return total
+        steps = latency_steps(t.kind, t.group_size) * hw.latency_s
+        latency[(t.axes, t.kind)] = max(latency.get((t.axes, t.kind), 0.0), steps)
+    return total + sum(latency.values())
 
 
 def _axis_comm(
@@ -162,7 +167,9 @@ def _axis_comm(
                 traffic_bytes=sum(c.traffic_bytes for c in group),
                 bound_bytes=bound_by.get(key, 0),
                 time_s=sum(collective_time(hw, sizes, c) for c in group),
-                crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group),
+                crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group)
+                if group
+                else crosses_nodes(sizes, tuple(key[0].split(",")), hw.node_size),
             )
         )
     return tuple(out)
