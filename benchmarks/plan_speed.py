@@ -76,7 +76,7 @@ def run_case(model: str, devices: int, workers: int | None, extra: list[str]) ->
             return {"case": f"{model}@{devices}", "error": err.decode()[-400:]}
         data = json.loads(out.read_text())
     per_plan = [p["analysis_s"] for p in data["plans"]]
-    best = data["plans"][0] if data["plans"] else None
+    best = next((p for p in data["plans"] if p["fits"]), None)
     return {
         "case": f"{model}@{devices}",
         "wall_s": wall,
@@ -86,7 +86,7 @@ def run_case(model: str, devices: int, workers: int | None, extra: list[str]) ->
         "per_plan_median_s": statistics.median(per_plan) if per_plan else None,
         "per_plan_max_s": max(per_plan) if per_plan else None,
         "peak_rss_mb": peak / 2**20,
-        "best": f"{best['strategy']} {best['mesh']}" if best else None,
+        "best": f"{best['strategy']} {best['mesh']}" if best else "none fits the device memory",
         "validations": [
             (v["strategy"], v["mesh"], v["ratio"], v["ok"], v["cpu_ratio"])
             for v in data["validations"]
