@@ -27,11 +27,17 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def positive_number(text: str, unit: str = "") -> float:
+    """A finite number above 0 (``450e9``), for bandwidths, sizes and times."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 450e9)") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number{unit}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """Seconds above 0."""
+    return positive_number(text, " of seconds")

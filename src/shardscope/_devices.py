@@ -96,7 +96,7 @@ def _count(n: object) -> int:
 def _backends_started() -> bool:
     # JAX has no public query for this; it is the same check jax_num_cpu_devices' own
     # validator makes, and asking through jax.devices() would start the backends.
-    from jax._src import xla_bridge
+    from jax._src import xla_bridge  # private: no public query exists (see above)
 
     return bool(xla_bridge.backends_are_initialized())
 

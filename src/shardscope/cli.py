@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from shardscope._argtypes import positive_float, positive_int
+from shardscope._argtypes import positive_float, positive_int, positive_number
 from shardscope._distributed import add_distributed_options
 from shardscope._errors import DeviceSetupError, ShardscopeError
 
@@ -229,16 +229,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         report_path=args.report,
         top=args.top,
     )
-
-
-def positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 450e9)") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
 
 
 def _add_plan_parser(sub: Any) -> None:
