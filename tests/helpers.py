@@ -9,3 +9,20 @@ def need_devices(n: int) -> None:
     have = jax.device_count()
     if have < n:
         pytest.skip(f"test requires {n} devices and found {have}")
+
+
+def assert_usage_error(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str], *, quiet: bool = True
+) -> str:
+    """``shardscope ARGV`` is a user error: one line on stderr naming ``words``, exit code 2,
+    no traceback, and (``quiet``) nothing on stdout. Returns the line."""
+    from shardscope.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" or not quiet, captured.out
+    assert captured.err.count("\n") == 1, captured.err
+    assert words in captured.err and "Traceback" not in captured.err
+    return captured.err

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from helpers import assert_usage_error
 from shardscope.cli import main
 
 
@@ -30,13 +31,7 @@ from shardscope.cli import main
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    assert words in err
-    assert "Traceback" not in err
+    assert_usage_error(argv, words, capsys)
 
 
 def test_debug_shows_the_traceback(capsys):

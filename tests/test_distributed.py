@@ -10,9 +10,9 @@ import jax
 import pytest
 
 import shardscope
+from helpers import assert_usage_error
 from shardscope._distributed import is_loopback, parse_coordinator
 from shardscope._launch import free_port, supervise
-from shardscope.cli import main
 
 SHARDSCOPE = [sys.executable, "-m", "shardscope"]
 # Variables by which JAX detects a cluster: none may leak into a test that expects none.
@@ -82,12 +82,7 @@ def test_too_late_once_the_backend_runs():
     ],
 )
 def test_bad_flags_are_one_line_exit_2(argv, words, capsys):
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    assert words in err and "Traceback" not in err
+    assert_usage_error(argv, words, capsys)
 
 
 def test_distributed_flag_without_a_cluster_says_how_to_fix():

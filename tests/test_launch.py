@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import assert_usage_error
 from shardscope._launch import free_port, supervise
-from shardscope.cli import main
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/cmdline").exists(), reason="finding left-over processes needs /proc"
@@ -233,14 +233,7 @@ def test_timeout_ends_whole_process_groups():
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.count("\n") == 1, captured.err
-    assert words in captured.err
-    assert "Traceback" not in captured.err
+    assert_usage_error(argv, words, capsys)
 
 
 def test_bad_input_in_a_real_process_starts_nothing():
@@ -309,10 +302,4 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     ],
 )
 def test_runs_it_cannot_hold_are_refused_before_starting(args, words, capsys):
-    from shardscope.cli import main
-
-    with pytest.raises(SystemExit) as info:
-        main(["launch", *args])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert words in err and err.count("\n") == 1
+    assert_usage_error(["launch", *args], words, capsys)
