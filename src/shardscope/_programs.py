@@ -346,10 +346,15 @@ def build_matmul(
             c = wsc(a, sharding(a_spec)) @ wsc(b, sharding(b_spec))
             return c if c_spec is None else wsc(c, sharding(c_spec))
 
+        # Runnable as printed inside the jitted function, given the mesh (Auto axes, as
+        # shardscope.make_mesh builds them).
+        def named(spec: Any) -> str:
+            return f"NamedSharding(mesh, {_spec_text(spec)})"
+
         code = (
             "wsc = jax.lax.with_sharding_constraint; "
-            f"c = wsc(a, {_spec_text(a_spec)}) @ wsc(b, {_spec_text(b_spec)})"
-            + ("" if c_spec is None else f"; c = wsc(c, {_spec_text(c_spec)})")
+            f"c = wsc(a, {named(a_spec)}) @ wsc(b, {named(b_spec)})"
+            + ("" if c_spec is None else f"; c = wsc(c, {named(c_spec)})")
         )
         return MatmulProgram(
             "sharding constraints",
