@@ -276,3 +276,15 @@ def test_reference_cases_in_bfloat16_are_judged_at_their_width(specs, before):
     assert v.backend_bytes == 2 * v.actual_bytes
     best = min(v.hints, key=lambda h: h.traffic_bytes)
     assert best.reaches_bound and best.traffic_bytes <= v.bound_bytes * 1.05
+
+
+def test_train_excess_names_the_big_all_reduces_not_the_bound_covered_small_ones():
+    v = transformer_verdict("dp_sp", SMALL, "data=2,model=4", mode="train", hints=False).verdict
+    assert not v.optimal and v.excess
+    assert all(e.kind == "all-reduce" and "reduce-scatter suffices" in e.reason for e in v.excess)
+    # the scalar loss and the norm gains' gradients are not blamed
+    assert all(e.array not in ("f32[]", "f32[64]") for e in v.excess), [e.array for e in v.excess]
+    # blamed until they cover the excess, and no further
+    over = sum(r.actual_bytes - r.bound_bytes for r in v.rows if r.kind == "all-reduce")
+    blamed = [e.traffic_bytes for e in v.excess]
+    assert sum(blamed) >= over > sum(blamed) - min(blamed)

@@ -292,11 +292,20 @@ def compare(
         unclaimed[key3] = unclaimed.get(key3, 0) - claimed
         extra_count[i] = c.count - claimed
     excess = []
+    # Blame the largest unclaimed collectives first, and only until they account for the
+    # bytes a row sends beyond its bound: a small one the bound covers (a norm gain's
+    # gradient, the scalar loss) is not named beside the big one that is the excess.
+    # Nor is one under 1% of its row's excess: it changes nothing the verdict says.
+    left = {(r.axes, r.kind): r.actual_bytes - r.bound_bytes for r in rows}
+    floor = {key: 0.01 * over_by for key, over_by in left.items()}
     for i, c in sorted(enumerate(audit.collectives), key=lambda ic: -width.sent(ic[1])):
         key = (tuple(c.axes), c.kind)
         extra = extra_count[i]
-        if key not in over or c.traffic_bytes == 0 or extra == 0:
+        if key not in over or c.traffic_bytes == 0 or extra == 0 or left[key] <= 0:
             continue
+        if width.sent(c) < floor[key]:
+            continue
+        left[key] -= width.sent(c) // c.count * extra
         excess.append(
             Excess(
                 kind=c.kind,
