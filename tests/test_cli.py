@@ -23,6 +23,7 @@ from shardscope.cli import main
         (["audit", "matmul", "--mesh", "model=3"], "1024 is not divisible by 3"),
         (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but 8 are available"),
         (["lab", "--devices", "1_0"], "'1_0' is not a whole number"),
+        (["audit", "reshard", "--devices", "4"], "give --devices 8 or a smaller mesh"),
         (["lab", "--out", ""], "output folder is empty"),
         (["lab", "--out", "/proc/version/x"], "'/proc/version' is a file, not a folder"),
         (["audit", "matmul", "--json", "/tmp"], "'/tmp' is a folder, not a file"),

@@ -44,8 +44,21 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
     if args.json is not None:
         check_file_path(args.json)
+    mesh = args.mesh or args.default_mesh
+    if mesh and args.devices and args.num_processes is None and not args.distributed:
+        import math
+
+        from shardscope._errors import MeshSpecError
+        from shardscope._mesh import parse_mesh_spec
+
+        need = math.prod(parse_mesh_spec(mesh).values())
+        if need > args.devices:
+            raise MeshSpecError(
+                f"mesh {mesh!r} needs {need} devices but --devices {args.devices} simulates "
+                f"{args.devices}; give --devices {need} or a smaller mesh"
+            )
     initialize_from_args(args)
-    ensure_devices_for(args.mesh or args.default_mesh, args.devices)
+    ensure_devices_for(mesh, args.devices)
     import jax
 
     json_path, console = args.json, None
