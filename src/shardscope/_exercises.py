@@ -28,10 +28,6 @@ EXERCISE_CHECKS = (
 EXERCISE_CONFIG = ModelConfig(d_model=64, heads=8, ff=256, layers=2, batch=8, seq=16)
 
 
-def _check(lab: Any, name: str, predicate: Any, msg: str = "", details: Any = None) -> bool:
-    return bool(lab.check(name, predicate, msg, details=details))
-
-
 def _per_axis_kind(audit: Any) -> dict[tuple[tuple[str, ...], str], tuple[int, int, int]]:
     out: dict[tuple[tuple[str, ...], str], tuple[int, int, int]] = {}
     for c in audit.collectives:
@@ -86,13 +82,8 @@ def run_exercise_checks(
     have = len(jax.devices())
     facts: dict[str, Any] = {"mesh": mesh_spec, "config": config.to_dict()}
     if have < need:
-        reason = f"needs {need} devices, found {have}"
-        skip = getattr(lab, "skip", None)
         for name in EXERCISE_CHECKS:
-            if skip is not None:
-                skip(name, reason)
-            else:
-                _check(lab, name, False, reason)
+            lab.skip(name, f"needs {need} devices, found {have}")
         return facts
 
     cache: dict[str, Any] = {}
@@ -101,9 +92,6 @@ def run_exercise_checks(
         if key not in cache:
             cache[key] = make()
         return cache[key]
-
-    def tp_numerics() -> Any:
-        return once("tp_num", lambda: compare_numerics("tp", config, mesh_spec))
 
     def tp_program() -> Any:
         return once("tp_prog", lambda: build_program("tp", config, mesh_spec))
@@ -117,23 +105,25 @@ def run_exercise_checks(
             lambda: audit(build_program("tp", config, mesh_spec, impl="shard_map").lower()),
         )
 
-    # 1. numerics of the jitted TP block (the holders are filled in by the predicates; the
-    # harness keeps references to them, so its JSON gets what was measured)
-    tp_errors: dict[str, Any] = {}
+    # 1 and 3. numerics against one device (the holders are filled in by the predicates;
+    # the harness keeps references to them, so its JSON gets what was measured)
+    def numerics_check(name: str, impl: str, fact: str, msg: str) -> None:
+        errors: dict[str, Any] = {}
 
-    def matches_one_device() -> bool:
-        report = tp_numerics()
-        facts["tp_numerics"] = report.to_dict()
-        tp_errors.update(report.errors, tolerance=report.tolerance)
-        return report.ok
+        def matches_one_device() -> bool:
+            report = compare_numerics("tp", config, mesh_spec, impl=impl)
+            facts[fact] = report.to_dict()
+            errors.update(report.errors, tolerance=report.tolerance)
+            return report.ok
 
-    _check(
-        lab,
+        lab.check(name, matches_one_device, msg, details={"relative_errors": errors})
+
+    numerics_check(
         EXERCISE_CHECKS[0],
-        matches_one_device,
+        "jit",
+        "tp_numerics",
         f"largest relative error per scope (attention, mlp, output) within the "
         f"{config.dtype} tolerance",
-        details={"relative_errors": tp_errors},
     )
 
     # 2. exact collectives
@@ -154,29 +144,18 @@ def run_exercise_checks(
         return True
 
     per_layer = config.batch * config.seq * config.d_model * config.itemsize
-    _check(
-        lab,
+    lab.check(
         EXERCISE_CHECKS[1],
         exact_minimum,
         f"2 all-reduces per layer over 'model' of batch x seq x d_model "
         f"({per_layer} bytes each), bytes equal to the bound",
     )
 
-    # 3. numerics of the shard_map twin
-    twin_errors: dict[str, Any] = {}
-
-    def twin_matches() -> bool:
-        report = compare_numerics("tp", config, mesh_spec, impl="shard_map")
-        facts["twin_numerics"] = report.to_dict()
-        twin_errors.update(report.errors, tolerance=report.tolerance)
-        return report.ok
-
-    _check(
-        lab,
+    numerics_check(
         EXERCISE_CHECKS[2],
-        twin_matches,
+        "shard_map",
+        "twin_numerics",
         "explicit psum after the row-parallel matmuls",
-        details={"relative_errors": twin_errors},
     )
 
     # 4. the twin communicates the same
@@ -187,7 +166,7 @@ def run_exercise_checks(
             raise AssertionError(f"shard_map {twin_side} vs jit {jit_side}")
         return True
 
-    _check(lab, EXERCISE_CHECKS[3], twin_same, "same kinds, axes, counts and bytes")
+    lab.check(EXERCISE_CHECKS[3], twin_same, "same kinds, axes, counts and bytes")
 
     # 5. the sequence-parallel verdict
     holder: dict[str, Any] = {}
@@ -212,8 +191,7 @@ def run_exercise_checks(
         facts["sp_verdict"] = holder
         return v.optimal or any(h.reaches_bound for h in v.hints)
 
-    _check(
-        lab,
+    lab.check(
         EXERCISE_CHECKS[4],
         sp_verdict,
         "the verdict (ratio to the bound) with a verified hint that reaches it",

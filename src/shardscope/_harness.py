@@ -95,14 +95,9 @@ class Lab:
     @property
     def console(self) -> Any:
         if self._console is None:
-            from rich.console import Console
+            from shardscope._render import output_console
 
-            console = Console(highlight=False)
-            if not console.is_terminal and not console.is_jupyter:
-                # Piped or captured (a log, CI): no terminal width to follow, so wide tables
-                # stay readable rather than squeezed into 80 columns.
-                console = Console(highlight=False, width=140)
-            self._console = console
+            self._console = output_console(highlight=False)
         return self._console
 
     def print(self, *objects: Any) -> None:

@@ -71,10 +71,9 @@ def run_plan_command(
             check_file_path(path)  # before minutes of compiling, not after
     _ensure_devices(devices)
     if console is None:
-        import sys
+        from shardscope._render import output_console
 
-        # Piped output gets room for the whole table instead of rich's 80 columns.
-        console = Console() if sys.stdout.isatty() else Console(width=150)
+        console = output_console(piped_width=150)  # the plan table is the widest
     bar_console = progress_console or Console(stderr=True)
     bar = Progress(
         TextColumn("compiling plans"),

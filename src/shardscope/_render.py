@@ -49,6 +49,20 @@ def layout_table(lay: Layout, *, title: str | None = None) -> Any:
     return table
 
 
+PIPED_WIDTH = 140  # piped or captured output has no terminal width to follow
+
+
+def output_console(*, piped_width: int = PIPED_WIDTH, **kwargs: Any) -> Any:
+    """A rich Console for stdout: the terminal's width, or ``piped_width`` columns in a log or
+    pipe, so that wide tables stay readable rather than squeezed into 80 columns."""
+    from rich.console import Console
+
+    console = Console(**kwargs)
+    if console.is_terminal or console.is_jupyter:
+        return console
+    return Console(**kwargs, width=piped_width)
+
+
 def mimebundle(renderable: Any, width: int = 110) -> dict[str, str]:
     """Plain text and HTML of a rich renderable, for notebooks' ``_repr_mimebundle_``."""
     from rich.console import Console

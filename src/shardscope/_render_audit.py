@@ -146,12 +146,9 @@ def audit_notes(audit: Audit) -> list[str]:
 
 def render_audit(audit: Audit, *, console: Any = None, title: str | None = None) -> None:
     """Prints the audit table and its notes to ``console`` (a new rich Console by default)."""
-    from rich.console import Console
+    from shardscope._render import output_console
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=140)  # piped or captured: no terminal width to follow
+    console = console or output_console()
     console.print(audit_table(audit, title=title))
     for note in audit_notes(audit):
         console.print(note, highlight=False, markup=False)

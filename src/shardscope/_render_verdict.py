@@ -93,12 +93,9 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 def render_verdict(verdict: Verdict, *, console: Any = None, title: str | None = None) -> None:
     """Prints the verdict table and its lines to ``console`` (a new rich Console by default)."""
-    from rich.console import Console
+    from shardscope._render import output_console
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=140)
+    console = console or output_console()
     console.print(verdict_table(verdict, title=title))
     for line in verdict_lines(verdict):
         console.print(line, highlight=False, markup=False)

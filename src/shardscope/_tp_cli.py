@@ -19,12 +19,9 @@ def _check_mesh(mesh_spec: str | None) -> None:
 
 
 def _console(console: Any) -> Any:
-    if console is not None:
-        return console
-    from rich.console import Console
+    from shardscope._render import output_console
 
-    out = Console()
-    return out if out.is_terminal else Console(width=140)
+    return console or output_console()
 
 
 def run_transformer_command(
