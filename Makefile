@@ -1,21 +1,23 @@
-# Two entry points: `make lab` and `make test`. Every install step lives here.
+# Two entry points: `make lab` and `make test`. Every install step lives here, with the exact
+# versions of constraints.txt.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
 .PHONY: lab test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The package with its pinned runtime dependencies (what `make lab` needs).
-$(VENV)/.installed-runtime: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+# The package with JAX's CPU build (what `make lab` needs).
+$(VENV)/.installed-runtime: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[cpu]'
 	touch $@
 
-# The package plus the test and notebook tooling.
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# The package plus the test, lint and notebook tooling.
+$(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[cpu,dev]'
 	touch $(VENV)/.installed-runtime $@
 
 lab: $(VENV)/.installed-runtime
@@ -25,8 +27,10 @@ lab: $(VENV)/.installed-runtime
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
+# ruff, and the layering contract of .importlinter (each floor imports only from below).
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 
 bench: $(VENV)/.installed-runtime
 	$(BIN)/python benchmarks/lab_cold_start.py

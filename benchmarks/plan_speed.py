@@ -51,8 +51,19 @@ def _tree_rss_bytes(root: int) -> int:
 def run_case(model: str, devices: int, workers: int | None, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
-        cmd = [sys.executable, "-m", "shardscope", "plan", "--model", model, "--devices",
-               str(devices), "--json", str(out), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "shardscope",
+            "plan",
+            "--model",
+            model,
+            "--devices",
+            str(devices),
+            "--json",
+            str(out),
+            *extra,
+        ]
         if workers is not None:
             cmd += ["--workers", str(workers)]
         peak = 0
@@ -96,11 +107,18 @@ def run_case(model: str, devices: int, workers: int | None, extra: list[str]) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="7b:64,70b:1024,1b:8",
-                        help="comma-separated model:devices (default 7b:64,70b:1024,1b:8; "
-                        "1b on 8 has DP, FSDP and TP plans that fit, for the validation)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="worker processes (default: the command's own choice)")
+    parser.add_argument(
+        "--cases",
+        default="7b:64,70b:1024,1b:8",
+        help="comma-separated model:devices (default 7b:64,70b:1024,1b:8; "
+        "1b on 8 has DP, FSDP and TP plans that fit, for the validation)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (default: the command's own choice)",
+    )
     parser.add_argument("extra", nargs="*", help="more arguments for `shardscope plan`")
     args = parser.parse_args()
     print(f"cores available: {len(os.sched_getaffinity(0))}")
@@ -119,7 +137,8 @@ def main() -> None:
         checks = ", ".join(
             f"{s} {m} {ratio:.3f}x"
             + ("" if ok else f" (CPU all-reduce for reduce-scatter: {cpu:.3f}x)")
-            for s, m, ratio, ok, cpu in r["validations"] if ratio is not None
+            for s, m, ratio, ok, cpu in r["validations"]
+            if ratio is not None
         )
         print(f"{'':>12}compiled / formula: {checks}")
 

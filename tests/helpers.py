@@ -8,7 +8,7 @@ def assert_usage_error(
 ) -> str:
     """``shardscope ARGV`` is a user error: one line on stderr naming ``words``, exit code 2,
     no traceback, and (``quiet``) nothing on stdout. Returns the line."""
-    from shardscope.cli import main
+    from shardscope._src.cli.main import main
 
     with pytest.raises(SystemExit) as info:
         main(argv)

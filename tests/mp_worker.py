@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import shardscope
-from shardscope._distributed import leave_run_on_failure
+from shardscope._src.base.distributed import leave_run_on_failure
 
 coordinator, n, me, faulty, mode = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
 shardscope.use_cpu_devices(2)

@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardscope
-from shardscope._errors import DeviceSetupError, HloParseError, MeshSpecError, ShardscopeError
+from shardscope._src.base.errors import (
+    DeviceSetupError,
+    HloParseError,
+    MeshSpecError,
+    ShardscopeError,
+)
 
 try:
     shardscope.use_cpu_devices(8)
@@ -23,12 +28,12 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from shardscope import audit  # noqa: E402
-from shardscope._audit import parse_rematerializations  # noqa: E402
-from shardscope._audit_cli import run_audit_command  # noqa: E402
-from shardscope._demos import taster_matmul, taster_reshard  # noqa: E402
-from shardscope._groups import parse_replica_groups  # noqa: E402
-from shardscope._hlo import parse_hlo  # noqa: E402
-from shardscope._render_audit import format_audit  # noqa: E402
+from shardscope._src.audit.compile import parse_rematerializations  # noqa: E402
+from shardscope._src.cli.audit import run_audit_command  # noqa: E402
+from shardscope._src.hlo.groups import parse_replica_groups  # noqa: E402
+from shardscope._src.hlo.parse import parse_hlo  # noqa: E402
+from shardscope._src.render.audit import format_audit  # noqa: E402
+from shardscope._src.sharding.demos import taster_matmul, taster_reshard  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hlo"
 GENERATOR = (FIXTURES / "generate.py").read_text().splitlines()

@@ -10,20 +10,20 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from shardscope._audit import audit  # noqa: E402
-from shardscope._bounds import (  # noqa: E402
+from shardscope._src.audit.compile import audit  # noqa: E402
+from shardscope._src.base.comm import traffic_bytes  # noqa: E402
+from shardscope._src.base.errors import StrategyError  # noqa: E402
+from shardscope._src.bounds.matmul import (  # noqa: E402
     all_matmul_plans,
     matmul_bound,
     matmul_problem,
     plan_matmul,
-    transformer_bound,
 )
-from shardscope._comm import traffic_bytes  # noqa: E402
-from shardscope._errors import StrategyError  # noqa: E402
-from shardscope._model import ModelConfig  # noqa: E402
-from shardscope._numerics import TOLERANCES, reference_outputs, relative_error  # noqa: E402
-from shardscope._programs import build_program  # noqa: E402
-from shardscope._strategies import (  # noqa: E402
+from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
+from shardscope._src.model.config import ModelConfig  # noqa: E402
+from shardscope._src.sharding.numerics import TOLERANCES, reference_outputs, relative_error  # noqa: E402
+from shardscope._src.sharding.programs import build_program  # noqa: E402
+from shardscope._src.sharding.strategies import (  # noqa: E402
     STRATEGIES,
     abstract_mesh,
     get_strategy,

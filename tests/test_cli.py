@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from helpers import assert_usage_error
-from shardscope.cli import main
+from shardscope._src.cli.main import main
 
 
 @pytest.mark.parametrize(

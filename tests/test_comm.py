@@ -3,7 +3,7 @@
 import pytest
 
 from shardscope import comm
-from shardscope._errors import ShardscopeError
+from shardscope._src.base.errors import ShardscopeError
 
 S = 4096 * 1024 * 2  # the scaling book's worked example: M=4096, K=1024, bf16
 

@@ -11,8 +11,8 @@ import pytest
 
 import shardscope
 from helpers import assert_usage_error
-from shardscope._distributed import is_loopback, parse_coordinator
-from shardscope._launch import free_port, supervise
+from shardscope._src.base.distributed import is_loopback, parse_coordinator
+from shardscope._src.launch import free_port, supervise
 
 SHARDSCOPE = [sys.executable, "-m", "shardscope"]
 # Variables by which JAX detects a cluster: none may leak into a test that expects none.

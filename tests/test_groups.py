@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from shardscope._errors import HloParseError
-from shardscope._groups import (
+from shardscope._src.base.errors import HloParseError
+from shardscope._src.hlo.groups import (
     axes_of_groups,
     axes_of_pairs,
     parse_replica_groups,

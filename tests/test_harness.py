@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from shardscope import Lab, ShardscopeError, bootstrap
-from shardscope._errors import OutputPathError
+from shardscope._src.base.errors import OutputPathError
 
 
 def make_lab(tmp_path, **kw):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardscope._errors import HloParseError
-from shardscope._hlo import parse_hlo, parse_shape, split_top_level
+from shardscope._src.base.errors import HloParseError
+from shardscope._src.hlo.parse import parse_hlo, parse_shape, split_top_level
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hlo"
 ALL = sorted(FIXTURES.glob("*.hlo"))

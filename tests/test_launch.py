@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_usage_error
-from shardscope._launch import free_port, supervise
+from shardscope._src.launch import free_port, supervise
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/cmdline").exists(), reason="finding left-over processes needs /proc"

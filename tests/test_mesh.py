@@ -3,7 +3,7 @@ import pytest
 
 import shardscope
 from shardscope import MeshSpecError, make_mesh, parse_mesh_spec
-from shardscope._mesh import format_mesh_spec
+from shardscope._src.mesh import format_mesh_spec
 
 
 @pytest.mark.parametrize(

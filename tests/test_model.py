@@ -9,8 +9,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from shardscope._errors import ModelConfigError, ShardscopeError  # noqa: E402
-from shardscope._model import (  # noqa: E402
+from shardscope._src.base.errors import ModelConfigError, ShardscopeError  # noqa: E402
+from shardscope._src.model.config import (  # noqa: E402
     ModelConfig,
     abstract_batch,
     abstract_params,

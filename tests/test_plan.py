@@ -12,23 +12,23 @@ from dataclasses import replace
 import pytest
 
 from helpers import assert_usage_error
-from shardscope._errors import PlanError, ShardscopeError
-from shardscope._estimates import (
-    activation_bytes_per_layer,
-    crosses_nodes,
-    estimate_memory,
-    model_flops,
-)
-from shardscope._model import ModelConfig
-from shardscope._model_presets import MODEL_PRESETS, model_preset
-from shardscope._plan import VALIDATED_STRATEGIES, candidates, plan
-from shardscope._plan_compile import (
+from shardscope._src.base.errors import PlanError, ShardscopeError
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.presets import MODEL_PRESETS, model_preset
+from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
     _target_payload,
     can_compile_here,
     default_workers,
 )
-from shardscope._strategies import abstract_mesh, get_strategy
+from shardscope._src.plan.estimates import (
+    activation_bytes_per_layer,
+    crosses_nodes,
+    estimate_memory,
+    model_flops,
+)
+from shardscope._src.plan.sweep import VALIDATED_STRATEGIES, candidates, plan
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 TINY = model_preset("tiny")
 
@@ -234,8 +234,8 @@ def test_plan_json_has_the_promised_fields(sweep):
 
 
 def test_compile_options_keep_collectives_and_buffers():
-    from shardscope._audit import audit
-    from shardscope._programs import build_program
+    from shardscope._src.audit.compile import audit
+    from shardscope._src.sharding.programs import build_program
 
     bound = get_strategy("fsdp_tp").bind(TINY.config(batch=8), "data=4,model=2")
     lowered = build_program(bound, mode="train").lower()
@@ -324,8 +324,8 @@ def test_in_process_planning_needs_the_devices():
 def test_renderers_show_the_best_plan(sweep, tmp_path):
     from rich.console import Console
 
-    from shardscope._plot_plan import plot_plans
-    from shardscope._render_plan import markdown_report, render_plan
+    from shardscope._src.render.plan import markdown_report, render_plan
+    from shardscope._src.render.plan_plot import plot_plans
 
     console = Console(record=True, width=160, file=io.StringIO())
     render_plan(sweep, console=console)
@@ -353,7 +353,7 @@ def test_renderers_show_the_best_plan(sweep, tmp_path):
 
 
 def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
-    from shardscope.cli import main
+    from shardscope._src.cli.main import main
 
     out = tmp_path / "out"
     code = main(
@@ -490,8 +490,8 @@ def test_plan_for_more_devices_through_a_worker():
 
 
 def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
-    from shardscope._plan_types import CompiledFacts
-    from shardscope._plan_worker import WorkerError, run_tasks
+    from shardscope._src.plan.types import CompiledFacts
+    from shardscope._src.plan.worker import WorkerError, run_tasks
 
     config = TINY.config(batch=16).to_dict()
     tasks = [("dp", "data=16", config, "forward"), ("zero3", "data=16", config, "forward")]

@@ -9,11 +9,11 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from shardscope._errors import ShardscopeError, StrategyError  # noqa: E402
-from shardscope._model import ModelConfig  # noqa: E402
-from shardscope._numerics import TOLERANCES, compare_numerics  # noqa: E402
-from shardscope._programs import build_program  # noqa: E402
-from shardscope._strategies import STRATEGIES, get_strategy, mesh_spec_for  # noqa: E402
+from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
+from shardscope._src.model.config import ModelConfig  # noqa: E402
+from shardscope._src.sharding.numerics import TOLERANCES, compare_numerics  # noqa: E402
+from shardscope._src.sharding.programs import build_program  # noqa: E402
+from shardscope._src.sharding.strategies import STRATEGIES, get_strategy, mesh_spec_for  # noqa: E402
 
 TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8)
 SHAPES = {"8": (8,), "2x4": (2, 4), "2x2x2": (2, 2, 2)}

@@ -9,13 +9,13 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-from shardscope._errors import ShardscopeError, StrategyError  # noqa: E402
-from shardscope._exercises import EXERCISE_CHECKS, run_exercise_checks  # noqa: E402
-from shardscope._model import ModelConfig  # noqa: E402
-from shardscope._render_verdict import format_verdict  # noqa: E402
-from shardscope._strategies import mesh_spec_for  # noqa: E402
-from shardscope._tp_cli import run_matmul_command, run_transformer_command  # noqa: E402
-from shardscope._verdict import matmul_verdict, transformer_verdict  # noqa: E402
+from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
+from shardscope._src.cli.transformer import run_matmul_command, run_transformer_command  # noqa: E402
+from shardscope._src.lab.exercises import EXERCISE_CHECKS, run_exercise_checks  # noqa: E402
+from shardscope._src.model.config import ModelConfig  # noqa: E402
+from shardscope._src.render.verdict import format_verdict  # noqa: E402
+from shardscope._src.sharding.strategies import mesh_spec_for  # noqa: E402
+from shardscope._src.verdict import matmul_verdict, transformer_verdict  # noqa: E402
 
 SHAPES = {"8": (8,), "2x4": (2, 4), "2x2x2": (2, 2, 2)}
 # Weights and activations of different sizes, so a gathered weight is told from an activation.
@@ -37,7 +37,7 @@ def test_case_d_double_prime_gathers_a_whole_operand_four_times_the_bound():
     assert v.ratio == pytest.approx(4.0, rel=1e-9)  # all-gather A vs all-to-all A and C
     (e,) = v.excess
     assert e.kind == "all-gather" and "all-to-all of it suffices" in e.reason
-    assert e.source and e.source.rsplit(":", 1)[0].endswith("_programs.py")
+    assert e.source and e.source.rsplit(":", 1)[0].endswith("sharding/programs.py")
     assert v.hints and v.hints[0].reaches_bound
     assert v.hints[0].ratio == pytest.approx(1.0, abs=0.05)
     assert v.hints[0].counts == {"all-to-all": 2}
@@ -118,7 +118,7 @@ def test_sequence_parallel_jit_all_reduces_where_reduce_scatter_suffices(mesh_id
     assert row[(("model",), "reduce-scatter")].actual_bytes == 0
     blamed = [e for e in v.excess if e.kind == "all-reduce"]
     assert {e.scope for e in blamed} == {"attention", "mlp"}
-    assert all(e.source.rsplit(":", 1)[0].endswith("_model.py") for e in blamed)
+    assert all(e.source.rsplit(":", 1)[0].endswith("model/config.py") for e in blamed)
     assert all("reduce-scatter suffices" in e.reason for e in blamed)
     (twin,) = v.hints
     assert "shard_map" in twin.change and twin.reaches_bound

@@ -1,3 +1,3 @@
-from shardscope.cli import main
+from shardscope._src.cli.main import main
 
 raise SystemExit(main())

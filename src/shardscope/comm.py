@@ -5,8 +5,8 @@
 114688
 """
 
-from shardscope._comm import KINDS as KINDS
-from shardscope._comm import alpha_beta_time as alpha_beta_time
-from shardscope._comm import format_bytes as format_bytes
-from shardscope._comm import latency_steps as latency_steps
-from shardscope._comm import traffic_bytes as traffic_bytes
+from shardscope._src.base.comm import KINDS as KINDS
+from shardscope._src.base.comm import alpha_beta_time as alpha_beta_time
+from shardscope._src.base.comm import format_bytes as format_bytes
+from shardscope._src.base.comm import latency_steps as latency_steps
+from shardscope._src.base.comm import traffic_bytes as traffic_bytes

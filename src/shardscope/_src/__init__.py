@@ -1,0 +1,1 @@
+"""The implementation of shardscope; the public API is the package's top level."""

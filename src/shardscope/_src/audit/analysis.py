@@ -1,0 +1,358 @@
+"""Finding the collectives of a parsed HLO module: every one, however deeply it sits in called,
+fused, async-wrapped, looped or branched computations, named by the user's mesh axes and priced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope._src.audit.records import Collective, Loop, UnknownInstruction
+from shardscope._src.base import comm as _comm
+from shardscope._src.base.errors import HloParseError
+from shardscope._src.hlo.groups import (
+    AxisMatch,
+    axes_of_groups,
+    axes_of_pairs,
+    parse_replica_groups,
+    parse_source_target_pairs,
+)
+from shardscope._src.hlo.parse import Computation, HloModule, Instruction
+
+# Attributes a collective may carry that the audit understands or may ignore.
+_KNOWN_COLLECTIVE_ATTRIBUTES = frozenset(
+    """channel_id replica_groups use_global_device_ids to_apply metadata dimensions
+    source_target_pairs backend_config constrain_layout sharding frontend_attributes
+    control-predecessors split_dimension slice_sizes statistics origin
+    is_cross_program_prefetch""".split()
+)
+_FALLBACK_AXIS = "devices"
+
+# --------------------------------------------------------------------------------------
+# Analysis of a parsed module
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    count: int = 0
+    exact: bool = True
+    loops: tuple[Loop, ...] = ()
+    conditionals: tuple[str, ...] = ()
+    is_async: bool = False
+    seen: bool = False
+
+
+def _trip_count(ins: Instruction) -> int | None:
+    cfg = ins.backend_config
+    if isinstance(cfg, dict):
+        known = cfg.get("known_trip_count")
+        if isinstance(known, dict):
+            n = known.get("n")
+            if isinstance(n, int | str) and str(n).isdigit():
+                return int(n)
+    return None
+
+
+def _edges(ins: Instruction) -> Iterator[tuple[str, int, bool, Loop | None, str | None, bool]]:
+    """(callee, factor, exact, loop, conditional, async) for each computation ``ins`` runs."""
+    if ins.opcode in ("async-done", "async-update"):
+        return  # they name the computation async-start already runs
+    branch = 0
+    for attr, callee in ins.called_computations:
+        if ins.opcode == "while":
+            trips = _trip_count(ins)
+            loop = Loop(ins.name, trips)
+            known = trips is not None
+            # The condition runs once more than the body: the test that ends the loop.
+            factor = (trips if attr == "body" else trips + 1) if trips is not None else 1
+            yield callee, factor, known, loop, None, False
+        elif ins.opcode == "conditional":
+            label = f"{ins.name}[{branch}]"
+            branch += 1
+            yield callee, 1, False, None, label, False
+        else:
+            yield callee, 1, True, None, None, ins.opcode == "async-start"
+
+
+def _contexts(module: HloModule) -> dict[str, _Context]:
+    """How often each computation runs per program run, by walking calls from ENTRY."""
+    comps = module.computations
+    callers: dict[str, int] = {name: 0 for name in comps}
+    reach: set[str] = set()
+    stack = [module.entry_name]
+    while stack:
+        name = stack.pop()
+        if name in reach:
+            continue
+        reach.add(name)
+        for ins in comps[name].instructions:
+            for callee, *_ in _edges(ins):
+                if callee not in comps:
+                    raise HloParseError(
+                        f"HLO text line {ins.line}: {ins.name} calls computation {callee!r}, "
+                        f"which the module does not define"
+                    )
+                stack.append(callee)
+    for name in reach:
+        for ins in comps[name].instructions:
+            for callee, *_ in _edges(ins):
+                callers[callee] += 1
+    ctx = {name: _Context() for name in reach}
+    ctx[module.entry_name] = _Context(count=1, seen=True)
+    ready = [module.entry_name]
+    done = 0
+    while ready:
+        name = ready.pop()
+        done += 1
+        here = ctx[name]
+        for ins in comps[name].instructions:
+            for callee, factor, exact, loop, cond, is_async in _edges(ins):
+                c = ctx[callee]
+                c.count += here.count * factor
+                if not c.seen:
+                    c.loops = here.loops + ((loop,) if loop else ())
+                    c.conditionals = here.conditionals + ((cond,) if cond else ())
+                    c.is_async = here.is_async or is_async
+                    c.exact = here.exact and exact
+                    c.seen = True
+                else:
+                    c.exact = c.exact and here.exact and exact
+                callers[callee] -= 1
+                if callers[callee] == 0:
+                    ready.append(callee)
+    if done != len(reach):
+        raise HloParseError("HLO text: the computations call each other in a cycle")
+    return ctx
+
+
+_SYNC_KINDS = frozenset(_comm.KINDS)
+_START_KINDS = {f"{k}-start": k for k in _comm.KINDS}
+
+
+def _collective_kind(opcode: str) -> tuple[str, bool] | None:
+    if opcode in _SYNC_KINDS:
+        return opcode, False
+    if opcode in _START_KINDS:
+        return _START_KINDS[opcode], True
+    return None
+
+
+def _operand_shapes(comp: Computation, ins: Instruction) -> list[Any]:
+    out = []
+    for op in ins.operands:
+        src = comp.by_name.get(op)
+        if src is None:
+            raise HloParseError(
+                f"HLO text line {ins.line}: operand %{op} of {ins.name} is not defined in "
+                f"computation {comp.name}"
+            )
+        out.append(src.shape)
+    return out
+
+
+def _group_mode(ins: Instruction, kind: str) -> str:
+    """XLA's CollectiveOpGroupMode, from channel_id and use_global_device_ids."""
+    has_channel = "channel_id" in ins.attributes
+    if kind in ("collective-permute", "collective-broadcast"):
+        return "partition" if has_channel else "replica"
+    if not has_channel:
+        return "replica"
+    if kind in ("all-to-all", "ragged-all-to-all"):
+        return "partition"
+    if ins.attributes.get("use_global_device_ids") == "true":
+        return "flattened"
+    return "replica_and_partition"
+
+
+def _match_groups(
+    module: HloModule, ins: Instruction, kind: str, mesh: Mapping[str, int]
+) -> tuple[AxisMatch, tuple[tuple[int, ...], ...], tuple[tuple[int, int], ...], str]:
+    p, r = module.num_partitions, module.replica_count
+    mode = _group_mode(ins, kind)
+    if kind == "collective-permute":
+        raw = ins.attributes.get("source_target_pairs", "{}")
+        pairs = parse_source_target_pairs(raw)
+        if mode == "replica" and r == 1:
+            return AxisMatch((), 1), (), pairs, "no channel_id: within one partition"
+        match = axes_of_pairs(pairs, mesh)
+        devices = tuple(sorted({d for pair in pairs for d in pair}))
+        return match, (devices,), pairs, ""
+    raw = ins.attributes.get("replica_groups", "{}")
+    rg = parse_replica_groups(raw)
+    if r != 1:
+        groups = rg.resolve(r * p if mode == "flattened" else max(r, p))
+        return (
+            AxisMatch((), len(groups[0]) if groups else 0, True, f"module has {r} replicas"),
+            groups,
+            (),
+            "",
+        )
+    if mode == "replica":
+        # Groups of replica ids, and there is one replica: each partition on its own.
+        return AxisMatch((), 1), tuple((q,) for q in range(p)), (), "no channel_id"
+    if mode == "replica_and_partition":
+        groups = (tuple(range(p)),)
+    else:
+        groups = rg.resolve(p)
+    return axes_of_groups(groups, mesh), groups, (), ""
+
+
+def _payload(
+    kind: str, is_async: bool, ins: Instruction, operand_shapes: list[Any], n: int
+) -> tuple[int, list[Any], str]:
+    """(payload bytes, payload array shapes, note), ``S`` as ``shardscope.comm`` defines it."""
+    leaves = [leaf for s in operand_shapes for leaf in s.leaves()]
+    note = ""
+    if kind == "all-gather":
+        if not is_async:
+            arrays = list(ins.shape.leaves())
+        else:
+            dims = ins.attributes.get("dimensions", "{0}").strip("{}").split(",")
+            d = int(dims[0]) if dims and dims[0].strip().isdigit() else 0
+            arrays = [_scaled(leaf, d, n) for leaf in leaves]
+    elif kind == "collective-permute":
+        arrays = leaves[:1]
+    elif kind == "ragged-all-to-all":
+        arrays = leaves[:1]
+        note = "ragged: sizes known only at run time; the input buffer bounds the payload"
+    else:
+        arrays = leaves
+    sizes = [a.byte_size for a in arrays]
+    if any(s is None for s in sizes):
+        unknown = sorted({a.dtype for a, s in zip(arrays, sizes, strict=True) if s is None})
+        raise HloParseError(
+            f"HLO text line {ins.line}: {ins.name} moves an element type this tool does not "
+            f"know ({', '.join(unknown)})"
+        )
+    total = sum(sizes)  # type: ignore[arg-type]
+    if kind in ("all-to-all", "ragged-all-to-all"):
+        total *= n
+    return total, arrays, note
+
+
+def _scaled(shape: Any, dim: int, n: int) -> Any:
+    from shardscope._src.hlo.parse import Shape
+
+    dims = list(shape.dims)
+    if 0 <= dim < len(dims):
+        dims[dim] *= n
+    return Shape(dtype=shape.dtype, dims=tuple(dims), dynamic=shape.dynamic)
+
+
+def _source(module: HloModule, ins: Instruction) -> str | None:
+    md = ins.metadata
+    stack = module.stack(md.stack_frame_id)
+    if stack:
+        return str(stack[0])
+    if md.source_file:
+        return f"{md.source_file}:{md.source_line}" if md.source_line else md.source_file
+    return None
+
+
+def _operand_source(module: HloModule, comp: Computation, ins: Instruction) -> str | None:
+    """The line of the nearest producer with metadata (for collectives without their own)."""
+    seen: set[str] = set()
+    todo = list(ins.operands)
+    while todo and len(seen) < 64:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        src = comp.by_name.get(name)
+        if src is None:
+            continue
+        where = _source(module, src)
+        if where:
+            return where
+        todo.extend(src.operands)
+    return None
+
+
+def analyze(
+    module: HloModule, mesh: Mapping[str, int]
+) -> tuple[tuple[Collective, ...], tuple[UnknownInstruction, ...]]:
+    """Every collective of ``module`` (in text order), and its instructions of unknown opcode.
+
+    ``mesh`` (``{axis: size}``, mesh order) must hold ``module.num_partitions`` devices.
+    """
+    contexts = _contexts(module)
+    collectives: list[Collective] = []
+    unknown: list[UnknownInstruction] = []
+    for comp in module.computations.values():
+        ctx = contexts.get(comp.name)
+        if ctx is None:
+            continue  # never called from ENTRY
+        for ins in comp.instructions:
+            if not ins.known:
+                unknown.append(UnknownInstruction(ins.name, ins.opcode, comp.name, ins.raw))
+                continue
+            kk = _collective_kind(ins.opcode)
+            if kk is None:
+                continue
+            kind, is_start = kk
+            collectives.append(_record(module, comp, ins, kind, is_start, ctx, mesh))
+    return tuple(collectives), tuple(unknown)
+
+
+def _record(
+    module: HloModule,
+    comp: Computation,
+    ins: Instruction,
+    kind: str,
+    is_start: bool,
+    ctx: _Context,
+    mesh: Mapping[str, int],
+) -> Collective:
+    match, groups, pairs, mode_note = _match_groups(module, ins, kind, mesh)
+    n = match.group_size if not match.irregular else (len(groups[0]) if groups else 1)
+    operand_shapes = _operand_shapes(comp, ins)
+    payload, arrays, note = _payload(kind, is_start, ins, operand_shapes, max(n, 1))
+    if kind == "collective-permute":
+        moves = any(a != b for a, b in pairs)
+        traffic = _comm.traffic_bytes(kind, payload, 2 if moves else 1)
+    else:
+        traffic = _comm.traffic_bytes(kind, payload, max(n, 1))
+    reduction = None
+    if kind in ("all-reduce", "reduce-scatter"):
+        for attr, callee in ins.called_computations:
+            if attr == "to_apply" and callee in module.computations:
+                root = module.computations[callee].root
+                reduction = root.opcode if root is not None else None
+    dtypes = sorted({a.dtype for a in arrays if a.dtype})
+    channel = ins.attributes.get("channel_id")
+    source = _source(module, ins)
+    md = ins.metadata
+    return Collective(
+        kind=kind,
+        name=ins.name,
+        computation=comp.name,
+        axes=match.axes,
+        group_size=n,
+        dtype=dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else ""),
+        shape=tuple(arrays[0].dims) if arrays else (),
+        shapes=tuple(tuple(a.dims) for a in arrays),
+        payload_bytes=payload,
+        traffic_bytes=traffic,
+        count=ctx.count,
+        count_exact=ctx.exact,
+        irregular=match.irregular,
+        reason=match.reason,
+        groups=groups,
+        pairs=pairs,
+        loops=ctx.loops,
+        conditionals=ctx.conditionals,
+        op_name=md.op_name,
+        source=source,
+        operand_source=None if source else _operand_source(module, comp, ins),
+        is_async=is_start or ctx.is_async,
+        reduction=reduction,
+        channel_id=int(channel) if channel is not None and channel.isdigit() else None,
+        replica_groups=ins.attributes.get(
+            "source_target_pairs" if kind == "collective-permute" else "replica_groups", "{}"
+        ),
+        unknown_attributes={
+            k: v for k, v in ins.attributes.items() if k not in _KNOWN_COLLECTIVE_ATTRIBUTES
+        },
+        note="; ".join(x for x in (note, mode_note) if x),
+    )

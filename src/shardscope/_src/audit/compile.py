@@ -1,0 +1,314 @@
+"""The collective audit: what a compiled JAX program communicates, by kind, axis and line.
+
+``audit(f, *args)`` compiles (or takes) a program, parses its optimized HLO once
+(:mod:`shardscope._src.hlo.parse`), finds every collective, however deeply it sits in called, fused,
+async-wrapped, looped or branched computations, names the user's mesh axes it runs over
+(:mod:`~shardscope._src.hlo.groups`) and prices it (:mod:`~shardscope._src.base.comm`).
+The result is plain
+data: :class:`Collective` records inside an :class:`Audit`.
+
+Example (needs 8 simulated devices, so not run as a doctest)::
+
+    mesh = shardscope.make_mesh("model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32,
+                             sharding=NamedSharding(mesh, P("model", None)))
+    a = shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
+    a.counts()["all-reduce"], a.collectives[0].axes     # (1, ('model',))
+    a.expect(all_reduce=1, all_gather=0)                # raises AssertionError if not
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from shardscope._src.audit.analysis import _FALLBACK_AXIS, analyze
+from shardscope._src.audit.records import Audit, Rematerialization
+from shardscope._src.base.errors import HloParseError, MeshSpecError, ShardscopeError
+from shardscope._src.hlo.parse import HloModule, parse_hlo
+from shardscope._src.mesh import format_mesh_spec, mesh_axes, parse_mesh_spec
+
+# --------------------------------------------------------------------------------------
+# Front door: audit(target, ...)
+# --------------------------------------------------------------------------------------
+
+
+def _mesh_from(mesh: Any) -> dict[str, int] | None:
+    if mesh is None:
+        return None
+    if isinstance(mesh, str | Mapping):
+        return parse_mesh_spec(mesh)
+    if hasattr(mesh, "shape") and hasattr(mesh, "axis_names"):
+        return mesh_axes(mesh)
+    raise MeshSpecError(
+        f"mesh must be a jax.sharding.Mesh or a description such as 'dp=2,mp=4', "
+        f"got {type(mesh).__name__}"
+    )
+
+
+def _sharding_leaves(tree: Any) -> list[Any]:
+    import jax
+
+    return jax.tree.leaves(tree, is_leaf=lambda x: hasattr(x, "device_set"))
+
+
+def _format_sharding(s: Any) -> str:
+    spec = getattr(s, "spec", None)
+    if spec is not None:
+        return "P(" + ", ".join(repr(e) for e in tuple(spec)) + ")"
+    return str(s)
+
+
+def _mesh_of_shardings(shardings: list[Any]) -> dict[str, int] | None:
+    for s in shardings:
+        m = getattr(s, "mesh", None)
+        if m is not None and hasattr(m, "axis_names"):
+            return mesh_axes(m)
+    return None
+
+
+def _memory(compiled: Any) -> dict[str, int] | None:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    out = {}
+    for name in dir(stats):
+        if name.endswith("_in_bytes") and not name.startswith("_"):
+            value = getattr(stats, name)
+            if isinstance(value, int):
+                out[name] = value
+    return out
+
+
+def _flops(compiled: Any) -> float | None:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    if not isinstance(cost, Mapping):
+        return None
+    flops = cost.get("flops")
+    return float(flops) if isinstance(flops, int | float) and math.isfinite(flops) else None
+
+
+_REMAT_MARK = "Involuntary full rematerialization"
+_REMAT_CACHE: dict[int, tuple[Rematerialization, ...]] = {}
+
+
+@contextlib.contextmanager
+def _capture_stderr() -> Iterator[list[str]]:
+    """Collects what C++ writes to file descriptor 2 (XLA logs there), then passes it on."""
+    out: list[str] = []
+    try:
+        sys.stderr.flush()
+    except (AttributeError, ValueError):
+        pass
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (e.g. a daemon): nothing to capture
+        yield out
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            try:
+                sys.stderr.flush()
+            except (AttributeError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            data = tmp.read()
+            if data:
+                os.write(2, data)
+            out.append(data.decode("utf-8", errors="replace"))
+
+
+def _balanced_after(text: str, marker: str) -> str | None:
+    i = text.find(marker)
+    if i < 0:
+        return None
+    i += len(marker)
+    if i >= len(text) or text[i] != "{":
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i : j + 1]
+    return None
+
+
+def parse_rematerializations(log: str, module: HloModule | None) -> tuple[Rematerialization, ...]:
+    """The partitioner's rematerialization warnings in a compile log, with source lines."""
+    out = []
+    for line in log.splitlines():
+        if _REMAT_MARK not in line:
+            continue
+        frm = _balanced_after(line, "from sharding ")
+        to = None
+        if frm is not None:
+            rest = line[line.find(frm) + len(frm) :]
+            to = _balanced_after(rest, " to ")
+        name = None
+        m = re.search(r"HLO operation:?\s*%?([\w.\-]+)\s*=", line)
+        if m:
+            name = m.group(1)
+        op_name = None
+        source = None
+        md = _balanced_after(line, "metadata=")
+        if md is not None:
+            from shardscope._src.hlo.parse import parse_metadata
+
+            try:
+                meta = parse_metadata(md)
+            except HloParseError:
+                meta = None
+            if meta is not None:
+                op_name = meta.op_name
+                if module is not None:
+                    stack = module.stack(meta.stack_frame_id)
+                    source = str(stack[0]) if stack else None
+        out.append(Rematerialization(name, frm, to, op_name, source, line.strip()))
+    return tuple(out)
+
+
+def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit:
+    """Audits the collectives of a compiled JAX program.
+
+    Args:
+        target: a jitted function (give its example arguments: arrays or
+            ``jax.ShapeDtypeStruct`` with shardings, so nothing is allocated), a plain
+            function (``in_shardings`` / ``out_shardings`` go in ``jit_kwargs``), a
+            ``jax.stages.Lowered``, a ``jax.stages.Compiled``, or the text of
+            ``compiled.as_text()``.
+        *args: example arguments when ``target`` is a function.
+        mesh: a ``jax.sharding.Mesh`` or a description such as ``"dp=2,mp=4"`` (devices in
+            iota order) naming the axes. Optional when the program's shardings carry a mesh;
+            for HLO text without one, the axis is called ``devices``.
+        **jit_kwargs: options for ``jax.jit`` when ``target`` is a function.
+
+    Returns:
+        An :class:`Audit`.
+
+    Raises:
+        HloParseError: the text is not optimized HLO.
+        MeshSpecError: the mesh does not hold the program's number of partitions.
+    """
+    import jax
+
+    given_axes = _mesh_from(mesh)  # a bad mesh is refused before anything is compiled
+    compiled = None
+    remats: tuple[Rematerialization, ...] | None = None
+    log: str | None = None
+    in_sh = out_sh = None
+    shard_mesh: dict[str, int] | None = None
+    if isinstance(target, str):
+        if args or jit_kwargs:
+            raise ShardscopeError(
+                "audit(hlo_text, ...) takes no example arguments or jit options; pass only "
+                "mesh= (e.g. audit(text, mesh='dp=2,mp=4'))"
+            )
+        text = target
+    else:
+        if isinstance(target, jax.stages.Compiled):
+            compiled = target
+            if args or jit_kwargs:
+                raise ShardscopeError(
+                    "audit(compiled) takes no example arguments or jit options: the program "
+                    "is already compiled"
+                )
+        else:
+            if isinstance(target, jax.stages.Lowered):
+                if args or jit_kwargs:
+                    raise ShardscopeError(
+                        "audit(lowered) takes no example arguments or jit options: the "
+                        "program is already lowered"
+                    )
+                lowered = target
+            elif callable(target) or hasattr(target, "lower"):
+                lowered = _lower(target, args, jit_kwargs, mesh)
+            else:
+                raise ShardscopeError(
+                    f"audit() needs a function, a jax.stages.Lowered or Compiled, or HLO text; "
+                    f"got {type(target).__name__}"
+                )
+            with _capture_stderr() as captured:
+                compiled = lowered.compile()
+            log = captured[0] if captured else None
+        text = compiled.as_text()
+        in_leaves = _sharding_leaves(compiled.input_shardings)
+        out_leaves = _sharding_leaves(compiled.output_shardings)
+        in_sh = tuple(_format_sharding(s) for s in in_leaves)
+        out_sh = tuple(_format_sharding(s) for s in out_leaves)
+        shard_mesh = _mesh_of_shardings(in_leaves + out_leaves)
+    module = parse_hlo(text)
+    axes = given_axes or shard_mesh or {_FALLBACK_AXIS: module.num_partitions}
+    if math.prod(axes.values()) != module.num_partitions:
+        size = math.prod(axes.values())
+        shape = " x ".join(str(v) for v in axes.values()) + f" = {size}" if len(axes) > 1 else size
+        raise MeshSpecError(
+            f"mesh {format_mesh_spec(axes)!r} holds {shape} "
+            f"devices but the program is partitioned over {module.num_partitions} "
+            f"(num_partitions in the HLO module header); describe a mesh whose sizes "
+            f"multiply to {module.num_partitions}, in the order the program's mesh uses"
+        )
+    collectives, unknown = analyze(module, axes)
+    if log is not None:
+        key = hash(text)
+        remats = parse_rematerializations(log, module)
+        if remats:
+            if len(_REMAT_CACHE) >= 256:
+                _REMAT_CACHE.pop(next(iter(_REMAT_CACHE)))
+            _REMAT_CACHE[key] = remats
+        else:
+            # JAX reuses a compiled executable for an identical program, without logging.
+            remats = _REMAT_CACHE.get(key, ())
+    memory = flops = None
+    if compiled is not None:
+        memory = _memory(compiled)
+        flops = _flops(compiled)
+    return Audit(
+        collectives=collectives,
+        mesh_axes=axes,
+        num_partitions=module.num_partitions,
+        module_name=module.name,
+        memory=memory,
+        flops=flops,
+        in_shardings=in_sh,
+        out_shardings=out_sh,
+        rematerializations=remats,
+        unknown_instructions=unknown,
+        module=module,
+        compiled=compiled,
+        hlo_text=text,
+    )
+
+
+def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:
+    import jax
+
+    if jit_kwargs or not hasattr(target, "lower"):
+        fn = jax.jit(target, **jit_kwargs)
+    else:
+        fn = target
+    ctx: Any = contextlib.nullcontext()
+    if mesh is not None and not isinstance(mesh, str | Mapping):
+        ctx = jax.set_mesh(mesh)
+    elif mesh is not None:
+        from shardscope._src.mesh import make_mesh
+
+        # A description names axes for bare PartitionSpecs in the program; one that does not
+        # fit the devices is reported against the compiled program's partition count below.
+        if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():
+            ctx = jax.set_mesh(make_mesh(mesh))
+    with ctx:
+        return fn.lower(*args)

@@ -1,0 +1,406 @@
+"""The audit's records: one :class:`Collective` per collective instruction, inside an
+:class:`Audit`, with loop, rematerialization and unknown-instruction notes. Plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardscope._src.base import comm as _comm
+from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.hlo.parse import HloModule
+from shardscope._src.mesh import format_mesh_spec
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A ``while`` loop around a collective: its instruction and trip count (None: unknown)."""
+
+    name: str
+    trip_count: int | None
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective instruction of the compiled program.
+
+    Attributes:
+        kind: ``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``,
+            ``ragged-all-to-all``, ``collective-permute`` or ``collective-broadcast``.
+        name: the HLO instruction (the ``-start`` one of an async pair).
+        computation: the HLO computation holding it.
+        axes: the user's mesh axes it runs over, in mesh order; a sub-axis reads
+            ``'name:(pre)size'``. Empty when each group is a single device or when irregular.
+        group_size: devices in one replica group (for a permute: along its axes).
+        irregular: the groups match no set of mesh axes; ``groups`` holds them, ``reason`` why.
+        groups: the replica groups as partition ids (for a permute: the pairs' devices).
+        dtype, shape: element type and shape of the payload array (the first, when the
+            instruction combines several: ``shapes`` has them all). all-reduce,
+            reduce-scatter, collective-permute, collective-broadcast: the operand;
+            all-gather: the result; all-to-all: one device's buffer.
+        payload_bytes: the full logical array ``S`` of ``shardscope.comm``: all-reduce and
+            reduce-scatter operand, all-gather result, all-to-all group size times one
+            device's buffer, collective-permute one device's buffer.
+        traffic_bytes: bytes each device sends per execution (:func:`traffic_bytes`).
+        count: executions per program run (known loop trip counts multiplied). When
+            ``count_exact`` is False a loop around it has an unknown trip count (counted
+            once) or it sits in a conditional branch (counted as if the branch runs);
+            ``loops`` and ``conditionals`` say which.
+        op_name, source: JAX's op name and the Python ``file:line`` that emitted it, from the
+            module's metadata and stack-frame tables; None for a collective the partitioner
+            added without metadata (``operand_source`` then gives its input's line).
+        unknown_attributes: attributes this tool does not know, verbatim.
+    """
+
+    kind: str
+    name: str
+    computation: str
+    axes: tuple[str, ...]
+    group_size: int
+    dtype: str
+    shape: tuple[int, ...]
+    payload_bytes: int
+    traffic_bytes: int
+    count: int
+    count_exact: bool = True
+    irregular: bool = False
+    reason: str = ""
+    groups: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    pairs: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+    shapes: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    loops: tuple[Loop, ...] = ()
+    conditionals: tuple[str, ...] = ()
+    op_name: str | None = None
+    source: str | None = None
+    operand_source: str | None = None
+    is_async: bool = False
+    reduction: str | None = None
+    channel_id: int | None = None
+    replica_groups: str = field(default="", repr=False)
+    unknown_attributes: Mapping[str, str] = field(default_factory=dict, repr=False)
+    note: str = ""
+
+    @property
+    def axes_label(self) -> str:
+        """``"dp,mp"``; ``"irregular"``; ``"-"`` when no data leaves a device."""
+        if self.irregular:
+            return "irregular"
+        return ",".join(self.axes) if self.axes else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "computation": self.computation,
+            "axes": list(self.axes),
+            "group_size": self.group_size,
+            "irregular": self.irregular,
+            "reason": self.reason,
+            "groups": [list(g) for g in self.groups] if self.irregular else None,
+            "pairs": [list(p) for p in self.pairs] or None,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "shapes": [list(s) for s in self.shapes],
+            "payload_bytes": self.payload_bytes,
+            "traffic_bytes": self.traffic_bytes,
+            "count": self.count,
+            "count_exact": self.count_exact,
+            "loops": [{"name": lp.name, "trip_count": lp.trip_count} for lp in self.loops],
+            "conditionals": list(self.conditionals),
+            "op_name": self.op_name,
+            "source": self.source,
+            "operand_source": self.operand_source,
+            "is_async": self.is_async,
+            "reduction": self.reduction,
+            "channel_id": self.channel_id,
+            "replica_groups": self.replica_groups,
+            "unknown_attributes": dict(self.unknown_attributes),
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over collectives, each weighted by its ``count``."""
+
+    count: int = 0
+    payload_bytes: int = 0
+    traffic_bytes: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.count + other.count,
+            self.payload_bytes + other.payload_bytes,
+            self.traffic_bytes + other.traffic_bytes,
+        )
+
+    @staticmethod
+    def of(c: Collective) -> Totals:
+        return Totals(c.count, c.payload_bytes * c.count, c.traffic_bytes * c.count)
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "count": self.count,
+            "payload_bytes": self.payload_bytes,
+            "traffic_bytes": self.traffic_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Rematerialization:
+    """The SPMD partitioner's "Involuntary full rematerialization": replicate, then slice."""
+
+    instruction: str | None
+    from_sharding: str | None
+    to_sharding: str | None
+    op_name: str | None
+    source: str | None
+    message: str = field(repr=False, default="")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instruction": self.instruction,
+            "from_sharding": self.from_sharding,
+            "to_sharding": self.to_sharding,
+            "op_name": self.op_name,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class UnknownInstruction:
+    """An instruction whose opcode this tool does not know, kept with its raw text."""
+
+    name: str
+    opcode: str
+    computation: str
+    raw: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "opcode": self.opcode,
+            "computation": self.computation,
+            "raw": self.raw,
+        }
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What one compiled program communicates. Plain data; renderers live elsewhere.
+
+    ``memory`` is per device (``compiled.memory_analysis()``, bytes), ``flops`` per device
+    (``compiled.cost_analysis()``); both None for HLO text. ``rematerializations`` is None
+    when the audit did not compile the program itself and so could not see the
+    partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one (a
+    verdict can compile alternatives and compare), ``module`` the parsed HLO and ``hlo_text``
+    its text.
+    """
+
+    collectives: tuple[Collective, ...]
+    mesh_axes: Mapping[str, int]
+    num_partitions: int
+    module_name: str
+    memory: Mapping[str, int] | None = None
+    flops: float | None = None
+    in_shardings: tuple[str, ...] | None = None
+    out_shardings: tuple[str, ...] | None = None
+    rematerializations: tuple[Rematerialization, ...] | None = None
+    unknown_instructions: tuple[UnknownInstruction, ...] = ()
+    module: HloModule | None = field(default=None, repr=False, compare=False)
+    compiled: Any = field(default=None, repr=False, compare=False)
+    hlo_text: str = field(default="", repr=False, compare=False)
+
+    def counts(self) -> dict[str, int]:
+        """``{kind: executions per run}`` for every collective kind (zeros included)."""
+        out = dict.fromkeys(_comm.KINDS, 0)
+        for c in self.collectives:
+            out[c.kind] = out.get(c.kind, 0) + c.count
+        return out
+
+    def totals(self) -> dict[tuple[str, str], Totals]:
+        """``{(axes label, kind): Totals}`` in table order (mesh axes, then kinds)."""
+        out: dict[tuple[str, str], Totals] = {}
+        for c in sorted(self.collectives, key=self._order):
+            key = (c.axes_label, c.kind)
+            out[key] = out.get(key, Totals()) + Totals.of(c)
+        return out
+
+    def totals_by_axis(self) -> dict[str, Totals]:
+        """``{axes label: Totals}``; a collective over ``dp,mp`` is its own label."""
+        out: dict[str, Totals] = {}
+        for (label, _), t in self.totals().items():
+            out[label] = out.get(label, Totals()) + t
+        return out
+
+    def totals_by_kind(self) -> dict[str, Totals]:
+        out: dict[str, Totals] = {}
+        for c in self.collectives:
+            out[c.kind] = out.get(c.kind, Totals()) + Totals.of(c)
+        return {k: out[k] for k in sorted(out, key=_kind_rank)}
+
+    def total(self) -> Totals:
+        t = Totals()
+        for c in self.collectives:
+            t = t + Totals.of(c)
+        return t
+
+    def axis_traffic(self, axis: str) -> int:
+        """Bytes per device sent by the collectives that run over ``axis`` (or a sub-axis)."""
+        if axis not in self.mesh_axes:
+            raise ShardscopeError(
+                f"{axis!r} is not an axis of this audit's mesh "
+                f"({format_mesh_spec(self.mesh_axes)}); use one of {', '.join(self.mesh_axes)}"
+            )
+        return sum(
+            c.traffic_bytes * c.count
+            for c in self.collectives
+            if any(a == axis or a.startswith(axis + ":(") for a in c.axes)
+        )
+
+    @property
+    def exact(self) -> bool:
+        """True when every count is exact (no unknown trip counts, no conditional branches)."""
+        return all(c.count_exact for c in self.collectives)
+
+    def _order(self, c: Collective) -> tuple[Any, ...]:
+        names = list(self.mesh_axes)
+
+        def axis_rank(a: str) -> int:
+            base = a.split(":(")[0]
+            return names.index(base) if base in names else len(names)
+
+        return (
+            c.irregular,
+            not c.axes,
+            tuple(axis_rank(a) for a in c.axes),
+            c.axes,
+            _kind_rank(c.kind),
+            c.source or "",
+            c.name,
+        )
+
+    def sorted_collectives(self) -> list[Collective]:
+        """The collectives grouped by axes (mesh order), then kind, then source line."""
+        return sorted(self.collectives, key=self._order)
+
+    def expect(
+        self,
+        *,
+        bytes_per_axis: Mapping[str, int] | None = None,
+        traffic_bytes: int | None = None,
+        **counts: int,
+    ) -> Audit:
+        """Checks budgets; raises ``AssertionError`` with a table of what differed.
+
+        Args:
+            **counts: exact executions per run of a kind, named with underscores:
+                ``all_gather=0, all_reduce=2``. Kinds not named are not checked.
+            bytes_per_axis: ``{axis: budget}``: the bytes each device sends over collectives
+                that run over that axis (alone or with others) must not exceed the budget.
+            traffic_bytes: budget for the bytes each device sends in all.
+
+        Returns ``self``, so checks chain.
+
+        >>> audit.expect(all_gather=0, all_reduce=2, bytes_per_axis={"mp": 2**20})  # doctest: +SKIP
+        """
+        rows: list[tuple[str, str, str, bool]] = []
+        actual = self.counts()
+        failing_kinds: list[str] = []
+        for key, want in counts.items():
+            kind = key.replace("_", "-")
+            if kind not in _comm.KINDS:
+                valid = ", ".join(k.replace("-", "_") for k in _comm.KINDS)
+                raise TypeError(f"expect() got an unexpected keyword {key!r}; kinds are {valid}")
+            if isinstance(want, bool) or not isinstance(want, int) or want < 0:
+                raise ShardscopeError(f"expect({key}=...) needs a count >= 0, got {want!r}")
+            ok = actual[kind] == want
+            if not ok:
+                failing_kinds.append(kind)
+            rows.append((f"{kind} count", str(want), str(actual[kind]), ok))
+        for axis, budget in (bytes_per_axis or {}).items():
+            got = self.axis_traffic(axis)
+            rows.append(
+                (
+                    f"bytes/device over {axis!r}",
+                    f"<= {format_bytes(budget)}",
+                    format_bytes(got),
+                    got <= budget,
+                )
+            )
+        if traffic_bytes is not None:
+            got = self.total().traffic_bytes
+            rows.append(
+                (
+                    "bytes/device in all",
+                    f"<= {format_bytes(traffic_bytes)}",
+                    format_bytes(got),
+                    got <= traffic_bytes,
+                )
+            )
+        bad = [r for r in rows if not r[3]]
+        if not bad:
+            return self
+        w0 = max(len("check"), *(len(r[0]) for r in rows))
+        w1 = max(len("expected"), *(len(r[1]) for r in rows))
+        w2 = max(len("actual"), *(len(r[2]) for r in rows))
+        lines = [
+            f"audit of {self.module_name}: {len(bad)} of {len(rows)} checks differ",
+            f"  {'check':<{w0}}  {'expected':>{w1}}  {'actual':>{w2}}",
+        ]
+        for name, want, got, ok in rows:
+            lines.append(f"  {name:<{w0}}  {want:>{w1}}  {got:>{w2}}{'' if ok else '  <- differs'}")
+        shown = [c for c in self.sorted_collectives() if c.kind in failing_kinds]
+        if shown:
+            lines.append("collectives of the kinds that differ:")
+            for c in shown:
+                where = c.source or (f"after {c.operand_source}" if c.operand_source else "?")
+                lines.append(
+                    f"  {c.kind} x{c.count} over {c.axes_label} ({c.dtype}{list(c.shape)}, "
+                    f"{format_bytes(c.payload_bytes)}) at {where} [{c.name}]"
+                )
+        if not self.exact:
+            lines.append("note: some counts are not exact (unknown trip counts or branches)")
+        raise AssertionError("\n".join(lines))
+
+    def __rich__(self) -> Any:
+        from shardscope._src.render.audit import audit_table
+
+        return audit_table(self)
+
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
+        from shardscope._src.render.console import mimebundle
+
+        return mimebundle(self, width=140)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain data."""
+        return {
+            "module": self.module_name,
+            "num_partitions": self.num_partitions,
+            "mesh_axes": dict(self.mesh_axes),
+            "counts": self.counts(),
+            "exact": self.exact,
+            "totals": [
+                {"axes": label, "kind": kind, **t.to_dict()}
+                for (label, kind), t in self.totals().items()
+            ],
+            "total": self.total().to_dict(),
+            "collectives": [c.to_dict() for c in self.sorted_collectives()],
+            "memory": dict(self.memory) if self.memory is not None else None,
+            "flops": self.flops,
+            "in_shardings": list(self.in_shardings) if self.in_shardings is not None else None,
+            "out_shardings": (list(self.out_shardings) if self.out_shardings is not None else None),
+            "rematerializations": (
+                [r.to_dict() for r in self.rematerializations]
+                if self.rematerializations is not None
+                else None
+            ),
+            "unknown_instructions": [u.to_dict() for u in self.unknown_instructions],
+        }
+
+
+def _kind_rank(kind: str) -> int:
+    return _comm.KINDS.index(kind) if kind in _comm.KINDS else len(_comm.KINDS)

@@ -1,0 +1,153 @@
+"""Minimum communication of one collective: bytes each device sends, and alpha-beta time.
+
+Pure functions of the collective's kind, its payload and its group size; no JAX. The formulas
+are the bandwidth-optimal ones (ring all-gather / reduce-scatter, Rabenseifner all-reduce,
+pairwise all-to-all) from nccl-tests' PERFORMANCE.md, the MPICH cost comments, ZeRO (arXiv
+1910.02054) section 7 and the JAX scaling book, part 3.
+
+``payload_bytes`` is always the full logical array ``S``: the all-reduce operand, the
+all-gather result, the reduce-scatter operand, the whole array an all-to-all exchanges (the
+group size times one device's buffer) and, for a collective-permute, one device's buffer.
+
+>>> traffic_bytes("all-reduce", 64 * 1024, 8)
+114688
+>>> traffic_bytes("all-gather", 8 * 1024, 8)
+7168
+"""
+
+from __future__ import annotations
+
+from shardscope._src.base.errors import ShardscopeError
+
+ALL_REDUCE = "all-reduce"
+ALL_GATHER = "all-gather"
+REDUCE_SCATTER = "reduce-scatter"
+ALL_TO_ALL = "all-to-all"
+RAGGED_ALL_TO_ALL = "ragged-all-to-all"
+COLLECTIVE_PERMUTE = "collective-permute"
+COLLECTIVE_BROADCAST = "collective-broadcast"
+
+#: Every collective kind the audit reports, in the order tables list them.
+KINDS: tuple[str, ...] = (
+    ALL_REDUCE,
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    ALL_TO_ALL,
+    RAGGED_ALL_TO_ALL,
+    COLLECTIVE_PERMUTE,
+    COLLECTIVE_BROADCAST,
+)
+
+# Bytes sent per device as a fraction num(n) / den(n) of the payload S.
+_FRACTIONS = {
+    ALL_REDUCE: (lambda n: 2 * (n - 1), lambda n: n),
+    ALL_GATHER: (lambda n: n - 1, lambda n: n),
+    REDUCE_SCATTER: (lambda n: n - 1, lambda n: n),
+    ALL_TO_ALL: (lambda n: n - 1, lambda n: n * n),
+    # The sizes of a ragged exchange are only known at run time; its buffers bound it.
+    RAGGED_ALL_TO_ALL: (lambda n: n - 1, lambda n: n * n),
+    # Pipelined broadcast: every device but the last forwards the whole buffer once.
+    COLLECTIVE_BROADCAST: (lambda n: 1, lambda n: 1),
+}
+
+# Latency steps (multiples of alpha) of the same algorithms.
+_STEPS = {
+    ALL_REDUCE: lambda n: 2 * (n - 1),
+    ALL_GATHER: lambda n: n - 1,
+    REDUCE_SCATTER: lambda n: n - 1,
+    ALL_TO_ALL: lambda n: n - 1,
+    RAGGED_ALL_TO_ALL: lambda n: n - 1,
+    COLLECTIVE_BROADCAST: lambda n: n - 1,
+    COLLECTIVE_PERMUTE: lambda n: 1,
+}
+
+
+def _check(kind: str, payload_bytes: int, group_size: int) -> None:
+    if kind not in KINDS:
+        raise ShardscopeError(
+            f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}"
+        )
+    if isinstance(payload_bytes, bool) or not isinstance(payload_bytes, int) or payload_bytes < 0:
+        raise ShardscopeError(
+            f"payload_bytes must be a non-negative integer, got {payload_bytes!r}"
+        )
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ShardscopeError(f"group_size must be a positive integer, got {group_size!r}")
+
+
+def traffic_bytes(kind: str, payload_bytes: int, group_size: int) -> int:
+    """Bytes one device sends for one execution of a collective (bandwidth-optimal).
+
+    Args:
+        kind: an HLO collective kind, e.g. ``"all-reduce"`` (see :data:`KINDS`).
+        payload_bytes: the full logical array ``S`` (module docstring says which array).
+        group_size: ``n``, the devices in one replica group.
+
+    Returns:
+        all-reduce ``2(n-1)/n*S``; all-gather and reduce-scatter ``(n-1)/n*S``; all-to-all
+        ``(n-1)/n**2*S``; collective-permute ``S`` (its payload is one device's buffer; pass
+        ``group_size=1`` for a permute whose pairs are all self pairs: 0 bytes);
+        collective-broadcast ``S``. A group of one sends nothing. Fractions of a byte are
+        rounded up (a device cannot send part of a byte).
+
+    >>> traffic_bytes("all-to-all", 64 * 64 * 4, 8)
+    1792
+    >>> traffic_bytes("collective-permute", 256, 8)
+    256
+    """
+    _check(kind, payload_bytes, group_size)
+    n = group_size
+    if n == 1:
+        return 0
+    if kind == COLLECTIVE_PERMUTE:
+        return payload_bytes
+    num, den = _FRACTIONS[kind]
+    return -(-num(n) * payload_bytes // den(n))
+
+
+def latency_steps(kind: str, group_size: int) -> int:
+    """Sequential message steps of the bandwidth-optimal algorithm (multiples of alpha)."""
+    _check(kind, 0, group_size)
+    return 0 if group_size == 1 else _STEPS[kind](group_size)
+
+
+def alpha_beta_time(
+    kind: str,
+    payload_bytes: int,
+    group_size: int,
+    *,
+    bandwidth_bytes_per_s: float,
+    alpha_s: float = 0.0,
+) -> float:
+    """Seconds for one execution under the alpha-beta model: ``steps*alpha + traffic/B``.
+
+    ``bandwidth_bytes_per_s`` is one device's egress bandwidth ``B``; ``alpha_s`` the
+    per-message latency. For all-reduce this is ``2(n-1)a + 2(n-1)S/(nB)``; for all-to-all on
+    a switch ``(n-1)a + (n-1)S/(n**2 B)``.
+
+    >>> alpha_beta_time("all-gather", 8 * 10**9, 8, bandwidth_bytes_per_s=10**9)
+    7.0
+    """
+    if not bandwidth_bytes_per_s > 0:
+        raise ShardscopeError(
+            f"bandwidth_bytes_per_s must be positive, got {bandwidth_bytes_per_s!r}"
+        )
+    if not alpha_s >= 0:
+        raise ShardscopeError(f"alpha_s must be non-negative, got {alpha_s!r}")
+    sent = traffic_bytes(kind, payload_bytes, group_size)
+    return latency_steps(kind, group_size) * alpha_s + sent / bandwidth_bytes_per_s
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: ``65536`` -> ``'64 KiB'``; exact below 1 KiB.
+
+    >>> format_bytes(16 * 1024 * 4), format_bytes(1000), format_bytes(3 * 2**20 // 2)
+    ('64 KiB', '1000 B', '1.5 MiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    for power, unit in enumerate(("KiB", "MiB", "GiB", "TiB"), start=1):
+        value = n / 1024**power
+        if value < 1024 or unit == "TiB":
+            return f"{value:.4g} {unit}"
+    raise AssertionError("unreachable")

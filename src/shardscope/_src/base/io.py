@@ -1,0 +1,147 @@
+"""Atomic file writes: a result file is either the old one or the whole new one, never half."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardscope._src.base.errors import OutputPathError
+
+
+def write_atomic(
+    path: str | os.PathLike[str], write: Callable[[Any], None], *, binary: bool = False
+) -> Path:
+    """Calls ``write(fileobj)`` on a temporary file beside ``path``, then renames it into place.
+
+    Raises :class:`OutputPathError` (naming the path) when the file cannot be written there.
+    """
+    path = check_file_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _path_error(path, e) from None
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
+        with os.fdopen(
+            fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})
+        ) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(e, OSError):
+            raise _path_error(path, e) from None
+        raise
+    return path
+
+
+def _path_error(path: Path, e: OSError) -> OutputPathError:
+    reason = e.strerror or str(e) or type(e).__name__
+    return OutputPathError(
+        f"cannot write {str(path)!r}: {reason}; choose a path in a folder you can write to"
+    )
+
+
+def check_file_path(path: str | os.PathLike[str]) -> Path:
+    """Refuses, before any work is done, a result file path that cannot be a file."""
+    if not str(path).strip():
+        raise OutputPathError("the output file path is empty; give a file name, e.g. out.json")
+    p = Path(path)
+    if p.is_dir():
+        raise OutputPathError(
+            f"{str(p)!r} is a folder, not a file; give a file name, e.g. {str(p / 'out.json')!r}"
+        )
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputPathError(
+                    f"cannot write {str(p)!r}: {str(parent)!r} is a file, not a folder"
+                )
+            try:  # the one sure test of writability is writing
+                fd, probe = tempfile.mkstemp(prefix=".shardscope-probe.", dir=parent)
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as e:
+                raise _path_error(p, e) from None
+            break
+    return p
+
+
+def check_dir_path(path: str | os.PathLike[str]) -> Path:
+    """Refuses, before any work is done, a result folder that cannot be made or written."""
+    if not str(path).strip():
+        raise OutputPathError("the output folder is empty; give a folder, e.g. --out scores")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputPathError(f"{str(p)!r} is a file, not a folder; give a folder for results")
+    check_file_path(p / "results.json")
+    return p
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+VERSION = _version("shardscope") or "0+unknown"
+SCHEMA_VERSION = 1  # of every JSON result the command line writes; raised when a field changes
+
+
+def result_header(backend: str | None) -> dict[str, Any]:
+    """What every JSON result starts with: its schema, the versions that made it and the
+    backend it compiled for (``"cpu"``, ``"cuda"``, ``"tpu"``)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "shardscope_version": VERSION,
+        "jax_version": _version("jax"),
+        "jaxlib_version": _version("jaxlib"),
+        "backend": backend,
+    }
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Writes ``data`` as indented JSON, atomically. Values must already be JSON-ready."""
+
+    def write(f: Any) -> None:
+        json.dump(data, f, indent=2, allow_nan=False)
+        f.write("\n")
+
+    return write_atomic(path, write)
+
+
+STDOUT = "-"  # a result path that means standard output
+
+
+def write_result(
+    path: str | os.PathLike[str], data: dict[str, Any], *, backend: str | None
+) -> Path | None:
+    """Writes a result as JSON behind :func:`result_header`, atomically, or to standard output
+    when ``path`` is ``"-"`` (then returns None)."""
+    stamped = {**result_header(backend), **data}
+    if os.fspath(path) == STDOUT:
+        import sys
+
+        json.dump(stamped, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return None
+    return write_json_atomic(path, stamped)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

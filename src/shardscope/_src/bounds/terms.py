@@ -1,0 +1,91 @@
+"""A lower bound on communication as plain data: :class:`Term` records (kind, axes, group
+size, payload, count), whose traffic comes from the audit's formulas
+(:func:`~shardscope._src.base.comm.traffic_bytes`), so a bound and an audit are measured in
+the same units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope._src.base.comm import (
+    traffic_bytes,
+)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One collective a program needs: ``count`` executions of ``kind`` over ``axes``.
+
+    ``payload_bytes`` is the full logical array of one execution, as the audit defines it
+    (all-reduce operand, all-gather result, reduce-scatter operand, all-to-all whole array).
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    payload_bytes: int
+    count: int
+    what: str
+    scope: str = ""
+
+    @property
+    def traffic_bytes(self) -> int:
+        """Bytes one device sends over all ``count`` executions."""
+        return self.count * traffic_bytes(self.kind, self.payload_bytes, self.group_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "group_size": self.group_size,
+            "payload_bytes": self.payload_bytes,
+            "count": self.count,
+            "traffic_bytes": self.traffic_bytes,
+            "what": self.what,
+            "scope": self.scope,
+        }
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The minimum communication of a program: a list of terms, with totals."""
+
+    label: str
+    terms: tuple[Term, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def traffic_bytes(self) -> int:
+        return sum(t.traffic_bytes for t in self.terms)
+
+    def by_axes_kind(self) -> dict[tuple[tuple[str, ...], str], int]:
+        """``{(axes, kind): traffic bytes}``."""
+        out: dict[tuple[tuple[str, ...], str], int] = {}
+        for t in self.terms:
+            out[(t.axes, t.kind)] = out.get((t.axes, t.kind), 0) + t.traffic_bytes
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """``{kind: executions per run}``."""
+        out: dict[str, int] = {}
+        for t in self.terms:
+            out[t.kind] = out.get(t.kind, 0) + t.count
+        return out
+
+    def payload_bytes(self, kind: str | None = None) -> int:
+        """Sum of payload x count, optionally of one kind."""
+        return sum(t.payload_bytes * t.count for t in self.terms if kind in (None, t.kind))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "traffic_bytes": self.traffic_bytes,
+            "counts": self.counts(),
+            "by_axes_kind": [
+                {"axes": list(axes), "kind": kind, "traffic_bytes": b}
+                for (axes, kind), b in self.by_axes_kind().items()
+            ],
+            "terms": [t.to_dict() for t in self.terms],
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,52 @@
+"""``shardscope audit``: the CLI's work as one library function (argparse lives in cli.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardscope._src.base.errors import MeshSpecError
+from shardscope._src.mesh import ensure_devices_for
+
+
+def run_audit_command(
+    demo: str,
+    mesh_spec: str | None = None,
+    json_path: str | None = None,
+    *,
+    devices: int | None = None,
+    console: Any = None,
+) -> int:
+    """Audits a built-in demo, prints its table, optionally writes JSON; returns 0.
+
+    Args:
+        demo: a name from ``shardscope._src.sharding.demos.DEMOS`` (``"matmul"``, ``"reshard"``).
+        mesh_spec: a mesh description such as ``"model=8"`` or ``"dp=2,model=4"``;
+            None for the demo's default (``model=8``).
+        json_path: where to write ``Audit.to_dict()`` as JSON (atomically), or None.
+        devices: simulated CPU devices to ask for (per process in a multi-process run);
+            None: enough for the mesh, at least 8, if JAX has not started yet.
+        console: a rich Console to print to (default: stdout).
+
+    Raises:
+        ShardscopeError: an unknown demo or a bad mesh (MeshSpecError); the CLI turns it into
+            one line on stderr and exit status 2.
+    """
+    from shardscope._src.audit.compile import audit
+    from shardscope._src.base.io import write_result
+    from shardscope._src.render.audit import render_audit
+    from shardscope._src.sharding.demos import get_demo
+
+    if mesh_spec is not None and not mesh_spec.strip():
+        raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'dp=2,model=4'")
+    ensure_devices_for(mesh_spec, devices)
+    import jax
+
+    program = get_demo(demo, mesh_spec)
+    result = audit(program)
+    if jax.process_index() != 0:
+        return 0  # every process compiles the same program; process 0 reports it
+    render_audit(result, console=console, title=f"{program.name}: {program.description}")
+    if json_path is not None:
+        data = {"demo": program.name, "description": program.description, **result.to_dict()}
+        write_result(json_path, data, backend=jax.default_backend())
+    return 0

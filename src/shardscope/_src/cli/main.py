@@ -1,0 +1,493 @@
+"""The ``shardscope`` command: a thin shell over the library.
+
+A user error prints one line on stderr and exits 2 (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
+from shardscope._src.cli.args import positive_float, positive_int, positive_number
+from shardscope._src.cli.distributed import add_distributed_options
+
+PROG = "shardscope"
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from shardscope._src.base.io import check_dir_path
+    from shardscope._src.cli.distributed import initialize_from_args
+    from shardscope._src.lab import taster
+
+    check_dir_path(args.out)
+    initialize_from_args(args)
+    lab, summary = taster.run(devices=args.devices, out_dir=args.out)
+    return 0 if summary["passed"] == summary["total"] else 1
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from shardscope._src.base.io import STDOUT, check_file_path
+    from shardscope._src.cli.distributed import initialize_from_args
+    from shardscope._src.mesh import ensure_devices_for
+
+    if args.json is not None:
+        check_file_path(args.json)
+    mesh = args.mesh or args.default_mesh
+    if mesh and args.devices and args.num_processes is None and not args.distributed:
+        import math
+
+        from shardscope._src.base.errors import MeshSpecError
+        from shardscope._src.mesh import parse_mesh_spec
+
+        need = math.prod(parse_mesh_spec(mesh).values())
+        if need > args.devices:
+            raise MeshSpecError(
+                f"mesh {mesh!r} needs {need} devices but --devices {args.devices} simulates "
+                f"{args.devices}; give --devices {need} or a smaller mesh"
+            )
+    initialize_from_args(args)
+    ensure_devices_for(mesh, args.devices)
+    import jax
+
+    json_path, console = args.json, None
+    if json_path == STDOUT:  # the JSON owns standard output; tables go to standard error
+        from shardscope._src.render.console import output_console
+
+        console = output_console(stderr=True)
+    if jax.process_index() != 0:  # every process compiles the same program; 0 reports it
+        from rich.console import Console
+
+        json_path, console = None, Console(quiet=True)
+    if args.program == "reshard":
+        from shardscope._src.cli.audit import run_audit_command
+
+        return run_audit_command("reshard", args.mesh, json_path, console=console)
+    if args.program == "matmul":
+        from shardscope._src.cli.transformer import run_matmul_command
+
+        return run_matmul_command(
+            args.mesh or args.default_mesh,
+            args.m,
+            args.k,
+            args.n,
+            args.dtype,
+            args.a_spec,
+            args.b_spec,
+            args.out_spec,
+            json_path,
+            hints=args.hints,
+            console=console,
+        )
+    from shardscope._src.cli.transformer import run_transformer_command
+
+    return run_transformer_command(
+        args.strategy,
+        args.mesh,
+        args.layers,
+        json_path,
+        mode=args.mode,
+        impl=args.impl,
+        constraints=args.constraints,
+        d_model=args.d_model,
+        heads=args.heads,
+        ff=args.ff,
+        batch=args.batch,
+        seq=args.seq,
+        dtype=args.dtype,
+        hints=args.hints,
+        console=console,
+    )
+
+
+def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from shardscope._src.sharding.strategies import STRATEGIES
+
+    audit = sub.add_parser(
+        "audit",
+        help="compile a program and list the collectives XLA inserted, against the minimum",
+        description="Compile a program and list every collective XLA inserted, by mesh axis "
+        "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
+        "and the transformer, compare with the minimum communication and verify better plans.",
+    )
+    programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=_Parser)
+    programs.required = True
+
+    def common(p: argparse.ArgumentParser, default_mesh: str | None) -> None:
+        p.add_argument(
+            "--mesh",
+            default=None,
+            metavar="SPEC",
+            help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
+            + (f" (default {default_mesh})" if default_mesh else ""),
+        )
+        p.add_argument(
+            "--json", default=None, metavar="FILE", help="also write it as JSON ('-': stdout)"
+        )
+        p.add_argument(
+            "--devices",
+            type=positive_int,
+            default=None,
+            metavar="N",
+            help="simulated CPU devices, per process in a multi-process run (default: enough "
+            "for the mesh, at least 8)",
+        )
+        add_distributed_options(p)
+        p.set_defaults(run=_cmd_audit, default_mesh=default_mesh)
+
+    def hints(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--no-hints",
+            dest="hints",
+            action="store_false",
+            help="skip compiling the suggested better plans",
+        )
+
+    mm = programs.add_parser(
+        "matmul",
+        help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
+        description="Audit one sharded matmul and compare it with the best plan for its specs. "
+        "A spec has one entry per dimension, comma-separated: None or a mesh axis name. The "
+        "defaults are the taster's: a replicated [16,1024] activation times a [1024,1024] "
+        "matrix sharded on rows over 'model'.",
+    )
+    common(mm, "model=8")
+    mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
+    mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
+    mm.add_argument(
+        "--n", type=positive_int, default=1024, help="columns of B and C (default 1024)"
+    )
+    mm.add_argument("--dtype", default="float32", help="element type (default float32)")
+    mm.add_argument(
+        "--a-spec", default="None,None", metavar="S", help="A's spec (default None,None)"
+    )
+    mm.add_argument(
+        "--b-spec", default="model,None", metavar="S", help="B's spec (default model,None)"
+    )
+    mm.add_argument(
+        "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
+    )
+    hints(mm)
+
+    rs = programs.add_parser(
+        "reshard",
+        help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
+    )
+    common(rs, "model=8")
+
+    tf = programs.add_parser(
+        "transformer",
+        help="the reference decoder under a sharding strategy, against its minimum",
+        description="Audit the reference decoder (RMSNorm, causal attention, MLP) under a "
+        "strategy and compare with the minimum communication for it, per axis and kind.",
+    )
+    common(tf, None)
+    tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
+    tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
+    tf.add_argument("--mode", choices=["forward", "train"], default="forward")
+    tf.add_argument(
+        "--impl",
+        choices=["jit", "shard_map"],
+        default="jit",
+        help="jit (the compiler inserts collectives) or shard_map (explicit ones)",
+    )
+    tf.add_argument(
+        "--no-constraints",
+        dest="constraints",
+        action="store_false",
+        help="drop the strategy's activation sharding constraints",
+    )
+    for flag in ("d-model", "heads", "ff", "batch", "seq"):
+        tf.add_argument(f"--{flag}", type=positive_int, default=None, metavar="N")
+    tf.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    hints(tf)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from shardscope._src.cli.plan import run_plan_command
+
+    overrides = {
+        k: getattr(args, k)
+        for k in (
+            "link_bandwidth",
+            "cross_node_bandwidth",
+            "latency_s",
+            "memory_bytes",
+            "peak_flops",
+            "node_size",
+        )
+        if getattr(args, k) is not None
+    }
+    dims = {k: getattr(args, k) for k in ("d_model", "heads", "ff", "layers", "vocab")}
+    return run_plan_command(
+        model=args.model,
+        devices=args.devices,
+        dims=dims,
+        batch=args.batch,
+        seq=args.seq,
+        mode=args.mode,
+        hardware=args.hardware,
+        hardware_overrides=overrides,
+        strategies=args.strategies.split(",") if args.strategies else None,
+        bytes_per_param=args.bytes_per_param,
+        flash_attention=not args.no_flash_attention,
+        workers=args.workers,
+        json_path=args.json,
+        png_path=args.png,
+        report_path=args.report,
+        top=args.top,
+    )
+
+
+def _add_plan_parser(sub: Any) -> None:
+    from shardscope._src.base.hardware import PRESETS
+    from shardscope._src.model.presets import MODEL_PRESETS
+
+    p = sub.add_parser(
+        "plan",
+        help="rank sharding strategies and mesh shapes for a model on N devices",
+        description="Compile every strategy and mesh shape for a model on N simulated "
+        "devices (nothing allocated), audit the collectives, estimate memory, communication "
+        "and step time on a hardware preset, and rank the plans.",
+    )
+    p.add_argument("--model", choices=list(MODEL_PRESETS), help="a model preset")
+    for dim in ("d-model", "heads", "ff", "layers", "vocab"):
+        p.add_argument(
+            f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
+        )
+    p.add_argument(
+        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
+    )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        metavar="N",
+        help="global batch in sequences (default: one per device)",
+    )
+    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
+    p.add_argument("--mode", choices=["train", "forward"], default="train")
+    p.add_argument(
+        "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
+    )
+    for flag, dest, what in (
+        ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
+        ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
+        ("--latency", "latency_s", "seconds per collective step"),
+        ("--memory", "memory_bytes", "device memory in bytes"),
+        ("--peak-flops", "peak_flops", "FLOP/s per device"),
+    ):
+        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
+    p.add_argument(
+        "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
+    )
+    p.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="comma-separated strategies to try (default: dp,fsdp,tp,sp,dp_tp,fsdp_tp,dp_sp)",
+    )
+    p.add_argument(
+        "--bytes-per-param",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="training model state per parameter (default 16: mixed-precision Adam)",
+    )
+    p.add_argument(
+        "--no-flash-attention",
+        action="store_true",
+        help="count the attention scores in the activation estimate",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile in N worker processes (0: in this process; default: auto)",
+    )
+    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
+    p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
+    p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
+    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+    p.set_defaults(run=_cmd_plan)
+
+
+def _version_text() -> str:
+    from shardscope._src.base.io import result_header
+
+    h = result_header(None)
+    return (
+        f"{PROG} {h['shardscope_version']} (jax {h['jax_version']}, jaxlib {h['jaxlib_version']})"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Show, check and plan how JAX shards arrays and what communication XLA "
+        "inserts.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--version", action="version", version=_version_text())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    lab = sub.add_parser(
+        "lab",
+        help="run the sharding taster lab: every claim a named check, JSON scorecard + PNG",
+        description="Simulate devices, shard a parameter, check a sharded matmul against one "
+        "device, reshard, plot per-device memory; writes <out>/sharding_taster.json and a PNG. "
+        "Exit 0 when every check passes, 1 when any fails.",
+    )
+    lab.add_argument(
+        "--devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="simulated CPU devices, per process in a multi-process run (default: XLA_FLAGS' "
+        "count if set, else 8)",
+    )
+    lab.add_argument(
+        "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
+    )
+    add_distributed_options(lab)
+    lab.set_defaults(run=_cmd_lab)
+
+    _add_audit(sub)
+    _add_launch(sub)
+    _add_plan_parser(sub)
+    return parser
+
+
+# -- shardscope launch --------------------------------------------------------------------------
+
+
+def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    launch = sub.add_parser(
+        "launch",
+        help="run a sub-command as P local processes of one multi-process JAX run",
+        description="Start P processes of 'shardscope SUB-COMMAND ...' on this machine, joined "
+        "in one JAX run over a free loopback port (each gets --coordinator, --num-processes, "
+        "--process-id and --devices), with every output line prefixed by '[i] '. If one "
+        "process dies, the others are ended at once and the launcher names it. For local "
+        "testing of multi-process code; on a cluster use srun/mpirun and --distributed.",
+    )
+    launch.add_argument(
+        "-n",
+        "--num-processes",
+        dest="launch_n",
+        type=positive_int,
+        required=True,
+        metavar="P",
+        help="processes to start",
+    )
+    launch.add_argument(
+        "--devices-per-process",
+        type=positive_int,
+        default=4,
+        metavar="D",
+        help="simulated CPU devices in each process (default: 4)",
+    )
+    launch.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="end the whole run after S seconds (exit 124)",
+    )
+    launch.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- SUB-COMMAND ...",
+        help="the shardscope sub-command each process runs, after '--'",
+    )
+    launch.set_defaults(run=_cmd_launch)
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from shardscope._src.launch import check_launch_command, check_launch_size, launch
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    try:
+        check_launch_command(command)
+        check_launch_size(args.launch_n, args.devices_per_process)
+    except ShardscopeError as e:
+        raise UsageError(f"{PROG} launch: {e}") from None
+    # A bad sub-command is reported once, here, rather than by every process.
+    try:
+        build_parser().parse_args(command)
+    except UsageError as e:
+        raise UsageError(f"{PROG} launch: {e}") from None
+    probe = command + ["--coordinator", "127.0.0.1:1", "--num-processes", "1"]
+    probe += ["--process-id", "0", "--devices", "1"]
+    try:
+        build_parser().parse_args(probe)
+    except UsageError:
+        raise UsageError(
+            f"{PROG} launch: '{command[0]}' cannot run as several processes (it takes no "
+            f"--coordinator, --num-processes, --process-id and --devices options)"
+        ) from None
+    result = launch(
+        command,
+        args.launch_n,
+        devices_per_process=args.devices_per_process,
+        timeout_s=args.timeout,
+    )
+    if result.exit_code:
+        print(f"{PROG} launch: {result.message}", file=sys.stderr)
+    return result.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from shardscope._src.base.distributed import leave_run_on_failure
+    from shardscope._src.launch import die_with_launcher
+
+    die_with_launcher()
+    with leave_run_on_failure():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # --debug may stand anywhere before a "--" (after it, the words belong to a sub-command).
+    end = args_list.index("--") if "--" in args_list else len(args_list)
+    debug = "--debug" in args_list[:end]
+    args_list = [a for a in args_list[:end] if a != "--debug"] + args_list[end:]
+    parser = build_parser()
+    try:
+        args = parser.parse_args(args_list)
+        if args.command is None:  # pragma: no cover - argparse enforces it
+            parser.error("a command is required")
+        run: Callable[[argparse.Namespace], int] = args.run
+        return run(args)
+    except UsageError as e:
+        _fail(str(e))
+    except (ShardscopeError, DeviceSetupError) as e:
+        if debug:
+            raise
+        _fail(f"{PROG}: error: {e}")
+    except OSError as e:  # a file we were asked to write or read; the message names it
+        if debug:
+            raise
+        _fail(f"{PROG}: error: {e}")
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _fail(message: str) -> NoReturn:
+    print(" ".join(message.split()), file=sys.stderr)
+    raise SystemExit(2)

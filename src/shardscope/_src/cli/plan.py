@@ -1,0 +1,133 @@
+"""``shardscope plan``: the CLI's work as one library function (argparse lives in cli.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardscope._src.base.errors import PlanError
+
+
+def _ensure_devices(devices: int) -> None:
+    """Simulates ``devices`` CPU devices when JAX has not started (for in-process compiles)."""
+    from shardscope._src.base.devices import backends_started, use_cpu_devices
+
+    if not backends_started():
+        use_cpu_devices(devices)
+
+
+def run_plan_command(
+    *,
+    model: str | None,
+    devices: int,
+    dims: Mapping[str, int | None] | None = None,
+    batch: int | None = None,
+    seq: int | None = None,
+    mode: str = "train",
+    hardware: str = "h100",
+    hardware_overrides: Mapping[str, float] | None = None,
+    strategies: Sequence[str] | None = None,
+    bytes_per_param: int = 16,
+    flash_attention: bool = True,
+    workers: int | None = None,
+    json_path: str | None = None,
+    png_path: str | None = None,
+    report_path: str | None = None,
+    top: int | None = None,
+    console: Any = None,
+    progress_console: Any = None,
+) -> int:
+    """Plans, prints the ranked table, writes the requested files; returns 0.
+
+    Args:
+        model: a preset name, or None with ``dims`` (``d_model``, ``heads``, ``ff``,
+            ``layers``, ``vocab``) giving the shape; dims also override a preset.
+        devices: accelerators to plan for.
+        json_path, png_path, report_path: where to write ``PlanResult.to_dict()``, the
+            memory-vs-communication chart and the Markdown report (each atomically).
+        console: a rich Console for the tables (default stdout); ``progress_console`` for
+            the progress bar (default stderr).
+        Other arguments as :func:`shardscope.plan`.
+
+    Raises:
+        PlanError: no plan at all (after printing what was skipped and writing the files),
+            an unknown preset or a bad setting; the CLI prints it as one line, exit 2.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
+    from shardscope._src.plan.sweep import MAX_DEVICES, plan
+    from shardscope._src.render.plan import markdown_report, render_plan
+    from shardscope._src.render.plan_plot import plot_plans
+
+    if devices > MAX_DEVICES:
+        raise PlanError(
+            f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
+            f"simulated devices; plan {MAX_DEVICES} or fewer"
+        )
+    for path in (json_path, png_path, report_path):
+        if path is not None:
+            check_file_path(path)  # before minutes of compiling, not after
+    _ensure_devices(devices)
+    if console is None:
+        from shardscope._src.render.console import output_console
+
+        # the plan table is the widest; JSON on standard output sends the tables to stderr
+        console = output_console(piped_width=150, stderr=json_path == STDOUT)
+    bar_console = progress_console or Console(stderr=True)
+    bar = Progress(
+        TextColumn("compiling plans"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        console=bar_console,
+        transient=True,
+        disable=not bar_console.is_terminal,  # no bar in logs and pipes
+    )
+    task = None
+
+    def progress(done: int, total: int, label: str) -> None:
+        nonlocal task
+        if total == 0:
+            return
+        if task is None:
+            bar.start()
+            task = bar.add_task("", total=total)
+        bar.update(task, completed=done, description=label)
+
+    try:
+        result = plan(
+            model,
+            devices,
+            batch=batch,
+            seq=seq,
+            mode=mode,
+            hardware=hardware,
+            hardware_overrides=hardware_overrides,
+            strategies=strategies,
+            bytes_per_param=bytes_per_param,
+            flash_attention=flash_attention,
+            workers=workers,
+            progress=progress,
+            **dict(dims or {}),
+        )
+    finally:
+        if task is not None:
+            bar.stop()
+    render_plan(result, console=console, top=top, empty_reason=False)
+    written = []
+    if json_path:
+        written.append(write_result(json_path, result.to_dict(), backend="cpu"))
+    if png_path:
+        written.append(plot_plans(result, png_path))
+    if report_path:
+        report = markdown_report(result)
+        written.append(write_atomic(report_path, lambda f: f.write(report)))
+    for path in written:
+        if path is None:
+            continue  # the JSON went to standard output
+        console.print(f"wrote {path}", highlight=False)
+    if not result.plans:
+        raise PlanError(result.empty_reason or "no plan")
+    return 0

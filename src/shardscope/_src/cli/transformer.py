@@ -1,0 +1,145 @@
+"""``shardscope audit transformer`` and ``shardscope audit matmul``: the CLI's work as library
+functions (argparse lives in cli.py). Each prints the audit table, then the verdict table
+ending with the verdict line, and optionally writes the JSON: the audit's dict plus
+``verdict`` (``bound_bytes``, ``actual_bytes``, ``ratio``, ``hints`` with the change and the
+``traffic_bytes`` it compiled to).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardscope._src.base.errors import MeshSpecError
+from shardscope._src.mesh import ensure_devices_for
+
+
+def _check_mesh(mesh_spec: str | None) -> None:
+    if mesh_spec is not None and not mesh_spec.strip():
+        raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'data=2,model=4'")
+
+
+def _backend() -> str:
+    import jax
+
+    return jax.default_backend()
+
+
+def _console(console: Any) -> Any:
+    from shardscope._src.render.console import output_console
+
+    return console or output_console()
+
+
+def run_transformer_command(
+    strategy: str,
+    mesh_spec: str | None = None,
+    layers: int | None = None,
+    json_path: str | None = None,
+    *,
+    mode: str = "forward",
+    impl: str = "jit",
+    constraints: bool = True,
+    d_model: int | None = None,
+    heads: int | None = None,
+    ff: int | None = None,
+    batch: int | None = None,
+    seq: int | None = None,
+    dtype: str | None = None,
+    hints: bool = True,
+    console: Any = None,
+) -> int:
+    """Audits the reference transformer under ``strategy`` and prints its verdict; returns 0.
+
+    Args:
+        strategy: a built-in strategy name (``tp``, ``dp_tp``, ``sp``, ``fsdp``, ...).
+        mesh_spec: e.g. ``"model=8"`` or ``"data=2,model=4"``; None: the strategy's axes
+            over 8 devices (``model=8``, ``data=8`` or ``data=2,model=4``).
+        layers: decoder layers (default 2); the other sizes default to
+            :class:`~shardscope._src.model.config.ModelConfig`'s.
+        json_path: where to write the report as JSON (atomically), or None.
+        mode: ``"forward"`` or ``"train"``; impl: ``"jit"`` or ``"shard_map"``.
+        constraints: keep the strategy's activation constraints (False shows their worth).
+
+    Raises:
+        ShardscopeError: unknown strategy, bad mesh, or a strategy that does not fit the
+            config (the CLI turns it into one line on stderr and exit status 2).
+    """
+    from shardscope._src.base.io import write_result
+    from shardscope._src.model.config import ModelConfig
+    from shardscope._src.render.audit import render_audit
+    from shardscope._src.render.verdict import render_verdict
+    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
+    from shardscope._src.verdict import transformer_verdict
+
+    _check_mesh(mesh_spec)
+    s = get_strategy(strategy)
+    if mesh_spec is None:
+        mesh_spec = mesh_spec_for(s, (2, 4) if len(s.roles) > 1 else (8,))
+    sizes = {
+        "layers": layers,
+        "d_model": d_model,
+        "heads": heads,
+        "ff": ff,
+        "batch": batch,
+        "seq": seq,
+        "dtype": dtype,
+    }
+    config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None})
+    s.bind(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
+    ensure_devices_for(mesh_spec)
+    report = transformer_verdict(
+        s, config, mesh_spec, mode=mode, impl=impl, constraints=constraints, hints=hints
+    )
+    out = _console(console)
+    render_audit(
+        report.audit, console=out, title=f"{report.program.name} on mesh {mesh_spec}: collectives"
+    )
+    render_verdict(report.verdict, console=out)
+    if json_path is not None:
+        write_result(json_path, report.to_dict(), backend=_backend())
+    return 0
+
+
+def run_matmul_command(
+    mesh_spec: str,
+    m: int,
+    k: int,
+    n: int,
+    dtype: str,
+    a_spec: str,
+    b_spec: str,
+    out_spec: str,
+    json_path: str | None = None,
+    *,
+    hints: bool = True,
+    console: Any = None,
+) -> int:
+    """Audits ``C[m,n] = A[m,k] @ B[k,n]`` with the given specs and prints its verdict.
+
+    Specs are comma-separated per dimension, ``None`` or an axis name (``"None,model"``).
+    Returns 0; bad specs raise :class:`~shardscope._src.base.errors.StrategyError` naming the value,
+    the rule and the fix.
+    """
+    from shardscope._src.base.io import write_result
+    from shardscope._src.bounds.matmul import matmul_problem
+    from shardscope._src.render.audit import render_audit
+    from shardscope._src.render.verdict import render_verdict
+    from shardscope._src.verdict import matmul_verdict
+
+    _check_mesh(mesh_spec)
+    if mesh_spec is None:
+        raise MeshSpecError("--mesh is required, e.g. --mesh model=8")
+    matmul_problem(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)  # bad input first
+    ensure_devices_for(mesh_spec)
+    report = matmul_verdict(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec, hints=hints)
+    out = _console(console)
+    render_audit(
+        report.audit,
+        console=out,
+        title=f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
+        f"mesh {mesh_spec}: collectives",
+    )
+    render_verdict(report.verdict, console=out)
+    if json_path is not None:
+        write_result(json_path, report.to_dict(), backend=_backend())
+    return 0

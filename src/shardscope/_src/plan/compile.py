@@ -1,0 +1,187 @@
+"""Compiling one plan: build the program from abstract arguments, compile, audit, and keep
+the facts as plain data; in this process or in worker processes that simulate N devices."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from shardscope._src.base.comm import ALL_TO_ALL, COLLECTIVE_PERMUTE
+from shardscope._src.base.errors import PlanError, StrategyError
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.plan.types import Candidate, CompiledFacts, PlanCollective
+
+#: ``progress(done, total, label)``, called as plans finish compiling.
+Progress = Callable[[int, int, str], None]
+
+#: XLA options for the plan's compiles. The plan needs the partitioned program and its buffer
+#: sizes, not fast CPU code: without LLVM's optimisations and the CPU fusion emitters a 7B
+#: train step compiles 3 to 6 times faster, with the same collectives and buffer sizes to
+#: within 0.01% (tests/test_plan.py checks it).
+COMPILE_OPTIONS: Mapping[str, Any] = {
+    "xla_backend_optimization_level": 0,
+    "xla_cpu_use_fusion_emitters": False,
+}
+
+
+def _target_payload(
+    kind: str,
+    dtype: str,
+    shapes: Sequence[Sequence[int]],
+    payload: int,
+    group_size: int,
+    itemsize: int,
+) -> int:
+    """The payload at the model's dtype: the CPU backend moves bf16 values as f32.
+
+    Only f32 collectives of a 16-bit model are rescaled, and scalars (the f32 loss) kept.
+    """
+    if itemsize >= 4 or dtype != "f32" or not shapes:
+        return payload
+    scale = group_size if kind == ALL_TO_ALL else 1
+    as_cpu = sum(math.prod(s) * 4 for s in shapes) * scale
+    if as_cpu != payload:  # not the arrays we think: leave it as compiled
+        return payload
+    return sum(math.prod(s) * (4 if len(s) == 0 else itemsize) for s in shapes) * scale
+
+
+def _plan_collective(c: Any, itemsize: int) -> PlanCollective:
+    from shardscope._src.base.comm import traffic_bytes
+
+    payload = _target_payload(c.kind, c.dtype, c.shapes, c.payload_bytes, c.group_size, itemsize)
+    if c.kind == COLLECTIVE_PERMUTE:
+        per_run = payload if c.traffic_bytes else 0
+    else:
+        per_run = traffic_bytes(c.kind, payload, max(c.group_size, 1))
+    return PlanCollective(
+        kind=c.kind,
+        axes=tuple(c.axes),
+        group_size=c.group_size,
+        count=c.count,
+        count_exact=c.count_exact,
+        irregular=c.irregular,
+        dtype=c.dtype,
+        payload_bytes=payload,
+        cpu_payload_bytes=c.payload_bytes,
+        traffic_bytes=per_run * c.count,
+        cpu_traffic_bytes=c.traffic_bytes * c.count,
+        op_name=c.op_name,
+        source=c.source,
+    )
+
+
+def compile_facts(
+    strategy: str,
+    mesh_spec: str,
+    config: ModelConfig,
+    mode: str,
+    devices: Sequence[Any] | None = None,
+) -> CompiledFacts:
+    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices."""
+    from shardscope._src.audit.compile import _capture_stderr, audit, parse_rematerializations
+    from shardscope._src.mesh import make_mesh
+    from shardscope._src.sharding.programs import build_program
+    from shardscope._src.sharding.strategies import get_strategy
+
+    t0 = time.perf_counter()
+    mesh = make_mesh(mesh_spec, devices=devices)
+    bound = get_strategy(strategy).bind(config, mesh)
+    lowered = build_program(bound, mode=mode).lower()
+    t1 = time.perf_counter()
+    with _capture_stderr() as log:
+        compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
+    t2 = time.perf_counter()
+    result = audit(compiled)
+    remats = parse_rematerializations(log[0] if log else "", result.module)
+    facts = CompiledFacts(
+        collectives=tuple(_plan_collective(c, config.itemsize) for c in result.collectives),
+        memory=dict(result.memory or {}),
+        rematerializations=tuple(r.source or r.op_name or r.instruction or "?" for r in remats),
+        exact=result.exact,
+        lower_s=t1 - t0,
+        compile_s=t2 - t1,
+        audit_s=time.perf_counter() - t2,
+    )
+    return facts
+
+
+def worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
+    """:func:`compile_facts` on this process's devices, from picklable arguments."""
+    strategy, mesh_spec, config, mode = args
+    return compile_facts(strategy, mesh_spec, ModelConfig(**config), mode)
+
+
+def _local_devices(n: int) -> list[Any]:
+    import jax
+
+    have = jax.devices("cpu")
+    if len(have) < n:
+        raise PlanError(
+            f"planning in this process needs {n} CPU devices but JAX has {len(have)}; call "
+            f"shardscope.use_cpu_devices({n}) before JAX starts, or pass workers=1 (or more) "
+            f"to compile in worker processes that simulate {n} devices each"
+        )
+    return list(have[:n])
+
+
+def can_compile_here(devices: int) -> bool:
+    """Whether this process has (or, not started yet, is configured for) ``devices`` CPU
+    devices. Never starts JAX's backend or changes its configuration."""
+    import jax
+
+    from shardscope._src.base.devices import _flag_device_count, backends_started
+
+    if backends_started():
+        return len(jax.devices("cpu")) >= devices
+    configured = jax.config.jax_num_cpu_devices
+    if configured is not None and configured > 0:
+        return configured >= devices
+    return (_flag_device_count() or 1) >= devices
+
+
+def default_workers(devices: int) -> int:
+    """0 (compile in this process) when it can simulate ``devices`` devices, else 1.
+
+    Measured on 2 shared cores (benchmarks/plan_speed.py, 7b on 64 devices): 15-20 s in one
+    process, 18-19 s with two workers, which hold 680 MB against 270 MB (each worker starts
+    its own JAX, and a compile already keeps more than one core busy). A pool is there for
+    machines with more cores (``workers=N``).
+    """
+    return 0 if can_compile_here(devices) else 1
+
+
+def compile_all(
+    todo: Sequence[Candidate],
+    config: ModelConfig,
+    mode: str,
+    devices: int,
+    workers: int,
+    progress: Progress | None,
+) -> dict[Candidate, CompiledFacts | BaseException]:
+    out: dict[Candidate, CompiledFacts | BaseException] = {}
+    total = len(todo)
+    if progress:
+        progress(0, total, "")
+    if not todo:
+        return out
+    if workers == 0:
+        local = _local_devices(devices)
+        for i, cand in enumerate(todo, start=1):
+            try:
+                out[cand] = compile_facts(cand.strategy, cand.mesh_spec, config, mode, local)
+            except (StrategyError, RuntimeError, ValueError) as e:
+                out[cand] = e
+            if progress:
+                progress(i, total, cand.label)
+        return out
+
+    from shardscope._src.plan.worker import run_tasks
+
+    tasks = [(c.strategy, c.mesh_spec, config.to_dict(), mode) for c in todo]
+    for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
+        out[todo[index]] = got
+        if progress:
+            progress(i, total, todo[index].label)
+    return out

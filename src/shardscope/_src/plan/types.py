@@ -1,0 +1,374 @@
+"""The planner's records: candidates, skipped ones, compiled facts, plans and a sweep's result.
+
+Plain frozen dataclasses with ``to_dict()``; every renderer (table, JSON, Markdown, PNG) reads
+these and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardscope._src.base.hardware import Hardware
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.plan.estimates import MemoryEstimate
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy on one mesh shape, before it is filtered or compiled."""
+
+    strategy: str
+    mesh: tuple[tuple[str, int], ...]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self.mesh)
+
+    @property
+    def mesh_spec(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.mesh)
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy} {self.mesh_spec}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A candidate that was not compiled, and why: ``reason`` is ``"divisibility"``,
+    ``"memory"`` or ``"error"`` (the compile itself failed; ``message`` has the error)."""
+
+    strategy: str
+    mesh: str
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "strategy": self.strategy,
+            "mesh": self.mesh,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class PlanCollective:
+    """One compiled collective as the plan counts it.
+
+    ``payload_bytes`` is at the model's dtype (see :mod:`shardscope._src.plan.sweep`);
+    ``cpu_payload_bytes`` what the CPU program moves. ``traffic_bytes`` is per device over all
+    ``count`` executions.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    count: int
+    count_exact: bool
+    irregular: bool
+    dtype: str
+    payload_bytes: int
+    cpu_payload_bytes: int
+    traffic_bytes: int
+    cpu_traffic_bytes: int
+    op_name: str | None
+    source: str | None
+
+    @property
+    def axes_label(self) -> str:
+        if self.irregular:
+            return "irregular"
+        return ",".join(self.axes) if self.axes else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "group_size": self.group_size,
+            "count": self.count,
+            "count_exact": self.count_exact,
+            "irregular": self.irregular,
+            "dtype": self.dtype,
+            "payload_bytes": self.payload_bytes,
+            "cpu_payload_bytes": self.cpu_payload_bytes,
+            "traffic_bytes": self.traffic_bytes,
+            "cpu_traffic_bytes": self.cpu_traffic_bytes,
+            "op_name": self.op_name,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class CompiledFacts:
+    """What compiling and auditing one plan found: independent of the hardware preset."""
+
+    collectives: tuple[PlanCollective, ...]
+    memory: Mapping[str, int]
+    rematerializations: tuple[str, ...]
+    exact: bool
+    lower_s: float
+    compile_s: float
+    audit_s: float
+
+    @property
+    def analysis_s(self) -> float:
+        return self.lower_s + self.compile_s + self.audit_s
+
+
+@dataclass(frozen=True)
+class AxisComm:
+    """The collectives of one kind over one set of axes, summed, with their bound and time."""
+
+    axes: str
+    kind: str
+    count: int
+    traffic_bytes: int
+    bound_bytes: int
+    time_s: float
+    crosses_nodes: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "axes": self.axes,
+            "kind": self.kind,
+            "count": self.count,
+            "traffic_bytes": self.traffic_bytes,
+            "bound_bytes": self.bound_bytes,
+            "time_s": self.time_s,
+            "crosses_nodes": self.crosses_nodes,
+        }
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Compiled communication against the analytic formula for one plan.
+
+    ``ok`` when within :data:`VALIDATION_TOLERANCE`. Otherwise ``explanation`` says why, and
+    ``cpu_formula_bytes`` is the formula with every reduce-scatter replaced by the all-reduce
+    the CPU backend emits (``cpu_ratio`` against it).
+    """
+
+    strategy: str
+    mesh: str
+    formula_bytes: int
+    compiled_bytes: int
+    ratio: float | None
+    ok: bool
+    cpu_formula_bytes: int
+    cpu_ratio: float | None
+    explanation: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "mesh": self.mesh,
+            "formula_bytes": self.formula_bytes,
+            "compiled_bytes": self.compiled_bytes,
+            "ratio": self.ratio,
+            "ok": self.ok,
+            "cpu_formula_bytes": self.cpu_formula_bytes,
+            "cpu_ratio": self.cpu_ratio,
+            "explanation": self.explanation,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One compiled plan with its estimates. ``rank`` 1 is the best (see ``shardscope.plan``)."""
+
+    strategy: str
+    summary: str
+    mesh: Mapping[str, int]
+    memory: MemoryEstimate
+    compiled_memory: Mapping[str, int]
+    memory_limit_bytes: int
+    collectives: tuple[PlanCollective, ...]
+    comm: tuple[AxisComm, ...]
+    bound_bytes_per_device: int
+    bound_comm_time_s: float
+    comm_time_s: float
+    flops_per_device: float
+    compute_time_s: float
+    rank: int = 0
+    pareto: bool = False
+    notes: tuple[str, ...] = ()
+    analysis_s: float = 0.0
+    timing: Mapping[str, float] = field(default_factory=dict)
+    exact: bool = True
+
+    @property
+    def mesh_spec(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy} {self.mesh_spec}"
+
+    @property
+    def memory_bytes_per_device(self) -> int:
+        """The analytic estimate (what ``fits`` compares with the device memory)."""
+        return self.memory.total
+
+    @property
+    def compiled_memory_bytes_per_device(self) -> int:
+        """CPU buffer assignment: arguments + outputs + temporaries - aliased."""
+        m = self.compiled_memory
+        return (
+            m.get("argument_size_in_bytes", 0)
+            + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0)
+            - m.get("alias_size_in_bytes", 0)
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.memory_limit_bytes
+
+    @property
+    def comm_bytes_per_device(self) -> int:
+        return sum(c.traffic_bytes for c in self.collectives)
+
+    @property
+    def cpu_comm_bytes_per_device(self) -> int:
+        return sum(c.cpu_traffic_bytes for c in self.collectives)
+
+    @property
+    def bound_ratio(self) -> float | None:
+        """Compiled bytes over the lower bound (1.0 when both are 0; None if only it is)."""
+        if self.bound_bytes_per_device:
+            return self.comm_bytes_per_device / self.bound_bytes_per_device
+        return 1.0 if self.comm_bytes_per_device == 0 else None
+
+    @property
+    def step_time_s(self) -> float:
+        """Compute then communication, nothing overlapped (the ranking key)."""
+        return self.compute_time_s + self.comm_time_s
+
+    @property
+    def step_time_overlap_s(self) -> float:
+        """Communication perfectly hidden behind compute (or the reverse)."""
+        return max(self.compute_time_s, self.comm_time_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "strategy": self.strategy,
+            "mesh": self.mesh_spec,
+            "mesh_shape": dict(self.mesh),
+            "summary": self.summary,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "fits": self.fits,
+            "memory": self.memory.to_dict(),
+            "compiled_memory_bytes_per_device": self.compiled_memory_bytes_per_device,
+            "compiled_memory": dict(self.compiled_memory),
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+            "cpu_comm_bytes_per_device": self.cpu_comm_bytes_per_device,
+            "bound_bytes_per_device": self.bound_bytes_per_device,
+            "bound_ratio": self.bound_ratio,
+            "comm_time_s": self.comm_time_s,
+            "bound_comm_time_s": self.bound_comm_time_s,
+            "flops_per_device": self.flops_per_device,
+            "compute_time_s": self.compute_time_s,
+            "est_step_time_s": self.step_time_s,
+            "est_step_time_overlap_s": self.step_time_overlap_s,
+            "pareto": self.pareto,
+            "exact": self.exact,
+            "comm": [c.to_dict() for c in self.comm],
+            "collectives": [c.to_dict() for c in self.collectives],
+            "notes": list(self.notes),
+            "analysis_s": self.analysis_s,
+            "timing": dict(self.timing),
+        }
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A sweep: the plans best first, what was skipped and why, and the validation."""
+
+    model: str
+    config: ModelConfig
+    devices: int
+    mode: str
+    hardware: Hardware
+    settings: Mapping[str, Any]
+    plans: tuple[Plan, ...]
+    skipped: tuple[Skipped, ...]
+    validations: tuple[Validation, ...]
+    notes: tuple[str, ...]
+    wall_s: float = 0.0
+    workers: int = 0
+    candidates: int = field(default=0)
+
+    @property
+    def best(self) -> Plan | None:
+        """The fastest plan that fits the device memory (None when none fits)."""
+        return next((p for p in self.plans if p.fits), None)
+
+    @property
+    def fit_note(self) -> str | None:
+        """When plans compiled but none fits the device memory: by how much, and what to do."""
+        if not self.plans or self.best is not None:
+            return None
+        from shardscope._src.base.comm import format_bytes
+
+        small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
+        return (
+            f"no plan fits: the smallest, {small.label}, needs "
+            f"{format_bytes(small.memory_bytes_per_device)} per device of the "
+            f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use more "
+            f"devices, a smaller batch or sequence, or more memory (--memory). Activation "
+            f"recompute and micro-batching, which would shrink the activations, are not modelled"
+        )
+
+    @property
+    def empty_reason(self) -> str | None:
+        """Why there is no plan (None when there is one)."""
+        if self.plans:
+            return None
+        return _why_empty(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "config": self.config.to_dict(),
+            "params": self.config.param_count(),
+            "devices": self.devices,
+            "mode": self.mode,
+            "hardware": self.hardware.to_dict(),
+            "settings": dict(self.settings),
+            "plans": [p.to_dict() for p in self.plans],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "validations": [v.to_dict() for v in self.validations],
+            "empty_reason": self.empty_reason,
+            "best": None if self.best is None else self.best.label,
+            "fit_note": self.fit_note,
+            "notes": list(self.notes),
+            "candidates": self.candidates,
+            "wall_s": self.wall_s,
+            "workers": self.workers,
+        }
+
+
+def _why_empty(result: PlanResult) -> str:
+    by: dict[str, list[Skipped]] = {}
+    for s in result.skipped:
+        by.setdefault(s.reason, []).append(s)
+    parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
+    head = f"no plan for {result.model} on {result.devices} device(s): " + (
+        ", ".join(parts) if parts else "no candidate mesh"
+    )
+    if "memory" in by:
+        from shardscope._src.base.comm import format_bytes
+
+        limit = format_bytes(result.hardware.memory_bytes)
+        head += (
+            f"; the model state alone needs more than the {limit} of a "
+            f"{result.hardware.name}: use more devices, a preset with more memory, "
+            f"--memory, or a smaller --bytes-per-param"
+        )
+    if "divisibility" in by:
+        head += f"; e.g. {by['divisibility'][0].message}"
+    return head

@@ -1,0 +1,146 @@
+"""Worker processes for the planner: each simulates N CPU devices and compiles plans.
+
+A worker is ``python -m shardscope._src.plan.worker N``: it reads pickled tasks on stdin and
+writes pickled results on its original stdout (anything else printed there goes to stderr).
+Plain subprocesses rather than ``multiprocessing`` so that the caller's ``__main__`` is never
+re-imported: a script without an ``if __name__ == "__main__"`` guard can still plan.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+Task = tuple[str, str, dict[str, Any], str]
+
+
+class WorkerError(RuntimeError):
+    """A worker process died or answered with something other than a result."""
+
+
+class _Worker:
+    def __init__(self, devices: int) -> None:
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        # The worker must import this very package, installed or not.
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shardscope._src.plan.worker", str(devices)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+        )
+
+    def run(self, task: Task) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            pickle.dump(task, self.proc.stdin)
+            self.proc.stdin.flush()
+            reply = pickle.load(self.proc.stdout)
+        except (EOFError, BrokenPipeError, pickle.UnpicklingError) as e:
+            raise WorkerError(
+                f"worker process {self.proc.pid} ended without a result "
+                f"(exit status {self.proc.poll()}): {self.stderr_tail() or type(e).__name__}"
+            ) from None
+        if reply[0] == "ok":
+            return reply[1]
+        raise WorkerError(f"{reply[1]}: {reply[2]}")
+
+    def stderr_tail(self, lines: int = 3) -> str:
+        self.log.seek(0)
+        text = self.log.read().decode("utf-8", errors="replace").strip().splitlines()
+        return " | ".join(text[-lines:])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def run_tasks(
+    tasks: Sequence[Task], devices: int, workers: int
+) -> Iterator[tuple[int, Any | BaseException]]:
+    """Runs ``tasks`` on ``workers`` processes; yields ``(index, result or error)`` as each
+    finishes. A worker that dies is replaced for the remaining tasks."""
+    local = threading.local()
+    started: list[_Worker] = []
+    lock = threading.Lock()
+
+    def worker() -> _Worker:
+        w = getattr(local, "worker", None)
+        if w is None or w.proc.poll() is not None:
+            w = _Worker(devices)
+            local.worker = w
+            with lock:
+                started.append(w)
+        return w
+
+    def job(i: int) -> Any:
+        return worker().run(tasks[i])
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardscope-plan")
+    finished = False
+    try:
+        futures = {pool.submit(job, i): i for i in range(len(tasks))}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            try:
+                yield i, fut.result()
+            except WorkerError as e:
+                yield i, e
+        finished = True
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        with lock:
+            for w in started:
+                if not finished and w.proc.poll() is None:
+                    w.proc.kill()  # stopped early (an error, Ctrl-C): do not wait for compiles
+                w.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    devices = int(args[0])
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints must not corrupt the results channel
+    from shardscope._src.base.devices import use_cpu_devices
+
+    use_cpu_devices(devices)
+    from shardscope._src.plan.compile import worker_task
+
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            task = pickle.load(inp)
+        except EOFError:
+            return 0
+        try:
+            reply: tuple[Any, ...] = ("ok", worker_task(task))
+        except Exception as e:  # sent back to the planner, which reports it per plan
+            reply = ("error", type(e).__name__, str(e))
+        pickle.dump(reply, out)
+        out.flush()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""Terminal rendering of an :class:`~shardscope._src.audit.records.Audit`: a rich table.
+
+Rows are grouped by the mesh axes a collective runs over (mesh order), then by kind, with a
+subtotal per group and a grand total; every row names the Python line that emitted it.
+``rich`` is imported only here, when a table is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from shardscope._src.base.comm import format_bytes
+
+if TYPE_CHECKING:
+    from shardscope._src.audit.records import Audit, Collective
+
+
+def _where(c: Collective) -> str:
+    if c.source:
+        path, _, line = c.source.rpartition(":")
+        return f"{os.path.basename(path)}:{line}" if path else c.source
+    if c.operand_source:
+        path, _, line = c.operand_source.rpartition(":")
+        return f"(after {os.path.basename(path)}:{line})"
+    return "(inserted by the partitioner)"
+
+
+def _array(c: Collective) -> str:
+    text = f"{c.dtype}[{','.join(str(d) for d in c.shape)}]"
+    return text + (f" +{len(c.shapes) - 1} more" if len(c.shapes) > 1 else "")
+
+
+def _count(c: Collective) -> str:
+    text = str(c.count)
+    if c.loops:
+        trips = " x ".join("?" if lp.trip_count is None else str(lp.trip_count) for lp in c.loops)
+        text += f" (loop {trips})"
+    if c.conditionals:
+        text += " (in a branch)"
+    return text
+
+
+def audit_table(audit: Audit, *, title: str | None = None) -> Any:
+    """A ``rich.table.Table`` of the audit's collectives."""
+    from rich.table import Table
+    from rich.text import Text
+
+    mesh = ",".join(f"{k}={v}" for k, v in audit.mesh_axes.items())
+    table = Table(
+        title=title or f"Collectives of {audit.module_name} on mesh {mesh}",
+        show_footer=False,
+        header_style="bold",
+    )
+    # The facts never wrap; in a narrow terminal the source and HLO name give way first.
+    table.add_column("axes", no_wrap=True)
+    table.add_column("kind", no_wrap=True, min_width=10)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("array", no_wrap=True)
+    table.add_column("payload\n(each)", justify="right", no_wrap=True)
+    table.add_column("sent per\ndevice", justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold", ratio=1)
+    table.add_column("HLO", style="dim", overflow="fold", ratio=1)
+    collectives = audit.sorted_collectives()
+    if not collectives:
+        table.add_row("-", "none", "0", "", "", "0 B", "", "")
+    totals = audit.totals()
+    previous_axes: str | None = None
+    for i, c in enumerate(collectives):
+        if previous_axes is not None and c.axes_label != previous_axes:
+            table.add_section()
+        previous_axes = c.axes_label
+        axes = c.axes_label
+        if c.irregular:
+            axes = Text("irregular", style="red")
+        table.add_row(
+            axes,
+            c.kind + (" (async)" if c.is_async else ""),
+            _count(c),
+            _array(c),
+            format_bytes(c.payload_bytes),
+            format_bytes(c.traffic_bytes * c.count),
+            _where(c),
+            c.name,
+        )
+        nxt = collectives[i + 1] if i + 1 < len(collectives) else None
+        key = (c.axes_label, c.kind)
+        group = [d for d in collectives if (d.axes_label, d.kind) == key]
+        if len(group) > 1 and (nxt is None or (nxt.axes_label, nxt.kind) != key):
+            t = totals[key]
+            table.add_row(
+                "",
+                Text(f"{c.kind} total", style="italic"),
+                str(t.count),
+                "",
+                "",
+                format_bytes(t.traffic_bytes),
+                "",
+                "",
+            )
+    total = audit.total()
+    table.add_section()
+    table.add_row(
+        Text("all", style="bold"),
+        "",
+        Text(str(total.count), style="bold"),
+        "",
+        "",
+        Text(format_bytes(total.traffic_bytes), style="bold"),
+        "",
+        "",
+    )
+    return table
+
+
+def audit_notes(audit: Audit) -> list[str]:
+    """Lines to print under the table: rematerializations, inexact counts, unknowns."""
+    notes = []
+    for r in audit.rematerializations or ():
+        where = r.source or "unknown line"
+        notes.append(
+            f"Involuntary full rematerialization at {where} ({r.op_name}): the partitioner "
+            f"replicated {r.instruction} to go from {r.from_sharding} to {r.to_sharding}"
+        )
+    for c in audit.sorted_collectives():
+        if c.irregular:
+            groups = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in c.groups) + "}"
+            notes.append(f"irregular groups of {c.name}: {c.reason}; groups {groups[:200]}")
+    if audit.rematerializations is None:
+        notes.append(
+            "rematerializations not checked: the audit did not compile this program itself"
+        )
+    if not audit.exact:
+        notes.append(
+            "some counts are not exact: a loop with an unknown trip count (counted once) or a "
+            "conditional branch (counted as if taken)"
+        )
+    for u in audit.unknown_instructions:
+        notes.append(f"unknown instruction {u.opcode} ({u.name}): {u.raw[:120]}")
+    if audit.memory is not None:
+        peak = audit.memory.get("peak_memory_in_bytes")
+        if peak is not None:
+            notes.append(f"peak memory per device (this backend's estimate): {format_bytes(peak)}")
+    return notes
+
+
+def render_audit(audit: Audit, *, console: Any = None, title: str | None = None) -> None:
+    """Prints the audit table and its notes to ``console`` (a new rich Console by default)."""
+    from shardscope._src.render.console import output_console
+
+    console = console or output_console()
+    console.print(audit_table(audit, title=title))
+    for note in audit_notes(audit):
+        console.print(note, highlight=False, markup=False)
+
+
+def format_audit(audit: Audit, *, width: int = 140, title: str | None = None) -> str:
+    """The rendered table and notes as plain text (no colour), e.g. for logs and tests."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    render_audit(
+        audit,
+        console=Console(file=buf, width=width, color_system=None, force_terminal=False),
+        title=title,
+    )
+    return buf.getvalue()

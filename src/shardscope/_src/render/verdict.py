@@ -1,0 +1,114 @@
+"""Terminal rendering of a :class:`~shardscope._src.verdict.Verdict`: a rich table and its lines.
+
+The table lists, per mesh axes and collective kind, the bytes each device sends in the
+compiled program beside the bound; below it the instructions that exceed the bound (with
+source lines), the verified hints, notes, and last the one-line verdict.
+``rich`` is imported only here, when a table is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from shardscope._src.base.comm import format_bytes
+
+if TYPE_CHECKING:
+    from shardscope._src.verdict import Verdict
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _short(source: str | None) -> str:
+    if not source:
+        return "(no source line)"
+    prefix = "after " if source.startswith("after ") else ""
+    path, _, line = source.removeprefix("after ").rpartition(":")
+    return f"{prefix}{os.path.basename(path)}:{line}" if path else source
+
+
+def verdict_table(verdict: Verdict, *, title: str | None = None) -> Any:
+    """A ``rich.table.Table``: bound against compiled traffic per (axes, kind)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title or f"Verdict: {verdict.label}", header_style="bold")
+    table.add_column("axes")
+    table.add_column("kind")
+    table.add_column("bound count", justify="right")
+    table.add_column("count", justify="right")
+    table.add_column("bound sent/device", justify="right")
+    table.add_column("sent/device", justify="right")
+    table.add_column("ratio", justify="right")
+    if not verdict.rows:
+        table.add_row("-", "none", "0", "0", "0 B", "0 B", "1.00x")
+    for r in verdict.rows:
+        over = r.ratio is None or r.ratio > 1.05
+        # A ratio is meaningful where the bound and the program both send something here.
+        shown = r.ratio if r.bound_bytes and r.actual_bytes else None
+        table.add_row(
+            ",".join(r.axes) or "-",
+            r.kind,
+            str(r.bound_count),
+            str(r.actual_count),
+            format_bytes(r.bound_bytes),
+            format_bytes(r.actual_bytes),
+            Text(_ratio_text(shown), style="red" if over else "green"),
+        )
+    table.add_section()
+    table.add_row(
+        Text("all", style="bold"),
+        "",
+        "",
+        "",
+        format_bytes(verdict.bound_bytes),
+        Text(format_bytes(verdict.actual_bytes), style="bold"),
+        Text(_ratio_text(verdict.ratio), style="bold"),
+    )
+    return table
+
+
+def verdict_lines(verdict: Verdict) -> list[str]:
+    """The lines printed under the table, ending with the verdict itself."""
+    lines = []
+    for e in verdict.excess:
+        scope = f" [{e.scope}]" if e.scope else ""
+        lines.append(
+            f"exceeds: {e.instruction} ({e.kind} x{e.count} of {e.array}, "
+            f"{format_bytes(e.traffic_bytes)}) at {_short(e.source)}{scope}: {e.reason}"
+        )
+    for h in verdict.hints:
+        status = "reaches the bound" if h.reaches_bound else f"{_ratio_text(h.ratio)} the bound"
+        if h.traffic_bytes >= verdict.actual_bytes:
+            status += ", no better than the program on this backend"
+        lines.append(f"hint (compiled: {format_bytes(h.traffic_bytes)}, {status}): {h.change}")
+        lines.append(f"      {h.code}")
+    for note in (*verdict.bound_notes, *verdict.notes):
+        lines.append(f"note: {note}")
+    lines.append(f"verdict: {verdict.summary()}")
+    return lines
+
+
+def render_verdict(verdict: Verdict, *, console: Any = None, title: str | None = None) -> None:
+    """Prints the verdict table and its lines to ``console`` (a new rich Console by default)."""
+    from shardscope._src.render.console import output_console
+
+    console = console or output_console()
+    console.print(verdict_table(verdict, title=title))
+    for line in verdict_lines(verdict):
+        console.print(line, highlight=False, markup=False)
+
+
+def format_verdict(verdict: Verdict, *, width: int = 140) -> str:
+    """The rendered verdict as plain text (no colour)."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    render_verdict(
+        verdict, console=Console(file=buf, width=width, color_system=None, force_terminal=False)
+    )
+    return buf.getvalue()

@@ -1,0 +1,409 @@
+"""Programs built from a bound strategy: jit (the compiler inserts collectives) or shard_map
+(explicit ``psum`` / ``all_gather`` / ``psum_scatter``), in forward or train-step mode.
+
+A :class:`Program` carries its jitted function and abstract arguments
+(``jax.ShapeDtypeStruct`` with shardings), so it can be lowered, compiled and audited without
+allocating anything; :meth:`Program.example_args` makes concrete sharded arrays for running it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope._src.base.errors import StrategyError
+from shardscope._src.model.config import (
+    Hooks,
+    ModelConfig,
+    abstract_batch,
+    abstract_params,
+    forward,
+    init_batch,
+    init_params,
+    loss,
+    loss_from_output,
+)
+from shardscope._src.sharding.strategies import BoundStrategy, Strategy, get_strategy
+
+MODES = ("forward", "train")
+IMPLS = ("jit", "shard_map")
+
+
+class JitHooks(Hooks):
+    """Sharding constraints at the strategy's activation points and weight uses."""
+
+    def __init__(self, bound: BoundStrategy) -> None:
+        self.bound = bound
+
+    def _constrain(self, x: Any, spec: Any) -> Any:
+        import jax
+
+        if spec is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, self.bound.sharding(spec))
+
+    def residual(self, x: Any) -> Any:
+        return self._constrain(x, self.bound.activation_spec("residual"))
+
+    def enter(self, scope: str, h: Any) -> Any:
+        return self._constrain(h, self.bound.activation_spec("enter"))
+
+    def heads(self, x: Any) -> Any:
+        return self._constrain(x, self.bound.activation_spec("heads"))
+
+    def hidden(self, x: Any) -> Any:
+        return self._constrain(x, self.bound.activation_spec("hidden"))
+
+    def exit(self, scope: str, y: Any) -> Any:
+        return self._constrain(y, self.bound.activation_spec("residual"))
+
+    def weight(self, name: str, w: Any) -> Any:
+        return self._constrain(w, self.bound.use_spec(name))
+
+
+class ShardMapHooks(Hooks):
+    """Megatron's explicit collectives over the model axis, per device inside shard_map.
+
+    Tensor parallel: the row-parallel output is ``psum``-ed. Sequence parallel: the normed
+    input is ``all_gather``-ed along the sequence before the column-parallel matmuls and the
+    row-parallel output is ``psum_scatter``-ed back to sequence shards.
+    """
+
+    def __init__(self, model_axis: str | tuple[str, ...], sequence_parallel: bool) -> None:
+        self.axis = model_axis
+        self.sequence_parallel = sequence_parallel
+
+    def enter(self, scope: str, h: Any) -> Any:
+        import jax
+
+        if not self.sequence_parallel:
+            return h
+        return jax.lax.all_gather(h, self.axis, axis=1, tiled=True)
+
+    def exit(self, scope: str, y: Any) -> Any:
+        import jax
+
+        if not self.sequence_parallel:
+            return jax.lax.psum(y, self.axis)
+        return jax.lax.psum_scatter(y, self.axis, scatter_dimension=1, tiled=True)
+
+
+@dataclass(frozen=True)
+class Program:
+    """A compiled-on-demand program of one strategy, mode and implementation."""
+
+    bound: BoundStrategy
+    mode: str
+    impl: str
+    capture: bool
+    fn: Callable[..., Any]
+    arg_shardings: tuple[Any, ...]
+
+    @property
+    def name(self) -> str:
+        suffix = "" if self.bound.constraints else ", no activation constraints"
+        return f"{self.bound.name} ({self.impl}, {self.mode}{suffix})"
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.bound.config
+
+    @property
+    def mesh(self) -> Any:
+        return self.bound.mesh
+
+    def abstract_args(self) -> tuple[Any, ...]:
+        """The arguments as ``jax.ShapeDtypeStruct`` with their shardings: nothing allocated."""
+        import jax
+
+        def attach(sds: Any, sharding: Any) -> Any:
+            return jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sharding)
+
+        return jax.tree.map(attach, self._abstract(), self.arg_shardings)
+
+    def _abstract(self) -> tuple[Any, ...]:
+        params = abstract_params(self.config)
+        inputs, targets = abstract_batch(self.config)
+        return (params, inputs) if self.mode == "forward" else (params, (inputs, targets))
+
+    def example_args(self, seed: int = 0) -> tuple[Any, ...]:
+        """Random arguments, placed with the program's input shardings."""
+        import jax
+
+        params = init_params(self.config, seed)
+        inputs, targets = init_batch(self.config, seed + 1)
+        args = (params, inputs) if self.mode == "forward" else (params, (inputs, targets))
+        return jax.device_put(args, self.arg_shardings)
+
+    def lower(self) -> Any:
+        return self.fn.lower(*self.abstract_args())
+
+    def compile(self) -> Any:
+        return self.lower().compile()
+
+
+def build_program(
+    strategy: str | Strategy | BoundStrategy,
+    config: ModelConfig | None = None,
+    mesh: Any = None,
+    *,
+    mode: str = "forward",
+    impl: str = "jit",
+    capture: bool = False,
+    constraints: bool = True,
+) -> Program:
+    """Builds the reference model under ``strategy`` on ``mesh``.
+
+    Args:
+        strategy: a built-in name (``"tp"``), a :class:`Strategy`, or an already bound one
+            (then ``config``, ``mesh`` and ``constraints`` come from it).
+        config: the model; required unless ``strategy`` is bound.
+        mesh: a ``Mesh`` or a description such as ``"data=2,model=4"``.
+        mode: ``"forward"`` (``fn(params, inputs)``) or ``"train"`` (``fn(params, (inputs,
+            targets)) -> (loss, grads)``; grads come out sharded like the parameters).
+        impl: ``"jit"`` or ``"shard_map"`` (only for strategies with a twin).
+        capture: forward also returns every layer's attention and MLP outputs (numerics).
+        constraints: keep the strategy's activation sharding constraints (jit only).
+
+    >>> prog = build_program("tp", ModelConfig(), "model=8")  # doctest: +SKIP
+    >>> shardscope.audit(prog.fn, *prog.abstract_args())  # doctest: +SKIP
+    """
+    import jax
+
+    if mode not in MODES:
+        raise StrategyError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if impl not in IMPLS:
+        raise StrategyError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
+    if isinstance(strategy, BoundStrategy):
+        bound = strategy
+    else:
+        if config is None or mesh is None:
+            raise StrategyError(
+                "build_program needs a model config and a mesh with an unbound strategy; "
+                "pass config=ModelConfig(...) and mesh='model=8' (or a bound strategy)"
+            )
+        bound = get_strategy(strategy).bind(config, mesh, constraints=constraints)
+    if impl == "shard_map" and not bound.strategy.twin:
+        twins = ", ".join(s for s in _twins())
+        raise StrategyError(
+            f"strategy {bound.name!r} has no shard_map version; use impl='jit', or one of "
+            f"the strategies with explicit collectives: {twins}"
+        )
+    if capture and mode != "forward":
+        raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")
+
+    config = bound.config
+    params_sh = jax.tree.map(bound.sharding, bound.param_specs())
+    in_spec, target_spec = bound.batch_specs()
+    out_sh = bound.sharding(bound.output_spec())
+    if mode == "forward":
+        arg_sh: tuple[Any, ...] = (params_sh, bound.sharding(in_spec))
+    else:
+        arg_sh = (params_sh, (bound.sharding(in_spec), bound.sharding(target_spec)))
+
+    if impl == "jit":
+        hooks = JitHooks(bound)
+
+        if mode == "forward":
+
+            def run(params: Any, inputs: Any) -> Any:
+                return forward(params, inputs, config, hooks, capture=capture)
+        else:
+
+            def run(params: Any, batch: Any) -> Any:
+                return jax.value_and_grad(loss)(params, batch, config, hooks)
+    else:
+        local = _shard_map_forward(bound, capture)
+        if mode == "forward":
+            run = local
+        else:
+
+            def run(params: Any, batch: Any) -> Any:
+                def objective(p: Any) -> Any:
+                    return loss_from_output(local(p, batch[0]), batch[1], config)
+
+                return jax.value_and_grad(objective)(params)
+
+    if capture:
+        out_shardings: Any = None
+    elif mode == "forward":
+        out_shardings = out_sh
+    else:
+        out_shardings = (bound.sharding(bound.spec(())), params_sh)
+    jitted = jax.jit(run, in_shardings=arg_sh, out_shardings=out_shardings)
+    return Program(bound, mode, impl, capture, jitted, arg_sh)
+
+
+def _twins() -> list[str]:
+    from shardscope._src.sharding.strategies import STRATEGIES
+
+    return [name for name, s in STRATEGIES.items() if s.twin]
+
+
+def _shard_map_forward(bound: BoundStrategy, capture: bool) -> Callable[..., Any]:
+    import jax
+    from jax.sharding import PartitionSpec
+
+    config = bound.config
+    hooks = ShardMapHooks(bound.entry("model"), bound.strategy.sequence_parallel)
+    in_spec, _ = bound.batch_specs()
+    out_spec = bound.output_spec()
+    if capture:
+        residual = bound.spec(bound.strategy.activation_rules()["residual"])
+        stacked = PartitionSpec(None, *residual)
+        out_specs: Any = (out_spec, {"attention": stacked, "mlp": stacked})
+    else:
+        out_specs = out_spec
+
+    def body(params: Any, inputs: Any) -> Any:
+        return forward(params, inputs, config, hooks, capture=capture)
+
+    return jax.shard_map(
+        body,
+        mesh=bound.mesh,
+        in_specs=(bound.param_specs(), in_spec),
+        out_specs=out_specs,
+    )
+
+
+# -- one sharded matmul ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MatmulProgram:
+    """``C = A @ B`` under jit with the problem's specs, optionally forced to a plan."""
+
+    label: str
+    problem: Any
+    mesh: Any
+    fn: Callable[..., Any]
+    code: str
+
+    def abstract_args(self) -> tuple[Any, Any]:
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        p = self.problem
+        dtype = jnp.dtype(p.dtype)
+        return (
+            jax.ShapeDtypeStruct(
+                (p.m, p.k), dtype, sharding=NamedSharding(self.mesh, PartitionSpec(*p.a_spec))
+            ),
+            jax.ShapeDtypeStruct(
+                (p.k, p.n), dtype, sharding=NamedSharding(self.mesh, PartitionSpec(*p.b_spec))
+            ),
+        )
+
+    def lower(self) -> Any:
+        return self.fn.lower(*self.abstract_args())
+
+
+def _spec_text(spec: Any) -> str:
+    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+
+
+def build_matmul(
+    problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = False
+) -> MatmulProgram:
+    """The matmul of ``problem`` (a :class:`~shardscope._src.bounds.matmul.MatmulProblem`) on
+    ``mesh``.
+
+    Without ``plan``: the compiler chooses (the program a user writes). With a
+    :class:`~shardscope._src.bounds.matmul.MatmulPlan`: sharding constraints put A, B and the
+    product in the plan's layouts (``explicit=False``), or a ``shard_map`` computes the local
+    product and reduces partial sums with ``psum`` / ``psum_scatter`` (``explicit=True``);
+    the output sharding then moves the result to the problem's output spec.
+    """
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def sharding(spec: Any) -> Any:
+        return NamedSharding(mesh, PartitionSpec(*spec))
+
+    in_sh = (sharding(problem.a_spec), sharding(problem.b_spec))
+    out_sh = sharding(problem.out_spec)
+    if plan is None:
+
+        def run(a: Any, b: Any) -> Any:
+            return a @ b
+
+        return MatmulProgram(
+            "as written",
+            problem,
+            mesh,
+            jax.jit(run, in_shardings=in_sh, out_shardings=out_sh),
+            "a @ b",
+        )
+
+    a_spec, b_spec = plan.layout("a"), plan.layout("b")
+    if not explicit:
+        split_k = any(p.partition == "k" for p in plan.axes)
+        c_spec = None if split_k else plan.layout("product")
+        wsc = jax.lax.with_sharding_constraint
+
+        def run(a: Any, b: Any) -> Any:
+            c = wsc(a, sharding(a_spec)) @ wsc(b, sharding(b_spec))
+            return c if c_spec is None else wsc(c, sharding(c_spec))
+
+        # Runnable as printed inside the jitted function, given the mesh (Auto axes, as
+        # shardscope.make_mesh builds them).
+        def named(spec: Any) -> str:
+            return f"NamedSharding(mesh, {_spec_text(spec)})"
+
+        code = (
+            "wsc = jax.lax.with_sharding_constraint; "
+            f"c = wsc(a, {named(a_spec)}) @ wsc(b, {named(b_spec)})"
+            + ("" if c_spec is None else f"; c = wsc(c, {named(c_spec)})")
+        )
+        return MatmulProgram(
+            "sharding constraints",
+            problem,
+            mesh,
+            jax.jit(run, in_shardings=in_sh, out_shardings=out_sh),
+            code,
+        )
+
+    # shard_map: the product's spec gains each contraction axis where the output wants it.
+    product = list(plan.layout("product"))
+    reductions: list[tuple[str, int | None]] = []
+    for p in plan.axes:
+        if p.partition != "k":
+            continue
+        dim = problem.where("c", p.axis)
+        index = None if dim is None else ("m", "n").index(dim)
+        if index is not None and product[index] is not None:
+            raise ValueError(f"axis {p.axis} cannot scatter onto a dimension already sharded")
+        if index is not None:
+            product[index] = p.axis
+        reductions.append((p.axis, index))
+
+    def local(a: Any, b: Any) -> Any:
+        c = a @ b
+        for axis, index in reductions:
+            if index is None:
+                c = jax.lax.psum(c, axis)
+            else:
+                c = jax.lax.psum_scatter(c, axis, scatter_dimension=index, tiled=True)
+        return c
+
+    body = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(PartitionSpec(*a_spec), PartitionSpec(*b_spec)),
+        out_specs=PartitionSpec(*product),
+    )
+    steps = "; ".join(
+        f"c = {'psum' if i is None else 'psum_scatter'}(c, {axis!r}"
+        + ("" if i is None else f", scatter_dimension={i}, tiled=True")
+        + ")"
+        for axis, i in reductions
+    )
+    code = (
+        f"shard_map(in_specs=({_spec_text(a_spec)}, {_spec_text(b_spec)}), "
+        f"out_specs={_spec_text(product)}): c = a @ b" + (f"; {steps}" if steps else "")
+    )
+    return MatmulProgram(
+        "shard_map", problem, mesh, jax.jit(body, in_shardings=in_sh, out_shardings=out_sh), code
+    )

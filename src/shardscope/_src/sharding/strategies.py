@@ -1,0 +1,473 @@
+"""Sharding strategies as data: named PartitionSpec rules for parameters and activations.
+
+A :class:`Strategy` writes its rules with *roles* instead of mesh axis names: ``"data"``
+(batch, and the FSDP parameter dimension) and ``"model"`` (heads, MLP hidden, and the
+sequence between blocks under sequence parallelism). :meth:`Strategy.bind` maps the roles to
+the axes of a concrete mesh, checks that every sharded dimension divides, and returns a
+:class:`BoundStrategy` holding ``PartitionSpec``s. Programs are built from it in
+:mod:`shardscope._src.sharding.programs`; bounds in :mod:`shardscope._src.bounds`.
+
+Role resolution: ``"model"`` is the mesh axis named ``model`` (or ``model_axis=``); ``"data"``
+is every other mesh axis, in mesh order, when the strategy uses it. A strategy that does not
+use ``"data"`` leaves the other axes as pure replicas (every replica computes the same).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardscope._src.base.errors import StrategyError
+from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes
+from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
+
+if TYPE_CHECKING:
+    import jax
+
+Roles = tuple[str | None, ...]
+ROLES = ("data", "model")
+
+# Dimension names, used to check divisibility and to word errors.
+PARAM_DIMS: dict[str, tuple[str, ...]] = {
+    "attn_norm": ("d_model",),
+    "wqkv": ("d_model", "qkv", "heads", "head_dim"),
+    "wo": ("heads", "head_dim", "d_model"),
+    "mlp_norm": ("d_model",),
+    "w_up": ("d_model", "ff"),
+    "w_down": ("ff", "d_model"),
+    "embed": ("vocab", "d_model"),
+    "final_norm": ("d_model",),
+    "unembed": ("d_model", "vocab"),
+}
+ACTIVATION_DIMS: dict[str, tuple[str, ...]] = {
+    "residual": ("batch", "seq", "d_model"),
+    "enter": ("batch", "seq", "d_model"),
+    "heads": ("batch", "seq", "heads", "head_dim"),
+    "hidden": ("batch", "seq", "ff"),
+}
+
+
+def _rules(**kw: Roles) -> tuple[tuple[str, Roles], ...]:
+    return tuple(kw.items())
+
+
+_REPLICATED_PARAMS = {name: (None,) * len(dims) for name, dims in PARAM_DIMS.items()}
+_TP_PARAMS = dict(
+    _REPLICATED_PARAMS,
+    wqkv=(None, None, "model", None),
+    wo=("model", None, None),
+    w_up=(None, "model"),
+    w_down=("model", None),
+)
+_FSDP_PARAMS = dict(
+    attn_norm=("data",),
+    wqkv=("data", None, None, None),
+    wo=(None, None, "data"),
+    mlp_norm=("data",),
+    w_up=("data", None),
+    w_down=(None, "data"),
+    embed=(None, "data"),
+    final_norm=("data",),
+    unembed=("data", None),
+)
+_FSDP_TP_PARAMS = {
+    name: tuple(a or b for a, b in zip(_FSDP_PARAMS[name], _TP_PARAMS[name], strict=True))
+    for name in PARAM_DIMS
+}
+
+
+def _acts(batch: str | None, model: str | None, seq: str | None) -> dict[str, Roles]:
+    return {
+        "residual": (batch, seq, None),
+        "enter": (batch, None, None),
+        "heads": (batch, None, model, None),
+        "hidden": (batch, None, model),
+    }
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named set of PartitionSpec rules, written with roles (``"data"``, ``"model"``).
+
+    Attributes:
+        name: short name used by the CLI and the planner (``"tp"``, ``"dp_sp"``, ...).
+        summary: one line for tables and help.
+        roles: the roles the strategy needs bound to mesh axes.
+        params: per parameter (without the stacked layers axis), the role of each dimension
+            where it is stored.
+        use: per parameter, the role of each dimension where it is used (FSDP gathers the
+            data-sharded dimension at use); ``None`` means stored = used, no constraint.
+        activations: ``residual``, ``enter``, ``heads``, ``hidden`` -> roles per dimension,
+            applied as sharding constraints under jit; empty for none.
+        sequence_parallel: the residual stream is sharded on the sequence between blocks.
+        twin: a ``shard_map`` version with explicit collectives exists.
+    """
+
+    name: str
+    summary: str
+    roles: tuple[str, ...]
+    params: tuple[tuple[str, Roles], ...]
+    use: tuple[tuple[str, Roles], ...] | None = None
+    activations: tuple[tuple[str, Roles], ...] = ()
+    sequence_parallel: bool = False
+    twin: bool = False
+
+    def param_rules(self) -> dict[str, Roles]:
+        return dict(self.params)
+
+    def use_rules(self) -> dict[str, Roles] | None:
+        return None if self.use is None else dict(self.use)
+
+    def activation_rules(self) -> dict[str, Roles]:
+        return dict(self.activations)
+
+    @property
+    def batch_role(self) -> str | None:
+        return self.activation_rules().get("residual", (None,))[0]
+
+    def bind(
+        self,
+        config: ModelConfig,
+        mesh: jax.sharding.Mesh | str,
+        *,
+        model_axis: str = "model",
+        axes: Mapping[str, tuple[str, ...]] | None = None,
+        constraints: bool = True,
+    ) -> BoundStrategy:
+        """Resolves the roles on ``mesh`` and checks that every sharded dimension divides.
+
+        ``mesh`` is a ``Mesh``, a description (made into a ``Mesh`` of this process's
+        devices), or an :func:`abstract_mesh` (specs and bounds only, no devices).
+
+        ``axes`` overrides the resolution (``{"data": ("pod", "data"), "model": ("model",)}``).
+        ``constraints=False`` drops the activation constraints (what a user who only
+        shards the weights writes); the verdict shows what that costs.
+
+        Raises :class:`StrategyError` naming the value, the rule and a fix.
+        """
+        if isinstance(mesh, str):
+            mesh = make_mesh(mesh)
+        sizes = mesh_axes(mesh)
+        resolved = _resolve_roles(self, sizes, model_axis, axes)
+        bound = BoundStrategy(self, config, mesh, resolved, constraints)
+        bound.validate()
+        return bound
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "roles": list(self.roles),
+            "params": {k: list(v) for k, v in self.params},
+            "use": None if self.use is None else {k: list(v) for k, v in self.use},
+            "activations": {k: list(v) for k, v in self.activations},
+            "sequence_parallel": self.sequence_parallel,
+            "twin": self.twin,
+        }
+
+
+def _strategies() -> dict[str, Strategy]:
+    rep = _rules(**_REPLICATED_PARAMS)
+    tp = _rules(**_TP_PARAMS)
+    out = [
+        Strategy(
+            "replicated",
+            "every device holds and computes everything",
+            (),
+            rep,
+        ),
+        Strategy(
+            "dp",
+            "data parallel: batch sharded on every mesh axis, weights replicated",
+            ("data",),
+            rep,
+            activations=_rules(**_acts("data", None, None)),
+        ),
+        Strategy(
+            "fsdp",
+            "fully sharded data parallel: weights sharded on the data axes, gathered at use",
+            ("data",),
+            _rules(**_FSDP_PARAMS),
+            use=rep,
+            activations=_rules(**_acts("data", None, None)),
+        ),
+        Strategy(
+            "tp",
+            "Megatron tensor parallel on 'model': QKV and MLP-up column-parallel, "
+            "out-projection and MLP-down row-parallel",
+            ("model",),
+            tp,
+            activations=_rules(**_acts(None, "model", None)),
+            twin=True,
+        ),
+        Strategy(
+            "dp_tp",
+            "data x tensor parallel: batch on the data axes, Megatron on 'model'",
+            ("data", "model"),
+            tp,
+            activations=_rules(**_acts("data", "model", None)),
+            twin=True,
+        ),
+        Strategy(
+            "fsdp_tp",
+            "FSDP on the data axes x Megatron on 'model'",
+            ("data", "model"),
+            _rules(**_FSDP_TP_PARAMS),
+            use=tp,
+            activations=_rules(**_acts("data", "model", None)),
+        ),
+        Strategy(
+            "sp",
+            "Megatron tensor parallel with sequence parallelism: residual stream "
+            "sharded on the sequence over 'model'",
+            ("model",),
+            tp,
+            activations=_rules(**_acts(None, "model", "model")),
+            sequence_parallel=True,
+            twin=True,
+        ),
+        Strategy(
+            "dp_sp",
+            "data parallel x tensor-and-sequence parallel",
+            ("data", "model"),
+            tp,
+            activations=_rules(**_acts("data", "model", "model")),
+            sequence_parallel=True,
+            twin=True,
+        ),
+    ]
+    return {s.name: s for s in out}
+
+
+STRATEGIES: dict[str, Strategy] = _strategies()
+
+
+def get_strategy(name: str | Strategy) -> Strategy:
+    """The built-in strategy called ``name`` (a :class:`Strategy` is returned as is)."""
+    if isinstance(name, Strategy):
+        return name
+    if name not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
+    """A ``jax.sharding.AbstractMesh`` (Auto axes) for a description: no devices needed.
+
+    Binding a strategy to it checks the fit and gives specs and bounds for meshes larger
+    than the devices at hand (the planner's case); compiling needs a real mesh.
+
+    >>> dict(abstract_mesh("data=64,model=16").shape)
+    {'data': 64, 'model': 16}
+    """
+    from jax.sharding import AbstractMesh, AxisType
+
+    from shardscope._src.mesh import parse_mesh_spec
+
+    sizes = parse_mesh_spec(spec)
+    return AbstractMesh(
+        tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes)
+    )
+
+
+def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
+    """A mesh description of shape ``sizes`` whose axis names fit ``strategy``'s roles.
+
+    The last axis is ``model`` when the strategy uses that role; the others are ``data``,
+    preceded by ``pod`` and ``pod1``, ... for more axes. A 1-D mesh for a data-only
+    strategy is ``data=N``.
+
+    >>> mesh_spec_for("dp_tp", (2, 4))
+    'data=2,model=4'
+    >>> mesh_spec_for("tp", (8,))
+    'model=8'
+    >>> mesh_spec_for("fsdp", (2, 2, 2))
+    'pod=2,data=2,model=2'
+    """
+    s = get_strategy(strategy)
+    if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in sizes):
+        raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
+    if len(sizes) == 1:
+        names = ["model" if "model" in s.roles else "data"]
+    else:
+        lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
+        names = [*lead, "data", "model"]
+    return ",".join(f"{n}={v}" for n, v in zip(names, sizes, strict=True))
+
+
+def _resolve_roles(
+    strategy: Strategy,
+    sizes: dict[str, int],
+    model_axis: str,
+    axes: Mapping[str, tuple[str, ...]] | None,
+) -> dict[str, tuple[str, ...]]:
+    mesh_text = format_mesh_spec(sizes)
+    if axes is not None:
+        resolved = {role: tuple(axes.get(role, ())) for role in strategy.roles}
+        for role, names in resolved.items():
+            for name in names:
+                if name not in sizes:
+                    raise StrategyError(
+                        f"strategy {strategy.name!r}: role {role!r} is bound to axis {name!r}, "
+                        f"which mesh {mesh_text!r} does not have; use one of "
+                        f"{', '.join(sizes)}"
+                    )
+        used = [n for names in resolved.values() for n in names]
+        if len(used) != len(set(used)):
+            raise StrategyError(
+                f"strategy {strategy.name!r}: axes {used} are bound to more than one role; "
+                f"give each mesh axis to one role"
+            )
+    else:
+        resolved = {}
+        if "model" in strategy.roles:
+            if model_axis not in sizes:
+                raise StrategyError(
+                    f"strategy {strategy.name!r} shards heads and MLP hidden over a mesh axis "
+                    f"named {model_axis!r}, but mesh {mesh_text!r} has none; name one axis "
+                    f"{model_axis!r} (e.g. --mesh {model_axis}={math.prod(sizes.values())}) "
+                    f"or pass model_axis=<one of {', '.join(sizes)}>"
+                )
+            resolved["model"] = (model_axis,)
+        if "data" in strategy.roles:
+            resolved["data"] = tuple(a for a in sizes if a not in resolved.get("model", ()))
+    for role in strategy.roles:
+        if not resolved.get(role):
+            other = "model" if role == "data" else "data"
+            raise StrategyError(
+                f"strategy {strategy.name!r} needs a mesh axis for role {role!r}, but mesh "
+                f"{mesh_text!r} leaves none (the {other} role took "
+                f"{', '.join(resolved.get(other, ())) or 'nothing'}); add an axis, e.g. "
+                f"--mesh data=2,model=4, or choose a strategy without {role!r}"
+            )
+    return resolved
+
+
+@dataclass(frozen=True)
+class BoundStrategy:
+    """A strategy with its roles bound to the axes of one mesh, for one model config."""
+
+    strategy: Strategy
+    config: ModelConfig
+    mesh: Any
+    axes: dict[str, tuple[str, ...]]
+    constraints: bool = True
+    _sizes: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_sizes", mesh_axes(self.mesh))
+
+    # -- roles ---------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.strategy.name
+
+    def role_size(self, role: str | None) -> int:
+        """How many ways ``role`` splits a dimension (1 for ``None``)."""
+        if role is None:
+            return 1
+        return math.prod(self._sizes[a] for a in self.axes[role])
+
+    def entry(self, role: str | None) -> str | tuple[str, ...] | None:
+        """The PartitionSpec entry for one dimension with ``role``."""
+        if role is None:
+            return None
+        names = self.axes[role]
+        return names[0] if len(names) == 1 else tuple(names)
+
+    def spec(self, roles: Roles, *, layers: bool = False) -> Any:
+        from jax.sharding import PartitionSpec
+
+        entries = [self.entry(r) for r in roles]
+        return PartitionSpec(*([None] if layers else []), *entries)
+
+    def sharding(self, spec: Any) -> Any:
+        from jax.sharding import NamedSharding
+
+        return NamedSharding(self.mesh, spec)
+
+    # -- specs ---------------------------------------------------------------------------
+    def param_specs(self) -> dict[str, Any]:
+        """PartitionSpec per parameter, in the model's pytree (layer weights stacked)."""
+        from shardscope._src.model.config import split_params
+
+        rules = self.strategy.param_rules()
+        shapes = param_shapes(self.config)
+        return split_params(
+            {name: self.spec(rules[name], layers=name in LAYER_PARAMS) for name in shapes}
+        )
+
+    def use_spec(self, name: str) -> Any | None:
+        """Spec a weight is constrained to at its use (one layer's slice), or None."""
+        use = self.strategy.use_rules()
+        return None if use is None else self.spec(use[name])
+
+    def activation_spec(self, point: str) -> Any | None:
+        if not self.constraints:
+            return None
+        rules = self.strategy.activation_rules()
+        return self.spec(rules[point]) if point in rules else None
+
+    def batch_specs(self) -> tuple[Any, Any]:
+        """Specs of ``(inputs, targets)``: the residual stream's (first two dims for tokens)."""
+        residual = self.strategy.activation_rules().get("residual", (None, None, None))
+        roles = residual if self.config.vocab is None else residual[:2]
+        return self.spec(roles), self.spec(roles)
+
+    def output_spec(self) -> Any:
+        """Spec of the forward's output: the residual's (logits: vocab replicated)."""
+        residual = self.strategy.activation_rules().get("residual", (None, None, None))
+        return self.spec(residual[:2] + (None,))
+
+    # -- validation ----------------------------------------------------------------------
+    def dim_sizes(self) -> dict[str, int]:
+        c = self.config
+        sizes = {
+            "d_model": c.d_model,
+            "qkv": 3,
+            "heads": c.heads,
+            "head_dim": c.head_dim,
+            "ff": c.ff,
+            "batch": c.batch,
+            "seq": c.seq,
+        }
+        if c.vocab is not None:
+            sizes["vocab"] = c.vocab
+        return sizes
+
+    def validate(self) -> None:
+        """Raises :class:`StrategyError` when a sharded dimension is not divisible."""
+        sizes = self.dim_sizes()
+        wanted: dict[tuple[str, str], str] = {}
+        params = self.strategy.param_rules()
+        for name in param_shapes(self.config):
+            for dim, role in zip(PARAM_DIMS[name], params[name], strict=True):
+                if role is not None:
+                    wanted.setdefault((dim, role), f"parameter {name!r}")
+        for point, roles in self.strategy.activation_rules().items():
+            for dim, role in zip(ACTIVATION_DIMS[point], roles, strict=True):
+                if role is not None:
+                    wanted.setdefault((dim, role), f"activation {point!r}")
+        for (dim, role), where in wanted.items():
+            ways = self.role_size(role)
+            size = sizes[dim]
+            if size % ways:
+                axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.axes[role])
+                fits = [d for d in range(1, size + 1) if size % d == 0 and d <= ways]
+                raise StrategyError(
+                    f"strategy {self.name!r} shards {dim}={size} ({where}) over mesh axes "
+                    f"{axes} ({ways} ways), but {size} is not divisible by {ways}; choose "
+                    f"{dim} a multiple of {ways} (e.g. {dim}={ways * max(1, size // ways)}), "
+                    f"or a mesh whose {role} axes multiply to a divisor of {size} "
+                    f"(e.g. {max(fits)})"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "mesh": dict(self._sizes),
+            "axes": {k: list(v) for k, v in self.axes.items()},
+            "constraints": self.constraints,
+        }
