@@ -6,7 +6,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,24 @@ def check_file_path(path: str | os.PathLike[str]) -> Path:
                 raise _path_error(p, e) from None
             break
     return p
+
+
+def check_output_paths(paths: Mapping[str, str | os.PathLike[str] | None]) -> None:
+    """Refuses, before any work is done, result files (``{flag: path}``, None: not asked for)
+    that cannot be written, and two results asked for in one file (one would overwrite the
+    other)."""
+    seen: dict[str, str] = {}
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        check_file_path(path)
+        key = os.path.realpath(path)
+        if key in seen:
+            raise OutputPathError(
+                f"{seen[key]} and {flag} both write {os.fspath(path)!r}; give each result its "
+                f"own file"
+            )
+        seen[key] = flag
 
 
 def check_dir_path(path: str | os.PathLike[str]) -> Path:
