@@ -632,7 +632,7 @@ def abstract(tree: Any, shardings: Any = None, *, mesh: Any = None) -> Any:
     >>> params = {"w": jnp.zeros((8, 4)), "b": jnp.zeros((4,))}
     >>> a = abstract(params, P(), mesh=mesh)
     >>> a["w"].shape, a["w"].sharding.spec
-    ((8, 4), PartitionSpec())
+    ((8, 4), P())
     """
     import jax
     from jax.sharding import PartitionSpec
@@ -690,7 +690,7 @@ def logical_to_spec(names: Sequence[str | None], rules: Any) -> Any:
     axis already used by an earlier dimension is not used again.
 
     >>> logical_to_spec(("batch", "embed"), [("batch", "data"), ("embed", None)])
-    PartitionSpec('data', None)
+    P('data', None)
     """
     from jax.sharding import PartitionSpec
 

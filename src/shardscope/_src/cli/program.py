@@ -240,8 +240,6 @@ def run_plan_program(
     _simulate(devices)
     make_step = load_program(ref)
     if rules is None:
-        import sys
-
         module = sys.modules.get(getattr(make_step, "__module__", "") or "")
         rules = getattr(module, "RULES", None)
     if console is None:
