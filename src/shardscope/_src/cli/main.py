@@ -88,7 +88,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     if args.program == "reshard":
         from shardscope._src.cli.audit import run_audit_command
 
-        return run_audit_command("reshard", args.mesh, json_path, console=console)
+        return run_audit_command(
+            "reshard", args.mesh, json_path, console=console, by_scope=args.by_scope
+        )
     if args.program == "matmul":
         from shardscope._src.cli.transformer import run_matmul_command
 
@@ -104,6 +106,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             json_path,
             hints=args.hints,
             console=console,
+            by_scope=args.by_scope,
         )
     from shardscope._src.cli.transformer import run_transformer_command
 
@@ -123,6 +126,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         hints=args.hints,
         console=console,
+        by_scope=args.by_scope,
     )
 
 
@@ -159,6 +163,12 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             metavar="N",
             help="simulated CPU devices, per process in a multi-process run (default: enough "
             "for the mesh, at least 8)",
+        )
+        p.add_argument(
+            "--by-scope",
+            action="store_true",
+            help="one row per named scope or module path, axes and kind (with the pass and "
+            "source lines) instead of one per collective",
         )
         add_distributed_options(p)
         p.set_defaults(run=_cmd_audit, default_mesh=default_mesh)
