@@ -48,6 +48,16 @@ BAD: list[tuple[list[str], str]] = [
     (["audit", "transformer", "--strategy", "tp", "--dtype", "int8"], "int8"),
     (["audit", "transformer", "--strategy", "tp", "--mode", "sideways"], "invalid choice"),
     (["audit", "transformer", "--strategy", "dp_tp", "--mesh", "model=8"], "data"),
+    (["audit", "hlo", "--hlo", "{tmp}/missing.hlo", "--mesh", "x=8"], "does not exist"),
+    (["audit", "--hlo", "{tmp}/afile"], "needs --mesh"),
+    (["audit", "hlo", "--hlo", "{tmp}/afile", "--mesh", "x=8", "--json", "{tmp}/afile"],
+     "would overwrite the input --hlo"),
+    (["audit", "hlo", "--hlo", "{tmp}/adir", "--mesh", "x=8"], "0 optimized modules"),
+    (["audit", "{tmp}/missing.py:make_step", "--mesh", "x=8"], "missing.py"),
+    # diff
+    (["diff", "{tmp}/afile"], "NEW.json"),
+    (["diff", "{tmp}/afile", "{tmp}/afile", "--json", "{tmp}/afile"], "would overwrite the input"),
+    (["diff", "{tmp}/afile", "{tmp}/afile", "--no-new", "all-sideways"], "invalid choice"),
     # plan
     (["plan"], "--devices"),
     (["plan", "--devices", "8"], "preset"),
@@ -88,7 +98,10 @@ BASE: dict[tuple[str, ...], list[str]] = {
     ("audit", "matmul"): [],
     ("audit", "reshard"): [],
     ("audit", "transformer"): ["--strategy", "tp"],
+    ("audit", "program"): ["{tmp}/x.py:f", "--mesh", "x=8"],
+    ("audit", "hlo"): ["--hlo", "{tmp}/afile", "--mesh", "x=8"],
     ("plan",): ["--devices", "8", "--model", "tiny"],
+    ("diff",): ["{tmp}/afile", "{tmp}/afile"],
     ("launch",): ["-n", "2"],
 }
 _LAUNCH_TAIL = ["--", "lab"]

@@ -149,16 +149,25 @@ def check_file_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def check_output_paths(paths: Mapping[str, str | os.PathLike[str] | None]) -> None:
+def check_output_paths(
+    paths: Mapping[str, str | os.PathLike[str] | None],
+    inputs: Mapping[str, str | os.PathLike[str] | None] | None = None,
+) -> None:
     """Refuses, before any work is done, result files (``{flag: path}``, None: not asked for)
-    that cannot be written, and two results asked for in one file (one would overwrite the
-    other)."""
+    that cannot be written, two results asked for in one file (one would overwrite the
+    other), and a result over one of the ``inputs`` it is made from."""
+    read = {os.path.realpath(p): f for f, p in (inputs or {}).items() if p is not None}
     seen: dict[str, str] = {}
     for flag, path in paths.items():
-        if path is None:
+        if path is None or os.fspath(path) == STDOUT:
             continue
         check_file_path(path)
         key = os.path.realpath(path)
+        if key in read:
+            raise OutputPathError(
+                f"{flag} {os.fspath(path)!r} would overwrite the input {read[key]}; write the "
+                f"result to another file"
+            )
         if key in seen:
             raise OutputPathError(
                 f"{seen[key]} and {flag} both write {os.fspath(path)!r}; give each result its "
