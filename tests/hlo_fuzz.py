@@ -1,12 +1,12 @@
 """Seeded mutations of real compiler output, run through the audit, its table and its JSON.
 
-Each case takes one HLO fixture (``tests/fixtures/hlo*``), applies one to three mutations
-(numbers made huge, zero or non-ASCII; brackets, quotes and comments inserted or deleted;
-lines dropped, repeated, swapped or cut; replica groups, opcodes, element types, trip counts
-and the module's device count replaced; pieces of other fixtures spliced in) and audits the
-text, on the fallback mesh or on a random mesh of the right size. The allowed outcomes are an
-audit whose table, notes and JSON can all be produced, or a ``ShardscopeError`` whose message
-is one line. Anything else is a crash.
+Each case takes one HLO fixture (``tests/fixtures/hlo*``, GPU and TPU output included),
+applies one to three mutations (numbers made huge, zero or non-ASCII; brackets, quotes and
+comments inserted or deleted; lines dropped, repeated, swapped or cut; replica groups,
+opcodes, element types, trip counts and the module's device count replaced; pieces of other
+fixtures spliced in) and audits the text, on the fallback mesh or on a random mesh of the
+right size. The allowed outcomes are an audit whose table, notes and JSON can all be
+produced, or a ``ShardscopeError`` whose message is one line. Anything else is a crash.
 
 Run as a program it prints one JSON summary, so that the suite can run a few of these in
 parallel processes, each measuring its own time and memory per case:
@@ -184,7 +184,13 @@ MUTATIONS = [
     _number, _number, _delete, _insert, _lines, _groups, _groups, _header, _many_devices,
     _opcode, _dtype, _trips, _splice,
 ]  # fmt: skip
-TEXTS = [p.read_text() for p in sorted(FIXTURES.glob("hlo*/*.hlo"))]
+# The CPU compiler's output, the hand-written async forms, and the smallest GPU and TPU
+# programs (async pairs, tiled layouts); the larger target fixtures would only make cases slow.
+TEXTS = [
+    p.read_text()
+    for p in sorted(FIXTURES.glob("hlo*/*.hlo"))
+    + sorted(FIXTURES.glob("hlo_targets/*/shard_map_collectives.hlo"))
+]
 
 
 def make_case(rng: random.Random) -> tuple[str, str | None]:
