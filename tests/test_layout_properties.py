@@ -95,3 +95,15 @@ def test_a_zero_size_array_reports_the_replication_its_spec_implies():
     assert lay.replication == 1
     assert [s.replica_id for s in lay.shards] == [0, 0]
     assert layout((0,), NamedSharding(mesh, P()), dtype="int8").replication == 2
+
+
+def test_dimensions_past_what_xla_holds_are_refused_without_printing_them():
+    import pytest
+
+    from shardscope._src.base.errors import LayoutError, ShardscopeError
+
+    for shape in [(10**5000,), (2**63, 2)]:
+        with pytest.raises(LayoutError, match="past 2\\*\\*63-1"):
+            spec_layout(shape, {"a": 2}, ("a",))
+    with pytest.raises(ShardscopeError, match="dimension 1 of the shape is negative"):
+        spec_layout((2, -(10**5000)), {"a": 2}, ())

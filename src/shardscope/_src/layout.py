@@ -231,8 +231,7 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Any:
             raise ShardscopeError(
                 f"layout(shape, sharding): shape must be a sequence of integers, got {x_or_shape!r}"
             ) from None
-        if any(d < 0 for d in shape):
-            raise ShardscopeError(f"layout(): shape {shape} has a negative dimension")
+        _check_shape(shape)
         dt = _dtype("float32" if dtype is None else dtype)
     if not hasattr(sharding, "devices_indices_map"):
         from jax.sharding import PartitionSpec
@@ -303,6 +302,7 @@ def spec_layout(
 
     axes = parse_mesh_spec(mesh_axes) if isinstance(mesh_axes, str) else dict(mesh_axes)
     shape = tuple(int(d) for d in shape)
+    _check_shape(shape)
     spec = normalize_spec(spec, len(shape), axes)
     check_divisible(shape, spec, axes)
     dt = _dtype(dtype)
@@ -325,6 +325,20 @@ def spec_layout(
             yield device_id, tuple(int(p) for p in pos), tuple(index), tuple(blocks)
 
     return _assemble(shape, dt, spec, axes, pieces(), "")
+
+
+_INT64_MAX = 2**63 - 1  # XLA's shapes hold dimensions and sizes in signed 64-bit integers
+
+
+def _check_shape(shape: tuple[int, ...]) -> None:
+    for i, d in enumerate(shape):
+        if d < 0:
+            raise ShardscopeError(f"layout(): dimension {i} of the shape is negative")
+        if d > _INT64_MAX:
+            raise LayoutError(
+                f"layout(): dimension {i} of the shape is a {d.bit_length()}-bit number, past "
+                f"2**63-1, the largest dimension an XLA shape holds"
+            )
 
 
 def _dtype(dtype: Any) -> Any:
