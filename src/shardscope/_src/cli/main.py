@@ -699,7 +699,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     except UsageError as e:
         raise UsageError(f"{PROG} launch: {e}") from None
     # What each process will be given, with the values it will be given.
-    probe = _route_audit(command)
+    probe = [*_route_audit(command)]  # a copy: the command itself goes to every process
     probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(args.launch_n)]
     probe += ["--process-id", "0", "--devices", str(args.devices_per_process)]
     try:
