@@ -4,7 +4,7 @@ from shardscope._src.base.hardware import PRESETS, hardware
 
 
 def test_presets_named_in_the_planner_exist():
-    assert list(PRESETS) == ["h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
+    assert list(PRESETS) == ["a100", "h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
     assert hardware("H200").memory_bytes == 141e9
     assert hardware("tpu-v5p").link_bandwidth == 2 * 9e10
 

@@ -37,3 +37,12 @@ class StrategyError(ShardscopeError):
 
 class PlanError(ShardscopeError):
     """A planning request that cannot be met (unknown preset, no device count, no plan)."""
+
+
+class TargetError(ShardscopeError):
+    """A compile target that cannot be used: unknown, its compiler not installed, a device
+    count it is not built with, or a mesh of other devices."""
+
+
+class DeviceMemoryError(ShardscopeError):
+    """A program that the target's compiler could not fit in the device's memory."""
