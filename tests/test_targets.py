@@ -213,3 +213,53 @@ def test_audit_cli_on_a_target_writes_backend_and_target(tmp_path):
 )
 def test_bad_target_input_is_one_line_exit_2(argv, words, capsys):
     assert_usage_error(argv, words, capsys)
+
+
+_SMALL = dict(d_model=64, heads=4, ff=256, layers=2, vocab=512, seq=32, batch=16)
+
+
+def test_plan_compiles_the_leading_plans_with_the_target_compiler():
+    result = shardscope.plan(
+        None, 8, hardware="h100", strategies=["dp", "fsdp"], compiler="h100", target_plans=1,
+        workers=0, **_SMALL,
+    )
+    assert result.compiler == "h100" and result.to_dict()["compiler"] == "h100"
+    by = [p.compiled_by for p in result.plans]
+    assert sorted(by) == ["cpu", "h100"]
+    on_target = next(p for p in result.plans if p.compiled_by == "h100")
+    assert on_target.target_error is None and on_target.target_memory is not None
+    assert on_target.target_memory_bytes_per_device > 0
+    assert on_target.fits == (
+        on_target.target_memory_bytes_per_device <= on_target.memory_limit_bytes
+    )
+    assert on_target.notes[0].startswith("compiled by the h100 compiler: ")
+    # The target keeps bf16 collectives bf16: what it sends is what it compiled.
+    assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
+    assert any("compiled again by the h100 compiler" in n for n in result.notes)
+
+
+def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():
+    from dataclasses import replace
+
+    result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
+    p = result.plans[0]
+    assert p.compiled_by == "cpu" and p.fits  # judged from the analytic estimate
+    refused = replace(p, compiled_by="tpu-v5p", target_error="Ran out of memory on HBM")
+    assert not refused.fits
+    roomy = replace(p, compiled_by="h100", target_memory={"temp_size_in_bytes": 2**20})
+    assert roomy.fits and roomy.target_memory_bytes_per_device == 2**20
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(hardware="h100", compiler="tpu-v5p"), "compiles for tpu-v5p devices"),
+        (dict(hardware="tpu-v5p", compiler="tpu-v5p", devices=6), "cannot be built with 6"),
+        (dict(hardware="h100", compiler="h1000"), "unknown target 'h1000'"),
+    ],
+    ids=["other-hardware", "count", "unknown"],
+)
+def test_plan_compiler_bad_input(kwargs, words):
+    kwargs = {"devices": 8, **kwargs}
+    with pytest.raises(shardscope.ShardscopeError, match=words):
+        shardscope.plan(None, kwargs.pop("devices"), workers=0, **kwargs, **_SMALL)
