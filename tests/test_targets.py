@@ -66,6 +66,13 @@ def test_tpu_slices_per_generation(target, devices, name, slices, wrap):
     assert (topo.name, topo.slices, topo.wrap) == (name, slices, wrap)
 
 
+def test_topologies_describe_themselves_in_words():
+    assert topology("h100", 1).describe() == "1 GPU in one node"
+    assert topology("h100", 64).describe() == "64 GPUs in 8 nodes of 8"
+    assert topology("tpu-v5e", 1).describe() == "one 1x1 slice (1 chip)"
+    assert topology("tpu-v6e", 1024).describe() == "4 slices of 16x16 (1024 chips)"
+
+
 @pytest.mark.parametrize(
     "target,devices,words",
     [

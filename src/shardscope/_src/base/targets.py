@@ -244,13 +244,14 @@ class Topology:
     def describe(self) -> str:
         if self.chip_config is None:
             nodes = self.nodes
-            return f"{self.devices} GPUs" + (
+            return f"{self.devices} GPU" + ("s" if self.devices > 1 else "") + (
                 f" in {nodes} nodes of {GPUS_PER_NODE}" if nodes > 1 else " in one node"
             )
         shape = self.name.split(":")[1]
+        chips = f"{self.devices} chip" + ("s" if self.devices > 1 else "")
         if self.slices > 1:
-            return f"{self.slices} slices of {shape} ({self.devices} chips)"
-        return f"one {shape} slice ({self.devices} chips)"
+            return f"{self.slices} slices of {shape} ({chips})"
+        return f"one {shape} slice ({chips})"
 
 
 def topology(target: str | Target, devices: int) -> Topology:

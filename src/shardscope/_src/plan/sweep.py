@@ -398,9 +398,11 @@ def plan(
         compiler: ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
             or the hardware's own target (``"h100"``, ``"tpu-v5p"``, see
             ``shardscope.TARGETS``): every candidate is screened on the CPU compiler, then
-            the ``target_plans`` leading ones are compiled again by the target's compiler,
-            deviceless. Those plans take their collectives, memory per device and fit from
-            that compile (``compiled_by``); a TPU out-of-memory at compile does not fit.
+            leading ones are compiled again by the target's compiler, deviceless, until
+            ``target_plans`` of them fit (at most ``3 * target_plans`` compiles). Those plans
+            take their collectives, memory per device and fit from that compile
+            (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
+            chosen among them.
 
     Returns:
         A :class:`PlanResult`: ``plans`` ranked by estimated step time (plans that do not fit
@@ -613,12 +615,17 @@ def _on_target(
     leading: int,
     progress: Progress | None,
 ) -> list[Plan]:
-    """The ``leading`` first plans compiled again by the target's compiler; the rest kept."""
+    """The leading plans compiled again by the target's compiler, in the screening's order,
+    until ``leading`` of them fit the device memory by its buffer assignment (or ``3 x
+    leading`` are compiled, or the list ends); the rest kept as screened."""
     from shardscope._src.plan.target import target_facts
 
-    head = order[:leading]
     out: list[Plan] = []
-    for i, p in enumerate(head, start=1):
+    fitting = 0
+    budget = min(len(order), 3 * leading)
+    for i, p in enumerate(order[:budget], start=1):
+        if fitting >= leading:
+            break
         cand = Candidate(p.strategy, tuple(p.mesh.items()))
         facts = target_facts(cand, config, mode, target)
         bound = bound_of[id(p)]
@@ -652,9 +659,10 @@ def _on_target(
         q = replace(p, **changes)
         bound_of[id(q)] = bound
         out.append(q)
+        fitting += q.fits
         if progress:
-            progress(i, len(head), f"{p.label} on {target}")
-    return out + order[leading:]
+            progress(i, budget, f"{p.label} on {target}")
+    return out + order[len(out) :]
 
 
 def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> list[str]:

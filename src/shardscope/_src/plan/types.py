@@ -338,8 +338,16 @@ class PlanResult:
 
     @property
     def best(self) -> Plan | None:
-        """The fastest plan that fits the device memory (None when none fits)."""
-        return next((p for p in self.plans if p.fits), None)
+        """The fastest plan that fits the device memory (None when none fits); with a target
+        compiler, the fastest of the plans it compiled and found to fit."""
+        return next(
+            (
+                p
+                for p in self.plans
+                if p.fits and (self.compiler == "cpu" or p.compiled_by == self.compiler)
+            ),
+            None,
+        )
 
     @property
     def fit_note(self) -> str | None:
@@ -348,6 +356,23 @@ class PlanResult:
             return None
         from shardscope._src.base.comm import format_bytes
 
+        compiled = [p for p in self.plans if p.compiled_by == self.compiler != "cpu"]
+        sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
+        if compiled and not sized:
+            return (
+                f"no plan fits: the {self.compiler} compiler ran out of memory on each of the "
+                f"{len(compiled)} plans it compiled ({compiled[0].label}: "
+                f"{compiled[0].target_error}); use more devices or a smaller batch or sequence"
+            )
+        if sized:
+            small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
+            return (
+                f"no plan the {self.compiler} compiler compiled fits: the smallest, "
+                f"{small.label}, needs {format_bytes(small.target_memory_bytes_per_device or 0)}"
+                f" per device in its buffer assignment, of the "
+                f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use "
+                f"more devices, a smaller batch or sequence, or --target-plans to compile more"
+            )
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
         return (
             f"no plan fits: the smallest, {small.label}, needs "
