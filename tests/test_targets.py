@@ -270,3 +270,14 @@ def test_plan_compiler_bad_input(kwargs, words):
     kwargs = {"devices": 8, **kwargs}
     with pytest.raises(shardscope.ShardscopeError, match=words):
         shardscope.plan(None, kwargs.pop("devices"), workers=0, **kwargs, **_SMALL)
+
+
+def test_plan_without_the_extra_compiles_on_cpu_and_says_how_to_add_it(monkeypatch):
+    from shardscope._src.cli.plan import _default_compiler
+
+    assert _default_compiler("h100") == "h100"  # make test installs both extras
+    monkeypatch.setattr(deviceless, "_module_present", lambda name: False)
+    assert _default_compiler("h100") == "cpu"
+    result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
+    assert result.compiler == "cpu"
+    assert any("pip install 'shardscope[gpu-compile]'" in n for n in result.notes)

@@ -128,10 +128,25 @@ def _module_present(name: str) -> bool:
         return False
 
 
+def compiler_installed(target: str | Target) -> bool:
+    """Whether the target's compiler is installed (always, for ``cpu``)."""
+    return not _missing(get_target(target))
+
+
 def require_compiler(target: str | Target) -> Target:
     """The target, once its compiler is installed; :class:`TargetError` naming the extra
     that installs it otherwise."""
     t = get_target(target)
+    missing = _missing(t)
+    if missing:
+        raise TargetError(
+            f"the {t.name} target compiles with {' and '.join(missing)}, which is not "
+            f"installed; install it with: pip install 'shardscope[{t.extra}]'"
+        )
+    return t
+
+
+def _missing(t: Target) -> list[str]:
     if t.family == GPU:
         missing = [
             what
@@ -144,13 +159,8 @@ def require_compiler(target: str | Target) -> Target:
     elif t.family == TPU:
         missing = [] if _module_present("libtpu") else ["libtpu"]
     else:
-        return t
-    if missing:
-        raise TargetError(
-            f"the {t.name} target compiles with {' and '.join(missing)}, which is not "
-            f"installed; install it with: pip install 'shardscope[{t.extra}]'"
-        )
-    return t
+        missing = []
+    return missing
 
 
 @functools.cache

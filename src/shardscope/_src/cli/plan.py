@@ -143,5 +143,11 @@ def run_plan_command(
 
 
 def _default_compiler(hardware: str) -> str:
-    """The hardware preset's own compiler: ``plan --hardware h100`` compiles for H100s."""
-    return hardware if str(hardware).lower() in TARGETS else "cpu"
+    """The hardware preset's own compiler (``plan --hardware h100`` compiles for H100s) when
+    it is installed; else the CPU backend alone, and the plan's notes say how to add it."""
+    from shardscope._src.base.deviceless import compiler_installed
+
+    name = str(hardware).lower()
+    if name in TARGETS and compiler_installed(name):
+        return name
+    return "cpu"

@@ -565,7 +565,7 @@ def plan(
         plans=ranked,
         skipped=tuple(skipped),
         validations=validations,
-        notes=tuple(_result_notes(config, hw, ranked) + _compiler_notes(compiler, ranked)),
+        notes=tuple(_result_notes(config, hw, ranked) + _compiler_notes(compiler, ranked, hw)),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
         candidates=len(all_candidates),
@@ -574,8 +574,18 @@ def plan(
     return result
 
 
-def _compiler_notes(compiler: str, plans: Sequence[Plan]) -> list[str]:
+def _compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[str]:
     if compiler == "cpu":
+        from shardscope._src.base.deviceless import compiler_installed
+        from shardscope._src.base.targets import TARGETS
+
+        own = TARGETS.get(hw.name)
+        if own is not None and own.extra and not compiler_installed(own):
+            return [
+                f"every plan was compiled by the CPU backend; pip install "
+                f"'shardscope[{own.extra}]' to compile the leading plans with the {own.name} "
+                f"compiler (deviceless) and judge their fit from its buffer assignment"
+            ]
         return []
     by_target = [str(p.rank) for p in plans if p.compiled_by == compiler]
     return [
