@@ -15,8 +15,9 @@ $(VENV)/.installed-runtime: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[cpu]'
 	touch $@
 
-# The package plus the test, lint and notebook tooling, and both deviceless accelerator
-# compilers (GPU, TPU), so the tests cover every compile target.
+# The package plus the test, lint and notebook tooling (and the Flax, Equinox and optax
+# programs the suite and the benchmarks run), and both deviceless accelerator compilers (GPU,
+# TPU), so the tests cover every compile target.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[cpu,dev,gpu-compile,tpu-compile]'
 	touch $(VENV)/.installed-runtime $@
@@ -33,10 +34,11 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 
-bench: $(VENV)/.installed-runtime
+bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/lab_cold_start.py
 	$(BIN)/python benchmarks/audit_overhead.py
 	$(BIN)/python benchmarks/plan_speed.py
+	$(BIN)/python benchmarks/own_program.py
 
 clean:
 	rm -rf $(VENV) scores build src/*.egg-info

@@ -240,6 +240,12 @@ def audit(
             )
         text = program
     else:
+        from shardscope._src.audit.stages import unwrap_stage
+
+        # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
+        program = unwrap_stage(program, jax.stages.Compiled) or (
+            unwrap_stage(program, jax.stages.Lowered) or program
+        )
         if isinstance(program, jax.stages.Compiled):
             compiled = program
             if args or jit_kwargs:
@@ -259,8 +265,10 @@ def audit(
                 lowered = _lower(program, args, jit_kwargs, mesh)
             else:
                 raise ShardscopeError(
-                    f"audit() needs a function, a jax.stages.Lowered or Compiled, or HLO text; "
-                    f"got {type(program).__name__}"
+                    f"audit() needs a jitted function (jax.jit, flax.nnx.jit, "
+                    f"equinox.filter_jit or another library's), a plain function, a Lowered "
+                    f"or Compiled (JAX's or a library's), or HLO text; got "
+                    f"{type(program).__name__}"
                 )
             with _capture_stderr() as captured:
                 compiled = compile_lowered(lowered)
@@ -378,10 +386,8 @@ def _compiled_for(shardings: list[Any]) -> tuple[str | None, str | None]:
 def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:
     import jax
 
-    if jit_kwargs or not hasattr(target, "lower"):
-        fn = jax.jit(target, **jit_kwargs)
-    else:
-        fn = target
+    from shardscope._src.audit.stages import lower
+
     ctx: Any = contextlib.nullcontext()
     if mesh is not None and not isinstance(mesh, str | Mapping):
         ctx = jax.set_mesh(mesh)
@@ -393,4 +399,4 @@ def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh:
         if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():
             ctx = jax.set_mesh(make_mesh(mesh))
     with ctx:
-        return fn.lower(*args)
+        return lower(target, args, jit_kwargs)

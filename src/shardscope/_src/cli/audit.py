@@ -16,6 +16,7 @@ def run_audit_command(
     devices: int | None = None,
     console: Any = None,
     target: str | None = None,
+    by_scope: bool = False,
 ) -> int:
     """Audits a built-in demo, prints its table, optionally writes JSON; returns 0.
 
@@ -29,6 +30,8 @@ def run_audit_command(
         console: a rich Console to print to (default: stdout).
         target: compile for this target's devices with its own compiler (``"h100"``);
             None or ``"cpu"``: simulated CPU devices.
+        by_scope: print the totals per scope (``Audit.by_scope``) instead of one row per
+            collective.
 
     Raises:
         ShardscopeError: an unknown demo or a bad mesh (MeshSpecError); the CLI turns it into
@@ -55,7 +58,12 @@ def run_audit_command(
     result = audit(program)
     if jax.process_index() != 0:
         return 0  # every process compiles the same program; process 0 reports it
-    render_audit(result, console=console, title=f"{program.name}: {program.description}")
+    render_audit(
+        result,
+        console=console,
+        title=f"{program.name}: {program.description}",
+        by_scope=by_scope,
+    )
     if json_path is not None:
         data = {"demo": program.name, "description": program.description, **result.to_dict()}
         write_result(json_path, data, backend=result.backend or jax.default_backend())

@@ -48,6 +48,7 @@ def run_transformer_command(
     hints: bool = True,
     console: Any = None,
     target: str | None = None,
+    by_scope: bool = False,
 ) -> int:
     """Audits the reference transformer under ``strategy`` and prints its verdict; returns 0.
 
@@ -95,7 +96,10 @@ def run_transformer_command(
     )
     out = _console(console)
     render_audit(
-        report.audit, console=out, title=f"{report.program.name} on mesh {mesh_spec}: collectives"
+        report.audit,
+        console=out,
+        title=f"{report.program.name} on mesh {mesh_spec}: collectives",
+        by_scope=by_scope,
     )
     render_verdict(report.verdict, console=out)
     if json_path is not None:
@@ -129,6 +133,7 @@ def run_matmul_command(
     hints: bool = True,
     console: Any = None,
     target: str | None = None,
+    by_scope: bool = False,
 ) -> int:
     """Audits ``C[m,n] = A[m,k] @ B[k,n]`` with the given specs and prints its verdict.
 
@@ -154,6 +159,7 @@ def run_matmul_command(
         console=out,
         title=f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
         f"mesh {mesh_spec}: collectives",
+        by_scope=by_scope,
     )
     render_verdict(report.verdict, console=out)
     if json_path is not None:
