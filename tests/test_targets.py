@@ -139,14 +139,22 @@ def _fsdp_step(mesh, d=256, ff=1024, layers=2, batch=32, seq=64):
     return jax.jit(step, out_shardings=shardings), params, x
 
 
-def test_fsdp_step_on_8_h100s_keeps_16_bit_gathers_over_data():
+def test_fsdp_step_on_8_h100s_reduce_scatters_16_bit_gradients_over_data():
     mesh = shardscope.target_mesh("h100", "data=8")
     assert {d.device_kind for d in mesh.devices.flat} == {"NVIDIA H100 80GB HBM3"}
     step, params, x = _fsdp_step(mesh)
     a = shardscope.audit(step, params, x)
     assert (a.backend, a.target, a.num_partitions) == ("gpu", "h100", 8)
+    assert not a.unknown_instructions
     gathers = [c for c in a.collectives if c.kind == "all-gather"]
     assert gathers and all(c.axes == ("data",) and c.dtype == "bf16" for c in gathers)
+    # The gradients of both weights: reduce-scattered over data, at 16 bits, once per layer.
+    scatters = [c for c in a.collectives if c.kind == "reduce-scatter"]
+    assert scatters and all(c.axes == ("data",) and c.dtype == "bf16" for c in scatters)
+    # One combined reduce-scatter carries both gradients of a layer (2 x 256 x 1024 bf16),
+    # run once per layer of the scan.
+    assert sum(c.payload_bytes for c in scatters) == 2 * 256 * 1024 * 2
+    assert all(c.count == 2 and c.count_exact for c in scatters)
     assert a.memory is not None and a.memory["temp_size_in_bytes"] > 0
 
 
