@@ -17,7 +17,6 @@ from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
-    _target_payload,
     can_compile_here,
     default_workers,
 )
@@ -144,17 +143,6 @@ def test_groups_cross_nodes_by_device_numbering():
     assert crosses_nodes({"data": 4, "model": 4}, ["model"], 8) is False
     assert crosses_nodes({"data": 4, "model": 16}, ["model"], 8) is True
     assert crosses_nodes(mesh, [], 8) is True  # irregular: assume the worst
-
-
-def test_cpu_f32_collectives_count_at_the_model_dtype():
-    # 16-bit model: arrays at 2 bytes, the f32 scalar loss at 4.
-    assert _target_payload("all-reduce", "f32", [(64, 8), ()], 64 * 8 * 4 + 4, 8, 2) == (
-        64 * 8 * 2 + 4
-    )
-    assert _target_payload("all-to-all", "f32", [(16,)], 16 * 4 * 8, 8, 2) == 16 * 2 * 8
-    assert _target_payload("all-gather", "bf16", [(16,)], 32, 8, 2) == 32
-    assert _target_payload("all-gather", "f32", [(16,)], 64, 8, 4) == 64  # f32 model
-    assert _target_payload("all-gather", "f32", [(16,)], 999, 8, 2) == 999  # not understood
 
 
 # -- a compiled sweep on 8 devices ------------------------------------------------------------

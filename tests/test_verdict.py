@@ -8,14 +8,20 @@ shardscope.use_cpu_devices(8)
 import json  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
+from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
+from shardscope._src.bounds.transformer import MODES, transformer_bound  # noqa: E402
 from shardscope._src.cli.transformer import run_matmul_command, run_transformer_command  # noqa: E402
 from shardscope._src.lab.exercises import EXERCISE_CHECKS, run_exercise_checks  # noqa: E402
-from shardscope._src.model.config import ModelConfig  # noqa: E402
+from shardscope._src.model.config import DTYPES, ModelConfig  # noqa: E402
+from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402
 from shardscope._src.render.verdict import format_verdict  # noqa: E402
-from shardscope._src.sharding.strategies import mesh_spec_for  # noqa: E402
-from shardscope._src.verdict import matmul_verdict, transformer_verdict  # noqa: E402
+from shardscope._src.sharding.programs import build_program  # noqa: E402
+from shardscope._src.sharding.strategies import STRATEGIES, mesh_spec_for  # noqa: E402
+from shardscope._src.verdict import compare, matmul_verdict, transformer_verdict  # noqa: E402
 
 SHAPES = {"8": (8,), "2x4": (2, 4), "2x2x2": (2, 2, 2)}
 # Weights and activations of different sizes, so a gathered weight is told from an activation.
@@ -288,3 +294,47 @@ def test_train_excess_names_the_big_all_reduces_not_the_bound_covered_small_ones
     over = sum(r.actual_bytes - r.bound_bytes for r in v.rows if r.kind == "all-reduce")
     blamed = [e.traffic_bytes for e in v.excess]
     assert sum(blamed) >= over > sum(blamed) - min(blamed)
+
+
+# -- no program sends less than its own minimum ---------------------------------------------------
+
+# Small enough to compile in a fraction of a second; every dimension divisible by 8 devices.
+TINY = {"d_model": 16, "heads": 8, "ff": 32, "layers": 1, "batch": 8, "seq": 8}
+
+
+def _every_program():
+    for name, s in STRATEGIES.items():
+        mesh = mesh_spec_for(s, (2, 4) if len(s.roles) == 2 else (8,))
+        for impl in ("jit", "shard_map") if s.twin else ("jit",):
+            for mode in MODES:
+                for dtype in DTYPES:
+                    name_id = f"{name}-{impl}-{mode}-{dtype}"
+                    yield pytest.param(name, mesh, impl, mode, dtype, id=name_id)
+
+
+@pytest.mark.parametrize("strategy, mesh, impl, mode, dtype", list(_every_program()))
+def test_no_transformer_program_sends_less_than_its_bound(strategy, mesh, impl, mode, dtype):
+    # The verdict's own comparison, on a program compiled with the planner's fast options
+    # (same collectives, a fifth of the compile time).
+    program = build_program(strategy, ModelConfig(**TINY, dtype=dtype), mesh, mode=mode, impl=impl)
+    result = audit(program.lower().compile(compiler_options=dict(COMPILE_OPTIONS)))
+    v = compare(result, transformer_bound(program.bound, mode), program_dtype=dtype)
+    assert v.actual_bytes >= v.bound_bytes, v.rows
+    assert v.ratio is None or v.ratio >= 1
+
+
+_SPECS = ("None,None", "x,None", "None,x")
+
+
+@settings(max_examples=20)
+@given(
+    a=st.sampled_from(_SPECS),
+    b=st.sampled_from(_SPECS),
+    out=st.sampled_from(_SPECS),
+    dtype=st.sampled_from(("float32", "bfloat16", "float16")),
+    shape=st.sampled_from(((64, 32, 16), (16, 64, 32), (32, 16, 64))),
+)
+def test_no_matmul_program_sends_less_than_its_bound(a, b, out, dtype, shape):
+    v = matmul_verdict("x=8", *shape, dtype, a, b, out, hints=False).verdict
+    assert v.actual_bytes >= v.bound_bytes, v.rows
+    assert v.ratio is None or v.ratio >= 1

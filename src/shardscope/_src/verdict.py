@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardscope._src.audit.width import Width
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -28,22 +29,6 @@ from shardscope._src.base.comm import (
 #: A program within this fraction of its bound is called optimal; hints must reach it.
 TOLERANCE = 0.05
 _MAX_EXCESS = 8  # instructions listed per verdict
-_HLO_ITEMSIZE = {
-    "f64": 8,
-    "f32": 4,
-    "bf16": 2,
-    "f16": 2,
-    "s32": 4,
-    "u32": 4,
-    "s8": 1,
-    "u8": 1,
-    "pred": 1,
-    "s64": 8,
-    "u64": 8,
-    "s16": 2,
-    "u16": 2,
-}
-_PROGRAM_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _ratio(actual: int, bound: int) -> float | None:
@@ -253,7 +238,7 @@ def compare(
     the program's width, as a backend that keeps 16 bits sends them, and a note gives what
     this backend's program sends (``backend_bytes``).
     """
-    width = _Width(program_dtype)
+    width = Width(program_dtype)
     actual: dict[tuple[tuple[str, ...], str], list[int]] = {}
     for c in audit.collectives:
         slot = actual.setdefault((tuple(c.axes), c.kind), [0, 0])
@@ -311,7 +296,7 @@ def compare(
             continue
         if width.sent(c) < floor[key]:
             continue
-        left[key] -= width.sent(c) // c.count * extra
+        left[key] -= width.traffic(c) * extra
         excess.append(
             Excess(
                 kind=c.kind,
@@ -322,7 +307,7 @@ def compare(
                 scope=_scope(c.op_name),
                 array=f"{c.dtype}[{','.join(str(d) for d in c.shape)}]",
                 count=extra,
-                traffic_bytes=width.sent(c) // c.count * extra,
+                traffic_bytes=width.traffic(c) * extra,
                 reason=_reason(c, bound_kinds.get(tuple(c.axes), set()), by_key[key], known),
             )
         )
@@ -350,30 +335,9 @@ def compare(
     )
 
 
-class _Width:
-    """Bytes of a collective at the program's width: a 16-bit program's float32 collectives
-    (widened by the backend) count at 16 bits; everything else as compiled."""
-
-    def __init__(self, program_dtype: str | None) -> None:
-        self.narrow = _PROGRAM_ITEMSIZE.get(program_dtype or "", 0) == 2
-
-    def _scale(self, c: Any, value: int) -> int:
-        if self.narrow and c.dtype == "f32":
-            return -(-value * 2 // _HLO_ITEMSIZE["f32"])
-        return value
-
-    def sent(self, c: Any) -> int:
-        """Bytes each device sends over all of ``c``'s executions."""
-        return self._scale(c, c.traffic_bytes * c.count)
-
-    def payload(self, c: Any) -> int:
-        return self._scale(c, c.payload_bytes)
-
-
 def narrowed_bytes(audit: Any, program_dtype: str | None) -> int:
-    """Bytes per device at the program's width (see :class:`_Width`)."""
-    width = _Width(program_dtype)
-    return sum(width.sent(c) for c in audit.collectives)
+    """Bytes per device at the program's width (see :mod:`shardscope._src.audit.width`)."""
+    return Width(program_dtype).total(audit.collectives)
 
 
 def _verify(
