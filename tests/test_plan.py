@@ -79,7 +79,7 @@ def test_unknown_preset_names_the_choices():
 # -- analytic estimates ------------------------------------------------------------------------
 
 
-def _bound(strategy, mesh, **kw):
+def _placed(strategy, mesh, **kw):
     config = ModelConfig(
         **{
             **dict(
@@ -95,23 +95,23 @@ def _bound(strategy, mesh, **kw):
             **kw,
         }
     )
-    return get_strategy(strategy).bind(config, abstract_mesh(mesh))
+    return get_strategy(strategy).place(config, abstract_mesh(mesh))
 
 
 def test_model_state_follows_the_storage_specs():
-    dp = estimate_memory(_bound("dp", "data=8"))
-    fsdp = estimate_memory(_bound("fsdp", "data=8"))
+    dp = estimate_memory(_placed("dp", "data=8"))
+    fsdp = estimate_memory(_placed("fsdp", "data=8"))
     params = TINY.param_count()
     assert dp.params == 2 * params and dp.grads == 2 * params
     assert dp.optimizer == 12 * params
     assert fsdp.params * 8 == dp.params  # every tiny dimension FSDP shards divides by 8
-    tp = estimate_memory(_bound("tp", "model=8"))
+    tp = estimate_memory(_placed("tp", "model=8"))
     c = TINY.config(batch=8)
     replicated = c.layers * 2 * c.d_model + 2 * c.vocab * c.d_model + c.d_model
     assert tp.params == 2 * ((params - replicated) // 8 + replicated)
-    ten = estimate_memory(_bound("dp", "data=8"), bytes_per_param=10)
+    ten = estimate_memory(_placed("dp", "data=8"), bytes_per_param=10)
     assert ten.optimizer == 6 * params
-    fwd = estimate_memory(_bound("dp", "data=8"), "forward")
+    fwd = estimate_memory(_placed("dp", "data=8"), "forward")
     assert (fwd.grads, fwd.optimizer) == (0, 0)
 
 
@@ -119,12 +119,12 @@ def test_activations_reduce_to_korthikanti_table_2():
     # ff = 4h: no parallelism sbh(34 + 5as/h); TP sbh(10 + 24/t + 5as/ht); TP+SP sbh(34/t + ..)
     s, b, h, a, t = 128, 8, 256, 8, 4
     kw = dict(ff=4 * h)
-    assert activation_bytes_per_layer(_bound("dp", "data=1", **kw)) == s * b * h * 34
-    assert activation_bytes_per_layer(_bound("dp", "data=1", **kw), flash_attention=False) == (
+    assert activation_bytes_per_layer(_placed("dp", "data=1", **kw)) == s * b * h * 34
+    assert activation_bytes_per_layer(_placed("dp", "data=1", **kw), flash_attention=False) == (
         s * b * h * 34 + 5 * a * s * s * b
     )
-    assert activation_bytes_per_layer(_bound("tp", "model=4", **kw)) == s * b * h * (10 + 24 / t)
-    assert activation_bytes_per_layer(_bound("sp", "model=4", **kw)) == s * b * h * 34 / t
+    assert activation_bytes_per_layer(_placed("tp", "model=4", **kw)) == s * b * h * (10 + 24 / t)
+    assert activation_bytes_per_layer(_placed("sp", "model=4", **kw)) == s * b * h * 34 / t
 
 
 def test_model_flops_is_korthikanti_eq_7():
@@ -225,8 +225,8 @@ def test_compile_options_keep_collectives_and_buffers():
     from shardscope._src.audit.compile import audit
     from shardscope._src.sharding.programs import build_program
 
-    bound = get_strategy("fsdp_tp").bind(TINY.config(batch=8), "data=4,model=2")
-    lowered = build_program(bound, mode="train").lower()
+    placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
+    lowered = build_program(placement, mode="train").lower()
     plain = audit(lowered.compile())
     fast = audit(lowered.compile(compiler_options=dict(COMPILE_OPTIONS)))
 

@@ -362,34 +362,34 @@ def _verify(
 
 @dataclass(frozen=True)
 class MatmulReport:
-    """A sharded matmul: its audit, best plan, and verdict (with verified hints)."""
+    """A sharded matmul: its audit, cheapest schedule, and verdict (with verified hints)."""
 
     audit: Any
-    plan: Any
+    schedule: Any
     verdict: Verdict
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.audit.to_dict(),
-            "problem": self.plan.problem.to_dict(),
-            "plan": self.plan.to_dict(),
+            "problem": self.schedule.problem.to_dict(),
+            "plan": self.schedule.to_dict(),
             "verdict": self.verdict.to_dict(),
         }
 
 
-def _describe_plan(plan: Any, problem: Any) -> str:
+def _describe_schedule(schedule: Any, problem: Any) -> str:
     from shardscope._src.sharding.programs import _spec_text
 
     parts = []
     for which, given in (("a", problem.a_spec), ("b", problem.b_spec)):
-        want = plan.layout(which)
+        want = schedule.layout(which)
         if tuple(want) != tuple(given):
             parts.append(f"constrain {which.upper()} to {_spec_text(want)}")
-    if not any(p.partition == "k" for p in plan.axes):
-        want = plan.layout("product")
+    if not any(p.partition == "k" for p in schedule.axes):
+        want = schedule.layout("product")
         if tuple(want) != tuple(problem.out_spec):
             parts.append(f"constrain the product to {_spec_text(want)}")
-    steps = "; ".join(p.describe() for p in plan.axes if p.terms or p.partition)
+    steps = "; ".join(p.describe() for p in schedule.axes if p.terms or p.partition)
     head = ", ".join(parts) if parts else "keep the specs"
     return f"{head} ({steps})"
 
@@ -408,10 +408,10 @@ def matmul_verdict(
 ) -> MatmulReport:
     """Compiles ``C = A @ B`` with the given specs, audits it, and judges it.
 
-    When the compiled program exceeds the bound by more than 5%, the hints are the best
-    plan forced with sharding constraints, the same plan as an explicit shard_map when a
-    reduce-scatter is involved, and, when the best plan duplicates the compute, the best
-    plan that does not; each compiled and audited. A hint that duplicates the compute says
+    When the compiled program exceeds the bound by more than 5%, the hints are the cheapest
+    schedule forced with sharding constraints, the same schedule as an explicit shard_map when
+    a reduce-scatter is involved, and, when the cheapest schedule duplicates the compute, the
+    cheapest one that does not; each compiled and audited. A hint that duplicates the compute says
     so, with its flops per device: fewer bytes are not free.
 
     >>> report = matmul_verdict("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
@@ -420,30 +420,30 @@ def matmul_verdict(
     (4.0, True)
     """
     from shardscope._src.audit.compile import audit
-    from shardscope._src.bounds.matmul import matmul_problem, plan_matmul
+    from shardscope._src.bounds.matmul import best_schedule, matmul_problem
     from shardscope._src.mesh import make_mesh
     from shardscope._src.sharding.programs import build_matmul
 
     problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
     mesh_obj = make_mesh(dict(problem.mesh)) if isinstance(mesh, str | dict) else mesh
-    plan = plan_matmul(problem)
+    schedule = best_schedule(problem)
     result = audit(build_matmul(problem, mesh_obj).lower())
-    bound = plan.bound()
+    bound = schedule.bound()
     verdict = compare(
         result, bound, program_dtype=problem.dtype, label=f"matmul [{m},{k}]x[{k},{n}] {dtype}"
     )
     found: list[Hint] = []
     if hints and not verdict.optimal:
-        candidates = [(plan, False)]
+        candidates = [(schedule, False)]
         if any(t.kind == REDUCE_SCATTER for t in bound.terms):
-            candidates.append((plan, True))
-        if any(p.duplicated_flops for p in plan.axes):
-            split = plan_matmul(problem, duplicate_flops=False)
+            candidates.append((schedule, True))
+        if any(p.duplicated_flops for p in schedule.axes):
+            split = best_schedule(problem, duplicate_flops=False)
             if split.traffic_bytes < verdict.actual_bytes:
                 candidates.append((split, False))
         for cand, explicit in candidates:
             prog = build_matmul(problem, mesh_obj, cand, explicit=explicit)
-            change = _describe_plan(cand, problem)
+            change = _describe_schedule(cand, problem)
             if explicit:
                 change = "shard_map with explicit psum_scatter: " + change
             if any(p.duplicated_flops for p in cand.axes):
@@ -454,20 +454,21 @@ def matmul_verdict(
                 )
             found.append(_verify(change, prog.code, prog.lower, bound.traffic_bytes, problem.dtype))
     verdict = verdict.replace(hints=tuple(found))
-    if any(p.duplicated_flops for p in plan.axes):
+    if any(p.duplicated_flops for p in schedule.axes):
         # The byte minimum has every device compute all of C; say so, and where the program
-        # stands against the best plan that keeps the compute split.
-        split = plan_matmul(problem, duplicate_flops=False)
+        # stands against the cheapest schedule that keeps the compute split.
+        split = best_schedule(problem, duplicate_flops=False)
         ratio = _ratio(verdict.actual_bytes, split.traffic_bytes)
         shown = "n/a" if ratio is None else f"{ratio:.2f}x"
         verdict = _with_note(
             verdict,
-            f"the minimum's plan has every device compute all of C ({plan.flops_per_device:,} "
+            f"the minimum's schedule has every device compute all of C "
+            f"({schedule.flops_per_device:,} "
             f"flops per device instead of {problem.flops // math.prod(problem.mesh.values()):,}); "
-            f"against the cheapest plan that keeps the compute split "
+            f"against the cheapest schedule that keeps the compute split "
             f"({format_bytes(split.traffic_bytes)}) the program is at {shown}",
         )
-    return MatmulReport(result, plan, verdict)
+    return MatmulReport(result, schedule, verdict)
 
 
 # -- transformer -------------------------------------------------------------------------------
@@ -485,7 +486,7 @@ class TransformerReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.audit.to_dict(),
-            "strategy": self.program.bound.to_dict(),
+            "strategy": self.program.placement.to_dict(),
             "config": self.program.config.to_dict(),
             "mode": self.program.mode,
             "impl": self.program.impl,
@@ -516,7 +517,7 @@ def transformer_verdict(
     from shardscope._src.sharding.programs import build_program
 
     program = build_program(strategy, config, mesh, mode=mode, impl=impl, constraints=constraints)
-    bound = transformer_bound(program.bound, mode)
+    bound = transformer_bound(program.placement, mode)
     result = audit(program.lower())
     from shardscope._src.model.config import param_shapes
 
@@ -528,14 +529,14 @@ def transformer_verdict(
         result, bound, program_dtype=program.config.dtype, label=program.name, known_arrays=weights
     )
     found: list[Hint] = []
-    s = program.bound.strategy
+    s = program.placement.strategy
     if hints and not verdict.optimal:
         if impl == "jit" and not constraints and s.activations:
             fixed = build_program(s, program.config, program.mesh, mode=mode, impl="jit")
             found.append(
                 _verify(
                     "add the strategy's activation sharding constraints: "
-                    + _constraint_text(fixed.bound),
+                    + _constraint_text(fixed.placement),
                     "jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at each point",
                     fixed.lower,
                     bound.traffic_bytes,
@@ -564,12 +565,12 @@ def transformer_verdict(
     return TransformerReport(program, result, bound, verdict.replace(hints=tuple(found)))
 
 
-def _constraint_text(bound: Any) -> str:
+def _constraint_text(placement: Any) -> str:
     from shardscope._src.sharding.programs import _spec_text
 
     parts = []
     for point in ("residual", "enter", "heads", "hidden"):
-        spec = bound.activation_spec(point)
+        spec = placement.activation_spec(point)
         if spec is not None:
             parts.append(f"{point} {_spec_text(tuple(spec))}")
     return ", ".join(parts)

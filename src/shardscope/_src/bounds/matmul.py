@@ -1,6 +1,7 @@
 """The minimum communication of one sharded matmul ``C[M,N] = A[M,K] @ B[K,N]`` for any input
 and output specs: the cheapest schedule, searched rather than looked up (see
-:func:`plan_matmul`)."""
+:func:`best_schedule`). A schedule says, per mesh axis, how the product is split and which
+collectives that costs; the cheapest schedule's collectives are the :class:`Bound`."""
 
 from __future__ import annotations
 
@@ -165,10 +166,10 @@ def _mesh_text(mesh: Mapping[str, int]) -> str:
 
 
 @dataclass(frozen=True)
-class AxisPlan:
+class AxisSchedule:
     """How one mesh axis is used: the compute partition and the collectives it costs.
 
-    ``a``/``b`` are the dimensions the plan wants A and B sharded on along this axis,
+    ``a``/``b`` are the dimensions the schedule wants A and B sharded on along this axis,
     ``product`` the product's (``"partial"``: unreduced sums, when ``partition == "k"``).
     """
 
@@ -214,11 +215,11 @@ class AxisPlan:
 
 
 @dataclass(frozen=True)
-class MatmulPlan:
-    """A plan for every mesh axis, with the bound it achieves and the specs that force it."""
+class MatmulSchedule:
+    """A schedule for every mesh axis, with the bound it achieves and the specs that force it."""
 
     problem: MatmulProblem
-    axes: tuple[AxisPlan, ...]
+    axes: tuple[AxisSchedule, ...]
 
     @property
     def traffic_bytes(self) -> int:
@@ -235,7 +236,7 @@ class MatmulPlan:
         return Bound("matmul", terms, notes)
 
     def layout(self, which: str) -> tuple[Any, Any]:
-        """Spec entries the plan wants for ``"a"``, ``"b"`` or the ``"product"`` (None where
+        """Spec entries the schedule wants for ``"a"``, ``"b"`` or the ``"product"`` (None where
         a product dimension holds partial sums, which no spec can express)."""
         dims = _DIMS["c" if which == "product" else which]
         entries: list[list[str]] = [[], []]
@@ -279,8 +280,9 @@ def _reshard(
     )
 
 
-def plan_axis(problem: MatmulProblem, axis: str, partition: str | None) -> AxisPlan | None:
-    """The plan that splits ``partition`` over ``axis``, or None if a dimension won't divide."""
+def axis_schedule(problem: MatmulProblem, axis: str, partition: str | None) -> AxisSchedule | None:
+    """The schedule that splits ``partition`` over ``axis``, or None if a dimension won't
+    divide."""
     n = problem.mesh[axis]
     sizes = {"m": problem.m, "k": problem.k, "n": problem.n}
     if partition is not None and sizes[partition] % n:
@@ -291,11 +293,11 @@ def plan_axis(problem: MatmulProblem, axis: str, partition: str | None) -> AxisP
         _reshard(problem.where("b", axis), b, problem.array_bytes("b", axis), n, axis, "B"),
         _reshard(product, problem.where("c", axis), problem.array_bytes("c", axis), n, axis, "C"),
     ]
-    return AxisPlan(axis, n, partition, a, b, product, tuple(t for t in steps if t))
+    return AxisSchedule(axis, n, partition, a, b, product, tuple(t for t in steps if t))
 
 
-def plan_matmul(problem: MatmulProblem, *, duplicate_flops: bool = True) -> MatmulPlan:
-    """The cheapest plan, in bytes sent per device, for ``problem``.
+def best_schedule(problem: MatmulProblem, *, duplicate_flops: bool = True) -> MatmulSchedule:
+    """The cheapest schedule, in bytes sent per device, for ``problem``.
 
     The rule behind the reference sheet's cases a to e'': along each mesh axis the product is
     split over one of its index dimensions (``m``, ``n``, the contraction ``k``, or none, every
@@ -304,22 +306,22 @@ def plan_matmul(problem: MatmulProblem, *, duplicate_flops: bool = True) -> Matm
     replicated one is sliced for free; a sharded one is all-gathered (to replicated) or
     all-to-all-ed (to another dimension); the product's partial sums (``k``) are all-reduced
     (output replicated) or reduce-scattered (output sharded). The bound is the cheapest
-    choice, summed over axes, each axis planned with the arrays as the other axes' specs
+    choice, summed over axes, each axis scheduled with the arrays as the other axes' specs
     shard them. Ties go to fewer collectives, then to split compute.
 
     ``duplicate_flops=False`` forbids the "none" split on axes where any array is sharded
     (every device then does ``1/devices`` of the flops).
     """
-    plans = []
+    chosen = []
     for axis in problem.mesh:
         used = any(problem.where(arr, axis) for arr in ("a", "b", "c"))
         options = [
             p
             for part in PARTITIONS
             if (duplicate_flops or part is not None or not used)
-            and (p := plan_axis(problem, axis, part)) is not None
+            and (p := axis_schedule(problem, axis, part)) is not None
         ]
-        plans.append(
+        chosen.append(
             min(
                 options,
                 key=lambda p: (
@@ -330,17 +332,41 @@ def plan_matmul(problem: MatmulProblem, *, duplicate_flops: bool = True) -> Matm
                 ),
             )
         )
-    return MatmulPlan(problem, tuple(plans))
+    return MatmulSchedule(problem, tuple(chosen))
 
 
-def all_matmul_plans(problem: MatmulProblem) -> list[MatmulPlan]:
+def matmul_schedules(problem: MatmulProblem) -> list[MatmulSchedule]:
     """Every combination of per-axis partitions, cheapest first (for reports and tests)."""
     per_axis = [
-        [p for part in PARTITIONS if (p := plan_axis(problem, axis, part)) is not None]
+        [p for part in PARTITIONS if (p := axis_schedule(problem, axis, part)) is not None]
         for axis in problem.mesh
     ]
-    combos = [MatmulPlan(problem, tuple(c)) for c in itertools.product(*per_axis)]
+    combos = [MatmulSchedule(problem, tuple(c)) for c in itertools.product(*per_axis)]
     return sorted(combos, key=lambda p: (p.traffic_bytes, sum(len(a.terms) for a in p.axes)))
+
+
+def matmul_schedule(
+    mesh: Any,
+    m: int,
+    k: int,
+    n: int,
+    dtype: str,
+    a_spec: str | Sequence[str | None],
+    b_spec: str | Sequence[str | None],
+    out_spec: str | Sequence[str | None],
+) -> MatmulSchedule:
+    """The cheapest schedule for ``C = A @ B`` with the given specs (:func:`best_schedule`).
+
+    ``mesh`` is a ``Mesh``, a description ``"x=8"`` or a ``{name: size}`` mapping; specs are
+    ``"None,x"`` strings or pairs.
+
+    >>> s = matmul_schedule("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
+    ...                     "None,x")
+    >>> [a.partition for a in s.axes], s.layout("a")
+    (['m'], ('x', None))
+    """
+    problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
+    return best_schedule(problem)
 
 
 def matmul_bound(
@@ -352,19 +378,15 @@ def matmul_bound(
     a_spec: str | Sequence[str | None],
     b_spec: str | Sequence[str | None],
     out_spec: str | Sequence[str | None],
-) -> MatmulPlan:
-    """The best plan (and its bound, ``.bound()``) for ``C = A @ B`` with the given specs.
+) -> Bound:
+    """The minimum communication of ``C = A @ B`` with the given specs: the collectives of
+    the cheapest schedule (:func:`matmul_schedule`; its ``notes`` describe the schedule).
 
-    ``mesh`` is a ``Mesh``, a description ``"x=8"`` or a ``{name: size}`` mapping; specs are
-    ``"None,x"`` strings or pairs.
-
-    >>> plan = matmul_bound("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
-    ...                     "None,x")
-    >>> plan.traffic_bytes  # all-to-all A to rows, compute, all-to-all C to columns
+    >>> b = matmul_bound("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None", "None,x")
+    >>> b.traffic_bytes  # all-to-all A to rows, compute, all-to-all C to columns
     3670016
     """
-    problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
-    return plan_matmul(problem)
+    return matmul_schedule(mesh, m, k, n, dtype, a_spec, b_spec, out_spec).bound()
 
 
 def matmul_problem(

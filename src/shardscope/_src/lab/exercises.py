@@ -128,7 +128,7 @@ def run_exercise_checks(
 
     # 2. exact collectives
     def exact_minimum() -> bool:
-        result, bound = tp_audit(), transformer_bound(tp_program().bound, "forward")
+        result, bound = tp_audit(), transformer_bound(tp_program().placement, "forward")
         counts = {k: v for k, v in result.counts().items() if v}
         facts["tp_counts"] = counts
         facts["tp_traffic_bytes"] = result.total().traffic_bytes

@@ -59,8 +59,8 @@ def compile_facts(
 
     t0 = time.perf_counter()
     mesh = make_mesh(mesh_spec, devices=devices)
-    bound = get_strategy(strategy).bind(config, mesh)
-    lowered = build_program(bound, mode=mode).lower()
+    placement = get_strategy(strategy).place(config, mesh)
+    lowered = build_program(placement, mode=mode).lower()
     t1 = time.perf_counter()
     with _capture_stderr() as log:
         compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))

@@ -443,12 +443,12 @@ def plan(
     all_candidates = candidates(names, devices)
     for cand in all_candidates:
         try:
-            bound = get_strategy(cand.strategy).bind(config, abstract_mesh(cand.mesh_spec))
+            placement = get_strategy(cand.strategy).place(config, abstract_mesh(cand.mesh_spec))
         except StrategyError as e:
             skipped.append(Skipped(cand.strategy, cand.mesh_spec, "divisibility", str(e)))
             continue
         mem = estimate_memory(
-            bound, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
+            placement, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
         )
         if mem.model_state > hw.memory_bytes:
             from shardscope._src.base.comm import format_bytes
@@ -468,7 +468,7 @@ def plan(
             )
             continue
         todo.append(cand)
-        bounds[cand] = transformer_bound(bound, mode)
+        bounds[cand] = transformer_bound(placement, mode)
         memory[cand] = mem
 
     n_workers = default_workers(devices) if workers is None else workers

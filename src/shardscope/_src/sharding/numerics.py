@@ -141,7 +141,7 @@ def compare_numerics(
             if present:
                 errors[scope] = max(relative_error(g[n], rg[n]) for n in present)
     return NumericsReport(
-        strategy=program.bound.name,
+        strategy=program.placement.name,
         impl=impl,
         mode=mode,
         mesh=mesh_axes(program.mesh),

@@ -2,9 +2,9 @@
 
 A :class:`Strategy` writes its rules with *roles* instead of mesh axis names: ``"data"``
 (batch, and the FSDP parameter dimension) and ``"model"`` (heads, MLP hidden, and the
-sequence between blocks under sequence parallelism). :meth:`Strategy.bind` maps the roles to
+sequence between blocks under sequence parallelism). :meth:`Strategy.place` maps the roles to
 the axes of a concrete mesh, checks that every sharded dimension divides, and returns a
-:class:`BoundStrategy` holding ``PartitionSpec``s. Programs are built from it in
+:class:`Placement` holding ``PartitionSpec``s. Programs are built from it in
 :mod:`shardscope._src.sharding.programs`; bounds in :mod:`shardscope._src.bounds`.
 
 Role resolution: ``"model"`` is the mesh axis named ``model`` (or ``model_axis=``); ``"data"``
@@ -127,7 +127,7 @@ class Strategy:
     def batch_role(self) -> str | None:
         return self.activation_rules().get("residual", (None,))[0]
 
-    def bind(
+    def place(
         self,
         config: ModelConfig,
         mesh: jax.sharding.Mesh | str,
@@ -135,7 +135,7 @@ class Strategy:
         model_axis: str = "model",
         axes: Mapping[str, tuple[str, ...]] | None = None,
         constraints: bool = True,
-    ) -> BoundStrategy:
+    ) -> Placement:
         """Resolves the roles on ``mesh`` and checks that every sharded dimension divides.
 
         ``mesh`` is a ``Mesh``, a description (made into a ``Mesh`` of this process's
@@ -151,9 +151,9 @@ class Strategy:
             mesh = make_mesh(mesh)
         sizes = mesh_axes(mesh)
         resolved = _resolve_roles(self, sizes, model_axis, axes)
-        bound = BoundStrategy(self, config, mesh, resolved, constraints)
-        bound.validate()
-        return bound
+        placement = Placement(self, config, mesh, resolved, constraints)
+        placement.validate()
+        return placement
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -346,8 +346,9 @@ def _resolve_roles(
 
 
 @dataclass(frozen=True)
-class BoundStrategy:
-    """A strategy with its roles bound to the axes of one mesh, for one model config."""
+class Placement:
+    """Where a strategy puts things on one mesh, for one model config: its roles resolved to
+    the mesh's axes, and from them the ``PartitionSpec`` of every parameter and activation."""
 
     strategy: Strategy
     config: ModelConfig
