@@ -21,7 +21,12 @@ from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402
 from shardscope._src.render.verdict import format_verdict  # noqa: E402
 from shardscope._src.sharding.programs import build_program  # noqa: E402
 from shardscope._src.sharding.strategies import STRATEGIES, mesh_spec_for  # noqa: E402
-from shardscope._src.verdict import compare, matmul_verdict, transformer_verdict  # noqa: E402
+from shardscope._src.verdict import (  # noqa: E402
+    ExcessCause,
+    compare,
+    matmul_verdict,
+    transformer_verdict,
+)
 
 SHAPES = {"8": (8,), "2x4": (2, 4), "2x2x2": (2, 2, 2)}
 # Weights and activations of different sizes, so a gathered weight is told from an activation.
@@ -42,7 +47,8 @@ def test_case_d_double_prime_gathers_a_whole_operand_four_times_the_bound():
     v = _mm(("None,x", "None,None", "None,x")).verdict
     assert v.ratio == pytest.approx(4.0, rel=1e-9)  # all-gather A vs all-to-all A and C
     (e,) = v.excess
-    assert e.kind == "all-gather" and "all-to-all of it suffices" in e.reason
+    assert e.kind == "all-gather" and e.cause == ExcessCause.ALL_GATHER_FOR_ALL_TO_ALL
+    assert "all-to-all of it suffices" in e.reason
     assert e.source and e.source.rsplit(":", 1)[0].endswith("sharding/programs.py")
     assert v.hints and v.hints[0].reaches_bound
     assert v.hints[0].ratio == pytest.approx(1.0, abs=0.05)
@@ -90,6 +96,7 @@ def test_case_a_with_a_tall_operand_has_cheaper_plans_and_both_are_verified():
 def test_reduce_scatter_plan_needs_shard_map_on_cpu():
     v = _mm(("None,x", "x,None", "x,None"), shape=(1024, 4096, 1024, "float32")).verdict
     assert v.ratio == pytest.approx(2.0, rel=1e-9)  # all-reduce + slice
+    assert v.excess[0].cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER
     assert "reduce-scatter suffices" in v.excess[0].reason
     constrained, explicit = v.hints
     assert not constrained.reaches_bound
@@ -125,7 +132,7 @@ def test_sequence_parallel_jit_all_reduces_where_reduce_scatter_suffices(mesh_id
     blamed = [e for e in v.excess if e.kind == "all-reduce"]
     assert {e.scope for e in blamed} == {"attention", "mlp"}
     assert all(e.source.rsplit(":", 1)[0].endswith("model/config.py") for e in blamed)
-    assert all("reduce-scatter suffices" in e.reason for e in blamed)
+    assert all(e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER for e in blamed)
     (twin,) = v.hints
     assert "shard_map" in twin.change and twin.reaches_bound
     if mesh_id != "2x2x2":  # on 2x2x2 XLA adds collective-permutes over the replica axes
@@ -138,9 +145,10 @@ def test_missing_activation_constraints_gather_weights():
     config = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8)
     report = transformer_verdict("dp_sp", config, "data=2,model=4", constraints=False)
     v = report.verdict
-    weights = [e for e in v.excess if "which the strategy keeps sharded" in e.reason]
+    weights = [e for e in v.excess if e.cause == ExcessCause.WEIGHT_GATHERED]
     assert weights, [e.reason for e in v.excess]
-    assert all(e.kind == "all-gather" and "weight" in e.reason for e in weights)
+    assert all(e.kind == "all-gather" and e.weight.startswith("weight ") for e in weights)
+    assert all(f"of {e.weight}, which the strategy keeps sharded" in e.reason for e in weights)
     assert {e.scope for e in weights} == {"mlp"}
     constraints, twin = v.hints
     assert "activation sharding constraints" in constraints.change
@@ -287,7 +295,7 @@ def test_reference_cases_in_bfloat16_are_judged_at_their_width(specs, before):
 def test_train_excess_names_the_big_all_reduces_not_the_bound_covered_small_ones():
     v = transformer_verdict("dp_sp", SMALL, "data=2,model=4", mode="train", hints=False).verdict
     assert not v.optimal and v.excess
-    assert all(e.kind == "all-reduce" and "reduce-scatter suffices" in e.reason for e in v.excess)
+    assert all(e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER for e in v.excess)
     # the scalar loss and the norm gains' gradients are not blamed
     assert all(e.array not in ("f32[]", "f32[64]") for e in v.excess), [e.array for e in v.excess]
     # blamed until they cover the excess, and no further

@@ -15,6 +15,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from shardscope._src.audit.width import Width
@@ -64,9 +65,28 @@ class Row:
         }
 
 
+class ExcessCause(StrEnum):
+    """Why a compiled collective is beyond the bound; :attr:`Excess.reason` says it in words."""
+
+    #: an all-gather of a weight the strategy keeps sharded (activations were not constrained)
+    WEIGHT_GATHERED = "weight-gathered"
+    #: an all-reduce where the bound has a reduce-scatter over the same axes
+    ALL_REDUCE_FOR_REDUCE_SCATTER = "all-reduce-for-reduce-scatter"
+    #: an all-gather of a whole operand where the bound has an all-to-all over the same axes
+    ALL_GATHER_FOR_ALL_TO_ALL = "all-gather-for-all-to-all"
+    #: a collective over axes and of a kind the bound does not have at all
+    NOT_IN_BOUND = "not-in-bound"
+    #: more of a collective than the bound's terms of that axes and kind
+    BEYOND_BOUND = "beyond-bound"
+
+
 @dataclass(frozen=True)
 class Excess:
-    """A compiled collective in a (axes, kind) pair that sends more than the bound allows."""
+    """A compiled collective in a (axes, kind) pair that sends more than the bound allows.
+
+    ``cause`` says why; ``weight`` names the weight a :attr:`~ExcessCause.WEIGHT_GATHERED`
+    gather moves, ``row_bound_bytes`` and ``row_actual_bytes`` are its (axes, kind) row's.
+    """
 
     kind: str
     axes: tuple[str, ...]
@@ -77,7 +97,38 @@ class Excess:
     array: str
     count: int
     traffic_bytes: int
-    reason: str
+    cause: ExcessCause
+    weight: str | None = None
+    row_bound_bytes: int = 0
+    row_actual_bytes: int = 0
+
+    @property
+    def reason(self) -> str:
+        """The cause in words."""
+        kind, where = self.kind, ",".join(self.axes) or "no axis"
+        match self.cause:
+            case ExcessCause.WEIGHT_GATHERED:
+                return (
+                    f"all-gather over {where} of {self.weight}, which the strategy keeps "
+                    f"sharded: without activation constraints the partitioner gathers weights "
+                    f"instead of activations"
+                )
+            case ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER:
+                return (
+                    f"all-reduce over {where} where a reduce-scatter suffices (the CPU backend "
+                    f"forms no reduce-scatter: it all-reduces and slices, 2x the bytes)"
+                )
+            case ExcessCause.ALL_GATHER_FOR_ALL_TO_ALL:
+                return (
+                    f"all-gather over {where} of a whole operand where an all-to-all of it "
+                    f"suffices"
+                )
+            case ExcessCause.NOT_IN_BOUND:
+                return f"{kind} over {where}, which the minimum does not need"
+        return (
+            f"{kind} over {where} beyond the minimum ({format_bytes(self.row_actual_bytes)} "
+            f"sent where {format_bytes(self.row_bound_bytes)} suffice)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +141,7 @@ class Excess:
             "array": self.array,
             "count": self.count,
             "traffic_bytes": self.traffic_bytes,
+            "cause": str(self.cause),
             "reason": self.reason,
         }
 
@@ -197,27 +249,18 @@ def _scope(op_name: str | None) -> str | None:
     return None
 
 
-def _reason(c: Any, bound_kinds: set[str], row: Row, known: dict[tuple[int, ...], str]) -> str:
-    kind, where = c.kind, ",".join(c.axes) or "no axis"
-    if kind == ALL_GATHER and tuple(c.shape) in known:
-        return (
-            f"all-gather over {where} of {known[tuple(c.shape)]}, which the strategy keeps "
-            f"sharded: without activation constraints the partitioner gathers weights "
-            f"instead of activations"
-        )
-    if kind == ALL_REDUCE and REDUCE_SCATTER in bound_kinds:
-        return (
-            f"all-reduce over {where} where a reduce-scatter suffices (the CPU backend "
-            f"forms no reduce-scatter: it all-reduces and slices, 2x the bytes)"
-        )
-    if kind == ALL_GATHER and ALL_TO_ALL in bound_kinds:
-        return f"all-gather over {where} of a whole operand where an all-to-all of it suffices"
+def _cause(
+    c: Any, bound_kinds: set[str], row: Row, known: dict[tuple[int, ...], str]
+) -> ExcessCause:
+    if c.kind == ALL_GATHER and tuple(c.shape) in known:
+        return ExcessCause.WEIGHT_GATHERED
+    if c.kind == ALL_REDUCE and REDUCE_SCATTER in bound_kinds:
+        return ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER
+    if c.kind == ALL_GATHER and ALL_TO_ALL in bound_kinds:
+        return ExcessCause.ALL_GATHER_FOR_ALL_TO_ALL
     if row.bound_bytes == 0:
-        return f"{kind} over {where}, which the minimum plan does not need"
-    return (
-        f"{kind} over {where} beyond the minimum ({format_bytes(row.actual_bytes)} sent "
-        f"where {format_bytes(row.bound_bytes)} suffice)"
-    )
+        return ExcessCause.NOT_IN_BOUND
+    return ExcessCause.BEYOND_BOUND
 
 
 def compare(
@@ -308,7 +351,10 @@ def compare(
                 array=f"{c.dtype}[{','.join(str(d) for d in c.shape)}]",
                 count=extra,
                 traffic_bytes=width.traffic(c) * extra,
-                reason=_reason(c, bound_kinds.get(tuple(c.axes), set()), by_key[key], known),
+                cause=_cause(c, bound_kinds.get(tuple(c.axes), set()), by_key[key], known),
+                weight=known.get(tuple(c.shape)) if c.kind == ALL_GATHER else None,
+                row_bound_bytes=by_key[key].bound_bytes,
+                row_actual_bytes=by_key[key].actual_bytes,
             )
         )
     notes = []
@@ -581,7 +627,7 @@ def _with_note(verdict: Verdict, note: str | None) -> Verdict:
 
 
 def _no_hint_note(verdict: Verdict) -> str | None:
-    if any(e.kind == ALL_REDUCE and "reduce-scatter suffices" in e.reason for e in verdict.excess):
+    if any(e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER for e in verdict.excess):
         return (
             "no hint verified on this backend: XLA:CPU forms no reduce-scatter under jit, "
             "so only an explicit psum_scatter in shard_map reaches the bound; GPU and TPU "

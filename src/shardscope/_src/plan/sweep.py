@@ -56,6 +56,7 @@ from shardscope._src.plan.types import (
     PlanCollective,
     PlanResult,
     Skipped,
+    SkipReason,
     Validation,
 )
 
@@ -233,11 +234,16 @@ def _validate(plan: Plan, bound: Any) -> Validation:
     )
 
 
-def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
-    notes = []
+def _lacks_reduce_scatter(bound: Any, collectives: Sequence[PlanCollective]) -> bool:
+    """Whether the bound reduce-scatters over axes the compiled program never does."""
     bound_rs = {t.axes for t in bound.terms if t.kind == REDUCE_SCATTER}
     compiled_rs = {c.axes for c in collectives if c.kind == REDUCE_SCATTER}
-    if bound_rs - compiled_rs:
+    return bool(bound_rs - compiled_rs)
+
+
+def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
+    notes = []
+    if _lacks_reduce_scatter(bound, collectives):
         notes.append(
             "CPU backend: all-reduce + slice where a reduce-scatter suffices (GPU/TPU form "
             "it), so the compiled bytes exceed the bound"
@@ -445,7 +451,7 @@ def plan(
         try:
             placement = get_strategy(cand.strategy).place(config, abstract_mesh(cand.mesh_spec))
         except StrategyError as e:
-            skipped.append(Skipped(cand.strategy, cand.mesh_spec, "divisibility", str(e)))
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
             continue
         mem = estimate_memory(
             placement, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
@@ -460,7 +466,7 @@ def plan(
                 Skipped(
                     cand.strategy,
                     cand.mesh_spec,
-                    "memory",
+                    SkipReason.MEMORY,
                     f"{what} need {format_bytes(mem.model_state)} per device, more than the "
                     f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
                     f"devices (fsdp, fsdp_tp) or give more memory (--memory)",
@@ -482,7 +488,9 @@ def plan(
         got = facts[cand]
         if isinstance(got, BaseException):
             skipped.append(
-                Skipped(cand.strategy, cand.mesh_spec, "error", f"{type(got).__name__}: {got}")
+                Skipped(
+                    cand.strategy, cand.mesh_spec, SkipReason.ERROR, f"{type(got).__name__}: {got}"
+                )
             )
             continue
         sizes = cand.sizes
@@ -571,7 +579,12 @@ def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> l
             f"collectives; they are counted at {config.itemsize} bytes per element, as GPU "
             f"and TPU compilers keep them (cpu_comm_bytes_per_device has the CPU bytes)"
         )
-    if any("reduce-scatter" in n for p in plans for n in p.notes):
+    # A reduce-scatter row the bound has and the compiled program does not run.
+    if any(
+        a.kind == REDUCE_SCATTER and a.bound_bytes > 0 and a.count == 0
+        for p in plans
+        for a in p.comm
+    ):
         notes.append(
             "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the bytes): "
             "plans that need one (FSDP gradients, sequence parallelism) are charged the "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.hardware import Hardware
@@ -35,21 +36,31 @@ class Candidate:
         return f"{self.strategy} {self.mesh_spec}"
 
 
+class SkipReason(StrEnum):
+    """Why a candidate was not compiled."""
+
+    #: a sharded dimension does not divide over its mesh axes
+    DIVISIBILITY = "divisibility"
+    #: the model state alone does not fit the device memory
+    MEMORY = "memory"
+    #: the compile itself failed (``Skipped.message`` has the error)
+    ERROR = "error"
+
+
 @dataclass(frozen=True)
 class Skipped:
-    """A candidate that was not compiled, and why: ``reason`` is ``"divisibility"``,
-    ``"memory"`` or ``"error"`` (the compile itself failed; ``message`` has the error)."""
+    """A candidate that was not compiled: ``reason`` says why, ``message`` the details."""
 
     strategy: str
     mesh: str
-    reason: str
+    reason: SkipReason
     message: str
 
     def to_dict(self) -> dict[str, str]:
         return {
             "strategy": self.strategy,
             "mesh": self.mesh,
-            "reason": self.reason,
+            "reason": str(self.reason),
             "message": self.message,
         }
 
@@ -353,14 +364,14 @@ class PlanResult:
 
 
 def _why_empty(result: PlanResult) -> str:
-    by: dict[str, list[Skipped]] = {}
+    by: dict[SkipReason, list[Skipped]] = {}
     for s in result.skipped:
         by.setdefault(s.reason, []).append(s)
     parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
     head = f"no plan for {result.model} on {result.devices} device(s): " + (
         ", ".join(parts) if parts else "no candidate mesh"
     )
-    if "memory" in by:
+    if SkipReason.MEMORY in by:
         from shardscope._src.base.comm import format_bytes
 
         limit = format_bytes(result.hardware.memory_bytes)
@@ -369,6 +380,6 @@ def _why_empty(result: PlanResult) -> str:
             f"{result.hardware.name}: use more devices, a preset with more memory, "
             f"--memory, or a smaller --bytes-per-param"
         )
-    if "divisibility" in by:
-        head += f"; e.g. {by['divisibility'][0].message}"
+    if SkipReason.DIVISIBILITY in by:
+        head += f"; e.g. {by[SkipReason.DIVISIBILITY][0].message}"
     return head
