@@ -417,8 +417,10 @@ def launch(
     environment already sets ``JAX_PLATFORMS``, so several processes on one host never contend
     for its accelerators. See :func:`supervise` for output, failures and exit codes.
 
+    Not run as a doctest (it starts two processes and writes ``scores/``):
+
     >>> result = launch(["lab", "--out", "scores"], 2)  # doctest: +SKIP
-    >>> result.exit_code
+    >>> result.exit_code  # doctest: +SKIP
     0
     """
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:

@@ -461,8 +461,8 @@ def matmul_verdict(
     so, with its flops per device: fewer bytes are not free.
 
     >>> report = matmul_verdict("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
-    ...                         "None,x")  # doctest: +SKIP
-    >>> round(report.verdict.ratio, 2), report.verdict.hints[0].reaches_bound  # doctest: +SKIP
+    ...                         "None,x")
+    >>> round(report.verdict.ratio, 2), report.verdict.hints[0].reaches_bound
     (4.0, True)
     """
     from shardscope._src.audit.compile import audit

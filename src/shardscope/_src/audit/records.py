@@ -304,7 +304,11 @@ class Audit:
 
         Returns ``self``, so checks chain.
 
-        >>> audit.expect(all_gather=0, all_reduce=2, bytes_per_axis={"mp": 2**20})  # doctest: +SKIP
+        >>> from shardscope import audit
+        >>> from shardscope._src.sharding.demos import taster_matmul
+        >>> result = audit(taster_matmul("model=8"))
+        >>> result.expect(all_gather=0, all_reduce=1, bytes_per_axis={"model": 2**20}).exact
+        True
         """
         rows: list[tuple[str, str, str, bool]] = []
         actual = self.counts()

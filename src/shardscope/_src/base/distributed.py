@@ -66,6 +66,8 @@ def initialize_distributed(
     :class:`DeviceSetupError` when JAX's backend has already started, when this process is
     already in a different run, or when the run cannot be joined.
 
+    Not run as a doctest (it waits for the other process of the run):
+
     >>> import shardscope
     >>> shardscope.initialize_distributed("127.0.0.1:12345", 2, 0)  # doctest: +SKIP
     True

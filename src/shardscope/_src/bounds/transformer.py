@@ -51,9 +51,10 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
       gathers again (1.5x data parallel).
     * train, any strategy that shards tokens: the scalar loss is all-reduced over those axes.
 
-    >>> from shardscope._src.sharding.strategies import get_strategy  # doctest: +SKIP
-    >>> b = transformer_bound(get_strategy("tp").place(ModelConfig(), "model=8"))  # doctest: +SKIP
-    >>> b.counts()  # doctest: +SKIP
+    >>> from shardscope._src.model.config import ModelConfig
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> b = transformer_bound(get_strategy("tp").place(ModelConfig(), abstract_mesh("model=8")))
+    >>> b.counts()
     {'all-reduce': 4}
     """
     if mode not in MODES:

@@ -121,8 +121,11 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Analytic memory per device of ``placement`` (see the module docstring for the formulas).
 
-    >>> from shardscope._src.sharding.strategies import get_strategy  # doctest: +SKIP
-    >>> estimate_memory(get_strategy("fsdp").place(config, mesh)).total  # doctest: +SKIP
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> dp, fsdp = (get_strategy(s).place(ModelConfig(), abstract_mesh("data=8"))
+    ...             for s in ("dp", "fsdp"))
+    >>> estimate_memory(dp).params // estimate_memory(fsdp).params  # FSDP: 1/8 per device
+    8
     """
     c = placement.config
     item = c.itemsize

@@ -407,6 +407,8 @@ def plan(
     Raises:
         PlanError: an unknown preset, a bad device count or mode.
 
+    Not run as a doctest (it compiles every candidate; the planner tests run sweeps):
+
     >>> result = plan("tiny", 8, workers=0)  # doctest: +SKIP
     >>> result.best.label  # doctest: +SKIP
     'dp data=8'
