@@ -478,11 +478,11 @@ def test_plan_for_more_devices_through_a_worker():
 
 
 def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
-    from shardscope._src.plan.types import CompiledFacts
+    from shardscope._src.plan.types import CompiledFacts, CompileTask
     from shardscope._src.plan.worker import WorkerError, run_tasks
 
-    config = TINY.config(batch=16).to_dict()
-    tasks = [("dp", "data=16", config, "forward"), ("zero3", "data=16", config, "forward")]
+    config = TINY.config(batch=16)
+    tasks = [CompileTask(s, "data=16", config, "forward") for s in ("dp", "zero3")]
     got = dict(run_tasks(tasks, devices=16, workers=2))
     assert isinstance(got[0], CompiledFacts) and got[0].collectives == ()
     assert isinstance(got[1], WorkerError)

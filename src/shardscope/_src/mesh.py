@@ -18,8 +18,6 @@ from shardscope._src.base.errors import MeshSpecError
 if TYPE_CHECKING:
     import jax
 
-MeshLike = "str | Mapping[str, int] | jax.sharding.Mesh"
-
 MAX_AXIS_SIZE = 2048  # as many devices as JAX's CPU backend compiles for in one process
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -235,12 +235,6 @@ class Audit:
             out[label] = out.get(label, Totals()) + t
         return out
 
-    def totals_by_kind(self) -> dict[str, Totals]:
-        out: dict[str, Totals] = {}
-        for c in self.collectives:
-            out[c.kind] = out.get(c.kind, Totals()) + Totals.of(c)
-        return {k: out[k] for k in sorted(out, key=_kind_rank)}
-
     def total(self) -> Totals:
         t = Totals()
         for c in self.collectives:

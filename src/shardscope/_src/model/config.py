@@ -18,7 +18,6 @@ from typing import Any
 from shardscope._src.base.errors import ModelConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
-SCOPES = ("attention", "mlp")
 _EPS = 1e-6
 
 
@@ -83,10 +82,6 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
 
     @property
     def itemsize(self) -> int:

@@ -11,7 +11,8 @@ from shardscope._src.audit.records import Collective
 from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.types import Candidate, CompiledFacts, PlanCollective
+from shardscope._src.plan.types import Candidate, CompiledFacts, CompileTask, PlanCollective
+from shardscope._src.plan.worker import run_tasks
 
 #: ``progress(done, total, label)``, called as plans finish compiling.
 Progress = Callable[[int, int, str], None]
@@ -80,10 +81,9 @@ def compile_facts(
     return facts
 
 
-def worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
-    """:func:`compile_facts` on this process's devices, from picklable arguments."""
-    strategy, mesh_spec, config, mode = args
-    return compile_facts(strategy, mesh_spec, ModelConfig(**config), mode)
+def compile_task(task: CompileTask) -> CompiledFacts:
+    """:func:`compile_facts` of a worker's task, on this process's devices."""
+    return compile_facts(task.strategy, task.mesh_spec, task.config, task.mode)
 
 
 def _local_devices(n: int) -> list[Any]:
@@ -150,9 +150,7 @@ def compile_all(
                 progress(i, total, cand.label)
         return out
 
-    from shardscope._src.plan.worker import run_tasks
-
-    tasks = [(c.strategy, c.mesh_spec, config.to_dict(), mode) for c in todo]
+    tasks = [CompileTask(c.strategy, c.mesh_spec, config, mode) for c in todo]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:

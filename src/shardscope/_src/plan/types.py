@@ -130,6 +130,24 @@ class CompiledFacts:
 
 
 @dataclass(frozen=True)
+class CompileTask:
+    """One plan to compile, as the planner sends it to a worker process (picklable)."""
+
+    strategy: str
+    mesh_spec: str
+    config: ModelConfig
+    mode: str
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A worker's answer when compiling a task raised: the exception's type and message."""
+
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True)
 class AxisComm:
     """The collectives of one kind over one set of axes, summed, with their bound and time."""
 

@@ -12,18 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.types import Plan, PlanResult
-
-KIND_SHORT = {
-    "all-reduce": "AR",
-    "all-gather": "AG",
-    "reduce-scatter": "RS",
-    "all-to-all": "A2A",
-    "ragged-all-to-all": "RA2A",
-    "collective-permute": "CP",
-    "collective-broadcast": "CB",
-}
-
+    from shardscope._src.plan.types import PlanResult
 
 def format_seconds(s: float) -> str:
     """``0.00123`` -> ``'1.23 ms'``."""
@@ -37,12 +26,6 @@ def format_seconds(s: float) -> str:
 
 def format_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
-
-
-def comm_summary(p: Plan) -> str:
-    """``'model AR x128; data AR x33'``: compiled collectives per axis, loop trips counted."""
-    parts = [f"{a.axes} {KIND_SHORT.get(a.kind, a.kind)} x{a.count}" for a in p.comm if a.count]
-    return "; ".join(parts) or "none"
 
 
 def headline(result: PlanResult) -> str:

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import jax
 
 Roles = tuple[str | None, ...]
-ROLES = ("data", "model")
 
 # Dimension names, used to check divisibility and to word errors.
 PARAM_DIMS: dict[str, tuple[str, ...]] = {
