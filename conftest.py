@@ -5,5 +5,5 @@ import shardscope
 
 shardscope.use_cpu_devices(8)
 
-# Running it would start the command line.
-collect_ignore = ["src/shardscope/__main__.py"]
+# Scripts, not modules: importing them (to look for doctests) would run them.
+collect_ignore = ["src/shardscope/__main__.py", "tests/mp_worker.py"]
