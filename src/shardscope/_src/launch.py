@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.errors import ShardscopeError, is_int
 
 # Flags the launcher gives each process itself; a sub-command must not carry them.
 LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id", "--devices", "--distributed")
@@ -423,7 +423,7 @@ def launch(
     >>> result.exit_code  # doctest: +SKIP
     0
     """
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+    if not is_int(num_processes, 1):
         raise ShardscopeError(
             f"the number of processes must be a positive whole number, got {num_processes!r}"
         )

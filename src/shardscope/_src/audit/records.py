@@ -9,7 +9,7 @@ from typing import Any
 
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
-from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
 
@@ -312,7 +312,7 @@ class Audit:
             if kind not in _comm.KINDS:
                 valid = ", ".join(k.replace("-", "_") for k in _comm.KINDS)
                 raise TypeError(f"expect() got an unexpected keyword {key!r}; kinds are {valid}")
-            if isinstance(want, bool) or not isinstance(want, int) or want < 0:
+            if not is_int(want, 0):
                 raise ShardscopeError(f"expect({key}=...) needs a count >= 0, got {want!r}")
             ok = actual[kind] == want
             if not ok:

@@ -17,7 +17,7 @@ group size times one device's buffer) and, for a collective-permute, one device'
 
 from __future__ import annotations
 
-from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.errors import ShardscopeError, is_int
 
 ALL_REDUCE = "all-reduce"
 ALL_GATHER = "all-gather"
@@ -67,11 +67,11 @@ def _check(kind: str, payload_bytes: int, group_size: int) -> None:
         raise ShardscopeError(
             f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}"
         )
-    if isinstance(payload_bytes, bool) or not isinstance(payload_bytes, int) or payload_bytes < 0:
+    if not is_int(payload_bytes, 0):
         raise ShardscopeError(
             f"payload_bytes must be a non-negative integer, got {payload_bytes!r}"
         )
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if not is_int(group_size, 1):
         raise ShardscopeError(f"group_size must be a positive integer, got {group_size!r}")
 
 

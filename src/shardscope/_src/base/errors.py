@@ -37,3 +37,15 @@ class StrategyError(ShardscopeError):
 
 class PlanError(ShardscopeError):
     """A planning request that cannot be met (unknown preset, no device count, no plan)."""
+
+
+def is_int(value: object, minimum: int | None = None) -> bool:
+    """Whether ``value`` is an integer (a bool is not) of at least ``minimum``: the one test
+    every count, size and seed goes through.
+
+    >>> is_int(8, minimum=1), is_int(True), is_int(0, minimum=1), is_int(2.0), is_int(-3)
+    (True, False, False, False, True)
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return minimum is None or value >= minimum

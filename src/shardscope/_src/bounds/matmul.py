@@ -17,7 +17,7 @@ from shardscope._src.base.comm import (
     ALL_TO_ALL,
     REDUCE_SCATTER,
 )
-from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.bounds.terms import Bound, Term
 
 # -- one sharded matmul -----------------------------------------------------------------------
@@ -66,7 +66,7 @@ class MatmulProblem:
 
         for name in ("m", "k", "n"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v, 1):
                 raise StrategyError(f"matmul {name}={v!r}: must be a positive integer")
             if v > MAX_DIM:
                 raise StrategyError(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.base.io import write_result
 
 _LAB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -304,7 +304,7 @@ def bootstrap(
     """
     from shardscope._src.base.devices import hardware_summary, use_cpu_devices
 
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed, 0):
         raise ShardscopeError(f"seed must be a non-negative integer, got {seed!r}")
     lab = Lab(lab_id, seed=seed, out_dir=out_dir, verbose=verbose)
     use_cpu_devices(devices)

@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardscope._src.base.errors import ModelConfigError
+from shardscope._src.base.errors import ModelConfigError, is_int
 
 DTYPES = ("float32", "bfloat16", "float16")
 _EPS = 1e-6
@@ -52,7 +52,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int(value, 1):
                 raise ModelConfigError(f"model config {name}={value!r}: must be a positive integer")
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "vocab"):
             value = getattr(self, name)
@@ -62,7 +62,7 @@ class ModelConfig:
                     f"beyond any model; choose a smaller {name}"
                 )
         if self.vocab is not None and (
-            isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab <= 0
+            not is_int(self.vocab, 1)
         ):
             raise ModelConfigError(
                 f"model config vocab={self.vocab!r}: must be a positive integer or None "

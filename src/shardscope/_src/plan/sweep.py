@@ -34,7 +34,7 @@ from typing import Any
 
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER
 from shardscope._src.base.devices import MAX_CPU_DEVICES
-from shardscope._src.base.errors import PlanError, StrategyError
+from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.model.config import MAX_DIM, ModelConfig
@@ -417,7 +417,7 @@ def plan(
     from shardscope._src.sharding.strategies import STRATEGIES, abstract_mesh, get_strategy
 
     start = time.perf_counter()
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number")
     if devices > MAX_DEVICES:
         raise PlanError(
@@ -427,7 +427,7 @@ def plan(
     if mode not in MODES:
         raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
     if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
+        not is_int(workers, 0)
     ):
         raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
     names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES

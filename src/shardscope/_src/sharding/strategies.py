@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
 
@@ -286,7 +286,7 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'pod=2,data=2,model=2'
     """
     s = get_strategy(strategy)
-    if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in sizes):
+    if not sizes or not all(is_int(v, 1) for v in sizes):
         raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
     if len(sizes) == 1:
         names = ["model" if "model" in s.roles else "data"]
