@@ -14,6 +14,7 @@ from shardscope._src.base.devices import (
     use_cpu_devices,
 )
 from shardscope._src.base.errors import MeshSpecError
+from shardscope._src.base.text import format_mesh_spec as format_mesh_spec
 
 if TYPE_CHECKING:
     import jax
@@ -100,11 +101,6 @@ def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
             )
         out[name] = value
     return out
-
-
-def format_mesh_spec(axes: Mapping[str, int]) -> str:
-    """The inverse of :func:`parse_mesh_spec`: ``{'dp': 2, 'mp': 4}`` -> ``'dp=2,mp=4'``."""
-    return ",".join(f"{k}={v}" for k, v in axes.items())
 
 
 def mesh_axes(mesh: jax.sharding.Mesh) -> dict[str, int]:

@@ -26,6 +26,7 @@ from shardscope._src.base.comm import (
     REDUCE_SCATTER,
     format_bytes,
 )
+from shardscope._src.base.text import format_spec
 
 #: A program within this fraction of its bound is called optimal; hints must reach it.
 TOLERANCE = 0.05
@@ -424,17 +425,15 @@ class MatmulReport:
 
 
 def _describe_schedule(schedule: Any, problem: Any) -> str:
-    from shardscope._src.sharding.programs import _spec_text
-
     parts = []
     for which, given in (("a", problem.a_spec), ("b", problem.b_spec)):
         want = schedule.layout(which)
         if tuple(want) != tuple(given):
-            parts.append(f"constrain {which.upper()} to {_spec_text(want)}")
+            parts.append(f"constrain {which.upper()} to {format_spec(want)}")
     if not any(p.partition == "k" for p in schedule.axes):
         want = schedule.layout("product")
         if tuple(want) != tuple(problem.out_spec):
-            parts.append(f"constrain the product to {_spec_text(want)}")
+            parts.append(f"constrain the product to {format_spec(want)}")
     steps = "; ".join(p.describe() for p in schedule.axes if p.terms or p.partition)
     head = ", ".join(parts) if parts else "keep the specs"
     return f"{head} ({steps})"
@@ -612,13 +611,11 @@ def transformer_verdict(
 
 
 def _constraint_text(placement: Any) -> str:
-    from shardscope._src.sharding.programs import _spec_text
-
     parts = []
     for point in ("residual", "enter", "heads", "hidden"):
         spec = placement.activation_spec(point)
         if spec is not None:
-            parts.append(f"{point} {_spec_text(tuple(spec))}")
+            parts.append(f"{point} {format_spec(tuple(spec))}")
     return ", ".join(parts)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from shardscope._src.audit.analysis import _FALLBACK_AXIS, analyze
 from shardscope._src.audit.records import Audit, Rematerialization
 from shardscope._src.base.errors import HloParseError, MeshSpecError, ShardscopeError
+from shardscope._src.base.text import format_spec
 from shardscope._src.hlo.parse import HloModule, parse_hlo
 from shardscope._src.mesh import format_mesh_spec, mesh_axes, parse_mesh_spec
 
@@ -62,7 +63,7 @@ def _sharding_leaves(tree: Any) -> list[Any]:
 def _format_sharding(s: Any) -> str:
     spec = getattr(s, "spec", None)
     if spec is not None:
-        return "P(" + ", ".join(repr(e) for e in tuple(spec)) + ")"
+        return format_spec(tuple(spec))
     return str(s)
 
 

@@ -18,6 +18,7 @@ from shardscope._src.base.comm import (
     REDUCE_SCATTER,
 )
 from shardscope._src.base.errors import StrategyError, is_int
+from shardscope._src.base.text import format_mesh_spec, format_spec_entries
 from shardscope._src.bounds.terms import Bound, Term
 
 # -- one sharded matmul -----------------------------------------------------------------------
@@ -86,10 +87,11 @@ class MatmulProblem:
                 raise StrategyError(
                     f"{label} {spec!r} has {len(spec)} entries; a matrix has 2 dimensions"
                 )
+            text = repr(format_spec_entries(spec))
             seen = [a for a in spec if a is not None]
             if len(seen) != len(set(seen)):
                 raise StrategyError(
-                    f"{label} {_fmt(spec)} uses axis {seen[0]!r} on both dimensions; an axis "
+                    f"{label} {text} uses axis {seen[0]!r} on both dimensions; an axis "
                     f"can shard one dimension of an array, e.g. '{seen[0]},None'"
                 )
             for dim, axis in zip(_DIMS[arr], spec, strict=True):
@@ -97,13 +99,13 @@ class MatmulProblem:
                     continue
                 if axis not in self.mesh:
                     raise StrategyError(
-                        f"{label} {_fmt(spec)} names axis {axis!r}, which the mesh "
-                        f"{_mesh_text(self.mesh)} does not have; use one of "
+                        f"{label} {text} names axis {axis!r}, which the mesh "
+                        f"{format_mesh_spec(self.mesh)!r} does not have; use one of "
                         f"{', '.join(self.mesh)} or None"
                     )
                 if sizes[dim] % self.mesh[axis]:
                     raise StrategyError(
-                        f"{label} {_fmt(spec)} shards {dim}={sizes[dim]} over axis "
+                        f"{label} {text} shards {dim}={sizes[dim]} over axis "
                         f"{axis}={self.mesh[axis]}, but {sizes[dim]} is not divisible by "
                         f"{self.mesh[axis]}; choose {dim} a multiple of {self.mesh[axis]} or "
                         f"leave that dimension unsharded (None)"
@@ -155,14 +157,6 @@ class MatmulProblem:
             "b_spec": list(self.b_spec),
             "out_spec": list(self.out_spec),
         }
-
-
-def _fmt(spec: Sequence[str | None]) -> str:
-    return "'" + ",".join("None" if a is None else a for a in spec) + "'"
-
-
-def _mesh_text(mesh: Mapping[str, int]) -> str:
-    return "'" + ",".join(f"{k}={v}" for k, v in mesh.items()) + "'"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
 
@@ -29,7 +30,7 @@ class Candidate:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh)
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:
@@ -230,7 +231,7 @@ class Plan:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:

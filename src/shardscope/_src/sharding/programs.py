@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.text import format_spec
 from shardscope._src.model.config import (
     Hooks,
     ModelConfig,
@@ -303,10 +304,6 @@ class MatmulProgram:
         return self.fn.lower(*self.abstract_args())
 
 
-def _spec_text(spec: Any) -> str:
-    return "P(" + ", ".join(repr(e) for e in spec) + ")"
-
-
 def build_matmul(
     problem: Any, mesh: Any, schedule: Any = None, *, explicit: bool = False
 ) -> MatmulProgram:
@@ -353,7 +350,7 @@ def build_matmul(
         # Runnable as printed inside the jitted function, given the mesh (Auto axes, as
         # shardscope.make_mesh builds them).
         def named(spec: Any) -> str:
-            return f"NamedSharding(mesh, {_spec_text(spec)})"
+            return f"NamedSharding(mesh, {format_spec(spec)})"
 
         code = (
             "wsc = jax.lax.with_sharding_constraint; "
@@ -404,8 +401,8 @@ def build_matmul(
         for axis, i in reductions
     )
     code = (
-        f"shard_map(in_specs=({_spec_text(a_spec)}, {_spec_text(b_spec)}), "
-        f"out_specs={_spec_text(product)}): c = a @ b" + (f"; {steps}" if steps else "")
+        f"shard_map(in_specs=({format_spec(a_spec)}, {format_spec(b_spec)}), "
+        f"out_specs={format_spec(product)}): c = a @ b" + (f"; {steps}" if steps else "")
     )
     return MatmulProgram(
         "shard_map", problem, mesh, jax.jit(body, in_shardings=in_sh, out_shardings=out_sh), code
