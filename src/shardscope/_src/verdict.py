@@ -24,7 +24,9 @@ from shardscope._src.base.comm import (
     ALL_REDUCE,
     ALL_TO_ALL,
     REDUCE_SCATTER,
+    Totals,
     format_bytes,
+    group_totals,
 )
 from shardscope._src.base.text import format_spec
 
@@ -283,25 +285,22 @@ def compare(
     this backend's program sends (``backend_bytes``).
     """
     width = Width(program_dtype)
-    actual: dict[tuple[tuple[str, ...], str], list[int]] = {}
-    for c in audit.collectives:
-        slot = actual.setdefault((tuple(c.axes), c.kind), [0, 0])
-        slot[0] += width.sent(c)
-        slot[1] += c.count
-    wanted: dict[tuple[tuple[str, ...], str], list[int]] = {}
-    for t in bound.terms:
-        slot = wanted.setdefault((t.axes, t.kind), [0, 0])
-        slot[0] += t.traffic_bytes
-        slot[1] += t.count
+    actual = group_totals(
+        audit.collectives,
+        lambda c: (tuple(c.axes), c.kind),
+        lambda c: Totals(c.count, width.payload(c) * c.count, width.sent(c)),
+    )
+    wanted = bound.totals_by_axes_kind()
     keys = list(wanted) + [k for k in actual if k not in wanted]
+    none = Totals()
     rows = tuple(
         Row(
             axes,
             kind,
-            wanted.get((axes, kind), [0, 0])[0],
-            actual.get((axes, kind), [0, 0])[0],
-            wanted.get((axes, kind), [0, 0])[1],
-            actual.get((axes, kind), [0, 0])[1],
+            wanted.get((axes, kind), none).traffic_bytes,
+            actual.get((axes, kind), none).traffic_bytes,
+            wanted.get((axes, kind), none).count,
+            actual.get((axes, kind), none).count,
         )
         for axes, kind in keys
     )
@@ -359,7 +358,7 @@ def compare(
             )
         )
     notes = []
-    actual_total = sum(v[0] for v in actual.values())
+    actual_total = sum(v.traffic_bytes for v in actual.values())
     backend = audit.total().traffic_bytes
     if backend != actual_total:
         notes.append(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardscope._src.base import comm as _comm
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
@@ -83,6 +83,11 @@ class Collective:
     note: str = ""
 
     @property
+    def totals(self) -> Totals:
+        """Executions, payload and bytes sent over all ``count`` executions."""
+        return Totals(self.count, self.payload_bytes * self.count, self.traffic_bytes * self.count)
+
+    @property
     def axes_label(self) -> str:
         """``"dp,mp"``; ``"irregular"``; ``"-"`` when no data leaves a device."""
         if self.irregular:
@@ -118,33 +123,6 @@ class Collective:
             "replica_groups": self.replica_groups,
             "unknown_attributes": dict(self.unknown_attributes),
             "note": self.note,
-        }
-
-
-@dataclass(frozen=True)
-class Totals:
-    """Sums over collectives, each weighted by its ``count``."""
-
-    count: int = 0
-    payload_bytes: int = 0
-    traffic_bytes: int = 0
-
-    def __add__(self, other: Totals) -> Totals:
-        return Totals(
-            self.count + other.count,
-            self.payload_bytes + other.payload_bytes,
-            self.traffic_bytes + other.traffic_bytes,
-        )
-
-    @staticmethod
-    def of(c: Collective) -> Totals:
-        return Totals(c.count, c.payload_bytes * c.count, c.traffic_bytes * c.count)
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "count": self.count,
-            "payload_bytes": self.payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
         }
 
 
@@ -222,24 +200,16 @@ class Audit:
 
     def totals(self) -> dict[tuple[str, str], Totals]:
         """``{(axes label, kind): Totals}`` in table order (mesh axes, then kinds)."""
-        out: dict[tuple[str, str], Totals] = {}
-        for c in sorted(self.collectives, key=self._order):
-            key = (c.axes_label, c.kind)
-            out[key] = out.get(key, Totals()) + Totals.of(c)
-        return out
+        return group_totals(
+            self.sorted_collectives(), lambda c: (c.axes_label, c.kind), lambda c: c.totals
+        )
 
     def totals_by_axis(self) -> dict[str, Totals]:
         """``{axes label: Totals}``; a collective over ``dp,mp`` is its own label."""
-        out: dict[str, Totals] = {}
-        for (label, _), t in self.totals().items():
-            out[label] = out.get(label, Totals()) + t
-        return out
+        return group_totals(self.totals().items(), lambda kt: kt[0][0], lambda kt: kt[1])
 
     def total(self) -> Totals:
-        t = Totals()
-        for c in self.collectives:
-            t = t + Totals.of(c)
-        return t
+        return sum((c.totals for c in self.collectives), Totals())
 
     def axis_traffic(self, axis: str) -> int:
         """Bytes per device sent by the collectives that run over ``axis`` (or a sub-axis)."""

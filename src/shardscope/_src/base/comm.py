@@ -17,6 +17,10 @@ group size times one device's buffer) and, for a collective-permute, one device'
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
 from shardscope._src.base.errors import ShardscopeError, is_int
 
 ALL_REDUCE = "all-reduce"
@@ -151,3 +155,49 @@ def format_bytes(n: int) -> str:
         if value < 1024 or unit == "TiB":
             return f"{value:.4g} {unit}"
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over collectives (compiled, or a bound's terms), each weighted by its count:
+    executions, payload bytes and bytes each device sends."""
+
+    count: int = 0
+    payload_bytes: int = 0
+    traffic_bytes: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.count + other.count,
+            self.payload_bytes + other.payload_bytes,
+            self.traffic_bytes + other.traffic_bytes,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "count": self.count,
+            "payload_bytes": self.payload_bytes,
+            "traffic_bytes": self.traffic_bytes,
+        }
+
+
+_T = TypeVar("_T")
+_K = TypeVar("_K", bound=Hashable)
+
+
+def group_totals(
+    items: Iterable[_T], key: Callable[[_T], _K], totals: Callable[[_T], Totals]
+) -> dict[_K, Totals]:
+    """``{key(item): sum of totals(item)}``, keys in the order they first appear: how audits,
+    bounds and verdicts sum collectives per (mesh axes, kind).
+
+    >>> pairs = [("x", 1), ("y", 2), ("x", 3)]
+    >>> sums = group_totals(pairs, lambda p: p[0], lambda p: Totals(1, p[1]))
+    >>> {k: (t.count, t.payload_bytes) for k, t in sums.items()}
+    {'x': (2, 4), 'y': (1, 2)}
+    """
+    out: dict[_K, Totals] = {}
+    for item in items:
+        k = key(item)
+        out[k] = out.get(k, Totals()) + totals(item)
+    return out

@@ -8,9 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardscope._src.base.comm import (
-    traffic_bytes,
-)
+from shardscope._src.base.comm import Totals, group_totals, traffic_bytes
 
 
 @dataclass(frozen=True)
@@ -33,6 +31,11 @@ class Term:
     def traffic_bytes(self) -> int:
         """Bytes one device sends over all ``count`` executions."""
         return self.count * traffic_bytes(self.kind, self.payload_bytes, self.group_size)
+
+    @property
+    def totals(self) -> Totals:
+        """Executions, payload and bytes sent over all ``count`` executions."""
+        return Totals(self.count, self.payload_bytes * self.count, self.traffic_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,10 +64,11 @@ class Bound:
 
     def by_axes_kind(self) -> dict[tuple[tuple[str, ...], str], int]:
         """``{(axes, kind): traffic bytes}``."""
-        out: dict[tuple[tuple[str, ...], str], int] = {}
-        for t in self.terms:
-            out[(t.axes, t.kind)] = out.get((t.axes, t.kind), 0) + t.traffic_bytes
-        return out
+        return {k: v.traffic_bytes for k, v in self.totals_by_axes_kind().items()}
+
+    def totals_by_axes_kind(self) -> dict[tuple[tuple[str, ...], str], Totals]:
+        """``{(axes, kind): Totals}``, in the order of the terms."""
+        return group_totals(self.terms, lambda t: (t.axes, t.kind), lambda t: t.totals)
 
     def counts(self) -> dict[str, int]:
         """``{kind: executions per run}``."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from shardscope._src.base.comm import Totals, group_totals
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
 
@@ -28,28 +29,12 @@ EXERCISE_CHECKS = (
 EXERCISE_CONFIG = ModelConfig(d_model=64, heads=8, ff=256, layers=2, batch=8, seq=16)
 
 
-def _per_axis_kind(audit: Any) -> dict[tuple[tuple[str, ...], str], tuple[int, int, int]]:
-    out: dict[tuple[tuple[str, ...], str], tuple[int, int, int]] = {}
-    for c in audit.collectives:
-        n, payload, sent = out.get((tuple(c.axes), c.kind), (0, 0, 0))
-        out[(tuple(c.axes), c.kind)] = (
-            n + c.count,
-            payload + c.payload_bytes * c.count,
-            sent + c.traffic_bytes * c.count,
-        )
-    return out
+def _per_axis_kind(audit: Any) -> dict[tuple[tuple[str, ...], str], Totals]:
+    return group_totals(audit.collectives, lambda c: (tuple(c.axes), c.kind), lambda c: c.totals)
 
 
-def _bound_per_axis_kind(bound: Any) -> dict[tuple[tuple[str, ...], str], tuple[int, int, int]]:
-    out: dict[tuple[tuple[str, ...], str], tuple[int, int, int]] = {}
-    for t in bound.terms:
-        n, payload, sent = out.get((t.axes, t.kind), (0, 0, 0))
-        out[(t.axes, t.kind)] = (
-            n + t.count,
-            payload + t.payload_bytes * t.count,
-            sent + t.traffic_bytes,
-        )
-    return out
+def _bound_per_axis_kind(bound: Any) -> dict[tuple[tuple[str, ...], str], Totals]:
+    return bound.totals_by_axes_kind()
 
 
 def run_exercise_checks(
