@@ -278,11 +278,11 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
         (dict(devices=4096), "at most 2048"),
         (dict(mode="decode"), "mode 'decode'"),
         (dict(strategies=["zero3"]), "unknown strategy 'zero3'"),
-        (dict(model=None), "missing --d-model, --heads, --ff, --layers"),
+        (dict(model=None), "missing d_model, heads, ff, layers"),
         (dict(bytes_per_param=2), "bytes_per_param=2"),
         (dict(workers=-1), "workers=-1"),
-        (dict(batch=10**20), "--batch 100000000000000000000: .* up to 1048576"),
-        (dict(d_model=10**20), "--d-model .* up to 1048576"),  # no divisor search for minutes
+        (dict(batch=10**20), "batch=100000000000000000000: .* up to 1048576"),
+        (dict(d_model=10**20), "d_model=.* up to 1048576"),  # no divisor search for minutes
         (dict(batch=2**20, seq=2**20, vocab=2**20), "largest array would hold"),
     ],
 )
@@ -382,7 +382,10 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
         (["plan", "--model", "tiny"], "required: --devices"),
         (["plan", "--model", "tiny", "--devices", "0"], "0 must be a positive whole number"),
         (["plan", "--model", "tiny", "--devices", "3072"], "at most 2048"),
-        (["plan", "--devices", "8", "--heads", "8"], "missing --d-model, --ff, --layers"),
+        (
+            ["plan", "--devices", "8", "--heads", "8"],
+            "missing d_model, ff, layers (flags --d-model, --ff, --layers)",
+        ),
         (
             ["plan", "--model", "tiny", "--devices", "8", "--hardware", "a100"],
             "invalid choice: 'a100'",

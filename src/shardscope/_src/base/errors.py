@@ -4,7 +4,20 @@ from __future__ import annotations
 
 
 class ShardscopeError(ValueError):
-    """Bad input to shardscope: the message names the value, the rule and the fix."""
+    """Bad input to shardscope: the message names the value, the rule and the fix.
+
+    ``params`` names the arguments of the library call that hold the bad values (empty when
+    no one does), in the library's words; the command line tells its users the flags that
+    set them.
+
+    >>> e = ShardscopeError("batch=0: must be positive", param="batch")
+    >>> str(e), e.params
+    ('batch=0: must be positive', ('batch',))
+    """
+
+    def __init__(self, message: str, *, param: str | tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param)
 
 
 class MeshSpecError(ShardscopeError):

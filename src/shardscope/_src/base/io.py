@@ -81,7 +81,9 @@ def check_file_path(path: str | os.PathLike[str]) -> Path:
 def check_dir_path(path: str | os.PathLike[str]) -> Path:
     """Refuses, before any work is done, a result folder that cannot be made or written."""
     if not str(path).strip():
-        raise OutputPathError("the output folder is empty; give a folder, e.g. --out scores")
+        raise OutputPathError(
+            "the output folder is empty; give a folder, e.g. 'scores'", param="out_dir"
+        )
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise OutputPathError(f"{str(p)!r} is a file, not a folder; give a folder for results")

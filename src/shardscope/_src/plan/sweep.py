@@ -38,7 +38,7 @@ from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.model.config import MAX_DIM, ModelConfig
-from shardscope._src.model.presets import model_preset
+from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -305,10 +305,10 @@ def resolve_config(
 def _check_dims(values: Mapping[str, int | None]) -> None:
     for name, value in values.items():
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DIM:
-            flag = "--" + name.replace("_", "-")
             raise PlanError(
-                f"{flag} {value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
-                f"choose a smaller {name}"
+                f"{name}={value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
+                f"choose a smaller {name}",
+                param=name,
             )
 
 
@@ -352,9 +352,10 @@ def _resolve(
         return preset.name, preset.config(batch=batch, seq=seq, dtype=dtype, **dims)
     missing = [k for k in ("d_model", "heads", "ff", "layers") if dims.get(k) is None]
     if missing:
-        flags = ", ".join("--" + k.replace("_", "-") for k in missing)
         raise PlanError(
-            f"a model needs a preset (--model tiny|1b|7b|13b|70b) or its shape; missing {flags}"
+            f"a model needs a preset (model={'|'.join(MODEL_PRESETS)}) or its shape; missing "
+            f"{', '.join(missing)}",
+            param=tuple(missing),
         )
     fields = {k: v for k, v in dims.items() if v is not None}
     return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True, **fields)

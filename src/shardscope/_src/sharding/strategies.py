@@ -326,8 +326,9 @@ def _resolve_roles(
                 raise StrategyError(
                     f"strategy {strategy.name!r} shards heads and MLP hidden over a mesh axis "
                     f"named {model_axis!r}, but mesh {mesh_text!r} has none; name one axis "
-                    f"{model_axis!r} (e.g. --mesh {model_axis}={math.prod(sizes.values())}) "
-                    f"or pass model_axis=<one of {', '.join(sizes)}>"
+                    f"{model_axis!r} (e.g. mesh '{model_axis}={math.prod(sizes.values())}') "
+                    f"or pass model_axis=<one of {', '.join(sizes)}>",
+                    param="mesh",
                 )
             resolved["model"] = (model_axis,)
         if "data" in strategy.roles:
@@ -339,7 +340,8 @@ def _resolve_roles(
                 f"strategy {strategy.name!r} needs a mesh axis for role {role!r}, but mesh "
                 f"{mesh_text!r} leaves none (the {other} role took "
                 f"{', '.join(resolved.get(other, ())) or 'nothing'}); add an axis, e.g. "
-                f"--mesh data=2,model=4, or choose a strategy without {role!r}"
+                f"mesh 'data=2,model=4', or choose a strategy without {role!r}",
+                param="mesh",
             )
     return resolved
 
