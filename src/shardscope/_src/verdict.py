@@ -28,6 +28,7 @@ from shardscope._src.base.comm import (
     format_bytes,
     group_totals,
 )
+from shardscope._src.base.io import record_dict
 from shardscope._src.base.text import format_spec
 
 #: A program within this fraction of its bound is called optimal; hints must reach it.
@@ -57,15 +58,7 @@ class Row:
         return _ratio(self.actual_bytes, self.bound_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "axes": list(self.axes),
-            "kind": self.kind,
-            "bound_bytes": self.bound_bytes,
-            "actual_bytes": self.actual_bytes,
-            "bound_count": self.bound_count,
-            "actual_count": self.actual_count,
-            "ratio": self.ratio,
-        }
+        return record_dict(self, extra=("ratio",))
 
 
 class ExcessCause(StrEnum):
@@ -134,19 +127,9 @@ class Excess:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "instruction": self.instruction,
-            "source": self.source,
-            "op_name": self.op_name,
-            "scope": self.scope,
-            "array": self.array,
-            "count": self.count,
-            "traffic_bytes": self.traffic_bytes,
-            "cause": str(self.cause),
-            "reason": self.reason,
-        }
+        return record_dict(
+            self, omit=("weight", "row_bound_bytes", "row_actual_bytes"), extra=("reason",)
+        )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.errors import ShardscopeError, is_int
+from shardscope._src.base.io import record_dict
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
 
@@ -138,13 +139,7 @@ class Rematerialization:
     message: str = field(repr=False, default="")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "instruction": self.instruction,
-            "from_sharding": self.from_sharding,
-            "to_sharding": self.to_sharding,
-            "op_name": self.op_name,
-            "source": self.source,
-        }
+        return record_dict(self, omit=("message",))
 
 
 @dataclass(frozen=True)
@@ -157,12 +152,7 @@ class UnknownInstruction:
     raw: str
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "name": self.name,
-            "opcode": self.opcode,
-            "computation": self.computation,
-            "raw": self.raw,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)

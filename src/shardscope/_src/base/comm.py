@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shardscope._src.base.errors import ShardscopeError, is_int
+from shardscope._src.base.io import record_dict
 
 ALL_REDUCE = "all-reduce"
 ALL_GATHER = "all-gather"
@@ -174,11 +175,7 @@ class Totals:
         )
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "count": self.count,
-            "payload_bytes": self.payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-        }
+        return record_dict(self)
 
 
 _T = TypeVar("_T")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.comm import Totals, group_totals, traffic_bytes
+from shardscope._src.base.io import record_dict
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,7 @@ class Term:
         return Totals(self.count, self.payload_bytes * self.count, self.traffic_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "group_size": self.group_size,
-            "payload_bytes": self.payload_bytes,
-            "count": self.count,
-            "traffic_bytes": self.traffic_bytes,
-            "what": self.what,
-            "scope": self.scope,
-        }
+        return record_dict(self, extra=("traffic_bytes",))
 
 
 @dataclass(frozen=True)

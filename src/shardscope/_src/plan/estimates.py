@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.io import record_dict
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
 from shardscope._src.sharding.strategies import Placement
 
@@ -68,15 +69,7 @@ class MemoryEstimate:
         return self.model_state + self.activations + self.gathered_weights
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "params": self.params,
-            "grads": self.grads,
-            "optimizer": self.optimizer,
-            "activations": self.activations,
-            "gathered_weights": self.gathered_weights,
-            "model_state": self.model_state,
-            "total": self.total,
-        }
+        return record_dict(self, extra=("model_state", "total"))
 
 
 def data_ways(placement: Placement) -> int:

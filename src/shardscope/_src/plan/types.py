@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.io import record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
@@ -58,12 +59,7 @@ class Skipped:
     message: str
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "reason": str(self.reason),
-            "message": self.message,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -96,21 +92,7 @@ class PlanCollective:
         return ",".join(self.axes) if self.axes else "-"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "group_size": self.group_size,
-            "count": self.count,
-            "count_exact": self.count_exact,
-            "irregular": self.irregular,
-            "dtype": self.dtype,
-            "payload_bytes": self.payload_bytes,
-            "cpu_payload_bytes": self.cpu_payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-            "cpu_traffic_bytes": self.cpu_traffic_bytes,
-            "op_name": self.op_name,
-            "source": self.source,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -161,15 +143,7 @@ class AxisComm:
     crosses_nodes: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "axes": self.axes,
-            "kind": self.kind,
-            "count": self.count,
-            "traffic_bytes": self.traffic_bytes,
-            "bound_bytes": self.bound_bytes,
-            "time_s": self.time_s,
-            "crosses_nodes": self.crosses_nodes,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -192,17 +166,7 @@ class Validation:
     explanation: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "formula_bytes": self.formula_bytes,
-            "compiled_bytes": self.compiled_bytes,
-            "ratio": self.ratio,
-            "ok": self.ok,
-            "cpu_formula_bytes": self.cpu_formula_bytes,
-            "cpu_ratio": self.cpu_ratio,
-            "explanation": self.explanation,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
