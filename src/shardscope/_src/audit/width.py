@@ -52,7 +52,8 @@ class Width:
         if payload == c.payload_bytes or c.traffic_bytes == 0:
             return c.traffic_bytes
         n = 2 if c.kind == _comm.COLLECTIVE_PERMUTE else max(c.group_size, 1)
-        return _comm.traffic_bytes(c.kind, payload, n)
+        # An all-gather the compiler carried out as an all-reduce sends an all-reduce's bytes.
+        return _comm.traffic_bytes(c.carried_as or c.kind, payload, n)
 
     def sent(self, c: Collective) -> int:
         """Bytes each device sends over all of ``c``'s executions."""

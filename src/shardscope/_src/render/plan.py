@@ -14,6 +14,18 @@ from shardscope._src.render.console import format_bytes
 if TYPE_CHECKING:
     from shardscope._src.plan.types import PlanResult
 
+#: Short names of the collective kinds, for one-line summaries.
+KIND_SHORT = {
+    "all-reduce": "AR",
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-to-all": "A2A",
+    "ragged-all-to-all": "RA2A",
+    "collective-permute": "CP",
+    "collective-broadcast": "CB",
+}
+
+
 def format_seconds(s: float) -> str:
     """``0.00123`` -> ``'1.23 ms'``."""
     if s == 0:
