@@ -7,3 +7,4 @@ shardscope.use_cpu_devices(8)
 
 # Scripts, not modules: importing them (to look for doctests) would run them.
 collect_ignore = ["src/shardscope/__main__.py", "tests/mp_worker.py"]
+collect_ignore_glob = ["tests/fixtures/*"]

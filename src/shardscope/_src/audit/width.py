@@ -30,12 +30,14 @@ PROGRAM_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class Width:
-    """Bytes of collectives at a program's width (``program_dtype``, e.g. ``"bfloat16"``;
-    None or a 32/64-bit dtype: every collective as compiled)."""
+    """Bytes of collectives at a program's width: its dtype (``program_dtype``, e.g.
+    ``"bfloat16"``) or the bytes per element of its floating-point values (``itemsize``).
+    Neither, or 32/64 bits: every collective as compiled."""
 
-    def __init__(self, program_dtype: str | None) -> None:
-        self.program_dtype = program_dtype
-        self.narrow = PROGRAM_ITEMSIZE.get(program_dtype or "", 0) == 2
+    def __init__(self, program_dtype: str | None = None, *, itemsize: int | None = None) -> None:
+        if itemsize is None:
+            itemsize = PROGRAM_ITEMSIZE.get(program_dtype or "", 0)
+        self.narrow = itemsize == 2
 
     def payload(self, c: Collective) -> int:
         """The payload ``S`` of one execution at the program's width."""
