@@ -78,17 +78,22 @@ def compile_facts(
     config: ModelConfig,
     mode: str,
     devices: Sequence[Any] | None = None,
+    microbatches: int = 1,
 ) -> CompiledFacts:
-    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices."""
+    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices: the
+    first of ``devices`` (default: all of JAX's) that the mesh needs."""
+    import jax
+
     from shardscope._src.audit.compile import _capture_stderr, audit, parse_rematerializations
-    from shardscope._src.mesh import make_mesh
+    from shardscope._src.mesh import make_mesh, parse_mesh_spec
     from shardscope._src.sharding.programs import build_program
     from shardscope._src.sharding.strategies import get_strategy
 
     t0 = time.perf_counter()
-    mesh = make_mesh(mesh_spec, devices=devices)
+    need = math.prod(parse_mesh_spec(mesh_spec).values())
+    mesh = make_mesh(mesh_spec, devices=list(jax.devices() if devices is None else devices)[:need])
     bound = get_strategy(strategy).bind(config, mesh)
-    lowered = build_program(bound, mode=mode).lower()
+    lowered = build_program(bound, mode=mode, microbatches=microbatches).lower()
     t1 = time.perf_counter()
     with _capture_stderr() as log:
         compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
@@ -107,10 +112,13 @@ def compile_facts(
     return facts
 
 
-def worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
-    """:func:`compile_facts` on this process's devices, from picklable arguments."""
-    strategy, mesh_spec, config, mode = args
-    return compile_facts(strategy, mesh_spec, ModelConfig(**config), mode)
+def worker_task(args: tuple[Any, ...]) -> CompiledFacts:
+    """:func:`compile_facts` on this process's devices, from picklable arguments
+    ``(strategy, mesh_spec, config_dict, mode[, microbatches])``."""
+    strategy, mesh_spec, config, mode, *rest = args
+    return compile_facts(
+        strategy, mesh_spec, ModelConfig(**config), mode, microbatches=rest[0] if rest else 1
+    )
 
 
 def _local_devices(n: int) -> list[Any]:
@@ -154,7 +162,7 @@ def default_workers(devices: int) -> int:
 
 def compile_all(
     todo: Sequence[Candidate],
-    config: ModelConfig,
+    config: ModelConfig | Mapping[Candidate, ModelConfig],
     mode: str,
     devices: int,
     workers: int,
@@ -166,11 +174,22 @@ def compile_all(
         progress(0, total, "")
     if not todo:
         return out
+
+    def config_of(cand: Candidate) -> ModelConfig:
+        return config if isinstance(config, ModelConfig) else config[cand]
+
     if workers == 0:
         local = _local_devices(devices)
         for i, cand in enumerate(todo, start=1):
             try:
-                out[cand] = compile_facts(cand.strategy, cand.mesh_spec, config, mode, local)
+                out[cand] = compile_facts(
+                    cand.strategy,
+                    cand.stage_mesh_spec,
+                    config_of(cand),
+                    mode,
+                    local,
+                    cand.microbatches,
+                )
             except (StrategyError, RuntimeError, ValueError) as e:
                 out[cand] = e
             if progress:
@@ -179,7 +198,10 @@ def compile_all(
 
     from shardscope._src.plan.worker import run_tasks
 
-    tasks = [(c.strategy, c.mesh_spec, config.to_dict(), mode) for c in todo]
+    tasks = [
+        (c.strategy, c.stage_mesh_spec, config_of(c).to_dict(), mode, c.microbatches)
+        for c in todo
+    ]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-Task = tuple[str, str, dict[str, Any], str]
+Task = tuple[Any, ...]
 
 
 class WorkerError(RuntimeError):
