@@ -475,6 +475,8 @@ def test_plan_for_16_devices_in_a_subprocess(tmp_path):
             "1",
             "--remat",
             "none",
+            "--compile-top",
+            "4",
             "--json",
             str(out),
         ],

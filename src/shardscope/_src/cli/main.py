@@ -334,9 +334,10 @@ def _add_plan_parser(sub: Any) -> None:
     p.add_argument(
         "--compile-top",
         type=positive_int,
-        default=4,
+        default=3,
         metavar="N",
-        help="compile the N best estimated plans (and each strategy's best; default 4)",
+        help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
+        "the best of dp, fsdp and tp, whose communication is validated; default 3)",
     )
     p.add_argument(
         "--bytes-per-param",

@@ -32,7 +32,7 @@ def run_plan_command(
     remat: Sequence[str] | None = None,
     microbatches: int | None = None,
     stages: int | None = None,
-    compile_top: int = 4,
+    compile_top: int = 3,
     workers: int | None = None,
     json_path: str | None = None,
     png_path: str | None = None,

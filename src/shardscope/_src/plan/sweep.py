@@ -84,8 +84,9 @@ DEFAULT_STRATEGIES = (
     "fsdp_tp",
     "dp_sp",
 )
-#: How many of the best estimated candidates a sweep compiles (besides each strategy's best).
-DEFAULT_COMPILE_TOP = 4
+#: How many of the best estimated strategy-and-mesh pairs a sweep compiles (besides the best
+#: plan of each validated strategy).
+DEFAULT_COMPILE_TOP = 3
 #: Strategies whose compiled communication must match the analytic formula within 5%; every
 #: strategy's best plan is validated and reported.
 VALIDATED_STRATEGIES = ("dp", "fsdp", "tp")
@@ -351,18 +352,22 @@ def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
 
 def _to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
     """The screened candidates worth compiling, in rank order: the best schedule of each of
-    the ``top`` best strategy-and-mesh pairs, and the best of each strategy (every
-    strategy's best plan is validated)."""
+    the ``top`` best strategy-and-mesh pairs, and the best plan of each of
+    :data:`VALIDATED_STRATEGIES` (whose compiled communication is checked against the
+    formula) that fits, or, when nothing fits, the best of every strategy."""
     best: dict[tuple[str, str], Screened] = {}
     for s in ranked:
         best.setdefault((s.candidate.strategy, s.candidate.mesh_spec), s)
     pairs = list(best.values())  # still in rank order
     chosen = {id(s): s for s in pairs[:top]}
+    any_fits = any(s.fits for s in pairs)
     seen: set[str] = set()
     for s in pairs:
-        if s.candidate.strategy not in seen:
-            seen.add(s.candidate.strategy)
-            chosen.setdefault(id(s), s)
+        name = s.candidate.strategy
+        if name in seen or (any_fits and not (s.fits and name in VALIDATED_STRATEGIES)):
+            continue
+        seen.add(name)
+        chosen.setdefault(id(s), s)
     order = {id(s): i for i, s in enumerate(ranked)}
     return sorted(chosen.values(), key=lambda s: order[id(s)])
 
@@ -705,8 +710,8 @@ def plan(
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
             layers and the devices).
-        compile_top: how many of the best estimated candidates to compile (the best of each
-            strategy is compiled as well).
+        compile_top: how many of the best estimated strategy-and-mesh pairs to compile (the
+            best plan of each validated strategy is compiled as well).
         workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
             many worker processes that each simulate ``devices``; None: this process when it
             can, else one worker (:func:`default_workers`), so that the caller's JAX is never
