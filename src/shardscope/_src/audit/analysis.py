@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from shardscope._src.audit.records import Collective, Loop, UnknownInstruction
+from shardscope._src.audit.decomposed import ShardInBuffer, shard_in_zeros
+from shardscope._src.audit.loops import derived_trip_count, known_trip_count
+from shardscope._src.audit.provenance import Origin, Tracer, origin_of, parse_op_name
+from shardscope._src.audit.records import Collective, Loop, Part, UnknownInstruction
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.errors import HloParseError
 from shardscope._src.hlo.groups import (
@@ -43,26 +46,28 @@ class _Context:
     seen: bool = False
 
 
-def _trip_count(ins: Instruction) -> int | None:
-    cfg = ins.backend_config
-    if isinstance(cfg, dict):
-        known = cfg.get("known_trip_count")
-        if isinstance(known, dict):
-            n = known.get("n")
-            if isinstance(n, int | str) and str(n).isdigit():
-                return int(n)
-    return None
+def _loop(module: HloModule, comp: Computation, ins: Instruction) -> Loop:
+    """The loop record of a ``while``: the compiler's trip count, else one read from the loop."""
+    trips = known_trip_count(ins)
+    if trips is not None:
+        return Loop(ins.name, trips)
+    trips = derived_trip_count(module, comp, ins)
+    return Loop(ins.name, trips, derived=trips is not None)
 
 
-def _edges(ins: Instruction) -> Iterator[tuple[str, int, bool, Loop | None, str | None, bool]]:
-    """(callee, factor, exact, loop, conditional, async) for each computation ``ins`` runs."""
+def _edges(
+    ins: Instruction, loop: Loop | None = None
+) -> Iterator[tuple[str, int, bool, Loop | None, str | None, bool]]:
+    """(callee, factor, exact, loop, conditional, async) for each computation ``ins`` runs.
+
+    ``loop`` is the record of ``ins`` when it is a ``while`` (its trip count; None: unknown).
+    """
     if ins.opcode in ("async-done", "async-update"):
         return  # they name the computation async-start already runs
     branch = 0
     for attr, callee in ins.called_computations:
         if ins.opcode == "while":
-            trips = _trip_count(ins)
-            loop = Loop(ins.name, trips)
+            trips = loop.trip_count if loop is not None else None
             known = trips is not None
             # The condition runs once more than the body: the test that ends the loop.
             factor = (trips if attr == "body" else trips + 1) if trips is not None else 1
@@ -107,7 +112,8 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
         done += 1
         here = ctx[name]
         for ins in comps[name].instructions:
-            for callee, factor, exact, loop, cond, is_async in _edges(ins):
+            record = _loop(module, comps[name], ins) if ins.opcode == "while" else None
+            for callee, factor, exact, loop, cond, is_async in _edges(ins, record):
                 c = ctx[callee]
                 c.count += here.count * factor
                 if not c.seen:
@@ -198,39 +204,6 @@ def _match_groups(
     return axes_of_groups(groups, mesh), groups, (), ""
 
 
-def _payload(
-    kind: str, is_async: bool, ins: Instruction, operand_shapes: list[Any], n: int
-) -> tuple[int, list[Any], str]:
-    """(payload bytes, payload array shapes, note), ``S`` as ``shardscope.comm`` defines it."""
-    leaves = [leaf for s in operand_shapes for leaf in s.leaves()]
-    note = ""
-    if kind == "all-gather":
-        if not is_async:
-            arrays = list(ins.shape.leaves())
-        else:
-            dims = ins.attributes.get("dimensions", "{0}").strip("{}").split(",")
-            d = int(dims[0]) if dims and dims[0].strip().isdigit() else 0
-            arrays = [_scaled(leaf, d, n) for leaf in leaves]
-    elif kind == "collective-permute":
-        arrays = leaves[:1]
-    elif kind == "ragged-all-to-all":
-        arrays = leaves[:1]
-        note = "ragged: sizes known only at run time; the input buffer bounds the payload"
-    else:
-        arrays = leaves
-    sizes = [a.byte_size for a in arrays]
-    if any(s is None for s in sizes):
-        unknown = sorted({a.dtype for a, s in zip(arrays, sizes, strict=True) if s is None})
-        raise HloParseError(
-            f"HLO text line {ins.line}: {ins.name} moves an element type this tool does not "
-            f"know ({', '.join(unknown)})"
-        )
-    total = sum(sizes)  # type: ignore[arg-type]
-    if kind in ("all-to-all", "ragged-all-to-all"):
-        total *= n
-    return total, arrays, note
-
-
 def _scaled(shape: Any, dim: int, n: int) -> Any:
     from shardscope._src.hlo.parse import Shape
 
@@ -283,6 +256,7 @@ def analyze(
         ctx = contexts.get(comp.name)
         if ctx is None:
             continue  # never called from ENTRY
+        tracer = Tracer(module, comp)
         for ins in comp.instructions:
             if not ins.known:
                 unknown.append(UnknownInstruction(ins.name, ins.opcode, comp.name, ins.raw))
@@ -291,11 +265,128 @@ def analyze(
             if kk is None:
                 continue
             kind, is_start = kk
-            collectives.append(_record(module, comp, ins, kind, is_start, ctx, mesh))
+            collectives.extend(_records(module, comp, ins, kind, is_start, ctx, mesh, tracer))
     return tuple(collectives), tuple(unknown)
 
 
-def _record(
+def _is_int(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _reduction(module: HloModule, ins: Instruction, kind: str) -> str | None:
+    if kind not in ("all-reduce", "reduce-scatter"):
+        return None
+    for attr, callee in ins.called_computations:
+        if attr == "to_apply" and callee in module.computations:
+            root = module.computations[callee].root
+            return root.opcode if root is not None else None
+    return None
+
+
+def _operand_arrays(
+    kind: str, is_start: bool, ins: Instruction, operand_shapes: list[Any], i: int, n: int
+) -> list[Any]:
+    """The arrays operand ``i`` adds to the payload ``S`` (as ``shardscope.comm`` defines it):
+    an all-gather's result (the operand scaled by the group for a ``-start``), the first
+    operand only of a permute or ragged all-to-all, else the operand."""
+    leaves = list(operand_shapes[i].leaves())
+    if kind == "all-gather":
+        if is_start:
+            dims = ins.attributes.get("dimensions", "{0}").strip("{}").split(",")
+            d = int(dims[0]) if dims and _is_int(dims[0].strip()) else 0
+            return [_scaled(leaf, d, n) for leaf in leaves]
+        result = ins.shape.tuple_shapes
+        if result is None:
+            return list(ins.shape.leaves())
+        return list(result[i].leaves()) if i < len(result) else []
+    if kind in ("collective-permute", "ragged-all-to-all"):
+        return leaves[:1] if i == 0 else []
+    return leaves
+
+
+def _bytes_of(arrays: list[Any], ins: Instruction) -> int:
+    sizes = [a.byte_size for a in arrays]
+    if any(s is None for s in sizes):
+        unknown = sorted({a.dtype for a, s in zip(arrays, sizes, strict=True) if s is None})
+        raise HloParseError(
+            f"HLO text line {ins.line}: {ins.name} moves an element type this tool does not "
+            f"know ({', '.join(unknown)})"
+        )
+    return sum(sizes)  # type: ignore[arg-type]
+
+
+def _concatenated(module: HloModule, comp: Computation, name: str) -> list[tuple[str, Any]]:
+    """``[(value, shape)]`` of the arrays concatenated into ``name`` (an all-reduce operand
+    the combiner built by concatenating gradients), or ``[]`` when it is not one."""
+    ins = comp.by_name.get(name)
+    while ins is not None and ins.opcode in ("bitcast", "copy") and ins.operands:
+        ins = comp.by_name.get(ins.operands[0])
+    if ins is None:
+        return []
+    if ins.opcode == "concatenate":
+        return [(op, comp.by_name[op].shape) for op in ins.operands if op in comp.by_name]
+    if ins.opcode != "fusion":
+        return []
+    callee = next((c for a, c in ins.called_computations if a == "calls"), None)
+    fused = module.computations.get(callee or "")
+    root = fused.root if fused is not None else None
+    if fused is None or root is None or root.opcode != "concatenate":
+        return []
+    out = []
+    for op in root.operands:
+        param = fused.by_name.get(op)
+        index = (param.literal or "").strip() if param is not None else ""
+        if param is None or param.opcode != "parameter" or not _is_int(index):
+            return []
+        if int(index) >= len(ins.operands):
+            return []
+        out.append((ins.operands[int(index)], param.shape))
+    return out
+
+
+def _part(
+    traffic_kind: str,
+    n_traffic: int,
+    operand: int,
+    piece: int | None,
+    arrays: list[Any],
+    payload: int,
+    origin: Origin | None,
+) -> Part:
+    dtypes = sorted({a.dtype for a in arrays if a.dtype})
+    info = parse_op_name(origin.op_name if origin is not None else None)
+    return Part(
+        operand=operand,
+        piece=piece,
+        dtype=dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else ""),
+        shape=tuple(arrays[0].dims) if arrays else (),
+        payload_bytes=payload,
+        traffic_bytes=_comm.traffic_bytes(traffic_kind, payload, n_traffic),
+        op_name=origin.op_name if origin is not None else None,
+        source=origin.source if origin is not None else None,
+        user_source=origin.user_source if origin is not None else None,
+        stack=tuple(str(loc) for loc in origin.stack) if origin is not None else (),
+        scope=info.scope,
+        phase=info.phase,
+    )
+
+
+class _Grouping(NamedTuple):
+    """Who takes part in a collective: its axes, groups (or pairs) and a note on the mode."""
+
+    match: AxisMatch
+    groups: tuple[tuple[int, ...], ...]
+    pairs: tuple[tuple[int, int], ...]
+    note: str
+
+    @property
+    def size(self) -> int:
+        if not self.match.irregular:
+            return max(self.match.group_size, 1)
+        return max(len(self.groups[0]) if self.groups else 1, 1)
+
+
+def _records(
     module: HloModule,
     comp: Computation,
     ins: Instruction,
@@ -303,26 +394,118 @@ def _record(
     is_start: bool,
     ctx: _Context,
     mesh: Mapping[str, int],
+    tracer: Tracer,
+) -> list[Collective]:
+    """The records of one collective instruction: one, or two for an all-reduce that carries
+    both all-gathers (zero-padded shards, :mod:`~shardscope._src.audit.decomposed`) and sums."""
+    grouping = _Grouping(*_match_groups(module, ins, kind, mesh))
+    reduction = _reduction(module, ins, kind)
+    shards: list[ShardInBuffer | None] = [None] * len(ins.operands)
+    if kind == "all-reduce" and reduction in ("add", "or") and not grouping.match.irregular:
+        shards = [shard_in_zeros(module, comp, op, grouping.size) for op in ins.operands]
+    gathered = [i for i, sh in enumerate(shards) if sh is not None]
+    summed = [i for i, sh in enumerate(shards) if sh is None]
+
+    def record(kind: str, operands: list[int], carried_as: str | None, note: str) -> Collective:
+        return _record(
+            module, comp, ins, (kind, is_start, carried_as), ctx, grouping,
+            reduction if carried_as is None else None, operands, note, tracer,
+        )  # fmt: skip
+
+    if not gathered:
+        return [record(kind, summed, None, "")]
+    out = [
+        record(
+            "all-gather",
+            gathered,
+            "all-reduce",
+            "carried out as an all-reduce (sum) of zero-padded shards: the result of an "
+            "all-gather, sending an all-reduce's bytes (twice an all-gather's)",
+        )
+    ]
+    if summed:
+        note = f"shares all-reduce {ins.name} with {len(gathered)} gathered array(s)"
+        out.append(record(kind, summed, None, note))
+    return out
+
+
+def _origin(
+    tracer: Tracer, ins: Instruction, i: int, own: Origin | None, gathers: bool
+) -> Origin | None:
+    """Where operand ``i`` of collective ``ins`` comes from: its producer for a reduction, its
+    first user for a gather (the weight is named where it is used), else the other way."""
+    if len(ins.operands) == 1 and own is not None:
+        return own
+    index = i if ins.shape.is_tuple else None
+    produced = tracer.producer_origin(ins.operands[i])
+    if gathers:
+        return tracer.user_origin(ins.name, index) or produced or own
+    return produced or tracer.user_origin(ins.name, index) or own
+
+
+def _record(
+    module: HloModule,
+    comp: Computation,
+    ins: Instruction,
+    how: tuple[str, bool, str | None],
+    ctx: _Context,
+    grouping: _Grouping,
+    reduction: str | None,
+    operands: list[int],
+    extra_note: str,
+    tracer: Tracer,
 ) -> Collective:
-    match, groups, pairs, mode_note = _match_groups(module, ins, kind, mesh)
-    n = match.group_size if not match.irregular else (len(groups[0]) if groups else 1)
+    """One record of ``ins`` over ``operands``; ``how`` is (kind, is_start, carried_as)."""
+    kind, is_start, carried_as = how
+    match, groups, pairs, mode_note = grouping
+    n = grouping.size
     operand_shapes = _operand_shapes(comp, ins)
-    payload, arrays, note = _payload(kind, is_start, ins, operand_shapes, max(n, 1))
+    traffic_kind = carried_as or kind
     if kind == "collective-permute":
-        moves = any(a != b for a, b in pairs)
-        traffic = _comm.traffic_bytes(kind, payload, 2 if moves else 1)
+        n_traffic = 2 if any(a != b for a, b in pairs) else 1
     else:
-        traffic = _comm.traffic_bytes(kind, payload, max(n, 1))
-    reduction = None
-    if kind in ("all-reduce", "reduce-scatter"):
-        for attr, callee in ins.called_computations:
-            if attr == "to_apply" and callee in module.computations:
-                root = module.computations[callee].root
-                reduction = root.opcode if root is not None else None
+        n_traffic = n
+    note = ""
+    if kind == "ragged-all-to-all":
+        note = "ragged: sizes known only at run time; the input buffer bounds the payload"
+    scale = n if kind in ("all-to-all", "ragged-all-to-all") else 1
+    own = origin_of(module, ins)
+    arrays: list[Any] = []
+    parts: list[Part] = []
+    for i in operands:
+        if carried_as is not None:
+            op_arrays = list(operand_shapes[i].leaves())  # the zero-padded buffer
+        else:
+            op_arrays = _operand_arrays(kind, is_start, ins, operand_shapes, i, n)
+        if not op_arrays:
+            continue
+        arrays.extend(op_arrays)
+        pieces = (
+            _concatenated(module, comp, ins.operands[i])
+            if len(ins.operands) == 1 and kind in ("all-reduce", "reduce-scatter")
+            else []
+        )
+        if len(pieces) > 1:
+            for j, (value, shape) in enumerate(pieces):
+                origin = tracer.producer_origin(value) or own
+                payload = _bytes_of([shape], ins) * scale
+                parts.append(_part(traffic_kind, n_traffic, i, j, [shape], payload, origin))
+            continue
+        origin = _origin(tracer, ins, i, own, gathers=kind == "all-gather")
+        payload = _bytes_of(op_arrays, ins) * scale
+        parts.append(_part(traffic_kind, n_traffic, i, None, op_arrays, payload, origin))
+    payload = _bytes_of(arrays, ins) * scale
+    traffic = _comm.traffic_bytes(traffic_kind, payload, n_traffic)
     dtypes = sorted({a.dtype for a in arrays if a.dtype})
     channel = ins.attributes.get("channel_id")
     source = _source(module, ins)
     md = ins.metadata
+    if own is not None:
+        info = parse_op_name(own.op_name)
+        scope, phase, user = info.scope, info.phase, own.user_source
+        stack = tuple(str(loc) for loc in own.stack)
+    else:
+        scope, phase, user, stack = _agreed(parts)
     return Collective(
         kind=kind,
         name=ins.name,
@@ -354,5 +537,34 @@ def _record(
         unknown_attributes={
             k: v for k, v in ins.attributes.items() if k not in _KNOWN_COLLECTIVE_ATTRIBUTES
         },
-        note="; ".join(x for x in (note, mode_note) if x),
+        note="; ".join(x for x in (note, extra_note, mode_note) if x),
+        stack=stack,
+        user_source=user,
+        scope=scope,
+        phase=phase,
+        carried_as=carried_as,
+        parts=tuple(parts),
+    )
+
+
+def _agreed(parts: list[Part]) -> tuple[str, str | None, str | None, tuple[str, ...]]:
+    """(scope, phase, user source, stack) that all parts share; empty where they differ."""
+    if not parts:
+        return "", None, None, ()
+    first = parts[0]
+    same = all(
+        (p.scope, p.phase, p.user_source, p.stack)
+        == (first.scope, first.phase, first.user_source, first.stack)
+        for p in parts
+    )
+    if same:
+        return first.scope, first.phase, first.user_source, first.stack
+    scopes = {p.scope for p in parts}
+    phases = {p.phase for p in parts}
+    users = {p.user_source for p in parts}
+    return (
+        first.scope if len(scopes) == 1 else "",
+        first.phase if len(phases) == 1 else None,
+        first.user_source if len(users) == 1 else None,
+        (),
     )

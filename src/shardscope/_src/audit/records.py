@@ -16,10 +16,62 @@ from shardscope._src.mesh import format_mesh_spec
 
 @dataclass(frozen=True)
 class Loop:
-    """A ``while`` loop around a collective: its instruction and trip count (None: unknown)."""
+    """A ``while`` loop around a collective: its instruction and trip count (None: unknown).
+
+    ``derived`` is True when the compiler recorded no count and the audit read it from the
+    loop's condition, induction variable and initial state.
+    """
 
     name: str
     trip_count: int | None
+    derived: bool = False
+
+
+@dataclass(frozen=True)
+class Part:
+    """One array a collective moves, with where it came from.
+
+    A combined collective (the compiler merges several into one: a tuple of operands, or one
+    operand concatenated from several arrays) has one part per array; a plain one has one.
+
+    Attributes:
+        operand: the operand's position in the instruction; ``piece`` the array's position
+            inside a concatenated operand (None when the operand is not one).
+        dtype, shape: the array as the payload counts it (see :class:`Collective`).
+        payload_bytes, traffic_bytes: this array's share of the collective's.
+        op_name, source, user_source, stack, scope, phase: as on :class:`Collective`, from
+            the instruction that produces (reductions, permutes) or first uses (gathers) the
+            array; None or empty when no instruction near it carries metadata.
+    """
+
+    operand: int
+    piece: int | None
+    dtype: str
+    shape: tuple[int, ...]
+    payload_bytes: int
+    traffic_bytes: int
+    op_name: str | None = None
+    source: str | None = None
+    user_source: str | None = None
+    stack: tuple[str, ...] = field(default=(), repr=False)
+    scope: str = ""
+    phase: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "operand": self.operand,
+            "piece": self.piece,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "payload_bytes": self.payload_bytes,
+            "traffic_bytes": self.traffic_bytes,
+            "op_name": self.op_name,
+            "source": self.source,
+            "user_source": self.user_source,
+            "stack": list(self.stack),
+            "scope": self.scope,
+            "phase": self.phase,
+        }
 
 
 @dataclass(frozen=True)
@@ -51,6 +103,21 @@ class Collective:
         op_name, source: JAX's op name and the Python ``file:line`` that emitted it, from the
             module's metadata and stack-frame tables; None for a collective the partitioner
             added without metadata (``operand_source`` then gives its input's line).
+        stack: the Python call stack of ``source``, innermost first (``file:line``), from
+            the module's StackFrames table.
+        user_source: the innermost frame of that stack outside installed packages and the
+            JAX ecosystem's libraries (jax, flax, equinox, optax, haiku, ...): the user's
+            own line, where ``source`` may name a library layer.
+        scope: the named scopes and module paths of its ``op_name`` joined by ``/``
+            (``"Model/block_1/Dense_0"``); ``""`` when it has none.
+        phase: ``"forward"`` or ``"backward"`` (transposed) in a differentiated program,
+            None outside differentiation or when unknown.
+        carried_as: the opcode the compiler used when it differs from ``kind``: an
+            all-gather carried out as an ``"all-reduce"`` of zero-padded shards. Its bytes are
+            then those of what is sent (an all-reduce's).
+        parts: the arrays it moves, each with its own origin (:class:`Part`). For a
+            collective without metadata of its own, ``source``, ``user_source``, ``scope``
+            and ``phase`` are its parts' when they all agree.
         unknown_attributes: attributes this tool does not know, verbatim.
     """
 
@@ -81,6 +148,12 @@ class Collective:
     replica_groups: str = field(default="", repr=False)
     unknown_attributes: Mapping[str, str] = field(default_factory=dict, repr=False)
     note: str = ""
+    stack: tuple[str, ...] = field(default=(), repr=False)
+    user_source: str | None = None
+    scope: str = ""
+    phase: str | None = None
+    carried_as: str | None = None
+    parts: tuple[Part, ...] = field(default=(), repr=False)
 
     @property
     def axes_label(self) -> str:
@@ -107,7 +180,10 @@ class Collective:
             "traffic_bytes": self.traffic_bytes,
             "count": self.count,
             "count_exact": self.count_exact,
-            "loops": [{"name": lp.name, "trip_count": lp.trip_count} for lp in self.loops],
+            "loops": [
+                {"name": lp.name, "trip_count": lp.trip_count, "derived": lp.derived}
+                for lp in self.loops
+            ],
             "conditionals": list(self.conditionals),
             "op_name": self.op_name,
             "source": self.source,
@@ -118,6 +194,12 @@ class Collective:
             "replica_groups": self.replica_groups,
             "unknown_attributes": dict(self.unknown_attributes),
             "note": self.note,
+            "stack": list(self.stack),
+            "user_source": self.user_source,
+            "scope": self.scope,
+            "phase": self.phase,
+            "carried_as": self.carried_as,
+            "parts": [p.to_dict() for p in self.parts],
         }
 
 
@@ -145,6 +227,37 @@ class Totals:
             "count": self.count,
             "payload_bytes": self.payload_bytes,
             "traffic_bytes": self.traffic_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class ScopeTotals:
+    """What the collectives of one scope send over one set of axes with one kind.
+
+    ``count`` is executions per run (a combined collective counts once for each scope it
+    carries arrays of); the bytes are the scope's own arrays' share. ``phases`` lists the
+    passes they run in (``forward``, ``backward``) and ``sources`` the user's lines.
+    """
+
+    scope: str
+    kind: str
+    axes: str
+    count: int
+    payload_bytes: int
+    traffic_bytes: int
+    phases: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scope": self.scope,
+            "kind": self.kind,
+            "axes": self.axes,
+            "count": self.count,
+            "payload_bytes": self.payload_bytes,
+            "traffic_bytes": self.traffic_bytes,
+            "phases": list(self.phases),
+            "sources": list(self.sources),
         }
 
 
@@ -240,6 +353,40 @@ class Audit:
         for c in self.collectives:
             out[c.kind] = out.get(c.kind, Totals()) + Totals.of(c)
         return {k: out[k] for k in sorted(out, key=_kind_rank)}
+
+    def by_scope(self) -> list[ScopeTotals]:
+        """Totals per scope (named scope or module path), axes and kind.
+
+        Each array of a combined collective counts toward its own scope, so two layers'
+        gradients reduced in one all-reduce appear under both layers. Rows are in scope
+        order, then mesh axes, then kind; ``""`` is the scope of operations outside any.
+        """
+        acc: dict[tuple[str, str, str], list[Any]] = {}
+        order: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        for c in self.sorted_collectives():
+            parts = c.parts or (
+                Part(0, None, c.dtype, c.shape, c.payload_bytes, c.traffic_bytes,
+                     c.op_name, c.source, c.user_source, c.stack, c.scope, c.phase),
+            )
+            counted: set[tuple[str, str, str]] = set()
+            for p in parts:
+                key = (p.scope, c.axes_label, c.kind)
+                row = acc.setdefault(key, [0, 0, 0, [], []])
+                order.setdefault(key, (p.scope, self._order(c)[:5]))
+                if key not in counted:
+                    row[0] += c.count
+                    counted.add(key)
+                row[1] += p.payload_bytes * c.count
+                row[2] += p.traffic_bytes * c.count
+                if p.phase and p.phase not in row[3]:
+                    row[3].append(p.phase)
+                where = p.user_source or p.source
+                if where and where not in row[4]:
+                    row[4].append(where)
+        return [
+            ScopeTotals(key[0], key[2], key[1], r[0], r[1], r[2], tuple(r[3]), tuple(r[4]))
+            for key, r in sorted(acc.items(), key=lambda kv: order[kv[0]])
+        ]
 
     def total(self) -> Totals:
         t = Totals()
@@ -399,6 +546,7 @@ class Audit:
                 else None
             ),
             "unknown_instructions": [u.to_dict() for u in self.unknown_instructions],
+            "by_scope": [row.to_dict() for row in self.by_scope()],
         }
 
 

@@ -15,6 +15,7 @@ def run_audit_command(
     *,
     devices: int | None = None,
     console: Any = None,
+    by_scope: bool = False,
 ) -> int:
     """Audits a built-in demo, prints its table, optionally writes JSON; returns 0.
 
@@ -26,6 +27,8 @@ def run_audit_command(
         devices: simulated CPU devices to ask for (per process in a multi-process run);
             None: enough for the mesh, at least 8, if JAX has not started yet.
         console: a rich Console to print to (default: stdout).
+        by_scope: print the totals per scope (``Audit.by_scope``) instead of one row per
+            collective.
 
     Raises:
         ShardscopeError: an unknown demo or a bad mesh (MeshSpecError); the CLI turns it into
@@ -45,7 +48,12 @@ def run_audit_command(
     result = audit(program)
     if jax.process_index() != 0:
         return 0  # every process compiles the same program; process 0 reports it
-    render_audit(result, console=console, title=f"{program.name}: {program.description}")
+    render_audit(
+        result,
+        console=console,
+        title=f"{program.name}: {program.description}",
+        by_scope=by_scope,
+    )
     if json_path is not None:
         data = {"demo": program.name, "description": program.description, **result.to_dict()}
         write_result(json_path, data, backend=jax.default_backend())

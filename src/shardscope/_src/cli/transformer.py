@@ -47,6 +47,7 @@ def run_transformer_command(
     dtype: str | None = None,
     hints: bool = True,
     console: Any = None,
+    by_scope: bool = False,
 ) -> int:
     """Audits the reference transformer under ``strategy`` and prints its verdict; returns 0.
 
@@ -92,7 +93,10 @@ def run_transformer_command(
     )
     out = _console(console)
     render_audit(
-        report.audit, console=out, title=f"{report.program.name} on mesh {mesh_spec}: collectives"
+        report.audit,
+        console=out,
+        title=f"{report.program.name} on mesh {mesh_spec}: collectives",
+        by_scope=by_scope,
     )
     render_verdict(report.verdict, console=out)
     if json_path is not None:
@@ -113,6 +117,7 @@ def run_matmul_command(
     *,
     hints: bool = True,
     console: Any = None,
+    by_scope: bool = False,
 ) -> int:
     """Audits ``C[m,n] = A[m,k] @ B[k,n]`` with the given specs and prints its verdict.
 
@@ -138,6 +143,7 @@ def run_matmul_command(
         console=out,
         title=f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
         f"mesh {mesh_spec}: collectives",
+        by_scope=by_scope,
     )
     render_verdict(report.verdict, console=out)
     if json_path is not None:

@@ -48,25 +48,41 @@ DTYPE_BITS: dict[str, int] = {
     "token": 0, "opaque": 0,
 }  # fmt: skip
 
-# Opcodes of HLO (xla/hlo/ir/hlo_opcode.h). Others are kept and marked unknown.
+# Opcodes of HLO as the XLA in jaxlib 0.10.2 prints them: the names of its HLO_OPCODE_LIST
+# (xla/hlo/ir/hlo_opcode.h) whose enum values the installed jaxlib has, 133 in all.
 KNOWN_OPCODES: frozenset[str] = frozenset(
-    """abs add add-dependency after-all all-gather all-gather-done all-gather-start all-reduce
-    all-reduce-done all-reduce-start all-to-all async-done async-start async-update atan2
-    batch-norm-grad batch-norm-inference batch-norm-training bitcast bitcast-convert broadcast
-    call cbrt ceil cholesky clamp clz collective-broadcast collective-permute
-    collective-permute-done collective-permute-start compare complex concatenate conditional
-    constant convert convolution copy copy-done copy-start cosine custom-call divide domain dot
-    dynamic-reshape dynamic-slice dynamic-update-slice erf exponential exponential-minus-one fft
-    floor fusion gather get-dimension-size get-tuple-element imag infeed iota is-finite log
-    log-plus-one logistic map maximum minimum multiply negate not optimization-barrier or
-    outfeed pad parameter partition-id popcnt power ragged-all-to-all ragged-dot real recv
-    recv-done reduce reduce-precision reduce-scatter reduce-window remainder replica-id reshape
-    reverse rng rng-bit-generator rng-get-and-update-state round-nearest-afz
-    round-nearest-even rsqrt scaled-dot scatter select select-and-scatter send send-done
-    set-dimension-size shift-left shift-right-arithmetic shift-right-logical sign sine slice
-    sort sqrt stochastic-convert subtract tan tanh topk transpose triangular-solve tuple while
+    """abs acos acosh add add-dependency after-all all-gather all-gather-done
+    all-gather-start all-reduce all-reduce-done all-reduce-start all-to-all and asin asinh
+    async-done async-start async-update atan2 atanh batch-norm-grad batch-norm-inference
+    batch-norm-training bitcast bitcast-convert broadcast call cbrt ceil cholesky clamp
+    collective-broadcast collective-permute collective-permute-done collective-permute-start
+    compare complex concatenate conditional constant convert convolution copy copy-done
+    copy-start cosh cosine count-leading-zeros custom-call divide domain dot dynamic-reshape
+    dynamic-slice dynamic-update-slice erf exponential exponential-minus-one fft floor fusion
+    gather get-dimension-size get-tuple-element imag infeed iota is-finite log log-plus-one
+    logistic map maximum minimum mulhi multiply negate not opt-barrier or outfeed pad
+    parameter partition-id popcnt power ragged-all-to-all ragged-dot real recv recv-done
+    reduce reduce-precision reduce-scatter reduce-window remainder replica-id reshape reverse
+    rng rng-bit-generator rng-get-and-update-state round-nearest-afz round-nearest-even rsqrt
+    scaled-dot scan scatter select select-and-scatter send send-done set-dimension-size
+    shift-left shift-right-arithmetic shift-right-logical sign sine sinh slice sort sqrt
+    stochastic-convert subtract tan tanh topk transpose triangular-solve tuple while
     xor""".split()
 )
+
+# An asynchronous instruction wrapping one other prints as that opcode with a suffix
+# (``reduce-scatter-start``, ``all-to-all-done``, ``fusion-start``); see is_known_opcode.
+ASYNC_SUFFIXES = ("-start", "-update", "-done")
+
+
+def is_known_opcode(opcode: str) -> bool:
+    """True for an HLO opcode, including the ``<op>-start/-update/-done`` async forms."""
+    if opcode in KNOWN_OPCODES:
+        return True
+    for suffix in ASYNC_SUFFIXES:
+        if opcode.endswith(suffix) and opcode[: -len(suffix)] in KNOWN_OPCODES:
+            return True
+    return False
 
 # Attributes whose value names computations this instruction runs.
 CALL_ATTRIBUTES = (
@@ -88,6 +104,8 @@ _COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _IDENT = re.compile(r"[A-Za-z_][\w\-.]*")
 _OPCODE = re.compile(r"[A-Za-z][\w\-.]*")
 _NAME_REF = re.compile(r"%?([\w\-.]+)")
+_TILES = re.compile(r"T((?:\([\d,*\s]*\))+)")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
 _ARRAY_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\})?")
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
@@ -276,6 +294,31 @@ class Shape:
             total += -(-leaf.element_count * bits // 8)
         return total
 
+    @property
+    def minor_to_major(self) -> tuple[int, ...]:
+        """The layout's dimension order, minor first (``{1,0}`` -> ``(1, 0)``)."""
+        order = (self.layout or "").split(":", 1)[0]
+        return tuple(int(d) for d in order.split(",") if d.strip().isdigit())
+
+    @property
+    def tiles(self) -> tuple[tuple[int, ...], ...]:
+        """The layout's tiling, outer tile first: ``{1,0:T(8,128)(2,1)}`` ->
+        ``((8, 128), (2, 1))``; a combined dimension ``*`` reads -1. Padding to tiles is
+        memory layout only: :attr:`byte_size` counts the data."""
+        m = _TILES.search((self.layout or "").partition(":")[2])
+        if m is None:
+            return ()
+        return tuple(
+            tuple(-1 if d.strip() == "*" else int(d) for d in t.split(",") if d.strip())
+            for t in re.findall(r"\(([^()]*)\)", m.group(1))
+        )
+
+    @property
+    def memory_space(self) -> int | None:
+        """The layout's memory space ``S(n)`` (on TPU, 1 is on-chip memory), if printed."""
+        m = _MEMORY_SPACE.search((self.layout or "").partition(":")[2])
+        return int(m.group(1)) if m else None
+
     def __str__(self) -> str:
         if self.tuple_shapes is not None:
             return "(" + ", ".join(str(s) for s in self.tuple_shapes) + ")"
@@ -393,7 +436,7 @@ class Instruction:
 
     @property
     def known(self) -> bool:
-        return self.opcode in KNOWN_OPCODES
+        return is_known_opcode(self.opcode)
 
     @cached_property
     def metadata(self) -> Metadata:

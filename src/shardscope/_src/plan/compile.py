@@ -54,7 +54,8 @@ def _plan_collective(c: Any, itemsize: int) -> PlanCollective:
     if c.kind == COLLECTIVE_PERMUTE:
         per_run = payload if c.traffic_bytes else 0
     else:
-        per_run = traffic_bytes(c.kind, payload, max(c.group_size, 1))
+        # An all-gather the compiler carried out as an all-reduce sends an all-reduce's bytes.
+        per_run = traffic_bytes(c.carried_as or c.kind, payload, max(c.group_size, 1))
     return PlanCollective(
         kind=c.kind,
         axes=tuple(c.axes),

@@ -16,10 +16,32 @@ if TYPE_CHECKING:
     from shardscope._src.audit.records import Audit, Collective
 
 
+def _short(where: str, *, library: bool = False) -> str:
+    """``/a/b/c/d.py:12`` -> ``d.py:12``; a library file keeps its package path."""
+    path, _, line = where.rpartition(":")
+    if not path:
+        return where
+    parts = path.replace("\\", "/").split("/")
+    if library:
+        for i, p in enumerate(parts):
+            if p in ("site-packages", "dist-packages"):
+                return "/".join(parts[i + 1 :]) + f":{line}"
+        return "/".join(parts[-3:]) + f":{line}"
+    return f"{os.path.basename(path)}:{line}"
+
+
 def _where(c: Collective) -> str:
+    if c.user_source and c.source and c.user_source != c.source:
+        return f"{_short(c.user_source)} (in {_short(c.source, library=True)})"
     if c.source:
-        path, _, line = c.source.rpartition(":")
-        return f"{os.path.basename(path)}:{line}" if path else c.source
+        return _short(c.source)
+    lines = []
+    for p in c.parts:
+        where = p.user_source or p.source
+        if where and _short(where) not in lines:
+            lines.append(_short(where))
+    if lines:
+        return ", ".join(lines)
     if c.operand_source:
         path, _, line = c.operand_source.rpartition(":")
         return f"(after {os.path.basename(path)}:{line})"
@@ -75,7 +97,9 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
             axes = Text("irregular", style="red")
         table.add_row(
             axes,
-            c.kind + (" (async)" if c.is_async else ""),
+            c.kind
+            + (f" (as {c.carried_as})" if c.carried_as else "")
+            + (" (async)" if c.is_async else ""),
             _count(c),
             _array(c),
             format_bytes(c.payload_bytes),
@@ -113,6 +137,45 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
     return table
 
 
+def scope_table(audit: Audit, *, title: str | None = None) -> Any:
+    """A ``rich.table.Table`` of the audit's totals per scope (:meth:`Audit.by_scope`)."""
+    from rich.table import Table
+
+    mesh = ",".join(f"{k}={v}" for k, v in audit.mesh_axes.items())
+    table = Table(
+        title=f"{title}, by scope" if title else f"Collectives of {audit.module_name} on mesh "
+        f"{mesh}, by scope",
+        header_style="bold",
+    )
+    table.add_column("scope", overflow="fold", ratio=1)
+    table.add_column("axes", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("payload\n(all runs)", justify="right", no_wrap=True)
+    table.add_column("sent per\ndevice", justify="right", no_wrap=True)
+    table.add_column("pass", no_wrap=True)
+    table.add_column("source", overflow="fold", ratio=1)
+    rows = audit.by_scope()
+    if not rows:
+        table.add_row("-", "-", "none", "0", "", "0 B", "", "")
+    previous: str | None = None
+    for r in rows:
+        if previous is not None and r.scope != previous:
+            table.add_section()
+        previous = r.scope
+        table.add_row(
+            r.scope or "(no scope)",
+            r.axes,
+            r.kind,
+            str(r.count),
+            format_bytes(r.payload_bytes),
+            format_bytes(r.traffic_bytes),
+            "+".join(r.phases) or "-",
+            ", ".join(_short(s) for s in r.sources),
+        )
+    return table
+
+
 def audit_notes(audit: Audit) -> list[str]:
     """Lines to print under the table: rematerializations, inexact counts, unknowns."""
     notes = []
@@ -121,6 +184,13 @@ def audit_notes(audit: Audit) -> list[str]:
         notes.append(
             f"Involuntary full rematerialization at {where} ({r.op_name}): the partitioner "
             f"replicated {r.instruction} to go from {r.from_sharding} to {r.to_sharding}"
+        )
+    carried = [c.name for c in audit.sorted_collectives() if c.carried_as == "all-reduce"]
+    if carried:
+        notes.append(
+            f"all-gathers carried out as all-reduces of zero-padded shards ({', '.join(carried)}):"
+            " each gives an all-gather's result and sends an all-reduce's bytes (twice an "
+            "all-gather's); the table counts what is sent"
         )
     for c in audit.sorted_collectives():
         if c.irregular:
@@ -144,17 +214,26 @@ def audit_notes(audit: Audit) -> list[str]:
     return notes
 
 
-def render_audit(audit: Audit, *, console: Any = None, title: str | None = None) -> None:
-    """Prints the audit table and its notes to ``console`` (a new rich Console by default)."""
+def render_audit(
+    audit: Audit, *, console: Any = None, title: str | None = None, by_scope: bool = False
+) -> None:
+    """Prints the audit table and its notes to ``console`` (a new rich Console by default).
+
+    ``by_scope`` prints the totals per scope (:func:`scope_table`) instead of one row per
+    collective.
+    """
     from shardscope._src.render.console import output_console
 
     console = console or output_console()
-    console.print(audit_table(audit, title=title))
+    table = scope_table(audit, title=title) if by_scope else audit_table(audit, title=title)
+    console.print(table)
     for note in audit_notes(audit):
         console.print(note, highlight=False, markup=False)
 
 
-def format_audit(audit: Audit, *, width: int = 140, title: str | None = None) -> str:
+def format_audit(
+    audit: Audit, *, width: int = 140, title: str | None = None, by_scope: bool = False
+) -> str:
     """The rendered table and notes as plain text (no colour), e.g. for logs and tests."""
     import io
 
@@ -165,5 +244,6 @@ def format_audit(audit: Audit, *, width: int = 140, title: str | None = None) ->
         audit,
         console=Console(file=buf, width=width, color_system=None, force_terminal=False),
         title=title,
+        by_scope=by_scope,
     )
     return buf.getvalue()
