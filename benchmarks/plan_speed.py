@@ -69,6 +69,8 @@ def run_case(case: str, workers: int | None, extra: list[str]) -> dict:
             model,
             "--devices",
             str(devices),
+            "--compiler",
+            "cpu",
             "--json",
             str(out),
             *extra,

@@ -19,7 +19,7 @@ def test_override_keeps_the_rest_and_says_so():
 @pytest.mark.parametrize(
     "args, kw, words",
     [
-        (("a200",), {}, "unknown hardware preset 'a200'; choose one of a100, h100"),
+        (("v100",), {}, "unknown hardware preset 'v100'; choose one of a100, h100"),
         (("h100",), {"warp_speed": 9}, "unknown hardware setting 'warp_speed'"),
         (("h100",), {"peak_flops": 0}, "must be a positive number"),
     ],

@@ -146,9 +146,9 @@ def test_plan_command_names_a_bad_config_json(tmp_path, capsys):
 
 def test_tensor_parallelism_refuses_to_split_key_value_heads():
     c = model_preset("llama2-70b").config(batch=16)
-    get_strategy("tp").bind(c, abstract_mesh("model=8"))
+    get_strategy("tp").place(c, abstract_mesh("model=8"))
     with pytest.raises(StrategyError, match="refuses to replicate key/value heads"):
-        get_strategy("tp").bind(c, abstract_mesh("model=16"))
+        get_strategy("tp").place(c, abstract_mesh("model=16"))
 
 
 # -- the compiled program computes the same thing every way -----------------------------------
@@ -191,7 +191,7 @@ def test_micro_batches_accumulate_the_gradients_of_the_whole_batch(strategy, mes
     from shardscope._src.sharding.programs import UPDATE_STEP, build_program
 
     config = replace(SMALL, attention="blocked", attention_block=8, remat="full")
-    bound = get_strategy(strategy).bind(config, make_mesh(mesh, devices=jax.devices()[:4]))
+    bound = get_strategy(strategy).place(config, make_mesh(mesh, devices=jax.devices()[:4]))
     whole = build_program(bound, mode="train")
     split = build_program(bound, mode="train", microbatches=2)
     args = whole.example_args()
@@ -199,7 +199,7 @@ def test_micro_batches_accumulate_the_gradients_of_the_whole_batch(strategy, mes
     np.testing.assert_allclose(float(l1), float(l2), rtol=1e-5)
     _close(out1, out2)
     if bound.strategy.updates_shards:  # ZeRO: the new parameters, p - step * grad
-        ref = build_program(get_strategy("dp").bind(config, bound.mesh), mode="train")
+        ref = build_program(get_strategy("dp").place(config, bound.mesh), mode="train")
         _, grads = _run(ref.fn, *args)
         want = jax.tree.map(lambda p, g: p - UPDATE_STEP * g, args[0], grads)
         _close(out1, want)
@@ -208,7 +208,7 @@ def test_micro_batches_accumulate_the_gradients_of_the_whole_batch(strategy, mes
 def test_micro_batches_must_divide_the_sequences_of_a_data_shard():
     from shardscope._src.sharding.programs import build_program
 
-    bound = get_strategy("dp").bind(SMALL, abstract_mesh("data=4"))
+    bound = get_strategy("dp").place(SMALL, abstract_mesh("data=4"))
     with pytest.raises(StrategyError, match="choose microbatches from 1, 2"):
         build_program(bound, mode="train", microbatches=4)
 
@@ -222,7 +222,7 @@ def test_zero_model_state_is_exact():
     P = c.param_count()
     mesh = abstract_mesh("data=4")
     mem = {
-        s: estimate_memory(get_strategy(s).bind(c, mesh)).model_state
+        s: estimate_memory(get_strategy(s).place(c, mesh)).model_state
         for s in ("dp", "zero1", "zero2", "fsdp")
     }
     assert mem["dp"] == 16 * P
@@ -233,7 +233,7 @@ def test_zero_model_state_is_exact():
 
 def test_recomputation_micro_batches_and_stages_set_the_activations():
     c = replace(model_preset("7b").config(batch=8, seq=2048), vocab=None)
-    bound = get_strategy("dp").bind(c, abstract_mesh("data=2"))  # 4 sequences per device
+    bound = get_strategy("dp").place(c, abstract_mesh("data=2"))  # 4 sequences per device
     full = stored_activation_bytes_per_layer(bound, Schedule(remat="full"))
     assert full == 2 * 2048 * 4 * 4096  # the layer input, 2sbh (Korthikanti Table 2)
     assert stored_activation_bytes_per_layer(bound, Schedule(2, "full")) == full // 2

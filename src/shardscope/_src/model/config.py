@@ -16,13 +16,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardscope._src.base.errors import ModelConfigError
+from shardscope._src.base.errors import ModelConfigError, is_int
 
 DTYPES = ("float32", "bfloat16", "float16")
 MLPS = ("gelu", "swiglu")
 ATTENTIONS = ("dense", "blocked")
 REMATS = ("none", "selective", "full")
-SCOPES = ("attention", "mlp")
 _EPS = 1e-6
 
 
@@ -78,7 +77,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "attention_block"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int(value, 1):
                 raise ModelConfigError(f"model config {name}={value!r}: must be a positive integer")
         for name in ("kv_heads", "head_dim", "vocab"):
             value = getattr(self, name)
@@ -134,10 +133,6 @@ class ModelConfig:
     def q_per_kv(self) -> int:
         """Query heads per key/value head (1 for multi-head attention)."""
         return self.heads // self.kv_heads  # type: ignore[operator]
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
 
     @property
     def itemsize(self) -> int:

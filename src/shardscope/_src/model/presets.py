@@ -160,7 +160,8 @@ def model_preset(name: str) -> ModelPreset:
     raise PlanError(
         f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)} (or "
         f"{', '.join(ALIASES)}), give a Llama-family config.json path, or give the shape "
-        f"with --d-model, --heads, --ff, --layers (and --vocab)"
+        f"with --d-model, --heads, --ff, --layers (and --vocab)",
+        param="model",
     )
 
 

@@ -1,4 +1,4 @@
-"""Analytic estimates for a bound strategy: memory per device, model FLOPs, which links a
+"""Analytic estimates for a strategy's placement: memory per device, model FLOPs, which links a
 collective's groups use. Pure arithmetic on the config and the strategy's rules; no compiling.
 
 Memory (per device, bytes):
@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.io import record_dict
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
-from shardscope._src.sharding.strategies import BoundStrategy
+from shardscope._src.sharding.strategies import Placement
 
 #: Mixed-precision Adam: bf16 params (2) + bf16 grads (2) + fp32 master, m, v (12).
 DEFAULT_BYTES_PER_PARAM = 16
@@ -68,36 +69,28 @@ class MemoryEstimate:
         return self.model_state + self.activations + self.gathered_weights
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "params": self.params,
-            "grads": self.grads,
-            "optimizer": self.optimizer,
-            "activations": self.activations,
-            "gathered_weights": self.gathered_weights,
-            "model_state": self.model_state,
-            "total": self.total,
-        }
+        return record_dict(self, extra=("model_state", "total"))
 
 
-def data_ways(bound: BoundStrategy) -> int:
+def data_ways(placement: Placement) -> int:
     """How many ways the batch is split (1 when the strategy replicates it)."""
-    return bound.role_size("data") if bound.strategy.batch_role == "data" else 1
+    return placement.role_size("data") if placement.strategy.batch_role == "data" else 1
 
 
-def model_ways(bound: BoundStrategy) -> int:
-    return bound.role_size("model") if "model" in bound.strategy.roles else 1
+def model_ways(placement: Placement) -> int:
+    return placement.role_size("model") if "model" in placement.strategy.roles else 1
 
 
-def param_elements_per_device(bound: BoundStrategy) -> int:
+def param_elements_per_device(placement: Placement) -> int:
     """Parameter elements one device stores, by each parameter's storage spec."""
-    return elements_per_device(bound, bound.strategy.param_rules())
+    return elements_per_device(placement, placement.strategy.param_rules())
 
 
-def elements_per_device(bound: BoundStrategy, rules: Mapping[str, Any]) -> int:
+def elements_per_device(placement: Placement, rules: Mapping[str, Any]) -> int:
     """Elements one device stores of every parameter-shaped array stored by ``rules``."""
     total = 0
-    for name, shape in param_shapes(bound.config).items():
-        ways = math.prod(bound.role_size(r) for r in rules[name] if r is not None)
+    for name, shape in param_shapes(placement.config).items():
+        ways = math.prod(placement.role_size(r) for r in rules[name] if r is not None)
         total += math.prod(shape) // ways
     return total
 
@@ -122,24 +115,24 @@ class Schedule:
         return min(self.stages, self.microbatches) if self.stages > 1 else 1
 
 
-def sequences_per_device(bound: BoundStrategy, microbatches: int = 1) -> int:
+def sequences_per_device(placement: Placement, microbatches: int = 1) -> int:
     """Sequences of one micro-batch on one device: the batch over the data axes and the
     micro-batches."""
-    return bound.config.batch // data_ways(bound) // microbatches
+    return placement.config.batch // data_ways(placement) // microbatches
 
 
-def _activation_terms(bound: BoundStrategy, b: int) -> tuple[float, float, float]:
+def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float]:
     """Bytes of one layer's activations for ``b`` sequences on one device: (replicated
     over the model axis, split by it, attention scores split by it), at the model's dtype."""
-    c = bound.config
+    c = placement.config
     s, h, f = c.seq, c.d_model, c.ff
     assert c.head_dim is not None and c.kv_heads is not None
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    t = model_ways(bound)
+    t = model_ways(placement)
     mlp = 8 * f if c.mlp == "swiglu" else 4 * f
     split = 2 * q_dim + 4 * kv_dim + 2 * q_dim + mlp  # Q, K and V, out-proj input, MLP
     scores = 5 * c.heads * s
-    if bound.strategy.sequence_parallel:
+    if placement.strategy.sequence_parallel:
         whole, split = 0.0, (10 * h + split) / t
     else:
         whole, split = 10.0 * h, split / t
@@ -148,54 +141,59 @@ def _activation_terms(bound: BoundStrategy, b: int) -> tuple[float, float, float
 
 
 def activation_bytes_per_layer(
-    bound: BoundStrategy, *, flash_attention: bool = True, microbatches: int = 1
+    placement: Placement, *, flash_attention: bool = True, microbatches: int = 1
 ) -> int:
     """Bytes of one layer's activations kept for the backward pass, on one device, for one
     micro-batch (Korthikanti et al. Table 2; see the module docstring)."""
-    whole, split, scores = _activation_terms(bound, sequences_per_device(bound, microbatches))
+    whole, split, scores = _activation_terms(
+        placement, sequences_per_device(placement, microbatches)
+    )
     return math.ceil(whole + split + (0 if flash_attention else scores))
 
 
 def stored_activation_bytes_per_layer(
-    bound: BoundStrategy, schedule: Schedule, *, flash_attention: bool = True
+    placement: Placement, schedule: Schedule, *, flash_attention: bool = True
 ) -> int:
     """What one layer keeps per micro-batch under ``schedule.remat``: everything (none),
     everything but the attention scores (selective), its input only (full: ``2sbh``, or
     ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2)."""
     if schedule.remat == "none":
         return activation_bytes_per_layer(
-            bound, flash_attention=flash_attention, microbatches=schedule.microbatches
+            placement, flash_attention=flash_attention, microbatches=schedule.microbatches
         )
     if schedule.remat == "selective":
         return activation_bytes_per_layer(
-            bound, flash_attention=True, microbatches=schedule.microbatches
+            placement, flash_attention=True, microbatches=schedule.microbatches
         )
-    c = bound.config
-    b = sequences_per_device(bound, schedule.microbatches)
-    t = model_ways(bound) if bound.strategy.sequence_parallel else 1
+    c = placement.config
+    b = sequences_per_device(placement, schedule.microbatches)
+    t = model_ways(placement) if placement.strategy.sequence_parallel else 1
     return math.ceil(c.seq * b * c.d_model * c.itemsize / t)
 
 
 def estimate_memory(
-    bound: BoundStrategy,
+    placement: Placement,
     mode: str = "train",
     *,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
     schedule: Schedule | None = None,
 ) -> MemoryEstimate:
-    """Analytic memory per device of ``bound`` (see the module docstring for the formulas).
+    """Analytic memory per device of ``placement`` (see the module docstring for the formulas).
 
-    ``bound`` is bound to the program one device runs: with pipeline stages, one stage's
-    (its layers; the batch of the whole step). ``schedule`` (train only) divides the
-    activations by the micro-batches, keeps what the recomputation keeps (plus one layer's
-    full activations while it is recomputed), and multiplies them by the micro-batches a
-    1F1B stage holds at once.
+    ``placement`` is the program one device runs: with pipeline stages, one stage's (its
+    layers; the batch of the whole step). ``schedule`` (train only) divides the activations
+    by the micro-batches, keeps what the recomputation keeps (plus one layer's full
+    activations while it is recomputed), and multiplies them by the micro-batches a 1F1B
+    stage holds at once.
 
-    >>> from shardscope._src.sharding.strategies import get_strategy  # doctest: +SKIP
-    >>> estimate_memory(get_strategy("fsdp").bind(config, mesh)).total  # doctest: +SKIP
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> dp, fsdp = (get_strategy(s).place(ModelConfig(), abstract_mesh("data=8"))
+    ...             for s in ("dp", "fsdp"))
+    >>> estimate_memory(dp).params // estimate_memory(fsdp).params  # FSDP: 1/8 per device
+    8
     """
-    c = bound.config
+    c = placement.config
     item = c.itemsize
     sched = schedule or Schedule()
     if mode == "train" and bytes_per_param < 2 * item:
@@ -204,34 +202,36 @@ def estimate_memory(
             f"at {c.dtype} ({2 * item} bytes); use at least {2 * item} (16 for mixed-precision "
             f"Adam, 10 for the scaling book's convention)"
         )
-    s = bound.strategy
+    s = placement.strategy
     train = mode == "train"
-    params = elements_per_device(bound, s.param_rules()) * item
-    grads = elements_per_device(bound, s.grad_rules()) * item if train else 0
+    params = elements_per_device(placement, s.param_rules()) * item
+    grads = elements_per_device(placement, s.grad_rules()) * item if train else 0
     optimizer = (
-        elements_per_device(bound, s.optimizer_rules()) * (bytes_per_param - 2 * item)
+        elements_per_device(placement, s.optimizer_rules()) * (bytes_per_param - 2 * item)
         if train
         else 0
     )
     m = sched.microbatches if train else 1
-    b = sequences_per_device(bound, m)
+    b = sequences_per_device(placement, m)
     logits = b * c.seq * c.vocab * (item + 4 if train else item) if c.vocab else 0
     if train:
-        kept = stored_activation_bytes_per_layer(bound, sched, flash_attention=flash_attention)
+        kept = stored_activation_bytes_per_layer(placement, sched, flash_attention=flash_attention)
         working = (
-            activation_bytes_per_layer(bound, flash_attention=flash_attention, microbatches=m)
+            activation_bytes_per_layer(placement, flash_attention=flash_attention, microbatches=m)
             if sched.remat != "none"
             else 0
         )
         activations = c.layers * kept * sched.in_flight + working + logits
     else:
-        activations = activation_bytes_per_layer(bound, flash_attention=flash_attention) + logits
+        activations = (
+            activation_bytes_per_layer(placement, flash_attention=flash_attention) + logits
+        )
     gathered = 0
     if "data" in s.roles and any("data" in roles for roles in s.param_rules().values()):
         layer = sum(
             math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
         )
-        gathered = layer * item // model_ways(bound)
+        gathered = layer * item // model_ways(placement)
     return MemoryEstimate(params, grads, optimizer, activations, gathered)
 
 

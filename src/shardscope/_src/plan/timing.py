@@ -246,7 +246,7 @@ def scheduled_bound(bound: Any, schedule: Any, mode: str = "train") -> Any:
     m = schedule.microbatches if mode == "train" else 1
     one = bound
     if m > 1:
-        one = bound.strategy.bind(
+        one = bound.strategy.place(
             replace(bound.config, batch=bound.config.batch // m),
             bound.mesh,
             axes=bound.axes,

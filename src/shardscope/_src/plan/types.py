@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.io import record_dict
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.timing import StepTime
@@ -35,7 +38,7 @@ class Candidate:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh)
+        return format_mesh_spec(self.mesh)
 
     @property
     def stages(self) -> int:
@@ -96,23 +99,28 @@ class Screened:
         }
 
 
+class SkipReason(StrEnum):
+    """Why a candidate was not compiled."""
+
+    #: a sharded dimension does not divide over its mesh axes
+    DIVISIBILITY = "divisibility"
+    #: the model state alone does not fit the device memory
+    MEMORY = "memory"
+    #: the compile itself failed (``Skipped.message`` has the error)
+    ERROR = "error"
+
+
 @dataclass(frozen=True)
 class Skipped:
-    """A candidate that was not compiled, and why: ``reason`` is ``"divisibility"``,
-    ``"memory"`` or ``"error"`` (the compile itself failed; ``message`` has the error)."""
+    """A candidate that was not compiled: ``reason`` says why, ``message`` the details."""
 
     strategy: str
     mesh: str
-    reason: str
+    reason: SkipReason
     message: str
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "reason": self.reason,
-            "message": self.message,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -145,21 +153,7 @@ class PlanCollective:
         return ",".join(self.axes) if self.axes else "-"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "group_size": self.group_size,
-            "count": self.count,
-            "count_exact": self.count_exact,
-            "irregular": self.irregular,
-            "dtype": self.dtype,
-            "payload_bytes": self.payload_bytes,
-            "cpu_payload_bytes": self.cpu_payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-            "cpu_traffic_bytes": self.cpu_traffic_bytes,
-            "op_name": self.op_name,
-            "source": self.source,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -180,6 +174,25 @@ class CompiledFacts:
 
 
 @dataclass(frozen=True)
+class CompileTask:
+    """One plan to compile, as the planner sends it to a worker process (picklable)."""
+
+    strategy: str
+    mesh_spec: str
+    config: ModelConfig
+    mode: str
+    microbatches: int = 1
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A worker's answer when compiling a task raised: the exception's type and message."""
+
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True)
 class AxisComm:
     """The collectives of one kind over one set of axes, summed, with their bound and time."""
 
@@ -192,15 +205,7 @@ class AxisComm:
     crosses_nodes: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "axes": self.axes,
-            "kind": self.kind,
-            "count": self.count,
-            "traffic_bytes": self.traffic_bytes,
-            "bound_bytes": self.bound_bytes,
-            "time_s": self.time_s,
-            "crosses_nodes": self.crosses_nodes,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -223,17 +228,7 @@ class Validation:
     explanation: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "formula_bytes": self.formula_bytes,
-            "compiled_bytes": self.compiled_bytes,
-            "ratio": self.ratio,
-            "ok": self.ok,
-            "cpu_formula_bytes": self.cpu_formula_bytes,
-            "cpu_ratio": self.cpu_ratio,
-            "explanation": self.explanation,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -263,10 +258,19 @@ class Plan:
     remat: str = "none"
     stages: int = 1
     time: Mapping[str, float] = field(default_factory=dict)
+    #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the
+    #: screening compile), or a target's (``"h100"``, ``"tpu-v5p"``).
+    compiled_by: str = "cpu"
+    #: The target compiler's buffer assignment per device (None when compiled by cpu, or
+    #: when it found the program does not fit: ``target_error`` has its words).
+    target_memory: Mapping[str, int] | None = None
+    target_error: str | None = None
+    #: The TPU compiler's own estimate of the step's seconds (None elsewhere).
+    target_optimal_seconds: float | None = None
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        return format_mesh_spec(self.mesh)
 
     @property
     def schedule_label(self) -> str:
@@ -300,7 +304,25 @@ class Plan:
         )
 
     @property
+    def target_memory_bytes_per_device(self) -> int | None:
+        """The target's buffer assignment: arguments + outputs + temporaries - aliased."""
+        m = self.target_memory
+        if m is None:
+            return None
+        return (
+            m.get("argument_size_in_bytes", 0)
+            + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0)
+            - m.get("alias_size_in_bytes", 0)
+        )
+
+    @property
     def fits(self) -> bool:
+        """Judged from the target compiler's memory when it compiled the plan, else from the
+        analytic estimate."""
+        if self.compiled_by != "cpu":
+            target = self.target_memory_bytes_per_device
+            return target is not None and target <= self.memory_limit_bytes
         return self.memory.total <= self.memory_limit_bytes
 
     @property
@@ -365,6 +387,11 @@ class Plan:
             "notes": list(self.notes),
             "analysis_s": self.analysis_s,
             "timing": dict(self.timing),
+            "compiled_by": self.compiled_by,
+            "target_memory_bytes_per_device": self.target_memory_bytes_per_device,
+            "target_memory": None if self.target_memory is None else dict(self.target_memory),
+            "target_error": self.target_error,
+            "target_optimal_seconds": self.target_optimal_seconds,
         }
 
 
@@ -387,11 +414,21 @@ class PlanResult:
     candidates: int = field(default=0)
     screened: int = 0
     closest: Mapping[str, Any] | None = None
+    #: ``"cpu"``, or the target whose compiler compiled the leading plans (``compiled_by``).
+    compiler: str = "cpu"
 
     @property
     def best(self) -> Plan | None:
-        """The fastest plan that fits the device memory (None when none fits)."""
-        return next((p for p in self.plans if p.fits), None)
+        """The fastest plan that fits the device memory (None when none fits); with a target
+        compiler, the fastest of the plans it compiled and found to fit."""
+        return next(
+            (
+                p
+                for p in self.plans
+                if p.fits and (self.compiler == "cpu" or p.compiled_by == self.compiler)
+            ),
+            None,
+        )
 
     @property
     def fit_note(self) -> str | None:
@@ -401,11 +438,35 @@ class PlanResult:
             return None
         from shardscope._src.base.comm import format_bytes
 
-        if self.closest is not None:
+        if self.closest is not None and not any(p.compiled_by != "cpu" for p in self.plans):
             label, need = self.closest["label"], int(self.closest["bytes"])
-        else:
-            small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
-            label, need = small.label, small.memory_bytes_per_device
+            have = int(self.hardware.memory_bytes)
+            return (
+                f"no plan fits, even with full recomputation, micro-batches and pipeline "
+                f"stages: the closest, {label}, needs {format_bytes(need)} per device of the "
+                f"{format_bytes(have)} a {self.hardware.name} has ({format_bytes(need - have)}, "
+                f"{need / have - 1:.0%} over); use more devices, a smaller batch or sequence, "
+                f"or more memory (--memory)"
+            )
+        compiled = [p for p in self.plans if p.compiled_by == self.compiler != "cpu"]
+        sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
+        if compiled and not sized:
+            return (
+                f"no plan fits: the {self.compiler} compiler ran out of memory on each of the "
+                f"{len(compiled)} plans it compiled ({compiled[0].label}: "
+                f"{compiled[0].target_error}); use more devices or a smaller batch or sequence"
+            )
+        if sized:
+            small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
+            return (
+                f"no plan the {self.compiler} compiler compiled fits: the smallest, "
+                f"{small.label}, needs {format_bytes(small.target_memory_bytes_per_device or 0)}"
+                f" per device in its buffer assignment, of the "
+                f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use "
+                f"more devices, a smaller batch or sequence, or --target-plans to compile more"
+            )
+        small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
+        label, need = small.label, small.memory_bytes_per_device
         have = int(self.hardware.memory_bytes)
         return (
             f"no plan fits, even with full recomputation, micro-batches and pipeline stages: "
@@ -441,20 +502,21 @@ class PlanResult:
             "candidates": self.candidates,
             "screened": self.screened,
             "closest": None if self.closest is None else dict(self.closest),
+            "compiler": self.compiler,
             "wall_s": self.wall_s,
             "workers": self.workers,
         }
 
 
 def _why_empty(result: PlanResult) -> str:
-    by: dict[str, list[Skipped]] = {}
+    by: dict[SkipReason, list[Skipped]] = {}
     for s in result.skipped:
         by.setdefault(s.reason, []).append(s)
     parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
     head = f"no plan for {result.model} on {result.devices} device(s): " + (
         ", ".join(parts) if parts else "no candidate mesh"
     )
-    if "memory" in by:
+    if SkipReason.MEMORY in by:
         from shardscope._src.base.comm import format_bytes
 
         limit = format_bytes(result.hardware.memory_bytes)
@@ -463,6 +525,6 @@ def _why_empty(result: PlanResult) -> str:
             f"{result.hardware.name}: use more devices, a preset with more memory, "
             f"--memory, or a smaller --bytes-per-param"
         )
-    if "divisibility" in by:
-        head += f"; e.g. {by['divisibility'][0].message}"
+    if SkipReason.DIVISIBILITY in by:
+        head += f"; e.g. {by[SkipReason.DIVISIBILITY][0].message}"
     return head

@@ -14,6 +14,7 @@ from shardscope._src.render.console import format_bytes
 if TYPE_CHECKING:
     from shardscope._src.plan.types import Plan, PlanResult
 
+#: Short names of the collective kinds, for one-line summaries.
 KIND_SHORT = {
     "all-reduce": "AR",
     "all-gather": "AG",
@@ -47,12 +48,6 @@ def schedule_text(p: Plan) -> str:
 
 def format_mfu(mfu: float | None) -> str:
     return "-" if mfu is None else f"{mfu:.0%}"
-
-
-def comm_summary(p: Plan) -> str:
-    """``'model AR x128; data AR x33'``: compiled collectives per axis, loop trips counted."""
-    parts = [f"{a.axes} {KIND_SHORT.get(a.kind, a.kind)} x{a.count}" for a in p.comm if a.count]
-    return "; ".join(parts) or "none"
 
 
 def headline(result: PlanResult) -> str:
