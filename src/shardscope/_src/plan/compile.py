@@ -89,7 +89,9 @@ def compile_facts(
 
 def compile_task(task: CompileTask) -> CompiledFacts:
     """:func:`compile_facts` of a worker's task, on this process's devices."""
-    return compile_facts(task.strategy, task.mesh_spec, task.config, task.mode)
+    return compile_facts(
+        task.strategy, task.mesh_spec, task.config, task.mode, microbatches=task.microbatches
+    )
 
 
 def _local_devices(n: int) -> list[Any]:
@@ -167,7 +169,10 @@ def compile_all(
                 progress(i, total, cand.label)
         return out
 
-    tasks = [CompileTask(c.strategy, c.mesh_spec, config, mode) for c in todo]
+    tasks = [
+        CompileTask(c.strategy, c.stage_mesh_spec, config_of(c), mode, c.microbatches)
+        for c in todo
+    ]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:
