@@ -48,7 +48,7 @@ def test_config_rejects_bad_values(kwargs, needle):
 def test_param_shapes_and_count():
     c = ModelConfig(d_model=64, heads=8, ff=256, layers=3, vocab=100)
     shapes = param_shapes(c)
-    assert shapes["wqkv"] == (3, 64, 3, 8, 8)
+    assert shapes["wqkv"] == (3, 64, 8, 3, 8)  # per head: its query, key and value
     assert shapes["wo"] == (3, 8, 8, 64)
     assert shapes["w_up"] == (3, 64, 256) and shapes["w_down"] == (3, 256, 64)
     per_layer = 2 * 64 + 4 * 64 * 64 + 2 * 64 * 256

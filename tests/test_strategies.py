@@ -30,7 +30,7 @@ TWIN_CASES = [c for c in CASES if STRATEGIES[c.values[0]].twin]
 
 def test_every_strategy_is_plain_json_data():
     data = json.loads(json.dumps({k: s.to_dict() for k, s in STRATEGIES.items()}))
-    assert data["tp"]["params"]["wqkv"] == [None, None, "model", None]
+    assert data["tp"]["params"]["wqkv"] == [None, "model", None, None]  # by key/value head
     assert data["fsdp"]["use"]["w_up"] == [None, None]
     assert {"replicated", "dp", "fsdp", "tp", "dp_tp", "fsdp_tp", "sp", "dp_sp"} <= set(data)
 
@@ -38,7 +38,7 @@ def test_every_strategy_is_plain_json_data():
 def test_megatron_specs_on_a_1d_mesh():
     placement = get_strategy("tp").place(TINY, "model=8")
     specs = placement.param_specs()["layers"]
-    assert specs["wqkv"] == P(None, None, None, "model", None)  # column-parallel by heads
+    assert specs["wqkv"] == P(None, None, "model", None, None)  # column-parallel by heads
     assert specs["wo"] == P(None, "model", None, None)  # row-parallel
     assert specs["w_up"] == P(None, None, "model")
     assert specs["w_down"] == P(None, "model", None)

@@ -253,6 +253,9 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
         compiler="h100",
         target_plans=1,
         workers=0,
+        stages=1,
+        microbatches=1,
+        remat="none",
         **_SMALL,
     )
     assert result.compiler == "h100" and result.to_dict()["compiler"] == "h100"

@@ -28,6 +28,14 @@ class Hardware:
       cross_node_bandwidth: bytes/s per device once a collective leaves a node or slice.
       node_size: devices in one node (GPU) or one slice (TPU) with the fast links.
       source: where the numbers come from.
+      hbm_bandwidth: bytes/s between the device and its memory (datasheet).
+      matmul_fraction: the fraction of ``peak_flops`` a transformer layer's matmuls reach
+        (see :data:`TIME_MODEL_SOURCES`).
+      comm_fraction: achieved collective bandwidth over the link's (bus bandwidth measured
+        by nccl-tests over the line rate).
+      tp_overlap: the compiler overlaps tensor-parallel collectives with the matmuls they
+        feed (TPU: XLA's collective matmuls, "windowed einsums", scaling book part 3); on
+        GPUs they stay on the critical path.
     """
 
     name: str
@@ -38,11 +46,39 @@ class Hardware:
     cross_node_bandwidth: float
     node_size: int
     source: str
+    hbm_bandwidth: float = 3.35e12
+    matmul_fraction: float = 0.65
+    comm_fraction: float = 0.8
+    tp_overlap: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+#: Where the time model's constants come from (the same for every preset of a family).
+TIME_MODEL_SOURCES = {
+    "matmul_fraction (GPU) 0.65": (
+        "calibrated on Narayanan et al. 2021 (arXiv 2104.04473) Table 1, A100 GPT runs "
+        "without pipelining (137-142 of 312 TFLOP/s per GPU with recomputation, "
+        "communication and element-wise work included): transformer-layer matmuls at 65% of "
+        "peak; large square matmuls reach ~80% (790 of 989 TFLOP/s measured on an H200)"
+    ),
+    "matmul_fraction (TPU) 0.75": (
+        "MaxText (github.com/AI-Hypercomputer/maxtext) reports 55-70% model FLOPs "
+        "utilization for dense LLM training on v5p and v6e, communication and element-wise "
+        "work included"
+    ),
+    "comm_fraction 0.8": (
+        "nccl-tests all-reduce bus bandwidth ~370 GB/s on NVLink 4's 450 (NCCL issue 1264), "
+        "~230-240 GB/s on A100 NVLink 3's 300; the same fraction for the network and ICI"
+    ),
+    "hbm_bandwidth": "vendor datasheets (NVIDIA A100/H100/H200/B200; Cloud TPU v5e/v5p/v6e)",
+}
+
+_A100_SRC = (
+    "NVIDIA A100 SXM4 80GB datasheet: 312 TFLOP/s dense bf16, 2.039 TB/s HBM2e, NVLink 3 "
+    "300 GB/s per direction; DGX A100: 8 GPUs, 8 x 200 Gb/s HDR InfiniBand (25 GB/s per GPU)"
+)
 _NVLINK_SRC = (
     "NVIDIA: NVLink 4 450 GB/s per direction, ~989 TFLOP/s dense bf16; NDR 8x400 Gb/s per node"
 )
@@ -50,19 +86,9 @@ _NVLINK_SRC = (
 PRESETS: dict[str, Hardware] = {
     h.name: h
     for h in (
-        Hardware(
-            "a100",
-            312e12,
-            80 * GB,
-            300 * GB,
-            5e-6,
-            25 * GB,
-            8,
-            "NVIDIA A100 datasheet: NVLink 3 300 GB/s per direction, 312 TFLOP/s dense bf16, "
-            "80 GB; HDR 200 Gb/s per GPU across nodes",
-        ),
-        Hardware("h100", 989e12, 80 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC),
-        Hardware("h200", 989e12, 141 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC),
+        Hardware("a100", 312e12, 80 * GB, 300 * GB, 5e-6, 25 * GB, 8, _A100_SRC, 2.039e12),
+        Hardware("h100", 989e12, 80 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC, 3.35e12),
+        Hardware("h200", 989e12, 141 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC, 4.8e12),
         Hardware(
             "b200",
             2250e12,
@@ -71,7 +97,8 @@ PRESETS: dict[str, Hardware] = {
             5e-6,
             50 * GB,
             8,
-            "NVIDIA HGX B200 datasheet: NVLink 5 900 GB/s, dense bf16, HBM",
+            "NVIDIA HGX B200 datasheet: NVLink 5 900 GB/s, dense bf16, 8 TB/s HBM3e",
+            8e12,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -82,7 +109,11 @@ PRESETS: dict[str, Hardware] = {
             1e-6,
             6.25e9,
             256,
-            "scaling book part 2: 4.5e10 B/s per ICI link each way, 2-D 16x16 torus, 197 TFLOP/s",
+            "scaling book part 2: 4.5e10 B/s per ICI link each way, 2-D 16x16 torus, 197 TFLOP/s; "
+            "Cloud TPU docs: 819 GB/s HBM",
+            8.19e11,
+            0.75,
+            tp_overlap=True,
         ),
         Hardware(
             "tpu-v5p",
@@ -92,7 +123,11 @@ PRESETS: dict[str, Hardware] = {
             1e-6,
             6.25e9,
             8960,
-            "scaling book part 2: 9e10 B/s per ICI link each way, 3-D torus, DCN 6.25e9 B/s",
+            "scaling book part 2: 9e10 B/s per ICI link each way, 3-D torus, DCN 6.25e9 B/s; "
+            "Cloud TPU docs: 2,765 GB/s HBM",
+            2.765e12,
+            0.75,
+            tp_overlap=True,
         ),
         Hardware(
             "tpu-v6e",
@@ -102,7 +137,11 @@ PRESETS: dict[str, Hardware] = {
             1e-6,
             12.5e9,
             256,
-            "scaling book part 2: 9e10 B/s per ICI link each way, 2-D torus, DCN 12.5e9 B/s",
+            "scaling book part 2: 9e10 B/s per ICI link each way, 2-D torus, DCN 12.5e9 B/s; "
+            "Cloud TPU docs: 1,640 GB/s HBM",
+            1.64e12,
+            0.75,
+            tp_overlap=True,
         ),
     )
 }
@@ -120,7 +159,7 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         raise ShardscopeError(
             f"unknown hardware preset {name!r}; choose one of {', '.join(PRESETS)}"
         )
-    known = {f.name for f in fields(Hardware)} - {"name", "source"}
+    known = {f.name for f in fields(Hardware)} - {"name", "source", "tp_overlap"}
     for key, value in overrides.items():
         if key not in known:
             raise ShardscopeError(
@@ -128,6 +167,11 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             )
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ShardscopeError(f"hardware setting {key}={value!r} must be a positive number")
+        if key in ("matmul_fraction", "comm_fraction") and value > 1:
+            raise ShardscopeError(
+                f"hardware setting {key}={value!r} is a fraction of the peak: give a number "
+                f"in (0, 1]"
+            )
     if not overrides:
         return base
     return replace(

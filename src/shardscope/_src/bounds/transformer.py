@@ -134,6 +134,7 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
 
     # Weights: gathered at use (FSDP), gradients reduced over the data axes.
     storage, use = s.param_rules(), s.use_rules()
+    grad_storage, opt_storage = s.grad_rules(), s.optimizer_rules()
     shapes = param_shapes(c)
     for name, shape in shapes.items():
         count = L if name in LAYER_PARAMS else 1
@@ -143,25 +144,38 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
         payload = math.prod(one) * c.itemsize // model_ways  # as the data group sees it
         scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
         data_sharded = "data" in storage[name]
+        grads_sharded = train and "data" in grad_storage[name]
         if data_sharded:
             axes, n = _group(placement, ["data"])
             add(ALL_GATHER, axes, n, payload, count, f"{name} gathered at use", scope)
-            if train:
-                add(
-                    REDUCE_SCATTER,
-                    axes,
-                    n,
-                    payload,
-                    count,
-                    f"{name} gradient reduce-scattered to its shards",
-                    scope,
-                )
+        if grads_sharded:
+            axes, n = _group(placement, ["data"])
+            add(
+                REDUCE_SCATTER,
+                axes,
+                n,
+                payload,
+                count,
+                f"{name} gradient reduce-scattered to its shards",
+                scope,
+            )
+        if train and not data_sharded and "data" in opt_storage[name]:
+            axes, n = _group(placement, ["data"])
+            add(
+                ALL_GATHER,
+                axes,
+                n,
+                payload,
+                count,
+                f"{name} updated shards gathered (ZeRO)",
+                scope,
+            )
         # A gradient is partial over every axis that splits the tokens its weight sees:
         # the data axes (unless FSDP's reduce-scatter covers them) and, under sequence
         # parallelism, 'model' for weights it does not split (norm gains, embeddings).
         # One all-reduce over all of them at once is cheaper than one per axis.
         partial = []
-        if s.batch_role == "data" and not data_sharded:
+        if s.batch_role == "data" and not grads_sharded:
             partial.append("data")
         if s.sequence_parallel and "model" not in used_roles:
             partial.append("model")
@@ -196,6 +210,6 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
 
 _SCOPE_OF = {
     "attention": ("attn_norm", "wqkv", "wo"),
-    "mlp": ("mlp_norm", "w_up", "w_down"),
+    "mlp": ("mlp_norm", "w_up", "w_gate_up", "w_down"),
     "embedding": ("embed", "final_norm", "unembed"),
 }

@@ -419,6 +419,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "memory_bytes",
             "peak_flops",
             "node_size",
+            "hbm_bandwidth",
+            "matmul_fraction",
+            "comm_fraction",
         )
         if getattr(args, k) is not None
     }
@@ -437,6 +440,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         strategies=[n.strip() for n in args.strategies.split(",")] if args.strategies else None,
         bytes_per_param=args.bytes_per_param,
         flash_attention=not args.no_flash_attention,
+        remat=args.remat.split(",") if args.remat else None,
+        microbatches=args.microbatches,
+        stages=args.stages,
+        compile_top=args.compile_top,
         workers=args.workers,
         json_path=args.json,
         png_path=args.png,
@@ -499,11 +506,17 @@ def _add_plan_parser(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
         help="rank sharding strategies and mesh shapes for a model on N devices",
-        description="Compile every strategy and mesh shape for a model on N simulated "
-        "devices (nothing allocated), audit the collectives, estimate memory, communication "
-        "and step time on a hardware preset, and rank the plans.",
+        description="Estimate every strategy, mesh shape, micro-batch count, recomputation "
+        "and pipeline stage count for a model on N devices; compile the best on N simulated "
+        "devices (nothing allocated), audit their collectives, and rank the plans by the "
+        "step time of a calibrated time model on a hardware preset.",
     )
-    p.add_argument("--model", choices=list(MODEL_PRESETS), help="a model preset")
+    p.add_argument(
+        "--model",
+        metavar="NAME|FILE",
+        help=f"a model preset ({', '.join(MODEL_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
+        f"ones) or the path of a Llama-family config.json",
+    )
     p.add_argument(
         "--program",
         metavar="FILE.py:FUNCTION",
@@ -547,6 +560,9 @@ def _add_plan_parser(sub: Any) -> None:
         ("--latency", "latency_s", "seconds per collective step"),
         ("--memory", "memory_bytes", "device memory in bytes"),
         ("--peak-flops", "peak_flops", "FLOP/s per device"),
+        ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
+        ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
+        ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),
     ):
         p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
     p.add_argument(
@@ -555,7 +571,34 @@ def _add_plan_parser(sub: Any) -> None:
     p.add_argument(
         "--strategies",
         metavar="LIST",
-        help="comma-separated strategies to try (default: dp,fsdp,tp,sp,dp_tp,fsdp_tp,dp_sp)",
+        help="comma-separated strategies to try (default: dp,fsdp,zero1,zero2,tp,sp,dp_tp,"
+        "zero1_tp,fsdp_tp,dp_sp)",
+    )
+    p.add_argument(
+        "--remat",
+        metavar="LIST",
+        help="activation recomputation to try, comma-separated: none, selective, full "
+        "(default: all)",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=positive_int,
+        metavar="N",
+        help="micro-batches per data shard (default: try the divisors)",
+    )
+    p.add_argument(
+        "--stages",
+        type=positive_int,
+        metavar="N",
+        help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
+    )
+    p.add_argument(
+        "--compile-top",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
+        "the best of dp, fsdp and tp, whose communication is validated; default 3)",
     )
     p.add_argument(
         "--bytes-per-param",
@@ -567,7 +610,8 @@ def _add_plan_parser(sub: Any) -> None:
     p.add_argument(
         "--no-flash-attention",
         action="store_true",
-        help="count the attention scores in the activation estimate",
+        help="materialise the attention scores (dense attention) in the compiled program and "
+        "count them in the estimate",
     )
     p.add_argument(
         "--workers",

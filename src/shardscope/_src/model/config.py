@@ -1,4 +1,5 @@
-"""The reference decoder: RMSNorm, causal multi-head attention and an MLP, in plain JAX.
+"""The reference decoder: RMSNorm, causal attention (multi-head or grouped-query) and an MLP
+(GELU or SwiGLU), in plain JAX.
 
 Parameters are a plain dict pytree with the layers stacked on a leading axis, so the same
 parameters run unrolled or under ``lax.scan``. The forward pass calls a :class:`Hooks` object
@@ -18,6 +19,9 @@ from typing import Any
 from shardscope._src.base.errors import ModelConfigError, is_int
 
 DTYPES = ("float32", "bfloat16", "float16")
+MLPS = ("gelu", "swiglu")
+ATTENTIONS = ("dense", "blocked")
+REMATS = ("none", "selective", "full")
 _EPS = 1e-6
 
 
@@ -35,8 +39,22 @@ class ModelConfig:
     ``vocab`` it embeds int32 tokens, ends with a final norm and an unembedding, and the loss
     is next-token cross entropy against target tokens.
 
+    Attention has ``heads`` query heads of ``head_dim`` (default ``d_model / heads``) and
+    ``kv_heads`` key/value heads (default ``heads``; fewer is grouped-query attention, each
+    key/value head serving ``heads / kv_heads`` query heads). ``mlp`` is ``"gelu"`` (two
+    matrices, ``d_model x ff`` and back) or ``"swiglu"`` (three: gate and up, then down).
+    ``tie_embeddings`` unembeds with the embedding's transpose.
+
+    How the step is computed, not what it computes: ``attention`` is ``"dense"`` (the score
+    matrix materialised) or ``"blocked"`` (memory-efficient: keys and values in blocks of
+    ``attention_block`` with a running softmax, scores recomputed in the backward pass), and
+    ``remat`` is ``"none"``, ``"selective"`` (the attention scores recomputed in the backward
+    pass) or ``"full"`` (each layer's forward recomputed; only its input kept).
+
     >>> ModelConfig(d_model=64, heads=8, ff=256).head_dim
     8
+    >>> ModelConfig(d_model=64, heads=8, kv_heads=2, ff=256).q_per_kv
+    4
     """
 
     d_model: int = 64
@@ -48,38 +66,73 @@ class ModelConfig:
     dtype: str = "float32"
     vocab: int | None = None
     scan: bool = True
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp: str = "gelu"
+    tie_embeddings: bool = False
+    attention: str = "dense"
+    attention_block: int = 512
+    remat: str = "none"
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "heads", "ff", "layers", "batch", "seq"):
+        for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "attention_block"):
             value = getattr(self, name)
             if not is_int(value, 1):
                 raise ModelConfigError(f"model config {name}={value!r}: must be a positive integer")
-        for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "vocab"):
+        for name in ("kv_heads", "head_dim", "vocab"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise ModelConfigError(
+                    f"model config {name}={value!r}: must be a positive integer or None"
+                    + (
+                        " (None: the model maps activations to activations, no embedding)"
+                        if name == "vocab"
+                        else f" (None: the default, {_DEFAULTS[name]})"
+                    )
+                )
+        for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "vocab", "kv_heads",
+                     "head_dim"):
             value = getattr(self, name)
             if isinstance(value, int) and value > MAX_DIM:
                 raise ModelConfigError(
                     f"model config {name}={value}: dimensions go up to {MAX_DIM} (2**20), far "
                     f"beyond any model; choose a smaller {name}"
                 )
-        if self.vocab is not None and (not is_int(self.vocab, 1)):
+        if self.head_dim is None:
+            if self.d_model % self.heads:
+                raise ModelConfigError(
+                    f"model config d_model={self.d_model} is not divisible by "
+                    f"heads={self.heads}; each head needs d_model / heads dimensions: choose "
+                    f"heads dividing {self.d_model}, e.g. "
+                    f"heads={_divisor_near(self.d_model, self.heads)}, or give head_dim"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.heads)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.heads % self.kv_heads:
             raise ModelConfigError(
-                f"model config vocab={self.vocab!r}: must be a positive integer or None "
-                f"(None: the model maps activations to activations, no embedding)"
+                f"model config heads={self.heads} is not divisible by kv_heads={self.kv_heads}; "
+                f"each key/value head serves the same number of query heads: choose kv_heads "
+                f"dividing {self.heads}, e.g. kv_heads={_divisor_near(self.heads, self.kv_heads)}"
             )
-        if self.d_model % self.heads:
+        choices = {"dtype": DTYPES, "mlp": MLPS, "attention": ATTENTIONS, "remat": REMATS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ModelConfigError(
+                    f"model config {name}={getattr(self, name)!r}: must be one of "
+                    f"{', '.join(allowed)}"
+                )
+        if not isinstance(self.tie_embeddings, bool):
             raise ModelConfigError(
-                f"model config d_model={self.d_model} is not divisible by heads={self.heads}; "
-                f"each head needs d_model / heads dimensions: choose heads dividing "
-                f"{self.d_model}, e.g. heads={_divisor_near(self.d_model, self.heads)}"
-            )
-        if self.dtype not in DTYPES:
-            raise ModelConfigError(
-                f"model config dtype={self.dtype!r}: must be one of {', '.join(DTYPES)}"
+                f"model config tie_embeddings={self.tie_embeddings!r}: must be True or False"
             )
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.heads
+    def q_per_kv(self) -> int:
+        """Query heads per key/value head (1 for multi-head attention)."""
+        return self.heads // self.kv_heads  # type: ignore[operator]
 
     @property
     def itemsize(self) -> int:
@@ -93,44 +146,58 @@ class ModelConfig:
         return asdict(self)
 
 
+_DEFAULTS = {"kv_heads": "heads", "head_dim": "d_model / heads"}
+
+
 def _divisor_near(n: int, want: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), -d))
 
 
 # -- parameters ----------------------------------------------------------------------------
 
-# Per-layer weights; stacked, each gets a leading ``layers`` axis.
-LAYER_PARAMS = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_up", "w_down")
-# Weights outside the layer stack, present only with a vocabulary.
+# Per-layer weights; stacked, each gets a leading ``layers`` axis. A model has ``w_up`` (GELU)
+# or ``w_gate_up`` (SwiGLU), never both.
+LAYER_PARAMS = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_up", "w_gate_up", "w_down")
+# Weights outside the layer stack, present only with a vocabulary (``unembed`` only untied).
 VOCAB_PARAMS = ("embed", "final_norm", "unembed")
 
 
 def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """``{name: shape}`` of every parameter; layer weights carry the leading layers axis.
 
-    ``wqkv`` is ``[d_model, 3, heads, head_dim]`` (queries, keys, values) and ``wo`` is
-    ``[heads, head_dim, d_model]``, so sharding by heads is sharding one named dimension. The
-    three projections are one weight so that their input gradient is one sum: as three
-    matmuls, the partitioner all-reduces three partial gradients under tensor parallelism.
+    ``wqkv`` is ``[d_model, kv_heads, q_per_kv + 2, head_dim]``: for each key/value head, its
+    ``q_per_kv`` query heads, then its key and its value (Megatron-LM's query groups), so
+    sharding the key/value heads shards every projection along one named dimension and keeps
+    each group's queries with their keys and values. ``wo`` is ``[heads, head_dim, d_model]``.
+    The projections are one weight so that their input gradient is one sum: as separate
+    matmuls, the partitioner all-reduces each partial gradient under tensor parallelism. For
+    the same reason SwiGLU's gate and up projections are one ``w_gate_up`` of
+    ``[d_model, 2, ff]``.
     """
     c = config
-    L, d, h, k = c.layers, c.d_model, c.heads, c.head_dim
-    shapes = {
+    L, d, h, k, kv = c.layers, c.d_model, c.heads, c.head_dim, c.kv_heads
+    assert k is not None and kv is not None
+    shapes: dict[str, tuple[int, ...]] = {
         "attn_norm": (L, d),
-        "wqkv": (L, d, 3, h, k),
+        "wqkv": (L, d, kv, c.q_per_kv + 2, k),
         "wo": (L, h, k, d),
         "mlp_norm": (L, d),
-        "w_up": (L, d, c.ff),
-        "w_down": (L, c.ff, d),
     }
+    if c.mlp == "swiglu":
+        shapes["w_gate_up"] = (L, d, 2, c.ff)
+    else:
+        shapes["w_up"] = (L, d, c.ff)
+    shapes["w_down"] = (L, c.ff, d)
     if c.vocab is not None:
-        shapes.update(embed=(c.vocab, d), final_norm=(d,), unembed=(d, c.vocab))
+        shapes.update(embed=(c.vocab, d), final_norm=(d,))
+        if not c.tie_embeddings:
+            shapes["unembed"] = (d, c.vocab)
     return shapes
 
 
 def split_params(flat: dict[str, Any]) -> dict[str, Any]:
     """``{name: leaf}`` -> the model's pytree ``{"layers": {...}, "embed": ..., ...}``."""
-    tree: dict[str, Any] = {"layers": {k: flat[k] for k in LAYER_PARAMS}}
+    tree: dict[str, Any] = {"layers": {k: flat[k] for k in LAYER_PARAMS if k in flat}}
     tree.update({k: flat[k] for k in VOCAB_PARAMS if k in flat})
     return tree
 
@@ -165,8 +232,9 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
     dtype = jnp.dtype(config.dtype)
     fan_in = {
         "wqkv": config.d_model,
-        "wo": config.d_model,
+        "wo": config.heads * (config.head_dim or 1),
         "w_up": config.d_model,
+        "w_gate_up": config.d_model,
         "w_down": config.ff,
         "embed": 1,
         "unembed": config.d_model,
@@ -261,46 +329,222 @@ def rms_norm(x: Any, gain: Any) -> Any:
     return (x32 * scale).astype(x.dtype) * gain
 
 
-def attention(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
-    """Causal multi-head self-attention sublayer (pre-norm); returns its output only."""
+def attention(
+    p: dict[str, Any], x: Any, hooks: Hooks, *, impl: str = "dense", block: int = 512
+) -> Any:
+    """Causal self-attention sublayer (pre-norm), multi-head or grouped-query; returns its
+    output only. ``impl`` ``"dense"`` materialises the scores, ``"blocked"`` runs
+    :func:`blocked_attention`."""
     import jax
     import jax.numpy as jnp
 
     with jax.named_scope("attention"):
         h = hooks.enter("attention", rms_norm(x, hooks.weight("attn_norm", p["attn_norm"])))
-        qkv = jnp.einsum("bsd,dthk->bsthk", h, hooks.weight("wqkv", p["wqkv"]))
-        q, k, v = (hooks.heads(qkv[:, :, i]) for i in range(3))
-        seq = q.shape[1]
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
-        scores = scores / math.sqrt(q.shape[-1])
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        o = hooks.heads(jnp.einsum("bhqs,bshk->bqhk", probs, v))
+        qkv = jnp.einsum("bsd,dkgh->bskgh", h, hooks.weight("wqkv", p["wqkv"]))
+        batch, seq, kv, slots, hd = qkv.shape
+        group = slots - 2
+        q = hooks.heads(qkv[:, :, :, :group].reshape(batch, seq, kv * group, hd))
+        q = q.reshape(batch, seq, kv, group, hd)
+        k = hooks.heads(qkv[:, :, :, group])
+        v = hooks.heads(qkv[:, :, :, group + 1])
+        if impl == "blocked":
+            o = blocked_attention(q, k, v, block)
+        else:
+            o = dense_attention(q, k, v)
+        o = hooks.heads(o.reshape(batch, seq, kv * group, hd))
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
         return hooks.exit("attention", out)
 
 
+def dense_attention(q: Any, k: Any, v: Any) -> Any:
+    """Causal attention with the whole ``[seq, seq]`` score matrix per head.
+
+    ``q`` is ``[batch, seq, kv_heads, q_per_kv, head_dim]``, ``k`` and ``v`` are
+    ``[batch, seq, kv_heads, head_dim]``; returns the shape of ``q``. The scores and
+    probabilities are named ``attention_scores`` and ``attention_probs`` for
+    ``jax.checkpoint`` policies (selective recomputation drops them).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
+
+    seq = q.shape[1]
+    scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32)
+    scores = checkpoint_name(scores / math.sqrt(q.shape[-1]), "attention_scores")
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    probs = checkpoint_name(jax.nn.softmax(scores, axis=-1).astype(v.dtype), "attention_probs")
+    return jnp.einsum("bkgqs,bskh->bqkgh", probs, v)
+
+
+def attention_block_size(seq: int, block: int) -> int:
+    """The key block :func:`blocked_attention` uses: the largest divisor of ``seq`` up to
+    ``block``."""
+    return max(d for d in range(1, min(seq, block) + 1) if seq % d == 0)
+
+
+_MASKED = -1e30  # a masked score: exp() of it minus any real maximum is exactly 0
+
+
+def _block_scores(q: Any, kj: Any, j: Any, blk: int) -> Any:
+    import jax.numpy as jnp
+
+    seq = q.shape[1]
+    s = jnp.einsum("bqkgh,bskh->bkgqs", q, kj, preferred_element_type=jnp.float32)
+    s = s / math.sqrt(q.shape[-1])
+    visible = jnp.arange(seq)[:, None] >= (j * blk + jnp.arange(blk))[None, :]
+    return jnp.where(visible, s, _MASKED)
+
+
+def _by_block(x: Any, blk: int) -> Any:
+    """``[batch, seq, ...]`` -> ``[seq / blk, batch, blk, ...]`` (the scanned axis first)."""
+    import jax.numpy as jnp
+
+    b, s = x.shape[:2]
+    return jnp.moveaxis(x.reshape(b, s // blk, blk, *x.shape[2:]), 1, 0)
+
+
+def _from_blocks(x: Any) -> Any:
+    import jax.numpy as jnp
+
+    x = jnp.moveaxis(x, 0, 1)
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    b, seq, kv, g, hd = q.shape
+    m0 = jnp.full((b, kv, g, seq), -jnp.inf, jnp.float32)
+    l0 = jnp.zeros((b, kv, g, seq), jnp.float32)
+    acc0 = jnp.zeros((b, seq, kv, g, hd), jnp.float32)
+    blocks = (jnp.arange(seq // blk), _by_block(k, blk), _by_block(v, blk))
+
+    def step(carry: Any, xs: Any) -> Any:
+        m, total, acc = carry
+        j, kj, vj = xs
+        s = _block_scores(q, kj, j, blk)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        scale = jnp.exp(m - m_new)
+        total = total * scale + p.sum(axis=-1)
+        pv = jnp.einsum(
+            "bkgqs,bskh->bqkgh", p.astype(v.dtype), vj, preferred_element_type=jnp.float32
+        )
+        acc = acc * jnp.moveaxis(scale, 3, 1)[..., None] + pv
+        return (m_new, total, acc), None
+
+    (m, total, acc), _ = jax.lax.scan(step, (m0, l0, acc0), blocks)
+    o = (acc / jnp.moveaxis(total, 3, 1)[..., None]).astype(q.dtype)
+    return o, m + jnp.log(total)
+
+
+def _blocked_backward(blk: int, res: Any, do: Any) -> tuple[Any, Any, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    q, k, v, o, lse = res
+    seq = q.shape[1]
+    delta = jnp.moveaxis(
+        jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1), 1, 3
+    )  # [b, kv, g, seq]
+    blocks = (jnp.arange(seq // blk), _by_block(k, blk), _by_block(v, blk))
+
+    def step(dq: Any, xs: Any) -> Any:
+        j, kj, vj = xs
+        p = jnp.exp(_block_scores(q, kj, j, blk) - lse[..., None])
+        dv = jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do.dtype), do,
+                        preferred_element_type=jnp.float32)
+        dp = jnp.einsum("bqkgh,bskh->bkgqs", do, vj, preferred_element_type=jnp.float32)
+        ds = (p * (dp - delta[..., None]) / math.sqrt(q.shape[-1])).astype(q.dtype)
+        dq = dq + jnp.einsum("bkgqs,bskh->bqkgh", ds, kj, preferred_element_type=jnp.float32)
+        dk = jnp.einsum("bkgqs,bqkgh->bskh", ds, q, preferred_element_type=jnp.float32)
+        return dq, (dk.astype(k.dtype), dv.astype(v.dtype))
+
+    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), blocks)
+    return dq.astype(q.dtype), _from_blocks(dk), _from_blocks(dv)
+
+
+def _make_blocked() -> Any:
+    import functools
+
+    import jax
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+    def run(q: Any, k: Any, v: Any, blk: int) -> Any:
+        return _blocked_forward(q, k, v, blk)[0]
+
+    def fwd(q: Any, k: Any, v: Any, blk: int) -> Any:
+        o, lse = _blocked_forward(q, k, v, blk)
+        return o, (q, k, v, o, lse)
+
+    run.defvjp(fwd, _blocked_backward)
+    return run
+
+
+_BLOCKED: list[Any] = []
+
+
+def blocked_attention(q: Any, k: Any, v: Any, block: int = 512) -> Any:
+    """Causal attention over key blocks with a running softmax: memory-efficient attention
+    (Rabe and Staats, arXiv 2112.05682; the FlashAttention recurrence, arXiv 2205.14135).
+
+    Same arguments and result as :func:`dense_attention`. Only ``[seq, block]`` scores exist
+    at a time; the backward pass keeps ``q``, ``k``, ``v``, the output and the per-query
+    log-sum-exp, and recomputes each block's scores.
+    """
+    if not _BLOCKED:
+        _BLOCKED.append(_make_blocked())
+    return _BLOCKED[0](q, k, v, attention_block_size(q.shape[1], block))
+
+
 def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
-    """GELU MLP sublayer (pre-norm); returns its output only."""
+    """MLP sublayer (pre-norm): GELU with ``w_up``, or SwiGLU with ``w_gate_up``; returns its
+    output only."""
     import jax
     import jax.numpy as jnp
 
     with jax.named_scope("mlp"):
         h = hooks.enter("mlp", rms_norm(x, hooks.weight("mlp_norm", p["mlp_norm"])))
-        u = hooks.hidden(jax.nn.gelu(jnp.einsum("bsd,df->bsf", h, hooks.weight("w_up", p["w_up"]))))
+        if "w_gate_up" in p:
+            gu = jnp.einsum("bsd,dtf->bstf", h, hooks.weight("w_gate_up", p["w_gate_up"]))
+            u = hooks.hidden(jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1])
+        else:
+            up = jnp.einsum("bsd,df->bsf", h, hooks.weight("w_up", p["w_up"]))
+            u = hooks.hidden(jax.nn.gelu(up))
         out = jnp.einsum("bsf,fd->bsd", u, hooks.weight("w_down", p["w_down"]))
         return hooks.exit("mlp", out)
 
 
-def decoder_layer(p: dict[str, Any], x: Any, hooks: Hooks = NO_HOOKS) -> tuple[Any, dict[str, Any]]:
+def decoder_layer(
+    p: dict[str, Any],
+    x: Any,
+    hooks: Hooks = NO_HOOKS,
+    *,
+    attention_impl: str = "dense",
+    attention_block: int = 512,
+) -> tuple[Any, dict[str, Any]]:
     """One layer: ``x + attention(x)``, then ``+ mlp(.)``. Returns the new residual and the
     two sublayer outputs (for per-scope numerics)."""
-    a = attention(p, x, hooks)
+    a = attention(p, x, hooks, impl=attention_impl, block=attention_block)
     x = hooks.residual(x + a)
     m = mlp(p, x, hooks)
     x = hooks.residual(x + m)
     return x, {"attention": a, "mlp": m}
+
+
+def remat_policy(remat: str) -> Any:
+    """The ``jax.checkpoint`` policy of a recomputation choice: ``"full"`` saves nothing
+    inside a layer (its input is kept by the layer loop), ``"selective"`` everything but the
+    attention scores and probabilities (Korthikanti et al., arXiv 2205.05198, section 5)."""
+    import jax
+
+    if remat == "full":
+        return jax.checkpoint_policies.nothing_saveable
+    return jax.checkpoint_policies.save_anything_except_these_names(
+        "attention_scores", "attention_probs"
+    )
 
 
 def forward(
@@ -325,8 +569,20 @@ def forward(
         x = jnp.take(hooks.weight("embed", params["embed"]), inputs, axis=0)
     x = hooks.residual(x)
 
+    def layer_step(layer: dict[str, Any], x: Any) -> tuple[Any, Any]:
+        return decoder_layer(
+            layer,
+            x,
+            hooks,
+            attention_impl=config.attention,
+            attention_block=config.attention_block,
+        )
+
+    if config.remat != "none":
+        layer_step = jax.checkpoint(layer_step, policy=remat_policy(config.remat))
+
     def body(x: Any, layer: dict[str, Any]) -> tuple[Any, Any]:
-        x, sub = decoder_layer(layer, x, hooks)
+        x, sub = layer_step(layer, x)
         return x, (sub if capture else None)
 
     layers = params["layers"]
@@ -341,7 +597,10 @@ def forward(
 
     if config.vocab is not None:
         x = rms_norm(x, hooks.weight("final_norm", params["final_norm"]))
-        x = jnp.einsum("bsd,dv->bsv", x, hooks.weight("unembed", params["unembed"]))
+        if "unembed" in params:
+            x = jnp.einsum("bsd,dv->bsv", x, hooks.weight("unembed", params["unembed"]))
+        else:  # tied: the embedding's transpose
+            x = jnp.einsum("bsd,vd->bsv", x, hooks.weight("embed", params["embed"]))
     return (x, captured) if capture else x
 
 

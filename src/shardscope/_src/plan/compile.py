@@ -3,6 +3,7 @@ the facts as plain data; in this process or in worker processes that simulate N 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,17 +52,22 @@ def compile_facts(
     config: ModelConfig,
     mode: str,
     devices: Sequence[Any] | None = None,
+    microbatches: int = 1,
 ) -> CompiledFacts:
-    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices."""
+    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices: the
+    first of ``devices`` (default: all of JAX's) that the mesh needs."""
+    import jax
+
     from shardscope._src.audit.compile import _capture_stderr, audit, parse_rematerializations
-    from shardscope._src.mesh import make_mesh
+    from shardscope._src.mesh import make_mesh, parse_mesh_spec
     from shardscope._src.sharding.programs import build_program
     from shardscope._src.sharding.strategies import get_strategy
 
     t0 = time.perf_counter()
-    mesh = make_mesh(mesh_spec, devices=devices)
+    need = math.prod(parse_mesh_spec(mesh_spec).values())
+    mesh = make_mesh(mesh_spec, devices=list(jax.devices() if devices is None else devices)[:need])
     placement = get_strategy(strategy).place(config, mesh)
-    lowered = build_program(placement, mode=mode).lower()
+    lowered = build_program(placement, mode=mode, microbatches=microbatches).lower()
     t1 = time.perf_counter()
     with _capture_stderr() as log:
         compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
@@ -83,7 +89,9 @@ def compile_facts(
 
 def compile_task(task: CompileTask) -> CompiledFacts:
     """:func:`compile_facts` of a worker's task, on this process's devices."""
-    return compile_facts(task.strategy, task.mesh_spec, task.config, task.mode)
+    return compile_facts(
+        task.strategy, task.mesh_spec, task.config, task.mode, microbatches=task.microbatches
+    )
 
 
 def _local_devices(n: int) -> list[Any]:
@@ -127,7 +135,7 @@ def default_workers(devices: int) -> int:
 
 def compile_all(
     todo: Sequence[Candidate],
-    config: ModelConfig,
+    config: ModelConfig | Mapping[Candidate, ModelConfig],
     mode: str,
     devices: int,
     workers: int,
@@ -139,18 +147,32 @@ def compile_all(
         progress(0, total, "")
     if not todo:
         return out
+
+    def config_of(cand: Candidate) -> ModelConfig:
+        return config if isinstance(config, ModelConfig) else config[cand]
+
     if workers == 0:
         local = _local_devices(devices)
         for i, cand in enumerate(todo, start=1):
             try:
-                out[cand] = compile_facts(cand.strategy, cand.mesh_spec, config, mode, local)
+                out[cand] = compile_facts(
+                    cand.strategy,
+                    cand.stage_mesh_spec,
+                    config_of(cand),
+                    mode,
+                    local,
+                    cand.microbatches,
+                )
             except (StrategyError, RuntimeError, ValueError) as e:
                 out[cand] = e
             if progress:
                 progress(i, total, cand.label)
         return out
 
-    tasks = [CompileTask(c.strategy, c.mesh_spec, config, mode) for c in todo]
+    tasks = [
+        CompileTask(c.strategy, c.stage_mesh_spec, config_of(c), mode, c.microbatches)
+        for c in todo
+    ]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:

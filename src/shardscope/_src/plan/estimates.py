@@ -83,7 +83,11 @@ def model_ways(placement: Placement) -> int:
 
 def param_elements_per_device(placement: Placement) -> int:
     """Parameter elements one device stores, by each parameter's storage spec."""
-    rules = placement.strategy.param_rules()
+    return elements_per_device(placement, placement.strategy.param_rules())
+
+
+def elements_per_device(placement: Placement, rules: Mapping[str, Any]) -> int:
+    """Elements one device stores of every parameter-shaped array stored by ``rules``."""
     total = 0
     for name, shape in param_shapes(placement.config).items():
         ways = math.prod(placement.role_size(r) for r in rules[name] if r is not None)
@@ -91,18 +95,80 @@ def param_elements_per_device(placement: Placement) -> int:
     return total
 
 
-def activation_bytes_per_layer(placement: Placement, *, flash_attention: bool = True) -> int:
-    """Bytes of one layer's activations kept for the backward pass, on one device."""
+@dataclass(frozen=True)
+class Schedule:
+    """How a train step is run: ``microbatches`` per data shard (gradient accumulation),
+    ``remat`` (``none``, ``selective``, ``full``) and pipeline ``stages`` (1F1B)."""
+
+    microbatches: int = 1
+    remat: str = "none"
+    stages: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"microbatches": self.microbatches, "remat": self.remat, "stages": self.stages}
+
+    @property
+    def in_flight(self) -> int:
+        """Micro-batches whose activations a stage holds at once: 1F1B's first stage holds
+        ``min(stages, microbatches)`` (Narayanan et al., arXiv 2104.04473, section 2.2.1);
+        without stages one at a time."""
+        return min(self.stages, self.microbatches) if self.stages > 1 else 1
+
+
+def sequences_per_device(placement: Placement, microbatches: int = 1) -> int:
+    """Sequences of one micro-batch on one device: the batch over the data axes and the
+    micro-batches."""
+    return placement.config.batch // data_ways(placement) // microbatches
+
+
+def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float]:
+    """Bytes of one layer's activations for ``b`` sequences on one device: (replicated
+    over the model axis, split by it, attention scores split by it), at the model's dtype."""
     c = placement.config
-    s, h, a, f = c.seq, c.d_model, c.heads, c.ff
-    b = c.batch // data_ways(placement)
+    s, h, f = c.seq, c.d_model, c.ff
+    assert c.head_dim is not None and c.kv_heads is not None
+    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     t = model_ways(placement)
-    attention = 0 if flash_attention else 5 * a * s
+    mlp = 8 * f if c.mlp == "swiglu" else 4 * f
+    split = 2 * q_dim + 4 * kv_dim + 2 * q_dim + mlp  # Q, K and V, out-proj input, MLP
+    scores = 5 * c.heads * s
     if placement.strategy.sequence_parallel:
-        per_token = (18 * h + 4 * f + attention) / t
+        whole, split = 0.0, (10 * h + split) / t
     else:
-        per_token = 10 * h + (8 * h + 4 * f + attention) / t
-    return math.ceil(s * b * per_token * c.itemsize / 2)
+        whole, split = 10.0 * h, split / t
+    scale = s * b * c.itemsize / 2
+    return whole * scale, split * scale, scores / t * scale
+
+
+def activation_bytes_per_layer(
+    placement: Placement, *, flash_attention: bool = True, microbatches: int = 1
+) -> int:
+    """Bytes of one layer's activations kept for the backward pass, on one device, for one
+    micro-batch (Korthikanti et al. Table 2; see the module docstring)."""
+    whole, split, scores = _activation_terms(
+        placement, sequences_per_device(placement, microbatches)
+    )
+    return math.ceil(whole + split + (0 if flash_attention else scores))
+
+
+def stored_activation_bytes_per_layer(
+    placement: Placement, schedule: Schedule, *, flash_attention: bool = True
+) -> int:
+    """What one layer keeps per micro-batch under ``schedule.remat``: everything (none),
+    everything but the attention scores (selective), its input only (full: ``2sbh``, or
+    ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2)."""
+    if schedule.remat == "none":
+        return activation_bytes_per_layer(
+            placement, flash_attention=flash_attention, microbatches=schedule.microbatches
+        )
+    if schedule.remat == "selective":
+        return activation_bytes_per_layer(
+            placement, flash_attention=True, microbatches=schedule.microbatches
+        )
+    c = placement.config
+    b = sequences_per_device(placement, schedule.microbatches)
+    t = model_ways(placement) if placement.strategy.sequence_parallel else 1
+    return math.ceil(c.seq * b * c.d_model * c.itemsize / t)
 
 
 def estimate_memory(
@@ -111,8 +177,15 @@ def estimate_memory(
     *,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
+    schedule: Schedule | None = None,
 ) -> MemoryEstimate:
     """Analytic memory per device of ``placement`` (see the module docstring for the formulas).
+
+    ``placement`` is the program one device runs: with pipeline stages, one stage's (its
+    layers; the batch of the whole step). ``schedule`` (train only) divides the activations
+    by the micro-batches, keeps what the recomputation keeps (plus one layer's full
+    activations while it is recomputed), and multiplies them by the micro-batches a 1F1B
+    stage holds at once.
 
     >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
     >>> dp, fsdp = (get_strategy(s).place(ModelConfig(), abstract_mesh("data=8"))
@@ -122,30 +195,53 @@ def estimate_memory(
     """
     c = placement.config
     item = c.itemsize
+    sched = schedule or Schedule()
     if mode == "train" and bytes_per_param < 2 * item:
         raise PlanError(
             f"bytes_per_param={bytes_per_param} is less than the parameter and its gradient "
             f"at {c.dtype} ({2 * item} bytes); use at least {2 * item} (16 for mixed-precision "
             f"Adam, 10 for the scaling book's convention)"
         )
-    elements = param_elements_per_device(placement)
-    params = elements * item
+    s = placement.strategy
     train = mode == "train"
-    grads = params if train else 0
-    optimizer = elements * (bytes_per_param - 2 * item) if train else 0
-    b = c.batch // data_ways(placement)
-    per_layer = activation_bytes_per_layer(placement, flash_attention=flash_attention)
+    params = elements_per_device(placement, s.param_rules()) * item
+    grads = elements_per_device(placement, s.grad_rules()) * item if train else 0
+    optimizer = (
+        elements_per_device(placement, s.optimizer_rules()) * (bytes_per_param - 2 * item)
+        if train
+        else 0
+    )
+    m = sched.microbatches if train else 1
+    b = sequences_per_device(placement, m)
     logits = b * c.seq * c.vocab * (item + 4 if train else item) if c.vocab else 0
-    activations = (c.layers if train else 1) * per_layer + logits
+    if train:
+        kept = stored_activation_bytes_per_layer(placement, sched, flash_attention=flash_attention)
+        working = (
+            activation_bytes_per_layer(placement, flash_attention=flash_attention, microbatches=m)
+            if sched.remat != "none"
+            else 0
+        )
+        activations = c.layers * kept * sched.in_flight + working + logits
+    else:
+        activations = (
+            activation_bytes_per_layer(placement, flash_attention=flash_attention) + logits
+        )
     gathered = 0
-    if "data" in placement.strategy.roles and any(
-        "data" in roles for roles in placement.strategy.param_rules().values()
-    ):
+    if "data" in s.roles and any("data" in roles for roles in s.param_rules().values()):
         layer = sum(
             math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
         )
         gathered = layer * item // model_ways(placement)
     return MemoryEstimate(params, grads, optimizer, activations, gathered)
+
+
+def layer_matmul_params(config: ModelConfig) -> int:
+    """Weights of one layer's matmuls (the projections and the MLP; no norm gains)."""
+    return sum(
+        math.prod(shape[1:])
+        for name, shape in param_shapes(config).items()
+        if name in LAYER_PARAMS and not name.endswith("norm")
+    )
 
 
 def model_flops(config: ModelConfig, mode: str = "train") -> int:
@@ -156,9 +252,13 @@ def model_flops(config: ModelConfig, mode: str = "train") -> int:
     26214400
     """
     c = config
-    h, f, L, s = c.d_model, c.ff, c.layers, c.seq
-    per_token = L * (4 * h * h + 2 * h * f) + 2 * L * s * h + h * (c.vocab or 0)
-    forward = 2 * c.batch * s * per_token
+    assert c.head_dim is not None
+    per_token = (
+        c.layers * layer_matmul_params(c)
+        + 2 * c.layers * c.seq * c.heads * c.head_dim
+        + c.d_model * (c.vocab or 0)
+    )
+    forward = 2 * c.batch * c.seq * per_token
     return 3 * forward if mode == "train" else forward
 
 

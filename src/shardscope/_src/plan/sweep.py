@@ -26,27 +26,38 @@ plus a slice moves twice the bytes; the plan keeps the compiled bytes and says s
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
-from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.hardware import TIME_MODEL_SOURCES, Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.model.config import MAX_DIM, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
-    MemoryEstimate,
+    Schedule,
     crosses_nodes,
+    data_ways,
     estimate_memory,
     model_flops,
     settings_dict,
+)
+from shardscope._src.plan.timing import (
+    bound_comm,
+    scheduled_bound,
+    step_time,
+    step_work,
+)
+from shardscope._src.plan.timing import (
+    describe as timing_constants,
 )
 from shardscope._src.plan.types import (
     AxisComm,
@@ -55,13 +66,28 @@ from shardscope._src.plan.types import (
     Plan,
     PlanCollective,
     PlanResult,
+    Screened,
     Skipped,
     SkipReason,
     Validation,
 )
 
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
-DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
+DEFAULT_STRATEGIES = (
+    "dp",
+    "fsdp",
+    "zero1",
+    "zero2",
+    "tp",
+    "sp",
+    "dp_tp",
+    "zero1_tp",
+    "fsdp_tp",
+    "dp_sp",
+)
+#: How many of the best estimated strategy-and-mesh pairs a sweep compiles (besides the best
+#: plan of each validated strategy).
+DEFAULT_COMPILE_TOP = 3
 #: Strategies whose compiled communication must match the analytic formula within 5%; every
 #: strategy's best plan is validated and reported.
 VALIDATED_STRATEGIES = ("dp", "fsdp", "tp")
@@ -81,25 +107,281 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(strategies: Iterable[str], devices: int) -> list[Candidate]:
-    """Every mesh shape of ``devices`` for each strategy, in a stable order.
+def candidates(
+    strategies: Iterable[str], devices: int, stages: Sequence[int] = (1,)
+) -> list[Candidate]:
+    """Every mesh shape of ``devices`` for each strategy and pipeline stage count, in a
+    stable order. With ``p > 1`` stages the mesh has a leading ``stage=p`` axis and the
+    strategy's axes share the ``devices / p`` of one stage.
 
     >>> [c.label for c in candidates(["tp", "dp_tp"], 8)]
     ['tp model=8', 'dp_tp data=4,model=2', 'dp_tp data=2,model=4']
+    >>> [c.label for c in candidates(["fsdp"], 8, (1, 2))]
+    ['fsdp data=8', 'fsdp stage=2,data=4']
     """
     from shardscope._src.mesh import parse_mesh_spec
     from shardscope._src.sharding.strategies import get_strategy, mesh_spec_for
 
     out = []
-    for name in strategies:
-        if len(get_strategy(name).roles) <= 1:
-            shapes = [(devices,)]
-        else:
-            shapes = [(devices // t, t) for t in divisors(devices) if 1 < t < devices]
-        for shape in shapes:
-            spec = parse_mesh_spec(mesh_spec_for(name, shape))
-            out.append(Candidate(name, tuple(spec.items())))
+    for p in stages:
+        n = devices // p
+        for name in strategies:
+            if len(get_strategy(name).roles) <= 1:
+                shapes = [(n,)]
+            else:
+                shapes = [(n // t, t) for t in divisors(n) if 1 < t < n]
+            for shape in shapes:
+                spec = parse_mesh_spec(mesh_spec_for(name, shape))
+                lead = (("stage", p),) if p > 1 else ()
+                out.append(Candidate(name, lead + tuple(spec.items())))
     return out
+
+
+#: The most pipeline stages a sweep tries unless told (more rarely pays on one job).
+MAX_STAGES = 16
+#: The most micro-batch counts a sweep tries per candidate (the largest divisors are kept).
+MAX_MICROBATCH_OPTIONS = 8
+
+
+def stage_options(
+    config: ModelConfig, devices: int, mode: str, stages: int | None
+) -> tuple[int, ...]:
+    """Pipeline stage counts to try: 1, and (train, unless ``stages`` fixes one) every
+    count up to :data:`MAX_STAGES` dividing both the layers and the devices."""
+    if stages is not None:
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+            raise PlanError(f"stages={stages!r}: must be a positive integer")
+        if config.layers % stages or devices % stages:
+            raise PlanError(
+                f"stages={stages}: pipeline stages must divide the {config.layers} layers and "
+                f"the {devices} devices; choose one of "
+                f"{', '.join(str(p) for p in divisors(config.layers) if devices % p == 0)}"
+            )
+        return (stages,)
+    if mode != "train":
+        return (1,)
+    return tuple(
+        p
+        for p in divisors(min(config.layers, MAX_STAGES))
+        if config.layers % p == 0 and devices % p == 0
+    )
+
+
+def _remat_options(
+    mode: str, remat: str | Sequence[str] | None, flash_attention: bool
+) -> tuple[str, ...]:
+    """Recomputation choices to try. Selective recomputation drops the attention scores,
+    which memory-efficient attention never keeps: with it, selective is no recomputation."""
+    from shardscope._src.model.config import REMATS
+
+    if mode != "train":
+        return ("none",)
+    if remat is None:
+        return tuple(r for r in REMATS if not (flash_attention and r == "selective"))
+    chosen = (remat,) if isinstance(remat, str) else tuple(remat)
+    for r in chosen:
+        if r not in REMATS:
+            raise PlanError(f"remat={r!r}: choose from {', '.join(REMATS)}")
+    return tuple(dict.fromkeys(chosen))
+
+
+def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool) -> ModelConfig:
+    """The program one device runs for ``cand``: one stage's layers, the whole batch, its
+    recomputation, and blocked attention when the estimate assumes memory-efficient attention
+    (so that the compiled program computes what the estimate counts)."""
+    return replace(
+        config,
+        layers=config.layers // cand.stages,
+        remat=cand.remat,
+        attention="blocked" if flash_attention else "dense",
+        scan=True,
+    )
+
+
+def _microbatch_options(bound: Any, mode: str, microbatches: int | None) -> list[int]:
+    per_shard = bound.config.batch // data_ways(bound) if bound.config.batch else 0
+    if mode != "train":
+        return [1]
+    if microbatches is not None:
+        return [microbatches] if per_shard and per_shard % microbatches == 0 else []
+    options = divisors(per_shard) if per_shard else []
+    if len(options) > MAX_MICROBATCH_OPTIONS:
+        options = [1, *options[-(MAX_MICROBATCH_OPTIONS - 1):]]
+    return options
+
+
+def screen(
+    cand: Candidate,
+    bound: Any,
+    config: ModelConfig,
+    hw: Hardware,
+    mode: str = "train",
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    flash_attention: bool = True,
+) -> Screened:
+    """Estimates ``cand`` without compiling: memory per device and the time model's step.
+
+    ``bound`` is the strategy bound to one stage's program (:func:`stage_config`) on the
+    stage's mesh; ``config`` the whole model.
+    """
+    sched = Schedule(cand.microbatches, cand.remat, cand.stages)
+    mem = estimate_memory(
+        bound,
+        mode,
+        bytes_per_param=bytes_per_param,
+        flash_attention=flash_attention,
+        schedule=sched,
+    )
+    need = scheduled_bound(bound, sched, mode)
+    work = step_work(bound, sched, config, math.prod(cand.sizes.values()), hw,
+                     flash_attention=flash_attention, mode=mode)
+    return Screened(cand, mem, step_time(hw, work, bound_comm(hw, bound, need.terms)), need,
+                    int(hw.memory_bytes))
+
+
+def screen_all(
+    config: ModelConfig,
+    devices: int,
+    hw: Hardware,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    *,
+    mode: str = "train",
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    flash_attention: bool = True,
+    remat: str | Sequence[str] | None = None,
+    microbatches: int | None = None,
+    stages: int | None = None,
+) -> tuple[list[Screened], list[Skipped], int]:
+    """Every candidate of a sweep estimated without compiling, best first (those that fit
+    the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
+    skipped and why (indivisible, or whose model state alone exceeds the memory: never
+    compiled); and how many strategy-and-mesh candidates there were."""
+    from shardscope._src.base.comm import format_bytes
+    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+
+    names = tuple(strategies)
+    skipped: list[Skipped] = []
+    all_candidates = candidates(names, devices, stage_options(config, devices, mode, stages))
+    remats = _remat_options(mode, remat, flash_attention)
+    screened: list[Screened] = []
+    for cand in all_candidates:
+        base = stage_config(config, cand, flash_attention=flash_attention)
+        try:
+            bound = get_strategy(cand.strategy).place(base, abstract_mesh(cand.stage_mesh_spec))
+        except StrategyError as e:
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
+            continue
+        options = [
+            screen(
+                replace(cand, microbatches=m, remat=r),
+                bound,
+                config,
+                hw,
+                mode,
+                bytes_per_param,
+                flash_attention,
+            )
+            for m in _microbatch_options(bound, mode, microbatches)
+            for r in remats
+        ]
+        if not options:
+            skipped.append(
+                Skipped(
+                    cand.strategy,
+                    cand.mesh_spec,
+                    SkipReason.DIVISIBILITY,
+                    f"microbatches={microbatches} does not divide the "
+                    f"{bound.config.batch // data_ways(bound)} sequences of a data shard",
+                )
+            )
+            continue
+        state = min(s.memory.model_state for s in options)
+        if state > hw.memory_bytes:
+            what = "parameters, gradients and optimizer state" if mode == "train" else "parameters"
+            skipped.append(
+                Skipped(
+                    cand.strategy,
+                    cand.mesh_spec,
+                    SkipReason.MEMORY,
+                    f"{what} need {format_bytes(state)} per device, more than the "
+                    f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
+                    f"devices (fsdp, fsdp_tp, zero2) or give more memory (--memory)",
+                )
+            )
+        screened.extend(options)
+    return sorted(screened, key=_screen_key(names)), skipped, len(all_candidates)
+
+
+def estimate(
+    candidate: Candidate,
+    config: ModelConfig,
+    hardware: str | Hardware = "h100",
+    *,
+    mode: str = "train",
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    flash_attention: bool = True,
+) -> Screened:
+    """One candidate (strategy, mesh, micro-batches, recomputation; a ``stage`` axis for
+    pipeline stages) estimated without compiling: its memory per device and step time.
+
+    >>> c = Candidate("fsdp", (("data", 64),), microbatches=2, remat="full")
+    >>> estimate(c, model_preset("7b").config(batch=64)).fits  # doctest: +SKIP
+    True
+    """
+    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    base = stage_config(config, candidate, flash_attention=flash_attention)
+    bound = get_strategy(candidate.strategy).place(base, abstract_mesh(candidate.stage_mesh_spec))
+    return screen(candidate, bound, config, hw, mode, bytes_per_param, flash_attention)
+
+
+def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
+    def key(s: Screened) -> tuple[Any, ...]:
+        c = s.candidate
+        return (
+            not s.fits,
+            s.time.step_s if s.fits else s.memory.total,
+            s.memory.total,
+            names.index(c.strategy),
+            tuple(c.sizes.values()),
+            c.microbatches,
+        )
+
+    return key
+
+
+def _to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
+    """The screened candidates worth compiling, in rank order: the best schedule of each of
+    the ``top`` best strategy-and-mesh pairs, and the best plan of each of
+    :data:`VALIDATED_STRATEGIES` (whose compiled communication is checked against the
+    formula) that fits, or, when nothing fits, the best of every strategy."""
+    best: dict[tuple[str, str], Screened] = {}
+    for s in ranked:
+        best.setdefault((s.candidate.strategy, s.candidate.mesh_spec), s)
+    pairs = list(best.values())  # still in rank order
+    chosen = {id(s): s for s in pairs[:top]}
+    any_fits = any(s.fits for s in pairs)
+    seen: set[str] = set()
+    for s in pairs:
+        name = s.candidate.strategy
+        if name in seen or (any_fits and not (s.fits and name in VALIDATED_STRATEGIES)):
+            continue
+        seen.add(name)
+        chosen.setdefault(id(s), s)
+    order = {id(s): i for i, s in enumerate(ranked)}
+    return sorted(chosen.values(), key=lambda s: order[id(s)])
+
+
+def _reduces_per_microbatch(got: CompiledFacts, bound: Any, cand: Candidate) -> bool:
+    """Whether the compiled program all-reduces replicated gradients more often than once."""
+    once = sum(
+        t.traffic_bytes
+        for t in bound.terms
+        if t.kind == ALL_REDUCE and "summed over token shards" in t.what
+    )
+    compiled = sum(c.traffic_bytes for c in got.collectives if c.kind == ALL_REDUCE)
+    return once > 0 and compiled > 1.5 * once
 
 
 # -- estimates -------------------------------------------------------------------------------
@@ -186,6 +468,18 @@ def _cpu_formula(bound: Any) -> Any:
     return Bound(bound.label + " (CPU: all-reduce for reduce-scatter)", terms, bound.notes)
 
 
+def _jit_formula(bound: Any, microbatches: int) -> Any:
+    """The formula with the gradient all-reduces repeated per micro-batch, as jit compiles a
+    gradient accumulation loop."""
+    from shardscope._src.bounds.terms import Bound
+
+    terms = tuple(
+        replace(t, count=t.count * microbatches) if "summed over token shards" in t.what else t
+        for t in bound.terms
+    )
+    return Bound(bound.label + " (gradients reduced per micro-batch)", terms, bound.notes)
+
+
 def _ratio(a: int, b: int) -> float | None:
     if b:
         return a / b
@@ -201,12 +495,28 @@ def _validate(plan: Plan, bound: Any) -> Validation:
     ratio = _ratio(plan.comm_bytes_per_device, formula)
     cpu = _cpu_formula(bound).traffic_bytes
     cpu_ratio = _ratio(plan.comm_bytes_per_device, cpu)
+    jit = _jit_formula(bound, plan.microbatches)
+    jit_cpu = _cpu_formula(jit)
     if _within(ratio):
         explanation = ""
     elif cpu != formula and _within(cpu_ratio):
         explanation = (
             "CPU backend: all-reduce + slice where the formula has a reduce-scatter (2x its "
             "bytes); with that substitution they match. GPU/TPU form the reduce-scatter."
+        )
+    elif jit.traffic_bytes != formula and (
+        _within(_ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
+        or _within(_ratio(plan.comm_bytes_per_device, jit_cpu.traffic_bytes))
+    ):
+        explanation = (
+            f"the jit program reduces replicated gradients after each of the "
+            f"{plan.microbatches} micro-batches, where the formula (and the time model) "
+            f"reduces them once per step; counted so they match"
+            + (
+                " (with the CPU backend's all-reduce for each reduce-scatter)"
+                if not _within(_ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
+                else ""
+            )
         )
     else:
         worst = max(plan.comm, key=lambda a: abs(a.traffic_bytes - a.bound_bytes), default=None)
@@ -377,11 +687,16 @@ def plan(
     dtype: str = "bfloat16",
     workers: int | None = None,
     progress: Progress | None = None,
+    remat: str | Sequence[str] | None = None,
+    microbatches: int | None = None,
+    stages: int | None = None,
+    compile_top: int = DEFAULT_COMPILE_TOP,
     compiler: str = "cpu",
     target_plans: int = 3,
     **dims: int | None,
 ) -> PlanResult:
-    """Plans ``model`` on ``devices`` accelerators: every strategy and mesh, compiled and ranked.
+    """Plans ``model`` on ``devices`` accelerators: every strategy, mesh shape, micro-batch
+    count, recomputation and pipeline stage count estimated, the best compiled and ranked.
 
     Args:
         model: a preset (``tiny``, ``1b``, ``7b``, ``13b``, ``70b``), a :class:`ModelConfig`,
@@ -396,7 +711,17 @@ def plan(
             ``{"link_bandwidth": 370e9}``).
         strategies: names to try (default :data:`DEFAULT_STRATEGIES`).
         bytes_per_param: model-state bytes per parameter in training (16: mixed-precision Adam).
-        flash_attention: leave the attention-score term out of the activation estimate.
+        flash_attention: memory-efficient attention: the compiled program runs a blocked
+            attention and the estimate leaves the score matrix out; False: the program
+            materialises the scores and the estimate counts them.
+        remat: recomputation to try: ``"none"``, ``"selective"``, ``"full"`` or several
+            (default: all three).
+        microbatches: fix the micro-batches per data shard (default: every divisor of the
+            sequences per data shard, up to 8 choices).
+        stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
+            layers and the devices).
+        compile_top: how many of the best estimated strategy-and-mesh pairs to compile (the
+            best plan of each validated strategy is compiled as well).
         workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
             many worker processes that each simulate ``devices``; None: this process when it
             can, else one worker (:func:`default_workers`), so that the caller's JAX is never
@@ -411,10 +736,14 @@ def plan(
             (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
             chosen among them.
 
+    Every candidate is first estimated without compiling (memory per device, and the step
+    time of :mod:`shardscope._src.plan.timing`); only the best are compiled and audited.
+
     Returns:
-        A :class:`PlanResult`: ``plans`` ranked by estimated step time (plans that do not fit
-        the device memory after those that do), ``skipped`` with reasons, ``validations``.
-        No plan is not an error: ``empty_reason`` says why.
+        A :class:`PlanResult`: the compiled ``plans`` ranked by estimated step time (plans
+        that do not fit the device memory after those that do), ``skipped`` with reasons,
+        ``validations``, how many candidates were ``screened``, and the ``closest`` one when
+        none fits. No plan is not an error: ``empty_reason`` says why.
 
     Raises:
         PlanError: an unknown preset, a bad device count or mode.
@@ -425,8 +754,7 @@ def plan(
     >>> result.best.label  # doctest: +SKIP
     'dp data=8'
     """
-    from shardscope._src.bounds.transformer import transformer_bound
-    from shardscope._src.sharding.strategies import STRATEGIES, abstract_mesh, get_strategy
+    from shardscope._src.sharding.strategies import STRATEGIES
 
     start = time.perf_counter()
     if not is_int(devices, 1):
@@ -440,6 +768,8 @@ def plan(
         raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
     if workers is not None and (not is_int(workers, 0)):
         raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
+    if isinstance(compile_top, bool) or not isinstance(compile_top, int) or compile_top < 0:
+        raise PlanError(f"compile_top={compile_top!r}: must be 0 or a positive number")
     names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
     for name in names:
         if name not in STRATEGIES:
@@ -455,49 +785,47 @@ def plan(
             f"{config.dtype} ({2 * config.itemsize} bytes); use at least {2 * config.itemsize}"
         )
 
-    skipped: list[Skipped] = []
-    todo: list[Candidate] = []
-    bounds: dict[Candidate, Any] = {}
-    memory: dict[Candidate, MemoryEstimate] = {}
-    all_candidates = candidates(names, devices)
-    for cand in all_candidates:
-        try:
-            placement = get_strategy(cand.strategy).place(config, abstract_mesh(cand.mesh_spec))
-        except StrategyError as e:
-            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
-            continue
-        mem = estimate_memory(
-            placement, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
-        )
-        if mem.model_state > hw.memory_bytes:
-            from shardscope._src.base.comm import format_bytes
-
-            what = (
-                "parameters, gradients and optimizer state" if mode == "train" else ("parameters")
-            )
-            skipped.append(
-                Skipped(
-                    cand.strategy,
-                    cand.mesh_spec,
-                    SkipReason.MEMORY,
-                    f"{what} need {format_bytes(mem.model_state)} per device, more than the "
-                    f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
-                    f"devices (fsdp, fsdp_tp) or give more memory (--memory)",
-                )
-            )
-            continue
-        todo.append(cand)
-        bounds[cand] = transformer_bound(placement, mode)
-        memory[cand] = mem
+    ranked_screen, skipped, n_candidates = screen_all(
+        config,
+        devices,
+        hw,
+        names,
+        mode=mode,
+        bytes_per_param=bytes_per_param,
+        flash_attention=flash_attention,
+        remat=remat,
+        microbatches=microbatches,
+        stages=stages,
+    )
+    remats = _remat_options(mode, remat, flash_attention)
+    todo = _to_compile(
+        [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], compile_top
+    )
+    stage_configs = {
+        s.candidate: stage_config(config, s.candidate, flash_attention=flash_attention)
+        for s in todo
+    }
+    closest = None
+    if ranked_screen and not ranked_screen[0].fits:
+        small = min(ranked_screen, key=lambda s: s.memory.total)
+        closest = {"label": small.candidate.label, "bytes": small.memory.total}
 
     n_workers = default_workers(devices) if workers is None else workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
-    facts = compile_all(todo, config, mode, devices, n_workers, progress)
+    facts = compile_all(
+        [s.candidate for s in todo],
+        {s.candidate: stage_configs[s.candidate] for s in todo},
+        mode,
+        devices,
+        n_workers,
+        progress,
+    )
 
     flops = model_flops(config, mode)
     plans: list[Plan] = []
     bound_of: dict[int, Any] = {}
-    for cand in todo:
+    for s in todo:
+        cand = s.candidate
         got = facts[cand]
         if isinstance(got, BaseException):
             skipped.append(
@@ -506,14 +834,29 @@ def plan(
                 )
             )
             continue
-        sizes = cand.sizes
-        bound = bounds[cand]
+        sizes = dict(cand.stage_mesh)
+        bound = s.bound
         comm = _axis_comm(hw, sizes, got.collectives, bound)
+        notes = _notes(got, bound, got.collectives)
+        if cand.microbatches > 1 and _reduces_per_microbatch(got, bound, cand):
+            notes.append(
+                "the compiled jit program reduces the replicated gradients after every "
+                "micro-batch; the time model reduces them once per step, as Megatron-LM, "
+                "DeepSpeed and PyTorch DDP do (shard_map with one psum at the end compiles so)"
+            )
+        if cand.stages > 1:
+            notes.append(
+                f"one of {cand.stages} pipeline stages compiled "
+                f"({stage_configs[cand].layers} layers, "
+                f"on {math.prod(sizes.values())} devices, holding the embedding and the "
+                f"unembedding of the first and last stages); the stage-to-stage transfers "
+                f"and the bubble are in the time model"
+            )
         p = Plan(
             strategy=cand.strategy,
             summary=STRATEGIES[cand.strategy].summary,
-            mesh=sizes,
-            memory=memory[cand],
+            mesh=cand.sizes,
+            memory=s.memory,
             compiled_memory=got.memory,
             memory_limit_bytes=int(hw.memory_bytes),
             collectives=got.collectives,
@@ -522,11 +865,15 @@ def plan(
             bound_comm_time_s=_bound_time(hw, sizes, bound),
             comm_time_s=sum(a.time_s for a in comm),
             flops_per_device=flops / devices,
-            compute_time_s=flops / devices / hw.peak_flops,
-            notes=tuple(_notes(got, bound, got.collectives)),
+            compute_time_s=s.time.compute_s,
+            notes=tuple(notes),
             analysis_s=got.analysis_s,
             timing={"lower_s": got.lower_s, "compile_s": got.compile_s, "audit_s": got.audit_s},
             exact=got.exact,
+            microbatches=cand.microbatches,
+            remat=cand.remat,
+            stages=cand.stages,
+            time=s.time.to_dict(),
         )
         bound_of[id(p)] = bound
         plans.append(p)
@@ -542,7 +889,9 @@ def plan(
         ),
     )
     if compiler != "cpu":
-        order = _on_target(order, bound_of, config, mode, hw, compiler, target_plans, progress)
+        order = _on_target(
+            order, bound_of, config, mode, hw, compiler, target_plans, progress, flash_attention
+        )
         order = sorted(
             order,
             key=lambda p: (
@@ -570,6 +919,11 @@ def plan(
             **settings_dict(bytes_per_param, flash_attention),
             "compile_options": dict(COMPILE_OPTIONS),
             "strategies": list(names),
+            "remat": list(remats),
+            "microbatches": microbatches,
+            "stages": stages,
+            "compile_top": compile_top,
+            "time_model": timing_constants(hw),
         },
         plans=ranked,
         skipped=tuple(skipped),
@@ -577,7 +931,9 @@ def plan(
         notes=tuple(_result_notes(config, hw, ranked) + _compiler_notes(compiler, ranked, hw)),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
-        candidates=len(all_candidates),
+        candidates=n_candidates,
+        screened=len(ranked_screen),
+        closest=closest,
         compiler=compiler,
     )
     return result
@@ -633,6 +989,7 @@ def _on_target(
     target: str,
     leading: int,
     progress: Progress | None,
+    flash_attention: bool = True,
 ) -> list[Plan]:
     """The leading plans compiled again by the target's compiler, in the screening's order,
     until ``leading`` of them fit the device memory by its buffer assignment (or ``3 x
@@ -645,8 +1002,10 @@ def _on_target(
     for i, p in enumerate(order[:budget], start=1):
         if fitting >= leading:
             break
-        cand = Candidate(p.strategy, tuple(p.mesh.items()))
-        facts = target_facts(cand, config, mode, target)
+        cand = Candidate(p.strategy, tuple(p.mesh.items()), p.microbatches, p.remat)
+        facts = target_facts(
+            cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
+        )
         bound = bound_of[id(p)]
         from shardscope._src.base.comm import format_bytes
 
@@ -668,7 +1027,7 @@ def _on_target(
             "timing": {**p.timing, "target_compile_s": facts.compile_s},
         }
         if facts.error is None:
-            comm = _axis_comm(hw, p.mesh, facts.collectives, bound)
+            comm = _axis_comm(hw, dict(cand.stage_mesh), facts.collectives, bound)
             changes.update(
                 collectives=facts.collectives,
                 comm=comm,
@@ -692,11 +1051,18 @@ def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> l
         "prediction",
         "communication is the compiled program's collectives, loop trips counted, bytes each "
         "device sends under bandwidth-optimal algorithms",
-        f"time: alpha-beta per collective ({hw.name}: {hw.link_bandwidth / 1e9:g} GB/s within "
-        f"a node of {hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s for groups that "
-        f"span nodes, {hw.latency_s * 1e6:g} us per step); compute = model FLOPs / (devices x "
-        f"{hw.peak_flops / 1e12:g} TFLOP/s peak); step = compute + communication (no "
-        f"overlap) or the larger of the two (perfect overlap)",
+        f"time model ({hw.name}): matmuls at {hw.matmul_fraction:.0%} of "
+        f"{hw.peak_flops / 1e12:g} TFLOP/s, activations through HBM at "
+        f"{hw.hbm_bandwidth / 1e12:g} TB/s, collectives at {hw.comm_fraction:.0%} of "
+        f"{hw.link_bandwidth / 1e9:g} GB/s within a node of {hw.node_size} and of "
+        f"{hw.cross_node_bandwidth / 1e9:g} GB/s per device across nodes, "
+        f"{hw.latency_s * 1e6:g} us per ring step; tensor-parallel collectives "
+        + ("overlapped with their matmuls" if hw.tp_overlap else "on the critical path")
+        + "; data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
+        "schedule allows; 1F1B pipeline bubble; the optimizer's pass over its state. Ranked "
+        "by this step time, from the formula's collectives (the compiled ones are validated "
+        "against them). Sources: "
+        + "; ".join(f"{k}: {v}" for k, v in TIME_MODEL_SOURCES.items()),
     ]
     if config.itemsize == 2 and any(
         c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives

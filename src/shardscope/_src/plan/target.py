@@ -66,9 +66,9 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
     from shardscope._src.sharding.strategies import get_strategy
     from shardscope._src.target_mesh import target_mesh
 
-    mesh = target_mesh(target, cand.mesh_spec)
+    mesh = target_mesh(target, cand.stage_mesh_spec)
     placement = get_strategy(cand.strategy).place(config, mesh)
-    lowered = build_program(placement, mode=mode).lower()
+    lowered = build_program(placement, mode=mode, microbatches=cand.microbatches).lower()
     t0 = time.perf_counter()
     try:
         compiled = compile_lowered(lowered)

@@ -16,14 +16,21 @@ from shardscope._src.base.io import record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
+from shardscope._src.plan.timing import StepTime
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One strategy on one mesh shape, before it is filtered or compiled."""
+    """One strategy on one mesh shape with its schedule, before it is filtered or compiled.
+
+    A mesh axis named ``stage`` holds pipeline stages (1F1B); ``microbatches`` and ``remat``
+    are the train step's gradient accumulation and activation recomputation.
+    """
 
     strategy: str
     mesh: tuple[tuple[str, int], ...]
+    microbatches: int = 1
+    remat: str = "none"
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -34,8 +41,62 @@ class Candidate:
         return format_mesh_spec(self.mesh)
 
     @property
+    def stages(self) -> int:
+        return self.sizes.get("stage", 1)
+
+    @property
+    def stage_mesh(self) -> tuple[tuple[str, int], ...]:
+        """The mesh of one pipeline stage (the whole mesh without its ``stage`` axis)."""
+        return tuple((k, v) for k, v in self.mesh if k != "stage")
+
+    @property
+    def stage_mesh_spec(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.stage_mesh)
+
+    @property
+    def schedule_label(self) -> str:
+        """``"4 micro-batches, full recompute"``, or ``""`` for one micro-batch, no recompute."""
+        parts = []
+        if self.microbatches > 1:
+            parts.append(f"{self.microbatches} micro-batches")
+        if self.remat != "none":
+            parts.append(f"{self.remat} recompute")
+        return ", ".join(parts)
+
+    @property
     def label(self) -> str:
-        return f"{self.strategy} {self.mesh_spec}"
+        extra = self.schedule_label
+        return f"{self.strategy} {self.mesh_spec}" + (f" ({extra})" if extra else "")
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A candidate estimated without compiling: its memory per device, its step time by the
+    time model, and the communication its schedule needs (``bound``, the formula a compiled
+    plan is validated against)."""
+
+    candidate: Candidate
+    memory: MemoryEstimate
+    time: StepTime
+    bound: Any
+    memory_limit_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.memory_limit_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.candidate.label,
+            "strategy": self.candidate.strategy,
+            "mesh": self.candidate.mesh_spec,
+            "microbatches": self.candidate.microbatches,
+            "remat": self.candidate.remat,
+            "stages": self.candidate.stages,
+            "memory_bytes_per_device": self.memory.total,
+            "fits": self.fits,
+            "time": self.time.to_dict(),
+        }
 
 
 class SkipReason(StrEnum):
@@ -120,6 +181,7 @@ class CompileTask:
     mesh_spec: str
     config: ModelConfig
     mode: str
+    microbatches: int = 1
 
 
 @dataclass(frozen=True)
@@ -192,6 +254,10 @@ class Plan:
     analysis_s: float = 0.0
     timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
+    microbatches: int = 1
+    remat: str = "none"
+    stages: int = 1
+    time: Mapping[str, float] = field(default_factory=dict)
     #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the
     #: screening compile), or a target's (``"h100"``, ``"tpu-v5p"``).
     compiled_by: str = "cpu"
@@ -207,8 +273,19 @@ class Plan:
         return format_mesh_spec(self.mesh)
 
     @property
+    def schedule_label(self) -> str:
+        return Candidate(self.strategy, tuple(self.mesh.items()), self.microbatches,
+                         self.remat).schedule_label
+
+    @property
     def label(self) -> str:
-        return f"{self.strategy} {self.mesh_spec}"
+        extra = self.schedule_label
+        return f"{self.strategy} {self.mesh_spec}" + (f" ({extra})" if extra else "")
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization the time model predicts (None without a time model)."""
+        return self.time.get("mfu")
 
     @property
     def memory_bytes_per_device(self) -> int:
@@ -265,7 +342,10 @@ class Plan:
 
     @property
     def step_time_s(self) -> float:
-        """Compute then communication, nothing overlapped (the ranking key)."""
+        """The time model's step (the ranking key; see :mod:`shardscope._src.plan.timing`);
+        without one, compute then communication, nothing overlapped."""
+        if "step_s" in self.time:
+            return self.time["step_s"]
         return self.compute_time_s + self.comm_time_s
 
     @property
@@ -279,6 +359,9 @@ class Plan:
             "strategy": self.strategy,
             "mesh": self.mesh_spec,
             "mesh_shape": dict(self.mesh),
+            "microbatches": self.microbatches,
+            "remat": self.remat,
+            "stages": self.stages,
             "summary": self.summary,
             "memory_bytes_per_device": self.memory_bytes_per_device,
             "fits": self.fits,
@@ -295,6 +378,8 @@ class Plan:
             "compute_time_s": self.compute_time_s,
             "est_step_time_s": self.step_time_s,
             "est_step_time_overlap_s": self.step_time_overlap_s,
+            "mfu": self.mfu,
+            "time": dict(self.time),
             "pareto": self.pareto,
             "exact": self.exact,
             "comm": [c.to_dict() for c in self.comm],
@@ -327,6 +412,8 @@ class PlanResult:
     wall_s: float = 0.0
     workers: int = 0
     candidates: int = field(default=0)
+    screened: int = 0
+    closest: Mapping[str, Any] | None = None
     #: ``"cpu"``, or the target whose compiler compiled the leading plans (``compiled_by``).
     compiler: str = "cpu"
 
@@ -345,11 +432,22 @@ class PlanResult:
 
     @property
     def fit_note(self) -> str | None:
-        """When plans compiled but none fits the device memory: by how much, and what to do."""
-        if not self.plans or self.best is not None:
+        """When no plan fits the device memory: the closest one (with every recomputation,
+        micro-batch and pipeline choice searched), by how much, and what to do."""
+        if self.best is not None or (not self.plans and self.closest is None):
             return None
         from shardscope._src.base.comm import format_bytes
 
+        if self.closest is not None and not any(p.compiled_by != "cpu" for p in self.plans):
+            label, need = self.closest["label"], int(self.closest["bytes"])
+            have = int(self.hardware.memory_bytes)
+            return (
+                f"no plan fits, even with full recomputation, micro-batches and pipeline "
+                f"stages: the closest, {label}, needs {format_bytes(need)} per device of the "
+                f"{format_bytes(have)} a {self.hardware.name} has ({format_bytes(need - have)}, "
+                f"{need / have - 1:.0%} over); use more devices, a smaller batch or sequence, "
+                f"or more memory (--memory)"
+            )
         compiled = [p for p in self.plans if p.compiled_by == self.compiler != "cpu"]
         sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
         if compiled and not sized:
@@ -368,12 +466,14 @@ class PlanResult:
                 f"more devices, a smaller batch or sequence, or --target-plans to compile more"
             )
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
+        label, need = small.label, small.memory_bytes_per_device
+        have = int(self.hardware.memory_bytes)
         return (
-            f"no plan fits: the smallest, {small.label}, needs "
-            f"{format_bytes(small.memory_bytes_per_device)} per device of the "
-            f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use more "
-            f"devices, a smaller batch or sequence, or more memory (--memory). Activation "
-            f"recompute and micro-batching, which would shrink the activations, are not modelled"
+            f"no plan fits, even with full recomputation, micro-batches and pipeline stages: "
+            f"the closest, {label}, needs {format_bytes(need)} per device of the "
+            f"{format_bytes(have)} a {self.hardware.name} has ({format_bytes(need - have)}, "
+            f"{need / have - 1:.0%} over); use more devices, a smaller batch or sequence, or "
+            f"more memory (--memory)"
         )
 
     @property
@@ -400,6 +500,8 @@ class PlanResult:
             "fit_note": self.fit_note,
             "notes": list(self.notes),
             "candidates": self.candidates,
+            "screened": self.screened,
+            "closest": None if self.closest is None else dict(self.closest),
             "compiler": self.compiler,
             "wall_s": self.wall_s,
             "workers": self.workers,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.types import PlanResult
+    from shardscope._src.plan.types import Plan, PlanResult
 
 #: Short names of the collective kinds, for one-line summaries.
 KIND_SHORT = {
@@ -40,6 +40,16 @@ def format_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
+def schedule_text(p: Plan) -> str:
+    """``'m=4, full'``: micro-batches per data shard and recomputation (stages are the
+    mesh's ``stage`` axis)."""
+    return f"m={p.microbatches}, {p.remat}"
+
+
+def format_mfu(mfu: float | None) -> str:
+    return "-" if mfu is None else f"{mfu:.0%}"
+
+
 def headline(result: PlanResult) -> str:
     c, hw = result.config, result.hardware
     params = c.param_count()
@@ -59,10 +69,13 @@ def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
     table = Table(
         title=f"Plans: {headline(result)}",
         caption=(
-            f"{len(result.plans)} plans compiled, {len(result.skipped)} skipped, "
-            f"{result.wall_s:.1f} s. * Pareto front (memory vs comm time). Memory: analytic "
-            f"per device (the CPU compiler's numbers are in the JSON and report). Step: "
-            f"compute + comm; overlap: the larger of the two."
+            f"{result.screened} candidates estimated, {len(result.plans)} compiled, "
+            f"{len(result.skipped)} skipped, {result.wall_s:.1f} s. * Pareto front (memory vs "
+            f"comm time). Memory: analytic per device (the CPU compiler's numbers are in the "
+            f"JSON and report). Schedule: micro-batches per data shard, recomputation. Step: "
+            f"the time model (compute at the achievable fraction of peak, tensor-parallel "
+            f"collectives exposed, data-parallel ones overlapped as the schedule allows, "
+            f"pipeline bubble, optimizer); MFU: model FLOPs over the devices' peak."
         ),
         title_justify="left",
         caption_justify="left",
@@ -73,6 +86,7 @@ def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
         "#",
         "strategy",
         "mesh",
+        "schedule",
         "mem/dev",
         "fits",
         "comm/dev",
@@ -80,16 +94,19 @@ def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
         "comm",
         "compute",
         "step",
-        "overlap",
+        "MFU",
     ):
         table.add_column(
-            name, justify="left" if name in ("strategy", "mesh") else "right", no_wrap=True
+            name,
+            justify="left" if name in ("strategy", "mesh", "schedule") else "right",
+            no_wrap=True,
         )
     for p in result.plans[: top or None]:
         table.add_row(
             f"{p.rank}{'*' if p.pareto else ''}",
             p.strategy,
             p.mesh_spec,
+            schedule_text(p),
             format_bytes(p.memory_bytes_per_device),
             "yes" if p.fits else "[red]no[/red]",
             format_bytes(p.comm_bytes_per_device),
@@ -97,7 +114,7 @@ def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
             format_seconds(p.comm_time_s),
             format_seconds(p.compute_time_s),
             format_seconds(p.step_time_s),
-            format_seconds(p.step_time_overlap_s),
+            format_mfu(p.mfu),
         )
     return table
 
@@ -207,6 +224,27 @@ def render_plan(
 # -- Markdown --------------------------------------------------------------------------------
 
 
+def time_breakdown(p: Plan) -> list[str]:
+    """The best plan's step time, part by part (Markdown lines)."""
+    t = p.time
+    if not t:
+        return []
+    rows = [
+        ("compute (all micro-batches)", t["compute_s"]),
+        ("tensor-parallel collectives (on the critical path unless overlapped)", t["tp_comm_s"]),
+        ("data-parallel / FSDP / ZeRO collectives", t["data_comm_s"]),
+        ("of which exposed (not hidden behind compute)", t["data_exposed_s"]),
+        ("pipeline stage-to-stage transfers", t["p2p_s"]),
+        (f"pipeline bubble ({t['bubble_fraction']:.0%} of the pipeline)", t["bubble_s"]),
+        ("optimizer update", t["optimizer_s"]),
+        ("step", t["step_s"]),
+    ]
+    out = ["### Step time of the best plan", ""]
+    out += _md_table(["part", "seconds"], [[k, f"{v:.4g}"] for k, v in rows])
+    out += ["", f"Predicted MFU {t['mfu']:.1%}.", ""]
+    return out
+
+
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     def cell(x: str) -> str:
         return str(x).replace("|", "\\|").replace("\n", " ")
@@ -229,8 +267,9 @@ def markdown_report(result: PlanResult) -> str:
         f"{hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s across nodes, "
         f"{hw.latency_s * 1e6:g} us latency per step.",
         "",
-        f"{result.candidates} candidates: {len(result.plans)} compiled (in "
-        f"{result.wall_s:.1f} s), {len(result.skipped)} skipped.",
+        f"{result.candidates} strategy-and-mesh candidates, {result.screened} schedules "
+        f"estimated: {len(result.plans)} compiled (in {result.wall_s:.1f} s), "
+        f"{len(result.skipped)} skipped.",
         "",
     ]
     if not result.plans:
@@ -242,6 +281,8 @@ def markdown_report(result: PlanResult) -> str:
                 "#",
                 "strategy",
                 "mesh",
+                "micro-batches",
+                "recompute",
                 "memory/device",
                 "fits",
                 "comm/device",
@@ -249,7 +290,7 @@ def markdown_report(result: PlanResult) -> str:
                 "comm time",
                 "compute",
                 "step",
-                "step (overlap)",
+                "MFU",
                 "Pareto",
             ],
             [
@@ -257,6 +298,8 @@ def markdown_report(result: PlanResult) -> str:
                     str(p.rank),
                     p.strategy,
                     f"`{p.mesh_spec}`",
+                    str(p.microbatches),
+                    p.remat,
                     format_bytes(p.memory_bytes_per_device),
                     "yes" if p.fits else "**no**",
                     format_bytes(p.comm_bytes_per_device),
@@ -264,7 +307,7 @@ def markdown_report(result: PlanResult) -> str:
                     format_seconds(p.comm_time_s),
                     format_seconds(p.compute_time_s),
                     format_seconds(p.step_time_s),
-                    format_seconds(p.step_time_overlap_s),
+                    format_mfu(p.mfu),
                     "yes" if p.pareto else "",
                 ]
                 for p in result.plans
@@ -273,6 +316,7 @@ def markdown_report(result: PlanResult) -> str:
         best = result.best
         if best is not None:
             lines += ["", f"Best: **{best.label}** ({best.summary}).", ""]
+            lines += time_breakdown(best)
         else:
             lines += ["", f"**{result.fit_note}**", ""]
         lines += ["## Memory per device", ""]

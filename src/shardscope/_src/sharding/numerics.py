@@ -24,7 +24,7 @@ TOLERANCES = {"float32": 1e-5, "bfloat16": 4 * 2.0**-7, "float16": 4 * 2.0**-10}
 # Weights belonging to each named scope, for per-scope gradient errors.
 SCOPE_PARAMS = {
     "attention": ("attn_norm", "wqkv", "wo"),
-    "mlp": ("mlp_norm", "w_up", "w_down"),
+    "mlp": ("mlp_norm", "w_up", "w_gate_up", "w_down"),
     "embedding": ("embed", "final_norm", "unembed"),
 }
 

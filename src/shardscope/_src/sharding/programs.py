@@ -100,6 +100,7 @@ class Program:
     capture: bool
     fn: Callable[..., Any]
     arg_shardings: tuple[Any, ...]
+    microbatches: int = 1
 
     @property
     def name(self) -> str:
@@ -153,6 +154,7 @@ def build_program(
     impl: str = "jit",
     capture: bool = False,
     constraints: bool = True,
+    microbatches: int = 1,
 ) -> Program:
     """Builds the reference model under ``strategy`` on ``mesh``.
 
@@ -166,6 +168,14 @@ def build_program(
         impl: ``"jit"`` or ``"shard_map"`` (only for strategies with a twin).
         capture: forward also returns every layer's attention and MLP outputs (numerics).
         constraints: keep the strategy's activation sharding constraints (jit only).
+        microbatches: train mode, jit: split each data shard's sequences into this many
+            micro-batches, run them one after another (``lax.scan``) and accumulate the
+            gradients, stored as the strategy stores gradients (ZeRO-2: data-sharded).
+
+    A strategy whose optimizer state is sharded finer than its parameters (ZeRO-1, ZeRO-2)
+    returns ``(loss, new_params)`` in train mode: each device takes a plain gradient step on
+    its shard (Adam's element-wise arithmetic moves no data between devices either) and the
+    new parameters are gathered back to the parameters' sharding.
 
     >>> import shardscope
     >>> prog = build_program("tp", ModelConfig(layers=1), "model=8")
@@ -196,6 +206,7 @@ def build_program(
         )
     if capture and mode != "forward":
         raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")
+    _check_microbatches(placement, mode, impl, microbatches)
 
     config = placement.config
     params_sh = jax.tree.map(placement.sharding, placement.param_specs())
@@ -215,8 +226,10 @@ def build_program(
                 return forward(params, inputs, config, hooks, capture=capture)
         else:
 
-            def run(params: Any, batch: Any) -> Any:
-                return jax.value_and_grad(loss)(params, batch, config, hooks)
+            def objective(params: Any, batch: Any) -> Any:
+                return loss(params, batch, config, hooks)
+
+            run = _train_step(placement, objective, microbatches)
     else:
         local = _shard_map_forward(placement, capture)
         if mode == "forward":
@@ -233,10 +246,95 @@ def build_program(
         out_shardings: Any = None
     elif mode == "forward":
         out_shardings = out_sh
-    else:
+    elif placement.strategy.updates_shards:
         out_shardings = (placement.sharding(placement.spec(())), params_sh)
+    else:
+        grads_sh = jax.tree.map(placement.sharding, placement.grad_specs())
+        out_shardings = (placement.sharding(placement.spec(())), grads_sh)
     jitted = jax.jit(run, in_shardings=arg_sh, out_shardings=out_shardings)
-    return Program(placement, mode, impl, capture, jitted, arg_sh)
+    return Program(placement, mode, impl, capture, jitted, arg_sh, microbatches)
+
+
+#: The step size of the sharded update (its value changes no communication).
+UPDATE_STEP = 1e-3
+
+
+def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: int) -> None:
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise StrategyError(f"microbatches={microbatches!r}: must be a positive integer")
+    if microbatches == 1:
+        return
+    if mode != "train" or impl != "jit":
+        raise StrategyError(
+            f"microbatches={microbatches} needs mode='train' and impl='jit' (gradient "
+            f"accumulation); use microbatches=1 here"
+        )
+    data = bound.role_size("data") if bound.strategy.batch_role == "data" else 1
+    batch = bound.config.batch
+    if batch % (data * microbatches):
+        fits = [m for m in range(1, batch // data + 1) if (batch // data) % m == 0]
+        raise StrategyError(
+            f"batch={batch} over {data} data shard(s) gives {batch / data:g} sequences per "
+            f"shard, which {microbatches} micro-batches do not divide; choose microbatches "
+            f"from {', '.join(map(str, fits[:12]))}"
+            + (" (the batch must divide by the data axes)" if batch % data else "")
+        )
+
+
+def _train_step(
+    bound: Placement, objective: Callable[[Any, Any], Any], microbatches: int
+) -> Callable[[Any, Any], Any]:
+    """``(params, batch) -> (loss, grads)``, or ``(loss, new_params)`` for ZeRO-1/-2."""
+    import jax
+    import jax.numpy as jnp
+
+    wsc = jax.lax.with_sharding_constraint
+    grad_sh = jax.tree.map(bound.sharding, bound.grad_specs())
+    in_spec, target_spec = bound.batch_specs()
+    m = microbatches
+
+    def split(x: Any) -> Any:
+        # [B, ...] -> [m, B/m, ...]: micro-batch i holds sequences i, i + m, ... of every
+        # shard, so each data shard splits its own sequences and nothing moves.
+        x = x.reshape(x.shape[0] // m, m, *x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    def accumulate(params: Any, batch: Any) -> Any:
+        if m == 1:
+            value, grads = jax.value_and_grad(objective)(params, batch)
+            return value, grads
+        inputs = split(batch[0])
+        targets = split(batch[1])
+
+        def step(carry: Any, mb: Any) -> Any:
+            total, acc = carry
+            x = wsc(mb[0], bound.sharding(in_spec))
+            y = wsc(mb[1], bound.sharding(target_spec))
+            value, grads = jax.value_and_grad(objective)(params, (x, y))
+            acc = jax.tree.map(lambda a, g: a + g, acc, grads)
+            return (total + value, wsc(acc, grad_sh)), None
+
+        zeros = wsc(jax.tree.map(jnp.zeros_like, params), grad_sh)
+        (total, acc), _ = jax.lax.scan(step, (jnp.float32(0.0), zeros), (inputs, targets))
+        return total / m, jax.tree.map(lambda g: g / m, acc)
+
+    if not bound.strategy.updates_shards:
+        return accumulate
+
+    opt_sh = jax.tree.map(bound.sharding, bound.optimizer_specs())
+    params_sh = jax.tree.map(bound.sharding, bound.param_specs())
+
+    def run(params: Any, batch: Any) -> Any:
+        value, grads = accumulate(params, batch)
+        shard = jax.tree.map(
+            lambda p, g, s: wsc(p, s) - jnp.asarray(UPDATE_STEP, p.dtype) * wsc(g, s),
+            params,
+            grads,
+            opt_sh,
+        )
+        return value, wsc(shard, params_sh)
+
+    return run
 
 
 def _twins() -> list[str]:

@@ -31,10 +31,11 @@ Roles = tuple[str | None, ...]
 # Dimension names, used to check divisibility and to word errors.
 PARAM_DIMS: dict[str, tuple[str, ...]] = {
     "attn_norm": ("d_model",),
-    "wqkv": ("d_model", "qkv", "heads", "head_dim"),
+    "wqkv": ("d_model", "kv_heads", "qkv_slots", "head_dim"),
     "wo": ("heads", "head_dim", "d_model"),
     "mlp_norm": ("d_model",),
     "w_up": ("d_model", "ff"),
+    "w_gate_up": ("d_model", "gate_up", "ff"),
     "w_down": ("ff", "d_model"),
     "embed": ("vocab", "d_model"),
     "final_norm": ("d_model",),
@@ -55,9 +56,10 @@ def _rules(**kw: Roles) -> tuple[tuple[str, Roles], ...]:
 _REPLICATED_PARAMS = {name: (None,) * len(dims) for name, dims in PARAM_DIMS.items()}
 _TP_PARAMS = dict(
     _REPLICATED_PARAMS,
-    wqkv=(None, None, "model", None),
+    wqkv=(None, "model", None, None),
     wo=("model", None, None),
     w_up=(None, "model"),
+    w_gate_up=(None, None, "model"),
     w_down=("model", None),
 )
 _FSDP_PARAMS = dict(
@@ -66,6 +68,7 @@ _FSDP_PARAMS = dict(
     wo=(None, None, "data"),
     mlp_norm=("data",),
     w_up=("data", None),
+    w_gate_up=("data", None, None),
     w_down=(None, "data"),
     embed=(None, "data"),
     final_norm=("data",),
@@ -102,6 +105,13 @@ class Strategy:
             applied as sharding constraints under jit; empty for none.
         sequence_parallel: the residual stream is sharded on the sequence between blocks.
         twin: a ``shard_map`` version with explicit collectives exists.
+        grads: per parameter, the roles its gradient is stored with (ZeRO-2 shards it over
+            the data axes while the parameter stays replicated); ``None``: as the parameter.
+        optimizer: per parameter, the roles its optimizer state (fp32 master copy, Adam
+            moments) is stored with (ZeRO-1 and -2 shard it over the data axes); ``None``:
+            as the gradient. A train step of a strategy whose optimizer state is sharded
+            finer than its parameters ends with the update: each device updates its shard and
+            the new parameters are all-gathered (ZeRO, arXiv 1910.02054, section 5).
     """
 
     name: str
@@ -112,9 +122,23 @@ class Strategy:
     activations: tuple[tuple[str, Roles], ...] = ()
     sequence_parallel: bool = False
     twin: bool = False
+    grads: tuple[tuple[str, Roles], ...] | None = None
+    optimizer: tuple[tuple[str, Roles], ...] | None = None
 
     def param_rules(self) -> dict[str, Roles]:
         return dict(self.params)
+
+    def grad_rules(self) -> dict[str, Roles]:
+        return dict(self.grads) if self.grads is not None else self.param_rules()
+
+    def optimizer_rules(self) -> dict[str, Roles]:
+        return dict(self.optimizer) if self.optimizer is not None else self.grad_rules()
+
+    @property
+    def updates_shards(self) -> bool:
+        """The optimizer state is sharded finer than the parameters (ZeRO-1, ZeRO-2): the
+        train step updates shards and all-gathers the new parameters."""
+        return self.optimizer is not None and self.optimizer_rules() != self.param_rules()
 
     def use_rules(self) -> dict[str, Roles] | None:
         return None if self.use is None else dict(self.use)
@@ -164,6 +188,8 @@ class Strategy:
             "activations": {k: list(v) for k, v in self.activations},
             "sequence_parallel": self.sequence_parallel,
             "twin": self.twin,
+            "grads": {k: list(v) for k, v in self.grad_rules().items()},
+            "optimizer": {k: list(v) for k, v in self.optimizer_rules().items()},
         }
 
 
@@ -193,6 +219,25 @@ def _strategies() -> dict[str, Strategy]:
             activations=_rules(**_acts("data", None, None)),
         ),
         Strategy(
+            "zero1",
+            "ZeRO-1: data parallel with the optimizer state sharded on the data axes; "
+            "gradients all-reduced, updated shards all-gathered",
+            ("data",),
+            rep,
+            activations=_rules(**_acts("data", None, None)),
+            optimizer=_rules(**_FSDP_PARAMS),
+        ),
+        Strategy(
+            "zero2",
+            "ZeRO-2: data parallel with gradients and optimizer state sharded on the data "
+            "axes; gradients reduce-scattered, updated shards all-gathered",
+            ("data",),
+            rep,
+            activations=_rules(**_acts("data", None, None)),
+            grads=_rules(**_FSDP_PARAMS),
+            optimizer=_rules(**_FSDP_PARAMS),
+        ),
+        Strategy(
             "tp",
             "Megatron tensor parallel on 'model': QKV and MLP-up column-parallel, "
             "out-projection and MLP-down row-parallel",
@@ -208,6 +253,15 @@ def _strategies() -> dict[str, Strategy]:
             tp,
             activations=_rules(**_acts("data", "model", None)),
             twin=True,
+        ),
+        Strategy(
+            "zero1_tp",
+            "ZeRO-1 on the data axes x Megatron on 'model' (Megatron-LM's distributed "
+            "optimizer)",
+            ("data", "model"),
+            tp,
+            activations=_rules(**_acts("data", "model", None)),
+            optimizer=_rules(**_FSDP_TP_PARAMS),
         ),
         Strategy(
             "fsdp_tp",
@@ -401,6 +455,23 @@ class Placement:
             {name: self.spec(rules[name], layers=name in LAYER_PARAMS) for name in shapes}
         )
 
+    def grad_specs(self) -> dict[str, Any]:
+        """PartitionSpec per gradient (ZeRO-2: sharded on the data axes), like
+        :meth:`param_specs`."""
+        return self._specs(self.strategy.grad_rules())
+
+    def optimizer_specs(self) -> dict[str, Any]:
+        """PartitionSpec per parameter's optimizer state (ZeRO-1/-2: data-sharded)."""
+        return self._specs(self.strategy.optimizer_rules())
+
+    def _specs(self, rules: Mapping[str, Roles]) -> dict[str, Any]:
+        from shardscope._src.model.config import split_params
+
+        shapes = param_shapes(self.config)
+        return split_params(
+            {name: self.spec(rules[name], layers=name in LAYER_PARAMS) for name in shapes}
+        )
+
     def use_spec(self, name: str) -> Any | None:
         """Spec a weight is constrained to at its use (one layer's slice), or None."""
         use = self.strategy.use_rules()
@@ -428,8 +499,10 @@ class Placement:
         c = self.config
         sizes = {
             "d_model": c.d_model,
-            "qkv": 3,
             "heads": c.heads,
+            "kv_heads": c.kv_heads,
+            "qkv_slots": c.q_per_kv + 2,
+            "gate_up": 2,
             "head_dim": c.head_dim,
             "ff": c.ff,
             "batch": c.batch,
@@ -443,11 +516,16 @@ class Placement:
         """Raises :class:`StrategyError` when a sharded dimension is not divisible."""
         sizes = self.dim_sizes()
         wanted: dict[tuple[str, str], str] = {}
-        params = self.strategy.param_rules()
-        for name in param_shapes(self.config):
-            for dim, role in zip(PARAM_DIMS[name], params[name], strict=True):
-                if role is not None:
-                    wanted.setdefault((dim, role), f"parameter {name!r}")
+        s = self.strategy
+        for kind, rules in (
+            ("parameter", s.param_rules()),
+            ("gradient", s.grad_rules()),
+            ("optimizer state", s.optimizer_rules()),
+        ):
+            for name in param_shapes(self.config):
+                for dim, role in zip(PARAM_DIMS[name], rules[name], strict=True):
+                    if role is not None:
+                        wanted.setdefault((dim, role), f"{kind} {name!r}")
         for point, roles in self.strategy.activation_rules().items():
             for dim, role in zip(ACTIVATION_DIMS[point], roles, strict=True):
                 if role is not None:
@@ -458,6 +536,17 @@ class Placement:
             if size % ways:
                 axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.axes[role])
                 fits = [d for d in range(1, size + 1) if size % d == 0 and d <= ways]
+                if dim == "kv_heads" and self.config.kv_heads == self.config.heads:
+                    dim = "heads"  # multi-head attention: the heads themselves
+                elif dim == "kv_heads":
+                    raise StrategyError(
+                        f"strategy {self.name!r} splits the {size} key/value heads over mesh "
+                        f"axes {axes} ({ways} ways), but {size} is not divisible by {ways}; "
+                        f"tensor parallelism here refuses to replicate key/value heads (as "
+                        f"Megatron-LM requires the query groups to divide by the tensor-"
+                        f"parallel size): choose a model axis dividing {size} "
+                        f"(e.g. {max(fits)})"
+                    )
                 raise StrategyError(
                     f"strategy {self.name!r} shards {dim}={size} ({where}) over mesh axes "
                     f"{axes} ({ways} ways), but {size} is not divisible by {ways}; choose "

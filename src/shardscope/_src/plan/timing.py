@@ -1,0 +1,348 @@
+"""The step-time model: compute, communication, overlap, pipeline bubble and optimizer, per
+plan. Pure arithmetic on counts the estimates give (FLOPs, bytes, collectives) and the
+hardware preset's constants, each of which names its source in
+:mod:`shardscope._src.base.hardware`.
+
+Per micro-batch on the slowest pipeline stage, one device:
+
+* **compute** = matmul FLOPs / (peak x ``matmul_fraction``) + activation bytes through HBM /
+  ``hbm_bandwidth``. The matmul FLOPs are the forward's (Korthikanti et al., arXiv 2205.05198,
+  Eq. 7 per layer, divided by the tensor-parallel degree), the backward's (twice the forward)
+  and the recomputed forward's (full recomputation: the layers again; selective: the attention
+  scores again). The HBM bytes are the tensors Table 2 of the same paper counts, each written
+  and read once per forward, per recomputed forward and per backward
+  (:data:`HBM_PASSES` = 2): the element-wise work (norms, activations, softmax) that runs at
+  memory speed.
+* **tensor-parallel collectives** (over ``model``): each at the alpha-beta time of a ring at
+  the achieved bandwidth, on the critical path on GPUs; TPU compilers overlap them with the
+  matmuls they feed (``tp_overlap``: collective matmuls), so only what exceeds the compute
+  is exposed.
+* **pipeline** (1F1B, Narayanan et al., arXiv 2104.04473, section 2.2): ``m + p - 1``
+  micro-batch slots of the stage time, so the bubble is ``(p - 1) / (m + p - 1)`` of the
+  pipeline; each slot also sends the micro-batch's activations to the next stage and their
+  gradient back (point-to-point, ``b s h / t`` bytes each way).
+* **data-parallel and FSDP collectives** (over the data axes): overlapped with compute as far
+  as the schedule allows. FSDP's gathers and reduce-scatters repeat per micro-batch and hide
+  behind that micro-batch's forward and backward; ZeRO-2's gradient reduce-scatters repeat
+  per micro-batch and hide behind its backward; a replicated gradient (DP, ZeRO-1) is
+  accumulated over the micro-batches and all-reduced once, behind the last micro-batch's
+  backward (Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync`` all schedule it so); ZeRO's
+  all-gather of the updated parameters, once per step, behind one micro-batch's forward.
+  What does not fit its window is exposed.
+* **optimizer**: Adam reads and writes its state once per step: :data:`OPTIMIZER_BYTES` per
+  parameter a device updates, at HBM speed.
+
+MFU is the model FLOPs (no recomputation; Korthikanti Eq. 7) over the step time and the peak
+of every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shardscope._src.base.comm import latency_steps
+from shardscope._src.base.hardware import Hardware
+
+#: HBM passes per activation byte per pass over the layers (write once, read once).
+HBM_PASSES = 2
+#: Bytes Adam moves per parameter a device updates: reads the fp32 master, m and v (12) and
+#: the 16-bit gradient (2), writes master, m, v (12) and the 16-bit parameter (2)
+#: (ZeRO, arXiv 1910.02054, section 3's mixed-precision Adam state).
+OPTIMIZER_BYTES = 28
+
+#: Classes of collectives for the overlap rules.
+CRITICAL = "critical"  # tensor / sequence parallel, on the critical path
+PER_MICROBATCH_FWD_BWD = "per-microbatch"  # FSDP gathers and reduce-scatters
+PER_MICROBATCH_BWD = "gradients"  # gradient reduce-scatters, as the backward produces them
+PER_STEP_BWD = "gradient-reduction"  # a once-per-step gradient reduction (DP, ZeRO-1)
+PER_STEP_FWD = "parameter-gather"  # ZeRO's all-gather of updated parameters
+
+
+@dataclass(frozen=True)
+class CommItem:
+    """Collectives of one class: ``seconds`` over the whole step, alpha and beta together."""
+
+    what: str
+    cls: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one device does in a step on the slowest pipeline stage, before timing.
+
+    FLOPs and bytes are per micro-batch: ``fwd_flops`` one forward, ``recompute_flops`` the
+    recomputed part, ``act_bytes`` the activation tensors of one forward (Table 2),
+    ``recompute_act_bytes`` those recomputed.
+    """
+
+    microbatches: int
+    stages: int
+    fwd_flops: float
+    recompute_flops: float
+    act_bytes: float
+    recompute_act_bytes: float
+    p2p_bytes: float  # one way, per micro-batch
+    p2p_bandwidth: float
+    optimizer_params: float
+    model_flops: float  # the whole step, all devices, no recomputation
+    devices: int
+    train: bool = True
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The step time and its parts (seconds); ``mfu`` is model FLOPs utilization."""
+
+    compute_s: float
+    tp_comm_s: float
+    data_comm_s: float
+    data_exposed_s: float
+    p2p_s: float
+    bubble_s: float
+    optimizer_s: float
+    step_s: float
+    mfu: float
+    bubble_fraction: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
+    """Achieved bytes/s per device of a collective over ``axes`` of a mesh of ``sizes``.
+
+    Inside a node: the link bandwidth times ``comm_fraction``. A group spanning nodes moves
+    its traffic over the network cards of the nodes it spans: with ``k`` of its members on
+    each node, ``k`` cards carry it (NCCL runs one ring per card), so ``min(link, k x
+    cross_node)`` times ``comm_fraction``. Devices are numbered in mesh order (the last axis
+    fastest); node ``i`` holds devices ``i*node_size`` to ``(i+1)*node_size - 1``.
+    """
+    import math
+
+    import numpy as np
+
+    names = list(sizes)
+    total = math.prod(sizes.values())
+    group = [a for a in axes if a in sizes]
+    if not group or total <= hw.node_size:
+        return hw.link_bandwidth * hw.comm_fraction
+    ids = np.arange(total).reshape(tuple(sizes.values()))
+    idx = [names.index(a) for a in group]
+    rest = [i for i in range(len(names)) if i not in idx]
+    first = ids.transpose(rest + idx).reshape(-1, math.prod(sizes[a] for a in group))[0]
+    nodes = len(set((first // hw.node_size).tolist()))
+    if nodes == 1:
+        return hw.link_bandwidth * hw.comm_fraction
+    per_node = len(first) // nodes
+    return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
+
+
+def collective_seconds(
+    hw: Hardware,
+    sizes: Mapping[str, int],
+    kind: str,
+    axes: Sequence[str],
+    group_size: int,
+    traffic_bytes: float,
+    count: int,
+) -> float:
+    """Alpha-beta seconds of ``count`` executions sending ``traffic_bytes`` per device in all."""
+    if traffic_bytes <= 0 or group_size <= 1:
+        return 0.0
+    steps = latency_steps(kind, group_size)
+    return count * steps * hw.latency_s + traffic_bytes / group_bandwidth(hw, sizes, axes)
+
+
+def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
+    """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
+    m, p = work.microbatches, work.stages
+    rate = hw.peak_flops * hw.matmul_fraction
+    fwd = work.fwd_flops / rate + HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
+    bwd = 2 * work.fwd_flops / rate + HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
+    bwd += work.recompute_flops / rate + HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
+    if not work.train:
+        bwd = 0.0
+    tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
+    tp_exposed = max(0.0, tp / m - (fwd + bwd)) if hw.tp_overlap else tp / m
+    p2p_one = (work.p2p_bytes / work.p2p_bandwidth + hw.latency_s) if p > 1 else 0.0
+    slot = fwd + bwd + tp_exposed + 2 * p2p_one
+    pipeline = (m + p - 1) * slot
+    exposed = 0.0
+    data = 0.0
+    for c in comm:
+        if c.cls == CRITICAL:
+            continue
+        data += c.seconds
+        if c.cls == PER_MICROBATCH_FWD_BWD:
+            exposed += m * max(0.0, c.seconds / m - (fwd + bwd))
+        elif c.cls == PER_MICROBATCH_BWD:
+            exposed += m * max(0.0, c.seconds / m - bwd)
+        elif c.cls == PER_STEP_BWD:
+            exposed += max(0.0, c.seconds - bwd)
+        else:
+            exposed += max(0.0, c.seconds - fwd)
+    optimizer = work.optimizer_params * OPTIMIZER_BYTES / hw.hbm_bandwidth if work.train else 0.0
+    step = pipeline + exposed + optimizer
+    compute = m * (fwd + bwd)
+    return StepTime(
+        compute_s=compute,
+        tp_comm_s=tp,
+        data_comm_s=data,
+        data_exposed_s=exposed,
+        p2p_s=2 * m * p2p_one,
+        bubble_s=(p - 1) * slot,
+        optimizer_s=optimizer,
+        step_s=step,
+        mfu=work.model_flops / (work.devices * hw.peak_flops * step) if step > 0 else 0.0,
+        bubble_fraction=(p - 1) / (m + p - 1),
+    )
+
+
+def describe(hw: Hardware) -> dict[str, Any]:
+    """The constants the time model used, for the JSON and the report."""
+    return {
+        "matmul_fraction": hw.matmul_fraction,
+        "hbm_bandwidth": hw.hbm_bandwidth,
+        "comm_fraction": hw.comm_fraction,
+        "hbm_passes": HBM_PASSES,
+        "optimizer_bytes_per_param": OPTIMIZER_BYTES,
+        "latency_s": hw.latency_s,
+    }
+
+
+# -- what a plan does, from its strategy, schedule and mesh ------------------------------------
+
+
+def classify(kind: str, axes: Sequence[str], bound: Any, what: str = "") -> str:
+    """The overlap class of a collective of ``bound``'s program over ``axes``."""
+    model_axes = set(bound.axes.get("model", ()))
+    if axes and set(axes) <= model_axes:
+        return CRITICAL
+    s = bound.strategy
+    if kind == "all-gather" and s.updates_shards and not set(axes) & model_axes:
+        return PER_STEP_FWD
+    fsdp = any("data" in roles for roles in s.param_rules().values())
+    if fsdp and kind in ("all-gather", "reduce-scatter"):
+        return PER_MICROBATCH_FWD_BWD
+    if kind == "reduce-scatter":
+        return PER_MICROBATCH_BWD
+    return PER_STEP_BWD
+
+
+def scheduled_bound(bound: Any, schedule: Any, mode: str = "train") -> Any:
+    """The communication of one step of ``bound``'s program under ``schedule``:
+    :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated per
+    micro-batch, except the all-reduce of replicated gradients and ZeRO's gather of the
+    updated parameters, which happen once per step; under full recomputation the
+    recomputed forward's collectives again."""
+    from dataclasses import replace
+
+    from shardscope._src.bounds.terms import Bound
+    from shardscope._src.bounds.transformer import transformer_bound
+
+    m = schedule.microbatches if mode == "train" else 1
+    one = bound
+    if m > 1:
+        one = bound.strategy.place(
+            replace(bound.config, batch=bound.config.batch // m),
+            bound.mesh,
+            axes=bound.axes,
+            constraints=bound.constraints,
+        )
+    terms = []
+    for t in transformer_bound(one, mode).terms:
+        once = "updated shards" in t.what or "summed over token shards" in t.what
+        terms.append(replace(t, count=t.count * (1 if once else m)))
+    if mode == "train" and schedule.remat == "full":
+        for t in transformer_bound(one, "forward").terms:
+            terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
+    base = transformer_bound(one, mode)
+    return Bound(base.label, tuple(terms), base.notes)
+
+
+def step_work(
+    bound: Any,
+    schedule: Any,
+    full_config: Any,
+    devices: int,
+    hw: Hardware,
+    *,
+    flash_attention: bool,
+    mode: str = "train",
+) -> StepWork:
+    """The work of one device on the slowest stage (the one with the unembedding) of a step
+    of ``bound``'s program (one stage's layers, the whole batch) under ``schedule``."""
+    from shardscope._src.plan.estimates import (
+        activation_bytes_per_layer,
+        elements_per_device,
+        layer_matmul_params,
+        model_flops,
+        model_ways,
+        sequences_per_device,
+    )
+
+    c = bound.config
+    m, p = schedule.microbatches, schedule.stages
+    b = sequences_per_device(bound, m)
+    t = model_ways(bound)
+    tokens = b * c.seq
+    q_dim = c.heads * c.head_dim
+    layer = 2 * tokens * layer_matmul_params(c) / t
+    core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts
+    logits = 2 * tokens * c.d_model * (c.vocab or 0)
+    fwd = c.layers * (layer + core) + logits
+    if schedule.remat == "full":
+        again = c.layers * (layer + core)
+    elif schedule.remat == "selective" and not flash_attention:
+        again = c.layers * core
+    else:
+        again = 0.0
+    if flash_attention:
+        again += c.layers * core / 2  # the blocked backward recomputes QK^T
+    per_layer = activation_bytes_per_layer(bound, flash_attention=flash_attention, microbatches=m)
+    logit_bytes = tokens * (c.vocab or 0) * (c.itemsize + 4)
+    if schedule.remat == "full":
+        again_bytes = c.layers * per_layer
+    elif schedule.remat == "selective" and not flash_attention:
+        dense = activation_bytes_per_layer(bound, flash_attention=False, microbatches=m)
+        flash = activation_bytes_per_layer(bound, flash_attention=True, microbatches=m)
+        again_bytes = c.layers * (dense - flash)
+    else:
+        again_bytes = 0
+    stage_devices = devices // p
+    if stage_devices >= hw.node_size:
+        p2p_bw = hw.cross_node_bandwidth * hw.comm_fraction
+    else:
+        p2p_bw = hw.link_bandwidth * hw.comm_fraction
+    return StepWork(
+        microbatches=m,
+        stages=p,
+        fwd_flops=fwd,
+        recompute_flops=again,
+        act_bytes=c.layers * per_layer + logit_bytes,
+        recompute_act_bytes=again_bytes,
+        p2p_bytes=tokens * c.d_model * c.itemsize / t,
+        p2p_bandwidth=p2p_bw,
+        optimizer_params=elements_per_device(bound, bound.strategy.optimizer_rules()),
+        model_flops=model_flops(full_config, mode),
+        devices=devices,
+        train=mode == "train",
+    )
+
+
+def bound_comm(hw: Hardware, bound: Any, terms: Sequence[Any]) -> list[CommItem]:
+    """Timed, classified items of analytic terms (a :class:`Bound`'s)."""
+    from shardscope._src.mesh import mesh_axes
+
+    sizes = mesh_axes(bound.mesh)
+    return [
+        CommItem(
+            t.what,
+            classify(t.kind, t.axes, bound, t.what),
+            collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, t.traffic_bytes, t.count),
+        )
+        for t in terms
+    ]

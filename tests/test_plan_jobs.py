@@ -1,0 +1,376 @@
+"""Plans for real jobs: published model shapes, config.json, grouped-query attention under
+tensor parallelism, recomputation, micro-batches, ZeRO, pipeline stages, memory-efficient
+attention, and the time model against published step times."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from helpers import assert_usage_error
+from shardscope._src.base.errors import ModelConfigError, StrategyError
+from shardscope._src.base.hardware import hardware
+from shardscope._src.model.config import ModelConfig, init_batch, init_params, loss
+from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
+from shardscope._src.plan.estimates import (
+    Schedule,
+    estimate_memory,
+    stored_activation_bytes_per_layer,
+)
+from shardscope._src.plan.sweep import estimate, screen_all
+from shardscope._src.plan.timing import (
+    CRITICAL,
+    PER_STEP_BWD,
+    CommItem,
+    StepWork,
+    group_bandwidth,
+    step_time,
+)
+from shardscope._src.plan.types import Candidate
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+
+SMALL = ModelConfig(
+    d_model=32, heads=4, kv_heads=2, ff=48, layers=2, batch=8, seq=16, vocab=32, mlp="swiglu"
+)
+
+
+def _run(fn, *args):
+    """Compiles ``fn`` for ``args`` the fast way the planner does, and runs it."""
+    import jax
+
+    from shardscope._src.plan.compile import COMPILE_OPTIONS
+
+    return jax.jit(fn).lower(*args).compile(compiler_options=dict(COMPILE_OPTIONS))(*args)
+
+
+# -- shapes and presets ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, p in MODEL_PRESETS.items() if p.published_params is not None]
+)
+def test_presets_hold_the_published_parameter_counts(name):
+    preset = MODEL_PRESETS[name]
+    assert abs(preset.param_count() / preset.published_params - 1) <= 0.005
+
+
+def test_llama_presets_count_every_weight_of_the_published_checkpoints():
+    # The exact counts of the published checkpoints (their safetensors indexes).
+    assert model_preset("llama2-7b").param_count() == 6_738_415_616
+    assert model_preset("llama2-70b").param_count() == 68_976_648_192
+    assert model_preset("llama3-8b").param_count() == 8_030_261_248
+    assert model_preset("70b") is model_preset("llama2-70b")
+
+
+def test_grouped_query_attention_and_swiglu_shapes():
+    c = model_preset("llama2-70b").config(batch=1)
+    assert (c.kv_heads, c.q_per_kv, c.head_dim) == (8, 8, 128)
+    from shardscope._src.model.config import param_shapes
+
+    shapes = param_shapes(c)
+    assert shapes["wqkv"] == (80, 8192, 8, 10, 128)  # 8 query heads, a key and a value per group
+    assert shapes["w_gate_up"] == (80, 8192, 2, 28672)
+    assert "w_up" not in shapes and "unembed" in shapes
+    gpt = param_shapes(model_preset("gpt3-175b").config(batch=1))
+    assert "unembed" not in gpt and gpt["w_up"] == (96, 12288, 49152)
+
+
+def test_head_dim_may_differ_from_d_model_over_heads():
+    c = ModelConfig(d_model=48, heads=4, head_dim=16, ff=64)
+    assert c.head_dim == 16
+    from shardscope._src.model.config import param_shapes
+
+    assert param_shapes(c)["wo"] == (2, 4, 16, 48)
+
+
+def test_inconsistent_shapes_are_one_clear_error():
+    with pytest.raises(ModelConfigError, match="heads=8 is not divisible by kv_heads=3"):
+        ModelConfig(d_model=64, heads=8, kv_heads=3)
+    with pytest.raises(ModelConfigError, match="mlp='relu'"):
+        ModelConfig(mlp="relu")
+
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "vocab_size": 128256,
+}
+
+
+def test_a_config_json_gives_the_model_it_describes(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA3_8B))
+    preset = load_hf_config(path)
+    assert preset.param_count() == model_preset("llama3-8b").param_count()
+    assert preset.seq == 8192  # 131072 allowed; longer contexts are a --seq choice
+    assert model_preset(str(path)).kv_heads == 8
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"hidden_size": None}, "lacks hidden_size"),
+        ({"num_key_value_heads": 5}, "not divisible by kv_heads=5"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"vocab_size": "big"}, "vocab_size='big' must be a positive integer"),
+    ],
+)
+def test_a_bad_config_json_is_one_clear_error(tmp_path, change, words):
+    data = dict(LLAMA3_8B)
+    for k, v in change.items():
+        if v is None:
+            del data[k]
+        else:
+            data[k] = v
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ModelConfigError, match=words.replace("(", r"\(")):
+        load_hf_config(path)
+
+
+def test_plan_command_names_a_bad_config_json(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    assert_usage_error(["plan", "--model", str(path), "--devices", "8"], "as JSON", capsys)
+    assert_usage_error(["plan", "--model", "llama9", "--devices", "8"], "unknown model", capsys)
+
+
+def test_tensor_parallelism_refuses_to_split_key_value_heads():
+    c = model_preset("llama2-70b").config(batch=16)
+    get_strategy("tp").place(c, abstract_mesh("model=8"))
+    with pytest.raises(StrategyError, match="refuses to replicate key/value heads"):
+        get_strategy("tp").place(c, abstract_mesh("model=16"))
+
+
+# -- the compiled program computes the same thing every way -----------------------------------
+
+
+def _loss_and_grads(config):
+    import jax
+
+    params, batch = init_params(config), init_batch(config)
+    return _run(lambda p, b: jax.value_and_grad(loss)(p, b, config), params, batch)
+
+
+def _close(a, b, tol=1e-5):
+    import jax
+
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+def test_blocked_attention_and_recomputation_compute_the_same_loss_and_gradients():
+    base = replace(SMALL, attention="dense")
+    want = _loss_and_grads(base)
+    for attention, remat in (("dense", "selective"), ("blocked", "none"), ("blocked", "full")):
+        got = _loss_and_grads(replace(base, attention=attention, attention_block=4, remat=remat))
+        _close(got, want)
+
+
+def test_tied_embeddings_unembed_with_the_embedding():
+    tied = replace(SMALL, tie_embeddings=True)
+    assert tied.param_count() == SMALL.param_count() - 32 * 32
+    value, grads = _loss_and_grads(tied)
+    assert np.isfinite(float(value)) and "unembed" not in grads
+
+
+@pytest.mark.parametrize("strategy, mesh", [("zero2", "data=4"), ("fsdp_tp", "data=2,model=2")])
+def test_micro_batches_accumulate_the_gradients_of_the_whole_batch(strategy, mesh):
+    import jax
+
+    from shardscope._src.mesh import make_mesh
+    from shardscope._src.sharding.programs import UPDATE_STEP, build_program
+
+    config = replace(SMALL, attention="blocked", attention_block=8, remat="full")
+    bound = get_strategy(strategy).place(config, make_mesh(mesh, devices=jax.devices()[:4]))
+    whole = build_program(bound, mode="train")
+    split = build_program(bound, mode="train", microbatches=2)
+    args = whole.example_args()
+    (l1, out1), (l2, out2) = _run(whole.fn, *args), _run(split.fn, *args)
+    np.testing.assert_allclose(float(l1), float(l2), rtol=1e-5)
+    _close(out1, out2)
+    if bound.strategy.updates_shards:  # ZeRO: the new parameters, p - step * grad
+        ref = build_program(get_strategy("dp").place(config, bound.mesh), mode="train")
+        _, grads = _run(ref.fn, *args)
+        want = jax.tree.map(lambda p, g: p - UPDATE_STEP * g, args[0], grads)
+        _close(out1, want)
+
+
+def test_micro_batches_must_divide_the_sequences_of_a_data_shard():
+    from shardscope._src.sharding.programs import build_program
+
+    bound = get_strategy("dp").place(SMALL, abstract_mesh("data=4"))
+    with pytest.raises(StrategyError, match="choose microbatches from 1, 2"):
+        build_program(bound, mode="train", microbatches=4)
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+def test_zero_model_state_is_exact():
+    # Every weight divides by 4, so ZeRO's per-device bytes are exact integers.
+    c = replace(SMALL, dtype="bfloat16")
+    P = c.param_count()
+    mesh = abstract_mesh("data=4")
+    mem = {
+        s: estimate_memory(get_strategy(s).place(c, mesh)).model_state
+        for s in ("dp", "zero1", "zero2", "fsdp")
+    }
+    assert mem["dp"] == 16 * P
+    assert mem["zero1"] == 4 * P + 12 * P // 4
+    assert mem["zero2"] == 2 * P + 14 * P // 4
+    assert mem["fsdp"] == 16 * P // 4
+
+
+def test_recomputation_micro_batches_and_stages_set_the_activations():
+    c = replace(model_preset("7b").config(batch=8, seq=2048), vocab=None)
+    bound = get_strategy("dp").place(c, abstract_mesh("data=2"))  # 4 sequences per device
+    full = stored_activation_bytes_per_layer(bound, Schedule(remat="full"))
+    assert full == 2 * 2048 * 4 * 4096  # the layer input, 2sbh (Korthikanti Table 2)
+    assert stored_activation_bytes_per_layer(bound, Schedule(2, "full")) == full // 2
+    one = estimate_memory(bound, schedule=Schedule(4, "full", 1)).activations
+    piped = estimate_memory(bound, schedule=Schedule(4, "full", 2)).activations
+    working = estimate_memory(bound, schedule=Schedule(4, "none", 1)).activations // c.layers
+    # 1F1B's first stage holds min(stages, micro-batches) micro-batches at once.
+    assert piped - one == c.layers * (full // 4)
+    assert working > 0
+
+
+# -- the time model ----------------------------------------------------------------------------
+
+
+def _work(**kw):
+    base = dict(
+        microbatches=4,
+        stages=1,
+        fwd_flops=1e15,
+        recompute_flops=0.0,
+        act_bytes=0.0,
+        recompute_act_bytes=0.0,
+        p2p_bytes=0.0,
+        p2p_bandwidth=1e10,
+        optimizer_params=0,
+        model_flops=3e15 * 4,
+        devices=1,
+    )
+    base.update(kw)
+    return StepWork(**base)
+
+
+def test_the_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
+    hw = hardware("h100")
+    flat = step_time(hw, _work(), [])
+    piped = step_time(hw, _work(stages=4, p2p_bandwidth=1e30), [])
+    assert piped.bubble_fraction == pytest.approx(3 / 7)
+    assert piped.step_s == pytest.approx(flat.step_s * 7 / 4, rel=1e-4)
+
+
+def test_tensor_parallel_collectives_are_exposed_on_gpus_and_hidden_on_tpus():
+    tp = [CommItem("tp", CRITICAL, 0.5)]
+    gpu = hardware("h100")
+    assert step_time(gpu, _work(), tp).step_s == pytest.approx(
+        step_time(gpu, _work(), []).step_s + 0.5
+    )
+    tpu = hardware("tpu-v5p")
+    assert step_time(tpu, _work(), tp).step_s == pytest.approx(step_time(tpu, _work(), []).step_s)
+
+
+def test_a_gradient_reduction_hides_behind_the_last_backward_up_to_its_length():
+    hw = hardware("h100")
+    base = step_time(hw, _work(), []).step_s
+    backward = 2 * 1e15 / (hw.peak_flops * hw.matmul_fraction)
+    short = step_time(hw, _work(), [CommItem("dp", PER_STEP_BWD, backward / 2)])
+    long = step_time(hw, _work(), [CommItem("dp", PER_STEP_BWD, backward + 1.0)])
+    assert short.step_s == pytest.approx(base)
+    assert long.step_s == pytest.approx(base + 1.0)
+
+
+def test_a_group_spanning_nodes_shares_their_network_cards():
+    hw = hardware("a100")
+    sizes = {"data": 32, "model": 8}  # 256 GPUs, 32 nodes
+    inside = group_bandwidth(hw, sizes, ("model",))
+    one_card = group_bandwidth(hw, sizes, ("data",))  # one member per node
+    sizes = {"data": 64, "model": 4}
+    two_cards = group_bandwidth(hw, sizes, ("data",))  # two members per node
+    assert inside == pytest.approx(300e9 * 0.8)
+    assert one_card == pytest.approx(25e9 * 0.8)
+    assert two_cards == pytest.approx(2 * 25e9 * 0.8)
+
+
+# Narayanan et al. 2021, Table 1, rows without pipelining (CALIBRATION.md): heads, hidden,
+# layers, tensor-parallel size, GPUs, global batch, measured TFLOP/s per GPU.
+CALIBRATION_ROWS = [
+    (24, 2304, 24, 1, 32, 512, 137),
+    (32, 3072, 30, 2, 64, 512, 138),
+    (32, 4096, 36, 4, 128, 512, 142),
+    (48, 6144, 40, 8, 256, 1024, 135),
+]
+
+
+@pytest.mark.parametrize("row", CALIBRATION_ROWS, ids=lambda r: f"h{r[1]}-t{r[3]}")
+def test_published_step_times_within_25_percent(row):
+    a, h, layers, t, gpus, batch, tflops = row
+    s, v = 2048, 51200
+    flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    measured = flops / (gpus * tflops * 1e12)
+    config = ModelConfig(
+        d_model=h,
+        heads=a,
+        ff=4 * h,
+        layers=layers,
+        batch=batch,
+        seq=s,
+        vocab=v,
+        dtype="bfloat16",
+        mlp="gelu",
+        tie_embeddings=True,
+    )
+    d = gpus // t
+    mesh = (("data", d), ("model", t)) if t > 1 else (("data", d),)
+    strategy = "dp_tp" if t > 1 else "dp"
+    # Micro-batches are not in the table: the planner's fastest that fits.
+    options = [
+        estimate(Candidate(strategy, mesh, m, "full"), config, "a100", flash_attention=False)
+        for m in range(1, batch // d + 1)
+        if (batch // d) % m == 0
+    ]
+    best = min((o for o in options if o.fits), key=lambda o: o.time.step_s)
+    assert best.time.step_s == pytest.approx(measured, rel=0.25)
+
+
+# -- jobs people run ---------------------------------------------------------------------------
+
+
+def test_llama2_70b_on_64_h100s_and_gpt3_on_768_a100s_have_plans_that_fit():
+    ranked, _, _ = screen_all(
+        model_preset("llama2-70b").config(batch=64, seq=4096), 64, hardware("h100")
+    )
+    assert ranked[0].fits
+    ranked, _, _ = screen_all(
+        model_preset("gpt3-175b").config(batch=1536, seq=2048), 768, hardware("a100")
+    )
+    assert ranked[0].fits
+
+
+def test_a_model_that_fits_nowhere_says_what_comes_closest():
+    result = __import__("shardscope._src.plan.sweep", fromlist=["plan"]).plan(
+        "llama3-405b",
+        8,
+        hardware="h100",
+        batch=8,
+        seq=4096,
+        workers=0,
+        compile_top=0,
+        strategies=["fsdp"],
+    )
+    assert result.best is None and result.closest is not None
+    assert "over" in result.fit_note and "closest" in result.fit_note
