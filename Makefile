@@ -15,7 +15,8 @@ $(VENV)/.installed-runtime: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[cpu]'
 	touch $@
 
-# The package plus the test, lint and notebook tooling.
+# The package plus the test, lint and notebook tooling (and the Flax, Equinox and optax
+# programs the suite and the benchmarks run).
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[cpu,dev]'
 	touch $(VENV)/.installed-runtime $@
@@ -32,10 +33,11 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 
-bench: $(VENV)/.installed-runtime
+bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/lab_cold_start.py
 	$(BIN)/python benchmarks/audit_overhead.py
 	$(BIN)/python benchmarks/plan_speed.py
+	$(BIN)/python benchmarks/own_program.py
 
 clean:
 	rm -rf $(VENV) scores build src/*.egg-info

@@ -591,5 +591,5 @@ def test_plain_function_with_partition_specs_and_a_mesh_description():
         ("all-reduce", ("model",), 16 * 1024 * 4)
     ]
     assert a.in_shardings == ("P()", "P('model', None)")
-    with pytest.raises(ShardscopeError, match="needs a function"):
+    with pytest.raises(ShardscopeError, match="needs a jitted function"):
         audit(42)

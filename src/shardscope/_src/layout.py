@@ -180,12 +180,16 @@ def check_divisible(
             )
 
 
-def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Layout:
+def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Any:
     """Where every piece of an array lives, as plain data.
 
     Call it on an array (``layout(x)``) or, with no array allocated, on a shape and a sharding
     (``layout((1024, 1024), NamedSharding(mesh, P("model")), dtype="float32")``). Works for
     any rank and any mesh. The result renders as a table in rich and in notebooks.
+
+    On a pytree (a Flax NNX model or state, an Equinox module, an optax state, a dict of
+    arrays or of ``ShapeDtypeStruct``) it returns a :class:`TreeLayout` instead: one row per
+    array with its path, and the totals per device (see :func:`tree_layout`).
 
     >>> import jax, numpy as np
     >>> from jax.sharding import NamedSharding, PartitionSpec as P
@@ -198,9 +202,12 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Layou
 
     if sharding is None:
         if not hasattr(x_or_shape, "sharding") or not hasattr(x_or_shape, "shape"):
+            if dtype is None and _holds_arrays(x_or_shape):
+                return tree_layout(x_or_shape)
             raise ShardscopeError(
                 f"layout() of a {type(x_or_shape).__name__} needs a sharding: pass a JAX array, "
-                f"or a shape and a sharding, e.g. layout((8, 4), NamedSharding(mesh, P('x')))"
+                f"a pytree holding arrays (a model, an optimizer state), or a shape and a "
+                f"sharding, e.g. layout((8, 4), NamedSharding(mesh, P('x')))"
             )
         shape = tuple(int(d) for d in x_or_shape.shape)
         sharding = x_or_shape.sharding
@@ -211,6 +218,12 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Layou
                 f"or call layout(shape, sharding)"
             )
         dt = _dtype(x_or_shape.dtype if dtype is None else dtype)
+        import jax
+
+        mesh = getattr(sharding, "mesh", None)
+        if isinstance(mesh, jax.sharding.AbstractMesh) and hasattr(sharding, "spec"):
+            # An abstract mesh has no devices, only axis sizes: devices numbered in mesh order.
+            return spec_layout(shape, dict(mesh.shape), tuple(sharding.spec), dtype=dt)
     else:
         try:
             shape = tuple(int(d) for d in x_or_shape)
@@ -344,3 +357,352 @@ def _assemble(
         shards=tuple(shards),
         sharding_repr=sharding_repr,
     )
+
+
+# -- whole pytrees: models, optimizer states, abstract arguments -------------------------------
+
+
+@dataclass(frozen=True)
+class LeafLayout:
+    """One array of a pytree: where it sits in the tree and how it is spread.
+
+    Attributes:
+      path: the leaf's path, keys joined by dots (``"layers.0.weight"``; a Flax variable's
+        trailing ``.value`` is left out).
+      shape, dtype, nbytes: the global array.
+      layout: its :class:`Layout`, or None when it has no sharding (a ``ShapeDtypeStruct``
+        without one, or a host NumPy array): such a leaf is "unplaced".
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    layout: Layout | None
+
+    @property
+    def spec_str(self) -> str:
+        return self.layout.spec_str if self.layout is not None else "unplaced"
+
+    @property
+    def max_device_bytes(self) -> int:
+        """The most bytes one device holds of it (the whole array when unplaced)."""
+        return self.layout.max_device_bytes if self.layout is not None else self.nbytes
+
+    @property
+    def replication(self) -> int | None:
+        return self.layout.replication if self.layout is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        lay = self.layout
+        return {
+            "path": self.path,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "nbytes": self.nbytes,
+            "spec": None
+            if lay is None or lay.spec is None
+            else [_spec_entry_json(e) for e in lay.spec],
+            "sharding": None if lay is None else lay.spec_str,
+            "mesh_axes": None if lay is None else dict(lay.mesh_axes),
+            "max_device_bytes": self.max_device_bytes,
+            "replication": self.replication,
+        }
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """How every array of a pytree is spread over devices, with totals per device.
+
+    Attributes:
+      leaves: one :class:`LeafLayout` per array leaf, in the tree's order.
+      other_leaves: leaves that are not arrays (functions, strings, Python numbers), skipped.
+    """
+
+    leaves: tuple[LeafLayout, ...]
+    other_leaves: int = 0
+
+    @property
+    def mesh_axes(self) -> dict[str, int]:
+        """The mesh of the first sharded leaf with one (empty if none)."""
+        for leaf in self.leaves:
+            if leaf.layout is not None and leaf.layout.mesh_axes:
+                return dict(leaf.layout.mesh_axes)
+        return {}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all the arrays, each counted once."""
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+    @property
+    def unplaced_bytes(self) -> int:
+        return sum(leaf.nbytes for leaf in self.leaves if leaf.layout is None)
+
+    @property
+    def device_bytes(self) -> dict[int, int]:
+        """``{device id: bytes it holds}`` over the placed leaves, devices in id order."""
+        out: dict[int, int] = {}
+        for leaf in self.leaves:
+            if leaf.layout is not None:
+                for s in leaf.layout.shards:
+                    out[s.device_id] = out.get(s.device_id, 0) + s.nbytes
+        return dict(sorted(out.items()))
+
+    @property
+    def max_device_bytes(self) -> int:
+        """The most any one device holds, counting each unplaced leaf whole on every device."""
+        return max(self.device_bytes.values(), default=0) + self.unplaced_bytes
+
+    @property
+    def min_device_bytes(self) -> int:
+        return min(self.device_bytes.values(), default=0) + self.unplaced_bytes
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    def __getitem__(self, path: str) -> LeafLayout:
+        for leaf in self.leaves:
+            if leaf.path == path:
+                return leaf
+        raise KeyError(path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "leaves": [leaf.to_dict() for leaf in self.leaves],
+            "other_leaves": self.other_leaves,
+            "mesh_axes": self.mesh_axes,
+            "nbytes": self.nbytes,
+            "unplaced_bytes": self.unplaced_bytes,
+            "max_device_bytes": self.max_device_bytes,
+            "min_device_bytes": self.min_device_bytes,
+            "device_bytes": {str(k): v for k, v in self.device_bytes.items()},
+        }
+
+    def __rich__(self) -> Any:
+        from shardscope._src.render.console import tree_layout_table
+
+        return tree_layout_table(self)
+
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
+        from shardscope._src.render.console import mimebundle
+
+        return mimebundle(self, width=130)
+
+
+def _holds_arrays(tree: Any) -> bool:
+    import jax
+
+    return any(_is_array_like(x) for x in jax.tree.leaves(tree, is_leaf=_is_array_like))
+
+
+def _is_array_like(x: Any) -> bool:
+    """An array, a ``ShapeDtypeStruct`` or a NumPy array: anything with a shape and a dtype."""
+    import jax
+    import numpy as np
+
+    if isinstance(x, jax.Array | jax.ShapeDtypeStruct | np.ndarray | np.generic):
+        return True
+    # Something else with a shape and a dtype counts when it is a pytree leaf: a Flax variable
+    # has both but is a node holding its value, and must stay one.
+    return (
+        hasattr(x, "shape")
+        and hasattr(x, "dtype")
+        and not isinstance(x, type)
+        and jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
+    )
+
+
+def _path_str(path: Sequence[Any]) -> str:
+    import jax.tree_util as tu
+
+    keys = list(path)
+    # A Flax variable flattens to its value under the attribute "value": name the variable.
+    if len(keys) > 1 and isinstance(keys[-1], tu.GetAttrKey) and keys[-1].name == "value":
+        keys = keys[:-1]
+    return tu.keystr(tuple(keys), simple=True, separator=".") if keys else "<root>"
+
+
+def _leaf_layout(path: str, leaf: Any) -> LeafLayout:
+    import jax
+    import numpy as np
+
+    shape = tuple(int(d) for d in leaf.shape)
+    dt = _dtype(leaf.dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    host = isinstance(leaf, np.ndarray | np.generic)
+    sharding = None if host else getattr(leaf, "sharding", None)
+    if sharding is None:
+        return LeafLayout(path, shape, dt.name, nbytes, None)
+    try:
+        lay = layout(jax.ShapeDtypeStruct(shape, dt, sharding=sharding))
+    except LayoutError as e:
+        raise LayoutError(f"{path}: {e}") from None
+    return LeafLayout(path, shape, dt.name, nbytes, lay)
+
+
+def tree_layout(tree: Any) -> TreeLayout:
+    """The layout of every array in a pytree (model, optimizer state, abstract arguments).
+
+    Leaves are JAX arrays, ``jax.ShapeDtypeStruct`` (with or without a sharding; its mesh may
+    be abstract) or NumPy arrays; other leaves (an Equinox module's functions) are counted in
+    ``other_leaves`` and skipped. Flax NNX modules and states, Equinox modules and optax states
+    are pytrees and work as they are.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    >>> tree = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32,
+    ...                                   sharding=NamedSharding(mesh, P()))}
+    >>> lay = tree_layout(tree)
+    >>> lay["w"].max_device_bytes, lay.max_device_bytes
+    (128, 128)
+    """
+    import jax
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_array_like)
+    leaves = []
+    other = 0
+    for path, leaf in flat:
+        if _is_array_like(leaf):
+            leaves.append(_leaf_layout(_path_str(path), leaf))
+        else:
+            other += 1
+    if not leaves:
+        raise ShardscopeError(
+            f"layout(): the {type(tree).__name__} holds no arrays ({other} other leaves); pass "
+            f"a model, an optimizer state or a tree of arrays or jax.ShapeDtypeStruct"
+        )
+    return TreeLayout(tuple(leaves), other)
+
+
+def _resolve_sharding(spec: Any, mesh: Any, path: str, shape: tuple[int, ...]) -> Any:
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if spec is None or hasattr(spec, "devices_indices_map") or hasattr(spec, "spec"):
+        return spec
+    if isinstance(spec, PartitionSpec):
+        if mesh is None:
+            import jax
+
+            # The mesh of `with jax.set_mesh(mesh)`, else an abstract one in force.
+            for current in (jax.sharding.get_mesh(), jax.sharding.get_abstract_mesh()):
+                if not current.empty:
+                    mesh = current
+                    break
+        if mesh is None:
+            raise LayoutError(
+                f"abstract(): {path} has {format_spec(tuple(spec))} but no mesh is known; pass "
+                f"mesh= or call it inside `with jax.set_mesh(mesh):`"
+            )
+        axes = {str(k): int(v) for k, v in mesh.shape.items()}
+        try:
+            normalize_spec(spec, len(shape), axes)  # before JAX's own, terser, refusal
+        except LayoutError as e:
+            raise LayoutError(f"abstract(): {path}: {e}") from None
+        return NamedSharding(mesh, spec)
+    raise LayoutError(
+        f"abstract(): {path} got {spec!r}; give a jax.sharding.Sharding, a PartitionSpec or None"
+    )
+
+
+def abstract(tree: Any, shardings: Any = None, *, mesh: Any = None) -> Any:
+    """The same pytree with every array replaced by a sharded ``jax.ShapeDtypeStruct``.
+
+    For compile-only work: ``jax.jit(step).lower(*abstract(args, shardings))`` allocates
+    nothing. Non-array leaves (an Equinox module's functions) are kept as they are.
+
+    Args:
+        tree: a pytree of arrays, ``ShapeDtypeStruct`` or anything with a shape and a dtype
+            (Flax NNX states, Equinox modules, optax states).
+        shardings: None keeps each leaf's own sharding; a ``Sharding`` or ``PartitionSpec``
+            applies to every array; a pytree prefix of ``tree`` whose leaves are those (or None
+            for no sharding), e.g. ``nnx.get_partition_spec(state)``; or a function
+            ``(path, leaf) -> Sharding | PartitionSpec | None`` with the dotted path of
+            :func:`tree_layout`.
+        mesh: the mesh for ``PartitionSpec`` s (default: the one set by ``jax.set_mesh``).
+
+    Raises:
+        LayoutError: a spec that does not fit its array (rank, unknown axis, divisibility),
+            a ``PartitionSpec`` with no mesh, or ``shardings`` not shaped like the tree.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    >>> params = {"w": jnp.zeros((8, 4)), "b": jnp.zeros((4,))}
+    >>> a = abstract(params, P(), mesh=mesh)
+    >>> a["w"].shape, a["w"].sharding.spec
+    ((8, 4), P())
+    """
+    import jax
+    from jax.sharding import PartitionSpec
+
+    def is_spec(x: Any) -> bool:
+        return x is None or isinstance(x, PartitionSpec) or hasattr(x, "devices_indices_map")
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_array_like)
+    if shardings is None:
+        specs: list[Any] = [getattr(leaf, "sharding", None) for _, leaf in flat]
+    elif is_spec(shardings) and shardings is not None:
+        specs = [shardings] * len(flat)
+    elif callable(shardings) and not hasattr(shardings, "tree_flatten"):
+        specs = [
+            shardings(_path_str(p), leaf) if _is_array_like(leaf) else None for p, leaf in flat
+        ]
+    else:
+        spec_def = jax.tree_util.tree_structure(shardings, is_leaf=is_spec)
+        try:
+            subtrees = spec_def.flatten_up_to(tree)
+        except (ValueError, TypeError) as e:
+            raise LayoutError(
+                f"abstract(): the shardings are not shaped like the tree (a pytree prefix of "
+                f"it is needed): {str(e).splitlines()[0]}"
+            ) from None
+        spec_leaves = jax.tree_util.tree_leaves(shardings, is_leaf=is_spec)
+        specs = []
+        for spec, sub in zip(spec_leaves, subtrees, strict=True):
+            n = len(jax.tree_util.tree_leaves(sub, is_leaf=_is_array_like))
+            specs.extend([spec] * n)
+    out = []
+    for (path, leaf), spec in zip(flat, specs, strict=True):
+        if not _is_array_like(leaf):
+            out.append(leaf)
+            continue
+        where = _path_str(path)
+        shape = tuple(int(d) for d in leaf.shape)
+        sharding = _resolve_sharding(spec, mesh, where, shape)
+        if sharding is not None and hasattr(sharding, "spec") and hasattr(sharding, "mesh"):
+            axes = {str(k): int(v) for k, v in sharding.mesh.shape.items()}
+            try:
+                full = normalize_spec(sharding.spec, len(shape), axes)
+                check_divisible(shape, full, axes)
+            except LayoutError as e:
+                raise LayoutError(f"abstract(): {where}: {e}") from None
+        out.append(jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=sharding))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def logical_to_spec(names: Sequence[str | None], rules: Any) -> Any:
+    """The ``PartitionSpec`` that logical-axis ``rules`` give an array with dimension ``names``.
+
+    Rules are Flax's: ``(logical name, mesh axes)`` pairs (or a mapping), the mesh axes a name,
+    a tuple of names or None. As in Flax, a name without a rule is not sharded, and a mesh
+    axis already used by an earlier dimension is not used again.
+
+    >>> logical_to_spec(("batch", "embed"), [("batch", "data"), ("embed", None)])
+    P('data', None)
+    """
+    from jax.sharding import PartitionSpec
+
+    table = dict(rules.items() if isinstance(rules, Mapping) else rules)
+    used: set[str] = set()
+    entries: list[Any] = []
+    for name in names:
+        value = table.get(name) if name is not None else None
+        axes = _axes_of(value)
+        if not axes or any(a in used for a in axes):
+            entries.append(None)
+            continue
+        used.update(axes)
+        entries.append(axes[0] if isinstance(value, str) or len(axes) == 1 else tuple(axes))
+    return PartitionSpec(*entries)

@@ -219,6 +219,12 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
             )
         text = target
     else:
+        from shardscope._src.audit.stages import unwrap_stage
+
+        # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
+        target = unwrap_stage(target, jax.stages.Compiled) or (
+            unwrap_stage(target, jax.stages.Lowered) or target
+        )
         if isinstance(target, jax.stages.Compiled):
             compiled = target
             if args or jit_kwargs:
@@ -238,8 +244,10 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
                 lowered = _lower(target, args, jit_kwargs, mesh)
             else:
                 raise ShardscopeError(
-                    f"audit() needs a function, a jax.stages.Lowered or Compiled, or HLO text; "
-                    f"got {type(target).__name__}"
+                    f"audit() needs a jitted function (jax.jit, flax.nnx.jit, "
+                    f"equinox.filter_jit or another library's), a plain function, a Lowered "
+                    f"or Compiled (JAX's or a library's), or HLO text; got "
+                    f"{type(target).__name__}"
                 )
             with _capture_stderr() as captured:
                 compiled = lowered.compile()
@@ -296,10 +304,8 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
 def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:
     import jax
 
-    if jit_kwargs or not hasattr(target, "lower"):
-        fn = jax.jit(target, **jit_kwargs)
-    else:
-        fn = target
+    from shardscope._src.audit.stages import lower
+
     ctx: Any = contextlib.nullcontext()
     if mesh is not None and not isinstance(mesh, str | Mapping):
         ctx = jax.set_mesh(mesh)
@@ -311,4 +317,4 @@ def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh:
         if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():
             ctx = jax.set_mesh(make_mesh(mesh))
     with ctx:
-        return fn.lower(*args)
+        return lower(target, args, jit_kwargs)

@@ -37,3 +37,16 @@ class StrategyError(ShardscopeError):
 
 class PlanError(ShardscopeError):
     """A planning request that cannot be met (unknown preset, no device count, no plan)."""
+
+
+class MissingMeshError(ShardscopeError):
+    """A program names mesh axes with a bare PartitionSpec but was traced with no mesh set."""
+
+
+class ProgramError(ShardscopeError):
+    """A user's program that cannot be loaded or run as asked (no such file or function, or a
+    ``make_step`` that does not return ``(step, args)``)."""
+
+
+class AuditDiffError(ShardscopeError):
+    """Audits that cannot be compared (unreadable, not an audit, another schema version)."""

@@ -70,6 +70,21 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         json_path, console = None, Console(quiet=True)
+    if args.program == "program":
+        from shardscope._src.cli.program import run_audit_program
+
+        return run_audit_program(
+            args.target,
+            args.mesh,
+            json_path,
+            rules_path=args.rules,
+            rule_set=args.rule_set,
+            console=console,
+        )
+    if args.program == "hlo":
+        from shardscope._src.cli.program import run_audit_hlo
+
+        return run_audit_hlo(args.hlo, args.mesh, json_path, console=console)
     if args.program == "reshard":
         from shardscope._src.cli.audit import run_audit_command
 
@@ -123,7 +138,9 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="compile a program and list the collectives XLA inserted, against the minimum",
         description="Compile a program and list every collective XLA inserted, by mesh axis "
         "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
-        "and the transformer, compare with the minimum communication and verify better plans.",
+        "and the transformer, compare with the minimum communication and verify better plans. "
+        "Your own program: 'shardscope audit FILE.py:FUNCTION --mesh data=2,model=4'; a "
+        "compiler's dump: 'shardscope audit --hlo FILE --mesh data=8'.",
     )
     programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=_Parser)
     programs.required = True
@@ -163,6 +180,31 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             action="store_false",
             help="skip compiling the suggested better plans",
         )
+
+    own = programs.add_parser(
+        "program",
+        help="your program: FILE.py:FUNCTION, a make_step(mesh) returning (jitted step, args) "
+        "(shorthand: shardscope audit FILE.py:FUNCTION)",
+        description="Load FILE.py, call FUNCTION(mesh) (or FUNCTION(mesh, rules)) for the mesh "
+        "of --mesh, and audit the jitted step it returns on the arguments it returns.",
+    )
+    own.add_argument("target", metavar="FILE.py:FUNCTION", help="the make_step function")
+    own.add_argument(
+        "--rules", metavar="FILE", help="logical-axis rules (JSON) in force while it runs"
+    )
+    own.add_argument(
+        "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
+    )
+    common(own, None)
+    hlo = programs.add_parser(
+        "hlo",
+        help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
+        "(shorthand: shardscope audit --hlo FILE)",
+        description="Audit optimized HLO text: a *after_optimizations.txt file of an XLA "
+        "dump, or a dump folder holding exactly one.",
+    )
+    hlo.add_argument("--hlo", required=True, metavar="FILE", help="the HLO file or dump folder")
+    common(hlo, None)
 
     mm = programs.add_parser(
         "matmul",
@@ -227,6 +269,11 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def _cmd_plan(args: argparse.Namespace) -> int:
     from shardscope._src.cli.plan import run_plan_command
 
+    if args.program is None and (args.rules or args.axes or args.meshes):
+        raise UsageError(
+            f"{PROG} plan: --rules, --axes and --meshes plan your own program; give "
+            f"--program FILE.py:FUNCTION"
+        )
     overrides = {
         k: getattr(args, k)
         for k in (
@@ -240,6 +287,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None
     }
     dims = {k: getattr(args, k) for k in ("d_model", "heads", "ff", "layers", "vocab")}
+    if args.program is not None:
+        return _cmd_plan_program(args, overrides, dims)
     return run_plan_command(
         model=args.model,
         devices=args.devices,
@@ -260,6 +309,51 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_plan_program(
+    args: argparse.Namespace, overrides: dict[str, Any], dims: dict[str, Any]
+) -> int:
+    from shardscope._src.cli.program import run_plan_program
+
+    model_flags = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is not None]
+    model_flags += [
+        flag
+        for flag, value in (
+            ("--model", args.model),
+            ("--batch", args.batch),
+            ("--seq", args.seq),
+            ("--strategies", args.strategies),
+        )
+        if value is not None
+    ]
+    if model_flags:
+        raise UsageError(
+            f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
+            f"--program your make_step builds the model (drop them)"
+        )
+    return run_plan_program(
+        args.program,
+        args.devices,
+        rules_path=args.rules,
+        axes=_names(args.axes, "--axes"),
+        meshes=args.meshes.split(";") if args.meshes else None,
+        hardware=args.hardware,
+        hardware_overrides=overrides,
+        json_path=args.json,
+        png_path=args.png,
+        report_path=args.report,
+        top=args.top,
+    )
+
+
+def _names(text: str | None, flag: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not all(n.isidentifier() for n in names):
+        raise UsageError(f"{PROG} plan: {flag} {text!r}: write axis names, e.g. data,model")
+    return names
+
+
 def _add_plan_parser(sub: Any) -> None:
     from shardscope._src.base.hardware import PRESETS
     from shardscope._src.model.presets import MODEL_PRESETS
@@ -272,6 +366,25 @@ def _add_plan_parser(sub: Any) -> None:
         "and step time on a hardware preset, and rank the plans.",
     )
     p.add_argument("--model", choices=list(MODEL_PRESETS), help="a model preset")
+    p.add_argument(
+        "--program",
+        metavar="FILE.py:FUNCTION",
+        help="plan your own program: FUNCTION(mesh) (or FUNCTION(mesh, rules)) returns the "
+        "jitted step and its arguments",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="FILE",
+        help='candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: '
+        "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
+    )
+    p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
+    p.add_argument(
+        "--meshes",
+        metavar="LIST",
+        help="mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1' "
+        "(default: every way to spread the devices over the axes)",
+    )
     for dim in ("d-model", "heads", "ff", "layers", "vocab"):
         p.add_argument(
             f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
@@ -374,9 +487,74 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(run=_cmd_lab)
 
     _add_audit(sub)
+    _add_diff(sub)
     _add_launch(sub)
     _add_plan_parser(sub)
     return parser
+
+
+# -- shardscope diff -----------------------------------------------------------------------------
+
+
+def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from shardscope._src.base.comm import KINDS
+
+    diff = sub.add_parser(
+        "diff",
+        help="compare two audits (--json files): collectives that appeared, disappeared or "
+        "changed, per axis and kind; exit 1 when a budget is broken",
+        description="Compare two audit JSON files written by 'shardscope audit ... --json': "
+        "list the collectives that appeared, disappeared or changed count or bytes per mesh "
+        "axis and kind. Exit 0 within budget, 1 when a budget is broken, 2 on bad input.",
+    )
+    diff.add_argument("old", metavar="OLD.json")
+    diff.add_argument("new", metavar="NEW.json")
+    diff.add_argument(
+        "--max-bytes-increase",
+        metavar="SIZE",
+        help="most the bytes each device sends may grow: bytes, a size (64MiB) or a percentage "
+        "of the old total (5%%)",
+    )
+    diff.add_argument(
+        "--no-new",
+        action="append",
+        default=[],
+        choices=list(KINDS),
+        metavar="KIND",
+        help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
+    )
+    diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
+    diff.set_defaults(run=_cmd_diff)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from shardscope._src.base.io import check_file_path
+    from shardscope._src.cli.program import run_diff
+
+    if args.json is not None:
+        check_file_path(args.json)
+    return run_diff(
+        args.old,
+        args.new,
+        max_bytes_increase=args.max_bytes_increase,
+        no_new=args.no_new,
+        json_path=args.json,
+    )
+
+
+def _route_audit(argv: list[str]) -> list[str]:
+    """``audit FILE.py:FUNCTION ...`` and ``audit --hlo FILE ...``: the shorthands of
+    ``audit program FILE.py:FUNCTION`` and ``audit hlo --hlo FILE``."""
+    if argv[:1] != ["audit"] or len(argv) < 2:
+        return argv
+    rest = argv[1:]
+    if rest[0] in ("program", "hlo", "matmul", "reshard", "transformer"):
+        return argv
+    if "--hlo" in rest or any(a.startswith("--hlo=") for a in rest):
+        return ["audit", "hlo", *rest]
+    if ".py:" in rest[0] or rest[0].endswith(".py"):
+        return ["audit", "program", *rest]
+    return argv
 
 
 # -- shardscope launch --------------------------------------------------------------------------
@@ -475,6 +653,7 @@ def _main(argv: Sequence[str] | None) -> int:
     end = args_list.index("--") if "--" in args_list else len(args_list)
     debug = "--debug" in args_list[:end]
     args_list = [a for a in args_list[:end] if a != "--debug"] + args_list[end:]
+    args_list = _route_audit(args_list)
     parser = build_parser()
     try:
         args = parser.parse_args(args_list)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from shardscope._src.base.comm import format_bytes
 
 if TYPE_CHECKING:
-    from shardscope._src.layout import Layout
+    from shardscope._src.layout import Layout, TreeLayout
 
 
 def _slice_text(s: slice, size: int) -> str:
@@ -81,3 +81,46 @@ class _Discard:
 
     def flush(self) -> None:
         pass
+
+
+def tree_layout_table(tree: TreeLayout, *, title: str | None = None) -> Any:
+    """A rich table: one row per array of a pytree (path, shape, dtype, spec, bytes per device,
+    replication) and the totals per device."""
+    from rich.table import Table
+
+    axes = ", ".join(f"{k}={v}" for k, v in tree.mesh_axes.items())
+    per_device = format_bytes(tree.max_device_bytes)
+    if tree.min_device_bytes != tree.max_device_bytes:
+        per_device = f"{format_bytes(tree.min_device_bytes)} to {per_device}"
+    caption = (
+        (f"mesh ({axes}) | " if axes else "")
+        + f"{len(tree.leaves)} arrays, {format_bytes(tree.nbytes)} in all; "
+        + f"{per_device} per device"
+    )
+    if tree.unplaced_bytes:
+        caption += f" (unplaced arrays, {format_bytes(tree.unplaced_bytes)}, counted whole)"
+    if tree.other_leaves:
+        caption += f"; {tree.other_leaves} non-array leaves skipped"
+    table = Table(
+        title=title, caption=caption, title_justify="left", caption_justify="left"
+    )
+    table.add_column("path", overflow="fold")
+    table.add_column("shape", justify="right", no_wrap=True)
+    table.add_column("dtype")
+    table.add_column("sharding", no_wrap=True)
+    table.add_column("per device", justify="right", no_wrap=True)
+    table.add_column("replicas", justify="right")
+    for leaf in tree.leaves:
+        table.add_row(
+            leaf.path,
+            "x".join(str(d) for d in leaf.shape) or "scalar",
+            leaf.dtype,
+            leaf.spec_str,
+            format_bytes(leaf.max_device_bytes),
+            "-" if leaf.replication is None else str(leaf.replication),
+        )
+    table.add_section()
+    table.add_row(
+        "total", "", "", "", format_bytes(tree.max_device_bytes), "", end_section=True
+    )
+    return table

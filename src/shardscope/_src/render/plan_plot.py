@@ -132,7 +132,8 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
         else:
             from matplotlib.ticker import FuncFormatter
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_seconds(v)))
-        ax.set_xlabel(f"memory per device, analytic ({unit})")
+        source = getattr(result, "memory_source", "analytic")
+        ax.set_xlabel(f"memory per device, {source} ({unit})")
         ax.set_ylabel("communication time per step (alpha-beta)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best")

@@ -1,0 +1,293 @@
+"""Comparing two audits: which collectives appeared, disappeared or changed, per axes and kind.
+
+For code review and CI: audit a program on the main branch and on a change, write both as JSON
+(``Audit.to_dict()``, what ``shardscope audit --json`` writes), and diff them. Budgets turn the
+difference into a pass or a fail: a cap on the growth of the bytes each device sends, and kinds
+that must not appear where they were not before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope._src.base import comm as _comm
+from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.errors import AuditDiffError, ShardscopeError
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    """The collectives of one kind over one set of axes, before and after.
+
+    ``status`` is ``"new"`` (none before), ``"gone"`` (none after), ``"changed"`` (count or
+    bytes differ) or ``"same"``. Counts are executions per run; bytes are per device.
+    """
+
+    axes: str
+    kind: str
+    old_count: int
+    new_count: int
+    old_traffic_bytes: int
+    new_traffic_bytes: int
+    old_payload_bytes: int
+    new_payload_bytes: int
+
+    @property
+    def status(self) -> str:
+        if self.old_count == 0 and self.new_count > 0:
+            return "new"
+        if self.new_count == 0 and self.old_count > 0:
+            return "gone"
+        if (self.old_count, self.old_traffic_bytes, self.old_payload_bytes) != (
+            self.new_count,
+            self.new_traffic_bytes,
+            self.new_payload_bytes,
+        ):
+            return "changed"
+        return "same"
+
+    @property
+    def traffic_change(self) -> int:
+        return self.new_traffic_bytes - self.old_traffic_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "axes": self.axes,
+            "kind": self.kind,
+            "status": self.status,
+            "old_count": self.old_count,
+            "new_count": self.new_count,
+            "old_traffic_bytes": self.old_traffic_bytes,
+            "new_traffic_bytes": self.new_traffic_bytes,
+            "old_payload_bytes": self.old_payload_bytes,
+            "new_payload_bytes": self.new_payload_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class AuditDiff:
+    """Two audits compared. ``violations`` lists the budgets broken (empty: within budget)."""
+
+    old_name: str
+    new_name: str
+    rows: tuple[DiffRow, ...]
+    violations: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> tuple[DiffRow, ...]:
+        return tuple(r for r in self.rows if r.status != "same")
+
+    @property
+    def old_traffic_bytes(self) -> int:
+        return sum(r.old_traffic_bytes for r in self.rows)
+
+    @property
+    def new_traffic_bytes(self) -> int:
+        return sum(r.new_traffic_bytes for r in self.rows)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "old": self.old_name,
+            "new": self.new_name,
+            "old_traffic_bytes": self.old_traffic_bytes,
+            "new_traffic_bytes": self.new_traffic_bytes,
+            "rows": [r.to_dict() for r in self.rows],
+            "violations": list(self.violations),
+            "ok": self.ok,
+        }
+
+    def text(self, *, all_rows: bool = False) -> str:
+        """The changed rows (``all_rows``: every row) as a plain-text table."""
+        shown = self.rows if all_rows else self.changed
+        rows = [("", "axes", "kind", "count", "bytes/device", "change")]
+        for r in shown:
+            rows.append(
+                (
+                    r.status if r.status != "same" else "",
+                    r.axes,
+                    r.kind,
+                    f"{r.old_count} -> {r.new_count}",
+                    f"{format_bytes(r.old_traffic_bytes)} -> {format_bytes(r.new_traffic_bytes)}",
+                    ("+" if r.traffic_change > 0 else "-" if r.traffic_change < 0 else "")
+                    + format_bytes(abs(r.traffic_change)),
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(6)]
+        lines = [
+            "  ".join(
+                cell.rjust(w) if i >= 3 else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+            for row in rows
+        ]
+        lines.append(
+            f"bytes sent per device per run: {format_bytes(self.old_traffic_bytes)} -> "
+            f"{format_bytes(self.new_traffic_bytes)}"
+        )
+        return "\n".join(lines)
+
+    def __rich__(self) -> Any:
+        from shardscope._src.render.diff import diff_table
+
+        return diff_table(self)
+
+
+def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
+    """``(name, audit dict)`` from an Audit, a dict or a JSON file path."""
+    from shardscope._src.base.io import SCHEMA_VERSION, result_header
+
+    if hasattr(source, "to_dict") and hasattr(source, "collectives"):
+        return source.module_name, {**result_header(None), **source.to_dict()}
+    if isinstance(source, Mapping):
+        data, name = source, str(source.get("module", what))
+    elif isinstance(source, str | os.PathLike):
+        name = str(source)
+        try:
+            with open(source, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise AuditDiffError(f"{what} audit file {name!r} does not exist") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise AuditDiffError(f"{what} audit file {name!r} cannot be read: {e}") from None
+        except json.JSONDecodeError as e:
+            raise AuditDiffError(
+                f"{what} audit file {name!r} is not JSON ({e}); write one with "
+                f"`shardscope audit ... --json FILE`"
+            ) from None
+    else:
+        raise AuditDiffError(
+            f"{what}: give an Audit, its to_dict() or the path of its JSON, not "
+            f"{type(source).__name__}"
+        )
+    if not isinstance(data, Mapping) or not isinstance(data.get("totals"), list):
+        raise AuditDiffError(
+            f'{what} {name!r} is not an audit (no "totals" list); write one with '
+            f"`shardscope audit ... --json FILE`"
+        )
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        found = "no schema_version" if version is None else f"schema version {version!r}"
+        raise AuditDiffError(
+            f"{what} {name!r} has {found} but this shardscope reads version "
+            f"{SCHEMA_VERSION}; write both with the same shardscope (`shardscope audit ... "
+            f"--json FILE`)"
+        )
+    return name, data
+
+
+def _totals(data: Mapping[str, Any], name: str) -> dict[tuple[str, str], tuple[int, int, int]]:
+    out: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for row in data["totals"]:
+        try:
+            key = (str(row["axes"]), str(row["kind"]))
+            vals = (int(row["count"]), int(row["traffic_bytes"]), int(row["payload_bytes"]))
+        except (KeyError, TypeError, ValueError):
+            raise AuditDiffError(
+                f"{name!r}: a totals entry {row!r} lacks axes, kind, count, traffic_bytes or "
+                f"payload_bytes"
+            ) from None
+        c, t, p = out.get(key, (0, 0, 0))
+        out[key] = (c + vals[0], t + vals[1], p + vals[2])
+    return out
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+
+
+def parse_budget(text: str | int) -> tuple[float, bool]:
+    """``(amount, is_percent)`` from ``1048576``, ``"1MiB"``, ``"500KB"`` or ``"5%"``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ShardscopeError(f"a byte budget must be >= 0, got {text}")
+        return float(text), False
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ShardscopeError(
+            f"byte budget {text!r}: write a number of bytes, a size such as 64MiB or 1GB, or a "
+            f"percentage of the old total such as 5%"
+        )
+    value, unit = float(m.group(1)), (m.group(2) or "B")
+    if unit == "%":
+        return value, True
+    return value * _UNITS[unit.lower()], False
+
+
+def diff_audits(
+    old: Any,
+    new: Any,
+    *,
+    max_bytes_increase: str | int | None = None,
+    no_new: Sequence[str] = (),
+) -> AuditDiff:
+    """Compares two audits per (axes, kind) and checks budgets.
+
+    Args:
+        old, new: :class:`Audit` objects, their ``to_dict()``, or paths of their JSON.
+        max_bytes_increase: the most the bytes each device sends may grow, in all: bytes,
+            a size (``"64MiB"``) or a percentage of the old total (``"5%"``).
+        no_new: kinds (``"all-gather"``) whose count must not grow over any set of axes.
+
+    Raises:
+        AuditDiffError: unreadable files, not audits, or different schema versions.
+    """
+    kinds = []
+    for k in no_new:
+        kind = k.replace("_", "-")
+        if kind not in _comm.KINDS:
+            raise ShardscopeError(f"no-new kind {k!r}: choose from {', '.join(_comm.KINDS)}")
+        kinds.append(kind)
+    budget = parse_budget(max_bytes_increase) if max_bytes_increase is not None else None
+    old_name, old_data = _load(old, "old")
+    new_name, new_data = _load(new, "new")
+    a, b = _totals(old_data, old_name), _totals(new_data, new_name)
+    rows = []
+    order = list(a) + [k for k in b if k not in a]
+    for key in order:
+        oc, ot, op = a.get(key, (0, 0, 0))
+        nc, nt, np_ = b.get(key, (0, 0, 0))
+        rows.append(DiffRow(key[0], key[1], oc, nc, ot, nt, op, np_))
+    violations = []
+    old_total = sum(r.old_traffic_bytes for r in rows)
+    new_total = sum(r.new_traffic_bytes for r in rows)
+    if budget is not None:
+        amount, percent = budget
+        allowed = old_total * amount / 100 if percent else amount
+        if new_total - old_total > allowed:
+            shown = (
+                f"{amount:g}% of {format_bytes(old_total)}"
+                if percent
+                else format_bytes(int(amount))
+            )
+            violations.append(
+                f"bytes per device grew by {format_bytes(new_total - old_total)} "
+                f"({format_bytes(old_total)} -> {format_bytes(new_total)}), more than the "
+                f"{shown} allowed"
+            )
+    for kind in kinds:
+        for r in rows:
+            if r.kind == kind and r.new_count > r.old_count:
+                violations.append(
+                    f"new {kind} over {r.axes}: {r.old_count} -> {r.new_count} per run "
+                    f"(--no-new {kind})"
+                )
+    return AuditDiff(old_name, new_name, tuple(rows), tuple(violations))

@@ -1,0 +1,306 @@
+"""From whatever a user calls "my jitted step" to a ``jax.stages.Lowered`` or ``Compiled``.
+
+``jax.jit`` functions, ``jax.stages.Lowered`` and ``jax.stages.Compiled`` are the base case.
+Libraries wrap them: ``flax.nnx.jit`` and ``equinox.filter_jit`` return callables whose
+``lower`` gives the library's own ``Lowered``, a dataclass holding JAX's, whose ``compile``
+gives the library's ``Compiled``, holding JAX's in turn. Rather than name each library, a
+wrapper is opened by looking for the one field that holds JAX's object, so a library that
+wraps the same way works without changes here.
+
+Some wrappers decide which arguments are traced by their type (``equinox.filter_jit`` traces
+arrays and treats everything else, ``jax.ShapeDtypeStruct`` included, as a constant). When
+lowering such a wrapper on abstract arguments fails, it is traced once more inside
+``jax.jit`` with every array-like leaf (arrays and ``ShapeDtypeStruct``) as an input: the
+wrapper then sees tracers, which it treats as arrays, and its own ``jit`` becomes a nested
+call, which XLA inlines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from shardscope._src.base.errors import MissingMeshError, ProgramError, ShardscopeError
+
+#: What JAX says when a bare ``PartitionSpec`` meets an empty mesh context (0.10.2 wording;
+#: both the ``with_sharding_constraint`` and the ``shard_map``/``reshard`` forms contain it).
+_NO_MESH_MARKERS = ("non-empty mesh", "requires a mesh", "empty mesh")
+
+
+def _fields(obj: Any) -> Iterator[Any]:
+    """The values of ``obj``'s dataclass fields, ``__dict__`` entries and slots."""
+    seen: set[int] = set()
+
+    def once(v: Any) -> Iterator[Any]:
+        if id(v) not in seen:
+            seen.add(id(v))
+            yield v
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from once(getattr(obj, f.name, None))
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict):
+        for v in d.values():
+            yield from once(v)
+    for cls in type(obj).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if not name.startswith("__"):
+                yield from once(getattr(obj, name, None))
+
+
+def unwrap_stage(obj: Any, cls: type) -> Any | None:
+    """``obj`` when it is a ``cls``, or the single field of a library wrapper holding one."""
+    if isinstance(obj, cls):
+        return obj
+    if isinstance(obj, str | bytes | int | float | tuple | list | dict):
+        return None
+    found = [v for v in _fields(obj) if isinstance(v, cls)]
+    return found[0] if len(found) == 1 else None
+
+
+def _is_jax_own(target: Any) -> bool:
+    return type(target).__module__.split(".")[0] in ("jax", "jaxlib")
+
+
+def _has_abstract_leaves(args: Any) -> bool:
+    import jax
+
+    return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(args))
+
+
+def _describe(target: Any) -> str:
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    kind = f"{type(target).__module__}.{type(target).__qualname__}"
+    return f"{name} ({kind})" if isinstance(name, str) and name else kind
+
+
+def missing_mesh_error(error: BaseException, args: Any) -> MissingMeshError | None:
+    """Our explanation of JAX's "requires a non-empty mesh", or None for other errors."""
+    text = str(error)
+    if not any(m in text for m in _NO_MESH_MARKERS):
+        return None
+    from shardscope._src.mesh import format_mesh_spec, mesh_axes
+
+    meshes = []
+    for leaf in _sharding_leaves(args):
+        m = getattr(leaf, "mesh", None)
+        if m is not None and hasattr(m, "axis_names") and not getattr(m, "empty", False):
+            spec = format_mesh_spec(mesh_axes(m))
+            if spec not in meshes:
+                meshes.append(spec)
+    where = (
+        f"; the arguments are sharded over mesh {meshes[0]!r}, so pass that mesh"
+        if len(meshes) == 1
+        else ""
+    )
+    return MissingMeshError(
+        "the program names mesh axes with a bare PartitionSpec (in with_sharding_constraint, "
+        "a Flax or Equinox sharding annotation, shard_map or reshard) but no mesh was set "
+        "while it was traced, so JAX cannot tell which devices the axes mean: audit it with "
+        "mesh= (shardscope.audit(step, *args, mesh=mesh)) or inside "
+        f"`with jax.set_mesh(mesh):`{where}. JAX said: {text.splitlines()[0]}"
+    )
+
+
+def _sharding_leaves(args: Any) -> list[Any]:
+    import jax
+
+    out = []
+    for leaf in jax.tree.leaves(args):
+        s = getattr(leaf, "sharding", None)
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def lower(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``jax.stages.Lowered`` of ``target`` on ``args`` (jit-like callable, or a plain one).
+
+    ``kwargs`` are options for ``jax.jit`` (for a plain function, or to re-jit).
+    """
+    import jax
+
+    if kwargs or not hasattr(target, "lower"):
+        if not callable(target):
+            raise ShardscopeError(
+                f"audit() needs a jitted function (jax.jit, flax.nnx.jit, equinox.filter_jit "
+                f"or another library's), a plain function, a Lowered or Compiled, or HLO "
+                f"text; got {_describe(target)}"
+            )
+        fn = jax.jit(target, **kwargs)
+    else:
+        fn = target
+    try:
+        got = fn.lower(*args)
+    except Exception as e:
+        explained = missing_mesh_error(e, args)
+        if explained is not None:
+            raise explained from e
+        if _is_jax_own(fn) or not _has_abstract_leaves(args):
+            raise
+        try:
+            return _lower_in_jit(fn, args)
+        except Exception:
+            raise e from None
+    lowered = unwrap_stage(got, jax.stages.Lowered)
+    if lowered is None:
+        raise ShardscopeError(
+            f"{_describe(target)}.lower(...) returned {_describe(got)}, which is neither a "
+            f"jax.stages.Lowered nor a wrapper holding one; pass the jax.jit function, its "
+            f"Lowered or its Compiled instead"
+        )
+    return lowered
+
+
+def _lower_in_jit(fn: Any, args: tuple[Any, ...]) -> Any:
+    """Lowers ``fn(*args)`` traced inside ``jax.jit``, every array-like leaf an input."""
+    import jax
+    import numpy as np
+
+    leaves, treedef = jax.tree.flatten(args)
+    dynamic = [
+        i
+        for i, leaf in enumerate(leaves)
+        if isinstance(leaf, jax.Array | np.ndarray | jax.ShapeDtypeStruct)
+    ]
+
+    def run(*values: Any) -> list[Any]:
+        full = list(leaves)
+        for i, v in zip(dynamic, values, strict=True):
+            full[i] = v
+        out = fn(*jax.tree.unflatten(treedef, full))
+        return [leaf for leaf in jax.tree.leaves(out) if isinstance(leaf, jax.Array)]
+
+    run.__name__ = getattr(fn, "__name__", None) or "step"
+    return jax.jit(run).lower(*(leaves[i] for i in dynamic))
+
+
+def load_program(ref: str) -> Any:
+    """The function named by ``"path/to/file.py:make_step"``, its file run as a module.
+
+    The file's folder goes first on ``sys.path``, so the file may import its neighbours.
+    """
+    import importlib.util
+    import os
+
+    path, sep, attr = str(ref).rpartition(":")
+    if not sep or not path or not attr:
+        raise ProgramError(f"program {ref!r}: write FILE.py:FUNCTION, e.g. train.py:make_step")
+    if not os.path.isfile(path):
+        raise ProgramError(f"program file {path!r} does not exist")
+    if not attr.isidentifier():
+        raise ProgramError(f"program {ref!r}: {attr!r} is not a Python name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    stem = os.path.splitext(os.path.basename(path))[0] or "program"
+    name = stem
+    if not stem.isidentifier() or stem in sys.modules:
+        name = f"_shardscope_program_{abs(hash(os.path.abspath(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ProgramError(f"program file {path!r} cannot be loaded as Python (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except ShardscopeError:
+        raise
+    except Exception as e:
+        del sys.modules[name]
+        first = str(e).strip().splitlines()
+        raise ProgramError(
+            f"running {path!r} raised {type(e).__name__}: {first[0] if first else ''}"
+        ) from e
+    fn = getattr(module, attr, None)
+    if fn is None:
+        names = sorted(
+            k
+            for k, v in vars(module).items()
+            if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == name
+        )
+        raise ProgramError(
+            f"{path!r} defines no {attr!r}"
+            + (f"; its functions are {', '.join(names)}" if names else "")
+        )
+    if not callable(fn):
+        raise ProgramError(f"{path}:{attr} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+# -- a user's program: make_step(mesh) -> (step, args) --------------------------------------
+
+
+def check_step_pair(got: Any, where: str) -> tuple[Any, tuple[Any, ...]]:
+    """``(step, args)`` from what ``make_step`` returned, or a :class:`ProgramError`."""
+    if not isinstance(got, tuple | list) or len(got) != 2:
+        size = f" of {len(got)} items" if isinstance(got, tuple | list) else ""
+        raise ProgramError(
+            f"{where} returned {type(got).__name__}{size}; it must return a pair (jitted "
+            f"step, its arguments), e.g. `return jax.jit(step), (params, batch)`"
+        )
+    step, args = got
+    if not callable(step) and not hasattr(step, "lower"):
+        raise ProgramError(
+            f"{where} returned {type(step).__name__} as the step; the first item must be the "
+            f"jitted function (jax.jit, flax.nnx.jit, equinox.filter_jit)"
+        )
+    if not isinstance(args, tuple | list):
+        raise ProgramError(
+            f"{where} returned {type(args).__name__} as the arguments; the second item must "
+            f"be a tuple of the step's arguments, e.g. (params, batch)"
+        )
+    return step, tuple(args)
+
+
+@contextlib.contextmanager
+def rules_context(rules: Sequence[tuple[str, Any]]) -> Iterator[None]:
+    """Flax's logical-axis rules set for the block, when the program has imported Flax.
+
+    Flax reads them when a variable's sharding is asked for (``nnx.get_partition_spec``) and
+    when a logical constraint is traced, so they must hold while ``make_step`` runs and while
+    the step is lowered.
+    """
+    spmd = sys.modules.get("flax.core.spmd")
+    if spmd is None or not rules:
+        yield
+        return
+    with spmd.logical_axis_rules(tuple(rules)):
+        yield
+
+
+def takes_rules(make_step: Callable[..., Any]) -> bool:
+    """Whether ``make_step`` accepts a second positional argument (the rules)."""
+    try:
+        sig = inspect.signature(make_step)
+    except (TypeError, ValueError):
+        return False
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def build_program(
+    make_step: Callable[..., Any],
+    mesh: Any,
+    rules: Sequence[tuple[str, Any]] = (),
+    *,
+    where: str = "make_step",
+) -> Any:
+    """``jax.stages.Lowered`` of the step ``make_step`` returns for ``mesh`` and ``rules``.
+
+    The mesh is set (``jax.set_mesh``) and Flax's rules are in force while ``make_step`` runs
+    and while the step is lowered.
+    """
+    import jax
+
+    with jax.set_mesh(mesh), rules_context(rules):
+        got = make_step(mesh, tuple(rules)) if takes_rules(make_step) else make_step(mesh)
+        step, args = check_step_pair(got, where)
+        return lower(step, args, {})

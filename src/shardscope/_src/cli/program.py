@@ -1,0 +1,271 @@
+"""``shardscope audit FILE.py:FUNCTION``, ``audit --hlo``, ``diff`` and ``plan --program``: the
+CLI's work for a user's own program as library calls (argparse lives in main.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError
+
+
+def _mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
+    from shardscope._src.mesh import parse_mesh_spec
+
+    if mesh_spec is None or not mesh_spec.strip():
+        raise MeshSpecError(
+            f"{what} needs --mesh naming the program's mesh axes, e.g. --mesh data=2,model=4"
+        )
+    return parse_mesh_spec(mesh_spec)
+
+
+def _simulate(n: int) -> None:
+    """Simulates ``n`` CPU devices when JAX has not started (the user's file may import JAX)."""
+    from shardscope._src.base.devices import backends_started, use_cpu_devices
+
+    if not backends_started():
+        use_cpu_devices(max(n, 1))
+
+
+def _print_written(console: Any, paths: Sequence[Any]) -> None:
+    for p in paths:
+        console.print(f"wrote {p}", highlight=False)
+
+
+def run_audit_program(
+    ref: str,
+    mesh_spec: str | None,
+    json_path: str | None = None,
+    *,
+    rules_path: str | None = None,
+    rule_set: str | None = None,
+    console: Any = None,
+) -> int:
+    """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``."""
+    import jax
+
+    from shardscope._src.audit.compile import audit
+    from shardscope._src.audit.stages import build_program, load_program
+    from shardscope._src.base.io import write_result
+    from shardscope._src.mesh import make_mesh
+    from shardscope._src.render.audit import render_audit
+
+    axes = _mesh_needed(mesh_spec, f"auditing {ref}")
+    sets: Any = None
+    source = "the program's RULES"
+    if rules_path is not None:
+        from shardscope._src.plan.program import load_rules_file
+
+        sets, _ = load_rules_file(rules_path)
+        source = f"rules file {rules_path!r}"
+    _simulate(math.prod(axes.values()))
+    make_step = load_program(ref)
+    if sets is None:
+        from shardscope._src.plan.program import normalize_rules
+
+        module = sys.modules.get(getattr(make_step, "__module__", "") or "")
+        own = getattr(module, "RULES", None)
+        sets = normalize_rules(own) if own is not None else None
+    rules = _pick_rules(sets, rule_set, source, tuple(axes))
+    mesh = make_mesh(axes, devices=jax.devices()[: math.prod(axes.values())])
+    try:
+        lowered = build_program(make_step, mesh, rules, where=ref)
+    except ShardscopeError:
+        raise
+    except Exception as e:  # the user's program failed: one line, --debug for the traceback
+        raise ProgramError(
+            f"{ref} on mesh {mesh_spec} raised {_one_line(e)} (--debug shows the traceback)"
+        ) from e
+    result = audit(lowered, mesh=mesh)
+    if json_path is not None and str(json_path) == "-":
+        write_result(json_path, {"program": ref, **result.to_dict()}, backend=jax.default_backend())
+        return 0
+    render_audit(result, console=console, title=f"{ref} on {mesh_spec}")
+    if json_path is not None:
+        write_result(json_path, {"program": ref, **result.to_dict()}, backend=jax.default_backend())
+    return 0
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _pick_rules(
+    sets: Any, rule_set: str | None, source: str, axes: tuple[str, ...]
+) -> tuple[tuple[str, Any], ...]:
+    """The one rule set an audit runs with: the only one, or the one ``--rule-set`` names."""
+    from shardscope._src.plan.program import check_rules_axes
+
+    if sets is None:
+        if rule_set is not None:
+            raise ShardscopeError(
+                f"--rule-set {rule_set!r}: give --rules FILE, or define RULES in the program"
+            )
+        return ()
+    check_rules_axes(sets, axes)
+    if rule_set is None:
+        if len(sets) > 1:
+            raise ShardscopeError(
+                f"{source} holds {len(sets)} rule sets ({', '.join(sets)}); choose one with "
+                f"--rule-set NAME"
+            )
+        return tuple(next(iter(sets.values())))
+    if rule_set not in sets:
+        raise ShardscopeError(f"--rule-set {rule_set!r} is not in {source}: {', '.join(sets)}")
+    return tuple(sets[rule_set])
+
+
+def _hlo_file(path: str) -> str:
+    """The optimized-HLO file to read: ``path`` itself, or the one ``*after_optimizations.txt``
+    in a dump folder (``XLA_FLAGS=--xla_dump_to=DIR``)."""
+    if os.path.isdir(path):
+        found = sorted(f for f in os.listdir(path) if f.endswith("after_optimizations.txt"))
+        if len(found) != 1:
+            listing = ", ".join(found[:6]) + (" ..." if len(found) > 6 else "")
+            raise ShardscopeError(
+                f"--hlo {path!r} is a folder with {len(found)} optimized modules "
+                f"(*after_optimizations.txt){': ' + listing if found else ''}; name one file"
+            )
+        return os.path.join(path, found[0])
+    if not os.path.exists(path):
+        raise ShardscopeError(f"--hlo file {path!r} does not exist")
+    return path
+
+
+def run_audit_hlo(
+    path: str, mesh_spec: str | None, json_path: str | None = None, *, console: Any = None
+) -> int:
+    """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``)."""
+    from shardscope._src.audit.compile import audit
+    from shardscope._src.base.io import write_result
+    from shardscope._src.render.audit import render_audit
+
+    axes = _mesh_needed(mesh_spec, f"auditing --hlo {path}")
+    file = _hlo_file(path)
+    try:
+        with open(file, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ShardscopeError(f"--hlo file {file!r} cannot be read: {e}") from None
+    if "before_optimizations" in os.path.basename(file):
+        raise ShardscopeError(
+            f"--hlo {file!r} is the program before XLA's passes, without the collectives the "
+            f"partitioner inserts; give the matching *after_optimizations.txt file"
+        )
+    result = audit(text, mesh=axes)
+    data = {"hlo_file": file, **result.to_dict()}
+    if json_path is not None and str(json_path) == "-":
+        write_result(json_path, data, backend=None)
+        return 0
+    render_audit(result, console=console, title=f"{os.path.basename(file)} on {mesh_spec}")
+    if json_path is not None:
+        write_result(json_path, data, backend=None)
+    return 0
+
+
+def run_diff(
+    old: str,
+    new: str,
+    *,
+    max_bytes_increase: str | None = None,
+    no_new: Sequence[str] = (),
+    json_path: str | None = None,
+    console: Any = None,
+) -> int:
+    """Prints how the collectives changed; 1 when a budget is broken, else 0."""
+    from shardscope._src.audit.diff import diff_audits
+    from shardscope._src.base.io import STDOUT, write_result
+    from shardscope._src.render.diff import render_diff
+
+    d = diff_audits(old, new, max_bytes_increase=max_bytes_increase, no_new=no_new)
+    if json_path != STDOUT:
+        render_diff(d, console=console)
+    if json_path is not None:
+        write_result(json_path, d.to_dict(), backend=None)
+    return 0 if d.ok else 1
+
+
+def run_plan_program(
+    ref: str,
+    devices: int,
+    *,
+    rules_path: str | None = None,
+    axes: Sequence[str] | None = None,
+    meshes: Sequence[str] | None = None,
+    hardware: str = "h100",
+    hardware_overrides: Any = None,
+    json_path: str | None = None,
+    png_path: str | None = None,
+    report_path: str | None = None,
+    top: int | None = None,
+    console: Any = None,
+) -> int:
+    """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices``; prints, writes the files.
+
+    Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
+    ``RULES`` if it defines one, else the program is planned as written over ``axes``.
+    """
+    from shardscope._src.audit.stages import load_program
+    from shardscope._src.base.errors import PlanError
+    from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
+    from shardscope._src.plan.program import load_rules_file, plan_program
+    from shardscope._src.plan.sweep import MAX_DEVICES
+    from shardscope._src.render.console import output_console
+    from shardscope._src.render.plan_plot import plot_plans
+    from shardscope._src.render.program_plan import (
+        program_markdown_report,
+        render_program_plan,
+    )
+
+    if devices > MAX_DEVICES:
+        raise PlanError(
+            f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
+            f"simulated devices; plan {MAX_DEVICES} or fewer"
+        )
+    for path in (json_path, png_path, report_path):
+        if path is not None:
+            check_file_path(path)
+    rules: Any = None
+    if rules_path is not None:
+        rules, file_axes = load_rules_file(rules_path)
+        if file_axes and axes:
+            raise PlanError(
+                f"--axes and the rules file {rules_path!r} both name the mesh axes; keep one"
+            )
+        axes = axes or file_axes or None
+    _simulate(devices)
+    make_step = load_program(ref)
+    if rules is None:
+        module = sys.modules.get(getattr(make_step, "__module__", "") or "")
+        rules = getattr(module, "RULES", None)
+    if console is None:
+        console = output_console(piped_width=150)
+    result = plan_program(
+        make_step,
+        devices,
+        rules=rules,
+        axes=axes,
+        meshes=meshes,
+        hardware=hardware,
+        hardware_overrides=hardware_overrides,
+        name=ref,
+    )
+    if json_path != STDOUT:
+        render_program_plan(result, console=console, top=top)
+    written = []
+    if json_path:
+        written.append(write_result(json_path, result.to_dict(), backend="cpu"))
+    if png_path:
+        written.append(plot_plans(result, png_path))
+    if report_path:
+        report = program_markdown_report(result)
+        written.append(write_atomic(report_path, lambda f: f.write(report)))
+    if json_path != STDOUT:
+        _print_written(console, [p for p in written if p is not None])
+    if not result.plans:
+        raise PlanError(result.empty_reason or "no plan")
+    return 0

@@ -1,0 +1,704 @@
+"""Planning a user's own program: every mesh shape x logical-axis rule set, compiled and ranked.
+
+``make_step(mesh)`` (or ``make_step(mesh, rules)``) returns the user's jitted step and its
+abstract arguments for one mesh; :func:`plan_program` calls it for each mesh shape of N devices
+and each candidate rule set, compiles the step (nothing allocated), audits it and ranks the
+plans with the planner's estimates: compiled communication priced per collective on the
+hardware preset (alpha-beta), compute from the compiler's FLOP count, memory from the
+compiler's buffer assignment (there is no analytic model of a program we did not write).
+
+Rules are Flax's logical-axis rules: pairs ``(logical name, mesh axes)``, the mesh axes a
+name, a tuple of names or None (not sharded). They reach the program two ways: Flax's
+``logical_axis_rules`` context is set while ``make_step`` runs and while the step is traced
+(when the program imported Flax), and a ``make_step`` taking a second argument receives them
+(:func:`shardscope.logical_to_spec` turns logical names into a ``PartitionSpec`` for code
+that is not Flax).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shardscope._src.base.errors import LayoutError, PlanError, ProgramError
+
+#: A rule set: ``((logical name, mesh axes or None), ...)``.
+Rules = tuple[tuple[str, Any], ...]
+AS_WRITTEN = "as written"
+
+
+# -- rules --------------------------------------------------------------------------------------
+
+
+def _rule_axes(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise PlanError(
+        f"{where}: mesh axes {value!r} must be a mesh axis name, a list of names or null"
+    )
+
+
+def _rule_set(name: str, value: Any) -> Rules:
+    where = f"rule set {name!r}"
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, list | tuple):
+        pairs = []
+        for i, pair in enumerate(value):
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise PlanError(
+                    f"{where}, rule {i}: {pair!r} is not a pair (logical name, mesh axes); "
+                    f"write e.g. ['batch', 'data'] or ['embed', null]"
+                )
+            pairs.append(tuple(pair))
+    else:
+        raise PlanError(
+            f"{where}: {type(value).__name__} is not a list of (logical name, mesh axes) pairs"
+        )
+    out: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+    for logical, axes in pairs:
+        if not isinstance(logical, str) or not logical:
+            raise PlanError(f"{where}: logical axis name {logical!r} must be a non-empty string")
+        if logical in seen:
+            raise PlanError(f"{where}: logical axis {logical!r} has two rules; keep one")
+        seen.add(logical)
+        names = _rule_axes(axes, f"{where}, {logical!r}")
+        out.append((logical, None if not names else names[0] if isinstance(axes, str) else names))
+    return tuple(out)
+
+
+def normalize_rules(rules: Any) -> dict[str, Rules]:
+    """``{name: rule set}`` from one rule set (pairs or a mapping) or a mapping of named sets.
+
+    >>> normalize_rules([("batch", "data"), ("embed", None)])
+    {'rules': (('batch', 'data'), ('embed', None))}
+    """
+    if rules is None:
+        return {AS_WRITTEN: ()}
+    if (
+        isinstance(rules, Mapping)
+        and rules
+        and all(isinstance(v, Mapping | list | tuple) for v in rules.values())
+    ):
+        if not all(isinstance(k, str) and k for k in rules):
+            raise PlanError("rule set names must be non-empty strings")
+        return {name: _rule_set(name, value) for name, value in rules.items()}
+    if isinstance(rules, list | tuple | Mapping):
+        return {"rules": _rule_set("rules", rules)}
+    raise PlanError(
+        f"rules must be (logical name, mesh axes) pairs or a mapping of named rule sets, got "
+        f"{type(rules).__name__}"
+    )
+
+
+def rules_axes(rule_sets: Mapping[str, Rules]) -> tuple[str, ...]:
+    """The mesh axes the rule sets name, in order of first appearance."""
+    out: dict[str, None] = {}
+    for rules in rule_sets.values():
+        for _, axes in rules:
+            for a in _rule_axes(axes, ""):
+                out.setdefault(a, None)
+    return tuple(out)
+
+
+def check_rules_axes(rule_sets: Mapping[str, Rules], axes: Sequence[str]) -> None:
+    for name, rules in rule_sets.items():
+        for logical, value in rules:
+            for a in _rule_axes(value, ""):
+                if a not in axes:
+                    raise PlanError(
+                        f"rule set {name!r} maps {logical!r} to mesh axis {a!r}, which is not "
+                        f"one of the mesh axes ({', '.join(axes)}); use one of them or add "
+                        f"{a!r} to the axes"
+                    )
+
+
+def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tuple[str, ...]]:
+    """Rule sets and mesh axes from a JSON file.
+
+    The file holds ``{"axes": ["data", "model"], "rules": {"dp": [["batch", "data"], ...],
+    ...}}``; ``axes`` is optional (default: the axes the rules name) and a rule set may be a
+    ``{logical: mesh axes}`` object. Mesh axes are a name, a list of names or null.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise PlanError(f"rules file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlanError(f"rules file {str(path)!r} cannot be read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise PlanError(f"rules file {str(path)!r} is not JSON: {e}") from None
+    if not isinstance(data, Mapping) or "rules" not in data:
+        raise PlanError(
+            f'rules file {str(path)!r} must be a JSON object with "rules": {{name: [[logical, '
+            f'mesh axes], ...]}} (and optionally "axes": [...])'
+        )
+    unknown = set(data) - {"rules", "axes"}
+    if unknown:
+        raise PlanError(
+            f"rules file {str(path)!r}: unknown key(s) {', '.join(sorted(unknown))}; only "
+            f'"rules" and "axes"'
+        )
+    rule_sets = normalize_rules(data["rules"])
+    axes: tuple[str, ...] = ()
+    if "axes" in data:
+        raw = data["axes"]
+        if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
+            raise PlanError(f'rules file {str(path)!r}: "axes" must be a list of axis names')
+        axes = tuple(raw)
+        check_rules_axes(rule_sets, axes)
+    return rule_sets, axes
+
+
+# -- mesh shapes --------------------------------------------------------------------------------
+
+
+def mesh_shapes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
+    """Every way to spread ``devices`` over ``axes`` (sizes multiply to it; 1 allowed).
+
+    >>> [tuple(m.values()) for m in mesh_shapes(4, ("data", "model"))]
+    [(1, 4), (2, 2), (4, 1)]
+    """
+    divs = [d for d in range(1, devices + 1) if devices % d == 0]
+    out = []
+    for sizes in itertools.product(divs, repeat=max(len(axes) - 1, 0)):
+        head = math.prod(sizes)
+        if devices % head == 0:
+            out.append(dict(zip(axes, (*sizes, devices // head), strict=True)))
+    return out
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """One rule set on one mesh shape, compiled and estimated. ``rank`` 1 is the best.
+
+    Memory is the compiler's buffer assignment per device (arguments + outputs + temporaries
+    - aliased): on the CPU compiler that is not a GPU/TPU prediction, on a target's compiler
+    it is that compiler's own.
+    """
+
+    rules_name: str
+    rules: Rules
+    mesh: Mapping[str, int]
+    compiled_memory: Mapping[str, int]
+    memory_limit_bytes: int
+    collectives: tuple[Any, ...]
+    comm: tuple[Any, ...]
+    comm_time_s: float
+    flops_per_device: float | None
+    compute_time_s: float
+    rank: int = 0
+    pareto: bool = False
+    notes: tuple[str, ...] = ()
+    timing: Mapping[str, float] = field(default_factory=dict)
+    exact: bool = True
+    same_as: str | None = None
+
+    @property
+    def strategy(self) -> str:
+        """The rule set's name (the column the planner's renderers call strategy)."""
+        return self.rules_name
+
+    @property
+    def summary(self) -> str:
+        return format_rules(self.rules)
+
+    @property
+    def mesh_spec(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+
+    @property
+    def label(self) -> str:
+        return f"{self.rules_name} {self.mesh_spec}"
+
+    @property
+    def memory_bytes_per_device(self) -> int:
+        m = self.compiled_memory
+        return (
+            m.get("argument_size_in_bytes", 0)
+            + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0)
+            - m.get("alias_size_in_bytes", 0)
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes_per_device <= self.memory_limit_bytes
+
+    @property
+    def comm_bytes_per_device(self) -> int:
+        return sum(c.traffic_bytes for c in self.collectives)
+
+    @property
+    def cpu_comm_bytes_per_device(self) -> int:
+        return sum(c.cpu_traffic_bytes for c in self.collectives)
+
+    @property
+    def bound_ratio(self) -> None:
+        """No lower bound is known for a program we did not write."""
+        return None
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_time_s + self.comm_time_s
+
+    @property
+    def step_time_overlap_s(self) -> float:
+        return max(self.compute_time_s, self.comm_time_s)
+
+    @property
+    def analysis_s(self) -> float:
+        return sum(self.timing.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "rules_name": self.rules_name,
+            "rules": [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.rules],
+            "mesh": self.mesh_spec,
+            "mesh_shape": dict(self.mesh),
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "memory_source": "compiled",
+            "fits": self.fits,
+            "compiled_memory": dict(self.compiled_memory),
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+            "cpu_comm_bytes_per_device": self.cpu_comm_bytes_per_device,
+            "comm_time_s": self.comm_time_s,
+            "flops_per_device": self.flops_per_device,
+            "compute_time_s": self.compute_time_s,
+            "est_step_time_s": self.step_time_s,
+            "est_step_time_overlap_s": self.step_time_overlap_s,
+            "pareto": self.pareto,
+            "exact": self.exact,
+            "same_program_as": self.same_as,
+            "comm": [c.to_dict() for c in self.comm],
+            "collectives": [c.to_dict() for c in self.collectives],
+            "notes": list(self.notes),
+            "timing": dict(self.timing),
+        }
+
+
+def format_rules(rules: Rules) -> str:
+    """``batch->data, embed->-``."""
+    if not rules:
+        return "the program's own shardings"
+
+    def axes(v: Any) -> str:
+        if v is None:
+            return "-"
+        return v if isinstance(v, str) else "(" + ",".join(v) + ")"
+
+    return ", ".join(f"{k}->{axes(v)}" for k, v in rules)
+
+
+@dataclass(frozen=True)
+class ProgramPlanResult:
+    """A sweep of a user's program: plans best first, what was skipped and why."""
+
+    program: str
+    devices: int
+    hardware: Any
+    axes: tuple[str, ...]
+    rule_sets: Mapping[str, Rules]
+    plans: tuple[ProgramPlan, ...]
+    skipped: tuple[Any, ...]
+    notes: tuple[str, ...]
+    target: str = "cpu"
+    wall_s: float = 0.0
+    candidates: int = 0
+
+    #: What the planner's chart calls the model and its mode, and where memory comes from.
+    mode = "step"
+    memory_source = "compiled"
+
+    @property
+    def model(self) -> str:
+        return self.program
+
+    @property
+    def best(self) -> ProgramPlan | None:
+        """The fastest plan that fits the device memory (None when none fits)."""
+        return next((p for p in self.plans if p.fits), None)
+
+    @property
+    def fit_note(self) -> str | None:
+        if not self.plans or self.best is not None:
+            return None
+        from shardscope._src.base.comm import format_bytes
+
+        small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
+        return (
+            f"no plan fits: the smallest, {small.label}, needs "
+            f"{format_bytes(small.memory_bytes_per_device)} per device of the "
+            f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use more "
+            f"devices, a smaller batch, or rules that shard more"
+        )
+
+    @property
+    def empty_reason(self) -> str | None:
+        if self.plans:
+            return None
+        reasons = sorted({s.reason for s in self.skipped})
+        head = f"no plan for {self.program} on {self.devices} device(s)"
+        if not self.skipped:
+            return head + ": no candidate mesh"
+        first = self.skipped[0]
+        return (
+            f"{head}: all {len(self.skipped)} candidates failed ({', '.join(reasons)}); e.g. "
+            f"{first.strategy} {first.mesh}: {first.message}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "program": self.program,
+            "devices": self.devices,
+            "target": self.target,
+            "hardware": self.hardware.to_dict(),
+            "axes": list(self.axes),
+            "rule_sets": {
+                name: [[k, list(v) if isinstance(v, tuple) else v] for k, v in rules]
+                for name, rules in self.rule_sets.items()
+            },
+            "plans": [p.to_dict() for p in self.plans],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "empty_reason": self.empty_reason,
+            "best": None if self.best is None else self.best.label,
+            "fit_note": self.fit_note,
+            "notes": list(self.notes),
+            "candidates": self.candidates,
+            "wall_s": self.wall_s,
+        }
+
+
+# -- compiling one candidate --------------------------------------------------------------------
+
+
+def _itemsize(args: Any) -> int:
+    """2 when every floating-point argument is 16-bit, else 4: how the CPU backend's f32
+    collectives are counted (it moves 16-bit values as f32; GPU/TPU compilers do not)."""
+    import jax
+    import jax.numpy as jnp
+
+    sizes = set()
+    for leaf in jax.tree.leaves(args):
+        dt = getattr(leaf, "dtype", None)
+        if dt is not None and jnp.issubdtype(dt, jnp.floating):
+            sizes.add(jnp.dtype(dt).itemsize)
+    return 2 if sizes == {2} else 4
+
+
+def compile_candidate(
+    make_step: Callable[..., Any],
+    rules: Rules,
+    sizes: Mapping[str, int],
+    devices: Sequence[Any],
+    *,
+    where: str,
+) -> tuple[Any, Mapping[str, float], int, str]:
+    """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate, compiled with the
+    planner's options (the partitioned program and its buffers, not fast CPU code)."""
+    import hashlib
+
+    from shardscope._src.audit.compile import _capture_stderr, audit, parse_rematerializations
+    from shardscope._src.audit.stages import build_program
+    from shardscope._src.mesh import make_mesh
+    from shardscope._src.plan.compile import COMPILE_OPTIONS
+
+    t0 = time.perf_counter()
+    mesh = make_mesh(dict(sizes), devices=devices)
+    lowered = build_program(make_step, mesh, rules, where=where)
+    t1 = time.perf_counter()
+    with _capture_stderr() as log:
+        compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
+    t2 = time.perf_counter()
+    result = audit(compiled, mesh=mesh)
+    remats = parse_rematerializations(log[0] if log else "", result.module)
+    result = replace(result, rematerializations=remats)
+    fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
+    itemsize = _itemsize(lowered.args_info)
+    timing = {"lower_s": t1 - t0, "compile_s": t2 - t1, "audit_s": time.perf_counter() - t2}
+    return result, timing, itemsize, fingerprint
+
+
+# -- the front door -----------------------------------------------------------------------------
+
+
+def plan_program(
+    make_step: Callable[..., Any],
+    devices: int = 8,
+    *,
+    rules: Any = None,
+    axes: Sequence[str] | None = None,
+    meshes: Sequence[str | Mapping[str, int]] | None = None,
+    hardware: Any = "h100",
+    hardware_overrides: Mapping[str, float] | None = None,
+    name: str | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> ProgramPlanResult:
+    """Plans a user's program on ``devices`` accelerators: every mesh shape x rule set.
+
+    Args:
+        make_step: ``make_step(mesh)`` (or ``make_step(mesh, rules)``) returning ``(step,
+            args)``: the jitted step (``jax.jit``, ``flax.nnx.jit``, ``equinox.filter_jit``)
+            and its arguments for that mesh, best abstract (``shardscope.abstract`` or
+            ``jax.ShapeDtypeStruct`` with shardings) so that nothing is allocated.
+        devices: accelerators to plan for; this process must simulate at least as many
+            (``shardscope.use_cpu_devices(n)`` before JAX starts).
+        rules: candidate logical-axis rule sets: one set of ``(logical name, mesh axes)``
+            pairs, or ``{name: pairs}``; None plans the program as written.
+        axes: the mesh axis names (default: those the rules name, in order).
+        meshes: mesh shapes to try (``"data=4,model=2"``); default every way to spread
+            ``devices`` over ``axes``, sizes of 1 included.
+        hardware: a preset name or :class:`Hardware`; ``hardware_overrides`` change fields.
+        name: what to call the program in the output (default ``make_step``'s module and name).
+        progress: called as ``progress(done, total, label)``.
+
+    Returns:
+        A :class:`ProgramPlanResult`, plans ranked by estimated step time (those that fit the
+        device memory first); candidates whose program failed to build are in ``skipped``.
+
+    Raises:
+        PlanError: bad rules (unknown axes), no axes, too few devices, or a ``make_step``
+            that does not return ``(step, args)``.
+    """
+    from shardscope._src.audit.stages import takes_rules
+    from shardscope._src.base.hardware import hardware as get_hardware
+    from shardscope._src.bounds.terms import Bound
+    from shardscope._src.plan.compile import _plan_collective
+    from shardscope._src.plan.sweep import _axis_comm
+    from shardscope._src.plan.types import Skipped
+
+    start = time.perf_counter()
+    if not callable(make_step):
+        raise PlanError(f"make_step must be a function of the mesh, got {type(make_step).__name__}")
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"devices={devices!r}: must be a positive whole number")
+    rule_sets = normalize_rules(rules)
+    if axes is None:
+        axes = rules_axes(rule_sets)
+        if meshes and not axes:
+            from shardscope._src.mesh import parse_mesh_spec
+
+            axes = tuple(parse_mesh_spec(meshes[0]))
+    axes = tuple(axes)
+    if not axes:
+        raise PlanError(
+            "no mesh axes to plan over: give rules that map logical names to mesh axes, or "
+            "axes=('data', 'model') (--axes data,model)"
+        )
+    if len(set(axes)) != len(axes):
+        raise PlanError(f"axes {axes} name an axis twice")
+    check_rules_axes(rule_sets, axes)
+    pass_rules = takes_rules(make_step)
+    uses_flax = "flax.core.spmd" in sys.modules and _uses_flax(make_step)
+    if len(rule_sets) > 1 or any(rule_sets.values()):
+        if not pass_rules and not uses_flax:
+            raise PlanError(
+                "make_step(mesh) takes no rules and the program does not use Flax, so every "
+                "rule set would give the same program; write make_step(mesh, rules) and build "
+                "the shardings with shardscope.logical_to_spec(names, rules)"
+            )
+    shapes = _mesh_list(meshes, axes, devices)
+    hw = get_hardware(hardware, **dict(hardware_overrides or {}))
+    local = _local_devices(devices)
+    label = name or _name_of(make_step)
+
+    todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
+    total = len(todo)
+    if progress:
+        progress(0, total, "")
+    skipped = []
+    plans: list[ProgramPlan] = []
+    seen: dict[tuple[str, str], str] = {}
+    no_bound = Bound("none", (), ())
+    for i, (rn, r, sizes) in enumerate(todo, start=1):
+        spec = ",".join(f"{k}={v}" for k, v in sizes.items())
+        where = f"{label}(mesh {spec})"
+        try:
+            result, timing, itemsize, fp = compile_candidate(
+                make_step, r, sizes, local, where=where
+            )
+        except (PlanError, ProgramError):
+            raise
+        except Exception as e:  # the user's program failed for this mesh and rules
+            # A shape the mesh does not divide (JAX's IndivisibleError, our LayoutError) is
+            # the planner's "divisibility"; anything else the program raised is an "error".
+            divides = type(e).__name__ == "IndivisibleError" or isinstance(e, LayoutError)
+            reason = "divisibility" if divides else "error"
+            skipped.append(Skipped(rn, spec, reason, _one_line(e)))
+            if progress:
+                progress(i, total, f"{rn} {spec}")
+            continue
+        collectives = tuple(_plan_collective(c, itemsize) for c in result.collectives)
+        comm = _axis_comm(hw, sizes, collectives, no_bound)
+        flops = result.flops
+        notes = []
+        if result.rematerializations:
+            where_r = sorted({x.source or x.op_name or "?" for x in result.rematerializations})
+            notes.append(
+                "the partitioner replicated a whole array then sliced it (involuntary full "
+                f"rematerialization) at {', '.join(where_r)}"
+            )
+        if not result.exact:
+            notes.append("some collective counts are not exact (unknown trip count or a branch)")
+        same = seen.get((spec, fp))
+        seen.setdefault((spec, fp), rn)
+        plans.append(
+            ProgramPlan(
+                rules_name=rn,
+                rules=r,
+                mesh=dict(sizes),
+                compiled_memory=dict(result.memory or {}),
+                memory_limit_bytes=int(hw.memory_bytes),
+                collectives=collectives,
+                comm=comm,
+                comm_time_s=sum(a.time_s for a in comm),
+                flops_per_device=flops,
+                compute_time_s=(flops or 0.0) / hw.peak_flops,
+                notes=tuple(notes),
+                timing=timing,
+                exact=result.exact,
+                same_as=same,
+            )
+        )
+        if progress:
+            progress(i, total, f"{rn} {spec}")
+    names = list(rule_sets)
+    order = sorted(
+        plans,
+        key=lambda p: (
+            not p.fits,
+            p.step_time_s,
+            p.memory_bytes_per_device,
+            names.index(p.rules_name),
+            tuple(p.mesh.values()),
+        ),
+    )
+    front = _pareto(order)
+    ranked = tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
+    return ProgramPlanResult(
+        program=label,
+        devices=devices,
+        hardware=hw,
+        axes=axes,
+        rule_sets=rule_sets,
+        plans=ranked,
+        skipped=tuple(skipped),
+        notes=tuple(_result_notes(hw, ranked)),
+        wall_s=time.perf_counter() - start,
+        candidates=total,
+    )
+
+
+def _pareto(plans: Sequence[ProgramPlan]) -> set[int]:
+    """Indices of the plans no other plan beats on both memory and communication time."""
+    front = set()
+    for i, p in enumerate(plans):
+        m, t = p.memory_bytes_per_device, p.comm_time_s
+        if not any(
+            q.memory_bytes_per_device <= m
+            and q.comm_time_s <= t
+            and (q.memory_bytes_per_device < m or q.comm_time_s < t)
+            for j, q in enumerate(plans)
+            if j != i
+        ):
+            front.add(i)
+    return front
+
+
+def _uses_flax(make_step: Callable[..., Any]) -> bool:
+    """Whether ``make_step``'s module refers to Flax (so that Flax's rules context reaches it)."""
+    names = []
+    for value in getattr(make_step, "__globals__", {}).values():
+        names.append(getattr(value, "__name__", None) or "")
+        names.append(getattr(value, "__module__", None) or "")
+    return any(isinstance(n, str) and (n == "flax" or n.startswith("flax.")) for n in names)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _name_of(fn: Any) -> str:
+    mod = getattr(fn, "__module__", None) or ""
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "make_step"
+    return f"{mod}:{qual}" if mod and mod != "__main__" else qual
+
+
+def _mesh_list(
+    meshes: Sequence[str | Mapping[str, int]] | None, axes: tuple[str, ...], devices: int
+) -> list[dict[str, int]]:
+    from shardscope._src.mesh import parse_mesh_spec
+
+    if meshes is None:
+        return mesh_shapes(devices, axes)
+    out = []
+    for m in meshes:
+        sizes = parse_mesh_spec(m)
+        if tuple(sizes) != axes:
+            raise PlanError(
+                f"mesh {m!r} has axes {', '.join(sizes)}; every mesh must have the axes "
+                f"{', '.join(axes)}, in that order"
+            )
+        if math.prod(sizes.values()) != devices:
+            raise PlanError(f"mesh {m!r} holds {math.prod(sizes.values())} devices, not {devices}")
+        out.append(sizes)
+    return out
+
+
+def _local_devices(n: int) -> list[Any]:
+    import jax
+
+    have = jax.devices()
+    if len(have) < n:
+        raise PlanError(
+            f"planning for {n} devices needs {n} in this process but JAX has {len(have)}; "
+            f"call shardscope.use_cpu_devices({n}) before JAX starts (the CLI does it for you)"
+        )
+    return list(have[:n])
+
+
+def _result_notes(hw: Any, plans: Sequence[ProgramPlan]) -> list[str]:
+    notes = [
+        "memory per device is the compiler's buffer assignment (arguments + outputs + "
+        "temporaries - aliased) on the CPU backend, which computes 16-bit arithmetic in f32 "
+        "and has no GPU/TPU memory scheduler: compare plans with it, do not read it as a "
+        "GPU/TPU prediction",
+        "communication is the compiled program's collectives, loop trips counted, bytes each "
+        "device sends under bandwidth-optimal algorithms",
+        f"time: alpha-beta per collective ({hw.name}: {hw.link_bandwidth / 1e9:g} GB/s within "
+        f"a node of {hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s for groups that "
+        f"span nodes, {hw.latency_s * 1e6:g} us per step); compute = the compiler's FLOP "
+        f"count per device / {hw.peak_flops / 1e12:g} TFLOP/s peak; step = compute + "
+        f"communication (no overlap) or the larger of the two (perfect overlap)",
+    ]
+    same = [p for p in plans if p.same_as]
+    if same:
+        notes.append(
+            "identical programs: "
+            + "; ".join(f"{p.label} = {p.same_as} {p.mesh_spec}" for p in same[:6])
+            + (" ..." if len(same) > 6 else "")
+        )
+    if any(c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives):
+        notes.append(
+            "the CPU backend moves 16-bit values as f32 through the collectives; they are "
+            "counted at 2 bytes per element, as GPU and TPU compilers keep them"
+        )
+    return notes

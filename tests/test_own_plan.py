@@ -1,0 +1,391 @@
+"""Planning, diffing and budgeting a user's own program, from Python and from the shell."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardscope
+from helpers import assert_usage_error
+from shardscope._src.cli.main import main
+from shardscope._src.plan.program import load_rules_file, mesh_shapes, normalize_rules
+
+PROGRAMS = Path(__file__).parent / "programs"
+FLAX = f"{PROGRAMS / 'flax_mlp.py'}:make_step"
+EQX = f"{PROGRAMS / 'eqx_mlp.py'}:make_step"
+
+
+@pytest.fixture(scope="module")
+def flax_plans():
+    from shardscope._src.audit.stages import load_program
+
+    make_step = load_program(FLAX)
+    rules = __import__(make_step.__module__).RULES
+    return shardscope.plan_program(make_step, devices=8, rules=rules)
+
+
+# -- rules and meshes -------------------------------------------------------------------------
+
+
+def test_mesh_shapes_spread_the_devices_over_the_axes():
+    assert [tuple(m.values()) for m in mesh_shapes(8, ("data", "model"))] == [
+        (1, 8),
+        (2, 4),
+        (4, 2),
+        (8, 1),
+    ]
+    assert len(mesh_shapes(64, ("a", "b", "c"))) == 28  # C(6 + 2, 2) for 2**6 over 3 axes
+    assert mesh_shapes(6, ("data",)) == [{"data": 6}]
+
+
+def test_rule_sets_are_normalized():
+    assert normalize_rules(None) == {"as written": ()}
+    one = normalize_rules([("batch", "data"), ("heads", ["model", "data"])])
+    assert one == {"rules": (("batch", "data"), ("heads", ("model", "data")))}
+    named = normalize_rules({"dp": {"batch": "data", "embed": None}})
+    assert named == {"dp": (("batch", "data"), ("embed", None))}
+
+
+@pytest.mark.parametrize(
+    "rules, words",
+    [
+        ([("batch",)], "is not a pair"),
+        ([("batch", "data"), ("batch", None)], "has two rules"),
+        ([("batch", 3)], "must be a mesh axis name"),
+        (42, "rules must be"),
+    ],
+)
+def test_bad_rule_sets_are_refused(rules, words):
+    with pytest.raises(shardscope.PlanError, match=words):
+        normalize_rules(rules)
+
+
+def test_rules_files(tmp_path):
+    good = tmp_path / "rules.json"
+    good.write_text(json.dumps({"axes": ["data", "model"], "rules": {"dp": [["batch", "data"]]}}))
+    assert load_rules_file(good) == ({"dp": (("batch", "data"),)}, ("data", "model"))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"axes": ["data"], "rules": {"x": [["batch", "pipe"]]}}))
+    with pytest.raises(shardscope.PlanError, match="mesh axis 'pipe', which is not one of"):
+        load_rules_file(unknown)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(shardscope.PlanError, match="is not JSON"):
+        load_rules_file(broken)
+    with pytest.raises(shardscope.PlanError, match="does not exist"):
+        load_rules_file(tmp_path / "missing.json")
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"rules": {}, "meshes": []}))
+    with pytest.raises(shardscope.PlanError, match="unknown key"):
+        load_rules_file(extra)
+
+
+# -- plan_program -------------------------------------------------------------------------------
+
+
+def test_plan_program_compiles_every_mesh_and_rule_set(flax_plans):
+    r = flax_plans
+    assert r.candidates == 12 and len(r.plans) == 12 and not r.skipped
+    assert r.axes == ("data", "model")
+    assert [p.rank for p in r.plans] == list(range(1, 13))
+    assert r.best is r.plans[0] and all(p.fits for p in r.plans)
+    steps = [(not p.fits, p.step_time_s) for p in r.plans]
+    assert steps == sorted(steps)
+    by = {p.label: p for p in r.plans}
+    # dp shards only the batch: its gradients are all-reduced over 'data', nothing else.
+    dp = by["dp data=8,model=1"]
+    assert {(c.kind, c.axes) for c in dp.collectives} == {("all-reduce", ("data",))}
+    # tp on data=1: the MLP's activations are all-reduced over 'model', no data traffic.
+    tp = by["tp data=1,model=8"]
+    assert {c.axes for c in tp.collectives} == {("model",)}
+    # Both weights, each a (64, 256) f32 kernel with two Adam moments, an eighth per device.
+    assert tp.compiled_memory["argument_size_in_bytes"] >= 6 * 64 * 256 * 4 // 8
+    assert by["dp_tp data=8,model=1"].same_as == "dp"  # hidden->model is moot on model=1
+    for p in r.plans:
+        assert p.comm_bytes_per_device == sum(c.traffic_bytes for c in p.collectives)
+        assert p.comm_time_s == pytest.approx(sum(a.time_s for a in p.comm), rel=1e-12)
+    data = json.loads(json.dumps(r.to_dict()))
+    assert data["best"] == r.best.label and len(data["plans"]) == 12
+
+
+def test_plan_program_renders_like_the_planner(flax_plans, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from shardscope._src.render.plan_plot import plot_plans
+    from shardscope._src.render.program_plan import (
+        program_markdown_report,
+        render_program_plan,
+    )
+
+    console = Console(width=160, file=io.StringIO())
+    render_program_plan(flax_plans, console=console)
+    text = console.file.getvalue()
+    assert "dp_tp" in text and "data=2,model=4" in text and "rules tp: batch->-" in text
+    report = program_markdown_report(flax_plans)
+    assert report.startswith("# Sharding plan:") and "## Ranked plans" in report
+    png = plot_plans(flax_plans, tmp_path / "plans.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_program_refuses_bad_requests():
+    mesh_rules = (("batch", "data"),)
+
+    def make_step(mesh):
+        return jax.jit(lambda x: x), (jax.ShapeDtypeStruct((8,), jnp.float32),)
+
+    with pytest.raises(shardscope.PlanError, match="no mesh axes"):
+        shardscope.plan_program(make_step, 8)
+    with pytest.raises(shardscope.PlanError, match="takes no rules"):
+        shardscope.plan_program(make_step, 8, rules={"a": mesh_rules, "b": mesh_rules})
+    with pytest.raises(shardscope.PlanError, match="needs 16 in this process"):
+        shardscope.plan_program(make_step, 16, axes=("data",))
+    with pytest.raises(shardscope.ProgramError, match="returned int"):
+        shardscope.plan_program(lambda mesh: 3, 8, axes=("data",))
+
+
+def test_a_candidate_whose_program_fails_is_skipped_with_its_error():
+    def make_step(mesh, rules):
+        spec = shardscope.logical_to_spec(("batch",), rules)
+        x = jax.ShapeDtypeStruct((6,), jnp.float32, sharding=NamedSharding(mesh, spec))
+        return jax.jit(lambda x: x * 2), (x,)
+
+    rules = {"dp": [("batch", "data")]}
+    r = shardscope.plan_program(make_step, 8, rules=rules, axes=("data", "model"))
+    # 6 rows divide over data=1 and data=2 only.
+    assert sorted(p.mesh_spec for p in r.plans) == ["data=1,model=8", "data=2,model=4"]
+    assert {s.mesh for s in r.skipped} == {"data=4,model=2", "data=8,model=1"}
+    assert all(s.reason == "divisibility" for s in r.skipped)
+    assert (
+        "IndivisibleError" in r.skipped[0].message and "dimension size is 6" in r.skipped[0].message
+    )
+
+    def broken(mesh, rules):
+        raise RuntimeError("no model today")
+
+    r = shardscope.plan_program(broken, 8, rules=rules, axes=("data", "model"))
+    assert not r.plans and {s.reason for s in r.skipped} == {"error"}
+    assert "all 4 candidates failed (error)" in r.empty_reason
+
+
+# -- diff and budgets -----------------------------------------------------------------------
+
+
+def _matmul_audit(spec):
+    mesh = shardscope.make_mesh("model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh, spec))
+    return shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
+
+
+def test_diff_lists_what_appeared_and_checks_budgets():
+    replicated = _matmul_audit(P())
+    split_k = _matmul_audit(P("model", None))  # an all-reduce of the 16 x 512 output
+    d = shardscope.diff_audits(replicated, split_k)
+    (row,) = d.changed
+    assert (row.status, row.axes, row.kind, row.old_count, row.new_count) == (
+        "new",
+        "model",
+        "all-reduce",
+        0,
+        1,
+    )
+    assert row.new_traffic_bytes == 2 * 7 * 16 * 512 * 4 // 8 and d.ok
+    assert not shardscope.diff_audits(replicated, split_k, no_new=["all_reduce"]).ok
+    assert shardscope.diff_audits(replicated, split_k, max_bytes_increase="1MiB").ok
+    too_much = shardscope.diff_audits(replicated, split_k, max_bytes_increase=1000)
+    assert too_much.violations[0].startswith("bytes per device grew by 56 KiB")
+    assert shardscope.diff_audits(split_k, replicated).changed[0].status == "gone"
+    assert "new" in d.text()
+
+
+def test_diff_refuses_files_of_another_schema(tmp_path):
+    from shardscope._src.base.io import write_result
+
+    old = tmp_path / "old.json"
+    write_result(old, _matmul_audit(P()).to_dict(), backend="cpu")
+    data = json.loads(old.read_text())
+    data["schema_version"] = 0
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    with pytest.raises(shardscope.AuditDiffError, match="schema version 0 but this"):
+        shardscope.diff_audits(old, other)
+    with pytest.raises(shardscope.AuditDiffError, match="is not an audit"):
+        shardscope.diff_audits(old, {"plans": []})
+    with pytest.raises(shardscope.ShardscopeError, match="byte budget"):
+        shardscope.diff_audits(old, old, max_bytes_increase="lots")
+
+
+def test_expect_collectives_pins_a_baseline(tmp_path, monkeypatch):
+    mesh = shardscope.make_mesh("model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+
+    def args(spec):
+        return x, jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    step = jax.jit(lambda x, w: x @ w)
+    base = tmp_path / "step.json"
+    shardscope.expect_collectives(step, *args(P(None, "model")), all_gather=0, baseline=base)
+    assert json.loads(base.read_text())["schema_version"] >= 1  # written when missing
+    shardscope.expect_collectives(step, *args(P(None, "model")), baseline=base)
+    with pytest.raises(AssertionError, match="differ from the baseline") as info:
+        shardscope.expect_collectives(step, *args(P("model", None)), baseline=base)
+    assert "new  model  all-reduce" in str(info.value)
+    with pytest.raises(AssertionError, match="new all-reduce over model: 0 -> 1"):
+        shardscope.expect_collectives(
+            step, *args(P("model", None)), baseline=base, no_new=["all-reduce"]
+        )
+    shardscope.expect_collectives(
+        step, *args(P("model", None)), baseline=base, max_bytes_increase="64KiB"
+    )
+    with pytest.raises(AssertionError, match="all-reduce count"):
+        shardscope.expect_collectives(step, *args(P("model", None)), all_reduce=0)
+    monkeypatch.setenv("SHARDSCOPE_UPDATE_BASELINES", "1")
+    shardscope.expect_collectives(step, *args(P("model", None)), baseline=base)
+    monkeypatch.delenv("SHARDSCOPE_UPDATE_BASELINES")
+    shardscope.expect_collectives(step, *args(P("model", None)), baseline=base)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def test_cli_audits_a_program_and_diffs_two_runs(tmp_path, capsys):
+    old, new = tmp_path / "dp.json", tmp_path / "tp.json"
+    for rule_set, path in (("dp", old), ("tp", new)):
+        assert (
+            main(
+                [
+                    "audit",
+                    FLAX,
+                    "--mesh",
+                    "data=2,model=4",
+                    "--rule-set",
+                    rule_set,
+                    "--json",
+                    str(path),
+                ]
+            )
+            == 0
+        )
+    out = capsys.readouterr().out
+    assert "all-reduce" in out and "flax_mlp.py:make_step on data=2,model=4" in out
+    assert main(["diff", str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "gone" in out and "model" in out
+    assert main(["diff", str(old), str(new), "--max-bytes-increase", "0"]) == 0  # it shrank
+    capsys.readouterr()
+    assert main(["diff", str(new), str(old), "--max-bytes-increase", "1KiB"]) == 1
+    assert "budget broken: bytes per device grew" in capsys.readouterr().out
+    assert main(["diff", str(new), str(old), "--no-new", "all-reduce"]) == 1
+    assert "budget broken: new all-reduce over data: 0 -> 1" in capsys.readouterr().out
+
+
+def test_cli_audits_a_compiler_dump(tmp_path, capsys):
+    mesh = shardscope.make_mesh("model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh, P("model")))
+    text = jax.jit(lambda x, w: x @ w).lower(x, w).compile().as_text()
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "module_0001.jit_f.cpu_after_optimizations.txt").write_text(text)
+    (dump / "module_0001.jit_f.before_optimizations.txt").write_text("HloModule x")
+    assert main(["audit", "--hlo", str(dump), "--mesh", "model=8", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["counts"]["all-reduce"] == 1 and data["mesh_axes"] == {"model": 8}
+    assert_usage_error(
+        [
+            "audit",
+            "--hlo",
+            str(dump / "module_0001.jit_f.before_optimizations.txt"),
+            "--mesh",
+            "model=8",
+        ],
+        "after_optimizations.txt",
+        capsys,
+    )
+    assert_usage_error(["audit", "--hlo", str(dump)], "needs --mesh", capsys)
+    assert_usage_error(
+        ["audit", "--hlo", str(tmp_path / "none.txt"), "--mesh", "model=8"],
+        "does not exist",
+        capsys,
+    )
+
+
+def test_cli_plans_a_program(tmp_path, capsys):
+    rules = tmp_path / "rules.json"
+    rules.write_text(
+        json.dumps(
+            {"rules": {"dp": {"batch": "data"}, "dp_tp": {"batch": "data", "hidden": "model"}}}
+        )
+    )
+    out = tmp_path / "plan.json"
+    code = main(
+        [
+            "plan",
+            "--program",
+            EQX,
+            "--devices",
+            "8",
+            "--rules",
+            str(rules),
+            "--meshes",
+            "data=2,model=4;data=8,model=1",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert len(data["plans"]) == 4 and data["axes"] == ["data", "model"]
+    assert "dp_tp" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["plan", "--program", "nowhere.py:make_step", "--devices", "8"], "does not exist"),
+        (
+            ["plan", "--program", EQX.replace("make_step", "nope"), "--devices", "8"],
+            "defines no 'nope'",
+        ),
+        (["plan", "--program", "eqx_mlp", "--devices", "8"], "write FILE.py:FUNCTION"),
+        (["plan", "--program", EQX, "--devices", "8", "--model", "tiny"], "drop them"),
+        (["plan", "--model", "tiny", "--devices", "8", "--rules", "r.json"], "give --program"),
+        (["audit", FLAX, "--mesh", "data=2,model=4"], "choose one with --rule-set"),
+        (["audit", FLAX, "--mesh", "data=2,model=4", "--rule-set", "zz"], "is not in"),
+        (["audit", FLAX], "needs --mesh"),
+        (["diff", "a.json"], "the following arguments are required"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+    assert_usage_error(argv, words, capsys)
+
+
+def test_cli_a_program_that_returns_no_pair(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def make_step(mesh):\n    return 3\n")
+    assert_usage_error(
+        ["audit", f"{bad}:make_step", "--mesh", "data=8"], "must return a pair", capsys
+    )
+    broken = tmp_path / "broken.py"
+    broken.write_text("import jax\ndef make_step(mesh):\n    raise ValueError('no model')\n")
+    assert_usage_error(
+        ["audit", f"{broken}:make_step", "--mesh", "data=8"], "raised ValueError: no model", capsys
+    )
+
+
+def test_cli_diff_of_files_of_another_schema(tmp_path, capsys):
+    from shardscope._src.base.io import write_result
+
+    old = tmp_path / "old.json"
+    write_result(old, _matmul_audit(P()).to_dict(), backend="cpu")
+    data = json.loads(old.read_text())
+    data["schema_version"] = 99
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(data))
+    assert_usage_error(["diff", str(old), str(new)], "schema version 99", capsys)
