@@ -328,3 +328,12 @@ def test_fuzz_loops_and_gathers_of_mutated_text_raise_only_shardscope_errors(dat
         audit(text[:i] + junk + text[j:], mesh=MESHES[name])
     except ShardscopeError:
         pass
+
+
+def test_cli_audit_hlo_by_scope_on_real_gpu_output(capsys):
+    from shardscope._src.cli.main import main
+
+    path = str(FIXTURES / "h100x8" / "flax_step.hlo")
+    assert main(["audit", "--hlo", path, "--mesh", "data=2,model=4", "--by-scope"]) == 0
+    out = capsys.readouterr().out
+    assert "by scope" in out and "Model/block_1/Dense_0" in out and "backward" in out

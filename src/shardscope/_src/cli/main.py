@@ -80,11 +80,14 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             rules_path=args.rules,
             rule_set=args.rule_set,
             console=console,
+            by_scope=args.by_scope,
         )
     if args.program == "hlo":
         from shardscope._src.cli.program import run_audit_hlo
 
-        return run_audit_hlo(args.hlo, args.mesh, json_path, console=console)
+        return run_audit_hlo(
+            args.hlo, args.mesh, json_path, console=console, by_scope=args.by_scope
+        )
     if args.program == "reshard":
         from shardscope._src.cli.audit import run_audit_command
 

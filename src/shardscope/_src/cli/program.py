@@ -43,8 +43,10 @@ def run_audit_program(
     rules_path: str | None = None,
     rule_set: str | None = None,
     console: Any = None,
+    by_scope: bool = False,
 ) -> int:
-    """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``."""
+    """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``;
+    ``by_scope`` prints the totals per scope instead of one row per collective."""
     import jax
 
     from shardscope._src.audit.compile import audit
@@ -83,7 +85,7 @@ def run_audit_program(
     if json_path is not None and str(json_path) == "-":
         write_result(json_path, {"program": ref, **result.to_dict()}, backend=jax.default_backend())
         return 0
-    render_audit(result, console=console, title=f"{ref} on {mesh_spec}")
+    render_audit(result, console=console, title=f"{ref} on {mesh_spec}", by_scope=by_scope)
     if json_path is not None:
         write_result(json_path, {"program": ref, **result.to_dict()}, backend=jax.default_backend())
     return 0
@@ -137,9 +139,15 @@ def _hlo_file(path: str) -> str:
 
 
 def run_audit_hlo(
-    path: str, mesh_spec: str | None, json_path: str | None = None, *, console: Any = None
+    path: str,
+    mesh_spec: str | None,
+    json_path: str | None = None,
+    *,
+    console: Any = None,
+    by_scope: bool = False,
 ) -> int:
-    """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``)."""
+    """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``); ``by_scope``
+    prints the totals per scope instead of one row per collective."""
     from shardscope._src.audit.compile import audit
     from shardscope._src.base.io import write_result
     from shardscope._src.render.audit import render_audit
@@ -161,7 +169,12 @@ def run_audit_hlo(
     if json_path is not None and str(json_path) == "-":
         write_result(json_path, data, backend=None)
         return 0
-    render_audit(result, console=console, title=f"{os.path.basename(file)} on {mesh_spec}")
+    render_audit(
+        result,
+        console=console,
+        title=f"{os.path.basename(file)} on {mesh_spec}",
+        by_scope=by_scope,
+    )
     if json_path is not None:
         write_result(json_path, data, backend=None)
     return 0
