@@ -74,7 +74,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         from shardscope._src.cli.program import run_audit_program
 
         return run_audit_program(
-            args.target,
+            args.program_ref,
             args.mesh,
             json_path,
             rules_path=args.rules,
@@ -191,7 +191,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description="Load FILE.py, call FUNCTION(mesh) (or FUNCTION(mesh, rules)) for the mesh "
         "of --mesh, and audit the jitted step it returns on the arguments it returns.",
     )
-    own.add_argument("target", metavar="FILE.py:FUNCTION", help="the make_step function")
+    own.add_argument("program_ref", metavar="FILE.py:FUNCTION", help="the make_step function")
     own.add_argument(
         "--rules", metavar="FILE", help="logical-axis rules (JSON) in force while it runs"
     )

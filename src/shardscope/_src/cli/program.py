@@ -169,12 +169,8 @@ def run_audit_hlo(
     if json_path is not None and str(json_path) == "-":
         write_result(json_path, data, backend=None)
         return 0
-    render_audit(
-        result,
-        console=console,
-        title=f"{os.path.basename(file)} on {mesh_spec}",
-        by_scope=by_scope,
-    )
+    title = f"{os.path.basename(file)} on {mesh_spec}"
+    render_audit(result, console=console, title=title, by_scope=by_scope)
     if json_path is not None:
         write_result(json_path, data, backend=None)
     return 0
