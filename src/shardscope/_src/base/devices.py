@@ -38,11 +38,14 @@ def use_cpu_devices(n: int | None = None) -> int:
     backend is already running with a different number.
 
     >>> import shardscope
-    >>> shardscope.use_cpu_devices(8)  # doctest: +SKIP
+    >>> shardscope.use_cpu_devices(8)  # the count JAX already runs with: a no-op
     8
     """
     if n is not None:
         n = _count(n)
+    from shardscope._src.base.deviceless import start_jax
+
+    start_jax()  # JAX, and its accelerator plugins registered without their start-up chatter
     import jax
 
     flagged = _flag_device_count()

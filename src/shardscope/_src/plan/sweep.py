@@ -34,11 +34,11 @@ from typing import Any
 
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER
 from shardscope._src.base.devices import MAX_CPU_DEVICES
-from shardscope._src.base.errors import PlanError, StrategyError
+from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.model.config import MAX_DIM, ModelConfig
-from shardscope._src.model.presets import model_preset
+from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -56,6 +56,7 @@ from shardscope._src.plan.types import (
     PlanCollective,
     PlanResult,
     Skipped,
+    SkipReason,
     Validation,
 )
 
@@ -233,14 +234,20 @@ def _validate(plan: Plan, bound: Any) -> Validation:
     )
 
 
-def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
-    notes = []
+def _lacks_reduce_scatter(bound: Any, collectives: Sequence[PlanCollective]) -> bool:
+    """Whether the bound reduce-scatters over axes the compiled program never does."""
     bound_rs = {t.axes for t in bound.terms if t.kind == REDUCE_SCATTER}
     compiled_rs = {c.axes for c in collectives if c.kind == REDUCE_SCATTER}
-    if bound_rs - compiled_rs:
+    return bool(bound_rs - compiled_rs)
+
+
+def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
+    notes = []
+    if _lacks_reduce_scatter(bound, collectives):
         notes.append(
-            "CPU backend: all-reduce + slice where a reduce-scatter suffices (GPU/TPU form "
-            "it), so the compiled bytes exceed the bound"
+            "CPU backend: all-reduce + slice where a reduce-scatter suffices (the GPU "
+            "compiler forms one; the TPU compiler was seen to all-reduce too), so the "
+            "compiled bytes exceed the bound"
         )
     if facts.rematerializations:
         notes.append(
@@ -299,10 +306,10 @@ def resolve_config(
 def _check_dims(values: Mapping[str, int | None]) -> None:
     for name, value in values.items():
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DIM:
-            flag = "--" + name.replace("_", "-")
             raise PlanError(
-                f"{flag} {value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
-                f"choose a smaller {name}"
+                f"{name}={value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
+                f"choose a smaller {name}",
+                param=name,
             )
 
 
@@ -346,9 +353,10 @@ def _resolve(
         return preset.name, preset.config(batch=batch, seq=seq, dtype=dtype, **dims)
     missing = [k for k in ("d_model", "heads", "ff", "layers") if dims.get(k) is None]
     if missing:
-        flags = ", ".join("--" + k.replace("_", "-") for k in missing)
         raise PlanError(
-            f"a model needs a preset (--model tiny|1b|7b|13b|70b) or its shape; missing {flags}"
+            f"a model needs a preset (model={'|'.join(MODEL_PRESETS)}) or its shape; missing "
+            f"{', '.join(missing)}",
+            param=tuple(missing),
         )
     fields = {k: v for k, v in dims.items() if v is not None}
     return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True, **fields)
@@ -369,6 +377,8 @@ def plan(
     dtype: str = "bfloat16",
     workers: int | None = None,
     progress: Progress | None = None,
+    compiler: str = "cpu",
+    target_plans: int = 3,
     **dims: int | None,
 ) -> PlanResult:
     """Plans ``model`` on ``devices`` accelerators: every strategy and mesh, compiled and ranked.
@@ -392,6 +402,14 @@ def plan(
             can, else one worker (:func:`default_workers`), so that the caller's JAX is never
             reconfigured.
         progress: called as ``progress(done, total, label)`` while compiling.
+        compiler: ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
+            or the hardware's own target (``"h100"``, ``"tpu-v5p"``, see
+            ``shardscope.TARGETS``): every candidate is screened on the CPU compiler, then
+            leading ones are compiled again by the target's compiler, deviceless, until
+            ``target_plans`` of them fit (at most ``3 * target_plans`` compiles). Those plans
+            take their collectives, memory per device and fit from that compile
+            (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
+            chosen among them.
 
     Returns:
         A :class:`PlanResult`: ``plans`` ranked by estimated step time (plans that do not fit
@@ -401,6 +419,8 @@ def plan(
     Raises:
         PlanError: an unknown preset, a bad device count or mode.
 
+    Not run as a doctest (it compiles every candidate; the planner tests run sweeps):
+
     >>> result = plan("tiny", 8, workers=0)  # doctest: +SKIP
     >>> result.best.label  # doctest: +SKIP
     'dp data=8'
@@ -409,7 +429,7 @@ def plan(
     from shardscope._src.sharding.strategies import STRATEGIES, abstract_mesh, get_strategy
 
     start = time.perf_counter()
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number")
     if devices > MAX_DEVICES:
         raise PlanError(
@@ -418,15 +438,14 @@ def plan(
         )
     if mode not in MODES:
         raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
-    ):
+    if workers is not None and (not is_int(workers, 0)):
         raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
     names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
     for name in names:
         if name not in STRATEGIES:
             raise PlanError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     hw = get_hardware(hardware, **dict(hardware_overrides or {}))
+    compiler = _check_compiler(compiler, hw, devices, target_plans)
     model_name, config = resolve_config(
         model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims
     )
@@ -443,12 +462,12 @@ def plan(
     all_candidates = candidates(names, devices)
     for cand in all_candidates:
         try:
-            bound = get_strategy(cand.strategy).bind(config, abstract_mesh(cand.mesh_spec))
+            placement = get_strategy(cand.strategy).place(config, abstract_mesh(cand.mesh_spec))
         except StrategyError as e:
-            skipped.append(Skipped(cand.strategy, cand.mesh_spec, "divisibility", str(e)))
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
             continue
         mem = estimate_memory(
-            bound, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
+            placement, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
         )
         if mem.model_state > hw.memory_bytes:
             from shardscope._src.base.comm import format_bytes
@@ -460,7 +479,7 @@ def plan(
                 Skipped(
                     cand.strategy,
                     cand.mesh_spec,
-                    "memory",
+                    SkipReason.MEMORY,
                     f"{what} need {format_bytes(mem.model_state)} per device, more than the "
                     f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
                     f"devices (fsdp, fsdp_tp) or give more memory (--memory)",
@@ -468,7 +487,7 @@ def plan(
             )
             continue
         todo.append(cand)
-        bounds[cand] = transformer_bound(bound, mode)
+        bounds[cand] = transformer_bound(placement, mode)
         memory[cand] = mem
 
     n_workers = default_workers(devices) if workers is None else workers
@@ -482,7 +501,9 @@ def plan(
         got = facts[cand]
         if isinstance(got, BaseException):
             skipped.append(
-                Skipped(cand.strategy, cand.mesh_spec, "error", f"{type(got).__name__}: {got}")
+                Skipped(
+                    cand.strategy, cand.mesh_spec, SkipReason.ERROR, f"{type(got).__name__}: {got}"
+                )
             )
             continue
         sizes = cand.sizes
@@ -520,6 +541,18 @@ def plan(
             tuple(p.mesh.values()),
         ),
     )
+    if compiler != "cpu":
+        order = _on_target(order, bound_of, config, mode, hw, compiler, target_plans, progress)
+        order = sorted(
+            order,
+            key=lambda p: (
+                not p.fits,
+                p.step_time_s,
+                p.memory.total,
+                names.index(p.strategy),
+                tuple(p.mesh.values()),
+            ),
+        )
     front = _pareto(order)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     # One validation per strategy, on its best plan: the issue's DP, FSDP and TP, and the rest.
@@ -541,12 +574,114 @@ def plan(
         plans=ranked,
         skipped=tuple(skipped),
         validations=validations,
-        notes=tuple(_result_notes(config, hw, ranked)),
+        notes=tuple(_result_notes(config, hw, ranked) + _compiler_notes(compiler, ranked, hw)),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
         candidates=len(all_candidates),
+        compiler=compiler,
     )
     return result
+
+
+def _compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[str]:
+    if compiler == "cpu":
+        from shardscope._src.base.deviceless import compiler_installed
+        from shardscope._src.base.targets import TARGETS
+
+        own = TARGETS.get(hw.name)
+        if own is not None and own.extra and not compiler_installed(own):
+            return [
+                f"every plan was compiled by the CPU backend; pip install "
+                f"'shardscope[{own.extra}]' to compile the leading plans with the {own.name} "
+                f"compiler (deviceless) and judge their fit from its buffer assignment"
+            ]
+        return []
+    by_target = [str(p.rank) for p in plans if p.compiled_by == compiler]
+    return [
+        f"plans ranked {', '.join(by_target)} were compiled again by the {compiler} compiler "
+        f"(deviceless): their fit is judged from its buffer assignment and their "
+        f"communication is its collectives; the other plans are the CPU compiler's screening"
+    ]
+
+
+def _check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int) -> str:
+    """The compiler's target name, once it can compile for ``devices`` of ``hw``."""
+    from shardscope._src.base.deviceless import require_compiler
+    from shardscope._src.base.targets import CPU, get_target, topology
+
+    t = get_target(compiler)
+    if t.family == CPU:
+        return t.name
+    if t.hardware != hw.name:
+        raise PlanError(
+            f"compiler {t.name!r} compiles for {t.hardware} devices but the plan is for "
+            f"{hw.name}; use compiler={hw.name!r} (--compiler {hw.name}) or 'cpu'"
+        )
+    if isinstance(target_plans, bool) or not isinstance(target_plans, int) or target_plans < 1:
+        raise PlanError(f"target_plans={target_plans!r}: must be a positive whole number")
+    require_compiler(t)
+    topology(t, devices)  # a device count the target is not built with fails here
+    return t.name
+
+
+def _on_target(
+    order: list[Plan],
+    bound_of: dict[int, Any],
+    config: ModelConfig,
+    mode: str,
+    hw: Hardware,
+    target: str,
+    leading: int,
+    progress: Progress | None,
+) -> list[Plan]:
+    """The leading plans compiled again by the target's compiler, in the screening's order,
+    until ``leading`` of them fit the device memory by its buffer assignment (or ``3 x
+    leading`` are compiled, or the list ends); the rest kept as screened."""
+    from shardscope._src.plan.target import target_facts
+
+    out: list[Plan] = []
+    fitting = 0
+    budget = min(len(order), 3 * leading)
+    for i, p in enumerate(order[:budget], start=1):
+        if fitting >= leading:
+            break
+        cand = Candidate(p.strategy, tuple(p.mesh.items()))
+        facts = target_facts(cand, config, mode, target)
+        bound = bound_of[id(p)]
+        from shardscope._src.base.comm import format_bytes
+
+        if facts.error is None:
+            note = (
+                f"compiled by the {target} compiler: {format_bytes(facts.memory_bytes_per_device)}"
+                f" per device in its buffer assignment (analytic estimate "
+                f"{format_bytes(p.memory.total)})"
+            )
+        else:
+            note = f"compiled by the {target} compiler: {facts.error}"
+        kept = tuple(n for n in p.notes if not n.startswith("CPU backend"))
+        changes: dict[str, Any] = {
+            "notes": (note, *kept),
+            "compiled_by": target,
+            "target_memory": dict(facts.memory) if facts.error is None else None,
+            "target_error": facts.error,
+            "target_optimal_seconds": facts.optimal_seconds,
+            "timing": {**p.timing, "target_compile_s": facts.compile_s},
+        }
+        if facts.error is None:
+            comm = _axis_comm(hw, p.mesh, facts.collectives, bound)
+            changes.update(
+                collectives=facts.collectives,
+                comm=comm,
+                comm_time_s=sum(a.time_s for a in comm),
+                exact=facts.exact,
+            )
+        q = replace(p, **changes)
+        bound_of[id(q)] = bound
+        out.append(q)
+        fitting += q.fits
+        if progress:
+            progress(i, budget, f"{p.label} on {target}")
+    return out + order[len(out) :]
 
 
 def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> list[str]:
@@ -571,7 +706,12 @@ def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> l
             f"collectives; they are counted at {config.itemsize} bytes per element, as GPU "
             f"and TPU compilers keep them (cpu_comm_bytes_per_device has the CPU bytes)"
         )
-    if any("reduce-scatter" in n for p in plans for n in p.notes):
+    # A reduce-scatter row the bound has and the compiled program does not run.
+    if any(
+        a.kind == REDUCE_SCATTER and a.bound_bytes > 0 and a.count == 0
+        for p in plans
+        for a in p.comm
+    ):
         notes.append(
             "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the bytes): "
             "plans that need one (FSDP gradients, sequence parallelism) are charged the "

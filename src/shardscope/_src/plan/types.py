@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.io import record_dict
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
 
@@ -28,30 +31,35 @@ class Candidate:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh)
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:
         return f"{self.strategy} {self.mesh_spec}"
 
 
+class SkipReason(StrEnum):
+    """Why a candidate was not compiled."""
+
+    #: a sharded dimension does not divide over its mesh axes
+    DIVISIBILITY = "divisibility"
+    #: the model state alone does not fit the device memory
+    MEMORY = "memory"
+    #: the compile itself failed (``Skipped.message`` has the error)
+    ERROR = "error"
+
+
 @dataclass(frozen=True)
 class Skipped:
-    """A candidate that was not compiled, and why: ``reason`` is ``"divisibility"``,
-    ``"memory"`` or ``"error"`` (the compile itself failed; ``message`` has the error)."""
+    """A candidate that was not compiled: ``reason`` says why, ``message`` the details."""
 
     strategy: str
     mesh: str
-    reason: str
+    reason: SkipReason
     message: str
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "reason": self.reason,
-            "message": self.message,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -84,21 +92,7 @@ class PlanCollective:
         return ",".join(self.axes) if self.axes else "-"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "group_size": self.group_size,
-            "count": self.count,
-            "count_exact": self.count_exact,
-            "irregular": self.irregular,
-            "dtype": self.dtype,
-            "payload_bytes": self.payload_bytes,
-            "cpu_payload_bytes": self.cpu_payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-            "cpu_traffic_bytes": self.cpu_traffic_bytes,
-            "op_name": self.op_name,
-            "source": self.source,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -119,6 +113,24 @@ class CompiledFacts:
 
 
 @dataclass(frozen=True)
+class CompileTask:
+    """One plan to compile, as the planner sends it to a worker process (picklable)."""
+
+    strategy: str
+    mesh_spec: str
+    config: ModelConfig
+    mode: str
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A worker's answer when compiling a task raised: the exception's type and message."""
+
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True)
 class AxisComm:
     """The collectives of one kind over one set of axes, summed, with their bound and time."""
 
@@ -131,15 +143,7 @@ class AxisComm:
     crosses_nodes: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "axes": self.axes,
-            "kind": self.kind,
-            "count": self.count,
-            "traffic_bytes": self.traffic_bytes,
-            "bound_bytes": self.bound_bytes,
-            "time_s": self.time_s,
-            "crosses_nodes": self.crosses_nodes,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -162,17 +166,7 @@ class Validation:
     explanation: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "formula_bytes": self.formula_bytes,
-            "compiled_bytes": self.compiled_bytes,
-            "ratio": self.ratio,
-            "ok": self.ok,
-            "cpu_formula_bytes": self.cpu_formula_bytes,
-            "cpu_ratio": self.cpu_ratio,
-            "explanation": self.explanation,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -198,10 +192,19 @@ class Plan:
     analysis_s: float = 0.0
     timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
+    #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the
+    #: screening compile), or a target's (``"h100"``, ``"tpu-v5p"``).
+    compiled_by: str = "cpu"
+    #: The target compiler's buffer assignment per device (None when compiled by cpu, or
+    #: when it found the program does not fit: ``target_error`` has its words).
+    target_memory: Mapping[str, int] | None = None
+    target_error: str | None = None
+    #: The TPU compiler's own estimate of the step's seconds (None elsewhere).
+    target_optimal_seconds: float | None = None
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:
@@ -224,7 +227,25 @@ class Plan:
         )
 
     @property
+    def target_memory_bytes_per_device(self) -> int | None:
+        """The target's buffer assignment: arguments + outputs + temporaries - aliased."""
+        m = self.target_memory
+        if m is None:
+            return None
+        return (
+            m.get("argument_size_in_bytes", 0)
+            + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0)
+            - m.get("alias_size_in_bytes", 0)
+        )
+
+    @property
     def fits(self) -> bool:
+        """Judged from the target compiler's memory when it compiled the plan, else from the
+        analytic estimate."""
+        if self.compiled_by != "cpu":
+            target = self.target_memory_bytes_per_device
+            return target is not None and target <= self.memory_limit_bytes
         return self.memory.total <= self.memory_limit_bytes
 
     @property
@@ -281,6 +302,11 @@ class Plan:
             "notes": list(self.notes),
             "analysis_s": self.analysis_s,
             "timing": dict(self.timing),
+            "compiled_by": self.compiled_by,
+            "target_memory_bytes_per_device": self.target_memory_bytes_per_device,
+            "target_memory": None if self.target_memory is None else dict(self.target_memory),
+            "target_error": self.target_error,
+            "target_optimal_seconds": self.target_optimal_seconds,
         }
 
 
@@ -301,11 +327,21 @@ class PlanResult:
     wall_s: float = 0.0
     workers: int = 0
     candidates: int = field(default=0)
+    #: ``"cpu"``, or the target whose compiler compiled the leading plans (``compiled_by``).
+    compiler: str = "cpu"
 
     @property
     def best(self) -> Plan | None:
-        """The fastest plan that fits the device memory (None when none fits)."""
-        return next((p for p in self.plans if p.fits), None)
+        """The fastest plan that fits the device memory (None when none fits); with a target
+        compiler, the fastest of the plans it compiled and found to fit."""
+        return next(
+            (
+                p
+                for p in self.plans
+                if p.fits and (self.compiler == "cpu" or p.compiled_by == self.compiler)
+            ),
+            None,
+        )
 
     @property
     def fit_note(self) -> str | None:
@@ -314,6 +350,23 @@ class PlanResult:
             return None
         from shardscope._src.base.comm import format_bytes
 
+        compiled = [p for p in self.plans if p.compiled_by == self.compiler != "cpu"]
+        sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
+        if compiled and not sized:
+            return (
+                f"no plan fits: the {self.compiler} compiler ran out of memory on each of the "
+                f"{len(compiled)} plans it compiled ({compiled[0].label}: "
+                f"{compiled[0].target_error}); use more devices or a smaller batch or sequence"
+            )
+        if sized:
+            small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
+            return (
+                f"no plan the {self.compiler} compiler compiled fits: the smallest, "
+                f"{small.label}, needs {format_bytes(small.target_memory_bytes_per_device or 0)}"
+                f" per device in its buffer assignment, of the "
+                f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use "
+                f"more devices, a smaller batch or sequence, or --target-plans to compile more"
+            )
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
         return (
             f"no plan fits: the smallest, {small.label}, needs "
@@ -347,20 +400,21 @@ class PlanResult:
             "fit_note": self.fit_note,
             "notes": list(self.notes),
             "candidates": self.candidates,
+            "compiler": self.compiler,
             "wall_s": self.wall_s,
             "workers": self.workers,
         }
 
 
 def _why_empty(result: PlanResult) -> str:
-    by: dict[str, list[Skipped]] = {}
+    by: dict[SkipReason, list[Skipped]] = {}
     for s in result.skipped:
         by.setdefault(s.reason, []).append(s)
     parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
     head = f"no plan for {result.model} on {result.devices} device(s): " + (
         ", ".join(parts) if parts else "no candidate mesh"
     )
-    if "memory" in by:
+    if SkipReason.MEMORY in by:
         from shardscope._src.base.comm import format_bytes
 
         limit = format_bytes(result.hardware.memory_bytes)
@@ -369,6 +423,6 @@ def _why_empty(result: PlanResult) -> str:
             f"{result.hardware.name}: use more devices, a preset with more memory, "
             f"--memory, or a smaller --bytes-per-param"
         )
-    if "divisibility" in by:
-        head += f"; e.g. {by['divisibility'][0].message}"
+    if SkipReason.DIVISIBILITY in by:
+        head += f"; e.g. {by[SkipReason.DIVISIBILITY][0].message}"
     return head
