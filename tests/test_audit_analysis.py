@@ -302,3 +302,33 @@ ENTRY %main (p: f32[2]) -> f32[8] {{
         32,
         "wrapped",
     )
+
+
+def test_live_train_step_on_cpu_names_scopes_passes_and_the_users_lines():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import shardscope
+
+    mesh = shardscope.make_mesh("data=2,model=4")
+
+    def loss(w, x):
+        with jax.named_scope("block_3"), jax.named_scope("mlp"):
+            h = jax.nn.relu(x @ w[0])
+            y = h @ w[1]  # the forward all-reduce over model
+        return jnp.sum(y * y)
+
+    def sds(shape, spec):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    w = (sds((64, 256), P(None, "model")), sds((256, 64), P("model", None)))
+    a = audit(jax.jit(jax.grad(loss)), w, sds((16, 64), P("data", None)))
+    rows = {(r.axes, r.kind): r for r in a.by_scope()}
+    fwd = rows[("model", "all-reduce")]
+    assert fwd.scope == "block_3/mlp" and "forward" in fwd.phases
+    grads = rows[("data", "all-reduce")]
+    assert grads.scope == "block_3/mlp" and grads.phases == ("backward",)
+    lines = {s for r in rows.values() for s in r.sources}
+    assert lines and all(s.startswith(__file__ + ":") for s in lines)

@@ -316,7 +316,8 @@ def test_combined_collective_attributes_each_operand_to_its_own_line():
         (0, (256, 1024), site("fsdp_up"), "backward"),
         (1, (1024, 256), site("fsdp_down"), "backward"),
     ]
-    assert "generate.py:" in format_audit(a)
+    # The table names both lines, not only the one the combiner kept.
+    assert f"{site('fsdp_up')}, {site('fsdp_down')}" in format_audit(a, width=200)
 
 
 def test_concatenated_gradients_are_split_into_their_layers():
@@ -402,3 +403,12 @@ def test_fuzz_loops_and_gathers_of_mutated_text_raise_only_shardscope_errors(dat
         audit(text[:i] + junk + text[j:], mesh=MESHES[name])
     except ShardscopeError:
         pass
+
+
+def test_cli_audit_hlo_by_scope_on_real_gpu_output(capsys):
+    from shardscope._src.cli.main import main
+
+    path = str(FIXTURES / "h100x8" / "flax_step.hlo")
+    assert main(["audit", "--hlo", path, "--mesh", "data=2,model=4", "--by-scope"]) == 0
+    out = capsys.readouterr().out
+    assert "by scope" in out and "Model/block_1/Dense_0" in out and "backward" in out

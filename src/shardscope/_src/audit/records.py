@@ -356,8 +356,13 @@ class Audit:
                 where = p.user_source or p.source
                 if where and where not in row[4]:
                     row[4].append(where)
+        passes = ("forward", "backward")
         return [
-            ScopeTotals(key[0], key[2], key[1], r[0], r[1], r[2], tuple(r[3]), tuple(r[4]))
+            ScopeTotals(
+                key[0], key[2], key[1], r[0], r[1], r[2],
+                tuple(sorted(r[3], key=lambda p: passes.index(p) if p in passes else 2)),
+                tuple(r[4]),
+            )  # fmt: skip
             for key, r in sorted(acc.items(), key=lambda kv: order[kv[0]])
         ]
 

@@ -45,7 +45,8 @@ def run_audit_program(
     console: Any = None,
     by_scope: bool = False,
 ) -> int:
-    """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``."""
+    """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``;
+    ``by_scope`` prints the totals per scope instead of one row per collective."""
     import jax
 
     from shardscope._src.audit.compile import audit
@@ -145,7 +146,8 @@ def run_audit_hlo(
     console: Any = None,
     by_scope: bool = False,
 ) -> int:
-    """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``)."""
+    """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``); ``by_scope``
+    prints the totals per scope instead of one row per collective."""
     from shardscope._src.audit.compile import audit
     from shardscope._src.base.io import write_result
     from shardscope._src.render.audit import render_audit

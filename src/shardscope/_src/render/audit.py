@@ -32,17 +32,19 @@ def _short(where: str, *, library: bool = False) -> str:
 
 
 def _where(c: Collective) -> str:
-    if c.user_source and c.source and c.user_source != c.source:
-        return f"{_short(c.user_source)} (in {_short(c.source, library=True)})"
-    if c.source:
-        return _short(c.source)
-    lines = []
+    lines: list[str] = []
     for p in c.parts:
         where = p.user_source or p.source
         if where and _short(where) not in lines:
             lines.append(_short(where))
-    if lines:
+    if len(lines) > 1:  # a combined collective: each array's own line
         return ", ".join(lines)
+    if c.user_source and c.source and c.user_source != c.source:
+        return f"{_short(c.user_source)} (in {_short(c.source, library=True)})"
+    if c.source:
+        return _short(c.source)
+    if lines:
+        return lines[0]
     if c.operand_source:
         path, _, line = c.operand_source.rpartition(":")
         return f"(after {os.path.basename(path)}:{line})"
