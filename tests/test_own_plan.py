@@ -389,3 +389,34 @@ def test_cli_diff_of_files_of_another_schema(tmp_path, capsys):
     new = tmp_path / "new.json"
     new.write_text(json.dumps(data))
     assert_usage_error(["diff", str(old), str(new)], "schema version 99", capsys)
+
+
+def _scoped_audit(gather: bool):
+    mesh = shardscope.make_mesh("model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh, P("model")))
+
+    def f(x, w):
+        with jax.named_scope("block0"):
+            y = x @ w  # an all-reduce over 'model'
+        with jax.named_scope("block1"):
+            v = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P())) if gather else w
+            return y + jnp.sum(v)
+
+    return shardscope.audit(jax.jit(f), x, w)
+
+
+def test_diff_by_scope_names_the_block_that_changed(tmp_path, capsys):
+    from shardscope._src.base.io import write_result
+
+    before, after = _scoped_audit(False), _scoped_audit(True)
+    d = shardscope.diff_audits(before, after, by_scope=True, no_new=["all-gather"])
+    (row,) = [r for r in d.changed if r.kind == "all-gather"]
+    assert (row.scope, row.status, row.new_count) == ("block1", "new", 1)
+    assert not d.ok and "in block1" in d.violations[0]
+    assert "block1" in d.text() and "scope" in d.text()
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, before.to_dict(), backend="cpu")
+    write_result(new, after.to_dict(), backend="cpu")
+    assert main(["diff", str(old), str(new), "--by-scope", "--no-new", "all-gather"]) == 1
+    assert "block1" in capsys.readouterr().out

@@ -526,6 +526,12 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         metavar="KIND",
         help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
     )
+    diff.add_argument(
+        "--by-scope",
+        action="store_true",
+        help="one row per named scope or module path, axes and kind (the audits' by_scope "
+        "totals) instead of one per axes and kind",
+    )
     diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
     diff.set_defaults(run=_cmd_diff)
 
@@ -542,6 +548,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         max_bytes_increase=args.max_bytes_increase,
         no_new=args.no_new,
         json_path=args.json,
+        by_scope=args.by_scope,
     )
 
 

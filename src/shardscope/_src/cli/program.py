@@ -182,13 +182,16 @@ def run_diff(
     no_new: Sequence[str] = (),
     json_path: str | None = None,
     console: Any = None,
+    by_scope: bool = False,
 ) -> int:
     """Prints how the collectives changed; 1 when a budget is broken, else 0."""
     from shardscope._src.audit.diff import diff_audits
     from shardscope._src.base.io import STDOUT, write_result
     from shardscope._src.render.diff import render_diff
 
-    d = diff_audits(old, new, max_bytes_increase=max_bytes_increase, no_new=no_new)
+    d = diff_audits(
+        old, new, max_bytes_increase=max_bytes_increase, no_new=no_new, by_scope=by_scope
+    )
     if json_path != STDOUT:
         render_diff(d, console=console)
     if json_path is not None:
