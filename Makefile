@@ -16,9 +16,10 @@ $(VENV)/.installed-runtime: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 # The package plus the test, lint and notebook tooling (and the Flax, Equinox and optax
-# programs the suite and the benchmarks run).
+# programs the suite and the benchmarks run), and both deviceless accelerator compilers (GPU,
+# TPU), so the tests cover every compile target.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) -e '.[cpu,dev]'
+	$(PIP) -e '.[cpu,dev,gpu-compile,tpu-compile]'
 	touch $(VENV)/.installed-runtime $@
 
 lab: $(VENV)/.installed-runtime

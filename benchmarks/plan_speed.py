@@ -60,6 +60,8 @@ def run_case(model: str, devices: int, workers: int | None, extra: list[str]) ->
             model,
             "--devices",
             str(devices),
+            "--compiler",
+            "cpu",
             "--json",
             str(out),
             *extra,

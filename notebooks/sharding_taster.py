@@ -94,3 +94,64 @@ facts["tp_counts"], facts["sp_verdict"]["summary"]
 summary = lab.summary()
 lab.save()
 assert summary["passed"] == summary["total"], summary
+
+# %% [markdown]
+# ## What will the real compiler do?
+# Everything above was compiled by the CPU backend. The same programs compiled by the real
+# H100 and TPU v5p compilers, deviceless (the `gpu-compile` and `tpu-compile` extras): a mesh
+# of each target's compile-only devices, and the audit of what its compiler inserted. The
+# CPU backend moves the FSDP step's bf16 weights and gradients as f32 and all-reduces the
+# gradients; the H100 compiler keeps them bf16 and makes its collectives asynchronous
+# (`-start`/`-done` pairs); the TPU compiler chooses its own way again. The temporaries are
+# each compiler's buffer assignment per device.
+
+# %%
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def matmul_on(target):
+    m = shardscope.target_mesh(target, "model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(m, P()))
+    w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32, sharding=NamedSharding(m, P("model")))
+    return shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
+
+
+def fsdp_step_on(target, layers=2, d=256, ff=1024):
+    m = shardscope.target_mesh(target, "data=8")
+    w_in = jax.ShapeDtypeStruct(
+        (layers, d, ff), jnp.bfloat16, sharding=NamedSharding(m, P(None, "data"))
+    )
+    w_out = jax.ShapeDtypeStruct(
+        (layers, ff, d), jnp.bfloat16, sharding=NamedSharding(m, P(None, None, "data"))
+    )
+    x = jax.ShapeDtypeStruct((32, 64, d), jnp.bfloat16, sharding=NamedSharding(m, P("data")))
+
+    def loss(p, x):
+        def layer(h, w):
+            return h + jax.nn.gelu(h @ w[0]) @ w[1], None
+
+        h, _ = jax.lax.scan(layer, x, p)
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    def step(p, x):
+        return jax.tree.map(lambda a, g: a - 1e-3 * g, p, jax.grad(loss)(p, x))
+
+    shardings = (w_in.sharding, w_out.sharding)
+    return shardscope.audit(jax.jit(step, out_shardings=shardings), (w_in, w_out), x)
+
+
+for target in ("cpu", "h100", "tpu-v5p"):
+    try:
+        audits = {"matmul": matmul_on(target), "FSDP step": fsdp_step_on(target)}
+    except shardscope.TargetError as e:  # its compiler is not installed: the error says how
+        print(f"{target}: {e}")
+        continue
+    for name, a in audits.items():
+        kinds = ", ".join(sorted({f"{c.kind} {c.dtype}" for c in a.collectives})) or "none"
+        print(
+            f"{target:8} {name:10} {a.total().traffic_bytes:>10,} B sent per device, "
+            f"{a.memory['temp_size_in_bytes']:>10,} B temporaries: {kinds}"
+        )

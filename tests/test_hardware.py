@@ -4,7 +4,7 @@ from shardscope._src.base.hardware import PRESETS, hardware
 
 
 def test_presets_named_in_the_planner_exist():
-    assert list(PRESETS) == ["h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
+    assert list(PRESETS) == ["a100", "h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
     assert hardware("H200").memory_bytes == 141e9
     assert hardware("tpu-v5p").link_bandwidth == 2 * 9e10
 
@@ -19,7 +19,7 @@ def test_override_keeps_the_rest_and_says_so():
 @pytest.mark.parametrize(
     "args, kw, words",
     [
-        (("a100",), {}, "unknown hardware preset 'a100'; choose one of h100"),
+        (("v100",), {}, "unknown hardware preset 'v100'; choose one of a100, h100"),
         (("h100",), {"warp_speed": 9}, "unknown hardware setting 'warp_speed'"),
         (("h100",), {"peak_flops": 0}, "must be a positive number"),
     ],

@@ -305,8 +305,8 @@ def test_bad_requests_raise_plan_errors(kwargs, words):
 
 
 def test_unknown_hardware_is_an_error():
-    with pytest.raises(ShardscopeError, match="unknown hardware preset 'a100'"):
-        plan("tiny", 8, hardware="a100")
+    with pytest.raises(ShardscopeError, match="unknown hardware preset 'v100'"):
+        plan("tiny", 8, hardware="v100")
     with pytest.raises(ShardscopeError, match="link_bandwidth"):
         plan("tiny", 8, hardware_overrides={"link_bandwidth": -1.0})
 
@@ -367,6 +367,8 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
             "dp,tp",
             "--hardware",
             "tpu-v5e",
+            "--compiler",
+            "cpu",
             "--link-bandwidth",
             "1e11",
             "--json",
@@ -396,8 +398,8 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
         (["plan", "--model", "tiny", "--devices", "3072"], "at most 2048"),
         (["plan", "--devices", "8", "--heads", "8"], "missing --d-model, --ff, --layers"),
         (
-            ["plan", "--model", "tiny", "--devices", "8", "--hardware", "a100"],
-            "invalid choice: 'a100'",
+            ["plan", "--model", "tiny", "--devices", "8", "--hardware", "v100"],
+            "invalid choice: 'v100'",
         ),
         (
             ["plan", "--model", "tiny", "--devices", "8", "--memory", "-5"],
@@ -452,6 +454,8 @@ def test_plan_for_16_devices_in_a_subprocess(tmp_path):
             "16",
             "--strategies",
             "dp,tp,dp_tp",
+            "--compiler",
+            "cpu",
             "--json",
             str(out),
         ],

@@ -7,10 +7,12 @@ from shardscope._src.audit.diff import diff_audits as diff_audits
 from shardscope._src.audit.expect import expect_collectives as expect_collectives
 from shardscope._src.audit.records import Audit as Audit
 from shardscope._src.audit.records import Collective as Collective
+from shardscope._src.base.deviceless import prepare_environment as _prepare_environment
 from shardscope._src.base.devices import hardware_summary as hardware_summary
 from shardscope._src.base.devices import use_cpu_devices as use_cpu_devices
 from shardscope._src.base.distributed import initialize_distributed as initialize_distributed
 from shardscope._src.base.errors import AuditDiffError as AuditDiffError
+from shardscope._src.base.errors import DeviceMemoryError as DeviceMemoryError
 from shardscope._src.base.errors import DeviceSetupError as DeviceSetupError
 from shardscope._src.base.errors import HloParseError as HloParseError
 from shardscope._src.base.errors import LayoutError as LayoutError
@@ -21,9 +23,12 @@ from shardscope._src.base.errors import PlanError as PlanError
 from shardscope._src.base.errors import ProgramError as ProgramError
 from shardscope._src.base.errors import ShardscopeError as ShardscopeError
 from shardscope._src.base.errors import StrategyError as StrategyError
+from shardscope._src.base.errors import TargetError as TargetError
 from shardscope._src.base.hardware import Hardware as Hardware
 from shardscope._src.base.hardware import hardware as hardware
 from shardscope._src.base.io import VERSION as _VERSION
+from shardscope._src.base.targets import TARGETS as TARGETS
+from shardscope._src.base.targets import Target as Target
 from shardscope._src.bounds.matmul import matmul_bound as matmul_bound
 from shardscope._src.bounds.terms import Bound as Bound
 from shardscope._src.bounds.transformer import transformer_bound as transformer_bound
@@ -57,8 +62,13 @@ from shardscope._src.sharding.programs import build_program as build_program
 from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
 from shardscope._src.sharding.strategies import Strategy as Strategy
 from shardscope._src.sharding.strategies import get_strategy as get_strategy
+from shardscope._src.target_mesh import target_mesh as target_mesh
 from shardscope._src.verdict import Verdict as Verdict
 from shardscope._src.verdict import matmul_verdict as matmul_verdict
 from shardscope._src.verdict import transformer_verdict as transformer_verdict
 
 __version__: str = _VERSION
+
+# Before JAX starts a backend: lets the optional GPU/TPU compilers register quietly on a host
+# without those chips (only variables the user has not set; nothing on a host that has them).
+_prepare_environment()

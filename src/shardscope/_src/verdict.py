@@ -253,7 +253,8 @@ def compare(
     the program's width, as a backend that keeps 16 bits sends them, and a note gives what
     this backend's program sends (``backend_bytes``).
     """
-    width = _Width(program_dtype)
+    # Only XLA:CPU widens 16-bit collectives; a GPU or TPU program is judged as it is.
+    width = _Width(program_dtype if getattr(audit, "backend", None) in (None, "cpu") else None)
     actual: dict[tuple[tuple[str, ...], str], list[int]] = {}
     for c in audit.collectives:
         slot = actual.setdefault((tuple(c.axes), c.kind), [0, 0])

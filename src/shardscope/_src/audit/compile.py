@@ -31,9 +31,18 @@ from typing import Any
 
 from shardscope._src.audit.analysis import _FALLBACK_AXIS, analyze
 from shardscope._src.audit.records import Audit, Rematerialization
-from shardscope._src.base.errors import HloParseError, MeshSpecError, ShardscopeError
+from shardscope._src.base.deviceless import target_of_device
+from shardscope._src.base.errors import (
+    DeviceMemoryError,
+    HloParseError,
+    MeshSpecError,
+    ShardscopeError,
+    TargetError,
+)
+from shardscope._src.base.targets import get_target
 from shardscope._src.hlo.parse import HloModule, parse_hlo
 from shardscope._src.mesh import format_mesh_spec, mesh_axes, parse_mesh_spec
+from shardscope._src.target_mesh import check_mesh_target, target_mesh
 
 # --------------------------------------------------------------------------------------
 # Front door: audit(target, ...)
@@ -181,20 +190,27 @@ def parse_rematerializations(log: str, module: HloModule | None) -> tuple[Remate
     return tuple(out)
 
 
-def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit:
+def audit(
+    program: Any, /, *args: Any, mesh: Any = None, target: Any = None, **jit_kwargs: Any
+) -> Audit:
     """Audits the collectives of a compiled JAX program.
 
     Args:
-        target: a jitted function (give its example arguments: arrays or
+        program: a jitted function (give its example arguments: arrays or
             ``jax.ShapeDtypeStruct`` with shardings, so nothing is allocated), a plain
             function (``in_shardings`` / ``out_shardings`` go in ``jit_kwargs``), a
             ``jax.stages.Lowered``, a ``jax.stages.Compiled``, or the text of
             ``compiled.as_text()``.
-        *args: example arguments when ``target`` is a function.
+        *args: example arguments when ``program`` is a function.
         mesh: a ``jax.sharding.Mesh`` or a description such as ``"dp=2,mp=4"`` (devices in
             iota order) naming the axes. Optional when the program's shardings carry a mesh;
             for HLO text without one, the axis is called ``devices``.
-        **jit_kwargs: options for ``jax.jit`` when ``target`` is a function.
+        target: a compile target (``"h100"``, ``"tpu-v5p"``, ``"cpu"``; see
+            ``shardscope.TARGETS``) to compile a function for: with a mesh description the
+            mesh is made of that target's compile-only devices
+            (:func:`shardscope.target_mesh`); with a ``Mesh`` its devices must be the
+            target's. The audit then shows what that target's own compiler inserts.
+        **jit_kwargs: options for ``jax.jit`` when ``program`` is a function.
 
     Returns:
         An :class:`Audit`.
@@ -202,55 +218,60 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
     Raises:
         HloParseError: the text is not optimized HLO.
         MeshSpecError: the mesh does not hold the program's number of partitions.
+        TargetError: an unknown target, its compiler not installed, a device count it is
+            not built with, or a mesh of other devices.
     """
     import jax
 
     given_axes = _mesh_from(mesh)  # a bad mesh is refused before anything is compiled
+    if target is not None:
+        mesh = _target_mesh_for(program, mesh, target, args, jit_kwargs)
     compiled = None
     remats: tuple[Rematerialization, ...] | None = None
     log: str | None = None
     in_sh = out_sh = None
     shard_mesh: dict[str, int] | None = None
-    if isinstance(target, str):
+    backend = compiled_for = None
+    if isinstance(program, str):
         if args or jit_kwargs:
             raise ShardscopeError(
                 "audit(hlo_text, ...) takes no example arguments or jit options; pass only "
                 "mesh= (e.g. audit(text, mesh='dp=2,mp=4'))"
             )
-        text = target
+        text = program
     else:
         from shardscope._src.audit.stages import unwrap_stage
 
         # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
-        target = unwrap_stage(target, jax.stages.Compiled) or (
-            unwrap_stage(target, jax.stages.Lowered) or target
+        program = unwrap_stage(program, jax.stages.Compiled) or (
+            unwrap_stage(program, jax.stages.Lowered) or program
         )
-        if isinstance(target, jax.stages.Compiled):
-            compiled = target
+        if isinstance(program, jax.stages.Compiled):
+            compiled = program
             if args or jit_kwargs:
                 raise ShardscopeError(
                     "audit(compiled) takes no example arguments or jit options: the program "
                     "is already compiled"
                 )
         else:
-            if isinstance(target, jax.stages.Lowered):
+            if isinstance(program, jax.stages.Lowered):
                 if args or jit_kwargs:
                     raise ShardscopeError(
                         "audit(lowered) takes no example arguments or jit options: the "
                         "program is already lowered"
                     )
-                lowered = target
-            elif callable(target) or hasattr(target, "lower"):
-                lowered = _lower(target, args, jit_kwargs, mesh)
+                lowered = program
+            elif callable(program) or hasattr(program, "lower"):
+                lowered = _lower(program, args, jit_kwargs, mesh)
             else:
                 raise ShardscopeError(
                     f"audit() needs a jitted function (jax.jit, flax.nnx.jit, "
                     f"equinox.filter_jit or another library's), a plain function, a Lowered "
                     f"or Compiled (JAX's or a library's), or HLO text; got "
-                    f"{type(target).__name__}"
+                    f"{type(program).__name__}"
                 )
             with _capture_stderr() as captured:
-                compiled = lowered.compile()
+                compiled = compile_lowered(lowered)
             log = captured[0] if captured else None
         text = compiled.as_text()
         in_leaves = _sharding_leaves(compiled.input_shardings)
@@ -258,6 +279,14 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
         in_sh = tuple(_format_sharding(s) for s in in_leaves)
         out_sh = tuple(_format_sharding(s) for s in out_leaves)
         shard_mesh = _mesh_of_shardings(in_leaves + out_leaves)
+        backend, compiled_for = _compiled_for(in_leaves + out_leaves)
+        if target is not None and compiled_for != get_target(target).name:
+            raise TargetError(
+                f"the program was compiled for {compiled_for or backend} devices, not "
+                f"{get_target(target).name}; give its arguments no shardings of their own "
+                f"(the target's mesh is set around the program) or build them on "
+                f"shardscope.target_mesh({get_target(target).name!r}, ...)"
+            )
     module = parse_hlo(text)
     axes = given_axes or shard_mesh or {_FALLBACK_AXIS: module.num_partitions}
     if math.prod(axes.values()) != module.num_partitions:
@@ -298,7 +327,60 @@ def audit(target: Any, *args: Any, mesh: Any = None, **jit_kwargs: Any) -> Audit
         module=module,
         compiled=compiled,
         hlo_text=text,
+        backend=backend,
+        target=compiled_for,
     )
+
+
+def compile_lowered(lowered: Any, **compiler_options: Any) -> Any:
+    """``lowered.compile()``; a compiler that runs out of device memory (the TPU's does, at
+    compile time) raises :class:`DeviceMemoryError` with its own words."""
+    try:
+        return lowered.compile(compiler_options=compiler_options or None)
+    except Exception as e:  # JaxRuntimeError; its class is not public API
+        words = str(e)
+        if "RESOURCE_EXHAUSTED" not in words:
+            raise
+        words = words.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
+        raise DeviceMemoryError(
+            f"the program does not fit in device memory, says the compiler: {words}; shard "
+            f"it over more devices or make it smaller (batch, sequence, rematerialization)"
+        ) from None
+
+
+def _target_mesh_for(
+    program: Any, mesh: Any, target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any]
+) -> Any:
+    """The mesh of ``target``'s devices that ``audit(..., target=)`` lowers the program on."""
+    t = get_target(target)
+    if isinstance(program, str) or not callable(program) and not hasattr(program, "lower"):
+        raise TargetError(
+            "audit(..., target=) compiles a function for the target; HLO text (and a "
+            "Lowered or Compiled program) already has its devices: drop target="
+        )
+    if mesh is None:
+        raise TargetError(
+            f"audit(..., target={t.name!r}) needs the mesh to build of its devices, e.g. "
+            f"mesh='data=8' (or a Mesh from shardscope.target_mesh({t.name!r}, ...))"
+        )
+    if isinstance(mesh, str | Mapping):
+        return target_mesh(t, mesh)
+    check_mesh_target(mesh, t)
+    return mesh
+
+
+def _compiled_for(shardings: list[Any]) -> tuple[str | None, str | None]:
+    """(platform, target name) of the devices a compiled program's shardings name."""
+    for s in shardings:
+        devices = getattr(s, "device_set", None)
+        if devices:
+            device = next(iter(devices))
+            platform = str(getattr(device, "platform", "")) or None
+            name = target_of_device(device)
+            if name is None and platform == "cpu":
+                name = "cpu"
+            return platform, name
+    return None, None
 
 
 def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:

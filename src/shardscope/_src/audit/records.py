@@ -309,7 +309,9 @@ class Audit:
     when the audit did not compile the program itself and so could not see the
     partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one (a
     verdict can compile alternatives and compare), ``module`` the parsed HLO and ``hlo_text``
-    its text.
+    its text. ``backend`` is the platform the program was compiled for (``"cpu"``, ``"gpu"``,
+    ``"tpu"``) and ``target`` the compile target's name (``"h100"``) when shardscope made its
+    devices; both None for HLO text.
     """
 
     collectives: tuple[Collective, ...]
@@ -325,6 +327,8 @@ class Audit:
     module: HloModule | None = field(default=None, repr=False, compare=False)
     compiled: Any = field(default=None, repr=False, compare=False)
     hlo_text: str = field(default="", repr=False, compare=False)
+    backend: str | None = None
+    target: str | None = None
 
     def counts(self) -> dict[str, int]:
         """``{kind: executions per run}`` for every collective kind (zeros included)."""
@@ -526,6 +530,8 @@ class Audit:
         """JSON-ready plain data."""
         return {
             "module": self.module_name,
+            "backend": self.backend,
+            "target": self.target,
             "num_partitions": self.num_partitions,
             "mesh_axes": dict(self.mesh_axes),
             "counts": self.counts(),

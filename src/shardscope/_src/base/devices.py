@@ -43,6 +43,9 @@ def use_cpu_devices(n: int | None = None) -> int:
     """
     if n is not None:
         n = _count(n)
+    from shardscope._src.base.deviceless import start_jax
+
+    start_jax()  # JAX, and its accelerator plugins registered without their start-up chatter
     import jax
 
     flagged = _flag_device_count()

@@ -50,3 +50,12 @@ class ProgramError(ShardscopeError):
 
 class AuditDiffError(ShardscopeError):
     """Audits that cannot be compared (unreadable, not an audit, another schema version)."""
+
+
+class TargetError(ShardscopeError):
+    """A compile target that cannot be used: unknown, its compiler not installed, a device
+    count it is not built with, or a mesh of other devices."""
+
+
+class DeviceMemoryError(ShardscopeError):
+    """A program that the target's compiler could not fit in the device's memory."""

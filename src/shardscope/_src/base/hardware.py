@@ -50,6 +50,17 @@ _NVLINK_SRC = (
 PRESETS: dict[str, Hardware] = {
     h.name: h
     for h in (
+        Hardware(
+            "a100",
+            312e12,
+            80 * GB,
+            300 * GB,
+            5e-6,
+            25 * GB,
+            8,
+            "NVIDIA A100 datasheet: NVLink 3 300 GB/s per direction, 312 TFLOP/s dense bf16, "
+            "80 GB; HDR 200 Gb/s per GPU across nodes",
+        ),
         Hardware("h100", 989e12, 80 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC),
         Hardware("h200", 989e12, 141 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC),
         Hardware(
@@ -98,8 +109,8 @@ PRESETS: dict[str, Hardware] = {
 
 
 def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
-    """A preset by name (``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e``),
-    with any field overridden, e.g. ``hardware("h100", link_bandwidth=370e9)``.
+    """A preset by name (``a100``, ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``,
+    ``tpu-v6e``), with any field overridden, e.g. ``hardware("h100", link_bandwidth=370e9)``.
 
     >>> hardware("h100", memory_bytes=40e9).memory_bytes
     40000000000.0

@@ -15,6 +15,7 @@ def run_audit_command(
     *,
     devices: int | None = None,
     console: Any = None,
+    target: str | None = None,
     by_scope: bool = False,
 ) -> int:
     """Audits a built-in demo, prints its table, optionally writes JSON; returns 0.
@@ -27,6 +28,8 @@ def run_audit_command(
         devices: simulated CPU devices to ask for (per process in a multi-process run);
             None: enough for the mesh, at least 8, if JAX has not started yet.
         console: a rich Console to print to (default: stdout).
+        target: compile for this target's devices with its own compiler (``"h100"``);
+            None or ``"cpu"``: simulated CPU devices.
         by_scope: print the totals per scope (``Audit.by_scope``) instead of one row per
             collective.
 
@@ -37,14 +40,21 @@ def run_audit_command(
     from shardscope._src.audit.compile import audit
     from shardscope._src.base.io import write_result
     from shardscope._src.render.audit import render_audit
-    from shardscope._src.sharding.demos import get_demo
+    from shardscope._src.sharding.demos import DEFAULT_MESH, get_demo
 
     if mesh_spec is not None and not mesh_spec.strip():
         raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'dp=2,model=4'")
-    ensure_devices_for(mesh_spec, devices)
+    from shardscope._src.base.targets import CPU, get_target
+    from shardscope._src.target_mesh import target_mesh
+
+    mesh: Any = mesh_spec
+    if target is not None and get_target(target).family != CPU:
+        mesh = target_mesh(target, mesh_spec or DEFAULT_MESH)
+    else:
+        ensure_devices_for(mesh_spec, devices)
     import jax
 
-    program = get_demo(demo, mesh_spec)
+    program = get_demo(demo, mesh)
     result = audit(program)
     if jax.process_index() != 0:
         return 0  # every process compiles the same program; process 0 reports it
@@ -56,5 +66,5 @@ def run_audit_command(
     )
     if json_path is not None:
         data = {"demo": program.name, "description": program.description, **result.to_dict()}
-        write_result(json_path, data, backend=jax.default_backend())
+        write_result(json_path, data, backend=result.backend or jax.default_backend())
     return 0

@@ -45,6 +45,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_file_path(args.json)
     mesh = args.mesh or args.default_mesh
+    target = _audit_target(args)
+    if target is not None:
+        if args.json is not None and args.json == STDOUT:
+            from shardscope._src.render.console import output_console
+
+            return _run_audit_program(args, args.json, output_console(stderr=True), target)
+        return _run_audit_program(args, args.json, None, target)
     if mesh and args.devices and args.num_processes is None and not args.distributed:
         import math
 
@@ -70,6 +77,35 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         json_path, console = None, Console(quiet=True)
+    return _run_audit_program(args, json_path, console, None)
+
+
+def _audit_target(args: argparse.Namespace) -> str | None:
+    """The GPU/TPU target of ``audit --target``, or None for simulated CPU devices."""
+    if getattr(args, "compile_target", None) is None:
+        return None
+    from shardscope._src.base.errors import TargetError
+    from shardscope._src.base.targets import CPU, get_target
+
+    t = get_target(args.compile_target)
+    if t.family == CPU:
+        return None
+    if args.devices is not None:
+        raise TargetError(
+            f"--devices simulates CPU devices; with --target {t.name} the mesh alone sets the "
+            f"device count: drop --devices"
+        )
+    if args.num_processes is not None or args.distributed:
+        raise TargetError(
+            f"--target {t.name} compiles in one process for devices it does not have: drop "
+            f"the multi-process options"
+        )
+    return t.name
+
+
+def _run_audit_program(
+    args: argparse.Namespace, json_path: str | None, console: Any, target: str | None
+) -> int:
     if args.program == "program":
         from shardscope._src.cli.program import run_audit_program
 
@@ -92,7 +128,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         from shardscope._src.cli.audit import run_audit_command
 
         return run_audit_command(
-            "reshard", args.mesh, json_path, console=console, by_scope=args.by_scope
+            "reshard",
+            args.mesh,
+            json_path,
+            console=console,
+            by_scope=args.by_scope,
+            target=target,
         )
     if args.program == "matmul":
         from shardscope._src.cli.transformer import run_matmul_command
@@ -109,6 +150,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             json_path,
             hints=args.hints,
             console=console,
+            target=target,
             by_scope=args.by_scope,
         )
     from shardscope._src.cli.transformer import run_transformer_command
@@ -129,11 +171,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         hints=args.hints,
         console=console,
+        target=target,
         by_scope=args.by_scope,
     )
 
 
 def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from shardscope._src.base.targets import TARGETS
     from shardscope._src.sharding.strategies import STRATEGIES
 
     audit = sub.add_parser(
@@ -175,6 +219,17 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         )
         add_distributed_options(p)
         p.set_defaults(run=_cmd_audit, default_mesh=default_mesh)
+
+    def compile_target(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--target",
+            dest="compile_target",
+            default=None,
+            choices=list(TARGETS),
+            metavar="TARGET",
+            help="compile for this hardware with its own compiler, on devices it does not "
+            f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
+        )
 
     def hints(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -218,6 +273,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "matrix sharded on rows over 'model'.",
     )
     common(mm, "model=8")
+    compile_target(mm)
     mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
     mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
     mm.add_argument(
@@ -240,6 +296,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
     )
     common(rs, "model=8")
+    compile_target(rs)
 
     tf = programs.add_parser(
         "transformer",
@@ -248,6 +305,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "strategy and compare with the minimum communication for it, per axis and kind.",
     )
     common(tf, None)
+    compile_target(tf)
     tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
     tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
     tf.add_argument("--mode", choices=["forward", "train"], default="forward")
@@ -309,6 +367,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         png_path=args.png,
         report_path=args.report,
         top=args.top,
+        compiler=args.compiler,
+        target_plans=args.target_plans,
     )
 
 
@@ -440,6 +500,20 @@ def _add_plan_parser(sub: Any) -> None:
         default=None,
         metavar="N",
         help="compile in N worker processes (0: in this process; default: auto)",
+    )
+    p.add_argument(
+        "--compiler",
+        default=None,
+        choices=["cpu", *PRESETS],
+        help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
+        "own compiler (deviceless) compiles the leading plans after a CPU screening",
+    )
+    p.add_argument(
+        "--target-plans",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="how many leading plans the hardware's compiler compiles (default 3)",
     )
     p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
     p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
@@ -669,6 +743,9 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(args_list)
         if args.command is None:  # pragma: no cover - argparse enforces it
             parser.error("a command is required")
+        from shardscope._src.base.deviceless import start_jax
+
+        start_jax()  # JAX and its accelerator plugins, without their start-up chatter
         run: Callable[[argparse.Namespace], int] = args.run
         return run(args)
     except UsageError as e:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.targets import TARGETS
 
 
 def _ensure_devices(devices: int) -> None:
@@ -36,6 +37,8 @@ def run_plan_command(
     top: int | None = None,
     console: Any = None,
     progress_console: Any = None,
+    compiler: str | None = None,
+    target_plans: int = 3,
 ) -> int:
     """Plans, prints the ranked table, writes the requested files; returns 0.
 
@@ -43,6 +46,9 @@ def run_plan_command(
         model: a preset name, or None with ``dims`` (``d_model``, ``heads``, ``ff``,
             ``layers``, ``vocab``) giving the shape; dims also override a preset.
         devices: accelerators to plan for.
+        compiler: ``"cpu"``, or the hardware's own target whose compiler compiles the
+            ``target_plans`` leading plans after the CPU screening; None: the hardware's own
+            when the hardware is a target (every preset is), else ``"cpu"``.
         json_path, png_path, report_path: where to write ``PlanResult.to_dict()``, the
             memory-vs-communication chart and the Markdown report (each atomically).
         console: a rich Console for the tables (default stdout); ``progress_console`` for
@@ -110,6 +116,8 @@ def run_plan_command(
             flash_attention=flash_attention,
             workers=workers,
             progress=progress,
+            compiler=_default_compiler(hardware) if compiler is None else compiler,
+            target_plans=target_plans,
             **dict(dims or {}),
         )
     finally:
@@ -118,7 +126,8 @@ def run_plan_command(
     render_plan(result, console=console, top=top, empty_reason=False)
     written = []
     if json_path:
-        written.append(write_result(json_path, result.to_dict(), backend="cpu"))
+        backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
+        written.append(write_result(json_path, result.to_dict(), backend=backend))
     if png_path:
         written.append(plot_plans(result, png_path))
     if report_path:
@@ -131,3 +140,14 @@ def run_plan_command(
     if not result.plans:
         raise PlanError(result.empty_reason or "no plan")
     return 0
+
+
+def _default_compiler(hardware: str) -> str:
+    """The hardware preset's own compiler (``plan --hardware h100`` compiles for H100s) when
+    it is installed; else the CPU backend alone, and the plan's notes say how to add it."""
+    from shardscope._src.base.deviceless import compiler_installed
+
+    name = str(hardware).lower()
+    if name in TARGETS and compiler_installed(name):
+        return name
+    return "cpu"

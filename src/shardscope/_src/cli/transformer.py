@@ -47,6 +47,7 @@ def run_transformer_command(
     dtype: str | None = None,
     hints: bool = True,
     console: Any = None,
+    target: str | None = None,
     by_scope: bool = False,
 ) -> int:
     """Audits the reference transformer under ``strategy`` and prints its verdict; returns 0.
@@ -60,6 +61,8 @@ def run_transformer_command(
         json_path: where to write the report as JSON (atomically), or None.
         mode: ``"forward"`` or ``"train"``; impl: ``"jit"`` or ``"shard_map"``.
         constraints: keep the strategy's activation constraints (False shows their worth).
+        target: compile for this target's devices with its own compiler (``"h100"``,
+            ``"tpu-v5p"``); None or ``"cpu"``: simulated CPU devices.
 
     Raises:
         ShardscopeError: unknown strategy, bad mesh, or a strategy that does not fit the
@@ -87,9 +90,9 @@ def run_transformer_command(
     }
     config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None})
     s.bind(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
-    ensure_devices_for(mesh_spec)
+    mesh = _mesh_for(mesh_spec, target)
     report = transformer_verdict(
-        s, config, mesh_spec, mode=mode, impl=impl, constraints=constraints, hints=hints
+        s, config, mesh, mode=mode, impl=impl, constraints=constraints, hints=hints
     )
     out = _console(console)
     render_audit(
@@ -100,8 +103,20 @@ def run_transformer_command(
     )
     render_verdict(report.verdict, console=out)
     if json_path is not None:
-        write_result(json_path, report.to_dict(), backend=_backend())
+        write_result(json_path, report.to_dict(), backend=report.audit.backend or _backend())
     return 0
+
+
+def _mesh_for(mesh_spec: str, target: str | None) -> Any:
+    """The mesh description itself on simulated CPU devices, or a mesh of a target's
+    compile-only devices."""
+    from shardscope._src.base.targets import CPU, get_target
+    from shardscope._src.target_mesh import target_mesh
+
+    if target is None or get_target(target).family == CPU:
+        ensure_devices_for(mesh_spec)
+        return mesh_spec
+    return target_mesh(target, mesh_spec)
 
 
 def run_matmul_command(
@@ -117,6 +132,7 @@ def run_matmul_command(
     *,
     hints: bool = True,
     console: Any = None,
+    target: str | None = None,
     by_scope: bool = False,
 ) -> int:
     """Audits ``C[m,n] = A[m,k] @ B[k,n]`` with the given specs and prints its verdict.
@@ -135,8 +151,8 @@ def run_matmul_command(
     if mesh_spec is None:
         raise MeshSpecError("--mesh is required, e.g. --mesh model=8")
     matmul_problem(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)  # bad input first
-    ensure_devices_for(mesh_spec)
-    report = matmul_verdict(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec, hints=hints)
+    mesh = _mesh_for(mesh_spec, target)
+    report = matmul_verdict(mesh, m, k, n, dtype, a_spec, b_spec, out_spec, hints=hints)
     out = _console(console)
     render_audit(
         report.audit,
@@ -147,5 +163,5 @@ def run_matmul_command(
     )
     render_verdict(report.verdict, console=out)
     if json_path is not None:
-        write_result(json_path, report.to_dict(), backend=_backend())
+        write_result(json_path, report.to_dict(), backend=report.audit.backend or _backend())
     return 0

@@ -239,8 +239,9 @@ def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollectiv
     compiled_rs = {c.axes for c in collectives if c.kind == REDUCE_SCATTER}
     if bound_rs - compiled_rs:
         notes.append(
-            "CPU backend: all-reduce + slice where a reduce-scatter suffices (GPU/TPU form "
-            "it), so the compiled bytes exceed the bound"
+            "CPU backend: all-reduce + slice where a reduce-scatter suffices (the GPU "
+            "compiler forms one; the TPU compiler was seen to all-reduce too), so the "
+            "compiled bytes exceed the bound"
         )
     if facts.rematerializations:
         notes.append(
@@ -369,6 +370,8 @@ def plan(
     dtype: str = "bfloat16",
     workers: int | None = None,
     progress: Progress | None = None,
+    compiler: str = "cpu",
+    target_plans: int = 3,
     **dims: int | None,
 ) -> PlanResult:
     """Plans ``model`` on ``devices`` accelerators: every strategy and mesh, compiled and ranked.
@@ -392,6 +395,14 @@ def plan(
             can, else one worker (:func:`default_workers`), so that the caller's JAX is never
             reconfigured.
         progress: called as ``progress(done, total, label)`` while compiling.
+        compiler: ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
+            or the hardware's own target (``"h100"``, ``"tpu-v5p"``, see
+            ``shardscope.TARGETS``): every candidate is screened on the CPU compiler, then
+            leading ones are compiled again by the target's compiler, deviceless, until
+            ``target_plans`` of them fit (at most ``3 * target_plans`` compiles). Those plans
+            take their collectives, memory per device and fit from that compile
+            (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
+            chosen among them.
 
     Returns:
         A :class:`PlanResult`: ``plans`` ranked by estimated step time (plans that do not fit
@@ -427,6 +438,7 @@ def plan(
         if name not in STRATEGIES:
             raise PlanError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     hw = get_hardware(hardware, **dict(hardware_overrides or {}))
+    compiler = _check_compiler(compiler, hw, devices, target_plans)
     model_name, config = resolve_config(
         model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims
     )
@@ -520,6 +532,18 @@ def plan(
             tuple(p.mesh.values()),
         ),
     )
+    if compiler != "cpu":
+        order = _on_target(order, bound_of, config, mode, hw, compiler, target_plans, progress)
+        order = sorted(
+            order,
+            key=lambda p: (
+                not p.fits,
+                p.step_time_s,
+                p.memory.total,
+                names.index(p.strategy),
+                tuple(p.mesh.values()),
+            ),
+        )
     front = _pareto(order)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     # One validation per strategy, on its best plan: the issue's DP, FSDP and TP, and the rest.
@@ -541,12 +565,114 @@ def plan(
         plans=ranked,
         skipped=tuple(skipped),
         validations=validations,
-        notes=tuple(_result_notes(config, hw, ranked)),
+        notes=tuple(_result_notes(config, hw, ranked) + _compiler_notes(compiler, ranked, hw)),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
         candidates=len(all_candidates),
+        compiler=compiler,
     )
     return result
+
+
+def _compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[str]:
+    if compiler == "cpu":
+        from shardscope._src.base.deviceless import compiler_installed
+        from shardscope._src.base.targets import TARGETS
+
+        own = TARGETS.get(hw.name)
+        if own is not None and own.extra and not compiler_installed(own):
+            return [
+                f"every plan was compiled by the CPU backend; pip install "
+                f"'shardscope[{own.extra}]' to compile the leading plans with the {own.name} "
+                f"compiler (deviceless) and judge their fit from its buffer assignment"
+            ]
+        return []
+    by_target = [str(p.rank) for p in plans if p.compiled_by == compiler]
+    return [
+        f"plans ranked {', '.join(by_target)} were compiled again by the {compiler} compiler "
+        f"(deviceless): their fit is judged from its buffer assignment and their "
+        f"communication is its collectives; the other plans are the CPU compiler's screening"
+    ]
+
+
+def _check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int) -> str:
+    """The compiler's target name, once it can compile for ``devices`` of ``hw``."""
+    from shardscope._src.base.deviceless import require_compiler
+    from shardscope._src.base.targets import CPU, get_target, topology
+
+    t = get_target(compiler)
+    if t.family == CPU:
+        return t.name
+    if t.hardware != hw.name:
+        raise PlanError(
+            f"compiler {t.name!r} compiles for {t.hardware} devices but the plan is for "
+            f"{hw.name}; use compiler={hw.name!r} (--compiler {hw.name}) or 'cpu'"
+        )
+    if isinstance(target_plans, bool) or not isinstance(target_plans, int) or target_plans < 1:
+        raise PlanError(f"target_plans={target_plans!r}: must be a positive whole number")
+    require_compiler(t)
+    topology(t, devices)  # a device count the target is not built with fails here
+    return t.name
+
+
+def _on_target(
+    order: list[Plan],
+    bound_of: dict[int, Any],
+    config: ModelConfig,
+    mode: str,
+    hw: Hardware,
+    target: str,
+    leading: int,
+    progress: Progress | None,
+) -> list[Plan]:
+    """The leading plans compiled again by the target's compiler, in the screening's order,
+    until ``leading`` of them fit the device memory by its buffer assignment (or ``3 x
+    leading`` are compiled, or the list ends); the rest kept as screened."""
+    from shardscope._src.plan.target import target_facts
+
+    out: list[Plan] = []
+    fitting = 0
+    budget = min(len(order), 3 * leading)
+    for i, p in enumerate(order[:budget], start=1):
+        if fitting >= leading:
+            break
+        cand = Candidate(p.strategy, tuple(p.mesh.items()))
+        facts = target_facts(cand, config, mode, target)
+        bound = bound_of[id(p)]
+        from shardscope._src.base.comm import format_bytes
+
+        if facts.error is None:
+            note = (
+                f"compiled by the {target} compiler: {format_bytes(facts.memory_bytes_per_device)}"
+                f" per device in its buffer assignment (analytic estimate "
+                f"{format_bytes(p.memory.total)})"
+            )
+        else:
+            note = f"compiled by the {target} compiler: {facts.error}"
+        kept = tuple(n for n in p.notes if not n.startswith("CPU backend"))
+        changes: dict[str, Any] = {
+            "notes": (note, *kept),
+            "compiled_by": target,
+            "target_memory": dict(facts.memory) if facts.error is None else None,
+            "target_error": facts.error,
+            "target_optimal_seconds": facts.optimal_seconds,
+            "timing": {**p.timing, "target_compile_s": facts.compile_s},
+        }
+        if facts.error is None:
+            comm = _axis_comm(hw, p.mesh, facts.collectives, bound)
+            changes.update(
+                collectives=facts.collectives,
+                comm=comm,
+                comm_time_s=sum(a.time_s for a in comm),
+                exact=facts.exact,
+            )
+        q = replace(p, **changes)
+        bound_of[id(q)] = bound
+        out.append(q)
+        fitting += q.fits
+        if progress:
+            progress(i, budget, f"{p.label} on {target}")
+    return out + order[len(out) :]
 
 
 def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> list[str]:

@@ -198,6 +198,15 @@ class Plan:
     analysis_s: float = 0.0
     timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
+    #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the
+    #: screening compile), or a target's (``"h100"``, ``"tpu-v5p"``).
+    compiled_by: str = "cpu"
+    #: The target compiler's buffer assignment per device (None when compiled by cpu, or
+    #: when it found the program does not fit: ``target_error`` has its words).
+    target_memory: Mapping[str, int] | None = None
+    target_error: str | None = None
+    #: The TPU compiler's own estimate of the step's seconds (None elsewhere).
+    target_optimal_seconds: float | None = None
 
     @property
     def mesh_spec(self) -> str:
@@ -224,7 +233,25 @@ class Plan:
         )
 
     @property
+    def target_memory_bytes_per_device(self) -> int | None:
+        """The target's buffer assignment: arguments + outputs + temporaries - aliased."""
+        m = self.target_memory
+        if m is None:
+            return None
+        return (
+            m.get("argument_size_in_bytes", 0)
+            + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0)
+            - m.get("alias_size_in_bytes", 0)
+        )
+
+    @property
     def fits(self) -> bool:
+        """Judged from the target compiler's memory when it compiled the plan, else from the
+        analytic estimate."""
+        if self.compiled_by != "cpu":
+            target = self.target_memory_bytes_per_device
+            return target is not None and target <= self.memory_limit_bytes
         return self.memory.total <= self.memory_limit_bytes
 
     @property
@@ -281,6 +308,11 @@ class Plan:
             "notes": list(self.notes),
             "analysis_s": self.analysis_s,
             "timing": dict(self.timing),
+            "compiled_by": self.compiled_by,
+            "target_memory_bytes_per_device": self.target_memory_bytes_per_device,
+            "target_memory": None if self.target_memory is None else dict(self.target_memory),
+            "target_error": self.target_error,
+            "target_optimal_seconds": self.target_optimal_seconds,
         }
 
 
@@ -301,11 +333,21 @@ class PlanResult:
     wall_s: float = 0.0
     workers: int = 0
     candidates: int = field(default=0)
+    #: ``"cpu"``, or the target whose compiler compiled the leading plans (``compiled_by``).
+    compiler: str = "cpu"
 
     @property
     def best(self) -> Plan | None:
-        """The fastest plan that fits the device memory (None when none fits)."""
-        return next((p for p in self.plans if p.fits), None)
+        """The fastest plan that fits the device memory (None when none fits); with a target
+        compiler, the fastest of the plans it compiled and found to fit."""
+        return next(
+            (
+                p
+                for p in self.plans
+                if p.fits and (self.compiler == "cpu" or p.compiled_by == self.compiler)
+            ),
+            None,
+        )
 
     @property
     def fit_note(self) -> str | None:
@@ -314,6 +356,23 @@ class PlanResult:
             return None
         from shardscope._src.base.comm import format_bytes
 
+        compiled = [p for p in self.plans if p.compiled_by == self.compiler != "cpu"]
+        sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
+        if compiled and not sized:
+            return (
+                f"no plan fits: the {self.compiler} compiler ran out of memory on each of the "
+                f"{len(compiled)} plans it compiled ({compiled[0].label}: "
+                f"{compiled[0].target_error}); use more devices or a smaller batch or sequence"
+            )
+        if sized:
+            small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
+            return (
+                f"no plan the {self.compiler} compiler compiled fits: the smallest, "
+                f"{small.label}, needs {format_bytes(small.target_memory_bytes_per_device or 0)}"
+                f" per device in its buffer assignment, of the "
+                f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use "
+                f"more devices, a smaller batch or sequence, or --target-plans to compile more"
+            )
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
         return (
             f"no plan fits: the smallest, {small.label}, needs "
@@ -347,6 +406,7 @@ class PlanResult:
             "fit_note": self.fit_note,
             "notes": list(self.notes),
             "candidates": self.candidates,
+            "compiler": self.compiler,
             "wall_s": self.wall_s,
             "workers": self.workers,
         }

@@ -1,0 +1,225 @@
+"""Compile-only GPU and TPU devices, made on a machine that has neither.
+
+JAX's CUDA plugin and libtpu each give a *topology*: devices that programs can be compiled
+for but not run on. Both are optional installs (the ``gpu-compile`` and ``tpu-compile``
+extras). Three habits of theirs are handled here, each only where the user has not decided:
+
+* the CUDA plugin refuses to register on a host without a CUDA driver unless JAX is told to
+  skip its version check (or is limited to other platforms);
+* libtpu, started on a host without TPU chips, prints start-up errors unless it is told the
+  accelerator type and worker host names, and lets one process at a time load it;
+* both print harmless start-up lines from C++ ("Could not find cuda drivers on your machine",
+  absl's "before absl::InitializeLog()" notice), which are dropped while JAX loads its plugins
+  under :func:`quiet_plugin_start`. Everything else they print is passed on.
+
+Environment variables are only ever set when unset, and only the ones named here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from shardscope._src.base.errors import TargetError
+from shardscope._src.base.targets import (
+    GPU,
+    GPU_SPECS,
+    TPU,
+    Target,
+    Topology,
+    get_target,
+    topology,
+)
+
+#: Lines the accelerator plugins print on every start on a host without the accelerator.
+_START_UP_NOISE = (
+    "Could not find cuda drivers on your machine",
+    "All log messages before absl::InitializeLog() is called are written to STDERR",
+)
+
+
+def _has_nvidia_gpu() -> bool:
+    return os.path.exists("/proc/driver/nvidia/version") or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def _has_tpu_chips() -> bool:
+    # Google's PCI vendor id: the check libtpu itself starts from.
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(path) as f:
+                if f.read().strip() == "0x1ae0":
+                    return True
+        except OSError:
+            continue
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def prepare_environment() -> None:
+    """Sets, where unset, what lets the plugins start quietly on a host without the chips.
+
+    On a host with an NVIDIA GPU or TPU chips nothing is set: JAX and libtpu find them as
+    usual, and the compile-only devices work beside the real ones.
+    """
+    if not _has_nvidia_gpu():
+        # The plugin's check that the installed CUDA libraries match the driver: without a
+        # driver it fails and the plugin (and so the compile-only GPU topology) is dropped.
+        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    if not _has_tpu_chips():
+        # libtpu asks the cloud metadata for these and logs errors when it finds none.
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        # libtpu takes a lock file (/tmp/libtpu_lockfile) so that one process owns the
+        # chips; with no chips, several processes may compile at once.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+@contextlib.contextmanager
+def quiet_plugin_start() -> Iterator[None]:
+    """Drops the plugins' known start-up lines from what C++ writes to stderr meanwhile."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, OSError, ValueError):  # no file descriptor 2: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(AttributeError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines = tmp.read().decode("utf-8", errors="replace").splitlines(keepends=True)
+            kept = "".join(x for x in lines if not any(n in x for n in _START_UP_NOISE))
+            if kept:
+                os.write(2, kept.encode())
+
+
+def start_jax() -> None:
+    """Imports JAX and registers its plugins with their start-up lines dropped.
+
+    Does not start a backend (no device is opened). Idempotent and cheap after the first call.
+    """
+    prepare_environment()
+    with quiet_plugin_start():
+        import jax  # noqa: F401
+
+        # JAX registers its plugins lazily, when the first backend or topology is asked
+        # for; there is no public call that only registers them.
+        from jax._src import xla_bridge  # private: see above
+
+        xla_bridge._discover_and_register_pjrt_plugins()
+
+
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def compiler_installed(target: str | Target) -> bool:
+    """Whether the target's compiler is installed (always, for ``cpu``)."""
+    return not _missing(get_target(target))
+
+
+def require_compiler(target: str | Target) -> Target:
+    """The target, once its compiler is installed; :class:`TargetError` naming the extra
+    that installs it otherwise."""
+    t = get_target(target)
+    missing = _missing(t)
+    if missing:
+        raise TargetError(
+            f"the {t.name} target compiles with {' and '.join(missing)}, which is not "
+            f"installed; install it with: pip install 'shardscope[{t.extra}]'"
+        )
+    return t
+
+
+def _missing(t: Target) -> list[str]:
+    if t.family == GPU:
+        missing = [
+            what
+            for what, module in (
+                ("the JAX CUDA plugin", "jax_plugins.xla_cuda12"),
+                ("the CUDA compiler (ptxas)", "nvidia.cuda_nvcc"),
+            )
+            if not _module_present(module)
+        ]
+    elif t.family == TPU:
+        missing = [] if _module_present("libtpu") else ["libtpu"]
+    else:
+        missing = []
+    return missing
+
+
+@functools.cache
+def _devices(topo: Topology) -> tuple[Any, ...]:
+    start_jax()
+    from jax.experimental import topologies
+
+    t = get_target(topo.target)
+    try:
+        with quiet_plugin_start():
+            if t.family == GPU:
+                assert t.preset is not None
+                desc = topologies.get_topology_desc(
+                    platform="cuda",
+                    target_config=GPU_SPECS[t.name].target_config(t.preset.memory_bytes),
+                    topology=topo.name,
+                )
+            else:
+                assert topo.chips_per_host is not None and topo.wrap is not None
+                desc = topologies.get_topology_desc(
+                    platform="tpu",
+                    topology_name=topo.name,
+                    chip_config_name=topo.chip_config,
+                    chips_per_host_bounds=topo.chips_per_host,
+                    num_slices=topo.slices,
+                    wrap=topo.wrap,
+                )
+    except NotImplementedError as e:  # the plugin did not register in this process
+        raise TargetError(
+            f"JAX has no {t.family.upper()} compiler registered in this process ({e}). JAX "
+            f"registers its plugins when it first starts; on a machine without a "
+            f"{t.family.upper()} set JAX_PLATFORMS=cpu before starting Python, or import "
+            f"shardscope before the first JAX computation"
+        ) from None
+    devices = tuple(desc.devices)
+    if len(devices) != topo.devices:
+        raise TargetError(
+            f"{t.name}: the {topo.name} topology gave {len(devices)} devices, not "
+            f"{topo.devices}"
+        )
+    _OWNER.update({id(d): t.name for d in devices})
+    return devices
+
+
+_OWNER: dict[int, str] = {}
+
+
+def target_devices(target: str | Target, devices: int) -> list[Any]:
+    """``devices`` compile-only devices of a GPU or TPU target, laid out as the vendor builds
+    them (:func:`~shardscope._src.base.targets.topology`). The same objects on every call."""
+    t = require_compiler(target)
+    if t.family not in (GPU, TPU):
+        raise TargetError(
+            "the cpu target's devices are simulated: use shardscope.use_cpu_devices(n) and "
+            "jax.devices('cpu')"
+        )
+    return list(_devices(topology(t, devices)))
+
+
+def target_of_device(device: Any) -> str | None:
+    """The target name a compile-only device was made for here, or None."""
+    return _OWNER.get(id(device))

@@ -1,0 +1,290 @@
+"""Compile targets: a hardware preset joined to the compiler that builds programs for it.
+
+``cpu`` is the CPU backend over simulated devices. The GPU and TPU targets are the real XLA
+GPU and TPU compilers run deviceless: JAX's CUDA plugin (given a description of the GPU) and
+libtpu give compile-only devices, and ``jax.jit(f).lower(...).compile()`` over a mesh of them
+produces the program the accelerator would run, with its own buffer assignment. Nothing here
+opens an accelerator.
+
+A GPU description is written from the vendor's datasheet and architecture whitepaper (the
+numbers below); the device memory is the hardware preset's, so the compiler and the planner
+judge fit against the same number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope._src.base.errors import TargetError
+from shardscope._src.base.hardware import PRESETS, Hardware
+
+CPU, GPU, TPU = "cpu", "gpu", "tpu"
+GPU_EXTRA, TPU_EXTRA = "gpu-compile", "tpu-compile"
+GPUS_PER_NODE = 8
+TPU_2D_SLICE = 256  # chips in the largest v5e / v6e slice (a 16 x 16 torus)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """What XLA's GPU compiler needs to know about one GPU (its ``GpuDeviceInfoProto``)."""
+
+    description: str  # the name the driver reports
+    compute_capability: tuple[int, int]
+    sm_count: int
+    fp32_lanes_per_sm: int
+    clock_ghz: float  # boost clock
+    memory_bandwidth: float  # bytes/s
+    l2_cache_bytes: int
+    shared_memory_per_sm: int
+    shared_memory_per_block_optin: int
+    source: str
+
+    def target_config(self, memory_bytes: float) -> str:
+        """The ``GpuTargetConfigProto`` text JAX's CUDA plugin compiles against."""
+        major, minor = self.compute_capability
+        return "\n".join(
+            [
+                "gpu_device_info {",
+                f"  cuda_compute_capability {{ major: {major} minor: {minor} }}",
+                f"  core_count: {self.sm_count}",
+                f"  fpus_per_core: {self.fp32_lanes_per_sm}",
+                f"  clock_rate_ghz: {self.clock_ghz}",
+                f"  device_memory_size: {int(memory_bytes)}",
+                f"  memory_bandwidth: {int(self.memory_bandwidth)}",
+                f"  l2_cache_size: {self.l2_cache_bytes}",
+                # Limits common to every CUDA GPU from compute capability 8.0 on.
+                "  threads_per_warp: 32",
+                "  threads_per_block_limit: 1024",
+                "  threads_per_core_limit: 2048",
+                "  block_dim_limit_x: 2147483647",
+                "  block_dim_limit_y: 65535",
+                "  block_dim_limit_z: 65535",
+                "  registers_per_core_limit: 65536",
+                "  registers_per_block_limit: 65536",
+                "  shared_memory_per_block: 49152",
+                f"  shared_memory_per_block_optin: {self.shared_memory_per_block_optin}",
+                f"  shared_memory_per_core: {self.shared_memory_per_sm}",
+                "}",
+                'platform_name: "CUDA"',
+                # The cuDNN the JAX CUDA plugin is built against (9.8 or later).
+                "dnn_version_info { major: 9 minor: 8 }",
+                f'device_description_str: "{self.description}"',
+                "",
+            ]
+        )
+
+
+KIB, MIB = 2**10, 2**20
+_AMPERE = "NVIDIA A100 datasheet and Ampere (GA100) architecture whitepaper"
+_HOPPER = "NVIDIA H100 datasheet and Hopper (GH100) architecture whitepaper"
+
+GPU_SPECS: dict[str, GpuSpec] = {
+    "a100": GpuSpec(
+        "NVIDIA A100-SXM4-80GB", (8, 0), 108, 64, 1.41, 2.039e12, 40 * MIB, 164 * KIB,
+        163 * KIB, _AMPERE + " (SXM4 80GB: 2,039 GB/s, 1,410 MHz boost)",
+    ),
+    "h100": GpuSpec(
+        "NVIDIA H100 80GB HBM3", (9, 0), 132, 128, 1.98, 3.35e12, 50 * MIB, 228 * KIB,
+        227 * KIB, _HOPPER + " (SXM5: 3.35 TB/s, 1,980 MHz boost)",
+    ),
+    "h200": GpuSpec(
+        "NVIDIA H200", (9, 0), 132, 128, 1.98, 4.8e12, 50 * MIB, 228 * KIB, 227 * KIB,
+        "NVIDIA H200 datasheet (SXM: 141 GB HBM3e at 4.8 TB/s) on the Hopper GH100 of the "
+        "H100 whitepaper",
+    ),
+    "b200": GpuSpec(
+        "NVIDIA B200", (10, 0), 148, 128, 1.965, 8e12, 126 * MIB, 228 * KIB, 227 * KIB,
+        "NVIDIA HGX B200 datasheet (8 TB/s per GPU) and Blackwell architecture technical brief",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """One TPU slice shape as libtpu names it (``v5:4x4x4``) and how its hosts are cut."""
+
+    topology: str
+    chips_per_host: tuple[int, int, int]
+    wrap: tuple[bool, bool, bool]
+
+
+@dataclass(frozen=True)
+class TpuGeneration:
+    prefix: str  # libtpu's topology prefix: "v5e", "v5", "v6e"
+    chip_config: str  # "megacore" (one device per chip over both cores) or "default"
+    slices: dict[int, TpuSlice]  # chips -> slice shape, as the vendor sells them
+    multislice: bool  # whether several largest slices may be joined over the network
+
+
+def _slices_2d(prefix: str) -> dict[int, TpuSlice]:
+    # Cloud TPU v5e / v6e slice shapes; a slice wraps a dimension only once it spans 16 chips.
+    shapes = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8),
+              128: (8, 16), 256: (16, 16)}
+    out = {}
+    for n, (a, b) in shapes.items():
+        host = (1, 1, 1) if n == 1 else (2, 2, 1)
+        out[n] = TpuSlice(f"{prefix}:{a}x{b}", host, (a == 16, b == 16, False))
+    return out
+
+
+def _slices_v5p() -> dict[int, TpuSlice]:
+    # Cloud TPU v5p: a 3-D torus, wrapped in every dimension from a full 4x4x4 cube on.
+    shapes = [(2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8), (4, 8, 8),
+              (8, 8, 8), (8, 8, 16), (8, 16, 16), (16, 16, 16)]
+    out = {}
+    for s in shapes:
+        wrap = min(s) >= 4
+        out[math.prod(s)] = TpuSlice("v5:" + "x".join(map(str, s)), (2, 2, 1), (wrap,) * 3)
+    return out
+
+
+TPU_GENERATIONS: dict[str, TpuGeneration] = {
+    "tpu-v5e": TpuGeneration("v5e", "default", _slices_2d("v5e"), True),
+    "tpu-v6e": TpuGeneration("v6e", "default", _slices_2d("v6e"), True),
+    "tpu-v5p": TpuGeneration("v5", "megacore", _slices_v5p(), False),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A hardware preset and the compiler that builds programs for it.
+
+    Attributes:
+      name: ``"cpu"``, ``"h100"``, ``"tpu-v5p"``...
+      family: ``"cpu"``, ``"gpu"`` or ``"tpu"`` (the backend its programs are compiled by).
+      hardware: the preset the planner's estimates use (None for ``cpu``).
+      extra: the package extra that installs its compiler (None for ``cpu``).
+      description: what the devices are, in words.
+    """
+
+    name: str
+    family: str
+    hardware: str | None
+    extra: str | None
+    description: str
+
+    @property
+    def preset(self) -> Hardware | None:
+        return PRESETS.get(self.hardware) if self.hardware else None
+
+    def device_counts(self) -> str:
+        """The device counts this target can be built with, in words."""
+        if self.family == GPU:
+            return (
+                f"1 to {GPUS_PER_NODE} (one node), or a multiple of {GPUS_PER_NODE} "
+                f"({GPUS_PER_NODE} GPUs per node)"
+            )
+        if self.family == TPU:
+            gen = TPU_GENERATIONS[self.name]
+            counts = ", ".join(str(n) for n in gen.slices)
+            text = f"{counts} chips (one slice)"
+            if gen.multislice:
+                text += f", or a multiple of {max(gen.slices)} (several slices)"
+            return text
+        return "1 to 2048 (simulated CPU devices)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "family": self.family,
+            "hardware": self.hardware,
+            "extra": self.extra,
+            "description": self.description,
+        }
+
+
+def _targets() -> dict[str, Target]:
+    out = {"cpu": Target("cpu", CPU, None, None, "the CPU backend over simulated devices")}
+    for name, spec in GPU_SPECS.items():
+        out[name] = Target(name, GPU, name, GPU_EXTRA, spec.description + " (XLA GPU compiler)")
+    for name, label in (("tpu-v5e", "TPU v5e"), ("tpu-v5p", "TPU v5p"), ("tpu-v6e", "TPU v6e")):
+        out[name] = Target(name, TPU, name, TPU_EXTRA, label + " (XLA TPU compiler, libtpu)")
+    return out
+
+
+#: Every target by name.
+TARGETS: dict[str, Target] = _targets()
+
+
+def get_target(name: str | Target) -> Target:
+    """A target by name (``cpu``, ``a100``, ``h100``, ``h200``, ``b200``, ``tpu-v5e``,
+    ``tpu-v5p``, ``tpu-v6e``)."""
+    if isinstance(name, Target):
+        return name
+    found = TARGETS.get(str(name).strip().lower())
+    if found is None:
+        raise TargetError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}")
+    return found
+
+
+# --- compile-only devices -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How ``n`` devices of a target are laid out: nodes of 8 GPUs, or TPU slices."""
+
+    target: str
+    devices: int
+    name: str  # "1x2x8" (slices x nodes x GPUs per node) or "v5:4x4x4"
+    slices: int = 1
+    chip_config: str | None = None
+    chips_per_host: tuple[int, int, int] | None = None
+    wrap: tuple[bool, bool, bool] | None = None
+
+    @property
+    def nodes(self) -> int:
+        """GPU nodes, or TPU slices: the groups joined by the slower network."""
+        if self.chip_config is None:
+            return int(self.name.split("x")[1])
+        return self.slices
+
+    def describe(self) -> str:
+        if self.chip_config is None:
+            nodes = self.nodes
+            return f"{self.devices} GPU" + ("s" if self.devices > 1 else "") + (
+                f" in {nodes} nodes of {GPUS_PER_NODE}" if nodes > 1 else " in one node"
+            )
+        shape = self.name.split(":")[1]
+        chips = f"{self.devices} chip" + ("s" if self.devices > 1 else "")
+        if self.slices > 1:
+            return f"{self.slices} slices of {shape} ({chips})"
+        return f"one {shape} slice ({chips})"
+
+
+def topology(target: str | Target, devices: int) -> Topology:
+    """The node or slice layout a vendor builds ``devices`` devices of ``target`` as.
+
+    Raises :class:`TargetError` for a count the target cannot be built with, naming those
+    it can.
+    """
+    t = get_target(target)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise TargetError(f"device count must be a positive integer, got {devices!r}")
+    if t.family == GPU:
+        if devices <= GPUS_PER_NODE:
+            return Topology(t.name, devices, f"1x1x{devices}")
+        if devices % GPUS_PER_NODE == 0:
+            return Topology(t.name, devices, f"1x{devices // GPUS_PER_NODE}x{GPUS_PER_NODE}")
+    elif t.family == TPU:
+        gen = TPU_GENERATIONS[t.name]
+        largest = max(gen.slices)
+        n_slices = 1
+        one = gen.slices.get(devices)
+        if one is None and gen.multislice and devices % largest == 0:
+            n_slices, one = devices // largest, gen.slices[largest]
+        if one is not None:
+            return Topology(
+                t.name, devices, one.topology, n_slices, gen.chip_config, one.chips_per_host,
+                one.wrap,
+            )
+    else:
+        raise TargetError(
+            "the cpu target has no topology: its devices are simulated "
+            "(shardscope.use_cpu_devices)"
+        )
+    raise TargetError(
+        f"{t.name} cannot be built with {devices} devices; it comes as {t.device_counts()}"
+    )

@@ -1,0 +1,87 @@
+"""Meshes of a target's devices: ``target_mesh("h100", "data=8,model=8")``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from shardscope._src.base.deviceless import target_devices, target_of_device
+from shardscope._src.base.errors import MeshSpecError, TargetError
+from shardscope._src.base.targets import CPU, TPU, Target, get_target, topology
+from shardscope._src.mesh import format_mesh_spec, make_mesh, parse_mesh_spec
+
+
+def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
+    """A ``jax.sharding.Mesh`` of a target's devices, for compiling (not running) programs.
+
+    The devices are the target's compile-only devices, as many as the mesh holds, laid out
+    as the vendor builds that many (8 GPUs per node; TPU slices per generation). GPU devices
+    fill the mesh node by node, so the last axes stay inside a node; TPU devices are placed
+    on the torus as ``jax.make_mesh`` places real ones (several slices: the first axis spans
+    them). ``cpu`` gives a mesh of simulated CPU devices (:func:`shardscope.use_cpu_devices`).
+
+    >>> mesh = target_mesh("h100", "data=8,model=8")  # doctest: +SKIP
+    >>> jax.jit(f).lower(*abstract_args).compile()  # doctest: +SKIP
+
+    Raises:
+        TargetError: an unknown target, its compiler not installed (names the extra), or a
+            device count it cannot be built with (names those it can).
+        MeshSpecError: a bad description.
+    """
+    import numpy as np
+    from jax.sharding import Mesh
+
+    t = get_target(target)
+    axes = parse_mesh_spec(spec)
+    if t.family == CPU:
+        return make_mesh(axes)
+    n = math.prod(axes.values())
+    topo = topology(t, n)
+    devices = target_devices(t, n)
+    shape = tuple(axes.values())
+    grid: Any = None
+    if t.family == TPU:
+        from jax.experimental import mesh_utils
+
+        try:
+            if topo.slices > 1:
+                if shape[0] % topo.slices:
+                    raise MeshSpecError(
+                        f"{t.name} with {n} chips is {topo.describe()}; the first mesh axis "
+                        f"spans the slices, so its size must be a multiple of {topo.slices}, "
+                        f"got {format_mesh_spec(axes)!r}"
+                    )
+                ici = (shape[0] // topo.slices, *shape[1:])
+                dcn = (topo.slices,) + (1,) * (len(shape) - 1)
+                grid = mesh_utils.create_hybrid_device_mesh(
+                    ici, dcn, devices, allow_split_physical_axes=True
+                )
+            else:
+                grid = mesh_utils.create_device_mesh(
+                    shape, devices, allow_split_physical_axes=True
+                )
+        except (NotImplementedError, AssertionError, ValueError) as e:
+            if isinstance(e, MeshSpecError):
+                raise
+            grid = None  # no torus-aware placement for this shape: devices in id order
+    if grid is None:
+        grid = np.array(devices, dtype=object).reshape(shape)
+    return Mesh(grid, tuple(axes))
+
+
+def check_mesh_target(mesh: Any, target: str | Target) -> Target:
+    """The target, once every device of ``mesh`` is one of its devices."""
+    t = get_target(target)
+    names = {target_of_device(d) for d in mesh.devices.flat}
+    if t.family == CPU:
+        ok = all(getattr(d, "platform", None) == "cpu" for d in mesh.devices.flat)
+    else:
+        ok = names == {t.name}
+    if not ok:
+        kinds = sorted({str(getattr(d, "device_kind", d)) for d in mesh.devices.flat})
+        raise TargetError(
+            f"the mesh's devices ({', '.join(kinds)}) are not {t.name} devices; build the mesh "
+            f"with shardscope.target_mesh({t.name!r}, ...) or give target= a matching name"
+        )
+    return t

@@ -1,0 +1,291 @@
+"""Compile targets: the real XLA GPU and TPU compilers, run deviceless.
+
+The live compiles are few and small (each GPU compile well under a second, each TPU compile a
+few seconds on 2 cores); the rest checks the target records, the topologies chosen for a
+device count and the errors, without compiling.
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardscope
+from helpers import assert_usage_error
+from shardscope._src.base import deviceless
+from shardscope._src.base.targets import GPU_SPECS, TARGETS, topology
+
+
+def test_targets_join_a_preset_and_its_compiler():
+    assert list(TARGETS) == [
+        "cpu", "a100", "h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"
+    ]
+    assert shardscope.TARGETS is TARGETS
+    for name, t in TARGETS.items():
+        if name == "cpu":
+            assert (t.family, t.hardware, t.extra) == ("cpu", None, None)
+            continue
+        assert t.preset is not None and t.preset.name == name
+        assert t.extra == {"gpu": "gpu-compile", "tpu": "tpu-compile"}[t.family]
+
+
+@pytest.mark.parametrize(
+    "target,devices,name,nodes",
+    [
+        ("h100", 1, "1x1x1", 1),
+        ("h100", 8, "1x1x8", 1),
+        ("h100", 64, "1x8x8", 8),
+        ("b200", 1024, "1x128x8", 128),
+    ],
+    ids=["h100-1", "h100-8", "h100-64", "b200-1024"],
+)
+def test_gpus_come_in_nodes_of_8(target, devices, name, nodes):
+    topo = topology(target, devices)
+    assert (topo.name, topo.nodes, topo.devices) == (name, nodes, devices)
+
+
+@pytest.mark.parametrize(
+    "target,devices,name,slices,wrap",
+    [
+        ("tpu-v5p", 8, "v5:2x2x2", 1, (False, False, False)),
+        ("tpu-v5p", 64, "v5:4x4x4", 1, (True, True, True)),
+        ("tpu-v5p", 1024, "v5:8x8x16", 1, (True, True, True)),
+        ("tpu-v5e", 8, "v5e:2x4", 1, (False, False, False)),
+        ("tpu-v5e", 256, "v5e:16x16", 1, (True, True, False)),
+        ("tpu-v6e", 512, "v6e:16x16", 2, (True, True, False)),
+    ],
+    ids=["v5p-8", "v5p-64", "v5p-1024", "v5e-8", "v5e-256", "v6e-512"],
+)
+def test_tpu_slices_per_generation(target, devices, name, slices, wrap):
+    topo = topology(target, devices)
+    assert (topo.name, topo.slices, topo.wrap) == (name, slices, wrap)
+
+
+def test_topologies_describe_themselves_in_words():
+    assert topology("h100", 1).describe() == "1 GPU in one node"
+    assert topology("h100", 64).describe() == "64 GPUs in 8 nodes of 8"
+    assert topology("tpu-v5e", 1).describe() == "one 1x1 slice (1 chip)"
+    assert topology("tpu-v6e", 1024).describe() == "4 slices of 16x16 (1024 chips)"
+
+
+@pytest.mark.parametrize(
+    "target,devices,words",
+    [
+        ("h100", 12, "1 to 8 (one node), or a multiple of 8"),
+        ("tpu-v5p", 6, "4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096 chips"),
+        ("tpu-v5e", 300, "or a multiple of 256 (several slices)"),
+    ],
+)
+def test_impossible_device_counts_name_the_counts_that_work(target, devices, words):
+    with pytest.raises(shardscope.TargetError, match="cannot be built with") as info:
+        topology(target, devices)
+    assert words in str(info.value)
+
+
+def test_unknown_target_lists_the_known_ones():
+    with pytest.raises(shardscope.TargetError) as info:
+        shardscope.target_mesh("h1000", "data=8")
+    assert "unknown target 'h1000'" in str(info.value) and "tpu-v5p" in str(info.value)
+
+
+def test_gpu_description_carries_the_datasheet_and_the_preset_memory():
+    text = GPU_SPECS["h100"].target_config(shardscope.hardware("h100").memory_bytes)
+    assert "cuda_compute_capability { major: 9 minor: 0 }" in text
+    assert "core_count: 132" in text
+    assert "device_memory_size: 80000000000" in text
+    assert 'device_description_str: "NVIDIA H100 80GB HBM3"' in text
+
+
+def test_missing_extra_is_one_error_naming_it(monkeypatch):
+    monkeypatch.setattr(deviceless, "_module_present", lambda name: False)
+    with pytest.raises(shardscope.TargetError) as info:
+        shardscope.target_mesh("h100", "data=8")
+    assert "pip install 'shardscope[gpu-compile]'" in str(info.value)
+    with pytest.raises(shardscope.TargetError) as info:
+        shardscope.target_mesh("tpu-v6e", "data=8")
+    assert "pip install 'shardscope[tpu-compile]'" in str(info.value)
+
+
+def _fsdp_step(mesh, d=256, ff=1024, layers=2, batch=32, seq=64):
+    """A scanned MLP train step, bf16 weights sharded over ``data`` (FSDP), SGD update."""
+    def spec(*s):
+        return NamedSharding(mesh, P(*s))
+
+    params = {
+        "w_in": jax.ShapeDtypeStruct((layers, d, ff), jnp.bfloat16, sharding=spec(None, "data")),
+        "w_out": jax.ShapeDtypeStruct(
+            (layers, ff, d), jnp.bfloat16, sharding=spec(None, None, "data")
+        ),
+    }
+    x = jax.ShapeDtypeStruct((batch, seq, d), jnp.bfloat16, sharding=spec("data"))
+
+    def loss(p, x):
+        def layer(h, w):
+            return h + jax.nn.gelu(h @ w[0]) @ w[1], None
+
+        h, _ = jax.lax.scan(layer, x, (p["w_in"], p["w_out"]))
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 1e-3 * b, p, g)
+
+    shardings = jax.tree.map(lambda s: s.sharding, params)
+    return jax.jit(step, out_shardings=shardings), params, x
+
+
+def test_fsdp_step_on_8_h100s_reduce_scatters_16_bit_gradients_over_data():
+    mesh = shardscope.target_mesh("h100", "data=8")
+    assert {d.device_kind for d in mesh.devices.flat} == {"NVIDIA H100 80GB HBM3"}
+    step, params, x = _fsdp_step(mesh)
+    a = shardscope.audit(step, params, x)
+    assert (a.backend, a.target, a.num_partitions) == ("gpu", "h100", 8)
+    assert not a.unknown_instructions
+    gathers = [c for c in a.collectives if c.kind == "all-gather"]
+    assert gathers and all(c.axes == ("data",) and c.dtype == "bf16" for c in gathers)
+    # The gradients of both weights: reduce-scattered over data, at 16 bits, once per layer.
+    scatters = [c for c in a.collectives if c.kind == "reduce-scatter"]
+    assert scatters and all(c.axes == ("data",) and c.dtype == "bf16" for c in scatters)
+    # One combined reduce-scatter carries both gradients of a layer (2 x 256 x 1024 bf16),
+    # run once per layer of the scan.
+    assert sum(c.payload_bytes for c in scatters) == 2 * 256 * 1024 * 2
+    assert all(c.count == 2 and c.count_exact for c in scatters)
+    assert a.memory is not None and a.memory["temp_size_in_bytes"] > 0
+
+
+def test_fsdp_step_on_tpu_v5p_as_its_compiler_chose():
+    mesh = shardscope.target_mesh("tpu-v5p", "data=8")
+    step, params, x = _fsdp_step(mesh, d=128, ff=512, layers=1, batch=16, seq=32)
+    a = shardscope.audit(step, params, x)
+    assert (a.backend, a.target) == ("tpu", "tpu-v5p")
+    # The TPU compiler, in JAX 0.10.2's libtpu, forms no reduce-scatter for this step: the
+    # gradients are all-reduced over data and the update keeps this device's slice.
+    kinds = {(c.kind, c.axes) for c in a.collectives}
+    assert ("all-reduce", ("data",)) in kinds
+    assert all(c.kind != "reduce-scatter" for c in a.collectives)
+    assert a.flops is not None and a.flops > 0  # the TPU compiler's own cost analysis
+
+
+def test_program_too_large_for_a_tpu_is_reported_as_not_fitting():
+    mesh = shardscope.target_mesh("tpu-v5e", "data=4")
+    big = jax.ShapeDtypeStruct(
+        (4, 2**16, 2**16), jnp.float32, sharding=NamedSharding(mesh, P("data"))
+    )  # 16 GiB per chip, and the product as much again: a v5e has 16 GiB of HBM
+    with pytest.raises(shardscope.DeviceMemoryError, match="Ran out of memory"):
+        shardscope.audit(jax.jit(lambda a: a * 2.0 + 1.0), big)
+
+
+def test_audit_builds_the_target_mesh_from_a_description():
+    w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+
+    def f(w):
+        return jax.lax.with_sharding_constraint(w, P(None, "model")) * 2
+
+    a = shardscope.audit(f, w, mesh="model=8", target="b200", in_shardings=P("model", None))
+    assert (a.backend, a.target, dict(a.mesh_axes)) == ("gpu", "b200", {"model": 8})
+
+
+def test_a_mesh_of_other_devices_is_refused():
+    cpu = shardscope.make_mesh("data=8")
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    with pytest.raises(shardscope.TargetError, match="are not h100 devices"):
+        shardscope.audit(lambda w: w * 2, w, mesh=cpu, target="h100")
+
+
+def test_audit_cli_on_a_target_writes_backend_and_target(tmp_path):
+    out = tmp_path / "a.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "shardscope", "audit", "matmul", "--target", "h100",
+         "--mesh", "model=8", "--no-hints", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # the plugins' start-up lines are not passed on
+    data = json.loads(out.read_text())
+    assert (data["backend"], data["target"]) == ("gpu", "h100")
+    assert data["counts"]["all-reduce"] == 1
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["audit", "reshard", "--target", "h1000"], "invalid choice: 'h1000'"),
+        (["audit", "reshard", "--target", "h100", "--mesh", "model=12"], "1 to 8 (one node)"),
+        (
+            ["audit", "matmul", "--target", "tpu-v5p", "--mesh", "model=2"],
+            "tpu-v5p cannot be built with 2 devices",
+        ),
+        (["audit", "reshard", "--target", "h100", "--devices", "8"], "drop --devices"),
+    ],
+    ids=["unknown", "gpu-count", "tpu-count", "devices-flag"],
+)
+def test_bad_target_input_is_one_line_exit_2(argv, words, capsys):
+    assert_usage_error(argv, words, capsys)
+
+
+_SMALL = dict(d_model=64, heads=4, ff=256, layers=2, vocab=512, seq=32, batch=16)
+
+
+def test_plan_compiles_the_leading_plans_with_the_target_compiler():
+    result = shardscope.plan(
+        None, 8, hardware="h100", strategies=["dp", "fsdp"], compiler="h100", target_plans=1,
+        workers=0, **_SMALL,
+    )
+    assert result.compiler == "h100" and result.to_dict()["compiler"] == "h100"
+    by = [p.compiled_by for p in result.plans]
+    assert sorted(by) == ["cpu", "h100"]
+    on_target = next(p for p in result.plans if p.compiled_by == "h100")
+    assert on_target.target_error is None and on_target.target_memory is not None
+    assert on_target.target_memory_bytes_per_device > 0
+    assert on_target.fits == (
+        on_target.target_memory_bytes_per_device <= on_target.memory_limit_bytes
+    )
+    assert on_target.notes[0].startswith("compiled by the h100 compiler: ")
+    # The target keeps bf16 collectives bf16: what it sends is what it compiled.
+    assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
+    assert any("compiled again by the h100 compiler" in n for n in result.notes)
+
+
+def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():
+    from dataclasses import replace
+
+    result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
+    p = result.plans[0]
+    assert p.compiled_by == "cpu" and p.fits  # judged from the analytic estimate
+    refused = replace(p, compiled_by="tpu-v5p", target_error="Ran out of memory on HBM")
+    assert not refused.fits
+    roomy = replace(p, compiled_by="h100", target_memory={"temp_size_in_bytes": 2**20})
+    assert roomy.fits and roomy.target_memory_bytes_per_device == 2**20
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(hardware="h100", compiler="tpu-v5p"), "compiles for tpu-v5p devices"),
+        (dict(hardware="tpu-v5p", compiler="tpu-v5p", devices=6), "cannot be built with 6"),
+        (dict(hardware="h100", compiler="h1000"), "unknown target 'h1000'"),
+    ],
+    ids=["other-hardware", "count", "unknown"],
+)
+def test_plan_compiler_bad_input(kwargs, words):
+    kwargs = {"devices": 8, **kwargs}
+    with pytest.raises(shardscope.ShardscopeError, match=words):
+        shardscope.plan(None, kwargs.pop("devices"), workers=0, **kwargs, **_SMALL)
+
+
+def test_plan_without_the_extra_compiles_on_cpu_and_says_how_to_add_it(monkeypatch):
+    from shardscope._src.cli.plan import _default_compiler
+
+    assert _default_compiler("h100") == "h100"  # make test installs both extras
+    monkeypatch.setattr(deviceless, "_module_present", lambda name: False)
+    assert _default_compiler("h100") == "cpu"
+    result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
+    assert result.compiler == "cpu"
+    assert any("pip install 'shardscope[gpu-compile]'" in n for n in result.notes)
