@@ -117,6 +117,7 @@ def _run_audit_program(
             rule_set=args.rule_set,
             console=console,
             by_scope=args.by_scope,
+            target=target,
         )
     if args.program == "hlo":
         from shardscope._src.cli.program import run_audit_hlo
@@ -254,6 +255,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
     )
     common(own, None)
+    compile_target(own)
     hlo = programs.add_parser(
         "hlo",
         help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
@@ -393,9 +395,16 @@ def _cmd_plan_program(
             f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
             f"--program your make_step builds the model (drop them)"
         )
+    target = None if args.compiler in (None, "cpu") else args.compiler
+    if target is not None and target != args.hardware:
+        raise UsageError(
+            f"{PROG} plan: --compiler {target} compiles for {target} but the estimates use "
+            f"--hardware {args.hardware}; give --hardware {target}"
+        )
     return run_plan_program(
         args.program,
         args.devices,
+        target=target,
         rules_path=args.rules,
         axes=_names(args.axes, "--axes"),
         meshes=args.meshes.split(";") if args.meshes else None,
@@ -506,7 +515,8 @@ def _add_plan_parser(sub: Any) -> None:
         default=None,
         choices=["cpu", *PRESETS],
         help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
-        "own compiler (deviceless) compiles the leading plans after a CPU screening",
+        "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
+        "--program: every candidate is compiled by this compiler (default cpu)",
     )
     p.add_argument(
         "--target-plans",
