@@ -27,8 +27,10 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from shardscope import audit  # noqa: E402
+from shardscope import audit, comm  # noqa: E402
 from shardscope._src.audit.compile import parse_rematerializations  # noqa: E402
+from shardscope._src.audit.records import Collective  # noqa: E402
+from shardscope._src.audit.width import Width  # noqa: E402
 from shardscope._src.cli.audit import run_audit_command  # noqa: E402
 from shardscope._src.hlo.groups import parse_replica_groups  # noqa: E402
 from shardscope._src.hlo.parse import parse_hlo  # noqa: E402
@@ -593,3 +595,49 @@ def test_plain_function_with_partition_specs_and_a_mesh_description():
     assert a.in_shardings == ("P()", "P('model', None)")
     with pytest.raises(ShardscopeError, match="needs a jitted function"):
         audit(42)
+
+
+# -- the 16-bit policy ----------------------------------------------------------------------------
+
+
+def _widened(kind, dtype, shapes, payload, group_size=8, traffic=None):
+    traffic = comm.traffic_bytes(kind, payload, group_size) if traffic is None else traffic
+    return Collective(
+        kind,
+        "c",
+        "main",
+        ("x",),
+        group_size,
+        dtype,
+        shapes[0],
+        payload,
+        traffic,
+        3,
+        shapes=tuple(shapes),
+    )
+
+
+def test_sixteen_bit_programs_count_float32_arrays_at_two_bytes_and_scalars_at_four():
+    bf16 = Width("bfloat16")
+    c = _widened("all-reduce", "f32", [(64, 8), ()], 64 * 8 * 4 + 4)
+    assert bf16.payload(c) == 64 * 8 * 2 + 4
+    assert bf16.traffic(c) == comm.traffic_bytes("all-reduce", 64 * 8 * 2 + 4, 8)
+    assert bf16.sent(c) == 3 * bf16.traffic(c)
+    scalar = _widened("all-reduce", "f32", [()], 4)
+    assert Width("float16").payload(scalar) == 4 and Width("float16").sent(scalar) == 3 * 7
+    a2a = _widened("all-to-all", "f32", [(16,)], 16 * 4 * 8)
+    assert bf16.payload(a2a) == 16 * 2 * 8
+    permute = _widened("collective-permute", "f32", [(16,)], 64, traffic=64)
+    assert bf16.traffic(permute) == 32
+    still = _widened("collective-permute", "f32", [(16,)], 64, traffic=0)
+    assert bf16.traffic(still) == 0  # self pairs send nothing, at any width
+
+
+def test_width_leaves_other_collectives_as_compiled():
+    bf16 = Width("bfloat16")
+    native = _widened("all-gather", "bf16", [(16,)], 32)
+    assert (bf16.payload(native), bf16.traffic(native)) == (32, native.traffic_bytes)
+    f32 = _widened("all-gather", "f32", [(16,)], 64)
+    assert Width("float32").payload(f32) == 64 and Width(None).traffic(f32) == f32.traffic_bytes
+    odd = _widened("all-gather", "f32", [(16,)], 999)  # not the arrays it names
+    assert bf16.payload(odd) == 999 and bf16.traffic(odd) == odd.traffic_bytes

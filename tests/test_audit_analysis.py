@@ -21,8 +21,14 @@ ADD = """%add (a: f32[], b: f32[]) -> f32[] {
 
 
 def loop_module(
-    *, init: str = "0", bound: str = "5", direction: str = "LT", step: str = "1",
-    op: str = "add", swap: bool = False, trip_config: str = "",
+    *,
+    init: str = "0",
+    bound: str = "5",
+    direction: str = "LT",
+    step: str = "1",
+    op: str = "add",
+    swap: bool = False,
+    trip_config: str = "",
 ) -> str:
     """A counted loop whose body all-reduces over 4 partitions."""
     cmp = "%b, %i" if swap else "%i, %b"
@@ -140,8 +146,17 @@ ENTRY %main (p: f32[2], g: f32[8]) -> (f32[8], f32[8], f32[8]) {{
 
 def test_zero_padded_shards_in_an_all_reduce_are_all_gathers():
     a = audit(GATHER_AS_SUM, mesh="d=4")
-    got = sorted((c.name, c.kind, c.carried_as, c.payload_bytes, c.traffic_bytes,
-                  tuple(p.operand for p in c.parts)) for c in a.collectives)
+    got = sorted(
+        (
+            c.name,
+            c.kind,
+            c.carried_as,
+            c.payload_bytes,
+            c.traffic_bytes,
+            tuple(p.operand for p in c.parts),
+        )
+        for c in a.collectives
+    )
     assert got == [
         # operands 0 and 2: a shard of 2 written into zeros of 8 (itself, inside a fusion)
         ("ar", "all-gather", "all-reduce", 64, 96, (0, 2)),
@@ -154,8 +169,10 @@ def test_zero_padded_shards_in_an_all_reduce_are_all_gathers():
 
 def test_a_shard_that_is_not_one_group_member_share_is_a_sum():
     # 8 elements over a group of 2: a shard of 2 is not half the buffer.
-    text = GATHER_AS_SUM.replace("{{0,1,2,3}}, use_global_device_ids=true, to_apply=%add\n  %ar2",
-                                 "{{0,1},{2,3}}, use_global_device_ids=true, to_apply=%add\n  %ar2")
+    text = GATHER_AS_SUM.replace(
+        "{{0,1,2,3}}, use_global_device_ids=true, to_apply=%add\n  %ar2",
+        "{{0,1},{2,3}}, use_global_device_ids=true, to_apply=%add\n  %ar2",
+    )
     a = audit(text, mesh="d=4")
     assert {c.kind for c in a.collectives if c.name == "ar"} == {"all-reduce"}
 
@@ -215,8 +232,11 @@ ENTRY %main (p: pred[4], q: pred[4]) -> pred[4] {
 @pytest.mark.parametrize(
     "op_name, scope, phase",
     [
-        ("jit(step)/transpose(jvp(Model))/block_1/Dense_0/dot_general",
-         "Model/block_1/Dense_0", "backward"),
+        (
+            "jit(step)/transpose(jvp(Model))/block_1/Dense_0/dot_general",
+            "Model/block_1/Dense_0",
+            "backward",
+        ),
         ("jit(step)/jvp(Model)/block_0/Dense_1/dot_general", "Model/block_0/Dense_1", "forward"),
         ("jit(step)/jvp()/while/body/closed_call/mlp/dot_general", "mlp", "forward"),
         ("jit(step)/transpose(jvp())/while/body/closed_call/mlp/dot_general", "mlp", "backward"),
@@ -276,5 +296,9 @@ ENTRY %main (p: f32[2]) -> f32[8] {{
 """
     (c,) = audit(text, mesh="d=4").collectives
     assert (c.kind, c.name, c.count, c.payload_bytes, c.computation) == (
-        "all-gather", "ag", 1, 32, "wrapped"
+        "all-gather",
+        "ag",
+        1,
+        32,
+        "wrapped",
     )

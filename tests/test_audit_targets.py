@@ -61,9 +61,7 @@ def _pins() -> dict[str, str]:
 
 
 def test_fixtures_were_made_by_the_pinned_and_installed_compilers():
-    recorded = dict(
-        line.split(" ", 1) for line in (FIXTURES / "VERSION").read_text().splitlines()
-    )
+    recorded = dict(line.split(" ", 1) for line in (FIXTURES / "VERSION").read_text().splitlines())
     pins = _pins()
     for dist in COMPILERS:
         # The versions set-up and CI install (constraints.txt) made these fixtures...
@@ -130,12 +128,45 @@ GOLDEN = {
     ],
     "h100x8/flax_step": [
         ("all-reduce", "data", 2, 131072, 131072, 1, None, True, None, "", "backward"),
-        ("all-reduce", "model", 4, 4096, 6144, 1, None, True, "flax_down",
-         "Model/block_0/Dense_1", "forward"),
-        ("all-reduce", "model", 4, 4096, 6144, 1, None, True, "flax_down",
-         "Model/block_1/Dense_1", "forward"),
-        ("all-reduce", "model", 4, 4096, 6144, 1, None, True, "flax_up",
-         "Model/block_1/Dense_0", "backward"),
+        (
+            "all-reduce",
+            "model",
+            4,
+            4096,
+            6144,
+            1,
+            None,
+            True,
+            "flax_down",
+            "Model/block_0/Dense_1",
+            "forward",
+        ),
+        (
+            "all-reduce",
+            "model",
+            4,
+            4096,
+            6144,
+            1,
+            None,
+            True,
+            "flax_down",
+            "Model/block_1/Dense_1",
+            "forward",
+        ),
+        (
+            "all-reduce",
+            "model",
+            4,
+            4096,
+            6144,
+            1,
+            None,
+            True,
+            "flax_up",
+            "Model/block_1/Dense_0",
+            "backward",
+        ),
     ],
     "v5px8/fsdp_step": [
         ("all-reduce", "data", 8, 1048576, 1835008, 3, None, False, "fsdp_up", "mlp", "backward"),
@@ -158,12 +189,45 @@ GOLDEN = {
     ],
     "v5px64/fsdp_step": [
         ("all-reduce", "data", 64, 1048576, 2064384, 3, None, False, None, "mlp", "backward"),
-        ("all-gather", "data", 64, 1048576, 2064384, 3, "all-reduce", False, None, "mlp",
-         "forward"),
-        ("all-gather", "data", 64, 65536, 129024, 3, "all-reduce", False, "fsdp_down", "mlp",
-         "backward"),
-        ("all-gather", "data", 64, 524288, 1032192, 3, "all-reduce", False, "fsdp_up", "mlp",
-         "backward"),
+        (
+            "all-gather",
+            "data",
+            64,
+            1048576,
+            2064384,
+            3,
+            "all-reduce",
+            False,
+            None,
+            "mlp",
+            "forward",
+        ),
+        (
+            "all-gather",
+            "data",
+            64,
+            65536,
+            129024,
+            3,
+            "all-reduce",
+            False,
+            "fsdp_down",
+            "mlp",
+            "backward",
+        ),
+        (
+            "all-gather",
+            "data",
+            64,
+            524288,
+            1032192,
+            3,
+            "all-reduce",
+            False,
+            "fsdp_up",
+            "mlp",
+            "backward",
+        ),
         ("all-to-all", "data", 64, 262144, 4032, 3, None, False, "fsdp_up", "mlp", "backward"),
     ],
 }
@@ -173,8 +237,19 @@ GOLDEN = {
 def test_golden_records(name):
     a = fixture_audit(name)
     got = [
-        (c.kind, c.axes_label, c.group_size, c.payload_bytes, c.traffic_bytes, c.count,
-         c.carried_as, c.is_async, c.user_source, c.scope, c.phase)
+        (
+            c.kind,
+            c.axes_label,
+            c.group_size,
+            c.payload_bytes,
+            c.traffic_bytes,
+            c.count,
+            c.carried_as,
+            c.is_async,
+            c.user_source,
+            c.scope,
+            c.phase,
+        )
         for c in a.sorted_collectives()
     ]
     want = [(*row[:8], site(row[8]) if row[8] else None, *row[9:]) for row in GOLDEN[name]]

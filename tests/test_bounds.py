@@ -1,4 +1,4 @@
-"""Lower bounds: the matmul plan search, transformer formulas, and exact agreement with the
+"""Lower bounds: the matmul schedule search, transformer formulas, and exact agreement with the
 collectives XLA inserts (via the audit) wherever the compiler reaches the minimum."""
 
 import shardscope
@@ -14,10 +14,11 @@ from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.comm import traffic_bytes  # noqa: E402
 from shardscope._src.base.errors import StrategyError  # noqa: E402
 from shardscope._src.bounds.matmul import (  # noqa: E402
-    all_matmul_plans,
+    best_schedule,
     matmul_bound,
     matmul_problem,
-    plan_matmul,
+    matmul_schedule,
+    matmul_schedules,
 )
 from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
 from shardscope._src.model.config import ModelConfig  # noqa: E402
@@ -36,7 +37,7 @@ SHAPES = {"8": (8,), "2x4": (2, 4), "2x2x2": (2, 2, 2)}
 DETERMINISTIC = settings(derandomize=True, database=None, deadline=None, max_examples=60)
 
 # The reference cases (scaling book part 3): n=8, M=4096, K=N=1024, bf16.
-# (A spec, B spec, C spec) -> best plan in MiB sent per device.
+# (A spec, B spec, C spec) -> best schedule in MiB sent per device.
 MATMUL_CASES = {
     "b": (("x,None", "None,None", "x,None"), 0.0),
     "c": (("None,None", "None,x", "None,x"), 0.0),
@@ -56,46 +57,46 @@ MATMUL_CASES = {
 @pytest.mark.parametrize("case", list(MATMUL_CASES))
 def test_matmul_cases_of_the_reference_sheet(case):
     specs, mib = MATMUL_CASES[case]
-    plan = matmul_bound("x=8", 4096, 1024, 1024, "bfloat16", *specs)
-    assert plan.traffic_bytes == int(mib * MiB)
+    bound = matmul_bound("x=8", 4096, 1024, 1024, "bfloat16", *specs)
+    assert bound.traffic_bytes == int(mib * MiB)
 
 
-def test_contraction_plan_is_the_bound_when_the_output_is_square():
-    # With M = K = N the all-reduce of C (case a) is the cheapest plan.
-    plan = matmul_bound("x=8", 1024, 1024, 1024, "float32", "None,x", "x,None", "None,None")
-    (axis,) = plan.axes
+def test_contraction_schedule_is_the_bound_when_the_output_is_square():
+    # With M = K = N the all-reduce of C (case a) is the cheapest schedule.
+    schedule = matmul_schedule("x=8", 1024, 1024, 1024, "float32", "None,x", "x,None", "None,None")
+    (axis,) = schedule.axes
     assert axis.partition == "k"
     assert [t.kind for t in axis.terms] == ["all-reduce"]
-    assert plan.traffic_bytes == traffic_bytes("all-reduce", 1024 * 1024 * 4, 8)
+    assert schedule.traffic_bytes == traffic_bytes("all-reduce", 1024 * 1024 * 4, 8)
 
 
 def test_reduce_scatter_when_contraction_is_cheapest_and_output_sharded():
-    plan = matmul_bound("x=8", 1024, 4096, 1024, "float32", "None,x", "x,None", "x,None")
-    assert [t.kind for t in plan.axes[0].terms] == ["reduce-scatter"]
+    bound = matmul_bound("x=8", 1024, 4096, 1024, "float32", "None,x", "x,None", "x,None")
+    assert [t.kind for t in bound.terms] == ["reduce-scatter"]
 
 
 def test_no_duplicated_flops_option():
     problem = matmul_problem(
         "x=8", 4096, 1024, 1024, "bfloat16", "None,x", "None,None", "None,None"
     )
-    free = plan_matmul(problem)
-    split = plan_matmul(problem, duplicate_flops=False)
+    free = best_schedule(problem)
+    split = best_schedule(problem, duplicate_flops=False)
     assert free.axes[0].duplicated_flops and free.traffic_bytes == 7 * MiB
     assert split.axes[0].partition == "m"  # all-to-all A, then all-gather C
     assert split.traffic_bytes == int(7.875 * MiB)
     assert split.flops_per_device * 8 == free.flops_per_device
 
 
-def test_two_axes_are_planned_with_the_other_axis_sharding():
+def test_two_axes_are_scheduled_with_the_other_axis_sharding():
     # Megatron's MLP-down on a 2-D mesh: rows of A on data, contraction on model.
-    plan = matmul_bound(
+    schedule = matmul_schedule(
         "data=2,model=4", 64, 256, 32, "float32", "data,model", "model,None", "data,None"
     )
-    by_axis = {p.axis: p for p in plan.axes}
+    by_axis = {p.axis: p for p in schedule.axes}
     assert by_axis["data"].terms == ()
     (term,) = by_axis["model"].terms
     assert term.kind == "all-reduce" and term.payload_bytes == 32 * 32 * 4  # half the rows
-    assert plan.layout("a") == ("data", "model")
+    assert schedule.layout("a") == ("data", "model")
 
 
 _AXIS = st.sampled_from([None, "x", "y"])
@@ -113,11 +114,11 @@ def _specs(draw):
 
 @DETERMINISTIC
 @given(_specs(), st.sampled_from([(64, 32, 16), (16, 64, 32), (32, 32, 32)]))
-def test_the_bound_is_the_cheapest_of_every_plan(specs, mnk):
+def test_the_bound_is_the_cheapest_of_every_schedule(specs, mnk):
     m, k, n = mnk
     problem = matmul_problem({"x": 2, "y": 4}, m, k, n, "float32", *specs)
-    best = plan_matmul(problem)
-    every = all_matmul_plans(problem)
+    best = best_schedule(problem)
+    every = matmul_schedules(problem)
     assert best.traffic_bytes == min(p.traffic_bytes for p in every)
     # Each array moves at most once per axis.
     for p in best.axes:
@@ -148,7 +149,7 @@ def test_bad_matmul_dtype():
 
 def test_megatron_forward_is_two_all_reduces_per_layer():
     config = ModelConfig(d_model=64, heads=8, ff=256, layers=3, batch=4, seq=16)
-    bound = transformer_bound(get_strategy("tp").bind(config, "model=8"), "forward")
+    bound = transformer_bound(get_strategy("tp").place(config, "model=8"), "forward")
     assert bound.counts() == {"all-reduce": 6}
     payload = 4 * 16 * 64 * 4
     assert {t.payload_bytes for t in bound.terms} == {payload}
@@ -158,8 +159,8 @@ def test_megatron_forward_is_two_all_reduces_per_layer():
 
 def test_sequence_parallel_turns_each_all_reduce_into_gather_and_scatter():
     config = ModelConfig(d_model=64, heads=8, ff=256, layers=3, batch=4, seq=16)
-    tp = transformer_bound(get_strategy("tp").bind(config, "model=8"))
-    sp = transformer_bound(get_strategy("sp").bind(config, "model=8"))
+    tp = transformer_bound(get_strategy("tp").place(config, "model=8"))
+    sp = transformer_bound(get_strategy("sp").place(config, "model=8"))
     assert sp.counts() == {"all-gather": 6, "reduce-scatter": 6}
     assert sp.traffic_bytes == tp.traffic_bytes  # same volume (arXiv 2205.05198)
 
@@ -167,15 +168,15 @@ def test_sequence_parallel_turns_each_all_reduce_into_gather_and_scatter():
 def test_train_bounds_follow_the_published_formulas():
     config = ModelConfig(d_model=64, heads=8, ff=256, layers=2, batch=8, seq=16)
     params = config.param_count() * 4
-    dp = transformer_bound(get_strategy("dp").bind(config, "data=8"), "train")
+    dp = transformer_bound(get_strategy("dp").place(config, "data=8"), "train")
     grads = [t for t in dp.terms if t.scope != "loss"]
     assert sum(t.payload_bytes * t.count for t in grads) == params
-    fsdp = transformer_bound(get_strategy("fsdp").bind(config, "data=8"), "train")
+    fsdp = transformer_bound(get_strategy("fsdp").place(config, "data=8"), "train")
     assert fsdp.payload_bytes("all-gather") == params
     assert fsdp.payload_bytes("reduce-scatter") == params
     # Gather once + scatter = one all-reduce's volume (ZeRO section 7.2.2, weights kept).
     assert fsdp.traffic_bytes - 7 == dp.traffic_bytes - 7
-    tp = transformer_bound(get_strategy("tp").bind(config, "model=8"), "train")
+    tp = transformer_bound(get_strategy("tp").place(config, "model=8"), "train")
     assert tp.counts() == {"all-reduce": 4 * 2}
 
 
@@ -183,7 +184,7 @@ def test_bounds_for_meshes_larger_than_the_devices_at_hand():
     # The planner's case: an abstract mesh needs no devices.
     config = ModelConfig(d_model=4096, heads=32, ff=16384, layers=32, batch=64, seq=2048)
     bound = transformer_bound(
-        get_strategy("dp_tp").bind(config, abstract_mesh("data=64,model=16")), "train"
+        get_strategy("dp_tp").place(config, abstract_mesh("data=64,model=16")), "train"
     )
     act = (64 // 64) * 2048 * 4096 * 4
     tp_terms = [t for t in bound.terms if t.axes == ("model",)]
@@ -192,7 +193,7 @@ def test_bounds_for_meshes_larger_than_the_devices_at_hand():
 
 
 def test_replicated_needs_nothing():
-    assert transformer_bound(get_strategy("replicated").bind(TINY, "model=8"), "train").terms == ()
+    assert transformer_bound(get_strategy("replicated").place(TINY, "model=8"), "train").terms == ()
 
 
 # -- the compiled programs reach these bounds exactly ---------------------------------------------
@@ -233,7 +234,7 @@ EXACT_FORWARD = [
 def test_forward_collectives_equal_the_bound(name, mesh_id, impl):
     program = build_program(name, TINY, mesh_spec_for(name, SHAPES[mesh_id]), impl=impl)
     compiled = program.compile()
-    assert _audited(compiled) == _bounded(transformer_bound(program.bound, "forward"))
+    assert _audited(compiled) == _bounded(transformer_bound(program.placement, "forward"))
     # The same executable computes what one device computes (per-scope errors: see
     # test_strategies.py).
     args = program.example_args()
@@ -244,14 +245,14 @@ def test_forward_collectives_equal_the_bound(name, mesh_id, impl):
 @pytest.mark.parametrize("impl", ["jit", "shard_map"])
 def test_megatron_train_step_collectives_equal_the_bound(impl):
     program = build_program("tp", TINY, "data=2,model=4", mode="train", impl=impl)
-    assert _audited(program) == _bounded(transformer_bound(program.bound, "train"))
+    assert _audited(program) == _bounded(transformer_bound(program.placement, "train"))
 
 
 def test_data_parallel_gradient_bytes_equal_the_bound():
     # XLA combines the per-weight gradient all-reduces into one per layer: fewer
     # instructions, the same bytes.
     program = build_program("dp_tp", TINY, "pod=2,data=2,model=2", mode="train")
-    actual, bound = _audited(program), _bounded(transformer_bound(program.bound, "train"))
+    actual, bound = _audited(program), _bounded(transformer_bound(program.placement, "train"))
     assert actual.keys() == bound.keys()
     assert {k: v[1] for k, v in actual.items()} == {k: v[1] for k, v in bound.items()}
     assert actual[(("model",), "all-reduce")] == bound[(("model",), "all-reduce")]

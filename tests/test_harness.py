@@ -19,6 +19,8 @@ def test_check_pass_fail_and_raise(tmp_path):
     assert lab.check("no", lambda: 0) is False
     assert lab.check("boom", lambda: 1 / 0, "divides") is False
     assert lab.check("plain bool", True) is True
+    assert lab.check("with details", lambda: (False, {"got": 3}), "measures") is False
+    assert lab.results[-1].details == {"got": 3} and lab.results[-1].message == "measures"
     by_name = {r.name: r for r in lab.results}
     assert by_name["boom"].message == "divides: ZeroDivisionError: division by zero"
     assert by_name["boom"].details == {"error_type": "ZeroDivisionError"}
@@ -60,6 +62,9 @@ def test_summary_and_save(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "PASS a" in out and "FAIL b" in out and "SKIP c  needs 16 devices" in out
     s = lab.summary()
+    assert capsys.readouterr().out == ""  # the scorecard is data; printing it is separate
+    printed = lab.print_summary()
+    assert printed.keys() == s.keys() and printed["results"] == s["results"]
     assert "[unit] 1/2 checks passed (50%); skipped=1" in capsys.readouterr().out
     assert (s["lab_id"], s["passed"], s["total"], s["skipped"], s["score"]) == (
         "unit",
@@ -114,7 +119,7 @@ def test_bootstrap_seeds_and_reports(tmp_path, capsys):
     import jax
 
     lab = bootstrap("boot", seed=3, out_dir=tmp_path)
-    assert "boot: JAX 0.10.2, backend cpu, 8 x cpu" in capsys.readouterr().out
+    assert f"boot: JAX {jax.__version__}, backend cpu, 8 x cpu" in capsys.readouterr().out
     assert lab.hardware["device_count"] == 8
     a = np.random.rand()
     bootstrap("boot2", seed=3, out_dir=tmp_path, verbose=False)

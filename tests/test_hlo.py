@@ -17,8 +17,14 @@ def read(name: str) -> str:
     return (FIXTURES / f"{name}.hlo").read_text()
 
 
-def test_fixtures_record_their_jax_version():
-    assert "jax 0.10.2" in (FIXTURES / "VERSION").read_text()
+def test_fixtures_were_printed_by_the_installed_jax():
+    # Golden text is only golden for the compiler that printed it: a JAX upgrade must
+    # regenerate the fixtures (and their VERSION file) before these tests mean anything.
+    import jax
+    import jaxlib
+
+    recorded = dict(line.split(" ", 1) for line in (FIXTURES / "VERSION").read_text().splitlines())
+    assert (recorded["jax"], recorded["jaxlib"]) == (jax.__version__, jaxlib.__version__)
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.stem)

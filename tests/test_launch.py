@@ -1,5 +1,6 @@
 """The local launcher: real 2-process JAX runs, a worker killed or stopped, Ctrl-C, bad input."""
 
+import importlib.metadata
 import io
 import json
 import os
@@ -81,7 +82,8 @@ def test_lab_two_processes_of_four_devices(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert all(line.startswith(("[0] ", "[1] ")) for line in lines), r.stdout
-    assert "[0] sharding_taster: JAX 0.10.2, backend cpu, 8 x cpu, 2 processes" in lines
+    jax_version = importlib.metadata.version("jax")
+    assert f"[0] sharding_taster: JAX {jax_version}, backend cpu, 8 x cpu, 2 processes" in lines
     # Only process 0 reports and writes, once.
     assert [x for x in lines if "checks passed" in x] == [
         "[0] [sharding_taster] 16/16 checks passed (100%); skipped=0"

@@ -36,33 +36,33 @@ def test_every_strategy_is_plain_json_data():
 
 
 def test_megatron_specs_on_a_1d_mesh():
-    bound = get_strategy("tp").bind(TINY, "model=8")
-    specs = bound.param_specs()["layers"]
+    placement = get_strategy("tp").place(TINY, "model=8")
+    specs = placement.param_specs()["layers"]
     assert specs["wqkv"] == P(None, None, None, "model", None)  # column-parallel by heads
     assert specs["wo"] == P(None, "model", None, None)  # row-parallel
     assert specs["w_up"] == P(None, None, "model")
     assert specs["w_down"] == P(None, "model", None)
     assert specs["attn_norm"] == P(None, None)
-    assert bound.activation_spec("heads") == P(None, None, "model", None)
+    assert placement.activation_spec("heads") == P(None, None, "model", None)
 
 
 def test_data_role_takes_every_other_axis_in_mesh_order():
-    bound = get_strategy("fsdp_tp").bind(TINY, "pod=2,data=2,model=2")
-    assert bound.axes == {"model": ("model",), "data": ("pod", "data")}
-    assert bound.param_specs()["layers"]["w_up"] == P(None, ("pod", "data"), "model")
-    assert bound.batch_specs()[0] == P(("pod", "data"), None, None)
+    placement = get_strategy("fsdp_tp").place(TINY, "pod=2,data=2,model=2")
+    assert placement.axes == {"model": ("model",), "data": ("pod", "data")}
+    assert placement.param_specs()["layers"]["w_up"] == P(None, ("pod", "data"), "model")
+    assert placement.batch_specs()[0] == P(("pod", "data"), None, None)
 
 
 def test_sequence_parallel_shards_the_residual_on_the_sequence():
-    bound = get_strategy("dp_sp").bind(TINY, "data=2,model=4")
-    assert bound.activation_spec("residual") == P("data", "model", None)
-    assert bound.activation_spec("enter") == P("data", None, None)
+    placement = get_strategy("dp_sp").place(TINY, "data=2,model=4")
+    assert placement.activation_spec("residual") == P("data", "model", None)
+    assert placement.activation_spec("enter") == P("data", None, None)
 
 
 def test_without_constraints_there_are_no_activation_specs():
-    bound = get_strategy("sp").bind(TINY, "model=8", constraints=False)
-    assert bound.activation_spec("residual") is None
-    assert bound.batch_specs()[0] == P(None, "model", None)  # inputs keep their layout
+    placement = get_strategy("sp").place(TINY, "model=8", constraints=False)
+    assert placement.activation_spec("residual") is None
+    assert placement.batch_specs()[0] == P(None, "model", None)  # inputs keep their layout
 
 
 @pytest.mark.parametrize(
@@ -84,7 +84,7 @@ def test_mesh_spec_for(strategy, shape, expect):
 def test_heads_not_divisible_names_value_rule_and_fix():
     config = ModelConfig(d_model=48, heads=6, ff=64)
     with pytest.raises(StrategyError) as err:
-        get_strategy("tp").bind(config, "data=2,model=4")
+        get_strategy("tp").place(config, "data=2,model=4")
     msg = str(err.value)
     assert "heads=6" in msg and "model=4" in msg and "not divisible by 4" in msg
     assert "choose heads a multiple of 4" in msg
@@ -92,32 +92,32 @@ def test_heads_not_divisible_names_value_rule_and_fix():
 
 def test_ff_not_divisible():
     with pytest.raises(StrategyError, match=r"ff=60 .* not divisible by 8"):
-        get_strategy("tp").bind(ModelConfig(d_model=32, heads=8, ff=60), "model=8")
+        get_strategy("tp").place(ModelConfig(d_model=32, heads=8, ff=60), "model=8")
 
 
 def test_sequence_not_divisible_for_sequence_parallel():
     with pytest.raises(StrategyError, match=r"seq=12 .* not divisible by 8"):
-        get_strategy("sp").bind(ModelConfig(d_model=32, heads=8, ff=64, seq=12), "model=8")
+        get_strategy("sp").place(ModelConfig(d_model=32, heads=8, ff=64, seq=12), "model=8")
 
 
 def test_batch_not_divisible_for_data_parallel():
     with pytest.raises(StrategyError, match=r"batch=4 .* data=8"):
-        get_strategy("dp").bind(ModelConfig(d_model=32, heads=8, ff=64, batch=4), "data=8")
+        get_strategy("dp").place(ModelConfig(d_model=32, heads=8, ff=64, batch=4), "data=8")
 
 
 def test_missing_model_axis():
     with pytest.raises(StrategyError, match=r"axis named 'model', but mesh 'data=8' has none"):
-        get_strategy("tp").bind(TINY, "data=8")
+        get_strategy("tp").place(TINY, "data=8")
 
 
 def test_missing_data_axis():
     with pytest.raises(StrategyError, match=r"needs a mesh axis for role 'data'"):
-        get_strategy("dp_tp").bind(TINY, "model=8")
+        get_strategy("dp_tp").place(TINY, "model=8")
 
 
 def test_role_bound_to_an_axis_the_mesh_lacks():
     with pytest.raises(StrategyError, match=r"axis 'mp', which mesh 'data=2,model=4'"):
-        get_strategy("tp").bind(TINY, "data=2,model=4", axes={"model": ("mp",)})
+        get_strategy("tp").place(TINY, "data=2,model=4", axes={"model": ("mp",)})
 
 
 def test_unknown_strategy_lists_the_choices():

@@ -22,9 +22,7 @@ from shardscope._src.base.targets import GPU_SPECS, TARGETS, topology
 
 
 def test_targets_join_a_preset_and_its_compiler():
-    assert list(TARGETS) == [
-        "cpu", "a100", "h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"
-    ]
+    assert list(TARGETS) == ["cpu", "a100", "h100", "h200", "b200", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
     assert shardscope.TARGETS is TARGETS
     for name, t in TARGETS.items():
         if name == "cpu":
@@ -113,6 +111,7 @@ def test_missing_extra_is_one_error_naming_it(monkeypatch):
 
 def _fsdp_step(mesh, d=256, ff=1024, layers=2, batch=32, seq=64):
     """A scanned MLP train step, bf16 weights sharded over ``data`` (FSDP), SGD update."""
+
     def spec(*s):
         return NamedSharding(mesh, P(*s))
 
@@ -200,8 +199,20 @@ def test_a_mesh_of_other_devices_is_refused():
 def test_audit_cli_on_a_target_writes_backend_and_target(tmp_path):
     out = tmp_path / "a.json"
     r = subprocess.run(
-        [sys.executable, "-m", "shardscope", "audit", "matmul", "--target", "h100",
-         "--mesh", "model=8", "--no-hints", "--json", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "shardscope",
+            "audit",
+            "matmul",
+            "--target",
+            "h100",
+            "--mesh",
+            "model=8",
+            "--no-hints",
+            "--json",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -235,8 +246,14 @@ _SMALL = dict(d_model=64, heads=4, ff=256, layers=2, vocab=512, seq=32, batch=16
 
 def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     result = shardscope.plan(
-        None, 8, hardware="h100", strategies=["dp", "fsdp"], compiler="h100", target_plans=1,
-        workers=0, **_SMALL,
+        None,
+        8,
+        hardware="h100",
+        strategies=["dp", "fsdp"],
+        compiler="h100",
+        target_plans=1,
+        workers=0,
+        **_SMALL,
     )
     assert result.compiler == "h100" and result.to_dict()["compiler"] == "h100"
     by = [p.compiled_by for p in result.plans]

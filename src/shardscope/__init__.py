@@ -29,7 +29,9 @@ from shardscope._src.base.hardware import hardware as hardware
 from shardscope._src.base.io import VERSION as _VERSION
 from shardscope._src.base.targets import TARGETS as TARGETS
 from shardscope._src.base.targets import Target as Target
+from shardscope._src.bounds.matmul import MatmulSchedule as MatmulSchedule
 from shardscope._src.bounds.matmul import matmul_bound as matmul_bound
+from shardscope._src.bounds.matmul import matmul_schedule as matmul_schedule
 from shardscope._src.bounds.terms import Bound as Bound
 from shardscope._src.bounds.transformer import transformer_bound as transformer_bound
 from shardscope._src.lab.harness import Lab as Lab

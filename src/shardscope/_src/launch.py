@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.errors import ShardscopeError, is_int
 
 # Flags the launcher gives each process itself; a sub-command must not carry them.
 LAUNCHER_FLAGS = ("--coordinator", "--num-processes", "--process-id", "--devices", "--distributed")
@@ -417,11 +417,13 @@ def launch(
     environment already sets ``JAX_PLATFORMS``, so several processes on one host never contend
     for its accelerators. See :func:`supervise` for output, failures and exit codes.
 
+    Not run as a doctest (it starts two processes and writes ``scores/``):
+
     >>> result = launch(["lab", "--out", "scores"], 2)  # doctest: +SKIP
-    >>> result.exit_code
+    >>> result.exit_code  # doctest: +SKIP
     0
     """
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+    if not is_int(num_processes, 1):
         raise ShardscopeError(
             f"the number of processes must be a positive whole number, got {num_processes!r}"
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardscope._src.base.errors import LayoutError, ShardscopeError
+from shardscope._src.base.text import format_spec
 
 
 @dataclass(frozen=True)
@@ -122,13 +123,6 @@ def _spec_entry_json(entry: Any) -> Any:
     if entry is None or isinstance(entry, str):
         return entry
     return list(entry)
-
-
-def format_spec(spec: Sequence[Any]) -> str:
-    """``(None, ('dp', 'mp'))`` -> ``"P(None, ('dp', 'mp'))"``."""
-    return (
-        "P(" + ", ".join(repr(e) if not isinstance(e, list) else repr(tuple(e)) for e in spec) + ")"
-    )
 
 
 def _axes_of(entry: Any) -> tuple[str, ...]:

@@ -58,9 +58,7 @@ def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
                     ici, dcn, devices, allow_split_physical_axes=True
                 )
             else:
-                grid = mesh_utils.create_device_mesh(
-                    shape, devices, allow_split_physical_axes=True
-                )
+                grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
         except (NotImplementedError, AssertionError, ValueError) as e:
             if isinstance(e, MeshSpecError):
                 raise

@@ -40,6 +40,7 @@ from shardscope._src.base.errors import (
     TargetError,
 )
 from shardscope._src.base.targets import get_target
+from shardscope._src.base.text import format_spec
 from shardscope._src.hlo.parse import HloModule, parse_hlo
 from shardscope._src.mesh import format_mesh_spec, mesh_axes, parse_mesh_spec
 from shardscope._src.target_mesh import check_mesh_target, target_mesh
@@ -71,7 +72,7 @@ def _sharding_leaves(tree: Any) -> list[Any]:
 def _format_sharding(s: Any) -> str:
     spec = getattr(s, "spec", None)
     if spec is not None:
-        return "P(" + ", ".join(repr(e) for e in tuple(spec)) + ")"
+        return format_spec(tuple(spec))
     return str(s)
 
 

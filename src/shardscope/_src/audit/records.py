@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardscope._src.base import comm as _comm
-from shardscope._src.base.comm import format_bytes
-from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.comm import Totals, format_bytes, group_totals
+from shardscope._src.base.errors import ShardscopeError, is_int
+from shardscope._src.base.io import record_dict
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
 
@@ -156,6 +157,11 @@ class Collective:
     parts: tuple[Part, ...] = field(default=(), repr=False)
 
     @property
+    def totals(self) -> Totals:
+        """Executions, payload and bytes sent over all ``count`` executions."""
+        return Totals(self.count, self.payload_bytes * self.count, self.traffic_bytes * self.count)
+
+    @property
     def axes_label(self) -> str:
         """``"dp,mp"``; ``"irregular"``; ``"-"`` when no data leaves a device."""
         if self.irregular:
@@ -204,33 +210,6 @@ class Collective:
 
 
 @dataclass(frozen=True)
-class Totals:
-    """Sums over collectives, each weighted by its ``count``."""
-
-    count: int = 0
-    payload_bytes: int = 0
-    traffic_bytes: int = 0
-
-    def __add__(self, other: Totals) -> Totals:
-        return Totals(
-            self.count + other.count,
-            self.payload_bytes + other.payload_bytes,
-            self.traffic_bytes + other.traffic_bytes,
-        )
-
-    @staticmethod
-    def of(c: Collective) -> Totals:
-        return Totals(c.count, c.payload_bytes * c.count, c.traffic_bytes * c.count)
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "count": self.count,
-            "payload_bytes": self.payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-        }
-
-
-@dataclass(frozen=True)
 class ScopeTotals:
     """What the collectives of one scope send over one set of axes with one kind.
 
@@ -273,13 +252,7 @@ class Rematerialization:
     message: str = field(repr=False, default="")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "instruction": self.instruction,
-            "from_sharding": self.from_sharding,
-            "to_sharding": self.to_sharding,
-            "op_name": self.op_name,
-            "source": self.source,
-        }
+        return record_dict(self, omit=("message",))
 
 
 @dataclass(frozen=True)
@@ -292,12 +265,7 @@ class UnknownInstruction:
     raw: str
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "name": self.name,
-            "opcode": self.opcode,
-            "computation": self.computation,
-            "raw": self.raw,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -339,24 +307,13 @@ class Audit:
 
     def totals(self) -> dict[tuple[str, str], Totals]:
         """``{(axes label, kind): Totals}`` in table order (mesh axes, then kinds)."""
-        out: dict[tuple[str, str], Totals] = {}
-        for c in sorted(self.collectives, key=self._order):
-            key = (c.axes_label, c.kind)
-            out[key] = out.get(key, Totals()) + Totals.of(c)
-        return out
+        return group_totals(
+            self.sorted_collectives(), lambda c: (c.axes_label, c.kind), lambda c: c.totals
+        )
 
     def totals_by_axis(self) -> dict[str, Totals]:
         """``{axes label: Totals}``; a collective over ``dp,mp`` is its own label."""
-        out: dict[str, Totals] = {}
-        for (label, _), t in self.totals().items():
-            out[label] = out.get(label, Totals()) + t
-        return out
-
-    def totals_by_kind(self) -> dict[str, Totals]:
-        out: dict[str, Totals] = {}
-        for c in self.collectives:
-            out[c.kind] = out.get(c.kind, Totals()) + Totals.of(c)
-        return {k: out[k] for k in sorted(out, key=_kind_rank)}
+        return group_totals(self.totals().items(), lambda kt: kt[0][0], lambda kt: kt[1])
 
     def by_scope(self) -> list[ScopeTotals]:
         """Totals per scope (named scope or module path), axes and kind.
@@ -369,8 +326,20 @@ class Audit:
         order: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         for c in self.sorted_collectives():
             parts = c.parts or (
-                Part(0, None, c.dtype, c.shape, c.payload_bytes, c.traffic_bytes,
-                     c.op_name, c.source, c.user_source, c.stack, c.scope, c.phase),
+                Part(
+                    0,
+                    None,
+                    c.dtype,
+                    c.shape,
+                    c.payload_bytes,
+                    c.traffic_bytes,
+                    c.op_name,
+                    c.source,
+                    c.user_source,
+                    c.stack,
+                    c.scope,
+                    c.phase,
+                ),
             )
             counted: set[tuple[str, str, str]] = set()
             for p in parts:
@@ -393,10 +362,7 @@ class Audit:
         ]
 
     def total(self) -> Totals:
-        t = Totals()
-        for c in self.collectives:
-            t = t + Totals.of(c)
-        return t
+        return sum((c.totals for c in self.collectives), Totals())
 
     def axis_traffic(self, axis: str) -> int:
         """Bytes per device sent by the collectives that run over ``axis`` (or a sub-axis)."""
@@ -455,7 +421,11 @@ class Audit:
 
         Returns ``self``, so checks chain.
 
-        >>> audit.expect(all_gather=0, all_reduce=2, bytes_per_axis={"mp": 2**20})  # doctest: +SKIP
+        >>> from shardscope import audit
+        >>> from shardscope._src.sharding.demos import taster_matmul
+        >>> result = audit(taster_matmul("model=8"))
+        >>> result.expect(all_gather=0, all_reduce=1, bytes_per_axis={"model": 2**20}).exact
+        True
         """
         rows: list[tuple[str, str, str, bool]] = []
         actual = self.counts()
@@ -465,7 +435,7 @@ class Audit:
             if kind not in _comm.KINDS:
                 valid = ", ".join(k.replace("-", "_") for k in _comm.KINDS)
                 raise TypeError(f"expect() got an unexpected keyword {key!r}; kinds are {valid}")
-            if isinstance(want, bool) or not isinstance(want, int) or want < 0:
+            if not is_int(want, 0):
                 raise ShardscopeError(f"expect({key}=...) needs a count >= 0, got {want!r}")
             ok = actual[kind] == want
             if not ok:

@@ -17,7 +17,12 @@ group size times one device's buffer) and, for a collective-permute, one device'
 
 from __future__ import annotations
 
-from shardscope._src.base.errors import ShardscopeError
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from shardscope._src.base.errors import ShardscopeError, is_int
+from shardscope._src.base.io import record_dict
 
 ALL_REDUCE = "all-reduce"
 ALL_GATHER = "all-gather"
@@ -67,11 +72,11 @@ def _check(kind: str, payload_bytes: int, group_size: int) -> None:
         raise ShardscopeError(
             f"unknown collective kind {kind!r}; expected one of {', '.join(KINDS)}"
         )
-    if isinstance(payload_bytes, bool) or not isinstance(payload_bytes, int) or payload_bytes < 0:
+    if not is_int(payload_bytes, 0):
         raise ShardscopeError(
             f"payload_bytes must be a non-negative integer, got {payload_bytes!r}"
         )
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if not is_int(group_size, 1):
         raise ShardscopeError(f"group_size must be a positive integer, got {group_size!r}")
 
 
@@ -151,3 +156,45 @@ def format_bytes(n: int) -> str:
         if value < 1024 or unit == "TiB":
             return f"{value:.4g} {unit}"
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over collectives (compiled, or a bound's terms), each weighted by its count:
+    executions, payload bytes and bytes each device sends."""
+
+    count: int = 0
+    payload_bytes: int = 0
+    traffic_bytes: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.count + other.count,
+            self.payload_bytes + other.payload_bytes,
+            self.traffic_bytes + other.traffic_bytes,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return record_dict(self)
+
+
+_T = TypeVar("_T")
+_K = TypeVar("_K", bound=Hashable)
+
+
+def group_totals(
+    items: Iterable[_T], key: Callable[[_T], _K], totals: Callable[[_T], Totals]
+) -> dict[_K, Totals]:
+    """``{key(item): sum of totals(item)}``, keys in the order they first appear: how audits,
+    bounds and verdicts sum collectives per (mesh axes, kind).
+
+    >>> pairs = [("x", 1), ("y", 2), ("x", 3)]
+    >>> sums = group_totals(pairs, lambda p: p[0], lambda p: Totals(1, p[1]))
+    >>> {k: (t.count, t.payload_bytes) for k, t in sums.items()}
+    {'x': (2, 4), 'y': (1, 2)}
+    """
+    out: dict[_K, Totals] = {}
+    for item in items:
+        k = key(item)
+        out[k] = out.get(k, Totals()) + totals(item)
+    return out

@@ -198,8 +198,7 @@ def _devices(topo: Topology) -> tuple[Any, ...]:
     devices = tuple(desc.devices)
     if len(devices) != topo.devices:
         raise TargetError(
-            f"{t.name}: the {topo.name} topology gave {len(devices)} devices, not "
-            f"{topo.devices}"
+            f"{t.name}: the {topo.name} topology gave {len(devices)} devices, not {topo.devices}"
         )
     _OWNER.update({id(d): t.name for d in devices})
     return devices

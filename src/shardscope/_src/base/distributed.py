@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
+from shardscope._src.base.errors import DeviceSetupError, ShardscopeError, is_int
 
 _LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -66,6 +66,8 @@ def initialize_distributed(
     :class:`DeviceSetupError` when JAX's backend has already started, when this process is
     already in a different run, or when the run cannot be joined.
 
+    Not run as a doctest (it waits for the other process of the run):
+
     >>> import shardscope
     >>> shardscope.initialize_distributed("127.0.0.1:12345", 2, 0)  # doctest: +SKIP
     True
@@ -87,7 +89,7 @@ def initialize_distributed(
         )
     for name in ("num_processes", "process_id"):
         value = given[name]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is not None and not is_int(value):
             raise ShardscopeError(f"{name} must be a whole number, got {value!r}")
     if num_processes is not None and num_processes <= 0:
         raise ShardscopeError(f"num_processes must be positive, got {num_processes}")

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 
 class ShardscopeError(ValueError):
-    """Bad input to shardscope: the message names the value, the rule and the fix."""
+    """Bad input to shardscope: the message names the value, the rule and the fix.
+
+    ``params`` names the arguments of the library call that hold the bad values (empty when
+    no one does), in the library's words; the command line tells its users the flags that
+    set them.
+
+    >>> e = ShardscopeError("batch=0: must be positive", param="batch")
+    >>> str(e), e.params
+    ('batch=0: must be positive', ('batch',))
+    """
+
+    def __init__(self, message: str, *, param: str | tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param)
 
 
 class MeshSpecError(ShardscopeError):
@@ -59,3 +72,15 @@ class TargetError(ShardscopeError):
 
 class DeviceMemoryError(ShardscopeError):
     """A program that the target's compiler could not fit in the device's memory."""
+
+
+def is_int(value: object, minimum: int | None = None) -> bool:
+    """Whether ``value`` is an integer (a bool is not) of at least ``minimum``: the one test
+    every count, size and seed goes through.
+
+    >>> is_int(8, minimum=1), is_int(True), is_int(0, minimum=1), is_int(2.0), is_int(-3)
+    (True, False, False, False, True)
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return minimum is None or value >= minimum

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import importlib.metadata
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +83,9 @@ def check_file_path(path: str | os.PathLike[str]) -> Path:
 def check_dir_path(path: str | os.PathLike[str]) -> Path:
     """Refuses, before any work is done, a result folder that cannot be made or written."""
     if not str(path).strip():
-        raise OutputPathError("the output folder is empty; give a folder, e.g. --out scores")
+        raise OutputPathError(
+            "the output folder is empty; give a folder, e.g. 'scores'", param="out_dir"
+        )
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise OutputPathError(f"{str(p)!r} is a file, not a folder; give a folder for results")
@@ -110,6 +114,36 @@ def result_header(backend: str | None) -> dict[str, Any]:
         "jaxlib_version": _version("jaxlib"),
         "backend": backend,
     }
+
+
+def json_value(value: Any) -> Any:
+    """A record's value as JSON: records through their ``to_dict()`` (or :func:`record_dict`),
+    tuples and lists as lists, mappings as dicts, enums as their value."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return record_dict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, list | tuple):
+        return [json_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): json_value(v) for k, v in value.items()}
+    return value
+
+
+def record_dict(
+    record: Any, *, omit: Sequence[str] = (), extra: Sequence[str] = ()
+) -> dict[str, Any]:
+    """A record (a dataclass) as JSON-ready plain data: its fields in order, less ``omit``,
+    then the properties named in ``extra``. The one serialization the records share.
+
+    >>> from shardscope._src.base.comm import Totals
+    >>> record_dict(Totals(2, 64, 112))
+    {'count': 2, 'payload_bytes': 64, 'traffic_bytes': 112}
+    """
+    names = [f.name for f in dataclasses.fields(record) if f.name not in omit]
+    return {name: json_value(getattr(record, name)) for name in (*names, *extra)}
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:

@@ -82,20 +82,52 @@ _HOPPER = "NVIDIA H100 datasheet and Hopper (GH100) architecture whitepaper"
 
 GPU_SPECS: dict[str, GpuSpec] = {
     "a100": GpuSpec(
-        "NVIDIA A100-SXM4-80GB", (8, 0), 108, 64, 1.41, 2.039e12, 40 * MIB, 164 * KIB,
-        163 * KIB, _AMPERE + " (SXM4 80GB: 2,039 GB/s, 1,410 MHz boost)",
+        "NVIDIA A100-SXM4-80GB",
+        (8, 0),
+        108,
+        64,
+        1.41,
+        2.039e12,
+        40 * MIB,
+        164 * KIB,
+        163 * KIB,
+        _AMPERE + " (SXM4 80GB: 2,039 GB/s, 1,410 MHz boost)",
     ),
     "h100": GpuSpec(
-        "NVIDIA H100 80GB HBM3", (9, 0), 132, 128, 1.98, 3.35e12, 50 * MIB, 228 * KIB,
-        227 * KIB, _HOPPER + " (SXM5: 3.35 TB/s, 1,980 MHz boost)",
+        "NVIDIA H100 80GB HBM3",
+        (9, 0),
+        132,
+        128,
+        1.98,
+        3.35e12,
+        50 * MIB,
+        228 * KIB,
+        227 * KIB,
+        _HOPPER + " (SXM5: 3.35 TB/s, 1,980 MHz boost)",
     ),
     "h200": GpuSpec(
-        "NVIDIA H200", (9, 0), 132, 128, 1.98, 4.8e12, 50 * MIB, 228 * KIB, 227 * KIB,
+        "NVIDIA H200",
+        (9, 0),
+        132,
+        128,
+        1.98,
+        4.8e12,
+        50 * MIB,
+        228 * KIB,
+        227 * KIB,
         "NVIDIA H200 datasheet (SXM: 141 GB HBM3e at 4.8 TB/s) on the Hopper GH100 of the "
         "H100 whitepaper",
     ),
     "b200": GpuSpec(
-        "NVIDIA B200", (10, 0), 148, 128, 1.965, 8e12, 126 * MIB, 228 * KIB, 227 * KIB,
+        "NVIDIA B200",
+        (10, 0),
+        148,
+        128,
+        1.965,
+        8e12,
+        126 * MIB,
+        228 * KIB,
+        227 * KIB,
         "NVIDIA HGX B200 datasheet (8 TB/s per GPU) and Blackwell architecture technical brief",
     ),
 }
@@ -120,8 +152,16 @@ class TpuGeneration:
 
 def _slices_2d(prefix: str) -> dict[int, TpuSlice]:
     # Cloud TPU v5e / v6e slice shapes; a slice wraps a dimension only once it spans 16 chips.
-    shapes = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8),
-              128: (8, 16), 256: (16, 16)}
+    shapes = {
+        1: (1, 1),
+        4: (2, 2),
+        8: (2, 4),
+        16: (4, 4),
+        32: (4, 8),
+        64: (8, 8),
+        128: (8, 16),
+        256: (16, 16),
+    }
     out = {}
     for n, (a, b) in shapes.items():
         host = (1, 1, 1) if n == 1 else (2, 2, 1)
@@ -131,8 +171,19 @@ def _slices_2d(prefix: str) -> dict[int, TpuSlice]:
 
 def _slices_v5p() -> dict[int, TpuSlice]:
     # Cloud TPU v5p: a 3-D torus, wrapped in every dimension from a full 4x4x4 cube on.
-    shapes = [(2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8), (4, 8, 8),
-              (8, 8, 8), (8, 8, 16), (8, 16, 16), (16, 16, 16)]
+    shapes = [
+        (2, 2, 1),
+        (2, 2, 2),
+        (2, 2, 4),
+        (2, 4, 4),
+        (4, 4, 4),
+        (4, 4, 8),
+        (4, 8, 8),
+        (8, 8, 8),
+        (8, 8, 16),
+        (8, 16, 16),
+        (16, 16, 16),
+    ]
     out = {}
     for s in shapes:
         wrap = min(s) >= 4
@@ -244,8 +295,10 @@ class Topology:
     def describe(self) -> str:
         if self.chip_config is None:
             nodes = self.nodes
-            return f"{self.devices} GPU" + ("s" if self.devices > 1 else "") + (
-                f" in {nodes} nodes of {GPUS_PER_NODE}" if nodes > 1 else " in one node"
+            return (
+                f"{self.devices} GPU"
+                + ("s" if self.devices > 1 else "")
+                + (f" in {nodes} nodes of {GPUS_PER_NODE}" if nodes > 1 else " in one node")
             )
         shape = self.name.split(":")[1]
         chips = f"{self.devices} chip" + ("s" if self.devices > 1 else "")
@@ -277,13 +330,17 @@ def topology(target: str | Target, devices: int) -> Topology:
             n_slices, one = devices // largest, gen.slices[largest]
         if one is not None:
             return Topology(
-                t.name, devices, one.topology, n_slices, gen.chip_config, one.chips_per_host,
+                t.name,
+                devices,
+                one.topology,
+                n_slices,
+                gen.chip_config,
+                one.chips_per_host,
                 one.wrap,
             )
     else:
         raise TargetError(
-            "the cpu target has no topology: its devices are simulated "
-            "(shardscope.use_cpu_devices)"
+            "the cpu target has no topology: its devices are simulated (shardscope.use_cpu_devices)"
         )
     raise TargetError(
         f"{t.name} cannot be built with {devices} devices; it comes as {t.device_counts()}"

@@ -1,6 +1,7 @@
 """The minimum communication of one sharded matmul ``C[M,N] = A[M,K] @ B[K,N]`` for any input
 and output specs: the cheapest schedule, searched rather than looked up (see
-:func:`plan_matmul`)."""
+:func:`best_schedule`). A schedule says, per mesh axis, how the product is split and which
+collectives that costs; the cheapest schedule's collectives are the :class:`Bound`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from shardscope._src.base.comm import (
     ALL_TO_ALL,
     REDUCE_SCATTER,
 )
-from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.errors import StrategyError, is_int
+from shardscope._src.base.text import format_mesh_spec, format_spec_entries
 from shardscope._src.bounds.terms import Bound, Term
 
 # -- one sharded matmul -----------------------------------------------------------------------
@@ -65,7 +67,7 @@ class MatmulProblem:
 
         for name in ("m", "k", "n"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v, 1):
                 raise StrategyError(f"matmul {name}={v!r}: must be a positive integer")
             if v > MAX_DIM:
                 raise StrategyError(
@@ -85,10 +87,11 @@ class MatmulProblem:
                 raise StrategyError(
                     f"{label} {spec!r} has {len(spec)} entries; a matrix has 2 dimensions"
                 )
+            text = repr(format_spec_entries(spec))
             seen = [a for a in spec if a is not None]
             if len(seen) != len(set(seen)):
                 raise StrategyError(
-                    f"{label} {_fmt(spec)} uses axis {seen[0]!r} on both dimensions; an axis "
+                    f"{label} {text} uses axis {seen[0]!r} on both dimensions; an axis "
                     f"can shard one dimension of an array, e.g. '{seen[0]},None'"
                 )
             for dim, axis in zip(_DIMS[arr], spec, strict=True):
@@ -96,13 +99,13 @@ class MatmulProblem:
                     continue
                 if axis not in self.mesh:
                     raise StrategyError(
-                        f"{label} {_fmt(spec)} names axis {axis!r}, which the mesh "
-                        f"{_mesh_text(self.mesh)} does not have; use one of "
+                        f"{label} {text} names axis {axis!r}, which the mesh "
+                        f"{format_mesh_spec(self.mesh)!r} does not have; use one of "
                         f"{', '.join(self.mesh)} or None"
                     )
                 if sizes[dim] % self.mesh[axis]:
                     raise StrategyError(
-                        f"{label} {_fmt(spec)} shards {dim}={sizes[dim]} over axis "
+                        f"{label} {text} shards {dim}={sizes[dim]} over axis "
                         f"{axis}={self.mesh[axis]}, but {sizes[dim]} is not divisible by "
                         f"{self.mesh[axis]}; choose {dim} a multiple of {self.mesh[axis]} or "
                         f"leave that dimension unsharded (None)"
@@ -156,19 +159,11 @@ class MatmulProblem:
         }
 
 
-def _fmt(spec: Sequence[str | None]) -> str:
-    return "'" + ",".join("None" if a is None else a for a in spec) + "'"
-
-
-def _mesh_text(mesh: Mapping[str, int]) -> str:
-    return "'" + ",".join(f"{k}={v}" for k, v in mesh.items()) + "'"
-
-
 @dataclass(frozen=True)
-class AxisPlan:
+class AxisSchedule:
     """How one mesh axis is used: the compute partition and the collectives it costs.
 
-    ``a``/``b`` are the dimensions the plan wants A and B sharded on along this axis,
+    ``a``/``b`` are the dimensions the schedule wants A and B sharded on along this axis,
     ``product`` the product's (``"partial"``: unreduced sums, when ``partition == "k"``).
     """
 
@@ -214,11 +209,11 @@ class AxisPlan:
 
 
 @dataclass(frozen=True)
-class MatmulPlan:
-    """A plan for every mesh axis, with the bound it achieves and the specs that force it."""
+class MatmulSchedule:
+    """A schedule for every mesh axis, with the bound it achieves and the specs that force it."""
 
     problem: MatmulProblem
-    axes: tuple[AxisPlan, ...]
+    axes: tuple[AxisSchedule, ...]
 
     @property
     def traffic_bytes(self) -> int:
@@ -235,7 +230,7 @@ class MatmulPlan:
         return Bound("matmul", terms, notes)
 
     def layout(self, which: str) -> tuple[Any, Any]:
-        """Spec entries the plan wants for ``"a"``, ``"b"`` or the ``"product"`` (None where
+        """Spec entries the schedule wants for ``"a"``, ``"b"`` or the ``"product"`` (None where
         a product dimension holds partial sums, which no spec can express)."""
         dims = _DIMS["c" if which == "product" else which]
         entries: list[list[str]] = [[], []]
@@ -279,8 +274,9 @@ def _reshard(
     )
 
 
-def plan_axis(problem: MatmulProblem, axis: str, partition: str | None) -> AxisPlan | None:
-    """The plan that splits ``partition`` over ``axis``, or None if a dimension won't divide."""
+def axis_schedule(problem: MatmulProblem, axis: str, partition: str | None) -> AxisSchedule | None:
+    """The schedule that splits ``partition`` over ``axis``, or None if a dimension won't
+    divide."""
     n = problem.mesh[axis]
     sizes = {"m": problem.m, "k": problem.k, "n": problem.n}
     if partition is not None and sizes[partition] % n:
@@ -291,11 +287,11 @@ def plan_axis(problem: MatmulProblem, axis: str, partition: str | None) -> AxisP
         _reshard(problem.where("b", axis), b, problem.array_bytes("b", axis), n, axis, "B"),
         _reshard(product, problem.where("c", axis), problem.array_bytes("c", axis), n, axis, "C"),
     ]
-    return AxisPlan(axis, n, partition, a, b, product, tuple(t for t in steps if t))
+    return AxisSchedule(axis, n, partition, a, b, product, tuple(t for t in steps if t))
 
 
-def plan_matmul(problem: MatmulProblem, *, duplicate_flops: bool = True) -> MatmulPlan:
-    """The cheapest plan, in bytes sent per device, for ``problem``.
+def best_schedule(problem: MatmulProblem, *, duplicate_flops: bool = True) -> MatmulSchedule:
+    """The cheapest schedule, in bytes sent per device, for ``problem``.
 
     The rule behind the reference sheet's cases a to e'': along each mesh axis the product is
     split over one of its index dimensions (``m``, ``n``, the contraction ``k``, or none, every
@@ -304,22 +300,22 @@ def plan_matmul(problem: MatmulProblem, *, duplicate_flops: bool = True) -> Matm
     replicated one is sliced for free; a sharded one is all-gathered (to replicated) or
     all-to-all-ed (to another dimension); the product's partial sums (``k``) are all-reduced
     (output replicated) or reduce-scattered (output sharded). The bound is the cheapest
-    choice, summed over axes, each axis planned with the arrays as the other axes' specs
+    choice, summed over axes, each axis scheduled with the arrays as the other axes' specs
     shard them. Ties go to fewer collectives, then to split compute.
 
     ``duplicate_flops=False`` forbids the "none" split on axes where any array is sharded
     (every device then does ``1/devices`` of the flops).
     """
-    plans = []
+    chosen = []
     for axis in problem.mesh:
         used = any(problem.where(arr, axis) for arr in ("a", "b", "c"))
         options = [
             p
             for part in PARTITIONS
             if (duplicate_flops or part is not None or not used)
-            and (p := plan_axis(problem, axis, part)) is not None
+            and (p := axis_schedule(problem, axis, part)) is not None
         ]
-        plans.append(
+        chosen.append(
             min(
                 options,
                 key=lambda p: (
@@ -330,17 +326,41 @@ def plan_matmul(problem: MatmulProblem, *, duplicate_flops: bool = True) -> Matm
                 ),
             )
         )
-    return MatmulPlan(problem, tuple(plans))
+    return MatmulSchedule(problem, tuple(chosen))
 
 
-def all_matmul_plans(problem: MatmulProblem) -> list[MatmulPlan]:
+def matmul_schedules(problem: MatmulProblem) -> list[MatmulSchedule]:
     """Every combination of per-axis partitions, cheapest first (for reports and tests)."""
     per_axis = [
-        [p for part in PARTITIONS if (p := plan_axis(problem, axis, part)) is not None]
+        [p for part in PARTITIONS if (p := axis_schedule(problem, axis, part)) is not None]
         for axis in problem.mesh
     ]
-    combos = [MatmulPlan(problem, tuple(c)) for c in itertools.product(*per_axis)]
+    combos = [MatmulSchedule(problem, tuple(c)) for c in itertools.product(*per_axis)]
     return sorted(combos, key=lambda p: (p.traffic_bytes, sum(len(a.terms) for a in p.axes)))
+
+
+def matmul_schedule(
+    mesh: Any,
+    m: int,
+    k: int,
+    n: int,
+    dtype: str,
+    a_spec: str | Sequence[str | None],
+    b_spec: str | Sequence[str | None],
+    out_spec: str | Sequence[str | None],
+) -> MatmulSchedule:
+    """The cheapest schedule for ``C = A @ B`` with the given specs (:func:`best_schedule`).
+
+    ``mesh`` is a ``Mesh``, a description ``"x=8"`` or a ``{name: size}`` mapping; specs are
+    ``"None,x"`` strings or pairs.
+
+    >>> s = matmul_schedule("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
+    ...                     "None,x")
+    >>> [a.partition for a in s.axes], s.layout("a")
+    (['m'], ('x', None))
+    """
+    problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
+    return best_schedule(problem)
 
 
 def matmul_bound(
@@ -352,19 +372,15 @@ def matmul_bound(
     a_spec: str | Sequence[str | None],
     b_spec: str | Sequence[str | None],
     out_spec: str | Sequence[str | None],
-) -> MatmulPlan:
-    """The best plan (and its bound, ``.bound()``) for ``C = A @ B`` with the given specs.
+) -> Bound:
+    """The minimum communication of ``C = A @ B`` with the given specs: the collectives of
+    the cheapest schedule (:func:`matmul_schedule`; its ``notes`` describe the schedule).
 
-    ``mesh`` is a ``Mesh``, a description ``"x=8"`` or a ``{name: size}`` mapping; specs are
-    ``"None,x"`` strings or pairs.
-
-    >>> plan = matmul_bound("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
-    ...                     "None,x")
-    >>> plan.traffic_bytes  # all-to-all A to rows, compute, all-to-all C to columns
+    >>> b = matmul_bound("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None", "None,x")
+    >>> b.traffic_bytes  # all-to-all A to rows, compute, all-to-all C to columns
     3670016
     """
-    problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
-    return plan_matmul(problem)
+    return matmul_schedule(mesh, m, k, n, dtype, a_spec, b_spec, out_spec).bound()
 
 
 def matmul_problem(

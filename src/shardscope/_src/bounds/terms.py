@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardscope._src.base.comm import (
-    traffic_bytes,
-)
+from shardscope._src.base.comm import Totals, group_totals, traffic_bytes
+from shardscope._src.base.io import record_dict
 
 
 @dataclass(frozen=True)
@@ -34,17 +33,13 @@ class Term:
         """Bytes one device sends over all ``count`` executions."""
         return self.count * traffic_bytes(self.kind, self.payload_bytes, self.group_size)
 
+    @property
+    def totals(self) -> Totals:
+        """Executions, payload and bytes sent over all ``count`` executions."""
+        return Totals(self.count, self.payload_bytes * self.count, self.traffic_bytes)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "group_size": self.group_size,
-            "payload_bytes": self.payload_bytes,
-            "count": self.count,
-            "traffic_bytes": self.traffic_bytes,
-            "what": self.what,
-            "scope": self.scope,
-        }
+        return record_dict(self, extra=("traffic_bytes",))
 
 
 @dataclass(frozen=True)
@@ -61,10 +56,11 @@ class Bound:
 
     def by_axes_kind(self) -> dict[tuple[tuple[str, ...], str], int]:
         """``{(axes, kind): traffic bytes}``."""
-        out: dict[tuple[tuple[str, ...], str], int] = {}
-        for t in self.terms:
-            out[(t.axes, t.kind)] = out.get((t.axes, t.kind), 0) + t.traffic_bytes
-        return out
+        return {k: v.traffic_bytes for k, v in self.totals_by_axes_kind().items()}
+
+    def totals_by_axes_kind(self) -> dict[tuple[tuple[str, ...], str], Totals]:
+        """``{(axes, kind): Totals}``, in the order of the terms."""
+        return group_totals(self.terms, lambda t: (t.axes, t.kind), lambda t: t.totals)
 
     def counts(self) -> dict[str, int]:
         """``{kind: executions per run}``."""

@@ -15,7 +15,7 @@ from shardscope._src.base.comm import (
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.model.config import LAYER_PARAMS, param_shapes
-from shardscope._src.sharding.strategies import BoundStrategy
+from shardscope._src.sharding.strategies import Placement
 
 MODES = ("forward", "train")
 
@@ -23,16 +23,16 @@ MODES = ("forward", "train")
 # -- transformer strategies -----------------------------------------------------------------
 
 
-def _group(bound: BoundStrategy, roles: Sequence[str]) -> tuple[tuple[str, ...], int]:
+def _group(placement: Placement, roles: Sequence[str]) -> tuple[tuple[str, ...], int]:
     """The mesh axes of ``roles`` (in mesh order) and the size of one group over them."""
-    names = {a for r in roles if r in bound.axes for a in bound.axes[r]}
-    sizes = {str(k): int(v) for k, v in bound.mesh.shape.items()}
+    names = {a for r in roles if r in placement.axes for a in placement.axes[r]}
+    sizes = {str(k): int(v) for k, v in placement.mesh.shape.items()}
     axes = tuple(a for a in sizes if a in names)
     return axes, math.prod(sizes[a] for a in axes)
 
 
-def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
-    """Minimum communication of the reference model under a bound strategy.
+def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
+    """Minimum communication of the reference model under a strategy's placement.
 
     Per layer (``A`` = one data shard's activations ``batch/data x seq x d_model``):
 
@@ -51,19 +51,20 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
       gathers again (1.5x data parallel).
     * train, any strategy that shards tokens: the scalar loss is all-reduced over those axes.
 
-    >>> from shardscope._src.sharding.strategies import get_strategy  # doctest: +SKIP
-    >>> b = transformer_bound(get_strategy("tp").bind(ModelConfig(), "model=8"))  # doctest: +SKIP
-    >>> b.counts()  # doctest: +SKIP
+    >>> from shardscope._src.model.config import ModelConfig
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> b = transformer_bound(get_strategy("tp").place(ModelConfig(), abstract_mesh("model=8")))
+    >>> b.counts()
     {'all-reduce': 4}
     """
     if mode not in MODES:
         raise StrategyError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    s, c = bound.strategy, bound.config
+    s, c = placement.strategy, placement.config
     L, train = c.layers, mode == "train"
     terms: list[Term] = []
     notes: list[str] = []
-    data_axes, n_data = _group(bound, ["data"]) if s.batch_role else ((), 1)
-    model_axes, t = _group(bound, ["model"])
+    data_axes, n_data = _group(placement, ["data"]) if s.batch_role else ((), 1)
+    model_axes, t = _group(placement, ["model"])
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
 
     def add(
@@ -138,12 +139,12 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
         count = L if name in LAYER_PARAMS else 1
         one = shape[1:] if name in LAYER_PARAMS else shape
         used_roles = (use or storage)[name]
-        model_ways = math.prod(bound.role_size(r) for r in used_roles if r == "model")
+        model_ways = math.prod(placement.role_size(r) for r in used_roles if r == "model")
         payload = math.prod(one) * c.itemsize // model_ways  # as the data group sees it
         scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
         data_sharded = "data" in storage[name]
         if data_sharded:
-            axes, n = _group(bound, ["data"])
+            axes, n = _group(placement, ["data"])
             add(ALL_GATHER, axes, n, payload, count, f"{name} gathered at use", scope)
             if train:
                 add(
@@ -165,7 +166,7 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
         if s.sequence_parallel and "model" not in used_roles:
             partial.append("model")
         if train and partial:
-            axes, n = _group(bound, partial)
+            axes, n = _group(placement, partial)
             add(
                 ALL_REDUCE,
                 axes,
@@ -180,17 +181,17 @@ def transformer_bound(bound: BoundStrategy, mode: str = "forward") -> Bound:
         token_roles = [
             r
             for r in ("data", "model")
-            if r in bound.axes
+            if r in placement.axes
             and ((r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))
         ]
-        axes, n = _group(bound, token_roles)
+        axes, n = _group(placement, token_roles)
         add(ALL_REDUCE, axes, n, 4, 1, "scalar loss summed over token shards", "loss")
         if "data" in storage["wqkv"]:
             notes.append(
                 "FSDP bound keeps gathered weights for the backward pass; ZeRO-3 as "
                 "published gathers them again (1.5x data parallel)"
             )
-    return Bound(f"{bound.name} {mode}", tuple(terms), tuple(notes))
+    return Bound(f"{placement.name} {mode}", tuple(terms), tuple(notes))
 
 
 _SCOPE_OF = {

@@ -760,7 +760,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return run(args)
     except UsageError as e:
         _fail(str(e))
-    except (ShardscopeError, DeviceSetupError) as e:
+    except ShardscopeError as e:
+        if debug:
+            raise
+        _fail(f"{PROG}: error: {e}{_flags_of(e.params)}")
+    except DeviceSetupError as e:
         if debug:
             raise
         _fail(f"{PROG}: error: {e}")
@@ -772,6 +776,18 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+#: Library parameters whose command-line flag is not ``--`` + the name with dashes.
+_FLAG_OF = {"out_dir": "--out", "memory_bytes": "--memory", "a_spec": "--a-spec"}
+
+
+def _flags_of(params: Sequence[str]) -> str:
+    """`` (flags --d-model, --ff)``: the flags that set the parameters an error names."""
+    if not params:
+        return ""
+    flags = [_FLAG_OF.get(p, "--" + p.replace("_", "-")) for p in params]
+    return f" ({'flag' if len(flags) == 1 else 'flags'} {', '.join(flags)})"
 
 
 def _fail(message: str) -> NoReturn:

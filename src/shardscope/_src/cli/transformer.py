@@ -89,7 +89,7 @@ def run_transformer_command(
         "dtype": dtype,
     }
     config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None})
-    s.bind(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
+    s.place(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
     mesh = _mesh_for(mesh_spec, target)
     report = transformer_verdict(
         s, config, mesh, mode=mode, impl=impl, constraints=constraints, hints=hints

@@ -84,6 +84,7 @@ def is_known_opcode(opcode: str) -> bool:
             return True
     return False
 
+
 # Attributes whose value names computations this instruction runs.
 CALL_ATTRIBUTES = (
     "calls",

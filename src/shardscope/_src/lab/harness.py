@@ -7,12 +7,12 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.base.io import write_result
 
 _LAB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -136,11 +136,24 @@ class Lab:
         msg: str = "",
         details: dict[str, Any] | None = None,
     ) -> bool:
-        """Records whether ``predicate()`` is true. An exception is a failure, never a crash."""
+        """Records whether ``predicate()`` is true. An exception is a failure, never a crash.
+
+        The predicate may return ``(ok, details)``: ``details`` (a dict of what it measured)
+        joins the check's details in the scorecard.
+
+        >>> lab = Lab("doc", verbose=False)
+        >>> lab.check("even", lambda: (4 % 2 == 0, {"value": 4}))
+        True
+        >>> lab.results[0].details
+        {'value': 4}
+        """
         start = time.perf_counter()
         info = dict(details or {})
         try:
             value = predicate() if callable(predicate) else predicate
+            if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
+                value, measured = value
+                info.update(measured)
             passed = bool(value)
             message = msg
             if value is None:
@@ -225,7 +238,7 @@ class Lab:
 
     # -- results ----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Prints ``[lab_id] P/T checks passed (x%); skipped=S`` and returns the scorecard."""
+        """The scorecard: counts, score, hardware and every check's result (prints nothing)."""
         counted = [r for r in self.results if not r.skipped]
         passed = sum(r.passed for r in counted)
         total = len(counted)
@@ -242,27 +255,26 @@ class Lab:
             "hardware": dict(self.hardware),
             "results": [r.to_dict() for r in self.results],
         }
+        return data
+
+    def print_summary(self) -> dict[str, Any]:
+        """Prints ``[lab_id] P/T checks passed (x%); skipped=S`` (when this process reports)
+        and returns :meth:`summary`."""
+        data = self.summary()
         if self.verbose and self.primary:
-            style = "green" if passed == total else "bold red"
             from rich.markup import escape
 
+            passed, total = data["passed"], data["total"]
+            style = "green" if passed == total else "bold red"
             self.console.print(
                 f"[{style}]{escape(f'[{self.lab_id}]')} {passed}/{total} checks passed "
-                f"({100 * score:.0f}%); skipped={skipped}[/]"
+                f"({100 * data['score']:.0f}%); skipped={data['skipped']}[/]"
             )
         return data
 
-    @property
-    def all_passed(self) -> bool:
-        return all(r.passed for r in self.results if not r.skipped)
-
     def save(self) -> Path:
         """Writes the scorecard to ``<out_dir>/<lab_id>.json`` atomically; returns the path."""
-        verbose, self.verbose = self.verbose, False
-        try:
-            data = self.summary()
-        finally:
-            self.verbose = verbose
+        data = self.summary()
         path = self.out_dir / f"{self.lab_id}.json"
         if self.primary:
             import jax
@@ -286,13 +298,13 @@ def bootstrap(
     host with accelerators the real ones are used. The lab's ``key`` is a JAX PRNG key made
     from ``seed``; Python's and NumPy's global RNGs are seeded too.
 
-    >>> lab = bootstrap("demo", verbose=False)  # doctest: +SKIP
-    >>> lab.check("two is even", lambda: 2 % 2 == 0)  # doctest: +SKIP
+    >>> lab = bootstrap("demo", verbose=False)
+    >>> lab.check("two is even", lambda: 2 % 2 == 0)
     True
     """
     from shardscope._src.base.devices import hardware_summary, use_cpu_devices
 
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed, 0):
         raise ShardscopeError(f"seed must be a non-negative integer, got {seed!r}")
     lab = Lab(lab_id, seed=seed, out_dir=out_dir, verbose=verbose)
     use_cpu_devices(devices)

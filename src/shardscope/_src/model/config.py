@@ -15,10 +15,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardscope._src.base.errors import ModelConfigError
+from shardscope._src.base.errors import ModelConfigError, is_int
 
 DTYPES = ("float32", "bfloat16", "float16")
-SCOPES = ("attention", "mlp")
 _EPS = 1e-6
 
 
@@ -53,7 +52,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int(value, 1):
                 raise ModelConfigError(f"model config {name}={value!r}: must be a positive integer")
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "vocab"):
             value = getattr(self, name)
@@ -62,9 +61,7 @@ class ModelConfig:
                     f"model config {name}={value}: dimensions go up to {MAX_DIM} (2**20), far "
                     f"beyond any model; choose a smaller {name}"
                 )
-        if self.vocab is not None and (
-            isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab <= 0
-        ):
+        if self.vocab is not None and (not is_int(self.vocab, 1)):
             raise ModelConfigError(
                 f"model config vocab={self.vocab!r}: must be a positive integer or None "
                 f"(None: the model maps activations to activations, no embedding)"
@@ -83,10 +80,6 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
 
     @property
     def itemsize(self) -> int:

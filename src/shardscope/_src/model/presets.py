@@ -142,6 +142,7 @@ def model_preset(name: str) -> ModelPreset:
     if preset is None:
         raise PlanError(
             f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}, or give "
-            f"the shape with --d-model, --heads, --ff, --layers (and --vocab)"
+            f"the shape: d_model, heads, ff, layers (and vocab)",
+            param="model",
         )
     return preset

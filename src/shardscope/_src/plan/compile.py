@@ -3,15 +3,16 @@ the facts as plain data; in this process or in worker processes that simulate N 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from shardscope._src.base.comm import ALL_TO_ALL, COLLECTIVE_PERMUTE
+from shardscope._src.audit.records import Collective
+from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.types import Candidate, CompiledFacts, PlanCollective
+from shardscope._src.plan.types import Candidate, CompiledFacts, CompileTask, PlanCollective
+from shardscope._src.plan.worker import run_tasks
 
 #: ``progress(done, total, label)``, called as plans finish compiling.
 Progress = Callable[[int, int, str], None]
@@ -26,36 +27,7 @@ COMPILE_OPTIONS: Mapping[str, Any] = {
 }
 
 
-def _target_payload(
-    kind: str,
-    dtype: str,
-    shapes: Sequence[Sequence[int]],
-    payload: int,
-    group_size: int,
-    itemsize: int,
-) -> int:
-    """The payload at the model's dtype: the CPU backend moves bf16 values as f32.
-
-    Only f32 collectives of a 16-bit model are rescaled, and scalars (the f32 loss) kept.
-    """
-    if itemsize >= 4 or dtype != "f32" or not shapes:
-        return payload
-    scale = group_size if kind == ALL_TO_ALL else 1
-    as_cpu = sum(math.prod(s) * 4 for s in shapes) * scale
-    if as_cpu != payload:  # not the arrays we think: leave it as compiled
-        return payload
-    return sum(math.prod(s) * (4 if len(s) == 0 else itemsize) for s in shapes) * scale
-
-
-def _plan_collective(c: Any, itemsize: int) -> PlanCollective:
-    from shardscope._src.base.comm import traffic_bytes
-
-    payload = _target_payload(c.kind, c.dtype, c.shapes, c.payload_bytes, c.group_size, itemsize)
-    if c.kind == COLLECTIVE_PERMUTE:
-        per_run = payload if c.traffic_bytes else 0
-    else:
-        # An all-gather the compiler carried out as an all-reduce sends an all-reduce's bytes.
-        per_run = traffic_bytes(c.carried_as or c.kind, payload, max(c.group_size, 1))
+def _plan_collective(c: Collective, width: Width) -> PlanCollective:
     return PlanCollective(
         kind=c.kind,
         axes=tuple(c.axes),
@@ -64,9 +36,9 @@ def _plan_collective(c: Any, itemsize: int) -> PlanCollective:
         count_exact=c.count_exact,
         irregular=c.irregular,
         dtype=c.dtype,
-        payload_bytes=payload,
+        payload_bytes=width.payload(c),
         cpu_payload_bytes=c.payload_bytes,
-        traffic_bytes=per_run * c.count,
+        traffic_bytes=width.sent(c),
         cpu_traffic_bytes=c.traffic_bytes * c.count,
         op_name=c.op_name,
         source=c.source,
@@ -88,16 +60,17 @@ def compile_facts(
 
     t0 = time.perf_counter()
     mesh = make_mesh(mesh_spec, devices=devices)
-    bound = get_strategy(strategy).bind(config, mesh)
-    lowered = build_program(bound, mode=mode).lower()
+    placement = get_strategy(strategy).place(config, mesh)
+    lowered = build_program(placement, mode=mode).lower()
     t1 = time.perf_counter()
     with _capture_stderr() as log:
         compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
     t2 = time.perf_counter()
     result = audit(compiled)
     remats = parse_rematerializations(log[0] if log else "", result.module)
+    width = Width.of(result, config.dtype)
     facts = CompiledFacts(
-        collectives=tuple(_plan_collective(c, config.itemsize) for c in result.collectives),
+        collectives=tuple(_plan_collective(c, width) for c in result.collectives),
         memory=dict(result.memory or {}),
         rematerializations=tuple(r.source or r.op_name or r.instruction or "?" for r in remats),
         exact=result.exact,
@@ -108,10 +81,9 @@ def compile_facts(
     return facts
 
 
-def worker_task(args: tuple[str, str, dict[str, Any], str]) -> CompiledFacts:
-    """:func:`compile_facts` on this process's devices, from picklable arguments."""
-    strategy, mesh_spec, config, mode = args
-    return compile_facts(strategy, mesh_spec, ModelConfig(**config), mode)
+def compile_task(task: CompileTask) -> CompiledFacts:
+    """:func:`compile_facts` of a worker's task, on this process's devices."""
+    return compile_facts(task.strategy, task.mesh_spec, task.config, task.mode)
 
 
 def _local_devices(n: int) -> list[Any]:
@@ -178,9 +150,7 @@ def compile_all(
                 progress(i, total, cand.label)
         return out
 
-    from shardscope._src.plan.worker import run_tasks
-
-    tasks = [(c.strategy, c.mesh_spec, config.to_dict(), mode) for c in todo]
+    tasks = [CompileTask(c.strategy, c.mesh_spec, config, mode) for c in todo]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:

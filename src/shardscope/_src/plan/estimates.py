@@ -1,4 +1,4 @@
-"""Analytic estimates for a bound strategy: memory per device, model FLOPs, which links a
+"""Analytic estimates for a strategy's placement: memory per device, model FLOPs, which links a
 collective's groups use. Pure arithmetic on the config and the strategy's rules; no compiling.
 
 Memory (per device, bytes):
@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.io import record_dict
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
-from shardscope._src.sharding.strategies import BoundStrategy
+from shardscope._src.sharding.strategies import Placement
 
 #: Mixed-precision Adam: bf16 params (2) + bf16 grads (2) + fp32 master, m, v (12).
 DEFAULT_BYTES_PER_PARAM = 16
@@ -68,44 +69,36 @@ class MemoryEstimate:
         return self.model_state + self.activations + self.gathered_weights
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "params": self.params,
-            "grads": self.grads,
-            "optimizer": self.optimizer,
-            "activations": self.activations,
-            "gathered_weights": self.gathered_weights,
-            "model_state": self.model_state,
-            "total": self.total,
-        }
+        return record_dict(self, extra=("model_state", "total"))
 
 
-def data_ways(bound: BoundStrategy) -> int:
+def data_ways(placement: Placement) -> int:
     """How many ways the batch is split (1 when the strategy replicates it)."""
-    return bound.role_size("data") if bound.strategy.batch_role == "data" else 1
+    return placement.role_size("data") if placement.strategy.batch_role == "data" else 1
 
 
-def model_ways(bound: BoundStrategy) -> int:
-    return bound.role_size("model") if "model" in bound.strategy.roles else 1
+def model_ways(placement: Placement) -> int:
+    return placement.role_size("model") if "model" in placement.strategy.roles else 1
 
 
-def param_elements_per_device(bound: BoundStrategy) -> int:
+def param_elements_per_device(placement: Placement) -> int:
     """Parameter elements one device stores, by each parameter's storage spec."""
-    rules = bound.strategy.param_rules()
+    rules = placement.strategy.param_rules()
     total = 0
-    for name, shape in param_shapes(bound.config).items():
-        ways = math.prod(bound.role_size(r) for r in rules[name] if r is not None)
+    for name, shape in param_shapes(placement.config).items():
+        ways = math.prod(placement.role_size(r) for r in rules[name] if r is not None)
         total += math.prod(shape) // ways
     return total
 
 
-def activation_bytes_per_layer(bound: BoundStrategy, *, flash_attention: bool = True) -> int:
+def activation_bytes_per_layer(placement: Placement, *, flash_attention: bool = True) -> int:
     """Bytes of one layer's activations kept for the backward pass, on one device."""
-    c = bound.config
+    c = placement.config
     s, h, a, f = c.seq, c.d_model, c.heads, c.ff
-    b = c.batch // data_ways(bound)
-    t = model_ways(bound)
+    b = c.batch // data_ways(placement)
+    t = model_ways(placement)
     attention = 0 if flash_attention else 5 * a * s
-    if bound.strategy.sequence_parallel:
+    if placement.strategy.sequence_parallel:
         per_token = (18 * h + 4 * f + attention) / t
     else:
         per_token = 10 * h + (8 * h + 4 * f + attention) / t
@@ -113,18 +106,21 @@ def activation_bytes_per_layer(bound: BoundStrategy, *, flash_attention: bool = 
 
 
 def estimate_memory(
-    bound: BoundStrategy,
+    placement: Placement,
     mode: str = "train",
     *,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
 ) -> MemoryEstimate:
-    """Analytic memory per device of ``bound`` (see the module docstring for the formulas).
+    """Analytic memory per device of ``placement`` (see the module docstring for the formulas).
 
-    >>> from shardscope._src.sharding.strategies import get_strategy  # doctest: +SKIP
-    >>> estimate_memory(get_strategy("fsdp").bind(config, mesh)).total  # doctest: +SKIP
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> dp, fsdp = (get_strategy(s).place(ModelConfig(), abstract_mesh("data=8"))
+    ...             for s in ("dp", "fsdp"))
+    >>> estimate_memory(dp).params // estimate_memory(fsdp).params  # FSDP: 1/8 per device
+    8
     """
-    c = bound.config
+    c = placement.config
     item = c.itemsize
     if mode == "train" and bytes_per_param < 2 * item:
         raise PlanError(
@@ -132,23 +128,23 @@ def estimate_memory(
             f"at {c.dtype} ({2 * item} bytes); use at least {2 * item} (16 for mixed-precision "
             f"Adam, 10 for the scaling book's convention)"
         )
-    elements = param_elements_per_device(bound)
+    elements = param_elements_per_device(placement)
     params = elements * item
     train = mode == "train"
     grads = params if train else 0
     optimizer = elements * (bytes_per_param - 2 * item) if train else 0
-    b = c.batch // data_ways(bound)
-    per_layer = activation_bytes_per_layer(bound, flash_attention=flash_attention)
+    b = c.batch // data_ways(placement)
+    per_layer = activation_bytes_per_layer(placement, flash_attention=flash_attention)
     logits = b * c.seq * c.vocab * (item + 4 if train else item) if c.vocab else 0
     activations = (c.layers if train else 1) * per_layer + logits
     gathered = 0
-    if "data" in bound.strategy.roles and any(
-        "data" in roles for roles in bound.strategy.param_rules().values()
+    if "data" in placement.strategy.roles and any(
+        "data" in roles for roles in placement.strategy.param_rules().values()
     ):
         layer = sum(
             math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
         )
-        gathered = layer * item // model_ways(bound)
+        gathered = layer * item // model_ways(placement)
     return MemoryEstimate(params, grads, optimizer, activations, gathered)
 
 

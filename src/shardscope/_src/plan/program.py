@@ -505,11 +505,12 @@ def plan_program(
             that does not return ``(step, args)``.
     """
     from shardscope._src.audit.stages import takes_rules
+    from shardscope._src.audit.width import Width
     from shardscope._src.base.hardware import hardware as get_hardware
     from shardscope._src.bounds.terms import Bound
     from shardscope._src.plan.compile import _plan_collective
     from shardscope._src.plan.sweep import _axis_comm
-    from shardscope._src.plan.types import Skipped
+    from shardscope._src.plan.types import Skipped, SkipReason
 
     start = time.perf_counter()
     if not callable(make_step):
@@ -584,14 +585,13 @@ def plan_program(
             # A shape the mesh does not divide (JAX's IndivisibleError, our LayoutError) is
             # the planner's "divisibility"; anything else the program raised is an "error".
             divides = type(e).__name__ == "IndivisibleError" or isinstance(e, LayoutError)
-            reason = "divisibility" if divides else "error"
+            reason = SkipReason.DIVISIBILITY if divides else SkipReason.ERROR
             skipped.append(Skipped(rn, spec, reason, _one_line(e)))
             if progress:
                 progress(i, total, f"{rn} {spec}")
             continue
-        # A target's compiler keeps 16-bit collectives 16-bit: count them as compiled.
-        size = itemsize if target_name is None else 4
-        collectives = tuple(_plan_collective(c, size) for c in result.collectives)
+        width = Width.of(result, itemsize=itemsize)
+        collectives = tuple(_plan_collective(c, width) for c in result.collectives)
         comm = _axis_comm(hw, sizes, collectives, no_bound)
         flops = result.flops
         notes = []

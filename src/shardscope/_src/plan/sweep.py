@@ -34,11 +34,11 @@ from typing import Any
 
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER
 from shardscope._src.base.devices import MAX_CPU_DEVICES
-from shardscope._src.base.errors import PlanError, StrategyError
+from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.model.config import MAX_DIM, ModelConfig
-from shardscope._src.model.presets import model_preset
+from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -56,6 +56,7 @@ from shardscope._src.plan.types import (
     PlanCollective,
     PlanResult,
     Skipped,
+    SkipReason,
     Validation,
 )
 
@@ -233,11 +234,16 @@ def _validate(plan: Plan, bound: Any) -> Validation:
     )
 
 
-def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
-    notes = []
+def _lacks_reduce_scatter(bound: Any, collectives: Sequence[PlanCollective]) -> bool:
+    """Whether the bound reduce-scatters over axes the compiled program never does."""
     bound_rs = {t.axes for t in bound.terms if t.kind == REDUCE_SCATTER}
     compiled_rs = {c.axes for c in collectives if c.kind == REDUCE_SCATTER}
-    if bound_rs - compiled_rs:
+    return bool(bound_rs - compiled_rs)
+
+
+def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
+    notes = []
+    if _lacks_reduce_scatter(bound, collectives):
         notes.append(
             "CPU backend: all-reduce + slice where a reduce-scatter suffices (the GPU "
             "compiler forms one; the TPU compiler was seen to all-reduce too), so the "
@@ -300,10 +306,10 @@ def resolve_config(
 def _check_dims(values: Mapping[str, int | None]) -> None:
     for name, value in values.items():
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DIM:
-            flag = "--" + name.replace("_", "-")
             raise PlanError(
-                f"{flag} {value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
-                f"choose a smaller {name}"
+                f"{name}={value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
+                f"choose a smaller {name}",
+                param=name,
             )
 
 
@@ -347,9 +353,10 @@ def _resolve(
         return preset.name, preset.config(batch=batch, seq=seq, dtype=dtype, **dims)
     missing = [k for k in ("d_model", "heads", "ff", "layers") if dims.get(k) is None]
     if missing:
-        flags = ", ".join("--" + k.replace("_", "-") for k in missing)
         raise PlanError(
-            f"a model needs a preset (--model tiny|1b|7b|13b|70b) or its shape; missing {flags}"
+            f"a model needs a preset (model={'|'.join(MODEL_PRESETS)}) or its shape; missing "
+            f"{', '.join(missing)}",
+            param=tuple(missing),
         )
     fields = {k: v for k, v in dims.items() if v is not None}
     return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True, **fields)
@@ -412,6 +419,8 @@ def plan(
     Raises:
         PlanError: an unknown preset, a bad device count or mode.
 
+    Not run as a doctest (it compiles every candidate; the planner tests run sweeps):
+
     >>> result = plan("tiny", 8, workers=0)  # doctest: +SKIP
     >>> result.best.label  # doctest: +SKIP
     'dp data=8'
@@ -420,7 +429,7 @@ def plan(
     from shardscope._src.sharding.strategies import STRATEGIES, abstract_mesh, get_strategy
 
     start = time.perf_counter()
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number")
     if devices > MAX_DEVICES:
         raise PlanError(
@@ -429,9 +438,7 @@ def plan(
         )
     if mode not in MODES:
         raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
-    ):
+    if workers is not None and (not is_int(workers, 0)):
         raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
     names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
     for name in names:
@@ -455,12 +462,12 @@ def plan(
     all_candidates = candidates(names, devices)
     for cand in all_candidates:
         try:
-            bound = get_strategy(cand.strategy).bind(config, abstract_mesh(cand.mesh_spec))
+            placement = get_strategy(cand.strategy).place(config, abstract_mesh(cand.mesh_spec))
         except StrategyError as e:
-            skipped.append(Skipped(cand.strategy, cand.mesh_spec, "divisibility", str(e)))
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
             continue
         mem = estimate_memory(
-            bound, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
+            placement, mode, bytes_per_param=bytes_per_param, flash_attention=flash_attention
         )
         if mem.model_state > hw.memory_bytes:
             from shardscope._src.base.comm import format_bytes
@@ -472,7 +479,7 @@ def plan(
                 Skipped(
                     cand.strategy,
                     cand.mesh_spec,
-                    "memory",
+                    SkipReason.MEMORY,
                     f"{what} need {format_bytes(mem.model_state)} per device, more than the "
                     f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
                     f"devices (fsdp, fsdp_tp) or give more memory (--memory)",
@@ -480,7 +487,7 @@ def plan(
             )
             continue
         todo.append(cand)
-        bounds[cand] = transformer_bound(bound, mode)
+        bounds[cand] = transformer_bound(placement, mode)
         memory[cand] = mem
 
     n_workers = default_workers(devices) if workers is None else workers
@@ -494,7 +501,9 @@ def plan(
         got = facts[cand]
         if isinstance(got, BaseException):
             skipped.append(
-                Skipped(cand.strategy, cand.mesh_spec, "error", f"{type(got).__name__}: {got}")
+                Skipped(
+                    cand.strategy, cand.mesh_spec, SkipReason.ERROR, f"{type(got).__name__}: {got}"
+                )
             )
             continue
         sizes = cand.sizes
@@ -697,7 +706,12 @@ def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> l
             f"collectives; they are counted at {config.itemsize} bytes per element, as GPU "
             f"and TPU compilers keep them (cpu_comm_bytes_per_device has the CPU bytes)"
         )
-    if any("reduce-scatter" in n for p in plans for n in p.notes):
+    # A reduce-scatter row the bound has and the compiled program does not run.
+    if any(
+        a.kind == REDUCE_SCATTER and a.bound_bytes > 0 and a.count == 0
+        for p in plans
+        for a in p.comm
+    ):
         notes.append(
             "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the bytes): "
             "plans that need one (FSDP gradients, sequence parallelism) are charged the "

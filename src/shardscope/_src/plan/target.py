@@ -60,14 +60,15 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
     """Builds ``cand``'s program on ``target``'s compile-only devices, compiles it with the
     target's compiler and audits it."""
     from shardscope._src.audit.compile import audit, compile_lowered
+    from shardscope._src.audit.width import Width
     from shardscope._src.plan.compile import _plan_collective
     from shardscope._src.sharding.programs import build_program
     from shardscope._src.sharding.strategies import get_strategy
     from shardscope._src.target_mesh import target_mesh
 
     mesh = target_mesh(target, cand.mesh_spec)
-    bound = get_strategy(cand.strategy).bind(config, mesh)
-    lowered = build_program(bound, mode=mode).lower()
+    placement = get_strategy(cand.strategy).place(config, mesh)
+    lowered = build_program(placement, mode=mode).lower()
     t0 = time.perf_counter()
     try:
         compiled = compile_lowered(lowered)
@@ -79,7 +80,7 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
         target=target,
         memory=dict(result.memory or {}),
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
-        collectives=tuple(_plan_collective(c, 4) for c in result.collectives),
+        collectives=tuple(_plan_collective(c, Width.of(result)) for c in result.collectives),
         flops=result.flops,
         optimal_seconds=_optimal_seconds(compiled),
         exact=result.exact,

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.io import record_dict
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
 
@@ -28,30 +31,35 @@ class Candidate:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh)
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:
         return f"{self.strategy} {self.mesh_spec}"
 
 
+class SkipReason(StrEnum):
+    """Why a candidate was not compiled."""
+
+    #: a sharded dimension does not divide over its mesh axes
+    DIVISIBILITY = "divisibility"
+    #: the model state alone does not fit the device memory
+    MEMORY = "memory"
+    #: the compile itself failed (``Skipped.message`` has the error)
+    ERROR = "error"
+
+
 @dataclass(frozen=True)
 class Skipped:
-    """A candidate that was not compiled, and why: ``reason`` is ``"divisibility"``,
-    ``"memory"`` or ``"error"`` (the compile itself failed; ``message`` has the error)."""
+    """A candidate that was not compiled: ``reason`` says why, ``message`` the details."""
 
     strategy: str
     mesh: str
-    reason: str
+    reason: SkipReason
     message: str
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "reason": self.reason,
-            "message": self.message,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -84,21 +92,7 @@ class PlanCollective:
         return ",".join(self.axes) if self.axes else "-"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "group_size": self.group_size,
-            "count": self.count,
-            "count_exact": self.count_exact,
-            "irregular": self.irregular,
-            "dtype": self.dtype,
-            "payload_bytes": self.payload_bytes,
-            "cpu_payload_bytes": self.cpu_payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-            "cpu_traffic_bytes": self.cpu_traffic_bytes,
-            "op_name": self.op_name,
-            "source": self.source,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -119,6 +113,24 @@ class CompiledFacts:
 
 
 @dataclass(frozen=True)
+class CompileTask:
+    """One plan to compile, as the planner sends it to a worker process (picklable)."""
+
+    strategy: str
+    mesh_spec: str
+    config: ModelConfig
+    mode: str
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A worker's answer when compiling a task raised: the exception's type and message."""
+
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True)
 class AxisComm:
     """The collectives of one kind over one set of axes, summed, with their bound and time."""
 
@@ -131,15 +143,7 @@ class AxisComm:
     crosses_nodes: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "axes": self.axes,
-            "kind": self.kind,
-            "count": self.count,
-            "traffic_bytes": self.traffic_bytes,
-            "bound_bytes": self.bound_bytes,
-            "time_s": self.time_s,
-            "crosses_nodes": self.crosses_nodes,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -162,17 +166,7 @@ class Validation:
     explanation: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh,
-            "formula_bytes": self.formula_bytes,
-            "compiled_bytes": self.compiled_bytes,
-            "ratio": self.ratio,
-            "ok": self.ok,
-            "cpu_formula_bytes": self.cpu_formula_bytes,
-            "cpu_ratio": self.cpu_ratio,
-            "explanation": self.explanation,
-        }
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -210,7 +204,7 @@ class Plan:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:
@@ -413,14 +407,14 @@ class PlanResult:
 
 
 def _why_empty(result: PlanResult) -> str:
-    by: dict[str, list[Skipped]] = {}
+    by: dict[SkipReason, list[Skipped]] = {}
     for s in result.skipped:
         by.setdefault(s.reason, []).append(s)
     parts = [f"{len(v)} skipped for {k}" for k, v in by.items()]
     head = f"no plan for {result.model} on {result.devices} device(s): " + (
         ", ".join(parts) if parts else "no candidate mesh"
     )
-    if "memory" in by:
+    if SkipReason.MEMORY in by:
         from shardscope._src.base.comm import format_bytes
 
         limit = format_bytes(result.hardware.memory_bytes)
@@ -429,6 +423,6 @@ def _why_empty(result: PlanResult) -> str:
             f"{result.hardware.name}: use more devices, a preset with more memory, "
             f"--memory, or a smaller --bytes-per-param"
         )
-    if "divisibility" in by:
-        head += f"; e.g. {by['divisibility'][0].message}"
+    if SkipReason.DIVISIBILITY in by:
+        head += f"; e.g. {by[SkipReason.DIVISIBILITY][0].message}"
     return head

@@ -1,7 +1,9 @@
 """Worker processes for the planner: each simulates N CPU devices and compiles plans.
 
-A worker is ``python -m shardscope._src.plan.worker N``: it reads pickled tasks on stdin and
-writes pickled results on its original stdout (anything else printed there goes to stderr).
+A worker is ``python -m shardscope._src.plan N`` (:mod:`shardscope._src.plan.__main__`, which
+gives :func:`serve` the compile step): it reads pickled :class:`CompileTask` records on stdin
+and writes a pickled :class:`CompiledFacts` or :class:`TaskFailure` for each on its original
+stdout (anything else printed there goes to stderr).
 Plain subprocesses rather than ``multiprocessing`` so that the caller's ``__main__`` is never
 re-imported: a script without an ``if __name__ == "__main__"`` guard can still plan.
 """
@@ -14,12 +16,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
 
-Task = tuple[str, str, dict[str, Any], str]
+from shardscope._src.base.devices import use_cpu_devices
+from shardscope._src.plan.types import CompiledFacts, CompileTask, TaskFailure
 
 
 class WorkerError(RuntimeError):
@@ -31,17 +33,17 @@ class _Worker:
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ)
         # The worker must import this very package, installed or not.
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[3])  # the folder holding shardscope/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shardscope._src.plan.worker", str(devices)],
+            [sys.executable, "-m", "shardscope._src.plan", str(devices)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=env,
         )
 
-    def run(self, task: Task) -> Any:
+    def run(self, task: CompileTask) -> CompiledFacts:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             pickle.dump(task, self.proc.stdin)
@@ -52,9 +54,11 @@ class _Worker:
                 f"worker process {self.proc.pid} ended without a result "
                 f"(exit status {self.proc.poll()}): {self.stderr_tail() or type(e).__name__}"
             ) from None
-        if reply[0] == "ok":
-            return reply[1]
-        raise WorkerError(f"{reply[1]}: {reply[2]}")
+        if isinstance(reply, CompiledFacts):
+            return reply
+        if isinstance(reply, TaskFailure):
+            raise WorkerError(f"{reply.error_type}: {reply.message}")
+        raise WorkerError(f"worker process {self.proc.pid} answered {type(reply).__name__}")
 
     def stderr_tail(self, lines: int = 3) -> str:
         self.log.seek(0)
@@ -78,8 +82,8 @@ class _Worker:
 
 
 def run_tasks(
-    tasks: Sequence[Task], devices: int, workers: int
-) -> Iterator[tuple[int, Any | BaseException]]:
+    tasks: Sequence[CompileTask], devices: int, workers: int
+) -> Iterator[tuple[int, CompiledFacts | BaseException]]:
     """Runs ``tasks`` on ``workers`` processes; yields ``(index, result or error)`` as each
     finishes. A worker that dies is replaced for the remaining tasks."""
     local = threading.local()
@@ -95,7 +99,7 @@ def run_tasks(
                 started.append(w)
         return w
 
-    def job(i: int) -> Any:
+    def job(i: int) -> CompiledFacts:
         return worker().run(tasks[i])
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardscope-plan")
@@ -118,16 +122,12 @@ def run_tasks(
                 w.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    devices = int(args[0])
+def serve(compile_task: Callable[[CompileTask], CompiledFacts], devices: int) -> int:
+    """The worker's loop: simulate ``devices`` devices, then answer each task read on stdin
+    with ``compile_task(task)`` (or the :class:`TaskFailure` it raised) until stdin ends."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the results channel
-    from shardscope._src.base.devices import use_cpu_devices
-
     use_cpu_devices(devices)
-    from shardscope._src.plan.compile import worker_task
-
     inp = sys.stdin.buffer
     while True:
         try:
@@ -135,12 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except EOFError:
             return 0
         try:
-            reply: tuple[Any, ...] = ("ok", worker_task(task))
+            reply: CompiledFacts | TaskFailure = compile_task(task)
         except Exception as e:  # sent back to the planner, which reports it per plan
-            reply = ("error", type(e).__name__, str(e))
+            reply = TaskFailure(type(e).__name__, str(e))
         pickle.dump(reply, out)
         out.flush()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.text import format_mesh_spec
 
 if TYPE_CHECKING:
     from shardscope._src.audit.records import Audit, Collective
@@ -68,7 +69,7 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    mesh = ",".join(f"{k}={v}" for k, v in audit.mesh_axes.items())
+    mesh = format_mesh_spec(audit.mesh_axes)
     table = Table(
         title=title or f"Collectives of {audit.module_name} on mesh {mesh}",
         show_footer=False,
@@ -143,8 +144,9 @@ def scope_table(audit: Audit, *, title: str | None = None) -> Any:
 
     mesh = ",".join(f"{k}={v}" for k, v in audit.mesh_axes.items())
     table = Table(
-        title=f"{title}, by scope" if title else f"Collectives of {audit.module_name} on mesh "
-        f"{mesh}, by scope",
+        title=f"{title}, by scope"
+        if title
+        else f"Collectives of {audit.module_name} on mesh {mesh}, by scope",
         header_style="bold",
     )
     table.add_column("scope", overflow="fold", ratio=1)

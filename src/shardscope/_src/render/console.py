@@ -101,9 +101,7 @@ def tree_layout_table(tree: TreeLayout, *, title: str | None = None) -> Any:
         caption += f" (unplaced arrays, {format_bytes(tree.unplaced_bytes)}, counted whole)"
     if tree.other_leaves:
         caption += f"; {tree.other_leaves} non-array leaves skipped"
-    table = Table(
-        title=title, caption=caption, title_justify="left", caption_justify="left"
-    )
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("path", overflow="fold")
     table.add_column("shape", justify="right", no_wrap=True)
     table.add_column("dtype")
@@ -120,7 +118,5 @@ def tree_layout_table(tree: TreeLayout, *, title: str | None = None) -> Any:
             "-" if leaf.replication is None else str(leaf.replication),
         )
     table.add_section()
-    table.add_row(
-        "total", "", "", "", format_bytes(tree.max_device_bytes), "", end_section=True
-    )
+    table.add_row("total", "", "", "", format_bytes(tree.max_device_bytes), "", end_section=True)
     return table

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.types import Plan, PlanResult
+    from shardscope._src.plan.types import PlanResult
 
+#: Short names of the collective kinds, for one-line summaries.
 KIND_SHORT = {
     "all-reduce": "AR",
     "all-gather": "AG",
@@ -37,12 +38,6 @@ def format_seconds(s: float) -> str:
 
 def format_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
-
-
-def comm_summary(p: Plan) -> str:
-    """``'model AR x128; data AR x33'``: compiled collectives per axis, loop trips counted."""
-    parts = [f"{a.axes} {KIND_SHORT.get(a.kind, a.kind)} x{a.count}" for a in p.comm if a.count]
-    return "; ".join(parts) or "none"
 
 
 def headline(result: PlanResult) -> str:

@@ -3,8 +3,9 @@
 Each demo is a jitted function with ``jax.ShapeDtypeStruct`` arguments (nothing allocated)
 on a mesh; :func:`shardscope.audit` accepts a :class:`Demo` directly (it has ``lower()``).
 
->>> demo = taster_matmul("model=8")          # doctest: +SKIP
->>> shardscope.audit(demo).counts()["all-reduce"]  # doctest: +SKIP
+>>> import shardscope
+>>> demo = taster_matmul("model=8")
+>>> shardscope.audit(demo).counts()["all-reduce"]
 1
 """
 

@@ -1,5 +1,5 @@
-"""Programs built from a bound strategy: jit (the compiler inserts collectives) or shard_map
-(explicit ``psum`` / ``all_gather`` / ``psum_scatter``), in forward or train-step mode.
+"""Programs built from a strategy's placement: jit (the compiler inserts collectives) or
+shard_map (explicit ``psum`` / ``all_gather`` / ``psum_scatter``), in forward or train-step mode.
 
 A :class:`Program` carries its jitted function and abstract arguments
 (``jax.ShapeDtypeStruct`` with shardings), so it can be lowered, compiled and audited without
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.text import format_spec
 from shardscope._src.model.config import (
     Hooks,
     ModelConfig,
@@ -24,7 +25,7 @@ from shardscope._src.model.config import (
     loss,
     loss_from_output,
 )
-from shardscope._src.sharding.strategies import BoundStrategy, Strategy, get_strategy
+from shardscope._src.sharding.strategies import Placement, Strategy, get_strategy
 
 MODES = ("forward", "train")
 IMPLS = ("jit", "shard_map")
@@ -33,33 +34,33 @@ IMPLS = ("jit", "shard_map")
 class JitHooks(Hooks):
     """Sharding constraints at the strategy's activation points and weight uses."""
 
-    def __init__(self, bound: BoundStrategy) -> None:
-        self.bound = bound
+    def __init__(self, placement: Placement) -> None:
+        self.placement = placement
 
     def _constrain(self, x: Any, spec: Any) -> Any:
         import jax
 
         if spec is None:
             return x
-        return jax.lax.with_sharding_constraint(x, self.bound.sharding(spec))
+        return jax.lax.with_sharding_constraint(x, self.placement.sharding(spec))
 
     def residual(self, x: Any) -> Any:
-        return self._constrain(x, self.bound.activation_spec("residual"))
+        return self._constrain(x, self.placement.activation_spec("residual"))
 
     def enter(self, scope: str, h: Any) -> Any:
-        return self._constrain(h, self.bound.activation_spec("enter"))
+        return self._constrain(h, self.placement.activation_spec("enter"))
 
     def heads(self, x: Any) -> Any:
-        return self._constrain(x, self.bound.activation_spec("heads"))
+        return self._constrain(x, self.placement.activation_spec("heads"))
 
     def hidden(self, x: Any) -> Any:
-        return self._constrain(x, self.bound.activation_spec("hidden"))
+        return self._constrain(x, self.placement.activation_spec("hidden"))
 
     def exit(self, scope: str, y: Any) -> Any:
-        return self._constrain(y, self.bound.activation_spec("residual"))
+        return self._constrain(y, self.placement.activation_spec("residual"))
 
     def weight(self, name: str, w: Any) -> Any:
-        return self._constrain(w, self.bound.use_spec(name))
+        return self._constrain(w, self.placement.use_spec(name))
 
 
 class ShardMapHooks(Hooks):
@@ -93,7 +94,7 @@ class ShardMapHooks(Hooks):
 class Program:
     """A compiled-on-demand program of one strategy, mode and implementation."""
 
-    bound: BoundStrategy
+    placement: Placement
     mode: str
     impl: str
     capture: bool
@@ -102,16 +103,16 @@ class Program:
 
     @property
     def name(self) -> str:
-        suffix = "" if self.bound.constraints else ", no activation constraints"
-        return f"{self.bound.name} ({self.impl}, {self.mode}{suffix})"
+        suffix = "" if self.placement.constraints else ", no activation constraints"
+        return f"{self.placement.name} ({self.impl}, {self.mode}{suffix})"
 
     @property
     def config(self) -> ModelConfig:
-        return self.bound.config
+        return self.placement.config
 
     @property
     def mesh(self) -> Any:
-        return self.bound.mesh
+        return self.placement.mesh
 
     def abstract_args(self) -> tuple[Any, ...]:
         """The arguments as ``jax.ShapeDtypeStruct`` with their shardings: nothing allocated."""
@@ -144,7 +145,7 @@ class Program:
 
 
 def build_program(
-    strategy: str | Strategy | BoundStrategy,
+    strategy: str | Strategy | Placement,
     config: ModelConfig | None = None,
     mesh: Any = None,
     *,
@@ -156,9 +157,9 @@ def build_program(
     """Builds the reference model under ``strategy`` on ``mesh``.
 
     Args:
-        strategy: a built-in name (``"tp"``), a :class:`Strategy`, or an already bound one
+        strategy: a built-in name (``"tp"``), a :class:`Strategy`, or a :class:`Placement` of one
             (then ``config``, ``mesh`` and ``constraints`` come from it).
-        config: the model; required unless ``strategy`` is bound.
+        config: the model; required unless ``strategy`` is a placement.
         mesh: a ``Mesh`` or a description such as ``"data=2,model=4"``.
         mode: ``"forward"`` (``fn(params, inputs)``) or ``"train"`` (``fn(params, (inputs,
             targets)) -> (loss, grads)``; grads come out sharded like the parameters).
@@ -166,8 +167,10 @@ def build_program(
         capture: forward also returns every layer's attention and MLP outputs (numerics).
         constraints: keep the strategy's activation sharding constraints (jit only).
 
-    >>> prog = build_program("tp", ModelConfig(), "model=8")  # doctest: +SKIP
-    >>> shardscope.audit(prog.fn, *prog.abstract_args())  # doctest: +SKIP
+    >>> import shardscope
+    >>> prog = build_program("tp", ModelConfig(layers=1), "model=8")
+    >>> shardscope.audit(prog).counts()["all-reduce"]  # out-projection and MLP-down
+    2
     """
     import jax
 
@@ -175,35 +178,36 @@ def build_program(
         raise StrategyError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if impl not in IMPLS:
         raise StrategyError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
-    if isinstance(strategy, BoundStrategy):
-        bound = strategy
+    if isinstance(strategy, Placement):
+        placement = strategy
     else:
         if config is None or mesh is None:
             raise StrategyError(
-                "build_program needs a model config and a mesh with an unbound strategy; "
-                "pass config=ModelConfig(...) and mesh='model=8' (or a bound strategy)"
+                "build_program needs a model config and a mesh with a strategy that is not "
+                "placed yet; pass config=ModelConfig(...) and mesh='model=8' (or a placement: "
+                "strategy.place(config, mesh))"
             )
-        bound = get_strategy(strategy).bind(config, mesh, constraints=constraints)
-    if impl == "shard_map" and not bound.strategy.twin:
+        placement = get_strategy(strategy).place(config, mesh, constraints=constraints)
+    if impl == "shard_map" and not placement.strategy.twin:
         twins = ", ".join(s for s in _twins())
         raise StrategyError(
-            f"strategy {bound.name!r} has no shard_map version; use impl='jit', or one of "
+            f"strategy {placement.name!r} has no shard_map version; use impl='jit', or one of "
             f"the strategies with explicit collectives: {twins}"
         )
     if capture and mode != "forward":
         raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")
 
-    config = bound.config
-    params_sh = jax.tree.map(bound.sharding, bound.param_specs())
-    in_spec, target_spec = bound.batch_specs()
-    out_sh = bound.sharding(bound.output_spec())
+    config = placement.config
+    params_sh = jax.tree.map(placement.sharding, placement.param_specs())
+    in_spec, target_spec = placement.batch_specs()
+    out_sh = placement.sharding(placement.output_spec())
     if mode == "forward":
-        arg_sh: tuple[Any, ...] = (params_sh, bound.sharding(in_spec))
+        arg_sh: tuple[Any, ...] = (params_sh, placement.sharding(in_spec))
     else:
-        arg_sh = (params_sh, (bound.sharding(in_spec), bound.sharding(target_spec)))
+        arg_sh = (params_sh, (placement.sharding(in_spec), placement.sharding(target_spec)))
 
     if impl == "jit":
-        hooks = JitHooks(bound)
+        hooks = JitHooks(placement)
 
         if mode == "forward":
 
@@ -214,7 +218,7 @@ def build_program(
             def run(params: Any, batch: Any) -> Any:
                 return jax.value_and_grad(loss)(params, batch, config, hooks)
     else:
-        local = _shard_map_forward(bound, capture)
+        local = _shard_map_forward(placement, capture)
         if mode == "forward":
             run = local
         else:
@@ -230,9 +234,9 @@ def build_program(
     elif mode == "forward":
         out_shardings = out_sh
     else:
-        out_shardings = (bound.sharding(bound.spec(())), params_sh)
+        out_shardings = (placement.sharding(placement.spec(())), params_sh)
     jitted = jax.jit(run, in_shardings=arg_sh, out_shardings=out_shardings)
-    return Program(bound, mode, impl, capture, jitted, arg_sh)
+    return Program(placement, mode, impl, capture, jitted, arg_sh)
 
 
 def _twins() -> list[str]:
@@ -241,16 +245,16 @@ def _twins() -> list[str]:
     return [name for name, s in STRATEGIES.items() if s.twin]
 
 
-def _shard_map_forward(bound: BoundStrategy, capture: bool) -> Callable[..., Any]:
+def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any]:
     import jax
     from jax.sharding import PartitionSpec
 
-    config = bound.config
-    hooks = ShardMapHooks(bound.entry("model"), bound.strategy.sequence_parallel)
-    in_spec, _ = bound.batch_specs()
-    out_spec = bound.output_spec()
+    config = placement.config
+    hooks = ShardMapHooks(placement.entry("model"), placement.strategy.sequence_parallel)
+    in_spec, _ = placement.batch_specs()
+    out_spec = placement.output_spec()
     if capture:
-        residual = bound.spec(bound.strategy.activation_rules()["residual"])
+        residual = placement.spec(placement.strategy.activation_rules()["residual"])
         stacked = PartitionSpec(None, *residual)
         out_specs: Any = (out_spec, {"attention": stacked, "mlp": stacked})
     else:
@@ -261,8 +265,8 @@ def _shard_map_forward(bound: BoundStrategy, capture: bool) -> Callable[..., Any
 
     return jax.shard_map(
         body,
-        mesh=bound.mesh,
-        in_specs=(bound.param_specs(), in_spec),
+        mesh=placement.mesh,
+        in_specs=(placement.param_specs(), in_spec),
         out_specs=out_specs,
     )
 
@@ -272,7 +276,7 @@ def _shard_map_forward(bound: BoundStrategy, capture: bool) -> Callable[..., Any
 
 @dataclass(frozen=True)
 class MatmulProgram:
-    """``C = A @ B`` under jit with the problem's specs, optionally forced to a plan."""
+    """``C = A @ B`` under jit with the problem's specs, optionally forced to a schedule."""
 
     label: str
     problem: Any
@@ -300,20 +304,16 @@ class MatmulProgram:
         return self.fn.lower(*self.abstract_args())
 
 
-def _spec_text(spec: Any) -> str:
-    return "P(" + ", ".join(repr(e) for e in spec) + ")"
-
-
 def build_matmul(
-    problem: Any, mesh: Any, plan: Any = None, *, explicit: bool = False
+    problem: Any, mesh: Any, schedule: Any = None, *, explicit: bool = False
 ) -> MatmulProgram:
     """The matmul of ``problem`` (a :class:`~shardscope._src.bounds.matmul.MatmulProblem`) on
     ``mesh``.
 
-    Without ``plan``: the compiler chooses (the program a user writes). With a
-    :class:`~shardscope._src.bounds.matmul.MatmulPlan`: sharding constraints put A, B and the
-    product in the plan's layouts (``explicit=False``), or a ``shard_map`` computes the local
-    product and reduces partial sums with ``psum`` / ``psum_scatter`` (``explicit=True``);
+    Without ``schedule``: the compiler chooses (the program a user writes). With a
+    :class:`~shardscope._src.bounds.matmul.MatmulSchedule`: sharding constraints put A, B and
+    the product in the schedule's layouts (``explicit=False``), or a ``shard_map`` computes the
+    local product and reduces partial sums with ``psum`` / ``psum_scatter`` (``explicit=True``);
     the output sharding then moves the result to the problem's output spec.
     """
     import jax
@@ -324,7 +324,7 @@ def build_matmul(
 
     in_sh = (sharding(problem.a_spec), sharding(problem.b_spec))
     out_sh = sharding(problem.out_spec)
-    if plan is None:
+    if schedule is None:
 
         def run(a: Any, b: Any) -> Any:
             return a @ b
@@ -337,10 +337,10 @@ def build_matmul(
             "a @ b",
         )
 
-    a_spec, b_spec = plan.layout("a"), plan.layout("b")
+    a_spec, b_spec = schedule.layout("a"), schedule.layout("b")
     if not explicit:
-        split_k = any(p.partition == "k" for p in plan.axes)
-        c_spec = None if split_k else plan.layout("product")
+        split_k = any(p.partition == "k" for p in schedule.axes)
+        c_spec = None if split_k else schedule.layout("product")
         wsc = jax.lax.with_sharding_constraint
 
         def run(a: Any, b: Any) -> Any:
@@ -350,7 +350,7 @@ def build_matmul(
         # Runnable as printed inside the jitted function, given the mesh (Auto axes, as
         # shardscope.make_mesh builds them).
         def named(spec: Any) -> str:
-            return f"NamedSharding(mesh, {_spec_text(spec)})"
+            return f"NamedSharding(mesh, {format_spec(spec)})"
 
         code = (
             "wsc = jax.lax.with_sharding_constraint; "
@@ -366,9 +366,9 @@ def build_matmul(
         )
 
     # shard_map: the product's spec gains each contraction axis where the output wants it.
-    product = list(plan.layout("product"))
+    product = list(schedule.layout("product"))
     reductions: list[tuple[str, int | None]] = []
-    for p in plan.axes:
+    for p in schedule.axes:
         if p.partition != "k":
             continue
         dim = problem.where("c", p.axis)
@@ -401,8 +401,8 @@ def build_matmul(
         for axis, i in reductions
     )
     code = (
-        f"shard_map(in_specs=({_spec_text(a_spec)}, {_spec_text(b_spec)}), "
-        f"out_specs={_spec_text(product)}): c = a @ b" + (f"; {steps}" if steps else "")
+        f"shard_map(in_specs=({format_spec(a_spec)}, {format_spec(b_spec)}), "
+        f"out_specs={format_spec(product)}): c = a @ b" + (f"; {steps}" if steps else "")
     )
     return MatmulProgram(
         "shard_map", problem, mesh, jax.jit(body, in_shardings=in_sh, out_shardings=out_sh), code

@@ -2,9 +2,9 @@
 
 A :class:`Strategy` writes its rules with *roles* instead of mesh axis names: ``"data"``
 (batch, and the FSDP parameter dimension) and ``"model"`` (heads, MLP hidden, and the
-sequence between blocks under sequence parallelism). :meth:`Strategy.bind` maps the roles to
+sequence between blocks under sequence parallelism). :meth:`Strategy.place` maps the roles to
 the axes of a concrete mesh, checks that every sharded dimension divides, and returns a
-:class:`BoundStrategy` holding ``PartitionSpec``s. Programs are built from it in
+:class:`Placement` holding ``PartitionSpec``s. Programs are built from it in
 :mod:`shardscope._src.sharding.programs`; bounds in :mod:`shardscope._src.bounds`.
 
 Role resolution: ``"model"`` is the mesh axis named ``model`` (or ``model_axis=``); ``"data"``
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
 
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import jax
 
 Roles = tuple[str | None, ...]
-ROLES = ("data", "model")
 
 # Dimension names, used to check divisibility and to word errors.
 PARAM_DIMS: dict[str, tuple[str, ...]] = {
@@ -127,7 +126,7 @@ class Strategy:
     def batch_role(self) -> str | None:
         return self.activation_rules().get("residual", (None,))[0]
 
-    def bind(
+    def place(
         self,
         config: ModelConfig,
         mesh: jax.sharding.Mesh | str,
@@ -135,7 +134,7 @@ class Strategy:
         model_axis: str = "model",
         axes: Mapping[str, tuple[str, ...]] | None = None,
         constraints: bool = True,
-    ) -> BoundStrategy:
+    ) -> Placement:
         """Resolves the roles on ``mesh`` and checks that every sharded dimension divides.
 
         ``mesh`` is a ``Mesh``, a description (made into a ``Mesh`` of this process's
@@ -151,9 +150,9 @@ class Strategy:
             mesh = make_mesh(mesh)
         sizes = mesh_axes(mesh)
         resolved = _resolve_roles(self, sizes, model_axis, axes)
-        bound = BoundStrategy(self, config, mesh, resolved, constraints)
-        bound.validate()
-        return bound
+        placement = Placement(self, config, mesh, resolved, constraints)
+        placement.validate()
+        return placement
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -287,7 +286,7 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'pod=2,data=2,model=2'
     """
     s = get_strategy(strategy)
-    if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in sizes):
+    if not sizes or not all(is_int(v, 1) for v in sizes):
         raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
     if len(sizes) == 1:
         names = ["model" if "model" in s.roles else "data"]
@@ -327,8 +326,9 @@ def _resolve_roles(
                 raise StrategyError(
                     f"strategy {strategy.name!r} shards heads and MLP hidden over a mesh axis "
                     f"named {model_axis!r}, but mesh {mesh_text!r} has none; name one axis "
-                    f"{model_axis!r} (e.g. --mesh {model_axis}={math.prod(sizes.values())}) "
-                    f"or pass model_axis=<one of {', '.join(sizes)}>"
+                    f"{model_axis!r} (e.g. mesh '{model_axis}={math.prod(sizes.values())}') "
+                    f"or pass model_axis=<one of {', '.join(sizes)}>",
+                    param="mesh",
                 )
             resolved["model"] = (model_axis,)
         if "data" in strategy.roles:
@@ -340,14 +340,16 @@ def _resolve_roles(
                 f"strategy {strategy.name!r} needs a mesh axis for role {role!r}, but mesh "
                 f"{mesh_text!r} leaves none (the {other} role took "
                 f"{', '.join(resolved.get(other, ())) or 'nothing'}); add an axis, e.g. "
-                f"--mesh data=2,model=4, or choose a strategy without {role!r}"
+                f"mesh 'data=2,model=4', or choose a strategy without {role!r}",
+                param="mesh",
             )
     return resolved
 
 
 @dataclass(frozen=True)
-class BoundStrategy:
-    """A strategy with its roles bound to the axes of one mesh, for one model config."""
+class Placement:
+    """Where a strategy puts things on one mesh, for one model config: its roles resolved to
+    the mesh's axes, and from them the ``PartitionSpec`` of every parameter and activation."""
 
     strategy: Strategy
     config: ModelConfig
