@@ -39,6 +39,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/audit_overhead.py
 	$(BIN)/python benchmarks/plan_speed.py
 	$(BIN)/python benchmarks/own_program.py
+	$(BIN)/python benchmarks/hostile_hlo.py
 
 clean:
 	rm -rf $(VENV) scores build src/*.egg-info

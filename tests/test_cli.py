@@ -24,10 +24,10 @@ from shardscope._src.cli.main import main
         (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but 8 are available"),
         (["lab", "--devices", "1_0"], "'1_0' is not a whole number"),
         (["audit", "reshard", "--devices", "4"], "give --devices 8 or a smaller mesh"),
-        (["lab", "--out", ""], "output folder is empty"),
+        (["lab", "--out", ""], "argument --out: is empty"),
         (["lab", "--out", "/proc/version/x"], "'/proc/version' is a file, not a folder"),
         (["audit", "matmul", "--json", "/tmp"], "'/tmp' is a folder, not a file"),
-        (["audit", "matmul", "--json", ""], "output file path is empty"),
+        (["audit", "matmul", "--json", ""], "argument --json: is empty"),
         (["audit", "matmul", "--mesh", "model=99999999999"], "more than this tool supports"),
     ],
 )

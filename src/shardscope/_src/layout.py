@@ -225,8 +225,7 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Any:
             raise ShardscopeError(
                 f"layout(shape, sharding): shape must be a sequence of integers, got {x_or_shape!r}"
             ) from None
-        if any(d < 0 for d in shape):
-            raise ShardscopeError(f"layout(): shape {shape} has a negative dimension")
+        _check_shape(shape)
         dt = _dtype("float32" if dtype is None else dtype)
     if not hasattr(sharding, "devices_indices_map"):
         from jax.sharding import PartitionSpec
@@ -253,11 +252,26 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Any:
         positions = {d: () for d in order}
 
     index_map = sharding.devices_indices_map(shape)
+    # Which devices hold the same piece is read from the slices; along a dimension of size 0
+    # every slice is empty, so it is read from the same sharding of a shape whose empty
+    # dimensions hold one element per device instead (any split of the devices divides it).
+    proxy = tuple(n or max(1, len(order)) for n in shape)
+    proxy_map = index_map if proxy == shape else sharding.devices_indices_map(proxy)
+
+    def piece_of(device: Any) -> tuple[Any, ...]:
+        return tuple(
+            (r.start, r.stop)
+            for r in (
+                slice(*s.indices(n)[:2]) for s, n in zip(proxy_map[device], proxy, strict=True)
+            )
+        )
+
     pieces = (
         (
             int(device.id),
             positions[device],
             tuple(slice(*s.indices(n)[:2]) for s, n in zip(index_map[device], shape, strict=True)),
+            piece_of(device),
         )
         for device in order
     )
@@ -282,6 +296,7 @@ def spec_layout(
 
     axes = parse_mesh_spec(mesh_axes) if isinstance(mesh_axes, str) else dict(mesh_axes)
     shape = tuple(int(d) for d in shape)
+    _check_shape(shape)
     spec = normalize_spec(spec, len(shape), axes)
     check_divisible(shape, spec, axes)
     dt = _dtype(dtype)
@@ -292,6 +307,7 @@ def spec_layout(
         for device_id, pos in enumerate(np.ndindex(*sizes) if sizes else [()]):
             coord = dict(zip(names, pos, strict=True))
             index = []
+            blocks = []  # which piece: the block along each dimension, whatever its size
             for size, entry in zip(shape, spec, strict=True):
                 block, parts = 0, 1
                 for a in _axes_of(entry):  # major-to-minor, as JAX orders a tuple entry
@@ -299,9 +315,24 @@ def spec_layout(
                     parts *= axes[a]
                 step = size // parts
                 index.append(slice(block * step, (block + 1) * step))
-            yield device_id, tuple(int(p) for p in pos), tuple(index)
+                blocks.append(block)
+            yield device_id, tuple(int(p) for p in pos), tuple(index), tuple(blocks)
 
     return _assemble(shape, dt, spec, axes, pieces(), "")
+
+
+_INT64_MAX = 2**63 - 1  # XLA's shapes hold dimensions and sizes in signed 64-bit integers
+
+
+def _check_shape(shape: tuple[int, ...]) -> None:
+    for i, d in enumerate(shape):
+        if d < 0:
+            raise ShardscopeError(f"layout(): dimension {i} of the shape is negative")
+        if d > _INT64_MAX:
+            raise LayoutError(
+                f"layout(): dimension {i} of the shape is a {d.bit_length()}-bit number, past "
+                f"2**63-1, the largest dimension an XLA shape holds"
+            )
 
 
 def _dtype(dtype: Any) -> Any:
@@ -324,11 +355,11 @@ def _assemble(
     pieces: Any,
     sharding_repr: str,
 ) -> Layout:
-    """A :class:`Layout` from ``(device id, mesh position, index)`` triples in mesh order."""
+    """A :class:`Layout` from ``(device id, mesh position, index, piece)`` in mesh order;
+    devices with equal ``piece`` keys hold the same piece (an empty slice does not say which)."""
     shards = []
-    seen: dict[tuple[tuple[int, int], ...], int] = {}
-    for device_id, position, index in pieces:
-        key = tuple((s.start, s.stop) for s in index)
+    seen: dict[Any, int] = {}
+    for device_id, position, index, key in pieces:
         replica = seen.get(key, 0)  # the n-th device holding the same piece
         seen[key] = replica + 1
         piece = tuple(s.stop - s.start for s in index)

@@ -14,13 +14,21 @@ from shardscope._src.audit.records import Collective, Loop, Part, UnknownInstruc
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.errors import HloParseError
 from shardscope._src.hlo.groups import (
+    MAX_GROUP_IDS_PER_MODULE,
     AxisMatch,
     axes_of_groups,
     axes_of_pairs,
     parse_replica_groups,
     parse_source_target_pairs,
 )
-from shardscope._src.hlo.parse import Computation, HloModule, Instruction
+from shardscope._src.hlo.parse import (
+    INT64_MAX,
+    Computation,
+    HloModule,
+    Instruction,
+    parse_int,
+    read_int,
+)
 
 # Attributes a collective may carry that the audit understands or may ignore.
 _KNOWN_COLLECTIVE_ATTRIBUTES = frozenset(
@@ -116,6 +124,12 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
             for callee, factor, exact, loop, cond, is_async in _edges(ins, record):
                 c = ctx[callee]
                 c.count += here.count * factor
+                if c.count > INT64_MAX:
+                    raise HloParseError(
+                        f"HLO text line {ins.line}: {ins.name} makes computation {callee!r} run "
+                        f"more than {INT64_MAX:,} times per program run (loop trip counts and "
+                        f"calls multiply); no compiled program runs that long"
+                    )
                 if not c.seen:
                     c.loops = here.loops + ((loop,) if loop else ())
                     c.conditionals = here.conditionals + ((cond,) if cond else ())
@@ -171,21 +185,62 @@ def _group_mode(ins: Instruction, kind: str) -> str:
     return "replica_and_partition"
 
 
+_GroupMatch = tuple[AxisMatch, tuple[tuple[int, ...], ...], tuple[tuple[int, int], ...], str]
+
+
+class _GroupMemo:
+    """The groups of each printed form in one module, expanded and matched once.
+
+    Together the forms may expand to at most ``MAX_GROUP_IDS_PER_MODULE`` device ids; each new
+    form is charged the module's device count before it is expanded.
+    """
+
+    def __init__(self, module: HloModule, mesh: Mapping[str, int]) -> None:
+        self.module, self.mesh = module, mesh
+        self.devices = module.num_partitions * module.replica_count
+        self.spent = 0
+        self.done: dict[tuple[str, ...], _GroupMatch] = {}
+
+    def match(self, ins: Instruction, kind: str) -> _GroupMatch:
+        permute = kind == "collective-permute"
+        attr = "source_target_pairs" if permute else "replica_groups"
+        key = (str(permute), _group_mode(ins, kind), ins.attributes.get(attr, "{}"))
+        found = self.done.get(key)
+        if found is not None:
+            return found
+        if self.spent + self.devices > MAX_GROUP_IDS_PER_MODULE:
+            raise HloParseError(
+                f"HLO text line {ins.line}: {ins.name}: the module prints more than "
+                f"{len(self.done)} forms of replica groups; at {self.devices:,} devices each "
+                f"they expand to more than the {MAX_GROUP_IDS_PER_MODULE:,} device ids this "
+                f"tool audits in one module (a real program prints a few forms per mesh axis)"
+            )
+        self.spent += self.devices
+        found = self.done[key] = _match_groups(self.module, ins, kind, self.mesh)
+        return found
+
+
 def _match_groups(
     module: HloModule, ins: Instruction, kind: str, mesh: Mapping[str, int]
-) -> tuple[AxisMatch, tuple[tuple[int, ...], ...], tuple[tuple[int, int], ...], str]:
+) -> _GroupMatch:
     p, r = module.num_partitions, module.replica_count
     mode = _group_mode(ins, kind)
     if kind == "collective-permute":
         raw = ins.attributes.get("source_target_pairs", "{}")
-        pairs = parse_source_target_pairs(raw)
+        try:
+            pairs = parse_source_target_pairs(raw)
+        except HloParseError as e:
+            raise HloParseError(f"HLO text line {ins.line}: {ins.name}: {e}") from None
         if mode == "replica" and r == 1:
             return AxisMatch((), 1), (), pairs, "no channel_id: within one partition"
         match = axes_of_pairs(pairs, mesh)
         devices = tuple(sorted({d for pair in pairs for d in pair}))
         return match, (devices,), pairs, ""
     raw = ins.attributes.get("replica_groups", "{}")
-    rg = parse_replica_groups(raw)
+    try:
+        rg = parse_replica_groups(raw, max_ids=r * p)
+    except HloParseError as e:
+        raise HloParseError(f"HLO text line {ins.line}: {ins.name}: {e}") from None
     if r != 1:
         groups = rg.resolve(r * p if mode == "flattened" else max(r, p))
         return (
@@ -250,6 +305,7 @@ def analyze(
     ``mesh`` (``{axis: size}``, mesh order) must hold ``module.num_partitions`` devices.
     """
     contexts = _contexts(module)
+    groups = _GroupMemo(module, mesh)
     collectives: list[Collective] = []
     unknown: list[UnknownInstruction] = []
     for comp in module.computations.values():
@@ -265,12 +321,8 @@ def analyze(
             if kk is None:
                 continue
             kind, is_start = kk
-            collectives.extend(_records(module, comp, ins, kind, is_start, ctx, mesh, tracer))
+            collectives.extend(_records(module, comp, ins, kind, is_start, ctx, groups, tracer))
     return tuple(collectives), tuple(unknown)
-
-
-def _is_int(text: str) -> bool:
-    return text.isascii() and text.isdigit()
 
 
 def _reduction(module: HloModule, ins: Instruction, kind: str) -> str | None:
@@ -293,7 +345,7 @@ def _operand_arrays(
     if kind == "all-gather":
         if is_start:
             dims = ins.attributes.get("dimensions", "{0}").strip("{}").split(",")
-            d = int(dims[0]) if dims and _is_int(dims[0].strip()) else 0
+            d = (read_int(dims[0]) or 0) if dims else 0
             return [_scaled(leaf, d, n) for leaf in leaves]
         result = ins.shape.tuple_shapes
         if result is None:
@@ -335,12 +387,12 @@ def _concatenated(module: HloModule, comp: Computation, name: str) -> list[tuple
     out = []
     for op in root.operands:
         param = fused.by_name.get(op)
-        index = (param.literal or "").strip() if param is not None else ""
-        if param is None or param.opcode != "parameter" or not _is_int(index):
+        index = read_int(param.literal or "") if param is not None else None
+        if param is None or param.opcode != "parameter" or index is None:
             return []
-        if int(index) >= len(ins.operands):
+        if index >= len(ins.operands):
             return []
-        out.append((ins.operands[int(index)], param.shape))
+        out.append((ins.operands[index], param.shape))
     return out
 
 
@@ -393,12 +445,12 @@ def _records(
     kind: str,
     is_start: bool,
     ctx: _Context,
-    mesh: Mapping[str, int],
+    groups: _GroupMemo,
     tracer: Tracer,
 ) -> list[Collective]:
     """The records of one collective instruction: one, or two for an all-reduce that carries
     both all-gathers (zero-padded shards, :mod:`~shardscope._src.audit.decomposed`) and sums."""
-    grouping = _Grouping(*_match_groups(module, ins, kind, mesh))
+    grouping = _Grouping(*groups.match(ins, kind))
     reduction = _reduction(module, ins, kind)
     shards: list[ShardInBuffer | None] = [None] * len(ins.operands)
     if kind == "all-reduce" and reduction in ("add", "or") and not grouping.match.irregular:
@@ -530,7 +582,7 @@ def _record(
         operand_source=None if source else _operand_source(module, comp, ins),
         is_async=is_start or ctx.is_async,
         reduction=reduction,
-        channel_id=int(channel) if channel is not None and channel.isdigit() else None,
+        channel_id=None if channel is None else parse_int(channel, "channel_id", ins.line, ins.raw),
         replica_groups=ins.attributes.get(
             "source_target_pairs" if kind == "collective-permute" else "replica_groups", "{}"
         ),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shardscope._src.hlo.parse import Computation, HloModule, Instruction, Shape
+from shardscope._src.hlo.parse import Computation, HloModule, Instruction, Shape, read_int
 
 _PASS = frozenset({"copy", "copy-done", "copy-start", "bitcast"})
 _ZERO = re.compile(r"-?0+(\.0*)?(e[+-]?\d+)?|false", re.I)
@@ -49,11 +49,11 @@ def _is_zero(comp: Computation, name: str, outer: tuple[Computation, Instruction
             return False
         if ins.opcode == "parameter" and outer is not None:
             caller, fusion = outer
-            index = (ins.literal or "").strip()
-            if not (index.isascii() and index.isdigit()) or int(index) >= len(fusion.operands):
+            index = read_int(ins.literal or "")
+            if index is None or index >= len(fusion.operands):
                 return False
             comp, outer = caller, None
-            ins = _follow(comp, fusion.operands[int(index)])
+            ins = _follow(comp, fusion.operands[index])
             continue
         if ins.opcode in ("broadcast", "convert") and len(ins.operands) == 1:
             ins = _follow(comp, ins.operands[0])

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import re
 
-from shardscope._src.hlo.parse import Computation, HloModule, Instruction
+from shardscope._src.hlo.parse import Computation, HloModule, Instruction, parse_int, read_int
 
-_INT = re.compile(r"-?\d+")
+_INT = re.compile(r"-?[0-9]+", re.ASCII)
 # Instructions that pass an integer through unchanged.
 _SAME = frozenset({"copy", "bitcast", "convert", "reshape"})
 _LIMIT = 32  # instructions followed through while resolving one value
 
 
 def _is_int(text: str | None) -> bool:
-    """True for a non-negative integer in ASCII digits (``str.isdigit`` also takes ``²``)."""
-    return bool(text) and text.isascii() and text.isdigit()  # type: ignore[union-attr]
+    """True for a non-negative integer in ASCII digits within int64 (``str.isdigit`` also
+    takes ``²``, and ``int()`` refuses 4,300 digits with its own error)."""
+    return text is not None and read_int(text) is not None
 
 
 def known_trip_count(ins: Instruction) -> int | None:
@@ -33,8 +34,9 @@ def known_trip_count(ins: Instruction) -> int | None:
         known = cfg.get("known_trip_count")
         if isinstance(known, dict):
             n = known.get("n")
-            if isinstance(n, int | str) and _is_int(str(n)):
-                return int(n)
+            if isinstance(n, bool) or not isinstance(n, int | str):
+                return None
+            return parse_int(str(n), f"{ins.name}'s known_trip_count", ins.line, ins.raw)
     return None
 
 
@@ -53,7 +55,10 @@ def _constant(comp: Computation, name: str) -> int | None:
     if ins is None or ins.opcode != "constant" or ins.shape.dims:
         return None
     text = (ins.literal or "").strip()
-    return int(text) if _INT.fullmatch(text) else None
+    if not _INT.fullmatch(text):
+        return None
+    value = read_int(text.removeprefix("-"))
+    return None if value is None else -value if text.startswith("-") else value
 
 
 def _state_index(comp: Computation, name: str) -> int | None:

@@ -181,12 +181,9 @@ def _lower_in_jit(fn: Any, args: tuple[Any, ...]) -> Any:
     return jax.jit(run).lower(*(leaves[i] for i in dynamic))
 
 
-def load_program(ref: str) -> Any:
-    """The function named by ``"path/to/file.py:make_step"``, its file run as a module.
-
-    The file's folder goes first on ``sys.path``, so the file may import its neighbours.
-    """
-    import importlib.util
+def check_program_ref(ref: str) -> tuple[str, str]:
+    """``(file, function)`` of ``"path/to/file.py:make_step"``, refused if the file does not
+    exist or the function is no Python name (nothing is run)."""
     import os
 
     path, sep, attr = str(ref).rpartition(":")
@@ -196,6 +193,18 @@ def load_program(ref: str) -> Any:
         raise ProgramError(f"program file {path!r} does not exist")
     if not attr.isidentifier():
         raise ProgramError(f"program {ref!r}: {attr!r} is not a Python name")
+    return path, attr
+
+
+def load_program(ref: str) -> Any:
+    """The function named by ``"path/to/file.py:make_step"``, its file run as a module.
+
+    The file's folder goes first on ``sys.path``, so the file may import its neighbours.
+    """
+    import importlib.util
+    import os
+
+    path, attr = check_program_ref(ref)
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
         sys.path.insert(0, folder)

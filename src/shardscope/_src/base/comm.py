@@ -17,6 +17,7 @@ group size times one device's buffer) and, for a collective-permute, one device'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -143,19 +144,34 @@ def alpha_beta_time(
     return latency_steps(kind, group_size) * alpha_s + sent / bandwidth_bytes_per_s
 
 
-def format_bytes(n: int) -> str:
-    """Bytes for people: ``65536`` -> ``'64 KiB'``; exact below 1 KiB.
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+
+
+def format_bytes(n: int | float) -> str:
+    """Bytes for people: ``65536`` -> ``'64 KiB'``; exact below 1 KiB; any size.
 
     >>> format_bytes(16 * 1024 * 4), format_bytes(1000), format_bytes(3 * 2**20 // 2)
     ('64 KiB', '1000 B', '1.5 MiB')
+    >>> format_bytes(10**400)
+    '8.272e+375 YiB'
     """
-    if n < 1024:
+    if not n >= 1024:  # also NaN
         return f"{n} B"
-    for power, unit in enumerate(("KiB", "MiB", "GiB", "TiB"), start=1):
-        value = n / 1024**power
-        if value < 1024 or unit == "TiB":
-            return f"{value:.4g} {unit}"
-    raise AssertionError("unreachable")
+    power = 1
+    while power < len(_UNITS) and n >= 1024 ** (power + 1):
+        power += 1
+    unit = _UNITS[power - 1]
+    if isinstance(n, float) or n < 2**1000:
+        return f"{n / 1024**power:.4g} {unit}"
+    # Past what a float holds: four significant digits by integer arithmetic.
+    q = n // 1024**power
+    e = int(math.log10(q))
+    e += (10 ** (e + 1) <= q) - (10**e > q)
+    lead = (q * 10 // 10 ** (e - 3) + 5) // 10  # four digits, rounded
+    if lead >= 10**4:
+        lead, e = lead // 10, e + 1
+    mantissa = f"{lead // 1000}.{lead % 1000:03d}".rstrip("0").rstrip(".")
+    return f"{mantissa}e+{e} {unit}"
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,81 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import importlib.metadata
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from shardscope._src.base.errors import OutputPathError
+
+# Temporary files carry their owner, so that the next write to their folder can tell one left
+# by a killed run from one a running writer is still filling: ".out.json.shardscope-<host>-
+# <pid>-<random>.tmp" beside a result, ".shardscope-probe-<host>-<pid>-<random>" from a
+# writability probe. <host> is a short hash of the host name (the folder may be shared).
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+_OURS = re.compile(
+    r"\.(?:.+\.shardscope|shardscope-probe)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[\w]+"
+    r"(?:\.tmp)?",
+    re.ASCII,
+)
+#: A temporary file of ours whose process is gone is removed once untouched this long (a
+#: process of the same id in another container sharing the folder keeps writing it).
+STALE_AFTER_S = 60.0
+#: A temporary file of ours left by another host is removed once untouched this long.
+STALE_ELSEWHERE_AFTER_S = 24 * 3600.0
+
+
+def _owner() -> str:
+    return f"{_HOST}-{os.getpid()}-"
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, under another user
+        return False
+    return False
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Removes the temporary files of ours in ``folder`` that a killed run left: those whose
+    process is gone (on this host) or that nobody touched for a day. Never one a running
+    writer is filling. Returns what it removed."""
+    removed: list[Path] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _OURS.fullmatch(entry.name)
+        if m is None or m.group("pid") == str(os.getpid()):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            idle = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        here = m.group("host") == _HOST
+        if (here and idle >= STALE_AFTER_S and _process_gone(int(m.group("pid")))) or (
+            idle >= STALE_ELSEWHERE_AFTER_S
+        ):
+            try:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+            except OSError:
+                pass  # another run removed it first, or it is not ours to remove
+    return removed
 
 
 def write_atomic(
@@ -20,12 +86,17 @@ def write_atomic(
 ) -> Path:
     """Calls ``write(fileobj)`` on a temporary file beside ``path``, then renames it into place.
 
-    Raises :class:`OutputPathError` (naming the path) when the file cannot be written there.
+    Temporary files that killed runs left in that folder are removed first
+    (:func:`remove_stale_temporaries`). Raises :class:`OutputPathError` (naming the path) when
+    the file cannot be written there.
     """
     path = check_file_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        remove_stale_temporaries(path.parent)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.shardscope-{_owner()}", suffix=".tmp", dir=path.parent
+        )
     except OSError as e:
         raise _path_error(path, e) from None
     try:
@@ -71,13 +142,40 @@ def check_file_path(path: str | os.PathLike[str]) -> Path:
                     f"cannot write {str(p)!r}: {str(parent)!r} is a file, not a folder"
                 )
             try:  # the one sure test of writability is writing
-                fd, probe = tempfile.mkstemp(prefix=".shardscope-probe.", dir=parent)
+                fd, probe = tempfile.mkstemp(prefix=f".shardscope-probe-{_owner()}", dir=parent)
                 os.close(fd)
                 os.unlink(probe)
             except OSError as e:
                 raise _path_error(p, e) from None
             break
     return p
+
+
+def check_output_paths(
+    paths: Mapping[str, str | os.PathLike[str] | None],
+    inputs: Mapping[str, str | os.PathLike[str] | None] | None = None,
+) -> None:
+    """Refuses, before any work is done, result files (``{flag: path}``, None: not asked for)
+    that cannot be written, two results asked for in one file (one would overwrite the
+    other), and a result over one of the ``inputs`` it is made from."""
+    read = {os.path.realpath(p): f for f, p in (inputs or {}).items() if p is not None}
+    seen: dict[str, str] = {}
+    for flag, path in paths.items():
+        if path is None or os.fspath(path) == STDOUT:
+            continue
+        check_file_path(path)
+        key = os.path.realpath(path)
+        if key in read:
+            raise OutputPathError(
+                f"{flag} {os.fspath(path)!r} would overwrite the input {read[key]}; write the "
+                f"result to another file"
+            )
+        if key in seen:
+            raise OutputPathError(
+                f"{seen[key]} and {flag} both write {os.fspath(path)!r}; give each result its "
+                f"own file"
+            )
+        seen[key] = flag
 
 
 def check_dir_path(path: str | os.PathLike[str]) -> Path:

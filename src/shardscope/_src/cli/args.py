@@ -10,6 +10,10 @@ def _whole(text: str) -> int:
     digits = text.strip().removeprefix("-")
     if not (digits.isascii() and digits.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if len(digits.lstrip("0")) > 18:  # past any count or size the tool takes, and int64
+        raise argparse.ArgumentTypeError(
+            f"a {len(digits.lstrip('0'))}-digit number is larger than any value this takes"
+        )
     return int(text)
 
 

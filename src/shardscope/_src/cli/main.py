@@ -25,25 +25,96 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
+    # argparse converts every option value here, whatever group or parser added the option:
+    # the one place where an empty value (--mesh '') is refused for every flag at once.
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        if action.option_strings and not arg_string.strip():
+            raise argparse.ArgumentError(action, "is empty; give it a value")
+        return super()._get_value(action, arg_string)
+
+
+def _check_lab(args: argparse.Namespace) -> None:
+    from shardscope._src.base.io import check_dir_path
+
+    check_dir_path(args.out)
+
 
 def _cmd_lab(args: argparse.Namespace) -> int:
-    from shardscope._src.base.io import check_dir_path
     from shardscope._src.cli.distributed import initialize_from_args
     from shardscope._src.lab import taster
 
-    check_dir_path(args.out)
     initialize_from_args(args)
     lab, summary = taster.run(devices=args.devices, out_dir=args.out)
     return 0 if summary["passed"] == summary["total"] else 1
 
 
+def _check_audit(args: argparse.Namespace) -> None:
+    """Everything ``audit`` can refuse before JAX starts (also run by ``launch``, once)."""
+    import math
+
+    from shardscope._src.base.errors import MeshSpecError
+    from shardscope._src.base.io import check_output_paths
+    from shardscope._src.mesh import parse_mesh_spec
+
+    _audit_target(args)  # a target that cannot take these options
+    check_output_paths({"--json": args.json}, {"--hlo": getattr(args, "hlo", None)})
+    mesh = args.mesh or args.default_mesh
+    if mesh and args.devices and not args.distributed and _audit_target(args) is None:
+        need = math.prod(parse_mesh_spec(mesh).values())
+        if args.num_processes is None and need > args.devices:
+            raise MeshSpecError(
+                f"mesh {mesh!r} needs {need} devices but --devices {args.devices} simulates "
+                f"{args.devices}; give --devices {need} or a smaller mesh"
+            )
+        if args.num_processes is not None and need > args.devices * args.num_processes:
+            have = args.devices * args.num_processes
+            raise MeshSpecError(
+                f"mesh {mesh!r} needs {need} devices but {args.num_processes} processes of "
+                f"{args.devices} devices hold {have}; give more processes or devices, or a "
+                f"smaller mesh"
+            )
+    if args.program == "program":
+        from shardscope._src.audit.stages import check_program_ref
+        from shardscope._src.cli.program import _mesh_needed
+
+        _mesh_needed(args.mesh, f"auditing {args.program_ref}")
+        check_program_ref(args.program_ref)
+    elif args.program == "hlo":
+        from shardscope._src.cli.program import _hlo_file, _mesh_needed
+
+        _mesh_needed(args.mesh, f"auditing --hlo {args.hlo}")
+        _hlo_file(args.hlo)
+    elif args.program == "reshard":
+        from shardscope._src.sharding.demos import check_demo
+
+        check_demo("reshard", mesh)
+    elif args.program == "matmul":
+        from shardscope._src.cli.transformer import check_matmul_command
+
+        check_matmul_command(
+            mesh, args.m, args.k, args.n, args.dtype, args.a_spec, args.b_spec, args.out_spec
+        )
+    elif args.program == "transformer":
+        from shardscope._src.cli.transformer import check_transformer_command
+
+        check_transformer_command(
+            args.strategy,
+            args.mesh,
+            layers=args.layers,
+            d_model=args.d_model,
+            heads=args.heads,
+            ff=args.ff,
+            batch=args.batch,
+            seq=args.seq,
+            dtype=args.dtype,
+        )
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from shardscope._src.base.io import STDOUT, check_file_path
+    from shardscope._src.base.io import STDOUT
     from shardscope._src.cli.distributed import initialize_from_args
     from shardscope._src.mesh import ensure_devices_for
 
-    if args.json is not None:
-        check_file_path(args.json)
     mesh = args.mesh or args.default_mesh
     target = _audit_target(args)
     if target is not None:
@@ -52,18 +123,6 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
             return _run_audit_program(args, args.json, output_console(stderr=True), target)
         return _run_audit_program(args, args.json, None, target)
-    if mesh and args.devices and args.num_processes is None and not args.distributed:
-        import math
-
-        from shardscope._src.base.errors import MeshSpecError
-        from shardscope._src.mesh import parse_mesh_spec
-
-        need = math.prod(parse_mesh_spec(mesh).values())
-        if need > args.devices:
-            raise MeshSpecError(
-                f"mesh {mesh!r} needs {need} devices but --devices {args.devices} simulates "
-                f"{args.devices}; give --devices {need} or a smaller mesh"
-            )
     initialize_from_args(args)
     ensure_devices_for(mesh, args.devices)
     import jax
@@ -219,7 +278,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "source lines) instead of one per collective",
         )
         add_distributed_options(p)
-        p.set_defaults(run=_cmd_audit, default_mesh=default_mesh)
+        p.set_defaults(run=_cmd_audit, check=_check_audit, default_mesh=default_mesh)
 
     def compile_target(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -329,6 +388,22 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     hints(tf)
 
 
+def _check_plan(args: argparse.Namespace) -> None:
+    """What ``plan`` can refuse before it compiles: strategy names and output files (the
+    library refuses the rest of its input before compiling too)."""
+    from shardscope._src.base.errors import PlanError
+    from shardscope._src.base.io import check_output_paths
+    from shardscope._src.sharding.strategies import STRATEGIES
+
+    for name in (args.strategies.split(",") if args.strategies is not None else []):
+        if name.strip() not in STRATEGIES:
+            raise PlanError(
+                f"unknown strategy {name.strip()!r} in --strategies {args.strategies!r}; give "
+                f"a comma-separated list of {', '.join(STRATEGIES)}"
+            )
+    check_output_paths({"--json": args.json, "--png": args.png, "--report": args.report})
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from shardscope._src.cli.plan import run_plan_command
 
@@ -361,7 +436,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         mode=args.mode,
         hardware=args.hardware,
         hardware_overrides=overrides,
-        strategies=args.strategies.split(",") if args.strategies else None,
+        strategies=[n.strip() for n in args.strategies.split(",")] if args.strategies else None,
         bytes_per_param=args.bytes_per_param,
         flash_attention=not args.no_flash_attention,
         workers=args.workers,
@@ -529,7 +604,7 @@ def _add_plan_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
     p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
     p.add_argument("--report", metavar="FILE", help="write a Markdown report")
-    p.set_defaults(run=_cmd_plan)
+    p.set_defaults(run=_cmd_plan, check=_check_plan)
 
 
 def _version_text() -> str:
@@ -571,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
     )
     add_distributed_options(lab)
-    lab.set_defaults(run=_cmd_lab)
+    lab.set_defaults(run=_cmd_lab, check=_check_lab)
 
     _add_audit(sub)
     _add_diff(sub)
@@ -617,15 +692,18 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "totals) instead of one per axes and kind",
     )
     diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
-    diff.set_defaults(run=_cmd_diff)
+    diff.set_defaults(run=_cmd_diff, check=_check_diff)
+
+
+def _check_diff(args: argparse.Namespace) -> None:
+    from shardscope._src.base.io import check_output_paths
+
+    check_output_paths({"--json": args.json}, {"OLD.json": args.old, "NEW.json": args.new})
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from shardscope._src.base.io import check_file_path
     from shardscope._src.cli.program import run_diff
 
-    if args.json is not None:
-        check_file_path(args.json)
     return run_diff(
         args.old,
         args.new,
@@ -709,18 +787,24 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG} launch: {e}") from None
     # A bad sub-command is reported once, here, rather than by every process.
     try:
-        build_parser().parse_args(command)
+        build_parser().parse_args(_route_audit(command))
     except UsageError as e:
         raise UsageError(f"{PROG} launch: {e}") from None
-    probe = command + ["--coordinator", "127.0.0.1:1", "--num-processes", "1"]
-    probe += ["--process-id", "0", "--devices", "1"]
+    # What each process will be given, with the values it will be given.
+    probe = [*_route_audit(command)]  # a copy: the command itself goes to every process
+    probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(args.launch_n)]
+    probe += ["--process-id", "0", "--devices", str(args.devices_per_process)]
     try:
-        build_parser().parse_args(probe)
+        sub_args = build_parser().parse_args(probe)
     except UsageError:
         raise UsageError(
             f"{PROG} launch: '{command[0]}' cannot run as several processes (it takes no "
             f"--coordinator, --num-processes, --process-id and --devices options)"
         ) from None
+    try:  # the sub-command's own checks, here, before any process starts
+        _check(sub_args)
+    except ShardscopeError as e:
+        raise UsageError(f"{PROG} launch: {' '.join(command[:2])}: {e}") from None
     result = launch(
         command,
         args.launch_n,
@@ -753,6 +837,8 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(args_list)
         if args.command is None:  # pragma: no cover - argparse enforces it
             parser.error("a command is required")
+        _check(args)  # bad input is refused before any work
+
         from shardscope._src.base.deviceless import start_jax
 
         start_jax()  # JAX and its accelerator plugins, without their start-up chatter
@@ -778,6 +864,13 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Runs the sub-command's checks of its input (``check``, set beside ``run``), if any."""
+    check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
+    if check is not None:
+        check(args)
+
+
 #: Library parameters whose command-line flag is not ``--`` + the name with dashes.
 _FLAG_OF = {"out_dir": "--out", "memory_bytes": "--memory", "a_spec": "--a-spec"}
 
@@ -791,5 +884,17 @@ def _flags_of(params: Sequence[str]) -> str:
 
 
 def _fail(message: str) -> NoReturn:
-    print(" ".join(message.split()), file=sys.stderr)
+    print(_shorten(" ".join(message.split())), file=sys.stderr)
     raise SystemExit(2)
+
+
+def _shorten(line: str, longest: int = 80) -> str:
+    """``line`` with any word longer than ``longest`` characters cut to its ends: a value
+    thousands of characters long is named, not echoed whole."""
+    import re
+
+    def cut(m: re.Match[str]) -> str:
+        word = m.group()
+        return f"{word[:40]}...{word[-20:]} ({len(word):,} characters)"
+
+    return re.sub(rf"\S{{{longest + 1},}}", cut, line)

@@ -62,7 +62,7 @@ def run_plan_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
+    from shardscope._src.base.io import STDOUT, check_output_paths, write_atomic, write_result
     from shardscope._src.plan.sweep import MAX_DEVICES, plan
     from shardscope._src.render.plan import markdown_report, render_plan
     from shardscope._src.render.plan_plot import plot_plans
@@ -72,9 +72,8 @@ def run_plan_command(
             f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
             f"simulated devices; plan {MAX_DEVICES} or fewer"
         )
-    for path in (json_path, png_path, report_path):
-        if path is not None:
-            check_file_path(path)  # before minutes of compiling, not after
+    # before minutes of compiling, not after
+    check_output_paths({"--json": json_path, "--png": png_path, "--report": report_path})
     _ensure_devices(devices)
     if console is None:
         from shardscope._src.render.console import output_console

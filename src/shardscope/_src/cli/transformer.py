@@ -30,6 +30,23 @@ def _console(console: Any) -> Any:
     return console or output_console()
 
 
+def check_transformer_command(
+    strategy: str, mesh_spec: str | None = None, **sizes: Any
+) -> tuple[Any, Any, str]:
+    """Refuses, before anything is compiled, a strategy, mesh or size that does not fit:
+    the ``(strategy, config, mesh_spec)`` to run. ``sizes``: ModelConfig fields, None unset."""
+    from shardscope._src.model.config import ModelConfig
+    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
+
+    _check_mesh(mesh_spec)
+    s = get_strategy(strategy)
+    if mesh_spec is None:
+        mesh_spec = mesh_spec_for(s, (2, 4) if len(s.roles) > 1 else (8,))
+    config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None})
+    s.place(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
+    return s, config, mesh_spec
+
+
 def run_transformer_command(
     strategy: str,
     mesh_spec: str | None = None,
@@ -69,27 +86,21 @@ def run_transformer_command(
             config (the CLI turns it into one line on stderr and exit status 2).
     """
     from shardscope._src.base.io import write_result
-    from shardscope._src.model.config import ModelConfig
     from shardscope._src.render.audit import render_audit
     from shardscope._src.render.verdict import render_verdict
-    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
     from shardscope._src.verdict import transformer_verdict
 
-    _check_mesh(mesh_spec)
-    s = get_strategy(strategy)
-    if mesh_spec is None:
-        mesh_spec = mesh_spec_for(s, (2, 4) if len(s.roles) > 1 else (8,))
-    sizes = {
-        "layers": layers,
-        "d_model": d_model,
-        "heads": heads,
-        "ff": ff,
-        "batch": batch,
-        "seq": seq,
-        "dtype": dtype,
-    }
-    config = ModelConfig(**{k: v for k, v in sizes.items() if v is not None})
-    s.place(config, abstract_mesh(mesh_spec))  # a strategy that does not fit fails first
+    s, config, mesh_spec = check_transformer_command(
+        strategy,
+        mesh_spec,
+        layers=layers,
+        d_model=d_model,
+        heads=heads,
+        ff=ff,
+        batch=batch,
+        seq=seq,
+        dtype=dtype,
+    )
     mesh = _mesh_for(mesh_spec, target)
     report = transformer_verdict(
         s, config, mesh, mode=mode, impl=impl, constraints=constraints, hints=hints
@@ -105,6 +116,25 @@ def run_transformer_command(
     if json_path is not None:
         write_result(json_path, report.to_dict(), backend=report.audit.backend or _backend())
     return 0
+
+
+def check_matmul_command(
+    mesh_spec: str | None,
+    m: int,
+    k: int,
+    n: int,
+    dtype: str,
+    a_spec: str,
+    b_spec: str,
+    out_spec: str,
+) -> None:
+    """Refuses, before anything is compiled, a mesh, size, dtype or spec that does not fit."""
+    from shardscope._src.bounds.matmul import matmul_problem
+
+    _check_mesh(mesh_spec)
+    if mesh_spec is None:
+        raise MeshSpecError("--mesh is required, e.g. --mesh model=8")
+    matmul_problem(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)
 
 
 def _mesh_for(mesh_spec: str, target: str | None) -> Any:
@@ -142,15 +172,11 @@ def run_matmul_command(
     the rule and the fix.
     """
     from shardscope._src.base.io import write_result
-    from shardscope._src.bounds.matmul import matmul_problem
     from shardscope._src.render.audit import render_audit
     from shardscope._src.render.verdict import render_verdict
     from shardscope._src.verdict import matmul_verdict
 
-    _check_mesh(mesh_spec)
-    if mesh_spec is None:
-        raise MeshSpecError("--mesh is required, e.g. --mesh model=8")
-    matmul_problem(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)  # bad input first
+    check_matmul_command(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)  # bad input first
     mesh = _mesh_for(mesh_spec, target)
     report = matmul_verdict(mesh, m, k, n, dtype, a_spec, b_spec, out_spec, hints=hints)
     out = _console(console)

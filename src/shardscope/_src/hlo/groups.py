@@ -26,6 +26,7 @@ covering only a strided part of an axis runs over a sub-axis, written like Shard
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -34,14 +35,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardscope._src.base.errors import HloParseError
+from shardscope._src.hlo.parse import MAX_MODULE_DEVICES, read_int
 
-_INTS = re.compile(r"\s*-?\d+\s*")
-_IOTA = re.compile(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?")
-_MESH_AXIS = re.compile(r"""\s*(?:'([^']*)'|"([^"]*)"|([\w.\-]+))\s*=\s*(\d+)\s*""")
-_AXIS_REF = re.compile(r"""\s*(?:'([^']*)'|"([^"]*)"|([\w.\-]+))\s*(?::\((\d+)\)(\d+))?\s*""")
+# Digits are ASCII digits (re.ASCII): Python's \d also takes those of other scripts.
+_INTS = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
+_IOTA = re.compile(r"\[([0-9,\s]+)\]<=\[([0-9,\s]+)\](?:T\(([0-9,\s]+)\))?", re.ASCII)
+_MESH_AXIS = re.compile(
+    r"""\s*(?:'([^']*)'|"([^"]*)"|([\w.\-]+))\s*=\s*([0-9]+)\s*""", re.ASCII
+)
+_AXIS_REF = re.compile(
+    r"""\s*(?:'([^']*)'|"([^"]*)"|([\w.\-]+))\s*(?::\(([0-9]+)\)([0-9]+))?\s*""", re.ASCII
+)
 
-# Meshes larger than this are not expanded into explicit groups (memory guard for fuzzed text).
-_MAX_IDS = 1 << 20
+# numpy arrays have at most 64 dimensions; printed tile shapes have a handful.
+_MAX_RANK = 32
+
+#: Device ids the replica groups of one module may expand to, over all its distinct printed
+#: forms (each form is expanded once however many collectives print it): a real program prints
+#: a few forms per mesh axis, e.g. 16 forms of 8,192 devices or 64 of 2,048 (2**17 ids).
+MAX_GROUP_IDS_PER_MODULE = 2**17
 
 
 @dataclass(frozen=True)
@@ -72,23 +84,46 @@ def _ints(text: str, raw: str) -> tuple[int, ...]:
     out = []
     for piece in text.split(","):
         if not _INTS.fullmatch(piece):
-            raise _error(raw, f"{piece.strip()!r} is not an integer")
-        out.append(int(piece))
+            raise _error(raw, f"{piece.strip()[:30]!r} is not an integer")
+        t = piece.strip()
+        value = read_int(t.removeprefix("-"))
+        if value is None:
+            raise _error(raw, f"{t[:30]!r} is larger than a device id can be")
+        out.append(-value if t.startswith("-") else value)
     return tuple(out)
 
 
-def _iota_array(reshape: Sequence[int], perm: Sequence[int] | None, raw: str) -> np.ndarray:
+def _check_ids(total: int, max_ids: int | None, raw: str) -> None:
+    """Refuses, before anything is expanded, a form holding more ids than there are devices."""
+    limit = MAX_MODULE_DEVICES if max_ids is None else max_ids
+    if total > limit:
+        where = (
+            "the module runs on"
+            if max_ids is not None
+            else "this tool audits (more than any single program runs on)"
+        )
+        raise _error(raw, f"they hold {total:,} device ids but {where} {limit:,} devices")
+
+
+def _iota_array(
+    reshape: Sequence[int], perm: Sequence[int] | None, raw: str, max_ids: int | None
+) -> np.ndarray:
+    if len(reshape) > _MAX_RANK:
+        raise _error(raw, f"{len(reshape)} dimensions; device arrays have at most {_MAX_RANK}")
     total = math.prod(reshape)
-    if total > _MAX_IDS:
-        raise _error(raw, f"{total} ids is more than this tool expands")
+    _check_ids(total, max_ids, raw)
     perm = tuple(range(len(reshape))) if perm is None else tuple(perm)
     if sorted(perm) != list(range(len(reshape))):
         raise _error(raw, f"T{perm} is not a permutation of {len(reshape)} dimensions")
     return np.arange(total, dtype=np.int64).reshape(tuple(reshape)).transpose(perm)
 
 
-def parse_replica_groups(text: str) -> ReplicaGroups:
-    """Parses any printed form of ``replica_groups`` (see the module docstring)."""
+def parse_replica_groups(text: str, max_ids: int | None = None) -> ReplicaGroups:
+    """Parses any printed form of ``replica_groups`` (see the module docstring).
+
+    ``max_ids``: the devices the module runs on; a compact form (iota, mesh) holding more ids
+    is refused before it is expanded (default: :data:`MAX_MODULE_DEVICES`).
+    """
     s = text.strip()
     if s.startswith("{"):
         return _parse_explicit(s)
@@ -100,11 +135,13 @@ def parse_replica_groups(text: str) -> ReplicaGroups:
         reshape = _ints(m.group(2), text)
         perm = _ints(m.group(3), text) if m.group(3) else None
         if len(dims) != 2 or math.prod(dims) != math.prod(reshape) or 0 in reshape:
-            raise _error(text, f"{list(dims)} does not hold the {math.prod(reshape)} ids")
-        arr = _iota_array(reshape, perm, text).reshape(dims)
-        return ReplicaGroups("iota", tuple(tuple(int(v) for v in row) for row in arr), text)
+            total = math.prod(reshape)
+            shown = f"{total:,}" if total.bit_length() < 64 else "so many"
+            raise _error(text, f"{list(dims)[:8]} does not hold the {shown} ids")
+        arr = _iota_array(reshape, perm, text, max_ids).reshape(dims)
+        return ReplicaGroups("iota", tuple(map(tuple, arr.tolist())), text)
     if s.startswith(("mesh[", "maximal_mesh[")):
-        return _parse_mesh(s, text)
+        return _parse_mesh(s, text, max_ids)
     raise _error(text, "not a form XLA prints (explicit {{...}}, iota [..]<=[..], mesh[...])")
 
 
@@ -141,12 +178,12 @@ def parse_source_target_pairs(text: str) -> tuple[tuple[int, int], ...]:
     return tuple((p[0], p[1]) for p in pairs)
 
 
-def _parse_mesh(s: str, raw: str) -> ReplicaGroups:
+def _parse_mesh(s: str, raw: str, max_ids: int | None) -> ReplicaGroups:
     if s.startswith("maximal_mesh["):
-        m = re.fullmatch(r"maximal_mesh\[device_id=(\d+)\]\s*(\{\s*\})?", s)
+        m = re.fullmatch(r"maximal_mesh\[device_id=([0-9]+)\]\s*(\{\s*\})?", s, re.ASCII)
         if m is None:
             raise _error(raw, "expected maximal_mesh[device_id=N] {}")
-        return ReplicaGroups("mesh", ((int(m.group(1)),),), raw)
+        return ReplicaGroups("mesh", (_ints(m.group(1), raw),), raw)
     close = s.find("]")
     if close < 0:
         raise _error(raw, "mesh[...] is never closed")
@@ -157,9 +194,13 @@ def _parse_mesh(s: str, raw: str) -> ReplicaGroups:
         if m is None:
             raise _error(raw, f"mesh axis {piece.strip()!r} is not name=size")
         names.append(m.group(1) or m.group(2) or m.group(3) or "")
-        sizes.append(int(m.group(4)))
+        sizes.extend(_ints(m.group(4), raw))
     if len(set(names)) != len(names) or 0 in sizes:
         raise _error(raw, "mesh axes must have distinct names and positive sizes")
+    if len(sizes) > _MAX_RANK:
+        raise _error(raw, f"{len(sizes)} mesh axes; a mesh has at most {_MAX_RANK}")
+    total = math.prod(sizes)
+    _check_ids(total, max_ids, raw)
     rest = s[close + 1 :].strip()
     device_ids: np.ndarray | None = None
     if rest.startswith(","):
@@ -178,9 +219,6 @@ def _parse_mesh(s: str, raw: str) -> ReplicaGroups:
         rest = rest[j + 1 :].strip()
     if not (rest.startswith("{") and rest.endswith("}")):
         raise _error(raw, "expected the grouped axes {'a',...} after the mesh")
-    total = math.prod(sizes)
-    if total > _MAX_IDS:
-        raise _error(raw, f"{total} ids is more than this tool expands")
     ids = np.arange(total, dtype=np.int64) if device_ids is None else device_ids
     refs: list[tuple[int, int | None, int | None]] = []  # (mesh dim, pre, size)
     inner = rest[1:-1]
@@ -192,8 +230,8 @@ def _parse_mesh(s: str, raw: str) -> ReplicaGroups:
         if name not in names:
             raise _error(raw, f"grouped axis {name!r} is not an axis of the printed mesh")
         dim = names.index(name)
-        pre = int(m.group(4)) if m.group(4) else None
-        size = int(m.group(5)) if m.group(5) else None
+        pre = _ints(m.group(4), raw)[0] if m.group(4) else None
+        size = _ints(m.group(5), raw)[0] if m.group(5) else None
         if pre is not None and (pre < 1 or size < 2 or sizes[dim] % (pre * size)):  # type: ignore[operator]
             raise _error(raw, f"sub-axis {piece.strip()} does not divide axis size {sizes[dim]}")
         refs.append((dim, pre, size))
@@ -204,21 +242,21 @@ def _device_ids(text: str, sizes: list[int], raw: str) -> np.ndarray:
     total = math.prod(sizes)
     t = text.strip()
     if t.startswith("["):
-        m = re.fullmatch(r"\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", t)
+        m = re.fullmatch(r"\[([0-9,\s]+)\](?:T\(([0-9,\s]+)\))?", t, re.ASCII)
         if m is not None:
             reshape = _ints(m.group(1), raw)
             perm = _ints(m.group(2), raw) if m.group(2) else None
             if math.prod(reshape) != total:
-                raise _error(raw, f"device_ids {t} does not hold {total} ids")
-            return _iota_array(reshape, perm, raw).reshape(-1)
+                raise _error(raw, f"device_ids {t[:60]} does not hold {total} ids")
+            return _iota_array(reshape, perm, raw, total).reshape(-1)
         # An explicit array printed with its dimensions first: [2,4]0,4,1,5,...
-        m2 = re.fullmatch(r"\[([\d,\s]+)\]([\d,\s]+)", t)
+        m2 = re.fullmatch(r"\[([0-9,\s]+)\]([0-9,\s]+)", t, re.ASCII)
         if m2 is None:
             raise _error(raw, f"device_ids {t!r} is neither an iota nor a list of ids")
         t = m2.group(2)
     ids = np.asarray(_ints(t, raw), dtype=np.int64)
     if len(ids) != total or sorted(ids.tolist()) != list(range(total)):
-        raise _error(raw, f"device_ids {text!r} is not a permutation of 0..{total - 1}")
+        raise _error(raw, f"device_ids {text[:60]!r} is not a permutation of 0..{total - 1}")
     return ids
 
 
@@ -276,9 +314,11 @@ def _mesh_groups(
     if len(set(grouped)) != len(grouped):
         raise _error(raw, "an axis is listed twice")
     rest = [i for i in range(len(shape)) if i not in grouped]
+    if len(shape) > _MAX_RANK:
+        raise _error(raw, f"the axes split into {len(shape)} factors; at most {_MAX_RANK}")
     group_size = math.prod(shape[i] for i in grouped)
     arr = ids.reshape(shape).transpose(rest + grouped).reshape(-1, group_size)
-    return tuple(tuple(int(v) for v in row) for row in arr)
+    return tuple(map(tuple, arr.tolist()))
 
 
 @dataclass(frozen=True)
@@ -295,45 +335,81 @@ class AxisMatch:
     reason: str = ""
 
 
-def _dim_factor(values: list[int], size: int) -> list[tuple[int, int]] | None:
-    """The (pre, size) sub-axes of one mesh dimension whose product is ``values``.
-
-    ``values`` are the distinct coordinates a group takes along a dimension of ``size``; a
-    sub-axis ``(pre)k`` of it varies index // post % k with post = size // (pre * k).
-    Returns None if the values are no such product.
-    """
-    n = len(values)
-    if n == size:
-        return [(1, size)]
-    # One strided run: {base + j * post}.
-    if n > 1:
-        post = values[1] - values[0]
-        if (
-            post > 0
-            and size % (post * n) == 0
-            and all(values[j] == values[0] + j * post for j in range(n))
-        ):
-            if (values[0] // post) % n == 0:
-                return [(size // (post * n), n)]
-    # Several runs: split the dimension into prime digits and find which ones vary.
+@functools.lru_cache(maxsize=256)
+def _prime_digits(size: int) -> tuple[int, ...]:
+    """The prime factors of ``size``, smallest first (trial division up to its square root)."""
     primes: list[int] = []
     rest, p = size, 2
-    while rest > 1:
+    while p * p <= rest:
         while rest % p == 0:
             primes.append(p)
             rest //= p
         p += 1
-    digits = []
-    for v in values:
-        d = []
-        for q in reversed(primes):
-            d.append(v % q)
-            v //= q
-        digits.append(tuple(reversed(d)))
-    varying = [len({d[i] for d in digits}) > 1 for i in range(len(primes))]
+    if rest > 1:
+        primes.append(rest)
+    return tuple(primes)
+
+
+_Factors = tuple[tuple[int, int], ...]
+
+
+def _dim_factors(rows: np.ndarray, size: int) -> list[tuple[int, _Factors | None]]:
+    """For each row of distinct coordinates along one mesh dimension of ``size``, how many
+    there are and the (pre, size) sub-axes whose product they are (None if they are no such
+    product).
+
+    ``rows`` holds one group's distinct coordinates per row, increasing, padded with ``size``.
+    A sub-axis ``(pre)k`` varies index // post % k with post = size // (pre * k). All rows are
+    judged at once, digit by digit, so that many groups cost no more than a few array passes.
+    """
+    valid = rows < size
+    n = valid.sum(axis=1)
+    first = rows[:, :1]
+    # One strided run: {base + j * post}.
+    if rows.shape[1] > 1:
+        post = rows[:, 1] - rows[:, 0]
+        steps_ok = np.all((np.diff(rows, axis=1) == post[:, None]) | ~valid[:, 1:], axis=1)
+        safe = np.where(post > 0, post, 1)
+        strided = (
+            (n > 1)
+            & (post > 0)
+            & steps_ok
+            & (size % (safe * np.maximum(n, 1)) == 0)
+            & ((rows[:, 0] // safe) % np.maximum(n, 1) == 0)
+        )
+    else:
+        post = np.zeros(len(rows), dtype=np.int64)
+        strided = np.zeros(len(rows), dtype=bool)
+    # Several runs: split the dimension into prime digits and find which ones vary.
+    primes = _prime_digits(size)
+    varying = np.zeros((len(rows), len(primes)), dtype=bool)
+    place = 1
+    for i in range(len(primes) - 1, -1, -1):  # least significant digit first
+        digit = (rows // place) % primes[i]
+        varying[:, i] = np.any((digit != (first // place) % primes[i]) & valid, axis=1)
+        place *= primes[i]
+    # The verdict depends on the count, the stride of a strided run and which digits vary:
+    # rows that agree on these are judged once.
+    keys = np.concatenate(
+        [n[:, None], np.where(strided, post, 0)[:, None], varying.astype(np.int64)], axis=1
+    )
+    distinct, inverse = _unique_rows(keys)
+    verdicts: list[tuple[int, _Factors | None]] = []
+    for key in distinct.tolist():
+        count, step, vary = key[0], key[1], key[2:]
+        if count == size:
+            verdicts.append((count, ((1, size),)))
+        elif step:
+            verdicts.append((count, ((size // (step * count), count),)))
+        else:
+            expected, factors = _runs(primes, [bool(x) for x in vary])
+            verdicts.append((count, factors if expected == count else None))
+    return [verdicts[i] for i in inverse.tolist()]
+
+
+def _runs(primes: Sequence[int], varying: Sequence[bool]) -> tuple[int, _Factors]:
+    """The product of the varying prime digits, and each run of them as (pre, size)."""
     expected = math.prod(q for q, var in zip(primes, varying, strict=True) if var)
-    if expected != n:
-        return None
     out: list[tuple[int, int]] = []
     i = 0
     while i < len(primes):
@@ -345,14 +421,27 @@ def _dim_factor(values: list[int], size: int) -> list[tuple[int, int]] | None:
             j += 1
         out.append((math.prod(primes[:i]), math.prod(primes[i:j])))
         i = j
-    return out
+    return expected, tuple(out)
+
+
+def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of a 2-D array, and for each row the index of its distinct row.
+
+    Rows are compared as raw bytes (one opaque item per row), which stays fast for wide rows
+    where ``np.unique(axis=0)`` builds a field per column.
+    """
+    a = np.ascontiguousarray(a)
+    items = a.view(np.dtype((np.void, a.dtype.itemsize * a.shape[1]))).reshape(-1)
+    _, first, inverse = np.unique(items, return_index=True, return_inverse=True)
+    return a[first], inverse.reshape(-1)
 
 
 def axes_of_groups(groups: Sequence[Sequence[int]], mesh_axes: Mapping[str, int]) -> AxisMatch:
     """Names the mesh axes that every group in ``groups`` spans (partition ids).
 
     All groups must span the same (sub-)axes, hold every combination of them exactly once,
-    and together hold every partition once; otherwise the match is irregular.
+    and together hold every partition once; otherwise the match is irregular (the reason
+    names the first group, in order, that breaks a rule).
     """
     names = list(mesh_axes)
     sizes = [int(v) for v in mesh_axes.values()]
@@ -362,39 +451,67 @@ def axes_of_groups(groups: Sequence[Sequence[int]], mesh_axes: Mapping[str, int]
     group_size = len(groups[0])
     if any(len(g) != group_size for g in groups):
         return AxisMatch((), group_size, True, "groups differ in size")
-    flat = [p for g in groups for p in g]
-    if any(p < 0 or p >= total for p in flat):
+    ids = np.asarray(groups, dtype=np.int64).reshape(len(groups), group_size)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= total):
         return AxisMatch((), group_size, True, f"an id is outside the mesh's {total} partitions")
-    if len(set(flat)) != len(flat):
+    if len(np.unique(ids)) != ids.size:
         return AxisMatch((), group_size, True, "a partition appears in two groups")
-    if len(flat) != total:
-        return AxisMatch((), group_size, True, f"the groups hold {len(flat)} of {total} partitions")
+    if ids.size != total:
+        return AxisMatch((), group_size, True, f"the groups hold {ids.size} of {total} partitions")
     if group_size == 1:
         return AxisMatch((), 1)
-    coords = np.stack(np.unravel_index(np.asarray(groups, dtype=np.int64), sizes), axis=-1)
-    result: tuple[str, ...] | None = None
-    for g in coords:  # g: (group_size, ndim)
+    # Each group's distinct coordinates along each mesh dimension, found for all groups at
+    # once; groups with the same coordinate sets (usually all of them, up to an offset along
+    # the axes they do not span) are judged once.
+    coords = np.unravel_index(ids, sizes)
+    results: list[list[tuple[int, _Factors | None]]] = []  # per dimension: distinct verdicts
+    which = np.empty((len(groups), len(sizes)), dtype=np.int64)  # group -> verdict, per dim
+    for d, size in enumerate(sizes):
+        v = np.sort(coords[d], axis=1)
+        new = np.ones(v.shape, dtype=bool)
+        new[:, 1:] = v[:, 1:] != v[:, :-1]
+        # The distinct values first, then ``size`` (no coordinate) as padding.
+        padded = np.sort(np.where(new, v, size), axis=1)
+        # Along a dimension a group does not span, where it sits does not matter.
+        padded[new.sum(axis=1) == 1] = np.r_[0, np.full(group_size - 1, size)]
+        rows, inverse = _unique_rows(padded)
+        index: dict[tuple[int, _Factors | None], int] = {}
+        row_verdict = [index.setdefault(f, len(index)) for f in _dim_factors(rows, size)]
+        results.append(list(index))
+        which[:, d] = np.asarray(row_verdict, dtype=np.int64)[inverse]
+    kinds, inverse = _unique_rows(which)
+    verdicts: list[tuple[str, ...] | AxisMatch] = []
+    for kind in kinds:
         labels: list[str] = []
-        per_dim: list[list[int]] = []
-        for d in range(len(sizes)):
-            vals = sorted({int(v) for v in g[:, d]})
-            per_dim.append(vals)
-            if len(vals) == 1:
+        spans = 1
+        verdict: tuple[str, ...] | AxisMatch | None = None
+        for d, size in enumerate(sizes):
+            count, subs = results[d][kind[d]]
+            spans *= count
+            if count == 1:
                 continue
-            subs = _dim_factor(vals, sizes[d])
             if subs is None:
-                return AxisMatch(
+                verdict = AxisMatch(
                     (), group_size, True, f"the group spans an irregular part of {names[d]!r}"
                 )
-            for pre, size in subs:
-                labels.append(names[d] if size == sizes[d] else f"{names[d]}:({pre}){size}")
-        if math.prod(len(v) for v in per_dim) != group_size:
-            return AxisMatch((), group_size, True, "the group is not every combination of its axes")
-        if result is None:
-            result = tuple(labels)
-        elif result != tuple(labels):
-            return AxisMatch((), group_size, True, "groups span different axes")
-    return AxisMatch(result or (), group_size)
+                break
+            for pre, k in subs:
+                labels.append(names[d] if k == size else f"{names[d]}:({pre}){k}")
+        if verdict is None and spans != group_size:
+            verdict = AxisMatch(
+                (), group_size, True, "the group is not every combination of its axes"
+            )
+        verdicts.append(tuple(labels) if verdict is None else verdict)
+    first = verdicts[inverse[0]]
+    if isinstance(first, AxisMatch):
+        return first
+    bad = [k for k, v in enumerate(verdicts) if v != first]
+    if not bad:
+        return AxisMatch(first, group_size)
+    culprit = verdicts[inverse[int(np.argmax(np.isin(inverse, bad)))]]
+    if isinstance(culprit, AxisMatch):
+        return culprit
+    return AxisMatch((), group_size, True, "groups span different axes")
 
 
 def axes_of_pairs(pairs: Sequence[tuple[int, int]], mesh_axes: Mapping[str, int]) -> AxisMatch:
@@ -408,12 +525,11 @@ def axes_of_pairs(pairs: Sequence[tuple[int, int]], mesh_axes: Mapping[str, int]
     if any(p < 0 or p >= total for pair in pairs for p in pair):
         return AxisMatch((), 0, True, f"an id is outside the mesh's {total} partitions")
     moving = [False] * len(sizes)
-    for src, dst in pairs:
-        a = np.unravel_index(src, sizes)
-        b = np.unravel_index(dst, sizes)
-        for d in range(len(sizes)):
-            if a[d] != b[d]:
-                moving[d] = True
+    if pairs:
+        ends = np.asarray(pairs, dtype=np.int64).reshape(len(pairs), 2)
+        a = np.unravel_index(ends[:, 0], sizes)
+        b = np.unravel_index(ends[:, 1], sizes)
+        moving = [bool(np.any(a[d] != b[d])) for d in range(len(sizes))]
     axes = tuple(n for n, m in zip(names, moving, strict=True) if m)
     size = math.prod(s for s, m in zip(sizes, moving, strict=True) if m)
     return AxisMatch(axes, size if axes else 1)

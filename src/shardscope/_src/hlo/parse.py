@@ -101,14 +101,23 @@ CALL_ATTRIBUTES = (
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _SPECIAL = re.compile(r'["(){}\[\],]|/\*')
 _STRING_BODY = re.compile(r'(?:[^"\\]|\\.)*', re.S)
-_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _IDENT = re.compile(r"[A-Za-z_][\w\-.]*")
 _OPCODE = re.compile(r"[A-Za-z][\w\-.]*")
 _NAME_REF = re.compile(r"%?([\w\-.]+)")
-_TILES = re.compile(r"T((?:\([\d,*\s]*\))+)")
-_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+_TILES = re.compile(r"T((?:\([0-9,*\s]*\))+)", re.ASCII)
+_MEMORY_SPACE = re.compile(r"S\(([0-9]+)\)", re.ASCII)
 _ARRAY_SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\})?")
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+_DIGITS = re.compile(r"[0-9]+")
+
+#: XLA keeps dimensions, byte sizes, trip counts and ids in signed 64-bit integers
+#: (``xla_data.proto``, ``ShapeUtil::ValidateShape``): no compiled program holds a larger one.
+INT64_MAX = 2**63 - 1
+
+#: Devices one module may run on (``num_partitions`` x ``replica_count``). The largest
+#: single-program jobs published run on tens of thousands of accelerators (a TPU v5p pod holds
+#: 8,960 chips); replica groups are checked against this before any are expanded.
+MAX_MODULE_DEVICES = 2**16
 
 
 def _error(lineno: int | None, message: str, text: str | None = None) -> HloParseError:
@@ -118,6 +127,45 @@ def _error(lineno: int | None, message: str, text: str | None = None) -> HloPars
         t = text.strip()
         shown = f" (in {t[:120]!r}{'...' if len(t) > 120 else ''})"
     return HloParseError(f"HLO text {where}{message}{shown}")
+
+
+def read_int(text: str) -> int | None:
+    """``text`` as a whole number if it is one written in ASCII digits within int64, else None.
+
+    Python's ``int()`` also takes ``'²'``-like digits of other scripts, underscores and signs,
+    and refuses more than 4,300 digits with its own error; HLO numbers are none of these.
+    """
+    t = text.strip()
+    if not _DIGITS.fullmatch(t):
+        return None
+    t = t.lstrip("0") or "0"
+    if len(t) > 19:
+        return None
+    value = int(t)
+    return value if value <= INT64_MAX else None
+
+
+def parse_int(
+    text: str,
+    what: str,
+    lineno: int | None,
+    raw: str | None = None,
+    *,
+    limit: int = INT64_MAX,
+    why: str = "XLA stores it in a signed 64-bit integer",
+) -> int:
+    """``text`` as a whole number from 0 to ``limit``; :class:`HloParseError` naming ``what``
+    and the line otherwise."""
+    t = text.strip()
+    if not _DIGITS.fullmatch(t):
+        shown = t if len(t) <= 30 else t[:30] + "..."
+        raise _error(lineno, f"{what} {shown!r} is not a whole number in ASCII digits", raw)
+    value = read_int(t)
+    if value is None or value > limit:
+        digits = len(t.lstrip("0"))
+        shown = f"{what} {t}" if digits <= 30 else f"{what} has {digits} digits, so it"
+        raise _error(lineno, f"{shown} is larger than {limit:,} ({why})", raw)
+    return value
 
 
 def _match(s: str, i: int, lineno: int | None) -> int:
@@ -193,8 +241,19 @@ def split_top_level(s: str, lineno: int | None = None) -> list[str]:
     return out
 
 
-def strip_comments(s: str) -> str:
-    return _COMMENT.sub("", s)
+def strip_comments(s: str, lineno: int | None = None) -> str:
+    """``s`` without its ``/*...*/`` comments, in one pass (an unclosed one is an error)."""
+    start = s.find("/*")
+    if start < 0:
+        return s
+    out = []
+    pos = 0
+    while start >= 0:
+        out.append(s[pos:start])
+        pos = _skip_comment(s, start, lineno)
+        start = s.find("/*", pos)
+    out.append(s[pos:])
+    return "".join(out)
 
 
 def unquote(s: str) -> str:
@@ -299,7 +358,7 @@ class Shape:
     def minor_to_major(self) -> tuple[int, ...]:
         """The layout's dimension order, minor first (``{1,0}`` -> ``(1, 0)``)."""
         order = (self.layout or "").split(":", 1)[0]
-        return tuple(int(d) for d in order.split(",") if d.strip().isdigit())
+        return tuple(v for v in (read_int(d) for d in order.split(",")) if v is not None)
 
     @property
     def tiles(self) -> tuple[tuple[int, ...], ...]:
@@ -310,7 +369,7 @@ class Shape:
         if m is None:
             return ()
         return tuple(
-            tuple(-1 if d.strip() == "*" else int(d) for d in t.split(",") if d.strip())
+            tuple(-1 if d.strip() == "*" else read_int(d) or 0 for d in t.split(",") if d.strip())
             for t in re.findall(r"\(([^()]*)\)", m.group(1))
         )
 
@@ -318,7 +377,7 @@ class Shape:
     def memory_space(self) -> int | None:
         """The layout's memory space ``S(n)`` (on TPU, 1 is on-chip memory), if printed."""
         m = _MEMORY_SPACE.search((self.layout or "").partition(":")[2])
-        return int(m.group(1)) if m else None
+        return read_int(m.group(1)) if m else None
 
     def __str__(self) -> str:
         if self.tuple_shapes is not None:
@@ -331,7 +390,7 @@ class Shape:
 
 def parse_shape(text: str, lineno: int | None = None) -> Shape:
     """Parses one HLO shape; raises :class:`HloParseError` if ``text`` is not one."""
-    s = strip_comments(text).strip()
+    s = strip_comments(text, lineno).strip()
     shape, end = _parse_shape_at(s, 0, lineno, depth=0)
     if s[end:].strip():
         raise _error(lineno, f"unexpected {s[end:].strip()[:30]!r} after shape", text)
@@ -376,10 +435,19 @@ def _parse_shape_at(s: str, i: int, lineno: int | None, depth: int) -> tuple[Sha
             dims.append(0)
             dynamic.append(True)
             continue
-        if not d.isdigit():
-            raise _error(lineno, f"dimension {d!r} of a {dtype} shape is not a number", s)
-        dims.append(int(d))
+        dims.append(parse_int(d, f"{dtype} dimension", lineno, s))
         dynamic.append(dyn)
+    elements = 1
+    for d in dims:
+        elements *= d
+    bits = DTYPE_BITS.get(dtype, 8)
+    if -(-elements * bits // 8) > INT64_MAX:
+        raise _error(
+            lineno,
+            f"shape {dtype}[{dims_text.strip()[:60]}] holds more than {INT64_MAX:,} bytes, "
+            f"more than XLA can address; no compiled program has such an array",
+            s,
+        )
     return (
         Shape(
             dtype=dtype,
@@ -408,7 +476,7 @@ def parse_metadata(text: str, lineno: int | None = None) -> Metadata:
 
     def as_int(key: str) -> int | None:
         v = kv.get(key)
-        return int(v) if v is not None and v.isdigit() else None
+        return None if v is None else read_int(v)
 
     return Metadata(
         op_name=kv.get("op_name"),
@@ -454,7 +522,7 @@ class Instruction:
             text = unquote(text)
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             return text
 
     @cached_property
@@ -526,7 +594,8 @@ class HloModule:
 
     def _int_attr(self, key: str, default: int) -> int:
         v = self.attributes.get(key)
-        return int(v) if v is not None and v.isdigit() else default
+        value = None if v is None else read_int(v)
+        return default if value is None else value
 
     @property
     def num_partitions(self) -> int:
@@ -544,13 +613,14 @@ class HloModule:
         loc = self.file_locations.get(file_location_id)
         if loc is None:
             return None
-        try:
-            file = self.file_names.get(int(loc.get("file_name_id", "0")), "?")
-            func = self.function_names.get(int(loc.get("function_name_id", "0")), "?")
-            line = int(loc.get("line", "0"))
-            col = int(loc["column"]) if "column" in loc else None
-        except ValueError:
+        file_id = read_int(loc.get("file_name_id", "0"))
+        func_id = read_int(loc.get("function_name_id", "0"))
+        line = read_int(loc.get("line", "0"))
+        col = read_int(loc["column"]) if "column" in loc else None
+        if file_id is None or func_id is None or line is None or ("column" in loc and col is None):
             return None
+        file = self.file_names.get(file_id, "?")
+        func = self.function_names.get(func_id, "?")
         return SourceLocation(file=file, function=func, line=line, column=col)
 
     def stack(self, stack_frame_id: int | None) -> tuple[SourceLocation, ...]:
@@ -567,11 +637,12 @@ class HloModule:
             frame = self.stack_frames.get(frame_id)
             if frame is None:
                 break
-            try:
-                loc = self.location(int(frame.get("file_location_id", "0")))
-                parent = int(frame.get("parent_frame_id", "0")) - 1
-            except ValueError:
+            location_id = read_int(frame.get("file_location_id", "0"))
+            parent_id = read_int(frame.get("parent_frame_id", "0"))
+            if location_id is None or parent_id is None:
                 break
+            loc = self.location(location_id)
+            parent = parent_id - 1
             # JAX drops its own frames, so consecutive frames can share one location.
             if loc is not None and (not out or out[-1] != loc):
                 out.append(loc)
@@ -606,6 +677,25 @@ def parse_hlo(text: str) -> HloModule:
             f"{head[:60]!r}.{hint}",
         )
     name, header_attrs = _parse_header(head, first + 1)
+    devices = 1
+    for key in ("num_partitions", "replica_count"):
+        if key in header_attrs:
+            value = parse_int(
+                header_attrs[key],
+                key,
+                first + 1,
+                limit=MAX_MODULE_DEVICES,
+                why="more devices than any single program runs on",
+            )
+            if value == 0:
+                raise _error(first + 1, f"{key}=0: a module runs on at least one device")
+            devices *= value
+    if devices > MAX_MODULE_DEVICES:
+        raise _error(
+            first + 1,
+            f"num_partitions x replica_count = {devices:,} devices, more than the "
+            f"{MAX_MODULE_DEVICES:,} this tool audits (more than any single program runs on)",
+        )
 
     tables: dict[str, dict[int, str]] = {}
     other_tables: dict[str, list[str]] = {}
@@ -641,10 +731,11 @@ def parse_hlo(text: str) -> HloModule:
             continue
         if section is not None:
             id_text, _, value = stripped.partition(" ")
-            if not id_text.isdigit():
+            if not _DIGITS.fullmatch(id_text):
                 raise _error(lineno, f"table {section} row does not start with an id", line)
             if section in _TABLES:
-                tables.setdefault(section, {})[int(id_text)] = value.strip()
+                row_id = parse_int(id_text, f"table {section} row id", lineno, line)
+                tables.setdefault(section, {})[row_id] = value.strip()
             else:
                 other_tables[section].append(stripped)
             i += 1
@@ -792,7 +883,7 @@ def _parse_instruction(s: str, lineno: int, computation: str) -> Instruction:
         literal = inner.strip()
     else:
         for piece in split_top_level(inner, lineno):
-            piece = strip_comments(piece).strip()
+            piece = strip_comments(piece, lineno).strip()
             if not piece:
                 continue
             ref = piece.rsplit(None, 1)[-1]

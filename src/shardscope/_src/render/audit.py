@@ -64,6 +64,21 @@ def _count(c: Collective) -> str:
     return text
 
 
+def _groups_text(c: Collective, limit: int = 200) -> str:
+    """The first ``limit`` characters of ``{{0,1},{2,3},...}``, without printing them all."""
+    parts = ["{"]
+    used = 1
+    for g in c.groups:
+        piece = ("," if len(parts) > 1 else "") + "{" + ",".join(map(str, g[:limit])) + "}"
+        parts.append(piece)
+        used += len(piece)
+        if used > limit:
+            break
+    else:
+        parts.append("}")
+    return "".join(parts)[:limit]
+
+
 def audit_table(audit: Audit, *, title: str | None = None) -> Any:
     """A ``rich.table.Table`` of the audit's collectives."""
     from rich.table import Table
@@ -196,8 +211,7 @@ def audit_notes(audit: Audit) -> list[str]:
         )
     for c in audit.sorted_collectives():
         if c.irregular:
-            groups = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in c.groups) + "}"
-            notes.append(f"irregular groups of {c.name}: {c.reason}; groups {groups[:200]}")
+            notes.append(f"irregular groups of {c.name}: {c.reason}; groups {_groups_text(c)}")
     if audit.rematerializations is None:
         notes.append(
             "rematerializations not checked: the audit did not compile this program itself"

@@ -169,6 +169,16 @@ DEMOS: dict[str, Callable[[Any], Demo]] = {
 }
 
 
+def check_demo(name: str, mesh_spec: str | None = None) -> None:
+    """Refuses, with no device, a demo name or mesh description the demo cannot run on."""
+    if name not in DEMOS:
+        raise ShardscopeError(f"unknown demo {name!r}; the built-in demos are {', '.join(DEMOS)}")
+    axes = parse_mesh_spec(mesh_spec or DEFAULT_MESH)
+    axis = "model" if "model" in axes else list(axes)[-1]
+    what = "w's rows and columns" if name == "reshard" else "w's rows"
+    _check_divides(axis, axes[axis], 1024, what)
+
+
 def get_demo(name: str, mesh: Any = None) -> Demo:
     """The demo called ``name`` (see :data:`DEMOS`) on ``mesh``."""
     if name not in DEMOS:

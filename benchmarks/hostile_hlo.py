@@ -1,0 +1,113 @@
+"""How long hostile HLO text takes to be audited or refused, and how much memory it takes.
+
+Each case runs in a fresh process (so its peak memory is its own) and prints the outcome,
+the seconds the audit took (wall clock and CPU) and the process's peak memory. The cases are
+the kinds of text that once took seconds to minutes or gigabytes: device counts and replica
+groups far past any program, ninety-six kilobytes of unclosed comments, the largest
+dimensions and trip counts, and many collectives sharing one grouping of 65,536 devices. The
+target is under 2 s and 500 MB each, as in the suite's fuzz test.
+
+    .venv/bin/python benchmarks/hostile_hlo.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEADER = "HloModule m, num_partitions={p}{extra}\n\n"
+ADD = (
+    "%add (x: f32[], y: f32[]) -> f32[] {\n  %x = f32[] parameter(0)\n  %y = f32[] parameter(1)\n"
+    "  ROOT %s = f32[] add(%x, %y)\n}\n\n"
+)
+
+
+def module(body: str, p: int = 8, extra: str = "", comps: str = "") -> str:
+    return (
+        HEADER.format(p=p, extra=extra)
+        + ADD
+        + comps
+        + "ENTRY %main (p: f32[8]) -> f32[8] {\n  %p = f32[8]{0} parameter(0)\n"
+        + body
+        + "  ROOT %r = f32[8]{0} copy(%p)\n}\n"
+    )
+
+
+def gathers(groups: str, n: int) -> str:
+    return "".join(
+        f"  %ag{i} = f32[64]{{0}} all-gather(%p), channel_id={i + 1}, replica_groups={groups}, "
+        "dimensions={0}, use_global_device_ids=true\n"
+        for i in range(n)
+    )
+
+
+def loop(trips: str) -> str:
+    comps = (
+        "%cond (c: f32[8]) -> pred[] {\n  %c = f32[8]{0} parameter(0)\n"
+        "  ROOT %k = pred[] constant(true)\n}\n\n"
+        "%body (t: f32[8]) -> f32[8] {\n  %t = f32[8]{0} parameter(0)\n"
+        "  ROOT %ar = f32[8]{0} all-reduce(%t), channel_id=1, "
+        "replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add\n}\n\n"
+    )
+    call = (
+        "  %w = f32[8]{0} while(%p), condition=%cond, body=%body, "
+        f'backend_config={{"known_trip_count":{{"n":"{trips}"}}}}\n'
+    )
+    return module(call, comps=comps)
+
+
+CASES = {
+    "replica_count=100000000": module(gathers("{}", 1), extra=", replica_count=100000000"),
+    "40 x [1,1048576]<=[1048576] on 8 devices": module(gathers("[1,1048576]<=[1048576]", 40)),
+    "40 x mesh 1024x1024 on 8 devices": module(gathers("mesh['a'=1024,'b'=1024] {'b'}", 40)),
+    "96 KB of unclosed /* after a shape": module(
+        "  %c = f32[8]{0}" + "/*x" * 32_000 + " copy(%p)\n"
+    ),
+    "400-digit dimension": module(f"  %c = f32[{'9' * 400}]{{0}} copy(%p)\n"),
+    "4,000-digit trip count": loop("9" * 4000),
+    "trip count 2**62 (audits)": loop(str(2**62)),
+    "200 collectives, one grouping of 65,536": module(
+        gathers("[32768,2]<=[65536]", 200), p=65536
+    ),
+    "4 groupings of 65,536 (over the budget)": module(
+        "".join(gathers(f"[{65536 // s},{s}]<=[65536]", 1).replace("ag0", f"ag{s}")
+                for s in (2, 4, 8, 16)),
+        p=65536,
+    ),
+}
+
+RUN = """
+import io, json, resource, sys, time
+import jax  # imports are not the case's time
+import shardscope
+from rich.console import Console
+from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.render.audit import render_audit
+text = sys.stdin.read()
+t, c = time.perf_counter(), time.process_time()
+try:
+    a = shardscope.audit(text)
+    render_audit(a, console=Console(file=io.StringIO(), width=120))
+    outcome = "audit"
+except ShardscopeError as e:
+    outcome = "refused: " + str(e)[:90]
+seconds, cpu = time.perf_counter() - t, time.process_time() - c
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"s": seconds, "cpu": cpu, "mb": peak, "outcome": outcome}))
+"""
+
+
+def main() -> int:
+    print(f"{'case':44s} {'seconds':>8s} {'CPU s':>8s} {'peak MB':>8s}  outcome")
+    for name, text in CASES.items():
+        p = subprocess.run(
+            [sys.executable, "-c", RUN], input=text, capture_output=True, text=True, check=True
+        )
+        r = json.loads(p.stdout)
+        print(f"{name:44s} {r['s']:8.3f} {r['cpu']:8.3f} {r['mb']:8.0f}  {r['outcome'][:70]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
