@@ -67,12 +67,12 @@ CASES = {
     "400-digit dimension": module(f"  %c = f32[{'9' * 400}]{{0}} copy(%p)\n"),
     "4,000-digit trip count": loop("9" * 4000),
     "trip count 2**62 (audits)": loop(str(2**62)),
-    "200 collectives, one grouping of 65,536": module(
-        gathers("[32768,2]<=[65536]", 200), p=65536
-    ),
+    "200 collectives, one grouping of 65,536": module(gathers("[32768,2]<=[65536]", 200), p=65536),
     "4 groupings of 65,536 (over the budget)": module(
-        "".join(gathers(f"[{65536 // s},{s}]<=[65536]", 1).replace("ag0", f"ag{s}")
-                for s in (2, 4, 8, 16)),
+        "".join(
+            gathers(f"[{65536 // s},{s}]<=[65536]", 1).replace("ag0", f"ag{s}")
+            for s in (2, 4, 8, 16)
+        ),
         p=65536,
     ),
 }

@@ -126,8 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--cases",
-        default="7b:64,70b:1024,llama2-70b:64:h100:64:4096,"
-        "gpt3-175b:768:a100:1536:2048,1b:8",
+        default="7b:64,70b:1024,llama2-70b:64:h100:64:4096,gpt3-175b:768:a100:1536:2048,1b:8",
         help="comma-separated model:devices[:hardware[:batch[:seq]]] (default: the speed "
         "targets 7b:64 and 70b:1024, the two published jobs, and 1b:8, which has DP, FSDP "
         "and TP plans that fit, for the validation)",

@@ -57,9 +57,7 @@ _OPCODES = [
     "while", "conditional", "call", "fusion", "async-start", "async-done", "no-such-op",
 ]  # fmt: skip
 _DTYPES = ["f32", "bf16", "s4", "pred", "token", "c128", "zz9", "f8e4m3fn", "u1", "opaque"]
-_GROUP_ATTR = re.compile(
-    r"replica_groups=(\{\{[^ ]*?\}\}|\{\}|\[[^ ]*|mesh\[[^\]]*\] \{[^}]*\})"
-)
+_GROUP_ATTR = re.compile(r"replica_groups=(\{\{[^ ]*?\}\}|\{\}|\[[^ ]*|mesh\[[^\]]*\] \{[^}]*\})")
 
 
 def _number(t: str, rng: random.Random) -> str:

@@ -50,8 +50,10 @@ BAD: list[tuple[list[str], str]] = [
     (["audit", "transformer", "--strategy", "dp_tp", "--mesh", "model=8"], "data"),
     (["audit", "hlo", "--hlo", "{tmp}/missing.hlo", "--mesh", "x=8"], "does not exist"),
     (["audit", "--hlo", "{tmp}/afile"], "needs --mesh"),
-    (["audit", "hlo", "--hlo", "{tmp}/afile", "--mesh", "x=8", "--json", "{tmp}/afile"],
-     "would overwrite the input --hlo"),
+    (
+        ["audit", "hlo", "--hlo", "{tmp}/afile", "--mesh", "x=8", "--json", "{tmp}/afile"],
+        "would overwrite the input --hlo",
+    ),
     (["audit", "hlo", "--hlo", "{tmp}/adir", "--mesh", "x=8"], "0 optimized modules"),
     (["audit", "{tmp}/missing.py:make_step", "--mesh", "x=8"], "missing.py"),
     # diff
@@ -61,13 +63,19 @@ BAD: list[tuple[list[str], str]] = [
     # plan
     (["plan"], "--devices"),
     (["plan", "--devices", "8"], "preset"),
-    (["plan", "--devices", "8", "--model", "tiny", "--strategies", "dp,,tp"],
-     "unknown strategy ''"),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--strategies", "dp,,tp"],
+        "unknown strategy ''",
+    ),
     (["plan", "--devices", "8", "--model", "tiny", "--strategies", "zz"], "unknown strategy 'zz'"),
-    (["plan", "--devices", "8", "--model", "tiny", "--json", "{tmp}/x", "--png", "{tmp}/x"],
-     "--json and --png both write"),
-    (["plan", "--devices", "8", "--model", "tiny", "--png", "{tmp}/r", "--report", "{tmp}/./r"],
-     "--png and --report both write"),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--json", "{tmp}/x", "--png", "{tmp}/x"],
+        "--json and --png both write",
+    ),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--png", "{tmp}/r", "--report", "{tmp}/./r"],
+        "--png and --report both write",
+    ),
     (["plan", "--devices", "8", "--model", "tiny", "--report", "{tmp}/adir"], "is a folder"),
     (["plan", "--devices", "99999", "--model", "tiny"], "at most"),
     (["plan", "--devices", "8", "--model", "huge"], "invalid choice: 'huge'"),

@@ -246,7 +246,7 @@ def test_digits_of_other_scripts_are_not_numbers(digit):
             ["row id has 5000 digits"],
             4,
         ),
-        ("HloModule m, num_partitions=8\n\nFileNames\n\u00b2 \"a.py\"\n", ["does not start"], 4),
+        ('HloModule m, num_partitions=8\n\nFileNames\n\u00b2 "a.py"\n', ["does not start"], 4),
     ],
     ids=["header", "table-id", "table-superscript"],
 )

@@ -57,8 +57,11 @@ def test_only_stale_files_of_ours_are_removed(tmp_path):
     remove = [
         leftover(tmp_path, f".a.json.shardscope-{host}-{gone}-x1.tmp", idle_s=old),
         leftover(tmp_path, f".shardscope-probe-{host}-{gone}-q9", idle_s=old),
-        leftover(tmp_path, f".b.png.shardscope-0000ffff-{alive}-y2.tmp",
-                 idle_s=STALE_ELSEWHERE_AFTER_S + 5),
+        leftover(
+            tmp_path,
+            f".b.png.shardscope-0000ffff-{alive}-y2.tmp",
+            idle_s=STALE_ELSEWHERE_AFTER_S + 5,
+        ),
     ]
     keep = [
         leftover(tmp_path, f".a.json.shardscope-{host}-{alive}-z3.tmp", idle_s=old),  # alive

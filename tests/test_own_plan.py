@@ -389,3 +389,92 @@ def test_cli_diff_of_files_of_another_schema(tmp_path, capsys):
     new = tmp_path / "new.json"
     new.write_text(json.dumps(data))
     assert_usage_error(["diff", str(old), str(new)], "schema version 99", capsys)
+
+
+def _scoped_audit(gather: bool):
+    mesh = shardscope.make_mesh("model=8")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh, P("model")))
+
+    def f(x, w):
+        with jax.named_scope("block0"):
+            y = x @ w  # an all-reduce over 'model'
+        with jax.named_scope("block1"):
+            v = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P())) if gather else w
+            return y + jnp.sum(v)
+
+    return shardscope.audit(jax.jit(f), x, w)
+
+
+def test_diff_by_scope_names_the_block_that_changed(tmp_path, capsys):
+    from shardscope._src.base.io import write_result
+
+    before, after = _scoped_audit(False), _scoped_audit(True)
+    d = shardscope.diff_audits(before, after, by_scope=True, no_new=["all-gather"])
+    (row,) = [r for r in d.changed if r.kind == "all-gather"]
+    assert (row.scope, row.status, row.new_count) == ("block1", "new", 1)
+    assert not d.ok and "in block1" in d.violations[0]
+    assert "block1" in d.text() and "scope" in d.text()
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, before.to_dict(), backend="cpu")
+    write_result(new, after.to_dict(), backend="cpu")
+    assert main(["diff", str(old), str(new), "--by-scope", "--no-new", "all-gather"]) == 1
+    assert "block1" in capsys.readouterr().out
+
+
+def _bf16_step(mesh, rules):
+    spec_w = shardscope.logical_to_spec(("embed", "hidden"), rules)
+    spec_x = shardscope.logical_to_spec(("batch", "embed"), rules)
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16, sharding=NamedSharding(mesh, spec_w))
+    x = jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, spec_x))
+
+    def step(w, x):
+        return jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w).astype(jnp.float32) ** 2))(w)
+
+    return jax.jit(step), (w, x)
+
+
+def test_plan_program_on_a_target_compiler():
+    rules = {"fsdp": [("batch", "data"), ("embed", "data")]}
+    r = shardscope.plan_program(_bf16_step, 8, rules=rules, axes=("data",), target="h100")
+    assert r.target == "h100" and r.hardware.name == "h100"
+    (p,) = r.plans
+    # The H100 compiler gathers the weight and sums the gradient in bf16 (the CPU: in f32).
+    assert {(c.kind, c.dtype) for c in p.collectives} == {
+        ("all-gather", "bf16"),
+        ("all-reduce", "bf16"),
+    }
+    assert p.compiled_memory["argument_size_in_bytes"] == (1024 * 512 + 64 * 1024) * 2 // 8
+    assert "h100 compiler's own buffer assignment" in r.notes[0]
+    with pytest.raises(shardscope.ShardscopeError, match="cannot|count"):
+        shardscope.plan_program(_bf16_step, 12, rules=rules, axes=("data",), target="h100")
+
+
+def test_cli_audits_a_program_on_a_target(capsys):
+    code = main(
+        [
+            "audit",
+            EQX,
+            "--mesh",
+            "data=8,model=1",
+            "--rule-set",
+            "dp",
+            "--target",
+            "h100",
+            "--json",
+            "-",
+        ]
+    )
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"] == "gpu" and data["target"] == "h100"
+    assert_usage_error(
+        ["audit", "--hlo", "x.txt", "--mesh", "data=8", "--target", "h100"],
+        "unrecognized arguments: --target",
+        capsys,
+    )
+    assert_usage_error(
+        ["plan", "--program", EQX, "--devices", "8", "--compiler", "tpu-v5p"],
+        "give --hardware tpu-v5p",
+        capsys,
+    )

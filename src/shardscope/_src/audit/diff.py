@@ -22,7 +22,8 @@ from shardscope._src.base.errors import AuditDiffError, ShardscopeError
 
 @dataclass(frozen=True)
 class DiffRow:
-    """The collectives of one kind over one set of axes, before and after.
+    """The collectives of one kind over one set of axes (in one scope, when the diff is by
+    scope), before and after.
 
     ``status`` is ``"new"`` (none before), ``"gone"`` (none after), ``"changed"`` (count or
     bytes differ) or ``"same"``. Counts are executions per run; bytes are per device.
@@ -36,6 +37,7 @@ class DiffRow:
     new_traffic_bytes: int
     old_payload_bytes: int
     new_payload_bytes: int
+    scope: str | None = None
 
     @property
     def status(self) -> str:
@@ -57,6 +59,7 @@ class DiffRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "scope": self.scope,
             "axes": self.axes,
             "kind": self.kind,
             "status": self.status,
@@ -77,6 +80,7 @@ class AuditDiff:
     new_name: str
     rows: tuple[DiffRow, ...]
     violations: tuple[str, ...] = ()
+    by_scope: bool = False
 
     @property
     def changed(self) -> tuple[DiffRow, ...]:
@@ -103,16 +107,18 @@ class AuditDiff:
             "rows": [r.to_dict() for r in self.rows],
             "violations": list(self.violations),
             "ok": self.ok,
+            "by_scope": self.by_scope,
         }
 
     def text(self, *, all_rows: bool = False) -> str:
         """The changed rows (``all_rows``: every row) as a plain-text table."""
         shown = self.rows if all_rows else self.changed
-        rows = [("", "axes", "kind", "count", "bytes/device", "change")]
+        rows = [("", "scope", "axes", "kind", "count", "bytes/device", "change")]
         for r in shown:
             rows.append(
                 (
                     r.status if r.status != "same" else "",
+                    r.scope or "-",
                     r.axes,
                     r.kind,
                     f"{r.old_count} -> {r.new_count}",
@@ -121,10 +127,13 @@ class AuditDiff:
                     + format_bytes(abs(r.traffic_change)),
                 )
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(6)]
+        if not self.by_scope:
+            rows = [row[:1] + row[2:] for row in rows]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        first_number = len(rows[0]) - 3
         lines = [
             "  ".join(
-                cell.rjust(w) if i >= 3 else cell.ljust(w)
+                cell.rjust(w) if i >= first_number else cell.ljust(w)
                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))
             ).rstrip()
             for row in rows
@@ -184,16 +193,25 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
     return name, data
 
 
-def _totals(data: Mapping[str, Any], name: str) -> dict[tuple[str, str], tuple[int, int, int]]:
-    out: dict[tuple[str, str], tuple[int, int, int]] = {}
-    for row in data["totals"]:
+def _totals(
+    data: Mapping[str, Any], name: str, by_scope: bool
+) -> dict[tuple[str | None, str, str], tuple[int, int, int]]:
+    out: dict[tuple[str | None, str, str], tuple[int, int, int]] = {}
+    entries = data.get("by_scope") if by_scope else data["totals"]
+    if not isinstance(entries, list):
+        raise AuditDiffError(
+            f'{name!r} has no per-scope totals ("by_scope"); write it with this shardscope\'s '
+            f"`shardscope audit ... --json FILE`, or diff without --by-scope"
+        )
+    for row in entries:
         try:
-            key = (str(row["axes"]), str(row["kind"]))
+            scope = str(row["scope"]) if by_scope else None
+            key = (scope, str(row["axes"]), str(row["kind"]))
             vals = (int(row["count"]), int(row["traffic_bytes"]), int(row["payload_bytes"]))
         except (KeyError, TypeError, ValueError):
             raise AuditDiffError(
-                f"{name!r}: a totals entry {row!r} lacks axes, kind, count, traffic_bytes or "
-                f"payload_bytes"
+                f"{name!r}: a totals entry {row!r} lacks scope, axes, kind, count, "
+                f"traffic_bytes or payload_bytes"
             ) from None
         c, t, p = out.get(key, (0, 0, 0))
         out[key] = (c + vals[0], t + vals[1], p + vals[2])
@@ -238,6 +256,7 @@ def diff_audits(
     *,
     max_bytes_increase: str | int | None = None,
     no_new: Sequence[str] = (),
+    by_scope: bool = False,
 ) -> AuditDiff:
     """Compares two audits per (axes, kind) and checks budgets.
 
@@ -246,6 +265,8 @@ def diff_audits(
         max_bytes_increase: the most the bytes each device sends may grow, in all: bytes,
             a size (``"64MiB"``) or a percentage of the old total (``"5%"``).
         no_new: kinds (``"all-gather"``) whose count must not grow over any set of axes.
+        by_scope: one row per scope (named scope or module path), axes and kind, from the
+            audits' ``by_scope`` totals, so that "block 3's MLP gained an all-gather" is a row.
 
     Raises:
         AuditDiffError: unreadable files, not audits, or different schema versions.
@@ -259,13 +280,13 @@ def diff_audits(
     budget = parse_budget(max_bytes_increase) if max_bytes_increase is not None else None
     old_name, old_data = _load(old, "old")
     new_name, new_data = _load(new, "new")
-    a, b = _totals(old_data, old_name), _totals(new_data, new_name)
+    a, b = _totals(old_data, old_name, by_scope), _totals(new_data, new_name, by_scope)
     rows = []
     order = list(a) + [k for k in b if k not in a]
     for key in order:
         oc, ot, op = a.get(key, (0, 0, 0))
         nc, nt, np_ = b.get(key, (0, 0, 0))
-        rows.append(DiffRow(key[0], key[1], oc, nc, ot, nt, op, np_))
+        rows.append(DiffRow(key[1], key[2], oc, nc, ot, nt, op, np_, scope=key[0]))
     violations = []
     old_total = sum(r.old_traffic_bytes for r in rows)
     new_total = sum(r.new_traffic_bytes for r in rows)
@@ -286,8 +307,9 @@ def diff_audits(
     for kind in kinds:
         for r in rows:
             if r.kind == kind and r.new_count > r.old_count:
+                where = f" in {r.scope}" if r.scope is not None else ""
                 violations.append(
-                    f"new {kind} over {r.axes}: {r.old_count} -> {r.new_count} per run "
+                    f"new {kind} over {r.axes}{where}: {r.old_count} -> {r.new_count} per run "
                     f"(--no-new {kind})"
                 )
-    return AuditDiff(old_name, new_name, tuple(rows), tuple(violations))
+    return AuditDiff(old_name, new_name, tuple(rows), tuple(violations), by_scope)

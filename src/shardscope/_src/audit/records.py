@@ -359,7 +359,12 @@ class Audit:
         passes = ("forward", "backward")
         return [
             ScopeTotals(
-                key[0], key[2], key[1], r[0], r[1], r[2],
+                key[0],
+                key[2],
+                key[1],
+                r[0],
+                r[1],
+                r[2],
                 tuple(sorted(r[3], key=lambda p: passes.index(p) if p in passes else 2)),
                 tuple(r[4]),
             )  # fmt: skip

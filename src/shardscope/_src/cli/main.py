@@ -176,6 +176,7 @@ def _run_audit_program(
             rule_set=args.rule_set,
             console=console,
             by_scope=args.by_scope,
+            target=target,
         )
     if args.program == "hlo":
         from shardscope._src.cli.program import run_audit_hlo
@@ -313,6 +314,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
     )
     common(own, None)
+    compile_target(own)
     hlo = programs.add_parser(
         "hlo",
         help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
@@ -393,7 +395,7 @@ def _check_plan(args: argparse.Namespace) -> None:
     from shardscope._src.base.io import check_output_paths
     from shardscope._src.sharding.strategies import STRATEGIES
 
-    for name in (args.strategies.split(",") if args.strategies is not None else []):
+    for name in args.strategies.split(",") if args.strategies is not None else []:
         if name.strip() not in STRATEGIES:
             raise PlanError(
                 f"unknown strategy {name.strip()!r} in --strategies {args.strategies!r}; give "
@@ -475,9 +477,16 @@ def _cmd_plan_program(
             f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
             f"--program your make_step builds the model (drop them)"
         )
+    target = None if args.compiler in (None, "cpu") else args.compiler
+    if target is not None and target != args.hardware:
+        raise UsageError(
+            f"{PROG} plan: --compiler {target} compiles for {target} but the estimates use "
+            f"--hardware {args.hardware}; give --hardware {target}"
+        )
     return run_plan_program(
         args.program,
         args.devices,
+        target=target,
         rules_path=args.rules,
         axes=_names(args.axes, "--axes"),
         meshes=args.meshes.split(";") if args.meshes else None,
@@ -625,7 +634,8 @@ def _add_plan_parser(sub: Any) -> None:
         default=None,
         choices=["cpu", *PRESETS],
         help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
-        "own compiler (deviceless) compiles the leading plans after a CPU screening",
+        "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
+        "--program: every candidate is compiled by this compiler (default cpu)",
     )
     p.add_argument(
         "--target-plans",
@@ -719,6 +729,12 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         metavar="KIND",
         help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
     )
+    diff.add_argument(
+        "--by-scope",
+        action="store_true",
+        help="one row per named scope or module path, axes and kind (the audits' by_scope "
+        "totals) instead of one per axes and kind",
+    )
     diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
     diff.set_defaults(run=_cmd_diff, check=_check_diff)
 
@@ -738,6 +754,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         max_bytes_increase=args.max_bytes_increase,
         no_new=args.no_new,
         json_path=args.json,
+        by_scope=args.by_scope,
     )
 
 

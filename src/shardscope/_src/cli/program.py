@@ -44,8 +44,10 @@ def run_audit_program(
     rule_set: str | None = None,
     console: Any = None,
     by_scope: bool = False,
+    target: str | None = None,
 ) -> int:
-    """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``;
+    """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``: of
+    simulated CPU devices, or of ``target``'s compile-only devices (its own compiler);
     ``by_scope`` prints the totals per scope instead of one row per collective."""
     import jax
 
@@ -63,7 +65,8 @@ def run_audit_program(
 
         sets, _ = load_rules_file(rules_path)
         source = f"rules file {rules_path!r}"
-    _simulate(math.prod(axes.values()))
+    if target is None:
+        _simulate(math.prod(axes.values()))
     make_step = load_program(ref)
     if sets is None:
         from shardscope._src.plan.program import normalize_rules
@@ -72,7 +75,12 @@ def run_audit_program(
         own = getattr(module, "RULES", None)
         sets = normalize_rules(own) if own is not None else None
     rules = _pick_rules(sets, rule_set, source, tuple(axes))
-    mesh = make_mesh(axes, devices=jax.devices()[: math.prod(axes.values())])
+    if target is not None:
+        from shardscope._src.target_mesh import target_mesh
+
+        mesh = target_mesh(target, axes)
+    else:
+        mesh = make_mesh(axes, devices=jax.devices()[: math.prod(axes.values())])
     try:
         lowered = build_program(make_step, mesh, rules, where=ref)
     except ShardscopeError:
@@ -83,11 +91,19 @@ def run_audit_program(
         ) from e
     result = audit(lowered, mesh=mesh)
     if json_path is not None and str(json_path) == "-":
-        write_result(json_path, {"program": ref, **result.to_dict()}, backend=jax.default_backend())
+        write_result(
+            json_path,
+            {"program": ref, **result.to_dict()},
+            backend=result.backend or jax.default_backend(),
+        )
         return 0
     render_audit(result, console=console, title=f"{ref} on {mesh_spec}", by_scope=by_scope)
     if json_path is not None:
-        write_result(json_path, {"program": ref, **result.to_dict()}, backend=jax.default_backend())
+        write_result(
+            json_path,
+            {"program": ref, **result.to_dict()},
+            backend=result.backend or jax.default_backend(),
+        )
     return 0
 
 
@@ -184,13 +200,16 @@ def run_diff(
     no_new: Sequence[str] = (),
     json_path: str | None = None,
     console: Any = None,
+    by_scope: bool = False,
 ) -> int:
     """Prints how the collectives changed; 1 when a budget is broken, else 0."""
     from shardscope._src.audit.diff import diff_audits
     from shardscope._src.base.io import STDOUT, write_result
     from shardscope._src.render.diff import render_diff
 
-    d = diff_audits(old, new, max_bytes_increase=max_bytes_increase, no_new=no_new)
+    d = diff_audits(
+        old, new, max_bytes_increase=max_bytes_increase, no_new=no_new, by_scope=by_scope
+    )
     if json_path != STDOUT:
         render_diff(d, console=console)
     if json_path is not None:
@@ -212,8 +231,10 @@ def run_plan_program(
     report_path: str | None = None,
     top: int | None = None,
     console: Any = None,
+    target: str | None = None,
 ) -> int:
-    """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices``; prints, writes the files.
+    """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices`` (simulated CPU devices, or
+    ``target``'s compile-only devices and compiler); prints, writes the files.
 
     Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
     ``RULES`` if it defines one, else the program is planned as written over ``axes``.
@@ -221,6 +242,7 @@ def run_plan_program(
     from shardscope._src.audit.stages import load_program
     from shardscope._src.base.errors import PlanError
     from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
+    from shardscope._src.base.targets import get_target
     from shardscope._src.plan.program import load_rules_file, plan_program
     from shardscope._src.plan.sweep import MAX_DEVICES
     from shardscope._src.render.console import output_console
@@ -246,7 +268,8 @@ def run_plan_program(
                 f"--axes and the rules file {rules_path!r} both name the mesh axes; keep one"
             )
         axes = axes or file_axes or None
-    _simulate(devices)
+    if target is None:
+        _simulate(devices)
     make_step = load_program(ref)
     if rules is None:
         module = sys.modules.get(getattr(make_step, "__module__", "") or "")
@@ -261,13 +284,15 @@ def run_plan_program(
         meshes=meshes,
         hardware=hardware,
         hardware_overrides=hardware_overrides,
+        target=target,
         name=ref,
     )
     if json_path != STDOUT:
         render_program_plan(result, console=console, top=top)
     written = []
     if json_path:
-        written.append(write_result(json_path, result.to_dict(), backend="cpu"))
+        backend = "cpu" if target is None else get_target(target).family
+        written.append(write_result(json_path, result.to_dict(), backend=backend))
     if png_path:
         written.append(plot_plans(result, png_path))
     if report_path:

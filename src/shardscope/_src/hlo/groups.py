@@ -40,9 +40,7 @@ from shardscope._src.hlo.parse import MAX_MODULE_DEVICES, read_int
 # Digits are ASCII digits (re.ASCII): Python's \d also takes those of other scripts.
 _INTS = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
 _IOTA = re.compile(r"\[([0-9,\s]+)\]<=\[([0-9,\s]+)\](?:T\(([0-9,\s]+)\))?", re.ASCII)
-_MESH_AXIS = re.compile(
-    r"""\s*(?:'([^']*)'|"([^"]*)"|([\w.\-]+))\s*=\s*([0-9]+)\s*""", re.ASCII
-)
+_MESH_AXIS = re.compile(r"""\s*(?:'([^']*)'|"([^"]*)"|([\w.\-]+))\s*=\s*([0-9]+)\s*""", re.ASCII)
 _AXIS_REF = re.compile(
     r"""\s*(?:'([^']*)'|"([^"]*)"|([\w.\-]+))\s*(?::\(([0-9]+)\)([0-9]+))?\s*""", re.ASCII
 )

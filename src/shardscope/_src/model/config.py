@@ -92,8 +92,17 @@ class ModelConfig:
                         else f" (None: the default, {_DEFAULTS[name]})"
                     )
                 )
-        for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "vocab", "kv_heads",
-                     "head_dim"):
+        for name in (
+            "d_model",
+            "heads",
+            "ff",
+            "layers",
+            "batch",
+            "seq",
+            "vocab",
+            "kv_heads",
+            "head_dim",
+        ):
             value = getattr(self, name)
             if isinstance(value, int) and value > MAX_DIM:
                 raise ModelConfigError(
@@ -454,8 +463,9 @@ def _blocked_backward(blk: int, res: Any, do: Any) -> tuple[Any, Any, Any]:
     def step(dq: Any, xs: Any) -> Any:
         j, kj, vj = xs
         p = jnp.exp(_block_scores(q, kj, j, blk) - lse[..., None])
-        dv = jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do.dtype), do,
-                        preferred_element_type=jnp.float32)
+        dv = jnp.einsum(
+            "bkgqs,bqkgh->bskh", p.astype(do.dtype), do, preferred_element_type=jnp.float32
+        )
         dp = jnp.einsum("bqkgh,bskh->bkgqs", do, vj, preferred_element_type=jnp.float32)
         ds = (p * (dp - delta[..., None]) / math.sqrt(q.shape[-1])).astype(q.dtype)
         dq = dq + jnp.einsum("bkgqs,bskh->bqkgh", ds, kj, preferred_element_type=jnp.float32)

@@ -111,7 +111,15 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             mlp="gelu",
         ),
         _llama(
-            "1b", 2048, 32, 4, 5632, 22, 32000, 2048, 1.1e9,
+            "1b",
+            2048,
+            32,
+            4,
+            5632,
+            22,
+            32000,
+            2048,
+            1.1e9,
             "TinyLlama-1.1B (Zhang et al. 2024, arXiv 2401.02385): Llama 2 architecture, "
             "4 key/value heads",
         ),

@@ -170,8 +170,7 @@ def compile_all(
         return out
 
     tasks = [
-        CompileTask(c.strategy, c.stage_mesh_spec, config_of(c), mode, c.microbatches)
-        for c in todo
+        CompileTask(c.strategy, c.stage_mesh_spec, config_of(c), mode, c.microbatches) for c in todo
     ]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got

@@ -27,7 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shardscope._src.base.errors import LayoutError, PlanError, ProgramError
+from shardscope._src.base.errors import (
+    DeviceMemoryError,
+    LayoutError,
+    PlanError,
+    ProgramError,
+    TargetError,
+)
 
 #: A rule set: ``((logical name, mesh axes or None), ...)``.
 Rules = tuple[tuple[str, Any], ...]
@@ -407,25 +413,40 @@ def compile_candidate(
     make_step: Callable[..., Any],
     rules: Rules,
     sizes: Mapping[str, int],
-    devices: Sequence[Any],
+    devices: Sequence[Any] | None,
     *,
     where: str,
+    target: str | None = None,
 ) -> tuple[Any, Mapping[str, float], int, str]:
-    """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate, compiled with the
-    planner's options (the partitioned program and its buffers, not fast CPU code)."""
+    """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate: on simulated CPU
+    devices with the planner's options (the partitioned program and its buffers, not fast
+    CPU code), or on ``target``'s compile-only devices with its own compiler."""
     import hashlib
 
-    from shardscope._src.audit.compile import _capture_stderr, audit, parse_rematerializations
+    from shardscope._src.audit.compile import (
+        _capture_stderr,
+        audit,
+        compile_lowered,
+        parse_rematerializations,
+    )
     from shardscope._src.audit.stages import build_program
     from shardscope._src.mesh import make_mesh
     from shardscope._src.plan.compile import COMPILE_OPTIONS
 
     t0 = time.perf_counter()
-    mesh = make_mesh(dict(sizes), devices=devices)
+    if target is None:
+        mesh = make_mesh(dict(sizes), devices=devices)
+    else:
+        from shardscope._src.target_mesh import target_mesh
+
+        mesh = target_mesh(target, dict(sizes))
     lowered = build_program(make_step, mesh, rules, where=where)
     t1 = time.perf_counter()
     with _capture_stderr() as log:
-        compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
+        if target is None:
+            compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
+        else:
+            compiled = compile_lowered(lowered)
     t2 = time.perf_counter()
     result = audit(compiled, mesh=mesh)
     remats = parse_rematerializations(log[0] if log else "", result.module)
@@ -446,8 +467,9 @@ def plan_program(
     rules: Any = None,
     axes: Sequence[str] | None = None,
     meshes: Sequence[str | Mapping[str, int]] | None = None,
-    hardware: Any = "h100",
+    hardware: Any = None,
     hardware_overrides: Mapping[str, float] | None = None,
+    target: str | None = None,
     name: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> ProgramPlanResult:
@@ -465,7 +487,12 @@ def plan_program(
         axes: the mesh axis names (default: those the rules name, in order).
         meshes: mesh shapes to try (``"data=4,model=2"``); default every way to spread
             ``devices`` over ``axes``, sizes of 1 included.
-        hardware: a preset name or :class:`Hardware`; ``hardware_overrides`` change fields.
+        hardware: a preset name or :class:`Hardware` (default: the target's, else
+            ``h100``); ``hardware_overrides`` change fields.
+        target: compile every candidate for this target (``"h100"``, ``"tpu-v5p"``; see
+            ``shardscope.TARGETS``) with its own compiler, deviceless: its collectives and
+            its memory per device (a TPU program that does not fit is skipped for memory).
+            None (or ``"cpu"``): simulated CPU devices.
         name: what to call the program in the output (default ``make_step``'s module and name).
         progress: called as ``progress(done, total, label)``.
 
@@ -516,8 +543,20 @@ def plan_program(
                 "the shardings with shardscope.logical_to_spec(names, rules)"
             )
     shapes = _mesh_list(meshes, axes, devices)
-    hw = get_hardware(hardware, **dict(hardware_overrides or {}))
-    local = _local_devices(devices)
+    target_name: str | None = None
+    if target is not None:
+        from shardscope._src.base.deviceless import require_compiler
+        from shardscope._src.base.targets import CPU, get_target, topology
+
+        t = get_target(target)
+        if t.family != CPU:
+            require_compiler(t)
+            topology(t, devices)  # a device count the target is not built with fails here
+            target_name = t.name
+            if hardware is None:
+                hardware = t.hardware
+    hw = get_hardware(hardware or "h100", **dict(hardware_overrides or {}))
+    local = _local_devices(devices) if target_name is None else None
     label = name or _name_of(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
@@ -533,10 +572,15 @@ def plan_program(
         where = f"{label}(mesh {spec})"
         try:
             result, timing, itemsize, fp = compile_candidate(
-                make_step, r, sizes, local, where=where
+                make_step, r, sizes, local, where=where, target=target_name
             )
-        except (PlanError, ProgramError):
+        except (PlanError, ProgramError, TargetError):
             raise
+        except DeviceMemoryError as e:  # the target's compiler found it does not fit
+            skipped.append(Skipped(rn, spec, "memory", str(e)))
+            if progress:
+                progress(i, total, f"{rn} {spec}")
+            continue
         except Exception as e:  # the user's program failed for this mesh and rules
             # A shape the mesh does not divide (JAX's IndivisibleError, our LayoutError) is
             # the planner's "divisibility"; anything else the program raised is an "error".
@@ -602,7 +646,8 @@ def plan_program(
         rule_sets=rule_sets,
         plans=ranked,
         skipped=tuple(skipped),
-        notes=tuple(_result_notes(hw, ranked)),
+        notes=tuple(_result_notes(hw, ranked, target_name)),
+        target=target_name or "cpu",
         wall_s=time.perf_counter() - start,
         candidates=total,
     )
@@ -677,12 +722,18 @@ def _local_devices(n: int) -> list[Any]:
     return list(have[:n])
 
 
-def _result_notes(hw: Any, plans: Sequence[ProgramPlan]) -> list[str]:
-    notes = [
-        "memory per device is the compiler's buffer assignment (arguments + outputs + "
+def _result_notes(hw: Any, plans: Sequence[ProgramPlan], target: str | None) -> list[str]:
+    memory = (
+        f"memory per device is the {target} compiler's own buffer assignment (arguments + "
+        f"outputs + temporaries - aliased), compiled deviceless"
+        if target is not None
+        else "memory per device is the compiler's buffer assignment (arguments + outputs + "
         "temporaries - aliased) on the CPU backend, which computes 16-bit arithmetic in f32 "
         "and has no GPU/TPU memory scheduler: compare plans with it, do not read it as a "
-        "GPU/TPU prediction",
+        "GPU/TPU prediction"
+    )
+    notes = [
+        memory,
         "communication is the compiled program's collectives, loop trips counted, bytes each "
         "device sends under bandwidth-optimal algorithms",
         f"time: alpha-beta per collective ({hw.name}: {hw.link_bandwidth / 1e9:g} GB/s within "
@@ -691,6 +742,11 @@ def _result_notes(hw: Any, plans: Sequence[ProgramPlan]) -> list[str]:
         f"count per device / {hw.peak_flops / 1e12:g} TFLOP/s peak; step = compute + "
         f"communication (no overlap) or the larger of the two (perfect overlap)",
     ]
+    if any(p.flops_per_device is None for p in plans):
+        notes.append(
+            "the compiler reported no FLOP count for some plans (the GPU compiler gives none): "
+            "their compute time is 0, so they rank by communication alone"
+        )
     same = [p for p in plans if p.same_as]
     if same:
         notes.append(

@@ -206,7 +206,7 @@ def _microbatch_options(bound: Any, mode: str, microbatches: int | None) -> list
         return [microbatches] if per_shard and per_shard % microbatches == 0 else []
     options = divisors(per_shard) if per_shard else []
     if len(options) > MAX_MICROBATCH_OPTIONS:
-        options = [1, *options[-(MAX_MICROBATCH_OPTIONS - 1):]]
+        options = [1, *options[-(MAX_MICROBATCH_OPTIONS - 1) :]]
     return options
 
 
@@ -233,10 +233,22 @@ def screen(
         schedule=sched,
     )
     need = scheduled_bound(bound, sched, mode)
-    work = step_work(bound, sched, config, math.prod(cand.sizes.values()), hw,
-                     flash_attention=flash_attention, mode=mode)
-    return Screened(cand, mem, step_time(hw, work, bound_comm(hw, bound, need.terms)), need,
-                    int(hw.memory_bytes))
+    work = step_work(
+        bound,
+        sched,
+        config,
+        math.prod(cand.sizes.values()),
+        hw,
+        flash_attention=flash_attention,
+        mode=mode,
+    )
+    return Screened(
+        cand,
+        mem,
+        step_time(hw, work, bound_comm(hw, bound, need.terms)),
+        need,
+        int(hw.memory_bytes),
+    )
 
 
 def screen_all(
@@ -1061,8 +1073,7 @@ def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> l
         + "; data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
         "schedule allows; 1F1B pipeline bubble; the optimizer's pass over its state. Ranked "
         "by this step time, from the formula's collectives (the compiled ones are validated "
-        "against them). Sources: "
-        + "; ".join(f"{k}: {v}" for k, v in TIME_MODEL_SOURCES.items()),
+        "against them). Sources: " + "; ".join(f"{k}: {v}" for k, v in TIME_MODEL_SOURCES.items()),
     ]
     if config.itemsize == 2 and any(
         c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives

@@ -274,8 +274,9 @@ class Plan:
 
     @property
     def schedule_label(self) -> str:
-        return Candidate(self.strategy, tuple(self.mesh.items()), self.microbatches,
-                         self.remat).schedule_label
+        return Candidate(
+            self.strategy, tuple(self.mesh.items()), self.microbatches, self.remat
+        ).schedule_label
 
     @property
     def label(self) -> str:

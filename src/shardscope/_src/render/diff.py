@@ -36,7 +36,8 @@ def diff_table(diff: AuditDiff, *, all_rows: bool = False) -> Any:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    for name in ("", "axes", "kind", "count", "bytes/device", "change"):
+    names = ("", "scope", "axes", "kind", "count", "bytes/device", "change")
+    for name in names if diff.by_scope else names[:1] + names[2:]:
         table.add_column(
             name,
             justify="right" if name in ("count", "bytes/device", "change") else "left",
@@ -44,8 +45,9 @@ def diff_table(diff: AuditDiff, *, all_rows: bool = False) -> Any:
         )
     marks = {"new": "[red]+ new[/]", "gone": "[green]- gone[/]", "changed": "~", "same": ""}
     for r in shown:
+        cells = [marks[r.status]] + ([r.scope or "-"] if diff.by_scope else [])
         table.add_row(
-            marks[r.status],
+            *cells,
             r.axes,
             r.kind,
             f"{r.old_count} -> {r.new_count}" if r.old_count != r.new_count else str(r.new_count),

@@ -256,8 +256,7 @@ def _strategies() -> dict[str, Strategy]:
         ),
         Strategy(
             "zero1_tp",
-            "ZeRO-1 on the data axes x Megatron on 'model' (Megatron-LM's distributed "
-            "optimizer)",
+            "ZeRO-1 on the data axes x Megatron on 'model' (Megatron-LM's distributed optimizer)",
             ("data", "model"),
             tp,
             activations=_rules(**_acts("data", "model", None)),
