@@ -78,7 +78,7 @@ BAD: list[tuple[list[str], str]] = [
     ),
     (["plan", "--devices", "8", "--model", "tiny", "--report", "{tmp}/adir"], "is a folder"),
     (["plan", "--devices", "99999", "--model", "tiny"], "at most"),
-    (["plan", "--devices", "8", "--model", "huge"], "invalid choice: 'huge'"),
+    (["plan", "--devices", "8", "--model", "huge"], "unknown model preset 'huge'"),
     (["plan", "--devices", "8", "--model", "tiny", "--hardware", "abacus"], "invalid choice"),
     (["plan", "--devices", "8", "--model", "tiny", "--memory", "-5"], "positive number"),
     (["plan", "--devices", "8", "--model", "tiny", "--memory", "nan"], "positive number"),

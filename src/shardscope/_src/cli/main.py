@@ -73,6 +73,11 @@ def _check_audit(args: argparse.Namespace) -> None:
                 f"{args.devices} devices hold {have}; give more processes or devices, or a "
                 f"smaller mesh"
             )
+    target = _audit_target(args)
+    if target is not None and mesh:
+        from shardscope._src.base.targets import topology
+
+        topology(target, math.prod(parse_mesh_spec(mesh).values()))  # a count it comes in
     if args.program == "program":
         from shardscope._src.audit.stages import check_program_ref
         from shardscope._src.cli.program import _mesh_needed
@@ -881,11 +886,12 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(args_list)
         if args.command is None:  # pragma: no cover - argparse enforces it
             parser.error("a command is required")
-        _check(args)  # bad input is refused before any work
-
         from shardscope._src.base.deviceless import start_jax
 
-        start_jax()  # JAX and its accelerator plugins, without their start-up chatter
+        # JAX and its accelerator plugins, without their start-up chatter; no backend starts
+        # here, and some checks below read JAX's dtypes.
+        start_jax()
+        _check(args)  # bad input is refused before any work
         run: Callable[[argparse.Namespace], int] = args.run
         return run(args)
     except UsageError as e:

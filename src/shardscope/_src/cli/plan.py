@@ -1,4 +1,4 @@
-"""``shardscope plan``: the CLI's work as one library function (argparse lives in cli.py)."""
+"""``shardscope plan``: the CLI's work as one library function (argparse lives in cli/main.py)."""
 
 from __future__ import annotations
 
