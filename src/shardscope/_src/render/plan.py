@@ -151,12 +151,14 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
     return table
 
 
-def skipped_table(result: PlanResult) -> Any:
+def skipped_table(result: Any, *, first: str = "strategy") -> Any:
+    """What was skipped and why; ``first`` heads the first column (a user's program's plans
+    are skipped per rule set)."""
     from rich import box
     from rich.table import Table
 
     table = Table(title="Skipped", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("strategy")
+    table.add_column(first)
     table.add_column("mesh")
     table.add_column("reason")
     table.add_column("why", overflow="fold")

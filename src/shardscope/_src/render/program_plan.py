@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.render.console import format_bytes
-from shardscope._src.render.plan import KIND_SHORT, _md_table, format_seconds
+from shardscope._src.render.plan import KIND_SHORT, _md_table, format_seconds, skipped_table
 
 if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlan, ProgramPlanResult
@@ -78,20 +78,6 @@ def program_plan_table(result: ProgramPlanResult, *, top: int | None = None) -> 
     return table
 
 
-def program_skipped_table(result: ProgramPlanResult) -> Any:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title="Skipped", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("rules")
-    table.add_column("mesh")
-    table.add_column("reason")
-    table.add_column("why", overflow="fold")
-    for s in result.skipped:
-        table.add_row(s.strategy, s.mesh, s.reason, s.message)
-    return table
-
-
 def render_program_plan(
     result: ProgramPlanResult, *, console: Any = None, top: int | None = None
 ) -> None:
@@ -104,7 +90,7 @@ def render_program_plan(
         if result.fit_note:
             console.print(f"[bold red]{result.fit_note}[/]", highlight=False)
     if result.skipped:
-        console.print(program_skipped_table(result))
+        console.print(skipped_table(result, first="rules"))
     from shardscope._src.plan.program import format_rules
 
     for name, rules in result.rule_sets.items():
