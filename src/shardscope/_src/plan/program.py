@@ -34,6 +34,7 @@ from shardscope._src.base.errors import (
     ProgramError,
     TargetError,
 )
+from shardscope._src.plan.types import device_bytes
 
 #: A rule set: ``((logical name, mesh axes or None), ...)``.
 Rules = tuple[tuple[str, Any], ...]
@@ -236,12 +237,7 @@ class ProgramPlan:
     @property
     def memory_bytes_per_device(self) -> int:
         m = self.compiled_memory
-        return (
-            m.get("argument_size_in_bytes", 0)
-            + m.get("output_size_in_bytes", 0)
-            + m.get("temp_size_in_bytes", 0)
-            - m.get("alias_size_in_bytes", 0)
-        )
+        return device_bytes(m)
 
     @property
     def fits(self) -> bool:

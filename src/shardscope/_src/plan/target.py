@@ -16,7 +16,7 @@ from typing import Any
 
 from shardscope._src.base.errors import DeviceMemoryError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.types import Candidate, PlanCollective
+from shardscope._src.plan.types import Candidate, PlanCollective, device_bytes
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,7 @@ class TargetFacts:
         """Arguments + outputs + temporaries - aliased, as the target's buffer assignment has
         them."""
         m = self.memory
-        return (
-            m.get("argument_size_in_bytes", 0)
-            + m.get("output_size_in_bytes", 0)
-            + m.get("temp_size_in_bytes", 0)
-            - m.get("alias_size_in_bytes", 0)
-        )
+        return device_bytes(m)
 
 
 def _optimal_seconds(compiled: Any) -> float | None:

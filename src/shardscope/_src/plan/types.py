@@ -19,6 +19,17 @@ from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.timing import StepTime
 
 
+def device_bytes(memory: Mapping[str, int]) -> int:
+    """Bytes per device in a compiler's buffer assignment (``memory_analysis()`` fields):
+    arguments + outputs + temporaries - what outputs alias from arguments."""
+    return (
+        memory.get("argument_size_in_bytes", 0)
+        + memory.get("output_size_in_bytes", 0)
+        + memory.get("temp_size_in_bytes", 0)
+        - memory.get("alias_size_in_bytes", 0)
+    )
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One strategy on one mesh shape with its schedule, before it is filtered or compiled.
@@ -297,12 +308,7 @@ class Plan:
     def compiled_memory_bytes_per_device(self) -> int:
         """CPU buffer assignment: arguments + outputs + temporaries - aliased."""
         m = self.compiled_memory
-        return (
-            m.get("argument_size_in_bytes", 0)
-            + m.get("output_size_in_bytes", 0)
-            + m.get("temp_size_in_bytes", 0)
-            - m.get("alias_size_in_bytes", 0)
-        )
+        return device_bytes(m)
 
     @property
     def target_memory_bytes_per_device(self) -> int | None:
@@ -310,12 +316,7 @@ class Plan:
         m = self.target_memory
         if m is None:
             return None
-        return (
-            m.get("argument_size_in_bytes", 0)
-            + m.get("output_size_in_bytes", 0)
-            + m.get("temp_size_in_bytes", 0)
-            - m.get("alias_size_in_bytes", 0)
-        )
+        return device_bytes(m)
 
     @property
     def fits(self) -> bool:
