@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import re
-import sys
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from shardscope._src.audit.analysis import _FALLBACK_AXIS, analyze
@@ -39,6 +36,7 @@ from shardscope._src.base.errors import (
     ShardscopeError,
     TargetError,
 )
+from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import get_target
 from shardscope._src.base.text import format_spec
 from shardscope._src.hlo.parse import HloModule, parse_hlo
@@ -109,37 +107,6 @@ def _flops(compiled: Any) -> float | None:
 
 _REMAT_MARK = "Involuntary full rematerialization"
 _REMAT_CACHE: dict[int, tuple[Rematerialization, ...]] = {}
-
-
-@contextlib.contextmanager
-def _capture_stderr() -> Iterator[list[str]]:
-    """Collects what C++ writes to file descriptor 2 (XLA logs there), then passes it on."""
-    out: list[str] = []
-    try:
-        sys.stderr.flush()
-    except (AttributeError, ValueError):
-        pass
-    try:
-        saved = os.dup(2)
-    except OSError:  # no file descriptor 2 (e.g. a daemon): nothing to capture
-        yield out
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield out
-        finally:
-            try:
-                sys.stderr.flush()
-            except (AttributeError, ValueError):
-                pass
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            data = tmp.read()
-            if data:
-                os.write(2, data)
-            out.append(data.decode("utf-8", errors="replace"))
 
 
 def _balanced_after(text: str, marker: str) -> str | None:
@@ -271,7 +238,7 @@ def audit(
                     f"or Compiled (JAX's or a library's), or HLO text; got "
                     f"{type(program).__name__}"
                 )
-            with _capture_stderr() as captured:
+            with capture_stderr() as captured:
                 compiled = compile_lowered(lowered)
             log = captured[0] if captured else None
         text = compiled.as_text()

@@ -22,12 +22,10 @@ import functools
 import glob
 import importlib.util
 import os
-import sys
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 from shardscope._src.base.errors import TargetError
+from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import (
     GPU,
     GPU_SPECS,
@@ -80,29 +78,9 @@ def prepare_environment() -> None:
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
-@contextlib.contextmanager
-def quiet_plugin_start() -> Iterator[None]:
+def quiet_plugin_start() -> contextlib.AbstractContextManager[list[str]]:
     """Drops the plugins' known start-up lines from what C++ writes to stderr meanwhile."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (AttributeError, OSError, ValueError):  # no file descriptor 2: nothing to filter
-        yield
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(AttributeError, ValueError):
-                sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            lines = tmp.read().decode("utf-8", errors="replace").splitlines(keepends=True)
-            kept = "".join(x for x in lines if not any(n in x for n in _START_UP_NOISE))
-            if kept:
-                os.write(2, kept.encode())
+    return capture_stderr(drop=_START_UP_NOISE)
 
 
 def start_jax() -> None:

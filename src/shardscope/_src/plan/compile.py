@@ -58,7 +58,8 @@ def compile_facts(
     first of ``devices`` (default: all of JAX's) that the mesh needs."""
     import jax
 
-    from shardscope._src.audit.compile import _capture_stderr, audit, parse_rematerializations
+    from shardscope._src.audit.compile import audit, parse_rematerializations
+    from shardscope._src.base.stderr import capture_stderr
     from shardscope._src.mesh import make_mesh, parse_mesh_spec
     from shardscope._src.sharding.programs import build_program
     from shardscope._src.sharding.strategies import get_strategy
@@ -69,7 +70,7 @@ def compile_facts(
     placement = get_strategy(strategy).place(config, mesh)
     lowered = build_program(placement, mode=mode, microbatches=microbatches).lower()
     t1 = time.perf_counter()
-    with _capture_stderr() as log:
+    with capture_stderr() as log:
         compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
     t2 = time.perf_counter()
     result = audit(compiled)

@@ -419,13 +419,9 @@ def compile_candidate(
     CPU code), or on ``target``'s compile-only devices with its own compiler."""
     import hashlib
 
-    from shardscope._src.audit.compile import (
-        _capture_stderr,
-        audit,
-        compile_lowered,
-        parse_rematerializations,
-    )
+    from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
     from shardscope._src.audit.stages import build_program
+    from shardscope._src.base.stderr import capture_stderr
     from shardscope._src.mesh import make_mesh
     from shardscope._src.plan.compile import COMPILE_OPTIONS
 
@@ -438,7 +434,7 @@ def compile_candidate(
         mesh = target_mesh(target, dict(sizes))
     lowered = build_program(make_step, mesh, rules, where=where)
     t1 = time.perf_counter()
-    with _capture_stderr() as log:
+    with capture_stderr() as log:
         if target is None:
             compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
         else:
