@@ -7,7 +7,6 @@ from shardscope._src.audit.diff import diff_audits as diff_audits
 from shardscope._src.audit.expect import expect_collectives as expect_collectives
 from shardscope._src.audit.records import Audit as Audit
 from shardscope._src.audit.records import Collective as Collective
-from shardscope._src.base.deviceless import prepare_environment as _prepare_environment
 from shardscope._src.base.devices import hardware_summary as hardware_summary
 from shardscope._src.base.devices import use_cpu_devices as use_cpu_devices
 from shardscope._src.base.distributed import initialize_distributed as initialize_distributed
@@ -70,7 +69,3 @@ from shardscope._src.verdict import matmul_verdict as matmul_verdict
 from shardscope._src.verdict import transformer_verdict as transformer_verdict
 
 __version__: str = _VERSION
-
-# Before JAX starts a backend: lets the optional GPU/TPU compilers register quietly on a host
-# without those chips (only variables the user has not set; nothing on a host that has them).
-_prepare_environment()

@@ -1,1 +1,6 @@
 """The implementation of shardscope; the public API is the package's top level."""
+
+from shardscope._src.base.deviceless import import_jax as _import_jax
+
+# Before any module here imports JAX: its first import is made quietly (see import_jax).
+_import_jax()

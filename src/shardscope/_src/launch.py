@@ -9,6 +9,7 @@ block in their next collective until the heartbeat timeout (100 s) and then abor
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import signal
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import ShardscopeError, is_int
 
 # Flags the launcher gives each process itself; a sub-command must not carry them.
@@ -341,7 +343,6 @@ MAX_PROCESSES = 64
 
 def check_launch_size(num_processes: int, devices_per_process: int | None) -> None:
     """Refuses a run this machine cannot hold, before any process starts."""
-    from shardscope._src.base.devices import MAX_CPU_DEVICES
 
     if num_processes > MAX_PROCESSES:
         raise ShardscopeError(
@@ -368,8 +369,6 @@ def die_with_launcher() -> None:
     if not want.isdigit() or not sys.platform.startswith("linux"):
         return
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return  # the launcher's own clean-up still ends its children

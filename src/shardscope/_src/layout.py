@@ -7,8 +7,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import jax.tree_util as tu
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
 from shardscope._src.base.errors import LayoutError, ShardscopeError
 from shardscope._src.base.text import format_spec
+from shardscope._src.mesh import parse_mesh_spec
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,6 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Any:
     >>> lay.replication == jax.device_count()
     True
     """
-    import numpy as np
 
     if sharding is None:
         if not hasattr(x_or_shape, "sharding") or not hasattr(x_or_shape, "shape"):
@@ -212,7 +218,6 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Any:
                 f"or call layout(shape, sharding)"
             )
         dt = _dtype(x_or_shape.dtype if dtype is None else dtype)
-        import jax
 
         mesh = getattr(sharding, "mesh", None)
         if isinstance(mesh, jax.sharding.AbstractMesh) and hasattr(sharding, "spec"):
@@ -228,8 +233,6 @@ def layout(x_or_shape: Any, sharding: Any = None, *, dtype: Any = None) -> Any:
         _check_shape(shape)
         dt = _dtype("float32" if dtype is None else dtype)
     if not hasattr(sharding, "devices_indices_map"):
-        from jax.sharding import PartitionSpec
-
         hint = (
             "a PartitionSpec needs its mesh: pass NamedSharding(mesh, spec)"
             if isinstance(sharding, PartitionSpec)
@@ -290,9 +293,6 @@ def spec_layout(
     Devices are numbered 0..N-1 in mesh order, as ``jax.make_mesh`` lays them out. Used to plan
     meshes larger than the machine has.
     """
-    import numpy as np
-
-    from shardscope._src.mesh import parse_mesh_spec
 
     axes = parse_mesh_spec(mesh_axes) if isinstance(mesh_axes, str) else dict(mesh_axes)
     shape = tuple(int(d) for d in shape)
@@ -336,8 +336,6 @@ def _check_shape(shape: tuple[int, ...]) -> None:
 
 
 def _dtype(dtype: Any) -> Any:
-    import jax.numpy as jnp  # knows bfloat16 and the other ml_dtypes by name
-    import numpy as np
 
     try:
         return np.dtype(jnp.dtype(dtype))
@@ -516,15 +514,12 @@ class TreeLayout:
 
 
 def _holds_arrays(tree: Any) -> bool:
-    import jax
 
     return any(_is_array_like(x) for x in jax.tree.leaves(tree, is_leaf=_is_array_like))
 
 
 def _is_array_like(x: Any) -> bool:
     """An array, a ``ShapeDtypeStruct`` or a NumPy array: anything with a shape and a dtype."""
-    import jax
-    import numpy as np
 
     if isinstance(x, jax.Array | jax.ShapeDtypeStruct | np.ndarray | np.generic):
         return True
@@ -539,7 +534,6 @@ def _is_array_like(x: Any) -> bool:
 
 
 def _path_str(path: Sequence[Any]) -> str:
-    import jax.tree_util as tu
 
     keys = list(path)
     # A Flax variable flattens to its value under the attribute "value": name the variable.
@@ -549,8 +543,6 @@ def _path_str(path: Sequence[Any]) -> str:
 
 
 def _leaf_layout(path: str, leaf: Any) -> LeafLayout:
-    import jax
-    import numpy as np
 
     shape = tuple(int(d) for d in leaf.shape)
     dt = _dtype(leaf.dtype)
@@ -583,7 +575,6 @@ def tree_layout(tree: Any) -> TreeLayout:
     >>> lay["w"].max_device_bytes, lay.max_device_bytes
     (128, 128)
     """
-    import jax
 
     flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_array_like)
     leaves = []
@@ -602,14 +593,11 @@ def tree_layout(tree: Any) -> TreeLayout:
 
 
 def _resolve_sharding(spec: Any, mesh: Any, path: str, shape: tuple[int, ...]) -> Any:
-    from jax.sharding import NamedSharding, PartitionSpec
 
     if spec is None or hasattr(spec, "devices_indices_map") or hasattr(spec, "spec"):
         return spec
     if isinstance(spec, PartitionSpec):
         if mesh is None:
-            import jax
-
             # The mesh of `with jax.set_mesh(mesh)`, else an abstract one in force.
             for current in (jax.sharding.get_mesh(), jax.sharding.get_abstract_mesh()):
                 if not current.empty:
@@ -659,8 +647,6 @@ def abstract(tree: Any, shardings: Any = None, *, mesh: Any = None) -> Any:
     >>> a["w"].shape, a["w"].sharding.spec
     ((8, 4), P())
     """
-    import jax
-    from jax.sharding import PartitionSpec
 
     def is_spec(x: Any) -> bool:
         return x is None or isinstance(x, PartitionSpec) or hasattr(x, "devices_indices_map")
@@ -717,7 +703,6 @@ def logical_to_spec(names: Sequence[str | None], rules: Any) -> Any:
     >>> logical_to_spec(("batch", "embed"), [("batch", "data"), ("embed", None)])
     P('data', None)
     """
-    from jax.sharding import PartitionSpec
 
     table = dict(rules.items() if isinstance(rules, Mapping) else rules)
     used: set[str] = set()

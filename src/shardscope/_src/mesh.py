@@ -6,7 +6,11 @@ import math
 import operator
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
 
 from shardscope._src.base.devices import (
     DEFAULT_CPU_DEVICES,
@@ -15,9 +19,6 @@ from shardscope._src.base.devices import (
 )
 from shardscope._src.base.errors import MeshSpecError
 from shardscope._src.base.text import format_mesh_spec as format_mesh_spec
-
-if TYPE_CHECKING:
-    import jax
 
 MAX_AXIS_SIZE = 2048  # as many devices as JAX's CPU backend compiles for in one process
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -125,9 +126,6 @@ def make_mesh(
     >>> dict(mesh.shape)
     {'dp': 2, 'mp': 4}
     """
-    import jax
-    import numpy as np
-    from jax.sharding import AxisType, Mesh
 
     axes = parse_mesh_spec(spec)
     devs = list(jax.devices() if devices is None else devices)

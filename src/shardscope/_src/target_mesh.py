@@ -6,6 +6,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh
+
 from shardscope._src.base.deviceless import target_devices, target_of_device
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.targets import CPU, TPU, Target, get_target, topology
@@ -29,8 +33,6 @@ def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
             device count it cannot be built with (names those it can).
         MeshSpecError: a bad description.
     """
-    import numpy as np
-    from jax.sharding import Mesh
 
     t = get_target(target)
     axes = parse_mesh_spec(spec)
@@ -42,8 +44,6 @@ def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
     shape = tuple(axes.values())
     grid: Any = None
     if t.family == TPU:
-        from jax.experimental import mesh_utils
-
         try:
             if topo.slices > 1:
                 if shape[0] % topo.slices:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from shardscope._src.audit.compile import audit
 from shardscope._src.audit.width import Width
 from shardscope._src.base.comm import (
     ALL_GATHER,
@@ -30,6 +31,11 @@ from shardscope._src.base.comm import (
 )
 from shardscope._src.base.io import record_dict
 from shardscope._src.base.text import format_spec
+from shardscope._src.bounds.matmul import best_schedule, matmul_problem
+from shardscope._src.bounds.transformer import transformer_bound
+from shardscope._src.mesh import make_mesh
+from shardscope._src.model.config import param_shapes
+from shardscope._src.sharding.programs import build_matmul, build_program
 
 #: A program within this fraction of its bound is called optimal; hints must reach it.
 TOLERANCE = 0.05
@@ -371,7 +377,6 @@ def narrowed_bytes(audit: Any, program_dtype: str | None) -> int:
 def _verify(
     change: str, code: str, lower: Callable[[], Any], bound_bytes: int, program_dtype: str
 ) -> Hint:
-    from shardscope._src.audit.compile import audit
 
     result = audit(lower())
     counts = {k: v for k, v in result.counts().items() if v}
@@ -445,10 +450,6 @@ def matmul_verdict(
     >>> round(report.verdict.ratio, 2), report.verdict.hints[0].reaches_bound
     (4.0, True)
     """
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.bounds.matmul import best_schedule, matmul_problem
-    from shardscope._src.mesh import make_mesh
-    from shardscope._src.sharding.programs import build_matmul
 
     problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
     mesh_obj = make_mesh(dict(problem.mesh)) if isinstance(mesh, str | dict) else mesh
@@ -538,14 +539,10 @@ def transformer_verdict(
     ``psum`` / ``all_gather`` / ``psum_scatter`` (if it has one). Each is compiled and
     audited; its traffic is reported whether or not it reaches the bound.
     """
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.bounds.transformer import transformer_bound
-    from shardscope._src.sharding.programs import build_program
 
     program = build_program(strategy, config, mesh, mode=mode, impl=impl, constraints=constraints)
     bound = transformer_bound(program.placement, mode)
     result = audit(program.lower())
-    from shardscope._src.model.config import param_shapes
 
     weights = {}
     for name, shape in param_shapes(program.config).items():

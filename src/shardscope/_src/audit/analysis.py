@@ -26,6 +26,7 @@ from shardscope._src.hlo.parse import (
     Computation,
     HloModule,
     Instruction,
+    Shape,
     parse_int,
     read_int,
 )
@@ -260,7 +261,6 @@ def _match_groups(
 
 
 def _scaled(shape: Any, dim: int, n: int) -> Any:
-    from shardscope._src.hlo.parse import Shape
 
     dims = list(shape.dims)
     if 0 <= dim < len(dims):

@@ -26,8 +26,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+
 from shardscope._src.audit.analysis import _FALLBACK_AXIS, analyze
 from shardscope._src.audit.records import Audit, Rematerialization
+from shardscope._src.audit.stages import lower, unwrap_stage
 from shardscope._src.base.deviceless import target_of_device
 from shardscope._src.base.errors import (
     DeviceMemoryError,
@@ -39,8 +42,8 @@ from shardscope._src.base.errors import (
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import get_target
 from shardscope._src.base.text import format_spec
-from shardscope._src.hlo.parse import HloModule, parse_hlo
-from shardscope._src.mesh import format_mesh_spec, mesh_axes, parse_mesh_spec
+from shardscope._src.hlo.parse import HloModule, parse_hlo, parse_metadata
+from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes, parse_mesh_spec
 from shardscope._src.target_mesh import check_mesh_target, target_mesh
 
 # --------------------------------------------------------------------------------------
@@ -62,7 +65,6 @@ def _mesh_from(mesh: Any) -> dict[str, int] | None:
 
 
 def _sharding_leaves(tree: Any) -> list[Any]:
-    import jax
 
     return jax.tree.leaves(tree, is_leaf=lambda x: hasattr(x, "device_set"))
 
@@ -143,8 +145,6 @@ def parse_rematerializations(log: str, module: HloModule | None) -> tuple[Remate
         source = None
         md = _balanced_after(line, "metadata=")
         if md is not None:
-            from shardscope._src.hlo.parse import parse_metadata
-
             try:
                 meta = parse_metadata(md)
             except HloParseError:
@@ -189,7 +189,6 @@ def audit(
         TargetError: an unknown target, its compiler not installed, a device count it is
             not built with, or a mesh of other devices.
     """
-    import jax
 
     given_axes = _mesh_from(mesh)  # a bad mesh is refused before anything is compiled
     if target is not None:
@@ -208,8 +207,6 @@ def audit(
             )
         text = program
     else:
-        from shardscope._src.audit.stages import unwrap_stage
-
         # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
         program = unwrap_stage(program, jax.stages.Compiled) or (
             unwrap_stage(program, jax.stages.Lowered) or program
@@ -352,16 +349,11 @@ def _compiled_for(shardings: list[Any]) -> tuple[str | None, str | None]:
 
 
 def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:
-    import jax
-
-    from shardscope._src.audit.stages import lower
 
     ctx: Any = contextlib.nullcontext()
     if mesh is not None and not isinstance(mesh, str | Mapping):
         ctx = jax.set_mesh(mesh)
     elif mesh is not None:
-        from shardscope._src.mesh import make_mesh
-
         # A description names axes for bare PartitionSpecs in the program; one that does not
         # fit the devices is reported against the compiled program's partition count below.
         if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():

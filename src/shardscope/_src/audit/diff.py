@@ -18,6 +18,7 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, ShardscopeError
+from shardscope._src.base.io import SCHEMA_VERSION, result_header
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,6 @@ class AuditDiff:
 
 def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
     """``(name, audit dict)`` from an Audit, a dict or a JSON file path."""
-    from shardscope._src.base.io import SCHEMA_VERSION, result_header
 
     if hasattr(source, "to_dict") and hasattr(source, "collectives"):
         return source.module_name, {**result_header(None), **source.to_dict()}

@@ -14,11 +14,16 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+
+from shardscope._src.audit.compile import audit
+from shardscope._src.audit.diff import diff_audits
+from shardscope._src.base.io import write_result
+
 UPDATE_ENV = "SHARDSCOPE_UPDATE_BASELINES"
 
 
 def _backend(result: Any) -> str | None:
-    import jax
 
     return jax.default_backend() if result.compiled is not None else None
 
@@ -55,9 +60,6 @@ def expect_collectives(
     >>> shardscope.expect_collectives(step, params, batch, all_gather=0,
     ...                               baseline="tests/collectives/step.json")  # doctest: +SKIP
     """
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.audit.diff import diff_audits
-    from shardscope._src.base.io import write_result
 
     result = audit(target, *args, mesh=mesh)
     result.expect(bytes_per_axis=bytes_per_axis, traffic_bytes=traffic_bytes, **counts)

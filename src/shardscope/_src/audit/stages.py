@@ -19,12 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
+import numpy as np
+
 from shardscope._src.base.errors import MissingMeshError, ProgramError, ShardscopeError
+from shardscope._src.mesh import format_mesh_spec, mesh_axes
 
 #: What JAX says when a bare ``PartitionSpec`` meets an empty mesh context (0.10.2 wording;
 #: both the ``with_sharding_constraint`` and the ``shard_map``/``reshard`` forms contain it).
@@ -69,7 +75,6 @@ def _is_jax_own(target: Any) -> bool:
 
 
 def _has_abstract_leaves(args: Any) -> bool:
-    import jax
 
     return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(args))
 
@@ -85,7 +90,6 @@ def missing_mesh_error(error: BaseException, args: Any) -> MissingMeshError | No
     text = str(error)
     if not any(m in text for m in _NO_MESH_MARKERS):
         return None
-    from shardscope._src.mesh import format_mesh_spec, mesh_axes
 
     meshes = []
     for leaf in _sharding_leaves(args):
@@ -109,7 +113,6 @@ def missing_mesh_error(error: BaseException, args: Any) -> MissingMeshError | No
 
 
 def _sharding_leaves(args: Any) -> list[Any]:
-    import jax
 
     out = []
     for leaf in jax.tree.leaves(args):
@@ -124,7 +127,6 @@ def lower(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
     ``kwargs`` are options for ``jax.jit`` (for a plain function, or to re-jit).
     """
-    import jax
 
     if kwargs or not hasattr(target, "lower"):
         if not callable(target):
@@ -160,8 +162,6 @@ def lower(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _lower_in_jit(fn: Any, args: tuple[Any, ...]) -> Any:
     """Lowers ``fn(*args)`` traced inside ``jax.jit``, every array-like leaf an input."""
-    import jax
-    import numpy as np
 
     leaves, treedef = jax.tree.flatten(args)
     dynamic = [
@@ -184,7 +184,6 @@ def _lower_in_jit(fn: Any, args: tuple[Any, ...]) -> Any:
 def check_program_ref(ref: str) -> tuple[str, str]:
     """``(file, function)`` of ``"path/to/file.py:make_step"``, refused if the file does not
     exist or the function is no Python name (nothing is run)."""
-    import os
 
     path, sep, attr = str(ref).rpartition(":")
     if not sep or not path or not attr:
@@ -201,8 +200,6 @@ def load_program(ref: str) -> Any:
 
     The file's folder goes first on ``sys.path``, so the file may import its neighbours.
     """
-    import importlib.util
-    import os
 
     path, attr = check_program_ref(ref)
     folder = os.path.dirname(os.path.abspath(path))
@@ -307,7 +304,6 @@ def build_program(
     The mesh is set (``jax.set_mesh``) and Flax's rules are in force while ``make_step`` runs
     and while the step is lowered.
     """
-    import jax
 
     with jax.set_mesh(mesh), rules_context(rules):
         got = make_step(mesh, tuple(rules)) if takes_rules(make_step) else make_step(mesh)

@@ -83,19 +83,28 @@ def quiet_plugin_start() -> contextlib.AbstractContextManager[list[str]]:
     return capture_stderr(drop=_START_UP_NOISE)
 
 
-def start_jax() -> None:
-    """Imports JAX and registers its plugins with their start-up lines dropped.
+def import_jax() -> None:
+    """Prepares the environment and imports JAX with the plugins' start-up lines dropped.
 
-    Does not start a backend (no device is opened). Idempotent and cheap after the first call.
+    ``shardscope._src`` calls this before any of its modules loads, so that JAX's first import
+    (which loads the CUDA plugin's stub where it is installed) happens here. This module is
+    the one that imports JAX inside functions: it loads before JAX does.
     """
     prepare_environment()
     with quiet_plugin_start():
         import jax  # noqa: F401
 
-        # JAX registers its plugins lazily, when the first backend or topology is asked
-        # for; there is no public call that only registers them.
-        from jax._src import xla_bridge  # private: see above
 
+def start_jax() -> None:
+    """Imports JAX and registers its plugins with their start-up lines dropped.
+
+    Does not start a backend (no device is opened). Idempotent and cheap after the first call.
+    """
+    import_jax()
+    from jax._src import xla_bridge  # private: JAX has no public call that only registers
+
+    with quiet_plugin_start():
+        # JAX registers its plugins lazily, when the first backend or topology is asked for.
         xla_bridge._discover_and_register_pjrt_plugins()
 
 

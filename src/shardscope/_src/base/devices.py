@@ -7,6 +7,12 @@ import os
 import re
 from typing import Any
 
+import jax
+import numpy as np
+from jax._src import xla_bridge  # private: JAX has no public query for started backends
+from jax.experimental import multihost_utils
+
+from shardscope._src.base.deviceless import start_jax
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
 
 DEFAULT_CPU_DEVICES = 8
@@ -43,10 +49,8 @@ def use_cpu_devices(n: int | None = None) -> int:
     """
     if n is not None:
         n = _count(n)
-    from shardscope._src.base.deviceless import start_jax
 
     start_jax()  # JAX, and its accelerator plugins registered without their start-up chatter
-    import jax
 
     flagged = _flag_device_count()
     requested = n if n is not None else (flagged or DEFAULT_CPU_DEVICES)
@@ -85,7 +89,6 @@ def _count(n: object) -> int:
 def backends_started() -> bool:
     # JAX has no public query for this; it is the same check jax_num_cpu_devices' own
     # validator makes, and asking through jax.devices() would start the backends.
-    from jax._src import xla_bridge  # private: no public query exists (see above)
 
     return bool(xla_bridge.backends_are_initialized())
 
@@ -94,13 +97,9 @@ def host_value(tree: Any) -> Any:
     """NumPy copies of a pytree's arrays, gathered from the other processes of a
     multi-process run where this one does not hold every shard (every process must call it,
     in the same order: the gather is a collective)."""
-    import jax
-    import numpy as np
 
     def one(x: Any) -> Any:
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            from jax.experimental import multihost_utils
-
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(x)
 
@@ -109,7 +108,6 @@ def host_value(tree: Any) -> Any:
 
 def hardware_summary() -> dict[str, Any]:
     """JAX version, default backend, device count and kind, processes: plain data."""
-    import jax
 
     devices = jax.devices()
     return {

@@ -16,6 +16,9 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+import jax
+
+from shardscope._src.base.devices import backends_started
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError, is_int
 
 _LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -106,10 +109,6 @@ def initialize_distributed(
         if is_loopback(host):
             bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    import jax
-
-    from shardscope._src.base.devices import backends_started
-
     if jax.distributed.is_initialized():
         return _check_same_run(given)
     if backends_started():
@@ -151,7 +150,6 @@ def initialize_distributed(
 
 
 def _check_same_run(given: dict[str, Any]) -> bool:
-    import jax
 
     have = {"num_processes": jax.process_count(), "process_id": jax.process_index()}
     clash = {k: (given[k], have[k]) for k in have if given[k] is not None and given[k] != have[k]}

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -264,8 +265,6 @@ def write_result(
     when ``path`` is ``"-"`` (then returns None)."""
     stamped = {**result_header(backend), **data}
     if os.fspath(path) == STDOUT:
-        import sys
-
         json.dump(stamped, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
         sys.stdout.flush()

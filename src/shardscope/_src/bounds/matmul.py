@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
+
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -20,6 +22,8 @@ from shardscope._src.base.comm import (
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.text import format_mesh_spec, format_spec_entries
 from shardscope._src.bounds.terms import Bound, Term
+from shardscope._src.mesh import mesh_axes, parse_mesh_spec
+from shardscope._src.model.config import DTYPES, MAX_DIM
 
 # -- one sharded matmul -----------------------------------------------------------------------
 
@@ -63,7 +67,6 @@ class MatmulProblem:
     out_spec: Spec
 
     def __post_init__(self) -> None:
-        from shardscope._src.model.config import DTYPES, MAX_DIM
 
         for name in ("m", "k", "n"):
             v = getattr(self, name)
@@ -110,7 +113,6 @@ class MatmulProblem:
                         f"{self.mesh[axis]}; choose {dim} a multiple of {self.mesh[axis]} or "
                         f"leave that dimension unsharded (None)"
                     )
-        import jax.numpy as jnp
 
         try:
             jnp.dtype(self.dtype)
@@ -121,7 +123,6 @@ class MatmulProblem:
 
     @property
     def itemsize(self) -> int:
-        import jax.numpy as jnp
 
         return jnp.dtype(self.dtype).itemsize
 
@@ -393,7 +394,6 @@ def matmul_problem(
     b_spec: str | Sequence[str | None],
     out_spec: str | Sequence[str | None],
 ) -> MatmulProblem:
-    from shardscope._src.mesh import mesh_axes, parse_mesh_spec
 
     if isinstance(mesh, str | Mapping):
         sizes = parse_mesh_spec(mesh)

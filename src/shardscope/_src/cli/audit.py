@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
+from shardscope._src.audit.compile import audit
 from shardscope._src.base.errors import MeshSpecError
+from shardscope._src.base.io import write_result
+from shardscope._src.base.targets import CPU, get_target
 from shardscope._src.mesh import ensure_devices_for
+from shardscope._src.render.audit import render_audit
+from shardscope._src.sharding.demos import DEFAULT_MESH, get_demo
+from shardscope._src.target_mesh import target_mesh
 
 
 def run_audit_command(
@@ -37,22 +45,15 @@ def run_audit_command(
         ShardscopeError: an unknown demo or a bad mesh (MeshSpecError); the CLI turns it into
             one line on stderr and exit status 2.
     """
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.base.io import write_result
-    from shardscope._src.render.audit import render_audit
-    from shardscope._src.sharding.demos import DEFAULT_MESH, get_demo
 
     if mesh_spec is not None and not mesh_spec.strip():
         raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'dp=2,model=4'")
-    from shardscope._src.base.targets import CPU, get_target
-    from shardscope._src.target_mesh import target_mesh
 
     mesh: Any = mesh_spec
     if target is not None and get_target(target).family != CPU:
         mesh = target_mesh(target, mesh_spec or DEFAULT_MESH)
     else:
         ensure_devices_for(mesh_spec, devices)
-    import jax
 
     program = get_demo(demo, mesh)
     result = audit(program)

@@ -6,13 +6,58 @@ A user error prints one line on stderr and exits 2 (``--debug`` shows the traceb
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
+import jax
+
+from shardscope._src.audit.stages import check_program_ref
+from shardscope._src.base.comm import KINDS
+from shardscope._src.base.deviceless import start_jax
+from shardscope._src.base.distributed import leave_run_on_failure
+from shardscope._src.base.errors import (
+    DeviceSetupError,
+    MeshSpecError,
+    PlanError,
+    ShardscopeError,
+    TargetError,
+)
+from shardscope._src.base.hardware import PRESETS
+from shardscope._src.base.io import STDOUT, check_dir_path, check_output_paths, result_header
+from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
 from shardscope._src.cli.args import positive_float, positive_int, positive_number
-from shardscope._src.cli.distributed import add_distributed_options
+from shardscope._src.cli.audit import run_audit_command
+from shardscope._src.cli.distributed import add_distributed_options, initialize_from_args
+from shardscope._src.cli.plan import run_plan_command
+from shardscope._src.cli.program import (
+    _hlo_file,
+    _mesh_needed,
+    run_audit_hlo,
+    run_audit_program,
+    run_diff,
+    run_plan_program,
+)
+from shardscope._src.cli.transformer import (
+    check_matmul_command,
+    check_transformer_command,
+    run_matmul_command,
+    run_transformer_command,
+)
+from shardscope._src.lab import taster
+from shardscope._src.launch import (
+    check_launch_command,
+    check_launch_size,
+    die_with_launcher,
+    launch,
+)
+from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
+from shardscope._src.model.presets import MODEL_PRESETS
+from shardscope._src.render.console import output_console
+from shardscope._src.sharding.demos import check_demo
+from shardscope._src.sharding.strategies import STRATEGIES
 
 PROG = "shardscope"
 
@@ -34,14 +79,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _check_lab(args: argparse.Namespace) -> None:
-    from shardscope._src.base.io import check_dir_path
 
     check_dir_path(args.out)
 
 
 def _cmd_lab(args: argparse.Namespace) -> int:
-    from shardscope._src.cli.distributed import initialize_from_args
-    from shardscope._src.lab import taster
 
     initialize_from_args(args)
     lab, summary = taster.run(devices=args.devices, out_dir=args.out)
@@ -50,11 +92,6 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
 def _check_audit(args: argparse.Namespace) -> None:
     """Everything ``audit`` can refuse before JAX starts (also run by ``launch``, once)."""
-    import math
-
-    from shardscope._src.base.errors import MeshSpecError
-    from shardscope._src.base.io import check_output_paths
-    from shardscope._src.mesh import parse_mesh_spec
 
     _audit_target(args)  # a target that cannot take these options
     check_output_paths({"--json": args.json}, {"--hlo": getattr(args, "hlo", None)})
@@ -75,33 +112,20 @@ def _check_audit(args: argparse.Namespace) -> None:
             )
     target = _audit_target(args)
     if target is not None and mesh:
-        from shardscope._src.base.targets import topology
-
         topology(target, math.prod(parse_mesh_spec(mesh).values()))  # a count it comes in
     if args.program == "program":
-        from shardscope._src.audit.stages import check_program_ref
-        from shardscope._src.cli.program import _mesh_needed
-
         _mesh_needed(args.mesh, f"auditing {args.program_ref}")
         check_program_ref(args.program_ref)
     elif args.program == "hlo":
-        from shardscope._src.cli.program import _hlo_file, _mesh_needed
-
         _mesh_needed(args.mesh, f"auditing --hlo {args.hlo}")
         _hlo_file(args.hlo)
     elif args.program == "reshard":
-        from shardscope._src.sharding.demos import check_demo
-
         check_demo("reshard", mesh)
     elif args.program == "matmul":
-        from shardscope._src.cli.transformer import check_matmul_command
-
         check_matmul_command(
             mesh, args.m, args.k, args.n, args.dtype, args.a_spec, args.b_spec, args.out_spec
         )
     elif args.program == "transformer":
-        from shardscope._src.cli.transformer import check_transformer_command
-
         check_transformer_command(
             args.strategy,
             args.mesh,
@@ -116,26 +140,18 @@ def _check_audit(args: argparse.Namespace) -> None:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from shardscope._src.base.io import STDOUT
-    from shardscope._src.cli.distributed import initialize_from_args
-    from shardscope._src.mesh import ensure_devices_for
 
     mesh = args.mesh or args.default_mesh
     target = _audit_target(args)
     if target is not None:
         if args.json is not None and args.json == STDOUT:
-            from shardscope._src.render.console import output_console
-
             return _run_audit_program(args, args.json, output_console(stderr=True), target)
         return _run_audit_program(args, args.json, None, target)
     initialize_from_args(args)
     ensure_devices_for(mesh, args.devices)
-    import jax
 
     json_path, console = args.json, None
     if json_path == STDOUT:  # the JSON owns standard output; tables go to standard error
-        from shardscope._src.render.console import output_console
-
         console = output_console(stderr=True)
     if jax.process_index() != 0:  # every process compiles the same program; 0 reports it
         from rich.console import Console
@@ -148,8 +164,6 @@ def _audit_target(args: argparse.Namespace) -> str | None:
     """The GPU/TPU target of ``audit --target``, or None for simulated CPU devices."""
     if getattr(args, "compile_target", None) is None:
         return None
-    from shardscope._src.base.errors import TargetError
-    from shardscope._src.base.targets import CPU, get_target
 
     t = get_target(args.compile_target)
     if t.family == CPU:
@@ -171,8 +185,6 @@ def _run_audit_program(
     args: argparse.Namespace, json_path: str | None, console: Any, target: str | None
 ) -> int:
     if args.program == "program":
-        from shardscope._src.cli.program import run_audit_program
-
         return run_audit_program(
             args.program_ref,
             args.mesh,
@@ -184,14 +196,10 @@ def _run_audit_program(
             target=target,
         )
     if args.program == "hlo":
-        from shardscope._src.cli.program import run_audit_hlo
-
         return run_audit_hlo(
             args.hlo, args.mesh, json_path, console=console, by_scope=args.by_scope
         )
     if args.program == "reshard":
-        from shardscope._src.cli.audit import run_audit_command
-
         return run_audit_command(
             "reshard",
             args.mesh,
@@ -201,8 +209,6 @@ def _run_audit_program(
             target=target,
         )
     if args.program == "matmul":
-        from shardscope._src.cli.transformer import run_matmul_command
-
         return run_matmul_command(
             args.mesh or args.default_mesh,
             args.m,
@@ -218,7 +224,6 @@ def _run_audit_program(
             target=target,
             by_scope=args.by_scope,
         )
-    from shardscope._src.cli.transformer import run_transformer_command
 
     return run_transformer_command(
         args.strategy,
@@ -242,8 +247,6 @@ def _run_audit_program(
 
 
 def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from shardscope._src.base.targets import TARGETS
-    from shardscope._src.sharding.strategies import STRATEGIES
 
     audit = sub.add_parser(
         "audit",
@@ -396,9 +399,6 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def _check_plan(args: argparse.Namespace) -> None:
     """What ``plan`` can refuse before it compiles: strategy names and output files (the
     library refuses the rest of its input before compiling too)."""
-    from shardscope._src.base.errors import PlanError
-    from shardscope._src.base.io import check_output_paths
-    from shardscope._src.sharding.strategies import STRATEGIES
 
     for name in args.strategies.split(",") if args.strategies is not None else []:
         if name.strip() not in STRATEGIES:
@@ -410,7 +410,6 @@ def _check_plan(args: argparse.Namespace) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from shardscope._src.cli.plan import run_plan_command
 
     if args.program is None and (args.rules or args.axes or args.meshes):
         raise UsageError(
@@ -464,7 +463,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_plan_program(
     args: argparse.Namespace, overrides: dict[str, Any], dims: dict[str, Any]
 ) -> int:
-    from shardscope._src.cli.program import run_plan_program
 
     model_flags = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is not None]
     model_flags += [
@@ -514,8 +512,6 @@ def _names(text: str | None, flag: str) -> list[str] | None:
 
 
 def _add_plan_parser(sub: Any) -> None:
-    from shardscope._src.base.hardware import PRESETS
-    from shardscope._src.model.presets import MODEL_PRESETS
 
     p = sub.add_parser(
         "plan",
@@ -657,7 +653,6 @@ def _add_plan_parser(sub: Any) -> None:
 
 
 def _version_text() -> str:
-    from shardscope._src.base.io import result_header
 
     h = result_header(None)
     return (
@@ -708,7 +703,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from shardscope._src.base.comm import KINDS
 
     diff = sub.add_parser(
         "diff",
@@ -745,13 +739,11 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 
 
 def _check_diff(args: argparse.Namespace) -> None:
-    from shardscope._src.base.io import check_output_paths
 
     check_output_paths({"--json": args.json}, {"OLD.json": args.old, "NEW.json": args.new})
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from shardscope._src.cli.program import run_diff
 
     return run_diff(
         args.old,
@@ -824,7 +816,6 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from shardscope._src.launch import check_launch_command, check_launch_size, launch
 
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -866,8 +857,6 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from shardscope._src.base.distributed import leave_run_on_failure
-    from shardscope._src.launch import die_with_launcher
 
     die_with_launcher()
     with leave_run_on_failure():
@@ -886,8 +875,6 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(args_list)
         if args.command is None:  # pragma: no cover - argparse enforces it
             parser.error("a command is required")
-        from shardscope._src.base.deviceless import start_jax
-
         # JAX and its accelerator plugins, without their start-up chatter; no backend starts
         # here, and some checks below read JAX's dtypes.
         start_jax()
@@ -941,7 +928,6 @@ def _fail(message: str) -> NoReturn:
 def _shorten(line: str, longest: int = 80) -> str:
     """``line`` with any word longer than ``longest`` characters cut to its ends: a value
     thousands of characters long is named, not echoed whole."""
-    import re
 
     def cut(m: re.Match[str]) -> str:
         word = m.group()

@@ -5,13 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardscope._src.base.deviceless import compiler_installed
+from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.io import STDOUT, check_output_paths, write_atomic, write_result
 from shardscope._src.base.targets import TARGETS
+from shardscope._src.plan.sweep import MAX_DEVICES, plan
+from shardscope._src.render.console import output_console
+from shardscope._src.render.plan import markdown_report, render_plan
+from shardscope._src.render.plan_plot import plot_plans
 
 
 def _ensure_devices(devices: int) -> None:
     """Simulates ``devices`` CPU devices when JAX has not started (for in-process compiles)."""
-    from shardscope._src.base.devices import backends_started, use_cpu_devices
 
     if not backends_started():
         use_cpu_devices(devices)
@@ -66,11 +72,6 @@ def run_plan_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from shardscope._src.base.io import STDOUT, check_output_paths, write_atomic, write_result
-    from shardscope._src.plan.sweep import MAX_DEVICES, plan
-    from shardscope._src.render.plan import markdown_report, render_plan
-    from shardscope._src.render.plan_plot import plot_plans
-
     if devices > MAX_DEVICES:
         raise PlanError(
             f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
@@ -80,8 +81,6 @@ def run_plan_command(
     check_output_paths({"--json": json_path, "--png": png_path, "--report": report_path})
     _ensure_devices(devices)
     if console is None:
-        from shardscope._src.render.console import output_console
-
         # the plan table is the widest; JSON on standard output sends the tables to stderr
         console = output_console(piped_width=150, stderr=json_path == STDOUT)
     bar_console = progress_console or Console(stderr=True)
@@ -152,7 +151,6 @@ def run_plan_command(
 def _default_compiler(hardware: str) -> str:
     """The hardware preset's own compiler (``plan --hardware h100`` compiles for H100s) when
     it is installed; else the CPU backend alone, and the plan's notes say how to add it."""
-    from shardscope._src.base.deviceless import compiler_installed
 
     name = str(hardware).lower()
     if name in TARGETS and compiler_installed(name):

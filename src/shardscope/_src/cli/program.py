@@ -9,11 +9,35 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError
+import jax
+
+from shardscope._src.audit.compile import audit
+from shardscope._src.audit.diff import diff_audits
+from shardscope._src.audit.stages import build_program, load_program
+from shardscope._src.base.devices import backends_started, use_cpu_devices
+from shardscope._src.base.errors import MeshSpecError, PlanError, ProgramError, ShardscopeError
+from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
+from shardscope._src.base.targets import get_target
+from shardscope._src.mesh import make_mesh, parse_mesh_spec
+from shardscope._src.plan.program import (
+    check_rules_axes,
+    load_rules_file,
+    normalize_rules,
+    plan_program,
+)
+from shardscope._src.plan.sweep import MAX_DEVICES
+from shardscope._src.render.audit import render_audit
+from shardscope._src.render.console import output_console
+from shardscope._src.render.diff import render_diff
+from shardscope._src.render.plan_plot import plot_plans
+from shardscope._src.render.program_plan import (
+    program_markdown_report,
+    render_program_plan,
+)
+from shardscope._src.target_mesh import target_mesh
 
 
 def _mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
-    from shardscope._src.mesh import parse_mesh_spec
 
     if mesh_spec is None or not mesh_spec.strip():
         raise MeshSpecError(
@@ -24,7 +48,6 @@ def _mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
 
 def _simulate(n: int) -> None:
     """Simulates ``n`` CPU devices when JAX has not started (the user's file may import JAX)."""
-    from shardscope._src.base.devices import backends_started, use_cpu_devices
 
     if not backends_started():
         use_cpu_devices(max(n, 1))
@@ -49,35 +72,22 @@ def run_audit_program(
     """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``: of
     simulated CPU devices, or of ``target``'s compile-only devices (its own compiler);
     ``by_scope`` prints the totals per scope instead of one row per collective."""
-    import jax
-
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.audit.stages import build_program, load_program
-    from shardscope._src.base.io import write_result
-    from shardscope._src.mesh import make_mesh
-    from shardscope._src.render.audit import render_audit
 
     axes = _mesh_needed(mesh_spec, f"auditing {ref}")
     sets: Any = None
     source = "the program's RULES"
     if rules_path is not None:
-        from shardscope._src.plan.program import load_rules_file
-
         sets, _ = load_rules_file(rules_path)
         source = f"rules file {rules_path!r}"
     if target is None:
         _simulate(math.prod(axes.values()))
     make_step = load_program(ref)
     if sets is None:
-        from shardscope._src.plan.program import normalize_rules
-
         module = sys.modules.get(getattr(make_step, "__module__", "") or "")
         own = getattr(module, "RULES", None)
         sets = normalize_rules(own) if own is not None else None
     rules = _pick_rules(sets, rule_set, source, tuple(axes))
     if target is not None:
-        from shardscope._src.target_mesh import target_mesh
-
         mesh = target_mesh(target, axes)
     else:
         mesh = make_mesh(axes, devices=jax.devices()[: math.prod(axes.values())])
@@ -116,7 +126,6 @@ def _pick_rules(
     sets: Any, rule_set: str | None, source: str, axes: tuple[str, ...]
 ) -> tuple[tuple[str, Any], ...]:
     """The one rule set an audit runs with: the only one, or the one ``--rule-set`` names."""
-    from shardscope._src.plan.program import check_rules_axes
 
     if sets is None:
         if rule_set is not None:
@@ -164,9 +173,6 @@ def run_audit_hlo(
 ) -> int:
     """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``); ``by_scope``
     prints the totals per scope instead of one row per collective."""
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.base.io import write_result
-    from shardscope._src.render.audit import render_audit
 
     axes = _mesh_needed(mesh_spec, f"auditing --hlo {path}")
     file = _hlo_file(path)
@@ -203,9 +209,6 @@ def run_diff(
     by_scope: bool = False,
 ) -> int:
     """Prints how the collectives changed; 1 when a budget is broken, else 0."""
-    from shardscope._src.audit.diff import diff_audits
-    from shardscope._src.base.io import STDOUT, write_result
-    from shardscope._src.render.diff import render_diff
 
     d = diff_audits(
         old, new, max_bytes_increase=max_bytes_increase, no_new=no_new, by_scope=by_scope
@@ -239,18 +242,6 @@ def run_plan_program(
     Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
     ``RULES`` if it defines one, else the program is planned as written over ``axes``.
     """
-    from shardscope._src.audit.stages import load_program
-    from shardscope._src.base.errors import PlanError
-    from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
-    from shardscope._src.base.targets import get_target
-    from shardscope._src.plan.program import load_rules_file, plan_program
-    from shardscope._src.plan.sweep import MAX_DEVICES
-    from shardscope._src.render.console import output_console
-    from shardscope._src.render.plan_plot import plot_plans
-    from shardscope._src.render.program_plan import (
-        program_markdown_report,
-        render_program_plan,
-    )
 
     if devices > MAX_DEVICES:
         raise PlanError(

@@ -9,8 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
 from shardscope._src.base.errors import MeshSpecError
+from shardscope._src.base.io import write_result
+from shardscope._src.base.targets import CPU, get_target
+from shardscope._src.bounds.matmul import matmul_problem
 from shardscope._src.mesh import ensure_devices_for
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.render.audit import render_audit
+from shardscope._src.render.console import output_console
+from shardscope._src.render.verdict import render_verdict
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
+from shardscope._src.target_mesh import target_mesh
+from shardscope._src.verdict import matmul_verdict, transformer_verdict
 
 
 def _check_mesh(mesh_spec: str | None) -> None:
@@ -19,13 +31,11 @@ def _check_mesh(mesh_spec: str | None) -> None:
 
 
 def _backend() -> str:
-    import jax
 
     return jax.default_backend()
 
 
 def _console(console: Any) -> Any:
-    from shardscope._src.render.console import output_console
 
     return console or output_console()
 
@@ -35,8 +45,6 @@ def check_transformer_command(
 ) -> tuple[Any, Any, str]:
     """Refuses, before anything is compiled, a strategy, mesh or size that does not fit:
     the ``(strategy, config, mesh_spec)`` to run. ``sizes``: ModelConfig fields, None unset."""
-    from shardscope._src.model.config import ModelConfig
-    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
 
     _check_mesh(mesh_spec)
     s = get_strategy(strategy)
@@ -85,10 +93,6 @@ def run_transformer_command(
         ShardscopeError: unknown strategy, bad mesh, or a strategy that does not fit the
             config (the CLI turns it into one line on stderr and exit status 2).
     """
-    from shardscope._src.base.io import write_result
-    from shardscope._src.render.audit import render_audit
-    from shardscope._src.render.verdict import render_verdict
-    from shardscope._src.verdict import transformer_verdict
 
     s, config, mesh_spec = check_transformer_command(
         strategy,
@@ -129,7 +133,6 @@ def check_matmul_command(
     out_spec: str,
 ) -> None:
     """Refuses, before anything is compiled, a mesh, size, dtype or spec that does not fit."""
-    from shardscope._src.bounds.matmul import matmul_problem
 
     _check_mesh(mesh_spec)
     if mesh_spec is None:
@@ -140,8 +143,6 @@ def check_matmul_command(
 def _mesh_for(mesh_spec: str, target: str | None) -> Any:
     """The mesh description itself on simulated CPU devices, or a mesh of a target's
     compile-only devices."""
-    from shardscope._src.base.targets import CPU, get_target
-    from shardscope._src.target_mesh import target_mesh
 
     if target is None or get_target(target).family == CPU:
         ensure_devices_for(mesh_spec)
@@ -171,10 +172,6 @@ def run_matmul_command(
     Returns 0; bad specs raise :class:`~shardscope._src.base.errors.StrategyError` naming the value,
     the rule and the fix.
     """
-    from shardscope._src.base.io import write_result
-    from shardscope._src.render.audit import render_audit
-    from shardscope._src.render.verdict import render_verdict
-    from shardscope._src.verdict import matmul_verdict
 
     check_matmul_command(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)  # bad input first
     mesh = _mesh_for(mesh_spec, target)

@@ -12,9 +12,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
+
+from shardscope._src.audit.compile import audit
 from shardscope._src.base.comm import Totals, group_totals
+from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
+from shardscope._src.sharding.numerics import compare_numerics
+from shardscope._src.sharding.programs import build_program
+from shardscope._src.verdict import transformer_verdict
 
 #: The names of the checks, in order.
 EXERCISE_CHECKS = (
@@ -55,13 +62,6 @@ def run_exercise_checks(
     4. and communicates exactly what the jitted one does;
     5. the sequence-parallel variant's verdict, with its verified hint reaching the bound.
     """
-    import jax
-
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.bounds.transformer import transformer_bound
-    from shardscope._src.sharding.numerics import compare_numerics
-    from shardscope._src.sharding.programs import build_program
-    from shardscope._src.verdict import transformer_verdict
 
     need = math.prod(parse_mesh_spec(mesh_spec).values())
     have = len(jax.devices())

@@ -12,8 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
+
+from shardscope._src.base.devices import hardware_summary, use_cpu_devices
 from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.base.io import write_result
+from shardscope._src.render.console import output_console
 
 _LAB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -54,7 +59,6 @@ def _json_ready(value: Any) -> Any:
 
 
 def _scalar_or_norm(x: Any) -> tuple[float, Any]:
-    import numpy as np
 
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim == 0:
@@ -95,8 +99,6 @@ class Lab:
     @property
     def console(self) -> Any:
         if self._console is None:
-            from shardscope._src.render.console import output_console
-
             self._console = output_console(highlight=False)
         return self._console
 
@@ -170,7 +172,6 @@ class Lab:
 
     def assert_close(self, name: str, actual: Any, expected: Any, rtol: float = 0.05) -> bool:
         """Passes when ``|actual - expected| / |expected| <= rtol`` (norms for arrays)."""
-        import numpy as np
 
         start = time.perf_counter()
         info: dict[str, Any] = {"rtol": rtol}
@@ -277,8 +278,6 @@ class Lab:
         data = self.summary()
         path = self.out_dir / f"{self.lab_id}.json"
         if self.primary:
-            import jax
-
             write_result(path, data, backend=jax.default_backend())
         return path
 
@@ -302,14 +301,11 @@ def bootstrap(
     >>> lab.check("two is even", lambda: 2 % 2 == 0)
     True
     """
-    from shardscope._src.base.devices import hardware_summary, use_cpu_devices
 
     if not is_int(seed, 0):
         raise ShardscopeError(f"seed must be a non-negative integer, got {seed!r}")
     lab = Lab(lab_id, seed=seed, out_dir=out_dir, verbose=verbose)
     use_cpu_devices(devices)
-    import jax
-    import numpy as np
 
     random.seed(seed)
     np.random.seed(seed)

@@ -10,10 +10,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardscope._src.audit.compile import audit
 from shardscope._src.base.devices import host_value
+from shardscope._src.lab.exercises import run_exercise_checks
 from shardscope._src.lab.harness import Lab, bootstrap
 from shardscope._src.layout import Layout, layout
 from shardscope._src.mesh import make_mesh
+from shardscope._src.render.audit import audit_table
+from shardscope._src.render.plots import plot_device_bytes
+from shardscope._src.sharding.demos import DEMO_FACTS, get_demo
 
 LAB_ID = "sharding_taster"
 ROWS = COLS = 1024  # the parameter matrix
@@ -27,7 +39,6 @@ def _local_shard_shapes(x: Any) -> set[tuple[int, ...]]:
 
 def make_inputs(lab: Lab) -> tuple[Any, Any]:
     """A (1024, 1024) parameter and a (16, 1024) activation, float32, from the lab's seed."""
-    import numpy as np
 
     rng = np.random.default_rng(lab.seed)
     w = rng.standard_normal((ROWS, COLS), dtype=np.float32) / np.sqrt(ROWS)
@@ -37,7 +48,6 @@ def make_inputs(lab: Lab) -> tuple[Any, Any]:
 
 def mesh_1d(lab: Lab) -> Any:
     """Step 1: a 1-D mesh named ``model`` over every device."""
-    import jax
 
     n = jax.device_count()
     mesh = make_mesh({"model": n})
@@ -51,9 +61,6 @@ def mesh_1d(lab: Lab) -> Any:
 
 def shard_parameter(lab: Lab, mesh: Any, w_host: Any) -> Any:
     """Step 2: the parameter placed row-wise, ``P("model", None)``: each device gets a band."""
-    import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     n = mesh.shape["model"]
     want = (ROWS // n, COLS)
@@ -76,10 +83,6 @@ def shard_parameter(lab: Lab, mesh: Any, w_host: Any) -> Any:
 
 def sharded_matmul(lab: Lab, mesh: Any, x_host: Any, w: Any | None) -> Any:
     """Step 3: replicated activation times the row-sharded parameter, against one device."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     if w is None:
         lab.skip("matmul_matches_single_device", "no sharded parameter (param_row_shards failed)")
@@ -102,14 +105,10 @@ def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
     (rows to columns inside ``jit``): exactly one all-to-all of the whole array. Prints the
     audit table either way.
     """
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.render.audit import audit_table
-    from shardscope._src.sharding.demos import get_demo
 
     if mesh.devices.size < 2:
         lab.skip(check, "one device: nothing to communicate")
         return None
-    from shardscope._src.sharding.demos import DEMO_FACTS
 
     kind, payload = DEMO_FACTS[demo]
     done: dict[str, Any] = {}
@@ -134,10 +133,6 @@ def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
 
 def reshard(lab: Lab, mesh: Any, w: Any | None) -> None:
     """Step 4: ``jax.device_put`` moves the same values to column shards, then to replicated."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     if w is None:
         for name in ("reshard_to_columns", "reshard_to_replicated"):
@@ -166,10 +161,6 @@ def reshard(lab: Lab, mesh: Any, w: Any | None) -> None:
 
 def mesh_2d(lab: Lab) -> Any | None:
     """Step 5: a 2-D mesh ``("dp", "mp")`` (2 x 4 on 8 devices); an (8, 1024) array on it."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     n = jax.device_count()
     if n % 2 or n < 4:
@@ -203,8 +194,6 @@ def mesh_2d(lab: Lab) -> Any | None:
 
 def memory_layouts(mesh: Any, mesh2: Any | None) -> dict[str, Layout]:
     """The same (1024, 1024) float32 tensor under replicated, 1-D and 2-D layouts."""
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     shape = (ROWS, COLS)
     out = {
@@ -218,7 +207,6 @@ def memory_layouts(mesh: Any, mesh2: Any | None) -> dict[str, Layout]:
 
 def memory_picture(lab: Lab, mesh: Any, mesh2: Any | None) -> Path | None:
     """Step 6: bytes per device of one tensor under each layout, as a PNG bar chart."""
-    from shardscope._src.render.plots import plot_device_bytes
 
     n = mesh.shape["model"]
     full = ROWS * COLS * 4
@@ -260,13 +248,10 @@ def processes_agree(lab: Lab) -> None:
     Only process 0 reports, so without this a check failing on another process's shards would
     be missing from the scorecard. Every process must call it (it is a collective).
     """
-    import jax
 
     n = jax.process_count()
     if n < 2:
         return
-    import numpy as np
-    from jax.experimental import multihost_utils
 
     failed = sum(1 for r in lab.results if not r.skipped and not r.passed)
     counts = np.asarray(multihost_utils.process_allgather(np.array([failed]))).reshape(n)
@@ -285,7 +270,6 @@ def exercises(lab: Lab, mesh: Any) -> dict[str, Any]:
     """Step 7, the taster's exercises: a Megatron tensor-parallel decoder block on the 1-D
     mesh against one device, its exact collectives against the minimum, its shard_map twin
     with explicit ``psum``, and the sequence-parallel variant's verdict."""
-    from shardscope._src.lab.exercises import run_exercise_checks
 
     return run_exercise_checks(lab, mesh_spec=f"model={mesh.shape['model']}")
 

@@ -12,9 +12,15 @@ sublayer runs inside ``jax.named_scope("attention")`` or ``("mlp")``: the compil
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from shardscope._src.base.errors import ModelConfigError, is_int
 
@@ -220,8 +226,6 @@ def flat_params(tree: dict[str, Any]) -> dict[str, Any]:
 
 def abstract_params(config: ModelConfig) -> dict[str, Any]:
     """The parameter pytree as ``jax.ShapeDtypeStruct`` leaves: nothing is allocated."""
-    import jax
-    import jax.numpy as jnp
 
     dtype = jnp.dtype(config.dtype)
     return split_params(
@@ -234,8 +238,6 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
 
     Drawn with NumPy's generator (seeded, on the host): no compile, unlike ``jax.random``.
     """
-    import jax.numpy as jnp
-    import numpy as np
 
     rng = np.random.default_rng(seed)
     dtype = jnp.dtype(config.dtype)
@@ -261,8 +263,6 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
 
 def abstract_batch(config: ModelConfig) -> tuple[Any, Any]:
     """``(inputs, targets)`` as ``jax.ShapeDtypeStruct``: tokens with a vocab, else activations."""
-    import jax
-    import jax.numpy as jnp
 
     if config.vocab is None:
         act = jax.ShapeDtypeStruct((config.batch, config.seq, config.d_model), config.dtype)
@@ -273,8 +273,6 @@ def abstract_batch(config: ModelConfig) -> tuple[Any, Any]:
 
 def init_batch(config: ModelConfig, seed: int = 1) -> tuple[Any, Any]:
     """A random ``(inputs, targets)`` pair of the shapes :func:`abstract_batch` gives."""
-    import jax.numpy as jnp
-    import numpy as np
 
     rng = np.random.default_rng(seed)
     if config.vocab is None:
@@ -331,7 +329,6 @@ NO_HOOKS = Hooks()
 
 
 def rms_norm(x: Any, gain: Any) -> Any:
-    import jax.numpy as jnp
 
     x32 = x.astype(jnp.float32)
     scale = jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + _EPS))
@@ -344,8 +341,6 @@ def attention(
     """Causal self-attention sublayer (pre-norm), multi-head or grouped-query; returns its
     output only. ``impl`` ``"dense"`` materialises the scores, ``"blocked"`` runs
     :func:`blocked_attention`."""
-    import jax
-    import jax.numpy as jnp
 
     with jax.named_scope("attention"):
         h = hooks.enter("attention", rms_norm(x, hooks.weight("attn_norm", p["attn_norm"])))
@@ -373,9 +368,6 @@ def dense_attention(q: Any, k: Any, v: Any) -> Any:
     probabilities are named ``attention_scores`` and ``attention_probs`` for
     ``jax.checkpoint`` policies (selective recomputation drops them).
     """
-    import jax
-    import jax.numpy as jnp
-    from jax.ad_checkpoint import checkpoint_name
 
     seq = q.shape[1]
     scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32)
@@ -396,7 +388,6 @@ _MASKED = -1e30  # a masked score: exp() of it minus any real maximum is exactly
 
 
 def _block_scores(q: Any, kj: Any, j: Any, blk: int) -> Any:
-    import jax.numpy as jnp
 
     seq = q.shape[1]
     s = jnp.einsum("bqkgh,bskh->bkgqs", q, kj, preferred_element_type=jnp.float32)
@@ -407,22 +398,18 @@ def _block_scores(q: Any, kj: Any, j: Any, blk: int) -> Any:
 
 def _by_block(x: Any, blk: int) -> Any:
     """``[batch, seq, ...]`` -> ``[seq / blk, batch, blk, ...]`` (the scanned axis first)."""
-    import jax.numpy as jnp
 
     b, s = x.shape[:2]
     return jnp.moveaxis(x.reshape(b, s // blk, blk, *x.shape[2:]), 1, 0)
 
 
 def _from_blocks(x: Any) -> Any:
-    import jax.numpy as jnp
 
     x = jnp.moveaxis(x, 0, 1)
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
 def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
-    import jax
-    import jax.numpy as jnp
 
     b, seq, kv, g, hd = q.shape
     m0 = jnp.full((b, kv, g, seq), -jnp.inf, jnp.float32)
@@ -450,8 +437,6 @@ def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
 
 
 def _blocked_backward(blk: int, res: Any, do: Any) -> tuple[Any, Any, Any]:
-    import jax
-    import jax.numpy as jnp
 
     q, k, v, o, lse = res
     seq = q.shape[1]
@@ -477,9 +462,6 @@ def _blocked_backward(blk: int, res: Any, do: Any) -> tuple[Any, Any, Any]:
 
 
 def _make_blocked() -> Any:
-    import functools
-
-    import jax
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
     def run(q: Any, k: Any, v: Any, blk: int) -> Any:
@@ -512,8 +494,6 @@ def blocked_attention(q: Any, k: Any, v: Any, block: int = 512) -> Any:
 def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
     """MLP sublayer (pre-norm): GELU with ``w_up``, or SwiGLU with ``w_gate_up``; returns its
     output only."""
-    import jax
-    import jax.numpy as jnp
 
     with jax.named_scope("mlp"):
         h = hooks.enter("mlp", rms_norm(x, hooks.weight("mlp_norm", p["mlp_norm"])))
@@ -548,7 +528,6 @@ def remat_policy(remat: str) -> Any:
     """The ``jax.checkpoint`` policy of a recomputation choice: ``"full"`` saves nothing
     inside a layer (its input is kept by the layer loop), ``"selective"`` everything but the
     attention scores and probabilities (Korthikanti et al., arXiv 2205.05198, section 5)."""
-    import jax
 
     if remat == "full":
         return jax.checkpoint_policies.nothing_saveable
@@ -570,8 +549,6 @@ def forward(
     With ``capture=True`` returns ``(output, {"attention": [layers, ...], "mlp": [...]})``,
     the sublayer outputs of every layer.
     """
-    import jax
-    import jax.numpy as jnp
 
     if config.vocab is None:
         x = inputs
@@ -627,8 +604,6 @@ def loss(
 
 def loss_from_output(out: Any, targets: Any, config: ModelConfig) -> Any:
     """The loss of a forward output against its targets (see :func:`loss`)."""
-    import jax
-    import jax.numpy as jnp
 
     out = out.astype(jnp.float32)
     if config.vocab is None:
@@ -646,6 +621,5 @@ def train_step(
 ) -> tuple[Any, Any]:
     """``(loss, grads)``: one step's communication without the optimizer's update, which is
     local to each device for every strategy here."""
-    import jax
 
     return jax.value_and_grad(loss)(params, batch, config, hooks)

@@ -8,12 +8,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+
+from shardscope._src.audit.compile import audit, parse_rematerializations
 from shardscope._src.audit.records import Collective
 from shardscope._src.audit.width import Width
+from shardscope._src.base.devices import _flag_device_count, backends_started
 from shardscope._src.base.errors import PlanError, StrategyError
+from shardscope._src.base.stderr import capture_stderr
+from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.types import Candidate, CompiledFacts, CompileTask, PlanCollective
 from shardscope._src.plan.worker import run_tasks
+from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.strategies import get_strategy
 
 #: ``progress(done, total, label)``, called as plans finish compiling.
 Progress = Callable[[int, int, str], None]
@@ -56,13 +64,6 @@ def compile_facts(
 ) -> CompiledFacts:
     """Builds, lowers, compiles and audits one plan on concrete (simulated) devices: the
     first of ``devices`` (default: all of JAX's) that the mesh needs."""
-    import jax
-
-    from shardscope._src.audit.compile import audit, parse_rematerializations
-    from shardscope._src.base.stderr import capture_stderr
-    from shardscope._src.mesh import make_mesh, parse_mesh_spec
-    from shardscope._src.sharding.programs import build_program
-    from shardscope._src.sharding.strategies import get_strategy
 
     t0 = time.perf_counter()
     need = math.prod(parse_mesh_spec(mesh_spec).values())
@@ -96,7 +97,6 @@ def compile_task(task: CompileTask) -> CompiledFacts:
 
 
 def _local_devices(n: int) -> list[Any]:
-    import jax
 
     have = jax.devices("cpu")
     if len(have) < n:
@@ -111,9 +111,6 @@ def _local_devices(n: int) -> list[Any]:
 def can_compile_here(devices: int) -> bool:
     """Whether this process has (or, not started yet, is configured for) ``devices`` CPU
     devices. Never starts JAX's backend or changes its configuration."""
-    import jax
-
-    from shardscope._src.base.devices import _flag_device_count, backends_started
 
     if backends_started():
         return len(jax.devices("cpu")) >= devices

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.io import record_dict
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
@@ -269,7 +271,6 @@ def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int)
     devices ``k*node_size`` to ``(k+1)*node_size - 1``. An axis that is not a plain mesh axis
     (a sub-axis, or an irregular group) is taken to cross whenever the mesh does.
     """
-    import numpy as np
 
     total = math.prod(sizes.values())
     if total <= node_size:

@@ -17,6 +17,7 @@ that is not Flax).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -27,6 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
+from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
+from shardscope._src.audit.stages import build_program, takes_rules
+from shardscope._src.audit.width import Width
+from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.deviceless import require_compiler
 from shardscope._src.base.errors import (
     DeviceMemoryError,
     LayoutError,
@@ -34,7 +43,15 @@ from shardscope._src.base.errors import (
     ProgramError,
     TargetError,
 )
-from shardscope._src.plan.types import device_bytes
+from shardscope._src.base.hardware import hardware as get_hardware
+from shardscope._src.base.stderr import capture_stderr
+from shardscope._src.base.targets import CPU, get_target, topology
+from shardscope._src.bounds.terms import Bound
+from shardscope._src.mesh import make_mesh, parse_mesh_spec
+from shardscope._src.plan.compile import COMPILE_OPTIONS, _plan_collective
+from shardscope._src.plan.sweep import _axis_comm
+from shardscope._src.plan.types import Skipped, SkipReason, device_bytes
+from shardscope._src.target_mesh import target_mesh
 
 #: A rule set: ``((logical name, mesh axes or None), ...)``.
 Rules = tuple[tuple[str, Any], ...]
@@ -342,7 +359,6 @@ class ProgramPlanResult:
     def fit_note(self) -> str | None:
         if not self.plans or self.best is not None:
             return None
-        from shardscope._src.base.comm import format_bytes
 
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
         return (
@@ -394,8 +410,6 @@ class ProgramPlanResult:
 def _itemsize(args: Any) -> int:
     """2 when every floating-point argument is 16-bit, else 4: how the CPU backend's f32
     collectives are counted (it moves 16-bit values as f32; GPU/TPU compilers do not)."""
-    import jax
-    import jax.numpy as jnp
 
     sizes = set()
     for leaf in jax.tree.leaves(args):
@@ -417,20 +431,11 @@ def compile_candidate(
     """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate: on simulated CPU
     devices with the planner's options (the partitioned program and its buffers, not fast
     CPU code), or on ``target``'s compile-only devices with its own compiler."""
-    import hashlib
-
-    from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
-    from shardscope._src.audit.stages import build_program
-    from shardscope._src.base.stderr import capture_stderr
-    from shardscope._src.mesh import make_mesh
-    from shardscope._src.plan.compile import COMPILE_OPTIONS
 
     t0 = time.perf_counter()
     if target is None:
         mesh = make_mesh(dict(sizes), devices=devices)
     else:
-        from shardscope._src.target_mesh import target_mesh
-
         mesh = target_mesh(target, dict(sizes))
     lowered = build_program(make_step, mesh, rules, where=where)
     t1 = time.perf_counter()
@@ -496,13 +501,6 @@ def plan_program(
         PlanError: bad rules (unknown axes), no axes, too few devices, or a ``make_step``
             that does not return ``(step, args)``.
     """
-    from shardscope._src.audit.stages import takes_rules
-    from shardscope._src.audit.width import Width
-    from shardscope._src.base.hardware import hardware as get_hardware
-    from shardscope._src.bounds.terms import Bound
-    from shardscope._src.plan.compile import _plan_collective
-    from shardscope._src.plan.sweep import _axis_comm
-    from shardscope._src.plan.types import Skipped, SkipReason
 
     start = time.perf_counter()
     if not callable(make_step):
@@ -513,8 +511,6 @@ def plan_program(
     if axes is None:
         axes = rules_axes(rule_sets)
         if meshes and not axes:
-            from shardscope._src.mesh import parse_mesh_spec
-
             axes = tuple(parse_mesh_spec(meshes[0]))
     axes = tuple(axes)
     if not axes:
@@ -537,9 +533,6 @@ def plan_program(
     shapes = _mesh_list(meshes, axes, devices)
     target_name: str | None = None
     if target is not None:
-        from shardscope._src.base.deviceless import require_compiler
-        from shardscope._src.base.targets import CPU, get_target, topology
-
         t = get_target(target)
         if t.family != CPU:
             require_compiler(t)
@@ -684,7 +677,6 @@ def _name_of(fn: Any) -> str:
 def _mesh_list(
     meshes: Sequence[str | Mapping[str, int]] | None, axes: tuple[str, ...], devices: int
 ) -> list[dict[str, int]]:
-    from shardscope._src.mesh import parse_mesh_spec
 
     if meshes is None:
         return mesh_shapes(devices, axes)
@@ -703,7 +695,6 @@ def _mesh_list(
 
 
 def _local_devices(n: int) -> list[Any]:
-    import jax
 
     have = jax.devices()
     if len(have) < n:

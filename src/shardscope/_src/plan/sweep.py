@@ -33,12 +33,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER
+from shardscope._src.base.comm import ALL_REDUCE, KINDS, REDUCE_SCATTER, format_bytes, latency_steps
+from shardscope._src.base.deviceless import compiler_installed, require_compiler
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.hardware import TIME_MODEL_SOURCES, Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
-from shardscope._src.model.config import MAX_DIM, ModelConfig
+from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
+from shardscope._src.bounds.terms import Bound
+from shardscope._src.mesh import parse_mesh_spec
+from shardscope._src.model.config import MAX_DIM, REMATS, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
 from shardscope._src.plan.estimates import (
@@ -50,6 +54,7 @@ from shardscope._src.plan.estimates import (
     model_flops,
     settings_dict,
 )
+from shardscope._src.plan.target import target_facts
 from shardscope._src.plan.timing import (
     bound_comm,
     scheduled_bound,
@@ -70,6 +75,12 @@ from shardscope._src.plan.types import (
     Skipped,
     SkipReason,
     Validation,
+)
+from shardscope._src.sharding.strategies import (
+    STRATEGIES,
+    abstract_mesh,
+    get_strategy,
+    mesh_spec_for,
 )
 
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
@@ -119,8 +130,6 @@ def candidates(
     >>> [c.label for c in candidates(["fsdp"], 8, (1, 2))]
     ['fsdp data=8', 'fsdp stage=2,data=4']
     """
-    from shardscope._src.mesh import parse_mesh_spec
-    from shardscope._src.sharding.strategies import get_strategy, mesh_spec_for
 
     out = []
     for p in stages:
@@ -172,7 +181,6 @@ def _remat_options(
 ) -> tuple[str, ...]:
     """Recomputation choices to try. Selective recomputation drops the attention scores,
     which memory-efficient attention never keeps: with it, selective is no recomputation."""
-    from shardscope._src.model.config import REMATS
 
     if mode != "train":
         return ("none",)
@@ -268,8 +276,6 @@ def screen_all(
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
     skipped and why (indivisible, or whose model state alone exceeds the memory: never
     compiled); and how many strategy-and-mesh candidates there were."""
-    from shardscope._src.base.comm import format_bytes
-    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
     names = tuple(strategies)
     skipped: list[Skipped] = []
@@ -340,7 +346,6 @@ def estimate(
     >>> estimate(c, model_preset("7b").config(batch=64)).fits  # doctest: +SKIP
     True
     """
-    from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     base = stage_config(config, candidate, flash_attention=flash_attention)
@@ -406,7 +411,6 @@ def _bandwidth(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> tup
 
 def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> float:
     """Alpha-beta seconds of all ``count`` executions of a collective."""
-    from shardscope._src.base.comm import latency_steps
 
     bandwidth, _ = _bandwidth(hw, sizes, c)
     steps = latency_steps(c.kind, max(c.group_size, 1)) if c.traffic_bytes else 0
@@ -414,7 +418,6 @@ def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -
 
 
 def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Any) -> float:
-    from shardscope._src.base.comm import latency_steps
 
     # A lower bound on time: every byte of the bound at full bandwidth, and one collective's
     # latency per (axes, kind), since a compiler may merge the bound's terms (it does merge
@@ -433,7 +436,6 @@ def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Any) -> float:
 def _axis_comm(
     hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective], bound: Any
 ) -> tuple[AxisComm, ...]:
-    from shardscope._src.base.comm import KINDS
 
     bound_by = {(",".join(axes), kind): b for (axes, kind), b in bound.by_axes_kind().items()}
     rows: dict[tuple[str, str], list[PlanCollective]] = {}
@@ -472,7 +474,6 @@ def _axis_comm(
 
 def _cpu_formula(bound: Any) -> Any:
     """The bound with every reduce-scatter as the all-reduce the CPU backend emits."""
-    from shardscope._src.bounds.terms import Bound
 
     terms = tuple(
         replace(t, kind=ALL_REDUCE) if t.kind == REDUCE_SCATTER else t for t in bound.terms
@@ -483,7 +484,6 @@ def _cpu_formula(bound: Any) -> Any:
 def _jit_formula(bound: Any, microbatches: int) -> Any:
     """The formula with the gradient all-reduces repeated per micro-batch, as jit compiles a
     gradient accumulation loop."""
-    from shardscope._src.bounds.terms import Bound
 
     terms = tuple(
         replace(t, count=t.count * microbatches) if "summed over token shards" in t.what else t
@@ -636,7 +636,6 @@ def _check_dims(values: Mapping[str, int | None]) -> None:
 
 
 def _check_arrays(c: ModelConfig) -> None:
-    from shardscope._src.base.comm import format_bytes
 
     v = c.vocab or 0
     largest = 4 * max(
@@ -766,7 +765,6 @@ def plan(
     >>> result.best.label  # doctest: +SKIP
     'dp data=8'
     """
-    from shardscope._src.sharding.strategies import STRATEGIES
 
     start = time.perf_counter()
     if not is_int(devices, 1):
@@ -953,9 +951,6 @@ def plan(
 
 def _compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[str]:
     if compiler == "cpu":
-        from shardscope._src.base.deviceless import compiler_installed
-        from shardscope._src.base.targets import TARGETS
-
         own = TARGETS.get(hw.name)
         if own is not None and own.extra and not compiler_installed(own):
             return [
@@ -974,8 +969,6 @@ def _compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[
 
 def _check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int) -> str:
     """The compiler's target name, once it can compile for ``devices`` of ``hw``."""
-    from shardscope._src.base.deviceless import require_compiler
-    from shardscope._src.base.targets import CPU, get_target, topology
 
     t = get_target(compiler)
     if t.family == CPU:
@@ -1006,7 +999,6 @@ def _on_target(
     """The leading plans compiled again by the target's compiler, in the screening's order,
     until ``leading`` of them fit the device memory by its buffer assignment (or ``3 x
     leading`` are compiled, or the list ends); the rest kept as screened."""
-    from shardscope._src.plan.target import target_facts
 
     out: list[Plan] = []
     fitting = 0
@@ -1019,7 +1011,6 @@ def _on_target(
             cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
         )
         bound = bound_of[id(p)]
-        from shardscope._src.base.comm import format_bytes
 
         if facts.error is None:
             note = (

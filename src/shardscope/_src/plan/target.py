@@ -14,9 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardscope._src.audit.compile import audit, compile_lowered
+from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError
 from shardscope._src.model.config import ModelConfig
+from shardscope._src.plan.compile import _plan_collective
 from shardscope._src.plan.types import Candidate, PlanCollective, device_bytes
+from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.strategies import get_strategy
+from shardscope._src.target_mesh import target_mesh
 
 
 @dataclass(frozen=True)
@@ -54,12 +60,6 @@ def _optimal_seconds(compiled: Any) -> float | None:
 def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -> TargetFacts:
     """Builds ``cand``'s program on ``target``'s compile-only devices, compiles it with the
     target's compiler and audits it."""
-    from shardscope._src.audit.compile import audit, compile_lowered
-    from shardscope._src.audit.width import Width
-    from shardscope._src.plan.compile import _plan_collective
-    from shardscope._src.sharding.programs import build_program
-    from shardscope._src.sharding.strategies import get_strategy
-    from shardscope._src.target_mesh import target_mesh
 
     mesh = target_mesh(target, cand.stage_mesh_spec)
     placement = get_strategy(cand.strategy).place(config, mesh)

@@ -38,12 +38,26 @@ of every device.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from shardscope._src.base.comm import latency_steps
 from shardscope._src.base.hardware import Hardware
+from shardscope._src.bounds.terms import Bound
+from shardscope._src.bounds.transformer import transformer_bound
+from shardscope._src.mesh import mesh_axes
+from shardscope._src.plan.estimates import (
+    activation_bytes_per_layer,
+    elements_per_device,
+    layer_matmul_params,
+    model_flops,
+    model_ways,
+    sequences_per_device,
+)
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
 HBM_PASSES = 2
@@ -120,9 +134,6 @@ def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str])
     cross_node)`` times ``comm_fraction``. Devices are numbered in mesh order (the last axis
     fastest); node ``i`` holds devices ``i*node_size`` to ``(i+1)*node_size - 1``.
     """
-    import math
-
-    import numpy as np
 
     names = list(sizes)
     total = math.prod(sizes.values())
@@ -238,10 +249,6 @@ def scheduled_bound(bound: Any, schedule: Any, mode: str = "train") -> Any:
     micro-batch, except the all-reduce of replicated gradients and ZeRO's gather of the
     updated parameters, which happen once per step; under full recomputation the
     recomputed forward's collectives again."""
-    from dataclasses import replace
-
-    from shardscope._src.bounds.terms import Bound
-    from shardscope._src.bounds.transformer import transformer_bound
 
     m = schedule.microbatches if mode == "train" else 1
     one = bound
@@ -275,14 +282,6 @@ def step_work(
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
     of ``bound``'s program (one stage's layers, the whole batch) under ``schedule``."""
-    from shardscope._src.plan.estimates import (
-        activation_bytes_per_layer,
-        elements_per_device,
-        layer_matmul_params,
-        model_flops,
-        model_ways,
-        sequences_per_device,
-    )
 
     c = bound.config
     m, p = schedule.microbatches, schedule.stages
@@ -335,7 +334,6 @@ def step_work(
 
 def bound_comm(hw: Hardware, bound: Any, terms: Sequence[Any]) -> list[CommItem]:
     """Timed, classified items of analytic terms (a :class:`Bound`'s)."""
-    from shardscope._src.mesh import mesh_axes
 
     sizes = mesh_axes(bound.mesh)
     return [

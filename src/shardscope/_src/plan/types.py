@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.io import record_dict
 from shardscope._src.base.text import format_mesh_spec
@@ -438,7 +439,6 @@ class PlanResult:
         micro-batch and pipeline choice searched), by how much, and what to do."""
         if self.best is not None or (not self.plans and self.closest is None):
             return None
-        from shardscope._src.base.comm import format_bytes
 
         if self.closest is not None and not any(p.compiled_by != "cpu" for p in self.plans):
             label, need = self.closest["label"], int(self.closest["bytes"])
@@ -519,8 +519,6 @@ def _why_empty(result: PlanResult) -> str:
         ", ".join(parts) if parts else "no candidate mesh"
     )
     if SkipReason.MEMORY in by:
-        from shardscope._src.base.comm import format_bytes
-
         limit = format_bytes(result.hardware.memory_bytes)
         head += (
             f"; the model state alone needs more than the {limit} of a "

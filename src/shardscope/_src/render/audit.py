@@ -7,11 +7,13 @@ subtotal per group and a grand total; every row names the Python line that emitt
 
 from __future__ import annotations
 
+import io
 import os
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.render.console import output_console
 
 if TYPE_CHECKING:
     from shardscope._src.audit.records import Audit, Collective
@@ -240,7 +242,6 @@ def render_audit(
     ``by_scope`` prints the totals per scope (:func:`scope_table`) instead of one row per
     collective.
     """
-    from shardscope._src.render.console import output_console
 
     console = console or output_console()
     table = scope_table(audit, title=title) if by_scope else audit_table(audit, title=title)
@@ -253,7 +254,6 @@ def format_audit(
     audit: Audit, *, width: int = 140, title: str | None = None, by_scope: bool = False
 ) -> str:
     """The rendered table and notes as plain text (no colour), e.g. for logs and tests."""
-    import io
 
     from rich.console import Console
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardscope._src.base.io import write_atomic
+from shardscope._src.render.console import format_bytes
+from shardscope._src.render.plan import format_seconds
 
 if TYPE_CHECKING:
     from shardscope._src.plan.types import PlanResult
@@ -20,9 +22,6 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
     With no plan, the chart says why."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from shardscope._src.render.console import format_bytes
-    from shardscope._src.render.plan import format_seconds
 
     fig = Figure(figsize=(8.0, 5.2), layout="constrained")
     FigureCanvasAgg(fig)

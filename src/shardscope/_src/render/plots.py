@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardscope._src.base.io import write_atomic
+from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
     from shardscope._src.layout import Layout
@@ -20,8 +21,6 @@ def plot_device_bytes(
     """A grouped bar chart of bytes held per device, one group of bars per layout."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from shardscope._src.render.console import format_bytes
 
     names = list(layouts)
     devices = sorted({s.device_id for lay in layouts.values() for s in lay.shards})

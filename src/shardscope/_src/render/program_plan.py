@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.plan.program import format_rules
 from shardscope._src.render.console import format_bytes
 from shardscope._src.render.plan import KIND_SHORT, _md_table, format_seconds, skipped_table
 
@@ -91,7 +92,6 @@ def render_program_plan(
             console.print(f"[bold red]{result.fit_note}[/]", highlight=False)
     if result.skipped:
         console.print(skipped_table(result, first="rules"))
-    from shardscope._src.plan.program import format_rules
 
     for name, rules in result.rule_sets.items():
         console.print(f"rules {name}: {format_rules(rules)}", highlight=False)
@@ -102,7 +102,6 @@ def render_program_plan(
 
 def program_markdown_report(result: ProgramPlanResult) -> str:
     """The whole sweep as Markdown: ranked plans, memory, communication per axis, skipped."""
-    from shardscope._src.plan.program import format_rules
 
     hw = result.hardware
     lines = [

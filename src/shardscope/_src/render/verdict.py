@@ -8,10 +8,12 @@ source lines), the verified hints, notes, and last the one-line verdict.
 
 from __future__ import annotations
 
+import io
 import os
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes
+from shardscope._src.render.console import output_console
 
 if TYPE_CHECKING:
     from shardscope._src.verdict import Verdict
@@ -93,7 +95,6 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 def render_verdict(verdict: Verdict, *, console: Any = None, title: str | None = None) -> None:
     """Prints the verdict table and its lines to ``console`` (a new rich Console by default)."""
-    from shardscope._src.render.console import output_console
 
     console = console or output_console()
     console.print(verdict_table(verdict, title=title))
@@ -103,7 +104,6 @@ def render_verdict(verdict: Verdict, *, console: Any = None, title: str | None =
 
 def format_verdict(verdict: Verdict, *, width: int = 140) -> str:
     """The rendered verdict as plain text (no colour)."""
-    import io
 
     from rich.console import Console
 

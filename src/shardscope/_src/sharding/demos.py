@@ -16,6 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
 from shardscope._src.base.errors import MeshSpecError, ShardscopeError
 from shardscope._src.mesh import format_mesh_spec, make_mesh, parse_mesh_spec
 
@@ -71,7 +76,6 @@ def demo_mesh(mesh: Any = None) -> Any:
     """
     if mesh is not None and not isinstance(mesh, str):
         return mesh
-    import jax
 
     axes = parse_mesh_spec(mesh or DEFAULT_MESH)
     need = math.prod(axes.values())
@@ -105,10 +109,6 @@ def taster_matmul(mesh: Any = None) -> Demo:
     The contraction is split over the axis, so XLA adds one all-reduce of the
     ``16 x 1024 x 4``-byte result over it.
     """
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     m = demo_mesh(mesh)
     axis = _axis(m)
@@ -136,10 +136,6 @@ def taster_reshard(mesh: Any = None) -> Demo:
 
     XLA moves the blocks with one all-to-all over the axis.
     """
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     m = demo_mesh(mesh)
     axis = _axis(m)

@@ -13,7 +13,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from shardscope._src.model.config import ModelConfig, flat_params
+import jax
+import numpy as np
+
+from shardscope._src.base.devices import host_value
+from shardscope._src.mesh import mesh_axes
+from shardscope._src.model.config import ModelConfig, flat_params, forward, train_step
+from shardscope._src.sharding.programs import build_program
 
 # Max relative error allowed per dtype. float32: reordered sums over a few hundred terms stay
 # near 1e-6, and 1e-5 is the usual bar for a module of this size. 16-bit types: 4 machine
@@ -64,7 +70,6 @@ class NumericsReport:
 
 def relative_error(actual: Any, expected: Any) -> float:
     """``max |actual - expected| / max |expected|`` in float64 (absolute if expected is 0)."""
-    import numpy as np
 
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
@@ -78,9 +83,6 @@ def relative_error(actual: Any, expected: Any) -> float:
 def reference_outputs(config: ModelConfig, args: tuple[Any, ...], mode: str) -> Any:
     """The unsharded reference on this process's first device: forward with sublayer
     captures, or ``(loss, grads)``."""
-    import jax
-
-    from shardscope._src.base.devices import host_value
 
     local = jax.device_put(host_value(args), jax.local_devices()[0])
     return _reference_fn(config, mode)(*local)
@@ -89,9 +91,6 @@ def reference_outputs(config: ModelConfig, args: tuple[Any, ...], mode: str) -> 
 @functools.lru_cache(maxsize=32)
 def _reference_fn(config: ModelConfig, mode: str) -> Any:
     # One compiled reference per config and mode, shared by every strategy compared to it.
-    import jax
-
-    from shardscope._src.model.config import forward, train_step
 
     if mode == "forward":
         return jax.jit(lambda p, x: forward(p, x, config, capture=True))
@@ -117,12 +116,9 @@ def compare_numerics(
     >>> compare_numerics("tp", ModelConfig(layers=1), "model=8").ok  # doctest: +SKIP
     True
     """
-    from shardscope._src.mesh import mesh_axes
-    from shardscope._src.sharding.programs import build_program
 
     program = build_program(strategy, config, mesh, mode=mode, impl=impl, capture=mode == "forward")
     config = program.config
-    from shardscope._src.base.devices import host_value
 
     args = program.example_args(seed)
     actual = host_value(program.fn(*args))

@@ -12,6 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.text import format_spec
 from shardscope._src.model.config import (
@@ -25,7 +29,7 @@ from shardscope._src.model.config import (
     loss,
     loss_from_output,
 )
-from shardscope._src.sharding.strategies import Placement, Strategy, get_strategy
+from shardscope._src.sharding.strategies import STRATEGIES, Placement, Strategy, get_strategy
 
 MODES = ("forward", "train")
 IMPLS = ("jit", "shard_map")
@@ -38,7 +42,6 @@ class JitHooks(Hooks):
         self.placement = placement
 
     def _constrain(self, x: Any, spec: Any) -> Any:
-        import jax
 
         if spec is None:
             return x
@@ -76,14 +79,12 @@ class ShardMapHooks(Hooks):
         self.sequence_parallel = sequence_parallel
 
     def enter(self, scope: str, h: Any) -> Any:
-        import jax
 
         if not self.sequence_parallel:
             return h
         return jax.lax.all_gather(h, self.axis, axis=1, tiled=True)
 
     def exit(self, scope: str, y: Any) -> Any:
-        import jax
 
         if not self.sequence_parallel:
             return jax.lax.psum(y, self.axis)
@@ -117,7 +118,6 @@ class Program:
 
     def abstract_args(self) -> tuple[Any, ...]:
         """The arguments as ``jax.ShapeDtypeStruct`` with their shardings: nothing allocated."""
-        import jax
 
         def attach(sds: Any, sharding: Any) -> Any:
             return jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sharding)
@@ -131,7 +131,6 @@ class Program:
 
     def example_args(self, seed: int = 0) -> tuple[Any, ...]:
         """Random arguments, placed with the program's input shardings."""
-        import jax
 
         params = init_params(self.config, seed)
         inputs, targets = init_batch(self.config, seed + 1)
@@ -182,7 +181,6 @@ def build_program(
     >>> shardscope.audit(prog).counts()["all-reduce"]  # out-projection and MLP-down
     2
     """
-    import jax
 
     if mode not in MODES:
         raise StrategyError(f"mode {mode!r} is not one of {', '.join(MODES)}")
@@ -285,8 +283,6 @@ def _train_step(
     bound: Placement, objective: Callable[[Any, Any], Any], microbatches: int
 ) -> Callable[[Any, Any], Any]:
     """``(params, batch) -> (loss, grads)``, or ``(loss, new_params)`` for ZeRO-1/-2."""
-    import jax
-    import jax.numpy as jnp
 
     wsc = jax.lax.with_sharding_constraint
     grad_sh = jax.tree.map(bound.sharding, bound.grad_specs())
@@ -338,14 +334,11 @@ def _train_step(
 
 
 def _twins() -> list[str]:
-    from shardscope._src.sharding.strategies import STRATEGIES
 
     return [name for name, s in STRATEGIES.items() if s.twin]
 
 
 def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any]:
-    import jax
-    from jax.sharding import PartitionSpec
 
     config = placement.config
     hooks = ShardMapHooks(placement.entry("model"), placement.strategy.sequence_parallel)
@@ -383,9 +376,6 @@ class MatmulProgram:
     code: str
 
     def abstract_args(self) -> tuple[Any, Any]:
-        import jax
-        import jax.numpy as jnp
-        from jax.sharding import NamedSharding, PartitionSpec
 
         p = self.problem
         dtype = jnp.dtype(p.dtype)
@@ -414,8 +404,6 @@ def build_matmul(
     local product and reduces partial sums with ``psum`` / ``psum_scatter`` (``explicit=True``);
     the output sharding then moves the result to the problem's output spec.
     """
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
 
     def sharding(spec: Any) -> Any:
         return NamedSharding(mesh, PartitionSpec(*spec))

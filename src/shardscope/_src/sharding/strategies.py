@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+
 from shardscope._src.base.errors import StrategyError, is_int
-from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes
-from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
+from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes, parse_mesh_spec
+from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes, split_params
 
 if TYPE_CHECKING:
     import jax
@@ -314,9 +316,6 @@ def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
     >>> dict(abstract_mesh("data=64,model=16").shape)
     {'data': 64, 'model': 16}
     """
-    from jax.sharding import AbstractMesh, AxisType
-
-    from shardscope._src.mesh import parse_mesh_spec
 
     sizes = parse_mesh_spec(spec)
     return AbstractMesh(
@@ -433,20 +432,17 @@ class Placement:
         return names[0] if len(names) == 1 else tuple(names)
 
     def spec(self, roles: Roles, *, layers: bool = False) -> Any:
-        from jax.sharding import PartitionSpec
 
         entries = [self.entry(r) for r in roles]
         return PartitionSpec(*([None] if layers else []), *entries)
 
     def sharding(self, spec: Any) -> Any:
-        from jax.sharding import NamedSharding
 
         return NamedSharding(self.mesh, spec)
 
     # -- specs ---------------------------------------------------------------------------
     def param_specs(self) -> dict[str, Any]:
         """PartitionSpec per parameter, in the model's pytree (layer weights stacked)."""
-        from shardscope._src.model.config import split_params
 
         rules = self.strategy.param_rules()
         shapes = param_shapes(self.config)
@@ -464,7 +460,6 @@ class Placement:
         return self._specs(self.strategy.optimizer_rules())
 
     def _specs(self, rules: Mapping[str, Roles]) -> dict[str, Any]:
-        from shardscope._src.model.config import split_params
 
         shapes = param_shapes(self.config)
         return split_params(
