@@ -64,7 +64,7 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
     L, train = c.layers, mode == "train"
     terms: list[Term] = []
     notes: list[Note] = []
-    data_axes, n_data = _group(placement, ["data"]) if s.batch_role else ((), 1)
+    _, n_data = _group(placement, ["data"]) if s.batch_role else ((), 1)
     model_axes, t = _group(placement, ["model"])
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
 
