@@ -110,10 +110,7 @@ def run_plan_command(
         png_path=png_path,
         report_path=report_path,
     )
-    for path in written:
-        if path is None:
-            continue  # the JSON went to standard output
-        console.print(f"wrote {path}", highlight=False)
+    print_written(console, written)
     if not result.plans:
         raise PlanError(result.empty_reason or "no plan")
     return 0
@@ -126,6 +123,13 @@ def check_device_count(devices: int) -> None:
             f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
             f"simulated devices; plan {MAX_DEVICES} or fewer"
         )
+
+
+def print_written(console: Any, paths: Sequence[Path | None]) -> None:
+    """``wrote PATH`` for each file written (None: the JSON went to standard output)."""
+    for path in paths:
+        if path is not None:
+            console.print(f"wrote {path}", highlight=False)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, PlanError, ProgramError, ShardscopeError
 from shardscope._src.base.io import STDOUT, check_file_path, write_result
 from shardscope._src.base.targets import get_target
-from shardscope._src.cli.plan import check_device_count, write_plan_files
+from shardscope._src.cli.plan import check_device_count, print_written, write_plan_files
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.plan.program import (
     check_rules_axes,
@@ -50,11 +50,6 @@ def _simulate(n: int) -> None:
 
     if not backends_started():
         use_cpu_devices(max(n, 1))
-
-
-def _print_written(console: Any, paths: Sequence[Any]) -> None:
-    for p in paths:
-        console.print(f"wrote {p}", highlight=False)
 
 
 def run_audit_program(
@@ -292,7 +287,7 @@ def run_plan_program(
         report_path=report_path,
     )
     if json_path != STDOUT:
-        _print_written(console, [p for p in written if p is not None])
+        print_written(console, written)
     if not result.plans:
         raise PlanError(result.empty_reason or "no plan")
     return 0
