@@ -11,6 +11,7 @@ import pytest
 from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.base.hardware import hardware
+from shardscope._src.bounds import transformer
 from shardscope._src.model.config import ModelConfig, init_batch, init_params, loss
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
 from shardscope._src.plan.estimates import (
@@ -294,6 +295,33 @@ def test_a_gradient_reduction_hides_behind_the_last_backward_up_to_its_length():
     long = step_time(hw, _work(), [CommItem("dp", PER_STEP_BWD, backward + 1.0)])
     assert short.step_s == pytest.approx(base)
     assert long.step_s == pytest.approx(base + 1.0)
+
+
+def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
+    # The schedule reads each term's role; its words are for people. Reworded terms must give
+    # the same step times, memory and bound for every candidate, micro-batched ones included.
+    config = replace(SMALL, batch=32)
+
+    def numbers():
+        ranked, skipped, _ = screen_all(config, 8, hardware("h100"), stages=1)
+        return [
+            (s.candidate.label, s.time.to_dict(), s.memory.total, s.bound.traffic_bytes)
+            for s in ranked
+        ], [(s.strategy, s.mesh, s.reason) for s in skipped]
+
+    before = numbers()
+    assert any(label.endswith("micro-batches)") for label, *_ in before[0])
+    original = transformer._term
+    monkeypatch.setattr(
+        transformer,
+        "_term",
+        lambda kind, axes, n, payload, count, what, *rest: original(
+            kind, axes, n, payload, count, "reworded", *rest
+        ),
+    )
+    placement = get_strategy("zero1").place(config, abstract_mesh("data=8"))
+    assert {t.what for t in transformer.transformer_bound(placement, "train").terms} == {"reworded"}
+    assert numbers() == before
 
 
 def test_a_group_spanning_nodes_shares_their_network_cards():

@@ -395,9 +395,7 @@ def _to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
 def _reduces_per_microbatch(got: CompiledFacts, bound: Any, cand: Candidate) -> bool:
     """Whether the compiled program all-reduces replicated gradients more often than once."""
     once = sum(
-        t.traffic_bytes
-        for t in bound.terms
-        if t.kind == ALL_REDUCE and "summed over token shards" in t.what
+        t.traffic_bytes for t in bound.terms if t.kind == ALL_REDUCE and t.role.sums_token_shards
     )
     compiled = sum(c.traffic_bytes for c in got.collectives if c.kind == ALL_REDUCE)
     return once > 0 and compiled > 1.5 * once
@@ -488,7 +486,7 @@ def _jit_formula(bound: Any, microbatches: int) -> Any:
     gradient accumulation loop."""
 
     terms = tuple(
-        replace(t, count=t.count * microbatches) if "summed over token shards" in t.what else t
+        replace(t, count=t.count * microbatches) if t.role.sums_token_shards else t
         for t in bound.terms
     )
     return Bound(bound.label + " (gradients reduced per micro-batch)", terms, bound.notes)

@@ -261,8 +261,7 @@ def scheduled_bound(bound: Any, schedule: Any, mode: str = "train") -> Any:
         )
     terms = []
     for t in transformer_bound(one, mode).terms:
-        once = "updated shards" in t.what or "summed over token shards" in t.what
-        terms.append(replace(t, count=t.count * (1 if once else m)))
+        terms.append(replace(t, count=t.count * (1 if t.role.once_per_step else m)))
     if mode == "train" and schedule.remat == "full":
         for t in transformer_bound(one, "forward").terms:
             terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
