@@ -59,7 +59,7 @@ def compile_facts(
     mesh_spec: str,
     config: ModelConfig,
     mode: str,
-    devices: Sequence[Any] | None = None,
+    devices: Sequence[jax.Device] | None = None,
     microbatches: int = 1,
 ) -> CompiledFacts:
     """Builds, lowers, compiles and audits one plan on concrete (simulated) devices: the
@@ -96,7 +96,7 @@ def compile_task(task: CompileTask) -> CompiledFacts:
     )
 
 
-def _local_devices(n: int) -> list[Any]:
+def _local_devices(n: int) -> list[jax.Device]:
 
     have = jax.devices("cpu")
     if len(have) < n:

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
+from shardscope._src.audit.records import Audit
 from shardscope._src.audit.stages import build_program, takes_rules
 from shardscope._src.audit.width import Width
 from shardscope._src.base.deviceless import require_compiler
@@ -56,6 +57,8 @@ from shardscope._src.plan.compile import COMPILE_OPTIONS, _plan_collective
 from shardscope._src.plan.sweep import _axis_comm
 from shardscope._src.plan.types import (
     FIT_PARAMS,
+    AxisComm,
+    PlanCollective,
     PlanNote,
     Skipped,
     SkipReason,
@@ -233,8 +236,8 @@ class ProgramPlan:
     mesh: Mapping[str, int]
     compiled_memory: Mapping[str, int]
     memory_limit_bytes: int
-    collectives: tuple[Any, ...]
-    comm: tuple[Any, ...]
+    collectives: tuple[PlanCollective, ...]
+    comm: tuple[AxisComm, ...]
     comm_time_s: float
     flops_per_device: float | None
     compute_time_s: float
@@ -343,11 +346,11 @@ class ProgramPlanResult:
 
     program: str
     devices: int
-    hardware: Any
+    hardware: Hardware
     axes: tuple[str, ...]
     rule_sets: Mapping[str, Rules]
     plans: tuple[ProgramPlan, ...]
-    skipped: tuple[Any, ...]
+    skipped: tuple[Skipped, ...]
     notes: tuple[Note, ...]
     target: str = "cpu"
     wall_s: float = 0.0
@@ -424,11 +427,11 @@ def compile_candidate(
     make_step: Callable[..., Any],
     rules: Rules,
     sizes: Mapping[str, int],
-    devices: Sequence[Any] | None,
+    devices: Sequence[jax.Device] | None,
     *,
     where: str,
     target: str | None = None,
-) -> tuple[Any, Mapping[str, float], int, str]:
+) -> tuple[Audit, Mapping[str, float], int, str]:
     """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate: on simulated CPU
     devices with the planner's options (the partitioned program and its buffers, not fast
     CPU code), or on ``target``'s compile-only devices with its own compiler."""
@@ -465,7 +468,7 @@ def plan_program(
     rules: Any = None,
     axes: Sequence[str] | None = None,
     meshes: Sequence[str | Mapping[str, int]] | None = None,
-    hardware: Any = None,
+    hardware: str | Hardware | None = None,
     hardware_overrides: Mapping[str, float] | None = None,
     target: str | None = None,
     name: str | None = None,
@@ -568,7 +571,11 @@ def plan_program(
 
 
 def _check_program(
-    make_step: Any, devices: int, rules: Any, axes: Sequence[str] | None, meshes: Any
+    make_step: Callable[..., Any],
+    devices: int,
+    rules: Any,
+    axes: Sequence[str] | None,
+    meshes: Sequence[str | Mapping[str, int]] | None,
 ) -> tuple[dict[str, Rules], tuple[str, ...]]:
     """The rule sets and mesh axes to plan over, once ``make_step`` and they fit together."""
     if not callable(make_step):
@@ -608,7 +615,7 @@ def _check_program(
 
 def _target_hardware(
     target: str | None,
-    hardware: Any,
+    hardware: str | Hardware | None,
     overrides: Mapping[str, float] | None,
     devices: int,
 ) -> tuple[str | None, Hardware]:
@@ -630,7 +637,7 @@ def _program_plan(
     rules_name: str,
     rules: Rules,
     sizes: Mapping[str, int],
-    compiled: tuple[Any, Mapping[str, float], int, str],
+    compiled: tuple[Audit, Mapping[str, float], int, str],
     hw: Hardware,
     same_as: str | None,
 ) -> ProgramPlan:
@@ -719,7 +726,7 @@ def _mesh_list(
     return out
 
 
-def _local_devices(n: int) -> list[Any]:
+def _local_devices(n: int) -> list[jax.Device]:
 
     have = jax.devices()
     if len(have) < n:
@@ -730,7 +737,7 @@ def _local_devices(n: int) -> list[Any]:
     return list(have[:n])
 
 
-def _result_notes(hw: Any, plans: Sequence[ProgramPlan], target: str | None) -> list[Note]:
+def _result_notes(hw: Hardware, plans: Sequence[ProgramPlan], target: str | None) -> list[Note]:
     notes = [
         Note(PlanNote.COMPILED_MEMORY, {"target": target}),
         Note(PlanNote.COMMUNICATION),

@@ -1,6 +1,8 @@
 """The planner: every strategy and mesh shape for a model on N devices, compiled, audited,
-estimated and ranked. Plain data in, plain data out: the records are in ``_plan_types``,
-compiling one plan in ``_plan_compile``, the renderers in ``_render_plan`` and ``_plot_plan``.
+estimated and ranked. Plain data in, plain data out: the records are in
+:mod:`~shardscope._src.plan.types`,
+compiling one plan in :mod:`~shardscope._src.plan.compile`, the renderers in
+:mod:`~shardscope._src.render.plan` and :mod:`~shardscope._src.render.plan_plot`.
 
 A sweep has four steps:
 
@@ -57,8 +59,8 @@ from shardscope._src.plan.estimates import (
 )
 from shardscope._src.plan.target import target_facts
 from shardscope._src.plan.timing import (
-    bound_comm,
-    scheduled_bound,
+    comm_items,
+    step_bound,
     step_time,
     step_work,
 )
@@ -80,6 +82,7 @@ from shardscope._src.plan.types import (
 )
 from shardscope._src.sharding.strategies import (
     STRATEGIES,
+    Placement,
     abstract_mesh,
     get_strategy,
     mesh_spec_for,
@@ -208,8 +211,9 @@ def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool)
     )
 
 
-def _microbatch_options(bound: Any, mode: str, microbatches: int | None) -> list[int]:
-    per_shard = bound.config.batch // data_ways(bound) if bound.config.batch else 0
+def _microbatch_options(placement: Placement, mode: str, microbatches: int | None) -> list[int]:
+    batch = placement.config.batch
+    per_shard = batch // data_ways(placement) if batch else 0
     if mode != "train":
         return [1]
     if microbatches is not None:
@@ -222,7 +226,7 @@ def _microbatch_options(bound: Any, mode: str, microbatches: int | None) -> list
 
 def screen(
     cand: Candidate,
-    bound: Any,
+    placement: Placement,
     config: ModelConfig,
     hw: Hardware,
     mode: str = "train",
@@ -231,20 +235,20 @@ def screen(
 ) -> Screened:
     """Estimates ``cand`` without compiling: memory per device and the time model's step.
 
-    ``bound`` is the strategy bound to one stage's program (:func:`stage_config`) on the
-    stage's mesh; ``config`` the whole model.
+    ``placement`` is the strategy placed on the stage's mesh with one stage's program
+    (:func:`stage_config`); ``config`` the whole model.
     """
     sched = Schedule(cand.microbatches, cand.remat, cand.stages)
     mem = estimate_memory(
-        bound,
+        placement,
         mode,
         bytes_per_param=bytes_per_param,
         flash_attention=flash_attention,
         schedule=sched,
     )
-    need = scheduled_bound(bound, sched, mode)
+    need = step_bound(placement, sched, mode)
     work = step_work(
-        bound,
+        placement,
         sched,
         config,
         math.prod(cand.sizes.values()),
@@ -255,7 +259,7 @@ def screen(
     return Screened(
         cand,
         mem,
-        step_time(hw, work, bound_comm(hw, bound, need.terms)),
+        step_time(hw, work, comm_items(hw, placement, need.terms)),
         need,
         int(hw.memory_bytes),
     )
@@ -287,21 +291,21 @@ def screen_all(
     for cand in all_candidates:
         base = stage_config(config, cand, flash_attention=flash_attention)
         try:
-            bound = get_strategy(cand.strategy).place(base, abstract_mesh(cand.stage_mesh_spec))
+            placement = get_strategy(cand.strategy).place(base, abstract_mesh(cand.stage_mesh_spec))
         except StrategyError as e:
             skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
             continue
         options = [
             screen(
                 replace(cand, microbatches=m, remat=r),
-                bound,
+                placement,
                 config,
                 hw,
                 mode,
                 bytes_per_param,
                 flash_attention,
             )
-            for m in _microbatch_options(bound, mode, microbatches)
+            for m in _microbatch_options(placement, mode, microbatches)
             for r in remats
         ]
         if not options:
@@ -311,7 +315,8 @@ def screen_all(
                     cand.mesh_spec,
                     SkipReason.DIVISIBILITY,
                     f"microbatches={microbatches} does not divide the "
-                    f"{bound.config.batch // data_ways(bound)} sequences of a data shard",
+                    f"{placement.config.batch // data_ways(placement)} sequences of a data "
+                    f"shard",
                 )
             )
             continue
@@ -351,8 +356,9 @@ def estimate(
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     base = stage_config(config, candidate, flash_attention=flash_attention)
-    bound = get_strategy(candidate.strategy).place(base, abstract_mesh(candidate.stage_mesh_spec))
-    return screen(candidate, bound, config, hw, mode, bytes_per_param, flash_attention)
+    mesh = abstract_mesh(candidate.stage_mesh_spec)
+    placement = get_strategy(candidate.strategy).place(base, mesh)
+    return screen(candidate, placement, config, hw, mode, bytes_per_param, flash_attention)
 
 
 def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
@@ -392,7 +398,7 @@ def _to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
     return sorted(chosen.values(), key=lambda s: order[id(s)])
 
 
-def _reduces_per_microbatch(got: CompiledFacts, bound: Any, cand: Candidate) -> bool:
+def _reduces_per_microbatch(got: CompiledFacts, bound: Bound, cand: Candidate) -> bool:
     """Whether the compiled program all-reduces replicated gradients more often than once."""
     once = sum(
         t.traffic_bytes for t in bound.terms if t.kind == ALL_REDUCE and t.role.sums_token_shards
@@ -417,13 +423,13 @@ def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -
     return c.count * steps * hw.latency_s + c.traffic_bytes / bandwidth
 
 
-def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Any) -> float:
+def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Bound) -> float:
 
     # A lower bound on time: every byte of the bound at full bandwidth, and one collective's
     # latency per (axes, kind), since a compiler may merge the bound's terms (it does merge
     # the per-weight gradient all-reduces).
     total = 0.0
-    latency: dict[tuple[Any, str], float] = {}
+    latency: dict[tuple[tuple[str, ...], str], float] = {}
     for t in bound.terms:
         cross = crosses_nodes(sizes, t.axes, hw.node_size)
         bandwidth = hw.cross_node_bandwidth if cross else hw.link_bandwidth
@@ -434,7 +440,7 @@ def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Any) -> float:
 
 
 def _axis_comm(
-    hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective], bound: Any
+    hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective], bound: Bound
 ) -> tuple[AxisComm, ...]:
 
     bound_by = {(",".join(axes), kind): b for (axes, kind), b in bound.by_axes_kind().items()}
@@ -472,7 +478,7 @@ def _axis_comm(
     return tuple(out)
 
 
-def _cpu_formula(bound: Any) -> Any:
+def _cpu_formula(bound: Bound) -> Bound:
     """The bound with every reduce-scatter as the all-reduce the CPU backend emits."""
 
     terms = tuple(
@@ -481,7 +487,7 @@ def _cpu_formula(bound: Any) -> Any:
     return Bound(bound.label + " (CPU: all-reduce for reduce-scatter)", terms, bound.notes)
 
 
-def _jit_formula(bound: Any, microbatches: int) -> Any:
+def _jit_formula(bound: Bound, microbatches: int) -> Bound:
     """The formula with the gradient all-reduces repeated per micro-batch, as jit compiles a
     gradient accumulation loop."""
 
@@ -502,7 +508,7 @@ def _within(r: float | None) -> bool:
     return r is not None and abs(r - 1.0) <= VALIDATION_TOLERANCE + 1e-12
 
 
-def _validate(plan: Plan, bound: Any) -> Validation:
+def _validate(plan: Plan, bound: Bound) -> Validation:
     formula = bound.traffic_bytes
     ratio = _ratio(plan.comm_bytes_per_device, formula)
     cpu = _cpu_formula(bound).traffic_bytes
@@ -556,14 +562,14 @@ def _validate(plan: Plan, bound: Any) -> Validation:
     )
 
 
-def _lacks_reduce_scatter(bound: Any, collectives: Sequence[PlanCollective]) -> bool:
+def _lacks_reduce_scatter(bound: Bound, collectives: Sequence[PlanCollective]) -> bool:
     """Whether the bound reduce-scatters over axes the compiled program never does."""
     bound_rs = {t.axes for t in bound.terms if t.kind == REDUCE_SCATTER}
     compiled_rs = {c.axes for c in collectives if c.kind == REDUCE_SCATTER}
     return bool(bound_rs - compiled_rs)
 
 
-def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[Note]:
+def _notes(facts: CompiledFacts, bound: Bound, collectives: Sequence[PlanCollective]) -> list[Note]:
     notes = []
     if _lacks_reduce_scatter(bound, collectives):
         notes.append(Note(PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER))
@@ -796,7 +802,7 @@ def plan(
 
     flops_per_device = model_flops(config, mode) / devices
     plans: list[Plan] = []
-    bound_of: dict[int, Any] = {}
+    bound_of: dict[int, Bound] = {}
     for s in todo:
         got = facts[s.candidate]
         if isinstance(got, BaseException):
@@ -848,7 +854,11 @@ def plan(
 
 
 def _check_sweep(
-    devices: int, mode: str, workers: int | None, compile_top: int, strategies: Any
+    devices: int,
+    mode: str,
+    workers: int | None,
+    compile_top: int,
+    strategies: Sequence[str] | None,
 ) -> tuple[str, ...]:
     """The strategies to sweep, once the sweep's counts and names are valid."""
     if not is_int(devices, 1):
@@ -944,10 +954,10 @@ def _rank_key(names: Sequence[str]) -> Callable[[Plan], tuple[Any, ...]]:
 
 
 def _validations(
-    ranked: Sequence[Plan], order: Sequence[Plan], bound_of: dict[int, Any]
+    ranked: Sequence[Plan], order: Sequence[Plan], bound_of: Mapping[int, Bound]
 ) -> tuple[Validation, ...]:
     """One validation per strategy, on its best plan."""
-    first: dict[str, tuple[Plan, Any]] = {}
+    first: dict[str, tuple[Plan, Bound]] = {}
     for p, q in zip(ranked, order, strict=True):
         first.setdefault(p.strategy, (p, bound_of[id(q)]))
     return tuple(_validate(p, b) for p, b in first.values())
@@ -993,7 +1003,7 @@ def _check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int
 
 def _on_target(
     order: list[Plan],
-    bound_of: dict[int, Any],
+    bound_of: dict[int, Bound],
     config: ModelConfig,
     mode: str,
     hw: Hardware,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+import jax
 
 from shardscope._src.audit.compile import audit, compile_lowered
 from shardscope._src.audit.width import Width
@@ -47,7 +48,7 @@ class TargetFacts:
         return device_bytes(m)
 
 
-def _optimal_seconds(compiled: Any) -> float | None:
+def _optimal_seconds(compiled: jax.stages.Compiled) -> float | None:
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None

@@ -16,6 +16,7 @@ from shardscope._src.base.hardware import TIME_MODEL_SOURCES, Hardware
 from shardscope._src.base.io import json_value, record_dict
 from shardscope._src.base.notes import Note, NoteKind
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.timing import StepTime
@@ -332,7 +333,7 @@ class Screened:
     candidate: Candidate
     memory: MemoryEstimate
     time: StepTime
-    bound: Any
+    bound: Bound
     memory_limit_bytes: int
 
     @property
