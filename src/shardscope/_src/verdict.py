@@ -28,6 +28,7 @@ from shardscope._src.base.comm import (
     Totals,
     format_bytes,
     group_totals,
+    ratio,
 )
 from shardscope._src.base.io import json_value, record_dict
 from shardscope._src.base.notes import Note, NoteKind
@@ -43,12 +44,6 @@ TOLERANCE = 0.05
 _MAX_EXCESS = 8  # instructions listed per verdict
 
 
-def _ratio(actual: int, bound: int) -> float | None:
-    if bound == 0:
-        return 1.0 if actual == 0 else None
-    return actual / bound
-
-
 @dataclass(frozen=True)
 class Row:
     """Bound and compiled traffic of one (mesh axes, collective kind) pair."""
@@ -62,7 +57,7 @@ class Row:
 
     @property
     def ratio(self) -> float | None:
-        return _ratio(self.actual_bytes, self.bound_bytes)
+        return ratio(self.actual_bytes, self.bound_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self, extra=("ratio",))
@@ -165,7 +160,7 @@ class Hint:
 
     @property
     def ratio(self) -> float | None:
-        return _ratio(self.traffic_bytes, self.bound_bytes)
+        return ratio(self.traffic_bytes, self.bound_bytes)
 
     @property
     def reaches_bound(self) -> bool:
@@ -244,7 +239,7 @@ class Verdict:
     @property
     def ratio(self) -> float | None:
         """``actual / bound`` (1.0 when both are 0; None when only the bound is 0)."""
-        return _ratio(self.actual_bytes, self.bound_bytes)
+        return ratio(self.actual_bytes, self.bound_bytes)
 
     @property
     def optimal(self) -> bool:
@@ -593,7 +588,7 @@ def matmul_verdict(
                     "flops_per_device": schedule.flops_per_device,
                     "split_flops_per_device": problem.flops // math.prod(problem.mesh.values()),
                     "split_bytes": split.traffic_bytes,
-                    "split_ratio": _ratio(verdict.actual_bytes, split.traffic_bytes),
+                    "split_ratio": ratio(verdict.actual_bytes, split.traffic_bytes),
                 },
             ),
         )

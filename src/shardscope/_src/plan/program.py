@@ -43,6 +43,7 @@ from shardscope._src.base.errors import (
     ProgramError,
     TargetError,
     is_int,
+    one_line,
 )
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
@@ -53,8 +54,8 @@ from shardscope._src.base.targets import CPU, get_target, topology
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
-from shardscope._src.plan.compile import COMPILE_OPTIONS, _plan_collective
-from shardscope._src.plan.sweep import _axis_comm
+from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
+from shardscope._src.plan.sweep import axis_comm, divisors, pareto_front
 from shardscope._src.plan.types import (
     FIT_PARAMS,
     AxisComm,
@@ -210,9 +211,8 @@ def mesh_shapes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
     >>> [tuple(m.values()) for m in mesh_shapes(4, ("data", "model"))]
     [(1, 4), (2, 2), (4, 1)]
     """
-    divs = [d for d in range(1, devices + 1) if devices % d == 0]
     out = []
-    for sizes in itertools.product(divs, repeat=max(len(axes) - 1, 0)):
+    for sizes in itertools.product(divisors(devices), repeat=max(len(axes) - 1, 0)):
         head = math.prod(sizes)
         if devices % head == 0:
             out.append(dict(zip(axes, (*sizes, devices // head), strict=True)))
@@ -259,7 +259,7 @@ class ProgramPlan:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:
@@ -510,7 +510,9 @@ def plan_program(
     rule_sets, axes = _check_program(make_step, devices, rules, axes, meshes)
     shapes = _mesh_list(meshes, axes, devices)
     target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
-    local = _local_devices(devices) if target_name is None else None
+    local = None
+    if target_name is None:
+        local = local_devices(devices, otherwise=" (the command line does it for you)")
     label = name or _name_of(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
@@ -535,7 +537,7 @@ def plan_program(
             # the planner's "divisibility"; anything else the program raised is an "error".
             divides = type(e).__name__ == "IndivisibleError" or isinstance(e, LayoutError)
             reason = SkipReason.DIVISIBILITY if divides else SkipReason.ERROR
-            skipped.append(Skipped(rn, spec, reason, _one_line(e)))
+            skipped.append(Skipped(rn, spec, reason, one_line(e)))
         else:
             fingerprint = compiled[3]
             same = seen.setdefault((spec, fingerprint), rn)
@@ -553,7 +555,7 @@ def plan_program(
             tuple(p.mesh.values()),
         ),
     )
-    front = _pareto(order)
+    front = pareto_front(order, lambda p: p.memory_bytes_per_device, lambda p: p.comm_time_s)
     ranked = tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
     return ProgramPlanResult(
         program=label,
@@ -644,8 +646,8 @@ def _program_plan(
     """The plan of one rule set on one mesh shape from its compile."""
     result, timing, itemsize, _ = compiled
     width = Width.of(result, itemsize=itemsize)
-    collectives = tuple(_plan_collective(c, width) for c in result.collectives)
-    comm = _axis_comm(hw, sizes, collectives, Bound("none", (), ()))
+    collectives = tuple(plan_collective(c, width) for c in result.collectives)
+    comm = axis_comm(hw, sizes, collectives, Bound("none", (), ()))
     notes = []
     if result.rematerializations:
         sites = sorted({x.source or x.op_name or "?" for x in result.rematerializations})
@@ -670,22 +672,6 @@ def _program_plan(
     )
 
 
-def _pareto(plans: Sequence[ProgramPlan]) -> set[int]:
-    """Indices of the plans no other plan beats on both memory and communication time."""
-    front = set()
-    for i, p in enumerate(plans):
-        m, t = p.memory_bytes_per_device, p.comm_time_s
-        if not any(
-            q.memory_bytes_per_device <= m
-            and q.comm_time_s <= t
-            and (q.memory_bytes_per_device < m or q.comm_time_s < t)
-            for j, q in enumerate(plans)
-            if j != i
-        ):
-            front.add(i)
-    return front
-
-
 def _uses_flax(make_step: Callable[..., Any]) -> bool:
     """Whether ``make_step``'s module refers to Flax (so that Flax's rules context reaches it)."""
     names = []
@@ -693,11 +679,6 @@ def _uses_flax(make_step: Callable[..., Any]) -> bool:
         names.append(getattr(value, "__name__", None) or "")
         names.append(getattr(value, "__module__", None) or "")
     return any(isinstance(n, str) and (n == "flax" or n.startswith("flax.")) for n in names)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def _name_of(fn: Any) -> str:
@@ -724,17 +705,6 @@ def _mesh_list(
             raise PlanError(f"mesh {m!r} holds {math.prod(sizes.values())} devices, not {devices}")
         out.append(sizes)
     return out
-
-
-def _local_devices(n: int) -> list[jax.Device]:
-
-    have = jax.devices()
-    if len(have) < n:
-        raise PlanError(
-            f"planning for {n} devices needs {n} in this process but JAX has {len(have)}; "
-            f"call shardscope.use_cpu_devices({n}) before JAX starts (the CLI does it for you)"
-        )
-    return list(have[:n])
 
 
 def _result_notes(hw: Hardware, plans: Sequence[ProgramPlan], target: str | None) -> list[Note]:

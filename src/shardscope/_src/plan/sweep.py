@@ -33,9 +33,16 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
-from shardscope._src.base.comm import ALL_REDUCE, KINDS, REDUCE_SCATTER, format_bytes, latency_steps
+from shardscope._src.base.comm import (
+    ALL_REDUCE,
+    KINDS,
+    REDUCE_SCATTER,
+    format_bytes,
+    latency_steps,
+    ratio,
+)
 from shardscope._src.base.deviceless import compiler_installed, require_compiler
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
@@ -114,6 +121,8 @@ MAX_DEVICES = MAX_CPU_DEVICES
 MODES = ("train", "forward")
 #: The largest array (bytes, 4 per element) a plan accepts; dimensions stop at ``MAX_DIM``.
 MAX_ARRAY_BYTES = 2**50
+
+_P = TypeVar("_P")
 
 
 # -- enumeration -----------------------------------------------------------------------------
@@ -439,7 +448,7 @@ def _bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Bound) -> float:
     return total + sum(latency.values())
 
 
-def _axis_comm(
+def axis_comm(
     hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective], bound: Bound
 ) -> tuple[AxisComm, ...]:
 
@@ -498,24 +507,18 @@ def _jit_formula(bound: Bound, microbatches: int) -> Bound:
     return Bound(bound.label + " (gradients reduced per micro-batch)", terms, bound.notes)
 
 
-def _ratio(a: int, b: int) -> float | None:
-    if b:
-        return a / b
-    return 1.0 if a == 0 else None
-
-
 def _within(r: float | None) -> bool:
     return r is not None and abs(r - 1.0) <= VALIDATION_TOLERANCE + 1e-12
 
 
 def _validate(plan: Plan, bound: Bound) -> Validation:
     formula = bound.traffic_bytes
-    ratio = _ratio(plan.comm_bytes_per_device, formula)
+    compiled_ratio = ratio(plan.comm_bytes_per_device, formula)
     cpu = _cpu_formula(bound).traffic_bytes
-    cpu_ratio = _ratio(plan.comm_bytes_per_device, cpu)
+    cpu_ratio = ratio(plan.comm_bytes_per_device, cpu)
     jit = _jit_formula(bound, plan.microbatches)
     jit_cpu = _cpu_formula(jit)
-    if _within(ratio):
+    if _within(compiled_ratio):
         explanation = ""
     elif cpu != formula and _within(cpu_ratio):
         explanation = (
@@ -523,8 +526,8 @@ def _validate(plan: Plan, bound: Bound) -> Validation:
             "bytes); with that substitution they match. GPU/TPU form the reduce-scatter."
         )
     elif jit.traffic_bytes != formula and (
-        _within(_ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
-        or _within(_ratio(plan.comm_bytes_per_device, jit_cpu.traffic_bytes))
+        _within(ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
+        or _within(ratio(plan.comm_bytes_per_device, jit_cpu.traffic_bytes))
     ):
         explanation = (
             f"the jit program reduces replicated gradients after each of the "
@@ -532,7 +535,7 @@ def _validate(plan: Plan, bound: Bound) -> Validation:
             f"reduces them once per step; counted so they match"
             + (
                 " (with the CPU backend's all-reduce for each reduce-scatter)"
-                if not _within(_ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
+                if not _within(ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
                 else ""
             )
         )
@@ -545,8 +548,8 @@ def _validate(plan: Plan, bound: Bound) -> Validation:
             else ""
         )
         explanation = (
-            f"compiled communication is {ratio:.3g}x the formula"
-            if ratio is not None
+            f"compiled communication is {compiled_ratio:.3g}x the formula"
+            if compiled_ratio is not None
             else "the formula needs no communication but the compiled program has some"
         ) + where
     return Validation(
@@ -554,8 +557,8 @@ def _validate(plan: Plan, bound: Bound) -> Validation:
         plan.mesh_spec,
         formula,
         plan.comm_bytes_per_device,
-        ratio,
-        _within(ratio),
+        compiled_ratio,
+        _within(compiled_ratio),
         cpu,
         cpu_ratio,
         explanation,
@@ -581,14 +584,19 @@ def _notes(facts: CompiledFacts, bound: Bound, collectives: Sequence[PlanCollect
     return notes
 
 
-def _pareto(plans: Sequence[Plan]) -> set[int]:
-    """Indices of the plans no other plan beats on both memory and communication time."""
+def pareto_front(
+    plans: Sequence[_P], memory: Callable[[_P], float], time: Callable[[_P], float]
+) -> set[int]:
+    """Indices of the plans no other plan beats on both ``memory`` and ``time``.
+
+    >>> sorted(pareto_front([(4, 1.0), (2, 2.0), (4, 2.0)], lambda p: p[0], lambda p: p[1]))
+    [0, 1]
+    """
     front = set()
     for i, p in enumerate(plans):
+        m, t = memory(p), time(p)
         dominated = any(
-            q.memory.total <= p.memory.total
-            and q.comm_time_s <= p.comm_time_s
-            and (q.memory.total < p.memory.total or q.comm_time_s < p.comm_time_s)
+            memory(q) <= m and time(q) <= t and (memory(q) < m or time(q) < t)
             for j, q in enumerate(plans)
             if j != i
         )
@@ -627,7 +635,7 @@ def resolve_config(
 
 def _check_dims(values: Mapping[str, int | None]) -> None:
     for name, value in values.items():
-        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DIM:
+        if is_int(value) and value > MAX_DIM:
             raise PlanError(
                 f"{name}={value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
                 f"choose a smaller {name}",
@@ -821,7 +829,7 @@ def plan(
             order, bound_of, config, mode, hw, compiler, target_plans, progress, flash_attention
         )
         order = sorted(order, key=_rank_key(names))
-    front = _pareto(order)
+    front = pareto_front(order, lambda p: p.memory.total, lambda p: p.comm_time_s)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     settings = {
         **settings_dict(bytes_per_param, flash_attention),
@@ -904,7 +912,7 @@ def _compiled_plan(
     """The plan of a screened candidate from its compiled facts."""
     cand, bound = s.candidate, s.bound
     sizes = dict(cand.stage_mesh)
-    comm = _axis_comm(hw, sizes, got.collectives, bound)
+    comm = axis_comm(hw, sizes, got.collectives, bound)
     notes = _notes(got, bound, got.collectives)
     if cand.microbatches > 1 and _reduces_per_microbatch(got, bound, cand):
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
@@ -1045,7 +1053,7 @@ def _on_target(
             "timing": {**p.timing, "target_compile_s": facts.compile_s},
         }
         if facts.error is None:
-            comm = _axis_comm(hw, dict(cand.stage_mesh), facts.collectives, bound)
+            comm = axis_comm(hw, dict(cand.stage_mesh), facts.collectives, bound)
             changes.update(
                 collectives=facts.collectives,
                 comm=comm,

@@ -19,7 +19,7 @@ from shardscope._src.audit.compile import audit, compile_lowered
 from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.compile import _plan_collective
+from shardscope._src.plan.compile import plan_collective
 from shardscope._src.plan.types import Candidate, PlanCollective, device_bytes
 from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import get_strategy
@@ -76,7 +76,7 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
         target=target,
         memory=dict(result.memory or {}),
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
-        collectives=tuple(_plan_collective(c, Width.of(result)) for c in result.collectives),
+        collectives=tuple(plan_collective(c, Width.of(result)) for c in result.collectives),
         flops=result.flops,
         optimal_seconds=_optimal_seconds(compiled),
         exact=result.exact,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import format_bytes, ratio
 from shardscope._src.base.hardware import TIME_MODEL_SOURCES, Hardware
 from shardscope._src.base.io import json_value, record_dict
 from shardscope._src.base.notes import Note, NoteKind
@@ -306,7 +306,7 @@ class Candidate:
 
     @property
     def stage_mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.stage_mesh)
+        return format_mesh_spec(self.stage_mesh)
 
     @property
     def schedule_label(self) -> str:
@@ -582,9 +582,7 @@ class Plan:
     @property
     def bound_ratio(self) -> float | None:
         """Compiled bytes over the lower bound (1.0 when both are 0; None if only it is)."""
-        if self.bound_bytes_per_device:
-            return self.comm_bytes_per_device / self.bound_bytes_per_device
-        return 1.0 if self.comm_bytes_per_device == 0 else None
+        return ratio(self.comm_bytes_per_device, self.bound_bytes_per_device)
 
     @property
     def step_time_s(self) -> float:
