@@ -15,6 +15,7 @@ from helpers import assert_usage_error
 from shardscope._src.base.errors import PlanError, ShardscopeError
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
+from shardscope._src.plan.candidates import candidates
 from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
     can_compile_here,
@@ -26,7 +27,8 @@ from shardscope._src.plan.estimates import (
     estimate_memory,
     model_flops,
 )
-from shardscope._src.plan.sweep import VALIDATED_STRATEGIES, candidates, plan
+from shardscope._src.plan.sweep import plan
+from shardscope._src.plan.validate import VALIDATED_STRATEGIES
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 TINY = model_preset("tiny")

@@ -14,12 +14,14 @@ from shardscope._src.base.hardware import hardware
 from shardscope._src.bounds import transformer
 from shardscope._src.model.config import ModelConfig, init_batch, init_params, loss
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
+from shardscope._src.plan import notes as plan_notes
+from shardscope._src.plan.candidates import estimate, screen_all
 from shardscope._src.plan.estimates import (
     Schedule,
     estimate_memory,
     stored_activation_bytes_per_layer,
 )
-from shardscope._src.plan.sweep import estimate, screen_all
+from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import (
     CRITICAL,
     PER_STEP_BWD,
@@ -29,6 +31,7 @@ from shardscope._src.plan.timing import (
     step_time,
 )
 from shardscope._src.plan.types import Candidate
+from shardscope._src.plan.validate import cpu_formula, jit_formula
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 SMALL = ModelConfig(
@@ -305,7 +308,15 @@ def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
     def numbers():
         ranked, skipped, _ = screen_all(config, 8, hardware("h100"), stages=1)
         return [
-            (s.candidate.label, s.time.to_dict(), s.memory.total, s.bound.traffic_bytes)
+            (
+                s.candidate.label,
+                s.time.to_dict(),
+                s.memory.total,
+                s.bound.traffic_bytes,
+                # the formulas a compiled plan is validated against
+                jit_formula(s.bound, s.candidate.microbatches).traffic_bytes,
+                cpu_formula(s.bound).traffic_bytes,
+            )
             for s in ranked
         ], [(s.strategy, s.mesh, s.reason) for s in skipped]
 
@@ -322,6 +333,12 @@ def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
     placement = get_strategy("zero1").place(config, abstract_mesh("data=8"))
     assert {t.what for t in transformer.transformer_bound(placement, "train").terms} == {"reworded"}
     assert numbers() == before
+
+
+def test_every_plan_note_has_words():
+    assert set(plan_notes._TEXTS) == set(PlanNote)
+    note = PlanNote.PIPELINE_STAGE.describe({"stages": 4, "layers": 8, "devices": 16})
+    assert note.startswith("one of 4 pipeline stages compiled (8 layers, on 16 devices")
 
 
 def test_a_group_spanning_nodes_shares_their_network_cards():

@@ -54,13 +54,15 @@ from shardscope._src.base.targets import CPU, get_target, topology
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
+from shardscope._src.plan.candidates import divisors
+from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
-from shardscope._src.plan.sweep import axis_comm, divisors, pareto_front
+from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.sweep import pareto_front
 from shardscope._src.plan.types import (
     FIT_PARAMS,
     AxisComm,
     PlanCollective,
-    PlanNote,
     Skipped,
     SkipReason,
     device_bytes,
