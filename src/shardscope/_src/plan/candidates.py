@@ -64,6 +64,7 @@ MAX_MICROBATCH_OPTIONS = 8
 
 
 def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending: ``divisors(12)`` is ``[1, 2, 3, 4, 6, 12]``."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 

@@ -28,10 +28,10 @@ def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -
 
 
 def bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Bound) -> float:
-
-    # A lower bound on time: every byte of the bound at full bandwidth, and one collective's
-    # latency per (axes, kind), since a compiler may merge the bound's terms (it does merge
-    # the per-weight gradient all-reduces).
+    """A lower bound on the seconds of ``bound``'s communication on a mesh of ``sizes``."""
+    # Every byte of the bound at full bandwidth, and one collective's latency per (axes,
+    # kind), since a compiler may merge the bound's terms (it does merge the per-weight
+    # gradient all-reduces).
     total = 0.0
     latency: dict[tuple[tuple[str, ...], str], float] = {}
     for t in bound.terms:
@@ -46,7 +46,8 @@ def bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Bound) -> float:
 def axis_comm(
     hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective], bound: Bound
 ) -> tuple[AxisComm, ...]:
-
+    """The compiled ``collectives`` summed and timed per (mesh axes, kind), beside ``bound``'s
+    bytes of the same axes and kind; rows in mesh-axis order, then by kind."""
     bound_by = {(",".join(axes), kind): b for (axes, kind), b in bound.by_axes_kind().items()}
     rows: dict[tuple[str, str], list[PlanCollective]] = {}
     for c in collectives:

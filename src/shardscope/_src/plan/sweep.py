@@ -269,30 +269,11 @@ def plan(
     todo = to_compile(
         [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], compile_top
     )
-    stage_configs = {
-        s.candidate: stage_config(config, s.candidate, flash_attention=flash_attention)
-        for s in todo
-    }
     n_workers = default_workers(devices) if workers is None else workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
-    facts = compile_all(
-        [s.candidate for s in todo], stage_configs, mode, devices, n_workers, progress
+    plans, bound_of, failed = _compile_plans(
+        todo, config, mode, devices, hw, n_workers, progress, flash_attention
     )
-
-    flops_per_device = model_flops(config, mode) / devices
-    plans: list[Plan] = []
-    bound_of: dict[int, Bound] = {}
-    for s in todo:
-        got = facts[s.candidate]
-        if isinstance(got, BaseException):
-            message = f"{type(got).__name__}: {got}"
-            skipped.append(
-                Skipped(s.candidate.strategy, s.candidate.mesh_spec, SkipReason.ERROR, message)
-            )
-            continue
-        p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device)
-        bound_of[id(p)] = s.bound
-        plans.append(p)
 
     order = sorted(plans, key=_rank_key(names))
     if compiler != "cpu":
@@ -320,7 +301,7 @@ def plan(
         hardware=hw,
         settings=settings,
         plans=ranked,
-        skipped=tuple(skipped),
+        skipped=(*skipped, *failed),
         validations=validations(ranked, order, bound_of),
         notes=tuple(_result_notes(config, hw, ranked) + compiler_notes(compiler, ranked, hw)),
         wall_s=time.perf_counter() - start,
@@ -375,6 +356,44 @@ def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str)
             f"{config.dtype} ({2 * config.itemsize} bytes); use at least {2 * config.itemsize}",
             param="bytes_per_param",
         )
+
+
+def _compile_plans(
+    todo: Sequence[Screened],
+    config: ModelConfig,
+    mode: str,
+    devices: int,
+    hw: Hardware,
+    workers: int,
+    progress: Progress | None,
+    flash_attention: bool,
+) -> tuple[list[Plan], dict[int, Bound], list[Skipped]]:
+    """The plans of the screened candidates ``todo``, compiled (in this process or ``workers``
+    worker processes); the bound each is validated against (by ``id`` of the plan); and the
+    candidates whose compile failed."""
+    stage_configs = {
+        s.candidate: stage_config(config, s.candidate, flash_attention=flash_attention)
+        for s in todo
+    }
+    facts = compile_all(
+        [s.candidate for s in todo], stage_configs, mode, devices, workers, progress
+    )
+    flops_per_device = model_flops(config, mode) / devices
+    plans: list[Plan] = []
+    bound_of: dict[int, Bound] = {}
+    failed: list[Skipped] = []
+    for s in todo:
+        got = facts[s.candidate]
+        if isinstance(got, BaseException):
+            message = f"{type(got).__name__}: {got}"
+            failed.append(
+                Skipped(s.candidate.strategy, s.candidate.mesh_spec, SkipReason.ERROR, message)
+            )
+            continue
+        p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device)
+        bound_of[id(p)] = s.bound
+        plans.append(p)
+    return plans, bound_of, failed
 
 
 def _compiled_plan(

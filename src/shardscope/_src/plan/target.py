@@ -173,6 +173,8 @@ def recompile_on_target(
 
 
 def compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[Note]:
+    """Which plans the target's compiler compiled again, or, with the CPU compiler alone, the
+    extra that installs ``hw``'s own compiler when it is missing."""
     if compiler == "cpu":
         own = TARGETS.get(hw.name)
         if own is not None and own.extra and not compiler_installed(own):

@@ -66,6 +66,9 @@ def _within(r: float | None) -> bool:
 
 
 def validate(plan: Plan, bound: Bound) -> Validation:
+    """``plan``'s compiled communication against ``bound``, the formula of its schedule: a
+    match within :data:`VALIDATION_TOLERANCE`, or the substitution that makes one, or the
+    largest difference."""
     formula = bound.traffic_bytes
     compiled_ratio = ratio(plan.comm_bytes_per_device, formula)
     cpu = cpu_formula(bound).traffic_bytes
@@ -139,6 +142,8 @@ def _lacks_reduce_scatter(bound: Bound, collectives: Sequence[PlanCollective]) -
 def compiled_notes(
     facts: CompiledFacts, bound: Bound, collectives: Sequence[PlanCollective]
 ) -> list[Note]:
+    """What a compiled plan notes: a reduce-scatter of ``bound`` the CPU backend did not form,
+    the partitioner's rematerializations, and counts that are not exact."""
     notes = []
     if _lacks_reduce_scatter(bound, collectives):
         notes.append(Note(PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER))
