@@ -12,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from helpers import assert_usage_error
 from shardscope._src.cli.main import main
-from shardscope._src.plan.program import load_rules_file, mesh_shapes, normalize_rules
+from shardscope._src.plan.program import mesh_shapes
+from shardscope._src.plan.rules import load_rules_file, normalize_rules
 
 PROGRAMS = Path(__file__).parent / "programs"
 FLAX = f"{PROGRAMS / 'flax_mlp.py'}:make_step"

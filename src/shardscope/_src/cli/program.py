@@ -32,12 +32,8 @@ from shardscope._src.cli.plan import (
     write_plan_files,
 )
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
-from shardscope._src.plan.program import (
-    check_rules_axes,
-    load_rules_file,
-    normalize_rules,
-    plan_program,
-)
+from shardscope._src.plan.program import plan_program
+from shardscope._src.plan.rules import check_rules_axes, load_rules_file, normalize_rules
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.render.diff import render_diff
