@@ -159,7 +159,13 @@ def parse_rematerializations(log: str, module: HloModule | None) -> tuple[Remate
 
 
 def audit(
-    program: Any, /, *args: Any, mesh: Any = None, target: Any = None, **jit_kwargs: Any
+    program: Any,
+    /,
+    *args: Any,
+    mesh: Any = None,
+    target: Any = None,
+    compiler_options: Mapping[str, Any] | None = None,
+    **jit_kwargs: Any,
 ) -> Audit:
     """Audits the collectives of a compiled JAX program.
 
@@ -178,6 +184,9 @@ def audit(
             mesh is made of that target's compile-only devices
             (:func:`shardscope.target_mesh`); with a ``Mesh`` its devices must be the
             target's. The audit then shows what that target's own compiler inserts.
+        compiler_options: XLA options for compiling a function or a ``Lowered``
+            (``lowered.compile(compiler_options=...)``), e.g.
+            ``{"xla_backend_optimization_level": 0}``.
         **jit_kwargs: options for ``jax.jit`` when ``program`` is a function.
 
     Returns:
@@ -206,6 +215,11 @@ def audit(
                 "mesh= (e.g. audit(text, mesh='dp=2,mp=4'))"
             )
         text = program
+        if compiler_options:
+            raise ShardscopeError(
+                "audit(hlo_text, compiler_options=...): HLO text is already compiled; drop "
+                "compiler_options"
+            )
     else:
         # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
         program = unwrap_stage(program, jax.stages.Compiled) or (
@@ -217,6 +231,11 @@ def audit(
                 raise ShardscopeError(
                     "audit(compiled) takes no example arguments or jit options: the program "
                     "is already compiled"
+                )
+            if compiler_options:
+                raise ShardscopeError(
+                    "audit(compiled, compiler_options=...): the program is already compiled; "
+                    "pass its Lowered (or the function) to compile it with these options"
                 )
         else:
             if isinstance(program, jax.stages.Lowered):
@@ -236,7 +255,7 @@ def audit(
                     f"{type(program).__name__}"
                 )
             with capture_stderr() as captured:
-                compiled = compile_lowered(lowered)
+                compiled = compile_lowered(lowered, **(compiler_options or {}))
             log = captured[0] if captured else None
         text = compiled.as_text()
         in_leaves = _sharding_leaves(compiled.input_shardings)
