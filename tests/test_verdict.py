@@ -5,6 +5,7 @@ import shardscope
 
 shardscope.use_cpu_devices(8)
 
+import io  # noqa: E402
 import json  # noqa: E402
 
 import pytest  # noqa: E402
@@ -179,8 +180,10 @@ def test_report_json_is_the_audit_plus_the_verdict():
 
 
 def test_rendered_verdict_ends_with_the_verdict_line():
-    text = format_verdict(transformer_verdict("sp", SMALL, "model=8").verdict)
-    assert text.rstrip().splitlines()[-1].startswith("verdict:") or "verdict: " in text
+    verdict = transformer_verdict("sp", SMALL, "model=8").verdict
+    line = f"verdict: {verdict.summary()}"
+    text = format_verdict(verdict, width=len(line) + 1)  # wide enough not to wrap the line
+    assert text.rstrip().splitlines()[-1] == line
     assert "reduce-scatter" in text and "hint (compiled:" in text
 
 
@@ -188,8 +191,6 @@ def test_rendered_verdict_ends_with_the_verdict_line():
 
 
 def _console():
-    import io
-
     from rich.console import Console
 
     buf = io.StringIO()
@@ -267,9 +268,7 @@ def test_transformer_command_bad_input():
 
 
 def test_exercise_checks_all_pass_and_report_the_sp_verdict(tmp_path):
-    from shardscope import Lab
-
-    lab = Lab("exercises", out_dir=tmp_path, verbose=False)
+    lab = shardscope.Lab("exercises", out_dir=tmp_path, verbose=False)
     facts = run_exercise_checks(lab)
     assert [r.name for r in lab.results] == list(EXERCISE_CHECKS)
     assert all(r.passed for r in lab.results), [(r.name, r.message) for r in lab.results]
@@ -370,9 +369,7 @@ def test_dp_sp_train_names_each_all_reduce_over_model_for_what_it_is():
     for e in v.excess:
         assert e.kind == "all-reduce" and e.axes == ("model",)
         by_cause.setdefault(e.cause, []).append(e)
-    assert {e.array for e in by_cause[ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER]} == {
-        "f32[4,8,32]"
-    }
+    assert {e.array for e in by_cause[ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER]} == {"f32[4,8,32]"}
     (split,) = by_cause[ExcessCause.ALL_REDUCE_SPLIT]
     assert split.array == "f32[32]" and split.whole_axes == ("data", "model")
     assert "reduce-scatter" not in split.reason
