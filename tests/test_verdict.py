@@ -7,6 +7,7 @@ shardscope.use_cpu_devices(8)
 
 import io  # noqa: E402
 import json  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
@@ -14,12 +15,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
+from shardscope._src.bounds.terms import Bound  # noqa: E402
 from shardscope._src.bounds.transformer import MODES, transformer_bound  # noqa: E402
 from shardscope._src.cli.transformer import run_matmul_command, run_transformer_command  # noqa: E402
 from shardscope._src.lab.exercises import EXERCISE_CHECKS, run_exercise_checks  # noqa: E402
 from shardscope._src.model.config import DTYPES, ModelConfig  # noqa: E402
 from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402
-from shardscope._src.render.verdict import format_verdict  # noqa: E402
+from shardscope._src.render.verdict import format_verdict, verdict_lines  # noqa: E402
 from shardscope._src.sharding.programs import build_program  # noqa: E402
 from shardscope._src.sharding.strategies import STRATEGIES, mesh_spec_for  # noqa: E402
 from shardscope._src.verdict import (  # noqa: E402
@@ -177,6 +179,19 @@ def test_report_json_is_the_audit_plus_the_verdict():
     for key in ("bound_bytes", "actual_bytes", "ratio", "hints"):
         assert key in data["verdict"]
     assert {"change", "traffic_bytes"} <= set(data["verdict"]["hints"][0])
+
+
+def test_an_excess_without_its_own_line_is_shown_after_its_input():
+    # The fixture's all-gather has no metadata; its operand's line stands in for it.
+    text = (Path(__file__).parent / "fixtures" / "hlo" / "mm_2d.hlo").read_text()
+    result = audit(text, mesh="dp=2,mp=4")
+    v = compare(result, Bound("no communication", ()))
+    (e,) = [e for e in v.excess if e.instruction == result.collectives[1].name]
+    assert e.source is None and e.operand_source == result.collectives[1].operand_source
+    data = e.to_dict()
+    assert (data["source"], data["operand_source"]) == (None, e.operand_source)
+    file, line = e.operand_source.rsplit(":", 1)
+    assert f" at after {Path(file).name}:{line}: " in "\n".join(verdict_lines(v))
 
 
 def test_rendered_verdict_ends_with_the_verdict_line():

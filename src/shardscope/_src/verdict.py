@@ -90,6 +90,9 @@ class ExcessCause(StrEnum):
 class Excess:
     """A compiled collective in a (axes, kind) pair that sends more than the bound allows.
 
+    ``source`` is the instruction's own source line; without one, ``operand_source`` is the
+    line of its input (the collective comes after it), as in the audit's
+    :class:`~shardscope._src.audit.records.Collective`.
     ``cause`` says why; ``weight`` names the weight a :attr:`~ExcessCause.WEIGHT_GATHERED`
     gather moves, ``whole_axes`` the axes of the bound's one all-reduce that an
     :attr:`~ExcessCause.ALL_REDUCE_SPLIT` splits, ``row_bound_bytes`` and ``row_actual_bytes``
@@ -100,6 +103,7 @@ class Excess:
     axes: tuple[str, ...]
     instruction: str
     source: str | None
+    operand_source: str | None
     op_name: str | None
     scope: str | None
     array: str
@@ -394,7 +398,8 @@ def compare(
                 kind=c.kind,
                 axes=tuple(c.axes),
                 instruction=c.name,
-                source=c.source or (f"after {c.operand_source}" if c.operand_source else None),
+                source=c.source,
+                operand_source=c.operand_source,
                 op_name=c.op_name,
                 scope=_scope(c.op_name),
                 array=f"{c.dtype}[{','.join(str(d) for d in c.shape)}]",
