@@ -245,6 +245,8 @@ def test_matmul_command_prints_and_writes_json(tmp_path):
     v = data["verdict"]
     assert v["actual_bytes"] > v["bound_bytes"] > 0
     assert v["hints"][0]["traffic_bytes"] == v["bound_bytes"]
+    # the cheapest schedule behind the bound, the one that reaches it
+    assert data["schedule"]["traffic_bytes"] == v["bound_bytes"] and "plan" not in data
 
 
 @pytest.mark.parametrize(

@@ -510,7 +510,7 @@ class MatmulReport:
         return {
             **self.audit.to_dict(),
             "problem": self.schedule.problem.to_dict(),
-            "plan": self.schedule.to_dict(),
+            "schedule": self.schedule.to_dict(),
             "verdict": self.verdict.to_dict(),
         }
 
