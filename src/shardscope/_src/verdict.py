@@ -370,12 +370,40 @@ def compare(
         lambda c: Totals(c.count, width.payload(c) * c.count, width.sent(c)),
     )
     rows = _rows(bound.totals_by_axes_kind(), actual)
+    excess = _excess(audit, bound, width, rows, known_arrays or {})
+    actual_total = sum(v.traffic_bytes for v in actual.values())
+    backend = audit.total().traffic_bytes
+    notes = []
+    if backend != actual_total:
+        notes.append(Note(VerdictNote.WIDENED, {"dtype": program_dtype, "backend_bytes": backend}))
+    if not audit.exact:
+        notes.append(Note(VerdictNote.INEXACT))
+    return Verdict(
+        label=label or bound.label,
+        bound_bytes=bound.traffic_bytes,
+        actual_bytes=actual_total,
+        rows=rows,
+        excess=tuple(excess[:_MAX_EXCESS]),
+        notes=tuple(notes),
+        bound_notes=tuple(bound.notes),
+        backend_bytes=backend,
+    )
+
+
+def _excess(
+    audit: Any,
+    bound: Any,
+    width: Width,
+    rows: tuple[Row, ...],
+    known: dict[tuple[int, ...], str],
+) -> list[Excess]:
+    """The compiled collectives no bound term claims in the rows beyond their bound, largest
+    first."""
     by_key = {(r.axes, r.kind): r for r in rows}
     bound_kinds: dict[tuple[str, ...], set[str]] = {}
     for t in bound.terms:
         bound_kinds.setdefault(t.axes, set()).add(t.kind)
     over = {(r.axes, r.kind) for r in rows if r.actual_bytes > r.bound_bytes * (1 + TOLERANCE)}
-    known = known_arrays or {}
     extra_count = _unclaimed_counts(audit, bound, width, known)
     excess = []
     # Blame the largest unclaimed collectives first, and only until they account for the
@@ -412,23 +440,7 @@ def compare(
                 row_actual_bytes=by_key[key].actual_bytes,
             )
         )
-    notes = []
-    actual_total = sum(v.traffic_bytes for v in actual.values())
-    backend = audit.total().traffic_bytes
-    if backend != actual_total:
-        notes.append(Note(VerdictNote.WIDENED, {"dtype": program_dtype, "backend_bytes": backend}))
-    if not audit.exact:
-        notes.append(Note(VerdictNote.INEXACT))
-    return Verdict(
-        label=label or bound.label,
-        bound_bytes=bound.traffic_bytes,
-        actual_bytes=actual_total,
-        rows=rows,
-        excess=tuple(excess[:_MAX_EXCESS]),
-        notes=tuple(notes),
-        bound_notes=tuple(bound.notes),
-        backend_bytes=backend,
-    )
+    return excess
 
 
 def _rows(
@@ -564,45 +576,57 @@ def matmul_verdict(
     verdict = compare(
         result, bound, program_dtype=problem.dtype, label=f"matmul [{m},{k}]x[{k},{n}] {dtype}"
     )
-    found: list[Hint] = []
     if hints and not verdict.optimal:
-        candidates = [(schedule, False)]
-        if any(t.kind == REDUCE_SCATTER for t in bound.terms):
-            candidates.append((schedule, True))
-        if any(p.duplicated_flops for p in schedule.axes):
-            split = best_schedule(problem, duplicate_flops=False)
-            if split.traffic_bytes < verdict.actual_bytes:
-                candidates.append((split, False))
-        for cand, explicit in candidates:
-            prog = build_matmul(problem, mesh_obj, cand, explicit=explicit)
-            change = _describe_schedule(cand, problem)
-            if explicit:
-                change = "shard_map with explicit psum_scatter: " + change
-            if any(p.duplicated_flops for p in cand.axes):
-                devices = math.prod(problem.mesh.values())
-                change += (
-                    f" [duplicates the compute: {cand.flops_per_device:,} flops per "
-                    f"device instead of {problem.flops // devices:,}]"
-                )
-            found.append(_verify(change, prog.code, prog.lower, bound.traffic_bytes, problem.dtype))
-    verdict = verdict.replace(hints=tuple(found))
+        verdict = verdict.replace(
+            hints=_matmul_hints(problem, mesh_obj, schedule, bound, verdict.actual_bytes)
+        )
     if any(p.duplicated_flops for p in schedule.axes):
         # The byte minimum has every device compute all of C; say so, and where the program
         # stands against the cheapest schedule that keeps the compute split.
-        split = best_schedule(problem, duplicate_flops=False)
-        verdict = _with_note(
-            verdict,
-            Note(
-                VerdictNote.DUPLICATED_COMPUTE,
-                {
-                    "flops_per_device": schedule.flops_per_device,
-                    "split_flops_per_device": problem.flops // math.prod(problem.mesh.values()),
-                    "split_bytes": split.traffic_bytes,
-                    "split_ratio": _ratio(verdict.actual_bytes, split.traffic_bytes),
-                },
-            ),
-        )
+        verdict = _with_note(verdict, _duplicated_compute(problem, schedule, verdict.actual_bytes))
     return MatmulReport(result, schedule, verdict)
+
+
+def _matmul_hints(
+    problem: Any, mesh: Any, schedule: Any, bound: Any, actual_bytes: int
+) -> tuple[Hint, ...]:
+    """The cheapest schedule forced with sharding constraints, as a shard_map with an explicit
+    psum_scatter when the bound reduce-scatters, and the cheapest schedule that keeps the
+    compute split when that one duplicates it and sends less than the program; each compiled."""
+    candidates = [(schedule, False)]
+    if any(t.kind == REDUCE_SCATTER for t in bound.terms):
+        candidates.append((schedule, True))
+    if any(p.duplicated_flops for p in schedule.axes):
+        split = best_schedule(problem, duplicate_flops=False)
+        if split.traffic_bytes < actual_bytes:
+            candidates.append((split, False))
+    found = []
+    for cand, explicit in candidates:
+        prog = build_matmul(problem, mesh, cand, explicit=explicit)
+        change = _describe_schedule(cand, problem)
+        if explicit:
+            change = "shard_map with explicit psum_scatter: " + change
+        if any(p.duplicated_flops for p in cand.axes):
+            devices = math.prod(problem.mesh.values())
+            change += (
+                f" [duplicates the compute: {cand.flops_per_device:,} flops per "
+                f"device instead of {problem.flops // devices:,}]"
+            )
+        found.append(_verify(change, prog.code, prog.lower, bound.traffic_bytes, problem.dtype))
+    return tuple(found)
+
+
+def _duplicated_compute(problem: Any, schedule: Any, actual_bytes: int) -> Note:
+    split = best_schedule(problem, duplicate_flops=False)
+    return Note(
+        VerdictNote.DUPLICATED_COMPUTE,
+        {
+            "flops_per_device": schedule.flops_per_device,
+            "split_flops_per_device": problem.flops // math.prod(problem.mesh.values()),
+            "split_bytes": split.traffic_bytes,
+            "split_ratio": _ratio(actual_bytes, split.traffic_bytes),
+        },
+    )
 
 
 # -- transformer -------------------------------------------------------------------------------
@@ -658,41 +682,51 @@ def transformer_verdict(
     verdict = compare(
         result, bound, program_dtype=program.config.dtype, label=program.name, known_arrays=weights
     )
-    found: list[Hint] = []
-    s = program.placement.strategy
+    found: tuple[Hint, ...] = ()
     if hints and not verdict.optimal:
-        if impl == "jit" and not constraints and s.activations:
-            fixed = build_program(s, program.config, program.mesh, mode=mode, impl="jit")
-            found.append(
-                _verify(
-                    "add the strategy's activation sharding constraints: "
-                    + _constraint_text(fixed.placement),
-                    "jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at each point",
-                    fixed.lower,
-                    bound.traffic_bytes,
-                    program.config.dtype,
-                )
-            )
-        if impl == "jit" and s.twin:
-            twin = build_program(s, program.config, program.mesh, mode=mode, impl="shard_map")
-            collectives = (
-                "all_gather before the column-parallel matmuls and psum_scatter "
-                "after the row-parallel ones"
-                if s.sequence_parallel
-                else "psum after the row-parallel matmuls"
-            )
-            found.append(
-                _verify(
-                    f"use the shard_map twin of {s.name!r}: {collectives}",
-                    "build_program(strategy, config, mesh, impl='shard_map')",
-                    twin.lower,
-                    bound.traffic_bytes,
-                    program.config.dtype,
-                )
-            )
+        found = _transformer_hints(program, bound, mode, impl, constraints)
         if not found:
             verdict = _with_note(verdict, _no_hint_note(verdict))
-    return TransformerReport(program, result, bound, verdict.replace(hints=tuple(found)))
+    return TransformerReport(program, result, bound, verdict.replace(hints=found))
+
+
+def _transformer_hints(
+    program: Any, bound: Any, mode: str, impl: str, constraints: bool
+) -> tuple[Hint, ...]:
+    """The strategy's activation constraints (when left out) and its shard_map twin (when it
+    has one), each compiled."""
+    found = []
+    s = program.placement.strategy
+    if impl == "jit" and not constraints and s.activations:
+        fixed = build_program(s, program.config, program.mesh, mode=mode, impl="jit")
+        found.append(
+            _verify(
+                "add the strategy's activation sharding constraints: "
+                + _constraint_text(fixed.placement),
+                "jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at each point",
+                fixed.lower,
+                bound.traffic_bytes,
+                program.config.dtype,
+            )
+        )
+    if impl == "jit" and s.twin:
+        twin = build_program(s, program.config, program.mesh, mode=mode, impl="shard_map")
+        collectives = (
+            "all_gather before the column-parallel matmuls and psum_scatter "
+            "after the row-parallel ones"
+            if s.sequence_parallel
+            else "psum after the row-parallel matmuls"
+        )
+        found.append(
+            _verify(
+                f"use the shard_map twin of {s.name!r}: {collectives}",
+                "build_program(strategy, config, mesh, impl='shard_map')",
+                twin.lower,
+                bound.traffic_bytes,
+                program.config.dtype,
+            )
+        )
+    return tuple(found)
 
 
 def _constraint_text(placement: Any) -> str:
