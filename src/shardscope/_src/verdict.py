@@ -29,7 +29,7 @@ from shardscope._src.base.comm import (
     format_bytes,
     group_totals,
 )
-from shardscope._src.base.io import record_dict
+from shardscope._src.base.io import json_value, record_dict
 from shardscope._src.base.text import format_spec
 from shardscope._src.bounds.matmul import best_schedule, matmul_problem
 from shardscope._src.bounds.transformer import transformer_bound
@@ -158,15 +158,7 @@ class Hint:
         return self.traffic_bytes <= self.bound_bytes * (1 + TOLERANCE)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "change": self.change,
-            "code": self.code,
-            "traffic_bytes": self.traffic_bytes,
-            "backend_bytes": self.backend_bytes,
-            "ratio": self.ratio,
-            "reaches_bound": self.reaches_bound,
-            "counts": dict(self.counts),
-        }
+        return record_dict(self, omit=("bound_bytes",), extra=("ratio", "reaches_bound"))
 
 
 @dataclass(frozen=True)
@@ -215,19 +207,8 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label,
-            "bound_bytes": self.bound_bytes,
-            "actual_bytes": self.actual_bytes,
-            "ratio": self.ratio,
-            "backend_bytes": self.backend_bytes,
-            "optimal": self.optimal,
+            **record_dict(self, extra=("ratio", "optimal", "summary")),
             "tolerance": TOLERANCE,
-            "summary": self.summary(),
-            "rows": [r.to_dict() for r in self.rows],
-            "excess": [e.to_dict() for e in self.excess],
-            "hints": [h.to_dict() for h in self.hints],
-            "notes": list(self.notes),
-            "bound_notes": list(self.bound_notes),
         }
 
 
@@ -402,11 +383,11 @@ class MatmulReport:
     verdict: Verdict
 
     def to_dict(self) -> dict[str, Any]:
+        """The audit's JSON with the problem, the cheapest schedule and the verdict."""
         return {
             **self.audit.to_dict(),
-            "problem": self.schedule.problem.to_dict(),
-            "plan": self.schedule.to_dict(),
-            "verdict": self.verdict.to_dict(),
+            "problem": json_value(self.schedule.problem),
+            **record_dict(self, keys={"schedule": "plan"}, omit=("audit",)),
         }
 
 
@@ -511,14 +492,16 @@ class TransformerReport:
     verdict: Verdict
 
     def to_dict(self) -> dict[str, Any]:
+        """The audit's JSON with the program's strategy, config, mode and implementation, the
+        bound and the verdict."""
+        program = self.program
         return {
             **self.audit.to_dict(),
-            "strategy": self.program.placement.to_dict(),
-            "config": self.program.config.to_dict(),
-            "mode": self.program.mode,
-            "impl": self.program.impl,
-            "bound": self.bound.to_dict(),
-            "verdict": self.verdict.to_dict(),
+            "strategy": program.placement.to_dict(),
+            "config": program.config.to_dict(),
+            "mode": program.mode,
+            "impl": program.impl,
+            **record_dict(self, omit=("program", "audit")),
         }
 
 

@@ -75,13 +75,9 @@ class Bound:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label,
-            "traffic_bytes": self.traffic_bytes,
-            "counts": self.counts(),
+            **record_dict(self, extra=("traffic_bytes", "counts")),
             "by_axes_kind": [
                 {"axes": list(axes), "kind": kind, "traffic_bytes": b}
                 for (axes, kind), b in self.by_axes_kind().items()
             ],
-            "terms": [t.to_dict() for t in self.terms],
-            "notes": list(self.notes),
         }
