@@ -97,7 +97,7 @@ def test_distributed_flag_without_a_cluster_says_how_to_fix():
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "cluster detection found no value for coordinator" in r.stderr
-    assert "--coordinator HOST:PORT" in r.stderr
+    assert "(flags --coordinator, --num-processes, --process-id)" in r.stderr
 
 
 def test_lab_under_slurm_is_detected_by_jax(tmp_path):

@@ -170,7 +170,10 @@ def test_a_candidate_whose_program_fails_is_skipped_with_its_error():
 
     r = shardscope.plan_program(broken, 8, rules=rules, axes=("data", "model"))
     assert not r.plans and {s.reason for s in r.skipped} == {"error"}
-    assert "all 4 candidates failed (error)" in r.empty_reason
+    assert r.empty_reason.kind == "no-plan"
+    assert r.empty_reason.values["skipped"] == {"error": 4}
+    assert "4 skipped for error; e.g. " in str(r.empty_reason)
+    assert "no model today" in str(r.empty_reason)
 
 
 # -- diff and budgets -----------------------------------------------------------------------
@@ -445,7 +448,8 @@ def test_plan_program_on_a_target_compiler():
         ("all-reduce", "bf16"),
     }
     assert p.compiled_memory["argument_size_in_bytes"] == (1024 * 512 + 64 * 1024) * 2 // 8
-    assert "h100 compiler's own buffer assignment" in r.notes[0]
+    assert r.notes[0].kind == "compiled-memory" and r.notes[0].values == {"target": "h100"}
+    assert "h100 compiler's own buffer assignment" in r.notes[0].text
     with pytest.raises(shardscope.ShardscopeError, match="cannot|count"):
         shardscope.plan_program(_bf16_step, 12, rules=rules, axes=("data",), target="h100")
 

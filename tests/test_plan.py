@@ -209,7 +209,9 @@ def test_compiled_communication_matches_the_formula(sweep, strategy):
 def test_bf16_collectives_are_counted_at_two_bytes(sweep):
     dp = next(p for p in sweep.plans if p.label == "dp data=8")
     assert dp.cpu_comm_bytes_per_device == 2 * dp.comm_bytes_per_device - 7  # f32 loss: 7 B
-    assert any("f32" in n for n in sweep.notes)
+    (widened,) = [n for n in sweep.notes if n.kind == "cpu-widened"]
+    assert widened.values == {"dtype": "bfloat16", "itemsize": 2}
+    assert "f32" in widened.text
 
 
 def test_plan_json_has_the_promised_fields(sweep):
@@ -272,14 +274,19 @@ def test_indivisible_candidates_are_skipped_with_the_rule():
         ("fsdp", "divisibility"),
     }
     assert "batch=4" in result.skipped[0].message
-    assert "2 skipped for divisibility" in result.empty_reason
+    assert result.empty_reason.values["skipped"] == {"divisibility": 2}
+    assert "2 skipped for divisibility" in str(result.empty_reason)
 
 
 def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     result = plan("70b", 8, hardware="tpu-v5e", workers=0)
     assert result.plans == ()
     assert {s.reason for s in result.skipped} <= {"memory", "divisibility"}
-    assert "memory" in result.empty_reason and "tpu-v5e" in result.empty_reason
+    why = result.empty_reason
+    assert why.kind == "no-plan" and why.values["hardware"] == "tpu-v5e"
+    assert why.values["limit"] == result.hardware.memory_bytes
+    assert "memory_bytes" in why.params and "bytes_per_param" in why.params
+    assert "memory" in why.text and "tpu-v5e" in why.text and "--" not in why.text
 
 
 @pytest.mark.parametrize(
@@ -413,7 +420,12 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
             ["plan", "--model", "tiny", "--devices", "8", "--memory", "-5"],
             "must be a positive number",
         ),
-        (["plan", "--model", "tiny", "--devices", "8", "--memory", "1000"], "skipped for memory"),
+        (
+            ["plan", "--model", "tiny", "--devices", "8", "--memory", "1000"],
+            # the library names no flag; the command line adds the flags of its parameters
+            "more memory per device, or fewer bytes per parameter "
+            "(flags --devices, --hardware, --memory, --bytes-per-param)",
+        ),
         (
             [
                 "plan",
@@ -528,7 +540,11 @@ def test_no_best_plan_when_none_fits():
     result = plan("tiny", 8, hardware_overrides={"memory_bytes": 9e6})
     assert result.plans and not any(p.fits for p in result.plans)
     assert result.best is None
-    assert result.fit_note.startswith("no plan fits, even with full recomputation")
-    assert "over" in result.fit_note
+    note = result.fit_note
+    assert note.kind == "no-fit" and note.values["searched"]
+    assert note.values["need"] > note.values["have"] == 9_000_000
+    assert note.text.startswith("no plan fits, even with full recomputation")
+    assert "over" in note.text and "--" not in note.text
+    assert note.params == ("devices", "batch", "seq", "memory_bytes")
     data = result.to_dict()
-    assert data["best"] is None and data["fit_note"] == result.fit_note
+    assert data["best"] is None and data["fit_note"] == note.to_dict()

@@ -373,4 +373,5 @@ def test_a_model_that_fits_nowhere_says_what_comes_closest():
         strategies=["fsdp"],
     )
     assert result.best is None and result.closest is not None
-    assert "over" in result.fit_note and "closest" in result.fit_note
+    assert result.fit_note.kind == "no-fit"
+    assert "over" in result.fit_note.text and "closest" in result.fit_note.text

@@ -267,10 +267,15 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert on_target.fits == (
         on_target.target_memory_bytes_per_device <= on_target.memory_limit_bytes
     )
-    assert on_target.notes[0].startswith("compiled by the h100 compiler: ")
+    assert on_target.notes[0].kind == "compiled-by-target"
+    assert on_target.notes[0].text.startswith("compiled by the h100 compiler: ")
+    # The CPU backend's reduce-scatter note does not follow the plan onto the target.
+    assert all(n.kind != "cpu-all-reduce-for-reduce-scatter" for n in on_target.notes)
     # The target keeps bf16 collectives bf16: what it sends is what it compiled.
     assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
-    assert any("compiled again by the h100 compiler" in n for n in result.notes)
+    (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
+    assert again.values["ranks"] == [p.rank for p in result.plans if p.compiled_by == "h100"]
+    assert "compiled again by the h100 compiler" in again.text
 
 
 def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():
@@ -308,4 +313,5 @@ def test_plan_without_the_extra_compiles_on_cpu_and_says_how_to_add_it(monkeypat
     assert _default_compiler("h100") == "cpu"
     result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
     assert result.compiler == "cpu"
-    assert any("pip install 'shardscope[gpu-compile]'" in n for n in result.notes)
+    (missing,) = [n for n in result.notes if n.kind == "target-compiler-missing"]
+    assert "pip install 'shardscope[gpu-compile]'" in missing.text

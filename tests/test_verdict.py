@@ -111,7 +111,9 @@ def test_sixteen_bit_collectives_are_judged_at_width():
     assert v.ratio == pytest.approx(1.0, rel=1e-9)
     assert v.optimal
     assert v.backend_bytes == 2 * v.actual_bytes  # float32 on this backend's wire
-    assert any("widened the bfloat16 program's collectives to float32" in n for n in v.notes)
+    (widened,) = [n for n in v.notes if n.kind == "widened"]
+    assert widened.values == {"dtype": "bfloat16", "backend_bytes": v.backend_bytes}
+    assert "widened the bfloat16 program's collectives to float32" in widened.text
 
 
 # -- transformer verdicts -------------------------------------------------------------------------
@@ -163,7 +165,8 @@ def test_fsdp_train_on_cpu_all_reduces_gradients_and_says_no_hint_applies():
     v = report.verdict
     assert v.ratio == pytest.approx(1.5, rel=0.01)
     assert v.hints == ()
-    assert any("forms no reduce-scatter" in n for n in v.notes)
+    (note,) = [n for n in v.notes if n.kind == "no-reduce-scatter-on-cpu"]
+    assert "forms no reduce-scatter" in note.text
 
 
 def test_report_json_is_the_audit_plus_the_verdict():
@@ -355,3 +358,22 @@ def test_no_matmul_program_sends_less_than_its_bound(a, b, out, dtype, shape):
     v = matmul_verdict("x=8", *shape, dtype, a, b, out, hints=False).verdict
     assert v.actual_bytes >= v.bound_bytes, v.rows
     assert v.ratio is None or v.ratio >= 1
+
+
+def test_dp_sp_train_names_each_all_reduce_over_model_for_what_it_is():
+    # Sequence parallelism reduce-scatters activations over `model`; XLA:CPU all-reduces them
+    # instead. The norm gains' gradients are a different excess: the minimum sums them in one
+    # all-reduce over data and model, the compiler over model, then over data.
+    config = ModelConfig(d_model=32, heads=8, ff=128, layers=2, batch=8, seq=8)
+    v = transformer_verdict("dp_sp", config, "data=2,model=4", mode="train", hints=False).verdict
+    by_cause = {}
+    for e in v.excess:
+        assert e.kind == "all-reduce" and e.axes == ("model",)
+        by_cause.setdefault(e.cause, []).append(e)
+    assert {e.array for e in by_cause[ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER]} == {
+        "f32[4,8,32]"
+    }
+    (split,) = by_cause[ExcessCause.ALL_REDUCE_SPLIT]
+    assert split.array == "f32[32]" and split.whole_axes == ("data", "model")
+    assert "reduce-scatter" not in split.reason
+    assert "one all-reduce over data,model" in split.reason

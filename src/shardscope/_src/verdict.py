@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -30,6 +30,7 @@ from shardscope._src.base.comm import (
     group_totals,
 )
 from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.notes import Note, NoteKind
 from shardscope._src.base.text import format_spec
 from shardscope._src.bounds.matmul import best_schedule, matmul_problem
 from shardscope._src.bounds.transformer import transformer_bound
@@ -74,6 +75,9 @@ class ExcessCause(StrEnum):
     WEIGHT_GATHERED = "weight-gathered"
     #: an all-reduce where the bound has a reduce-scatter over the same axes
     ALL_REDUCE_FOR_REDUCE_SCATTER = "all-reduce-for-reduce-scatter"
+    #: an all-reduce over some of the axes of an array the bound sums in one all-reduce over
+    #: more axes (a norm gain's gradient summed over one axis, then another)
+    ALL_REDUCE_SPLIT = "all-reduce-split"
     #: an all-gather of a whole operand where the bound has an all-to-all over the same axes
     ALL_GATHER_FOR_ALL_TO_ALL = "all-gather-for-all-to-all"
     #: a collective over axes and of a kind the bound does not have at all
@@ -87,7 +91,9 @@ class Excess:
     """A compiled collective in a (axes, kind) pair that sends more than the bound allows.
 
     ``cause`` says why; ``weight`` names the weight a :attr:`~ExcessCause.WEIGHT_GATHERED`
-    gather moves, ``row_bound_bytes`` and ``row_actual_bytes`` are its (axes, kind) row's.
+    gather moves, ``whole_axes`` the axes of the bound's one all-reduce that an
+    :attr:`~ExcessCause.ALL_REDUCE_SPLIT` splits, ``row_bound_bytes`` and ``row_actual_bytes``
+    are its (axes, kind) row's.
     """
 
     kind: str
@@ -101,6 +107,7 @@ class Excess:
     traffic_bytes: int
     cause: ExcessCause
     weight: str | None = None
+    whole_axes: tuple[str, ...] = ()
     row_bound_bytes: int = 0
     row_actual_bytes: int = 0
 
@@ -120,6 +127,12 @@ class Excess:
                     f"all-reduce over {where} where a reduce-scatter suffices (the CPU backend "
                     f"forms no reduce-scatter: it all-reduces and slices, 2x the bytes)"
                 )
+            case ExcessCause.ALL_REDUCE_SPLIT:
+                return (
+                    f"all-reduce over {where} of an array the minimum sums in one all-reduce "
+                    f"over {','.join(self.whole_axes)}: summed one axis group at a time, it "
+                    f"sends more"
+                )
             case ExcessCause.ALL_GATHER_FOR_ALL_TO_ALL:
                 return (
                     f"all-gather over {where} of a whole operand where an all-to-all of it suffices"
@@ -133,7 +146,9 @@ class Excess:
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(
-            self, omit=("weight", "row_bound_bytes", "row_actual_bytes"), extra=("reason",)
+            self,
+            omit=("weight", "whole_axes", "row_bound_bytes", "row_actual_bytes"),
+            extra=("reason",),
         )
 
 
@@ -161,6 +176,49 @@ class Hint:
         return record_dict(self, omit=("bound_bytes",), extra=("ratio", "reaches_bound"))
 
 
+class VerdictNote(NoteKind):
+    """What a verdict notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
+
+    #: the backend widened a 16-bit program's collectives to f32 (values: ``dtype``,
+    #: ``backend_bytes``, what this backend's program sends per device)
+    WIDENED = "widened"
+    #: some collective counts are not exact (unknown loop trip counts or branches)
+    INEXACT = "inexact"
+    #: no hint reached the bound because XLA:CPU forms no reduce-scatter under jit
+    NO_REDUCE_SCATTER_ON_CPU = "no-reduce-scatter-on-cpu"
+    #: the byte minimum duplicates the matmul's compute (values: ``flops_per_device``,
+    #: ``split_flops_per_device``, ``split_bytes`` and ``split_ratio`` of the cheapest
+    #: schedule that keeps the compute split)
+    DUPLICATED_COMPUTE = "duplicated-compute"
+
+    def describe(self, values: Mapping[str, Any]) -> str:
+        match self:
+            case VerdictNote.WIDENED:
+                dtype = values["dtype"]
+                return (
+                    f"this backend widened the {dtype} program's collectives to float32 "
+                    f"(XLA:CPU runs 16-bit dots in float32); bytes here are at {dtype} width, "
+                    f"as a backend that keeps {dtype} sends them: this compiled program sends "
+                    f"{format_bytes(values['backend_bytes'])} per device"
+                )
+            case VerdictNote.INEXACT:
+                return "some counts are not exact (unknown loop trip counts or branches)"
+            case VerdictNote.NO_REDUCE_SCATTER_ON_CPU:
+                return (
+                    "no hint verified on this backend: XLA:CPU forms no reduce-scatter under "
+                    "jit, so only an explicit psum_scatter in shard_map reaches the bound; GPU "
+                    "and TPU backends form it from all-reduce + slice"
+                )
+        ratio = values["split_ratio"]
+        shown = "n/a" if ratio is None else f"{ratio:.2f}x"
+        return (
+            f"the minimum's schedule has every device compute all of C "
+            f"({values['flops_per_device']:,} flops per device instead of "
+            f"{values['split_flops_per_device']:,}); against the cheapest schedule that keeps "
+            f"the compute split ({format_bytes(values['split_bytes'])}) the program is at {shown}"
+        )
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Audit against bound: totals, the ratio, per-pair rows, what exceeds, verified hints."""
@@ -171,8 +229,8 @@ class Verdict:
     rows: tuple[Row, ...]
     excess: tuple[Excess, ...] = ()
     hints: tuple[Hint, ...] = ()
-    notes: tuple[str, ...] = ()
-    bound_notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
+    bound_notes: tuple[Note, ...] = ()
     backend_bytes: int | None = None
 
     @property
@@ -221,11 +279,40 @@ def _scope(op_name: str | None) -> str | None:
     return None
 
 
+def _whole_all_reduce(c: Any, width: Width, terms: Any) -> tuple[str, ...]:
+    """The axes of the bound's one all-reduce, over more axes than ``c``'s, of each array
+    ``c`` sums (``()`` unless the bound has one for every operand of ``c``)."""
+    if c.kind != ALL_REDUCE or not c.payload_bytes:
+        return ()
+    payload = width.payload(c)
+    pieces = [p.payload_bytes * payload // c.payload_bytes for p in c.parts] or [payload]
+    axes, whole = set(c.axes), ()
+    for piece in pieces:
+        over = next(
+            (
+                t.axes
+                for t in terms
+                if t.kind == ALL_REDUCE and t.payload_bytes == piece and axes < set(t.axes)
+            ),
+            None,
+        )
+        if over is None:
+            return ()
+        whole = whole or tuple(over)
+    return whole
+
+
 def _cause(
-    c: Any, bound_kinds: set[str], row: Row, known: dict[tuple[int, ...], str]
+    c: Any,
+    bound_kinds: set[str],
+    row: Row,
+    known: dict[tuple[int, ...], str],
+    whole_axes: tuple[str, ...],
 ) -> ExcessCause:
     if c.kind == ALL_GATHER and tuple(c.shape) in known:
         return ExcessCause.WEIGHT_GATHERED
+    if whole_axes:
+        return ExcessCause.ALL_REDUCE_SPLIT
     if c.kind == ALL_REDUCE and REDUCE_SCATTER in bound_kinds:
         return ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER
     if c.kind == ALL_GATHER and ALL_TO_ALL in bound_kinds:
@@ -309,6 +396,7 @@ def compare(
         if width.sent(c) < floor[key]:
             continue
         left[key] -= width.traffic(c) * extra
+        whole = _whole_all_reduce(c, width, bound.terms)
         excess.append(
             Excess(
                 kind=c.kind,
@@ -320,8 +408,9 @@ def compare(
                 array=f"{c.dtype}[{','.join(str(d) for d in c.shape)}]",
                 count=extra,
                 traffic_bytes=width.traffic(c) * extra,
-                cause=_cause(c, bound_kinds.get(tuple(c.axes), set()), by_key[key], known),
+                cause=_cause(c, bound_kinds.get(tuple(c.axes), set()), by_key[key], known, whole),
                 weight=known.get(tuple(c.shape)) if c.kind == ALL_GATHER else None,
+                whole_axes=whole,
                 row_bound_bytes=by_key[key].bound_bytes,
                 row_actual_bytes=by_key[key].actual_bytes,
             )
@@ -330,14 +419,9 @@ def compare(
     actual_total = sum(v.traffic_bytes for v in actual.values())
     backend = audit.total().traffic_bytes
     if backend != actual_total:
-        notes.append(
-            f"this backend widened the {program_dtype} program's collectives to float32 "
-            f"(XLA:CPU runs 16-bit dots in float32); bytes here are at {program_dtype} width, "
-            f"as a backend that keeps {program_dtype} sends them: this compiled program sends "
-            f"{format_bytes(backend)} per device"
-        )
+        notes.append(Note(VerdictNote.WIDENED, {"dtype": program_dtype, "backend_bytes": backend}))
     if not audit.exact:
-        notes.append("some counts are not exact (unknown loop trip counts or branches)")
+        notes.append(Note(VerdictNote.INEXACT))
     return Verdict(
         label=label or bound.label,
         bound_bytes=bound.traffic_bytes,
@@ -466,15 +550,17 @@ def matmul_verdict(
         # The byte minimum has every device compute all of C; say so, and where the program
         # stands against the cheapest schedule that keeps the compute split.
         split = best_schedule(problem, duplicate_flops=False)
-        ratio = _ratio(verdict.actual_bytes, split.traffic_bytes)
-        shown = "n/a" if ratio is None else f"{ratio:.2f}x"
         verdict = _with_note(
             verdict,
-            f"the minimum's schedule has every device compute all of C "
-            f"({schedule.flops_per_device:,} "
-            f"flops per device instead of {problem.flops // math.prod(problem.mesh.values()):,}); "
-            f"against the cheapest schedule that keeps the compute split "
-            f"({format_bytes(split.traffic_bytes)}) the program is at {shown}",
+            Note(
+                VerdictNote.DUPLICATED_COMPUTE,
+                {
+                    "flops_per_device": schedule.flops_per_device,
+                    "split_flops_per_device": problem.flops // math.prod(problem.mesh.values()),
+                    "split_bytes": split.traffic_bytes,
+                    "split_ratio": _ratio(verdict.actual_bytes, split.traffic_bytes),
+                },
+            ),
         )
     return MatmulReport(result, schedule, verdict)
 
@@ -580,15 +666,11 @@ def _constraint_text(placement: Any) -> str:
     return ", ".join(parts)
 
 
-def _with_note(verdict: Verdict, note: str | None) -> Verdict:
-    return verdict if not note else verdict.replace(notes=(*verdict.notes, note))
+def _with_note(verdict: Verdict, note: Note | None) -> Verdict:
+    return verdict if note is None else verdict.replace(notes=(*verdict.notes, note))
 
 
-def _no_hint_note(verdict: Verdict) -> str | None:
+def _no_hint_note(verdict: Verdict) -> Note | None:
     if any(e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER for e in verdict.excess):
-        return (
-            "no hint verified on this backend: XLA:CPU forms no reduce-scatter under jit, "
-            "so only an explicit psum_scatter in shard_map reaches the bound; GPU and TPU "
-            "backends form it from all-reduce + slice"
-        )
+        return Note(VerdictNote.NO_REDUCE_SCATTER_ON_CPU)
     return None

@@ -18,7 +18,11 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, ShardscopeError
-from shardscope._src.base.io import SCHEMA_VERSION, record_dict, result_header
+from shardscope._src.base.io import record_dict, result_header
+
+#: The schema versions whose audits have today's shape (version 2 changed only the notes of
+#: plans and verdicts), so a baseline written before still diffs.
+AUDIT_SCHEMAS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -167,11 +171,12 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
             f"`shardscope audit ... --json FILE`"
         )
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in AUDIT_SCHEMAS:
         found = "no schema_version" if version is None else f"schema version {version!r}"
+        readable = " or ".join(str(v) for v in AUDIT_SCHEMAS)
         raise AuditDiffError(
-            f"{what} {name!r} has {found} but this shardscope reads version "
-            f"{SCHEMA_VERSION}; write both with the same shardscope (`shardscope audit ... "
+            f"{what} {name!r} has {found} but this shardscope reads audits of version "
+            f"{readable}; write both with the same shardscope (`shardscope audit ... "
             f"--json FILE`)"
         )
     return name, data
@@ -293,7 +298,7 @@ def diff_audits(
             if r.kind == kind and r.new_count > r.old_count:
                 where = f" in {r.scope}" if r.scope is not None else ""
                 violations.append(
-                    f"new {kind} over {r.axes}{where}: {r.old_count} -> {r.new_count} per run "
-                    f"(--no-new {kind})"
+                    f"new {kind} over {r.axes}{where}: {r.old_count} -> {r.new_count} per run, "
+                    f"where none may be new"
                 )
     return AuditDiff(old_name, new_name, tuple(rows), tuple(violations), by_scope)

@@ -86,9 +86,9 @@ def initialize_distributed(
     if missing and not detect:
         raise ShardscopeError(
             f"a multi-process run needs coordinator, num_processes and process_id; "
-            f"{', '.join(missing)} not given. Give all three (flags --coordinator, "
-            f"--num-processes, --process-id), or ask JAX to detect the cluster (detect=True, "
-            f"flag --distributed) under SLURM, Open MPI or Kubernetes"
+            f"{', '.join(missing)} not given. Give all three, or ask JAX to detect the "
+            f"cluster (detect=True) under SLURM, Open MPI or Kubernetes",
+            param=("coordinator", "num_processes", "process_id", "detect"),
         )
     for name in ("num_processes", "process_id"):
         value = given[name]
@@ -136,7 +136,8 @@ def initialize_distributed(
             raise DeviceSetupError(
                 f"JAX's cluster detection found no value for {', '.join(missing)} ({e}). It "
                 f"knows SLURM (inside srun), Open MPI (inside mpirun) and Kubernetes; elsewhere "
-                f"give --coordinator HOST:PORT, --num-processes N and --process-id I"
+                f"give coordinator (HOST:PORT), num_processes and process_id",
+                param=("coordinator", "num_processes", "process_id"),
             ) from e
         raise DeviceSetupError(f"jax.distributed.initialize refused the values: {e}") from e
     except RuntimeError as e:

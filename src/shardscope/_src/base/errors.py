@@ -37,7 +37,12 @@ class OutputPathError(ShardscopeError):
 
 
 class DeviceSetupError(RuntimeError):
-    """Simulated devices were requested after JAX's backend had already started."""
+    """Devices that cannot be set up: simulated ones requested after JAX's backend started, or
+    a multi-process run JAX could not join. ``params`` as in :class:`ShardscopeError`."""
+
+    def __init__(self, message: str, *, param: str | tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param)
 
 
 class ModelConfigError(ShardscopeError):

@@ -200,7 +200,8 @@ def _version(dist: str) -> str | None:
 
 
 VERSION = _version("shardscope") or "0+unknown"
-SCHEMA_VERSION = 1  # of every JSON result the command line writes; raised when a field changes
+SCHEMA_VERSION = 2  # of every JSON result the command line writes; raised when a field changes
+# 2: notes (and fit_note, empty_reason) are objects {"kind", "text", "values"[, "params"]}
 
 
 def result_header(backend: str | None) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from shardscope._src.base.comm import (
 )
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.io import Record, json_value, record_dict
+from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec, format_spec_entries
-from shardscope._src.bounds.terms import Bound, Term
+from shardscope._src.bounds.terms import Bound, BoundNote, Term
 from shardscope._src.mesh import mesh_axes, parse_mesh_spec
 from shardscope._src.model.config import DTYPES, MAX_DIM
 
@@ -173,15 +174,16 @@ class AxisSchedule:
     def duplicated_flops(self) -> bool:
         return self.partition is None and self.size > 1
 
+    def note(self) -> Note:
+        """What this axis does, as the bound's note."""
+        steps = [t.what for t in self.terms]
+        return Note(
+            BoundNote.AXIS_SCHEDULE,
+            {"axis": self.axis, "partition": self.partition, "steps": steps},
+        )
+
     def describe(self) -> str:
-        what = {
-            "m": "rows of C (m)",
-            "n": "columns of C (n)",
-            "k": "the contraction (k)",
-            None: "nothing: every device computes all of C",
-        }[self.partition]
-        steps = "; ".join(t.what for t in self.terms) or "no communication"
-        return f"axis {self.axis}: split {what}; {steps}"
+        return self.note().text
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(
@@ -209,7 +211,7 @@ class MatmulSchedule:
 
     def bound(self) -> Bound:
         terms = tuple(t for p in self.axes for t in p.terms)
-        notes = tuple(p.describe() for p in self.axes)
+        notes = tuple(p.note() for p in self.axes)
         return Bound("matmul", terms, notes)
 
     def layout(self, which: str) -> tuple[Any, Any]:

@@ -5,11 +5,13 @@ the same units."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.comm import Totals, group_totals, traffic_bytes
 from shardscope._src.base.io import record_dict
+from shardscope._src.base.notes import Note, NoteKind
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,38 @@ class Term:
         return record_dict(self, extra=("traffic_bytes",))
 
 
+class BoundNote(NoteKind):
+    """What a bound notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
+
+    #: the FSDP bound keeps the gathered weights for the backward pass
+    FSDP_KEEPS_GATHERED = "fsdp-keeps-gathered"
+    #: how one mesh axis serves a matmul (values: ``axis``, ``partition``: ``"m"``, ``"n"``,
+    #: ``"k"`` or None, ``steps``: what each of its collectives does)
+    AXIS_SCHEDULE = "axis-schedule"
+
+    def describe(self, values: Mapping[str, Any]) -> str:
+        if self is BoundNote.FSDP_KEEPS_GATHERED:
+            return (
+                "FSDP bound keeps gathered weights for the backward pass; ZeRO-3 as "
+                "published gathers them again (1.5x data parallel)"
+            )
+        what = {
+            "m": "rows of C (m)",
+            "n": "columns of C (n)",
+            "k": "the contraction (k)",
+            None: "nothing: every device computes all of C",
+        }[values["partition"]]
+        steps = "; ".join(values["steps"]) or "no communication"
+        return f"axis {values['axis']}: split {what}; {steps}"
+
+
 @dataclass(frozen=True)
 class Bound:
     """The minimum communication of a program: a list of terms, with totals."""
 
     label: str
     terms: tuple[Term, ...]
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
 
     @property
     def traffic_bytes(self) -> int:

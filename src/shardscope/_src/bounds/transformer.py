@@ -13,7 +13,8 @@ from shardscope._src.base.comm import (
     REDUCE_SCATTER,
 )
 from shardscope._src.base.errors import StrategyError
-from shardscope._src.bounds.terms import Bound, Term
+from shardscope._src.base.notes import Note
+from shardscope._src.bounds.terms import Bound, BoundNote, Term
 from shardscope._src.model.config import LAYER_PARAMS, param_shapes
 from shardscope._src.sharding.strategies import Placement
 
@@ -62,7 +63,7 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
     s, c = placement.strategy, placement.config
     L, train = c.layers, mode == "train"
     terms: list[Term] = []
-    notes: list[str] = []
+    notes: list[Note] = []
     data_axes, n_data = _group(placement, ["data"]) if s.batch_role else ((), 1)
     model_axes, t = _group(placement, ["model"])
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
@@ -201,10 +202,7 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
         axes, n = _group(placement, token_roles)
         add(ALL_REDUCE, axes, n, 4, 1, "scalar loss summed over token shards", "loss")
         if "data" in storage["wqkv"]:
-            notes.append(
-                "FSDP bound keeps gathered weights for the backward pass; ZeRO-3 as "
-                "published gathers them again (1.5x data parallel)"
-            )
+            notes.append(Note(BoundNote.FSDP_KEEPS_GATHERED))
     return Bound(f"{placement.name} {mode}", tuple(terms), tuple(notes))
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 
 def _whole(text: str) -> int:
@@ -45,3 +46,20 @@ def positive_number(text: str, unit: str = "") -> float:
 def positive_float(text: str) -> float:
     """Seconds above 0."""
     return positive_number(text, " of seconds")
+
+
+#: Library parameters whose flag is not the parameter spelled with dashes.
+FLAG_OF = {
+    "detect": "--distributed",
+    "out_dir": "--out",
+    "memory_bytes": "--memory",
+    "a_spec": "--a-spec",
+}
+
+
+def flags_of(params: Sequence[str]) -> str:
+    """`` (flags --d-model, --ff)``: the flags that set the parameters an error names."""
+    if not params:
+        return ""
+    flags = [FLAG_OF.get(p, "--" + p.replace("_", "-")) for p in params]
+    return f" ({'flag' if len(flags) == 1 else 'flags'} {', '.join(flags)})"

@@ -28,7 +28,7 @@ from shardscope._src.base.errors import (
 from shardscope._src.base.hardware import PRESETS
 from shardscope._src.base.io import STDOUT, check_dir_path, check_output_paths, result_header
 from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
-from shardscope._src.cli.args import positive_float, positive_int, positive_number
+from shardscope._src.cli.args import flags_of, positive_float, positive_int, positive_number
 from shardscope._src.cli.audit import run_audit_command
 from shardscope._src.cli.distributed import add_distributed_options, initialize_from_args
 from shardscope._src.cli.plan import run_plan_command
@@ -886,11 +886,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except ShardscopeError as e:
         if debug:
             raise
-        _fail(f"{PROG}: error: {e}{_flags_of(e.params)}")
+        _fail(f"{PROG}: error: {e}{flags_of(e.params)}")
     except DeviceSetupError as e:
         if debug:
             raise
-        _fail(f"{PROG}: error: {e}")
+        _fail(f"{PROG}: error: {e}{flags_of(e.params)}")
     except OSError as e:  # a file we were asked to write or read; the message names it
         if debug:
             raise
@@ -909,17 +909,6 @@ def _check(args: argparse.Namespace) -> None:
 
 
 #: Library parameters whose command-line flag is not ``--`` + the name with dashes.
-_FLAG_OF = {"out_dir": "--out", "memory_bytes": "--memory", "a_spec": "--a-spec"}
-
-
-def _flags_of(params: Sequence[str]) -> str:
-    """`` (flags --d-model, --ff)``: the flags that set the parameters an error names."""
-    if not params:
-        return ""
-    flags = [_FLAG_OF.get(p, "--" + p.replace("_", "-")) for p in params]
-    return f" ({'flag' if len(flags) == 1 else 'flags'} {', '.join(flags)})"
-
-
 def _fail(message: str) -> NoReturn:
     print(_shorten(" ".join(message.split())), file=sys.stderr)
     raise SystemExit(2)

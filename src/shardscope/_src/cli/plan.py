@@ -9,7 +9,9 @@ from shardscope._src.base.deviceless import compiler_installed
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.io import STDOUT, check_output_paths, write_atomic, write_result
+from shardscope._src.base.notes import Note
 from shardscope._src.base.targets import TARGETS
+from shardscope._src.cli.args import flags_of
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
@@ -129,7 +131,7 @@ def run_plan_command(
     finally:
         if task is not None:
             bar.stop()
-    render_plan(result, console=console, top=top, empty_reason=False)
+    render_plan(result, console=console, top=top, empty_reason=False, flags=flags_of)
     written = []
     if json_path:
         backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
@@ -144,7 +146,7 @@ def run_plan_command(
             continue  # the JSON went to standard output
         console.print(f"wrote {path}", highlight=False)
     if not result.plans:
-        raise PlanError(result.empty_reason or "no plan")
+        raise no_plan_error(result.empty_reason)
     return 0
 
 
@@ -156,3 +158,10 @@ def _default_compiler(hardware: str) -> str:
     if name in TARGETS and compiler_installed(name):
         return name
     return "cpu"
+
+
+def no_plan_error(why: Note | None) -> PlanError:
+    """The error a command that found no plan exits with, naming what would change that."""
+    if why is None:
+        return PlanError("no plan")
+    return PlanError(str(why), param=why.params)

@@ -18,6 +18,8 @@ from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, PlanError, ProgramError, ShardscopeError
 from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
 from shardscope._src.base.targets import get_target
+from shardscope._src.cli.args import flags_of
+from shardscope._src.cli.plan import no_plan_error
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.plan.program import (
     check_rules_axes,
@@ -279,7 +281,7 @@ def run_plan_program(
         name=ref,
     )
     if json_path != STDOUT:
-        render_program_plan(result, console=console, top=top)
+        render_program_plan(result, console=console, top=top, flags=flags_of)
     written = []
     if json_path:
         backend = "cpu" if target is None else get_target(target).family
@@ -292,5 +294,5 @@ def run_plan_program(
     if json_path != STDOUT:
         _print_written(console, [p for p in written if p is not None])
     if not result.plans:
-        raise PlanError(result.empty_reason or "no plan")
+        raise no_plan_error(result.empty_reason)
     return 0

@@ -167,8 +167,8 @@ def model_preset(name: str) -> ModelPreset:
     raise PlanError(
         f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)} (or "
         f"{', '.join(ALIASES)}), give a Llama-family config.json path, or give the shape "
-        f"with --d-model, --heads, --ff, --layers (and --vocab)",
-        param="model",
+        f"with d_model, heads, ff, layers (and vocab)",
+        param=("model", "d_model", "heads", "ff", "layers", "vocab"),
     )
 
 
@@ -202,24 +202,28 @@ def load_hf_config(path: str | Path) -> ModelPreset:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelConfigError(
-            f"--model {path}: no such file; give the path of a model's config.json, or a "
-            f"preset name ({', '.join(MODEL_PRESETS)})"
+            f"model={str(path)!r}: no such file; give the path of a model's config.json, or a "
+            f"preset name ({', '.join(MODEL_PRESETS)})",
+            param="model",
         ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelConfigError(
-            f"--model {path}: cannot read it as JSON ({e}); give a Hugging Face config.json"
+            f"model={str(path)!r}: cannot read it as JSON ({e}); give a Hugging Face config.json",
+            param="model",
         ) from None
     if not isinstance(data, dict):
         raise ModelConfigError(
-            f"--model {path}: a config.json holds one JSON object, this holds a "
-            f"{type(data).__name__}"
+            f"model={str(path)!r}: a config.json holds one JSON object, this holds a "
+            f"{type(data).__name__}",
+            param="model",
         )
     missing = [k for k in HF_REQUIRED if k not in data]
     if missing:
         raise ModelConfigError(
-            f"--model {path}: config.json lacks {', '.join(missing)}; a Llama-family config "
+            f"model={str(path)!r}: config.json lacks {', '.join(missing)}; a Llama-family config "
             f"has {', '.join(HF_REQUIRED)} (and optionally num_key_value_heads, head_dim, "
-            f"tie_word_embeddings, max_position_embeddings)"
+            f"tie_word_embeddings, max_position_embeddings)",
+            param="model",
         )
 
     def integer(key: str, default: int | None = None) -> int | None:
@@ -228,20 +232,23 @@ def load_hf_config(path: str | Path) -> ModelPreset:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ModelConfigError(
-                f"--model {path}: config.json {key}={value!r} must be a positive integer"
+                f"model={str(path)!r}: config.json {key}={value!r} must be a positive integer",
+                param="model",
             )
         return value
 
     act = data.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ModelConfigError(
-            f"--model {path}: config.json hidden_act={act!r}; the planner reads Llama-family "
-            f"models, whose gated MLP uses silu (SwiGLU)"
+            f"model={str(path)!r}: config.json hidden_act={act!r}; the planner reads Llama-family "
+            f"models, whose gated MLP uses silu (SwiGLU)",
+            param="model",
         )
     tied = data.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise ModelConfigError(
-            f"--model {path}: config.json tie_word_embeddings={tied!r} must be true or false"
+            f"model={str(path)!r}: config.json tie_word_embeddings={tied!r} must be true or false",
+            param="model",
         )
     heads = integer("num_attention_heads")
     seq = integer("max_position_embeddings", HF_MAX_DEFAULT_SEQ)

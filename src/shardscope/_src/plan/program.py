@@ -34,7 +34,6 @@ import jax.numpy as jnp
 from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
 from shardscope._src.audit.stages import build_program, takes_rules
 from shardscope._src.audit.width import Width
-from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.deviceless import require_compiler
 from shardscope._src.base.errors import (
     DeviceMemoryError,
@@ -43,15 +42,27 @@ from shardscope._src.base.errors import (
     ProgramError,
     TargetError,
 )
+from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.base.io import record_dict
+from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import CPU, get_target, topology
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.plan.compile import COMPILE_OPTIONS, _plan_collective
 from shardscope._src.plan.sweep import _axis_comm
-from shardscope._src.plan.types import PLAN_EXTRA, PLAN_KEYS, Skipped, SkipReason, device_bytes
+from shardscope._src.plan.types import (
+    FIT_PARAMS,
+    PLAN_EXTRA,
+    PLAN_KEYS,
+    PlanNote,
+    Skipped,
+    SkipReason,
+    device_bytes,
+    no_plan_note,
+)
 from shardscope._src.target_mesh import target_mesh
 
 #: A rule set: ``((logical name, mesh axes or None), ...)``.
@@ -230,7 +241,7 @@ class ProgramPlan:
     compute_time_s: float
     rank: int = 0
     pareto: bool = False
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
     same_as: str | None = None
@@ -322,7 +333,7 @@ class ProgramPlanResult:
     rule_sets: Mapping[str, Rules]
     plans: tuple[ProgramPlan, ...]
     skipped: tuple[Any, ...]
-    notes: tuple[str, ...]
+    notes: tuple[Note, ...]
     target: str = "cpu"
     wall_s: float = 0.0
     candidates: int = 0
@@ -341,31 +352,21 @@ class ProgramPlanResult:
         return next((p for p in self.plans if p.fits), None)
 
     @property
-    def fit_note(self) -> str | None:
+    def fit_note(self) -> Note | None:
+        """When no plan fits the device memory: the smallest, by how much, and what to do."""
         if not self.plans or self.best is not None:
             return None
-
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
-        return (
-            f"no plan fits: the smallest, {small.label}, needs "
-            f"{format_bytes(small.memory_bytes_per_device)} per device of the "
-            f"{format_bytes(self.hardware.memory_bytes)} a {self.hardware.name} has; use more "
-            f"devices, a smaller batch, or rules that shard more"
-        )
+        values = {"label": small.label, "need": small.memory_bytes_per_device}
+        values.update(have=int(self.hardware.memory_bytes), hardware=self.hardware.name)
+        return Note(PlanNote.NO_FIT, {**values, "searched": False}, FIT_PARAMS)
 
     @property
-    def empty_reason(self) -> str | None:
+    def empty_reason(self) -> Note | None:
+        """Why there is no plan (None when there is one)."""
         if self.plans:
             return None
-        reasons = sorted({s.reason for s in self.skipped})
-        head = f"no plan for {self.program} on {self.devices} device(s)"
-        if not self.skipped:
-            return head + ": no candidate mesh"
-        first = self.skipped[0]
-        return (
-            f"{head}: all {len(self.skipped)} candidates failed ({', '.join(reasons)}); e.g. "
-            f"{first.strategy} {first.mesh}: {first.message}"
-        )
+        return no_plan_note(self.program, self.devices, self.skipped)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -473,44 +474,9 @@ def plan_program(
     """
 
     start = time.perf_counter()
-    if not callable(make_step):
-        raise PlanError(f"make_step must be a function of the mesh, got {type(make_step).__name__}")
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise PlanError(f"devices={devices!r}: must be a positive whole number")
-    rule_sets = normalize_rules(rules)
-    if axes is None:
-        axes = rules_axes(rule_sets)
-        if meshes and not axes:
-            axes = tuple(parse_mesh_spec(meshes[0]))
-    axes = tuple(axes)
-    if not axes:
-        raise PlanError(
-            "no mesh axes to plan over: give rules that map logical names to mesh axes, or "
-            "axes=('data', 'model') (--axes data,model)"
-        )
-    if len(set(axes)) != len(axes):
-        raise PlanError(f"axes {axes} name an axis twice")
-    check_rules_axes(rule_sets, axes)
-    pass_rules = takes_rules(make_step)
-    uses_flax = "flax.core.spmd" in sys.modules and _uses_flax(make_step)
-    if len(rule_sets) > 1 or any(rule_sets.values()):
-        if not pass_rules and not uses_flax:
-            raise PlanError(
-                "make_step(mesh) takes no rules and the program does not use Flax, so every "
-                "rule set would give the same program; write make_step(mesh, rules) and build "
-                "the shardings with shardscope.logical_to_spec(names, rules)"
-            )
+    rule_sets, axes = _check_program(make_step, devices, rules, axes, meshes)
     shapes = _mesh_list(meshes, axes, devices)
-    target_name: str | None = None
-    if target is not None:
-        t = get_target(target)
-        if t.family != CPU:
-            require_compiler(t)
-            topology(t, devices)  # a device count the target is not built with fails here
-            target_name = t.name
-            if hardware is None:
-                hardware = t.hardware
-    hw = get_hardware(hardware or "h100", **dict(hardware_overrides or {}))
+    target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
     local = _local_devices(devices) if target_name is None else None
     label = name or _name_of(make_step)
 
@@ -521,63 +487,26 @@ def plan_program(
     skipped = []
     plans: list[ProgramPlan] = []
     seen: dict[tuple[str, str], str] = {}
-    no_bound = Bound("none", (), ())
     for i, (rn, r, sizes) in enumerate(todo, start=1):
-        spec = ",".join(f"{k}={v}" for k, v in sizes.items())
-        where = f"{label}(mesh {spec})"
+        spec = format_mesh_spec(sizes)
         try:
-            result, timing, itemsize, fp = compile_candidate(
-                make_step, r, sizes, local, where=where, target=target_name
+            compiled = compile_candidate(
+                make_step, r, sizes, local, where=f"{label}(mesh {spec})", target=target_name
             )
         except (PlanError, ProgramError, TargetError):
             raise
         except DeviceMemoryError as e:  # the target's compiler found it does not fit
-            skipped.append(Skipped(rn, spec, "memory", str(e)))
-            if progress:
-                progress(i, total, f"{rn} {spec}")
-            continue
+            skipped.append(Skipped(rn, spec, SkipReason.MEMORY, str(e)))
         except Exception as e:  # the user's program failed for this mesh and rules
             # A shape the mesh does not divide (JAX's IndivisibleError, our LayoutError) is
             # the planner's "divisibility"; anything else the program raised is an "error".
             divides = type(e).__name__ == "IndivisibleError" or isinstance(e, LayoutError)
             reason = SkipReason.DIVISIBILITY if divides else SkipReason.ERROR
             skipped.append(Skipped(rn, spec, reason, _one_line(e)))
-            if progress:
-                progress(i, total, f"{rn} {spec}")
-            continue
-        width = Width.of(result, itemsize=itemsize)
-        collectives = tuple(_plan_collective(c, width) for c in result.collectives)
-        comm = _axis_comm(hw, sizes, collectives, no_bound)
-        flops = result.flops
-        notes = []
-        if result.rematerializations:
-            where_r = sorted({x.source or x.op_name or "?" for x in result.rematerializations})
-            notes.append(
-                "the partitioner replicated a whole array then sliced it (involuntary full "
-                f"rematerialization) at {', '.join(where_r)}"
-            )
-        if not result.exact:
-            notes.append("some collective counts are not exact (unknown trip count or a branch)")
-        same = seen.get((spec, fp))
-        seen.setdefault((spec, fp), rn)
-        plans.append(
-            ProgramPlan(
-                rules_name=rn,
-                rules=r,
-                mesh=dict(sizes),
-                compiled_memory=dict(result.memory or {}),
-                memory_limit_bytes=int(hw.memory_bytes),
-                collectives=collectives,
-                comm=comm,
-                comm_time_s=sum(a.time_s for a in comm),
-                flops_per_device=flops,
-                compute_time_s=(flops or 0.0) / hw.peak_flops,
-                notes=tuple(notes),
-                timing=timing,
-                exact=result.exact,
-                same_as=same,
-            )
-        )
+        else:
+            fingerprint = compiled[3]
+            same = seen.setdefault((spec, fingerprint), rn)
+            plans.append(_program_plan(rn, r, sizes, compiled, hw, same if same != rn else None))
         if progress:
             progress(i, total, f"{rn} {spec}")
     names = list(rule_sets)
@@ -605,6 +534,102 @@ def plan_program(
         target=target_name or "cpu",
         wall_s=time.perf_counter() - start,
         candidates=total,
+    )
+
+
+def _check_program(
+    make_step: Any, devices: int, rules: Any, axes: Sequence[str] | None, meshes: Any
+) -> tuple[dict[str, Rules], tuple[str, ...]]:
+    """The rule sets and mesh axes to plan over, once ``make_step`` and they fit together."""
+    if not callable(make_step):
+        raise PlanError(
+            f"make_step must be a function of the mesh, got {type(make_step).__name__}",
+            param="make_step",
+        )
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
+    rule_sets = normalize_rules(rules)
+    if axes is None:
+        axes = rules_axes(rule_sets)
+        if meshes and not axes:
+            axes = tuple(parse_mesh_spec(meshes[0]))
+    axes = tuple(axes)
+    if not axes:
+        raise PlanError(
+            "no mesh axes to plan over: give rules that map logical names to mesh axes, or "
+            "axes=('data', 'model')",
+            param="axes",
+        )
+    if len(set(axes)) != len(axes):
+        raise PlanError(f"axes {axes} name an axis twice", param="axes")
+    check_rules_axes(rule_sets, axes)
+    pass_rules = takes_rules(make_step)
+    uses_flax = "flax.core.spmd" in sys.modules and _uses_flax(make_step)
+    if len(rule_sets) > 1 or any(rule_sets.values()):
+        if not pass_rules and not uses_flax:
+            raise PlanError(
+                "make_step(mesh) takes no rules and the program does not use Flax, so every "
+                "rule set would give the same program; write make_step(mesh, rules) and build "
+                "the shardings with shardscope.logical_to_spec(names, rules)",
+                param="make_step",
+            )
+    return rule_sets, axes
+
+
+def _target_hardware(
+    target: str | None,
+    hardware: Any,
+    overrides: Mapping[str, float] | None,
+    devices: int,
+) -> tuple[str | None, Hardware]:
+    """The target whose compiler compiles (None: the CPU) and the hardware timed on (the
+    target's own unless ``hardware`` is given)."""
+    target_name: str | None = None
+    if target is not None:
+        t = get_target(target)
+        if t.family != CPU:
+            require_compiler(t)
+            topology(t, devices)  # a device count the target is not built with fails here
+            target_name = t.name
+            if hardware is None:
+                hardware = t.hardware
+    return target_name, get_hardware(hardware or "h100", **dict(overrides or {}))
+
+
+def _program_plan(
+    rules_name: str,
+    rules: Rules,
+    sizes: Mapping[str, int],
+    compiled: tuple[Any, Mapping[str, float], int, str],
+    hw: Hardware,
+    same_as: str | None,
+) -> ProgramPlan:
+    """The plan of one rule set on one mesh shape from its compile."""
+    result, timing, itemsize, _ = compiled
+    width = Width.of(result, itemsize=itemsize)
+    collectives = tuple(_plan_collective(c, width) for c in result.collectives)
+    comm = _axis_comm(hw, sizes, collectives, Bound("none", (), ()))
+    notes = []
+    if result.rematerializations:
+        sites = sorted({x.source or x.op_name or "?" for x in result.rematerializations})
+        notes.append(Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
+    if not result.exact:
+        notes.append(Note(PlanNote.INEXACT))
+    return ProgramPlan(
+        rules_name=rules_name,
+        rules=rules,
+        mesh=dict(sizes),
+        compiled_memory=dict(result.memory or {}),
+        memory_limit_bytes=int(hw.memory_bytes),
+        collectives=collectives,
+        comm=comm,
+        comm_time_s=sum(a.time_s for a in comm),
+        flops_per_device=result.flops,
+        compute_time_s=(result.flops or 0.0) / hw.peak_flops,
+        notes=tuple(notes),
+        timing=timing,
+        exact=result.exact,
+        same_as=same_as,
     )
 
 
@@ -675,41 +700,17 @@ def _local_devices(n: int) -> list[Any]:
     return list(have[:n])
 
 
-def _result_notes(hw: Any, plans: Sequence[ProgramPlan], target: str | None) -> list[str]:
-    memory = (
-        f"memory per device is the {target} compiler's own buffer assignment (arguments + "
-        f"outputs + temporaries - aliased), compiled deviceless"
-        if target is not None
-        else "memory per device is the compiler's buffer assignment (arguments + outputs + "
-        "temporaries - aliased) on the CPU backend, which computes 16-bit arithmetic in f32 "
-        "and has no GPU/TPU memory scheduler: compare plans with it, do not read it as a "
-        "GPU/TPU prediction"
-    )
+def _result_notes(hw: Any, plans: Sequence[ProgramPlan], target: str | None) -> list[Note]:
     notes = [
-        memory,
-        "communication is the compiled program's collectives, loop trips counted, bytes each "
-        "device sends under bandwidth-optimal algorithms",
-        f"time: alpha-beta per collective ({hw.name}: {hw.link_bandwidth / 1e9:g} GB/s within "
-        f"a node of {hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s for groups that "
-        f"span nodes, {hw.latency_s * 1e6:g} us per step); compute = the compiler's FLOP "
-        f"count per device / {hw.peak_flops / 1e12:g} TFLOP/s peak; step = compute + "
-        f"communication (no overlap) or the larger of the two (perfect overlap)",
+        Note(PlanNote.COMPILED_MEMORY, {"target": target}),
+        Note(PlanNote.COMMUNICATION),
+        Note(PlanNote.PROGRAM_TIME_MODEL, hw.to_dict()),
     ]
     if any(p.flops_per_device is None for p in plans):
-        notes.append(
-            "the compiler reported no FLOP count for some plans (the GPU compiler gives none): "
-            "their compute time is 0, so they rank by communication alone"
-        )
-    same = [p for p in plans if p.same_as]
+        notes.append(Note(PlanNote.NO_FLOP_COUNT))
+    same = [(p.label, p.same_as, p.mesh_spec) for p in plans if p.same_as]
     if same:
-        notes.append(
-            "identical programs: "
-            + "; ".join(f"{p.label} = {p.same_as} {p.mesh_spec}" for p in same[:6])
-            + (" ..." if len(same) > 6 else "")
-        )
+        notes.append(Note(PlanNote.IDENTICAL_PROGRAMS, {"same": same}))
     if any(c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives):
-        notes.append(
-            "the CPU backend moves 16-bit values as f32 through the collectives; they are "
-            "counted at 2 bytes per element, as GPU and TPU compilers keep them"
-        )
+        notes.append(Note(PlanNote.CPU_WIDENED, {"dtype": "16-bit", "itemsize": 2}))
     return notes

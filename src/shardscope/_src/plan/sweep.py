@@ -37,8 +37,9 @@ from shardscope._src.base.comm import ALL_REDUCE, KINDS, REDUCE_SCATTER, format_
 from shardscope._src.base.deviceless import compiler_installed, require_compiler
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
-from shardscope._src.base.hardware import TIME_MODEL_SOURCES, Hardware
+from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
+from shardscope._src.base.notes import Note
 from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import parse_mesh_spec
@@ -70,6 +71,7 @@ from shardscope._src.plan.types import (
     CompiledFacts,
     Plan,
     PlanCollective,
+    PlanNote,
     PlanResult,
     Screened,
     Skipped,
@@ -323,7 +325,7 @@ def screen_all(
                     SkipReason.MEMORY,
                     f"{what} need {format_bytes(state)} per device, more than the "
                     f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
-                    f"devices (fsdp, fsdp_tp, zero2) or give more memory (--memory)",
+                    f"devices (fsdp, fsdp_tp, zero2) or use a device with more memory",
                 )
             )
         screened.extend(options)
@@ -563,21 +565,15 @@ def _lacks_reduce_scatter(bound: Any, collectives: Sequence[PlanCollective]) -> 
     return bool(bound_rs - compiled_rs)
 
 
-def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[str]:
+def _notes(facts: CompiledFacts, bound: Any, collectives: Sequence[PlanCollective]) -> list[Note]:
     notes = []
     if _lacks_reduce_scatter(bound, collectives):
-        notes.append(
-            "CPU backend: all-reduce + slice where a reduce-scatter suffices (the GPU "
-            "compiler forms one; the TPU compiler was seen to all-reduce too), so the "
-            "compiled bytes exceed the bound"
-        )
+        notes.append(Note(PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER))
     if facts.rematerializations:
-        notes.append(
-            "the partitioner replicated a whole array then sliced it (involuntary full "
-            f"rematerialization) at {', '.join(sorted(set(facts.rematerializations)))}"
-        )
+        sites = sorted(set(facts.rematerializations))
+        notes.append(Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
     if not facts.exact:
-        notes.append("some collective counts are not exact (unknown trip count or a branch)")
+        notes.append(Note(PlanNote.INEXACT))
     return notes
 
 
@@ -767,33 +763,13 @@ def plan(
     """
 
     start = time.perf_counter()
-    if not is_int(devices, 1):
-        raise PlanError(f"devices={devices!r}: must be a positive whole number")
-    if devices > MAX_DEVICES:
-        raise PlanError(
-            f"devices={devices}: the CPU backend compiles for at most {MAX_DEVICES} "
-            f"simulated devices in one process; plan for {MAX_DEVICES} or fewer"
-        )
-    if mode not in MODES:
-        raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
-    if workers is not None and (not is_int(workers, 0)):
-        raise PlanError(f"workers={workers!r}: must be 0 (this process) or a positive number")
-    if isinstance(compile_top, bool) or not isinstance(compile_top, int) or compile_top < 0:
-        raise PlanError(f"compile_top={compile_top!r}: must be 0 or a positive number")
-    names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
-    for name in names:
-        if name not in STRATEGIES:
-            raise PlanError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    names = _check_sweep(devices, mode, workers, compile_top, strategies)
     hw = get_hardware(hardware, **dict(hardware_overrides or {}))
     compiler = _check_compiler(compiler, hw, devices, target_plans)
     model_name, config = resolve_config(
         model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims
     )
-    if bytes_per_param < 2 * config.itemsize and mode == "train":
-        raise PlanError(
-            f"bytes_per_param={bytes_per_param} is less than a parameter and its gradient at "
-            f"{config.dtype} ({2 * config.itemsize} bytes); use at least {2 * config.itemsize}"
-        )
+    _check_bytes_per_param(bytes_per_param, config, mode)
 
     ranked_screen, skipped, n_candidates = screen_all(
         config,
@@ -807,7 +783,6 @@ def plan(
         microbatches=microbatches,
         stages=stages,
     )
-    remats = _remat_options(mode, remat, flash_attention)
     todo = _to_compile(
         [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], compile_top
     )
@@ -815,156 +790,188 @@ def plan(
         s.candidate: stage_config(config, s.candidate, flash_attention=flash_attention)
         for s in todo
     }
-    closest = None
-    if ranked_screen and not ranked_screen[0].fits:
-        small = min(ranked_screen, key=lambda s: s.memory.total)
-        closest = {"label": small.candidate.label, "bytes": small.memory.total}
-
     n_workers = default_workers(devices) if workers is None else workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
     facts = compile_all(
-        [s.candidate for s in todo],
-        {s.candidate: stage_configs[s.candidate] for s in todo},
-        mode,
-        devices,
-        n_workers,
-        progress,
+        [s.candidate for s in todo], stage_configs, mode, devices, n_workers, progress
     )
 
-    flops = model_flops(config, mode)
+    flops_per_device = model_flops(config, mode) / devices
     plans: list[Plan] = []
     bound_of: dict[int, Any] = {}
     for s in todo:
-        cand = s.candidate
-        got = facts[cand]
+        got = facts[s.candidate]
         if isinstance(got, BaseException):
+            message = f"{type(got).__name__}: {got}"
             skipped.append(
-                Skipped(
-                    cand.strategy, cand.mesh_spec, SkipReason.ERROR, f"{type(got).__name__}: {got}"
-                )
+                Skipped(s.candidate.strategy, s.candidate.mesh_spec, SkipReason.ERROR, message)
             )
             continue
-        sizes = dict(cand.stage_mesh)
-        bound = s.bound
-        comm = _axis_comm(hw, sizes, got.collectives, bound)
-        notes = _notes(got, bound, got.collectives)
-        if cand.microbatches > 1 and _reduces_per_microbatch(got, bound, cand):
-            notes.append(
-                "the compiled jit program reduces the replicated gradients after every "
-                "micro-batch; the time model reduces them once per step, as Megatron-LM, "
-                "DeepSpeed and PyTorch DDP do (shard_map with one psum at the end compiles so)"
-            )
-        if cand.stages > 1:
-            notes.append(
-                f"one of {cand.stages} pipeline stages compiled "
-                f"({stage_configs[cand].layers} layers, "
-                f"on {math.prod(sizes.values())} devices, holding the embedding and the "
-                f"unembedding of the first and last stages); the stage-to-stage transfers "
-                f"and the bubble are in the time model"
-            )
-        p = Plan(
-            strategy=cand.strategy,
-            summary=STRATEGIES[cand.strategy].summary,
-            mesh=cand.sizes,
-            memory=s.memory,
-            compiled_memory=got.memory,
-            memory_limit_bytes=int(hw.memory_bytes),
-            collectives=got.collectives,
-            comm=comm,
-            bound_bytes_per_device=bound.traffic_bytes,
-            bound_comm_time_s=_bound_time(hw, sizes, bound),
-            comm_time_s=sum(a.time_s for a in comm),
-            flops_per_device=flops / devices,
-            compute_time_s=s.time.compute_s,
-            notes=tuple(notes),
-            analysis_s=got.analysis_s,
-            timing={"lower_s": got.lower_s, "compile_s": got.compile_s, "audit_s": got.audit_s},
-            exact=got.exact,
-            microbatches=cand.microbatches,
-            remat=cand.remat,
-            stages=cand.stages,
-            time=s.time.to_dict(),
-        )
-        bound_of[id(p)] = bound
+        p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device)
+        bound_of[id(p)] = s.bound
         plans.append(p)
 
-    order = sorted(
-        plans,
-        key=lambda p: (
-            not p.fits,
-            p.step_time_s,
-            p.memory.total,
-            names.index(p.strategy),
-            tuple(p.mesh.values()),
-        ),
-    )
+    order = sorted(plans, key=_rank_key(names))
     if compiler != "cpu":
         order = _on_target(
             order, bound_of, config, mode, hw, compiler, target_plans, progress, flash_attention
         )
-        order = sorted(
-            order,
-            key=lambda p: (
-                not p.fits,
-                p.step_time_s,
-                p.memory.total,
-                names.index(p.strategy),
-                tuple(p.mesh.values()),
-            ),
-        )
+        order = sorted(order, key=_rank_key(names))
     front = _pareto(order)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
-    # One validation per strategy, on its best plan: the issue's DP, FSDP and TP, and the rest.
-    first: dict[str, tuple[Plan, Any]] = {}
-    for p, q in zip(ranked, order, strict=True):
-        first.setdefault(p.strategy, (p, bound_of[id(q)]))
-    validations = tuple(_validate(p, b) for p, b in first.values())
-    result = PlanResult(
+    settings = {
+        **settings_dict(bytes_per_param, flash_attention),
+        "compile_options": dict(COMPILE_OPTIONS),
+        "strategies": list(names),
+        "remat": list(_remat_options(mode, remat, flash_attention)),
+        "microbatches": microbatches,
+        "stages": stages,
+        "compile_top": compile_top,
+        "time_model": timing_constants(hw),
+    }
+    return PlanResult(
         model=model_name,
         config=config,
         devices=devices,
         mode=mode,
         hardware=hw,
-        settings={
-            **settings_dict(bytes_per_param, flash_attention),
-            "compile_options": dict(COMPILE_OPTIONS),
-            "strategies": list(names),
-            "remat": list(remats),
-            "microbatches": microbatches,
-            "stages": stages,
-            "compile_top": compile_top,
-            "time_model": timing_constants(hw),
-        },
+        settings=settings,
         plans=ranked,
         skipped=tuple(skipped),
-        validations=validations,
+        validations=_validations(ranked, order, bound_of),
         notes=tuple(_result_notes(config, hw, ranked) + _compiler_notes(compiler, ranked, hw)),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
         candidates=n_candidates,
         screened=len(ranked_screen),
-        closest=closest,
+        closest=_closest(ranked_screen),
         compiler=compiler,
     )
-    return result
 
 
-def _compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[str]:
+def _check_sweep(
+    devices: int, mode: str, workers: int | None, compile_top: int, strategies: Any
+) -> tuple[str, ...]:
+    """The strategies to sweep, once the sweep's counts and names are valid."""
+    if not is_int(devices, 1):
+        raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
+    if devices > MAX_DEVICES:
+        raise PlanError(
+            f"devices={devices}: the CPU backend compiles for at most {MAX_DEVICES} "
+            f"simulated devices in one process; plan for {MAX_DEVICES} or fewer",
+            param="devices",
+        )
+    if mode not in MODES:
+        raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}", param="mode")
+    if workers is not None and (not is_int(workers, 0)):
+        raise PlanError(
+            f"workers={workers!r}: must be 0 (this process) or a positive number", param="workers"
+        )
+    if isinstance(compile_top, bool) or not isinstance(compile_top, int) or compile_top < 0:
+        raise PlanError(
+            f"compile_top={compile_top!r}: must be 0 or a positive number", param="compile_top"
+        )
+    names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
+    for name in names:
+        if name not in STRATEGIES:
+            raise PlanError(
+                f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}",
+                param="strategies",
+            )
+    return names
+
+
+def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str) -> None:
+    if bytes_per_param < 2 * config.itemsize and mode == "train":
+        raise PlanError(
+            f"bytes_per_param={bytes_per_param} is less than a parameter and its gradient at "
+            f"{config.dtype} ({2 * config.itemsize} bytes); use at least {2 * config.itemsize}",
+            param="bytes_per_param",
+        )
+
+
+def _compiled_plan(
+    s: Screened, got: CompiledFacts, hw: Hardware, stage: ModelConfig, flops_per_device: float
+) -> Plan:
+    """The plan of a screened candidate from its compiled facts."""
+    cand, bound = s.candidate, s.bound
+    sizes = dict(cand.stage_mesh)
+    comm = _axis_comm(hw, sizes, got.collectives, bound)
+    notes = _notes(got, bound, got.collectives)
+    if cand.microbatches > 1 and _reduces_per_microbatch(got, bound, cand):
+        notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
+    if cand.stages > 1:
+        values = {"stages": cand.stages, "layers": stage.layers}
+        notes.append(
+            Note(PlanNote.PIPELINE_STAGE, {**values, "devices": math.prod(sizes.values())})
+        )
+    return Plan(
+        strategy=cand.strategy,
+        summary=STRATEGIES[cand.strategy].summary,
+        mesh=cand.sizes,
+        memory=s.memory,
+        compiled_memory=got.memory,
+        memory_limit_bytes=int(hw.memory_bytes),
+        collectives=got.collectives,
+        comm=comm,
+        bound_bytes_per_device=bound.traffic_bytes,
+        bound_comm_time_s=_bound_time(hw, sizes, bound),
+        comm_time_s=sum(a.time_s for a in comm),
+        flops_per_device=flops_per_device,
+        compute_time_s=s.time.compute_s,
+        notes=tuple(notes),
+        analysis_s=got.analysis_s,
+        timing={"lower_s": got.lower_s, "compile_s": got.compile_s, "audit_s": got.audit_s},
+        exact=got.exact,
+        microbatches=cand.microbatches,
+        remat=cand.remat,
+        stages=cand.stages,
+        time=s.time.to_dict(),
+    )
+
+
+def _rank_key(names: Sequence[str]) -> Callable[[Plan], tuple[Any, ...]]:
+    """Plans that fit first, then by step time, memory, the strategies' order and mesh."""
+
+    def key(p: Plan) -> tuple[Any, ...]:
+        return (
+            not p.fits,
+            p.step_time_s,
+            p.memory.total,
+            names.index(p.strategy),
+            tuple(p.mesh.values()),
+        )
+
+    return key
+
+
+def _validations(
+    ranked: Sequence[Plan], order: Sequence[Plan], bound_of: dict[int, Any]
+) -> tuple[Validation, ...]:
+    """One validation per strategy, on its best plan."""
+    first: dict[str, tuple[Plan, Any]] = {}
+    for p, q in zip(ranked, order, strict=True):
+        first.setdefault(p.strategy, (p, bound_of[id(q)]))
+    return tuple(_validate(p, b) for p, b in first.values())
+
+
+def _closest(ranked_screen: Sequence[Screened]) -> dict[str, Any] | None:
+    """The candidate needing the least memory per device, when the best does not fit."""
+    if not ranked_screen or ranked_screen[0].fits:
+        return None
+    small = min(ranked_screen, key=lambda s: s.memory.total)
+    return {"label": small.candidate.label, "bytes": small.memory.total}
+
+
+def _compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[Note]:
     if compiler == "cpu":
         own = TARGETS.get(hw.name)
         if own is not None and own.extra and not compiler_installed(own):
-            return [
-                f"every plan was compiled by the CPU backend; pip install "
-                f"'shardscope[{own.extra}]' to compile the leading plans with the {own.name} "
-                f"compiler (deviceless) and judge their fit from its buffer assignment"
-            ]
+            values = {"target": own.name, "extra": own.extra}
+            return [Note(PlanNote.TARGET_COMPILER_MISSING, values, ("compiler",))]
         return []
-    by_target = [str(p.rank) for p in plans if p.compiled_by == compiler]
-    return [
-        f"plans ranked {', '.join(by_target)} were compiled again by the {compiler} compiler "
-        f"(deviceless): their fit is judged from its buffer assignment and their "
-        f"communication is its collectives; the other plans are the CPU compiler's screening"
-    ]
+    ranks = [p.rank for p in plans if p.compiled_by == compiler]
+    return [Note(PlanNote.RECOMPILED_BY_TARGET, {"target": compiler, "ranks": ranks})]
 
 
 def _check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int) -> str:
@@ -976,7 +983,8 @@ def _check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int
     if t.hardware != hw.name:
         raise PlanError(
             f"compiler {t.name!r} compiles for {t.hardware} devices but the plan is for "
-            f"{hw.name}; use compiler={hw.name!r} (--compiler {hw.name}) or 'cpu'"
+            f"{hw.name}; use compiler={hw.name!r} or 'cpu'",
+            param="compiler",
         )
     if isinstance(target_plans, bool) or not isinstance(target_plans, int) or target_plans < 1:
         raise PlanError(f"target_plans={target_plans!r}: must be a positive whole number")
@@ -1013,14 +1021,13 @@ def _on_target(
         bound = bound_of[id(p)]
 
         if facts.error is None:
-            note = (
-                f"compiled by the {target} compiler: {format_bytes(facts.memory_bytes_per_device)}"
-                f" per device in its buffer assignment (analytic estimate "
-                f"{format_bytes(p.memory.total)})"
-            )
+            values = {"target": target, "memory_bytes": facts.memory_bytes_per_device}
+            values["estimate_bytes"] = p.memory.total
         else:
-            note = f"compiled by the {target} compiler: {facts.error}"
-        kept = tuple(n for n in p.notes if not n.startswith("CPU backend"))
+            values = {"target": target, "error": facts.error}
+        note = Note(PlanNote.COMPILED_BY_TARGET, values)
+        # The target's compiler forms its own collectives: the CPU backend's note goes.
+        kept = tuple(n for n in p.notes if n.kind != PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER)
         changes: dict[str, Any] = {
             "notes": (note, *kept),
             "compiled_by": target,
@@ -1046,43 +1053,21 @@ def _on_target(
     return out + order[len(out) :]
 
 
-def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> list[str]:
+def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> list[Note]:
     notes = [
-        "memory per device is the analytic estimate (ZeRO model state, Korthikanti "
-        "activations); the compiled numbers beside it are the CPU compiler's buffer "
-        "assignment (bf16 computed in f32, no GPU/TPU memory scheduler), not a GPU/TPU "
-        "prediction",
-        "communication is the compiled program's collectives, loop trips counted, bytes each "
-        "device sends under bandwidth-optimal algorithms",
-        f"time model ({hw.name}): matmuls at {hw.matmul_fraction:.0%} of "
-        f"{hw.peak_flops / 1e12:g} TFLOP/s, activations through HBM at "
-        f"{hw.hbm_bandwidth / 1e12:g} TB/s, collectives at {hw.comm_fraction:.0%} of "
-        f"{hw.link_bandwidth / 1e9:g} GB/s within a node of {hw.node_size} and of "
-        f"{hw.cross_node_bandwidth / 1e9:g} GB/s per device across nodes, "
-        f"{hw.latency_s * 1e6:g} us per ring step; tensor-parallel collectives "
-        + ("overlapped with their matmuls" if hw.tp_overlap else "on the critical path")
-        + "; data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
-        "schedule allows; 1F1B pipeline bubble; the optimizer's pass over its state. Ranked "
-        "by this step time, from the formula's collectives (the compiled ones are validated "
-        "against them). Sources: " + "; ".join(f"{k}: {v}" for k, v in TIME_MODEL_SOURCES.items()),
+        Note(PlanNote.ANALYTIC_MEMORY),
+        Note(PlanNote.COMMUNICATION),
+        Note(PlanNote.TIME_MODEL, hw.to_dict()),
     ]
     if config.itemsize == 2 and any(
         c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives
     ):
-        notes.append(
-            f"the CPU backend runs {config.dtype} arithmetic in f32 and moves f32 through the "
-            f"collectives; they are counted at {config.itemsize} bytes per element, as GPU "
-            f"and TPU compilers keep them (cpu_comm_bytes_per_device has the CPU bytes)"
-        )
+        notes.append(Note(PlanNote.CPU_WIDENED, {"dtype": config.dtype, "itemsize": 2}))
     # A reduce-scatter row the bound has and the compiled program does not run.
     if any(
         a.kind == REDUCE_SCATTER and a.bound_bytes > 0 and a.count == 0
         for p in plans
         for a in p.comm
     ):
-        notes.append(
-            "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the bytes): "
-            "plans that need one (FSDP gradients, sequence parallelism) are charged the "
-            "compiled all-reduce; bound_comm_time_s is the time at the lower bound"
-        )
+        notes.append(Note(PlanNote.CPU_NO_REDUCE_SCATTER))
     return notes

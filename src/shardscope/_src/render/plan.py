@@ -6,7 +6,7 @@ Both read the plain data only; rich is imported where it is used.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.render.console import format_bytes
@@ -193,16 +193,24 @@ def validation_table(result: PlanResult) -> Any:
     return table
 
 
+def no_flags(params: Sequence[str]) -> str:
+    """No words after a note: the library's renderers leave the parameters to the docs."""
+    return ""
+
+
 def render_plan(
     result: PlanResult,
     *,
     console: Any = None,
     top: int | None = None,
     empty_reason: bool = True,
+    flags: Callable[[Sequence[str]], str] = no_flags,
 ) -> None:
     """Prints the plan table, then what was skipped, the validation and the caveats.
 
     With no plan it prints why (unless ``empty_reason=False``: the CLI says it on stderr).
+    ``flags`` turns the parameters a note names into the words that follow it (the command
+    line names its flags).
     """
     from rich.console import Console
 
@@ -210,7 +218,8 @@ def render_plan(
     if result.plans:
         console.print(plan_table(result, top=top))
         if result.fit_note:
-            console.print(f"[bold red]{result.fit_note}[/]", highlight=False)
+            note = result.fit_note
+            console.print(f"[bold red]{note}{flags(note.params)}[/]", highlight=False)
         console.print(comm_table(result))
     elif empty_reason:
         console.print(f"[bold]{result.empty_reason}[/bold]")

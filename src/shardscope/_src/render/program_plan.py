@@ -4,11 +4,18 @@ shape of the built-in planner's (the PNG is the planner's chart, :func:`plot_pla
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.plan.program import format_rules
 from shardscope._src.render.console import format_bytes
-from shardscope._src.render.plan import KIND_SHORT, _md_table, format_seconds, skipped_table
+from shardscope._src.render.plan import (
+    KIND_SHORT,
+    _md_table,
+    format_seconds,
+    no_flags,
+    skipped_table,
+)
 
 if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlan, ProgramPlanResult
@@ -80,16 +87,22 @@ def program_plan_table(result: ProgramPlanResult, *, top: int | None = None) -> 
 
 
 def render_program_plan(
-    result: ProgramPlanResult, *, console: Any = None, top: int | None = None
+    result: ProgramPlanResult,
+    *,
+    console: Any = None,
+    top: int | None = None,
+    flags: Callable[[Sequence[str]], str] = no_flags,
 ) -> None:
-    """Prints the ranked plans, what was skipped, the rule sets and the caveats."""
+    """Prints the ranked plans, what was skipped, the rule sets and the caveats; ``flags``
+    as in :func:`~shardscope._src.render.plan.render_plan`."""
     from rich.console import Console
 
     console = console or Console()
     if result.plans:
         console.print(program_plan_table(result, top=top))
         if result.fit_note:
-            console.print(f"[bold red]{result.fit_note}[/]", highlight=False)
+            note = result.fit_note
+            console.print(f"[bold red]{note}{flags(note.params)}[/]", highlight=False)
     if result.skipped:
         console.print(skipped_table(result, first="rules"))
 
