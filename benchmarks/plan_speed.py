@@ -53,6 +53,28 @@ def _tree_rss_bytes(root: int) -> int:
     return total
 
 
+def run_measured(cmd: list[str]) -> tuple[int, float, int, str]:
+    """Runs ``cmd``, sampling its process tree's resident memory every 50 ms: (exit status,
+    wall seconds, peak resident bytes, stderr)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak, done = 0, threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss_bytes(proc.pid))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    return proc.returncode, wall, peak, err.decode(errors="replace")
+
+
 def run_case(case: str, workers: int | None, extra: list[str]) -> dict:
     model, devices, *rest = case.split(":")
     extra = list(extra)
@@ -77,25 +99,9 @@ def run_case(case: str, workers: int | None, extra: list[str]) -> dict:
         ]
         if workers is not None:
             cmd += ["--workers", str(workers)]
-        peak = 0
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        done = threading.Event()
-
-        def sample() -> None:
-            nonlocal peak
-            while not done.is_set():
-                peak = max(peak, _tree_rss_bytes(proc.pid))
-                done.wait(0.05)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, err = proc.communicate()
-        wall = time.perf_counter() - start
-        done.set()
-        sampler.join()
-        if proc.returncode != 0:
-            return {"case": case, "error": err.decode()[-400:]}
+        code, wall, peak, err = run_measured(cmd)
+        if code != 0:
+            return {"case": case, "error": err[-400:]}
         data = json.loads(out.read_text())
     per_plan = [p["analysis_s"] for p in data["plans"]]
     best = next((p for p in data["plans"] if p["fits"]), None)

@@ -19,45 +19,17 @@ Needs the ``gpu-compile`` and ``tpu-compile`` extras (``make test`` installs the
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from plan_speed import _tree_rss_bytes  # the same sampler of a process tree's memory
+from plan_speed import run_measured  # the same sampler of a process tree's memory
 
 CASES = [
     ("7b", 64, "h100", 60.0),
     ("7b", 64, "tpu-v5p", 180.0),
     ("70b", 1024, "tpu-v5p", None),
 ]
-
-
-def _run(argv: list[str]) -> tuple[int, float, int, str]:
-    """(exit status, wall seconds, peak resident bytes of the process tree, stderr)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardscope", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    peak, done = 0, threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _tree_rss_bytes(proc.pid))
-            done.wait(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    return proc.returncode, wall, peak, err.decode(errors="replace")
 
 
 def _gib(n: float | None) -> str:
@@ -73,7 +45,7 @@ def main(argv: list[str]) -> int:
             out = Path(tmp) / "plan.json"
             argv = ["plan", "--model", model, "--devices", str(devices)]
             argv += ["--hardware", hardware, "--compiler", hardware, "--json", str(out)]
-            code, wall, peak, err = _run(argv)
+            code, wall, peak, err = run_measured([sys.executable, "-m", "shardscope", *argv])
             if code != 0:
                 print(f"{model} on {devices} x {hardware}: failed: {err[-500:]}")
                 continue

@@ -150,20 +150,22 @@ def _many_devices(t: str, rng: random.Random) -> str:
     return first + "\n" + rest
 
 
-def _opcode(t: str, rng: random.Random) -> str:
-    found = list(re.finditer(r" ([a-z][a-z\-]*)\(", t))
+def _replace_one(t: str, rng: random.Random, pattern: str, choices: list[str]) -> str:
+    """``t`` with the first group of one match of ``pattern`` (picked at random) replaced by
+    one of ``choices``."""
+    found = list(re.finditer(pattern, t))
     if not found:
         return t
     m = rng.choice(found)
-    return t[: m.start(1)] + rng.choice(_OPCODES) + t[m.end(1) :]
+    return t[: m.start(1)] + rng.choice(choices) + t[m.end(1) :]
+
+
+def _opcode(t: str, rng: random.Random) -> str:
+    return _replace_one(t, rng, r" ([a-z][a-z\-]*)\(", _OPCODES)
 
 
 def _dtype(t: str, rng: random.Random) -> str:
-    found = list(re.finditer(r"\b(f32|s32|pred|u32|bf16)\[", t))
-    if not found:
-        return t
-    m = rng.choice(found)
-    return t[: m.start(1)] + rng.choice(_DTYPES) + t[m.end(1) :]
+    return _replace_one(t, rng, r"\b(f32|s32|pred|u32|bf16)\[", _DTYPES)
 
 
 def _trips(t: str, rng: random.Random) -> str:

@@ -107,130 +107,72 @@ def test_tiled_layouts_and_memory_spaces_are_read():
     assert x.byte_size == 2 * 256 * 2
 
 
-# (kind, axes, group size, payload, traffic, count, carried_as, async, user site, scope, phase)
+# One row a collective, sorted as the audit sorts them: kind, axes, group size, payload,
+# traffic, count, carried as, async or sync, the user's line (its site in generate.py),
+# scope, phase; "-" is none, '""' an empty scope.
 GOLDEN = {
-    "h100x8/fsdp_step": [
-        ("all-gather", "data", 8, 1048576, 917504, 3, None, True, "fsdp_up", "mlp", "forward"),
-        ("all-gather", "data", 8, 557056, 487424, 3, None, True, "fsdp_down", "mlp", "backward"),
-        ("reduce-scatter", "data", 8, 1048576, 917504, 3, None, True, None, "mlp", "backward"),
-        ("all-to-all", "data", 8, 131072, 14336, 3, None, True, "fsdp_up", "mlp", "backward"),
-    ],
-    "h100x8/tp_step": [
-        ("all-reduce", "data", 2, 262144, 262144, 1, None, True, None, "block_0", "backward"),
-        ("all-reduce", "model", 4, 4096, 6144, 1, None, True, "tp_down", "block_0", "forward"),
-    ],
-    "h100x8/shard_map_collectives": [
-        ("all-reduce", "dp", 2, 8192, 8192, 1, None, True, "sm_psum", "", None),
-        ("collective-permute", "dp", 2, 8192, 8192, 1, None, True, "sm_ppermute", "", None),
-        ("all-gather", "mp", 4, 32768, 24576, 1, None, True, "sm_all_gather", "", None),
-        ("reduce-scatter", "mp", 4, 32768, 24576, 1, None, True, "sm_psum_scatter", "", None),
-        ("all-to-all", "mp", 4, 32768, 6144, 1, None, True, "sm_all_to_all", "", None),
-    ],
-    "h100x8/flax_step": [
-        ("all-reduce", "data", 2, 131072, 131072, 1, None, True, None, "", "backward"),
-        (
-            "all-reduce",
-            "model",
-            4,
-            4096,
-            6144,
-            1,
-            None,
-            True,
-            "flax_down",
-            "Model/block_0/Dense_1",
-            "forward",
-        ),
-        (
-            "all-reduce",
-            "model",
-            4,
-            4096,
-            6144,
-            1,
-            None,
-            True,
-            "flax_down",
-            "Model/block_1/Dense_1",
-            "forward",
-        ),
-        (
-            "all-reduce",
-            "model",
-            4,
-            4096,
-            6144,
-            1,
-            None,
-            True,
-            "flax_up",
-            "Model/block_1/Dense_0",
-            "backward",
-        ),
-    ],
-    "v5px8/fsdp_step": [
-        ("all-reduce", "data", 8, 1048576, 1835008, 3, None, False, "fsdp_up", "mlp", "backward"),
-        ("all-gather", "data", 8, 524288, 458752, 3, None, False, "fsdp_up", "mlp", "forward"),
-        ("all-gather", "data", 8, 524288, 458752, 3, None, False, "fsdp_up", "mlp", "backward"),
-        ("all-gather", "data", 8, 524288, 458752, 3, None, False, "fsdp_down", "mlp", "forward"),
-        ("all-gather", "data", 8, 32768, 28672, 3, None, False, "fsdp_down", "mlp", "backward"),
-        ("all-to-all", "data", 8, 131072, 14336, 3, None, False, "fsdp_up", "mlp", "backward"),
-    ],
-    "v5px8/tp_step": [
-        ("all-reduce", "data", 2, 262144, 262144, 1, None, False, "tp_up", "block_0", "backward"),
-        ("all-reduce", "model", 4, 4096, 6144, 1, None, False, "tp_down", "block_0", "forward"),
-    ],
-    "v5px8/shard_map_collectives": [
-        ("all-reduce", "dp", 2, 8192, 8192, 1, None, False, "sm_psum", "", None),
-        ("collective-permute", "dp", 2, 8192, 8192, 1, None, True, "sm_ppermute", "", None),
-        ("all-gather", "mp", 4, 32768, 24576, 1, None, False, "sm_all_gather", "", None),
-        ("reduce-scatter", "mp", 4, 32768, 24576, 1, None, False, "sm_psum_scatter", "", None),
-        ("all-to-all", "mp", 4, 32768, 6144, 1, None, False, "sm_all_to_all", "", None),
-    ],
-    "v5px64/fsdp_step": [
-        ("all-reduce", "data", 64, 1048576, 2064384, 3, None, False, None, "mlp", "backward"),
-        (
-            "all-gather",
-            "data",
-            64,
-            1048576,
-            2064384,
-            3,
-            "all-reduce",
-            False,
-            None,
-            "mlp",
-            "forward",
-        ),
-        (
-            "all-gather",
-            "data",
-            64,
-            65536,
-            129024,
-            3,
-            "all-reduce",
-            False,
-            "fsdp_down",
-            "mlp",
-            "backward",
-        ),
-        (
-            "all-gather",
-            "data",
-            64,
-            524288,
-            1032192,
-            3,
-            "all-reduce",
-            False,
-            "fsdp_up",
-            "mlp",
-            "backward",
-        ),
-        ("all-to-all", "data", 64, 262144, 4032, 3, None, False, "fsdp_up", "mlp", "backward"),
-    ],
+    "h100x8/fsdp_step": """
+        all-gather     data 8 1048576 917504 3 - async fsdp_up   mlp forward
+        all-gather     data 8 557056  487424 3 - async fsdp_down mlp backward
+        reduce-scatter data 8 1048576 917504 3 - async -         mlp backward
+        all-to-all     data 8 131072  14336  3 - async fsdp_up   mlp backward
+    """,
+    "h100x8/tp_step": """
+        all-reduce data  2 262144 262144 1 - async -       block_0 backward
+        all-reduce model 4 4096   6144   1 - async tp_down block_0 forward
+    """,
+    "h100x8/shard_map_collectives": """
+        all-reduce         dp 2 8192  8192  1 - async sm_psum         "" -
+        collective-permute dp 2 8192  8192  1 - async sm_ppermute     "" -
+        all-gather         mp 4 32768 24576 1 - async sm_all_gather   "" -
+        reduce-scatter     mp 4 32768 24576 1 - async sm_psum_scatter "" -
+        all-to-all         mp 4 32768 6144  1 - async sm_all_to_all   "" -
+    """,
+    "h100x8/flax_step": """
+        all-reduce data  2 131072 131072 1 - async -         ""                    backward
+        all-reduce model 4 4096   6144   1 - async flax_down Model/block_0/Dense_1 forward
+        all-reduce model 4 4096   6144   1 - async flax_down Model/block_1/Dense_1 forward
+        all-reduce model 4 4096   6144   1 - async flax_up   Model/block_1/Dense_0 backward
+    """,
+    "v5px8/fsdp_step": """
+        all-reduce data 8 1048576 1835008 3 - sync fsdp_up   mlp backward
+        all-gather data 8 524288  458752  3 - sync fsdp_up   mlp forward
+        all-gather data 8 524288  458752  3 - sync fsdp_up   mlp backward
+        all-gather data 8 524288  458752  3 - sync fsdp_down mlp forward
+        all-gather data 8 32768   28672   3 - sync fsdp_down mlp backward
+        all-to-all data 8 131072  14336   3 - sync fsdp_up   mlp backward
+    """,
+    "v5px8/tp_step": """
+        all-reduce data  2 262144 262144 1 - sync tp_up   block_0 backward
+        all-reduce model 4 4096   6144   1 - sync tp_down block_0 forward
+    """,
+    "v5px8/shard_map_collectives": """
+        all-reduce         dp 2 8192  8192  1 - sync  sm_psum         "" -
+        collective-permute dp 2 8192  8192  1 - async sm_ppermute     "" -
+        all-gather         mp 4 32768 24576 1 - sync  sm_all_gather   "" -
+        reduce-scatter     mp 4 32768 24576 1 - sync  sm_psum_scatter "" -
+        all-to-all         mp 4 32768 6144  1 - sync  sm_all_to_all   "" -
+    """,
+    "v5px64/fsdp_step": """
+        all-reduce data 64 1048576 2064384 3 -          sync -         mlp backward
+        all-gather data 64 1048576 2064384 3 all-reduce sync -         mlp forward
+        all-gather data 64 65536   129024  3 all-reduce sync fsdp_down mlp backward
+        all-gather data 64 524288  1032192 3 all-reduce sync fsdp_up   mlp backward
+        all-to-all data 64 262144  4032    3 -          sync fsdp_up   mlp backward
+    """,
 }
+
+
+def _golden_rows(text: str) -> list[tuple]:
+    """GOLDEN's rows as the records' values: numbers, None, booleans and sites resolved."""
+    rows = []
+    for line in text.strip().splitlines():
+        fields = [None if t == "-" else "" if t == '""' else t for t in line.split()]
+        kind, axes, group, payload, traffic, count, carried, mode, user, scope, phase = fields
+        sizes = (int(group), int(payload), int(traffic), int(count))
+        is_async = {"async": True, "sync": False}[mode]
+        rows.append((kind, axes, *sizes, carried, is_async, user and site(user), scope, phase))
+    return rows
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -252,8 +194,7 @@ def test_golden_records(name):
         )
         for c in a.sorted_collectives()
     ]
-    want = [(*row[:8], site(row[8]) if row[8] else None, *row[9:]) for row in GOLDEN[name]]
-    assert got == want
+    assert got == _golden_rows(GOLDEN[name])
     assert a.exact
 
 

@@ -24,59 +24,54 @@ def test_explicit_and_empty():
     assert rg.resolve(4) == ((0, 1, 2, 3),)
 
 
-@pytest.mark.parametrize(
-    "text, groups",
-    [
-        ("[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
-        ("[1,8]<=[8]", ((0, 1, 2, 3, 4, 5, 6, 7),)),
-        # arange(8).reshape(2,4).T.reshape(4,2)
-        ("[4,2]<=[2,4]T(1,0)", ((0, 4), (1, 5), (2, 6), (3, 7))),
-        # arange(8).reshape(2,2,2).transpose(1,0,2).reshape(2,4)
-        ("[2,4]<=[2,2,2]T(1,0,2)", ((0, 1, 4, 5), (2, 3, 6, 7))),
-    ],
-)
-def test_iota(text, groups):
-    rg = parse_replica_groups(text)
-    assert rg.form == "iota"
-    assert rg.groups == groups
+IOTA_GROUPS = [
+    ("[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("[1,8]<=[8]", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    # arange(8).reshape(2,4).T.reshape(4,2)
+    ("[4,2]<=[2,4]T(1,0)", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    # arange(8).reshape(2,2,2).transpose(1,0,2).reshape(2,4)
+    ("[2,4]<=[2,2,2]T(1,0,2)", ((0, 1, 4, 5), (2, 3, 6, 7))),
+]
+
+MESH_GROUPS = [
+    # Printed by JAX 0.10.2 (tests/fixtures/hlo/matmul_1d.hlo).
+    ("mesh['axis_0'=1,'axis_1'=8] {'axis_1'}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    # Printed by JAX 0.10.2 (mm_2d.hlo): device order [2,4]T(1,0) = 0,4,1,5,2,6,3,7.
+    (
+        "mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}",
+        ((0, 1, 2, 3), (4, 5, 6, 7)),
+    ),
+    # Printed by JAX 0.10.2 (sub_axes_2d.hlo).
+    (
+        "mesh['axis_0'=2,'axis_1'=4,'axis_2'=1], device_ids=([2,4]T(1,0)) {'axis_1'}",
+        ((0, 4, 1, 5), (2, 6, 3, 7)),
+    ),
+    (
+        "mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([2,2,2]T(1,0,2)) {'axis_0'}",
+        ((0, 2), (1, 3), (4, 6), (5, 7)),
+    ),
+    # Grouped axes move last in the order listed.
+    ("mesh['a'=2,'b'=4] {'b','a'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),
+    ("mesh['a'=2,'b'=4] {}", tuple((i,) for i in range(8))),
+    # Sub-axes, as in XLA's replica_group.cc comments for mesh<"a"=8>.
+    ("mesh['a'=8] {'a':(1)2}", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    ("mesh['a'=8] {'a':(2)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),
+    ("mesh['a'=8] {'a':(4)2}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+    ("mesh['a'=8] {'a':(1)2,'a':(4)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
+    ("mesh['a'=2,'b'=4] {'a','b':(2)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
+    # An explicit device order, and unquoted names.
+    ("mesh[x=2,y=2], device_ids=(3,1,2,0) {y}", ((3, 1), (2, 0))),
+    ("maximal_mesh[device_id=3] {}", ((3,),)),
+]
 
 
 @pytest.mark.parametrize(
-    "text, groups",
-    [
-        # Printed by JAX 0.10.2 (tests/fixtures/hlo/matmul_1d.hlo).
-        ("mesh['axis_0'=1,'axis_1'=8] {'axis_1'}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
-        # Printed by JAX 0.10.2 (mm_2d.hlo): device order [2,4]T(1,0) = 0,4,1,5,2,6,3,7.
-        (
-            "mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}",
-            ((0, 1, 2, 3), (4, 5, 6, 7)),
-        ),
-        # Printed by JAX 0.10.2 (sub_axes_2d.hlo).
-        (
-            "mesh['axis_0'=2,'axis_1'=4,'axis_2'=1], device_ids=([2,4]T(1,0)) {'axis_1'}",
-            ((0, 4, 1, 5), (2, 6, 3, 7)),
-        ),
-        (
-            "mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([2,2,2]T(1,0,2)) {'axis_0'}",
-            ((0, 2), (1, 3), (4, 6), (5, 7)),
-        ),
-        # Grouped axes move last in the order listed.
-        ("mesh['a'=2,'b'=4] {'b','a'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),
-        ("mesh['a'=2,'b'=4] {}", tuple((i,) for i in range(8))),
-        # Sub-axes, as in XLA's replica_group.cc comments for mesh<"a"=8>.
-        ("mesh['a'=8] {'a':(1)2}", ((0, 4), (1, 5), (2, 6), (3, 7))),
-        ("mesh['a'=8] {'a':(2)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),
-        ("mesh['a'=8] {'a':(4)2}", ((0, 1), (2, 3), (4, 5), (6, 7))),
-        ("mesh['a'=8] {'a':(1)2,'a':(4)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
-        ("mesh['a'=2,'b'=4] {'a','b':(2)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
-        # An explicit device order, and unquoted names.
-        ("mesh[x=2,y=2], device_ids=(3,1,2,0) {y}", ((3, 1), (2, 0))),
-        ("maximal_mesh[device_id=3] {}", ((3,),)),
-    ],
+    "form, text, groups",
+    [("iota", *case) for case in IOTA_GROUPS] + [("mesh", *case) for case in MESH_GROUPS],
 )
-def test_mesh_form(text, groups):
+def test_iota_and_mesh_forms(form, text, groups):
     rg = parse_replica_groups(text)
-    assert rg.form == "mesh"
+    assert rg.form == form
     assert rg.groups == groups
 
 

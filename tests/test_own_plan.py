@@ -207,15 +207,21 @@ def test_diff_lists_what_appeared_and_checks_budgets():
     assert "new" in d.text()
 
 
-def test_diff_refuses_files_of_another_schema(tmp_path):
+def _audit_files(tmp_path, schema_version):
+    """An audit written as the command writes it, and its copy claiming ``schema_version``."""
     from shardscope._src.base.io import write_result
 
     old = tmp_path / "old.json"
     write_result(old, _matmul_audit(P()).to_dict(), backend="cpu")
     data = json.loads(old.read_text())
-    data["schema_version"] = 0
+    data["schema_version"] = schema_version
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
+    return old, other
+
+
+def test_diff_refuses_files_of_another_schema(tmp_path):
+    old, other = _audit_files(tmp_path, 0)
     with pytest.raises(shardscope.AuditDiffError, match="schema version 0 but this"):
         shardscope.diff_audits(old, other)
     with pytest.raises(shardscope.AuditDiffError, match="is not an audit"):
@@ -383,14 +389,7 @@ def test_cli_a_program_that_returns_no_pair(tmp_path, capsys):
 
 
 def test_cli_diff_of_files_of_another_schema(tmp_path, capsys):
-    from shardscope._src.base.io import write_result
-
-    old = tmp_path / "old.json"
-    write_result(old, _matmul_audit(P()).to_dict(), backend="cpu")
-    data = json.loads(old.read_text())
-    data["schema_version"] = 99
-    new = tmp_path / "new.json"
-    new.write_text(json.dumps(data))
+    old, new = _audit_files(tmp_path, 99)
     assert_usage_error(["diff", str(old), str(new)], "schema version 99", capsys)
 
 

@@ -31,6 +31,12 @@ from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 TINY = model_preset("tiny")
 SWEPT = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
+#: One schedule on the command line: one micro-batch, no recomputation, no pipeline stages.
+ONE_SCHEDULE = ["--stages", "1", "--microbatches", "1", "--remat", "none"]
+#: A small decoder for the analytic estimates (``_placed`` changes fields).
+SMALL = ModelConfig(
+    d_model=256, heads=8, ff=1024, layers=4, batch=8, seq=128, dtype="bfloat16", vocab=1024
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,22 +97,7 @@ def test_unknown_preset_names_the_choices():
 
 
 def _placed(strategy, mesh, **kw):
-    config = ModelConfig(
-        **{
-            **dict(
-                d_model=256,
-                heads=8,
-                ff=1024,
-                layers=4,
-                batch=8,
-                seq=128,
-                dtype="bfloat16",
-                vocab=1024,
-            ),
-            **kw,
-        }
-    )
-    return get_strategy(strategy).place(config, abstract_mesh(mesh))
+    return get_strategy(strategy).place(replace(SMALL, **kw), abstract_mesh(mesh))
 
 
 def test_model_state_follows_the_storage_specs():
@@ -377,12 +368,7 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
             "cpu",
             "--link-bandwidth",
             "1e11",
-            "--stages",
-            "1",
-            "--microbatches",
-            "1",
-            "--remat",
-            "none",
+            *ONE_SCHEDULE,
             "--json",
             str(out / "p.json"),
             "--png",
@@ -474,12 +460,7 @@ def test_plan_for_16_devices_in_a_subprocess(tmp_path):
             "16",
             "--strategies",
             "dp,tp,dp_tp",
-            "--stages",
-            "1",
-            "--microbatches",
-            "1",
-            "--remat",
-            "none",
+            *ONE_SCHEDULE,
             "--compile-top",
             "4",
             "--compiler",

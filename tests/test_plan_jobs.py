@@ -248,22 +248,24 @@ def test_recomputation_micro_batches_and_stages_set_the_activations():
 # -- the time model ----------------------------------------------------------------------------
 
 
+#: One device's step of four micro-batches, compute only (``_work`` changes fields).
+WORK = StepWork(
+    microbatches=4,
+    stages=1,
+    fwd_flops=1e15,
+    recompute_flops=0.0,
+    act_bytes=0.0,
+    recompute_act_bytes=0.0,
+    p2p_bytes=0.0,
+    p2p_bandwidth=1e10,
+    optimizer_params=0,
+    model_flops=3e15 * 4,
+    devices=1,
+)
+
+
 def _work(**kw):
-    base = dict(
-        microbatches=4,
-        stages=1,
-        fwd_flops=1e15,
-        recompute_flops=0.0,
-        act_bytes=0.0,
-        recompute_act_bytes=0.0,
-        p2p_bytes=0.0,
-        p2p_bandwidth=1e10,
-        optimizer_params=0,
-        model_flops=3e15 * 4,
-        devices=1,
-    )
-    base.update(kw)
-    return StepWork(**base)
+    return replace(WORK, **kw)
 
 
 def test_the_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():

@@ -346,41 +346,14 @@ def compare(
         lambda c: (tuple(c.axes), c.kind),
         lambda c: Totals(c.count, width.payload(c) * c.count, width.sent(c)),
     )
-    wanted = bound.totals_by_axes_kind()
-    keys = list(wanted) + [k for k in actual if k not in wanted]
-    none = Totals()
-    rows = tuple(
-        Row(
-            axes,
-            kind,
-            wanted.get((axes, kind), none).traffic_bytes,
-            actual.get((axes, kind), none).traffic_bytes,
-            wanted.get((axes, kind), none).count,
-            actual.get((axes, kind), none).count,
-        )
-        for axes, kind in keys
-    )
+    rows = _rows(bound.totals_by_axes_kind(), actual)
     by_key = {(r.axes, r.kind): r for r in rows}
     bound_kinds: dict[tuple[str, ...], set[str]] = {}
-    unclaimed: dict[tuple[tuple[str, ...], str, int], int] = {}
     for t in bound.terms:
         bound_kinds.setdefault(t.axes, set()).add(t.kind)
-        key3 = (t.axes, t.kind, t.payload_bytes)
-        unclaimed[key3] = unclaimed.get(key3, 0) + t.count
-
     over = {(r.axes, r.kind) for r in rows if r.actual_bytes > r.bound_bytes * (1 + TOLERANCE)}
     known = known_arrays or {}
-    # Claim bound terms for collectives of known weights last: a weight gather the bound
-    # does not expect may have the same size as an activation gather it does.
-    extra_count: dict[int, int] = {}
-    for i, c in sorted(
-        enumerate(audit.collectives),
-        key=lambda ic: (tuple(ic[1].shape) in known, -ic[1].traffic_bytes),
-    ):
-        key3 = (tuple(c.axes), c.kind, width.payload(c))
-        claimed = min(unclaimed.get(key3, 0), c.count)
-        unclaimed[key3] = unclaimed.get(key3, 0) - claimed
-        extra_count[i] = c.count - claimed
+    extra_count = _unclaimed_counts(audit, bound, width, known)
     excess = []
     # Blame the largest unclaimed collectives first, and only until they account for the
     # bytes a row sends beyond its bound: a small one the bound covers (a norm gain's
@@ -432,6 +405,49 @@ def compare(
         bound_notes=tuple(bound.notes),
         backend_bytes=backend,
     )
+
+
+def _rows(
+    wanted: dict[tuple[tuple[str, ...], str], Totals],
+    actual: dict[tuple[tuple[str, ...], str], Totals],
+) -> tuple[Row, ...]:
+    """One row per (axes, kind): the bound's pairs in its order, then the program's others."""
+    keys = list(wanted) + [k for k in actual if k not in wanted]
+    none = Totals()
+    return tuple(
+        Row(
+            axes,
+            kind,
+            wanted.get((axes, kind), none).traffic_bytes,
+            actual.get((axes, kind), none).traffic_bytes,
+            wanted.get((axes, kind), none).count,
+            actual.get((axes, kind), none).count,
+        )
+        for axes, kind in keys
+    )
+
+
+def _unclaimed_counts(
+    audit: Any, bound: Any, width: Width, known: dict[tuple[int, ...], str]
+) -> dict[int, int]:
+    """How many of each compiled collective's runs (by index) no bound term claims: a term
+    claims collectives of its axes, kind and payload, up to its count."""
+    unclaimed: dict[tuple[tuple[str, ...], str, int], int] = {}
+    for t in bound.terms:
+        key3 = (t.axes, t.kind, t.payload_bytes)
+        unclaimed[key3] = unclaimed.get(key3, 0) + t.count
+    # Claim bound terms for collectives of known weights last: a weight gather the bound
+    # does not expect may have the same size as an activation gather it does.
+    extra_count: dict[int, int] = {}
+    for i, c in sorted(
+        enumerate(audit.collectives),
+        key=lambda ic: (tuple(ic[1].shape) in known, -ic[1].traffic_bytes),
+    ):
+        key3 = (tuple(c.axes), c.kind, width.payload(c))
+        claimed = min(unclaimed.get(key3, 0), c.count)
+        unclaimed[key3] = unclaimed.get(key3, 0) - claimed
+        extra_count[i] = c.count - claimed
+    return extra_count
 
 
 def narrowed_bytes(audit: Any, program_dtype: str | None) -> int:

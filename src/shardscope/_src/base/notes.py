@@ -55,8 +55,3 @@ class Note:
         if self.params:
             out["params"] = list(self.params)
         return out
-
-
-def notes_of(notes: tuple[Note, ...], kind: NoteKind) -> tuple[Note, ...]:
-    """The notes of one kind."""
-    return tuple(n for n in notes if n.kind == kind)

@@ -16,14 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shardscope._src.base.errors import TargetError
+from shardscope._src.base.errors import TargetError, is_int
 from shardscope._src.base.hardware import PRESETS, Hardware
 from shardscope._src.base.io import Record
 
 CPU, GPU, TPU = "cpu", "gpu", "tpu"
 GPU_EXTRA, TPU_EXTRA = "gpu-compile", "tpu-compile"
 GPUS_PER_NODE = 8
-TPU_2D_SLICE = 256  # chips in the largest v5e / v6e slice (a 16 x 16 torus)
 
 
 @dataclass(frozen=True)
@@ -305,7 +304,7 @@ def topology(target: str | Target, devices: int) -> Topology:
     it can.
     """
     t = get_target(target)
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if not is_int(devices, 1):
         raise TargetError(f"device count must be a positive integer, got {devices!r}")
     if t.family == GPU:
         if devices <= GPUS_PER_NODE:

@@ -38,9 +38,11 @@ _MAKES_C = {"m": "m", "n": "n", "k": "partial", None: None}
 _DIMS = {"a": ("m", "k"), "b": ("k", "n"), "c": ("m", "n")}
 
 Spec = tuple[str | None, str | None]
+#: A spec as written: ``"None,model"`` or ``(None, "model")``.
+SpecText = str | Sequence[str | None]
 
 
-def parse_spec(text: str | Sequence[str | None], *, what: str = "spec") -> Spec:
+def parse_spec(text: SpecText, *, what: str = "spec") -> Spec:
     """``"None,model"`` or ``(None, "model")`` -> ``(None, "model")``: one entry per dimension."""
     if isinstance(text, str):
         parts = [p.strip() for p in text.split(",")]
@@ -326,9 +328,9 @@ def matmul_schedule(
     k: int,
     n: int,
     dtype: str,
-    a_spec: str | Sequence[str | None],
-    b_spec: str | Sequence[str | None],
-    out_spec: str | Sequence[str | None],
+    a_spec: SpecText,
+    b_spec: SpecText,
+    out_spec: SpecText,
 ) -> MatmulSchedule:
     """The cheapest schedule for ``C = A @ B`` with the given specs (:func:`best_schedule`).
 
@@ -350,9 +352,9 @@ def matmul_bound(
     k: int,
     n: int,
     dtype: str,
-    a_spec: str | Sequence[str | None],
-    b_spec: str | Sequence[str | None],
-    out_spec: str | Sequence[str | None],
+    a_spec: SpecText,
+    b_spec: SpecText,
+    out_spec: SpecText,
 ) -> Bound:
     """The minimum communication of ``C = A @ B`` with the given specs: the collectives of
     the cheapest schedule (:func:`matmul_schedule`; its ``notes`` describe the schedule).
@@ -370,9 +372,9 @@ def matmul_problem(
     k: int,
     n: int,
     dtype: str,
-    a_spec: str | Sequence[str | None],
-    b_spec: str | Sequence[str | None],
-    out_spec: str | Sequence[str | None],
+    a_spec: SpecText,
+    b_spec: SpecText,
+    out_spec: SpecText,
 ) -> MatmulProblem:
 
     if isinstance(mesh, str | Mapping):

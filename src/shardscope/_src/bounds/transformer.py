@@ -64,146 +64,117 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
     L, train = c.layers, mode == "train"
     terms: list[Term] = []
     notes: list[Note] = []
-    data_axes, n_data = _group(placement, ["data"]) if s.batch_role else ((), 1)
+    _, n_data = _group(placement, ["data"]) if s.batch_role else ((), 1)
     model_axes, t = _group(placement, ["model"])
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
 
-    def add(
-        kind: str,
-        axes: tuple[str, ...],
-        n: int,
-        payload: int,
-        count: int,
-        what: str,
-        scope: str = "",
-    ) -> None:
-        if n > 1 and count > 0 and payload > 0:
-            terms.append(Term(kind, axes, n, payload, count, what, scope))
-
-    # Tensor (and sequence) parallel activations over the model axis.
     if "model" in s.roles:
-        passes = 2 if train else 1
-        for scope, first, last in (
-            ("attention", "QKV", "out-projection"),
-            ("mlp", "MLP-up", "MLP-down"),
-        ):
-            if s.sequence_parallel:
-                add(
-                    ALL_GATHER,
-                    model_axes,
-                    t,
-                    activation,
-                    passes * L,
-                    f"sequence shards gathered before the column-parallel {first} matmul"
-                    + (
-                        " (and its transpose for the backward of the reduce-scatter)"
-                        if train
-                        else ""
-                    ),
-                    scope,
-                )
-                add(
-                    REDUCE_SCATTER,
-                    model_axes,
-                    t,
-                    activation,
-                    passes * L,
-                    f"{last} partial sums reduce-scattered to sequence shards"
-                    + (" (and the backward of the gather)" if train else ""),
-                    scope,
-                )
-            else:
-                add(
-                    ALL_REDUCE,
-                    model_axes,
-                    t,
-                    activation,
-                    L,
-                    f"{last} partial sums (row-parallel)",
-                    scope,
-                )
-                if train:
-                    add(
-                        ALL_REDUCE,
-                        model_axes,
-                        t,
-                        activation,
-                        L,
-                        f"input gradient of the column-parallel {first} matmul",
-                        scope,
-                    )
-
-    # Weights: gathered at use (FSDP), gradients reduced over the data axes.
-    storage, use = s.param_rules(), s.use_rules()
-    grad_storage, opt_storage = s.grad_rules(), s.optimizer_rules()
-    shapes = param_shapes(c)
-    for name, shape in shapes.items():
-        count = L if name in LAYER_PARAMS else 1
-        one = shape[1:] if name in LAYER_PARAMS else shape
-        used_roles = (use or storage)[name]
-        model_ways = math.prod(placement.role_size(r) for r in used_roles if r == "model")
-        payload = math.prod(one) * c.itemsize // model_ways  # as the data group sees it
-        scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
-        data_sharded = "data" in storage[name]
-        grads_sharded = train and "data" in grad_storage[name]
-        if data_sharded:
-            axes, n = _group(placement, ["data"])
-            add(ALL_GATHER, axes, n, payload, count, f"{name} gathered at use", scope)
-        if grads_sharded:
-            axes, n = _group(placement, ["data"])
-            add(
-                REDUCE_SCATTER,
-                axes,
-                n,
-                payload,
-                count,
-                f"{name} gradient reduce-scattered to its shards",
-                scope,
-            )
-        if train and not data_sharded and "data" in opt_storage[name]:
-            axes, n = _group(placement, ["data"])
-            add(
-                ALL_GATHER,
-                axes,
-                n,
-                payload,
-                count,
-                f"{name} updated shards gathered (ZeRO)",
-                scope,
-            )
-        # A gradient is partial over every axis that splits the tokens its weight sees:
-        # the data axes (unless FSDP's reduce-scatter covers them) and, under sequence
-        # parallelism, 'model' for weights it does not split (norm gains, embeddings).
-        # One all-reduce over all of them at once is cheaper than one per axis.
-        partial = []
-        if s.batch_role == "data" and not grads_sharded:
-            partial.append("data")
-        if s.sequence_parallel and "model" not in used_roles:
-            partial.append("model")
-        if train and partial:
-            axes, n = _group(placement, partial)
-            add(
-                ALL_REDUCE,
-                axes,
-                n,
-                payload,
-                count,
-                f"{name} gradient summed over token shards",
-                scope,
-            )
-
+        terms += _activation_terms(s.sequence_parallel, model_axes, t, activation, L, train)
+    storage = s.param_rules()
+    for name, shape in param_shapes(c).items():
+        terms += _weight_terms(placement, name, shape, train)
     if train:
-        token_roles = [
-            r
-            for r in ("data", "model")
-            if r in placement.axes
-            and ((r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))
-        ]
-        axes, n = _group(placement, token_roles)
-        add(ALL_REDUCE, axes, n, 4, 1, "scalar loss summed over token shards", "loss")
+        terms += _loss_terms(placement)
         if "data" in storage["wqkv"]:
             notes.append(Note(BoundNote.FSDP_KEEPS_GATHERED))
     return Bound(f"{placement.name} {mode}", tuple(terms), tuple(notes))
+
+
+def _term(
+    kind: str, axes: tuple[str, ...], n: int, payload: int, count: int, what: str, scope: str
+) -> list[Term]:
+    """The collective as a term, or none where it moves nothing (a group of one, no bytes)."""
+    if n > 1 and count > 0 and payload > 0:
+        return [Term(kind, axes, n, payload, count, what, scope)]
+    return []
+
+
+def _activation_terms(
+    sequence_parallel: bool,
+    axes: tuple[str, ...],
+    n: int,
+    activation: int,
+    layers: int,
+    train: bool,
+) -> list[Term]:
+    """Tensor (and sequence) parallel activations over the model axes, attention then MLP."""
+    terms: list[Term] = []
+    passes = 2 if train else 1
+    for scope, first, last in (
+        ("attention", "QKV", "out-projection"),
+        ("mlp", "MLP-up", "MLP-down"),
+    ):
+        if sequence_parallel:
+            gather = f"sequence shards gathered before the column-parallel {first} matmul" + (
+                " (and its transpose for the backward of the reduce-scatter)" if train else ""
+            )
+            scatter = f"{last} partial sums reduce-scattered to sequence shards" + (
+                " (and the backward of the gather)" if train else ""
+            )
+            terms += _term(ALL_GATHER, axes, n, activation, passes * layers, gather, scope)
+            terms += _term(REDUCE_SCATTER, axes, n, activation, passes * layers, scatter, scope)
+            continue
+        row = f"{last} partial sums (row-parallel)"
+        terms += _term(ALL_REDUCE, axes, n, activation, layers, row, scope)
+        if train:
+            column = f"input gradient of the column-parallel {first} matmul"
+            terms += _term(ALL_REDUCE, axes, n, activation, layers, column, scope)
+    return terms
+
+
+def _weight_terms(
+    placement: Placement, name: str, shape: tuple[int, ...], train: bool
+) -> list[Term]:
+    """One weight's collectives: gathered at use (FSDP), its gradient reduced over the data
+    axes (and over ``model`` under sequence parallelism), its updated shards gathered (ZeRO)."""
+    s, c = placement.strategy, placement.config
+    storage, use = s.param_rules(), s.use_rules()
+    count = c.layers if name in LAYER_PARAMS else 1
+    one = shape[1:] if name in LAYER_PARAMS else shape
+    used_roles = (use or storage)[name]
+    model_ways = math.prod(placement.role_size(r) for r in used_roles if r == "model")
+    payload = math.prod(one) * c.itemsize // model_ways  # as the data group sees it
+    scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
+    data_sharded = "data" in storage[name]
+    grads_sharded = train and "data" in s.grad_rules()[name]
+    data_axes, n_data = _group(placement, ["data"])
+    terms: list[Term] = []
+    if data_sharded:
+        what = f"{name} gathered at use"
+        terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope)
+    if grads_sharded:
+        what = f"{name} gradient reduce-scattered to its shards"
+        terms += _term(REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope)
+    if train and not data_sharded and "data" in s.optimizer_rules()[name]:
+        what = f"{name} updated shards gathered (ZeRO)"
+        terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope)
+    # A gradient is partial over every axis that splits the tokens its weight sees:
+    # the data axes (unless FSDP's reduce-scatter covers them) and, under sequence
+    # parallelism, 'model' for weights it does not split (norm gains, embeddings).
+    # One all-reduce over all of them at once is cheaper than one per axis.
+    partial = []
+    if s.batch_role == "data" and not grads_sharded:
+        partial.append("data")
+    if s.sequence_parallel and "model" not in used_roles:
+        partial.append("model")
+    if train and partial:
+        axes, n = _group(placement, partial)
+        what = f"{name} gradient summed over token shards"
+        terms += _term(ALL_REDUCE, axes, n, payload, count, what, scope)
+    return terms
+
+
+def _loss_terms(placement: Placement) -> list[Term]:
+    """Training: the scalar loss summed over the axes that shard the tokens."""
+    s = placement.strategy
+    token_roles = [
+        r
+        for r in ("data", "model")
+        if r in placement.axes
+        and ((r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))
+    ]
+    axes, n = _group(placement, token_roles)
+    return _term(ALL_REDUCE, axes, n, 4, 1, "scalar loss summed over token shards", "loss")
 
 
 _SCOPE_OF = {

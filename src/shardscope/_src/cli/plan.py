@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from shardscope._src.base.deviceless import compiler_installed
@@ -71,42 +73,14 @@ def run_plan_command(
         PlanError: no plan at all (after printing what was skipped and writing the files),
             an unknown preset or a bad setting; the CLI prints it as one line, exit 2.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    if devices > MAX_DEVICES:
-        raise PlanError(
-            f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
-            f"simulated devices; plan {MAX_DEVICES} or fewer"
-        )
+    check_device_count(devices)
     # before minutes of compiling, not after
     check_output_paths({"--json": json_path, "--png": png_path, "--report": report_path})
     _ensure_devices(devices)
     if console is None:
         # the plan table is the widest; JSON on standard output sends the tables to stderr
         console = output_console(piped_width=150, stderr=json_path == STDOUT)
-    bar_console = progress_console or Console(stderr=True)
-    bar = Progress(
-        TextColumn("compiling plans"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        console=bar_console,
-        transient=True,
-        disable=not bar_console.is_terminal,  # no bar in logs and pipes
-    )
-    task = None
-
-    def progress(done: int, total: int, label: str) -> None:
-        nonlocal task
-        if total == 0:
-            return
-        if task is None:
-            bar.start()
-            task = bar.add_task("", total=total)
-        bar.update(task, completed=done, description=label)
-
-    try:
+    with _compile_progress(progress_console) as progress:
         result = plan(
             model,
             devices,
@@ -128,26 +102,94 @@ def run_plan_command(
             target_plans=target_plans,
             **dict(dims or {}),
         )
+    render_plan(result, console=console, top=top, empty_reason=False, flags=flags_of)
+    backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
+    written = write_plan_files(
+        result,
+        markdown_report,
+        backend,
+        json_path=json_path,
+        png_path=png_path,
+        report_path=report_path,
+    )
+    print_written(console, written)
+    if not result.plans:
+        raise no_plan_error(result.empty_reason)
+    return 0
+
+
+def check_device_count(devices: int) -> None:
+    """Refuses more devices than the CPU backend compiles for."""
+    if devices > MAX_DEVICES:
+        raise PlanError(
+            f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
+            f"simulated devices; plan {MAX_DEVICES} or fewer"
+        )
+
+
+def print_written(console: Any, paths: Sequence[Path | None]) -> None:
+    """``wrote PATH`` for each file written (None: the JSON went to standard output)."""
+    for path in paths:
+        if path is not None:
+            console.print(f"wrote {path}", highlight=False)
+
+
+@contextmanager
+def _compile_progress(console: Any = None) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress callback for the planner, drawing a bar on ``console`` (default stderr)
+    from the first plan it compiles; no bar in logs and pipes."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar_console = console or Console(stderr=True)
+    bar = Progress(
+        TextColumn("compiling plans"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        console=bar_console,
+        transient=True,
+        disable=not bar_console.is_terminal,
+    )
+    task = None
+
+    def progress(done: int, total: int, label: str) -> None:
+        nonlocal task
+        if total == 0:
+            return
+        if task is None:
+            bar.start()
+            task = bar.add_task("", total=total)
+        bar.update(task, completed=done, description=label)
+
+    try:
+        yield progress
     finally:
         if task is not None:
             bar.stop()
-    render_plan(result, console=console, top=top, empty_reason=False, flags=flags_of)
+
+
+def write_plan_files(
+    result: Any,
+    report: Callable[[Any], str],
+    backend: str,
+    *,
+    json_path: str | None,
+    png_path: str | None,
+    report_path: str | None,
+) -> list[Path | None]:
+    """Writes, atomically, what was asked for: the plans as JSON (None in the list where it
+    went to standard output), the memory-vs-communication chart and the Markdown
+    ``report``; returns where each went."""
     written = []
     if json_path:
-        backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
         written.append(write_result(json_path, result.to_dict(), backend=backend))
     if png_path:
         written.append(plot_plans(result, png_path))
     if report_path:
-        report = markdown_report(result)
-        written.append(write_atomic(report_path, lambda f: f.write(report)))
-    for path in written:
-        if path is None:
-            continue  # the JSON went to standard output
-        console.print(f"wrote {path}", highlight=False)
-    if not result.plans:
-        raise no_plan_error(result.empty_reason)
-    return 0
+        text = report(result)
+        written.append(write_atomic(report_path, lambda f: f.write(text)))
+    return written
 
 
 def _default_compiler(hardware: str) -> str:

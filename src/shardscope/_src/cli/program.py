@@ -16,10 +16,15 @@ from shardscope._src.audit.diff import diff_audits
 from shardscope._src.audit.stages import build_program, load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, PlanError, ProgramError, ShardscopeError
-from shardscope._src.base.io import STDOUT, check_file_path, write_atomic, write_result
+from shardscope._src.base.io import STDOUT, check_file_path, write_result
 from shardscope._src.base.targets import get_target
 from shardscope._src.cli.args import flags_of
-from shardscope._src.cli.plan import no_plan_error
+from shardscope._src.cli.plan import (
+    check_device_count,
+    no_plan_error,
+    print_written,
+    write_plan_files,
+)
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.plan.program import (
     check_rules_axes,
@@ -27,11 +32,9 @@ from shardscope._src.plan.program import (
     normalize_rules,
     plan_program,
 )
-from shardscope._src.plan.sweep import MAX_DEVICES
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.render.diff import render_diff
-from shardscope._src.render.plan_plot import plot_plans
 from shardscope._src.render.program_plan import (
     program_markdown_report,
     render_program_plan,
@@ -53,11 +56,6 @@ def _simulate(n: int) -> None:
 
     if not backends_started():
         use_cpu_devices(max(n, 1))
-
-
-def _print_written(console: Any, paths: Sequence[Any]) -> None:
-    for p in paths:
-        console.print(f"wrote {p}", highlight=False)
 
 
 def run_audit_program(
@@ -85,8 +83,7 @@ def run_audit_program(
         _simulate(math.prod(axes.values()))
     make_step = load_program(ref)
     if sets is None:
-        module = sys.modules.get(getattr(make_step, "__module__", "") or "")
-        own = getattr(module, "RULES", None)
+        own = _module_rules(make_step)
         sets = normalize_rules(own) if own is not None else None
     rules = _pick_rules(sets, rule_set, source, tuple(axes))
     if target is not None:
@@ -102,20 +99,35 @@ def run_audit_program(
             f"{ref} on mesh {mesh_spec} raised {_one_line(e)} (--debug shows the traceback)"
         ) from e
     result = audit(lowered, mesh=mesh)
-    if json_path is not None and str(json_path) == "-":
-        write_result(
-            json_path,
-            {"program": ref, **result.to_dict()},
-            backend=result.backend or jax.default_backend(),
-        )
+    data = {"program": ref, **result.to_dict()}
+    title = f"{ref} on {mesh_spec}"
+    # the backend is asked for only when there is JSON to write
+    backend = (result.backend or jax.default_backend()) if json_path is not None else None
+    return _show_audit(result, data, title, json_path, console, by_scope, backend)
+
+
+def _module_rules(make_step: Any) -> Any:
+    """The ``RULES`` of the module defining ``make_step``, or None."""
+    module = sys.modules.get(getattr(make_step, "__module__", "") or "")
+    return getattr(module, "RULES", None)
+
+
+def _show_audit(
+    result: Any,
+    data: dict[str, Any],
+    title: str,
+    json_path: str | None,
+    console: Any,
+    by_scope: bool,
+    backend: str | None,
+) -> int:
+    """Prints the audit and writes ``data`` as JSON; JSON on standard output alone."""
+    if json_path is not None and str(json_path) == STDOUT:
+        write_result(json_path, data, backend=backend)
         return 0
-    render_audit(result, console=console, title=f"{ref} on {mesh_spec}", by_scope=by_scope)
+    render_audit(result, console=console, title=title, by_scope=by_scope)
     if json_path is not None:
-        write_result(
-            json_path,
-            {"program": ref, **result.to_dict()},
-            backend=result.backend or jax.default_backend(),
-        )
+        write_result(json_path, data, backend=backend)
     return 0
 
 
@@ -190,14 +202,8 @@ def run_audit_hlo(
         )
     result = audit(text, mesh=axes)
     data = {"hlo_file": file, **result.to_dict()}
-    if json_path is not None and str(json_path) == "-":
-        write_result(json_path, data, backend=None)
-        return 0
     title = f"{os.path.basename(file)} on {mesh_spec}"
-    render_audit(result, console=console, title=title, by_scope=by_scope)
-    if json_path is not None:
-        write_result(json_path, data, backend=None)
-    return 0
+    return _show_audit(result, data, title, json_path, console, by_scope, None)
 
 
 def run_diff(
@@ -245,11 +251,7 @@ def run_plan_program(
     ``RULES`` if it defines one, else the program is planned as written over ``axes``.
     """
 
-    if devices > MAX_DEVICES:
-        raise PlanError(
-            f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
-            f"simulated devices; plan {MAX_DEVICES} or fewer"
-        )
+    check_device_count(devices)
     for path in (json_path, png_path, report_path):
         if path is not None:
             check_file_path(path)
@@ -265,8 +267,7 @@ def run_plan_program(
         _simulate(devices)
     make_step = load_program(ref)
     if rules is None:
-        module = sys.modules.get(getattr(make_step, "__module__", "") or "")
-        rules = getattr(module, "RULES", None)
+        rules = _module_rules(make_step)
     if console is None:
         console = output_console(piped_width=150)
     result = plan_program(
@@ -282,17 +283,17 @@ def run_plan_program(
     )
     if json_path != STDOUT:
         render_program_plan(result, console=console, top=top, flags=flags_of)
-    written = []
-    if json_path:
-        backend = "cpu" if target is None else get_target(target).family
-        written.append(write_result(json_path, result.to_dict(), backend=backend))
-    if png_path:
-        written.append(plot_plans(result, png_path))
-    if report_path:
-        report = program_markdown_report(result)
-        written.append(write_atomic(report_path, lambda f: f.write(report)))
+    backend = "cpu" if target is None else get_target(target).family
+    written = write_plan_files(
+        result,
+        program_markdown_report,
+        backend,
+        json_path=json_path,
+        png_path=png_path,
+        report_path=report_path,
+    )
     if json_path != STDOUT:
-        _print_written(console, [p for p in written if p is not None])
+        print_written(console, written)
     if not result.plans:
         raise no_plan_error(result.empty_reason)
     return 0

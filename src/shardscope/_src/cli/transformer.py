@@ -109,17 +109,8 @@ def run_transformer_command(
     report = transformer_verdict(
         s, config, mesh, mode=mode, impl=impl, constraints=constraints, hints=hints
     )
-    out = _console(console)
-    render_audit(
-        report.audit,
-        console=out,
-        title=f"{report.program.name} on mesh {mesh_spec}: collectives",
-        by_scope=by_scope,
-    )
-    render_verdict(report.verdict, console=out)
-    if json_path is not None:
-        write_result(json_path, report.to_dict(), backend=report.audit.backend or _backend())
-    return 0
+    title = f"{report.program.name} on mesh {mesh_spec}: collectives"
+    return _show_verdict(report, title, json_path, console, by_scope)
 
 
 def check_matmul_command(
@@ -176,14 +167,19 @@ def run_matmul_command(
     check_matmul_command(mesh_spec, m, k, n, dtype, a_spec, b_spec, out_spec)  # bad input first
     mesh = _mesh_for(mesh_spec, target)
     report = matmul_verdict(mesh, m, k, n, dtype, a_spec, b_spec, out_spec, hints=hints)
-    out = _console(console)
-    render_audit(
-        report.audit,
-        console=out,
-        title=f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
-        f"mesh {mesh_spec}: collectives",
-        by_scope=by_scope,
+    title = (
+        f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
+        f"mesh {mesh_spec}: collectives"
     )
+    return _show_verdict(report, title, json_path, console, by_scope)
+
+
+def _show_verdict(
+    report: Any, title: str, json_path: str | None, console: Any, by_scope: bool
+) -> int:
+    """Prints the audit table, then the verdict table; writes the JSON if asked; 0."""
+    out = _console(console)
+    render_audit(report.audit, console=out, title=title, by_scope=by_scope)
     render_verdict(report.verdict, console=out)
     if json_path is not None:
         write_result(json_path, report.to_dict(), backend=report.audit.backend or _backend())

@@ -10,6 +10,7 @@ and the others still run.
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any
 
 import jax
@@ -70,119 +71,134 @@ def run_exercise_checks(
         for name in EXERCISE_CHECKS:
             lab.skip(name, f"needs {need} devices, found {have}")
         return facts
-
-    cache: dict[str, Any] = {}
-
-    def once(key: str, make: Any) -> Any:
-        if key not in cache:
-            cache[key] = make()
-        return cache[key]
-
-    def tp_program() -> Any:
-        return once("tp_prog", lambda: build_program("tp", config, mesh_spec))
-
-    def tp_audit() -> Any:
-        return once("tp_audit", lambda: audit(tp_program().lower()))
-
-    def twin_audit() -> Any:
-        return once(
-            "twin_audit",
-            lambda: audit(build_program("tp", config, mesh_spec, impl="shard_map").lower()),
-        )
-
-    def measured(name: str) -> dict[str, Any]:
-        """What the check ``name`` measured (empty when it raised first)."""
-        return next(r.details for r in lab.results if r.name == name)
-
-    # 1 and 3. numerics against one device
-    def numerics_check(name: str, impl: str, fact: str, msg: str) -> None:
-        def matches_one_device() -> tuple[bool, dict[str, Any]]:
-            report = compare_numerics("tp", config, mesh_spec, impl=impl)
-            errors = {**report.errors, "tolerance": report.tolerance}
-            return report.ok, {"relative_errors": errors, "numerics": report.to_dict()}
-
-        lab.check(name, matches_one_device, msg)
-        if "numerics" in measured(name):
-            facts[fact] = measured(name)["numerics"]
-
-    numerics_check(
+    ex = _Exercises(lab, mesh_spec, config, facts)
+    ex.numerics_check(
         EXERCISE_CHECKS[0],
         "jit",
         "tp_numerics",
         f"largest relative error per scope (attention, mlp, output) within the "
         f"{config.dtype} tolerance",
     )
-
-    # 2. exact collectives
-    def exact_minimum() -> tuple[bool, dict[str, Any]]:
-        result, bound = tp_audit(), transformer_bound(tp_program().placement, "forward")
-        counts = {k: v for k, v in result.counts().items() if v}
-        want = {"all-reduce": 2 * config.layers}
-        if counts != want:
-            raise AssertionError(f"collectives {counts}, expected exactly {want}")
-        if _per_axis_kind(result) != _bound_per_axis_kind(bound):
-            raise AssertionError(
-                f"per axis and kind {_per_axis_kind(result)} differ from the bound "
-                f"{_bound_per_axis_kind(bound)}"
-            )
-        return True, {
-            "tp_counts": counts,
-            "tp_traffic_bytes": result.total().traffic_bytes,
-            "tp_bound_bytes": bound.traffic_bytes,
-        }
-
-    per_layer = config.batch * config.seq * config.d_model * config.itemsize
-    lab.check(
-        EXERCISE_CHECKS[1],
-        exact_minimum,
-        f"2 all-reduces per layer over 'model' of batch x seq x d_model "
-        f"({per_layer} bytes each), bytes equal to the bound",
-    )
-    facts.update(measured(EXERCISE_CHECKS[1]))
-
-    numerics_check(
+    ex.exact_minimum_check()
+    ex.numerics_check(
         EXERCISE_CHECKS[2],
         "shard_map",
         "twin_numerics",
         "explicit psum after the row-parallel matmuls",
     )
-
-    # 4. the twin communicates the same
-    def twin_same() -> tuple[bool, dict[str, Any]]:
-        jit_side, twin_side = _per_axis_kind(tp_audit()), _per_axis_kind(twin_audit())
-        if jit_side != twin_side:
-            raise AssertionError(f"shard_map {twin_side} vs jit {jit_side}")
-        return True, {"twin_traffic_bytes": twin_audit().total().traffic_bytes}
-
-    lab.check(EXERCISE_CHECKS[3], twin_same, "same kinds, axes, counts and bytes")
-    facts.update(measured(EXERCISE_CHECKS[3]))
-
-    # 5. the sequence-parallel verdict
-    def sp_verdict() -> tuple[bool, dict[str, Any]]:
-        v = transformer_verdict("sp", config, mesh_spec).verdict
-        verdict = {
-            "summary": v.summary(),
-            "ratio": v.ratio,
-            "bound_bytes": v.bound_bytes,
-            "actual_bytes": v.actual_bytes,
-            "hints": [
-                {
-                    "change": h.change,
-                    "traffic_bytes": h.traffic_bytes,
-                    "reaches_bound": h.reaches_bound,
-                }
-                for h in v.hints
-            ],
-        }
-        return v.optimal or any(h.reaches_bound for h in v.hints), {"verdict": verdict}
-
-    lab.check(
-        EXERCISE_CHECKS[4],
-        sp_verdict,
-        "the verdict (ratio to the bound) with a verified hint that reaches it",
-    )
-    verdict = measured(EXERCISE_CHECKS[4]).get("verdict")
-    if verdict is not None:
-        facts["sp_verdict"] = verdict
-        lab.print(f"  sequence parallel (jit): {verdict['summary']}")
+    ex.twin_same_check()
+    ex.sp_verdict_check()
     return facts
+
+
+class _Exercises:
+    """The exercises on one mesh and config: the programs and audits they share, compiled
+    once (on first use, so a failure is recorded by the check that met it), and one method a
+    check, each recording its check on the lab and its facts in ``facts``."""
+
+    def __init__(
+        self, lab: Any, mesh_spec: str, config: ModelConfig, facts: dict[str, Any]
+    ) -> None:
+        self.lab, self.mesh_spec, self.config, self.facts = lab, mesh_spec, config, facts
+
+    @cached_property
+    def tp_program(self) -> Any:
+        return build_program("tp", self.config, self.mesh_spec)
+
+    @cached_property
+    def tp_audit(self) -> Any:
+        return audit(self.tp_program.lower())
+
+    @cached_property
+    def twin_audit(self) -> Any:
+        return audit(build_program("tp", self.config, self.mesh_spec, impl="shard_map").lower())
+
+    def measured(self, name: str) -> dict[str, Any]:
+        """What the check ``name`` measured (empty when it raised first)."""
+        return next(r.details for r in self.lab.results if r.name == name)
+
+    def numerics_check(self, name: str, impl: str, fact: str, msg: str) -> None:
+        """1 and 3: the forward matches the unsharded block on one device."""
+
+        def matches_one_device() -> tuple[bool, dict[str, Any]]:
+            report = compare_numerics("tp", self.config, self.mesh_spec, impl=impl)
+            errors = {**report.errors, "tolerance": report.tolerance}
+            return report.ok, {"relative_errors": errors, "numerics": report.to_dict()}
+
+        self.lab.check(name, matches_one_device, msg)
+        if "numerics" in self.measured(name):
+            self.facts[fact] = self.measured(name)["numerics"]
+
+    def exact_minimum_check(self) -> None:
+        """2: the jitted forward has exactly the minimum collectives."""
+        config = self.config
+
+        def exact_minimum() -> tuple[bool, dict[str, Any]]:
+            result = self.tp_audit
+            bound = transformer_bound(self.tp_program.placement, "forward")
+            counts = {k: v for k, v in result.counts().items() if v}
+            want = {"all-reduce": 2 * config.layers}
+            if counts != want:
+                raise AssertionError(f"collectives {counts}, expected exactly {want}")
+            if _per_axis_kind(result) != _bound_per_axis_kind(bound):
+                raise AssertionError(
+                    f"per axis and kind {_per_axis_kind(result)} differ from the bound "
+                    f"{_bound_per_axis_kind(bound)}"
+                )
+            return True, {
+                "tp_counts": counts,
+                "tp_traffic_bytes": result.total().traffic_bytes,
+                "tp_bound_bytes": bound.traffic_bytes,
+            }
+
+        per_layer = config.batch * config.seq * config.d_model * config.itemsize
+        self.lab.check(
+            EXERCISE_CHECKS[1],
+            exact_minimum,
+            f"2 all-reduces per layer over 'model' of batch x seq x d_model "
+            f"({per_layer} bytes each), bytes equal to the bound",
+        )
+        self.facts.update(self.measured(EXERCISE_CHECKS[1]))
+
+    def twin_same_check(self) -> None:
+        """4: the shard_map twin communicates exactly what the jitted block does."""
+
+        def twin_same() -> tuple[bool, dict[str, Any]]:
+            jit_side, twin_side = _per_axis_kind(self.tp_audit), _per_axis_kind(self.twin_audit)
+            if jit_side != twin_side:
+                raise AssertionError(f"shard_map {twin_side} vs jit {jit_side}")
+            return True, {"twin_traffic_bytes": self.twin_audit.total().traffic_bytes}
+
+        self.lab.check(EXERCISE_CHECKS[3], twin_same, "same kinds, axes, counts and bytes")
+        self.facts.update(self.measured(EXERCISE_CHECKS[3]))
+
+    def sp_verdict_check(self) -> None:
+        """5: the sequence-parallel variant's verdict, a verified hint reaching the bound."""
+
+        def sp_verdict() -> tuple[bool, dict[str, Any]]:
+            v = transformer_verdict("sp", self.config, self.mesh_spec).verdict
+            verdict = {
+                "summary": v.summary(),
+                "ratio": v.ratio,
+                "bound_bytes": v.bound_bytes,
+                "actual_bytes": v.actual_bytes,
+                "hints": [
+                    {
+                        "change": h.change,
+                        "traffic_bytes": h.traffic_bytes,
+                        "reaches_bound": h.reaches_bound,
+                    }
+                    for h in v.hints
+                ],
+            }
+            return v.optimal or any(h.reaches_bound for h in v.hints), {"verdict": verdict}
+
+        self.lab.check(
+            EXERCISE_CHECKS[4],
+            sp_verdict,
+            "the verdict (ratio to the bound) with a verified hint that reaches it",
+        )
+        verdict = self.measured(EXERCISE_CHECKS[4]).get("verdict")
+        if verdict is not None:
+            self.facts["sp_verdict"] = verdict
+            self.lab.print(f"  sequence parallel (jit): {verdict['summary']}")

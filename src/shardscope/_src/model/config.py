@@ -88,9 +88,7 @@ class ModelConfig(Record):
                 raise ModelConfigError(f"model config {name}={value!r}: must be a positive integer")
         for name in ("kv_heads", "head_dim", "vocab"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value <= 0
-            ):
+            if value is not None and (not is_int(value, 1)):
                 raise ModelConfigError(
                     f"model config {name}={value!r}: must be a positive integer or None"
                     + (

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardscope._src.base.errors import ModelConfigError, PlanError
+from shardscope._src.base.errors import ModelConfigError, PlanError, is_int
 from shardscope._src.base.io import record_dict
 from shardscope._src.model.config import ModelConfig
 
@@ -230,7 +230,7 @@ def load_hf_config(path: str | Path) -> ModelPreset:
         value = data.get(key, default)
         if value is None and default is None and key not in HF_REQUIRED:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if not is_int(value, 1):
             raise ModelConfigError(
                 f"model={str(path)!r}: config.json {key}={value!r} must be a positive integer",
                 param="model",
@@ -269,13 +269,6 @@ def load_hf_config(path: str | Path) -> ModelPreset:
     )
     preset.config(batch=1)  # the shape's own checks (heads / kv_heads, head_dim, sizes)
     return preset
-
-
-def params_within(preset: ModelPreset) -> float | None:
-    """``count / published - 1`` (None without a published count)."""
-    if preset.published_params is None:
-        return None
-    return preset.param_count() / preset.published_params - 1
 
 
 __all__ = ["ALIASES", "MODEL_PRESETS", "ModelPreset", "load_hf_config", "model_preset"]

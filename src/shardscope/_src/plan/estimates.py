@@ -83,11 +83,6 @@ def model_ways(placement: Placement) -> int:
     return placement.role_size("model") if "model" in placement.strategy.roles else 1
 
 
-def param_elements_per_device(placement: Placement) -> int:
-    """Parameter elements one device stores, by each parameter's storage spec."""
-    return elements_per_device(placement, placement.strategy.param_rules())
-
-
 def elements_per_device(placement: Placement, rules: Mapping[str, Any]) -> int:
     """Elements one device stores of every parameter-shaped array stored by ``rules``."""
     total = 0

@@ -41,6 +41,7 @@ from shardscope._src.base.errors import (
     PlanError,
     ProgramError,
     TargetError,
+    is_int,
 )
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
@@ -546,7 +547,7 @@ def _check_program(
             f"make_step must be a function of the mesh, got {type(make_step).__name__}",
             param="make_step",
         )
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
     rule_sets = normalize_rules(rules)
     if axes is None:

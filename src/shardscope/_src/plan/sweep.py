@@ -160,7 +160,7 @@ def stage_options(
     """Pipeline stage counts to try: 1, and (train, unless ``stages`` fixes one) every
     count up to :data:`MAX_STAGES` dividing both the layers and the devices."""
     if stages is not None:
-        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        if not is_int(stages, 1):
             raise PlanError(f"stages={stages!r}: must be a positive integer")
         if config.layers % stages or devices % stages:
             raise PlanError(
@@ -867,7 +867,7 @@ def _check_sweep(
         raise PlanError(
             f"workers={workers!r}: must be 0 (this process) or a positive number", param="workers"
         )
-    if isinstance(compile_top, bool) or not isinstance(compile_top, int) or compile_top < 0:
+    if not is_int(compile_top, 0):
         raise PlanError(
             f"compile_top={compile_top!r}: must be 0 or a positive number", param="compile_top"
         )
@@ -986,7 +986,7 @@ def _check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int
             f"{hw.name}; use compiler={hw.name!r} or 'cpu'",
             param="compiler",
         )
-    if isinstance(target_plans, bool) or not isinstance(target_plans, int) or target_plans < 1:
+    if not is_int(target_plans, 1):
         raise PlanError(f"target_plans={target_plans!r}: must be a positive whole number")
     require_compiler(t)
     topology(t, devices)  # a device count the target is not built with fails here

@@ -1,18 +1,27 @@
-"""Renderers of a :class:`~shardscope._src.plan.types.PlanResult`: a rich table and a Markdown
-report.
+"""Renderers of a :class:`~shardscope._src.plan.types.PlanResult`: rich tables and a Markdown
+report, each table from one column spec (:mod:`~shardscope._src.render.columns`).
 
 Both read the plain data only; rich is imported where it is used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.render.columns import (
+    Alarm,
+    Column,
+    markdown_lines,
+    markdown_table,
+    rich_cells,
+    rich_columns,
+    rich_table,
+)
 from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.types import Plan, PlanResult
+    from shardscope._src.plan.types import AxisComm, Plan, PlanResult, Skipped, Validation
 
 #: Short names of the collective kinds, for one-line summaries.
 KIND_SHORT = {
@@ -61,91 +70,138 @@ def headline(result: PlanResult) -> str:
     )
 
 
+# -- columns: each table's columns written once, for the terminal and for Markdown -------------
+
+
+def figure(
+    header: str, value: Callable[[Any], str], markdown: str | None = None, **options: Any
+) -> Column[Any]:
+    """A column of numbers: right-aligned, one line a cell (``options``: more of
+    :class:`Column`'s fields)."""
+    return Column(header, value, markdown=markdown, justify="right", no_wrap=True, **options)
+
+
+def _fits(p: Any) -> str:
+    return "yes" if p.fits else Alarm("no")
+
+
+#: The ranked plans' columns shared by the planner and a user's program plans.
+RANK = figure("#", lambda p: f"{p.rank}{'*' if p.pareto else ''}", only="rich")
+RANK_MARKDOWN = Column("#", lambda p: str(p.rank), only="markdown")
+MESH = Column("mesh", lambda p: p.mesh_spec, no_wrap=True, code=True)
+MEMORY = figure("mem/dev", lambda p: format_bytes(p.memory_bytes_per_device), "memory/device")
+FITS = figure("fits", _fits)
+COMM_BYTES = figure("comm/dev", lambda p: format_bytes(p.comm_bytes_per_device), "comm/device")
+COMM_TIME = figure("comm", lambda p: format_seconds(p.comm_time_s), "comm time")
+COMPUTE = figure("compute", lambda p: format_seconds(p.compute_time_s))
+STEP = figure("step", lambda p: format_seconds(p.step_time_s))
+PARETO = Column("Pareto", lambda p: "yes" if p.pareto else "", only="markdown")
+
+PLAN_COLUMNS: tuple[Column[Plan], ...] = (
+    RANK,
+    RANK_MARKDOWN,
+    Column("strategy", lambda p: p.strategy, no_wrap=True),
+    MESH,
+    Column("schedule", schedule_text, no_wrap=True, only="rich"),
+    Column("micro-batches", lambda p: str(p.microbatches), only="markdown"),
+    Column("recompute", lambda p: p.remat, only="markdown"),
+    MEMORY,
+    FITS,
+    COMM_BYTES,
+    figure("x bound", lambda p: format_ratio(p.bound_ratio)),
+    COMM_TIME,
+    COMPUTE,
+    STEP,
+    figure("MFU", lambda p: format_mfu(p.mfu)),
+    PARETO,
+)
+
+#: A plan's communication per mesh axis and kind (the planner's and a user's program's).
+COMM_BOUND = figure("bound", lambda a: format_bytes(a.bound_bytes), "lower bound")
+COMM_COLUMNS: tuple[Column[AxisComm], ...] = (
+    Column("axes", lambda a: a.axes, no_wrap=True),
+    Column("kind", lambda a: a.kind, no_wrap=True),
+    figure("count", lambda a: str(a.count)),
+    figure("bytes/dev", lambda a: format_bytes(a.traffic_bytes), "bytes/device"),
+    COMM_BOUND,
+    figure("time", lambda a: format_seconds(a.time_s)),
+    figure("nodes", lambda a: "across" if a.crosses_nodes else "within", only="rich"),
+    Column("crosses nodes", lambda a: "yes" if a.crosses_nodes else "no", only="markdown"),
+)
+
+VALIDATION_COLUMNS: tuple[Column[Validation], ...] = (
+    Column("strategy", lambda v: v.strategy),
+    Column("mesh", lambda v: v.mesh, code=True),
+    Column("formula", lambda v: format_bytes(v.formula_bytes)),
+    Column("compiled", lambda v: format_bytes(v.compiled_bytes)),
+    Column("ratio", lambda v: format_ratio(v.ratio)),
+    Column("ok", lambda v: "yes" if v.ok else "no", markdown="within 5%"),
+    Column("why not", lambda v: v.explanation, fold=True),
+)
+
+MEMORY_COLUMNS: tuple[Column[Plan], ...] = (
+    Column("#", lambda p: str(p.rank)),
+    Column("plan", lambda p: p.label),
+    Column("params", lambda p: format_bytes(p.memory.params)),
+    Column("grads", lambda p: format_bytes(p.memory.grads)),
+    Column("optimizer", lambda p: format_bytes(p.memory.optimizer)),
+    Column("activations", lambda p: format_bytes(p.memory.activations)),
+    Column("gathered weights", lambda p: format_bytes(p.memory.gathered_weights)),
+    Column("total (analytic)", lambda p: format_bytes(p.memory.total)),
+    Column("compiled on CPU", lambda p: format_bytes(p.compiled_memory_bytes_per_device)),
+)
+
+
+def skipped_columns(first: str = "strategy") -> tuple[Column[Skipped], ...]:
+    """What was skipped and why; ``first`` heads the first column (a user's program's plans
+    are skipped per rule set)."""
+    return (
+        Column(first, lambda s: s.strategy),
+        Column("mesh", lambda s: s.mesh, code=True),
+        Column("reason", lambda s: s.reason),
+        Column("why", lambda s: s.message, fold=True),
+    )
+
+
+# -- terminal --------------------------------------------------------------------------------
+
+
+def ranked_table(
+    columns: Sequence[Column[Any]], result: Any, *, heading: str, caption: str, top: int | None
+) -> Any:
+    """The ranked plans (the best ``top``; None: all) as a rich table."""
+    return rich_table(
+        columns, result.plans[: top or None], title=f"Plans: {heading}", caption=caption
+    )
+
+
 def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
     """The ranked plans as a rich table."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(
-        title=f"Plans: {headline(result)}",
-        caption=(
-            f"{result.screened} candidates estimated, {len(result.plans)} compiled, "
-            f"{len(result.skipped)} skipped, {result.wall_s:.1f} s. * Pareto front (memory vs "
-            f"comm time). Memory: analytic per device (the CPU compiler's numbers are in the "
-            f"JSON and report). Schedule: micro-batches per data shard, recomputation. Step: "
-            f"the time model (compute at the achievable fraction of peak, tensor-parallel "
-            f"collectives exposed, data-parallel ones overlapped as the schedule allows, "
-            f"pipeline bubble, optimizer); MFU: model FLOPs over the devices' peak."
-        ),
-        title_justify="left",
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
+    caption = (
+        f"{result.screened} candidates estimated, {len(result.plans)} compiled, "
+        f"{len(result.skipped)} skipped, {result.wall_s:.1f} s. * Pareto front (memory vs "
+        f"comm time). Memory: analytic per device (the CPU compiler's numbers are in the "
+        f"JSON and report). Schedule: micro-batches per data shard, recomputation. Step: "
+        f"the time model (compute at the achievable fraction of peak, tensor-parallel "
+        f"collectives exposed, data-parallel ones overlapped as the schedule allows, "
+        f"pipeline bubble, optimizer); MFU: model FLOPs over the devices' peak."
     )
-    for name in (
-        "#",
-        "strategy",
-        "mesh",
-        "schedule",
-        "mem/dev",
-        "fits",
-        "comm/dev",
-        "x bound",
-        "comm",
-        "compute",
-        "step",
-        "MFU",
-    ):
-        table.add_column(
-            name,
-            justify="left" if name in ("strategy", "mesh", "schedule") else "right",
-            no_wrap=True,
-        )
-    for p in result.plans[: top or None]:
-        table.add_row(
-            f"{p.rank}{'*' if p.pareto else ''}",
-            p.strategy,
-            p.mesh_spec,
-            schedule_text(p),
-            format_bytes(p.memory_bytes_per_device),
-            "yes" if p.fits else "[red]no[/red]",
-            format_bytes(p.comm_bytes_per_device),
-            format_ratio(p.bound_ratio),
-            format_seconds(p.comm_time_s),
-            format_seconds(p.compute_time_s),
-            format_seconds(p.step_time_s),
-            format_mfu(p.mfu),
-        )
-    return table
+    return ranked_table(PLAN_COLUMNS, result, heading=headline(result), caption=caption, top=top)
 
 
 def comm_table(result: PlanResult, *, top: int = 3) -> Any:
-    """The best plans' collectives per mesh axis and kind, loop trips counted."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(
+    """The best plans' collectives per mesh axis and kind, loop trips counted: one row per
+    axis and kind, the plan named on its first."""
+    label: Column[tuple[str, AxisComm]] = Column("plan", lambda row: row[0], no_wrap=True)
+    columns = [label, *(c.on(lambda row: row[1]) for c in rich_columns(COMM_COLUMNS))]
+    table = rich_table(
+        columns,
+        (),
         title=f"Communication of the best {min(top, len(result.plans))} plans, per axis",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
     )
-    for name in ("plan", "axes", "kind", "count", "bytes/dev", "bound", "time", "nodes"):
-        table.add_column(
-            name, justify="left" if name in ("plan", "axes", "kind") else "right", no_wrap=True
-        )
     for p in result.plans[:top]:
         for i, a in enumerate(p.comm):
-            table.add_row(
-                f"{p.rank}. {p.label}" if i == 0 else "",
-                a.axes,
-                a.kind,
-                str(a.count),
-                format_bytes(a.traffic_bytes),
-                format_bytes(a.bound_bytes),
-                format_seconds(a.time_s),
-                "across" if a.crosses_nodes else "within",
-            )
+            table.add_row(*rich_cells(columns, (f"{p.rank}. {p.label}" if i == 0 else "", a)))
         if not p.comm:
             table.add_row(f"{p.rank}. {p.label}", "-", "none", "0", "0 B", "0 B", "0", "")
     return table
@@ -154,43 +210,16 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
 def skipped_table(result: Any, *, first: str = "strategy") -> Any:
     """What was skipped and why; ``first`` heads the first column (a user's program's plans
     are skipped per rule set)."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title="Skipped", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column(first)
-    table.add_column("mesh")
-    table.add_column("reason")
-    table.add_column("why", overflow="fold")
-    for s in result.skipped:
-        table.add_row(s.strategy, s.mesh, s.reason, s.message)
-    return table
+    return rich_table(skipped_columns(first), result.skipped, title="Skipped")
 
 
 def validation_table(result: PlanResult) -> Any:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(
+    return rich_table(
+        VALIDATION_COLUMNS,
+        result.validations,
         title="Compiled communication vs the analytic formula (best plan of each strategy; "
         "ok: within 5%)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
     )
-    for col in ("strategy", "mesh", "formula", "compiled", "ratio", "ok", "why not"):
-        table.add_column(col, overflow="fold" if col == "why not" else "ellipsis")
-    for v in result.validations:
-        table.add_row(
-            v.strategy,
-            v.mesh,
-            format_bytes(v.formula_bytes),
-            format_bytes(v.compiled_bytes),
-            format_ratio(v.ratio),
-            "yes" if v.ok else "no",
-            v.explanation,
-        )
-    return table
 
 
 def no_flags(params: Sequence[str]) -> str:
@@ -251,18 +280,44 @@ def time_breakdown(p: Plan) -> list[str]:
         ("step", t["step_s"]),
     ]
     out = ["### Step time of the best plan", ""]
-    out += _md_table(["part", "seconds"], [[k, f"{v:.4g}"] for k, v in rows])
+    out += markdown_lines(["part", "seconds"], [[k, f"{v:.4g}"] for k, v in rows])
     out += ["", f"Predicted MFU {t['mfu']:.1%}.", ""]
     return out
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    def cell(x: str) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
+def hardware_text(hw: Any) -> str:
+    """The hardware's links and latency, with where the numbers come from (one sentence)."""
+    return (
+        f"Hardware ({hw.source}): link {hw.link_bandwidth / 1e9:g} GB/s within a node of "
+        f"{hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s across nodes, "
+        f"{hw.latency_s * 1e6:g} us latency per step."
+    )
 
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
-    return out
+
+def comm_sections(plans: Sequence[Any], columns: Sequence[Column[AxisComm]]) -> list[str]:
+    """Each plan's communication per axis (a Markdown section a plan), with its notes."""
+    lines = ["## Communication per axis (loop trips counted)", ""]
+    for p in plans:
+        lines += [f"### {p.rank}. {p.label}", ""]
+        if not p.comm:
+            lines += ["No communication.", ""]
+            continue
+        lines += markdown_table(columns, p.comm)
+        lines += [f"- {n}" for n in p.notes]
+        lines.append("")
+    return lines
+
+
+def skipped_section(result: Any, *, first: str = "strategy") -> list[str]:
+    """The skipped candidates as a Markdown section (none: no section)."""
+    if not result.skipped:
+        return []
+    return [
+        "## Skipped candidates",
+        "",
+        *markdown_table(skipped_columns(first), result.skipped),
+        "",
+    ]
 
 
 def markdown_report(result: PlanResult) -> str:
@@ -274,9 +329,7 @@ def markdown_report(result: PlanResult) -> str:
         "",
         headline(result) + ".",
         "",
-        f"Hardware ({hw.source}): link {hw.link_bandwidth / 1e9:g} GB/s within a node of "
-        f"{hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s across nodes, "
-        f"{hw.latency_s * 1e6:g} us latency per step.",
+        hardware_text(hw),
         "",
         f"{result.candidates} strategy-and-mesh candidates, {result.screened} schedules "
         f"estimated: {len(result.plans)} compiled (in {result.wall_s:.1f} s), "
@@ -286,134 +339,37 @@ def markdown_report(result: PlanResult) -> str:
     if not result.plans:
         lines += [f"**{result.empty_reason}**", ""]
     else:
-        lines += ["## Ranked plans", ""]
-        lines += _md_table(
-            [
-                "#",
-                "strategy",
-                "mesh",
-                "micro-batches",
-                "recompute",
-                "memory/device",
-                "fits",
-                "comm/device",
-                "x bound",
-                "comm time",
-                "compute",
-                "step",
-                "MFU",
-                "Pareto",
-            ],
-            [
-                [
-                    str(p.rank),
-                    p.strategy,
-                    f"`{p.mesh_spec}`",
-                    str(p.microbatches),
-                    p.remat,
-                    format_bytes(p.memory_bytes_per_device),
-                    "yes" if p.fits else "**no**",
-                    format_bytes(p.comm_bytes_per_device),
-                    format_ratio(p.bound_ratio),
-                    format_seconds(p.comm_time_s),
-                    format_seconds(p.compute_time_s),
-                    format_seconds(p.step_time_s),
-                    format_mfu(p.mfu),
-                    "yes" if p.pareto else "",
-                ]
-                for p in result.plans
-            ],
-        )
-        best = result.best
-        if best is not None:
-            lines += ["", f"Best: **{best.label}** ({best.summary}).", ""]
-            lines += time_breakdown(best)
-        else:
-            lines += ["", f"**{result.fit_note}**", ""]
-        lines += ["## Memory per device", ""]
-        lines += _md_table(
-            [
-                "#",
-                "plan",
-                "params",
-                "grads",
-                "optimizer",
-                "activations",
-                "gathered weights",
-                "total (analytic)",
-                "compiled on CPU",
-            ],
-            [
-                [
-                    str(p.rank),
-                    p.label,
-                    format_bytes(p.memory.params),
-                    format_bytes(p.memory.grads),
-                    format_bytes(p.memory.optimizer),
-                    format_bytes(p.memory.activations),
-                    format_bytes(p.memory.gathered_weights),
-                    format_bytes(p.memory.total),
-                    format_bytes(p.compiled_memory_bytes_per_device),
-                ]
-                for p in result.plans
-            ],
-        )
-        lines += ["", "## Communication per axis (loop trips counted)", ""]
-        for p in result.plans:
-            lines += [f"### {p.rank}. {p.label}", ""]
-            if not p.comm:
-                lines += ["No communication.", ""]
-                continue
-            lines += _md_table(
-                ["axes", "kind", "count", "bytes/device", "lower bound", "time", "crosses nodes"],
-                [
-                    [
-                        a.axes,
-                        a.kind,
-                        str(a.count),
-                        format_bytes(a.traffic_bytes),
-                        format_bytes(a.bound_bytes),
-                        format_seconds(a.time_s),
-                        "yes" if a.crosses_nodes else "no",
-                    ]
-                    for a in p.comm
-                ],
-            )
-            lines += [f"- {n}" for n in p.notes]
-            lines.append("")
+        lines += _plan_sections(result)
     if result.validations:
         lines += ["## Validation: compiled communication vs the analytic formula", ""]
-        lines += _md_table(
-            ["strategy", "mesh", "formula", "compiled", "ratio", "within 5%", "why not"],
-            [
-                [
-                    v.strategy,
-                    f"`{v.mesh}`",
-                    format_bytes(v.formula_bytes),
-                    format_bytes(v.compiled_bytes),
-                    format_ratio(v.ratio),
-                    "yes" if v.ok else "no",
-                    v.explanation,
-                ]
-                for v in result.validations
-            ],
-        )
+        lines += markdown_table(VALIDATION_COLUMNS, result.validations)
         lines.append("")
-    if result.skipped:
-        lines += ["## Skipped candidates", ""]
-        lines += _md_table(
-            ["strategy", "mesh", "reason", "why"],
-            [[s.strategy, f"`{s.mesh}`", s.reason, s.message] for s in result.skipped],
-        )
-        lines.append("")
+    lines += skipped_section(result)
     lines += ["## Conventions and caveats", ""]
     lines += [f"- {n}" for n in result.notes]
-    lines += [
-        f"- {result.settings.get('flops_convention', '')}",
-        f"- {result.settings.get('activation_convention', '')}; flash attention "
-        f"{'assumed' if result.settings.get('flash_attention') else 'not assumed'}",
-        f"- model state: {result.settings.get('bytes_per_param')} bytes per parameter in "
+    lines += _conventions(result.settings)
+    return "\n".join(lines)
+
+
+def _plan_sections(result: PlanResult) -> list[str]:
+    """The ranked plans, the best one's step time, memory and communication (Markdown)."""
+    lines = ["## Ranked plans", "", *markdown_table(PLAN_COLUMNS, result.plans)]
+    best = result.best
+    if best is not None:
+        lines += ["", f"Best: **{best.label}** ({best.summary}).", ""]
+        lines += time_breakdown(best)
+    else:
+        lines += ["", f"**{result.fit_note}**", ""]
+    lines += ["## Memory per device", "", *markdown_table(MEMORY_COLUMNS, result.plans), ""]
+    return lines + comm_sections(result.plans, COMM_COLUMNS)
+
+
+def _conventions(settings: Mapping[str, Any]) -> list[str]:
+    return [
+        f"- {settings.get('flops_convention', '')}",
+        f"- {settings.get('activation_convention', '')}; flash attention "
+        f"{'assumed' if settings.get('flash_attention') else 'not assumed'}",
+        f"- model state: {settings.get('bytes_per_param')} bytes per parameter in "
         f"training (params and grads at the model dtype, the rest optimizer state)",
         "",
     ]
-    return "\n".join(lines)

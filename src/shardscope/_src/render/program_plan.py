@@ -8,12 +8,29 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.plan.program import format_rules
+from shardscope._src.render.columns import Column, markdown_table
 from shardscope._src.render.console import format_bytes
 from shardscope._src.render.plan import (
+    COMM_BOUND,
+    COMM_BYTES,
+    COMM_COLUMNS,
+    COMM_TIME,
+    COMPUTE,
+    FITS,
     KIND_SHORT,
-    _md_table,
+    MEMORY,
+    MESH,
+    PARETO,
+    RANK,
+    RANK_MARKDOWN,
+    STEP,
+    comm_sections,
+    figure,
     format_seconds,
+    hardware_text,
     no_flags,
+    ranked_table,
+    skipped_section,
     skipped_table,
 )
 
@@ -35,55 +52,53 @@ def comm_summary(p: ProgramPlan) -> str:
     return "; ".join(parts) or "none"
 
 
-def program_plan_table(result: ProgramPlanResult, *, top: int | None = None) -> Any:
-    from rich import box
-    from rich.table import Table
+#: The ranked plans of a user's program: the planner's columns where they mean the same.
+PROGRAM_PLAN_COLUMNS: tuple[Column[ProgramPlan], ...] = (
+    RANK,
+    RANK_MARKDOWN,
+    Column("rules", lambda p: p.rules_name, no_wrap=True),
+    MESH,
+    MEMORY,
+    FITS,
+    COMM_BYTES,
+    Column("collectives", comm_summary, only="rich"),
+    COMM_TIME,
+    COMPUTE,
+    STEP,
+    figure("overlap", lambda p: format_seconds(p.step_time_overlap_s), "step (overlap)"),
+    PARETO,
+)
 
-    table = Table(
-        title=f"Plans: {headline(result)}",
-        caption=(
-            f"{len(result.plans)} plans compiled, {len(result.skipped)} skipped, "
-            f"{result.wall_s:.1f} s. * Pareto front (memory vs comm time). Memory: the "
-            f"compiler's buffers per device. Step: compute + comm; overlap: the larger."
-        ),
-        title_justify="left",
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
+#: Memory per device as the compiler's buffer assignment gives it.
+PROGRAM_MEMORY_COLUMNS: tuple[Column[ProgramPlan], ...] = (
+    Column("#", lambda p: str(p.rank)),
+    Column("plan", lambda p: p.label),
+    *(
+        Column(header, lambda p, key=key: format_bytes(p.compiled_memory.get(key, 0)))
+        for header, key in (
+            ("arguments", "argument_size_in_bytes"),
+            ("outputs", "output_size_in_bytes"),
+            ("temporaries", "temp_size_in_bytes"),
+            ("aliased", "alias_size_in_bytes"),
+        )
+    ),
+    Column("total", lambda p: format_bytes(p.memory_bytes_per_device)),
+)
+
+#: Communication per axis: the planner's columns but the lower bound (a user's program has
+#: no analytic minimum).
+PROGRAM_COMM_COLUMNS = tuple(c for c in COMM_COLUMNS if c is not COMM_BOUND)
+
+
+def program_plan_table(result: ProgramPlanResult, *, top: int | None = None) -> Any:
+    caption = (
+        f"{len(result.plans)} plans compiled, {len(result.skipped)} skipped, "
+        f"{result.wall_s:.1f} s. * Pareto front (memory vs comm time). Memory: the "
+        f"compiler's buffers per device. Step: compute + comm; overlap: the larger."
     )
-    for name in (
-        "#",
-        "rules",
-        "mesh",
-        "mem/dev",
-        "fits",
-        "comm/dev",
-        "collectives",
-        "comm",
-        "compute",
-        "step",
-        "overlap",
-    ):
-        table.add_column(
-            name,
-            justify="left" if name in ("rules", "mesh", "collectives") else "right",
-            no_wrap=name != "collectives",
-        )
-    for p in result.plans[: top or None]:
-        table.add_row(
-            f"{p.rank}{'*' if p.pareto else ''}",
-            p.rules_name,
-            p.mesh_spec,
-            format_bytes(p.memory_bytes_per_device),
-            "yes" if p.fits else "[red]no[/red]",
-            format_bytes(p.comm_bytes_per_device),
-            comm_summary(p),
-            format_seconds(p.comm_time_s),
-            format_seconds(p.compute_time_s),
-            format_seconds(p.step_time_s),
-            format_seconds(p.step_time_overlap_s),
-        )
-    return table
+    return ranked_table(
+        PROGRAM_PLAN_COLUMNS, result, heading=headline(result), caption=caption, top=top
+    )
 
 
 def render_program_plan(
@@ -122,9 +137,7 @@ def program_markdown_report(result: ProgramPlanResult) -> str:
         "",
         headline(result) + ".",
         "",
-        f"Hardware ({hw.source}): link {hw.link_bandwidth / 1e9:g} GB/s within a node of "
-        f"{hw.node_size}, {hw.cross_node_bandwidth / 1e9:g} GB/s across nodes, "
-        f"{hw.latency_s * 1e6:g} us latency per step.",
+        hardware_text(hw),
         "",
         f"{result.candidates} candidates: {len(result.plans)} compiled (in "
         f"{result.wall_s:.1f} s), {len(result.skipped)} skipped.",
@@ -137,85 +150,13 @@ def program_markdown_report(result: ProgramPlanResult) -> str:
     if not result.plans:
         lines += [f"**{result.empty_reason}**", ""]
     else:
-        lines += ["## Ranked plans", ""]
-        lines += _md_table(
-            [
-                "#",
-                "rules",
-                "mesh",
-                "memory/device",
-                "fits",
-                "comm/device",
-                "comm time",
-                "compute",
-                "step",
-                "step (overlap)",
-                "Pareto",
-            ],
-            [
-                [
-                    str(p.rank),
-                    p.rules_name,
-                    f"`{p.mesh_spec}`",
-                    format_bytes(p.memory_bytes_per_device),
-                    "yes" if p.fits else "**no**",
-                    format_bytes(p.comm_bytes_per_device),
-                    format_seconds(p.comm_time_s),
-                    format_seconds(p.compute_time_s),
-                    format_seconds(p.step_time_s),
-                    format_seconds(p.step_time_overlap_s),
-                    "yes" if p.pareto else "",
-                ]
-                for p in result.plans
-            ],
-        )
+        lines += ["## Ranked plans", "", *markdown_table(PROGRAM_PLAN_COLUMNS, result.plans)]
         best = result.best
         lines += ["", f"Best: **{best.label}**." if best else f"**{result.fit_note}**", ""]
         lines += ["## Memory per device (the compiler's buffer assignment)", ""]
-        lines += _md_table(
-            ["#", "plan", "arguments", "outputs", "temporaries", "aliased", "total"],
-            [
-                [
-                    str(p.rank),
-                    p.label,
-                    format_bytes(p.compiled_memory.get("argument_size_in_bytes", 0)),
-                    format_bytes(p.compiled_memory.get("output_size_in_bytes", 0)),
-                    format_bytes(p.compiled_memory.get("temp_size_in_bytes", 0)),
-                    format_bytes(p.compiled_memory.get("alias_size_in_bytes", 0)),
-                    format_bytes(p.memory_bytes_per_device),
-                ]
-                for p in result.plans
-            ],
-        )
-        lines += ["", "## Communication per axis (loop trips counted)", ""]
-        for p in result.plans:
-            lines += [f"### {p.rank}. {p.label}", ""]
-            if not p.comm:
-                lines += ["No communication.", ""]
-                continue
-            lines += _md_table(
-                ["axes", "kind", "count", "bytes/device", "time", "crosses nodes"],
-                [
-                    [
-                        a.axes,
-                        a.kind,
-                        str(a.count),
-                        format_bytes(a.traffic_bytes),
-                        format_seconds(a.time_s),
-                        "yes" if a.crosses_nodes else "no",
-                    ]
-                    for a in p.comm
-                ],
-            )
-            lines += [f"- {n}" for n in p.notes]
-            lines.append("")
-    if result.skipped:
-        lines += ["## Skipped candidates", ""]
-        lines += _md_table(
-            ["rules", "mesh", "reason", "why"],
-            [[s.strategy, f"`{s.mesh}`", s.reason, s.message] for s in result.skipped],
-        )
-        lines.append("")
+        lines += [*markdown_table(PROGRAM_MEMORY_COLUMNS, result.plans), ""]
+        lines += comm_sections(result.plans, PROGRAM_COMM_COLUMNS)
+    lines += skipped_section(result, first="rules")
     lines += ["## Conventions and caveats", ""]
     lines += [f"- {n}" for n in result.notes]
     lines.append("")

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.text import format_spec
 from shardscope._src.model.config import (
     Hooks,
@@ -258,7 +258,7 @@ UPDATE_STEP = 1e-3
 
 
 def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: int) -> None:
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+    if not is_int(microbatches, 1):
         raise StrategyError(f"microbatches={microbatches!r}: must be a positive integer")
     if microbatches == 1:
         return
