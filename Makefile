@@ -25,19 +25,23 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 lab: $(VENV)/.installed-runtime
 	$(BIN)/shardscope lab
 
-# pytest exits 5 when it collects no test; that is not a failure of the suite.
-test: $(VENV)/.installed-dev
+# The lint first (seconds), then the suite. pytest exits 5 when it collects no test; that is
+# not a failure of the suite.
+test: lint
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
-# ruff, and the layering contract of .importlinter (each floor imports only from below).
+# ruff (rules and formatting), and the layering contract of .importlinter (each floor imports
+# only from below, and every module of shardscope._src is on a floor).
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src
 	$(BIN)/lint-imports
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/lab_cold_start.py
 	$(BIN)/python benchmarks/audit_overhead.py
 	$(BIN)/python benchmarks/plan_speed.py
+	$(BIN)/python benchmarks/plan_targets.py
 	$(BIN)/python benchmarks/own_program.py
 	$(BIN)/python benchmarks/hostile_hlo.py
 

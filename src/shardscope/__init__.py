@@ -61,6 +61,7 @@ from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
 from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
 from shardscope._src.sharding.programs import build_program as build_program
 from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
+from shardscope._src.sharding.strategies import Placement as Placement
 from shardscope._src.sharding.strategies import Strategy as Strategy
 from shardscope._src.sharding.strategies import get_strategy as get_strategy
 from shardscope._src.target_mesh import target_mesh as target_mesh

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 
-class ShardscopeError(ValueError):
+class _NamesParams(Exception):
+    """An error that names the library parameters holding the bad values (``params``)."""
+
+    def __init__(self, message: str, *, param: str | tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param)
+
+
+class ShardscopeError(_NamesParams, ValueError):
     """Bad input to shardscope: the message names the value, the rule and the fix.
 
     ``params`` names the arguments of the library call that hold the bad values (empty when
@@ -14,10 +22,6 @@ class ShardscopeError(ValueError):
     >>> str(e), e.params
     ('batch=0: must be positive', ('batch',))
     """
-
-    def __init__(self, message: str, *, param: str | tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param)
 
 
 class MeshSpecError(ShardscopeError):
@@ -36,13 +40,9 @@ class OutputPathError(ShardscopeError):
     """A result file or folder that cannot be written where the user asked."""
 
 
-class DeviceSetupError(RuntimeError):
+class DeviceSetupError(_NamesParams, RuntimeError):
     """Devices that cannot be set up: simulated ones requested after JAX's backend started, or
     a multi-process run JAX could not join. ``params`` as in :class:`ShardscopeError`."""
-
-    def __init__(self, message: str, *, param: str | tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param)
 
 
 class ModelConfigError(ShardscopeError):
