@@ -449,14 +449,15 @@ class Audit:
             **record_dict(
                 self,
                 keys={"module_name": "module"},
-                omit=("module", "compiled", "hlo_text"),
+                omit=("module", "compiled", "hlo_text", "collectives"),
                 extra=("counts", "exact", "total", "by_scope"),
             ),
-            "collectives": json_value(self.sorted_collectives()),
             "totals": [
                 {"axes": label, "kind": kind, **t.to_dict()}
                 for (label, kind), t in self.totals().items()
             ],
+            # The long list last, so that a reader of the file sees the summary first.
+            "collectives": json_value(self.sorted_collectives()),
         }
 
 
