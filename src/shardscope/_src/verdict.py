@@ -177,15 +177,7 @@ class Hint:
         return self.traffic_bytes <= self.bound_bytes * (1 + TOLERANCE)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "change": self.change,
-            "code": self.code,
-            "traffic_bytes": self.traffic_bytes,
-            "backend_bytes": self.backend_bytes,
-            "ratio": self.ratio,
-            "reaches_bound": self.reaches_bound,
-            "counts": dict(self.counts),
-        }
+        return record_dict(self, omit=("bound_bytes",), extra=("ratio", "reaches_bound"))
 
 
 class VerdictNote(NoteKind):
@@ -277,19 +269,8 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label,
-            "bound_bytes": self.bound_bytes,
-            "actual_bytes": self.actual_bytes,
-            "ratio": self.ratio,
-            "backend_bytes": self.backend_bytes,
-            "optimal": self.optimal,
+            **record_dict(self, extra=("ratio", "optimal", "summary")),
             "tolerance": TOLERANCE,
-            "summary": self.summary(),
-            "rows": [r.to_dict() for r in self.rows],
-            "excess": [e.to_dict() for e in self.excess],
-            "hints": [h.to_dict() for h in self.hints],
-            "notes": json_value(self.notes),
-            "bound_notes": json_value(self.bound_notes),
         }
 
 
@@ -519,11 +500,11 @@ class MatmulReport:
     verdict: Verdict
 
     def to_dict(self) -> dict[str, Any]:
+        """The audit's JSON with the problem, the cheapest schedule and the verdict."""
         return {
             **self.audit.to_dict(),
-            "problem": self.schedule.problem.to_dict(),
-            "schedule": self.schedule.to_dict(),
-            "verdict": self.verdict.to_dict(),
+            "problem": json_value(self.schedule.problem),
+            **record_dict(self, omit=("audit",)),
         }
 
 
@@ -642,14 +623,16 @@ class TransformerReport:
     verdict: Verdict
 
     def to_dict(self) -> dict[str, Any]:
+        """The audit's JSON with the program's strategy, config, mode and implementation, the
+        bound and the verdict."""
+        program = self.program
         return {
             **self.audit.to_dict(),
-            "strategy": self.program.placement.to_dict(),
-            "config": self.program.config.to_dict(),
-            "mode": self.program.mode,
-            "impl": self.program.impl,
-            "bound": self.bound.to_dict(),
-            "verdict": self.verdict.to_dict(),
+            "strategy": program.placement.to_dict(),
+            "config": program.config.to_dict(),
+            "mode": program.mode,
+            "impl": program.impl,
+            **record_dict(self, omit=("program", "audit")),
         }
 
 

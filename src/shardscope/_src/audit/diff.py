@@ -18,7 +18,7 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, ShardscopeError
-from shardscope._src.base.io import result_header
+from shardscope._src.base.io import record_dict, result_header
 
 #: The schema versions whose audits have today's shape (version 2 changed the notes of plans
 #: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
@@ -64,18 +64,7 @@ class DiffRow:
         return self.new_traffic_bytes - self.old_traffic_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "axes": self.axes,
-            "kind": self.kind,
-            "status": self.status,
-            "old_count": self.old_count,
-            "new_count": self.new_count,
-            "old_traffic_bytes": self.old_traffic_bytes,
-            "new_traffic_bytes": self.new_traffic_bytes,
-            "old_payload_bytes": self.old_payload_bytes,
-            "new_payload_bytes": self.new_payload_bytes,
-        }
+        return record_dict(self, extra=("status",))
 
 
 @dataclass(frozen=True)
@@ -105,16 +94,11 @@ class AuditDiff:
         return not self.violations
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "old": self.old_name,
-            "new": self.new_name,
-            "old_traffic_bytes": self.old_traffic_bytes,
-            "new_traffic_bytes": self.new_traffic_bytes,
-            "rows": [r.to_dict() for r in self.rows],
-            "violations": list(self.violations),
-            "ok": self.ok,
-            "by_scope": self.by_scope,
-        }
+        return record_dict(
+            self,
+            keys={"old_name": "old", "new_name": "new"},
+            extra=("old_traffic_bytes", "new_traffic_bytes", "ok"),
+        )
 
     def text(self, *, all_rows: bool = False) -> str:
         """The changed rows (``all_rows``: every row) as a plain-text table."""
