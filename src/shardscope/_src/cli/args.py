@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 
 def _whole(text: str) -> int:
@@ -48,18 +49,40 @@ def positive_float(text: str) -> float:
     return positive_number(text, " of seconds")
 
 
-#: Library parameters whose flag is not the parameter spelled with dashes.
-FLAG_OF = {
-    "detect": "--distributed",
-    "out_dir": "--out",
-    "memory_bytes": "--memory",
-    "a_spec": "--a-spec",
+#: Library parameters whose option keeps its value under another name (its ``dest``); every
+#: other parameter is the ``dest`` of the option that sets it, where the command has one.
+DEST_OF = {
+    "make_step": "program",  # plan --program FILE.py:FUNCTION
+    "detect": "distributed",
+    "out_dir": "out",
 }
 
 
-def flags_of(params: Sequence[str]) -> str:
-    """`` (flags --d-model, --ff)``: the flags that set the parameters an error names."""
-    if not params:
-        return ""
-    flags = [FLAG_OF.get(p, "--" + p.replace("_", "-")) for p in params]
-    return f" ({'flag' if len(flags) == 1 else 'flags'} {', '.join(flags)})"
+@dataclass(frozen=True)
+class Flags:
+    """The options of the command that ran, by ``dest``, named as argparse names them in its
+    own errors (``--mesh``, ``-n/--num-processes``): what a library error's parameters are
+    called on this command line. A parameter this command has no option for is left out."""
+
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, parser: argparse.ArgumentParser) -> Flags:
+        """The options ``parser`` itself takes (not those of its sub-commands)."""
+        actions = parser._actions  # every option, those of argument groups included
+        return cls({a.dest: "/".join(a.option_strings) for a in actions if a.option_strings})
+
+    def flag(self, param: str) -> str | None:
+        """The option that sets the library parameter ``param``, or None."""
+        return self.options.get(DEST_OF.get(param, param))
+
+    def __call__(self, params: Sequence[str]) -> str:
+        """`` (flags --d-model, --ff)``: the flags that set the parameters an error names."""
+        flags = list(dict.fromkeys(f for f in map(self.flag, params) if f is not None))
+        if not flags:
+            return ""
+        return f" ({'flag' if len(flags) == 1 else 'flags'} {', '.join(flags)})"
+
+
+#: For text shown before a command is known.
+NO_FLAGS = Flags()

@@ -28,7 +28,13 @@ from shardscope._src.base.errors import (
 from shardscope._src.base.hardware import PRESETS
 from shardscope._src.base.io import STDOUT, check_dir_path, check_output_paths, result_header
 from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
-from shardscope._src.cli.args import flags_of, positive_float, positive_int, positive_number
+from shardscope._src.cli.args import (
+    NO_FLAGS,
+    Flags,
+    positive_float,
+    positive_int,
+    positive_number,
+)
 from shardscope._src.cli.audit import run_audit_command
 from shardscope._src.cli.distributed import add_distributed_options, initialize_from_args
 from shardscope._src.cli.plan import run_plan_command
@@ -67,6 +73,12 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A sub-command's defaults overwrite its parent's: after parsing, ``command_parser`` is
+        # the parser of the sub-command that runs, whose options name the library's parameters.
+        self.set_defaults(command_parser=self)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
@@ -457,6 +469,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         top=args.top,
         compiler=args.compiler,
         target_plans=args.target_plans,
+        flags=command_flags(args),
     )
 
 
@@ -499,6 +512,7 @@ def _cmd_plan_program(
         png_path=args.png,
         report_path=args.report,
         top=args.top,
+        flags=command_flags(args),
     )
 
 
@@ -786,7 +800,6 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     launch.add_argument(
         "-n",
         "--num-processes",
-        dest="launch_n",
         type=positive_int,
         required=True,
         metavar="P",
@@ -822,9 +835,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         command = command[1:]
     try:
         check_launch_command(command)
-        check_launch_size(args.launch_n, args.devices_per_process)
+        check_launch_size(args.num_processes, args.devices_per_process)
     except ShardscopeError as e:
-        raise UsageError(f"{PROG} launch: {e}") from None
+        raise UsageError(f"{PROG} launch: {e}{command_flags(args)(e.params)}") from None
     # A bad sub-command is reported once, here, rather than by every process.
     try:
         build_parser().parse_args(_route_audit(command))
@@ -832,7 +845,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG} launch: {e}") from None
     # What each process will be given, with the values it will be given.
     probe = [*_route_audit(command)]  # a copy: the command itself goes to every process
-    probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(args.launch_n)]
+    probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(args.num_processes)]
     probe += ["--process-id", "0", "--devices", str(args.devices_per_process)]
     try:
         sub_args = build_parser().parse_args(probe)
@@ -844,10 +857,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     try:  # the sub-command's own checks, here, before any process starts
         _check(sub_args)
     except ShardscopeError as e:
-        raise UsageError(f"{PROG} launch: {' '.join(command[:2])}: {e}") from None
+        where, flags = " ".join(command[:2]), command_flags(sub_args)
+        raise UsageError(f"{PROG} launch: {where}: {e}{flags(e.params)}") from None
     result = launch(
         command,
-        args.launch_n,
+        args.num_processes,
         devices_per_process=args.devices_per_process,
         timeout_s=args.timeout,
     )
@@ -871,8 +885,10 @@ def _main(argv: Sequence[str] | None) -> int:
     args_list = [a for a in args_list[:end] if a != "--debug"] + args_list[end:]
     args_list = _route_audit(args_list)
     parser = build_parser()
+    flags = NO_FLAGS  # the flags that set the parameters a library error names
     try:
         args = parser.parse_args(args_list)
+        flags = command_flags(args)
         if args.command is None:  # pragma: no cover - argparse enforces it
             parser.error("a command is required")
         # JAX and its accelerator plugins, without their start-up chatter; no backend starts
@@ -886,11 +902,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except ShardscopeError as e:
         if debug:
             raise
-        _fail(f"{PROG}: error: {e}{flags_of(e.params)}")
+        _fail(f"{PROG}: error: {e}{flags(e.params)}")
     except DeviceSetupError as e:
         if debug:
             raise
-        _fail(f"{PROG}: error: {e}{flags_of(e.params)}")
+        _fail(f"{PROG}: error: {e}{flags(e.params)}")
     except OSError as e:  # a file we were asked to write or read; the message names it
         if debug:
             raise
@@ -901,6 +917,11 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
+def command_flags(args: argparse.Namespace) -> Flags:
+    """The flags of the sub-command ``args`` were parsed for."""
+    return Flags.of(args.command_parser)
+
+
 def _check(args: argparse.Namespace) -> None:
     """Runs the sub-command's checks of its input (``check``, set beside ``run``), if any."""
     check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
@@ -908,7 +929,6 @@ def _check(args: argparse.Namespace) -> None:
         check(args)
 
 
-#: Library parameters whose command-line flag is not ``--`` + the name with dashes.
 def _fail(message: str) -> NoReturn:
     print(_shorten(" ".join(message.split())), file=sys.stderr)
     raise SystemExit(2)

@@ -13,7 +13,7 @@ from shardscope._src.base.errors import PlanError
 from shardscope._src.base.io import STDOUT, check_output_paths, write_atomic, write_result
 from shardscope._src.base.notes import Note
 from shardscope._src.base.targets import TARGETS
-from shardscope._src.cli.args import flags_of
+from shardscope._src.cli.args import NO_FLAGS, Flags
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
@@ -53,6 +53,7 @@ def run_plan_command(
     progress_console: Any = None,
     compiler: str | None = None,
     target_plans: int = 3,
+    flags: Flags = NO_FLAGS,
 ) -> int:
     """Plans, prints the ranked table, writes the requested files; returns 0.
 
@@ -67,6 +68,8 @@ def run_plan_command(
             memory-vs-communication chart and the Markdown report (each atomically).
         console: a rich Console for the tables (default stdout); ``progress_console`` for
             the progress bar (default stderr).
+        flags: the flags of the command line that asked, named after the notes that
+            suggest a change.
         Other arguments as :func:`shardscope.plan`.
 
     Raises:
@@ -102,7 +105,7 @@ def run_plan_command(
             target_plans=target_plans,
             **dict(dims or {}),
         )
-    render_plan(result, console=console, top=top, empty_reason=False, flags=flags_of)
+    render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
     backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
     written = write_plan_files(
         result,

@@ -18,7 +18,7 @@ from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, PlanError, ProgramError, ShardscopeError
 from shardscope._src.base.io import STDOUT, check_file_path, write_result
 from shardscope._src.base.targets import get_target
-from shardscope._src.cli.args import flags_of
+from shardscope._src.cli.args import NO_FLAGS, Flags
 from shardscope._src.cli.plan import (
     check_device_count,
     no_plan_error,
@@ -243,12 +243,14 @@ def run_plan_program(
     top: int | None = None,
     console: Any = None,
     target: str | None = None,
+    flags: Flags = NO_FLAGS,
 ) -> int:
     """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices`` (simulated CPU devices, or
     ``target``'s compile-only devices and compiler); prints, writes the files.
 
     Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
     ``RULES`` if it defines one, else the program is planned as written over ``axes``.
+    ``flags`` names the options of the command line after the notes that suggest a change.
     """
 
     check_device_count(devices)
@@ -282,7 +284,7 @@ def run_plan_program(
         name=ref,
     )
     if json_path != STDOUT:
-        render_program_plan(result, console=console, top=top, flags=flags_of)
+        render_program_plan(result, console=console, top=top, flags=flags)
     backend = "cpu" if target is None else get_target(target).family
     written = write_plan_files(
         result,
