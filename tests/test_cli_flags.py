@@ -20,8 +20,10 @@ AUDITS = [("audit", p) for p in ("program", "hlo", "matmul", "reshard", "transfo
 
 #: The commands whose runs reach each module that names parameters.
 COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
+    "audit/diff.py": [("diff",)],
     "base/distributed.py": [("lab",), *AUDITS],
     "base/io.py": [("lab",)],
+    "launch.py": [("launch",)],
     "model/presets.py": [("plan",)],
     "plan/program.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
@@ -148,10 +150,7 @@ def test_every_parameter_is_a_real_flag_of_the_command_or_deliberately_omitted(m
 
 def test_every_renamed_parameter_names_an_option_some_command_has():
     dests = {
-        a.dest
-        for leaf in _leaves(build_parser())
-        for a in _leaf(leaf)._actions
-        if a.option_strings
+        a.dest for leaf in _leaves(build_parser()) for a in _leaf(leaf)._actions if a.option_strings
     }
     assert set(DEST_OF.values()) <= dests
 
