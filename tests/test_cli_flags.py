@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardscope._src.cli.args import DEST_OF, NO_FLAGS, Flags
-from shardscope._src.cli.main import build_parser, command_flags, main
+from shardscope._src.cli.main import build_parser, command_config, main
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "shardscope" / "_src"
 
@@ -157,14 +157,14 @@ def test_every_renamed_parameter_names_an_option_some_command_has():
 
 def test_flags_come_from_the_command_that_ran():
     parse = build_parser().parse_args
-    plan = command_flags(parse(["plan", "--devices", "8", "--model", "tiny"]))
+    plan = command_config(parse(["plan", "--devices", "8", "--model", "tiny"])).flags
     assert plan(["make_step"]) == " (flag --program)"
     assert plan(["memory_bytes", "devices", "mesh"]) == " (flags --memory, --devices)"
-    launch = command_flags(parse(["launch", "-n", "2", "--", "lab"]))
+    launch = command_config(parse(["launch", "-n", "2", "--", "lab"])).flags
     assert launch(["num_processes", "devices_per_process"]) == (
         " (flags -n/--num-processes, --devices-per-process)"
     )
-    lab = command_flags(parse(["lab"]))
+    lab = command_config(parse(["lab"])).flags
     assert lab(["num_processes", "detect", "out_dir"]) == (
         " (flags --num-processes, --distributed, --out)"
     )

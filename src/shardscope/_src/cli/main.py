@@ -30,13 +30,25 @@ from shardscope._src.base.io import STDOUT, check_dir_path, check_output_paths, 
 from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
 from shardscope._src.cli.args import (
     NO_FLAGS,
-    Flags,
     positive_float,
     positive_int,
     positive_number,
 )
 from shardscope._src.cli.audit import run_audit_command
-from shardscope._src.cli.distributed import add_distributed_options, initialize_from_args
+from shardscope._src.cli.config import (
+    AuditConfig,
+    AuditHloConfig,
+    AuditMatmulConfig,
+    AuditProgramConfig,
+    AuditReshardConfig,
+    AuditTransformerConfig,
+    CommandConfig,
+    DiffConfig,
+    LabConfig,
+    LaunchConfig,
+    PlanConfig,
+)
+from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.cli.plan import run_plan_command
 from shardscope._src.cli.program import (
     _hlo_file,
@@ -90,102 +102,94 @@ class _Parser(argparse.ArgumentParser):
         return super()._get_value(action, arg_string)
 
 
-def _check_lab(args: argparse.Namespace) -> None:
+def _check_lab(c: LabConfig) -> None:
 
-    check_dir_path(args.out)
+    check_dir_path(c.out)
 
 
-def _cmd_lab(args: argparse.Namespace) -> int:
+def _cmd_lab(c: LabConfig) -> int:
 
-    initialize_from_args(args)
-    lab, summary = taster.run(devices=args.devices, out_dir=args.out)
+    c.multiprocess.initialize()
+    lab, summary = taster.run(devices=c.devices, out_dir=c.out)
     return 0 if summary["passed"] == summary["total"] else 1
 
 
-def _check_audit(args: argparse.Namespace) -> None:
+def _check_audit(c: AuditConfig) -> None:
     """Everything ``audit`` can refuse before JAX starts (also run by ``launch``, once)."""
 
-    _audit_target(args)  # a target that cannot take these options
-    check_output_paths({"--json": args.json}, {"--hlo": getattr(args, "hlo", None)})
-    mesh = args.mesh or args.default_mesh
-    if mesh and args.devices and not args.distributed and _audit_target(args) is None:
-        need = math.prod(parse_mesh_spec(mesh).values())
-        if args.num_processes is None and need > args.devices:
-            raise MeshSpecError(
-                f"mesh {mesh!r} needs {need} devices but --devices {args.devices} simulates "
-                f"{args.devices}; give --devices {need} or a smaller mesh"
-            )
-        if args.num_processes is not None and need > args.devices * args.num_processes:
-            have = args.devices * args.num_processes
-            raise MeshSpecError(
-                f"mesh {mesh!r} needs {need} devices but {args.num_processes} processes of "
-                f"{args.devices} devices hold {have}; give more processes or devices, or a "
-                f"smaller mesh"
-            )
-    target = _audit_target(args)
+    target = _audit_target(c)  # a target that cannot take these options
+    hlo = c.hlo if isinstance(c, AuditHloConfig) else None
+    check_output_paths({"--json": c.json}, {"--hlo": hlo})
+    mesh = c.mesh_or_default
+    if mesh and c.devices and not c.multiprocess.detect and target is None:
+        _check_mesh_fits(mesh, c.devices, c.multiprocess.num_processes)
     if target is not None and mesh:
         topology(target, math.prod(parse_mesh_spec(mesh).values()))  # a count it comes in
-    if args.program == "program":
-        _mesh_needed(args.mesh, f"auditing {args.program_ref}")
-        check_program_ref(args.program_ref)
-    elif args.program == "hlo":
-        _mesh_needed(args.mesh, f"auditing --hlo {args.hlo}")
-        _hlo_file(args.hlo)
-    elif args.program == "reshard":
+    if isinstance(c, AuditProgramConfig):
+        _mesh_needed(c.mesh, f"auditing {c.program_ref}")
+        check_program_ref(c.program_ref)
+    elif isinstance(c, AuditHloConfig):
+        _mesh_needed(c.mesh, f"auditing --hlo {c.hlo}")
+        _hlo_file(c.hlo)
+    elif isinstance(c, AuditReshardConfig):
         check_demo("reshard", mesh)
-    elif args.program == "matmul":
-        check_matmul_command(
-            mesh, args.m, args.k, args.n, args.dtype, args.a_spec, args.b_spec, args.out_spec
+    elif isinstance(c, AuditMatmulConfig):
+        check_matmul_command(mesh, c.m, c.k, c.n, c.dtype, c.a_spec, c.b_spec, c.out_spec)
+    elif isinstance(c, AuditTransformerConfig):
+        check_transformer_command(c.strategy, c.mesh, **c.sizes)
+
+
+def _check_mesh_fits(mesh: str, devices: int, num_processes: int | None) -> None:
+    """Refuses a mesh larger than the simulated devices of this run."""
+    need = math.prod(parse_mesh_spec(mesh).values())
+    if num_processes is None and need > devices:
+        raise MeshSpecError(
+            f"mesh {mesh!r} needs {need} devices but --devices {devices} simulates "
+            f"{devices}; give --devices {need} or a smaller mesh"
         )
-    elif args.program == "transformer":
-        check_transformer_command(
-            args.strategy,
-            args.mesh,
-            layers=args.layers,
-            d_model=args.d_model,
-            heads=args.heads,
-            ff=args.ff,
-            batch=args.batch,
-            seq=args.seq,
-            dtype=args.dtype,
+    if num_processes is not None and need > devices * num_processes:
+        have = devices * num_processes
+        raise MeshSpecError(
+            f"mesh {mesh!r} needs {need} devices but {num_processes} processes of "
+            f"{devices} devices hold {have}; give more processes or devices, or a "
+            f"smaller mesh"
         )
 
 
-def _cmd_audit(args: argparse.Namespace) -> int:
+def _cmd_audit(c: AuditConfig) -> int:
 
-    mesh = args.mesh or args.default_mesh
-    target = _audit_target(args)
+    target = _audit_target(c)
     if target is not None:
-        if args.json is not None and args.json == STDOUT:
-            return _run_audit_program(args, args.json, output_console(stderr=True), target)
-        return _run_audit_program(args, args.json, None, target)
-    initialize_from_args(args)
-    ensure_devices_for(mesh, args.devices)
+        if c.json is not None and c.json == STDOUT:
+            return _run_audit_program(c, c.json, output_console(stderr=True), target)
+        return _run_audit_program(c, c.json, None, target)
+    c.multiprocess.initialize()
+    ensure_devices_for(c.mesh_or_default, c.devices)
 
-    json_path, console = args.json, None
+    json_path, console = c.json, None
     if json_path == STDOUT:  # the JSON owns standard output; tables go to standard error
         console = output_console(stderr=True)
     if jax.process_index() != 0:  # every process compiles the same program; 0 reports it
         from rich.console import Console
 
         json_path, console = None, Console(quiet=True)
-    return _run_audit_program(args, json_path, console, None)
+    return _run_audit_program(c, json_path, console, None)
 
 
-def _audit_target(args: argparse.Namespace) -> str | None:
+def _audit_target(c: AuditConfig) -> str | None:
     """The GPU/TPU target of ``audit --target``, or None for simulated CPU devices."""
-    if getattr(args, "compile_target", None) is None:
+    if c.compile_target is None:
         return None
 
-    t = get_target(args.compile_target)
+    t = get_target(c.compile_target)
     if t.family == CPU:
         return None
-    if args.devices is not None:
+    if c.devices is not None:
         raise TargetError(
             f"--devices simulates CPU devices; with --target {t.name} the mesh alone sets the "
             f"device count: drop --devices"
         )
-    if args.num_processes is not None or args.distributed:
+    if c.multiprocess.num_processes is not None or c.multiprocess.detect:
         raise TargetError(
             f"--target {t.name} compiles in one process for devices it does not have: drop "
             f"the multi-process options"
@@ -194,67 +198,56 @@ def _audit_target(args: argparse.Namespace) -> str | None:
 
 
 def _run_audit_program(
-    args: argparse.Namespace, json_path: str | None, console: Any, target: str | None
+    c: AuditConfig, json_path: str | None, console: Any, target: str | None
 ) -> int:
-    if args.program == "program":
+    shown = {"console": console, "by_scope": c.by_scope}
+    if isinstance(c, AuditProgramConfig):
         return run_audit_program(
-            args.program_ref,
-            args.mesh,
+            c.program_ref,
+            c.mesh,
             json_path,
-            rules_path=args.rules,
-            rule_set=args.rule_set,
-            console=console,
-            by_scope=args.by_scope,
+            rules_path=c.rules,
+            rule_set=c.rule_set,
             target=target,
+            **shown,
         )
-    if args.program == "hlo":
-        return run_audit_hlo(
-            args.hlo, args.mesh, json_path, console=console, by_scope=args.by_scope
-        )
-    if args.program == "reshard":
-        return run_audit_command(
-            "reshard",
-            args.mesh,
-            json_path,
-            console=console,
-            by_scope=args.by_scope,
-            target=target,
-        )
-    if args.program == "matmul":
+    if isinstance(c, AuditHloConfig):
+        return run_audit_hlo(c.hlo, c.mesh, json_path, **shown)
+    if isinstance(c, AuditReshardConfig):
+        return run_audit_command("reshard", c.mesh, json_path, target=target, **shown)
+    if isinstance(c, AuditMatmulConfig):
         return run_matmul_command(
-            args.mesh or args.default_mesh,
-            args.m,
-            args.k,
-            args.n,
-            args.dtype,
-            args.a_spec,
-            args.b_spec,
-            args.out_spec,
+            c.mesh_or_default,
+            c.m,
+            c.k,
+            c.n,
+            c.dtype,
+            c.a_spec,
+            c.b_spec,
+            c.out_spec,
             json_path,
-            hints=args.hints,
-            console=console,
+            hints=c.hints,
             target=target,
-            by_scope=args.by_scope,
+            **shown,
         )
-
+    assert isinstance(c, AuditTransformerConfig)
     return run_transformer_command(
-        args.strategy,
-        args.mesh,
-        args.layers,
+        c.strategy,
+        c.mesh,
+        c.layers,
         json_path,
-        mode=args.mode,
-        impl=args.impl,
-        constraints=args.constraints,
-        d_model=args.d_model,
-        heads=args.heads,
-        ff=args.ff,
-        batch=args.batch,
-        seq=args.seq,
-        dtype=args.dtype,
-        hints=args.hints,
-        console=console,
+        mode=c.mode,
+        impl=c.impl,
+        constraints=c.constraints,
+        d_model=c.d_model,
+        heads=c.heads,
+        ff=c.ff,
+        batch=c.batch,
+        seq=c.seq,
+        dtype=c.dtype,
+        hints=c.hints,
         target=target,
-        by_scope=args.by_scope,
+        **shown,
     )
 
 
@@ -271,54 +264,71 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=_Parser)
     programs.required = True
+    _add_audit_program(programs)
+    _add_audit_hlo(programs)
+    _add_audit_matmul(programs)
+    _add_audit_reshard(programs)
+    _add_audit_transformer(programs)
 
-    def common(p: argparse.ArgumentParser, default_mesh: str | None) -> None:
-        p.add_argument(
-            "--mesh",
-            default=None,
-            metavar="SPEC",
-            help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
-            + (f" (default {default_mesh})" if default_mesh else ""),
-        )
-        p.add_argument(
-            "--json", default=None, metavar="FILE", help="also write it as JSON ('-': stdout)"
-        )
-        p.add_argument(
-            "--devices",
-            type=positive_int,
-            default=None,
-            metavar="N",
-            help="simulated CPU devices, per process in a multi-process run (default: enough "
-            "for the mesh, at least 8)",
-        )
-        p.add_argument(
-            "--by-scope",
-            action="store_true",
-            help="one row per named scope or module path, axes and kind (with the pass and "
-            "source lines) instead of one per collective",
-        )
-        add_distributed_options(p)
-        p.set_defaults(run=_cmd_audit, check=_check_audit, default_mesh=default_mesh)
 
-    def compile_target(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--target",
-            dest="compile_target",
-            default=None,
-            choices=list(TARGETS),
-            metavar="TARGET",
-            help="compile for this hardware with its own compiler, on devices it does not "
-            f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
-        )
+def _audit_options(
+    p: argparse.ArgumentParser, config: type[AuditConfig], default_mesh: str | None
+) -> None:
+    """The options every audit takes, and what runs it."""
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="SPEC",
+        help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
+        + (f" (default {default_mesh})" if default_mesh else ""),
+    )
+    p.add_argument(
+        "--json", default=None, metavar="FILE", help="also write it as JSON ('-': stdout)"
+    )
+    p.add_argument(
+        "--devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="simulated CPU devices, per process in a multi-process run (default: enough "
+        "for the mesh, at least 8)",
+    )
+    p.add_argument(
+        "--by-scope",
+        action="store_true",
+        help="one row per named scope or module path, axes and kind (with the pass and "
+        "source lines) instead of one per collective",
+    )
+    add_distributed_options(p)
+    p.set_defaults(
+        config=config,
+        default_mesh=default_mesh,
+        compile_target=None,
+    )
 
-    def hints(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--no-hints",
-            dest="hints",
-            action="store_false",
-            help="skip compiling the suggested better plans",
-        )
 
+def _target_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        dest="compile_target",
+        default=None,
+        choices=list(TARGETS),
+        metavar="TARGET",
+        help="compile for this hardware with its own compiler, on devices it does not "
+        f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
+    )
+
+
+def _hints_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-hints",
+        dest="hints",
+        action="store_false",
+        help="skip compiling the suggested better plans",
+    )
+
+
+def _add_audit_program(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     own = programs.add_parser(
         "program",
         help="your program: FILE.py:FUNCTION, a make_step(mesh) returning (jitted step, args) "
@@ -333,8 +343,11 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     own.add_argument(
         "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
     )
-    common(own, None)
-    compile_target(own)
+    _audit_options(own, AuditProgramConfig, None)
+    _target_option(own)
+
+
+def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     hlo = programs.add_parser(
         "hlo",
         help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
@@ -343,8 +356,10 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "dump, or a dump folder holding exactly one.",
     )
     hlo.add_argument("--hlo", required=True, metavar="FILE", help="the HLO file or dump folder")
-    common(hlo, None)
+    _audit_options(hlo, AuditHloConfig, None)
 
+
+def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     mm = programs.add_parser(
         "matmul",
         help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
@@ -353,8 +368,8 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "defaults are the taster's: a replicated [16,1024] activation times a [1024,1024] "
         "matrix sharded on rows over 'model'.",
     )
-    common(mm, "model=8")
-    compile_target(mm)
+    _audit_options(mm, AuditMatmulConfig, "model=8")
+    _target_option(mm)
     mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
     mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
     mm.add_argument(
@@ -370,23 +385,27 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     mm.add_argument(
         "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
     )
-    hints(mm)
+    _hints_option(mm)
 
+
+def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     rs = programs.add_parser(
         "reshard",
         help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
     )
-    common(rs, "model=8")
-    compile_target(rs)
+    _audit_options(rs, AuditReshardConfig, "model=8")
+    _target_option(rs)
 
+
+def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tf = programs.add_parser(
         "transformer",
         help="the reference decoder under a sharding strategy, against its minimum",
         description="Audit the reference decoder (RMSNorm, causal attention, MLP) under a "
         "strategy and compare with the minimum communication for it, per axis and kind.",
     )
-    common(tf, None)
-    compile_target(tf)
+    _audit_options(tf, AuditTransformerConfig, None)
+    _target_option(tf)
     tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
     tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
     tf.add_argument("--mode", choices=["forward", "train"], default="forward")
@@ -405,86 +424,68 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     for flag in ("d-model", "heads", "ff", "batch", "seq"):
         tf.add_argument(f"--{flag}", type=positive_int, default=None, metavar="N")
     tf.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
-    hints(tf)
+    _hints_option(tf)
 
 
-def _check_plan(args: argparse.Namespace) -> None:
+def _check_plan(c: PlanConfig) -> None:
     """What ``plan`` can refuse before it compiles: strategy names and output files (the
     library refuses the rest of its input before compiling too)."""
 
-    for name in args.strategies.split(",") if args.strategies is not None else []:
+    for name in c.strategies.split(",") if c.strategies is not None else []:
         if name.strip() not in STRATEGIES:
             raise PlanError(
-                f"unknown strategy {name.strip()!r} in --strategies {args.strategies!r}; give "
+                f"unknown strategy {name.strip()!r} in --strategies {c.strategies!r}; give "
                 f"a comma-separated list of {', '.join(STRATEGIES)}"
             )
-    check_output_paths({"--json": args.json, "--png": args.png, "--report": args.report})
+    check_output_paths({"--json": c.json, "--png": c.png, "--report": c.report})
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
+def _cmd_plan(c: PlanConfig) -> int:
 
-    if args.program is None and (args.rules or args.axes or args.meshes):
+    if c.program is None and (c.rules or c.axes or c.meshes):
         raise UsageError(
             f"{PROG} plan: --rules, --axes and --meshes plan your own program; give "
             f"--program FILE.py:FUNCTION"
         )
-    overrides = {
-        k: getattr(args, k)
-        for k in (
-            "link_bandwidth",
-            "cross_node_bandwidth",
-            "latency_s",
-            "memory_bytes",
-            "peak_flops",
-            "node_size",
-            "hbm_bandwidth",
-            "matmul_fraction",
-            "comm_fraction",
-        )
-        if getattr(args, k) is not None
-    }
-    dims = {k: getattr(args, k) for k in ("d_model", "heads", "ff", "layers", "vocab")}
-    if args.program is not None:
-        return _cmd_plan_program(args, overrides, dims)
+    if c.program is not None:
+        return _cmd_plan_program(c, c.program)
     return run_plan_command(
-        model=args.model,
-        devices=args.devices,
-        dims=dims,
-        batch=args.batch,
-        seq=args.seq,
-        mode=args.mode,
-        hardware=args.hardware,
-        hardware_overrides=overrides,
-        strategies=[n.strip() for n in args.strategies.split(",")] if args.strategies else None,
-        bytes_per_param=args.bytes_per_param,
-        flash_attention=not args.no_flash_attention,
-        remat=args.remat.split(",") if args.remat else None,
-        microbatches=args.microbatches,
-        stages=args.stages,
-        compile_top=args.compile_top,
-        workers=args.workers,
-        json_path=args.json,
-        png_path=args.png,
-        report_path=args.report,
-        top=args.top,
-        compiler=args.compiler,
-        target_plans=args.target_plans,
-        flags=command_flags(args),
+        model=c.model,
+        devices=c.devices,
+        dims=c.dims,
+        batch=c.batch,
+        seq=c.seq,
+        mode=c.mode,
+        hardware=c.hardware,
+        hardware_overrides=c.hardware_overrides,
+        strategies=[n.strip() for n in c.strategies.split(",")] if c.strategies else None,
+        bytes_per_param=c.bytes_per_param,
+        flash_attention=not c.no_flash_attention,
+        remat=c.remat.split(",") if c.remat else None,
+        microbatches=c.microbatches,
+        stages=c.stages,
+        compile_top=c.compile_top,
+        workers=c.workers,
+        json_path=c.json,
+        png_path=c.png,
+        report_path=c.report,
+        top=c.top,
+        compiler=c.compiler,
+        target_plans=c.target_plans,
+        flags=c.flags,
     )
 
 
-def _cmd_plan_program(
-    args: argparse.Namespace, overrides: dict[str, Any], dims: dict[str, Any]
-) -> int:
+def _cmd_plan_program(c: PlanConfig, program: str) -> int:
 
-    model_flags = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is not None]
+    model_flags = [f"--{k.replace('_', '-')}" for k, v in c.dims.items() if v is not None]
     model_flags += [
         flag
         for flag, value in (
-            ("--model", args.model),
-            ("--batch", args.batch),
-            ("--seq", args.seq),
-            ("--strategies", args.strategies),
+            ("--model", c.model),
+            ("--batch", c.batch),
+            ("--seq", c.seq),
+            ("--strategies", c.strategies),
         )
         if value is not None
     ]
@@ -493,26 +494,26 @@ def _cmd_plan_program(
             f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
             f"--program your make_step builds the model (drop them)"
         )
-    target = None if args.compiler in (None, "cpu") else args.compiler
-    if target is not None and target != args.hardware:
+    target = None if c.compiler in (None, "cpu") else c.compiler
+    if target is not None and target != c.hardware:
         raise UsageError(
             f"{PROG} plan: --compiler {target} compiles for {target} but the estimates use "
-            f"--hardware {args.hardware}; give --hardware {target}"
+            f"--hardware {c.hardware}; give --hardware {target}"
         )
     return run_plan_program(
-        args.program,
-        args.devices,
+        program,
+        c.devices,
         target=target,
-        rules_path=args.rules,
-        axes=_names(args.axes, "--axes"),
-        meshes=args.meshes.split(";") if args.meshes else None,
-        hardware=args.hardware,
-        hardware_overrides=overrides,
-        json_path=args.json,
-        png_path=args.png,
-        report_path=args.report,
-        top=args.top,
-        flags=command_flags(args),
+        rules_path=c.rules,
+        axes=_names(c.axes, "--axes"),
+        meshes=c.meshes.split(";") if c.meshes else None,
+        hardware=c.hardware,
+        hardware_overrides=c.hardware_overrides,
+        json_path=c.json,
+        png_path=c.png,
+        report_path=c.report,
+        top=c.top,
+        flags=c.flags,
     )
 
 
@@ -535,6 +536,17 @@ def _add_plan_parser(sub: Any) -> None:
         "devices (nothing allocated), audit their collectives, and rank the plans by the "
         "step time of a calibrated time model on a hardware preset.",
     )
+    _plan_what_options(p)
+    _plan_shape_options(p)
+    _plan_hardware_options(p)
+    _plan_search_options(p)
+    _plan_compile_options(p)
+    _plan_output_options(p)
+    p.set_defaults(config=PlanConfig)
+
+
+def _plan_what_options(p: argparse.ArgumentParser) -> None:
+    """What to plan: a built-in model, or the user's program and its rules and meshes."""
     p.add_argument(
         "--model",
         metavar="NAME|FILE",
@@ -560,6 +572,10 @@ def _add_plan_parser(sub: Any) -> None:
         help="mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1' "
         "(default: every way to spread the devices over the axes)",
     )
+
+
+def _plan_shape_options(p: argparse.ArgumentParser) -> None:
+    """The model's shape, the devices and the batch."""
     for dim in ("d-model", "heads", "ff", "layers", "vocab"):
         p.add_argument(
             f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
@@ -575,6 +591,10 @@ def _add_plan_parser(sub: Any) -> None:
     )
     p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
     p.add_argument("--mode", choices=["train", "forward"], default="train")
+
+
+def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
+    """The hardware preset and the settings that override it."""
     p.add_argument(
         "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
     )
@@ -592,6 +612,10 @@ def _add_plan_parser(sub: Any) -> None:
     p.add_argument(
         "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
     )
+
+
+def _plan_search_options(p: argparse.ArgumentParser) -> None:
+    """Which strategies, recomputations, micro-batches and stages to try."""
     p.add_argument(
         "--strategies",
         metavar="LIST",
@@ -637,6 +661,10 @@ def _add_plan_parser(sub: Any) -> None:
         help="materialise the attention scores (dense attention) in the compiled program and "
         "count them in the estimate",
     )
+
+
+def _plan_compile_options(p: argparse.ArgumentParser) -> None:
+    """How the leading plans are compiled."""
     p.add_argument(
         "--workers",
         type=int,
@@ -659,11 +687,14 @@ def _add_plan_parser(sub: Any) -> None:
         metavar="N",
         help="how many leading plans the hardware's compiler compiles (default 3)",
     )
+
+
+def _plan_output_options(p: argparse.ArgumentParser) -> None:
+    """What is shown and written."""
     p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
     p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
     p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
     p.add_argument("--report", metavar="FILE", help="write a Markdown report")
-    p.set_defaults(run=_cmd_plan, check=_check_plan)
 
 
 def _version_text() -> str:
@@ -704,7 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
     )
     add_distributed_options(lab)
-    lab.set_defaults(run=_cmd_lab, check=_check_lab)
+    lab.set_defaults(config=LabConfig)
 
     _add_audit(sub)
     _add_diff(sub)
@@ -749,23 +780,23 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "totals) instead of one per axes and kind",
     )
     diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
-    diff.set_defaults(run=_cmd_diff, check=_check_diff)
+    diff.set_defaults(config=DiffConfig)
 
 
-def _check_diff(args: argparse.Namespace) -> None:
+def _check_diff(c: DiffConfig) -> None:
 
-    check_output_paths({"--json": args.json}, {"OLD.json": args.old, "NEW.json": args.new})
+    check_output_paths({"--json": c.json}, {"OLD.json": c.old, "NEW.json": c.new})
 
 
-def _cmd_diff(args: argparse.Namespace) -> int:
+def _cmd_diff(c: DiffConfig) -> int:
 
     return run_diff(
-        args.old,
-        args.new,
-        max_bytes_increase=args.max_bytes_increase,
-        no_new=args.no_new,
-        json_path=args.json,
-        by_scope=args.by_scope,
+        c.old,
+        c.new,
+        max_bytes_increase=c.max_bytes_increase,
+        no_new=c.no_new,
+        json_path=c.json,
+        by_scope=c.by_scope,
     )
 
 
@@ -825,19 +856,17 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         metavar="-- SUB-COMMAND ...",
         help="the shardscope sub-command each process runs, after '--'",
     )
-    launch.set_defaults(run=_cmd_launch)
+    launch.set_defaults(config=LaunchConfig)
 
 
-def _cmd_launch(args: argparse.Namespace) -> int:
+def _cmd_launch(c: LaunchConfig) -> int:
 
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = c.sub_command
     try:
         check_launch_command(command)
-        check_launch_size(args.num_processes, args.devices_per_process)
+        check_launch_size(c.num_processes, c.devices_per_process)
     except ShardscopeError as e:
-        raise UsageError(f"{PROG} launch: {e}{command_flags(args)(e.params)}") from None
+        raise UsageError(f"{PROG} launch: {e}{c.flags(e.params)}") from None
     # A bad sub-command is reported once, here, rather than by every process.
     try:
         build_parser().parse_args(_route_audit(command))
@@ -845,29 +874,43 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG} launch: {e}") from None
     # What each process will be given, with the values it will be given.
     probe = [*_route_audit(command)]  # a copy: the command itself goes to every process
-    probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(args.num_processes)]
-    probe += ["--process-id", "0", "--devices", str(args.devices_per_process)]
+    probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(c.num_processes)]
+    probe += ["--process-id", "0", "--devices", str(c.devices_per_process)]
     try:
-        sub_args = build_parser().parse_args(probe)
+        sub = command_config(build_parser().parse_args(probe))
     except UsageError:
         raise UsageError(
             f"{PROG} launch: '{command[0]}' cannot run as several processes (it takes no "
             f"--coordinator, --num-processes, --process-id and --devices options)"
         ) from None
     try:  # the sub-command's own checks, here, before any process starts
-        _check(sub_args)
+        _check(sub)
     except ShardscopeError as e:
-        where, flags = " ".join(command[:2]), command_flags(sub_args)
-        raise UsageError(f"{PROG} launch: {where}: {e}{flags(e.params)}") from None
+        where = " ".join(command[:2])
+        raise UsageError(f"{PROG} launch: {where}: {e}{sub.flags(e.params)}") from None
     result = launch(
         command,
-        args.num_processes,
-        devices_per_process=args.devices_per_process,
-        timeout_s=args.timeout,
+        c.num_processes,
+        devices_per_process=c.devices_per_process,
+        timeout_s=c.timeout,
     )
     if result.exit_code:
         print(f"{PROG} launch: {result.message}", file=sys.stderr)
     return result.exit_code
+
+
+#: What runs each command, and what refuses its bad input before any work (None: nothing).
+_HANDLERS: dict[type[Any], tuple[Callable[[Any], int], Callable[[Any], None] | None]] = {
+    LabConfig: (_cmd_lab, _check_lab),
+    AuditProgramConfig: (_cmd_audit, _check_audit),
+    AuditHloConfig: (_cmd_audit, _check_audit),
+    AuditMatmulConfig: (_cmd_audit, _check_audit),
+    AuditReshardConfig: (_cmd_audit, _check_audit),
+    AuditTransformerConfig: (_cmd_audit, _check_audit),
+    DiffConfig: (_cmd_diff, _check_diff),
+    LaunchConfig: (_cmd_launch, None),
+    PlanConfig: (_cmd_plan, _check_plan),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -888,15 +931,15 @@ def _main(argv: Sequence[str] | None) -> int:
     flags = NO_FLAGS  # the flags that set the parameters a library error names
     try:
         args = parser.parse_args(args_list)
-        flags = command_flags(args)
         if args.command is None:  # pragma: no cover - argparse enforces it
             parser.error("a command is required")
+        config = command_config(args)
+        flags = config.flags
         # JAX and its accelerator plugins, without their start-up chatter; no backend starts
         # here, and some checks below read JAX's dtypes.
         start_jax()
-        _check(args)  # bad input is refused before any work
-        run: Callable[[argparse.Namespace], int] = args.run
-        return run(args)
+        _check(config)  # bad input is refused before any work
+        return _HANDLERS[type(config)][0](config)
     except UsageError as e:
         _fail(str(e))
     except ShardscopeError as e:
@@ -917,16 +960,17 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def command_flags(args: argparse.Namespace) -> Flags:
-    """The flags of the sub-command ``args`` were parsed for."""
-    return Flags.of(args.command_parser)
+def command_config(args: argparse.Namespace) -> CommandConfig:
+    """The typed record of what the parsed command line asks for."""
+    config: type[CommandConfig] = args.config
+    return config.from_args(args)
 
 
-def _check(args: argparse.Namespace) -> None:
-    """Runs the sub-command's checks of its input (``check``, set beside ``run``), if any."""
-    check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
+def _check(config: CommandConfig) -> None:
+    """Runs the sub-command's checks of its input, if it has any."""
+    check = _HANDLERS[type(config)][1]
     if check is not None:
-        check(args)
+        check(config)
 
 
 def _fail(message: str) -> NoReturn:
