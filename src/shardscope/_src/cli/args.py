@@ -1,11 +1,13 @@
-"""argparse value types shared by the command line's option groups: strict whole numbers
-(ASCII digits only, no underscores) and positive seconds, with messages that name the value."""
+"""What every command's parser shares: the value types of its options (strict whole numbers,
+ASCII digits only, no underscores, and positive seconds, with messages that name the value),
+the flags that set the library's parameters, and the parser class whose errors are one line."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 
 def _whole(text: str) -> int:
@@ -86,3 +88,28 @@ class Flags:
 
 #: For text shown before a command is known.
 NO_FLAGS = Flags()
+
+
+PROG = "shardscope"
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A sub-command's defaults overwrite its parent's: after parsing, ``command_parser`` is
+        # the parser of the sub-command that runs, whose options name the library's parameters.
+        self.set_defaults(command_parser=self)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+    # argparse converts every option value here, whatever group or parser added the option:
+    # the one place where an empty value (--mesh '') is refused for every flag at once.
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        if action.option_strings and not arg_string.strip():
+            raise argparse.ArgumentError(action, "is empty; give it a value")
+        return super()._get_value(action, arg_string)
