@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import sub_parser
 from shardscope._src.cli.args import DEST_OF, NO_FLAGS, Flags
 from shardscope._src.cli.main import build_parser, command_config, main
 
@@ -108,14 +109,6 @@ def library_params() -> dict[str, set[str]]:
     return found
 
 
-def _leaf(path: tuple[str, ...]) -> argparse.ArgumentParser:
-    parser = build_parser()
-    for word in path:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        parser = sub.choices[word]
-    return parser
-
-
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
@@ -136,7 +129,7 @@ def test_every_module_that_names_parameters_is_mapped_to_its_commands():
     ids=lambda x: " ".join(x) if isinstance(x, tuple) else x,
 )
 def test_every_parameter_is_a_real_flag_of_the_command_or_deliberately_omitted(module, command):
-    parser = _leaf(command)
+    parser = sub_parser(command)
     flags = Flags.of(parser)
     for param in sorted(library_params()[module]):
         flag = flags.flag(param)
@@ -150,7 +143,10 @@ def test_every_parameter_is_a_real_flag_of_the_command_or_deliberately_omitted(m
 
 def test_every_renamed_parameter_names_an_option_some_command_has():
     dests = {
-        a.dest for leaf in _leaves(build_parser()) for a in _leaf(leaf)._actions if a.option_strings
+        a.dest
+        for leaf in _leaves(build_parser())
+        for a in sub_parser(leaf)._actions
+        if a.option_strings
     }
     assert set(DEST_OF.values()) <= dests
 
