@@ -67,15 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     add_lab_parser(sub)
-
     add_audit_parser(sub)
     add_diff_parser(sub)
-    _add_launch(sub)
+    _add_launch_parser(sub)
     add_plan_parser(sub)
     return parser
-
-
-# -- shardscope diff -----------------------------------------------------------------------------
 
 
 def _route_audit(argv: list[str]) -> list[str]:
@@ -96,7 +92,7 @@ def _route_audit(argv: list[str]) -> list[str]:
 # -- shardscope launch --------------------------------------------------------------------------
 
 
-def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_launch_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     launch = sub.add_parser(
         "launch",
         help="run a sub-command as P local processes of one multi-process JAX run",
@@ -137,7 +133,7 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     launch.set_defaults(config=LaunchConfig)
 
 
-def _cmd_launch(c: LaunchConfig) -> int:
+def _launch_command(c: LaunchConfig) -> int:
 
     command = c.sub_command
     try:
@@ -178,7 +174,7 @@ def _cmd_launch(c: LaunchConfig) -> int:
 
 
 #: What runs each command, and what refuses its bad input before any work (None: nothing).
-_HANDLERS: dict[type[Any], tuple[Callable[[Any], int], Callable[[Any], None] | None]] = {
+_HANDLERS: dict[type[CommandConfig], tuple[Callable[[Any], int], Callable[[Any], None] | None]] = {
     LabConfig: (lab_command, check_lab),
     AuditProgramConfig: (audit_command, check_audit),
     AuditHloConfig: (audit_command, check_audit),
@@ -186,7 +182,7 @@ _HANDLERS: dict[type[Any], tuple[Callable[[Any], int], Callable[[Any], None] | N
     AuditReshardConfig: (audit_command, check_audit),
     AuditTransformerConfig: (audit_command, check_audit),
     DiffConfig: (diff_command, check_diff),
-    LaunchConfig: (_cmd_launch, None),
+    LaunchConfig: (_launch_command, None),
     PlanConfig: (plan_command, check_plan),
 }
 
