@@ -34,6 +34,7 @@ from shardscope._src.audit.width import Width  # noqa: E402
 from shardscope._src.cli.audit import run_audit_command  # noqa: E402
 from shardscope._src.hlo.groups import parse_replica_groups  # noqa: E402
 from shardscope._src.hlo.parse import parse_hlo  # noqa: E402
+from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402
 from shardscope._src.render.audit import format_audit  # noqa: E402
 from shardscope._src.sharding.demos import taster_matmul, taster_reshard  # noqa: E402
 
@@ -445,6 +446,30 @@ def test_every_target_form_audits_alike(spec):
 
 
 @needs8
+def test_compiler_options_reach_the_compiler():
+    # XLA:CPU combines the two all-reduces of independent matmuls into one; its option
+    # xla_disable_hlo_passes keeps them apart.
+    mesh = shardscope.make_mesh("x=8")
+    x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P(None, "x")))
+    replicated = NamedSharding(mesh, P())
+    fn = jax.jit(lambda a, b, c: (a @ b.T, jnp.sin(a) @ c.T), out_shardings=replicated)
+    lowered = fn.lower(x, x, x)
+    apart = {"xla_disable_hlo_passes": "cpu-all-reduce-combiner"}
+    (combined,) = audit(lowered).collectives
+    assert (combined.kind, len(combined.parts)) == ("all-reduce", 2)
+    for result in (
+        audit(lowered, compiler_options=apart),
+        audit(fn, x, x, x, compiler_options=apart),
+    ):
+        assert [(c.kind, c.count) for c in result.collectives] == [("all-reduce", 1)] * 2
+        assert result.compiled.as_text() == result.hlo_text
+    with pytest.raises(ShardscopeError, match="compiler_options"):
+        audit(lowered.compile(), compiler_options=apart)
+    with pytest.raises(ShardscopeError, match="compiler_options"):
+        audit(lowered.compile().as_text(), compiler_options=apart)
+
+
+@needs8
 def test_permuted_device_order_names_the_same_axes():
     devices = list(np.asarray(jax.devices())[[3, 1, 6, 0, 7, 2, 5, 4]])
     mesh = shardscope.make_mesh("dp=2,mp=4", devices=devices)
@@ -467,8 +492,12 @@ def test_rematerialization_detected_live():
         return c + d
 
     arg = jax.ShapeDtypeStruct((16, 16, 16), jnp.float32)
-    for _ in range(2):  # the second compile may be served from JAX's cache, without a log
-        a = audit(f, arg, arg, arg, in_shardings=(s1, s1, s2), out_shardings=s2)
+    # the second compile may be served from JAX's cache, without a log; the third compiles
+    # with the planner's options
+    for options in (None, None, COMPILE_OPTIONS):
+        a = audit(
+            f, arg, arg, arg, in_shardings=(s1, s1, s2), out_shardings=s2, compiler_options=options
+        )
         (r,) = a.rematerializations
         assert r.source.endswith(f":{f.__code__.co_firstlineno + 1}")
 

@@ -12,14 +12,19 @@ from dataclasses import replace
 import pytest
 
 from helpers import assert_usage_error
+from shardscope._src.audit.compile import audit, parse_rematerializations
+from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import PlanError, ShardscopeError
+from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.candidates import candidates
 from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
     can_compile_here,
+    compile_facts,
     default_workers,
+    plan_collective,
 )
 from shardscope._src.plan.estimates import (
     activation_bytes_per_layer,
@@ -29,6 +34,7 @@ from shardscope._src.plan.estimates import (
 )
 from shardscope._src.plan.sweep import plan
 from shardscope._src.plan.validate import VALIDATED_STRATEGIES
+from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 TINY = model_preset("tiny")
@@ -228,13 +234,10 @@ def test_plan_json_has_the_promised_fields(sweep):
 
 
 def test_compile_options_keep_collectives_and_buffers():
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.sharding.programs import build_program
-
     placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
     lowered = build_program(placement, mode="train").lower()
-    plain = audit(lowered.compile())
-    fast = audit(lowered.compile(compiler_options=dict(COMPILE_OPTIONS)))
+    plain = audit(lowered)
+    fast = audit(lowered, compiler_options=COMPILE_OPTIONS)
 
     def records(a):
         return sorted((c.kind, c.axes, c.count, c.payload_bytes) for c in a.collectives)
@@ -244,6 +247,24 @@ def test_compile_options_keep_collectives_and_buffers():
         assert fast.memory[k] == plain.memory[k]
     assert fast.memory["temp_size_in_bytes"] == pytest.approx(
         plain.memory["temp_size_in_bytes"], rel=0.01
+    )
+
+
+def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
+    config = TINY.config(batch=8)
+    placement = get_strategy("fsdp_tp").place(config, "data=4,model=2")
+    lowered = build_program(placement, mode="train").lower()
+    with capture_stderr() as log:
+        compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
+    by_hand = audit(compiled)
+    remats = parse_rematerializations(log[0] if log else "", by_hand.module)
+    width = Width.of(by_hand, config.dtype)
+    facts = compile_facts("fsdp_tp", "data=4,model=2", config, "train")
+    assert facts.collectives == tuple(plan_collective(c, width) for c in by_hand.collectives)
+    assert facts.memory == by_hand.memory
+    assert facts.exact == by_hand.exact
+    assert facts.rematerializations == tuple(
+        r.source or r.op_name or r.instruction or "?" for r in remats
     )
 
 

@@ -5,7 +5,9 @@ import shardscope
 
 shardscope.use_cpu_devices(8)
 
+import io  # noqa: E402
 import json  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
@@ -13,12 +15,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
+from shardscope._src.bounds.terms import Bound  # noqa: E402
 from shardscope._src.bounds.transformer import MODES, transformer_bound  # noqa: E402
-from shardscope._src.cli.transformer import run_matmul_command, run_transformer_command  # noqa: E402
+from shardscope._src.cli.audit_verdict import run_matmul_command, run_transformer_command  # noqa: E402
 from shardscope._src.lab.exercises import EXERCISE_CHECKS, run_exercise_checks  # noqa: E402
 from shardscope._src.model.config import DTYPES, ModelConfig  # noqa: E402
 from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402
-from shardscope._src.render.verdict import format_verdict  # noqa: E402
+from shardscope._src.render.verdict import format_verdict, verdict_lines  # noqa: E402
 from shardscope._src.sharding.programs import build_program  # noqa: E402
 from shardscope._src.sharding.strategies import STRATEGIES, mesh_spec_for  # noqa: E402
 from shardscope._src.verdict import (  # noqa: E402
@@ -178,9 +181,24 @@ def test_report_json_is_the_audit_plus_the_verdict():
     assert {"change", "traffic_bytes"} <= set(data["verdict"]["hints"][0])
 
 
+def test_an_excess_without_its_own_line_is_shown_after_its_input():
+    # The fixture's all-gather has no metadata; its operand's line stands in for it.
+    text = (Path(__file__).parent / "fixtures" / "hlo" / "mm_2d.hlo").read_text()
+    result = audit(text, mesh="dp=2,mp=4")
+    v = compare(result, Bound("no communication", ()))
+    (e,) = [e for e in v.excess if e.instruction == result.collectives[1].name]
+    assert e.source is None and e.operand_source == result.collectives[1].operand_source
+    data = e.to_dict()
+    assert (data["source"], data["operand_source"]) == (None, e.operand_source)
+    file, line = e.operand_source.rsplit(":", 1)
+    assert f" at after {Path(file).name}:{line}: " in "\n".join(verdict_lines(v))
+
+
 def test_rendered_verdict_ends_with_the_verdict_line():
-    text = format_verdict(transformer_verdict("sp", SMALL, "model=8").verdict)
-    assert text.rstrip().splitlines()[-1].startswith("verdict:") or "verdict: " in text
+    verdict = transformer_verdict("sp", SMALL, "model=8").verdict
+    line = f"verdict: {verdict.summary()}"
+    text = format_verdict(verdict, width=len(line) + 1)  # wide enough not to wrap the line
+    assert text.rstrip().splitlines()[-1] == line
     assert "reduce-scatter" in text and "hint (compiled:" in text
 
 
@@ -188,8 +206,6 @@ def test_rendered_verdict_ends_with_the_verdict_line():
 
 
 def _console():
-    import io
-
     from rich.console import Console
 
     buf = io.StringIO()
@@ -229,6 +245,8 @@ def test_matmul_command_prints_and_writes_json(tmp_path):
     v = data["verdict"]
     assert v["actual_bytes"] > v["bound_bytes"] > 0
     assert v["hints"][0]["traffic_bytes"] == v["bound_bytes"]
+    # the cheapest schedule behind the bound, the one that reaches it
+    assert data["schedule"]["traffic_bytes"] == v["bound_bytes"] and "plan" not in data
 
 
 @pytest.mark.parametrize(
@@ -267,9 +285,7 @@ def test_transformer_command_bad_input():
 
 
 def test_exercise_checks_all_pass_and_report_the_sp_verdict(tmp_path):
-    from shardscope import Lab
-
-    lab = Lab("exercises", out_dir=tmp_path, verbose=False)
+    lab = shardscope.Lab("exercises", out_dir=tmp_path, verbose=False)
     facts = run_exercise_checks(lab)
     assert [r.name for r in lab.results] == list(EXERCISE_CHECKS)
     assert all(r.passed for r in lab.results), [(r.name, r.message) for r in lab.results]
@@ -337,7 +353,7 @@ def test_no_transformer_program_sends_less_than_its_bound(strategy, mesh, impl, 
     # The verdict's own comparison, on a program compiled with the planner's fast options
     # (same collectives, a fifth of the compile time).
     program = build_program(strategy, ModelConfig(**TINY, dtype=dtype), mesh, mode=mode, impl=impl)
-    result = audit(program.lower().compile(compiler_options=dict(COMPILE_OPTIONS)))
+    result = audit(program.lower(), compiler_options=COMPILE_OPTIONS)
     v = compare(result, transformer_bound(program.placement, mode), program_dtype=dtype)
     assert v.actual_bytes >= v.bound_bytes, v.rows
     assert v.ratio is None or v.ratio >= 1
@@ -370,9 +386,7 @@ def test_dp_sp_train_names_each_all_reduce_over_model_for_what_it_is():
     for e in v.excess:
         assert e.kind == "all-reduce" and e.axes == ("model",)
         by_cause.setdefault(e.cause, []).append(e)
-    assert {e.array for e in by_cause[ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER]} == {
-        "f32[4,8,32]"
-    }
+    assert {e.array for e in by_cause[ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER]} == {"f32[4,8,32]"}
     (split,) = by_cause[ExcessCause.ALL_REDUCE_SPLIT]
     assert split.array == "f32[32]" and split.whole_axes == ("data", "model")
     assert "reduce-scatter" not in split.reason

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import LayoutError, ShardscopeError
+from shardscope._src.base.io import json_value, record_dict
 from shardscope._src.base.text import format_spec
 from shardscope._src.mesh import parse_mesh_spec
 
@@ -39,14 +40,7 @@ class DeviceShard:
     replica_id: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "device_id": self.device_id,
-            "position": list(self.position),
-            "index": [[s.start, s.stop] for s in self.index],
-            "shape": list(self.shape),
-            "nbytes": self.nbytes,
-            "replica_id": self.replica_id,
-        }
+        return {**record_dict(self), "index": [[s.start, s.stop] for s in self.index]}
 
 
 @dataclass(frozen=True)
@@ -104,16 +98,11 @@ class Layout:
         return format_spec(self.spec) if self.spec is not None else self.sharding_repr
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "spec": None if self.spec is None else [_spec_entry_json(e) for e in self.spec],
-            "mesh_axes": dict(self.mesh_axes),
-            "nbytes": self.nbytes,
-            "replication": self.replication,
-            "max_device_bytes": self.max_device_bytes,
-            "shards": [s.to_dict() for s in self.shards],
-        }
+        return record_dict(
+            self,
+            omit=("itemsize", "sharding_repr"),
+            extra=("nbytes", "replication", "max_device_bytes"),
+        )
 
     def __rich__(self) -> Any:
         from shardscope._src.render.console import layout_table
@@ -124,12 +113,6 @@ class Layout:
         from shardscope._src.render.console import mimebundle
 
         return mimebundle(self)
-
-
-def _spec_entry_json(entry: Any) -> Any:
-    if entry is None or isinstance(entry, str):
-        return entry
-    return list(entry)
 
 
 def _axes_of(entry: Any) -> tuple[str, ...]:
@@ -417,19 +400,12 @@ class LeafLayout:
         return self.layout.replication if self.layout is not None else None
 
     def to_dict(self) -> dict[str, Any]:
-        lay = self.layout
+        lay = self.layout  # an unplaced leaf has no spec, sharding or mesh
         return {
-            "path": self.path,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "nbytes": self.nbytes,
-            "spec": None
-            if lay is None or lay.spec is None
-            else [_spec_entry_json(e) for e in lay.spec],
+            **record_dict(self, omit=("layout",), extra=("max_device_bytes", "replication")),
+            "spec": None if lay is None else json_value(lay.spec),
             "sharding": None if lay is None else lay.spec_str,
-            "mesh_axes": None if lay is None else dict(lay.mesh_axes),
-            "max_device_bytes": self.max_device_bytes,
-            "replication": self.replication,
+            "mesh_axes": None if lay is None else json_value(lay.mesh_axes),
         }
 
 
@@ -491,16 +467,17 @@ class TreeLayout:
         raise KeyError(path)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "leaves": [leaf.to_dict() for leaf in self.leaves],
-            "other_leaves": self.other_leaves,
-            "mesh_axes": self.mesh_axes,
-            "nbytes": self.nbytes,
-            "unplaced_bytes": self.unplaced_bytes,
-            "max_device_bytes": self.max_device_bytes,
-            "min_device_bytes": self.min_device_bytes,
-            "device_bytes": {str(k): v for k, v in self.device_bytes.items()},
-        }
+        return record_dict(
+            self,
+            extra=(
+                "mesh_axes",
+                "nbytes",
+                "unplaced_bytes",
+                "max_device_bytes",
+                "min_device_bytes",
+                "device_bytes",
+            ),
+        )
 
     def __rich__(self) -> Any:
         from shardscope._src.render.console import tree_layout_table

@@ -511,43 +511,14 @@ def _record(
     kind, is_start, carried_as = how
     match, groups, pairs, mode_note = grouping
     n = grouping.size
-    operand_shapes = _operand_shapes(comp, ins)
     traffic_kind = carried_as or kind
-    if kind == "collective-permute":
-        n_traffic = 2 if any(a != b for a, b in pairs) else 1
-    else:
-        n_traffic = n
     note = ""
     if kind == "ragged-all-to-all":
         note = "ragged: sizes known only at run time; the input buffer bounds the payload"
-    scale = n if kind in ("all-to-all", "ragged-all-to-all") else 1
     own = origin_of(module, ins)
-    arrays: list[Any] = []
-    parts: list[Part] = []
-    for i in operands:
-        if carried_as is not None:
-            op_arrays = list(operand_shapes[i].leaves())  # the zero-padded buffer
-        else:
-            op_arrays = _operand_arrays(kind, is_start, ins, operand_shapes, i, n)
-        if not op_arrays:
-            continue
-        arrays.extend(op_arrays)
-        pieces = (
-            _concatenated(module, comp, ins.operands[i])
-            if len(ins.operands) == 1 and kind in ("all-reduce", "reduce-scatter")
-            else []
-        )
-        if len(pieces) > 1:
-            for j, (value, shape) in enumerate(pieces):
-                origin = tracer.producer_origin(value) or own
-                payload = _bytes_of([shape], ins) * scale
-                parts.append(_part(traffic_kind, n_traffic, i, j, [shape], payload, origin))
-            continue
-        origin = _origin(tracer, ins, i, own, gathers=kind == "all-gather")
-        payload = _bytes_of(op_arrays, ins) * scale
-        parts.append(_part(traffic_kind, n_traffic, i, None, op_arrays, payload, origin))
-    payload = _bytes_of(arrays, ins) * scale
-    traffic = _comm.traffic_bytes(traffic_kind, payload, n_traffic)
+    arrays, parts = _arrays_and_parts(module, comp, ins, how, grouping, operands, tracer, own)
+    payload = _bytes_of(arrays, ins) * _scale(kind, n)
+    traffic = _comm.traffic_bytes(traffic_kind, payload, _traffic_size(kind, grouping))
     dtypes = sorted({a.dtype for a in arrays if a.dtype})
     channel = ins.attributes.get("channel_id")
     source = _source(module, ins)
@@ -597,6 +568,64 @@ def _record(
         carried_as=carried_as,
         parts=tuple(parts),
     )
+
+
+def _traffic_size(kind: str, grouping: _Grouping) -> int:
+    """The group size that prices a collective's traffic: a permute that moves data is a
+    pair of devices."""
+    if kind == "collective-permute":
+        return 2 if any(a != b for a, b in grouping.pairs) else 1
+    return grouping.size
+
+
+def _scale(kind: str, n: int) -> int:
+    """An all-to-all's operand is one of the ``n`` pieces its payload counts."""
+    return n if kind in ("all-to-all", "ragged-all-to-all") else 1
+
+
+def _arrays_and_parts(
+    module: HloModule,
+    comp: Computation,
+    ins: Instruction,
+    how: tuple[str, bool, str | None],
+    grouping: _Grouping,
+    operands: list[int],
+    tracer: Tracer,
+    own: Origin | None,
+) -> tuple[list[Any], list[Part]]:
+    """The arrays ``ins`` moves for ``operands``, and a part for each operand (for each piece
+    of an operand concatenated from several arrays, one)."""
+    kind, is_start, carried_as = how
+    n = grouping.size
+    traffic_kind = carried_as or kind
+    n_traffic = _traffic_size(kind, grouping)
+    scale = _scale(kind, n)
+    operand_shapes = _operand_shapes(comp, ins)
+    arrays: list[Any] = []
+    parts: list[Part] = []
+    for i in operands:
+        if carried_as is not None:
+            op_arrays = list(operand_shapes[i].leaves())  # the zero-padded buffer
+        else:
+            op_arrays = _operand_arrays(kind, is_start, ins, operand_shapes, i, n)
+        if not op_arrays:
+            continue
+        arrays.extend(op_arrays)
+        pieces = (
+            _concatenated(module, comp, ins.operands[i])
+            if len(ins.operands) == 1 and kind in ("all-reduce", "reduce-scatter")
+            else []
+        )
+        if len(pieces) > 1:
+            for j, (value, shape) in enumerate(pieces):
+                origin = tracer.producer_origin(value) or own
+                payload = _bytes_of([shape], ins) * scale
+                parts.append(_part(traffic_kind, n_traffic, i, j, [shape], payload, origin))
+            continue
+        origin = _origin(tracer, ins, i, own, gathers=kind == "all-gather")
+        payload = _bytes_of(op_arrays, ins) * scale
+        parts.append(_part(traffic_kind, n_traffic, i, None, op_arrays, payload, origin))
+    return arrays, parts
 
 
 def _agreed(parts: list[Part]) -> tuple[str, str | None, str | None, tuple[str, ...]]:

@@ -159,7 +159,13 @@ def parse_rematerializations(log: str, module: HloModule | None) -> tuple[Remate
 
 
 def audit(
-    program: Any, /, *args: Any, mesh: Any = None, target: Any = None, **jit_kwargs: Any
+    program: Any,
+    /,
+    *args: Any,
+    mesh: Any = None,
+    target: Any = None,
+    compiler_options: Mapping[str, Any] | None = None,
+    **jit_kwargs: Any,
 ) -> Audit:
     """Audits the collectives of a compiled JAX program.
 
@@ -178,6 +184,9 @@ def audit(
             mesh is made of that target's compile-only devices
             (:func:`shardscope.target_mesh`); with a ``Mesh`` its devices must be the
             target's. The audit then shows what that target's own compiler inserts.
+        compiler_options: XLA options for compiling a function or a ``Lowered``
+            (``lowered.compile(compiler_options=...)``), e.g.
+            ``{"xla_backend_optimization_level": 0}``.
         **jit_kwargs: options for ``jax.jit`` when ``program`` is a function.
 
     Returns:
@@ -185,6 +194,7 @@ def audit(
 
     Raises:
         HloParseError: the text is not optimized HLO.
+        DeviceMemoryError: the compiler ran out of device memory (the TPU's does).
         MeshSpecError: the mesh does not hold the program's number of partitions.
         TargetError: an unknown target, its compiler not installed, a device count it is
             not built with, or a mesh of other devices.
@@ -193,101 +203,123 @@ def audit(
     given_axes = _mesh_from(mesh)  # a bad mesh is refused before anything is compiled
     if target is not None:
         mesh = _target_mesh_for(program, mesh, target, args, jit_kwargs)
-    compiled = None
-    remats: tuple[Rematerialization, ...] | None = None
-    log: str | None = None
-    in_sh = out_sh = None
-    shard_mesh: dict[str, int] | None = None
-    backend = compiled_for = None
     if isinstance(program, str):
+        _refuse_options_for_text(args, jit_kwargs, compiler_options)
+        return _audit_text(program, given_axes)
+    compiled, log = _compile(program, args, jit_kwargs, mesh, compiler_options)
+    return _audit_compiled(compiled, log, given_axes, target)
+
+
+def _refuse_options_for_text(
+    args: tuple[Any, ...], jit_kwargs: dict[str, Any], compiler_options: Any
+) -> None:
+    if args or jit_kwargs:
+        raise ShardscopeError(
+            "audit(hlo_text, ...) takes no example arguments or jit options; pass only "
+            "mesh= (e.g. audit(text, mesh='dp=2,mp=4'))"
+        )
+    if compiler_options:
+        raise ShardscopeError(
+            "audit(hlo_text, compiler_options=...): HLO text is already compiled; drop "
+            "compiler_options"
+        )
+
+
+def _compile(
+    program: Any,
+    args: tuple[Any, ...],
+    jit_kwargs: dict[str, Any],
+    mesh: Any,
+    compiler_options: Mapping[str, Any] | None,
+) -> tuple[Any, str | None]:
+    """``(compiled program, the compiler's log)``: a Compiled as it is (no log), a Lowered or
+    a function compiled with ``compiler_options``."""
+    # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
+    program = unwrap_stage(program, jax.stages.Compiled) or (
+        unwrap_stage(program, jax.stages.Lowered) or program
+    )
+    if isinstance(program, jax.stages.Compiled):
         if args or jit_kwargs:
             raise ShardscopeError(
-                "audit(hlo_text, ...) takes no example arguments or jit options; pass only "
-                "mesh= (e.g. audit(text, mesh='dp=2,mp=4'))"
+                "audit(compiled) takes no example arguments or jit options: the program "
+                "is already compiled"
             )
-        text = program
-    else:
-        # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
-        program = unwrap_stage(program, jax.stages.Compiled) or (
-            unwrap_stage(program, jax.stages.Lowered) or program
-        )
-        if isinstance(program, jax.stages.Compiled):
-            compiled = program
-            if args or jit_kwargs:
-                raise ShardscopeError(
-                    "audit(compiled) takes no example arguments or jit options: the program "
-                    "is already compiled"
-                )
-        else:
-            if isinstance(program, jax.stages.Lowered):
-                if args or jit_kwargs:
-                    raise ShardscopeError(
-                        "audit(lowered) takes no example arguments or jit options: the "
-                        "program is already lowered"
-                    )
-                lowered = program
-            elif callable(program) or hasattr(program, "lower"):
-                lowered = _lower(program, args, jit_kwargs, mesh)
-            else:
-                raise ShardscopeError(
-                    f"audit() needs a jitted function (jax.jit, flax.nnx.jit, "
-                    f"equinox.filter_jit or another library's), a plain function, a Lowered "
-                    f"or Compiled (JAX's or a library's), or HLO text; got "
-                    f"{type(program).__name__}"
-                )
-            with capture_stderr() as captured:
-                compiled = compile_lowered(lowered)
-            log = captured[0] if captured else None
-        text = compiled.as_text()
-        in_leaves = _sharding_leaves(compiled.input_shardings)
-        out_leaves = _sharding_leaves(compiled.output_shardings)
-        in_sh = tuple(_format_sharding(s) for s in in_leaves)
-        out_sh = tuple(_format_sharding(s) for s in out_leaves)
-        shard_mesh = _mesh_of_shardings(in_leaves + out_leaves)
-        backend, compiled_for = _compiled_for(in_leaves + out_leaves)
-        if target is not None and compiled_for != get_target(target).name:
-            raise TargetError(
-                f"the program was compiled for {compiled_for or backend} devices, not "
-                f"{get_target(target).name}; give its arguments no shardings of their own "
-                f"(the target's mesh is set around the program) or build them on "
-                f"shardscope.target_mesh({get_target(target).name!r}, ...)"
+        if compiler_options:
+            raise ShardscopeError(
+                "audit(compiled, compiler_options=...): the program is already compiled; "
+                "pass its Lowered (or the function) to compile it with these options"
             )
+        return program, None
+    lowered = _lowered(program, args, jit_kwargs, mesh)
+    with capture_stderr() as captured:
+        compiled = compile_lowered(lowered, **(compiler_options or {}))
+    return compiled, captured[0] if captured else None
+
+
+def _lowered(program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:
+    """A Lowered as it is; a function lowered on its example arguments."""
+    if isinstance(program, jax.stages.Lowered):
+        if args or jit_kwargs:
+            raise ShardscopeError(
+                "audit(lowered) takes no example arguments or jit options: the "
+                "program is already lowered"
+            )
+        return program
+    if callable(program) or hasattr(program, "lower"):
+        return _lower(program, args, jit_kwargs, mesh)
+    raise ShardscopeError(
+        f"audit() needs a jitted function (jax.jit, flax.nnx.jit, "
+        f"equinox.filter_jit or another library's), a plain function, a Lowered "
+        f"or Compiled (JAX's or a library's), or HLO text; got "
+        f"{type(program).__name__}"
+    )
+
+
+def _audit_text(text: str, given_axes: dict[str, int] | None) -> Audit:
+    """The audit of HLO text: collectives only (no shardings, memory or compiler log)."""
     module = parse_hlo(text)
-    axes = given_axes or shard_mesh or {_FALLBACK_AXIS: module.num_partitions}
-    if math.prod(axes.values()) != module.num_partitions:
-        size = math.prod(axes.values())
-        shape = " x ".join(str(v) for v in axes.values()) + f" = {size}" if len(axes) > 1 else size
-        raise MeshSpecError(
-            f"mesh {format_mesh_spec(axes)!r} holds {shape} "
-            f"devices but the program is partitioned over {module.num_partitions} "
-            f"(num_partitions in the HLO module header); describe a mesh whose sizes "
-            f"multiply to {module.num_partitions}, in the order the program's mesh uses"
-        )
+    axes = _axes_of(module, given_axes)
     collectives, unknown = analyze(module, axes)
-    if log is not None:
-        key = hash(text)
-        remats = parse_rematerializations(log, module)
-        if remats:
-            if len(_REMAT_CACHE) >= 256:
-                _REMAT_CACHE.pop(next(iter(_REMAT_CACHE)))
-            _REMAT_CACHE[key] = remats
-        else:
-            # JAX reuses a compiled executable for an identical program, without logging.
-            remats = _REMAT_CACHE.get(key, ())
-    memory = flops = None
-    if compiled is not None:
-        memory = _memory(compiled)
-        flops = _flops(compiled)
     return Audit(
         collectives=collectives,
         mesh_axes=axes,
         num_partitions=module.num_partitions,
         module_name=module.name,
-        memory=memory,
-        flops=flops,
-        in_shardings=in_sh,
-        out_shardings=out_sh,
-        rematerializations=remats,
+        unknown_instructions=unknown,
+        module=module,
+        hlo_text=text,
+    )
+
+
+def _audit_compiled(
+    compiled: Any, log: str | None, given_axes: dict[str, int] | None, target: Any
+) -> Audit:
+    """The audit of a compiled program: its HLO, shardings, memory, flops and, with the
+    compiler's log, its rematerializations."""
+    text = compiled.as_text()
+    in_leaves = _sharding_leaves(compiled.input_shardings)
+    out_leaves = _sharding_leaves(compiled.output_shardings)
+    backend, compiled_for = _compiled_for(in_leaves + out_leaves)
+    if target is not None and compiled_for != get_target(target).name:
+        raise TargetError(
+            f"the program was compiled for {compiled_for or backend} devices, not "
+            f"{get_target(target).name}; give its arguments no shardings of their own "
+            f"(the target's mesh is set around the program) or build them on "
+            f"shardscope.target_mesh({get_target(target).name!r}, ...)"
+        )
+    module = parse_hlo(text)
+    axes = _axes_of(module, given_axes or _mesh_of_shardings(in_leaves + out_leaves))
+    collectives, unknown = analyze(module, axes)
+    return Audit(
+        collectives=collectives,
+        mesh_axes=axes,
+        num_partitions=module.num_partitions,
+        module_name=module.name,
+        memory=_memory(compiled),
+        flops=_flops(compiled),
+        in_shardings=tuple(_format_sharding(s) for s in in_leaves),
+        out_shardings=tuple(_format_sharding(s) for s in out_leaves),
+        rematerializations=None if log is None else _rematerializations(log, text, module),
         unknown_instructions=unknown,
         module=module,
         compiled=compiled,
@@ -295,6 +327,36 @@ def audit(
         backend=backend,
         target=compiled_for,
     )
+
+
+def _axes_of(module: HloModule, axes: dict[str, int] | None) -> dict[str, int]:
+    """The mesh axes the audit names (``devices`` for all of them when none are known),
+    checked against the program's partition count."""
+    n = module.num_partitions
+    axes = axes or {_FALLBACK_AXIS: n}
+    if math.prod(axes.values()) != n:
+        size = math.prod(axes.values())
+        shape = " x ".join(str(v) for v in axes.values()) + f" = {size}" if len(axes) > 1 else size
+        raise MeshSpecError(
+            f"mesh {format_mesh_spec(axes)!r} holds {shape} "
+            f"devices but the program is partitioned over {n} "
+            f"(num_partitions in the HLO module header); describe a mesh whose sizes "
+            f"multiply to {n}, in the order the program's mesh uses"
+        )
+    return axes
+
+
+def _rematerializations(log: str, text: str, module: HloModule) -> tuple[Rematerialization, ...]:
+    """The rematerializations of the compiler's log; for a program JAX served from its cache
+    (an identical one compiled before, without a log) those found then."""
+    key = hash(text)
+    remats = parse_rematerializations(log, module)
+    if not remats:
+        return _REMAT_CACHE.get(key, ())
+    if len(_REMAT_CACHE) >= 256:
+        _REMAT_CACHE.pop(next(iter(_REMAT_CACHE)))
+    _REMAT_CACHE[key] = remats
+    return remats
 
 
 def compile_lowered(lowered: Any, **compiler_options: Any) -> Any:

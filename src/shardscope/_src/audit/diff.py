@@ -18,10 +18,11 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, ShardscopeError
-from shardscope._src.base.io import result_header
+from shardscope._src.base.io import record_dict, result_header
 
-#: The schema versions whose audits have today's shape (version 2 changed only the notes of
-#: plans and verdicts), so a baseline written before still diffs.
+#: The schema versions whose audits have today's shape (version 2 changed the notes of plans
+#: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
+#: a diff reads), so a baseline written before still diffs.
 AUDIT_SCHEMAS = (1, 2)
 
 
@@ -63,18 +64,7 @@ class DiffRow:
         return self.new_traffic_bytes - self.old_traffic_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "axes": self.axes,
-            "kind": self.kind,
-            "status": self.status,
-            "old_count": self.old_count,
-            "new_count": self.new_count,
-            "old_traffic_bytes": self.old_traffic_bytes,
-            "new_traffic_bytes": self.new_traffic_bytes,
-            "old_payload_bytes": self.old_payload_bytes,
-            "new_payload_bytes": self.new_payload_bytes,
-        }
+        return record_dict(self, extra=("status",))
 
 
 @dataclass(frozen=True)
@@ -104,16 +94,11 @@ class AuditDiff:
         return not self.violations
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "old": self.old_name,
-            "new": self.new_name,
-            "old_traffic_bytes": self.old_traffic_bytes,
-            "new_traffic_bytes": self.new_traffic_bytes,
-            "rows": [r.to_dict() for r in self.rows],
-            "violations": list(self.violations),
-            "ok": self.ok,
-            "by_scope": self.by_scope,
-        }
+        return record_dict(
+            self,
+            keys={"old_name": "old", "new_name": "new"},
+            extra=("old_traffic_bytes", "new_traffic_bytes", "ok"),
+        )
 
     def text(self, *, all_rows: bool = False) -> str:
         """The changed rows (``all_rows``: every row) as a plain-text table."""
@@ -155,6 +140,13 @@ class AuditDiff:
         return diff_table(self)
 
 
+#: How to give an audit to diff: the record itself, or the JSON the command line writes.
+_WRITE_ONE = (
+    "pass the Audit itself (shardscope.audit(...)), or write its JSON with "
+    "`shardscope audit ... --json FILE`"
+)
+
+
 def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
     """``(name, audit dict)`` from an Audit, a dict or a JSON file path."""
 
@@ -173,8 +165,7 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
             raise AuditDiffError(f"{what} audit file {name!r} cannot be read: {e}") from None
         except json.JSONDecodeError as e:
             raise AuditDiffError(
-                f"{what} audit file {name!r} is not JSON ({e}); write one with "
-                f"`shardscope audit ... --json FILE`"
+                f"{what} audit file {name!r} is not JSON ({e}); {_WRITE_ONE}"
             ) from None
     else:
         raise AuditDiffError(
@@ -182,18 +173,15 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
             f"{type(source).__name__}"
         )
     if not isinstance(data, Mapping) or not isinstance(data.get("totals"), list):
-        raise AuditDiffError(
-            f'{what} {name!r} is not an audit (no "totals" list); write one with '
-            f"`shardscope audit ... --json FILE`"
-        )
+        raise AuditDiffError(f'{what} {name!r} is not an audit (no "totals" list); {_WRITE_ONE}')
     version = data.get("schema_version")
     if version not in AUDIT_SCHEMAS:
         found = "no schema_version" if version is None else f"schema version {version!r}"
         readable = " or ".join(str(v) for v in AUDIT_SCHEMAS)
         raise AuditDiffError(
             f"{what} {name!r} has {found} but this shardscope reads audits of version "
-            f"{readable}; write both with the same shardscope (`shardscope audit ... "
-            f"--json FILE`)"
+            f"{readable}; audit both with the same shardscope: pass the Audits themselves "
+            f"(shardscope.audit(...)), or write both with `shardscope audit ... --json FILE`"
         )
     return name, data
 
@@ -205,8 +193,9 @@ def _totals(
     entries = data.get("by_scope") if by_scope else data["totals"]
     if not isinstance(entries, list):
         raise AuditDiffError(
-            f'{name!r} has no per-scope totals ("by_scope"); write it with this shardscope\'s '
-            f"`shardscope audit ... --json FILE`, or diff without --by-scope"
+            f'{name!r} has no per-scope totals ("by_scope"); audit it again with this '
+            f"shardscope, or diff it with by_scope=False",
+            param="by_scope",
         )
     for row in entries:
         try:

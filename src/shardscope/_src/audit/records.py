@@ -10,7 +10,7 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.errors import ShardscopeError, is_int
-from shardscope._src.base.io import record_dict
+from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
 
@@ -29,7 +29,7 @@ class Loop:
 
 
 @dataclass(frozen=True)
-class Part:
+class Part(Record):
     """One array a collective moves, with where it came from.
 
     A combined collective (the compiler merges several into one: a tuple of operands, or one
@@ -57,22 +57,6 @@ class Part:
     stack: tuple[str, ...] = field(default=(), repr=False)
     scope: str = ""
     phase: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "operand": self.operand,
-            "piece": self.piece,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "payload_bytes": self.payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-            "op_name": self.op_name,
-            "source": self.source,
-            "user_source": self.user_source,
-            "stack": list(self.stack),
-            "scope": self.scope,
-            "phase": self.phase,
-        }
 
 
 @dataclass(frozen=True)
@@ -170,47 +154,15 @@ class Collective:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "name": self.name,
-            "computation": self.computation,
-            "axes": list(self.axes),
-            "group_size": self.group_size,
-            "irregular": self.irregular,
-            "reason": self.reason,
-            "groups": [list(g) for g in self.groups] if self.irregular else None,
-            "pairs": [list(p) for p in self.pairs] or None,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "shapes": [list(s) for s in self.shapes],
-            "payload_bytes": self.payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-            "count": self.count,
-            "count_exact": self.count_exact,
-            "loops": [
-                {"name": lp.name, "trip_count": lp.trip_count, "derived": lp.derived}
-                for lp in self.loops
-            ],
-            "conditionals": list(self.conditionals),
-            "op_name": self.op_name,
-            "source": self.source,
-            "operand_source": self.operand_source,
-            "is_async": self.is_async,
-            "reduction": self.reduction,
-            "channel_id": self.channel_id,
-            "replica_groups": self.replica_groups,
-            "unknown_attributes": dict(self.unknown_attributes),
-            "note": self.note,
-            "stack": list(self.stack),
-            "user_source": self.user_source,
-            "scope": self.scope,
-            "phase": self.phase,
-            "carried_as": self.carried_as,
-            "parts": [p.to_dict() for p in self.parts],
+            **record_dict(self),
+            # regular groups are the axes named above: spelled out only when irregular
+            "groups": json_value(self.groups) if self.irregular else None,
+            "pairs": json_value(self.pairs) or None,
         }
 
 
 @dataclass(frozen=True)
-class ScopeTotals:
+class ScopeTotals(Record):
     """What the collectives of one scope send over one set of axes with one kind.
 
     ``count`` is executions per run (a combined collective counts once for each scope it
@@ -226,18 +178,6 @@ class ScopeTotals:
     traffic_bytes: int
     phases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "kind": self.kind,
-            "axes": self.axes,
-            "count": self.count,
-            "payload_bytes": self.payload_bytes,
-            "traffic_bytes": self.traffic_bytes,
-            "phases": list(self.phases),
-            "sources": list(self.sources),
-        }
 
 
 @dataclass(frozen=True)
@@ -256,16 +196,13 @@ class Rematerialization:
 
 
 @dataclass(frozen=True)
-class UnknownInstruction:
+class UnknownInstruction(Record):
     """An instruction whose opcode this tool does not know, kept with its raw text."""
 
     name: str
     opcode: str
     computation: str
     raw: str
-
-    def to_dict(self) -> dict[str, str]:
-        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -509,30 +446,18 @@ class Audit:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data."""
         return {
-            "module": self.module_name,
-            "backend": self.backend,
-            "target": self.target,
-            "num_partitions": self.num_partitions,
-            "mesh_axes": dict(self.mesh_axes),
-            "counts": self.counts(),
-            "exact": self.exact,
+            **record_dict(
+                self,
+                keys={"module_name": "module"},
+                omit=("module", "compiled", "hlo_text", "collectives"),
+                extra=("counts", "exact", "total", "by_scope"),
+            ),
             "totals": [
                 {"axes": label, "kind": kind, **t.to_dict()}
                 for (label, kind), t in self.totals().items()
             ],
-            "total": self.total().to_dict(),
-            "collectives": [c.to_dict() for c in self.sorted_collectives()],
-            "memory": dict(self.memory) if self.memory is not None else None,
-            "flops": self.flops,
-            "in_shardings": list(self.in_shardings) if self.in_shardings is not None else None,
-            "out_shardings": (list(self.out_shardings) if self.out_shardings is not None else None),
-            "rematerializations": (
-                [r.to_dict() for r in self.rematerializations]
-                if self.rematerializations is not None
-                else None
-            ),
-            "unknown_instructions": [u.to_dict() for u in self.unknown_instructions],
-            "by_scope": [row.to_dict() for row in self.by_scope()],
+            # The long list last, so that a reader of the file sees the summary first.
+            "collectives": json_value(self.sorted_collectives()),
         }
 
 

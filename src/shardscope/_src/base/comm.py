@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shardscope._src.base.errors import ShardscopeError, is_int
-from shardscope._src.base.io import record_dict
+from shardscope._src.base.io import Record
 
 ALL_REDUCE = "all-reduce"
 ALL_GATHER = "all-gather"
@@ -186,7 +186,7 @@ def format_bytes(n: int | float) -> str:
 
 
 @dataclass(frozen=True)
-class Totals:
+class Totals(Record):
     """Sums over collectives (compiled, or a bound's terms), each weighted by its count:
     executions, payload bytes and bytes each device sends."""
 
@@ -200,9 +200,6 @@ class Totals:
             self.payload_bytes + other.payload_bytes,
             self.traffic_bytes + other.traffic_bytes,
         )
-
-    def to_dict(self) -> dict[str, int]:
-        return record_dict(self)
 
 
 _T = TypeVar("_T")

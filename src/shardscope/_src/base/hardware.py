@@ -5,17 +5,18 @@ Every number is an estimate input a user can override; ``source`` says where it 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.io import Record
 
 GB = 1e9
 GIB = 2**30
 
 
 @dataclass(frozen=True)
-class Hardware:
+class Hardware(Record):
     """One accelerator, as the planner's alpha-beta and roofline estimates see it.
 
     Attributes:
@@ -50,9 +51,6 @@ class Hardware:
     matmul_fraction: float = 0.65
     comm_fraction: float = 0.8
     tp_overlap: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 #: Where the time model's constants come from (the same for every preset of a family).

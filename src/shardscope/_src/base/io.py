@@ -233,17 +233,42 @@ def json_value(value: Any) -> Any:
 
 
 def record_dict(
-    record: Any, *, omit: Sequence[str] = (), extra: Sequence[str] = ()
+    record: Any,
+    *,
+    keys: Mapping[str, str] | None = None,
+    omit: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A record (a dataclass) as JSON-ready plain data: its fields in order, less ``omit``,
-    then the properties named in ``extra``. The one serialization the records share.
+    then the properties named in ``extra`` (a method among them is called with no
+    arguments), each through :func:`json_value`. ``keys`` maps an attribute to its JSON key
+    where the two differ. The one serialization the records share.
 
     >>> from shardscope._src.base.comm import Totals
     >>> record_dict(Totals(2, 64, 112))
     {'count': 2, 'payload_bytes': 64, 'traffic_bytes': 112}
+    >>> record_dict(Totals(2, 64, 112), keys={"count": "n"}, omit=("payload_bytes",))
+    {'n': 2, 'traffic_bytes': 112}
     """
     names = [f.name for f in dataclasses.fields(record) if f.name not in omit]
-    return {name: json_value(getattr(record, name)) for name in (*names, *extra)}
+    out: dict[str, Any] = {}
+    for name in names:
+        out[(keys or {}).get(name, name)] = json_value(getattr(record, name))
+    for name in extra:
+        value = getattr(record, name)
+        out[(keys or {}).get(name, name)] = json_value(value() if callable(value) else value)
+    return out
+
+
+class Record:
+    """A frozen dataclass record whose ``to_dict()`` is :func:`record_dict`: JSON-ready
+    plain data, its fields in order."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain data: the record's fields, in order."""
+        return record_dict(self)
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:

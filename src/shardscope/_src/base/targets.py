@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from shardscope._src.base.errors import TargetError, is_int
 from shardscope._src.base.hardware import PRESETS, Hardware
+from shardscope._src.base.io import Record
 
 CPU, GPU, TPU = "cpu", "gpu", "tpu"
 GPU_EXTRA, TPU_EXTRA = "gpu-compile", "tpu-compile"
@@ -198,7 +198,7 @@ TPU_GENERATIONS: dict[str, TpuGeneration] = {
 
 
 @dataclass(frozen=True)
-class Target:
+class Target(Record):
     """A hardware preset and the compiler that builds programs for it.
 
     Attributes:
@@ -234,15 +234,6 @@ class Target:
                 text += f", or a multiple of {max(gen.slices)} (several slices)"
             return text
         return "1 to 2048 (simulated CPU devices)"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "family": self.family,
-            "hardware": self.hardware,
-            "extra": self.extra,
-            "description": self.description,
-        }
 
 
 def _targets() -> dict[str, Target]:

@@ -20,6 +20,7 @@ from shardscope._src.base.comm import (
     REDUCE_SCATTER,
 )
 from shardscope._src.base.errors import StrategyError, is_int
+from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec, format_spec_entries
 from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
@@ -57,7 +58,7 @@ def parse_spec(text: SpecText, *, what: str = "spec") -> Spec:
 
 
 @dataclass(frozen=True)
-class MatmulProblem:
+class MatmulProblem(Record):
     """``C[m,n] = A[m,k] @ B[k,n]`` with one spec entry (axis name or None) per dimension."""
 
     mesh: dict[str, int]
@@ -150,18 +151,6 @@ class MatmulProblem:
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "mesh": dict(self.mesh),
-            "m": self.m,
-            "k": self.k,
-            "n": self.n,
-            "dtype": self.dtype,
-            "a_spec": list(self.a_spec),
-            "b_spec": list(self.b_spec),
-            "out_spec": list(self.out_spec),
-        }
-
 
 @dataclass(frozen=True)
 class AxisSchedule:
@@ -199,18 +188,11 @@ class AxisSchedule:
         return self.note().text
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "axis": self.axis,
-            "size": self.size,
-            "partition": self.partition,
-            "a": self.a,
-            "b": self.b,
-            "product": self.product,
-            "traffic_bytes": self.traffic_bytes,
-            "duplicated_flops": self.duplicated_flops,
-            "terms": [t.to_dict() for t in self.terms],
-            "description": self.describe(),
-        }
+        return record_dict(
+            self,
+            keys={"describe": "description"},
+            extra=("traffic_bytes", "duplicated_flops", "describe"),
+        )
 
 
 @dataclass(frozen=True)
@@ -248,12 +230,8 @@ class MatmulSchedule:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "traffic_bytes": self.traffic_bytes,
-            "flops_per_device": self.flops_per_device,
-            "a_spec": list(self.layout("a")),
-            "b_spec": list(self.layout("b")),
-            "product_spec": list(self.layout("product")),
-            "axes": [p.to_dict() for p in self.axes],
+            **record_dict(self, omit=("problem",), extra=("traffic_bytes", "flops_per_device")),
+            **{f"{w}_spec": json_value(self.layout(w)) for w in ("a", "b", "product")},
         }
 
 

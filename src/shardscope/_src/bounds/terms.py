@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.comm import Totals, group_totals, traffic_bytes
-from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note, NoteKind
 
 
@@ -138,13 +138,9 @@ class Bound:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label,
-            "traffic_bytes": self.traffic_bytes,
-            "counts": self.counts(),
+            **record_dict(self, extra=("traffic_bytes", "counts")),
             "by_axes_kind": [
                 {"axes": list(axes), "kind": kind, "traffic_bytes": b}
                 for (axes, kind), b in self.by_axes_kind().items()
             ],
-            "terms": [t.to_dict() for t in self.terms],
-            "notes": json_value(self.notes),
         }

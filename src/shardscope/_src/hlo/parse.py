@@ -660,6 +660,32 @@ def parse_hlo(text: str) -> HloModule:
     if not isinstance(text, str):
         raise HloParseError(f"HLO text must be a str, got {type(text).__name__}")
     lines = text.splitlines()
+    first, name, header_attrs = _module_header(text, lines)
+    body = _ModuleBody()
+    body.read(lines, first + 1)
+
+    def strings(section: str) -> dict[int, str]:
+        return {k: unquote(v) for k, v in body.tables.get(section, {}).items()}
+
+    def records(section: str) -> dict[int, Mapping[str, str]]:
+        return {k: parse_key_values(v) for k, v in body.tables.get(section, {}).items()}
+
+    return HloModule(
+        name=name,
+        attributes=header_attrs,
+        computations=body.computations,
+        entry_name=body.entry(),
+        file_names=strings("FileNames"),
+        function_names=strings("FunctionNames"),
+        file_locations=records("FileLocations"),
+        stack_frames=records("StackFrames"),
+        other_tables={k: tuple(v) for k, v in body.other_tables.items()},
+    )
+
+
+def _module_header(text: str, lines: list[str]) -> tuple[int, str, dict[str, str]]:
+    """``(index of the header line, module name, header attributes)``, the device counts of
+    the attributes checked."""
     first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
     if first is None:
         raise HloParseError("HLO text is empty; pass the text of compiled.as_text()")
@@ -677,97 +703,97 @@ def parse_hlo(text: str) -> HloModule:
             f"{head[:60]!r}.{hint}",
         )
     name, header_attrs = _parse_header(head, first + 1)
+    _check_devices(header_attrs, first + 1)
+    return first, name, header_attrs
+
+
+def _check_devices(header_attrs: Mapping[str, str], lineno: int) -> None:
     devices = 1
     for key in ("num_partitions", "replica_count"):
         if key in header_attrs:
             value = parse_int(
                 header_attrs[key],
                 key,
-                first + 1,
+                lineno,
                 limit=MAX_MODULE_DEVICES,
                 why="more devices than any single program runs on",
             )
             if value == 0:
-                raise _error(first + 1, f"{key}=0: a module runs on at least one device")
+                raise _error(lineno, f"{key}=0: a module runs on at least one device")
             devices *= value
     if devices > MAX_MODULE_DEVICES:
         raise _error(
-            first + 1,
+            lineno,
             f"num_partitions x replica_count = {devices:,} devices, more than the "
             f"{MAX_MODULE_DEVICES:,} this tool audits (more than any single program runs on)",
         )
 
-    tables: dict[str, dict[int, str]] = {}
-    other_tables: dict[str, list[str]] = {}
-    computations: dict[str, Computation] = {}
-    entry_name: str | None = None
-    section: str | None = None
-    i = first + 1
-    n = len(lines)
-    while i < n:
-        line = lines[i]
-        stripped = line.strip()
-        lineno = i + 1
-        if not stripped:
-            section = None
-            i += 1
-            continue
-        if stripped.endswith("{") and not line[:1].isspace():
-            comp, i = _parse_computation(lines, i)
-            if comp.name in computations:
-                raise _error(lineno, f"computation {comp.name!r} is defined twice")
-            computations[comp.name] = comp
-            if comp.is_entry:
-                if entry_name is not None:
-                    raise _error(lineno, "a second ENTRY computation")
-                entry_name = comp.name
-            section = None
-            continue
-        if _IDENT.fullmatch(stripped):
-            section = stripped
-            if section not in _TABLES:
-                other_tables.setdefault(section, [])
-            i += 1
-            continue
-        if section is not None:
-            id_text, _, value = stripped.partition(" ")
-            if not _DIGITS.fullmatch(id_text):
-                raise _error(lineno, f"table {section} row does not start with an id", line)
-            if section in _TABLES:
-                row_id = parse_int(id_text, f"table {section} row id", lineno, line)
-                tables.setdefault(section, {})[row_id] = value.strip()
+
+class _ModuleBody:
+    """What follows the module header: computations and source tables, read line by line."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[int, str]] = {}
+        self.other_tables: dict[str, list[str]] = {}
+        self.computations: dict[str, Computation] = {}
+        self.entry_name: str | None = None
+        self.section: str | None = None
+
+    def read(self, lines: list[str], start: int) -> None:
+        i = start
+        while i < len(lines):
+            line = lines[i]
+            stripped = line.strip()
+            if not stripped:
+                self.section = None
+                i += 1
+            elif stripped.endswith("{") and not line[:1].isspace():
+                comp, end = _parse_computation(lines, i)
+                self._add_computation(comp, i + 1)
+                i = end
+            elif _IDENT.fullmatch(stripped):
+                self.section = stripped
+                if stripped not in _TABLES:
+                    self.other_tables.setdefault(stripped, [])
+                i += 1
+            elif self.section is not None:
+                self._add_row(self.section, line, i + 1)
+                i += 1
             else:
-                other_tables[section].append(stripped)
-            i += 1
-            continue
-        raise _error(
-            lineno,
-            "is neither a source table row, a computation header ('... {') nor inside a "
-            "computation",
-            line,
-        )
-    if entry_name is None:
-        raise HloParseError(
-            "HLO text has no ENTRY computation; pass the whole text of compiled.as_text()"
-        )
+                raise _error(
+                    i + 1,
+                    "is neither a source table row, a computation header ('... {') nor inside "
+                    "a computation",
+                    line,
+                )
 
-    def strings(section: str) -> dict[int, str]:
-        return {k: unquote(v) for k, v in tables.get(section, {}).items()}
+    def _add_computation(self, comp: Computation, lineno: int) -> None:
+        if comp.name in self.computations:
+            raise _error(lineno, f"computation {comp.name!r} is defined twice")
+        self.computations[comp.name] = comp
+        if comp.is_entry:
+            if self.entry_name is not None:
+                raise _error(lineno, "a second ENTRY computation")
+            self.entry_name = comp.name
+        self.section = None
 
-    def records(section: str) -> dict[int, Mapping[str, str]]:
-        return {k: parse_key_values(v) for k, v in tables.get(section, {}).items()}
+    def _add_row(self, section: str, line: str, lineno: int) -> None:
+        stripped = line.strip()
+        id_text, _, value = stripped.partition(" ")
+        if not _DIGITS.fullmatch(id_text):
+            raise _error(lineno, f"table {section} row does not start with an id", line)
+        if section in _TABLES:
+            row_id = parse_int(id_text, f"table {section} row id", lineno, line)
+            self.tables.setdefault(section, {})[row_id] = value.strip()
+        else:
+            self.other_tables[section].append(stripped)
 
-    return HloModule(
-        name=name,
-        attributes=header_attrs,
-        computations=computations,
-        entry_name=entry_name,
-        file_names=strings("FileNames"),
-        function_names=strings("FunctionNames"),
-        file_locations=records("FileLocations"),
-        stack_frames=records("StackFrames"),
-        other_tables={k: tuple(v) for k, v in other_tables.items()},
-    )
+    def entry(self) -> str:
+        if self.entry_name is None:
+            raise HloParseError(
+                "HLO text has no ENTRY computation; pass the whole text of compiled.as_text()"
+            )
+        return self.entry_name
 
 
 def _parse_header(line: str, lineno: int) -> tuple[str, dict[str, str]]:

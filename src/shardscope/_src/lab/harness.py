@@ -17,7 +17,7 @@ import numpy as np
 
 from shardscope._src.base.devices import hardware_summary, use_cpu_devices
 from shardscope._src.base.errors import ShardscopeError, is_int
-from shardscope._src.base.io import write_result
+from shardscope._src.base.io import record_dict, write_result
 from shardscope._src.render.console import output_console
 
 _LAB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -34,10 +34,7 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "passed": self.passed,
-            "skipped": self.skipped,
-            "message": self.message,
+            **record_dict(self),
             "duration_s": round(self.duration_s, 6),
             "details": _json_ready(self.details),
         }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -23,6 +23,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from shardscope._src.base.errors import ModelConfigError, is_int
+from shardscope._src.base.io import Record
 
 DTYPES = ("float32", "bfloat16", "float16")
 MLPS = ("gelu", "swiglu")
@@ -37,7 +38,7 @@ MAX_DIM = 2**20
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Record):
     """Shape of the reference decoder and of one batch.
 
     Without ``vocab`` the model maps activations ``[batch, seq, d_model]`` to activations and
@@ -154,9 +155,6 @@ class ModelConfig:
     def param_count(self) -> int:
         """Number of parameters (every entry of :func:`param_shapes`)."""
         return sum(math.prod(shape) for shape in param_shapes(self).values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _DEFAULTS = {"kv_heads": "heads", "head_dim": "d_model / heads"}

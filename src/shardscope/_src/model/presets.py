@@ -11,11 +11,12 @@ of its weights) are not modelled.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shardscope._src.base.errors import ModelConfigError, PlanError, is_int
+from shardscope._src.base.io import record_dict
 from shardscope._src.model.config import ModelConfig
 
 
@@ -71,9 +72,7 @@ class ModelPreset:
         return self.config(batch=1).param_count()
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["params"] = self.param_count()
-        return out
+        return record_dict(self, keys={"param_count": "params"}, extra=("param_count",))
 
 
 def _llama(

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from shardscope._src.base.errors import PlanError
-from shardscope._src.base.io import record_dict
+from shardscope._src.base.io import Record, record_dict
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
 from shardscope._src.sharding.strategies import Placement
 
@@ -93,16 +93,13 @@ def elements_per_device(placement: Placement, rules: Mapping[str, Any]) -> int:
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(Record):
     """How a train step is run: ``microbatches`` per data shard (gradient accumulation),
     ``remat`` (``none``, ``selective``, ``full``) and pipeline ``stages`` (1F1B)."""
 
     microbatches: int = 1
     remat: str = "none"
     stages: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"microbatches": self.microbatches, "remat": self.remat, "stages": self.stages}
 
     @property
     def in_flight(self) -> int:

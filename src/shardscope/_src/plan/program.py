@@ -45,7 +45,7 @@ from shardscope._src.base.errors import (
 )
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
-from shardscope._src.base.io import json_value
+from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import CPU, get_target, topology
@@ -66,6 +66,8 @@ from shardscope._src.plan.rules import (
 from shardscope._src.plan.sweep import pareto_front
 from shardscope._src.plan.types import (
     FIT_PARAMS,
+    PLAN_EXTRA,
+    PLAN_KEYS,
     AxisComm,
     PlanCollective,
     Skipped,
@@ -174,29 +176,13 @@ class ProgramPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rank": self.rank,
-            "rules_name": self.rules_name,
-            "rules": [[k, list(v) if isinstance(v, tuple) else v] for k, v in self.rules],
-            "mesh": self.mesh_spec,
-            "mesh_shape": dict(self.mesh),
-            "memory_bytes_per_device": self.memory_bytes_per_device,
+            **record_dict(
+                self,
+                keys={**PLAN_KEYS, "same_as": "same_program_as"},
+                omit=("memory_limit_bytes",),
+                extra=PLAN_EXTRA,
+            ),
             "memory_source": "compiled",
-            "fits": self.fits,
-            "compiled_memory": dict(self.compiled_memory),
-            "comm_bytes_per_device": self.comm_bytes_per_device,
-            "cpu_comm_bytes_per_device": self.cpu_comm_bytes_per_device,
-            "comm_time_s": self.comm_time_s,
-            "flops_per_device": self.flops_per_device,
-            "compute_time_s": self.compute_time_s,
-            "est_step_time_s": self.step_time_s,
-            "est_step_time_overlap_s": self.step_time_overlap_s,
-            "pareto": self.pareto,
-            "exact": self.exact,
-            "same_program_as": self.same_as,
-            "comm": [c.to_dict() for c in self.comm],
-            "collectives": [c.to_dict() for c in self.collectives],
-            "notes": json_value(self.notes),
-            "timing": dict(self.timing),
         }
 
 
@@ -248,23 +234,8 @@ class ProgramPlanResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "program": self.program,
-            "devices": self.devices,
-            "target": self.target,
-            "hardware": self.hardware.to_dict(),
-            "axes": list(self.axes),
-            "rule_sets": {
-                name: [[k, list(v) if isinstance(v, tuple) else v] for k, v in rules]
-                for name, rules in self.rule_sets.items()
-            },
-            "plans": [p.to_dict() for p in self.plans],
-            "skipped": [s.to_dict() for s in self.skipped],
-            "empty_reason": json_value(self.empty_reason),
+            **record_dict(self, extra=("empty_reason", "fit_note")),
             "best": None if self.best is None else self.best.label,
-            "fit_note": json_value(self.fit_note),
-            "notes": json_value(self.notes),
-            "candidates": self.candidates,
-            "wall_s": self.wall_s,
         }
 
 

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from shardscope._src.base.comm import latency_steps
 from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.io import Record
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import mesh_axes
@@ -110,7 +111,7 @@ class StepWork:
 
 
 @dataclass(frozen=True)
-class StepTime:
+class StepTime(Record):
     """The step time and its parts (seconds); ``mfu`` is model FLOPs utilization."""
 
     compute_s: float
@@ -123,9 +124,6 @@ class StepTime:
     step_s: float
     mfu: float
     bubble_fraction: float
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:

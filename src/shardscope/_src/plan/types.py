@@ -13,7 +13,7 @@ from typing import Any
 
 from shardscope._src.base.comm import ratio
 from shardscope._src.base.hardware import Hardware
-from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
@@ -105,15 +105,15 @@ class Screened:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.candidate.label,
-            "strategy": self.candidate.strategy,
-            "mesh": self.candidate.mesh_spec,
-            "microbatches": self.candidate.microbatches,
-            "remat": self.candidate.remat,
-            "stages": self.candidate.stages,
+            **record_dict(
+                self.candidate,
+                keys={"mesh_spec": "mesh"},
+                omit=("mesh",),
+                extra=("label", "mesh_spec", "stages"),
+            ),
             "memory_bytes_per_device": self.memory.total,
             "fits": self.fits,
-            "time": self.time.to_dict(),
+            "time": json_value(self.time),
         }
 
 
@@ -129,7 +129,7 @@ class SkipReason(StrEnum):
 
 
 @dataclass(frozen=True)
-class Skipped:
+class Skipped(Record):
     """A candidate that was not compiled: ``reason`` says why, ``message`` the details."""
 
     strategy: str
@@ -137,12 +137,9 @@ class Skipped:
     reason: SkipReason
     message: str
 
-    def to_dict(self) -> dict[str, str]:
-        return record_dict(self)
-
 
 @dataclass(frozen=True)
-class PlanCollective:
+class PlanCollective(Record):
     """One compiled collective as the plan counts it.
 
     ``payload_bytes`` is at the model's dtype (see :mod:`shardscope._src.plan.sweep`);
@@ -169,9 +166,6 @@ class PlanCollective:
         if self.irregular:
             return "irregular"
         return ",".join(self.axes) if self.axes else "-"
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -211,7 +205,7 @@ class TaskFailure:
 
 
 @dataclass(frozen=True)
-class AxisComm:
+class AxisComm(Record):
     """The collectives of one kind over one set of axes, summed, with their bound and time."""
 
     axes: str
@@ -222,12 +216,9 @@ class AxisComm:
     time_s: float
     crosses_nodes: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
-
 
 @dataclass(frozen=True)
-class Validation:
+class Validation(Record):
     """Compiled communication against the analytic formula for one plan.
 
     ``ok`` when within :data:`VALIDATION_TOLERANCE`. Otherwise ``explanation`` says why, and
@@ -245,8 +236,24 @@ class Validation:
     cpu_ratio: float | None
     explanation: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return record_dict(self)
+
+#: A compiled plan's JSON (the model's and a user's program's alike): the keys that differ
+#: from its attributes' names, and the properties it adds to its fields.
+PLAN_KEYS = {
+    "mesh": "mesh_shape",
+    "mesh_spec": "mesh",
+    "step_time_s": "est_step_time_s",
+    "step_time_overlap_s": "est_step_time_overlap_s",
+}
+PLAN_EXTRA = (
+    "mesh_spec",
+    "memory_bytes_per_device",
+    "fits",
+    "comm_bytes_per_device",
+    "cpu_comm_bytes_per_device",
+    "step_time_s",
+    "step_time_overlap_s",
+)
 
 
 @dataclass(frozen=True)
@@ -361,45 +368,18 @@ class Plan:
         return max(self.compute_time_s, self.comm_time_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "strategy": self.strategy,
-            "mesh": self.mesh_spec,
-            "mesh_shape": dict(self.mesh),
-            "microbatches": self.microbatches,
-            "remat": self.remat,
-            "stages": self.stages,
-            "summary": self.summary,
-            "memory_bytes_per_device": self.memory_bytes_per_device,
-            "fits": self.fits,
-            "memory": self.memory.to_dict(),
-            "compiled_memory_bytes_per_device": self.compiled_memory_bytes_per_device,
-            "compiled_memory": dict(self.compiled_memory),
-            "comm_bytes_per_device": self.comm_bytes_per_device,
-            "cpu_comm_bytes_per_device": self.cpu_comm_bytes_per_device,
-            "bound_bytes_per_device": self.bound_bytes_per_device,
-            "bound_ratio": self.bound_ratio,
-            "comm_time_s": self.comm_time_s,
-            "bound_comm_time_s": self.bound_comm_time_s,
-            "flops_per_device": self.flops_per_device,
-            "compute_time_s": self.compute_time_s,
-            "est_step_time_s": self.step_time_s,
-            "est_step_time_overlap_s": self.step_time_overlap_s,
-            "mfu": self.mfu,
-            "time": dict(self.time),
-            "pareto": self.pareto,
-            "exact": self.exact,
-            "comm": [c.to_dict() for c in self.comm],
-            "collectives": [c.to_dict() for c in self.collectives],
-            "notes": json_value(self.notes),
-            "analysis_s": self.analysis_s,
-            "timing": dict(self.timing),
-            "compiled_by": self.compiled_by,
-            "target_memory_bytes_per_device": self.target_memory_bytes_per_device,
-            "target_memory": None if self.target_memory is None else dict(self.target_memory),
-            "target_error": self.target_error,
-            "target_optimal_seconds": self.target_optimal_seconds,
-        }
+        return record_dict(
+            self,
+            keys=PLAN_KEYS,
+            omit=("memory_limit_bytes",),
+            extra=(
+                *PLAN_EXTRA,
+                "compiled_memory_bytes_per_device",
+                "bound_ratio",
+                "mfu",
+                "target_memory_bytes_per_device",
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -471,26 +451,9 @@ class PlanResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model,
-            "config": self.config.to_dict(),
+            **record_dict(self, extra=("empty_reason", "fit_note")),
             "params": self.config.param_count(),
-            "devices": self.devices,
-            "mode": self.mode,
-            "hardware": self.hardware.to_dict(),
-            "settings": dict(self.settings),
-            "plans": [p.to_dict() for p in self.plans],
-            "skipped": [s.to_dict() for s in self.skipped],
-            "validations": [v.to_dict() for v in self.validations],
-            "empty_reason": json_value(self.empty_reason),
             "best": None if self.best is None else self.best.label,
-            "fit_note": json_value(self.fit_note),
-            "notes": json_value(self.notes),
-            "candidates": self.candidates,
-            "screened": self.screened,
-            "closest": None if self.closest is None else dict(self.closest),
-            "compiler": self.compiler,
-            "wall_s": self.wall_s,
-            "workers": self.workers,
         }
 
 

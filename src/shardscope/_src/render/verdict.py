@@ -16,19 +16,25 @@ from shardscope._src.base.comm import format_bytes
 from shardscope._src.render.console import output_console
 
 if TYPE_CHECKING:
-    from shardscope._src.verdict import Verdict
+    from shardscope._src.verdict import Excess, Verdict
 
 
 def _ratio_text(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
-def _short(source: str | None) -> str:
-    if not source:
-        return "(no source line)"
-    prefix = "after " if source.startswith("after ") else ""
-    path, _, line = source.removeprefix("after ").rpartition(":")
-    return f"{prefix}{os.path.basename(path)}:{line}" if path else source
+def _short(source: str) -> str:
+    path, _, line = source.rpartition(":")
+    return f"{os.path.basename(path)}:{line}" if path else source
+
+
+def _where(excess: Excess) -> str:
+    """The instruction's source line, else ``after`` its input's."""
+    if excess.source:
+        return _short(excess.source)
+    if excess.operand_source:
+        return f"after {_short(excess.operand_source)}"
+    return "(no source line)"
 
 
 def verdict_table(verdict: Verdict, *, title: str | None = None) -> Any:
@@ -79,7 +85,7 @@ def verdict_lines(verdict: Verdict) -> list[str]:
         scope = f" [{e.scope}]" if e.scope else ""
         lines.append(
             f"exceeds: {e.instruction} ({e.kind} x{e.count} of {e.array}, "
-            f"{format_bytes(e.traffic_bytes)}) at {_short(e.source)}{scope}: {e.reason}"
+            f"{format_bytes(e.traffic_bytes)}) at {_where(e)}{scope}: {e.reason}"
         )
     for h in verdict.hints:
         status = "reaches the bound" if h.reaches_bound else f"{_ratio_text(h.ratio)} the bound"

@@ -54,7 +54,7 @@ class Demo:
 
         The fact: exactly one collective, of ``expected_kind``, over the demo's axis alone,
         moving ``expected_payload_bytes``; the message says what differed. It holds on 1-D
-        meshes; beside another axis XLA may pick another plan (JAX 0.10.2 on CPU all-gathers
+        meshes; beside another axis XLA may choose other collectives (JAX 0.10.2 on CPU all-gathers
         the matmul's weight on ``data=2,model=4``), and the audit then says so.
         """
         counts = {k.replace("-", "_"): 0 for k in audit.counts()}

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from shardscope._src.base.devices import host_value
+from shardscope._src.base.io import record_dict
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import ModelConfig, flat_params, forward, train_step
 from shardscope._src.sharding.programs import build_program
@@ -56,16 +57,7 @@ class NumericsReport:
         return self.worst <= self.tolerance
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "impl": self.impl,
-            "mode": self.mode,
-            "mesh": dict(self.mesh),
-            "dtype": self.dtype,
-            "errors": dict(self.errors),
-            "tolerance": self.tolerance,
-            "ok": self.ok,
-        }
+        return record_dict(self, extra=("ok",))
 
 
 def relative_error(actual: Any, expected: Any) -> float:

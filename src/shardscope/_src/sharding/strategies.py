@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
+from shardscope._src.base.io import json_value, record_dict
 from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes, parse_mesh_spec
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes, split_params
 
@@ -181,17 +182,14 @@ class Strategy:
         return placement
 
     def to_dict(self) -> dict[str, Any]:
+        # rules are stored as pairs and written as {name: roles}; grads and optimizer resolved
         return {
-            "name": self.name,
-            "summary": self.summary,
-            "roles": list(self.roles),
-            "params": {k: list(v) for k, v in self.params},
-            "use": None if self.use is None else {k: list(v) for k, v in self.use},
-            "activations": {k: list(v) for k, v in self.activations},
-            "sequence_parallel": self.sequence_parallel,
-            "twin": self.twin,
-            "grads": {k: list(v) for k, v in self.grad_rules().items()},
-            "optimizer": {k: list(v) for k, v in self.optimizer_rules().items()},
+            **record_dict(self),
+            "params": json_value(self.param_rules()),
+            "use": json_value(self.use_rules()),
+            "activations": json_value(self.activation_rules()),
+            "grads": json_value(self.grad_rules()),
+            "optimizer": json_value(self.optimizer_rules()),
         }
 
 
@@ -553,6 +551,5 @@ class Placement:
         return {
             "strategy": self.name,
             "mesh": dict(self._sizes),
-            "axes": {k: list(v) for k, v in self.axes.items()},
-            "constraints": self.constraints,
+            **record_dict(self, omit=("strategy", "config", "mesh", "_sizes")),
         }

@@ -1,24 +1,18 @@
-"""The verdict: what a compiled program communicates against the minimum, per axis and kind.
-
-:func:`compare` is pure: an :class:`~shardscope._src.audit.records.Audit` and a
+"""The verdict's comparison, pure: an :class:`~shardscope._src.audit.records.Audit` and a
 :class:`~shardscope._src.bounds.terms.Bound` in, a :class:`Verdict` out (rows per mesh axes and
-kind, the ratio, and the instructions that exceed the bound with their source lines). The two
-front doors, :func:`matmul_verdict` and :func:`transformer_verdict`, build and compile the
-program, audit it, and when it exceeds the bound try the changes that should reach it
-(sharding constraints, an explicit shard_map), compile each, and report the traffic each
-achieves: a hint is only ever given with the bytes it was measured to send.
+kind, the ratio, and the instructions that exceed the bound with their source lines), and the
+records it is made of. Nothing here compiles.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from shardscope._src.audit.compile import audit
+from shardscope._src.audit.records import Audit, Collective
 from shardscope._src.audit.width import Width
 from shardscope._src.base.comm import (
     ALL_GATHER,
@@ -30,16 +24,10 @@ from shardscope._src.base.comm import (
     group_totals,
     ratio,
 )
-from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note, NoteKind
-from shardscope._src.base.text import format_spec
-from shardscope._src.bounds.matmul import best_schedule, matmul_problem
-from shardscope._src.bounds.transformer import transformer_bound
-from shardscope._src.mesh import make_mesh
-from shardscope._src.model.config import param_shapes
-from shardscope._src.sharding.programs import build_matmul, build_program
+from shardscope._src.bounds.terms import Bound, Term
 
-#: A program within this fraction of its bound is called optimal; hints must reach it.
 TOLERANCE = 0.05
 _MAX_EXCESS = 8  # instructions listed per verdict
 
@@ -85,6 +73,9 @@ class ExcessCause(StrEnum):
 class Excess:
     """A compiled collective in a (axes, kind) pair that sends more than the bound allows.
 
+    ``source`` is the instruction's own source line; without one, ``operand_source`` is the
+    line of its input (the collective comes after it), as in the audit's
+    :class:`~shardscope._src.audit.records.Collective`.
     ``cause`` says why; ``weight`` names the weight a :attr:`~ExcessCause.WEIGHT_GATHERED`
     gather moves, ``whole_axes`` the axes of the bound's one all-reduce that an
     :attr:`~ExcessCause.ALL_REDUCE_SPLIT` splits, ``row_bound_bytes`` and ``row_actual_bytes``
@@ -95,6 +86,7 @@ class Excess:
     axes: tuple[str, ...]
     instruction: str
     source: str | None
+    operand_source: str | None
     op_name: str | None
     scope: str | None
     array: str
@@ -168,15 +160,7 @@ class Hint:
         return self.traffic_bytes <= self.bound_bytes * (1 + TOLERANCE)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "change": self.change,
-            "code": self.code,
-            "traffic_bytes": self.traffic_bytes,
-            "backend_bytes": self.backend_bytes,
-            "ratio": self.ratio,
-            "reaches_bound": self.reaches_bound,
-            "counts": dict(self.counts),
-        }
+        return record_dict(self, omit=("bound_bytes",), extra=("ratio", "reaches_bound"))
 
 
 class VerdictNote(NoteKind):
@@ -248,6 +232,10 @@ class Verdict:
     def replace(self, **changes: Any) -> Verdict:
         return dataclasses.replace(self, **changes)
 
+    def with_note(self, note: Note | None) -> Verdict:
+        """This verdict with ``note`` added (itself when ``note`` is None)."""
+        return self if note is None else self.replace(notes=(*self.notes, note))
+
     def summary(self) -> str:
         """One line: the ratio and what it means."""
         ratio = self.ratio
@@ -268,19 +256,8 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label,
-            "bound_bytes": self.bound_bytes,
-            "actual_bytes": self.actual_bytes,
-            "ratio": self.ratio,
-            "backend_bytes": self.backend_bytes,
-            "optimal": self.optimal,
+            **record_dict(self, extra=("ratio", "optimal", "summary")),
             "tolerance": TOLERANCE,
-            "summary": self.summary(),
-            "rows": [r.to_dict() for r in self.rows],
-            "excess": [e.to_dict() for e in self.excess],
-            "hints": [h.to_dict() for h in self.hints],
-            "notes": json_value(self.notes),
-            "bound_notes": json_value(self.bound_notes),
         }
 
 
@@ -293,7 +270,7 @@ def _scope(op_name: str | None) -> str | None:
     return None
 
 
-def _whole_all_reduce(c: Any, width: Width, terms: Any) -> tuple[str, ...]:
+def _whole_all_reduce(c: Collective, width: Width, terms: tuple[Term, ...]) -> tuple[str, ...]:
     """The axes of the bound's one all-reduce, over more axes than ``c``'s, of each array
     ``c`` sums (``()`` unless the bound has one for every operand of ``c``)."""
     if c.kind != ALL_REDUCE or not c.payload_bytes:
@@ -317,7 +294,7 @@ def _whole_all_reduce(c: Any, width: Width, terms: Any) -> tuple[str, ...]:
 
 
 def _cause(
-    c: Any,
+    c: Collective,
     bound_kinds: set[str],
     row: Row,
     known: dict[tuple[int, ...], str],
@@ -337,8 +314,8 @@ def _cause(
 
 
 def compare(
-    audit: Any,
-    bound: Any,
+    audit: Audit,
+    bound: Bound,
     *,
     program_dtype: str | None = None,
     label: str | None = None,
@@ -361,12 +338,40 @@ def compare(
         lambda c: Totals(c.count, width.payload(c) * c.count, width.sent(c)),
     )
     rows = _rows(bound.totals_by_axes_kind(), actual)
+    excess = _excess(audit, bound, width, rows, known_arrays or {})
+    actual_total = sum(v.traffic_bytes for v in actual.values())
+    backend = audit.total().traffic_bytes
+    notes = []
+    if backend != actual_total:
+        notes.append(Note(VerdictNote.WIDENED, {"dtype": program_dtype, "backend_bytes": backend}))
+    if not audit.exact:
+        notes.append(Note(VerdictNote.INEXACT))
+    return Verdict(
+        label=label or bound.label,
+        bound_bytes=bound.traffic_bytes,
+        actual_bytes=actual_total,
+        rows=rows,
+        excess=tuple(excess[:_MAX_EXCESS]),
+        notes=tuple(notes),
+        bound_notes=tuple(bound.notes),
+        backend_bytes=backend,
+    )
+
+
+def _excess(
+    audit: Audit,
+    bound: Bound,
+    width: Width,
+    rows: tuple[Row, ...],
+    known: dict[tuple[int, ...], str],
+) -> list[Excess]:
+    """The compiled collectives no bound term claims in the rows beyond their bound, largest
+    first."""
     by_key = {(r.axes, r.kind): r for r in rows}
     bound_kinds: dict[tuple[str, ...], set[str]] = {}
     for t in bound.terms:
         bound_kinds.setdefault(t.axes, set()).add(t.kind)
     over = {(r.axes, r.kind) for r in rows if r.actual_bytes > r.bound_bytes * (1 + TOLERANCE)}
-    known = known_arrays or {}
     extra_count = _unclaimed_counts(audit, bound, width, known)
     excess = []
     # Blame the largest unclaimed collectives first, and only until they account for the
@@ -389,7 +394,8 @@ def compare(
                 kind=c.kind,
                 axes=tuple(c.axes),
                 instruction=c.name,
-                source=c.source or (f"after {c.operand_source}" if c.operand_source else None),
+                source=c.source,
+                operand_source=c.operand_source,
                 op_name=c.op_name,
                 scope=_scope(c.op_name),
                 array=f"{c.dtype}[{','.join(str(d) for d in c.shape)}]",
@@ -402,23 +408,7 @@ def compare(
                 row_actual_bytes=by_key[key].actual_bytes,
             )
         )
-    notes = []
-    actual_total = sum(v.traffic_bytes for v in actual.values())
-    backend = audit.total().traffic_bytes
-    if backend != actual_total:
-        notes.append(Note(VerdictNote.WIDENED, {"dtype": program_dtype, "backend_bytes": backend}))
-    if not audit.exact:
-        notes.append(Note(VerdictNote.INEXACT))
-    return Verdict(
-        label=label or bound.label,
-        bound_bytes=bound.traffic_bytes,
-        actual_bytes=actual_total,
-        rows=rows,
-        excess=tuple(excess[:_MAX_EXCESS]),
-        notes=tuple(notes),
-        bound_notes=tuple(bound.notes),
-        backend_bytes=backend,
-    )
+    return excess
 
 
 def _rows(
@@ -442,7 +432,7 @@ def _rows(
 
 
 def _unclaimed_counts(
-    audit: Any, bound: Any, width: Width, known: dict[tuple[int, ...], str]
+    audit: Audit, bound: Bound, width: Width, known: dict[tuple[int, ...], str]
 ) -> dict[int, int]:
     """How many of each compiled collective's runs (by index) no bound term claims: a term
     claims collectives of its axes, kind and payload, up to its count."""
@@ -464,241 +454,6 @@ def _unclaimed_counts(
     return extra_count
 
 
-def narrowed_bytes(audit: Any, program_dtype: str | None) -> int:
+def narrowed_bytes(audit: Audit, program_dtype: str | None) -> int:
     """Bytes per device at the program's width (see :mod:`shardscope._src.audit.width`)."""
     return Width.of(audit, program_dtype).total(audit.collectives)
-
-
-def _verify(
-    change: str, code: str, lower: Callable[[], Any], bound_bytes: int, program_dtype: str
-) -> Hint:
-
-    result = audit(lower())
-    counts = {k: v for k, v in result.counts().items() if v}
-    return Hint(
-        change,
-        code,
-        narrowed_bytes(result, program_dtype),
-        bound_bytes,
-        counts,
-        result.total().traffic_bytes,
-    )
-
-
-# -- matmul ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MatmulReport:
-    """A sharded matmul: its audit, cheapest schedule, and verdict (with verified hints)."""
-
-    audit: Any
-    schedule: Any
-    verdict: Verdict
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.audit.to_dict(),
-            "problem": self.schedule.problem.to_dict(),
-            "plan": self.schedule.to_dict(),
-            "verdict": self.verdict.to_dict(),
-        }
-
-
-def _describe_schedule(schedule: Any, problem: Any) -> str:
-    parts = []
-    for which, given in (("a", problem.a_spec), ("b", problem.b_spec)):
-        want = schedule.layout(which)
-        if tuple(want) != tuple(given):
-            parts.append(f"constrain {which.upper()} to {format_spec(want)}")
-    if not any(p.partition == "k" for p in schedule.axes):
-        want = schedule.layout("product")
-        if tuple(want) != tuple(problem.out_spec):
-            parts.append(f"constrain the product to {format_spec(want)}")
-    steps = "; ".join(p.describe() for p in schedule.axes if p.terms or p.partition)
-    head = ", ".join(parts) if parts else "keep the specs"
-    return f"{head} ({steps})"
-
-
-def matmul_verdict(
-    mesh: Any,
-    m: int,
-    k: int,
-    n: int,
-    dtype: str,
-    a_spec: Any,
-    b_spec: Any,
-    out_spec: Any,
-    *,
-    hints: bool = True,
-) -> MatmulReport:
-    """Compiles ``C = A @ B`` with the given specs, audits it, and judges it.
-
-    When the compiled program exceeds the bound by more than 5%, the hints are the cheapest
-    schedule forced with sharding constraints, the same schedule as an explicit shard_map when
-    a reduce-scatter is involved, and, when the cheapest schedule duplicates the compute, the
-    cheapest one that does not; each compiled and audited. A hint that duplicates the compute says
-    so, with its flops per device: fewer bytes are not free.
-
-    >>> report = matmul_verdict("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
-    ...                         "None,x")
-    >>> round(report.verdict.ratio, 2), report.verdict.hints[0].reaches_bound
-    (4.0, True)
-    """
-
-    problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
-    mesh_obj = make_mesh(dict(problem.mesh)) if isinstance(mesh, str | dict) else mesh
-    schedule = best_schedule(problem)
-    result = audit(build_matmul(problem, mesh_obj).lower())
-    bound = schedule.bound()
-    verdict = compare(
-        result, bound, program_dtype=problem.dtype, label=f"matmul [{m},{k}]x[{k},{n}] {dtype}"
-    )
-    found: list[Hint] = []
-    if hints and not verdict.optimal:
-        candidates = [(schedule, False)]
-        if any(t.kind == REDUCE_SCATTER for t in bound.terms):
-            candidates.append((schedule, True))
-        if any(p.duplicated_flops for p in schedule.axes):
-            split = best_schedule(problem, duplicate_flops=False)
-            if split.traffic_bytes < verdict.actual_bytes:
-                candidates.append((split, False))
-        for cand, explicit in candidates:
-            prog = build_matmul(problem, mesh_obj, cand, explicit=explicit)
-            change = _describe_schedule(cand, problem)
-            if explicit:
-                change = "shard_map with explicit psum_scatter: " + change
-            if any(p.duplicated_flops for p in cand.axes):
-                devices = math.prod(problem.mesh.values())
-                change += (
-                    f" [duplicates the compute: {cand.flops_per_device:,} flops per "
-                    f"device instead of {problem.flops // devices:,}]"
-                )
-            found.append(_verify(change, prog.code, prog.lower, bound.traffic_bytes, problem.dtype))
-    verdict = verdict.replace(hints=tuple(found))
-    if any(p.duplicated_flops for p in schedule.axes):
-        # The byte minimum has every device compute all of C; say so, and where the program
-        # stands against the cheapest schedule that keeps the compute split.
-        split = best_schedule(problem, duplicate_flops=False)
-        verdict = _with_note(
-            verdict,
-            Note(
-                VerdictNote.DUPLICATED_COMPUTE,
-                {
-                    "flops_per_device": schedule.flops_per_device,
-                    "split_flops_per_device": problem.flops // math.prod(problem.mesh.values()),
-                    "split_bytes": split.traffic_bytes,
-                    "split_ratio": ratio(verdict.actual_bytes, split.traffic_bytes),
-                },
-            ),
-        )
-    return MatmulReport(result, schedule, verdict)
-
-
-# -- transformer -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TransformerReport:
-    """The reference model under a strategy: audit, bound and verdict (with verified hints)."""
-
-    program: Any
-    audit: Any
-    bound: Any
-    verdict: Verdict
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.audit.to_dict(),
-            "strategy": self.program.placement.to_dict(),
-            "config": self.program.config.to_dict(),
-            "mode": self.program.mode,
-            "impl": self.program.impl,
-            "bound": self.bound.to_dict(),
-            "verdict": self.verdict.to_dict(),
-        }
-
-
-def transformer_verdict(
-    strategy: Any,
-    config: Any,
-    mesh: Any,
-    *,
-    mode: str = "forward",
-    impl: str = "jit",
-    constraints: bool = True,
-    hints: bool = True,
-) -> TransformerReport:
-    """Compiles the reference model under ``strategy``, audits it and judges it.
-
-    Hints, tried when the program exceeds its bound: the strategy's activation sharding
-    constraints (if they were left out), then its shard_map twin with explicit
-    ``psum`` / ``all_gather`` / ``psum_scatter`` (if it has one). Each is compiled and
-    audited; its traffic is reported whether or not it reaches the bound.
-    """
-
-    program = build_program(strategy, config, mesh, mode=mode, impl=impl, constraints=constraints)
-    bound = transformer_bound(program.placement, mode)
-    result = audit(program.lower())
-
-    weights = {}
-    for name, shape in param_shapes(program.config).items():
-        weights[shape] = f"weight {name}{list(shape)}"
-        weights.setdefault(shape[1:], f"weight {name}{list(shape[1:])} (one layer)")
-    verdict = compare(
-        result, bound, program_dtype=program.config.dtype, label=program.name, known_arrays=weights
-    )
-    found: list[Hint] = []
-    s = program.placement.strategy
-    if hints and not verdict.optimal:
-        if impl == "jit" and not constraints and s.activations:
-            fixed = build_program(s, program.config, program.mesh, mode=mode, impl="jit")
-            found.append(
-                _verify(
-                    "add the strategy's activation sharding constraints: "
-                    + _constraint_text(fixed.placement),
-                    "jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at each point",
-                    fixed.lower,
-                    bound.traffic_bytes,
-                    program.config.dtype,
-                )
-            )
-        if impl == "jit" and s.twin:
-            twin = build_program(s, program.config, program.mesh, mode=mode, impl="shard_map")
-            collectives = (
-                "all_gather before the column-parallel matmuls and psum_scatter "
-                "after the row-parallel ones"
-                if s.sequence_parallel
-                else "psum after the row-parallel matmuls"
-            )
-            found.append(
-                _verify(
-                    f"use the shard_map twin of {s.name!r}: {collectives}",
-                    "build_program(strategy, config, mesh, impl='shard_map')",
-                    twin.lower,
-                    bound.traffic_bytes,
-                    program.config.dtype,
-                )
-            )
-        if not found:
-            verdict = _with_note(verdict, _no_hint_note(verdict))
-    return TransformerReport(program, result, bound, verdict.replace(hints=tuple(found)))
-
-
-def _constraint_text(placement: Any) -> str:
-    parts = []
-    for point in ("residual", "enter", "heads", "hidden"):
-        spec = placement.activation_spec(point)
-        if spec is not None:
-            parts.append(f"{point} {format_spec(tuple(spec))}")
-    return ", ".join(parts)
-
-
-def _with_note(verdict: Verdict, note: Note | None) -> Verdict:
-    return verdict if note is None else verdict.replace(notes=(*verdict.notes, note))
-
-
-def _no_hint_note(verdict: Verdict) -> Note | None:
-    if any(e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER for e in verdict.excess):
-        return Note(VerdictNote.NO_REDUCE_SCATTER_ON_CPU)
-    return None

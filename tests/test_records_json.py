@@ -1,0 +1,120 @@
+"""Records as JSON: one generic serialization (``record_dict``) and the few shapes it cannot
+know (irregular replica groups, unplaced leaves, renamed plan keys)."""
+
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import shardscope
+from shardscope._src.base.comm import Totals
+from shardscope._src.base.io import Record, json_value, record_dict
+from shardscope._src.plan.estimates import MemoryEstimate
+from shardscope._src.plan.program import ProgramPlan
+from shardscope._src.plan.types import Plan
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hlo"
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclass(frozen=True)
+class Inner(Record):
+    n: int
+
+
+@dataclass(frozen=True)
+class Outer:
+    name: str
+    inners: tuple[Inner, ...]
+    by_device: dict[int, int]
+    colour: Colour
+    hidden: str = field(default="", repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.inners)
+
+    def total(self) -> int:
+        return sum(i.n for i in self.inners)
+
+
+def test_record_dict_renames_omits_and_adds_properties_and_methods():
+    rec = Outer("a", (Inner(2), Inner(3)), {0: 5, 7: 1}, Colour.RED, hidden="x")
+    assert record_dict(
+        rec, keys={"name": "label", "total": "sum"}, omit=("hidden",), extra=("size", "total")
+    ) == {
+        "label": "a",
+        "inners": [{"n": 2}, {"n": 3}],
+        "by_device": {"0": 5, "7": 1},
+        "colour": "red",
+        "size": 2,
+        "sum": 5,
+    }
+    assert json_value(rec)["hidden"] == "x"  # a record without to_dict: every field
+
+
+def test_a_record_mixin_serializes_its_fields():
+    assert Inner(4).to_dict() == record_dict(Inner(4)) == {"n": 4}
+    assert Totals(2, 64, 112).to_dict() == {"count": 2, "payload_bytes": 64, "traffic_bytes": 112}
+
+
+def test_replica_groups_are_listed_only_when_irregular():
+    regular = (FIXTURES / "psum_3d.hlo").read_text()
+    irregular = regular.replace("{{0,2},{1,3},{4,6},{5,7}}", "{{0,3},{1,2},{4,7},{5,6}}")
+    assert irregular != regular
+    for text, groups in ((regular, None), (irregular, [[0, 3], [1, 2], [4, 7], [5, 6]])):
+        data = json.loads(json.dumps(shardscope.audit(text, mesh="a=2,b=2,c=2").to_dict()))
+        second = next(c for c in data["collectives"] if c["group_size"] == 2)
+        assert second["irregular"] is (groups is not None)
+        assert second["groups"] == groups
+        assert all(c["pairs"] is None for c in data["collectives"])  # no permutes
+        assert data["module"] and "module_name" not in data and "hlo_text" not in data
+
+
+def test_an_unplaced_leaf_has_no_spec_sharding_or_mesh():
+    leaf = shardscope.tree_layout({"b": np.zeros(3, np.float32)})["b"]  # on the host
+    assert leaf.layout is None
+    assert leaf.to_dict() == {
+        "path": "b",
+        "shape": [3],
+        "dtype": "float32",
+        "nbytes": 12,
+        "max_device_bytes": 12,
+        "replication": None,
+        "spec": None,
+        "sharding": None,
+        "mesh_axes": None,
+    }
+
+
+def test_plans_write_their_estimates_under_the_plan_keys():
+    common = dict(
+        mesh={"data": 2, "model": 4},
+        compiled_memory={"argument_size_in_bytes": 100, "temp_size_in_bytes": 20},
+        memory_limit_bytes=1000,
+        collectives=(),
+        comm=(),
+        comm_time_s=1.0,
+        flops_per_device=8.0,
+        compute_time_s=3.0,
+    )
+    mem = MemoryEstimate(1, 2, 3, 4, 5)
+    plan = Plan(
+        "dp", "data parallel", memory=mem, bound_bytes_per_device=0, bound_comm_time_s=0.0, **common
+    ).to_dict()
+    program = ProgramPlan("dp", (("batch", "data"),), **common, same_as="tp data=2,model=4")
+    data = program.to_dict()
+    for d in (plan, data):
+        assert d["mesh"] == "data=2,model=4" and d["mesh_shape"] == {"data": 2, "model": 4}
+        assert d["est_step_time_s"] == 4.0 and d["est_step_time_overlap_s"] == 3.0
+        assert d["comm_bytes_per_device"] == 0 and "memory_limit_bytes" not in d
+    assert plan["memory_bytes_per_device"] == 15 and plan["memory"]["total"] == 15
+    assert plan["compiled_memory_bytes_per_device"] == 120 and plan["bound_ratio"] == 1.0
+    assert data["memory_bytes_per_device"] == 120 and data["memory_source"] == "compiled"
+    assert data["same_program_as"] == "tp data=2,model=4" and "same_as" not in data
+    assert data["rules"] == [["batch", "data"]]
