@@ -1,5 +1,7 @@
 """Small shared helpers for the tests."""
 
+import argparse
+
 import pytest
 
 
@@ -18,3 +20,15 @@ def assert_usage_error(
     assert captured.err.count("\n") == 1, captured.err
     assert words in captured.err and "Traceback" not in captured.err
     return captured.err
+
+
+def sub_parser(path: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The parser of the sub-command ``path`` (``("audit", "matmul")``) of a fresh
+    ``shardscope`` parser."""
+    from shardscope._src.cli.main import build_parser
+
+    parser = build_parser()
+    for word in path:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return parser

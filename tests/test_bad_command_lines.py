@@ -7,11 +7,10 @@ of every option are made from the parser itself, and every ``lab`` and ``audit``
 tried through ``launch``, which must refuse it once, before starting any process.
 """
 
-import argparse
-
 import pytest
 
-from shardscope._src.cli.main import build_parser, main
+from helpers import sub_parser
+from shardscope._src.cli.main import main
 
 # (command line, words the one stderr line must hold)
 BAD: list[tuple[list[str], str]] = [
@@ -115,21 +114,13 @@ BASE: dict[tuple[str, ...], list[str]] = {
 _LAUNCH_TAIL = ["--", "lab"]
 
 
-def _subparser(path: tuple[str, ...]) -> argparse.ArgumentParser:
-    parser = build_parser()
-    for word in path:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        parser = sub.choices[word]
-    return parser
-
-
 def _generated() -> list[tuple[list[str], str]]:
     """Every option that takes a value, given an empty one, a blank one and (for numbers) a
     word, a huge number and a digit of another script."""
     rows = []
     for path, base in BASE.items():
         tail = _LAUNCH_TAIL if path == ("launch",) else []
-        for action in _subparser(path)._actions:
+        for action in sub_parser(path)._actions:
             if not action.option_strings or action.nargs == 0 or action.dest == "help":
                 continue
             flag = action.option_strings[-1]

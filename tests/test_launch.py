@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import shardscope
 from helpers import assert_usage_error
 from shardscope._src.launch import free_port, supervise
 
@@ -299,9 +300,32 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
     "args, words",
     [
         (["-n", "100000", "--", "lab"], "at most 64 local processes"),
+        (["-n", "100000", "--", "lab"], "(flags -n/--num-processes, --devices-per-process)"),
         (["-n", "64", "--devices-per-process", "64", "--", "lab"], "= 4096 devices"),
+        (["-n", "2", "--", "lab", "--devices", "2"], "(flag --devices-per-process)"),
         (["-n", "2", "--", "plan", "--model", "tiny", "--devices", "8"], "'plan' cannot run"),
     ],
 )
 def test_runs_it_cannot_hold_are_refused_before_starting(args, words, capsys):
     assert_usage_error(["launch", *args], words, capsys)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words, params",
+    [
+        ({"num_processes": 100}, "num_processes=100", ("num_processes", "devices_per_process")),
+        (
+            {"num_processes": 64, "devices_per_process": 64},
+            "num_processes=64 x devices_per_process=64 = 4096 devices",
+            ("num_processes", "devices_per_process"),
+        ),
+        ({"num_processes": 0}, "num_processes=0", ("num_processes",)),
+        ({"num_processes": True}, "num_processes=True", ("num_processes",)),
+        ({"num_processes": 2, "devices_per_process": 2.0}, "=2.0", ("devices_per_process",)),
+    ],
+)
+def test_the_library_names_its_parameters_not_flags(kwargs, words, params):
+    with pytest.raises(shardscope.ShardscopeError) as info:
+        shardscope.launch(["lab"], **kwargs)
+    assert words in str(info.value) and info.value.params == params
+    assert "-n " not in str(info.value) and "--devices" not in str(info.value)

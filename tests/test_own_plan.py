@@ -424,6 +424,19 @@ def test_diff_by_scope_names_the_block_that_changed(tmp_path, capsys):
     assert "block1" in capsys.readouterr().out
 
 
+def test_diff_by_scope_of_audits_without_scopes_names_the_parameter(tmp_path, capsys):
+    audit = _scoped_audit(False).to_dict()
+    del audit["by_scope"]  # as an older shardscope wrote it
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema_version": 2, **audit}))
+    with pytest.raises(shardscope.AuditDiffError, match="by_scope=False") as info:
+        shardscope.diff_audits(path, path, by_scope=True)
+    assert info.value.params == ("by_scope",) and "--" not in str(info.value)
+    with pytest.raises(SystemExit):
+        main(["diff", str(path), str(path), "--by-scope"])
+    assert capsys.readouterr().err.rstrip().endswith("(flag --by-scope)")
+
+
 def _bf16_step(mesh, rules):
     spec_w = shardscope.logical_to_spec(("embed", "hidden"), rules)
     spec_x = shardscope.logical_to_spec(("batch", "embed"), rules)

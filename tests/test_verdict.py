@@ -17,7 +17,7 @@ from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
 from shardscope._src.bounds.terms import Bound  # noqa: E402
 from shardscope._src.bounds.transformer import MODES, transformer_bound  # noqa: E402
-from shardscope._src.cli.transformer import run_matmul_command, run_transformer_command  # noqa: E402
+from shardscope._src.cli.audit_verdict import run_matmul_command, run_transformer_command  # noqa: E402
 from shardscope._src.lab.exercises import EXERCISE_CHECKS, run_exercise_checks  # noqa: E402
 from shardscope._src.model.config import DTYPES, ModelConfig  # noqa: E402
 from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402

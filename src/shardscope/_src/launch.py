@@ -346,15 +346,18 @@ def check_launch_size(num_processes: int, devices_per_process: int | None) -> No
 
     if num_processes > MAX_PROCESSES:
         raise ShardscopeError(
-            f"-n {num_processes}: the launcher starts at most {MAX_PROCESSES} local processes "
-            f"(each is a whole JAX runtime); use fewer processes and more "
-            f"--devices-per-process"
+            f"num_processes={num_processes}: the launcher starts at most {MAX_PROCESSES} local "
+            f"processes (each is a whole JAX runtime); use fewer processes and give each more "
+            f"devices_per_process",
+            param=("num_processes", "devices_per_process"),
         )
     total = num_processes * (devices_per_process or 1)
     if total > MAX_CPU_DEVICES:
         raise ShardscopeError(
-            f"-n {num_processes} x --devices-per-process {devices_per_process} = {total} "
-            f"devices, more than JAX's CPU backend runs in one program ({MAX_CPU_DEVICES})"
+            f"num_processes={num_processes} x devices_per_process={devices_per_process} = "
+            f"{total} devices, more than JAX's CPU backend runs in one program "
+            f"({MAX_CPU_DEVICES})",
+            param=("num_processes", "devices_per_process"),
         )
 
 
@@ -393,7 +396,9 @@ def check_launch_command(command: Sequence[str]) -> None:
     if clash:
         raise ShardscopeError(
             f"the launcher sets {', '.join(LAUNCHER_FLAGS)} for each process itself; remove "
-            f"{' '.join(clash)} from the sub-command (use --devices-per-process for devices)"
+            f"{' '.join(clash)} from the sub-command, and give the devices of each process as "
+            f"devices_per_process",
+            param="devices_per_process",
         )
 
 
@@ -424,15 +429,15 @@ def launch(
     """
     if not is_int(num_processes, 1):
         raise ShardscopeError(
-            f"the number of processes must be a positive whole number, got {num_processes!r}"
+            f"num_processes={num_processes!r}: the number of processes must be a positive whole "
+            f"number",
+            param="num_processes",
         )
-    if devices_per_process is not None and (
-        isinstance(devices_per_process, bool)
-        or not isinstance(devices_per_process, int)
-        or devices_per_process < 1
-    ):
+    if devices_per_process is not None and not is_int(devices_per_process, 1):
         raise ShardscopeError(
-            f"devices per process must be a positive whole number, got {devices_per_process!r}"
+            f"devices_per_process={devices_per_process!r}: the devices per process must be a "
+            f"positive whole number (or None: each process's default)",
+            param="devices_per_process",
         )
     command = list(command)
     check_launch_command(command)

@@ -140,6 +140,13 @@ class AuditDiff:
         return diff_table(self)
 
 
+#: How to give an audit to diff: the record itself, or the JSON the command line writes.
+_WRITE_ONE = (
+    "pass the Audit itself (shardscope.audit(...)), or write its JSON with "
+    "`shardscope audit ... --json FILE`"
+)
+
+
 def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
     """``(name, audit dict)`` from an Audit, a dict or a JSON file path."""
 
@@ -158,8 +165,7 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
             raise AuditDiffError(f"{what} audit file {name!r} cannot be read: {e}") from None
         except json.JSONDecodeError as e:
             raise AuditDiffError(
-                f"{what} audit file {name!r} is not JSON ({e}); write one with "
-                f"`shardscope audit ... --json FILE`"
+                f"{what} audit file {name!r} is not JSON ({e}); {_WRITE_ONE}"
             ) from None
     else:
         raise AuditDiffError(
@@ -167,18 +173,15 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
             f"{type(source).__name__}"
         )
     if not isinstance(data, Mapping) or not isinstance(data.get("totals"), list):
-        raise AuditDiffError(
-            f'{what} {name!r} is not an audit (no "totals" list); write one with '
-            f"`shardscope audit ... --json FILE`"
-        )
+        raise AuditDiffError(f'{what} {name!r} is not an audit (no "totals" list); {_WRITE_ONE}')
     version = data.get("schema_version")
     if version not in AUDIT_SCHEMAS:
         found = "no schema_version" if version is None else f"schema version {version!r}"
         readable = " or ".join(str(v) for v in AUDIT_SCHEMAS)
         raise AuditDiffError(
             f"{what} {name!r} has {found} but this shardscope reads audits of version "
-            f"{readable}; write both with the same shardscope (`shardscope audit ... "
-            f"--json FILE`)"
+            f"{readable}; audit both with the same shardscope: pass the Audits themselves "
+            f"(shardscope.audit(...)), or write both with `shardscope audit ... --json FILE`"
         )
     return name, data
 
@@ -190,8 +193,9 @@ def _totals(
     entries = data.get("by_scope") if by_scope else data["totals"]
     if not isinstance(entries, list):
         raise AuditDiffError(
-            f'{name!r} has no per-scope totals ("by_scope"); write it with this shardscope\'s '
-            f"`shardscope audit ... --json FILE`, or diff without --by-scope"
+            f'{name!r} has no per-scope totals ("by_scope"); audit it again with this '
+            f"shardscope, or diff it with by_scope=False",
+            param="by_scope",
         )
     for row in entries:
         try:

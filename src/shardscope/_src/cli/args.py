@@ -1,10 +1,13 @@
-"""argparse value types shared by the command line's option groups: strict whole numbers
-(ASCII digits only, no underscores) and positive seconds, with messages that name the value."""
+"""What every command's parser shares: the value types of its options (strict whole numbers,
+ASCII digits only, no underscores, and positive seconds, with messages that name the value),
+the flags that set the library's parameters, and the parser class whose errors are one line."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 
 def _whole(text: str) -> int:
@@ -48,18 +51,65 @@ def positive_float(text: str) -> float:
     return positive_number(text, " of seconds")
 
 
-#: Library parameters whose flag is not the parameter spelled with dashes.
-FLAG_OF = {
-    "detect": "--distributed",
-    "out_dir": "--out",
-    "memory_bytes": "--memory",
-    "a_spec": "--a-spec",
+#: Library parameters whose option keeps its value under another name (its ``dest``); every
+#: other parameter is the ``dest`` of the option that sets it, where the command has one.
+DEST_OF = {
+    "make_step": "program",  # plan --program FILE.py:FUNCTION
+    "detect": "distributed",
+    "out_dir": "out",
 }
 
 
-def flags_of(params: Sequence[str]) -> str:
-    """`` (flags --d-model, --ff)``: the flags that set the parameters an error names."""
-    if not params:
-        return ""
-    flags = [FLAG_OF.get(p, "--" + p.replace("_", "-")) for p in params]
-    return f" ({'flag' if len(flags) == 1 else 'flags'} {', '.join(flags)})"
+@dataclass(frozen=True)
+class Flags:
+    """The options of the command that ran, by ``dest``, named as argparse names them in its
+    own errors (``--mesh``, ``-n/--num-processes``): what a library error's parameters are
+    called on this command line. A parameter this command has no option for is left out."""
+
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, parser: argparse.ArgumentParser) -> Flags:
+        """The options ``parser`` itself takes (not those of its sub-commands)."""
+        actions = parser._actions  # every option, those of argument groups included
+        return cls({a.dest: "/".join(a.option_strings) for a in actions if a.option_strings})
+
+    def flag(self, param: str) -> str | None:
+        """The option that sets the library parameter ``param``, or None."""
+        return self.options.get(DEST_OF.get(param, param))
+
+    def __call__(self, params: Sequence[str]) -> str:
+        """`` (flags --d-model, --ff)``: the flags that set the parameters an error names."""
+        flags = list(dict.fromkeys(f for f in map(self.flag, params) if f is not None))
+        if not flags:
+            return ""
+        return f" ({'flag' if len(flags) == 1 else 'flags'} {', '.join(flags)})"
+
+
+#: For text shown before a command is known.
+NO_FLAGS = Flags()
+
+
+PROG = "shardscope"
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A sub-command's defaults overwrite its parent's: after parsing, ``command_parser`` is
+        # the parser of the sub-command that runs, whose options name the library's parameters.
+        self.set_defaults(command_parser=self)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+    # argparse converts every option value here, whatever group or parser added the option:
+    # the one place where an empty value (--mesh '') is refused for every flag at once.
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        if action.option_strings and not arg_string.strip():
+            raise argparse.ArgumentError(action, "is empty; give it a value")
+        return super()._get_value(action, arg_string)

@@ -1,18 +1,47 @@
-"""``shardscope audit``: the CLI's work as one library function (argparse lives in cli/main.py)."""
+"""``shardscope audit PROGRAM``: its parser (one sub-command per program), the checks of its
+input, and its run; the built-in demos' audit as one library call. The user's programs and
+dumps are audited in audit_program.py, the matmul and the transformer in audit_verdict.py."""
 
 from __future__ import annotations
 
+import argparse
+import math
 from typing import Any
 
 import jax
 
 from shardscope._src.audit.compile import audit
-from shardscope._src.base.errors import MeshSpecError
-from shardscope._src.base.io import write_result
-from shardscope._src.base.targets import CPU, get_target
-from shardscope._src.mesh import ensure_devices_for
+from shardscope._src.audit.stages import check_program_ref
+from shardscope._src.base.errors import MeshSpecError, TargetError
+from shardscope._src.base.io import STDOUT, check_output_paths, write_result
+from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
+from shardscope._src.cli.args import Parser, positive_int
+from shardscope._src.cli.audit_program import (
+    hlo_file,
+    mesh_needed,
+    run_audit_hlo,
+    run_audit_program,
+)
+from shardscope._src.cli.audit_verdict import (
+    check_matmul_command,
+    check_transformer_command,
+    run_matmul_command,
+    run_transformer_command,
+)
+from shardscope._src.cli.config import (
+    AuditConfig,
+    AuditHloConfig,
+    AuditMatmulConfig,
+    AuditProgramConfig,
+    AuditReshardConfig,
+    AuditTransformerConfig,
+)
+from shardscope._src.cli.distributed import add_distributed_options
+from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
 from shardscope._src.render.audit import render_audit
-from shardscope._src.sharding.demos import DEFAULT_MESH, get_demo
+from shardscope._src.render.console import output_console
+from shardscope._src.sharding.demos import DEFAULT_MESH, check_demo, get_demo
+from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.target_mesh import target_mesh
 
 
@@ -69,3 +98,316 @@ def run_audit_command(
         data = {"demo": program.name, "description": program.description, **result.to_dict()}
         write_result(json_path, data, backend=result.backend or jax.default_backend())
     return 0
+
+
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+
+    audit = sub.add_parser(
+        "audit",
+        help="compile a program and list the collectives XLA inserted, against the minimum",
+        description="Compile a program and list every collective XLA inserted, by mesh axis "
+        "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
+        "and the transformer, compare with the minimum communication and verify better plans. "
+        "Your own program: 'shardscope audit FILE.py:FUNCTION --mesh data=2,model=4'; a "
+        "compiler's dump: 'shardscope audit --hlo FILE --mesh data=8'.",
+    )
+    programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=Parser)
+    programs.required = True
+    _add_audit_program(programs)
+    _add_audit_hlo(programs)
+    _add_audit_matmul(programs)
+    _add_audit_reshard(programs)
+    _add_audit_transformer(programs)
+
+
+def _audit_options(
+    p: argparse.ArgumentParser, config: type[AuditConfig], default_mesh: str | None
+) -> None:
+    """The options every audit takes, and what runs it."""
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="SPEC",
+        help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
+        + (f" (default {default_mesh})" if default_mesh else ""),
+    )
+    p.add_argument(
+        "--json", default=None, metavar="FILE", help="also write it as JSON ('-': stdout)"
+    )
+    p.add_argument(
+        "--devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="simulated CPU devices, per process in a multi-process run (default: enough "
+        "for the mesh, at least 8)",
+    )
+    p.add_argument(
+        "--by-scope",
+        action="store_true",
+        help="one row per named scope or module path, axes and kind (with the pass and "
+        "source lines) instead of one per collective",
+    )
+    add_distributed_options(p)
+    p.set_defaults(
+        config=config,
+        default_mesh=default_mesh,
+        compile_target=None,
+    )
+
+
+def _target_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        dest="compile_target",
+        default=None,
+        choices=list(TARGETS),
+        metavar="TARGET",
+        help="compile for this hardware with its own compiler, on devices it does not "
+        f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
+    )
+
+
+def _hints_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-hints",
+        dest="hints",
+        action="store_false",
+        help="skip compiling the suggested better plans",
+    )
+
+
+def _add_audit_program(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    own = programs.add_parser(
+        "program",
+        help="your program: FILE.py:FUNCTION, a make_step(mesh) returning (jitted step, args) "
+        "(shorthand: shardscope audit FILE.py:FUNCTION)",
+        description="Load FILE.py, call FUNCTION(mesh) (or FUNCTION(mesh, rules)) for the mesh "
+        "of --mesh, and audit the jitted step it returns on the arguments it returns.",
+    )
+    own.add_argument("program_ref", metavar="FILE.py:FUNCTION", help="the make_step function")
+    own.add_argument(
+        "--rules", metavar="FILE", help="logical-axis rules (JSON) in force while it runs"
+    )
+    own.add_argument(
+        "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
+    )
+    _audit_options(own, AuditProgramConfig, None)
+    _target_option(own)
+
+
+def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    hlo = programs.add_parser(
+        "hlo",
+        help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
+        "(shorthand: shardscope audit --hlo FILE)",
+        description="Audit optimized HLO text: a *after_optimizations.txt file of an XLA "
+        "dump, or a dump folder holding exactly one.",
+    )
+    hlo.add_argument("--hlo", required=True, metavar="FILE", help="the HLO file or dump folder")
+    _audit_options(hlo, AuditHloConfig, None)
+
+
+def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    mm = programs.add_parser(
+        "matmul",
+        help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
+        description="Audit one sharded matmul and compare it with the best plan for its specs. "
+        "A spec has one entry per dimension, comma-separated: None or a mesh axis name. The "
+        "defaults are the taster's: a replicated [16,1024] activation times a [1024,1024] "
+        "matrix sharded on rows over 'model'.",
+    )
+    _audit_options(mm, AuditMatmulConfig, "model=8")
+    _target_option(mm)
+    mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
+    mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
+    mm.add_argument(
+        "--n", type=positive_int, default=1024, help="columns of B and C (default 1024)"
+    )
+    mm.add_argument("--dtype", default="float32", help="element type (default float32)")
+    mm.add_argument(
+        "--a-spec", default="None,None", metavar="S", help="A's spec (default None,None)"
+    )
+    mm.add_argument(
+        "--b-spec", default="model,None", metavar="S", help="B's spec (default model,None)"
+    )
+    mm.add_argument(
+        "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
+    )
+    _hints_option(mm)
+
+
+def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    rs = programs.add_parser(
+        "reshard",
+        help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
+    )
+    _audit_options(rs, AuditReshardConfig, "model=8")
+    _target_option(rs)
+
+
+def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    tf = programs.add_parser(
+        "transformer",
+        help="the reference decoder under a sharding strategy, against its minimum",
+        description="Audit the reference decoder (RMSNorm, causal attention, MLP) under a "
+        "strategy and compare with the minimum communication for it, per axis and kind.",
+    )
+    _audit_options(tf, AuditTransformerConfig, None)
+    _target_option(tf)
+    tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
+    tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
+    tf.add_argument("--mode", choices=["forward", "train"], default="forward")
+    tf.add_argument(
+        "--impl",
+        choices=["jit", "shard_map"],
+        default="jit",
+        help="jit (the compiler inserts collectives) or shard_map (explicit ones)",
+    )
+    tf.add_argument(
+        "--no-constraints",
+        dest="constraints",
+        action="store_false",
+        help="drop the strategy's activation sharding constraints",
+    )
+    for flag in ("d-model", "heads", "ff", "batch", "seq"):
+        tf.add_argument(f"--{flag}", type=positive_int, default=None, metavar="N")
+    tf.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    _hints_option(tf)
+
+
+def check_audit(c: AuditConfig) -> None:
+    """Everything ``audit`` can refuse before JAX starts (also run by ``launch``, once)."""
+
+    target = _audit_target(c)  # a target that cannot take these options
+    hlo = c.hlo if isinstance(c, AuditHloConfig) else None
+    check_output_paths({"--json": c.json}, {"--hlo": hlo})
+    mesh = c.mesh_or_default
+    if mesh and c.devices and not c.multiprocess.detect and target is None:
+        _check_mesh_fits(mesh, c.devices, c.multiprocess.num_processes)
+    if target is not None and mesh:
+        topology(target, math.prod(parse_mesh_spec(mesh).values()))  # a count it comes in
+    if isinstance(c, AuditProgramConfig):
+        mesh_needed(c.mesh, f"auditing {c.program_ref}")
+        check_program_ref(c.program_ref)
+    elif isinstance(c, AuditHloConfig):
+        mesh_needed(c.mesh, f"auditing --hlo {c.hlo}")
+        hlo_file(c.hlo)
+    elif isinstance(c, AuditReshardConfig):
+        check_demo("reshard", mesh)
+    elif isinstance(c, AuditMatmulConfig):
+        check_matmul_command(mesh, c.m, c.k, c.n, c.dtype, c.a_spec, c.b_spec, c.out_spec)
+    elif isinstance(c, AuditTransformerConfig):
+        check_transformer_command(c.strategy, c.mesh, **c.sizes)
+
+
+def _check_mesh_fits(mesh: str, devices: int, num_processes: int | None) -> None:
+    """Refuses a mesh larger than the simulated devices of this run."""
+    need = math.prod(parse_mesh_spec(mesh).values())
+    if num_processes is None and need > devices:
+        raise MeshSpecError(
+            f"mesh {mesh!r} needs {need} devices but --devices {devices} simulates "
+            f"{devices}; give --devices {need} or a smaller mesh"
+        )
+    if num_processes is not None and need > devices * num_processes:
+        have = devices * num_processes
+        raise MeshSpecError(
+            f"mesh {mesh!r} needs {need} devices but {num_processes} processes of "
+            f"{devices} devices hold {have}; give more processes or devices, or a "
+            f"smaller mesh"
+        )
+
+
+def audit_command(c: AuditConfig) -> int:
+
+    target = _audit_target(c)
+    if target is not None:
+        if c.json is not None and c.json == STDOUT:
+            return _run_audit_program(c, c.json, output_console(stderr=True), target)
+        return _run_audit_program(c, c.json, None, target)
+    c.multiprocess.initialize()
+    ensure_devices_for(c.mesh_or_default, c.devices)
+
+    json_path, console = c.json, None
+    if json_path == STDOUT:  # the JSON owns standard output; tables go to standard error
+        console = output_console(stderr=True)
+    if jax.process_index() != 0:  # every process compiles the same program; 0 reports it
+        from rich.console import Console
+
+        json_path, console = None, Console(quiet=True)
+    return _run_audit_program(c, json_path, console, None)
+
+
+def _audit_target(c: AuditConfig) -> str | None:
+    """The GPU/TPU target of ``audit --target``, or None for simulated CPU devices."""
+    if c.compile_target is None:
+        return None
+
+    t = get_target(c.compile_target)
+    if t.family == CPU:
+        return None
+    if c.devices is not None:
+        raise TargetError(
+            f"--devices simulates CPU devices; with --target {t.name} the mesh alone sets the "
+            f"device count: drop --devices"
+        )
+    if c.multiprocess.num_processes is not None or c.multiprocess.detect:
+        raise TargetError(
+            f"--target {t.name} compiles in one process for devices it does not have: drop "
+            f"the multi-process options"
+        )
+    return t.name
+
+
+def _run_audit_program(
+    c: AuditConfig, json_path: str | None, console: Any, target: str | None
+) -> int:
+    shown = {"console": console, "by_scope": c.by_scope}
+    if isinstance(c, AuditProgramConfig):
+        return run_audit_program(
+            c.program_ref,
+            c.mesh,
+            json_path,
+            rules_path=c.rules,
+            rule_set=c.rule_set,
+            target=target,
+            **shown,
+        )
+    if isinstance(c, AuditHloConfig):
+        return run_audit_hlo(c.hlo, c.mesh, json_path, **shown)
+    if isinstance(c, AuditReshardConfig):
+        return run_audit_command("reshard", c.mesh, json_path, target=target, **shown)
+    if isinstance(c, AuditMatmulConfig):
+        return run_matmul_command(
+            c.mesh_or_default,
+            c.m,
+            c.k,
+            c.n,
+            c.dtype,
+            c.a_spec,
+            c.b_spec,
+            c.out_spec,
+            json_path,
+            hints=c.hints,
+            target=target,
+            **shown,
+        )
+    assert isinstance(c, AuditTransformerConfig)
+    return run_transformer_command(
+        c.strategy,
+        c.mesh,
+        c.layers,
+        json_path,
+        mode=c.mode,
+        impl=c.impl,
+        constraints=c.constraints,
+        d_model=c.d_model,
+        heads=c.heads,
+        ff=c.ff,
+        batch=c.batch,
+        seq=c.seq,
+        dtype=c.dtype,
+        hints=c.hints,
+        target=target,
+        **shown,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from shardscope._src.base.distributed import initialize_distributed, parse_coordinator
 from shardscope._src.base.errors import ShardscopeError
@@ -45,8 +46,22 @@ def add_distributed_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def initialize_from_args(args: argparse.Namespace) -> bool:
-    """Starts the multi-process run the option group describes, if any."""
-    return initialize_distributed(
-        args.coordinator, args.num_processes, args.process_id, detect=args.distributed
-    )
+@dataclass(frozen=True)
+class DistributedConfig:
+    """The multi-process option group's values: all None and ``detect`` False outside a
+    multi-process run."""
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    detect: bool = False  # --distributed: let JAX detect the cluster
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DistributedConfig:
+        return cls(args.coordinator, args.num_processes, args.process_id, args.distributed)
+
+    def initialize(self) -> bool:
+        """Starts the multi-process run these options describe, if any."""
+        return initialize_distributed(
+            self.coordinator, self.num_processes, self.process_id, detect=self.detect
+        )

@@ -6,650 +6,45 @@ A user error prints one line on stderr and exits 2 (``--debug`` shows the traceb
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-import jax
-
-from shardscope._src.audit.stages import check_program_ref
-from shardscope._src.base.comm import KINDS
 from shardscope._src.base.deviceless import start_jax
 from shardscope._src.base.distributed import leave_run_on_failure
-from shardscope._src.base.errors import (
-    DeviceSetupError,
-    MeshSpecError,
-    PlanError,
-    ShardscopeError,
-    TargetError,
+from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
+from shardscope._src.base.io import result_header
+from shardscope._src.cli.args import (
+    NO_FLAGS,
+    PROG,
+    Parser,
+    UsageError,
+    positive_float,
+    positive_int,
 )
-from shardscope._src.base.hardware import PRESETS
-from shardscope._src.base.io import STDOUT, check_dir_path, check_output_paths, result_header
-from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
-from shardscope._src.cli.args import flags_of, positive_float, positive_int, positive_number
-from shardscope._src.cli.audit import run_audit_command
-from shardscope._src.cli.distributed import add_distributed_options, initialize_from_args
-from shardscope._src.cli.plan import run_plan_command
-from shardscope._src.cli.program import (
-    _hlo_file,
-    _mesh_needed,
-    run_audit_hlo,
-    run_audit_program,
-    run_diff,
-    run_plan_program,
+from shardscope._src.cli.audit import add_audit_parser, audit_command, check_audit
+from shardscope._src.cli.config import (
+    AuditHloConfig,
+    AuditMatmulConfig,
+    AuditProgramConfig,
+    AuditReshardConfig,
+    AuditTransformerConfig,
+    CommandConfig,
+    DiffConfig,
+    LabConfig,
+    LaunchConfig,
+    PlanConfig,
 )
-from shardscope._src.cli.transformer import (
-    check_matmul_command,
-    check_transformer_command,
-    run_matmul_command,
-    run_transformer_command,
-)
-from shardscope._src.lab import taster
+from shardscope._src.cli.diff import add_diff_parser, check_diff, diff_command
+from shardscope._src.cli.lab import add_lab_parser, check_lab, lab_command
+from shardscope._src.cli.plan import add_plan_parser, check_plan, plan_command
 from shardscope._src.launch import (
     check_launch_command,
     check_launch_size,
     die_with_launcher,
     launch,
 )
-from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
-from shardscope._src.model.presets import MODEL_PRESETS
-from shardscope._src.render.console import output_console
-from shardscope._src.sharding.demos import check_demo
-from shardscope._src.sharding.strategies import STRATEGIES
-
-PROG = "shardscope"
-
-
-class UsageError(Exception):
-    """Bad command-line input: reported as one line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
-
-    # argparse converts every option value here, whatever group or parser added the option:
-    # the one place where an empty value (--mesh '') is refused for every flag at once.
-    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
-        if action.option_strings and not arg_string.strip():
-            raise argparse.ArgumentError(action, "is empty; give it a value")
-        return super()._get_value(action, arg_string)
-
-
-def _check_lab(args: argparse.Namespace) -> None:
-
-    check_dir_path(args.out)
-
-
-def _cmd_lab(args: argparse.Namespace) -> int:
-
-    initialize_from_args(args)
-    lab, summary = taster.run(devices=args.devices, out_dir=args.out)
-    return 0 if summary["passed"] == summary["total"] else 1
-
-
-def _check_audit(args: argparse.Namespace) -> None:
-    """Everything ``audit`` can refuse before JAX starts (also run by ``launch``, once)."""
-
-    _audit_target(args)  # a target that cannot take these options
-    check_output_paths({"--json": args.json}, {"--hlo": getattr(args, "hlo", None)})
-    mesh = args.mesh or args.default_mesh
-    if mesh and args.devices and not args.distributed and _audit_target(args) is None:
-        need = math.prod(parse_mesh_spec(mesh).values())
-        if args.num_processes is None and need > args.devices:
-            raise MeshSpecError(
-                f"mesh {mesh!r} needs {need} devices but --devices {args.devices} simulates "
-                f"{args.devices}; give --devices {need} or a smaller mesh"
-            )
-        if args.num_processes is not None and need > args.devices * args.num_processes:
-            have = args.devices * args.num_processes
-            raise MeshSpecError(
-                f"mesh {mesh!r} needs {need} devices but {args.num_processes} processes of "
-                f"{args.devices} devices hold {have}; give more processes or devices, or a "
-                f"smaller mesh"
-            )
-    target = _audit_target(args)
-    if target is not None and mesh:
-        topology(target, math.prod(parse_mesh_spec(mesh).values()))  # a count it comes in
-    if args.program == "program":
-        _mesh_needed(args.mesh, f"auditing {args.program_ref}")
-        check_program_ref(args.program_ref)
-    elif args.program == "hlo":
-        _mesh_needed(args.mesh, f"auditing --hlo {args.hlo}")
-        _hlo_file(args.hlo)
-    elif args.program == "reshard":
-        check_demo("reshard", mesh)
-    elif args.program == "matmul":
-        check_matmul_command(
-            mesh, args.m, args.k, args.n, args.dtype, args.a_spec, args.b_spec, args.out_spec
-        )
-    elif args.program == "transformer":
-        check_transformer_command(
-            args.strategy,
-            args.mesh,
-            layers=args.layers,
-            d_model=args.d_model,
-            heads=args.heads,
-            ff=args.ff,
-            batch=args.batch,
-            seq=args.seq,
-            dtype=args.dtype,
-        )
-
-
-def _cmd_audit(args: argparse.Namespace) -> int:
-
-    mesh = args.mesh or args.default_mesh
-    target = _audit_target(args)
-    if target is not None:
-        if args.json is not None and args.json == STDOUT:
-            return _run_audit_program(args, args.json, output_console(stderr=True), target)
-        return _run_audit_program(args, args.json, None, target)
-    initialize_from_args(args)
-    ensure_devices_for(mesh, args.devices)
-
-    json_path, console = args.json, None
-    if json_path == STDOUT:  # the JSON owns standard output; tables go to standard error
-        console = output_console(stderr=True)
-    if jax.process_index() != 0:  # every process compiles the same program; 0 reports it
-        from rich.console import Console
-
-        json_path, console = None, Console(quiet=True)
-    return _run_audit_program(args, json_path, console, None)
-
-
-def _audit_target(args: argparse.Namespace) -> str | None:
-    """The GPU/TPU target of ``audit --target``, or None for simulated CPU devices."""
-    if getattr(args, "compile_target", None) is None:
-        return None
-
-    t = get_target(args.compile_target)
-    if t.family == CPU:
-        return None
-    if args.devices is not None:
-        raise TargetError(
-            f"--devices simulates CPU devices; with --target {t.name} the mesh alone sets the "
-            f"device count: drop --devices"
-        )
-    if args.num_processes is not None or args.distributed:
-        raise TargetError(
-            f"--target {t.name} compiles in one process for devices it does not have: drop "
-            f"the multi-process options"
-        )
-    return t.name
-
-
-def _run_audit_program(
-    args: argparse.Namespace, json_path: str | None, console: Any, target: str | None
-) -> int:
-    if args.program == "program":
-        return run_audit_program(
-            args.program_ref,
-            args.mesh,
-            json_path,
-            rules_path=args.rules,
-            rule_set=args.rule_set,
-            console=console,
-            by_scope=args.by_scope,
-            target=target,
-        )
-    if args.program == "hlo":
-        return run_audit_hlo(
-            args.hlo, args.mesh, json_path, console=console, by_scope=args.by_scope
-        )
-    if args.program == "reshard":
-        return run_audit_command(
-            "reshard",
-            args.mesh,
-            json_path,
-            console=console,
-            by_scope=args.by_scope,
-            target=target,
-        )
-    if args.program == "matmul":
-        return run_matmul_command(
-            args.mesh or args.default_mesh,
-            args.m,
-            args.k,
-            args.n,
-            args.dtype,
-            args.a_spec,
-            args.b_spec,
-            args.out_spec,
-            json_path,
-            hints=args.hints,
-            console=console,
-            target=target,
-            by_scope=args.by_scope,
-        )
-
-    return run_transformer_command(
-        args.strategy,
-        args.mesh,
-        args.layers,
-        json_path,
-        mode=args.mode,
-        impl=args.impl,
-        constraints=args.constraints,
-        d_model=args.d_model,
-        heads=args.heads,
-        ff=args.ff,
-        batch=args.batch,
-        seq=args.seq,
-        dtype=args.dtype,
-        hints=args.hints,
-        console=console,
-        target=target,
-        by_scope=args.by_scope,
-    )
-
-
-def _add_audit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-
-    audit = sub.add_parser(
-        "audit",
-        help="compile a program and list the collectives XLA inserted, against the minimum",
-        description="Compile a program and list every collective XLA inserted, by mesh axis "
-        "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
-        "and the transformer, compare with the minimum communication and verify better plans. "
-        "Your own program: 'shardscope audit FILE.py:FUNCTION --mesh data=2,model=4'; a "
-        "compiler's dump: 'shardscope audit --hlo FILE --mesh data=8'.",
-    )
-    programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=_Parser)
-    programs.required = True
-
-    def common(p: argparse.ArgumentParser, default_mesh: str | None) -> None:
-        p.add_argument(
-            "--mesh",
-            default=None,
-            metavar="SPEC",
-            help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
-            + (f" (default {default_mesh})" if default_mesh else ""),
-        )
-        p.add_argument(
-            "--json", default=None, metavar="FILE", help="also write it as JSON ('-': stdout)"
-        )
-        p.add_argument(
-            "--devices",
-            type=positive_int,
-            default=None,
-            metavar="N",
-            help="simulated CPU devices, per process in a multi-process run (default: enough "
-            "for the mesh, at least 8)",
-        )
-        p.add_argument(
-            "--by-scope",
-            action="store_true",
-            help="one row per named scope or module path, axes and kind (with the pass and "
-            "source lines) instead of one per collective",
-        )
-        add_distributed_options(p)
-        p.set_defaults(run=_cmd_audit, check=_check_audit, default_mesh=default_mesh)
-
-    def compile_target(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--target",
-            dest="compile_target",
-            default=None,
-            choices=list(TARGETS),
-            metavar="TARGET",
-            help="compile for this hardware with its own compiler, on devices it does not "
-            f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
-        )
-
-    def hints(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--no-hints",
-            dest="hints",
-            action="store_false",
-            help="skip compiling the suggested better plans",
-        )
-
-    own = programs.add_parser(
-        "program",
-        help="your program: FILE.py:FUNCTION, a make_step(mesh) returning (jitted step, args) "
-        "(shorthand: shardscope audit FILE.py:FUNCTION)",
-        description="Load FILE.py, call FUNCTION(mesh) (or FUNCTION(mesh, rules)) for the mesh "
-        "of --mesh, and audit the jitted step it returns on the arguments it returns.",
-    )
-    own.add_argument("program_ref", metavar="FILE.py:FUNCTION", help="the make_step function")
-    own.add_argument(
-        "--rules", metavar="FILE", help="logical-axis rules (JSON) in force while it runs"
-    )
-    own.add_argument(
-        "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
-    )
-    common(own, None)
-    compile_target(own)
-    hlo = programs.add_parser(
-        "hlo",
-        help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
-        "(shorthand: shardscope audit --hlo FILE)",
-        description="Audit optimized HLO text: a *after_optimizations.txt file of an XLA "
-        "dump, or a dump folder holding exactly one.",
-    )
-    hlo.add_argument("--hlo", required=True, metavar="FILE", help="the HLO file or dump folder")
-    common(hlo, None)
-
-    mm = programs.add_parser(
-        "matmul",
-        help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
-        description="Audit one sharded matmul and compare it with the best plan for its specs. "
-        "A spec has one entry per dimension, comma-separated: None or a mesh axis name. The "
-        "defaults are the taster's: a replicated [16,1024] activation times a [1024,1024] "
-        "matrix sharded on rows over 'model'.",
-    )
-    common(mm, "model=8")
-    compile_target(mm)
-    mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
-    mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
-    mm.add_argument(
-        "--n", type=positive_int, default=1024, help="columns of B and C (default 1024)"
-    )
-    mm.add_argument("--dtype", default="float32", help="element type (default float32)")
-    mm.add_argument(
-        "--a-spec", default="None,None", metavar="S", help="A's spec (default None,None)"
-    )
-    mm.add_argument(
-        "--b-spec", default="model,None", metavar="S", help="B's spec (default model,None)"
-    )
-    mm.add_argument(
-        "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
-    )
-    hints(mm)
-
-    rs = programs.add_parser(
-        "reshard",
-        help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
-    )
-    common(rs, "model=8")
-    compile_target(rs)
-
-    tf = programs.add_parser(
-        "transformer",
-        help="the reference decoder under a sharding strategy, against its minimum",
-        description="Audit the reference decoder (RMSNorm, causal attention, MLP) under a "
-        "strategy and compare with the minimum communication for it, per axis and kind.",
-    )
-    common(tf, None)
-    compile_target(tf)
-    tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
-    tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
-    tf.add_argument("--mode", choices=["forward", "train"], default="forward")
-    tf.add_argument(
-        "--impl",
-        choices=["jit", "shard_map"],
-        default="jit",
-        help="jit (the compiler inserts collectives) or shard_map (explicit ones)",
-    )
-    tf.add_argument(
-        "--no-constraints",
-        dest="constraints",
-        action="store_false",
-        help="drop the strategy's activation sharding constraints",
-    )
-    for flag in ("d-model", "heads", "ff", "batch", "seq"):
-        tf.add_argument(f"--{flag}", type=positive_int, default=None, metavar="N")
-    tf.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
-    hints(tf)
-
-
-def _check_plan(args: argparse.Namespace) -> None:
-    """What ``plan`` can refuse before it compiles: strategy names and output files (the
-    library refuses the rest of its input before compiling too)."""
-
-    for name in args.strategies.split(",") if args.strategies is not None else []:
-        if name.strip() not in STRATEGIES:
-            raise PlanError(
-                f"unknown strategy {name.strip()!r} in --strategies {args.strategies!r}; give "
-                f"a comma-separated list of {', '.join(STRATEGIES)}"
-            )
-    check_output_paths({"--json": args.json, "--png": args.png, "--report": args.report})
-
-
-def _cmd_plan(args: argparse.Namespace) -> int:
-
-    if args.program is None and (args.rules or args.axes or args.meshes):
-        raise UsageError(
-            f"{PROG} plan: --rules, --axes and --meshes plan your own program; give "
-            f"--program FILE.py:FUNCTION"
-        )
-    overrides = {
-        k: getattr(args, k)
-        for k in (
-            "link_bandwidth",
-            "cross_node_bandwidth",
-            "latency_s",
-            "memory_bytes",
-            "peak_flops",
-            "node_size",
-            "hbm_bandwidth",
-            "matmul_fraction",
-            "comm_fraction",
-        )
-        if getattr(args, k) is not None
-    }
-    dims = {k: getattr(args, k) for k in ("d_model", "heads", "ff", "layers", "vocab")}
-    if args.program is not None:
-        return _cmd_plan_program(args, overrides, dims)
-    return run_plan_command(
-        model=args.model,
-        devices=args.devices,
-        dims=dims,
-        batch=args.batch,
-        seq=args.seq,
-        mode=args.mode,
-        hardware=args.hardware,
-        hardware_overrides=overrides,
-        strategies=[n.strip() for n in args.strategies.split(",")] if args.strategies else None,
-        bytes_per_param=args.bytes_per_param,
-        flash_attention=not args.no_flash_attention,
-        remat=args.remat.split(",") if args.remat else None,
-        microbatches=args.microbatches,
-        stages=args.stages,
-        compile_top=args.compile_top,
-        workers=args.workers,
-        json_path=args.json,
-        png_path=args.png,
-        report_path=args.report,
-        top=args.top,
-        compiler=args.compiler,
-        target_plans=args.target_plans,
-    )
-
-
-def _cmd_plan_program(
-    args: argparse.Namespace, overrides: dict[str, Any], dims: dict[str, Any]
-) -> int:
-
-    model_flags = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is not None]
-    model_flags += [
-        flag
-        for flag, value in (
-            ("--model", args.model),
-            ("--batch", args.batch),
-            ("--seq", args.seq),
-            ("--strategies", args.strategies),
-        )
-        if value is not None
-    ]
-    if model_flags:
-        raise UsageError(
-            f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
-            f"--program your make_step builds the model (drop them)"
-        )
-    target = None if args.compiler in (None, "cpu") else args.compiler
-    if target is not None and target != args.hardware:
-        raise UsageError(
-            f"{PROG} plan: --compiler {target} compiles for {target} but the estimates use "
-            f"--hardware {args.hardware}; give --hardware {target}"
-        )
-    return run_plan_program(
-        args.program,
-        args.devices,
-        target=target,
-        rules_path=args.rules,
-        axes=_names(args.axes, "--axes"),
-        meshes=args.meshes.split(";") if args.meshes else None,
-        hardware=args.hardware,
-        hardware_overrides=overrides,
-        json_path=args.json,
-        png_path=args.png,
-        report_path=args.report,
-        top=args.top,
-    )
-
-
-def _names(text: str | None, flag: str) -> list[str] | None:
-    if text is None:
-        return None
-    names = [n.strip() for n in text.split(",")]
-    if not all(n.isidentifier() for n in names):
-        raise UsageError(f"{PROG} plan: {flag} {text!r}: write axis names, e.g. data,model")
-    return names
-
-
-def _add_plan_parser(sub: Any) -> None:
-
-    p = sub.add_parser(
-        "plan",
-        help="rank sharding strategies and mesh shapes for a model on N devices",
-        description="Estimate every strategy, mesh shape, micro-batch count, recomputation "
-        "and pipeline stage count for a model on N devices; compile the best on N simulated "
-        "devices (nothing allocated), audit their collectives, and rank the plans by the "
-        "step time of a calibrated time model on a hardware preset.",
-    )
-    p.add_argument(
-        "--model",
-        metavar="NAME|FILE",
-        help=f"a model preset ({', '.join(MODEL_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
-        f"ones) or the path of a Llama-family config.json",
-    )
-    p.add_argument(
-        "--program",
-        metavar="FILE.py:FUNCTION",
-        help="plan your own program: FUNCTION(mesh) (or FUNCTION(mesh, rules)) returns the "
-        "jitted step and its arguments",
-    )
-    p.add_argument(
-        "--rules",
-        metavar="FILE",
-        help='candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: '
-        "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
-    )
-    p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
-    p.add_argument(
-        "--meshes",
-        metavar="LIST",
-        help="mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1' "
-        "(default: every way to spread the devices over the axes)",
-    )
-    for dim in ("d-model", "heads", "ff", "layers", "vocab"):
-        p.add_argument(
-            f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
-        )
-    p.add_argument(
-        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
-    )
-    p.add_argument(
-        "--batch",
-        type=positive_int,
-        metavar="N",
-        help="global batch in sequences (default: one per device)",
-    )
-    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
-    p.add_argument("--mode", choices=["train", "forward"], default="train")
-    p.add_argument(
-        "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
-    )
-    for flag, dest, what in (
-        ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
-        ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
-        ("--latency", "latency_s", "seconds per collective step"),
-        ("--memory", "memory_bytes", "device memory in bytes"),
-        ("--peak-flops", "peak_flops", "FLOP/s per device"),
-        ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
-        ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
-        ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),
-    ):
-        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
-    p.add_argument(
-        "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
-    )
-    p.add_argument(
-        "--strategies",
-        metavar="LIST",
-        help="comma-separated strategies to try (default: dp,fsdp,zero1,zero2,tp,sp,dp_tp,"
-        "zero1_tp,fsdp_tp,dp_sp)",
-    )
-    p.add_argument(
-        "--remat",
-        metavar="LIST",
-        help="activation recomputation to try, comma-separated: none, selective, full "
-        "(default: all)",
-    )
-    p.add_argument(
-        "--microbatches",
-        type=positive_int,
-        metavar="N",
-        help="micro-batches per data shard (default: try the divisors)",
-    )
-    p.add_argument(
-        "--stages",
-        type=positive_int,
-        metavar="N",
-        help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
-    )
-    p.add_argument(
-        "--compile-top",
-        type=positive_int,
-        default=3,
-        metavar="N",
-        help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
-        "the best of dp, fsdp and tp, whose communication is validated; default 3)",
-    )
-    p.add_argument(
-        "--bytes-per-param",
-        type=positive_int,
-        default=16,
-        metavar="N",
-        help="training model state per parameter (default 16: mixed-precision Adam)",
-    )
-    p.add_argument(
-        "--no-flash-attention",
-        action="store_true",
-        help="materialise the attention scores (dense attention) in the compiled program and "
-        "count them in the estimate",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="compile in N worker processes (0: in this process; default: auto)",
-    )
-    p.add_argument(
-        "--compiler",
-        default=None,
-        choices=["cpu", *PRESETS],
-        help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
-        "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
-        "--program: every candidate is compiled by this compiler (default cpu)",
-    )
-    p.add_argument(
-        "--target-plans",
-        type=positive_int,
-        default=3,
-        metavar="N",
-        help="how many leading plans the hardware's compiler compiles (default 3)",
-    )
-    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
-    p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
-    p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
-    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
-    p.set_defaults(run=_cmd_plan, check=_check_plan)
 
 
 def _version_text() -> str:
@@ -661,98 +56,22 @@ def _version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
         description="Show, check and plan how JAX shards arrays and what communication XLA "
         "inserts.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     parser.add_argument("--version", action="version", version=_version_text())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
-    lab = sub.add_parser(
-        "lab",
-        help="run the sharding taster lab: every claim a named check, JSON scorecard + PNG",
-        description="Simulate devices, shard a parameter, check a sharded matmul against one "
-        "device, reshard, plot per-device memory; writes <out>/sharding_taster.json and a PNG. "
-        "Exit 0 when every check passes, 1 when any fails.",
-    )
-    lab.add_argument(
-        "--devices",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="simulated CPU devices, per process in a multi-process run (default: XLA_FLAGS' "
-        "count if set, else 8)",
-    )
-    lab.add_argument(
-        "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
-    )
-    add_distributed_options(lab)
-    lab.set_defaults(run=_cmd_lab, check=_check_lab)
-
-    _add_audit(sub)
-    _add_diff(sub)
-    _add_launch(sub)
-    _add_plan_parser(sub)
+    add_lab_parser(sub)
+    add_audit_parser(sub)
+    add_diff_parser(sub)
+    _add_launch_parser(sub)
+    add_plan_parser(sub)
     return parser
-
-
-# -- shardscope diff -----------------------------------------------------------------------------
-
-
-def _add_diff(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-
-    diff = sub.add_parser(
-        "diff",
-        help="compare two audits (--json files): collectives that appeared, disappeared or "
-        "changed, per axis and kind; exit 1 when a budget is broken",
-        description="Compare two audit JSON files written by 'shardscope audit ... --json': "
-        "list the collectives that appeared, disappeared or changed count or bytes per mesh "
-        "axis and kind. Exit 0 within budget, 1 when a budget is broken, 2 on bad input.",
-    )
-    diff.add_argument("old", metavar="OLD.json")
-    diff.add_argument("new", metavar="NEW.json")
-    diff.add_argument(
-        "--max-bytes-increase",
-        metavar="SIZE",
-        help="most the bytes each device sends may grow: bytes, a size (64MiB) or a percentage "
-        "of the old total (5%%)",
-    )
-    diff.add_argument(
-        "--no-new",
-        action="append",
-        default=[],
-        choices=list(KINDS),
-        metavar="KIND",
-        help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
-    )
-    diff.add_argument(
-        "--by-scope",
-        action="store_true",
-        help="one row per named scope or module path, axes and kind (the audits' by_scope "
-        "totals) instead of one per axes and kind",
-    )
-    diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
-    diff.set_defaults(run=_cmd_diff, check=_check_diff)
-
-
-def _check_diff(args: argparse.Namespace) -> None:
-
-    check_output_paths({"--json": args.json}, {"OLD.json": args.old, "NEW.json": args.new})
-
-
-def _cmd_diff(args: argparse.Namespace) -> int:
-
-    return run_diff(
-        args.old,
-        args.new,
-        max_bytes_increase=args.max_bytes_increase,
-        no_new=args.no_new,
-        json_path=args.json,
-        by_scope=args.by_scope,
-    )
 
 
 def _route_audit(argv: list[str]) -> list[str]:
@@ -773,7 +92,7 @@ def _route_audit(argv: list[str]) -> list[str]:
 # -- shardscope launch --------------------------------------------------------------------------
 
 
-def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_launch_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     launch = sub.add_parser(
         "launch",
         help="run a sub-command as P local processes of one multi-process JAX run",
@@ -786,7 +105,6 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     launch.add_argument(
         "-n",
         "--num-processes",
-        dest="launch_n",
         type=positive_int,
         required=True,
         metavar="P",
@@ -812,19 +130,17 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         metavar="-- SUB-COMMAND ...",
         help="the shardscope sub-command each process runs, after '--'",
     )
-    launch.set_defaults(run=_cmd_launch)
+    launch.set_defaults(config=LaunchConfig)
 
 
-def _cmd_launch(args: argparse.Namespace) -> int:
+def _launch_command(c: LaunchConfig) -> int:
 
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = c.sub_command
     try:
         check_launch_command(command)
-        check_launch_size(args.launch_n, args.devices_per_process)
+        check_launch_size(c.num_processes, c.devices_per_process)
     except ShardscopeError as e:
-        raise UsageError(f"{PROG} launch: {e}") from None
+        raise UsageError(f"{PROG} launch: {e}{c.flags(e.params)}") from None
     # A bad sub-command is reported once, here, rather than by every process.
     try:
         build_parser().parse_args(_route_audit(command))
@@ -832,28 +148,43 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG} launch: {e}") from None
     # What each process will be given, with the values it will be given.
     probe = [*_route_audit(command)]  # a copy: the command itself goes to every process
-    probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(args.launch_n)]
-    probe += ["--process-id", "0", "--devices", str(args.devices_per_process)]
+    probe += ["--coordinator", "127.0.0.1:1", "--num-processes", str(c.num_processes)]
+    probe += ["--process-id", "0", "--devices", str(c.devices_per_process)]
     try:
-        sub_args = build_parser().parse_args(probe)
+        sub = command_config(build_parser().parse_args(probe))
     except UsageError:
         raise UsageError(
             f"{PROG} launch: '{command[0]}' cannot run as several processes (it takes no "
             f"--coordinator, --num-processes, --process-id and --devices options)"
         ) from None
     try:  # the sub-command's own checks, here, before any process starts
-        _check(sub_args)
+        _check(sub)
     except ShardscopeError as e:
-        raise UsageError(f"{PROG} launch: {' '.join(command[:2])}: {e}") from None
+        where = " ".join(command[:2])
+        raise UsageError(f"{PROG} launch: {where}: {e}{sub.flags(e.params)}") from None
     result = launch(
         command,
-        args.launch_n,
-        devices_per_process=args.devices_per_process,
-        timeout_s=args.timeout,
+        c.num_processes,
+        devices_per_process=c.devices_per_process,
+        timeout_s=c.timeout,
     )
     if result.exit_code:
         print(f"{PROG} launch: {result.message}", file=sys.stderr)
     return result.exit_code
+
+
+#: What runs each command, and what refuses its bad input before any work (None: nothing).
+_HANDLERS: dict[type[CommandConfig], tuple[Callable[[Any], int], Callable[[Any], None] | None]] = {
+    LabConfig: (lab_command, check_lab),
+    AuditProgramConfig: (audit_command, check_audit),
+    AuditHloConfig: (audit_command, check_audit),
+    AuditMatmulConfig: (audit_command, check_audit),
+    AuditReshardConfig: (audit_command, check_audit),
+    AuditTransformerConfig: (audit_command, check_audit),
+    DiffConfig: (diff_command, check_diff),
+    LaunchConfig: (_launch_command, None),
+    PlanConfig: (plan_command, check_plan),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -871,26 +202,28 @@ def _main(argv: Sequence[str] | None) -> int:
     args_list = [a for a in args_list[:end] if a != "--debug"] + args_list[end:]
     args_list = _route_audit(args_list)
     parser = build_parser()
+    flags = NO_FLAGS  # the flags that set the parameters a library error names
     try:
         args = parser.parse_args(args_list)
         if args.command is None:  # pragma: no cover - argparse enforces it
             parser.error("a command is required")
+        config = command_config(args)
+        flags = config.flags
         # JAX and its accelerator plugins, without their start-up chatter; no backend starts
         # here, and some checks below read JAX's dtypes.
         start_jax()
-        _check(args)  # bad input is refused before any work
-        run: Callable[[argparse.Namespace], int] = args.run
-        return run(args)
+        _check(config)  # bad input is refused before any work
+        return _HANDLERS[type(config)][0](config)
     except UsageError as e:
         _fail(str(e))
     except ShardscopeError as e:
         if debug:
             raise
-        _fail(f"{PROG}: error: {e}{flags_of(e.params)}")
+        _fail(f"{PROG}: error: {e}{flags(e.params)}")
     except DeviceSetupError as e:
         if debug:
             raise
-        _fail(f"{PROG}: error: {e}{flags_of(e.params)}")
+        _fail(f"{PROG}: error: {e}{flags(e.params)}")
     except OSError as e:  # a file we were asked to write or read; the message names it
         if debug:
             raise
@@ -901,14 +234,19 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> None:
-    """Runs the sub-command's checks of its input (``check``, set beside ``run``), if any."""
-    check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
+def command_config(args: argparse.Namespace) -> CommandConfig:
+    """The typed record of what the parsed command line asks for."""
+    config: type[CommandConfig] = args.config
+    return config.from_args(args)
+
+
+def _check(config: CommandConfig) -> None:
+    """Runs the sub-command's checks of its input, if it has any."""
+    check = _HANDLERS[type(config)][1]
     if check is not None:
-        check(args)
+        check(config)
 
 
-#: Library parameters whose command-line flag is not ``--`` + the name with dashes.
 def _fail(message: str) -> NoReturn:
     print(_shorten(" ".join(message.split())), file=sys.stderr)
     raise SystemExit(2)

@@ -1,23 +1,47 @@
-"""``shardscope plan``: the CLI's work as one library function (argparse lives in cli/main.py)."""
+"""``shardscope plan``: its parser, the checks of its input, and its two runs as library
+calls: a built-in model (:func:`run_plan_command`) or the user's own program
+(:func:`run_plan_program`)."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from shardscope._src.audit.stages import load_program
 from shardscope._src.base.deviceless import compiler_installed
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
-from shardscope._src.base.io import STDOUT, check_output_paths, write_atomic, write_result
+from shardscope._src.base.hardware import PRESETS
+from shardscope._src.base.io import (
+    STDOUT,
+    check_file_path,
+    check_output_paths,
+    write_atomic,
+    write_result,
+)
 from shardscope._src.base.notes import Note
-from shardscope._src.base.targets import TARGETS
-from shardscope._src.cli.args import flags_of
+from shardscope._src.base.targets import TARGETS, get_target
+from shardscope._src.cli.args import (
+    NO_FLAGS,
+    PROG,
+    Flags,
+    UsageError,
+    positive_int,
+    positive_number,
+)
+from shardscope._src.cli.audit_program import module_rules, simulate_devices
+from shardscope._src.cli.config import PlanConfig
+from shardscope._src.model.presets import MODEL_PRESETS
+from shardscope._src.plan.program import load_rules_file, plan_program
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
 from shardscope._src.render.plan_plot import plot_plans
+from shardscope._src.render.program_plan import program_markdown_report, render_program_plan
+from shardscope._src.sharding.strategies import STRATEGIES
 
 
 def _ensure_devices(devices: int) -> None:
@@ -53,6 +77,7 @@ def run_plan_command(
     progress_console: Any = None,
     compiler: str | None = None,
     target_plans: int = 3,
+    flags: Flags = NO_FLAGS,
 ) -> int:
     """Plans, prints the ranked table, writes the requested files; returns 0.
 
@@ -67,6 +92,8 @@ def run_plan_command(
             memory-vs-communication chart and the Markdown report (each atomically).
         console: a rich Console for the tables (default stdout); ``progress_console`` for
             the progress bar (default stderr).
+        flags: the flags of the command line that asked, named after the notes that
+            suggest a change.
         Other arguments as :func:`shardscope.plan`.
 
     Raises:
@@ -102,7 +129,7 @@ def run_plan_command(
             target_plans=target_plans,
             **dict(dims or {}),
         )
-    render_plan(result, console=console, top=top, empty_reason=False, flags=flags_of)
+    render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
     backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
     written = write_plan_files(
         result,
@@ -207,3 +234,346 @@ def no_plan_error(why: Note | None) -> PlanError:
     if why is None:
         return PlanError("no plan")
     return PlanError(str(why), param=why.params)
+
+
+def add_plan_parser(sub: Any) -> None:
+
+    p = sub.add_parser(
+        "plan",
+        help="rank sharding strategies and mesh shapes for a model on N devices",
+        description="Estimate every strategy, mesh shape, micro-batch count, recomputation "
+        "and pipeline stage count for a model on N devices; compile the best on N simulated "
+        "devices (nothing allocated), audit their collectives, and rank the plans by the "
+        "step time of a calibrated time model on a hardware preset.",
+    )
+    _plan_what_options(p)
+    _plan_shape_options(p)
+    _plan_hardware_options(p)
+    _plan_search_options(p)
+    _plan_compile_options(p)
+    _plan_output_options(p)
+    p.set_defaults(config=PlanConfig)
+
+
+def _plan_what_options(p: argparse.ArgumentParser) -> None:
+    """What to plan: a built-in model, or the user's program and its rules and meshes."""
+    p.add_argument(
+        "--model",
+        metavar="NAME|FILE",
+        help=f"a model preset ({', '.join(MODEL_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
+        f"ones) or the path of a Llama-family config.json",
+    )
+    p.add_argument(
+        "--program",
+        metavar="FILE.py:FUNCTION",
+        help="plan your own program: FUNCTION(mesh) (or FUNCTION(mesh, rules)) returns the "
+        "jitted step and its arguments",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="FILE",
+        help='candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: '
+        "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
+    )
+    p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
+    p.add_argument(
+        "--meshes",
+        metavar="LIST",
+        help="mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1' "
+        "(default: every way to spread the devices over the axes)",
+    )
+
+
+def _plan_shape_options(p: argparse.ArgumentParser) -> None:
+    """The model's shape, the devices and the batch."""
+    for dim in ("d-model", "heads", "ff", "layers", "vocab"):
+        p.add_argument(
+            f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
+        )
+    p.add_argument(
+        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
+    )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        metavar="N",
+        help="global batch in sequences (default: one per device)",
+    )
+    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
+    p.add_argument("--mode", choices=["train", "forward"], default="train")
+
+
+def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
+    """The hardware preset and the settings that override it."""
+    p.add_argument(
+        "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
+    )
+    for flag, dest, what in (
+        ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
+        ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
+        ("--latency", "latency_s", "seconds per collective step"),
+        ("--memory", "memory_bytes", "device memory in bytes"),
+        ("--peak-flops", "peak_flops", "FLOP/s per device"),
+        ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
+        ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
+        ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),
+    ):
+        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
+    p.add_argument(
+        "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
+    )
+
+
+def _plan_search_options(p: argparse.ArgumentParser) -> None:
+    """Which strategies, recomputations, micro-batches and stages to try."""
+    p.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="comma-separated strategies to try (default: dp,fsdp,zero1,zero2,tp,sp,dp_tp,"
+        "zero1_tp,fsdp_tp,dp_sp)",
+    )
+    p.add_argument(
+        "--remat",
+        metavar="LIST",
+        help="activation recomputation to try, comma-separated: none, selective, full "
+        "(default: all)",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=positive_int,
+        metavar="N",
+        help="micro-batches per data shard (default: try the divisors)",
+    )
+    p.add_argument(
+        "--stages",
+        type=positive_int,
+        metavar="N",
+        help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
+    )
+    p.add_argument(
+        "--compile-top",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
+        "the best of dp, fsdp and tp, whose communication is validated; default 3)",
+    )
+    p.add_argument(
+        "--bytes-per-param",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="training model state per parameter (default 16: mixed-precision Adam)",
+    )
+    p.add_argument(
+        "--no-flash-attention",
+        action="store_true",
+        help="materialise the attention scores (dense attention) in the compiled program and "
+        "count them in the estimate",
+    )
+
+
+def _plan_compile_options(p: argparse.ArgumentParser) -> None:
+    """How the leading plans are compiled."""
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile in N worker processes (0: in this process; default: auto)",
+    )
+    p.add_argument(
+        "--compiler",
+        default=None,
+        choices=["cpu", *PRESETS],
+        help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
+        "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
+        "--program: every candidate is compiled by this compiler (default cpu)",
+    )
+    p.add_argument(
+        "--target-plans",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="how many leading plans the hardware's compiler compiles (default 3)",
+    )
+
+
+def _plan_output_options(p: argparse.ArgumentParser) -> None:
+    """What is shown and written."""
+    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
+    p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
+    p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
+    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+
+
+def check_plan(c: PlanConfig) -> None:
+    """What ``plan`` can refuse before it compiles: strategy names and output files (the
+    library refuses the rest of its input before compiling too)."""
+
+    for name in c.strategies.split(",") if c.strategies is not None else []:
+        if name.strip() not in STRATEGIES:
+            raise PlanError(
+                f"unknown strategy {name.strip()!r} in --strategies {c.strategies!r}; give "
+                f"a comma-separated list of {', '.join(STRATEGIES)}"
+            )
+    check_output_paths({"--json": c.json, "--png": c.png, "--report": c.report})
+
+
+def plan_command(c: PlanConfig) -> int:
+
+    if c.program is None and (c.rules or c.axes or c.meshes):
+        raise UsageError(
+            f"{PROG} plan: --rules, --axes and --meshes plan your own program; give "
+            f"--program FILE.py:FUNCTION"
+        )
+    if c.program is not None:
+        return _cmd_plan_program(c, c.program)
+    return run_plan_command(
+        model=c.model,
+        devices=c.devices,
+        dims=c.dims,
+        batch=c.batch,
+        seq=c.seq,
+        mode=c.mode,
+        hardware=c.hardware,
+        hardware_overrides=c.hardware_overrides,
+        strategies=[n.strip() for n in c.strategies.split(",")] if c.strategies else None,
+        bytes_per_param=c.bytes_per_param,
+        flash_attention=not c.no_flash_attention,
+        remat=c.remat.split(",") if c.remat else None,
+        microbatches=c.microbatches,
+        stages=c.stages,
+        compile_top=c.compile_top,
+        workers=c.workers,
+        json_path=c.json,
+        png_path=c.png,
+        report_path=c.report,
+        top=c.top,
+        compiler=c.compiler,
+        target_plans=c.target_plans,
+        flags=c.flags,
+    )
+
+
+def _cmd_plan_program(c: PlanConfig, program: str) -> int:
+
+    model_flags = [f"--{k.replace('_', '-')}" for k, v in c.dims.items() if v is not None]
+    model_flags += [
+        flag
+        for flag, value in (
+            ("--model", c.model),
+            ("--batch", c.batch),
+            ("--seq", c.seq),
+            ("--strategies", c.strategies),
+        )
+        if value is not None
+    ]
+    if model_flags:
+        raise UsageError(
+            f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
+            f"--program your make_step builds the model (drop them)"
+        )
+    target = None if c.compiler in (None, "cpu") else c.compiler
+    if target is not None and target != c.hardware:
+        raise UsageError(
+            f"{PROG} plan: --compiler {target} compiles for {target} but the estimates use "
+            f"--hardware {c.hardware}; give --hardware {target}"
+        )
+    return run_plan_program(
+        program,
+        c.devices,
+        target=target,
+        rules_path=c.rules,
+        axes=_names(c.axes, "--axes"),
+        meshes=c.meshes.split(";") if c.meshes else None,
+        hardware=c.hardware,
+        hardware_overrides=c.hardware_overrides,
+        json_path=c.json,
+        png_path=c.png,
+        report_path=c.report,
+        top=c.top,
+        flags=c.flags,
+    )
+
+
+def _names(text: str | None, flag: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not all(n.isidentifier() for n in names):
+        raise UsageError(f"{PROG} plan: {flag} {text!r}: write axis names, e.g. data,model")
+    return names
+
+
+def run_plan_program(
+    ref: str,
+    devices: int,
+    *,
+    rules_path: str | None = None,
+    axes: Sequence[str] | None = None,
+    meshes: Sequence[str] | None = None,
+    hardware: str = "h100",
+    hardware_overrides: Any = None,
+    json_path: str | None = None,
+    png_path: str | None = None,
+    report_path: str | None = None,
+    top: int | None = None,
+    console: Any = None,
+    target: str | None = None,
+    flags: Flags = NO_FLAGS,
+) -> int:
+    """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices`` (simulated CPU devices, or
+    ``target``'s compile-only devices and compiler); prints, writes the files.
+
+    Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
+    ``RULES`` if it defines one, else the program is planned as written over ``axes``.
+    ``flags`` names the options of the command line after the notes that suggest a change.
+    """
+
+    check_device_count(devices)
+    for path in (json_path, png_path, report_path):
+        if path is not None:
+            check_file_path(path)
+    rules: Any = None
+    if rules_path is not None:
+        rules, file_axes = load_rules_file(rules_path)
+        if file_axes and axes:
+            raise PlanError(
+                f"--axes and the rules file {rules_path!r} both name the mesh axes; keep one"
+            )
+        axes = axes or file_axes or None
+    if target is None:
+        simulate_devices(devices)
+    make_step = load_program(ref)
+    if rules is None:
+        rules = module_rules(make_step)
+    if console is None:
+        console = output_console(piped_width=150)
+    result = plan_program(
+        make_step,
+        devices,
+        rules=rules,
+        axes=axes,
+        meshes=meshes,
+        hardware=hardware,
+        hardware_overrides=hardware_overrides,
+        target=target,
+        name=ref,
+    )
+    if json_path != STDOUT:
+        render_program_plan(result, console=console, top=top, flags=flags)
+    backend = "cpu" if target is None else get_target(target).family
+    written = write_plan_files(
+        result,
+        program_markdown_report,
+        backend,
+        json_path=json_path,
+        png_path=png_path,
+        report_path=report_path,
+    )
+    if json_path != STDOUT:
+        print_written(console, written)
+    if not result.plans:
+        raise no_plan_error(result.empty_reason)
+    return 0

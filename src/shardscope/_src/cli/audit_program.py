@@ -1,48 +1,27 @@
-"""``shardscope audit FILE.py:FUNCTION``, ``audit --hlo``, ``diff`` and ``plan --program``: the
-CLI's work for a user's own program as library calls (argparse lives in main.py)."""
+"""``shardscope audit FILE.py:FUNCTION`` and ``audit --hlo FILE``: a user's own program, or a
+compiler's dump of one, audited by library calls."""
 
 from __future__ import annotations
 
 import math
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 
 from shardscope._src.audit.compile import audit
-from shardscope._src.audit.diff import diff_audits
 from shardscope._src.audit.stages import build_program, load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
-from shardscope._src.base.errors import MeshSpecError, PlanError, ProgramError, ShardscopeError
-from shardscope._src.base.io import STDOUT, check_file_path, write_result
-from shardscope._src.base.targets import get_target
-from shardscope._src.cli.args import flags_of
-from shardscope._src.cli.plan import (
-    check_device_count,
-    no_plan_error,
-    print_written,
-    write_plan_files,
-)
+from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError
+from shardscope._src.base.io import STDOUT, write_result
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
-from shardscope._src.plan.program import (
-    check_rules_axes,
-    load_rules_file,
-    normalize_rules,
-    plan_program,
-)
+from shardscope._src.plan.program import check_rules_axes, load_rules_file, normalize_rules
 from shardscope._src.render.audit import render_audit
-from shardscope._src.render.console import output_console
-from shardscope._src.render.diff import render_diff
-from shardscope._src.render.program_plan import (
-    program_markdown_report,
-    render_program_plan,
-)
 from shardscope._src.target_mesh import target_mesh
 
 
-def _mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
+def mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
 
     if mesh_spec is None or not mesh_spec.strip():
         raise MeshSpecError(
@@ -51,7 +30,7 @@ def _mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
     return parse_mesh_spec(mesh_spec)
 
 
-def _simulate(n: int) -> None:
+def simulate_devices(n: int) -> None:
     """Simulates ``n`` CPU devices when JAX has not started (the user's file may import JAX)."""
 
     if not backends_started():
@@ -73,17 +52,17 @@ def run_audit_program(
     simulated CPU devices, or of ``target``'s compile-only devices (its own compiler);
     ``by_scope`` prints the totals per scope instead of one row per collective."""
 
-    axes = _mesh_needed(mesh_spec, f"auditing {ref}")
+    axes = mesh_needed(mesh_spec, f"auditing {ref}")
     sets: Any = None
     source = "the program's RULES"
     if rules_path is not None:
         sets, _ = load_rules_file(rules_path)
         source = f"rules file {rules_path!r}"
     if target is None:
-        _simulate(math.prod(axes.values()))
+        simulate_devices(math.prod(axes.values()))
     make_step = load_program(ref)
     if sets is None:
-        own = _module_rules(make_step)
+        own = module_rules(make_step)
         sets = normalize_rules(own) if own is not None else None
     rules = _pick_rules(sets, rule_set, source, tuple(axes))
     if target is not None:
@@ -106,7 +85,7 @@ def run_audit_program(
     return _show_audit(result, data, title, json_path, console, by_scope, backend)
 
 
-def _module_rules(make_step: Any) -> Any:
+def module_rules(make_step: Any) -> Any:
     """The ``RULES`` of the module defining ``make_step``, or None."""
     module = sys.modules.get(getattr(make_step, "__module__", "") or "")
     return getattr(module, "RULES", None)
@@ -160,7 +139,7 @@ def _pick_rules(
     return tuple(sets[rule_set])
 
 
-def _hlo_file(path: str) -> str:
+def hlo_file(path: str) -> str:
     """The optimized-HLO file to read: ``path`` itself, or the one ``*after_optimizations.txt``
     in a dump folder (``XLA_FLAGS=--xla_dump_to=DIR``)."""
     if os.path.isdir(path):
@@ -188,8 +167,8 @@ def run_audit_hlo(
     """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``); ``by_scope``
     prints the totals per scope instead of one row per collective."""
 
-    axes = _mesh_needed(mesh_spec, f"auditing --hlo {path}")
-    file = _hlo_file(path)
+    axes = mesh_needed(mesh_spec, f"auditing --hlo {path}")
+    file = hlo_file(path)
     try:
         with open(file, encoding="utf-8") as f:
             text = f.read()
@@ -204,96 +183,3 @@ def run_audit_hlo(
     data = {"hlo_file": file, **result.to_dict()}
     title = f"{os.path.basename(file)} on {mesh_spec}"
     return _show_audit(result, data, title, json_path, console, by_scope, None)
-
-
-def run_diff(
-    old: str,
-    new: str,
-    *,
-    max_bytes_increase: str | None = None,
-    no_new: Sequence[str] = (),
-    json_path: str | None = None,
-    console: Any = None,
-    by_scope: bool = False,
-) -> int:
-    """Prints how the collectives changed; 1 when a budget is broken, else 0."""
-
-    d = diff_audits(
-        old, new, max_bytes_increase=max_bytes_increase, no_new=no_new, by_scope=by_scope
-    )
-    if json_path != STDOUT:
-        render_diff(d, console=console)
-    if json_path is not None:
-        write_result(json_path, d.to_dict(), backend=None)
-    return 0 if d.ok else 1
-
-
-def run_plan_program(
-    ref: str,
-    devices: int,
-    *,
-    rules_path: str | None = None,
-    axes: Sequence[str] | None = None,
-    meshes: Sequence[str] | None = None,
-    hardware: str = "h100",
-    hardware_overrides: Any = None,
-    json_path: str | None = None,
-    png_path: str | None = None,
-    report_path: str | None = None,
-    top: int | None = None,
-    console: Any = None,
-    target: str | None = None,
-) -> int:
-    """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices`` (simulated CPU devices, or
-    ``target``'s compile-only devices and compiler); prints, writes the files.
-
-    Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
-    ``RULES`` if it defines one, else the program is planned as written over ``axes``.
-    """
-
-    check_device_count(devices)
-    for path in (json_path, png_path, report_path):
-        if path is not None:
-            check_file_path(path)
-    rules: Any = None
-    if rules_path is not None:
-        rules, file_axes = load_rules_file(rules_path)
-        if file_axes and axes:
-            raise PlanError(
-                f"--axes and the rules file {rules_path!r} both name the mesh axes; keep one"
-            )
-        axes = axes or file_axes or None
-    if target is None:
-        _simulate(devices)
-    make_step = load_program(ref)
-    if rules is None:
-        rules = _module_rules(make_step)
-    if console is None:
-        console = output_console(piped_width=150)
-    result = plan_program(
-        make_step,
-        devices,
-        rules=rules,
-        axes=axes,
-        meshes=meshes,
-        hardware=hardware,
-        hardware_overrides=hardware_overrides,
-        target=target,
-        name=ref,
-    )
-    if json_path != STDOUT:
-        render_program_plan(result, console=console, top=top, flags=flags_of)
-    backend = "cpu" if target is None else get_target(target).family
-    written = write_plan_files(
-        result,
-        program_markdown_report,
-        backend,
-        json_path=json_path,
-        png_path=png_path,
-        report_path=report_path,
-    )
-    if json_path != STDOUT:
-        print_written(console, written)
-    if not result.plans:
-        raise no_plan_error(result.empty_reason)
-    return 0

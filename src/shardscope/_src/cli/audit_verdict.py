@@ -1,5 +1,5 @@
 """``shardscope audit transformer`` and ``shardscope audit matmul``: the CLI's work as library
-functions (argparse lives in cli/main.py). Each prints the audit table, then the verdict table
+functions (their options live in cli/audit.py). Each prints the audit table, then the verdict table
 ending with the verdict line, and optionally writes the JSON: the audit's dict plus
 ``verdict`` (``bound_bytes``, ``actual_bytes``, ``ratio``, ``hints`` with the change and the
 ``traffic_bytes`` it compiled to).

@@ -1,0 +1,230 @@
+"""What each command line asks for, as a typed record: the parsers (cli/main.py) produce an
+``argparse.Namespace``, :meth:`CommandConfig.from_args` turns it into one of these, and the
+handlers read only these records before they call the library.
+
+A field holds the option whose ``dest`` has its name; ``multiprocess`` holds the
+multi-process option group and ``flags`` the command's own flags (for naming the library's
+parameters in errors and notes).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Self
+
+from shardscope._src.cli.args import Flags
+from shardscope._src.cli.distributed import DistributedConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandConfig:
+    """The base of every command's record; ``flags`` names its options."""
+
+    flags: Flags = field(default_factory=Flags, repr=False)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Self:
+        """The record of the options ``args`` holds: each field from the ``dest`` of its name."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "flags":
+                values[f.name] = Flags.of(args.command_parser)
+            elif f.name == "multiprocess":
+                values[f.name] = DistributedConfig.from_args(args)
+            else:
+                values[f.name] = getattr(args, f.name)
+        return cls(**values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabConfig(CommandConfig):
+    """``shardscope lab``."""
+
+    devices: int | None
+    out: str
+    multiprocess: DistributedConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditConfig(CommandConfig):
+    """What every ``shardscope audit PROGRAM`` takes; each program's record adds its own."""
+
+    mesh: str | None
+    default_mesh: str | None  # the program's mesh when --mesh is not given
+    json: str | None
+    devices: int | None
+    by_scope: bool
+    compile_target: str | None  # --target; None: simulated CPU devices
+    multiprocess: DistributedConfig
+
+    @property
+    def mesh_or_default(self) -> str | None:
+        return self.mesh or self.default_mesh
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditProgramConfig(AuditConfig):
+    """``shardscope audit FILE.py:FUNCTION``."""
+
+    program_ref: str
+    rules: str | None
+    rule_set: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditHloConfig(AuditConfig):
+    """``shardscope audit --hlo FILE``."""
+
+    hlo: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditReshardConfig(AuditConfig):
+    """``shardscope audit reshard``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditMatmulConfig(AuditConfig):
+    """``shardscope audit matmul``."""
+
+    m: int
+    k: int
+    n: int
+    dtype: str
+    a_spec: str
+    b_spec: str
+    out_spec: str
+    hints: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditTransformerConfig(AuditConfig):
+    """``shardscope audit transformer``."""
+
+    strategy: str
+    layers: int | None
+    mode: str
+    impl: str
+    constraints: bool
+    d_model: int | None
+    heads: int | None
+    ff: int | None
+    batch: int | None
+    seq: int | None
+    dtype: str | None
+    hints: bool
+
+    @property
+    def sizes(self) -> dict[str, Any]:
+        """The model sizes given (None: the default)."""
+        return {
+            "layers": self.layers,
+            "d_model": self.d_model,
+            "heads": self.heads,
+            "ff": self.ff,
+            "batch": self.batch,
+            "seq": self.seq,
+            "dtype": self.dtype,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffConfig(CommandConfig):
+    """``shardscope diff OLD.json NEW.json``."""
+
+    old: str
+    new: str
+    max_bytes_increase: str | None
+    no_new: list[str]
+    json: str | None
+    by_scope: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig(CommandConfig):
+    """``shardscope launch -n P -- SUB-COMMAND ...``."""
+
+    num_processes: int
+    devices_per_process: int
+    timeout: float | None
+    command: list[str]
+
+    @property
+    def sub_command(self) -> list[str]:
+        """The sub-command's words, without the ``--`` that ends the launcher's options."""
+        return self.command[1:] if self.command[:1] == ["--"] else list(self.command)
+
+
+#: The hardware settings ``plan`` takes, by the dest of their options.
+HARDWARE_OVERRIDES = (
+    "link_bandwidth",
+    "cross_node_bandwidth",
+    "latency_s",
+    "memory_bytes",
+    "peak_flops",
+    "node_size",
+    "hbm_bandwidth",
+    "matmul_fraction",
+    "comm_fraction",
+)
+#: The model dimensions ``plan`` takes.
+MODEL_DIMS = ("d_model", "heads", "ff", "layers", "vocab")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig(CommandConfig):
+    """``shardscope plan``: of a built-in model (``--model`` or its shape) or, with
+    ``program``, of the user's own ``make_step``. One record for both, since one parser takes
+    both and each refuses the other's options."""
+
+    model: str | None
+    program: str | None
+    rules: str | None
+    axes: str | None
+    meshes: str | None
+    d_model: int | None
+    heads: int | None
+    ff: int | None
+    layers: int | None
+    vocab: int | None
+    devices: int
+    batch: int | None
+    seq: int | None
+    mode: str
+    hardware: str
+    link_bandwidth: float | None
+    cross_node_bandwidth: float | None
+    latency_s: float | None
+    memory_bytes: float | None
+    peak_flops: float | None
+    hbm_bandwidth: float | None
+    matmul_fraction: float | None
+    comm_fraction: float | None
+    node_size: int | None
+    strategies: str | None
+    remat: str | None
+    microbatches: int | None
+    stages: int | None
+    compile_top: int
+    bytes_per_param: int
+    no_flash_attention: bool
+    workers: int | None
+    compiler: str | None
+    target_plans: int
+    top: int | None
+    json: str | None
+    png: str | None
+    report: str | None
+
+    @property
+    def hardware_overrides(self) -> Mapping[str, Any]:
+        """The hardware settings given, over the preset's."""
+        given = {k: getattr(self, k) for k in HARDWARE_OVERRIDES}
+        return {k: v for k, v in given.items() if v is not None}
+
+    @property
+    def dims(self) -> dict[str, int | None]:
+        """The model dimensions, None where not given."""
+        return {k: getattr(self, k) for k in MODEL_DIMS}
