@@ -208,6 +208,9 @@ def test_diff_lists_what_appeared_and_checks_budgets():
     assert too_much.violations[0].startswith("bytes per device grew by 56 KiB")
     assert shardscope.diff_audits(split_k, replicated).changed[0].status == "gone"
     assert "new" in d.text()
+    # An audit's to_dict() in memory diffs as the audit does (it is this shardscope's).
+    from_dicts = shardscope.diff_audits(replicated.to_dict(), split_k.to_dict())
+    assert from_dicts.rows == d.rows
 
 
 def _audit_files(tmp_path, schema_version):

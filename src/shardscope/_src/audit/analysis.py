@@ -38,7 +38,6 @@ _KNOWN_COLLECTIVE_ATTRIBUTES = frozenset(
     control-predecessors split_dimension slice_sizes statistics origin
     is_cross_program_prefetch""".split()
 )
-_FALLBACK_AXIS = "devices"
 
 # --------------------------------------------------------------------------------------
 # Analysis of a parsed module

@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from shardscope._src.audit.analysis import _FALLBACK_AXIS, analyze
+from shardscope._src.audit.analysis import analyze
 from shardscope._src.audit.records import Audit, Rematerialization
 from shardscope._src.audit.stages import lower, unwrap_stage
 from shardscope._src.base.deviceless import target_of_device
@@ -106,6 +106,9 @@ def _flops(compiled: Any) -> float | None:
     flops = cost.get("flops")
     return float(flops) if isinstance(flops, int | float) and math.isfinite(flops) else None
 
+
+#: The one axis an audit names when neither the caller nor the program's shardings give a mesh.
+_FALLBACK_AXIS = "devices"
 
 _REMAT_MARK = "Involuntary full rematerialization"
 _REMAT_CACHE: dict[int, tuple[Rematerialization, ...]] = {}
@@ -275,19 +278,25 @@ def _lowered(program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], me
     )
 
 
-def _audit_text(text: str, given_axes: dict[str, int] | None) -> Audit:
-    """The audit of HLO text: collectives only (no shardings, memory or compiler log)."""
+def _audit_text(
+    text: str, axes: dict[str, int] | None, *, log: str | None = None, **facts: Any
+) -> Audit:
+    """The audit of HLO text; ``facts`` are the other fields of :class:`Audit` a compiled
+    program gives (shardings, memory, flops, devices), ``log`` the compiler's (its
+    rematerializations)."""
     module = parse_hlo(text)
-    axes = _axes_of(module, given_axes)
+    axes = _axes_of(module, axes)
     collectives, unknown = analyze(module, axes)
     return Audit(
         collectives=collectives,
         mesh_axes=axes,
         num_partitions=module.num_partitions,
         module_name=module.name,
+        rematerializations=None if log is None else _rematerializations(log, text, module),
         unknown_instructions=unknown,
         module=module,
         hlo_text=text,
+        **facts,
     )
 
 
@@ -296,7 +305,6 @@ def _audit_compiled(
 ) -> Audit:
     """The audit of a compiled program: its HLO, shardings, memory, flops and, with the
     compiler's log, its rematerializations."""
-    text = compiled.as_text()
     in_leaves = _sharding_leaves(compiled.input_shardings)
     out_leaves = _sharding_leaves(compiled.output_shardings)
     backend, compiled_for = _compiled_for(in_leaves + out_leaves)
@@ -307,23 +315,15 @@ def _audit_compiled(
             f"(the target's mesh is set around the program) or build them on "
             f"shardscope.target_mesh({get_target(target).name!r}, ...)"
         )
-    module = parse_hlo(text)
-    axes = _axes_of(module, given_axes or _mesh_of_shardings(in_leaves + out_leaves))
-    collectives, unknown = analyze(module, axes)
-    return Audit(
-        collectives=collectives,
-        mesh_axes=axes,
-        num_partitions=module.num_partitions,
-        module_name=module.name,
+    return _audit_text(
+        compiled.as_text(),
+        given_axes or _mesh_of_shardings(in_leaves + out_leaves),
+        log=log,
         memory=_memory(compiled),
         flops=_flops(compiled),
         in_shardings=tuple(_format_sharding(s) for s in in_leaves),
         out_shardings=tuple(_format_sharding(s) for s in out_leaves),
-        rematerializations=None if log is None else _rematerializations(log, text, module),
-        unknown_instructions=unknown,
-        module=module,
         compiled=compiled,
-        hlo_text=text,
         backend=backend,
         target=compiled_for,
     )

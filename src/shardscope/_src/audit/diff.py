@@ -18,7 +18,7 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, ShardscopeError
-from shardscope._src.base.io import record_dict, result_header
+from shardscope._src.base.io import SCHEMA_VERSION, record_dict, result_header
 
 #: The schema versions whose audits have today's shape (version 2 changed the notes of plans
 #: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
@@ -152,7 +152,8 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
 
     if hasattr(source, "to_dict") and hasattr(source, "collectives"):
         return source.module_name, {**result_header(None), **source.to_dict()}
-    if isinstance(source, Mapping):
+    in_memory = isinstance(source, Mapping)
+    if in_memory:
         data, name = source, str(source.get("module", what))
     elif isinstance(source, str | os.PathLike):
         name = str(source)
@@ -174,7 +175,8 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
         )
     if not isinstance(data, Mapping) or not isinstance(data.get("totals"), list):
         raise AuditDiffError(f'{what} {name!r} is not an audit (no "totals" list); {_WRITE_ONE}')
-    version = data.get("schema_version")
+    # An audit's to_dict() in memory is this shardscope's; a file says which wrote it.
+    version = data.get("schema_version", SCHEMA_VERSION if in_memory else None)
     if version not in AUDIT_SCHEMAS:
         found = "no schema_version" if version is None else f"schema version {version!r}"
         readable = " or ".join(str(v) for v in AUDIT_SCHEMAS)

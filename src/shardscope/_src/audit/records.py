@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
@@ -205,6 +205,16 @@ class UnknownInstruction(Record):
     raw: str
 
 
+class _Check(NamedTuple):
+    """One row of :meth:`Audit.expect`'s table; ``kind`` for a count's check."""
+
+    check: str
+    expected: str
+    actual: str
+    ok: bool
+    kind: str | None = None
+
+
 @dataclass(frozen=True)
 class Audit:
     """What one compiled program communicates. Plain data; renderers live elsewhere.
@@ -374,9 +384,18 @@ class Audit:
         >>> result.expect(all_gather=0, all_reduce=1, bytes_per_axis={"model": 2**20}).exact
         True
         """
-        rows: list[tuple[str, str, str, bool]] = []
+        rows = [
+            *self._count_rows(counts),
+            *self._budget_rows(bytes_per_axis or {}, traffic_bytes),
+        ]
+        if all(r.ok for r in rows):
+            return self
+        raise AssertionError(self._differences(rows))
+
+    def _count_rows(self, counts: Mapping[str, int]) -> list[_Check]:
+        """The check of each kind's count :meth:`expect` is given."""
+        rows = []
         actual = self.counts()
-        failing_kinds: list[str] = []
         for key, want in counts.items():
             kind = key.replace("_", "-")
             if kind not in _comm.KINDS:
@@ -385,13 +404,18 @@ class Audit:
             if not is_int(want, 0):
                 raise ShardscopeError(f"expect({key}=...) needs a count >= 0, got {want!r}")
             ok = actual[kind] == want
-            if not ok:
-                failing_kinds.append(kind)
-            rows.append((f"{kind} count", str(want), str(actual[kind]), ok))
-        for axis, budget in (bytes_per_axis or {}).items():
+            rows.append(_Check(f"{kind} count", str(want), str(actual[kind]), ok, kind))
+        return rows
+
+    def _budget_rows(
+        self, bytes_per_axis: Mapping[str, int], traffic_bytes: int | None
+    ) -> list[_Check]:
+        """The check of each byte budget :meth:`expect` is given."""
+        rows = []
+        for axis, budget in bytes_per_axis.items():
             got = self.axis_traffic(axis)
             rows.append(
-                (
+                _Check(
                     f"bytes/device over {axis!r}",
                     f"<= {format_bytes(budget)}",
                     format_bytes(got),
@@ -401,24 +425,27 @@ class Audit:
         if traffic_bytes is not None:
             got = self.total().traffic_bytes
             rows.append(
-                (
+                _Check(
                     "bytes/device in all",
                     f"<= {format_bytes(traffic_bytes)}",
                     format_bytes(got),
                     got <= traffic_bytes,
                 )
             )
-        bad = [r for r in rows if not r[3]]
-        if not bad:
-            return self
-        w0 = max(len("check"), *(len(r[0]) for r in rows))
-        w1 = max(len("expected"), *(len(r[1]) for r in rows))
-        w2 = max(len("actual"), *(len(r[2]) for r in rows))
+        return rows
+
+    def _differences(self, rows: list[_Check]) -> str:
+        """The table of :meth:`expect`'s checks, and the collectives of the kinds that differ."""
+        bad = [r for r in rows if not r.ok]
+        failing_kinds = {r.kind for r in bad if r.kind}
+        w0 = max(len("check"), *(len(r.check) for r in rows))
+        w1 = max(len("expected"), *(len(r.expected) for r in rows))
+        w2 = max(len("actual"), *(len(r.actual) for r in rows))
         lines = [
             f"audit of {self.module_name}: {len(bad)} of {len(rows)} checks differ",
             f"  {'check':<{w0}}  {'expected':>{w1}}  {'actual':>{w2}}",
         ]
-        for name, want, got, ok in rows:
+        for name, want, got, ok, _ in rows:
             lines.append(f"  {name:<{w0}}  {want:>{w1}}  {got:>{w2}}{'' if ok else '  <- differs'}")
         shown = [c for c in self.sorted_collectives() if c.kind in failing_kinds]
         if shown:
@@ -431,7 +458,7 @@ class Audit:
                 )
         if not self.exact:
             lines.append("note: some counts are not exact (unknown trip counts or branches)")
-        raise AssertionError("\n".join(lines))
+        return "\n".join(lines)
 
     def __rich__(self) -> Any:
         from shardscope._src.render.audit import audit_table

@@ -107,7 +107,8 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         help="compile a program and list the collectives XLA inserted, against the minimum",
         description="Compile a program and list every collective XLA inserted, by mesh axis "
         "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
-        "and the transformer, compare with the minimum communication and verify better plans. "
+        "and the transformer, compare with the minimum communication and compile the changes "
+        "it suggests. "
         "Your own program: 'shardscope audit FILE.py:FUNCTION --mesh data=2,model=4'; a "
         "compiler's dump: 'shardscope audit --hlo FILE --mesh data=8'.",
     )
@@ -173,7 +174,7 @@ def _hints_option(p: argparse.ArgumentParser) -> None:
         "--no-hints",
         dest="hints",
         action="store_false",
-        help="skip compiling the suggested better plans",
+        help="skip compiling the changes it suggests (the hints)",
     )
 
 
