@@ -28,6 +28,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "model/presets.py": [("plan",)],
     "plan/program.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
+    "plan/target.py": [("plan",)],
     "plan/types.py": [("plan",)],
     "sharding/strategies.py": [("audit", "transformer")],
 }

@@ -12,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from helpers import assert_usage_error
 from shardscope._src.cli.main import main
-from shardscope._src.plan.program import load_rules_file, mesh_shapes, normalize_rules
+from shardscope._src.plan.program import mesh_shapes
+from shardscope._src.plan.rules import load_rules_file, normalize_rules
 
 PROGRAMS = Path(__file__).parent / "programs"
 FLAX = f"{PROGRAMS / 'flax_mlp.py'}:make_step"
@@ -143,7 +144,9 @@ def test_plan_program_refuses_bad_requests():
         shardscope.plan_program(make_step, 8)
     with pytest.raises(shardscope.PlanError, match="takes no rules"):
         shardscope.plan_program(make_step, 8, rules={"a": mesh_rules, "b": mesh_rules})
-    with pytest.raises(shardscope.PlanError, match="needs 16 in this process"):
+    with pytest.raises(
+        shardscope.PlanError, match="in this process needs 16 CPU devices but JAX has 8"
+    ):
         shardscope.plan_program(make_step, 16, axes=("data",))
     with pytest.raises(shardscope.ProgramError, match="returned int"):
         shardscope.plan_program(lambda mesh: 3, 8, axes=("data",))

@@ -18,12 +18,13 @@ from shardscope._src.base.errors import PlanError, ShardscopeError
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
+from shardscope._src.plan.candidates import candidates
 from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
-    _plan_collective,
     can_compile_here,
     compile_facts,
     default_workers,
+    plan_collective,
 )
 from shardscope._src.plan.estimates import (
     activation_bytes_per_layer,
@@ -31,7 +32,8 @@ from shardscope._src.plan.estimates import (
     estimate_memory,
     model_flops,
 )
-from shardscope._src.plan.sweep import VALIDATED_STRATEGIES, candidates, plan
+from shardscope._src.plan.sweep import plan
+from shardscope._src.plan.validate import VALIDATED_STRATEGIES
 from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
@@ -258,7 +260,7 @@ def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
     remats = parse_rematerializations(log[0] if log else "", by_hand.module)
     width = Width.of(by_hand, config.dtype)
     facts = compile_facts("fsdp_tp", "data=4,model=2", config, "train")
-    assert facts.collectives == tuple(_plan_collective(c, width) for c in by_hand.collectives)
+    assert facts.collectives == tuple(plan_collective(c, width) for c in by_hand.collectives)
     assert facts.memory == by_hand.memory
     assert facts.exact == by_hand.exact
     assert facts.rematerializations == tuple(

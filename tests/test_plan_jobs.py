@@ -11,14 +11,17 @@ import pytest
 from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.base.hardware import hardware
+from shardscope._src.bounds import transformer
 from shardscope._src.model.config import ModelConfig, init_batch, init_params, loss
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
+from shardscope._src.plan import notes as plan_notes
+from shardscope._src.plan.candidates import estimate, screen_all
 from shardscope._src.plan.estimates import (
     Schedule,
     estimate_memory,
     stored_activation_bytes_per_layer,
 )
-from shardscope._src.plan.sweep import estimate, screen_all
+from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import (
     CRITICAL,
     PER_STEP_BWD,
@@ -28,6 +31,7 @@ from shardscope._src.plan.timing import (
     step_time,
 )
 from shardscope._src.plan.types import Candidate
+from shardscope._src.plan.validate import cpu_formula, jit_formula
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 SMALL = ModelConfig(
@@ -294,6 +298,47 @@ def test_a_gradient_reduction_hides_behind_the_last_backward_up_to_its_length():
     long = step_time(hw, _work(), [CommItem("dp", PER_STEP_BWD, backward + 1.0)])
     assert short.step_s == pytest.approx(base)
     assert long.step_s == pytest.approx(base + 1.0)
+
+
+def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
+    # The schedule reads each term's role; its words are for people. Reworded terms must give
+    # the same step times, memory and bound for every candidate, micro-batched ones included.
+    config = replace(SMALL, batch=32)
+
+    def numbers():
+        ranked, skipped, _ = screen_all(config, 8, hardware("h100"), stages=1)
+        return [
+            (
+                s.candidate.label,
+                s.time.to_dict(),
+                s.memory.total,
+                s.bound.traffic_bytes,
+                # the formulas a compiled plan is validated against
+                jit_formula(s.bound, s.candidate.microbatches).traffic_bytes,
+                cpu_formula(s.bound).traffic_bytes,
+            )
+            for s in ranked
+        ], [(s.strategy, s.mesh, s.reason) for s in skipped]
+
+    before = numbers()
+    assert any(label.endswith("micro-batches)") for label, *_ in before[0])
+    original = transformer._term
+    monkeypatch.setattr(
+        transformer,
+        "_term",
+        lambda kind, axes, n, payload, count, what, *rest: original(
+            kind, axes, n, payload, count, "reworded", *rest
+        ),
+    )
+    placement = get_strategy("zero1").place(config, abstract_mesh("data=8"))
+    assert {t.what for t in transformer.transformer_bound(placement, "train").terms} == {"reworded"}
+    assert numbers() == before
+
+
+def test_every_plan_note_has_words():
+    assert set(plan_notes._TEXTS) == set(PlanNote)
+    note = PlanNote.PIPELINE_STAGE.describe({"stages": 4, "layers": 8, "devices": 16})
+    assert note.startswith("one of 4 pipeline stages compiled (8 layers, on 16 devices")
 
 
 def test_a_group_spanning_nodes_shares_their_network_cards():

@@ -144,6 +144,17 @@ def alpha_beta_time(
     return latency_steps(kind, group_size) * alpha_s + sent / bandwidth_bytes_per_s
 
 
+def ratio(actual: int | float, bound: int | float) -> float | None:
+    """``actual / bound``; 1.0 when both are 0, None when only ``bound`` is (no finite ratio).
+
+    >>> ratio(3, 2), ratio(0, 0), ratio(5, 0)
+    (1.5, 1.0, None)
+    """
+    if bound == 0:
+        return 1.0 if actual == 0 else None
+    return actual / bound
+
+
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
 
 

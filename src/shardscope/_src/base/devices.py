@@ -22,7 +22,7 @@ MAX_CPU_DEVICES = 2048
 _FORCE_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
-def _flag_device_count() -> int | None:
+def flag_device_count() -> int | None:
     """The count a user set in ``XLA_FLAGS`` or ``JAX_NUM_CPU_DEVICES``, if any."""
     env = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
     if env.lstrip("-").isdigit() and int(env) > 0:
@@ -52,7 +52,7 @@ def use_cpu_devices(n: int | None = None) -> int:
 
     start_jax()  # JAX, and its accelerator plugins registered without their start-up chatter
 
-    flagged = _flag_device_count()
+    flagged = flag_device_count()
     requested = n if n is not None else (flagged or DEFAULT_CPU_DEVICES)
     if backends_started():
         have = len(jax.devices("cpu"))

@@ -89,3 +89,13 @@ def is_int(value: object, minimum: int | None = None) -> bool:
     if isinstance(value, bool) or not isinstance(value, int):
         return False
     return minimum is None or value >= minimum
+
+
+def one_line(error: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message.
+
+    >>> one_line(ValueError("bad shape\\nmore")), one_line(KeyError())
+    ('ValueError: bad shape', 'KeyError')
+    """
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

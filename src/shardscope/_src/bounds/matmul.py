@@ -23,7 +23,7 @@ from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec, format_spec_entries
-from shardscope._src.bounds.terms import Bound, BoundNote, Term
+from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
 from shardscope._src.mesh import mesh_axes, parse_mesh_spec
 from shardscope._src.model.config import DTYPES, MAX_DIM
 
@@ -236,7 +236,13 @@ class MatmulSchedule:
 
 
 def _reshard(
-    kind_from: str | None, kind_to: str | None, payload: int, n: int, axis: str, label: str
+    kind_from: str | None,
+    kind_to: str | None,
+    payload: int,
+    n: int,
+    axis: str,
+    label: str,
+    role: TermRole,
 ) -> Term | None:
     """The collective that moves an array's sharding on one axis from one dim to another."""
     if kind_from == kind_to or kind_from is None:
@@ -244,17 +250,13 @@ def _reshard(
     if kind_from == "partial":
         kind = ALL_REDUCE if kind_to is None else REDUCE_SCATTER
         where = "to every device" if kind_to is None else f"to {kind_to}-shards"
-        return Term(kind, (axis,), n, payload, 1, f"{kind} {label} partial sums {where}")
+        what = f"{kind} {label} partial sums {where}"
+        return Term(kind, (axis,), n, payload, 1, what, role=role)
     if kind_to is None:
-        return Term(ALL_GATHER, (axis,), n, payload, 1, f"all-gather {label} ({kind_from}-sharded)")
-    return Term(
-        ALL_TO_ALL,
-        (axis,),
-        n,
-        payload,
-        1,
-        f"all-to-all {label} from {kind_from}-shards to {kind_to}-shards",
-    )
+        what = f"all-gather {label} ({kind_from}-sharded)"
+        return Term(ALL_GATHER, (axis,), n, payload, 1, what, role=role)
+    what = f"all-to-all {label} from {kind_from}-shards to {kind_to}-shards"
+    return Term(ALL_TO_ALL, (axis,), n, payload, 1, what, role=role)
 
 
 def axis_schedule(problem: MatmulProblem, axis: str, partition: str | None) -> AxisSchedule | None:
@@ -265,10 +267,17 @@ def axis_schedule(problem: MatmulProblem, axis: str, partition: str | None) -> A
     if partition is not None and sizes[partition] % n:
         return None
     a, b, product = _NEEDS_A[partition], _NEEDS_B[partition], _MAKES_C[partition]
+    operand, out = TermRole.OPERAND_RESHARD, TermRole.PRODUCT_RESHARD
     steps = [
-        _reshard(problem.where("a", axis), a, problem.array_bytes("a", axis), n, axis, "A"),
-        _reshard(problem.where("b", axis), b, problem.array_bytes("b", axis), n, axis, "B"),
-        _reshard(product, problem.where("c", axis), problem.array_bytes("c", axis), n, axis, "C"),
+        _reshard(
+            problem.where("a", axis), a, problem.array_bytes("a", axis), n, axis, "A", operand
+        ),
+        _reshard(
+            problem.where("b", axis), b, problem.array_bytes("b", axis), n, axis, "B", operand
+        ),
+        _reshard(
+            product, problem.where("c", axis), problem.array_bytes("c", axis), n, axis, "C", out
+        ),
     ]
     return AxisSchedule(axis, n, partition, a, b, product, tuple(t for t in steps if t))
 

@@ -6,12 +6,46 @@ the same units."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.comm import Totals, group_totals, traffic_bytes
 from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note, NoteKind
+
+
+class TermRole(StrEnum):
+    """What a term's collective is for. Code (the planner's schedule and its validations)
+    reads the role; people read :attr:`Term.what`."""
+
+    #: tensor or sequence parallel activations (or their gradients) of a layer, per pass
+    ACTIVATION = "activation"
+    #: a weight's shards gathered where it is used (FSDP), per pass
+    WEIGHT_GATHER = "weight-gather"
+    #: a gradient reduce-scattered to its shards as the backward produces it (FSDP, ZeRO-2)
+    GRADIENT_SCATTER = "gradient-scatter"
+    #: a gradient summed over the axes that shard the tokens; accumulated, once per step
+    GRADIENT_SUM = "gradient-sum"
+    #: the updated shards of a weight gathered after the optimizer (ZeRO), once per step
+    UPDATE_GATHER = "update-gather"
+    #: the scalar loss summed over the axes that shard the tokens, once per step
+    LOSS_SUM = "loss-sum"
+    #: a matmul operand (A or B) moved to the layout the local product needs
+    OPERAND_RESHARD = "operand-reshard"
+    #: a matmul product's partial sums reduced, or the product moved to its output layout
+    PRODUCT_RESHARD = "product-reshard"
+
+    @property
+    def once_per_step(self) -> bool:
+        """Whether a train step runs it once, however many micro-batches it has."""
+        return self in (TermRole.GRADIENT_SUM, TermRole.UPDATE_GATHER, TermRole.LOSS_SUM)
+
+    @property
+    def sums_token_shards(self) -> bool:
+        """Whether it sums a value over the axes that shard the tokens (gradients, loss):
+        what a jit program with gradient accumulation repeats per micro-batch."""
+        return self in (TermRole.GRADIENT_SUM, TermRole.LOSS_SUM)
 
 
 @dataclass(frozen=True)
@@ -20,6 +54,7 @@ class Term:
 
     ``payload_bytes`` is the full logical array of one execution, as the audit defines it
     (all-reduce operand, all-gather result, reduce-scatter operand, all-to-all whole array).
+    ``role`` says what it is for; ``what`` says it in words, for people.
     """
 
     kind: str
@@ -29,6 +64,7 @@ class Term:
     count: int
     what: str
     scope: str = ""
+    role: TermRole = field(kw_only=True)
 
     @property
     def traffic_bytes(self) -> int:

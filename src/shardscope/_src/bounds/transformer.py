@@ -14,7 +14,7 @@ from shardscope._src.base.comm import (
 )
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.notes import Note
-from shardscope._src.bounds.terms import Bound, BoundNote, Term
+from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
 from shardscope._src.model.config import LAYER_PARAMS, param_shapes
 from shardscope._src.sharding.strategies import Placement
 
@@ -81,11 +81,18 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
 
 
 def _term(
-    kind: str, axes: tuple[str, ...], n: int, payload: int, count: int, what: str, scope: str
+    kind: str,
+    axes: tuple[str, ...],
+    n: int,
+    payload: int,
+    count: int,
+    what: str,
+    scope: str,
+    role: TermRole,
 ) -> list[Term]:
     """The collective as a term, or none where it moves nothing (a group of one, no bytes)."""
     if n > 1 and count > 0 and payload > 0:
-        return [Term(kind, axes, n, payload, count, what, scope)]
+        return [Term(kind, axes, n, payload, count, what, scope, role=role)]
     return []
 
 
@@ -100,6 +107,7 @@ def _activation_terms(
     """Tensor (and sequence) parallel activations over the model axes, attention then MLP."""
     terms: list[Term] = []
     passes = 2 if train else 1
+    role = TermRole.ACTIVATION
     for scope, first, last in (
         ("attention", "QKV", "out-projection"),
         ("mlp", "MLP-up", "MLP-down"),
@@ -111,14 +119,16 @@ def _activation_terms(
             scatter = f"{last} partial sums reduce-scattered to sequence shards" + (
                 " (and the backward of the gather)" if train else ""
             )
-            terms += _term(ALL_GATHER, axes, n, activation, passes * layers, gather, scope)
-            terms += _term(REDUCE_SCATTER, axes, n, activation, passes * layers, scatter, scope)
+            terms += _term(ALL_GATHER, axes, n, activation, passes * layers, gather, scope, role)
+            terms += _term(
+                REDUCE_SCATTER, axes, n, activation, passes * layers, scatter, scope, role
+            )
             continue
         row = f"{last} partial sums (row-parallel)"
-        terms += _term(ALL_REDUCE, axes, n, activation, layers, row, scope)
+        terms += _term(ALL_REDUCE, axes, n, activation, layers, row, scope, role)
         if train:
             column = f"input gradient of the column-parallel {first} matmul"
-            terms += _term(ALL_REDUCE, axes, n, activation, layers, column, scope)
+            terms += _term(ALL_REDUCE, axes, n, activation, layers, column, scope, role)
     return terms
 
 
@@ -141,13 +151,16 @@ def _weight_terms(
     terms: list[Term] = []
     if data_sharded:
         what = f"{name} gathered at use"
-        terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope)
+        role = TermRole.WEIGHT_GATHER
+        terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
     if grads_sharded:
         what = f"{name} gradient reduce-scattered to its shards"
-        terms += _term(REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope)
+        role = TermRole.GRADIENT_SCATTER
+        terms += _term(REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope, role)
     if train and not data_sharded and "data" in s.optimizer_rules()[name]:
         what = f"{name} updated shards gathered (ZeRO)"
-        terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope)
+        role = TermRole.UPDATE_GATHER
+        terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
     # A gradient is partial over every axis that splits the tokens its weight sees:
     # the data axes (unless FSDP's reduce-scatter covers them) and, under sequence
     # parallelism, 'model' for weights it does not split (norm gains, embeddings).
@@ -160,7 +173,8 @@ def _weight_terms(
     if train and partial:
         axes, n = _group(placement, partial)
         what = f"{name} gradient summed over token shards"
-        terms += _term(ALL_REDUCE, axes, n, payload, count, what, scope)
+        role = TermRole.GRADIENT_SUM
+        terms += _term(ALL_REDUCE, axes, n, payload, count, what, scope, role)
     return terms
 
 
@@ -174,7 +188,8 @@ def _loss_terms(placement: Placement) -> list[Term]:
         and ((r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))
     ]
     axes, n = _group(placement, token_roles)
-    return _term(ALL_REDUCE, axes, n, 4, 1, "scalar loss summed over token shards", "loss")
+    what = "scalar loss summed over token shards"
+    return _term(ALL_REDUCE, axes, n, 4, 1, what, "loss", TermRole.LOSS_SUM)
 
 
 _SCOPE_OF = {

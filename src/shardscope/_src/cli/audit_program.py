@@ -13,10 +13,10 @@ import jax
 from shardscope._src.audit.compile import audit
 from shardscope._src.audit.stages import build_program, load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
-from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError
+from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError, one_line
 from shardscope._src.base.io import STDOUT, write_result
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
-from shardscope._src.plan.program import check_rules_axes, load_rules_file, normalize_rules
+from shardscope._src.plan.rules import check_rules_axes, load_rules_file, normalize_rules
 from shardscope._src.render.audit import render_audit
 from shardscope._src.target_mesh import target_mesh
 
@@ -75,7 +75,7 @@ def run_audit_program(
         raise
     except Exception as e:  # the user's program failed: one line, --debug for the traceback
         raise ProgramError(
-            f"{ref} on mesh {mesh_spec} raised {_one_line(e)} (--debug shows the traceback)"
+            f"{ref} on mesh {mesh_spec} raised {one_line(e)} (--debug shows the traceback)"
         ) from e
     result = audit(lowered, mesh=mesh)
     data = {"program": ref, **result.to_dict()}
@@ -108,11 +108,6 @@ def _show_audit(
     if json_path is not None:
         write_result(json_path, data, backend=backend)
     return 0
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _pick_rules(

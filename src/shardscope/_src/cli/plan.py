@@ -35,7 +35,8 @@ from shardscope._src.cli.args import (
 from shardscope._src.cli.audit_program import module_rules, simulate_devices
 from shardscope._src.cli.config import PlanConfig
 from shardscope._src.model.presets import MODEL_PRESETS
-from shardscope._src.plan.program import load_rules_file, plan_program
+from shardscope._src.plan.program import plan_program
+from shardscope._src.plan.rules import load_rules_file
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan

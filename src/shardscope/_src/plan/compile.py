@@ -13,7 +13,7 @@ import jax
 from shardscope._src.audit.compile import audit
 from shardscope._src.audit.records import Collective
 from shardscope._src.audit.width import Width
-from shardscope._src.base.devices import _flag_device_count, backends_started
+from shardscope._src.base.devices import backends_started, flag_device_count
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
@@ -35,7 +35,8 @@ COMPILE_OPTIONS: Mapping[str, Any] = {
 }
 
 
-def _plan_collective(c: Collective, width: Width) -> PlanCollective:
+def plan_collective(c: Collective, width: Width) -> PlanCollective:
+    """A compiled collective as the plan counts it: payloads at the width ``width`` gives."""
     return PlanCollective(
         kind=c.kind,
         axes=tuple(c.axes),
@@ -58,7 +59,7 @@ def compile_facts(
     mesh_spec: str,
     config: ModelConfig,
     mode: str,
-    devices: Sequence[Any] | None = None,
+    devices: Sequence[jax.Device] | None = None,
     microbatches: int = 1,
 ) -> CompiledFacts:
     """Builds, lowers, compiles and audits one plan on concrete (simulated) devices: the
@@ -78,7 +79,7 @@ def compile_facts(
     width = Width.of(result, config.dtype)
     remats = result.rematerializations or ()
     facts = CompiledFacts(
-        collectives=tuple(_plan_collective(c, width) for c in result.collectives),
+        collectives=tuple(plan_collective(c, width) for c in result.collectives),
         memory=dict(result.memory or {}),
         rematerializations=tuple(r.source or r.op_name or r.instruction or "?" for r in remats),
         exact=result.exact,
@@ -96,14 +97,15 @@ def compile_task(task: CompileTask) -> CompiledFacts:
     )
 
 
-def _local_devices(n: int) -> list[Any]:
+def local_devices(n: int, *, otherwise: str = "") -> list[jax.Device]:
+    """The first ``n`` CPU devices of this process, where plans compile in it; ``otherwise``
+    ends the error with another way out."""
 
     have = jax.devices("cpu")
     if len(have) < n:
         raise PlanError(
             f"planning in this process needs {n} CPU devices but JAX has {len(have)}; call "
-            f"shardscope.use_cpu_devices({n}) before JAX starts, or pass workers=1 (or more) "
-            f"to compile in worker processes that simulate {n} devices each"
+            f"shardscope.use_cpu_devices({n}) before JAX starts{otherwise}"
         )
     return list(have[:n])
 
@@ -117,7 +119,7 @@ def can_compile_here(devices: int) -> bool:
     configured = jax.config.jax_num_cpu_devices
     if configured is not None and configured > 0:
         return configured >= devices
-    return (_flag_device_count() or 1) >= devices
+    return (flag_device_count() or 1) >= devices
 
 
 def default_workers(devices: int) -> int:
@@ -150,7 +152,11 @@ def compile_all(
         return config if isinstance(config, ModelConfig) else config[cand]
 
     if workers == 0:
-        local = _local_devices(devices)
+        local = local_devices(
+            devices,
+            otherwise=f", or pass workers=1 (or more) to compile in worker processes that "
+            f"simulate {devices} devices each",
+        )
         for i, cand in enumerate(todo, start=1):
             try:
                 out[cand] = compile_facts(

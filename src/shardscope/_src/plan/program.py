@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
+from shardscope._src.audit.records import Audit
 from shardscope._src.audit.stages import build_program, takes_rules
 from shardscope._src.audit.width import Width
 from shardscope._src.base.deviceless import require_compiler
@@ -42,6 +41,7 @@ from shardscope._src.base.errors import (
     ProgramError,
     TargetError,
     is_int,
+    one_line,
 )
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
@@ -52,153 +52,30 @@ from shardscope._src.base.targets import CPU, get_target, topology
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
-from shardscope._src.plan.compile import COMPILE_OPTIONS, _plan_collective
-from shardscope._src.plan.sweep import _axis_comm
+from shardscope._src.plan.candidates import divisors
+from shardscope._src.plan.collectives import axis_comm
+from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
+from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.rules import (
+    Rules,
+    check_rules_axes,
+    format_rules,
+    normalize_rules,
+    rules_axes,
+)
+from shardscope._src.plan.sweep import pareto_front
 from shardscope._src.plan.types import (
     FIT_PARAMS,
     PLAN_EXTRA,
     PLAN_KEYS,
-    PlanNote,
+    AxisComm,
+    PlanCollective,
     Skipped,
     SkipReason,
     device_bytes,
     no_plan_note,
 )
 from shardscope._src.target_mesh import target_mesh
-
-#: A rule set: ``((logical name, mesh axes or None), ...)``.
-Rules = tuple[tuple[str, Any], ...]
-AS_WRITTEN = "as written"
-
-
-# -- rules --------------------------------------------------------------------------------------
-
-
-def _rule_axes(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise PlanError(
-        f"{where}: mesh axes {value!r} must be a mesh axis name, a list of names or null"
-    )
-
-
-def _rule_set(name: str, value: Any) -> Rules:
-    where = f"rule set {name!r}"
-    if isinstance(value, Mapping):
-        pairs = list(value.items())
-    elif isinstance(value, list | tuple):
-        pairs = []
-        for i, pair in enumerate(value):
-            if not isinstance(pair, list | tuple) or len(pair) != 2:
-                raise PlanError(
-                    f"{where}, rule {i}: {pair!r} is not a pair (logical name, mesh axes); "
-                    f"write e.g. ['batch', 'data'] or ['embed', null]"
-                )
-            pairs.append(tuple(pair))
-    else:
-        raise PlanError(
-            f"{where}: {type(value).__name__} is not a list of (logical name, mesh axes) pairs"
-        )
-    out: list[tuple[str, Any]] = []
-    seen: set[str] = set()
-    for logical, axes in pairs:
-        if not isinstance(logical, str) or not logical:
-            raise PlanError(f"{where}: logical axis name {logical!r} must be a non-empty string")
-        if logical in seen:
-            raise PlanError(f"{where}: logical axis {logical!r} has two rules; keep one")
-        seen.add(logical)
-        names = _rule_axes(axes, f"{where}, {logical!r}")
-        out.append((logical, None if not names else names[0] if isinstance(axes, str) else names))
-    return tuple(out)
-
-
-def normalize_rules(rules: Any) -> dict[str, Rules]:
-    """``{name: rule set}`` from one rule set (pairs or a mapping) or a mapping of named sets.
-
-    >>> normalize_rules([("batch", "data"), ("embed", None)])
-    {'rules': (('batch', 'data'), ('embed', None))}
-    """
-    if rules is None:
-        return {AS_WRITTEN: ()}
-    if (
-        isinstance(rules, Mapping)
-        and rules
-        and all(isinstance(v, Mapping | list | tuple) for v in rules.values())
-    ):
-        if not all(isinstance(k, str) and k for k in rules):
-            raise PlanError("rule set names must be non-empty strings")
-        return {name: _rule_set(name, value) for name, value in rules.items()}
-    if isinstance(rules, list | tuple | Mapping):
-        return {"rules": _rule_set("rules", rules)}
-    raise PlanError(
-        f"rules must be (logical name, mesh axes) pairs or a mapping of named rule sets, got "
-        f"{type(rules).__name__}"
-    )
-
-
-def rules_axes(rule_sets: Mapping[str, Rules]) -> tuple[str, ...]:
-    """The mesh axes the rule sets name, in order of first appearance."""
-    out: dict[str, None] = {}
-    for rules in rule_sets.values():
-        for _, axes in rules:
-            for a in _rule_axes(axes, ""):
-                out.setdefault(a, None)
-    return tuple(out)
-
-
-def check_rules_axes(rule_sets: Mapping[str, Rules], axes: Sequence[str]) -> None:
-    for name, rules in rule_sets.items():
-        for logical, value in rules:
-            for a in _rule_axes(value, ""):
-                if a not in axes:
-                    raise PlanError(
-                        f"rule set {name!r} maps {logical!r} to mesh axis {a!r}, which is not "
-                        f"one of the mesh axes ({', '.join(axes)}); use one of them or add "
-                        f"{a!r} to the axes"
-                    )
-
-
-def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tuple[str, ...]]:
-    """Rule sets and mesh axes from a JSON file.
-
-    The file holds ``{"axes": ["data", "model"], "rules": {"dp": [["batch", "data"], ...],
-    ...}}``; ``axes`` is optional (default: the axes the rules name) and a rule set may be a
-    ``{logical: mesh axes}`` object. Mesh axes are a name, a list of names or null.
-    """
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise PlanError(f"rules file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlanError(f"rules file {str(path)!r} cannot be read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"rules file {str(path)!r} is not JSON: {e}") from None
-    if not isinstance(data, Mapping) or "rules" not in data:
-        raise PlanError(
-            f'rules file {str(path)!r} must be a JSON object with "rules": {{name: [[logical, '
-            f'mesh axes], ...]}} (and optionally "axes": [...])'
-        )
-    unknown = set(data) - {"rules", "axes"}
-    if unknown:
-        raise PlanError(
-            f"rules file {str(path)!r}: unknown key(s) {', '.join(sorted(unknown))}; only "
-            f'"rules" and "axes"'
-        )
-    rule_sets = normalize_rules(data["rules"])
-    axes: tuple[str, ...] = ()
-    if "axes" in data:
-        raw = data["axes"]
-        if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
-            raise PlanError(f'rules file {str(path)!r}: "axes" must be a list of axis names')
-        axes = tuple(raw)
-        check_rules_axes(rule_sets, axes)
-    return rule_sets, axes
-
 
 # -- mesh shapes --------------------------------------------------------------------------------
 
@@ -209,9 +86,8 @@ def mesh_shapes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
     >>> [tuple(m.values()) for m in mesh_shapes(4, ("data", "model"))]
     [(1, 4), (2, 2), (4, 1)]
     """
-    divs = [d for d in range(1, devices + 1) if devices % d == 0]
     out = []
-    for sizes in itertools.product(divs, repeat=max(len(axes) - 1, 0)):
+    for sizes in itertools.product(divisors(devices), repeat=max(len(axes) - 1, 0)):
         head = math.prod(sizes)
         if devices % head == 0:
             out.append(dict(zip(axes, (*sizes, devices // head), strict=True)))
@@ -235,8 +111,8 @@ class ProgramPlan:
     mesh: Mapping[str, int]
     compiled_memory: Mapping[str, int]
     memory_limit_bytes: int
-    collectives: tuple[Any, ...]
-    comm: tuple[Any, ...]
+    collectives: tuple[PlanCollective, ...]
+    comm: tuple[AxisComm, ...]
     comm_time_s: float
     flops_per_device: float | None
     compute_time_s: float
@@ -258,7 +134,7 @@ class ProgramPlan:
 
     @property
     def mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        return format_mesh_spec(self.mesh)
 
     @property
     def label(self) -> str:
@@ -310,30 +186,17 @@ class ProgramPlan:
         }
 
 
-def format_rules(rules: Rules) -> str:
-    """``batch->data, embed->-``."""
-    if not rules:
-        return "the program's own shardings"
-
-    def axes(v: Any) -> str:
-        if v is None:
-            return "-"
-        return v if isinstance(v, str) else "(" + ",".join(v) + ")"
-
-    return ", ".join(f"{k}->{axes(v)}" for k, v in rules)
-
-
 @dataclass(frozen=True)
 class ProgramPlanResult:
     """A sweep of a user's program: plans best first, what was skipped and why."""
 
     program: str
     devices: int
-    hardware: Any
+    hardware: Hardware
     axes: tuple[str, ...]
     rule_sets: Mapping[str, Rules]
     plans: tuple[ProgramPlan, ...]
-    skipped: tuple[Any, ...]
+    skipped: tuple[Skipped, ...]
     notes: tuple[Note, ...]
     target: str = "cpu"
     wall_s: float = 0.0
@@ -395,11 +258,11 @@ def compile_candidate(
     make_step: Callable[..., Any],
     rules: Rules,
     sizes: Mapping[str, int],
-    devices: Sequence[Any] | None,
+    devices: Sequence[jax.Device] | None,
     *,
     where: str,
     target: str | None = None,
-) -> tuple[Any, Mapping[str, float], int, str]:
+) -> tuple[Audit, Mapping[str, float], int, str]:
     """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate: on simulated CPU
     devices with the planner's options (the partitioned program and its buffers, not fast
     CPU code), or on ``target``'s compile-only devices with its own compiler."""
@@ -436,7 +299,7 @@ def plan_program(
     rules: Any = None,
     axes: Sequence[str] | None = None,
     meshes: Sequence[str | Mapping[str, int]] | None = None,
-    hardware: Any = None,
+    hardware: str | Hardware | None = None,
     hardware_overrides: Mapping[str, float] | None = None,
     target: str | None = None,
     name: str | None = None,
@@ -478,7 +341,9 @@ def plan_program(
     rule_sets, axes = _check_program(make_step, devices, rules, axes, meshes)
     shapes = _mesh_list(meshes, axes, devices)
     target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
-    local = _local_devices(devices) if target_name is None else None
+    local = None
+    if target_name is None:
+        local = local_devices(devices, otherwise=" (the command line does it for you)")
     label = name or _name_of(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
@@ -503,7 +368,7 @@ def plan_program(
             # the planner's "divisibility"; anything else the program raised is an "error".
             divides = type(e).__name__ == "IndivisibleError" or isinstance(e, LayoutError)
             reason = SkipReason.DIVISIBILITY if divides else SkipReason.ERROR
-            skipped.append(Skipped(rn, spec, reason, _one_line(e)))
+            skipped.append(Skipped(rn, spec, reason, one_line(e)))
         else:
             fingerprint = compiled[3]
             same = seen.setdefault((spec, fingerprint), rn)
@@ -521,7 +386,7 @@ def plan_program(
             tuple(p.mesh.values()),
         ),
     )
-    front = _pareto(order)
+    front = pareto_front(order, lambda p: p.memory_bytes_per_device, lambda p: p.comm_time_s)
     ranked = tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
     return ProgramPlanResult(
         program=label,
@@ -539,7 +404,11 @@ def plan_program(
 
 
 def _check_program(
-    make_step: Any, devices: int, rules: Any, axes: Sequence[str] | None, meshes: Any
+    make_step: Callable[..., Any],
+    devices: int,
+    rules: Any,
+    axes: Sequence[str] | None,
+    meshes: Sequence[str | Mapping[str, int]] | None,
 ) -> tuple[dict[str, Rules], tuple[str, ...]]:
     """The rule sets and mesh axes to plan over, once ``make_step`` and they fit together."""
     if not callable(make_step):
@@ -579,7 +448,7 @@ def _check_program(
 
 def _target_hardware(
     target: str | None,
-    hardware: Any,
+    hardware: str | Hardware | None,
     overrides: Mapping[str, float] | None,
     devices: int,
 ) -> tuple[str | None, Hardware]:
@@ -601,15 +470,15 @@ def _program_plan(
     rules_name: str,
     rules: Rules,
     sizes: Mapping[str, int],
-    compiled: tuple[Any, Mapping[str, float], int, str],
+    compiled: tuple[Audit, Mapping[str, float], int, str],
     hw: Hardware,
     same_as: str | None,
 ) -> ProgramPlan:
     """The plan of one rule set on one mesh shape from its compile."""
     result, timing, itemsize, _ = compiled
     width = Width.of(result, itemsize=itemsize)
-    collectives = tuple(_plan_collective(c, width) for c in result.collectives)
-    comm = _axis_comm(hw, sizes, collectives, Bound("none", (), ()))
+    collectives = tuple(plan_collective(c, width) for c in result.collectives)
+    comm = axis_comm(hw, sizes, collectives, Bound("none", (), ()))
     notes = []
     if result.rematerializations:
         sites = sorted({x.source or x.op_name or "?" for x in result.rematerializations})
@@ -634,22 +503,6 @@ def _program_plan(
     )
 
 
-def _pareto(plans: Sequence[ProgramPlan]) -> set[int]:
-    """Indices of the plans no other plan beats on both memory and communication time."""
-    front = set()
-    for i, p in enumerate(plans):
-        m, t = p.memory_bytes_per_device, p.comm_time_s
-        if not any(
-            q.memory_bytes_per_device <= m
-            and q.comm_time_s <= t
-            and (q.memory_bytes_per_device < m or q.comm_time_s < t)
-            for j, q in enumerate(plans)
-            if j != i
-        ):
-            front.add(i)
-    return front
-
-
 def _uses_flax(make_step: Callable[..., Any]) -> bool:
     """Whether ``make_step``'s module refers to Flax (so that Flax's rules context reaches it)."""
     names = []
@@ -657,11 +510,6 @@ def _uses_flax(make_step: Callable[..., Any]) -> bool:
         names.append(getattr(value, "__name__", None) or "")
         names.append(getattr(value, "__module__", None) or "")
     return any(isinstance(n, str) and (n == "flax" or n.startswith("flax.")) for n in names)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def _name_of(fn: Any) -> str:
@@ -690,18 +538,7 @@ def _mesh_list(
     return out
 
 
-def _local_devices(n: int) -> list[Any]:
-
-    have = jax.devices()
-    if len(have) < n:
-        raise PlanError(
-            f"planning for {n} devices needs {n} in this process but JAX has {len(have)}; "
-            f"call shardscope.use_cpu_devices({n}) before JAX starts (the CLI does it for you)"
-        )
-    return list(have[:n])
-
-
-def _result_notes(hw: Any, plans: Sequence[ProgramPlan], target: str | None) -> list[Note]:
+def _result_notes(hw: Hardware, plans: Sequence[ProgramPlan], target: str | None) -> list[Note]:
     notes = [
         Note(PlanNote.COMPILED_MEMORY, {"target": target}),
         Note(PlanNote.COMMUNICATION),

@@ -10,16 +10,26 @@ TPU program that does not fit fails to compile; its words are kept as the reason
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import jax
 
 from shardscope._src.audit.compile import audit, compile_lowered
 from shardscope._src.audit.width import Width
-from shardscope._src.base.errors import DeviceMemoryError
+from shardscope._src.base.deviceless import compiler_installed, require_compiler
+from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
+from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.notes import Note
+from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
+from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.compile import _plan_collective
-from shardscope._src.plan.types import Candidate, PlanCollective, device_bytes
+from shardscope._src.plan.candidates import stage_config
+from shardscope._src.plan.collectives import axis_comm
+from shardscope._src.plan.compile import Progress, plan_collective
+from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
 from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import get_strategy
 from shardscope._src.target_mesh import target_mesh
@@ -47,7 +57,7 @@ class TargetFacts:
         return device_bytes(m)
 
 
-def _optimal_seconds(compiled: Any) -> float | None:
+def _optimal_seconds(compiled: jax.stages.Compiled) -> float | None:
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None
@@ -75,9 +85,101 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
         target=target,
         memory=dict(result.memory or {}),
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
-        collectives=tuple(_plan_collective(c, Width.of(result)) for c in result.collectives),
+        collectives=tuple(plan_collective(c, Width.of(result)) for c in result.collectives),
         flops=result.flops,
         optimal_seconds=_optimal_seconds(compiled),
         exact=result.exact,
         compile_s=compile_s,
     )
+
+
+def check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int) -> str:
+    """The compiler's target name, once it can compile for ``devices`` of ``hw``."""
+
+    t = get_target(compiler)
+    if t.family == CPU:
+        return t.name
+    if t.hardware != hw.name:
+        raise PlanError(
+            f"compiler {t.name!r} compiles for {t.hardware} devices but the plan is for "
+            f"{hw.name}; use compiler={hw.name!r} or 'cpu'",
+            param="compiler",
+        )
+    if not is_int(target_plans, 1):
+        raise PlanError(f"target_plans={target_plans!r}: must be a positive whole number")
+    require_compiler(t)
+    topology(t, devices)  # a device count the target is not built with fails here
+    return t.name
+
+
+def recompile_on_target(
+    order: list[Plan],
+    bound_of: dict[int, Bound],
+    config: ModelConfig,
+    mode: str,
+    hw: Hardware,
+    target: str,
+    leading: int,
+    progress: Progress | None,
+    flash_attention: bool = True,
+) -> list[Plan]:
+    """The leading plans compiled again by the target's compiler, in the screening's order,
+    until ``leading`` of them fit the device memory by its buffer assignment (or ``3 x
+    leading`` are compiled, or the list ends); the rest kept as screened."""
+
+    out: list[Plan] = []
+    fitting = 0
+    budget = min(len(order), 3 * leading)
+    for i, p in enumerate(order[:budget], start=1):
+        if fitting >= leading:
+            break
+        cand = Candidate(p.strategy, tuple(p.mesh.items()), p.microbatches, p.remat)
+        facts = target_facts(
+            cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
+        )
+        bound = bound_of[id(p)]
+
+        if facts.error is None:
+            values = {"target": target, "memory_bytes": facts.memory_bytes_per_device}
+            values["estimate_bytes"] = p.memory.total
+        else:
+            values = {"target": target, "error": facts.error}
+        note = Note(PlanNote.COMPILED_BY_TARGET, values)
+        # The target's compiler forms its own collectives: the CPU backend's note goes.
+        kept = tuple(n for n in p.notes if n.kind != PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER)
+        changes: dict[str, Any] = {
+            "notes": (note, *kept),
+            "compiled_by": target,
+            "target_memory": dict(facts.memory) if facts.error is None else None,
+            "target_error": facts.error,
+            "target_optimal_seconds": facts.optimal_seconds,
+            "timing": {**p.timing, "target_compile_s": facts.compile_s},
+        }
+        if facts.error is None:
+            comm = axis_comm(hw, dict(cand.stage_mesh), facts.collectives, bound)
+            changes.update(
+                collectives=facts.collectives,
+                comm=comm,
+                comm_time_s=sum(a.time_s for a in comm),
+                exact=facts.exact,
+            )
+        q = replace(p, **changes)
+        bound_of[id(q)] = bound
+        out.append(q)
+        fitting += q.fits
+        if progress:
+            progress(i, budget, f"{p.label} on {target}")
+    return out + order[len(out) :]
+
+
+def compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[Note]:
+    """Which plans the target's compiler compiled again, or, with the CPU compiler alone, the
+    extra that installs ``hw``'s own compiler when it is missing."""
+    if compiler == "cpu":
+        own = TARGETS.get(hw.name)
+        if own is not None and own.extra and not compiler_installed(own):
+            values = {"target": own.name, "extra": own.extra}
+            return [Note(PlanNote.TARGET_COMPILER_MISSING, values, ("compiler",))]
+        return []
+    ranks = [p.rank for p in plans if p.compiled_by == compiler]
+    return [Note(PlanNote.RECOMPILED_BY_TARGET, {"target": compiler, "ranks": ranks})]

@@ -48,10 +48,12 @@ import numpy as np
 from shardscope._src.base.comm import latency_steps
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.io import Record
-from shardscope._src.bounds.terms import Bound
+from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import mesh_axes
+from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import (
+    Schedule,
     activation_bytes_per_layer,
     elements_per_device,
     layer_matmul_params,
@@ -59,6 +61,7 @@ from shardscope._src.plan.estimates import (
     model_ways,
     sequences_per_device,
 )
+from shardscope._src.sharding.strategies import Placement
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
 HBM_PASSES = 2
@@ -225,12 +228,12 @@ def describe(hw: Hardware) -> dict[str, Any]:
 # -- what a plan does, from its strategy, schedule and mesh ------------------------------------
 
 
-def classify(kind: str, axes: Sequence[str], bound: Any, what: str = "") -> str:
-    """The overlap class of a collective of ``bound``'s program over ``axes``."""
-    model_axes = set(bound.axes.get("model", ()))
+def classify(kind: str, axes: Sequence[str], placement: Placement) -> str:
+    """The overlap class of a collective over ``axes`` of ``placement``'s program."""
+    model_axes = set(placement.axes.get("model", ()))
     if axes and set(axes) <= model_axes:
         return CRITICAL
-    s = bound.strategy
+    s = placement.strategy
     if kind == "all-gather" and s.updates_shards and not set(axes) & model_axes:
         return PER_STEP_FWD
     fsdp = any("data" in roles for roles in s.param_rules().values())
@@ -241,37 +244,34 @@ def classify(kind: str, axes: Sequence[str], bound: Any, what: str = "") -> str:
     return PER_STEP_BWD
 
 
-def scheduled_bound(bound: Any, schedule: Any, mode: str = "train") -> Any:
-    """The communication of one step of ``bound``'s program under ``schedule``:
-    :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated per
-    micro-batch, except the all-reduce of replicated gradients and ZeRO's gather of the
-    updated parameters, which happen once per step; under full recomputation the
+def step_bound(placement: Placement, schedule: Schedule, mode: str = "train") -> Bound:
+    """The communication one step of ``placement``'s program needs under ``schedule``:
+    :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated
+    per micro-batch, except the terms a step runs once (the all-reduce of replicated gradients
+    and of the loss, ZeRO's gather of the updated parameters); under full recomputation the
     recomputed forward's collectives again."""
 
     m = schedule.microbatches if mode == "train" else 1
-    one = bound
+    one = placement
     if m > 1:
-        one = bound.strategy.place(
-            replace(bound.config, batch=bound.config.batch // m),
-            bound.mesh,
-            axes=bound.axes,
-            constraints=bound.constraints,
+        one = placement.strategy.place(
+            replace(placement.config, batch=placement.config.batch // m),
+            placement.mesh,
+            axes=placement.axes,
+            constraints=placement.constraints,
         )
-    terms = []
-    for t in transformer_bound(one, mode).terms:
-        once = "updated shards" in t.what or "summed over token shards" in t.what
-        terms.append(replace(t, count=t.count * (1 if once else m)))
+    base = transformer_bound(one, mode)
+    terms = [replace(t, count=t.count * (1 if t.role.once_per_step else m)) for t in base.terms]
     if mode == "train" and schedule.remat == "full":
         for t in transformer_bound(one, "forward").terms:
             terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
-    base = transformer_bound(one, mode)
     return Bound(base.label, tuple(terms), base.notes)
 
 
 def step_work(
-    bound: Any,
-    schedule: Any,
-    full_config: Any,
+    placement: Placement,
+    schedule: Schedule,
+    full_config: ModelConfig,
     devices: int,
     hw: Hardware,
     *,
@@ -279,12 +279,12 @@ def step_work(
     mode: str = "train",
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
-    of ``bound``'s program (one stage's layers, the whole batch) under ``schedule``."""
+    of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``."""
 
-    c = bound.config
+    c = placement.config
     m, p = schedule.microbatches, schedule.stages
-    b = sequences_per_device(bound, m)
-    t = model_ways(bound)
+    b = sequences_per_device(placement, m)
+    t = model_ways(placement)
     tokens = b * c.seq
     q_dim = c.heads * c.head_dim
     layer = 2 * tokens * layer_matmul_params(c) / t
@@ -299,13 +299,15 @@ def step_work(
         again = 0.0
     if flash_attention:
         again += c.layers * core / 2  # the blocked backward recomputes QK^T
-    per_layer = activation_bytes_per_layer(bound, flash_attention=flash_attention, microbatches=m)
+    per_layer = activation_bytes_per_layer(
+        placement, flash_attention=flash_attention, microbatches=m
+    )
     logit_bytes = tokens * (c.vocab or 0) * (c.itemsize + 4)
     if schedule.remat == "full":
         again_bytes = c.layers * per_layer
     elif schedule.remat == "selective" and not flash_attention:
-        dense = activation_bytes_per_layer(bound, flash_attention=False, microbatches=m)
-        flash = activation_bytes_per_layer(bound, flash_attention=True, microbatches=m)
+        dense = activation_bytes_per_layer(placement, flash_attention=False, microbatches=m)
+        flash = activation_bytes_per_layer(placement, flash_attention=True, microbatches=m)
         again_bytes = c.layers * (dense - flash)
     else:
         again_bytes = 0
@@ -323,21 +325,21 @@ def step_work(
         recompute_act_bytes=again_bytes,
         p2p_bytes=tokens * c.d_model * c.itemsize / t,
         p2p_bandwidth=p2p_bw,
-        optimizer_params=elements_per_device(bound, bound.strategy.optimizer_rules()),
+        optimizer_params=elements_per_device(placement, placement.strategy.optimizer_rules()),
         model_flops=model_flops(full_config, mode),
         devices=devices,
         train=mode == "train",
     )
 
 
-def bound_comm(hw: Hardware, bound: Any, terms: Sequence[Any]) -> list[CommItem]:
-    """Timed, classified items of analytic terms (a :class:`Bound`'s)."""
+def comm_items(hw: Hardware, placement: Placement, terms: Sequence[Term]) -> list[CommItem]:
+    """The terms of ``placement``'s program (a :class:`Bound`'s), timed and classified."""
 
-    sizes = mesh_axes(bound.mesh)
+    sizes = mesh_axes(placement.mesh)
     return [
         CommItem(
             t.what,
-            classify(t.kind, t.axes, bound, t.what),
+            classify(t.kind, t.axes, placement),
             collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, t.traffic_bytes, t.count),
         )
         for t in terms

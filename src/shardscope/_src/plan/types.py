@@ -11,255 +11,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from shardscope._src.base.comm import format_bytes
-from shardscope._src.base.hardware import TIME_MODEL_SOURCES, Hardware
+from shardscope._src.base.comm import ratio
+from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.io import Record, json_value, record_dict
-from shardscope._src.base.notes import Note, NoteKind
+from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
+from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import StepTime
 
 #: The knobs a plan that does not fit can turn: the library's parameter names.
 FIT_PARAMS = ("devices", "batch", "seq", "memory_bytes")
-
-
-class PlanNote(NoteKind):
-    """What a plan or a sweep notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
-
-    # -- a plan's notes
-    #: the CPU backend all-reduced and sliced where the bound reduce-scatters
-    CPU_ALL_REDUCE_FOR_REDUCE_SCATTER = "cpu-all-reduce-for-reduce-scatter"
-    #: the partitioner replicated a whole array then sliced it (values: ``sites``)
-    REMATERIALIZATION = "rematerialization"
-    #: some collective counts are not exact (unknown trip count or a branch)
-    INEXACT = "inexact"
-    #: the jit program reduces replicated gradients after every micro-batch
-    PER_MICROBATCH_REDUCTION = "per-microbatch-reduction"
-    #: one pipeline stage was compiled (values: ``stages``, ``layers``, ``devices``)
-    PIPELINE_STAGE = "pipeline-stage"
-    #: compiled again by a target's compiler (values: ``target``, ``memory_bytes``,
-    #: ``estimate_bytes``; or ``target`` and ``error`` when it failed)
-    COMPILED_BY_TARGET = "compiled-by-target"
-    # -- a sweep's notes
-    #: memory is the analytic estimate, the CPU compiler's beside it
-    ANALYTIC_MEMORY = "analytic-memory"
-    #: memory is a compiler's buffer assignment (values: ``target``, None for the CPU)
-    COMPILED_MEMORY = "compiled-memory"
-    #: what the communication column counts
-    COMMUNICATION = "communication"
-    #: the planner's time model and its sources (values: the hardware's fields)
-    TIME_MODEL = "time-model"
-    #: a user's program's time model (values: the hardware's fields)
-    PROGRAM_TIME_MODEL = "program-time-model"
-    #: 16-bit collectives moved as f32 by the CPU backend (values: ``dtype``, ``itemsize``)
-    CPU_WIDENED = "cpu-widened"
-    #: the CPU backend forms no reduce-scatter; plans needing one are charged an all-reduce
-    CPU_NO_REDUCE_SCATTER = "cpu-no-reduce-scatter"
-    #: the hardware's own compiler is not installed (values: ``target``, ``extra``)
-    TARGET_COMPILER_MISSING = "target-compiler-missing"
-    #: the leading plans were compiled again (values: ``target``, ``ranks``)
-    RECOMPILED_BY_TARGET = "recompiled-by-target"
-    #: the compiler gave no FLOP count for some plans
-    NO_FLOP_COUNT = "no-flop-count"
-    #: rule sets that compiled to the same program (values: ``same``: label, same as, mesh)
-    IDENTICAL_PROGRAMS = "identical-programs"
-    # -- why a sweep has no plan that fits, or none at all
-    #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
-    #: every recomputation, micro-batch and stage choice was searched)
-    NO_FIT = "no-fit"
-    #: the target's compiler ran out of memory on every plan (values: ``target``, ``count``,
-    #: ``label``, ``error``)
-    TARGET_OUT_OF_MEMORY = "target-out-of-memory"
-    #: none the target compiled fits (values: ``target``, ``label``, ``need``, ``have``,
-    #: ``hardware``)
-    NO_TARGET_FIT = "no-target-fit"
-    #: no plan at all (values: ``what``, ``devices``, ``skipped``: count per reason,
-    #: ``example``: one skipped candidate's message, ``limit``/``hardware`` when the model
-    #: state alone does not fit)
-    NO_PLAN = "no-plan"
-
-    def describe(self, values: Mapping[str, Any]) -> str:
-        v = values
-        match self:
-            case PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER:
-                return (
-                    "CPU backend: all-reduce + slice where the bound reduce-scatters (the GPU "
-                    "compiler forms a reduce-scatter; the TPU compiler was seen to all-reduce "
-                    "too), so the compiled bytes exceed the bound"
-                )
-            case PlanNote.REMATERIALIZATION:
-                return (
-                    "the partitioner replicated a whole array then sliced it (involuntary full "
-                    f"rematerialization) at {', '.join(v['sites'])}"
-                )
-            case PlanNote.INEXACT:
-                return "some collective counts are not exact (unknown trip count or a branch)"
-            case PlanNote.PER_MICROBATCH_REDUCTION:
-                return (
-                    "the compiled jit program reduces the replicated gradients after every "
-                    "micro-batch; the time model reduces them once per step, as Megatron-LM, "
-                    "DeepSpeed and PyTorch DDP do (shard_map with one psum at the end "
-                    "compiles so)"
-                )
-            case PlanNote.PIPELINE_STAGE:
-                return (
-                    f"one of {v['stages']} pipeline stages compiled ({v['layers']} layers, on "
-                    f"{v['devices']} devices, holding the embedding and the unembedding of the "
-                    f"first and last stages); the stage-to-stage transfers and the bubble are "
-                    f"in the time model"
-                )
-            case PlanNote.COMPILED_BY_TARGET:
-                head = f"compiled by the {v['target']} compiler: "
-                if v.get("error") is not None:
-                    return head + v["error"]
-                return (
-                    f"{head}{format_bytes(v['memory_bytes'])} per device in its buffer "
-                    f"assignment (analytic estimate {format_bytes(v['estimate_bytes'])})"
-                )
-            case PlanNote.ANALYTIC_MEMORY:
-                return (
-                    "memory per device is the analytic estimate (ZeRO model state, Korthikanti "
-                    "activations); the compiled numbers beside it are the CPU compiler's buffer "
-                    "assignment (bf16 computed in f32, no GPU/TPU memory scheduler), not a "
-                    "GPU/TPU prediction"
-                )
-            case PlanNote.COMPILED_MEMORY:
-                if v["target"] is not None:
-                    return (
-                        f"memory per device is the {v['target']} compiler's own buffer "
-                        f"assignment (arguments + outputs + temporaries - aliased), compiled "
-                        f"deviceless"
-                    )
-                return (
-                    "memory per device is the compiler's buffer assignment (arguments + "
-                    "outputs + temporaries - aliased) on the CPU backend, which computes 16-bit "
-                    "arithmetic in f32 and has no GPU/TPU memory scheduler: compare plans with "
-                    "it, do not read it as a GPU/TPU prediction"
-                )
-            case PlanNote.COMMUNICATION:
-                return (
-                    "communication is the compiled program's collectives, loop trips counted, "
-                    "bytes each device sends under bandwidth-optimal algorithms"
-                )
-            case PlanNote.TIME_MODEL:
-                return _time_model_text(v)
-            case PlanNote.PROGRAM_TIME_MODEL:
-                return (
-                    f"time: alpha-beta per collective ({v['name']}: "
-                    f"{v['link_bandwidth'] / 1e9:g} GB/s within a node of {v['node_size']}, "
-                    f"{v['cross_node_bandwidth'] / 1e9:g} GB/s for groups that span nodes, "
-                    f"{v['latency_s'] * 1e6:g} us per step); compute = the compiler's FLOP "
-                    f"count per device / {v['peak_flops'] / 1e12:g} TFLOP/s peak; step = "
-                    f"compute + communication (no overlap) or the larger of the two (perfect "
-                    f"overlap)"
-                )
-            case PlanNote.CPU_WIDENED:
-                return (
-                    f"the CPU backend runs {v['dtype']} arithmetic in f32 and moves f32 through "
-                    f"the collectives; they are counted at {v['itemsize']} bytes per element, "
-                    f"as GPU and TPU compilers keep them (cpu_comm_bytes_per_device has the "
-                    f"CPU bytes)"
-                )
-            case PlanNote.CPU_NO_REDUCE_SCATTER:
-                return (
-                    "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the "
-                    "bytes): plans that need one (FSDP gradients, sequence parallelism) are "
-                    "charged the compiled all-reduce; bound_comm_time_s is the time at the "
-                    "lower bound"
-                )
-            case PlanNote.TARGET_COMPILER_MISSING:
-                return (
-                    f"every plan was compiled by the CPU backend; pip install "
-                    f"'shardscope[{v['extra']}]' to compile the leading plans with the "
-                    f"{v['target']} compiler (deviceless) and judge their fit from its buffer "
-                    f"assignment"
-                )
-            case PlanNote.RECOMPILED_BY_TARGET:
-                return (
-                    f"plans ranked {', '.join(str(r) for r in v['ranks'])} were compiled again "
-                    f"by the {v['target']} compiler (deviceless): their fit is judged from its "
-                    f"buffer assignment and their communication is its collectives; the other "
-                    f"plans are the CPU compiler's screening"
-                )
-            case PlanNote.NO_FLOP_COUNT:
-                return (
-                    "the compiler reported no FLOP count for some plans (the GPU compiler gives "
-                    "none): their compute time is 0, so they rank by communication alone"
-                )
-            case PlanNote.IDENTICAL_PROGRAMS:
-                same = v["same"]
-                return (
-                    "identical programs: "
-                    + "; ".join(f"{label} = {other} {mesh}" for label, other, mesh in same[:6])
-                    + (" ..." if len(same) > 6 else "")
-                )
-        return _why_not_text(self, v)
-
-
-def _time_model_text(v: Mapping[str, Any]) -> str:
-    overlap = "overlapped with their matmuls" if v["tp_overlap"] else "on the critical path"
-    sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
-    return (
-        f"time model ({v['name']}): matmuls at {v['matmul_fraction']:.0%} of "
-        f"{v['peak_flops'] / 1e12:g} TFLOP/s, activations through HBM at "
-        f"{v['hbm_bandwidth'] / 1e12:g} TB/s, collectives at {v['comm_fraction']:.0%} of "
-        f"{v['link_bandwidth'] / 1e9:g} GB/s within a node of {v['node_size']} and of "
-        f"{v['cross_node_bandwidth'] / 1e9:g} GB/s per device across nodes, "
-        f"{v['latency_s'] * 1e6:g} us per ring step; tensor-parallel collectives {overlap}; "
-        f"data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
-        f"schedule allows; 1F1B pipeline bubble; the optimizer's pass over its state. Ranked "
-        f"by this step time, from the formula's collectives (the compiled ones are validated "
-        f"against them). Sources: {sources}"
-    )
-
-
-def _why_not_text(kind: PlanNote, v: Mapping[str, Any]) -> str:
-    """The words of the notes that say why no plan fits, or why there is none."""
-    match kind:
-        case PlanNote.NO_FIT:
-            need, have = v["need"], v["have"]
-            searched = (
-                ", even with full recomputation, micro-batches and pipeline stages"
-                if v["searched"]
-                else ""
-            )
-            return (
-                f"no plan fits{searched}: the closest, {v['label']}, needs "
-                f"{format_bytes(need)} per device of the {format_bytes(have)} a "
-                f"{v['hardware']} has ({format_bytes(need - have)}, {need / have - 1:.0%} "
-                f"over); use more devices, a smaller batch or sequence, or more memory per "
-                f"device"
-            )
-        case PlanNote.TARGET_OUT_OF_MEMORY:
-            return (
-                f"no plan fits: the {v['target']} compiler ran out of memory on each of the "
-                f"{v['count']} plans it compiled ({v['label']}: {v['error']}); use more "
-                f"devices or a smaller batch or sequence"
-            )
-        case PlanNote.NO_TARGET_FIT:
-            return (
-                f"no plan the {v['target']} compiler compiled fits: the smallest, "
-                f"{v['label']}, needs {format_bytes(v['need'])} per device in its buffer "
-                f"assignment, of the {format_bytes(v['have'])} a {v['hardware']} has; use "
-                f"more devices, a smaller batch or sequence, or compile more plans on the "
-                f"target"
-            )
-    head = f"no plan for {v['what']} on {v['devices']} device(s)"
-    skipped = v["skipped"]
-    if not skipped:
-        return head + ": no candidate mesh"
-    parts = ", ".join(f"{n} skipped for {reason}" for reason, n in skipped.items())
-    text = f"{head}: {parts}"
-    if v.get("limit") is not None:
-        text += (
-            f"; the model state alone needs more than the {format_bytes(v['limit'])} of a "
-            f"{v['hardware']}: use more devices, a preset with more memory, more memory per "
-            f"device, or fewer bytes per parameter"
-        )
-    if v.get("example"):
-        text += f"; e.g. {v['example']}"
-    return text
 
 
 def device_bytes(memory: Mapping[str, int]) -> int:
@@ -305,7 +69,7 @@ class Candidate:
 
     @property
     def stage_mesh_spec(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.stage_mesh)
+        return format_mesh_spec(self.stage_mesh)
 
     @property
     def schedule_label(self) -> str:
@@ -332,7 +96,7 @@ class Screened:
     candidate: Candidate
     memory: MemoryEstimate
     time: StepTime
-    bound: Any
+    bound: Bound
     memory_limit_bytes: int
 
     @property
@@ -588,9 +352,7 @@ class Plan:
     @property
     def bound_ratio(self) -> float | None:
         """Compiled bytes over the lower bound (1.0 when both are 0; None if only it is)."""
-        if self.bound_bytes_per_device:
-            return self.comm_bytes_per_device / self.bound_bytes_per_device
-        return 1.0 if self.comm_bytes_per_device == 0 else None
+        return ratio(self.comm_bytes_per_device, self.bound_bytes_per_device)
 
     @property
     def step_time_s(self) -> float:

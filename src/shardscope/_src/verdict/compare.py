@@ -22,6 +22,7 @@ from shardscope._src.base.comm import (
     Totals,
     format_bytes,
     group_totals,
+    ratio,
 )
 from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note, NoteKind
@@ -29,13 +30,6 @@ from shardscope._src.bounds.terms import Bound, Term
 
 TOLERANCE = 0.05
 _MAX_EXCESS = 8  # instructions listed per verdict
-
-
-def ratio(actual: int, bound: int) -> float | None:
-    """``actual / bound``: 1.0 when both are 0, None when only the bound is 0."""
-    if bound == 0:
-        return 1.0 if actual == 0 else None
-    return actual / bound
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,342 @@
+"""The sweep's candidates, before anything compiles: every strategy on every mesh shape of N
+devices with its schedules (micro-batches, recomputation, pipeline stages), each placed on
+an abstract mesh and estimated (memory per device, the time model's step), and the few worth
+compiling.
+
+1. **Enumerate** candidates: each strategy with each factorization of N over its roles (a 1-D
+   mesh ``data=N`` or ``model=N``; a 2-D mesh ``data=d,model=t`` with ``d, t >= 2``; more axes
+   would give the same program, because the ``data`` role spans every non-model axis).
+2. **Screen** without compiling: a candidate whose dimensions do not divide is skipped
+   (the strategy's own :class:`StrategyError` says which), one whose model state (parameters,
+   gradients, optimizer state) alone exceeds the device memory is skipped for memory.
+   Both need only an abstract mesh, so this runs without any device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.errors import PlanError, StrategyError, is_int
+from shardscope._src.base.hardware import Hardware
+from shardscope._src.base.hardware import hardware as get_hardware
+from shardscope._src.mesh import parse_mesh_spec
+from shardscope._src.model.config import REMATS, ModelConfig
+from shardscope._src.plan.estimates import (
+    DEFAULT_BYTES_PER_PARAM,
+    Schedule,
+    data_ways,
+    estimate_memory,
+)
+from shardscope._src.plan.timing import comm_items, step_bound, step_time, step_work
+from shardscope._src.plan.types import Candidate, Screened, Skipped, SkipReason
+from shardscope._src.plan.validate import VALIDATED_STRATEGIES
+from shardscope._src.sharding.strategies import (
+    Placement,
+    abstract_mesh,
+    get_strategy,
+    mesh_spec_for,
+)
+
+#: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
+DEFAULT_STRATEGIES = (
+    "dp",
+    "fsdp",
+    "zero1",
+    "zero2",
+    "tp",
+    "sp",
+    "dp_tp",
+    "zero1_tp",
+    "fsdp_tp",
+    "dp_sp",
+)
+#: How many of the best estimated strategy-and-mesh pairs a sweep compiles (besides the best
+#: plan of each validated strategy).
+DEFAULT_COMPILE_TOP = 3
+#: The most pipeline stages a sweep tries unless told (more rarely pays on one job).
+MAX_STAGES = 16
+#: The most micro-batch counts a sweep tries per candidate (the largest divisors are kept).
+MAX_MICROBATCH_OPTIONS = 8
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending: ``divisors(12)`` is ``[1, 2, 3, 4, 6, 12]``."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(
+    strategies: Iterable[str], devices: int, stages: Sequence[int] = (1,)
+) -> list[Candidate]:
+    """Every mesh shape of ``devices`` for each strategy and pipeline stage count, in a
+    stable order. With ``p > 1`` stages the mesh has a leading ``stage=p`` axis and the
+    strategy's axes share the ``devices / p`` of one stage.
+
+    >>> [c.label for c in candidates(["tp", "dp_tp"], 8)]
+    ['tp model=8', 'dp_tp data=4,model=2', 'dp_tp data=2,model=4']
+    >>> [c.label for c in candidates(["fsdp"], 8, (1, 2))]
+    ['fsdp data=8', 'fsdp stage=2,data=4']
+    """
+
+    out = []
+    for p in stages:
+        n = devices // p
+        for name in strategies:
+            if len(get_strategy(name).roles) <= 1:
+                shapes = [(n,)]
+            else:
+                shapes = [(n // t, t) for t in divisors(n) if 1 < t < n]
+            for shape in shapes:
+                spec = parse_mesh_spec(mesh_spec_for(name, shape))
+                lead = (("stage", p),) if p > 1 else ()
+                out.append(Candidate(name, lead + tuple(spec.items())))
+    return out
+
+
+def stage_options(
+    config: ModelConfig, devices: int, mode: str, stages: int | None
+) -> tuple[int, ...]:
+    """Pipeline stage counts to try: 1, and (train, unless ``stages`` fixes one) every
+    count up to :data:`MAX_STAGES` dividing both the layers and the devices."""
+    if stages is not None:
+        if not is_int(stages, 1):
+            raise PlanError(f"stages={stages!r}: must be a positive integer")
+        if config.layers % stages or devices % stages:
+            raise PlanError(
+                f"stages={stages}: pipeline stages must divide the {config.layers} layers and "
+                f"the {devices} devices; choose one of "
+                f"{', '.join(str(p) for p in divisors(config.layers) if devices % p == 0)}"
+            )
+        return (stages,)
+    if mode != "train":
+        return (1,)
+    return tuple(
+        p
+        for p in divisors(min(config.layers, MAX_STAGES))
+        if config.layers % p == 0 and devices % p == 0
+    )
+
+
+def remat_options(
+    mode: str, remat: str | Sequence[str] | None, flash_attention: bool
+) -> tuple[str, ...]:
+    """Recomputation choices to try. Selective recomputation drops the attention scores,
+    which memory-efficient attention never keeps: with it, selective is no recomputation."""
+
+    if mode != "train":
+        return ("none",)
+    if remat is None:
+        return tuple(r for r in REMATS if not (flash_attention and r == "selective"))
+    chosen = (remat,) if isinstance(remat, str) else tuple(remat)
+    for r in chosen:
+        if r not in REMATS:
+            raise PlanError(f"remat={r!r}: choose from {', '.join(REMATS)}")
+    return tuple(dict.fromkeys(chosen))
+
+
+def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool) -> ModelConfig:
+    """The program one device runs for ``cand``: one stage's layers, the whole batch, its
+    recomputation, and blocked attention when the estimate assumes memory-efficient attention
+    (so that the compiled program computes what the estimate counts)."""
+    return replace(
+        config,
+        layers=config.layers // cand.stages,
+        remat=cand.remat,
+        attention="blocked" if flash_attention else "dense",
+        scan=True,
+    )
+
+
+def _microbatch_options(placement: Placement, mode: str, microbatches: int | None) -> list[int]:
+    batch = placement.config.batch
+    per_shard = batch // data_ways(placement) if batch else 0
+    if mode != "train":
+        return [1]
+    if microbatches is not None:
+        return [microbatches] if per_shard and per_shard % microbatches == 0 else []
+    options = divisors(per_shard) if per_shard else []
+    if len(options) > MAX_MICROBATCH_OPTIONS:
+        options = [1, *options[-(MAX_MICROBATCH_OPTIONS - 1) :]]
+    return options
+
+
+def screen(
+    cand: Candidate,
+    placement: Placement,
+    config: ModelConfig,
+    hw: Hardware,
+    mode: str = "train",
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    flash_attention: bool = True,
+) -> Screened:
+    """Estimates ``cand`` without compiling: memory per device and the time model's step.
+
+    ``placement`` is the strategy placed on the stage's mesh with one stage's program
+    (:func:`stage_config`); ``config`` the whole model.
+    """
+    sched = Schedule(cand.microbatches, cand.remat, cand.stages)
+    mem = estimate_memory(
+        placement,
+        mode,
+        bytes_per_param=bytes_per_param,
+        flash_attention=flash_attention,
+        schedule=sched,
+    )
+    need = step_bound(placement, sched, mode)
+    work = step_work(
+        placement,
+        sched,
+        config,
+        math.prod(cand.sizes.values()),
+        hw,
+        flash_attention=flash_attention,
+        mode=mode,
+    )
+    return Screened(
+        cand,
+        mem,
+        step_time(hw, work, comm_items(hw, placement, need.terms)),
+        need,
+        int(hw.memory_bytes),
+    )
+
+
+def screen_all(
+    config: ModelConfig,
+    devices: int,
+    hw: Hardware,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    *,
+    mode: str = "train",
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    flash_attention: bool = True,
+    remat: str | Sequence[str] | None = None,
+    microbatches: int | None = None,
+    stages: int | None = None,
+) -> tuple[list[Screened], list[Skipped], int]:
+    """Every candidate of a sweep estimated without compiling, best first (those that fit
+    the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
+    skipped and why (indivisible, or whose model state alone exceeds the memory: never
+    compiled); and how many strategy-and-mesh candidates there were."""
+
+    names = tuple(strategies)
+    skipped: list[Skipped] = []
+    all_candidates = candidates(names, devices, stage_options(config, devices, mode, stages))
+    remats = remat_options(mode, remat, flash_attention)
+    screened: list[Screened] = []
+    for cand in all_candidates:
+        base = stage_config(config, cand, flash_attention=flash_attention)
+        try:
+            placement = get_strategy(cand.strategy).place(base, abstract_mesh(cand.stage_mesh_spec))
+        except StrategyError as e:
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
+            continue
+        options = [
+            screen(
+                replace(cand, microbatches=m, remat=r),
+                placement,
+                config,
+                hw,
+                mode,
+                bytes_per_param,
+                flash_attention,
+            )
+            for m in _microbatch_options(placement, mode, microbatches)
+            for r in remats
+        ]
+        if not options:
+            skipped.append(
+                Skipped(
+                    cand.strategy,
+                    cand.mesh_spec,
+                    SkipReason.DIVISIBILITY,
+                    f"microbatches={microbatches} does not divide the "
+                    f"{placement.config.batch // data_ways(placement)} sequences of a data "
+                    f"shard",
+                )
+            )
+            continue
+        state = min(s.memory.model_state for s in options)
+        if state > hw.memory_bytes:
+            what = "parameters, gradients and optimizer state" if mode == "train" else "parameters"
+            skipped.append(
+                Skipped(
+                    cand.strategy,
+                    cand.mesh_spec,
+                    SkipReason.MEMORY,
+                    f"{what} need {format_bytes(state)} per device, more than the "
+                    f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
+                    f"devices (fsdp, fsdp_tp, zero2) or use a device with more memory",
+                )
+            )
+        screened.extend(options)
+    return sorted(screened, key=_screen_key(names)), skipped, len(all_candidates)
+
+
+def estimate(
+    candidate: Candidate,
+    config: ModelConfig,
+    hardware: str | Hardware = "h100",
+    *,
+    mode: str = "train",
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    flash_attention: bool = True,
+) -> Screened:
+    """One candidate (strategy, mesh, micro-batches, recomputation; a ``stage`` axis for
+    pipeline stages) estimated without compiling: its memory per device and step time.
+
+    A 7B model trained with FSDP on 64 H100s, 128 sequences in 2 micro-batches per data shard,
+    with full recomputation:
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> c = Candidate("fsdp", (("data", 64),), microbatches=2, remat="full")
+    >>> s = estimate(c, model_preset("7b").config(batch=128))
+    >>> s.fits, f"{s.memory.total / 2**30:.1f} GiB", f"{s.time.step_s:.2f} s"
+    (True, '4.3 GiB', '0.87 s')
+    """
+
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    base = stage_config(config, candidate, flash_attention=flash_attention)
+    mesh = abstract_mesh(candidate.stage_mesh_spec)
+    placement = get_strategy(candidate.strategy).place(base, mesh)
+    return screen(candidate, placement, config, hw, mode, bytes_per_param, flash_attention)
+
+
+def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
+    def key(s: Screened) -> tuple[Any, ...]:
+        c = s.candidate
+        return (
+            not s.fits,
+            s.time.step_s if s.fits else s.memory.total,
+            s.memory.total,
+            names.index(c.strategy),
+            tuple(c.sizes.values()),
+            c.microbatches,
+        )
+
+    return key
+
+
+def to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
+    """The screened candidates worth compiling, in rank order: the best schedule of each of
+    the ``top`` best strategy-and-mesh pairs, and the best plan of each of
+    :data:`VALIDATED_STRATEGIES` (whose compiled communication is checked against the
+    formula) that fits, or, when nothing fits, the best of every strategy."""
+    best: dict[tuple[str, str], Screened] = {}
+    for s in ranked:
+        best.setdefault((s.candidate.strategy, s.candidate.mesh_spec), s)
+    pairs = list(best.values())  # still in rank order
+    chosen = {id(s): s for s in pairs[:top]}
+    any_fits = any(s.fits for s in pairs)
+    seen: set[str] = set()
+    for s in pairs:
+        name = s.candidate.strategy
+        if name in seen or (any_fits and not (s.fits and name in VALIDATED_STRATEGIES)):
+            continue
+        seen.add(name)
+        chosen.setdefault(id(s), s)
+    order = {id(s): i for i, s in enumerate(ranked)}
+    return sorted(chosen.values(), key=lambda s: order[id(s)])

@@ -1,0 +1,83 @@
+"""A plan's compiled collectives on the hardware: each timed by the alpha-beta model at the
+bandwidth of the links its group uses, and summed per (mesh axes, kind) beside the bound's
+bytes; and the time of the bound itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardscope._src.base.comm import KINDS, latency_steps
+from shardscope._src.base.hardware import Hardware
+from shardscope._src.bounds.terms import Bound
+from shardscope._src.plan.estimates import crosses_nodes
+from shardscope._src.plan.types import AxisComm, PlanCollective
+
+
+def _bandwidth(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> tuple[float, bool]:
+    cross = crosses_nodes(sizes, () if c.irregular else c.axes, hw.node_size)
+    return (hw.cross_node_bandwidth if cross else hw.link_bandwidth), cross
+
+
+def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> float:
+    """Alpha-beta seconds of all ``count`` executions of a collective."""
+
+    bandwidth, _ = _bandwidth(hw, sizes, c)
+    steps = latency_steps(c.kind, max(c.group_size, 1)) if c.traffic_bytes else 0
+    return c.count * steps * hw.latency_s + c.traffic_bytes / bandwidth
+
+
+def bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Bound) -> float:
+    """A lower bound on the seconds of ``bound``'s communication on a mesh of ``sizes``."""
+    # Every byte of the bound at full bandwidth, and one collective's latency per (axes,
+    # kind), since a compiler may merge the bound's terms (it does merge the per-weight
+    # gradient all-reduces).
+    total = 0.0
+    latency: dict[tuple[tuple[str, ...], str], float] = {}
+    for t in bound.terms:
+        cross = crosses_nodes(sizes, t.axes, hw.node_size)
+        bandwidth = hw.cross_node_bandwidth if cross else hw.link_bandwidth
+        total += t.traffic_bytes / bandwidth
+        steps = latency_steps(t.kind, t.group_size) * hw.latency_s
+        latency[(t.axes, t.kind)] = max(latency.get((t.axes, t.kind), 0.0), steps)
+    return total + sum(latency.values())
+
+
+def axis_comm(
+    hw: Hardware, sizes: Mapping[str, int], collectives: Sequence[PlanCollective], bound: Bound
+) -> tuple[AxisComm, ...]:
+    """The compiled ``collectives`` summed and timed per (mesh axes, kind), beside ``bound``'s
+    bytes of the same axes and kind; rows in mesh-axis order, then by kind."""
+    bound_by = {(",".join(axes), kind): b for (axes, kind), b in bound.by_axes_kind().items()}
+    rows: dict[tuple[str, str], list[PlanCollective]] = {}
+    for c in collectives:
+        rows.setdefault((c.axes_label, c.kind), []).append(c)
+    keys = set(rows) | set(bound_by)
+    names = list(sizes)
+
+    def order(key: tuple[str, str]) -> tuple[Any, ...]:
+        label, kind = key
+        first = label.split(",")[0]
+        return (
+            names.index(first) if first in names else len(names),
+            label,
+            KINDS.index(kind) if kind in KINDS else len(KINDS),
+        )
+
+    out = []
+    for key in sorted(keys, key=order):
+        group = rows.get(key, [])
+        out.append(
+            AxisComm(
+                axes=key[0],
+                kind=key[1],
+                count=sum(c.count for c in group),
+                traffic_bytes=sum(c.traffic_bytes for c in group),
+                bound_bytes=bound_by.get(key, 0),
+                time_s=sum(collective_time(hw, sizes, c) for c in group),
+                crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group)
+                if group
+                else crosses_nodes(sizes, tuple(key[0].split(",")), hw.node_size),
+            )
+        )
+    return tuple(out)

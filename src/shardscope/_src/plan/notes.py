@@ -1,0 +1,248 @@
+"""What a plan or a sweep notes: the kinds (:class:`PlanNote`) and their words, one template
+or one small function per kind, written from a note's values when it is shown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.hardware import TIME_MODEL_SOURCES
+from shardscope._src.base.notes import NoteKind
+
+
+class PlanNote(NoteKind):
+    """What a plan or a sweep notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
+
+    # -- a plan's notes
+    #: the CPU backend all-reduced and sliced where the bound reduce-scatters
+    CPU_ALL_REDUCE_FOR_REDUCE_SCATTER = "cpu-all-reduce-for-reduce-scatter"
+    #: the partitioner replicated a whole array then sliced it (values: ``sites``)
+    REMATERIALIZATION = "rematerialization"
+    #: some collective counts are not exact (unknown trip count or a branch)
+    INEXACT = "inexact"
+    #: the jit program reduces replicated gradients after every micro-batch
+    PER_MICROBATCH_REDUCTION = "per-microbatch-reduction"
+    #: one pipeline stage was compiled (values: ``stages``, ``layers``, ``devices``)
+    PIPELINE_STAGE = "pipeline-stage"
+    #: compiled again by a target's compiler (values: ``target``, ``memory_bytes``,
+    #: ``estimate_bytes``; or ``target`` and ``error`` when it failed)
+    COMPILED_BY_TARGET = "compiled-by-target"
+    # -- a sweep's notes
+    #: memory is the analytic estimate, the CPU compiler's beside it
+    ANALYTIC_MEMORY = "analytic-memory"
+    #: memory is a compiler's buffer assignment (values: ``target``, None for the CPU)
+    COMPILED_MEMORY = "compiled-memory"
+    #: what the communication column counts
+    COMMUNICATION = "communication"
+    #: the planner's time model and its sources (values: the hardware's fields)
+    TIME_MODEL = "time-model"
+    #: a user's program's time model (values: the hardware's fields)
+    PROGRAM_TIME_MODEL = "program-time-model"
+    #: 16-bit collectives moved as f32 by the CPU backend (values: ``dtype``, ``itemsize``)
+    CPU_WIDENED = "cpu-widened"
+    #: the CPU backend forms no reduce-scatter; plans needing one are charged an all-reduce
+    CPU_NO_REDUCE_SCATTER = "cpu-no-reduce-scatter"
+    #: the hardware's own compiler is not installed (values: ``target``, ``extra``)
+    TARGET_COMPILER_MISSING = "target-compiler-missing"
+    #: the leading plans were compiled again (values: ``target``, ``ranks``)
+    RECOMPILED_BY_TARGET = "recompiled-by-target"
+    #: the compiler gave no FLOP count for some plans
+    NO_FLOP_COUNT = "no-flop-count"
+    #: rule sets that compiled to the same program (values: ``same``: label, same as, mesh)
+    IDENTICAL_PROGRAMS = "identical-programs"
+    # -- why a sweep has no plan that fits, or none at all
+    #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
+    #: every recomputation, micro-batch and stage choice was searched)
+    NO_FIT = "no-fit"
+    #: the target's compiler ran out of memory on every plan (values: ``target``, ``count``,
+    #: ``label``, ``error``)
+    TARGET_OUT_OF_MEMORY = "target-out-of-memory"
+    #: none the target compiled fits (values: ``target``, ``label``, ``need``, ``have``,
+    #: ``hardware``)
+    NO_TARGET_FIT = "no-target-fit"
+    #: no plan at all (values: ``what``, ``devices``, ``skipped``: count per reason,
+    #: ``example``: one skipped candidate's message, ``limit``/``hardware`` when the model
+    #: state alone does not fit)
+    NO_PLAN = "no-plan"
+
+    def describe(self, values: Mapping[str, Any]) -> str:
+        """The note's words: its template filled with ``values``, or its function of them."""
+        text = _TEXTS[self]
+        return text.format_map(values) if isinstance(text, str) else text(values)
+
+
+def _rematerialization(v: Mapping[str, Any]) -> str:
+    return (
+        "the partitioner replicated a whole array then sliced it (involuntary full "
+        f"rematerialization) at {', '.join(v['sites'])}"
+    )
+
+
+def _compiled_by_target(v: Mapping[str, Any]) -> str:
+    head = f"compiled by the {v['target']} compiler: "
+    if v.get("error") is not None:
+        return head + v["error"]
+    return (
+        f"{head}{format_bytes(v['memory_bytes'])} per device in its buffer "
+        f"assignment (analytic estimate {format_bytes(v['estimate_bytes'])})"
+    )
+
+
+def _compiled_memory(v: Mapping[str, Any]) -> str:
+    if v["target"] is not None:
+        return (
+            f"memory per device is the {v['target']} compiler's own buffer assignment "
+            f"(arguments + outputs + temporaries - aliased), compiled deviceless"
+        )
+    return (
+        "memory per device is the compiler's buffer assignment (arguments + outputs + "
+        "temporaries - aliased) on the CPU backend, which computes 16-bit arithmetic in f32 and "
+        "has no GPU/TPU memory scheduler: compare plans with it, do not read it as a GPU/TPU "
+        "prediction"
+    )
+
+
+def _time_model(v: Mapping[str, Any]) -> str:
+    overlap = "overlapped with their matmuls" if v["tp_overlap"] else "on the critical path"
+    sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
+    return (
+        f"time model ({v['name']}): matmuls at {v['matmul_fraction']:.0%} of "
+        f"{v['peak_flops'] / 1e12:g} TFLOP/s, activations through HBM at "
+        f"{v['hbm_bandwidth'] / 1e12:g} TB/s, collectives at {v['comm_fraction']:.0%} of "
+        f"{v['link_bandwidth'] / 1e9:g} GB/s within a node of {v['node_size']} and of "
+        f"{v['cross_node_bandwidth'] / 1e9:g} GB/s per device across nodes, "
+        f"{v['latency_s'] * 1e6:g} us per ring step; tensor-parallel collectives {overlap}; "
+        f"data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
+        f"schedule allows; 1F1B pipeline bubble; the optimizer's pass over its state. Ranked "
+        f"by this step time, from the formula's collectives (the compiled ones are validated "
+        f"against them). Sources: {sources}"
+    )
+
+
+def _program_time_model(v: Mapping[str, Any]) -> str:
+    return (
+        f"time: alpha-beta per collective ({v['name']}: {v['link_bandwidth'] / 1e9:g} GB/s "
+        f"within a node of {v['node_size']}, {v['cross_node_bandwidth'] / 1e9:g} GB/s for "
+        f"groups that span nodes, {v['latency_s'] * 1e6:g} us per step); compute = the "
+        f"compiler's FLOP count per device / {v['peak_flops'] / 1e12:g} TFLOP/s peak; step = "
+        f"compute + communication (no overlap) or the larger of the two (perfect overlap)"
+    )
+
+
+def _recompiled_by_target(v: Mapping[str, Any]) -> str:
+    return (
+        f"plans ranked {', '.join(str(r) for r in v['ranks'])} were compiled again by the "
+        f"{v['target']} compiler (deviceless): their fit is judged from its buffer assignment "
+        f"and their communication is its collectives; the other plans are the CPU compiler's "
+        f"screening"
+    )
+
+
+def _identical_programs(v: Mapping[str, Any]) -> str:
+    same = v["same"]
+    pairs = "; ".join(f"{label} = {other} {mesh}" for label, other, mesh in same[:6])
+    return "identical programs: " + pairs + (" ..." if len(same) > 6 else "")
+
+
+def _no_fit(v: Mapping[str, Any]) -> str:
+    need, have = v["need"], v["have"]
+    searched = (
+        ", even with full recomputation, micro-batches and pipeline stages" if v["searched"] else ""
+    )
+    return (
+        f"no plan fits{searched}: the closest, {v['label']}, needs {format_bytes(need)} per "
+        f"device of the {format_bytes(have)} a {v['hardware']} has ({format_bytes(need - have)}, "
+        f"{need / have - 1:.0%} over); use more devices, a smaller batch or sequence, or more "
+        f"memory per device"
+    )
+
+
+def _no_target_fit(v: Mapping[str, Any]) -> str:
+    return (
+        f"no plan the {v['target']} compiler compiled fits: the smallest, {v['label']}, needs "
+        f"{format_bytes(v['need'])} per device in its buffer assignment, of the "
+        f"{format_bytes(v['have'])} a {v['hardware']} has; use more devices, a smaller batch "
+        f"or sequence, or compile more plans on the target"
+    )
+
+
+def _no_plan(v: Mapping[str, Any]) -> str:
+    head = f"no plan for {v['what']} on {v['devices']} device(s)"
+    skipped = v["skipped"]
+    if not skipped:
+        return head + ": no candidate mesh"
+    parts = ", ".join(f"{n} skipped for {reason}" for reason, n in skipped.items())
+    text = f"{head}: {parts}"
+    if v.get("limit") is not None:
+        text += (
+            f"; the model state alone needs more than the {format_bytes(v['limit'])} of a "
+            f"{v['hardware']}: use more devices, a preset with more memory, more memory per "
+            f"device, or fewer bytes per parameter"
+        )
+    if v.get("example"):
+        text += f"; e.g. {v['example']}"
+    return text
+
+
+#: Each kind's words: a template (``str.format_map`` of the values) or a function of them.
+_TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
+    PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER: (
+        "CPU backend: all-reduce + slice where the bound reduce-scatters (the GPU compiler forms "
+        "a reduce-scatter; the TPU compiler was seen to all-reduce too), so the compiled bytes "
+        "exceed the bound"
+    ),
+    PlanNote.REMATERIALIZATION: _rematerialization,
+    PlanNote.INEXACT: "some collective counts are not exact (unknown trip count or a branch)",
+    PlanNote.PER_MICROBATCH_REDUCTION: (
+        "the compiled jit program reduces the replicated gradients after every micro-batch; the "
+        "time model reduces them once per step, as Megatron-LM, DeepSpeed and PyTorch DDP do "
+        "(shard_map with one psum at the end compiles so)"
+    ),
+    PlanNote.PIPELINE_STAGE: (
+        "one of {stages} pipeline stages compiled ({layers} layers, on {devices} devices, "
+        "holding the embedding and the unembedding of the first and last stages); the "
+        "stage-to-stage transfers and the bubble are in the time model"
+    ),
+    PlanNote.COMPILED_BY_TARGET: _compiled_by_target,
+    PlanNote.ANALYTIC_MEMORY: (
+        "memory per device is the analytic estimate (ZeRO model state, Korthikanti "
+        "activations); the compiled numbers beside it are the CPU compiler's buffer assignment "
+        "(bf16 computed in f32, no GPU/TPU memory scheduler), not a GPU/TPU prediction"
+    ),
+    PlanNote.COMPILED_MEMORY: _compiled_memory,
+    PlanNote.COMMUNICATION: (
+        "communication is the compiled program's collectives, loop trips counted, bytes each "
+        "device sends under bandwidth-optimal algorithms"
+    ),
+    PlanNote.TIME_MODEL: _time_model,
+    PlanNote.PROGRAM_TIME_MODEL: _program_time_model,
+    PlanNote.CPU_WIDENED: (
+        "the CPU backend runs {dtype} arithmetic in f32 and moves f32 through the collectives; "
+        "they are counted at {itemsize} bytes per element, as GPU and TPU compilers keep them "
+        "(cpu_comm_bytes_per_device has the CPU bytes)"
+    ),
+    PlanNote.CPU_NO_REDUCE_SCATTER: (
+        "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the bytes): plans "
+        "that need one (FSDP gradients, sequence parallelism) are charged the compiled "
+        "all-reduce; bound_comm_time_s is the time at the lower bound"
+    ),
+    PlanNote.TARGET_COMPILER_MISSING: (
+        "every plan was compiled by the CPU backend; pip install 'shardscope[{extra}]' to "
+        "compile the leading plans with the {target} compiler (deviceless) and judge their fit "
+        "from its buffer assignment"
+    ),
+    PlanNote.RECOMPILED_BY_TARGET: _recompiled_by_target,
+    PlanNote.NO_FLOP_COUNT: (
+        "the compiler reported no FLOP count for some plans (the GPU compiler gives none): their "
+        "compute time is 0, so they rank by communication alone"
+    ),
+    PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
+    PlanNote.NO_FIT: _no_fit,
+    PlanNote.TARGET_OUT_OF_MEMORY: (
+        "no plan fits: the {target} compiler ran out of memory on each of the {count} plans it "
+        "compiled ({label}: {error}); use more devices or a smaller batch or sequence"
+    ),
+    PlanNote.NO_TARGET_FIT: _no_target_fit,
+    PlanNote.NO_PLAN: _no_plan,
+}
