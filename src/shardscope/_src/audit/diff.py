@@ -8,7 +8,6 @@ that must not appear where they were not before.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, ShardscopeError
-from shardscope._src.base.io import SCHEMA_VERSION, record_dict, result_header
+from shardscope._src.base.io import SCHEMA_VERSION, read_json, record_dict, result_header
 
 #: The schema versions whose audits have today's shape (version 2 changed the notes of plans
 #: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
@@ -157,17 +156,7 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
         data, name = source, str(source.get("module", what))
     elif isinstance(source, str | os.PathLike):
         name = str(source)
-        try:
-            with open(source, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise AuditDiffError(f"{what} audit file {name!r} does not exist") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise AuditDiffError(f"{what} audit file {name!r} cannot be read: {e}") from None
-        except json.JSONDecodeError as e:
-            raise AuditDiffError(
-                f"{what} audit file {name!r} is not JSON ({e}); {_WRITE_ONE}"
-            ) from None
+        data = read_json(source, f"{what} audit file", AuditDiffError, hint=_WRITE_ONE)
     else:
         raise AuditDiffError(
             f"{what}: give an Audit, its to_dict() or the path of its JSON, not "

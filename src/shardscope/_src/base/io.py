@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shardscope._src.base.errors import OutputPathError
+from shardscope._src.base.errors import OutputPathError, ShardscopeError
 
 # Temporary files carry their owner, so that the next write to their folder can tell one left
 # by a killed run from one a running writer is still filling: ".out.json.shardscope-<host>-
@@ -269,6 +269,29 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data: the record's fields, in order."""
         return record_dict(self)
+
+
+def read_json(
+    path: str | os.PathLike[str],
+    what: str,
+    error: type[ShardscopeError],
+    *,
+    hint: str = "",
+    param: str | tuple[str, ...] = (),
+) -> Any:
+    """The JSON in the file at ``path``; an ``error`` naming the file as ``what`` (e.g.
+    ``"rules file"``) when it is missing, unreadable or not JSON, with ``hint`` on the last."""
+    name = repr(os.fspath(path))
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise error(f"{what} {name} does not exist", param=param) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{what} {name} cannot be read: {e}", param=param) from None
+    except json.JSONDecodeError as e:
+        tail = f"; {hint}" if hint else ""
+        raise error(f"{what} {name} is not JSON ({e}){tail}", param=param) from None
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:

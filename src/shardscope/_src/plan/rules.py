@@ -4,12 +4,12 @@ named sets, from Python or from a JSON file."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.io import read_json
 
 #: A rule set: ``((logical name, mesh axes or None), ...)``.
 Rules = tuple[tuple[str, Any], ...]
@@ -111,15 +111,7 @@ def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tup
     ...}}``; ``axes`` is optional (default: the axes the rules name) and a rule set may be a
     ``{logical: mesh axes}`` object. Mesh axes are a name, a list of names or null.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise PlanError(f"rules file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlanError(f"rules file {str(path)!r} cannot be read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"rules file {str(path)!r} is not JSON: {e}") from None
+    data = read_json(path, "rules file", PlanError)
     if not isinstance(data, Mapping) or "rules" not in data:
         raise PlanError(
             f'rules file {str(path)!r} must be a JSON object with "rules": {{name: [[logical, '
