@@ -277,7 +277,6 @@ def read_json(
     error: type[ShardscopeError],
     *,
     hint: str = "",
-    param: str | tuple[str, ...] = (),
 ) -> Any:
     """The JSON in the file at ``path``; an ``error`` naming the file as ``what`` (e.g.
     ``"rules file"``) when it is missing, unreadable or not JSON, with ``hint`` on the last."""
@@ -286,12 +285,12 @@ def read_json(
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
-        raise error(f"{what} {name} does not exist", param=param) from None
+        raise error(f"{what} {name} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise error(f"{what} {name} cannot be read: {e}", param=param) from None
+        raise error(f"{what} {name} cannot be read: {e}") from None
     except json.JSONDecodeError as e:
         tail = f"; {hint}" if hint else ""
-        raise error(f"{what} {name} is not JSON ({e}){tail}", param=param) from None
+        raise error(f"{what} {name} is not JSON ({e}){tail}") from None
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
