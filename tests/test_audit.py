@@ -413,7 +413,7 @@ MESHES = {"8": "model=8", "2x4": "data=2,model=4", "2x2x2": "pipe=2,data=2,model
 @needs8
 @pytest.mark.parametrize("spec", list(MESHES.values()), ids=list(MESHES))
 def test_every_target_form_audits_alike(spec):
-    mesh = shardscope.make_mesh(spec)
+    mesh = shardscope.make_mesh(spec, axis_types="auto")
     x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P()))
     w = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P("model")))
 
@@ -449,7 +449,7 @@ def test_every_target_form_audits_alike(spec):
 def test_compiler_options_reach_the_compiler():
     # XLA:CPU combines the two all-reduces of independent matmuls into one; its option
     # xla_disable_hlo_passes keeps them apart.
-    mesh = shardscope.make_mesh("x=8")
+    mesh = shardscope.make_mesh("x=8", axis_types="auto")
     x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P(None, "x")))
     replicated = NamedSharding(mesh, P())
     fn = jax.jit(lambda a, b, c: (a @ b.T, jnp.sin(a) @ c.T), out_shardings=replicated)
@@ -472,7 +472,7 @@ def test_compiler_options_reach_the_compiler():
 @needs8
 def test_permuted_device_order_names_the_same_axes():
     devices = list(np.asarray(jax.devices())[[3, 1, 6, 0, 7, 2, 5, 4]])
-    mesh = shardscope.make_mesh("dp=2,mp=4", devices=devices)
+    mesh = shardscope.make_mesh("dp=2,mp=4", devices=devices, axis_types="auto")
     x = jax.ShapeDtypeStruct((8, 64), jnp.float32, sharding=NamedSharding(mesh, P("dp", "mp")))
     a = audit(jax.jit(lambda x: x.sum(1)), x)
     (c,) = a.collectives
@@ -508,7 +508,7 @@ def test_rematerialization_detected_live():
     ["scan", "shard_map", "sequence_parallel"],
 )
 def test_live_audit_matches_instructions_in_compiled_text(program):
-    mesh = shardscope.make_mesh("dp=2,mp=4")
+    mesh = shardscope.make_mesh("dp=2,mp=4", axis_types="auto")
     if program == "scan":
 
         def step(h, w):
@@ -568,7 +568,7 @@ def test_property_psum_axes_inside_shard_map(data):
         st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True)
     )
     spec = ",".join(f"{n}={s}" for n, s in zip(names, shape, strict=True))
-    mesh = shardscope.make_mesh(spec)
+    mesh = shardscope.make_mesh(spec, axis_types="auto")
     fn = jax.jit(
         jax.shard_map(
             lambda x: jax.lax.psum(x, tuple(subset)),

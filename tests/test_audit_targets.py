@@ -28,6 +28,7 @@ MESHES = {
     "h100x8/tp_step": "data=2,model=4",
     "h100x8/shard_map_collectives": "dp=2,mp=4",
     "h100x8/flax_step": "data=2,model=4",
+    "h100x8/combined_collectives": "x=8",
     "v5px8/fsdp_step": "data=8",
     "v5px8/tp_step": "data=2,model=4",
     "v5px8/shard_map_collectives": "dp=2,mp=4",
@@ -114,22 +115,22 @@ GOLDEN = {
     "h100x8/fsdp_step": """
         all-gather     data 8 1048576 917504 3 - async fsdp_up   mlp forward
         all-gather     data 8 557056  487424 3 - async fsdp_down mlp backward
-        reduce-scatter data 8 1048576 917504 3 - async -         mlp backward
+        reduce-scatter data 8 1048576 917504 3 - async fsdp_up   mlp backward
         all-to-all     data 8 131072  14336  3 - async fsdp_up   mlp backward
     """,
     "h100x8/tp_step": """
-        all-reduce data  2 262144 262144 1 - async -       block_0 backward
+        all-reduce data  2 262144 262144 1 - async tp_up   block_0 backward
         all-reduce model 4 4096   6144   1 - async tp_down block_0 forward
     """,
     "h100x8/shard_map_collectives": """
-        all-reduce         dp 2 8192  8192  1 - async sm_psum         "" -
-        collective-permute dp 2 8192  8192  1 - async sm_ppermute     "" -
-        all-gather         mp 4 32768 24576 1 - async sm_all_gather   "" -
-        reduce-scatter     mp 4 32768 24576 1 - async sm_psum_scatter "" -
-        all-to-all         mp 4 32768 6144  1 - async sm_all_to_all   "" -
+        all-reduce         dp 2 8192  8192  1 - async sm_psum         "" forward
+        collective-permute dp 2 8192  8192  1 - async sm_ppermute     "" forward
+        all-gather         mp 4 32768 24576 1 - async sm_all_gather   "" forward
+        reduce-scatter     mp 4 32768 24576 1 - async sm_psum_scatter "" forward
+        all-to-all         mp 4 32768 6144  1 - async sm_all_to_all   "" forward
     """,
     "h100x8/flax_step": """
-        all-reduce data  2 131072 131072 1 - async -         ""                    backward
+        all-reduce data  2 131072 131072 1 - async flax_up   Model                 backward
         all-reduce model 4 4096   6144   1 - async flax_down Model/block_0/Dense_1 forward
         all-reduce model 4 4096   6144   1 - async flax_down Model/block_1/Dense_1 forward
         all-reduce model 4 4096   6144   1 - async flax_up   Model/block_1/Dense_0 backward
@@ -147,15 +148,15 @@ GOLDEN = {
         all-reduce model 4 4096   6144   1 - sync tp_down block_0 forward
     """,
     "v5px8/shard_map_collectives": """
-        all-reduce         dp 2 8192  8192  1 - sync  sm_psum         "" -
-        collective-permute dp 2 8192  8192  1 - async sm_ppermute     "" -
-        all-gather         mp 4 32768 24576 1 - sync  sm_all_gather   "" -
-        reduce-scatter     mp 4 32768 24576 1 - sync  sm_psum_scatter "" -
-        all-to-all         mp 4 32768 6144  1 - sync  sm_all_to_all   "" -
+        all-reduce         dp 2 8192  8192  1 - sync  sm_psum         "" forward
+        collective-permute dp 2 8192  8192  1 - async sm_ppermute     "" forward
+        all-gather         mp 4 32768 24576 1 - sync  sm_all_gather   "" forward
+        reduce-scatter     mp 4 32768 24576 1 - sync  sm_psum_scatter "" forward
+        all-to-all         mp 4 32768 6144  1 - sync  sm_all_to_all   "" forward
     """,
     "v5px64/fsdp_step": """
-        all-reduce data 64 1048576 2064384 3 -          sync -         mlp backward
-        all-gather data 64 1048576 2064384 3 all-reduce sync -         mlp forward
+        all-reduce data 64 1048576 2064384 3 -          sync fsdp_up   mlp backward
+        all-gather data 64 1048576 2064384 3 all-reduce sync fsdp_down mlp forward
         all-gather data 64 65536   129024  3 all-reduce sync fsdp_down mlp backward
         all-gather data 64 524288  1032192 3 all-reduce sync fsdp_up   mlp backward
         all-to-all data 64 262144  4032    3 -          sync fsdp_up   mlp backward
@@ -264,7 +265,10 @@ def test_combined_collective_attributes_each_operand_to_its_own_line():
 def test_concatenated_gradients_are_split_into_their_layers():
     a = fixture_audit("h100x8/flax_step")
     (data,) = [c for c in a.collectives if c.axes == ("data",)]
-    assert data.shape == (65536,) and data.scope == "" and data.phase == "backward"
+    # The combiner dropped the metadata: the scope all four sit in, their pass, the first
+    # part's line and an operand line in the user's code (not Flax's linear.py).
+    assert data.shape == (65536,) and data.scope == "Model" and data.phase == "backward"
+    assert data.user_source == site("flax_up") and data.operand_source == site("flax_up")
     assert [(p.piece, p.payload_bytes, p.scope, p.user_source) for p in data.parts] == [
         (0, 32768, "Model/block_0/Dense_0", site("flax_up")),
         (1, 32768, "Model/block_0/Dense_1", site("flax_down")),

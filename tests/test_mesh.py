@@ -2,7 +2,7 @@ import jax
 import pytest
 
 import shardscope
-from shardscope import MeshSpecError, make_mesh, parse_mesh_spec
+from shardscope import AxisTypeError, MeshSpecError, make_mesh, parse_mesh_spec
 from shardscope._src.mesh import format_mesh_spec
 
 
@@ -53,12 +53,51 @@ def test_make_mesh(spec):
     assert dict(mesh.shape) == axes
     assert tuple(mesh.axis_names) == tuple(axes)
     assert list(mesh.devices.flat) == jax.devices()
-    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+    # What jax.make_mesh gives when not told, asked of JAX itself.
+    default = jax.make_mesh((8,), ("x",)).axis_types[0]
+    assert mesh.axis_types == (default,) * len(axes)
 
 
-def test_make_mesh_explicit_axes():
-    mesh = make_mesh("dp=2,mp=4", explicit=True)
-    assert all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+@pytest.mark.parametrize(
+    "given, want",
+    [
+        ("explicit", ("Explicit", "Explicit")),
+        ("auto", ("Auto", "Auto")),
+        (" AUTO ", ("Auto", "Auto")),
+        (jax.sharding.AxisType.Auto, ("Auto", "Auto")),
+        (("auto", "explicit"), ("Auto", "Explicit")),
+    ],
+)
+def test_make_mesh_axis_types(given, want):
+    mesh = make_mesh("dp=2,mp=4", axis_types=given)
+    assert tuple(t.name for t in mesh.axis_types) == want
+
+
+def test_make_mesh_explicit_is_the_older_spelling():
+    assert make_mesh("dp=2,mp=4", explicit=False).axis_types == (jax.sharding.AxisType.Auto,) * 2
+    assert make_mesh("dp=2,mp=4", explicit=True).axis_types == (jax.sharding.AxisType.Explicit,) * 2
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        ("manual", r"axis_types='manual' is not an axis type.*'explicit'.*'auto'"),
+        ("sharded", r"axis_types='sharded' is not an axis type"),
+        (jax.sharding.AxisType.Manual, r"is not an axis type"),
+        (("auto",), r"one per axis \(2: dp, mp\)"),
+        (3, r"axis_types=3: give one axis type"),
+    ],
+)
+def test_make_mesh_bad_axis_types(given, words):
+    with pytest.raises(AxisTypeError, match=words) as info:
+        make_mesh("dp=2,mp=4", axis_types=given)
+    assert info.value.params == ("axis_types",)
+    assert isinstance(info.value, MeshSpecError)
+
+
+def test_make_mesh_refuses_two_spellings():
+    with pytest.raises(AxisTypeError, match="keep axis_types= alone"):
+        make_mesh("dp=2,mp=4", axis_types="auto", explicit=True)
 
 
 def test_make_mesh_device_count_mismatch():

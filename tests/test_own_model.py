@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from shardscope._src.audit.stages import build_program
+from shardscope._src.audit.stages import lower_step
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -39,7 +39,7 @@ def eqx_mlp():
 
 @pytest.fixture(scope="module")
 def mesh():
-    return shardscope.make_mesh("data=2,model=4")
+    return shardscope.make_mesh("data=2,model=4", axis_types="auto")
 
 
 def _flax_args(flax_mlp, mesh, rules):
@@ -83,7 +83,7 @@ def test_equinox_filter_jit_on_abstract_arguments(eqx_mlp, mesh):
 def test_equinox_lowered_and_compiled_on_arrays():
     import equinox as eqx
 
-    mesh = shardscope.make_mesh("data=8")
+    mesh = shardscope.make_mesh("data=8", axis_types="auto")
     data = NamedSharding(mesh, P("data"))
     model = eqx.filter_shard(
         eqx.nn.MLP(16, 16, 32, 1, key=jax.random.key(0)), NamedSharding(mesh, P())
@@ -114,7 +114,7 @@ def test_something_not_jit_like_is_refused():
 
 
 def test_a_bare_partition_spec_without_a_mesh_is_explained():
-    mesh = shardscope.make_mesh("data=8")
+    mesh = shardscope.make_mesh("data=8", axis_types="auto")
     x = jax.ShapeDtypeStruct((16, 4), jnp.float32, sharding=NamedSharding(mesh, P()))
     step = jax.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, P("data")))
     with pytest.raises(shardscope.MissingMeshError) as info:
@@ -124,9 +124,9 @@ def test_a_bare_partition_spec_without_a_mesh_is_explained():
     assert shardscope.audit(step, x, mesh=mesh).counts()["all-reduce"] == 0
 
 
-def test_build_program_gives_make_step_its_mesh_and_rules(flax_mlp, mesh):
+def test_lower_step_gives_make_step_its_mesh_and_rules(flax_mlp, mesh):
     rules = flax_mlp.RULES["tp"]
-    lowered = build_program(flax_mlp.make_step, mesh, rules)
+    lowered = lower_step(flax_mlp.make_step, mesh, rules)
     a = shardscope.audit(lowered)
     assert {c.axes for c in a.collectives} == {("model",)}
 
@@ -142,7 +142,7 @@ def test_build_program_gives_make_step_its_mesh_and_rules(flax_mlp, mesh):
 )
 def test_make_step_must_return_step_and_args(mesh, returned, words):
     with pytest.raises(shardscope.ProgramError, match=words):
-        build_program(lambda mesh: returned, mesh)
+        lower_step(lambda mesh: returned, mesh)
 
 
 # -- layouts of whole pytrees ---------------------------------------------------------------

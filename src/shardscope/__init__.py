@@ -2,6 +2,7 @@
 
 from shardscope import comm as comm
 from shardscope._src.audit.compile import audit as audit
+from shardscope._src.audit.compile import audit_program as audit_program
 from shardscope._src.audit.diff import AuditDiff as AuditDiff
 from shardscope._src.audit.diff import diff_audits as diff_audits
 from shardscope._src.audit.expect import expect_collectives as expect_collectives
@@ -11,6 +12,7 @@ from shardscope._src.base.devices import hardware_summary as hardware_summary
 from shardscope._src.base.devices import use_cpu_devices as use_cpu_devices
 from shardscope._src.base.distributed import initialize_distributed as initialize_distributed
 from shardscope._src.base.errors import AuditDiffError as AuditDiffError
+from shardscope._src.base.errors import AxisTypeError as AxisTypeError
 from shardscope._src.base.errors import DeviceMemoryError as DeviceMemoryError
 from shardscope._src.base.errors import DeviceSetupError as DeviceSetupError
 from shardscope._src.base.errors import HloParseError as HloParseError

@@ -1,4 +1,5 @@
-"""A small Equinox train step with optax (the Equinox parallelism example's pattern)."""
+"""A small Equinox train step with optax (the Equinox parallelism example's pattern), for Auto
+mesh axes (`eqx.filter_shard` is a sharding constraint)."""
 
 import equinox as eqx
 import jax

@@ -1,4 +1,5 @@
-"""A small Flax NNX train step with logical axis names (the Flax sharding guide's pattern)."""
+"""A small Flax NNX train step with logical axis names (the Flax sharding guide's pattern), for
+Auto mesh axes (the compiler propagates the variables' shardings)."""
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +55,8 @@ def make_step(mesh, rules=()):
         model = MLP(64, 256, nnx.Rngs(0))
         return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
 
-    state = nnx.eval_shape(create)
+    with jax.set_mesh(mesh):  # as Flax's guide creates sharded variables
+        state = nnx.eval_shape(create)
     model, optimizer = shardscope.abstract(state, nnx.get_partition_spec(state), mesh=mesh)
     batch = shardscope.abstract(
         jax.ShapeDtypeStruct((32, 64), jnp.float32),

@@ -319,7 +319,10 @@ def _check_shape(shape: tuple[int, ...]) -> None:
 
 
 def _dtype(dtype: Any) -> Any:
-
+    """The NumPy dtype of ``dtype``; a PRNG key type (``key<fry>``) as JAX's own, whose
+    ``itemsize`` is its key data's bytes (two uint32 for threefry)."""
+    if not isinstance(dtype, str) and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return dtype
     try:
         return np.dtype(jnp.dtype(dtype))
     except TypeError:

@@ -13,10 +13,12 @@ from jax.sharding import Mesh
 from shardscope._src.base.deviceless import target_devices, target_of_device
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.targets import CPU, TPU, Target, get_target, topology
-from shardscope._src.mesh import format_mesh_spec, make_mesh, parse_mesh_spec
+from shardscope._src.mesh import axis_types_of, format_mesh_spec, make_mesh, parse_mesh_spec
 
 
-def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
+def target_mesh(
+    target: str | Target, spec: str | Mapping[str, int], *, axis_types: Any = None
+) -> Any:
     """A ``jax.sharding.Mesh`` of a target's devices, for compiling (not running) programs.
 
     The devices are the target's compile-only devices, as many as the mesh holds, laid out
@@ -24,6 +26,8 @@ def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
     fill the mesh node by node, so the last axes stay inside a node; TPU devices are placed
     on the torus as ``jax.make_mesh`` places real ones (several slices: the first axis spans
     them). ``cpu`` gives a mesh of simulated CPU devices (:func:`shardscope.use_cpu_devices`).
+    ``axis_types`` as in :func:`shardscope.make_mesh` (default: what ``jax.make_mesh`` gives,
+    Explicit).
 
     >>> mesh = target_mesh("h100", "data=8,model=8")  # doctest: +SKIP
     >>> jax.jit(f).lower(*abstract_args).compile()  # doctest: +SKIP
@@ -32,12 +36,14 @@ def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
         TargetError: an unknown target, its compiler not installed (names the extra), or a
             device count it cannot be built with (names those it can).
         MeshSpecError: a bad description.
+        AxisTypeError: an axis type that does not exist.
     """
 
     t = get_target(target)
     axes = parse_mesh_spec(spec)
+    kinds = axis_types_of(axis_types, tuple(axes))
     if t.family == CPU:
-        return make_mesh(axes)
+        return make_mesh(axes, axis_types=kinds)
     n = math.prod(axes.values())
     topo = topology(t, n)
     devices = target_devices(t, n)
@@ -65,7 +71,7 @@ def target_mesh(target: str | Target, spec: str | Mapping[str, int]) -> Any:
             grid = None  # no torus-aware placement for this shape: devices in id order
     if grid is None:
         grid = np.array(devices, dtype=object).reshape(shape)
-    return Mesh(grid, tuple(axes))
+    return Mesh(grid, tuple(axes), axis_types=kinds)
 
 
 def check_mesh_target(mesh: Any, target: str | Target) -> Target:

@@ -4,12 +4,19 @@ fused, async-wrapped, looped or branched computations, named by the user's mesh 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from shardscope._src.audit.decomposed import ShardInBuffer, shard_in_zeros
 from shardscope._src.audit.loops import derived_trip_count, known_trip_count
-from shardscope._src.audit.provenance import Origin, Tracer, origin_of, parse_op_name
+from shardscope._src.audit.provenance import (
+    FORWARD,
+    Origin,
+    Tracer,
+    origin_of,
+    parse_op_name,
+    user_frame,
+)
 from shardscope._src.audit.records import Collective, Loop, Part, UnknownInstruction
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.errors import HloParseError
@@ -70,8 +77,8 @@ def _edges(
 
     ``loop`` is the record of ``ins`` when it is a ``while`` (its trip count; None: unknown).
     """
-    if ins.opcode in ("async-done", "async-update"):
-        return  # they name the computation async-start already runs
+    if ins.opcode.endswith(("-done", "-update")):
+        return  # they name the computation their -start already runs (call-start, ...)
     branch = 0
     for attr, callee in ins.called_computations:
         if ins.opcode == "while":
@@ -85,7 +92,7 @@ def _edges(
             branch += 1
             yield callee, 1, False, None, label, False
         else:
-            yield callee, 1, True, None, None, ins.opcode == "async-start"
+            yield callee, 1, True, None, None, ins.opcode.endswith("-start")
 
 
 def _contexts(module: HloModule) -> dict[str, _Context]:
@@ -278,7 +285,8 @@ def _source(module: HloModule, ins: Instruction) -> str | None:
 
 
 def _operand_source(module: HloModule, comp: Computation, ins: Instruction) -> str | None:
-    """The line of the nearest producer with metadata (for collectives without their own)."""
+    """The line of the nearest producer with metadata (for collectives without their own):
+    its first frame in the user's code, else its innermost frame (a library's line)."""
     seen: set[str] = set()
     todo = list(ins.operands)
     while todo and len(seen) < 64:
@@ -289,7 +297,8 @@ def _operand_source(module: HloModule, comp: Computation, ins: Instruction) -> s
         src = comp.by_name.get(name)
         if src is None:
             continue
-        where = _source(module, src)
+        own = user_frame(module.stack(src.metadata.stack_frame_id))
+        where = str(own) if own is not None else _source(module, src)
         if where:
             return where
         todo.extend(src.operands)
@@ -321,7 +330,27 @@ def analyze(
                 continue
             kind, is_start = kk
             collectives.extend(_records(module, comp, ins, kind, is_start, ctx, groups, tracer))
+    if not _differentiated(module):
+        collectives = [_forward(c) for c in collectives]
     return tuple(collectives), tuple(unknown)
+
+
+def _differentiated(module: HloModule) -> bool:
+    """Whether the program takes a gradient: some op_name holds a ``jvp(`` or ``transpose(``
+    (without one every operation is the forward pass; with one, an operation outside both is
+    neither pass, e.g. the optimizer's update)."""
+    for comp in module.computations.values():
+        for ins in comp.instructions:
+            name = ins.metadata.op_name or ""
+            if "jvp(" in name or "transpose(" in name:
+                return True
+    return False
+
+
+def _forward(c: Collective) -> Collective:
+    """``c`` with its phase, and its parts', the forward pass (a program without gradients)."""
+    parts = tuple(replace(p, phase=p.phase or FORWARD) for p in c.parts)
+    return replace(c, phase=c.phase or FORWARD, parts=parts)
 
 
 def _reduction(module: HloModule, ins: Instruction, kind: str) -> str | None:
@@ -338,8 +367,10 @@ def _operand_arrays(
     kind: str, is_start: bool, ins: Instruction, operand_shapes: list[Any], i: int, n: int
 ) -> list[Any]:
     """The arrays operand ``i`` adds to the payload ``S`` (as ``shardscope.comm`` defines it):
-    an all-gather's result (the operand scaled by the group for a ``-start``), the first
-    operand only of a permute or ragged all-to-all, else the operand."""
+    an all-gather's result (the operand scaled by the group for a ``-start``); for a ragged
+    all-to-all, and a permute in its in-place form (``slice_sizes``: input, output buffer and
+    offsets), the input alone; else the operand: every array of a combined collective (a
+    permute of ``(s32[16,2], f32[16,2])`` moves both)."""
     leaves = list(operand_shapes[i].leaves())
     if kind == "all-gather":
         if is_start:
@@ -350,7 +381,8 @@ def _operand_arrays(
         if result is None:
             return list(ins.shape.leaves())
         return list(result[i].leaves()) if i < len(result) else []
-    if kind in ("collective-permute", "ragged-all-to-all"):
+    in_place = kind == "collective-permute" and "slice_sizes" in ins.attributes
+    if kind == "ragged-all-to-all" or in_place:
         return leaves[:1] if i == 0 else []
     return leaves
 
@@ -484,13 +516,20 @@ def _origin(
     tracer: Tracer, ins: Instruction, i: int, own: Origin | None, gathers: bool
 ) -> Origin | None:
     """Where operand ``i`` of collective ``ins`` comes from: its producer for a reduction, its
-    first user for a gather (the weight is named where it is used), else the other way."""
+    first user for a gather (the weight is named where it is used), else the other way. A
+    combined permute's part is named by its own result (the element the compiler kept the
+    permute's metadata on), or failing that by an origin with a Python line (a program
+    argument is named, not placed)."""
     if len(ins.operands) == 1 and own is not None:
         return own
     index = i if ins.shape.is_tuple else None
     produced = tracer.producer_origin(ins.operands[i])
     if gathers:
         return tracer.user_origin(ins.name, index) or produced or own
+    if ins.opcode.startswith("collective-permute"):
+        used = tracer.user_origin(ins.name, index, own_elements=True)
+        found = [o for o in (used, produced) if o is not None]
+        return next((o for o in found if o.stack), found[0] if found else own)
     return produced or tracer.user_origin(ins.name, index) or own
 
 
@@ -628,23 +667,23 @@ def _arrays_and_parts(
 
 
 def _agreed(parts: list[Part]) -> tuple[str, str | None, str | None, tuple[str, ...]]:
-    """(scope, phase, user source, stack) that all parts share; empty where they differ."""
+    """(scope, phase, user source, stack) of a collective without metadata of its own (a
+    combiner's), from its parts: the scope they all sit in (the common prefix of their scope
+    paths), their phase when they share one, and the user's line and stack of the first part
+    that has one (what the CPU compiler keeps on a combined instruction: its first part's)."""
     if not parts:
         return "", None, None, ()
-    first = parts[0]
-    same = all(
-        (p.scope, p.phase, p.user_source, p.stack)
-        == (first.scope, first.phase, first.user_source, first.stack)
-        for p in parts
-    )
-    if same:
-        return first.scope, first.phase, first.user_source, first.stack
-    scopes = {p.scope for p in parts}
+    paths = [p.scope.split("/") if p.scope else [] for p in parts]
+    common: list[str] = []
+    for names in zip(*paths, strict=False):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
     phases = {p.phase for p in parts}
-    users = {p.user_source for p in parts}
+    named = next((p for p in parts if p.user_source), parts[0])
     return (
-        first.scope if len(scopes) == 1 else "",
-        first.phase if len(phases) == 1 else None,
-        first.user_source if len(users) == 1 else None,
-        (),
+        "/".join(common),
+        next(iter(phases)) if len(phases) == 1 else None,
+        named.user_source,
+        named.stack,
     )

@@ -30,7 +30,7 @@ import jax
 
 from shardscope._src.audit.analysis import analyze
 from shardscope._src.audit.records import Audit, Rematerialization
-from shardscope._src.audit.stages import lower, unwrap_stage
+from shardscope._src.audit.stages import lower, lower_step, unwrap_stage
 from shardscope._src.base.deviceless import target_of_device
 from shardscope._src.base.errors import (
     DeviceMemoryError,
@@ -42,8 +42,14 @@ from shardscope._src.base.errors import (
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import get_target
 from shardscope._src.base.text import format_spec
-from shardscope._src.hlo.parse import HloModule, parse_hlo, parse_metadata
-from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes, parse_mesh_spec
+from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_metadata
+from shardscope._src.mesh import (
+    axis_types_name,
+    format_mesh_spec,
+    make_mesh,
+    mesh_axes,
+    parse_mesh_spec,
+)
 from shardscope._src.target_mesh import check_mesh_target, target_mesh
 
 # --------------------------------------------------------------------------------------
@@ -185,8 +191,9 @@ def audit(
         target: a compile target (``"h100"``, ``"tpu-v5p"``, ``"cpu"``; see
             ``shardscope.TARGETS``) to compile a function for: with a mesh description the
             mesh is made of that target's compile-only devices
-            (:func:`shardscope.target_mesh`); with a ``Mesh`` its devices must be the
-            target's. The audit then shows what that target's own compiler inserts.
+            (:func:`shardscope.target_mesh`); with a ``Mesh``, or none (then the mesh the
+            arguments are sharded over, else the one ``jax.set_mesh`` set), its devices must
+            be the target's. The audit then shows what that target's own compiler inserts.
         compiler_options: XLA options for compiling a function or a ``Lowered``
             (``lowered.compile(compiler_options=...)``), e.g.
             ``{"xla_backend_optimization_level": 0}``.
@@ -211,6 +218,56 @@ def audit(
         return _audit_text(program, given_axes)
     compiled, log = _compile(program, args, jit_kwargs, mesh, compiler_options)
     return _audit_compiled(compiled, log, given_axes, target)
+
+
+def audit_program(
+    make_step: Any,
+    mesh: Any,
+    *,
+    rules: Any = (),
+    axis_types: Any = None,
+    target: Any = None,
+    where: str | None = None,
+) -> Audit:
+    """Audits the step ``make_step(mesh)`` (or ``make_step(mesh, rules)``) builds for a mesh:
+    what ``shardscope audit FILE.py:FUNCTION`` runs.
+
+    Args:
+        make_step: returns ``(jitted step, its arguments)`` for the mesh it is given, or the
+            step's ``jax.stages.Lowered`` or ``Compiled``. It runs with no mesh set; the step
+            is lowered inside ``with jax.set_mesh(mesh):``, Flax's logical-axis rules in force
+            through both when there are rules.
+        mesh: a ``jax.sharding.Mesh``, or a description (``"data=2,model=4"``) built of the
+            first simulated CPU devices, or of ``target``'s compile-only devices.
+        rules: logical-axis rules, ``(logical name, mesh axes)`` pairs.
+        axis_types: the axes' type when ``mesh`` is a description, as in
+            :func:`shardscope.make_mesh` (default: JAX's, Explicit).
+        target: compile for this target with its own compiler (see ``shardscope.TARGETS``).
+        where: what to call ``make_step`` in errors (default: its name).
+
+    Raises:
+        ProgramError: ``make_step`` returned something else than a step and its arguments.
+        AxisTypeError: the program's shardings do not fit the mesh's axis types (names the
+            one they fit).
+        MissingMeshError: ``make_step`` needs a mesh set while it runs.
+    """
+    if isinstance(mesh, str | Mapping):
+        axes = parse_mesh_spec(mesh)
+        if target is not None:
+            mesh = target_mesh(target, axes, axis_types=axis_types)
+        else:
+            devices = jax.devices()[: math.prod(axes.values())]
+            mesh = make_mesh(axes, devices=devices, axis_types=axis_types)
+    elif axis_types is not None:
+        raise MeshSpecError(
+            f"axis_types={axis_types!r} builds a mesh from a description, but mesh is a Mesh "
+            f"(its axes are {axis_types_name(mesh)}): drop axis_types or pass a description",
+            param="axis_types",
+        )
+    pairs = tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules or ())
+    name = where or getattr(make_step, "__qualname__", None) or "make_step"
+    stage = lower_step(make_step, mesh, pairs, where=name)
+    return audit(stage, mesh=mesh, target=None)
 
 
 def _refuse_options_for_text(
@@ -287,6 +344,7 @@ def _audit_text(
     module = parse_hlo(text)
     axes = _axes_of(module, axes)
     collectives, unknown = analyze(module, axes)
+    threads = {c.execution_thread for c in module.computations.values()} - {MAIN_THREAD}
     return Audit(
         collectives=collectives,
         mesh_axes=axes,
@@ -294,6 +352,7 @@ def _audit_text(
         module_name=module.name,
         rematerializations=None if log is None else _rematerializations(log, text, module),
         unknown_instructions=unknown,
+        execution_threads=tuple(sorted(threads)),
         module=module,
         hlo_text=text,
         **facts,
@@ -386,14 +445,30 @@ def _target_mesh_for(
             "Lowered or Compiled program) already has its devices: drop target="
         )
     if mesh is None:
+        mesh = _devices_mesh(args)
+    if mesh is None:
         raise TargetError(
-            f"audit(..., target={t.name!r}) needs the mesh to build of its devices, e.g. "
-            f"mesh='data=8' (or a Mesh from shardscope.target_mesh({t.name!r}, ...))"
+            f"audit(..., target={t.name!r}) compiles for {t.name} devices but knows no mesh "
+            f"of them: give mesh='data=8' (made of the target's compile-only devices), or "
+            f"arguments sharded over shardscope.target_mesh({t.name!r}, ...), or audit inside "
+            f"`with jax.set_mesh(mesh):` with such a mesh",
+            param="mesh",
         )
     if isinstance(mesh, str | Mapping):
         return target_mesh(t, mesh)
     check_mesh_target(mesh, t)
     return mesh
+
+
+def _devices_mesh(args: tuple[Any, ...]) -> Any:
+    """The mesh of devices the arguments' shardings name, else the one ``jax.set_mesh`` set;
+    None when there is neither."""
+    for leaf in jax.tree.leaves(args):
+        m = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        if isinstance(m, jax.sharding.Mesh) and not m.empty:
+            return m
+    current = jax.sharding.get_mesh()
+    return current if isinstance(current, jax.sharding.Mesh) and not current.empty else None
 
 
 def _compiled_for(shardings: list[Any]) -> tuple[str | None, str | None]:

@@ -116,8 +116,8 @@ def parse_op_name(op_name: str | None) -> OpName:
 
     ``scope`` joins the named scopes and module paths with ``/`` (``""`` when there are none);
     ``phase`` is ``"backward"`` inside a ``transpose(...)``, ``"forward"`` inside a ``jvp(...)``
-    only, None for an operation outside differentiation (an optimizer update, or a program
-    without gradients).
+    only, None for an operation outside differentiation (an optimizer update; the audit calls
+    every operation of a program without gradients ``"forward"``).
 
     >>> parse_op_name("jit(step)/transpose(jvp(Model))/block_1/Dense_0/dot_general")
     OpName(scope='Model/block_1/Dense_0', phase='backward', primitive='dot_general')
@@ -225,8 +225,12 @@ class Tracer:
             todo.extend(ins.operands)
         return None
 
-    def user_origin(self, name: str, index: int | None = None) -> Origin | None:
-        """The nearest user of value ``name`` (element ``index`` of a tuple) with an origin."""
+    def user_origin(
+        self, name: str, index: int | None = None, *, own_elements: bool = False
+    ) -> Origin | None:
+        """The nearest user of value ``name`` (element ``index`` of a tuple) with an origin;
+        with ``own_elements``, the element's own metadata first (the compiler keeps a
+        combined permute's metadata on each element it takes out)."""
         seen: set[tuple[str, int | None]] = set()
         todo: list[tuple[str, int | None]] = [(name, index)]
         while todo and len(seen) < self.LIMIT:
@@ -238,6 +242,9 @@ class Tracer:
                 if idx is not None and user.opcode == "get-tuple-element":
                     if user.attributes.get("index") != str(idx):
                         continue
+                    found = origin_of(self.module, user) if own_elements else None
+                    if found is not None and found.stack:
+                        return found
                     todo.append((user.name, None))
                     continue
                 if idx is not None and user.opcode.endswith("-done"):

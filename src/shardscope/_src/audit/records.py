@@ -96,13 +96,16 @@ class Collective:
         scope: the named scopes and module paths of its ``op_name`` joined by ``/``
             (``"Model/block_1/Dense_0"``); ``""`` when it has none.
         phase: ``"forward"`` or ``"backward"`` (transposed) in a differentiated program,
-            None outside differentiation or when unknown.
+            None there outside differentiation (an optimizer update) or when unknown;
+            ``"forward"`` throughout a program without gradients.
         carried_as: the opcode the compiler used when it differs from ``kind``: an
             all-gather carried out as an ``"all-reduce"`` of zero-padded shards. Its bytes are
             then those of what is sent (an all-reduce's).
         parts: the arrays it moves, each with its own origin (:class:`Part`). For a
-            collective without metadata of its own, ``source``, ``user_source``, ``scope``
-            and ``phase`` are its parts' when they all agree.
+            collective without metadata of its own (a combiner's), ``scope`` is the scope
+            all its parts sit in, ``phase`` theirs when they share one, and ``user_source``
+            and ``stack`` its first part's that has a user line (as the CPU compiler keeps
+            its first part's metadata on a combined instruction).
         unknown_attributes: attributes this tool does not know, verbatim.
     """
 
@@ -224,9 +227,11 @@ class Audit:
     when the audit did not compile the program itself and so could not see the
     partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one (a
     verdict can compile alternatives and compare), ``module`` the parsed HLO and ``hlo_text``
-    its text. ``backend`` is the platform the program was compiled for (``"cpu"``, ``"gpu"``,
-    ``"tpu"``) and ``target`` the compile target's name (``"h100"``) when shardscope made its
-    devices; both None for HLO text.
+    its text. ``execution_threads`` names the threads other than the main one that some of
+    its computations run on (the TPU's ``sparsecore``): they are read like the others, and
+    their collectives counted. ``backend`` is the platform the program was compiled for
+    (``"cpu"``, ``"gpu"``, ``"tpu"``) and ``target`` the compile target's name (``"h100"``)
+    when shardscope made its devices; both None for HLO text.
     """
 
     collectives: tuple[Collective, ...]
@@ -239,6 +244,7 @@ class Audit:
     out_shardings: tuple[str, ...] | None = None
     rematerializations: tuple[Rematerialization, ...] | None = None
     unknown_instructions: tuple[UnknownInstruction, ...] = ()
+    execution_threads: tuple[str, ...] = ()
     module: HloModule | None = field(default=None, repr=False, compare=False)
     compiled: Any = field(default=None, repr=False, compare=False)
     hlo_text: str = field(default="", repr=False, compare=False)

@@ -29,12 +29,23 @@ from typing import Any
 import jax
 import numpy as np
 
-from shardscope._src.base.errors import MissingMeshError, ProgramError, ShardscopeError
+from shardscope._src.base.errors import (
+    AxisTypeError,
+    MissingMeshError,
+    ProgramError,
+    ShardscopeError,
+)
 from shardscope._src.mesh import format_mesh_spec, mesh_axes
 
 #: What JAX says when a bare ``PartitionSpec`` meets an empty mesh context (0.10.2 wording;
 #: both the ``with_sharding_constraint`` and the ``shard_map``/``reshard`` forms contain it).
 _NO_MESH_MARKERS = ("non-empty mesh", "requires a mesh", "empty mesh")
+#: What JAX and Flax say when code that needs a mesh set runs without one (``make_step``).
+_NEEDS_MESH_MARKERS = (
+    *_NO_MESH_MARKERS,
+    "not under a mesh context",
+    "mesh context or metadata is required",
+)
 
 
 def _fields(obj: Any) -> Iterator[Any]:
@@ -148,7 +159,11 @@ def lower(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             raise
         try:
             return _lower_in_jit(fn, args)
-        except Exception:
+        except Exception as traced:
+            # Traced with array inputs, the program got further: when it stopped at its
+            # shardings, that says more than the wrapper's refusal of abstract arguments.
+            if axis_type_error(traced, jax.sharding.get_abstract_mesh(), "") is not None:
+                raise traced from None
             raise e from None
     lowered = unwrap_stage(got, jax.stages.Lowered)
     if lowered is None:
@@ -249,7 +264,8 @@ def check_step_pair(got: Any, where: str) -> tuple[Any, tuple[Any, ...]]:
         size = f" of {len(got)} items" if isinstance(got, tuple | list) else ""
         raise ProgramError(
             f"{where} returned {type(got).__name__}{size}; it must return a pair (jitted "
-            f"step, its arguments), e.g. `return jax.jit(step), (params, batch)`"
+            f"step, its arguments), e.g. `return jax.jit(step), (params, batch)`, or the "
+            f"step's jax.stages.Lowered or Compiled"
         )
     step, args = got
     if not callable(step) and not hasattr(step, "lower"):
@@ -265,9 +281,16 @@ def check_step_pair(got: Any, where: str) -> tuple[Any, tuple[Any, ...]]:
     return step, tuple(args)
 
 
+def program_stage(got: Any) -> Any | None:
+    """The ``jax.stages.Compiled`` or ``Lowered`` (JAX's, or held by a library's) that
+    ``make_step`` returned instead of ``(step, args)``; None otherwise."""
+    return unwrap_stage(got, jax.stages.Compiled) or unwrap_stage(got, jax.stages.Lowered)
+
+
 @contextlib.contextmanager
 def rules_context(rules: Sequence[tuple[str, Any]]) -> Iterator[None]:
-    """Flax's logical-axis rules set for the block, when the program has imported Flax.
+    """Flax's logical-axis rules set for the block, when there are rules and the program has
+    imported Flax.
 
     Flax reads them when a variable's sharding is asked for (``nnx.get_partition_spec``) and
     when a logical constraint is traced, so they must hold while ``make_step`` runs and while
@@ -292,20 +315,116 @@ def takes_rules(make_step: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-def build_program(
+def lower_step(
     make_step: Callable[..., Any],
     mesh: Any,
     rules: Sequence[tuple[str, Any]] = (),
     *,
     where: str = "make_step",
 ) -> Any:
-    """``jax.stages.Lowered`` of the step ``make_step`` returns for ``mesh`` and ``rules``.
+    """The ``jax.stages.Lowered`` (or ``Compiled``) of the step ``make_step`` gives for ``mesh``.
 
-    The mesh is set (``jax.set_mesh``) and Flax's rules are in force while ``make_step`` runs
-    and while the step is lowered.
+    The context, as a user would write it by hand:
+
+    * ``make_step(mesh)`` (or ``make_step(mesh, rules)``) runs with no mesh set: it is given
+      the mesh, and a library that acts on an ambient mesh (Linen's
+      ``LogicallyPartitioned.unbox`` constrains shardings when one is set) sees none;
+    * the step it returns is lowered inside ``with jax.set_mesh(mesh):``, so that bare
+      ``PartitionSpec`` s in it (``out_sharding=``, ``reshard``, ``with_sharding_constraint``)
+      name the mesh's axes;
+    * Flax's logical-axis rules context holds ``rules`` through both, when there are rules
+      and the program imported Flax (how rules reach ``nnx.get_partition_spec``).
+
+    ``make_step`` may also return the step's ``Lowered`` or ``Compiled`` itself.
+
+    Raises:
+        ProgramError: ``make_step`` returned something else.
+        MissingMeshError: ``make_step`` needed a mesh set (names the fix).
+        AxisTypeError: the program's shardings do not fit the mesh's axis types.
     """
-
+    with rules_context(rules):
+        try:
+            got = make_step(mesh, tuple(rules)) if takes_rules(make_step) else make_step(mesh)
+        except Exception as e:
+            explained = _context_error(e, mesh, where)
+            if explained is not None:
+                raise explained from e
+            raise
+    stage = program_stage(got)
+    if stage is not None:
+        return stage
+    step, args = check_step_pair(got, where)
     with jax.set_mesh(mesh), rules_context(rules):
-        got = make_step(mesh, tuple(rules)) if takes_rules(make_step) else make_step(mesh)
-        step, args = check_step_pair(got, where)
-        return lower(step, args, {})
+        try:
+            return lower(step, args, {})
+        except Exception as e:
+            explained = axis_type_error(e, mesh, where)
+            if explained is not None:
+                raise explained from e
+            raise
+
+
+def _context_error(error: BaseException, mesh: Any, where: str) -> ShardscopeError | None:
+    """Our words for what ``make_step`` raised because of its context, or None."""
+    explained = axis_type_error(error, mesh, where)
+    if explained is not None:
+        return explained
+    if any(m in str(error) for m in _NEEDS_MESH_MARKERS):
+        return MissingMeshError(
+            f"{where} used a bare PartitionSpec while no mesh was set: make_step runs without "
+            f"one (it is given the mesh as its argument); write NamedSharding(mesh, spec), or "
+            f"put its body inside `with jax.set_mesh(mesh):`. JAX said: "
+            f"{str(error).strip().splitlines()[0]}"
+        )
+    return None
+
+
+def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeError | None:
+    """Our words for JAX's refusal of shardings that do not fit the mesh's axis types (code
+    for Explicit axes on an Auto mesh, or the reverse), or None for other errors.
+
+    JAX 0.10.2 says so in a ``ValueError`` and an ``AssertionError`` whose wording is matched
+    below, and in its ``ShardingTypeError`` (not public API, so known by its name).
+    """
+    text = str(error)
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    kinds = set(mesh_axis_types(mesh))
+    spec = format_mesh_spec(mesh_axes(mesh)) if kinds else "?"
+    if "names that are of type Auto" in text and "auto" in kinds:
+        return AxisTypeError(
+            f"{where}: the program is written for Explicit axes (sharding in types: "
+            f"out_sharding=, jax.sharding.reshard), but mesh {spec!r} has Auto axes; build it "
+            f"with axis_types='explicit', JAX's default. JAX said: {first}",
+            param="axis_types",
+        )
+    if "explicit" not in kinds:
+        return None
+    if "can only refer to Auto axes" in text:
+        return AxisTypeError(
+            f"{where}: the program constrains shardings with with_sharding_constraint, which "
+            f"takes only Auto axes, but mesh {spec!r} has Explicit axes; build it with "
+            f"axis_types='auto' (or move arrays with jax.sharding.reshard). JAX said: {first}",
+            param="axis_types",
+        )
+    if "acts as an assert when all axes of mesh are of type `Explicit`" in text:
+        return AxisTypeError(
+            f"{where}: with_sharding_constraint only checks shardings on Explicit axes, and on "
+            f"mesh {spec!r} one does not hold: the program is written for Auto axes, so build "
+            f"the mesh with axis_types='auto' (or move the array with jax.sharding.reshard). "
+            f"JAX said: {first}",
+            param="axis_types",
+        )
+    if type(error).__name__ == "ShardingTypeError":
+        return AxisTypeError(
+            f"{where}: the program's shardings do not type-check on the Explicit axes of mesh "
+            f"{spec!r} (code written for Auto axes, where the compiler chooses); build the "
+            f"mesh with axis_types='auto', or say the result's sharding (out_sharding=, "
+            f"jax.sharding.reshard). JAX said: {first}",
+            param="axis_types",
+        )
+    return None
+
+
+def mesh_axis_types(mesh: Any) -> tuple[str, ...]:
+    """``("explicit", "auto", ...)``: each axis's type, lower case."""
+    return tuple(str(getattr(t, "name", t)).lower() for t in getattr(mesh, "axis_types", ()))

@@ -28,6 +28,11 @@ class MeshSpecError(ShardscopeError):
     """A mesh description that cannot be built (bad syntax, sizes, names or device count)."""
 
 
+class AxisTypeError(MeshSpecError):
+    """An axis type that does not exist, or a mesh whose axis types the program's shardings do
+    not fit (code written for Explicit axes on an Auto mesh, or the other way round)."""
+
+
 class LayoutError(ShardscopeError):
     """A shape and sharding that do not fit together (e.g. a dimension not divisible)."""
 

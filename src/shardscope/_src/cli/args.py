@@ -51,6 +51,19 @@ def positive_float(text: str) -> float:
     return positive_number(text, " of seconds")
 
 
+def add_axis_types_option(p: argparse.ArgumentParser) -> None:
+    """``--axis-types explicit|auto``: the axis types of the meshes built for the user's code."""
+    p.add_argument(
+        "--axis-types",
+        choices=("explicit", "auto"),
+        type=str.lower,
+        default=None,
+        help="the mesh axes' type: explicit (JAX's default, sharding in types: out_sharding=, "
+        "jax.sharding.reshard) or auto (the compiler propagates shardings; "
+        "with_sharding_constraint steers it). Default: what jax.make_mesh gives, explicit",
+    )
+
+
 #: Library parameters whose option keeps its value under another name (its ``dest``); every
 #: other parameter is the ``dest`` of the option that sets it, where the command has one.
 DEST_OF = {

@@ -15,7 +15,7 @@ from shardscope._src.audit.stages import check_program_ref
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.io import STDOUT, check_output_paths, write_result
 from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
-from shardscope._src.cli.args import Parser, positive_int
+from shardscope._src.cli.args import Parser, add_axis_types_option, positive_int
 from shardscope._src.cli.audit_program import (
     hlo_file,
     mesh_needed,
@@ -80,7 +80,7 @@ def run_audit_command(
 
     mesh: Any = mesh_spec
     if target is not None and get_target(target).family != CPU:
-        mesh = target_mesh(target, mesh_spec or DEFAULT_MESH)
+        mesh = target_mesh(target, mesh_spec or DEFAULT_MESH, axis_types="auto")
     else:
         ensure_devices_for(mesh_spec, devices)
 
@@ -193,6 +193,7 @@ def _add_audit_program(programs: argparse._SubParsersAction) -> None:  # type: i
     own.add_argument(
         "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
     )
+    add_axis_types_option(own)
     _audit_options(own, AuditProgramConfig, None)
     _target_option(own)
 
@@ -372,6 +373,7 @@ def _run_audit_program(
             rules_path=c.rules,
             rule_set=c.rule_set,
             target=target,
+            axis_types=c.axis_types,
             **shown,
         )
     if isinstance(c, AuditHloConfig):

@@ -10,15 +10,14 @@ from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import audit
-from shardscope._src.audit.stages import build_program, load_program
+from shardscope._src.audit.compile import audit, audit_program
+from shardscope._src.audit.stages import load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError, one_line
 from shardscope._src.base.io import STDOUT, write_result
-from shardscope._src.mesh import make_mesh, parse_mesh_spec
+from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.plan.rules import check_rules_axes, load_rules_file, normalize_rules
 from shardscope._src.render.audit import render_audit
-from shardscope._src.target_mesh import target_mesh
 
 
 def mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
@@ -47,6 +46,7 @@ def run_audit_program(
     console: Any = None,
     by_scope: bool = False,
     target: str | None = None,
+    axis_types: str | None = None,
 ) -> int:
     """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``: of
     simulated CPU devices, or of ``target``'s compile-only devices (its own compiler);
@@ -65,19 +65,16 @@ def run_audit_program(
         own = module_rules(make_step)
         sets = normalize_rules(own) if own is not None else None
     rules = _pick_rules(sets, rule_set, source, tuple(axes))
-    if target is not None:
-        mesh = target_mesh(target, axes)
-    else:
-        mesh = make_mesh(axes, devices=jax.devices()[: math.prod(axes.values())])
     try:
-        lowered = build_program(make_step, mesh, rules, where=ref)
+        result = audit_program(
+            make_step, axes, rules=rules, axis_types=axis_types, target=target, where=ref
+        )
     except ShardscopeError:
         raise
     except Exception as e:  # the user's program failed: one line, --debug for the traceback
         raise ProgramError(
             f"{ref} on mesh {mesh_spec} raised {one_line(e)} (--debug shows the traceback)"
         ) from e
-    result = audit(lowered, mesh=mesh)
     data = {"program": ref, **result.to_dict()}
     title = f"{ref} on {mesh_spec}"
     # the backend is asked for only when there is JSON to write

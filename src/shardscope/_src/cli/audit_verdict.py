@@ -138,7 +138,7 @@ def _mesh_for(mesh_spec: str, target: str | None) -> Any:
     if target is None or get_target(target).family == CPU:
         ensure_devices_for(mesh_spec)
         return mesh_spec
-    return target_mesh(target, mesh_spec)
+    return target_mesh(target, mesh_spec, axis_types="auto")
 
 
 def run_matmul_command(

@@ -71,6 +71,7 @@ class AuditProgramConfig(AuditConfig):
     program_ref: str
     rules: str | None
     rule_set: str | None
+    axis_types: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +183,7 @@ class PlanConfig(CommandConfig):
     model: str | None
     program: str | None
     rules: str | None
+    axis_types: str | None
     axes: str | None
     meshes: str | None
     d_model: int | None

@@ -29,6 +29,7 @@ from shardscope._src.cli.args import (
     PROG,
     Flags,
     UsageError,
+    add_axis_types_option,
     positive_int,
     positive_number,
 )
@@ -277,6 +278,7 @@ def _plan_what_options(p: argparse.ArgumentParser) -> None:
         "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
     )
     p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
+    add_axis_types_option(p)
     p.add_argument(
         "--meshes",
         metavar="LIST",
@@ -423,10 +425,10 @@ def check_plan(c: PlanConfig) -> None:
 
 def plan_command(c: PlanConfig) -> int:
 
-    if c.program is None and (c.rules or c.axes or c.meshes):
+    if c.program is None and (c.rules or c.axes or c.meshes or c.axis_types):
         raise UsageError(
-            f"{PROG} plan: --rules, --axes and --meshes plan your own program; give "
-            f"--program FILE.py:FUNCTION"
+            f"{PROG} plan: --rules, --axes, --meshes and --axis-types plan your own program; "
+            f"give --program FILE.py:FUNCTION (the built-in model runs on Auto axes)"
         )
     if c.program is not None:
         return _cmd_plan_program(c, c.program)
@@ -488,6 +490,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
         rules_path=c.rules,
         axes=_names(c.axes, "--axes"),
         meshes=c.meshes.split(";") if c.meshes else None,
+        axis_types=c.axis_types,
         hardware=c.hardware,
         hardware_overrides=c.hardware_overrides,
         json_path=c.json,
@@ -522,6 +525,7 @@ def run_plan_program(
     top: int | None = None,
     console: Any = None,
     target: str | None = None,
+    axis_types: str | None = None,
     flags: Flags = NO_FLAGS,
 ) -> int:
     """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices`` (simulated CPU devices, or
@@ -560,6 +564,7 @@ def run_plan_program(
         hardware=hardware,
         hardware_overrides=hardware_overrides,
         target=target,
+        axis_types=axis_types,
         name=ref,
     )
     if json_path != STDOUT:

@@ -85,6 +85,9 @@ def is_known_opcode(opcode: str) -> bool:
     return False
 
 
+#: The execution thread of a computation whose closing brace names none.
+MAIN_THREAD = "main"
+
 # Attributes whose value names computations this instruction runs.
 CALL_ATTRIBUTES = (
     "calls",
@@ -550,6 +553,9 @@ class Computation:
     is_entry: bool = False
     header: str = ""
     line: int | None = None
+    #: The execution thread the computation runs on: ``"main"``, or another the compiler
+    #: names after its closing brace (the TPU's ``}, execution_thread="sparsecore"``).
+    execution_thread: str = MAIN_THREAD
 
     @cached_property
     def by_name(self) -> dict[str, Instruction]:
@@ -860,13 +866,17 @@ def _parse_computation(lines: list[str], start: int) -> tuple[Computation, int]:
     while i < len(lines):
         line = lines[i]
         stripped = line.strip()
-        if stripped == "}":
+        if stripped == "}" or stripped.startswith("},"):
+            # After the brace, attributes of the computation: `}, execution_thread="sparsecore"`.
+            attrs = _parse_attributes(stripped, 1, i + 1)
+            thread = attrs.get("execution_thread", MAIN_THREAD).strip('"') or MAIN_THREAD
             comp = Computation(
                 name=name,
                 instructions=tuple(instructions),
                 is_entry=is_entry,
                 header=header,
                 line=lineno,
+                execution_thread=thread,
             )
             return comp, i + 1
         if stripped:

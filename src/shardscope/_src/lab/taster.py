@@ -50,7 +50,7 @@ def mesh_1d(lab: Lab) -> Any:
     """Step 1: a 1-D mesh named ``model`` over every device."""
 
     n = jax.device_count()
-    mesh = make_mesh({"model": n})
+    mesh = make_mesh({"model": n}, axis_types="auto")
     lab.check(
         "mesh_1d",
         lambda: dict(mesh.shape) == {"model": n} and mesh.devices.size == n,
@@ -168,7 +168,7 @@ def mesh_2d(lab: Lab) -> Any | None:
             "mesh_2d_shards", f"a 2-D (2, n/2) mesh needs an even device count >= 4, found {n}"
         )
         return None
-    mesh = make_mesh({"dp": 2, "mp": n // 2})
+    mesh = make_mesh({"dp": 2, "mp": n // 2}, axis_types="auto")
     a_host = np.arange(8 * COLS, dtype=np.float32).reshape(8, COLS)
     want = (8 // 2, COLS // (n // 2))
     placed: dict[str, Any] = {}

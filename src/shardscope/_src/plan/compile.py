@@ -70,7 +70,8 @@ def compile_facts(
 
     t0 = time.perf_counter()
     need = math.prod(parse_mesh_spec(mesh_spec).values())
-    mesh = make_mesh(mesh_spec, devices=list(jax.devices() if devices is None else devices)[:need])
+    devs = list(jax.devices() if devices is None else devices)[:need]
+    mesh = make_mesh(mesh_spec, devices=devs, axis_types="auto")
     placement = get_strategy(strategy).place(config, mesh)
     lowered = build_program(placement, mode=mode, microbatches=microbatches).lower()
     t1 = time.perf_counter()

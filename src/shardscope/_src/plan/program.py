@@ -31,12 +31,14 @@ import jax.numpy as jnp
 
 from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
 from shardscope._src.audit.records import Audit
-from shardscope._src.audit.stages import build_program, takes_rules
+from shardscope._src.audit.stages import lower_step, takes_rules
 from shardscope._src.audit.width import Width
 from shardscope._src.base.deviceless import require_compiler
 from shardscope._src.base.errors import (
+    AxisTypeError,
     DeviceMemoryError,
     LayoutError,
+    MissingMeshError,
     PlanError,
     ProgramError,
     TargetError,
@@ -51,7 +53,7 @@ from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import CPU, get_target, topology
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.mesh import make_mesh, parse_mesh_spec
+from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.candidates import divisors
 from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
@@ -199,6 +201,7 @@ class ProgramPlanResult:
     skipped: tuple[Skipped, ...]
     notes: tuple[Note, ...]
     target: str = "cpu"
+    axis_types: str = "explicit"
     wall_s: float = 0.0
     candidates: int = 0
 
@@ -262,29 +265,39 @@ def compile_candidate(
     *,
     where: str,
     target: str | None = None,
+    axis_types: Any = None,
 ) -> tuple[Audit, Mapping[str, float], int, str]:
     """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate: on simulated CPU
     devices with the planner's options (the partitioned program and its buffers, not fast
-    CPU code), or on ``target``'s compile-only devices with its own compiler."""
+    CPU code), or on ``target``'s compile-only devices with its own compiler. A ``Compiled``
+    that ``make_step`` returned is audited as it is."""
 
     t0 = time.perf_counter()
     if target is None:
-        mesh = make_mesh(dict(sizes), devices=devices)
+        mesh = make_mesh(dict(sizes), devices=devices, axis_types=axis_types)
     else:
-        mesh = target_mesh(target, dict(sizes))
-    lowered = build_program(make_step, mesh, rules, where=where)
+        mesh = target_mesh(target, dict(sizes), axis_types=axis_types)
+    stage = lower_step(make_step, mesh, rules, where=where)
     t1 = time.perf_counter()
-    with capture_stderr() as log:
-        if target is None:
-            compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
-        else:
-            compiled = compile_lowered(lowered)
+    if isinstance(stage, jax.stages.Compiled):
+        compiled, log = stage, []
+    else:
+        with capture_stderr() as log:
+            if target is None:
+                compiled = stage.compile(compiler_options=dict(COMPILE_OPTIONS))
+            else:
+                compiled = compile_lowered(stage)
     t2 = time.perf_counter()
     result = audit(compiled, mesh=mesh)
+    if (result.target or "cpu") != (target or "cpu"):
+        raise ProgramError(
+            f"{where} returned a program for {result.target or result.backend} devices, not "
+            f"{target or 'cpu'}; build it on the mesh make_step is given"
+        )
     remats = parse_rematerializations(log[0] if log else "", result.module)
     result = replace(result, rematerializations=remats)
     fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
-    itemsize = _itemsize(lowered.args_info)
+    itemsize = _itemsize(stage.args_info)
     timing = {"lower_s": t1 - t0, "compile_s": t2 - t1, "audit_s": time.perf_counter() - t2}
     return result, timing, itemsize, fingerprint
 
@@ -302,6 +315,7 @@ def plan_program(
     hardware: str | Hardware | None = None,
     hardware_overrides: Mapping[str, float] | None = None,
     target: str | None = None,
+    axis_types: Any = None,
     name: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> ProgramPlanResult:
@@ -325,6 +339,9 @@ def plan_program(
             ``shardscope.TARGETS``) with its own compiler, deviceless: its collectives and
             its memory per device (a TPU program that does not fit is skipped for memory).
             None (or ``"cpu"``): simulated CPU devices.
+        axis_types: the axis types of every candidate's mesh, as in
+            :func:`shardscope.make_mesh`: ``"explicit"`` (the default, JAX's: sharding in
+            types) or ``"auto"`` (the compiler propagates shardings).
         name: what to call the program in the output (default ``make_step``'s module and name).
         progress: called as ``progress(done, total, label)``.
 
@@ -335,10 +352,18 @@ def plan_program(
     Raises:
         PlanError: bad rules (unknown axes), no axes, too few devices, or a ``make_step``
             that does not return ``(step, args)``.
+        AxisTypeError: an axis type that does not exist, or a program whose shardings do not
+            fit the meshes' axis types (it names the one they fit).
+        MissingMeshError: a ``make_step`` that needs a mesh set while it runs.
+
+    ``make_step`` runs with no mesh set (it is given the mesh); the step it returns is
+    lowered inside ``with jax.set_mesh(mesh):``, with Flax's logical-axis rules in force
+    through both when there are rules (see ``lower_step`` in the audit's stages).
     """
 
     start = time.perf_counter()
     rule_sets, axes = _check_program(make_step, devices, rules, axes, meshes)
+    kinds = axis_types_of(axis_types, axes)
     shapes = _mesh_list(meshes, axes, devices)
     target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
     local = None
@@ -357,17 +382,20 @@ def plan_program(
         spec = format_mesh_spec(sizes)
         try:
             compiled = compile_candidate(
-                make_step, r, sizes, local, where=f"{label}(mesh {spec})", target=target_name
+                make_step,
+                r,
+                sizes,
+                local,
+                where=f"{label}(mesh {spec})",
+                target=target_name,
+                axis_types=kinds,
             )
-        except (PlanError, ProgramError, TargetError):
+        except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
             raise
         except DeviceMemoryError as e:  # the target's compiler found it does not fit
             skipped.append(Skipped(rn, spec, SkipReason.MEMORY, str(e)))
         except Exception as e:  # the user's program failed for this mesh and rules
-            # A shape the mesh does not divide (JAX's IndivisibleError, our LayoutError) is
-            # the planner's "divisibility"; anything else the program raised is an "error".
-            divides = type(e).__name__ == "IndivisibleError" or isinstance(e, LayoutError)
-            reason = SkipReason.DIVISIBILITY if divides else SkipReason.ERROR
+            reason = SkipReason.DIVISIBILITY if _indivisible(e) else SkipReason.ERROR
             skipped.append(Skipped(rn, spec, reason, one_line(e)))
         else:
             fingerprint = compiled[3]
@@ -398,6 +426,7 @@ def plan_program(
         skipped=tuple(skipped),
         notes=tuple(_result_notes(hw, ranked, target_name)),
         target=target_name or "cpu",
+        axis_types=",".join(sorted(set(k.name.lower() for k in kinds))),
         wall_s=time.perf_counter() - start,
         candidates=total,
     )
@@ -501,6 +530,16 @@ def _program_plan(
         exact=result.exact,
         same_as=same_as,
     )
+
+
+def _indivisible(error: BaseException) -> bool:
+    """Whether ``error`` says a shape the mesh does not divide (the planner's "divisibility";
+    anything else a program raises is an "error"): our LayoutError, or JAX's refusal, an
+    ``IndivisibleError`` on Auto axes and a ``ValueError`` on Explicit ones (0.10.2), known by
+    the class's name and the words both use, since neither class is public API."""
+    if isinstance(error, LayoutError) or type(error).__name__ == "IndivisibleError":
+        return True
+    return isinstance(error, ValueError) and "does not evenly divide" in str(error)
 
 
 def _uses_flax(make_step: Callable[..., Any]) -> bool:

@@ -71,7 +71,7 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
     """Builds ``cand``'s program on ``target``'s compile-only devices, compiles it with the
     target's compiler and audits it."""
 
-    mesh = target_mesh(target, cand.stage_mesh_spec)
+    mesh = target_mesh(target, cand.stage_mesh_spec, axis_types="auto")
     placement = get_strategy(cand.strategy).place(config, mesh)
     lowered = build_program(placement, mode=mode, microbatches=cand.microbatches).lower()
     t0 = time.perf_counter()

@@ -225,6 +225,11 @@ def audit_notes(audit: Audit) -> list[str]:
             "some counts are not exact: a loop with an unknown trip count (counted once) or a "
             "conditional branch (counted as if taken)"
         )
+    for thread in audit.execution_threads:
+        notes.append(
+            f"computations on the {thread!r} execution thread were read with the rest "
+            f"(their collectives are counted)"
+        )
     for u in audit.unknown_instructions:
         notes.append(f"unknown instruction {u.opcode} ({u.name}): {u.raw[:120]}")
     if audit.memory is not None:

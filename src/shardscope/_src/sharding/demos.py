@@ -86,7 +86,7 @@ def demo_mesh(mesh: Any = None) -> Any:
             f"choose sizes that multiply to at most {len(have)}, or simulate more with "
             f"shardscope.use_cpu_devices({need}) before JAX starts"
         )
-    return make_mesh(axes, devices=have[:need])
+    return make_mesh(axes, devices=have[:need], axis_types="auto")
 
 
 def _axis(mesh: Any) -> str:

@@ -23,7 +23,13 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.io import json_value, record_dict
-from shardscope._src.mesh import format_mesh_spec, make_mesh, mesh_axes, parse_mesh_spec
+from shardscope._src.mesh import (
+    auto_mesh,
+    format_mesh_spec,
+    make_mesh,
+    mesh_axes,
+    parse_mesh_spec,
+)
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes, split_params
 
 if TYPE_CHECKING:
@@ -173,8 +179,9 @@ class Strategy:
 
         Raises :class:`StrategyError` naming the value, the rule and a fix.
         """
-        if isinstance(mesh, str):
-            mesh = make_mesh(mesh)
+        # The reference model constrains its activations (with_sharding_constraint) and lets
+        # the compiler choose the collectives: it runs on Auto axes whatever the mesh's types.
+        mesh = auto_mesh(make_mesh(mesh) if isinstance(mesh, str) else mesh)
         sizes = mesh_axes(mesh)
         resolved = _resolve_roles(self, sizes, model_axis, axes)
         placement = Placement(self, config, mesh, resolved, constraints)

@@ -20,7 +20,7 @@ from shardscope._src.bounds.matmul import (
 )
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.bounds.transformer import transformer_bound
-from shardscope._src.mesh import make_mesh
+from shardscope._src.mesh import auto_mesh, make_mesh
 from shardscope._src.model.config import param_shapes
 from shardscope._src.sharding.programs import Program, build_matmul, build_program
 from shardscope._src.verdict.compare import Hint, Verdict, compare
@@ -78,7 +78,7 @@ def matmul_verdict(
     """
 
     problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
-    mesh_obj = make_mesh(dict(problem.mesh)) if isinstance(mesh, str | dict) else mesh
+    mesh_obj = auto_mesh(make_mesh(dict(problem.mesh)) if isinstance(mesh, str | dict) else mesh)
     schedule = best_schedule(problem)
     result = audit(build_matmul(problem, mesh_obj).lower())
     bound = schedule.bound()
