@@ -44,6 +44,7 @@ _NO_MESH_MARKERS = ("non-empty mesh", "requires a mesh", "empty mesh")
 _NEEDS_MESH_MARKERS = (
     *_NO_MESH_MARKERS,
     "not under a mesh context",
+    "Please set a mesh via `jax.set_mesh`",
     "mesh context or metadata is required",
 )
 

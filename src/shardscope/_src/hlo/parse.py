@@ -869,7 +869,9 @@ def _parse_computation(lines: list[str], start: int) -> tuple[Computation, int]:
         if stripped == "}" or stripped.startswith("},"):
             # After the brace, attributes of the computation: `}, execution_thread="sparsecore"`.
             attrs = _parse_attributes(stripped, 1, i + 1)
-            thread = attrs.get("execution_thread", MAIN_THREAD).strip('"') or MAIN_THREAD
+            thread = attrs.get("execution_thread", MAIN_THREAD).strip('"')
+            if not thread:
+                raise _error(i + 1, "the computation's execution_thread names no thread", line)
             comp = Computation(
                 name=name,
                 instructions=tuple(instructions),
