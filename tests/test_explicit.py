@@ -257,3 +257,26 @@ def test_audit_on_a_target_finds_the_mesh_of_its_arguments():
     with pytest.raises(shardscope.TargetError, match="mesh='data=8'") as info:
         shardscope.audit(jax.jit(lambda v: v * 2), plain, target="h100")
     assert info.value.params == ("mesh",)
+
+
+def test_the_readme_explicit_example_runs_as_written(tmp_path):
+    import re
+    import subprocess
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Explicit sharding") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()[:2]
+    # One all-reduce of the activations over 'model', one of the gradients over 'data'.
+    assert first == "float32[512,2048@model] 2"
+    assert second.split()[0] == "explicit" and second.split()[-1].startswith("data=")
