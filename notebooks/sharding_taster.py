@@ -113,14 +113,14 @@ from jax.sharding import PartitionSpec as P
 
 
 def matmul_on(target):
-    m = shardscope.target_mesh(target, "model=8")
+    m = shardscope.target_mesh(target, "model=8", axis_types="auto")
     x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(m, P()))
     w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32, sharding=NamedSharding(m, P("model")))
     return shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
 
 
 def fsdp_step_on(target, layers=2, d=256, ff=1024):
-    m = shardscope.target_mesh(target, "data=8")
+    m = shardscope.target_mesh(target, "data=8", axis_types="auto")
     w_in = jax.ShapeDtypeStruct(
         (layers, d, ff), jnp.bfloat16, sharding=NamedSharding(m, P(None, "data"))
     )

@@ -312,7 +312,7 @@ def test_live_train_step_on_cpu_names_scopes_passes_and_the_users_lines():
 
     import shardscope
 
-    mesh = shardscope.make_mesh("data=2,model=4")
+    mesh = shardscope.make_mesh("data=2,model=4", axis_types="auto")
 
     def loss(w, x):
         with jax.named_scope("block_3"), jax.named_scope("mlp"):

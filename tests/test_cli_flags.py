@@ -21,10 +21,13 @@ AUDITS = [("audit", p) for p in ("program", "hlo", "matmul", "reshard", "transfo
 
 #: The commands whose runs reach each module that names parameters.
 COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
+    "audit/compile.py": [("audit", "program")],
     "audit/diff.py": [("diff",)],
+    "audit/stages.py": [("audit", "program"), ("plan",)],
     "base/distributed.py": [("lab",), *AUDITS],
     "base/io.py": [("lab",)],
     "launch.py": [("launch",)],
+    "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],
     "plan/program.py": [("plan",)],
     "plan/sweep.py": [("plan",)],

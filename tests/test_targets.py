@@ -139,7 +139,7 @@ def _fsdp_step(mesh, d=256, ff=1024, layers=2, batch=32, seq=64):
 
 
 def test_fsdp_step_on_8_h100s_reduce_scatters_16_bit_gradients_over_data():
-    mesh = shardscope.target_mesh("h100", "data=8")
+    mesh = shardscope.target_mesh("h100", "data=8", axis_types="auto")
     assert {d.device_kind for d in mesh.devices.flat} == {"NVIDIA H100 80GB HBM3"}
     step, params, x = _fsdp_step(mesh)
     a = shardscope.audit(step, params, x)
@@ -158,7 +158,7 @@ def test_fsdp_step_on_8_h100s_reduce_scatters_16_bit_gradients_over_data():
 
 
 def test_fsdp_step_on_tpu_v5p_as_its_compiler_chose():
-    mesh = shardscope.target_mesh("tpu-v5p", "data=8")
+    mesh = shardscope.target_mesh("tpu-v5p", "data=8", axis_types="auto")
     step, params, x = _fsdp_step(mesh, d=128, ff=512, layers=1, batch=16, seq=32)
     a = shardscope.audit(step, params, x)
     assert (a.backend, a.target) == ("tpu", "tpu-v5p")
@@ -185,12 +185,14 @@ def test_audit_builds_the_target_mesh_from_a_description():
     def f(w):
         return jax.lax.with_sharding_constraint(w, P(None, "model")) * 2
 
-    a = shardscope.audit(f, w, mesh="model=8", target="b200", in_shardings=P("model", None))
+    a = shardscope.audit(
+        f, w, mesh="model=8", target="b200", in_shardings=P("model", None), axis_types="auto"
+    )
     assert (a.backend, a.target, dict(a.mesh_axes)) == ("gpu", "b200", {"model": 8})
 
 
 def test_a_mesh_of_other_devices_is_refused():
-    cpu = shardscope.make_mesh("data=8")
+    cpu = shardscope.make_mesh("data=8", axis_types="auto")
     w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
     with pytest.raises(shardscope.TargetError, match="are not h100 devices"):
         shardscope.audit(lambda w: w * 2, w, mesh=cpu, target="h100")

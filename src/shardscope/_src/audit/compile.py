@@ -45,6 +45,7 @@ from shardscope._src.base.text import format_spec
 from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_metadata
 from shardscope._src.mesh import (
     axis_types_name,
+    axis_types_of,
     format_mesh_spec,
     make_mesh,
     mesh_axes,
@@ -174,6 +175,7 @@ def audit(
     mesh: Any = None,
     target: Any = None,
     compiler_options: Mapping[str, Any] | None = None,
+    axis_types: Any = None,
     **jit_kwargs: Any,
 ) -> Audit:
     """Audits the collectives of a compiled JAX program.
@@ -197,6 +199,9 @@ def audit(
         compiler_options: XLA options for compiling a function or a ``Lowered``
             (``lowered.compile(compiler_options=...)``), e.g.
             ``{"xla_backend_optimization_level": 0}``.
+        axis_types: the axes' type of the mesh built from a description, as in
+            :func:`shardscope.make_mesh` (default: JAX's, Explicit; ``"auto"`` for a program
+            that steers the compiler with ``with_sharding_constraint``).
         **jit_kwargs: options for ``jax.jit`` when ``program`` is a function.
 
     Returns:
@@ -211,12 +216,20 @@ def audit(
     """
 
     given_axes = _mesh_from(mesh)  # a bad mesh is refused before anything is compiled
+    if axis_types is not None and not isinstance(mesh, str | Mapping):
+        raise MeshSpecError(
+            f"axis_types={axis_types!r} is for a mesh built from a description (mesh='data=8'); "
+            f"a Mesh has its own axis types: drop axis_types",
+            param="axis_types",
+        )
+    if isinstance(mesh, str | Mapping):
+        axis_types_of(axis_types, tuple(given_axes or ()))  # refused before compiling too
     if target is not None:
-        mesh = _target_mesh_for(program, mesh, target, args, jit_kwargs)
+        mesh = _target_mesh_for(program, mesh, target, args, jit_kwargs, axis_types)
     if isinstance(program, str):
         _refuse_options_for_text(args, jit_kwargs, compiler_options)
         return _audit_text(program, given_axes)
-    compiled, log = _compile(program, args, jit_kwargs, mesh, compiler_options)
+    compiled, log = _compile(program, args, jit_kwargs, mesh, compiler_options, axis_types)
     return _audit_compiled(compiled, log, given_axes, target)
 
 
@@ -291,6 +304,7 @@ def _compile(
     jit_kwargs: dict[str, Any],
     mesh: Any,
     compiler_options: Mapping[str, Any] | None,
+    axis_types: Any = None,
 ) -> tuple[Any, str | None]:
     """``(compiled program, the compiler's log)``: a Compiled as it is (no log), a Lowered or
     a function compiled with ``compiler_options``."""
@@ -310,13 +324,15 @@ def _compile(
                 "pass its Lowered (or the function) to compile it with these options"
             )
         return program, None
-    lowered = _lowered(program, args, jit_kwargs, mesh)
+    lowered = _lowered(program, args, jit_kwargs, mesh, axis_types)
     with capture_stderr() as captured:
         compiled = compile_lowered(lowered, **(compiler_options or {}))
     return compiled, captured[0] if captured else None
 
 
-def _lowered(program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:
+def _lowered(
+    program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any, axis_types: Any
+) -> Any:
     """A Lowered as it is; a function lowered on its example arguments."""
     if isinstance(program, jax.stages.Lowered):
         if args or jit_kwargs:
@@ -326,7 +342,7 @@ def _lowered(program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], me
             )
         return program
     if callable(program) or hasattr(program, "lower"):
-        return _lower(program, args, jit_kwargs, mesh)
+        return _lower(program, args, jit_kwargs, mesh, axis_types)
     raise ShardscopeError(
         f"audit() needs a jitted function (jax.jit, flax.nnx.jit, "
         f"equinox.filter_jit or another library's), a plain function, a Lowered "
@@ -435,7 +451,12 @@ def compile_lowered(lowered: Any, **compiler_options: Any) -> Any:
 
 
 def _target_mesh_for(
-    program: Any, mesh: Any, target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any]
+    program: Any,
+    mesh: Any,
+    target: Any,
+    args: tuple[Any, ...],
+    jit_kwargs: dict[str, Any],
+    axis_types: Any = None,
 ) -> Any:
     """The mesh of ``target``'s devices that ``audit(..., target=)`` lowers the program on."""
     t = get_target(target)
@@ -455,7 +476,7 @@ def _target_mesh_for(
             param="mesh",
         )
     if isinstance(mesh, str | Mapping):
-        return target_mesh(t, mesh)
+        return target_mesh(t, mesh, axis_types=axis_types)
     check_mesh_target(mesh, t)
     return mesh
 
@@ -485,7 +506,9 @@ def _compiled_for(shardings: list[Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any) -> Any:
+def _lower(
+    target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any, axis_types: Any
+) -> Any:
 
     ctx: Any = contextlib.nullcontext()
     if mesh is not None and not isinstance(mesh, str | Mapping):
@@ -494,6 +517,6 @@ def _lower(target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh:
         # A description names axes for bare PartitionSpecs in the program; one that does not
         # fit the devices is reported against the compiled program's partition count below.
         if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():
-            ctx = jax.set_mesh(make_mesh(mesh))
+            ctx = jax.set_mesh(make_mesh(mesh, axis_types=axis_types))
     with ctx:
         return lower(target, args, jit_kwargs)
