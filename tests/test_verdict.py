@@ -309,7 +309,7 @@ def test_exercise_checks_all_pass_and_report_the_sp_verdict(tmp_path):
     assert facts["tp_counts"] == {"all-reduce": 4}
     assert facts["tp_traffic_bytes"] == facts["tp_bound_bytes"] == facts["twin_traffic_bytes"]
     assert facts["sp_verdict"]["ratio"] == pytest.approx(1.5)
-    details = lab.results[4].details
+    (details,) = [r.details for r in lab.results if r.name == "sp_verdict"]
     assert details["verdict"]["summary"].startswith("exceeds the bound (1.50x")
 
 
