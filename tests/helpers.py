@@ -1,8 +1,15 @@
 """Small shared helpers for the tests."""
 
+from __future__ import annotations
+
 import argparse
+import os
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def assert_usage_error(
@@ -32,3 +39,49 @@ def sub_parser(path: tuple[str, ...]) -> argparse.ArgumentParser:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[word]
     return parser
+
+
+def read_png(path: str | os.PathLike[str]) -> np.ndarray:
+    """The PNG at ``path`` read back as a ``(height, width, 3)`` array of RGB bytes (fails if
+    the file is not a PNG)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG", image.format
+        return np.asarray(image.convert("RGB"))
+
+
+def assert_drawn(image: np.ndarray, width: int, height: int) -> None:
+    """``image`` is ``width`` x ``height`` pixels and not blank: more than 1% of it is not
+    white, in more than two colours."""
+    import numpy as np
+
+    assert image.shape[:2] == (height, width), image.shape
+    inked = np.any(image < 250, axis=-1)
+    assert inked.mean() > 0.01, f"{inked.mean():.2%} of the image is not white"
+    assert len(np.unique(image[inked], axis=0)) > 2
+
+
+def patches(image: np.ndarray, colour: str) -> list[tuple[slice, slice]]:
+    """The connected regions painted exactly in matplotlib colour ``colour`` (``"C0"``,
+    ``"gold"``), as ``(rows, columns)`` slices, left to right."""
+    import numpy as np
+    from matplotlib.colors import to_rgb
+    from scipy import ndimage
+
+    rgb = np.round(np.asarray(to_rgb(colour)) * 255).astype(np.uint8)
+    labels, _ = ndimage.label(np.all(image == rgb, axis=-1))
+    return sorted(ndimage.find_objects(labels), key=lambda s: s[1].start)
+
+
+def bars(image: np.ndarray, colour: str) -> list[int]:
+    """The heights in pixels of the bars of ``colour`` in a bar chart, left to right: its
+    patches that stand on the common baseline (the legend's patch lies elsewhere)."""
+    from collections import Counter
+
+    found = patches(image, colour)
+    if not found:
+        return []
+    baseline = Counter(rows.stop for rows, _ in found).most_common(1)[0][0]
+    return [rows.stop - rows.start for rows, _ in found if rows.stop == baseline]

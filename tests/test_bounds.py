@@ -167,15 +167,20 @@ def test_sequence_parallel_turns_each_all_reduce_into_gather_and_scatter():
 
 def test_train_bounds_follow_the_published_formulas():
     config = ModelConfig(d_model=64, heads=8, ff=256, layers=2, batch=8, seq=16)
-    params = config.param_count() * 4
+    # Per layer: two norm gains, wqkv (64, 3 * 64), wo (64, 64), w_up and w_down (64, 256); f32.
+    params = 2 * (64 + 64 * 3 * 64 + 64 * 64 + 64 + 2 * 64 * 256) * 4
+    assert config.param_count() * 4 == params
     dp = transformer_bound(get_strategy("dp").place(config, "data=8"), "train")
     grads = [t for t in dp.terms if t.scope != "loss"]
     assert sum(t.payload_bytes * t.count for t in grads) == params
     fsdp = transformer_bound(get_strategy("fsdp").place(config, "data=8"), "train")
     assert fsdp.payload_bytes("all-gather") == params
     assert fsdp.payload_bytes("reduce-scatter") == params
+    # Both sum the f32 scalar loss once: an all-reduce of 4 bytes over 8 devices.
+    loss = 2 * 7 * 4 // 8
+    assert dp.traffic_bytes == 2 * 7 * params // 8 + loss
     # Gather once + scatter = one all-reduce's volume (ZeRO section 7.2.2, weights kept).
-    assert fsdp.traffic_bytes - 7 == dp.traffic_bytes - 7
+    assert fsdp.traffic_bytes == 7 * params // 8 + 7 * params // 8 + loss
     tp = transformer_bound(get_strategy("tp").place(config, "model=8"), "train")
     assert tp.counts() == {"all-reduce": 4 * 2}
 

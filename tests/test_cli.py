@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import assert_usage_error
+from helpers import assert_drawn, assert_usage_error, bars, read_png
 from shardscope._src.cli.main import main
 
 
@@ -21,7 +21,6 @@ from shardscope._src.cli.main import main
         (["audit", "transpose"], "invalid choice: 'transpose'"),
         (["audit", "matmul", "--mesh", "dp=2,dp=4"], "axis name 'dp' is repeated"),
         (["audit", "matmul", "--mesh", "model=3"], "1024 is not divisible by 3"),
-        (["audit", "matmul", "--mesh", "model=64"], "needs 64 devices but 8 are available"),
         (["lab", "--devices", "1_0"], "'1_0' is not a whole number"),
         (["audit", "reshard", "--devices", "4"], "give --devices 8 or a smaller mesh"),
         (["lab", "--out", ""], "argument --out: is empty"),
@@ -33,6 +32,16 @@ from shardscope._src.cli.main import main
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):
     assert_usage_error(argv, words, capsys)
+
+
+def test_a_mesh_larger_than_the_running_backend_is_one_line_exit_2(capsys):
+    # Before JAX starts, the command would simulate the 64 devices the mesh needs; once JAX
+    # runs with the suite's 8 devices, it cannot, and says so.
+    import jax
+
+    assert len(jax.devices()) == 8
+    argv = ["audit", "matmul", "--mesh", "model=64"]
+    assert_usage_error(argv, "needs 64 devices but 8 are available", capsys)
 
 
 def test_debug_shows_the_traceback(capsys):
@@ -77,8 +86,14 @@ def test_lab_in_process(tmp_path, capsys):
     assert data["passed"] == data["total"] > 0
     assert [r["name"] for r in data["results"]] == DOCUMENTED_CHECKS
     assert data["hardware"]["device_count"] == 8
-    png = tmp_path / "sharding_taster_memory.png"
-    assert png.read_bytes()[:4] == b"\x89PNG"
+    image = read_png(tmp_path / "sharding_taster_memory.png")
+    assert_drawn(image, 858, 484)  # (0.6 x 8 devices + 3) x 4.4 inches at 110 dpi
+    # A bar a device for each layout of the (1024, 1024) f32 array: replicated holds all of
+    # it, 1-D P('model', None) and 2-D P('dp', 'mp') an eighth (heights within a pixel).
+    whole, rows, blocks = (bars(image, c) for c in ("C0", "C1", "C2"))
+    assert len(whole) == len(rows) == len(blocks) == 8
+    assert len(set(whole)) == 1 and rows == blocks and len(set(rows)) == 1
+    assert abs(whole[0] / 8 - rows[0]) <= 1.5, (whole, rows)
 
 
 def test_lab_cold_process_with_4_devices(tmp_path):

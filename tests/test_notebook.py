@@ -6,6 +6,8 @@ import jupytext
 import nbformat
 from nbclient import NotebookClient
 
+from helpers import assert_drawn, bars, read_png
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
@@ -38,4 +40,6 @@ def test_notebook_executes(tmp_path):
     assert "float32[1024x1024] P('model', None)" in outputs  # the layout table
     assert "all-reduce" in outputs and "all-to-all" in outputs  # the audit tables
     assert (tmp_path / "scores" / "sharding_taster_notebook.json").exists()
-    assert (tmp_path / "scores" / "sharding_taster_notebook_memory.png").exists()
+    image = read_png(tmp_path / "scores" / "sharding_taster_notebook_memory.png")
+    assert_drawn(image, 858, 484)  # (0.6 x 8 devices + 3) x 4.4 inches at 110 dpi
+    assert [len(bars(image, c)) for c in ("C0", "C1", "C2")] == [8, 8, 8]  # 3 layouts, 8 devices

@@ -6,12 +6,13 @@ shardscope.use_cpu_devices(8)
 
 import json  # noqa: E402
 
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
 from shardscope._src.model.config import ModelConfig  # noqa: E402
-from shardscope._src.sharding.numerics import TOLERANCES, compare_numerics  # noqa: E402
+from shardscope._src.sharding.numerics import compare_numerics  # noqa: E402
 from shardscope._src.sharding.programs import build_program  # noqa: E402
 from shardscope._src.sharding.strategies import STRATEGIES, get_strategy, mesh_spec_for  # noqa: E402
 
@@ -159,7 +160,8 @@ def test_train_step_matches_one_device(name, impl):
 def test_sixteen_bit_tolerance_is_per_dtype(dtype):
     config = ModelConfig(**{**TINY.to_dict(), "dtype": dtype})
     report = compare_numerics("tp", config, "model=8")
-    assert report.tolerance == TOLERANCES[dtype]
+    # Four rounding units of the storage type (ml_dtypes' finfo, not shardscope's table).
+    assert report.tolerance == 4 * float(jnp.finfo(dtype).eps)
     assert report.ok, report.errors
     # Nonzero: the sharded sums really are ordered differently from the reference's.
     assert report.worst > 0

@@ -265,10 +265,16 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert sorted(by) == ["cpu", "h100"]
     on_target = next(p for p in result.plans if p.compiled_by == "h100")
     assert on_target.target_error is None and on_target.target_memory is not None
-    assert on_target.target_memory_bytes_per_device > 0
-    assert on_target.fits == (
-        on_target.target_memory_bytes_per_device <= on_target.memory_limit_bytes
+    # FSDP on 8 devices: an eighth of the bf16 weights (2 layers of two norm gains, wqkv
+    # (64, 192), wo (64, 64), w_up and w_down (64, 256); the (512, 64) embedding and
+    # unembedding and the final norm), and of the (16, 32) int32 tokens and targets.
+    weights = 2 * (64 + 64 * 192 + 64 * 64 + 64 + 2 * 64 * 256) + 2 * 512 * 64 + 64
+    assert on_target.strategy == "fsdp"
+    assert on_target.target_memory["argument_size_in_bytes"] == (
+        weights * 2 // 8 + 2 * 16 * 32 * 4 // 8
     )
+    # A few MB of an H100's 80 GB: it fits.
+    assert 0 < on_target.target_memory_bytes_per_device < 16 * 2**20 and on_target.fits
     assert on_target.notes[0].kind == "compiled-by-target"
     assert on_target.notes[0].text.startswith("compiled by the h100 compiler: ")
     # The CPU backend's reduce-scatter note does not follow the plan onto the target.
@@ -276,7 +282,8 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     # The target keeps bf16 collectives bf16: what it sends is what it compiled.
     assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
     (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
-    assert again.values["ranks"] == [p.rank for p in result.plans if p.compiled_by == "h100"]
+    # target_plans=1: the leading plan alone, compiled again.
+    assert again.values["ranks"] == [1] and on_target.rank == 1
     assert "compiled again by the h100 compiler" in again.text
 
 
@@ -286,7 +293,8 @@ def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():
     result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
     p = result.plans[0]
     assert p.compiled_by == "cpu" and p.fits  # judged from the analytic estimate
-    refused = replace(p, compiled_by="tpu-v5p", target_error="Ran out of memory on HBM")
+    # As a sweep records a leading plan that the H100 compiler refused for its memory.
+    refused = replace(p, compiled_by="h100", target_error="Ran out of memory on HBM")
     assert not refused.fits
     roomy = replace(p, compiled_by="h100", target_memory={"temp_size_in_bytes": 2**20})
     assert roomy.fits and roomy.target_memory_bytes_per_device == 2**20
