@@ -91,7 +91,7 @@ facts = taster.exercises(lab, mesh)
 facts["tp_counts"], facts["sp_verdict"]["summary"]
 
 # %%
-summary = lab.print_summary()
+summary = lab.summary()
 lab.save()
 assert summary["passed"] == summary["total"], summary
 

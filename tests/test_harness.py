@@ -61,11 +61,13 @@ def test_summary_and_save(tmp_path, capsys):
     lab.skip("c", "needs 16 devices")
     out = capsys.readouterr().out
     assert "PASS a" in out and "FAIL b" in out and "SKIP c  needs 16 devices" in out
-    s = lab.summary()
-    assert capsys.readouterr().out == ""  # the scorecard is data; printing it is separate
-    printed = lab.print_summary()
+    s = lab.scorecard()
+    assert capsys.readouterr().out == ""  # the scorecard is data
+    printed = lab.summary()
     assert printed.keys() == s.keys() and printed["results"] == s["results"]
-    assert "[unit] 1/2 checks passed (50%); skipped=1" in capsys.readouterr().out
+    assert capsys.readouterr().out == "[unit] 1/2 checks passed (50%); skipped=1\n"
+    assert lab.print_summary()["results"] == s["results"]  # the former name
+    assert capsys.readouterr().out == "[unit] 1/2 checks passed (50%); skipped=1\n"
     assert (s["lab_id"], s["passed"], s["total"], s["skipped"], s["score"]) == (
         "unit",
         1,
@@ -76,6 +78,7 @@ def test_summary_and_save(tmp_path, capsys):
     assert [r["name"] for r in s["results"]] == ["a", "b", "c"]
     assert set(s["results"][0]) == {"name", "passed", "skipped", "message", "duration_s", "details"}
     path = lab.save()
+    assert capsys.readouterr().out == ""  # saving prints nothing
     assert path == tmp_path / "unit.json"
     saved = json.loads(path.read_text())
     assert saved["results"] == s["results"] and saved["passed"] == 1

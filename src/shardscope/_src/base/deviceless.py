@@ -12,7 +12,10 @@ extras). Three habits of theirs are handled here, each only where the user has n
   absl's "before absl::InitializeLog()" notice), which are dropped while JAX loads its plugins
   under :func:`quiet_plugin_start`. Everything else they print is passed on.
 
-Environment variables are only ever set when unset, and only the ones named here.
+Nothing here runs when shardscope is imported. :func:`prepare_targets` is the deviceless
+set-up: it runs when a GPU or TPU target's devices are first asked for (and when the command
+line starts, whose process it is), sets the environment variables named in
+:func:`prepare_environment` where they are unset, and registers the plugins.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import functools
 import glob
 import importlib.util
 import os
+import sys
 from typing import Any
 
 from shardscope._src.base.errors import TargetError
@@ -83,14 +87,23 @@ def quiet_plugin_start() -> contextlib.AbstractContextManager[list[str]]:
     return capture_stderr(drop=_START_UP_NOISE)
 
 
-def import_jax() -> None:
-    """Prepares the environment and imports JAX with the plugins' start-up lines dropped.
+def _cuda_plugin_installed() -> bool:
+    return _module_present("jax_cuda12_plugin")
 
-    ``shardscope._src`` calls this before any of its modules loads, so that JAX's first import
-    (which loads the CUDA plugin's stub where it is installed) happens here. This module is
+
+def import_jax() -> None:
+    """Imports JAX; where the CUDA plugin is installed, with its start-up lines dropped.
+
+    ``shardscope._src`` calls this before any of its modules loads. JAX's import loads the
+    CUDA plugin's kernels, whose stub prints "Could not find cuda drivers" on a host without
+    a driver; nothing else in JAX's import writes to stderr, so without the plugin (or once
+    JAX is imported) this is a plain import. It sets no environment variable. This module is
     the one that imports JAX inside functions: it loads before JAX does.
     """
-    prepare_environment()
+    if "jax" in sys.modules or not _cuda_plugin_installed():
+        import jax  # noqa: F401
+
+        return
     with quiet_plugin_start():
         import jax  # noqa: F401
 
@@ -98,7 +111,8 @@ def import_jax() -> None:
 def start_jax() -> None:
     """Imports JAX and registers its plugins with their start-up lines dropped.
 
-    Does not start a backend (no device is opened). Idempotent and cheap after the first call.
+    Does not start a backend (no device is opened), and sets no environment variable. Cheap
+    after the first call.
     """
     import_jax()
     from jax._src import xla_bridge  # private: JAX has no public call that only registers
@@ -106,6 +120,37 @@ def start_jax() -> None:
     with quiet_plugin_start():
         # JAX registers its plugins lazily, when the first backend or topology is asked for.
         xla_bridge._discover_and_register_pjrt_plugins()
+
+
+def prepare_targets() -> None:
+    """The deviceless set-up: the environment the plugins need (:func:`prepare_environment`)
+    and the plugins registered, so that GPU and TPU topologies can be made.
+
+    If JAX registered its plugins before this ran (a JAX computation came first), the CUDA
+    plugin may have refused to register for want of a driver; it is registered again here.
+    """
+    prepare_environment()
+    start_jax()
+    _register_cuda_again()
+
+
+def _register_cuda_again() -> None:
+    from jax._src import xla_bridge  # private: where JAX keeps the registered topologies
+
+    if "cuda" in xla_bridge._topology_factories or not _module_present("jax_plugins.xla_cuda12"):
+        return
+    import jax_plugins.xla_cuda12 as cuda_plugin
+
+    # The plugin's own entry point, the one JAX's registration calls; it reads
+    # JAX_SKIP_CUDA_CONSTRAINTS_CHECK, which prepare_environment has now set.
+    try:
+        with quiet_plugin_start():
+            cuda_plugin.initialize()
+    except Exception as e:  # the plugin raises what its loader met; its classes vary
+        raise TargetError(
+            f"JAX's CUDA plugin did not register in this process ({type(e).__name__}: {e}); "
+            f"reinstall it for the installed JAX: pip install 'shardscope[gpu-compile]'"
+        ) from None
 
 
 def _module_present(name: str) -> bool:
@@ -152,7 +197,7 @@ def _missing(t: Target) -> list[str]:
 
 @functools.cache
 def _devices(topo: Topology) -> tuple[Any, ...]:
-    start_jax()
+    prepare_targets()
     from jax.experimental import topologies
 
     t = get_target(topo.target)
@@ -177,10 +222,8 @@ def _devices(topo: Topology) -> tuple[Any, ...]:
                 )
     except NotImplementedError as e:  # the plugin did not register in this process
         raise TargetError(
-            f"JAX has no {t.family.upper()} compiler registered in this process ({e}). JAX "
-            f"registers its plugins when it first starts; on a machine without a "
-            f"{t.family.upper()} set JAX_PLATFORMS=cpu before starting Python, or import "
-            f"shardscope before the first JAX computation"
+            f"JAX has no {t.family.upper()} compiler registered in this process ({e}); "
+            f"reinstall it for the installed JAX: pip install 'shardscope[{t.extra}]'"
         ) from None
     devices = tuple(desc.devices)
     if len(devices) != topo.devices:

@@ -12,7 +12,6 @@ import numpy as np
 from jax._src import xla_bridge  # private: JAX has no public query for started backends
 from jax.experimental import multihost_utils
 
-from shardscope._src.base.deviceless import start_jax
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
 
 DEFAULT_CPU_DEVICES = 8
@@ -49,8 +48,6 @@ def use_cpu_devices(n: int | None = None) -> int:
     """
     if n is not None:
         n = _count(n)
-
-    start_jax()  # JAX, and its accelerator plugins registered without their start-up chatter
 
     flagged = flag_device_count()
     requested = n if n is not None else (flagged or DEFAULT_CPU_DEVICES)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from shardscope._src.base.deviceless import start_jax
+from shardscope._src.base.deviceless import prepare_targets
 from shardscope._src.base.distributed import leave_run_on_failure
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
 from shardscope._src.base.io import result_header
@@ -209,9 +209,10 @@ def _main(argv: Sequence[str] | None) -> int:
             parser.error("a command is required")
         config = command_config(args)
         flags = config.flags
-        # JAX and its accelerator plugins, without their start-up chatter; no backend starts
-        # here, and some checks below read JAX's dtypes.
-        start_jax()
+        # The process is the command's own: the deviceless set-up (the environment the
+        # accelerator plugins need, the plugins registered without their start-up chatter)
+        # comes first, before any backend starts. Some checks below read JAX's dtypes.
+        prepare_targets()
         _check(config)  # bad input is refused before any work
         return _HANDLERS[type(config)][0](config)
     except UsageError as e:

@@ -235,14 +235,25 @@ class Lab:
         self._record(CheckResult(name, False, True, reason, 0.0, {}))
 
     # -- results ----------------------------------------------------------------------------
-    def summary(self) -> dict[str, Any]:
-        """The scorecard: counts, score, hardware and every check's result (prints nothing)."""
+    def scorecard(self) -> dict[str, Any]:
+        """The scorecard as plain data: counts, score, hardware and every check's result.
+
+        Prints nothing; :meth:`summary` prints its line and returns the same, and :meth:`save`
+        writes it.
+
+        >>> lab = Lab("doc", verbose=False)
+        >>> lab.check("even", lambda: 4 % 2 == 0)
+        True
+        >>> card = lab.scorecard()
+        >>> card["passed"], card["total"], card["skipped"], card["score"]
+        (1, 1, 0, 1.0)
+        """
         counted = [r for r in self.results if not r.skipped]
         passed = sum(r.passed for r in counted)
         total = len(counted)
         skipped = len(self.results) - total
         score = passed / total if total else 0.0
-        data = {
+        return {
             "lab_id": self.lab_id,
             "passed": passed,
             "total": total,
@@ -253,12 +264,11 @@ class Lab:
             "hardware": dict(self.hardware),
             "results": [r.to_dict() for r in self.results],
         }
-        return data
 
-    def print_summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """Prints ``[lab_id] P/T checks passed (x%); skipped=S`` (when this process reports)
-        and returns :meth:`summary`."""
-        data = self.summary()
+        and returns the :meth:`scorecard`."""
+        data = self.scorecard()
         if self.verbose and self.primary:
             from rich.markup import escape
 
@@ -270,9 +280,14 @@ class Lab:
             )
         return data
 
+    def print_summary(self) -> dict[str, Any]:
+        """The former name of :meth:`summary`, kept for one release."""
+        return self.summary()
+
     def save(self) -> Path:
-        """Writes the scorecard to ``<out_dir>/<lab_id>.json`` atomically; returns the path."""
-        data = self.summary()
+        """Writes the :meth:`scorecard` to ``<out_dir>/<lab_id>.json`` atomically; returns the
+        path. Prints nothing."""
+        data = self.scorecard()
         path = self.out_dir / f"{self.lab_id}.json"
         if self.primary:
             write_result(path, data, backend=jax.default_backend())

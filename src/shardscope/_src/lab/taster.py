@@ -292,7 +292,7 @@ def run(
     png = memory_picture(lab, mesh, mesh2)
     exercises(lab, mesh)
     processes_agree(lab)
-    summary = lab.print_summary()
+    summary = lab.summary()
     path = lab.save()
     lab.print(f"wrote {path}" + (f" and {png}" if png else ""))
     return lab, summary

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import audit
+from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS, audit
 from shardscope._src.audit.records import Collective
 from shardscope._src.audit.width import Width
 from shardscope._src.base.devices import backends_started, flag_device_count
@@ -25,14 +25,9 @@ from shardscope._src.sharding.strategies import get_strategy
 #: ``progress(done, total, label)``, called as plans finish compiling.
 Progress = Callable[[int, int, str], None]
 
-#: XLA options for the plan's compiles. The plan needs the partitioned program and its buffer
-#: sizes, not fast CPU code: without LLVM's optimisations and the CPU fusion emitters a 7B
-#: train step compiles 3 to 6 times faster, with the same collectives and buffer sizes to
-#: within 0.01% (tests/test_plan.py checks it).
-COMPILE_OPTIONS: Mapping[str, Any] = {
-    "xla_backend_optimization_level": 0,
-    "xla_cpu_use_fusion_emitters": False,
-}
+#: XLA options for the plan's compiles: it needs the partitioned program and its buffer
+#: sizes, not fast CPU code (see FAST_COMPILE_OPTIONS).
+COMPILE_OPTIONS: Mapping[str, Any] = FAST_COMPILE_OPTIONS
 
 
 def plan_collective(c: Collective, width: Width) -> PlanCollective:
