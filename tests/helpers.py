@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -85,3 +86,26 @@ def bars(image: np.ndarray, colour: str) -> list[int]:
         return []
     baseline = Counter(rows.stop for rows, _ in found).most_common(1)[0][0]
     return [rows.stop - rows.start for rows, _ in found if rows.stop == baseline]
+
+
+def run_readme_example(heading: str, tmp_path: Path) -> str:
+    """Runs the first ``python`` block of the README section under ``heading`` as a script in
+    a fresh interpreter, warnings as errors; returns what it printed."""
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index(heading) :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

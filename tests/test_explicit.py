@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from helpers import assert_usage_error
+from helpers import assert_usage_error, run_readme_example
 from shardscope._src.cli.main import main
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -260,23 +260,8 @@ def test_audit_on_a_target_finds_the_mesh_of_its_arguments():
 
 
 def test_the_readme_explicit_example_runs_as_written(tmp_path):
-    import re
-    import subprocess
-
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Explicit sharding") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    script = tmp_path / "example.py"
-    script.write_text(code)
-    done = subprocess.run(
-        [sys.executable, "-W", "error", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
-    first, second = done.stdout.splitlines()[:2]
+    out = run_readme_example("## Explicit sharding", tmp_path)
+    first, second = out.splitlines()[:2]
     # One all-reduce of the activations over 'model', one of the gradients over 'data'.
     assert first == "float32[512,2048@model] 2"
     assert second.split()[0] == "explicit" and second.split()[-1].startswith("data=")

@@ -16,6 +16,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardscope
+from helpers import run_readme_example
 from shardscope._src.audit.stages import lower_step
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -269,23 +270,8 @@ def test_logical_to_spec_follows_flax_rules():
 
 
 def test_the_readme_flax_example_runs_as_written(tmp_path):
-    import re
-    import subprocess
-
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Your own model") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    script = tmp_path / "example.py"
-    script.write_text(code)
-    done = subprocess.run(
-        [sys.executable, "-W", "error", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
-    max_bytes, all_reduces = done.stdout.split("\n")[0].split()
+    out = run_readme_example("## Your own model", tmp_path)
+    max_bytes, all_reduces = out.split("\n")[0].split()
     # Two (64, 256) kernels and their Adam moments, a quarter per device, and two scalars.
     assert int(max_bytes) == 6 * 64 * 256 + 8 and int(all_reduces) == 2
-    assert done.stdout.split("\n")[1].split()[0] in ("dp", "tp", "dp_tp")
+    assert out.split("\n")[1].split()[0] in ("dp", "tp", "dp_tp")
