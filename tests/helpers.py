@@ -109,3 +109,17 @@ def run_readme_example(heading: str, tmp_path: Path) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+#: The users' programs the suite runs (Flax, Equinox and plain JAX, as their projects write them).
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def program_module(name: str):
+    """The module ``tests/programs/NAME.py``, imported as its own module."""
+    import importlib
+    import sys
+
+    if str(PROGRAMS) not in sys.path:
+        sys.path.insert(0, str(PROGRAMS))
+    return importlib.import_module(name)

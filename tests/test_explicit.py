@@ -3,9 +3,7 @@
 and NNX programs as their projects write them, PRNG keys in layouts, and meshes of a target's
 devices taken from the arguments."""
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import jax
@@ -15,22 +13,16 @@ from jax.sharding import NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from helpers import assert_usage_error, run_readme_example
+from helpers import PROGRAMS, assert_usage_error, run_readme_example
+from helpers import program_module as load_program_module
 from shardscope._src.cli.main import main
 
-PROGRAMS = Path(__file__).parent / "programs"
 LLAMA = f"{PROGRAMS / 'explicit_llama.py'}:make_step"
-
-
-def _program(name):
-    if str(PROGRAMS) not in sys.path:
-        sys.path.insert(0, str(PROGRAMS))
-    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return _program("explicit_llama")
+    return load_program_module("explicit_llama")
 
 
 def _line(module, words):
@@ -196,7 +188,7 @@ def test_a_make_step_for_other_devices_is_refused():
 
 
 def test_a_linen_model_unboxed_with_its_own_helper_is_planned():
-    linen = _program("linen_lm")
+    linen = load_program_module("linen_lm")
     r = shardscope.plan_program(
         linen.make_step,
         8,
@@ -210,7 +202,7 @@ def test_a_linen_model_unboxed_with_its_own_helper_is_planned():
 
 
 def test_an_nnx_model_with_dropout_is_laid_out_and_audited():
-    nnx_dropout = _program("nnx_dropout")
+    nnx_dropout = load_program_module("nnx_dropout")
     from flax import nnx
 
     mesh = shardscope.make_mesh("data=2,model=4", axis_types="auto")

@@ -4,9 +4,6 @@ The programs live in tests/programs/ (a small Flax NNX train step with logical a
 and an Equinox train step with optax), written as a user would write them.
 """
 
-import importlib
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,26 +13,19 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardscope
+from helpers import program_module as load_program_module
 from helpers import run_readme_example
 from shardscope._src.audit.stages import lower_step
-
-PROGRAMS = Path(__file__).parent / "programs"
-
-
-def _program(name: str):
-    if str(PROGRAMS) not in sys.path:
-        sys.path.insert(0, str(PROGRAMS))
-    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="module")
 def flax_mlp():
-    return _program("flax_mlp")
+    return load_program_module("flax_mlp")
 
 
 @pytest.fixture(scope="module")
 def eqx_mlp():
-    return _program("eqx_mlp")
+    return load_program_module("eqx_mlp")
 
 
 @pytest.fixture(scope="module")
