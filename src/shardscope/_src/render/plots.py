@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +15,27 @@ from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
     from shardscope._src.layout import Layout
+
+
+#: What drawing a chart imports: about a second of a cold start, spent once per process.
+_CHART_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg")
+
+
+def prefetch_chart_library() -> threading.Thread:
+    """Imports the chart library in a background thread and returns it, so that a caller who
+    will draw later pays for the import while it waits on something else: XLA releases the
+    GIL while it compiles. An import that fails is left for the drawing to raise."""
+
+    def load() -> None:
+        for name in _CHART_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # pragma: no cover - matplotlib is a dependency
+                return
+
+    thread = threading.Thread(target=load, name="shardscope-chart-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def plot_device_bytes(
