@@ -156,7 +156,6 @@ def scratch(tmp_path, monkeypatch):
 def test_the_table_covers_every_sub_command():
     commands = {tuple(argv[:2]) if argv[:1] == ["audit"] else tuple(argv[:1]) for argv, _ in ROWS}
     assert set(BASE) <= commands
-    assert len(ROWS) >= 150
 
 
 @pytest.mark.parametrize(
