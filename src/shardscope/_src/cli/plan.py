@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from shardscope._src.audit.stages import load_program
 from shardscope._src.base.deviceless import compiler_installed
@@ -43,6 +43,7 @@ from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
 from shardscope._src.render.plan_plot import plot_plans
 from shardscope._src.render.program_plan import program_markdown_report, render_program_plan
+from shardscope._src.render.protocols import PlanSet, RankedPlan
 from shardscope._src.sharding.strategies import STRATEGIES
 
 
@@ -198,9 +199,18 @@ def _compile_progress(console: Any = None) -> Iterator[Callable[[int, int, str],
             bar.stop()
 
 
+class PlanFiles(PlanSet[RankedPlan], Protocol):
+    """A sweep that can be written: the renderers' fields and its JSON."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+SweepT = TypeVar("SweepT", bound=PlanFiles)
+
+
 def write_plan_files(
-    result: Any,
-    report: Callable[[Any], str],
+    result: SweepT,
+    report: Callable[[SweepT], str],
     backend: str,
     *,
     json_path: str | None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from shardscope._src.base.comm import ratio
 from shardscope._src.base.hardware import Hardware
@@ -398,6 +398,9 @@ class PlanResult:
     notes: tuple[Note, ...]
     wall_s: float = 0.0
     workers: int = 0
+
+    #: Where ``memory_bytes_per_device`` comes from (a user's program plans read "compiled").
+    memory_source: ClassVar[str] = "analytic"
     candidates: int = field(default=0)
     screened: int = 0
     closest: Mapping[str, Any] | None = None

@@ -10,11 +10,13 @@ backticks in Markdown.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 Row = TypeVar("Row")
 Other = TypeVar("Other")
+#: A column reads its rows: one that reads any plan reads the planner's plans too.
+RowT_contra = TypeVar("RowT_contra", contravariant=True)
 
 
 class Alarm(str):
@@ -24,7 +26,7 @@ class Alarm(str):
 
 
 @dataclass(frozen=True)
-class Column(Generic[Row]):
+class Column(Generic[RowT_contra]):
     """One column of a table rendered both by rich and as Markdown.
 
     Attributes:
@@ -39,7 +41,7 @@ class Column(Generic[Row]):
     """
 
     header: str
-    value: Callable[[Row], str]
+    value: Callable[[RowT_contra], str]
     markdown: str | None = None
     justify: Literal["left", "right"] = "left"
     no_wrap: bool = False
@@ -47,10 +49,23 @@ class Column(Generic[Row]):
     code: bool = False
     only: Literal["rich", "markdown"] | None = None
 
-    def on(self, part: Callable[[Other], Row]) -> Column[Other]:
+    def on(self, part: Callable[[Other], RowT_contra]) -> Column[Other]:
         """The same column read from a larger row, of which ``part`` picks this column's row."""
         value = self.value
-        return replace(self, value=lambda row: value(part(row)))  # type: ignore[arg-type,return-value]
+
+        def read(row: Other) -> str:
+            return value(part(row))
+
+        return Column(
+            self.header,
+            read,
+            markdown=self.markdown,
+            justify=self.justify,
+            no_wrap=self.no_wrap,
+            fold=self.fold,
+            code=self.code,
+            only=self.only,
+        )
 
 
 def rich_columns(columns: Iterable[Column[Row]]) -> list[Column[Row]]:

@@ -7,7 +7,7 @@ Both read the plain data only; rich is imported where it is used.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardscope._src.render.columns import (
     Alarm,
@@ -21,7 +21,12 @@ from shardscope._src.render.columns import (
 from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
+    from shardscope._src.base.hardware import Hardware
     from shardscope._src.plan.types import AxisComm, Plan, PlanResult, Skipped, Validation
+    from shardscope._src.render.protocols import PlanSet, RankedPlan
+
+Row = TypeVar("Row")
+PlanT = TypeVar("PlanT", bound="RankedPlan")
 
 #: Short names of the collective kinds, for one-line summaries.
 KIND_SHORT = {
@@ -74,28 +79,36 @@ def headline(result: PlanResult) -> str:
 
 
 def figure(
-    header: str, value: Callable[[Any], str], markdown: str | None = None, **options: Any
-) -> Column[Any]:
+    header: str, value: Callable[[Row], str], markdown: str | None = None, **options: Any
+) -> Column[Row]:
     """A column of numbers: right-aligned, one line a cell (``options``: more of
     :class:`Column`'s fields)."""
     return Column(header, value, markdown=markdown, justify="right", no_wrap=True, **options)
 
 
-def _fits(p: Any) -> str:
+def _fits(p: RankedPlan) -> str:
     return "yes" if p.fits else Alarm("no")
 
 
 #: The ranked plans' columns shared by the planner and a user's program plans.
-RANK = figure("#", lambda p: f"{p.rank}{'*' if p.pareto else ''}", only="rich")
-RANK_MARKDOWN = Column("#", lambda p: str(p.rank), only="markdown")
-MESH = Column("mesh", lambda p: p.mesh_spec, no_wrap=True, code=True)
-MEMORY = figure("mem/dev", lambda p: format_bytes(p.memory_bytes_per_device), "memory/device")
-FITS = figure("fits", _fits)
-COMM_BYTES = figure("comm/dev", lambda p: format_bytes(p.comm_bytes_per_device), "comm/device")
-COMM_TIME = figure("comm", lambda p: format_seconds(p.comm_time_s), "comm time")
-COMPUTE = figure("compute", lambda p: format_seconds(p.compute_time_s))
-STEP = figure("step", lambda p: format_seconds(p.step_time_s))
-PARETO = Column("Pareto", lambda p: "yes" if p.pareto else "", only="markdown")
+def _rank(p: RankedPlan) -> str:
+    return f"{p.rank}{'*' if p.pareto else ''}"
+
+
+RANK: Column[RankedPlan] = figure("#", _rank, only="rich")
+RANK_MARKDOWN: Column[RankedPlan] = Column("#", lambda p: str(p.rank), only="markdown")
+MESH: Column[RankedPlan] = Column("mesh", lambda p: p.mesh_spec, no_wrap=True, code=True)
+MEMORY: Column[RankedPlan] = figure(
+    "mem/dev", lambda p: format_bytes(p.memory_bytes_per_device), "memory/device"
+)
+FITS: Column[RankedPlan] = figure("fits", _fits)
+COMM_BYTES: Column[RankedPlan] = figure(
+    "comm/dev", lambda p: format_bytes(p.comm_bytes_per_device), "comm/device"
+)
+COMM_TIME: Column[RankedPlan] = figure("comm", lambda p: format_seconds(p.comm_time_s), "comm time")
+COMPUTE: Column[RankedPlan] = figure("compute", lambda p: format_seconds(p.compute_time_s))
+STEP: Column[RankedPlan] = figure("step", lambda p: format_seconds(p.step_time_s))
+PARETO: Column[RankedPlan] = Column("Pareto", lambda p: "yes" if p.pareto else "", only="markdown")
 
 PLAN_COLUMNS: tuple[Column[Plan], ...] = (
     RANK,
@@ -117,7 +130,7 @@ PLAN_COLUMNS: tuple[Column[Plan], ...] = (
 )
 
 #: A plan's communication per mesh axis and kind (the planner's and a user's program's).
-COMM_BOUND = figure("bound", lambda a: format_bytes(a.bound_bytes), "lower bound")
+COMM_BOUND: Column[AxisComm] = figure("bound", lambda a: format_bytes(a.bound_bytes), "lower bound")
 COMM_COLUMNS: tuple[Column[AxisComm], ...] = (
     Column("axes", lambda a: a.axes, no_wrap=True),
     Column("kind", lambda a: a.kind, no_wrap=True),
@@ -167,7 +180,12 @@ def skipped_columns(first: str = "strategy") -> tuple[Column[Skipped], ...]:
 
 
 def ranked_table(
-    columns: Sequence[Column[Any]], result: Any, *, heading: str, caption: str, top: int | None
+    columns: Sequence[Column[PlanT]],
+    result: PlanSet[PlanT],
+    *,
+    heading: str,
+    caption: str,
+    top: int | None,
 ) -> Any:
     """The ranked plans (the best ``top``; None: all) as a rich table."""
     return rich_table(
@@ -193,7 +211,11 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
     """The best plans' collectives per mesh axis and kind, loop trips counted: one row per
     axis and kind, the plan named on its first."""
     label: Column[tuple[str, AxisComm]] = Column("plan", lambda row: row[0], no_wrap=True)
-    columns = [label, *(c.on(lambda row: row[1]) for c in rich_columns(COMM_COLUMNS))]
+
+    def comm_of(row: tuple[str, AxisComm]) -> AxisComm:
+        return row[1]
+
+    columns = [label, *(c.on(comm_of) for c in rich_columns(COMM_COLUMNS))]
     table = rich_table(
         columns,
         (),
@@ -207,7 +229,7 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
     return table
 
 
-def skipped_table(result: Any, *, first: str = "strategy") -> Any:
+def skipped_table(result: PlanSet[RankedPlan], *, first: str = "strategy") -> Any:
     """What was skipped and why; ``first`` heads the first column (a user's program's plans
     are skipped per rule set)."""
     return rich_table(skipped_columns(first), result.skipped, title="Skipped")
@@ -285,7 +307,7 @@ def time_breakdown(p: Plan) -> list[str]:
     return out
 
 
-def hardware_text(hw: Any) -> str:
+def hardware_text(hw: Hardware) -> str:
     """The hardware's links and latency, with where the numbers come from (one sentence)."""
     return (
         f"Hardware ({hw.source}): link {hw.link_bandwidth / 1e9:g} GB/s within a node of "
@@ -294,7 +316,7 @@ def hardware_text(hw: Any) -> str:
     )
 
 
-def comm_sections(plans: Sequence[Any], columns: Sequence[Column[AxisComm]]) -> list[str]:
+def comm_sections(plans: Sequence[RankedPlan], columns: Sequence[Column[AxisComm]]) -> list[str]:
     """Each plan's communication per axis (a Markdown section a plan), with its notes."""
     lines = ["## Communication per axis (loop trips counted)", ""]
     for p in plans:
@@ -308,7 +330,7 @@ def comm_sections(plans: Sequence[Any], columns: Sequence[Column[AxisComm]]) -> 
     return lines
 
 
-def skipped_section(result: Any, *, first: str = "strategy") -> list[str]:
+def skipped_section(result: PlanSet[RankedPlan], *, first: str = "strategy") -> list[str]:
     """The skipped candidates as a Markdown section (none: no section)."""
     if not result.skipped:
         return []

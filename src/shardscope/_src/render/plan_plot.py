@@ -14,10 +14,10 @@ from shardscope._src.render.console import format_bytes
 from shardscope._src.render.plan import format_seconds
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.types import PlanResult
+    from shardscope._src.render.protocols import PlanSet, RankedPlan
 
 
-def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
+def plot_plans(result: PlanSet[RankedPlan], path: str | os.PathLike[str]) -> Path:
     """Writes the chart as PNG. Filled markers fit the device memory, hollow ones do not; the
     dashed line is the device memory, the step line the Pareto front, the star the best plan.
     With no plan, the chart says why."""
@@ -35,7 +35,7 @@ def plot_plans(result: PlanResult, path: str | os.PathLike[str]) -> Path:
     if result.plans:
         _draw_plans(ax, result)
     else:
-        _say_why_empty(ax, result.empty_reason or "no plan")
+        _say_why_empty(ax, str(result.empty_reason or "no plan"))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return write_atomic(path, lambda f: f.write(buf.getvalue()), binary=True)
@@ -55,7 +55,7 @@ def _say_why_empty(ax: Any, reason: str) -> None:
     ax.set_axis_off()
 
 
-def _draw_plans(ax: Any, result: PlanResult) -> None:
+def _draw_plans(ax: Any, result: PlanSet[RankedPlan]) -> None:
     """Every plan, the Pareto front, the best plan and the device memory, then the axes."""
     plans, hw = result.plans, result.hardware
     top = max(p.memory_bytes_per_device for p in plans)
@@ -67,8 +67,7 @@ def _draw_plans(ax: Any, result: PlanResult) -> None:
     if any(not p.fits for p in plans):
         ax.scatter([], [], s=46, facecolors="none", edgecolors="grey", label="hollow: does not fit")
     _time_axis(ax, plans)
-    source = getattr(result, "memory_source", "analytic")
-    ax.set_xlabel(f"memory per device, {source} ({unit})")
+    ax.set_xlabel(f"memory per device, {result.memory_source} ({unit})")
     ax.set_ylabel("communication time per step (alpha-beta)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
@@ -82,7 +81,7 @@ def _memory_unit(top: int) -> tuple[int, str]:
     )
 
 
-def _scatter_strategies(ax: Any, plans: Sequence[Any], scale: int) -> None:
+def _scatter_strategies(ax: Any, plans: Sequence[RankedPlan], scale: int) -> None:
     """One colour a strategy; filled where the plan fits, hollow where it does not."""
     strategies = list(dict.fromkeys(p.strategy for p in plans))
     colors = {s: f"C{i % 10}" for i, s in enumerate(strategies)}
@@ -104,7 +103,7 @@ def _scatter_strategies(ax: Any, plans: Sequence[Any], scale: int) -> None:
             )
 
 
-def _draw_front(ax: Any, plans: Sequence[Any], scale: int) -> None:
+def _draw_front(ax: Any, plans: Sequence[RankedPlan], scale: int) -> None:
     """The Pareto front as a step line, each of its plans named."""
     front = sorted(
         (p for p in plans if p.pareto),
@@ -133,7 +132,7 @@ def _draw_front(ax: Any, plans: Sequence[Any], scale: int) -> None:
         )
 
 
-def _mark_best(ax: Any, best: Any, scale: int) -> None:
+def _mark_best(ax: Any, best: RankedPlan | None, scale: int) -> None:
     """A star on the best plan, or a legend line saying none fits."""
     if best is None:
         ax.plot([], [], " ", label="no plan fits the device memory")
@@ -150,7 +149,7 @@ def _mark_best(ax: Any, best: Any, scale: int) -> None:
     )
 
 
-def _mark_device_memory(ax: Any, memory_bytes: int, top: int, scale: int) -> None:
+def _mark_device_memory(ax: Any, memory_bytes: float, top: int, scale: int) -> None:
     """A dashed line at the device memory, or a legend line where it lies far off the chart."""
     if memory_bytes <= 2 * top:
         ax.axvline(
@@ -164,7 +163,7 @@ def _mark_device_memory(ax: Any, memory_bytes: int, top: int, scale: int) -> Non
         ax.plot([], [], " ", label=f"device memory {format_bytes(memory_bytes)} (off the chart)")
 
 
-def _time_axis(ax: Any, plans: Sequence[Any]) -> None:
+def _time_axis(ax: Any, plans: Sequence[RankedPlan]) -> None:
     """Seconds on the y axis, logarithmic where the times span more than ten times."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 

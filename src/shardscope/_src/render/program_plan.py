@@ -5,6 +5,7 @@ shape of the built-in planner's (the PNG is the planner's chart, :func:`plot_pla
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.plan.rules import format_rules
@@ -69,12 +70,17 @@ PROGRAM_PLAN_COLUMNS: tuple[Column[ProgramPlan], ...] = (
     PARETO,
 )
 
+
+def _buffer_bytes(p: ProgramPlan, *, key: str) -> str:
+    return format_bytes(p.compiled_memory.get(key, 0))
+
+
 #: Memory per device as the compiler's buffer assignment gives it.
 PROGRAM_MEMORY_COLUMNS: tuple[Column[ProgramPlan], ...] = (
     Column("#", lambda p: str(p.rank)),
     Column("plan", lambda p: p.label),
     *(
-        Column(header, lambda p, key=key: format_bytes(p.compiled_memory.get(key, 0)))
+        Column(header, partial(_buffer_bytes, key=key))
         for header, key in (
             ("arguments", "argument_size_in_bytes"),
             ("outputs", "output_size_in_bytes"),
