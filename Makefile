@@ -44,6 +44,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/plan_targets.py
 	$(BIN)/python benchmarks/own_program.py
 	$(BIN)/python benchmarks/hostile_hlo.py
+	$(BIN)/python benchmarks/calibration.py
 
 clean:
 	rm -rf $(VENV) scores build src/*.egg-info
