@@ -1,0 +1,137 @@
+"""What a compiled program computes and moves, counted from its HLO, and which compute the
+compiler scheduled inside each asynchronous collective's window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardscope._src.audit.overlap import (
+    compute_seconds,
+    overlaps,
+    program_cost,
+    windows,
+)
+from shardscope._src.hlo.cost import Cost, instruction_cost
+from shardscope._src.hlo.parse import parse_hlo
+
+TARGETS = Path(__file__).parent / "fixtures" / "hlo_targets"
+D, FF, LAYERS = 256, 1024, 3  # generate.py's fsdp_step and tp_step
+
+
+def _fixture(name: str):
+    return parse_hlo((TARGETS / f"{name}.hlo").read_text())
+
+
+@pytest.mark.parametrize("target", ["h100x8", "v5px8"])
+def test_a_scanned_fsdp_step_counts_every_matmul_of_every_layer(target):
+    # Per device: 64 / 8 = 8 rows. Each layer runs two matmuls forward and four backward
+    # (each matmul's input and weight gradients), each 2 x 8 x D x FF FLOPs; the GPU writes
+    # them as dots in gemm fusions, the TPU as convolutions.
+    rows = 64 // 8
+    assert program_cost(_fixture(f"{target}/fsdp_step")).flops == LAYERS * 6 * 2 * rows * D * FF
+
+
+@pytest.mark.parametrize("target", ["h100x8", "v5px8"])
+def test_a_tensor_parallel_step_counts_no_gradient_of_its_input(target):
+    # data=2 x model=4: 16 / 2 = 8 rows, FF / 4 = 256 hidden columns per device. Forward two
+    # matmuls, backward three (both weight gradients, the hidden activation's; the input x
+    # is not differentiated).
+    rows, hidden = 16 // 2, FF // 4
+    assert program_cost(_fixture(f"{target}/tp_step")).flops == 5 * 2 * rows * D * hidden
+
+
+#: A scheduled module written by hand: two fusions and a loop inside asynchronous windows,
+#: an in-place update, a convolution, a synchronous all-reduce.
+HANDWRITTEN = (Path(__file__).parent / "fixtures" / "hlo_handwritten" / "costs.hlo").read_text()
+MATMUL = 2 * 64 * 32 * 128  # f32[64,32] = bf16[64,128] @ bf16[128,32]
+MATMUL_BYTES = 64 * 128 * 2 + 128 * 32 * 2 + 64 * 32 * 4  # both operands read, result written
+SCALE_BYTES = 64 * 32 * 4 + 32 * 4 + 64 * 32 * 4  # x and y read, the product written
+CONV = 2 * (2 * 8 * 8 * 8) * (4 * 3 * 3)  # result elements x kernel elements per output
+
+
+def _instructions():
+    m = parse_hlo(HANDWRITTEN)
+    entry = m.computations[m.entry_name]
+    return m, entry, entry.by_name
+
+
+def test_a_fusion_costs_its_matmuls_and_the_bytes_at_its_boundary():
+    m, entry, ins = _instructions()
+    assert instruction_cost(m, entry, ins["mm"]) == Cost(MATMUL, MATMUL_BYTES)
+    assert instruction_cost(m, entry, ins["sc"]) == Cost(0, SCALE_BYTES)
+
+
+def test_an_in_place_update_moves_only_its_update():
+    m, entry, ins = _instructions()
+    # The 16-slice buffer is neither read nor written whole: the update is read and written,
+    # the index read (4 bytes).
+    assert instruction_cost(m, entry, ins["up"]) == Cost(0, 2 * 64 * 32 * 4 + 4)
+
+
+def test_a_convolution_counts_kernel_elements_per_output_feature():
+    m, entry, ins = _instructions()
+    assert instruction_cost(m, entry, ins["conv"]).flops == CONV
+
+
+def test_collectives_control_flow_and_free_instructions_cost_nothing_themselves():
+    m, entry, ins = _instructions()
+    for name in ("ars", "ard", "ags", "agd", "sync", "loop", "u", "init", "zero", "out"):
+        assert instruction_cost(m, entry, ins[name]) == Cost(), name
+
+
+def test_the_program_counts_a_loop_body_once_per_trip():
+    m, _, _ = _instructions()
+    # Outside the loop: the matmul fusion and the convolution; inside: one matmul per trip.
+    assert program_cost(m).flops == MATMUL + CONV + 5 * MATMUL
+
+
+def test_a_window_holds_what_the_schedule_puts_between_start_and_done():
+    m, _, _ = _instructions()
+    found = windows(m)
+    assert set(found) == {"ars", "ags"}
+    first = found["ars"]
+    assert (first.done, first.instructions, first.collectives) == ("ard", 2, 0)
+    assert first.compute == Cost(MATMUL, MATMUL_BYTES + SCALE_BYTES)
+    # The while loop between all-gather-start and -done runs its matmul five times.
+    second = found["ags"]
+    assert second.compute.flops == 5 * MATMUL
+
+
+class _Device:
+    peak_flops = 1e12
+    matmul_fraction = 0.5
+    hbm_bandwidth = 1e9
+
+
+def test_exposed_time_is_what_the_window_compute_leaves_of_the_collective():
+    m, _, _ = _instructions()
+    device = _Device()
+    window = windows(m)["ars"]
+    hidden = max(MATMUL / (1e12 * 0.5), (MATMUL_BYTES + SCALE_BYTES) / 1e9)
+    assert compute_seconds(window.compute, device) == pytest.approx(hidden, rel=1e-12)
+    seconds = {"ars": 3 * hidden, "ags": 1e-9, "sync": 2e-3}
+    got = {
+        o.name: o
+        for o in overlaps(
+            m,
+            {"ars": ("main", True), "ags": ("main", True), "sync": ("main", False)},
+            seconds.__getitem__,
+            device,
+        )
+    }
+    assert got["ars"].exposed_s == pytest.approx(2 * hidden, rel=1e-12)
+    assert got["ags"].exposed_s == 0.0  # fully hidden by five trips of the loop
+    assert got["sync"].exposed_s == 2e-3 and got["sync"].hidden_s == 0.0
+
+
+def test_the_gpu_compiler_leaves_the_forward_all_gather_of_a_scanned_fsdp_step_exposed():
+    # The H100 compiler starts each layer's weight all-gather in the loop body and waits for
+    # it before the layer's first matmul: no matmul sits in the window. The gradient
+    # reduce-scatter of the backward body has one of the layer's matmuls beside it.
+    found = windows(_fixture("h100x8/fsdp_step"))
+    forward = [w for w in found.values() if w.start.startswith("all-gather-start")]
+    assert forward and all(w.compute.flops == 0 for w in forward)
+    (scatter,) = [w for w in found.values() if w.start.startswith("reduce-scatter-start")]
+    assert scatter.compute.flops == 2 * (64 // 8) * D * FF
