@@ -14,8 +14,10 @@ import pytest
 from helpers import assert_drawn, assert_usage_error, patches, read_png
 from shardscope._src.audit.compile import audit, parse_rematerializations
 from shardscope._src.audit.width import Width
+from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER
 from shardscope._src.base.errors import PlanError, ShardscopeError
 from shardscope._src.base.stderr import capture_stderr
+from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.candidates import candidates
@@ -32,8 +34,9 @@ from shardscope._src.plan.estimates import (
     estimate_memory,
     model_flops,
 )
+from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.sweep import plan
-from shardscope._src.plan.validate import VALIDATED_STRATEGIES
+from shardscope._src.plan.validate import VALIDATED_STRATEGIES, validate
 from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
@@ -224,19 +227,57 @@ def test_compiled_communication_matches_the_formula(sweep, strategy):
         assert v.ok and v.explanation == ""
         assert v.compiled_bytes == v.formula_bytes  # exactly, once bf16 is counted as bf16
     else:
-        # FSDP: the CPU backend all-reduces gradients where GPU/TPU reduce-scatter them.
-        assert not v.ok and "reduce-scatter" in v.explanation
+        # FSDP: the CPU backend all-reduces gradients where the formula reduce-scatters them.
+        assert not v.ok and "XLA:CPU forms no reduce-scatter under jit" in v.explanation
         assert v.compiled_bytes == v.cpu_formula_bytes == 7 * w // 8 + 2 * 7 * w // 8 + LOSS_BYTES
         assert v.cpu_ratio == 1.0
         assert v.ratio == pytest.approx(v.compiled_bytes / v.formula_bytes, rel=1e-12)
 
 
+def test_a_validation_matches_only_within_the_tolerance_either_way(sweep):
+    dp = next(p for p in sweep.plans if p.label == "dp data=8")
+    compiled = dp.comm_bytes_per_device
+
+    def formula(bytes_):  # a collective-permute sends its payload: ``bytes_`` exactly
+        term = Term(COLLECTIVE_PERMUTE, ("data",), 2, bytes_, 1, "w", role=TermRole.ACTIVATION)
+        return Bound("permute", (term,), ())
+
+    # The compiled bytes 4% above and below the formula match; 6% above or below do not:
+    # a formula that overcounts the program fails as one that undercounts it does.
+    for over, ok in [(1.04, True), (0.96, True), (1.06, False), (0.94, False)]:
+        v = validate(dp, formula(round(compiled / over)))
+        assert v.ok is ok, over
+        assert v.compiled_bytes == compiled
+
+
+def test_only_a_compiler_that_may_skip_reduce_scatters_explains_a_validation_by_it(sweep):
+    v = next(v for v in sweep.validations if v.strategy == "fsdp")
+    fsdp = next(p for p in sweep.plans if p.strategy == "fsdp" and p.mesh_spec == v.mesh)
+    w, data = TINY_WEIGHT_BYTES, ("data",)
+    bound = Bound(
+        "fsdp",
+        (
+            Term(ALL_GATHER, data, 8, w, 1, "weights", role=TermRole.WEIGHT_GATHER),
+            Term(REDUCE_SCATTER, data, 8, w, 1, "gradients", role=TermRole.GRADIENT_SCATTER),
+            Term(ALL_REDUCE, data, 8, 4, 1, "loss", role=TermRole.LOSS_SUM),
+        ),
+        (),
+    )
+    assert bound.traffic_bytes == v.formula_bytes == 7 * w // 8 + 7 * w // 8 + LOSS_BYTES
+    on_cpu = validate(fsdp, bound)
+    assert not on_cpu.ok and on_cpu.explanation.startswith("XLA:CPU forms no reduce-scatter")
+    # The same collectives, had the H100 compiler built them, are the program's own doing.
+    on_gpu = validate(replace(fsdp, compiled_by="h100"), bound)
+    assert not on_gpu.ok and on_gpu.explanation.startswith("compiled communication is 1.")
+
+
 def test_bf16_collectives_are_counted_at_two_bytes(sweep):
     dp = next(p for p in sweep.plans if p.label == "dp data=8")
     assert dp.cpu_comm_bytes_per_device == 2 * dp.comm_bytes_per_device - 7  # f32 loss: 7 B
-    (widened,) = [n for n in sweep.notes if n.kind == "cpu-widened"]
-    assert widened.values == {"dtype": "bfloat16", "itemsize": 2}
-    assert "f32" in widened.text
+    (widened,) = [n for n in sweep.notes if n.kind == "widened"]
+    assert widened.kind is PlanNote.CPU_WIDENED  # the former name
+    assert widened.values == {"dtype": "bfloat16", "itemsize": 2, "compiler": "XLA:CPU"}
+    assert widened.text.startswith("XLA:CPU runs bfloat16 arithmetic in f32")
 
 
 def test_plan_json_has_the_promised_fields(sweep):

@@ -31,7 +31,7 @@ from shardscope._src.plan.timing import (
     step_time,
 )
 from shardscope._src.plan.types import Candidate
-from shardscope._src.plan.validate import cpu_formula, jit_formula
+from shardscope._src.plan.validate import all_reduce_formula, jit_formula
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 SMALL = ModelConfig(
@@ -315,7 +315,7 @@ def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
                 s.bound.traffic_bytes,
                 # the formulas a compiled plan is validated against
                 jit_formula(s.bound, s.candidate.microbatches).traffic_bytes,
-                cpu_formula(s.bound).traffic_bytes,
+                all_reduce_formula(s.bound).traffic_bytes,
             )
             for s in ranked
         ], [(s.strategy, s.mesh, s.reason) for s in skipped]

@@ -27,6 +27,7 @@ from shardscope._src.sharding.strategies import STRATEGIES, mesh_spec_for  # noq
 from shardscope._src.verdict import (  # noqa: E402
     TOLERANCE,
     ExcessCause,
+    VerdictNote,
     compare,
     matmul_verdict,
     transformer_verdict,
@@ -107,6 +108,7 @@ def test_reduce_scatter_plan_needs_shard_map_on_cpu():
     assert v.ratio == pytest.approx(2.0, rel=1e-9)  # all-reduce + slice
     assert v.excess[0].cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER
     assert "reduce-scatter suffices" in v.excess[0].reason
+    assert "XLA:CPU forms no reduce-scatter under jit" in v.excess[0].reason
     constrained, explicit = v.hints
     assert not constrained.reaches_bound
     assert explicit.reaches_bound and explicit.counts == {"reduce-scatter": 1}
@@ -120,8 +122,9 @@ def test_sixteen_bit_collectives_are_judged_at_width():
     assert v.optimal
     assert v.backend_bytes == 2 * v.actual_bytes  # float32 on this backend's wire
     (widened,) = [n for n in v.notes if n.kind == "widened"]
-    assert widened.values == {"dtype": "bfloat16", "backend_bytes": v.backend_bytes}
-    assert "widened the bfloat16 program's collectives to float32" in widened.text
+    values = {"dtype": "bfloat16", "backend_bytes": v.backend_bytes, "compiler": "XLA:CPU"}
+    assert widened.values == values
+    assert "XLA:CPU widened the bfloat16 program's collectives to float32" in widened.text
 
 
 # -- transformer verdicts -------------------------------------------------------------------------
@@ -185,8 +188,12 @@ def test_fsdp_train_on_cpu_all_reduces_gradients_and_says_no_hint_applies():
     assert v.ratio == pytest.approx(v.actual_bytes / v.bound_bytes, rel=1e-12)
     assert v.ratio == pytest.approx(1.5, rel=1e-4)  # 1.5 but for the loss's 7 bytes
     assert v.hints == ()
-    (note,) = [n for n in v.notes if n.kind == "no-reduce-scatter-on-cpu"]
-    assert "forms no reduce-scatter" in note.text
+    (note,) = [n for n in v.notes if n.kind == "no-reduce-scatter-formed"]
+    assert note.kind is VerdictNote.NO_REDUCE_SCATTER_ON_CPU  # the former name
+    assert note.values == {"compiler": "XLA:CPU", "forms": "never"}
+    assert "XLA:CPU forms no reduce-scatter under jit" in note.text
+    # A verdict's JSON written before the rename reads back as the same kind.
+    assert VerdictNote("no-reduce-scatter-on-cpu") is VerdictNote.NO_REDUCE_SCATTER_FORMED
 
 
 def test_report_json_is_the_audit_plus_the_verdict():

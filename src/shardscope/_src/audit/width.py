@@ -1,9 +1,9 @@
 """The one 16-bit policy: a collective's bytes at the program's own width.
 
-XLA:CPU runs a 16-bit (bfloat16, float16) program's dots in float32, and so moves float32
-through its collectives: twice the bytes a GPU or TPU backend, which keeps 16 bits, sends.
-The verdict and the planner both count such a program's collectives as a 16-bit backend sends
-them, through :class:`Width`:
+A compiler that widens 16-bit collectives (``Capabilities.widens_16bit``; XLA:CPU runs a
+bfloat16 or float16 program's dots in float32) moves float32 through them: twice the bytes
+a compiler that keeps 16 bits sends. The verdict and the planner both count such a program's
+collectives as a 16-bit compiler sends them, through :class:`Width`:
 
 * only ``f32`` collectives of a 16-bit program are narrowed, to 2 bytes per element;
 * scalars stay at 4 bytes: a mixed-precision program keeps its loss (and other scalars) in
@@ -25,6 +25,7 @@ from typing import Any
 
 from shardscope._src.audit.records import Collective
 from shardscope._src.base import comm as _comm
+from shardscope._src.base.capabilities import compiler_capabilities
 
 #: Bytes per element of the program dtypes the models and matmuls are built in.
 PROGRAM_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -44,9 +45,12 @@ class Width:
     def of(
         cls, audit: Any, program_dtype: str | None = None, *, itemsize: int | None = None
     ) -> Width:
-        """The width to judge ``audit`` at. Only XLA:CPU widens 16-bit collectives to float32;
-        a GPU or TPU program (``audit.backend``) is judged as compiled."""
-        if getattr(audit, "backend", None) not in (None, "cpu"):
+        """The width to judge ``audit`` at: a program whose compiler (``audit.backend``)
+        keeps 16-bit collectives 16-bit (or has no record) is judged as compiled; one whose
+        compiler widens them, or is unknown (HLO text), at the program's width."""
+        backend = getattr(audit, "backend", None)
+        caps = compiler_capabilities(backend)
+        if backend is not None and (caps is None or not caps.widens_16bit):
             return cls()
         return cls(program_dtype, itemsize=itemsize)
 

@@ -14,8 +14,9 @@ judge fit against the same number.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from shardscope._src.base.capabilities import BY_PLATFORM, Capabilities
 from shardscope._src.base.errors import TargetError, is_int
 from shardscope._src.base.hardware import PRESETS, Hardware
 from shardscope._src.base.io import Record
@@ -207,6 +208,7 @@ class Target(Record):
       hardware: the preset the planner's estimates use (None for ``cpu``).
       extra: the package extra that installs its compiler (None for ``cpu``).
       description: what the devices are, in words.
+      capabilities: what its compiler does that the formulas do not assume.
     """
 
     name: str
@@ -214,6 +216,7 @@ class Target(Record):
     hardware: str | None
     extra: str | None
     description: str
+    capabilities: Capabilities = field(repr=False, compare=False)
 
     @property
     def preset(self) -> Hardware | None:
@@ -237,11 +240,14 @@ class Target(Record):
 
 
 def _targets() -> dict[str, Target]:
-    out = {"cpu": Target("cpu", CPU, None, None, "the CPU backend over simulated devices")}
+    cpu = "the CPU backend over simulated devices"
+    out = {"cpu": Target("cpu", CPU, None, None, cpu, BY_PLATFORM[CPU])}
     for name, spec in GPU_SPECS.items():
-        out[name] = Target(name, GPU, name, GPU_EXTRA, spec.description + " (XLA GPU compiler)")
+        gpu = spec.description + " (XLA GPU compiler)"
+        out[name] = Target(name, GPU, name, GPU_EXTRA, gpu, BY_PLATFORM[GPU])
     for name, label in (("tpu-v5e", "TPU v5e"), ("tpu-v5p", "TPU v5p"), ("tpu-v6e", "TPU v6e")):
-        out[name] = Target(name, TPU, name, TPU_EXTRA, label + " (XLA TPU compiler, libtpu)")
+        tpu = label + " (XLA TPU compiler, libtpu)"
+        out[name] = Target(name, TPU, name, TPU_EXTRA, tpu, BY_PLATFORM[TPU])
     return out
 
 

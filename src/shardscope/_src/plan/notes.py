@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shardscope._src.base.capabilities import reduce_scatter_words
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.hardware import TIME_MODEL_SOURCES
 from shardscope._src.base.notes import NoteKind
@@ -15,8 +16,11 @@ class PlanNote(NoteKind):
     """What a plan or a sweep notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
 
     # -- a plan's notes
-    #: the CPU backend all-reduced and sliced where the bound reduce-scatters
-    CPU_ALL_REDUCE_FOR_REDUCE_SCATTER = "cpu-all-reduce-for-reduce-scatter"
+    #: the compiler all-reduced and sliced where the bound reduce-scatters, its own choice
+    #: (values: ``compiler``, ``forms``: its ``Capabilities.forms_reduce_scatter``)
+    ALL_REDUCE_FOR_REDUCE_SCATTER = "all-reduce-for-reduce-scatter"
+    #: the former name of :attr:`ALL_REDUCE_FOR_REDUCE_SCATTER`
+    CPU_ALL_REDUCE_FOR_REDUCE_SCATTER = "all-reduce-for-reduce-scatter"
     #: the partitioner replicated a whole array then sliced it (values: ``sites``)
     REMATERIALIZATION = "rematerialization"
     #: some collective counts are not exact (unknown trip count or a branch)
@@ -39,10 +43,16 @@ class PlanNote(NoteKind):
     TIME_MODEL = "time-model"
     #: a user's program's time model (values: the hardware's fields)
     PROGRAM_TIME_MODEL = "program-time-model"
-    #: 16-bit collectives moved as f32 by the CPU backend (values: ``dtype``, ``itemsize``)
-    CPU_WIDENED = "cpu-widened"
-    #: the CPU backend forms no reduce-scatter; plans needing one are charged an all-reduce
-    CPU_NO_REDUCE_SCATTER = "cpu-no-reduce-scatter"
+    #: 16-bit collectives moved as f32 by a compiler that widens them (values: ``dtype``,
+    #: ``itemsize``, ``compiler``)
+    WIDENED = "widened"
+    #: the former name of :attr:`WIDENED`
+    CPU_WIDENED = "widened"
+    #: a compiler formed no reduce-scatter where plans need one; they are charged its
+    #: all-reduce (values: ``compiler``, ``forms``)
+    NO_REDUCE_SCATTER = "no-reduce-scatter"
+    #: the former name of :attr:`NO_REDUCE_SCATTER`
+    CPU_NO_REDUCE_SCATTER = "no-reduce-scatter"
     #: the hardware's own compiler is not installed (values: ``target``, ``extra``)
     TARGET_COMPILER_MISSING = "target-compiler-missing"
     #: the leading plans were compiled again (values: ``target``, ``ranks``)
@@ -66,10 +76,46 @@ class PlanNote(NoteKind):
     #: state alone does not fit)
     NO_PLAN = "no-plan"
 
+    @classmethod
+    def _missing_(cls, value: object) -> PlanNote | None:
+        # Values written by earlier versions, read back.
+        return _FORMER_VALUES.get(str(value))
+
     def describe(self, values: Mapping[str, Any]) -> str:
         """The note's words: its template filled with ``values``, or its function of them."""
         text = _TEXTS[self]
         return text.format_map(values) if isinstance(text, str) else text(values)
+
+
+#: What earlier versions wrote for kinds since renamed.
+_FORMER_VALUES = {
+    "cpu-all-reduce-for-reduce-scatter": PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER,
+    "cpu-widened": PlanNote.WIDENED,
+    "cpu-no-reduce-scatter": PlanNote.NO_REDUCE_SCATTER,
+}
+
+
+def _all_reduce_for_reduce_scatter(v: Mapping[str, Any]) -> str:
+    return (
+        f"{reduce_scatter_words(v['compiler'], v['forms'])}; it did so where the bound "
+        f"reduce-scatters, so the compiled bytes exceed the bound"
+    )
+
+
+def _widened(v: Mapping[str, Any]) -> str:
+    return (
+        f"{v['compiler']} runs {v['dtype']} arithmetic in f32 and moves f32 through the "
+        f"collectives; they are counted at {v['itemsize']} bytes per element, as compilers "
+        f"that keep 16 bits send them (cpu_comm_bytes_per_device has the bytes it sends)"
+    )
+
+
+def _no_reduce_scatter(v: Mapping[str, Any]) -> str:
+    return (
+        f"{reduce_scatter_words(v['compiler'], v['forms'])} (twice the bytes): plans that "
+        f"need one (FSDP gradients, sequence parallelism) are charged the compiled all-reduce; "
+        f"bound_comm_time_s is the time at the lower bound"
+    )
 
 
 def _rematerialization(v: Mapping[str, Any]) -> str:
@@ -187,11 +233,7 @@ def _no_plan(v: Mapping[str, Any]) -> str:
 
 #: Each kind's words: a template (``str.format_map`` of the values) or a function of them.
 _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
-    PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER: (
-        "CPU backend: all-reduce + slice where the bound reduce-scatters (the GPU compiler forms "
-        "a reduce-scatter; the TPU compiler was seen to all-reduce too), so the compiled bytes "
-        "exceed the bound"
-    ),
+    PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER: _all_reduce_for_reduce_scatter,
     PlanNote.REMATERIALIZATION: _rematerialization,
     PlanNote.INEXACT: "some collective counts are not exact (unknown trip count or a branch)",
     PlanNote.PER_MICROBATCH_REDUCTION: (
@@ -217,16 +259,8 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     ),
     PlanNote.TIME_MODEL: _time_model,
     PlanNote.PROGRAM_TIME_MODEL: _program_time_model,
-    PlanNote.CPU_WIDENED: (
-        "the CPU backend runs {dtype} arithmetic in f32 and moves f32 through the collectives; "
-        "they are counted at {itemsize} bytes per element, as GPU and TPU compilers keep them "
-        "(cpu_comm_bytes_per_device has the CPU bytes)"
-    ),
-    PlanNote.CPU_NO_REDUCE_SCATTER: (
-        "the CPU backend forms no reduce-scatter (all-reduce + slice, twice the bytes): plans "
-        "that need one (FSDP gradients, sequence parallelism) are charged the compiled "
-        "all-reduce; bound_comm_time_s is the time at the lower bound"
-    ),
+    PlanNote.WIDENED: _widened,
+    PlanNote.NO_REDUCE_SCATTER: _no_reduce_scatter,
     PlanNote.TARGET_COMPILER_MISSING: (
         "every plan was compiled by the CPU backend; pip install 'shardscope[{extra}]' to "
         "compile the leading plans with the {target} compiler (deviceless) and judge their fit "

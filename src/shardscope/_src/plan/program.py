@@ -589,5 +589,7 @@ def _result_notes(hw: Hardware, plans: Sequence[ProgramPlan], target: str | None
     if same:
         notes.append(Note(PlanNote.IDENTICAL_PROGRAMS, {"same": same}))
     if any(c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives):
-        notes.append(Note(PlanNote.CPU_WIDENED, {"dtype": "16-bit", "itemsize": 2}))
+        compiler = get_target(target or CPU).capabilities.compiler
+        values = {"dtype": "16-bit", "itemsize": 2, "compiler": compiler}
+        notes.append(Note(PlanNote.WIDENED, values))
     return notes

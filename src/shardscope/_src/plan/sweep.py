@@ -21,10 +21,11 @@ A sweep has four steps:
    :mod:`shardscope._src.bounds`, and the compiled communication validated against the formula
    (:mod:`~shardscope._src.plan.validate`).
 
-Two things the CPU compiler does that GPU and TPU compilers do not are accounted for and
-reported: it runs bf16 arithmetic in f32 and moves f32 through the collectives (the plan
-counts them at the model's 2 bytes per element), and it forms no reduce-scatter (an all-reduce
-plus a slice moves twice the bytes; the plan keeps the compiled bytes and says so).
+What the compiler of a plan does that the formulas do not assume is read from its record
+(``Capabilities``) and reported: XLA:CPU runs bf16 arithmetic in f32 and moves f32 through
+the collectives (the plan counts them at the model's 2 bytes per element), and a compiler that
+does not dependably form reduce-scatters (XLA:CPU never, XLA:TPU for some steps) all-reduces
+and slices, twice the bytes (the plan keeps the compiled bytes and says so).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from shardscope._src.base.capabilities import CPU_COMPILER
 from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, is_int
@@ -67,7 +69,12 @@ from shardscope._src.plan.types import (
     Skipped,
     SkipReason,
 )
-from shardscope._src.plan.validate import compiled_notes, reduces_per_microbatch, validations
+from shardscope._src.plan.validate import (
+    compiled_notes,
+    plan_compiler,
+    reduces_per_microbatch,
+    validations,
+)
 from shardscope._src.sharding.strategies import STRATEGIES
 
 #: The most simulated devices a plan may ask for (see ``MAX_CPU_DEVICES``).
@@ -403,7 +410,8 @@ def _compiled_plan(
     cand, bound = s.candidate, s.bound
     sizes = dict(cand.stage_mesh)
     comm = axis_comm(hw, sizes, got.collectives, bound)
-    notes = compiled_notes(got, bound, got.collectives)
+    # The sweep compiles every candidate on the CPU backend (a target recompiles the leaders).
+    notes = compiled_notes(got, bound, got.collectives, CPU_COMPILER)
     if cand.microbatches > 1 and reduces_per_microbatch(got, bound, cand):
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
     if cand.stages > 1:
@@ -486,15 +494,24 @@ def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> l
         Note(PlanNote.COMMUNICATION),
         Note(PlanNote.TIME_MODEL, hw.to_dict()),
     ]
-    if config.itemsize == 2 and any(
-        c.payload_bytes != c.cpu_payload_bytes for p in plans for c in p.collectives
-    ):
-        notes.append(Note(PlanNote.CPU_WIDENED, {"dtype": config.dtype, "itemsize": 2}))
-    # A reduce-scatter row the bound has and the compiled program does not run.
-    if any(
-        a.kind == REDUCE_SCATTER and a.bound_bytes > 0 and a.count == 0
+    widened = {
+        plan_compiler(p).compiler
         for p in plans
-        for a in p.comm
-    ):
-        notes.append(Note(PlanNote.CPU_NO_REDUCE_SCATTER))
+        if any(c.payload_bytes != c.cpu_payload_bytes for c in p.collectives)
+    }
+    if config.itemsize == 2:
+        for compiler in sorted(widened):
+            values = {"dtype": config.dtype, "itemsize": 2, "compiler": compiler}
+            notes.append(Note(PlanNote.WIDENED, values))
+    # A reduce-scatter row the bound has and the compiled program does not run, where its
+    # compiler may leave one out on its own.
+    short = {
+        plan_compiler(p)
+        for p in plans
+        if any(a.kind == REDUCE_SCATTER and a.bound_bytes > 0 and a.count == 0 for a in p.comm)
+    }
+    for c in sorted(short, key=lambda c: c.compiler):
+        if c.may_all_reduce_for_reduce_scatter:
+            values = {"compiler": c.compiler, "forms": c.forms_reduce_scatter}
+            notes.append(Note(PlanNote.NO_REDUCE_SCATTER, values))
     return notes

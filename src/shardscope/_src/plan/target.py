@@ -30,6 +30,7 @@ from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import Progress, plan_collective
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
+from shardscope._src.plan.validate import reduce_scatter_note
 from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import get_strategy
 from shardscope._src.target_mesh import target_mesh
@@ -145,8 +146,13 @@ def recompile_on_target(
         else:
             values = {"target": target, "error": facts.error}
         note = Note(PlanNote.COMPILED_BY_TARGET, values)
-        # The target's compiler forms its own collectives: the CPU backend's note goes.
-        kept = tuple(n for n in p.notes if n.kind != PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER)
+        kept = p.notes
+        if facts.error is None:
+            # The plan's collectives become the target's: so does the note on a reduce-scatter
+            # left out, which its compiler's record decides.
+            kept = tuple(n for n in p.notes if n.kind != PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER)
+            rs = reduce_scatter_note(bound, facts.collectives, get_target(target).capabilities)
+            kept = kept if rs is None else (rs, *kept)
         changes: dict[str, Any] = {
             "notes": (note, *kept),
             "compiled_by": target,

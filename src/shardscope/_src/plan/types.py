@@ -221,9 +221,10 @@ class AxisComm(Record):
 class Validation(Record):
     """Compiled communication against the analytic formula for one plan.
 
-    ``ok`` when within :data:`VALIDATION_TOLERANCE`. Otherwise ``explanation`` says why, and
+    ``ok`` when the compiled bytes match the formula (within the tolerance of
+    :mod:`~shardscope._src.check.bound`, either way). Otherwise ``explanation`` says why, and
     ``cpu_formula_bytes`` is the formula with every reduce-scatter replaced by the all-reduce
-    the CPU backend emits (``cpu_ratio`` against it).
+    a compiler that forms none (XLA:CPU) emits (``cpu_ratio`` against it).
     """
 
     strategy: str

@@ -1,11 +1,12 @@
 """Compiled communication against the analytic formula: one validation per strategy (its best
-plan), and the notes a compiled plan gets where the CPU backend or jit departs from the
-formula.
+plan), and the notes a compiled plan gets where its compiler or jit departs from the formula.
 
-The CPU backend forms no reduce-scatter (it all-reduces and slices, twice the bytes), and jit
-reduces replicated gradients after every micro-batch of a gradient accumulation loop where the
-formula (and the time model) reduce them once per step; a validation that matches only with
-one of these substitutions says which.
+A compiler that does not dependably form reduce-scatters
+(``Capabilities.forms_reduce_scatter``: XLA:CPU never, XLA:TPU for some steps) all-reduces
+and slices, twice the bytes; and jit reduces replicated gradients after every micro-batch of
+a gradient accumulation loop where the formula (and the time model) reduce them once per
+step. A validation that matches only with one of these substitutions says which. A match is
+the rule of :mod:`~shardscope._src.check.bound`: within its tolerance on either side.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from shardscope._src.base.capabilities import Capabilities
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, ratio
 from shardscope._src.base.notes import Note
+from shardscope._src.base.targets import get_target
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.check.bound import TOLERANCE, Standing, standing
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.types import (
     Candidate,
@@ -25,11 +29,17 @@ from shardscope._src.plan.types import (
     Validation,
 )
 
-#: Strategies whose compiled communication must match the analytic formula within 5%; every
-#: strategy's best plan is validated and reported.
+#: Strategies whose compiled communication must match the analytic formula (within
+#: :data:`VALIDATION_TOLERANCE`); every strategy's best plan is validated and reported.
 VALIDATED_STRATEGIES = ("dp", "fsdp", "tp")
-#: How far the compiled bytes may be from the formula's and still "match".
-VALIDATION_TOLERANCE = 0.05
+#: How far the compiled bytes may be from the formula's and still match: the one tolerance of
+#: :mod:`~shardscope._src.check.bound`.
+VALIDATION_TOLERANCE = TOLERANCE
+
+
+def plan_compiler(plan: Plan) -> Capabilities:
+    """The record of the compiler whose collectives ``plan`` holds (``plan.compiled_by``)."""
+    return get_target(plan.compiled_by).capabilities
 
 
 def reduces_per_microbatch(got: CompiledFacts, bound: Bound, cand: Candidate) -> bool:
@@ -41,13 +51,14 @@ def reduces_per_microbatch(got: CompiledFacts, bound: Bound, cand: Candidate) ->
     return once > 0 and compiled > 1.5 * once
 
 
-def cpu_formula(bound: Bound) -> Bound:
-    """The bound with every reduce-scatter as the all-reduce the CPU backend emits."""
+def all_reduce_formula(bound: Bound) -> Bound:
+    """The bound with every reduce-scatter as the all-reduce (and slice) a compiler that forms
+    no reduce-scatter emits."""
 
     terms = tuple(
         replace(t, kind=ALL_REDUCE) if t.kind == REDUCE_SCATTER else t for t in bound.terms
     )
-    return Bound(bound.label + " (CPU: all-reduce for reduce-scatter)", terms, bound.notes)
+    return Bound(bound.label + " (all-reduce for reduce-scatter)", terms, bound.notes)
 
 
 def jit_formula(bound: Bound, microbatches: int) -> Bound:
@@ -61,38 +72,38 @@ def jit_formula(bound: Bound, microbatches: int) -> Bound:
     return Bound(bound.label + " (gradients reduced per micro-batch)", terms, bound.notes)
 
 
-def _within(r: float | None) -> bool:
-    return r is not None and abs(r - 1.0) <= VALIDATION_TOLERANCE + 1e-12
-
-
 def validate(plan: Plan, bound: Bound) -> Validation:
     """``plan``'s compiled communication against ``bound``, the formula of its schedule: a
-    match within :data:`VALIDATION_TOLERANCE`, or the substitution that makes one, or the
-    largest difference."""
+    match (:func:`~shardscope._src.check.bound.standing`), or the substitution that makes
+    one, or the largest difference. The all-reduce for a reduce-scatter is a substitution
+    only where the compiler that built the plan may make it itself."""
+    compiled = plan.comm_bytes_per_device
     formula = bound.traffic_bytes
-    compiled_ratio = ratio(plan.comm_bytes_per_device, formula)
-    cpu = cpu_formula(bound).traffic_bytes
-    cpu_ratio = ratio(plan.comm_bytes_per_device, cpu)
-    jit = jit_formula(bound, plan.microbatches)
-    jit_cpu = cpu_formula(jit)
-    if _within(compiled_ratio):
+    compiled_ratio = ratio(compiled, formula)
+    all_reduce = all_reduce_formula(bound).traffic_bytes
+    jit = jit_formula(bound, plan.microbatches).traffic_bytes
+    jit_all_reduce = all_reduce_formula(jit_formula(bound, plan.microbatches)).traffic_bytes
+    compiler = plan_compiler(plan)
+    substitutes = compiler.may_all_reduce_for_reduce_scatter and all_reduce != formula
+
+    def matches(bytes_: int) -> bool:
+        return standing(compiled, bytes_) is Standing.MATCHES
+
+    if matches(formula):
         explanation = ""
-    elif cpu != formula and _within(cpu_ratio):
+    elif substitutes and matches(all_reduce):
         explanation = (
-            "CPU backend: all-reduce + slice where the formula has a reduce-scatter (2x its "
-            "bytes); with that substitution they match. GPU/TPU form the reduce-scatter."
+            f"{compiler.reduce_scatter_words} where the formula has a reduce-scatter (2x its "
+            f"bytes); with that substitution they match"
         )
-    elif jit.traffic_bytes != formula and (
-        _within(ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
-        or _within(ratio(plan.comm_bytes_per_device, jit_cpu.traffic_bytes))
-    ):
+    elif jit != formula and (matches(jit) or (substitutes and matches(jit_all_reduce))):
         explanation = (
             f"the jit program reduces replicated gradients after each of the "
             f"{plan.microbatches} micro-batches, where the formula (and the time model) "
             f"reduces them once per step; counted so they match"
             + (
-                " (with the CPU backend's all-reduce for each reduce-scatter)"
-                if not _within(ratio(plan.comm_bytes_per_device, jit.traffic_bytes))
+                f" (with {compiler.compiler}'s all-reduce for each reduce-scatter)"
+                if not matches(jit)
                 else ""
             )
         )
@@ -113,11 +124,11 @@ def validate(plan: Plan, bound: Bound) -> Validation:
         plan.strategy,
         plan.mesh_spec,
         formula,
-        plan.comm_bytes_per_device,
+        compiled,
         compiled_ratio,
-        _within(compiled_ratio),
-        cpu,
-        cpu_ratio,
+        matches(formula),
+        all_reduce,
+        ratio(compiled, all_reduce),
         explanation,
     )
 
@@ -139,14 +150,29 @@ def _lacks_reduce_scatter(bound: Bound, collectives: Sequence[PlanCollective]) -
     return bool(bound_rs - compiled_rs)
 
 
+def reduce_scatter_note(
+    bound: Bound, collectives: Sequence[PlanCollective], compiler: Capabilities
+) -> Note | None:
+    """The note for a reduce-scatter of ``bound`` that ``compiler`` did not form, where that is
+    its own choice (a compiler that always forms them left it out because the program asked)."""
+    if compiler.may_all_reduce_for_reduce_scatter and _lacks_reduce_scatter(bound, collectives):
+        values = {"compiler": compiler.compiler, "forms": compiler.forms_reduce_scatter}
+        return Note(PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER, values)
+    return None
+
+
 def compiled_notes(
-    facts: CompiledFacts, bound: Bound, collectives: Sequence[PlanCollective]
+    facts: CompiledFacts,
+    bound: Bound,
+    collectives: Sequence[PlanCollective],
+    compiler: Capabilities,
 ) -> list[Note]:
-    """What a compiled plan notes: a reduce-scatter of ``bound`` the CPU backend did not form,
+    """What a compiled plan notes: a reduce-scatter of ``bound`` its ``compiler`` did not form,
     the partitioner's rematerializations, and counts that are not exact."""
     notes = []
-    if _lacks_reduce_scatter(bound, collectives):
-        notes.append(Note(PlanNote.CPU_ALL_REDUCE_FOR_REDUCE_SCATTER))
+    rs = reduce_scatter_note(bound, collectives, compiler)
+    if rs is not None:
+        notes.append(rs)
     if facts.rematerializations:
         sites = sorted(set(facts.rematerializations))
         notes.append(Note(PlanNote.REMATERIALIZATION, {"sites": sites}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.render.columns import (
     Alarm,
     Column,
@@ -148,7 +149,7 @@ VALIDATION_COLUMNS: tuple[Column[Validation], ...] = (
     Column("formula", lambda v: format_bytes(v.formula_bytes)),
     Column("compiled", lambda v: format_bytes(v.compiled_bytes)),
     Column("ratio", lambda v: format_ratio(v.ratio)),
-    Column("ok", lambda v: "yes" if v.ok else "no", markdown="within 5%"),
+    Column("ok", lambda v: "yes" if v.ok else "no", markdown=f"within {TOLERANCE:.0%}"),
     Column("why not", lambda v: v.explanation, fold=True),
 )
 
@@ -240,7 +241,7 @@ def validation_table(result: PlanResult) -> Any:
         VALIDATION_COLUMNS,
         result.validations,
         title="Compiled communication vs the analytic formula (best plan of each strategy; "
-        "ok: within 5%)",
+        f"ok: within {TOLERANCE:.0%} either way)",
     )
 
 

@@ -20,9 +20,7 @@ from shardscope._src.bounds.matmul import (
     best_schedule,
 )
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.sharding.programs import Program, build_matmul, build_program
-from shardscope._src.sharding.strategies import Placement
-from shardscope._src.verdict.compare import (
+from shardscope._src.check.compare import (
     ExcessCause,
     Hint,
     Verdict,
@@ -30,6 +28,8 @@ from shardscope._src.verdict.compare import (
     narrowed_bytes,
     ratio,
 )
+from shardscope._src.sharding.programs import Program, build_matmul, build_program
+from shardscope._src.sharding.strategies import Placement
 
 
 def _verify(
@@ -156,6 +156,12 @@ def transformer_hints(
 
 
 def no_hint_note(verdict: Verdict) -> Note | None:
-    if any(e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER for e in verdict.excess):
-        return Note(VerdictNote.NO_REDUCE_SCATTER_ON_CPU)
+    """Why no hint can reach the bound: an all-reduce for a reduce-scatter that the compiler
+    which built the program chose itself (its ``Capabilities.forms_reduce_scatter``)."""
+    for e in verdict.excess:
+        c = e.compiler
+        if e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER and c is not None:
+            if c.may_all_reduce_for_reduce_scatter:
+                values = {"compiler": c.compiler, "forms": c.forms_reduce_scatter}
+                return Note(VerdictNote.NO_REDUCE_SCATTER_FORMED, values)
     return None

@@ -20,10 +20,10 @@ from shardscope._src.bounds.matmul import (
 )
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.bounds.transformer import transformer_bound
+from shardscope._src.check.compare import Hint, Verdict, compare
 from shardscope._src.mesh import auto_mesh, make_mesh
 from shardscope._src.model.config import param_shapes
 from shardscope._src.sharding.programs import Program, build_matmul, build_program
-from shardscope._src.verdict.compare import Hint, Verdict, compare
 from shardscope._src.verdict.hints import (
     duplicated_compute_note,
     matmul_hints,
@@ -65,11 +65,11 @@ def matmul_verdict(
 ) -> MatmulReport:
     """Compiles ``C = A @ B`` with the given specs, audits it, and judges it.
 
-    When the compiled program exceeds the bound by more than 5%, the hints are the cheapest
-    schedule forced with sharding constraints, the same schedule as an explicit shard_map when
-    a reduce-scatter is involved, and, when the cheapest schedule duplicates the compute, the
-    cheapest one that does not; each compiled and audited. A hint that duplicates the compute says
-    so, with its flops per device: fewer bytes are not free.
+    When the compiled program exceeds the bound (by more than ``TOLERANCE``), the hints are the
+    cheapest schedule forced with sharding constraints, the same schedule as an explicit
+    shard_map when a reduce-scatter is involved, and, when the cheapest schedule duplicates the
+    compute, the cheapest one that does not; each compiled and audited. A hint that duplicates
+    the compute says so, with its flops per device: fewer bytes are not free.
 
     >>> report = matmul_verdict("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
     ...                         "None,x")

@@ -1,7 +1,8 @@
 """The verdict's comparison, pure: an :class:`~shardscope._src.audit.records.Audit` and a
 :class:`~shardscope._src.bounds.terms.Bound` in, a :class:`Verdict` out (rows per mesh axes and
 kind, the ratio, and the instructions that exceed the bound with their source lines), and the
-records it is made of. Nothing here compiles.
+records it is made of. Bytes stand against the bound by the rule of
+:mod:`~shardscope._src.check.bound`. Nothing here compiles.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from typing import Any
 
 from shardscope._src.audit.records import Audit, Collective
 from shardscope._src.audit.width import Width
+from shardscope._src.base.capabilities import (
+    Capabilities,
+    compiler_capabilities,
+    reduce_scatter_words,
+)
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -27,8 +33,8 @@ from shardscope._src.base.comm import (
 from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note, NoteKind
 from shardscope._src.bounds.terms import Bound, Term
+from shardscope._src.check.bound import TOLERANCE, Standing, standing, within_bound
 
-TOLERANCE = 0.05
 _MAX_EXCESS = 8  # instructions listed per verdict
 
 
@@ -97,6 +103,7 @@ class Excess:
     whole_axes: tuple[str, ...] = ()
     row_bound_bytes: int = 0
     row_actual_bytes: int = 0
+    compiler: Capabilities | None = field(default=None, repr=False)
 
     @property
     def reason(self) -> str:
@@ -110,10 +117,13 @@ class Excess:
                     f"instead of activations"
                 )
             case ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER:
-                return (
-                    f"all-reduce over {where} where a reduce-scatter suffices (the CPU backend "
-                    f"forms no reduce-scatter: it all-reduces and slices, 2x the bytes)"
-                )
+                head = f"all-reduce over {where} where a reduce-scatter suffices (2x the bytes"
+                c = self.compiler
+                if c is None:
+                    return head + ")"
+                if c.may_all_reduce_for_reduce_scatter:
+                    return f"{head}; {c.reduce_scatter_words})"
+                return f"{head}; {c.reduce_scatter_words}, so the program asks for this one)"
             case ExcessCause.ALL_REDUCE_SPLIT:
                 return (
                     f"all-reduce over {where} of an array the minimum sums in one all-reduce "
@@ -134,7 +144,7 @@ class Excess:
     def to_dict(self) -> dict[str, Any]:
         return record_dict(
             self,
-            omit=("weight", "whole_axes", "row_bound_bytes", "row_actual_bytes"),
+            omit=("weight", "whole_axes", "row_bound_bytes", "row_actual_bytes", "compiler"),
             extra=("reason",),
         )
 
@@ -156,8 +166,8 @@ class Hint:
 
     @property
     def reaches_bound(self) -> bool:
-        """Within 5% of the bound."""
-        return self.traffic_bytes <= self.bound_bytes * (1 + TOLERANCE)
+        """Whether the change's traffic does not exceed the bound (:func:`within_bound`)."""
+        return within_bound(self.traffic_bytes, self.bound_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self, omit=("bound_bytes",), extra=("ratio", "reaches_bound"))
@@ -166,35 +176,53 @@ class Hint:
 class VerdictNote(NoteKind):
     """What a verdict notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
 
-    #: the backend widened a 16-bit program's collectives to f32 (values: ``dtype``,
-    #: ``backend_bytes``, what this backend's program sends per device)
+    #: the compiler widened a 16-bit program's collectives to f32 (values: ``dtype``,
+    #: ``backend_bytes``, what this backend's program sends per device, ``compiler``)
     WIDENED = "widened"
     #: some collective counts are not exact (unknown loop trip counts or branches)
     INEXACT = "inexact"
-    #: no hint reached the bound because XLA:CPU forms no reduce-scatter under jit
-    NO_REDUCE_SCATTER_ON_CPU = "no-reduce-scatter-on-cpu"
+    #: no hint reached the bound because the compiler does not dependably form a
+    #: reduce-scatter under jit (values: ``compiler``, ``forms``: its ``Support``)
+    NO_REDUCE_SCATTER_FORMED = "no-reduce-scatter-formed"
+    #: the former name (and, read back, value) of :attr:`NO_REDUCE_SCATTER_FORMED`
+    NO_REDUCE_SCATTER_ON_CPU = "no-reduce-scatter-formed"
+    #: the program sends less than the minimum by more than the tolerance (values:
+    #: ``tolerance``)
+    BELOW_BOUND = "below-bound"
     #: the byte minimum duplicates the matmul's compute (values: ``flops_per_device``,
     #: ``split_flops_per_device``, ``split_bytes`` and ``split_ratio`` of the cheapest
     #: schedule that keeps the compute split)
     DUPLICATED_COMPUTE = "duplicated-compute"
 
+    @classmethod
+    def _missing_(cls, value: object) -> VerdictNote | None:
+        # Values written by earlier versions, read back.
+        return cls.NO_REDUCE_SCATTER_FORMED if value == "no-reduce-scatter-on-cpu" else None
+
     def describe(self, values: Mapping[str, Any]) -> str:
         match self:
             case VerdictNote.WIDENED:
                 dtype = values["dtype"]
+                compiler = values.get("compiler") or "the compiler"
                 return (
-                    f"this backend widened the {dtype} program's collectives to float32 "
-                    f"(XLA:CPU runs 16-bit dots in float32); bytes here are at {dtype} width, "
-                    f"as a backend that keeps {dtype} sends them: this compiled program sends "
+                    f"{compiler} widened the {dtype} program's collectives to float32 (it runs "
+                    f"16-bit dots in float32); bytes here are at {dtype} width, as a compiler "
+                    f"that keeps {dtype} sends them: this compiled program sends "
                     f"{format_bytes(values['backend_bytes'])} per device"
                 )
             case VerdictNote.INEXACT:
                 return "some counts are not exact (unknown loop trip counts or branches)"
-            case VerdictNote.NO_REDUCE_SCATTER_ON_CPU:
+            case VerdictNote.NO_REDUCE_SCATTER_FORMED:
+                words = reduce_scatter_words(values["compiler"], values["forms"])
                 return (
-                    "no hint verified on this backend: XLA:CPU forms no reduce-scatter under "
-                    "jit, so only an explicit psum_scatter in shard_map reaches the bound; GPU "
-                    "and TPU backends form it from all-reduce + slice"
+                    f"no hint verified on this backend: {words}, so only an explicit "
+                    f"psum_scatter in shard_map is sure to reach the bound"
+                )
+            case VerdictNote.BELOW_BOUND:
+                return (
+                    f"the program sends less than the minimum, by more than "
+                    f"{values['tolerance']:.0%}: the bound counts traffic this program does "
+                    f"without (check its dtype, shardings and mode against the program's)"
                 )
         ratio = values["split_ratio"]
         shown = "n/a" if ratio is None else f"{ratio:.2f}x"
@@ -226,8 +254,14 @@ class Verdict:
         return ratio(self.actual_bytes, self.bound_bytes)
 
     @property
+    def standing(self) -> Standing:
+        """Where the program's bytes stand against the bound (:func:`standing`)."""
+        return standing(self.actual_bytes, self.bound_bytes)
+
+    @property
     def optimal(self) -> bool:
-        return self.actual_bytes <= self.bound_bytes * (1 + TOLERANCE)
+        """Whether the program does not exceed the bound (it matches or undercuts it)."""
+        return within_bound(self.actual_bytes, self.bound_bytes)
 
     def replace(self, **changes: Any) -> Verdict:
         return dataclasses.replace(self, **changes)
@@ -326,26 +360,33 @@ def compare(
     In every (axes, kind) pair that exceeds the bound, each bound term claims compiled
     collectives of its payload (up to its count); what no term claims is listed as excess.
     ``known_arrays`` maps shapes to names (the model's weights) for the reasons.
-    ``program_dtype`` lets the verdict see through a backend that widens a 16-bit program's
-    collectives to float32 (XLA:CPU does): every byte count, ratio and claim is then taken at
-    the program's width, as a backend that keeps 16 bits sends them, and a note gives what
-    this backend's program sends (``backend_bytes``).
+    ``program_dtype`` lets the verdict see through a compiler that widens a 16-bit program's
+    collectives to float32 (``Capabilities.widens_16bit``; XLA:CPU does): every byte count,
+    ratio and claim is then taken at the program's width, as a compiler that keeps 16 bits
+    sends them, and a note gives what this backend's program sends (``backend_bytes``).
+    What the compiler does is read from the record of the one that compiled ``audit``
+    (``audit.backend``).
     """
     width = Width.of(audit, program_dtype)
+    caps = compiler_capabilities(audit.backend)
     actual = group_totals(
         audit.collectives,
         lambda c: (tuple(c.axes), c.kind),
         lambda c: Totals(c.count, width.payload(c) * c.count, width.sent(c)),
     )
     rows = _rows(bound.totals_by_axes_kind(), actual)
-    excess = _excess(audit, bound, width, rows, known_arrays or {})
+    excess = _excess(audit, bound, width, rows, known_arrays or {}, caps)
     actual_total = sum(v.traffic_bytes for v in actual.values())
     backend = audit.total().traffic_bytes
     notes = []
     if backend != actual_total:
-        notes.append(Note(VerdictNote.WIDENED, {"dtype": program_dtype, "backend_bytes": backend}))
+        values = {"dtype": program_dtype, "backend_bytes": backend}
+        compiler = caps.compiler if caps is not None else None
+        notes.append(Note(VerdictNote.WIDENED, {**values, "compiler": compiler}))
     if not audit.exact:
         notes.append(Note(VerdictNote.INEXACT))
+    if standing(actual_total, bound.traffic_bytes) is Standing.UNDERCUTS:
+        notes.append(Note(VerdictNote.BELOW_BOUND, {"tolerance": TOLERANCE}))
     return Verdict(
         label=label or bound.label,
         bound_bytes=bound.traffic_bytes,
@@ -364,6 +405,7 @@ def _excess(
     width: Width,
     rows: tuple[Row, ...],
     known: dict[tuple[int, ...], str],
+    compiler: Capabilities | None,
 ) -> list[Excess]:
     """The compiled collectives no bound term claims in the rows beyond their bound, largest
     first."""
@@ -371,7 +413,7 @@ def _excess(
     bound_kinds: dict[tuple[str, ...], set[str]] = {}
     for t in bound.terms:
         bound_kinds.setdefault(t.axes, set()).add(t.kind)
-    over = {(r.axes, r.kind) for r in rows if r.actual_bytes > r.bound_bytes * (1 + TOLERANCE)}
+    over = {(r.axes, r.kind) for r in rows if not within_bound(r.actual_bytes, r.bound_bytes)}
     extra_count = _unclaimed_counts(audit, bound, width, known)
     excess = []
     # Blame the largest unclaimed collectives first, and only until they account for the
@@ -406,6 +448,7 @@ def _excess(
                 whole_axes=whole,
                 row_bound_bytes=by_key[key].bound_bytes,
                 row_actual_bytes=by_key[key].actual_bytes,
+                compiler=compiler,
             )
         )
     return excess
