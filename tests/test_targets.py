@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import assert_usage_error
-from shardscope._src.base import deviceless
-from shardscope._src.base.targets import GPU_SPECS, TARGETS, topology
+from shardscope._src.targets import devices as deviceless
+from shardscope._src.targets.specs import GPU_SPECS, TARGETS, topology
 
 
 def test_targets_join_a_preset_and_its_compiler():

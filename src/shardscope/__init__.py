@@ -36,11 +36,7 @@ if TYPE_CHECKING:
     from shardscope._src.base.errors import ShardscopeError as ShardscopeError
     from shardscope._src.base.errors import StrategyError as StrategyError
     from shardscope._src.base.errors import TargetError as TargetError
-    from shardscope._src.base.hardware import Hardware as Hardware
-    from shardscope._src.base.hardware import hardware as hardware
     from shardscope._src.base.io import VERSION as _VERSION
-    from shardscope._src.base.targets import TARGETS as TARGETS
-    from shardscope._src.base.targets import Target as Target
     from shardscope._src.bounds.matmul import MatmulSchedule as MatmulSchedule
     from shardscope._src.bounds.matmul import matmul_bound as matmul_bound
     from shardscope._src.bounds.matmul import matmul_schedule as matmul_schedule
@@ -77,7 +73,11 @@ if TYPE_CHECKING:
     from shardscope._src.sharding.strategies import Placement as Placement
     from shardscope._src.sharding.strategies import Strategy as Strategy
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
-    from shardscope._src.target_mesh import target_mesh as target_mesh
+    from shardscope._src.targets.hardware import Hardware as Hardware
+    from shardscope._src.targets.hardware import hardware as hardware
+    from shardscope._src.targets.mesh import target_mesh as target_mesh
+    from shardscope._src.targets.specs import TARGETS as TARGETS
+    from shardscope._src.targets.specs import Target as Target
     from shardscope._src.verdict import Verdict as Verdict
     from shardscope._src.verdict import matmul_verdict as matmul_verdict
     from shardscope._src.verdict import transformer_verdict as transformer_verdict
@@ -111,11 +111,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ShardscopeError": ("shardscope._src.base.errors", "ShardscopeError"),
     "StrategyError": ("shardscope._src.base.errors", "StrategyError"),
     "TargetError": ("shardscope._src.base.errors", "TargetError"),
-    "Hardware": ("shardscope._src.base.hardware", "Hardware"),
-    "hardware": ("shardscope._src.base.hardware", "hardware"),
     "__version__": ("shardscope._src.base.io", "VERSION"),
-    "TARGETS": ("shardscope._src.base.targets", "TARGETS"),
-    "Target": ("shardscope._src.base.targets", "Target"),
     "MatmulSchedule": ("shardscope._src.bounds.matmul", "MatmulSchedule"),
     "matmul_bound": ("shardscope._src.bounds.matmul", "matmul_bound"),
     "matmul_schedule": ("shardscope._src.bounds.matmul", "matmul_schedule"),
@@ -152,7 +148,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Placement": ("shardscope._src.sharding.strategies", "Placement"),
     "Strategy": ("shardscope._src.sharding.strategies", "Strategy"),
     "get_strategy": ("shardscope._src.sharding.strategies", "get_strategy"),
-    "target_mesh": ("shardscope._src.target_mesh", "target_mesh"),
+    "Hardware": ("shardscope._src.targets.hardware", "Hardware"),
+    "hardware": ("shardscope._src.targets.hardware", "hardware"),
+    "target_mesh": ("shardscope._src.targets.mesh", "target_mesh"),
+    "TARGETS": ("shardscope._src.targets.specs", "TARGETS"),
+    "Target": ("shardscope._src.targets.specs", "Target"),
     "Verdict": ("shardscope._src.verdict", "Verdict"),
     "matmul_verdict": ("shardscope._src.verdict", "matmul_verdict"),
     "transformer_verdict": ("shardscope._src.verdict", "transformer_verdict"),

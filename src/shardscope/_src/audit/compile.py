@@ -31,7 +31,6 @@ import jax
 from shardscope._src.audit.analysis import analyze
 from shardscope._src.audit.records import Audit, Rematerialization
 from shardscope._src.audit.stages import lower, lower_step, unwrap_stage
-from shardscope._src.base.deviceless import target_of_device
 from shardscope._src.base.errors import (
     DeviceMemoryError,
     HloParseError,
@@ -40,7 +39,6 @@ from shardscope._src.base.errors import (
     TargetError,
 )
 from shardscope._src.base.stderr import capture_stderr
-from shardscope._src.base.targets import get_target
 from shardscope._src.base.text import format_spec
 from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_metadata
 from shardscope._src.mesh import (
@@ -51,7 +49,9 @@ from shardscope._src.mesh import (
     mesh_axes,
     parse_mesh_spec,
 )
-from shardscope._src.target_mesh import check_mesh_target, target_mesh
+from shardscope._src.targets.devices import target_of_device
+from shardscope._src.targets.mesh import check_mesh_target, target_mesh
+from shardscope._src.targets.specs import get_target
 
 # --------------------------------------------------------------------------------------
 # Front door: audit(target, ...)

@@ -14,7 +14,6 @@ from shardscope._src.audit.compile import audit
 from shardscope._src.audit.stages import check_program_ref
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.io import STDOUT, check_output_paths, write_result
-from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
 from shardscope._src.cli.args import Parser, add_axis_types_option, positive_int
 from shardscope._src.cli.audit_program import (
     hlo_file,
@@ -42,7 +41,8 @@ from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.sharding.demos import DEFAULT_MESH, check_demo, get_demo
 from shardscope._src.sharding.strategies import STRATEGIES
-from shardscope._src.target_mesh import target_mesh
+from shardscope._src.targets.mesh import target_mesh
+from shardscope._src.targets.specs import CPU, TARGETS, get_target, topology
 
 
 def run_audit_command(

@@ -11,10 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from shardscope._src.audit.stages import load_program
-from shardscope._src.base.deviceless import compiler_installed
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
-from shardscope._src.base.hardware import PRESETS
 from shardscope._src.base.io import (
     STDOUT,
     check_file_path,
@@ -23,7 +21,6 @@ from shardscope._src.base.io import (
     write_result,
 )
 from shardscope._src.base.notes import Note
-from shardscope._src.base.targets import TARGETS, get_target
 from shardscope._src.cli.args import (
     NO_FLAGS,
     PROG,
@@ -44,6 +41,9 @@ from shardscope._src.render.plan import markdown_report, render_plan
 from shardscope._src.render.plan_plot import plot_plans
 from shardscope._src.render.program_plan import program_markdown_report, render_program_plan
 from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.targets.devices import compiler_installed
+from shardscope._src.targets.hardware import PRESETS
+from shardscope._src.targets.specs import TARGETS, get_target
 
 
 def _ensure_devices(devices: int) -> None:

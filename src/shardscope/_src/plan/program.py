@@ -33,7 +33,6 @@ from shardscope._src.audit.compile import audit, compile_lowered, parse_remateri
 from shardscope._src.audit.records import Audit
 from shardscope._src.audit.stages import lower_step, takes_rules
 from shardscope._src.audit.width import Width
-from shardscope._src.base.deviceless import require_compiler
 from shardscope._src.base.errors import (
     AxisTypeError,
     DeviceMemoryError,
@@ -45,12 +44,9 @@ from shardscope._src.base.errors import (
     is_int,
     one_line,
 )
-from shardscope._src.base.hardware import Hardware
-from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
-from shardscope._src.base.targets import CPU, get_target, topology
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
@@ -77,7 +73,11 @@ from shardscope._src.plan.types import (
     device_bytes,
     no_plan_note,
 )
-from shardscope._src.target_mesh import target_mesh
+from shardscope._src.targets.devices import require_compiler
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.targets.mesh import target_mesh
+from shardscope._src.targets.specs import CPU, get_target, topology
 
 # -- mesh shapes --------------------------------------------------------------------------------
 

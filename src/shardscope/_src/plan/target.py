@@ -18,11 +18,8 @@ import jax
 
 from shardscope._src.audit.compile import audit, compile_lowered
 from shardscope._src.audit.width import Width
-from shardscope._src.base.deviceless import compiler_installed, require_compiler
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
-from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.notes import Note
-from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.candidates import stage_config
@@ -32,7 +29,10 @@ from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
 from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import get_strategy
-from shardscope._src.target_mesh import target_mesh
+from shardscope._src.targets.devices import compiler_installed, require_compiler
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.mesh import target_mesh
+from shardscope._src.targets.specs import CPU, TARGETS, get_target, topology
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 
 from shardscope._src.base.errors import TargetError, is_int
-from shardscope._src.base.hardware import PRESETS, Hardware
 from shardscope._src.base.io import Record
+from shardscope._src.targets.hardware import PRESETS, Hardware
 
 CPU, GPU, TPU = "cpu", "gpu", "tpu"
 GPU_EXTRA, TPU_EXTRA = "gpu-compile", "tpu-compile"

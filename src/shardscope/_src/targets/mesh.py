@@ -10,10 +10,10 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
-from shardscope._src.base.deviceless import target_devices, target_of_device
 from shardscope._src.base.errors import MeshSpecError, TargetError
-from shardscope._src.base.targets import CPU, TPU, Target, get_target, topology
 from shardscope._src.mesh import axis_types_of, format_mesh_spec, make_mesh, parse_mesh_spec
+from shardscope._src.targets.devices import target_devices, target_of_device
+from shardscope._src.targets.specs import CPU, TPU, Target, get_target, topology
 
 
 def target_mesh(

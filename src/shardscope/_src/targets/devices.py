@@ -30,7 +30,7 @@ from typing import Any
 
 from shardscope._src.base.errors import TargetError
 from shardscope._src.base.stderr import capture_stderr
-from shardscope._src.base.targets import (
+from shardscope._src.targets.specs import (
     GPU,
     GPU_SPECS,
     TPU,
@@ -239,7 +239,7 @@ _OWNER: dict[int, str] = {}
 
 def target_devices(target: str | Target, devices: int) -> list[Any]:
     """``devices`` compile-only devices of a GPU or TPU target, laid out as the vendor builds
-    them (:func:`~shardscope._src.base.targets.topology`). The same objects on every call."""
+    them (:func:`~shardscope._src.targets.specs.topology`). The same objects on every call."""
     t = require_compiler(target)
     if t.family not in (GPU, TPU):
         raise TargetError(
