@@ -44,7 +44,7 @@ from shardscope._src.launch import (
     die_with_launcher,
     launch,
 )
-from shardscope._src.targets.devices import prepare_targets
+from shardscope._src.targets.plugins import prepare_targets
 
 
 def _version_text() -> str:

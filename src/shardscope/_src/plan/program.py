@@ -77,7 +77,7 @@ from shardscope._src.targets.devices import require_compiler
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.mesh import target_mesh
-from shardscope._src.targets.specs import CPU, get_target, topology
+from shardscope._src.targets.specs import Family, get_target
 
 # -- mesh shapes --------------------------------------------------------------------------------
 
@@ -486,9 +486,8 @@ def _target_hardware(
     target_name: str | None = None
     if target is not None:
         t = get_target(target)
-        if t.family != CPU:
-            require_compiler(t)
-            topology(t, devices)  # a device count the target is not built with fails here
+        if t.family != Family.CPU:
+            require_compiler(t, devices)  # also refuses a device count it is not built with
             target_name = t.name
             if hardware is None:
                 hardware = t.hardware
