@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from shardscope._src.base.errors import ModelConfigError as ModelConfigError
     from shardscope._src.base.errors import PlanError as PlanError
     from shardscope._src.base.errors import ProgramError as ProgramError
+    from shardscope._src.base.errors import RulesError as RulesError
     from shardscope._src.base.errors import ShardscopeError as ShardscopeError
     from shardscope._src.base.errors import StrategyError as StrategyError
     from shardscope._src.base.errors import TargetError as TargetError
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from shardscope._src.layout import TreeLayout as TreeLayout
     from shardscope._src.layout import abstract as abstract
     from shardscope._src.layout import layout as layout
-    from shardscope._src.layout import logical_to_spec as logical_to_spec
     from shardscope._src.layout import spec_layout as spec_layout
     from shardscope._src.layout import tree_layout as tree_layout
     from shardscope._src.mesh import make_mesh as make_mesh
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
     from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
     from shardscope._src.sharding.programs import build_program as build_program
+    from shardscope._src.sharding.rules import logical_to_spec as logical_to_spec
     from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
     from shardscope._src.sharding.strategies import Placement as Placement
     from shardscope._src.sharding.strategies import Strategy as Strategy
@@ -108,6 +109,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ModelConfigError": ("shardscope._src.base.errors", "ModelConfigError"),
     "PlanError": ("shardscope._src.base.errors", "PlanError"),
     "ProgramError": ("shardscope._src.base.errors", "ProgramError"),
+    "RulesError": ("shardscope._src.base.errors", "RulesError"),
     "ShardscopeError": ("shardscope._src.base.errors", "ShardscopeError"),
     "StrategyError": ("shardscope._src.base.errors", "StrategyError"),
     "TargetError": ("shardscope._src.base.errors", "TargetError"),
@@ -127,7 +129,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TreeLayout": ("shardscope._src.layout", "TreeLayout"),
     "abstract": ("shardscope._src.layout", "abstract"),
     "layout": ("shardscope._src.layout", "layout"),
-    "logical_to_spec": ("shardscope._src.layout", "logical_to_spec"),
     "spec_layout": ("shardscope._src.layout", "spec_layout"),
     "tree_layout": ("shardscope._src.layout", "tree_layout"),
     "make_mesh": ("shardscope._src.mesh", "make_mesh"),
@@ -144,6 +145,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "plot_device_bytes": ("shardscope._src.render.plots", "plot_device_bytes"),
     "compare_numerics": ("shardscope._src.sharding.numerics", "compare_numerics"),
     "build_program": ("shardscope._src.sharding.programs", "build_program"),
+    "logical_to_spec": ("shardscope._src.sharding.rules", "logical_to_spec"),
     "STRATEGIES": ("shardscope._src.sharding.strategies", "STRATEGIES"),
     "Placement": ("shardscope._src.sharding.strategies", "Placement"),
     "Strategy": ("shardscope._src.sharding.strategies", "Strategy"),

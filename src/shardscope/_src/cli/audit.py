@@ -11,7 +11,7 @@ from typing import Any
 import jax
 
 from shardscope._src.audit.compile import audit
-from shardscope._src.audit.stages import check_program_ref
+from shardscope._src.audit.user_program import check_program_ref
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.io import STDOUT, check_output_paths, write_result
 from shardscope._src.cli.args import Parser, add_axis_types_option, positive_int
