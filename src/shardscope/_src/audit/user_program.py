@@ -55,7 +55,7 @@ def load_program(ref: str) -> Callable[..., Any]:
         raise ProgramError(
             f"running {path!r} raised {type(e).__name__}: {first[0] if first else ''}"
         ) from e
-    fn = getattr(module, attr, None)
+    fn: object = getattr(module, attr, None)
     if fn is None:
         names = sorted(
             k
