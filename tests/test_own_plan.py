@@ -501,6 +501,7 @@ def test_cli_plans_a_program(tmp_path, capsys):
         (["plan", "--program", "eqx_mlp", "--devices", "8"], "write FILE.py:FUNCTION"),
         (["plan", "--program", EQX, "--devices", "8", "--model", "tiny"], "drop them"),
         (["plan", "--model", "tiny", "--devices", "8", "--rules", "r.json"], "give --program"),
+        (["plan", "--model", "tiny", "--devices", "8", "--rule-set", "dp"], "give --program"),
         (
             ["audit", FLAX, "--mesh", "data=2,model=4"],
             "choose one with rule_set=NAME (flag --rule-set)",
