@@ -33,6 +33,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "plan/sweep.py": [("plan",)],
     "plan/target.py": [("plan",)],
     "plan/types.py": [("plan",)],
+    "sharding/rules.py": [("audit", "program"), ("plan",)],
     "sharding/strategies.py": [("audit", "transformer")],
 }
 

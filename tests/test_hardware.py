@@ -1,6 +1,6 @@
 import pytest
 
-from shardscope._src.base.hardware import PRESETS, hardware
+from shardscope._src.targets.hardware import PRESETS, hardware
 
 
 def test_presets_named_in_the_planner_exist():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import shardscope
-from shardscope._src.base.deviceless import compiler_installed
+from shardscope._src.targets.devices import compiler_installed
 
 INIT = Path(shardscope.__file__)
 UNSET = (

@@ -4,7 +4,6 @@ The programs live in tests/programs/ (a small Flax NNX train step with logical a
 and an Equinox train step with optax), written as a user would write them.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

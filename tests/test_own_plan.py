@@ -13,7 +13,7 @@ import shardscope
 from helpers import assert_drawn, assert_usage_error, patches, read_png
 from shardscope._src.cli.main import main
 from shardscope._src.plan.program import mesh_shapes
-from shardscope._src.plan.rules import load_rules_file, normalize_rules
+from shardscope._src.sharding.rules import load_rules_file, normalize_rules
 
 PROGRAMS = Path(__file__).parent / "programs"
 FLAX = f"{PROGRAMS / 'flax_mlp.py'}:make_step"
@@ -22,7 +22,7 @@ EQX = f"{PROGRAMS / 'eqx_mlp.py'}:make_step"
 
 @pytest.fixture(scope="module")
 def flax_plans():
-    from shardscope._src.audit.stages import load_program
+    from shardscope._src.audit.user_program import load_program
 
     make_step = load_program(FLAX)
     rules = __import__(make_step.__module__).RULES
@@ -315,6 +315,119 @@ def test_cli_audits_a_program_and_diffs_two_runs(tmp_path, capsys):
     assert "budget broken: new all-reduce over data: 0 -> 1" in capsys.readouterr().out
 
 
+# -- rules: the library takes what the command line takes --------------------------------------
+
+
+def _traffic(audit):
+    """What an audit's JSON says the program sends: its counts and per-axis totals."""
+    data = json.loads(json.dumps(audit.to_dict()))
+    return data["counts"], data["totals"]
+
+
+def test_audit_program_takes_the_rules_audit_file_takes(tmp_path, capsys):
+    from shardscope._src.audit.user_program import load_program
+
+    make_step = load_program(FLAX)
+    module_rules = __import__(make_step.__module__).RULES  # dp, tp, dp_tp
+    rules_file = tmp_path / "rules.json"
+    rules_file.write_text(json.dumps({"rules": {"only": module_rules["dp_tp"]}}))
+    mesh = "data=2,model=4"
+
+    def lib(**rules):
+        return _traffic(shardscope.audit_program(make_step, mesh, axis_types="auto", **rules))
+
+    cli_json = tmp_path / "cli.json"
+    argv = ["audit", FLAX, "--axis-types", "auto", "--mesh", mesh, "--json", str(cli_json)]
+    assert main([*argv, "--rule-set", "dp_tp"]) == 0
+    capsys.readouterr()
+    data = json.loads(cli_json.read_text())
+    from_cli = (data["counts"], data["totals"])
+    # A named set of the program's module, the same pairs given directly, a rules file of one
+    # set: one program, the one the command line audits.
+    assert lib(rule_set="dp_tp") == from_cli
+    assert lib(rules=module_rules["dp_tp"]) == from_cli
+    assert lib(rules=str(rules_file)) == from_cli
+    assert lib(rules=module_rules, rule_set="dp_tp") == from_cli
+    # ... and the rule set matters: data parallelism alone sends something else.
+    assert lib(rule_set="dp") != from_cli
+    assert main([*argv, "--rules", str(rules_file)]) == 0
+    capsys.readouterr()
+    data = json.loads(cli_json.read_text())
+    assert (data["counts"], data["totals"]) == from_cli
+
+
+@pytest.mark.parametrize(
+    "rules, rule_set, flags",
+    [
+        (None, None, "--rule-set"),  # the module's three sets and none chosen
+        (None, "zz", "--rule-set"),
+        ({"x": [["batch", "pipe"]]}, None, None),  # an axis the mesh does not have
+    ],
+    ids=["several", "unknown", "axis"],
+)
+def test_audit_program_refuses_rules_as_the_command_line_does(
+    tmp_path, capsys, rules, rule_set, flags
+):
+    from shardscope._src.audit.user_program import load_program
+
+    make_step = load_program(FLAX)
+    argv = ["audit", FLAX, "--axis-types", "auto", "--mesh", "data=2,model=4"]
+    path = None
+    if rules is not None:
+        path = tmp_path / "rules.json"
+        path.write_text(json.dumps({"rules": rules}))
+        argv += ["--rules", str(path)]
+    if rule_set is not None:
+        argv += ["--rule-set", rule_set]
+    with pytest.raises(shardscope.RulesError) as info:
+        shardscope.audit_program(
+            make_step,
+            "data=2,model=4",
+            rules=None if path is None else str(path),
+            rule_set=rule_set,
+            axis_types="auto",
+        )
+    with pytest.raises(SystemExit) as code:
+        main(argv)
+    assert code.value.code == 2
+    suffix = f" (flag {flags})" if flags else ""
+    assert capsys.readouterr().err == f"shardscope: error: {info.value}{suffix}\n"
+
+
+def test_plan_program_takes_a_rules_file_and_one_rule_set(tmp_path, capsys):
+    from shardscope._src.audit.user_program import load_program
+
+    make_step = load_program(EQX)
+    rules = tmp_path / "rules.json"
+    rules.write_text(
+        json.dumps(
+            {
+                "axes": ["data", "model"],
+                "rules": {"dp": {"batch": "data"}, "dp_tp": {"batch": "data", "hidden": "model"}},
+            }
+        )
+    )
+    meshes = ["data=2,model=4", "data=8,model=1"]
+    r = shardscope.plan_program(
+        make_step, 8, rules=str(rules), rule_set="dp_tp", meshes=meshes, axis_types="auto"
+    )
+    assert r.axes == ("data", "model")  # the file's
+    assert {p.rules_name for p in r.plans} == {"dp_tp"}
+    assert sorted(p.mesh_spec for p in r.plans) == sorted(meshes)
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--program", EQX, "--axis-types", "auto", "--devices", "8"]
+    argv += ["--rules", str(rules), "--rule-set", "dp_tp", "--meshes", ";".join(meshes)]
+    assert main([*argv, "--json", str(out)]) == 0
+    capsys.readouterr()
+    data = json.loads(out.read_text())
+    assert [(p["rules_name"], p["mesh"]) for p in data["plans"]] == [
+        (p.rules_name, p.mesh_spec) for p in r.plans
+    ]
+    with pytest.raises(shardscope.PlanError, match="both name the mesh axes") as info:
+        shardscope.plan_program(make_step, 8, rules=str(rules), axes=("data", "model"))
+    assert info.value.params == ("axes", "rules")
+
+
 def test_cli_audits_a_compiler_dump(tmp_path, capsys):
     mesh = shardscope.make_mesh("model=8", axis_types="auto")
     x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
@@ -388,7 +501,11 @@ def test_cli_plans_a_program(tmp_path, capsys):
         (["plan", "--program", "eqx_mlp", "--devices", "8"], "write FILE.py:FUNCTION"),
         (["plan", "--program", EQX, "--devices", "8", "--model", "tiny"], "drop them"),
         (["plan", "--model", "tiny", "--devices", "8", "--rules", "r.json"], "give --program"),
-        (["audit", FLAX, "--mesh", "data=2,model=4"], "choose one with --rule-set"),
+        (["plan", "--model", "tiny", "--devices", "8", "--rule-set", "dp"], "give --program"),
+        (
+            ["audit", FLAX, "--mesh", "data=2,model=4"],
+            "choose one with rule_set=NAME (flag --rule-set)",
+        ),
         (["audit", FLAX, "--mesh", "data=2,model=4", "--rule-set", "zz"], "is not in"),
         (["audit", FLAX], "needs --mesh"),
         (["diff", "a.json"], "the following arguments are required"),

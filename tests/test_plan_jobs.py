@@ -10,7 +10,6 @@ import pytest
 
 from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
-from shardscope._src.base.hardware import hardware
 from shardscope._src.bounds import transformer
 from shardscope._src.model.config import ModelConfig, init_batch, init_params, loss
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
@@ -33,6 +32,7 @@ from shardscope._src.plan.timing import (
 from shardscope._src.plan.types import Candidate
 from shardscope._src.plan.validate import all_reduce_formula, jit_formula
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+from shardscope._src.targets.hardware import hardware
 
 SMALL = ModelConfig(
     d_model=32, heads=4, kv_heads=2, ff=48, layers=2, batch=8, seq=16, vocab=32, mlp="swiglu"

@@ -17,9 +17,10 @@ from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import assert_usage_error
-from shardscope._src.base import deviceless
 from shardscope._src.base.capabilities import Support, compiler_capabilities
-from shardscope._src.base.targets import GPU_SPECS, TARGETS, topology
+from shardscope._src.targets import devices as targets_devices
+from shardscope._src.targets.specs import GPU_SPECS, TARGETS, Family
+from shardscope._src.targets.topology import GpuTopology, TpuTopology, topology
 
 
 def test_targets_join_a_preset_and_its_compiler():
@@ -65,6 +66,30 @@ def test_tpu_slices_per_generation(target, devices, name, slices, wrap):
     assert (topo.name, topo.slices, topo.wrap) == (name, slices, wrap)
 
 
+def test_target_families_are_one_vocabulary_written_as_strings():
+    assert {t.family for t in TARGETS.values()} == set(Family)
+    assert all(isinstance(t.family, Family) for t in TARGETS.values())
+    assert [TARGETS[n].family for n in ("cpu", "h100", "tpu-v5p")] == [
+        Family.CPU,
+        Family.GPU,
+        Family.TPU,
+    ]
+    # The JSON keeps the strings.
+    assert json.loads(json.dumps(TARGETS["b200"].to_dict()))["family"] == "gpu"
+
+
+def test_gpu_and_tpu_topologies_are_two_records():
+    gpus = topology("h200", 32)
+    assert isinstance(gpus, GpuTopology)
+    assert (gpus.nodes, gpus.gpus_per_node) == (32 // 8, 8)
+    assert GpuTopology("h100", 5, 1, 5).name == "1x1x5"  # the name is made, never read back
+    chips = topology("tpu-v5e", 3 * 256)
+    assert isinstance(chips, TpuTopology)
+    assert (chips.slices, chips.nodes, chips.slice.shape) == (3, 3, (16, 16))
+    assert (chips.chip_config, chips.chips_per_host) == ("default", (2, 2, 1))
+    assert topology("tpu-v5p", 8).chip_config == "megacore"
+
+
 def test_topologies_describe_themselves_in_words():
     assert topology("h100", 1).describe() == "1 GPU in one node"
     assert topology("h100", 64).describe() == "64 GPUs in 8 nodes of 8"
@@ -101,7 +126,7 @@ def test_gpu_description_carries_the_datasheet_and_the_preset_memory():
 
 
 def test_missing_extra_is_one_error_naming_it(monkeypatch):
-    monkeypatch.setattr(deviceless, "_module_present", lambda name: False)
+    monkeypatch.setattr(targets_devices, "module_present", lambda name: False)
     with pytest.raises(shardscope.TargetError) as info:
         shardscope.target_mesh("h100", "data=8")
     assert "pip install 'shardscope[gpu-compile]'" in str(info.value)
@@ -356,11 +381,22 @@ def test_plan_compiler_bad_input(kwargs, words):
 def test_plan_without_the_extra_compiles_on_cpu_and_says_how_to_add_it(monkeypatch):
     from shardscope._src.cli.plan import _default_compiler
 
-    monkeypatch.setattr(deviceless, "_module_present", lambda name: True)
+    monkeypatch.setattr(targets_devices, "module_present", lambda name: True)
     assert _default_compiler("h100") == "h100"
-    monkeypatch.setattr(deviceless, "_module_present", lambda name: False)
+    monkeypatch.setattr(targets_devices, "module_present", lambda name: False)
     assert _default_compiler("h100") == "cpu"
     result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
     assert result.compiler == "cpu"
     (missing,) = [n for n in result.notes if n.kind == "target-compiler-missing"]
     assert "pip install 'shardscope[gpu-compile]'" in missing.text
+
+
+def test_each_compile_only_device_knows_the_target_it_was_made_for():
+    # Device 0 of an h100 topology and of an a100 one: equal ids, told apart by the registry.
+    h100 = targets_devices.target_devices("h100", 8)
+    a100 = targets_devices.target_devices("a100", 8)
+    assert h100[0].id == a100[0].id == 0
+    assert {targets_devices.target_of_device(d) for d in h100} == {"h100"}
+    assert {targets_devices.target_of_device(d) for d in a100} == {"a100"}
+    assert targets_devices.target_devices("h100", 8) == h100  # the same objects again
+    assert targets_devices.target_of_device(jax.devices("cpu")[0]) is None

@@ -34,14 +34,11 @@ if TYPE_CHECKING:
     from shardscope._src.base.errors import ModelConfigError as ModelConfigError
     from shardscope._src.base.errors import PlanError as PlanError
     from shardscope._src.base.errors import ProgramError as ProgramError
+    from shardscope._src.base.errors import RulesError as RulesError
     from shardscope._src.base.errors import ShardscopeError as ShardscopeError
     from shardscope._src.base.errors import StrategyError as StrategyError
     from shardscope._src.base.errors import TargetError as TargetError
-    from shardscope._src.base.hardware import Hardware as Hardware
-    from shardscope._src.base.hardware import hardware as hardware
     from shardscope._src.base.io import VERSION as _VERSION
-    from shardscope._src.base.targets import TARGETS as TARGETS
-    from shardscope._src.base.targets import Target as Target
     from shardscope._src.bounds.matmul import MatmulSchedule as MatmulSchedule
     from shardscope._src.bounds.matmul import matmul_bound as matmul_bound
     from shardscope._src.bounds.matmul import matmul_schedule as matmul_schedule
@@ -57,7 +54,6 @@ if TYPE_CHECKING:
     from shardscope._src.layout import TreeLayout as TreeLayout
     from shardscope._src.layout import abstract as abstract
     from shardscope._src.layout import layout as layout
-    from shardscope._src.layout import logical_to_spec as logical_to_spec
     from shardscope._src.layout import spec_layout as spec_layout
     from shardscope._src.layout import tree_layout as tree_layout
     from shardscope._src.mesh import make_mesh as make_mesh
@@ -74,11 +70,16 @@ if TYPE_CHECKING:
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
     from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
     from shardscope._src.sharding.programs import build_program as build_program
+    from shardscope._src.sharding.rules import logical_to_spec as logical_to_spec
     from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
     from shardscope._src.sharding.strategies import Placement as Placement
     from shardscope._src.sharding.strategies import Strategy as Strategy
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
-    from shardscope._src.target_mesh import target_mesh as target_mesh
+    from shardscope._src.targets.hardware import Hardware as Hardware
+    from shardscope._src.targets.hardware import hardware as hardware
+    from shardscope._src.targets.mesh import target_mesh as target_mesh
+    from shardscope._src.targets.specs import TARGETS as TARGETS
+    from shardscope._src.targets.specs import Target as Target
     from shardscope._src.verdict import Verdict as Verdict
     from shardscope._src.verdict import matmul_verdict as matmul_verdict
     from shardscope._src.verdict import transformer_verdict as transformer_verdict
@@ -110,14 +111,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ModelConfigError": ("shardscope._src.base.errors", "ModelConfigError"),
     "PlanError": ("shardscope._src.base.errors", "PlanError"),
     "ProgramError": ("shardscope._src.base.errors", "ProgramError"),
+    "RulesError": ("shardscope._src.base.errors", "RulesError"),
     "ShardscopeError": ("shardscope._src.base.errors", "ShardscopeError"),
     "StrategyError": ("shardscope._src.base.errors", "StrategyError"),
     "TargetError": ("shardscope._src.base.errors", "TargetError"),
-    "Hardware": ("shardscope._src.base.hardware", "Hardware"),
-    "hardware": ("shardscope._src.base.hardware", "hardware"),
     "__version__": ("shardscope._src.base.io", "VERSION"),
-    "TARGETS": ("shardscope._src.base.targets", "TARGETS"),
-    "Target": ("shardscope._src.base.targets", "Target"),
     "MatmulSchedule": ("shardscope._src.bounds.matmul", "MatmulSchedule"),
     "matmul_bound": ("shardscope._src.bounds.matmul", "matmul_bound"),
     "matmul_schedule": ("shardscope._src.bounds.matmul", "matmul_schedule"),
@@ -133,7 +131,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TreeLayout": ("shardscope._src.layout", "TreeLayout"),
     "abstract": ("shardscope._src.layout", "abstract"),
     "layout": ("shardscope._src.layout", "layout"),
-    "logical_to_spec": ("shardscope._src.layout", "logical_to_spec"),
     "spec_layout": ("shardscope._src.layout", "spec_layout"),
     "tree_layout": ("shardscope._src.layout", "tree_layout"),
     "make_mesh": ("shardscope._src.mesh", "make_mesh"),
@@ -150,11 +147,16 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "plot_device_bytes": ("shardscope._src.render.plots", "plot_device_bytes"),
     "compare_numerics": ("shardscope._src.sharding.numerics", "compare_numerics"),
     "build_program": ("shardscope._src.sharding.programs", "build_program"),
+    "logical_to_spec": ("shardscope._src.sharding.rules", "logical_to_spec"),
     "STRATEGIES": ("shardscope._src.sharding.strategies", "STRATEGIES"),
     "Placement": ("shardscope._src.sharding.strategies", "Placement"),
     "Strategy": ("shardscope._src.sharding.strategies", "Strategy"),
     "get_strategy": ("shardscope._src.sharding.strategies", "get_strategy"),
-    "target_mesh": ("shardscope._src.target_mesh", "target_mesh"),
+    "Hardware": ("shardscope._src.targets.hardware", "Hardware"),
+    "hardware": ("shardscope._src.targets.hardware", "hardware"),
+    "target_mesh": ("shardscope._src.targets.mesh", "target_mesh"),
+    "TARGETS": ("shardscope._src.targets.specs", "TARGETS"),
+    "Target": ("shardscope._src.targets.specs", "Target"),
     "Verdict": ("shardscope._src.verdict", "Verdict"),
     "matmul_verdict": ("shardscope._src.verdict", "matmul_verdict"),
     "transformer_verdict": ("shardscope._src.verdict", "transformer_verdict"),

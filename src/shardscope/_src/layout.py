@@ -671,28 +671,3 @@ def abstract(tree: Any, shardings: Any = None, *, mesh: Any = None) -> Any:
                 raise LayoutError(f"abstract(): {where}: {e}") from None
         out.append(jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=sharding))
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def logical_to_spec(names: Sequence[str | None], rules: Any) -> Any:
-    """The ``PartitionSpec`` that logical-axis ``rules`` give an array with dimension ``names``.
-
-    Rules are Flax's: ``(logical name, mesh axes)`` pairs (or a mapping), the mesh axes a name,
-    a tuple of names or None. As in Flax, a name without a rule is not sharded, and a mesh
-    axis already used by an earlier dimension is not used again.
-
-    >>> logical_to_spec(("batch", "embed"), [("batch", "data"), ("embed", None)])
-    P('data', None)
-    """
-
-    table = dict(rules.items() if isinstance(rules, Mapping) else rules)
-    used: set[str] = set()
-    entries: list[Any] = []
-    for name in names:
-        value = table.get(name) if name is not None else None
-        axes = _axes_of(value)
-        if not axes or any(a in used for a in axes):
-            entries.append(None)
-            continue
-        used.update(axes)
-        entries.append(axes[0] if isinstance(value, str) or len(axes) == 1 else tuple(axes))
-    return PartitionSpec(*entries)

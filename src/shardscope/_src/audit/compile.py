@@ -31,7 +31,6 @@ import jax
 from shardscope._src.audit.analysis import analyze
 from shardscope._src.audit.records import Audit, Rematerialization
 from shardscope._src.audit.stages import lower, lower_step, unwrap_stage
-from shardscope._src.base.deviceless import target_of_device
 from shardscope._src.base.errors import (
     DeviceMemoryError,
     HloParseError,
@@ -40,7 +39,6 @@ from shardscope._src.base.errors import (
     TargetError,
 )
 from shardscope._src.base.stderr import capture_stderr
-from shardscope._src.base.targets import get_target
 from shardscope._src.base.text import format_spec
 from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_metadata
 from shardscope._src.mesh import (
@@ -51,7 +49,10 @@ from shardscope._src.mesh import (
     mesh_axes,
     parse_mesh_spec,
 )
-from shardscope._src.target_mesh import check_mesh_target, target_mesh
+from shardscope._src.sharding.rules import rules_for_mesh
+from shardscope._src.targets.devices import target_of_device
+from shardscope._src.targets.mesh import check_mesh_target, target_mesh
+from shardscope._src.targets.specs import get_target
 
 # --------------------------------------------------------------------------------------
 # Front door: audit(target, ...)
@@ -246,7 +247,8 @@ def audit_program(
     make_step: Any,
     mesh: Any,
     *,
-    rules: Any = (),
+    rules: Any = None,
+    rule_set: str | None = None,
     axis_types: Any = None,
     target: Any = None,
     where: str | None = None,
@@ -261,7 +263,12 @@ def audit_program(
             through both when there are rules.
         mesh: a ``jax.sharding.Mesh``, or a description (``"data=2,model=4"``) built of the
             first simulated CPU devices, or of ``target``'s compile-only devices.
-        rules: logical-axis rules, ``(logical name, mesh axes)`` pairs.
+        rules: logical-axis rules, as ``shardscope audit FILE.py:FUNCTION --rules`` takes
+            them: ``(logical name, mesh axes)`` pairs or a ``{logical name: mesh axes}``
+            mapping (one set), ``{name: pairs}`` (named sets), or the path of a rules file
+            (JSON, ``{"rules": {name: [[logical, mesh axes], ...]}}``). None (the default):
+            the ``RULES`` of ``make_step``'s module when it defines them, else no rules.
+        rule_set: the set to use when there are several (``--rule-set``).
         axis_types: the axes' type when ``mesh`` is a description, as in
             :func:`shardscope.make_mesh` (default: JAX's, Explicit).
         target: compile for this target with its own compiler (see ``shardscope.TARGETS``).
@@ -272,8 +279,14 @@ def audit_program(
         AxisTypeError: the program's shardings do not fit the mesh's axis types (names the
             one they fit).
         MissingMeshError: ``make_step`` needs a mesh set while it runs.
+        RulesError: rules that are not pairs, name an axis the mesh lacks or cannot be read,
+            or several sets and no ``rule_set`` naming one of them.
     """
-    if isinstance(mesh, str | Mapping):
+    # The rules are checked against the mesh's axes before any device is asked for.
+    described = isinstance(mesh, str | Mapping)
+    names = tuple(parse_mesh_spec(mesh)) if described else tuple(map(str, mesh.axis_names))
+    pairs = rules_for_mesh(rules, rule_set, make_step, names)
+    if described:
         axes = parse_mesh_spec(mesh)
         if target is not None:
             mesh = target_mesh(target, axes, axis_types=axis_types)
@@ -286,7 +299,6 @@ def audit_program(
             f"(its axes are {axis_types_name(mesh)}): drop axis_types or pass a description",
             param="axis_types",
         )
-    pairs = tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules or ())
     name = where or getattr(make_step, "__qualname__", None) or "make_step"
     stage = lower_step(make_step, mesh, pairs, where=name)
     return audit(stage, mesh=mesh, target=None)

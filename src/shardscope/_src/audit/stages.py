@@ -17,12 +17,7 @@ call, which XLA inlines.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib.util
-import inspect
-import os
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -36,6 +31,7 @@ from shardscope._src.base.errors import (
     ShardscopeError,
 )
 from shardscope._src.mesh import format_mesh_spec, mesh_axes
+from shardscope._src.sharding.rules import rules_context, takes_rules
 
 #: What JAX says when a bare ``PartitionSpec`` meets an empty mesh context (0.10.2 wording;
 #: both the ``with_sharding_constraint`` and the ``shard_map``/``reshard`` forms contain it).
@@ -197,65 +193,6 @@ def _lower_in_jit(fn: Any, args: tuple[Any, ...]) -> Any:
     return jax.jit(run).lower(*(leaves[i] for i in dynamic))
 
 
-def check_program_ref(ref: str) -> tuple[str, str]:
-    """``(file, function)`` of ``"path/to/file.py:make_step"``, refused if the file does not
-    exist or the function is no Python name (nothing is run)."""
-
-    path, sep, attr = str(ref).rpartition(":")
-    if not sep or not path or not attr:
-        raise ProgramError(f"program {ref!r}: write FILE.py:FUNCTION, e.g. train.py:make_step")
-    if not os.path.isfile(path):
-        raise ProgramError(f"program file {path!r} does not exist")
-    if not attr.isidentifier():
-        raise ProgramError(f"program {ref!r}: {attr!r} is not a Python name")
-    return path, attr
-
-
-def load_program(ref: str) -> Any:
-    """The function named by ``"path/to/file.py:make_step"``, its file run as a module.
-
-    The file's folder goes first on ``sys.path``, so the file may import its neighbours.
-    """
-
-    path, attr = check_program_ref(ref)
-    folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    stem = os.path.splitext(os.path.basename(path))[0] or "program"
-    name = stem
-    if not stem.isidentifier() or stem in sys.modules:
-        name = f"_shardscope_program_{abs(hash(os.path.abspath(path)))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ProgramError(f"program file {path!r} cannot be loaded as Python (is it a .py file?)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except ShardscopeError:
-        raise
-    except Exception as e:
-        del sys.modules[name]
-        first = str(e).strip().splitlines()
-        raise ProgramError(
-            f"running {path!r} raised {type(e).__name__}: {first[0] if first else ''}"
-        ) from e
-    fn = getattr(module, attr, None)
-    if fn is None:
-        names = sorted(
-            k
-            for k, v in vars(module).items()
-            if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == name
-        )
-        raise ProgramError(
-            f"{path!r} defines no {attr!r}"
-            + (f"; its functions are {', '.join(names)}" if names else "")
-        )
-    if not callable(fn):
-        raise ProgramError(f"{path}:{attr} is a {type(fn).__name__}, not a function")
-    return fn
-
-
 # -- a user's program: make_step(mesh) -> (step, args) --------------------------------------
 
 
@@ -286,34 +223,6 @@ def program_stage(got: Any) -> Any | None:
     """The ``jax.stages.Compiled`` or ``Lowered`` (JAX's, or held by a library's) that
     ``make_step`` returned instead of ``(step, args)``; None otherwise."""
     return unwrap_stage(got, jax.stages.Compiled) or unwrap_stage(got, jax.stages.Lowered)
-
-
-@contextlib.contextmanager
-def rules_context(rules: Sequence[tuple[str, Any]]) -> Iterator[None]:
-    """Flax's logical-axis rules set for the block, when there are rules and the program has
-    imported Flax.
-
-    Flax reads them when a variable's sharding is asked for (``nnx.get_partition_spec``) and
-    when a logical constraint is traced, so they must hold while ``make_step`` runs and while
-    the step is lowered.
-    """
-    spmd = sys.modules.get("flax.core.spmd")
-    if spmd is None or not rules:
-        yield
-        return
-    with spmd.logical_axis_rules(tuple(rules)):
-        yield
-
-
-def takes_rules(make_step: Callable[..., Any]) -> bool:
-    """Whether ``make_step`` accepts a second positional argument (the rules)."""
-    try:
-        sig = inspect.signature(make_step)
-    except (TypeError, ValueError):
-        return False
-    params = list(sig.parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def lower_step(

@@ -62,6 +62,12 @@ class PlanError(ShardscopeError):
     """A planning request that cannot be met (unknown preset, no device count, no plan)."""
 
 
+class RulesError(PlanError):
+    """Logical-axis rules that cannot be used: not ``(logical name, mesh axes)`` pairs, an
+    axis the mesh does not have, an unreadable rules file, or no such rule set. A
+    :class:`PlanError` too: the planner's callers catch it with the planner's other errors."""
+
+
 class MissingMeshError(ShardscopeError):
     """A program names mesh axes with a bare PartitionSpec but was traced with no mesh set."""
 

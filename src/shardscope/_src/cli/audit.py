@@ -11,10 +11,9 @@ from typing import Any
 import jax
 
 from shardscope._src.audit.compile import audit
-from shardscope._src.audit.stages import check_program_ref
+from shardscope._src.audit.user_program import check_program_ref
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.io import STDOUT, check_output_paths, write_result
-from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
 from shardscope._src.cli.args import Parser, add_axis_types_option, positive_int
 from shardscope._src.cli.audit_program import (
     hlo_file,
@@ -42,7 +41,9 @@ from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.sharding.demos import DEFAULT_MESH, check_demo, get_demo
 from shardscope._src.sharding.strategies import STRATEGIES
-from shardscope._src.target_mesh import target_mesh
+from shardscope._src.targets.mesh import target_mesh
+from shardscope._src.targets.specs import TARGETS, Family, get_target
+from shardscope._src.targets.topology import topology
 
 
 def run_audit_command(
@@ -79,7 +80,7 @@ def run_audit_command(
         raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'dp=2,model=4'")
 
     mesh: Any = mesh_spec
-    if target is not None and get_target(target).family != CPU:
+    if target is not None and get_target(target).family != Family.CPU:
         mesh = target_mesh(target, mesh_spec or DEFAULT_MESH, axis_types="auto")
     else:
         ensure_devices_for(mesh_spec, devices)
@@ -346,7 +347,7 @@ def _audit_target(c: AuditConfig) -> str | None:
         return None
 
     t = get_target(c.compile_target)
-    if t.family == CPU:
+    if t.family == Family.CPU:
         return None
     if c.devices is not None:
         raise TargetError(

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from typing import Any
 
 import jax
 
 from shardscope._src.audit.compile import audit, audit_program
-from shardscope._src.audit.stages import load_program
+from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError, one_line
 from shardscope._src.base.io import STDOUT, write_result
 from shardscope._src.mesh import parse_mesh_spec
-from shardscope._src.plan.rules import check_rules_axes, load_rules_file, normalize_rules
 from shardscope._src.render.audit import render_audit
+from shardscope._src.sharding.rules import load_rules_file
 
 
 def mesh_needed(mesh_spec: str | None, what: str) -> dict[str, int]:
@@ -53,21 +52,20 @@ def run_audit_program(
     ``by_scope`` prints the totals per scope instead of one row per collective."""
 
     axes = mesh_needed(mesh_spec, f"auditing {ref}")
-    sets: Any = None
-    source = "the program's RULES"
     if rules_path is not None:
-        sets, _ = load_rules_file(rules_path)
-        source = f"rules file {rules_path!r}"
+        load_rules_file(rules_path)  # refused before the program runs, when it cannot be read
     if target is None:
         simulate_devices(math.prod(axes.values()))
     make_step = load_program(ref)
-    if sets is None:
-        own = module_rules(make_step)
-        sets = normalize_rules(own) if own is not None else None
-    rules = _pick_rules(sets, rule_set, source, tuple(axes))
     try:
         result = audit_program(
-            make_step, axes, rules=rules, axis_types=axis_types, target=target, where=ref
+            make_step,
+            axes,
+            rules=rules_path,
+            rule_set=rule_set,
+            axis_types=axis_types,
+            target=target,
+            where=ref,
         )
     except ShardscopeError:
         raise
@@ -80,12 +78,6 @@ def run_audit_program(
     # the backend is asked for only when there is JSON to write
     backend = (result.backend or jax.default_backend()) if json_path is not None else None
     return _show_audit(result, data, title, json_path, console, by_scope, backend)
-
-
-def module_rules(make_step: Any) -> Any:
-    """The ``RULES`` of the module defining ``make_step``, or None."""
-    module = sys.modules.get(getattr(make_step, "__module__", "") or "")
-    return getattr(module, "RULES", None)
 
 
 def _show_audit(
@@ -105,30 +97,6 @@ def _show_audit(
     if json_path is not None:
         write_result(json_path, data, backend=backend)
     return 0
-
-
-def _pick_rules(
-    sets: Any, rule_set: str | None, source: str, axes: tuple[str, ...]
-) -> tuple[tuple[str, Any], ...]:
-    """The one rule set an audit runs with: the only one, or the one ``--rule-set`` names."""
-
-    if sets is None:
-        if rule_set is not None:
-            raise ShardscopeError(
-                f"--rule-set {rule_set!r}: give --rules FILE, or define RULES in the program"
-            )
-        return ()
-    check_rules_axes(sets, axes)
-    if rule_set is None:
-        if len(sets) > 1:
-            raise ShardscopeError(
-                f"{source} holds {len(sets)} rule sets ({', '.join(sets)}); choose one with "
-                f"--rule-set NAME"
-            )
-        return tuple(next(iter(sets.values())))
-    if rule_set not in sets:
-        raise ShardscopeError(f"--rule-set {rule_set!r} is not in {source}: {', '.join(sets)}")
-    return tuple(sets[rule_set])
 
 
 def hlo_file(path: str) -> str:

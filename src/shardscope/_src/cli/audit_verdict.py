@@ -13,7 +13,6 @@ import jax
 
 from shardscope._src.base.errors import MeshSpecError
 from shardscope._src.base.io import write_result
-from shardscope._src.base.targets import CPU, get_target
 from shardscope._src.bounds.matmul import matmul_problem
 from shardscope._src.mesh import ensure_devices_for
 from shardscope._src.model.config import ModelConfig
@@ -21,7 +20,8 @@ from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.render.verdict import render_verdict
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
-from shardscope._src.target_mesh import target_mesh
+from shardscope._src.targets.mesh import target_mesh
+from shardscope._src.targets.specs import Family, get_target
 from shardscope._src.verdict import matmul_verdict, transformer_verdict
 
 
@@ -135,7 +135,7 @@ def _mesh_for(mesh_spec: str, target: str | None) -> Any:
     """The mesh description itself on simulated CPU devices, or a mesh of a target's
     compile-only devices."""
 
-    if target is None or get_target(target).family == CPU:
+    if target is None or get_target(target).family == Family.CPU:
         ensure_devices_for(mesh_spec)
         return mesh_spec
     return target_mesh(target, mesh_spec, axis_types="auto")

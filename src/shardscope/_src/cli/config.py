@@ -183,6 +183,7 @@ class PlanConfig(CommandConfig):
     model: str | None
     program: str | None
     rules: str | None
+    rule_set: str | None
     axis_types: str | None
     axes: str | None
     meshes: str | None

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from shardscope._src.base.deviceless import prepare_targets
 from shardscope._src.base.distributed import leave_run_on_failure
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
 from shardscope._src.base.io import result_header
@@ -45,6 +44,7 @@ from shardscope._src.launch import (
     die_with_launcher,
     launch,
 )
+from shardscope._src.targets.plugins import prepare_targets
 
 
 def _version_text() -> str:

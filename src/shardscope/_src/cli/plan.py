@@ -10,11 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from shardscope._src.audit.stages import load_program
-from shardscope._src.base.deviceless import compiler_installed
+from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
-from shardscope._src.base.hardware import PRESETS
 from shardscope._src.base.io import (
     STDOUT,
     check_file_path,
@@ -23,7 +21,6 @@ from shardscope._src.base.io import (
     write_result,
 )
 from shardscope._src.base.notes import Note
-from shardscope._src.base.targets import TARGETS, get_target
 from shardscope._src.cli.args import (
     NO_FLAGS,
     PROG,
@@ -33,18 +30,21 @@ from shardscope._src.cli.args import (
     positive_int,
     positive_number,
 )
-from shardscope._src.cli.audit_program import module_rules, simulate_devices
+from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import PlanConfig
 from shardscope._src.model.presets import MODEL_PRESETS
 from shardscope._src.plan.program import plan_program
-from shardscope._src.plan.rules import load_rules_file
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
 from shardscope._src.render.plan_plot import plot_plans
 from shardscope._src.render.program_plan import program_markdown_report, render_program_plan
 from shardscope._src.render.protocols import PlanSet, RankedPlan
+from shardscope._src.sharding.rules import load_rules_file
 from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.targets.devices import compiler_installed
+from shardscope._src.targets.hardware import PRESETS
+from shardscope._src.targets.specs import TARGETS, get_target
 
 
 def _ensure_devices(devices: int) -> None:
@@ -287,6 +287,9 @@ def _plan_what_options(p: argparse.ArgumentParser) -> None:
         help='candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: '
         "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
     )
+    p.add_argument(
+        "--rule-set", metavar="NAME", help="plan only this rule set of the rules (default: all)"
+    )
     p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
     add_axis_types_option(p)
     p.add_argument(
@@ -435,9 +438,10 @@ def check_plan(c: PlanConfig) -> None:
 
 def plan_command(c: PlanConfig) -> int:
 
-    if c.program is None and (c.rules or c.axes or c.meshes or c.axis_types):
+    if c.program is None and (c.rules or c.rule_set or c.axes or c.meshes or c.axis_types):
         raise UsageError(
-            f"{PROG} plan: --rules, --axes, --meshes and --axis-types plan your own program; "
+            f"{PROG} plan: --rules, --rule-set, --axes, --meshes and --axis-types plan your "
+            f"own program; "
             f"give --program FILE.py:FUNCTION (the built-in model runs on Auto axes)"
         )
     if c.program is not None:
@@ -498,6 +502,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
         c.devices,
         target=target,
         rules_path=c.rules,
+        rule_set=c.rule_set,
         axes=_names(c.axes, "--axes"),
         meshes=c.meshes.split(";") if c.meshes else None,
         axis_types=c.axis_types,
@@ -525,6 +530,7 @@ def run_plan_program(
     devices: int,
     *,
     rules_path: str | None = None,
+    rule_set: str | None = None,
     axes: Sequence[str] | None = None,
     meshes: Sequence[str] | None = None,
     hardware: str = "h100",
@@ -542,7 +548,8 @@ def run_plan_program(
     ``target``'s compile-only devices and compiler); prints, writes the files.
 
     Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
-    ``RULES`` if it defines one, else the program is planned as written over ``axes``.
+    ``RULES`` if it defines one, else the program is planned as written over ``axes``;
+    ``rule_set`` keeps one of them.
     ``flags`` names the options of the command line after the notes that suggest a change.
     """
 
@@ -550,25 +557,18 @@ def run_plan_program(
     for path in (json_path, png_path, report_path):
         if path is not None:
             check_file_path(path)
-    rules: Any = None
     if rules_path is not None:
-        rules, file_axes = load_rules_file(rules_path)
-        if file_axes and axes:
-            raise PlanError(
-                f"--axes and the rules file {rules_path!r} both name the mesh axes; keep one"
-            )
-        axes = axes or file_axes or None
+        load_rules_file(rules_path)  # refused before the program runs, when it cannot be read
     if target is None:
         simulate_devices(devices)
     make_step = load_program(ref)
-    if rules is None:
-        rules = module_rules(make_step)
     if console is None:
         console = output_console(piped_width=150)
     result = plan_program(
         make_step,
         devices,
-        rules=rules,
+        rules=rules_path,
+        rule_set=rule_set,
         axes=axes,
         meshes=meshes,
         hardware=hardware,

@@ -21,8 +21,6 @@ from typing import Any
 
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
-from shardscope._src.base.hardware import Hardware
-from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import REMATS, ModelConfig
 from shardscope._src.plan.estimates import (
@@ -40,6 +38,8 @@ from shardscope._src.sharding.strategies import (
     get_strategy,
     mesh_spec_for,
 )
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import hardware as get_hardware
 
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
 DEFAULT_STRATEGIES = (

@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardscope._src.base.comm import KINDS, latency_steps
-from shardscope._src.base.hardware import Hardware
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.plan.estimates import crosses_nodes
 from shardscope._src.plan.types import AxisComm, PlanCollective
+from shardscope._src.targets.hardware import Hardware
 
 
 def _bandwidth(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> tuple[float, bool]:

@@ -8,8 +8,8 @@ from typing import Any
 
 from shardscope._src.base.capabilities import reduce_scatter_words
 from shardscope._src.base.comm import format_bytes
-from shardscope._src.base.hardware import TIME_MODEL_SOURCES
 from shardscope._src.base.notes import NoteKind
+from shardscope._src.targets.hardware import TIME_MODEL_SOURCES
 
 
 class PlanNote(NoteKind):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,9 +30,8 @@ import jax.numpy as jnp
 
 from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
 from shardscope._src.audit.records import Audit
-from shardscope._src.audit.stages import lower_step, takes_rules
+from shardscope._src.audit.stages import lower_step
 from shardscope._src.audit.width import Width
-from shardscope._src.base.deviceless import require_compiler
 from shardscope._src.base.errors import (
     AxisTypeError,
     DeviceMemoryError,
@@ -45,12 +43,9 @@ from shardscope._src.base.errors import (
     is_int,
     one_line,
 )
-from shardscope._src.base.hardware import Hardware
-from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
-from shardscope._src.base.targets import CPU, get_target, topology
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
@@ -58,13 +53,6 @@ from shardscope._src.plan.candidates import divisors
 from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.rules import (
-    Rules,
-    check_rules_axes,
-    format_rules,
-    normalize_rules,
-    rules_axes,
-)
 from shardscope._src.plan.sweep import pareto_front
 from shardscope._src.plan.types import (
     FIT_PARAMS,
@@ -77,7 +65,22 @@ from shardscope._src.plan.types import (
     device_bytes,
     no_plan_note,
 )
-from shardscope._src.target_mesh import target_mesh
+from shardscope._src.sharding.rules import (
+    Rules,
+    check_rules_axes,
+    choose_rule_set,
+    find_rule_sets,
+    format_rules,
+    normalize_rules,
+    rules_axes,
+    takes_rules,
+    uses_flax,
+)
+from shardscope._src.targets.devices import require_compiler
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.targets.mesh import target_mesh
+from shardscope._src.targets.specs import CPU, Family, get_target
 
 # -- mesh shapes --------------------------------------------------------------------------------
 
@@ -310,6 +313,7 @@ def plan_program(
     devices: int = 8,
     *,
     rules: Any = None,
+    rule_set: str | None = None,
     axes: Sequence[str] | None = None,
     meshes: Sequence[str | Mapping[str, int]] | None = None,
     hardware: str | Hardware | None = None,
@@ -328,9 +332,14 @@ def plan_program(
             ``jax.ShapeDtypeStruct`` with shardings) so that nothing is allocated.
         devices: accelerators to plan for; this process must simulate at least as many
             (``shardscope.use_cpu_devices(n)`` before JAX starts).
-        rules: candidate logical-axis rule sets: one set of ``(logical name, mesh axes)``
-            pairs, or ``{name: pairs}``; None plans the program as written.
-        axes: the mesh axis names (default: those the rules name, in order).
+        rules: candidate logical-axis rule sets, as ``shardscope plan --program --rules``
+            takes them: one set of ``(logical name, mesh axes)`` pairs (or a mapping),
+            ``{name: pairs}``, or the path of a rules file (JSON, which may name the axes).
+            None (the default): the ``RULES`` of ``make_step``'s module when it defines
+            them, else the program is planned as written.
+        rule_set: plan only this one of the rule sets.
+        axes: the mesh axis names (default: the rules file's, else those the rules name, in
+            order).
         meshes: mesh shapes to try (``"data=4,model=2"``); default every way to spread
             ``devices`` over ``axes``, sizes of 1 included.
         hardware: a preset name or :class:`Hardware` (default: the target's, else
@@ -350,8 +359,10 @@ def plan_program(
         device memory first); candidates whose program failed to build are in ``skipped``.
 
     Raises:
-        PlanError: bad rules (unknown axes), no axes, too few devices, or a ``make_step``
-            that does not return ``(step, args)``.
+        PlanError: no axes, too few devices, or a ``make_step`` that does not return
+            ``(step, args)``.
+        RulesError: bad rules (not pairs, unknown axes, an unreadable file, no such
+            ``rule_set``); a :class:`PlanError` too.
         AxisTypeError: an axis type that does not exist, or a program whose shardings do not
             fit the meshes' axis types (it names the one they fit).
         MissingMeshError: a ``make_step`` that needs a mesh set while it runs.
@@ -362,7 +373,7 @@ def plan_program(
     """
 
     start = time.perf_counter()
-    rule_sets, axes = _check_program(make_step, devices, rules, axes, meshes)
+    rule_sets, axes = _check_program(make_step, devices, rules, rule_set, axes, meshes)
     kinds = axis_types_of(axis_types, axes)
     shapes = _mesh_list(meshes, axes, devices)
     target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
@@ -436,6 +447,7 @@ def _check_program(
     make_step: Callable[..., Any],
     devices: int,
     rules: Any,
+    rule_set: str | None,
     axes: Sequence[str] | None,
     meshes: Sequence[str | Mapping[str, int]] | None,
 ) -> tuple[dict[str, Rules], tuple[str, ...]]:
@@ -447,7 +459,19 @@ def _check_program(
         )
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
-    rule_sets = normalize_rules(rules)
+    found = find_rule_sets(rules, make_step)
+    if found is not None and found.axes:
+        if axes:
+            raise PlanError(
+                f"axes={tuple(axes)!r} and {found.source} both name the mesh axes; keep one",
+                param=("axes", "rules"),
+            )
+        axes = found.axes
+    chosen = choose_rule_set(found, rule_set) if rule_set is not None else None
+    if chosen is not None:
+        rule_sets = dict([chosen])
+    else:
+        rule_sets = dict(found.sets) if found is not None else normalize_rules(None)
     if axes is None:
         axes = rules_axes(rule_sets)
         if meshes and not axes:
@@ -462,10 +486,8 @@ def _check_program(
     if len(set(axes)) != len(axes):
         raise PlanError(f"axes {axes} name an axis twice", param="axes")
     check_rules_axes(rule_sets, axes)
-    pass_rules = takes_rules(make_step)
-    uses_flax = "flax.core.spmd" in sys.modules and _uses_flax(make_step)
     if len(rule_sets) > 1 or any(rule_sets.values()):
-        if not pass_rules and not uses_flax:
+        if not takes_rules(make_step) and not uses_flax(make_step):
             raise PlanError(
                 "make_step(mesh) takes no rules and the program does not use Flax, so every "
                 "rule set would give the same program; write make_step(mesh, rules) and build "
@@ -486,9 +508,8 @@ def _target_hardware(
     target_name: str | None = None
     if target is not None:
         t = get_target(target)
-        if t.family != CPU:
-            require_compiler(t)
-            topology(t, devices)  # a device count the target is not built with fails here
+        if t.family != Family.CPU:
+            require_compiler(t, devices)  # also refuses a device count it is not built with
             target_name = t.name
             if hardware is None:
                 hardware = t.hardware
@@ -540,15 +561,6 @@ def _indivisible(error: BaseException) -> bool:
     if isinstance(error, LayoutError) or type(error).__name__ == "IndivisibleError":
         return True
     return isinstance(error, ValueError) and "does not evenly divide" in str(error)
-
-
-def _uses_flax(make_step: Callable[..., Any]) -> bool:
-    """Whether ``make_step``'s module refers to Flax (so that Flax's rules context reaches it)."""
-    names = []
-    for value in getattr(make_step, "__globals__", {}).values():
-        names.append(getattr(value, "__name__", None) or "")
-        names.append(getattr(value, "__module__", None) or "")
-    return any(isinstance(n, str) and (n == "flax" or n.startswith("flax.")) for n in names)
 
 
 def _name_of(fn: Any) -> str:

@@ -41,8 +41,6 @@ from shardscope._src.base.capabilities import CPU_COMPILER
 from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, is_int
-from shardscope._src.base.hardware import Hardware
-from shardscope._src.base.hardware import hardware as get_hardware
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import MAX_DIM, ModelConfig
@@ -76,6 +74,8 @@ from shardscope._src.plan.validate import (
     validations,
 )
 from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import hardware as get_hardware
 
 #: The most simulated devices a plan may ask for (see ``MAX_CPU_DEVICES``).
 MAX_DEVICES = MAX_CPU_DEVICES

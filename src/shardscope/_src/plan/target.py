@@ -18,11 +18,8 @@ import jax
 
 from shardscope._src.audit.compile import audit, compile_lowered
 from shardscope._src.audit.width import Width
-from shardscope._src.base.deviceless import compiler_installed, require_compiler
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
-from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.notes import Note
-from shardscope._src.base.targets import CPU, TARGETS, get_target, topology
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.candidates import stage_config
@@ -33,7 +30,10 @@ from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_b
 from shardscope._src.plan.validate import reduce_scatter_note
 from shardscope._src.sharding.programs import build_program
 from shardscope._src.sharding.strategies import get_strategy
-from shardscope._src.target_mesh import target_mesh
+from shardscope._src.targets.devices import compiler_installed, require_compiler
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.mesh import target_mesh
+from shardscope._src.targets.specs import TARGETS, Family, get_target
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int)
     """The compiler's target name, once it can compile for ``devices`` of ``hw``."""
 
     t = get_target(compiler)
-    if t.family == CPU:
+    if t.family == Family.CPU:
         return t.name
     if t.hardware != hw.name:
         raise PlanError(
@@ -108,8 +108,7 @@ def check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int)
         )
     if not is_int(target_plans, 1):
         raise PlanError(f"target_plans={target_plans!r}: must be a positive whole number")
-    require_compiler(t)
-    topology(t, devices)  # a device count the target is not built with fails here
+    require_compiler(t, devices)  # also refuses a device count it is not built with
     return t.name
 
 

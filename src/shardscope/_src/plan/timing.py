@@ -1,7 +1,7 @@
 """The step-time model: compute, communication, overlap, pipeline bubble and optimizer, per
 plan. Pure arithmetic on counts the estimates give (FLOPs, bytes, collectives) and the
 hardware preset's constants, each of which names its source in
-:mod:`shardscope._src.base.hardware`.
+:mod:`shardscope._src.targets.hardware`.
 
 Per micro-batch on the slowest pipeline stage, one device:
 
@@ -46,7 +46,6 @@ from typing import Any
 import numpy as np
 
 from shardscope._src.base.comm import latency_steps
-from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.io import Record
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.bounds.transformer import transformer_bound
@@ -62,6 +61,7 @@ from shardscope._src.plan.estimates import (
     sequences_per_device,
 )
 from shardscope._src.sharding.strategies import Placement
+from shardscope._src.targets.hardware import Hardware
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
 HBM_PASSES = 2

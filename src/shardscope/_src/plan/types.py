@@ -12,7 +12,6 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from shardscope._src.base.comm import ratio
-from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec
@@ -21,6 +20,7 @@ from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import StepTime
+from shardscope._src.targets.hardware import Hardware
 
 #: The knobs a plan that does not fit can turn: the library's parameter names.
 FIT_PARAMS = ("devices", "batch", "seq", "memory_bytes")

@@ -17,7 +17,6 @@ from dataclasses import replace
 from shardscope._src.base.capabilities import Capabilities
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, ratio
 from shardscope._src.base.notes import Note
-from shardscope._src.base.targets import get_target
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.check.bound import TOLERANCE, Standing, standing
 from shardscope._src.plan.notes import PlanNote
@@ -28,6 +27,7 @@ from shardscope._src.plan.types import (
     PlanCollective,
     Validation,
 )
+from shardscope._src.targets.specs import get_target
 
 #: Strategies whose compiled communication must match the analytic formula (within
 #: :data:`VALIDATION_TOLERANCE`); every strategy's best plan is validated and reported.

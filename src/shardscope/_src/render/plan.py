@@ -22,9 +22,9 @@ from shardscope._src.render.columns import (
 from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
-    from shardscope._src.base.hardware import Hardware
     from shardscope._src.plan.types import AxisComm, Plan, PlanResult, Skipped, Validation
     from shardscope._src.render.protocols import PlanSet, RankedPlan
+    from shardscope._src.targets.hardware import Hardware
 
 Row = TypeVar("Row")
 PlanT = TypeVar("PlanT", bound="RankedPlan")

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.plan.rules import format_rules
 from shardscope._src.render.columns import Column, markdown_table
 from shardscope._src.render.console import format_bytes
 from shardscope._src.render.plan import (
@@ -34,6 +33,7 @@ from shardscope._src.render.plan import (
     skipped_section,
     skipped_table,
 )
+from shardscope._src.sharding.rules import format_rules
 
 if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlan, ProgramPlanResult

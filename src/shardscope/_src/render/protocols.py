@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from shardscope._src.base.hardware import Hardware
     from shardscope._src.base.notes import Note
     from shardscope._src.plan.types import AxisComm, Skipped
+    from shardscope._src.targets.hardware import Hardware
 
 
 class RankedPlan(Protocol):

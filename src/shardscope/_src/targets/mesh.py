@@ -10,10 +10,11 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
-from shardscope._src.base.deviceless import target_devices, target_of_device
 from shardscope._src.base.errors import MeshSpecError, TargetError
-from shardscope._src.base.targets import CPU, TPU, Target, get_target, topology
 from shardscope._src.mesh import axis_types_of, format_mesh_spec, make_mesh, parse_mesh_spec
+from shardscope._src.targets.devices import target_devices, target_of_device
+from shardscope._src.targets.specs import Family, Target, get_target
+from shardscope._src.targets.topology import TpuTopology, topology
 
 
 def target_mesh(
@@ -42,14 +43,14 @@ def target_mesh(
     t = get_target(target)
     axes = parse_mesh_spec(spec)
     kinds = axis_types_of(axis_types, tuple(axes))
-    if t.family == CPU:
+    if t.family == Family.CPU:
         return make_mesh(axes, axis_types=kinds)
     n = math.prod(axes.values())
     topo = topology(t, n)
     devices = target_devices(t, n)
     shape = tuple(axes.values())
     grid: Any = None
-    if t.family == TPU:
+    if isinstance(topo, TpuTopology):
         try:
             if topo.slices > 1:
                 if shape[0] % topo.slices:
@@ -78,7 +79,7 @@ def check_mesh_target(mesh: Any, target: str | Target) -> Target:
     """The target, once every device of ``mesh`` is one of its devices."""
     t = get_target(target)
     names = {target_of_device(d) for d in mesh.devices.flat}
-    if t.family == CPU:
+    if t.family == Family.CPU:
         ok = all(getattr(d, "platform", None) == "cpu" for d in mesh.devices.flat)
     else:
         ok = names == {t.name}

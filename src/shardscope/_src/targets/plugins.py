@@ -1,8 +1,9 @@
-"""Compile-only GPU and TPU devices, made on a machine that has neither.
+"""The deviceless set-up: JAX's CUDA plugin and libtpu started on a machine without the chips.
 
 JAX's CUDA plugin and libtpu each give a *topology*: devices that programs can be compiled
-for but not run on. Both are optional installs (the ``gpu-compile`` and ``tpu-compile``
-extras). Three habits of theirs are handled here, each only where the user has not decided:
+for but not run on (:mod:`shardscope._src.targets.devices`). Both are optional installs (the
+``gpu-compile`` and ``tpu-compile`` extras). Three habits of theirs are handled here, each
+only where the user has not decided:
 
 * the CUDA plugin refuses to register on a host without a CUDA driver unless JAX is told to
   skip its version check (or is limited to other platforms);
@@ -21,24 +22,13 @@ line starts, whose process it is), sets the environment variables named in
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import importlib.util
 import os
 import sys
-from typing import Any
 
 from shardscope._src.base.errors import TargetError
 from shardscope._src.base.stderr import capture_stderr
-from shardscope._src.base.targets import (
-    GPU,
-    GPU_SPECS,
-    TPU,
-    Target,
-    Topology,
-    get_target,
-    topology,
-)
 
 #: Lines the accelerator plugins print on every start on a host without the accelerator.
 _START_UP_NOISE = (
@@ -88,7 +78,7 @@ def quiet_plugin_start() -> contextlib.AbstractContextManager[list[str]]:
 
 
 def _cuda_plugin_installed() -> bool:
-    return _module_present("jax_cuda12_plugin")
+    return module_present("jax_cuda12_plugin")
 
 
 def import_jax() -> None:
@@ -137,7 +127,7 @@ def prepare_targets() -> None:
 def _register_cuda_again() -> None:
     from jax._src import xla_bridge  # private: where JAX keeps the registered topologies
 
-    if "cuda" in xla_bridge._topology_factories or not _module_present("jax_plugins.xla_cuda12"):
+    if "cuda" in xla_bridge._topology_factories or not module_present("jax_plugins.xla_cuda12"):
         return
     import jax_plugins.xla_cuda12 as cuda_plugin
 
@@ -153,102 +143,9 @@ def _register_cuda_again() -> None:
         ) from None
 
 
-def _module_present(name: str) -> bool:
+def module_present(name: str) -> bool:
+    """Whether the module ``name`` can be imported (found, not loaded)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def compiler_installed(target: str | Target) -> bool:
-    """Whether the target's compiler is installed (always, for ``cpu``)."""
-    return not _missing(get_target(target))
-
-
-def require_compiler(target: str | Target) -> Target:
-    """The target, once its compiler is installed; :class:`TargetError` naming the extra
-    that installs it otherwise."""
-    t = get_target(target)
-    missing = _missing(t)
-    if missing:
-        raise TargetError(
-            f"the {t.name} target compiles with {' and '.join(missing)}, which is not "
-            f"installed; install it with: pip install 'shardscope[{t.extra}]'"
-        )
-    return t
-
-
-def _missing(t: Target) -> list[str]:
-    if t.family == GPU:
-        missing = [
-            what
-            for what, module in (
-                ("the JAX CUDA plugin", "jax_plugins.xla_cuda12"),
-                ("the CUDA compiler (ptxas)", "nvidia.cuda_nvcc"),
-            )
-            if not _module_present(module)
-        ]
-    elif t.family == TPU:
-        missing = [] if _module_present("libtpu") else ["libtpu"]
-    else:
-        missing = []
-    return missing
-
-
-@functools.cache
-def _devices(topo: Topology) -> tuple[Any, ...]:
-    prepare_targets()
-    from jax.experimental import topologies
-
-    t = get_target(topo.target)
-    try:
-        with quiet_plugin_start():
-            if t.family == GPU:
-                assert t.preset is not None
-                desc = topologies.get_topology_desc(
-                    platform="cuda",
-                    target_config=GPU_SPECS[t.name].target_config(t.preset.memory_bytes),
-                    topology=topo.name,
-                )
-            else:
-                assert topo.chips_per_host is not None and topo.wrap is not None
-                desc = topologies.get_topology_desc(
-                    platform="tpu",
-                    topology_name=topo.name,
-                    chip_config_name=topo.chip_config,
-                    chips_per_host_bounds=topo.chips_per_host,
-                    num_slices=topo.slices,
-                    wrap=topo.wrap,
-                )
-    except NotImplementedError as e:  # the plugin did not register in this process
-        raise TargetError(
-            f"JAX has no {t.family.upper()} compiler registered in this process ({e}); "
-            f"reinstall it for the installed JAX: pip install 'shardscope[{t.extra}]'"
-        ) from None
-    devices = tuple(desc.devices)
-    if len(devices) != topo.devices:
-        raise TargetError(
-            f"{t.name}: the {topo.name} topology gave {len(devices)} devices, not {topo.devices}"
-        )
-    _OWNER.update({id(d): t.name for d in devices})
-    return devices
-
-
-_OWNER: dict[int, str] = {}
-
-
-def target_devices(target: str | Target, devices: int) -> list[Any]:
-    """``devices`` compile-only devices of a GPU or TPU target, laid out as the vendor builds
-    them (:func:`~shardscope._src.base.targets.topology`). The same objects on every call."""
-    t = require_compiler(target)
-    if t.family not in (GPU, TPU):
-        raise TargetError(
-            "the cpu target's devices are simulated: use shardscope.use_cpu_devices(n) and "
-            "jax.devices('cpu')"
-        )
-    return list(_devices(topology(t, devices)))
-
-
-def target_of_device(device: Any) -> str | None:
-    """The target name a compile-only device was made for here, or None."""
-    return _OWNER.get(id(device))

@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from shardscope._src.base.capabilities import BY_PLATFORM, Capabilities
-from shardscope._src.base.errors import TargetError, is_int
-from shardscope._src.base.hardware import PRESETS, Hardware
+from shardscope._src.base.errors import TargetError
 from shardscope._src.base.io import Record
+from shardscope._src.targets.hardware import PRESETS, Hardware
 
-CPU, GPU, TPU = "cpu", "gpu", "tpu"
+
+class Family(StrEnum):
+    """The compiler family a target's programs are built by (``Target.family``)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    TPU = "tpu"
+
+
+# The families by their short names, as the tables below write them.
+CPU, GPU, TPU = Family.CPU, Family.GPU, Family.TPU
 GPU_EXTRA, TPU_EXTRA = "gpu-compile", "tpu-compile"
 GPUS_PER_NODE = 8
 
@@ -135,11 +146,22 @@ GPU_SPECS: dict[str, GpuSpec] = {
 
 @dataclass(frozen=True)
 class TpuSlice:
-    """One TPU slice shape as libtpu names it (``v5:4x4x4``) and how its hosts are cut."""
+    """One TPU slice shape (chips along each torus axis) and how its hosts are cut."""
 
-    topology: str
+    prefix: str  # libtpu's topology prefix: "v5e", "v5", "v6e"
+    shape: tuple[int, ...]
     chips_per_host: tuple[int, int, int]
     wrap: tuple[bool, bool, bool]
+
+    @property
+    def dims(self) -> str:
+        """``4x4x4``."""
+        return "x".join(str(n) for n in self.shape)
+
+    @property
+    def topology(self) -> str:
+        """The slice as libtpu names it: ``v5:4x4x4``."""
+        return f"{self.prefix}:{self.dims}"
 
 
 @dataclass(frozen=True)
@@ -165,7 +187,7 @@ def _slices_2d(prefix: str) -> dict[int, TpuSlice]:
     out = {}
     for n, (a, b) in shapes.items():
         host = (1, 1, 1) if n == 1 else (2, 2, 1)
-        out[n] = TpuSlice(f"{prefix}:{a}x{b}", host, (a == 16, b == 16, False))
+        out[n] = TpuSlice(prefix, (a, b), host, (a == 16, b == 16, False))
     return out
 
 
@@ -187,7 +209,7 @@ def _slices_v5p() -> dict[int, TpuSlice]:
     out = {}
     for s in shapes:
         wrap = min(s) >= 4
-        out[math.prod(s)] = TpuSlice("v5:" + "x".join(map(str, s)), (2, 2, 1), (wrap,) * 3)
+        out[math.prod(s)] = TpuSlice("v5", s, (2, 2, 1), (wrap,) * 3)
     return out
 
 
@@ -212,7 +234,7 @@ class Target(Record):
     """
 
     name: str
-    family: str
+    family: Family
     hardware: str | None
     extra: str | None
     description: str
@@ -264,80 +286,3 @@ def get_target(name: str | Target) -> Target:
     if found is None:
         raise TargetError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}")
     return found
-
-
-# --- compile-only devices -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Topology:
-    """How ``n`` devices of a target are laid out: nodes of 8 GPUs, or TPU slices."""
-
-    target: str
-    devices: int
-    name: str  # "1x2x8" (slices x nodes x GPUs per node) or "v5:4x4x4"
-    slices: int = 1
-    chip_config: str | None = None
-    chips_per_host: tuple[int, int, int] | None = None
-    wrap: tuple[bool, bool, bool] | None = None
-
-    @property
-    def nodes(self) -> int:
-        """GPU nodes, or TPU slices: the groups joined by the slower network."""
-        if self.chip_config is None:
-            return int(self.name.split("x")[1])
-        return self.slices
-
-    def describe(self) -> str:
-        if self.chip_config is None:
-            nodes = self.nodes
-            return (
-                f"{self.devices} GPU"
-                + ("s" if self.devices > 1 else "")
-                + (f" in {nodes} nodes of {GPUS_PER_NODE}" if nodes > 1 else " in one node")
-            )
-        shape = self.name.split(":")[1]
-        chips = f"{self.devices} chip" + ("s" if self.devices > 1 else "")
-        if self.slices > 1:
-            return f"{self.slices} slices of {shape} ({chips})"
-        return f"one {shape} slice ({chips})"
-
-
-def topology(target: str | Target, devices: int) -> Topology:
-    """The node or slice layout a vendor builds ``devices`` devices of ``target`` as.
-
-    Raises :class:`TargetError` for a count the target cannot be built with, naming those
-    it can.
-    """
-    t = get_target(target)
-    if not is_int(devices, 1):
-        raise TargetError(f"device count must be a positive integer, got {devices!r}")
-    if t.family == GPU:
-        if devices <= GPUS_PER_NODE:
-            return Topology(t.name, devices, f"1x1x{devices}")
-        if devices % GPUS_PER_NODE == 0:
-            return Topology(t.name, devices, f"1x{devices // GPUS_PER_NODE}x{GPUS_PER_NODE}")
-    elif t.family == TPU:
-        gen = TPU_GENERATIONS[t.name]
-        largest = max(gen.slices)
-        n_slices = 1
-        one = gen.slices.get(devices)
-        if one is None and gen.multislice and devices % largest == 0:
-            n_slices, one = devices // largest, gen.slices[largest]
-        if one is not None:
-            return Topology(
-                t.name,
-                devices,
-                one.topology,
-                n_slices,
-                gen.chip_config,
-                one.chips_per_host,
-                one.wrap,
-            )
-    else:
-        raise TargetError(
-            "the cpu target has no topology: its devices are simulated (shardscope.use_cpu_devices)"
-        )
-    raise TargetError(
-        f"{t.name} cannot be built with {devices} devices; it comes as {t.device_counts()}"
-    )

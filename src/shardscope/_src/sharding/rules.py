@@ -1,0 +1,327 @@
+"""Logical-axis rules: Flax's pairs ``(logical name, mesh axes)``, the mesh axes a name, a tuple
+of names or None (not sharded), in one set or in named sets, from Python, from a JSON file or
+from the ``RULES`` of a program's module.
+
+The one home of rules for the audit and the planner: reading and checking them, choosing a
+set, turning logical names into a ``PartitionSpec`` (:func:`logical_to_spec`), and the two
+ways they reach a program: Flax's rules context while it is built and traced, and a second
+argument of ``make_step(mesh, rules)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+from shardscope._src.base.errors import RulesError
+from shardscope._src.base.io import read_json
+
+#: What one logical name is sharded over: a mesh axis, several, or None (not sharded).
+RuleAxes = str | tuple[str, ...] | None
+#: A rule set: ``((logical name, mesh axes or None), ...)``.
+Rules = tuple[tuple[str, RuleAxes], ...]
+#: The name of the one "rule set" of a program planned as written (no rules).
+AS_WRITTEN = "as written"
+#: The module attribute a program's own rule sets are read from.
+MODULE_RULES = "RULES"
+
+
+def _rule_axes(value: object, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise RulesError(
+        f"{where}: mesh axes {value!r} must be a mesh axis name, a list of names or null"
+    )
+
+
+def _rule_set(name: str, value: object) -> Rules:
+    where = f"rule set {name!r}"
+    pairs: list[tuple[object, object]]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, list | tuple):
+        pairs = []
+        for i, pair in enumerate(value):
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise RulesError(
+                    f"{where}, rule {i}: {pair!r} is not a pair (logical name, mesh axes); "
+                    f"write e.g. ['batch', 'data'] or ['embed', null]"
+                )
+            pairs.append((pair[0], pair[1]))
+    else:
+        raise RulesError(
+            f"{where}: {type(value).__name__} is not a list of (logical name, mesh axes) pairs"
+        )
+    out: list[tuple[str, RuleAxes]] = []
+    seen: set[str] = set()
+    for logical, axes in pairs:
+        if not isinstance(logical, str) or not logical:
+            raise RulesError(f"{where}: logical axis name {logical!r} must be a non-empty string")
+        if logical in seen:
+            raise RulesError(f"{where}: logical axis {logical!r} has two rules; keep one")
+        seen.add(logical)
+        names = _rule_axes(axes, f"{where}, {logical!r}")
+        out.append((logical, None if not names else names[0] if isinstance(axes, str) else names))
+    return tuple(out)
+
+
+def _is_rule_set(value: object) -> bool:
+    """Whether ``value`` reads as one rule set: a mapping, or a sequence of pairs."""
+    if isinstance(value, Mapping):
+        return True
+    return isinstance(value, list | tuple) and all(isinstance(p, list | tuple) for p in value)
+
+
+def normalize_rules(rules: object) -> dict[str, Rules]:
+    """``{name: rule set}`` from one rule set (pairs or a mapping) or a mapping of named sets.
+
+    A mapping whose every value is itself a rule set (a mapping, or a list of pairs) holds
+    named sets; any other mapping is one set, ``{logical name: mesh axes}``.
+
+    >>> normalize_rules([("batch", "data"), ("embed", None)])
+    {'rules': (('batch', 'data'), ('embed', None))}
+    """
+    if rules is None:
+        return {AS_WRITTEN: ()}
+    if isinstance(rules, Mapping) and rules and all(_is_rule_set(v) for v in rules.values()):
+        if not all(isinstance(k, str) and k for k in rules):
+            raise RulesError("rule set names must be non-empty strings")
+        return {name: _rule_set(name, value) for name, value in rules.items()}
+    if isinstance(rules, list | tuple | Mapping):
+        return {"rules": _rule_set("rules", rules)}
+    raise RulesError(
+        f"rules must be (logical name, mesh axes) pairs or a mapping of named rule sets, got "
+        f"{type(rules).__name__}"
+    )
+
+
+def rules_axes(rule_sets: Mapping[str, Rules]) -> tuple[str, ...]:
+    """The mesh axes the rule sets name, in order of first appearance."""
+    out: dict[str, None] = {}
+    for rules in rule_sets.values():
+        for _, axes in rules:
+            for a in _rule_axes(axes, ""):
+                out.setdefault(a, None)
+    return tuple(out)
+
+
+def check_rules_axes(rule_sets: Mapping[str, Rules], axes: Sequence[str]) -> None:
+    """Refuses a rule that maps a logical name to an axis not among ``axes``."""
+    for name, rules in rule_sets.items():
+        for logical, value in rules:
+            for a in _rule_axes(value, ""):
+                if a not in axes:
+                    raise RulesError(
+                        f"rule set {name!r} maps {logical!r} to mesh axis {a!r}, which is not "
+                        f"one of the mesh axes ({', '.join(axes)}); use one of them or add "
+                        f"{a!r} to the axes"
+                    )
+
+
+def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tuple[str, ...]]:
+    """Rule sets and mesh axes from a JSON file.
+
+    The file holds ``{"axes": ["data", "model"], "rules": {"dp": [["batch", "data"], ...],
+    ...}}``; ``axes`` is optional (default: the axes the rules name) and a rule set may be a
+    ``{logical: mesh axes}`` object. Mesh axes are a name, a list of names or null.
+    """
+    data = read_json(path, "rules file", RulesError)
+    if not isinstance(data, Mapping) or "rules" not in data:
+        raise RulesError(
+            f'rules file {str(path)!r} must be a JSON object with "rules": {{name: [[logical, '
+            f'mesh axes], ...]}} (and optionally "axes": [...])'
+        )
+    unknown = set(data) - {"rules", "axes"}
+    if unknown:
+        raise RulesError(
+            f"rules file {str(path)!r}: unknown key(s) {', '.join(sorted(unknown))}; only "
+            f'"rules" and "axes"'
+        )
+    rule_sets = normalize_rules(data["rules"])
+    axes: tuple[str, ...] = ()
+    if "axes" in data:
+        raw = data["axes"]
+        if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
+            raise RulesError(f'rules file {str(path)!r}: "axes" must be a list of axis names')
+        axes = tuple(raw)
+        check_rules_axes(rule_sets, axes)
+    return rule_sets, axes
+
+
+def format_rules(rules: Rules) -> str:
+    """``batch->data, embed->-``."""
+    if not rules:
+        return "the program's own shardings"
+
+    def axes(v: RuleAxes) -> str:
+        if v is None:
+            return "-"
+        return v if isinstance(v, str) else "(" + ",".join(v) + ")"
+
+    return ", ".join(f"{k}->{axes(v)}" for k, v in rules)
+
+
+def logical_to_spec(
+    names: Sequence[str | None], rules: Mapping[str, RuleAxes] | Sequence[tuple[str, RuleAxes]]
+) -> PartitionSpec:
+    """The ``PartitionSpec`` that logical-axis ``rules`` give an array with dimension ``names``.
+
+    Rules are Flax's: ``(logical name, mesh axes)`` pairs (or a mapping), the mesh axes a name,
+    a tuple of names or None. As in Flax, a name without a rule is not sharded, and a mesh
+    axis already used by an earlier dimension is not used again.
+
+    >>> logical_to_spec(("batch", "embed"), [("batch", "data"), ("embed", None)])
+    P('data', None)
+    """
+
+    table = dict(rules.items() if isinstance(rules, Mapping) else rules)
+    used: set[str] = set()
+    entries: list[str | tuple[str, ...] | None] = []
+    for name in names:
+        value = table.get(name) if name is not None else None
+        axes = () if value is None else (value,) if isinstance(value, str) else tuple(value)
+        if not axes or any(a in used for a in axes):
+            entries.append(None)
+            continue
+        used.update(axes)
+        entries.append(axes[0] if isinstance(value, str) or len(axes) == 1 else axes)
+    return PartitionSpec(*entries)
+
+
+# -- where a program's rules come from ----------------------------------------------------------
+
+
+def module_rules(make_step: Callable[..., object]) -> object | None:
+    """The ``RULES`` of the module defining ``make_step``, or None."""
+    module = sys.modules.get(getattr(make_step, "__module__", "") or "")
+    return getattr(module, MODULE_RULES, None)
+
+
+@dataclass(frozen=True)
+class RuleSets:
+    """Named rule sets, the words that say where they came from, and the mesh axes a rules
+    file names (empty when it names none)."""
+
+    sets: Mapping[str, Rules]
+    source: str
+    axes: tuple[str, ...] = ()
+
+
+def find_rule_sets(rules: object, make_step: Callable[..., object]) -> RuleSets | None:
+    """The rule sets ``rules`` gives, as ``shardscope audit FILE.py:FUNCTION --rules`` and
+    ``plan --program --rules`` read them: a path is a rules file (:func:`load_rules_file`),
+    pairs or a mapping are one set or named sets (:func:`normalize_rules`), and None is the
+    ``RULES`` of ``make_step``'s module when it defines one, else None (no rules)."""
+    if rules is None:
+        own = module_rules(make_step)
+        if own is None:
+            return None
+        name = getattr(make_step, "__name__", None) or "make_step"
+        return RuleSets(normalize_rules(own), f"the {MODULE_RULES} of {name}'s module")
+    if isinstance(rules, str | os.PathLike):
+        sets, axes = load_rules_file(rules)
+        return RuleSets(sets, f"rules file {os.fspath(rules)!r}", axes)
+    return RuleSets(normalize_rules(rules), "rules=")
+
+
+def choose_rule_set(found: RuleSets | None, rule_set: str | None) -> tuple[str, Rules] | None:
+    """The one set of ``found`` that ``rule_set`` names, or its only one when ``rule_set`` is
+    None; None when there are no rules.
+
+    Raises:
+        RulesError: ``rule_set`` named with no rules, a name ``found`` does not hold, or
+            several sets and no name.
+    """
+    if found is None:
+        if rule_set is not None:
+            raise RulesError(
+                f"rule_set={rule_set!r} names a rule set but there are no rules: give rules "
+                f"(pairs, named sets or a rules file), or define {MODULE_RULES} in the "
+                f"program's module",
+                param=("rule_set", "rules"),
+            )
+        return None
+    if rule_set is None:
+        if len(found.sets) > 1:
+            raise RulesError(
+                f"{found.source} holds {len(found.sets)} rule sets ({', '.join(found.sets)}); "
+                f"choose one with rule_set=NAME",
+                param="rule_set",
+            )
+        return next(iter(found.sets.items()))
+    if rule_set not in found.sets:
+        raise RulesError(
+            f"rule_set={rule_set!r} is not in {found.source}: {', '.join(found.sets)}",
+            param="rule_set",
+        )
+    return rule_set, found.sets[rule_set]
+
+
+def rules_for_mesh(
+    rules: object,
+    rule_set: str | None,
+    make_step: Callable[..., object],
+    axes: Sequence[str],
+) -> Rules:
+    """The one rule set a program is built with on a mesh of ``axes``: what :func:`find_rule_sets`
+    finds, checked against the axes, and chosen by :func:`choose_rule_set`; ``()`` when there
+    are no rules."""
+    found = find_rule_sets(rules, make_step)
+    if found is not None:
+        check_rules_axes(found.sets, axes)
+    chosen = choose_rule_set(found, rule_set)
+    return () if chosen is None else chosen[1]
+
+
+# -- how rules reach a program -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def rules_context(rules: Sequence[tuple[str, RuleAxes]]) -> Iterator[None]:
+    """Flax's logical-axis rules set for the block, when there are rules and the program has
+    imported Flax.
+
+    Flax reads them when a variable's sharding is asked for (``nnx.get_partition_spec``) and
+    when a logical constraint is traced, so they must hold while ``make_step`` runs and while
+    the step is lowered.
+    """
+    spmd = sys.modules.get("flax.core.spmd")
+    if spmd is None or not rules:
+        yield
+        return
+    with spmd.logical_axis_rules(tuple(rules)):
+        yield
+
+
+def takes_rules(make_step: Callable[..., Any]) -> bool:
+    """Whether ``make_step`` accepts a second positional argument (the rules)."""
+    try:
+        sig = inspect.signature(make_step)
+    except (TypeError, ValueError):
+        return False
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def uses_flax(make_step: Callable[..., Any]) -> bool:
+    """Whether Flax is imported and ``make_step``'s module refers to it (so that Flax's rules
+    context reaches the program)."""
+    if "flax.core.spmd" not in sys.modules:
+        return False
+    names = []
+    for value in getattr(make_step, "__globals__", {}).values():
+        names.append(getattr(value, "__name__", None) or "")
+        names.append(getattr(value, "__module__", None) or "")
+    return any(isinstance(n, str) and (n == "flax" or n.startswith("flax.")) for n in names)
