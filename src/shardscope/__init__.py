@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from shardscope._src.base.errors import TargetError as TargetError
     from shardscope._src.base.hardware import Hardware as Hardware
     from shardscope._src.base.hardware import hardware as hardware
-    from shardscope._src.base.io import VERSION as _VERSION
+    from shardscope._src.base.records import VERSION as _VERSION
     from shardscope._src.base.targets import TARGETS as TARGETS
     from shardscope._src.base.targets import Target as Target
     from shardscope._src.bounds.matmul import MatmulSchedule as MatmulSchedule
@@ -113,7 +113,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TargetError": ("shardscope._src.base.errors", "TargetError"),
     "Hardware": ("shardscope._src.base.hardware", "Hardware"),
     "hardware": ("shardscope._src.base.hardware", "hardware"),
-    "__version__": ("shardscope._src.base.io", "VERSION"),
+    "__version__": ("shardscope._src.base.records", "VERSION"),
     "TARGETS": ("shardscope._src.base.targets", "TARGETS"),
     "Target": ("shardscope._src.base.targets", "Target"),
     "MatmulSchedule": ("shardscope._src.bounds.matmul", "MatmulSchedule"),

@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import LayoutError, ShardscopeError
-from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.base.text import format_spec
 from shardscope._src.mesh import parse_mesh_spec
 

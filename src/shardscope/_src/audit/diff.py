@@ -17,7 +17,7 @@ from typing import Any
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, ShardscopeError
-from shardscope._src.base.io import SCHEMA_VERSION, read_json, record_dict, result_header
+from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict, result_header
 
 #: The schema versions whose audits have today's shape (version 2 changed the notes of plans
 #: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
@@ -91,6 +91,9 @@ class AuditDiff:
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    #: A diff compares two audits and compiles nothing: its JSON names no backend.
+    backend = None
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.errors import ShardscopeError, is_int
-from shardscope._src.base.io import Record, json_value, record_dict
+from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from shardscope._src.base.errors import TargetError, is_int
 from shardscope._src.base.hardware import PRESETS, Hardware
-from shardscope._src.base.io import Record
+from shardscope._src.base.records import Record
 
 CPU, GPU, TPU = "cpu", "gpu", "tpu"
 GPU_EXTRA, TPU_EXTRA = "gpu-compile", "tpu-compile"

@@ -11,19 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from shardscope._src.audit.stages import load_program
+from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.deviceless import compiler_installed
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.hardware import PRESETS
-from shardscope._src.base.io import (
-    STDOUT,
-    check_file_path,
-    check_output_paths,
-    write_atomic,
-    write_result,
-)
 from shardscope._src.base.notes import Note
-from shardscope._src.base.targets import TARGETS, get_target
+from shardscope._src.base.records import STDOUT, write_result
+from shardscope._src.base.targets import TARGETS
 from shardscope._src.cli.args import (
     NO_FLAGS,
     PROG,
@@ -35,6 +30,7 @@ from shardscope._src.cli.args import (
 )
 from shardscope._src.cli.audit_program import module_rules, simulate_devices
 from shardscope._src.cli.config import PlanConfig
+from shardscope._src.cli.paths import check_file_path, check_output_paths
 from shardscope._src.model.presets import MODEL_PRESETS
 from shardscope._src.plan.program import plan_program
 from shardscope._src.plan.rules import load_rules_file
@@ -132,11 +128,9 @@ def run_plan_command(
             **dict(dims or {}),
         )
     render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
-    backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
     written = write_plan_files(
         result,
         markdown_report,
-        backend,
         json_path=json_path,
         png_path=png_path,
         report_path=report_path,
@@ -201,7 +195,6 @@ def _compile_progress(console: Any = None) -> Iterator[Callable[[int, int, str],
 def write_plan_files(
     result: Any,
     report: Callable[[Any], str],
-    backend: str,
     *,
     json_path: str | None,
     png_path: str | None,
@@ -212,7 +205,7 @@ def write_plan_files(
     ``report``; returns where each went."""
     written = []
     if json_path:
-        written.append(write_result(json_path, result.to_dict(), backend=backend))
+        written.append(write_result(json_path, result))
     if png_path:
         written.append(plot_plans(result, png_path))
     if report_path:
@@ -569,11 +562,9 @@ def run_plan_program(
     )
     if json_path != STDOUT:
         render_program_plan(result, console=console, top=top, flags=flags)
-    backend = "cpu" if target is None else get_target(target).family
     written = write_plan_files(
         result,
         program_markdown_report,
-        backend,
         json_path=json_path,
         png_path=png_path,
         report_path=report_path,

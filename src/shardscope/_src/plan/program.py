@@ -47,8 +47,8 @@ from shardscope._src.base.errors import (
 )
 from shardscope._src.base.hardware import Hardware
 from shardscope._src.base.hardware import hardware as get_hardware
-from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note
+from shardscope._src.base.records import record_dict
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.targets import CPU, get_target, topology
 from shardscope._src.base.text import format_mesh_spec
@@ -212,6 +212,12 @@ class ProgramPlanResult:
     @property
     def model(self) -> str:
         return self.program
+
+    @property
+    def backend(self) -> str:
+        """The platform of the compiler that compiled the plans: ``"cpu"``, ``"gpu"`` or
+        ``"tpu"`` (its target's family)."""
+        return get_target(self.target).family
 
     @property
     def best(self) -> ProgramPlan | None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardscope._src.base.errors import PlanError
-from shardscope._src.base.io import read_json
+from shardscope._src.base.records import read_json
 
 #: A rule set: ``((logical name, mesh axes or None), ...)``.
 Rules = tuple[tuple[str, Any], ...]

@@ -13,8 +13,9 @@ from typing import Any
 
 from shardscope._src.base.comm import ratio
 from shardscope._src.base.hardware import Hardware
-from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
+from shardscope._src.base.records import Record, json_value, record_dict
+from shardscope._src.base.targets import get_target
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
@@ -403,6 +404,12 @@ class PlanResult:
     closest: Mapping[str, Any] | None = None
     #: ``"cpu"``, or the target whose compiler compiled the leading plans (``compiled_by``).
     compiler: str = "cpu"
+
+    @property
+    def backend(self) -> str:
+        """The platform of the compiler that compiled the leading plans: ``"cpu"``,
+        ``"gpu"`` or ``"tpu"`` (its target's family)."""
+        return get_target(self.compiler).family
 
     @property
     def best(self) -> Plan | None:
