@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.base.comm import format_bytes
 from shardscope._src.plan.rules import format_rules
 from shardscope._src.render.columns import Column, markdown_table
-from shardscope._src.render.console import format_bytes
 from shardscope._src.render.plan import (
     COMM_BOUND,
     COMM_BYTES,
