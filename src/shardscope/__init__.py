@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from shardscope._src.base.errors import ModelConfigError as ModelConfigError
     from shardscope._src.base.errors import PlanError as PlanError
     from shardscope._src.base.errors import ProgramError as ProgramError
+    from shardscope._src.base.errors import RecordError as RecordError
     from shardscope._src.base.errors import ShardscopeError as ShardscopeError
     from shardscope._src.base.errors import StrategyError as StrategyError
     from shardscope._src.base.errors import TargetError as TargetError
@@ -108,6 +109,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ModelConfigError": ("shardscope._src.base.errors", "ModelConfigError"),
     "PlanError": ("shardscope._src.base.errors", "PlanError"),
     "ProgramError": ("shardscope._src.base.errors", "ProgramError"),
+    "RecordError": ("shardscope._src.base.errors", "RecordError"),
     "ShardscopeError": ("shardscope._src.base.errors", "ShardscopeError"),
     "StrategyError": ("shardscope._src.base.errors", "StrategyError"),
     "TargetError": ("shardscope._src.base.errors", "TargetError"),

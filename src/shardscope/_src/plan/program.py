@@ -301,8 +301,12 @@ def compile_candidate(
             f"{target or 'cpu'}; build it on the mesh make_step is given"
         )
     remats = parse_rematerializations(log[0] if log else "", result.module)
-    result = replace(result, rematerializations=remats)
     fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
+    # replace() copies the fields alone: what the audit was read from goes with the copy
+    program = result.program
+    result = replace(result, rematerializations=remats)
+    if program is not None:
+        result = result.with_program(program)
     itemsize = _itemsize(stage.args_info)
     timing = {"lower_s": t1 - t0, "compile_s": t2 - t1, "audit_s": time.perf_counter() - t2}
     return result, timing, itemsize, fingerprint
