@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,7 +129,6 @@ FAST_COMPILE_OPTIONS: Mapping[str, Any] = {
 _FALLBACK_AXIS = "devices"
 
 _REMAT_MARK = "Involuntary full rematerialization"
-_REMAT_CACHE: dict[int, tuple[Rematerialization, ...]] = {}
 
 
 def _balanced_after(text: str, marker: str) -> str | None:
@@ -390,7 +390,7 @@ def _audit_text(
     threads = {c.execution_thread for c in module.computations.values()} - {MAIN_THREAD}
     remats = None
     if log is not None:
-        remats = _rematerializations(log, text, module)
+        remats = _REMATS.read(compiled, log, module)
     result = Audit(
         collectives=collectives,
         mesh_axes=axes,
@@ -454,17 +454,52 @@ def _axes_of(module: HloModule, axes: dict[str, int] | None) -> dict[str, int]:
     return axes
 
 
-def _rematerializations(log: str, text: str, module: HloModule) -> tuple[Rematerialization, ...]:
-    """The rematerializations of the compiler's log; for a program JAX served from its cache
-    (an identical one compiled before, without a log) those found then."""
-    key = hash(text)
-    remats = parse_rematerializations(log, module)
-    if not remats:
-        return _REMAT_CACHE.get(key, ())
-    if len(_REMAT_CACHE) >= 256:
-        _REMAT_CACHE.pop(next(iter(_REMAT_CACHE)))
-    _REMAT_CACHE[key] = remats
-    return remats
+class _RematerializationLog:
+    """The rematerializations the partitioner logged for each executable, while it lives.
+
+    JAX serves a program it compiled before from its cache, and then no compiler runs and
+    nothing is logged; the executable it serves is the one compiled then, so the log read
+    then is kept with it (a weak reference: forgotten with the executable).
+    """
+
+    def __init__(self) -> None:
+        self._found: weakref.WeakKeyDictionary[object, tuple[Rematerialization, ...]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def read(
+        self, compiled: jax.stages.Compiled | None, log: str, module: HloModule
+    ) -> tuple[Rematerialization, ...]:
+        """The rematerializations in ``log``; for a program compiled before (an empty log)
+        those its executable's compile logged."""
+        remats = parse_rematerializations(log, module)
+        key = _executable_of(compiled)
+        if key is None:
+            return remats
+        if remats:
+            self._found[key] = remats
+            return remats
+        return self._found.get(key, ())
+
+
+def _executable_of(compiled: jax.stages.Compiled | None) -> object | None:
+    """The executable JAX's compile cache hands out again for the same program, or None.
+
+    ``jax.stages.Compiled`` is a new wrapper on every compile and has no public handle on
+    what it wraps (``runtime_executable()`` cannot be weakly referenced); its private
+    ``_executable`` is the cached object, used here alone.
+    """
+    executable = getattr(compiled, "_executable", None)
+    if executable is None:
+        return None
+    try:
+        weakref.ref(executable)
+    except TypeError:
+        return None
+    return executable
+
+
+_REMATS = _RematerializationLog()
 
 
 def compile_lowered(lowered: Any, **compiler_options: Any) -> Any:
