@@ -25,7 +25,6 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "audit/diff.py": [("diff",)],
     "audit/stages.py": [("audit", "program"), ("plan",)],
     "base/distributed.py": [("lab",), *AUDITS],
-    "base/io.py": [("lab",)],
     "launch.py": [("launch",)],
     "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],

@@ -1,7 +1,14 @@
-"""One column spec drawn two ways: the rich table and the Markdown table of the same columns.
-No devices needed."""
+"""One column spec drawn three ways: the rich table, the Markdown table and the plain text of
+the same columns. No devices needed."""
 
-from shardscope._src.render.columns import Alarm, Column, markdown_table, rich_cells, rich_table
+from shardscope._src.render.columns import (
+    Alarm,
+    Column,
+    markdown_table,
+    rich_cells,
+    rich_table,
+    text_table,
+)
 
 ROWS = [
     {"name": "a|b", "mesh": "data=8", "fits": True, "why": "line\nbreak"},
@@ -45,3 +52,18 @@ def test_a_column_reads_its_row_from_a_larger_one():
     assert markdown_table([COLUMNS[2].on(lambda pair: pair[1])], [("x", ROWS[1])])[2] == (
         "| **no** |"
     )
+
+
+def test_plain_text_shows_the_terminals_columns_aligned_without_trailing_spaces():
+    rows = [{"name": "c", "n": "7"}, {"name": "longer", "n": "1234"}]
+    columns = (
+        Column("name", lambda r: r["name"]),
+        Column("n", lambda r: r["n"], justify="right"),
+        Column("md", lambda r: "m", only="markdown"),
+        Column("", lambda r: "<- this" if r["name"] == "c" else ""),
+    )
+    assert text_table(columns, rows, indent="> ") == [
+        "> name       n",
+        "> c          7  <- this",
+        "> longer  1234",
+    ]

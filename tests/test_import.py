@@ -91,7 +91,7 @@ def test_every_public_name_loads_from_the_module_it_names():
     for name, (module, attr) in exports.items():
         found = importlib.import_module(module)
         assert getattr(shardscope, name) is (found if attr is None else getattr(found, attr))
-    assert shardscope.__version__ == importlib.import_module("shardscope._src.base.io").VERSION
+    assert shardscope.__version__ == importlib.import_module("shardscope._src.base.records").VERSION
     assert set(shardscope.__all__) <= set(dir(shardscope))
 
 

@@ -10,7 +10,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardscope import Layout, LayoutError, layout, make_mesh, spec_layout
-from shardscope._src.render.console import format_bytes, layout_table
+from shardscope._src.base.comm import format_bytes
+from shardscope._src.render.layout import layout_table
 
 MESHES = {
     "8": {"x": 8},

@@ -228,10 +228,10 @@ def test_diff_lists_what_appeared_and_checks_budgets():
 
 def _audit_files(tmp_path, schema_version):
     """An audit written as the command writes it, and its copy claiming ``schema_version``."""
-    from shardscope._src.base.io import write_result
+    from shardscope._src.base.records import write_result
 
     old = tmp_path / "old.json"
-    write_result(old, _matmul_audit(P()).to_dict(), backend="cpu")
+    write_result(old, _matmul_audit(P()))
     data = json.loads(old.read_text())
     data["schema_version"] = schema_version
     other = tmp_path / "other.json"
@@ -549,7 +549,7 @@ def _scoped_audit(gather: bool):
 
 
 def test_diff_by_scope_names_the_block_that_changed(tmp_path, capsys):
-    from shardscope._src.base.io import write_result
+    from shardscope._src.base.records import write_result
 
     before, after = _scoped_audit(False), _scoped_audit(True)
     d = shardscope.diff_audits(before, after, by_scope=True, no_new=["all-gather"])
@@ -558,8 +558,8 @@ def test_diff_by_scope_names_the_block_that_changed(tmp_path, capsys):
     assert not d.ok and "in block1" in d.violations[0]
     assert "block1" in d.text() and "scope" in d.text()
     old, new = tmp_path / "old.json", tmp_path / "new.json"
-    write_result(old, before.to_dict(), backend="cpu")
-    write_result(new, after.to_dict(), backend="cpu")
+    write_result(old, before)
+    write_result(new, after)
     assert main(["diff", str(old), str(new), "--by-scope", "--no-new", "all-gather"]) == 1
     assert "block1" in capsys.readouterr().out
 

@@ -10,7 +10,7 @@ import numpy as np
 
 import shardscope
 from shardscope._src.base.comm import Totals
-from shardscope._src.base.io import Record, json_value, record_dict
+from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.program import ProgramPlan
 from shardscope._src.plan.types import Plan

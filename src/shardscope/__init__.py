@@ -34,11 +34,12 @@ if TYPE_CHECKING:
     from shardscope._src.base.errors import ModelConfigError as ModelConfigError
     from shardscope._src.base.errors import PlanError as PlanError
     from shardscope._src.base.errors import ProgramError as ProgramError
+    from shardscope._src.base.errors import RecordError as RecordError
     from shardscope._src.base.errors import RulesError as RulesError
     from shardscope._src.base.errors import ShardscopeError as ShardscopeError
     from shardscope._src.base.errors import StrategyError as StrategyError
     from shardscope._src.base.errors import TargetError as TargetError
-    from shardscope._src.base.io import VERSION as _VERSION
+    from shardscope._src.base.records import VERSION as _VERSION
     from shardscope._src.bounds.matmul import MatmulSchedule as MatmulSchedule
     from shardscope._src.bounds.matmul import matmul_bound as matmul_bound
     from shardscope._src.bounds.matmul import matmul_schedule as matmul_schedule
@@ -111,11 +112,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ModelConfigError": ("shardscope._src.base.errors", "ModelConfigError"),
     "PlanError": ("shardscope._src.base.errors", "PlanError"),
     "ProgramError": ("shardscope._src.base.errors", "ProgramError"),
+    "RecordError": ("shardscope._src.base.errors", "RecordError"),
     "RulesError": ("shardscope._src.base.errors", "RulesError"),
     "ShardscopeError": ("shardscope._src.base.errors", "ShardscopeError"),
     "StrategyError": ("shardscope._src.base.errors", "StrategyError"),
     "TargetError": ("shardscope._src.base.errors", "TargetError"),
-    "__version__": ("shardscope._src.base.io", "VERSION"),
+    "__version__": ("shardscope._src.base.records", "VERSION"),
     "MatmulSchedule": ("shardscope._src.bounds.matmul", "MatmulSchedule"),
     "matmul_bound": ("shardscope._src.bounds.matmul", "matmul_bound"),
     "matmul_schedule": ("shardscope._src.bounds.matmul", "matmul_schedule"),

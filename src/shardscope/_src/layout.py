@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import LayoutError, ShardscopeError
-from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.base.text import format_spec
 from shardscope._src.mesh import parse_mesh_spec
 
@@ -104,15 +104,16 @@ class Layout:
             extra=("nbytes", "replication", "max_device_bytes"),
         )
 
+    # rich and notebooks look these up on the object; the renderer is imported when shown.
     def __rich__(self) -> Any:
-        from shardscope._src.render.console import layout_table
+        from shardscope._src.render.layout import layout_table
 
         return layout_table(self)
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
-        from shardscope._src.render.console import mimebundle
+        from shardscope._src.render.layout import layout_mimebundle
 
-        return mimebundle(self)
+        return layout_mimebundle(self)
 
 
 def _axes_of(entry: Any) -> tuple[str, ...]:
@@ -482,15 +483,16 @@ class TreeLayout:
             ),
         )
 
+    # rich and notebooks look these up on the object; the renderer is imported when shown.
     def __rich__(self) -> Any:
-        from shardscope._src.render.console import tree_layout_table
+        from shardscope._src.render.layout import tree_layout_table
 
         return tree_layout_table(self)
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
-        from shardscope._src.render.console import mimebundle
+        from shardscope._src.render.layout import tree_layout_mimebundle
 
-        return mimebundle(self, width=130)
+        return tree_layout_mimebundle(self)
 
 
 def _holds_arrays(tree: Any) -> bool:

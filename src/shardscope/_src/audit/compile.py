@@ -23,13 +23,15 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 
 from shardscope._src.audit.analysis import analyze
-from shardscope._src.audit.records import Audit, Rematerialization
+from shardscope._src.audit.records import Audit, AuditedProgram, Rematerialization
 from shardscope._src.audit.stages import lower, lower_step, unwrap_stage
 from shardscope._src.base.errors import (
     DeviceMemoryError,
@@ -128,7 +130,6 @@ FAST_COMPILE_OPTIONS: Mapping[str, Any] = {
 _FALLBACK_AXIS = "devices"
 
 _REMAT_MARK = "Involuntary full rematerialization"
-_REMAT_CACHE: dict[int, tuple[Rematerialization, ...]] = {}
 
 
 def _balanced_after(text: str, marker: str) -> str | None:
@@ -372,32 +373,56 @@ def _lowered(
     )
 
 
+@dataclass(frozen=True)
+class ProgramFacts:
+    """What a compiled program tells beside its HLO text: the fields of :class:`Audit` that
+    an audit of bare text leaves None."""
+
+    memory: dict[str, int] | None
+    flops: float | None
+    in_shardings: tuple[str, ...]
+    out_shardings: tuple[str, ...]
+    backend: str | None
+    target: str | None
+
+
 def _audit_text(
-    text: str, axes: dict[str, int] | None, *, log: str | None = None, **facts: Any
+    text: str,
+    axes: dict[str, int] | None,
+    *,
+    compiled: jax.stages.Compiled | None = None,
+    log: str | None = None,
+    facts: ProgramFacts | None = None,
 ) -> Audit:
-    """The audit of HLO text; ``facts`` are the other fields of :class:`Audit` a compiled
-    program gives (shardings, memory, flops, devices), ``log`` the compiler's (its
-    rematerializations)."""
+    """The audit of HLO text; of a ``compiled`` program's text with its ``facts`` and, when
+    the audit compiled it, the compiler's ``log`` (its rematerializations)."""
     module = parse_hlo(text)
     axes = _axes_of(module, axes)
     collectives, unknown = analyze(module, axes)
     threads = {c.execution_thread for c in module.computations.values()} - {MAIN_THREAD}
-    return Audit(
+    remats = None
+    if log is not None:
+        remats = _REMATS.read(compiled, log, module)
+    result = Audit(
         collectives=collectives,
         mesh_axes=axes,
         num_partitions=module.num_partitions,
         module_name=module.name,
-        rematerializations=None if log is None else _rematerializations(log, text, module),
+        memory=None if facts is None else facts.memory,
+        flops=None if facts is None else facts.flops,
+        in_shardings=None if facts is None else facts.in_shardings,
+        out_shardings=None if facts is None else facts.out_shardings,
+        rematerializations=remats,
         unknown_instructions=unknown,
         execution_threads=tuple(sorted(threads)),
-        module=module,
-        hlo_text=text,
-        **facts,
+        backend=None if facts is None else facts.backend,
+        target=None if facts is None else facts.target,
     )
+    return result.with_program(AuditedProgram(text, module, compiled))
 
 
 def _audit_compiled(
-    compiled: Any, log: str | None, given_axes: dict[str, int] | None, target: Any
+    compiled: jax.stages.Compiled, log: str | None, given_axes: dict[str, int] | None, target: Any
 ) -> Audit:
     """The audit of a compiled program: its HLO, shardings, memory, flops and, with the
     compiler's log, its rematerializations."""
@@ -411,18 +436,17 @@ def _audit_compiled(
             f"(the target's mesh is set around the program) or build them on "
             f"shardscope.target_mesh({get_target(target).name!r}, ...)"
         )
-    return _audit_text(
-        compiled.as_text(),
-        given_axes or _mesh_of_shardings(in_leaves + out_leaves),
-        log=log,
+    facts = ProgramFacts(
         memory=_memory(compiled),
         flops=_flops(compiled),
         in_shardings=tuple(_format_sharding(s) for s in in_leaves),
         out_shardings=tuple(_format_sharding(s) for s in out_leaves),
-        compiled=compiled,
-        backend=backend,
+        # a program that takes and returns no array names no devices: JAX's default ones
+        backend=backend or jax.default_backend(),
         target=compiled_for,
     )
+    axes = given_axes or _mesh_of_shardings(in_leaves + out_leaves)
+    return _audit_text(compiled.as_text(), axes, compiled=compiled, log=log, facts=facts)
 
 
 def _axes_of(module: HloModule, axes: dict[str, int] | None) -> dict[str, int]:
@@ -442,17 +466,52 @@ def _axes_of(module: HloModule, axes: dict[str, int] | None) -> dict[str, int]:
     return axes
 
 
-def _rematerializations(log: str, text: str, module: HloModule) -> tuple[Rematerialization, ...]:
-    """The rematerializations of the compiler's log; for a program JAX served from its cache
-    (an identical one compiled before, without a log) those found then."""
-    key = hash(text)
-    remats = parse_rematerializations(log, module)
-    if not remats:
-        return _REMAT_CACHE.get(key, ())
-    if len(_REMAT_CACHE) >= 256:
-        _REMAT_CACHE.pop(next(iter(_REMAT_CACHE)))
-    _REMAT_CACHE[key] = remats
-    return remats
+class _RematerializationLog:
+    """The rematerializations the partitioner logged for each executable, while it lives.
+
+    JAX serves a program it compiled before from its cache, and then no compiler runs and
+    nothing is logged; the executable it serves is the one compiled then, so the log read
+    then is kept with it (a weak reference: forgotten with the executable).
+    """
+
+    def __init__(self) -> None:
+        self._found: weakref.WeakKeyDictionary[object, tuple[Rematerialization, ...]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def read(
+        self, compiled: jax.stages.Compiled | None, log: str, module: HloModule
+    ) -> tuple[Rematerialization, ...]:
+        """The rematerializations in ``log``; for a program compiled before (an empty log)
+        those its executable's compile logged."""
+        remats = parse_rematerializations(log, module)
+        key = _executable_of(compiled)
+        if key is None:
+            return remats
+        if remats:
+            self._found[key] = remats
+            return remats
+        return self._found.get(key, ())
+
+
+def _executable_of(compiled: jax.stages.Compiled | None) -> object | None:
+    """The executable JAX's compile cache hands out again for the same program, or None.
+
+    ``jax.stages.Compiled`` is a new wrapper on every compile and has no public handle on
+    what it wraps (``runtime_executable()`` cannot be weakly referenced); its private
+    ``_executable`` is the cached object, used here alone.
+    """
+    executable = getattr(compiled, "_executable", None)
+    if executable is None:
+        return None
+    try:
+        weakref.ref(executable)
+    except TypeError:
+        return None
+    return executable
+
+
+_REMATS = _RematerializationLog()
 
 
 def compile_lowered(lowered: Any, **compiler_options: Any) -> Any:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from shardscope._src.audit.records import Audit, AuditTotals, KindTotals, ScopeTotals
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
-from shardscope._src.base.errors import AuditDiffError, ShardscopeError
-from shardscope._src.base.io import SCHEMA_VERSION, read_json, record_dict, result_header
+from shardscope._src.base.errors import AuditDiffError, RecordError, ShardscopeError
+from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
 
 #: The schema versions whose audits have today's shape (version 2 changed the notes of plans
 #: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
@@ -92,6 +93,9 @@ class AuditDiff:
     def ok(self) -> bool:
         return not self.violations
 
+    #: A diff compares two audits and compiles nothing: its JSON names no backend.
+    backend = None
+
     def to_dict(self) -> dict[str, Any]:
         return record_dict(
             self,
@@ -146,11 +150,10 @@ _WRITE_ONE = (
 )
 
 
-def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
-    """``(name, audit dict)`` from an Audit, a dict or a JSON file path."""
-
-    if hasattr(source, "to_dict") and hasattr(source, "collectives"):
-        return source.module_name, {**result_header(None), **source.to_dict()}
+def _load(source: Any, what: str) -> AuditTotals:
+    """The sums of an :class:`Audit`, of its ``to_dict()`` or of the JSON file at a path."""
+    if isinstance(source, Audit):
+        return AuditTotals.of(source)
     in_memory = isinstance(source, Mapping)
     if in_memory:
         data, name = source, str(source.get("module", what))
@@ -174,32 +177,36 @@ def _load(source: Any, what: str) -> tuple[str, Mapping[str, Any]]:
             f"{readable}; audit both with the same shardscope: pass the Audits themselves "
             f"(shardscope.audit(...)), or write both with `shardscope audit ... --json FILE`"
         )
-    return name, data
+    try:
+        sums = AuditTotals.from_dict(data)
+    except (RecordError, TypeError, ValueError, AttributeError) as e:
+        raise AuditDiffError(
+            f"{what} {name!r} is not an audit this shardscope reads: {e}"
+        ) from None
+    # A file is named by its path, a dict by its module.
+    return replace(sums, module_name=name)
 
 
 def _totals(
-    data: Mapping[str, Any], name: str, by_scope: bool
+    sums: AuditTotals, by_scope: bool
 ) -> dict[tuple[str | None, str, str], tuple[int, int, int]]:
+    """``{(scope or None, axes, kind): (count, traffic bytes, payload bytes)}``."""
     out: dict[tuple[str | None, str, str], tuple[int, int, int]] = {}
-    entries = data.get("by_scope") if by_scope else data["totals"]
-    if not isinstance(entries, list):
-        raise AuditDiffError(
-            f'{name!r} has no per-scope totals ("by_scope"); audit it again with this '
-            f"shardscope, or diff it with by_scope=False",
-            param="by_scope",
-        )
-    for row in entries:
-        try:
-            scope = str(row["scope"]) if by_scope else None
-            key = (scope, str(row["axes"]), str(row["kind"]))
-            vals = (int(row["count"]), int(row["traffic_bytes"]), int(row["payload_bytes"]))
-        except (KeyError, TypeError, ValueError):
+    rows: tuple[KindTotals, ...] | tuple[ScopeTotals, ...]
+    if by_scope:
+        if sums.by_scope is None:
             raise AuditDiffError(
-                f"{name!r}: a totals entry {row!r} lacks scope, axes, kind, count, "
-                f"traffic_bytes or payload_bytes"
-            ) from None
+                f'{sums.module_name!r} has no per-scope totals ("by_scope"); audit it again '
+                f"with this shardscope, or diff it with by_scope=False",
+                param="by_scope",
+            )
+        rows = sums.by_scope
+    else:
+        rows = sums.totals
+    for row in rows:
+        key = (row.scope if isinstance(row, ScopeTotals) else None, row.axes, row.kind)
         c, t, p = out.get(key, (0, 0, 0))
-        out[key] = (c + vals[0], t + vals[1], p + vals[2])
+        out[key] = (c + row.count, t + row.traffic_bytes, p + row.payload_bytes)
     return out
 
 
@@ -263,9 +270,8 @@ def diff_audits(
             raise ShardscopeError(f"no-new kind {k!r}: choose from {', '.join(_comm.KINDS)}")
         kinds.append(kind)
     budget = parse_budget(max_bytes_increase) if max_bytes_increase is not None else None
-    old_name, old_data = _load(old, "old")
-    new_name, new_data = _load(new, "new")
-    a, b = _totals(old_data, old_name, by_scope), _totals(new_data, new_name, by_scope)
+    old_sums, new_sums = _load(old, "old"), _load(new, "new")
+    a, b = _totals(old_sums, by_scope), _totals(new_sums, by_scope)
     rows = []
     order = list(a) + [k for k in b if k not in a]
     for key in order:
@@ -297,4 +303,6 @@ def diff_audits(
                     f"new {kind} over {r.axes}{where}: {r.old_count} -> {r.new_count} per run, "
                     f"where none may be new"
                 )
-    return AuditDiff(old_name, new_name, tuple(rows), tuple(violations), by_scope)
+    return AuditDiff(
+        old_sums.module_name, new_sums.module_name, tuple(rows), tuple(violations), by_scope
+    )

@@ -14,18 +14,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
-
 from shardscope._src.audit.compile import audit
 from shardscope._src.audit.diff import diff_audits
-from shardscope._src.base.io import write_result
+from shardscope._src.base.records import write_result
 
 UPDATE_ENV = "SHARDSCOPE_UPDATE_BASELINES"
-
-
-def _backend(result: Any) -> str | None:
-
-    return jax.default_backend() if result.compiled is not None else None
 
 
 def expect_collectives(
@@ -73,7 +66,7 @@ def expect_collectives(
     if update is None:
         update = os.environ.get(UPDATE_ENV, "") not in ("", "0")
     if update or not os.path.exists(baseline):
-        write_result(baseline, result.to_dict(), backend=_backend(result))
+        write_result(baseline, result)
         return result
     diff = diff_audits(baseline, result, max_bytes_increase=max_bytes_increase, no_new=no_new)
     strict = max_bytes_increase is None and not no_new

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.errors import ShardscopeError, is_int
-from shardscope._src.base.io import Record, json_value, record_dict
+from shardscope._src.base.records import Record, field_of, int_tuple, json_value, record_dict
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
+
+if TYPE_CHECKING:
+    import jax
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _str_tuple(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,16 @@ class Loop:
     name: str
     trip_count: int | None
     derived: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Loop:
+        """The loop :func:`~shardscope._src.base.records.record_dict` wrote."""
+        trips = field_of(data, "trip_count", "a loop")
+        return cls(
+            str(field_of(data, "name", "a loop")),
+            None if trips is None else int(trips),
+            bool(data.get("derived", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,25 @@ class Part(Record):
     stack: tuple[str, ...] = field(default=(), repr=False)
     scope: str = ""
     phase: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Part:
+        """The part :meth:`to_dict` wrote."""
+        piece = field_of(data, "piece", "a collective's part")
+        return cls(
+            operand=int(field_of(data, "operand", "a collective's part")),
+            piece=None if piece is None else int(piece),
+            dtype=str(field_of(data, "dtype", "a collective's part")),
+            shape=int_tuple(field_of(data, "shape", "a collective's part")),
+            payload_bytes=int(field_of(data, "payload_bytes", "a collective's part")),
+            traffic_bytes=int(field_of(data, "traffic_bytes", "a collective's part")),
+            op_name=_opt_str(data.get("op_name")),
+            source=_opt_str(data.get("source")),
+            user_source=_opt_str(data.get("user_source")),
+            stack=_str_tuple(data.get("stack", ())),
+            scope=str(data.get("scope", "")),
+            phase=_opt_str(data.get("phase")),
+        )
 
 
 @dataclass(frozen=True)
@@ -163,6 +203,54 @@ class Collective:
             "pairs": json_value(self.pairs) or None,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Collective:
+        """The collective :meth:`to_dict` wrote. The replica groups of a regular collective
+        are not written (its axes name them): they read back as ``()``."""
+        what = f"collective {data.get('name', '?')!r}" if isinstance(data, Mapping) else ""
+
+        def need(key: str) -> Any:
+            return field_of(data, key, what or "a collective")
+
+        channel = data.get("channel_id")
+        return cls(
+            kind=str(need("kind")),
+            name=str(need("name")),
+            computation=str(need("computation")),
+            axes=_str_tuple(need("axes")),
+            group_size=int(need("group_size")),
+            dtype=str(need("dtype")),
+            shape=int_tuple(need("shape")),
+            payload_bytes=int(need("payload_bytes")),
+            traffic_bytes=int(need("traffic_bytes")),
+            count=int(need("count")),
+            count_exact=bool(data.get("count_exact", True)),
+            irregular=bool(data.get("irregular", False)),
+            reason=str(data.get("reason", "")),
+            groups=tuple(int_tuple(g) for g in data.get("groups") or ()),
+            pairs=tuple((int(a), int(b)) for a, b in data.get("pairs") or ()),
+            shapes=tuple(int_tuple(x) for x in data.get("shapes", ())),
+            loops=tuple(Loop.from_dict(x) for x in data.get("loops", ())),
+            conditionals=_str_tuple(data.get("conditionals", ())),
+            op_name=_opt_str(data.get("op_name")),
+            source=_opt_str(data.get("source")),
+            operand_source=_opt_str(data.get("operand_source")),
+            is_async=bool(data.get("is_async", False)),
+            reduction=_opt_str(data.get("reduction")),
+            channel_id=None if channel is None else int(channel),
+            replica_groups=str(data.get("replica_groups", "")),
+            unknown_attributes={
+                str(k): str(v) for k, v in (data.get("unknown_attributes") or {}).items()
+            },
+            note=str(data.get("note", "")),
+            stack=_str_tuple(data.get("stack", ())),
+            user_source=_opt_str(data.get("user_source")),
+            scope=str(data.get("scope", "")),
+            phase=_opt_str(data.get("phase")),
+            carried_as=_opt_str(data.get("carried_as")),
+            parts=tuple(Part.from_dict(x) for x in data.get("parts", ())),
+        )
+
 
 @dataclass(frozen=True)
 class ScopeTotals(Record):
@@ -182,20 +270,112 @@ class ScopeTotals(Record):
     phases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
 
+    @property
+    def totals(self) -> Totals:
+        return Totals(self.count, self.payload_bytes, self.traffic_bytes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScopeTotals:
+        """The row :meth:`to_dict` wrote."""
+
+        def need(key: str) -> Any:
+            return field_of(data, key, "a per-scope totals entry")
+
+        return cls(
+            str(need("scope")),
+            str(need("kind")),
+            str(need("axes")),
+            int(need("count")),
+            int(need("payload_bytes")),
+            int(need("traffic_bytes")),
+            _str_tuple(data.get("phases", ())),
+            _str_tuple(data.get("sources", ())),
+        )
+
+
+@dataclass(frozen=True)
+class KindTotals(Record):
+    """What the collectives of one kind over one set of axes send, over a run."""
+
+    axes: str
+    kind: str
+    count: int
+    payload_bytes: int
+    traffic_bytes: int
+
+    @property
+    def totals(self) -> Totals:
+        return Totals(self.count, self.payload_bytes, self.traffic_bytes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KindTotals:
+        """The row :meth:`to_dict` wrote."""
+
+        def need(key: str) -> Any:
+            return field_of(data, key, "a totals entry")
+
+        return cls(
+            str(need("axes")),
+            str(need("kind")),
+            int(need("count")),
+            int(need("payload_bytes")),
+            int(need("traffic_bytes")),
+        )
+
+
+@dataclass(frozen=True)
+class AuditTotals:
+    """An audit's sums, the part of its JSON a diff reads: per (axes, kind) and, when the
+    audit wrote them (``None`` otherwise), per (scope, axes, kind)."""
+
+    module_name: str
+    totals: tuple[KindTotals, ...]
+    by_scope: tuple[ScopeTotals, ...] | None
+
+    @classmethod
+    def of(cls, audit: Audit) -> AuditTotals:
+        return cls(audit.module_name, audit.kind_totals(), tuple(audit.by_scope()))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AuditTotals:
+        """The sums in an audit's JSON (:meth:`Audit.to_dict`)."""
+        rows = field_of(data, "totals", "an audit")
+        scoped = data.get("by_scope")
+        return cls(
+            str(data.get("module", "")),
+            tuple(KindTotals.from_dict(r) for r in rows),
+            None if scoped is None else tuple(ScopeTotals.from_dict(r) for r in scoped),
+        )
+
 
 @dataclass(frozen=True)
 class Rematerialization:
-    """The SPMD partitioner's "Involuntary full rematerialization": replicate, then slice."""
+    """The SPMD partitioner's "Involuntary full rematerialization": replicate, then slice.
+
+    ``message`` is the log line it was read from, for display: neither written to JSON nor
+    compared.
+    """
 
     instruction: str | None
     from_sharding: str | None
     to_sharding: str | None
     op_name: str | None
     source: str | None
-    message: str = field(repr=False, default="")
+    message: str = field(repr=False, default="", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self, omit=("message",))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rematerialization:
+        """The rematerialization :meth:`to_dict` wrote (without its log line)."""
+        what = "a rematerialization"
+        return cls(
+            *(
+                _opt_str(field_of(data, k, what))
+                for k in ("instruction", "from_sharding", "to_sharding", "op_name", "source")
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -207,9 +387,32 @@ class UnknownInstruction(Record):
     computation: str
     raw: str
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UnknownInstruction:
+        """The instruction :meth:`to_dict` wrote."""
+        what = "an unknown instruction"
+        return cls(
+            *(str(field_of(data, k, what)) for k in ("name", "opcode", "computation", "raw"))
+        )
 
-class _Check(NamedTuple):
-    """One row of :meth:`Audit.expect`'s table; ``kind`` for a count's check."""
+
+@dataclass(frozen=True)
+class AuditedProgram:
+    """The live objects an audit was read from: the optimized HLO text, its parsed module
+    and, when the audit compiled or was given one, the ``jax.stages.Compiled``.
+
+    They travel beside the :class:`Audit` (``audit.program``), not inside its data: they are
+    not compared, written to JSON or pickled.
+    """
+
+    hlo_text: str
+    module: HloModule = field(repr=False)
+    compiled: jax.stages.Compiled | None = field(default=None, repr=False)
+
+
+class ExpectCheck(NamedTuple):
+    """One check of :meth:`Audit.expect`: what it checks, the expected and the actual value
+    as text, whether it holds; ``kind`` for a count's check."""
 
     check: str
     expected: str
@@ -225,13 +428,18 @@ class Audit:
     ``memory`` is per device (``compiled.memory_analysis()``, bytes), ``flops`` per device
     (``compiled.cost_analysis()``); both None for HLO text. ``rematerializations`` is None
     when the audit did not compile the program itself and so could not see the
-    partitioner's log. ``compiled`` keeps the ``jax.stages.Compiled`` when there is one (a
-    verdict can compile alternatives and compare), ``module`` the parsed HLO and ``hlo_text``
-    its text. ``execution_threads`` names the threads other than the main one that some of
-    its computations run on (the TPU's ``sparsecore``): they are read like the others, and
-    their collectives counted. ``backend`` is the platform the program was compiled for
-    (``"cpu"``, ``"gpu"``, ``"tpu"``) and ``target`` the compile target's name (``"h100"``)
-    when shardscope made its devices; both None for HLO text.
+    partitioner's log. ``execution_threads`` names the threads other than the main one that
+    some of its computations run on (the TPU's ``sparsecore``): they are read like the
+    others, and their collectives counted. ``backend`` is the platform of the devices the
+    program was compiled for: ``"cpu"``, ``"gpu"`` (a CUDA or ROCm GPU, or a GPU target's
+    compile-only devices) or ``"tpu"``; ``target`` is the compile target's name (``"h100"``,
+    ``"cpu"``) when shardscope knows its devices. Both are None for HLO text.
+
+    The fields are plain data (compared, written by :meth:`to_dict`, read back by
+    :meth:`from_dict`). What the audit was read from, the HLO text, its parsed module and
+    the ``jax.stages.Compiled``, is :attr:`program` (also :attr:`hlo_text`, :attr:`module`
+    and :attr:`compiled`), kept beside the fields: an audit read from JSON, unpickled or
+    copied with ``dataclasses.replace`` has none.
     """
 
     collectives: tuple[Collective, ...]
@@ -245,11 +453,38 @@ class Audit:
     rematerializations: tuple[Rematerialization, ...] | None = None
     unknown_instructions: tuple[UnknownInstruction, ...] = ()
     execution_threads: tuple[str, ...] = ()
-    module: HloModule | None = field(default=None, repr=False, compare=False)
-    compiled: Any = field(default=None, repr=False, compare=False)
-    hlo_text: str = field(default="", repr=False, compare=False)
     backend: str | None = None
     target: str | None = None
+
+    def with_program(self, program: AuditedProgram) -> Audit:
+        """This audit, holding ``program`` as what it was read from (returns ``self``)."""
+        object.__setattr__(self, "_program", program)
+        return self
+
+    @property
+    def program(self) -> AuditedProgram | None:
+        """What the audit was read from (None for an audit read from JSON or unpickled)."""
+        program: AuditedProgram | None = self.__dict__.get("_program")
+        return program
+
+    @property
+    def compiled(self) -> jax.stages.Compiled | None:
+        """The ``jax.stages.Compiled`` audited (None for HLO text)."""
+        return None if self.program is None else self.program.compiled
+
+    @property
+    def module(self) -> HloModule | None:
+        """The parsed optimized HLO module."""
+        return None if self.program is None else self.program.module
+
+    @property
+    def hlo_text(self) -> str:
+        """The optimized HLO text (``""`` when the audit has no :attr:`program`)."""
+        return "" if self.program is None else self.program.hlo_text
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A Compiled cannot be pickled, and the record is its fields.
+        return {k: v for k, v in self.__dict__.items() if k != "_program"}
 
     def counts(self) -> dict[str, int]:
         """``{kind: executions per run}`` for every collective kind (zeros included)."""
@@ -262,6 +497,13 @@ class Audit:
         """``{(axes label, kind): Totals}`` in table order (mesh axes, then kinds)."""
         return group_totals(
             self.sorted_collectives(), lambda c: (c.axes_label, c.kind), lambda c: c.totals
+        )
+
+    def kind_totals(self) -> tuple[KindTotals, ...]:
+        """:meth:`totals` as rows."""
+        return tuple(
+            KindTotals(axes, kind, t.count, t.payload_bytes, t.traffic_bytes)
+            for (axes, kind), t in self.totals().items()
         )
 
     def totals_by_axis(self) -> dict[str, Totals]:
@@ -398,7 +640,7 @@ class Audit:
             return self
         raise AssertionError(self._differences(rows))
 
-    def _count_rows(self, counts: Mapping[str, int]) -> list[_Check]:
+    def _count_rows(self, counts: Mapping[str, int]) -> list[ExpectCheck]:
         """The check of each kind's count :meth:`expect` is given."""
         rows = []
         actual = self.counts()
@@ -410,18 +652,18 @@ class Audit:
             if not is_int(want, 0):
                 raise ShardscopeError(f"expect({key}=...) needs a count >= 0, got {want!r}")
             ok = actual[kind] == want
-            rows.append(_Check(f"{kind} count", str(want), str(actual[kind]), ok, kind))
+            rows.append(ExpectCheck(f"{kind} count", str(want), str(actual[kind]), ok, kind))
         return rows
 
     def _budget_rows(
         self, bytes_per_axis: Mapping[str, int], traffic_bytes: int | None
-    ) -> list[_Check]:
+    ) -> list[ExpectCheck]:
         """The check of each byte budget :meth:`expect` is given."""
         rows = []
         for axis, budget in bytes_per_axis.items():
             got = self.axis_traffic(axis)
             rows.append(
-                _Check(
+                ExpectCheck(
                     f"bytes/device over {axis!r}",
                     f"<= {format_bytes(budget)}",
                     format_bytes(got),
@@ -431,7 +673,7 @@ class Audit:
         if traffic_bytes is not None:
             got = self.total().traffic_bytes
             rows.append(
-                _Check(
+                ExpectCheck(
                     "bytes/device in all",
                     f"<= {format_bytes(traffic_bytes)}",
                     format_bytes(got),
@@ -440,58 +682,78 @@ class Audit:
             )
         return rows
 
-    def _differences(self, rows: list[_Check]) -> str:
-        """The table of :meth:`expect`'s checks, and the collectives of the kinds that differ."""
-        bad = [r for r in rows if not r.ok]
-        failing_kinds = {r.kind for r in bad if r.kind}
-        w0 = max(len("check"), *(len(r.check) for r in rows))
-        w1 = max(len("expected"), *(len(r.expected) for r in rows))
-        w2 = max(len("actual"), *(len(r.actual) for r in rows))
-        lines = [
-            f"audit of {self.module_name}: {len(bad)} of {len(rows)} checks differ",
-            f"  {'check':<{w0}}  {'expected':>{w1}}  {'actual':>{w2}}",
-        ]
-        for name, want, got, ok, _ in rows:
-            lines.append(f"  {name:<{w0}}  {want:>{w1}}  {got:>{w2}}{'' if ok else '  <- differs'}")
-        shown = [c for c in self.sorted_collectives() if c.kind in failing_kinds]
-        if shown:
-            lines.append("collectives of the kinds that differ:")
-            for c in shown:
-                where = c.source or (f"after {c.operand_source}" if c.operand_source else "?")
-                lines.append(
-                    f"  {c.kind} x{c.count} over {c.axes_label} ({c.dtype}{list(c.shape)}, "
-                    f"{format_bytes(c.payload_bytes)}) at {where} [{c.name}]"
-                )
-        if not self.exact:
-            lines.append("note: some counts are not exact (unknown trip counts or branches)")
-        return "\n".join(lines)
+    def _differences(self, rows: list[ExpectCheck]) -> str:
+        """The table of :meth:`expect`'s checks, and the collectives of the kinds that differ
+        (drawn by the audit's renderer, imported only when a check fails)."""
+        from shardscope._src.render.audit import expect_differences
 
+        return expect_differences(self, rows)
+
+    # rich and notebooks look these up on the object itself; the renderers are imported
+    # when the audit is shown, so that the audit floor never loads rich.
     def __rich__(self) -> Any:
         from shardscope._src.render.audit import audit_table
 
         return audit_table(self)
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
-        from shardscope._src.render.console import mimebundle
+        from shardscope._src.render.audit import audit_mimebundle
 
-        return mimebundle(self, width=140)
+        return audit_mimebundle(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready plain data."""
+        """JSON-ready plain data (:meth:`from_dict` reads it back)."""
         return {
             **record_dict(
                 self,
                 keys={"module_name": "module"},
-                omit=("module", "compiled", "hlo_text", "collectives"),
+                omit=("collectives",),
                 extra=("counts", "exact", "total", "by_scope"),
             ),
-            "totals": [
-                {"axes": label, "kind": kind, **t.to_dict()}
-                for (label, kind), t in self.totals().items()
-            ],
+            "totals": json_value(self.kind_totals()),
             # The long list last, so that a reader of the file sees the summary first.
             "collectives": json_value(self.sorted_collectives()),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Audit:
+        """The audit :meth:`to_dict` wrote (what ``shardscope audit --json`` writes, whose
+        header and other keys it ignores). The sums (``counts``, ``totals``, ...) are
+        computed again from the collectives; it has no :attr:`program`.
+
+        Raises:
+            RecordError: ``data`` lacks a field of an audit or holds one of another type.
+        """
+
+        def need(key: str) -> Any:
+            return field_of(data, key, "an audit")
+
+        def shardings(key: str) -> tuple[str, ...] | None:
+            value = data.get(key)
+            return None if value is None else _str_tuple(value)
+
+        memory = data.get("memory")
+        flops = data.get("flops")
+        remats = data.get("rematerializations")
+        return cls(
+            collectives=tuple(Collective.from_dict(c) for c in need("collectives")),
+            mesh_axes={str(k): int(v) for k, v in need("mesh_axes").items()},
+            num_partitions=int(need("num_partitions")),
+            module_name=str(need("module")),
+            memory=None if memory is None else {str(k): int(v) for k, v in memory.items()},
+            flops=None if flops is None else float(flops),
+            in_shardings=shardings("in_shardings"),
+            out_shardings=shardings("out_shardings"),
+            rematerializations=(
+                None if remats is None else tuple(Rematerialization.from_dict(r) for r in remats)
+            ),
+            unknown_instructions=tuple(
+                UnknownInstruction.from_dict(u) for u in data.get("unknown_instructions", ())
+            ),
+            execution_threads=_str_tuple(data.get("execution_threads", ())),
+            backend=_opt_str(data.get("backend")),
+            target=_opt_str(data.get("target")),
+        )
 
 
 def _kind_rank(kind: str) -> int:

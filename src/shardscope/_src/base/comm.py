@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shardscope._src.base.errors import ShardscopeError, is_int
-from shardscope._src.base.io import Record
+from shardscope._src.base.records import Record
 
 ALL_REDUCE = "all-reduce"
 ALL_GATHER = "all-gather"

@@ -81,6 +81,11 @@ class AuditDiffError(ShardscopeError):
     """Audits that cannot be compared (unreadable, not an audit, another schema version)."""
 
 
+class RecordError(ShardscopeError):
+    """JSON read back as a record (``from_dict``) that is not one: a field missing or of
+    another type than the record's."""
+
+
 class TargetError(ShardscopeError):
     """A compile target that cannot be used: unknown, its compiler not installed, a device
     count it is not built with, or a mesh of other devices."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from shardscope._src.base.io import json_value
+from shardscope._src.base.records import json_value
 
 
 class NoteKind(StrEnum):

@@ -20,8 +20,8 @@ from shardscope._src.base.comm import (
     REDUCE_SCATTER,
 )
 from shardscope._src.base.errors import StrategyError, is_int
-from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
+from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec, format_spec_entries
 from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
 from shardscope._src.mesh import mesh_axes, parse_mesh_spec

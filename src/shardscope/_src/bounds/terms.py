@@ -11,8 +11,8 @@ from enum import StrEnum
 from typing import Any
 
 from shardscope._src.base.comm import Totals, group_totals, traffic_bytes
-from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note, NoteKind
+from shardscope._src.base.records import record_dict
 
 
 class TermRole(StrEnum):

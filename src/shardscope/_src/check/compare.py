@@ -30,8 +30,8 @@ from shardscope._src.base.comm import (
     group_totals,
     ratio,
 )
-from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note, NoteKind
+from shardscope._src.base.records import record_dict
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.check.bound import TOLERANCE, Standing, standing, within_bound
 

@@ -13,7 +13,7 @@ import jax
 from shardscope._src.audit.compile import audit
 from shardscope._src.audit.user_program import check_program_ref
 from shardscope._src.base.errors import MeshSpecError, TargetError
-from shardscope._src.base.io import STDOUT, check_output_paths, write_result
+from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.args import Parser, add_axis_types_option, positive_int
 from shardscope._src.cli.audit_program import (
     hlo_file,
@@ -36,6 +36,7 @@ from shardscope._src.cli.config import (
     AuditTransformerConfig,
 )
 from shardscope._src.cli.distributed import add_distributed_options
+from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
@@ -96,8 +97,8 @@ def run_audit_command(
         by_scope=by_scope,
     )
     if json_path is not None:
-        data = {"demo": program.name, "description": program.description, **result.to_dict()}
-        write_result(json_path, data, backend=result.backend or jax.default_backend())
+        leading = {"demo": program.name, "description": program.description}
+        write_result(json_path, result, leading=leading)
     return 0
 
 

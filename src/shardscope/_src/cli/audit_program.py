@@ -7,13 +7,11 @@ import math
 import os
 from typing import Any
 
-import jax
-
 from shardscope._src.audit.compile import audit, audit_program
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError, one_line
-from shardscope._src.base.io import STDOUT, write_result
+from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.render.audit import render_audit
 from shardscope._src.sharding.rules import load_rules_file
@@ -73,29 +71,26 @@ def run_audit_program(
         raise ProgramError(
             f"{ref} on mesh {mesh_spec} raised {one_line(e)} (--debug shows the traceback)"
         ) from e
-    data = {"program": ref, **result.to_dict()}
     title = f"{ref} on {mesh_spec}"
-    # the backend is asked for only when there is JSON to write
-    backend = (result.backend or jax.default_backend()) if json_path is not None else None
-    return _show_audit(result, data, title, json_path, console, by_scope, backend)
+    return _show_audit(result, {"program": ref}, title, json_path, console, by_scope)
 
 
 def _show_audit(
     result: Any,
-    data: dict[str, Any],
+    leading: dict[str, Any],
     title: str,
     json_path: str | None,
     console: Any,
     by_scope: bool,
-    backend: str | None,
 ) -> int:
-    """Prints the audit and writes ``data`` as JSON; JSON on standard output alone."""
+    """Prints the audit and writes it as JSON after ``leading``; JSON on standard output
+    alone."""
     if json_path is not None and str(json_path) == STDOUT:
-        write_result(json_path, data, backend=backend)
+        write_result(json_path, result, leading=leading)
         return 0
     render_audit(result, console=console, title=title, by_scope=by_scope)
     if json_path is not None:
-        write_result(json_path, data, backend=backend)
+        write_result(json_path, result, leading=leading)
     return 0
 
 
@@ -140,6 +135,5 @@ def run_audit_hlo(
             f"partitioner inserts; give the matching *after_optimizations.txt file"
         )
     result = audit(text, mesh=axes)
-    data = {"hlo_file": file, **result.to_dict()}
     title = f"{os.path.basename(file)} on {mesh_spec}"
-    return _show_audit(result, data, title, json_path, console, by_scope, None)
+    return _show_audit(result, {"hlo_file": file}, title, json_path, console, by_scope)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-
 from shardscope._src.base.errors import MeshSpecError
-from shardscope._src.base.io import write_result
+from shardscope._src.base.records import write_result
 from shardscope._src.bounds.matmul import matmul_problem
 from shardscope._src.mesh import ensure_devices_for
 from shardscope._src.model.config import ModelConfig
@@ -28,11 +26,6 @@ from shardscope._src.verdict import matmul_verdict, transformer_verdict
 def _check_mesh(mesh_spec: str | None) -> None:
     if mesh_spec is not None and not mesh_spec.strip():
         raise MeshSpecError("--mesh is empty; write axes as name=size, e.g. 'data=2,model=4'")
-
-
-def _backend() -> str:
-
-    return jax.default_backend()
 
 
 def _console(console: Any) -> Any:
@@ -182,5 +175,5 @@ def _show_verdict(
     render_audit(report.audit, console=out, title=title, by_scope=by_scope)
     render_verdict(report.verdict, console=out)
     if json_path is not None:
-        write_result(json_path, report.to_dict(), backend=report.audit.backend or _backend())
+        write_result(json_path, report)
     return 0

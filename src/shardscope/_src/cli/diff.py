@@ -9,8 +9,9 @@ from typing import Any
 
 from shardscope._src.audit.diff import diff_audits
 from shardscope._src.base.comm import KINDS
-from shardscope._src.base.io import STDOUT, check_output_paths, write_result
+from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.config import DiffConfig
+from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.render.diff import render_diff
 
 
@@ -85,5 +86,5 @@ def run_diff(
     if json_path != STDOUT:
         render_diff(d, console=console)
     if json_path is not None:
-        write_result(json_path, d.to_dict(), backend=None)
+        write_result(json_path, d)
     return 0 if d.ok else 1

@@ -7,10 +7,10 @@ import os
 
 from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS
 from shardscope._src.base.devices import backends_started
-from shardscope._src.base.io import check_dir_path
 from shardscope._src.cli.args import positive_int
 from shardscope._src.cli.config import LabConfig
 from shardscope._src.cli.distributed import add_distributed_options
+from shardscope._src.cli.paths import check_dir_path
 from shardscope._src.lab import taster
 
 

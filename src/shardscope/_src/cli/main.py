@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from shardscope._src.base.distributed import leave_run_on_failure
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
-from shardscope._src.base.io import result_header
+from shardscope._src.base.records import result_header
 from shardscope._src.cli.args import (
     NO_FLAGS,
     PROG,

@@ -11,16 +11,11 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from shardscope._src.audit.user_program import load_program
+from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
-from shardscope._src.base.io import (
-    STDOUT,
-    check_file_path,
-    check_output_paths,
-    write_atomic,
-    write_result,
-)
 from shardscope._src.base.notes import Note
+from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.args import (
     NO_FLAGS,
     PROG,
@@ -32,6 +27,7 @@ from shardscope._src.cli.args import (
 )
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import PlanConfig
+from shardscope._src.cli.paths import check_file_path, check_output_paths
 from shardscope._src.model.presets import MODEL_PRESETS
 from shardscope._src.plan.program import plan_program
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
@@ -44,7 +40,7 @@ from shardscope._src.sharding.rules import load_rules_file
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.devices import compiler_installed
 from shardscope._src.targets.hardware import PRESETS
-from shardscope._src.targets.specs import TARGETS, get_target
+from shardscope._src.targets.specs import TARGETS
 
 
 def _ensure_devices(devices: int) -> None:
@@ -133,11 +129,9 @@ def run_plan_command(
             **dict(dims or {}),
         )
     render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
-    backend = "cpu" if result.compiler == "cpu" else TARGETS[result.compiler].family
     written = write_plan_files(
         result,
         markdown_report,
-        backend,
         json_path=json_path,
         png_path=png_path,
         report_path=report_path,
@@ -200,7 +194,10 @@ def _compile_progress(console: Any = None) -> Iterator[Callable[[int, int, str],
 
 
 class PlanFiles(PlanSet[RankedPlan], Protocol):
-    """A sweep that can be written: the renderers' fields and its JSON."""
+    """A sweep that can be written: the renderers' fields, its JSON and its backend."""
+
+    @property
+    def backend(self) -> str | None: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -211,7 +208,6 @@ SweepT = TypeVar("SweepT", bound=PlanFiles)
 def write_plan_files(
     result: SweepT,
     report: Callable[[SweepT], str],
-    backend: str,
     *,
     json_path: str | None,
     png_path: str | None,
@@ -222,7 +218,7 @@ def write_plan_files(
     ``report``; returns where each went."""
     written = []
     if json_path:
-        written.append(write_result(json_path, result.to_dict(), backend=backend))
+        written.append(write_result(json_path, result))
     if png_path:
         written.append(plot_plans(result, png_path))
     if report_path:
@@ -579,11 +575,9 @@ def run_plan_program(
     )
     if json_path != STDOUT:
         render_program_plan(result, console=console, top=top, flags=flags)
-    backend = "cpu" if target is None else get_target(target).family
     written = write_plan_files(
         result,
         program_markdown_report,
-        backend,
         json_path=json_path,
         png_path=png_path,
         report_path=report_path,

@@ -17,7 +17,7 @@ import numpy as np
 
 from shardscope._src.base.devices import hardware_summary, use_cpu_devices
 from shardscope._src.base.errors import ShardscopeError, is_int
-from shardscope._src.base.io import record_dict, write_result
+from shardscope._src.base.records import json_value, record_dict, write_result
 from shardscope._src.render.console import output_console
 
 _LAB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -36,23 +36,8 @@ class CheckResult:
         return {
             **record_dict(self),
             "duration_s": round(self.duration_s, 6),
-            "details": _json_ready(self.details),
+            "details": json_value(self.details, strict=False),
         }
-
-
-def _json_ready(value: Any) -> Any:
-    """Plain JSON values: numpy scalars to Python, non-finite floats to strings."""
-    if isinstance(value, dict):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_ready(v) for v in value]
-    if hasattr(value, "item") and getattr(value, "shape", None) == ():
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
 
 
 def _scalar_or_norm(x: Any) -> tuple[float, Any]:
@@ -287,11 +272,20 @@ class Lab:
     def save(self) -> Path:
         """Writes the :meth:`scorecard` to ``<out_dir>/<lab_id>.json`` atomically; returns the
         path. Prints nothing."""
-        data = self.scorecard()
         path = self.out_dir / f"{self.lab_id}.json"
         if self.primary:
-            write_result(path, data, backend=jax.default_backend())
+            write_result(path, self)
         return path
+
+    @property
+    def backend(self) -> str:
+        """The platform the checks ran on: JAX's default backend (``"cpu"``, ``"gpu"``,
+        ``"tpu"``), the ``backend`` of the JSON :meth:`save` writes."""
+        return jax.default_backend()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The :meth:`scorecard`: what :meth:`save` writes."""
+        return self.scorecard()
 
 
 def bootstrap(

@@ -23,7 +23,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from shardscope._src.base.errors import ModelConfigError, is_int
-from shardscope._src.base.io import Record
+from shardscope._src.base.records import Record
 
 DTYPES = ("float32", "bfloat16", "float16")
 MLPS = ("gelu", "swiglu")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shardscope._src.base.errors import ModelConfigError, PlanError, is_int
-from shardscope._src.base.io import record_dict
+from shardscope._src.base.records import record_dict
 from shardscope._src.model.config import ModelConfig
 
 

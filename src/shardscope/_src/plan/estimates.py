@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from shardscope._src.base.errors import PlanError
-from shardscope._src.base.io import Record, record_dict
+from shardscope._src.base.records import Record, record_dict
 from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
 from shardscope._src.sharding.strategies import Placement
 

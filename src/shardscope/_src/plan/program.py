@@ -43,8 +43,8 @@ from shardscope._src.base.errors import (
     is_int,
     one_line,
 )
-from shardscope._src.base.io import record_dict
 from shardscope._src.base.notes import Note
+from shardscope._src.base.records import record_dict
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
@@ -217,6 +217,12 @@ class ProgramPlanResult:
         return self.program
 
     @property
+    def backend(self) -> str:
+        """The platform of the compiler that compiled the plans: ``"cpu"``, ``"gpu"`` or
+        ``"tpu"`` (its target's family)."""
+        return get_target(self.target).family
+
+    @property
     def best(self) -> ProgramPlan | None:
         """The fastest plan that fits the device memory (None when none fits)."""
         return next((p for p in self.plans if p.fits), None)
@@ -298,8 +304,12 @@ def compile_candidate(
             f"{target or 'cpu'}; build it on the mesh make_step is given"
         )
     remats = parse_rematerializations(log[0] if log else "", result.module)
-    result = replace(result, rematerializations=remats)
     fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
+    # replace() copies the fields alone: what the audit was read from goes with the copy
+    program = result.program
+    result = replace(result, rematerializations=remats)
+    if program is not None:
+        result = result.with_program(program)
     itemsize = _itemsize(stage.args_info)
     timing = {"lower_s": t1 - t0, "compile_s": t2 - t1, "audit_s": time.perf_counter() - t2}
     return result, timing, itemsize, fingerprint

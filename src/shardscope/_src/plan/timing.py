@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from shardscope._src.base.comm import latency_steps
-from shardscope._src.base.io import Record
+from shardscope._src.base.records import Record
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import mesh_axes

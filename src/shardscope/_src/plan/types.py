@@ -12,8 +12,8 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from shardscope._src.base.comm import ratio
-from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
+from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
@@ -21,6 +21,7 @@ from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import StepTime
 from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.specs import get_target
 
 #: The knobs a plan that does not fit can turn: the library's parameter names.
 FIT_PARAMS = ("devices", "batch", "seq", "memory_bytes")
@@ -407,6 +408,12 @@ class PlanResult:
     closest: Mapping[str, Any] | None = None
     #: ``"cpu"``, or the target whose compiler compiled the leading plans (``compiled_by``).
     compiler: str = "cpu"
+
+    @property
+    def backend(self) -> str:
+        """The platform of the compiler that compiled the leading plans: ``"cpu"``,
+        ``"gpu"`` or ``"tpu"`` (its target's family)."""
+        return get_target(self.compiler).family
 
     @property
     def best(self) -> Plan | None:

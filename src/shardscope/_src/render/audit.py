@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.render.console import output_console
+from shardscope._src.render.columns import Column, text_table
+from shardscope._src.render.console import mimebundle, output_console
 
 if TYPE_CHECKING:
-    from shardscope._src.audit.records import Audit, Collective
+    from shardscope._src.audit.records import Audit, Collective, ExpectCheck
 
 
 def _short(where: str, *, library: bool = False) -> str:
@@ -270,3 +271,38 @@ def format_audit(
         by_scope=by_scope,
     )
     return buf.getvalue()
+
+
+def audit_mimebundle(audit: Audit) -> dict[str, str]:
+    """The audit table as plain text and HTML, for a notebook's display."""
+    return mimebundle(audit_table(audit), width=140)
+
+
+#: The columns of the table an :meth:`Audit.expect` that fails raises with.
+EXPECT_COLUMNS: tuple[Column[ExpectCheck], ...] = (
+    Column("check", lambda r: r.check),
+    Column("expected", lambda r: r.expected, justify="right"),
+    Column("actual", lambda r: r.actual, justify="right"),
+    Column("", lambda r: "" if r.ok else "<- differs"),
+)
+
+
+def expect_differences(audit: Audit, checks: list[ExpectCheck]) -> str:
+    """The message of a failing :meth:`Audit.expect`: its checks as a table, then the
+    collectives of the kinds whose count differs."""
+    bad = [r for r in checks if not r.ok]
+    failing_kinds = {r.kind for r in bad if r.kind}
+    lines = [f"audit of {audit.module_name}: {len(bad)} of {len(checks)} checks differ"]
+    lines += text_table(EXPECT_COLUMNS, checks)
+    shown = [c for c in audit.sorted_collectives() if c.kind in failing_kinds]
+    if shown:
+        lines.append("collectives of the kinds that differ:")
+        for c in shown:
+            where = c.source or (f"after {c.operand_source}" if c.operand_source else "?")
+            lines.append(
+                f"  {c.kind} x{c.count} over {c.axes_label} ({c.dtype}{list(c.shape)}, "
+                f"{format_bytes(c.payload_bytes)}) at {where} [{c.name}]"
+            )
+    if not audit.exact:
+        lines.append("note: some counts are not exact (unknown trip counts or branches)")
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""One column spec, two renderings: a table's columns are written once and drawn as a rich table
-for the terminal and as a Markdown table for reports.
+"""One column spec, three renderings: a table's columns are written once and drawn as a rich
+table for the terminal, as a Markdown table for reports, and as plain text for messages.
 
 A :class:`Column` names its header, how to read its cell from a row, and how the terminal lays
 it out; a column that only one of the two renderings shows says which. A cell marked
@@ -122,6 +122,27 @@ def markdown_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
     return out
+
+
+def text_table(
+    columns: Iterable[Column[Row]], rows: Iterable[Row], *, indent: str = "  "
+) -> list[str]:
+    """The plain-text lines of a table of ``rows`` (the terminal's columns, aligned as it
+    aligns them, two spaces apart, no trailing spaces): for messages such as an
+    ``AssertionError``'s, which no terminal draws."""
+    shown = rich_columns(columns)
+    cells = [[c.header for c in shown]] + [[str(c.value(row)) for c in shown] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(shown))]
+    return [
+        (
+            indent
+            + "  ".join(
+                cell.rjust(w) if c.justify == "right" else cell.ljust(w)
+                for c, cell, w in zip(shown, line, widths, strict=True)
+            )
+        ).rstrip()
+        for line in cells
+    ]
 
 
 def _rich_text(text: str) -> str:

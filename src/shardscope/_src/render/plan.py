@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shardscope._src.base.comm import format_bytes
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.render.columns import (
     Alarm,
@@ -19,7 +20,6 @@ from shardscope._src.render.columns import (
     rich_columns,
     rich_table,
 )
-from shardscope._src.render.console import format_bytes
 
 if TYPE_CHECKING:
     from shardscope._src.plan.types import AxisComm, Plan, PlanResult, Skipped, Validation

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.io import write_atomic
-from shardscope._src.render.console import format_bytes
+from shardscope._src.base.atomic import write_atomic
+from shardscope._src.base.comm import format_bytes
 from shardscope._src.render.plan import format_seconds
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardscope._src.base.io import write_atomic
-from shardscope._src.render.console import format_bytes
+from shardscope._src.base.atomic import write_atomic
+from shardscope._src.base.comm import format_bytes
 
 if TYPE_CHECKING:
     from shardscope._src.layout import Layout

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.base.comm import format_bytes
 from shardscope._src.render.columns import Column, markdown_table
-from shardscope._src.render.console import format_bytes
 from shardscope._src.render.plan import (
     COMM_BOUND,
     COMM_BYTES,

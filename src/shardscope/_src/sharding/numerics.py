@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from shardscope._src.base.devices import host_value
-from shardscope._src.base.io import record_dict
+from shardscope._src.base.records import record_dict
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import ModelConfig, flat_params, forward, train_step
 from shardscope._src.sharding.programs import build_program

@@ -21,7 +21,7 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from shardscope._src.base.errors import RulesError
-from shardscope._src.base.io import read_json
+from shardscope._src.base.records import read_json
 
 #: What one logical name is sharded over: a mesh axis, several, or None (not sharded).
 RuleAxes = str | tuple[str, ...] | None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
-from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.mesh import (
     auto_mesh,
     format_mesh_spec,

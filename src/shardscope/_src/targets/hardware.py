@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from shardscope._src.base.errors import ShardscopeError
-from shardscope._src.base.io import Record
+from shardscope._src.base.records import Record
 
 GB = 1e9
 GIB = 2**30

@@ -19,7 +19,7 @@ from enum import StrEnum
 
 from shardscope._src.base.capabilities import BY_PLATFORM, Capabilities
 from shardscope._src.base.errors import TargetError
-from shardscope._src.base.io import Record
+from shardscope._src.base.records import Record
 from shardscope._src.targets.hardware import PRESETS, Hardware
 
 

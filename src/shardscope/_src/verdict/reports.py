@@ -12,7 +12,7 @@ from typing import Any
 
 from shardscope._src.audit.compile import audit
 from shardscope._src.audit.records import Audit
-from shardscope._src.base.io import json_value, record_dict
+from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.bounds.matmul import (
     MatmulSchedule,
     best_schedule,
@@ -41,6 +41,11 @@ class MatmulReport:
     audit: Audit
     schedule: MatmulSchedule
     verdict: Verdict
+
+    @property
+    def backend(self) -> str | None:
+        """The platform its audit's program was compiled for (``Audit.backend``)."""
+        return self.audit.backend
 
     def to_dict(self) -> dict[str, Any]:
         """The audit's JSON with the problem, the cheapest schedule and the verdict."""
@@ -108,6 +113,11 @@ class TransformerReport:
     audit: Audit
     bound: Bound
     verdict: Verdict
+
+    @property
+    def backend(self) -> str | None:
+        """The platform its audit's program was compiled for (``Audit.backend``)."""
+        return self.audit.backend
 
     def to_dict(self) -> dict[str, Any]:
         """The audit's JSON with the program's strategy, config, mode and implementation, the

@@ -1,0 +1,254 @@
+"""Records read back: ``from_dict`` inverts ``to_dict`` exactly, audit files of the earlier
+version load, the live program stays out of the record's data, and the diff reads records."""
+
+import dataclasses
+import json
+import pickle
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardscope
+from shardscope._src.audit.records import (
+    Audit,
+    AuditTotals,
+    Collective,
+    KindTotals,
+    Loop,
+    Part,
+    Rematerialization,
+    ScopeTotals,
+    UnknownInstruction,
+)
+from shardscope._src.base.records import write_result
+
+FIXTURES = Path(__file__).parent / "fixtures"
+JSON_FILES = FIXTURES / "audit_json"
+#: The HLO each JSON fixture audited, and its mesh (as tests/fixtures/audit_json/generate.py).
+TEXTS = {
+    "sub_axes_2d": ("hlo/sub_axes_2d.hlo", "dp=2,mp=4"),
+    "shard_map_collectives": ("hlo/shard_map_collectives.hlo", "dp=2,mp=4"),
+    "scan_1d": ("hlo/scan_1d.hlo", "model=8"),
+    "combined_collectives": ("hlo_targets/h100x8/combined_collectives.hlo", "x=8"),
+}
+HEADER = ("schema_version", "shardscope_version", "jax_version", "jaxlib_version")
+
+
+def via_json(data):
+    return json.loads(json.dumps(data, allow_nan=False))
+
+
+def as_read_back(a: Audit) -> Audit:
+    """What an audit's JSON holds: its collectives in table order, the replica groups only
+    of the irregular ones (a regular collective's axes name its groups)."""
+    collectives = tuple(
+        dataclasses.replace(c, groups=c.groups if c.irregular else ())
+        for c in a.sorted_collectives()
+    )
+    return dataclasses.replace(a, collectives=collectives)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in JSON_FILES.glob("*.json")))
+def test_an_audit_file_of_the_earlier_version_reads_back_to_the_same_json(name):
+    data = json.loads((JSON_FILES / f"{name}.json").read_text())
+    read = Audit.from_dict(data)
+    # every field, and every sum computed again from the collectives, as the file has it
+    assert via_json(read.to_dict()) == {k: v for k, v in data.items() if k not in HEADER}
+    assert read.program is None and read.compiled is None and read.hlo_text == ""
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_an_audit_file_reads_back_to_the_audit_of_its_hlo(name):
+    file, mesh = TEXTS[name]
+    fresh = shardscope.audit((FIXTURES / file).read_text(), mesh=mesh)
+    read = Audit.from_dict(json.loads((JSON_FILES / f"{name}.json").read_text()))
+    assert read == as_read_back(fresh)
+    assert read.by_scope() == fresh.by_scope() and read.totals() == fresh.totals()
+
+
+def test_the_remat_file_keeps_the_partitioners_rematerialization():
+    data = json.loads((JSON_FILES / "remat_compiled.json").read_text())
+    read = Audit.from_dict(data)
+    (r,) = read.rematerializations
+    assert (r.instruction, r.op_name) == ("add.2", "jit(f)/add")
+    assert (read.backend, read.target, read.memory["output_size_in_bytes"]) == ("cpu", "cpu", 2048)
+
+
+# -- hypothesis: any record round-trips ------------------------------------------------------
+
+names = st.text("abcdefgh_./:0123456789", min_size=1, max_size=8)
+maybe = st.none() | names
+shapes = st.lists(st.integers(0, 4096), max_size=3).map(tuple)
+sizes = st.integers(0, 2**40)
+parts = st.builds(
+    Part,
+    operand=st.integers(0, 4),
+    piece=st.none() | st.integers(0, 4),
+    dtype=names,
+    shape=shapes,
+    payload_bytes=sizes,
+    traffic_bytes=sizes,
+    op_name=maybe,
+    source=maybe,
+    user_source=maybe,
+    stack=st.lists(names, max_size=3).map(tuple),
+    scope=st.just("") | names,
+    phase=st.sampled_from([None, "forward", "backward"]),
+)
+loops = st.builds(Loop, names, st.none() | st.integers(1, 100), st.booleans())
+remats = st.builds(Rematerialization, maybe, maybe, maybe, maybe, maybe)
+groups = st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=4).map(tuple), max_size=3)
+
+
+@st.composite
+def collectives(draw):
+    irregular = draw(st.booleans())
+    return Collective(
+        kind=draw(st.sampled_from(["all-reduce", "all-gather", "all-to-all", "weird-op"])),
+        name=draw(names),
+        computation=draw(names),
+        axes=() if irregular else draw(st.lists(names, max_size=2).map(tuple)),
+        group_size=draw(st.integers(1, 8)),
+        dtype=draw(names),
+        shape=draw(shapes),
+        payload_bytes=draw(sizes),
+        traffic_bytes=draw(sizes),
+        count=draw(st.integers(0, 1000)),
+        count_exact=draw(st.booleans()),
+        irregular=irregular,
+        reason=draw(st.just("") | names),
+        groups=draw(groups.map(tuple)) if irregular else (),
+        pairs=tuple(draw(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=3))),
+        shapes=tuple(draw(st.lists(shapes, max_size=2))),
+        loops=tuple(draw(st.lists(loops, max_size=2))),
+        conditionals=tuple(draw(st.lists(names, max_size=2))),
+        op_name=draw(maybe),
+        source=draw(maybe),
+        operand_source=draw(maybe),
+        is_async=draw(st.booleans()),
+        reduction=draw(maybe),
+        channel_id=draw(st.none() | st.integers(0, 99)),
+        replica_groups=draw(st.just("") | names),
+        unknown_attributes=draw(st.dictionaries(names, names, max_size=2)),
+        note=draw(st.just("") | names),
+        stack=tuple(draw(st.lists(names, max_size=3))),
+        user_source=draw(maybe),
+        scope=draw(st.just("") | names),
+        phase=draw(st.sampled_from([None, "forward", "backward"])),
+        carried_as=draw(st.none() | st.just("all-reduce")),
+        parts=tuple(draw(st.lists(parts, max_size=3))),
+    )
+
+
+@st.composite
+def audits(draw):
+    axes = draw(st.dictionaries(names, st.integers(1, 8), min_size=1, max_size=3))
+    return Audit(
+        collectives=tuple(draw(st.lists(collectives(), max_size=4))),
+        mesh_axes=axes,
+        num_partitions=draw(st.integers(1, 64)),
+        module_name=draw(names),
+        memory=draw(st.none() | st.dictionaries(names, sizes, max_size=2)),
+        flops=draw(st.none() | st.floats(0, 1e18, allow_nan=False)),
+        in_shardings=draw(st.none() | st.lists(names, max_size=2).map(tuple)),
+        out_shardings=draw(st.none() | st.lists(names, max_size=2).map(tuple)),
+        rematerializations=draw(st.none() | st.lists(remats, max_size=2).map(tuple)),
+        unknown_instructions=tuple(
+            draw(st.lists(st.builds(UnknownInstruction, names, names, names, names), max_size=2))
+        ),
+        execution_threads=tuple(draw(st.lists(names, max_size=2))),
+        backend=draw(st.sampled_from([None, "cpu", "gpu", "tpu"])),
+        target=draw(maybe),
+    )
+
+
+@given(collectives())
+def test_a_collective_reads_back_as_itself(c):
+    assert Collective.from_dict(via_json(c.to_dict())) == c
+
+
+@given(parts, loops)
+def test_a_part_and_a_loop_read_back_as_themselves(part, loop):
+    assert Part.from_dict(via_json(part.to_dict())) == part
+    assert Loop.from_dict(via_json(dataclasses.asdict(loop))) == loop
+
+
+@given(audits())
+def test_an_audit_reads_back_as_itself_in_table_order(a):
+    data = via_json(a.to_dict())
+    read = Audit.from_dict(data)
+    assert read == dataclasses.replace(a, collectives=tuple(a.sorted_collectives()))
+    assert via_json(read.to_dict()) == data
+    sums = AuditTotals.from_dict(data)
+    assert sums == AuditTotals.of(a)
+    assert sums.totals == tuple(KindTotals.from_dict(r) for r in data["totals"])
+    assert sums.by_scope == tuple(ScopeTotals.from_dict(r) for r in data["by_scope"])
+
+
+def test_a_field_missing_is_named():
+    data = json.loads((JSON_FILES / "scan_1d.json").read_text())
+    del data["collectives"][0]["traffic_bytes"]
+    with pytest.raises(shardscope.RecordError, match="has no 'traffic_bytes' field"):
+        Audit.from_dict(data)
+
+
+# -- the live program beside the record -----------------------------------------------------
+
+
+def matmul_audit(spec):
+    mesh = shardscope.make_mesh("model=8", axis_types="auto")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh, spec))
+    return shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
+
+
+def test_the_compiled_program_travels_beside_the_audit_not_in_its_data():
+    a = matmul_audit(P("model", None))
+    assert isinstance(a.compiled, jax.stages.Compiled)
+    assert a.hlo_text == a.compiled.as_text() and a.module.name == a.module_name
+    assert a.backend == "cpu" == jax.default_backend()
+    copy = pickle.loads(pickle.dumps(a))  # a Compiled itself cannot be pickled
+    assert copy == a and copy.program is None and copy.compiled is None
+    assert a.program is not None  # the original keeps it
+    fields = {f.name for f in dataclasses.fields(Audit)}
+    assert not fields & {"compiled", "module", "hlo_text", "program"}
+    assert not {"compiled", "hlo_text", "program"} & set(a.to_dict())
+    # the same program audited from its text: equal records, though one has no Compiled
+    assert shardscope.audit(a.hlo_text, mesh="model=8") == dataclasses.replace(
+        a, memory=None, flops=None, in_shardings=None, out_shardings=None,
+        rematerializations=None, backend=None, target=None,
+    )  # fmt: skip
+
+
+def test_a_diff_of_files_is_the_diff_of_the_audits_read_back(tmp_path):
+    before, after = matmul_audit(P()), matmul_audit(P("model", None))
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, before)
+    write_result(new, after)
+    from_files = shardscope.diff_audits(old, new)
+    in_memory = shardscope.diff_audits(before, after)
+    read_back = shardscope.diff_audits(
+        Audit.from_dict(json.loads(old.read_text())), Audit.from_dict(json.loads(new.read_text()))
+    )
+    assert from_files.rows == in_memory.rows == read_back.rows
+    (row,) = in_memory.changed
+    assert (row.kind, row.new_count, row.new_traffic_bytes) == (
+        "all-reduce",
+        1,
+        2 * 7 * 16 * 512 * 4 // 8,
+    )
+
+
+def test_a_diff_of_a_broken_file_names_the_field(tmp_path):
+    data = json.loads((JSON_FILES / "scan_1d.json").read_text())
+    del data["totals"][0]["count"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(shardscope.AuditDiffError, match="'count'"):
+        shardscope.diff_audits(path, JSON_FILES / "scan_1d.json")
