@@ -7,19 +7,19 @@ import pytest
 
 from shardscope._src.audit.records import Audit, Collective
 from shardscope._src.audit.width import Width
-from shardscope._src.base.capabilities import (
-    BY_PLATFORM,
-    CPU_COMPILER,
-    GPU_COMPILER,
-    TPU_COMPILER,
-    compiler_capabilities,
-)
 from shardscope._src.base.comm import ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER
 from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.check import Standing, standing, within_bound
 from shardscope._src.check.compare import Verdict, VerdictNote, compare
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.validate import reduce_scatter_note
+from shardscope._src.targets.capabilities import (
+    BY_PLATFORM,
+    CPU_COMPILER,
+    GPU_COMPILER,
+    TPU_COMPILER,
+    compiler_capabilities,
+)
 from shardscope._src.targets.specs import TARGETS
 
 

@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import assert_usage_error
-from shardscope._src.base.capabilities import Support, compiler_capabilities
 from shardscope._src.targets import devices as targets_devices
+from shardscope._src.targets.capabilities import Support, compiler_capabilities
 from shardscope._src.targets.specs import GPU_SPECS, TARGETS, Family
 from shardscope._src.targets.topology import GpuTopology, TpuTopology, topology
 
@@ -186,7 +186,7 @@ def test_fsdp_step_on_8_h100s_reduce_scatters_16_bit_gradients_over_data():
 def test_fsdp_step_on_tpu_v5p_as_its_compiler_chose():
     """A canary for a compiler upgrade: it pins libtpu 0.0.42's choice (the source of
     ``TPU_COMPILER``'s record), not shardscope's behaviour. When a new libtpu forms the
-    reduce-scatter here, re-measure the record (``base/capabilities.py``) and this test."""
+    reduce-scatter here, re-measure the record (``targets/capabilities.py``) and this test."""
     mesh = shardscope.target_mesh("tpu-v5p", "data=8", axis_types="auto")
     step, params, x = _fsdp_step(mesh, d=128, ff=512, layers=1, batch=16, seq=32)
     a = shardscope.audit(step, params, x)

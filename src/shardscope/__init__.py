@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from shardscope._src.audit.expect import expect_collectives as expect_collectives
     from shardscope._src.audit.records import Audit as Audit
     from shardscope._src.audit.records import Collective as Collective
-    from shardscope._src.base.capabilities import Capabilities as Capabilities
     from shardscope._src.base.devices import hardware_summary as hardware_summary
     from shardscope._src.base.devices import use_cpu_devices as use_cpu_devices
     from shardscope._src.base.distributed import initialize_distributed as initialize_distributed
@@ -76,6 +75,7 @@ if TYPE_CHECKING:
     from shardscope._src.sharding.strategies import Placement as Placement
     from shardscope._src.sharding.strategies import Strategy as Strategy
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
+    from shardscope._src.targets.capabilities import Capabilities as Capabilities
     from shardscope._src.targets.hardware import Hardware as Hardware
     from shardscope._src.targets.hardware import hardware as hardware
     from shardscope._src.targets.mesh import target_mesh as target_mesh
@@ -97,7 +97,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "expect_collectives": ("shardscope._src.audit.expect", "expect_collectives"),
     "Audit": ("shardscope._src.audit.records", "Audit"),
     "Collective": ("shardscope._src.audit.records", "Collective"),
-    "Capabilities": ("shardscope._src.base.capabilities", "Capabilities"),
+    "Capabilities": ("shardscope._src.targets.capabilities", "Capabilities"),
     "hardware_summary": ("shardscope._src.base.devices", "hardware_summary"),
     "use_cpu_devices": ("shardscope._src.base.devices", "use_cpu_devices"),
     "initialize_distributed": ("shardscope._src.base.distributed", "initialize_distributed"),

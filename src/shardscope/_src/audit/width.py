@@ -25,7 +25,7 @@ from typing import Any
 
 from shardscope._src.audit.records import Collective
 from shardscope._src.base import comm as _comm
-from shardscope._src.base.capabilities import compiler_capabilities
+from shardscope._src.targets.capabilities import compiler_capabilities
 
 #: Bytes per element of the program dtypes the models and matmuls are built in.
 PROGRAM_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}

@@ -15,11 +15,6 @@ from typing import Any
 
 from shardscope._src.audit.records import Audit, Collective
 from shardscope._src.audit.width import Width
-from shardscope._src.base.capabilities import (
-    Capabilities,
-    compiler_capabilities,
-    reduce_scatter_words,
-)
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -34,6 +29,11 @@ from shardscope._src.base.notes import Note, NoteKind
 from shardscope._src.base.records import record_dict
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.check.bound import TOLERANCE, Standing, standing, within_bound
+from shardscope._src.targets.capabilities import (
+    Capabilities,
+    compiler_capabilities,
+    reduce_scatter_words,
+)
 
 _MAX_EXCESS = 8  # instructions listed per verdict
 

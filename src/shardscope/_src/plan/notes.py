@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardscope._src.base.capabilities import reduce_scatter_words
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.notes import NoteKind
+from shardscope._src.targets.capabilities import reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES
 
 

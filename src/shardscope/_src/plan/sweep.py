@@ -37,7 +37,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from shardscope._src.base.capabilities import CPU_COMPILER
 from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, is_int
@@ -74,6 +73,7 @@ from shardscope._src.plan.validate import (
     validations,
 )
 from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.targets.capabilities import CPU_COMPILER
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from shardscope._src.base.capabilities import Capabilities
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, ratio
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound
@@ -27,6 +26,7 @@ from shardscope._src.plan.types import (
     PlanCollective,
     Validation,
 )
+from shardscope._src.targets.capabilities import Capabilities
 from shardscope._src.targets.specs import get_target
 
 #: Strategies whose compiled communication must match the analytic formula (within

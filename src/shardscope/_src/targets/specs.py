@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from shardscope._src.base.capabilities import BY_PLATFORM, Capabilities
 from shardscope._src.base.errors import TargetError
 from shardscope._src.base.records import Record
+from shardscope._src.targets.capabilities import BY_PLATFORM, Capabilities
 from shardscope._src.targets.hardware import PRESETS, Hardware
 
 
