@@ -12,8 +12,9 @@ from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.base.hardware import hardware
 from shardscope._src.bounds import transformer
-from shardscope._src.model.config import ModelConfig, init_batch, init_params, loss
+from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
+from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan import notes as plan_notes
 from shardscope._src.plan.candidates import estimate, screen_all
 from shardscope._src.plan.estimates import (

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from shardscope._src.audit.expect import expect_collectives as expect_collectives
     from shardscope._src.audit.records import Audit as Audit
     from shardscope._src.audit.records import Collective as Collective
+    from shardscope._src.base.comm import CollectiveKind as CollectiveKind
     from shardscope._src.base.devices import hardware_summary as hardware_summary
     from shardscope._src.base.devices import use_cpu_devices as use_cpu_devices
     from shardscope._src.base.distributed import initialize_distributed as initialize_distributed
@@ -61,7 +62,9 @@ if TYPE_CHECKING:
     from shardscope._src.layout import tree_layout as tree_layout
     from shardscope._src.mesh import make_mesh as make_mesh
     from shardscope._src.mesh import parse_mesh_spec as parse_mesh_spec
+    from shardscope._src.model.config import Mode as Mode
     from shardscope._src.model.config import ModelConfig as ModelConfig
+    from shardscope._src.model.config import Remat as Remat
     from shardscope._src.model.presets import MODEL_PRESETS as MODEL_PRESETS
     from shardscope._src.plan.program import ProgramPlan as ProgramPlan
     from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
@@ -75,6 +78,7 @@ if TYPE_CHECKING:
     from shardscope._src.sharding.programs import build_program as build_program
     from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
     from shardscope._src.sharding.strategies import Placement as Placement
+    from shardscope._src.sharding.strategies import Role as Role
     from shardscope._src.sharding.strategies import Strategy as Strategy
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
     from shardscope._src.target_mesh import target_mesh as target_mesh
@@ -94,6 +98,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "expect_collectives": ("shardscope._src.audit.expect", "expect_collectives"),
     "Audit": ("shardscope._src.audit.records", "Audit"),
     "Collective": ("shardscope._src.audit.records", "Collective"),
+    "CollectiveKind": ("shardscope._src.base.comm", "CollectiveKind"),
     "hardware_summary": ("shardscope._src.base.devices", "hardware_summary"),
     "use_cpu_devices": ("shardscope._src.base.devices", "use_cpu_devices"),
     "initialize_distributed": ("shardscope._src.base.distributed", "initialize_distributed"),
@@ -136,7 +141,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "tree_layout": ("shardscope._src.layout", "tree_layout"),
     "make_mesh": ("shardscope._src.mesh", "make_mesh"),
     "parse_mesh_spec": ("shardscope._src.mesh", "parse_mesh_spec"),
+    "Mode": ("shardscope._src.model.config", "Mode"),
     "ModelConfig": ("shardscope._src.model.config", "ModelConfig"),
+    "Remat": ("shardscope._src.model.config", "Remat"),
     "MODEL_PRESETS": ("shardscope._src.model.presets", "MODEL_PRESETS"),
     "ProgramPlan": ("shardscope._src.plan.program", "ProgramPlan"),
     "ProgramPlanResult": ("shardscope._src.plan.program", "ProgramPlanResult"),
@@ -150,6 +157,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "build_program": ("shardscope._src.sharding.programs", "build_program"),
     "STRATEGIES": ("shardscope._src.sharding.strategies", "STRATEGIES"),
     "Placement": ("shardscope._src.sharding.strategies", "Placement"),
+    "Role": ("shardscope._src.sharding.strategies", "Role"),
     "Strategy": ("shardscope._src.sharding.strategies", "Strategy"),
     "get_strategy": ("shardscope._src.sharding.strategies", "get_strategy"),
     "target_mesh": ("shardscope._src.target_mesh", "target_mesh"),

@@ -19,10 +19,12 @@ from shardscope._src.audit.provenance import (
 )
 from shardscope._src.audit.records import Collective, Loop, Part, UnknownInstruction
 from shardscope._src.base import comm as _comm
+from shardscope._src.base.comm import CollectiveKind
 from shardscope._src.base.errors import HloParseError
 from shardscope._src.hlo.groups import (
     MAX_GROUP_IDS_PER_MODULE,
     AxisMatch,
+    GroupMode,
     axes_of_groups,
     axes_of_pairs,
     parse_replica_groups,
@@ -153,13 +155,13 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
     return ctx
 
 
-_SYNC_KINDS = frozenset(_comm.KINDS)
-_START_KINDS = {f"{k}-start": k for k in _comm.KINDS}
+_SYNC_KINDS = {k.value: k for k in CollectiveKind}
+_START_KINDS = {f"{k}-start": k for k in CollectiveKind}
 
 
-def _collective_kind(opcode: str) -> tuple[str, bool] | None:
+def _collective_kind(opcode: str) -> tuple[CollectiveKind, bool] | None:
     if opcode in _SYNC_KINDS:
-        return opcode, False
+        return _SYNC_KINDS[opcode], False
     if opcode in _START_KINDS:
         return _START_KINDS[opcode], True
     return None
@@ -178,18 +180,18 @@ def _operand_shapes(comp: Computation, ins: Instruction) -> list[Any]:
     return out
 
 
-def _group_mode(ins: Instruction, kind: str) -> str:
+def _group_mode(ins: Instruction, kind: str) -> GroupMode:
     """XLA's CollectiveOpGroupMode, from channel_id and use_global_device_ids."""
     has_channel = "channel_id" in ins.attributes
-    if kind in ("collective-permute", "collective-broadcast"):
-        return "partition" if has_channel else "replica"
+    if kind in _comm.POINT_TO_POINT:
+        return GroupMode.PARTITION if has_channel else GroupMode.REPLICA
     if not has_channel:
-        return "replica"
-    if kind in ("all-to-all", "ragged-all-to-all"):
-        return "partition"
+        return GroupMode.REPLICA
+    if kind in _comm.EXCHANGES:
+        return GroupMode.PARTITION
     if ins.attributes.get("use_global_device_ids") == "true":
-        return "flattened"
-    return "replica_and_partition"
+        return GroupMode.FLATTENED
+    return GroupMode.REPLICA_AND_PARTITION
 
 
 _GroupMatch = tuple[AxisMatch, tuple[tuple[int, ...], ...], tuple[tuple[int, int], ...], str]
@@ -209,7 +211,7 @@ class _GroupMemo:
         self.done: dict[tuple[str, ...], _GroupMatch] = {}
 
     def match(self, ins: Instruction, kind: str) -> _GroupMatch:
-        permute = kind == "collective-permute"
+        permute = kind == CollectiveKind.COLLECTIVE_PERMUTE
         attr = "source_target_pairs" if permute else "replica_groups"
         key = (str(permute), _group_mode(ins, kind), ins.attributes.get(attr, "{}"))
         found = self.done.get(key)
@@ -232,13 +234,13 @@ def _match_groups(
 ) -> _GroupMatch:
     p, r = module.num_partitions, module.replica_count
     mode = _group_mode(ins, kind)
-    if kind == "collective-permute":
+    if kind == CollectiveKind.COLLECTIVE_PERMUTE:
         raw = ins.attributes.get("source_target_pairs", "{}")
         try:
             pairs = parse_source_target_pairs(raw)
         except HloParseError as e:
             raise HloParseError(f"HLO text line {ins.line}: {ins.name}: {e}") from None
-        if mode == "replica" and r == 1:
+        if mode == GroupMode.REPLICA and r == 1:
             return AxisMatch((), 1), (), pairs, "no channel_id: within one partition"
         match = axes_of_pairs(pairs, mesh)
         devices = tuple(sorted({d for pair in pairs for d in pair}))
@@ -249,17 +251,17 @@ def _match_groups(
     except HloParseError as e:
         raise HloParseError(f"HLO text line {ins.line}: {ins.name}: {e}") from None
     if r != 1:
-        groups = rg.resolve(r * p if mode == "flattened" else max(r, p))
+        groups = rg.resolve(r * p if mode == GroupMode.FLATTENED else max(r, p))
         return (
             AxisMatch((), len(groups[0]) if groups else 0, True, f"module has {r} replicas"),
             groups,
             (),
             "",
         )
-    if mode == "replica":
+    if mode == GroupMode.REPLICA:
         # Groups of replica ids, and there is one replica: each partition on its own.
         return AxisMatch((), 1), tuple((q,) for q in range(p)), (), "no channel_id"
-    if mode == "replica_and_partition":
+    if mode == GroupMode.REPLICA_AND_PARTITION:
         groups = (tuple(range(p)),)
     else:
         groups = rg.resolve(p)
@@ -354,7 +356,7 @@ def _forward(c: Collective) -> Collective:
 
 
 def _reduction(module: HloModule, ins: Instruction, kind: str) -> str | None:
-    if kind not in ("all-reduce", "reduce-scatter"):
+    if kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
         return None
     for attr, callee in ins.called_computations:
         if attr == "to_apply" and callee in module.computations:
@@ -372,7 +374,7 @@ def _operand_arrays(
     offsets), the input alone; else the operand: every array of a combined collective (a
     permute of ``(s32[16,2], f32[16,2])`` moves both)."""
     leaves = list(operand_shapes[i].leaves())
-    if kind == "all-gather":
+    if kind == CollectiveKind.ALL_GATHER:
         if is_start:
             dims = ins.attributes.get("dimensions", "{0}").strip("{}").split(",")
             d = (read_int(dims[0]) or 0) if dims else 0
@@ -381,8 +383,8 @@ def _operand_arrays(
         if result is None:
             return list(ins.shape.leaves())
         return list(result[i].leaves()) if i < len(result) else []
-    in_place = kind == "collective-permute" and "slice_sizes" in ins.attributes
-    if kind == "ragged-all-to-all" or in_place:
+    in_place = kind == CollectiveKind.COLLECTIVE_PERMUTE and "slice_sizes" in ins.attributes
+    if kind == CollectiveKind.RAGGED_ALL_TO_ALL or in_place:
         return leaves[:1] if i == 0 else []
     return leaves
 
@@ -484,7 +486,11 @@ def _records(
     grouping = _Grouping(*groups.match(ins, kind))
     reduction = _reduction(module, ins, kind)
     shards: list[ShardInBuffer | None] = [None] * len(ins.operands)
-    if kind == "all-reduce" and reduction in ("add", "or") and not grouping.match.irregular:
+    if (
+        kind == CollectiveKind.ALL_REDUCE
+        and reduction in ("add", "or")
+        and not grouping.match.irregular
+    ):
         shards = [shard_in_zeros(module, comp, op, grouping.size) for op in ins.operands]
     gathered = [i for i, sh in enumerate(shards) if sh is not None]
     summed = [i for i, sh in enumerate(shards) if sh is None]
@@ -499,9 +505,9 @@ def _records(
         return [record(kind, summed, None, "")]
     out = [
         record(
-            "all-gather",
+            CollectiveKind.ALL_GATHER,
             gathered,
-            "all-reduce",
+            CollectiveKind.ALL_REDUCE,
             "carried out as an all-reduce (sum) of zero-padded shards: the result of an "
             "all-gather, sending an all-reduce's bytes (twice an all-gather's)",
         )
@@ -526,7 +532,7 @@ def _origin(
     produced = tracer.producer_origin(ins.operands[i])
     if gathers:
         return tracer.user_origin(ins.name, index) or produced or own
-    if ins.opcode.startswith("collective-permute"):
+    if ins.opcode.startswith(CollectiveKind.COLLECTIVE_PERMUTE):
         used = tracer.user_origin(ins.name, index, own_elements=True)
         found = [o for o in (used, produced) if o is not None]
         return next((o for o in found if o.stack), found[0] if found else own)
@@ -551,7 +557,7 @@ def _record(
     n = grouping.size
     traffic_kind = carried_as or kind
     note = ""
-    if kind == "ragged-all-to-all":
+    if kind == CollectiveKind.RAGGED_ALL_TO_ALL:
         note = "ragged: sizes known only at run time; the input buffer bounds the payload"
     own = origin_of(module, ins)
     arrays, parts = _arrays_and_parts(module, comp, ins, how, grouping, operands, tracer, own)
@@ -593,7 +599,10 @@ def _record(
         reduction=reduction,
         channel_id=None if channel is None else parse_int(channel, "channel_id", ins.line, ins.raw),
         replica_groups=ins.attributes.get(
-            "source_target_pairs" if kind == "collective-permute" else "replica_groups", "{}"
+            "source_target_pairs"
+            if kind == CollectiveKind.COLLECTIVE_PERMUTE
+            else "replica_groups",
+            "{}",
         ),
         unknown_attributes={
             k: v for k, v in ins.attributes.items() if k not in _KNOWN_COLLECTIVE_ATTRIBUTES
@@ -611,14 +620,14 @@ def _record(
 def _traffic_size(kind: str, grouping: _Grouping) -> int:
     """The group size that prices a collective's traffic: a permute that moves data is a
     pair of devices."""
-    if kind == "collective-permute":
+    if kind == CollectiveKind.COLLECTIVE_PERMUTE:
         return 2 if any(a != b for a, b in grouping.pairs) else 1
     return grouping.size
 
 
 def _scale(kind: str, n: int) -> int:
     """An all-to-all's operand is one of the ``n`` pieces its payload counts."""
-    return n if kind in ("all-to-all", "ragged-all-to-all") else 1
+    return n if kind in _comm.EXCHANGES else 1
 
 
 def _arrays_and_parts(
@@ -651,7 +660,8 @@ def _arrays_and_parts(
         arrays.extend(op_arrays)
         pieces = (
             _concatenated(module, comp, ins.operands[i])
-            if len(ins.operands) == 1 and kind in ("all-reduce", "reduce-scatter")
+            if len(ins.operands) == 1
+            and kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
             else []
         )
         if len(pieces) > 1:
@@ -660,7 +670,7 @@ def _arrays_and_parts(
                 payload = _bytes_of([shape], ins) * scale
                 parts.append(_part(traffic_kind, n_traffic, i, j, [shape], payload, origin))
             continue
-        origin = _origin(tracer, ins, i, own, gathers=kind == "all-gather")
+        origin = _origin(tracer, ins, i, own, gathers=kind == CollectiveKind.ALL_GATHER)
         payload = _bytes_of(op_arrays, ins) * scale
         parts.append(_part(traffic_kind, n_traffic, i, None, op_arrays, payload, origin))
     return arrays, parts

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardscope._src.base.errors import HloParseError
+from shardscope._src.base.vocab import Vocab
 from shardscope._src.hlo.parse import MAX_MODULE_DEVICES, read_int
 
 # Digits are ASCII digits (re.ASCII): Python's \d also takes those of other scripts.
@@ -52,6 +53,19 @@ _MAX_RANK = 32
 #: forms (each form is expanded once however many collectives print it): a real program prints
 #: a few forms per mesh axis, e.g. 16 forms of 8,192 devices or 64 of 2,048 (2**17 ids).
 MAX_GROUP_IDS_PER_MODULE = 2**17
+
+
+class GroupMode(Vocab):
+    """XLA's ``CollectiveOpGroupMode``: what the ids of a collective's groups count."""
+
+    #: replica ids (each partition on its own when there is one replica)
+    REPLICA = "replica"
+    #: partition ids
+    PARTITION = "partition"
+    #: replica ids, each group spanning every partition
+    REPLICA_AND_PARTITION = "replica_and_partition"
+    #: global device ids (``use_global_device_ids=true``)
+    FLATTENED = "flattened"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from shardscope._src.base.io import Record, json_value, record_dict
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import StepTime
@@ -37,6 +37,10 @@ def device_bytes(memory: Mapping[str, int]) -> int:
     )
 
 
+#: The mesh axis that holds pipeline stages (1F1B); every other axis is within one stage.
+STAGE_AXIS = "stage"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One strategy on one mesh shape with its schedule, before it is filtered or compiled.
@@ -48,7 +52,7 @@ class Candidate:
     strategy: str
     mesh: tuple[tuple[str, int], ...]
     microbatches: int = 1
-    remat: str = "none"
+    remat: str = Remat.NONE
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -60,12 +64,12 @@ class Candidate:
 
     @property
     def stages(self) -> int:
-        return self.sizes.get("stage", 1)
+        return self.sizes.get(STAGE_AXIS, 1)
 
     @property
     def stage_mesh(self) -> tuple[tuple[str, int], ...]:
         """The mesh of one pipeline stage (the whole mesh without its ``stage`` axis)."""
-        return tuple((k, v) for k, v in self.mesh if k != "stage")
+        return tuple((k, v) for k, v in self.mesh if k != STAGE_AXIS)
 
     @property
     def stage_mesh_spec(self) -> str:
@@ -77,7 +81,7 @@ class Candidate:
         parts = []
         if self.microbatches > 1:
             parts.append(f"{self.microbatches} micro-batches")
-        if self.remat != "none":
+        if self.remat != Remat.NONE:
             parts.append(f"{self.remat} recompute")
         return ", ".join(parts)
 
@@ -280,7 +284,7 @@ class Plan:
     timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
     microbatches: int = 1
-    remat: str = "none"
+    remat: str = Remat.NONE
     stages: int = 1
     time: Mapping[str, float] = field(default_factory=dict)
     #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.base.comm import CollectiveKind
 from shardscope._src.render.columns import (
     Alarm,
     Column,
@@ -25,13 +26,13 @@ if TYPE_CHECKING:
 
 #: Short names of the collective kinds, for one-line summaries.
 KIND_SHORT = {
-    "all-reduce": "AR",
-    "all-gather": "AG",
-    "reduce-scatter": "RS",
-    "all-to-all": "A2A",
-    "ragged-all-to-all": "RA2A",
-    "collective-permute": "CP",
-    "collective-broadcast": "CB",
+    CollectiveKind.ALL_REDUCE: "AR",
+    CollectiveKind.ALL_GATHER: "AG",
+    CollectiveKind.REDUCE_SCATTER: "RS",
+    CollectiveKind.ALL_TO_ALL: "A2A",
+    CollectiveKind.RAGGED_ALL_TO_ALL: "RA2A",
+    CollectiveKind.COLLECTIVE_PERMUTE: "CP",
+    CollectiveKind.COLLECTIVE_BROADCAST: "CB",
 }
 
 

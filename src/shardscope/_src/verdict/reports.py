@@ -21,7 +21,7 @@ from shardscope._src.bounds.matmul import (
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import auto_mesh, make_mesh
-from shardscope._src.model.config import param_shapes
+from shardscope._src.model.config import Mode, param_shapes
 from shardscope._src.sharding.programs import Program, build_matmul, build_program
 from shardscope._src.verdict.compare import Hint, Verdict, compare
 from shardscope._src.verdict.hints import (
@@ -128,7 +128,7 @@ def transformer_verdict(
     config: Any,
     mesh: Any,
     *,
-    mode: str = "forward",
+    mode: str = Mode.FORWARD,
     impl: str = "jit",
     constraints: bool = True,
     hints: bool = True,
