@@ -26,7 +26,7 @@ from shardscope._src.model.config import (  # noqa: E402
 )
 from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402
 from shardscope._src.render.verdict import format_verdict, verdict_lines  # noqa: E402
-from shardscope._src.sharding.programs import build_program  # noqa: E402
+from shardscope._src.sharding.programs import build_reference_program  # noqa: E402
 from shardscope._src.sharding.strategies import STRATEGIES, mesh_spec_for  # noqa: E402
 from shardscope._src.verdict import (  # noqa: E402
     TOLERANCE,
@@ -380,7 +380,9 @@ def _every_program():
 def test_no_transformer_program_sends_less_than_its_bound(strategy, mesh, impl, mode, dtype):
     # The verdict's own comparison, on a program compiled with the planner's fast options
     # (same collectives, a fifth of the compile time).
-    program = build_program(strategy, ModelConfig(**TINY, dtype=dtype), mesh, mode=mode, impl=impl)
+    program = build_reference_program(
+        strategy, ModelConfig(**TINY, dtype=dtype), mesh, mode=mode, impl=impl
+    )
     result = audit(program.lower(), compiler_options=COMPILE_OPTIONS)
     v = compare(result, transformer_bound(program.placement, mode), program_dtype=dtype)
     assert v.actual_bytes >= v.bound_bytes, v.rows

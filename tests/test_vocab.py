@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import shardscope
 from shardscope._src.audit.diff import DiffRow, RowStatus
 from shardscope._src.base.comm import KINDS, CollectiveKind, traffic_bytes
 from shardscope._src.base.errors import PlanError, ShardscopeError, StrategyError
@@ -16,7 +17,7 @@ from shardscope._src.plan.candidates import screen
 from shardscope._src.plan.estimates import estimate_memory, model_flops
 from shardscope._src.plan.sweep import plan
 from shardscope._src.plan.timing import OverlapClass, step_bound
-from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import Role, get_strategy
 from shardscope._src.verdict import transformer_verdict
 
@@ -91,7 +92,7 @@ def test_public_functions_take_the_plain_strings_and_the_members_alike():
 def test_a_bad_mode_is_refused_by_each_front_door():
     placement = get_strategy("tp").place(TINY, "model=8")
     for call in (
-        lambda: build_program(placement, mode="eval"),
+        lambda: build_reference_program(placement, mode="eval"),
         lambda: transformer_bound(placement, "eval"),
     ):
         with pytest.raises(StrategyError, match=r"mode 'eval': choose one of train, forward"):
@@ -106,7 +107,7 @@ def _default(fn, name="mode"):
 
 def test_the_reference_programs_default_to_forward_and_the_planner_to_train():
     # As Mode's docstring documents.
-    for fn in (build_program, transformer_bound, transformer_verdict):
+    for fn in (build_reference_program, transformer_bound, transformer_verdict):
         assert _default(fn) == "forward", fn.__name__
     for fn in (plan, screen, estimate_memory, step_bound, model_flops):
         assert _default(fn) == "train", fn.__name__
@@ -118,3 +119,8 @@ def test_a_diff_row_writes_its_status_as_the_string():
     assert json.loads(json.dumps(row.to_dict()))["status"] == "new"
     gone = DiffRow("model", "all-gather", 1, 0, 448, 0, 512, 0)
     assert gone.status is RowStatus.GONE
+
+
+def test_the_old_name_of_build_reference_program_still_works():
+    assert shardscope.build_program is shardscope.build_reference_program
+    assert "build_reference_program" in shardscope.__all__

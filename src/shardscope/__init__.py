@@ -75,7 +75,12 @@ if TYPE_CHECKING:
     from shardscope._src.render.audit import render_audit as render_audit
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
     from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
-    from shardscope._src.sharding.programs import build_program as build_program
+    from shardscope._src.sharding.programs import (
+        build_reference_program as build_program,  # noqa: F401 (its old name, kept working)
+    )
+    from shardscope._src.sharding.programs import (
+        build_reference_program as build_reference_program,
+    )
     from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
     from shardscope._src.sharding.strategies import Placement as Placement
     from shardscope._src.sharding.strategies import Role as Role
@@ -154,7 +159,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "render_audit": ("shardscope._src.render.audit", "render_audit"),
     "plot_device_bytes": ("shardscope._src.render.plots", "plot_device_bytes"),
     "compare_numerics": ("shardscope._src.sharding.numerics", "compare_numerics"),
-    "build_program": ("shardscope._src.sharding.programs", "build_program"),
+    "build_program": ("shardscope._src.sharding.programs", "build_reference_program"),
+    "build_reference_program": ("shardscope._src.sharding.programs", "build_reference_program"),
     "STRATEGIES": ("shardscope._src.sharding.strategies", "STRATEGIES"),
     "Placement": ("shardscope._src.sharding.strategies", "Placement"),
     "Role": ("shardscope._src.sharding.strategies", "Role"),

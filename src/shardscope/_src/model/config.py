@@ -18,7 +18,7 @@ from shardscope._src.base.vocab import Vocab
 class Mode(Vocab):
     """Which step of the model a program runs.
 
-    The reference programs, their bounds and verdicts (``build_program``,
+    The reference programs, their bounds and verdicts (``build_reference_program``,
     ``transformer_bound``, ``transformer_verdict``, ``shardscope audit transformer``) default
     to :attr:`FORWARD`, the first look at a strategy's collectives; the planner (``plan``,
     ``screen``, ``estimate_memory``, ``step_bound``, ``model_flops``, ``shardscope plan``)

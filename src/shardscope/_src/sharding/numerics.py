@@ -21,7 +21,7 @@ from shardscope._src.base.io import record_dict
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, flat_params
 from shardscope._src.model.transformer import forward, train_step
-from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.programs import build_reference_program
 
 # Max relative error allowed per dtype. float32: reordered sums over a few hundred terms stay
 # near 1e-6, and 1e-5 is the usual bar for a module of this size. 16-bit types: 4 machine
@@ -103,7 +103,7 @@ def compare_numerics(
     """Runs ``strategy`` and the unsharded reference on the same random inputs.
 
     ``strategy`` is anything
-    :func:`shardscope._src.sharding.programs.build_program` accepts.
+    :func:`shardscope._src.sharding.programs.build_reference_program` accepts.
 
     Not run as a doctest (it runs two models; the strategy tests run it for every strategy):
 
@@ -111,7 +111,7 @@ def compare_numerics(
     True
     """
 
-    program = build_program(
+    program = build_reference_program(
         strategy, config, mesh, mode=mode, impl=impl, capture=mode == Mode.FORWARD
     )
     config = program.config

@@ -143,7 +143,7 @@ class Program:
         return self.lower().compile()
 
 
-def build_program(
+def build_reference_program(
     strategy: str | Strategy | Placement,
     config: ModelConfig | None = None,
     mesh: Any = None,
@@ -176,7 +176,7 @@ def build_program(
     new parameters are gathered back to the parameters' sharding.
 
     >>> import shardscope
-    >>> prog = build_program("tp", ModelConfig(layers=1), "model=8")
+    >>> prog = build_reference_program("tp", ModelConfig(layers=1), "model=8")
     >>> shardscope.audit(prog).counts()["all-reduce"]  # out-projection and MLP-down
     2
     """
@@ -189,7 +189,7 @@ def build_program(
     else:
         if config is None or mesh is None:
             raise StrategyError(
-                "build_program needs a model config and a mesh with a strategy that is "
+                "build_reference_program needs a model config and a mesh with a strategy that is "
                 "not placed yet; pass config=ModelConfig(...) and mesh='model=8' (or a placement: "
                 "strategy.place(config, mesh))"
             )
