@@ -167,9 +167,14 @@ class PlanCollective(Record):
 
     @property
     def axes_label(self) -> str:
-        if self.irregular:
-            return "irregular"
-        return ",".join(self.axes) if self.axes else "-"
+        return axes_label(self.axes, self.irregular)
+
+
+def axes_label(axes: tuple[str, ...], irregular: bool = False) -> str:
+    """``"dp,mp"``; ``"irregular"``; ``"-"`` for no axes (no data leaves a device)."""
+    if irregular:
+        return "irregular"
+    return ",".join(axes) if axes else "-"
 
 
 @dataclass(frozen=True)
