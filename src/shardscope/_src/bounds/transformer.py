@@ -55,7 +55,7 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     >>> b.counts()
     {'all-reduce': 4}
     """
-    Mode.parse(mode, what="mode", error=StrategyError, param="mode")
+    Mode.parse(mode, what="mode", error=StrategyError)
     s, c = placement.strategy, placement.config
     L, train = c.layers, mode == Mode.TRAIN
     terms: list[Term] = []

@@ -181,7 +181,7 @@ def build_reference_program(
     2
     """
 
-    Mode.parse(mode, what="mode", error=StrategyError, param="mode")
+    Mode.parse(mode, what="mode", error=StrategyError)
     if impl not in IMPLS:
         raise StrategyError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
     if isinstance(strategy, Placement):
