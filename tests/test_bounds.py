@@ -23,7 +23,7 @@ from shardscope._src.bounds.matmul import (  # noqa: E402
 from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
 from shardscope._src.model.config import ModelConfig  # noqa: E402
 from shardscope._src.sharding.numerics import TOLERANCES, reference_outputs, relative_error  # noqa: E402
-from shardscope._src.sharding.programs import build_program  # noqa: E402
+from shardscope._src.sharding.programs import build_reference_program  # noqa: E402
 from shardscope._src.sharding.strategies import (  # noqa: E402
     STRATEGIES,
     abstract_mesh,
@@ -237,7 +237,7 @@ EXACT_FORWARD = [
 
 @pytest.mark.parametrize("name, mesh_id, impl", EXACT_FORWARD)
 def test_forward_collectives_equal_the_bound(name, mesh_id, impl):
-    program = build_program(name, TINY, mesh_spec_for(name, SHAPES[mesh_id]), impl=impl)
+    program = build_reference_program(name, TINY, mesh_spec_for(name, SHAPES[mesh_id]), impl=impl)
     compiled = program.compile()
     assert _audited(compiled) == _bounded(transformer_bound(program.placement, "forward"))
     # The same executable computes what one device computes (per-scope errors: see
@@ -249,14 +249,14 @@ def test_forward_collectives_equal_the_bound(name, mesh_id, impl):
 
 @pytest.mark.parametrize("impl", ["jit", "shard_map"])
 def test_megatron_train_step_collectives_equal_the_bound(impl):
-    program = build_program("tp", TINY, "data=2,model=4", mode="train", impl=impl)
+    program = build_reference_program("tp", TINY, "data=2,model=4", mode="train", impl=impl)
     assert _audited(program) == _bounded(transformer_bound(program.placement, "train"))
 
 
 def test_data_parallel_gradient_bytes_equal_the_bound():
     # XLA combines the per-weight gradient all-reduces into one per layer: fewer
     # instructions, the same bytes.
-    program = build_program("dp_tp", TINY, "pod=2,data=2,model=2", mode="train")
+    program = build_reference_program("dp_tp", TINY, "pod=2,data=2,model=2", mode="train")
     actual, bound = _audited(program), _bounded(transformer_bound(program.placement, "train"))
     assert actual.keys() == bound.keys()
     assert {k: v[1] for k, v in actual.items()} == {k: v[1] for k, v in bound.items()}

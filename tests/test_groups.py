@@ -5,6 +5,7 @@ import pytest
 
 from shardscope._src.base.errors import HloParseError
 from shardscope._src.hlo.groups import (
+    AxisRef,
     axes_of_groups,
     axes_of_pairs,
     parse_replica_groups,
@@ -172,3 +173,35 @@ def test_ids_are_partition_coordinates_in_mesh_order():
     coords = np.stack(np.unravel_index(np.arange(12), (2, 3, 2)), axis=-1)
     groups = tuple(tuple(int(p) for p in np.flatnonzero(coords[:, 1] == b)) for b in range(3))
     assert axes_of_groups(groups, mesh).axes == ("a", "c")
+
+
+# Each sub-axis label a match writes reads back as the reference it names, and the groups
+# of that reference are the ones matched: 'mp:(pre)size' is size devices along mp, after
+# factors of pre (so 4 // (pre * size) apart).
+@pytest.mark.parametrize(
+    "groups, labels, refs",
+    [
+        (((0, 1), (2, 3), (4, 5), (6, 7)), ("mp:(2)2",), (AxisRef("mp", 2, 2),)),
+        (((0, 2), (1, 3), (4, 6), (5, 7)), ("mp:(1)2",), (AxisRef("mp", 1, 2),)),
+        (((0, 2, 4, 6), (1, 3, 5, 7)), ("dp", "mp:(1)2"), (AxisRef("dp"), AxisRef("mp", 1, 2))),
+        (((0, 1, 2, 3), (4, 5, 6, 7)), ("mp",), (AxisRef("mp"),)),
+    ],
+    ids=["mp:(2)2", "mp:(1)2", "dp,mp:(1)2", "mp"],
+)
+def test_sub_axis_labels_read_back_as_references(groups, labels, refs):
+    # A mesh of dp=2 (major) and mp=4: device d sits at (d // 4, d % 4).
+    match = axes_of_groups(groups, {"dp": 2, "mp": 4})
+    assert match.axes == labels
+    assert tuple(AxisRef.parse(a) for a in match.axes) == refs
+    assert tuple(r.label for r in refs) == labels
+    for ref in refs:
+        if ref.size is not None:
+            stride = 4 // (ref.pre * ref.size)
+            assert {d % 4 for d in groups[0]} == {c * stride for c in range(ref.size)}
+
+
+def test_an_axis_name_like_a_sub_axis_but_not_one_stays_whole():
+    assert AxisRef.parse("odd:(name") == AxisRef("odd:(name")
+    assert AxisRef.parse("a:(2)") == AxisRef("a:(2)")
+    assert AxisRef.parse("a:(2)4") == AxisRef("a", 2, 4)
+    assert str(AxisRef("a", 2, 4)) == "a:(2)4"

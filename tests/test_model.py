@@ -10,15 +10,13 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from shardscope._src.base.errors import ModelConfigError, ShardscopeError  # noqa: E402
-from shardscope._src.model.config import (  # noqa: E402
-    ModelConfig,
+from shardscope._src.model.config import ModelConfig, flat_params, param_shapes  # noqa: E402
+from shardscope._src.model.transformer import (  # noqa: E402
     abstract_batch,
     abstract_params,
-    flat_params,
     forward,
     init_batch,
     init_params,
-    param_shapes,
     train_step,
 )
 

@@ -37,7 +37,7 @@ from shardscope._src.plan.estimates import (
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.sweep import plan
 from shardscope._src.plan.validate import VALIDATED_STRATEGIES, validate
-from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 TINY = model_preset("tiny")
@@ -302,7 +302,7 @@ def test_plan_json_has_the_promised_fields(sweep):
 
 def test_compile_options_keep_collectives_and_buffers():
     placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
-    lowered = build_program(placement, mode="train").lower()
+    lowered = build_reference_program(placement, mode="train").lower()
     plain = audit(lowered)
     fast = audit(lowered, compiler_options=COMPILE_OPTIONS)
 
@@ -320,7 +320,7 @@ def test_compile_options_keep_collectives_and_buffers():
 def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
     config = TINY.config(batch=8)
     placement = get_strategy("fsdp_tp").place(config, "data=4,model=2")
-    lowered = build_program(placement, mode="train").lower()
+    lowered = build_reference_program(placement, mode="train").lower()
     with capture_stderr() as log:
         compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
     by_hand = audit(compiled)

@@ -11,8 +11,9 @@ import pytest
 from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.bounds import transformer
-from shardscope._src.model.config import ModelConfig, init_batch, init_params, loss
+from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
+from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan import notes as plan_notes
 from shardscope._src.plan.candidates import estimate, screen_all
 from shardscope._src.plan.estimates import (
@@ -192,29 +193,29 @@ def test_micro_batches_accumulate_the_gradients_of_the_whole_batch(strategy, mes
     import jax
 
     from shardscope._src.mesh import make_mesh
-    from shardscope._src.sharding.programs import UPDATE_STEP, build_program
+    from shardscope._src.sharding.programs import UPDATE_STEP, build_reference_program
 
     config = replace(SMALL, attention="blocked", attention_block=8, remat="full")
     bound = get_strategy(strategy).place(config, make_mesh(mesh, devices=jax.devices()[:4]))
-    whole = build_program(bound, mode="train")
-    split = build_program(bound, mode="train", microbatches=2)
+    whole = build_reference_program(bound, mode="train")
+    split = build_reference_program(bound, mode="train", microbatches=2)
     args = whole.example_args()
     (l1, out1), (l2, out2) = _run(whole.fn, *args), _run(split.fn, *args)
     np.testing.assert_allclose(float(l1), float(l2), rtol=1e-5)
     _close(out1, out2)
     if bound.strategy.updates_shards:  # ZeRO: the new parameters, p - step * grad
-        ref = build_program(get_strategy("dp").place(config, bound.mesh), mode="train")
+        ref = build_reference_program(get_strategy("dp").place(config, bound.mesh), mode="train")
         _, grads = _run(ref.fn, *args)
         want = jax.tree.map(lambda p, g: p - UPDATE_STEP * g, args[0], grads)
         _close(out1, want)
 
 
 def test_micro_batches_must_divide_the_sequences_of_a_data_shard():
-    from shardscope._src.sharding.programs import build_program
+    from shardscope._src.sharding.programs import build_reference_program
 
     bound = get_strategy("dp").place(SMALL, abstract_mesh("data=4"))
     with pytest.raises(StrategyError, match="choose microbatches from 1, 2"):
-        build_program(bound, mode="train", microbatches=4)
+        build_reference_program(bound, mode="train", microbatches=4)
 
 
 # -- memory ------------------------------------------------------------------------------------

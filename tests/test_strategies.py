@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
 from shardscope._src.model.config import ModelConfig  # noqa: E402
 from shardscope._src.sharding.numerics import compare_numerics  # noqa: E402
-from shardscope._src.sharding.programs import build_program  # noqa: E402
+from shardscope._src.sharding.programs import build_reference_program  # noqa: E402
 from shardscope._src.sharding.strategies import STRATEGIES, get_strategy, mesh_spec_for  # noqa: E402
 
 TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8)
@@ -128,7 +128,7 @@ def test_unknown_strategy_lists_the_choices():
 
 def test_shard_map_only_for_strategies_with_a_twin():
     with pytest.raises(StrategyError, match=r"'fsdp' has no shard_map version"):
-        build_program("fsdp", TINY, "data=8", impl="shard_map")
+        build_reference_program("fsdp", TINY, "data=8", impl="shard_map")
 
 
 # -- numerics ------------------------------------------------------------------------------------

@@ -16,13 +16,17 @@ from hypothesis import strategies as st  # noqa: E402
 from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
 from shardscope._src.bounds.terms import Bound  # noqa: E402
-from shardscope._src.bounds.transformer import MODES, transformer_bound  # noqa: E402
+from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
 from shardscope._src.cli.audit_verdict import run_matmul_command, run_transformer_command  # noqa: E402
 from shardscope._src.lab.exercises import EXERCISE_CHECKS, run_exercise_checks  # noqa: E402
-from shardscope._src.model.config import DTYPES, ModelConfig  # noqa: E402
+from shardscope._src.model.config import (  # noqa: E402
+    DTYPES,
+    MODES,  # noqa: E402
+    ModelConfig,
+)
 from shardscope._src.plan.compile import COMPILE_OPTIONS  # noqa: E402
 from shardscope._src.render.verdict import format_verdict, verdict_lines  # noqa: E402
-from shardscope._src.sharding.programs import build_program  # noqa: E402
+from shardscope._src.sharding.programs import build_reference_program  # noqa: E402
 from shardscope._src.sharding.strategies import STRATEGIES, mesh_spec_for  # noqa: E402
 from shardscope._src.verdict import (  # noqa: E402
     TOLERANCE,
@@ -145,7 +149,7 @@ def test_sequence_parallel_jit_all_reduces_where_reduce_scatter_suffices(mesh_id
     assert row[(("model",), "reduce-scatter")].actual_bytes == 0
     blamed = [e for e in v.excess if e.kind == "all-reduce"]
     assert {e.scope for e in blamed} == {"attention", "mlp"}
-    assert all(e.source.rsplit(":", 1)[0].endswith("model/config.py") for e in blamed)
+    assert all(e.source.rsplit(":", 1)[0].endswith("model/transformer.py") for e in blamed)
     assert all(e.cause == ExcessCause.ALL_REDUCE_FOR_REDUCE_SCATTER for e in blamed)
     (twin,) = v.hints
     assert "shard_map" in twin.change and twin.reaches_bound
@@ -383,7 +387,9 @@ def _every_program():
 def test_no_transformer_program_sends_less_than_its_bound(strategy, mesh, impl, mode, dtype):
     # The verdict's own comparison, on a program compiled with the planner's fast options
     # (same collectives, a fifth of the compile time).
-    program = build_program(strategy, ModelConfig(**TINY, dtype=dtype), mesh, mode=mode, impl=impl)
+    program = build_reference_program(
+        strategy, ModelConfig(**TINY, dtype=dtype), mesh, mode=mode, impl=impl
+    )
     result = audit(program.lower(), compiler_options=COMPILE_OPTIONS)
     v = compare(result, transformer_bound(program.placement, mode), program_dtype=dtype)
     assert v.actual_bytes >= v.bound_bytes, v.rows

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from shardscope._src.audit.expect import expect_collectives as expect_collectives
     from shardscope._src.audit.records import Audit as Audit
     from shardscope._src.audit.records import Collective as Collective
+    from shardscope._src.base.comm import CollectiveKind as CollectiveKind
     from shardscope._src.base.devices import hardware_summary as hardware_summary
     from shardscope._src.base.devices import use_cpu_devices as use_cpu_devices
     from shardscope._src.base.distributed import initialize_distributed as initialize_distributed
@@ -58,7 +59,9 @@ if TYPE_CHECKING:
     from shardscope._src.layout import tree_layout as tree_layout
     from shardscope._src.mesh import make_mesh as make_mesh
     from shardscope._src.mesh import parse_mesh_spec as parse_mesh_spec
+    from shardscope._src.model.config import Mode as Mode
     from shardscope._src.model.config import ModelConfig as ModelConfig
+    from shardscope._src.model.config import Remat as Remat
     from shardscope._src.model.presets import MODEL_PRESETS as MODEL_PRESETS
     from shardscope._src.plan.program import ProgramPlan as ProgramPlan
     from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
@@ -69,10 +72,16 @@ if TYPE_CHECKING:
     from shardscope._src.render.audit import render_audit as render_audit
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
     from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
-    from shardscope._src.sharding.programs import build_program as build_program
+    from shardscope._src.sharding.programs import (
+        build_reference_program as build_program,  # noqa: F401 (its old name, kept working)
+    )
+    from shardscope._src.sharding.programs import (
+        build_reference_program as build_reference_program,
+    )
     from shardscope._src.sharding.rules import logical_to_spec as logical_to_spec
     from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
     from shardscope._src.sharding.strategies import Placement as Placement
+    from shardscope._src.sharding.strategies import Role as Role
     from shardscope._src.sharding.strategies import Strategy as Strategy
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
     from shardscope._src.targets.capabilities import Capabilities as Capabilities
@@ -98,6 +107,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Audit": ("shardscope._src.audit.records", "Audit"),
     "Collective": ("shardscope._src.audit.records", "Collective"),
     "Capabilities": ("shardscope._src.targets.capabilities", "Capabilities"),
+    "CollectiveKind": ("shardscope._src.base.comm", "CollectiveKind"),
     "hardware_summary": ("shardscope._src.base.devices", "hardware_summary"),
     "use_cpu_devices": ("shardscope._src.base.devices", "use_cpu_devices"),
     "initialize_distributed": ("shardscope._src.base.distributed", "initialize_distributed"),
@@ -137,7 +147,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "tree_layout": ("shardscope._src.layout", "tree_layout"),
     "make_mesh": ("shardscope._src.mesh", "make_mesh"),
     "parse_mesh_spec": ("shardscope._src.mesh", "parse_mesh_spec"),
+    "Mode": ("shardscope._src.model.config", "Mode"),
     "ModelConfig": ("shardscope._src.model.config", "ModelConfig"),
+    "Remat": ("shardscope._src.model.config", "Remat"),
     "MODEL_PRESETS": ("shardscope._src.model.presets", "MODEL_PRESETS"),
     "ProgramPlan": ("shardscope._src.plan.program", "ProgramPlan"),
     "ProgramPlanResult": ("shardscope._src.plan.program", "ProgramPlanResult"),
@@ -148,10 +160,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "render_audit": ("shardscope._src.render.audit", "render_audit"),
     "plot_device_bytes": ("shardscope._src.render.plots", "plot_device_bytes"),
     "compare_numerics": ("shardscope._src.sharding.numerics", "compare_numerics"),
-    "build_program": ("shardscope._src.sharding.programs", "build_program"),
     "logical_to_spec": ("shardscope._src.sharding.rules", "logical_to_spec"),
+    "build_program": ("shardscope._src.sharding.programs", "build_reference_program"),
+    "build_reference_program": ("shardscope._src.sharding.programs", "build_reference_program"),
     "STRATEGIES": ("shardscope._src.sharding.strategies", "STRATEGIES"),
     "Placement": ("shardscope._src.sharding.strategies", "Placement"),
+    "Role": ("shardscope._src.sharding.strategies", "Role"),
     "Strategy": ("shardscope._src.sharding.strategies", "Strategy"),
     "get_strategy": ("shardscope._src.sharding.strategies", "get_strategy"),
     "Hardware": ("shardscope._src.targets.hardware", "Hardware"),

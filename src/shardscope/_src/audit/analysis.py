@@ -19,10 +19,12 @@ from shardscope._src.audit.provenance import (
 )
 from shardscope._src.audit.records import Collective, Loop, Part, UnknownInstruction
 from shardscope._src.base import comm as _comm
+from shardscope._src.base.comm import CollectiveKind
 from shardscope._src.base.errors import HloParseError
 from shardscope._src.hlo.groups import (
     MAX_GROUP_IDS_PER_MODULE,
     AxisMatch,
+    GroupMode,
     axes_of_groups,
     axes_of_pairs,
     parse_replica_groups,
@@ -70,10 +72,21 @@ def _loop(module: HloModule, comp: Computation, ins: Instruction) -> Loop:
     return Loop(ins.name, trips, derived=trips is not None)
 
 
-def _edges(
-    ins: Instruction, loop: Loop | None = None
-) -> Iterator[tuple[str, int, bool, Loop | None, str | None, bool]]:
-    """(callee, factor, exact, loop, conditional, async) for each computation ``ins`` runs.
+class _Edge(NamedTuple):
+    """A computation an instruction runs: how many times per run of the caller (``factor``,
+    ``exact`` when known), the loop or conditional branch it runs in, and whether it runs
+    asynchronously."""
+
+    callee: str
+    factor: int = 1
+    exact: bool = True
+    loop: Loop | None = None
+    conditional: str | None = None
+    is_async: bool = False
+
+
+def _edges(ins: Instruction, loop: Loop | None = None) -> Iterator[_Edge]:
+    """An edge for each computation ``ins`` runs.
 
     ``loop`` is the record of ``ins`` when it is a ``while`` (its trip count; None: unknown).
     """
@@ -86,13 +99,13 @@ def _edges(
             known = trips is not None
             # The condition runs once more than the body: the test that ends the loop.
             factor = (trips if attr == "body" else trips + 1) if trips is not None else 1
-            yield callee, factor, known, loop, None, False
+            yield _Edge(callee, factor, known, loop)
         elif ins.opcode == "conditional":
             label = f"{ins.name}[{branch}]"
             branch += 1
-            yield callee, 1, False, None, label, False
+            yield _Edge(callee, exact=False, conditional=label)
         else:
-            yield callee, 1, True, None, None, ins.opcode.endswith("-start")
+            yield _Edge(callee, is_async=ins.opcode.endswith("-start"))
 
 
 def _contexts(module: HloModule) -> dict[str, _Context]:
@@ -107,7 +120,8 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
             continue
         reach.add(name)
         for ins in comps[name].instructions:
-            for callee, *_ in _edges(ins):
+            for edge in _edges(ins):
+                callee = edge.callee
                 if callee not in comps:
                     raise HloParseError(
                         f"HLO text line {ins.line}: {ins.name} calls computation {callee!r}, "
@@ -116,8 +130,8 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
                 stack.append(callee)
     for name in reach:
         for ins in comps[name].instructions:
-            for callee, *_ in _edges(ins):
-                callers[callee] += 1
+            for edge in _edges(ins):
+                callers[edge.callee] += 1
     ctx = {name: _Context() for name in reach}
     ctx[module.entry_name] = _Context(count=1, seen=True)
     ready = [module.entry_name]
@@ -128,9 +142,10 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
         here = ctx[name]
         for ins in comps[name].instructions:
             record = _loop(module, comps[name], ins) if ins.opcode == "while" else None
-            for callee, factor, exact, loop, cond, is_async in _edges(ins, record):
+            for edge in _edges(ins, record):
+                callee = edge.callee
                 c = ctx[callee]
-                c.count += here.count * factor
+                c.count += here.count * edge.factor
                 if c.count > INT64_MAX:
                     raise HloParseError(
                         f"HLO text line {ins.line}: {ins.name} makes computation {callee!r} run "
@@ -138,13 +153,15 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
                         f"calls multiply); no compiled program runs that long"
                     )
                 if not c.seen:
-                    c.loops = here.loops + ((loop,) if loop else ())
-                    c.conditionals = here.conditionals + ((cond,) if cond else ())
-                    c.is_async = here.is_async or is_async
-                    c.exact = here.exact and exact
+                    c.loops = here.loops + ((edge.loop,) if edge.loop else ())
+                    c.conditionals = here.conditionals + (
+                        (edge.conditional,) if edge.conditional else ()
+                    )
+                    c.is_async = here.is_async or edge.is_async
+                    c.exact = here.exact and edge.exact
                     c.seen = True
                 else:
-                    c.exact = c.exact and here.exact and exact
+                    c.exact = c.exact and here.exact and edge.exact
                 callers[callee] -= 1
                 if callers[callee] == 0:
                     ready.append(callee)
@@ -153,13 +170,13 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
     return ctx
 
 
-_SYNC_KINDS = frozenset(_comm.KINDS)
-_START_KINDS = {f"{k}-start": k for k in _comm.KINDS}
+_SYNC_KINDS = {k.value: k for k in CollectiveKind}
+_START_KINDS = {f"{k}-start": k for k in CollectiveKind}
 
 
-def _collective_kind(opcode: str) -> tuple[str, bool] | None:
+def _collective_kind(opcode: str) -> tuple[CollectiveKind, bool] | None:
     if opcode in _SYNC_KINDS:
-        return opcode, False
+        return _SYNC_KINDS[opcode], False
     if opcode in _START_KINDS:
         return _START_KINDS[opcode], True
     return None
@@ -178,21 +195,33 @@ def _operand_shapes(comp: Computation, ins: Instruction) -> list[Any]:
     return out
 
 
-def _group_mode(ins: Instruction, kind: str) -> str:
+def _group_mode(ins: Instruction, kind: str) -> GroupMode:
     """XLA's CollectiveOpGroupMode, from channel_id and use_global_device_ids."""
     has_channel = "channel_id" in ins.attributes
-    if kind in ("collective-permute", "collective-broadcast"):
-        return "partition" if has_channel else "replica"
+    if kind in _comm.POINT_TO_POINT:
+        return GroupMode.PARTITION if has_channel else GroupMode.REPLICA
     if not has_channel:
-        return "replica"
-    if kind in ("all-to-all", "ragged-all-to-all"):
-        return "partition"
+        return GroupMode.REPLICA
+    if kind in _comm.EXCHANGES:
+        return GroupMode.PARTITION
     if ins.attributes.get("use_global_device_ids") == "true":
-        return "flattened"
-    return "replica_and_partition"
+        return GroupMode.FLATTENED
+    return GroupMode.REPLICA_AND_PARTITION
 
 
-_GroupMatch = tuple[AxisMatch, tuple[tuple[int, ...], ...], tuple[tuple[int, int], ...], str]
+class _Grouping(NamedTuple):
+    """Who takes part in a collective: its axes, groups (or pairs) and a note on the mode."""
+
+    match: AxisMatch
+    groups: tuple[tuple[int, ...], ...]
+    pairs: tuple[tuple[int, int], ...]
+    note: str
+
+    @property
+    def size(self) -> int:
+        if not self.match.irregular:
+            return max(self.match.group_size, 1)
+        return max(len(self.groups[0]) if self.groups else 1, 1)
 
 
 class _GroupMemo:
@@ -206,10 +235,10 @@ class _GroupMemo:
         self.module, self.mesh = module, mesh
         self.devices = module.num_partitions * module.replica_count
         self.spent = 0
-        self.done: dict[tuple[str, ...], _GroupMatch] = {}
+        self.done: dict[tuple[str, ...], _Grouping] = {}
 
-    def match(self, ins: Instruction, kind: str) -> _GroupMatch:
-        permute = kind == "collective-permute"
+    def match(self, ins: Instruction, kind: str) -> _Grouping:
+        permute = kind == CollectiveKind.COLLECTIVE_PERMUTE
         attr = "source_target_pairs" if permute else "replica_groups"
         key = (str(permute), _group_mode(ins, kind), ins.attributes.get(attr, "{}"))
         found = self.done.get(key)
@@ -229,41 +258,41 @@ class _GroupMemo:
 
 def _match_groups(
     module: HloModule, ins: Instruction, kind: str, mesh: Mapping[str, int]
-) -> _GroupMatch:
+) -> _Grouping:
     p, r = module.num_partitions, module.replica_count
     mode = _group_mode(ins, kind)
-    if kind == "collective-permute":
+    if kind == CollectiveKind.COLLECTIVE_PERMUTE:
         raw = ins.attributes.get("source_target_pairs", "{}")
         try:
             pairs = parse_source_target_pairs(raw)
         except HloParseError as e:
             raise HloParseError(f"HLO text line {ins.line}: {ins.name}: {e}") from None
-        if mode == "replica" and r == 1:
-            return AxisMatch((), 1), (), pairs, "no channel_id: within one partition"
+        if mode == GroupMode.REPLICA and r == 1:
+            return _Grouping(AxisMatch((), 1), (), pairs, "no channel_id: within one partition")
         match = axes_of_pairs(pairs, mesh)
         devices = tuple(sorted({d for pair in pairs for d in pair}))
-        return match, (devices,), pairs, ""
+        return _Grouping(match, (devices,), pairs, "")
     raw = ins.attributes.get("replica_groups", "{}")
     try:
         rg = parse_replica_groups(raw, max_ids=r * p)
     except HloParseError as e:
         raise HloParseError(f"HLO text line {ins.line}: {ins.name}: {e}") from None
     if r != 1:
-        groups = rg.resolve(r * p if mode == "flattened" else max(r, p))
-        return (
+        groups = rg.resolve(r * p if mode == GroupMode.FLATTENED else max(r, p))
+        return _Grouping(
             AxisMatch((), len(groups[0]) if groups else 0, True, f"module has {r} replicas"),
             groups,
             (),
             "",
         )
-    if mode == "replica":
+    if mode == GroupMode.REPLICA:
         # Groups of replica ids, and there is one replica: each partition on its own.
-        return AxisMatch((), 1), tuple((q,) for q in range(p)), (), "no channel_id"
-    if mode == "replica_and_partition":
+        return _Grouping(AxisMatch((), 1), tuple((q,) for q in range(p)), (), "no channel_id")
+    if mode == GroupMode.REPLICA_AND_PARTITION:
         groups = (tuple(range(p)),)
     else:
         groups = rg.resolve(p)
-    return axes_of_groups(groups, mesh), groups, (), ""
+    return _Grouping(axes_of_groups(groups, mesh), groups, (), "")
 
 
 def _scaled(shape: Any, dim: int, n: int) -> Any:
@@ -354,7 +383,7 @@ def _forward(c: Collective) -> Collective:
 
 
 def _reduction(module: HloModule, ins: Instruction, kind: str) -> str | None:
-    if kind not in ("all-reduce", "reduce-scatter"):
+    if kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
         return None
     for attr, callee in ins.called_computations:
         if attr == "to_apply" and callee in module.computations:
@@ -372,7 +401,7 @@ def _operand_arrays(
     offsets), the input alone; else the operand: every array of a combined collective (a
     permute of ``(s32[16,2], f32[16,2])`` moves both)."""
     leaves = list(operand_shapes[i].leaves())
-    if kind == "all-gather":
+    if kind == CollectiveKind.ALL_GATHER:
         if is_start:
             dims = ins.attributes.get("dimensions", "{0}").strip("{}").split(",")
             d = (read_int(dims[0]) or 0) if dims else 0
@@ -381,8 +410,8 @@ def _operand_arrays(
         if result is None:
             return list(ins.shape.leaves())
         return list(result[i].leaves()) if i < len(result) else []
-    in_place = kind == "collective-permute" and "slice_sizes" in ins.attributes
-    if kind == "ragged-all-to-all" or in_place:
+    in_place = kind == CollectiveKind.COLLECTIVE_PERMUTE and "slice_sizes" in ins.attributes
+    if kind == CollectiveKind.RAGGED_ALL_TO_ALL or in_place:
         return leaves[:1] if i == 0 else []
     return leaves
 
@@ -427,6 +456,12 @@ def _concatenated(module: HloModule, comp: Computation, name: str) -> list[tuple
     return out
 
 
+def _dtype_of(arrays: list[Any]) -> str:
+    """The element type the arrays share; ``"mixed"`` when they differ, ``""`` for none."""
+    dtypes = sorted({a.dtype for a in arrays if a.dtype})
+    return dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "")
+
+
 def _part(
     traffic_kind: str,
     n_traffic: int,
@@ -436,12 +471,11 @@ def _part(
     payload: int,
     origin: Origin | None,
 ) -> Part:
-    dtypes = sorted({a.dtype for a in arrays if a.dtype})
     info = parse_op_name(origin.op_name if origin is not None else None)
     return Part(
         operand=operand,
         piece=piece,
-        dtype=dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else ""),
+        dtype=_dtype_of(arrays),
         shape=tuple(arrays[0].dims) if arrays else (),
         payload_bytes=payload,
         traffic_bytes=_comm.traffic_bytes(traffic_kind, payload, n_traffic),
@@ -454,26 +488,26 @@ def _part(
     )
 
 
-class _Grouping(NamedTuple):
-    """Who takes part in a collective: its axes, groups (or pairs) and a note on the mode."""
+@dataclass(frozen=True)
+class _How:
+    """How one record of a collective instruction moves its data: its ``kind``, whether the
+    instruction is a ``-start``, and the kind it is ``carried_as`` (an all-gather carried out
+    as an all-reduce of zero-padded shards), which prices its traffic."""
 
-    match: AxisMatch
-    groups: tuple[tuple[int, ...], ...]
-    pairs: tuple[tuple[int, int], ...]
-    note: str
+    kind: CollectiveKind
+    is_start: bool
+    carried_as: CollectiveKind | None = None
 
     @property
-    def size(self) -> int:
-        if not self.match.irregular:
-            return max(self.match.group_size, 1)
-        return max(len(self.groups[0]) if self.groups else 1, 1)
+    def traffic_kind(self) -> CollectiveKind:
+        return self.carried_as or self.kind
 
 
 def _records(
     module: HloModule,
     comp: Computation,
     ins: Instruction,
-    kind: str,
+    kind: CollectiveKind,
     is_start: bool,
     ctx: _Context,
     groups: _GroupMemo,
@@ -481,17 +515,23 @@ def _records(
 ) -> list[Collective]:
     """The records of one collective instruction: one, or two for an all-reduce that carries
     both all-gathers (zero-padded shards, :mod:`~shardscope._src.audit.decomposed`) and sums."""
-    grouping = _Grouping(*groups.match(ins, kind))
+    grouping = groups.match(ins, kind)
     reduction = _reduction(module, ins, kind)
     shards: list[ShardInBuffer | None] = [None] * len(ins.operands)
-    if kind == "all-reduce" and reduction in ("add", "or") and not grouping.match.irregular:
+    if (
+        kind == CollectiveKind.ALL_REDUCE
+        and reduction in ("add", "or")
+        and not grouping.match.irregular
+    ):
         shards = [shard_in_zeros(module, comp, op, grouping.size) for op in ins.operands]
     gathered = [i for i, sh in enumerate(shards) if sh is not None]
     summed = [i for i, sh in enumerate(shards) if sh is None]
 
-    def record(kind: str, operands: list[int], carried_as: str | None, note: str) -> Collective:
+    def record(
+        kind: CollectiveKind, operands: list[int], carried_as: CollectiveKind | None, note: str
+    ) -> Collective:
         return _record(
-            module, comp, ins, (kind, is_start, carried_as), ctx, grouping,
+            module, comp, ins, _How(kind, is_start, carried_as), ctx, grouping,
             reduction if carried_as is None else None, operands, note, tracer,
         )  # fmt: skip
 
@@ -499,9 +539,9 @@ def _records(
         return [record(kind, summed, None, "")]
     out = [
         record(
-            "all-gather",
+            CollectiveKind.ALL_GATHER,
             gathered,
-            "all-reduce",
+            CollectiveKind.ALL_REDUCE,
             "carried out as an all-reduce (sum) of zero-padded shards: the result of an "
             "all-gather, sending an all-reduce's bytes (twice an all-gather's)",
         )
@@ -526,7 +566,7 @@ def _origin(
     produced = tracer.producer_origin(ins.operands[i])
     if gathers:
         return tracer.user_origin(ins.name, index) or produced or own
-    if ins.opcode.startswith("collective-permute"):
+    if ins.opcode.startswith(CollectiveKind.COLLECTIVE_PERMUTE):
         used = tracer.user_origin(ins.name, index, own_elements=True)
         found = [o for o in (used, produced) if o is not None]
         return next((o for o in found if o.stack), found[0] if found else own)
@@ -537,7 +577,7 @@ def _record(
     module: HloModule,
     comp: Computation,
     ins: Instruction,
-    how: tuple[str, bool, str | None],
+    how: _How,
     ctx: _Context,
     grouping: _Grouping,
     reduction: str | None,
@@ -545,19 +585,17 @@ def _record(
     extra_note: str,
     tracer: Tracer,
 ) -> Collective:
-    """One record of ``ins`` over ``operands``; ``how`` is (kind, is_start, carried_as)."""
-    kind, is_start, carried_as = how
+    """One record of ``ins`` over ``operands``, moved as ``how`` says."""
+    kind = how.kind
     match, groups, pairs, mode_note = grouping
     n = grouping.size
-    traffic_kind = carried_as or kind
     note = ""
-    if kind == "ragged-all-to-all":
+    if kind == CollectiveKind.RAGGED_ALL_TO_ALL:
         note = "ragged: sizes known only at run time; the input buffer bounds the payload"
     own = origin_of(module, ins)
     arrays, parts = _arrays_and_parts(module, comp, ins, how, grouping, operands, tracer, own)
     payload = _bytes_of(arrays, ins) * _scale(kind, n)
-    traffic = _comm.traffic_bytes(traffic_kind, payload, _traffic_size(kind, grouping))
-    dtypes = sorted({a.dtype for a in arrays if a.dtype})
+    traffic = _comm.traffic_bytes(how.traffic_kind, payload, _traffic_size(kind, grouping))
     channel = ins.attributes.get("channel_id")
     source = _source(module, ins)
     md = ins.metadata
@@ -573,7 +611,7 @@ def _record(
         computation=comp.name,
         axes=match.axes,
         group_size=n,
-        dtype=dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else ""),
+        dtype=_dtype_of(arrays),
         shape=tuple(arrays[0].dims) if arrays else (),
         shapes=tuple(tuple(a.dims) for a in arrays),
         payload_bytes=payload,
@@ -589,11 +627,14 @@ def _record(
         op_name=md.op_name,
         source=source,
         operand_source=None if source else _operand_source(module, comp, ins),
-        is_async=is_start or ctx.is_async,
+        is_async=how.is_start or ctx.is_async,
         reduction=reduction,
         channel_id=None if channel is None else parse_int(channel, "channel_id", ins.line, ins.raw),
         replica_groups=ins.attributes.get(
-            "source_target_pairs" if kind == "collective-permute" else "replica_groups", "{}"
+            "source_target_pairs"
+            if kind == CollectiveKind.COLLECTIVE_PERMUTE
+            else "replica_groups",
+            "{}",
         ),
         unknown_attributes={
             k: v for k, v in ins.attributes.items() if k not in _KNOWN_COLLECTIVE_ATTRIBUTES
@@ -603,7 +644,7 @@ def _record(
         user_source=user,
         scope=scope,
         phase=phase,
-        carried_as=carried_as,
+        carried_as=how.carried_as,
         parts=tuple(parts),
     )
 
@@ -611,21 +652,21 @@ def _record(
 def _traffic_size(kind: str, grouping: _Grouping) -> int:
     """The group size that prices a collective's traffic: a permute that moves data is a
     pair of devices."""
-    if kind == "collective-permute":
+    if kind == CollectiveKind.COLLECTIVE_PERMUTE:
         return 2 if any(a != b for a, b in grouping.pairs) else 1
     return grouping.size
 
 
 def _scale(kind: str, n: int) -> int:
     """An all-to-all's operand is one of the ``n`` pieces its payload counts."""
-    return n if kind in ("all-to-all", "ragged-all-to-all") else 1
+    return n if kind in _comm.EXCHANGES else 1
 
 
 def _arrays_and_parts(
     module: HloModule,
     comp: Computation,
     ins: Instruction,
-    how: tuple[str, bool, str | None],
+    how: _How,
     grouping: _Grouping,
     operands: list[int],
     tracer: Tracer,
@@ -633,9 +674,9 @@ def _arrays_and_parts(
 ) -> tuple[list[Any], list[Part]]:
     """The arrays ``ins`` moves for ``operands``, and a part for each operand (for each piece
     of an operand concatenated from several arrays, one)."""
-    kind, is_start, carried_as = how
+    kind, is_start, carried_as = how.kind, how.is_start, how.carried_as
     n = grouping.size
-    traffic_kind = carried_as or kind
+    traffic_kind = how.traffic_kind
     n_traffic = _traffic_size(kind, grouping)
     scale = _scale(kind, n)
     operand_shapes = _operand_shapes(comp, ins)
@@ -651,7 +692,8 @@ def _arrays_and_parts(
         arrays.extend(op_arrays)
         pieces = (
             _concatenated(module, comp, ins.operands[i])
-            if len(ins.operands) == 1 and kind in ("all-reduce", "reduce-scatter")
+            if len(ins.operands) == 1
+            and kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
             else []
         )
         if len(pieces) > 1:
@@ -660,7 +702,7 @@ def _arrays_and_parts(
                 payload = _bytes_of([shape], ins) * scale
                 parts.append(_part(traffic_kind, n_traffic, i, j, [shape], payload, origin))
             continue
-        origin = _origin(tracer, ins, i, own, gathers=kind == "all-gather")
+        origin = _origin(tracer, ins, i, own, gathers=kind == CollectiveKind.ALL_GATHER)
         payload = _bytes_of(op_arrays, ins) * scale
         parts.append(_part(traffic_kind, n_traffic, i, None, op_arrays, payload, origin))
     return arrays, parts

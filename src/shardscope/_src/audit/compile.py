@@ -57,7 +57,7 @@ from shardscope._src.targets.mesh import check_mesh_target, target_mesh
 from shardscope._src.targets.specs import get_target
 
 # --------------------------------------------------------------------------------------
-# Front door: audit(target, ...)
+# Front door: audit(program, ...)
 # --------------------------------------------------------------------------------------
 
 
@@ -74,7 +74,9 @@ def _mesh_from(mesh: Any) -> dict[str, int] | None:
     )
 
 
-def _sharding_leaves(tree: Any) -> list[Any]:
+def _shardings_in(tree: Any) -> list[Any]:
+    """The shardings in a pytree of them (``compiled.input_shardings``): its leaves that have a
+    ``device_set``."""
 
     return jax.tree.leaves(tree, is_leaf=lambda x: hasattr(x, "device_set"))
 
@@ -426,8 +428,8 @@ def _audit_compiled(
 ) -> Audit:
     """The audit of a compiled program: its HLO, shardings, memory, flops and, with the
     compiler's log, its rematerializations."""
-    in_leaves = _sharding_leaves(compiled.input_shardings)
-    out_leaves = _sharding_leaves(compiled.output_shardings)
+    in_leaves = _shardings_in(compiled.input_shardings)
+    out_leaves = _shardings_in(compiled.output_shardings)
     backend, compiled_for = _compiled_for(in_leaves + out_leaves)
     if target is not None and compiled_for != get_target(target).name:
         raise TargetError(
@@ -587,7 +589,7 @@ def _compiled_for(shardings: list[Any]) -> tuple[str | None, str | None]:
 
 
 def _lower(
-    target: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any, axis_types: Any
+    program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any, axis_types: Any
 ) -> Any:
 
     ctx: Any = contextlib.nullcontext()
@@ -599,4 +601,4 @@ def _lower(
         if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():
             ctx = jax.set_mesh(make_mesh(mesh, axis_types=axis_types))
     with ctx:
-        return lower(target, args, jit_kwargs)
+        return lower(program, args, jit_kwargs)

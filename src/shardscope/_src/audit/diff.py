@@ -19,6 +19,7 @@ from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import AuditDiffError, RecordError, ShardscopeError
 from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
+from shardscope._src.base.vocab import Vocab
 
 #: The schema versions whose audits have today's shape (version 2 changed the notes of plans
 #: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
@@ -26,13 +27,27 @@ from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
 AUDIT_SCHEMAS = (1, 2)
 
 
+class RowStatus(Vocab):
+    """How one row of a diff moved between the two audits."""
+
+    #: none before
+    NEW = "new"
+    #: none after
+    GONE = "gone"
+    #: count or bytes differ
+    CHANGED = "changed"
+    #: the same count and bytes
+    SAME = "same"
+
+
 @dataclass(frozen=True)
 class DiffRow:
     """The collectives of one kind over one set of axes (in one scope, when the diff is by
     scope), before and after.
 
-    ``status`` is ``"new"`` (none before), ``"gone"`` (none after), ``"changed"`` (count or
-    bytes differ) or ``"same"``. Counts are executions per run; bytes are per device.
+    ``status`` is a :class:`RowStatus`: ``"new"`` (none before), ``"gone"`` (none after),
+    ``"changed"`` (count or bytes differ) or ``"same"``. Counts are executions per run; bytes
+    are per device.
     """
 
     axes: str
@@ -46,18 +61,18 @@ class DiffRow:
     scope: str | None = None
 
     @property
-    def status(self) -> str:
+    def status(self) -> RowStatus:
         if self.old_count == 0 and self.new_count > 0:
-            return "new"
+            return RowStatus.NEW
         if self.new_count == 0 and self.old_count > 0:
-            return "gone"
+            return RowStatus.GONE
         if (self.old_count, self.old_traffic_bytes, self.old_payload_bytes) != (
             self.new_count,
             self.new_traffic_bytes,
             self.new_payload_bytes,
         ):
-            return "changed"
-        return "same"
+            return RowStatus.CHANGED
+        return RowStatus.SAME
 
     @property
     def traffic_change(self) -> int:
@@ -79,7 +94,7 @@ class AuditDiff:
 
     @property
     def changed(self) -> tuple[DiffRow, ...]:
-        return tuple(r for r in self.rows if r.status != "same")
+        return tuple(r for r in self.rows if r.status != RowStatus.SAME)
 
     @property
     def old_traffic_bytes(self) -> int:
@@ -110,7 +125,7 @@ class AuditDiff:
         for r in shown:
             rows.append(
                 (
-                    r.status if r.status != "same" else "",
+                    r.status if r.status != RowStatus.SAME else "",
                     r.scope or "-",
                     r.axes,
                     r.kind,

@@ -22,7 +22,8 @@ UPDATE_ENV = "SHARDSCOPE_UPDATE_BASELINES"
 
 
 def expect_collectives(
-    target: Any,
+    program: Any,
+    /,
     *args: Any,
     mesh: Any = None,
     baseline: str | os.PathLike[str] | None = None,
@@ -33,10 +34,10 @@ def expect_collectives(
     update: bool | None = None,
     **counts: int,
 ) -> Any:
-    """Audits ``target(*args)`` and checks it against budgets; returns the :class:`Audit`.
+    """Audits ``program(*args)`` and checks it against budgets; returns the :class:`Audit`.
 
     Args:
-        target, args, mesh: as :func:`shardscope.audit`.
+        program, args, mesh: as :func:`shardscope.audit`.
         baseline: a JSON file holding an earlier audit of the same program (written when
             missing or when updating).
         max_bytes_increase: with a baseline, how much the bytes each device sends may grow
@@ -54,7 +55,7 @@ def expect_collectives(
     ...                               baseline="tests/collectives/step.json")  # doctest: +SKIP
     """
 
-    result = audit(target, *args, mesh=mesh)
+    result = audit(program, *args, mesh=mesh)
     result.expect(bytes_per_axis=bytes_per_axis, traffic_bytes=traffic_bytes, **counts)
     if baseline is None:
         if max_bytes_increase is not None or no_new:

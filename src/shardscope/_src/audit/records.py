@@ -11,6 +11,7 @@ from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.base.records import Record, field_of, int_tuple, json_value, record_dict
+from shardscope._src.hlo.groups import AxisRef
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
 
@@ -104,12 +105,15 @@ class Collective:
     """One collective instruction of the compiled program.
 
     Attributes:
-        kind: ``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``,
-            ``ragged-all-to-all``, ``collective-permute`` or ``collective-broadcast``.
+        kind: a :class:`~shardscope._src.base.comm.CollectiveKind`: ``all-reduce``,
+            ``all-gather``, ``reduce-scatter``, ``all-to-all``, ``ragged-all-to-all``,
+            ``collective-permute`` or ``collective-broadcast``.
         name: the HLO instruction (the ``-start`` one of an async pair).
         computation: the HLO computation holding it.
-        axes: the user's mesh axes it runs over, in mesh order; a sub-axis reads
-            ``'name:(pre)size'``. Empty when each group is a single device or when irregular.
+        axes: the user's mesh axes it runs over, in mesh order, as labels; a sub-axis reads
+            ``'name:(pre)size'`` (:attr:`axis_refs` has them as
+            :class:`~shardscope._src.hlo.groups.AxisRef`). Empty when each group is a single
+            device or when irregular.
         group_size: devices in one replica group (for a permute: along its axes).
         irregular: the groups match no set of mesh axes; ``groups`` holds them, ``reason`` why.
         groups: the replica groups as partition ids (for a permute: the pairs' devices).
@@ -187,6 +191,11 @@ class Collective:
     def totals(self) -> Totals:
         """Executions, payload and bytes sent over all ``count`` executions."""
         return Totals(self.count, self.payload_bytes * self.count, self.traffic_bytes * self.count)
+
+    @property
+    def axis_refs(self) -> tuple[AxisRef, ...]:
+        """:attr:`axes` as references to (sub-)axes of the mesh."""
+        return tuple(AxisRef.parse(a) for a in self.axes)
 
     @property
     def axes_label(self) -> str:
@@ -579,7 +588,7 @@ class Audit:
         return sum(
             c.traffic_bytes * c.count
             for c in self.collectives
-            if any(a == axis or a.startswith(axis + ":(") for a in c.axes)
+            if any(ref.name == axis for ref in c.axis_refs)
         )
 
     @property
@@ -590,14 +599,13 @@ class Audit:
     def _order(self, c: Collective) -> tuple[Any, ...]:
         names = list(self.mesh_axes)
 
-        def axis_rank(a: str) -> int:
-            base = a.split(":(")[0]
-            return names.index(base) if base in names else len(names)
+        def axis_rank(ref: AxisRef) -> int:
+            return names.index(ref.name) if ref.name in names else len(names)
 
         return (
             c.irregular,
             not c.axes,
-            tuple(axis_rank(a) for a in c.axes),
+            tuple(axis_rank(ref) for ref in c.axis_refs),
             c.axes,
             _kind_rank(c.kind),
             c.source or "",

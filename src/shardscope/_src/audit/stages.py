@@ -130,22 +130,22 @@ def _sharding_leaves(args: Any) -> list[Any]:
     return out
 
 
-def lower(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``jax.stages.Lowered`` of ``target`` on ``args`` (jit-like callable, or a plain one).
+def lower(program: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``jax.stages.Lowered`` of ``program`` on ``args`` (jit-like callable, or a plain one).
 
     ``kwargs`` are options for ``jax.jit`` (for a plain function, or to re-jit).
     """
 
-    if kwargs or not hasattr(target, "lower"):
-        if not callable(target):
+    if kwargs or not hasattr(program, "lower"):
+        if not callable(program):
             raise ShardscopeError(
                 f"audit() needs a jitted function (jax.jit, flax.nnx.jit, equinox.filter_jit "
                 f"or another library's), a plain function, a Lowered or Compiled, or HLO "
-                f"text; got {_describe(target)}"
+                f"text; got {_describe(program)}"
             )
-        fn = jax.jit(target, **kwargs)
+        fn = jax.jit(program, **kwargs)
     else:
-        fn = target
+        fn = program
     try:
         got = fn.lower(*args)
     except Exception as e:
@@ -165,7 +165,7 @@ def lower(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     lowered = unwrap_stage(got, jax.stages.Lowered)
     if lowered is None:
         raise ShardscopeError(
-            f"{_describe(target)}.lower(...) returned {_describe(got)}, which is neither a "
+            f"{_describe(program)}.lower(...) returned {_describe(got)}, which is neither a "
             f"jax.stages.Lowered nor a wrapper holding one; pass the jax.jit function, its "
             f"Lowered or its Compiled instead"
         )

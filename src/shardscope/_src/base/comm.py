@@ -24,25 +24,36 @@ from typing import TypeVar
 
 from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.base.records import Record
+from shardscope._src.base.vocab import Vocab
 
-ALL_REDUCE = "all-reduce"
-ALL_GATHER = "all-gather"
-REDUCE_SCATTER = "reduce-scatter"
-ALL_TO_ALL = "all-to-all"
-RAGGED_ALL_TO_ALL = "ragged-all-to-all"
-COLLECTIVE_PERMUTE = "collective-permute"
-COLLECTIVE_BROADCAST = "collective-broadcast"
+
+class CollectiveKind(Vocab):
+    """The collective kinds the audit reports (HLO opcodes), in the order tables list them."""
+
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    RAGGED_ALL_TO_ALL = "ragged-all-to-all"
+    COLLECTIVE_PERMUTE = "collective-permute"
+    COLLECTIVE_BROADCAST = "collective-broadcast"
+
+
+ALL_REDUCE = CollectiveKind.ALL_REDUCE
+ALL_GATHER = CollectiveKind.ALL_GATHER
+REDUCE_SCATTER = CollectiveKind.REDUCE_SCATTER
+ALL_TO_ALL = CollectiveKind.ALL_TO_ALL
+RAGGED_ALL_TO_ALL = CollectiveKind.RAGGED_ALL_TO_ALL
+COLLECTIVE_PERMUTE = CollectiveKind.COLLECTIVE_PERMUTE
+COLLECTIVE_BROADCAST = CollectiveKind.COLLECTIVE_BROADCAST
 
 #: Every collective kind the audit reports, in the order tables list them.
-KINDS: tuple[str, ...] = (
-    ALL_REDUCE,
-    ALL_GATHER,
-    REDUCE_SCATTER,
-    ALL_TO_ALL,
-    RAGGED_ALL_TO_ALL,
-    COLLECTIVE_PERMUTE,
-    COLLECTIVE_BROADCAST,
-)
+KINDS: tuple[CollectiveKind, ...] = tuple(CollectiveKind)
+
+#: The kinds whose payload is exchanged among the group, each device receiving a part.
+EXCHANGES = frozenset({ALL_TO_ALL, RAGGED_ALL_TO_ALL})
+#: The kinds that move one device's buffer to others rather than combining the group's.
+POINT_TO_POINT = frozenset({COLLECTIVE_PERMUTE, COLLECTIVE_BROADCAST})
 
 # Bytes sent per device as a fraction num(n) / den(n) of the payload S.
 _FRACTIONS = {

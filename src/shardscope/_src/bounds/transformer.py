@@ -15,11 +15,8 @@ from shardscope._src.base.comm import (
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
-from shardscope._src.model.config import LAYER_PARAMS, param_shapes
-from shardscope._src.sharding.strategies import Placement
-
-MODES = ("forward", "train")
-
+from shardscope._src.model.config import LAYER_PARAMS, Mode, param_shapes
+from shardscope._src.sharding.strategies import Placement, Role
 
 # -- transformer strategies -----------------------------------------------------------------
 
@@ -32,7 +29,7 @@ def _group(placement: Placement, roles: Sequence[str]) -> tuple[tuple[str, ...],
     return axes, math.prod(sizes[a] for a in axes)
 
 
-def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
+def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     """Minimum communication of the reference model under a strategy's placement.
 
     Per layer (``A`` = one data shard's activations ``batch/data x seq x d_model``):
@@ -58,24 +55,23 @@ def transformer_bound(placement: Placement, mode: str = "forward") -> Bound:
     >>> b.counts()
     {'all-reduce': 4}
     """
-    if mode not in MODES:
-        raise StrategyError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    Mode.parse(mode, what="mode", error=StrategyError)
     s, c = placement.strategy, placement.config
-    L, train = c.layers, mode == "train"
+    L, train = c.layers, mode == Mode.TRAIN
     terms: list[Term] = []
     notes: list[Note] = []
-    _, n_data = _group(placement, ["data"]) if s.batch_role else ((), 1)
-    model_axes, t = _group(placement, ["model"])
+    _, n_data = _group(placement, [Role.DATA]) if s.batch_role else ((), 1)
+    model_axes, t = _group(placement, [Role.MODEL])
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
 
-    if "model" in s.roles:
+    if Role.MODEL in s.roles:
         terms += _activation_terms(s.sequence_parallel, model_axes, t, activation, L, train)
     storage = s.param_rules()
     for name, shape in param_shapes(c).items():
         terms += _weight_terms(placement, name, shape, train)
     if train:
         terms += _loss_terms(placement)
-        if "data" in storage["wqkv"]:
+        if Role.DATA in storage["wqkv"]:
             notes.append(Note(BoundNote.FSDP_KEEPS_GATHERED))
     return Bound(f"{placement.name} {mode}", tuple(terms), tuple(notes))
 
@@ -142,12 +138,12 @@ def _weight_terms(
     count = c.layers if name in LAYER_PARAMS else 1
     one = shape[1:] if name in LAYER_PARAMS else shape
     used_roles = (use or storage)[name]
-    model_ways = math.prod(placement.role_size(r) for r in used_roles if r == "model")
+    model_ways = math.prod(placement.role_size(r) for r in used_roles if r == Role.MODEL)
     payload = math.prod(one) * c.itemsize // model_ways  # as the data group sees it
     scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
-    data_sharded = "data" in storage[name]
-    grads_sharded = train and "data" in s.grad_rules()[name]
-    data_axes, n_data = _group(placement, ["data"])
+    data_sharded = Role.DATA in storage[name]
+    grads_sharded = train and Role.DATA in s.grad_rules()[name]
+    data_axes, n_data = _group(placement, [Role.DATA])
     terms: list[Term] = []
     if data_sharded:
         what = f"{name} gathered at use"
@@ -157,7 +153,7 @@ def _weight_terms(
         what = f"{name} gradient reduce-scattered to its shards"
         role = TermRole.GRADIENT_SCATTER
         terms += _term(REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope, role)
-    if train and not data_sharded and "data" in s.optimizer_rules()[name]:
+    if train and not data_sharded and Role.DATA in s.optimizer_rules()[name]:
         what = f"{name} updated shards gathered (ZeRO)"
         role = TermRole.UPDATE_GATHER
         terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
@@ -166,10 +162,10 @@ def _weight_terms(
     # parallelism, 'model' for weights it does not split (norm gains, embeddings).
     # One all-reduce over all of them at once is cheaper than one per axis.
     partial = []
-    if s.batch_role == "data" and not grads_sharded:
-        partial.append("data")
-    if s.sequence_parallel and "model" not in used_roles:
-        partial.append("model")
+    if s.batch_role == Role.DATA and not grads_sharded:
+        partial.append(Role.DATA)
+    if s.sequence_parallel and Role.MODEL not in used_roles:
+        partial.append(Role.MODEL)
     if train and partial:
         axes, n = _group(placement, partial)
         what = f"{name} gradient summed over token shards"
@@ -183,9 +179,12 @@ def _loss_terms(placement: Placement) -> list[Term]:
     s = placement.strategy
     token_roles = [
         r
-        for r in ("data", "model")
+        for r in (Role.DATA, Role.MODEL)
         if r in placement.axes
-        and ((r == "data" and s.batch_role == "data") or (r == "model" and s.sequence_parallel))
+        and (
+            (r == Role.DATA and s.batch_role == Role.DATA)
+            or (r == Role.MODEL and s.sequence_parallel)
+        )
     ]
     axes, n = _group(placement, token_roles)
     what = "scalar loss summed over token shards"

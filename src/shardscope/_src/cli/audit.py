@@ -38,6 +38,7 @@ from shardscope._src.cli.config import (
 from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
+from shardscope._src.model.config import MODES, Mode
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.sharding.demos import DEFAULT_MESH, check_demo, get_demo
@@ -261,7 +262,7 @@ def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:  # typ
     _target_option(tf)
     tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
     tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
-    tf.add_argument("--mode", choices=["forward", "train"], default="forward")
+    tf.add_argument("--mode", choices=list(MODES), default=Mode.FORWARD)
     tf.add_argument(
         "--impl",
         choices=["jit", "shard_map"],

@@ -13,7 +13,7 @@ from shardscope._src.base.errors import MeshSpecError
 from shardscope._src.base.records import write_result
 from shardscope._src.bounds.matmul import matmul_problem
 from shardscope._src.mesh import ensure_devices_for
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.render.verdict import render_verdict
@@ -54,7 +54,7 @@ def run_transformer_command(
     layers: int | None = None,
     json_path: str | None = None,
     *,
-    mode: str = "forward",
+    mode: str = Mode.FORWARD,
     impl: str = "jit",
     constraints: bool = True,
     d_model: int | None = None,

@@ -28,6 +28,7 @@ from shardscope._src.cli.args import (
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import PlanConfig
 from shardscope._src.cli.paths import check_file_path, check_output_paths
+from shardscope._src.model.config import MODES, Mode
 from shardscope._src.model.presets import MODEL_PRESETS
 from shardscope._src.plan.program import plan_program
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
@@ -57,7 +58,7 @@ def run_plan_command(
     dims: Mapping[str, int | None] | None = None,
     batch: int | None = None,
     seq: int | None = None,
-    mode: str = "train",
+    mode: str = Mode.TRAIN,
     hardware: str = "h100",
     hardware_overrides: Mapping[str, float] | None = None,
     strategies: Sequence[str] | None = None,
@@ -312,7 +313,7 @@ def _plan_shape_options(p: argparse.ArgumentParser) -> None:
         help="global batch in sequences (default: one per device)",
     )
     p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
-    p.add_argument("--mode", choices=["train", "forward"], default="train")
+    p.add_argument("--mode", choices=list(MODES), default=Mode.TRAIN)
 
 
 def _plan_hardware_options(p: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardscope._src.base.errors import HloParseError
+from shardscope._src.base.vocab import Vocab
 from shardscope._src.hlo.parse import MAX_MODULE_DEVICES, read_int
 
 # Digits are ASCII digits (re.ASCII): Python's \d also takes those of other scripts.
@@ -52,6 +53,19 @@ _MAX_RANK = 32
 #: forms (each form is expanded once however many collectives print it): a real program prints
 #: a few forms per mesh axis, e.g. 16 forms of 8,192 devices or 64 of 2,048 (2**17 ids).
 MAX_GROUP_IDS_PER_MODULE = 2**17
+
+
+class GroupMode(Vocab):
+    """XLA's ``CollectiveOpGroupMode``: what the ids of a collective's groups count."""
+
+    #: replica ids (each partition on its own when there is one replica)
+    REPLICA = "replica"
+    #: partition ids
+    PARTITION = "partition"
+    #: replica ids, each group spanning every partition
+    REPLICA_AND_PARTITION = "replica_and_partition"
+    #: global device ids (``use_global_device_ids=true``)
+    FLATTENED = "flattened"
 
 
 @dataclass(frozen=True)
@@ -319,12 +333,55 @@ def _mesh_groups(
     return tuple(map(tuple, arr.tolist()))
 
 
+_SUB_AXIS = re.compile(r"(.*):\(([0-9]+)\)([0-9]+)", re.ASCII | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class AxisRef:
+    """A mesh axis, or a sub-axis of one (Shardy's ``name:(pre)size``): the axis ``name``
+    split into factors, the sub-axis is the factor of ``size`` after (minor to) factors of
+    ``pre`` devices in all, so its devices sit ``axis size / (pre * size)`` apart along the
+    axis; ``size`` None is the whole axis.
+
+    Written as :attr:`label` in tables and JSON (``'mp'``, ``'mp:(2)2'``); :meth:`parse`
+    reads a label back.
+
+    >>> AxisRef("mp", 2, 2).label, AxisRef.parse("mp:(2)2"), AxisRef.parse("mp").label
+    ('mp:(2)2', AxisRef(name='mp', pre=2, size=2), 'mp')
+    """
+
+    name: str
+    pre: int = 1
+    size: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.size is None else f"{self.name}:({self.pre}){self.size}"
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def parse(cls, label: str) -> AxisRef:
+        """The reference a :attr:`label` writes (a name without the suffix is a whole axis)."""
+        return _parse_axis_ref(label)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_axis_ref(label: str) -> AxisRef:
+    m = _SUB_AXIS.fullmatch(label)
+    if m is None:
+        return AxisRef(label)
+    return AxisRef(m.group(1), int(m.group(2)), int(m.group(3)))
+
+
 @dataclass(frozen=True)
 class AxisMatch:
     """The user's mesh axes a set of groups runs over.
 
-    ``axes`` is in mesh order; a sub-axis is written ``'name:(pre)size'``. ``irregular`` is
-    True when the groups fit no set of axes (``axes`` is then empty and ``reason`` says why).
+    ``axes`` is in mesh order, each the :attr:`AxisRef.label` of an axis or sub-axis
+    (``'name:(pre)size'``). ``irregular`` is True when the groups fit no set of axes (``axes``
+    is then empty and ``reason`` says why).
     """
 
     axes: tuple[str, ...]
@@ -494,7 +551,8 @@ def axes_of_groups(groups: Sequence[Sequence[int]], mesh_axes: Mapping[str, int]
                 )
                 break
             for pre, k in subs:
-                labels.append(names[d] if k == size else f"{names[d]}:({pre}){k}")
+                ref = AxisRef(names[d]) if k == size else AxisRef(names[d], pre, k)
+                labels.append(ref.label)
         if verdict is None and spans != group_size:
             verdict = AxisMatch(
                 (), group_size, True, "the group is not every combination of its axes"

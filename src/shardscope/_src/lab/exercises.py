@@ -16,12 +16,12 @@ from typing import Any
 import jax
 
 from shardscope._src.audit.compile import audit
-from shardscope._src.base.comm import Totals, group_totals
+from shardscope._src.base.comm import CollectiveKind, Totals, group_totals
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import parse_mesh_spec
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.sharding.numerics import compare_numerics
-from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.verdict import transformer_verdict
 
 #: The names of the checks, in order.
@@ -103,7 +103,7 @@ class _Exercises:
 
     @cached_property
     def tp_program(self) -> Any:
-        return build_program("tp", self.config, self.mesh_spec)
+        return build_reference_program("tp", self.config, self.mesh_spec)
 
     @cached_property
     def tp_audit(self) -> Any:
@@ -111,7 +111,9 @@ class _Exercises:
 
     @cached_property
     def twin_audit(self) -> Any:
-        return audit(build_program("tp", self.config, self.mesh_spec, impl="shard_map").lower())
+        return audit(
+            build_reference_program("tp", self.config, self.mesh_spec, impl="shard_map").lower()
+        )
 
     def measured(self, name: str) -> dict[str, Any]:
         """What the check ``name`` measured (empty when it raised first)."""
@@ -135,9 +137,9 @@ class _Exercises:
 
         def exact_minimum() -> tuple[bool, dict[str, Any]]:
             result = self.tp_audit
-            bound = transformer_bound(self.tp_program.placement, "forward")
+            bound = transformer_bound(self.tp_program.placement, Mode.FORWARD)
             counts = {k: v for k, v in result.counts().items() if v}
-            want = {"all-reduce": 2 * config.layers}
+            want = {CollectiveKind.ALL_REDUCE: 2 * config.layers}
             if counts != want:
                 raise AssertionError(f"collectives {counts}, expected exactly {want}")
             if _per_axis_kind(result) != _bound_per_axis_kind(bound):

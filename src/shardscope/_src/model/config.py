@@ -1,35 +1,55 @@
-"""The reference decoder: RMSNorm, causal attention (multi-head or grouped-query) and an MLP
-(GELU or SwiGLU), in plain JAX.
-
-Parameters are a plain dict pytree with the layers stacked on a leading axis, so the same
-parameters run unrolled or under ``lax.scan``. The forward pass calls a :class:`Hooks` object
-at the points where a parallel strategy constrains or communicates (a sublayer's entry, its
-per-head and hidden activations, its exit), so one model serves the unsharded reference, every
-jit strategy (sharding constraints) and the shard_map twins (explicit collectives). Each
-sublayer runs inside ``jax.named_scope("attention")`` or ``("mlp")``: the compiled program's
-``op_name`` metadata then says which sublayer a collective belongs to.
+"""The reference decoder's description: :class:`ModelConfig` (its shape and how its step is
+computed), the names of its parameters and their shapes, and the vocabularies of a step
+(:class:`Mode`, :class:`Remat`). Plain data, no JAX; the model itself is
+:mod:`shardscope._src.model.transformer`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.ad_checkpoint import checkpoint_name
-
 from shardscope._src.base.errors import ModelConfigError, is_int
 from shardscope._src.base.records import Record
+from shardscope._src.base.vocab import Vocab
+
+
+class Mode(Vocab):
+    """Which step of the model a program runs.
+
+    The reference programs, their bounds and verdicts (``build_reference_program``,
+    ``transformer_bound``, ``transformer_verdict``, ``shardscope audit transformer``) default
+    to :attr:`FORWARD`, the first look at a strategy's collectives; the planner (``plan``,
+    ``screen``, ``estimate_memory``, ``step_bound``, ``model_flops``, ``shardscope plan``)
+    defaults to :attr:`TRAIN`, the step a cluster is budgeted for.
+    """
+
+    #: the training step: forward, backward (the loss's gradients), no optimizer update
+    TRAIN = "train"
+    #: the forward pass alone
+    FORWARD = "forward"
+
+
+#: The modes, in the order choices are listed.
+MODES: tuple[Mode, ...] = tuple(Mode)
+
+
+class Remat(Vocab):
+    """Activation recomputation in the backward pass."""
+
+    #: every activation kept
+    NONE = "none"
+    #: the attention scores and probabilities recomputed
+    SELECTIVE = "selective"
+    #: each layer's forward recomputed; only its input kept
+    FULL = "full"
+
 
 DTYPES = ("float32", "bfloat16", "float16")
 MLPS = ("gelu", "swiglu")
 ATTENTIONS = ("dense", "blocked")
-REMATS = ("none", "selective", "full")
-_EPS = 1e-6
+REMATS: tuple[Remat, ...] = tuple(Remat)
 
 
 #: The largest dimension a config takes: far beyond any model, and short of where XLA's shape
@@ -79,7 +99,7 @@ class ModelConfig(Record):
     tie_embeddings: bool = False
     attention: str = "dense"
     attention_block: int = 512
-    remat: str = "none"
+    remat: str = Remat.NONE
 
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "attention_block"):
@@ -218,404 +238,3 @@ def flat_params(tree: dict[str, Any]) -> dict[str, Any]:
     out = dict(tree["layers"])
     out.update({k: v for k, v in tree.items() if k != "layers"})
     return out
-
-
-def abstract_params(config: ModelConfig) -> dict[str, Any]:
-    """The parameter pytree as ``jax.ShapeDtypeStruct`` leaves: nothing is allocated."""
-
-    dtype = jnp.dtype(config.dtype)
-    return split_params(
-        {k: jax.ShapeDtypeStruct(s, dtype) for k, s in param_shapes(config).items()}
-    )
-
-
-def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
-    """Random parameters: weights ~ N(0, 1/fan_in), norm gains ~ 1 + N(0, 0.1^2).
-
-    Drawn with NumPy's generator (seeded, on the host): no compile, unlike ``jax.random``.
-    """
-
-    rng = np.random.default_rng(seed)
-    dtype = jnp.dtype(config.dtype)
-    fan_in = {
-        "wqkv": config.d_model,
-        "wo": config.heads * (config.head_dim or 1),
-        "w_up": config.d_model,
-        "w_gate_up": config.d_model,
-        "w_down": config.ff,
-        "embed": 1,
-        "unembed": config.d_model,
-    }
-    flat = {}
-    for name, shape in param_shapes(config).items():
-        noise = rng.standard_normal(shape, dtype=np.float32)
-        if name.endswith("norm"):
-            value = 1.0 + 0.1 * noise
-        else:
-            value = noise / np.float32(math.sqrt(fan_in[name]))
-        flat[name] = jnp.asarray(value, dtype=dtype)
-    return split_params(flat)
-
-
-def abstract_batch(config: ModelConfig) -> tuple[Any, Any]:
-    """``(inputs, targets)`` as ``jax.ShapeDtypeStruct``: tokens with a vocab, else activations."""
-
-    if config.vocab is None:
-        act = jax.ShapeDtypeStruct((config.batch, config.seq, config.d_model), config.dtype)
-        return act, act
-    tok = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
-    return tok, tok
-
-
-def init_batch(config: ModelConfig, seed: int = 1) -> tuple[Any, Any]:
-    """A random ``(inputs, targets)`` pair of the shapes :func:`abstract_batch` gives."""
-
-    rng = np.random.default_rng(seed)
-    if config.vocab is None:
-        shape = (config.batch, config.seq, config.d_model)
-        return tuple(  # type: ignore[return-value]
-            jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=config.dtype)
-            for _ in range(2)
-        )
-    shape = (config.batch, config.seq)
-    return tuple(  # type: ignore[return-value]
-        jnp.asarray(rng.integers(0, config.vocab, shape), dtype=jnp.int32) for _ in range(2)
-    )
-
-
-# -- hooks -----------------------------------------------------------------------------------
-
-
-class Hooks:
-    """Where a parallel strategy acts on the forward pass. The base class changes nothing.
-
-    ``scope`` is ``"attention"`` or ``"mlp"``. Shapes are global under jit and per-device
-    inside shard_map.
-    """
-
-    def residual(self, x: Any) -> Any:
-        """The residual stream ``[batch, seq, d_model]`` between sublayers."""
-        return x
-
-    def enter(self, scope: str, h: Any) -> Any:
-        """The normed input of a sublayer, just before its first matmul."""
-        return h
-
-    def heads(self, x: Any) -> Any:
-        """Queries, keys and values ``[batch, seq, heads, head_dim]``."""
-        return x
-
-    def hidden(self, x: Any) -> Any:
-        """The MLP hidden activation ``[batch, seq, ff]``."""
-        return x
-
-    def exit(self, scope: str, y: Any) -> Any:
-        """A sublayer's output ``[batch, seq, d_model]``, before the residual add."""
-        return y
-
-    def weight(self, name: str, w: Any) -> Any:
-        """A weight (one layer's slice for layer weights) at its use."""
-        return w
-
-
-NO_HOOKS = Hooks()
-
-
-# -- forward pass --------------------------------------------------------------------------
-
-
-def rms_norm(x: Any, gain: Any) -> Any:
-
-    x32 = x.astype(jnp.float32)
-    scale = jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + _EPS))
-    return (x32 * scale).astype(x.dtype) * gain
-
-
-def attention(
-    p: dict[str, Any], x: Any, hooks: Hooks, *, impl: str = "dense", block: int = 512
-) -> Any:
-    """Causal self-attention sublayer (pre-norm), multi-head or grouped-query; returns its
-    output only. ``impl`` ``"dense"`` materialises the scores, ``"blocked"`` runs
-    :func:`blocked_attention`."""
-
-    with jax.named_scope("attention"):
-        h = hooks.enter("attention", rms_norm(x, hooks.weight("attn_norm", p["attn_norm"])))
-        qkv = jnp.einsum("bsd,dkgh->bskgh", h, hooks.weight("wqkv", p["wqkv"]))
-        batch, seq, kv, slots, hd = qkv.shape
-        group = slots - 2
-        q = hooks.heads(qkv[:, :, :, :group].reshape(batch, seq, kv * group, hd))
-        q = q.reshape(batch, seq, kv, group, hd)
-        k = hooks.heads(qkv[:, :, :, group])
-        v = hooks.heads(qkv[:, :, :, group + 1])
-        if impl == "blocked":
-            o = blocked_attention(q, k, v, block)
-        else:
-            o = dense_attention(q, k, v)
-        o = hooks.heads(o.reshape(batch, seq, kv * group, hd))
-        out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
-        return hooks.exit("attention", out)
-
-
-def dense_attention(q: Any, k: Any, v: Any) -> Any:
-    """Causal attention with the whole ``[seq, seq]`` score matrix per head.
-
-    ``q`` is ``[batch, seq, kv_heads, q_per_kv, head_dim]``, ``k`` and ``v`` are
-    ``[batch, seq, kv_heads, head_dim]``; returns the shape of ``q``. The scores and
-    probabilities are named ``attention_scores`` and ``attention_probs`` for
-    ``jax.checkpoint`` policies (selective recomputation drops them).
-    """
-
-    seq = q.shape[1]
-    scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32)
-    scores = checkpoint_name(scores / math.sqrt(q.shape[-1]), "attention_scores")
-    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-    probs = checkpoint_name(jax.nn.softmax(scores, axis=-1).astype(v.dtype), "attention_probs")
-    return jnp.einsum("bkgqs,bskh->bqkgh", probs, v)
-
-
-def attention_block_size(seq: int, block: int) -> int:
-    """The key block :func:`blocked_attention` uses: the largest divisor of ``seq`` up to
-    ``block``."""
-    return max(d for d in range(1, min(seq, block) + 1) if seq % d == 0)
-
-
-_MASKED = -1e30  # a masked score: exp() of it minus any real maximum is exactly 0
-
-
-def _block_scores(q: Any, kj: Any, j: Any, blk: int) -> Any:
-
-    seq = q.shape[1]
-    s = jnp.einsum("bqkgh,bskh->bkgqs", q, kj, preferred_element_type=jnp.float32)
-    s = s / math.sqrt(q.shape[-1])
-    visible = jnp.arange(seq)[:, None] >= (j * blk + jnp.arange(blk))[None, :]
-    return jnp.where(visible, s, _MASKED)
-
-
-def _by_block(x: Any, blk: int) -> Any:
-    """``[batch, seq, ...]`` -> ``[seq / blk, batch, blk, ...]`` (the scanned axis first)."""
-
-    b, s = x.shape[:2]
-    return jnp.moveaxis(x.reshape(b, s // blk, blk, *x.shape[2:]), 1, 0)
-
-
-def _from_blocks(x: Any) -> Any:
-
-    x = jnp.moveaxis(x, 0, 1)
-    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
-
-
-def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
-
-    b, seq, kv, g, hd = q.shape
-    m0 = jnp.full((b, kv, g, seq), -jnp.inf, jnp.float32)
-    l0 = jnp.zeros((b, kv, g, seq), jnp.float32)
-    acc0 = jnp.zeros((b, seq, kv, g, hd), jnp.float32)
-    blocks = (jnp.arange(seq // blk), _by_block(k, blk), _by_block(v, blk))
-
-    def step(carry: Any, xs: Any) -> Any:
-        m, total, acc = carry
-        j, kj, vj = xs
-        s = _block_scores(q, kj, j, blk)
-        m_new = jnp.maximum(m, s.max(axis=-1))
-        p = jnp.exp(s - m_new[..., None])
-        scale = jnp.exp(m - m_new)
-        total = total * scale + p.sum(axis=-1)
-        pv = jnp.einsum(
-            "bkgqs,bskh->bqkgh", p.astype(v.dtype), vj, preferred_element_type=jnp.float32
-        )
-        acc = acc * jnp.moveaxis(scale, 3, 1)[..., None] + pv
-        return (m_new, total, acc), None
-
-    (m, total, acc), _ = jax.lax.scan(step, (m0, l0, acc0), blocks)
-    o = (acc / jnp.moveaxis(total, 3, 1)[..., None]).astype(q.dtype)
-    return o, m + jnp.log(total)
-
-
-def _blocked_backward(blk: int, res: Any, do: Any) -> tuple[Any, Any, Any]:
-
-    q, k, v, o, lse = res
-    seq = q.shape[1]
-    delta = jnp.moveaxis(
-        jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1), 1, 3
-    )  # [b, kv, g, seq]
-    blocks = (jnp.arange(seq // blk), _by_block(k, blk), _by_block(v, blk))
-
-    def step(dq: Any, xs: Any) -> Any:
-        j, kj, vj = xs
-        p = jnp.exp(_block_scores(q, kj, j, blk) - lse[..., None])
-        dv = jnp.einsum(
-            "bkgqs,bqkgh->bskh", p.astype(do.dtype), do, preferred_element_type=jnp.float32
-        )
-        dp = jnp.einsum("bqkgh,bskh->bkgqs", do, vj, preferred_element_type=jnp.float32)
-        ds = (p * (dp - delta[..., None]) / math.sqrt(q.shape[-1])).astype(q.dtype)
-        dq = dq + jnp.einsum("bkgqs,bskh->bqkgh", ds, kj, preferred_element_type=jnp.float32)
-        dk = jnp.einsum("bkgqs,bqkgh->bskh", ds, q, preferred_element_type=jnp.float32)
-        return dq, (dk.astype(k.dtype), dv.astype(v.dtype))
-
-    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), blocks)
-    return dq.astype(q.dtype), _from_blocks(dk), _from_blocks(dv)
-
-
-def _make_blocked() -> Any:
-
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-    def run(q: Any, k: Any, v: Any, blk: int) -> Any:
-        return _blocked_forward(q, k, v, blk)[0]
-
-    def fwd(q: Any, k: Any, v: Any, blk: int) -> Any:
-        o, lse = _blocked_forward(q, k, v, blk)
-        return o, (q, k, v, o, lse)
-
-    run.defvjp(fwd, _blocked_backward)
-    return run
-
-
-_BLOCKED: list[Any] = []
-
-
-def blocked_attention(q: Any, k: Any, v: Any, block: int = 512) -> Any:
-    """Causal attention over key blocks with a running softmax: memory-efficient attention
-    (Rabe and Staats, arXiv 2112.05682; the FlashAttention recurrence, arXiv 2205.14135).
-
-    Same arguments and result as :func:`dense_attention`. Only ``[seq, block]`` scores exist
-    at a time; the backward pass keeps ``q``, ``k``, ``v``, the output and the per-query
-    log-sum-exp, and recomputes each block's scores.
-    """
-    if not _BLOCKED:
-        _BLOCKED.append(_make_blocked())
-    return _BLOCKED[0](q, k, v, attention_block_size(q.shape[1], block))
-
-
-def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
-    """MLP sublayer (pre-norm): GELU with ``w_up``, or SwiGLU with ``w_gate_up``; returns its
-    output only."""
-
-    with jax.named_scope("mlp"):
-        h = hooks.enter("mlp", rms_norm(x, hooks.weight("mlp_norm", p["mlp_norm"])))
-        if "w_gate_up" in p:
-            gu = jnp.einsum("bsd,dtf->bstf", h, hooks.weight("w_gate_up", p["w_gate_up"]))
-            u = hooks.hidden(jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1])
-        else:
-            up = jnp.einsum("bsd,df->bsf", h, hooks.weight("w_up", p["w_up"]))
-            u = hooks.hidden(jax.nn.gelu(up))
-        out = jnp.einsum("bsf,fd->bsd", u, hooks.weight("w_down", p["w_down"]))
-        return hooks.exit("mlp", out)
-
-
-def decoder_layer(
-    p: dict[str, Any],
-    x: Any,
-    hooks: Hooks = NO_HOOKS,
-    *,
-    attention_impl: str = "dense",
-    attention_block: int = 512,
-) -> tuple[Any, dict[str, Any]]:
-    """One layer: ``x + attention(x)``, then ``+ mlp(.)``. Returns the new residual and the
-    two sublayer outputs (for per-scope numerics)."""
-    a = attention(p, x, hooks, impl=attention_impl, block=attention_block)
-    x = hooks.residual(x + a)
-    m = mlp(p, x, hooks)
-    x = hooks.residual(x + m)
-    return x, {"attention": a, "mlp": m}
-
-
-def remat_policy(remat: str) -> Any:
-    """The ``jax.checkpoint`` policy of a recomputation choice: ``"full"`` saves nothing
-    inside a layer (its input is kept by the layer loop), ``"selective"`` everything but the
-    attention scores and probabilities (Korthikanti et al., arXiv 2205.05198, section 5)."""
-
-    if remat == "full":
-        return jax.checkpoint_policies.nothing_saveable
-    return jax.checkpoint_policies.save_anything_except_these_names(
-        "attention_scores", "attention_probs"
-    )
-
-
-def forward(
-    params: dict[str, Any],
-    inputs: Any,
-    config: ModelConfig,
-    hooks: Hooks = NO_HOOKS,
-    *,
-    capture: bool = False,
-) -> Any:
-    """The model's output: activations ``[batch, seq, d_model]``, or logits with a vocab.
-
-    With ``capture=True`` returns ``(output, {"attention": [layers, ...], "mlp": [...]})``,
-    the sublayer outputs of every layer.
-    """
-
-    if config.vocab is None:
-        x = inputs
-    else:
-        x = jnp.take(hooks.weight("embed", params["embed"]), inputs, axis=0)
-    x = hooks.residual(x)
-
-    def layer_step(layer: dict[str, Any], x: Any) -> tuple[Any, Any]:
-        return decoder_layer(
-            layer,
-            x,
-            hooks,
-            attention_impl=config.attention,
-            attention_block=config.attention_block,
-        )
-
-    if config.remat != "none":
-        layer_step = jax.checkpoint(layer_step, policy=remat_policy(config.remat))
-
-    def body(x: Any, layer: dict[str, Any]) -> tuple[Any, Any]:
-        x, sub = layer_step(layer, x)
-        return x, (sub if capture else None)
-
-    layers = params["layers"]
-    if config.scan:
-        x, captured = jax.lax.scan(body, x, layers, length=config.layers)
-    else:
-        subs = []
-        for i in range(config.layers):
-            x, sub = body(x, jax.tree.map(lambda w, i=i: w[i], layers))
-            subs.append(sub)
-        captured = jax.tree.map(lambda *xs: jnp.stack(xs), *subs) if capture else None
-
-    if config.vocab is not None:
-        x = rms_norm(x, hooks.weight("final_norm", params["final_norm"]))
-        if "unembed" in params:
-            x = jnp.einsum("bsd,dv->bsv", x, hooks.weight("unembed", params["unembed"]))
-        else:  # tied: the embedding's transpose
-            x = jnp.einsum("bsd,vd->bsv", x, hooks.weight("embed", params["embed"]))
-    return (x, captured) if capture else x
-
-
-def loss(
-    params: dict[str, Any],
-    batch: tuple[Any, Any],
-    config: ModelConfig,
-    hooks: Hooks = NO_HOOKS,
-) -> Any:
-    """Scalar float32 training loss: MSE against the target activations, or cross entropy."""
-    inputs, targets = batch
-    return loss_from_output(forward(params, inputs, config, hooks), targets, config)
-
-
-def loss_from_output(out: Any, targets: Any, config: ModelConfig) -> Any:
-    """The loss of a forward output against its targets (see :func:`loss`)."""
-
-    out = out.astype(jnp.float32)
-    if config.vocab is None:
-        return jnp.mean(jnp.square(out - targets.astype(jnp.float32)))
-    logp = jax.nn.log_softmax(out, axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return -jnp.mean(picked)
-
-
-def train_step(
-    params: dict[str, Any],
-    batch: tuple[Any, Any],
-    config: ModelConfig,
-    hooks: Hooks = NO_HOOKS,
-) -> tuple[Any, Any]:
-    """``(loss, grads)``: one step's communication without the optimizer's update, which is
-    local to each device for every strategy here."""
-
-    return jax.value_and_grad(loss)(params, batch, config, hooks)

@@ -2,7 +2,7 @@
 
 Each preset is the published shape (width, heads, key/value heads, head size, MLP kind and
 width, layers, vocabulary, tied or untied embeddings) and the parameter count its source
-states; the reference decoder (:mod:`shardscope._src.model.config`) then holds the same
+states; the reference decoder (:mod:`shardscope._src.model.transformer`) then holds the same
 weights: RMSNorm gains, the attention projections, the MLP matrices and the embeddings. GPT-3
 keeps its shape and GELU MLP; its LayerNorm biases, linear biases and learned positions (0.1%
 of its weights) are not modelled.

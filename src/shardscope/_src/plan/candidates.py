@@ -22,7 +22,7 @@ from typing import Any
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.mesh import parse_mesh_spec
-from shardscope._src.model.config import REMATS, ModelConfig
+from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     Schedule,
@@ -30,7 +30,7 @@ from shardscope._src.plan.estimates import (
     estimate_memory,
 )
 from shardscope._src.plan.timing import comm_items, step_bound, step_time, step_work
-from shardscope._src.plan.types import Candidate, Screened, Skipped, SkipReason
+from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped, SkipReason
 from shardscope._src.plan.validate import VALIDATED_STRATEGIES
 from shardscope._src.sharding.strategies import (
     Placement,
@@ -91,7 +91,7 @@ def candidates(
                 shapes = [(n // t, t) for t in divisors(n) if 1 < t < n]
             for shape in shapes:
                 spec = parse_mesh_spec(mesh_spec_for(name, shape))
-                lead = (("stage", p),) if p > 1 else ()
+                lead = ((STAGE_AXIS, p),) if p > 1 else ()
                 out.append(Candidate(name, lead + tuple(spec.items())))
     return out
 
@@ -111,7 +111,7 @@ def stage_options(
                 f"{', '.join(str(p) for p in divisors(config.layers) if devices % p == 0)}"
             )
         return (stages,)
-    if mode != "train":
+    if mode != Mode.TRAIN:
         return (1,)
     return tuple(
         p
@@ -126,10 +126,10 @@ def remat_options(
     """Recomputation choices to try. Selective recomputation drops the attention scores,
     which memory-efficient attention never keeps: with it, selective is no recomputation."""
 
-    if mode != "train":
-        return ("none",)
+    if mode != Mode.TRAIN:
+        return (Remat.NONE,)
     if remat is None:
-        return tuple(r for r in REMATS if not (flash_attention and r == "selective"))
+        return tuple(r for r in REMATS if not (flash_attention and r == Remat.SELECTIVE))
     chosen = (remat,) if isinstance(remat, str) else tuple(remat)
     for r in chosen:
         if r not in REMATS:
@@ -153,7 +153,7 @@ def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool)
 def _microbatch_options(placement: Placement, mode: str, microbatches: int | None) -> list[int]:
     batch = placement.config.batch
     per_shard = batch // data_ways(placement) if batch else 0
-    if mode != "train":
+    if mode != Mode.TRAIN:
         return [1]
     if microbatches is not None:
         return [microbatches] if per_shard and per_shard % microbatches == 0 else []
@@ -168,7 +168,7 @@ def screen(
     placement: Placement,
     config: ModelConfig,
     hw: Hardware,
-    mode: str = "train",
+    mode: str = Mode.TRAIN,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
 ) -> Screened:
@@ -210,7 +210,7 @@ def screen_all(
     hw: Hardware,
     strategies: Sequence[str] = DEFAULT_STRATEGIES,
     *,
-    mode: str = "train",
+    mode: str = Mode.TRAIN,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
     remat: str | Sequence[str] | None = None,
@@ -261,7 +261,9 @@ def screen_all(
             continue
         state = min(s.memory.model_state for s in options)
         if state > hw.memory_bytes:
-            what = "parameters, gradients and optimizer state" if mode == "train" else "parameters"
+            what = (
+                "parameters, gradients and optimizer state" if mode == Mode.TRAIN else "parameters"
+            )
             skipped.append(
                 Skipped(
                     cand.strategy,
@@ -281,7 +283,7 @@ def estimate(
     config: ModelConfig,
     hardware: str | Hardware = "h100",
     *,
-    mode: str = "train",
+    mode: str = Mode.TRAIN,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
 ) -> Screened:

@@ -5,12 +5,12 @@ bytes; and the time of the bound itself."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardscope._src.base.comm import KINDS, latency_steps
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.plan.estimates import crosses_nodes
-from shardscope._src.plan.types import AxisComm, PlanCollective
+from shardscope._src.plan.types import AxisComm, PlanCollective, axes_label
 from shardscope._src.targets.hardware import Hardware
 
 
@@ -48,36 +48,48 @@ def axis_comm(
 ) -> tuple[AxisComm, ...]:
     """The compiled ``collectives`` summed and timed per (mesh axes, kind), beside ``bound``'s
     bytes of the same axes and kind; rows in mesh-axis order, then by kind."""
-    bound_by = {(",".join(axes), kind): b for (axes, kind), b in bound.by_axes_kind().items()}
-    rows: dict[tuple[str, str], list[PlanCollective]] = {}
+    bound_by = {_Row(axes, False, kind): b for (axes, kind), b in bound.by_axes_kind().items()}
+    rows: dict[_Row, list[PlanCollective]] = {}
     for c in collectives:
-        rows.setdefault((c.axes_label, c.kind), []).append(c)
+        rows.setdefault(_Row(() if c.irregular else c.axes, c.irregular, c.kind), []).append(c)
     keys = set(rows) | set(bound_by)
     names = list(sizes)
 
-    def order(key: tuple[str, str]) -> tuple[Any, ...]:
-        label, kind = key
-        first = label.split(",")[0]
+    def order(row: _Row) -> tuple[Any, ...]:
+        first = row.axes[0] if row.axes else None
         return (
             names.index(first) if first in names else len(names),
-            label,
-            KINDS.index(kind) if kind in KINDS else len(KINDS),
+            row.label,
+            KINDS.index(row.kind) if row.kind in KINDS else len(KINDS),
         )
 
     out = []
-    for key in sorted(keys, key=order):
-        group = rows.get(key, [])
+    for row in sorted(keys, key=order):
+        group = rows.get(row, [])
         out.append(
             AxisComm(
-                axes=key[0],
-                kind=key[1],
+                axes=row.label,
+                kind=row.kind,
                 count=sum(c.count for c in group),
                 traffic_bytes=sum(c.traffic_bytes for c in group),
-                bound_bytes=bound_by.get(key, 0),
+                bound_bytes=bound_by.get(row, 0),
                 time_s=sum(collective_time(hw, sizes, c) for c in group),
                 crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group)
                 if group
-                else crosses_nodes(sizes, tuple(key[0].split(",")), hw.node_size),
+                else crosses_nodes(sizes, row.axes, hw.node_size),
             )
         )
     return tuple(out)
+
+
+class _Row(NamedTuple):
+    """One row of :func:`axis_comm`: the mesh axes (labels of axes and sub-axes), whether the
+    groups fit none, and the kind."""
+
+    axes: tuple[str, ...]
+    irregular: bool
+    kind: str
+
+    @property
+    def label(self) -> str:
+        return axes_label(self.axes, self.irregular)

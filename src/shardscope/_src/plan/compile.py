@@ -19,7 +19,7 @@ from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.types import Candidate, CompiledFacts, CompileTask, PlanCollective
 from shardscope._src.plan.worker import run_tasks
-from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import get_strategy
 
 #: ``progress(done, total, label)``, called as plans finish compiling.
@@ -68,7 +68,7 @@ def compile_facts(
     devs = list(jax.devices() if devices is None else devices)[:need]
     mesh = make_mesh(mesh_spec, devices=devs, axis_types="auto")
     placement = get_strategy(strategy).place(config, mesh)
-    lowered = build_program(placement, mode=mode, microbatches=microbatches).lower()
+    lowered = build_reference_program(placement, mode=mode, microbatches=microbatches).lower()
     t1 = time.perf_counter()
     result = audit(lowered, compiler_options=COMPILE_OPTIONS)
     t2 = time.perf_counter()

@@ -35,8 +35,8 @@ import numpy as np
 
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.records import Record, record_dict
-from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
-from shardscope._src.sharding.strategies import Placement
+from shardscope._src.model.config import LAYER_PARAMS, Mode, ModelConfig, Remat, param_shapes
+from shardscope._src.sharding.strategies import Placement, Role
 
 #: Mixed-precision Adam: bf16 params (2) + bf16 grads (2) + fp32 master, m, v (12).
 DEFAULT_BYTES_PER_PARAM = 16
@@ -76,11 +76,11 @@ class MemoryEstimate:
 
 def data_ways(placement: Placement) -> int:
     """How many ways the batch is split (1 when the strategy replicates it)."""
-    return placement.role_size("data") if placement.strategy.batch_role == "data" else 1
+    return placement.role_size(Role.DATA) if placement.strategy.batch_role == Role.DATA else 1
 
 
 def model_ways(placement: Placement) -> int:
-    return placement.role_size("model") if "model" in placement.strategy.roles else 1
+    return placement.role_size(Role.MODEL) if Role.MODEL in placement.strategy.roles else 1
 
 
 def elements_per_device(placement: Placement, rules: Mapping[str, Any]) -> int:
@@ -98,7 +98,7 @@ class Schedule(Record):
     ``remat`` (``none``, ``selective``, ``full``) and pipeline ``stages`` (1F1B)."""
 
     microbatches: int = 1
-    remat: str = "none"
+    remat: str = Remat.NONE
     stages: int = 1
 
     @property
@@ -151,11 +151,11 @@ def stored_activation_bytes_per_layer(
     """What one layer keeps per micro-batch under ``schedule.remat``: everything (none),
     everything but the attention scores (selective), its input only (full: ``2sbh``, or
     ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2)."""
-    if schedule.remat == "none":
+    if schedule.remat == Remat.NONE:
         return activation_bytes_per_layer(
             placement, flash_attention=flash_attention, microbatches=schedule.microbatches
         )
-    if schedule.remat == "selective":
+    if schedule.remat == Remat.SELECTIVE:
         return activation_bytes_per_layer(
             placement, flash_attention=True, microbatches=schedule.microbatches
         )
@@ -167,7 +167,7 @@ def stored_activation_bytes_per_layer(
 
 def estimate_memory(
     placement: Placement,
-    mode: str = "train",
+    mode: str = Mode.TRAIN,
     *,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
@@ -190,14 +190,14 @@ def estimate_memory(
     c = placement.config
     item = c.itemsize
     sched = schedule or Schedule()
-    if mode == "train" and bytes_per_param < 2 * item:
+    if mode == Mode.TRAIN and bytes_per_param < 2 * item:
         raise PlanError(
             f"bytes_per_param={bytes_per_param} is less than the parameter and its gradient "
             f"at {c.dtype} ({2 * item} bytes); use at least {2 * item} (16 for mixed-precision "
             f"Adam, 10 for the scaling book's convention)"
         )
     s = placement.strategy
-    train = mode == "train"
+    train = mode == Mode.TRAIN
     params = elements_per_device(placement, s.param_rules()) * item
     grads = elements_per_device(placement, s.grad_rules()) * item if train else 0
     optimizer = (
@@ -212,7 +212,7 @@ def estimate_memory(
         kept = stored_activation_bytes_per_layer(placement, sched, flash_attention=flash_attention)
         working = (
             activation_bytes_per_layer(placement, flash_attention=flash_attention, microbatches=m)
-            if sched.remat != "none"
+            if sched.remat != Remat.NONE
             else 0
         )
         activations = c.layers * kept * sched.in_flight + working + logits
@@ -221,7 +221,7 @@ def estimate_memory(
             activation_bytes_per_layer(placement, flash_attention=flash_attention) + logits
         )
     gathered = 0
-    if "data" in s.roles and any("data" in roles for roles in s.param_rules().values()):
+    if Role.DATA in s.roles and any(Role.DATA in roles for roles in s.param_rules().values()):
         layer = sum(
             math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
         )
@@ -238,7 +238,7 @@ def layer_matmul_params(config: ModelConfig) -> int:
     )
 
 
-def model_flops(config: ModelConfig, mode: str = "train") -> int:
+def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:
     """FLOPs of one step on all devices together (see :data:`FLOPS_CONVENTION`).
 
     >>> model_flops(ModelConfig(d_model=64, heads=8, ff=256, layers=2, batch=8, seq=16),
@@ -253,7 +253,7 @@ def model_flops(config: ModelConfig, mode: str = "train") -> int:
         + c.d_model * (c.vocab or 0)
     )
     forward = 2 * c.batch * c.seq * per_token
-    return 3 * forward if mode == "train" else forward
+    return 3 * forward if mode == Mode.TRAIN else forward
 
 
 def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int) -> bool:

@@ -42,7 +42,7 @@ from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.model.config import MAX_DIM, ModelConfig
+from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.candidates import (
     DEFAULT_COMPILE_TOP,
@@ -79,7 +79,6 @@ from shardscope._src.targets.hardware import hardware as get_hardware
 
 #: The most simulated devices a plan may ask for (see ``MAX_CPU_DEVICES``).
 MAX_DEVICES = MAX_CPU_DEVICES
-MODES = ("train", "forward")
 #: The largest array (bytes, 4 per element) a plan accepts; dimensions stop at ``MAX_DIM``.
 MAX_ARRAY_BYTES = 2**50
 
@@ -175,7 +174,7 @@ def plan(
     *,
     batch: int | None = None,
     seq: int | None = None,
-    mode: str = "train",
+    mode: str = Mode.TRAIN,
     hardware: str | Hardware = "h100",
     hardware_overrides: Mapping[str, float] | None = None,
     strategies: Sequence[str] | None = None,
@@ -336,8 +335,7 @@ def _check_sweep(
             f"simulated devices in one process; plan for {MAX_DEVICES} or fewer",
             param="devices",
         )
-    if mode not in MODES:
-        raise PlanError(f"mode {mode!r}: choose one of {', '.join(MODES)}", param="mode")
+    Mode.parse(mode, what="mode", error=PlanError, param="mode")
     if workers is not None and (not is_int(workers, 0)):
         raise PlanError(
             f"workers={workers!r}: must be 0 (this process) or a positive number", param="workers"
@@ -357,7 +355,7 @@ def _check_sweep(
 
 
 def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str) -> None:
-    if bytes_per_param < 2 * config.itemsize and mode == "train":
+    if bytes_per_param < 2 * config.itemsize and mode == Mode.TRAIN:
         raise PlanError(
             f"bytes_per_param={bytes_per_param} is less than a parameter and its gradient at "
             f"{config.dtype} ({2 * config.itemsize} bytes); use at least {2 * config.itemsize}",

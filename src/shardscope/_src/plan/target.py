@@ -28,7 +28,7 @@ from shardscope._src.plan.compile import Progress, plan_collective
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
 from shardscope._src.plan.validate import reduce_scatter_note
-from shardscope._src.sharding.programs import build_program
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import get_strategy
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
@@ -74,7 +74,7 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
 
     mesh = target_mesh(target, cand.stage_mesh_spec, axis_types="auto")
     placement = get_strategy(cand.strategy).place(config, mesh)
-    lowered = build_program(placement, mode=mode, microbatches=cand.microbatches).lower()
+    lowered = build_reference_program(placement, mode=mode, microbatches=cand.microbatches).lower()
     t0 = time.perf_counter()
     try:
         compiled = compile_lowered(lowered)

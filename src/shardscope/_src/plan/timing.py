@@ -45,12 +45,13 @@ from typing import Any
 
 import numpy as np
 
-from shardscope._src.base.comm import latency_steps
+from shardscope._src.base.comm import ALL_GATHER, REDUCE_SCATTER, latency_steps
 from shardscope._src.base.records import Record
+from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import mesh_axes
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
     Schedule,
     activation_bytes_per_layer,
@@ -60,7 +61,7 @@ from shardscope._src.plan.estimates import (
     model_ways,
     sequences_per_device,
 )
-from shardscope._src.sharding.strategies import Placement
+from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.hardware import Hardware
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
@@ -70,12 +71,27 @@ HBM_PASSES = 2
 #: (ZeRO, arXiv 1910.02054, section 3's mixed-precision Adam state).
 OPTIMIZER_BYTES = 28
 
-#: Classes of collectives for the overlap rules.
-CRITICAL = "critical"  # tensor / sequence parallel, on the critical path
-PER_MICROBATCH_FWD_BWD = "per-microbatch"  # FSDP gathers and reduce-scatters
-PER_MICROBATCH_BWD = "gradients"  # gradient reduce-scatters, as the backward produces them
-PER_STEP_BWD = "gradient-reduction"  # a once-per-step gradient reduction (DP, ZeRO-1)
-PER_STEP_FWD = "parameter-gather"  # ZeRO's all-gather of updated parameters
+
+class OverlapClass(Vocab):
+    """Classes of collectives for the overlap rules: what compute each one can hide behind."""
+
+    #: tensor / sequence parallel, on the critical path
+    CRITICAL = "critical"
+    #: FSDP gathers and reduce-scatters
+    PER_MICROBATCH_FWD_BWD = "per-microbatch"
+    #: gradient reduce-scatters, as the backward produces them
+    PER_MICROBATCH_BWD = "gradients"
+    #: a once-per-step gradient reduction (DP, ZeRO-1)
+    PER_STEP_BWD = "gradient-reduction"
+    #: ZeRO's all-gather of updated parameters
+    PER_STEP_FWD = "parameter-gather"
+
+
+CRITICAL = OverlapClass.CRITICAL
+PER_MICROBATCH_FWD_BWD = OverlapClass.PER_MICROBATCH_FWD_BWD
+PER_MICROBATCH_BWD = OverlapClass.PER_MICROBATCH_BWD
+PER_STEP_BWD = OverlapClass.PER_STEP_BWD
+PER_STEP_FWD = OverlapClass.PER_STEP_FWD
 
 
 @dataclass(frozen=True)
@@ -83,7 +99,7 @@ class CommItem:
     """Collectives of one class: ``seconds`` over the whole step, alpha and beta together."""
 
     what: str
-    cls: str
+    cls: OverlapClass
     seconds: float
 
 
@@ -228,30 +244,30 @@ def describe(hw: Hardware) -> dict[str, Any]:
 # -- what a plan does, from its strategy, schedule and mesh ------------------------------------
 
 
-def classify(kind: str, axes: Sequence[str], placement: Placement) -> str:
+def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapClass:
     """The overlap class of a collective over ``axes`` of ``placement``'s program."""
-    model_axes = set(placement.axes.get("model", ()))
+    model_axes = set(placement.axes.get(Role.MODEL, ()))
     if axes and set(axes) <= model_axes:
         return CRITICAL
     s = placement.strategy
-    if kind == "all-gather" and s.updates_shards and not set(axes) & model_axes:
+    if kind == ALL_GATHER and s.updates_shards and not set(axes) & model_axes:
         return PER_STEP_FWD
-    fsdp = any("data" in roles for roles in s.param_rules().values())
-    if fsdp and kind in ("all-gather", "reduce-scatter"):
+    fsdp = any(Role.DATA in roles for roles in s.param_rules().values())
+    if fsdp and kind in (ALL_GATHER, REDUCE_SCATTER):
         return PER_MICROBATCH_FWD_BWD
-    if kind == "reduce-scatter":
+    if kind == REDUCE_SCATTER:
         return PER_MICROBATCH_BWD
     return PER_STEP_BWD
 
 
-def step_bound(placement: Placement, schedule: Schedule, mode: str = "train") -> Bound:
+def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN) -> Bound:
     """The communication one step of ``placement``'s program needs under ``schedule``:
     :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated
     per micro-batch, except the terms a step runs once (the all-reduce of replicated gradients
     and of the loss, ZeRO's gather of the updated parameters); under full recomputation the
     recomputed forward's collectives again."""
 
-    m = schedule.microbatches if mode == "train" else 1
+    m = schedule.microbatches if mode == Mode.TRAIN else 1
     one = placement
     if m > 1:
         one = placement.strategy.place(
@@ -262,8 +278,8 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = "train") ->
         )
     base = transformer_bound(one, mode)
     terms = [replace(t, count=t.count * (1 if t.role.once_per_step else m)) for t in base.terms]
-    if mode == "train" and schedule.remat == "full":
-        for t in transformer_bound(one, "forward").terms:
+    if mode == Mode.TRAIN and schedule.remat == Remat.FULL:
+        for t in transformer_bound(one, Mode.FORWARD).terms:
             terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
     return Bound(base.label, tuple(terms), base.notes)
 
@@ -276,7 +292,7 @@ def step_work(
     hw: Hardware,
     *,
     flash_attention: bool,
-    mode: str = "train",
+    mode: str = Mode.TRAIN,
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
     of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``."""
@@ -291,9 +307,9 @@ def step_work(
     core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts
     logits = 2 * tokens * c.d_model * (c.vocab or 0)
     fwd = c.layers * (layer + core) + logits
-    if schedule.remat == "full":
+    if schedule.remat == Remat.FULL:
         again = c.layers * (layer + core)
-    elif schedule.remat == "selective" and not flash_attention:
+    elif schedule.remat == Remat.SELECTIVE and not flash_attention:
         again = c.layers * core
     else:
         again = 0.0
@@ -303,9 +319,9 @@ def step_work(
         placement, flash_attention=flash_attention, microbatches=m
     )
     logit_bytes = tokens * (c.vocab or 0) * (c.itemsize + 4)
-    if schedule.remat == "full":
+    if schedule.remat == Remat.FULL:
         again_bytes = c.layers * per_layer
-    elif schedule.remat == "selective" and not flash_attention:
+    elif schedule.remat == Remat.SELECTIVE and not flash_attention:
         dense = activation_bytes_per_layer(placement, flash_attention=False, microbatches=m)
         flash = activation_bytes_per_layer(placement, flash_attention=True, microbatches=m)
         again_bytes = c.layers * (dense - flash)
@@ -328,7 +344,7 @@ def step_work(
         optimizer_params=elements_per_device(placement, placement.strategy.optimizer_rules()),
         model_flops=model_flops(full_config, mode),
         devices=devices,
-        train=mode == "train",
+        train=mode == Mode.TRAIN,
     )
 
 

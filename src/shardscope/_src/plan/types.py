@@ -16,7 +16,7 @@ from shardscope._src.base.notes import Note
 from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import StepTime
@@ -38,6 +38,10 @@ def device_bytes(memory: Mapping[str, int]) -> int:
     )
 
 
+#: The mesh axis that holds pipeline stages (1F1B); every other axis is within one stage.
+STAGE_AXIS = "stage"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One strategy on one mesh shape with its schedule, before it is filtered or compiled.
@@ -49,7 +53,7 @@ class Candidate:
     strategy: str
     mesh: tuple[tuple[str, int], ...]
     microbatches: int = 1
-    remat: str = "none"
+    remat: str = Remat.NONE
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -61,12 +65,12 @@ class Candidate:
 
     @property
     def stages(self) -> int:
-        return self.sizes.get("stage", 1)
+        return self.sizes.get(STAGE_AXIS, 1)
 
     @property
     def stage_mesh(self) -> tuple[tuple[str, int], ...]:
         """The mesh of one pipeline stage (the whole mesh without its ``stage`` axis)."""
-        return tuple((k, v) for k, v in self.mesh if k != "stage")
+        return tuple((k, v) for k, v in self.mesh if k != STAGE_AXIS)
 
     @property
     def stage_mesh_spec(self) -> str:
@@ -78,7 +82,7 @@ class Candidate:
         parts = []
         if self.microbatches > 1:
             parts.append(f"{self.microbatches} micro-batches")
-        if self.remat != "none":
+        if self.remat != Remat.NONE:
             parts.append(f"{self.remat} recompute")
         return ", ".join(parts)
 
@@ -164,9 +168,14 @@ class PlanCollective(Record):
 
     @property
     def axes_label(self) -> str:
-        if self.irregular:
-            return "irregular"
-        return ",".join(self.axes) if self.axes else "-"
+        return axes_label(self.axes, self.irregular)
+
+
+def axes_label(axes: tuple[str, ...], irregular: bool = False) -> str:
+    """``"dp,mp"``; ``"irregular"``; ``"-"`` for no axes (no data leaves a device)."""
+    if irregular:
+        return "irregular"
+    return ",".join(axes) if axes else "-"
 
 
 @dataclass(frozen=True)
@@ -282,7 +291,7 @@ class Plan:
     timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
     microbatches: int = 1
-    remat: str = "none"
+    remat: str = Remat.NONE
     stages: int = 1
     time: Mapping[str, float] = field(default_factory=dict)
     #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the

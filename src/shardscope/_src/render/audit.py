@@ -11,7 +11,7 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import CollectiveKind, format_bytes
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.render.columns import Column, text_table
 from shardscope._src.render.console import mimebundle, output_console
@@ -207,7 +207,9 @@ def audit_notes(audit: Audit) -> list[str]:
             f"Involuntary full rematerialization at {where} ({r.op_name}): the partitioner "
             f"replicated {r.instruction} to go from {r.from_sharding} to {r.to_sharding}"
         )
-    carried = [c.name for c in audit.sorted_collectives() if c.carried_as == "all-reduce"]
+    carried = [
+        c.name for c in audit.sorted_collectives() if c.carried_as == CollectiveKind.ALL_REDUCE
+    ]
     if carried:
         notes.append(
             f"all-gathers carried out as all-reduces of zero-padded shards ({', '.join(carried)}):"

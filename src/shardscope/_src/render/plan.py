@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import CollectiveKind, format_bytes
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.render.columns import (
     Alarm,
@@ -31,13 +31,13 @@ PlanT = TypeVar("PlanT", bound="RankedPlan")
 
 #: Short names of the collective kinds, for one-line summaries.
 KIND_SHORT = {
-    "all-reduce": "AR",
-    "all-gather": "AG",
-    "reduce-scatter": "RS",
-    "all-to-all": "A2A",
-    "ragged-all-to-all": "RA2A",
-    "collective-permute": "CP",
-    "collective-broadcast": "CB",
+    CollectiveKind.ALL_REDUCE: "AR",
+    CollectiveKind.ALL_GATHER: "AG",
+    CollectiveKind.REDUCE_SCATTER: "RS",
+    CollectiveKind.ALL_TO_ALL: "A2A",
+    CollectiveKind.RAGGED_ALL_TO_ALL: "RA2A",
+    CollectiveKind.COLLECTIVE_PERMUTE: "CP",
+    CollectiveKind.COLLECTIVE_BROADCAST: "CB",
 }
 
 

@@ -21,14 +21,14 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardscope._src.base.comm import CollectiveKind
 from shardscope._src.base.errors import MeshSpecError, ShardscopeError
 from shardscope._src.mesh import format_mesh_spec, make_mesh, parse_mesh_spec
 
 DEFAULT_MESH = "model=8"
-# What XLA inserts for each demo on a 1-D mesh: (kind, payload bytes).
-DEMO_FACTS: dict[str, tuple[str, int]] = {
-    "matmul": ("all-reduce", 16 * 1024 * 4),
-    "reshard": ("all-to-all", 1024 * 1024 * 4),
+DEMO_FACTS: dict[str, tuple[CollectiveKind, int]] = {  # what XLA inserts on a 1-D mesh
+    "matmul": (CollectiveKind.ALL_REDUCE, 16 * 1024 * 4),
+    "reshard": (CollectiveKind.ALL_TO_ALL, 1024 * 1024 * 4),
 }
 
 

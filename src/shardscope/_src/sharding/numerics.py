@@ -19,8 +19,9 @@ import numpy as np
 from shardscope._src.base.devices import host_value
 from shardscope._src.base.records import record_dict
 from shardscope._src.mesh import mesh_axes
-from shardscope._src.model.config import ModelConfig, flat_params, forward, train_step
-from shardscope._src.sharding.programs import build_program
+from shardscope._src.model.config import Mode, ModelConfig, flat_params
+from shardscope._src.model.transformer import forward, train_step
+from shardscope._src.sharding.programs import build_reference_program
 
 # Max relative error allowed per dtype. float32: reordered sums over a few hundred terms stay
 # near 1e-6, and 1e-5 is the usual bar for a module of this size. 16-bit types: 4 machine
@@ -84,7 +85,7 @@ def reference_outputs(config: ModelConfig, args: tuple[Any, ...], mode: str) -> 
 def _reference_fn(config: ModelConfig, mode: str) -> Any:
     # One compiled reference per config and mode, shared by every strategy compared to it.
 
-    if mode == "forward":
+    if mode == Mode.FORWARD:
         return jax.jit(lambda p, x: forward(p, x, config, capture=True))
     return jax.jit(lambda p, b: train_step(p, b, config))
 
@@ -95,13 +96,14 @@ def compare_numerics(
     mesh: Any = None,
     *,
     impl: str = "jit",
-    mode: str = "forward",
+    mode: str = Mode.FORWARD,
     seed: int = 0,
     tolerance: float | None = None,
 ) -> NumericsReport:
     """Runs ``strategy`` and the unsharded reference on the same random inputs.
 
-    ``strategy`` is anything :func:`shardscope._src.sharding.programs.build_program` accepts.
+    ``strategy`` is anything
+    :func:`shardscope._src.sharding.programs.build_reference_program` accepts.
 
     Not run as a doctest (it runs two models; the strategy tests run it for every strategy):
 
@@ -109,7 +111,9 @@ def compare_numerics(
     True
     """
 
-    program = build_program(strategy, config, mesh, mode=mode, impl=impl, capture=mode == "forward")
+    program = build_reference_program(
+        strategy, config, mesh, mode=mode, impl=impl, capture=mode == Mode.FORWARD
+    )
     config = program.config
 
     args = program.example_args(seed)
@@ -117,7 +121,7 @@ def compare_numerics(
     expected = reference_outputs(config, args, mode)
 
     errors: dict[str, float] = {}
-    if mode == "forward":
+    if mode == Mode.FORWARD:
         (out, caps), (ref_out, ref_caps) = actual, expected
         for scope in ("attention", "mlp"):
             errors[scope] = relative_error(caps[scope], ref_caps[scope])

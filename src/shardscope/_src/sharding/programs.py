@@ -18,9 +18,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.text import format_spec
-from shardscope._src.model.config import (
+from shardscope._src.model.config import Mode, ModelConfig
+from shardscope._src.model.transformer import (
     Hooks,
-    ModelConfig,
     abstract_batch,
     abstract_params,
     forward,
@@ -29,9 +29,8 @@ from shardscope._src.model.config import (
     loss,
     loss_from_output,
 )
-from shardscope._src.sharding.strategies import STRATEGIES, Placement, Strategy, get_strategy
+from shardscope._src.sharding.strategies import STRATEGIES, Placement, Role, Strategy, get_strategy
 
-MODES = ("forward", "train")
 IMPLS = ("jit", "shard_map")
 
 
@@ -127,14 +126,14 @@ class Program:
     def _abstract(self) -> tuple[Any, ...]:
         params = abstract_params(self.config)
         inputs, targets = abstract_batch(self.config)
-        return (params, inputs) if self.mode == "forward" else (params, (inputs, targets))
+        return (params, inputs) if self.mode == Mode.FORWARD else (params, (inputs, targets))
 
     def example_args(self, seed: int = 0) -> tuple[Any, ...]:
         """Random arguments, placed with the program's input shardings."""
 
         params = init_params(self.config, seed)
         inputs, targets = init_batch(self.config, seed + 1)
-        args = (params, inputs) if self.mode == "forward" else (params, (inputs, targets))
+        args = (params, inputs) if self.mode == Mode.FORWARD else (params, (inputs, targets))
         return jax.device_put(args, self.arg_shardings)
 
     def lower(self) -> Any:
@@ -144,12 +143,12 @@ class Program:
         return self.lower().compile()
 
 
-def build_program(
+def build_reference_program(
     strategy: str | Strategy | Placement,
     config: ModelConfig | None = None,
     mesh: Any = None,
     *,
-    mode: str = "forward",
+    mode: str = Mode.FORWARD,
     impl: str = "jit",
     capture: bool = False,
     constraints: bool = True,
@@ -177,13 +176,12 @@ def build_program(
     new parameters are gathered back to the parameters' sharding.
 
     >>> import shardscope
-    >>> prog = build_program("tp", ModelConfig(layers=1), "model=8")
+    >>> prog = build_reference_program("tp", ModelConfig(layers=1), "model=8")
     >>> shardscope.audit(prog).counts()["all-reduce"]  # out-projection and MLP-down
     2
     """
 
-    if mode not in MODES:
-        raise StrategyError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    Mode.parse(mode, what="mode", error=StrategyError)
     if impl not in IMPLS:
         raise StrategyError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
     if isinstance(strategy, Placement):
@@ -191,8 +189,8 @@ def build_program(
     else:
         if config is None or mesh is None:
             raise StrategyError(
-                "build_program needs a model config and a mesh with a strategy that is not "
-                "placed yet; pass config=ModelConfig(...) and mesh='model=8' (or a placement: "
+                "build_reference_program needs a model config and a mesh with a strategy that is "
+                "not placed yet; pass config=ModelConfig(...) and mesh='model=8' (or a placement: "
                 "strategy.place(config, mesh))"
             )
         placement = get_strategy(strategy).place(config, mesh, constraints=constraints)
@@ -202,7 +200,7 @@ def build_program(
             f"strategy {placement.name!r} has no shard_map version; use impl='jit', or one of "
             f"the strategies with explicit collectives: {twins}"
         )
-    if capture and mode != "forward":
+    if capture and mode != Mode.FORWARD:
         raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")
     _check_microbatches(placement, mode, impl, microbatches)
 
@@ -210,7 +208,7 @@ def build_program(
     params_sh = jax.tree.map(placement.sharding, placement.param_specs())
     in_spec, target_spec = placement.batch_specs()
     out_sh = placement.sharding(placement.output_spec())
-    if mode == "forward":
+    if mode == Mode.FORWARD:
         arg_sh: tuple[Any, ...] = (params_sh, placement.sharding(in_spec))
     else:
         arg_sh = (params_sh, (placement.sharding(in_spec), placement.sharding(target_spec)))
@@ -218,7 +216,7 @@ def build_program(
     if impl == "jit":
         hooks = JitHooks(placement)
 
-        if mode == "forward":
+        if mode == Mode.FORWARD:
 
             def run(params: Any, inputs: Any) -> Any:
                 return forward(params, inputs, config, hooks, capture=capture)
@@ -230,7 +228,7 @@ def build_program(
             run = _train_step(placement, objective, microbatches)
     else:
         local = _shard_map_forward(placement, capture)
-        if mode == "forward":
+        if mode == Mode.FORWARD:
             run = local
         else:
 
@@ -242,7 +240,7 @@ def build_program(
 
     if capture:
         out_shardings: Any = None
-    elif mode == "forward":
+    elif mode == Mode.FORWARD:
         out_shardings = out_sh
     elif placement.strategy.updates_shards:
         out_shardings = (placement.sharding(placement.spec(())), params_sh)
@@ -262,12 +260,12 @@ def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: in
         raise StrategyError(f"microbatches={microbatches!r}: must be a positive integer")
     if microbatches == 1:
         return
-    if mode != "train" or impl != "jit":
+    if mode != Mode.TRAIN or impl != "jit":
         raise StrategyError(
             f"microbatches={microbatches} needs mode='train' and impl='jit' (gradient "
             f"accumulation); use microbatches=1 here"
         )
-    data = bound.role_size("data") if bound.strategy.batch_role == "data" else 1
+    data = bound.role_size(Role.DATA) if bound.strategy.batch_role == Role.DATA else 1
     batch = bound.config.batch
     if batch % (data * microbatches):
         fits = [m for m in range(1, batch // data + 1) if (batch // data) % m == 0]
@@ -341,7 +339,7 @@ def _twins() -> list[str]:
 def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any]:
 
     config = placement.config
-    hooks = ShardMapHooks(placement.entry("model"), placement.strategy.sequence_parallel)
+    hooks = ShardMapHooks(placement.entry(Role.MODEL), placement.strategy.sequence_parallel)
     in_spec, _ = placement.batch_specs()
     out_spec = placement.output_spec()
     if capture:

@@ -23,6 +23,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.records import json_value, record_dict
+from shardscope._src.base.vocab import Vocab
 from shardscope._src.mesh import (
     auto_mesh,
     format_mesh_spec,
@@ -34,6 +35,17 @@ from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes
 
 if TYPE_CHECKING:
     import jax
+
+
+class Role(Vocab):
+    """What a dimension of a strategy's rules is sharded over, bound to mesh axes by
+    :meth:`Strategy.place` (see the module docstring)."""
+
+    #: the batch, and the FSDP parameter dimension: every mesh axis but the model's
+    DATA = "data"
+    #: heads, MLP hidden, and the sequence between blocks under sequence parallelism
+    MODEL = "model"
+
 
 Roles = tuple[str | None, ...]
 
@@ -65,23 +77,23 @@ def _rules(**kw: Roles) -> tuple[tuple[str, Roles], ...]:
 _REPLICATED_PARAMS = {name: (None,) * len(dims) for name, dims in PARAM_DIMS.items()}
 _TP_PARAMS = dict(
     _REPLICATED_PARAMS,
-    wqkv=(None, "model", None, None),
-    wo=("model", None, None),
-    w_up=(None, "model"),
-    w_gate_up=(None, None, "model"),
-    w_down=("model", None),
+    wqkv=(None, Role.MODEL, None, None),
+    wo=(Role.MODEL, None, None),
+    w_up=(None, Role.MODEL),
+    w_gate_up=(None, None, Role.MODEL),
+    w_down=(Role.MODEL, None),
 )
 _FSDP_PARAMS = dict(
-    attn_norm=("data",),
-    wqkv=("data", None, None, None),
-    wo=(None, None, "data"),
-    mlp_norm=("data",),
-    w_up=("data", None),
-    w_gate_up=("data", None, None),
-    w_down=(None, "data"),
-    embed=(None, "data"),
-    final_norm=("data",),
-    unembed=("data", None),
+    attn_norm=(Role.DATA,),
+    wqkv=(Role.DATA, None, None, None),
+    wo=(None, None, Role.DATA),
+    mlp_norm=(Role.DATA,),
+    w_up=(Role.DATA, None),
+    w_gate_up=(Role.DATA, None, None),
+    w_down=(None, Role.DATA),
+    embed=(None, Role.DATA),
+    final_norm=(Role.DATA,),
+    unembed=(Role.DATA, None),
 )
 _FSDP_TP_PARAMS = {
     name: tuple(a or b for a, b in zip(_FSDP_PARAMS[name], _TP_PARAMS[name], strict=True))
@@ -100,7 +112,7 @@ def _acts(batch: str | None, model: str | None, seq: str | None) -> dict[str, Ro
 
 @dataclass(frozen=True)
 class Strategy:
-    """A named set of PartitionSpec rules, written with roles (``"data"``, ``"model"``).
+    """A named set of PartitionSpec rules, written with roles (``Role.DATA``, ``Role.MODEL``).
 
     Attributes:
         name: short name used by the CLI and the planner (``"tp"``, ``"dp_sp"``, ...).
@@ -213,34 +225,34 @@ def _strategies() -> dict[str, Strategy]:
         Strategy(
             "dp",
             "data parallel: batch sharded on every mesh axis, weights replicated",
-            ("data",),
+            (Role.DATA,),
             rep,
-            activations=_rules(**_acts("data", None, None)),
+            activations=_rules(**_acts(Role.DATA, None, None)),
         ),
         Strategy(
             "fsdp",
             "fully sharded data parallel: weights sharded on the data axes, gathered at use",
-            ("data",),
+            (Role.DATA,),
             _rules(**_FSDP_PARAMS),
             use=rep,
-            activations=_rules(**_acts("data", None, None)),
+            activations=_rules(**_acts(Role.DATA, None, None)),
         ),
         Strategy(
             "zero1",
             "ZeRO-1: data parallel with the optimizer state sharded on the data axes; "
             "gradients all-reduced, updated shards all-gathered",
-            ("data",),
+            (Role.DATA,),
             rep,
-            activations=_rules(**_acts("data", None, None)),
+            activations=_rules(**_acts(Role.DATA, None, None)),
             optimizer=_rules(**_FSDP_PARAMS),
         ),
         Strategy(
             "zero2",
             "ZeRO-2: data parallel with gradients and optimizer state sharded on the data "
             "axes; gradients reduce-scattered, updated shards all-gathered",
-            ("data",),
+            (Role.DATA,),
             rep,
-            activations=_rules(**_acts("data", None, None)),
+            activations=_rules(**_acts(Role.DATA, None, None)),
             grads=_rules(**_FSDP_PARAMS),
             optimizer=_rules(**_FSDP_PARAMS),
         ),
@@ -248,51 +260,51 @@ def _strategies() -> dict[str, Strategy]:
             "tp",
             "Megatron tensor parallel on 'model': QKV and MLP-up column-parallel, "
             "out-projection and MLP-down row-parallel",
-            ("model",),
+            (Role.MODEL,),
             tp,
-            activations=_rules(**_acts(None, "model", None)),
+            activations=_rules(**_acts(None, Role.MODEL, None)),
             twin=True,
         ),
         Strategy(
             "dp_tp",
             "data x tensor parallel: batch on the data axes, Megatron on 'model'",
-            ("data", "model"),
+            (Role.DATA, Role.MODEL),
             tp,
-            activations=_rules(**_acts("data", "model", None)),
+            activations=_rules(**_acts(Role.DATA, Role.MODEL, None)),
             twin=True,
         ),
         Strategy(
             "zero1_tp",
             "ZeRO-1 on the data axes x Megatron on 'model' (Megatron-LM's distributed optimizer)",
-            ("data", "model"),
+            (Role.DATA, Role.MODEL),
             tp,
-            activations=_rules(**_acts("data", "model", None)),
+            activations=_rules(**_acts(Role.DATA, Role.MODEL, None)),
             optimizer=_rules(**_FSDP_TP_PARAMS),
         ),
         Strategy(
             "fsdp_tp",
             "FSDP on the data axes x Megatron on 'model'",
-            ("data", "model"),
+            (Role.DATA, Role.MODEL),
             _rules(**_FSDP_TP_PARAMS),
             use=tp,
-            activations=_rules(**_acts("data", "model", None)),
+            activations=_rules(**_acts(Role.DATA, Role.MODEL, None)),
         ),
         Strategy(
             "sp",
             "Megatron tensor parallel with sequence parallelism: residual stream "
             "sharded on the sequence over 'model'",
-            ("model",),
+            (Role.MODEL,),
             tp,
-            activations=_rules(**_acts(None, "model", "model")),
+            activations=_rules(**_acts(None, Role.MODEL, Role.MODEL)),
             sequence_parallel=True,
             twin=True,
         ),
         Strategy(
             "dp_sp",
             "data parallel x tensor-and-sequence parallel",
-            ("data", "model"),
+            (Role.DATA, Role.MODEL),
             tp,
-            activations=_rules(**_acts("data", "model", "model")),
+            activations=_rules(**_acts(Role.DATA, Role.MODEL, Role.MODEL)),
             sequence_parallel=True,
             twin=True,
         ),
@@ -346,10 +358,10 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     if not sizes or not all(is_int(v, 1) for v in sizes):
         raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
     if len(sizes) == 1:
-        names = ["model" if "model" in s.roles else "data"]
+        names = [Role.MODEL if Role.MODEL in s.roles else Role.DATA]
     else:
         lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
-        names = [*lead, "data", "model"]
+        names = [*lead, Role.DATA, Role.MODEL]
     return ",".join(f"{n}={v}" for n, v in zip(names, sizes, strict=True))
 
 
@@ -378,7 +390,7 @@ def _resolve_roles(
             )
     else:
         resolved = {}
-        if "model" in strategy.roles:
+        if Role.MODEL in strategy.roles:
             if model_axis not in sizes:
                 raise StrategyError(
                     f"strategy {strategy.name!r} shards heads and MLP hidden over a mesh axis "
@@ -387,12 +399,12 @@ def _resolve_roles(
                     f"or pass model_axis=<one of {', '.join(sizes)}>",
                     param="mesh",
                 )
-            resolved["model"] = (model_axis,)
-        if "data" in strategy.roles:
-            resolved["data"] = tuple(a for a in sizes if a not in resolved.get("model", ()))
+            resolved[Role.MODEL] = (model_axis,)
+        if Role.DATA in strategy.roles:
+            resolved[Role.DATA] = tuple(a for a in sizes if a not in resolved.get(Role.MODEL, ()))
     for role in strategy.roles:
         if not resolved.get(role):
-            other = "model" if role == "data" else "data"
+            other = Role.MODEL if role == Role.DATA else Role.DATA
             raise StrategyError(
                 f"strategy {strategy.name!r} needs a mesh axis for role {role!r}, but mesh "
                 f"{mesh_text!r} leaves none (the {other} role took "

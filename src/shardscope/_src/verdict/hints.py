@@ -28,7 +28,7 @@ from shardscope._src.check.compare import (
     narrowed_bytes,
     ratio,
 )
-from shardscope._src.sharding.programs import Program, build_matmul, build_program
+from shardscope._src.sharding.programs import Program, build_matmul, build_reference_program
 from shardscope._src.sharding.strategies import Placement
 
 
@@ -124,7 +124,7 @@ def transformer_hints(
     found = []
     s = program.placement.strategy
     if impl == "jit" and not constraints and s.activations:
-        fixed = build_program(s, program.config, program.mesh, mode=mode, impl="jit")
+        fixed = build_reference_program(s, program.config, program.mesh, mode=mode, impl="jit")
         found.append(
             _verify(
                 "add the strategy's activation sharding constraints: "
@@ -136,7 +136,7 @@ def transformer_hints(
             )
         )
     if impl == "jit" and s.twin:
-        twin = build_program(s, program.config, program.mesh, mode=mode, impl="shard_map")
+        twin = build_reference_program(s, program.config, program.mesh, mode=mode, impl="shard_map")
         collectives = (
             "all_gather before the column-parallel matmuls and psum_scatter "
             "after the row-parallel ones"
@@ -146,7 +146,7 @@ def transformer_hints(
         found.append(
             _verify(
                 f"use the shard_map twin of {s.name!r}: {collectives}",
-                "build_program(strategy, config, mesh, impl='shard_map')",
+                "build_reference_program(strategy, config, mesh, impl='shard_map')",
                 twin.lower,
                 bound.traffic_bytes,
                 program.config.dtype,

@@ -22,8 +22,8 @@ from shardscope._src.bounds.terms import Bound
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.check.compare import Hint, Verdict, compare
 from shardscope._src.mesh import auto_mesh, make_mesh
-from shardscope._src.model.config import param_shapes
-from shardscope._src.sharding.programs import Program, build_matmul, build_program
+from shardscope._src.model.config import Mode, param_shapes
+from shardscope._src.sharding.programs import Program, build_matmul, build_reference_program
 from shardscope._src.verdict.hints import (
     duplicated_compute_note,
     matmul_hints,
@@ -138,7 +138,7 @@ def transformer_verdict(
     config: Any,
     mesh: Any,
     *,
-    mode: str = "forward",
+    mode: str = Mode.FORWARD,
     impl: str = "jit",
     constraints: bool = True,
     hints: bool = True,
@@ -151,7 +151,9 @@ def transformer_verdict(
     audited; its traffic is reported whether or not it reaches the bound.
     """
 
-    program = build_program(strategy, config, mesh, mode=mode, impl=impl, constraints=constraints)
+    program = build_reference_program(
+        strategy, config, mesh, mode=mode, impl=impl, constraints=constraints
+    )
     bound = transformer_bound(program.placement, mode)
     result = audit(program.lower())
 
