@@ -30,12 +30,14 @@ lab: $(VENV)/.installed-runtime
 test: lint
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
-# ruff (rules and formatting), and the layering contract of .importlinter (each floor imports
-# only from below, and every module of shardscope._src is on a floor).
+# ruff (rules and formatting), the layering contract of .importlinter (each floor imports
+# only from below, and every module of shardscope._src is on a floor), and mypy (the settings
+# in pyproject.toml: every module, base, hlo and audit strictly).
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/lab_cold_start.py

@@ -645,7 +645,8 @@ def abstract(tree: Any, shardings: Any = None, *, mesh: Any = None) -> Any:
     else:
         spec_def = jax.tree_util.tree_structure(shardings, is_leaf=is_spec)
         try:
-            subtrees = spec_def.flatten_up_to(tree)
+            # PyTreeDef.flatten_up_to exists in jaxlib; its type stub does not list it.
+            subtrees = spec_def.flatten_up_to(tree)  # type: ignore[attr-defined]
         except (ValueError, TypeError) as e:
             raise LayoutError(
                 f"abstract(): the shardings are not shaped like the tree (a pytree prefix of "

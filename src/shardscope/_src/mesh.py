@@ -56,14 +56,14 @@ def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
                     f"mesh description {where}: axis {part!r} has no size; write axes as "
                     f"name=size, e.g. 'dp=2,mp=4'"
                 )
-            name, _, size = part.partition("=")
-            name, size = name.strip(), size.strip()
-            digits = size.removeprefix("-")
+            name, _, written = part.partition("=")
+            name, written = name.strip(), written.strip()
+            digits = written.removeprefix("-")
             if digits.isascii() and digits.isdigit():
-                value: Any = int(size)
+                value: Any = int(written)
             else:
                 raise MeshSpecError(
-                    f"mesh description {where}: size {size!r} of axis {name!r} is not an "
+                    f"mesh description {where}: size {written!r} of axis {name!r} is not an "
                     f"integer; write e.g. '{name or 'dp'}=2'"
                 ) from None
             items.append((name, value))

@@ -424,7 +424,7 @@ def _bytes_of(arrays: list[Any], ins: Instruction) -> int:
             f"HLO text line {ins.line}: {ins.name} moves an element type this tool does not "
             f"know ({', '.join(unknown)})"
         )
-    return sum(sizes)  # type: ignore[arg-type]
+    return sum(s for s in sizes if s is not None)
 
 
 def _concatenated(module: HloModule, comp: Computation, name: str) -> list[tuple[str, Any]]:

@@ -448,7 +448,13 @@ def _audit_compiled(
         target=compiled_for,
     )
     axes = given_axes or _mesh_of_shardings(in_leaves + out_leaves)
-    return _audit_text(compiled.as_text(), axes, compiled=compiled, log=log, facts=facts)
+    text = compiled.as_text()
+    if text is None:
+        raise HloParseError(
+            "JAX gives no HLO text for this compiled program, so there is nothing to audit; "
+            "audit the jitted function or its lowering instead"
+        )
+    return _audit_text(text, axes, compiled=compiled, log=log, facts=facts)
 
 
 def _axes_of(module: HloModule, axes: dict[str, int] | None) -> dict[str, int]:
@@ -503,7 +509,7 @@ def _executable_of(compiled: jax.stages.Compiled | None) -> object | None:
     what it wraps (``runtime_executable()`` cannot be weakly referenced); its private
     ``_executable`` is the cached object, used here alone.
     """
-    executable = getattr(compiled, "_executable", None)
+    executable: object | None = getattr(compiled, "_executable", None)
     if executable is None:
         return None
     try:

@@ -120,37 +120,9 @@ class AuditDiff:
 
     def text(self, *, all_rows: bool = False) -> str:
         """The changed rows (``all_rows``: every row) as a plain-text table."""
-        shown = self.rows if all_rows else self.changed
-        rows = [("", "scope", "axes", "kind", "count", "bytes/device", "change")]
-        for r in shown:
-            rows.append(
-                (
-                    r.status if r.status != RowStatus.SAME else "",
-                    r.scope or "-",
-                    r.axes,
-                    r.kind,
-                    f"{r.old_count} -> {r.new_count}",
-                    f"{format_bytes(r.old_traffic_bytes)} -> {format_bytes(r.new_traffic_bytes)}",
-                    ("+" if r.traffic_change > 0 else "-" if r.traffic_change < 0 else "")
-                    + format_bytes(abs(r.traffic_change)),
-                )
-            )
-        if not self.by_scope:
-            rows = [row[:1] + row[2:] for row in rows]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        first_number = len(rows[0]) - 3
-        lines = [
-            "  ".join(
-                cell.rjust(w) if i >= first_number else cell.ljust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            ).rstrip()
-            for row in rows
-        ]
-        lines.append(
-            f"bytes sent per device per run: {format_bytes(self.old_traffic_bytes)} -> "
-            f"{format_bytes(self.new_traffic_bytes)}"
-        )
-        return "\n".join(lines)
+        from shardscope._src.render.diff import diff_text
+
+        return diff_text(self, all_rows=all_rows)
 
     def __rich__(self) -> Any:
         from shardscope._src.render.diff import diff_table

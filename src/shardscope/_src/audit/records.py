@@ -379,11 +379,16 @@ class Rematerialization:
     def from_dict(cls, data: Mapping[str, Any]) -> Rematerialization:
         """The rematerialization :meth:`to_dict` wrote (without its log line)."""
         what = "a rematerialization"
+
+        def read(key: str) -> str | None:
+            return _opt_str(field_of(data, key, what))
+
         return cls(
-            *(
-                _opt_str(field_of(data, k, what))
-                for k in ("instruction", "from_sharding", "to_sharding", "op_name", "source")
-            )
+            instruction=read("instruction"),
+            from_sharding=read("from_sharding"),
+            to_sharding=read("to_sharding"),
+            op_name=read("op_name"),
+            source=read("source"),
         )
 
 
@@ -497,7 +502,7 @@ class Audit:
 
     def counts(self) -> dict[str, int]:
         """``{kind: executions per run}`` for every collective kind (zeros included)."""
-        out = dict.fromkeys(_comm.KINDS, 0)
+        out: dict[str, int] = dict.fromkeys(_comm.KINDS, 0)
         for c in self.collectives:
             out[c.kind] = out.get(c.kind, 0) + c.count
         return out

@@ -29,9 +29,7 @@ def write_atomic(
     except OSError as e:
         raise _path_error(path, e) from None
     try:
-        with os.fdopen(
-            fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})
-        ) as f:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

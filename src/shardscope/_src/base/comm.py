@@ -56,7 +56,7 @@ EXCHANGES = frozenset({ALL_TO_ALL, RAGGED_ALL_TO_ALL})
 POINT_TO_POINT = frozenset({COLLECTIVE_PERMUTE, COLLECTIVE_BROADCAST})
 
 # Bytes sent per device as a fraction num(n) / den(n) of the payload S.
-_FRACTIONS = {
+_FRACTIONS: dict[str, tuple[Callable[[int], int], Callable[[int], int]]] = {
     ALL_REDUCE: (lambda n: 2 * (n - 1), lambda n: n),
     ALL_GATHER: (lambda n: n - 1, lambda n: n),
     REDUCE_SCATTER: (lambda n: n - 1, lambda n: n),
@@ -68,7 +68,7 @@ _FRACTIONS = {
 }
 
 # Latency steps (multiples of alpha) of the same algorithms.
-_STEPS = {
+_STEPS: dict[str, Callable[[int], int]] = {
     ALL_REDUCE: lambda n: 2 * (n - 1),
     ALL_GATHER: lambda n: n - 1,
     REDUCE_SCATTER: lambda n: n - 1,

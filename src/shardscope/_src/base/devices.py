@@ -64,7 +64,7 @@ def use_cpu_devices(n: int | None = None) -> int:
         )
     if n is None and flagged is not None:
         return flagged  # The user's own flag decides; JAX reads it when the backend starts.
-    jax.config.update("jax_num_cpu_devices", requested)
+    jax.config.update("jax_num_cpu_devices", requested)  # type: ignore[no-untyped-call]
     return requested
 
 

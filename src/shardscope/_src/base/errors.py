@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 
 class _NamesParams(Exception):
     """An error that names the library parameters holding the bad values (``params``)."""
@@ -95,7 +97,7 @@ class DeviceMemoryError(ShardscopeError):
     """A program that the target's compiler could not fit in the device's memory."""
 
 
-def is_int(value: object, minimum: int | None = None) -> bool:
+def is_int(value: object, minimum: int | None = None) -> TypeGuard[int]:
     """Whether ``value`` is an integer (a bool is not) of at least ``minimum``: the one test
     every count, size and seed goes through.
 

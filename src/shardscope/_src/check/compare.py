@@ -311,7 +311,8 @@ def _whole_all_reduce(c: Collective, width: Width, terms: tuple[Term, ...]) -> t
         return ()
     payload = width.payload(c)
     pieces = [p.payload_bytes * payload // c.payload_bytes for p in c.parts] or [payload]
-    axes, whole = set(c.axes), ()
+    axes = set(c.axes)
+    whole: tuple[str, ...] = ()
     for piece in pieces:
         over = next(
             (

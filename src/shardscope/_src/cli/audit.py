@@ -103,7 +103,7 @@ def run_audit_command(
     return 0
 
 
-def add_audit_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:
 
     audit = sub.add_parser(
         "audit",
@@ -181,7 +181,7 @@ def _hints_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_audit_program(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_audit_program(programs: argparse._SubParsersAction) -> None:
     own = programs.add_parser(
         "program",
         help="your program: FILE.py:FUNCTION, a make_step(mesh) returning (jitted step, args) "
@@ -201,7 +201,7 @@ def _add_audit_program(programs: argparse._SubParsersAction) -> None:  # type: i
     _target_option(own)
 
 
-def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:
     hlo = programs.add_parser(
         "hlo",
         help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
@@ -213,7 +213,7 @@ def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:  # type: ignor
     _audit_options(hlo, AuditHloConfig, None)
 
 
-def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:
     mm = programs.add_parser(
         "matmul",
         help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
@@ -242,7 +242,7 @@ def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:  # type: ig
     _hints_option(mm)
 
 
-def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:
     rs = programs.add_parser(
         "reshard",
         help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
@@ -251,7 +251,7 @@ def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:  # type: i
     _target_option(rs)
 
 
-def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:
     tf = programs.add_parser(
         "transformer",
         help="the reference decoder under a sharding strategy, against its minimum",
@@ -384,8 +384,10 @@ def _run_audit_program(
     if isinstance(c, AuditReshardConfig):
         return run_audit_command("reshard", c.mesh, json_path, target=target, **shown)
     if isinstance(c, AuditMatmulConfig):
+        mesh = c.mesh_or_default
+        assert mesh is not None  # the matmul's parser gives a default mesh
         return run_matmul_command(
-            c.mesh_or_default,
+            mesh,
             c.m,
             c.k,
             c.n,

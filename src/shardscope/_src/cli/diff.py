@@ -15,7 +15,7 @@ from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.render.diff import render_diff
 
 
-def add_diff_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_diff_parser(sub: argparse._SubParsersAction) -> None:
 
     diff = sub.add_parser(
         "diff",

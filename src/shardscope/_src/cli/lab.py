@@ -14,7 +14,7 @@ from shardscope._src.cli.paths import check_dir_path
 from shardscope._src.lab import taster
 
 
-def add_lab_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_lab_parser(sub: argparse._SubParsersAction) -> None:
     lab = sub.add_parser(
         "lab",
         help="run the sharding taster lab: every claim a named check, JSON scorecard + PNG",

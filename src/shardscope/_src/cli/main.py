@@ -92,7 +92,7 @@ def _route_audit(argv: list[str]) -> list[str]:
 # -- shardscope launch --------------------------------------------------------------------------
 
 
-def _add_launch_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_launch_parser(sub: argparse._SubParsersAction) -> None:
     launch = sub.add_parser(
         "launch",
         help="run a sub-command as P local processes of one multi-process JAX run",

@@ -127,7 +127,7 @@ def run_plan_command(
             progress=progress,
             compiler=_default_compiler(hardware) if compiler is None else compiler,
             target_plans=target_plans,
-            **dict(dims or {}),
+            **_dims_of(dims),
         )
     render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
     written = write_plan_files(
@@ -204,6 +204,11 @@ class PlanFiles(PlanSet[RankedPlan], Protocol):
 
 
 SweepT = TypeVar("SweepT", bound=PlanFiles)
+
+
+def _dims_of(dims: Mapping[str, int | None] | None) -> dict[str, Any]:
+    """The model dimensions as the keywords ``plan`` takes them."""
+    return dict(dims or {})
 
 
 def write_plan_files(

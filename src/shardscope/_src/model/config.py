@@ -145,6 +145,7 @@ class ModelConfig(Record):
             object.__setattr__(self, "head_dim", self.d_model // self.heads)
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
+        assert self.kv_heads is not None  # set just above
         if self.heads % self.kv_heads:
             raise ModelConfigError(
                 f"model config heads={self.heads} is not divisible by kv_heads={self.kv_heads}; "

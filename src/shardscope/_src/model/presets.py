@@ -47,7 +47,7 @@ class ModelPreset:
         self, *, batch: int, seq: int | None = None, dtype: str = "bfloat16", **overrides: Any
     ) -> ModelConfig:
         """The :class:`ModelConfig` of this preset, scanned over layers, with overrides."""
-        values = dict(
+        values: dict[str, Any] = dict(
             d_model=self.d_model,
             heads=self.heads,
             ff=self.ff,

@@ -81,7 +81,7 @@ def init_batch(config: ModelConfig, seed: int = 1) -> tuple[Any, Any]:
 
     rng = np.random.default_rng(seed)
     if config.vocab is None:
-        shape = (config.batch, config.seq, config.d_model)
+        shape: tuple[int, ...] = (config.batch, config.seq, config.d_model)
         return tuple(  # type: ignore[return-value]
             jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=config.dtype)
             for _ in range(2)

@@ -85,6 +85,7 @@ def candidates(
     for p in stages:
         n = devices // p
         for name in strategies:
+            shapes: list[tuple[int, ...]]
             if len(get_strategy(name).roles) <= 1:
                 shapes = [(n,)]
             else:

@@ -124,8 +124,9 @@ def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     t = model_ways(placement)
     mlp = 8 * f if c.mlp == "swiglu" else 4 * f
-    split = 2 * q_dim + 4 * kv_dim + 2 * q_dim + mlp  # Q, K and V, out-proj input, MLP
+    split: float = 2 * q_dim + 4 * kv_dim + 2 * q_dim + mlp  # Q, K and V, out-proj input, MLP
     scores = 5 * c.heads * s
+    whole: float
     if placement.strategy.sequence_parallel:
         whole, split = 0.0, (10 * h + split) / t
     else:

@@ -147,7 +147,7 @@ def _resolve(
     **dims: int | None,
 ) -> tuple[str, ModelConfig]:
     if isinstance(model, ModelConfig):
-        extra = {k: v for k, v in dims.items() if v is not None}
+        extra: dict[str, Any] = {k: v for k, v in dims.items() if v is not None}
         if batch is not None:
             extra["batch"] = batch
         if seq is not None:
@@ -164,7 +164,7 @@ def _resolve(
             f"{', '.join(missing)}",
             param=tuple(missing),
         )
-    fields = {k: v for k, v in dims.items() if v is not None}
+    fields: dict[str, Any] = {k: v for k, v in dims.items() if v is not None}
     return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True, **fields)
 
 

@@ -302,6 +302,7 @@ def step_work(
     b = sequences_per_device(placement, m)
     t = model_ways(placement)
     tokens = b * c.seq
+    assert c.head_dim is not None  # ModelConfig sets it when it is made
     q_dim = c.heads * c.head_dim
     layer = 2 * tokens * layer_matmul_params(c) / t
     core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts

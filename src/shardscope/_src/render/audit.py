@@ -113,7 +113,7 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
         if previous_axes is not None and c.axes_label != previous_axes:
             table.add_section()
         previous_axes = c.axes_label
-        axes = c.axes_label
+        axes: str | Text = c.axes_label
         if c.irregular:
             axes = Text("irregular", style="red")
         table.add_row(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 PIPED_WIDTH = 140  # piped or captured output has no terminal width to follow
@@ -23,17 +24,9 @@ def mimebundle(renderable: Any, width: int = 110) -> dict[str, str]:
     """Plain text and HTML of a rich renderable, for notebooks' ``_repr_mimebundle_``."""
     from rich.console import Console
 
-    rec = Console(width=width, record=True, file=_Discard(), force_jupyter=False)
+    rec = Console(width=width, record=True, file=io.StringIO(), force_jupyter=False)
     rec.print(renderable)
     return {
         "text/plain": rec.export_text(clear=False),
         "text/html": rec.export_html(inline_styles=True, code_format="<pre>{code}</pre>"),
     }
-
-
-class _Discard:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass

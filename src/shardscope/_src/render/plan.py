@@ -30,7 +30,7 @@ Row = TypeVar("Row")
 PlanT = TypeVar("PlanT", bound="RankedPlan")
 
 #: Short names of the collective kinds, for one-line summaries.
-KIND_SHORT = {
+KIND_SHORT: dict[str, str] = {
     CollectiveKind.ALL_REDUCE: "AR",
     CollectiveKind.ALL_GATHER: "AG",
     CollectiveKind.REDUCE_SCATTER: "RS",

@@ -98,7 +98,7 @@ class Program:
     mode: str
     impl: str
     capture: bool
-    fn: Callable[..., Any]
+    fn: jax.stages.Wrapped
     arg_shardings: tuple[Any, ...]
     microbatches: int = 1
 
@@ -213,13 +213,16 @@ def build_reference_program(
     else:
         arg_sh = (params_sh, (placement.sharding(in_spec), placement.sharding(target_spec)))
 
+    run: Callable[..., Any]
     if impl == "jit":
         hooks = JitHooks(placement)
 
         if mode == Mode.FORWARD:
 
-            def run(params: Any, inputs: Any) -> Any:
+            def run_forward(params: Any, inputs: Any) -> Any:
                 return forward(params, inputs, config, hooks, capture=capture)
+
+            run = run_forward
         else:
 
             def objective(params: Any, batch: Any) -> Any:
@@ -232,11 +235,13 @@ def build_reference_program(
             run = local
         else:
 
-            def run(params: Any, batch: Any) -> Any:
+            def run_train(params: Any, batch: Any) -> Any:
                 def objective(p: Any) -> Any:
                     return loss_from_output(local(p, batch[0]), batch[1], config)
 
                 return jax.value_and_grad(objective)(params)
+
+            run = run_train
 
     if capture:
         out_shardings: Any = None
@@ -339,7 +344,9 @@ def _twins() -> list[str]:
 def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any]:
 
     config = placement.config
-    hooks = ShardMapHooks(placement.entry(Role.MODEL), placement.strategy.sequence_parallel)
+    model = placement.entry(Role.MODEL)
+    assert model is not None  # a role names at least one axis
+    hooks = ShardMapHooks(model, placement.strategy.sequence_parallel)
     in_spec, _ = placement.batch_specs()
     out_spec = placement.output_spec()
     if capture:
@@ -370,7 +377,7 @@ class MatmulProgram:
     label: str
     problem: Any
     mesh: Any
-    fn: Callable[..., Any]
+    fn: jax.stages.Wrapped
     code: str
 
     def abstract_args(self) -> tuple[Any, Any]:

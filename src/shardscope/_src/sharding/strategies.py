@@ -357,6 +357,7 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     s = get_strategy(strategy)
     if not sizes or not all(is_int(v, 1) for v in sizes):
         raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
+    names: list[str]
     if len(sizes) == 1:
         names = [Role.MODEL if Role.MODEL in s.roles else Role.DATA]
     else:
@@ -508,7 +509,9 @@ class Placement:
     # -- validation ----------------------------------------------------------------------
     def dim_sizes(self) -> dict[str, int]:
         c = self.config
-        sizes = {
+        # ModelConfig sets both when it is made (from d_model / heads, and heads).
+        assert c.head_dim is not None and c.kv_heads is not None
+        sizes: dict[str, int] = {
             "d_model": c.d_model,
             "heads": c.heads,
             "kv_heads": c.kv_heads,
