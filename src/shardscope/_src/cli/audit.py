@@ -4,7 +4,6 @@ dumps are audited in audit_program.py, the matmul and the transformer in audit_v
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Any
 
@@ -14,7 +13,6 @@ from shardscope._src.audit.compile import audit
 from shardscope._src.audit.user_program import check_program_ref
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.records import STDOUT, write_result
-from shardscope._src.cli.args import Parser, add_axis_types_option, positive_int
 from shardscope._src.cli.audit_program import (
     hlo_file,
     mesh_needed,
@@ -35,16 +33,13 @@ from shardscope._src.cli.config import (
     AuditReshardConfig,
     AuditTransformerConfig,
 )
-from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
-from shardscope._src.model.config import MODES, Mode
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.sharding.demos import DEFAULT_MESH, check_demo, get_demo
-from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.mesh import target_mesh
-from shardscope._src.targets.specs import TARGETS, Family, get_target
+from shardscope._src.targets.specs import Family, get_target
 from shardscope._src.targets.topology import topology
 
 
@@ -101,184 +96,6 @@ def run_audit_command(
         leading = {"demo": program.name, "description": program.description}
         write_result(json_path, result, leading=leading)
     return 0
-
-
-def add_audit_parser(sub: argparse._SubParsersAction) -> None:
-
-    audit = sub.add_parser(
-        "audit",
-        help="compile a program and list the collectives XLA inserted, against the minimum",
-        description="Compile a program and list every collective XLA inserted, by mesh axis "
-        "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
-        "and the transformer, compare with the minimum communication and compile the changes "
-        "it suggests. "
-        "Your own program: 'shardscope audit FILE.py:FUNCTION --mesh data=2,model=4'; a "
-        "compiler's dump: 'shardscope audit --hlo FILE --mesh data=8'.",
-    )
-    programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=Parser)
-    programs.required = True
-    _add_audit_program(programs)
-    _add_audit_hlo(programs)
-    _add_audit_matmul(programs)
-    _add_audit_reshard(programs)
-    _add_audit_transformer(programs)
-
-
-def _audit_options(
-    p: argparse.ArgumentParser, config: type[AuditConfig], default_mesh: str | None
-) -> None:
-    """The options every audit takes, and what runs it."""
-    p.add_argument(
-        "--mesh",
-        default=None,
-        metavar="SPEC",
-        help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
-        + (f" (default {default_mesh})" if default_mesh else ""),
-    )
-    p.add_argument(
-        "--json", default=None, metavar="FILE", help="also write it as JSON ('-': stdout)"
-    )
-    p.add_argument(
-        "--devices",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="simulated CPU devices, per process in a multi-process run (default: enough "
-        "for the mesh, at least 8)",
-    )
-    p.add_argument(
-        "--by-scope",
-        action="store_true",
-        help="one row per named scope or module path, axes and kind (with the pass and "
-        "source lines) instead of one per collective",
-    )
-    add_distributed_options(p)
-    p.set_defaults(
-        config=config,
-        default_mesh=default_mesh,
-        compile_target=None,
-    )
-
-
-def _target_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target",
-        dest="compile_target",
-        default=None,
-        choices=list(TARGETS),
-        metavar="TARGET",
-        help="compile for this hardware with its own compiler, on devices it does not "
-        f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
-    )
-
-
-def _hints_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--no-hints",
-        dest="hints",
-        action="store_false",
-        help="skip compiling the changes it suggests (the hints)",
-    )
-
-
-def _add_audit_program(programs: argparse._SubParsersAction) -> None:
-    own = programs.add_parser(
-        "program",
-        help="your program: FILE.py:FUNCTION, a make_step(mesh) returning (jitted step, args) "
-        "(shorthand: shardscope audit FILE.py:FUNCTION)",
-        description="Load FILE.py, call FUNCTION(mesh) (or FUNCTION(mesh, rules)) for the mesh "
-        "of --mesh, and audit the jitted step it returns on the arguments it returns.",
-    )
-    own.add_argument("program_ref", metavar="FILE.py:FUNCTION", help="the make_step function")
-    own.add_argument(
-        "--rules", metavar="FILE", help="logical-axis rules (JSON) in force while it runs"
-    )
-    own.add_argument(
-        "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
-    )
-    add_axis_types_option(own)
-    _audit_options(own, AuditProgramConfig, None)
-    _target_option(own)
-
-
-def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:
-    hlo = programs.add_parser(
-        "hlo",
-        help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
-        "(shorthand: shardscope audit --hlo FILE)",
-        description="Audit optimized HLO text: a *after_optimizations.txt file of an XLA "
-        "dump, or a dump folder holding exactly one.",
-    )
-    hlo.add_argument("--hlo", required=True, metavar="FILE", help="the HLO file or dump folder")
-    _audit_options(hlo, AuditHloConfig, None)
-
-
-def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:
-    mm = programs.add_parser(
-        "matmul",
-        help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
-        description="Audit one sharded matmul and compare it with the best plan for its specs. "
-        "A spec has one entry per dimension, comma-separated: None or a mesh axis name. The "
-        "defaults are the taster's: a replicated [16,1024] activation times a [1024,1024] "
-        "matrix sharded on rows over 'model'.",
-    )
-    _audit_options(mm, AuditMatmulConfig, "model=8")
-    _target_option(mm)
-    mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
-    mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
-    mm.add_argument(
-        "--n", type=positive_int, default=1024, help="columns of B and C (default 1024)"
-    )
-    mm.add_argument("--dtype", default="float32", help="element type (default float32)")
-    mm.add_argument(
-        "--a-spec", default="None,None", metavar="S", help="A's spec (default None,None)"
-    )
-    mm.add_argument(
-        "--b-spec", default="model,None", metavar="S", help="B's spec (default model,None)"
-    )
-    mm.add_argument(
-        "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
-    )
-    _hints_option(mm)
-
-
-def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:
-    rs = programs.add_parser(
-        "reshard",
-        help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
-    )
-    _audit_options(rs, AuditReshardConfig, "model=8")
-    _target_option(rs)
-
-
-def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:
-    tf = programs.add_parser(
-        "transformer",
-        help="the reference decoder under a sharding strategy, against its minimum",
-        description="Audit the reference decoder (RMSNorm, causal attention, MLP) under a "
-        "strategy and compare with the minimum communication for it, per axis and kind.",
-    )
-    _audit_options(tf, AuditTransformerConfig, None)
-    _target_option(tf)
-    tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
-    tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
-    tf.add_argument("--mode", choices=list(MODES), default=Mode.FORWARD)
-    tf.add_argument(
-        "--impl",
-        choices=["jit", "shard_map"],
-        default="jit",
-        help="jit (the compiler inserts collectives) or shard_map (explicit ones)",
-    )
-    tf.add_argument(
-        "--no-constraints",
-        dest="constraints",
-        action="store_false",
-        help="drop the strategy's activation sharding constraints",
-    )
-    for flag in ("d-model", "heads", "ff", "batch", "seq"):
-        tf.add_argument(f"--{flag}", type=positive_int, default=None, metavar="N")
-    tf.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
-    _hints_option(tf)
 
 
 def check_audit(c: AuditConfig) -> None:

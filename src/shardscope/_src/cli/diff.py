@@ -3,52 +3,14 @@ library calls."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from typing import Any
 
 from shardscope._src.audit.diff import diff_audits
-from shardscope._src.base.comm import KINDS
 from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.config import DiffConfig
 from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.render.diff import render_diff
-
-
-def add_diff_parser(sub: argparse._SubParsersAction) -> None:
-
-    diff = sub.add_parser(
-        "diff",
-        help="compare two audits (--json files): collectives that appeared, disappeared or "
-        "changed, per axis and kind; exit 1 when a budget is broken",
-        description="Compare two audit JSON files written by 'shardscope audit ... --json': "
-        "list the collectives that appeared, disappeared or changed count or bytes per mesh "
-        "axis and kind. Exit 0 within budget, 1 when a budget is broken, 2 on bad input.",
-    )
-    diff.add_argument("old", metavar="OLD.json")
-    diff.add_argument("new", metavar="NEW.json")
-    diff.add_argument(
-        "--max-bytes-increase",
-        metavar="SIZE",
-        help="most the bytes each device sends may grow: bytes, a size (64MiB) or a percentage "
-        "of the old total (5%%)",
-    )
-    diff.add_argument(
-        "--no-new",
-        action="append",
-        default=[],
-        choices=list(KINDS),
-        metavar="KIND",
-        help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
-    )
-    diff.add_argument(
-        "--by-scope",
-        action="store_true",
-        help="one row per named scope or module path, axes and kind (the audits' by_scope "
-        "totals) instead of one per axes and kind",
-    )
-    diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
-    diff.set_defaults(config=DiffConfig)
 
 
 def check_diff(c: DiffConfig) -> None:

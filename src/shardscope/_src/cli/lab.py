@@ -2,39 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS
 from shardscope._src.base.devices import backends_started
-from shardscope._src.cli.args import positive_int
 from shardscope._src.cli.config import LabConfig
-from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.cli.paths import check_dir_path
 from shardscope._src.lab import taster
-
-
-def add_lab_parser(sub: argparse._SubParsersAction) -> None:
-    lab = sub.add_parser(
-        "lab",
-        help="run the sharding taster lab: every claim a named check, JSON scorecard + PNG",
-        description="Simulate devices, shard a parameter, check a sharded matmul against one "
-        "device, reshard, plot per-device memory; writes <out>/sharding_taster.json and a PNG. "
-        "Exit 0 when every check passes, 1 when any fails.",
-    )
-    lab.add_argument(
-        "--devices",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="simulated CPU devices, per process in a multi-process run (default: XLA_FLAGS' "
-        "count if set, else 8)",
-    )
-    lab.add_argument(
-        "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
-    )
-    add_distributed_options(lab)
-    lab.set_defaults(config=LabConfig)
 
 
 def check_lab(c: LabConfig) -> None:

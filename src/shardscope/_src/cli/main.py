@@ -6,6 +6,7 @@ A user error prints one line on stderr and exits 2 (``--debug`` shows the traceb
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -13,16 +14,11 @@ from typing import Any, NoReturn
 
 from shardscope._src.base.distributed import leave_run_on_failure
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
-from shardscope._src.base.records import result_header
 from shardscope._src.cli.args import (
     NO_FLAGS,
     PROG,
-    Parser,
     UsageError,
-    positive_float,
-    positive_int,
 )
-from shardscope._src.cli.audit import add_audit_parser, audit_command, check_audit
 from shardscope._src.cli.config import (
     AuditHloConfig,
     AuditMatmulConfig,
@@ -35,9 +31,7 @@ from shardscope._src.cli.config import (
     LaunchConfig,
     PlanConfig,
 )
-from shardscope._src.cli.diff import add_diff_parser, check_diff, diff_command
-from shardscope._src.cli.lab import add_lab_parser, check_lab, lab_command
-from shardscope._src.cli.plan import add_plan_parser, check_plan, plan_command
+from shardscope._src.cli.parsers import build_parser
 from shardscope._src.launch import (
     check_launch_command,
     check_launch_size,
@@ -45,33 +39,6 @@ from shardscope._src.launch import (
     launch,
 )
 from shardscope._src.targets.plugins import prepare_targets
-
-
-def _version_text() -> str:
-
-    h = result_header(None)
-    return (
-        f"{PROG} {h['shardscope_version']} (jax {h['jax_version']}, jaxlib {h['jaxlib_version']})"
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog=PROG,
-        description="Show, check and plan how JAX shards arrays and what communication XLA "
-        "inserts.",
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    parser.add_argument("--version", action="version", version=_version_text())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sub.required = True
-
-    add_lab_parser(sub)
-    add_audit_parser(sub)
-    add_diff_parser(sub)
-    _add_launch_parser(sub)
-    add_plan_parser(sub)
-    return parser
 
 
 def _route_audit(argv: list[str]) -> list[str]:
@@ -90,47 +57,6 @@ def _route_audit(argv: list[str]) -> list[str]:
 
 
 # -- shardscope launch --------------------------------------------------------------------------
-
-
-def _add_launch_parser(sub: argparse._SubParsersAction) -> None:
-    launch = sub.add_parser(
-        "launch",
-        help="run a sub-command as P local processes of one multi-process JAX run",
-        description="Start P processes of 'shardscope SUB-COMMAND ...' on this machine, joined "
-        "in one JAX run over a free loopback port (each gets --coordinator, --num-processes, "
-        "--process-id and --devices), with every output line prefixed by '[i] '. If one "
-        "process dies, the others are ended at once and the launcher names it. For local "
-        "testing of multi-process code; on a cluster use srun/mpirun and --distributed.",
-    )
-    launch.add_argument(
-        "-n",
-        "--num-processes",
-        type=positive_int,
-        required=True,
-        metavar="P",
-        help="processes to start",
-    )
-    launch.add_argument(
-        "--devices-per-process",
-        type=positive_int,
-        default=4,
-        metavar="D",
-        help="simulated CPU devices in each process (default: 4)",
-    )
-    launch.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=None,
-        metavar="S",
-        help="end the whole run after S seconds (exit 124)",
-    )
-    launch.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        metavar="-- SUB-COMMAND ...",
-        help="the shardscope sub-command each process runs, after '--'",
-    )
-    launch.set_defaults(config=LaunchConfig)
 
 
 def _launch_command(c: LaunchConfig) -> int:
@@ -173,18 +99,33 @@ def _launch_command(c: LaunchConfig) -> int:
     return result.exit_code
 
 
-#: What runs each command, and what refuses its bad input before any work (None: nothing).
-_HANDLERS: dict[type[CommandConfig], tuple[Callable[[Any], int], Callable[[Any], None] | None]] = {
-    LabConfig: (lab_command, check_lab),
-    AuditProgramConfig: (audit_command, check_audit),
-    AuditHloConfig: (audit_command, check_audit),
-    AuditMatmulConfig: (audit_command, check_audit),
-    AuditReshardConfig: (audit_command, check_audit),
-    AuditTransformerConfig: (audit_command, check_audit),
-    DiffConfig: (diff_command, check_diff),
-    LaunchConfig: (_launch_command, None),
-    PlanConfig: (plan_command, check_plan),
+#: What runs each command and what refuses its bad input before any work (None: nothing),
+#: as ``(module, function)``: a command's module is imported when it runs, so that a command
+#: loads only what it uses.
+_HANDLERS: dict[type[CommandConfig], tuple[tuple[str, str], tuple[str, str] | None]] = {
+    LabConfig: (("lab", "lab_command"), ("lab", "check_lab")),
+    **{
+        config: (("audit", "audit_command"), ("audit", "check_audit"))
+        for config in (
+            AuditProgramConfig,
+            AuditHloConfig,
+            AuditMatmulConfig,
+            AuditReshardConfig,
+            AuditTransformerConfig,
+        )
+    },
+    DiffConfig: (("diff", "diff_command"), ("diff", "check_diff")),
+    LaunchConfig: (("main", "_launch_command"), None),
+    PlanConfig: (("plan", "plan_command"), ("plan", "check_plan")),
 }
+
+
+def _function(where: tuple[str, str]) -> Callable[[Any], Any]:
+    module, name = where
+    found: Callable[[Any], Any] = getattr(
+        importlib.import_module(f"shardscope._src.cli.{module}"), name
+    )
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,7 +155,8 @@ def _main(argv: Sequence[str] | None) -> int:
         # comes first, before any backend starts. Some checks below read JAX's dtypes.
         prepare_targets()
         _check(config)  # bad input is refused before any work
-        return _HANDLERS[type(config)][0](config)
+        run: Callable[[CommandConfig], int] = _function(_HANDLERS[type(config)][0])
+        return run(config)
     except UsageError as e:
         _fail(str(e))
     except ShardscopeError as e:
@@ -243,8 +185,9 @@ def command_config(args: argparse.Namespace) -> CommandConfig:
 
 def _check(config: CommandConfig) -> None:
     """Runs the sub-command's checks of its input, if it has any."""
-    check = _HANDLERS[type(config)][1]
-    if check is not None:
+    where = _HANDLERS[type(config)][1]
+    if where is not None:
+        check = _function(where)
         check(config)
 
 

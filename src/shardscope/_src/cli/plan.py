@@ -4,7 +4,6 @@ calls: a built-in model (:func:`run_plan_command`) or the user's own program
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,15 +20,11 @@ from shardscope._src.cli.args import (
     PROG,
     Flags,
     UsageError,
-    add_axis_types_option,
-    positive_int,
-    positive_number,
 )
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import PlanConfig
 from shardscope._src.cli.paths import check_file_path, check_output_paths
-from shardscope._src.model.config import MODES, Mode
-from shardscope._src.model.presets import MODEL_PRESETS
+from shardscope._src.model.config import Mode
 from shardscope._src.plan.program import plan_program
 from shardscope._src.plan.sweep import MAX_DEVICES, plan
 from shardscope._src.render.console import output_console
@@ -40,7 +35,6 @@ from shardscope._src.render.protocols import PlanSet, RankedPlan
 from shardscope._src.sharding.rules import load_rules_file
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.devices import compiler_installed
-from shardscope._src.targets.hardware import PRESETS
 from shardscope._src.targets.specs import TARGETS
 
 
@@ -248,181 +242,6 @@ def no_plan_error(why: Note | None) -> PlanError:
     if why is None:
         return PlanError("no plan")
     return PlanError(str(why), param=why.params)
-
-
-def add_plan_parser(sub: Any) -> None:
-
-    p = sub.add_parser(
-        "plan",
-        help="rank sharding strategies and mesh shapes for a model on N devices",
-        description="Estimate every strategy, mesh shape, micro-batch count, recomputation "
-        "and pipeline stage count for a model on N devices; compile the best on N simulated "
-        "devices (nothing allocated), audit their collectives, and rank the plans by the "
-        "step time of a calibrated time model on a hardware preset.",
-    )
-    _plan_what_options(p)
-    _plan_shape_options(p)
-    _plan_hardware_options(p)
-    _plan_search_options(p)
-    _plan_compile_options(p)
-    _plan_output_options(p)
-    p.set_defaults(config=PlanConfig)
-
-
-def _plan_what_options(p: argparse.ArgumentParser) -> None:
-    """What to plan: a built-in model, or the user's program and its rules and meshes."""
-    p.add_argument(
-        "--model",
-        metavar="NAME|FILE",
-        help=f"a model preset ({', '.join(MODEL_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
-        f"ones) or the path of a Llama-family config.json",
-    )
-    p.add_argument(
-        "--program",
-        metavar="FILE.py:FUNCTION",
-        help="plan your own program: FUNCTION(mesh) (or FUNCTION(mesh, rules)) returns the "
-        "jitted step and its arguments",
-    )
-    p.add_argument(
-        "--rules",
-        metavar="FILE",
-        help='candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: '
-        "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
-    )
-    p.add_argument(
-        "--rule-set", metavar="NAME", help="plan only this rule set of the rules (default: all)"
-    )
-    p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
-    add_axis_types_option(p)
-    p.add_argument(
-        "--meshes",
-        metavar="LIST",
-        help="mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1' "
-        "(default: every way to spread the devices over the axes)",
-    )
-
-
-def _plan_shape_options(p: argparse.ArgumentParser) -> None:
-    """The model's shape, the devices and the batch."""
-    for dim in ("d-model", "heads", "ff", "layers", "vocab"):
-        p.add_argument(
-            f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
-        )
-    p.add_argument(
-        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
-    )
-    p.add_argument(
-        "--batch",
-        type=positive_int,
-        metavar="N",
-        help="global batch in sequences (default: one per device)",
-    )
-    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
-    p.add_argument("--mode", choices=list(MODES), default=Mode.TRAIN)
-
-
-def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
-    """The hardware preset and the settings that override it."""
-    p.add_argument(
-        "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
-    )
-    for flag, dest, what in (
-        ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
-        ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
-        ("--latency", "latency_s", "seconds per collective step"),
-        ("--memory", "memory_bytes", "device memory in bytes"),
-        ("--peak-flops", "peak_flops", "FLOP/s per device"),
-        ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
-        ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
-        ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),
-    ):
-        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
-    p.add_argument(
-        "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
-    )
-
-
-def _plan_search_options(p: argparse.ArgumentParser) -> None:
-    """Which strategies, recomputations, micro-batches and stages to try."""
-    p.add_argument(
-        "--strategies",
-        metavar="LIST",
-        help="comma-separated strategies to try (default: dp,fsdp,zero1,zero2,tp,sp,dp_tp,"
-        "zero1_tp,fsdp_tp,dp_sp)",
-    )
-    p.add_argument(
-        "--remat",
-        metavar="LIST",
-        help="activation recomputation to try, comma-separated: none, selective, full "
-        "(default: all)",
-    )
-    p.add_argument(
-        "--microbatches",
-        type=positive_int,
-        metavar="N",
-        help="micro-batches per data shard (default: try the divisors)",
-    )
-    p.add_argument(
-        "--stages",
-        type=positive_int,
-        metavar="N",
-        help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
-    )
-    p.add_argument(
-        "--compile-top",
-        type=positive_int,
-        default=3,
-        metavar="N",
-        help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
-        "the best of dp, fsdp and tp, whose communication is validated; default 3)",
-    )
-    p.add_argument(
-        "--bytes-per-param",
-        type=positive_int,
-        default=16,
-        metavar="N",
-        help="training model state per parameter (default 16: mixed-precision Adam)",
-    )
-    p.add_argument(
-        "--no-flash-attention",
-        action="store_true",
-        help="materialise the attention scores (dense attention) in the compiled program and "
-        "count them in the estimate",
-    )
-
-
-def _plan_compile_options(p: argparse.ArgumentParser) -> None:
-    """How the leading plans are compiled."""
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="compile in N worker processes (0: in this process; default: auto)",
-    )
-    p.add_argument(
-        "--compiler",
-        default=None,
-        choices=["cpu", *PRESETS],
-        help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
-        "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
-        "--program: every candidate is compiled by this compiler (default cpu)",
-    )
-    p.add_argument(
-        "--target-plans",
-        type=positive_int,
-        default=3,
-        metavar="N",
-        help="how many leading plans the hardware's compiler compiles (default 3)",
-    )
-
-
-def _plan_output_options(p: argparse.ArgumentParser) -> None:
-    """What is shown and written."""
-    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
-    p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
-    p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
-    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
 
 
 def check_plan(c: PlanConfig) -> None:

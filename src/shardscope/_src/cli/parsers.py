@@ -1,0 +1,519 @@
+"""The command line's grammar: every command's parser and options, in one place.
+
+Building the parser imports no command's implementation: ``shardscope lab`` loads the lab and
+what it uses, not the planner (cli/main.py imports a command's module when it runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardscope._src.base.comm import KINDS
+from shardscope._src.base.records import result_header
+from shardscope._src.cli.args import (
+    PROG,
+    Parser,
+    add_axis_types_option,
+    positive_float,
+    positive_int,
+    positive_number,
+)
+from shardscope._src.cli.config import (
+    AuditConfig,
+    AuditHloConfig,
+    AuditMatmulConfig,
+    AuditProgramConfig,
+    AuditReshardConfig,
+    AuditTransformerConfig,
+    DiffConfig,
+    LabConfig,
+    LaunchConfig,
+    PlanConfig,
+)
+from shardscope._src.cli.distributed import add_distributed_options
+from shardscope._src.model.config import MODES, Mode
+from shardscope._src.model.presets import MODEL_PRESETS
+from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.targets.hardware import PRESETS
+from shardscope._src.targets.specs import TARGETS
+
+
+def _version_text() -> str:
+
+    h = result_header(None)
+    return (
+        f"{PROG} {h['shardscope_version']} (jax {h['jax_version']}, jaxlib {h['jaxlib_version']})"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=PROG,
+        description="Show, check and plan how JAX shards arrays and what communication XLA "
+        "inserts.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--version", action="version", version=_version_text())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+
+    add_lab_parser(sub)
+    add_audit_parser(sub)
+    add_diff_parser(sub)
+    _add_launch_parser(sub)
+    add_plan_parser(sub)
+    return parser
+
+
+def _add_launch_parser(sub: argparse._SubParsersAction) -> None:
+    launch = sub.add_parser(
+        "launch",
+        help="run a sub-command as P local processes of one multi-process JAX run",
+        description="Start P processes of 'shardscope SUB-COMMAND ...' on this machine, joined "
+        "in one JAX run over a free loopback port (each gets --coordinator, --num-processes, "
+        "--process-id and --devices), with every output line prefixed by '[i] '. If one "
+        "process dies, the others are ended at once and the launcher names it. For local "
+        "testing of multi-process code; on a cluster use srun/mpirun and --distributed.",
+    )
+    launch.add_argument(
+        "-n",
+        "--num-processes",
+        type=positive_int,
+        required=True,
+        metavar="P",
+        help="processes to start",
+    )
+    launch.add_argument(
+        "--devices-per-process",
+        type=positive_int,
+        default=4,
+        metavar="D",
+        help="simulated CPU devices in each process (default: 4)",
+    )
+    launch.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="end the whole run after S seconds (exit 124)",
+    )
+    launch.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- SUB-COMMAND ...",
+        help="the shardscope sub-command each process runs, after '--'",
+    )
+    launch.set_defaults(config=LaunchConfig)
+
+
+def add_lab_parser(sub: argparse._SubParsersAction) -> None:
+    lab = sub.add_parser(
+        "lab",
+        help="run the sharding taster lab: every claim a named check, JSON scorecard + PNG",
+        description="Simulate devices, shard a parameter, check a sharded matmul against one "
+        "device, reshard, plot per-device memory; writes <out>/sharding_taster.json and a PNG. "
+        "Exit 0 when every check passes, 1 when any fails.",
+    )
+    lab.add_argument(
+        "--devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="simulated CPU devices, per process in a multi-process run (default: XLA_FLAGS' "
+        "count if set, else 8)",
+    )
+    lab.add_argument(
+        "--out", default="scores", metavar="DIR", help="result folder (default: scores)"
+    )
+    add_distributed_options(lab)
+    lab.set_defaults(config=LabConfig)
+
+
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:
+
+    audit = sub.add_parser(
+        "audit",
+        help="compile a program and list the collectives XLA inserted, against the minimum",
+        description="Compile a program and list every collective XLA inserted, by mesh axis "
+        "and kind, with counts (loop trips included), bytes and source lines; for the matmul "
+        "and the transformer, compare with the minimum communication and compile the changes "
+        "it suggests. "
+        "Your own program: 'shardscope audit FILE.py:FUNCTION --mesh data=2,model=4'; a "
+        "compiler's dump: 'shardscope audit --hlo FILE --mesh data=8'.",
+    )
+    programs = audit.add_subparsers(dest="program", metavar="PROGRAM", parser_class=Parser)
+    programs.required = True
+    _add_audit_program(programs)
+    _add_audit_hlo(programs)
+    _add_audit_matmul(programs)
+    _add_audit_reshard(programs)
+    _add_audit_transformer(programs)
+
+
+def _audit_options(
+    p: argparse.ArgumentParser, config: type[AuditConfig], default_mesh: str | None
+) -> None:
+    """The options every audit takes, and what runs it."""
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="SPEC",
+        help="mesh description, e.g. 'model=8' or 'data=2,model=4'"
+        + (f" (default {default_mesh})" if default_mesh else ""),
+    )
+    p.add_argument(
+        "--json", default=None, metavar="FILE", help="also write it as JSON ('-': stdout)"
+    )
+    p.add_argument(
+        "--devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="simulated CPU devices, per process in a multi-process run (default: enough "
+        "for the mesh, at least 8)",
+    )
+    p.add_argument(
+        "--by-scope",
+        action="store_true",
+        help="one row per named scope or module path, axes and kind (with the pass and "
+        "source lines) instead of one per collective",
+    )
+    add_distributed_options(p)
+    p.set_defaults(
+        config=config,
+        default_mesh=default_mesh,
+        compile_target=None,
+    )
+
+
+def _target_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        dest="compile_target",
+        default=None,
+        choices=list(TARGETS),
+        metavar="TARGET",
+        help="compile for this hardware with its own compiler, on devices it does not "
+        f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
+    )
+
+
+def _hints_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-hints",
+        dest="hints",
+        action="store_false",
+        help="skip compiling the changes it suggests (the hints)",
+    )
+
+
+def _add_audit_program(programs: argparse._SubParsersAction) -> None:
+    own = programs.add_parser(
+        "program",
+        help="your program: FILE.py:FUNCTION, a make_step(mesh) returning (jitted step, args) "
+        "(shorthand: shardscope audit FILE.py:FUNCTION)",
+        description="Load FILE.py, call FUNCTION(mesh) (or FUNCTION(mesh, rules)) for the mesh "
+        "of --mesh, and audit the jitted step it returns on the arguments it returns.",
+    )
+    own.add_argument("program_ref", metavar="FILE.py:FUNCTION", help="the make_step function")
+    own.add_argument(
+        "--rules", metavar="FILE", help="logical-axis rules (JSON) in force while it runs"
+    )
+    own.add_argument(
+        "--rule-set", metavar="NAME", help="which rule set of the file (when it has several)"
+    )
+    add_axis_types_option(own)
+    _audit_options(own, AuditProgramConfig, None)
+    _target_option(own)
+
+
+def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:
+    hlo = programs.add_parser(
+        "hlo",
+        help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
+        "(shorthand: shardscope audit --hlo FILE)",
+        description="Audit optimized HLO text: a *after_optimizations.txt file of an XLA "
+        "dump, or a dump folder holding exactly one.",
+    )
+    hlo.add_argument("--hlo", required=True, metavar="FILE", help="the HLO file or dump folder")
+    _audit_options(hlo, AuditHloConfig, None)
+
+
+def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:
+    mm = programs.add_parser(
+        "matmul",
+        help="C[m,n] = A[m,k] @ B[k,n] with given specs (default: the taster's matmul)",
+        description="Audit one sharded matmul and compare it with the best plan for its specs. "
+        "A spec has one entry per dimension, comma-separated: None or a mesh axis name. The "
+        "defaults are the taster's: a replicated [16,1024] activation times a [1024,1024] "
+        "matrix sharded on rows over 'model'.",
+    )
+    _audit_options(mm, AuditMatmulConfig, "model=8")
+    _target_option(mm)
+    mm.add_argument("--m", type=positive_int, default=16, help="rows of A and C (default 16)")
+    mm.add_argument("--k", type=positive_int, default=1024, help="contracted size (default 1024)")
+    mm.add_argument(
+        "--n", type=positive_int, default=1024, help="columns of B and C (default 1024)"
+    )
+    mm.add_argument("--dtype", default="float32", help="element type (default float32)")
+    mm.add_argument(
+        "--a-spec", default="None,None", metavar="S", help="A's spec (default None,None)"
+    )
+    mm.add_argument(
+        "--b-spec", default="model,None", metavar="S", help="B's spec (default model,None)"
+    )
+    mm.add_argument(
+        "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
+    )
+    _hints_option(mm)
+
+
+def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:
+    rs = programs.add_parser(
+        "reshard",
+        help="the taster's reshard: a [1024,1024] matrix from row to column shards inside jit",
+    )
+    _audit_options(rs, AuditReshardConfig, "model=8")
+    _target_option(rs)
+
+
+def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:
+    tf = programs.add_parser(
+        "transformer",
+        help="the reference decoder under a sharding strategy, against its minimum",
+        description="Audit the reference decoder (RMSNorm, causal attention, MLP) under a "
+        "strategy and compare with the minimum communication for it, per axis and kind.",
+    )
+    _audit_options(tf, AuditTransformerConfig, None)
+    _target_option(tf)
+    tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
+    tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
+    tf.add_argument("--mode", choices=list(MODES), default=Mode.FORWARD)
+    tf.add_argument(
+        "--impl",
+        choices=["jit", "shard_map"],
+        default="jit",
+        help="jit (the compiler inserts collectives) or shard_map (explicit ones)",
+    )
+    tf.add_argument(
+        "--no-constraints",
+        dest="constraints",
+        action="store_false",
+        help="drop the strategy's activation sharding constraints",
+    )
+    for flag in ("d-model", "heads", "ff", "batch", "seq"):
+        tf.add_argument(f"--{flag}", type=positive_int, default=None, metavar="N")
+    tf.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    _hints_option(tf)
+
+
+def add_diff_parser(sub: argparse._SubParsersAction) -> None:
+
+    diff = sub.add_parser(
+        "diff",
+        help="compare two audits (--json files): collectives that appeared, disappeared or "
+        "changed, per axis and kind; exit 1 when a budget is broken",
+        description="Compare two audit JSON files written by 'shardscope audit ... --json': "
+        "list the collectives that appeared, disappeared or changed count or bytes per mesh "
+        "axis and kind. Exit 0 within budget, 1 when a budget is broken, 2 on bad input.",
+    )
+    diff.add_argument("old", metavar="OLD.json")
+    diff.add_argument("new", metavar="NEW.json")
+    diff.add_argument(
+        "--max-bytes-increase",
+        metavar="SIZE",
+        help="most the bytes each device sends may grow: bytes, a size (64MiB) or a percentage "
+        "of the old total (5%%)",
+    )
+    diff.add_argument(
+        "--no-new",
+        action="append",
+        default=[],
+        choices=list(KINDS),
+        metavar="KIND",
+        help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
+    )
+    diff.add_argument(
+        "--by-scope",
+        action="store_true",
+        help="one row per named scope or module path, axes and kind (the audits' by_scope "
+        "totals) instead of one per axes and kind",
+    )
+    diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
+    diff.set_defaults(config=DiffConfig)
+
+
+def add_plan_parser(sub: Any) -> None:
+
+    p = sub.add_parser(
+        "plan",
+        help="rank sharding strategies and mesh shapes for a model on N devices",
+        description="Estimate every strategy, mesh shape, micro-batch count, recomputation "
+        "and pipeline stage count for a model on N devices; compile the best on N simulated "
+        "devices (nothing allocated), audit their collectives, and rank the plans by the "
+        "step time of a calibrated time model on a hardware preset.",
+    )
+    _plan_what_options(p)
+    _plan_shape_options(p)
+    _plan_hardware_options(p)
+    _plan_search_options(p)
+    _plan_compile_options(p)
+    _plan_output_options(p)
+    p.set_defaults(config=PlanConfig)
+
+
+def _plan_what_options(p: argparse.ArgumentParser) -> None:
+    """What to plan: a built-in model, or the user's program and its rules and meshes."""
+    p.add_argument(
+        "--model",
+        metavar="NAME|FILE",
+        help=f"a model preset ({', '.join(MODEL_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
+        f"ones) or the path of a Llama-family config.json",
+    )
+    p.add_argument(
+        "--program",
+        metavar="FILE.py:FUNCTION",
+        help="plan your own program: FUNCTION(mesh) (or FUNCTION(mesh, rules)) returns the "
+        "jitted step and its arguments",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="FILE",
+        help='candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: '
+        "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
+    )
+    p.add_argument(
+        "--rule-set", metavar="NAME", help="plan only this rule set of the rules (default: all)"
+    )
+    p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
+    add_axis_types_option(p)
+    p.add_argument(
+        "--meshes",
+        metavar="LIST",
+        help="mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1' "
+        "(default: every way to spread the devices over the axes)",
+    )
+
+
+def _plan_shape_options(p: argparse.ArgumentParser) -> None:
+    """The model's shape, the devices and the batch."""
+    for dim in ("d-model", "heads", "ff", "layers", "vocab"):
+        p.add_argument(
+            f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
+        )
+    p.add_argument(
+        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
+    )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        metavar="N",
+        help="global batch in sequences (default: one per device)",
+    )
+    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
+    p.add_argument("--mode", choices=list(MODES), default=Mode.TRAIN)
+
+
+def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
+    """The hardware preset and the settings that override it."""
+    p.add_argument(
+        "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
+    )
+    for flag, dest, what in (
+        ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
+        ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
+        ("--latency", "latency_s", "seconds per collective step"),
+        ("--memory", "memory_bytes", "device memory in bytes"),
+        ("--peak-flops", "peak_flops", "FLOP/s per device"),
+        ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
+        ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
+        ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),
+    ):
+        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
+    p.add_argument(
+        "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
+    )
+
+
+def _plan_search_options(p: argparse.ArgumentParser) -> None:
+    """Which strategies, recomputations, micro-batches and stages to try."""
+    p.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="comma-separated strategies to try (default: dp,fsdp,zero1,zero2,tp,sp,dp_tp,"
+        "zero1_tp,fsdp_tp,dp_sp)",
+    )
+    p.add_argument(
+        "--remat",
+        metavar="LIST",
+        help="activation recomputation to try, comma-separated: none, selective, full "
+        "(default: all)",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=positive_int,
+        metavar="N",
+        help="micro-batches per data shard (default: try the divisors)",
+    )
+    p.add_argument(
+        "--stages",
+        type=positive_int,
+        metavar="N",
+        help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
+    )
+    p.add_argument(
+        "--compile-top",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
+        "the best of dp, fsdp and tp, whose communication is validated; default 3)",
+    )
+    p.add_argument(
+        "--bytes-per-param",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="training model state per parameter (default 16: mixed-precision Adam)",
+    )
+    p.add_argument(
+        "--no-flash-attention",
+        action="store_true",
+        help="materialise the attention scores (dense attention) in the compiled program and "
+        "count them in the estimate",
+    )
+
+
+def _plan_compile_options(p: argparse.ArgumentParser) -> None:
+    """How the leading plans are compiled."""
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile in N worker processes (0: in this process; default: auto)",
+    )
+    p.add_argument(
+        "--compiler",
+        default=None,
+        choices=["cpu", *PRESETS],
+        help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
+        "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
+        "--program: every candidate is compiled by this compiler (default cpu)",
+    )
+    p.add_argument(
+        "--target-plans",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="how many leading plans the hardware's compiler compiles (default 3)",
+    )
+
+
+def _plan_output_options(p: argparse.ArgumentParser) -> None:
+    """What is shown and written."""
+    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
+    p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
+    p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
+    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
