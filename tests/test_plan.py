@@ -30,7 +30,6 @@ from shardscope._src.plan.compile import (
 )
 from shardscope._src.plan.estimates import (
     activation_bytes_per_layer,
-    crosses_nodes,
     estimate_memory,
     model_flops,
 )
@@ -39,6 +38,7 @@ from shardscope._src.plan.sweep import plan
 from shardscope._src.plan.validate import VALIDATED_STRATEGIES, validate
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+from shardscope._src.targets.links import crosses_nodes
 
 TINY = model_preset("tiny")
 SWEPT = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")

@@ -11,11 +11,13 @@ import pytest
 from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.bounds import transformer
+from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
 from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan import notes as plan_notes
 from shardscope._src.plan.candidates import estimate, screen_all
+from shardscope._src.plan.collectives import bound_time, collective_time
 from shardscope._src.plan.estimates import (
     Schedule,
     estimate_memory,
@@ -27,13 +29,13 @@ from shardscope._src.plan.timing import (
     PER_STEP_BWD,
     CommItem,
     StepWork,
-    group_bandwidth,
     step_time,
 )
-from shardscope._src.plan.types import Candidate
+from shardscope._src.plan.types import Candidate, PlanCollective
 from shardscope._src.plan.validate import all_reduce_formula, jit_formula
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import hardware
+from shardscope._src.targets.links import group_bandwidth
 
 SMALL = ModelConfig(
     d_model=32, heads=4, kv_heads=2, ff=48, layers=2, batch=8, seq=16, vocab=32, mlp="swiglu"
@@ -352,6 +354,24 @@ def test_a_group_spanning_nodes_shares_their_network_cards():
     assert inside == pytest.approx(300e9 * 0.8)
     assert one_card == pytest.approx(25e9 * 0.8)
     assert two_cards == pytest.approx(2 * 25e9 * 0.8)
+
+
+def test_a_compiled_collective_and_a_bound_term_are_priced_alike():
+    # An all-gather over data=32 of a 32 x 8 mesh of A100s: one member per node, so one
+    # 25 GB/s card at the achieved 80%; 31 ring steps of 5 us. The compiled collective and
+    # the bound's term of the same traffic cost the same (one pricing for both).
+    hw = hardware("a100")
+    sizes = {"data": 32, "model": 8}
+    traffic = 31 * 2**20  # 31/32 of a 32 MiB gathered buffer
+    expected = 31 * 5e-6 + traffic / (25e9 * 0.8)
+    compiled = PlanCollective(
+        "all-gather", ("data",), 32, 1, True, False, "bfloat16", 2**25, 2**25, traffic,
+        traffic, None, None,
+    )  # fmt: skip
+    assert collective_time(hw, sizes, compiled) == pytest.approx(expected, rel=1e-12)
+    term = Term("all-gather", ("data",), 32, 2**25, 1, "weights", role=TermRole.WEIGHT_GATHER)
+    assert term.traffic_bytes == traffic
+    assert bound_time(hw, sizes, Bound("fsdp", (term,))) == pytest.approx(expected, rel=1e-12)
 
 
 # Narayanan et al. 2021, Table 1, rows without pipelining (CALIBRATION.md): heads, hidden,

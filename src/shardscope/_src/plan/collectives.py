@@ -1,6 +1,6 @@
-"""A plan's compiled collectives on the hardware: each timed by the alpha-beta model at the
-bandwidth of the links its group uses, and summed per (mesh axes, kind) beside the bound's
-bytes; and the time of the bound itself."""
+"""A plan's compiled collectives on the hardware: each priced by the one model of
+:mod:`~shardscope._src.targets.links` (the same the screening estimate and the bound use),
+and summed per (mesh axes, kind) beside the bound's bytes; and the time of the bound itself."""
 
 from __future__ import annotations
 
@@ -9,35 +9,31 @@ from typing import Any, NamedTuple
 
 from shardscope._src.base.comm import KINDS, latency_steps
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.plan.estimates import crosses_nodes
 from shardscope._src.plan.types import AxisComm, PlanCollective, axes_label
 from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.links import collective_seconds, crosses_nodes, group_bandwidth
 
 
-def _bandwidth(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> tuple[float, bool]:
-    cross = crosses_nodes(sizes, () if c.irregular else c.axes, hw.node_size)
-    return (hw.cross_node_bandwidth if cross else hw.link_bandwidth), cross
+def _axes(c: PlanCollective) -> tuple[str, ...]:
+    return () if c.irregular else c.axes
 
 
 def collective_time(hw: Hardware, sizes: Mapping[str, int], c: PlanCollective) -> float:
     """Alpha-beta seconds of all ``count`` executions of a collective."""
-
-    bandwidth, _ = _bandwidth(hw, sizes, c)
-    steps = latency_steps(c.kind, max(c.group_size, 1)) if c.traffic_bytes else 0
-    return c.count * steps * hw.latency_s + c.traffic_bytes / bandwidth
+    return collective_seconds(hw, sizes, c.kind, _axes(c), c.group_size, c.traffic_bytes, c.count)
 
 
 def bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Bound) -> float:
     """A lower bound on the seconds of ``bound``'s communication on a mesh of ``sizes``."""
-    # Every byte of the bound at full bandwidth, and one collective's latency per (axes,
-    # kind), since a compiler may merge the bound's terms (it does merge the per-weight
-    # gradient all-reduces).
+    # Every byte of the bound at its group's bandwidth, and one collective's latency per
+    # (axes, kind), since a compiler may merge the bound's terms (it does merge the
+    # per-weight gradient all-reduces).
     total = 0.0
     latency: dict[tuple[tuple[str, ...], str], float] = {}
     for t in bound.terms:
-        cross = crosses_nodes(sizes, t.axes, hw.node_size)
-        bandwidth = hw.cross_node_bandwidth if cross else hw.link_bandwidth
-        total += t.traffic_bytes / bandwidth
+        if t.traffic_bytes <= 0 or t.group_size <= 1:
+            continue
+        total += t.traffic_bytes / group_bandwidth(hw, sizes, t.axes)
         steps = latency_steps(t.kind, t.group_size) * hw.latency_s
         latency[(t.axes, t.kind)] = max(latency.get((t.axes, t.kind), 0.0), steps)
     return total + sum(latency.values())
@@ -74,7 +70,7 @@ def axis_comm(
                 traffic_bytes=sum(c.traffic_bytes for c in group),
                 bound_bytes=bound_by.get(row, 0),
                 time_s=sum(collective_time(hw, sizes, c) for c in group),
-                crosses_nodes=any(_bandwidth(hw, sizes, c)[1] for c in group)
+                crosses_nodes=any(crosses_nodes(sizes, _axes(c), hw.node_size) for c in group)
                 if group
                 else crosses_nodes(sizes, row.axes, hw.node_size),
             )

@@ -27,11 +27,9 @@ as the paper counts it), train 3x forward (no recomputation). With ``f = 4h`` th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.records import Record, record_dict
@@ -255,28 +253,6 @@ def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:
     )
     forward = 2 * c.batch * c.seq * per_token
     return 3 * forward if mode == Mode.TRAIN else forward
-
-
-def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int) -> bool:
-    """Whether a collective over ``axes`` has a group spanning two nodes.
-
-    Devices are numbered in mesh order (the last axis varies fastest) and node ``k`` holds
-    devices ``k*node_size`` to ``(k+1)*node_size - 1``. An axis that is not a plain mesh axis
-    (a sub-axis, or an irregular group) is taken to cross whenever the mesh does.
-    """
-
-    total = math.prod(sizes.values())
-    if total <= node_size:
-        return False
-    names = list(sizes)
-    if not axes or any(a not in sizes for a in axes):
-        return True
-    ids = np.arange(total).reshape(tuple(sizes.values()))
-    group = [names.index(a) for a in axes]
-    rest = [i for i in range(len(names)) if i not in group]
-    groups = ids.transpose(rest + group).reshape(-1, math.prod(sizes[a] for a in axes))
-    nodes = groups // node_size
-    return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
 
 
 def settings_dict(bytes_per_param: int, flash_attention: bool) -> dict[str, Any]:

@@ -38,14 +38,11 @@ of every device.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from shardscope._src.base.comm import ALL_GATHER, REDUCE_SCATTER, latency_steps
+from shardscope._src.base.comm import ALL_GATHER, REDUCE_SCATTER
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term
@@ -63,6 +60,7 @@ from shardscope._src.plan.estimates import (
 )
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.links import collective_seconds
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
 HBM_PASSES = 2
@@ -140,48 +138,6 @@ class StepTime(Record):
     step_s: float
     mfu: float
     bubble_fraction: float
-
-
-def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
-    """Achieved bytes/s per device of a collective over ``axes`` of a mesh of ``sizes``.
-
-    Inside a node: the link bandwidth times ``comm_fraction``. A group spanning nodes moves
-    its traffic over the network cards of the nodes it spans: with ``k`` of its members on
-    each node, ``k`` cards carry it (NCCL runs one ring per card), so ``min(link, k x
-    cross_node)`` times ``comm_fraction``. Devices are numbered in mesh order (the last axis
-    fastest); node ``i`` holds devices ``i*node_size`` to ``(i+1)*node_size - 1``.
-    """
-
-    names = list(sizes)
-    total = math.prod(sizes.values())
-    group = [a for a in axes if a in sizes]
-    if not group or total <= hw.node_size:
-        return hw.link_bandwidth * hw.comm_fraction
-    ids = np.arange(total).reshape(tuple(sizes.values()))
-    idx = [names.index(a) for a in group]
-    rest = [i for i in range(len(names)) if i not in idx]
-    first = ids.transpose(rest + idx).reshape(-1, math.prod(sizes[a] for a in group))[0]
-    nodes = len(set((first // hw.node_size).tolist()))
-    if nodes == 1:
-        return hw.link_bandwidth * hw.comm_fraction
-    per_node = len(first) // nodes
-    return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
-
-
-def collective_seconds(
-    hw: Hardware,
-    sizes: Mapping[str, int],
-    kind: str,
-    axes: Sequence[str],
-    group_size: int,
-    traffic_bytes: float,
-    count: int,
-) -> float:
-    """Alpha-beta seconds of ``count`` executions sending ``traffic_bytes`` per device in all."""
-    if traffic_bytes <= 0 or group_size <= 1:
-        return 0.0
-    steps = latency_steps(kind, group_size)
-    return count * steps * hw.latency_s + traffic_bytes / group_bandwidth(hw, sizes, axes)
 
 
 def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:

@@ -1,0 +1,86 @@
+"""What a collective costs on a target's links: the one pricing of communication.
+
+Every time shardscope gives a collective (a term of a lower bound, a collective the compiler
+inserted, a plan's communication, the exposed time of an audit) comes from
+:func:`collective_seconds`: the alpha-beta model at the bandwidth the group's links achieve.
+
+Devices are numbered in mesh order (the last axis varies fastest) and node ``k`` holds
+devices ``k*node_size`` to ``(k+1)*node_size - 1``. Inside a node a device sends at the link
+bandwidth; a group spanning nodes moves its traffic over the network cards of the nodes it
+spans: with ``m`` of its members on each node, ``m`` cards carry it (NCCL runs one ring per
+card), so ``min(link, m x cross_node)``. Either way at ``comm_fraction`` of it, the bus
+bandwidth collectives measure against the line rate (``Hardware.comm_fraction``'s source).
+A group whose axes are not plain mesh axes (a sub-axis, an irregular group) is priced as the
+worst case: across nodes, one member on each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from shardscope._src.base.comm import latency_steps
+from shardscope._src.targets.hardware import Hardware
+
+
+def _first_group(sizes: Mapping[str, int], axes: Sequence[str]) -> list[int] | None:
+    """The device ids of the first group of a collective over ``axes`` (None: not plain axes)."""
+    names = list(sizes)
+    if not axes or any(a not in sizes for a in axes):
+        return None
+    ids = np.arange(math.prod(sizes.values())).reshape(tuple(sizes.values()))
+    group = [names.index(a) for a in axes]
+    rest = [i for i in range(len(names)) if i not in group]
+    first = ids.transpose(rest + group).reshape(-1, math.prod(sizes[a] for a in axes))[0]
+    return [int(i) for i in first]
+
+
+def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int) -> bool:
+    """Whether a collective over ``axes`` of a mesh of ``sizes`` has a group spanning two
+    nodes (an axis that is not a plain mesh axis crosses whenever the mesh does)."""
+    total = math.prod(sizes.values())
+    if total <= node_size:
+        return False
+    names = list(sizes)
+    if not axes or any(a not in sizes for a in axes):
+        return True
+    ids = np.arange(total).reshape(tuple(sizes.values()))
+    group = [names.index(a) for a in axes]
+    rest = [i for i in range(len(names)) if i not in group]
+    groups = ids.transpose(rest + group).reshape(-1, math.prod(sizes[a] for a in axes))
+    nodes = groups // node_size
+    return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
+
+
+def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
+    """Achieved bytes/s per device of a collective over ``axes`` of a mesh of ``sizes``."""
+    inside = hw.link_bandwidth * hw.comm_fraction
+    if math.prod(sizes.values()) <= hw.node_size:
+        return inside
+    first = _first_group(sizes, axes)
+    if first is None:  # not plain mesh axes: across nodes, one member on each
+        return min(hw.link_bandwidth, hw.cross_node_bandwidth) * hw.comm_fraction
+    nodes = len({i // hw.node_size for i in first})
+    if nodes == 1:
+        return inside
+    per_node = len(first) // nodes
+    return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
+
+
+def collective_seconds(
+    hw: Hardware,
+    sizes: Mapping[str, int],
+    kind: str,
+    axes: Sequence[str],
+    group_size: int,
+    traffic_bytes: float,
+    count: int = 1,
+) -> float:
+    """Alpha-beta seconds of ``count`` executions of a collective that send
+    ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``."""
+    if traffic_bytes <= 0 or group_size <= 1:
+        return 0.0
+    steps = latency_steps(kind, group_size)
+    return count * steps * hw.latency_s + traffic_bytes / group_bandwidth(hw, sizes, axes)
