@@ -17,6 +17,8 @@ from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import assert_usage_error
+from shardscope._src.base.comm import format_seconds
+from shardscope._src.render.audit import format_audit
 from shardscope._src.targets import devices as targets_devices
 from shardscope._src.targets.capabilities import Support, compiler_capabilities
 from shardscope._src.targets.specs import GPU_SPECS, TARGETS, Family
@@ -181,6 +183,39 @@ def test_fsdp_step_on_8_h100s_reduce_scatters_16_bit_gradients_over_data():
     assert sum(c.payload_bytes for c in scatters) == 2 * 256 * 1024 * 2
     assert all(c.count == 2 and c.count_exact for c in scatters)
     assert a.memory is not None and a.memory["temp_size_in_bytes"] > 0
+
+
+def test_an_fsdp_step_on_h100s_is_priced_with_what_its_schedule_hides():
+    mesh = shardscope.target_mesh("h100", "data=8", axis_types="auto")
+    step, params, x = _fsdp_step(mesh)
+    a = shardscope.audit(step, params, x)
+    assert a.priced_on == "h100"
+    # Counted from the HLO: per device 32 / 8 sequences of 64 tokens; per layer two matmuls
+    # forward and four backward (weight and input gradients), each 2 x 256 x 256 x 1024.
+    tokens = 32 // 8 * 64
+    assert a.hlo_flops == 2 * 6 * 2 * tokens * 256 * 1024
+    assert all(c.overlap is not None and c.overlap.is_async for c in a.collectives)
+    # The combined gradient reduce-scatter over the 8 GPUs of one node: 7 ring steps of
+    # 5 us, and 7/8 of its two bf16 [256, 1024] gradients at 80% of 450 GB/s.
+    (scatter,) = [c for c in a.collectives if c.kind == "reduce-scatter"]
+    sent = 7 * (2 * 256 * 1024 * 2) // 8
+    assert scatter.overlap.comm_s == pytest.approx(7 * 5e-6 + sent / (450e9 * 0.8), rel=1e-12)
+    for c in a.collectives:
+        o = c.overlap
+        assert o.window is not None and o.window.start == c.name
+        assert o.hidden_s + o.exposed_s == pytest.approx(o.comm_s, rel=1e-12)
+    e = a.exposure()
+    assert e.comm_s == pytest.approx(sum(c.overlap.comm_s * c.count for c in a.collectives))
+    assert set(a.exposure_by_scope()) == {c.scope for c in a.collectives}
+    shown = format_audit(a, width=200)
+    assert "Communication time on h100" in shown
+    assert f"per run on h100: {format_seconds(e.comm_s)} of communication" in shown
+    data = json.loads(json.dumps(a.to_dict()))
+    assert data["priced_on"] == "h100" and data["exposure"]["comm_s"] == pytest.approx(e.comm_s)
+    again = type(a).from_dict(data)
+    assert [c.overlap for c in again.sorted_collectives()] == [
+        c.overlap for c in a.sorted_collectives()
+    ]
 
 
 def test_fsdp_step_on_tpu_v5p_as_its_compiler_chose():

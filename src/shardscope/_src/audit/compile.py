@@ -31,6 +31,8 @@ from typing import Any
 import jax
 
 from shardscope._src.audit.analysis import analyze
+from shardscope._src.audit.overlap import program_cost
+from shardscope._src.audit.pricing import priced
 from shardscope._src.audit.records import Audit, AuditedProgram, Rematerialization
 from shardscope._src.audit.stages import lower, lower_step, unwrap_stage
 from shardscope._src.base.errors import (
@@ -53,8 +55,9 @@ from shardscope._src.mesh import (
 )
 from shardscope._src.sharding.rules import rules_for_mesh
 from shardscope._src.targets.devices import target_of_device
+from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import check_mesh_target, target_mesh
-from shardscope._src.targets.specs import get_target
+from shardscope._src.targets.specs import TARGETS, get_target
 
 # --------------------------------------------------------------------------------------
 # Front door: audit(program, ...)
@@ -405,6 +408,10 @@ def _audit_text(
     remats = None
     if log is not None:
         remats = _REMATS.read(compiled, log, module)
+    hardware = _hardware_of(None if facts is None else facts.target)
+    if hardware is not None:
+        collectives = priced(collectives, module, axes, hardware)
+    cost = program_cost(module)
     result = Audit(
         collectives=collectives,
         mesh_axes=axes,
@@ -419,8 +426,18 @@ def _audit_text(
         execution_threads=tuple(sorted(threads)),
         backend=None if facts is None else facts.backend,
         target=None if facts is None else facts.target,
+        hlo_flops=cost.flops,
+        hlo_bytes=cost.bytes,
+        priced_on=None if hardware is None else hardware.name,
     )
     return result.with_program(AuditedProgram(text, module, compiled))
+
+
+def _hardware_of(target: str | None) -> Hardware | None:
+    """The hardware preset a compile target prices on (None: the CPU backend, or none)."""
+    if target is None or target not in TARGETS:
+        return None
+    return get_target(target).preset
 
 
 def _audit_compiled(

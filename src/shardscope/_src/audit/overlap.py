@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from shardscope._src.audit.loops import derived_trip_count, known_trip_count
 from shardscope._src.base import comm
-from shardscope._src.hlo.cost import Cost, instruction_cost, total
+from shardscope._src.base.records import Record, field_of, record_dict
+from shardscope._src.hlo.cost import Cost, CostCounter, total
 from shardscope._src.hlo.parse import Computation, HloModule, Instruction
 
 #: Instructions whose computations run as part of the schedule they sit in (a fusion's or a
@@ -47,9 +48,9 @@ class Roofline(Protocol):
 
 
 @dataclass(frozen=True)
-class Window:
+class Window(Record):
     """One asynchronous collective's window: its ``-start``, its ``-done`` and what the
-    compiler scheduled between them."""
+    compiler scheduled between them (``compute``: per run of the window)."""
 
     start: str
     done: str
@@ -58,13 +59,34 @@ class Window:
     instructions: int  # compute instructions scheduled inside
     collectives: int  # other collectives in flight inside the same window
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **record_dict(self, omit=("compute",)),
+            "flops": self.compute.flops,
+            "bytes": self.compute.bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Window:
+        what = "an overlap window"
+        return cls(
+            start=str(field_of(data, "start", what)),
+            done=str(field_of(data, "done", what)),
+            computation=str(field_of(data, "computation", what)),
+            compute=Cost(int(field_of(data, "flops", what)), int(field_of(data, "bytes", what))),
+            instructions=int(field_of(data, "instructions", what)),
+            collectives=int(field_of(data, "collectives", what)),
+        )
+
 
 @dataclass(frozen=True)
-class Overlap:
-    """A collective's time, and how much of it the compute scheduled alongside hides.
+class Overlap(Record):
+    """One execution of a collective: its time, and how much of it the compute scheduled
+    alongside hides.
 
-    ``hidden_s`` is the compute time inside its window, ``exposed_s`` what of the collective's
-    own time is left over (all of it for a synchronous collective).
+    ``hidden_s`` is the compute time inside its window (capped at the collective's own
+    time), ``exposed_s`` what of the collective's time is left over (all of it for a
+    synchronous collective).
     """
 
     name: str
@@ -74,6 +96,41 @@ class Overlap:
     hidden_s: float
     exposed_s: float
     window: Window | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Overlap:
+        what = "a collective's overlap"
+        window = data.get("window")
+        return cls(
+            name=str(field_of(data, "name", what)),
+            computation=str(field_of(data, "computation", what)),
+            is_async=bool(field_of(data, "is_async", what)),
+            comm_s=float(field_of(data, "comm_s", what)),
+            hidden_s=float(field_of(data, "hidden_s", what)),
+            exposed_s=float(field_of(data, "exposed_s", what)),
+            window=None if window is None else Window.from_dict(window),
+        )
+
+
+@dataclass(frozen=True)
+class Exposure(Record):
+    """Communication seconds per program run, and how much of them compute hides."""
+
+    comm_s: float
+    hidden_s: float
+    exposed_s: float
+
+    def __add__(self, other: Exposure) -> Exposure:
+        return Exposure(
+            self.comm_s + other.comm_s,
+            self.hidden_s + other.hidden_s,
+            self.exposed_s + other.exposed_s,
+        )
+
+    @staticmethod
+    def of(overlap: Overlap, count: int) -> Exposure:
+        """``count`` executions of ``overlap``'s collective."""
+        return Exposure(overlap.comm_s * count, overlap.hidden_s * count, overlap.exposed_s * count)
 
 
 def _scheduled_callees(ins: Instruction) -> Iterator[str]:
@@ -97,21 +154,37 @@ def _runs_of(module: HloModule, comp: Computation, ins: Instruction, callee: str
     return trips if callee == body else trips + 1
 
 
-def computation_cost(module: HloModule, name: str, _seen: frozenset[str] = frozenset()) -> Cost:
+class _Walk:
+    """Costs of one module's scheduled computations, each computed once."""
+
+    def __init__(self, module: HloModule) -> None:
+        self.module = module
+        self.counter = CostCounter(module)
+        self._runs: dict[str, Cost] = {}
+
+    def computation(self, name: str, seen: frozenset[str] = frozenset()) -> Cost:
+        if name in self._runs:
+            return self._runs[name]
+        comp = self.module.computations.get(name)
+        if comp is None or name in seen:
+            return Cost()
+        got = total(self.instruction(comp, ins, seen | {name}) for ins in comp.instructions)
+        self._runs[name] = got
+        return got
+
+    def instruction(self, comp: Computation, ins: Instruction, seen: frozenset[str]) -> Cost:
+        out = self.counter.instruction(comp, ins)
+        for callee in _scheduled_callees(ins):
+            runs = _runs_of(self.module, comp, ins, callee)
+            out += self.computation(callee, seen) * runs
+        return out
+
+
+def computation_cost(module: HloModule, name: str) -> Cost:
     """What one run of a scheduled computation computes and moves, loops counted with their
     trip counts (one trip where the count cannot be read), every branch of a conditional
     counted (an upper bound)."""
-    comp = module.computations.get(name)
-    if comp is None or name in _seen:
-        return Cost()
-    return total(_cost(module, comp, ins, _seen | {name}) for ins in comp.instructions)
-
-
-def _cost(module: HloModule, comp: Computation, ins: Instruction, seen: frozenset[str]) -> Cost:
-    out = instruction_cost(module, comp, ins)
-    for callee in _scheduled_callees(ins):
-        out += computation_cost(module, callee, seen) * _runs_of(module, comp, ins, callee)
-    return out
+    return _Walk(module).computation(name)
 
 
 def program_cost(module: HloModule) -> Cost:
@@ -119,18 +192,24 @@ def program_cost(module: HloModule) -> Cost:
     return computation_cost(module, module.entry_name)
 
 
-def _done_of(comp: Computation, start: Instruction) -> tuple[int, Instruction] | None:
-    """The ``-done`` that ends ``start``'s transfer (through any ``-update``), with its
-    position in the schedule."""
-    names = {start.name}
+def _dones(comp: Computation) -> dict[str, tuple[int, Instruction]]:
+    """For each ``-start``, the ``-done`` that ends its transfer (through any ``-update``),
+    with its position in the schedule."""
+    after: dict[str, tuple[int, Instruction]] = {}
     for i, ins in enumerate(comp.instructions):
-        if not ins.operands or ins.operands[0] not in names:
+        if ins.operands and ins.opcode.endswith(("-done", "-update")):
+            after.setdefault(ins.operands[0], (i, ins))
+    out: dict[str, tuple[int, Instruction]] = {}
+    for ins in comp.instructions:
+        if not ins.opcode.endswith("-start"):
             continue
-        if ins.opcode.endswith("-update"):
-            names.add(ins.name)
-        elif ins.opcode.endswith("-done"):
-            return i, ins
-    return None
+        step, seen = after.get(ins.name), {ins.name}
+        while step is not None and step[1].opcode.endswith("-update") and step[1].name not in seen:
+            seen.add(step[1].name)
+            step = after.get(step[1].name)
+        if step is not None and step[1].opcode.endswith("-done"):
+            out[ins.name] = step
+    return out
 
 
 def _is_collective(ins: Instruction) -> bool:
@@ -141,26 +220,39 @@ def _is_collective(ins: Instruction) -> bool:
 def windows(module: HloModule) -> dict[str, Window]:
     """Each asynchronous collective's window, keyed by its ``-start``'s name."""
     out: dict[str, Window] = {}
+    walk = _Walk(module)
     for comp in module.computations.values():
-        position = {ins.name: i for i, ins in enumerate(comp.instructions)}
-        for ins in comp.instructions:
-            if not ins.opcode.endswith("-start") or ins.opcode == "copy-start":
+        dones = _dones(comp)
+        if not dones:
+            continue
+        # Running sums over the schedule, so that each window is two lookups.
+        flops, moved, busy, starts = [0], [0], [0], [0]
+        for i in comp.instructions:
+            c = walk.instruction(comp, i, frozenset({comp.name}))
+            flops.append(flops[-1] + c.flops)
+            moved.append(moved[-1] + c.bytes)
+            busy.append(busy[-1] + bool(c.flops or c.bytes))
+            starts.append(starts[-1] + (_is_collective(i) and i.opcode.endswith("-start")))
+        for at, ins in enumerate(comp.instructions):
+            if ins.opcode == "copy-start" or ins.name not in dones:
                 continue
-            found = _done_of(comp, ins)
-            if found is None:
-                continue
-            end, done = found
-            inside = comp.instructions[position[ins.name] + 1 : end]
-            costs = [_cost(module, comp, i, frozenset({comp.name})) for i in inside]
-            busy = [c for c in costs if c.flops or c.bytes]
-            out[ins.name] = Window(
+            end, done = dones[ins.name]
+            lo = at + 1
+            window = Window(
                 ins.name,
                 done.name,
                 comp.name,
-                total(costs),
-                len(busy),
-                sum(1 for i in inside if _is_collective(i) and i.opcode.endswith("-start")),
+                Cost(flops[end] - flops[lo], moved[end] - moved[lo]),
+                busy[end] - busy[lo],
+                starts[end] - starts[lo],
             )
+            out[ins.name] = window
+            # A collective an async-start wraps runs in the same window (names are unique
+            # in a module).
+            for _, callee in ins.called_computations if ins.opcode == "async-start" else ():
+                for inner in module.computations[callee].instructions:
+                    if _is_collective(inner):
+                        out[inner.name] = window
     return out
 
 
@@ -186,7 +278,7 @@ def overlaps(
     for name, (computation, is_async) in collectives.items():
         seconds = comm_seconds(name)
         window = found.get(name) if is_async else None
-        hidden = compute_seconds(window.compute, device) if window is not None else 0.0
-        exposed = max(0.0, seconds - hidden)
-        out.append(Overlap(name, computation, is_async, seconds, hidden, exposed, window))
+        compute = compute_seconds(window.compute, device) if window is not None else 0.0
+        hidden = min(seconds, compute)
+        out.append(Overlap(name, computation, is_async, seconds, hidden, seconds - hidden, window))
     return out

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from shardscope._src.audit.overlap import Exposure, Overlap
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.errors import ShardscopeError, is_int
@@ -17,6 +18,10 @@ from shardscope._src.mesh import format_mesh_spec
 
 if TYPE_CHECKING:
     import jax
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _opt_str(value: Any) -> str | None:
@@ -186,6 +191,7 @@ class Collective:
     phase: str | None = None
     carried_as: str | None = None
     parts: tuple[Part, ...] = field(default=(), repr=False)
+    overlap: Overlap | None = None
 
     @property
     def totals(self) -> Totals:
@@ -258,6 +264,7 @@ class Collective:
             phase=_opt_str(data.get("phase")),
             carried_as=_opt_str(data.get("carried_as")),
             parts=tuple(Part.from_dict(x) for x in data.get("parts", ())),
+            overlap=None if data.get("overlap") is None else Overlap.from_dict(data["overlap"]),
         )
 
 
@@ -449,6 +456,15 @@ class Audit:
     compile-only devices) or ``"tpu"``; ``target`` is the compile target's name (``"h100"``,
     ``"cpu"``) when shardscope knows its devices. Both are None for HLO text.
 
+    ``hlo_flops`` and ``hlo_bytes`` are what one run of the program computes and moves per
+    device, counted from its HLO (:mod:`~shardscope._src.hlo.cost`: the FLOPs of its matrix
+    products, the bytes its instructions read and write in device memory): every compiler
+    alike, the GPU's too, which reports no ``flops``. Each collective's ``overlap`` prices one
+    execution on the hardware of ``priced_on`` (the compile target's preset) and says how
+    much of it the compute the compiler scheduled beside it hides
+    (:mod:`~shardscope._src.audit.overlap`); None where the audit has no hardware to price on
+    (the CPU backend, HLO text).
+
     The fields are plain data (compared, written by :meth:`to_dict`, read back by
     :meth:`from_dict`). What the audit was read from, the HLO text, its parsed module and
     the ``jax.stages.Compiled``, is :attr:`program` (also :attr:`hlo_text`, :attr:`module`
@@ -469,6 +485,9 @@ class Audit:
     execution_threads: tuple[str, ...] = ()
     backend: str | None = None
     target: str | None = None
+    hlo_flops: int | None = None
+    hlo_bytes: int | None = None
+    priced_on: str | None = None
 
     def with_program(self, program: AuditedProgram) -> Audit:
         """This audit, holding ``program`` as what it was read from (returns ``self``)."""
@@ -523,6 +542,27 @@ class Audit:
     def totals_by_axis(self) -> dict[str, Totals]:
         """``{axes label: Totals}``; a collective over ``dp,mp`` is its own label."""
         return group_totals(self.totals().items(), lambda kt: kt[0][0], lambda kt: kt[1])
+
+    def exposure(self) -> Exposure | None:
+        """The program's communication seconds per run on :attr:`priced_on`'s hardware, and
+        how much of them the compute scheduled beside them hides (None: not priced)."""
+        if self.priced_on is None:
+            return None
+        out = Exposure(0.0, 0.0, 0.0)
+        for c in self.collectives:
+            if c.overlap is not None:
+                out += Exposure.of(c.overlap, c.count)
+        return out
+
+    def exposure_by_scope(self) -> dict[str, Exposure]:
+        """:meth:`exposure` per scope of the collectives (``""``: outside any), the most
+        exposed first (empty: not priced)."""
+        out: dict[str, Exposure] = {}
+        for c in self.collectives:
+            if c.overlap is not None:
+                here = Exposure.of(c.overlap, c.count)
+                out[c.scope] = out.get(c.scope, Exposure(0.0, 0.0, 0.0)) + here
+        return dict(sorted(out.items(), key=lambda kv: -kv[1].exposed_s))
 
     def by_scope(self) -> list[ScopeTotals]:
         """Totals per scope (named scope or module path), axes and kind.
@@ -721,7 +761,7 @@ class Audit:
                 self,
                 keys={"module_name": "module"},
                 omit=("collectives",),
-                extra=("counts", "exact", "total", "by_scope"),
+                extra=("counts", "exact", "total", "by_scope", "exposure"),
             ),
             "totals": json_value(self.kind_totals()),
             # The long list last, so that a reader of the file sees the summary first.
@@ -766,6 +806,9 @@ class Audit:
             execution_threads=_str_tuple(data.get("execution_threads", ())),
             backend=_opt_str(data.get("backend")),
             target=_opt_str(data.get("target")),
+            hlo_flops=_opt_int(data.get("hlo_flops")),
+            hlo_bytes=_opt_int(data.get("hlo_bytes")),
+            priced_on=_opt_str(data.get("priced_on")),
         )
 
 

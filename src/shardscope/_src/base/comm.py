@@ -233,3 +233,13 @@ def group_totals(
         k = key(item)
         out[k] = out.get(k, Totals()) + totals(item)
     return out
+
+
+def format_seconds(s: float) -> str:
+    """``0.00123`` -> ``'1.23 ms'``."""
+    if s == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"

@@ -130,24 +130,47 @@ def gemm_flops(comp: Computation, ins: Instruction) -> int:
     return 2 * _result(ins.shape).element_count * _elements(lhs.shape, contracting)
 
 
-def computation_flops(module: HloModule, name: str, _depth: int = 0) -> int:
-    """FLOPs of the matrix products a computation (a fusion's, a call's) does once."""
-    comp = module.computations.get(name)
-    if comp is None or _depth > 64:
+class CostCounter:
+    """Counts one module's instructions, each computation's FLOPs computed once (a
+    computation that many fusions call counts once, however deep it nests)."""
+
+    def __init__(self, module: HloModule) -> None:
+        self.module = module
+        self._flops: dict[str, int] = {}
+
+    def computation_flops(self, name: str, _seen: frozenset[str] = frozenset()) -> int:
+        """FLOPs of the matrix products a computation (a fusion's) does once."""
+        if name in self._flops:
+            return self._flops[name]
+        comp = self.module.computations.get(name)
+        if comp is None or name in _seen:  # a call cycle (the audit's analysis refuses one)
+            return 0
+        inner = _seen | {name}
+        got = sum(self._instruction_flops(comp, ins, inner) for ins in comp.instructions)
+        self._flops[name] = got
+        return got
+
+    def _instruction_flops(
+        self, comp: Computation, ins: Instruction, seen: frozenset[str] = frozenset()
+    ) -> int:
+        if ins.opcode == "dot":
+            return dot_flops(comp, ins)
+        if ins.opcode == "convolution":
+            return convolution_flops(comp, ins)
+        if ins.opcode == "custom-call":
+            return gemm_flops(comp, ins)
+        if ins.opcode == "fusion":
+            return sum(self.computation_flops(c, seen) for _, c in ins.called_computations)
         return 0
-    return sum(_flops(module, comp, ins, _depth + 1) for ins in comp.instructions)
 
-
-def _flops(module: HloModule, comp: Computation, ins: Instruction, depth: int = 0) -> int:
-    if ins.opcode == "dot":
-        return dot_flops(comp, ins)
-    if ins.opcode == "convolution":
-        return convolution_flops(comp, ins)
-    if ins.opcode == "custom-call":
-        return gemm_flops(comp, ins)
-    if ins.opcode == "fusion":
-        return sum(computation_flops(module, c, depth) for _, c in ins.called_computations)
-    return 0
+    def instruction(self, comp: Computation, ins: Instruction) -> Cost:
+        """What ``ins`` computes and moves each time it runs, as the device runs it (a
+        fusion at its boundary). Control flow, communication (collectives, send and
+        receive, the asynchronous copies between memory spaces) and free instructions cost
+        nothing here."""
+        if ins.opcode in FREE or ins.opcode in CONTROL or _is_communication(ins.opcode):
+            return Cost()
+        return Cost(self._instruction_flops(comp, ins), _memory_bytes(self.module, comp, ins))
 
 
 def _root(module: HloModule, ins: Instruction) -> Instruction | None:
@@ -186,9 +209,5 @@ def _is_communication(opcode: str) -> bool:
 
 
 def instruction_cost(module: HloModule, comp: Computation, ins: Instruction) -> Cost:
-    """What ``ins`` computes and moves each time it runs, as the device runs it (a fusion
-    at its boundary). Control flow, communication (collectives, send and receive, the
-    asynchronous copies between memory spaces) and free instructions cost nothing here."""
-    if ins.opcode in FREE or ins.opcode in CONTROL or _is_communication(ins.opcode):
-        return Cost()
-    return Cost(_flops(module, comp, ins), _memory_bytes(module, comp, ins))
+    """:meth:`CostCounter.instruction` of one instruction."""
+    return CostCounter(module).instruction(comp, ins)

@@ -11,9 +11,9 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.comm import CollectiveKind, format_bytes
+from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.render.columns import Column, text_table
+from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 from shardscope._src.render.console import mimebundle, output_console
 
 if TYPE_CHECKING:
@@ -198,6 +198,86 @@ def scope_table(audit: Audit, *, title: str | None = None) -> Any:
     return table
 
 
+def _window(c: Collective) -> str:
+    o = c.overlap
+    if o is None or not o.is_async:
+        return "synchronous: nothing overlaps it"
+    w = o.window
+    if w is None:
+        return "no window found"
+    if not w.instructions:
+        return Alarm("empty: nothing scheduled between start and done")
+    flops = f", {_flops(w.compute.flops)}" if w.compute.flops else ""
+    others = f", {w.collectives} other collectives in flight" if w.collectives else ""
+    ops = f"{w.instructions} instruction{'s' if w.instructions > 1 else ''}"
+    return f"{ops}{flops}, {format_bytes(w.compute.bytes)} through memory{others}"
+
+
+def _flops(n: int) -> str:
+    """``4194304`` -> ``'4.19 MFLOP'``."""
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} FLOP"
+
+
+def _seconds(c: Collective, part: str) -> str:
+    o = c.overlap
+    return "-" if o is None else format_seconds(getattr(o, part) * c.count)
+
+
+def _exposed(c: Collective) -> str:
+    o = c.overlap
+    text = _seconds(c, "exposed_s")
+    return Alarm(text) if o is not None and o.comm_s and o.exposed_s >= 0.5 * o.comm_s else text
+
+
+def _figure(header: str, value: Any) -> Column[Collective]:
+    return Column(header, value, justify="right", no_wrap=True)
+
+
+#: The priced collectives: their time per program run (all executions), how much of it the
+#: compute the compiler scheduled beside it hides, and what that compute is.
+OVERLAP_COLUMNS: tuple[Column[Collective], ...] = (
+    Column("axes", lambda c: c.axes_label, no_wrap=True),
+    Column("kind", lambda c: c.kind, no_wrap=True),
+    _figure("count", lambda c: str(c.count)),
+    _figure("time", lambda c: _seconds(c, "comm_s")),
+    _figure("hidden", lambda c: _seconds(c, "hidden_s")),
+    _figure("exposed", _exposed),
+    Column("scheduled beside it", _window, fold=True),
+    Column("HLO", lambda c: c.name, fold=True),
+)
+
+
+def overlap_table(audit: Audit) -> Any:
+    """A rich table of the priced collectives, the most exposed first (None: not priced)."""
+    exposure = audit.exposure()
+    if exposure is None:
+        return None
+    rows = sorted(
+        (c for c in audit.collectives if c.overlap is not None),
+        key=lambda c: -(c.overlap.exposed_s * c.count if c.overlap else 0.0),
+    )
+    return rich_table(
+        OVERLAP_COLUMNS,
+        rows,
+        title=f"Communication time on {audit.priced_on}, and what the schedule hides",
+        caption=_exposure_line(audit),
+    )
+
+
+def _exposure_line(audit: Audit) -> str:
+    e = audit.exposure()
+    if e is None:
+        return ""
+    return (
+        f"per run on {audit.priced_on}: {format_seconds(e.comm_s)} of communication, "
+        f"{format_seconds(e.hidden_s)} hidden behind the compute the compiler scheduled "
+        f"beside it, {format_seconds(e.exposed_s)} exposed"
+    )
+
+
 def audit_notes(audit: Audit) -> list[str]:
     """Lines to print under the table: rematerializations, inexact counts, unknowns."""
     notes = []
@@ -254,6 +334,16 @@ def render_audit(
     console = console or output_console()
     table = scope_table(audit, title=title) if by_scope else audit_table(audit, title=title)
     console.print(table)
+    if by_scope and audit.exposure() is not None:
+        for scope, e in audit.exposure_by_scope().items():
+            console.print(
+                f"{scope or '(no scope)'}: {format_seconds(e.comm_s)} of communication on "
+                f"{audit.priced_on}, {format_seconds(e.exposed_s)} exposed",
+                highlight=False,
+                markup=False,
+            )
+    elif (overlap := overlap_table(audit)) is not None:
+        console.print(overlap)
     for note in audit_notes(audit):
         console.print(note, highlight=False, markup=False)
 

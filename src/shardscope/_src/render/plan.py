@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardscope._src.base.comm import CollectiveKind, format_bytes
+from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.render.columns import (
     Alarm,
@@ -39,16 +39,6 @@ KIND_SHORT: dict[str, str] = {
     CollectiveKind.COLLECTIVE_PERMUTE: "CP",
     CollectiveKind.COLLECTIVE_BROADCAST: "CB",
 }
-
-
-def format_seconds(s: float) -> str:
-    """``0.00123`` -> ``'1.23 ms'``."""
-    if s == 0:
-        return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
 
 
 def format_ratio(r: float | None) -> str:

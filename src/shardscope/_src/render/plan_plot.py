@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.atomic import write_atomic
-from shardscope._src.base.comm import format_bytes
-from shardscope._src.render.plan import format_seconds
+from shardscope._src.base.comm import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from shardscope._src.render.protocols import PlanSet, RankedPlan

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.render.columns import Column, markdown_table
 from shardscope._src.render.plan import (
     COMM_BOUND,
@@ -26,7 +26,6 @@ from shardscope._src.render.plan import (
     STEP,
     comm_sections,
     figure,
-    format_seconds,
     hardware_text,
     no_flags,
     ranked_table,

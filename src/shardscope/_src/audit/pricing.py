@@ -1,0 +1,43 @@
+"""An audit's collectives priced on a target's hardware, with what the schedule hides.
+
+Each collective's one execution costs what :func:`~shardscope._src.targets.links.
+collective_seconds` charges its bytes on the links its group uses (the planner's pricing);
+an asynchronous one is hidden by the compute the compiler scheduled in its window, priced by
+the roofline of the same hardware (:mod:`~shardscope._src.audit.overlap`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from shardscope._src.audit.overlap import overlaps
+from shardscope._src.audit.records import Collective
+from shardscope._src.hlo.parse import HloModule
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.links import collective_seconds
+
+
+def execution_seconds(c: Collective, mesh_axes: Mapping[str, int], hw: Hardware) -> float:
+    """One execution of ``c`` on ``hw``'s links (an irregular group at the worst case)."""
+    axes = () if c.irregular else c.axes
+    return collective_seconds(hw, mesh_axes, c.kind, axes, c.group_size, c.traffic_bytes)
+
+
+def priced(
+    collectives: tuple[Collective, ...],
+    module: HloModule,
+    mesh_axes: Mapping[str, int],
+    hw: Hardware,
+) -> tuple[Collective, ...]:
+    """``collectives``, each with its :attr:`~Collective.overlap` on ``hw``."""
+    by_name = {(c.computation, c.name): c for c in collectives}
+    seconds = {c.name: execution_seconds(c, mesh_axes, hw) for c in collectives}
+    found = overlaps(
+        module,
+        {c.name: (c.computation, c.is_async) for c in collectives},
+        seconds.__getitem__,
+        hw,
+    )
+    timed = {(o.computation, o.name): o for o in found}
+    return tuple(replace(c, overlap=timed.get(key)) for key, c in by_name.items())
