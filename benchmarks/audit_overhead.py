@@ -28,7 +28,7 @@ def train_step_program(
     layers: int, d: int = 256, heads: int = 8, seq: int = 128, batch: int = 8, vocab: int = 2048
 ):
     """A jitted train step and its ShapeDtypeStruct arguments on mesh model=8."""
-    mesh = shardscope.make_mesh("model=8")
+    mesh = shardscope.make_mesh("model=8", axis_types="auto")
     hd = d // heads
 
     def sds(shape, spec, dtype=jnp.float32):

@@ -32,7 +32,7 @@ REPEATS = 5
 
 
 def audit_overhead() -> None:
-    mesh = shardscope.make_mesh("data=2,model=4")
+    mesh = shardscope.make_mesh("data=2,model=4", axis_types="auto")
     rules = flax_mlp.RULES["dp_tp"]
     compile_s, audit_s = [], []
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
@@ -58,7 +58,9 @@ def audit_overhead() -> None:
 def plan_speed() -> None:
     jax.clear_caches()
     t = time.perf_counter()
-    result = shardscope.plan_program(flax_mlp.make_step, devices=8, rules=flax_mlp.RULES)
+    result = shardscope.plan_program(
+        flax_mlp.make_step, devices=8, rules=flax_mlp.RULES, axis_types="auto"
+    )
     wall = time.perf_counter() - t
     best = result.best.label if result.best else "none"
     print(
