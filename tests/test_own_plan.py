@@ -602,6 +602,11 @@ def test_plan_program_on_a_target_compiler():
         ("all-reduce", "bf16"),
     }
     assert p.compiled_memory["argument_size_in_bytes"] == (1024 * 512 + 64 * 1024) * 2 // 8
+    # The GPU compiler counts no FLOPs; the HLO does: per device 64 / 8 rows times the
+    # gathered weight, forward and the weight's gradient (x is not differentiated).
+    assert p.flops_per_device == 2 * 2 * (64 // 8) * 1024 * 512
+    assert p.compute_time_s == pytest.approx(p.flops_per_device / (989e12 * 0.65), rel=1e-12)
+    assert all(n.kind != "no-flop-count" for n in r.notes)
     assert r.notes[0].kind == "compiled-memory" and r.notes[0].values == {"target": "h100"}
     assert "h100 compiler's own buffer assignment" in r.notes[0].text
     with pytest.raises(shardscope.ShardscopeError, match="cannot|count"):

@@ -268,7 +268,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     ),
     PlanNote.RECOMPILED_BY_TARGET: _recompiled_by_target,
     PlanNote.NO_FLOP_COUNT: (
-        "the compiler reported no FLOP count for some plans (the GPU compiler gives none): their "
+        "neither the compiler nor the program's HLO gave a FLOP count for some plans: their "
         "compute time is 0, so they rank by communication alone"
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,

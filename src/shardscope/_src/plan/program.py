@@ -108,7 +108,9 @@ class ProgramPlan:
 
     Memory is the compiler's buffer assignment per device (arguments + outputs + temporaries
     - aliased): on the CPU compiler that is not a GPU/TPU prediction, on a target's compiler
-    it is that compiler's own.
+    it is that compiler's own. ``flops_per_device`` is the compiler's count, or where it gives
+    none (the GPU compiler) the one counted from the program's HLO; ``compute_time_s`` runs
+    them at the time model's matmul rate (peak x ``matmul_fraction``).
     """
 
     rules_name: str
@@ -545,6 +547,8 @@ def _program_plan(
         notes.append(Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
     if not result.exact:
         notes.append(Note(PlanNote.INEXACT))
+    # The compiler's own count where it gives one (CPU, TPU), else the HLO's (GPU).
+    flops = result.flops if result.flops is not None else result.hlo_flops
     return ProgramPlan(
         rules_name=rules_name,
         rules=rules,
@@ -554,8 +558,9 @@ def _program_plan(
         collectives=collectives,
         comm=comm,
         comm_time_s=sum(a.time_s for a in comm),
-        flops_per_device=result.flops,
-        compute_time_s=(result.flops or 0.0) / hw.peak_flops,
+        flops_per_device=flops,
+        # The time model's rate for matmul FLOPs (plan/timing.py), the one compute model.
+        compute_time_s=(flops or 0.0) / (hw.peak_flops * hw.matmul_fraction),
         notes=tuple(notes),
         timing=timing,
         exact=result.exact,
