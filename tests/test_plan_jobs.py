@@ -29,11 +29,13 @@ from shardscope._src.plan.timing import (
     PER_STEP_BWD,
     CommItem,
     StepWork,
+    compiled_step,
     step_time,
 )
 from shardscope._src.plan.types import Candidate, PlanCollective
 from shardscope._src.plan.validate import all_reduce_formula, jit_formula
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+from shardscope._src.targets.capabilities import CPU_COMPILER, GPU_COMPILER
 from shardscope._src.targets.hardware import hardware
 from shardscope._src.targets.links import group_bandwidth
 
@@ -303,6 +305,18 @@ def test_a_gradient_reduction_hides_behind_the_last_backward_up_to_its_length():
     assert long.step_s == pytest.approx(base + 1.0)
 
 
+def test_the_reductions_of_one_step_share_the_last_backward():
+    # Two gradient all-reductions of 0.6 backward each: each would hide alone, together
+    # they take 1.2 backwards on the same links, and 0.2 of one is exposed.
+    hw = hardware("h100")
+    base = step_time(hw, _work(), []).step_s
+    backward = 2 * 1e15 / (hw.peak_flops * hw.matmul_fraction)
+    two = [CommItem("a", PER_STEP_BWD, 0.6 * backward), CommItem("b", PER_STEP_BWD, 0.6 * backward)]
+    got = step_time(hw, _work(), two)
+    assert got.data_exposed_s == pytest.approx(0.2 * backward, rel=1e-12)
+    assert got.step_s == pytest.approx(base + 0.2 * backward, rel=1e-12)
+
+
 def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
     # The schedule reads each term's role; its words are for people. Reworded terms must give
     # the same step times, memory and bound for every candidate, micro-batched ones included.
@@ -443,3 +457,60 @@ def test_a_model_that_fits_nowhere_says_what_comes_closest():
     assert result.best is None and result.closest is not None
     assert result.fit_note.kind == "no-fit"
     assert "over" in result.fit_note.text and "closest" in result.fit_note.text
+
+
+def _as_compiled(term):
+    """A bound's term as the collective a compiler would emit for it."""
+    return PlanCollective(
+        term.kind, term.axes, term.group_size, term.count, True, False, "bfloat16",
+        term.payload_bytes, term.payload_bytes, term.traffic_bytes, term.traffic_bytes,
+        term.what, None,
+    )  # fmt: skip
+
+
+def test_a_compiled_step_is_priced_as_its_formula_and_costs_more_with_more_traffic():
+    # One short sequence per A100 across 8 nodes: FSDP's traffic is not all hidden.
+    config = model_preset("7b").config(batch=64, seq=256)
+    s = estimate(Candidate("fsdp", (("data", 64),), 1, "none"), config, "a100")
+    hw = hardware("a100")
+    assert s.time.data_exposed_s > 0
+    as_formula = [_as_compiled(t) for t in s.bound.terms]
+    # Collectives that are the formula's terms give the estimate's step exactly.
+    same = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER)
+    assert same.step_s == pytest.approx(s.time.step_s, rel=1e-12)
+    # A program that gathers the weights twice over (the compiler re-gathered them for the
+    # backward) pays for it: a slower step.
+    doubled = [
+        replace(c, count=2 * c.count, traffic_bytes=2 * c.traffic_bytes)
+        if c.kind == "all-gather"
+        else c
+        for c in as_formula
+    ]
+    more = compiled_step(hw, s.pricing, doubled, s.bound, GPU_COMPILER)
+    assert more.step_s > same.step_s and more.data_comm_s > same.data_comm_s
+
+
+def test_the_cpu_compilers_all_reduce_is_priced_as_the_reduce_scatter_the_gpu_forms():
+    # One short sequence per A100 across 8 nodes: FSDP's traffic is not all hidden.
+    config = model_preset("7b").config(batch=64, seq=256)
+    s = estimate(Candidate("fsdp", (("data", 64),), 1, "none"), config, "a100")
+    hw = hardware("a100")
+    assert s.time.data_exposed_s > 0
+    # The CPU compiler's program: each gradient reduce-scatter as an all-reduce of the
+    # whole gradient (twice the bytes), then a slice.
+    cpu = [
+        replace(
+            _as_compiled(t),
+            kind="all-reduce",
+            traffic_bytes=2 * t.traffic_bytes,
+            cpu_traffic_bytes=2 * t.traffic_bytes,
+        )
+        if t.kind == "reduce-scatter"
+        else _as_compiled(t)
+        for t in s.bound.terms
+    ]
+    priced = compiled_step(hw, s.pricing, cpu, s.bound, CPU_COMPILER)
+    assert priced.step_s == pytest.approx(s.time.step_s, rel=1e-9)
+    # As the GPU's own program it would be an all-reduce, and cost more.
+    as_is = compiled_step(hw, s.pricing, cpu, s.bound, GPU_COMPILER)
+    assert as_is.step_s > priced.step_s

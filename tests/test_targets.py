@@ -361,28 +361,46 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert sorted(by) == ["cpu", "h100"]
     on_target = next(p for p in result.plans if p.compiled_by == "h100")
     assert on_target.target_error is None and on_target.target_memory is not None
-    # FSDP on 8 devices: an eighth of the bf16 weights (2 layers of two norm gains, wqkv
+    # Ranked by their compiled programs, DP leads: its gradients go in a few combined
+    # all-reduces, where FSDP gathers every weight twice and scatters its gradient (the
+    # formula prices both alike, each of its per-weight terms paying its own latency).
+    assert on_target.strategy == "dp"
+    fsdp = next(p for p in result.plans if p.strategy == "fsdp")
+    assert fsdp.compiled_by == "cpu" and on_target.step_time_s < fsdp.step_time_s
+    # The screening estimate had FSDP ahead; the rank follows the compiled programs.
+    assert fsdp.estimated_time["step_s"] < on_target.estimated_time["step_s"]
+    assert (on_target.rank, fsdp.rank) == (1, 2)
+    # DP on 8 devices: the whole bf16 weights on each (2 layers of two norm gains, wqkv
     # (64, 192), wo (64, 64), w_up and w_down (64, 256); the (512, 64) embedding and
-    # unembedding and the final norm), and of the (16, 32) int32 tokens and targets.
+    # unembedding and the final norm), and an eighth of the (16, 32) int32 tokens and targets.
     weights = 2 * (64 + 64 * 192 + 64 * 64 + 64 + 2 * 64 * 256) + 2 * 512 * 64 + 64
-    assert on_target.strategy == "fsdp"
-    assert on_target.target_memory["argument_size_in_bytes"] == (
-        weights * 2 // 8 + 2 * 16 * 32 * 4 // 8
-    )
+    assert on_target.target_memory["argument_size_in_bytes"] == (weights * 2 + 2 * 16 * 32 * 4 // 8)
     # A few MB of an H100's 80 GB: it fits.
     assert 0 < on_target.target_memory_bytes_per_device < 16 * 2**20 and on_target.fits
     assert on_target.notes[0].kind == "compiled-by-target"
     assert on_target.notes[0].text.startswith("compiled by the h100 compiler: ")
-    # The CPU backend's reduce-scatter note does not follow the plan onto the target, whose
-    # compiler formed the gradients' reduce-scatter.
-    assert any(c.kind == "reduce-scatter" for c in on_target.collectives)
-    assert all(n.kind != "all-reduce-for-reduce-scatter" for n in on_target.notes)
     # The target keeps bf16 collectives bf16: what it sends is what it compiled.
     assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
     (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
     # target_plans=1: the leading plan alone, compiled again.
     assert again.values["ranks"] == [1] and on_target.rank == 1
     assert "compiled again by the h100 compiler" in again.text
+
+
+def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
+    result = shardscope.plan(
+        None, 8, hardware="h100", strategies=["fsdp"], compiler="h100", target_plans=1,
+        workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
+    )  # fmt: skip
+    (p,) = result.plans
+    assert p.compiled_by == "h100"
+    # FSDP on 8 devices: an eighth of the bf16 weights (as above) and of the tokens.
+    weights = 2 * (64 + 64 * 192 + 64 * 64 + 64 + 2 * 64 * 256) + 2 * 512 * 64 + 64
+    assert p.target_memory["argument_size_in_bytes"] == weights * 2 // 8 + 2 * 16 * 32 * 4 // 8
+    # The CPU backend's reduce-scatter note does not follow the plan onto the target, whose
+    # compiler formed the gradients' reduce-scatter.
+    assert any(c.kind == "reduce-scatter" for c in p.collectives)
+    assert all(n.kind != "all-reduce-for-reduce-scatter" for n in p.notes)
 
 
 def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():

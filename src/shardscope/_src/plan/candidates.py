@@ -29,7 +29,7 @@ from shardscope._src.plan.estimates import (
     data_ways,
     estimate_memory,
 )
-from shardscope._src.plan.timing import comm_items, step_bound, step_time, step_work
+from shardscope._src.plan.timing import Pricing, comm_items, step_bound, step_time, step_work
 from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped, SkipReason
 from shardscope._src.plan.validate import VALIDATED_STRATEGIES
 from shardscope._src.sharding.strategies import (
@@ -202,6 +202,7 @@ def screen(
         step_time(hw, work, comm_items(hw, placement, need.terms)),
         need,
         int(hw.memory_bytes),
+        Pricing(placement, work),
     )
 
 

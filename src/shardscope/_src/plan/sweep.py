@@ -15,9 +15,11 @@ A sweep has four steps:
    ``lax.scan``) and audit the compiled program, in this process or in a pool of worker
    processes that each simulate N CPU devices (:mod:`~shardscope._src.plan.compile`); with a
    target's compiler, compile the leading plans again (:mod:`~shardscope._src.plan.target`).
-4. **Estimate** and rank: alpha-beta time of every compiled collective on the hardware preset
-   (:mod:`~shardscope._src.plan.collectives`), memory from the analytic formulas (the
-   compiled CPU numbers beside them), the ratio to the lower bound of
+4. **Price** and rank: a compiled plan's step is the time model's compute and schedule with
+   the compiled collectives in place of the formula's, each priced by the one pricing of
+   :mod:`~shardscope._src.targets.links` (:func:`~shardscope._src.plan.timing.compiled_step`),
+   and the plans rank by it (the screening estimate is kept beside it); memory from the
+   analytic formulas (the compiled CPU numbers beside them), the ratio to the lower bound of
    :mod:`shardscope._src.bounds`, and the compiled communication validated against the formula
    (:mod:`~shardscope._src.plan.validate`).
 
@@ -57,6 +59,7 @@ from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all,
 from shardscope._src.plan.estimates import DEFAULT_BYTES_PER_PARAM, model_flops, settings_dict
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.target import check_compiler, compiler_notes, recompile_on_target
+from shardscope._src.plan.timing import compiled_step
 from shardscope._src.plan.timing import describe as timing_constants
 from shardscope._src.plan.types import (
     CompiledFacts,
@@ -417,6 +420,11 @@ def _compiled_plan(
         notes.append(
             Note(PlanNote.PIPELINE_STAGE, {**values, "devices": math.prod(sizes.values())})
         )
+    # The step as the compiled program has it: the time model's compute and schedule, its
+    # own collectives priced in place of the formula's.
+    step = s.time
+    if s.pricing is not None:
+        step = compiled_step(hw, s.pricing, got.collectives, bound, CPU_COMPILER)
     return Plan(
         strategy=cand.strategy,
         summary=STRATEGIES[cand.strategy].summary,
@@ -430,7 +438,7 @@ def _compiled_plan(
         bound_comm_time_s=bound_time(hw, sizes, bound),
         comm_time_s=sum(a.time_s for a in comm),
         flops_per_device=flops_per_device,
-        compute_time_s=s.time.compute_s,
+        compute_time_s=step.compute_s,
         notes=tuple(notes),
         analysis_s=got.analysis_s,
         timing={"lower_s": got.lower_s, "compile_s": got.compile_s, "audit_s": got.audit_s},
@@ -438,7 +446,9 @@ def _compiled_plan(
         microbatches=cand.microbatches,
         remat=cand.remat,
         stages=cand.stages,
-        time=s.time.to_dict(),
+        time=step.to_dict(),
+        estimated_time=s.time.to_dict(),
+        pricing=s.pricing,
     )
 
 

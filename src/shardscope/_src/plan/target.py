@@ -26,6 +26,7 @@ from shardscope._src.plan.candidates import stage_config
 from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import Progress, plan_collective
 from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.timing import compiled_step
 from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
 from shardscope._src.plan.validate import reduce_scatter_note
 from shardscope._src.sharding.programs import build_reference_program
@@ -168,6 +169,11 @@ def recompile_on_target(
                 comm_time_s=sum(a.time_s for a in comm),
                 exact=facts.exact,
             )
+            if p.pricing is not None:  # the step as the target's program has it
+                step = compiled_step(
+                    hw, p.pricing, facts.collectives, bound, get_target(target).capabilities
+                )
+                changes.update(time=step.to_dict(), compute_time_s=step.compute_s)
         q = replace(p, **changes)
         bound_of[id(q)] = bound
         out.append(q)

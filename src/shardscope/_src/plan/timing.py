@@ -40,9 +40,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.comm import ALL_GATHER, REDUCE_SCATTER
+from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term
@@ -59,8 +59,13 @@ from shardscope._src.plan.estimates import (
     sequences_per_device,
 )
 from shardscope._src.sharding.strategies import Placement, Role
+from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.links import collective_seconds
+from shardscope._src.targets.specs import TARGETS
+
+if TYPE_CHECKING:
+    from shardscope._src.plan.types import PlanCollective
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
 HBM_PASSES = 2
@@ -99,6 +104,20 @@ class CommItem:
     what: str
     cls: OverlapClass
     seconds: float
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What a candidate's step is priced with besides its collectives: its placement (which
+    axes are tensor parallel, which data) and the work of one device (FLOPs, bytes, the
+    schedule). Kept with a plan, so that its compiled collectives are priced as its
+    formula's were."""
+
+    placement: Placement
+    work: StepWork
+
+    def step(self, hw: Hardware, comm: Sequence[CommItem]) -> StepTime:
+        return step_time(hw, self.work, comm)
 
 
 @dataclass(frozen=True)
@@ -154,20 +173,23 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     p2p_one = (work.p2p_bytes / work.p2p_bandwidth + hw.latency_s) if p > 1 else 0.0
     slot = fwd + bwd + tp_exposed + 2 * p2p_one
     pipeline = (m + p - 1) * slot
-    exposed = 0.0
-    data = 0.0
+    # The collectives of one class share its window: they go over the same links one after
+    # another, so what exceeds the window in all is exposed.
+    by_class: dict[OverlapClass, float] = {}
     for c in comm:
-        if c.cls == CRITICAL:
-            continue
-        data += c.seconds
-        if c.cls == PER_MICROBATCH_FWD_BWD:
-            exposed += m * max(0.0, c.seconds / m - (fwd + bwd))
-        elif c.cls == PER_MICROBATCH_BWD:
-            exposed += m * max(0.0, c.seconds / m - bwd)
-        elif c.cls == PER_STEP_BWD:
-            exposed += max(0.0, c.seconds - bwd)
+        if c.cls != CRITICAL:
+            by_class[c.cls] = by_class.get(c.cls, 0.0) + c.seconds
+    data = sum(by_class.values())
+    exposed = 0.0
+    for cls, seconds in by_class.items():
+        if cls == PER_MICROBATCH_FWD_BWD:
+            exposed += m * max(0.0, seconds / m - (fwd + bwd))
+        elif cls == PER_MICROBATCH_BWD:
+            exposed += m * max(0.0, seconds / m - bwd)
+        elif cls == PER_STEP_BWD:
+            exposed += max(0.0, seconds - bwd)
         else:
-            exposed += max(0.0, c.seconds - fwd)
+            exposed += max(0.0, seconds - fwd)
     optimizer = work.optimizer_params * OPTIMIZER_BYTES / hw.hbm_bandwidth if work.train else 0.0
     step = pipeline + exposed + optimizer
     compute = m * (fwd + bwd)
@@ -317,3 +339,90 @@ def comm_items(hw: Hardware, placement: Placement, terms: Sequence[Term]) -> lis
         )
         for t in terms
     ]
+
+
+def compiled_comm_items(
+    hw: Hardware,
+    placement: Placement,
+    collectives: Sequence[PlanCollective],
+    bound: Bound,
+    *,
+    reduce_scatter_for_all_reduce: bool = False,
+) -> list[CommItem]:
+    """A compiled program's collectives (one step's, every execution counted), timed by the
+    one pricing and classified as :func:`classify` classifies the formula's terms.
+
+    ``reduce_scatter_for_all_reduce``: the program comes from a compiler that forms no
+    reduce-scatter (it all-reduces and slices, twice the bytes) while the hardware's own
+    compiler forms one: up to the formula's reduce-scatter bytes on the same axes, the
+    all-reduces are priced as the reduce-scatters the hardware's compiler emits.
+    """
+    sizes = mesh_axes(placement.mesh)
+    # All-reduce bytes (twice a reduce-scatter's) that stand for a reduce-scatter, per axes.
+    budget: dict[tuple[str, ...], float] = {}
+    if reduce_scatter_for_all_reduce:
+        for t in bound.terms:
+            if t.kind == REDUCE_SCATTER:
+                budget[t.axes] = budget.get(t.axes, 0.0) + 2 * t.traffic_bytes
+    items = []
+    for c in collectives:
+        axes = () if c.irregular else c.axes
+        traffic, kind = float(c.traffic_bytes), c.kind
+        as_scatter = min(traffic, budget.get(axes, 0.0)) if kind == ALL_REDUCE else 0.0
+        if as_scatter:
+            budget[axes] -= as_scatter
+            items.append(
+                CommItem(
+                    c.op_name or kind,
+                    classify(REDUCE_SCATTER, axes, placement),
+                    collective_seconds(
+                        hw, sizes, REDUCE_SCATTER, axes, c.group_size, as_scatter / 2, c.count
+                    ),
+                )
+            )
+            traffic -= as_scatter
+        if traffic > 0:
+            items.append(
+                CommItem(
+                    c.op_name or kind,
+                    classify(kind, axes, placement),
+                    collective_seconds(hw, sizes, kind, axes, c.group_size, traffic, c.count),
+                )
+            )
+    return items
+
+
+def substitutes_reduce_scatter(hw: Hardware, compiler: Capabilities) -> bool:
+    """Whether a program of ``compiler`` has its all-reduces priced as the reduce-scatters
+    ``hw``'s own compiler forms (it always forms them; ``compiler`` never does)."""
+    own = hardware_compiler(hw)
+    return (
+        compiler.forms_reduce_scatter is Support.NEVER
+        and own is not None
+        and own.forms_reduce_scatter is Support.ALWAYS
+    )
+
+
+def compiled_step(
+    hw: Hardware,
+    pricing: Pricing,
+    collectives: Sequence[PlanCollective],
+    bound: Bound,
+    compiler: Capabilities,
+) -> StepTime:
+    """A compiled plan's step: the time model's compute and schedule, with the collectives
+    the compiler produced in place of the formula's (see :func:`compiled_comm_items`)."""
+    items = compiled_comm_items(
+        hw,
+        pricing.placement,
+        collectives,
+        bound,
+        reduce_scatter_for_all_reduce=substitutes_reduce_scatter(hw, compiler),
+    )
+    return pricing.step(hw, items)
+
+
+def hardware_compiler(hw: Hardware) -> Capabilities | None:
+    """The record of the compiler of ``hw``'s compile target of the same name, if any."""
+    target = TARGETS.get(hw.name)
+    return None if target is None else target.capabilities

@@ -19,7 +19,7 @@ from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.timing import StepTime
+from shardscope._src.plan.timing import Pricing, StepTime
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import get_target
 
@@ -103,6 +103,7 @@ class Screened:
     time: StepTime
     bound: Bound
     memory_limit_bytes: int
+    pricing: Pricing | None = field(default=None, compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -294,6 +295,10 @@ class Plan:
     remat: str = Remat.NONE
     stages: int = 1
     time: Mapping[str, float] = field(default_factory=dict)
+    #: The screening estimate's step time and its parts (``time`` is the compiled program's).
+    estimated_time: Mapping[str, float] = field(default_factory=dict)
+    #: What the compiled collectives are priced with (not written: it holds the placement).
+    pricing: Pricing | None = field(default=None, compare=False, repr=False)
     #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the
     #: screening compile), or a target's (``"h100"``, ``"tpu-v5p"``).
     compiled_by: str = "cpu"
@@ -382,7 +387,7 @@ class Plan:
         return record_dict(
             self,
             keys=PLAN_KEYS,
-            omit=("memory_limit_bytes",),
+            omit=("memory_limit_bytes", "pricing"),
             extra=(
                 *PLAN_EXTRA,
                 "compiled_memory_bytes_per_device",
