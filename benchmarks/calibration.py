@@ -8,8 +8,9 @@ the hardware presets' constants are the planner's own, with the sources they nam
 source's stated hardware differences (the torchtitan H100s' 96 GB at 2.4 TB/s) are set.
 
 Where the planner cannot express the published configuration, the row says what it used
-instead (``instead``): torchtitan's per-op selective recomputation is planned as Korthikanti's
-selective one, MaxText's host offload as full recomputation; where the source does not state
+instead (``instead``): torchtitan's per-op selective recomputation (every other matmul's output
+kept) as ``matmuls`` (every matmul's output kept), MaxText's host offload as full
+recomputation; where the source does not state
 the micro-batches (Narayanan's Table 1), the planner's fastest that fits is used.
 
 Run: `python benchmarks/calibration.py` (about a second; no compile).
@@ -121,10 +122,10 @@ ROWS = [
         "fsdp",
         (("data", 8),),
         1,
-        "selective",
+        "matmuls",
         2.457,
         peak_gib=77.0,
-        instead="Korthikanti selective for per-op selective",
+        instead="every matmul output kept (torchtitan keeps every other one)",
     ),
     Row(
         "torchtitan Llama 3.1 70B, FSDP 32 x TP 8 H100",

@@ -180,7 +180,8 @@ def _close(a, b, tol=1e-5):
 def test_blocked_attention_and_recomputation_compute_the_same_loss_and_gradients():
     base = replace(SMALL, attention="dense")
     want = _loss_and_grads(base)
-    for attention, remat in (("dense", "selective"), ("blocked", "none"), ("blocked", "full")):
+    cases = (("dense", "selective"), ("dense", "matmuls"), ("blocked", "none"), ("blocked", "full"))
+    for attention, remat in cases:
         got = _loss_and_grads(replace(base, attention=attention, attention_block=4, remat=remat))
         _close(got, want)
 
@@ -252,6 +253,29 @@ def test_recomputation_micro_batches_and_stages_set_the_activations():
     # 1F1B's first stage holds min(stages, micro-batches) micro-batches at once.
     assert piped - one == c.layers * (full // 4)
     assert working > 0
+
+
+def test_keeping_the_matmul_outputs_stores_them_and_the_layer_input():
+    # A Llama-3-8B layer (d 4096, 32 heads, 8 key/value heads of 128, SwiGLU ff 14336).
+    c = ModelConfig(
+        d_model=4096, heads=32, kv_heads=8, ff=14336, layers=2, batch=8, seq=2048,
+        vocab=None, dtype="bfloat16", mlp="swiglu",
+    )  # fmt: skip
+    # Per token: the input, the out-projection's and the down-projection's outputs (4096
+    # each), the query, key and value (4096 + 2 x 1024) and SwiGLU's gate and up (2 x 14336).
+    per_token = 3 * 4096 + 4096 + 2 * 1024 + 2 * 14336
+    dp = get_strategy("dp").place(c, abstract_mesh("data=2"))  # 4 sequences per device
+    kept = stored_activation_bytes_per_layer(dp, Schedule(remat="matmuls"))
+    assert kept == 2048 * 4 * per_token * 2
+    # Tensor parallel over 4: the projections' and the MLP's outputs split, the summed
+    # outputs and the input whole; all 8 sequences on each device.
+    tp = get_strategy("tp").place(c, abstract_mesh("model=4"))
+    split = stored_activation_bytes_per_layer(tp, Schedule(remat="matmuls"))
+    assert split == 2048 * 8 * (3 * 4096 + (4096 + 2 * 1024 + 2 * 14336) // 4) * 2
+    # Between full recomputation (the input alone) and none.
+    full = stored_activation_bytes_per_layer(dp, Schedule(remat="full"))
+    none = stored_activation_bytes_per_layer(dp, Schedule(remat="none"))
+    assert full < kept < none
 
 
 # -- the time model ----------------------------------------------------------------------------

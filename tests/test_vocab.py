@@ -38,7 +38,7 @@ SPELLED = [
         ],
     ),
     (Mode, ["train", "forward"]),
-    (Remat, ["none", "selective", "full"]),
+    (Remat, ["none", "selective", "matmuls", "full"]),
     (Role, ["data", "model"]),
     (
         OverlapClass,
@@ -63,7 +63,7 @@ def test_each_member_is_its_string(vocab, strings):
 
 def test_a_bad_value_names_itself_and_the_choices():
     with pytest.raises(
-        ShardscopeError, match=r"^Remat 'some': choose one of none, selective, full$"
+        ShardscopeError, match=r"^Remat 'some': choose one of none, selective, matmuls, full$"
     ):
         Remat.parse("some")
     with pytest.raises(PlanError, match=r"^mode 'eval': choose one of train, forward$") as e:
@@ -75,7 +75,7 @@ def test_a_bad_value_names_itself_and_the_choices():
 def test_the_tuples_list_the_members_in_order():
     assert KINDS == tuple(CollectiveKind) and KINDS[0] == "all-reduce"
     assert MODES == (Mode.TRAIN, Mode.FORWARD)
-    assert REMATS == (Remat.NONE, Remat.SELECTIVE, Remat.FULL)
+    assert REMATS == (Remat.NONE, Remat.SELECTIVE, Remat.MATMULS, Remat.FULL)
 
 
 def test_public_functions_take_the_plain_strings_and_the_members_alike():

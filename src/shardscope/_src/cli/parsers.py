@@ -447,8 +447,8 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--remat",
         metavar="LIST",
-        help="activation recomputation to try, comma-separated: none, selective, full "
-        "(default: all)",
+        help="activation recomputation to try, comma-separated: none, selective (the attention "
+        "scores recomputed), matmuls (the matmul outputs kept), full (default: all)",
     )
     p.add_argument(
         "--microbatches",

@@ -40,8 +40,12 @@ class Remat(Vocab):
 
     #: every activation kept
     NONE = "none"
-    #: the attention scores and probabilities recomputed
+    #: the attention scores and probabilities recomputed (Korthikanti et al.'s selective)
     SELECTIVE = "selective"
+    #: the outputs of the projections and the MLP's matmuls kept, the attention core and the
+    #: element-wise work recomputed (per-op selective: JAX's ``dots_with_no_batch_dims``
+    #: policy, torchtitan's ``op`` and MaxText's ``minimal`` are of this family)
+    MATMULS = "matmuls"
     #: each layer's forward recomputed; only its input kept
     FULL = "full"
 

@@ -332,10 +332,14 @@ def decoder_layer(
 def remat_policy(remat: str) -> Any:
     """The ``jax.checkpoint`` policy of a recomputation choice: ``"full"`` saves nothing
     inside a layer (its input is kept by the layer loop), ``"selective"`` everything but the
-    attention scores and probabilities (Korthikanti et al., arXiv 2205.05198, section 5)."""
+    attention scores and probabilities (Korthikanti et al., arXiv 2205.05198, section 5),
+    ``"matmuls"`` the outputs of matmuls without batch dimensions (the projections and the
+    MLP; the attention core's batched ones are recomputed)."""
 
     if remat == Remat.FULL:
         return jax.checkpoint_policies.nothing_saveable
+    if remat == Remat.MATMULS:
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
     return jax.checkpoint_policies.save_anything_except_these_names(
         "attention_scores", "attention_probs"
     )

@@ -144,12 +144,40 @@ def activation_bytes_per_layer(
     return math.ceil(whole + split + (0 if flash_attention else scores))
 
 
+def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) -> int:
+    """One layer's input and the outputs of its matmuls, at the model's dtype, per device: what
+    recomputation that keeps matmul outputs stores (``Remat.MATMULS``).
+
+    Per token: the input and the outputs of the attention's out-projection and of the MLP's
+    down-projection, ``h`` each (split by ``t`` only with sequence parallelism: they are
+    summed over the model axis); the query, key and value projections, ``q + 2 kv``, and
+    the MLP's up-projections, ``2 ff`` (SwiGLU's gate and up) or ``ff``, split by ``t``. The
+    norms, the activation function and the attention core are recomputed from them.
+    """
+    c = placement.config
+    assert c.head_dim is not None and c.kv_heads is not None
+    t = model_ways(placement)
+    b = sequences_per_device(placement, microbatches)
+    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    up = 2 * c.ff if c.mlp == "swiglu" else c.ff
+    whole = 3 * c.d_model
+    split = q_dim + 2 * kv_dim + up
+    if placement.strategy.sequence_parallel:
+        per_token = (whole + split) / t
+    else:
+        per_token = whole + split / t
+    return math.ceil(c.seq * b * per_token * c.itemsize)
+
+
 def stored_activation_bytes_per_layer(
     placement: Placement, schedule: Schedule, *, flash_attention: bool = True
 ) -> int:
     """What one layer keeps per micro-batch under ``schedule.remat``: everything (none),
     everything but the attention scores (selective), its input only (full: ``2sbh``, or
-    ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2)."""
+    ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2), or its input and the
+    outputs of its matmuls (matmuls: see :func:`matmul_outputs_bytes_per_layer`)."""
+    if schedule.remat == Remat.MATMULS:
+        return matmul_outputs_bytes_per_layer(placement, schedule.microbatches)
     if schedule.remat == Remat.NONE:
         return activation_bytes_per_layer(
             placement, flash_attention=flash_attention, microbatches=schedule.microbatches

@@ -54,6 +54,7 @@ from shardscope._src.plan.estimates import (
     activation_bytes_per_layer,
     elements_per_device,
     layer_matmul_params,
+    matmul_outputs_bytes_per_layer,
     model_flops,
     model_ways,
     sequences_per_device,
@@ -288,7 +289,9 @@ def step_work(
     fwd = c.layers * (layer + core) + logits
     if schedule.remat == Remat.FULL:
         again = c.layers * (layer + core)
-    elif schedule.remat == Remat.SELECTIVE and not flash_attention:
+    elif schedule.remat == Remat.MATMULS or (
+        schedule.remat == Remat.SELECTIVE and not flash_attention
+    ):
         again = c.layers * core
     else:
         again = 0.0
@@ -300,6 +303,10 @@ def step_work(
     logit_bytes = tokens * (c.vocab or 0) * (c.itemsize + 4)
     if schedule.remat == Remat.FULL:
         again_bytes = c.layers * per_layer
+    elif schedule.remat == Remat.MATMULS:
+        # the element-wise work between the kept matmul outputs, again
+        kept = matmul_outputs_bytes_per_layer(placement, m)
+        again_bytes = c.layers * max(0, per_layer - kept)
     elif schedule.remat == Remat.SELECTIVE and not flash_attention:
         dense = activation_bytes_per_layer(placement, flash_attention=False, microbatches=m)
         flash = activation_bytes_per_layer(placement, flash_attention=True, microbatches=m)
