@@ -77,6 +77,16 @@ BAD: list[tuple[list[str], str]] = [
     ),
     (["plan", "--devices", "8", "--model", "tiny", "--report", "{tmp}/adir"], "is a folder"),
     (["plan", "--devices", "99999", "--model", "tiny"], "at most"),
+    (["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=16"], "has 16 devices"),
+    (["plan", "--devices", "8", "--model", "tiny", "--mesh", "model=2,data=4"], "stage (pipeline"),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=8", "--strategies", "tp"],
+        "strategies that run on it: replicated, dp, fsdp",
+    ),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=8", "--stages", "2"],
+        "disagree",
+    ),
     (["plan", "--devices", "8", "--model", "huge"], "unknown model preset 'huge'"),
     (["plan", "--devices", "8", "--model", "tiny", "--hardware", "abacus"], "invalid choice"),
     (["plan", "--devices", "8", "--model", "tiny", "--memory", "-5"], "positive number"),

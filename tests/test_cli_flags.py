@@ -29,6 +29,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],
     "plan/program.py": [("plan",)],
+    "plan/candidates.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
     "plan/target.py": [("plan",)],
     "plan/types.py": [("plan",)],
@@ -161,7 +162,7 @@ def test_flags_come_from_the_command_that_ran():
     parse = build_parser().parse_args
     plan = command_config(parse(["plan", "--devices", "8", "--model", "tiny"])).flags
     assert plan(["make_step"]) == " (flag --program)"
-    assert plan(["memory_bytes", "devices", "mesh"]) == " (flags --memory, --devices)"
+    assert plan(["memory_bytes", "devices", "hlo"]) == " (flags --memory, --devices)"
     launch = command_config(parse(["launch", "-n", "2", "--", "lab"])).flags
     assert launch(["num_processes", "devices_per_process"]) == (
         " (flags -n/--num-processes, --devices-per-process)"

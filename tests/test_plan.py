@@ -69,6 +69,20 @@ def sweep():
 # -- enumeration and presets (no compiling) ----------------------------------------------------
 
 
+def test_a_pinned_mesh_plans_only_that_mesh_every_schedule_of_it():
+    result = plan(
+        "tiny", 8, workers=0, strategies=["dp", "dp_tp", "fsdp_tp"], mesh="data=4,model=2",
+        compile_top=10,
+    )  # fmt: skip
+    # dp has no model axis; dp_tp and fsdp_tp run on it, and only there.
+    assert {p.strategy for p in result.plans} == {"dp_tp", "fsdp_tp"}
+    assert {p.mesh_spec for p in result.plans} == {"data=4,model=2"}
+    assert result.settings["mesh"] == "data=4,model=2"
+    # A pipelined mesh sets the stages.
+    piped = plan("tiny", 8, workers=0, strategies=["fsdp"], mesh="stage=2,data=4")
+    assert {(p.mesh_spec, p.stages) for p in piped.plans} == {("stage=2,data=4", 2)}
+
+
 def test_candidates_factor_the_device_count():
     labels = [c.label for c in candidates(["dp", "fsdp", "tp", "sp", "dp_tp"], 12)]
     assert labels == [

@@ -210,6 +210,7 @@ class PlanConfig(CommandConfig):
     remat: str | None
     microbatches: int | None
     stages: int | None
+    mesh: str | None
     compile_top: int
     bytes_per_param: int
     no_flash_attention: bool

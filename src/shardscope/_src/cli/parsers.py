@@ -463,6 +463,12 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
     )
     p.add_argument(
+        "--mesh",
+        metavar="SPEC",
+        help="plan exactly this mesh, e.g. data=32,model=8 (axes in the order stage, pod..., "
+        "data, model): only the strategies that run on it",
+    )
+    p.add_argument(
         "--compile-top",
         type=positive_int,
         default=3,

@@ -61,6 +61,7 @@ def run_plan_command(
     remat: Sequence[str] | None = None,
     microbatches: int | None = None,
     stages: int | None = None,
+    mesh: str | None = None,
     compile_top: int = 3,
     workers: int | None = None,
     json_path: str | None = None,
@@ -116,6 +117,7 @@ def run_plan_command(
             remat=remat,
             microbatches=microbatches,
             stages=stages,
+            mesh=mesh,
             compile_top=compile_top,
             workers=workers,
             progress=progress,
@@ -282,6 +284,7 @@ def plan_command(c: PlanConfig) -> int:
         remat=c.remat.split(",") if c.remat else None,
         microbatches=c.microbatches,
         stages=c.stages,
+        mesh=c.mesh,
         compile_top=c.compile_top,
         workers=c.workers,
         json_path=c.json,
@@ -304,6 +307,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
             ("--batch", c.batch),
             ("--seq", c.seq),
             ("--strategies", c.strategies),
+            ("--mesh", c.mesh),
         )
         if value is not None
     ]

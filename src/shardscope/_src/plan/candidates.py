@@ -15,12 +15,13 @@ compiling.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
@@ -33,6 +34,7 @@ from shardscope._src.plan.timing import Pricing, comm_items, step_bound, step_ti
 from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped, SkipReason
 from shardscope._src.plan.validate import VALIDATED_STRATEGIES
 from shardscope._src.sharding.strategies import (
+    STRATEGIES,
     Placement,
     abstract_mesh,
     get_strategy,
@@ -69,7 +71,10 @@ def divisors(n: int) -> list[int]:
 
 
 def candidates(
-    strategies: Iterable[str], devices: int, stages: Sequence[int] = (1,)
+    strategies: Iterable[str],
+    devices: int,
+    stages: Sequence[int] = (1,),
+    mesh: Mapping[str, int] | None = None,
 ) -> list[Candidate]:
     """Every mesh shape of ``devices`` for each strategy and pipeline stage count, in a
     stable order. With ``p > 1`` stages the mesh has a leading ``stage=p`` axis and the
@@ -79,7 +84,17 @@ def candidates(
     ['tp model=8', 'dp_tp data=4,model=2', 'dp_tp data=2,model=4']
     >>> [c.label for c in candidates(["fsdp"], 8, (1, 2))]
     ['fsdp data=8', 'fsdp stage=2,data=4']
+
+    With ``mesh`` (axis sizes, in the planner's order: ``stage``, ``pod``..., ``data``,
+    ``model``), only the candidates on exactly that mesh:
+
+    >>> [c.label for c in candidates(["dp", "dp_tp", "fsdp_tp"], 8, mesh={"data": 4, "model": 2})]
+    ['dp_tp data=4,model=2', 'fsdp_tp data=4,model=2']
     """
+    if mesh is not None:
+        pinned = tuple(mesh.items())
+        stage = dict(pinned).get(STAGE_AXIS, 1)
+        return [c for c in candidates(strategies, devices, (stage,)) if c.mesh == pinned]
 
     out = []
     for p in stages:
@@ -95,6 +110,39 @@ def candidates(
                 lead = ((STAGE_AXIS, p),) if p > 1 else ()
                 out.append(Candidate(name, lead + tuple(spec.items())))
     return out
+
+
+def pinned_mesh(
+    mesh: str | Mapping[str, int], devices: int, strategies: Sequence[str]
+) -> dict[str, int]:
+    """A mesh to plan on exactly (``"data=32,model=8"``), checked: its devices are the plan's
+    and at least one of ``strategies`` runs on it (a :class:`PlanError` says which do)."""
+    sizes = parse_mesh_spec(mesh)
+    where = format_mesh_spec(sizes)
+    total = math.prod(sizes.values())
+    if total != devices:
+        raise PlanError(
+            f"mesh={where!r} has {total} devices, the plan {devices}; give devices={total} "
+            f"or a mesh of {devices}",
+            param=("mesh", "devices"),
+        )
+    stage = sizes.get(STAGE_AXIS, 1)
+    if candidates(strategies, devices, (stage,), sizes):
+        return sizes
+    fits = [s for s in STRATEGIES if candidates([s], devices, (stage,), sizes)]
+    if fits:
+        why = f"the strategies that run on it: {', '.join(fits)}"
+    else:
+        shapes = sorted({c.mesh_spec for c in candidates(STRATEGIES, devices, (stage,))})
+        why = (
+            f"the planner names the axes {STAGE_AXIS} (pipeline stages, first), pod..., data "
+            f"and model (last), e.g. {', '.join(shapes[:4])}"
+        )
+        raise PlanError(f"mesh={where!r}: no strategy runs on it; {why}", param="mesh")
+    raise PlanError(
+        f"mesh={where!r}: none of the strategies {', '.join(strategies)} runs on it; {why}",
+        param=("mesh", "strategies"),
+    )
 
 
 def stage_options(
@@ -218,15 +266,19 @@ def screen_all(
     remat: str | Sequence[str] | None = None,
     microbatches: int | None = None,
     stages: int | None = None,
+    mesh: Mapping[str, int] | None = None,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
     skipped and why (indivisible, or whose model state alone exceeds the memory: never
-    compiled); and how many strategy-and-mesh candidates there were."""
+    compiled); and how many strategy-and-mesh candidates there were. ``mesh`` pins the mesh
+    (:func:`pinned_mesh`): only the candidates on it."""
 
     names = tuple(strategies)
     skipped: list[Skipped] = []
-    all_candidates = candidates(names, devices, stage_options(config, devices, mode, stages))
+    if mesh is not None:
+        stages = dict(mesh).get(STAGE_AXIS, 1)
+    all_candidates = candidates(names, devices, stage_options(config, devices, mode, stages), mesh)
     remats = remat_options(mode, remat, flash_attention)
     screened: list[Screened] = []
     for cand in all_candidates:

@@ -43,12 +43,14 @@ from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.notes import Note
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.candidates import (
     DEFAULT_COMPILE_TOP,
     DEFAULT_STRATEGIES,
+    pinned_mesh,
     remat_options,
     screen_all,
     stage_config,
@@ -62,6 +64,7 @@ from shardscope._src.plan.target import check_compiler, compiler_notes, recompil
 from shardscope._src.plan.timing import compiled_step
 from shardscope._src.plan.timing import describe as timing_constants
 from shardscope._src.plan.types import (
+    STAGE_AXIS,
     CompiledFacts,
     Plan,
     PlanResult,
@@ -192,6 +195,7 @@ def plan(
     compile_top: int = DEFAULT_COMPILE_TOP,
     compiler: str = "cpu",
     target_plans: int = 3,
+    mesh: str | Mapping[str, int] | None = None,
     **dims: int | None,
 ) -> PlanResult:
     """Plans ``model`` on ``devices`` accelerators: every strategy, mesh shape, micro-batch
@@ -213,8 +217,9 @@ def plan(
         flash_attention: memory-efficient attention: the compiled program runs a blocked
             attention and the estimate leaves the score matrix out; False: the program
             materialises the scores and the estimate counts them.
-        remat: recomputation to try: ``"none"``, ``"selective"``, ``"full"`` or several
-            (default: all three).
+        remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
+            recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"`` or several
+            (default: all).
         microbatches: fix the micro-batches per data shard (default: every divisor of the
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
@@ -234,6 +239,9 @@ def plan(
             take their collectives, memory per device and fit from that compile
             (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
             chosen among them.
+        mesh: plan exactly this mesh (``"data=32,model=8"``, axes in the planner's order:
+            ``stage``, ``pod``..., ``data``, ``model``): only the strategies that run on it,
+            every schedule of it estimated, the best compiled.
 
     Every candidate is first estimated without compiling (memory per device, and the step
     time of :mod:`shardscope._src.plan.timing`); only the best are compiled and audited.
@@ -262,6 +270,13 @@ def plan(
         model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims
     )
     _check_bytes_per_param(bytes_per_param, config, mode)
+    pinned = None if mesh is None else pinned_mesh(mesh, devices, names)
+    if pinned is not None and stages is not None and stages != pinned.get(STAGE_AXIS, 1):
+        raise PlanError(
+            f"stages={stages} and mesh={format_mesh_spec(pinned)!r} disagree: the mesh's "
+            f"{STAGE_AXIS} axis sets the pipeline stages; give one of them",
+            param=("stages", "mesh"),
+        )
 
     ranked_screen, skipped, n_candidates = screen_all(
         config,
@@ -274,6 +289,7 @@ def plan(
         remat=remat,
         microbatches=microbatches,
         stages=stages,
+        mesh=pinned,
     )
     todo = to_compile(
         [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], compile_top
@@ -299,6 +315,7 @@ def plan(
         "remat": list(remat_options(mode, remat, flash_attention)),
         "microbatches": microbatches,
         "stages": stages,
+        "mesh": None if pinned is None else format_mesh_spec(pinned),
         "compile_top": compile_top,
         "time_model": timing_constants(hw),
     }
