@@ -76,7 +76,7 @@ BAD: list[tuple[list[str], str]] = [
         "--png and --report both write",
     ),
     (["plan", "--devices", "8", "--model", "tiny", "--report", "{tmp}/adir"], "is a folder"),
-    (["plan", "--devices", "99999", "--model", "tiny"], "at most"),
+    (["plan", "--devices", "2000000", "--model", "tiny"], "at most 1,048,576"),
     (["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=16"], "has 16 devices"),
     (["plan", "--devices", "8", "--model", "tiny", "--mesh", "model=2,data=4"], "stage (pipeline"),
     (

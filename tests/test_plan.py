@@ -384,11 +384,28 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     assert "memory" in why.text and "tpu-v5e" in why.text and "--" not in why.text
 
 
+def test_a_plan_beyond_2048_devices_compiles_one_pipeline_stage():
+    # A 7B model on 4096 devices: without stages each program needs all 4096 simulated
+    # devices (skipped, saying so); with 2 to 16 stages one stage's program needs 2048 to 256.
+    result = plan(
+        "7b", 4096, workers=1, strategies=["fsdp"], compile_top=1, microbatches=1, remat="full"
+    )
+    too_big = [s for s in result.skipped if s.reason == "simulation"]
+    assert [s.mesh for s in too_big] == ["data=4096"]
+    assert "needs 4096 simulated devices" in too_big[0].message
+    (p,) = result.plans
+    assert p.stages > 1 and math.prod(p.mesh.values()) == 4096
+    assert p.collectives and all("stage" not in c.axes for c in p.collectives)
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [
         (dict(devices=0), "must be a positive whole number"),
-        (dict(devices=4096), "at most 2048"),
+        (dict(devices=2**21), "at most 1,048,576 devices"),
+        # 17 x 241 devices and 4 layers: no stage count divides both, so every program would
+        # need all 4097 simulated devices.
+        (dict(devices=4097), "more than the 2048 simulated devices .* smallest needs 4097"),
         (dict(mode="decode"), "mode 'decode'"),
         (dict(strategies=["zero3"]), "unknown strategy 'zero3'"),
         (dict(model=None), "missing d_model, heads, ff, layers"),
@@ -514,7 +531,10 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
         (["plan", "--model", "8b", "--devices", "8"], "unknown model preset '8b'"),
         (["plan", "--model", "tiny"], "required: --devices"),
         (["plan", "--model", "tiny", "--devices", "0"], "0 must be a positive whole number"),
-        (["plan", "--model", "tiny", "--devices", "3072"], "at most 2048"),
+        (
+            ["plan", "--model", "tiny", "--devices", "4097", "--compiler", "cpu"],
+            "more than the 2048 simulated",
+        ),
         (
             ["plan", "--devices", "8", "--heads", "8"],
             "missing d_model, ff, layers (flags --d-model, --ff, --layers)",

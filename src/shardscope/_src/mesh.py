@@ -26,7 +26,9 @@ AXIS_TYPES: dict[str, AxisType] = {"explicit": AxisType.Explicit, "auto": AxisTy
 #: What ``jax.make_mesh`` gives when it is not told (Explicit since JAX 0.9: sharding in types).
 DEFAULT_AXIS_TYPE = AxisType.Explicit
 
-MAX_AXIS_SIZE = 2048  # as many devices as JAX's CPU backend compiles for in one process
+#: The largest axis a mesh description may give: far above any cluster (a plan of one has
+#: more devices than one process can simulate; a mesh of real devices is bounded by them).
+MAX_AXIS_SIZE = 2**20
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.atomic import write_atomic
-from shardscope._src.base.devices import backends_started, use_cpu_devices
+from shardscope._src.base.devices import MAX_CPU_DEVICES, backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
 from shardscope._src.base.records import STDOUT, write_result
@@ -26,7 +26,7 @@ from shardscope._src.cli.config import PlanConfig
 from shardscope._src.cli.paths import check_file_path, check_output_paths
 from shardscope._src.model.config import Mode
 from shardscope._src.plan.program import plan_program
-from shardscope._src.plan.sweep import MAX_DEVICES, plan
+from shardscope._src.plan.sweep import MAX_PLANNED_DEVICES, plan
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
 from shardscope._src.render.plan_plot import plot_plans
@@ -39,10 +39,11 @@ from shardscope._src.targets.specs import TARGETS
 
 
 def _ensure_devices(devices: int) -> None:
-    """Simulates ``devices`` CPU devices when JAX has not started (for in-process compiles)."""
+    """Simulates ``devices`` CPU devices (at most what one process can) when JAX has not
+    started, for in-process compiles: a plan of more compiles one pipeline stage."""
 
     if not backends_started():
-        use_cpu_devices(devices)
+        use_cpu_devices(min(devices, MAX_CPU_DEVICES))
 
 
 def run_plan_command(
@@ -139,12 +140,17 @@ def run_plan_command(
     return 0
 
 
-def check_device_count(devices: int) -> None:
-    """Refuses more devices than the CPU backend compiles for."""
-    if devices > MAX_DEVICES:
+def check_device_count(devices: int, *, simulated: bool = False) -> None:
+    """Refuses more devices than the planner plans (``simulated``: than the CPU backend
+    simulates, for a user's program, which runs on all of them)."""
+    if simulated and devices > MAX_CPU_DEVICES:
         raise PlanError(
-            f"--devices {devices}: the CPU backend compiles for at most {MAX_DEVICES} "
-            f"simulated devices; plan {MAX_DEVICES} or fewer"
+            f"--devices {devices}: your program is compiled on all its devices, and the CPU "
+            f"backend simulates at most {MAX_CPU_DEVICES}; plan {MAX_CPU_DEVICES} or fewer"
+        )
+    if devices > MAX_PLANNED_DEVICES:
+        raise PlanError(
+            f"--devices {devices}: the planner plans at most {MAX_PLANNED_DEVICES:,} devices"
         )
 
 
@@ -378,7 +384,7 @@ def run_plan_program(
     ``flags`` names the options of the command line after the notes that suggest a change.
     """
 
-    check_device_count(devices)
+    check_device_count(devices, simulated=True)
     for path in (json_path, png_path, report_path):
         if path is not None:
             check_file_path(path)

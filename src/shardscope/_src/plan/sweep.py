@@ -83,8 +83,11 @@ from shardscope._src.targets.capabilities import CPU_COMPILER
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 
-#: The most simulated devices a plan may ask for (see ``MAX_CPU_DEVICES``).
+#: The most simulated devices the program of one plan may need (see ``MAX_CPU_DEVICES``):
+#: a pipelined plan compiles one stage, so a plan may have more devices than this.
 MAX_DEVICES = MAX_CPU_DEVICES
+#: The most devices a plan may have (a bound on the enumeration, far above any cluster).
+MAX_PLANNED_DEVICES = 2**20
 #: The largest array (bytes, 4 per element) a plan accepts; dimensions stop at ``MAX_DIM``.
 MAX_ARRAY_BYTES = 2**50
 
@@ -291,13 +294,16 @@ def plan(
         stages=stages,
         mesh=pinned,
     )
+    ranked_screen, too_big = _simulable(ranked_screen, devices)
+    skipped += too_big
     todo = to_compile(
         [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], compile_top
     )
-    n_workers = default_workers(devices) if workers is None else workers
+    simulated = max((_stage_devices(s) for s in todo), default=1)
+    n_workers = default_workers(simulated) if workers is None else workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
     plans, bound_of, failed = _compile_plans(
-        todo, config, mode, devices, hw, n_workers, progress, flash_attention
+        todo, config, mode, devices, simulated, hw, n_workers, progress, flash_attention
     )
 
     order = sorted(plans, key=_rank_key(names))
@@ -349,10 +355,9 @@ def _check_sweep(
     """The strategies to sweep, once the sweep's counts and names are valid."""
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
-    if devices > MAX_DEVICES:
+    if devices > MAX_PLANNED_DEVICES:
         raise PlanError(
-            f"devices={devices}: the CPU backend compiles for at most {MAX_DEVICES} "
-            f"simulated devices in one process; plan for {MAX_DEVICES} or fewer",
+            f"devices={devices}: the planner plans at most {MAX_PLANNED_DEVICES:,} devices",
             param="devices",
         )
     Mode.parse(mode, what="mode", error=PlanError, param="mode")
@@ -383,11 +388,49 @@ def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str)
         )
 
 
+def _stage_devices(s: Screened) -> int:
+    """The devices the program of ``s`` (one pipeline stage's) runs on."""
+    return math.prod(dict(s.candidate.stage_mesh).values())
+
+
+def _simulable(ranked: list[Screened], devices: int) -> tuple[list[Screened], list[Skipped]]:
+    """The candidates whose program the CPU backend can compile (one stage's, on at most
+    :data:`MAX_DEVICES` simulated devices), and the others as skipped; none at all is an
+    error that names the largest count and what splits a program."""
+    fit = [s for s in ranked if _stage_devices(s) <= MAX_DEVICES]
+    over = [s for s in ranked if _stage_devices(s) > MAX_DEVICES]
+    if ranked and not fit:
+        least = min(_stage_devices(s) for s in over)
+        raise PlanError(
+            f"devices={devices}: every candidate's program needs more than the {MAX_DEVICES} "
+            f"simulated devices the CPU backend compiles for in one process (the smallest "
+            f"needs {least}); pipeline stages split it (stages= dividing the layers and the "
+            f"devices), or plan fewer devices",
+            param=("devices", "stages"),
+        )
+    seen: set[tuple[str, str]] = set()
+    skipped = []
+    for s in over:
+        key = (s.candidate.strategy, s.candidate.mesh_spec)
+        if key not in seen:
+            seen.add(key)
+            skipped.append(
+                Skipped(
+                    *key,
+                    SkipReason.SIMULATION,
+                    f"its program needs {_stage_devices(s)} simulated devices; the CPU "
+                    f"backend compiles for at most {MAX_DEVICES} in one process",
+                )
+            )
+    return fit, skipped
+
+
 def _compile_plans(
     todo: Sequence[Screened],
     config: ModelConfig,
     mode: str,
     devices: int,
+    simulated: int,
     hw: Hardware,
     workers: int,
     progress: Progress | None,
@@ -401,7 +444,7 @@ def _compile_plans(
         for s in todo
     }
     facts = compile_all(
-        [s.candidate for s in todo], stage_configs, mode, devices, workers, progress
+        [s.candidate for s in todo], stage_configs, mode, simulated, workers, progress
     )
     flops_per_device = model_flops(config, mode) / devices
     plans: list[Plan] = []

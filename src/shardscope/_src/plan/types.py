@@ -132,6 +132,8 @@ class SkipReason(StrEnum):
     MEMORY = "memory"
     #: the compile itself failed (``Skipped.message`` has the error)
     ERROR = "error"
+    #: its program (one pipeline stage's) needs more simulated devices than one process has
+    SIMULATION = "simulation"
 
 
 @dataclass(frozen=True)
