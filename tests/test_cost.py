@@ -135,3 +135,21 @@ def test_the_gpu_compiler_leaves_the_forward_all_gather_of_a_scanned_fsdp_step_e
     assert forward and all(w.compute.flops == 0 for w in forward)
     (scatter,) = [w for w in found.values() if w.start.startswith("reduce-scatter-start")]
     assert scatter.compute.flops == 2 * (64 // 8) * D * FF
+
+
+#: The line the GPU compiler's rematerialization pass logs for a program that does not fit.
+PRESSURE_LOG = (
+    "W1201 10:00:00.000000 1 hlo_rematerialization.cc:3100] Can't reduce memory use below "
+    "56.41GiB (60570427392 bytes) by rematerialization; only reduced to 87.14GiB (93567040840 "
+    "bytes), down from 87.14GiB (93567040840 bytes) originally"
+)
+
+
+def test_the_compilers_word_that_a_program_does_not_fit_is_read_from_its_log():
+    from shardscope._src.audit.compile import parse_memory_pressure
+    from shardscope._src.audit.records import MemoryPressure
+
+    got = parse_memory_pressure("I1201 other line\n" + PRESSURE_LOG)
+    assert got == MemoryPressure(60570427392, 93567040840, 93567040840)
+    assert parse_memory_pressure("I1201 nothing of the kind") is None
+    assert MemoryPressure.from_dict(got.to_dict()) == got

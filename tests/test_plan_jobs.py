@@ -538,3 +538,15 @@ def test_the_cpu_compilers_all_reduce_is_priced_as_the_reduce_scatter_the_gpu_fo
     # As the GPU's own program it would be an all-reduce, and cost more.
     as_is = compiled_step(hw, s.pricing, cpu, s.bound, GPU_COMPILER)
     assert as_is.step_s > priced.step_s
+
+
+def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():
+    values = {
+        "compiler": "XLA:GPU",
+        "limit_bytes": 60570427392,
+        "reached_bytes": 93567040840,
+        "original_bytes": 93567040840,
+    }
+    text = PlanNote.MEMORY_PRESSURE.describe(values)
+    assert text.startswith("the XLA:GPU compiler could not bring the program under 56.41 GiB")
+    assert "it needs 87.14 GiB" in text

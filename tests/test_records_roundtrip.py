@@ -46,7 +46,7 @@ def via_json(data):
 
 #: What this version writes that the earlier one did not (an audit's, a collective's): a
 #: file of the earlier version reads them back as unknown.
-NEW_AUDIT_KEYS = {"hlo_flops", "hlo_bytes", "priced_on", "exposure"}
+NEW_AUDIT_KEYS = {"hlo_flops", "hlo_bytes", "priced_on", "exposure", "memory_pressure"}
 NEW_COLLECTIVE_KEYS = {"overlap"}
 
 

@@ -33,7 +33,12 @@ import jax
 from shardscope._src.audit.analysis import analyze
 from shardscope._src.audit.overlap import program_cost
 from shardscope._src.audit.pricing import priced
-from shardscope._src.audit.records import Audit, AuditedProgram, Rematerialization
+from shardscope._src.audit.records import (
+    Audit,
+    AuditedProgram,
+    MemoryPressure,
+    Rematerialization,
+)
 from shardscope._src.audit.stages import lower, lower_step, unwrap_stage
 from shardscope._src.base.errors import (
     DeviceMemoryError,
@@ -135,6 +140,25 @@ FAST_COMPILE_OPTIONS: Mapping[str, Any] = {
 _FALLBACK_AXIS = "devices"
 
 _REMAT_MARK = "Involuntary full rematerialization"
+#: XLA's rematerialization pass, when it cannot bring a program under the memory it has.
+_PRESSURE_MARK = "Can't reduce memory use below"
+_BYTES = r"[\d.]+\s*[KMGT]?i?B\s*\((\d+) bytes\)"
+
+
+def parse_memory_pressure(log: str) -> MemoryPressure | None:
+    """The rematerialization pass's "Can't reduce memory use below X by rematerialization;
+    only reduced to Y, down from Z originally" in a compile log (None: not logged)."""
+    for line in log.splitlines():
+        if _PRESSURE_MARK not in line:
+            continue
+        m = re.search(
+            rf"below {_BYTES} by rematerialization; only reduced to {_BYTES}, down from {_BYTES}",
+            line,
+        )
+        if m is not None:
+            limit, reached, original = (int(g) for g in m.groups())
+            return MemoryPressure(limit, reached, original)
+    return None
 
 
 def _balanced_after(text: str, marker: str) -> str | None:
@@ -406,8 +430,11 @@ def _audit_text(
     collectives, unknown = analyze(module, axes)
     threads = {c.execution_thread for c in module.computations.values()} - {MAIN_THREAD}
     remats = None
+    pressure = None
     if log is not None:
-        remats = _REMATS.read(compiled, log, module)
+        log = _LOGS.read(compiled, log)
+        remats = parse_rematerializations(log, module)
+        pressure = parse_memory_pressure(log)
     hardware = _hardware_of(None if facts is None else facts.target)
     if hardware is not None:
         collectives = priced(collectives, module, axes, hardware)
@@ -429,6 +456,7 @@ def _audit_text(
         hlo_flops=cost.flops,
         hlo_bytes=cost.bytes,
         priced_on=None if hardware is None else hardware.name,
+        memory_pressure=pressure,
     )
     return result.with_program(AuditedProgram(text, module, compiled))
 
@@ -491,8 +519,9 @@ def _axes_of(module: HloModule, axes: dict[str, int] | None) -> dict[str, int]:
     return axes
 
 
-class _RematerializationLog:
-    """The rematerializations the partitioner logged for each executable, while it lives.
+class _CompileLogs:
+    """What the compiler logged for each executable, while it lives: the lines the audit
+    reads (the partitioner's rematerializations, the rematerialization pass's memory).
 
     JAX serves a program it compiled before from its cache, and then no compiler runs and
     nothing is logged; the executable it serves is the one compiled then, so the log read
@@ -500,23 +529,21 @@ class _RematerializationLog:
     """
 
     def __init__(self) -> None:
-        self._found: weakref.WeakKeyDictionary[object, tuple[Rematerialization, ...]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._found: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
-    def read(
-        self, compiled: jax.stages.Compiled | None, log: str, module: HloModule
-    ) -> tuple[Rematerialization, ...]:
-        """The rematerializations in ``log``; for a program compiled before (an empty log)
-        those its executable's compile logged."""
-        remats = parse_rematerializations(log, module)
+    def read(self, compiled: jax.stages.Compiled | None, log: str) -> str:
+        """The lines of ``log`` the audit reads; for a program compiled before (an empty
+        log) those its executable's compile logged."""
+        kept = "\n".join(
+            line for line in log.splitlines() if _REMAT_MARK in line or _PRESSURE_MARK in line
+        )
         key = _executable_of(compiled)
         if key is None:
-            return remats
-        if remats:
-            self._found[key] = remats
-            return remats
-        return self._found.get(key, ())
+            return kept
+        if kept:
+            self._found[key] = kept
+            return kept
+        return self._found.get(key, "")
 
 
 def _executable_of(compiled: jax.stages.Compiled | None) -> object | None:
@@ -536,7 +563,7 @@ def _executable_of(compiled: jax.stages.Compiled | None) -> object | None:
     return executable
 
 
-_REMATS = _RematerializationLog()
+_LOGS = _CompileLogs()
 
 
 def compile_lowered(lowered: Any, **compiler_options: Any) -> Any:

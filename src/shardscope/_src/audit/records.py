@@ -400,6 +400,26 @@ class Rematerialization:
 
 
 @dataclass(frozen=True)
+class MemoryPressure(Record):
+    """The compiler's rematerialization pass could not bring the program under the memory
+    it had: ``limit_bytes`` it aimed for, ``reached_bytes`` it got to, from
+    ``original_bytes`` (XLA's "Can't reduce memory use below ..." log line)."""
+
+    limit_bytes: int
+    reached_bytes: int
+    original_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryPressure:
+        what = "a memory pressure record"
+        return cls(
+            int(field_of(data, "limit_bytes", what)),
+            int(field_of(data, "reached_bytes", what)),
+            int(field_of(data, "original_bytes", what)),
+        )
+
+
+@dataclass(frozen=True)
 class UnknownInstruction(Record):
     """An instruction whose opcode this tool does not know, kept with its raw text."""
 
@@ -463,7 +483,8 @@ class Audit:
     execution on the hardware of ``priced_on`` (the compile target's preset) and says how
     much of it the compute the compiler scheduled beside it hides
     (:mod:`~shardscope._src.audit.overlap`); None where the audit has no hardware to price on
-    (the CPU backend, HLO text).
+    (the CPU backend, HLO text). ``memory_pressure`` is the compiler's word, when it logged it,
+    that rematerialization could not bring the program under the memory it had.
 
     The fields are plain data (compared, written by :meth:`to_dict`, read back by
     :meth:`from_dict`). What the audit was read from, the HLO text, its parsed module and
@@ -488,6 +509,7 @@ class Audit:
     hlo_flops: int | None = None
     hlo_bytes: int | None = None
     priced_on: str | None = None
+    memory_pressure: MemoryPressure | None = None
 
     def with_program(self, program: AuditedProgram) -> Audit:
         """This audit, holding ``program`` as what it was read from (returns ``self``)."""
@@ -809,6 +831,11 @@ class Audit:
             hlo_flops=_opt_int(data.get("hlo_flops")),
             hlo_bytes=_opt_int(data.get("hlo_bytes")),
             priced_on=_opt_str(data.get("priced_on")),
+            memory_pressure=(
+                None
+                if data.get("memory_pressure") is None
+                else MemoryPressure.from_dict(data["memory_pressure"])
+            ),
         )
 
 

@@ -32,6 +32,9 @@ class PlanNote(NoteKind):
     #: compiled again by a target's compiler (values: ``target``, ``memory_bytes``,
     #: ``estimate_bytes``; or ``target`` and ``error`` when it failed)
     COMPILED_BY_TARGET = "compiled-by-target"
+    #: the compiler's rematerialization could not bring the program under its memory
+    #: (values: ``compiler``, ``limit_bytes``, ``reached_bytes``, ``original_bytes``)
+    MEMORY_PRESSURE = "memory-pressure"
     # -- a sweep's notes
     #: memory is the analytic estimate, the CPU compiler's beside it
     ANALYTIC_MEMORY = "analytic-memory"
@@ -122,6 +125,14 @@ def _rematerialization(v: Mapping[str, Any]) -> str:
     return (
         "the partitioner replicated a whole array then sliced it (involuntary full "
         f"rematerialization) at {', '.join(v['sites'])}"
+    )
+
+
+def _memory_pressure(v: Mapping[str, Any]) -> str:
+    return (
+        f"the {v['compiler']} compiler could not bring the program under "
+        f"{format_bytes(v['limit_bytes'])} per device by rematerialization: it needs "
+        f"{format_bytes(v['reached_bytes'])} (from {format_bytes(v['original_bytes'])})"
     )
 
 
@@ -247,6 +258,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
         "stage-to-stage transfers and the bubble are in the time model"
     ),
     PlanNote.COMPILED_BY_TARGET: _compiled_by_target,
+    PlanNote.MEMORY_PRESSURE: _memory_pressure,
     PlanNote.ANALYTIC_MEMORY: (
         "memory per device is the analytic estimate (ZeRO model state, Korthikanti "
         "activations); the compiled numbers beside it are the CPU compiler's buffer assignment "

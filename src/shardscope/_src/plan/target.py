@@ -16,7 +16,8 @@ from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import audit, compile_lowered
+from shardscope._src.audit.compile import audit
+from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
 from shardscope._src.base.notes import Note
@@ -50,6 +51,10 @@ class TargetFacts:
     error: str | None = None
     exact: bool = True
     compile_s: float = 0.0
+    #: where the partitioner replicated whole arrays (the compile log's words)
+    rematerializations: tuple[str, ...] = ()
+    #: the compiler's rematerialization could not bring the program under its memory
+    memory_pressure: MemoryPressure | None = None
 
     @property
     def memory_bytes_per_device(self) -> int:
@@ -59,7 +64,9 @@ class TargetFacts:
         return device_bytes(m)
 
 
-def _optimal_seconds(compiled: jax.stages.Compiled) -> float | None:
+def _optimal_seconds(compiled: jax.stages.Compiled | None) -> float | None:
+    if compiled is None:
+        return None
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None
@@ -78,11 +85,12 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
     lowered = build_reference_program(placement, mode=mode, microbatches=cand.microbatches).lower()
     t0 = time.perf_counter()
     try:
-        compiled = compile_lowered(lowered)
+        # The audit compiles it (its log read: rematerializations, memory pressure).
+        result = audit(lowered)
     except DeviceMemoryError as e:
         return TargetFacts(target, error=str(e), compile_s=time.perf_counter() - t0)
     compile_s = time.perf_counter() - t0
-    result = audit(compiled)
+    compiled = result.compiled
     return TargetFacts(
         target=target,
         memory=dict(result.memory or {}),
@@ -92,6 +100,10 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
         optimal_seconds=_optimal_seconds(compiled),
         exact=result.exact,
         compile_s=compile_s,
+        rematerializations=tuple(
+            sorted({r.source or r.op_name or "?" for r in result.rematerializations or ()})
+        ),
+        memory_pressure=result.memory_pressure,
     )
 
 
@@ -150,9 +162,18 @@ def recompile_on_target(
         if facts.error is None:
             # The plan's collectives become the target's: so does the note on a reduce-scatter
             # left out, which its compiler's record decides.
-            kept = tuple(n for n in p.notes if n.kind != PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER)
-            rs = reduce_scatter_note(bound, facts.collectives, get_target(target).capabilities)
+            # So do its rematerializations and what its compiler says of the memory.
+            replaced = (PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER, PlanNote.REMATERIALIZATION)
+            kept = tuple(n for n in p.notes if n.kind not in replaced)
+            capabilities = get_target(target).capabilities
+            rs = reduce_scatter_note(bound, facts.collectives, capabilities)
             kept = kept if rs is None else (rs, *kept)
+            if facts.rematerializations:
+                sites = list(facts.rematerializations)
+                kept = (*kept, Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
+            if facts.memory_pressure is not None:
+                pressure = {"compiler": capabilities.compiler, **facts.memory_pressure.to_dict()}
+                kept = (Note(PlanNote.MEMORY_PRESSURE, pressure), *kept)
         changes: dict[str, Any] = {
             "notes": (note, *kept),
             "compiled_by": target,
