@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import assert_usage_error
-from shardscope._src.base.comm import format_seconds
+from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.render.audit import format_audit
 from shardscope._src.targets import devices as targets_devices
 from shardscope._src.targets.capabilities import Support, compiler_capabilities
@@ -377,6 +377,14 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert on_target.target_memory["argument_size_in_bytes"] == (weights * 2 + 2 * 16 * 32 * 4 // 8)
     # A few MB of an H100's 80 GB: it fits.
     assert 0 < on_target.target_memory_bytes_per_device < 16 * 2**20 and on_target.fits
+    # The table and the report show the memory that decided the fit, the estimate beside it.
+    from shardscope._src.render.plan import markdown_report
+
+    ranked = markdown_report(result).split("## Ranked plans", 1)[1]
+    row = next(line for line in ranked.splitlines() if line.startswith("| 1 | dp "))
+    assert format_bytes(on_target.target_memory_bytes_per_device) in row
+    assert f"h100 (est. {format_bytes(on_target.memory.total)})" in row
+    assert on_target.to_dict()["fit_memory_source"] == "h100 compiler"
     assert on_target.notes[0].kind == "compiled-by-target"
     assert on_target.notes[0].text.startswith("compiled by the h100 compiler: ")
     # The target keeps bf16 collectives bf16: what it sends is what it compiled.

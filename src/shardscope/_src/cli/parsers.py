@@ -521,5 +521,9 @@ def _plan_output_options(p: argparse.ArgumentParser) -> None:
     """What is shown and written."""
     p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
     p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
-    p.add_argument("--png", metavar="FILE", help="write the memory vs communication chart")
+    p.add_argument(
+        "--png",
+        metavar="FILE",
+        help="write the chart of step time against the memory that decided the fit",
+    )
     p.add_argument("--report", metavar="FILE", help="write a Markdown report")

@@ -131,6 +131,15 @@ class ProgramPlan:
     same_as: str | None = None
 
     @property
+    def fit_memory_bytes_per_device(self) -> int:
+        """The memory ``fits`` reads: the compiler's buffer assignment."""
+        return self.memory_bytes_per_device
+
+    @property
+    def fit_memory_source(self) -> str:
+        return "compiled"
+
+    @property
     def strategy(self) -> str:
         """The rule set's name (the column the planner's renderers call strategy)."""
         return self.rules_name
@@ -437,7 +446,7 @@ def plan_program(
             tuple(p.mesh.values()),
         ),
     )
-    front = pareto_front(order, lambda p: p.memory_bytes_per_device, lambda p: p.comm_time_s)
+    front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     ranked = tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
     return ProgramPlanResult(
         program=label,

@@ -312,7 +312,7 @@ def plan(
             order, bound_of, config, mode, hw, compiler, target_plans, progress, flash_attention
         )
         order = sorted(order, key=_rank_key(names))
-    front = pareto_front(order, lambda p: p.memory.total, lambda p: p.comm_time_s)
+    front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     settings = {
         **settings_dict(bytes_per_param, flash_attention),

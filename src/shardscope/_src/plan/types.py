@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any
 
 from shardscope._src.base.comm import ratio
 from shardscope._src.base.notes import Note
@@ -351,6 +351,20 @@ class Plan:
         return device_bytes(m)
 
     @property
+    def fit_memory_bytes_per_device(self) -> int:
+        """The memory ``fits`` reads: the target compiler's buffer assignment when it compiled
+        the plan, else the analytic estimate."""
+        target = self.target_memory_bytes_per_device
+        return target if self.compiled_by != "cpu" and target is not None else self.memory.total
+
+    @property
+    def fit_memory_source(self) -> str:
+        """What :attr:`fit_memory_bytes_per_device` is: ``"estimate"`` or the compiler's."""
+        if self.compiled_by != "cpu" and self.target_memory is not None:
+            return f"{self.compiled_by} compiler"
+        return "estimate"
+
+    @property
     def fits(self) -> bool:
         """Judged from the target compiler's memory when it compiled the plan, else from the
         analytic estimate."""
@@ -396,6 +410,8 @@ class Plan:
                 "bound_ratio",
                 "mfu",
                 "target_memory_bytes_per_device",
+                "fit_memory_bytes_per_device",
+                "fit_memory_source",
             ),
         )
 
@@ -416,9 +432,6 @@ class PlanResult:
     notes: tuple[Note, ...]
     wall_s: float = 0.0
     workers: int = 0
-
-    #: Where ``memory_bytes_per_device`` comes from (a user's program plans read "compiled").
-    memory_source: ClassVar[str] = "analytic"
     candidates: int = field(default=0)
     screened: int = 0
     closest: Mapping[str, Any] | None = None

@@ -90,7 +90,7 @@ RANK: Column[RankedPlan] = figure("#", _rank, only="rich")
 RANK_MARKDOWN: Column[RankedPlan] = Column("#", lambda p: str(p.rank), only="markdown")
 MESH: Column[RankedPlan] = Column("mesh", lambda p: p.mesh_spec, no_wrap=True, code=True)
 MEMORY: Column[RankedPlan] = figure(
-    "mem/dev", lambda p: format_bytes(p.memory_bytes_per_device), "memory/device"
+    "mem/dev", lambda p: format_bytes(p.fit_memory_bytes_per_device), "memory/device"
 )
 FITS: Column[RankedPlan] = figure("fits", _fits)
 COMM_BYTES: Column[RankedPlan] = figure(
@@ -101,6 +101,14 @@ COMPUTE: Column[RankedPlan] = figure("compute", lambda p: format_seconds(p.compu
 STEP: Column[RankedPlan] = figure("step", lambda p: format_seconds(p.step_time_s))
 PARETO: Column[RankedPlan] = Column("Pareto", lambda p: "yes" if p.pareto else "", only="markdown")
 
+
+def _memory_by(p: Plan) -> str:
+    """Whose memory decided the fit, and the estimate beside a compiler's."""
+    if p.fit_memory_source == "estimate":
+        return "estimate"
+    return f"{p.compiled_by} (est. {format_bytes(p.memory.total)})"
+
+
 PLAN_COLUMNS: tuple[Column[Plan], ...] = (
     RANK,
     RANK_MARKDOWN,
@@ -110,6 +118,7 @@ PLAN_COLUMNS: tuple[Column[Plan], ...] = (
     Column("micro-batches", lambda p: str(p.microbatches), only="markdown"),
     Column("recompute", lambda p: p.remat, only="markdown"),
     MEMORY,
+    Column("memory by", _memory_by, no_wrap=True),
     FITS,
     COMM_BYTES,
     figure("x bound", lambda p: format_ratio(p.bound_ratio)),
@@ -189,11 +198,13 @@ def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
     caption = (
         f"{result.screened} candidates estimated, {len(result.plans)} compiled, "
         f"{len(result.skipped)} skipped, {result.wall_s:.1f} s. * Pareto front (memory vs "
-        f"comm time). Memory: analytic per device (the CPU compiler's numbers are in the "
-        f"JSON and report). Schedule: micro-batches per data shard, recomputation. Step: "
-        f"the time model (compute at the achievable fraction of peak, tensor-parallel "
-        f"collectives exposed, data-parallel ones overlapped as the schedule allows, "
-        f"pipeline bubble, optimizer); MFU: model FLOPs over the devices' peak."
+        f"step time). Memory: what the fit was judged by (a target compiler's buffer "
+        f"assignment where it compiled the plan, else the analytic estimate; the CPU "
+        f"compiler's numbers are in the JSON and report). Schedule: micro-batches per data "
+        f"shard, recomputation. Step: the compiled program's collectives in the time model "
+        f"(compute at the achievable fraction of peak, tensor-parallel collectives exposed, "
+        f"data-parallel ones overlapped as the schedule allows, pipeline bubble, optimizer); "
+        f"MFU: model FLOPs over the devices' peak."
     )
     return ranked_table(PLAN_COLUMNS, result, heading=headline(result), caption=caption, top=top)
 

@@ -1,5 +1,6 @@
-"""The planner's chart: memory per device against communication time, one point per plan,
-the Pareto front marked. Drawn headless with matplotlib's Agg canvas, written atomically."""
+"""The planner's chart: step time against the memory per device that decided the fit, one
+point per plan, the Pareto front marked. Drawn headless with matplotlib's Agg canvas, written
+atomically."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _say_why_empty(ax: Any, reason: str) -> None:
 def _draw_plans(ax: Any, result: PlanSet[RankedPlan]) -> None:
     """Every plan, the Pareto front, the best plan and the device memory, then the axes."""
     plans, hw = result.plans, result.hardware
-    top = max(p.memory_bytes_per_device for p in plans)
+    top = max(p.fit_memory_bytes_per_device for p in plans)
     scale, unit = _memory_unit(top)
     _scatter_strategies(ax, plans, scale)
     _draw_front(ax, plans, scale)
@@ -66,8 +67,8 @@ def _draw_plans(ax: Any, result: PlanSet[RankedPlan]) -> None:
     if any(not p.fits for p in plans):
         ax.scatter([], [], s=46, facecolors="none", edgecolors="grey", label="hollow: does not fit")
     _time_axis(ax, plans)
-    ax.set_xlabel(f"memory per device, {result.memory_source} ({unit})")
-    ax.set_ylabel("communication time per step (alpha-beta)")
+    ax.set_xlabel(f"memory per device that decided the fit ({unit})")
+    ax.set_ylabel("step time")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
 
@@ -91,8 +92,8 @@ def _scatter_strategies(ax: Any, plans: Sequence[RankedPlan], scale: int) -> Non
             if not pts:
                 continue
             ax.scatter(
-                [p.memory_bytes_per_device / scale for p in pts],
-                [p.comm_time_s for p in pts],
+                [p.fit_memory_bytes_per_device / scale for p in pts],
+                [p.step_time_s for p in pts],
                 s=46,
                 marker="o",
                 facecolors=colors[s] if fits else "none",
@@ -106,13 +107,13 @@ def _draw_front(ax: Any, plans: Sequence[RankedPlan], scale: int) -> None:
     """The Pareto front as a step line, each of its plans named."""
     front = sorted(
         (p for p in plans if p.pareto),
-        key=lambda p: (p.memory_bytes_per_device, p.comm_time_s),
+        key=lambda p: (p.fit_memory_bytes_per_device, p.step_time_s),
     )
     if not front:
         return
     ax.step(
-        [p.memory_bytes_per_device / scale for p in front],
-        [p.comm_time_s for p in front],
+        [p.fit_memory_bytes_per_device / scale for p in front],
+        [p.step_time_s for p in front],
         where="post",
         color="black",
         linewidth=1.0,
@@ -124,7 +125,7 @@ def _draw_front(ax: Any, plans: Sequence[RankedPlan], scale: int) -> None:
         short = f"{p.strategy} {'x'.join(str(v) for v in p.mesh.values())}"
         ax.annotate(
             short,
-            (p.memory_bytes_per_device / scale, p.comm_time_s),
+            (p.fit_memory_bytes_per_device / scale, p.step_time_s),
             textcoords="offset points",
             xytext=(5, 4),
             fontsize=7,
@@ -137,8 +138,8 @@ def _mark_best(ax: Any, best: RankedPlan | None, scale: int) -> None:
         ax.plot([], [], " ", label="no plan fits the device memory")
         return
     ax.scatter(
-        [best.memory_bytes_per_device / scale],
-        [best.comm_time_s],
+        [best.fit_memory_bytes_per_device / scale],
+        [best.step_time_s],
         marker="*",
         s=220,
         color="gold",
@@ -166,7 +167,7 @@ def _time_axis(ax: Any, plans: Sequence[RankedPlan]) -> None:
     """Seconds on the y axis, logarithmic where the times span more than ten times."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    times = [p.comm_time_s for p in plans if p.comm_time_s > 0]
+    times = [p.step_time_s for p in plans if p.step_time_s > 0]
     if times and max(times) / min(times) > 10:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))

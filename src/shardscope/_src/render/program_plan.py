@@ -98,7 +98,7 @@ PROGRAM_COMM_COLUMNS = tuple(c for c in COMM_COLUMNS if c is not COMM_BOUND)
 def program_plan_table(result: ProgramPlanResult, *, top: int | None = None) -> Any:
     caption = (
         f"{len(result.plans)} plans compiled, {len(result.skipped)} skipped, "
-        f"{result.wall_s:.1f} s. * Pareto front (memory vs comm time). Memory: the "
+        f"{result.wall_s:.1f} s. * Pareto front (memory vs step time). Memory: the "
         f"compiler's buffers per device. Step: compute + comm; overlap: the larger."
     )
     return ranked_table(
