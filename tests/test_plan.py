@@ -63,6 +63,7 @@ def sweep():
         microbatches=1,
         remat="none",
         compile_top=10,
+        compiler="cpu",
     )
 
 
@@ -73,13 +74,13 @@ def test_a_pinned_mesh_plans_only_that_mesh_every_schedule_of_it():
     result = plan(
         "tiny", 8, workers=0, strategies=["dp", "dp_tp", "fsdp_tp"], mesh="data=4,model=2",
         compile_top=10,
-    )  # fmt: skip
+    compiler="cpu")  # fmt: skip
     # dp has no model axis; dp_tp and fsdp_tp run on it, and only there.
     assert {p.strategy for p in result.plans} == {"dp_tp", "fsdp_tp"}
     assert {p.mesh_spec for p in result.plans} == {"data=4,model=2"}
     assert result.settings["mesh"] == "data=4,model=2"
     # A pipelined mesh sets the stages.
-    piped = plan("tiny", 8, workers=0, strategies=["fsdp"], mesh="stage=2,data=4")
+    piped = plan("tiny", 8, workers=0, strategies=["fsdp"], mesh="stage=2,data=4", compiler="cpu")
     assert {(p.mesh_spec, p.stages) for p in piped.plans} == {("stage=2,data=4", 2)}
 
 
@@ -350,7 +351,7 @@ def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
 
 
 def test_forward_mode_needs_no_data_parallel_communication():
-    result = plan("tiny", 8, mode="forward", strategies=["dp", "tp"], workers=0)
+    result = plan("tiny", 8, mode="forward", strategies=["dp", "tp"], workers=0, compiler="cpu")
     dp = next(p for p in result.plans if p.strategy == "dp")
     assert dp.comm_bytes_per_device == dp.bound_bytes_per_device == 0
     assert dp.bound_ratio == 1.0
@@ -362,7 +363,9 @@ def test_forward_mode_needs_no_data_parallel_communication():
 
 
 def test_indivisible_candidates_are_skipped_with_the_rule():
-    result = plan("tiny", 8, batch=4, strategies=["dp", "fsdp"], workers=0, stages=1)
+    result = plan(
+        "tiny", 8, batch=4, strategies=["dp", "fsdp"], workers=0, stages=1, compiler="cpu"
+    )
     assert result.plans == ()
     assert {(s.strategy, s.reason) for s in result.skipped} == {
         ("dp", "divisibility"),
@@ -374,7 +377,7 @@ def test_indivisible_candidates_are_skipped_with_the_rule():
 
 
 def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
-    result = plan("70b", 8, hardware="tpu-v5e", workers=0)
+    result = plan("70b", 8, hardware="tpu-v5e", workers=0, compiler="cpu")
     assert result.plans == ()
     assert {s.reason for s in result.skipped} <= {"memory", "divisibility"}
     why = result.empty_reason
@@ -388,7 +391,14 @@ def test_a_plan_beyond_2048_devices_compiles_one_pipeline_stage():
     # A 7B model on 4096 devices: without stages each program needs all 4096 simulated
     # devices (skipped, saying so); with 2 to 16 stages one stage's program needs 2048 to 256.
     result = plan(
-        "7b", 4096, workers=1, strategies=["fsdp"], compile_top=1, microbatches=1, remat="full"
+        "7b",
+        4096,
+        workers=1,
+        strategies=["fsdp"],
+        compile_top=1,
+        microbatches=1,
+        remat="full",
+        compiler="cpu",
     )
     too_big = [s for s in result.skipped if s.reason == "simulation"]
     assert [s.mesh for s in too_big] == ["data=4096"]
@@ -419,21 +429,21 @@ def test_a_plan_beyond_2048_devices_compiles_one_pipeline_stage():
 def test_bad_requests_raise_plan_errors(kwargs, words):
     args = {"model": "tiny", "devices": 8, **kwargs}
     with pytest.raises(PlanError, match=words):
-        plan(**args)
+        plan(**args, compiler="cpu")
 
 
 def test_unknown_hardware_is_an_error():
     with pytest.raises(ShardscopeError, match="unknown hardware preset 'v100'"):
-        plan("tiny", 8, hardware="v100")
+        plan("tiny", 8, hardware="v100", compiler="cpu")
     with pytest.raises(ShardscopeError, match="link_bandwidth"):
-        plan("tiny", 8, hardware_overrides={"link_bandwidth": -1.0})
+        plan("tiny", 8, hardware_overrides={"link_bandwidth": -1.0}, compiler="cpu")
 
 
 def test_in_process_planning_needs_the_devices():
     assert can_compile_here(8) and not can_compile_here(16)
     assert default_workers(8) == 0 and default_workers(16) == 1
     with pytest.raises(PlanError, match="needs 16 CPU devices but JAX has 8"):
-        plan("tiny", 16, strategies=["dp"], workers=0)
+        plan("tiny", 16, strategies=["dp"], workers=0, compiler="cpu")
 
 
 # -- renderers ---------------------------------------------------------------------------------
@@ -637,7 +647,9 @@ def test_plan_for_16_devices_in_a_subprocess(tmp_path):
 
 def test_plan_for_more_devices_through_a_worker():
     # this process has 8: one worker simulates 16
-    result = plan("tiny", 16, strategies=["dp"], stages=1, microbatches=1, remat="none")
+    result = plan(
+        "tiny", 16, strategies=["dp"], stages=1, microbatches=1, remat="none", compiler="cpu"
+    )
     assert result.workers == 1
     assert [p.label for p in result.plans] == ["dp data=16"]
     dp = result.plans[0]
@@ -659,7 +671,7 @@ def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
 def test_no_best_plan_when_none_fits():
     from shardscope import plan
 
-    result = plan("tiny", 8, hardware_overrides={"memory_bytes": 9e6})
+    result = plan("tiny", 8, hardware_overrides={"memory_bytes": 9e6}, compiler="cpu")
     assert result.plans and not any(p.fits for p in result.plans)
     assert result.best is None
     note = result.fit_note

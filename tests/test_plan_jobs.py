@@ -477,6 +477,7 @@ def test_a_model_that_fits_nowhere_says_what_comes_closest():
         workers=0,
         compile_top=0,
         strategies=["fsdp"],
+        compiler="cpu",
     )
     assert result.best is None and result.closest is not None
     assert result.fit_note.kind == "no-fit"

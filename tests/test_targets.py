@@ -414,7 +414,9 @@ def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
 def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():
     from dataclasses import replace
 
-    result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
+    result = shardscope.plan(
+        None, 8, hardware="h100", strategies=["dp"], workers=0, compiler="cpu", **_SMALL
+    )
     p = result.plans[0]
     assert p.compiled_by == "cpu" and p.fits  # judged from the analytic estimate
     # As a sweep records a leading plan that the H100 compiler refused for its memory.
@@ -440,12 +442,14 @@ def test_plan_compiler_bad_input(kwargs, words):
 
 
 def test_plan_without_the_extra_compiles_on_cpu_and_says_how_to_add_it(monkeypatch):
-    from shardscope._src.cli.plan import _default_compiler
+    from shardscope._src.plan.target import default_compiler
 
+    h100 = shardscope.hardware("h100")
     monkeypatch.setattr(targets_devices, "module_present", lambda name: True)
-    assert _default_compiler("h100") == "h100"
+    assert default_compiler(h100) == "h100"
+    assert default_compiler(shardscope.hardware("h100", memory_bytes=40e9)) == "h100"
     monkeypatch.setattr(targets_devices, "module_present", lambda name: False)
-    assert _default_compiler("h100") == "cpu"
+    assert default_compiler(h100) == "cpu"
     result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
     assert result.compiler == "cpu"
     (missing,) = [n for n in result.notes if n.kind == "target-compiler-missing"]
@@ -461,3 +465,22 @@ def test_each_compile_only_device_knows_the_target_it_was_made_for():
     assert {targets_devices.target_of_device(d) for d in a100} == {"a100"}
     assert targets_devices.target_devices("h100", 8) == h100  # the same objects again
     assert targets_devices.target_of_device(jax.devices("cpu")[0]) is None
+
+
+def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(capsys):
+    from shardscope._src.cli.main import main
+
+    flags = ["--strategies", "dp,fsdp", "--microbatches", "1", "--remat", "none", "--stages", "1"]
+    shape = ["--d-model", "64", "--heads", "4", "--ff", "256", "--layers", "2", "--vocab", "512"]
+    argv = ["plan", "--devices", "8", "--hardware", "h100", "--seq", "32", "--batch", "16"]
+    assert main([*argv, *shape, *flags, "--workers", "0", "--json", "-"]) == 0
+    shell = json.loads(capsys.readouterr().out)
+    python = shardscope.plan(
+        None, 8, hardware="h100", strategies=["dp", "fsdp"], microbatches=1, remat="none",
+        stages=1, workers=0, **_SMALL,
+    ).to_dict()  # fmt: skip
+    assert shell["compiler"] == python["compiler"] == "h100"  # the hardware's own, installed
+    keys = ("strategy", "mesh", "compiled_by", "fits", "fit_memory_bytes_per_device")
+    assert [[p[k] for k in keys] for p in shell["plans"]] == [
+        [p[k] for k in keys] for p in python["plans"]
+    ]

@@ -34,8 +34,6 @@ from shardscope._src.render.program_plan import program_markdown_report, render_
 from shardscope._src.render.protocols import PlanSet, RankedPlan
 from shardscope._src.sharding.rules import load_rules_file
 from shardscope._src.sharding.strategies import STRATEGIES
-from shardscope._src.targets.devices import compiler_installed
-from shardscope._src.targets.specs import TARGETS
 
 
 def _ensure_devices(devices: int) -> None:
@@ -122,7 +120,7 @@ def run_plan_command(
             compile_top=compile_top,
             workers=workers,
             progress=progress,
-            compiler=_default_compiler(hardware) if compiler is None else compiler,
+            compiler=compiler,
             target_plans=target_plans,
             **_dims_of(dims),
         )
@@ -233,16 +231,6 @@ def write_plan_files(
         text = report(result)
         written.append(write_atomic(report_path, lambda f: f.write(text)))
     return written
-
-
-def _default_compiler(hardware: str) -> str:
-    """The hardware preset's own compiler (``plan --hardware h100`` compiles for H100s) when
-    it is installed; else the CPU backend alone, and the plan's notes say how to add it."""
-
-    name = str(hardware).lower()
-    if name in TARGETS and compiler_installed(name):
-        return name
-    return "cpu"
 
 
 def no_plan_error(why: Note | None) -> PlanError:

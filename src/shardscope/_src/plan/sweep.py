@@ -196,7 +196,7 @@ def plan(
     microbatches: int | None = None,
     stages: int | None = None,
     compile_top: int = DEFAULT_COMPILE_TOP,
-    compiler: str = "cpu",
+    compiler: str | None = None,
     target_plans: int = 3,
     mesh: str | Mapping[str, int] | None = None,
     **dims: int | None,
@@ -234,7 +234,9 @@ def plan(
             can, else one worker (:func:`default_workers`), so that the caller's JAX is never
             reconfigured.
         progress: called as ``progress(done, total, label)`` while compiling.
-        compiler: ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
+        compiler: None (the default): the hardware's own target when its compiler is
+            installed, else ``"cpu"`` and a note names the extra (as ``shardscope plan``
+            does); ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
             or the hardware's own target (``"h100"``, ``"tpu-v5p"``, see
             ``shardscope.TARGETS``): every candidate is screened on the CPU compiler, then
             leading ones are compiled again by the target's compiler, deviceless, until

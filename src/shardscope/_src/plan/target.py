@@ -107,10 +107,22 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
     )
 
 
-def check_compiler(compiler: str, hw: Hardware, devices: int, target_plans: int) -> str:
-    """The compiler's target name, once it can compile for ``devices`` of ``hw``."""
+def default_compiler(hw: Hardware) -> str:
+    """The hardware preset's own compiler (an ``h100`` plan compiles for H100s) when it is
+    installed; else the CPU backend alone, and the plan's notes say how to add it."""
+    own = TARGETS.get(hw.name)
+    if own is not None and own.family != Family.CPU and compiler_installed(own):
+        return own.name
+    return "cpu"
 
-    t = get_target(compiler)
+
+def check_compiler(
+    compiler: str | None, hw: Hardware, devices: int, target_plans: int
+) -> str:
+    """The compiler's target name (None: :func:`default_compiler`), once it can compile for
+    ``devices`` of ``hw``."""
+
+    t = get_target(default_compiler(hw) if compiler is None else compiler)
     if t.family == Family.CPU:
         return t.name
     if t.hardware != hw.name:
