@@ -116,9 +116,7 @@ def default_compiler(hw: Hardware) -> str:
     return "cpu"
 
 
-def check_compiler(
-    compiler: str | None, hw: Hardware, devices: int, target_plans: int
-) -> str:
+def check_compiler(compiler: str | None, hw: Hardware, devices: int, target_plans: int) -> str:
     """The compiler's target name (None: :func:`default_compiler`), once it can compile for
     ``devices`` of ``hw``."""
 
