@@ -1,5 +1,5 @@
-"""``shardscope audit PROGRAM``: its parser (one sub-command per program), the checks of its
-input, and its run; the built-in demos' audit as one library call. The user's programs and
+"""``shardscope audit PROGRAM``: the checks of its input and its run (its options are in
+parsers.py); the built-in demos' audit as one library call. The user's programs and
 dumps are audited in audit_program.py, the matmul and the transformer in audit_verdict.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What each command line asks for, as a typed record: the parsers (cli/main.py) produce an
+"""What each command line asks for, as a typed record: the parsers (cli/parsers.py) produce an
 ``argparse.Namespace``, :meth:`CommandConfig.from_args` turns it into one of these, and the
 handlers read only these records before they call the library.
 

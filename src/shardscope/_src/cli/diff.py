@@ -1,5 +1,5 @@
-"""``shardscope diff OLD.json NEW.json``: its options, and the comparison of two audits as
-library calls."""
+"""``shardscope diff OLD.json NEW.json``: the comparison of two audits as library calls (its
+options are in parsers.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``shardscope lab``: the sharding taster lab, its options and its run."""
+"""``shardscope lab``: the sharding taster lab's run (its options are in parsers.py)."""
 
 from __future__ import annotations
 

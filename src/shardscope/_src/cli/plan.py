@@ -1,5 +1,5 @@
-"""``shardscope plan``: its parser, the checks of its input, and its two runs as library
-calls: a built-in model (:func:`run_plan_command`) or the user's own program
+"""``shardscope plan``: the checks of its input and its two runs as library calls (its
+options are in parsers.py): a built-in model (:func:`run_plan_command`) or the user's own program
 (:func:`run_plan_program`)."""
 
 from __future__ import annotations
