@@ -78,8 +78,8 @@ def unwrap_stage(obj: Any, cls: type) -> Any | None:
     return found[0] if len(found) == 1 else None
 
 
-def _is_jax_own(target: Any) -> bool:
-    return type(target).__module__.split(".")[0] in ("jax", "jaxlib")
+def _is_jax_own(program: Any) -> bool:
+    return type(program).__module__.split(".")[0] in ("jax", "jaxlib")
 
 
 def _has_abstract_leaves(args: Any) -> bool:
@@ -87,9 +87,9 @@ def _has_abstract_leaves(args: Any) -> bool:
     return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(args))
 
 
-def _describe(target: Any) -> str:
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
-    kind = f"{type(target).__module__}.{type(target).__qualname__}"
+def _describe(program: Any) -> str:
+    name = getattr(program, "__qualname__", None) or getattr(program, "__name__", None)
+    kind = f"{type(program).__module__}.{type(program).__qualname__}"
     return f"{name} ({kind})" if isinstance(name, str) and name else kind
 
 
