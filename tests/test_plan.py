@@ -387,6 +387,17 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     assert "memory" in why.text and "tpu-v5e" in why.text and "--" not in why.text
 
 
+def test_the_table_holds_the_best_plan_of_each_strategy():
+    # compile_top=1 compiles the single best strategy-and-mesh pair; the best of each other
+    # strategy that fits is compiled too, so the table can show each one's best.
+    names = ["dp", "fsdp", "zero1", "zero2"]
+    result = plan(
+        "tiny", 8, workers=0, strategies=names, compile_top=1, stages=1, microbatches=1,
+        remat="none", compiler="cpu",
+    )  # fmt: skip
+    assert sorted(p.strategy for p in result.plans) == sorted(names)
+
+
 def test_a_plan_beyond_2048_devices_compiles_one_pipeline_stage():
     # A 7B model on 4096 devices: without stages each program needs all 4096 simulated
     # devices (skipped, saying so); with 2 to 16 stages one stage's program needs 2048 to 256.

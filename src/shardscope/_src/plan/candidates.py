@@ -32,7 +32,6 @@ from shardscope._src.plan.estimates import (
 )
 from shardscope._src.plan.timing import Pricing, comm_items, step_bound, step_time, step_work
 from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped, SkipReason
-from shardscope._src.plan.validate import VALIDATED_STRATEGIES
 from shardscope._src.sharding.strategies import (
     STRATEGIES,
     Placement,
@@ -378,9 +377,10 @@ def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
 
 def to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
     """The screened candidates worth compiling, in rank order: the best schedule of each of
-    the ``top`` best strategy-and-mesh pairs, and the best plan of each of
-    :data:`VALIDATED_STRATEGIES` (whose compiled communication is checked against the
-    formula) that fits, or, when nothing fits, the best of every strategy."""
+    the ``top`` best strategy-and-mesh pairs, and the best plan of every strategy that fits
+    (so that the table holds each strategy's best; the best of
+    :data:`VALIDATED_STRATEGIES` also has its compiled communication checked against the
+    formula), or, when nothing fits, the best of every strategy."""
     best: dict[tuple[str, str], Screened] = {}
     for s in ranked:
         best.setdefault((s.candidate.strategy, s.candidate.mesh_spec), s)
@@ -390,7 +390,7 @@ def to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
     seen: set[str] = set()
     for s in pairs:
         name = s.candidate.strategy
-        if name in seen or (any_fits and not (s.fits and name in VALIDATED_STRATEGIES)):
+        if name in seen or (any_fits and not s.fits):
             continue
         seen.add(name)
         chosen.setdefault(id(s), s)
