@@ -252,10 +252,10 @@ def plan(
     time of :mod:`shardscope._src.plan.timing`); only the best are compiled and audited.
 
     Returns:
-        A :class:`PlanResult`: the compiled ``plans`` ranked by estimated step time (plans
-        that do not fit the device memory after those that do), ``skipped`` with reasons,
-        ``validations``, how many candidates were ``screened``, and the ``closest`` one when
-        none fits. No plan is not an error: ``empty_reason`` says why.
+        A :class:`PlanResult`: the compiled ``plans`` ranked by the compiled program's step
+        time (plans that do not fit the device memory after those that do), ``skipped`` with
+        reasons, ``validations``, how many candidates were ``screened``, and the ``closest``
+        one when none fits. No plan is not an error: ``empty_reason`` says why.
 
     Raises:
         PlanError: an unknown preset, a bad device count or mode.

@@ -388,8 +388,10 @@ class Plan:
 
     @property
     def step_time_s(self) -> float:
-        """The time model's step (the ranking key; see :mod:`shardscope._src.plan.timing`);
-        without one, compute then communication, nothing overlapped."""
+        """The step of the compiled program: the time model with its compiled collectives
+        (the ranking key; see :func:`~shardscope._src.plan.timing.compiled_step`;
+        ``estimated_time`` has the screen's); without one, compute then communication,
+        nothing overlapped."""
         if "step_s" in self.time:
             return self.time["step_s"]
         return self.compute_time_s + self.comm_time_s
