@@ -153,3 +153,24 @@ def test_the_compilers_word_that_a_program_does_not_fit_is_read_from_its_log():
     assert got == MemoryPressure(60570427392, 93567040840, 93567040840)
     assert parse_memory_pressure("I1201 nothing of the kind") is None
     assert MemoryPressure.from_dict(got.to_dict()) == got
+
+
+def test_calls_nested_deeper_than_pythons_stack_leave_the_counts_unknown():
+    import shardscope
+
+    n = 3000  # computations calling each other in a chain, deeper than the recursion limit
+    chain = [
+        f"%c{i} (p: f32[4]) -> f32[4] {{\n  %p = f32[4]{{0}} parameter(0)\n"
+        + (
+            f"  ROOT %r = f32[4]{{0}} call(%p), to_apply=%c{i + 1}\n}}\n"
+            if i + 1 < n
+            else "  ROOT %r = f32[4]{0} add(%p, %p)\n}\n"
+        )
+        for i in range(n)
+    ]
+    entry = (
+        "ENTRY %main (x: f32[4]) -> f32[4] {\n  %x = f32[4]{0} parameter(0)\n"
+        "  ROOT %y = f32[4]{0} call(%x), to_apply=%c0\n}\n"
+    )
+    a = shardscope.audit("HloModule deep, num_partitions=1\n\n" + "\n".join(chain) + entry)
+    assert (a.hlo_flops, a.hlo_bytes) == (None, None) and a.collectives == ()

@@ -49,6 +49,7 @@ from shardscope._src.base.errors import (
 )
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_spec
+from shardscope._src.hlo.cost import Cost
 from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_metadata
 from shardscope._src.mesh import (
     axis_types_name,
@@ -436,9 +437,14 @@ def _audit_text(
         remats = parse_rematerializations(log, module)
         pressure = parse_memory_pressure(log)
     hardware = _hardware_of(None if facts is None else facts.target)
-    if hardware is not None:
-        collectives = priced(collectives, module, axes, hardware)
-    cost = program_cost(module)
+    cost: Cost | None = None
+    try:
+        cost = program_cost(module)
+        if hardware is not None:
+            collectives = priced(collectives, module, axes, hardware)
+    except RecursionError:  # calls nested deeper than Python's stack: neither is known
+        cost, hardware = None, None
+
     result = Audit(
         collectives=collectives,
         mesh_axes=axes,
@@ -453,8 +459,8 @@ def _audit_text(
         execution_threads=tuple(sorted(threads)),
         backend=None if facts is None else facts.backend,
         target=None if facts is None else facts.target,
-        hlo_flops=cost.flops,
-        hlo_bytes=cost.bytes,
+        hlo_flops=None if cost is None else cost.flops,
+        hlo_bytes=None if cost is None else cost.bytes,
         priced_on=None if hardware is None else hardware.name,
         memory_pressure=pressure,
     )

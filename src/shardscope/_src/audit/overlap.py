@@ -250,7 +250,8 @@ def windows(module: HloModule) -> dict[str, Window]:
             # A collective an async-start wraps runs in the same window (names are unique
             # in a module).
             for _, callee in ins.called_computations if ins.opcode == "async-start" else ():
-                for inner in module.computations[callee].instructions:
+                wrapped = module.computations.get(callee)
+                for inner in wrapped.instructions if wrapped is not None else ():
                     if _is_collective(inner):
                         out[inner.name] = window
     return out
