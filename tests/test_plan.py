@@ -189,8 +189,8 @@ def test_sweep_ranks_fitting_plans_by_step_time(sweep):
         t = p.time
         # Overlap hides communication, never compute: the step lies between the compute
         # alone and everything in sequence (floats: a sum taken in another order).
-        assert t["compute_s"] + t["optimizer_s"] <= p.step_time_s
-        in_sequence = t["compute_s"] + t["tp_comm_s"] + t["data_comm_s"] + t["optimizer_s"]
+        assert t.compute_s + t.optimizer_s <= p.step_time_s
+        in_sequence = t.compute_s + t.tp_comm_s + t.data_comm_s + t.optimizer_s
         assert p.step_time_s <= in_sequence * (1 + 1e-12)
         # No plan computes faster than the matmul rate the model assumes.
         assert 0 < p.mfu <= sweep.hardware.matmul_fraction

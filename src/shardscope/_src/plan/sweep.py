@@ -44,7 +44,6 @@ from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.candidates import (
@@ -304,14 +303,14 @@ def plan(
     simulated = max((_stage_devices(s) for s in todo), default=1)
     n_workers = default_workers(simulated) if workers is None else workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
-    plans, bound_of, failed = _compile_plans(
+    plans, failed = _compile_plans(
         todo, config, mode, devices, simulated, hw, n_workers, progress, flash_attention
     )
 
     order = sorted(plans, key=_rank_key(names))
     if compiler != "cpu":
         order = recompile_on_target(
-            order, bound_of, config, mode, hw, compiler, target_plans, progress, flash_attention
+            order, config, mode, hw, compiler, target_plans, progress, flash_attention
         )
         order = sorted(order, key=_rank_key(names))
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
@@ -336,7 +335,7 @@ def plan(
         settings=settings,
         plans=ranked,
         skipped=(*skipped, *failed),
-        validations=validations(ranked, order, bound_of),
+        validations=validations(ranked),
         notes=tuple(_result_notes(config, hw, ranked) + compiler_notes(compiler, ranked, hw)),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
@@ -437,10 +436,10 @@ def _compile_plans(
     workers: int,
     progress: Progress | None,
     flash_attention: bool,
-) -> tuple[list[Plan], dict[int, Bound], list[Skipped]]:
+) -> tuple[list[Plan], list[Skipped]]:
     """The plans of the screened candidates ``todo``, compiled (in this process or ``workers``
-    worker processes); the bound each is validated against (by ``id`` of the plan); and the
-    candidates whose compile failed."""
+    worker processes), each with the bound it is validated against; and the candidates whose
+    compile failed."""
     stage_configs = {
         s.candidate: stage_config(config, s.candidate, flash_attention=flash_attention)
         for s in todo
@@ -450,7 +449,6 @@ def _compile_plans(
     )
     flops_per_device = model_flops(config, mode) / devices
     plans: list[Plan] = []
-    bound_of: dict[int, Bound] = {}
     failed: list[Skipped] = []
     for s in todo:
         got = facts[s.candidate]
@@ -461,9 +459,8 @@ def _compile_plans(
             )
             continue
         p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device)
-        bound_of[id(p)] = s.bound
         plans.append(p)
-    return plans, bound_of, failed
+    return plans, failed
 
 
 def _compiled_plan(
@@ -508,9 +505,10 @@ def _compiled_plan(
         microbatches=cand.microbatches,
         remat=cand.remat,
         stages=cand.stages,
-        time=step.to_dict(),
-        estimated_time=s.time.to_dict(),
+        time=step,
+        estimated_time=s.time,
         pricing=s.pricing,
+        bound=bound,
     )
 
 

@@ -21,7 +21,6 @@ from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
 from shardscope._src.base.notes import Note
-from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.candidates import stage_config
 from shardscope._src.plan.collectives import axis_comm
@@ -137,7 +136,6 @@ def check_compiler(compiler: str | None, hw: Hardware, devices: int, target_plan
 
 def recompile_on_target(
     order: list[Plan],
-    bound_of: dict[int, Bound],
     config: ModelConfig,
     mode: str,
     hw: Hardware,
@@ -160,7 +158,8 @@ def recompile_on_target(
         facts = target_facts(
             cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
         )
-        bound = bound_of[id(p)]
+        bound = p.bound
+        assert bound is not None  # every compiled plan carries its formula
 
         if facts.error is None:
             values = {"target": target, "memory_bytes": facts.memory_bytes_per_device}
@@ -204,9 +203,8 @@ def recompile_on_target(
                 step = compiled_step(
                     hw, p.pricing, facts.collectives, bound, get_target(target).capabilities
                 )
-                changes.update(time=step.to_dict(), compute_time_s=step.compute_s)
+                changes.update(time=step, compute_time_s=step.compute_s)
         q = replace(p, **changes)
-        bound_of[id(q)] = bound
         out.append(q)
         fitting += q.fits
         if progress:

@@ -296,11 +296,14 @@ class Plan:
     microbatches: int = 1
     remat: str = Remat.NONE
     stages: int = 1
-    time: Mapping[str, float] = field(default_factory=dict)
-    #: The screening estimate's step time and its parts (``time`` is the compiled program's).
-    estimated_time: Mapping[str, float] = field(default_factory=dict)
+    #: The compiled program's step time and its parts (None: no time model).
+    time: StepTime | None = None
+    #: The screening estimate's step time and its parts.
+    estimated_time: StepTime | None = None
     #: What the compiled collectives are priced with (not written: it holds the placement).
     pricing: Pricing | None = field(default=None, compare=False, repr=False)
+    #: The formula the plan's compiled communication is validated against (not written).
+    bound: Bound | None = field(default=None, compare=False, repr=False)
     #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the
     #: screening compile), or a target's (``"h100"``, ``"tpu-v5p"``).
     compiled_by: str = "cpu"
@@ -329,7 +332,7 @@ class Plan:
     @property
     def mfu(self) -> float | None:
         """Model FLOPs utilization the time model predicts (None without a time model)."""
-        return self.time.get("mfu")
+        return None if self.time is None else self.time.mfu
 
     @property
     def memory_bytes_per_device(self) -> int:
@@ -392,8 +395,8 @@ class Plan:
         (the ranking key; see :func:`~shardscope._src.plan.timing.compiled_step`;
         ``estimated_time`` has the screen's); without one, compute then communication,
         nothing overlapped."""
-        if "step_s" in self.time:
-            return self.time["step_s"]
+        if self.time is not None:
+            return self.time.step_s
         return self.compute_time_s + self.comm_time_s
 
     @property
@@ -405,7 +408,7 @@ class Plan:
         return record_dict(
             self,
             keys=PLAN_KEYS,
-            omit=("memory_limit_bytes", "pricing"),
+            omit=("memory_limit_bytes", "pricing", "bound"),
             extra=(
                 *PLAN_EXTRA,
                 "compiled_memory_bytes_per_device",

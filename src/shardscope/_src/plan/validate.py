@@ -11,7 +11,7 @@ the rule of :mod:`~shardscope._src.check.bound`: within its tolerance on either 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, ratio
@@ -133,14 +133,13 @@ def validate(plan: Plan, bound: Bound) -> Validation:
     )
 
 
-def validations(
-    ranked: Sequence[Plan], order: Sequence[Plan], bound_of: Mapping[int, Bound]
-) -> tuple[Validation, ...]:
-    """One validation per strategy, on its best plan."""
-    first: dict[str, tuple[Plan, Bound]] = {}
-    for p, q in zip(ranked, order, strict=True):
-        first.setdefault(p.strategy, (p, bound_of[id(q)]))
-    return tuple(validate(p, b) for p, b in first.values())
+def validations(ranked: Sequence[Plan]) -> tuple[Validation, ...]:
+    """One validation per strategy, on its best plan, against the formula it carries."""
+    first: dict[str, Plan] = {}
+    for p in ranked:
+        if p.bound is not None:
+            first.setdefault(p.strategy, p)
+    return tuple(validate(p, p.bound) for p in first.values() if p.bound is not None)
 
 
 def _lacks_reduce_scatter(bound: Bound, collectives: Sequence[PlanCollective]) -> bool:

@@ -289,23 +289,35 @@ def render_plan(
 
 
 def time_breakdown(p: Plan) -> list[str]:
-    """The best plan's step time, part by part (Markdown lines)."""
-    t = p.time
-    if not t:
+    """The best plan's step time, part by part (Markdown lines): the compiled program's, with
+    the screening estimate beside it."""
+    t, e = p.time, p.estimated_time
+    if t is None:
         return []
     rows = [
-        ("compute (all micro-batches)", t["compute_s"]),
-        ("tensor-parallel collectives (on the critical path unless overlapped)", t["tp_comm_s"]),
-        ("data-parallel / FSDP / ZeRO collectives", t["data_comm_s"]),
-        ("of which exposed (not hidden behind compute)", t["data_exposed_s"]),
-        ("pipeline stage-to-stage transfers", t["p2p_s"]),
-        (f"pipeline bubble ({t['bubble_fraction']:.0%} of the pipeline)", t["bubble_s"]),
-        ("optimizer update", t["optimizer_s"]),
-        ("step", t["step_s"]),
+        ("compute (all micro-batches)", t.compute_s, e and e.compute_s),
+        (
+            "tensor-parallel collectives (on the critical path unless overlapped)",
+            t.tp_comm_s,
+            e and e.tp_comm_s,
+        ),
+        ("data-parallel / FSDP / ZeRO collectives", t.data_comm_s, e and e.data_comm_s),
+        ("of which exposed (not hidden behind compute)", t.data_exposed_s, e and e.data_exposed_s),
+        ("pipeline stage-to-stage transfers", t.p2p_s, e and e.p2p_s),
+        (
+            f"pipeline bubble ({t.bubble_fraction:.0%} of the pipeline)",
+            t.bubble_s,
+            e and e.bubble_s,
+        ),
+        ("optimizer update", t.optimizer_s, e and e.optimizer_s),
+        ("step", t.step_s, e and e.step_s),
     ]
     out = ["### Step time of the best plan", ""]
-    out += markdown_lines(["part", "seconds"], [[k, f"{v:.4g}"] for k, v in rows])
-    out += ["", f"Predicted MFU {t['mfu']:.1%}.", ""]
+    out += markdown_lines(
+        ["part", "seconds (compiled program)", "seconds (estimate)"],
+        [[k, f"{v:.4g}", "-" if w is None else f"{w:.4g}"] for k, v, w in rows],
+    )
+    out += ["", f"Predicted MFU {t.mfu:.1%}.", ""]
     return out
 
 
