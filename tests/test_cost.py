@@ -111,16 +111,11 @@ def test_exposed_time_is_what_the_window_compute_leaves_of_the_collective():
     window = windows(m)["ars"]
     hidden = max(MATMUL / (1e12 * 0.5), (MATMUL_BYTES + SCALE_BYTES) / 1e9)
     assert compute_seconds(window.compute, device) == pytest.approx(hidden, rel=1e-12)
-    seconds = {"ars": 3 * hidden, "ags": 1e-9, "sync": 2e-3}
-    got = {
-        o.name: o
-        for o in overlaps(
-            m,
-            {"ars": ("main", True), "ags": ("main", True), "sync": ("main", False)},
-            seconds.__getitem__,
-            device,
-        )
-    }
+    got = overlaps(
+        m,
+        {"ars": (3 * hidden, True), "ags": (1e-9, True), "sync": (2e-3, False)},
+        device,
+    )
     assert got["ars"].exposed_s == pytest.approx(2 * hidden, rel=1e-12)
     assert got["ags"].exposed_s == 0.0  # fully hidden by five trips of the loop
     assert got["sync"].exposed_s == 2e-3 and got["sync"].hidden_s == 0.0

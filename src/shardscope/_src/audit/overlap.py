@@ -21,7 +21,7 @@ planner uses); this module finds the windows and prices the compute.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,16 +81,14 @@ class Window(Record):
 
 @dataclass(frozen=True)
 class Overlap(Record):
-    """One execution of a collective: its time, and how much of it the compute scheduled
-    alongside hides.
+    """One execution of a collective (the :class:`Collective` that holds it): its time, and
+    how much of it the compute scheduled alongside hides.
 
     ``hidden_s`` is the compute time inside its window (capped at the collective's own
     time), ``exposed_s`` what of the collective's time is left over (all of it for a
     synchronous collective).
     """
 
-    name: str
-    computation: str
     is_async: bool
     comm_s: float
     hidden_s: float
@@ -102,8 +100,6 @@ class Overlap(Record):
         what = "a collective's overlap"
         window = data.get("window")
         return cls(
-            name=str(field_of(data, "name", what)),
-            computation=str(field_of(data, "computation", what)),
             is_async=bool(field_of(data, "is_async", what)),
             comm_s=float(field_of(data, "comm_s", what)),
             hidden_s=float(field_of(data, "hidden_s", what)),
@@ -263,23 +259,19 @@ def compute_seconds(cost: Cost, device: Roofline) -> float:
 
 
 def overlaps(
-    module: HloModule,
-    collectives: Mapping[str, tuple[str, bool]],
-    comm_seconds: Callable[[str], float],
-    device: Roofline,
-) -> list[Overlap]:
+    module: HloModule, collectives: Mapping[str, tuple[float, bool]], device: Roofline
+) -> dict[str, Overlap]:
     """How much of each collective the compute beside it hides.
 
     ``collectives`` maps each collective's instruction name (a ``-start`` for an asynchronous
-    one) to its computation and whether it is asynchronous; ``comm_seconds(name)`` is its
-    time by the communication model.
+    one; names are unique in a module) to its time by the communication model and whether it
+    is asynchronous.
     """
     found = windows(module)
-    out = []
-    for name, (computation, is_async) in collectives.items():
-        seconds = comm_seconds(name)
+    out = {}
+    for name, (seconds, is_async) in collectives.items():
         window = found.get(name) if is_async else None
         compute = compute_seconds(window.compute, device) if window is not None else 0.0
         hidden = min(seconds, compute)
-        out.append(Overlap(name, computation, is_async, seconds, hidden, seconds - hidden, window))
+        out[name] = Overlap(is_async, seconds, hidden, seconds - hidden, window)
     return out

@@ -31,13 +31,9 @@ def priced(
     hw: Hardware,
 ) -> tuple[Collective, ...]:
     """``collectives``, each with its :attr:`~Collective.overlap` on ``hw``."""
-    by_name = {(c.computation, c.name): c for c in collectives}
-    seconds = {c.name: execution_seconds(c, mesh_axes, hw) for c in collectives}
     found = overlaps(
         module,
-        {c.name: (c.computation, c.is_async) for c in collectives},
-        seconds.__getitem__,
+        {c.name: (execution_seconds(c, mesh_axes, hw), c.is_async) for c in collectives},
         hw,
     )
-    timed = {(o.computation, o.name): o for o in found}
-    return tuple(replace(c, overlap=timed.get(key)) for key, c in by_name.items())
+    return tuple(replace(c, overlap=found[c.name]) for c in collectives)

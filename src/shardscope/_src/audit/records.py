@@ -409,6 +409,14 @@ class MemoryPressure(Record):
     reached_bytes: int
     original_bytes: int
 
+    def sentence(self, compiler: str = "the") -> str:
+        """The compiler's word in a sentence (``compiler`` names it: ``"the XLA:GPU"``)."""
+        return (
+            f"{compiler} compiler could not bring the program under "
+            f"{format_bytes(self.limit_bytes)} per device by rematerialization: it needs "
+            f"{format_bytes(self.reached_bytes)} (from {format_bytes(self.original_bytes)})"
+        )
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryPressure:
         what = "a memory pressure record"

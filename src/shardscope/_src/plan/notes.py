@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.notes import NoteKind
 from shardscope._src.targets.capabilities import reduce_scatter_words
@@ -129,11 +130,7 @@ def _rematerialization(v: Mapping[str, Any]) -> str:
 
 
 def _memory_pressure(v: Mapping[str, Any]) -> str:
-    return (
-        f"the {v['compiler']} compiler could not bring the program under "
-        f"{format_bytes(v['limit_bytes'])} per device by rematerialization: it needs "
-        f"{format_bytes(v['reached_bytes'])} (from {format_bytes(v['original_bytes'])})"
-    )
+    return MemoryPressure.from_dict(v).sentence(f"the {v['compiler']}")
 
 
 def _compiled_by_target(v: Mapping[str, Any]) -> str:

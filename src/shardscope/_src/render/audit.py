@@ -316,12 +316,7 @@ def audit_notes(audit: Audit) -> list[str]:
     for u in audit.unknown_instructions:
         notes.append(f"unknown instruction {u.opcode} ({u.name}): {u.raw[:120]}")
     if audit.memory_pressure is not None:
-        m = audit.memory_pressure
-        notes.append(
-            f"the compiler could not bring the program under {format_bytes(m.limit_bytes)} per "
-            f"device by rematerialization: it needs {format_bytes(m.reached_bytes)} (from "
-            f"{format_bytes(m.original_bytes)})"
-        )
+        notes.append(audit.memory_pressure.sentence())
     if audit.memory is not None:
         peak = audit.memory.get("peak_memory_in_bytes")
         if peak is not None:

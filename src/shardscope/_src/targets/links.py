@@ -25,31 +25,26 @@ from shardscope._src.base.comm import latency_steps
 from shardscope._src.targets.hardware import Hardware
 
 
-def _first_group(sizes: Mapping[str, int], axes: Sequence[str]) -> list[int] | None:
-    """The device ids of the first group of a collective over ``axes`` (None: not plain axes)."""
+def _groups(sizes: Mapping[str, int], axes: Sequence[str]) -> np.ndarray | None:
+    """The device ids of every group of a collective over ``axes``, one group a row (None:
+    not plain mesh axes)."""
     names = list(sizes)
     if not axes or any(a not in sizes for a in axes):
         return None
     ids = np.arange(math.prod(sizes.values())).reshape(tuple(sizes.values()))
     group = [names.index(a) for a in axes]
     rest = [i for i in range(len(names)) if i not in group]
-    first = ids.transpose(rest + group).reshape(-1, math.prod(sizes[a] for a in axes))[0]
-    return [int(i) for i in first]
+    return ids.transpose(rest + group).reshape(-1, math.prod(sizes[a] for a in axes))
 
 
 def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int) -> bool:
     """Whether a collective over ``axes`` of a mesh of ``sizes`` has a group spanning two
     nodes (an axis that is not a plain mesh axis crosses whenever the mesh does)."""
-    total = math.prod(sizes.values())
-    if total <= node_size:
+    if math.prod(sizes.values()) <= node_size:
         return False
-    names = list(sizes)
-    if not axes or any(a not in sizes for a in axes):
+    groups = _groups(sizes, axes)
+    if groups is None:
         return True
-    ids = np.arange(total).reshape(tuple(sizes.values()))
-    group = [names.index(a) for a in axes]
-    rest = [i for i in range(len(names)) if i not in group]
-    groups = ids.transpose(rest + group).reshape(-1, math.prod(sizes[a] for a in axes))
     nodes = groups // node_size
     return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
 
@@ -59,10 +54,11 @@ def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str])
     inside = hw.link_bandwidth * hw.comm_fraction
     if math.prod(sizes.values()) <= hw.node_size:
         return inside
-    first = _first_group(sizes, axes)
-    if first is None:  # not plain mesh axes: across nodes, one member on each
+    groups = _groups(sizes, axes)
+    if groups is None:  # not plain mesh axes: across nodes, one member on each
         return min(hw.link_bandwidth, hw.cross_node_bandwidth) * hw.comm_fraction
-    nodes = len({i // hw.node_size for i in first})
+    first = groups[0]
+    nodes = len(set((first // hw.node_size).tolist()))
     if nodes == 1:
         return inside
     per_node = len(first) // nodes
