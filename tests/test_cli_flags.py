@@ -30,6 +30,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "model/presets.py": [("plan",)],
     "plan/program.py": [("plan",)],
     "plan/candidates.py": [("plan",)],
+    "plan/request.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
     "plan/target.py": [("plan",)],
     "plan/types.py": [("plan",)],
@@ -39,8 +40,8 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
 
 #: ``param=`` values that are not written out where they are raised: what they can hold.
 COMPUTED: dict[tuple[str, str], set[str]] = {
-    # _check_dims: the model dimensions and sizes the planner takes
-    ("plan/sweep.py", "name"): {"batch", "seq", "d_model", "heads", "ff", "layers", "vocab"},
+    # check_dims: the model dimensions and sizes the planner takes
+    ("plan/request.py", "name"): {"batch", "seq", "d_model", "heads", "ff", "layers", "vocab"},
     # _resolve: the dimensions missing from a model given by its shape
     ("plan/sweep.py", "tuple(missing)"): {"d_model", "heads", "ff", "layers"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it

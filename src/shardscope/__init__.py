@@ -66,7 +66,9 @@ if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlan as ProgramPlan
     from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
     from shardscope._src.plan.program import plan_program as plan_program
+    from shardscope._src.plan.request import PlanRequest as PlanRequest
     from shardscope._src.plan.sweep import plan as plan
+    from shardscope._src.plan.sweep import plan_request as plan_request
     from shardscope._src.plan.types import Plan as Plan
     from shardscope._src.plan.types import PlanResult as PlanResult
     from shardscope._src.render.audit import render_audit as render_audit
@@ -154,7 +156,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ProgramPlan": ("shardscope._src.plan.program", "ProgramPlan"),
     "ProgramPlanResult": ("shardscope._src.plan.program", "ProgramPlanResult"),
     "plan_program": ("shardscope._src.plan.program", "plan_program"),
+    "PlanRequest": ("shardscope._src.plan.request", "PlanRequest"),
     "plan": ("shardscope._src.plan.sweep", "plan"),
+    "plan_request": ("shardscope._src.plan.sweep", "plan_request"),
     "Plan": ("shardscope._src.plan.types", "Plan"),
     "PlanResult": ("shardscope._src.plan.types", "PlanResult"),
     "render_audit": ("shardscope._src.render.audit", "render_audit"),

@@ -26,7 +26,8 @@ from shardscope._src.cli.config import PlanConfig
 from shardscope._src.cli.paths import check_file_path, check_output_paths
 from shardscope._src.model.config import Mode
 from shardscope._src.plan.program import plan_program
-from shardscope._src.plan.sweep import MAX_PLANNED_DEVICES, plan
+from shardscope._src.plan.request import MAX_PLANNED_DEVICES
+from shardscope._src.plan.sweep import plan
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
 from shardscope._src.render.plan_plot import plot_plans
@@ -109,7 +110,7 @@ def run_plan_command(
             seq=seq,
             mode=mode,
             hardware=hardware,
-            hardware_overrides=hardware_overrides,
+            hardware_overrides=hardware_overrides or {},
             strategies=strategies,
             bytes_per_param=bytes_per_param,
             flash_attention=flash_attention,

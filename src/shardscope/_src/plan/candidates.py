@@ -30,6 +30,7 @@ from shardscope._src.plan.estimates import (
     data_ways,
     estimate_memory,
 )
+from shardscope._src.plan.request import DEFAULT_STRATEGIES
 from shardscope._src.plan.timing import Pricing, comm_items, step_bound, step_time, step_work
 from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped, SkipReason
 from shardscope._src.sharding.strategies import (
@@ -42,22 +43,6 @@ from shardscope._src.sharding.strategies import (
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 
-#: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
-DEFAULT_STRATEGIES = (
-    "dp",
-    "fsdp",
-    "zero1",
-    "zero2",
-    "tp",
-    "sp",
-    "dp_tp",
-    "zero1_tp",
-    "fsdp_tp",
-    "dp_sp",
-)
-#: How many of the best estimated strategy-and-mesh pairs a sweep compiles (besides the best
-#: plan of each validated strategy).
-DEFAULT_COMPILE_TOP = 3
 #: The most pipeline stages a sweep tries unless told (more rarely pays on one job).
 MAX_STAGES = 16
 #: The most micro-batch counts a sweep tries per candidate (the largest divisors are kept).

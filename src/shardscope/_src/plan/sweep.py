@@ -41,14 +41,12 @@ from typing import Any, TypeVar
 
 from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
-from shardscope._src.base.errors import PlanError, is_int
+from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
+from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.candidates import (
-    DEFAULT_COMPILE_TOP,
-    DEFAULT_STRATEGIES,
     pinned_mesh,
     remat_options,
     screen_all,
@@ -57,8 +55,14 @@ from shardscope._src.plan.candidates import (
 )
 from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
-from shardscope._src.plan.estimates import DEFAULT_BYTES_PER_PARAM, model_flops, settings_dict
+from shardscope._src.plan.estimates import model_flops, settings_dict
 from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.request import (
+    DEFAULT_REQUEST,
+    MODEL_DIMS,
+    PlanRequest,
+    check_dims,
+)
 from shardscope._src.plan.target import check_compiler, compiler_notes, recompile_on_target
 from shardscope._src.plan.timing import compiled_step
 from shardscope._src.plan.timing import describe as timing_constants
@@ -85,47 +89,22 @@ from shardscope._src.targets.hardware import hardware as get_hardware
 #: The most simulated devices the program of one plan may need (see ``MAX_CPU_DEVICES``):
 #: a pipelined plan compiles one stage, so a plan may have more devices than this.
 MAX_DEVICES = MAX_CPU_DEVICES
-#: The most devices a plan may have (a bound on the enumeration, far above any cluster).
-MAX_PLANNED_DEVICES = 2**20
 #: The largest array (bytes, 4 per element) a plan accepts; dimensions stop at ``MAX_DIM``.
 MAX_ARRAY_BYTES = 2**50
 
 _P = TypeVar("_P")
 
 
-def resolve_config(
-    model: str | ModelConfig | None = None,
-    *,
-    devices: int,
-    batch: int | None = None,
-    seq: int | None = None,
-    dtype: str = "bfloat16",
-    **dims: int | None,
-) -> tuple[str, ModelConfig]:
-    """``(name, config)`` from a preset name (with overrides) or explicit dimensions.
+def resolve_config(request: PlanRequest) -> tuple[str, ModelConfig]:
+    """``(name, config)`` of the request's model: a preset (with the dimensions given
+    overriding it) or the dimensions given.
 
     The default batch is one sequence per device.
     """
-    _check_dims({"batch": batch, "seq": seq, **dims})
-    name, config = _resolve(model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims)
-    _check_dims(
-        {
-            k: getattr(config, k)
-            for k in ("batch", "seq", "d_model", "heads", "ff", "layers", "vocab")
-        }
-    )
+    name, config = _resolve(request)
+    check_dims({k: getattr(config, k) for k in ("batch", "seq", *MODEL_DIMS)})
     _check_arrays(config)
     return name, config
-
-
-def _check_dims(values: Mapping[str, int | None]) -> None:
-    for name, value in values.items():
-        if is_int(value) and value > MAX_DIM:
-            raise PlanError(
-                f"{name}={value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
-                f"choose a smaller {name}",
-                param=name,
-            )
 
 
 def _check_arrays(c: ModelConfig) -> None:
@@ -145,26 +124,19 @@ def _check_arrays(c: ModelConfig) -> None:
         )
 
 
-def _resolve(
-    model: str | ModelConfig | None,
-    *,
-    devices: int,
-    batch: int | None,
-    seq: int | None,
-    dtype: str,
-    **dims: int | None,
-) -> tuple[str, ModelConfig]:
-    if isinstance(model, ModelConfig):
+def _resolve(r: PlanRequest) -> tuple[str, ModelConfig]:
+    dims = r.dims
+    if isinstance(r.model, ModelConfig):
         extra: dict[str, Any] = {k: v for k, v in dims.items() if v is not None}
-        if batch is not None:
-            extra["batch"] = batch
-        if seq is not None:
-            extra["seq"] = seq
-        return "custom", replace(model, scan=True, **extra)
-    batch = devices if batch is None else batch
-    if model is not None:
-        preset = model_preset(model)
-        return preset.name, preset.config(batch=batch, seq=seq, dtype=dtype, **dims)
+        if r.batch is not None:
+            extra["batch"] = r.batch
+        if r.seq is not None:
+            extra["seq"] = r.seq
+        return "custom", replace(r.model, scan=True, **extra)
+    batch = r.devices if r.batch is None else r.batch
+    if r.model is not None:
+        preset = model_preset(r.model)
+        return preset.name, preset.config(batch=batch, seq=r.seq, dtype=r.dtype, **dims)
     missing = [k for k in ("d_model", "heads", "ff", "layers") if dims.get(k) is None]
     if missing:
         raise PlanError(
@@ -173,79 +145,52 @@ def _resolve(
             param=tuple(missing),
         )
     fields: dict[str, Any] = {k: v for k, v in dims.items() if v is not None}
-    return "custom", ModelConfig(batch=batch, seq=seq or 2048, dtype=dtype, scan=True, **fields)
+    return "custom", ModelConfig(batch=batch, seq=r.seq or 2048, dtype=r.dtype, scan=True, **fields)
+
+
+# plan()'s keywords are PlanRequest's fields: each defaults to the field's own default.
+_D = DEFAULT_REQUEST
 
 
 def plan(
-    model: str | ModelConfig | None = "7b",
-    devices: int = 8,
+    model: str | ModelConfig | None = _D.model,
+    devices: int = _D.devices,
     *,
-    batch: int | None = None,
-    seq: int | None = None,
-    mode: str = Mode.TRAIN,
-    hardware: str | Hardware = "h100",
-    hardware_overrides: Mapping[str, float] | None = None,
-    strategies: Sequence[str] | None = None,
-    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
-    flash_attention: bool = True,
-    dtype: str = "bfloat16",
-    workers: int | None = None,
+    batch: int | None = _D.batch,
+    seq: int | None = _D.seq,
+    mode: str = _D.mode,
+    hardware: str | Hardware = _D.hardware,
+    hardware_overrides: Mapping[str, float] = _D.hardware_overrides,
+    strategies: Sequence[str] | None = _D.strategies,
+    bytes_per_param: int = _D.bytes_per_param,
+    flash_attention: bool = _D.flash_attention,
+    dtype: str = _D.dtype,
+    workers: int | None = _D.workers,
     progress: Progress | None = None,
-    remat: str | Sequence[str] | None = None,
-    microbatches: int | None = None,
-    stages: int | None = None,
-    compile_top: int = DEFAULT_COMPILE_TOP,
-    compiler: str | None = None,
-    target_plans: int = 3,
-    mesh: str | Mapping[str, int] | None = None,
-    **dims: int | None,
+    remat: str | Sequence[str] | None = _D.remat,
+    microbatches: int | None = _D.microbatches,
+    stages: int | None = _D.stages,
+    compile_top: int = _D.compile_top,
+    compiler: str | None = _D.compiler,
+    target_plans: int = _D.target_plans,
+    mesh: str | Mapping[str, int] | None = _D.mesh,
+    d_model: int | None = _D.d_model,
+    heads: int | None = _D.heads,
+    ff: int | None = _D.ff,
+    layers: int | None = _D.layers,
+    vocab: int | None = _D.vocab,
 ) -> PlanResult:
     """Plans ``model`` on ``devices`` accelerators: every strategy, mesh shape, micro-batch
     count, recomputation and pipeline stage count estimated, the best compiled and ranked.
 
+    :func:`plan_request` of the :class:`PlanRequest` of these arguments.
+
     Args:
-        model: a preset (``tiny``, ``1b``, ``7b``, ``13b``, ``70b``), a :class:`ModelConfig`,
-            or None with ``d_model=``, ``heads=``, ``ff=``, ``layers=`` (and ``vocab=``) given.
-            Those keywords also override a preset's dimensions.
-        devices: accelerators to plan for (simulated as CPU devices while compiling).
-        batch: global batch in sequences (default: one per device); seq: sequence length
-            (default: the preset's).
-        mode: ``"train"`` (forward, backward, gradients) or ``"forward"``.
-        hardware: ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e`` or
-            a :class:`Hardware`; ``hardware_overrides`` changes fields (e.g.
-            ``{"link_bandwidth": 370e9}``).
-        strategies: names to try (default :data:`DEFAULT_STRATEGIES`).
-        bytes_per_param: model-state bytes per parameter in training (16: mixed-precision Adam).
-        flash_attention: memory-efficient attention: the compiled program runs a blocked
-            attention and the estimate leaves the score matrix out; False: the program
-            materialises the scores and the estimate counts them.
-        remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
-            recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"`` or several
-            (default: all).
-        microbatches: fix the micro-batches per data shard (default: every divisor of the
-            sequences per data shard, up to 8 choices).
-        stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
-            layers and the devices).
-        compile_top: how many of the best estimated strategy-and-mesh pairs to compile (the
-            best plan of each validated strategy is compiled as well).
-        workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
-            many worker processes that each simulate ``devices``; None: this process when it
-            can, else one worker (:func:`default_workers`), so that the caller's JAX is never
-            reconfigured.
+        model, devices and every keyword but ``progress``: the field of
+            :class:`PlanRequest` of that name, with its default (the preset ``7b`` on 8
+            devices, batch one sequence per device, ``train`` on ``h100``, every strategy
+            and schedule searched); see there.
         progress: called as ``progress(done, total, label)`` while compiling.
-        compiler: None (the default): the hardware's own target when its compiler is
-            installed, else ``"cpu"`` and a note names the extra (as ``shardscope plan``
-            does); ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
-            or the hardware's own target (``"h100"``, ``"tpu-v5p"``, see
-            ``shardscope.TARGETS``): every candidate is screened on the CPU compiler, then
-            leading ones are compiled again by the target's compiler, deviceless, until
-            ``target_plans`` of them fit (at most ``3 * target_plans`` compiles). Those plans
-            take their collectives, memory per device and fit from that compile
-            (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
-            chosen among them.
-        mesh: plan exactly this mesh (``"data=32,model=8"``, axes in the planner's order:
-            ``stage``, ``pod``..., ``data``, ``model``): only the strategies that run on it,
-            every schedule of it estimated, the best compiled.
 
     Every candidate is first estimated without compiling (memory per device, and the step
     time of :mod:`shardscope._src.plan.timing`); only the best are compiled and audited.
@@ -265,16 +210,55 @@ def plan(
     >>> result.best.label  # doctest: +SKIP
     'dp data=8'
     """
-
-    start = time.perf_counter()
-    names = _check_sweep(devices, mode, workers, compile_top, strategies)
-    hw = get_hardware(hardware, **dict(hardware_overrides or {}))
-    compiler = check_compiler(compiler, hw, devices, target_plans)
-    model_name, config = resolve_config(
-        model, devices=devices, batch=batch, seq=seq, dtype=dtype, **dims
+    request = PlanRequest(
+        model,
+        devices,
+        d_model=d_model,
+        heads=heads,
+        ff=ff,
+        layers=layers,
+        vocab=vocab,
+        batch=batch,
+        seq=seq,
+        mode=mode,
+        hardware=hardware,
+        hardware_overrides=hardware_overrides,
+        strategies=strategies,
+        bytes_per_param=bytes_per_param,
+        flash_attention=flash_attention,
+        dtype=dtype,
+        remat=remat,
+        microbatches=microbatches,
+        stages=stages,
+        compile_top=compile_top,
+        compiler=compiler,
+        target_plans=target_plans,
+        mesh=mesh,
+        workers=workers,
     )
-    _check_bytes_per_param(bytes_per_param, config, mode)
-    pinned = None if mesh is None else pinned_mesh(mesh, devices, names)
+    return plan_request(request, progress)
+
+
+def plan_request(request: PlanRequest, progress: Progress | None = None) -> PlanResult:
+    """Plans what ``request`` asks for (see :func:`plan`, which builds the request from its
+    arguments); ``progress`` is called as ``progress(done, total, label)`` while compiling.
+
+    Not run as a doctest (it compiles every candidate; the planner tests run sweeps):
+
+    >>> result = plan_request(PlanRequest("tiny", 8, workers=0))  # doctest: +SKIP
+    >>> result.best.label  # doctest: +SKIP
+    'dp data=8'
+    """
+
+    r = request
+    start = time.perf_counter()
+    names = r.strategy_names
+    hw = get_hardware(r.hardware, **r.hardware_overrides)
+    compiler = check_compiler(r.compiler, hw, r.devices, r.target_plans)
+    model_name, config = resolve_config(r)
+    _check_bytes_per_param(r.bytes_per_param, config, r.mode)
+    devices, mode, stages = r.devices, r.mode, r.stages
+    pinned = None if r.mesh is None else pinned_mesh(r.mesh, devices, names)
     if pinned is not None and stages is not None and stages != pinned.get(STAGE_AXIS, 1):
         raise PlanError(
             f"stages={stages} and mesh={format_mesh_spec(pinned)!r} disagree: the mesh's "
@@ -288,42 +272,42 @@ def plan(
         hw,
         names,
         mode=mode,
-        bytes_per_param=bytes_per_param,
-        flash_attention=flash_attention,
-        remat=remat,
-        microbatches=microbatches,
+        bytes_per_param=r.bytes_per_param,
+        flash_attention=r.flash_attention,
+        remat=r.remat,
+        microbatches=r.microbatches,
         stages=stages,
         mesh=pinned,
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
     todo = to_compile(
-        [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], compile_top
+        [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], r.compile_top
     )
     simulated = max((_stage_devices(s) for s in todo), default=1)
-    n_workers = default_workers(simulated) if workers is None else workers
+    n_workers = default_workers(simulated) if r.workers is None else r.workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
     plans, failed = _compile_plans(
-        todo, config, mode, devices, simulated, hw, n_workers, progress, flash_attention
+        todo, config, mode, devices, simulated, hw, n_workers, progress, r.flash_attention
     )
 
     order = sorted(plans, key=_rank_key(names))
     if compiler != "cpu":
         order = recompile_on_target(
-            order, config, mode, hw, compiler, target_plans, progress, flash_attention
+            order, config, mode, hw, compiler, r.target_plans, progress, r.flash_attention
         )
         order = sorted(order, key=_rank_key(names))
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     settings = {
-        **settings_dict(bytes_per_param, flash_attention),
+        **settings_dict(r.bytes_per_param, r.flash_attention),
         "compile_options": dict(COMPILE_OPTIONS),
         "strategies": list(names),
-        "remat": list(remat_options(mode, remat, flash_attention)),
-        "microbatches": microbatches,
+        "remat": list(remat_options(mode, r.remat, r.flash_attention)),
+        "microbatches": r.microbatches,
         "stages": stages,
         "mesh": None if pinned is None else format_mesh_spec(pinned),
-        "compile_top": compile_top,
+        "compile_top": r.compile_top,
         "time_model": timing_constants(hw),
     }
     return PlanResult(
@@ -344,40 +328,6 @@ def plan(
         closest=_closest(ranked_screen),
         compiler=compiler,
     )
-
-
-def _check_sweep(
-    devices: int,
-    mode: str,
-    workers: int | None,
-    compile_top: int,
-    strategies: Sequence[str] | None,
-) -> tuple[str, ...]:
-    """The strategies to sweep, once the sweep's counts and names are valid."""
-    if not is_int(devices, 1):
-        raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
-    if devices > MAX_PLANNED_DEVICES:
-        raise PlanError(
-            f"devices={devices}: the planner plans at most {MAX_PLANNED_DEVICES:,} devices",
-            param="devices",
-        )
-    Mode.parse(mode, what="mode", error=PlanError, param="mode")
-    if workers is not None and (not is_int(workers, 0)):
-        raise PlanError(
-            f"workers={workers!r}: must be 0 (this process) or a positive number", param="workers"
-        )
-    if not is_int(compile_top, 0):
-        raise PlanError(
-            f"compile_top={compile_top!r}: must be 0 or a positive number", param="compile_top"
-        )
-    names = tuple(dict.fromkeys(strategies)) if strategies is not None else DEFAULT_STRATEGIES
-    for name in names:
-        if name not in STRATEGIES:
-            raise PlanError(
-                f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}",
-                param="strategies",
-            )
-    return names
 
 
 def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str) -> None:

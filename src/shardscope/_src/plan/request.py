@@ -1,0 +1,205 @@
+"""What a plan of the built-in model is asked for: :class:`PlanRequest`, every knob of a sweep
+with its one default, checked when it is made.
+
+The Python front door (:func:`shardscope.plan`, :func:`shardscope.plan_request`) and the
+command line (``shardscope plan``, whose options map onto these fields) build the same
+record, so the two cannot disagree on a knob or its default. It imports no planner module:
+the command line's parser reads the defaults from here to print them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from shardscope._src.base.errors import PlanError, is_int
+from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
+from shardscope._src.plan.estimates import DEFAULT_BYTES_PER_PARAM
+from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import hardware as get_hardware
+
+#: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
+DEFAULT_STRATEGIES = (
+    "dp",
+    "fsdp",
+    "zero1",
+    "zero2",
+    "tp",
+    "sp",
+    "dp_tp",
+    "zero1_tp",
+    "fsdp_tp",
+    "dp_sp",
+)
+#: The most devices a plan may have (a bound on the enumeration, far above any cluster).
+MAX_PLANNED_DEVICES = 2**20
+#: The model dimensions a request names (None: the preset's).
+MODEL_DIMS = ("d_model", "heads", "ff", "layers", "vocab")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A plan of ``model`` on ``devices`` accelerators: every strategy, mesh shape,
+    micro-batch count, recomputation and pipeline stage count estimated, the best compiled
+    and ranked (:func:`shardscope.plan_request` runs it).
+
+    Attributes:
+        model: a preset (``tiny``, ``1b``, ``7b``, ``13b``, ``70b``, ...), the path of a
+            Llama-family ``config.json``, a :class:`ModelConfig`, or None with ``d_model``,
+            ``heads``, ``ff``, ``layers`` (and ``vocab``) given.
+        devices: accelerators to plan for (simulated as CPU devices while compiling).
+        d_model, heads, ff, layers, vocab: the model's shape; each overrides a preset's
+            (None: the preset's).
+        batch: global batch in sequences (default: one per device); seq: sequence length
+            (default: the preset's).
+        mode: ``"train"`` (forward, backward, gradients) or ``"forward"``.
+        hardware: ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e`` or
+            a :class:`Hardware`; ``hardware_overrides`` changes fields (e.g.
+            ``{"link_bandwidth": 370e9}``).
+        strategies: names to try (default :data:`DEFAULT_STRATEGIES`).
+        bytes_per_param: model-state bytes per parameter in training (16: mixed-precision Adam).
+        flash_attention: memory-efficient attention: the compiled program runs a blocked
+            attention and the estimate leaves the score matrix out; False: the program
+            materialises the scores and the estimate counts them.
+        dtype: the model's element type (a preset's or a given shape's).
+        remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
+            recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"`` or several
+            (default: all).
+        microbatches: fix the micro-batches per data shard (default: every divisor of the
+            sequences per data shard, up to 8 choices).
+        stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
+            layers and the devices).
+        compile_top: how many of the best estimated strategy-and-mesh pairs to compile (the
+            best plan of each validated strategy is compiled as well).
+        compiler: None (the default): the hardware's own target when its compiler is
+            installed, else ``"cpu"`` and a note names the extra (as ``shardscope plan``
+            does); ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
+            or the hardware's own target (``"h100"``, ``"tpu-v5p"``, see
+            ``shardscope.TARGETS``): every candidate is screened on the CPU compiler, then
+            leading ones are compiled again by the target's compiler, deviceless, until
+            ``target_plans`` of them fit (at most ``3 * target_plans`` compiles). Those plans
+            take their collectives, memory per device and fit from that compile
+            (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
+            chosen among them.
+        mesh: plan exactly this mesh (``"data=32,model=8"``, axes in the planner's order:
+            ``stage``, ``pod``..., ``data``, ``model``): only the strategies that run on it,
+            every schedule of it estimated, the best compiled.
+        workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
+            many worker processes that each simulate ``devices``; None: this process when it
+            can, else one worker (``default_workers``), so that the caller's JAX is never
+            reconfigured.
+
+    What can be checked without compiling is checked here: the counts, the mode, the
+    strategy names, the dimensions' range and the hardware; the rest (the preset, the mesh,
+    the compiler) when the sweep starts, before any compile.
+
+    Raises:
+        PlanError: a bad device count, mode, worker or compile count, an unknown strategy or
+            a dimension past the planner's range (``params`` names the field).
+        ShardscopeError: an unknown hardware preset or a bad hardware setting.
+
+    >>> PlanRequest("tiny", 8, strategies=["dp", "tp", "dp"]).strategy_names
+    ('dp', 'tp')
+    >>> PlanRequest("tiny", 0)
+    Traceback (most recent call last):
+    ...
+    shardscope._src.base.errors.PlanError: devices=0: must be a positive whole number
+    """
+
+    model: str | ModelConfig | None = "7b"
+    devices: int = 8
+    _: KW_ONLY
+    d_model: int | None = None
+    heads: int | None = None
+    ff: int | None = None
+    layers: int | None = None
+    vocab: int | None = None
+    batch: int | None = None
+    seq: int | None = None
+    mode: str = Mode.TRAIN
+    hardware: str | Hardware = "h100"
+    hardware_overrides: Mapping[str, float] = field(default_factory=dict)
+    strategies: Sequence[str] | None = None
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM
+    flash_attention: bool = True
+    dtype: str = "bfloat16"
+    remat: str | Sequence[str] | None = None
+    microbatches: int | None = None
+    stages: int | None = None
+    compile_top: int = 3
+    compiler: str | None = None
+    target_plans: int = 3
+    mesh: str | Mapping[str, int] | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        # A request holds no list or dict of its caller's: what it was given cannot change
+        # under it.
+        overrides = MappingProxyType(dict(self.hardware_overrides or {}))
+        object.__setattr__(self, "hardware_overrides", overrides)
+        if self.strategies is not None:
+            object.__setattr__(self, "strategies", tuple(self.strategies))
+        if self.remat is not None and not isinstance(self.remat, str):
+            object.__setattr__(self, "remat", tuple(self.remat))
+        if isinstance(self.mesh, Mapping):
+            object.__setattr__(self, "mesh", MappingProxyType(dict(self.mesh)))
+        _check_counts(self)
+        for name in self.strategy_names:
+            if name not in STRATEGIES:
+                raise PlanError(
+                    f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}",
+                    param="strategies",
+                )
+        check_dims({"batch": self.batch, "seq": self.seq, **self.dims})
+        get_hardware(self.hardware, **self.hardware_overrides)
+
+    @property
+    def dims(self) -> dict[str, int | None]:
+        """The model dimensions (:data:`MODEL_DIMS`), None where not given."""
+        return {k: getattr(self, k) for k in MODEL_DIMS}
+
+    @property
+    def strategy_names(self) -> tuple[str, ...]:
+        """The strategies the sweep tries, each once, in the order given."""
+        if self.strategies is None:
+            return DEFAULT_STRATEGIES
+        return tuple(dict.fromkeys(self.strategies))
+
+
+def _check_counts(r: PlanRequest) -> None:
+    if not is_int(r.devices, 1):
+        raise PlanError(f"devices={r.devices!r}: must be a positive whole number", param="devices")
+    if r.devices > MAX_PLANNED_DEVICES:
+        raise PlanError(
+            f"devices={r.devices}: the planner plans at most {MAX_PLANNED_DEVICES:,} devices",
+            param="devices",
+        )
+    Mode.parse(r.mode, what="mode", error=PlanError, param="mode")
+    if r.workers is not None and (not is_int(r.workers, 0)):
+        raise PlanError(
+            f"workers={r.workers!r}: must be 0 (this process) or a positive number",
+            param="workers",
+        )
+    if not is_int(r.compile_top, 0):
+        raise PlanError(
+            f"compile_top={r.compile_top!r}: must be 0 or a positive number", param="compile_top"
+        )
+
+
+def check_dims(values: Mapping[str, Any]) -> None:
+    """Refuses a dimension or size past :data:`MAX_DIM` (None: not given)."""
+    for name, value in values.items():
+        if is_int(value) and value > MAX_DIM:
+            raise PlanError(
+                f"{name}={value}: the planner takes dimensions up to {MAX_DIM} (2**20); "
+                f"choose a smaller {name}",
+                param=name,
+            )
+
+
+#: A request with every default (the model and the devices too): where the front doors read
+#: a knob's default.
+DEFAULT_REQUEST = PlanRequest()
