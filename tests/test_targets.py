@@ -468,17 +468,22 @@ def test_each_compile_only_device_knows_the_target_it_was_made_for():
 
 
 def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(capsys):
-    from shardscope._src.cli.main import main
+    from shardscope._src.cli.main import build_parser, command_config, main
 
+    request = shardscope.PlanRequest(
+        None, 8, hardware="h100", strategies=["dp", "fsdp"], microbatches=1, remat=["none"],
+        stages=1, workers=0, **_SMALL,
+    )  # fmt: skip
     flags = ["--strategies", "dp,fsdp", "--microbatches", "1", "--remat", "none", "--stages", "1"]
     shape = ["--d-model", "64", "--heads", "4", "--ff", "256", "--layers", "2", "--vocab", "512"]
     argv = ["plan", "--devices", "8", "--hardware", "h100", "--seq", "32", "--batch", "16"]
-    assert main([*argv, *shape, *flags, "--workers", "0", "--json", "-"]) == 0
+    argv += [*shape, *flags, "--workers", "0"]
+    # The command line asks for this very request (the compiler left to its default) ...
+    assert command_config(build_parser().parse_args(argv)).request() == request
+    assert main([*argv, "--json", "-"]) == 0
     shell = json.loads(capsys.readouterr().out)
-    python = shardscope.plan(
-        None, 8, hardware="h100", strategies=["dp", "fsdp"], microbatches=1, remat="none",
-        stages=1, workers=0, **_SMALL,
-    ).to_dict()  # fmt: skip
+    python = shardscope.plan_request(request).to_dict()
+    # ... and the two plan alike.
     assert shell["compiler"] == python["compiler"] == "h100"  # the hardware's own, installed
     keys = ("strategy", "mesh", "compiled_by", "fits", "fit_memory_bytes_per_device")
     assert [[p[k] for k in keys] for p in shell["plans"]] == [

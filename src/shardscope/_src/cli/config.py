@@ -16,6 +16,7 @@ from typing import Any, Self
 
 from shardscope._src.cli.args import Flags
 from shardscope._src.cli.distributed import DistributedConfig
+from shardscope._src.plan.request import MODEL_DIMS, PlanRequest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,15 +171,17 @@ HARDWARE_OVERRIDES = (
     "matmul_fraction",
     "comm_fraction",
 )
-#: The model dimensions ``plan`` takes.
-MODEL_DIMS = ("d_model", "heads", "ff", "layers", "vocab")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlanConfig(CommandConfig):
     """``shardscope plan``: of a built-in model (``--model`` or its shape) or, with
     ``program``, of the user's own ``make_step``. One record for both, since one parser takes
-    both and each refuses the other's options."""
+    both and each refuses the other's options.
+
+    A field named as a :class:`PlanRequest` field holds that knob as given (None: not
+    given, the request's default applies); :meth:`request` maps them onto the request.
+    """
 
     model: str | None
     program: str | None
@@ -195,8 +198,8 @@ class PlanConfig(CommandConfig):
     devices: int
     batch: int | None
     seq: int | None
-    mode: str
-    hardware: str
+    mode: str | None
+    hardware: str | None
     link_bandwidth: float | None
     cross_node_bandwidth: float | None
     latency_s: float | None
@@ -211,12 +214,12 @@ class PlanConfig(CommandConfig):
     microbatches: int | None
     stages: int | None
     mesh: str | None
-    compile_top: int
-    bytes_per_param: int
-    no_flash_attention: bool
+    compile_top: int | None
+    bytes_per_param: int | None
+    flash_attention: bool | None  # --no-flash-attention: False
     workers: int | None
     compiler: str | None
-    target_plans: int
+    target_plans: int | None
     top: int | None
     json: str | None
     png: str | None
@@ -232,3 +235,19 @@ class PlanConfig(CommandConfig):
     def dims(self) -> dict[str, int | None]:
         """The model dimensions, None where not given."""
         return {k: getattr(self, k) for k in MODEL_DIMS}
+
+    def request(self) -> PlanRequest:
+        """The plan of the built-in model these options ask for: each knob from the field of
+        its name, the request's default where the option was not given. The model and the
+        devices are always the command line's (``--devices`` is required, and no
+        ``--model`` is a model given by its shape); ``--strategies`` and ``--remat`` are
+        comma-separated lists."""
+        given = {f.name: getattr(self, f.name, None) for f in fields(PlanRequest)}
+        given.update(strategies=_names(self.strategies), remat=_names(self.remat))
+        knobs = {k: v for k, v in given.items() if v is not None and k not in ("model", "devices")}
+        return PlanRequest(self.model, self.devices, **knobs)
+
+
+def _names(text: str | None) -> list[str] | None:
+    """The names of a comma-separated list (None: not given)."""
+    return None if text is None else [n.strip() for n in text.split(",")]

@@ -34,6 +34,7 @@ from shardscope._src.cli.config import (
 from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.model.config import MODES, Mode
 from shardscope._src.model.presets import MODEL_PRESETS
+from shardscope._src.plan.request import DEFAULT_REQUEST, DEFAULT_STRATEGIES
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import PRESETS
 from shardscope._src.targets.specs import TARGETS
@@ -345,6 +346,8 @@ def add_diff_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_plan_parser(sub: Any) -> None:
+    """``shardscope plan``. An option of a knob of :class:`PlanRequest` keeps no default of its
+    own: not given, it is None and the request's default applies (the help reads it there)."""
 
     p = sub.add_parser(
         "plan",
@@ -412,13 +415,17 @@ def _plan_shape_options(p: argparse.ArgumentParser) -> None:
         help="global batch in sequences (default: one per device)",
     )
     p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
-    p.add_argument("--mode", choices=list(MODES), default=Mode.TRAIN)
+    p.add_argument(
+        "--mode", choices=list(MODES), help=f"the step planned (default {DEFAULT_REQUEST.mode})"
+    )
 
 
 def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
     """The hardware preset and the settings that override it."""
     p.add_argument(
-        "--hardware", default="h100", choices=list(PRESETS), help="hardware preset (default h100)"
+        "--hardware",
+        choices=list(PRESETS),
+        help=f"hardware preset (default {DEFAULT_REQUEST.hardware})",
     )
     for flag, dest, what in (
         ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
@@ -441,8 +448,7 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strategies",
         metavar="LIST",
-        help="comma-separated strategies to try (default: dp,fsdp,zero1,zero2,tp,sp,dp_tp,"
-        "zero1_tp,fsdp_tp,dp_sp)",
+        help=f"comma-separated strategies to try (default: {','.join(DEFAULT_STRATEGIES)})",
     )
     p.add_argument(
         "--remat",
@@ -471,21 +477,23 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile-top",
         type=positive_int,
-        default=3,
         metavar="N",
         help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
-        "the best of dp, fsdp and tp, whose communication is validated; default 3)",
+        "the best of dp, fsdp and tp, whose communication is validated; default "
+        f"{DEFAULT_REQUEST.compile_top})",
     )
     p.add_argument(
         "--bytes-per-param",
         type=positive_int,
-        default=16,
         metavar="N",
-        help="training model state per parameter (default 16: mixed-precision Adam)",
+        help="training model state per parameter (default "
+        f"{DEFAULT_REQUEST.bytes_per_param}: mixed-precision Adam)",
     )
     p.add_argument(
         "--no-flash-attention",
-        action="store_true",
+        dest="flash_attention",
+        action="store_false",
+        default=None,
         help="materialise the attention scores (dense attention) in the compiled program and "
         "count them in the estimate",
     )
@@ -496,13 +504,11 @@ def _plan_compile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=int,
-        default=None,
         metavar="N",
         help="compile in N worker processes (0: in this process; default: auto)",
     )
     p.add_argument(
         "--compiler",
-        default=None,
         choices=["cpu", *PRESETS],
         help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
         "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
@@ -511,9 +517,9 @@ def _plan_compile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target-plans",
         type=positive_int,
-        default=3,
         metavar="N",
-        help="how many leading plans the hardware's compiler compiles (default 3)",
+        help="how many leading plans the hardware's compiler compiles (default "
+        f"{DEFAULT_REQUEST.target_plans})",
     )
 
 

@@ -4,7 +4,7 @@ options are in parsers.py): a built-in model (:func:`run_plan_command`) or the u
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -24,10 +24,9 @@ from shardscope._src.cli.args import (
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import PlanConfig
 from shardscope._src.cli.paths import check_file_path, check_output_paths
-from shardscope._src.model.config import Mode
 from shardscope._src.plan.program import plan_program
-from shardscope._src.plan.request import MAX_PLANNED_DEVICES
-from shardscope._src.plan.sweep import plan
+from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest
+from shardscope._src.plan.sweep import plan_request
 from shardscope._src.render.console import output_console
 from shardscope._src.render.plan import markdown_report, render_plan
 from shardscope._src.render.plan_plot import plot_plans
@@ -46,85 +45,40 @@ def _ensure_devices(devices: int) -> None:
 
 
 def run_plan_command(
+    request: PlanRequest,
     *,
-    model: str | None,
-    devices: int,
-    dims: Mapping[str, int | None] | None = None,
-    batch: int | None = None,
-    seq: int | None = None,
-    mode: str = Mode.TRAIN,
-    hardware: str = "h100",
-    hardware_overrides: Mapping[str, float] | None = None,
-    strategies: Sequence[str] | None = None,
-    bytes_per_param: int = 16,
-    flash_attention: bool = True,
-    remat: Sequence[str] | None = None,
-    microbatches: int | None = None,
-    stages: int | None = None,
-    mesh: str | None = None,
-    compile_top: int = 3,
-    workers: int | None = None,
     json_path: str | None = None,
     png_path: str | None = None,
     report_path: str | None = None,
     top: int | None = None,
     console: Any = None,
     progress_console: Any = None,
-    compiler: str | None = None,
-    target_plans: int = 3,
     flags: Flags = NO_FLAGS,
 ) -> int:
-    """Plans, prints the ranked table, writes the requested files; returns 0.
+    """Plans ``request``, prints the ranked table, writes the requested files; returns 0.
 
     Args:
-        model: a preset name, or None with ``dims`` (``d_model``, ``heads``, ``ff``,
-            ``layers``, ``vocab``) giving the shape; dims also override a preset.
-        devices: accelerators to plan for.
-        compiler: ``"cpu"``, or the hardware's own target whose compiler compiles the
-            ``target_plans`` leading plans after the CPU screening; None: the hardware's own
-            when the hardware is a target (every preset is), else ``"cpu"``.
+        request: what to plan (:meth:`PlanConfig.request` maps the options onto it).
         json_path, png_path, report_path: where to write ``PlanResult.to_dict()``, the
             memory-vs-communication chart and the Markdown report (each atomically).
+        top: show only the best ``top`` plans.
         console: a rich Console for the tables (default stdout); ``progress_console`` for
             the progress bar (default stderr).
         flags: the flags of the command line that asked, named after the notes that
             suggest a change.
-        Other arguments as :func:`shardscope.plan`.
 
     Raises:
         PlanError: no plan at all (after printing what was skipped and writing the files),
             an unknown preset or a bad setting; the CLI prints it as one line, exit 2.
     """
-    check_device_count(devices)
     # before minutes of compiling, not after
     check_output_paths({"--json": json_path, "--png": png_path, "--report": report_path})
-    _ensure_devices(devices)
+    _ensure_devices(request.devices)
     if console is None:
         # the plan table is the widest; JSON on standard output sends the tables to stderr
         console = output_console(piped_width=150, stderr=json_path == STDOUT)
     with _compile_progress(progress_console) as progress:
-        result = plan(
-            model,
-            devices,
-            batch=batch,
-            seq=seq,
-            mode=mode,
-            hardware=hardware,
-            hardware_overrides=hardware_overrides or {},
-            strategies=strategies,
-            bytes_per_param=bytes_per_param,
-            flash_attention=flash_attention,
-            remat=remat,
-            microbatches=microbatches,
-            stages=stages,
-            mesh=mesh,
-            compile_top=compile_top,
-            workers=workers,
-            progress=progress,
-            compiler=compiler,
-            target_plans=target_plans,
-            **_dims_of(dims),
-        )
+        result = plan_request(request, progress)
     render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
     written = write_plan_files(
         result,
@@ -139,17 +93,13 @@ def run_plan_command(
     return 0
 
 
-def check_device_count(devices: int, *, simulated: bool = False) -> None:
-    """Refuses more devices than the planner plans (``simulated``: than the CPU backend
-    simulates, for a user's program, which runs on all of them)."""
-    if simulated and devices > MAX_CPU_DEVICES:
+def check_program_devices(devices: int) -> None:
+    """Refuses more devices than the CPU backend simulates, for a user's program, which runs
+    on all of them (a :class:`PlanRequest` refuses more than the planner plans)."""
+    if devices > MAX_CPU_DEVICES:
         raise PlanError(
             f"--devices {devices}: your program is compiled on all its devices, and the CPU "
             f"backend simulates at most {MAX_CPU_DEVICES}; plan {MAX_CPU_DEVICES} or fewer"
-        )
-    if devices > MAX_PLANNED_DEVICES:
-        raise PlanError(
-            f"--devices {devices}: the planner plans at most {MAX_PLANNED_DEVICES:,} devices"
         )
 
 
@@ -207,11 +157,6 @@ class PlanFiles(PlanSet[RankedPlan], Protocol):
 SweepT = TypeVar("SweepT", bound=PlanFiles)
 
 
-def _dims_of(dims: Mapping[str, int | None] | None) -> dict[str, Any]:
-    """The model dimensions as the keywords ``plan`` takes them."""
-    return dict(dims or {})
-
-
 def write_plan_files(
     result: SweepT,
     report: Callable[[SweepT], str],
@@ -265,29 +210,11 @@ def plan_command(c: PlanConfig) -> int:
     if c.program is not None:
         return _cmd_plan_program(c, c.program)
     return run_plan_command(
-        model=c.model,
-        devices=c.devices,
-        dims=c.dims,
-        batch=c.batch,
-        seq=c.seq,
-        mode=c.mode,
-        hardware=c.hardware,
-        hardware_overrides=c.hardware_overrides,
-        strategies=[n.strip() for n in c.strategies.split(",")] if c.strategies else None,
-        bytes_per_param=c.bytes_per_param,
-        flash_attention=not c.no_flash_attention,
-        remat=c.remat.split(",") if c.remat else None,
-        microbatches=c.microbatches,
-        stages=c.stages,
-        mesh=c.mesh,
-        compile_top=c.compile_top,
-        workers=c.workers,
+        c.request(),
         json_path=c.json,
         png_path=c.png,
         report_path=c.report,
         top=c.top,
-        compiler=c.compiler,
-        target_plans=c.target_plans,
         flags=c.flags,
     )
 
@@ -311,11 +238,13 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
             f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
             f"--program your make_step builds the model (drop them)"
         )
+    # Without --hardware a program is timed on the built-in model's default hardware too.
+    hardware = c.hardware or str(DEFAULT_REQUEST.hardware)
     target = None if c.compiler in (None, "cpu") else c.compiler
-    if target is not None and target != c.hardware:
+    if target is not None and target != hardware:
         raise UsageError(
             f"{PROG} plan: --compiler {target} compiles for {target} but the estimates use "
-            f"--hardware {c.hardware}; give --hardware {target}"
+            f"--hardware {hardware}; give --hardware {target}"
         )
     return run_plan_program(
         program,
@@ -326,7 +255,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
         axes=_names(c.axes, "--axes"),
         meshes=c.meshes.split(";") if c.meshes else None,
         axis_types=c.axis_types,
-        hardware=c.hardware,
+        hardware=hardware,
         hardware_overrides=c.hardware_overrides,
         json_path=c.json,
         png_path=c.png,
@@ -373,7 +302,7 @@ def run_plan_program(
     ``flags`` names the options of the command line after the notes that suggest a change.
     """
 
-    check_device_count(devices, simulated=True)
+    check_program_devices(devices)
     for path in (json_path, png_path, report_path):
         if path is not None:
             check_file_path(path)
