@@ -1,0 +1,152 @@
+"""One request type for a plan of the built-in model: every knob and its default live on
+:class:`PlanRequest`; ``plan()``'s keywords and the ``shardscope plan`` options map onto it."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+import shardscope
+from helpers import assert_usage_error, sub_parser
+from shardscope import PlanError, PlanRequest, ShardscopeError
+from shardscope._src.cli.main import build_parser, command_config
+from shardscope._src.plan import sweep
+
+FIELDS = {f.name: f for f in dataclasses.fields(PlanRequest)}
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _cli_request(*argv: str) -> PlanRequest:
+    return command_config(build_parser().parse_args(["plan", *argv])).request()
+
+
+# -- every default lives once ------------------------------------------------------------------
+
+
+def test_plan_takes_the_request_fields_with_their_defaults():
+    params = inspect.signature(shardscope.plan).parameters
+    assert set(params) - {"progress"} == set(FIELDS)
+    for name, f in FIELDS.items():
+        assert params[name].default == _default(f), name
+    assert PlanRequest() == PlanRequest("7b", 8)
+
+
+def test_plan_hands_every_keyword_to_the_request(monkeypatch):
+    # A value other than the default for every field: plan() forwards each to the request.
+    given = dict(
+        d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32, mode="forward",
+        hardware="tpu-v5p", hardware_overrides={"link_bandwidth": 1e11},
+        strategies=["dp", "fsdp"], bytes_per_param=18, flash_attention=False,
+        dtype="float32", remat=["none", "full"], microbatches=2, stages=1, compile_top=5,
+        compiler="cpu", target_plans=2, mesh="data=8", workers=0,
+    )  # fmt: skip
+    assert set(given) == set(FIELDS) - {"model", "devices"}
+    assert all(given[k] != _default(FIELDS[k]) for k in given)
+    seen = []
+    monkeypatch.setattr(sweep, "plan_request", lambda r, progress=None: seen.append(r))
+    shardscope.plan(None, 16, **given)
+    assert seen == [PlanRequest(None, 16, **given)]
+
+
+def test_the_command_line_without_options_asks_for_the_request_defaults():
+    # --devices is required, and no --model is a model given by its shape: the command line
+    # always names both; every other knob takes the request's default.
+    assert _cli_request("--devices", "8") == PlanRequest(None, 8)
+    assert _cli_request("--devices", "8", "--model", "tiny") == PlanRequest("tiny", 8)
+
+
+def test_no_plan_option_carries_a_default_of_its_own():
+    knobs = [a for a in sub_parser(("plan",))._actions if a.dest in FIELDS]
+    assert {a.dest for a in knobs} == set(FIELDS) - {"dtype", "hardware_overrides"}
+    for action in knobs:
+        assert action.default is None, action.dest
+
+
+def test_the_help_prints_the_request_defaults():
+    helps = {a.dest: a.help for a in sub_parser(("plan",))._actions}
+    assert "(default h100)" in helps["hardware"]
+    assert "(default train)" in helps["mode"]
+    assert "default 3)" in helps["compile_top"]
+    assert "(default 16: mixed-precision Adam)" in helps["bytes_per_param"]
+    assert "(default 3)" in helps["target_plans"]
+    listed = helps["strategies"].split("(default: ")[1].rstrip(")")
+    assert PlanRequest().strategy_names == tuple(listed.split(","))
+
+
+def test_every_option_maps_onto_its_field():
+    argv = [
+        "--model", "tiny", "--devices", "16", "--d-model", "64", "--heads", "4", "--ff", "256",
+        "--layers", "2", "--vocab", "512", "--batch", "16", "--seq", "32", "--mode", "forward",
+        "--hardware", "tpu-v5p", "--link-bandwidth", "1e11", "--node-size", "4",
+        "--strategies", "dp, fsdp", "--remat", "none,full", "--microbatches", "2",
+        "--stages", "1", "--mesh", "data=16", "--compile-top", "5", "--bytes-per-param", "18",
+        "--no-flash-attention", "--workers", "0", "--compiler", "cpu", "--target-plans", "2",
+    ]  # fmt: skip
+    assert _cli_request(*argv) == PlanRequest(
+        "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32,
+        mode="forward", hardware="tpu-v5p",
+        hardware_overrides={"link_bandwidth": 1e11, "node_size": 4},
+        strategies=("dp", "fsdp"), remat=("none", "full"), microbatches=2, stages=1,
+        mesh="data=16", compile_top=5, bytes_per_param=18, flash_attention=False, workers=0,
+        compiler="cpu", target_plans=2,
+    )  # fmt: skip
+
+
+# -- what a request holds ----------------------------------------------------------------------
+
+
+def test_a_request_keeps_what_it_was_given_whatever_the_caller_changes_later():
+    strategies, overrides, mesh = ["dp", "tp", "dp"], {"memory_bytes": 9e6}, {"data": 8}
+    r = PlanRequest("tiny", 8, strategies=strategies, hardware_overrides=overrides, mesh=mesh)
+    strategies.append("fsdp")
+    overrides["memory_bytes"] = 1.0
+    mesh["data"] = 4
+    assert r.strategies == ("dp", "tp", "dp") and r.strategy_names == ("dp", "tp")
+    assert dict(r.hardware_overrides) == {"memory_bytes": 9e6} and dict(r.mesh) == {"data": 8}
+    with pytest.raises(TypeError):
+        r.hardware_overrides["memory_bytes"] = 1.0  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.devices = 16  # type: ignore[misc]
+    assert r.dims == {"d_model": None, "heads": None, "ff": None, "layers": None, "vocab": None}
+
+
+@pytest.mark.parametrize(
+    "kwargs, words, params",
+    [
+        (dict(devices=0), "devices=0: must be a positive whole number", ("devices",)),
+        (dict(devices=2.0), "devices=2.0: must be a positive whole number", ("devices",)),
+        (dict(devices=2**21), "devices=2097152: the planner plans at most 1,048,576", ("devices",)),
+        (dict(mode="infer"), "mode 'infer': choose one of train, forward", ("mode",)),
+        (dict(workers=-1), "workers=-1: must be 0 (this process) or a positive", ("workers",)),
+        (dict(compile_top=-2), "compile_top=-2: must be 0 or a positive", ("compile_top",)),
+        (
+            dict(strategies=["dp", "zero3"]),
+            "unknown strategy 'zero3'; choose from replicated, dp, fsdp",
+            ("strategies",),
+        ),
+        (dict(seq=2**21), "seq=2097152: the planner takes dimensions up to 1048576", ("seq",)),
+        (dict(d_model=2**21), "choose a smaller d_model", ("d_model",)),
+    ],
+    ids=["zero", "float", "too-many", "mode", "workers", "compile-top", "strategy", "seq", "dim"],
+)
+def test_a_bad_value_is_refused_when_the_request_is_made(kwargs, words, params):
+    with pytest.raises(PlanError) as info:
+        PlanRequest("tiny", **{"devices": 8, **kwargs})
+    assert words in str(info.value)
+    assert info.value.params == params
+
+
+def test_bad_hardware_is_refused_when_the_request_is_made():
+    with pytest.raises(ShardscopeError, match="unknown hardware preset 'v100'; choose one of"):
+        PlanRequest("tiny", 8, hardware="v100")
+    with pytest.raises(ShardscopeError, match="link_bandwidth=-1.0 must be a positive number"):
+        PlanRequest("tiny", 8, hardware_overrides={"link_bandwidth": -1.0})
+
+
+def test_the_command_line_names_the_flag_of_a_refused_field(capsys):
+    argv = ["plan", "--model", "tiny", "--devices", "8", "--workers", "-1"]
+    line = assert_usage_error(argv, "workers=-1: must be 0 (this process)", capsys)
+    assert line.rstrip().endswith("(flag --workers)")
