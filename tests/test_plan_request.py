@@ -150,3 +150,10 @@ def test_the_command_line_names_the_flag_of_a_refused_field(capsys):
     argv = ["plan", "--model", "tiny", "--devices", "8", "--workers", "-1"]
     line = assert_usage_error(argv, "workers=-1: must be 0 (this process)", capsys)
     assert line.rstrip().endswith("(flag --workers)")
+
+
+def test_a_target_compile_count_is_refused_before_any_compile():
+    request = PlanRequest("tiny", 8, compiler="h100", target_plans=0, workers=0)
+    with pytest.raises(PlanError, match="target_plans=0: must be a positive whole number") as e:
+        shardscope.plan_request(request)
+    assert e.value.params == ("target_plans",)

@@ -129,7 +129,9 @@ def check_compiler(compiler: str | None, hw: Hardware, devices: int, target_plan
             param="compiler",
         )
     if not is_int(target_plans, 1):
-        raise PlanError(f"target_plans={target_plans!r}: must be a positive whole number")
+        raise PlanError(
+            f"target_plans={target_plans!r}: must be a positive whole number", param="target_plans"
+        )
     require_compiler(t, devices)  # also refuses a device count it is not built with
     return t.name
 
