@@ -180,7 +180,13 @@ def _close(a, b, tol=1e-5):
 def test_blocked_attention_and_recomputation_compute_the_same_loss_and_gradients():
     base = replace(SMALL, attention="dense")
     want = _loss_and_grads(base)
-    cases = (("dense", "selective"), ("dense", "matmuls"), ("blocked", "none"), ("blocked", "full"))
+    cases = (
+        ("dense", "selective"),
+        ("dense", "matmuls"),
+        ("dense", "offload"),
+        ("blocked", "none"),
+        ("blocked", "full"),
+    )
     for attention, remat in cases:
         got = _loss_and_grads(replace(base, attention=attention, attention_block=4, remat=remat))
         _close(got, want)

@@ -211,6 +211,7 @@ class PlanConfig(CommandConfig):
     node_size: int | None
     strategies: str | None
     remat: str | None
+    offload_optimizer: bool | None
     microbatches: int | None
     stages: int | None
     mesh: str | None

@@ -454,7 +454,15 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         "--remat",
         metavar="LIST",
         help="activation recomputation to try, comma-separated: none, selective (the attention "
-        "scores recomputed), matmuls (the matmul outputs kept), full (default: all)",
+        "scores recomputed), matmuls (the matmul outputs kept), full, offload (each layer's "
+        "input and QKV projections in host memory) (default: all)",
+    )
+    p.add_argument(
+        "--offload-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the optimizer state in host memory, streamed in for the update (default: "
+        "where a plan does not fit the device otherwise)",
     )
     p.add_argument(
         "--microbatches",

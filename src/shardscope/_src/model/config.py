@@ -48,6 +48,10 @@ class Remat(Vocab):
     MATMULS = "matmuls"
     #: each layer's forward recomputed; only its input kept
     FULL = "full"
+    #: each layer's input and its query, key and value projections offloaded to host memory
+    #: and fetched back for the backward, the rest recomputed (MaxText's offloading remat
+    #: policies; JAX's ``save_and_offload_only_these_names``)
+    OFFLOAD = "offload"
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -154,19 +154,37 @@ def stage_options(
 
 
 def remat_options(
-    mode: str, remat: str | Sequence[str] | None, flash_attention: bool
+    mode: str,
+    remat: str | Sequence[str] | None,
+    flash_attention: bool,
+    hw: Hardware | None = None,
 ) -> tuple[str, ...]:
     """Recomputation choices to try. Selective recomputation drops the attention scores,
-    which memory-efficient attention never keeps: with it, selective is no recomputation."""
+    which memory-efficient attention never keeps: with it, selective is no recomputation.
+    Offload needs host memory: the sweep tries it where ``hw`` has some, and refuses it
+    asked for where it has none."""
 
     if mode != Mode.TRAIN:
         return (Remat.NONE,)
+    host = hw is None or hw.host_memory_bytes > 0
     if remat is None:
-        return tuple(r for r in REMATS if not (flash_attention and r == Remat.SELECTIVE))
+        return tuple(
+            r
+            for r in REMATS
+            if not (flash_attention and r == Remat.SELECTIVE) and (host or r != Remat.OFFLOAD)
+        )
     chosen = (remat,) if isinstance(remat, str) else tuple(remat)
     for r in chosen:
         if r not in REMATS:
-            raise PlanError(f"remat={r!r}: choose from {', '.join(REMATS)}")
+            raise PlanError(f"remat={r!r}: choose from {', '.join(REMATS)}", param="remat")
+        if r == Remat.OFFLOAD and not host:
+            assert hw is not None
+            raise PlanError(
+                f"remat={r!r}: hardware {hw.name!r} has no host memory to offload to "
+                f"(host_memory_bytes=0); give it host_memory_bytes= and host_bandwidth=, or "
+                f"choose another recomputation ({', '.join(x for x in REMATS if x != r)})",
+                param="remat",
+            )
     return tuple(dict.fromkeys(chosen))
 
 
@@ -210,7 +228,7 @@ def screen(
     ``placement`` is the strategy placed on the stage's mesh with one stage's program
     (:func:`stage_config`); ``config`` the whole model.
     """
-    sched = Schedule(cand.microbatches, cand.remat, cand.stages)
+    sched = Schedule(cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer)
     mem = estimate_memory(
         placement,
         mode,
@@ -227,6 +245,7 @@ def screen(
         hw,
         flash_attention=flash_attention,
         mode=mode,
+        bytes_per_param=bytes_per_param,
     )
     return Screened(
         cand,
@@ -235,6 +254,7 @@ def screen(
         need,
         int(hw.memory_bytes),
         Pricing(placement, work),
+        int(hw.host_memory_bytes),
     )
 
 
@@ -251,6 +271,7 @@ def screen_all(
     microbatches: int | None = None,
     stages: int | None = None,
     mesh: Mapping[str, int] | None = None,
+    offload_optimizer: bool | None = None,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
@@ -263,7 +284,15 @@ def screen_all(
     if mesh is not None:
         stages = dict(mesh).get(STAGE_AXIS, 1)
     all_candidates = candidates(names, devices, stage_options(config, devices, mode, stages), mesh)
-    remats = remat_options(mode, remat, flash_attention)
+    remats = remat_options(mode, remat, flash_attention, hw)
+    if offload_optimizer and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):
+        why = "a forward pass has no optimizer state" if mode != Mode.TRAIN else (
+            f"hardware {hw.name!r} has no host memory (host_memory_bytes=0)"
+        )
+        raise PlanError(
+            f"offload_optimizer=True: {why}; leave it None or False",
+            param="offload_optimizer",
+        )
     screened: list[Screened] = []
     for cand in all_candidates:
         base = stage_config(config, cand, flash_attention=flash_attention)
@@ -297,6 +326,19 @@ def screen_all(
                 )
             )
             continue
+        if offload_optimizer is True or (
+            offload_optimizer is None and mode == Mode.TRAIN and hw.host_memory_bytes > 0
+        ):
+            # What does not fit the device may fit with the optimizer state on the host.
+            moved = [
+                replace(s.candidate, offload_optimizer=True)
+                for s in options
+                if offload_optimizer or not s.fits
+            ]
+            options = [s for s in options if not offload_optimizer] + [
+                screen(c, placement, config, hw, mode, bytes_per_param, flash_attention)
+                for c in moved
+            ]
         state = min(s.memory.model_state for s in options)
         if state > hw.memory_bytes:
             what = (

@@ -14,8 +14,10 @@ Memory (per device, bytes):
   ``sbh (10 + (8 + 4f/h)/t + 5as/(ht))`` and, with sequence parallelism,
   ``sbh ((18 + 4f/h)/t + 5as/(ht))``. With ``f = 4h`` these are the paper's
   ``sbh (10 + 24/t + 5as/(ht))`` and ``sbh (34/t + 5as/(ht))``. Flash attention drops the
-  ``5as/(ht)`` term (the default). Plus the logits, ``bsv`` at the model dtype and in fp32 for
-  the loss. Scaled by ``itemsize / 2`` for 32-bit models. A forward pass keeps one layer's.
+  ``5as/(ht)`` term (the default). Plus the logits, ``bsv`` at the model dtype, and their
+  gradient beside them when training (``/t`` under sequence parallelism, which projects each
+  device's own tokens).
+  Scaled by ``itemsize / 2`` for 32-bit models. A forward pass keeps one layer's.
 * FSDP's gathered weights: one layer's full weights (divided by ``t``), alive while it runs.
 
 Model FLOPs per step (the same paper's Eq. 7, generalised to an MLP of width ``f``): forward
@@ -58,17 +60,28 @@ class MemoryEstimate:
     optimizer: int
     activations: int
     gathered_weights: int
+    #: what lives in host memory: activations offloaded by ``remat="offload"``, and the
+    #: optimizer state when it is offloaded (not in ``total``)
+    host: int = 0
+    #: the optimizer state is in host memory (``optimizer`` still says how large it is)
+    optimizer_on_host: bool = False
+
+    @property
+    def device_optimizer(self) -> int:
+        """The optimizer state in device memory: none of it when it is on the host."""
+        return 0 if self.optimizer_on_host else self.optimizer
 
     @property
     def model_state(self) -> int:
-        """Parameters, gradients and optimizer state: what no recomputation can shrink."""
-        return self.params + self.grads + self.optimizer
+        """Parameters, gradients and the optimizer state in device memory: what no
+        recomputation can shrink."""
+        return self.params + self.grads + self.device_optimizer
 
     @property
     def total(self) -> int:
         return self.model_state + self.activations + self.gathered_weights
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return record_dict(self, extra=("model_state", "total"))
 
 
@@ -98,6 +111,7 @@ class Schedule(Record):
     microbatches: int = 1
     remat: str = Remat.NONE
     stages: int = 1
+    offload_optimizer: bool = False
 
     @property
     def in_flight(self) -> int:
@@ -169,15 +183,40 @@ def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) 
     return math.ceil(c.seq * b * per_token * c.itemsize)
 
 
+def offloaded_bytes_per_layer(placement: Placement, microbatches: int = 1) -> int:
+    """One layer's tensors that ``Remat.OFFLOAD`` moves to host memory, per device, at the
+    model's dtype: its input (``h`` per token, split by ``t`` only with sequence parallelism)
+    and its query, key and value projections (``q + 2 kv`` per token, split by ``t``)."""
+    c = placement.config
+    assert c.head_dim is not None and c.kv_heads is not None
+    t = model_ways(placement)
+    b = sequences_per_device(placement, microbatches)
+    whole = c.d_model
+    split = c.heads * c.head_dim + 2 * c.kv_heads * c.head_dim
+    if placement.strategy.sequence_parallel:
+        per_token = (whole + split) / t
+    else:
+        per_token = whole + split / t
+    return math.ceil(c.seq * b * per_token * c.itemsize)
+
+
+#: Layers of offloaded tensors in device memory at once under ``Remat.OFFLOAD``: the one being
+#: copied out or in while the next (or previous) layer computes (double buffering).
+OFFLOAD_BUFFERS = 2
+
+
 def stored_activation_bytes_per_layer(
     placement: Placement, schedule: Schedule, *, flash_attention: bool = True
 ) -> int:
-    """What one layer keeps per micro-batch under ``schedule.remat``: everything (none),
-    everything but the attention scores (selective), its input only (full: ``2sbh``, or
-    ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2), or its input and the
-    outputs of its matmuls (matmuls: see :func:`matmul_outputs_bytes_per_layer`)."""
+    """What one layer keeps in device memory per micro-batch under ``schedule.remat``:
+    everything (none), everything but the attention scores (selective), its input only (full:
+    ``2sbh``, or ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2), its input
+    and the outputs of its matmuls (matmuls: see :func:`matmul_outputs_bytes_per_layer`), or
+    nothing (offload: in host memory, :func:`offloaded_bytes_per_layer`)."""
     if schedule.remat == Remat.MATMULS:
         return matmul_outputs_bytes_per_layer(placement, schedule.microbatches)
+    if schedule.remat == Remat.OFFLOAD:
+        return 0
     if schedule.remat == Remat.NONE:
         return activation_bytes_per_layer(
             placement, flash_attention=flash_attention, microbatches=schedule.microbatches
@@ -190,6 +229,19 @@ def stored_activation_bytes_per_layer(
     b = sequences_per_device(placement, schedule.microbatches)
     t = model_ways(placement) if placement.strategy.sequence_parallel else 1
     return math.ceil(c.seq * b * c.d_model * c.itemsize / t)
+
+
+def logits_bytes(placement: Placement, sequences: int, *, train: bool = True) -> int:
+    """The logits of ``sequences`` on one device at the model's dtype, and, when training,
+    their gradient beside them (the loss reduces them in float32 without storing a float32
+    copy). Split over ``model`` when the strategy shards the sequence there (sequence
+    parallelism: each device projects its own tokens)."""
+    c = placement.config
+    if not c.vocab:
+        return 0
+    per_element = 2 * c.itemsize if train else c.itemsize
+    split = model_ways(placement) if placement.strategy.sequence_parallel else 1
+    return sequences * c.seq * c.vocab * per_element // split
 
 
 def estimate_memory(
@@ -234,7 +286,8 @@ def estimate_memory(
     )
     m = sched.microbatches if train else 1
     b = sequences_per_device(placement, m)
-    logits = b * c.seq * c.vocab * (item + 4 if train else item) if c.vocab else 0
+    host = 0
+    logits = logits_bytes(placement, b, train=train)
     if train:
         kept = stored_activation_bytes_per_layer(placement, sched, flash_attention=flash_attention)
         working = (
@@ -243,6 +296,10 @@ def estimate_memory(
             else 0
         )
         activations = c.layers * kept * sched.in_flight + working + logits
+        if sched.remat == Remat.OFFLOAD:
+            offloaded = offloaded_bytes_per_layer(placement, m)
+            host = c.layers * offloaded * sched.in_flight
+            activations += OFFLOAD_BUFFERS * offloaded
     else:
         activations = (
             activation_bytes_per_layer(placement, flash_attention=flash_attention) + logits
@@ -253,7 +310,10 @@ def estimate_memory(
             math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
         )
         gathered = layer * item // model_ways(placement)
-    return MemoryEstimate(params, grads, optimizer, activations, gathered)
+    on_host = train and sched.offload_optimizer
+    if on_host:
+        host += optimizer
+    return MemoryEstimate(params, grads, optimizer, activations, gathered, host, on_host)
 
 
 def layer_matmul_params(config: ModelConfig) -> int:

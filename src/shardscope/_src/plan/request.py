@@ -33,6 +33,7 @@ DEFAULT_STRATEGIES = (
     "zero1_tp",
     "fsdp_tp",
     "dp_sp",
+    "fsdp_sp",
 )
 #: The most devices a plan may have (a bound on the enumeration, far above any cluster).
 MAX_PLANNED_DEVICES = 2**20
@@ -66,8 +67,13 @@ class PlanRequest:
             materialises the scores and the estimate counts them.
         dtype: the model's element type (a preset's or a given shape's).
         remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
-            recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"`` or several
-            (default: all).
+            recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"``, ``"offload"``
+            (each layer's input and its query, key and value projections in host memory,
+            the rest recomputed) or several (default: all; offload where the hardware has
+            host memory).
+        offload_optimizer: keep the optimizer state in host memory and stream it in for the
+            update (MaxText's ``optimizer_memory_host_offload``): True always, False never,
+            None (the default) where a candidate does not fit the device otherwise.
         microbatches: fix the micro-batches per data shard (default: every divisor of the
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
@@ -127,6 +133,7 @@ class PlanRequest:
     flash_attention: bool = True
     dtype: str = "bfloat16"
     remat: str | Sequence[str] | None = None
+    offload_optimizer: bool | None = None
     microbatches: int | None = None
     stages: int | None = None
     compile_top: int = 3
@@ -147,6 +154,12 @@ class PlanRequest:
         if isinstance(self.mesh, Mapping):
             object.__setattr__(self, "mesh", MappingProxyType(dict(self.mesh)))
         _check_counts(self)
+        if self.offload_optimizer not in (None, True, False):
+            raise PlanError(
+                f"offload_optimizer={self.offload_optimizer!r}: give True, False or None (the "
+                f"sweep decides)",
+                param="offload_optimizer",
+            )
         for name in self.strategy_names:
             if name not in STRATEGIES:
                 raise PlanError(

@@ -29,6 +29,12 @@ Per micro-batch on the slowest pipeline stage, one device:
   backward (Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync`` all schedule it so); ZeRO's
   all-gather of the updated parameters, once per step, behind one micro-batch's forward.
   What does not fit its window is exposed.
+* **host offload** (``remat="offload"``): each layer's offloaded tensors are copied to host
+  memory during the forward and back during the backward, over the host link
+  (``host_bandwidth``), beside the compute: a pass lasts as long as the longer of the two.
+  What is recomputed is the forward without the kept query, key and value projections.
+* **optimizer state on the host** (``offload_optimizer``): streamed in over the host link for
+  the update and back, after the last backward, exposed.
 * **optimizer**: Adam reads and writes its state once per step: :data:`OPTIMIZER_BYTES` per
   parameter a device updates, at HBM speed.
 
@@ -50,6 +56,7 @@ from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
+    DEFAULT_BYTES_PER_PARAM,
     Schedule,
     activation_bytes_per_layer,
     elements_per_device,
@@ -57,6 +64,7 @@ from shardscope._src.plan.estimates import (
     matmul_outputs_bytes_per_layer,
     model_flops,
     model_ways,
+    offloaded_bytes_per_layer,
     sequences_per_device,
 )
 from shardscope._src.sharding.strategies import Placement, Role
@@ -142,6 +150,11 @@ class StepWork:
     model_flops: float  # the whole step, all devices, no recomputation
     devices: int
     train: bool = True
+    #: bytes offloaded to host memory per micro-batch (``remat="offload"``), each way
+    host_bytes: float = 0.0
+    host_bandwidth: float = 0.0
+    #: optimizer state in host memory, streamed in for the update and back (each way)
+    host_optimizer_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,9 @@ class StepTime(Record):
     step_s: float
     mfu: float
     bubble_fraction: float
+    #: the step's copies to and from host memory (``remat="offload"``), hidden behind the
+    #: forward and backward they run beside as far as those last
+    offload_s: float = 0.0
 
 
 def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
@@ -169,6 +185,11 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     bwd += work.recompute_flops / rate + HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
     if not work.train:
         bwd = 0.0
+    # Offloaded activations go out during the forward and come back during the backward,
+    # on the host link beside the compute: a pass lasts as long as the longer of the two.
+    host = work.host_bytes / work.host_bandwidth if work.host_bytes else 0.0
+    fwd = max(fwd, host)
+    bwd = max(bwd, host) if work.train else 0.0
     tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
     tp_exposed = max(0.0, tp / m - (fwd + bwd)) if hw.tp_overlap else tp / m
     p2p_one = (work.p2p_bytes / work.p2p_bandwidth + hw.latency_s) if p > 1 else 0.0
@@ -192,6 +213,9 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         else:
             exposed += max(0.0, seconds - fwd)
     optimizer = work.optimizer_params * OPTIMIZER_BYTES / hw.hbm_bandwidth if work.train else 0.0
+    if work.train and work.host_optimizer_bytes:
+        # In from the host before the update and back after it, after the last backward.
+        optimizer += 2 * work.host_optimizer_bytes / work.host_bandwidth
     step = pipeline + exposed + optimizer
     compute = m * (fwd + bwd)
     return StepTime(
@@ -205,6 +229,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         step_s=step,
         mfu=work.model_flops / (work.devices * hw.peak_flops * step) if step > 0 else 0.0,
         bubble_fraction=(p - 1) / (m + p - 1),
+        offload_s=2 * m * host,
     )
 
 
@@ -257,7 +282,7 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
         )
     base = transformer_bound(one, mode)
     terms = [replace(t, count=t.count * (1 if t.role.once_per_step else m)) for t in base.terms]
-    if mode == Mode.TRAIN and schedule.remat == Remat.FULL:
+    if mode == Mode.TRAIN and schedule.remat in (Remat.FULL, Remat.OFFLOAD):
         for t in transformer_bound(one, Mode.FORWARD).terms:
             terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
     return Bound(base.label, tuple(terms), base.notes)
@@ -272,6 +297,7 @@ def step_work(
     *,
     flash_attention: bool,
     mode: str = Mode.TRAIN,
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
     of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``."""
@@ -285,10 +311,16 @@ def step_work(
     q_dim = c.heads * c.head_dim
     layer = 2 * tokens * layer_matmul_params(c) / t
     core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts
-    logits = 2 * tokens * c.d_model * (c.vocab or 0)
+    # Sequence parallelism projects each device's own tokens onto the vocabulary.
+    own = t if placement.strategy.sequence_parallel else 1
+    logits = 2 * tokens * c.d_model * (c.vocab or 0) / own
     fwd = c.layers * (layer + core) + logits
+    kv_dim = (c.kv_heads or c.heads) * c.head_dim
+    projections = 2 * tokens * c.d_model * (q_dim + 2 * kv_dim) / t  # QKV, kept
     if schedule.remat == Remat.FULL:
         again = c.layers * (layer + core)
+    elif schedule.remat == Remat.OFFLOAD:
+        again = c.layers * (layer - projections + core)
     elif schedule.remat == Remat.MATMULS or (
         schedule.remat == Remat.SELECTIVE and not flash_attention
     ):
@@ -300,9 +332,13 @@ def step_work(
     per_layer = activation_bytes_per_layer(
         placement, flash_attention=flash_attention, microbatches=m
     )
-    logit_bytes = tokens * (c.vocab or 0) * (c.itemsize + 4)
+    logit_bytes = tokens * (c.vocab or 0) * 2 * c.itemsize / own  # the logits, their gradient
+    host_bytes = 0
     if schedule.remat == Remat.FULL:
         again_bytes = c.layers * per_layer
+    elif schedule.remat == Remat.OFFLOAD:
+        host_bytes = c.layers * offloaded_bytes_per_layer(placement, m)
+        again_bytes = c.layers * per_layer - host_bytes
     elif schedule.remat == Remat.MATMULS:
         # the element-wise work between the kept matmul outputs, again
         kept = matmul_outputs_bytes_per_layer(placement, m)
@@ -331,6 +367,14 @@ def step_work(
         model_flops=model_flops(full_config, mode),
         devices=devices,
         train=mode == Mode.TRAIN,
+        host_bytes=host_bytes,
+        host_bandwidth=hw.host_bandwidth,
+        host_optimizer_bytes=(
+            elements_per_device(placement, placement.strategy.optimizer_rules())
+            * (bytes_per_param - 2 * c.itemsize)
+            if schedule.offload_optimizer
+            else 0
+        ),
     )
 
 

@@ -54,6 +54,8 @@ class Candidate:
     mesh: tuple[tuple[str, int], ...]
     microbatches: int = 1
     remat: str = Remat.NONE
+    #: the optimizer state kept in host memory and streamed in for the update
+    offload_optimizer: bool = False
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -84,6 +86,8 @@ class Candidate:
             parts.append(f"{self.microbatches} micro-batches")
         if self.remat != Remat.NONE:
             parts.append(f"{self.remat} recompute")
+        if self.offload_optimizer:
+            parts.append("optimizer on host")
         return ", ".join(parts)
 
     @property
@@ -104,10 +108,15 @@ class Screened:
     bound: Bound
     memory_limit_bytes: int
     pricing: Pricing | None = field(default=None, compare=False, repr=False)
+    #: The host memory per device, where offloaded activations live.
+    host_memory_limit_bytes: int = 0
 
     @property
     def fits(self) -> bool:
-        return self.memory.total <= self.memory_limit_bytes
+        return (
+            self.memory.total <= self.memory_limit_bytes
+            and self.memory.host <= self.host_memory_limit_bytes
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -296,6 +305,8 @@ class Plan:
     microbatches: int = 1
     remat: str = Remat.NONE
     stages: int = 1
+    #: The optimizer state kept in host memory (MaxText's ``optimizer_memory_host_offload``).
+    offload_optimizer: bool = False
     #: The compiled program's step time and its parts (None: no time model).
     time: StepTime | None = None
     #: The screening estimate's step time and its parts.
@@ -313,6 +324,8 @@ class Plan:
     target_error: str | None = None
     #: The TPU compiler's own estimate of the step's seconds (None elsewhere).
     target_optimal_seconds: float | None = None
+    #: The host memory per device, where offloaded activations live (``remat="offload"``).
+    host_memory_limit_bytes: int = 0
 
     @property
     def mesh_spec(self) -> str:
@@ -321,7 +334,11 @@ class Plan:
     @property
     def schedule_label(self) -> str:
         return Candidate(
-            self.strategy, tuple(self.mesh.items()), self.microbatches, self.remat
+            self.strategy,
+            tuple(self.mesh.items()),
+            self.microbatches,
+            self.remat,
+            self.offload_optimizer,
         ).schedule_label
 
     @property
@@ -355,10 +372,13 @@ class Plan:
 
     @property
     def fit_memory_bytes_per_device(self) -> int:
-        """The memory ``fits`` reads: the target compiler's buffer assignment when it compiled
-        the plan, else the analytic estimate."""
+        """The memory ``fits`` reads: when a target compiler compiled the plan, its buffer
+        assignment and the optimizer state (fp32 master copy, Adam moments), which the
+        compiled step does not hold; else the analytic estimate."""
         target = self.target_memory_bytes_per_device
-        return target if self.compiled_by != "cpu" and target is not None else self.memory.total
+        if self.compiled_by != "cpu" and target is not None:
+            return target + self.memory.device_optimizer
+        return self.memory.total
 
     @property
     def fit_memory_source(self) -> str:
@@ -371,10 +391,11 @@ class Plan:
     def fits(self) -> bool:
         """Judged from the target compiler's memory when it compiled the plan, else from the
         analytic estimate."""
-        if self.compiled_by != "cpu":
-            target = self.target_memory_bytes_per_device
-            return target is not None and target <= self.memory_limit_bytes
-        return self.memory.total <= self.memory_limit_bytes
+        if self.memory.host > self.host_memory_limit_bytes:
+            return False
+        if self.compiled_by != "cpu" and self.target_memory is None:
+            return False  # the target compiler found it does not fit
+        return self.fit_memory_bytes_per_device <= self.memory_limit_bytes
 
     @property
     def comm_bytes_per_device(self) -> int:
@@ -408,7 +429,7 @@ class Plan:
         return record_dict(
             self,
             keys=PLAN_KEYS,
-            omit=("memory_limit_bytes", "pricing", "bound"),
+            omit=("memory_limit_bytes", "host_memory_limit_bytes", "pricing", "bound"),
             extra=(
                 *PLAN_EXTRA,
                 "compiled_memory_bytes_per_device",

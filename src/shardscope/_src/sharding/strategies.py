@@ -308,6 +308,16 @@ def _strategies() -> dict[str, Strategy]:
             sequence_parallel=True,
             twin=True,
         ),
+        Strategy(
+            "fsdp_sp",
+            "FSDP on the data axes x tensor-and-sequence parallel on 'model' (torchtitan's "
+            "2-D parallelism)",
+            (Role.DATA, Role.MODEL),
+            _rules(**_FSDP_TP_PARAMS),
+            use=tp,
+            activations=_rules(**_acts(Role.DATA, Role.MODEL, Role.MODEL)),
+            sequence_parallel=True,
+        ),
     ]
     return {s.name: s for s in out}
 

@@ -37,6 +37,9 @@ class Hardware(Record):
       tp_overlap: the compiler overlaps tensor-parallel collectives with the matmuls they
         feed (TPU: XLA's collective matmuls, "windowed einsums", scaling book part 3); on
         GPUs they stay on the critical path.
+      host_memory_bytes: the host's memory per device (the host's DRAM over its devices),
+        where activations offloaded by ``remat="offload"`` live; 0: no offload.
+      host_bandwidth: bytes/s one device moves to or from host memory, each way (PCIe).
     """
 
     name: str
@@ -51,15 +54,23 @@ class Hardware(Record):
     matmul_fraction: float = 0.65
     comm_fraction: float = 0.8
     tp_overlap: bool = False
+    host_memory_bytes: float = 0.0
+    host_bandwidth: float = 0.0
 
 
 #: Where the time model's constants come from (the same for every preset of a family).
 TIME_MODEL_SOURCES = {
-    "matmul_fraction (GPU) 0.65": (
+    "matmul_fraction (A100) 0.65": (
         "calibrated on Narayanan et al. 2021 (arXiv 2104.04473) Table 1, A100 GPT runs "
         "without pipelining (137-142 of 312 TFLOP/s per GPU with recomputation, "
         "communication and element-wise work included): transformer-layer matmuls at 65% of "
-        "peak; large square matmuls reach ~80% (790 of 989 TFLOP/s measured on an H200)"
+        "peak, 0.748 of the A100's best matmul (271.2 of 312 TFLOP/s, 86.9%)"
+    ),
+    "matmul_fraction (H100, H200) 0.60, (B200) 0.58": (
+        "the A100's 0.65 scaled by each GPU's maximum achievable matmul FLOPS against its "
+        "datasheet peak, measured by one benchmark on all of them (stas00/ml-engineering, "
+        "compute/accelerator, MAMF table, bf16: A100 SXM 86.9%, H100 SXM 80.3% with 'H200 "
+        "is the same', B200 SXM 77.6%): 0.65 x 80.3 / 86.9 and 0.65 x 77.6 / 86.9"
     ),
     "matmul_fraction (TPU) 0.75": (
         "MaxText (github.com/AI-Hypercomputer/maxtext) reports 55-70% model FLOPs "
@@ -71,6 +82,13 @@ TIME_MODEL_SOURCES = {
         "~230-240 GB/s on A100 NVLink 3's 300; the same fraction for the network and ICI"
     ),
     "hbm_bandwidth": "vendor datasheets (NVIDIA A100/H100/H200/B200; Cloud TPU v5e/v5p/v6e)",
+    "host_memory_bytes, host_bandwidth": (
+        "GPUs: the DGX system's memory over its 8 GPUs (DGX A100 and H100/H200: 2 TB, DGX "
+        "B200: 4 TB) and one PCIe x16 link each way (Gen4 32 GB/s on the A100, Gen5 64 GB/s "
+        "after it); TPUs: Cloud TPU docs' DRAM per host over its chips (v5e 512 GiB / 8, v5p "
+        "448 GB / 4, v6e 1536 GiB / 8) and the scaling book's PCIe per chip (1.5e10 B/s, "
+        "v6e 3.2e10)"
+    ),
 }
 
 _A100_SRC = (
@@ -84,9 +102,47 @@ _NVLINK_SRC = (
 PRESETS: dict[str, Hardware] = {
     h.name: h
     for h in (
-        Hardware("a100", 312e12, 80 * GB, 300 * GB, 5e-6, 25 * GB, 8, _A100_SRC, 2.039e12),
-        Hardware("h100", 989e12, 80 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC, 3.35e12),
-        Hardware("h200", 989e12, 141 * GB, 450 * GB, 5e-6, 50 * GB, 8, _NVLINK_SRC, 4.8e12),
+        Hardware(
+            "a100",
+            312e12,
+            80 * GB,
+            300 * GB,
+            5e-6,
+            25 * GB,
+            8,
+            _A100_SRC,
+            2.039e12,
+            host_memory_bytes=2000 * GB / 8,
+            host_bandwidth=32 * GB,
+        ),
+        Hardware(
+            "h100",
+            989e12,
+            80 * GB,
+            450 * GB,
+            5e-6,
+            50 * GB,
+            8,
+            _NVLINK_SRC,
+            3.35e12,
+            0.60,
+            host_memory_bytes=2000 * GB / 8,
+            host_bandwidth=64 * GB,
+        ),
+        Hardware(
+            "h200",
+            989e12,
+            141 * GB,
+            450 * GB,
+            5e-6,
+            50 * GB,
+            8,
+            _NVLINK_SRC,
+            4.8e12,
+            0.60,
+            host_memory_bytes=2000 * GB / 8,
+            host_bandwidth=64 * GB,
+        ),
         Hardware(
             "b200",
             2250e12,
@@ -97,6 +153,9 @@ PRESETS: dict[str, Hardware] = {
             8,
             "NVIDIA HGX B200 datasheet: NVLink 5 900 GB/s, dense bf16, 8 TB/s HBM3e",
             8e12,
+            0.58,
+            host_memory_bytes=4000 * GB / 8,
+            host_bandwidth=64 * GB,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -112,6 +171,8 @@ PRESETS: dict[str, Hardware] = {
             8.19e11,
             0.75,
             tp_overlap=True,
+            host_memory_bytes=512 * GIB / 8,
+            host_bandwidth=1.5e10,
         ),
         Hardware(
             "tpu-v5p",
@@ -126,6 +187,8 @@ PRESETS: dict[str, Hardware] = {
             2.765e12,
             0.75,
             tp_overlap=True,
+            host_memory_bytes=448 * GB / 4,
+            host_bandwidth=1.5e10,
         ),
         Hardware(
             "tpu-v6e",
@@ -140,6 +203,8 @@ PRESETS: dict[str, Hardware] = {
             1.64e12,
             0.75,
             tp_overlap=True,
+            host_memory_bytes=1536 * GIB / 8,
+            host_bandwidth=3.2e10,
         ),
     )
 }
