@@ -175,11 +175,41 @@ def test_the_sweep_moves_the_optimizer_state_to_the_host_only_where_the_device_i
     from shardscope._src.plan.candidates import screen_all
 
     c = replace(LAYER, layers=8, batch=8, vocab=None)
-    roomy, _, _ = screen_all(c, 8, hardware("h100"), ["fsdp"], remat="full", microbatches=1)
+    roomy, _, _ = screen_all(
+        c, 8, hardware("h100"), ["fsdp"], remat="full", microbatches=1, stages=1
+    )
     assert [s.candidate.offload_optimizer for s in roomy] == [False]
     tight = hardware("h100", memory_bytes=roomy[0].memory.total - 1)
-    ranked, _, _ = screen_all(c, 8, tight, ["fsdp"], remat="full", microbatches=1)
+    ranked, _, _ = screen_all(c, 8, tight, ["fsdp"], remat="full", microbatches=1, stages=1)
     assert [(s.candidate.offload_optimizer, s.fits) for s in ranked] == [
         (True, True),
         (False, False),
     ]
+
+
+def test_the_optimizer_state_goes_to_the_host_when_asked_and_only_where_there_is_one():
+    from shardscope._src.plan.candidates import screen_all
+
+    c = replace(LAYER, layers=8, vocab=None)
+    always, _, _ = screen_all(
+        c,
+        8,
+        hardware("h100"),
+        ["fsdp"],
+        remat="full",
+        microbatches=1,
+        stages=1,
+        offload_optimizer=True,
+    )
+    assert [s.candidate.offload_optimizer for s in always] == [True]
+    never, _, _ = screen_all(
+        c, 8, hardware("h100", memory_bytes=1e9), ["fsdp"], remat="full", microbatches=1, stages=1,
+        offload_optimizer=False,
+    )  # fmt: skip
+    assert [(s.candidate.offload_optimizer, s.fits) for s in never] == [(False, False)]
+    bare = replace(hardware("h100"), host_memory_bytes=0.0)
+    with pytest.raises(PlanError, match="no host memory") as e:
+        screen_all(c, 8, bare, ["fsdp"], offload_optimizer=True)
+    assert e.value.params == ("offload_optimizer",)
+    with pytest.raises(PlanError, match="True, False or None"):
+        shardscope.PlanRequest("tiny", 8, offload_optimizer="yes")

@@ -682,8 +682,8 @@ def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
 def test_no_best_plan_when_none_fits():
     from shardscope import plan
 
-    # 9 MB of device memory, and a byte of host memory: nothing to offload to.
-    small = {"memory_bytes": 9e6, "host_memory_bytes": 1}
+    # 9 MB of device memory, and no host memory to offload to.
+    small = {"memory_bytes": 9e6, "host_memory_bytes": 0}
     result = plan("tiny", 8, hardware_overrides=small, compiler="cpu")
     assert result.plans and not any(p.fits for p in result.plans)
     assert result.best is None

@@ -38,7 +38,7 @@ SPELLED = [
         ],
     ),
     (Mode, ["train", "forward"]),
-    (Remat, ["none", "selective", "matmuls", "full"]),
+    (Remat, ["none", "selective", "matmuls", "full", "offload"]),
     (Role, ["data", "model"]),
     (
         OverlapClass,
@@ -75,7 +75,7 @@ def test_a_bad_value_names_itself_and_the_choices():
 def test_the_tuples_list_the_members_in_order():
     assert KINDS == tuple(CollectiveKind) and KINDS[0] == "all-reduce"
     assert MODES == (Mode.TRAIN, Mode.FORWARD)
-    assert REMATS == (Remat.NONE, Remat.SELECTIVE, Remat.MATMULS, Remat.FULL)
+    assert REMATS == (Remat.NONE, Remat.SELECTIVE, Remat.MATMULS, Remat.FULL, Remat.OFFLOAD)
 
 
 def test_public_functions_take_the_plain_strings_and_the_members_alike():

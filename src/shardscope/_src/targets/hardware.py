@@ -228,8 +228,12 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             raise ShardscopeError(
                 f"unknown hardware setting {key!r}; settable: {', '.join(sorted(known))}"
             )
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ShardscopeError(f"hardware setting {key}={value!r} must be a positive number")
+        # No host memory (0) is a hardware that cannot offload; every other value is positive.
+        zero_ok = key == "host_memory_bytes"
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or value < 0 or (value == 0 and not zero_ok):
+            what = "0 or a positive number" if zero_ok else "a positive number"
+            raise ShardscopeError(f"hardware setting {key}={value!r} must be {what}")
         if key in ("matmul_fraction", "comm_fraction") and value > 1:
             raise ShardscopeError(
                 f"hardware setting {key}={value!r} is a fraction of the peak: give a number "
