@@ -286,8 +286,10 @@ def screen_all(
     all_candidates = candidates(names, devices, stage_options(config, devices, mode, stages), mesh)
     remats = remat_options(mode, remat, flash_attention, hw)
     if offload_optimizer and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):
-        why = "a forward pass has no optimizer state" if mode != Mode.TRAIN else (
-            f"hardware {hw.name!r} has no host memory (host_memory_bytes=0)"
+        why = (
+            "a forward pass has no optimizer state"
+            if mode != Mode.TRAIN
+            else (f"hardware {hw.name!r} has no host memory (host_memory_bytes=0)")
         )
         raise PlanError(
             f"offload_optimizer=True: {why}; leave it None or False",
