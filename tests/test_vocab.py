@@ -63,7 +63,7 @@ def test_each_member_is_its_string(vocab, strings):
 
 def test_a_bad_value_names_itself_and_the_choices():
     with pytest.raises(
-        ShardscopeError, match=r"^Remat 'some': choose one of none, selective, matmuls, full$"
+        ShardscopeError, match=r"^Remat 'some': choose one of none, selective, matmuls, full, offload$"
     ):
         Remat.parse("some")
     with pytest.raises(PlanError, match=r"^mode 'eval': choose one of train, forward$") as e:
