@@ -40,6 +40,10 @@ class Hardware(Record):
       host_memory_bytes: the host's memory per device (the host's DRAM over its devices),
         where activations offloaded by ``remat="offload"`` live; 0: no offload.
       host_bandwidth: bytes/s one device moves to or from host memory, each way (PCIe).
+      fp8_peak_flops: dense fp8 (E4M3) FLOP/s per device (datasheet); 0: the device has no
+        fp8 matmul units, and a plan with ``matmul_dtype="fp8"`` is refused.
+      fp8_matmul_fraction: the fraction of ``fp8_peak_flops`` a transformer layer's fp8
+        matmuls reach (see :data:`TIME_MODEL_SOURCES`).
     """
 
     name: str
@@ -56,6 +60,13 @@ class Hardware(Record):
     tp_overlap: bool = False
     host_memory_bytes: float = 0.0
     host_bandwidth: float = 0.0
+    fp8_peak_flops: float = 0.0
+    fp8_matmul_fraction: float = 0.0
+
+    @property
+    def has_fp8(self) -> bool:
+        """Whether the device runs fp8 matmuls (it has an fp8 rate and a fraction of it)."""
+        return self.fp8_peak_flops > 0 and self.fp8_matmul_fraction > 0
 
 
 #: Where the time model's constants come from (the same for every preset of a family).
@@ -77,6 +88,19 @@ TIME_MODEL_SOURCES = {
         "utilization for dense LLM training on v5p and v6e, communication and element-wise "
         "work included"
     ),
+    "fp8_peak_flops": (
+        "dense fp8 (E4M3) tensor-core FLOP/s from the datasheets (without sparsity): H100 and "
+        "H200 SXM 1979 TFLOP/s, HGX B200 4500; the A100 has no fp8 tensor cores (0); the "
+        "Cloud TPU docs list bf16 and int8 rates for v5e (int8 393 TOPs), v5p (bf16 459) and "
+        "v6e (int8 1836 TOPs) and no fp8 rate (0)"
+    ),
+    "fp8_matmul_fraction (H100) 0.53, (H200) 0.55, (B200) 0.57": (
+        "the bf16 calibration carried over: 0.748 (= 0.65 / 0.869, the A100's layer matmuls "
+        "over its best matmul) times each GPU's fp8 maximum achievable matmul FLOPS over its "
+        "datasheet fp8 peak (stas00/ml-engineering, compute/accelerator, MAMF table, FP8 "
+        "float8_e4m3fn: H100 SXM 1402.6 of 1979, 70.9%; H200 SXM 1453.4 of 1979, 73.4%; B200 "
+        "SXM 3432.5 of 4500, 76.3%): 0.65 x 70.9 / 86.9, 0.65 x 73.4 / 86.9, 0.65 x 76.3 / 86.9"
+    ),
     "comm_fraction 0.8": (
         "nccl-tests all-reduce bus bandwidth ~370 GB/s on NVLink 4's 450 (NCCL issue 1264), "
         "~230-240 GB/s on A100 NVLink 3's 300; the same fraction for the network and ICI"
@@ -96,7 +120,8 @@ _A100_SRC = (
     "300 GB/s per direction; DGX A100: 8 GPUs, 8 x 200 Gb/s HDR InfiniBand (25 GB/s per GPU)"
 )
 _NVLINK_SRC = (
-    "NVIDIA: NVLink 4 450 GB/s per direction, ~989 TFLOP/s dense bf16; NDR 8x400 Gb/s per node"
+    "NVIDIA: NVLink 4 450 GB/s per direction, ~989 TFLOP/s dense bf16, 1979 dense fp8; NDR "
+    "8x400 Gb/s per node"
 )
 
 PRESETS: dict[str, Hardware] = {
@@ -128,6 +153,8 @@ PRESETS: dict[str, Hardware] = {
             0.60,
             host_memory_bytes=2000 * GB / 8,
             host_bandwidth=64 * GB,
+            fp8_peak_flops=1979e12,
+            fp8_matmul_fraction=0.53,
         ),
         Hardware(
             "h200",
@@ -142,6 +169,8 @@ PRESETS: dict[str, Hardware] = {
             0.60,
             host_memory_bytes=2000 * GB / 8,
             host_bandwidth=64 * GB,
+            fp8_peak_flops=1979e12,
+            fp8_matmul_fraction=0.55,
         ),
         Hardware(
             "b200",
@@ -151,11 +180,13 @@ PRESETS: dict[str, Hardware] = {
             5e-6,
             50 * GB,
             8,
-            "NVIDIA HGX B200 datasheet: NVLink 5 900 GB/s, dense bf16, 8 TB/s HBM3e",
+            "NVIDIA HGX B200 datasheet: NVLink 5 900 GB/s, dense bf16 and fp8, 8 TB/s HBM3e",
             8e12,
             0.58,
             host_memory_bytes=4000 * GB / 8,
             host_bandwidth=64 * GB,
+            fp8_peak_flops=4500e12,
+            fp8_matmul_fraction=0.57,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -228,13 +259,14 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             raise ShardscopeError(
                 f"unknown hardware setting {key!r}; settable: {', '.join(sorted(known))}"
             )
-        # No host memory (0) is a hardware that cannot offload; every other value is positive.
-        zero_ok = key == "host_memory_bytes"
+        # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
+        # fp8 matmuls; every other value is positive.
+        zero_ok = key in ("host_memory_bytes", "fp8_peak_flops", "fp8_matmul_fraction")
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or value < 0 or (value == 0 and not zero_ok):
             what = "0 or a positive number" if zero_ok else "a positive number"
             raise ShardscopeError(f"hardware setting {key}={value!r} must be {what}")
-        if key in ("matmul_fraction", "comm_fraction") and value > 1:
+        if key in ("matmul_fraction", "comm_fraction", "fp8_matmul_fraction") and value > 1:
             raise ShardscopeError(
                 f"hardware setting {key}={value!r} is a fraction of the peak: give a number "
                 f"in (0, 1]"
