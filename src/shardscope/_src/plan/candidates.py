@@ -26,6 +26,7 @@ from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
+    MatmulDtype,
     Schedule,
     data_ways,
     estimate_memory,
@@ -222,11 +223,15 @@ def screen(
     mode: str = Mode.TRAIN,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
+    *,
+    matmul_dtype: str = MatmulDtype.BFLOAT16,
 ) -> Screened:
     """Estimates ``cand`` without compiling: memory per device and the time model's step.
 
     ``placement`` is the strategy placed on the stage's mesh with one stage's program
-    (:func:`stage_config`); ``config`` the whole model.
+    (:func:`stage_config`); ``config`` the whole model. ``matmul_dtype="fp8"`` changes the
+    step's time, not its memory (fp8 training keeps 16-bit weights and 32-bit master
+    weights and optimizer state).
     """
     sched = Schedule(cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer)
     mem = estimate_memory(
@@ -246,14 +251,17 @@ def screen(
         flash_attention=flash_attention,
         mode=mode,
         bytes_per_param=bytes_per_param,
+        matmul_dtype=matmul_dtype,
     )
+    pricing = Pricing(placement, work)
+    comm = comm_items(hw, placement, need.terms, fp8_gathers=pricing.fp8_gathers)
     return Screened(
         cand,
         mem,
-        step_time(hw, work, comm_items(hw, placement, need.terms)),
+        step_time(hw, work, comm),
         need,
         int(hw.memory_bytes),
-        Pricing(placement, work),
+        pricing,
         int(hw.host_memory_bytes),
     )
 
@@ -272,6 +280,7 @@ def screen_all(
     stages: int | None = None,
     mesh: Mapping[str, int] | None = None,
     offload_optimizer: bool | None = None,
+    matmul_dtype: str = MatmulDtype.BFLOAT16,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
@@ -312,6 +321,7 @@ def screen_all(
                 mode,
                 bytes_per_param,
                 flash_attention,
+                matmul_dtype=matmul_dtype,
             )
             for m in _microbatch_options(placement, mode, microbatches)
             for r in remats
@@ -338,7 +348,16 @@ def screen_all(
                 if offload_optimizer or not s.fits
             ]
             options = [s for s in options if not offload_optimizer] + [
-                screen(c, placement, config, hw, mode, bytes_per_param, flash_attention)
+                screen(
+                    c,
+                    placement,
+                    config,
+                    hw,
+                    mode,
+                    bytes_per_param,
+                    flash_attention,
+                    matmul_dtype=matmul_dtype,
+                )
                 for c in moved
             ]
         state = min(s.memory.model_state for s in options)
@@ -368,9 +387,11 @@ def estimate(
     mode: str = Mode.TRAIN,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
+    matmul_dtype: str = MatmulDtype.BFLOAT16,
 ) -> Screened:
     """One candidate (strategy, mesh, micro-batches, recomputation; a ``stage`` axis for
-    pipeline stages) estimated without compiling: its memory per device and step time.
+    pipeline stages) estimated without compiling: its memory per device and step time
+    (``matmul_dtype="fp8"``: the layers' matmuls in fp8, see :func:`screen`).
 
     A 7B model trained with FSDP on 64 H100s, 128 sequences in 2 micro-batches per data shard,
     with full recomputation:
@@ -386,7 +407,16 @@ def estimate(
     base = stage_config(config, candidate, flash_attention=flash_attention)
     mesh = abstract_mesh(candidate.stage_mesh_spec)
     placement = get_strategy(candidate.strategy).place(base, mesh)
-    return screen(candidate, placement, config, hw, mode, bytes_per_param, flash_attention)
+    return screen(
+        candidate,
+        placement,
+        config,
+        hw,
+        mode,
+        bytes_per_param,
+        flash_attention,
+        matmul_dtype=matmul_dtype,
+    )
 
 
 def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:

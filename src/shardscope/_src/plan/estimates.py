@@ -35,8 +35,10 @@ from typing import Any
 
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.records import Record, record_dict
+from shardscope._src.base.vocab import Vocab
 from shardscope._src.model.config import LAYER_PARAMS, Mode, ModelConfig, Remat, param_shapes
 from shardscope._src.sharding.strategies import Placement, Role
+from shardscope._src.targets.hardware import Hardware
 
 #: Mixed-precision Adam: bf16 params (2) + bf16 grads (2) + fp32 master, m, v (12).
 DEFAULT_BYTES_PER_PARAM = 16
@@ -49,6 +51,39 @@ ACTIVATION_CONVENTION = (
     "activations: Korthikanti et al. 2022, Table 2, MLP terms scaled from 4h to ff, "
     "16-bit, stored for the backward pass"
 )
+
+
+class MatmulDtype(Vocab):
+    """The element type the time model runs the transformer layers' matmuls in."""
+
+    #: the model's 16-bit matmuls at ``peak_flops``
+    BFLOAT16 = "bfloat16"
+    #: the projections' and the MLP's matmuls in fp8 (E4M3, arXiv 2209.05433) at
+    #: ``fp8_peak_flops``; the attention core and the unembedding stay 16-bit
+    FP8 = "fp8"
+
+
+def check_matmul_dtype(matmul_dtype: object, hw: Hardware) -> MatmulDtype:
+    """``matmul_dtype`` as a member, refused (a :class:`PlanError` naming the value and the
+    fix) when it is not one or is fp8 on a device without fp8 matmuls."""
+    dtype = MatmulDtype.parse(
+        matmul_dtype, what="matmul_dtype", error=PlanError, param="matmul_dtype"
+    )
+    if dtype == MatmulDtype.FP8 and not hw.has_fp8:
+        raise PlanError(
+            f"matmul_dtype={dtype.value!r}: hardware {hw.name!r} has no fp8 matmuls "
+            f"(fp8_peak_flops={hw.fp8_peak_flops:g}, fp8_matmul_fraction="
+            f"{hw.fp8_matmul_fraction:g}); use matmul_dtype='bfloat16', hardware with fp8 "
+            f"(h100, h200, b200), or give it fp8_peak_flops= and fp8_matmul_fraction=",
+            param="matmul_dtype",
+        )
+    return dtype
+
+
+#: Bytes an fp8 cast moves per element besides the two reads of the 16-bit tensor: the write of
+#: its 1-byte copy (dynamic tensorwise scaling: the amax pass reads the tensor, the cast reads it
+#: again and writes the copy).
+FP8_ITEMSIZE = 1
 
 
 @dataclass(frozen=True)
@@ -323,6 +358,42 @@ def layer_matmul_params(config: ModelConfig) -> int:
         for name, shape in param_shapes(config).items()
         if name in LAYER_PARAMS and not name.endswith("norm")
     )
+
+
+def fp8_cast_elements_per_layer(
+    placement: Placement, microbatches: int = 1, *, projections: bool = True
+) -> tuple[float, float]:
+    """Elements one device casts to fp8 in one layer's pass, ``(forward, backward)``, when its
+    matmuls run in fp8 (torchao's ``Float8Linear``, which torchtitan's float8 training swaps
+    for each ``nn.Linear``: all three matmuls of a linear in fp8, each operand cast with a
+    dynamic tensorwise scale).
+
+    Forward: each linear's input, per token ``h`` (query, key and value projections), ``q``
+    (out-projection), ``h`` (MLP up), ``ff`` (MLP down), the split ones over ``t``, and the
+    layer's matmul weights (over ``t``). Backward: the gradient entering each linear, per
+    token ``q + 2 kv``, ``h``, ``2 ff`` (SwiGLU) or ``ff``, ``h``, cast once for both its
+    matmuls, and the weights again (torchtitan's ``force_recompute_fp8_weight_in_bwd``); the
+    inputs' fp8 copies are kept from the forward. ``projections=False`` leaves the query, key
+    and value projections out of the forward (what ``remat="offload"`` recomputes).
+    """
+    c = placement.config
+    assert c.head_dim is not None and c.kv_heads is not None
+    t = model_ways(placement)
+    tokens = c.seq * sequences_per_device(placement, microbatches)
+    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    up = 2 * c.ff if c.mlp == "swiglu" else c.ff
+    weights = layer_matmul_params(c) / t
+    forward = tokens * (c.d_model + q_dim / t + c.d_model + c.ff / t) + weights
+    if not projections:
+        forward -= tokens * c.d_model + c.d_model * (q_dim + 2 * kv_dim) / t
+    backward = tokens * ((q_dim + 2 * kv_dim) / t + c.d_model + up / t + c.d_model) + weights
+    return forward, backward
+
+
+def fp8_cast_bytes(elements: float, itemsize: int) -> float:
+    """HBM bytes of casting ``elements`` of ``itemsize`` bytes to fp8: two reads (the amax,
+    the cast) and the write of the copy."""
+    return elements * (2 * itemsize + FP8_ITEMSIZE)
 
 
 def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:

@@ -13,6 +13,19 @@ Per micro-batch on the slowest pipeline stage, one device:
   and read once per forward, per recomputed forward and per backward
   (:data:`HBM_PASSES` = 2): the element-wise work (norms, activations, softmax) that runs at
   memory speed.
+* **fp8 matmuls** (``matmul_dtype="fp8"``): the layers' projections and MLP (torchtitan's
+  float8 training swaps each ``nn.Linear`` for torchao's ``Float8Linear``, forward and both
+  backward matmuls in fp8; MaxText's fp8 quantization replaces its dense layers'
+  ``dot_general``) run at ``fp8_peak_flops x fp8_matmul_fraction``; the attention core
+  (its flash kernels take 16-bit query, key and value in both) and the unembedding
+  (torchtitan's configs leave ``output`` out of the conversion) stay at the 16-bit rate.
+  Each fp8 operand's dynamic tensorwise scale and cast are element-wise HBM bytes
+  (:func:`~shardscope._src.plan.estimates.fp8_cast_elements_per_layer`: two reads of the
+  16-bit tensor and the write of its copy), once per pass that runs the matmuls. FSDP's
+  weight all-gathers move the fp8 copies, one byte per element (torchtitan's
+  ``enable_fsdp_float8_all_gather``, part of its float8 recipe): a consequence of fp8 and
+  FSDP, priced so for the formula's terms and the compiled program's gathers alike
+  (:func:`gathered_bytes`), though the compiled program (the CPU reference) is 16-bit.
 * **tensor-parallel collectives** (over ``model``): each at the alpha-beta time of a ring at
   the achieved bandwidth, on the critical path on GPUs; TPU compilers overlap them with the
   matmuls they feed (``tp_overlap``: collective matmuls), so only what exceeds the compute
@@ -57,9 +70,14 @@ from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
+    FP8_ITEMSIZE,
+    MatmulDtype,
     Schedule,
     activation_bytes_per_layer,
+    check_matmul_dtype,
     elements_per_device,
+    fp8_cast_bytes,
+    fp8_cast_elements_per_layer,
     layer_matmul_params,
     matmul_outputs_bytes_per_layer,
     model_flops,
@@ -128,6 +146,11 @@ class Pricing:
     def step(self, hw: Hardware, comm: Sequence[CommItem]) -> StepTime:
         return step_time(hw, self.work, comm)
 
+    @property
+    def fp8_gathers(self) -> bool:
+        """FSDP's weight all-gathers move fp8 copies (the layers' matmuls run in fp8)."""
+        return self.work.matmul_dtype == MatmulDtype.FP8
+
 
 @dataclass(frozen=True)
 class StepWork:
@@ -155,6 +178,16 @@ class StepWork:
     host_bandwidth: float = 0.0
     #: optimizer state in host memory, streamed in for the update and back (each way)
     host_optimizer_bytes: float = 0.0
+    #: the element type of the layers' matmuls, and the part of ``fwd_flops`` and of
+    #: ``recompute_flops`` that runs in it when it is fp8
+    matmul_dtype: str = MatmulDtype.BFLOAT16
+    fp8_flops: float = 0.0
+    fp8_recompute_flops: float = 0.0
+    #: HBM bytes of the fp8 casts (scale and copy) of one forward, one backward and the
+    #: recomputed part, per micro-batch
+    cast_bytes: float = 0.0
+    cast_bwd_bytes: float = 0.0
+    cast_recompute_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,9 +213,22 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
     m, p = work.microbatches, work.stages
     rate = hw.peak_flops * hw.matmul_fraction
-    fwd = work.fwd_flops / rate + HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
-    bwd = 2 * work.fwd_flops / rate + HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
-    bwd += work.recompute_flops / rate + HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
+
+    def matmuls(flops: float, fp8: float) -> float:
+        # The fp8 part at the fp8 rate, the rest (attention core, unembedding) at 16 bits.
+        if not fp8:
+            return flops / rate
+        return (flops - fp8) / rate + fp8 / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
+
+    act = HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
+    fwd = matmuls(work.fwd_flops, work.fp8_flops) + act
+    bwd = matmuls(2 * work.fwd_flops, 2 * work.fp8_flops) + act
+    bwd += matmuls(work.recompute_flops, work.fp8_recompute_flops) + (
+        HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
+    )
+    if work.cast_bytes or work.cast_bwd_bytes or work.cast_recompute_bytes:
+        fwd += work.cast_bytes / hw.hbm_bandwidth
+        bwd += (work.cast_bwd_bytes + work.cast_recompute_bytes) / hw.hbm_bandwidth
     if not work.train:
         bwd = 0.0
     # Offloaded activations go out during the forward and come back during the backward,
@@ -233,9 +279,10 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     )
 
 
-def describe(hw: Hardware) -> dict[str, Any]:
-    """The constants the time model used, for the JSON and the report."""
-    return {
+def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str, Any]:
+    """The constants the time model used, for the JSON and the report (the fp8 rate and
+    fraction when the layers' matmuls run in fp8)."""
+    constants = {
         "matmul_fraction": hw.matmul_fraction,
         "hbm_bandwidth": hw.hbm_bandwidth,
         "comm_fraction": hw.comm_fraction,
@@ -243,6 +290,11 @@ def describe(hw: Hardware) -> dict[str, Any]:
         "optimizer_bytes_per_param": OPTIMIZER_BYTES,
         "latency_s": hw.latency_s,
     }
+    if matmul_dtype == MatmulDtype.FP8:
+        constants.update(
+            fp8_peak_flops=hw.fp8_peak_flops, fp8_matmul_fraction=hw.fp8_matmul_fraction
+        )
+    return constants
 
 
 # -- what a plan does, from its strategy, schedule and mesh ------------------------------------
@@ -298,9 +350,12 @@ def step_work(
     flash_attention: bool,
     mode: str = Mode.TRAIN,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    matmul_dtype: str = MatmulDtype.BFLOAT16,
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
-    of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``."""
+    of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``;
+    with ``matmul_dtype="fp8"`` the layers' matmul FLOPs that run in fp8 and the bytes of
+    their casts (see the module docstring)."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -349,6 +404,24 @@ def step_work(
         again_bytes = c.layers * (dense - flash)
     else:
         again_bytes = 0
+    fp8 = check_matmul_dtype(matmul_dtype, hw) == MatmulDtype.FP8
+    fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
+    if fp8:
+        cast_fwd, cast_bwd = fp8_cast_elements_per_layer(placement, m)
+        if schedule.remat == Remat.FULL:
+            fp8_again, cast_again = c.layers * layer, c.layers * cast_fwd
+        elif schedule.remat == Remat.OFFLOAD:
+            rest = fp8_cast_elements_per_layer(placement, m, projections=False)[0]
+            fp8_again, cast_again = c.layers * (layer - projections), c.layers * rest
+        else:
+            fp8_again, cast_again = 0.0, 0.0
+        fp8_work.update(
+            fp8_flops=c.layers * layer,
+            fp8_recompute_flops=fp8_again,
+            cast_bytes=fp8_cast_bytes(c.layers * cast_fwd, c.itemsize),
+            cast_bwd_bytes=fp8_cast_bytes(c.layers * cast_bwd, c.itemsize),
+            cast_recompute_bytes=fp8_cast_bytes(cast_again, c.itemsize),
+        )
     stage_devices = devices // p
     if stage_devices >= hw.node_size:
         p2p_bw = hw.cross_node_bandwidth * hw.comm_fraction
@@ -375,21 +448,38 @@ def step_work(
             if schedule.offload_optimizer
             else 0
         ),
+        **fp8_work,
     )
 
 
-def comm_items(hw: Hardware, placement: Placement, terms: Sequence[Term]) -> list[CommItem]:
-    """The terms of ``placement``'s program (a :class:`Bound`'s), timed and classified."""
+def gathered_bytes(
+    kind: str, cls: OverlapClass, traffic: float, placement: Placement, fp8_gathers: bool
+) -> float:
+    """The bytes a collective of ``traffic`` 16-bit bytes moves when FSDP gathers its weights
+    in fp8 (``fp8_gathers``): its all-gathers of the per-micro-batch class (FSDP's weights)
+    move one byte per element (torchtitan's ``enable_fsdp_float8_all_gather`` casts each
+    shard before the gather); every other collective is unchanged (gradients, ZeRO's gather
+    of updated parameters and the tensor-parallel ones stay 16-bit). The one home of that
+    rule: the formula's terms and the compiled program's collectives are priced by it."""
+    if fp8_gathers and kind == ALL_GATHER and cls == PER_MICROBATCH_FWD_BWD:
+        return traffic * FP8_ITEMSIZE / placement.config.itemsize
+    return traffic
+
+
+def comm_items(
+    hw: Hardware, placement: Placement, terms: Sequence[Term], *, fp8_gathers: bool = False
+) -> list[CommItem]:
+    """The terms of ``placement``'s program (a :class:`Bound`'s), timed and classified;
+    ``fp8_gathers``: FSDP's weight gathers in fp8 (:func:`gathered_bytes`)."""
 
     sizes = mesh_axes(placement.mesh)
-    return [
-        CommItem(
-            t.what,
-            classify(t.kind, t.axes, placement),
-            collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, t.traffic_bytes, t.count),
-        )
-        for t in terms
-    ]
+    items = []
+    for t in terms:
+        cls = classify(t.kind, t.axes, placement)
+        traffic = gathered_bytes(t.kind, cls, t.traffic_bytes, placement, fp8_gathers)
+        seconds = collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count)
+        items.append(CommItem(t.what, cls, seconds))
+    return items
 
 
 def compiled_comm_items(
@@ -399,9 +489,14 @@ def compiled_comm_items(
     bound: Bound,
     *,
     reduce_scatter_for_all_reduce: bool = False,
+    fp8_gathers: bool = False,
 ) -> list[CommItem]:
     """A compiled program's collectives (one step's, every execution counted), timed by the
     one pricing and classified as :func:`classify` classifies the formula's terms.
+
+    ``fp8_gathers``: the program's FSDP all-gathers over the data axes are priced at the
+    bytes of fp8 weights (:func:`gathered_bytes`), as the formula's are: the compiled
+    program gathers 16-bit weights (the reference program runs no fp8 matmul).
 
     ``reduce_scatter_for_all_reduce``: the program comes from a compiler that forms no
     reduce-scatter (it all-reduces and slices, twice the bytes) while the hardware's own
@@ -433,10 +528,12 @@ def compiled_comm_items(
             )
             traffic -= as_scatter
         if traffic > 0:
+            cls = classify(kind, axes, placement)
+            traffic = gathered_bytes(kind, cls, traffic, placement, fp8_gathers)
             items.append(
                 CommItem(
                     c.op_name or kind,
-                    classify(kind, axes, placement),
+                    cls,
                     collective_seconds(hw, sizes, kind, axes, c.group_size, traffic, c.count),
                 )
             )
@@ -469,6 +566,7 @@ def compiled_step(
         collectives,
         bound,
         reduce_scatter_for_all_reduce=substitutes_reduce_scatter(hw, compiler),
+        fp8_gathers=pricing.fp8_gathers,
     )
     return pricing.step(hw, items)
 
