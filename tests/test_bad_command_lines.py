@@ -78,6 +78,11 @@ BAD: list[tuple[list[str], str]] = [
     (["plan", "--devices", "8", "--model", "tiny", "--report", "{tmp}/adir"], "is a folder"),
     (["plan", "--devices", "2000000", "--model", "tiny"], "at most 1,048,576"),
     (["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=16"], "has 16 devices"),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--hardware", "a100"]
+        + ["--matmul-dtype", "fp8"],
+        "hardware 'a100' has no fp8 matmuls",
+    ),
     (["plan", "--devices", "8", "--model", "tiny", "--mesh", "model=2,data=4"], "stage (pipeline"),
     (
         ["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=8", "--strategies", "tp"],

@@ -170,6 +170,8 @@ HARDWARE_OVERRIDES = (
     "hbm_bandwidth",
     "matmul_fraction",
     "comm_fraction",
+    "fp8_peak_flops",
+    "fp8_matmul_fraction",
 )
 
 
@@ -208,6 +210,8 @@ class PlanConfig(CommandConfig):
     hbm_bandwidth: float | None
     matmul_fraction: float | None
     comm_fraction: float | None
+    fp8_peak_flops: float | None
+    fp8_matmul_fraction: float | None
     node_size: int | None
     strategies: str | None
     remat: str | None
@@ -218,6 +222,7 @@ class PlanConfig(CommandConfig):
     compile_top: int | None
     bytes_per_param: int | None
     flash_attention: bool | None  # --no-flash-attention: False
+    matmul_dtype: str | None
     workers: int | None
     compiler: str | None
     target_plans: int | None

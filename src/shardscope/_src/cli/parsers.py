@@ -34,6 +34,7 @@ from shardscope._src.cli.config import (
 from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.model.config import MODES, Mode
 from shardscope._src.model.presets import MODEL_PRESETS
+from shardscope._src.plan.estimates import MatmulDtype
 from shardscope._src.plan.request import DEFAULT_REQUEST, DEFAULT_STRATEGIES
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import PRESETS
@@ -436,6 +437,12 @@ def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
         ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
         ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
         ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),
+        ("--fp8-peak-flops", "fp8_peak_flops", "fp8 FLOP/s per device (--matmul-dtype fp8)"),
+        (
+            "--fp8-matmul-fraction",
+            "fp8_matmul_fraction",
+            "fraction of the fp8 peak the fp8 matmuls reach",
+        ),
     ):
         p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
     p.add_argument(
@@ -496,6 +503,13 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="training model state per parameter (default "
         f"{DEFAULT_REQUEST.bytes_per_param}: mixed-precision Adam)",
+    )
+    p.add_argument(
+        "--matmul-dtype",
+        choices=list(MatmulDtype),
+        help="element type of the layers' matmuls in the time model: fp8 runs the projections "
+        "and MLP at the hardware's fp8 rate and gathers FSDP's weights in fp8 (hardware with "
+        f"fp8: h100, h200, b200; default {DEFAULT_REQUEST.matmul_dtype})",
     )
     p.add_argument(
         "--no-flash-attention",

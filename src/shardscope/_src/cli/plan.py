@@ -230,6 +230,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
             ("--seq", c.seq),
             ("--strategies", c.strategies),
             ("--mesh", c.mesh),
+            ("--matmul-dtype", c.matmul_dtype),
         )
         if value is not None
     ]

@@ -47,6 +47,9 @@ class PlanNote(NoteKind):
     TIME_MODEL = "time-model"
     #: a user's program's time model (values: the hardware's fields)
     PROGRAM_TIME_MODEL = "program-time-model"
+    #: the time model runs the layers' matmuls in fp8 while the compiled program is 16-bit
+    #: (values: ``name``, ``fp8_peak_flops``, ``fp8_matmul_fraction``, ``dtype``)
+    FP8_MATMULS = "fp8-matmuls"
     #: 16-bit collectives moved as f32 by a compiler that widens them (values: ``dtype``,
     #: ``itemsize``, ``compiler``)
     WIDENED = "widened"
@@ -174,6 +177,21 @@ def _time_model(v: Mapping[str, Any]) -> str:
     )
 
 
+def _fp8_matmuls(v: Mapping[str, Any]) -> str:
+    return (
+        f"fp8 matmuls ({v['name']}): the time model runs the layers' projections and MLP in "
+        f"fp8 at {v['fp8_matmul_fraction']:.0%} of {v['fp8_peak_flops'] / 1e12:g} TFLOP/s, "
+        f"with each operand's scale and cast as HBM bytes, and the attention core and the "
+        f"unembedding at {v['dtype']} (torchtitan's float8 training, MaxText's fp8 "
+        f"quantization); FSDP's weight all-gathers are priced at one byte per element "
+        f"(torchtitan's enable_fsdp_float8_all_gather), the formula's and the compiled "
+        f"program's alike. The compiled program is the {v['dtype']} reference program, which "
+        f"runs no fp8 matmul: its collectives and memory are {v['dtype']}'s. Memory is "
+        f"unchanged: fp8 training keeps {v['dtype']} weights and fp32 master weights and "
+        f"optimizer state, and casts copies for the matmuls"
+    )
+
+
 def _program_time_model(v: Mapping[str, Any]) -> str:
     return (
         f"time: alpha-beta per collective ({v['name']}: {v['link_bandwidth'] / 1e9:g} GB/s "
@@ -268,6 +286,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     ),
     PlanNote.TIME_MODEL: _time_model,
     PlanNote.PROGRAM_TIME_MODEL: _program_time_model,
+    PlanNote.FP8_MATMULS: _fp8_matmuls,
     PlanNote.WIDENED: _widened,
     PlanNote.NO_REDUCE_SCATTER: _no_reduce_scatter,
     PlanNote.TARGET_COMPILER_MISSING: (

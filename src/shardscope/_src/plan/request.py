@@ -16,7 +16,11 @@ from typing import Any
 
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
-from shardscope._src.plan.estimates import DEFAULT_BYTES_PER_PARAM
+from shardscope._src.plan.estimates import (
+    DEFAULT_BYTES_PER_PARAM,
+    MatmulDtype,
+    check_matmul_dtype,
+)
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
@@ -66,6 +70,13 @@ class PlanRequest:
             attention and the estimate leaves the score matrix out; False: the program
             materialises the scores and the estimate counts them.
         dtype: the model's element type (a preset's or a given shape's).
+        matmul_dtype: ``"bfloat16"`` (the model's 16-bit matmuls) or ``"fp8"``: the time
+            model runs the layers' projections and MLP in fp8 (torchtitan's float8 training,
+            MaxText's fp8 quantization) at the hardware's ``fp8_peak_flops``, with the casts'
+            bytes, and FSDP's weight all-gathers at one byte per element; the attention core
+            and the unembedding stay 16-bit, and the memory is unchanged (16-bit weights, 32-bit
+            master weights and optimizer state). Refused on hardware without fp8 (A100,
+            TPUs). The compiled program stays the 16-bit reference program.
         remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
             recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"``, ``"offload"``
             (each layer's input and its query, key and value projections in host memory,
@@ -99,12 +110,13 @@ class PlanRequest:
             reconfigured.
 
     What can be checked without compiling is checked here: the counts, the mode, the
-    strategy names, the dimensions' range and the hardware; the rest (the preset, the mesh,
-    the compiler) when the sweep starts, before any compile.
+    strategy names, the dimensions' range, the hardware and its fp8 matmuls; the rest (the
+    preset, the mesh, the compiler) when the sweep starts, before any compile.
 
     Raises:
-        PlanError: a bad device count, mode, worker or compile count, an unknown strategy or
-            a dimension past the planner's range (``params`` names the field).
+        PlanError: a bad device count, mode, worker or compile count, an unknown strategy, a
+            dimension past the planner's range, or fp8 matmuls on hardware without them
+            (``params`` names the field).
         ShardscopeError: an unknown hardware preset or a bad hardware setting.
 
     >>> PlanRequest("tiny", 8, strategies=["dp", "tp", "dp"]).strategy_names
@@ -132,6 +144,7 @@ class PlanRequest:
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM
     flash_attention: bool = True
     dtype: str = "bfloat16"
+    matmul_dtype: str = MatmulDtype.BFLOAT16
     remat: str | Sequence[str] | None = None
     offload_optimizer: bool | None = None
     microbatches: int | None = None
@@ -167,7 +180,8 @@ class PlanRequest:
                     param="strategies",
                 )
         check_dims({"batch": self.batch, "seq": self.seq, **self.dims})
-        get_hardware(self.hardware, **self.hardware_overrides)
+        hw = get_hardware(self.hardware, **self.hardware_overrides)
+        object.__setattr__(self, "matmul_dtype", check_matmul_dtype(self.matmul_dtype, hw))
 
     @property
     def dims(self) -> dict[str, int | None]:

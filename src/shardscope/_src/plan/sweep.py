@@ -55,7 +55,7 @@ from shardscope._src.plan.candidates import (
 )
 from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
-from shardscope._src.plan.estimates import model_flops, settings_dict
+from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.request import (
     DEFAULT_REQUEST,
@@ -165,6 +165,7 @@ def plan(
     bytes_per_param: int = _D.bytes_per_param,
     flash_attention: bool = _D.flash_attention,
     dtype: str = _D.dtype,
+    matmul_dtype: str = _D.matmul_dtype,
     workers: int | None = _D.workers,
     progress: Progress | None = None,
     remat: str | Sequence[str] | None = _D.remat,
@@ -228,6 +229,7 @@ def plan(
         bytes_per_param=bytes_per_param,
         flash_attention=flash_attention,
         dtype=dtype,
+        matmul_dtype=matmul_dtype,
         remat=remat,
         offload_optimizer=offload_optimizer,
         microbatches=microbatches,
@@ -281,6 +283,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         stages=stages,
         mesh=pinned,
         offload_optimizer=r.offload_optimizer,
+        matmul_dtype=r.matmul_dtype,
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
@@ -312,7 +315,8 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "stages": stages,
         "mesh": None if pinned is None else format_mesh_spec(pinned),
         "compile_top": r.compile_top,
-        "time_model": timing_constants(hw),
+        "matmul_dtype": r.matmul_dtype,
+        "time_model": timing_constants(hw, r.matmul_dtype),
     }
     return PlanResult(
         model=model_name,
@@ -324,7 +328,9 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         plans=ranked,
         skipped=(*skipped, *failed),
         validations=validations(ranked),
-        notes=tuple(_result_notes(config, hw, ranked) + compiler_notes(compiler, ranked, hw)),
+        notes=tuple(
+            _result_notes(config, hw, ranked, r.matmul_dtype) + compiler_notes(compiler, ranked, hw)
+        ),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
         candidates=n_candidates,
@@ -512,12 +518,22 @@ def _closest(ranked_screen: Sequence[Screened]) -> dict[str, Any] | None:
     return {"label": small.candidate.label, "bytes": small.memory.total}
 
 
-def _result_notes(config: ModelConfig, hw: Hardware, plans: Sequence[Plan]) -> list[Note]:
+def _result_notes(
+    config: ModelConfig, hw: Hardware, plans: Sequence[Plan], matmul_dtype: str
+) -> list[Note]:
     notes = [
         Note(PlanNote.ANALYTIC_MEMORY),
         Note(PlanNote.COMMUNICATION),
         Note(PlanNote.TIME_MODEL, hw.to_dict()),
     ]
+    if matmul_dtype == MatmulDtype.FP8:
+        values = {
+            "name": hw.name,
+            "fp8_peak_flops": hw.fp8_peak_flops,
+            "fp8_matmul_fraction": hw.fp8_matmul_fraction,
+            "dtype": config.dtype,
+        }
+        notes.append(Note(PlanNote.FP8_MATMULS, values, ("matmul_dtype",)))
     widened = {
         plan_compiler(p).compiler
         for p in plans
