@@ -14,7 +14,7 @@ from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.hlo.groups import GroupMode
 from shardscope._src.model.config import MODES, REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.candidates import screen
-from shardscope._src.plan.estimates import estimate_memory, model_flops
+from shardscope._src.plan.estimates import MatmulDtype, estimate_memory, model_flops
 from shardscope._src.plan.sweep import plan
 from shardscope._src.plan.timing import OverlapClass, step_bound
 from shardscope._src.sharding.programs import build_reference_program
@@ -40,6 +40,7 @@ SPELLED = [
     (Mode, ["train", "forward"]),
     (Remat, ["none", "selective", "matmuls", "full", "offload"]),
     (Role, ["data", "model"]),
+    (MatmulDtype, ["bfloat16", "fp8"]),
     (
         OverlapClass,
         ["critical", "per-microbatch", "gradients", "gradient-reduction", "parameter-gather"],
