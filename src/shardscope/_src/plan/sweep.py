@@ -169,6 +169,7 @@ def plan(
     progress: Progress | None = None,
     remat: str | Sequence[str] | None = _D.remat,
     offload_optimizer: bool | None = _D.offload_optimizer,
+    vocab_split: bool | None = _D.vocab_split,
     microbatches: int | None = _D.microbatches,
     stages: int | None = _D.stages,
     compile_top: int = _D.compile_top,
@@ -230,6 +231,7 @@ def plan(
         dtype=dtype,
         remat=remat,
         offload_optimizer=offload_optimizer,
+        vocab_split=vocab_split,
         microbatches=microbatches,
         stages=stages,
         compile_top=compile_top,
@@ -281,6 +283,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         stages=stages,
         mesh=pinned,
         offload_optimizer=r.offload_optimizer,
+        vocab_split=r.vocab_split,
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
@@ -308,6 +311,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "strategies": list(names),
         "remat": list(remat_options(mode, r.remat, r.flash_attention, hw)),
         "offload_optimizer": r.offload_optimizer,
+        "vocab_split": r.vocab_split,
         "microbatches": r.microbatches,
         "stages": stages,
         "mesh": None if pinned is None else format_mesh_spec(pinned),
@@ -460,6 +464,7 @@ def _compiled_plan(
         microbatches=cand.microbatches,
         remat=cand.remat,
         offload_optimizer=cand.offload_optimizer,
+        vocab_split=cand.vocab_split,
         stages=cand.stages,
         time=step,
         estimated_time=s.time,
