@@ -43,6 +43,7 @@ class Row:
     instead: str = ""
     flash_attention: bool = True  # every set-2 source runs a fused attention kernel
     offload_optimizer: bool = False
+    vocab_split: bool = False  # Megatron-LM's vocabulary-parallel embedding and cross entropy
 
 
 def _narayanan(heads: int, h: int, layers: int, t: int, gpus: int, batch: int, tflops: int) -> Row:
@@ -75,6 +76,7 @@ def _narayanan(heads: int, h: int, layers: int, t: int, gpus: int, batch: int, t
         "full",
         flops / (gpus * tflops * 1e12),
         flash_attention=False,  # 2021: attention scores are materialized
+        vocab_split=t > 1,
     )
 
 
@@ -208,7 +210,12 @@ def _estimate(row: Row):
     hw = hardware(row.hardware, **row.overrides)
     if row.microbatches is not None:
         candidate = Candidate(
-            row.strategy, row.mesh, row.microbatches, row.remat, row.offload_optimizer
+            row.strategy,
+            row.mesh,
+            row.microbatches,
+            row.remat,
+            row.offload_optimizer,
+            row.vocab_split,
         )
         s = estimate(candidate, row.config, hw, flash_attention=row.flash_attention)
         return s, row.microbatches
@@ -217,7 +224,7 @@ def _estimate(row: Row):
     options = [
         (
             estimate(
-                Candidate(row.strategy, row.mesh, m, row.remat),
+                Candidate(row.strategy, row.mesh, m, row.remat, vocab_split=row.vocab_split),
                 row.config,
                 hw,
                 flash_attention=row.flash_attention,

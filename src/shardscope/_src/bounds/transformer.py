@@ -66,6 +66,9 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
 
     if Role.MODEL in s.roles:
         terms += _activation_terms(s.sequence_parallel, model_axes, t, activation, L, train)
+    if s.vocab_split and c.vocab is not None:
+        tokens = (c.batch // n_data) * c.seq
+        terms += _vocab_terms(model_axes, t, activation, tokens, train)
     storage = s.param_rules()
     for name, shape in param_shapes(c).items():
         terms += _weight_terms(placement, name, shape, train)
@@ -171,6 +174,29 @@ def _weight_terms(
         what = f"{name} gradient summed over token shards"
         role = TermRole.GRADIENT_SUM
         terms += _term(ALL_REDUCE, axes, n, payload, count, what, scope, role)
+    return terms
+
+
+def _vocab_terms(
+    axes: tuple[str, ...], n: int, activation: int, tokens: int, train: bool
+) -> list[Term]:
+    """The vocabulary split over ``model`` (Megatron-LM's vocabulary-parallel embedding and
+    cross entropy, arXiv 1909.08053 section 3): each device looks up the tokens of its
+    vocabulary slice, so the embeddings are summed over the slices; training, the
+    unembedding's input gradient is partial over them (its column-parallel backward), and the
+    loss needs, per token, the largest logit (for a stable log-sum-exp), the sum of ``exp``
+    and the target's logit from the slices (a float32 each, as Megatron-LM's cross entropy
+    all-reduces them)."""
+    role, scope = TermRole.ACTIVATION, "embedding"
+    terms = _term(
+        ALL_REDUCE, axes, n, activation, 1, "embeddings summed over vocabulary slices", scope, role
+    )
+    if train:
+        what = "input gradient of the vocabulary-parallel unembedding"
+        terms += _term(ALL_REDUCE, axes, n, activation, 1, what, scope, role)
+        for what in ("largest logit", "sum of exp", "target's logit"):
+            what += " over vocabulary slices"
+            terms += _term(ALL_REDUCE, axes, n, 4 * tokens, 1, what, "loss", role)
     return terms
 
 

@@ -216,6 +216,7 @@ class PlanConfig(CommandConfig):
     strategies: str | None
     remat: str | None
     offload_optimizer: bool | None
+    vocab_split: bool | None
     microbatches: int | None
     stages: int | None
     mesh: str | None

@@ -472,6 +472,13 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         "where a plan does not fit the device otherwise)",
     )
     p.add_argument(
+        "--vocab-split",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="split the embeddings and the logits over 'model' along the vocabulary, in the "
+        "strategies with a model axis and no sequence parallelism (default: try both)",
+    )
+    p.add_argument(
         "--microbatches",
         type=positive_int,
         metavar="N",

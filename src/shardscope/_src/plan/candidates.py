@@ -281,6 +281,7 @@ def screen_all(
     mesh: Mapping[str, int] | None = None,
     offload_optimizer: bool | None = None,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
+    vocab_split: bool | None = None,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
@@ -304,13 +305,16 @@ def screen_all(
             f"offload_optimizer=True: {why}; leave it None or False",
             param="offload_optimizer",
         )
+    pairs = len(all_candidates)  # strategy-and-mesh pairs, each vocabulary choice of one
     screened: list[Screened] = []
-    for cand in all_candidates:
+    for cand in _vocab_options(all_candidates, config, vocab_split):
         base = stage_config(config, cand, flash_attention=flash_attention)
         try:
-            placement = get_strategy(cand.strategy).place(base, abstract_mesh(cand.stage_mesh_spec))
+            placement = cand.strategy_record.place(base, abstract_mesh(cand.stage_mesh_spec))
         except StrategyError as e:
-            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, str(e)))
+            if not (cand.vocab_split and vocab_split is None):  # the unsplit one speaks
+                reason = SkipReason.DIVISIBILITY
+                skipped.append(Skipped(cand.strategy, cand.mesh_spec, reason, str(e)))
             continue
         options = [
             screen(
@@ -376,7 +380,25 @@ def screen_all(
                 )
             )
         screened.extend(options)
-    return sorted(screened, key=_screen_key(names)), skipped, len(all_candidates)
+    return sorted(screened, key=_screen_key(names)), skipped, pairs
+
+
+def _vocab_options(
+    cands: Sequence[Candidate], config: ModelConfig, vocab_split: bool | None
+) -> list[Candidate]:
+    """Each candidate whose strategy can split the vocabulary over ``model``
+    (:meth:`~shardscope._src.sharding.strategies.Strategy.with_vocab_split`) with it split
+    (True), without (False), or both (None); the others as they are."""
+    if config.vocab is None or vocab_split is False:
+        return list(cands)
+    out = []
+    for c in cands:
+        can = get_strategy(c.strategy).splits_vocab
+        if not (can and vocab_split):
+            out.append(c)
+        if can:
+            out.append(replace(c, vocab_split=True))
+    return out
 
 
 def estimate(
@@ -406,7 +428,7 @@ def estimate(
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     base = stage_config(config, candidate, flash_attention=flash_attention)
     mesh = abstract_mesh(candidate.stage_mesh_spec)
-    placement = get_strategy(candidate.strategy).place(base, mesh)
+    placement = candidate.strategy_record.place(base, mesh)
     return screen(
         candidate,
         placement,

@@ -20,7 +20,7 @@ from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.types import Candidate, CompiledFacts, CompileTask, PlanCollective
 from shardscope._src.plan.worker import run_tasks
 from shardscope._src.sharding.programs import build_reference_program
-from shardscope._src.sharding.strategies import get_strategy
+from shardscope._src.sharding.strategies import Strategy, get_strategy
 
 #: ``progress(done, total, label)``, called as plans finish compiling.
 Progress = Callable[[int, int, str], None]
@@ -50,7 +50,7 @@ def plan_collective(c: Collective, width: Width) -> PlanCollective:
 
 
 def compile_facts(
-    strategy: str,
+    strategy: str | Strategy,
     mesh_spec: str,
     config: ModelConfig,
     mode: str,
@@ -157,7 +157,7 @@ def compile_all(
         for i, cand in enumerate(todo, start=1):
             try:
                 out[cand] = compile_facts(
-                    cand.strategy,
+                    cand.strategy_record,
                     cand.stage_mesh_spec,
                     config_of(cand),
                     mode,
@@ -171,7 +171,8 @@ def compile_all(
         return out
 
     tasks = [
-        CompileTask(c.strategy, c.stage_mesh_spec, config_of(c), mode, c.microbatches) for c in todo
+        CompileTask(c.strategy_record, c.stage_mesh_spec, config_of(c), mode, c.microbatches)
+        for c in todo
     ]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got

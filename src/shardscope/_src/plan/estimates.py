@@ -270,12 +270,14 @@ def logits_bytes(placement: Placement, sequences: int, *, train: bool = True) ->
     """The logits of ``sequences`` on one device at the model's dtype, and, when training,
     their gradient beside them (the loss reduces them in float32 without storing a float32
     copy). Split over ``model`` when the strategy shards the sequence there (sequence
-    parallelism: each device projects its own tokens)."""
+    parallelism: each device projects its own tokens) or the vocabulary (each device projects
+    onto its slice of it)."""
     c = placement.config
     if not c.vocab:
         return 0
     per_element = 2 * c.itemsize if train else c.itemsize
-    split = model_ways(placement) if placement.strategy.sequence_parallel else 1
+    s = placement.strategy
+    split = model_ways(placement) if s.sequence_parallel or s.vocab_split else 1
     return sequences * c.seq * c.vocab * per_element // split
 
 

@@ -85,6 +85,10 @@ class PlanRequest:
         offload_optimizer: keep the optimizer state in host memory and stream it in for the
             update (MaxText's ``optimizer_memory_host_offload``): True always, False never,
             None (the default) where a candidate does not fit the device otherwise.
+        vocab_split: split the embedding, the unembedding and the logits over ``model``
+            along the vocabulary (Megatron-LM's vocabulary-parallel embedding and cross
+            entropy) in the strategies with a ``model`` axis and no sequence parallelism: True
+            always, False never, None (the default) both, each estimated.
         microbatches: fix the micro-batches per data shard (default: every divisor of the
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
@@ -147,6 +151,7 @@ class PlanRequest:
     matmul_dtype: str = MatmulDtype.BFLOAT16
     remat: str | Sequence[str] | None = None
     offload_optimizer: bool | None = None
+    vocab_split: bool | None = None
     microbatches: int | None = None
     stages: int | None = None
     compile_top: int = 3
@@ -167,12 +172,13 @@ class PlanRequest:
         if isinstance(self.mesh, Mapping):
             object.__setattr__(self, "mesh", MappingProxyType(dict(self.mesh)))
         _check_counts(self)
-        if self.offload_optimizer not in (None, True, False):
-            raise PlanError(
-                f"offload_optimizer={self.offload_optimizer!r}: give True, False or None (the "
-                f"sweep decides)",
-                param="offload_optimizer",
-            )
+        for name in ("offload_optimizer", "vocab_split"):
+            value = getattr(self, name)
+            if value not in (None, True, False):
+                raise PlanError(
+                    f"{name}={value!r}: give True, False or None (the sweep decides)",
+                    param=name,
+                )
         for name in self.strategy_names:
             if name not in STRATEGIES:
                 raise PlanError(

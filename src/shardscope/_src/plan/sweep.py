@@ -170,6 +170,7 @@ def plan(
     progress: Progress | None = None,
     remat: str | Sequence[str] | None = _D.remat,
     offload_optimizer: bool | None = _D.offload_optimizer,
+    vocab_split: bool | None = _D.vocab_split,
     microbatches: int | None = _D.microbatches,
     stages: int | None = _D.stages,
     compile_top: int = _D.compile_top,
@@ -232,6 +233,7 @@ def plan(
         matmul_dtype=matmul_dtype,
         remat=remat,
         offload_optimizer=offload_optimizer,
+        vocab_split=vocab_split,
         microbatches=microbatches,
         stages=stages,
         compile_top=compile_top,
@@ -284,6 +286,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         mesh=pinned,
         offload_optimizer=r.offload_optimizer,
         matmul_dtype=r.matmul_dtype,
+        vocab_split=r.vocab_split,
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
@@ -311,6 +314,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "strategies": list(names),
         "remat": list(remat_options(mode, r.remat, r.flash_attention, hw)),
         "offload_optimizer": r.offload_optimizer,
+        "vocab_split": r.vocab_split,
         "microbatches": r.microbatches,
         "stages": stages,
         "mesh": None if pinned is None else format_mesh_spec(pinned),
@@ -466,6 +470,7 @@ def _compiled_plan(
         microbatches=cand.microbatches,
         remat=cand.remat,
         offload_optimizer=cand.offload_optimizer,
+        vocab_split=cand.vocab_split,
         stages=cand.stages,
         time=step,
         estimated_time=s.time,

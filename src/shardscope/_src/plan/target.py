@@ -30,7 +30,6 @@ from shardscope._src.plan.timing import compiled_step
 from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
 from shardscope._src.plan.validate import reduce_scatter_note
 from shardscope._src.sharding.programs import build_reference_program
-from shardscope._src.sharding.strategies import get_strategy
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import target_mesh
@@ -80,7 +79,7 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
     target's compiler and audits it."""
 
     mesh = target_mesh(target, cand.stage_mesh_spec, axis_types="auto")
-    placement = get_strategy(cand.strategy).place(config, mesh)
+    placement = cand.strategy_record.place(config, mesh)
     lowered = build_reference_program(placement, mode=mode, microbatches=cand.microbatches).lower()
     t0 = time.perf_counter()
     try:
@@ -157,7 +156,12 @@ def recompile_on_target(
         if fitting >= leading:
             break
         cand = Candidate(
-            p.strategy, tuple(p.mesh.items()), p.microbatches, p.remat, p.offload_optimizer
+            p.strategy,
+            tuple(p.mesh.items()),
+            p.microbatches,
+            p.remat,
+            p.offload_optimizer,
+            p.vocab_split,
         )
         facts = target_facts(
             cand, stage_config(config, cand, flash_attention=flash_attention), mode, target

@@ -366,8 +366,9 @@ def step_work(
     q_dim = c.heads * c.head_dim
     layer = 2 * tokens * layer_matmul_params(c) / t
     core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts
-    # Sequence parallelism projects each device's own tokens onto the vocabulary.
-    own = t if placement.strategy.sequence_parallel else 1
+    # Sequence parallelism projects each device's own tokens onto the vocabulary; a vocabulary
+    # split, every token onto each device's slice of it.
+    own = t if placement.strategy.sequence_parallel or placement.strategy.vocab_split else 1
     logits = 2 * tokens * c.d_model * (c.vocab or 0) / own
     fwd = c.layers * (layer + core) + logits
     kv_dim = (c.kv_heads or c.heads) * c.head_dim

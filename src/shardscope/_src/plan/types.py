@@ -20,6 +20,7 @@ from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import Pricing, StepTime
+from shardscope._src.sharding.strategies import Strategy, get_strategy
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import get_target
 
@@ -56,6 +57,8 @@ class Candidate:
     remat: str = Remat.NONE
     #: the optimizer state kept in host memory and streamed in for the update
     offload_optimizer: bool = False
+    #: the embedding, unembedding and logits split over ``model`` along the vocabulary
+    vocab_split: bool = False
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -88,7 +91,16 @@ class Candidate:
             parts.append(f"{self.remat} recompute")
         if self.offload_optimizer:
             parts.append("optimizer on host")
+        if self.vocab_split:
+            parts.append("vocab split")
         return ", ".join(parts)
+
+    @property
+    def strategy_record(self) -> Strategy:
+        """The strategy this candidate runs: the named one, with its vocabulary split when
+        ``vocab_split``."""
+        s = get_strategy(self.strategy)
+        return s.with_vocab_split() if self.vocab_split else s
 
     @property
     def label(self) -> str:
@@ -211,7 +223,7 @@ class CompiledFacts:
 class CompileTask:
     """One plan to compile, as the planner sends it to a worker process (picklable)."""
 
-    strategy: str
+    strategy: str | Strategy
     mesh_spec: str
     config: ModelConfig
     mode: str
@@ -307,6 +319,8 @@ class Plan:
     stages: int = 1
     #: The optimizer state kept in host memory (MaxText's ``optimizer_memory_host_offload``).
     offload_optimizer: bool = False
+    #: The embedding, unembedding and logits split over ``model`` along the vocabulary.
+    vocab_split: bool = False
     #: The compiled program's step time and its parts (None: no time model).
     time: StepTime | None = None
     #: The screening estimate's step time and its parts.
@@ -339,6 +353,7 @@ class Plan:
             self.microbatches,
             self.remat,
             self.offload_optimizer,
+            self.vocab_split,
         ).schedule_label
 
     @property

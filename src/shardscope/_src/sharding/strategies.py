@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
@@ -133,6 +133,9 @@ class Strategy:
             as the gradient. A train step of a strategy whose optimizer state is sharded
             finer than its parameters ends with the update: each device updates its shard and
             the new parameters are all-gathered (ZeRO, arXiv 1910.02054, section 5).
+        vocab_split: the embedding and the unembedding are split over ``model`` along the
+            vocabulary, and so are the logits (Megatron-LM's vocabulary-parallel embedding and
+            cross entropy, torchtitan's loss parallelism): :meth:`with_vocab_split`.
     """
 
     name: str
@@ -145,6 +148,45 @@ class Strategy:
     twin: bool = False
     grads: tuple[tuple[str, Roles], ...] | None = None
     optimizer: tuple[tuple[str, Roles], ...] | None = None
+    vocab_split: bool = False
+
+    def with_vocab_split(self) -> Strategy:
+        """This strategy with the vocabulary split over ``model``: the embedding's and the
+        unembedding's vocabulary dimension (stored, used, and in their gradients and
+        optimizer state) and the logits'. Each device then projects onto its slice of the
+        vocabulary; the loss sums its log-sum-exp over the slices.
+
+        Raises :class:`StrategyError` for a strategy without a ``model`` role, or with
+        sequence parallelism (which already projects each device's own tokens)."""
+        if Role.MODEL not in self.roles or self.sequence_parallel:
+            why = (
+                "has no 'model' axis to split it over"
+                if Role.MODEL not in self.roles
+                else "projects each device's own tokens already (sequence parallelism)"
+            )
+            raise StrategyError(
+                f"strategy {self.name!r} {why}; split the vocabulary under one of "
+                f"{', '.join(n for n, s in STRATEGIES.items() if s.splits_vocab)}"
+            )
+        if self.vocab_split:
+            return self
+
+        def split(rules: tuple[tuple[str, Roles], ...] | None) -> Any:
+            if rules is None:
+                return None
+            out = dict(rules)
+            out["embed"] = (Role.MODEL, out["embed"][1])
+            out["unembed"] = (out["unembed"][0], Role.MODEL)
+            return tuple(out.items())
+
+        rules = {k: split(getattr(self, k)) for k in ("params", "use", "grads", "optimizer")}
+        return replace(self, vocab_split=True, **rules)
+
+    @property
+    def splits_vocab(self) -> bool:
+        """Whether :meth:`with_vocab_split` applies: a ``model`` role, no sequence
+        parallelism."""
+        return Role.MODEL in self.roles and not self.sequence_parallel
 
     def param_rules(self) -> dict[str, Roles]:
         return dict(self.params)
@@ -512,9 +554,11 @@ class Placement:
         return self.spec(roles), self.spec(roles)
 
     def output_spec(self) -> Any:
-        """Spec of the forward's output: the residual's (logits: vocab replicated)."""
+        """Spec of the forward's output: the residual's (logits: the vocabulary replicated,
+        or split over ``model`` under :meth:`Strategy.with_vocab_split`)."""
         residual = self.strategy.activation_rules().get("residual", (None, None, None))
-        return self.spec(residual[:2] + (None,))
+        vocab = Role.MODEL if self.strategy.vocab_split else None
+        return self.spec(residual[:2] + (vocab,))
 
     # -- validation ----------------------------------------------------------------------
     def dim_sizes(self) -> dict[str, int]:
