@@ -89,8 +89,7 @@ def test_every_option_maps_onto_its_field():
         "--stages", "1", "--mesh", "data=16", "--compile-top", "5", "--bytes-per-param", "18",
         "--no-flash-attention", "--workers", "0", "--compiler", "cpu", "--target-plans", "2",
         "--offload-optimizer", "--matmul-dtype", "fp8", "--fp8-peak-flops", "9e14",
-        "--fp8-matmul-fraction", "0.5",
-        "--offload-optimizer", "--no-vocab-split",
+        "--fp8-matmul-fraction", "0.5", "--no-vocab-split",
     ]  # fmt: skip
     assert _cli_request(*argv) == PlanRequest(
         "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32,
@@ -100,7 +99,7 @@ def test_every_option_maps_onto_its_field():
         strategies=("dp", "fsdp"), remat=("none", "full"), microbatches=2, stages=1,
         mesh="data=16", compile_top=5, bytes_per_param=18, flash_attention=False, workers=0,
         compiler="cpu", target_plans=2, offload_optimizer=True, matmul_dtype="fp8",
-        compiler="cpu", target_plans=2, offload_optimizer=True, vocab_split=False,
+        vocab_split=False,
     )  # fmt: skip
 
 
