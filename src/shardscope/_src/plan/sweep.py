@@ -171,6 +171,7 @@ def plan(
     offload_optimizer: bool | None = _D.offload_optimizer,
     microbatches: int | None = _D.microbatches,
     stages: int | None = _D.stages,
+    virtual_stages: int | None = _D.virtual_stages,
     compile_top: int = _D.compile_top,
     compiler: str | None = _D.compiler,
     target_plans: int = _D.target_plans,
@@ -232,6 +233,7 @@ def plan(
         offload_optimizer=offload_optimizer,
         microbatches=microbatches,
         stages=stages,
+        virtual_stages=virtual_stages,
         compile_top=compile_top,
         compiler=compiler,
         target_plans=target_plans,
@@ -267,6 +269,13 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
             f"{STAGE_AXIS} axis sets the pipeline stages; give one of them",
             param=("stages", "mesh"),
         )
+    if pinned is not None and (r.virtual_stages or 1) > 1 and STAGE_AXIS not in pinned:
+        raise PlanError(
+            f"virtual_stages={r.virtual_stages}: interleaving splits the layers of each "
+            f"pipeline stage, and mesh={format_mesh_spec(pinned)!r} has no {STAGE_AXIS} axis; "
+            f"give a mesh with one (e.g. {STAGE_AXIS}=2,...) or virtual_stages=1",
+            param=("virtual_stages", "mesh"),
+        )
 
     ranked_screen, skipped, n_candidates = screen_all(
         config,
@@ -281,6 +290,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         stages=stages,
         mesh=pinned,
         offload_optimizer=r.offload_optimizer,
+        virtual_stages=r.virtual_stages,
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
@@ -310,6 +320,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "offload_optimizer": r.offload_optimizer,
         "microbatches": r.microbatches,
         "stages": stages,
+        "virtual_stages": r.virtual_stages,
         "mesh": None if pinned is None else format_mesh_spec(pinned),
         "compile_top": r.compile_top,
         "time_model": timing_constants(hw),
@@ -430,6 +441,8 @@ def _compiled_plan(
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
     if cand.stages > 1:
         values = {"stages": cand.stages, "layers": stage.layers}
+        if cand.virtual_stages > 1:
+            values["virtual_stages"] = cand.virtual_stages
         notes.append(
             Note(PlanNote.PIPELINE_STAGE, {**values, "devices": math.prod(sizes.values())})
         )
@@ -461,6 +474,7 @@ def _compiled_plan(
         remat=cand.remat,
         offload_optimizer=cand.offload_optimizer,
         stages=cand.stages,
+        virtual_stages=cand.virtual_stages,
         time=step,
         estimated_time=s.time,
         pricing=s.pricing,

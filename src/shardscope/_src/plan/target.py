@@ -157,7 +157,12 @@ def recompile_on_target(
         if fitting >= leading:
             break
         cand = Candidate(
-            p.strategy, tuple(p.mesh.items()), p.microbatches, p.remat, p.offload_optimizer
+            p.strategy,
+            tuple(p.mesh.items()),
+            p.microbatches,
+            p.remat,
+            p.offload_optimizer,
+            p.virtual_stages,
         )
         facts = target_facts(
             cand, stage_config(config, cand, flash_attention=flash_attention), mode, target

@@ -20,7 +20,14 @@ Per micro-batch on the slowest pipeline stage, one device:
 * **pipeline** (1F1B, Narayanan et al., arXiv 2104.04473, section 2.2): ``m + p - 1``
   micro-batch slots of the stage time, so the bubble is ``(p - 1) / (m + p - 1)`` of the
   pipeline; each slot also sends the micro-batch's activations to the next stage and their
-  gradient back (point-to-point, ``b s h / t`` bytes each way).
+  gradient back (point-to-point, ``b s h / t`` bytes each way). Interleaved with ``v``
+  virtual stages (section 2.2.2: each device runs ``v`` chunks of ``1 / v`` of its layers),
+  a chunk's forward and backward take ``t_f / v`` and ``t_b / v``, the bubble is the
+  paper's ``t_pb^int = (p - 1) (t_f + t_b) / v``, ``1 / v`` of 1F1B's: the pipeline is
+  ``v m + p - 1`` chunk slots and the bubble ``(p - 1) / (v m + p - 1)`` of it (the paper's
+  ``(1 / v) (p - 1) / m`` of the ideal time). Each chunk sends its activations on and
+  their gradient back, so the point-to-point transfers grow ``v``-fold ("the amount of
+  communication also increases by v").
 * **data-parallel and FSDP collectives** (over the data axes): overlapped with compute as far
   as the schedule allows. FSDP's gathers and reduce-scatters repeat per micro-batch and hide
   behind that micro-batch's forward and backward; ZeRO-2's gradient reduce-scatters repeat
@@ -155,6 +162,8 @@ class StepWork:
     host_bandwidth: float = 0.0
     #: optimizer state in host memory, streamed in for the update and back (each way)
     host_optimizer_bytes: float = 0.0
+    #: model chunks per device (interleaved 1F1B; 1: plain 1F1B)
+    virtual_stages: int = 1
 
 
 @dataclass(frozen=True)
@@ -193,8 +202,11 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
     tp_exposed = max(0.0, tp / m - (fwd + bwd)) if hw.tp_overlap else tp / m
     p2p_one = (work.p2p_bytes / work.p2p_bandwidth + hw.latency_s) if p > 1 else 0.0
-    slot = fwd + bwd + tp_exposed + 2 * p2p_one
-    pipeline = (m + p - 1) * slot
+    # One model chunk of one micro-batch, forward and backward, with its two transfers: the
+    # whole stage's work per micro-batch without interleaving.
+    v = work.virtual_stages
+    slot = (fwd + bwd + tp_exposed) / v + 2 * p2p_one
+    pipeline = (v * m + p - 1) * slot
     # The collectives of one class share its window: they go over the same links one after
     # another, so what exceeds the window in all is exposed.
     by_class: dict[OverlapClass, float] = {}
@@ -223,12 +235,12 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         tp_comm_s=tp,
         data_comm_s=data,
         data_exposed_s=exposed,
-        p2p_s=2 * m * p2p_one,
+        p2p_s=2 * v * m * p2p_one,
         bubble_s=(p - 1) * slot,
         optimizer_s=optimizer,
         step_s=step,
         mfu=work.model_flops / (work.devices * hw.peak_flops * step) if step > 0 else 0.0,
-        bubble_fraction=(p - 1) / (m + p - 1),
+        bubble_fraction=(p - 1) / (v * m + p - 1),
         offload_s=2 * m * host,
     )
 
@@ -300,7 +312,9 @@ def step_work(
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
-    of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``."""
+    of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``.
+    Interleaved, the device runs the same layers in ``virtual_stages`` chunks: the same
+    work, in more, shorter slots (:func:`step_time`)."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -375,6 +389,7 @@ def step_work(
             if schedule.offload_optimizer
             else 0
         ),
+        virtual_stages=schedule.virtual_stages,
     )
 
 
