@@ -42,6 +42,7 @@ def test_plan_hands_every_keyword_to_the_request(monkeypatch):
         strategies=["dp", "fsdp"], bytes_per_param=18, flash_attention=False,
         dtype="float32", remat=["none", "full"], microbatches=2, stages=1, compile_top=5,
         compiler="cpu", target_plans=2, mesh="data=8", workers=0, offload_optimizer=False,
+        virtual_stages=1,
     )  # fmt: skip
     assert set(given) == set(FIELDS) - {"model", "devices"}
     assert all(given[k] != _default(FIELDS[k]) for k in given)
@@ -84,7 +85,7 @@ def test_every_option_maps_onto_its_field():
         "--strategies", "dp, fsdp", "--remat", "none,full", "--microbatches", "2",
         "--stages", "1", "--mesh", "data=16", "--compile-top", "5", "--bytes-per-param", "18",
         "--no-flash-attention", "--workers", "0", "--compiler", "cpu", "--target-plans", "2",
-        "--offload-optimizer",
+        "--offload-optimizer", "--virtual-stages", "1",
     ]  # fmt: skip
     assert _cli_request(*argv) == PlanRequest(
         "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32,
@@ -92,7 +93,7 @@ def test_every_option_maps_onto_its_field():
         hardware_overrides={"link_bandwidth": 1e11, "node_size": 4},
         strategies=("dp", "fsdp"), remat=("none", "full"), microbatches=2, stages=1,
         mesh="data=16", compile_top=5, bytes_per_param=18, flash_attention=False, workers=0,
-        compiler="cpu", target_plans=2, offload_optimizer=True,
+        compiler="cpu", target_plans=2, offload_optimizer=True, virtual_stages=1,
     )  # fmt: skip
 
 
