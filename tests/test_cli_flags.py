@@ -30,6 +30,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "model/presets.py": [("plan",)],
     "plan/program.py": [("plan",)],
     "plan/candidates.py": [("plan",)],
+    "plan/estimates.py": [("plan",)],
     "plan/request.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
     "plan/target.py": [("plan",)],
