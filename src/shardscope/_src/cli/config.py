@@ -219,6 +219,7 @@ class PlanConfig(CommandConfig):
     vocab_split: bool | None
     microbatches: int | None
     stages: int | None
+    virtual_stages: int | None
     mesh: str | None
     compile_top: int | None
     bytes_per_param: int | None

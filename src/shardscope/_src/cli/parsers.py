@@ -491,6 +491,14 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
     )
     p.add_argument(
+        "--virtual-stages",
+        type=positive_int,
+        metavar="N",
+        help="model chunks per pipeline stage's device (interleaved 1F1B; 1: plain 1F1B; "
+        "needs micro-batches a multiple of the stages) (default: try 1 and each count up to "
+        "4 that divides a stage's layers)",
+    )
+    p.add_argument(
         "--mesh",
         metavar="SPEC",
         help="plan exactly this mesh, e.g. data=32,model=8 (axes in the order stage, pod..., "

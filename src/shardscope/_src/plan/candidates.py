@@ -29,7 +29,10 @@ from shardscope._src.plan.estimates import (
     MatmulDtype,
     Schedule,
     data_ways,
+    divisors,
     estimate_memory,
+    interleave_problem,
+    or_list,
 )
 from shardscope._src.plan.request import DEFAULT_STRATEGIES
 from shardscope._src.plan.timing import Pricing, comm_items, step_bound, step_time, step_work
@@ -48,11 +51,9 @@ from shardscope._src.targets.hardware import hardware as get_hardware
 MAX_STAGES = 16
 #: The most micro-batch counts a sweep tries per candidate (the largest divisors are kept).
 MAX_MICROBATCH_OPTIONS = 8
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending: ``divisors(12)`` is ``[1, 2, 3, 4, 6, 12]``."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+#: The most virtual stages (model chunks per device) a sweep tries unless told: each doubles
+#: the point-to-point transfers of the one before, for a bubble already cut to ``1 / v``.
+MAX_VIRTUAL_STAGES = 4
 
 
 def candidates(
@@ -154,6 +155,64 @@ def stage_options(
     )
 
 
+def interleaved_stage_options(
+    config: ModelConfig,
+    mode: str,
+    stage_counts: Sequence[int],
+    virtual_stages: int | None,
+    microbatches: int | None,
+    *,
+    fixed: bool,
+) -> tuple[int, ...]:
+    """The pipeline stage counts of ``stage_counts`` (:func:`stage_options`) that
+    ``virtual_stages`` runs with: all of them when it is None or 1. A :class:`PlanError`
+    says why and what to choose when none does
+    (:func:`~shardscope._src.plan.estimates.interleave_problem`); ``fixed``: the stages were
+    given (``stages=`` or a pinned mesh), so their own problem is the error."""
+    v = virtual_stages
+    if v is None or v == 1:
+        return tuple(stage_counts)
+    problem = interleave_problem(v, None, train=mode == Mode.TRAIN)
+    if problem is None and fixed:
+        (p,) = stage_counts
+        problem = interleave_problem(v, p, microbatches, config.layers // p)
+    if problem is not None:
+        raise PlanError(problem, param="virtual_stages")
+    runs = tuple(
+        p
+        for p in stage_counts
+        if interleave_problem(v, p, microbatches, config.layers // p) is None
+    )
+    if not runs:
+        tried = ", ".join(f"{p} of {config.layers // p} layers" for p in stage_counts if p > 1)
+        m = "" if microbatches is None else f" and microbatches={microbatches}"
+        raise PlanError(
+            f"virtual_stages={v}{m}: no pipeline stage count the sweep tries runs it (stages "
+            f"{tried or 'none: the layers and the devices share no divisor'}); the stages "
+            f"must divide the micro-batches and {v} the layers of each; choose another "
+            f"virtual_stages, stages= or virtual_stages=1",
+            param="virtual_stages",
+        )
+    return runs
+
+
+def virtual_stage_options(
+    stage_layers: int, stages: int, microbatches: int, virtual_stages: int | None
+) -> tuple[int, ...]:
+    """Virtual stages to try for ``stages`` pipeline stages of ``stage_layers`` layers and
+    ``microbatches`` micro-batches: ``virtual_stages`` when it fixes them (none when it does
+    not run with these), else 1 and every count up to :data:`MAX_VIRTUAL_STAGES` that runs
+    (see :func:`~shardscope._src.plan.estimates.interleave_problem`).
+
+    >>> virtual_stage_options(12, 4, 8, None), virtual_stage_options(12, 4, 6, None)
+    ((1, 2, 3, 4), (1,))
+    """
+    tried = range(1, MAX_VIRTUAL_STAGES + 1) if virtual_stages is None else (virtual_stages,)
+    return tuple(
+        v for v in tried if interleave_problem(v, stages, microbatches, stage_layers) is None
+    )
+
+
 def remat_options(
     mode: str,
     remat: str | Sequence[str] | None,
@@ -192,7 +251,13 @@ def remat_options(
 def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool) -> ModelConfig:
     """The program one device runs for ``cand``: one stage's layers, the whole batch, its
     recomputation, and blocked attention when the estimate assumes memory-efficient attention
-    (so that the compiled program computes what the estimate counts)."""
+    (so that the compiled program computes what the estimate counts).
+
+    Interleaved (``cand.virtual_stages`` > 1), a device runs the same ``layers / stages``
+    layers in that many chunks of ``layers / (stages x virtual_stages)``: within a stage the
+    collectives per layer are the same, so the program compiled is one stage's, of all its
+    layers; the chunks change only the schedule (the bubble, the point-to-point transfers and
+    the activations held, in the estimates)."""
     return replace(
         config,
         layers=config.layers // cand.stages,
@@ -233,7 +298,9 @@ def screen(
     step's time, not its memory (fp8 training keeps 16-bit weights and 32-bit master
     weights and optimizer state).
     """
-    sched = Schedule(cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer)
+    sched = Schedule(
+        cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer, cand.virtual_stages
+    )
     mem = estimate_memory(
         placement,
         mode,
@@ -282,18 +349,29 @@ def screen_all(
     offload_optimizer: bool | None = None,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     vocab_split: bool | None = None,
+    virtual_stages: int | None = None,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
     skipped and why (indivisible, or whose model state alone exceeds the memory: never
     compiled); and how many strategy-and-mesh candidates there were. ``mesh`` pins the mesh
-    (:func:`pinned_mesh`): only the candidates on it."""
+    (:func:`pinned_mesh`): only the candidates on it. ``virtual_stages`` fixes the model
+    chunks per device (interleaved 1F1B; None: 1 and each count that runs, up to
+    :data:`MAX_VIRTUAL_STAGES`)."""
 
     names = tuple(strategies)
     skipped: list[Skipped] = []
     if mesh is not None:
         stages = dict(mesh).get(STAGE_AXIS, 1)
-    all_candidates = candidates(names, devices, stage_options(config, devices, mode, stages), mesh)
+    stage_counts = interleaved_stage_options(
+        config,
+        mode,
+        stage_options(config, devices, mode, stages),
+        virtual_stages,
+        microbatches,
+        fixed=stages is not None,
+    )
+    all_candidates = candidates(names, devices, stage_counts, mesh)
     remats = remat_options(mode, remat, flash_attention, hw)
     if offload_optimizer and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):
         why = (
@@ -316,9 +394,15 @@ def screen_all(
                 reason = SkipReason.DIVISIBILITY
                 skipped.append(Skipped(cand.strategy, cand.mesh_spec, reason, str(e)))
             continue
+        counts = _microbatch_options(placement, mode, microbatches)
+        schedules = [
+            (m, v)
+            for m in counts
+            for v in virtual_stage_options(base.layers, cand.stages, m, virtual_stages)
+        ]
         options = [
             screen(
-                replace(cand, microbatches=m, remat=r),
+                replace(cand, microbatches=m, remat=r, virtual_stages=v),
                 placement,
                 config,
                 hw,
@@ -327,20 +411,20 @@ def screen_all(
                 flash_attention,
                 matmul_dtype=matmul_dtype,
             )
-            for m in _microbatch_options(placement, mode, microbatches)
+            for m, v in schedules
             for r in remats
         ]
         if not options:
-            skipped.append(
-                Skipped(
-                    cand.strategy,
-                    cand.mesh_spec,
-                    SkipReason.DIVISIBILITY,
-                    f"microbatches={microbatches} does not divide the "
-                    f"{placement.config.batch // data_ways(placement)} sequences of a data "
-                    f"shard",
-                )
+            per_shard = placement.config.batch // data_ways(placement)
+            why = (
+                f"virtual_stages={virtual_stages}: the interleaved schedule needs the "
+                f"micro-batches a multiple of the {cand.stages} stages, and the {per_shard} "
+                f"sequences of a data shard split into {or_list(counts)}"
+                if counts
+                else f"microbatches={microbatches} does not divide the {per_shard} sequences "
+                f"of a data shard"
             )
+            skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, why))
             continue
         if offload_optimizer is True or (
             offload_optimizer is None and mode == Mode.TRAIN and hw.host_memory_bytes > 0
@@ -451,6 +535,7 @@ def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
             names.index(c.strategy),
             tuple(c.sizes.values()),
             c.microbatches,
+            c.virtual_stages,
         )
 
     return key

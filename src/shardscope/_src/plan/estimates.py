@@ -29,11 +29,11 @@ as the paper counts it), train 3x forward (no recomputation). With ``f = 4h`` th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardscope._src.base.errors import PlanError
+from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record, record_dict
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.model.config import LAYER_PARAMS, Mode, ModelConfig, Remat, param_shapes
@@ -138,22 +138,119 @@ def elements_per_device(placement: Placement, rules: Mapping[str, Any]) -> int:
     return total
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending: ``divisors(12)`` is ``[1, 2, 3, 4, 6, 12]``."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def or_list(values: Sequence[object]) -> str:
+    """``"1, 2 or 4"``."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def interleave_problem(
+    virtual_stages: object,
+    stages: int | None,
+    microbatches: int | None = None,
+    stage_layers: int | None = None,
+    *,
+    train: bool = True,
+) -> str | None:
+    """Why ``virtual_stages`` model chunks per device cannot run with ``stages`` pipeline
+    stages of ``stage_layers`` layers and ``microbatches`` micro-batches per data shard (each
+    None: not checked), in words that name the fix; None when they can. A forward pass
+    (``train=False``) runs one micro-batch and is not interleaved.
+
+    Interleaved 1F1B (Narayanan et al., arXiv 2104.04473, section 2.2.2) splits each stage's
+    layers into ``virtual_stages`` chunks, so they must divide them (Megatron-LM's
+    ``--num-layers-per-virtual-pipeline-stage`` must divide the layers of a stage), and needs
+    pipeline stages to interleave. Megatron-LM's interleaved schedule needs the micro-batches
+    a multiple of the stages: ``forward_backward_pipelining_with_interleaving``
+    (``megatron/core/pipeline_parallel/schedules.py``) raises "number of microbatches is not
+    divisible by pipeline-model-parallel-size when using interleaved schedule", and its
+    README states the condition.
+
+    >>> interleave_problem(2, 4, 8, stage_layers=10) is None
+    True
+    >>> interleave_problem(3, 4, 8, stage_layers=10)
+    'virtual_stages=3: must divide the 10 layers of each of the 4 stages; choose 1, 2, 5 or 10'
+    """
+    v = virtual_stages
+    if not is_int(v, 1):
+        return f"virtual_stages={v!r}: must be a positive whole number"
+    if v == 1:
+        return None
+    if not train:
+        return (
+            f"virtual_stages={v}: a forward pass runs one micro-batch and is planned without "
+            f"interleaving; give virtual_stages=1 (or None), or mode='train'"
+        )
+    if stages is None:
+        return None
+    if stages <= 1:
+        return (
+            f"virtual_stages={v}: interleaving splits the layers of each pipeline stage, and "
+            f"there is none (stages=1); give stages= more than 1, or virtual_stages=1"
+        )
+    if stage_layers is not None and stage_layers % v:
+        return (
+            f"virtual_stages={v}: must divide the {stage_layers} layers of each of the "
+            f"{stages} stages; choose {or_list(divisors(stage_layers))}"
+        )
+    if microbatches is not None and microbatches % stages:
+        return (
+            f"virtual_stages={v}: the interleaved schedule (Megatron-LM's) needs the "
+            f"micro-batches a multiple of the {stages} stages, and there are {microbatches}; "
+            f"give microbatches={stages}, {2 * stages}, ... or virtual_stages=1"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Schedule(Record):
     """How a train step is run: ``microbatches`` per data shard (gradient accumulation),
-    ``remat`` (``none``, ``selective``, ``full``) and pipeline ``stages`` (1F1B)."""
+    ``remat`` (``none``, ``selective``, ``full``), pipeline ``stages`` (1F1B) and
+    ``virtual_stages`` model chunks per device (interleaved 1F1B; 1: plain 1F1B).
+
+    Raises:
+        PlanError: ``virtual_stages`` that cannot run with these stages and micro-batches
+            (:func:`interleave_problem`).
+    """
 
     microbatches: int = 1
     remat: str = Remat.NONE
     stages: int = 1
     offload_optimizer: bool = False
+    virtual_stages: int = 1
+
+    def __post_init__(self) -> None:
+        problem = interleave_problem(self.virtual_stages, self.stages, self.microbatches)
+        if problem is not None:
+            raise PlanError(problem, param="virtual_stages")
 
     @property
     def in_flight(self) -> int:
-        """Micro-batches whose activations a stage holds at once: 1F1B's first stage holds
-        ``min(stages, microbatches)`` (Narayanan et al., arXiv 2104.04473, section 2.2.1);
-        without stages one at a time."""
-        return min(self.stages, self.microbatches) if self.stages > 1 else 1
+        """Model chunks of one micro-batch whose activations the first stage holds at once; a
+        chunk is ``1 / virtual_stages`` of a stage's layers (the whole stage without
+        interleaving).
+
+        1F1B's first stage holds ``min(stages, microbatches)`` micro-batches (Narayanan et
+        al., arXiv 2104.04473, section 2.2.1). Interleaved, Megatron-LM's schedule
+        (``forward_backward_pipelining_with_interleaving`` in
+        ``megatron/core/pipeline_parallel/schedules.py``) runs ``(p - rank - 1) * 2 + (v - 1)
+        * p`` warm-up forwards of one chunk each (at most the ``m v`` there are), then one
+        forward before each backward: the first stage (rank 0) holds ``min(2 (p - 1) + (v - 1)
+        p + 1, m v)`` chunks, ``p + (p - 1) / v`` stages' worth of layers when ``m > p``
+        (all ``m v`` when ``m = p``, where Megatron-LM runs every forward first). Without
+        stages, one at a time.
+        """
+        p, m, v = self.stages, self.microbatches, self.virtual_stages
+        if p == 1:
+            return 1
+        if v == 1:
+            return min(p, m)
+        return min(2 * (p - 1) + (v - 1) * p + 1, m * v)
 
 
 def sequences_per_device(placement: Placement, microbatches: int = 1) -> int:
@@ -294,8 +391,9 @@ def estimate_memory(
     ``placement`` is the program one device runs: with pipeline stages, one stage's (its
     layers; the batch of the whole step). ``schedule`` (train only) divides the activations
     by the micro-batches, keeps what the recomputation keeps (plus one layer's full
-    activations while it is recomputed), and multiplies them by the micro-batches a 1F1B
-    stage holds at once.
+    activations while it is recomputed), and multiplies them by the model chunks of a
+    micro-batch the first 1F1B stage holds at once (:attr:`Schedule.in_flight`; a chunk is
+    the stage's layers, or ``1 / virtual_stages`` of them interleaved).
 
     >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
     >>> dp, fsdp = (get_strategy(s).place(ModelConfig(), abstract_mesh("data=8"))
@@ -306,6 +404,9 @@ def estimate_memory(
     c = placement.config
     item = c.itemsize
     sched = schedule or Schedule()
+    problem = interleave_problem(sched.virtual_stages, sched.stages, sched.microbatches, c.layers)
+    if problem is not None:
+        raise PlanError(problem, param="virtual_stages")
     if mode == Mode.TRAIN and bytes_per_param < 2 * item:
         raise PlanError(
             f"bytes_per_param={bytes_per_param} is less than the parameter and its gradient "
@@ -332,10 +433,12 @@ def estimate_memory(
             if sched.remat != Remat.NONE
             else 0
         )
-        activations = c.layers * kept * sched.in_flight + working + logits
+        # The layers of one model chunk: the stage's, or a 1/v of them interleaved.
+        chunk = c.layers // sched.virtual_stages
+        activations = chunk * kept * sched.in_flight + working + logits
         if sched.remat == Remat.OFFLOAD:
             offloaded = offloaded_bytes_per_layer(placement, m)
-            host = c.layers * offloaded * sched.in_flight
+            host = chunk * offloaded * sched.in_flight
             activations += OFFLOAD_BUFFERS * offloaded
     else:
         activations = (

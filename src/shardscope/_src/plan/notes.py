@@ -28,7 +28,8 @@ class PlanNote(NoteKind):
     INEXACT = "inexact"
     #: the jit program reduces replicated gradients after every micro-batch
     PER_MICROBATCH_REDUCTION = "per-microbatch-reduction"
-    #: one pipeline stage was compiled (values: ``stages``, ``layers``, ``devices``)
+    #: one pipeline stage was compiled (values: ``stages``, ``layers``, ``devices``; and
+    #: ``virtual_stages`` when interleaved)
     PIPELINE_STAGE = "pipeline-stage"
     #: compiled again by a target's compiler (values: ``target``, ``memory_bytes``,
     #: ``estimate_bytes``; or ``target`` and ``error`` when it failed)
@@ -134,6 +135,21 @@ def _rematerialization(v: Mapping[str, Any]) -> str:
 
 def _memory_pressure(v: Mapping[str, Any]) -> str:
     return MemoryPressure.from_dict(v).sentence(f"the {v['compiler']}")
+
+
+def _pipeline_stage(v: Mapping[str, Any]) -> str:
+    text = (
+        f"one of {v['stages']} pipeline stages compiled ({v['layers']} layers, on "
+        f"{v['devices']} devices, holding the embedding and the unembedding of the first and "
+        f"last stages); the stage-to-stage transfers and the bubble are in the time model"
+    )
+    chunks = v.get("virtual_stages", 1)
+    if chunks > 1:
+        text += (
+            f"; interleaved, each device runs these layers as {chunks} virtual stages of "
+            f"{v['layers'] // chunks}, whose collectives are the compiled stage's"
+        )
+    return text
 
 
 def _compiled_by_target(v: Mapping[str, Any]) -> str:
@@ -267,11 +283,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
         "time model reduces them once per step, as Megatron-LM, DeepSpeed and PyTorch DDP do "
         "(shard_map with one psum at the end compiles so)"
     ),
-    PlanNote.PIPELINE_STAGE: (
-        "one of {stages} pipeline stages compiled ({layers} layers, on {devices} devices, "
-        "holding the embedding and the unembedding of the first and last stages); the "
-        "stage-to-stage transfers and the bubble are in the time model"
-    ),
+    PlanNote.PIPELINE_STAGE: _pipeline_stage,
     PlanNote.COMPILED_BY_TARGET: _compiled_by_target,
     PlanNote.MEMORY_PRESSURE: _memory_pressure,
     PlanNote.ANALYTIC_MEMORY: (

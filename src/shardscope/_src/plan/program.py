@@ -49,9 +49,9 @@ from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
-from shardscope._src.plan.candidates import divisors
 from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
+from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.sweep import pareto_front
 from shardscope._src.plan.types import (

@@ -20,6 +20,7 @@ from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
     check_matmul_dtype,
+    interleave_problem,
 )
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import Hardware
@@ -93,6 +94,11 @@ class PlanRequest:
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
             layers and the devices).
+        virtual_stages: fix the model chunks each pipeline stage's device runs (interleaved
+            1F1B, Narayanan et al. 2021, section 2.2.2; Megatron-LM's virtual pipeline
+            stages): 1 is plain 1F1B; more needs pipeline stages, dividing each stage's
+            layers, and micro-batches a multiple of the stages. None (the default): 1 and
+            every count up to 4 that runs.
         compile_top: how many of the best estimated strategy-and-mesh pairs to compile (the
             best plan of each validated strategy is compiled as well).
         compiler: None (the default): the hardware's own target when its compiler is
@@ -154,6 +160,7 @@ class PlanRequest:
     vocab_split: bool | None = None
     microbatches: int | None = None
     stages: int | None = None
+    virtual_stages: int | None = None
     compile_top: int = 3
     compiler: str | None = None
     target_plans: int = 3
@@ -220,6 +227,16 @@ def _check_counts(r: PlanRequest) -> None:
         raise PlanError(
             f"compile_top={r.compile_top!r}: must be 0 or a positive number", param="compile_top"
         )
+    if r.virtual_stages is not None:
+        # What the model's layers do not decide (they are checked when the sweep starts).
+        problem = interleave_problem(
+            r.virtual_stages,
+            r.stages if is_int(r.stages, 1) else None,
+            r.microbatches if is_int(r.microbatches, 1) else None,
+            train=r.mode == Mode.TRAIN,
+        )
+        if problem is not None:
+            raise PlanError(problem, param="virtual_stages")
 
 
 def check_dims(values: Mapping[str, Any]) -> None:

@@ -173,6 +173,7 @@ def plan(
     vocab_split: bool | None = _D.vocab_split,
     microbatches: int | None = _D.microbatches,
     stages: int | None = _D.stages,
+    virtual_stages: int | None = _D.virtual_stages,
     compile_top: int = _D.compile_top,
     compiler: str | None = _D.compiler,
     target_plans: int = _D.target_plans,
@@ -236,6 +237,7 @@ def plan(
         vocab_split=vocab_split,
         microbatches=microbatches,
         stages=stages,
+        virtual_stages=virtual_stages,
         compile_top=compile_top,
         compiler=compiler,
         target_plans=target_plans,
@@ -271,6 +273,13 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
             f"{STAGE_AXIS} axis sets the pipeline stages; give one of them",
             param=("stages", "mesh"),
         )
+    if pinned is not None and (r.virtual_stages or 1) > 1 and STAGE_AXIS not in pinned:
+        raise PlanError(
+            f"virtual_stages={r.virtual_stages}: interleaving splits the layers of each "
+            f"pipeline stage, and mesh={format_mesh_spec(pinned)!r} has no {STAGE_AXIS} axis; "
+            f"give a mesh with one (e.g. {STAGE_AXIS}=2,...) or virtual_stages=1",
+            param=("virtual_stages", "mesh"),
+        )
 
     ranked_screen, skipped, n_candidates = screen_all(
         config,
@@ -287,6 +296,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         offload_optimizer=r.offload_optimizer,
         matmul_dtype=r.matmul_dtype,
         vocab_split=r.vocab_split,
+        virtual_stages=r.virtual_stages,
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
@@ -317,6 +327,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "vocab_split": r.vocab_split,
         "microbatches": r.microbatches,
         "stages": stages,
+        "virtual_stages": r.virtual_stages,
         "mesh": None if pinned is None else format_mesh_spec(pinned),
         "compile_top": r.compile_top,
         "matmul_dtype": r.matmul_dtype,
@@ -440,6 +451,8 @@ def _compiled_plan(
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
     if cand.stages > 1:
         values = {"stages": cand.stages, "layers": stage.layers}
+        if cand.virtual_stages > 1:
+            values["virtual_stages"] = cand.virtual_stages
         notes.append(
             Note(PlanNote.PIPELINE_STAGE, {**values, "devices": math.prod(sizes.values())})
         )
@@ -472,6 +485,7 @@ def _compiled_plan(
         offload_optimizer=cand.offload_optimizer,
         vocab_split=cand.vocab_split,
         stages=cand.stages,
+        virtual_stages=cand.virtual_stages,
         time=step,
         estimated_time=s.time,
         pricing=s.pricing,

@@ -162,6 +162,7 @@ def recompile_on_target(
             p.remat,
             p.offload_optimizer,
             p.vocab_split,
+            p.virtual_stages,
         )
         facts = target_facts(
             cand, stage_config(config, cand, flash_attention=flash_attention), mode, target

@@ -33,7 +33,14 @@ Per micro-batch on the slowest pipeline stage, one device:
 * **pipeline** (1F1B, Narayanan et al., arXiv 2104.04473, section 2.2): ``m + p - 1``
   micro-batch slots of the stage time, so the bubble is ``(p - 1) / (m + p - 1)`` of the
   pipeline; each slot also sends the micro-batch's activations to the next stage and their
-  gradient back (point-to-point, ``b s h / t`` bytes each way).
+  gradient back (point-to-point, ``b s h / t`` bytes each way). Interleaved with ``v``
+  virtual stages (section 2.2.2: each device runs ``v`` chunks of ``1 / v`` of its layers),
+  a chunk's forward and backward take ``t_f / v`` and ``t_b / v``, the bubble is the
+  paper's ``t_pb^int = (p - 1) (t_f + t_b) / v``, ``1 / v`` of 1F1B's: the pipeline is
+  ``v m + p - 1`` chunk slots and the bubble ``(p - 1) / (v m + p - 1)`` of it (the paper's
+  ``(1 / v) (p - 1) / m`` of the ideal time). Each chunk sends its activations on and
+  their gradient back, so the point-to-point transfers grow ``v``-fold ("the amount of
+  communication also increases by v").
 * **data-parallel and FSDP collectives** (over the data axes): overlapped with compute as far
   as the schedule allows. FSDP's gathers and reduce-scatters repeat per micro-batch and hide
   behind that micro-batch's forward and backward; ZeRO-2's gradient reduce-scatters repeat
@@ -188,6 +195,8 @@ class StepWork:
     cast_bytes: float = 0.0
     cast_bwd_bytes: float = 0.0
     cast_recompute_bytes: float = 0.0
+    #: model chunks per device (interleaved 1F1B; 1: plain 1F1B)
+    virtual_stages: int = 1
 
 
 @dataclass(frozen=True)
@@ -239,8 +248,11 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
     tp_exposed = max(0.0, tp / m - (fwd + bwd)) if hw.tp_overlap else tp / m
     p2p_one = (work.p2p_bytes / work.p2p_bandwidth + hw.latency_s) if p > 1 else 0.0
-    slot = fwd + bwd + tp_exposed + 2 * p2p_one
-    pipeline = (m + p - 1) * slot
+    # One model chunk of one micro-batch, forward and backward, with its two transfers: the
+    # whole stage's work per micro-batch without interleaving.
+    v = work.virtual_stages
+    slot = (fwd + bwd + tp_exposed) / v + 2 * p2p_one
+    pipeline = (v * m + p - 1) * slot
     # The collectives of one class share its window: they go over the same links one after
     # another, so what exceeds the window in all is exposed.
     by_class: dict[OverlapClass, float] = {}
@@ -269,12 +281,12 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         tp_comm_s=tp,
         data_comm_s=data,
         data_exposed_s=exposed,
-        p2p_s=2 * m * p2p_one,
+        p2p_s=2 * v * m * p2p_one,
         bubble_s=(p - 1) * slot,
         optimizer_s=optimizer,
         step_s=step,
         mfu=work.model_flops / (work.devices * hw.peak_flops * step) if step > 0 else 0.0,
-        bubble_fraction=(p - 1) / (m + p - 1),
+        bubble_fraction=(p - 1) / (v * m + p - 1),
         offload_s=2 * m * host,
     )
 
@@ -355,7 +367,8 @@ def step_work(
     """The work of one device on the slowest stage (the one with the unembedding) of a step
     of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``;
     with ``matmul_dtype="fp8"`` the layers' matmul FLOPs that run in fp8 and the bytes of
-    their casts (see the module docstring)."""
+    their casts (see the module docstring). Interleaved, the device runs the same layers in
+    ``virtual_stages`` chunks: the same work, in more, shorter slots (:func:`step_time`)."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -450,6 +463,7 @@ def step_work(
             else 0
         ),
         **fp8_work,
+        virtual_stages=schedule.virtual_stages,
     )
 
 

@@ -48,7 +48,8 @@ class Candidate:
     """One strategy on one mesh shape with its schedule, before it is filtered or compiled.
 
     A mesh axis named ``stage`` holds pipeline stages (1F1B); ``microbatches`` and ``remat``
-    are the train step's gradient accumulation and activation recomputation.
+    are the train step's gradient accumulation and activation recomputation;
+    ``virtual_stages`` the model chunks each stage's device runs (interleaved 1F1B).
     """
 
     strategy: str
@@ -59,6 +60,9 @@ class Candidate:
     offload_optimizer: bool = False
     #: the embedding, unembedding and logits split over ``model`` along the vocabulary
     vocab_split: bool = False
+    #: model chunks per device, each ``1 / virtual_stages`` of a stage's layers (interleaved
+    #: 1F1B, Narayanan et al., arXiv 2104.04473, section 2.2.2); 1: plain 1F1B
+    virtual_stages: int = 1
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -83,10 +87,13 @@ class Candidate:
 
     @property
     def schedule_label(self) -> str:
-        """``"4 micro-batches, full recompute"``, or ``""`` for one micro-batch, no recompute."""
+        """``"4 micro-batches, 2 virtual stages, full recompute"``, or ``""`` for one
+        micro-batch, no recompute."""
         parts = []
         if self.microbatches > 1:
             parts.append(f"{self.microbatches} micro-batches")
+        if self.virtual_stages > 1:
+            parts.append(f"{self.virtual_stages} virtual stages")
         if self.remat != Remat.NONE:
             parts.append(f"{self.remat} recompute")
         if self.offload_optimizer:
@@ -321,6 +328,8 @@ class Plan:
     offload_optimizer: bool = False
     #: The embedding, unembedding and logits split over ``model`` along the vocabulary.
     vocab_split: bool = False
+    #: Model chunks per device (interleaved 1F1B; 1: plain 1F1B).
+    virtual_stages: int = 1
     #: The compiled program's step time and its parts (None: no time model).
     time: StepTime | None = None
     #: The screening estimate's step time and its parts.
@@ -354,6 +363,7 @@ class Plan:
             self.remat,
             self.offload_optimizer,
             self.vocab_split,
+            self.virtual_stages,
         ).schedule_label
 
     @property

@@ -47,8 +47,9 @@ def format_ratio(r: float | None) -> str:
 
 def schedule_text(p: Plan) -> str:
     """``'m=4, full'``: micro-batches per data shard and recomputation (stages are the
-    mesh's ``stage`` axis)."""
-    return f"m={p.microbatches}, {p.remat}"
+    mesh's ``stage`` axis), and ``'m=4, v=2, full'`` with 2 virtual stages (interleaved)."""
+    chunks = f"v={p.virtual_stages}, " if p.virtual_stages > 1 else ""
+    return f"m={p.microbatches}, {chunks}{p.remat}"
 
 
 def format_mfu(mfu: float | None) -> str:
