@@ -199,7 +199,17 @@ def test_tied_embeddings_unembed_with_the_embedding():
     assert np.isfinite(float(value)) and "unembed" not in grads
 
 
-@pytest.mark.parametrize("strategy, mesh", [("zero2", "data=4"), ("fsdp_tp", "data=2,model=2")])
+@pytest.mark.parametrize(
+    "strategy, mesh",
+    [
+        ("zero2", "data=4"),
+        ("fsdp_tp", "data=2,model=2"),
+        ("dp", "data=4"),
+        ("zero1", "data=4"),
+        ("dp_tp", "data=2,model=2"),
+        ("dp_sp", "data=2,model=2"),
+    ],
+)
 def test_micro_batches_accumulate_the_gradients_of_the_whole_batch(strategy, mesh):
     import jax
 
@@ -219,6 +229,23 @@ def test_micro_batches_accumulate_the_gradients_of_the_whole_batch(strategy, mes
         _, grads = _run(ref.fn, *args)
         want = jax.tree.map(lambda p, g: p - UPDATE_STEP * g, args[0], grads)
         _close(out1, want)
+
+
+@pytest.mark.parametrize("strategy", ["dp", "zero1"])
+def test_replicated_gradients_are_reduced_once_however_many_micro_batches(strategy):
+    from shardscope import audit
+    from shardscope._src.sharding.programs import build_reference_program
+
+    config = replace(SMALL, batch=32, attention="blocked", attention_block=8, remat="full")
+
+    def data_all_reduce(m):
+        program = build_reference_program(strategy, config, "data=8", mode="train", microbatches=m)
+        sent = [c for c in audit(program.lower()).collectives if c.kind == "all-reduce"]
+        return sum(c.count * c.traffic_bytes for c in sent)
+
+    # Four micro-batches send one step's gradients, and three more float32 losses (a ring of 8
+    # sends 2 x 7/8 of each 4 bytes), not four steps' gradients.
+    assert data_all_reduce(4) == data_all_reduce(1) + 3 * (2 * 7 * 4 // 8)
 
 
 def test_micro_batches_must_divide_the_sequences_of_a_data_shard():

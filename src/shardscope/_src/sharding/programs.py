@@ -9,7 +9,7 @@ allocating anything; :meth:`Program.example_args` makes concrete sharded arrays 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -228,7 +228,12 @@ def build_reference_program(
             def objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, hooks)
 
-            run = _train_step(placement, objective, microbatches)
+            shard_hooks = JitHooks(_per_shard(placement))
+
+            def shard_objective(params: Any, batch: Any) -> Any:
+                return loss(params, batch, config, shard_hooks)
+
+            run = _train_step(placement, objective, microbatches, shard_objective)
     else:
         local = _shard_map_forward(placement, capture)
         if mode == Mode.FORWARD:
@@ -282,15 +287,48 @@ def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: in
         )
 
 
+def _per_shard(placement: Placement) -> Placement:
+    """``placement`` as one data shard's program sees it: the activations' batch no longer
+    split over the data axes (the shards are mapped over them instead)."""
+    s = placement.strategy
+    acts = {
+        point: tuple(None if r == Role.DATA else r for r in roles)
+        for point, roles in s.activation_rules().items()
+    }
+    local = replace(s, activations=tuple(acts.items()))
+    return Placement(local, placement.config, placement.mesh, placement.axes, placement.constraints)
+
+
+def accumulates_locally(placement: Placement) -> bool:
+    """Whether the reference train step accumulates each data shard's gradients locally and
+    reduces them once per step (DP, ZeRO-1 and their tensor-parallel forms: gradients
+    replicated over the data axes), as Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync``
+    do; the others reduce-scatter each micro-batch's gradients (FSDP, ZeRO-2)."""
+    s = placement.strategy
+    data_sharded = any(Role.DATA in roles for roles in s.grad_rules().values())
+    return s.batch_role == Role.DATA and not data_sharded
+
+
 def _train_step(
-    bound: Placement, objective: Callable[[Any, Any], Any], microbatches: int
+    bound: Placement,
+    objective: Callable[[Any, Any], Any],
+    microbatches: int,
+    shard_objective: Callable[[Any, Any], Any] | None = None,
 ) -> Callable[[Any, Any], Any]:
-    """``(params, batch) -> (loss, grads)``, or ``(loss, new_params)`` for ZeRO-1/-2."""
+    """``(params, batch) -> (loss, grads)``, or ``(loss, new_params)`` for ZeRO-1/-2.
+
+    With micro-batches, a strategy whose gradients are replicated over the data axes
+    (:func:`accumulates_locally`) maps ``shard_objective`` over the data shards: each device
+    adds up its own shard's gradients, unreduced, and they are summed over the data axes
+    once, after the last micro-batch. (Accumulating the summed gradient instead makes the
+    compiler all-reduce every micro-batch's.)"""
 
     wsc = jax.lax.with_sharding_constraint
     grad_sh = jax.tree.map(bound.sharding, bound.grad_specs())
     in_spec, target_spec = bound.batch_specs()
     m = microbatches
+    if m > 1 and shard_objective is not None and accumulates_locally(bound):
+        return _local_accumulation(bound, shard_objective, m)
 
     def split(x: Any) -> Any:
         # [B, ...] -> [m, B/m, ...]: micro-batch i holds sequences i, i + m, ... of every
@@ -319,7 +357,15 @@ def _train_step(
 
     if not bound.strategy.updates_shards:
         return accumulate
+    return _sharded_update(bound, accumulate)
 
+
+def _sharded_update(
+    bound: Placement, accumulate: Callable[[Any, Any], Any]
+) -> Callable[[Any, Any], Any]:
+    """ZeRO-1/-2's step after ``accumulate``: each device updates its shard of the
+    parameters, and the new parameters are gathered back to their sharding."""
+    wsc = jax.lax.with_sharding_constraint
     opt_sh = jax.tree.map(bound.sharding, bound.optimizer_specs())
     params_sh = jax.tree.map(bound.sharding, bound.param_specs())
 
@@ -334,6 +380,48 @@ def _train_step(
         return value, wsc(shard, params_sh)
 
     return run
+
+
+def _local_accumulation(
+    bound: Placement, shard_objective: Callable[[Any, Any], Any], m: int
+) -> Callable[[Any, Any], Any]:
+    """The train step of :func:`_train_step` that accumulates per data shard."""
+    wsc = jax.lax.with_sharding_constraint
+    data = bound.entry(Role.DATA)
+    d = bound.role_size(Role.DATA)
+    grad_specs = bound.grad_specs()
+    grad_sh = jax.tree.map(bound.sharding, grad_specs)
+    # One partial gradient per data shard, on its shard: [d, *shape], axis 0 over the data axes.
+    partial_sh = jax.tree.map(lambda s: bound.sharding(PartitionSpec(data, *s)), grad_specs)
+
+    def by_shard(x: Any) -> Any:
+        # [B, ...] -> [m, d, B/(m d), ...]: micro-batch i of shard j holds that shard's own
+        # sequences (as the plain accumulation splits them), so nothing moves.
+        x = x.reshape(d, x.shape[0] // (d * m), m, *x.shape[1:])
+        x = jnp.moveaxis(x, 2, 0)
+        return wsc(x, bound.sharding(PartitionSpec(None, data)))
+
+    def run(params: Any, batch: Any) -> Any:
+        per_shard = jax.vmap(
+            jax.value_and_grad(shard_objective), in_axes=(None, 0), spmd_axis_name=data
+        )
+
+        def step(carry: Any, mb: Any) -> Any:
+            total, acc = carry
+            values, grads = per_shard(params, mb)
+            acc = jax.tree.map(lambda a, g: a + g, acc, grads)
+            return (total + values.sum(), wsc(acc, partial_sh)), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros((d, *p.shape), p.dtype), params)
+        zeros = wsc(zeros, partial_sh)
+        inputs, targets = by_shard(batch[0]), by_shard(batch[1])
+        (total, acc), _ = jax.lax.scan(step, (jnp.float32(0.0), zeros), (inputs, targets))
+        grads = jax.tree.map(lambda g: g.sum(axis=0) / (d * m), acc)
+        return total / (d * m), wsc(grads, grad_sh)
+
+    if not bound.strategy.updates_shards:
+        return run
+    return _sharded_update(bound, run)
 
 
 def _twins() -> list[str]:
