@@ -1,6 +1,8 @@
 """The collectives a transformer strategy cannot do without, per layer and mode: Megatron-LM
-(arXiv 1909.08053 section 3), sequence parallelism (arXiv 2205.05198 section 4.2.2) and ZeRO
-(arXiv 1910.02054 section 7)."""
+(arXiv 1909.08053 section 3), sequence parallelism (arXiv 2205.05198 section 4.2.2), ZeRO
+(arXiv 1910.02054 section 7) and context parallelism (the keys and values gathered over the
+sequence shards: MaxText's and torchtitan's all-gather form; ring attention, arXiv
+2310.01889, moves the same bytes)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
 from shardscope._src.model.config import LAYER_PARAMS, Mode, param_shapes
-from shardscope._src.sharding.strategies import Placement, Role
+from shardscope._src.sharding.strategies import Placement, Role, entry_roles, uses_role
 
 # -- transformer strategies -----------------------------------------------------------------
 
@@ -47,6 +49,13 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
       scatters its gradient. Keeping the gathered weights for the backward pass (what
       autodiff does without rematerialisation) needs no second gather; ZeRO-3 as published
       gathers again (1.5x data parallel).
+    * context parallel (the sequence over ``context``, ``c`` ways): every query attends to
+      the whole sequence, so each layer all-gathers its keys and its values over ``context``
+      (result ``batch/data x seq x kv_dim`` each); train reduce-scatters their gradients back
+      to the sequence shards. Ring attention sends the same ``(c-1)/c`` of them in ``c-1``
+      steps overlapped with the blocks' compute. Every weight sees a slice of the tokens, so
+      its gradient is summed over ``context`` too, in one all-reduce with the data axes (or,
+      FSDP over data and context together, one reduce-scatter over both).
     * train, any strategy that shards tokens: the scalar loss is all-reduced over those axes.
 
     >>> from shardscope._src.model.config import ModelConfig
@@ -66,6 +75,11 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
 
     if Role.MODEL in s.roles:
         terms += _activation_terms(s.sequence_parallel, model_axes, t, activation, L, train)
+    if s.context_parallel:
+        context_axes, n_context = _group(placement, [Role.CONTEXT])
+        assert c.kv_heads is not None and c.head_dim is not None  # set by ModelConfig
+        keys = (c.batch // n_data) * c.seq * c.kv_heads * c.head_dim * c.itemsize
+        terms += _context_terms(context_axes, n_context, keys, L, train)
     if s.vocab_split and c.vocab is not None:
         tokens = (c.batch // n_data) * c.seq
         terms += _vocab_terms(model_axes, t, activation, tokens, train)
@@ -74,7 +88,7 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
         terms += _weight_terms(placement, name, shape, train)
     if train:
         terms += _loss_terms(placement)
-        if Role.DATA in storage["wqkv"]:
+        if uses_role(storage["wqkv"], Role.DATA):
             notes.append(Note(BoundNote.FSDP_KEEPS_GATHERED))
     return Bound(f"{placement.name} {mode}", tuple(terms), tuple(notes))
 
@@ -131,6 +145,24 @@ def _activation_terms(
     return terms
 
 
+def _context_terms(
+    axes: tuple[str, ...], n: int, keys: int, layers: int, train: bool
+) -> list[Term]:
+    """Context parallelism: per layer the keys and the values (``keys`` bytes each, the
+    whole sequence of one data shard) all-gathered over ``context`` for attention, and in
+    training their gradients reduce-scattered back to the sequence shards."""
+    terms: list[Term] = []
+    role, scope = TermRole.ACTIVATION, "attention"
+    for name in ("keys", "values"):
+        what = f"{name} gathered over the sequence shards"
+        terms += _term(ALL_GATHER, axes, n, keys, layers, what, scope, role)
+    if train:
+        for name in ("keys", "values"):
+            what = f"gradient of the gathered {name} reduce-scattered to the sequence shards"
+            terms += _term(REDUCE_SCATTER, axes, n, keys, layers, what, scope, role)
+    return terms
+
+
 def _weight_terms(
     placement: Placement, name: str, shape: tuple[int, ...], train: bool
 ) -> list[Term]:
@@ -144,29 +176,35 @@ def _weight_terms(
     model_ways = math.prod(placement.role_size(r) for r in used_roles if r == Role.MODEL)
     payload = math.prod(one) * c.itemsize // model_ways  # as the data group sees it
     scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
-    data_sharded = Role.DATA in storage[name]
-    grads_sharded = train and Role.DATA in s.grad_rules()[name]
-    data_axes, n_data = _group(placement, [Role.DATA])
+    data_sharded = uses_role(storage[name], Role.DATA)
+    grads_sharded = train and uses_role(s.grad_rules()[name], Role.DATA)
+    data_axes, n_data = _group(placement, _shard_roles(storage[name]))
     terms: list[Term] = []
     if data_sharded:
         what = f"{name} gathered at use"
         role = TermRole.WEIGHT_GATHER
         terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
     if grads_sharded:
+        data_axes, n_data = _group(placement, _shard_roles(s.grad_rules()[name]))
         what = f"{name} gradient reduce-scattered to its shards"
         role = TermRole.GRADIENT_SCATTER
         terms += _term(REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope, role)
-    if train and not data_sharded and Role.DATA in s.optimizer_rules()[name]:
+    if train and not data_sharded and uses_role(s.optimizer_rules()[name], Role.DATA):
+        data_axes, n_data = _group(placement, _shard_roles(s.optimizer_rules()[name]))
         what = f"{name} updated shards gathered (ZeRO)"
         role = TermRole.UPDATE_GATHER
         terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
     # A gradient is partial over every axis that splits the tokens its weight sees:
-    # the data axes (unless FSDP's reduce-scatter covers them) and, under sequence
-    # parallelism, 'model' for weights it does not split (norm gains, embeddings).
+    # the data axes (unless FSDP's reduce-scatter covers them), under sequence
+    # parallelism 'model' for weights it does not split (norm gains, embeddings), and under
+    # context parallelism 'context' (unless the reduce-scatter covers it too).
     # One all-reduce over all of them at once is cheaper than one per axis.
+    scattered = _shard_roles(s.grad_rules()[name]) if grads_sharded else ()
     partial = []
-    if s.batch_role == Role.DATA and not grads_sharded:
+    if s.batch_role == Role.DATA and Role.DATA not in scattered:
         partial.append(Role.DATA)
+    if s.context_parallel and Role.CONTEXT not in scattered:
+        partial.append(Role.CONTEXT)
     if s.sequence_parallel and Role.MODEL not in used_roles:
         partial.append(Role.MODEL)
     if train and partial:
@@ -175,6 +213,12 @@ def _weight_terms(
         role = TermRole.GRADIENT_SUM
         terms += _term(ALL_REDUCE, axes, n, payload, count, what, scope, role)
     return terms
+
+
+def _shard_roles(roles: Sequence[str | tuple[str, ...] | None]) -> tuple[str, ...]:
+    """The roles of the dimension that holds ``data`` (FSDP's: ``data``, or ``data`` and
+    ``context`` together), or ``()``."""
+    return next((entry_roles(e) for e in roles if Role.DATA in entry_roles(e)), ())
 
 
 def _vocab_terms(
@@ -205,11 +249,12 @@ def _loss_terms(placement: Placement) -> list[Term]:
     s = placement.strategy
     token_roles = [
         r
-        for r in (Role.DATA, Role.MODEL)
+        for r in (Role.DATA, Role.MODEL, Role.CONTEXT)
         if r in placement.axes
         and (
             (r == Role.DATA and s.batch_role == Role.DATA)
             or (r == Role.MODEL and s.sequence_parallel)
+            or r == Role.CONTEXT
         )
     ]
     axes, n = _group(placement, token_roles)

@@ -114,6 +114,12 @@ class Hooks:
         """Queries, keys and values ``[batch, seq, heads, head_dim]``."""
         return x
 
+    def keys(self, x: Any) -> Any:
+        """The keys or the values ``[batch, seq, kv_heads, head_dim]`` as attention uses them,
+        after :meth:`heads`: every query attends to the whole sequence's, so under context
+        parallelism (the sequence sharded) this is where they are gathered."""
+        return x
+
     def hidden(self, x: Any) -> Any:
         """The MLP hidden activation ``[batch, seq, ff]``."""
         return x
@@ -155,8 +161,8 @@ def attention(
         group = slots - 2
         q = hooks.heads(qkv[:, :, :, :group].reshape(batch, seq, kv * group, hd))
         q = q.reshape(batch, seq, kv, group, hd)
-        k = hooks.heads(qkv[:, :, :, group])
-        v = hooks.heads(qkv[:, :, :, group + 1])
+        k = hooks.keys(hooks.heads(qkv[:, :, :, group]))
+        v = hooks.keys(hooks.heads(qkv[:, :, :, group + 1]))
         if impl == "blocked":
             o = blocked_attention(q, k, v, block)
         else:

@@ -4,8 +4,9 @@ an abstract mesh and estimated (memory per device, the time model's step), and t
 compiling.
 
 1. **Enumerate** candidates: each strategy with each factorization of N over its roles (a 1-D
-   mesh ``data=N`` or ``model=N``; a 2-D mesh ``data=d,model=t`` with ``d, t >= 2``; more axes
-   would give the same program, because the ``data`` role spans every non-model axis).
+   mesh ``data=N`` or ``model=N``; a 2-D mesh ``data=d,model=t``, or ``data=d,context=c`` for
+   the context-parallel strategies, with ``d, t, c >= 2``; more axes would give the same
+   program, because the ``data`` role spans every axis the other roles leave).
 2. **Screen** without compiling: a candidate whose dimensions do not divide is skipped
    (the strategy's own :class:`StrategyError` says which), one whose model state (parameters,
    gradients, optimizer state) alone exceeds the device memory is skipped for memory.
@@ -70,6 +71,8 @@ def candidates(
     ['tp model=8', 'dp_tp data=4,model=2', 'dp_tp data=2,model=4']
     >>> [c.label for c in candidates(["fsdp"], 8, (1, 2))]
     ['fsdp data=8', 'fsdp stage=2,data=4']
+    >>> [c.label for c in candidates(["fsdp_cp"], 8)]
+    ['fsdp_cp data=4,context=2', 'fsdp_cp data=2,context=4']
 
     With ``mesh`` (axis sizes, in the planner's order: ``stage``, ``pod``..., ``data``,
     ``model``), only the candidates on exactly that mesh:
@@ -122,7 +125,7 @@ def pinned_mesh(
         shapes = sorted({c.mesh_spec for c in candidates(STRATEGIES, devices, (stage,))})
         why = (
             f"the planner names the axes {STAGE_AXIS} (pipeline stages, first), pod..., data "
-            f"and model (last), e.g. {', '.join(shapes[:4])}"
+            f"and model or context (last), e.g. {', '.join(shapes[:4])}"
         )
         raise PlanError(f"mesh={where!r}: no strategy runs on it; {why}", param="mesh")
     raise PlanError(

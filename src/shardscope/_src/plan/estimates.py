@@ -18,7 +18,12 @@ Memory (per device, bytes):
   gradient beside them when training (``/t`` under sequence parallelism, which projects each
   device's own tokens).
   Scaled by ``itemsize / 2`` for 32-bit models. A forward pass keeps one layer's.
+  Context parallelism (the sequence over ``context``, ``c`` ways) divides every activation
+  and the logits by ``c``: each device holds ``s / c`` tokens of its sequences.
 * FSDP's gathered weights: one layer's full weights (divided by ``t``), alive while it runs.
+* Context parallelism's gathered keys and values: one layer's, the whole sequence,
+  ``2 s kv_dim b`` elements, alive while it runs (the all-gather form; ring attention holds
+  two blocks of them at a time instead).
 
 Model FLOPs per step (the same paper's Eq. 7, generalised to an MLP of width ``f``): forward
 ``2 T (L (4h^2 + 2hf) + 2 L s h + h v)`` for ``T = batch x seq`` tokens (non-causal attention,
@@ -37,7 +42,7 @@ from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record, record_dict
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.model.config import LAYER_PARAMS, Mode, ModelConfig, Remat, param_shapes
-from shardscope._src.sharding.strategies import Placement, Role
+from shardscope._src.sharding.strategies import Placement, Role, uses_role
 from shardscope._src.targets.hardware import Hardware
 
 #: Mixed-precision Adam: bf16 params (2) + bf16 grads (2) + fp32 master, m, v (12).
@@ -100,6 +105,9 @@ class MemoryEstimate:
     host: int = 0
     #: the optimizer state is in host memory (``optimizer`` still says how large it is)
     optimizer_on_host: bool = False
+    #: one layer's keys and values of the whole sequence, gathered over ``context`` while
+    #: it runs (context parallelism)
+    gathered_kv: int = 0
 
     @property
     def device_optimizer(self) -> int:
@@ -114,7 +122,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.model_state + self.activations + self.gathered_weights
+        return self.model_state + self.activations + self.gathered_weights + self.gathered_kv
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self, extra=("model_state", "total"))
@@ -127,6 +135,11 @@ def data_ways(placement: Placement) -> int:
 
 def model_ways(placement: Placement) -> int:
     return placement.role_size(Role.MODEL) if Role.MODEL in placement.strategy.roles else 1
+
+
+def context_ways(placement: Placement) -> int:
+    """How many ways the sequence of every activation is split (context parallelism), or 1."""
+    return placement.role_size(Role.CONTEXT) if placement.strategy.context_parallel else 1
 
 
 def elements_per_device(placement: Placement, rules: Mapping[str, Any]) -> int:
@@ -259,6 +272,16 @@ def sequences_per_device(placement: Placement, microbatches: int = 1) -> int:
     return placement.config.batch // data_ways(placement) // microbatches
 
 
+def tokens_per_device(placement: Placement, microbatches: int = 1) -> int:
+    """Tokens of one micro-batch on one device: its sequences, each ``seq / c`` long under
+    context parallelism."""
+    return (
+        sequences_per_device(placement, microbatches)
+        * placement.config.seq
+        // context_ways(placement)
+    )
+
+
 def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float]:
     """Bytes of one layer's activations for ``b`` sequences on one device: (replicated
     over the model axis, split by it, attention scores split by it), at the model's dtype."""
@@ -275,7 +298,7 @@ def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float
         whole, split = 0.0, (10 * h + split) / t
     else:
         whole, split = 10.0 * h, split / t
-    scale = s * b * c.itemsize / 2
+    scale = s * b * c.itemsize / 2 / context_ways(placement)  # a device's own tokens
     return whole * scale, split * scale, scores / t * scale
 
 
@@ -303,7 +326,7 @@ def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) 
     c = placement.config
     assert c.head_dim is not None and c.kv_heads is not None
     t = model_ways(placement)
-    b = sequences_per_device(placement, microbatches)
+    tokens = tokens_per_device(placement, microbatches)
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     up = 2 * c.ff if c.mlp == "swiglu" else c.ff
     whole = 3 * c.d_model
@@ -312,7 +335,7 @@ def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) 
         per_token = (whole + split) / t
     else:
         per_token = whole + split / t
-    return math.ceil(c.seq * b * per_token * c.itemsize)
+    return math.ceil(tokens * per_token * c.itemsize)
 
 
 def offloaded_bytes_per_layer(placement: Placement, microbatches: int = 1) -> int:
@@ -322,14 +345,14 @@ def offloaded_bytes_per_layer(placement: Placement, microbatches: int = 1) -> in
     c = placement.config
     assert c.head_dim is not None and c.kv_heads is not None
     t = model_ways(placement)
-    b = sequences_per_device(placement, microbatches)
+    tokens = tokens_per_device(placement, microbatches)
     whole = c.d_model
     split = c.heads * c.head_dim + 2 * c.kv_heads * c.head_dim
     if placement.strategy.sequence_parallel:
         per_token = (whole + split) / t
     else:
         per_token = whole + split / t
-    return math.ceil(c.seq * b * per_token * c.itemsize)
+    return math.ceil(tokens * per_token * c.itemsize)
 
 
 #: Layers of offloaded tensors in device memory at once under ``Remat.OFFLOAD``: the one being
@@ -358,9 +381,9 @@ def stored_activation_bytes_per_layer(
             placement, flash_attention=True, microbatches=schedule.microbatches
         )
     c = placement.config
-    b = sequences_per_device(placement, schedule.microbatches)
+    tokens = tokens_per_device(placement, schedule.microbatches)
     t = model_ways(placement) if placement.strategy.sequence_parallel else 1
-    return math.ceil(c.seq * b * c.d_model * c.itemsize / t)
+    return math.ceil(tokens * c.d_model * c.itemsize / t)
 
 
 def logits_bytes(placement: Placement, sequences: int, *, train: bool = True) -> int:
@@ -368,13 +391,14 @@ def logits_bytes(placement: Placement, sequences: int, *, train: bool = True) ->
     their gradient beside them (the loss reduces them in float32 without storing a float32
     copy). Split over ``model`` when the strategy shards the sequence there (sequence
     parallelism: each device projects its own tokens) or the vocabulary (each device projects
-    onto its slice of it)."""
+    onto its slice of it), and over ``context`` under context parallelism (its own tokens)."""
     c = placement.config
     if not c.vocab:
         return 0
     per_element = 2 * c.itemsize if train else c.itemsize
     s = placement.strategy
     split = model_ways(placement) if s.sequence_parallel or s.vocab_split else 1
+    split *= context_ways(placement)
     return sequences * c.seq * c.vocab * per_element // split
 
 
@@ -445,7 +469,9 @@ def estimate_memory(
             activation_bytes_per_layer(placement, flash_attention=flash_attention) + logits
         )
     gathered = 0
-    if Role.DATA in s.roles and any(Role.DATA in roles for roles in s.param_rules().values()):
+    if Role.DATA in s.roles and any(
+        uses_role(roles, Role.DATA) for roles in s.param_rules().values()
+    ):
         layer = sum(
             math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
         )
@@ -453,7 +479,27 @@ def estimate_memory(
     on_host = train and sched.offload_optimizer
     if on_host:
         host += optimizer
-    return MemoryEstimate(params, grads, optimizer, activations, gathered, host, on_host)
+    return MemoryEstimate(
+        params,
+        grads,
+        optimizer,
+        activations,
+        gathered,
+        host,
+        on_host,
+        gathered_kv_bytes(placement, m),
+    )
+
+
+def gathered_kv_bytes(placement: Placement, microbatches: int = 1) -> int:
+    """Context parallelism: one layer's keys and values of the whole sequence on one device,
+    ``2 x seq x kv_dim x b x itemsize``, alive while the layer runs (0 for other strategies)."""
+    c = placement.config
+    if not placement.strategy.context_parallel:
+        return 0
+    assert c.head_dim is not None and c.kv_heads is not None  # set by ModelConfig
+    b = sequences_per_device(placement, microbatches)
+    return 2 * c.seq * c.kv_heads * c.head_dim * b * c.itemsize
 
 
 def layer_matmul_params(config: ModelConfig) -> int:

@@ -39,6 +39,7 @@ DEFAULT_STRATEGIES = (
     "fsdp_tp",
     "dp_sp",
     "fsdp_sp",
+    "fsdp_cp",
 )
 #: The most devices a plan may have (a bound on the enumeration, far above any cluster).
 MAX_PLANNED_DEVICES = 2**20

@@ -30,6 +30,12 @@ Per micro-batch on the slowest pipeline stage, one device:
   the achieved bandwidth, on the critical path on GPUs; TPU compilers overlap them with the
   matmuls they feed (``tp_overlap``: collective matmuls), so only what exceeds the compute
   is exposed.
+* **context-parallel collectives** (over ``context``): the all-gathers of each layer's keys
+  and values and the reduce-scatters of their gradients, on the critical path on GPUs like
+  the tensor-parallel ones. XLA's async collectives can start a layer's gather during the
+  previous layer (and ring attention overlaps its ``c - 1`` steps with the blocks'
+  compute), but the attention that needs them waits: counted as exposed unless the
+  hardware overlaps collectives with the matmuls they feed (``tp_overlap``).
 * **pipeline** (1F1B, Narayanan et al., arXiv 2104.04473, section 2.2): ``m + p - 1``
   micro-batch slots of the stage time, so the bubble is ``(p - 1) / (m + p - 1)`` of the
   pipeline; each slot also sends the micro-batch's activations to the next stage and their
@@ -90,9 +96,9 @@ from shardscope._src.plan.estimates import (
     model_flops,
     model_ways,
     offloaded_bytes_per_layer,
-    sequences_per_device,
+    tokens_per_device,
 )
-from shardscope._src.sharding.strategies import Placement, Role
+from shardscope._src.sharding.strategies import Placement, Role, uses_role
 from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.links import collective_seconds
@@ -315,12 +321,18 @@ def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str
 def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapClass:
     """The overlap class of a collective over ``axes`` of ``placement``'s program."""
     model_axes = set(placement.axes.get(Role.MODEL, ()))
+    context_axes = set(placement.axes.get(Role.CONTEXT, ()))
     if axes and set(axes) <= model_axes:
+        return CRITICAL
+    if axes and set(axes) <= context_axes and kind != ALL_REDUCE:
+        # Context parallelism's keys and values, gathered and their gradients scattered:
+        # the layer's attention waits for them. An all-reduce over 'context' alone sums
+        # gradients (a compiler that reduces one axis at a time, as XLA:CPU does).
         return CRITICAL
     s = placement.strategy
     if kind == ALL_GATHER and s.updates_shards and not set(axes) & model_axes:
         return PER_STEP_FWD
-    fsdp = any(Role.DATA in roles for roles in s.param_rules().values())
+    fsdp = any(uses_role(roles, Role.DATA) for roles in s.param_rules().values())
     if fsdp and kind in (ALL_GATHER, REDUCE_SCATTER):
         return PER_MICROBATCH_FWD_BWD
     if kind == REDUCE_SCATTER:
@@ -372,9 +384,8 @@ def step_work(
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
-    b = sequences_per_device(placement, m)
     t = model_ways(placement)
-    tokens = b * c.seq
+    tokens = tokens_per_device(placement, m)  # each device's own tokens (s / c of a sequence)
     assert c.head_dim is not None  # ModelConfig sets it when it is made
     q_dim = c.heads * c.head_dim
     layer = 2 * tokens * layer_matmul_params(c) / t

@@ -55,6 +55,9 @@ class JitHooks(Hooks):
     def heads(self, x: Any) -> Any:
         return self._constrain(x, self.placement.activation_spec("heads"))
 
+    def keys(self, x: Any) -> Any:
+        return self._constrain(x, self.placement.activation_spec("keys"))
+
     def hidden(self, x: Any) -> Any:
         return self._constrain(x, self.placement.activation_spec("hidden"))
 

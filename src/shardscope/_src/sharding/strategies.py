@@ -1,15 +1,19 @@
 """Sharding strategies as data: named PartitionSpec rules for parameters and activations.
 
 A :class:`Strategy` writes its rules with *roles* instead of mesh axis names: ``"data"``
-(batch, and the FSDP parameter dimension) and ``"model"`` (heads, MLP hidden, and the
-sequence between blocks under sequence parallelism). :meth:`Strategy.place` maps the roles to
-the axes of a concrete mesh, checks that every sharded dimension divides, and returns a
-:class:`Placement` holding ``PartitionSpec``s. Programs are built from it in
-:mod:`shardscope._src.sharding.programs`; bounds in :mod:`shardscope._src.bounds`.
+(batch, and the FSDP parameter dimension), ``"model"`` (heads, MLP hidden, and the
+sequence between blocks under sequence parallelism) and ``"context"`` (the sequence of every
+activation under context parallelism). A dimension sharded over several roles at once names
+them as a tuple (``(Role.DATA, Role.CONTEXT)``: FSDP over the data and the context axes).
+:meth:`Strategy.place` maps the roles to the axes of a concrete mesh, checks that every sharded
+dimension divides, and returns a :class:`Placement` holding ``PartitionSpec``s. Programs are
+built from it in :mod:`shardscope._src.sharding.programs`; bounds in
+:mod:`shardscope._src.bounds`.
 
-Role resolution: ``"model"`` is the mesh axis named ``model`` (or ``model_axis=``); ``"data"``
-is every other mesh axis, in mesh order, when the strategy uses it. A strategy that does not
-use ``"data"`` leaves the other axes as pure replicas (every replica computes the same).
+Role resolution: ``"model"`` is the mesh axis named ``model`` (or ``model_axis=``),
+``"context"`` the axis named ``context``; ``"data"`` is every other mesh axis, in mesh order,
+when the strategy uses it. A strategy that does not use ``"data"`` leaves the other axes as
+pure replicas (every replica computes the same).
 """
 
 from __future__ import annotations
@@ -45,9 +49,30 @@ class Role(Vocab):
     DATA = "data"
     #: heads, MLP hidden, and the sequence between blocks under sequence parallelism
     MODEL = "model"
+    #: the sequence of every activation (context parallelism): the mesh axis named context
+    CONTEXT = "context"
 
 
-Roles = tuple[str | None, ...]
+#: The mesh axis the ``context`` role is bound to (MaxText's ``context`` mesh axis).
+CONTEXT_AXIS = "context"
+
+#: One dimension's entry in a rule: unsharded, one role, or several roles at once (their
+#: axes in that order, as one PartitionSpec entry).
+Entry = str | tuple[str, ...] | None
+Roles = tuple[Entry, ...]
+
+
+def entry_roles(entry: Entry) -> tuple[str, ...]:
+    """The roles of one dimension's entry: ``()``, ``("data",)``, ``("data", "context")``."""
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def uses_role(roles: Roles, role: str) -> bool:
+    """Whether any dimension of ``roles`` is sharded over ``role`` (alone or with others)."""
+    return any(role in entry_roles(e) for e in roles)
+
 
 # Dimension names, used to check divisibility and to word errors.
 PARAM_DIMS: dict[str, tuple[str, ...]] = {
@@ -67,6 +92,7 @@ ACTIVATION_DIMS: dict[str, tuple[str, ...]] = {
     "enter": ("batch", "seq", "d_model"),
     "heads": ("batch", "seq", "heads", "head_dim"),
     "hidden": ("batch", "seq", "ff"),
+    "keys": ("batch", "seq", "kv_heads", "head_dim"),
 }
 
 
@@ -110,9 +136,42 @@ def _acts(batch: str | None, model: str | None, seq: str | None) -> dict[str, Ro
     }
 
 
+def _context_acts() -> dict[str, Roles]:
+    """Context parallelism: the batch over ``data``, the sequence of every activation over
+    ``context``; the keys and values as attention uses them hold the whole sequence, so the
+    compiler all-gathers them over ``context`` in each layer (MaxText's and torchtitan's
+    all-gather form), and reduce-scatters their gradients in the backward.
+
+    Ring attention (Liu et al., arXiv 2310.01889; Megatron-LM's context parallelism) moves the
+    same bytes, each device receiving the ``c - 1`` other shards of K and V, in ``c - 1``
+    collective-permute steps overlapped with the blocks' compute; the all-gather form is
+    what the compiler inserts under jit, and what is built here."""
+    d, c = Role.DATA, Role.CONTEXT
+    return {
+        "residual": (d, c, None),
+        "enter": (d, c, None),
+        "heads": (d, c, None, None),
+        "hidden": (d, c, None),
+        "keys": (d, None, None, None),
+    }
+
+
+#: FSDP over the data and the context axes together (torchtitan shards FSDP over dp_shard x
+#: cp): the context devices hold other tokens of the same sequences, so they are data-parallel
+#: replicas of every weight; sharding over them too divides the model state by ``c`` more,
+#: while the gathers and reduce-scatters over ``d x c`` devices send (dc - 1)/dc of each
+#: weight, barely more than the (d - 1)/d over ``data`` alone, and the gradient needs no
+#: separate sum over ``context``.
+_FSDP_CP_PARAMS = {
+    name: tuple((Role.DATA, Role.CONTEXT) if r == Role.DATA else r for r in roles)
+    for name, roles in _FSDP_PARAMS.items()
+}
+
+
 @dataclass(frozen=True)
 class Strategy:
-    """A named set of PartitionSpec rules, written with roles (``Role.DATA``, ``Role.MODEL``).
+    """A named set of PartitionSpec rules, written with roles (``Role.DATA``, ``Role.MODEL``,
+    ``Role.CONTEXT``).
 
     Attributes:
         name: short name used by the CLI and the planner (``"tp"``, ``"dp_sp"``, ...).
@@ -122,8 +181,9 @@ class Strategy:
             where it is stored.
         use: per parameter, the role of each dimension where it is used (FSDP gathers the
             data-sharded dimension at use); ``None`` means stored = used, no constraint.
-        activations: ``residual``, ``enter``, ``heads``, ``hidden`` -> roles per dimension,
-            applied as sharding constraints under jit; empty for none.
+        activations: ``residual``, ``enter``, ``heads``, ``hidden`` and ``keys`` (the keys
+            and values as attention uses them) -> roles per dimension, applied as sharding
+            constraints under jit; empty for none.
         sequence_parallel: the residual stream is sharded on the sequence between blocks.
         twin: a ``shard_map`` version with explicit collectives exists.
         grads: per parameter, the roles its gradient is stored with (ZeRO-2 shards it over
@@ -211,7 +271,15 @@ class Strategy:
 
     @property
     def batch_role(self) -> str | None:
-        return self.activation_rules().get("residual", (None,))[0]
+        role = self.activation_rules().get("residual", (None,))[0]
+        assert role is None or isinstance(role, str)  # the batch has one role
+        return role
+
+    @property
+    def context_parallel(self) -> bool:
+        """The sequence of every activation is sharded over ``context``; attention gathers
+        the keys and values of the whole sequence in each layer."""
+        return Role.CONTEXT in self.roles
 
     def place(
         self,
@@ -360,6 +428,23 @@ def _strategies() -> dict[str, Strategy]:
             activations=_rules(**_acts(Role.DATA, Role.MODEL, Role.MODEL)),
             sequence_parallel=True,
         ),
+        Strategy(
+            "dp_cp",
+            "data x context parallel: batch on the data axes, the sequence on 'context' "
+            "(keys and values gathered per layer), weights replicated",
+            (Role.DATA, Role.CONTEXT),
+            rep,
+            activations=_rules(**_context_acts()),
+        ),
+        Strategy(
+            "fsdp_cp",
+            "FSDP on the data and context axes together x context parallel on 'context' "
+            "(torchtitan's FSDP over dp_shard x cp)",
+            (Role.DATA, Role.CONTEXT),
+            _rules(**_FSDP_CP_PARAMS),
+            use=rep,
+            activations=_rules(**_context_acts()),
+        ),
     ]
     return {s.name: s for s in out}
 
@@ -395,9 +480,9 @@ def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
 def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     """A mesh description of shape ``sizes`` whose axis names fit ``strategy``'s roles.
 
-    The last axis is ``model`` when the strategy uses that role; the others are ``data``,
-    preceded by ``pod`` and ``pod1``, ... for more axes. A 1-D mesh for a data-only
-    strategy is ``data=N``.
+    The last axis is ``model`` or ``context`` when the strategy uses that role; the others
+    are ``data``, preceded by ``pod`` and ``pod1``, ... for more axes. A 1-D mesh for a
+    data-only strategy is ``data=N``.
 
     >>> mesh_spec_for("dp_tp", (2, 4))
     'data=2,model=4'
@@ -405,16 +490,19 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'model=8'
     >>> mesh_spec_for("fsdp", (2, 2, 2))
     'pod=2,data=2,model=2'
+    >>> mesh_spec_for("fsdp_cp", (2, 4))
+    'data=2,context=4'
     """
     s = get_strategy(strategy)
     if not sizes or not all(is_int(v, 1) for v in sizes):
         raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
     names: list[str]
+    last = CONTEXT_AXIS if s.context_parallel else Role.MODEL
     if len(sizes) == 1:
         names = [Role.MODEL if Role.MODEL in s.roles else Role.DATA]
     else:
         lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
-        names = [*lead, Role.DATA, Role.MODEL]
+        names = [*lead, Role.DATA, last]
     return ",".join(f"{n}={v}" for n, v in zip(names, sizes, strict=True))
 
 
@@ -453,11 +541,27 @@ def _resolve_roles(
                     param="mesh",
                 )
             resolved[Role.MODEL] = (model_axis,)
+        if Role.CONTEXT in strategy.roles:
+            if CONTEXT_AXIS not in sizes:
+                data = math.prod(sizes.values())
+                raise StrategyError(
+                    f"strategy {strategy.name!r} shards the sequence over a mesh axis named "
+                    f"{CONTEXT_AXIS!r}, but mesh {mesh_text!r} has none; name one axis "
+                    f"{CONTEXT_AXIS!r} (e.g. mesh 'data={max(1, data // 2)},"
+                    f"{CONTEXT_AXIS}={min(2, data)}')",
+                    param="mesh",
+                )
+            resolved[Role.CONTEXT] = (CONTEXT_AXIS,)
         if Role.DATA in strategy.roles:
-            resolved[Role.DATA] = tuple(a for a in sizes if a not in resolved.get(Role.MODEL, ()))
+            taken = {a for names in resolved.values() for a in names}
+            resolved[Role.DATA] = tuple(a for a in sizes if a not in taken)
     for role in strategy.roles:
         if not resolved.get(role):
-            other = Role.MODEL if role == Role.DATA else Role.DATA
+            other = (
+                Role.DATA
+                if role != Role.DATA
+                else next((r for r in strategy.roles if r != Role.DATA), Role.MODEL)
+            )
             raise StrategyError(
                 f"strategy {strategy.name!r} needs a mesh axis for role {role!r}, but mesh "
                 f"{mesh_text!r} leaves none (the {other} role took "
@@ -488,18 +592,22 @@ class Placement:
     def name(self) -> str:
         return self.strategy.name
 
-    def role_size(self, role: str | None) -> int:
-        """How many ways ``role`` splits a dimension (1 for ``None``)."""
-        if role is None:
-            return 1
-        return math.prod(self._sizes[a] for a in self.axes[role])
+    def entry_axes(self, role: Entry) -> tuple[str, ...]:
+        """The mesh axes one dimension with ``role`` (one role, several, or None) is split
+        over, in the entry's order."""
+        return tuple(a for r in entry_roles(role) for a in self.axes[r])
 
-    def entry(self, role: str | None) -> str | tuple[str, ...] | None:
+    def role_size(self, role: Entry) -> int:
+        """How many ways ``role`` (one role, several, or None) splits a dimension (1 for
+        ``None``)."""
+        return math.prod(self._sizes[a] for a in self.entry_axes(role))
+
+    def entry(self, role: Entry) -> str | tuple[str, ...] | None:
         """The PartitionSpec entry for one dimension with ``role``."""
-        if role is None:
+        names = self.entry_axes(role)
+        if not names:
             return None
-        names = self.axes[role]
-        return names[0] if len(names) == 1 else tuple(names)
+        return names[0] if len(names) == 1 else names
 
     def spec(self, roles: Roles, *, layers: bool = False) -> Any:
 
@@ -583,7 +691,7 @@ class Placement:
     def validate(self) -> None:
         """Raises :class:`StrategyError` when a sharded dimension is not divisible."""
         sizes = self.dim_sizes()
-        wanted: dict[tuple[str, str], str] = {}
+        wanted: dict[tuple[str, Entry], str] = {}
         s = self.strategy
         for kind, rules in (
             ("parameter", s.param_rules()),
@@ -598,11 +706,15 @@ class Placement:
             for dim, role in zip(ACTIVATION_DIMS[point], roles, strict=True):
                 if role is not None:
                     wanted.setdefault((dim, role), f"activation {point!r}")
-        for (dim, role), where in wanted.items():
+        # The sequence over 'context' first: the dimension a context-parallel mesh is chosen
+        # for, so its message comes before the weights' (stable: otherwise in rule order).
+        ordered = sorted(wanted.items(), key=lambda kv: kv[0] != ("seq", Role.CONTEXT))
+        for (dim, role), where in ordered:
             ways = self.role_size(role)
             size = sizes[dim]
             if size % ways:
-                axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.axes[role])
+                axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.entry_axes(role))
+                what = "+".join(entry_roles(role))
                 fits = [d for d in range(1, size + 1) if size % d == 0 and d <= ways]
                 if dim == "kv_heads" and self.config.kv_heads == self.config.heads:
                     dim = "heads"  # multi-head attention: the heads themselves
@@ -619,7 +731,7 @@ class Placement:
                     f"strategy {self.name!r} shards {dim}={size} ({where}) over mesh axes "
                     f"{axes} ({ways} ways), but {size} is not divisible by {ways}; choose "
                     f"{dim} a multiple of {ways} (e.g. {dim}={ways * max(1, size // ways)}), "
-                    f"or a mesh whose {role} axes multiply to a divisor of {size} "
+                    f"or a mesh whose {what} axes multiply to a divisor of {size} "
                     f"(e.g. {max(fits)})"
                 )
 
