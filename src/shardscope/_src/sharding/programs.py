@@ -29,7 +29,14 @@ from shardscope._src.model.transformer import (
     loss,
     loss_from_output,
 )
-from shardscope._src.sharding.strategies import STRATEGIES, Placement, Role, Strategy, get_strategy
+from shardscope._src.sharding.strategies import (
+    STRATEGIES,
+    Placement,
+    Role,
+    Strategy,
+    get_strategy,
+    uses_role,
+)
 
 IMPLS = ("jit", "shard_map")
 
@@ -308,7 +315,7 @@ def accumulates_locally(placement: Placement) -> bool:
     replicated over the data axes), as Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync``
     do; the others reduce-scatter each micro-batch's gradients (FSDP, ZeRO-2)."""
     s = placement.strategy
-    data_sharded = any(Role.DATA in roles for roles in s.grad_rules().values())
+    data_sharded = any(uses_role(roles, Role.DATA) for roles in s.grad_rules().values())
     return s.batch_role == Role.DATA and not data_sharded
 
 
