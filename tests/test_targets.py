@@ -494,3 +494,32 @@ def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(ca
     assert [[p[k] for k in keys] for p in shell["plans"]] == [
         [p[k] for k in keys] for p in python["plans"]
     ]
+
+
+def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(monkeypatch):
+    import jax
+
+    from shardscope._src.plan import target
+
+    calls = []
+
+    def failing(lowered, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes\nmore")
+        return real(lowered, **kw)
+
+    real = target.audit
+    monkeypatch.setattr(target, "audit", failing)
+    result = shardscope.plan(
+        None, 8, hardware="h100", strategies=["dp", "fsdp"], compiler="h100", target_plans=1,
+        workers=0, stages=1, microbatches=1, remat="none", vocab_split=False, **_SMALL,
+    )  # fmt: skip
+    failed = [p for p in result.plans if p.notes[0].kind == "target-compile-failed"]
+    (p,) = failed
+    assert p.compiled_by == "cpu" and p.target_memory is None
+    first_line = "INTERNAL: Couldn't find output tile sizes"
+    assert p.notes[0].values == {"target": "h100", "error": first_line}
+    assert "the h100 compiler failed on this plan" in p.notes[0].text
+    # The next plan was compiled by the target instead, and it is the best.
+    assert len(calls) == 2 and result.best.compiled_by == "h100"

@@ -34,6 +34,9 @@ class PlanNote(NoteKind):
     #: compiled again by a target's compiler (values: ``target``, ``memory_bytes``,
     #: ``estimate_bytes``; or ``target`` and ``error`` when it failed)
     COMPILED_BY_TARGET = "compiled-by-target"
+    #: the target's compiler failed on the plan, which keeps its CPU compile (values:
+    #: ``target``, ``error``: the compiler's first line)
+    TARGET_COMPILE_FAILED = "target-compile-failed"
     #: the compiler's rematerialization could not bring the program under its memory
     #: (values: ``compiler``, ``limit_bytes``, ``reached_bytes``, ``original_bytes``)
     MEMORY_PRESSURE = "memory-pressure"
@@ -285,6 +288,10 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     ),
     PlanNote.PIPELINE_STAGE: _pipeline_stage,
     PlanNote.COMPILED_BY_TARGET: _compiled_by_target,
+    PlanNote.TARGET_COMPILE_FAILED: (
+        "the {target} compiler failed on this plan ({error}); its collectives, step and memory "
+        "are the CPU compile's"
+    ),
     PlanNote.MEMORY_PRESSURE: _memory_pressure,
     PlanNote.ANALYTIC_MEMORY: (
         "memory per device is the analytic estimate (ZeRO model state, Korthikanti "

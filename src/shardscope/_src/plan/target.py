@@ -47,6 +47,8 @@ class TargetFacts:
     flops: float | None = None
     optimal_seconds: float | None = None
     error: str | None = None
+    #: the compiler's first line where it failed on the program (not a verdict on its fit)
+    failure: str | None = None
     exact: bool = True
     compile_s: float = 0.0
     #: where the partitioner replicated whole arrays (the compile log's words)
@@ -87,6 +89,11 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
         result = audit(lowered)
     except DeviceMemoryError as e:
         return TargetFacts(target, error=str(e), compile_s=time.perf_counter() - t0)
+    except jax.errors.JaxRuntimeError as e:
+        # A compiler's own failure (an internal error on one fusion, say) says nothing of the
+        # plan: it keeps its CPU compile, and a note says why.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return TargetFacts(target, failure=first[:300], compile_s=time.perf_counter() - t0)
     compile_s = time.perf_counter() - t0
     compiled = result.compiled
     return TargetFacts(
@@ -169,6 +176,14 @@ def recompile_on_target(
         )
         bound = p.bound
         assert bound is not None  # every compiled plan carries its formula
+        if facts.failure is not None:
+            failed = Note(
+                PlanNote.TARGET_COMPILE_FAILED, {"target": target, "error": facts.failure}
+            )
+            out.append(replace(p, notes=(failed, *p.notes)))  # unverified: not counted
+            if progress:
+                progress(i, budget, f"{p.label} on {target}")
+            continue
 
         if facts.error is None:
             values = {"target": target, "memory_bytes": facts.memory_bytes_per_device}
