@@ -132,6 +132,15 @@ class Hooks:
         """A weight (one layer's slice for layer weights) at its use."""
         return w
 
+    def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
+        """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP): a train
+        step gathers it again for the backward instead of keeping every layer's (PyTorch
+        FSDP's ``reshard_after_forward``, DeepSpeed ZeRO-3). None here."""
+        return False
+
+    #: some weight is gathered at its use (:meth:`gathers`)
+    gathers_weights: bool = False
+
 
 NO_HOOKS = Hooks()
 
@@ -343,7 +352,7 @@ def decoder_layer(
 OFFLOADED = ("decoder_layer_input", "qkv_proj")
 
 
-def remat_policy(remat: str) -> Any:
+def remat_policy(remat: str, hooks: Hooks = NO_HOOKS) -> Any:
     """The ``jax.checkpoint`` policy of a recomputation choice: ``"full"`` saves nothing
     inside a layer (its input is kept by the layer loop), ``"selective"`` everything but the
     attention scores and probabilities (Korthikanti et al., arXiv 2205.05198, section 5),
@@ -362,9 +371,15 @@ def remat_policy(remat: str) -> Any:
         return jax.checkpoint_policies.nothing_saveable
     if remat == Remat.MATMULS:
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    return jax.checkpoint_policies.save_anything_except_these_names(
-        "attention_scores", "attention_probs"
-    )
+    dropped = () if remat == Remat.NONE else ("attention_scores", "attention_probs")
+
+    def policy(prim: Any, *_: Any, **params: Any) -> bool:
+        # Everything is kept but the dropped names and the weights gathered at use.
+        if prim.name == "name" and params.get("name") in dropped:
+            return False
+        return not hooks.gathers(prim, params)
+
+    return policy
 
 
 def forward(
@@ -396,8 +411,8 @@ def forward(
             attention_block=config.attention_block,
         )
 
-    if config.remat != Remat.NONE:
-        layer_step = jax.checkpoint(layer_step, policy=remat_policy(config.remat))
+    if config.remat != Remat.NONE or hooks.gathers_weights:
+        layer_step = jax.checkpoint(layer_step, policy=remat_policy(config.remat, hooks))
 
     def body(x: Any, layer: dict[str, Any]) -> tuple[Any, Any]:
         x, sub = layer_step(layer, x)

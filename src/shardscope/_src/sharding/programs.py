@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.text import format_spec
-from shardscope._src.model.config import Mode, ModelConfig
+from shardscope._src.model.config import Mode, ModelConfig, param_shapes
 from shardscope._src.model.transformer import (
     Hooks,
     abstract_batch,
@@ -46,6 +46,14 @@ class JitHooks(Hooks):
 
     def __init__(self, placement: Placement) -> None:
         self.placement = placement
+        uses = [placement.use_spec(n) for n in param_shapes(placement.config)]
+        self._use_shardings = {placement.sharding(s) for s in uses if s is not None}
+        self.gathers_weights = bool(self._use_shardings)
+
+    def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
+        """A weight's constraint to its use (FSDP's gather), told by its sharding: the
+        activations' constraints shard their batch, the weights' never."""
+        return prim.name == "sharding_constraint" and params.get("sharding") in self._use_shardings
 
     def _constrain(self, x: Any, spec: Any) -> Any:
 
