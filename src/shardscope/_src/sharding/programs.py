@@ -460,12 +460,19 @@ def _local_accumulation(
         zeros = wsc(zeros, partial_sh)
         inputs, targets = by_shard(batch[0]), by_shard(batch[1])
         (total, acc), _ = jax.lax.scan(step, (jnp.float32(0.0), zeros), (inputs, targets))
-        grads = jax.tree.map(lambda g: g.sum(axis=0) / (d * m), acc)
+        # Summed at the gradients' own dtype: jnp.sum computes a 16-bit sum in float32, and
+        # the compiler then all-reduces float32, twice the bytes (seen on XLA:GPU).
+        grads = jax.tree.map(lambda g: _sum_first(g) / jnp.asarray(d * m, g.dtype), acc)
         return total / (d * m), wsc(grads, grad_sh)
 
     if not bound.strategy.updates_shards:
         return run
     return _sharded_update(bound, run)
+
+
+def _sum_first(x: Any) -> Any:
+    """``x`` summed over its first axis in its own dtype."""
+    return jax.lax.reduce(x, jnp.zeros((), x.dtype), jax.lax.add, (0,))
 
 
 def _twins() -> list[str]:
