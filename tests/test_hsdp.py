@@ -315,3 +315,20 @@ def test_seventy_b_on_eight_nodes_all_reduces_over_the_network_and_gathers_over_
     gathers_of_w_up = [t for t in c.bound.terms if t.what == "w_gate_up gathered at use"]
     assert {t.count for t in replica} == {L, 1}
     assert [t.count for t in gathers_of_w_up] == [m * L]
+
+
+def test_on_8_nodes_of_h100s_the_compiler_reaches_the_bound():
+    # XLA:GPU (compile-only devices, no GPU needed) forms the reduce-scatters over data and
+    # all-reduces only the 16-bit gradient shards over replica, with the loss.
+    config = ModelConfig(d_model=256, heads=8, ff=512, layers=2, batch=64, seq=16, dtype="bfloat16")
+    params = 2 * (256 + 256 * 768 + 256 * 256 + 256 + 2 * 256 * 512) * 2
+    mesh = shardscope.target_mesh("h100", "replica=8,data=8", axis_types="auto")
+    program = build_reference_program("hsdp", config, mesh, mode="train")
+    sent = {k: v[1] for k, v in _audited(program).items()}
+    loss = math.ceil(2 * 7 * 4 / 8)  # float32, over 8 devices
+    assert sent == {
+        (("data",), "all-gather"): 7 * params // 8,
+        (("data",), "reduce-scatter"): 7 * params // 8,
+        (("data",), "all-reduce"): loss,
+        (("replica",), "all-reduce"): 2 * 7 * (params // 8) // 8 + loss,
+    }
