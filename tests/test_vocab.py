@@ -39,7 +39,7 @@ SPELLED = [
     ),
     (Mode, ["train", "forward"]),
     (Remat, ["none", "selective", "matmuls", "full", "offload"]),
-    (Role, ["data", "model", "context"]),
+    (Role, ["data", "model", "context", "replica"]),
     (MatmulDtype, ["bfloat16", "fp8"]),
     (
         OverlapClass,

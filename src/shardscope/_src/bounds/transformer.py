@@ -49,6 +49,11 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
       scatters its gradient. Keeping the gathered weights for the backward pass (what
       autodiff does without rematerialisation) needs no second gather; ZeRO-3 as published
       gathers again (1.5x data parallel).
+    * hybrid sharded data parallel (HSDP, the batch over ``replica`` and ``data``, the
+      weights sharded over ``data`` only): FSDP's gathers and reduce-scatters over ``data``,
+      and each gradient shard (``1/data`` of the gradient) all-reduced over ``replica``, as
+      PyTorch FSDP's ``HYBRID_SHARD`` does (reduce-scatter within the shard group, then
+      all-reduce across the replicate group).
     * context parallel (the sequence over ``context``, ``c`` ways): every query attends to
       the whole sequence, so each layer all-gathers its keys and its values over ``context``
       (result ``batch/data x seq x kv_dim`` each); train reduce-scatters their gradients back
@@ -69,7 +74,7 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     L, train = c.layers, mode == Mode.TRAIN
     terms: list[Term] = []
     notes: list[Note] = []
-    _, n_data = _group(placement, [Role.DATA]) if s.batch_role else ((), 1)
+    _, n_data = _group(placement, s.batch_roles)
     model_axes, t = _group(placement, [Role.MODEL])
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
 
@@ -208,23 +213,25 @@ def _weight_terms(
         role = TermRole.UPDATE_GATHER
         terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
     # A gradient is partial over every axis that splits the tokens its weight sees:
-    # the data axes (unless FSDP's reduce-scatter covers them), under sequence
-    # parallelism 'model' for weights it does not split (norm gains, embeddings), and under
-    # context parallelism 'context' (unless the reduce-scatter covers it too).
-    # One all-reduce over all of them at once is cheaper than one per axis.
+    # the batch's axes (unless FSDP's reduce-scatter covers them: HSDP's 'replica' it does
+    # not), under sequence parallelism 'model' for weights it does not split (norm gains,
+    # embeddings), and under context parallelism 'context' (unless the reduce-scatter covers
+    # it too). One all-reduce over all of them at once is cheaper than one per axis, and
+    # after a reduce-scatter it sums the shard it left (1/n of the gradient).
     scattered = _shard_roles(s.grad_rules()[name]) if grads_sharded else ()
-    partial = []
-    if s.batch_role == Role.DATA and Role.DATA not in scattered:
-        partial.append(Role.DATA)
+    partial = [r for r in s.batch_roles if r not in scattered]
     if s.context_parallel and Role.CONTEXT not in scattered:
         partial.append(Role.CONTEXT)
     if s.sequence_parallel and Role.MODEL not in used_roles:
         partial.append(Role.MODEL)
     if train and partial:
         axes, n = _group(placement, partial)
-        what = f"{name} gradient summed over token shards"
+        shard = payload // _group(placement, scattered)[1]
+        what = f"{name} gradient summed over token shards" + (
+            f" ({'+'.join(scattered)} shard)" if scattered else ""
+        )
         role = TermRole.GRADIENT_SUM
-        terms += _term(ALL_REDUCE, axes, n, payload, count, what, scope, role)
+        terms += _term(ALL_REDUCE, axes, n, shard, count, what, scope, role)
     return terms
 
 
@@ -261,14 +268,9 @@ def _loss_terms(placement: Placement) -> list[Term]:
     """Training: the scalar loss summed over the axes that shard the tokens."""
     s = placement.strategy
     token_roles = [
-        r
-        for r in (Role.DATA, Role.MODEL, Role.CONTEXT)
-        if r in placement.axes
-        and (
-            (r == Role.DATA and s.batch_role == Role.DATA)
-            or (r == Role.MODEL and s.sequence_parallel)
-            or r == Role.CONTEXT
-        )
+        *s.batch_roles,
+        *([Role.MODEL] if s.sequence_parallel else []),
+        *([Role.CONTEXT] if s.context_parallel else []),
     ]
     axes, n = _group(placement, token_roles)
     what = "scalar loss summed over token shards"

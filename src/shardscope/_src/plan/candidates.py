@@ -5,8 +5,11 @@ compiling.
 
 1. **Enumerate** candidates: each strategy with each factorization of N over its roles (a 1-D
    mesh ``data=N`` or ``model=N``; a 2-D mesh ``data=d,model=t``, or ``data=d,context=c`` for
-   the context-parallel strategies, with ``d, t, c >= 2``; more axes would give the same
-   program, because the ``data`` role spans every axis the other roles leave).
+   the context-parallel strategies, or ``replica=r,data=d`` for HSDP, with
+   ``d, t, c, r >= 2``; more axes would give the same program, because the ``data`` role
+   spans every axis the other roles leave). HSDP's ``data`` groups stay inside a node (GPU)
+   or a slice (TPU): its gathers and reduce-scatters are the step's largest collectives, and
+   only the gradient shards' all-reduce over ``replica`` is meant for the slower network.
 2. **Screen** without compiling: a candidate whose dimensions do not divide is skipped
    (the strategy's own :class:`StrategyError` says which), one whose model state (parameters,
    gradients, optimizer state) alone exceeds the device memory is skipped for memory.
@@ -41,12 +44,14 @@ from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped,
 from shardscope._src.sharding.strategies import (
     STRATEGIES,
     Placement,
+    Role,
     abstract_mesh,
     get_strategy,
     mesh_spec_for,
 )
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.targets.links import crosses_nodes
 
 #: The most pipeline stages a sweep tries unless told (more rarely pays on one job).
 MAX_STAGES = 16
@@ -62,10 +67,18 @@ def candidates(
     devices: int,
     stages: Sequence[int] = (1,),
     mesh: Mapping[str, int] | None = None,
+    *,
+    node_size: int | None = None,
 ) -> list[Candidate]:
     """Every mesh shape of ``devices`` for each strategy and pipeline stage count, in a
     stable order. With ``p > 1`` stages the mesh has a leading ``stage=p`` axis and the
-    strategy's axes share the ``devices / p`` of one stage.
+    strategy's axes share the ``devices / p`` of one stage. ``node_size`` (the devices with
+    the fast links: a GPU node, a TPU slice) keeps only the HSDP meshes whose ``data`` groups
+    do not cross a node (:func:`~shardscope._src.targets.links.crosses_nodes`: on 8-GPU nodes,
+    ``data`` dividing 8); None, or a pinned ``mesh``, keeps every one.
+
+    >>> [c.label for c in candidates(["hsdp"], 32, node_size=8)]
+    ['hsdp replica=16,data=2', 'hsdp replica=8,data=4', 'hsdp replica=4,data=8']
 
     >>> [c.label for c in candidates(["tp", "dp_tp"], 8)]
     ['tp model=8', 'dp_tp data=4,model=2', 'dp_tp data=2,model=4']
@@ -97,7 +110,14 @@ def candidates(
             for shape in shapes:
                 spec = parse_mesh_spec(mesh_spec_for(name, shape))
                 lead = ((STAGE_AXIS, p),) if p > 1 else ()
-                out.append(Candidate(name, lead + tuple(spec.items())))
+                sizes = dict(lead + tuple(spec.items()))
+                if (
+                    node_size is not None
+                    and Role.REPLICA in get_strategy(name).roles
+                    and crosses_nodes(sizes, (Role.DATA,), node_size)
+                ):
+                    continue
+                out.append(Candidate(name, tuple(sizes.items())))
     return out
 
 
@@ -374,7 +394,7 @@ def screen_all(
         microbatches,
         fixed=stages is not None,
     )
-    all_candidates = candidates(names, devices, stage_counts, mesh)
+    all_candidates = candidates(names, devices, stage_counts, mesh, node_size=hw.node_size)
     remats = remat_options(mode, remat, flash_attention, hw)
     if offload_optimizer and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):
         why = (

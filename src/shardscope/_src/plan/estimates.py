@@ -18,6 +18,8 @@ Memory (per device, bytes):
   gradient beside them when training (``/t`` under sequence parallelism, which projects each
   device's own tokens).
   Scaled by ``itemsize / 2`` for 32-bit models. A forward pass keeps one layer's.
+  ``b`` is the batch over every axis that splits it: HSDP's ``replica x data``, though its
+  model state is divided by ``data`` alone.
   Context parallelism (the sequence over ``context``, ``c`` ways) divides every activation
   and the logits by ``c``: each device holds ``s / c`` tokens of its sequences.
 * FSDP's gathered weights: one layer's full weights (divided by ``t``), alive while it runs.
@@ -130,7 +132,7 @@ class MemoryEstimate:
 
 def data_ways(placement: Placement) -> int:
     """How many ways the batch is split (1 when the strategy replicates it)."""
-    return placement.role_size(Role.DATA) if placement.strategy.batch_role == Role.DATA else 1
+    return placement.role_size(placement.strategy.batch_entry)
 
 
 def model_ways(placement: Placement) -> int:

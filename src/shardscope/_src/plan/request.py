@@ -40,6 +40,7 @@ DEFAULT_STRATEGIES = (
     "dp_sp",
     "fsdp_sp",
     "fsdp_cp",
+    "hsdp",
 )
 #: The most devices a plan may have (a bound on the enumeration, far above any cluster).
 MAX_PLANNED_DEVICES = 2**20

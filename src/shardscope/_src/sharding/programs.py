@@ -31,9 +31,11 @@ from shardscope._src.model.transformer import (
 )
 from shardscope._src.sharding.strategies import (
     STRATEGIES,
+    Entry,
     Placement,
     Role,
     Strategy,
+    entry_roles,
     get_strategy,
     uses_role,
 )
@@ -246,7 +248,7 @@ def build_reference_program(
             def objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, hooks)
 
-            shard_hooks = JitHooks(_per_shard(placement))
+            shard_hooks = JitHooks(_per_shard(placement, local_roles(placement)))
 
             def shard_objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, shard_hooks)
@@ -293,7 +295,7 @@ def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: in
             f"microbatches={microbatches} needs mode='train' and impl='jit' (gradient "
             f"accumulation); use microbatches=1 here"
         )
-    data = bound.role_size(Role.DATA) if bound.strategy.batch_role == Role.DATA else 1
+    data = bound.role_size(bound.strategy.batch_entry)
     batch = bound.config.batch
     if batch % (data * microbatches):
         fits = [m for m in range(1, batch // data + 1) if (batch // data) % m == 0]
@@ -305,26 +307,52 @@ def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: in
         )
 
 
-def _per_shard(placement: Placement) -> Placement:
-    """``placement`` as one data shard's program sees it: the activations' batch no longer
-    split over the data axes (the shards are mapped over them instead)."""
+def _per_shard(placement: Placement, mapped: tuple[str, ...]) -> Placement:
+    """``placement`` as one shard's program sees it: the activations no longer split over
+    the ``mapped`` roles (the shards are mapped over them instead)."""
     s = placement.strategy
-    acts = {
-        point: tuple(None if r == Role.DATA else r for r in roles)
-        for point, roles in s.activation_rules().items()
-    }
+
+    def drop(entry: Entry) -> Entry:
+        kept = tuple(r for r in entry_roles(entry) if r not in mapped)
+        return None if not kept else kept[0] if len(kept) == 1 else kept
+
+    acts = {point: tuple(drop(r) for r in roles) for point, roles in s.activation_rules().items()}
     local = replace(s, activations=tuple(acts.items()))
     return Placement(local, placement.config, placement.mesh, placement.axes, placement.constraints)
 
 
-def accumulates_locally(placement: Placement) -> bool:
-    """Whether the reference train step accumulates each data shard's gradients locally and
-    reduces them once per step (DP, ZeRO-1 and their tensor-parallel forms: gradients
-    replicated over the data axes), as Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync``
-    do; the others reduce-scatter each micro-batch's gradients (FSDP, ZeRO-2)."""
+def local_roles(placement: Placement) -> tuple[str, ...]:
+    """The batch's roles over which the gradients are replicated, so that each shard can add
+    up its own micro-batches' gradients and reduce them once per step: DP, ZeRO-1 and their
+    tensor-parallel forms ``("data",)``, HSDP ``("replica",)`` (its gradients are sharded
+    over ``data``, replicated over ``replica``); FSDP and ZeRO-2 none."""
     s = placement.strategy
-    data_sharded = any(uses_role(roles, Role.DATA) for roles in s.grad_rules().values())
-    return s.batch_role == Role.DATA and not data_sharded
+    return tuple(
+        r for r in s.batch_roles if not any(uses_role(g, r) for g in s.grad_rules().values())
+    )
+
+
+def accumulates_locally(placement: Placement) -> bool:
+    """Whether the reference train step accumulates each shard's gradients locally over the
+    micro-batches and sums them over :func:`local_roles` once per step, as Megatron-LM,
+    DeepSpeed and PyTorch DDP's ``no_sync`` do for replicated gradients (DP, ZeRO-1), and
+    PyTorch FSDP2's ``set_requires_all_reduce(False)`` for HSDP: each micro-batch's gradients
+    are still reduce-scattered over ``data`` (FSDP, ZeRO-2 and HSDP's inner axis: a gradient
+    stored sharded is reduced as the backward makes it), and HSDP's shards are all-reduced over
+    ``replica`` once."""
+    return bool(local_roles(placement))
+
+
+def reduces_in_two_steps(placement: Placement) -> bool:
+    """Whether the gradients are sharded over some of the batch's roles and replicated over
+    the others (HSDP), so that the train step maps its objective over the replicated ones
+    (:func:`local_roles`) even without micro-batches: each replica's gradients are reduced
+    over the sharded roles first (reduce-scattered over ``data``) and only the shards left
+    are summed over the replicas (an all-reduce over ``replica`` of ``1/data`` of them), as
+    PyTorch FSDP's ``HYBRID_SHARD`` reduces them. One sum of the whole gradient over both
+    makes XLA all-reduce all of it over every device and slice it."""
+    roles = local_roles(placement)
+    return bool(roles) and roles != placement.strategy.batch_roles
 
 
 def _train_step(
@@ -335,17 +363,19 @@ def _train_step(
 ) -> Callable[[Any, Any], Any]:
     """``(params, batch) -> (loss, grads)``, or ``(loss, new_params)`` for ZeRO-1/-2.
 
-    With micro-batches, a strategy whose gradients are replicated over the data axes
-    (:func:`accumulates_locally`) maps ``shard_objective`` over the data shards: each device
-    adds up its own shard's gradients, unreduced, and they are summed over the data axes
-    once, after the last micro-batch. (Accumulating the summed gradient instead makes the
-    compiler all-reduce every micro-batch's.)"""
+    With micro-batches, a strategy whose gradients are replicated over some of the batch's
+    axes (:func:`accumulates_locally`) maps ``shard_objective`` over those shards: each device
+    adds up its own shard's gradients, unreduced over them, and they are summed over those
+    axes once, after the last micro-batch. (Accumulating the summed gradient instead makes
+    the compiler all-reduce every micro-batch's.)"""
 
     wsc = jax.lax.with_sharding_constraint
     grad_sh = jax.tree.map(bound.sharding, bound.grad_specs())
     in_spec, target_spec = bound.batch_specs()
     m = microbatches
-    if m > 1 and shard_objective is not None and accumulates_locally(bound):
+    if shard_objective is not None and (
+        (m > 1 and accumulates_locally(bound)) or reduces_in_two_steps(bound)
+    ):
         return _local_accumulation(bound, shard_objective, m)
 
     def split(x: Any) -> Any:
@@ -403,10 +433,14 @@ def _sharded_update(
 def _local_accumulation(
     bound: Placement, shard_objective: Callable[[Any, Any], Any], m: int
 ) -> Callable[[Any, Any], Any]:
-    """The train step of :func:`_train_step` that accumulates per data shard."""
+    """The train step of :func:`_train_step` that accumulates per shard of
+    :func:`local_roles` (the data shards; HSDP's replicas)."""
     wsc = jax.lax.with_sharding_constraint
-    data = bound.entry(Role.DATA)
-    d = bound.role_size(Role.DATA)
+    roles = local_roles(bound)
+    data = bound.entry(roles)
+    d = bound.role_size(roles)
+    # The batch's other roles (HSDP's 'data') still split each shard's sequences.
+    inner = bound.entry(tuple(r for r in bound.strategy.batch_roles if r not in roles))
     grad_specs = bound.grad_specs()
     grad_sh = jax.tree.map(bound.sharding, grad_specs)
     # One partial gradient per data shard, on its shard: [d, *shape], axis 0 over the data axes.
@@ -417,7 +451,7 @@ def _local_accumulation(
         # sequences (as the plain accumulation splits them), so nothing moves.
         x = x.reshape(d, x.shape[0] // (d * m), m, *x.shape[1:])
         x = jnp.moveaxis(x, 2, 0)
-        return wsc(x, bound.sharding(PartitionSpec(None, data)))
+        return wsc(x, bound.sharding(PartitionSpec(None, data, inner)))
 
     def run(params: Any, batch: Any) -> Any:
         per_shard = jax.vmap(
@@ -434,12 +468,19 @@ def _local_accumulation(
         zeros = wsc(zeros, partial_sh)
         inputs, targets = by_shard(batch[0]), by_shard(batch[1])
         (total, acc), _ = jax.lax.scan(step, (jnp.float32(0.0), zeros), (inputs, targets))
-        grads = jax.tree.map(lambda g: g.sum(axis=0) / (d * m), acc)
+        # Summed at the gradients' own dtype: jnp.sum computes a 16-bit sum in float32, and
+        # the compiler then all-reduces float32, twice the bytes (seen on XLA:GPU).
+        grads = jax.tree.map(lambda g: _sum_first(g) / jnp.asarray(d * m, g.dtype), acc)
         return total / (d * m), wsc(grads, grad_sh)
 
     if not bound.strategy.updates_shards:
         return run
     return _sharded_update(bound, run)
+
+
+def _sum_first(x: Any) -> Any:
+    """``x`` summed over its first axis in its own dtype."""
+    return jax.lax.reduce(x, jnp.zeros((), x.dtype), jax.lax.add, (0,))
 
 
 def _twins() -> list[str]:

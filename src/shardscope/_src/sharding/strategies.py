@@ -11,9 +11,19 @@ built from it in :mod:`shardscope._src.sharding.programs`; bounds in
 :mod:`shardscope._src.bounds`.
 
 Role resolution: ``"model"`` is the mesh axis named ``model`` (or ``model_axis=``),
-``"context"`` the axis named ``context``; ``"data"`` is every other mesh axis, in mesh order,
-when the strategy uses it. A strategy that does not use ``"data"`` leaves the other axes as
-pure replicas (every replica computes the same).
+``"context"`` the axis named ``context``, ``"replica"`` the axis named ``replica``; ``"data"``
+is every other mesh axis, in mesh order, when the strategy uses it. A strategy that does not
+use ``"data"`` leaves the other axes as pure replicas (every replica computes the same).
+
+The ``replica`` role is hybrid sharded data parallelism's outer axis (PyTorch FSDP's
+``HYBRID_SHARD``, whose 2-D device mesh names its dimensions ``("replicate", "shard")``;
+torchtitan's ``dp_replicate``; MaxText's ``dcn_data_parallelism``): the batch is split over it,
+the model state replicated. It has an axis of its own name rather than the ``pod`` axes the
+planner writes before ``data`` in its 3-D meshes, because those are part of the ``data`` role
+of every other strategy (FSDP shards its weights over them): under one name, ``pod=2,data=4``
+would shard the weights 8 ways under ``fsdp`` and 4 under ``hsdp``, with nothing in the mesh
+saying which. A mesh written for ``hsdp`` says it (``replica=8,data=8``); under any other
+strategy ``replica`` is one more data axis.
 """
 
 from __future__ import annotations
@@ -51,10 +61,16 @@ class Role(Vocab):
     MODEL = "model"
     #: the sequence of every activation (context parallelism): the mesh axis named context
     CONTEXT = "context"
+    #: the batch, with the model state replicated (HSDP's outer axis): the mesh axis named
+    #: replica
+    REPLICA = "replica"
 
 
 #: The mesh axis the ``context`` role is bound to (MaxText's ``context`` mesh axis).
 CONTEXT_AXIS = "context"
+#: The mesh axis the ``replica`` role is bound to (HSDP's outer axis, across nodes: PyTorch's
+#: ``replicate`` mesh dimension, torchtitan's ``dp_replicate``).
+REPLICA_AXIS = "replica"
 
 #: One dimension's entry in a rule: unsharded, one role, or several roles at once (their
 #: axes in that order, as one PartitionSpec entry).
@@ -127,7 +143,7 @@ _FSDP_TP_PARAMS = {
 }
 
 
-def _acts(batch: str | None, model: str | None, seq: str | None) -> dict[str, Roles]:
+def _acts(batch: Entry, model: str | None, seq: str | None) -> dict[str, Roles]:
     return {
         "residual": (batch, seq, None),
         "enter": (batch, None, None),
@@ -270,10 +286,16 @@ class Strategy:
         return dict(self.activations)
 
     @property
-    def batch_role(self) -> str | None:
-        role = self.activation_rules().get("residual", (None,))[0]
-        assert role is None or isinstance(role, str)  # the batch has one role
-        return role
+    def batch_roles(self) -> tuple[str, ...]:
+        """The roles the batch is split over, in the order of its entry: ``()`` (every
+        device sees the whole batch), ``("data",)``, or HSDP's ``("replica", "data")``."""
+        return entry_roles(self.activation_rules().get("residual", (None,))[0])
+
+    @property
+    def batch_entry(self) -> Entry:
+        """The batch dimension's entry (one role, several, or None)."""
+        roles = self.batch_roles
+        return None if not roles else roles[0] if len(roles) == 1 else roles
 
     @property
     def context_parallel(self) -> bool:
@@ -445,6 +467,15 @@ def _strategies() -> dict[str, Strategy]:
             use=rep,
             activations=_rules(**_context_acts()),
         ),
+        Strategy(
+            "hsdp",
+            "hybrid sharded data parallel: weights sharded on 'data' (inside a node), "
+            "replicated on 'replica' (across nodes), the batch on both",
+            (Role.REPLICA, Role.DATA),
+            _rules(**_FSDP_PARAMS),
+            use=rep,
+            activations=_rules(**_acts((Role.REPLICA, Role.DATA), None, None)),
+        ),
     ]
     return {s.name: s for s in out}
 
@@ -482,7 +513,8 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
 
     The last axis is ``model`` or ``context`` when the strategy uses that role; the others
     are ``data``, preceded by ``pod`` and ``pod1``, ... for more axes. A 1-D mesh for a
-    data-only strategy is ``data=N``.
+    data-only strategy is ``data=N``. A strategy with the ``replica`` role (HSDP) has it
+    first, the slowest-varying axis (across nodes), and ``data`` last, the closest devices.
 
     >>> mesh_spec_for("dp_tp", (2, 4))
     'data=2,model=4'
@@ -492,6 +524,8 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'pod=2,data=2,model=2'
     >>> mesh_spec_for("fsdp_cp", (2, 4))
     'data=2,context=4'
+    >>> mesh_spec_for("hsdp", (8, 8))
+    'replica=8,data=8'
     """
     s = get_strategy(strategy)
     if not sizes or not all(is_int(v, 1) for v in sizes):
@@ -500,6 +534,9 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     last = CONTEXT_AXIS if s.context_parallel else Role.MODEL
     if len(sizes) == 1:
         names = [Role.MODEL if Role.MODEL in s.roles else Role.DATA]
+    elif Role.REPLICA in s.roles:
+        lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
+        names = [REPLICA_AXIS, *lead, Role.DATA]
     else:
         lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
         names = [*lead, Role.DATA, last]
@@ -552,6 +589,20 @@ def _resolve_roles(
                     param="mesh",
                 )
             resolved[Role.CONTEXT] = (CONTEXT_AXIS,)
+        if Role.REPLICA in strategy.roles:
+            if REPLICA_AXIS not in sizes:
+                n = math.prod(sizes.values())
+                r = next((k for k in range(2, n + 1) if n % k == 0 and n // k > 1), 2)
+                raise StrategyError(
+                    f"strategy {strategy.name!r} replicates its sharded weights over a mesh "
+                    f"axis named {REPLICA_AXIS!r} (the outer axis, across nodes) and shards "
+                    f"them over 'data' (the inner one), but mesh {mesh_text!r} has no "
+                    f"{REPLICA_AXIS!r} axis; name the outer axis {REPLICA_AXIS!r} (e.g. mesh "
+                    f"'{REPLICA_AXIS}={r},data={max(1, n // r)}', 'data' inside a node), or "
+                    f"use fsdp to shard over every axis",
+                    param="mesh",
+                )
+            resolved[Role.REPLICA] = (REPLICA_AXIS,)
         if Role.DATA in strategy.roles:
             taken = {a for names in resolved.values() for a in names}
             resolved[Role.DATA] = tuple(a for a in sizes if a not in taken)
@@ -566,7 +617,8 @@ def _resolve_roles(
                 f"strategy {strategy.name!r} needs a mesh axis for role {role!r}, but mesh "
                 f"{mesh_text!r} leaves none (the {other} role took "
                 f"{', '.join(resolved.get(other, ())) or 'nothing'}); add an axis, e.g. "
-                f"mesh 'data=2,model=4', or choose a strategy without {role!r}",
+                f"mesh {mesh_spec_for(strategy, (2, 4))!r}, or choose a strategy without "
+                f"{role!r}",
                 param="mesh",
             )
     return resolved
