@@ -145,18 +145,13 @@ def test_train_bound_sums_gradients_and_the_loss_over_both_token_axes(name):
 @pytest.mark.parametrize("attention", ["dense", "blocked"])
 @pytest.mark.parametrize("name", CP)
 def test_train_collectives_on_xla_cpu(name, attention):
-    """XLA:CPU gathers exactly what the step's formula gathers (the bound's, and, under FSDP,
-    the layers' matrices again for the backward). It forms no reduce-scatter: the gradients of
-    the keys and values are all-reduced over context (the same payload, twice the bytes), and
-    it reduces the weights' gradients and the loss one axis at a time, over context and then
-    over data, where the bound has one reduction over both."""
-    from shardscope._src.plan.estimates import Schedule
-    from shardscope._src.plan.timing import step_bound
-
+    """XLA:CPU gathers exactly what the bound gathers. It forms no reduce-scatter: the
+    gradients of the keys and values are all-reduced over context (the same payload, twice the
+    bytes), and it reduces the weights' gradients and the loss one axis at a time, over
+    context and then over data, where the bound has one reduction over both."""
     config = replace(TINY, attention=attention, attention_block=2)
     program = build_reference_program(name, config, MESH, mode="train")
-    actual = _audited(program)
-    bound = _by_axes_kind(step_bound(program.placement, Schedule()).terms)
+    actual, bound = _audited(program), _bounded(program, "train")
     gathers = {k for k in bound if k[1] == ALL_GATHER}
     assert {k: actual[k] for k in gathers} == {k: bound[k] for k in gathers}
     assert set(actual) == gathers | {(CTX, ALL_REDUCE), (DATA, ALL_REDUCE)}

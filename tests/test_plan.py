@@ -345,7 +345,7 @@ def test_compile_options_keep_collectives_and_buffers():
 def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
     config = TINY.config(batch=8)
     placement = get_strategy("fsdp_tp").place(config, "data=4,model=2")
-    lowered = build_reference_program(placement, mode="train").lower()
+    lowered = build_reference_program(placement, mode="train", regather=True).lower()
     with capture_stderr() as log:
         compiled = lowered.compile(compiler_options=dict(COMPILE_OPTIONS))
     by_hand = audit(compiled)

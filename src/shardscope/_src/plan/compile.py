@@ -68,7 +68,12 @@ def compile_facts(
     devs = list(jax.devices() if devices is None else devices)[:need]
     mesh = make_mesh(mesh_spec, devices=devs, axis_types="auto")
     placement = get_strategy(strategy).place(config, mesh)
-    lowered = build_reference_program(placement, mode=mode, microbatches=microbatches).lower()
+    # The planner's programs gather FSDP's weights again for the backward, as PyTorch FSDP
+    # and ZeRO-3 do: every layer's gathered weights never live at once.
+    program = build_reference_program(
+        placement, mode=mode, microbatches=microbatches, regather=True
+    )
+    lowered = program.lower()
     t1 = time.perf_counter()
     result = audit(lowered, compiler_options=COMPILE_OPTIONS)
     t2 = time.perf_counter()

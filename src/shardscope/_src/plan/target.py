@@ -82,7 +82,10 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
 
     mesh = target_mesh(target, cand.stage_mesh_spec, axis_types="auto")
     placement = cand.strategy_record.place(config, mesh)
-    lowered = build_reference_program(placement, mode=mode, microbatches=cand.microbatches).lower()
+    program = build_reference_program(
+        placement, mode=mode, microbatches=cand.microbatches, regather=True
+    )
+    lowered = program.lower()
     t0 = time.perf_counter()
     try:
         # The audit compiles it (its log read: rematerializations, memory pressure).

@@ -46,11 +46,11 @@ IMPLS = ("jit", "shard_map")
 class JitHooks(Hooks):
     """Sharding constraints at the strategy's activation points and weight uses."""
 
-    def __init__(self, placement: Placement) -> None:
+    def __init__(self, placement: Placement, *, regather: bool = False) -> None:
         self.placement = placement
         uses = [placement.use_spec(n) for n in param_shapes(placement.config)]
         self._use_shardings = {placement.sharding(s) for s in uses if s is not None}
-        self.gathers_weights = bool(self._use_shardings)
+        self.gathers_weights = regather and bool(self._use_shardings)
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """A weight's constraint to its use (FSDP's gather), told by its sharding: the
@@ -173,6 +173,7 @@ def build_reference_program(
     capture: bool = False,
     constraints: bool = True,
     microbatches: int = 1,
+    regather: bool = False,
 ) -> Program:
     """Builds the reference model under ``strategy`` on ``mesh``.
 
@@ -189,6 +190,10 @@ def build_reference_program(
         microbatches: train mode, jit: split each data shard's sequences into this many
             micro-batches, run them one after another (``lax.scan``) and accumulate the
             gradients, stored as the strategy stores gradients (ZeRO-2: data-sharded).
+        regather: train mode, jit: weights gathered at use (FSDP) are gathered again for the
+            backward instead of kept (PyTorch FSDP's ``reshard_after_forward``, ZeRO-3: every
+            layer's gathered weights never live at once); the default keeps them, the least
+            communication (the bound's).
 
     A strategy whose optimizer state is sharded finer than its parameters (ZeRO-1, ZeRO-2)
     returns ``(loss, new_params)`` in train mode: each device takes a plain gradient step on
@@ -235,7 +240,7 @@ def build_reference_program(
 
     run: Callable[..., Any]
     if impl == "jit":
-        hooks = JitHooks(placement)
+        hooks = JitHooks(placement, regather=regather)
 
         if mode == Mode.FORWARD:
 
@@ -248,7 +253,7 @@ def build_reference_program(
             def objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, hooks)
 
-            shard_hooks = JitHooks(_per_shard(placement, local_roles(placement)))
+            shard_hooks = JitHooks(_per_shard(placement, local_roles(placement)), regather=regather)
 
             def shard_objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, shard_hooks)
