@@ -318,7 +318,8 @@ def test_seventy_b_on_eight_nodes_all_reduces_over_the_network_and_gathers_over_
     gathers_of_w_up = [t for t in c.bound.terms if t.what == "w_gate_up gathered at use"]
     assert {t.count for t in replica} == {L, 1}
     assert [t.count for t in gathers_of_w_up] == [m * L]
-    again = [t for t in c.bound.terms if t.what == "w_gate_up gathered at use (again for the backward)"]
+    second = "w_gate_up gathered at use (again for the backward)"
+    again = [t for t in c.bound.terms if t.what == second]
     assert [t.count for t in again] == [m * L]
 
 
