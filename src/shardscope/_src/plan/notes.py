@@ -190,9 +190,10 @@ def _time_model(v: Mapping[str, Any]) -> str:
         f"{v['cross_node_bandwidth'] / 1e9:g} GB/s per device across nodes, "
         f"{v['latency_s'] * 1e6:g} us per ring step; tensor-parallel collectives {overlap}; "
         f"data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
-        f"schedule allows; 1F1B pipeline bubble; the optimizer's pass over its state. Ranked "
-        f"by this step time, from the formula's collectives (the compiled ones are validated "
-        f"against them). Sources: {sources}"
+        f"schedule allows; 1F1B pipeline bubble; copies to host memory beside the compute; "
+        f"the optimizer's pass over its state. Plans rank by this step time with the "
+        f"collectives of the program the compiler produced (the formula's screen which to "
+        f"compile). Sources: {sources}"
     )
 
 
