@@ -423,9 +423,10 @@ def screen_all(
             for m in counts
             for v in virtual_stage_options(base.layers, cand.stages, m, virtual_stages)
         ]
-        options = [
-            screen(
-                replace(cand, microbatches=m, remat=r, virtual_stages=v),
+
+        def screened_on_placement(c: Candidate, placement: Placement = placement) -> Screened:
+            return screen(
+                c,
                 placement,
                 config,
                 hw,
@@ -434,6 +435,9 @@ def screen_all(
                 flash_attention,
                 matmul_dtype=matmul_dtype,
             )
+
+        options = [
+            screened_on_placement(replace(cand, microbatches=m, remat=r, virtual_stages=v))
             for m, v in schedules
             for r in remats
         ]
@@ -459,17 +463,7 @@ def screen_all(
                 if offload_optimizer or not s.fits
             ]
             options = [s for s in options if not offload_optimizer] + [
-                screen(
-                    c,
-                    placement,
-                    config,
-                    hw,
-                    mode,
-                    bytes_per_param,
-                    flash_attention,
-                    matmul_dtype=matmul_dtype,
-                )
-                for c in moved
+                screened_on_placement(c) for c in moved
             ]
         state = min(s.memory.model_state for s in options)
         if state > hw.memory_bytes:
