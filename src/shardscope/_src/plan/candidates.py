@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from shardscope._src.base.comm import format_bytes
@@ -424,18 +425,16 @@ def screen_all(
             for v in virtual_stage_options(base.layers, cand.stages, m, virtual_stages)
         ]
 
-        def screened_on_placement(c: Candidate, placement: Placement = placement) -> Screened:
-            return screen(
-                c,
-                placement,
-                config,
-                hw,
-                mode,
-                bytes_per_param,
-                flash_attention,
-                matmul_dtype=matmul_dtype,
-            )
-
+        screened_on_placement = partial(
+            screen,
+            placement=placement,
+            config=config,
+            hw=hw,
+            mode=mode,
+            bytes_per_param=bytes_per_param,
+            flash_attention=flash_attention,
+            matmul_dtype=matmul_dtype,
+        )
         options = [
             screened_on_placement(replace(cand, microbatches=m, remat=r, virtual_stages=v))
             for m, v in schedules

@@ -388,6 +388,14 @@ def stored_activation_bytes_per_layer(
     return math.ceil(tokens * c.d_model * c.itemsize / t)
 
 
+def logits_model_split(placement: Placement) -> int:
+    """How many ways ``model`` splits each device's logits: ``t`` under sequence parallelism
+    (each device projects its own tokens) or a vocabulary split (each projects onto its
+    slice of the vocabulary), else 1."""
+    s = placement.strategy
+    return model_ways(placement) if s.sequence_parallel or s.vocab_split else 1
+
+
 def logits_bytes(placement: Placement, sequences: int, *, train: bool = True) -> int:
     """The logits of ``sequences`` on one device at the model's dtype, and, when training,
     their gradient beside them (the loss reduces them in float32 without storing a float32
@@ -398,9 +406,7 @@ def logits_bytes(placement: Placement, sequences: int, *, train: bool = True) ->
     if not c.vocab:
         return 0
     per_element = 2 * c.itemsize if train else c.itemsize
-    s = placement.strategy
-    split = model_ways(placement) if s.sequence_parallel or s.vocab_split else 1
-    split *= context_ways(placement)
+    split = logits_model_split(placement) * context_ways(placement)
     return sequences * c.seq * c.vocab * per_element // split
 
 

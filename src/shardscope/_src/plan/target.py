@@ -165,15 +165,7 @@ def recompile_on_target(
     for i, p in enumerate(order[:budget], start=1):
         if fitting >= leading:
             break
-        cand = Candidate(
-            p.strategy,
-            tuple(p.mesh.items()),
-            p.microbatches,
-            p.remat,
-            p.offload_optimizer,
-            p.vocab_split,
-            p.virtual_stages,
-        )
+        cand = p.candidate
         facts = target_facts(
             cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
         )

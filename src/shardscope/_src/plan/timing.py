@@ -92,6 +92,7 @@ from shardscope._src.plan.estimates import (
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
     layer_matmul_params,
+    logits_model_split,
     matmul_outputs_bytes_per_layer,
     model_flops,
     model_ways,
@@ -397,9 +398,7 @@ def step_work(
     q_dim = c.heads * c.head_dim
     layer = 2 * tokens * layer_matmul_params(c) / t
     core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts
-    # Sequence parallelism projects each device's own tokens onto the vocabulary; a vocabulary
-    # split, every token onto each device's slice of it.
-    own = t if placement.strategy.sequence_parallel or placement.strategy.vocab_split else 1
+    own = logits_model_split(placement)  # sequence parallelism or a vocabulary split
     logits = 2 * tokens * c.d_model * (c.vocab or 0) / own
     fwd = c.layers * (layer + core) + logits
     kv_dim = (c.kv_heads or c.heads) * c.head_dim

@@ -355,7 +355,8 @@ class Plan:
         return format_mesh_spec(self.mesh)
 
     @property
-    def schedule_label(self) -> str:
+    def candidate(self) -> Candidate:
+        """The candidate this plan compiled: its strategy, mesh and schedule."""
         return Candidate(
             self.strategy,
             tuple(self.mesh.items()),
@@ -364,7 +365,11 @@ class Plan:
             self.offload_optimizer,
             self.vocab_split,
             self.virtual_stages,
-        ).schedule_label
+        )
+
+    @property
+    def schedule_label(self) -> str:
+        return self.candidate.schedule_label
 
     @property
     def label(self) -> str:
