@@ -294,12 +294,11 @@ def test_seventy_b_on_eight_nodes_all_reduces_over_the_network_and_gathers_over_
     weights += [(v * h, 1), (h, 1), (h * v, 1)]
     assert sum(n * count for n, count in weights) == config.param_count()
     gathers = scatters = shards = 0.0
-    matrices = {h * (q + 2 * kv), q * h, h * 2 * ff, ff * h}  # the layers' weight matrices
     for n, count in weights:
         size = 2 * n  # bf16 bytes
         # all-gather at use and reduce-scatter of the gradient, per micro-batch: 7 steps, 7/8;
-        # the layers' matrices gathered again for the backward
-        again = 2 if count == L and n in matrices else 1
+        # the layers' weights gathered again for the backward
+        again = 2 if count == L else 1
         gathers += again * m * count * (7 * a + 7 * size / 8 / nvlink)
         scatters += m * count * (7 * a + 7 * size / 8 / nvlink)
         # the gradient's eighth, all-reduced over the 8 replicas once a step: 14 steps

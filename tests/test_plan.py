@@ -217,9 +217,9 @@ def test_collectives_count_loop_trips(sweep):
     assert [(a.axes, a.kind, a.count) for a in tp.comm] == [("model", "all-reduce", 4 * layers)]
     fsdp = next(p for p in sweep.plans if p.label == "fsdp data=8")
     gathers = next(a for a in fsdp.comm if a.kind == "all-gather")
-    # Each layer weight per trip, plus the 3 vocab ones; and the 4 matrices of each layer
-    # again for the backward (its norm gains' gathered copies are kept: 256 values each).
-    assert gathers.count == 6 * layers + 3 + 4 * layers
+    # Each layer weight per trip, plus the 3 vocab ones; and the 6 of each layer again for
+    # the backward (the 4 matrices and the 2 norm gains).
+    assert gathers.count == 6 * layers + 3 + 6 * layers
 
 
 # The tiny preset's weights, in bf16. The scalar loss is summed in f32 (an all-reduce of 4
@@ -235,9 +235,9 @@ def test_compiled_communication_matches_the_formula(sweep, strategy):
     if strategy == "dp":  # the gradients all-reduced over data=8, and the loss
         formula = 2 * 7 * w // 8 + LOSS_BYTES
     elif strategy == "fsdp":
-        # The weights gathered, the layers' matrices gathered again for the backward (4
-        # layers of wqkv, wo, w_up and w_down, bf16), their gradients reduce-scattered.
-        layers = 4 * (256 * 768 + 256 * 256 + 2 * 256 * 1024) * 2
+        # The weights gathered, the layers' gathered again for the backward (4 layers of two
+        # norm gains, wqkv, wo, w_up and w_down, bf16), their gradients reduce-scattered.
+        layers = 4 * (2 * 256 + 256 * 768 + 256 * 256 + 2 * 256 * 1024) * 2
         formula = 7 * w // 8 + 7 * layers // 8 + 7 * w // 8 + LOSS_BYTES
     else:  # tp: four all-reduces a layer of the (8, 128, 256) bf16 activations over model=8
         formula = 4 * 4 * (2 * 7 * (8 * 128 * 256 * 2) // 8)
@@ -248,7 +248,7 @@ def test_compiled_communication_matches_the_formula(sweep, strategy):
     else:
         # FSDP: the CPU backend all-reduces gradients where the formula reduce-scatters them.
         assert not v.ok and "XLA:CPU forms no reduce-scatter under jit" in v.explanation
-        layers = 4 * (256 * 768 + 256 * 256 + 2 * 256 * 1024) * 2
+        layers = 4 * (2 * 256 + 256 * 768 + 256 * 256 + 2 * 256 * 1024) * 2
         cpu = 7 * w // 8 + 7 * layers // 8 + 2 * 7 * w // 8 + LOSS_BYTES
         assert v.compiled_bytes == v.cpu_formula_bytes == cpu
         assert v.cpu_ratio == 1.0
@@ -275,8 +275,8 @@ def test_only_a_compiler_that_may_skip_reduce_scatters_explains_a_validation_by_
     v = next(v for v in sweep.validations if v.strategy == "fsdp")
     fsdp = next(p for p in sweep.plans if p.strategy == "fsdp" and p.mesh_spec == v.mesh)
     w, data = TINY_WEIGHT_BYTES, ("data",)
-    # The layers' matrices (bf16) are gathered a second time, for the backward.
-    again = 4 * (256 * 768 + 256 * 256 + 2 * 256 * 1024) * 2
+    # The layers' weights (bf16) are gathered a second time, for the backward.
+    again = 4 * (2 * 256 + 256 * 768 + 256 * 256 + 2 * 256 * 1024) * 2
     bound = Bound(
         "fsdp",
         (
@@ -326,8 +326,9 @@ def test_plan_json_has_the_promised_fields(sweep):
 
 
 def test_compile_options_keep_collectives_and_buffers():
+    # The planner's program (its FSDP weights gathered again for the backward).
     placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
-    lowered = build_reference_program(placement, mode="train").lower()
+    lowered = build_reference_program(placement, mode="train", regather=True).lower()
     plain = audit(lowered)
     fast = audit(lowered, compiler_options=COMPILE_OPTIONS)
 

@@ -131,8 +131,10 @@ def _flops(compiled: Any) -> float | None:
 #: The one axis an audit names when neither the caller nor the program's shardings give a mesh.
 #: XLA options for compiles whose program is audited or checked, not timed: without LLVM's
 #: optimisations and the CPU fusion emitters a program compiles several times faster (a 7B
-#: train step 3 to 6 times), with the same collectives and buffer sizes to within 0.01%
-#: (tests/test_plan.py checks it). The planner compiles with them, and ``shardscope lab``.
+#: train step 3 to 6 times), with the same collectives and arguments and outputs; the
+#: planner's programs' temporaries within 0.01% (tests/test_plan.py checks it), a train step
+#: that keeps FSDP's gathered weights within 1%. The planner compiles with them, and
+#: ``shardscope lab``.
 FAST_COMPILE_OPTIONS: Mapping[str, Any] = {
     "xla_backend_optimization_level": 0,
     "xla_cpu_use_fusion_emitters": False,

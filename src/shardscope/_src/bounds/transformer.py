@@ -99,13 +99,14 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
 
 
 def layer_weight_gathers(placement: Placement) -> list[Term]:
-    """The all-gathers of the layers' weight matrices at their use (FSDP; not the norm
-    gains): what a train step that does not keep them gathers again for the backward."""
+    """The all-gathers of the layers' weights at their use (FSDP; the matrices and the norm
+    gains, which the norms' backward takes again): what a train step that does not keep them
+    gathers again for the backward."""
     c = placement.config
     return [
         t
         for name, shape in param_shapes(c).items()
-        if name in LAYER_PARAMS and not name.endswith("norm")
+        if name in LAYER_PARAMS
         for t in _weight_terms(placement, name, shape, False)
         if t.role is TermRole.WEIGHT_GATHER
     ]

@@ -14,9 +14,13 @@ Memory (per device, bytes):
   ``sbh (10 + (8 + 4f/h)/t + 5as/(ht))`` and, with sequence parallelism,
   ``sbh ((18 + 4f/h)/t + 5as/(ht))``. With ``f = 4h`` these are the paper's
   ``sbh (10 + 24/t + 5as/(ht))`` and ``sbh (34/t + 5as/(ht))``. Flash attention drops the
-  ``5as/(ht)`` term (the default). Plus the logits, ``bsv`` at the model dtype, and their
-  gradient beside them when training (``/t`` under sequence parallelism, which projects each
-  device's own tokens).
+  ``5as/(ht)`` term (the default). The MLP's ``4f/h`` is the input and the output of its
+  element-wise block (GELU's, ``2f`` bytes a token each); a SwiGLU MLP keeps ``6f/h``: the
+  gate and up projections and their product. The element-wise blocks (norms, activations) keep
+  nothing between their input and output: they run as fused kernels do
+  (:func:`~shardscope._src.model.transformer.fused`). Plus the logits, ``bsv`` at the model
+  dtype, and their gradient beside them when training (``/t`` under sequence parallelism,
+  which projects each device's own tokens).
   Scaled by ``itemsize / 2`` for 32-bit models. A forward pass keeps one layer's.
   ``b`` is the batch over every axis that splits it: HSDP's ``replica x data``, though its
   model state is divided by ``data`` alone.
@@ -292,7 +296,9 @@ def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float
     assert c.head_dim is not None and c.kv_heads is not None
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     t = model_ways(placement)
-    mlp = 8 * f if c.mlp == "swiglu" else 4 * f
+    # The MLP's input and output of its element-wise block: GELU's ``2f`` each; SwiGLU's gate
+    # and up projections ``4f``, their product ``2f``.
+    mlp = 6 * f if c.mlp == "swiglu" else 4 * f
     split: float = 2 * q_dim + 4 * kv_dim + 2 * q_dim + mlp  # Q, K and V, out-proj input, MLP
     scores = 5 * c.heads * s
     whole: float
