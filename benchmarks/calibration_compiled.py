@@ -58,7 +58,7 @@ def main(prefixes: list[str]) -> None:
     for row in rows:
         t0 = time.perf_counter()
         result = _plan(row)
-        on_target = [p for p in result.plans if p.compiled_by == row.hardware]
+        on_target = [p for p in result.plans if p.compiled_by.name == row.hardware]
         p = on_target[0] if on_target else result.plans[0]
         step, est = p.step_time_s, p.estimated_time.step_s
         error = step / row.measured_s - 1

@@ -137,7 +137,7 @@ def test_the_tpu_compiler_offloads_what_the_estimate_moves_to_the_host():
         config, 8, hardware="tpu-v6e", strategies=["fsdp"], mesh="data=8", remat="offload",
         microbatches=1, compiler="tpu-v6e", target_plans=1, compile_top=1,
     )  # fmt: skip
-    (p,) = [p for p in result.plans if p.compiled_by == "tpu-v6e"]
+    (p,) = [p for p in result.plans if p.compiled_by.name == "tpu-v6e"]
     assert p.target_memory["host_temp_size_in_bytes"] > 0
     # One sequence per device and layer: the input (256 x 1536) and the QKV projection (2
     # key/value groups of 6 queries, a key and a value, 128 wide), in host memory (S(5)).

@@ -39,6 +39,7 @@ from shardscope._src.plan.validate import VALIDATED_STRATEGIES, validate
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.links import crosses_nodes
+from shardscope._src.targets.specs import TARGETS
 
 TINY = model_preset("tiny")
 SWEPT = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
@@ -292,7 +293,7 @@ def test_only_a_compiler_that_may_skip_reduce_scatters_explains_a_validation_by_
     on_cpu = validate(fsdp, bound)
     assert not on_cpu.ok and on_cpu.explanation.startswith("XLA:CPU forms no reduce-scatter")
     # The same collectives, had the H100 compiler built them, are the program's own doing.
-    on_gpu = validate(replace(fsdp, compiled_by="h100"), bound)
+    on_gpu = validate(replace(fsdp, compiled_by=TARGETS["h100"]), bound)
     assert not on_gpu.ok and on_gpu.explanation.startswith("compiled communication is 1.")
 
 

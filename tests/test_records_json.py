@@ -3,7 +3,7 @@ know (irregular replica groups, unplaced leaves, renamed plan keys)."""
 
 import enum
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.program import ProgramPlan
 from shardscope._src.plan.types import Plan
+from shardscope._src.targets.specs import TARGETS, get_target
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hlo"
 
@@ -118,3 +119,45 @@ def test_plans_write_their_estimates_under_the_plan_keys():
     assert data["memory_bytes_per_device"] == 120 and data["memory_source"] == "compiled"
     assert data["same_program_as"] == "tp data=2,model=4" and "same_as" not in data
     assert data["rules"] == [["batch", "data"]]
+
+
+def _plan(**kw):
+    """A plan of 15 bytes estimated per device (5 of them optimizer state), 1000 available."""
+    return Plan(
+        "dp", "data parallel", {"data": 8}, MemoryEstimate(1, 2, 5, 3, 4),
+        compiled_memory={"argument_size_in_bytes": 100}, memory_limit_bytes=1000,
+        collectives=(), comm=(), bound_bytes_per_device=0, bound_comm_time_s=0.0,
+        comm_time_s=0.0, flops_per_device=0.0, compute_time_s=0.0, **kw,
+    )  # fmt: skip
+
+
+def test_a_plan_writes_the_name_of_its_compiler_and_reads_it_back_as_the_target():
+    screened = _plan()
+    assert screened.compiled_by is TARGETS["cpu"]
+    on_h100 = _plan(compiled_by=TARGETS["h100"], target_memory={"temp_size_in_bytes": 64})
+    for plan, name in ((screened, "cpu"), (on_h100, "h100")):
+        data = json.loads(json.dumps(plan.to_dict(), allow_nan=False))
+        assert data["compiled_by"] == name
+        # In its place among the fields: just before the target's memory.
+        keys = list(data)
+        assert keys.index("compiled_by") == keys.index("target_memory") - 1
+        assert get_target(data["compiled_by"]) == plan.compiled_by
+        # The name as the JSON has it gives back the same plan.
+        assert replace(plan, compiled_by=data["compiled_by"]) == plan
+
+
+def test_a_plan_an_accelerator_compiled_is_judged_by_that_compilers_memory():
+    assert _plan().fits and _plan().fit_memory_source == "estimate"
+    # The same plan, had the H100 compiler given it 2000 bytes of buffers: the estimate's 15
+    # would fit, the compiler's 2000 and the optimizer state's 5 do not.
+    big = {"temp_size_in_bytes": 2000}
+    on_h100 = _plan(compiled_by=TARGETS["h100"], target_memory=big)
+    assert on_h100.compiled_by_accelerator and not on_h100.fits
+    assert on_h100.fit_memory_bytes_per_device == 2005
+    assert on_h100.fit_memory_source == "h100 compiler"
+    # On the CPU, a buffer assignment is the simulated devices', not a verdict on the fit.
+    on_cpu = _plan(compiled_by=TARGETS["cpu"], target_memory=big)
+    assert not on_cpu.compiled_by_accelerator and on_cpu.fits
+    assert on_cpu.fit_memory_bytes_per_device == 15
+    # An H100 compile that found no memory for the program: it does not fit.
+    assert not _plan(compiled_by=TARGETS["h100"], target_error="Ran out of memory").fits

@@ -356,17 +356,17 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
         remat="none",
         **_SMALL,
     )
-    assert result.compiler == "h100" and result.to_dict()["compiler"] == "h100"
-    by = [p.compiled_by for p in result.plans]
+    assert result.compiler == TARGETS["h100"] and result.to_dict()["compiler"] == "h100"
+    by = [p.compiled_by.name for p in result.plans]
     assert sorted(by) == ["cpu", "h100"]
-    on_target = next(p for p in result.plans if p.compiled_by == "h100")
+    on_target = next(p for p in result.plans if p.compiled_by == TARGETS["h100"])
     assert on_target.target_error is None and on_target.target_memory is not None
     # Ranked by their compiled programs, DP leads: its gradients go in a few combined
     # all-reduces, where FSDP gathers every weight twice and scatters its gradient (the
     # formula prices both alike, each of its per-weight terms paying its own latency).
     assert on_target.strategy == "dp"
     fsdp = next(p for p in result.plans if p.strategy == "fsdp")
-    assert fsdp.compiled_by == "cpu" and on_target.step_time_s < fsdp.step_time_s
+    assert fsdp.compiled_by == TARGETS["cpu"] and on_target.step_time_s < fsdp.step_time_s
     # The rank follows the compiled programs' steps.
     assert [p.step_time_s for p in result.plans] == sorted(p.step_time_s for p in result.plans)
     assert (on_target.rank, fsdp.rank) == (1, 2)
@@ -406,7 +406,7 @@ def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
         workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
     )  # fmt: skip
     (p,) = result.plans
-    assert p.compiled_by == "h100"
+    assert p.compiled_by == TARGETS["h100"]
     # FSDP on 8 devices: an eighth of the bf16 weights (as above) and of the tokens.
     weights = 2 * (64 + 64 * 192 + 64 * 64 + 64 + 2 * 64 * 256) + 2 * 512 * 64 + 64
     assert p.target_memory["argument_size_in_bytes"] == weights * 2 // 8 + 2 * 16 * 32 * 4 // 8
@@ -423,11 +423,11 @@ def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():
         None, 8, hardware="h100", strategies=["dp"], workers=0, compiler="cpu", **_SMALL
     )
     p = result.plans[0]
-    assert p.compiled_by == "cpu" and p.fits  # judged from the analytic estimate
+    assert p.compiled_by == TARGETS["cpu"] and p.fits  # judged from the analytic estimate
     # As a sweep records a leading plan that the H100 compiler refused for its memory.
-    refused = replace(p, compiled_by="h100", target_error="Ran out of memory on HBM")
+    refused = replace(p, compiled_by=TARGETS["h100"], target_error="Ran out of memory on HBM")
     assert not refused.fits
-    roomy = replace(p, compiled_by="h100", target_memory={"temp_size_in_bytes": 2**20})
+    roomy = replace(p, compiled_by=TARGETS["h100"], target_memory={"temp_size_in_bytes": 2**20})
     assert roomy.fits and roomy.target_memory_bytes_per_device == 2**20
 
 
@@ -451,12 +451,12 @@ def test_plan_without_the_extra_compiles_on_cpu_and_says_how_to_add_it(monkeypat
 
     h100 = shardscope.hardware("h100")
     monkeypatch.setattr(targets_devices, "module_present", lambda name: True)
-    assert default_compiler(h100) == "h100"
-    assert default_compiler(shardscope.hardware("h100", memory_bytes=40e9)) == "h100"
+    assert default_compiler(h100) == TARGETS["h100"]
+    assert default_compiler(shardscope.hardware("h100", memory_bytes=40e9)) == TARGETS["h100"]
     monkeypatch.setattr(targets_devices, "module_present", lambda name: False)
-    assert default_compiler(h100) == "cpu"
+    assert default_compiler(h100) == TARGETS["cpu"]
     result = shardscope.plan(None, 8, hardware="h100", strategies=["dp"], workers=0, **_SMALL)
-    assert result.compiler == "cpu"
+    assert result.compiler == TARGETS["cpu"] and result.to_dict()["compiler"] == "cpu"
     (missing,) = [n for n in result.notes if n.kind == "target-compiler-missing"]
     assert "pip install 'shardscope[gpu-compile]'" in missing.text
 
@@ -517,9 +517,9 @@ def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(
     )  # fmt: skip
     failed = [p for p in result.plans if p.notes[0].kind == "target-compile-failed"]
     (p,) = failed
-    assert p.compiled_by == "cpu" and p.target_memory is None
+    assert p.compiled_by == TARGETS["cpu"] and p.target_memory is None
     first_line = "INTERNAL: Couldn't find output tile sizes"
     assert p.notes[0].values == {"target": "h100", "error": first_line}
     assert "the h100 compiler failed on this plan" in p.notes[0].text
     # The next plan was compiled by the target instead, and it is the best.
-    assert len(calls) == 2 and result.best.compiled_by == "h100"
+    assert len(calls) == 2 and result.best.compiled_by == TARGETS["h100"]

@@ -311,7 +311,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     )
 
     order = sorted(plans, key=_rank_key(names))
-    if compiler != "cpu":
+    if compiler.is_accelerator:
         order = recompile_on_target(
             order, config, mode, hw, compiler, r.target_plans, progress, r.flash_attention
         )

@@ -33,7 +33,7 @@ from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import target_mesh
-from shardscope._src.targets.specs import TARGETS, Family, get_target
+from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Target, get_target
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,14 @@ def _optimal_seconds(compiled: jax.stages.Compiled | None) -> float | None:
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
-def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -> TargetFacts:
+def target_facts(
+    cand: Candidate, config: ModelConfig, mode: str, target: str | Target
+) -> TargetFacts:
     """Builds ``cand``'s program on ``target``'s compile-only devices, compiles it with the
     target's compiler and audits it."""
 
-    mesh = target_mesh(target, cand.stage_mesh_spec, axis_types="auto")
+    name = get_target(target).name
+    mesh = target_mesh(name, cand.stage_mesh_spec, axis_types="auto")
     placement = cand.strategy_record.place(config, mesh)
     program = build_reference_program(
         placement, mode=mode, microbatches=cand.microbatches, regather=True
@@ -91,16 +94,16 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
         # The audit compiles it (its log read: rematerializations, memory pressure).
         result = audit(lowered)
     except DeviceMemoryError as e:
-        return TargetFacts(target, error=str(e), compile_s=time.perf_counter() - t0)
+        return TargetFacts(name, error=str(e), compile_s=time.perf_counter() - t0)
     except jax.errors.JaxRuntimeError as e:
         # A compiler's own failure (an internal error on one fusion, say) says nothing of the
         # plan: it keeps its CPU compile, and a note says why.
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return TargetFacts(target, failure=first[:300], compile_s=time.perf_counter() - t0)
+        return TargetFacts(name, failure=first[:300], compile_s=time.perf_counter() - t0)
     compile_s = time.perf_counter() - t0
     compiled = result.compiled
     return TargetFacts(
-        target=target,
+        target=name,
         memory=dict(result.memory or {}),
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
         collectives=tuple(plan_collective(c, Width.of(result)) for c in result.collectives),
@@ -115,22 +118,24 @@ def target_facts(cand: Candidate, config: ModelConfig, mode: str, target: str) -
     )
 
 
-def default_compiler(hw: Hardware) -> str:
+def default_compiler(hw: Hardware) -> Target:
     """The hardware preset's own compiler (an ``h100`` plan compiles for H100s) when it is
     installed; else the CPU backend alone, and the plan's notes say how to add it."""
     own = TARGETS.get(hw.name)
-    if own is not None and own.family != Family.CPU and compiler_installed(own):
-        return own.name
-    return "cpu"
+    if own is not None and own.is_accelerator and compiler_installed(own):
+        return own
+    return CPU_TARGET
 
 
-def check_compiler(compiler: str | None, hw: Hardware, devices: int, target_plans: int) -> str:
-    """The compiler's target name (None: :func:`default_compiler`), once it can compile for
+def check_compiler(
+    compiler: str | Target | None, hw: Hardware, devices: int, target_plans: int
+) -> Target:
+    """The compiler's target (None: :func:`default_compiler`), once it can compile for
     ``devices`` of ``hw``."""
 
     t = get_target(default_compiler(hw) if compiler is None else compiler)
-    if t.family == Family.CPU:
-        return t.name
+    if not t.is_accelerator:
+        return t
     if t.hardware != hw.name:
         raise PlanError(
             f"compiler {t.name!r} compiles for {t.hardware} devices but the plan is for "
@@ -142,7 +147,7 @@ def check_compiler(compiler: str | None, hw: Hardware, devices: int, target_plan
             f"target_plans={target_plans!r}: must be a positive whole number", param="target_plans"
         )
     require_compiler(t, devices)  # also refuses a device count it is not built with
-    return t.name
+    return t
 
 
 def recompile_on_target(
@@ -150,7 +155,7 @@ def recompile_on_target(
     config: ModelConfig,
     mode: str,
     hw: Hardware,
-    target: str,
+    target: Target,
     leading: int,
     progress: Progress | None,
     flash_attention: bool = True,
@@ -173,18 +178,18 @@ def recompile_on_target(
         assert bound is not None  # every compiled plan carries its formula
         if facts.failure is not None:
             failed = Note(
-                PlanNote.TARGET_COMPILE_FAILED, {"target": target, "error": facts.failure}
+                PlanNote.TARGET_COMPILE_FAILED, {"target": target.name, "error": facts.failure}
             )
             out.append(replace(p, notes=(failed, *p.notes)))  # unverified: not counted
             if progress:
-                progress(i, budget, f"{p.label} on {target}")
+                progress(i, budget, f"{p.label} on {target.name}")
             continue
 
         if facts.error is None:
-            values = {"target": target, "memory_bytes": facts.memory_bytes_per_device}
+            values = {"target": target.name, "memory_bytes": facts.memory_bytes_per_device}
             values["estimate_bytes"] = p.memory.total
         else:
-            values = {"target": target, "error": facts.error}
+            values = {"target": target.name, "error": facts.error}
         note = Note(PlanNote.COMPILED_BY_TARGET, values)
         kept = p.notes
         if facts.error is None:
@@ -193,7 +198,7 @@ def recompile_on_target(
             # So do its rematerializations and what its compiler says of the memory.
             replaced = (PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER, PlanNote.REMATERIALIZATION)
             kept = tuple(n for n in p.notes if n.kind not in replaced)
-            capabilities = get_target(target).capabilities
+            capabilities = target.capabilities
             rs = reduce_scatter_note(bound, facts.collectives, capabilities)
             kept = kept if rs is None else (rs, *kept)
             if facts.rematerializations:
@@ -219,26 +224,24 @@ def recompile_on_target(
                 exact=facts.exact,
             )
             if p.pricing is not None:  # the step as the target's program has it
-                step = compiled_step(
-                    hw, p.pricing, facts.collectives, bound, get_target(target).capabilities
-                )
+                step = compiled_step(hw, p.pricing, facts.collectives, bound, target.capabilities)
                 changes.update(time=step, compute_time_s=step.compute_s)
         q = replace(p, **changes)
         out.append(q)
         fitting += q.fits
         if progress:
-            progress(i, budget, f"{p.label} on {target}")
+            progress(i, budget, f"{p.label} on {target.name}")
     return out + order[len(out) :]
 
 
-def compiler_notes(compiler: str, plans: Sequence[Plan], hw: Hardware) -> list[Note]:
+def compiler_notes(compiler: Target, plans: Sequence[Plan], hw: Hardware) -> list[Note]:
     """Which plans the target's compiler compiled again, or, with the CPU compiler alone, the
     extra that installs ``hw``'s own compiler when it is missing."""
-    if compiler == "cpu":
+    if not compiler.is_accelerator:
         own = TARGETS.get(hw.name)
         if own is not None and own.extra and not compiler_installed(own):
             values = {"target": own.name, "extra": own.extra}
             return [Note(PlanNote.TARGET_COMPILER_MISSING, values, ("compiler",))]
         return []
     ranks = [p.rank for p in plans if p.compiled_by == compiler]
-    return [Note(PlanNote.RECOMPILED_BY_TARGET, {"target": compiler, "ranks": ranks})]
+    return [Note(PlanNote.RECOMPILED_BY_TARGET, {"target": compiler.name, "ranks": ranks})]

@@ -22,7 +22,7 @@ from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import Pricing, StepTime
 from shardscope._src.sharding.strategies import Strategy, get_strategy
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.specs import get_target
+from shardscope._src.targets.specs import CPU_TARGET, Target, get_target
 
 #: The knobs a plan that does not fit can turn: the library's parameter names.
 FIT_PARAMS = ("devices", "batch", "seq", "memory_bytes")
@@ -338,9 +338,10 @@ class Plan:
     pricing: Pricing | None = field(default=None, compare=False, repr=False)
     #: The formula the plan's compiled communication is validated against (not written).
     bound: Bound | None = field(default=None, compare=False, repr=False)
-    #: The compiler whose program the collectives and the fit come from: ``"cpu"`` (the
-    #: screening compile), or a target's (``"h100"``, ``"tpu-v5p"``).
-    compiled_by: str = "cpu"
+    #: The target whose compiler built the program the collectives and the fit come from:
+    #: ``cpu`` (the screening compile), or a GPU's or TPU's (``h100``, ``tpu-v5p``). A
+    #: target's name is taken too; the JSON writes the name.
+    compiled_by: Target = CPU_TARGET
     #: The target compiler's buffer assignment per device (None when compiled by cpu, or
     #: when it found the program does not fit: ``target_error`` has its words).
     target_memory: Mapping[str, int] | None = None
@@ -349,6 +350,17 @@ class Plan:
     target_optimal_seconds: float | None = None
     #: The host memory per device, where offloaded activations live (``remat="offload"``).
     host_memory_limit_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        # A target's name (as the JSON writes it) stands for the target.
+        object.__setattr__(self, "compiled_by", get_target(self.compiled_by))
+
+    @property
+    def compiled_by_accelerator(self) -> bool:
+        """Whether a GPU's or a TPU's compiler (``compiled_by``) built the plan's program, so
+        that its fit is judged from that compiler's buffer assignment rather than the
+        analytic estimate."""
+        return self.compiled_by.is_accelerator
 
     @property
     def mesh_spec(self) -> str:
@@ -406,15 +418,15 @@ class Plan:
         assignment and the optimizer state (fp32 master copy, Adam moments), which the
         compiled step does not hold; else the analytic estimate."""
         target = self.target_memory_bytes_per_device
-        if self.compiled_by != "cpu" and target is not None:
+        if self.compiled_by_accelerator and target is not None:
             return target + self.memory.device_optimizer
         return self.memory.total
 
     @property
     def fit_memory_source(self) -> str:
         """What :attr:`fit_memory_bytes_per_device` is: ``"estimate"`` or the compiler's."""
-        if self.compiled_by != "cpu" and self.target_memory is not None:
-            return f"{self.compiled_by} compiler"
+        if self.compiled_by_accelerator and self.target_memory is not None:
+            return f"{self.compiled_by.name} compiler"
         return "estimate"
 
     @property
@@ -423,7 +435,7 @@ class Plan:
         analytic estimate."""
         if self.memory.host > self.host_memory_limit_bytes:
             return False
-        if self.compiled_by != "cpu" and self.target_memory is None:
+        if self.compiled_by_accelerator and self.target_memory is None:
             return False  # the target compiler found it does not fit
         return self.fit_memory_bytes_per_device <= self.memory_limit_bytes
 
@@ -456,7 +468,7 @@ class Plan:
         return max(self.compute_time_s, self.comm_time_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return record_dict(
+        out = record_dict(
             self,
             keys=PLAN_KEYS,
             omit=("memory_limit_bytes", "host_memory_limit_bytes", "pricing", "bound"),
@@ -470,6 +482,8 @@ class Plan:
                 "fit_memory_source",
             ),
         )
+        out["compiled_by"] = self.compiled_by.name  # in its place among the fields
+        return out
 
 
 @dataclass(frozen=True)
@@ -491,14 +505,18 @@ class PlanResult:
     candidates: int = field(default=0)
     screened: int = 0
     closest: Mapping[str, Any] | None = None
-    #: ``"cpu"``, or the target whose compiler compiled the leading plans (``compiled_by``).
-    compiler: str = "cpu"
+    #: The target whose compiler compiled the leading plans (their ``compiled_by``), or
+    #: ``cpu`` when none did. A target's name is taken too; the JSON writes the name.
+    compiler: Target = CPU_TARGET
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compiler", get_target(self.compiler))
 
     @property
     def backend(self) -> str:
         """The platform of the compiler that compiled the leading plans: ``"cpu"``,
         ``"gpu"`` or ``"tpu"`` (its target's family)."""
-        return get_target(self.compiler).family
+        return self.compiler.family
 
     @property
     def best(self) -> Plan | None:
@@ -508,7 +526,7 @@ class PlanResult:
             (
                 p
                 for p in self.plans
-                if p.fits and (self.compiler == "cpu" or p.compiled_by == self.compiler)
+                if p.fits and (not self.compiler.is_accelerator or p.compiled_by == self.compiler)
             ),
             None,
         )
@@ -520,18 +538,19 @@ class PlanResult:
         if self.best is not None or (not self.plans and self.closest is None):
             return None
         hardware, have = self.hardware.name, int(self.hardware.memory_bytes)
-        if self.closest is not None and not any(p.compiled_by != "cpu" for p in self.plans):
+        if self.closest is not None and not any(p.compiled_by_accelerator for p in self.plans):
             label, need = self.closest["label"], int(self.closest["bytes"])
             return _no_fit(label, need, have, hardware)
-        compiled = [p for p in self.plans if p.compiled_by == self.compiler != "cpu"]
+        on_target = self.compiler.is_accelerator
+        compiled = [p for p in self.plans if on_target and p.compiled_by == self.compiler]
         sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
         if compiled and not sized:
-            values = {"target": self.compiler, "count": len(compiled)}
+            values = {"target": self.compiler.name, "count": len(compiled)}
             values.update(label=compiled[0].label, error=compiled[0].target_error)
             return Note(PlanNote.TARGET_OUT_OF_MEMORY, values, ("devices", "batch", "seq"))
         if sized:
             small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
-            values = {"target": self.compiler, "label": small.label, "have": have}
+            values = {"target": self.compiler.name, "label": small.label, "have": have}
             values.update(need=small.target_memory_bytes_per_device or 0, hardware=hardware)
             params = ("devices", "batch", "seq", "target_plans")
             return Note(PlanNote.NO_TARGET_FIT, values, params)
@@ -548,6 +567,7 @@ class PlanResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             **record_dict(self, extra=("empty_reason", "fit_note")),
+            "compiler": self.compiler.name,  # in its place among the fields
             "params": self.config.param_count(),
             "best": None if self.best is None else self.best.label,
         }

@@ -27,7 +27,6 @@ from shardscope._src.plan.types import (
     Validation,
 )
 from shardscope._src.targets.capabilities import Capabilities
-from shardscope._src.targets.specs import get_target
 
 #: Strategies whose compiled communication must match the analytic formula (within
 #: :data:`VALIDATION_TOLERANCE`); every strategy's best plan is validated and reported.
@@ -39,7 +38,7 @@ VALIDATION_TOLERANCE = TOLERANCE
 
 def plan_compiler(plan: Plan) -> Capabilities:
     """The record of the compiler whose collectives ``plan`` holds (``plan.compiled_by``)."""
-    return get_target(plan.compiled_by).capabilities
+    return plan.compiled_by.capabilities
 
 
 def reduces_per_microbatch(got: CompiledFacts, bound: Bound, cand: Candidate) -> bool:

@@ -107,7 +107,7 @@ def _memory_by(p: Plan) -> str:
     """Whose memory decided the fit, and the estimate beside a compiler's."""
     if p.fit_memory_source == "estimate":
         return "estimate"
-    return f"{p.compiled_by} (est. {format_bytes(p.memory.total)})"
+    return f"{p.compiled_by.name} (est. {format_bytes(p.memory.total)})"
 
 
 PLAN_COLUMNS: tuple[Column[Plan], ...] = (

@@ -244,6 +244,13 @@ class Target(Record):
     def preset(self) -> Hardware | None:
         return PRESETS.get(self.hardware) if self.hardware else None
 
+    @property
+    def is_accelerator(self) -> bool:
+        """Whether its compiler is a GPU's or a TPU's (run deviceless): its buffer assignment
+        and collectives are what those devices would run, where ``cpu``'s are the CPU
+        backend's over simulated devices."""
+        return self.family != CPU
+
     def device_counts(self) -> str:
         """The device counts this target can be built with, in words."""
         if self.family == GPU:
@@ -275,6 +282,8 @@ def _targets() -> dict[str, Target]:
 
 #: Every target by name.
 TARGETS: dict[str, Target] = _targets()
+#: The CPU backend over simulated devices: what every plan is screened on.
+CPU_TARGET: Target = TARGETS["cpu"]
 
 
 def get_target(name: str | Target) -> Target:
