@@ -19,6 +19,7 @@ from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
 from shardscope._src.model.config import ModelConfig  # noqa: E402
 from shardscope._src.plan.candidates import candidates, pinned_mesh  # noqa: E402
 from shardscope._src.plan.estimates import (  # noqa: E402
+    Schedule,
     activation_bytes_per_layer,
     estimate_memory,
     logits_bytes,
@@ -29,6 +30,7 @@ from shardscope._src.plan.timing import (  # noqa: E402
     PER_MICROBATCH_FWD_BWD,
     PER_STEP_BWD,
     classify,
+    step_bound,
 )
 from shardscope._src.sharding.numerics import (  # noqa: E402
     TOLERANCES,
@@ -159,6 +161,19 @@ def test_train_collectives_on_xla_cpu(name, attention):
     assert actual[(CTX, ALL_REDUCE)][1] == 2 * 2 * KEYS + 2 * LAYER + 4
     assert actual[(DATA, ALL_REDUCE)][1] == 2 * LAYER + 4
     assert bound[(CTX, REDUCE_SCATTER)][1] == 2 * 2 * KEYS
+
+
+@pytest.mark.parametrize("name", CP)
+def test_the_planners_train_step_gathers_the_keys_and_values_again_for_the_backward(name):
+    # As FSDP's weights: each layer's whole-sequence keys and values are not kept for the
+    # backward, which gathers them again; the step's bound counts the second gathers.
+    config = replace(TINY, attention="blocked", attention_block=2)
+    program = build_reference_program(name, config, MESH, mode="train", regather=True)
+    actual = _audited(program)
+    bound = _by_axes_kind(step_bound(program.placement, Schedule(), "train").terms)
+    # 2 layers x (keys, values) x (forward, backward), one data shard's whole sequence each.
+    assert actual[(CTX, ALL_GATHER)][:2] == (2 * 2 * 2, 2 * 2 * 2 * KEYS)
+    assert bound[(CTX, ALL_GATHER)] == actual[(CTX, ALL_GATHER)]
 
 
 @pytest.mark.parametrize("name", CP)

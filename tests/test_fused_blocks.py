@@ -1,6 +1,6 @@
 """The reference decoder's element-wise blocks (norms, activations) run as fused kernels do:
 the same values and gradients, and a train step without recomputation keeps per layer what
-the memory estimate counts, on the H100 compiler as on a GPU."""
+the memory estimate counts, on the H100 compiler, with FSDP and with context parallelism."""
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,9 @@ from shardscope._src.model.transformer import fused, rms_norm, swiglu
 from shardscope._src.plan.estimates import activation_bytes_per_layer
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import get_strategy
+
+#: 8 sequences over data, each a quarter over context: 2048 tokens a device, as data=8 has.
+MESH_CP = "data=2,context=4"
 
 
 @pytest.mark.parametrize(
@@ -39,12 +42,17 @@ def test_a_fused_block_computes_and_differentiates_as_the_plain_one(fn, shapes):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("mlp", ["gelu", "swiglu"])
-def test_a_layer_without_recomputation_keeps_what_the_estimate_counts(mlp):
+@pytest.mark.parametrize(
+    "strategy, mesh_spec, mlp",
+    [("fsdp", "data=8", "gelu"), ("fsdp", "data=8", "swiglu"), ("fsdp_cp", MESH_CP, "swiglu")],
+)
+def test_a_layer_without_recomputation_keeps_what_the_estimate_counts(strategy, mesh_spec, mlp):
     # The H100 compiler's temporaries grow by one layer's kept activations per layer of the
-    # scan; without the fused blocks JAX keeps each block's intermediates too (the norm's
-    # float32 copy, each factor of the tanh GELU): about twice as much.
-    mesh = shardscope.target_mesh("h100", "data=8", axis_types="auto")
+    # scan. Without the fused blocks JAX keeps each block's intermediates too (the norm's
+    # float32 copy, each factor of the tanh GELU): about twice as much. Under context
+    # parallelism each device keeps its own shard of the keys and values and the backward
+    # gathers them again, where keeping every layer's whole-sequence copy holds more.
+    mesh = shardscope.target_mesh("h100", mesh_spec, axis_types="auto")
     temp, per_layer = {}, {}
     for layers in (2, 4):
         config = ModelConfig(
@@ -59,14 +67,15 @@ def test_a_layer_without_recomputation_keeps_what_the_estimate_counts(mlp):
             attention="blocked",
             attention_block=256,
         )
-        placement = get_strategy("fsdp").place(config, mesh)
+        placement = get_strategy(strategy).place(config, mesh)
         program = build_reference_program(placement, mode="train", regather=True)
         temp[layers] = audit(program.lower()).memory["temp_size_in_bytes"]
         per_layer[layers] = activation_bytes_per_layer(placement)
     assert per_layer[2] == per_layer[4]
-    # One sequence of 2048 tokens a device, bf16: the residual stream's four tensors, the
-    # queries, keys, values and attention output (10 h and 8 h in Korthikanti's Table 2),
-    # and the MLP's: GELU's input and output (4 ff), SwiGLU's gate, up and product (6 ff).
+    # 2048 tokens a device (one sequence, or a quarter of four), bf16: the residual stream's
+    # four tensors, the queries, keys, values and attention output (10 h and 8 h in
+    # Korthikanti's Table 2), and the MLP's: GELU's input and output (4 ff), SwiGLU's gate,
+    # up and product (6 ff).
     mlp_bytes = 4 * 512 if mlp == "gelu" else 6 * 512
     assert per_layer[2] == 2048 * (10 * 128 + 8 * 128 + mlp_bytes)
     kept = (temp[4] - temp[2]) / 2

@@ -98,18 +98,26 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     return Bound(f"{placement.name} {mode}", tuple(terms), tuple(notes))
 
 
-def layer_weight_gathers(placement: Placement) -> list[Term]:
-    """The all-gathers of the layers' weights at their use (FSDP; the matrices and the norm
-    gains, which the norms' backward takes again): what a train step that does not keep them
-    gathers again for the backward."""
+def regathered_terms(placement: Placement) -> list[Term]:
+    """What a train step that keeps no gathered copy for the backward gathers again for it:
+    the layers' weights at their use (FSDP; the matrices and the norm gains, which the norms'
+    backward takes again), and each layer's keys and values over ``context`` (context
+    parallelism)."""
     c = placement.config
-    return [
+    terms = [
         t
         for name, shape in param_shapes(c).items()
         if name in LAYER_PARAMS
         for t in _weight_terms(placement, name, shape, False)
         if t.role is TermRole.WEIGHT_GATHER
     ]
+    if placement.strategy.context_parallel:
+        _, n_data = _group(placement, placement.strategy.batch_roles)
+        context_axes, n_context = _group(placement, [Role.CONTEXT])
+        assert c.kv_heads is not None and c.head_dim is not None  # set by ModelConfig
+        keys = (c.batch // n_data) * c.seq * c.kv_heads * c.head_dim * c.itemsize
+        terms += _context_terms(context_axes, n_context, keys, c.layers, False)
+    return terms
 
 
 def _term(

@@ -133,12 +133,14 @@ class Hooks:
         return w
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
-        """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP): a train
-        step gathers it again for the backward instead of keeping every layer's (PyTorch
-        FSDP's ``reshard_after_forward``, DeepSpeed ZeRO-3). None here."""
+        """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP) or the keys
+        and values over the sequence (context parallelism): a train step gathers them again
+        for the backward instead of keeping every layer's (PyTorch FSDP's
+        ``reshard_after_forward``, DeepSpeed ZeRO-3; context parallelism's all-gather of the
+        keys and values again in the backward). None here."""
         return False
 
-    #: some weight is gathered at its use (:meth:`gathers`)
+    #: some weight, or the keys and values, are gathered at use (:meth:`gathers`)
     gathers_weights: bool = False
 
 
@@ -205,12 +207,16 @@ def attention(
         group = slots - 2
         q = hooks.heads(qkv[:, :, :, :group].reshape(batch, seq, kv * group, hd))
         q = q.reshape(batch, seq, kv, group, hd)
-        k = hooks.keys(hooks.heads(qkv[:, :, :, group]))
-        v = hooks.keys(hooks.heads(qkv[:, :, :, group + 1]))
-        if impl == "blocked":
-            o = blocked_attention(q, k, v, block)
+        k = hooks.heads(qkv[:, :, :, group])
+        v = hooks.heads(qkv[:, :, :, group + 1])
+        if impl == "blocked" and hooks.gathers_weights:
+            # Keys and values gathered inside (context parallelism's), so that the backward
+            # keeps its shard of them and gathers them again.
+            o = blocked_attention(q, k, v, block, gather=hooks.keys, keep=hooks.heads)
+        elif impl == "blocked":
+            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block)
         else:
-            o = dense_attention(q, k, v)
+            o = dense_attention(q, hooks.keys(k), hooks.keys(v))
         o = hooks.heads(o.reshape(batch, seq, kv * group, hd))
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
         return hooks.exit("attention", out)
@@ -292,9 +298,10 @@ def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
     return o, m + jnp.log(total)
 
 
-def _blocked_backward(blk: int, res: Any, do: Any) -> tuple[Any, Any, Any]:
+def _blocked_backward(blk: int, gather: Any, keep: Any, res: Any, do: Any) -> tuple[Any, Any, Any]:
 
     q, k, v, o, lse = res
+    k, v = gather(k), gather(v)
     seq = q.shape[1]
     delta = jnp.moveaxis(
         jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1), 1, 3
@@ -319,13 +326,13 @@ def _blocked_backward(blk: int, res: Any, do: Any) -> tuple[Any, Any, Any]:
 
 def _make_blocked() -> Any:
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-    def run(q: Any, k: Any, v: Any, blk: int) -> Any:
-        return _blocked_forward(q, k, v, blk)[0]
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+    def run(q: Any, k: Any, v: Any, blk: int, gather: Any, keep: Any) -> Any:
+        return _blocked_forward(q, gather(k), gather(v), blk)[0]
 
-    def fwd(q: Any, k: Any, v: Any, blk: int) -> Any:
-        o, lse = _blocked_forward(q, k, v, blk)
-        return o, (q, k, v, o, lse)
+    def fwd(q: Any, k: Any, v: Any, blk: int, gather: Any, keep: Any) -> Any:
+        o, lse = _blocked_forward(q, gather(k), gather(v), blk)
+        return o, (q, keep(k), keep(v), o, lse)
 
     run.defvjp(fwd, _blocked_backward)
     return run
@@ -334,17 +341,27 @@ def _make_blocked() -> Any:
 _BLOCKED: list[Any] = []
 
 
-def blocked_attention(q: Any, k: Any, v: Any, block: int = 512) -> Any:
+def _whole(x: Any) -> Any:
+    return x
+
+
+def blocked_attention(
+    q: Any, k: Any, v: Any, block: int = 512, gather: Any = None, keep: Any = None
+) -> Any:
     """Causal attention over key blocks with a running softmax: memory-efficient attention
     (Rabe and Staats, arXiv 2112.05682; the FlashAttention recurrence, arXiv 2205.14135).
 
     Same arguments and result as :func:`dense_attention`. Only ``[seq, block]`` scores exist
     at a time; the backward pass keeps ``q``, ``k``, ``v``, the output and the per-query
-    log-sum-exp, and recomputes each block's scores.
+    log-sum-exp, and recomputes each block's scores. ``gather`` (a function of the keys or
+    the values) makes them whole along the sequence before use, in the forward and again in
+    the backward, which keeps them as ``keep`` (a function of them too) places them: context
+    parallelism's keys and values gathered at use, each device keeping its own shard.
     """
     if not _BLOCKED:
         _BLOCKED.append(_make_blocked())
-    return _BLOCKED[0](q, k, v, attention_block_size(q.shape[1], block))
+    blk = attention_block_size(q.shape[1], block)
+    return _BLOCKED[0](q, k, v, blk, gather or _whole, keep or _whole)
 
 
 def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:

@@ -78,7 +78,7 @@ from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term
-from shardscope._src.bounds.transformer import layer_weight_gathers, transformer_bound
+from shardscope._src.bounds.transformer import regathered_terms, transformer_bound
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
@@ -347,7 +347,7 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
     per micro-batch, except the terms a step runs once (the all-reduce of replicated gradients
     and of the loss, ZeRO's gather of the updated parameters); under full recomputation (and
     offload) the recomputed forward's collectives again; otherwise the layers' FSDP gathers
-    again for the backward."""
+    again for the backward, and context parallelism's keys and values."""
 
     m = schedule.microbatches if mode == Mode.TRAIN else 1
     one = placement
@@ -364,10 +364,10 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
         for t in transformer_bound(one, Mode.FORWARD).terms:
             terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
     elif mode == Mode.TRAIN:
-        # The layers' weight matrices gathered at use (FSDP) are gathered again for the
-        # backward, as PyTorch FSDP and ZeRO-3 do, rather than kept for it (the bound's
-        # minimum); the reference program keeps the norm gains' gathered copies.
-        for t in layer_weight_gathers(one):
+        # The layers' weights gathered at use (FSDP) are gathered again for the backward, as
+        # PyTorch FSDP and ZeRO-3 do, rather than kept for it (the bound's minimum); so are
+        # context parallelism's keys and values.
+        for t in regathered_terms(one):
             terms.append(replace(t, count=t.count * m, what=t.what + " (again for the backward)"))
     return Bound(base.label, tuple(terms), base.notes)
 

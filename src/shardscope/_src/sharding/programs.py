@@ -49,12 +49,15 @@ class JitHooks(Hooks):
     def __init__(self, placement: Placement, *, regather: bool = False) -> None:
         self.placement = placement
         uses = [placement.use_spec(n) for n in param_shapes(placement.config)]
+        # Context parallelism's keys and values, whole along the sequence.
+        uses.append(placement.activation_spec("keys"))
         self._use_shardings = {placement.sharding(s) for s in uses if s is not None}
         self.gathers_weights = regather and bool(self._use_shardings)
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
-        """A weight's constraint to its use (FSDP's gather), told by its sharding: the
-        activations' constraints shard their batch, the weights' never."""
+        """A weight's constraint to its use (FSDP's gather) or the keys' and values' to the
+        whole sequence (context parallelism's), told by its sharding: the other activations'
+        constraints shard their sequence, the weights' never shard their batch."""
         return prim.name == "sharding_constraint" and params.get("sharding") in self._use_shardings
 
     def _constrain(self, x: Any, spec: Any) -> Any:
