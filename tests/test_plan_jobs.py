@@ -574,6 +574,43 @@ def test_the_cpu_compilers_all_reduce_is_priced_as_the_reduce_scatter_the_gpu_fo
     assert as_is.step_s > priced.step_s
 
 
+# -- the compiled program's matmul FLOPs -----------------------------------------------------
+
+
+def test_a_program_that_computes_more_is_slower_by_that_work_at_the_matmul_rate():
+    # Long sequences on one node of H100s: FSDP's collectives hide behind the compute.
+    config = model_preset("7b").config(batch=16, seq=4096)
+    s = estimate(Candidate("fsdp", (("data", 8),), 2, "none"), config, "h100")
+    hw = hardware("h100")
+    assert s.time.data_exposed_s == 0
+    as_formula = [_as_compiled(t) for t in s.bound.terms]
+    own = s.pricing.work.step_matmul_flops
+    same = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER, own)
+    assert same.step_s == pytest.approx(s.time.step_s, rel=1e-12)
+    # A matmul the formula does not count, 5% of the step's, in each micro-batch.
+    extra = 0.05 * own
+    more = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER, own + extra)
+    rate = hw.peak_flops * hw.matmul_fraction
+    assert more.compute_s - same.compute_s == pytest.approx(extra / rate, rel=1e-9)
+    assert more.step_s - same.step_s == pytest.approx(extra / rate, rel=1e-9)
+    assert more.mfu < same.mfu
+
+
+def test_fp8_keeps_its_share_of_a_compiled_count():
+    # The fp8 share of the matmuls stays at the fp8 rate: twice the FLOPs, twice the matmul
+    # seconds of each rate.
+    config = model_preset("7b").config(batch=8, seq=4096)
+    s = estimate(Candidate("fsdp", (("data", 8),), 1, "none"), config, "h100", matmul_dtype="fp8")
+    hw, w = hardware("h100"), s.pricing.work
+    assert 0 < w.fp8_flops < w.fwd_flops
+    sixteen = (w.step_matmul_flops - 3 * w.fp8_flops) / (hw.peak_flops * hw.matmul_fraction)
+    fp8 = 3 * w.fp8_flops / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
+    doubled = s.pricing.step(hw, [], 2 * w.step_matmul_flops)
+    assert doubled.compute_s - s.pricing.step(hw, []).compute_s == pytest.approx(
+        sixteen + fp8, rel=1e-9
+    )
+
+
 def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():
     values = {
         "compiler": "XLA:GPU",
