@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shardscope._src.audit.overlap import (
     compute_seconds,
@@ -13,7 +15,8 @@ from shardscope._src.audit.overlap import (
     program_cost,
     windows,
 )
-from shardscope._src.hlo.cost import Cost, instruction_cost
+from shardscope._src.base.errors import HloParseError
+from shardscope._src.hlo.cost import ConvWindow, Cost, instruction_cost
 from shardscope._src.hlo.parse import parse_hlo
 
 TARGETS = Path(__file__).parent / "fixtures" / "hlo_targets"
@@ -40,6 +43,73 @@ def test_a_tensor_parallel_step_counts_no_gradient_of_its_input(target):
     # is not differentiated).
     rows, hidden = 16 // 2, FF // 4
     assert program_cost(_fixture(f"{target}/tp_step")).flops == 5 * 2 * rows * D * hidden
+
+
+@pytest.mark.parametrize("target", ["h100x8", "v5px8"])
+def test_attentions_batched_einsums_count_the_same_on_both_compilers(target):
+    # generate.py's attention_step: one sequence of 16 per device, d 32, 2 key/value heads of
+    # 2 queries each, head_dim 8 (the projection's output: 2 x (2 + 2) x 8 = 64 columns).
+    # Forward: the projection, then QK^T and PV (2 x 16 x 16 x 8 per query head, 4 heads).
+    # Backward: the projection's weight gradient (the input is not differentiated), and two
+    # matmuls for each of QK^T and PV.
+    projection = 2 * 16 * 32 * 64
+    core = 2 * 4 * 16 * 16 * 8
+    assert program_cost(_fixture(f"{target}/attention_step")).flops == 2 * projection + 6 * core
+
+
+def test_the_tpus_padded_batch_dimensions_are_no_work():
+    # The TPU writes the projection bf16[16,2,4,8] <- [16 tokens, 32] x [32, 2, 4, 8] as a
+    # convolution over two spatial dimensions of one element, padded to the kernel's 2 x 4:
+    # each output position meets the input at one tap, so it is a plain 16 x 32 x 64 matmul.
+    m = _fixture("v5px8/attention_step")
+    (comp, ins) = next(
+        (c, i)
+        for c in m.computations.values()
+        for i in c.instructions
+        if i.opcode == "convolution"
+        and "pad=1_1x3_3" in i.attributes.get("window", "")
+        and "jvp" in i.metadata.op_name
+        and "transpose" not in i.metadata.op_name
+    )
+    assert instruction_cost(m, comp, ins).flops == 2 * 16 * 32 * 64
+
+
+def test_a_convolution_window_is_read_into_its_fields():
+    w = ConvWindow.parse("{size=2x2 pad=0_0x1_1 lhs_dilate=2x1 rhs_reversal=0x1}")
+    assert (w.size, w.pad_low, w.pad_high) == ((2, 2), (0, 1), (0, 1))
+    assert (w.lhs_dilate, w.rhs_dilate, w.stride) == ((2, 1), (1, 1), (1, 1))
+    assert ConvWindow.parse("{size=3 pad=-1_2 stride=2}").pad_low == (-1,)
+    assert ConvWindow.parse("", 2).size == (1, 1)  # no window attribute: 1 x 1
+    for bad in ("{size=2 dilate=2}", "{size=2 pad=1}", "{size=2x2 stride=1}", "{size=a}"):
+        with pytest.raises(HloParseError, match="convolution window"):
+            ConvWindow.parse(bad)
+
+
+def _brute_taps(size, stride, low, lhs_dilate, rhs_dilate, inputs, outputs):
+    last = (inputs - 1) * lhs_dilate
+    return sum(
+        1
+        for o in range(outputs)
+        for k in range(size)
+        if 0 <= (q := o * stride + k * rhs_dilate - low) <= last and q % lhs_dilate == 0
+    )
+
+
+@given(
+    size=st.integers(1, 6),
+    stride=st.integers(1, 4),
+    low=st.integers(-3, 6),
+    lhs_dilate=st.integers(1, 4),
+    rhs_dilate=st.integers(1, 3),
+    inputs=st.integers(1, 9),
+    outputs=st.integers(1, 12),
+)
+def test_window_taps_count_each_output_and_tap_that_meets_the_input(
+    size, stride, low, lhs_dilate, rhs_dilate, inputs, outputs
+):
+    w = ConvWindow((size,), (stride,), (low,), (0,), (lhs_dilate,), (rhs_dilate,))
+    want = _brute_taps(size, stride, low, lhs_dilate, rhs_dilate, inputs, outputs)
+    assert w.taps(0, inputs, outputs) == want
 
 
 #: A scheduled module written by hand: two fusions and a loop inside asynchronous windows,

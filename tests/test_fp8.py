@@ -263,7 +263,7 @@ def test_a_plan_says_its_matmul_dtype_and_prices_its_compiled_gathers_in_fp8():
         hw, placement, p.collectives, p.bound, reduce_scatter_for_all_reduce=scatter,
         fp8_gathers=True,
     )  # fmt: skip
-    assert p.time == p.pricing.step(hw, priced)
+    assert p.time == p.pricing.step(hw, priced, p.matmul_flops_per_device)
     bf16 = shardscope.plan(
         "tiny", 8, strategies=["fsdp"], mesh="data=8", workers=0, compiler="cpu",
         remat="none", microbatches=1,

@@ -574,6 +574,105 @@ def test_the_cpu_compilers_all_reduce_is_priced_as_the_reduce_scatter_the_gpu_fo
     assert as_is.step_s > priced.step_s
 
 
+# -- the compiled program's matmul FLOPs -----------------------------------------------------
+
+#: SMALL on 2 devices, data parallel: 8 / 2 sequences of 16 tokens per device.
+TOKENS = 8 // 2 * 16
+#: Per layer, the weights' parameters: q, k and v (32 x 2 x (2 + 2) x 8), the output
+#: projection (4 x 8 x 32), the gate and up projections (32 x 2 x 48) and the down one (48 x 32).
+LAYER_PARAMS = 32 * 2 * 4 * 8 + 4 * 8 * 32 + 32 * 2 * 48 + 48 * 32
+#: Per layer, QK^T and PV: 2 x 16 keys x 32 query dimensions per token each (the dense scores
+#: are all computed, masked after).
+CORE = 2 * 2 * TOKENS * 16 * 32
+#: The forward: 2 FLOPs per parameter per token in each of the 2 layers, their attention core,
+#: and the unembedding (32 x 32).
+FORWARD = 2 * (2 * TOKENS * LAYER_PARAMS + CORE) + 2 * TOKENS * 32 * 32
+
+
+def _small_plan(mode="train", remat="none"):
+    from shardscope._src.plan.sweep import plan
+
+    result = plan(
+        SMALL, 2, mode=mode, strategies=["dp"], mesh="data=2", remat=remat, microbatches=1,
+        offload_optimizer=False, flash_attention=False, workers=0, compiler="cpu",
+    )  # fmt: skip
+    (p,) = result.plans
+    return result, p
+
+
+@pytest.mark.parametrize("mode", ["train", "forward"])
+def test_a_program_that_computes_the_formulas_matmuls_has_the_formulas_compute(mode):
+    result, p = _small_plan(mode)
+    # Training: the forward and a backward of twice it (the weights' and the inputs'
+    # gradients); the first layer's input gradient too, as the scanned layers compute it.
+    want = 3 * FORWARD if mode == "train" else FORWARD
+    assert p.matmul_flops_per_device == want
+    assert p.estimated_matmul_flops_per_device == want
+    assert not [n for n in p.notes if n.kind == PlanNote.COMPILED_FLOPS]
+    assert p.time.compute_s == pytest.approx(p.estimated_time.compute_s, rel=1e-12)
+    # The step is the formula's compute with the compiled collectives.
+    formula = compiled_step(result.hardware, p.pricing, p.collectives, p.bound, CPU_COMPILER)
+    assert p.step_time_s == pytest.approx(formula.step_s, rel=1e-12)
+    data = p.to_dict()
+    assert data["matmul_flops_per_device"] == want
+    assert data["estimated_matmul_flops_per_device"] == want
+
+
+def test_a_program_that_recomputes_less_than_the_formula_is_priced_by_what_it_runs():
+    # Selective recomputation with dense attention: the formula recomputes QK^T and PV in the
+    # backward. The compiled program keeps the masked scores and their softmax (the policy
+    # drops the named scores and probabilities, not these) and recomputes no matmul.
+    result, p = _small_plan(remat="selective")
+    assert p.estimated_matmul_flops_per_device == 3 * FORWARD + 2 * CORE
+    assert p.matmul_flops_per_device == 3 * FORWARD
+    hw = result.hardware
+    rate = hw.peak_flops * hw.matmul_fraction
+    saved = p.estimated_time.compute_s - p.time.compute_s
+    assert saved == pytest.approx(2 * CORE / rate, rel=1e-9)
+    assert p.step_time_s == p.time.step_s < p.estimated_time.step_s
+    (note,) = [n for n in p.notes if n.kind == PlanNote.COMPILED_FLOPS]
+    assert note.values["compiled"] == 3 * FORWARD
+    assert note.text.startswith("the XLA:CPU program computes 3.6% fewer matmul FLOPs")
+    from shardscope._src.render.plan import time_breakdown
+
+    line = "Matmul FLOPs per device in the step: 7.08 MFLOP in the compiled program, 7.34 MFLOP"
+    assert any(t.startswith(line) for t in time_breakdown(p))
+
+
+def test_a_program_that_computes_more_is_slower_by_that_work_at_the_matmul_rate():
+    # Long sequences on one node of H100s: FSDP's collectives hide behind the compute.
+    config = model_preset("7b").config(batch=16, seq=4096)
+    s = estimate(Candidate("fsdp", (("data", 8),), 2, "none"), config, "h100")
+    hw = hardware("h100")
+    assert s.time.data_exposed_s == 0
+    as_formula = [_as_compiled(t) for t in s.bound.terms]
+    own = s.pricing.work.step_matmul_flops
+    same = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER, own)
+    assert same.step_s == pytest.approx(s.time.step_s, rel=1e-12)
+    # A matmul the formula does not count, 5% of the step's, in each micro-batch.
+    extra = 0.05 * own
+    more = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER, own + extra)
+    rate = hw.peak_flops * hw.matmul_fraction
+    assert more.compute_s - same.compute_s == pytest.approx(extra / rate, rel=1e-9)
+    assert more.step_s - same.step_s == pytest.approx(extra / rate, rel=1e-9)
+    assert more.mfu < same.mfu
+
+
+def test_fp8_keeps_its_share_of_a_compiled_count():
+    # The fp8 share of the matmuls stays at the fp8 rate: twice the FLOPs, twice the matmul
+    # seconds of each rate.
+    config = model_preset("7b").config(batch=8, seq=4096)
+    s = estimate(Candidate("fsdp", (("data", 8),), 1, "none"), config, "h100", matmul_dtype="fp8")
+    hw, w = hardware("h100"), s.pricing.work
+    assert 0 < w.fp8_flops < w.fwd_flops
+    sixteen = (w.step_matmul_flops - 3 * w.fp8_flops) / (hw.peak_flops * hw.matmul_fraction)
+    fp8 = 3 * w.fp8_flops / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
+    doubled = s.pricing.step(hw, [], 2 * w.step_matmul_flops)
+    assert doubled.compute_s - s.pricing.step(hw, []).compute_s == pytest.approx(
+        sixteen + fp8, rel=1e-9
+    )
+
+
 def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():
     values = {
         "compiler": "XLA:GPU",

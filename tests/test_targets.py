@@ -416,6 +416,29 @@ def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
     assert all(n.kind != "all-reduce-for-reduce-scatter" for n in p.notes)
 
 
+@pytest.mark.parametrize("target", ["h100", "tpu-v5p"])
+def test_a_plan_on_the_target_is_priced_with_its_programs_matmul_flops(target):
+    result = shardscope.plan(
+        None, 8, hardware=target, strategies=["fsdp"], compiler=target, target_plans=1,
+        workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
+    )  # fmt: skip
+    (p,) = result.plans
+    assert p.compiled_by == target
+    # Per device 16 / 8 sequences of 32 tokens. Per layer 2 FLOPs a token for each weight
+    # (wqkv 64 x 192, wo 64 x 64, w_up and w_down 64 x 256) and QK^T and PV (2 x 32 keys x 64
+    # query dimensions each); the unembedding 64 x 512. Training: the forward, a backward of
+    # twice it, and the blocked attention's backward computes QK^T again.
+    tokens = 16 // 8 * 32
+    core = 2 * 2 * tokens * 32 * 64
+    layer = 2 * tokens * (64 * 192 + 64 * 64 + 2 * 64 * 256) + core
+    forward = 2 * layer + 2 * tokens * 64 * 512
+    want = 3 * forward + 2 * core // 2
+    # The GPU's gemms and the TPU's convolutions count what the CPU program's dots count.
+    assert p.matmul_flops_per_device == want
+    assert p.estimated_matmul_flops_per_device == want
+    assert all(n.kind != "compiled-flops" for n in p.notes)
+
+
 def test_a_plan_the_target_compiler_could_not_fit_does_not_fit():
     from dataclasses import replace
 

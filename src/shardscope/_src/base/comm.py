@@ -243,3 +243,15 @@ def format_seconds(s: float) -> str:
         if s >= scale:
             return f"{s / scale:.3g} {unit}"
     return f"{s / 1e-9:.3g} ns"
+
+
+def format_flops(n: float) -> str:
+    """``"9.44 GFLOP"``: three significant digits in the largest unit below ``n``.
+
+    >>> format_flops(9.437e9), format_flops(1.2e15), format_flops(512)
+    ('9.44 GFLOP', '1.2 PFLOP', '512 FLOP')
+    """
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.3g} FLOP"

@@ -3,10 +3,13 @@
 Two figures per instruction, the ones a roofline reads:
 
 - **FLOPs** of its matrix products: a ``dot`` is ``2 x (result elements) x (contracted
-  elements)``; a ``convolution`` (the TPU compiler writes its matmuls as ones) is ``2 x (result
-  elements) x (kernel elements per output feature)``; a cuBLAS ``custom-call`` reads its
-  contracting dimensions from its ``backend_config``. A fusion or call counts what its
-  computation does. Element-wise arithmetic is not counted: it is bound by memory.
+  elements)``; a ``convolution`` (the TPU compiler writes its matmuls as ones) is twice each
+  output element's multiply-adds, its kernel's input features times the kernel taps that land
+  on the input, read from its ``window`` (the TPU compiler writes a matmul's batch dimensions
+  as spatial ones, padded so that one tap of each window meets the input: the padding is no
+  work); a cuBLAS ``custom-call`` reads its contracting dimensions from its
+  ``backend_config``. A fusion or call counts what its computation does. Element-wise
+  arithmetic is not counted: it is bound by memory.
 - **Bytes** it reads and writes in device memory: its operands and its result as the device
   runs it, at the boundary of a fusion (what is fused stays on chip). A dynamic-update-slice,
   fused or not, writes into its buffer in place: only the update is read and written.
@@ -20,11 +23,13 @@ caller walks loops with their trip counts and prices collectives by the communic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shardscope._src.base import comm
-from shardscope._src.hlo.parse import Computation, HloModule, Instruction, Shape
+from shardscope._src.base.errors import HloParseError
+from shardscope._src.hlo.parse import Computation, HloModule, Instruction, Shape, read_int
 
 #: Instructions that move no data through device memory and compute nothing.
 FREE = frozenset(
@@ -95,17 +100,131 @@ def dot_flops(comp: Computation, ins: Instruction) -> int:
     return 2 * ins.shape.element_count * contracted
 
 
+@dataclass(frozen=True)
+class ConvWindow:
+    """A convolution's ``window={...}``, one entry per spatial dimension (in the order of
+    the ``dim_labels`` digits): what XLA's ``window_util`` writes, ``size``, ``stride``,
+    ``pad`` (low and high, negative to crop), ``lhs_dilate``, ``rhs_dilate`` and
+    ``rhs_reversal`` (which changes no count)."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    pad_low: tuple[int, ...]
+    pad_high: tuple[int, ...]
+    lhs_dilate: tuple[int, ...]
+    rhs_dilate: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, text: str, rank: int | None = None) -> ConvWindow:
+        """``{size=2x4 pad=1_1x3_3 rhs_reversal=1x1}`` (braces optional); an empty text
+        (no ``window`` attribute) is ``rank`` dimensions of size 1.
+
+        >>> w = ConvWindow.parse("{size=2x4 pad=1_1x3_3 lhs_dilate=2x1 rhs_reversal=1x1}")
+        >>> w.size, w.pad_low, w.pad_high, w.lhs_dilate, w.stride
+        ((2, 4), (1, 3), (1, 3), (2, 1), (1, 1))
+        """
+        fields: dict[str, list[str]] = {}
+        for item in text.strip().removeprefix("{").removesuffix("}").split():
+            key, eq, value = item.partition("=")
+            if not eq or key not in _WINDOW_KEYS or key in fields:
+                raise HloParseError(
+                    f"convolution window {text!r}: {item!r} is not one of "
+                    f"{', '.join(k + '=' for k in _WINDOW_KEYS)} (once each)"
+                )
+            fields[key] = value.split("x")
+        n = len(fields["size"]) if "size" in fields else (rank or 0)
+        if rank is not None and n != rank:
+            raise HloParseError(
+                f"convolution window {text!r} has {n} dimension(s) and dim_labels {rank}"
+            )
+
+        def ints(key: str, default: int) -> tuple[int, ...]:
+            if key not in fields:
+                return (default,) * n
+            got = tuple(_window_int(v, text) for v in fields[key])
+            if len(got) != n or (key != "pad" and min(got, default=1) < 1):
+                raise HloParseError(
+                    f"convolution window {text!r}: {key}= needs {n} positive value(s)"
+                )
+            return got
+
+        pads = fields.get("pad", ["0_0"] * n)
+        if len(pads) != n or any(p.count("_") != 1 for p in pads):
+            raise HloParseError(f"convolution window {text!r}: pad= needs {n} low_high pair(s)")
+        return cls(
+            size=ints("size", 1),
+            stride=ints("stride", 1),
+            pad_low=tuple(_window_int(p.split("_")[0], text) for p in pads),
+            pad_high=tuple(_window_int(p.split("_")[1], text) for p in pads),
+            lhs_dilate=ints("lhs_dilate", 1),
+            rhs_dilate=ints("rhs_dilate", 1),
+        )
+
+    def taps(self, dim: int, inputs: int, outputs: int) -> int:
+        """How many (output position, kernel tap) pairs of spatial dimension ``dim`` read an
+        element of the input (``inputs`` long) rather than its padding or a hole its
+        dilation leaves: each such pair is one multiply-add per input feature."""
+        stride, dilate = self.stride[dim], self.lhs_dilate[dim]
+        last = (inputs - 1) * dilate  # the last input element in the dilated input
+        total = 0
+        for k in range(self.size[dim]):
+            # Output o reads position o * stride + offset of the dilated input.
+            offset = k * self.rhs_dilate[dim] - self.pad_low[dim]
+            lo = max(0, -(offset // stride))  # ceil(-offset / stride)
+            hi = min(outputs - 1, (last - offset) // stride)
+            if hi >= lo:
+                total += _congruent(lo, hi, stride, offset, dilate)
+        return total
+
+
+_WINDOW_KEYS = ("size", "stride", "pad", "lhs_dilate", "rhs_dilate", "rhs_reversal")
+
+
+def _window_int(text: str, window: str) -> int:
+    value = read_int(text.removeprefix("-"))
+    if value is None:
+        raise HloParseError(f"convolution window {window!r}: {text!r} is not a whole number")
+    return -value if text.startswith("-") else value
+
+
+def _congruent(lo: int, hi: int, stride: int, offset: int, modulus: int) -> int:
+    """How many ``o`` in ``[lo, hi]`` have ``o * stride + offset`` divisible by ``modulus``."""
+    if modulus == 1:
+        return hi - lo + 1
+    g = math.gcd(stride, modulus)
+    if offset % g:
+        return 0
+    period = modulus // g
+    # o = first (mod period) solves (stride / g) o = -offset / g (mod period).
+    first = (-offset // g) * pow(stride // g, -1, period) % period if period > 1 else 0
+    start = lo + (first - lo) % period
+    return 0 if start > hi else (hi - start) // period + 1
+
+
 def convolution_flops(comp: Computation, ins: Instruction) -> int:
-    """``2 x result elements x kernel elements per output feature`` of a ``convolution``."""
-    kernel = _operand(comp, ins, 1)
+    """``2 x result elements x kernel input features x kernel taps on the input`` of a
+    ``convolution`` (:meth:`ConvWindow.taps`, summed over its output positions)."""
+    lhs, kernel = _operand(comp, ins, 0), _operand(comp, ins, 1)
     labels = ins.attributes.get("dim_labels", "")
-    if kernel is None or "_" not in labels:
+    if lhs is None or kernel is None or labels.count("_") != 1 or "->" not in labels:
         return 0
-    rhs = labels.split("_", 1)[1].split("->", 1)[0]
-    if len(rhs) != len(kernel.shape.dims) or "o" not in rhs:
+    lhs_labels, rest = labels.split("_", 1)
+    rhs, out = rest.split("->", 1)
+    result = _result(ins.shape)
+    shapes = ((lhs_labels, lhs.shape), (rhs, kernel.shape), (out, result))
+    if any(len(names) != len(shape.dims) for names, shape in shapes) or "i" not in rhs:
         return 0
-    per_output = kernel.shape.element_count // max(1, kernel.shape.dims[rhs.index("o")])
-    return 2 * _result(ins.shape).element_count * per_output
+    spatial = sorted(c for c in out if c.isdigit())
+    if any(sorted(c for c in names if c.isdigit()) != spatial for names, _ in shapes):
+        return 0
+    window = ConvWindow.parse(ins.attributes.get("window", ""), len(spatial))
+    per_row = result.element_count  # result elements per output position
+    taps = 1
+    for d, c in enumerate(spatial):
+        outputs = result.dims[out.index(c)]
+        per_row //= max(1, outputs)
+        taps *= window.taps(d, lhs.shape.dims[lhs_labels.index(c)], outputs)
+    return 2 * per_row * kernel.shape.dims[rhs.index("i")] * taps
 
 
 def _result(shape: Shape) -> Shape:

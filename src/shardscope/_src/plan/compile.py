@@ -87,6 +87,7 @@ def compile_facts(
         lower_s=t1 - t0,
         compile_s=t2 - t1,
         audit_s=time.perf_counter() - t2,
+        hlo_flops=result.hlo_flops,
     )
     return facts
 

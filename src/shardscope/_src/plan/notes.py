@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardscope._src.audit.records import MemoryPressure
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import format_bytes, format_flops
 from shardscope._src.base.notes import NoteKind
 from shardscope._src.targets.capabilities import reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES
@@ -40,6 +40,10 @@ class PlanNote(NoteKind):
     #: the compiler's rematerialization could not bring the program under its memory
     #: (values: ``compiler``, ``limit_bytes``, ``reached_bytes``, ``original_bytes``)
     MEMORY_PRESSURE = "memory-pressure"
+    #: the compiled program's matmul FLOPs differ from the time model's, or were not counted
+    #: (values: ``compiler``, ``formula``: the time model's per device and step, ``compiled``:
+    #: the program's, None when not counted)
+    COMPILED_FLOPS = "compiled-flops"
     # -- a sweep's notes
     #: memory is the analytic estimate, the CPU compiler's beside it
     ANALYTIC_MEMORY = "analytic-memory"
@@ -140,6 +144,27 @@ def _memory_pressure(v: Mapping[str, Any]) -> str:
     return MemoryPressure.from_dict(v).sentence(f"the {v['compiler']}")
 
 
+def _compiled_flops(v: Mapping[str, Any]) -> str:
+    formula, compiled = v["formula"], v["compiled"]
+    counted = (
+        "the forward, the backward at twice the forward, and what the recomputation and the "
+        "memory-efficient attention's backward compute again"
+    )
+    if compiled is None:
+        return (
+            f"the {v['compiler']} program's matmul FLOPs were not counted from its HLO (a loop "
+            f"whose trip count is unknown, or no matmul found): its step is priced with the "
+            f"time model's {format_flops(formula)} per device ({counted})"
+        )
+    more = "more" if compiled > formula else "fewer"
+    return (
+        f"the {v['compiler']} program computes {abs(compiled / formula - 1):.1%} {more} matmul "
+        f"FLOPs than the time model counts ({format_flops(compiled)} against "
+        f"{format_flops(formula)} per device per step; the formula counts {counted}): the "
+        f"step is priced with the program's count, the estimate keeps the formula's"
+    )
+
+
 def _pipeline_stage(v: Mapping[str, Any]) -> str:
     text = (
         f"one of {v['stages']} pipeline stages compiled ({v['layers']} layers, on "
@@ -192,8 +217,8 @@ def _time_model(v: Mapping[str, Any]) -> str:
         f"data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
         f"schedule allows; 1F1B pipeline bubble; copies to host memory beside the compute; "
         f"the optimizer's pass over its state. Plans rank by this step time with the "
-        f"collectives of the program the compiler produced (the formula's screen which to "
-        f"compile). Sources: {sources}"
+        f"matmul FLOPs (counted from its HLO) and the collectives of the program the compiler "
+        f"produced (the formula's screen which to compile). Sources: {sources}"
     )
 
 
@@ -294,6 +319,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
         "are the CPU compile's"
     ),
     PlanNote.MEMORY_PRESSURE: _memory_pressure,
+    PlanNote.COMPILED_FLOPS: _compiled_flops,
     PlanNote.ANALYTIC_MEMORY: (
         "memory per device is the analytic estimate (ZeRO model state, Korthikanti "
         "activations); the compiled numbers beside it are the CPU compiler's buffer assignment "

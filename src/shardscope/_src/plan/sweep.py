@@ -15,13 +15,14 @@ A sweep has four steps:
    ``lax.scan``) and audit the compiled program, in this process or in a pool of worker
    processes that each simulate N CPU devices (:mod:`~shardscope._src.plan.compile`); with a
    target's compiler, compile the leading plans again (:mod:`~shardscope._src.plan.target`).
-4. **Price** and rank: a compiled plan's step is the time model's compute and schedule with
-   the compiled collectives in place of the formula's, each priced by the one pricing of
-   :mod:`~shardscope._src.targets.links` (:func:`~shardscope._src.plan.timing.compiled_step`),
-   and the plans rank by it (the screening estimate is kept beside it); memory from the
-   analytic formulas (the compiled CPU numbers beside them), the ratio to the lower bound of
-   :mod:`shardscope._src.bounds`, and the compiled communication validated against the formula
-   (:mod:`~shardscope._src.plan.validate`).
+4. **Price** and rank: a compiled plan's step is the time model's schedule with the compiled
+   program's matmul FLOPs (counted from its HLO) and collectives in place of the formula's,
+   each collective priced by the one pricing of :mod:`~shardscope._src.targets.links`
+   (:func:`~shardscope._src.plan.timing.compiled_step`), and the plans rank by it (the
+   screening estimate is kept beside it, and a note says where their FLOPs differ); memory
+   from the analytic formulas (the compiled CPU numbers beside them), the ratio to the lower
+   bound of :mod:`shardscope._src.bounds`, and the compiled communication validated against
+   the formula (:mod:`~shardscope._src.plan.validate`).
 
 What the compiler of a plan does that the formulas do not assume is read from its record
 (``Capabilities``) and reported: XLA:CPU runs bf16 arithmetic in f32 and moves f32 through
@@ -76,7 +77,9 @@ from shardscope._src.plan.types import (
     SkipReason,
 )
 from shardscope._src.plan.validate import (
+    compiled_flops,
     compiled_notes,
+    flops_note,
     plan_compiler,
     reduces_per_microbatch,
     validations,
@@ -456,11 +459,16 @@ def _compiled_plan(
         notes.append(
             Note(PlanNote.PIPELINE_STAGE, {**values, "devices": math.prod(sizes.values())})
         )
-    # The step as the compiled program has it: the time model's compute and schedule, its
-    # own collectives priced in place of the formula's.
-    step = s.time
+    # The step as the compiled program has it: the time model's schedule, its own matmul
+    # FLOPs and collectives priced in place of the formula's.
+    step, flops, formula = s.time, None, None
     if s.pricing is not None:
-        step = compiled_step(hw, s.pricing, got.collectives, bound, CPU_COMPILER)
+        flops = compiled_flops(got.hlo_flops, got.exact)
+        formula = s.pricing.work.step_matmul_flops
+        step = compiled_step(hw, s.pricing, got.collectives, bound, CPU_COMPILER, flops)
+        flops_differ = flops_note(formula, flops, CPU_COMPILER)
+        if flops_differ is not None:
+            notes.append(flops_differ)
     return Plan(
         strategy=cand.strategy,
         summary=STRATEGIES[cand.strategy].summary,
@@ -488,6 +496,8 @@ def _compiled_plan(
         virtual_stages=cand.virtual_stages,
         time=step,
         estimated_time=s.time,
+        matmul_flops_per_device=flops,
+        estimated_matmul_flops_per_device=formula,
         pricing=s.pricing,
         bound=bound,
     )

@@ -3,8 +3,9 @@
 The sweep screens every candidate on the CPU compiler (fast, and what the estimates were
 built on); the leading plans are then compiled again for the target's compile-only devices.
 What comes back is the target's own buffer assignment (memory per device), its collectives
-(its reduce-scatters, its 16-bit payloads), and on TPU its FLOP count and time estimate. A
-TPU program that does not fit fails to compile; its words are kept as the reason.
+(its reduce-scatters, its 16-bit payloads), its matmul FLOPs counted from its HLO (both priced
+in the plan's step), and on TPU the compiler's own FLOP count and time estimate. A TPU program
+that does not fit fails to compile; its words are kept as the reason.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from shardscope._src.plan.compile import Progress, plan_collective
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import compiled_step
 from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
-from shardscope._src.plan.validate import reduce_scatter_note
+from shardscope._src.plan.validate import compiled_flops, flops_note, reduce_scatter_note
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
@@ -45,6 +46,8 @@ class TargetFacts:
     memory: Mapping[str, int] = field(default_factory=dict)
     collectives: tuple[PlanCollective, ...] = ()
     flops: float | None = None
+    #: the program's matmul FLOPs per device counted from its HLO (the CPU program's measure)
+    hlo_flops: int | None = None
     optimal_seconds: float | None = None
     error: str | None = None
     #: the compiler's first line where it failed on the program (not a verdict on its fit)
@@ -108,6 +111,7 @@ def target_facts(
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
         collectives=tuple(plan_collective(c, Width.of(result)) for c in result.collectives),
         flops=result.flops,
+        hlo_flops=result.hlo_flops,
         optimal_seconds=_optimal_seconds(compiled),
         exact=result.exact,
         compile_s=compile_s,
@@ -196,7 +200,12 @@ def recompile_on_target(
             # The plan's collectives become the target's: so does the note on a reduce-scatter
             # left out, which its compiler's record decides.
             # So do its rematerializations and what its compiler says of the memory.
-            replaced = (PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER, PlanNote.REMATERIALIZATION)
+            # So does the note on its matmul FLOPs against the formula's.
+            replaced = (
+                PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER,
+                PlanNote.REMATERIALIZATION,
+                PlanNote.COMPILED_FLOPS,
+            )
             kept = tuple(n for n in p.notes if n.kind not in replaced)
             capabilities = target.capabilities
             rs = reduce_scatter_note(bound, facts.collectives, capabilities)
@@ -224,8 +233,14 @@ def recompile_on_target(
                 exact=facts.exact,
             )
             if p.pricing is not None:  # the step as the target's program has it
-                step = compiled_step(hw, p.pricing, facts.collectives, bound, target.capabilities)
+                flops = compiled_flops(facts.hlo_flops, facts.exact)
+                step = compiled_step(hw, p.pricing, facts.collectives, bound, capabilities, flops)
                 changes.update(time=step, compute_time_s=step.compute_s)
+                changes["matmul_flops_per_device"] = flops
+                formula = p.pricing.work.step_matmul_flops
+                differ = flops_note(formula, flops, capabilities)
+                if differ is not None:
+                    changes["notes"] = (*changes["notes"], differ)
         q = replace(p, **changes)
         out.append(q)
         fitting += q.fits

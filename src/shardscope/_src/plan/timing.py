@@ -66,6 +66,15 @@ Per micro-batch on the slowest pipeline stage, one device:
 
 MFU is the model FLOPs (no recomputation; Korthikanti Eq. 7) over the step time and the peak
 of every device.
+
+A **compiled plan** (:func:`compiled_step`) is priced with what its program does: its
+collectives in place of the formula's terms, and its matmul FLOPs, counted from its HLO
+(:mod:`~shardscope._src.hlo.cost`, one count for every compiler), in place of the formula's
+forward, backward and recomputation. The count says how much, not where: the formula's split
+between forward and backward, and between fp8 and 16-bit matmuls, is scaled to it
+(:meth:`StepWork.with_step_matmul_flops`), so a program that computes what the formula counts
+has the formula's step, and one that computes more (a recomputation the formula does not
+assume, say) is slower by that work at the matmul rate.
 """
 
 from __future__ import annotations
@@ -157,8 +166,12 @@ class Pricing:
     placement: Placement
     work: StepWork
 
-    def step(self, hw: Hardware, comm: Sequence[CommItem]) -> StepTime:
-        return step_time(hw, self.work, comm)
+    def step(self, hw: Hardware, comm: Sequence[CommItem], flops: float | None = None) -> StepTime:
+        """The step with collectives ``comm`` and, given ``flops`` (a compiled program's
+        matmul FLOPs per device in the whole step; None or 0: none counted), that much matmul
+        work in place of the formula's (:meth:`StepWork.with_step_matmul_flops`)."""
+        work = self.work.with_step_matmul_flops(flops) if flops else self.work
+        return step_time(hw, work, comm)
 
     @property
     def fp8_gathers(self) -> bool:
@@ -204,6 +217,49 @@ class StepWork:
     cast_recompute_bytes: float = 0.0
     #: model chunks per device (interleaved 1F1B; 1: plain 1F1B)
     virtual_stages: int = 1
+
+    @property
+    def matmul_flops(self) -> float:
+        """The matmul FLOPs of one micro-batch: its forward, and when training its backward
+        (twice the forward) and what is recomputed."""
+        if not self.train:
+            return self.fwd_flops
+        return 3 * self.fwd_flops + self.recompute_flops
+
+    @property
+    def step_matmul_flops(self) -> float:
+        """The matmul FLOPs of the whole step, every micro-batch (:attr:`matmul_flops`)."""
+        return self.microbatches * self.matmul_flops
+
+    def with_step_matmul_flops(self, flops: float) -> StepWork:
+        """This work doing ``flops`` matmul FLOPs in the whole step (a compiled program's
+        count) instead of :attr:`step_matmul_flops`: the forward, the recomputed part and
+        their fp8 shares scaled alike, so that the formula's split between forward and
+        backward and between fp8 and 16-bit matmuls stays as it was. A count says how much
+        the program computes, not where; its step then takes ``flops`` at the matmul rates.
+
+        >>> w = StepWork(
+        ...     microbatches=2, stages=1, fwd_flops=10.0, recompute_flops=4.0, act_bytes=0,
+        ...     recompute_act_bytes=0, p2p_bytes=0, p2p_bandwidth=1, optimizer_params=0,
+        ...     model_flops=0, devices=1,
+        ... )
+        >>> w.step_matmul_flops  # 2 x (10 + 2 x 10 + 4)
+        68.0
+        >>> twice = w.with_step_matmul_flops(136.0)
+        >>> twice.fwd_flops, twice.recompute_flops
+        (20.0, 8.0)
+        """
+        own = self.step_matmul_flops
+        if own <= 0:
+            return self
+        r = flops / own
+        return replace(
+            self,
+            fwd_flops=self.fwd_flops * r,
+            recompute_flops=self.recompute_flops * r,
+            fp8_flops=self.fp8_flops * r,
+            fp8_recompute_flops=self.fp8_recompute_flops * r,
+        )
 
 
 @dataclass(frozen=True)
@@ -589,9 +645,19 @@ def compiled_step(
     collectives: Sequence[PlanCollective],
     bound: Bound,
     compiler: Capabilities,
+    flops: float | None = None,
 ) -> StepTime:
-    """A compiled plan's step: the time model's compute and schedule, with the collectives
-    the compiler produced in place of the formula's (see :func:`compiled_comm_items`)."""
+    """A compiled plan's step: the time model's schedule, with the collectives the compiler
+    produced in place of the formula's (see :func:`compiled_comm_items`) and, given
+    ``flops``, the matmul FLOPs its program computes in place of the formula's
+    (:meth:`StepWork.with_step_matmul_flops`).
+
+    ``flops`` is the program's count per device for the whole step (every micro-batch):
+    the planner compiles one pipeline stage's layers with the unembedding (the slowest
+    stage, as the formula prices it), the whole batch in its micro-batches, and the
+    recomputation and blocked attention the formula assumes, so where the program computes
+    what the formula counts the two steps are the same. None or 0 (nothing counted) keeps
+    the formula's."""
     items = compiled_comm_items(
         hw,
         pricing.placement,
@@ -600,7 +666,7 @@ def compiled_step(
         reduce_scatter_for_all_reduce=substitutes_reduce_scatter(hw, compiler),
         fp8_gathers=pricing.fp8_gathers,
     )
-    return pricing.step(hw, items)
+    return pricing.step(hw, items, flops)
 
 
 def hardware_compiler(hw: Hardware) -> Capabilities | None:

@@ -220,6 +220,9 @@ class CompiledFacts:
     lower_s: float
     compile_s: float
     audit_s: float
+    #: the program's matmul FLOPs per device, one run (the whole step), counted from its HLO
+    #: (:mod:`~shardscope._src.hlo.cost`); None where they could not be counted
+    hlo_flops: int | None = None
 
     @property
     def analysis_s(self) -> float:
@@ -334,6 +337,12 @@ class Plan:
     time: StepTime | None = None
     #: The screening estimate's step time and its parts.
     estimated_time: StepTime | None = None
+    #: The matmul FLOPs per device of the whole step that ``time`` is priced with: the
+    #: compiled program's, counted from its HLO (None: not counted, the formula's are used).
+    matmul_flops_per_device: float | None = None
+    #: The time model's matmul FLOPs per device of the whole step (``estimated_time``'s):
+    #: the forward, the backward and the recomputed part on the slowest pipeline stage.
+    estimated_matmul_flops_per_device: float | None = None
     #: What the compiled collectives are priced with (not written: it holds the placement).
     pricing: Pricing | None = field(default=None, compare=False, repr=False)
     #: The formula the plan's compiled communication is validated against (not written).

@@ -36,6 +36,28 @@ VALIDATED_STRATEGIES = ("dp", "fsdp", "tp")
 VALIDATION_TOLERANCE = TOLERANCE
 
 
+#: How far a compiled program's matmul FLOPs may be from the time model's, either way,
+#: before its plan says so (:func:`flops_note`).
+FLOPS_TOLERANCE = 0.03
+
+
+def compiled_flops(hlo_flops: int | None, exact: bool) -> int | None:
+    """The matmul FLOPs a compiled program's step is priced with: its HLO count, where every
+    loop's trip count is known (``exact``; else a loop was counted once) and a matmul was
+    found; None otherwise (the formula's are used)."""
+    return hlo_flops if exact and hlo_flops else None
+
+
+def flops_note(formula: float, compiled: int | None, compiler: Capabilities) -> Note | None:
+    """The note of a compiled plan whose program computes more or fewer matmul FLOPs than
+    the time model's ``formula`` (per device, the whole step) by more than
+    :data:`FLOPS_TOLERANCE`, or whose FLOPs were not counted (``compiled`` None)."""
+    if formula <= 0 or (compiled is not None and abs(compiled / formula - 1) <= FLOPS_TOLERANCE):
+        return None
+    values = {"compiler": compiler.compiler, "formula": formula, "compiled": compiled}
+    return Note(PlanNote.COMPILED_FLOPS, values)
+
+
 def plan_compiler(plan: Plan) -> Capabilities:
     """The record of the compiler whose collectives ``plan`` holds (``plan.compiled_by``)."""
     return plan.compiled_by.capabilities

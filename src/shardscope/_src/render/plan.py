@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
+from shardscope._src.base.comm import CollectiveKind, format_bytes, format_flops, format_seconds
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.render.columns import (
     Alarm,
@@ -318,7 +318,15 @@ def time_breakdown(p: Plan) -> list[str]:
         ["part", "seconds (compiled program)", "seconds (estimate)"],
         [[k, f"{v:.4g}", "-" if w is None else f"{w:.4g}"] for k, v, w in rows],
     )
-    out += ["", f"Predicted MFU {t.mfu:.1%}.", ""]
+    out += ["", f"Predicted MFU {t.mfu:.1%}."]
+    compiled, formula = p.matmul_flops_per_device, p.estimated_matmul_flops_per_device
+    if formula is not None:
+        counted = "not counted" if compiled is None else format_flops(compiled)
+        out.append(
+            f"Matmul FLOPs per device in the step: {counted} in the compiled program, "
+            f"{format_flops(formula)} by the time model's formula."
+        )
+    out.append("")
     return out
 
 
