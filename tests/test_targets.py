@@ -423,7 +423,7 @@ def test_a_plan_on_the_target_is_priced_with_its_programs_matmul_flops(target):
         workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
     )  # fmt: skip
     (p,) = result.plans
-    assert p.compiled_by == target
+    assert p.compiled_by == TARGETS[target]
     # Per device 16 / 8 sequences of 32 tokens. Per layer 2 FLOPs a token for each weight
     # (wqkv 64 x 192, wo 64 x 64, w_up and w_down 64 x 256) and QK^T and PV (2 x 32 keys x 64
     # query dimensions each); the unembedding 64 x 512. Training: the forward, a backward of
