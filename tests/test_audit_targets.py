@@ -32,9 +32,11 @@ MESHES = {
     "h100x8/shard_map_collectives": "dp=2,mp=4",
     "h100x8/flax_step": "data=2,model=4",
     "h100x8/combined_collectives": "x=8",
+    "h100x8/attention_step": "data=8",
     "v5px8/fsdp_step": "data=8",
     "v5px8/tp_step": "data=2,model=4",
     "v5px8/shard_map_collectives": "dp=2,mp=4",
+    "v5px8/attention_step": "data=8",
     "v5px64/fsdp_step": "data=64",
 }
 # The compilers whose output the fixtures are: the text changes when any of them does.
