@@ -67,6 +67,9 @@ if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
     from shardscope._src.plan.program import plan_program as plan_program
     from shardscope._src.plan.request import PlanRequest as PlanRequest
+    from shardscope._src.plan.suggest import Proposal as Proposal
+    from shardscope._src.plan.suggest import SuggestResult as SuggestResult
+    from shardscope._src.plan.suggest import suggest as suggest
     from shardscope._src.plan.sweep import plan as plan
     from shardscope._src.plan.sweep import plan_request as plan_request
     from shardscope._src.plan.types import Plan as Plan
@@ -156,6 +159,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ProgramPlan": ("shardscope._src.plan.program", "ProgramPlan"),
     "ProgramPlanResult": ("shardscope._src.plan.program", "ProgramPlanResult"),
     "plan_program": ("shardscope._src.plan.program", "plan_program"),
+    "Proposal": ("shardscope._src.plan.suggest", "Proposal"),
+    "SuggestResult": ("shardscope._src.plan.suggest", "SuggestResult"),
+    "suggest": ("shardscope._src.plan.suggest", "suggest"),
     "PlanRequest": ("shardscope._src.plan.request", "PlanRequest"),
     "plan": ("shardscope._src.plan.sweep", "plan"),
     "plan_request": ("shardscope._src.plan.sweep", "plan_request"),

@@ -225,6 +225,25 @@ def program_stage(got: Any) -> Any | None:
     return unwrap_stage(got, jax.stages.Compiled) or unwrap_stage(got, jax.stages.Lowered)
 
 
+def build_step(
+    make_step: Callable[..., Any],
+    mesh: Any,
+    rules: Sequence[tuple[str, Any]] = (),
+    *,
+    where: str = "make_step",
+) -> Any:
+    """What ``make_step`` returns for ``mesh`` and ``rules``, called as :func:`lower_step`
+    calls it (no mesh set, Flax's rules in force), its context errors in our words."""
+    with rules_context(rules):
+        try:
+            return make_step(mesh, tuple(rules)) if takes_rules(make_step) else make_step(mesh)
+        except Exception as e:
+            explained = _context_error(e, mesh, where)
+            if explained is not None:
+                raise explained from e
+            raise
+
+
 def lower_step(
     make_step: Callable[..., Any],
     mesh: Any,
@@ -252,14 +271,7 @@ def lower_step(
         MissingMeshError: ``make_step`` needed a mesh set (names the fix).
         AxisTypeError: the program's shardings do not fit the mesh's axis types.
     """
-    with rules_context(rules):
-        try:
-            got = make_step(mesh, tuple(rules)) if takes_rules(make_step) else make_step(mesh)
-        except Exception as e:
-            explained = _context_error(e, mesh, where)
-            if explained is not None:
-                raise explained from e
-            raise
+    got = build_step(make_step, mesh, rules, where=where)
     stage = program_stage(got)
     if stage is not None:
         return stage

@@ -404,6 +404,48 @@ def plan_program(
     label = name or _name_of(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
+    ranked, skipped = compile_and_rank(
+        make_step,
+        todo,
+        hw,
+        local,
+        label=label,
+        target=target_name,
+        kinds=kinds,
+        progress=progress,
+    )
+    return ProgramPlanResult(
+        program=label,
+        devices=devices,
+        hardware=hw,
+        axes=axes,
+        rule_sets=rule_sets,
+        plans=ranked,
+        skipped=tuple(skipped),
+        notes=tuple(_result_notes(hw, ranked, target_name)),
+        target=target_name or "cpu",
+        axis_types=",".join(sorted(set(k.name.lower() for k in kinds))),
+        wall_s=time.perf_counter() - start,
+        candidates=len(todo),
+    )
+
+
+def compile_and_rank(
+    make_step: Callable[..., Any],
+    todo: Sequence[tuple[str, Rules, Mapping[str, int]]],
+    hw: Hardware,
+    local: Sequence[jax.Device] | None,
+    *,
+    label: str,
+    target: str | None,
+    kinds: Any,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[tuple[ProgramPlan, ...], list[Skipped]]:
+    """Compiles every ``(rule set name, rules, mesh sizes)`` of ``todo`` and ranks the plans:
+    those that fit first, then by estimated step time, memory, the order of the names in
+    ``todo`` and the mesh sizes (deterministic); candidates whose program failed to build
+    are skipped, with the reason. The one compile loop of :func:`plan_program` and
+    ``suggest``."""
     total = len(todo)
     if progress:
         progress(0, total, "")
@@ -419,7 +461,7 @@ def plan_program(
                 sizes,
                 local,
                 where=f"{label}(mesh {spec})",
-                target=target_name,
+                target=target,
                 axis_types=kinds,
             )
         except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
@@ -435,7 +477,7 @@ def plan_program(
             plans.append(_program_plan(rn, r, sizes, compiled, hw, same if same != rn else None))
         if progress:
             progress(i, total, f"{rn} {spec}")
-    names = list(rule_sets)
+    names = list(dict.fromkeys(rn for rn, _, _ in todo))
     order = sorted(
         plans,
         key=lambda p: (
@@ -448,20 +490,7 @@ def plan_program(
     )
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     ranked = tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
-    return ProgramPlanResult(
-        program=label,
-        devices=devices,
-        hardware=hw,
-        axes=axes,
-        rule_sets=rule_sets,
-        plans=ranked,
-        skipped=tuple(skipped),
-        notes=tuple(_result_notes(hw, ranked, target_name)),
-        target=target_name or "cpu",
-        axis_types=",".join(sorted(set(k.name.lower() for k in kinds))),
-        wall_s=time.perf_counter() - start,
-        candidates=total,
-    )
+    return ranked, skipped
 
 
 def _check_program(
