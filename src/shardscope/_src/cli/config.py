@@ -259,3 +259,40 @@ class PlanConfig(CommandConfig):
 def _names(text: str | None) -> list[str] | None:
     """The names of a comma-separated list (None: not given)."""
     return None if text is None else [n.strip() for n in text.split(",")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardConfig(CommandConfig):
+    """``shardscope shard FILE.py:FUNCTION --devices N``."""
+
+    program: str
+    devices: int
+    hardware: str | None
+    link_bandwidth: float | None
+    cross_node_bandwidth: float | None
+    latency_s: float | None
+    memory_bytes: float | None
+    peak_flops: float | None
+    hbm_bandwidth: float | None
+    matmul_fraction: float | None
+    comm_fraction: float | None
+    fp8_peak_flops: float | None
+    fp8_matmul_fraction: float | None
+    node_size: int | None
+    compiler: str | None  # None: the hardware's own compiler where it has one, else cpu
+    rules: str | None
+    axes: str | None
+    logical_axes: str | None
+    axis_types: str | None
+    compiles: int | None
+    compare: bool
+    top: int | None
+    out: str
+    json: str | None
+    report: str | None
+
+    @property
+    def hardware_overrides(self) -> Mapping[str, Any]:
+        """The hardware settings given, over the preset's."""
+        given = {k: getattr(self, k) for k in HARDWARE_OVERRIDES}
+        return {k: v for k, v in given.items() if v is not None}

@@ -30,6 +30,7 @@ from shardscope._src.cli.config import (
     LabConfig,
     LaunchConfig,
     PlanConfig,
+    ShardConfig,
 )
 from shardscope._src.cli.parsers import build_parser
 from shardscope._src.launch import (
@@ -117,6 +118,7 @@ _HANDLERS: dict[type[CommandConfig], tuple[tuple[str, str], tuple[str, str] | No
     DiffConfig: (("diff", "diff_command"), ("diff", "check_diff")),
     LaunchConfig: (("main", "_launch_command"), None),
     PlanConfig: (("plan", "plan_command"), ("plan", "check_plan")),
+    ShardConfig: (("shard", "shard_command"), ("shard", "check_shard")),
 }
 
 

@@ -30,6 +30,7 @@ from shardscope._src.cli.config import (
     LabConfig,
     LaunchConfig,
     PlanConfig,
+    ShardConfig,
 )
 from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.model.config import MODES, Mode
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_diff_parser(sub)
     _add_launch_parser(sub)
     add_plan_parser(sub)
+    add_shard_parser(sub)
     return parser
 
 
@@ -421,14 +423,14 @@ def _plan_shape_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
+def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
     """The hardware preset and the settings that override it."""
     p.add_argument(
         "--hardware",
         choices=list(PRESETS),
-        help=f"hardware preset (default {DEFAULT_REQUEST.hardware})",
+        help=f"hardware preset{what} (default {DEFAULT_REQUEST.hardware})",
     )
-    for flag, dest, what in (
+    for flag, dest, help_text in (
         ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
         ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
         ("--latency", "latency_s", "seconds per collective step"),
@@ -444,7 +446,7 @@ def _plan_hardware_options(p: argparse.ArgumentParser) -> None:
             "fraction of the fp8 peak the fp8 matmuls reach",
         ),
     ):
-        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=what)
+        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=help_text)
     p.add_argument(
         "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
     )
@@ -570,3 +572,67 @@ def _plan_output_options(p: argparse.ArgumentParser) -> None:
         help="write the chart of step time against the memory that decided the fit",
     )
     p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+
+
+def add_shard_parser(sub: Any) -> None:
+    """``shardscope shard``: propose the sharding of the user's program."""
+    p = sub.add_parser(
+        "shard",
+        help="propose logical-axis rules and a mesh for your program, proved by compiling",
+        description="Search the mesh shapes and the assignments of your program's logical "
+        "axis names to mesh axes, screen them with arithmetic on its arrays, compile the "
+        "leaders with the target's compiler (deviceless) and rank them by the compiled "
+        "program's memory and step time. Prints the proposals, what the best changes in your "
+        "own rules and every array's spec and bytes per device; writes the best's rules file.",
+    )
+    p.add_argument(
+        "program",
+        metavar="FILE.py:FUNCTION",
+        help="FUNCTION(mesh, rules) returns the jitted step and its arguments, named with "
+        "logical axes (Flax's with_partitioning, shardscope.logical_to_spec)",
+    )
+    p.add_argument(
+        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
+    )
+    _plan_hardware_options(p, " the steps are timed on")
+    p.add_argument(
+        "--compiler",
+        choices=["cpu", *TARGETS],
+        help="the compiler that verifies the proposals: the hardware's own (deviceless, the "
+        "default where it has one) or cpu (simulated CPU devices)",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="FILE",
+        help="your own rule sets, JSON as plan --program reads them (default: the program's "
+        "RULES): their names are searched and their best plan is the yardstick",
+    )
+    p.add_argument("--axes", metavar="LIST", help="mesh axis names (default data,model)")
+    p.add_argument(
+        "--logical-axes",
+        metavar="LIST",
+        help="the program's logical axis names, when no rules name them, e.g. batch,embed,mlp",
+    )
+    add_axis_types_option(p)
+    p.add_argument(
+        "--compiles",
+        type=positive_int,
+        metavar="N",
+        help="how many candidates the compiler verifies (default 12)",
+    )
+    p.add_argument(
+        "--no-compare",
+        dest="compare",
+        action="store_false",
+        help="skip compiling your own rule sets (on every mesh shape) as the yardstick",
+    )
+    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        default="suggested-rules.json",
+        help="where to write the best proposal's rules file (default suggested-rules.json)",
+    )
+    p.add_argument("--json", metavar="FILE", help="write the search as JSON ('-': stdout)")
+    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+    p.set_defaults(config=ShardConfig)

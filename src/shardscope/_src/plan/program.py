@@ -441,17 +441,38 @@ def compile_and_rank(
     kinds: Any,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> tuple[tuple[ProgramPlan, ...], list[Skipped]]:
-    """Compiles every ``(rule set name, rules, mesh sizes)`` of ``todo`` and ranks the plans:
-    those that fit first, then by estimated step time, memory, the order of the names in
-    ``todo`` and the mesh sizes (deterministic); candidates whose program failed to build
-    are skipped, with the reason. The one compile loop of :func:`plan_program` and
+    """Compiles every ``(rule set name, rules, mesh sizes)`` of ``todo``
+    (:func:`compile_plans`) and ranks the plans (:func:`rank_plans`) in the order of the names
+    in ``todo``."""
+    plans, skipped = compile_plans(
+        make_step, todo, hw, local, label=label, target=target, kinds=kinds, progress=progress
+    )
+    return rank_plans(plans, [rn for rn, _, _ in todo]), skipped
+
+
+def compile_plans(
+    make_step: Callable[..., Any],
+    todo: Sequence[tuple[str, Rules, Mapping[str, int]]],
+    hw: Hardware,
+    local: Sequence[jax.Device] | None,
+    *,
+    label: str,
+    target: str | None,
+    kinds: Any,
+    progress: Callable[[int, int, str], None] | None = None,
+    seen: dict[tuple[str, str], str] | None = None,
+) -> tuple[list[ProgramPlan], list[Skipped]]:
+    """The plan of every ``(rule set name, rules, mesh sizes)`` of ``todo``, compiled;
+    candidates whose program failed to build are skipped, with the reason. ``seen`` (the
+    compiled programs' fingerprints by mesh, kept across calls) marks a plan that compiled
+    to the same program as an earlier one. The one compile loop of :func:`plan_program` and
     ``suggest``."""
     total = len(todo)
     if progress:
         progress(0, total, "")
     skipped = []
     plans: list[ProgramPlan] = []
-    seen: dict[tuple[str, str], str] = {}
+    seen = {} if seen is None else seen
     for i, (rn, r, sizes) in enumerate(todo, start=1):
         spec = format_mesh_spec(sizes)
         try:
@@ -477,7 +498,14 @@ def compile_and_rank(
             plans.append(_program_plan(rn, r, sizes, compiled, hw, same if same != rn else None))
         if progress:
             progress(i, total, f"{rn} {spec}")
-    names = list(dict.fromkeys(rn for rn, _, _ in todo))
+    return plans, skipped
+
+
+def rank_plans(plans: Sequence[ProgramPlan], names: Sequence[str]) -> tuple[ProgramPlan, ...]:
+    """``plans`` ranked: those that fit first, then by estimated step time, memory, the order
+    of their rule set in ``names`` and the mesh sizes (a total order: the same plans give the
+    same ranking), with the Pareto front of memory and time marked."""
+    names = list(dict.fromkeys(names))
     order = sorted(
         plans,
         key=lambda p: (
@@ -489,8 +517,7 @@ def compile_and_rank(
         ),
     )
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
-    ranked = tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
-    return ranked, skipped
+    return tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
 
 
 def _check_program(

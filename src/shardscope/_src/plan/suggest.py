@@ -12,42 +12,50 @@ How it searches, and why this way:
    shards nothing, so it counts as none and equal candidates are kept once. A candidate is
    dropped when an array would use a mesh axis twice (Flax NNX refuses that) or a dimension
    is not divisible by its axes.
-3. **A cheap screen.** Arithmetic on the probed arrays alone: bytes per device of the
-   arguments; compute as the step's FLOPs (JAX's count of the probe's lowering) over the
+3. **A cheap screen.** Arithmetic on the probed arrays alone. The weights are the arrays
+   the optimizer's state mirrors (a parameter's path ends its moments' paths), so layers
+   that share shapes are told apart from the tokens. Memory: bytes per device of every
+   argument. Compute: the step's FLOPs (JAX's count of the probe's lowering) over the
    devices doing distinct work (the batch's axes split all of it, a model axis the share of
-   the weights it splits); and, as communication, an all-reduce over each used mesh axis
-   an array is replicated over (a weight replicated over the data axis reduces its gradient,
-   an input replicated over the model axis meets partial sums), and a gather and a scatter
-   of each array sharded over an axis that also splits other names (FSDP's weights), priced
-   per axis with the hardware's alpha-beta; and for a weight split over an axis the batch
-   does not use, the tokens' activations through it (``flops / (6 x weights)`` tokens) met
-   across that axis, forward and backward (Megatron's tensor parallelism). It cannot see
-   what the compiler will do, only rank.
-4. **The compiler decides.** The leading ``top`` of the screen (the leader of each mesh
-   shape first, since the screen is coarse) are compiled by the planner's
-   own compile loop (``compile_and_rank``, the one :func:`plan_program` runs) and ranked as it
-   ranks: those that fit first, then the estimated step time. Every order is total (ties fall
-   to the mesh sizes and the rules), so the same input gives the same ranking.
+   the weights it splits). Communication, per mesh axis at the hardware's alpha-beta: over
+   a batch axis, the gradients of the weights it does not split all-reduced (combined, as
+   XLA combines them) and those it splits too gathered twice and scattered once (FSDP);
+   over a model axis, the tokens' activations (``flops / (6 x weights)`` tokens) met
+   forward and backward once per pair of weights that enter and leave a split dimension
+   (Megatron's tensor parallelism). It cannot see what the compiler will do, only rank.
+4. **The compiler decides.** Half of the ``compiles`` go to the screen's leader of each mesh
+   shape, then its next best; the rest, two at a time, to the neighbours of the best plan
+   compiled so far (one name moved to another axis or to none, or the same names on the next
+   mesh shape), the screen's order choosing among them: a beam of width one over the
+   compiled programs, since the screen is coarse and the compiler is the judge. Each compile
+   is the planner's own (:func:`~shardscope._src.plan.program.compile_plans`, the loop
+   :func:`plan_program` runs) and the plans are ranked as it ranks: those that fit first,
+   then the estimated step time. Every order is total (ties fall to the mesh sizes and the
+   rules), so the same input gives the same ranking.
 
-Exhaustive enumeration is affordable because a program has few logical names (3**7 for seven
-names on two axes) and the screen is arithmetic; the compiles, seconds each, are what is
-budgeted.
+Why not an integer program: the costs that decide (which collectives XLA inserts, what it
+keeps for the backward, what it overlaps) are the compiler's, not a sum of per-array terms a
+solver could weigh exactly; the candidates are few enough (3**7 for seven names on two axes)
+to screen every one by arithmetic in well under a second, and the compiles, seconds each, are
+what is budgeted, spent where the compiled results point.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from shardscope._src.audit.stages import build_step, check_step_pair, lower, program_stage
-from shardscope._src.base.atomic import write_json_atomic
+from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
@@ -59,9 +67,10 @@ from shardscope._src.plan.program import (
     _mesh_list,
     _name_of,
     _target_hardware,
-    compile_and_rank,
+    compile_plans,
     mesh_shapes,
     plan_program,
+    rank_plans,
 )
 from shardscope._src.plan.types import Skipped
 from shardscope._src.sharding.rules import (
@@ -75,11 +84,12 @@ from shardscope._src.sharding.rules import (
 )
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.links import collective_seconds
+from shardscope._src.targets.specs import get_target
 
 #: The mesh axes searched when neither the rules nor the caller name any.
 DEFAULT_AXES = ("data", "model")
-#: How many of the screen's leaders are compiled by default.
-DEFAULT_TOP = 8
+#: How many candidates the compiler verifies by default.
+DEFAULT_COMPILES = 12
 #: The rule set name the written rules file holds.
 SUGGESTED = "suggested"
 
@@ -96,6 +106,9 @@ class ProbedArray:
     shape: tuple[int, ...]
     itemsize: int
     names: tuple[tuple[str, ...], ...]
+    #: the path's keys as plain strings (attribute, dict key or index alike), so that a
+    #: parameter's path and its optimizer moments' paths can be compared
+    keys: tuple[str, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -189,6 +202,34 @@ class Proposal:
 
 
 @dataclass(frozen=True)
+class Change:
+    """What the best proposal changes in the user's best plan: the mesh, each logical name
+    whose mesh axis differs (None: replicated), and what that buys by the same cost model."""
+
+    own_label: str
+    own_mesh: Mapping[str, int]
+    mesh: Mapping[str, int]
+    moves: tuple[tuple[str, str | None, str | None], ...]
+    own_step_time_s: float
+    step_time_s: float
+    own_memory_bytes_per_device: int
+    memory_bytes_per_device: int
+    #: whether the two shard every name alike (the same program, meshes written apart)
+    same: bool = False
+
+    @property
+    def speedup(self) -> float:
+        """The user's best step time over the proposal's (> 1: the proposal is faster)."""
+        return self.own_step_time_s / self.step_time_s if self.step_time_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **record_dict(self, extra=("speedup",)),
+            "moves": [list(m) for m in self.moves],
+        }
+
+
+@dataclass(frozen=True)
 class SuggestResult:
     """A search of a program's shardings: proposals best first, and how the search went."""
 
@@ -208,6 +249,12 @@ class SuggestResult:
     timing: Mapping[str, float] = field(default_factory=dict)
 
     @property
+    def backend(self) -> str:
+        """The platform of the compiler that verified the proposals: ``"cpu"``, ``"gpu"`` or
+        ``"tpu"``."""
+        return get_target(self.target).family
+
+    @property
     def best(self) -> Proposal | None:
         """The fastest compiled proposal that fits the device memory (None when none fits)."""
         return next((p for p in self.proposals if p.fits), None)
@@ -225,15 +272,50 @@ class SuggestResult:
             return None
         return no_fit_advice(self.arrays, self.names, self.axes, self.devices, self.hardware)
 
+    @property
+    def change(self) -> Change | None:
+        """What the best proposal changes in the best plan of the user's own rules (None
+        without both)."""
+        best, own = self.best, self.own_best
+        if best is None or own is None:
+            return None
+        # an axis of size 1 shards nothing: read as replicated on both sides
+        mine = {n: _one_axis(a, own.mesh) for n, a in own.rules}
+        theirs = {n: _one_axis(a, best.mesh) for n, a in best.rules}
+        moves = tuple(
+            (n, mine.get(n), theirs.get(n)) for n in self.names if mine.get(n) != theirs.get(n)
+        )
+        same = _placement(own.mesh, own.rules, self.names) == _placement(
+            best.mesh, best.rules, self.names
+        )
+        return Change(
+            same=same,
+            own_label=own.label,
+            own_mesh=dict(own.mesh),
+            mesh=dict(best.mesh),
+            moves=moves,
+            own_step_time_s=own.step_time_s,
+            step_time_s=best.step_time_s,
+            own_memory_bytes_per_device=own.memory_bytes_per_device,
+            memory_bytes_per_device=best.memory_bytes_per_device,
+        )
+
     def rules_file(self) -> dict[str, Any]:
         """The best proposal's rules file (raises when none fits)."""
         if self.best is None:
             raise PlanError(self.fit_advice or f"no proposal for {self.program}")
         return self.best.rules_file(self.axes)
 
-    def write_rules(self, path: Any) -> None:
-        """Writes :meth:`rules_file` to ``path`` atomically."""
-        write_json_atomic(path, self.rules_file())
+    def write_rules(self, path: Any) -> Path:
+        """Writes :meth:`rules_file` to ``path`` atomically, a rule to a line; returns where."""
+        data = self.rules_file()
+        pairs = ",\n".join(f"      {json.dumps(p)}" for p in data["rules"][SUGGESTED])
+        text = (
+            f'{{\n  "axes": {json.dumps(data["axes"])},\n  "rules": {{\n'
+            f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
+        )
+        json.loads(text)  # the file is JSON
+        return write_atomic(path, lambda f: f.write(text))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -252,7 +334,37 @@ class SuggestResult:
             "proposals": [p.to_dict() for p in self.proposals],
             "skipped": [record_dict(s) for s in self.skipped],
             "own_best": None if self.own_best is None else self.own_best.to_dict(),
+            "change": None if self.change is None else self.change.to_dict(),
         }
+
+
+def _placement(
+    mesh: Mapping[str, int], rules: Rules, names: Sequence[str]
+) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """How ``rules`` on ``mesh`` spread each of ``names``: the (size, stride) of each of its
+    mesh axes of size > 1 (the stride: the product of the sizes of the axes after it)."""
+    order = list(mesh)
+    given = dict(rules)
+    out = []
+    for n in names:
+        axes = given.get(n)
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        out.append(
+            tuple(
+                (mesh[a], math.prod(mesh[b] for b in order[order.index(a) + 1 :]))
+                for a in axes
+                if mesh.get(a, 1) > 1
+            )
+        )
+    return tuple(out)
+
+
+def _one_axis(axes: Any, mesh: Mapping[str, int]) -> str | None:
+    """A rule's mesh axes as one name (several joined with ``,``), those of size 1 in
+    ``mesh`` left out; None for none."""
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    kept = [a for a in names if mesh.get(a, 1) > 1]
+    return ",".join(kept) if kept else None
 
 
 # -- the probe ----------------------------------------------------------------------------------
@@ -312,6 +424,7 @@ def probe_program(
                 shape=tuple(int(d) for d in shape),
                 itemsize=jnp.dtype(dtype).itemsize,
                 names=tuple(tuple(d) for d in dims),
+                keys=tuple(_key_name(k) for k in path),
             )
         )
     cost = lowered.cost_analysis() or {}
@@ -343,28 +456,67 @@ def _divisible(array: ProbedArray, spec: Sequence[str | None], sizes: Mapping[st
     return all(a is None or d % sizes[a] == 0 for d, a in zip(array.shape, spec, strict=True))
 
 
+def _key_name(key: Any) -> str:
+    """A path key as a plain string: ``.q``, ``['q']`` and ``[0]`` as ``q`` and ``0``."""
+    for attr in ("name", "key", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What the screen knows of a step beyond its arrays: its FLOPs, each array's number of
-    copies (a weight and its optimizer moments share shape and names), the names of the
-    weights (those of the most-copied arrays) and the tokens, ``flops / (6 x weights)``."""
+    """What the screen knows of a step beyond its arrays: its FLOPs, which arrays are weights
+    (one flag per array), the weight each array belongs to (its own index, or for an
+    optimizer's moment its weight's), the names of the weights' dimensions and the tokens,
+    ``flops / (6 x weights)``."""
 
     flops: float
-    copies: tuple[int, ...]
+    weights: tuple[bool, ...]
     weight_names: frozenset[str]
     tokens: float
+    owners: tuple[int, ...] = ()
 
 
 def workload(arrays: Sequence[ProbedArray], flops: float) -> Workload:
-    """The :class:`Workload` of a probed program."""
-    keys = [(a.shape, a.names) for a in arrays]
-    count = {k: keys.count(k) for k in keys}
-    copies = tuple(count[k] for k in keys)
-    most = max(copies, default=1)
-    weights = [a for a, c in zip(arrays, copies, strict=True) if c == most and a.names]
-    names = frozenset(n for a in weights for d in a.names for n in d)
-    params = sum(math.prod(a.shape) for a in weights) / most
-    return Workload(flops, copies, names, flops / (6 * params) if params else 0.0)
+    """The :class:`Workload` of a probed program.
+
+    A weight is an array whose path, less the argument it sits in, ends the path of another
+    array of its shape: its optimizer's moments (``[0].blocks[0].q.kernel`` and
+    ``[1].opt_state[0].mu['blocks'][0]['q']['kernel']``; optax, Flax NNX and Equinox states
+    alike). A step without such mirrors (no optimizer state) takes the named arrays of at
+    least two dimensions whose (shape, names) repeat most, as a model's layers do."""
+    owners = list(range(len(arrays)))
+    for i, a in enumerate(arrays):
+        tail = a.keys[1:]
+        if not tail or not a.shape:
+            continue
+        for j, b in enumerate(arrays):
+            if (
+                j != i
+                and b.shape == a.shape
+                and len(b.keys) > len(a.keys)
+                and b.keys[-len(tail) :] == tail
+                and (owners[j] == j or len(arrays[owners[j]].keys) > len(a.keys))
+            ):
+                owners[j] = i
+    mirrored = {o for j, o in enumerate(owners) if o != j}
+    if mirrored:
+        weight = tuple(i in mirrored for i in range(len(arrays)))
+    else:
+        keys = [(a.shape, a.names) for a in arrays]
+        copies = [
+            keys.count(k) if len(a.shape) > 1 and a.names else 0
+            for k, a in zip(keys, arrays, strict=True)
+        ]
+        most = max(copies, default=0)
+        weight = tuple(c == most > 0 for c in copies)
+    names = frozenset(
+        name for a, w in zip(arrays, weight, strict=True) if w for d in a.names for name in d
+    )
+    params = sum(math.prod(a.shape) for a, w in zip(arrays, weight, strict=True) if w)
+    tokens = flops / (6 * params) if params else 0.0
+    return Workload(flops, weight, names, tokens, tuple(owners))
 
 
 def screen(
@@ -377,48 +529,69 @@ def screen(
     """The screen of one candidate, or None when an array cannot take it (an axis twice, or
     a dimension its axes do not divide)."""
     used = sorted({a for a in assign.values() if a is not None}, key=list(sizes).index)
-    shared = {a: sum(v == a for v in assign.values()) > 1 for a in used}
     batch = {a for n, a in assign.items() if a is not None and n not in work.weight_names}
     split = math.prod(sizes[a] for a in batch)
     memory = 0
     comm = 0.0
 
-    def price(kind: str, axis: str, payload: float) -> float:
+    def price(kind: str, axis: str, payload: float, count: int = 1) -> float:
+        """``count`` collectives over ``axis`` moving ``payload`` bytes in all."""
         n = sizes[axis]
         sent = traffic_bytes(kind, int(payload), n)
-        return collective_seconds(hw, sizes, kind, (axis,), n, sent)
+        return collective_seconds(hw, sizes, kind, (axis,), n, sent, count)
 
-    for array, copies in zip(arrays, work.copies, strict=True):
+    specs = []
+    for array in arrays:
         spec = _spec(array, assign)
         if spec is None or not _divisible(array, spec, sizes):
             return None
-        local = array.nbytes // _shards(spec, sizes)
-        memory += local
-        for axis in used:
-            if axis not in spec:
-                # a gradient reduced, or partial sums met, once per weight (not per moment)
-                comm += price("all-reduce", axis, local) / copies
-            elif shared[axis]:
-                # the axis splits other dimensions too: gathered where it is used and its
-                # gradient scattered back (as FSDP's weights are)
-                comm += 2 * price("all-gather", axis, local * sizes[axis]) / copies
-            elif axis not in batch and array.names and copies > 1:
-                # a weight split over a model axis: the tokens' activations through it meet
-                # partial sums or are gathered, forward and backward (Megatron's)
-                width = array.nbytes // max(array.shape[spec.index(axis)], 1) / array.itemsize
-                acts = work.tokens / split * width * array.itemsize
-                comm += 2 * price("all-reduce", axis, acts) / copies
+        specs.append(spec)
+        memory += array.nbytes // _shards(spec, sizes)
+    weights = [
+        (a, spec)
+        for a, spec, w in zip(arrays, specs, work.weights, strict=True)
+        if w and len(a.shape) > 0
+    ]
+    for axis in used:
+        if axis not in batch:
+            continue
+        # Data parallelism: the gradients of the weights the axis does not split all-reduced
+        # over it (XLA combines them into one); FSDP (the axis splits the weight too): each
+        # gathered for the forward, again for the backward, and its gradient scattered back.
+        reduced = [a.nbytes // _shards(spec, sizes) for a, spec in weights if axis not in spec]
+        gathered = [
+            a.nbytes // _shards(spec, sizes) * sizes[axis] for a, spec in weights if axis in spec
+        ]
+        if reduced:
+            comm += price("all-reduce", axis, sum(reduced))
+        if gathered:
+            comm += 3 * price("all-gather", axis, sum(gathered), len(gathered))
+    # A model axis (one the batch does not use) splitting a weight's dimension: the tokens'
+    # activations meet across it where a matmul leaves the split dimension (its partial sums
+    # all-reduced) and, in the backward, where one enters it (Megatron's f and g). A
+    # dimension entered on a weight's last dimension and left on another's first (Flax's
+    # kernels; an Equinox weight is the other way round, which counts alike) makes a pair.
+    for axis in used:
+        if axis in batch:
+            continue
+        for name in (n for n, a in assign.items() if a == axis):
+            last = [w for w, spec in weights if len(w.shape) > 1 and name in w.names[-1]]
+            first = [w for w, spec in weights if len(w.shape) > 1 and name in w.names[0]]
+            pairs = min(len(last), len(first)) or max(len(last), len(first))
+            if not pairs:
+                continue
+            leave = first or last
+            edge = 0 if first else -1
+            width = sum(math.prod(w.shape) // w.shape[edge] for w in leave) / len(leave)
+            acts = work.tokens / split * width * leave[0].itemsize
+            comm += pairs * 2 * price("all-reduce", axis, acts)
     # The batch's axes split all the work; a model axis only that of the weights it splits.
     parallel = float(split)
-    total = sum(math.prod(a.shape) for a, c in zip(arrays, work.copies, strict=True) if c > 1)
+    total = sum(math.prod(a.shape) for a, _ in weights)
     for axis in used:
         if axis in batch or not total:
             continue
-        part = sum(
-            math.prod(a.shape)
-            for a, c in zip(arrays, work.copies, strict=True)
-            if c > 1 and axis in (_spec(a, assign) or ())
-        )
+        part = sum(math.prod(a.shape) for a, spec in weights if axis in spec)
         parallel /= 1 - part / total + part / total / sizes[axis]
     compute = work.flops / parallel / (hw.peak_flops * hw.matmul_fraction)
     return Screen(memory, compute, comm, memory <= hw.memory_bytes)
@@ -462,14 +635,21 @@ def no_fit_advice(
     words = [f"no proposal fits {format_bytes(hw.memory_bytes)} per device on {hw.name}"]
     if here is not None:
         need, sizes, assign = here
-        per = []
-        for a in arrays:
+        # each weight with its optimizer state, each other array alone
+        per: dict[int, int] = {}
+        for a, owner in zip(arrays, work.owners, strict=True):
             spec = _spec(a, assign) or ()
-            per.append((a.nbytes // _shards(spec, sizes), a.path))
-        top = sorted(per, reverse=True)[:3]
+            per[owner] = per.get(owner, 0) + a.nbytes // _shards(spec, sizes)
+        top = sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+
+        def what(i: int) -> str:
+            moments = sum(o == i for o in work.owners) - 1
+            state = " and its optimizer state" if moments else ""
+            return f"{arrays[i].path}{state}"
+
         words.append(
             f"the smallest needs {format_bytes(need)} of arguments alone, mostly "
-            + ", ".join(f"{p} ({format_bytes(b)})" for b, p in top)
+            + ", ".join(f"{what(i)} ({format_bytes(b)})" for i, b in top)
         )
     fits_at = None
     for k in range(1, doublings + 1):
@@ -493,20 +673,23 @@ def suggest(
     *,
     target: str | None = None,
     hardware: str | Hardware | None = None,
+    hardware_overrides: Mapping[str, float] | None = None,
     rules: Any = None,
     logical_axes: Sequence[str] | None = None,
     axes: Sequence[str] | None = None,
-    top: int = DEFAULT_TOP,
+    compiles: int = DEFAULT_COMPILES,
     axis_types: Any = None,
     name: str | None = None,
+    compare: bool = True,
 ) -> SuggestResult:
     """Proposes logical-axis rules and a mesh shape for a program, proved by compiling them.
 
     Searches every mesh shape of ``devices`` over ``axes`` and every assignment of the
     program's logical names to a mesh axis (or none), screens them with arithmetic on the
-    program's arrays and compiles the leading ``top`` with the planner's compile loop,
-    ranked as :func:`plan_program` ranks (those that fit first, then the step time). The
-    module docstring of ``shardscope._src.plan.suggest`` says how and why.
+    program's arrays and compiles ``compiles`` of them with the planner's compile loop (the
+    screen's leaders, then the neighbours of the best compiled), ranked as
+    :func:`plan_program` ranks (those that fit first, then the step time). The module
+    docstring of ``shardscope._src.plan.suggest`` says how and why.
 
     Args:
         make_step: ``make_step(mesh, rules)`` returning ``(step, args)``, as
@@ -516,12 +699,15 @@ def suggest(
         target: compile with this target's compiler (``"h100"``, ``"tpu-v5p"``), deviceless;
             None: simulated CPU devices.
         hardware: the preset the step is timed on (default: the target's, else ``h100``).
+        hardware_overrides: settings over the preset's (``memory_bytes=``, ...).
         rules: the user's own rule sets, read as :func:`plan_program` reads them (default the
             ``RULES`` of ``make_step``'s module): their logical names are searched and their
             best plan is the yardstick of every proposal's ``ratio``.
         logical_axes: the program's logical names, when no rules name them.
         axes: the mesh axes (default: the rules file's, else ``("data", "model")``).
-        top: how many of the screen's leaders to compile.
+        compiles: how many candidates the compiler verifies.
+        compare: compile the user's rule sets too (on every mesh shape) as the yardstick of
+            each proposal's ``ratio`` and of :attr:`SuggestResult.change`.
         axis_types: the meshes' axis types, as in :func:`shardscope.make_mesh`.
         name: what to call the program in the output.
 
@@ -533,15 +719,15 @@ def suggest(
     Raises:
         RulesError: no logical names to search, rules naming a mesh axis not among ``axes``,
             or a program that uses a logical name the rules lack (the error names them).
-        PlanError: too few devices, a bad ``top``, or a ``make_step`` that takes no rules.
+        PlanError: too few devices, a bad ``compiles``, or a ``make_step`` that takes no rules.
 
     >>> result = suggest(make_step, 8, axis_types="auto")  # doctest: +SKIP
     >>> result.best.label, result.best.fits  # doctest: +SKIP
     ('suggest-3 data=8,model=1', True)
     """
     start = time.perf_counter()
-    if not is_int(top, 1):
-        raise PlanError(f"top={top!r}: must be a positive whole number", param="top")
+    if not is_int(compiles, 1):
+        raise PlanError(f"compiles={compiles!r}: must be a positive whole number", param="compiles")
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
     label = name or _name_of(make_step)
@@ -555,7 +741,7 @@ def suggest(
             "shardscope.logical_to_spec(names, rules)",
             param="make_step",
         )
-    target_name, hw = _target_hardware(target, hardware, None, devices)
+    target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
     local = None
     if target_name is None:
         local = local_devices(devices, otherwise=" (the command line does it for you)")
@@ -581,33 +767,79 @@ def suggest(
             tuple(a or "" for _, a in kv[0][1]),
         ),
     )
-    # Candidates that shard every array and name alike (an axis renamed, or a mesh's axes
-    # swapped) compile to the same program: the first of each in the screen's order is kept.
-    # The screen is a coarse guide, so the leader of each mesh shape is compiled first, then
-    # the screen's next best.
-    unique = []
-    signatures: set[tuple[Any, ...]] = set()
+    # Candidates that differ only in axes of size 1 (data=8,model=1 with the batch on data
+    # and data=1,model=8 with it on model) compile to the same program: one of each is kept,
+    # at the place of the first in the screen's order, and the one that reads most as people
+    # write it stands for them all (the batch on the first mesh axis, ``data``).
+    kept: dict[tuple[Any, ...], int] = {}
+    unique: list[Any] = []
     for key, s in order:
         sig = _signature(dict(zip(axes, key[0], strict=True)), dict(key[1]))
-        if sig not in signatures:
-            signatures.add(sig)
+        if sig not in kept:
+            kept[sig] = len(unique)
             unique.append((key, s))
-    firsts = list({key[0]: (key, s) for key, s in reversed(unique)}.values())[::-1]
-    lead = (firsts + [c for c in unique if c not in firsts])[:top]
+        elif _reads_better(key, unique[kept[sig]][0], axes, work):
+            unique[kept[sig]] = (key, s)
     t2 = time.perf_counter()
-    todo: list[tuple[str, Rules, Mapping[str, int]]] = []
-    by_name: dict[str, tuple[Screen, dict[str, int], tuple[tuple[str, str | None], ...]]] = {}
-    for i, ((sizes_t, rules_t), s) in enumerate(lead, start=1):
-        sizes = dict(zip(axes, sizes_t, strict=True))
-        rn = f"suggest-{i}"
-        todo.append((rn, rules_t, sizes))
-        by_name[rn] = (s, sizes, rules_t)
-    ranked, skipped = compile_and_rank(
-        make_step, todo, hw, local, label=label, target=target_name, kinds=kinds
-    )
+    # The screen is a coarse guide: the compiler decides. Half the compiles go to the screen's
+    # leader of each mesh shape (then its next best); the rest, round by round, to the
+    # best compiled plan's neighbours (one name moved to another axis or to none, or the
+    # same names on the next mesh shape), the screen's order choosing among them.
+    rule_name = {i: f"candidate-{i + 1}" for i in range(len(unique))}
+    by_name = {
+        rule_name[i]: (s, dict(zip(axes, key[0], strict=True)), key[1])
+        for i, (key, s) in enumerate(unique)
+    }
+    index_of = {key: i for i, (key, _) in enumerate(unique)}
+    firsts = list({key[0]: i for i, (key, _) in reversed(list(enumerate(unique)))}.values())[::-1]
+    seed = (firsts + [i for i in range(len(unique)) if i not in firsts])[
+        : max(1, (compiles + 1) // 2)
+    ]
+    done: list[int] = []
+    plans: list[ProgramPlan] = []
+    skipped: list[Skipped] = []
+    fingerprints: dict[tuple[str, str], str] = {}
+
+    def run(indices: Sequence[int]) -> None:
+        todo = []
+        for i in indices:
+            key = unique[i][0]
+            todo.append((rule_name[i], key[1], dict(zip(axes, key[0], strict=True))))
+        got, failed = compile_plans(
+            make_step,
+            todo,
+            hw,
+            local,
+            label=label,
+            target=target_name,
+            kinds=kinds,
+            seen=fingerprints,
+        )
+        done.extend(indices)
+        plans.extend(got)
+        skipped.extend(failed)
+
+    run(seed)
+    while len(done) < min(compiles, len(unique)):
+        ranked = rank_plans(plans, list(rule_name.values()))
+        nxt: list[int] = []
+        for plan in ranked:
+            _, sizes, rules_t = by_name[plan.rules_name]
+            near = {
+                index_of[k]
+                for k in _neighbours(sizes, dict(rules_t), shapes, axes, kept, unique)
+                if index_of[k] not in done
+            }
+            if near:
+                nxt = sorted(near)[:2]
+                break
+        if not nxt:  # no compiled plan has a neighbour left: the screen's next
+            nxt = [i for i in range(len(unique)) if i not in done][:2]
+        run(nxt[: min(compiles, len(unique)) - len(done)])
+    ranked = rank_plans(plans, list(rule_name.values()))
     t3 = time.perf_counter()
     own = None
-    if found is not None:
+    if found is not None and compare:
         own = plan_program(
             make_step,
             devices,
@@ -619,9 +851,16 @@ def suggest(
             name=label,
         )
     own_time = None if own is None or own.best is None else own.best.step_time_s
+    # Named by rank once compiled (the screen's order is not the answer).
+    renamed = {p.rules_name: f"{SUGGESTED}-{p.rank}" for p in ranked}
     proposals = []
     for plan in ranked:
         s, sizes, rules_t = by_name[plan.rules_name]
+        plan = replace(
+            plan,
+            rules_name=renamed[plan.rules_name],
+            same_as=None if plan.same_as is None else renamed.get(plan.same_as, plan.same_as),
+        )
         assign = dict(rules_t)
         shards = tuple(
             ArrayShard(a.path, a.shape, spec, a.nbytes // _shards(spec, sizes))
@@ -641,7 +880,7 @@ def suggest(
         skipped=tuple(skipped),
         own=own,
         candidates=len(screened),
-        compiled=len(todo),
+        compiled=len(done),
         target=target_name or "cpu",
         wall_s=time.perf_counter() - start,
         timing={
@@ -653,16 +892,64 @@ def suggest(
     )
 
 
+def _neighbours(
+    sizes: Mapping[str, int],
+    assign: Mapping[str, str | None],
+    shapes: Sequence[Mapping[str, int]],
+    axes: Sequence[str],
+    kept: Mapping[tuple[Any, ...], int],
+    unique: Sequence[Any],
+) -> list[tuple[Any, ...]]:
+    """The screened candidates one step from ``(sizes, assign)``: one name on another axis
+    (of size > 1) or on none, on the same mesh; or the same names on a mesh shape that moves a
+    factor of two between two axes. Each as its kept equal's key."""
+    out = []
+    live = [a for a in axes if sizes[a] > 1]
+    for name, axis in assign.items():
+        for other in (None, *live):
+            if other != axis:
+                out.append((sizes, {**assign, name: other}))
+    for shape in shapes:
+        ratio = sorted(shape[a] / sizes[a] for a in axes if shape[a] != sizes[a])
+        if ratio == [0.5, 2.0]:
+            out.append((shape, dict(assign)))
+    keys = []
+    for s, a in out:
+        i = kept.get(_signature(s, a))
+        if i is not None:
+            keys.append(unique[i][0])
+    return keys
+
+
+def _reads_better(
+    key: tuple[tuple[int, ...], tuple[tuple[str, str | None], ...]],
+    than: tuple[tuple[int, ...], tuple[tuple[str, str | None], ...]],
+    axes: Sequence[str],
+    work: Workload,
+) -> bool:
+    """Whether candidate ``key`` reads better than its equal ``than``: more of the batch's
+    names (those no weight has) on the mesh's first axis, then larger sizes first."""
+
+    def score(k: tuple[tuple[int, ...], tuple[tuple[str, str | None], ...]]) -> Any:
+        on_first = sum(a == axes[0] for n, a in k[1] if n not in work.weight_names)
+        return (on_first, k[0])
+
+    return bool(score(key) > score(than))
+
+
 def _signature(sizes: Mapping[str, int], assign: Mapping[str, str | None]) -> tuple[Any, ...]:
-    """What a candidate shards, up to the names of the mesh axes: each name's axis size, and
-    which names share an axis."""
-    order: list[str] = []
-    for a in assign.values():
-        if a is not None and a not in order:
-            order.append(a)
-    return tuple(
-        (n, 1, -1) if a is None else (n, sizes[a], order.index(a)) for n, a in assign.items()
-    )
+    """What a candidate shards: each name's mesh axis as its size and its stride in the
+    device order (the product of the sizes of the axes after it; the last axis is the
+    innermost, within a node first), or none. Candidates that differ only in axes no name
+    uses, or of size 1, group the devices alike and compile to the same program."""
+    order = list(sizes)
+
+    def place(axis: str | None) -> tuple[int, int]:
+        if axis is None or sizes[axis] == 1:
+            return (1, 0)
+        return (sizes[axis], math.prod(sizes[a] for a in order[order.index(axis) + 1 :]))
+
+    return tuple((n, place(a)) for n, a in assign.items())
 
 
 def _axes(found: RuleSets | None, axes: Sequence[str] | None) -> tuple[str, ...]:

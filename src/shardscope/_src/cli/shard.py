@@ -1,0 +1,92 @@
+"""``shardscope shard``: the checks of its input and its run as a library call (its options are
+in parsers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shardscope._src.audit.user_program import load_program
+from shardscope._src.base.atomic import write_atomic
+from shardscope._src.base.errors import PlanError
+from shardscope._src.base.records import STDOUT, write_result
+from shardscope._src.cli.args import PROG, UsageError
+from shardscope._src.cli.audit_program import simulate_devices
+from shardscope._src.cli.config import ShardConfig
+from shardscope._src.cli.paths import check_output_paths
+from shardscope._src.cli.plan import check_program_devices, print_written
+from shardscope._src.plan.request import DEFAULT_REQUEST
+from shardscope._src.plan.suggest import DEFAULT_COMPILES, suggest
+from shardscope._src.render.console import output_console
+from shardscope._src.render.suggest import render_suggest, suggest_markdown_report
+from shardscope._src.sharding.rules import load_rules_file
+from shardscope._src.targets.specs import TARGETS
+
+
+def check_shard(c: ShardConfig) -> None:
+    """What ``shard`` can refuse before it builds the program: the devices, the files."""
+    if c.compiler is None or c.compiler == "cpu":
+        check_program_devices(c.devices)
+    hardware = c.hardware or str(DEFAULT_REQUEST.hardware)
+    if c.compiler not in (None, "cpu") and c.compiler != hardware:
+        raise UsageError(
+            f"{PROG} shard: --compiler {c.compiler} compiles for {c.compiler} but the steps "
+            f"are timed on --hardware {hardware}; give --hardware {c.compiler}"
+        )
+    check_output_paths(
+        {"--out": c.out, "--json": c.json, "--report": c.report},
+        inputs={"--rules": c.rules},
+    )
+    if c.out == STDOUT:
+        raise UsageError(f"{PROG} shard: --out names the rules file to write; give a path")
+    if c.rules is not None:
+        load_rules_file(c.rules)
+
+
+def _names(text: str | None, flag: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not all(n.isidentifier() for n in names):
+        raise UsageError(f"{PROG} shard: {flag} {text!r}: write names, e.g. data,model")
+    return names
+
+
+def shard_command(c: ShardConfig, console: Any = None) -> int:
+    hardware = c.hardware or str(DEFAULT_REQUEST.hardware)
+    if c.compiler is None:
+        target = hardware if hardware in TARGETS else None
+    else:
+        target = None if c.compiler == "cpu" else c.compiler
+    if target is None:
+        simulate_devices(c.devices)
+    make_step = load_program(c.program)
+    result = suggest(
+        make_step,
+        c.devices,
+        target=target,
+        hardware=hardware,
+        hardware_overrides=c.hardware_overrides,
+        rules=c.rules,
+        logical_axes=_names(c.logical_axes, "--logical-axes"),
+        axes=_names(c.axes, "--axes"),
+        compiles=c.compiles or DEFAULT_COMPILES,
+        axis_types=c.axis_types,
+        name=c.program,
+        compare=c.compare,
+    )
+    if console is None:
+        console = output_console(piped_width=150, stderr=c.json == STDOUT)
+    render_suggest(result, console=console, top=c.top)
+    written: list[Path | None] = []
+    if result.best is not None:
+        written.append(result.write_rules(c.out))
+    if c.json:
+        written.append(write_result(c.json, result))
+    if c.report:
+        text = suggest_markdown_report(result)
+        written.append(write_atomic(c.report, lambda f: f.write(text)))
+    print_written(console, written)
+    if result.best is None:
+        raise PlanError(result.fit_advice or "no proposal compiled", param="devices")
+    return 0

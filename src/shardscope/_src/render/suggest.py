@@ -1,0 +1,131 @@
+"""Renderers of a sharding search (:class:`~shardscope._src.plan.suggest.SuggestResult`): the
+proposals ranked, what the best changes in the user's own plan, the spec and bytes per device
+of each array of the best, and a Markdown report."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardscope._src.base.comm import format_bytes, format_seconds
+from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.render.columns import Column, markdown_table, rich_table
+from shardscope._src.render.plan import format_ratio
+from shardscope._src.sharding.rules import format_rules
+
+if TYPE_CHECKING:
+    from shardscope._src.plan.suggest import ArrayShard, Change, Proposal, SuggestResult
+
+
+def headline(result: SuggestResult) -> str:
+    hw = result.hardware
+    compiler = result.target if result.target != "cpu" else "simulated CPU devices"
+    return (
+        f"{result.program} on {result.devices} x {hw.name} ({format_bytes(hw.memory_bytes)}), "
+        f"mesh axes {', '.join(result.axes)}, logical names {', '.join(result.names)}: "
+        f"{result.candidates} candidates screened, {result.compiled} compiled "
+        f"({compiler}) in {result.wall_s:.1f} s"
+    )
+
+
+def _rules(p: Proposal) -> str:
+    shown = tuple((n, a) for n, a in p.rules if a is not None)
+    return format_rules(shown) if shown else "all replicated"
+
+
+PROPOSAL_COLUMNS: tuple[Column[Proposal], ...] = (
+    Column("#", lambda p: str(p.rank)),
+    Column("mesh", lambda p: format_mesh_spec(p.mesh), no_wrap=True),
+    Column("rules", _rules, fold=True),
+    Column("memory", lambda p: format_bytes(p.memory_bytes_per_device), justify="right"),
+    Column("fits", lambda p: "yes" if p.fits else "no"),
+    Column("step", lambda p: format_seconds(p.step_time_s), justify="right"),
+    Column("vs yours", lambda p: format_ratio(p.ratio), justify="right"),
+)
+
+
+def _spec(a: ArrayShard) -> str:
+    return "P(" + ", ".join("None" if x is None else repr(x) for x in a.spec) + ")"
+
+
+ARRAY_COLUMNS: tuple[Column[ArrayShard], ...] = (
+    Column("array", lambda a: a.path, fold=True, code=True),
+    Column("shape", lambda a: str(a.shape), no_wrap=True),
+    Column("spec", _spec, no_wrap=True, code=True),
+    Column("per device", lambda a: format_bytes(a.bytes_per_device), justify="right"),
+)
+
+
+def change_lines(change: Change) -> list[str]:
+    """What the best proposal changes in the user's best plan, in words."""
+    moves = [f"{n}: {a or 'replicated'} -> {b or 'replicated'}" for n, a, b in change.moves]
+    mesh = format_mesh_spec(change.mesh)
+    own_mesh = format_mesh_spec(change.own_mesh)
+    lines = [
+        f"against your best, {change.own_label} "
+        f"({format_seconds(change.own_step_time_s)}, "
+        f"{format_bytes(change.own_memory_bytes_per_device)} a device):"
+    ]
+    if change.same:
+        lines.append("  nothing: your best shards every name as the best proposal does")
+    else:
+        if own_mesh != mesh:
+            lines.append(f"  mesh {own_mesh} -> {mesh}")
+        lines += [f"  {m}" for m in moves]
+    lines.append(
+        f"  step {format_seconds(change.own_step_time_s)} -> "
+        f"{format_seconds(change.step_time_s)} ({change.speedup:.2f}x), memory "
+        f"{format_bytes(change.own_memory_bytes_per_device)} -> "
+        f"{format_bytes(change.memory_bytes_per_device)} a device"
+    )
+    return lines
+
+
+def render_suggest(result: SuggestResult, *, console: Any, top: int | None = None) -> None:
+    """Prints the proposals, what the best changes in the user's plan and its arrays."""
+    console.print(headline(result), highlight=False)
+    shown: Sequence[Proposal] = result.proposals[:top] if top else result.proposals
+    console.print(
+        rich_table(PROPOSAL_COLUMNS, shown, title="proposals (compiled, best first)"),
+    )
+    best = result.best
+    if best is None:
+        console.print(result.fit_advice or "no proposal compiled", highlight=False)
+        return
+    change = result.change
+    if change is not None:
+        for line in change_lines(change):
+            console.print(line, highlight=False)
+    console.print(
+        rich_table(
+            ARRAY_COLUMNS,
+            best.arrays,
+            title=f"the best, {format_mesh_spec(best.mesh)}: every array",
+        )
+    )
+
+
+def suggest_markdown_report(result: SuggestResult) -> str:
+    """The search as Markdown: the headline, the proposals, the change, the best's arrays."""
+    lines = [f"# Sharding proposals for {result.program}", "", headline(result), ""]
+    lines += markdown_table(PROPOSAL_COLUMNS, result.proposals)
+    best = result.best
+    lines.append("")
+    if best is None:
+        lines.append(result.fit_advice or "no proposal compiled")
+        return "\n".join(lines) + "\n"
+    lines += ["## Rules of the best", "", "```json"]
+    import json
+
+    lines += [json.dumps(result.rules_file(), indent=2), "```", ""]
+    change = result.change
+    if change is not None:
+        lines += ["## Against your rules", ""]
+        lines += [
+            line.strip() if i == 0 else "-" + line[1:]
+            for i, line in enumerate(change_lines(change))
+        ]
+        lines.append("")
+    lines += [f"## Every array of the best ({format_mesh_spec(best.mesh)})", ""]
+    lines += markdown_table(ARRAY_COLUMNS, best.arrays)
+    return "\n".join(lines) + "\n"
