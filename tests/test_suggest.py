@@ -29,7 +29,7 @@ def _rules(make_step):
 @pytest.fixture(scope="module")
 def mlp():
     make_step = load_program(MLP)
-    return make_step, shardscope.suggest(make_step, 8, axis_types="auto", compiles=4)
+    return make_step, shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=0)
 
 
 def test_the_best_proposal_fits_and_beats_the_hand_written_rules(mlp):
@@ -67,7 +67,7 @@ def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path):
 
 def test_the_same_input_gives_the_same_ranking(mlp):
     make_step, result = mlp
-    again = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4)
+    again = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=0)
     assert [(p.label, p.rules, dict(p.mesh)) for p in again.proposals] == [
         (p.label, p.rules, dict(p.mesh)) for p in result.proposals
     ]
@@ -78,12 +78,13 @@ def test_the_change_turns_your_best_rules_into_the_proposal(mlp):
     change = result.change
     own, best = result.own_best, result.best
     assert change.own_label == own.label and dict(change.mesh) == dict(best.mesh)
-    mine = {n: a for n, a in own.rules}
+    # an axis of size 1 shards nothing: such a rule reads as replicated
+    mine = {n: a for n, a in own.rules if a is not None and own.mesh[a] > 1}
     for name, before, after in change.moves:
         assert mine.get(name) == before
         mine[name] = after
     assert {n: a for n, a in mine.items() if a is not None} == {
-        n: a for n, a in best.rules if a is not None
+        n: a for n, a in best.rules if a is not None and best.mesh[a] > 1
     }
     assert change.speedup == own.step_time_s / best.step_time_s
 
@@ -140,7 +141,7 @@ def test_the_screen_counts_every_argument_once_per_device():
 
 def test_the_decoder_best_proposal_beats_the_hand_written_rules():
     make_step = load_program(LLAMA)
-    result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=6)
+    result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=6, workers=0)
     hand = result.own_best
     assert result.best is not None and result.best.fits
     assert result.best.step_time_s <= hand.step_time_s
@@ -213,3 +214,85 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys):
     )
     assert "smallest device count" in line
     assert not (tmp_path / "x.json").exists()
+
+
+def test_worker_processes_compile_the_same_proposals(mlp):
+    make_step, here = mlp
+    there = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=2)
+    assert [
+        (p.label, p.rules, dict(p.mesh), p.step_time_s, p.memory_bytes_per_device)
+        for p in there.proposals
+    ] == [
+        (p.label, p.rules, dict(p.mesh), p.step_time_s, p.memory_bytes_per_device)
+        for p in here.proposals
+    ]
+    with pytest.raises(shardscope.PlanError, match="workers=0"):
+        shardscope.suggest(lambda mesh, rules: None, 8, logical_axes=("batch",), workers=2)
+
+
+EQX = PROGRAMS / "eqx_transformer.py"
+
+
+@pytest.fixture(scope="module")
+def eqx_program():
+    sys.path.insert(0, str(PROGRAMS))
+    try:
+        import eqx_transformer
+    finally:
+        sys.path.remove(str(PROGRAMS))
+    return eqx_transformer
+
+
+def test_the_dataflow_joins_the_axes_a_transformer_shares(eqx_program):
+    from shardscope._src.plan.dataflow import argument_axes
+
+    m = eqx_program
+    args = m.arguments()
+    classes = argument_axes(m.train_step, args)
+    leaves = [
+        (jax.tree_util.keystr(p), leaf)
+        for p, leaf in jax.tree_util.tree_flatten_with_path(args)[0]
+        if hasattr(leaf, "shape")
+    ]
+    axes = {path: c for (path, _), c in zip(leaves, classes, strict=True)}
+    block = "[0].blocks[0]"
+    embed = axes["[0].embed.weight"][1]
+    # d_model: the embedding's width, every projection's input, the outputs' and the norms
+    for w in ("q", "k", "v", "gate", "up"):
+        assert axes[f"{block}.{w}.weight"][1] == embed  # Equinox's Linear is (out, in)
+    assert axes[f"{block}.o.weight"][0] == axes[f"{block}.down.weight"][0] == embed
+    assert axes[f"{block}.attn_norm"] == axes["[0].norm"] == (embed,)
+    # the heads: q, k and v's outputs are the output projection's input (Megatron's pair)
+    heads = axes[f"{block}.q.weight"][0]
+    assert axes[f"{block}.k.weight"][0] == axes[f"{block}.o.weight"][1] == heads != embed
+    mlp = axes[f"{block}.gate.weight"][0]
+    assert axes[f"{block}.up.weight"][0] == axes[f"{block}.down.weight"][1] == mlp
+    assert len({embed, heads, mlp}) == 3
+    # the moments share their weight's axes; the tokens and targets share the batch's
+    assert axes["[1][0].mu.blocks[1].q.weight"] == axes["[0].blocks[1].q.weight"]
+    assert axes["[2]"] == axes["[3]"] and axes["[2]"][0] not in (embed, heads, mlp)
+
+
+def test_a_program_without_names_gets_a_spec_per_array(eqx_program):
+    m = eqx_program
+    result = shardscope.suggest(
+        m.train_step, 8, args=m.arguments(), axis_types="auto", compiles=6, workers=0
+    )
+    best = result.best
+    assert best is not None and best.fits and result.compiled == 6
+    hand = [
+        shardscope.plan_program(
+            m.make_step_with(name), 8, axes=("data", "model"), axis_types="auto"
+        ).best.step_time_s
+        for name in ("dp", "tp", "dp_tp")
+    ]
+    assert best.step_time_s <= min(hand)
+    specs = {a.path: a.spec for a in best.arrays}
+    # every array has a spec, and each optimizer moment has its weight's
+    assert len(specs) == len(jax.tree.leaves(m.arguments()))
+    for path, spec in specs.items():
+        if ".mu." in path or ".nu." in path:
+            weight = "[0]." + path.split(".mu." if ".mu." in path else ".nu.", 1)[1]
+            assert spec == specs[weight], path
+    with pytest.raises(shardscope.RulesError, match="array by array"):
+        shardscope.suggest(m.train_step, 8, args=m.arguments(), rules=[("batch", "data")])

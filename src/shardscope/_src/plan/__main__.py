@@ -7,4 +7,4 @@ from shardscope._src.plan.compile import compile_task
 from shardscope._src.plan.worker import serve
 
 if __name__ == "__main__":
-    raise SystemExit(serve(compile_task, int(sys.argv[1])))
+    raise SystemExit(serve(compile_task, int(sys.argv[1]), targets="targets" in sys.argv[2:]))

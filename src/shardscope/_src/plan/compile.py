@@ -17,7 +17,14 @@ from shardscope._src.base.devices import backends_started, flag_device_count
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.types import Candidate, CompiledFacts, CompileTask, PlanCollective
+from shardscope._src.plan.types import (
+    Candidate,
+    CompiledFacts,
+    CompileTask,
+    PlanCollective,
+    ProgramFacts,
+    ProgramTask,
+)
 from shardscope._src.plan.worker import run_tasks
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import Strategy, get_strategy
@@ -92,8 +99,13 @@ def compile_facts(
     return facts
 
 
-def compile_task(task: CompileTask) -> CompiledFacts:
-    """:func:`compile_facts` of a worker's task, on this process's devices."""
+def compile_task(task: CompileTask | ProgramTask) -> CompiledFacts | ProgramFacts:
+    """:func:`compile_facts` of a worker's task, on this process's devices (a user's program:
+    :func:`~shardscope._src.plan.program.run_program_task`)."""
+    if isinstance(task, ProgramTask):
+        from shardscope._src.plan.program import run_program_task  # it imports this module
+
+        return run_program_task(task)
     return compile_facts(
         task.strategy, task.mesh_spec, task.config, task.mode, microbatches=task.microbatches
     )

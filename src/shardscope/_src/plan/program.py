@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
 from shardscope._src.audit.records import Audit
 from shardscope._src.audit.stages import lower_step
+from shardscope._src.audit.user_program import load_program
 from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import (
     AxisTypeError,
@@ -39,6 +41,7 @@ from shardscope._src.base.errors import (
     MissingMeshError,
     PlanError,
     ProgramError,
+    RulesError,
     TargetError,
     is_int,
     one_line,
@@ -60,6 +63,8 @@ from shardscope._src.plan.types import (
     PLAN_KEYS,
     AxisComm,
     PlanCollective,
+    ProgramFacts,
+    ProgramTask,
     Skipped,
     SkipReason,
     device_bytes,
@@ -461,44 +466,164 @@ def compile_plans(
     kinds: Any,
     progress: Callable[[int, int, str], None] | None = None,
     seen: dict[tuple[str, str], str] | None = None,
+    pool: Any = None,
+    ref: ProgramRef | None = None,
 ) -> tuple[list[ProgramPlan], list[Skipped]]:
     """The plan of every ``(rule set name, rules, mesh sizes)`` of ``todo``, compiled;
     candidates whose program failed to build are skipped, with the reason. ``seen`` (the
     compiled programs' fingerprints by mesh, kept across calls) marks a plan that compiled
-    to the same program as an earlier one. The one compile loop of :func:`plan_program` and
-    ``suggest``."""
+    to the same program as an earlier one. With a ``pool`` (a
+    :class:`~shardscope._src.plan.worker.WorkerPool`) and the program's ``ref`` the compiles
+    run in its worker processes, each loading the program from its file. The one compile
+    loop of :func:`plan_program` and ``suggest``."""
     total = len(todo)
     if progress:
         progress(0, total, "")
-    skipped = []
-    plans: list[ProgramPlan] = []
     seen = {} if seen is None else seen
-    for i, (rn, r, sizes) in enumerate(todo, start=1):
-        spec = format_mesh_spec(sizes)
-        try:
-            compiled = compile_candidate(
-                make_step,
-                r,
-                sizes,
-                local,
-                where=f"{label}(mesh {spec})",
+    got: list[tuple[ProgramPlan | None, Skipped | None, str]] = []
+    if pool is not None and ref is not None:
+        tasks = [
+            ProgramTask(
+                ref=ref.ref,
+                by_dataflow=ref.by_dataflow,
+                rules_name=rn,
+                rules=tuple(r),
+                sizes=tuple(sizes.items()),
                 target=target,
-                axis_types=kinds,
+                axis_types=tuple(k.name for k in kinds),
+                hardware=hw,
+                where=f"{label}(mesh {format_mesh_spec(sizes)})",
             )
-        except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
-            raise
-        except DeviceMemoryError as e:  # the target's compiler found it does not fit
-            skipped.append(Skipped(rn, spec, SkipReason.MEMORY, str(e)))
-        except Exception as e:  # the user's program failed for this mesh and rules
-            reason = SkipReason.DIVISIBILITY if _indivisible(e) else SkipReason.ERROR
-            skipped.append(Skipped(rn, spec, reason, one_line(e)))
-        else:
-            fingerprint = compiled[3]
-            same = seen.setdefault((spec, fingerprint), rn)
-            plans.append(_program_plan(rn, r, sizes, compiled, hw, same if same != rn else None))
-        if progress:
-            progress(i, total, f"{rn} {spec}")
+            for rn, r, sizes in todo
+        ]
+        answers: dict[int, ProgramFacts] = {}
+        for done, (i, answer) in enumerate(pool.run(tasks), start=1):
+            if isinstance(answer, BaseException):
+                raise _worker_error(answer, tasks[i].where)
+            answers[i] = answer
+            if progress:
+                progress(done, total, f"{todo[i][0]} {format_mesh_spec(todo[i][2])}")
+        got = [(answers[i].plan, answers[i].skipped, answers[i].fingerprint) for i in range(total)]
+    else:
+        for i, (rn, r, sizes) in enumerate(todo, start=1):
+            got.append(_compile_one(make_step, rn, r, sizes, hw, local, label, target, kinds))
+            if progress:
+                progress(i, total, f"{rn} {format_mesh_spec(sizes)}")
+    plans: list[ProgramPlan] = []
+    skipped: list[Skipped] = []
+    for plan, skip, fingerprint in got:
+        if plan is None:
+            skipped.append(skip)  # type: ignore[arg-type]
+            continue
+        same = seen.setdefault((plan.mesh_spec, fingerprint), plan.rules_name)
+        plans.append(replace(plan, same_as=same) if same != plan.rules_name else plan)
     return plans, skipped
+
+
+@dataclass(frozen=True)
+class ProgramRef:
+    """How a worker process finds a program: ``FILE.py:FUNCTION`` (:func:`load_program`),
+    and whether it is searched array by array (``suggest``'s programs without names)."""
+
+    ref: str
+    by_dataflow: bool = False
+
+
+def program_ref(fn: Any, *, by_dataflow: bool = False) -> ProgramRef | None:
+    """``fn``'s :class:`ProgramRef` when it is a module-level function of a file (None for a
+    closure, a lambda or a function of a module without a file: those compile here)."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    qual = getattr(fn, "__qualname__", "") or ""
+    if not path or not path.endswith(".py") or not qual.isidentifier():
+        return None
+    if getattr(module, qual, None) is not fn:
+        return None
+    return ProgramRef(f"{path}:{qual}", by_dataflow)
+
+
+def _compile_one(
+    make_step: Callable[..., Any],
+    rn: str,
+    r: Rules,
+    sizes: Mapping[str, int],
+    hw: Hardware,
+    local: Sequence[jax.Device] | None,
+    label: str,
+    target: str | None,
+    kinds: Any,
+) -> tuple[ProgramPlan | None, Skipped | None, str]:
+    """``(plan, None, fingerprint)`` of one candidate, or ``(None, skipped, "")``; raises the
+    errors that are the caller's (a bad program, rules or target)."""
+    spec = format_mesh_spec(sizes)
+    try:
+        compiled = compile_candidate(
+            make_step,
+            r,
+            sizes,
+            local,
+            where=f"{label}(mesh {spec})",
+            target=target,
+            axis_types=kinds,
+        )
+    except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
+        raise
+    except DeviceMemoryError as e:  # the target's compiler found it does not fit
+        return None, Skipped(rn, spec, SkipReason.MEMORY, str(e)), ""
+    except Exception as e:  # the user's program failed for this mesh and rules
+        reason = SkipReason.DIVISIBILITY if _indivisible(e) else SkipReason.ERROR
+        return None, Skipped(rn, spec, reason, one_line(e)), ""
+    return _program_plan(rn, r, sizes, compiled, hw, None), None, compiled[3]
+
+
+#: The programs a worker process has loaded, by reference.
+_LOADED: dict[ProgramRef, Callable[..., Any]] = {}
+
+#: The errors a worker sends back that are the caller's, by class name.
+_CALLER_ERRORS = {
+    c.__name__: c
+    for c in (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError, RulesError)
+}
+
+
+def run_program_task(task: ProgramTask) -> ProgramFacts:
+    """A worker's compile of one candidate of a user's program (:class:`ProgramTask`)."""
+    key = ProgramRef(task.ref, task.by_dataflow)
+    make_step = _LOADED.get(key)
+    if make_step is None:
+        make_step = load_program(task.ref)
+        if task.by_dataflow:
+            from shardscope._src.plan.suggest import by_dataflow  # it imports this module
+
+            make_step, _ = by_dataflow(make_step, None, where=task.where)
+        _LOADED[key] = make_step
+    sizes = dict(task.sizes)
+    kinds = tuple(jax.sharding.AxisType[n] for n in task.axis_types)
+    local = None if task.target else jax.devices("cpu")[: math.prod(sizes.values())]
+    label = task.where.split("(mesh ")[0]
+    plan, skipped, fingerprint = _compile_one(
+        make_step,
+        task.rules_name,
+        task.rules,
+        sizes,
+        task.hardware,
+        local,
+        label,
+        task.target,
+        kinds,
+    )
+    return ProgramFacts(plan, fingerprint, skipped)
+
+
+def _worker_error(error: BaseException, where: str) -> Exception:
+    """The error a worker's failure is raised as here: the caller's own class where the
+    worker raised one (a bad program or rules), else a :class:`ProgramError` naming it."""
+    words = str(error)
+    name, _, message = words.partition(": ")
+    cls = _CALLER_ERRORS.get(name)
+    if cls is not None:
+        return cls(message)
+    return ProgramError(f"{where}: a compile worker failed: {words}")
 
 
 def rank_plans(plans: Sequence[ProgramPlan], names: Sequence[str]) -> tuple[ProgramPlan, ...]:

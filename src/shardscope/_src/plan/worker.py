@@ -19,9 +19,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 from shardscope._src.base.devices import use_cpu_devices
-from shardscope._src.plan.types import CompiledFacts, CompileTask, TaskFailure
+from shardscope._src.plan.types import CompiledFacts, CompileTask, ProgramFacts, TaskFailure
 
 
 class WorkerError(RuntimeError):
@@ -29,21 +30,27 @@ class WorkerError(RuntimeError):
 
 
 class _Worker:
-    def __init__(self, devices: int) -> None:
+    def __init__(self, devices: int, targets: bool = False) -> None:
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ)
         # The worker must import this very package, installed or not.
         root = str(Path(__file__).resolve().parents[3])  # the folder holding shardscope/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shardscope._src.plan", str(devices)],
+            [
+                sys.executable,
+                "-m",
+                "shardscope._src.plan",
+                str(devices),
+                *(["targets"] if targets else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=env,
         )
 
-    def run(self, task: CompileTask) -> CompiledFacts:
+    def run(self, task: Any) -> Any:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             pickle.dump(task, self.proc.stdin)
@@ -54,7 +61,7 @@ class _Worker:
                 f"worker process {self.proc.pid} ended without a result "
                 f"(exit status {self.proc.poll()}): {self.stderr_tail() or type(e).__name__}"
             ) from None
-        if isinstance(reply, CompiledFacts):
+        if isinstance(reply, CompiledFacts | ProgramFacts):
             return reply
         if isinstance(reply, TaskFailure):
             raise WorkerError(f"{reply.error_type}: {reply.message}")
@@ -81,53 +88,79 @@ class _Worker:
         self.log.close()
 
 
-def run_tasks(
-    tasks: Sequence[CompileTask], devices: int, workers: int
-) -> Iterator[tuple[int, CompiledFacts | BaseException]]:
-    """Runs ``tasks`` on ``workers`` processes; yields ``(index, result or error)`` as each
-    finishes. A worker that dies is replaced for the remaining tasks."""
-    local = threading.local()
-    started: list[_Worker] = []
-    lock = threading.Lock()
+class WorkerPool:
+    """Worker processes kept across batches of tasks (a search compiles in rounds): each
+    simulates ``devices`` CPU devices (``targets``: with the deviceless compilers set up).
+    A worker that dies is replaced for the remaining tasks; closing kills any still busy."""
 
-    def worker() -> _Worker:
-        w = getattr(local, "worker", None)
+    def __init__(self, devices: int, workers: int, *, targets: bool = False) -> None:
+        self.devices, self.workers, self.targets = devices, workers, targets
+        self.local = threading.local()
+        self.started: list[_Worker] = []
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardscope-plan")
+        self.finished = True
+
+    def _worker(self) -> _Worker:
+        w = getattr(self.local, "worker", None)
         if w is None or w.proc.poll() is not None:
-            w = _Worker(devices)
-            local.worker = w
-            with lock:
-                started.append(w)
+            w = _Worker(self.devices, self.targets)
+            self.local.worker = w
+            with self.lock:
+                self.started.append(w)
         return w
 
-    def job(i: int) -> CompiledFacts:
-        return worker().run(tasks[i])
+    def run(self, tasks: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """Yields ``(index, result or WorkerError)`` as each of ``tasks`` finishes."""
+        self.finished = False
 
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardscope-plan")
-    finished = False
-    try:
-        futures = {pool.submit(job, i): i for i in range(len(tasks))}
+        def job(task: Any) -> Any:
+            return self._worker().run(task)
+
+        futures = {self.pool.submit(job, t): i for i, t in enumerate(tasks)}
         for fut in as_completed(futures):
             i = futures[fut]
             try:
                 yield i, fut.result()
             except WorkerError as e:
                 yield i, e
-        finished = True
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        with lock:
-            for w in started:
-                if not finished and w.proc.poll() is None:
+        self.finished = True
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self.lock:
+            for w in self.started:
+                if not self.finished and w.proc.poll() is None:
                     w.proc.kill()  # stopped early (an error, Ctrl-C): do not wait for compiles
                 w.close()
 
+    def __enter__(self) -> WorkerPool:
+        return self
 
-def serve(compile_task: Callable[[CompileTask], CompiledFacts], devices: int) -> int:
-    """The worker's loop: simulate ``devices`` devices, then answer each task read on stdin
-    with ``compile_task(task)`` (or the :class:`TaskFailure` it raised) until stdin ends."""
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_tasks(
+    tasks: Sequence[CompileTask], devices: int, workers: int
+) -> Iterator[tuple[int, CompiledFacts | BaseException]]:
+    """Runs ``tasks`` on ``workers`` processes; yields ``(index, result or error)`` as each
+    finishes. A worker that dies is replaced for the remaining tasks."""
+    with WorkerPool(devices, workers) as pool:
+        yield from pool.run(tasks)
+
+
+def serve(compile_task: Callable[[Any], Any], devices: int, targets: bool = False) -> int:
+    """The worker's loop: simulate ``devices`` devices (``targets``: and set up the deviceless
+    compilers), then answer each task read on stdin with ``compile_task(task)`` (or the
+    :class:`TaskFailure` it raised) until stdin ends."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the results channel
     use_cpu_devices(devices)
+    if targets:
+        from shardscope._src.targets.plugins import prepare_targets
+
+        prepare_targets()
     inp = sys.stdin.buffer
     while True:
         try:
@@ -135,7 +168,7 @@ def serve(compile_task: Callable[[CompileTask], CompiledFacts], devices: int) ->
         except EOFError:
             return 0
         try:
-            reply: CompiledFacts | TaskFailure = compile_task(task)
+            reply: Any = compile_task(task)
         except Exception as e:  # sent back to the planner, which reports it per plan
             reply = TaskFailure(type(e).__name__, str(e))
         pickle.dump(reply, out)
