@@ -4,6 +4,8 @@ The programs live in tests/programs/ (a small Flax NNX train step with logical a
 and an Equinox train step with optax), written as a user would write them.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -264,3 +266,8 @@ def test_the_readme_flax_example_runs_as_written(tmp_path):
     # Two (64, 256) kernels and their Adam moments, a quarter per device, and two scalars.
     assert int(max_bytes) == 6 * 64 * 256 + 8 and int(all_reduces) == 2
     assert out.split("\n")[1].split()[0] in ("dp", "tp", "dp_tp")
+    # suggest's best is no slower than the best of the hand-written rules, and its file reads
+    label, ratio = out.split("\n")[2].rsplit(" ", 1)
+    assert label.startswith("suggested-1 ") and float(ratio) <= 1.0
+    rules = json.loads((tmp_path / "suggested-rules.json").read_text())
+    assert rules["axes"] == ["data", "model"] and list(rules["rules"]) == ["suggested"]

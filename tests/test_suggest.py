@@ -296,3 +296,25 @@ def test_a_program_without_names_gets_a_spec_per_array(eqx_program):
             assert spec == specs[weight], path
     with pytest.raises(shardscope.RulesError, match="array by array"):
         shardscope.suggest(m.train_step, 8, args=m.arguments(), rules=[("batch", "data")])
+
+
+def test_the_command_line_writes_a_spec_per_array_for_a_program_without_names(tmp_path, capsys):
+    out = tmp_path / "specs.json"
+    argv = ["shard", f"{EQX}:make_step", "--devices", "8", "--compiler", "cpu"]
+    assert main([*argv, "--axis-types", "auto", "--compiles", "3", "--out", str(out)]) == 0
+    assert "axes its dataflow joins" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert math.prod(data["mesh"].values()) == 8
+    # one spec per array, each of its array's rank
+    sys.path.insert(0, str(PROGRAMS))
+    try:
+        import eqx_transformer
+    finally:
+        sys.path.remove(str(PROGRAMS))
+    leaves = [
+        (jax.tree_util.keystr(p), leaf)
+        for p, leaf in jax.tree_util.tree_flatten_with_path(eqx_transformer.arguments())[0]
+    ]
+    assert {p: len(leaf.shape) for p, leaf in leaves} == {
+        p: len(spec) for p, spec in data["specs"].items()
+    }

@@ -140,3 +140,9 @@ def make_step_with(name):
 
     make_step.__name__ = f"make_step_{name}"
     return make_step
+
+
+def make_step(mesh):
+    """The step and its arguments, unsharded: ``shardscope shard`` searches them array by
+    array (``make_step_with`` gives the hand-written sets)."""
+    return train_step, arguments()

@@ -531,8 +531,12 @@ class ProgramRef:
 
 def program_ref(fn: Any, *, by_dataflow: bool = False) -> ProgramRef | None:
     """``fn``'s :class:`ProgramRef` when it is a module-level function of a file (None for a
-    closure, a lambda or a function of a module without a file: those compile here)."""
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    closure, a lambda, a function of a module without a file or of the running script:
+    those compile here)."""
+    name = getattr(fn, "__module__", "") or ""
+    if name == "__main__":  # a script: loading it again would run it again
+        return None
+    module = sys.modules.get(name)
     path = getattr(module, "__file__", None)
     qual = getattr(fn, "__qualname__", "") or ""
     if not path or not path.endswith(".py") or not qual.isidentifier():

@@ -187,10 +187,22 @@ class Proposal:
     def fits(self) -> bool:
         return self.plan.fits
 
+    @property
+    def specs(self) -> dict[str, PartitionSpec]:
+        """Every argument's ``PartitionSpec`` by its path (``jax.tree_util.keystr``)."""
+        return {a.path: PartitionSpec(*a.spec) for a in self.arrays}
+
     def rules_file(self, axes: Sequence[str]) -> dict[str, Any]:
         """The rules file of this proposal, as ``audit``, ``plan --program`` and ``suggest``
         read one; its pairs are what Flax's ``logical_axis_rules`` takes."""
         return {"axes": list(axes), "rules": {SUGGESTED: [list(p) for p in self.rules]}}
+
+    def specs_file(self) -> dict[str, Any]:
+        """The mesh and every argument's spec by its path (a program without names)."""
+        return {
+            "mesh": dict(self.mesh),
+            "specs": {a.path: list(a.spec) for a in self.arrays},
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -254,6 +266,8 @@ class SuggestResult:
     target: str = "cpu"
     wall_s: float = 0.0
     timing: Mapping[str, float] = field(default_factory=dict)
+    #: searched array by array (a program without logical names)
+    by_dataflow: bool = False
 
     @property
     def backend(self) -> str:
@@ -308,19 +322,29 @@ class SuggestResult:
         )
 
     def rules_file(self) -> dict[str, Any]:
-        """The best proposal's rules file (raises when none fits)."""
+        """The best proposal's rules file, or for a program without names (searched array
+        by array) its mesh and specs file (raises when none fits)."""
         if self.best is None:
             raise PlanError(self.fit_advice or f"no proposal for {self.program}")
+        if self.by_dataflow:
+            return self.best.specs_file()
         return self.best.rules_file(self.axes)
 
     def write_rules(self, path: Any) -> Path:
-        """Writes :meth:`rules_file` to ``path`` atomically, a rule to a line; returns where."""
+        """Writes :meth:`rules_file` to ``path`` atomically, a rule (or a spec) to a line;
+        returns where."""
         data = self.rules_file()
-        pairs = ",\n".join(f"      {json.dumps(p)}" for p in data["rules"][SUGGESTED])
-        text = (
-            f'{{\n  "axes": {json.dumps(data["axes"])},\n  "rules": {{\n'
-            f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
-        )
+        if self.by_dataflow:
+            lines = ",\n".join(
+                f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in data["specs"].items()
+            )
+            text = f'{{\n  "mesh": {json.dumps(data["mesh"])},\n  "specs": {{\n{lines}\n  }}\n}}\n'
+        else:
+            pairs = ",\n".join(f"      {json.dumps(p)}" for p in data["rules"][SUGGESTED])
+            text = (
+                f'{{\n  "axes": {json.dumps(data["axes"])},\n  "rules": {{\n'
+                f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
+            )
         json.loads(text)  # the file is JSON
         return write_atomic(path, lambda f: f.write(text))
 
@@ -330,6 +354,7 @@ class SuggestResult:
             "devices": self.devices,
             "hardware": self.hardware.name,
             "target": self.target,
+            "by_dataflow": self.by_dataflow,
             "axes": list(self.axes),
             "names": list(self.names),
             "candidates": self.candidates,
@@ -480,7 +505,7 @@ def by_dataflow(
         for path, leaf in flat
     ]
     work = workload(probed, 0.0)
-    searched = set()
+    searched: set[int] = set()
     for dims, owner in zip(classes, work.owners, strict=True):
         if work.weights[owner]:
             searched.update(c for c in dims if c)
@@ -1027,6 +1052,7 @@ def suggest(
         own=own,
         candidates=len(screened),
         compiled=len(done),
+        by_dataflow=per_array,
         target=target_name or "cpu",
         wall_s=time.perf_counter() - start,
         timing={

@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 def headline(result: SuggestResult) -> str:
     hw = result.hardware
     compiler = result.target if result.target != "cpu" else "simulated CPU devices"
+    named = "axes its dataflow joins" if result.by_dataflow else "logical names"
     return (
         f"{result.program} on {result.devices} x {hw.name} ({format_bytes(hw.memory_bytes)}), "
-        f"mesh axes {', '.join(result.axes)}, logical names {', '.join(result.names)}: "
+        f"mesh axes {', '.join(result.axes)}, {named} {', '.join(result.names)}: "
         f"{result.candidates} candidates screened, {result.compiled} compiled "
         f"({compiler}) in {result.wall_s:.1f} s"
     )
