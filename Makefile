@@ -16,10 +16,10 @@ $(VENV)/.installed-runtime: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 # The package plus the test, lint and notebook tooling (and the Flax, Equinox and optax
-# programs the suite and the benchmarks run), and both deviceless accelerator compilers (GPU,
-# TPU), so the tests cover every compile target.
+# programs the suite and the benchmarks run), both deviceless accelerator compilers (GPU,
+# TPU), so the tests cover every compile target, and Ray, whose local cluster the suite starts.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) -e '.[cpu,dev,gpu-compile,tpu-compile]'
+	$(PIP) -e '.[cpu,dev,gpu-compile,tpu-compile,ray]'
 	touch $(VENV)/.installed-runtime $@
 
 lab: $(VENV)/.installed-runtime

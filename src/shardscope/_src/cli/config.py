@@ -286,6 +286,8 @@ class ShardConfig(CommandConfig):
     axis_types: str | None
     compiles: int | None
     compare: bool
+    ray: str | None
+    workers: int | None
     top: int | None
     out: str
     json: str | None

@@ -626,6 +626,20 @@ def add_shard_parser(sub: Any) -> None:
         action="store_false",
         help="skip compiling your own rule sets (on every mesh shape) as the yardstick",
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="compile on the Ray cluster whose head is at HOST:PORT ('auto': the one this "
+        "machine belongs to); its nodes read the program file at the same path "
+        "(pip install 'shardscope[ray]')",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="compile in N worker processes on this machine (0: in this process; default: 2 "
+        "on two or more cores)",
+    )
     p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
     p.add_argument(
         "--out",

@@ -15,6 +15,7 @@ from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import ShardConfig
 from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.cli.plan import check_program_devices, print_written
+from shardscope._src.plan.cluster import check_address
 from shardscope._src.plan.request import DEFAULT_REQUEST
 from shardscope._src.plan.suggest import DEFAULT_COMPILES, suggest
 from shardscope._src.render.console import output_console
@@ -41,6 +42,10 @@ def check_shard(c: ShardConfig) -> None:
         raise UsageError(f"{PROG} shard: --out names the rules file to write; give a path")
     if c.rules is not None:
         load_rules_file(c.rules)
+    if c.ray is not None:
+        check_address(c.ray)  # within seconds, before the program is built
+    if c.workers is not None and c.workers < 0:
+        raise UsageError(f"{PROG} shard: --workers {c.workers}: give 0 or more")
 
 
 def _names(text: str | None, flag: str) -> list[str] | None:
@@ -58,7 +63,7 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
         target = hardware if hardware in TARGETS else None
     else:
         target = None if c.compiler == "cpu" else c.compiler
-    if target is None:
+    if target is None and c.ray is None:
         simulate_devices(c.devices)
     make_step = load_program(c.program)
     result = suggest(
@@ -74,6 +79,8 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
         axis_types=c.axis_types,
         name=c.program,
         compare=c.compare,
+        ray=c.ray,
+        workers=c.workers,
     )
     if console is None:
         console = output_console(piped_width=150, stderr=c.json == STDOUT)

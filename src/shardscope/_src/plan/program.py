@@ -473,8 +473,10 @@ def compile_plans(
     candidates whose program failed to build are skipped, with the reason. ``seen`` (the
     compiled programs' fingerprints by mesh, kept across calls) marks a plan that compiled
     to the same program as an earlier one. With a ``pool`` (a
-    :class:`~shardscope._src.plan.worker.WorkerPool`) and the program's ``ref`` the compiles
-    run in its worker processes, each loading the program from its file. The one compile
+    :class:`~shardscope._src.plan.worker.WorkerPool`, or a Ray cluster's
+    :class:`~shardscope._src.plan.cluster.RayPool`) and the program's ``ref`` the compiles
+    run in its workers, each loading the program from its file; a candidate a cluster lost
+    is skipped as ``lost``. The one compile
     loop of :func:`plan_program` and ``suggest``."""
     total = len(todo)
     if progress:
@@ -498,9 +500,15 @@ def compile_plans(
         ]
         answers: dict[int, ProgramFacts] = {}
         for done, (i, answer) in enumerate(pool.run(tasks), start=1):
-            if isinstance(answer, BaseException):
+            if type(answer).__name__ == "LostTask":  # a cluster's: not compiled, so not a plan
+                lost = Skipped(
+                    todo[i][0], format_mesh_spec(todo[i][2]), SkipReason.LOST, str(answer)
+                )
+                answers[i] = ProgramFacts(None, "", lost)
+            elif isinstance(answer, BaseException):
                 raise _worker_error(answer, tasks[i].where)
-            answers[i] = answer
+            else:
+                answers[i] = answer
             if progress:
                 progress(done, total, f"{todo[i][0]} {format_mesh_spec(todo[i][2])}")
         got = [(answers[i].plan, answers[i].skipped, answers[i].fingerprint) for i in range(total)]
@@ -513,7 +521,8 @@ def compile_plans(
     skipped: list[Skipped] = []
     for plan, skip, fingerprint in got:
         if plan is None:
-            skipped.append(skip)  # type: ignore[arg-type]
+            if skip is not None:
+                skipped.append(skip)
             continue
         same = seen.setdefault((plan.mesh_spec, fingerprint), plan.rules_name)
         plans.append(replace(plan, same_as=same) if same != plan.rules_name else plan)

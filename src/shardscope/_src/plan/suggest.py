@@ -64,6 +64,7 @@ from shardscope._src.base.comm import format_bytes, traffic_bytes
 from shardscope._src.base.errors import PlanError, ProgramError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
 from shardscope._src.mesh import axis_types_of, make_mesh
+from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
 from shardscope._src.plan.dataflow import argument_axes
 from shardscope._src.plan.program import (
@@ -811,6 +812,7 @@ def suggest(
     compare: bool = True,
     args: Sequence[Any] | None = None,
     workers: int | None = None,
+    ray: str | bool | None = None,
 ) -> SuggestResult:
     """Proposes logical-axis rules and a mesh shape for a program, proved by compiling them.
 
@@ -847,6 +849,10 @@ def suggest(
             file and more than three compiles are asked for, on a machine of two or more
             cores; measured on two cores, 24 compiles of a decoder for 64 H100s take
             1.2x less time).
+        ray: compile on a Ray cluster: its head's ``"HOST:PORT"`` (or ``"auto"``), or True
+            for the one ``ray.init(...)`` started; a cluster already started by
+            ``ray.init`` is used without it. Its workers load the program from its file
+            (:mod:`shardscope._src.plan.cluster`).
         compare: compile the user's rule sets too (on every mesh shape) as the yardstick of
             each proposal's ``ratio`` and of :attr:`SuggestResult.change`.
         axis_types: the meshes' axis types, as in :func:`shardscope.make_mesh`.
@@ -904,12 +910,23 @@ def suggest(
             param="workers",
         )
     local = None
-    if target_name is None and not workers:
+    remote = ray is not None and ray is not False or ray_requested()
+    if target_name is None and not workers and not remote:
         local = local_devices(devices, otherwise=" (the command line does it for you)")
     kinds = axis_types_of(axis_types, axes)
-    pool = None
-    if workers:
-        cpu = devices if target_name is None else 1
+    pool: Any = None
+    cpu = devices if target_name is None else 1
+    if ray is not None and ray is not False or ray_requested():
+        if ref is None:
+            raise PlanError(
+                f"a Ray cluster's workers load the program from its file, and {label} is not "
+                f"a function of a file's module (or its arguments were given); give "
+                f"FILE.py:FUNCTION's function, or drop ray=",
+                param="ray",
+            )
+        address = ray if isinstance(ray, str) else None
+        pool = RayPool(address, cpu, targets=target_name is not None)
+    elif workers:
         pool = WorkerPool(cpu, workers, targets=target_name is not None)
 
     t0 = time.perf_counter()

@@ -162,6 +162,8 @@ class SkipReason(StrEnum):
     ERROR = "error"
     #: its program (one pipeline stage's) needs more simulated devices than one process has
     SIMULATION = "simulation"
+    #: the cluster lost it: its worker died on every try, so it was not compiled
+    LOST = "lost"
 
 
 @dataclass(frozen=True)
