@@ -33,6 +33,8 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "plan/estimates.py": [("plan",)],
     "plan/request.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
+    "plan/suggest.py": [("shard",)],
+    "plan/cluster.py": [("shard",)],
     "plan/target.py": [("plan",)],
     "plan/types.py": [("plan",)],
     "sharding/rules.py": [("audit", "program"), ("plan",)],

@@ -550,7 +550,7 @@ def program_ref(fn: Any, *, by_dataflow: bool = False) -> ProgramRef | None:
     qual = getattr(fn, "__qualname__", "") or ""
     if not path or not path.endswith(".py") or not qual.isidentifier():
         return None
-    if getattr(module, qual, None) is not fn:
+    if not callable(getattr(module, qual, None)):  # (the file may have been loaded again)
         return None
     return ProgramRef(f"{path}:{qual}", by_dataflow)
 
