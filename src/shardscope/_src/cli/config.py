@@ -176,7 +176,31 @@ HARDWARE_OVERRIDES = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanConfig(CommandConfig):
+class HardwareOptions(CommandConfig):
+    """The hardware settings of ``plan`` and ``shard`` (None: the preset's), by the dest of
+    their options."""
+
+    link_bandwidth: float | None
+    cross_node_bandwidth: float | None
+    latency_s: float | None
+    memory_bytes: float | None
+    peak_flops: float | None
+    hbm_bandwidth: float | None
+    matmul_fraction: float | None
+    comm_fraction: float | None
+    fp8_peak_flops: float | None
+    fp8_matmul_fraction: float | None
+    node_size: int | None
+
+    @property
+    def hardware_overrides(self) -> Mapping[str, Any]:
+        """The hardware settings given, over the preset's."""
+        given = {k: getattr(self, k) for k in HARDWARE_OVERRIDES}
+        return {k: v for k, v in given.items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig(HardwareOptions):
     """``shardscope plan``: of a built-in model (``--model`` or its shape) or, with
     ``program``, of the user's own ``make_step``. One record for both, since one parser takes
     both and each refuses the other's options.
@@ -202,17 +226,6 @@ class PlanConfig(CommandConfig):
     seq: int | None
     mode: str | None
     hardware: str | None
-    link_bandwidth: float | None
-    cross_node_bandwidth: float | None
-    latency_s: float | None
-    memory_bytes: float | None
-    peak_flops: float | None
-    hbm_bandwidth: float | None
-    matmul_fraction: float | None
-    comm_fraction: float | None
-    fp8_peak_flops: float | None
-    fp8_matmul_fraction: float | None
-    node_size: int | None
     strategies: str | None
     remat: str | None
     offload_optimizer: bool | None
@@ -232,12 +245,6 @@ class PlanConfig(CommandConfig):
     json: str | None
     png: str | None
     report: str | None
-
-    @property
-    def hardware_overrides(self) -> Mapping[str, Any]:
-        """The hardware settings given, over the preset's."""
-        given = {k: getattr(self, k) for k in HARDWARE_OVERRIDES}
-        return {k: v for k, v in given.items() if v is not None}
 
     @property
     def dims(self) -> dict[str, int | None]:
@@ -262,23 +269,12 @@ def _names(text: str | None) -> list[str] | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardConfig(CommandConfig):
+class ShardConfig(HardwareOptions):
     """``shardscope shard FILE.py:FUNCTION --devices N``."""
 
     program: str
     devices: int
     hardware: str | None
-    link_bandwidth: float | None
-    cross_node_bandwidth: float | None
-    latency_s: float | None
-    memory_bytes: float | None
-    peak_flops: float | None
-    hbm_bandwidth: float | None
-    matmul_fraction: float | None
-    comm_fraction: float | None
-    fp8_peak_flops: float | None
-    fp8_matmul_fraction: float | None
-    node_size: int | None
     compiler: str | None  # None: the hardware's own compiler where it has one, else cpu
     rules: str | None
     axes: str | None
@@ -292,9 +288,3 @@ class ShardConfig(CommandConfig):
     out: str
     json: str | None
     report: str | None
-
-    @property
-    def hardware_overrides(self) -> Mapping[str, Any]:
-        """The hardware settings given, over the preset's."""
-        given = {k: getattr(self, k) for k in HARDWARE_OVERRIDES}
-        return {k: v for k, v in given.items() if v is not None}
