@@ -318,3 +318,29 @@ def test_the_command_line_writes_a_spec_per_array_for_a_program_without_names(tm
     assert {p: len(leaf.shape) for p, leaf in leaves} == {
         p: len(spec) for p, spec in data["specs"].items()
     }
+
+
+def test_a_settled_search_compiled_every_neighbour_of_the_best():
+    make_step = load_program(MLP)
+    result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=40, workers=0)
+    assert result.settled and result.compiled < 40
+    best = result.best
+    names = ("batch", "embed", "hidden")
+    arrays, flops = probe_program(make_step, names, where="mlp", axis_type=AUTO)
+    work = workload(arrays, flops)
+    compiled = {(tuple(p.mesh.values()), tuple(p.rules)): p for p in result.proposals}
+    mine = dict(best.rules)
+    live = [a for a, n in best.mesh.items() if n > 1]
+    for name in names:
+        for axis in (None, *live):
+            moved = {**mine, name: axis}
+            if moved == mine or screen(arrays, moved, best.mesh, work, PRESETS["h100"]) is None:
+                continue  # not a move, or a sharding the arrays cannot take
+            key = (tuple(best.mesh.values()), tuple(moved.items()))
+            twin = next(
+                (p for p in result.proposals if (tuple(p.mesh.values()), tuple(p.rules)) == key),
+                None,
+            )
+            assert key in compiled or twin is not None, moved
+            if twin is not None:
+                assert twin.step_time_s >= best.step_time_s

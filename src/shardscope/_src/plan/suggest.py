@@ -26,8 +26,10 @@ How it searches, and why this way:
 4. **The compiler decides.** Half of the ``compiles`` go to the screen's leader of each mesh
    shape, then its next best; the rest, two at a time, to the neighbours of the best plan
    compiled so far (one name moved to another axis or to none, or the same names on the next
-   mesh shape), the screen's order choosing among them: a beam of width one over the
-   compiled programs, since the screen is coarse and the compiler is the judge. Each compile
+   mesh shape), the screen's order choosing among them: a local search over the compiled
+   programs, since the screen is coarse and the compiler is the judge. It stops when every
+   neighbour of the best has been compiled and none is faster (``settled``: a local optimum
+   the compiler checked) or at the budget. Each compile
    is the planner's own (:func:`~shardscope._src.plan.program.compile_plans`, the loop
    :func:`plan_program` runs) and the plans are ranked as it ranks: those that fit first,
    then the estimated step time. Every order is total (ties fall to the mesh sizes and the
@@ -269,6 +271,9 @@ class SuggestResult:
     timing: Mapping[str, float] = field(default_factory=dict)
     #: searched array by array (a program without logical names)
     by_dataflow: bool = False
+    #: every neighbour of the best (one name moved, or the next mesh shape) was compiled and
+    #: none is faster: a local optimum the compiler checked (False: the budget ran out first)
+    settled: bool = False
 
     @property
     def backend(self) -> str:
@@ -356,6 +361,7 @@ class SuggestResult:
             "hardware": self.hardware.name,
             "target": self.target,
             "by_dataflow": self.by_dataflow,
+            "settled": self.settled,
             "axes": list(self.axes),
             "names": list(self.names),
             "candidates": self.candidates,
@@ -847,8 +853,9 @@ def suggest(
         workers: compile in this many worker processes, each loading the program from its
             file (0: in this process; default: two where the program is a function of a
             file and more than three compiles are asked for, on a machine of two or more
-            cores; measured on two cores, 24 compiles of a decoder for 64 H100s take
-            1.2x less time).
+            cores; measured on two cores, 24 compiles of a decoder for 64 H100s by the
+            H100 compiler took 64 s against 72 s in one process: a compile already keeps
+            more than one core busy).
         ray: compile on a Ray cluster: its head's ``"HOST:PORT"`` (or ``"auto"``), or True
             for the one ``ray.init(...)`` started; a cluster already started by
             ``ray.init`` is used without it. Its workers load the program from its file
@@ -1004,23 +1011,37 @@ def suggest(
         skipped.extend(failed)
 
     budget = min(compiles, len(unique))
+    settled = False
+
+    def uncompiled_neighbours(plan: ProgramPlan) -> list[int]:
+        _, sizes, rules_t = by_name[plan.rules_name]
+        near = {
+            index_of[k]
+            for k in _neighbours(sizes, dict(rules_t), shapes, axes, kept, unique)
+            if index_of[k] not in done
+        }
+        return sorted(near)
+
     try:
         run(seed)
         while len(done) < budget:
+            ranked = rank_plans(plans, list(rule_name.values()))
+            best = next((p for p in ranked if p.fits), None)
+            if best is not None and not uncompiled_neighbours(best):
+                settled = True  # every neighbour of the best compiled, none better: stop
+                break
             nxt: list[int] = []
-            for plan in rank_plans(plans, list(rule_name.values())):
-                _, sizes, rules_t = by_name[plan.rules_name]
-                near = {
-                    index_of[k]
-                    for k in _neighbours(sizes, dict(rules_t), shapes, axes, kept, unique)
-                    if index_of[k] not in done
-                }
-                if near:
-                    nxt = sorted(near)[: max(2, workers)]
+            for plan in ranked:
+                nxt = uncompiled_neighbours(plan)[: max(2, workers)]
+                if nxt:
                     break
             if not nxt:  # no compiled plan has a neighbour left: the screen's next
                 nxt = [i for i in range(len(unique)) if i not in done][: max(2, workers)]
             run(nxt[: budget - len(done)])
+        else:
+            ranked = rank_plans(plans, list(rule_name.values()))
+            best = next((p for p in ranked if p.fits), None)
+            settled = best is not None and not uncompiled_neighbours(best)
     finally:
         if pool is not None:
             pool.close()
@@ -1070,6 +1091,7 @@ def suggest(
         candidates=len(screened),
         compiled=len(done),
         by_dataflow=per_array,
+        settled=settled,
         target=target_name or "cpu",
         wall_s=time.perf_counter() - start,
         timing={

@@ -57,6 +57,19 @@ ARRAY_COLUMNS: tuple[Column[ArrayShard], ...] = (
 )
 
 
+def settled_line(result: SuggestResult) -> str:
+    """Whether the search reached a local optimum the compiler checked, or its budget."""
+    if result.settled:
+        return (
+            "the best is a local optimum: every neighbour (one name moved, or the next mesh "
+            "shape) was compiled and none is faster"
+        )
+    return (
+        f"the budget of {result.compiled} compiles ran out before every neighbour of the best "
+        f"was compiled (more: --compiles, compiles=)"
+    )
+
+
 def change_lines(change: Change) -> list[str]:
     """What the best proposal changes in the user's best plan, in words."""
     moves = [f"{n}: {a or 'replicated'} -> {b or 'replicated'}" for n, a, b in change.moves]
@@ -93,6 +106,7 @@ def render_suggest(result: SuggestResult, *, console: Any, top: int | None = Non
     if best is None:
         console.print(result.fit_advice or "no proposal compiled", highlight=False)
         return
+    console.print(settled_line(result), highlight=False)
     change = result.change
     if change is not None:
         for line in change_lines(change):
@@ -115,7 +129,7 @@ def suggest_markdown_report(result: SuggestResult) -> str:
     if best is None:
         lines.append(result.fit_advice or "no proposal compiled")
         return "\n".join(lines) + "\n"
-    lines += ["## Rules of the best", "", "```json"]
+    lines += [settled_line(result), "", "## Rules of the best", "", "```json"]
     import json
 
     lines += [json.dumps(result.rules_file(), indent=2), "```", ""]
