@@ -86,6 +86,13 @@ class ModelConfig(Record):
     ``remat`` is ``"none"``, ``"selective"`` (the attention scores recomputed in the backward
     pass) or ``"full"`` (each layer's forward recomputed; only its input kept).
 
+    A mixture of experts (``experts`` > 0): after ``dense_layers`` dense layers (MLP of
+    ``ff``), each layer's MLP is ``experts`` routed experts of ``expert_ff`` (default ``ff``),
+    each token sent to ``top_k`` of them by a linear router, plus ``shared_experts`` experts
+    of ``expert_ff`` every token goes through. Its parameters are counted
+    (:meth:`param_count`, :meth:`active_param_count`); the reference decoder, its
+    strategies and the planner build dense models only, and refuse it, saying so.
+
     >>> ModelConfig(d_model=64, heads=8, ff=256).head_dim
     8
     >>> ModelConfig(d_model=64, heads=8, kv_heads=2, ff=256).q_per_kv
@@ -108,6 +115,11 @@ class ModelConfig(Record):
     attention: str = "dense"
     attention_block: int = 512
     remat: str = Remat.NONE
+    experts: int = 0
+    top_k: int = 0
+    expert_ff: int | None = None
+    shared_experts: int = 0
+    dense_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "attention_block"):
@@ -171,6 +183,42 @@ class ModelConfig(Record):
             raise ModelConfigError(
                 f"model config tie_embeddings={self.tie_embeddings!r}: must be True or False"
             )
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        for name in ("experts", "top_k", "shared_experts", "dense_layers"):
+            value = getattr(self, name)
+            if not is_int(value, 0):
+                raise ModelConfigError(
+                    f"model config {name}={value!r}: must be a whole number, 0 or more"
+                )
+        if self.expert_ff is not None and not is_int(self.expert_ff, 1):
+            raise ModelConfigError(
+                f"model config expert_ff={self.expert_ff!r}: must be a positive integer or None "
+                f"(None: ff)"
+            )
+        if not self.experts:
+            extra = [
+                n
+                for n in ("top_k", "shared_experts", "dense_layers", "expert_ff")
+                if getattr(self, n)
+            ]
+            if extra:
+                raise ModelConfigError(
+                    f"model config {', '.join(f'{n}={getattr(self, n)}' for n in extra)} "
+                    f"describe a mixture of experts, but experts=0 (dense); give experts=N"
+                )
+            return
+        if not 1 <= self.top_k <= self.experts:
+            raise ModelConfigError(
+                f"model config top_k={self.top_k}: each token goes to 1 to experts="
+                f"{self.experts} experts; choose top_k in that range"
+            )
+        if self.dense_layers >= self.layers:
+            raise ModelConfigError(
+                f"model config dense_layers={self.dense_layers}: a mixture of experts needs a "
+                f"layer with experts after them, and it has layers={self.layers}"
+            )
 
     @property
     def q_per_kv(self) -> int:
@@ -181,9 +229,46 @@ class ModelConfig(Record):
     def itemsize(self) -> int:
         return {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype]
 
+    @property
+    def is_moe(self) -> bool:
+        """Whether its MLPs are mixtures of experts."""
+        return self.experts > 0
+
+    def require_dense(self, what: str) -> None:
+        """Refuses a mixture of experts where only dense models are built (``what``)."""
+        if self.is_moe:
+            raise ModelConfigError(
+                f"{what} builds dense models, and this one is a mixture of experts "
+                f"(experts={self.experts}, top_k={self.top_k}): its expert layers are not built "
+                f"yet, so it cannot be compiled, estimated or planned; its parameters are "
+                f"counted (param_count: {self.param_count():,}, active_param_count: "
+                f"{self.active_param_count():,})",
+                param="model",
+            )
+
     def param_count(self) -> int:
         """Number of parameters (every entry of :func:`param_shapes`)."""
         return sum(math.prod(shape) for shape in param_shapes(self).values())
+
+    def active_param_count(self, *, embedding: bool = True) -> int:
+        """Parameters one token's forward uses: all but the routed experts it is not sent
+        to (``top_k`` of ``experts`` in each layer with experts); ``embedding=False`` leaves
+        out the input embedding (a lookup, not a matmul), as some model cards count. A dense
+        model uses all of them.
+
+        >>> c = ModelConfig(d_model=64, heads=8, ff=256, experts=8, top_k=2)
+        >>> (c.param_count() - c.active_param_count()) // (c.layers * 2 * 64 * 256)
+        6
+        """
+        shapes = param_shapes(self)
+        total = self.param_count()
+        if self.is_moe:
+            per_expert = sum(math.prod(shapes[n][2:]) for n in EXPERT_PARAMS if n in shapes)
+            moe_layers = self.layers - self.dense_layers
+            total -= moe_layers * (self.experts - self.top_k) * per_expert
+        if not embedding and "embed" in shapes:
+            total -= math.prod(shapes["embed"]) if not self.tie_embeddings else 0
+        return total
 
 
 _DEFAULTS = {"kv_heads": "heads", "head_dim": "d_model / heads"}
@@ -200,6 +285,23 @@ def _divisor_near(n: int, want: int) -> int:
 LAYER_PARAMS = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_up", "w_gate_up", "w_down")
 # Weights outside the layer stack, present only with a vocabulary (``unembed`` only untied).
 VOCAB_PARAMS = ("embed", "final_norm", "unembed")
+# A mixture of experts' layers with experts (their own stack, after the dense layers): the
+# router, the routed experts (a leading experts axis after the layers axis) and the shared
+# experts, beside the attention of LAYER_PARAMS.
+MOE_PARAMS = (
+    "moe_attn_norm",
+    "moe_wqkv",
+    "moe_wo",
+    "moe_mlp_norm",
+    "router",
+    "shared_gate_up",
+    "shared_up",
+    "shared_down",
+    "expert_gate_up",
+    "expert_up",
+    "expert_down",
+)
+EXPERT_PARAMS = ("expert_gate_up", "expert_up", "expert_down")
 
 
 def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -213,6 +315,11 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     matmuls, the partitioner all-reduces each partial gradient under tensor parallelism. For
     the same reason SwiGLU's gate and up projections are one ``w_gate_up`` of
     ``[d_model, 2, ff]``.
+
+    A mixture of experts (``config.is_moe``) has the dense stack for its ``dense_layers``
+    (none when 0) and a stack of the layers with experts (:data:`MOE_PARAMS`): the attention's
+    weights again, the router ``[d_model, experts]``, each routed expert's MLP with a leading
+    experts axis, and the shared experts' MLP (``shared_experts x expert_ff`` wide).
     """
     c = config
     L, d, h, k, kv = c.layers, c.d_model, c.heads, c.head_dim, c.kv_heads
@@ -228,6 +335,30 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     else:
         shapes["w_up"] = (L, d, c.ff)
     shapes["w_down"] = (L, c.ff, d)
+    if c.is_moe:
+        # the first dense_layers layers are the stack above; the others have experts
+        M, E, f = c.layers - c.dense_layers, c.experts, c.expert_ff or c.ff
+        dense = {n: (c.dense_layers, *shape[1:]) for n, shape in shapes.items()}
+        shapes = {n: s for n, s in dense.items() if c.dense_layers}
+        shapes.update(
+            moe_attn_norm=(M, d),
+            moe_wqkv=(M, d, kv, c.q_per_kv + 2, k),
+            moe_wo=(M, h, k, d),
+            moe_mlp_norm=(M, d),
+            router=(M, d, E),
+        )
+        if c.mlp == "swiglu":
+            shapes["expert_gate_up"] = (M, E, d, 2, f)
+        else:
+            shapes["expert_up"] = (M, E, d, f)
+        shapes["expert_down"] = (M, E, f, d)
+        if c.shared_experts:
+            g = c.shared_experts * f
+            if c.mlp == "swiglu":
+                shapes["shared_gate_up"] = (M, d, 2, g)
+            else:
+                shapes["shared_up"] = (M, d, g)
+            shapes["shared_down"] = (M, g, d)
     if c.vocab is not None:
         shapes.update(embed=(c.vocab, d), final_norm=(d,))
         if not c.tie_embeddings:

@@ -128,6 +128,12 @@ def _check_arrays(c: ModelConfig) -> None:
 
 
 def _resolve(r: PlanRequest) -> tuple[str, ModelConfig]:
+    name, config = _resolve_model(r)
+    config.require_dense(f"the planner ({name})")
+    return name, config
+
+
+def _resolve_model(r: PlanRequest) -> tuple[str, ModelConfig]:
     dims = r.dims
     if isinstance(r.model, ModelConfig):
         extra: dict[str, Any] = {k: v for k, v in dims.items() if v is not None}

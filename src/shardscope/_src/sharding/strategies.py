@@ -323,6 +323,7 @@ class Strategy:
 
         Raises :class:`StrategyError` naming the value, the rule and a fix.
         """
+        config.require_dense(f"strategy {self.name!r} of the reference decoder")
         # The reference model constrains its activations (with_sharding_constraint) and lets
         # the compiler choose the collectives: it runs on Auto axes whatever the mesh's types.
         mesh = auto_mesh(make_mesh(mesh) if isinstance(mesh, str) else mesh)
