@@ -89,7 +89,10 @@ class ModelConfig(Record):
     A mixture of experts (``experts`` > 0): after ``dense_layers`` dense layers (MLP of
     ``ff``), each layer's MLP is ``experts`` routed experts of ``expert_ff`` (default ``ff``),
     each token sent to ``top_k`` of them by a linear router, plus ``shared_experts`` experts
-    of ``expert_ff`` every token goes through. Its parameters are counted
+    of ``expert_ff`` every token goes through. ``capacity_factor`` None dispatches dropless
+    (each expert takes every token sent to it: grouped matmuls, ``jax.lax.ragged_dot``); a
+    number pads each expert to ``ceil(capacity_factor x tokens x top_k / experts)`` tokens
+    and drops those beyond it (GShard's and Switch's capacity). Its parameters are counted
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder, its
     strategies and the planner build dense models only, and refuse it, saying so.
 
@@ -120,6 +123,7 @@ class ModelConfig(Record):
     expert_ff: int | None = None
     shared_experts: int = 0
     dense_layers: int = 0
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "attention_block"):
@@ -192,6 +196,15 @@ class ModelConfig(Record):
                 raise ModelConfigError(
                     f"model config {name}={value!r}: must be a whole number, 0 or more"
                 )
+        cf = self.capacity_factor
+        if cf is not None and (
+            isinstance(cf, bool) or not isinstance(cf, int | float) or not cf > 0
+        ):
+            raise ModelConfigError(
+                f"model config capacity_factor={cf!r}: must be a number above 0 (1.25 pads "
+                f"each expert to 1.25 x its even share of the tokens), or None for dropless "
+                f"dispatch"
+            )
         if self.expert_ff is not None and not is_int(self.expert_ff, 1):
             raise ModelConfigError(
                 f"model config expert_ff={self.expert_ff!r}: must be a positive integer or None "
@@ -200,7 +213,7 @@ class ModelConfig(Record):
         if not self.experts:
             extra = [
                 n
-                for n in ("top_k", "shared_experts", "dense_layers", "expert_ff")
+                for n in ("top_k", "shared_experts", "dense_layers", "expert_ff", "capacity_factor")
                 if getattr(self, n)
             ]
             if extra:

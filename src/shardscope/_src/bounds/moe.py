@@ -1,0 +1,79 @@
+"""The least communication of a mixture-of-experts layer over an expert axis.
+
+Top-k routing sends each token's activations to the devices of its ``k`` experts and brings
+their outputs back: over an expert axis of ``e`` devices each holding ``experts / e`` experts
+and ``tokens / e`` of the tokens, one all-to-all of the dispatched activations
+(``tokens x k x d_model`` elements in all) and one of the combined outputs, per forward; the
+backward sends their gradients the same two ways. Under uniform routing each device keeps
+``1 / e`` of what it dispatches (its own experts' share) and sends the rest, which is what
+an all-to-all of that whole array sends (:func:`~shardscope._src.base.comm.traffic_bytes`);
+a routing whose busiest expert gets ``imbalance`` times its even share needs the buffers that
+large, and so does a capacity-padded program with ``capacity_factor`` = ``imbalance``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardscope._src.base.comm import ALL_TO_ALL
+from shardscope._src.base.errors import ModelConfigError, is_int
+from shardscope._src.bounds.terms import Term, TermRole
+
+
+def moe_layer_terms(
+    tokens: int,
+    d_model: int,
+    top_k: int,
+    axis: str,
+    expert_devices: int,
+    itemsize: int,
+    *,
+    imbalance: float = 1.0,
+    train: bool = False,
+) -> tuple[Term, ...]:
+    """The all-to-alls one MoE layer needs over ``axis`` (``expert_devices`` devices): the
+    dispatch and the combine, each of ``ceil(imbalance x tokens x top_k) x d_model``
+    elements of ``itemsize`` bytes, forward (scopes ``moe/dispatch``, ``moe/combine``) and,
+    with ``train``, again for their gradients in the backward.
+
+    >>> [t.payload_bytes for t in moe_layer_terms(256, 64, 2, "expert", 8, 2)]
+    [65536, 65536]
+
+    Raises:
+        ModelConfigError: a count that is not a positive whole number, or an imbalance
+            below 1 (the busiest expert has at least its even share).
+    """
+    for name, value in (
+        ("tokens", tokens),
+        ("d_model", d_model),
+        ("top_k", top_k),
+        ("expert_devices", expert_devices),
+        ("itemsize", itemsize),
+    ):
+        if not is_int(value, 1):
+            raise ModelConfigError(f"{name}={value!r}: must be a positive whole number")
+    if not (isinstance(imbalance, int | float) and imbalance >= 1):
+        raise ModelConfigError(
+            f"imbalance={imbalance!r}: the busiest expert's tokens over its even share, 1 or "
+            f"more (1: uniform routing)"
+        )
+    payload = math.ceil(imbalance * tokens * top_k) * d_model * itemsize
+    passes = 2 if train else 1
+    out = []
+    for scope, what in (
+        ("moe/dispatch", "each token's activations to its experts' devices"),
+        ("moe/combine", "the experts' outputs back to their tokens"),
+    ):
+        out.append(
+            Term(
+                ALL_TO_ALL,
+                (axis,),
+                expert_devices,
+                payload,
+                passes,
+                what + (", forward and backward" if train else ""),
+                scope,
+                role=TermRole.ACTIVATION,
+            )
+        )
+    return tuple(out)

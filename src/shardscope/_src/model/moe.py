@@ -1,0 +1,153 @@
+"""A mixture-of-experts MLP in plain JAX: a linear router, top-k routing, and the two ways
+programs dispatch tokens to their experts.
+
+* **Capacity-padded** (GShard, Switch, MaxText's and Flaxformer's einsum dispatch): each
+  expert takes at most ``C = ceil(capacity_factor x tokens x top_k / experts)`` tokens, in
+  token order; a one-hot dispatch tensor ``[tokens, experts, C]`` moves them into an
+  ``[experts, C, d_model]`` buffer (padded where an expert has fewer), the experts run as one
+  batched matmul, and the combine tensor (the dispatch weighted by the router) brings them
+  back. Tokens beyond an expert's capacity are dropped: their slot contributes nothing and
+  the residual carries them. Sharded over an expert axis, the dispatch and combine einsums
+  are where the compiler puts the all-to-alls.
+* **Dropless** (MegaBlocks, grouped GEMMs, ``jax.lax.ragged_dot``): the ``tokens x top_k``
+  assignments sorted by expert, each expert's rows one group of a ragged matmul, nothing
+  dropped.
+
+Routing is Mixtral's: the softmax of the top-k router logits (in float32), so each token's
+weights sum to one. The dispatch runs in ``jax.named_scope("moe/dispatch")`` and the
+combine in ``("moe/combine")``, so that the audit names their collectives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
+    """Slots per expert: ``ceil(factor x tokens x top_k / experts)``, at least 1.
+
+    >>> capacity(4096, 8, 2, 1.25)
+    1280
+    """
+    return max(1, math.ceil(factor * tokens * top_k / experts))
+
+
+def route(h: Any, router: Any, top_k: int, place: Any = None) -> tuple[Any, Any]:
+    """``(weights, experts)`` of each token ``[..., d]``, ``[..., top_k]`` each: the top-k
+    experts by router logit, highest first, and the softmax of their logits (float32).
+    ``place("tokens", logits)`` keeps the logits where their tokens are."""
+    logits = jnp.einsum("...d,de->...e", h, router).astype(jnp.float32)
+    if place is not None:
+        logits = place("tokens", logits)
+    # a stable sort rather than lax.top_k, whose partitioning gathers every token's logits
+    # (measured on XLA's CPU compiler): ties go to the lower expert either way
+    experts = jnp.argsort(-logits, axis=-1, stable=True)[..., :top_k]
+    top = jnp.take_along_axis(logits, experts, axis=-1)
+    return jax.nn.softmax(top, axis=-1), experts
+
+
+def _expert_mlp(x: Any, w_in: Any, w_down: Any) -> Any:
+    """Each expert's MLP on its rows ``[experts, rows, d]``: SwiGLU when ``w_in`` is
+    ``[experts, d, 2, f]``, GELU when ``[experts, d, f]``."""
+    if w_in.ndim == 4:
+        gu = jnp.einsum("ecd,edtf->ectf", x, w_in)
+        u = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]
+    else:
+        u = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", x, w_in))
+    return jnp.einsum("ecf,efd->ecd", u, w_down)
+
+
+def dispatch_tensors(weights: Any, experts: Any, n_experts: int, slots: int) -> tuple[Any, Any]:
+    """``(dispatch, combine)``, each ``[tokens, experts, slots]`` for one group of tokens:
+    ``dispatch`` one where a token takes slot ``c`` of expert ``e``, ``combine`` its router
+    weight there. Slots are given in token order (then by the token's rank of the expert); an
+    assignment beyond an expert's ``slots`` is dropped."""
+    tokens, top_k = experts.shape
+    one_hot = jax.nn.one_hot(experts, n_experts, dtype=jnp.int32)  # [t, k, e]
+    # position of each assignment in its expert's queue: token-major, then rank
+    flat = one_hot.reshape(tokens * top_k, n_experts)
+    position = (jnp.cumsum(flat, axis=0) - flat).reshape(tokens, top_k, n_experts)
+    position = jnp.sum(position * one_hot, axis=-1)  # [t, k]
+    kept = position < slots
+    slot = jax.nn.one_hot(jnp.where(kept, position, slots), slots, dtype=weights.dtype)
+    per = one_hot.astype(weights.dtype)[..., None] * slot[:, :, None, :]  # [t, k, e, c]
+    dispatch = jnp.sum(per, axis=1)
+    combine = jnp.sum(per * weights[:, :, None, None], axis=1)
+    return dispatch, combine
+
+
+def _same(name: str, x: Any) -> Any:
+    return x
+
+
+def moe_capacity(
+    x: Any,
+    router: Any,
+    w_in: Any,
+    w_down: Any,
+    top_k: int,
+    factor: float,
+    *,
+    groups: int = 1,
+    place: Any = _same,
+) -> tuple[Any, Any]:
+    """The capacity-padded MoE of ``x`` ``[tokens, d]``: ``(output, dropped)``, ``dropped``
+    the number of token-expert assignments beyond their expert's capacity.
+
+    The tokens are split into ``groups`` (GShard's: one per device of the expert axis), each
+    routed and padded on its own, so that a group's tokens go to every expert's slots for
+    that group: ``place(name, x)`` then shards ``"tokens"`` ``[groups, tokens/groups, d]``
+    and ``"slots"`` ``[experts, groups, slots, d]`` over the group axis, and ``"experts"``
+    (the same array) over the expert axis, and the compiler moves the slots to their experts
+    and back with an all-to-all each way."""
+    n_experts = router.shape[-1]
+    t, d = x.shape
+    if t % groups:
+        raise ValueError(f"tokens={t} do not split into groups={groups}")
+    xg = place("tokens", x.reshape(groups, t // groups, d))
+    weights, experts = route(xg, router, top_k, place)
+    slots = capacity(t // groups, n_experts, top_k, factor)
+    dispatch, combine = jax.vmap(lambda w, e: dispatch_tensors(w, e, n_experts, slots))(
+        weights, experts
+    )
+    with jax.named_scope("moe/dispatch"):
+        # each group fills its slots of every expert where the group is, then the slots go
+        # to their experts (the all-to-all)
+        buffer = place("slots", jnp.einsum("gtec,gtd->egcd", dispatch.astype(x.dtype), xg))
+        buffer = place("experts", buffer)
+    e, g, c, _ = buffer.shape
+    y = _expert_mlp(buffer.reshape(e, g * c, d), w_in, w_down).reshape(e, g, c, d)
+    with jax.named_scope("moe/combine"):
+        y = place("slots", place("experts", y))  # back to their groups (the all-to-all)
+        out = place("tokens", jnp.einsum("gtec,egcd->gtd", combine.astype(x.dtype), y))
+    dropped = t * top_k - jnp.sum(dispatch).astype(jnp.int32)
+    return out.reshape(t, d), dropped
+
+
+def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any:
+    """The dropless MoE of ``x`` ``[tokens, d]``: the assignments sorted by expert, each
+    expert's rows a group of ``jax.lax.ragged_dot``, the outputs weighted and summed back."""
+    n_experts = router.shape[-1]
+    tokens = x.shape[0]
+    weights, experts = route(x, router, top_k)
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    token_of = order // top_k
+    sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)
+    with jax.named_scope("moe/dispatch"):
+        rows = jnp.take(x, token_of, axis=0)
+    if w_in.ndim == 4:
+        gate = jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes)
+        up = jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes)
+        u = jax.nn.silu(gate) * up
+    else:
+        u = jax.nn.gelu(jax.lax.ragged_dot(rows, w_in, sizes))
+    y = jax.lax.ragged_dot(u, w_down, sizes)
+    with jax.named_scope("moe/combine"):
+        y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)
+        out = jnp.zeros((tokens, x.shape[1]), y.dtype).at[token_of].add(y)
+    return out

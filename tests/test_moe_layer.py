@@ -1,0 +1,156 @@
+"""The mixture-of-experts MLP: routing, both dispatches against a token-by-token reference,
+and its all-to-alls over an expert axis against the bound, on CPU, H100 and TPU v5p."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardscope
+from shardscope._src.base.errors import ModelConfigError
+from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.moe import capacity, moe_capacity, moe_dropless
+
+T, D, F, E, K = 64, 16, 24, 4, 2
+
+
+def _weights(swiglu=True, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, D), dtype=np.float32)
+    router = rng.standard_normal((D, E), dtype=np.float32)
+    w_in = rng.standard_normal((E, D, 2, F) if swiglu else (E, D, F), dtype=np.float32) / 4
+    w_down = rng.standard_normal((E, F, D), dtype=np.float32) / 5
+    return x, router, w_in, w_down
+
+
+def _reference(x, router, w_in, w_down, kept=None):
+    """Token by token: the sum over its top-k experts (by logit) of the softmax weight times
+    that expert's MLP; ``kept[t, j]`` False leaves an assignment out."""
+    out = np.zeros_like(x)
+    logits = x @ router
+    for t in range(T):
+        order = sorted(range(E), key=lambda e: (-logits[t, e], e))[:K]
+        top = np.array([logits[t, e] for e in order])
+        w = np.exp(top - top.max()) / np.exp(top - top.max()).sum()
+        for j, e in enumerate(order):
+            if kept is not None and not kept[t, j]:
+                continue
+            if w_in.ndim == 4:
+                g, u = x[t] @ w_in[e, :, 0], x[t] @ w_in[e, :, 1]
+                h = g / (1 + np.exp(-g)) * u
+            else:
+                h = np.asarray(jax.nn.gelu(jnp.asarray(x[t] @ w_in[e])))
+            out[t] += w[j] * (h @ w_down[e])
+    return out, logits
+
+
+@pytest.mark.parametrize("swiglu", [True, False], ids=["swiglu", "gelu"])
+def test_dropless_dispatch_is_the_token_by_token_sum(swiglu):
+    args = _weights(swiglu)
+    want, _ = _reference(*args)
+    got = jax.jit(lambda *a: moe_dropless(*a, K))(*args)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_capacity_dispatch_with_room_for_every_token_drops_none():
+    args = _weights()
+    want, _ = _reference(*args)
+    # E / K x the even share is every token: no expert can overflow
+    got, dropped = jax.jit(lambda *a: moe_capacity(*a, K, E / K))(*args)
+    assert int(dropped) == 0
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_capacity_dispatch_drops_what_overflows_in_token_order():
+    args = _weights()
+    factor = 0.5
+    slots = capacity(T, E, K, factor)
+    assert slots == math.ceil(0.5 * T * K / E)
+    _, logits = _reference(*args)
+    # each expert takes its first `slots` assignments, token by token, in rank order
+    taken = dict.fromkeys(range(E), 0)
+    kept = np.zeros((T, K), bool)
+    for t in range(T):
+        order = sorted(range(E), key=lambda e: (-logits[t, e], e))[:K]
+        for j, e in enumerate(order):
+            kept[t, j] = taken[e] < slots
+            taken[e] += 1
+    want, _ = _reference(*args, kept=kept)
+    got, dropped = jax.jit(lambda *a: moe_capacity(*a, K, factor))(*args)
+    assert int(dropped) == int((~kept).sum()) > 0
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_groups_route_each_share_of_the_tokens_alone():
+    args = _weights()
+    factor = E / K  # room for all: the groups change where, not what
+    one, _ = jax.jit(lambda *a: moe_capacity(*a, K, factor))(*args)
+    four, _ = jax.jit(lambda *a: moe_capacity(*a, K, factor, groups=4))(*args)
+    np.testing.assert_allclose(np.asarray(four), np.asarray(one), rtol=2e-5, atol=2e-5)
+
+
+def _layer_audit(mesh, tokens, d, f, experts, top_k, dtype):
+    """The audit of a Mixtral-like expert-parallel layer (GShard's groups, one per device)."""
+    groups = mesh.shape["expert"]
+    specs = {
+        "tokens": P("expert", None, None),
+        "slots": P(None, "expert", None, None),
+        "experts": P("expert", None, None, None),
+    }
+
+    def place(name, x):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, specs[name]))
+
+    def layer(x, router, w_in, w_down):
+        return moe_capacity(x, router, w_in, w_down, top_k, 1.0, groups=groups, place=place)[0]
+
+    def sds(shape, spec):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+
+    args = (
+        sds((tokens, d), P("expert", None)),
+        sds((d, experts), P()),
+        sds((experts, d, 2, f), P("expert")),
+        sds((experts, f, d), P("expert")),
+    )
+    return shardscope.audit(jax.jit(layer), *args)
+
+
+@pytest.mark.parametrize("target", [None, "h100", "tpu-v5p"], ids=["cpu", "h100", "tpu-v5p"])
+def test_an_expert_parallel_layer_moves_its_tokens_with_the_bound_all_to_alls(target):
+    tokens, d, f, experts, top_k, devices = 512, 64, 128, 8, 2, 8
+    # bfloat16 on the accelerators; XLA's CPU compiler moves bfloat16 activations as float32,
+    # so the CPU program is float32 throughout
+    dtype, itemsize = (jnp.float32, 4) if target is None else (jnp.bfloat16, 2)
+    if target is None:
+        mesh = shardscope.make_mesh("expert=8", axis_types="auto")
+    else:
+        mesh = shardscope.target_mesh(target, "expert=8", axis_types="auto")
+    audit = _layer_audit(mesh, tokens, d, f, experts, top_k, dtype)
+    got = sorted((c.kind, c.axes, c.count, c.payload_bytes, c.scope) for c in audit.collectives)
+    # capacity factor 1: each expert's slots are its even share, nothing padded; the bound
+    # for uniform routing is every token's activations to its 2 experts, and back
+    payload = tokens * top_k * d * itemsize
+    bound = moe_layer_terms(tokens, d, top_k, "expert", devices, itemsize)
+    assert [t.payload_bytes for t in bound] == [payload, payload]
+    assert got == sorted((t.kind, t.axes, t.count, t.payload_bytes, t.scope) for t in bound)
+
+
+def test_the_bound_refuses_what_no_routing_gives():
+    with pytest.raises(ModelConfigError, match="imbalance=0.5"):
+        moe_layer_terms(256, 64, 2, "expert", 8, 2, imbalance=0.5)
+    train = moe_layer_terms(256, 64, 2, "expert", 8, 2, imbalance=1.25, train=True)
+    assert [t.count for t in train] == [2, 2]
+    assert train[0].payload_bytes == math.ceil(1.25 * 256 * 2) * 64 * 2
+
+
+def test_a_capacity_factor_at_or_below_zero_is_refused():
+    for bad in (0, -1.0, "1.25", True):
+        with pytest.raises(ModelConfigError, match="capacity_factor"):
+            ModelConfig(experts=8, top_k=2, capacity_factor=bad)
+    assert ModelConfig(experts=8, top_k=2, capacity_factor=1.25).capacity_factor == 1.25
