@@ -1,6 +1,7 @@
 """The mixture-of-experts MLP: routing, both dispatches against a token-by-token reference,
 and its all-to-alls over an expert axis against the bound, on CPU, H100 and TPU v5p."""
 
+import json
 import math
 
 import jax
@@ -136,17 +137,22 @@ def test_an_expert_parallel_layer_moves_its_tokens_with_the_bound_all_to_alls(ta
     # capacity factor 1: each expert's slots are its even share, nothing padded; the bound
     # for uniform routing is every token's activations to its 2 experts, and back
     payload = tokens * top_k * d * itemsize
-    bound = moe_layer_terms(tokens, d, top_k, "expert", devices, itemsize)
+    bound = moe_layer_terms(tokens, d, top_k, experts, "expert", devices, itemsize)
     assert [t.payload_bytes for t in bound] == [payload, payload]
     assert got == sorted((t.kind, t.axes, t.count, t.payload_bytes, t.scope) for t in bound)
 
 
 def test_the_bound_refuses_what_no_routing_gives():
     with pytest.raises(ModelConfigError, match="imbalance=0.5"):
-        moe_layer_terms(256, 64, 2, "expert", 8, 2, imbalance=0.5)
-    train = moe_layer_terms(256, 64, 2, "expert", 8, 2, imbalance=1.25, train=True)
-    assert [t.count for t in train] == [2, 2]
+        moe_layer_terms(256, 64, 2, 8, "expert", 8, 2, imbalance=0.5)
+    train = moe_layer_terms(256, 64, 2, 8, "expert", 8, 2, imbalance=1.25, train=True)
+    assert [(t.kind, t.count) for t in train] == [
+        ("all-to-all", 2),
+        ("all-to-all", 2),
+        ("all-reduce", 1),
+    ]
     assert train[0].payload_bytes == math.ceil(1.25 * 256 * 2) * 64 * 2
+    assert train[2].payload_bytes == 64 * 8 * 2  # the router's gradient
 
 
 def test_a_capacity_factor_at_or_below_zero_is_refused():
@@ -154,3 +160,46 @@ def test_a_capacity_factor_at_or_below_zero_is_refused():
         with pytest.raises(ModelConfigError, match="capacity_factor"):
             ModelConfig(experts=8, top_k=2, capacity_factor=bad)
     assert ModelConfig(experts=8, top_k=2, capacity_factor=1.25).capacity_factor == 1.25
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_the_verdict_of_an_expert_parallel_layer_is_the_bound(mode):
+    from shardscope._src.verdict import moe_verdict
+
+    report = moe_verdict(
+        "expert=8",
+        tokens=512,
+        d_model=64,
+        ff=128,
+        experts=8,
+        top_k=2,
+        capacity_factor=1.25,
+        mode=mode,
+    )
+    # every token's activations to its 2 experts, in slots padded to 1.25 x the even share:
+    # 8 groups x 8 experts x ceil(1.25 x 64 x 2 / 8) slots x 64 x 2 bytes, each way
+    payload = 8 * 8 * math.ceil(1.25 * 64 * 2 / 8) * 64 * 2
+    passes = 2 if mode == "train" else 1
+    sent = 7 * payload // 64  # an all-to-all over 8 devices sends (8 - 1) / 8**2 of it
+    router = 2 * 7 * 64 * 8 * 2 // 8 if mode == "train" else 0  # its gradient's all-reduce
+    assert report.verdict.bound_bytes == report.verdict.actual_bytes
+    assert report.verdict.actual_bytes == 2 * passes * sent + router
+    assert report.verdict.optimal
+
+
+def test_audit_moe_on_the_command_line(tmp_path, capsys):
+    from helpers import assert_usage_error
+    from shardscope._src.cli.main import main
+
+    out = tmp_path / "moe.json"
+    argv = ["audit", "moe", "--tokens", "512", "--d-model", "64", "--ff", "128"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert "verdict: optimal" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["layer"]["experts"] == 8 and data["verdict"]["ratio"] == 1.0
+    scopes = sorted(c["scope"] for c in data["collectives"])
+    assert scopes == ["moe/combine", "moe/dispatch"]
+    assert_usage_error(["audit", "moe", "--mesh", "data=8"], "'expert'", capsys)
+    assert_usage_error([*argv, "--tokens", "100"], "--tokens 100", capsys)
+    assert_usage_error([*argv, "--top-k", "9"], "top_k=9", capsys)
+    assert_usage_error([*argv, "--capacity-factor", "0"], "capacity_factor=0", capsys)

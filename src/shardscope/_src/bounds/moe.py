@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from shardscope._src.base.comm import ALL_TO_ALL
+from shardscope._src.base.comm import ALL_REDUCE, ALL_TO_ALL
 from shardscope._src.base.errors import ModelConfigError, is_int
 from shardscope._src.bounds.terms import Term, TermRole
 
@@ -24,6 +24,7 @@ def moe_layer_terms(
     tokens: int,
     d_model: int,
     top_k: int,
+    experts: int,
     axis: str,
     expert_devices: int,
     itemsize: int,
@@ -31,12 +32,15 @@ def moe_layer_terms(
     imbalance: float = 1.0,
     train: bool = False,
 ) -> tuple[Term, ...]:
-    """The all-to-alls one MoE layer needs over ``axis`` (``expert_devices`` devices): the
-    dispatch and the combine, each of ``ceil(imbalance x tokens x top_k) x d_model``
-    elements of ``itemsize`` bytes, forward (scopes ``moe/dispatch``, ``moe/combine``) and,
-    with ``train``, again for their gradients in the backward.
+    """The collectives one MoE layer needs over ``axis`` (``expert_devices`` devices, the
+    tokens and the experts split over it): the dispatch and the combine all-to-alls, each of
+    ``ceil(imbalance x tokens x top_k) x d_model`` elements of ``itemsize`` bytes, forward
+    (scopes ``moe/dispatch``, ``moe/combine``) and, with ``train``, again for their
+    gradients in the backward, and the router's gradient (``d_model x experts``, replicated
+    where the tokens are split) summed over ``axis``. Each expert's weights live on one
+    device, so their gradients need no sum.
 
-    >>> [t.payload_bytes for t in moe_layer_terms(256, 64, 2, "expert", 8, 2)]
+    >>> [t.payload_bytes for t in moe_layer_terms(256, 64, 2, 8, "expert", 8, 2)]
     [65536, 65536]
 
     Raises:
@@ -47,6 +51,7 @@ def moe_layer_terms(
         ("tokens", tokens),
         ("d_model", d_model),
         ("top_k", top_k),
+        ("experts", experts),
         ("expert_devices", expert_devices),
         ("itemsize", itemsize),
     ):
@@ -74,6 +79,18 @@ def moe_layer_terms(
                 what + (", forward and backward" if train else ""),
                 scope,
                 role=TermRole.ACTIVATION,
+            )
+        )
+    if train:
+        out.append(
+            Term(
+                ALL_REDUCE,
+                (axis,),
+                expert_devices,
+                d_model * experts * itemsize,
+                1,
+                "the router's gradient, summed over the devices that split the tokens",
+                role=TermRole.GRADIENT_SUM,
             )
         )
     return tuple(out)

@@ -21,14 +21,17 @@ from shardscope._src.cli.audit_program import (
 )
 from shardscope._src.cli.audit_verdict import (
     check_matmul_command,
+    check_moe_command,
     check_transformer_command,
     run_matmul_command,
+    run_moe_command,
     run_transformer_command,
 )
 from shardscope._src.cli.config import (
     AuditConfig,
     AuditHloConfig,
     AuditMatmulConfig,
+    AuditMoEConfig,
     AuditProgramConfig,
     AuditReshardConfig,
     AuditTransformerConfig,
@@ -119,6 +122,8 @@ def check_audit(c: AuditConfig) -> None:
         check_demo("reshard", mesh)
     elif isinstance(c, AuditMatmulConfig):
         check_matmul_command(mesh, c.m, c.k, c.n, c.dtype, c.a_spec, c.b_spec, c.out_spec)
+    elif isinstance(c, AuditMoEConfig):
+        check_moe_command(mesh, c.tokens, c.experts, c.top_k, c.capacity_factor, c.dtype)
     elif isinstance(c, AuditTransformerConfig):
         check_transformer_command(c.strategy, c.mesh, **c.sizes)
 
@@ -214,6 +219,23 @@ def _run_audit_program(
             c.out_spec,
             json_path,
             hints=c.hints,
+            target=target,
+            **shown,
+        )
+    if isinstance(c, AuditMoEConfig):
+        mesh = c.mesh_or_default
+        assert mesh is not None  # the parser gives a default mesh
+        return run_moe_command(
+            mesh,
+            json_path,
+            tokens=c.tokens,
+            d_model=c.d_model,
+            ff=c.ff,
+            experts=c.experts,
+            top_k=c.top_k,
+            capacity_factor=c.capacity_factor,
+            dtype=c.dtype,
+            mode=c.mode,
             target=target,
             **shown,
         )

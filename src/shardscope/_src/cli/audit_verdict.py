@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardscope._src.base.errors import MeshSpecError
+from shardscope._src.base.errors import MeshSpecError, ModelConfigError
 from shardscope._src.base.records import write_result
 from shardscope._src.bounds.matmul import matmul_problem
-from shardscope._src.mesh import ensure_devices_for
+from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
@@ -20,7 +20,7 @@ from shardscope._src.render.verdict import render_verdict
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
 from shardscope._src.targets.mesh import target_mesh
 from shardscope._src.targets.specs import Family, get_target
-from shardscope._src.verdict import matmul_verdict, transformer_verdict
+from shardscope._src.verdict import matmul_verdict, moe_verdict, transformer_verdict
 
 
 def _check_mesh(mesh_spec: str | None) -> None:
@@ -163,6 +163,79 @@ def run_matmul_command(
     title = (
         f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
         f"mesh {mesh_spec}: collectives"
+    )
+    return _show_verdict(report, title, json_path, console, by_scope)
+
+
+def check_moe_command(
+    mesh_spec: str | None,
+    tokens: int,
+    experts: int,
+    top_k: int,
+    capacity_factor: float,
+    dtype: str,
+) -> None:
+    """Refuses, before anything is compiled, a layer the mesh cannot split or that routes
+    as no layer can."""
+    _check_mesh(mesh_spec)
+    sizes = parse_mesh_spec(mesh_spec or "expert=8")
+    if "expert" not in sizes:
+        raise MeshSpecError(
+            f"--mesh {mesh_spec}: the layer splits its tokens and experts over the axis "
+            f"'expert'; e.g. --mesh expert=8"
+        )
+    e = sizes["expert"]
+    for flag, n in (("--tokens", tokens), ("--experts", experts)):
+        if n % e:
+            raise ModelConfigError(
+                f"{flag} {n} does not split over the expert axis of {e} devices; give a "
+                f"multiple of {e}"
+            )
+    ModelConfig(
+        d_model=8,
+        heads=1,
+        ff=8,
+        dtype=dtype,
+        experts=experts,
+        top_k=top_k,
+        capacity_factor=capacity_factor,
+    )  # top-k within the experts, a capacity factor above 0, a dtype it knows
+
+
+def run_moe_command(
+    mesh_spec: str,
+    json_path: str | None = None,
+    *,
+    tokens: int,
+    d_model: int,
+    ff: int,
+    experts: int,
+    top_k: int,
+    capacity_factor: float,
+    dtype: str,
+    mode: str = Mode.FORWARD,
+    console: Any = None,
+    target: str | None = None,
+    by_scope: bool = False,
+) -> int:
+    """Audits one expert-parallel MoE layer (:func:`moe_verdict`) and prints its verdict."""
+    check_moe_command(mesh_spec, tokens, experts, top_k, capacity_factor, dtype)
+    mesh = _mesh_for(mesh_spec, target)
+    report = moe_verdict(
+        mesh,
+        tokens=tokens,
+        d_model=d_model,
+        ff=ff,
+        experts=experts,
+        top_k=top_k,
+        capacity_factor=capacity_factor,
+        dtype=dtype,
+        mode=mode,
+        target=None,
+    )
+    title = (
+        f"MoE layer, {experts} experts top-{top_k}, {tokens} tokens x {d_model} ({dtype}, "
+        f"{mode}) on mesh {mesh_spec}: collectives"
     )
     return _show_verdict(report, title, json_path, console, by_scope)
 

@@ -102,6 +102,20 @@ class AuditMatmulConfig(AuditConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AuditMoEConfig(AuditConfig):
+    """``shardscope audit moe``."""
+
+    tokens: int
+    d_model: int
+    ff: int
+    experts: int
+    top_k: int
+    capacity_factor: float
+    dtype: str
+    mode: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class AuditTransformerConfig(AuditConfig):
     """``shardscope audit transformer``."""
 

@@ -22,6 +22,7 @@ from shardscope._src.cli.args import (
 from shardscope._src.cli.config import (
     AuditHloConfig,
     AuditMatmulConfig,
+    AuditMoEConfig,
     AuditProgramConfig,
     AuditReshardConfig,
     AuditTransformerConfig,
@@ -48,7 +49,7 @@ def _route_audit(argv: list[str]) -> list[str]:
     if argv[:1] != ["audit"] or len(argv) < 2:
         return argv
     rest = argv[1:]
-    if rest[0] in ("program", "hlo", "matmul", "reshard", "transformer"):
+    if rest[0] in ("program", "hlo", "matmul", "moe", "reshard", "transformer"):
         return argv
     if "--hlo" in rest or any(a.startswith("--hlo=") for a in rest):
         return ["audit", "hlo", *rest]
@@ -111,6 +112,7 @@ _HANDLERS: dict[type[CommandConfig], tuple[tuple[str, str], tuple[str, str] | No
             AuditProgramConfig,
             AuditHloConfig,
             AuditMatmulConfig,
+            AuditMoEConfig,
             AuditReshardConfig,
             AuditTransformerConfig,
         )

@@ -23,6 +23,7 @@ from shardscope._src.cli.config import (
     AuditConfig,
     AuditHloConfig,
     AuditMatmulConfig,
+    AuditMoEConfig,
     AuditProgramConfig,
     AuditReshardConfig,
     AuditTransformerConfig,
@@ -151,6 +152,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     _add_audit_program(programs)
     _add_audit_hlo(programs)
     _add_audit_matmul(programs)
+    _add_audit_moe(programs)
     _add_audit_reshard(programs)
     _add_audit_transformer(programs)
 
@@ -271,6 +273,37 @@ def _add_audit_matmul(programs: argparse._SubParsersAction) -> None:
         "--out-spec", default="None,None", metavar="S", help="C's spec (default None,None)"
     )
     _hints_option(mm)
+
+
+def _add_audit_moe(programs: argparse._SubParsersAction) -> None:
+    moe = programs.add_parser(
+        "moe",
+        help="one expert-parallel mixture-of-experts layer: its dispatch and combine "
+        "all-to-alls against the least a top-k routing needs",
+        description="Audit one mixture-of-experts layer (a router, top-k routing, SwiGLU "
+        "experts, capacity-padded dispatch) with its tokens and experts split over the mesh "
+        "axis 'expert', and compare it with the least communication of top-k routing: each "
+        "token's activations to its experts' devices and back (and their gradients, and the "
+        "router's, with --mode train).",
+    )
+    _audit_options(moe, AuditMoEConfig, "expert=8")
+    _target_option(moe)
+    moe.add_argument("--tokens", type=positive_int, default=4096, help="tokens (default 4096)")
+    moe.add_argument("--d-model", type=positive_int, default=256, help="width (default 256)")
+    moe.add_argument(
+        "--ff", type=positive_int, default=512, help="each expert's MLP width (default 512)"
+    )
+    moe.add_argument("--experts", type=positive_int, default=8, help="experts (default 8)")
+    moe.add_argument("--top-k", type=positive_int, default=2, help="experts per token (default 2)")
+    moe.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="each expert's slots over its even share of the tokens (default 1.0)",
+    )
+    moe.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float32, float16")
+    moe.add_argument("--mode", choices=list(MODES), default=Mode.FORWARD)
 
 
 def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:

@@ -21,6 +21,8 @@ from shardscope._src.check.compare import VerdictNote as VerdictNote
 from shardscope._src.check.compare import compare as compare
 from shardscope._src.check.compare import narrowed_bytes as narrowed_bytes
 from shardscope._src.verdict.reports import MatmulReport as MatmulReport
+from shardscope._src.verdict.reports import MoEReport as MoEReport
 from shardscope._src.verdict.reports import TransformerReport as TransformerReport
 from shardscope._src.verdict.reports import matmul_verdict as matmul_verdict
+from shardscope._src.verdict.reports import moe_verdict as moe_verdict
 from shardscope._src.verdict.reports import transformer_verdict as transformer_verdict

@@ -21,8 +21,8 @@ from shardscope._src.bounds.matmul import (
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.check.compare import Hint, Verdict, compare
-from shardscope._src.mesh import auto_mesh, make_mesh
-from shardscope._src.model.config import Mode, param_shapes
+from shardscope._src.mesh import auto_mesh, format_mesh_spec, make_mesh
+from shardscope._src.model.config import Mode, ModelConfig, param_shapes
 from shardscope._src.sharding.programs import Program, build_matmul, build_reference_program
 from shardscope._src.verdict.hints import (
     duplicated_compute_note,
@@ -170,3 +170,156 @@ def transformer_verdict(
         if not found:
             verdict = verdict.with_note(no_hint_note(verdict))
     return TransformerReport(program, result, bound, verdict.replace(hints=found))
+
+
+# -- mixture of experts --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoEReport:
+    """An expert-parallel mixture-of-experts layer: its shape, audit, bound and verdict."""
+
+    shape: dict[str, Any]
+    audit: Audit
+    bound: Bound
+    verdict: Verdict
+
+    @property
+    def backend(self) -> str | None:
+        """The platform its audit's program was compiled for (``Audit.backend``)."""
+        return self.audit.backend
+
+    def to_dict(self) -> dict[str, Any]:
+        """The audit's JSON with the layer's shape, the bound and the verdict."""
+        return {
+            **self.audit.to_dict(),
+            "layer": dict(self.shape),
+            **record_dict(self, omit=("audit", "shape")),
+        }
+
+
+#: The expert-parallel layer's mesh axis: the tokens and the experts are split over it.
+EXPERT_AXIS = "expert"
+
+
+def moe_verdict(
+    mesh: Any,
+    *,
+    tokens: int = 4096,
+    d_model: int = 256,
+    ff: int = 512,
+    experts: int = 8,
+    top_k: int = 2,
+    capacity_factor: float = 1.0,
+    dtype: str = "bfloat16",
+    mode: str = Mode.FORWARD,
+    target: str | None = None,
+) -> MoEReport:
+    """Compiles one expert-parallel MoE layer (SwiGLU experts, capacity-padded dispatch in
+    GShard's groups, :func:`~shardscope._src.model.moe.moe_capacity`), audits it and judges
+    it against :func:`~shardscope._src.bounds.moe.moe_layer_terms` with the capacity factor
+    as the imbalance its buffers allow. ``mesh`` has the axis ``expert``: the tokens and the
+    experts are split over it (``"expert=8"``; made of ``target``'s compile-only devices when
+    given). ``mode`` ``"train"`` differentiates the layer's input and weights.
+
+    Raises:
+        ModelConfigError: a shape the mesh does not divide (the tokens or the experts over
+            the expert axis), a top-k above the experts, a capacity factor at or below 0.
+        MeshSpecError: a mesh without the axis ``expert``.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from shardscope._src.base.errors import MeshSpecError, ModelConfigError
+    from shardscope._src.bounds.moe import moe_layer_terms
+    from shardscope._src.model.moe import moe_capacity
+    from shardscope._src.targets.mesh import target_mesh
+
+    config = ModelConfig(
+        d_model=d_model,
+        heads=1,
+        ff=ff,
+        batch=1,
+        seq=tokens,
+        dtype=dtype,
+        mlp="swiglu",
+        experts=experts,
+        top_k=top_k,
+        capacity_factor=capacity_factor,
+    )  # the shape's own checks
+    if isinstance(mesh, str | dict):
+        mesh = target_mesh(target, mesh, axis_types="auto") if target else make_mesh(mesh)
+    mesh = auto_mesh(mesh)
+    sizes = dict(mesh.shape)
+    if EXPERT_AXIS not in sizes:
+        raise MeshSpecError(
+            f"mesh {format_mesh_spec(sizes)} has no axis {EXPERT_AXIS!r}; the layer splits its "
+            f"tokens and experts over it, e.g. mesh 'expert=8'"
+        )
+    e = sizes[EXPERT_AXIS]
+    for what, n in (("tokens", tokens), ("experts", experts)):
+        if n % e:
+            raise ModelConfigError(
+                f"{what}={n} do not split over the expert axis of {e} devices; choose a "
+                f"multiple of {e}"
+            )
+    specs = {
+        "tokens": PartitionSpec(EXPERT_AXIS, None, None),
+        "slots": PartitionSpec(None, EXPERT_AXIS, None, None),
+        "experts": PartitionSpec(EXPERT_AXIS, None, None, None),
+    }
+
+    def place(name: str, x: Any) -> Any:
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, specs[name]))
+
+    def layer(x: Any, router: Any, w_in: Any, w_down: Any) -> Any:
+        out, _ = moe_capacity(
+            x, router, w_in, w_down, top_k, capacity_factor, groups=e, place=place
+        )
+        return out
+
+    def train(x: Any, router: Any, w_in: Any, w_down: Any) -> Any:
+        def loss(*a: Any) -> Any:
+            return jnp.sum(jnp.square(layer(*a).astype(jnp.float32)))
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(x, router, w_in, w_down)
+
+    def sds(shape: tuple[int, ...], spec: Any) -> Any:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+
+    expert = PartitionSpec(EXPERT_AXIS)
+    args = (
+        sds((tokens, d_model), PartitionSpec(EXPERT_AXIS, None)),
+        sds((d_model, experts), PartitionSpec()),
+        sds((experts, d_model, 2, ff), expert),
+        sds((experts, ff, d_model), expert),
+    )
+    fn = train if mode == Mode.TRAIN else layer
+    result = audit(jax.jit(fn).lower(*args))
+    terms = moe_layer_terms(
+        tokens,
+        d_model,
+        top_k,
+        experts,
+        EXPERT_AXIS,
+        e,
+        config.itemsize,
+        imbalance=max(1.0, capacity_factor),
+        train=mode == Mode.TRAIN,
+    )
+    label = f"moe layer {experts} experts top-{top_k} [{tokens},{d_model}] {dtype}"
+    bound = Bound(label, terms)
+    verdict = compare(result, bound, program_dtype=dtype, label=label)
+    shape = dict(
+        tokens=tokens,
+        d_model=d_model,
+        ff=ff,
+        experts=experts,
+        top_k=top_k,
+        capacity_factor=capacity_factor,
+        dtype=dtype,
+        mode=mode,
+        mesh=sizes,
+    )
+    return MoEReport(shape, result, bound, verdict)
