@@ -28,6 +28,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "launch.py": [("launch",)],
     "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],
+    "model/config.py": [("plan",)],
     "plan/program.py": [("plan",)],
     "plan/candidates.py": [("plan",)],
     "plan/estimates.py": [("plan",)],
