@@ -336,22 +336,23 @@ class SuggestResult:
             return self.best.specs_file()
         return self.best.rules_file(self.axes)
 
-    def write_rules(self, path: Any) -> Path:
-        """Writes :meth:`rules_file` to ``path`` atomically, a rule (or a spec) to a line;
-        returns where."""
+    def rules_text(self) -> str:
+        """:meth:`rules_file` as the JSON text the file holds, a rule (or a spec) to a line."""
         data = self.rules_file()
         if self.by_dataflow:
             lines = ",\n".join(
                 f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in data["specs"].items()
             )
-            text = f'{{\n  "mesh": {json.dumps(data["mesh"])},\n  "specs": {{\n{lines}\n  }}\n}}\n'
-        else:
-            pairs = ",\n".join(f"      {json.dumps(p)}" for p in data["rules"][SUGGESTED])
-            text = (
-                f'{{\n  "axes": {json.dumps(data["axes"])},\n  "rules": {{\n'
-                f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
-            )
-        json.loads(text)  # the file is JSON
+            return f'{{\n  "mesh": {json.dumps(data["mesh"])},\n  "specs": {{\n{lines}\n  }}\n}}\n'
+        pairs = ",\n".join(f"      {json.dumps(p)}" for p in data["rules"][SUGGESTED])
+        return (
+            f'{{\n  "axes": {json.dumps(data["axes"])},\n  "rules": {{\n'
+            f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
+        )
+
+    def write_rules(self, path: Any) -> Path:
+        """Writes :meth:`rules_text` to ``path`` atomically; returns where."""
+        text = self.rules_text()
         return write_atomic(path, lambda f: f.write(text))
 
     def to_dict(self) -> dict[str, Any]:

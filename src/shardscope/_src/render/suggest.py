@@ -130,9 +130,7 @@ def suggest_markdown_report(result: SuggestResult) -> str:
         lines.append(result.fit_advice or "no proposal compiled")
         return "\n".join(lines) + "\n"
     lines += [settled_line(result), "", "## Rules of the best", "", "```json"]
-    import json
-
-    lines += [json.dumps(result.rules_file(), indent=2), "```", ""]
+    lines += [result.rules_text().rstrip("\n"), "```", ""]
     change = result.change
     if change is not None:
         lines += ["## Against your rules", ""]
