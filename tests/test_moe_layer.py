@@ -203,3 +203,37 @@ def test_audit_moe_on_the_command_line(tmp_path, capsys):
     assert_usage_error([*argv, "--tokens", "100"], "--tokens 100", capsys)
     assert_usage_error([*argv, "--top-k", "9"], "top_k=9", capsys)
     assert_usage_error([*argv, "--capacity-factor", "0"], "capacity_factor=0", capsys)
+
+
+def test_the_shard_map_twin_computes_the_jit_layer_with_two_explicit_all_to_alls():
+    from jax.sharding import PartitionSpec as Spec
+
+    from shardscope._src.model.moe import moe_capacity_local
+    from shardscope._src.verdict import moe_verdict
+
+    rng = np.random.default_rng(3)
+    tokens, experts = 256, 8
+    x = rng.standard_normal((tokens, D), dtype=np.float32)
+    router = rng.standard_normal((D, experts), dtype=np.float32)
+    w_in = rng.standard_normal((experts, D, 2, F), dtype=np.float32) / 4
+    w_down = rng.standard_normal((experts, F, D), dtype=np.float32) / 5
+    mesh = shardscope.make_mesh("expert=8", axis_types="auto")
+    twin = jax.shard_map(
+        lambda *a: moe_capacity_local(*a, K, 1.25, "expert"),
+        mesh=mesh,
+        in_specs=(Spec("expert"), Spec(), Spec("expert"), Spec("expert")),
+        out_specs=Spec("expert"),
+    )
+    got = jax.jit(twin)(x, router, w_in, w_down)
+    want, _ = moe_capacity(x, router, w_in, w_down, K, 1.25, groups=8)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    for mode in ("forward", "train"):
+        jit = moe_verdict("expert=8", tokens=512, d_model=64, ff=128, mode=mode)
+        explicit = moe_verdict(
+            "expert=8", tokens=512, d_model=64, ff=128, mode=mode, impl="shard_map"
+        )
+        assert (
+            explicit.verdict.optimal and explicit.verdict.actual_bytes == jit.verdict.actual_bytes
+        )
+        kinds = sorted(c.kind for c in explicit.audit.collectives)
+        assert kinds == sorted(c.kind for c in jit.audit.collectives)

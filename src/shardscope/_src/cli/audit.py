@@ -236,6 +236,7 @@ def _run_audit_program(
             capacity_factor=c.capacity_factor,
             dtype=c.dtype,
             mode=c.mode,
+            impl=c.impl,
             target=target,
             **shown,
         )

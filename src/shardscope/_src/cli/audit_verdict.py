@@ -214,6 +214,7 @@ def run_moe_command(
     capacity_factor: float,
     dtype: str,
     mode: str = Mode.FORWARD,
+    impl: str = "jit",
     console: Any = None,
     target: str | None = None,
     by_scope: bool = False,
@@ -231,11 +232,12 @@ def run_moe_command(
         capacity_factor=capacity_factor,
         dtype=dtype,
         mode=mode,
+        impl=impl,
         target=None,
     )
     title = (
         f"MoE layer, {experts} experts top-{top_k}, {tokens} tokens x {d_model} ({dtype}, "
-        f"{mode}) on mesh {mesh_spec}: collectives"
+        f"{mode}, {impl}) on mesh {mesh_spec}: collectives"
     )
     return _show_verdict(report, title, json_path, console, by_scope)
 

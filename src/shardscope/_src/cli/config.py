@@ -113,6 +113,7 @@ class AuditMoEConfig(AuditConfig):
     capacity_factor: float
     dtype: str
     mode: str
+    impl: str
 
 
 @dataclass(frozen=True, kw_only=True)

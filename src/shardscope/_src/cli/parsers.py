@@ -304,6 +304,12 @@ def _add_audit_moe(programs: argparse._SubParsersAction) -> None:
     )
     moe.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float32, float16")
     moe.add_argument("--mode", choices=list(MODES), default=Mode.FORWARD)
+    moe.add_argument(
+        "--impl",
+        choices=("jit", "shard_map"),
+        default="jit",
+        help="jit (the compiler inserts the all-to-alls) or shard_map (explicit ones)",
+    )
 
 
 def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:

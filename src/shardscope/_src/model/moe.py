@@ -151,3 +151,38 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
         y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)
         out = jnp.zeros((tokens, x.shape[1]), y.dtype).at[token_of].add(y)
     return out
+
+
+def moe_capacity_local(
+    x: Any,
+    router: Any,
+    w_in: Any,
+    w_down: Any,
+    top_k: int,
+    factor: float,
+    axis: str,
+) -> Any:
+    """The body of :func:`moe_capacity`'s ``shard_map`` twin, on one device of the expert
+    axis ``axis`` (``e`` devices): its share of the tokens ``[tokens / e, d]`` (one group)
+    and of the experts (``w_in`` and ``w_down`` hold ``experts / e`` of them). The group
+    fills its slots of every expert, an explicit ``all_to_all`` sends each device the slots
+    of its experts, they run, and a second ``all_to_all`` brings the outputs back; the same
+    arithmetic as :func:`moe_capacity` with ``groups=e``."""
+    e = jax.lax.axis_size(axis)
+    n_experts = router.shape[-1]
+    local = w_in.shape[0]
+    weights, experts = route(x, router, top_k)
+    slots = capacity(x.shape[0], n_experts, top_k, factor)
+    dispatch, combine = dispatch_tensors(weights, experts, n_experts, slots)
+    d = x.shape[1]
+    with jax.named_scope("moe/dispatch"):
+        buffer = jnp.einsum("tec,td->ecd", dispatch.astype(x.dtype), x)
+        # [devices, experts of a device, slots, d]: row j goes to device j; what arrives is
+        # every group's slots of this device's experts
+        buffer = jax.lax.all_to_all(buffer.reshape(e, local, slots, d), axis, 0, 0, tiled=True)
+    rows = jnp.swapaxes(buffer, 0, 1).reshape(local, e * slots, d)
+    y = _expert_mlp(rows, w_in, w_down).reshape(local, e, slots, d)
+    with jax.named_scope("moe/combine"):
+        y = jax.lax.all_to_all(jnp.swapaxes(y, 0, 1), axis, 0, 0, tiled=True)
+        out = jnp.einsum("tec,ecd->td", combine.astype(x.dtype), y.reshape(n_experts, slots, d))
+    return out

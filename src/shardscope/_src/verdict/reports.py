@@ -214,13 +214,16 @@ def moe_verdict(
     dtype: str = "bfloat16",
     mode: str = Mode.FORWARD,
     target: str | None = None,
+    impl: str = "jit",
 ) -> MoEReport:
     """Compiles one expert-parallel MoE layer (SwiGLU experts, capacity-padded dispatch in
     GShard's groups, :func:`~shardscope._src.model.moe.moe_capacity`), audits it and judges
     it against :func:`~shardscope._src.bounds.moe.moe_layer_terms` with the capacity factor
     as the imbalance its buffers allow. ``mesh`` has the axis ``expert``: the tokens and the
     experts are split over it (``"expert=8"``; made of ``target``'s compile-only devices when
-    given). ``mode`` ``"train"`` differentiates the layer's input and weights.
+    given). ``mode`` ``"train"`` differentiates the layer's input and weights. ``impl``
+    ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
+    (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
 
     Raises:
         ModelConfigError: a shape the mesh does not divide (the tokens or the experts over
@@ -233,8 +236,11 @@ def moe_verdict(
 
     from shardscope._src.base.errors import MeshSpecError, ModelConfigError
     from shardscope._src.bounds.moe import moe_layer_terms
-    from shardscope._src.model.moe import moe_capacity
+    from shardscope._src.model.moe import moe_capacity, moe_capacity_local
     from shardscope._src.targets.mesh import target_mesh
+
+    if impl not in ("jit", "shard_map"):
+        raise ModelConfigError(f"impl={impl!r}: give 'jit' or 'shard_map'")
 
     config = ModelConfig(
         d_model=d_model,
@@ -274,6 +280,17 @@ def moe_verdict(
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, specs[name]))
 
     def layer(x: Any, router: Any, w_in: Any, w_down: Any) -> Any:
+        if impl == "shard_map":
+            expert = PartitionSpec(EXPERT_AXIS)
+            twin = jax.shard_map(
+                lambda x, r, wi, wd: moe_capacity_local(
+                    x, r, wi, wd, top_k, capacity_factor, EXPERT_AXIS
+                ),
+                mesh=mesh,
+                in_specs=(expert, PartitionSpec(), expert, expert),
+                out_specs=expert,
+            )
+            return twin(x, router, w_in, w_down)
         out, _ = moe_capacity(
             x, router, w_in, w_down, top_k, capacity_factor, groups=e, place=place
         )
@@ -320,6 +337,7 @@ def moe_verdict(
         capacity_factor=capacity_factor,
         dtype=dtype,
         mode=mode,
+        impl=impl,
         mesh=sizes,
     )
     return MoEReport(shape, result, bound, verdict)
