@@ -200,7 +200,9 @@ def test_audit_moe_on_the_command_line(tmp_path, capsys):
     scopes = sorted(c["scope"] for c in data["collectives"])
     assert scopes == ["moe/combine", "moe/dispatch"]
     assert_usage_error(["audit", "moe", "--mesh", "data=8"], "'expert'", capsys)
+    assert_usage_error([*argv, "--mesh", "model=8"], "'expert'", capsys)
     assert_usage_error([*argv, "--tokens", "100"], "--tokens 100", capsys)
+    assert_usage_error([*argv, "--mesh", "data=2,expert=4", "--tokens", "36"], "8 devices", capsys)
     assert_usage_error([*argv, "--top-k", "9"], "top_k=9", capsys)
     assert_usage_error([*argv, "--capacity-factor", "0"], "capacity_factor=0", capsys)
 
@@ -237,3 +239,21 @@ def test_the_shard_map_twin_computes_the_jit_layer_with_two_explicit_all_to_alls
         )
         kinds = sorted(c.kind for c in explicit.audit.collectives)
         assert kinds == sorted(c.kind for c in jit.audit.collectives)
+
+
+@pytest.mark.parametrize("impl", ["jit", "shard_map"])
+def test_expert_times_data_parallelism_sums_the_experts_gradients_over_data(impl):
+    from shardscope._src.verdict import moe_verdict
+
+    tokens, d, f, experts = 512, 64, 128, 8
+    forward = moe_verdict("data=2,expert=4", tokens=tokens, d_model=d, ff=f, impl=impl)
+    train = moe_verdict("data=2,expert=4", tokens=tokens, d_model=d, ff=f, mode="train", impl=impl)
+    # each replica's 256 tokens to their 2 experts, bfloat16, over the 4 devices of `expert`:
+    # an all-to-all sends (4 - 1) / 4**2 of its array
+    per = 3 * (tokens // 2 * 2 * d * 2) // 16
+    assert forward.verdict.actual_bytes == forward.verdict.bound_bytes == 2 * per
+    router = 2 * 7 * (d * experts * 2) // 8  # all-reduced over all 8 devices
+    grads = 2 * 1 * (experts // 4 * 3 * d * f * 2) // 2  # each device's 2 experts, over data
+    assert train.verdict.actual_bytes == train.verdict.bound_bytes == 4 * per + router + grads
+    axes = sorted({tuple(c.axes) for c in train.audit.collectives})
+    assert axes == [("data",), ("data", "expert"), ("expert",)]

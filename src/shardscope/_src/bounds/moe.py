@@ -31,6 +31,9 @@ def moe_layer_terms(
     *,
     imbalance: float = 1.0,
     train: bool = False,
+    data_axis: str | None = None,
+    data_devices: int = 1,
+    expert_weight_bytes: int = 0,
 ) -> tuple[Term, ...]:
     """The collectives one MoE layer needs over ``axis`` (``expert_devices`` devices, the
     tokens and the experts split over it): the dispatch and the combine all-to-alls, each of
@@ -38,7 +41,10 @@ def moe_layer_terms(
     (scopes ``moe/dispatch``, ``moe/combine``) and, with ``train``, again for their
     gradients in the backward, and the router's gradient (``d_model x experts``, replicated
     where the tokens are split) summed over ``axis``. Each expert's weights live on one
-    device, so their gradients need no sum.
+    device, so their gradients need no sum, unless a ``data_axis`` of ``data_devices``
+    replicates the experts (expert x data parallelism: the tokens split over both, each
+    replica's all-to-alls over ``axis`` alone): then each device's experts' gradients
+    (``expert_weight_bytes``) are summed over it, and the router's over both axes.
 
     >>> [t.payload_bytes for t in moe_layer_terms(256, 64, 2, 8, "expert", 8, 2)]
     [65536, 65536]
@@ -62,7 +68,15 @@ def moe_layer_terms(
             f"imbalance={imbalance!r}: the busiest expert's tokens over its even share, 1 or "
             f"more (1: uniform routing)"
         )
-    payload = math.ceil(imbalance * tokens * top_k) * d_model * itemsize
+    if not is_int(data_devices, 1) or (data_devices > 1) != (data_axis is not None):
+        raise ModelConfigError(
+            f"data_devices={data_devices!r} with data_axis={data_axis!r}: give both (a data "
+            f"axis of 2 or more devices) or neither"
+        )
+    if tokens % data_devices:
+        raise ModelConfigError(f"tokens={tokens} do not split over {data_devices} replicas")
+    # each replica's tokens go to its own copy of the experts
+    payload = math.ceil(imbalance * (tokens // data_devices) * top_k) * d_model * itemsize
     passes = 2 if train else 1
     out = []
     for scope, what in (
@@ -82,15 +96,28 @@ def moe_layer_terms(
             )
         )
     if train:
+        axes = (axis,) if data_axis is None else (data_axis, axis)
         out.append(
             Term(
                 ALL_REDUCE,
-                (axis,),
-                expert_devices,
+                axes,
+                expert_devices * data_devices,
                 d_model * experts * itemsize,
                 1,
                 "the router's gradient, summed over the devices that split the tokens",
                 role=TermRole.GRADIENT_SUM,
             )
         )
+        if data_axis is not None:
+            out.append(
+                Term(
+                    ALL_REDUCE,
+                    (data_axis,),
+                    data_devices,
+                    expert_weight_bytes,
+                    1,
+                    "each device's experts' gradients, summed over their replicas",
+                    role=TermRole.GRADIENT_SUM,
+                )
+            )
     return tuple(out)

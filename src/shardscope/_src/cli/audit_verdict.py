@@ -179,17 +179,18 @@ def check_moe_command(
     as no layer can."""
     _check_mesh(mesh_spec)
     sizes = parse_mesh_spec(mesh_spec or "expert=8")
-    if "expert" not in sizes:
+    if "expert" not in sizes or set(sizes) - {"expert", "data"}:
         raise MeshSpecError(
             f"--mesh {mesh_spec}: the layer splits its tokens and experts over the axis "
-            f"'expert'; e.g. --mesh expert=8"
+            f"'expert' and may replicate the experts over 'data'; e.g. --mesh expert=8 or "
+            f"--mesh data=2,expert=4"
         )
-    e = sizes["expert"]
-    for flag, n in (("--tokens", tokens), ("--experts", experts)):
-        if n % e:
+    e, dp = sizes["expert"], sizes.get("data", 1)
+    for flag, n, over in (("--tokens", tokens, e * dp), ("--experts", experts, e)):
+        if n % over:
             raise ModelConfigError(
-                f"{flag} {n} does not split over the expert axis of {e} devices; give a "
-                f"multiple of {e}"
+                f"{flag} {n} does not split over the {over} devices that share them; give a "
+                f"multiple of {over}"
             )
     ModelConfig(
         d_model=8,

@@ -200,6 +200,8 @@ class MoEReport:
 
 #: The expert-parallel layer's mesh axis: the tokens and the experts are split over it.
 EXPERT_AXIS = "expert"
+#: Its optional data-parallel axis: the tokens split over it too, the experts replicated.
+DATA_AXIS = "data"
 
 
 def moe_verdict(
@@ -221,8 +223,10 @@ def moe_verdict(
     it against :func:`~shardscope._src.bounds.moe.moe_layer_terms` with the capacity factor
     as the imbalance its buffers allow. ``mesh`` has the axis ``expert``: the tokens and the
     experts are split over it (``"expert=8"``; made of ``target``'s compile-only devices when
-    given). ``mode`` ``"train"`` differentiates the layer's input and weights. ``impl``
-    ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
+    given); an axis ``data`` splits the tokens further and replicates the experts
+    (``"data=2,expert=4"``: expert x data parallelism, whose train step sums the experts'
+    gradients over ``data``). ``mode`` ``"train"`` differentiates the layer's input and
+    weights. ``impl`` ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
     (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
 
     Raises:
@@ -258,22 +262,26 @@ def moe_verdict(
         mesh = target_mesh(target, mesh, axis_types="auto") if target else make_mesh(mesh)
     mesh = auto_mesh(mesh)
     sizes = dict(mesh.shape)
-    if EXPERT_AXIS not in sizes:
+    if EXPERT_AXIS not in sizes or set(sizes) - {EXPERT_AXIS, DATA_AXIS}:
         raise MeshSpecError(
-            f"mesh {format_mesh_spec(sizes)} has no axis {EXPERT_AXIS!r}; the layer splits its "
-            f"tokens and experts over it, e.g. mesh 'expert=8'"
+            f"mesh {format_mesh_spec(sizes)}: the layer splits its tokens and experts over an "
+            f"axis {EXPERT_AXIS!r} and may replicate the experts over an axis {DATA_AXIS!r}, "
+            f"e.g. mesh 'expert=8' or 'data=2,expert=4'"
         )
-    e = sizes[EXPERT_AXIS]
-    for what, n in (("tokens", tokens), ("experts", experts)):
-        if n % e:
+    e, dp = sizes[EXPERT_AXIS], sizes.get(DATA_AXIS, 1)
+    for what, n, over in (("tokens", tokens, e * dp), ("experts", experts, e)):
+        if n % over:
             raise ModelConfigError(
-                f"{what}={n} do not split over the expert axis of {e} devices; choose a "
-                f"multiple of {e}"
+                f"{what}={n} do not split over the {over} devices that share them; choose a "
+                f"multiple of {over}"
             )
+    # GShard's groups: one per device; each replica's all-to-alls run over the expert axis
+    groups: Any = (DATA_AXIS, EXPERT_AXIS) if DATA_AXIS in sizes else EXPERT_AXIS
+    rows = DATA_AXIS if DATA_AXIS in sizes else None
     specs = {
-        "tokens": PartitionSpec(EXPERT_AXIS, None, None),
-        "slots": PartitionSpec(None, EXPERT_AXIS, None, None),
-        "experts": PartitionSpec(EXPERT_AXIS, None, None, None),
+        "tokens": PartitionSpec(groups, None, None),
+        "slots": PartitionSpec(None, groups, None, None),
+        "experts": PartitionSpec(EXPERT_AXIS, rows, None, None),
     }
 
     def place(name: str, x: Any) -> Any:
@@ -287,12 +295,12 @@ def moe_verdict(
                     x, r, wi, wd, top_k, capacity_factor, EXPERT_AXIS
                 ),
                 mesh=mesh,
-                in_specs=(expert, PartitionSpec(), expert, expert),
-                out_specs=expert,
+                in_specs=(PartitionSpec(groups), PartitionSpec(), expert, expert),
+                out_specs=PartitionSpec(groups),
             )
             return twin(x, router, w_in, w_down)
         out, _ = moe_capacity(
-            x, router, w_in, w_down, top_k, capacity_factor, groups=e, place=place
+            x, router, w_in, w_down, top_k, capacity_factor, groups=e * dp, place=place
         )
         return out
 
@@ -307,7 +315,7 @@ def moe_verdict(
 
     expert = PartitionSpec(EXPERT_AXIS)
     args = (
-        sds((tokens, d_model), PartitionSpec(EXPERT_AXIS, None)),
+        sds((tokens, d_model), PartitionSpec(groups, None)),
         sds((d_model, experts), PartitionSpec()),
         sds((experts, d_model, 2, ff), expert),
         sds((experts, ff, d_model), expert),
@@ -324,6 +332,9 @@ def moe_verdict(
         config.itemsize,
         imbalance=max(1.0, capacity_factor),
         train=mode == Mode.TRAIN,
+        data_axis=DATA_AXIS if dp > 1 else None,
+        data_devices=dp,
+        expert_weight_bytes=experts // e * 3 * d_model * ff * config.itemsize,
     )
     label = f"moe layer {experts} experts top-{top_k} [{tokens},{d_model}] {dtype}"
     bound = Bound(label, terms)
