@@ -301,7 +301,9 @@ def test_a_program_without_names_gets_a_spec_per_array(eqx_program):
 def test_the_command_line_writes_a_spec_per_array_for_a_program_without_names(tmp_path, capsys):
     out = tmp_path / "specs.json"
     argv = ["shard", f"{EQX}:make_step", "--devices", "8", "--compiler", "cpu"]
-    assert main([*argv, "--axis-types", "auto", "--compiles", "3", "--out", str(out)]) == 0
+    # in worker processes, each reading the program's axes from its dataflow again
+    argv += ["--workers", "2", "--compiles", "4"]
+    assert main([*argv, "--axis-types", "auto", "--out", str(out)]) == 0
     assert "axes its dataflow joins" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert math.prod(data["mesh"].values()) == 8

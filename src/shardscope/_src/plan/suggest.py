@@ -29,11 +29,16 @@ How it searches, and why this way:
    mesh shape), the screen's order choosing among them: a local search over the compiled
    programs, since the screen is coarse and the compiler is the judge. It stops when every
    neighbour of the best has been compiled and none is faster (``settled``: a local optimum
-   the compiler checked) or at the budget. Each compile
-   is the planner's own (:func:`~shardscope._src.plan.program.compile_plans`, the loop
-   :func:`plan_program` runs) and the plans are ranked as it ranks: those that fit first,
-   then the estimated step time. Every order is total (ties fall to the mesh sizes and the
-   rules), so the same input gives the same ranking.
+   the compiler checked) or at the budget. Each compile is the planner's own
+   (:func:`~shardscope._src.plan.program.compile_plans`, the loop :func:`plan_program`
+   runs) and the plans are ranked as it ranks: those that fit first, then the estimated step
+   time. Every order is total (ties fall to the mesh sizes and the rules), so the same input
+   gives the same ranking.
+
+A program without logical names (a plain pytree, an Equinox module) gets names from its
+dataflow first (:func:`by_dataflow`, :mod:`shardscope._src.plan.dataflow`), one per axis the
+step's operations join, and is then searched the same way; each proposal carries a
+``PartitionSpec`` per array.
 
 Why not an integer program: the costs that decide (which collectives XLA inserts, what it
 keeps for the backward, what it overlaps) are the compiler's, not a sum of per-array terms a
@@ -886,10 +891,9 @@ def suggest(
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
     label = name or _name_of(make_step)
-    ref = program_ref(make_step, by_dataflow=args is None and not takes_rules(make_step))
-    if args is not None:
-        ref = None  # the arguments stay in this process
     per_array = args is not None or (not takes_rules(make_step) and not uses_flax(make_step))
+    # a worker loads the program from its file; given arguments stay in this process
+    ref = None if args is not None else program_ref(make_step, by_dataflow=per_array)
     if per_array:
         if rules is not None or logical_axes is not None:
             raise RulesError(
