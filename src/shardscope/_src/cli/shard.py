@@ -24,9 +24,18 @@ from shardscope._src.sharding.rules import load_rules_file
 from shardscope._src.targets.specs import TARGETS
 
 
+def _target(c: ShardConfig) -> str | None:
+    """The compiler that verifies: ``--compiler``, else the hardware's own where it has one
+    (None: simulated CPU devices)."""
+    hardware = c.hardware or str(DEFAULT_REQUEST.hardware)
+    if c.compiler is None:
+        return hardware if hardware in TARGETS else None
+    return None if c.compiler == "cpu" else c.compiler
+
+
 def check_shard(c: ShardConfig) -> None:
     """What ``shard`` can refuse before it builds the program: the devices, the files."""
-    if c.compiler is None or c.compiler == "cpu":
+    if _target(c) is None:
         check_program_devices(c.devices)
     hardware = c.hardware or str(DEFAULT_REQUEST.hardware)
     if c.compiler not in (None, "cpu") and c.compiler != hardware:
@@ -59,10 +68,7 @@ def _names(text: str | None, flag: str) -> list[str] | None:
 
 def shard_command(c: ShardConfig, console: Any = None) -> int:
     hardware = c.hardware or str(DEFAULT_REQUEST.hardware)
-    if c.compiler is None:
-        target = hardware if hardware in TARGETS else None
-    else:
-        target = None if c.compiler == "cpu" else c.compiler
+    target = _target(c)
     if target is None and c.ray is None:
         simulate_devices(c.devices)
     make_step = load_program(c.program)
