@@ -123,7 +123,6 @@ class RayPool:
         self.remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(_run_remote)
         self.options = {"runtime_env": {"env_vars": env}}
         self.devices, self.targets = devices, targets
-        self.path = os.environ.get("PYTHONPATH", "")
 
     def run(self, tasks: Sequence[Any]) -> Iterator[tuple[int, Any]]:
         """Yields ``(index, result or error)`` as each of ``tasks`` finishes; a task whose
