@@ -346,3 +346,11 @@ def test_a_settled_search_compiled_every_neighbour_of_the_best():
             assert key in compiled or twin is not None, moved
             if twin is not None:
                 assert twin.step_time_s >= best.step_time_s
+
+
+def test_an_explicit_sharding_program_that_names_its_mesh_axes_is_searched_by_array():
+    # its step writes out_sharding=P("data", ..., "model"): the search keeps those axes
+    make_step = load_program(f"{PROGRAMS / 'explicit_llama.py'}:make_step")
+    result = shardscope.suggest(make_step, 8, compiles=3, workers=0)
+    assert result.by_dataflow and result.best is not None and result.best.fits
+    assert result.axes == ("data", "model") and result.compiled == 3

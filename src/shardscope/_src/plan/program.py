@@ -602,16 +602,22 @@ _CALLER_ERRORS = {
 def run_program_task(task: ProgramTask) -> ProgramFacts:
     """A worker's compile of one candidate of a user's program (:class:`ProgramTask`)."""
     key = ProgramRef(task.ref, task.by_dataflow)
+    kinds = tuple(jax.sharding.AxisType[n] for n in task.axis_types)
     make_step = _LOADED.get(key)
     if make_step is None:
         make_step = load_program(task.ref)
         if task.by_dataflow:
             from shardscope._src.plan.suggest import by_dataflow  # it imports this module
 
-            make_step, _ = by_dataflow(make_step, None, where=task.where)
+            make_step, _ = by_dataflow(
+                make_step,
+                None,
+                where=task.where,
+                axes=tuple(n for n, _ in task.sizes),
+                axis_types=kinds,
+            )
         _LOADED[key] = make_step
     sizes = dict(task.sizes)
-    kinds = tuple(jax.sharding.AxisType[n] for n in task.axis_types)
     local = None if task.target else jax.devices("cpu")[: math.prod(sizes.values())]
     label = task.where.split("(mesh ")[0]
     plan, skipped, fingerprint = _compile_one(

@@ -480,23 +480,37 @@ def probe_program(
 
 
 def by_dataflow(
-    program: Callable[..., Any], args: Sequence[Any] | None, *, where: str
-) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    program: Callable[..., Any],
+    args: Sequence[Any] | None,
+    *,
+    where: str,
+    axes: Sequence[str] = DEFAULT_AXES,
+    axis_types: Any = None,
+    probe: bool = False,
+) -> Any:
     """A ``make_step(mesh, rules)`` over the axes ``program``'s dataflow joins, and their
-    names: ``program`` is the step (with ``args``) or a ``make_step(mesh)`` (called on each
-    mesh, its arguments' shardings replaced). Each axis is named after the first array
-    dimension it holds (``q_weight_0``; an argument that is an array itself as ``arg2_0``).
+    names (with ``probe``, also the arguments with those names and the step's FLOPs, what
+    :func:`probe_program` gives a named program): ``program`` is the step (with ``args``)
+    or a ``make_step(mesh)`` (called on each mesh, its arguments' shardings replaced). Each
+    axis is named after the first array dimension it holds (``q_weight_0``; an argument that
+    is an array itself as ``arg2_0``).
 
     Raises:
         ProgramError: the step could not be traced with its arguments.
     """
+    mesh = None
     if args is not None:
         step, template = program, tuple(args)
-    else:
-        mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    else:  # built once on one device, with the mesh axes it is searched over
+        kinds = axis_types_of(axis_types, tuple(axes))
+        mesh = make_mesh({a: 1 for a in axes}, devices=jax.devices()[:1], axis_types=kinds)
         step, template = check_step_pair(build_step(program, mesh, where=where), where)
     try:
-        classes = argument_axes(step, template)
+        if mesh is None:
+            classes = argument_axes(step, template)
+        else:
+            with jax.set_mesh(mesh):
+                classes = argument_axes(step, template)
     except Exception as e:
         raise ProgramError(f"{where} could not be traced with its arguments: {one_line(e)}") from e
     flat = [
@@ -553,7 +567,25 @@ def by_dataflow(
         return run, tuple(jax.tree.unflatten(treedef, out))
 
     make_step.__name__ = getattr(program, "__name__", "step")
-    return make_step, names
+    if not probe:
+        return make_step, names
+    # the probe of a named program, from what is known already: the arrays with their axes'
+    # names, and the step's FLOPs from one lowering on the one-device mesh
+    arrays = tuple(
+        replace(a, names=tuple((n,) if n else () for n in dims))
+        for a, dims in zip(probed, dim_names, strict=True)
+    )
+    try:
+        if mesh is None:
+            lowered = lower(step, template, {})
+        else:
+            with jax.set_mesh(mesh):
+                lowered = lower(step, template, {})
+        cost = lowered.cost_analysis() or {}
+        flops = float(cost.get("flops", 0.0) or 0.0)
+    except Exception as e:
+        raise ProgramError(f"{where} could not be lowered with its arguments: {one_line(e)}") from e
+    return make_step, names, arrays, flops
 
 
 def _short_path(path: Sequence[Any]) -> str:
@@ -904,7 +936,9 @@ def suggest(
             )
         found = None
         axes = _axes(None, axes)
-        make_step, names = by_dataflow(make_step, args, where=label)
+        make_step, names, probed, probed_flops = by_dataflow(
+            make_step, args, where=label, axes=axes, axis_types=axis_types, probe=True
+        )
     else:
         found = find_rule_sets(rules, make_step)
         axes = _axes(found, axes)
@@ -942,7 +976,10 @@ def suggest(
         pool = WorkerPool(cpu, workers, targets=target_name is not None)
 
     t0 = time.perf_counter()
-    arrays, flops = probe_program(make_step, names, where=f"{label}(probe)", axis_type=kinds[0])
+    if per_array:
+        arrays, flops = probed, probed_flops
+    else:
+        arrays, flops = probe_program(make_step, names, where=f"{label}(probe)", axis_type=kinds[0])
     t1 = time.perf_counter()
     shapes = _mesh_list(None, axes, devices)
     work = workload(arrays, flops)
