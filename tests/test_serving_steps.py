@@ -1,0 +1,96 @@
+"""The reference decoder's serving steps: prefill and decode with a KV cache against the
+training forward pass, and a tensor-parallel decode step's all-reduces on the H100 compiler."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardscope
+from shardscope._src.base.errors import ModelConfigError
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.serving import abstract_cache, decode, prefill
+from shardscope._src.model.transformer import abstract_params, forward, init_params
+
+CONFIG = ModelConfig(
+    d_model=64, heads=8, kv_heads=2, ff=128, layers=3, vocab=256, mlp="swiglu", seq=12, batch=2
+)
+
+
+def _tokens(n, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (2, n)), jnp.int32)
+
+
+def test_prefill_gives_the_forward_pass_logits_and_the_prompts_cache():
+    params = init_params(CONFIG)
+    tokens = _tokens(12)
+    logits, cache = jax.jit(lambda p, t: prefill(p, t, CONFIG, 16))(params, tokens)
+    want = forward(params, tokens, CONFIG)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=2e-5, atol=2e-5)
+    assert cache["k"].shape == (3, 2, 16, 2, 8)  # layers, batch, context, kv heads, head dim
+    assert not np.asarray(cache["k"][:, :, 12:]).any()  # nothing beyond the prompt yet
+
+
+def test_decode_continues_the_prompt_as_the_forward_pass_of_one_more_token():
+    params = init_params(CONFIG)
+    tokens = _tokens(12)
+    _, cache = prefill(params, tokens[:, :11], CONFIG, 16)
+    step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, CONFIG), donate_argnums=1)
+    logits, cache = step(params, cache, tokens[:, 11], jnp.int32(11))
+    want = forward(params, tokens, CONFIG)[:, -1]
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=2e-5, atol=2e-5)
+    _, whole = prefill(params, tokens, CONFIG, 16)
+    np.testing.assert_allclose(
+        np.asarray(cache["v"][:, :, :12]), np.asarray(whole["v"][:, :, :12]), rtol=2e-5, atol=2e-5
+    )
+
+
+def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_compiler():
+    config = ModelConfig(
+        d_model=512,
+        heads=8,
+        kv_heads=8,
+        ff=2048,
+        layers=4,
+        vocab=1024,
+        mlp="swiglu",
+        dtype="bfloat16",
+        batch=16,
+        seq=1,
+    )
+    batch, context = 16, 1024
+    mesh = shardscope.target_mesh("h100", "model=8", axis_types="auto")
+    placement = shardscope.get_strategy("tp").place(config, mesh)
+
+    def sds(tree, specs):
+        return jax.tree.map(
+            lambda s, spec: jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=NamedSharding(mesh, spec)
+            ),
+            tree,
+            specs,
+        )
+
+    params = sds(abstract_params(config), placement.param_specs())
+    cache_spec = P(None, None, None, "model", None)  # the cache split by key/value heads
+    cache = sds(abstract_cache(config, batch, context), {"k": cache_spec, "v": cache_spec})
+    tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P()))
+    pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+    step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
+    audit = shardscope.audit(step, params, cache, tokens, pos)
+    reduces = [c for c in audit.collectives if c.kind == "all-reduce"]
+    # after the attention's output projection and the MLP's down projection, in every layer:
+    # the token's activations, batch x d_model in bfloat16
+    assert sum(c.count for c in reduces) == 2 * config.layers
+    assert {c.payload_bytes for c in reduces} == {batch * 512 * 2}
+    assert {tuple(c.axes) for c in reduces} == {("model",)}
+
+
+def test_serving_needs_a_dense_model_with_a_vocabulary():
+    with pytest.raises(ModelConfigError, match="vocab"):
+        prefill({}, jnp.zeros((1, 4), jnp.int32), ModelConfig(), 8)
+    moe = ModelConfig(vocab=64, experts=4, top_k=1)
+    with pytest.raises(ModelConfigError, match="mixture of experts"):
+        decode({}, {}, jnp.zeros((1,), jnp.int32), 0, moe)
