@@ -643,6 +643,9 @@ class Workload:
     weight_names: frozenset[str]
     tokens: float
     owners: tuple[int, ...] = ()
+    #: the arrays as ``(index of one, how many alike, a weight)``: arrays of one shape, names
+    #: and width shard alike, so the screen prices each kind once (a model's layers)
+    groups: tuple[tuple[int, int, bool], ...] = ()
 
 
 def workload(arrays: Sequence[ProbedArray], flops: float) -> Workload:
@@ -683,7 +686,11 @@ def workload(arrays: Sequence[ProbedArray], flops: float) -> Workload:
     )
     params = sum(math.prod(a.shape) for a, w in zip(arrays, weight, strict=True) if w)
     tokens = flops / (6 * params) if params else 0.0
-    return Workload(flops, weight, names, tokens, tuple(owners))
+    kinds: dict[tuple[Any, ...], list[int]] = {}
+    for i, (a, w) in enumerate(zip(arrays, weight, strict=True)):
+        kinds.setdefault((a.shape, a.names, a.itemsize, w), []).append(i)
+    groups = tuple((ix[0], len(ix), key[3]) for key, ix in kinds.items())
+    return Workload(flops, weight, names, tokens, tuple(owners), groups)
 
 
 def screen(
@@ -707,32 +714,36 @@ def screen(
         sent = traffic_bytes(kind, int(payload), n)
         return collective_seconds(hw, sizes, kind, (axis,), n, sent, count)
 
-    specs = []
-    for array in arrays:
+    # each kind of array once, with how many there are
+    groups = work.groups or tuple((i, 1, w) for i, w in enumerate(work.weights))
+    weights = []
+    for i, count, is_weight in groups:
+        array = arrays[i]
         spec = _spec(array, assign)
         if spec is None or not _divisible(array, spec, sizes):
             return None
-        specs.append(spec)
-        memory += array.nbytes // _shards(spec, sizes)
-    weights = [
-        (a, spec)
-        for a, spec, w in zip(arrays, specs, work.weights, strict=True)
-        if w and len(a.shape) > 0
-    ]
+        memory += count * (array.nbytes // _shards(spec, sizes))
+        if is_weight and array.shape:
+            weights.append((array, spec, count))
     for axis in used:
         if axis not in batch:
             continue
         # Data parallelism: the gradients of the weights the axis does not split all-reduced
         # over it (XLA combines them into one); FSDP (the axis splits the weight too): each
         # gathered for the forward, again for the backward, and its gradient scattered back.
-        reduced = [a.nbytes // _shards(spec, sizes) for a, spec in weights if axis not in spec]
+        reduced = sum(
+            n * (a.nbytes // _shards(spec, sizes)) for a, spec, n in weights if axis not in spec
+        )
         gathered = [
-            a.nbytes // _shards(spec, sizes) * sizes[axis] for a, spec in weights if axis in spec
+            (n, n * (a.nbytes // _shards(spec, sizes)) * sizes[axis])
+            for a, spec, n in weights
+            if axis in spec
         ]
         if reduced:
-            comm += price("all-reduce", axis, sum(reduced))
+            comm += price("all-reduce", axis, reduced)
         if gathered:
-            comm += 3 * price("all-gather", axis, sum(gathered), len(gathered))
+            count = sum(n for n, _ in gathered)
+            comm += 3 * price("all-gather", axis, sum(b for _, b in gathered), count)
     # A model axis (one the batch does not use) splitting a weight's dimension: the tokens'
     # activations meet across it where a matmul leaves the split dimension (its partial sums
     # all-reduced) and, in the backward, where one enters it (Megatron's f and g). A
@@ -742,23 +753,26 @@ def screen(
         if axis in batch:
             continue
         for name in (n for n, a in assign.items() if a == axis):
-            last = [w for w, spec in weights if len(w.shape) > 1 and name in w.names[-1]]
-            first = [w for w, spec in weights if len(w.shape) > 1 and name in w.names[0]]
-            pairs = min(len(last), len(first)) or max(len(last), len(first))
+            last = [(w, n) for w, _, n in weights if len(w.shape) > 1 and name in w.names[-1]]
+            first = [(w, n) for w, _, n in weights if len(w.shape) > 1 and name in w.names[0]]
+            n_last, n_first = sum(n for _, n in last), sum(n for _, n in first)
+            pairs = min(n_last, n_first) or max(n_last, n_first)
             if not pairs:
                 continue
             leave = first or last
             edge = 0 if first else -1
-            width = sum(math.prod(w.shape) // w.shape[edge] for w in leave) / len(leave)
-            acts = work.tokens / split * width * leave[0].itemsize
+            width = sum(n * (math.prod(w.shape) // w.shape[edge]) for w, n in leave) / sum(
+                n for _, n in leave
+            )
+            acts = work.tokens / split * width * leave[0][0].itemsize
             comm += pairs * 2 * price("all-reduce", axis, acts)
     # The batch's axes split all the work; a model axis only that of the weights it splits.
     parallel = float(split)
-    total = sum(math.prod(a.shape) for a, _ in weights)
+    total = sum(n * math.prod(a.shape) for a, _, n in weights)
     for axis in used:
         if axis in batch or not total:
             continue
-        part = sum(math.prod(a.shape) for a, spec in weights if axis in spec)
+        part = sum(n * math.prod(a.shape) for a, spec, n in weights if axis in spec)
         parallel /= 1 - part / total + part / total / sizes[axis]
     compute = work.flops / parallel / (hw.peak_flops * hw.matmul_fraction)
     return Screen(memory, compute, comm, memory <= hw.memory_bytes)
