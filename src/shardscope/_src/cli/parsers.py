@@ -35,7 +35,7 @@ from shardscope._src.cli.config import (
 )
 from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.model.config import MODES, Mode
-from shardscope._src.model.presets import MODEL_PRESETS
+from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.plan.estimates import MatmulDtype
 from shardscope._src.plan.request import DEFAULT_REQUEST, DEFAULT_STRATEGIES
 from shardscope._src.sharding.strategies import STRATEGIES
@@ -413,8 +413,9 @@ def _plan_what_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         metavar="NAME|FILE",
-        help=f"a model preset ({', '.join(MODEL_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
-        f"ones) or the path of a Llama-family config.json",
+        help=f"a model preset ({', '.join(DENSE_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
+        f"ones; the mixtures of experts {', '.join(MOE_PRESETS)} are counted, not planned "
+        f"yet) or the path of a Llama-family config.json",
     )
     p.add_argument(
         "--program",

@@ -338,6 +338,10 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     )
 }
 
+#: The presets the planner plans (dense) and those it counts only (mixtures of experts).
+DENSE_PRESETS = tuple(n for n, p in MODEL_PRESETS.items() if not p.experts)
+MOE_PRESETS = tuple(n for n, p in MODEL_PRESETS.items() if p.experts)
+
 #: Published models not modelled yet, and what is missing.
 UNMODELLED = {
     "deepseek-v3": (
@@ -370,8 +374,9 @@ def model_preset(name: str) -> ModelPreset:
     if text.endswith(".json") or Path(text).is_file():
         return load_hf_config(text)
     raise PlanError(
-        f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)} (or "
-        f"{', '.join(ALIASES)}), give a Llama-family config.json path, or give the shape "
+        f"unknown model preset {name!r}; choose one of {', '.join(DENSE_PRESETS)} (or "
+        f"{', '.join(ALIASES)}; mixtures of experts, counted but not planned yet: "
+        f"{', '.join(MOE_PRESETS)}), give a Llama-family config.json path, or give the shape "
         f"with d_model, heads, ff, layers (and vocab)",
         param=("model", "d_model", "heads", "ff", "layers", "vocab"),
     )
@@ -529,4 +534,12 @@ def _hf_experts(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
     return values
 
 
-__all__ = ["ALIASES", "MODEL_PRESETS", "ModelPreset", "load_hf_config", "model_preset"]
+__all__ = [
+    "ALIASES",
+    "DENSE_PRESETS",
+    "MODEL_PRESETS",
+    "MOE_PRESETS",
+    "ModelPreset",
+    "load_hf_config",
+    "model_preset",
+]
