@@ -93,8 +93,10 @@ class ModelConfig(Record):
     (each expert takes every token sent to it: grouped matmuls, ``jax.lax.ragged_dot``); a
     number pads each expert to ``ceil(capacity_factor x tokens x top_k / experts)`` tokens
     and drops those beyond it (GShard's and Switch's capacity). Its parameters are counted
-    (:meth:`param_count`, :meth:`active_param_count`); the reference decoder, its
-    strategies and the planner build dense models only, and refuse it, saying so.
+    (:meth:`param_count`, :meth:`active_param_count`) and the reference decoder runs it
+    unsharded (:func:`~shardscope._src.model.transformer.forward`: the dense layers, then
+    those with experts); its strategies and the planner place dense models only, and refuse
+    it, saying so.
 
     >>> ModelConfig(d_model=64, heads=8, ff=256).head_dim
     8
@@ -252,10 +254,10 @@ class ModelConfig(Record):
         if self.is_moe:
             raise ModelConfigError(
                 f"{what} builds dense models, and this one is a mixture of experts "
-                f"(experts={self.experts}, top_k={self.top_k}): its expert layers are not built "
-                f"yet, so it cannot be compiled, estimated or planned; its parameters are "
-                f"counted (param_count: {self.param_count():,}, active_param_count: "
-                f"{self.active_param_count():,})",
+                f"(experts={self.experts}, top_k={self.top_k}): no strategy places its expert "
+                f"layers yet (expert parallelism), so it cannot be compiled, estimated or "
+                f"planned here; its parameters are counted (param_count: "
+                f"{self.param_count():,}, active_param_count: {self.active_param_count():,})",
                 param="model",
             )
 
@@ -380,8 +382,13 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def split_params(flat: dict[str, Any]) -> dict[str, Any]:
-    """``{name: leaf}`` -> the model's pytree ``{"layers": {...}, "embed": ..., ...}``."""
+    """``{name: leaf}`` -> the model's pytree ``{"layers": {...}, "embed": ..., ...}``; a
+    mixture of experts' layers with experts under ``"moe_layers"``, their attention's
+    weights by the dense names (``moe_wqkv`` as ``wqkv``)."""
     tree: dict[str, Any] = {"layers": {k: flat[k] for k in LAYER_PARAMS if k in flat}}
+    moe = {k.removeprefix("moe_"): flat[k] for k in MOE_PARAMS if k in flat}
+    if moe:
+        tree["moe_layers"] = moe
     tree.update({k: flat[k] for k in VOCAB_PARAMS if k in flat})
     return tree
 
@@ -389,5 +396,7 @@ def split_params(flat: dict[str, Any]) -> dict[str, Any]:
 def flat_params(tree: dict[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`split_params`."""
     out = dict(tree["layers"])
-    out.update({k: v for k, v in tree.items() if k != "layers"})
+    for k, v in tree.get("moe_layers", {}).items():
+        out[f"moe_{k}" if f"moe_{k}" in MOE_PARAMS else k] = v
+    out.update({k: v for k, v in tree.items() if k not in ("layers", "moe_layers")})
     return out

@@ -22,6 +22,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from shardscope._src.model.config import ModelConfig, Remat, param_shapes, split_params
+from shardscope._src.model.moe import moe_capacity, moe_dropless
 
 _EPS = 1e-6
 
@@ -54,6 +55,16 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
         "w_down": config.ff,
         "embed": 1,
         "unembed": config.d_model,
+        # a mixture of experts' layers with experts
+        "moe_wqkv": config.d_model,
+        "moe_wo": config.heads * (config.head_dim or 1),
+        "router": config.d_model,
+        "expert_gate_up": config.d_model,
+        "expert_up": config.d_model,
+        "expert_down": config.expert_ff or config.ff,
+        "shared_gate_up": config.d_model,
+        "shared_up": config.d_model,
+        "shared_down": (config.expert_ff or config.ff) * max(config.shared_experts, 1),
     }
     flat = {}
     for name, shape in param_shapes(config).items():
@@ -380,6 +391,32 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
         return hooks.exit("mlp", out)
 
 
+def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS) -> Any:
+    """One layer with experts: ``x + attention(x)``, then ``+`` the routed experts' MLP
+    (:mod:`shardscope._src.model.moe`: dropless, or capacity-padded with the config's
+    ``capacity_factor``) and the shared experts'."""
+    x = x + attention(p, x, hooks, impl=config.attention, block=config.attention_block)
+    with jax.named_scope("moe"):
+        h = _norm(x, p["mlp_norm"])
+        b, s, d = h.shape
+        tokens = h.reshape(b * s, d)
+        w_in = p["expert_gate_up"] if "expert_gate_up" in p else p["expert_up"]
+        if config.capacity_factor is None:
+            y = moe_dropless(tokens, p["router"], w_in, p["expert_down"], config.top_k)
+        else:
+            y, _ = moe_capacity(
+                tokens, p["router"], w_in, p["expert_down"], config.top_k, config.capacity_factor
+            )
+        y = y.reshape(b, s, d)
+        if "shared_down" in p:
+            if "shared_gate_up" in p:
+                u = _swiglu(jnp.einsum("bsd,dtf->bstf", h, p["shared_gate_up"]))
+            else:
+                u = _gelu(jnp.einsum("bsd,df->bsf", h, p["shared_up"]))
+            y = y + jnp.einsum("bsf,fd->bsd", u, p["shared_down"])
+    return x + y.astype(x.dtype)
+
+
 def decoder_layer(
     p: dict[str, Any],
     x: Any,
@@ -471,14 +508,24 @@ def forward(
         return x, (sub if capture else None)
 
     layers = params["layers"]
-    if config.scan:
-        x, captured = jax.lax.scan(body, x, layers, length=config.layers)
-    else:
+    dense = config.dense_layers if config.is_moe else config.layers
+    captured = None
+    if dense and config.scan:
+        x, captured = jax.lax.scan(body, x, layers, length=dense)
+    elif dense:
         subs = []
-        for i in range(config.layers):
+        for i in range(dense):
             x, sub = body(x, jax.tree.map(lambda w, i=i: w[i], layers))
             subs.append(sub)
         captured = jax.tree.map(lambda *xs: jnp.stack(xs), *subs) if capture else None
+    if config.is_moe:
+        if capture:
+            raise ValueError("capture= takes a dense model's sublayers; this one has experts")
+
+        def moe_body(x: Any, layer: dict[str, Any]) -> tuple[Any, Any]:
+            return moe_layer(layer, x, config, hooks), None
+
+        x, _ = jax.lax.scan(moe_body, x, params["moe_layers"])
 
     if config.vocab is not None:
         x = _norm(x, hooks.weight("final_norm", params["final_norm"]))
