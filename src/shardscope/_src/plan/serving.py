@@ -33,10 +33,7 @@ FORMATS = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
 
 def _format_bytes(name: str, what: str) -> int:
     if name not in FORMATS:
-        raise PlanError(
-            f"{what}={name!r}: give one of {', '.join(FORMATS)}",
-            param=what,
-        )
+        raise PlanError(f"{what}={name!r}: give one of {', '.join(FORMATS)}")
     return FORMATS[name]
 
 
@@ -93,7 +90,7 @@ def serving_roofline(
     """
     for name, value in (("chips", chips), ("batch", batch), ("context", context)):
         if not is_int(value, 1):
-            raise PlanError(f"{name}={value!r}: must be a positive whole number", param=name)
+            raise PlanError(f"{name}={value!r}: must be a positive whole number")
     weight_bytes = config.param_count() * _format_bytes(weights, "weights")
     cache_bytes = batch * context * cache_bytes_per_token(config, cache)
     per_chip = math.ceil((weight_bytes + cache_bytes) / chips)
