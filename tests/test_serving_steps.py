@@ -47,7 +47,12 @@ def test_decode_continues_the_prompt_as_the_forward_pass_of_one_more_token():
     )
 
 
-def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_compiler():
+@pytest.mark.parametrize(
+    "strategy, mesh_spec", [("tp", "model=8"), ("dp_tp", "data=2,model=4")], ids=["tp", "dp_tp"]
+)
+def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_compiler(
+    strategy, mesh_spec
+):
     config = ModelConfig(
         d_model=512,
         heads=8,
@@ -61,8 +66,10 @@ def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_com
         seq=1,
     )
     batch, context = 16, 1024
-    mesh = shardscope.target_mesh("h100", "model=8", axis_types="auto")
-    placement = shardscope.get_strategy("tp").place(config, mesh)
+    mesh = shardscope.target_mesh("h100", mesh_spec, axis_types="auto")
+    placement = shardscope.get_strategy(strategy).place(config, mesh)
+    replicas = mesh.shape.get("data", 1)
+    rows = "data" if replicas > 1 else None  # the batch over data-parallel replicas
 
     def sds(tree, specs):
         return jax.tree.map(
@@ -74,18 +81,22 @@ def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_com
         )
 
     params = sds(abstract_params(config), placement.param_specs())
-    cache_spec = P(None, None, None, "model", None)  # the cache split by key/value heads
+    cache_spec = P(None, rows, None, "model", None)  # split by sequence and key/value heads
     cache = sds(abstract_cache(config, batch, context), {"k": cache_spec, "v": cache_spec})
-    tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P()))
+    tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
     pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
     audit = shardscope.audit(step, params, cache, tokens, pos)
-    reduces = [c for c in audit.collectives if c.kind == "all-reduce"]
     # after the attention's output projection and the MLP's down projection, in every layer:
-    # the token's activations, batch x d_model in bfloat16
-    assert sum(c.count for c in reduces) == 2 * config.layers
-    assert {c.payload_bytes for c in reduces} == {batch * 512 * 2}
-    assert {tuple(c.axes) for c in reduces} == {("model",)}
+    # each replica's tokens' activations, (batch / replicas) x d_model in bfloat16; the
+    # replicas share nothing
+    assert {tuple(c.axes) for c in audit.collectives} == {("model",)}
+    assert all(c.kind == "all-reduce" for c in audit.collectives)
+    by_scope = {}
+    for c in audit.collectives:
+        by_scope[c.scope] = by_scope.get(c.scope, 0) + c.count
+    assert by_scope == {"attention": config.layers, "mlp": config.layers}
+    assert {c.payload_bytes for c in audit.collectives} == {batch // replicas * 512 * 2}
 
 
 def test_serving_needs_a_dense_model_with_a_vocabulary():
