@@ -409,16 +409,10 @@ def plan_program(
     label = name or _name_of(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
-    ranked, skipped = compile_and_rank(
-        make_step,
-        todo,
-        hw,
-        local,
-        label=label,
-        target=target_name,
-        kinds=kinds,
-        progress=progress,
+    plans, skipped = compile_plans(
+        make_step, todo, hw, local, label=label, target=target_name, kinds=kinds, progress=progress
     )
+    ranked = rank_plans(plans, [rn for rn, _, _ in todo])
     return ProgramPlanResult(
         program=label,
         devices=devices,
@@ -433,26 +427,6 @@ def plan_program(
         wall_s=time.perf_counter() - start,
         candidates=len(todo),
     )
-
-
-def compile_and_rank(
-    make_step: Callable[..., Any],
-    todo: Sequence[tuple[str, Rules, Mapping[str, int]]],
-    hw: Hardware,
-    local: Sequence[jax.Device] | None,
-    *,
-    label: str,
-    target: str | None,
-    kinds: Any,
-    progress: Callable[[int, int, str], None] | None = None,
-) -> tuple[tuple[ProgramPlan, ...], list[Skipped]]:
-    """Compiles every ``(rule set name, rules, mesh sizes)`` of ``todo``
-    (:func:`compile_plans`) and ranks the plans (:func:`rank_plans`) in the order of the names
-    in ``todo``."""
-    plans, skipped = compile_plans(
-        make_step, todo, hw, local, label=label, target=target, kinds=kinds, progress=progress
-    )
-    return rank_plans(plans, [rn for rn, _, _ in todo]), skipped
 
 
 def compile_plans(
@@ -472,7 +446,7 @@ def compile_plans(
     """The plan of every ``(rule set name, rules, mesh sizes)`` of ``todo``, compiled;
     candidates whose program failed to build are skipped, with the reason. ``seen`` (the
     compiled programs' fingerprints by mesh, kept across calls) marks a plan that compiled
-    to the same program as an earlier one. With a ``pool`` (a
+    to the same program as an earlier one (:func:`rank_plans` ranks them). With a ``pool`` (a
     :class:`~shardscope._src.plan.worker.WorkerPool`, or a Ray cluster's
     :class:`~shardscope._src.plan.cluster.RayPool`) and the program's ``ref`` the compiles
     run in its workers, each loading the program from its file; a candidate a cluster lost

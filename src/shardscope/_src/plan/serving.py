@@ -48,6 +48,15 @@ def cache_bytes_per_token(config: ModelConfig, cache: str = "bfloat16") -> int:
     return 2 * config.kv_heads * config.head_dim * config.layers * _format_bytes(cache, "cache")
 
 
+def held_bytes(
+    config: ModelConfig, batch: int, context: int, weights: str, cache: str
+) -> tuple[int, int]:
+    """``(weights, cache)`` bytes a server holds: every weight, and the KV cache of ``batch``
+    sequences of ``context`` tokens."""
+    weight_bytes = config.param_count() * _format_bytes(weights, "weights")
+    return weight_bytes, batch * context * cache_bytes_per_token(config, cache)
+
+
 @dataclass(frozen=True)
 class ServingRoofline(Record):
     """One layout's roofline: ``chips`` serving ``batch`` sequences of ``context`` tokens."""
@@ -91,8 +100,7 @@ def serving_roofline(
     for name, value in (("chips", chips), ("batch", batch), ("context", context)):
         if not is_int(value, 1):
             raise PlanError(f"{name}={value!r}: must be a positive whole number")
-    weight_bytes = config.param_count() * _format_bytes(weights, "weights")
-    cache_bytes = batch * context * cache_bytes_per_token(config, cache)
+    weight_bytes, cache_bytes = held_bytes(config, batch, context, weights, cache)
     per_chip = math.ceil((weight_bytes + cache_bytes) / chips)
     memory_s = (weight_bytes + cache_bytes) / (chips * hw.hbm_bandwidth)
     compute_s = 2 * config.active_param_count() * batch / (chips * hw.peak_flops)
@@ -120,9 +128,9 @@ def least_chips(
     cache: str = "bfloat16",
 ) -> int:
     """The fewest chips whose memory holds the weights and the cache (no temporaries)."""
-    total = config.param_count() * _format_bytes(weights, "weights")
-    total += batch * context * cache_bytes_per_token(config, cache)
-    return max(1, math.ceil(total / hw.memory_bytes))
+    return max(
+        1, math.ceil(sum(held_bytes(config, batch, context, weights, cache)) / hw.memory_bytes)
+    )
 
 
 def prefill_s(config: ModelConfig, hw: Hardware, chips: int, tokens: int, mfu: float) -> float:

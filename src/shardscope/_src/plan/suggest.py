@@ -472,8 +472,13 @@ def probe_program(
                 keys=tuple(_key_name(k) for k in path),
             )
         )
+    return tuple(arrays), _flops(lowered)
+
+
+def _flops(lowered: Any) -> float:
+    """The step's FLOPs by JAX's count of its lowering (0 when it gives none)."""
     cost = lowered.cost_analysis() or {}
-    return tuple(arrays), float(cost.get("flops", 0.0) or 0.0)
+    return float(cost.get("flops", 0.0) or 0.0)
 
 
 # -- programs without logical names -------------------------------------------------------------
@@ -581,8 +586,7 @@ def by_dataflow(
         else:
             with jax.set_mesh(mesh):
                 lowered = lower(step, template, {})
-        cost = lowered.cost_analysis() or {}
-        flops = float(cost.get("flops", 0.0) or 0.0)
+        flops = _flops(lowered)
     except Exception as e:
         raise ProgramError(f"{where} could not be lowered with its arguments: {one_line(e)}") from e
     return make_step, names, arrays, flops
