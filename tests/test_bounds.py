@@ -226,6 +226,7 @@ def _bounded(bound):
 EXACT_FORWARD = [
     pytest.param(name, mesh_id, impl, id=f"{name}-{impl}-{mesh_id}")
     for name, s in STRATEGIES.items()
+    if not s.expert_parallel  # a mixture of experts' bound: test_moe_layer.py
     for mesh_id, shape in SHAPES.items()
     for impl in (("jit", "shard_map") if s.twin else ("jit",))
     if len(shape) >= len(s.roles)

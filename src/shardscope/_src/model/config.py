@@ -93,10 +93,11 @@ class ModelConfig(Record):
     (each expert takes every token sent to it: grouped matmuls, ``jax.lax.ragged_dot``); a
     number pads each expert to ``ceil(capacity_factor x tokens x top_k / experts)`` tokens
     and drops those beyond it (GShard's and Switch's capacity). Its parameters are counted
-    (:meth:`param_count`, :meth:`active_param_count`) and the reference decoder runs it
-    unsharded (:func:`~shardscope._src.model.transformer.forward`: the dense layers, then
-    those with experts); its strategies and the planner place dense models only, and refuse
-    it, saying so.
+    (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
+    dense layers, then those with experts) and the strategies place it: expert parallelism
+    (``ep``, ``dp_ep``, ``fsdp_ep``, ``ep_tp``) and the dense strategies with the experts as
+    their MLPs. The planner and the serving steps take dense models only, and refuse it,
+    saying so.
 
     >>> ModelConfig(d_model=64, heads=8, ff=256).head_dim
     8
@@ -253,11 +254,12 @@ class ModelConfig(Record):
         """Refuses a mixture of experts where only dense models are built (``what``)."""
         if self.is_moe:
             raise ModelConfigError(
-                f"{what} builds dense models, and this one is a mixture of experts "
-                f"(experts={self.experts}, top_k={self.top_k}): no strategy places its expert "
-                f"layers yet (expert parallelism), so it cannot be compiled, estimated or "
-                f"planned here; its parameters are counted (param_count: "
-                f"{self.param_count():,}, active_param_count: {self.active_param_count():,})",
+                f"{what} takes dense models, and this one is a mixture of experts "
+                f"(experts={self.experts}, top_k={self.top_k}): its expert layers are not "
+                f"priced there yet; the strategies place and compile it (ep, dp_ep, fsdp_ep, "
+                f"ep_tp, and the dense ones: build_reference_program) and its parameters are "
+                f"counted (param_count: {self.param_count():,}, active_param_count: "
+                f"{self.active_param_count():,})",
                 param="model",
             )
 

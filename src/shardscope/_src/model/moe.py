@@ -14,8 +14,9 @@ programs dispatch tokens to their experts.
   dropped.
 
 Routing is Mixtral's: the softmax of the top-k router logits (in float32), so each token's
-weights sum to one. The dispatch runs in ``jax.named_scope("moe/dispatch")`` and the
-combine in ``("moe/combine")``, so that the audit names their collectives.
+weights sum to one. The router runs in ``jax.named_scope("moe/router")``, the dispatch in
+``("moe/dispatch")``, the experts in ``("moe/experts")`` and the combine in
+``("moe/combine")``, so that the audit names their collectives.
 """
 
 from __future__ import annotations
@@ -40,25 +41,27 @@ def route(h: Any, router: Any, top_k: int, place: Any = None) -> tuple[Any, Any]
     """``(weights, experts)`` of each token ``[..., d]``, ``[..., top_k]`` each: the top-k
     experts by router logit, highest first, and the softmax of their logits (float32).
     ``place("tokens", logits)`` keeps the logits where their tokens are."""
-    logits = jnp.einsum("...d,de->...e", h, router).astype(jnp.float32)
-    if place is not None:
-        logits = place("tokens", logits)
-    # a stable sort rather than lax.top_k, whose partitioning gathers every token's logits
-    # (measured on XLA's CPU compiler): ties go to the lower expert either way
-    experts = jnp.argsort(-logits, axis=-1, stable=True)[..., :top_k]
-    top = jnp.take_along_axis(logits, experts, axis=-1)
-    return jax.nn.softmax(top, axis=-1), experts
+    with jax.named_scope("moe/router"):
+        logits = jnp.einsum("...d,de->...e", h, router).astype(jnp.float32)
+        if place is not None:
+            logits = place("tokens", logits)
+        # a stable sort rather than lax.top_k, whose partitioning gathers every token's
+        # logits (measured on XLA's CPU compiler): ties go to the lower expert either way
+        experts = jnp.argsort(-logits, axis=-1, stable=True)[..., :top_k]
+        top = jnp.take_along_axis(logits, experts, axis=-1)
+        return jax.nn.softmax(top, axis=-1), experts
 
 
 def _expert_mlp(x: Any, w_in: Any, w_down: Any) -> Any:
     """Each expert's MLP on its rows ``[experts, rows, d]``: SwiGLU when ``w_in`` is
     ``[experts, d, 2, f]``, GELU when ``[experts, d, f]``."""
-    if w_in.ndim == 4:
-        gu = jnp.einsum("ecd,edtf->ectf", x, w_in)
-        u = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]
-    else:
-        u = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", x, w_in))
-    return jnp.einsum("ecf,efd->ecd", u, w_down)
+    with jax.named_scope("moe/experts"):
+        if w_in.ndim == 4:
+            gu = jnp.einsum("ecd,edtf->ectf", x, w_in)
+            u = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]
+        else:
+            u = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", x, w_in))
+        return jnp.einsum("ecf,efd->ecd", u, w_down)
 
 
 def dispatch_tensors(weights: Any, experts: Any, n_experts: int, slots: int) -> tuple[Any, Any]:
@@ -140,13 +143,14 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
     sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)
     with jax.named_scope("moe/dispatch"):
         rows = jnp.take(x, token_of, axis=0)
-    if w_in.ndim == 4:
-        gate = jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes)
-        up = jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes)
-        u = jax.nn.silu(gate) * up
-    else:
-        u = jax.nn.gelu(jax.lax.ragged_dot(rows, w_in, sizes))
-    y = jax.lax.ragged_dot(u, w_down, sizes)
+    with jax.named_scope("moe/experts"):
+        if w_in.ndim == 4:
+            gate = jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes)
+            up = jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes)
+            u = jax.nn.silu(gate) * up
+        else:
+            u = jax.nn.gelu(jax.lax.ragged_dot(rows, w_in, sizes))
+        y = jax.lax.ragged_dot(u, w_down, sizes)
     with jax.named_scope("moe/combine"):
         y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)
         out = jnp.zeros((tokens, x.shape[1]), y.dtype).at[token_of].add(y)

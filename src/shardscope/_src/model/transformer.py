@@ -143,6 +143,15 @@ class Hooks:
         """A weight (one layer's slice for layer weights) at its use."""
         return w
 
+    #: the groups a layer with experts routes its tokens in (GShard's: one per shard of the
+    #: batch), each with its own capacity
+    moe_groups: int = 1
+
+    def moe(self, point: str, x: Any) -> Any:
+        """A layer with experts' ``"tokens"``, ``"slots"`` and ``"experts"`` (see
+        :func:`~shardscope._src.model.moe.moe_capacity`'s ``place``)."""
+        return x
+
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP) or the keys
         and values over the sequence (context parallelism): a train step gathers them again
@@ -394,27 +403,44 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS) -> Any:
     """One layer with experts: ``x + attention(x)``, then ``+`` the routed experts' MLP
     (:mod:`shardscope._src.model.moe`: dropless, or capacity-padded with the config's
-    ``capacity_factor``) and the shared experts'."""
-    x = x + attention(p, x, hooks, impl=config.attention, block=config.attention_block)
+    ``capacity_factor`` in ``hooks.moe_groups`` groups) and the shared experts'."""
+    x = checkpoint_name(x, "decoder_layer_input")
+    a = attention(p, x, hooks, impl=config.attention, block=config.attention_block)
+    x = hooks.residual(x + a)
     with jax.named_scope("moe"):
-        h = _norm(x, p["mlp_norm"])
-        b, s, d = h.shape
-        tokens = h.reshape(b * s, d)
-        w_in = p["expert_gate_up"] if "expert_gate_up" in p else p["expert_up"]
-        if config.capacity_factor is None:
-            y = moe_dropless(tokens, p["router"], w_in, p["expert_down"], config.top_k)
-        else:
-            y, _ = moe_capacity(
-                tokens, p["router"], w_in, p["expert_down"], config.top_k, config.capacity_factor
-            )
-        y = y.reshape(b, s, d)
-        if "shared_down" in p:
+        h = _norm(x, hooks.weight("moe_mlp_norm", p["mlp_norm"]))
+    b, s, d = h.shape
+    tokens = h.reshape(b * s, d)
+    name = "expert_gate_up" if "expert_gate_up" in p else "expert_up"
+    w_in = hooks.weight(name, p[name])
+    w_down = hooks.weight("expert_down", p["expert_down"])
+    router = hooks.weight("router", p["router"])
+    # the routed experts' scopes are moe/router, moe/dispatch, moe/experts and moe/combine
+    if config.capacity_factor is None:
+        y = moe_dropless(tokens, router, w_in, w_down, config.top_k)
+    else:
+        y, _ = moe_capacity(
+            tokens,
+            router,
+            w_in,
+            w_down,
+            config.top_k,
+            config.capacity_factor,
+            groups=hooks.moe_groups,
+            place=hooks.moe,
+        )
+    y = y.reshape(b, s, d)
+    if "shared_down" in p:
+        with jax.named_scope("moe/shared"):
             if "shared_gate_up" in p:
-                u = _swiglu(jnp.einsum("bsd,dtf->bstf", h, p["shared_gate_up"]))
+                gu = hooks.weight("shared_gate_up", p["shared_gate_up"])
+                u = _swiglu(jnp.einsum("bsd,dtf->bstf", h, gu))
             else:
-                u = _gelu(jnp.einsum("bsd,df->bsf", h, p["shared_up"]))
-            y = y + jnp.einsum("bsf,fd->bsd", u, p["shared_down"])
-    return x + y.astype(x.dtype)
+                up = hooks.weight("shared_up", p["shared_up"])
+                u = _gelu(jnp.einsum("bsd,df->bsf", h, up))
+            down = hooks.weight("shared_down", p["shared_down"])
+            y = y + jnp.einsum("bsf,fd->bsd", u, down)
+    return hooks.residual(x + y.astype(x.dtype))
 
 
 def decoder_layer(
@@ -522,8 +548,14 @@ def forward(
         if capture:
             raise ValueError("capture= takes a dense model's sublayers; this one has experts")
 
+        def moe_step(layer: dict[str, Any], x: Any) -> Any:
+            return moe_layer(layer, x, config, hooks)
+
+        if config.remat != Remat.NONE or hooks.gathers_weights:
+            moe_step = jax.checkpoint(moe_step, policy=remat_policy(config.remat, hooks))
+
         def moe_body(x: Any, layer: dict[str, Any]) -> tuple[Any, Any]:
-            return moe_layer(layer, x, config, hooks), None
+            return moe_step(layer, x), None
 
         x, _ = jax.lax.scan(moe_body, x, params["moe_layers"])
 

@@ -87,6 +87,13 @@ class JitHooks(Hooks):
     def weight(self, name: str, w: Any) -> Any:
         return self._constrain(w, self.placement.use_spec(name))
 
+    @property
+    def moe_groups(self) -> int:  # type: ignore[override]
+        return self.placement.moe_groups
+
+    def moe(self, point: str, x: Any) -> Any:
+        return self._constrain(x, self.placement.moe_spec(point))
+
 
 class ShardMapHooks(Hooks):
     """Megatron's explicit collectives over the model axis, per device inside shard_map.
@@ -228,9 +235,16 @@ def build_reference_program(
             f"strategy {placement.name!r} has no shard_map version; use impl='jit', or one of "
             f"the strategies with explicit collectives: {twins}"
         )
+    if impl == "shard_map" and placement.config.is_moe:
+        raise StrategyError(
+            f"the shard_map twin of strategy {placement.name!r} writes the dense layers' "
+            f"collectives, and this model is a mixture of experts; use impl='jit', or audit "
+            f"one expert-parallel layer's shard_map twin (shardscope audit moe --impl shard_map)"
+        )
     if capture and mode != Mode.FORWARD:
         raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")
     _check_microbatches(placement, mode, impl, microbatches)
+    _check_dropless(placement, mode, impl, microbatches)
 
     config = placement.config
     params_sh = jax.tree.map(placement.sharding, placement.param_specs())
@@ -312,6 +326,26 @@ def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: in
             f"shard, which {microbatches} micro-batches do not divide; choose microbatches "
             f"from {', '.join(map(str, fits[:12]))}"
             + (" (the batch must divide by the data axes)" if batch % data else "")
+        )
+
+
+def _check_dropless(bound: Placement, mode: str, impl: str, microbatches: int) -> None:
+    """A dropless mixture of experts (``jax.lax.ragged_dot``) cannot run in a train step
+    mapped over the data shards (:func:`_local_accumulation`): JAX has no batching rule for
+    it there. Under plain jit it compiles, and the partitioner gathers every expert's weights
+    to where the tokens are rather than moving the tokens (measured on XLA's CPU compiler):
+    capacity-padded dispatch is what moves tokens to their experts."""
+    c = bound.config
+    if not c.is_moe or c.capacity_factor is not None or mode != Mode.TRAIN or impl != "jit":
+        return
+    if (microbatches > 1 and accumulates_locally(bound)) or reduces_in_two_steps(bound):
+        raise StrategyError(
+            f"strategy {bound.name!r} maps its train step over the data shards "
+            f"({', '.join(local_roles(bound))}) to reduce the gradients once, and a dropless "
+            f"mixture of experts (capacity_factor=None: jax.lax.ragged_dot) cannot be mapped "
+            f"so; set capacity_factor (1.0 drops nothing under balanced routing, 1.25 is "
+            f"MaxText's), or use microbatches=1 with a strategy whose gradients are sharded "
+            f"(fsdp, fsdp_ep)"
         )
 
 

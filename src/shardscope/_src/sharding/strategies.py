@@ -45,7 +45,13 @@ from shardscope._src.mesh import (
     mesh_axes,
     parse_mesh_spec,
 )
-from shardscope._src.model.config import LAYER_PARAMS, ModelConfig, param_shapes, split_params
+from shardscope._src.model.config import (
+    LAYER_PARAMS,
+    MOE_PARAMS,
+    ModelConfig,
+    param_shapes,
+    split_params,
+)
 
 if TYPE_CHECKING:
     import jax
@@ -64,6 +70,9 @@ class Role(Vocab):
     #: the batch, with the model state replicated (HSDP's outer axis): the mesh axis named
     #: replica
     REPLICA = "replica"
+    #: a mixture of experts' routed experts, each on one device of it, and the batch (the
+    #: attention data-parallel over the same devices): the mesh axis named expert
+    EXPERT = "expert"
 
 
 #: The mesh axis the ``context`` role is bound to (MaxText's ``context`` mesh axis).
@@ -71,6 +80,8 @@ CONTEXT_AXIS = "context"
 #: The mesh axis the ``replica`` role is bound to (HSDP's outer axis, across nodes: PyTorch's
 #: ``replicate`` mesh dimension, torchtitan's ``dp_replicate``).
 REPLICA_AXIS = "replica"
+#: The mesh axis the ``expert`` role is bound to (torchtitan's ``ep``, MaxText's ``expert``).
+EXPERT_AXIS = "expert"
 
 #: One dimension's entry in a rule: unsharded, one role, or several roles at once (their
 #: axes in that order, as one PartitionSpec entry).
@@ -102,6 +113,32 @@ PARAM_DIMS: dict[str, tuple[str, ...]] = {
     "embed": ("vocab", "d_model"),
     "final_norm": ("d_model",),
     "unembed": ("d_model", "vocab"),
+    # a mixture of experts' layers with experts (model.config.MOE_PARAMS)
+    "moe_attn_norm": ("d_model",),
+    "moe_wqkv": ("d_model", "kv_heads", "qkv_slots", "head_dim"),
+    "moe_wo": ("heads", "head_dim", "d_model"),
+    "moe_mlp_norm": ("d_model",),
+    "router": ("d_model", "experts"),
+    "expert_gate_up": ("experts", "d_model", "gate_up", "expert_ff"),
+    "expert_up": ("experts", "d_model", "expert_ff"),
+    "expert_down": ("experts", "expert_ff", "d_model"),
+    "shared_gate_up": ("d_model", "gate_up", "shared_ff"),
+    "shared_up": ("d_model", "shared_ff"),
+    "shared_down": ("shared_ff", "d_model"),
+}
+#: Each parameter of a layer with experts and the dense one whose rule it takes (the routed
+#: experts' after their experts dimension; the router's ``d_model`` as the norm's).
+_MOE_LIKE = {
+    "moe_attn_norm": "attn_norm",
+    "moe_wqkv": "wqkv",
+    "moe_wo": "wo",
+    "moe_mlp_norm": "mlp_norm",
+    "expert_gate_up": "w_gate_up",
+    "expert_up": "w_up",
+    "expert_down": "w_down",
+    "shared_gate_up": "w_gate_up",
+    "shared_up": "w_up",
+    "shared_down": "w_down",
 }
 ACTIVATION_DIMS: dict[str, tuple[str, ...]] = {
     "residual": ("batch", "seq", "d_model"),
@@ -116,7 +153,13 @@ def _rules(**kw: Roles) -> tuple[tuple[str, Roles], ...]:
     return tuple(kw.items())
 
 
-_REPLICATED_PARAMS = {name: (None,) * len(dims) for name, dims in PARAM_DIMS.items()}
+#: The parameters with a leading layers axis (their specs get ``None`` for it).
+_STACKED = frozenset(LAYER_PARAMS) | frozenset(MOE_PARAMS)
+
+#: The dense model's parameters: the strategies' tables name these; a mixture of experts'
+#: take their rules from them (:func:`_with_experts`).
+_DENSE_PARAMS = tuple(n for n in PARAM_DIMS if n not in _MOE_LIKE and n != "router")
+_REPLICATED_PARAMS = {name: (None,) * len(PARAM_DIMS[name]) for name in _DENSE_PARAMS}
 _TP_PARAMS = dict(
     _REPLICATED_PARAMS,
     wqkv=(None, Role.MODEL, None, None),
@@ -139,8 +182,33 @@ _FSDP_PARAMS = dict(
 )
 _FSDP_TP_PARAMS = {
     name: tuple(a or b for a, b in zip(_FSDP_PARAMS[name], _TP_PARAMS[name], strict=True))
-    for name in PARAM_DIMS
+    for name in _DENSE_PARAMS
 }
+
+
+def _without(entry: Entry, role: str) -> Entry:
+    kept = tuple(r for r in entry_roles(entry) if r != role)
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+
+def _with_experts(rules: dict[str, Roles], roles: tuple[str, ...]) -> dict[str, Roles]:
+    """``rules`` with an entry for each parameter of a layer with experts that it does not
+    name: the attention's, the shared experts' and the routed experts' as their dense
+    counterparts', the routed experts' ``experts`` dimension over the ``expert`` role where
+    the strategy has one (and that role dropped from their other dimensions: each expert
+    lives on one device of it), the router's ``d_model`` as the norm's."""
+    out = dict(rules)
+    expert: Entry = Role.EXPERT if Role.EXPERT in roles else None
+    for name, dense in _MOE_LIKE.items():
+        if name in out or dense not in rules:
+            continue
+        if name.startswith("expert_"):
+            out[name] = (expert, *(_without(e, Role.EXPERT) for e in rules[dense]))
+        else:
+            out[name] = rules[dense]
+    if "router" not in out and "attn_norm" in rules:
+        out["router"] = (rules["attn_norm"][0], None)
+    return out
 
 
 def _acts(batch: Entry, model: str | None, seq: str | None) -> dict[str, Roles]:
@@ -180,6 +248,15 @@ def _context_acts() -> dict[str, Roles]:
 #: separate sum over ``context``.
 _FSDP_CP_PARAMS = {
     name: tuple((Role.DATA, Role.CONTEXT) if r == Role.DATA else r for r in roles)
+    for name, roles in _FSDP_PARAMS.items()
+}
+
+
+#: FSDP over the data and the expert axes together (torchtitan's FSDP over dp_shard, within
+#: which its expert parallelism borrows the ep devices): every device of either holds other
+#: tokens, so both are data-parallel replicas of the dense weights.
+_FSDP_EP_PARAMS = {
+    name: tuple((Role.DATA, Role.EXPERT) if r == Role.DATA else r for r in roles)
     for name, roles in _FSDP_PARAMS.items()
 }
 
@@ -265,13 +342,17 @@ class Strategy:
         return Role.MODEL in self.roles and not self.sequence_parallel
 
     def param_rules(self) -> dict[str, Roles]:
-        return dict(self.params)
+        return _with_experts(dict(self.params), self.roles)
 
     def grad_rules(self) -> dict[str, Roles]:
-        return dict(self.grads) if self.grads is not None else self.param_rules()
+        if self.grads is None:
+            return self.param_rules()
+        return _with_experts(dict(self.grads), self.roles)
 
     def optimizer_rules(self) -> dict[str, Roles]:
-        return dict(self.optimizer) if self.optimizer is not None else self.grad_rules()
+        if self.optimizer is None:
+            return self.grad_rules()
+        return _with_experts(dict(self.optimizer), self.roles)
 
     @property
     def updates_shards(self) -> bool:
@@ -280,7 +361,7 @@ class Strategy:
         return self.optimizer is not None and self.optimizer_rules() != self.param_rules()
 
     def use_rules(self) -> dict[str, Roles] | None:
-        return None if self.use is None else dict(self.use)
+        return None if self.use is None else _with_experts(dict(self.use), self.roles)
 
     def activation_rules(self) -> dict[str, Roles]:
         return dict(self.activations)
@@ -296,6 +377,12 @@ class Strategy:
         """The batch dimension's entry (one role, several, or None)."""
         roles = self.batch_roles
         return None if not roles else roles[0] if len(roles) == 1 else roles
+
+    @property
+    def expert_parallel(self) -> bool:
+        """The routed experts of a mixture of experts are split over ``expert``: the strategy
+        places only models with experts."""
+        return Role.EXPERT in self.roles
 
     @property
     def context_parallel(self) -> bool:
@@ -323,7 +410,15 @@ class Strategy:
 
         Raises :class:`StrategyError` naming the value, the rule and a fix.
         """
-        config.require_dense(f"strategy {self.name!r} of the reference decoder")
+        if self.expert_parallel and not config.is_moe:
+            dense = [n for n, st in STRATEGIES.items() if not st.expert_parallel]
+            raise StrategyError(
+                f"strategy {self.name!r} splits a mixture of experts' routed experts over "
+                f"'{EXPERT_AXIS}', and this model has none (experts=0); give the model "
+                f"experts (ModelConfig(experts=8, top_k=2, ...)), or "
+                f"choose a strategy for dense models: {', '.join(dense)}",
+                param="strategy",
+            )
         # The reference model constrains its activations (with_sharding_constraint) and lets
         # the compiler choose the collectives: it runs on Auto axes whatever the mesh's types.
         mesh = auto_mesh(make_mesh(mesh) if isinstance(mesh, str) else mesh)
@@ -477,6 +572,41 @@ def _strategies() -> dict[str, Strategy]:
             use=rep,
             activations=_rules(**_acts((Role.REPLICA, Role.DATA), None, None)),
         ),
+        Strategy(
+            "ep",
+            "expert parallel: each routed expert on one device of 'expert', the rest "
+            "replicated, the batch over 'expert' (data-parallel attention)",
+            (Role.EXPERT,),
+            rep,
+            activations=_rules(**_acts(Role.EXPERT, None, None)),
+        ),
+        Strategy(
+            "dp_ep",
+            "data x expert parallel: the experts split over 'expert' and replicated over the "
+            "data axes, the rest replicated, the batch over both",
+            (Role.DATA, Role.EXPERT),
+            rep,
+            activations=_rules(**_acts((Role.DATA, Role.EXPERT), None, None)),
+        ),
+        Strategy(
+            "fsdp_ep",
+            "FSDP x expert parallel (torchtitan's EP within dp_shard): the dense weights "
+            "sharded over the data and expert axes, the experts split over 'expert' and "
+            "sharded over the data axes, gathered at use; the batch over both",
+            (Role.DATA, Role.EXPERT),
+            _rules(**_FSDP_EP_PARAMS),
+            use=rep,
+            activations=_rules(**_acts((Role.DATA, Role.EXPERT), None, None)),
+        ),
+        Strategy(
+            "ep_tp",
+            "expert x tensor parallel: the experts split over 'expert' and their hidden "
+            "over 'model', the attention and shared MLP Megatron on 'model', the batch over "
+            "'expert'",
+            (Role.EXPERT, Role.MODEL),
+            tp,
+            activations=_rules(**_acts(Role.EXPERT, Role.MODEL, None)),
+        ),
     ]
     return {s.name: s for s in out}
 
@@ -513,7 +643,8 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     """A mesh description of shape ``sizes`` whose axis names fit ``strategy``'s roles.
 
     The last axis is ``model`` or ``context`` when the strategy uses that role; the others
-    are ``data``, preceded by ``pod`` and ``pod1``, ... for more axes. A 1-D mesh for a
+    are ``data``, preceded by ``pod`` and ``pod1``, ... for more axes. A strategy with the
+    ``expert`` role has it last but for ``model``. A 1-D mesh for a
     data-only strategy is ``data=N``. A strategy with the ``replica`` role (HSDP) has it
     first, the slowest-varying axis (across nodes), and ``data`` last, the closest devices.
 
@@ -527,13 +658,25 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'data=2,context=4'
     >>> mesh_spec_for("hsdp", (8, 8))
     'replica=8,data=8'
+    >>> mesh_spec_for("fsdp_ep", (8, 8))
+    'data=8,expert=8'
+    >>> mesh_spec_for("ep_tp", (2, 4, 2))
+    'data=2,expert=4,model=2'
     """
     s = get_strategy(strategy)
     if not sizes or not all(is_int(v, 1) for v in sizes):
         raise StrategyError(f"mesh shape {sizes!r} must be one or more positive integers")
     names: list[str]
     last = CONTEXT_AXIS if s.context_parallel else Role.MODEL
-    if len(sizes) == 1:
+    if Role.EXPERT in s.roles:
+        # the experts' axis last but for the model's (its devices closest, for the
+        # all-to-alls), the data axes before it
+        tail = [EXPERT_AXIS, Role.MODEL] if Role.MODEL in s.roles else [EXPERT_AXIS]
+        tail = tail[-len(sizes) :]
+        n_lead = len(sizes) - len(tail)
+        lead = ["pod" if i == 0 else f"pod{i}" for i in range(n_lead - 1)]
+        names = [*lead, Role.DATA, *tail] if n_lead else tail
+    elif len(sizes) == 1:
         names = [Role.MODEL if Role.MODEL in s.roles else Role.DATA]
     elif Role.REPLICA in s.roles:
         lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
@@ -604,6 +747,17 @@ def _resolve_roles(
                     param="mesh",
                 )
             resolved[Role.REPLICA] = (REPLICA_AXIS,)
+        if Role.EXPERT in strategy.roles:
+            if EXPERT_AXIS not in sizes:
+                n = math.prod(sizes.values())
+                shape = (n,) if len(strategy.roles) == 1 else (max(1, n // 2), min(2, n))
+                raise StrategyError(
+                    f"strategy {strategy.name!r} splits the routed experts over a mesh axis "
+                    f"named {EXPERT_AXIS!r}, but mesh {mesh_text!r} has none; name one axis "
+                    f"{EXPERT_AXIS!r} (e.g. mesh {mesh_spec_for(strategy, shape)!r})",
+                    param="mesh",
+                )
+            resolved[Role.EXPERT] = (EXPERT_AXIS,)
         if Role.DATA in strategy.roles:
             taken = {a for names in resolved.values() for a in names}
             resolved[Role.DATA] = tuple(a for a in sizes if a not in taken)
@@ -675,11 +829,7 @@ class Placement:
     def param_specs(self) -> dict[str, Any]:
         """PartitionSpec per parameter, in the model's pytree (layer weights stacked)."""
 
-        rules = self.strategy.param_rules()
-        shapes = param_shapes(self.config)
-        return split_params(
-            {name: self.spec(rules[name], layers=name in LAYER_PARAMS) for name in shapes}
-        )
+        return self._specs(self.strategy.param_rules())
 
     def grad_specs(self) -> dict[str, Any]:
         """PartitionSpec per gradient (ZeRO-2: sharded on the data axes), like
@@ -694,7 +844,7 @@ class Placement:
 
         shapes = param_shapes(self.config)
         return split_params(
-            {name: self.spec(rules[name], layers=name in LAYER_PARAMS) for name in shapes}
+            {name: self.spec(rules[name], layers=name in _STACKED) for name in shapes}
         )
 
     def use_spec(self, name: str) -> Any | None:
@@ -707,6 +857,32 @@ class Placement:
             return None
         rules = self.strategy.activation_rules()
         return self.spec(rules[point]) if point in rules else None
+
+    @property
+    def moe_groups(self) -> int:
+        """The groups a layer with experts routes its tokens in: one per shard of the batch
+        (GShard's), so that each device routes its own tokens and fills its slots of every
+        expert."""
+        return self.role_size(self.strategy.batch_entry)
+
+    def moe_spec(self, point: str) -> Any | None:
+        """The spec of a layer with experts' ``point``: ``"tokens"`` ``[groups, tokens,
+        d_model]`` and ``"slots"`` ``[experts, groups, slots, d_model]`` over the batch's
+        axes; ``"experts"`` (the slots as the experts take them) with ``experts`` over the
+        ``expert`` axis and the groups over the batch's other axes. Between ``"slots"`` and
+        ``"experts"`` the compiler moves each group's slots to their experts: the
+        all-to-all over ``expert``. ``None`` without activation constraints."""
+        if not self.constraints:
+            return None
+        batch = self.strategy.batch_entry
+        if point == "tokens":
+            return self.spec((batch, None, None))
+        if point == "slots":
+            return self.spec((None, batch, None, None))
+        if point == "experts":
+            expert = Role.EXPERT if Role.EXPERT in self.strategy.roles else None
+            return self.spec((expert, _without(batch, Role.EXPERT), None, None))
+        raise ValueError(f"unknown point {point!r} of a layer with experts")
 
     def batch_specs(self) -> tuple[Any, Any]:
         """Specs of ``(inputs, targets)``: the residual stream's (first two dims for tokens)."""
@@ -739,6 +915,9 @@ class Placement:
         }
         if c.vocab is not None:
             sizes["vocab"] = c.vocab
+        if c.is_moe:
+            f = c.expert_ff or c.ff
+            sizes.update(experts=c.experts, expert_ff=f, shared_ff=c.shared_experts * f)
         return sizes
 
     def validate(self) -> None:

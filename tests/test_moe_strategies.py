@@ -1,0 +1,167 @@
+"""The reference decoder's strategies place a mixture of experts: expert parallelism (the
+routed experts split over an ``expert`` axis, the attention data-parallel over it), with
+FSDP and with tensor parallelism, and the dense strategies with the experts as their MLPs.
+Each train step equals one device's; on the H100 compiler the dispatch and combine are
+all-to-alls over ``expert`` named by scope, with the bytes top-k routing sends."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardscope
+from shardscope._src.base.errors import StrategyError
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.transformer import Hooks, init_batch, init_params, loss
+from shardscope._src.sharding.programs import build_reference_program
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
+
+
+def _moe(**kw):
+    base = dict(
+        d_model=64,
+        heads=4,
+        ff=128,
+        layers=3,
+        batch=8,
+        seq=16,
+        vocab=256,
+        mlp="swiglu",
+        experts=8,
+        top_k=2,
+        expert_ff=32,
+        shared_experts=1,
+        dense_layers=1,
+        # room for every token in each expert: nothing dropped, whatever the groups
+        capacity_factor=8 / 2,
+    )
+    return ModelConfig(**{**base, **kw})
+
+
+@functools.cache
+def _one_device(config):
+    params, batch = init_params(config), init_batch(config)
+    return jax.jit(jax.value_and_grad(loss), static_argnums=2)(params, batch, config)
+
+
+def _max_error(a, b):
+    return max(
+        float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh, microbatches",
+    [
+        ("ep", "expert=8", 1),
+        ("fsdp_ep", "data=2,expert=4", 1),
+        ("ep_tp", "expert=4,model=2", 2),
+        ("dp_tp", "data=4,model=2", 2),
+    ],
+)
+def test_a_mixture_of_experts_train_step_equals_one_device(strategy, mesh, microbatches):
+    config = _moe()
+    want_loss, want_grads = _one_device(config)
+    prog = build_reference_program(strategy, config, mesh, mode="train", microbatches=microbatches)
+    got_loss, got_grads = prog.fn(*prog.example_args())
+    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
+    assert _max_error(got_grads, want_grads) < 1e-6
+
+
+class _Groups(Hooks):
+    def __init__(self, groups):
+        self.moe_groups = groups
+
+
+def test_capacity_is_counted_per_group_of_each_devices_tokens():
+    # At capacity factor 1 tokens are dropped, and which depends on the groups: the
+    # sharded step routes each of the 8 batch shards' tokens on its own, as one device does
+    # with 8 groups, and differs from one group.
+    config = _moe(capacity_factor=1.0)
+    params, batch = init_params(config), init_batch(config)
+    prog = build_reference_program("dp_ep", config, "data=2,expert=4", mode="train")
+    got, _ = prog.fn(*prog.example_args())
+    eight = jax.jit(lambda p, b: loss(p, b, config, _Groups(8)))(params, batch)
+    one = jax.jit(lambda p, b: loss(p, b, config, _Groups(1)))(params, batch)
+    assert float(got) == pytest.approx(float(eight), rel=1e-5)
+    assert abs(float(eight) - float(one)) > 1e-4
+
+
+def test_expert_parallel_specs_split_the_experts_and_shard_the_rest():
+    config = _moe()
+    specs = get_strategy("fsdp_ep").place(config, "data=2,expert=4").param_specs()
+    moe = specs["moe_layers"]
+    # each expert on one device of 'expert', its model dimension sharded over 'data'
+    assert moe["expert_gate_up"] == P(None, "expert", "data", None, None)
+    assert moe["expert_down"] == P(None, "expert", None, "data")
+    # the dense weights (attention, router, shared experts) over both, as FSDP over dp_shard
+    assert moe["wqkv"] == P(None, ("data", "expert"), None, None, None)
+    assert moe["router"] == P(None, ("data", "expert"), None)
+    assert moe["shared_gate_up"] == P(None, ("data", "expert"), None, None)
+    tp = get_strategy("ep_tp").place(config, "expert=4,model=2").param_specs()["moe_layers"]
+    assert tp["expert_gate_up"] == P(None, "expert", None, None, "model")
+    assert tp["expert_down"] == P(None, "expert", "model", None)
+    assert tp["router"] == P(None, None, None)
+
+
+def test_mesh_names_for_expert_strategies():
+    assert mesh_spec_for("ep", (8,)) == "expert=8"
+    assert mesh_spec_for("fsdp_ep", (8, 8)) == "data=8,expert=8"
+    assert mesh_spec_for("ep_tp", (4, 2)) == "expert=4,model=2"
+
+
+def test_the_h100_compiler_moves_each_token_to_its_experts_by_all_to_all():
+    config = _moe(
+        d_model=256,
+        heads=8,
+        kv_heads=2,
+        ff=512,
+        layers=2,
+        batch=16,
+        seq=128,
+        vocab=1024,
+        dense_layers=0,
+        shared_experts=0,
+        expert_ff=512,
+        capacity_factor=1.0,
+        dtype="bfloat16",
+    )
+    for strategy, spec, replicas in (("fsdp_ep", "data=2,expert=4", 2), ("ep", "expert=8", 1)):
+        mesh = shardscope.target_mesh("h100", spec, axis_types="auto")
+        audit = shardscope.audit(build_reference_program(strategy, config, mesh, mode="train"))
+        moved = {}
+        for c in audit.collectives:
+            if c.kind == "all-to-all":
+                assert c.axes == ("expert",)
+                key = (c.scope, c.payload_bytes)
+                moved[key] = moved.get(key, 0) + c.count
+        # each replica's tokens x top-2 x d_model in bfloat16, there and back, in each of
+        # the 2 layers' forward and backward
+        payload = 16 * 128 * 2 * 256 * 2 // replicas
+        assert moved == {("moe/dispatch", payload): 2 * 2, ("moe/combine", payload): 2 * 2}
+
+
+def test_expert_strategies_refuse_what_they_cannot_place():
+    with pytest.raises(StrategyError, match="experts=0"):
+        get_strategy("ep").place(ModelConfig(), "expert=8")
+    with pytest.raises(StrategyError, match="experts=6.*expert=4"):
+        get_strategy("ep").place(_moe(experts=6), abstract_mesh("expert=4"))
+    with pytest.raises(StrategyError, match="named 'expert'.*data=4,expert=2"):
+        get_strategy("fsdp_ep").place(_moe(), "data=8")
+    with pytest.raises(StrategyError, match="capacity_factor"):
+        build_reference_program(
+            "dp_ep", _moe(capacity_factor=None), "data=2,expert=4", mode="train"
+        )
+    with pytest.raises(StrategyError, match="mixture of experts.*audit moe"):
+        build_reference_program("tp", _moe(), "model=4,data=2", impl="shard_map")
+
+
+def test_dropless_under_plain_jit_still_equals_one_device():
+    config = _moe(capacity_factor=None)
+    _, want = _one_device(config)
+    prog = build_reference_program("fsdp_ep", config, "data=2,expert=4", mode="train")
+    _, got = prog.fn(*prog.example_args())
+    assert _max_error(got, want) < 1e-6
