@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.transformer import Hooks, init_batch, init_params, loss
+from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
 
@@ -71,23 +71,16 @@ def test_a_mixture_of_experts_train_step_equals_one_device(strategy, mesh, micro
     assert _max_error(got_grads, want_grads) < 1e-6
 
 
-class _Groups(Hooks):
-    def __init__(self, groups):
-        self.moe_groups = groups
-
-
-def test_capacity_is_counted_per_group_of_each_devices_tokens():
-    # At capacity factor 1 tokens are dropped, and which depends on the groups: the
-    # sharded step routes each of the 8 batch shards' tokens on its own, as one device does
-    # with 8 groups, and differs from one group.
+def test_capacity_is_counted_per_sequence_whatever_the_mesh():
+    # At capacity factor 1 tokens are dropped; each sequence is routed on its own, so the
+    # sharded step drops what one device drops, and dropping changes the loss.
     config = _moe(capacity_factor=1.0)
-    params, batch = init_params(config), init_batch(config)
     prog = build_reference_program("dp_ep", config, "data=2,expert=4", mode="train")
     got, _ = prog.fn(*prog.example_args())
-    eight = jax.jit(lambda p, b: loss(p, b, config, _Groups(8)))(params, batch)
-    one = jax.jit(lambda p, b: loss(p, b, config, _Groups(1)))(params, batch)
-    assert float(got) == pytest.approx(float(eight), rel=1e-5)
-    assert abs(float(eight) - float(one)) > 1e-4
+    want, _ = _one_device(config)
+    room, _ = _one_device(_moe())
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    assert abs(float(want) - float(room)) > 1e-4
 
 
 def test_expert_parallel_specs_split_the_experts_and_shard_the_rest():

@@ -250,6 +250,23 @@ class ModelConfig(Record):
         """Whether its MLPs are mixtures of experts."""
         return self.experts > 0
 
+    @property
+    def moe_layers(self) -> int:
+        """Layers with experts (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def dense_layer_count(self) -> int:
+        """Layers with a dense MLP: all of a dense model's, a mixture's ``dense_layers``."""
+        return self.layers - self.moe_layers
+
+    @property
+    def routed_capacity(self) -> float:
+        """Slots each token's assignments take in the experts, over ``top_k``: the capacity
+        factor (padded slots are computed and moved too), 1 for dropless dispatch (each
+        expert takes what it is sent; uniform routing on average)."""
+        return 1.0 if self.capacity_factor is None else float(self.capacity_factor)
+
     def require_dense(self, what: str) -> None:
         """Refuses a mixture of experts where only dense models are built (``what``)."""
         if self.is_moe:

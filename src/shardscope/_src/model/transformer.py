@@ -143,10 +143,6 @@ class Hooks:
         """A weight (one layer's slice for layer weights) at its use."""
         return w
 
-    #: the groups a layer with experts routes its tokens in (GShard's: one per shard of the
-    #: batch), each with its own capacity
-    moe_groups: int = 1
-
     def moe(self, point: str, x: Any) -> Any:
         """A layer with experts' ``"tokens"``, ``"slots"`` and ``"experts"`` (see
         :func:`~shardscope._src.model.moe.moe_capacity`'s ``place``)."""
@@ -403,7 +399,8 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS) -> Any:
     """One layer with experts: ``x + attention(x)``, then ``+`` the routed experts' MLP
     (:mod:`shardscope._src.model.moe`: dropless, or capacity-padded with the config's
-    ``capacity_factor`` in ``hooks.moe_groups`` groups) and the shared experts'."""
+    ``capacity_factor`` per sequence: MaxText's groups, so that which tokens are dropped does
+    not depend on how the batch is split) and the shared experts'."""
     x = checkpoint_name(x, "decoder_layer_input")
     a = attention(p, x, hooks, impl=config.attention, block=config.attention_block)
     x = hooks.residual(x + a)
@@ -426,7 +423,7 @@ def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_
             w_down,
             config.top_k,
             config.capacity_factor,
-            groups=hooks.moe_groups,
+            groups=b,
             place=hooks.moe,
         )
     y = y.reshape(b, s, d)

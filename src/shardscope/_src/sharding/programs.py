@@ -87,10 +87,6 @@ class JitHooks(Hooks):
     def weight(self, name: str, w: Any) -> Any:
         return self._constrain(w, self.placement.use_spec(name))
 
-    @property
-    def moe_groups(self) -> int:  # type: ignore[override]
-        return self.placement.moe_groups
-
     def moe(self, point: str, x: Any) -> Any:
         return self._constrain(x, self.placement.moe_spec(point))
 

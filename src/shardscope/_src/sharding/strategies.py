@@ -858,20 +858,14 @@ class Placement:
         rules = self.strategy.activation_rules()
         return self.spec(rules[point]) if point in rules else None
 
-    @property
-    def moe_groups(self) -> int:
-        """The groups a layer with experts routes its tokens in: one per shard of the batch
-        (GShard's), so that each device routes its own tokens and fills its slots of every
-        expert."""
-        return self.role_size(self.strategy.batch_entry)
-
     def moe_spec(self, point: str) -> Any | None:
-        """The spec of a layer with experts' ``point``: ``"tokens"`` ``[groups, tokens,
-        d_model]`` and ``"slots"`` ``[experts, groups, slots, d_model]`` over the batch's
-        axes; ``"experts"`` (the slots as the experts take them) with ``experts`` over the
-        ``expert`` axis and the groups over the batch's other axes. Between ``"slots"`` and
-        ``"experts"`` the compiler moves each group's slots to their experts: the
-        all-to-all over ``expert``. ``None`` without activation constraints."""
+        """The spec of a layer with experts' ``point`` (its tokens routed in groups, one per
+        sequence): ``"tokens"`` ``[groups, tokens, d_model]`` and ``"slots"`` ``[experts,
+        groups, slots, d_model]`` over the batch's axes; ``"experts"`` (the slots as the
+        experts take them) with ``experts`` over the ``expert`` axis and the groups over the
+        batch's other axes. Between ``"slots"`` and ``"experts"`` the compiler moves each
+        group's slots to their experts: the all-to-all over ``expert``. ``None`` without
+        activation constraints."""
         if not self.constraints:
             return None
         batch = self.strategy.batch_entry
