@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-import shardscope
 from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.model.config import ModelConfig
@@ -129,10 +128,16 @@ def test_bad_expert_settings_name_the_value():
         model_preset("deepseek-v3")
 
 
-def test_where_only_dense_models_are_built_a_mixture_is_refused_with_its_counts(capsys):
-    with pytest.raises(ModelConfigError, match="mixture of experts.*46,702,792,704"):
-        shardscope.plan("mixtral-8x7b", 64)
+def test_what_the_planner_cannot_price_for_a_mixture_is_refused_naming_the_flag(capsys):
     line = assert_usage_error(
-        ["plan", "--model", "qwen3-30b-a3b", "--devices", "8"], "mixture of experts", capsys
+        ["plan", "--model", "qwen3-30b-a3b", "--devices", "8", "--remat", "selective"],
+        "mixture of experts",
+        capsys,
     )
-    assert "--model" in line
+    assert "--remat" in line
+    line = assert_usage_error(
+        ["plan", "--model", "llama3-8b", "--devices", "8", "--strategies", "fsdp_ep"],
+        "has none",
+        capsys,
+    )
+    assert "--strategies" in line

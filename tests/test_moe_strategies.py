@@ -146,7 +146,7 @@ def test_expert_strategies_refuse_what_they_cannot_place():
         get_strategy("fsdp_ep").place(_moe(), "data=8")
     with pytest.raises(StrategyError, match="capacity_factor"):
         build_reference_program(
-            "dp_ep", _moe(capacity_factor=None), "data=2,expert=4", mode="train"
+            "dp_tp", _moe(capacity_factor=None), "data=4,model=2", mode="train", microbatches=2
         )
     with pytest.raises(StrategyError, match="mixture of experts.*audit moe"):
         build_reference_program("tp", _moe(), "model=4,data=2", impl="shard_map")

@@ -39,7 +39,7 @@ SPELLED = [
     ),
     (Mode, ["train", "forward"]),
     (Remat, ["none", "selective", "matmuls", "full", "offload"]),
-    (Role, ["data", "model", "context", "replica"]),
+    (Role, ["data", "model", "context", "replica", "expert"]),
     (MatmulDtype, ["bfloat16", "fp8"]),
     (
         OverlapClass,

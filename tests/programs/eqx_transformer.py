@@ -115,6 +115,8 @@ SPECS = {
     },
 }
 SPECS["dp_tp"] = {**SPECS["tp"], "tokens": P("data")}
+
+
 def _spec_of(path, leaf, specs):
     name = jax.tree_util.keystr(path)
     if name.startswith("[2]") or name.startswith("[3]"):

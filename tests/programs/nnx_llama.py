@@ -15,10 +15,20 @@ BATCH, SEQ = 32, 512
 #: Three hand-written rule sets: data parallel, tensor parallel (Megatron's), both.
 RULES = {
     "dp": [("batch", "data"), ("vocab", None), ("embed", None), ("heads", None), ("mlp", None)],
-    "tp": [("batch", None), ("vocab", "model"), ("embed", None), ("heads", "model"),
-           ("mlp", "model")],
-    "dp_tp": [("batch", "data"), ("vocab", "model"), ("embed", None), ("heads", "model"),
-              ("mlp", "model")],
+    "tp": [
+        ("batch", None),
+        ("vocab", "model"),
+        ("embed", None),
+        ("heads", "model"),
+        ("mlp", "model"),
+    ],
+    "dp_tp": [
+        ("batch", "data"),
+        ("vocab", "model"),
+        ("embed", None),
+        ("heads", "model"),
+        ("mlp", "model"),
+    ],
 }
 
 

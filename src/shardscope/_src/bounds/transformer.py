@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
+    ALL_TO_ALL,
     REDUCE_SCATTER,
 )
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.notes import Note
+from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
-from shardscope._src.model.config import LAYER_PARAMS, Mode, param_shapes
+from shardscope._src.model.config import LAYER_PARAMS, MOE_PARAMS, Mode, ModelConfig, param_shapes
 from shardscope._src.sharding.strategies import Placement, Role, entry_roles, uses_role
 
 # -- transformer strategies -----------------------------------------------------------------
@@ -79,7 +82,11 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
 
     if Role.MODEL in s.roles:
-        terms += _activation_terms(s.sequence_parallel, model_axes, t, activation, L, train)
+        terms += _activation_terms(
+            s.sequence_parallel, model_axes, t, activation, L, train, mlp_layers=c.dense_layer_count
+        )
+    if c.is_moe:
+        terms += _moe_terms(placement, train)
     if s.context_parallel:
         context_axes, n_context = _group(placement, [Role.CONTEXT])
         assert c.kv_heads is not None and c.head_dim is not None  # set by ModelConfig
@@ -107,7 +114,7 @@ def regathered_terms(placement: Placement) -> list[Term]:
     terms = [
         t
         for name, shape in param_shapes(c).items()
-        if name in LAYER_PARAMS
+        if _stacked(c, name)
         for t in _weight_terms(placement, name, shape, False)
         if t.role is TermRole.WEIGHT_GATHER
     ]
@@ -143,14 +150,18 @@ def _activation_terms(
     activation: int,
     layers: int,
     train: bool,
+    *,
+    mlp_layers: int | None = None,
 ) -> list[Term]:
-    """Tensor (and sequence) parallel activations over the model axes, attention then MLP."""
+    """Tensor (and sequence) parallel activations over the model axes, attention (in each
+    of ``layers``) then MLP (in each of ``mlp_layers``, default ``layers``: a mixture of
+    experts' dense layers)."""
     terms: list[Term] = []
     passes = 2 if train else 1
     role = TermRole.ACTIVATION
-    for scope, first, last in (
-        ("attention", "QKV", "out-projection"),
-        ("mlp", "MLP-up", "MLP-down"),
+    for scope, first, last, count in (
+        ("attention", "QKV", "out-projection", layers),
+        ("mlp", "MLP-up", "MLP-down", layers if mlp_layers is None else mlp_layers),
     ):
         if sequence_parallel:
             gather = f"sequence shards gathered before the column-parallel {first} matmul" + (
@@ -159,16 +170,16 @@ def _activation_terms(
             scatter = f"{last} partial sums reduce-scattered to sequence shards" + (
                 " (and the backward of the gather)" if train else ""
             )
-            terms += _term(ALL_GATHER, axes, n, activation, passes * layers, gather, scope, role)
+            terms += _term(ALL_GATHER, axes, n, activation, passes * count, gather, scope, role)
             terms += _term(
-                REDUCE_SCATTER, axes, n, activation, passes * layers, scatter, scope, role
+                REDUCE_SCATTER, axes, n, activation, passes * count, scatter, scope, role
             )
             continue
         row = f"{last} partial sums (row-parallel)"
-        terms += _term(ALL_REDUCE, axes, n, activation, layers, row, scope, role)
+        terms += _term(ALL_REDUCE, axes, n, activation, count, row, scope, role)
         if train:
             column = f"input gradient of the column-parallel {first} matmul"
-            terms += _term(ALL_REDUCE, axes, n, activation, layers, column, scope, role)
+            terms += _term(ALL_REDUCE, axes, n, activation, count, column, scope, role)
     return terms
 
 
@@ -197,11 +208,14 @@ def _weight_terms(
     axes (and over ``model`` under sequence parallelism), its updated shards gathered (ZeRO)."""
     s, c = placement.strategy, placement.config
     storage, use = s.param_rules(), s.use_rules()
-    count = c.layers if name in LAYER_PARAMS else 1
-    one = shape[1:] if name in LAYER_PARAMS else shape
+    count = _stacked(c, name)
+    one = shape[1:] if count else shape
+    count = count or 1
     used_roles = (use or storage)[name]
-    model_ways = math.prod(placement.role_size(r) for r in used_roles if r == Role.MODEL)
-    payload = math.prod(one) * c.itemsize // model_ways  # as the data group sees it
+    # as the data group sees it: a model-axis slice, and of the routed experts those of one
+    # device of the expert axis
+    split = math.prod(placement.role_size(r) for r in used_roles if r in (Role.MODEL, Role.EXPERT))
+    payload = math.prod(one) * c.itemsize // split
     scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
     data_sharded = uses_role(storage[name], Role.DATA)
     grads_sharded = train and uses_role(s.grad_rules()[name], Role.DATA)
@@ -228,7 +242,10 @@ def _weight_terms(
     # it too). One all-reduce over all of them at once is cheaper than one per axis, and
     # after a reduce-scatter it sums the shard it left (1/n of the gradient).
     scattered = _shard_roles(s.grad_rules()[name]) if grads_sharded else ()
-    partial = [r for r in s.batch_roles if r not in scattered]
+    # a routed expert's gradient is whole over the expert axis: every token sent to the
+    # expert reached its device
+    own = (Role.EXPERT,) if uses_role(storage[name], Role.EXPERT) else ()
+    partial = [r for r in s.batch_roles if r not in scattered and r not in own]
     if s.context_parallel and Role.CONTEXT not in scattered:
         partial.append(Role.CONTEXT)
     if s.sequence_parallel and Role.MODEL not in used_roles:
@@ -241,6 +258,63 @@ def _weight_terms(
         )
         role = TermRole.GRADIENT_SUM
         terms += _term(ALL_REDUCE, axes, n, shard, count, what, scope, role)
+    return terms
+
+
+def _stacked(c: ModelConfig, name: str) -> int:
+    """How many layers stack parameter ``name`` (0: it is not a layer's)."""
+    if name in LAYER_PARAMS:
+        return c.dense_layer_count
+    if name in MOE_PARAMS:
+        return c.moe_layers
+    return 0
+
+
+def _moe_terms(placement: Placement, train: bool) -> list[Term]:
+    """A mixture of experts' layers: under expert parallelism each layer's dispatch and
+    combine all-to-alls over ``expert`` (:func:`~shardscope._src.bounds.moe.moe_layer_terms`,
+    each replica's tokens over the data axes, at the capacity factor: the padded slots move
+    too); under tensor parallelism the routed experts' row-parallel outputs (the slots a
+    device holds, ``cf k h`` a token) and the shared experts' (``h`` a token) all-reduced
+    over ``model``, again for the column-parallel input gradients in training."""
+    s, c = placement.strategy, placement.config
+    terms: list[Term] = []
+    _, n_tokens = _group(placement, s.batch_roles)
+    if s.expert_parallel:
+        axes, e = _group(placement, [Role.EXPERT])
+        replicas = n_tokens // e
+        data = next((a for a in placement.mesh.shape if a not in axes), "data")
+        for t in moe_layer_terms(
+            c.batch * c.seq,
+            c.d_model,
+            c.top_k,
+            c.experts,
+            axes[0],
+            e,
+            c.itemsize,
+            imbalance=c.routed_capacity,
+            train=train,
+            data_axis=data if replicas > 1 else None,
+            data_devices=replicas,
+        ):
+            if t.kind == ALL_TO_ALL:
+                terms.append(replace(t, count=t.count * c.moe_layers))
+    if Role.MODEL in s.roles:
+        model_axes, m = _group(placement, [Role.MODEL])
+        tokens = (c.batch // n_tokens) * c.seq
+        slots = math.ceil(c.routed_capacity * tokens * c.top_k) * c.d_model * c.itemsize
+        passes = 2 if train else 1
+        role = TermRole.ACTIVATION
+        what = "routed experts' down-projection partial sums (row-parallel)"
+        terms += _term(
+            ALL_REDUCE, model_axes, m, slots, passes * c.moe_layers, what, "moe/experts", role
+        )
+        if c.shared_experts:
+            what = "shared experts' down-projection partial sums (row-parallel)"
+            activation = tokens * c.d_model * c.itemsize
+            terms += _term(
+                ALL_REDUCE, model_axes, m, activation, passes * c.moe_layers, what, "moe", role
+            )
     return terms
 
 

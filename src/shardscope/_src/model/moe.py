@@ -1,14 +1,14 @@
 """A mixture-of-experts MLP in plain JAX: a linear router, top-k routing, and the two ways
 programs dispatch tokens to their experts.
 
-* **Capacity-padded** (GShard, Switch, MaxText's and Flaxformer's einsum dispatch): each
-  expert takes at most ``C = ceil(capacity_factor x tokens x top_k / experts)`` tokens, in
-  token order; a one-hot dispatch tensor ``[tokens, experts, C]`` moves them into an
-  ``[experts, C, d_model]`` buffer (padded where an expert has fewer), the experts run as one
-  batched matmul, and the combine tensor (the dispatch weighted by the router) brings them
-  back. Tokens beyond an expert's capacity are dropped: their slot contributes nothing and
-  the residual carries them. Sharded over an expert axis, the dispatch and combine einsums
-  are where the compiler puts the all-to-alls.
+* **Capacity-padded** (GShard, Switch, MaxText's and Flaxformer's dispatch): each expert
+  takes at most ``C = ceil(capacity_factor x tokens x top_k / experts)`` tokens, in token
+  order; they are gathered into an ``[experts, C, d_model]`` buffer (padded where an expert
+  has fewer), the experts run as one batched matmul, and a scatter-add weighted by the
+  router brings them back (:func:`dispatch_tensors` gives the same assignment as GShard's
+  one-hot dispatch and combine tensors). Tokens beyond an expert's capacity are dropped:
+  their slot contributes nothing and the residual carries them. Sharded over an expert
+  axis, the dispatch and combine are where the compiler puts the all-to-alls.
 * **Dropless** (MegaBlocks, grouped GEMMs, ``jax.lax.ragged_dot``): the ``tokens x top_k``
   assignments sorted by expert, each expert's rows one group of a ragged matmul, nothing
   dropped.
@@ -83,6 +83,27 @@ def dispatch_tensors(weights: Any, experts: Any, n_experts: int, slots: int) -> 
     return dispatch, combine
 
 
+def slot_tokens(weights: Any, experts: Any, n_experts: int, slots: int) -> tuple[Any, Any]:
+    """``(token, weight)``, each ``[experts x slots]`` for one group of tokens: which token
+    fills each slot of each expert (``tokens``, one past the last, where the slot is empty)
+    and its router weight there (0 where empty). The same assignment as
+    :func:`dispatch_tensors`, as indices: slots in token order (then by the token's rank of
+    the expert), assignments beyond an expert's ``slots`` dropped."""
+    tokens, top_k = experts.shape
+    one_hot = jax.nn.one_hot(experts, n_experts, dtype=jnp.int32)  # [t, k, e]
+    flat = one_hot.reshape(tokens * top_k, n_experts)
+    position = (jnp.cumsum(flat, axis=0) - flat).reshape(tokens, top_k, n_experts)
+    position = jnp.sum(position * one_hot, axis=-1)  # [t, k]
+    # a dropped assignment writes past the end, which the scatter drops
+    slot = jnp.where(position < slots, experts * slots + position, n_experts * slots)
+    who = jnp.broadcast_to(jnp.arange(tokens)[:, None], (tokens, top_k))
+    token = jnp.full((n_experts * slots,), tokens, jnp.int32)
+    token = token.at[slot.reshape(-1)].set(who.reshape(-1), mode="drop")
+    weight = jnp.zeros((n_experts * slots,), weights.dtype)
+    weight = weight.at[slot.reshape(-1)].set(weights.reshape(-1), mode="drop")
+    return token, weight
+
+
 def _same(name: str, x: Any) -> Any:
     return x
 
@@ -106,7 +127,11 @@ def moe_capacity(
     that group: ``place(name, x)`` then shards ``"tokens"`` ``[groups, tokens/groups, d]``
     and ``"slots"`` ``[experts, groups, slots, d]`` over the group axis, and ``"experts"``
     (the same array) over the expert axis, and the compiler moves the slots to their experts
-    and back with an all-to-all each way."""
+    and back with an all-to-all each way.
+
+    Each group fills its slots by gathering its tokens (:func:`slot_tokens`) and takes the
+    outputs back by a weighted scatter-add: no FLOPs, where the one-hot einsums of
+    :func:`dispatch_tensors` cost ``2 x tokens x experts x slots x d`` each way."""
     n_experts = router.shape[-1]
     t, d = x.shape
     if t % groups:
@@ -114,20 +139,27 @@ def moe_capacity(
     xg = place("tokens", x.reshape(groups, t // groups, d))
     weights, experts = route(xg, router, top_k, place)
     slots = capacity(t // groups, n_experts, top_k, factor)
-    dispatch, combine = jax.vmap(lambda w, e: dispatch_tensors(w, e, n_experts, slots))(
-        weights, experts
-    )
+    token, weight = jax.vmap(lambda w, e: slot_tokens(w, e, n_experts, slots))(weights, experts)
     with jax.named_scope("moe/dispatch"):
-        # each group fills its slots of every expert where the group is, then the slots go
-        # to their experts (the all-to-all)
-        buffer = place("slots", jnp.einsum("gtec,gtd->egcd", dispatch.astype(x.dtype), xg))
+        # each group fills its slots of every expert where the group is (an empty slot takes
+        # the zero row past its tokens), then the slots go to their experts (the all-to-all)
+        padded = jnp.concatenate([xg, jnp.zeros((groups, 1, d), x.dtype)], axis=1)
+        filled = jax.vmap(lambda rows, i: jnp.take(rows, i, axis=0))(padded, token)
+        filled = filled.reshape(groups, n_experts, slots, d)
+        buffer = place("slots", jnp.swapaxes(filled, 0, 1))
         buffer = place("experts", buffer)
     e, g, c, _ = buffer.shape
     y = _expert_mlp(buffer.reshape(e, g * c, d), w_in, w_down).reshape(e, g, c, d)
     with jax.named_scope("moe/combine"):
         y = place("slots", place("experts", y))  # back to their groups (the all-to-all)
-        out = place("tokens", jnp.einsum("gtec,egcd->gtd", combine.astype(x.dtype), y))
-    dropped = t * top_k - jnp.sum(dispatch).astype(jnp.int32)
+        rows = jnp.swapaxes(y, 0, 1).reshape(groups, n_experts * slots, d)
+        rows = rows * weight[..., None].astype(rows.dtype)
+
+        def gather_back(r: Any, i: Any) -> Any:
+            return jnp.zeros((t // groups, d), r.dtype).at[i].add(r, mode="drop")
+
+        out = place("tokens", jax.vmap(gather_back)(rows, token))
+    dropped = t * top_k - jnp.sum(token < t // groups).astype(jnp.int32)
     return out.reshape(t, d), dropped
 
 

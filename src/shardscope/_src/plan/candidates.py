@@ -104,8 +104,13 @@ def candidates(
         n = devices // p
         for name in strategies:
             shapes: list[tuple[int, ...]]
-            if len(get_strategy(name).roles) <= 1:
+            strategy = get_strategy(name)
+            if len(strategy.roles) <= 1:
                 shapes = [(n,)]
+            elif strategy.expert_parallel and Role.DATA in strategy.roles:
+                # the experts over every device too (data=1): the dense weights then
+                # sharded over all of them (fsdp_ep) or replicated (dp_ep, as ep)
+                shapes = [(n // t, t) for t in divisors(n) if 1 < t]
             else:
                 shapes = [(n // t, t) for t in divisors(n) if 1 < t < n]
             for shape in shapes:
@@ -163,6 +168,12 @@ def stage_options(
     if stages is not None:
         if not is_int(stages, 1):
             raise PlanError(f"stages={stages!r}: must be a positive integer")
+        if stages > 1 and config.is_moe:
+            raise PlanError(
+                f"stages={stages}: a mixture of experts is planned without pipeline stages "
+                f"(its layers are of two kinds); give stages=1 or leave it out",
+                param="stages",
+            )
         if config.layers % stages or devices % stages:
             raise PlanError(
                 f"stages={stages}: pipeline stages must divide the {config.layers} layers and "
@@ -170,7 +181,7 @@ def stage_options(
                 f"{', '.join(str(p) for p in divisors(config.layers) if devices % p == 0)}"
             )
         return (stages,)
-    if mode != Mode.TRAIN:
+    if mode != Mode.TRAIN or config.is_moe:
         return (1,)
     return tuple(
         p
@@ -272,6 +283,55 @@ def remat_options(
     return tuple(dict.fromkeys(chosen))
 
 
+#: The strategies whose estimates price a mixture of experts: expert parallelism, and the
+#: data-parallel, FSDP and tensor-parallel ones with the experts as their MLPs (no sequence
+#: or context parallelism, HSDP or ZeRO's sharded update yet).
+MOE_STRATEGIES = ("dp", "fsdp", "dp_tp", "fsdp_tp", "ep", "dp_ep", "fsdp_ep", "ep_tp")
+#: The recomputations whose estimates price a mixture of experts.
+MOE_REMATS = (Remat.NONE, Remat.FULL)
+
+
+def moe_strategies(names: Sequence[str], *, asked: bool) -> tuple[str, ...]:
+    """The strategies a sweep of a mixture of experts tries: :data:`MOE_STRATEGIES` when
+    none were ``asked`` for, else those given, each of which must be one of them."""
+    if not asked:
+        return MOE_STRATEGIES
+    other = [n for n in names if n not in MOE_STRATEGIES]
+    if other:
+        raise PlanError(
+            f"strategies {', '.join(other)}: the planner prices a mixture of experts under "
+            f"{', '.join(MOE_STRATEGIES)}; choose from those",
+            param="strategies",
+        )
+    return tuple(names)
+
+
+def moe_remats(remats: Sequence[str], *, asked: bool) -> tuple[str, ...]:
+    """The recomputations a sweep of a mixture of experts tries (:data:`MOE_REMATS`), or
+    an error naming those asked for that it cannot price."""
+    other = [r for r in remats if r not in MOE_REMATS]
+    if asked and other:
+        raise PlanError(
+            f"remat={', '.join(other)}: the planner prices a mixture of experts with "
+            f"{' or '.join(MOE_REMATS)} recomputation; choose one of those",
+            param="remat",
+        )
+    return tuple(r for r in remats if r in MOE_REMATS)
+
+
+def dense_strategies(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` for a dense model: an expert-parallel one among them is refused."""
+    experts = [n for n in names if get_strategy(n).expert_parallel]
+    if experts:
+        raise PlanError(
+            f"strategies {', '.join(experts)}: expert parallelism splits a mixture of "
+            f"experts' routed experts, and this model has none; choose from "
+            f"{', '.join(DEFAULT_STRATEGIES)}, or plan a mixture (model='mixtral-8x7b')",
+            param="strategies",
+        )
+    return tuple(names)
+
+
 def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool) -> ModelConfig:
     """The program one device runs for ``cand``: one stage's layers, the whole batch, its
     recomputation, and blocked attention when the estimate assumes memory-efficient attention
@@ -281,13 +341,20 @@ def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool)
     layers in that many chunks of ``layers / (stages x virtual_stages)``: within a stage the
     collectives per layer are the same, so the program compiled is one stage's, of all its
     layers; the chunks change only the schedule (the bubble, the point-to-point transfers and
-    the activations held, in the estimates)."""
+    the activations held, in the estimates).
+
+    A dropless mixture of experts is compiled capacity-padded at capacity factor 1: what a
+    dropless program computes and moves under uniform routing (the published benchmarks
+    force it), and what the partitioner can place (under jit a ragged matmul's experts are
+    gathered to the tokens instead)."""
+    capacity = config.routed_capacity if config.is_moe else config.capacity_factor
     return replace(
         config,
         layers=config.layers // cand.stages,
         remat=cand.remat,
         attention="blocked" if flash_attention else "dense",
         scan=True,
+        capacity_factor=capacity,
     )
 
 
@@ -397,6 +464,17 @@ def screen_all(
     )
     all_candidates = candidates(names, devices, stage_counts, mesh, node_size=hw.node_size)
     remats = remat_options(mode, remat, flash_attention, hw)
+    if config.is_moe:
+        remats = moe_remats(remats, asked=remat is not None)
+        names = moe_strategies(names, asked=True)
+        if matmul_dtype == MatmulDtype.FP8:
+            raise PlanError(
+                "matmul_dtype='fp8': the planner prices a mixture of experts' matmuls in 16 "
+                "bits; give matmul_dtype='bfloat16'",
+                param="matmul_dtype",
+            )
+    else:
+        names = dense_strategies(names)
     if offload_optimizer and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):
         why = (
             "a forward pass has no optimizer state"

@@ -41,13 +41,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record, record_dict
 from shardscope._src.base.vocab import Vocab
-from shardscope._src.model.config import LAYER_PARAMS, Mode, ModelConfig, Remat, param_shapes
+from shardscope._src.model.config import (
+    EXPERT_PARAMS,
+    LAYER_PARAMS,
+    MOE_PARAMS,
+    Mode,
+    ModelConfig,
+    Remat,
+    param_shapes,
+)
 from shardscope._src.sharding.strategies import Placement, Role, uses_role
 from shardscope._src.targets.hardware import Hardware
 
@@ -314,11 +322,46 @@ def activation_bytes_per_layer(
     placement: Placement, *, flash_attention: bool = True, microbatches: int = 1
 ) -> int:
     """Bytes of one layer's activations kept for the backward pass, on one device, for one
-    micro-batch (Korthikanti et al. Table 2; see the module docstring)."""
-    whole, split, scores = _activation_terms(
-        placement, sequences_per_device(placement, microbatches)
+    micro-batch (Korthikanti et al. Table 2; see the module docstring). A mixture of experts'
+    layers are of two kinds: this is their mean, so that ``layers`` times it is what all of
+    them keep (:func:`moe_activation_bytes_per_layer` for the layers with experts)."""
+    b = sequences_per_device(placement, microbatches)
+    whole, split, scores = _activation_terms(placement, b)
+    dense = whole + split + (0 if flash_attention else scores)
+    c = placement.config
+    if not c.is_moe:
+        return math.ceil(dense)
+    moe = moe_activation_bytes_per_layer(placement, flash_attention=flash_attention, b=b)
+    return math.ceil((c.dense_layer_count * dense + c.moe_layers * moe) / c.layers)
+
+
+def moe_activation_bytes_per_layer(
+    placement: Placement, *, flash_attention: bool = True, b: int
+) -> float:
+    """Bytes a layer with experts keeps for the backward for ``b`` sequences on one device:
+    its attention's as a dense layer's (Korthikanti et al.), then, per token, the router's
+    float32 logits (``4 E``), the slots sent to the experts and their outputs (``cf k h``
+    each: ``cf`` the capacity factor, 1 dropless), the experts' hidden activations as a dense
+    MLP's (``cf k`` times SwiGLU's ``3 f`` or GELU's ``2 f``, split over ``model``), and the
+    shared experts' hidden as a dense MLP of their width. Under expert parallelism a device
+    holds its experts' slots of every token sent to them: under uniform routing, as many as
+    its own tokens send."""
+    c = placement.config
+    whole, split, scores = _activation_terms(placement, b)
+    t = model_ways(placement)
+    f = c.expert_ff or c.ff
+    mlp_dense = (6 * c.ff if c.mlp == "swiglu" else 4 * c.ff) / (
+        1 if placement.strategy.sequence_parallel else t
     )
-    return math.ceil(whole + split + (0 if flash_attention else scores))
+    per_slot = 3 * f if c.mlp == "swiglu" else 2 * f  # elements: gate and up, their product
+    shared = c.shared_experts * f
+    hidden = (per_slot * c.routed_capacity * c.top_k + per_slot * shared / f) / t
+    cf_k = c.routed_capacity * c.top_k
+    moe_elements = 2 * cf_k * c.d_model + hidden
+    tokens = b * c.seq // context_ways(placement)
+    attention = whole + split - mlp_dense * b * c.seq * c.itemsize / 2 / context_ways(placement)
+    attention += 0 if flash_attention else scores
+    return attention + tokens * (moe_elements * c.itemsize + 4 * c.experts)
 
 
 def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) -> int:
@@ -486,10 +529,7 @@ def estimate_memory(
     if Role.DATA in s.roles and any(
         uses_role(roles, Role.DATA) for roles in s.param_rules().values()
     ):
-        layer = sum(
-            math.prod(shape[1:]) for name, shape in param_shapes(c).items() if name in LAYER_PARAMS
-        )
-        gathered = layer * item // model_ways(placement)
+        gathered = gathered_layer_elements(placement) * item // model_ways(placement)
     on_host = train and sched.offload_optimizer
     if on_host:
         host += optimizer
@@ -505,6 +545,24 @@ def estimate_memory(
     )
 
 
+def gathered_layer_elements(placement: Placement) -> int:
+    """Elements of the largest layer's weights a device gathers at use (FSDP): a dense
+    layer's, or a layer with experts' (its attention, router and shared experts, and the
+    routed experts this device holds: ``experts / e`` under expert parallelism)."""
+    c = placement.config
+    shapes = param_shapes(c)
+    dense = sum(math.prod(shape[1:]) for name, shape in shapes.items() if name in LAYER_PARAMS)
+    if not c.is_moe:
+        return dense
+    e = placement.role_size(Role.EXPERT) if placement.strategy.expert_parallel else 1
+    moe = sum(
+        math.prod(shape[1:]) // (e if name in EXPERT_PARAMS else 1)
+        for name, shape in shapes.items()
+        if name in MOE_PARAMS
+    )
+    return max(dense, moe)
+
+
 def gathered_kv_bytes(placement: Placement, microbatches: int = 1) -> int:
     """Context parallelism: one layer's keys and values of the whole sequence on one device,
     ``2 x seq x kv_dim x b x itemsize``, alive while the layer runs (0 for other strategies)."""
@@ -517,12 +575,55 @@ def gathered_kv_bytes(placement: Placement, microbatches: int = 1) -> int:
 
 
 def layer_matmul_params(config: ModelConfig) -> int:
-    """Weights of one layer's matmuls (the projections and the MLP; no norm gains)."""
+    """Weights of one dense layer's matmuls (the projections and the MLP; no norm gains)."""
+    c = config
+    if c.is_moe:  # its dense layers' shapes
+        c = replace(
+            c,
+            experts=0,
+            top_k=0,
+            dense_layers=0,
+            shared_experts=0,
+            expert_ff=None,
+            capacity_factor=None,
+        )
     return sum(
         math.prod(shape[1:])
-        for name, shape in param_shapes(config).items()
+        for name, shape in param_shapes(c).items()
         if name in LAYER_PARAMS and not name.endswith("norm")
     )
+
+
+def moe_layer_matmul_params(config: ModelConfig, *, routed: float) -> float:
+    """Weights one token's matmuls go through in a layer with experts: the attention's
+    projections, the router, ``routed`` routed experts' MLPs (``top_k`` for the model's
+    FLOPs; ``top_k x`` the capacity factor for what a capacity-padded program computes) and
+    the shared experts'."""
+    c = config
+    f = c.expert_ff or c.ff
+    assert c.head_dim is not None and c.kv_heads is not None
+    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    mats = 3 if c.mlp == "swiglu" else 2
+    attention = c.d_model * (2 * q_dim + 2 * kv_dim)
+    return attention + c.d_model * c.experts + (routed + c.shared_experts) * mats * c.d_model * f
+
+
+def matmul_params_per_token(placement: Placement) -> tuple[float, float]:
+    """``(split, whole)``: the weights one token's forward matmuls go through in all the
+    layers of ``placement``'s config (FLOPs ``2 x`` per token), the part split over the
+    model axis and the part every device of it computes: a dense model's layers all split;
+    a mixture of experts' layers with experts add the router's (whole), and the routed
+    experts' at ``top_k x`` the capacity factor (padded slots are computed) and the shared
+    experts' (split). The dispatch and the combine gather and scatter: no matmul."""
+    c = placement.config
+    split = float(c.dense_layer_count * layer_matmul_params(c))
+    whole = 0.0
+    if c.is_moe:
+        router = c.d_model * c.experts
+        routed = c.top_k * c.routed_capacity
+        split += c.moe_layers * (moe_layer_matmul_params(c, routed=routed) - router)
+        whole += c.moe_layers * router
+    return split, whole
 
 
 def fp8_cast_elements_per_layer(
@@ -571,7 +672,8 @@ def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:
     c = config
     assert c.head_dim is not None
     per_token = (
-        c.layers * layer_matmul_params(c)
+        c.dense_layer_count * layer_matmul_params(c)
+        + c.moe_layers * round(moe_layer_matmul_params(c, routed=c.top_k))
         + 2 * c.layers * c.seq * c.heads * c.head_dim
         + c.d_model * (c.vocab or 0)
     )

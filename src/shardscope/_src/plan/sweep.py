@@ -48,6 +48,7 @@ from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.candidates import (
+    moe_strategies,
     pinned_mesh,
     remat_options,
     screen_all,
@@ -128,9 +129,7 @@ def _check_arrays(c: ModelConfig) -> None:
 
 
 def _resolve(r: PlanRequest) -> tuple[str, ModelConfig]:
-    name, config = _resolve_model(r)
-    config.require_dense(f"the planner ({name})")
-    return name, config
+    return _resolve_model(r)
 
 
 def _resolve_model(r: PlanRequest) -> tuple[str, ModelConfig]:
@@ -273,6 +272,8 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     hw = get_hardware(r.hardware, **r.hardware_overrides)
     compiler = check_compiler(r.compiler, hw, r.devices, r.target_plans)
     model_name, config = resolve_config(r)
+    if config.is_moe:
+        names = moe_strategies(names, asked=r.strategies is not None)
     _check_bytes_per_param(r.bytes_per_param, config, r.mode)
     devices, mode, stages = r.devices, r.mode, r.stages
     pinned = None if r.mesh is None else pinned_mesh(r.mesh, devices, names)

@@ -83,7 +83,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term
@@ -100,9 +100,9 @@ from shardscope._src.plan.estimates import (
     elements_per_device,
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
-    layer_matmul_params,
     logits_model_split,
     matmul_outputs_bytes_per_layer,
+    matmul_params_per_token,
     model_flops,
     model_ways,
     offloaded_bytes_per_layer,
@@ -381,6 +381,10 @@ def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapCla
     context_axes = set(placement.axes.get(Role.CONTEXT, ()))
     if axes and set(axes) <= model_axes:
         return CRITICAL
+    if kind == ALL_TO_ALL:
+        # a mixture of experts' dispatch and combine: the experts wait for their tokens,
+        # the next layer for their outputs
+        return CRITICAL
     if axes and set(axes) <= context_axes and kind != ALL_REDUCE:
         # Context parallelism's keys and values, gathered and their gradients scattered:
         # the layer's attention waits for them. An all-reduce over 'context' alone sums
@@ -452,7 +456,9 @@ def step_work(
     tokens = tokens_per_device(placement, m)  # each device's own tokens (s / c of a sequence)
     assert c.head_dim is not None  # ModelConfig sets it when it is made
     q_dim = c.heads * c.head_dim
-    layer = 2 * tokens * layer_matmul_params(c) / t
+    # one layer's matmuls on average (a mixture of experts' layers are of two kinds)
+    split, whole = matmul_params_per_token(placement)
+    layer = 2 * tokens * (split / t + whole) / c.layers
     core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts
     own = logits_model_split(placement)  # sequence parallelism or a vocabulary split
     logits = 2 * tokens * c.d_model * (c.vocab or 0) / own

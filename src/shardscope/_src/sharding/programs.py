@@ -390,7 +390,10 @@ def reduces_in_two_steps(placement: Placement) -> bool:
     PyTorch FSDP's ``HYBRID_SHARD`` reduces them. One sum of the whole gradient over both
     makes XLA all-reduce all of it over every device and slice it."""
     roles = local_roles(placement)
-    return bool(roles) and roles != placement.strategy.batch_roles
+    # the expert axis splits the experts' gradients because the all-to-alls took every
+    # token to its expert, not to be summed in two steps: one sum over every axis does
+    tokens = tuple(r for r in placement.strategy.batch_roles if r != Role.EXPERT)
+    return bool(roles) and roles != tokens
 
 
 def _train_step(

@@ -1,0 +1,102 @@
+"""The planner prices a mixture of experts: expert parallelism among the strategies it
+searches, the dispatch and combine all-to-alls in its bound and its time, the experts'
+weights in its memory, the routed experts' FLOPs at the capacity they are padded to; and
+what it cannot price yet is refused by name."""
+
+import pytest
+
+import shardscope
+from shardscope._src.base.comm import ALL_GATHER, ALL_TO_ALL
+from shardscope._src.base.errors import PlanError
+from shardscope._src.model.config import Mode, ModelConfig
+from shardscope._src.model.presets import model_preset
+from shardscope._src.plan.estimates import estimate_memory, model_flops
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+
+SMALL = ModelConfig(
+    d_model=64,
+    heads=4,
+    kv_heads=2,
+    ff=128,
+    layers=2,
+    batch=16,
+    seq=32,
+    vocab=256,
+    mlp="swiglu",
+    experts=8,
+    top_k=2,
+    expert_ff=64,
+    capacity_factor=1.0,
+    dtype="bfloat16",
+)
+
+
+def test_model_flops_count_the_experts_each_token_goes_to():
+    c = model_preset("mixtral-8x7b").config(batch=2, seq=4096)
+    d, kv, ff, layers, vocab = 4096, 8 * 128, 14336, 32, 32000
+    per_token = (
+        layers * (d * (2 * d + 2 * kv) + d * 8 + 2 * 3 * d * ff)  # attention, router, 2 experts
+        + 2 * layers * 4096 * d  # the attention core, non-causal
+        + d * vocab
+    )
+    assert model_flops(c) == 6 * 2 * 4096 * per_token
+
+
+def test_the_bound_moves_each_replicas_tokens_to_its_experts_and_back():
+    placement = get_strategy("fsdp_ep").place(SMALL, abstract_mesh("data=2,expert=4"))
+    terms = shardscope.transformer_bound(placement, Mode.TRAIN).terms
+    a2a = [t for t in terms if t.kind == ALL_TO_ALL]
+    # each replica's 8 sequences x 32 tokens x top-2 x d_model in bfloat16, dispatch and
+    # combine, forward and backward, in both layers
+    assert {t.payload_bytes for t in a2a} == {8 * 32 * 2 * 64 * 2}
+    assert sum(t.count for t in a2a) == 2 * 2 * 2
+    # a layer's routed experts are gathered over 'data' alone: the 2 of 8 on each device
+    gathers = {t.what: t for t in terms if t.kind == ALL_GATHER and t.axes == ("data",)}
+    gate_up = gathers["expert_gate_up gathered at use"]
+    assert gate_up.payload_bytes == 2 * 64 * 2 * 64 * 2 and gate_up.count == 2
+
+
+def test_the_experts_state_is_divided_where_they_are_split():
+    mesh = abstract_mesh("data=2,expert=4")
+    fsdp_ep = estimate_memory(get_strategy("fsdp_ep").place(SMALL, mesh))
+    dp_ep = estimate_memory(get_strategy("dp_ep").place(SMALL, mesh))
+    expert = 2 * (8 * 64 * 2 * 64 + 8 * 64 * 64)  # gate_up and down of 8 experts, 2 layers
+    dense = SMALL.param_count() - expert
+    assert dp_ep.params == (dense + expert // 4) * 2  # experts over 'expert', the rest whole
+    assert fsdp_ep.params == (dense // 8 + expert // 8) * 2
+
+
+def test_plan_searches_expert_parallelism_and_its_screen_counts_what_compiles():
+    result = shardscope.plan(SMALL, 8, hardware="h100", compiler="cpu", compile_top=4)
+    compiled = {p.strategy for p in result.plans}
+    assert compiled & {"ep", "dp_ep", "fsdp_ep", "ep_tp"}
+    for p in result.plans:
+        # the formula's matmul FLOPs are the compiled program's, experts and router included
+        assert p.matmul_flops_per_device == pytest.approx(
+            p.estimated_matmul_flops_per_device, rel=0.03
+        ), p.label
+    # the compiled collectives are the formula's (XLA:CPU's all-reduce where the formula has
+    # a reduce-scatter counted as it sends)
+    checked = [v for v in result.validations if get_strategy(v.strategy).expert_parallel]
+    assert checked
+    for v in checked:
+        assert v.cpu_ratio == pytest.approx(1.0, abs=0.05), v.explanation
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"remat": "matmuls"}, "remat=matmuls"),
+        ({"stages": 2}, "stages=2"),
+        ({"strategies": ["fsdp_sp"]}, "fsdp_sp"),
+        ({"matmul_dtype": "fp8"}, "fp8"),
+    ],
+)
+def test_what_a_mixture_cannot_be_planned_with_is_refused(kwargs, match):
+    with pytest.raises(PlanError, match=match):
+        shardscope.plan(SMALL, 8, hardware="h100", compiler="cpu", compile_top=0, **kwargs)
+
+
+def test_expert_parallelism_for_a_dense_model_is_refused():
+    with pytest.raises(PlanError, match="has none"):
+        shardscope.plan("tiny", 8, strategies=["ep"], compile_top=0)
