@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from calibration import GIB, ROWS, Row  # noqa: E402
+from calibration import GIB, MOE_ROWS, ROWS, Row  # noqa: E402
 
 from shardscope import plan  # noqa: E402
 from shardscope._src.base.text import format_mesh_spec  # noqa: E402
@@ -49,7 +49,8 @@ def _plan(row: Row):
 
 
 def main(prefixes: list[str]) -> None:
-    rows = [r for r in ROWS if not prefixes or any(r.name.startswith(p) for p in prefixes)]
+    every = ROWS + MOE_ROWS
+    rows = [r for r in every if not prefixes or any(r.name.startswith(p) for p in prefixes)]
     print(
         f"{'run':46} {'compiled':>9} {'estimate':>9} {'measured':>9} {'error':>7}  "
         f"{'fit mem':>8} {'analytic':>8} {'ratio':>6} {'fits':>4} {'peak':>8} {'s':>5}"

@@ -10,7 +10,7 @@ import pytest
 import shardscope
 from shardscope._src.audit.compile import audit
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.transformer import fused, rms_norm, swiglu
+from shardscope._src.model.fused import fused, rms_norm, swiglu
 from shardscope._src.plan.estimates import activation_bytes_per_layer
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import get_strategy

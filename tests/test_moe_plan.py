@@ -6,11 +6,13 @@ what it cannot price yet is refused by name."""
 import pytest
 
 import shardscope
+from shardscope._src.audit.compile import audit
 from shardscope._src.base.comm import ALL_GATHER, ALL_TO_ALL
 from shardscope._src.base.errors import PlanError
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.plan.estimates import estimate_memory, model_flops
+from shardscope._src.plan.estimates import activation_bytes_per_layer, estimate_memory, model_flops
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 SMALL = ModelConfig(
@@ -100,3 +102,39 @@ def test_what_a_mixture_cannot_be_planned_with_is_refused(kwargs, match):
 def test_expert_parallelism_for_a_dense_model_is_refused():
     with pytest.raises(PlanError, match="has none"):
         shardscope.plan("tiny", 8, strategies=["ep"], compile_top=0)
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh_spec", [("fsdp_ep", "data=2,expert=4"), ("ep", "expert=8")]
+)
+def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec):
+    # The H100 compiler's temporaries grow per layer of the scan by what one layer keeps for
+    # the backward; the experts' activation keeps only its input, as a fused kernel does.
+    mesh = shardscope.target_mesh("h100", mesh_spec, axis_types="auto")
+    temp, per_layer = {}, {}
+    for layers in (2, 4):
+        config = ModelConfig(
+            layers=layers,
+            d_model=128,
+            heads=2,
+            ff=512,
+            mlp="swiglu",
+            seq=2048,
+            batch=8,
+            dtype="bfloat16",
+            attention="blocked",
+            attention_block=256,
+            experts=8,
+            top_k=2,
+            expert_ff=256,
+            capacity_factor=1.0,
+        )
+        placement = get_strategy(strategy).place(config, mesh)
+        program = build_reference_program(placement, mode="train", regather=True)
+        temp[layers] = audit(program.lower()).memory["temp_size_in_bytes"]
+        per_layer[layers] = activation_bytes_per_layer(placement)
+    # one sequence of 2048 tokens a device, bf16: the attention's and the norms' as a dense
+    # layer's (10 h + 8 h), the slots sent to the 2 experts and their outputs (2 x 2 h), the
+    # experts' gate, up and product (2 x 3 x 256), and the router's float32 logits (4 x 8)
+    assert per_layer[2] == per_layer[4] == 2048 * (18 * 128 + 2 * (2 * 2 * 128 + 2 * 768) + 32)
+    assert (temp[4] - temp[2]) / 2 == pytest.approx(per_layer[2], rel=0.03)

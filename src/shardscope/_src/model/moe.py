@@ -27,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from shardscope._src.model.fused import fused_gelu, fused_swiglu
+
 
 def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
     """Slots per expert: ``ceil(factor x tokens x top_k / experts)``, at least 1.
@@ -54,13 +56,13 @@ def route(h: Any, router: Any, top_k: int, place: Any = None) -> tuple[Any, Any]
 
 def _expert_mlp(x: Any, w_in: Any, w_down: Any) -> Any:
     """Each expert's MLP on its rows ``[experts, rows, d]``: SwiGLU when ``w_in`` is
-    ``[experts, d, 2, f]``, GELU when ``[experts, d, f]``."""
+    ``[experts, d, 2, f]``, GELU when ``[experts, d, f]``; the activation keeps only its
+    input for the backward, as a fused kernel does (:func:`~shardscope._src.model.fused.fused`)."""
     with jax.named_scope("moe/experts"):
         if w_in.ndim == 4:
-            gu = jnp.einsum("ecd,edtf->ectf", x, w_in)
-            u = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]
+            u = fused_swiglu(jnp.einsum("ecd,edtf->ectf", x, w_in))
         else:
-            u = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", x, w_in))
+            u = fused_gelu(jnp.einsum("ecd,edf->ecf", x, w_in))
         return jnp.einsum("ecf,efd->ecd", u, w_down)
 
 
@@ -179,9 +181,9 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
         if w_in.ndim == 4:
             gate = jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes)
             up = jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes)
-            u = jax.nn.silu(gate) * up
+            u = fused_swiglu(jnp.stack([gate, up], axis=-2))
         else:
-            u = jax.nn.gelu(jax.lax.ragged_dot(rows, w_in, sizes))
+            u = fused_gelu(jax.lax.ragged_dot(rows, w_in, sizes))
         y = jax.lax.ragged_dot(u, w_down, sizes)
     with jax.named_scope("moe/combine"):
         y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)
