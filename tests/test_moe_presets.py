@@ -106,9 +106,51 @@ def test_a_qwen3_moe_config_json_reads_its_experts(tmp_path):
     assert read.param_count() == model_preset("qwen3-30b-a3b").param_count()
 
 
+def test_deepseek_v3_counts_as_its_shape_says_and_its_config_json_reads_the_same(tmp_path):
+    d, heads, layers, vocab = 7168, 128, 61, 129280
+    q_lora, kv_lora, nope, rope, v = 1536, 512, 128, 64, 128
+    attention = (
+        d * q_lora
+        + q_lora
+        + q_lora * heads * (nope + rope)  # queries through their latent
+        + d * (kv_lora + rope)
+        + kv_lora
+        + kv_lora * heads * (nope + v)  # keys and values
+        + heads * v * d  # output
+    )
+    expert = 3 * d * 2048
+    dense = attention + 3 * d * 18432 + 2 * d
+    moe = attention + 256 * expert + expert + d * 256 + 2 * d  # routed, shared, router
+    total = 3 * dense + 58 * moe + 2 * vocab * d + d
+    p = model_preset("deepseek-v3")
+    assert p.param_count() == total
+    assert p.active_param_count() == total - 58 * (256 - 8) * expert
+    path = _write(
+        tmp_path,
+        model_type="deepseek_v3",
+        hidden_size=d,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        n_routed_experts=256,
+        num_experts_per_tok=8,
+        n_shared_experts=1,
+        first_k_dense_replace=3,
+        q_lora_rank=q_lora,
+        kv_lora_rank=kv_lora,
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=v,
+    )
+    assert load_hf_config(path).param_count() == total
+
+
 def test_a_config_json_with_experts_it_cannot_read_is_refused_not_read_dense(tmp_path):
-    path = _write(tmp_path, model_type="deepseek_v3", n_routed_experts=256)
-    with pytest.raises(ModelConfigError, match="'deepseek_v3'.*n_routed_experts"):
+    path = _write(tmp_path, model_type="dbrx", num_experts=16)
+    with pytest.raises(ModelConfigError, match="'dbrx'.*num_experts"):
         load_hf_config(path)
     bad = _write(tmp_path, model_type="mixtral", num_local_experts=8, num_experts_per_tok=0)
     with pytest.raises(ModelConfigError, match="num_experts_per_tok=0"):
@@ -124,8 +166,6 @@ def test_bad_expert_settings_name_the_value():
         ModelConfig(layers=2, experts=4, top_k=1, dense_layers=2)
     with pytest.raises(ModelConfigError, match="experts=-1"):
         ModelConfig(experts=-1)
-    with pytest.raises(ModelConfigError, match="DeepSeek-V3's multi-head latent attention"):
-        model_preset("deepseek-v3")
 
 
 def test_what_the_planner_cannot_price_for_a_mixture_is_refused_naming_the_flag(capsys):

@@ -20,7 +20,15 @@ from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
-from shardscope._src.model.config import LAYER_PARAMS, MOE_PARAMS, Mode, ModelConfig, param_shapes
+from shardscope._src.model.config import (
+    EXPERT_PARAMS,
+    LAYER_PARAMS,
+    MLA_PARAMS,
+    MOE_PARAMS,
+    Mode,
+    ModelConfig,
+    param_shapes,
+)
 from shardscope._src.sharding.strategies import Placement, Role, entry_roles, uses_role
 
 # -- transformer strategies -----------------------------------------------------------------
@@ -360,8 +368,11 @@ def _loss_terms(placement: Placement) -> list[Term]:
     return _term(ALL_REDUCE, axes, n, 4, 1, what, "loss", TermRole.LOSS_SUM)
 
 
+_ATTENTION = ("attn_norm", "wqkv", *MLA_PARAMS, "wo")
 _SCOPE_OF = {
-    "attention": ("attn_norm", "wqkv", "wo"),
+    "attention": _ATTENTION + tuple(f"moe_{n}" for n in _ATTENTION),
     "mlp": ("mlp_norm", "w_up", "w_gate_up", "w_down"),
+    "moe": ("moe_mlp_norm", "router", "shared_gate_up", "shared_up", "shared_down"),
+    "moe/experts": EXPERT_PARAMS,
     "embedding": ("embed", "final_norm", "unembed"),
 }

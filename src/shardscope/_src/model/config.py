@@ -127,6 +127,10 @@ class ModelConfig(Record):
     shared_experts: int = 0
     dense_layers: int = 0
     capacity_factor: float | None = None
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "ff", "layers", "batch", "seq", "attention_block"):
@@ -191,6 +195,37 @@ class ModelConfig(Record):
                 f"model config tie_embeddings={self.tie_embeddings!r}: must be True or False"
             )
         self._check_experts()
+        self._check_latent()
+
+    def _check_latent(self) -> None:
+        for name in ("kv_lora_rank", "q_lora_rank", "rope_head_dim"):
+            value = getattr(self, name)
+            if not is_int(value, 0) or value > MAX_DIM:
+                raise ModelConfigError(
+                    f"model config {name}={value!r}: must be a whole number from 0 to {MAX_DIM}"
+                )
+        if self.v_head_dim is not None and not is_int(self.v_head_dim, 1):
+            raise ModelConfigError(
+                f"model config v_head_dim={self.v_head_dim!r}: must be a positive integer or "
+                f"None (None: head_dim)"
+            )
+        if not self.kv_lora_rank:
+            extra = [n for n in ("q_lora_rank", "rope_head_dim", "v_head_dim") if getattr(self, n)]
+            if extra:
+                raise ModelConfigError(
+                    f"model config {', '.join(f'{n}={getattr(self, n)}' for n in extra)} "
+                    f"describe multi-head latent attention, but kv_lora_rank=0; give "
+                    f"kv_lora_rank=N (DeepSeek-V3: 512)"
+                )
+            return
+        if self.kv_heads != self.heads:
+            raise ModelConfigError(
+                f"model config kv_heads={self.kv_heads} with kv_lora_rank={self.kv_lora_rank}: "
+                f"multi-head latent attention gives every query head its own key and value "
+                f"(from the shared latent); leave kv_heads out"
+            )
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
 
     def _check_experts(self) -> None:
         for name in ("experts", "top_k", "shared_experts", "dense_layers"):
@@ -249,6 +284,29 @@ class ModelConfig(Record):
     def is_moe(self) -> bool:
         """Whether its MLPs are mixtures of experts."""
         return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether its attention is multi-head latent attention (DeepSeek-V2 and V3): keys and
+        values decompressed per head from a shared ``kv_lora_rank`` latent, queries through
+        a ``q_lora_rank`` one (or directly when 0), and ``rope_head_dim`` more query and key
+        dimensions (one key part shared by the heads)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Dimensions a query and a key of one head have: ``head_dim``, and under latent
+        attention its rotary part too."""
+        assert self.head_dim is not None
+        return self.head_dim + self.rope_head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Dimensions a value of one head has: ``v_head_dim`` under latent attention, else
+        ``head_dim``."""
+        v = self.v_head_dim if self.is_mla else self.head_dim
+        assert v is not None
+        return v
 
     @property
     def moe_layers(self) -> int:
@@ -316,7 +374,19 @@ def _divisor_near(n: int, want: int) -> int:
 
 # Per-layer weights; stacked, each gets a leading ``layers`` axis. A model has ``w_up`` (GELU)
 # or ``w_gate_up`` (SwiGLU), never both.
-LAYER_PARAMS = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_up", "w_gate_up", "w_down")
+LAYER_PARAMS = (
+    "attn_norm",
+    "wqkv",
+    *("wq", "wq_a", "q_norm", "wq_b", "wkv_a", "kv_norm", "wkv_b"),
+    "wo",
+    "mlp_norm",
+    "w_up",
+    "w_gate_up",
+    "w_down",
+)
+#: Multi-head latent attention's weights, in place of ``wqkv`` (``wq`` without a query
+#: latent; ``wq_a``, ``q_norm`` and ``wq_b`` with one).
+MLA_PARAMS = ("wq", "wq_a", "q_norm", "wq_b", "wkv_a", "kv_norm", "wkv_b")
 # Weights outside the layer stack, present only with a vocabulary (``unembed`` only untied).
 VOCAB_PARAMS = ("embed", "final_norm", "unembed")
 # A mixture of experts' layers with experts (their own stack, after the dense layers): the
@@ -325,6 +395,7 @@ VOCAB_PARAMS = ("embed", "final_norm", "unembed")
 MOE_PARAMS = (
     "moe_attn_norm",
     "moe_wqkv",
+    *(f"moe_{n}" for n in MLA_PARAMS),
     "moe_wo",
     "moe_mlp_norm",
     "router",
@@ -356,14 +427,9 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     experts axis, and the shared experts' MLP (``shared_experts x expert_ff`` wide).
     """
     c = config
-    L, d, h, k, kv = c.layers, c.d_model, c.heads, c.head_dim, c.kv_heads
-    assert k is not None and kv is not None
-    shapes: dict[str, tuple[int, ...]] = {
-        "attn_norm": (L, d),
-        "wqkv": (L, d, kv, c.q_per_kv + 2, k),
-        "wo": (L, h, k, d),
-        "mlp_norm": (L, d),
-    }
+    L, d = c.layers, c.d_model
+    shapes: dict[str, tuple[int, ...]] = {"attn_norm": (L, d), **attention_shapes(c, L)}
+    shapes["mlp_norm"] = (L, d)
     if c.mlp == "swiglu":
         shapes["w_gate_up"] = (L, d, 2, c.ff)
     else:
@@ -374,13 +440,9 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         M, E, f = c.layers - c.dense_layers, c.experts, c.expert_ff or c.ff
         dense = {n: (c.dense_layers, *shape[1:]) for n, shape in shapes.items()}
         shapes = {n: s for n, s in dense.items() if c.dense_layers}
-        shapes.update(
-            moe_attn_norm=(M, d),
-            moe_wqkv=(M, d, kv, c.q_per_kv + 2, k),
-            moe_wo=(M, h, k, d),
-            moe_mlp_norm=(M, d),
-            router=(M, d, E),
-        )
+        shapes["moe_attn_norm"] = (M, d)
+        shapes.update({f"moe_{n}": shape for n, shape in attention_shapes(c, M).items()})
+        shapes.update(moe_mlp_norm=(M, d), router=(M, d, E))
         if c.mlp == "swiglu":
             shapes["expert_gate_up"] = (M, E, d, 2, f)
         else:
@@ -398,6 +460,31 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if not c.tie_embeddings:
             shapes["unembed"] = (d, c.vocab)
     return shapes
+
+
+def attention_shapes(c: ModelConfig, layers: int) -> dict[str, tuple[int, ...]]:
+    """The attention's projections, ``layers`` of each: ``wqkv`` and ``wo``, or latent
+    attention's (``wq`` or ``wq_a``, ``q_norm``, ``wq_b``; ``wkv_a`` to the key and value
+    latent and the shared rotary key, ``kv_norm``, ``wkv_b`` to each head's key and value)
+    and ``wo`` from the values."""
+    L, d, h, k, kv = layers, c.d_model, c.heads, c.head_dim, c.kv_heads
+    assert k is not None and kv is not None
+    if not c.is_mla:
+        return {"wqkv": (L, d, kv, c.q_per_kv + 2, k), "wo": (L, h, k, d)}
+    qk, v = c.qk_head_dim, c.value_head_dim
+    out: dict[str, tuple[int, ...]] = {}
+    if c.q_lora_rank:
+        q = c.q_lora_rank
+        out.update(wq_a=(L, d, q), q_norm=(L, q), wq_b=(L, q, h, qk))
+    else:
+        out["wq"] = (L, d, h, qk)
+    out.update(
+        wkv_a=(L, d, c.kv_lora_rank + c.rope_head_dim),
+        kv_norm=(L, c.kv_lora_rank),
+        wkv_b=(L, c.kv_lora_rank, h, k + v),
+        wo=(L, h, v, d),
+    )
+    return out
 
 
 def split_params(flat: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,11 @@ class ModelPreset:
     active_counts_embedding: bool = True
     #: what the published total counts beyond the modelled decoder (None: nothing)
     published_extra: str | None = None
+    #: multi-head latent attention (DeepSeek-V2 and V3; 0: none)
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int | None = None
 
     def config(
         self, *, batch: int, seq: int | None = None, dtype: str = "bfloat16", **overrides: Any
@@ -77,6 +82,10 @@ class ModelPreset:
             expert_ff=self.expert_ff,
             shared_experts=self.shared_experts,
             dense_layers=self.dense_layers,
+            kv_lora_rank=self.kv_lora_rank,
+            q_lora_rank=self.q_lora_rank,
+            rope_head_dim=self.rope_head_dim,
+            v_head_dim=self.v_head_dim,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if overrides.get("heads") is not None and overrides.get("kv_heads") is None:
@@ -282,6 +291,33 @@ _MOE_PRESETS = (
         shared_experts=1,
         published_extra="the vision encoder",
     ),
+    ModelPreset(
+        "deepseek-v3",
+        7168,
+        128,
+        18432,
+        61,
+        129280,
+        4096,
+        "DeepSeek-V3 Technical Report (arXiv 2412.19437): 671B parameters, 37B activated per "
+        "token, 61 layers (the first 3 dense), 256 routed experts of 2048 and one shared, 8 "
+        "routed per token, multi-head latent attention (128 heads, q_lora_rank 1536, "
+        "kv_lora_rank 512, 128 + 64 rotary query and key dimensions, values of 128); shapes "
+        "from deepseek-ai/DeepSeek-V3's config.json. The multi-token prediction module (14B, "
+        "in the 685B of the checkpoint) is not in the 671B and not modelled",
+        head_dim=128,
+        published_params=671e9,
+        experts=256,
+        top_k=8,
+        expert_ff=2048,
+        shared_experts=1,
+        dense_layers=3,
+        published_active=37e9,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        rope_head_dim=64,
+        v_head_dim=128,
+    ),
 )
 
 _LLAMA2 = "Touvron et al. 2023, Llama 2 (arXiv 2307.09288) Table 1; shapes from its config.json"
@@ -338,19 +374,12 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     )
 }
 
-#: The presets the planner plans (dense) and those it counts only (mixtures of experts).
+#: The dense presets and the mixtures of experts.
 DENSE_PRESETS = tuple(n for n, p in MODEL_PRESETS.items() if not p.experts)
 MOE_PRESETS = tuple(n for n, p in MODEL_PRESETS.items() if p.experts)
 
 #: Published models not modelled yet, and what is missing.
-UNMODELLED = {
-    "deepseek-v3": (
-        "DeepSeek-V3's multi-head latent attention (queries and keys and values through "
-        "low-rank projections, q_lora_rank 1536 and kv_lora_rank 512, with a decoupled rotary "
-        "part) is not modelled, so its 671B parameters and 37B active are neither counted nor "
-        "planned"
-    ),
-}
+UNMODELLED: dict[str, str] = {}
 
 #: Short names kept for the Llama 2 models.
 ALIASES = {"7b": "llama2-7b", "13b": "llama2-13b", "70b": "llama2-70b", "gpt3": "gpt3-175b"}
@@ -375,9 +404,9 @@ def model_preset(name: str) -> ModelPreset:
         return load_hf_config(text)
     raise PlanError(
         f"unknown model preset {name!r}; choose one of {', '.join(DENSE_PRESETS)} (or "
-        f"{', '.join(ALIASES)}; mixtures of experts, counted but not planned yet: "
-        f"{', '.join(MOE_PRESETS)}), give a Llama-family config.json path, or give the shape "
-        f"with d_model, heads, ff, layers (and vocab)",
+        f"{', '.join(ALIASES)}; mixtures of experts: {', '.join(MOE_PRESETS)}), give a "
+        f"Llama-family config.json path, or give the shape with d_model, heads, ff, layers "
+        f"(and vocab)",
         param=("model", "d_model", "heads", "ff", "layers", "vocab"),
     )
 
@@ -475,8 +504,9 @@ def load_hf_config(path: str | Path) -> ModelPreset:
         vocab=integer("vocab_size"),  # type: ignore[arg-type]
         seq=min(seq, HF_MAX_DEFAULT_SEQ),
         source=f"config.json at {p}",
-        kv_heads=integer("num_key_value_heads", heads),
-        head_dim=integer("head_dim") if data.get("head_dim") is not None else None,
+        kv_heads=None if experts.get("kv_lora_rank") else integer("num_key_value_heads", heads),
+        head_dim=experts.pop("head_dim", None)
+        or (integer("head_dim") if data.get("head_dim") is not None else None),
         mlp="swiglu",
         tie_embeddings=tied,
         **experts,
@@ -490,6 +520,7 @@ def load_hf_config(path: str | Path) -> ModelPreset:
 HF_MOE = {
     "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
     "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"),
 }
 #: Keys whose presence says a config.json has experts.
 HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
@@ -520,6 +551,32 @@ def _hf_experts(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
                 param="model",
             )
         values[field] = value
+    if kind == "deepseek_v3":
+        # shared experts, dense layers first, and multi-head latent attention
+        for field, key, least in (
+            ("shared_experts", "n_shared_experts", 0),
+            ("dense_layers", "first_k_dense_replace", 0),
+            ("kv_lora_rank", "kv_lora_rank", 1),
+            ("q_lora_rank", "q_lora_rank", 0),
+            ("rope_head_dim", "qk_rope_head_dim", 0),
+            ("head_dim", "qk_nope_head_dim", 1),
+            ("v_head_dim", "v_head_dim", 1),
+        ):
+            value = data.get(key) or 0
+            if not is_int(value, least):
+                raise ModelConfigError(
+                    f"model={str(path)!r}: config.json {key}={data.get(key)!r} must be a whole "
+                    f"number, {least} or more (model_type 'deepseek_v3')",
+                    param="model",
+                )
+            values[field] = value
+        step = data.get("moe_layer_freq", 1)
+        if step != 1:
+            raise ModelConfigError(
+                f"model={str(path)!r}: config.json moe_layer_freq={step!r}, which is not read: "
+                f"every layer after the first first_k_dense_replace has experts",
+                param="model",
+            )
     if kind == "qwen3_moe":
         # every layer has experts unless listed in mlp_only_layers or off decoder_sparse_step
         step = data.get("decoder_sparse_step", 1)

@@ -70,6 +70,12 @@ def _logits(params: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 
 def _check(config: ModelConfig) -> None:
     config.require_dense("the reference decoder's serving steps")
+    if config.is_mla:
+        raise ModelConfigError(
+            f"the reference decoder's serving steps cache grouped-query attention's keys and "
+            f"values, and this model has latent attention (kv_lora_rank={config.kv_lora_rank}): "
+            f"its cache (the latent) is not modelled yet"
+        )
     if config.vocab is None:
         raise ModelConfigError("serving needs a vocabulary: give the model vocab=N")
 

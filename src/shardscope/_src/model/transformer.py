@@ -49,7 +49,12 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
     dtype = jnp.dtype(config.dtype)
     fan_in = {
         "wqkv": config.d_model,
-        "wo": config.heads * (config.head_dim or 1),
+        "wq": config.d_model,
+        "wq_a": config.d_model,
+        "wq_b": max(config.q_lora_rank, 1),
+        "wkv_a": config.d_model,
+        "wkv_b": max(config.kv_lora_rank, 1),
+        "wo": config.heads * config.value_head_dim,
         "w_up": config.d_model,
         "w_gate_up": config.d_model,
         "w_down": config.ff,
@@ -57,7 +62,12 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
         "unembed": config.d_model,
         # a mixture of experts' layers with experts
         "moe_wqkv": config.d_model,
-        "moe_wo": config.heads * (config.head_dim or 1),
+        "moe_wq": config.d_model,
+        "moe_wq_a": config.d_model,
+        "moe_wq_b": max(config.q_lora_rank, 1),
+        "moe_wkv_a": config.d_model,
+        "moe_wkv_b": max(config.kv_lora_rank, 1),
+        "moe_wo": config.heads * config.value_head_dim,
         "router": config.d_model,
         "expert_gate_up": config.d_model,
         "expert_up": config.d_model,
@@ -173,6 +183,8 @@ def attention(
     output only. ``impl`` ``"dense"`` materialises the scores, ``"blocked"`` runs
     :func:`blocked_attention`."""
 
+    if "wkv_a" in p:
+        return latent_attention(p, x, hooks, impl=impl, block=block)
     with jax.named_scope("attention"):
         h = hooks.enter("attention", _norm(x, hooks.weight("attn_norm", p["attn_norm"])))
         qkv = jnp.einsum("bsd,dkgh->bskgh", h, hooks.weight("wqkv", p["wqkv"]))
@@ -192,6 +204,46 @@ def attention(
         else:
             o = dense_attention(q, hooks.keys(k), hooks.keys(v))
         o = hooks.heads(o.reshape(batch, seq, kv * group, hd))
+        out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
+        return hooks.exit("attention", out)
+
+
+def latent_attention(
+    p: dict[str, Any], x: Any, hooks: Hooks, *, impl: str = "dense", block: int = 512
+) -> Any:
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, section 2.1): the queries
+    through a low-rank latent (``wq_a``, normed, ``wq_b``; or ``wq`` directly), the keys and
+    values decompressed per head from one normed latent (``wkv_a`` -> ``kv_norm`` ->
+    ``wkv_b``), and a rotary part of ``rope_head_dim`` query dimensions per head and key
+    dimensions shared by the heads (``wkv_a``'s last ones), concatenated to the keys. The
+    rotation itself (element-wise, positions) is not modelled: its dimensions, its matmuls
+    and its bytes are."""
+    with jax.named_scope("attention"):
+        h = hooks.enter("attention", _norm(x, hooks.weight("attn_norm", p["attn_norm"])))
+        if "wq_a" in p:
+            cq = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wq_a", p["wq_a"]))
+            cq = _norm(cq, hooks.weight("q_norm", p["q_norm"]))
+            q = jnp.einsum("bsr,rhk->bshk", cq, hooks.weight("wq_b", p["wq_b"]))
+        else:
+            q = jnp.einsum("bsd,dhk->bshk", h, hooks.weight("wq", p["wq"]))
+        q = checkpoint_name(q, "qkv_proj")
+        ckv = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wkv_a", p["wkv_a"]))
+        rank = p["kv_norm"].shape[-1]
+        latent = _norm(ckv[..., :rank], hooks.weight("kv_norm", p["kv_norm"]))
+        kv = jnp.einsum("bsr,rhk->bshk", latent, hooks.weight("wkv_b", p["wkv_b"]))
+        batch, seq, heads, _ = q.shape
+        nope = kv.shape[-1] - p["wo"].shape[-2]
+        rope = jnp.broadcast_to(ckv[:, :, None, rank:], (batch, seq, heads, ckv.shape[-1] - rank))
+        q = hooks.heads(q)
+        k = hooks.heads(jnp.concatenate([kv[..., :nope], rope], axis=-1))
+        v = hooks.heads(kv[..., nope:])
+        # every head its own key and value: one query per key/value head
+        q = q[:, :, :, None, :]
+        if impl == "blocked":
+            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block)
+        else:
+            o = dense_attention(q, hooks.keys(k), hooks.keys(v))
+        o = hooks.heads(o.reshape(batch, seq, heads, v.shape[-1]))
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
         return hooks.exit("attention", out)
 
@@ -247,10 +299,10 @@ def _from_blocks(x: Any) -> Any:
 
 def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
 
-    b, seq, kv, g, hd = q.shape
+    b, seq, kv, g, _ = q.shape
     m0 = jnp.full((b, kv, g, seq), -jnp.inf, jnp.float32)
     l0 = jnp.zeros((b, kv, g, seq), jnp.float32)
-    acc0 = jnp.zeros((b, seq, kv, g, hd), jnp.float32)
+    acc0 = jnp.zeros((b, seq, kv, g, v.shape[-1]), jnp.float32)
     blocks = (jnp.arange(seq // blk), _by_block(k, blk), _by_block(v, blk))
 
     def step(carry: Any, xs: Any) -> Any:

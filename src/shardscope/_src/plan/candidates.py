@@ -283,9 +283,9 @@ def remat_options(
     return tuple(dict.fromkeys(chosen))
 
 
-#: The strategies whose estimates price a mixture of experts: expert parallelism, and the
-#: data-parallel, FSDP and tensor-parallel ones with the experts as their MLPs (no sequence
-#: or context parallelism, HSDP or ZeRO's sharded update yet).
+#: The strategies whose estimates price a mixture of experts (and latent attention): expert
+#: parallelism, and the data-parallel, FSDP and tensor-parallel ones with the experts as their
+#: MLPs (no sequence or context parallelism, HSDP or ZeRO's sharded update yet).
 MOE_STRATEGIES = ("dp", "fsdp", "dp_tp", "fsdp_tp", "ep", "dp_ep", "fsdp_ep", "ep_tp")
 #: The recomputations whose estimates price a mixture of experts.
 MOE_REMATS = (Remat.NONE, Remat.FULL)
@@ -299,8 +299,8 @@ def moe_strategies(names: Sequence[str], *, asked: bool) -> tuple[str, ...]:
     other = [n for n in names if n not in MOE_STRATEGIES]
     if other:
         raise PlanError(
-            f"strategies {', '.join(other)}: the planner prices a mixture of experts under "
-            f"{', '.join(MOE_STRATEGIES)}; choose from those",
+            f"strategies {', '.join(other)}: the planner prices a mixture of experts or latent "
+            f"attention under {', '.join(MOE_STRATEGIES)}; choose from those",
             param="strategies",
         )
     return tuple(names)
@@ -312,11 +312,15 @@ def moe_remats(remats: Sequence[str], *, asked: bool) -> tuple[str, ...]:
     other = [r for r in remats if r not in MOE_REMATS]
     if asked and other:
         raise PlanError(
-            f"remat={', '.join(other)}: the planner prices a mixture of experts with "
-            f"{' or '.join(MOE_REMATS)} recomputation; choose one of those",
+            f"remat={', '.join(other)}: the planner prices a mixture of experts or latent "
+            f"attention with {' or '.join(MOE_REMATS)} recomputation; choose one of those",
             param="remat",
         )
     return tuple(r for r in remats if r in MOE_REMATS)
+
+
+def _kind(config: ModelConfig) -> str:
+    return "a mixture of experts" if config.is_moe else "latent attention"
 
 
 def dense_strategies(names: Sequence[str]) -> tuple[str, ...]:
@@ -464,16 +468,16 @@ def screen_all(
     )
     all_candidates = candidates(names, devices, stage_counts, mesh, node_size=hw.node_size)
     remats = remat_options(mode, remat, flash_attention, hw)
-    if config.is_moe:
+    if config.is_moe or config.is_mla:
         remats = moe_remats(remats, asked=remat is not None)
         names = moe_strategies(names, asked=True)
         if matmul_dtype == MatmulDtype.FP8:
             raise PlanError(
-                "matmul_dtype='fp8': the planner prices a mixture of experts' matmuls in 16 "
-                "bits; give matmul_dtype='bfloat16'",
+                f"matmul_dtype='fp8': the planner prices {_kind(config)}'s matmuls in 16 "
+                f"bits; give matmul_dtype='bfloat16'",
                 param="matmul_dtype",
             )
-    else:
+    if not config.is_moe:
         names = dense_strategies(names)
     if offload_optimizer and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):
         why = (

@@ -54,6 +54,7 @@ from shardscope._src.model.config import (
     Mode,
     ModelConfig,
     Remat,
+    attention_shapes,
     param_shapes,
 )
 from shardscope._src.sharding.strategies import Placement, Role, uses_role
@@ -308,12 +309,20 @@ def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float
     # and up projections ``4f``, their product ``2f``.
     mlp = 6 * f if c.mlp == "swiglu" else 4 * f
     split: float = 2 * q_dim + 4 * kv_dim + 2 * q_dim + mlp  # Q, K and V, out-proj input, MLP
+    latents = 0.0
+    if c.is_mla:
+        # each head's query and key (qk dims), value and attention output (v dims); the
+        # latents the projections start from, and their norms' inputs, on every device
+        qk, v = c.heads * c.qk_head_dim, c.heads * c.value_head_dim
+        split = 2 * qk + 2 * qk + 2 * v + 2 * v + mlp
+        latents = 2 * (c.kv_lora_rank + c.rope_head_dim) + 2 * c.kv_lora_rank
+        latents += 4 * c.q_lora_rank
     scores = 5 * c.heads * s
     whole: float
     if placement.strategy.sequence_parallel:
-        whole, split = 0.0, (10 * h + split) / t
+        whole, split = 0.0, (10 * h + latents + split) / t
     else:
-        whole, split = 10.0 * h, split / t
+        whole, split = 10.0 * h + latents, split / t
     scale = s * b * c.itemsize / 2 / context_ways(placement)  # a device's own tokens
     return whole * scale, split * scale, scores / t * scale
 
@@ -601,10 +610,12 @@ def moe_layer_matmul_params(config: ModelConfig, *, routed: float) -> float:
     the shared experts'."""
     c = config
     f = c.expert_ff or c.ff
-    assert c.head_dim is not None and c.kv_heads is not None
-    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     mats = 3 if c.mlp == "swiglu" else 2
-    attention = c.d_model * (2 * q_dim + 2 * kv_dim)
+    attention = sum(
+        math.prod(shape[1:])
+        for name, shape in attention_shapes(c, 1).items()
+        if not name.endswith("norm")
+    )
     return attention + c.d_model * c.experts + (routed + c.shared_experts) * mats * c.d_model * f
 
 
@@ -674,7 +685,7 @@ def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:
     per_token = (
         c.dense_layer_count * layer_matmul_params(c)
         + c.moe_layers * round(moe_layer_matmul_params(c, routed=c.top_k))
-        + 2 * c.layers * c.seq * c.heads * c.head_dim
+        + c.layers * c.seq * c.heads * (c.qk_head_dim + c.value_head_dim)  # QK^T and PV
         + c.d_model * (c.vocab or 0)
     )
     forward = 2 * c.batch * c.seq * per_token

@@ -272,7 +272,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     hw = get_hardware(r.hardware, **r.hardware_overrides)
     compiler = check_compiler(r.compiler, hw, r.devices, r.target_plans)
     model_name, config = resolve_config(r)
-    if config.is_moe:
+    if config.is_moe or config.is_mla:
         names = moe_strategies(names, asked=r.strategies is not None)
     _check_bytes_per_param(r.bytes_per_param, config, r.mode)
     devices, mode, stages = r.devices, r.mode, r.stages

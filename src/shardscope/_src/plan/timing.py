@@ -459,7 +459,9 @@ def step_work(
     # one layer's matmuls on average (a mixture of experts' layers are of two kinds)
     split, whole = matmul_params_per_token(placement)
     layer = 2 * tokens * (split / t + whole) / c.layers
-    core = 2 * tokens * 2 * c.seq * q_dim / t  # QK^T and PV, non-causal as Eq. 7 counts
+    # QK^T and PV, non-causal as Eq. 7 counts (latent attention: queries and keys of
+    # qk_head_dim, values of value_head_dim)
+    core = 2 * tokens * c.seq * c.heads * (c.qk_head_dim + c.value_head_dim) / t
     own = logits_model_split(placement)  # sequence parallelism or a vocabulary split
     logits = 2 * tokens * c.d_model * (c.vocab or 0) / own
     fwd = c.layers * (layer + core) + logits

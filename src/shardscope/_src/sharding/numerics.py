@@ -19,7 +19,7 @@ import numpy as np
 from shardscope._src.base.devices import host_value
 from shardscope._src.base.records import record_dict
 from shardscope._src.mesh import mesh_axes
-from shardscope._src.model.config import Mode, ModelConfig, flat_params
+from shardscope._src.model.config import MLA_PARAMS, Mode, ModelConfig, flat_params
 from shardscope._src.model.transformer import forward, train_step
 from shardscope._src.sharding.programs import build_reference_program
 
@@ -31,7 +31,7 @@ TOLERANCES = {"float32": 1e-5, "bfloat16": 4 * 2.0**-7, "float16": 4 * 2.0**-10}
 
 # Weights belonging to each named scope, for per-scope gradient errors.
 SCOPE_PARAMS = {
-    "attention": ("attn_norm", "wqkv", "wo"),
+    "attention": ("attn_norm", "wqkv", *MLA_PARAMS, "wo"),
     "mlp": ("mlp_norm", "w_up", "w_gate_up", "w_down"),
     "embedding": ("embed", "final_norm", "unembed"),
 }

@@ -105,6 +105,14 @@ def uses_role(roles: Roles, role: str) -> bool:
 PARAM_DIMS: dict[str, tuple[str, ...]] = {
     "attn_norm": ("d_model",),
     "wqkv": ("d_model", "kv_heads", "qkv_slots", "head_dim"),
+    # multi-head latent attention's projections (model.config.MLA_PARAMS)
+    "wq": ("d_model", "heads", "qk_dim"),
+    "wq_a": ("d_model", "q_lora"),
+    "q_norm": ("q_lora",),
+    "wq_b": ("q_lora", "heads", "qk_dim"),
+    "wkv_a": ("d_model", "kv_latent"),
+    "kv_norm": ("kv_lora",),
+    "wkv_b": ("kv_lora", "heads", "kv_dim"),
     "wo": ("heads", "head_dim", "d_model"),
     "mlp_norm": ("d_model",),
     "w_up": ("d_model", "ff"),
@@ -116,6 +124,13 @@ PARAM_DIMS: dict[str, tuple[str, ...]] = {
     # a mixture of experts' layers with experts (model.config.MOE_PARAMS)
     "moe_attn_norm": ("d_model",),
     "moe_wqkv": ("d_model", "kv_heads", "qkv_slots", "head_dim"),
+    "moe_wq": ("d_model", "heads", "qk_dim"),
+    "moe_wq_a": ("d_model", "q_lora"),
+    "moe_q_norm": ("q_lora",),
+    "moe_wq_b": ("q_lora", "heads", "qk_dim"),
+    "moe_wkv_a": ("d_model", "kv_latent"),
+    "moe_kv_norm": ("kv_lora",),
+    "moe_wkv_b": ("kv_lora", "heads", "kv_dim"),
     "moe_wo": ("heads", "head_dim", "d_model"),
     "moe_mlp_norm": ("d_model",),
     "router": ("d_model", "experts"),
@@ -131,6 +146,7 @@ PARAM_DIMS: dict[str, tuple[str, ...]] = {
 _MOE_LIKE = {
     "moe_attn_norm": "attn_norm",
     "moe_wqkv": "wqkv",
+    **{f"moe_{n}": n for n in ("wq", "wq_a", "q_norm", "wq_b", "wkv_a", "kv_norm", "wkv_b")},
     "moe_wo": "wo",
     "moe_mlp_norm": "mlp_norm",
     "expert_gate_up": "w_gate_up",
@@ -163,6 +179,11 @@ _REPLICATED_PARAMS = {name: (None,) * len(PARAM_DIMS[name]) for name in _DENSE_P
 _TP_PARAMS = dict(
     _REPLICATED_PARAMS,
     wqkv=(None, Role.MODEL, None, None),
+    # latent attention: each head's query, key and value projections from the latents
+    # column-parallel (the latents themselves are small and replicated)
+    wq=(None, Role.MODEL, None),
+    wq_b=(None, Role.MODEL, None),
+    wkv_b=(None, Role.MODEL, None),
     wo=(Role.MODEL, None, None),
     w_up=(None, Role.MODEL),
     w_gate_up=(None, None, Role.MODEL),
@@ -171,6 +192,13 @@ _TP_PARAMS = dict(
 _FSDP_PARAMS = dict(
     attn_norm=(Role.DATA,),
     wqkv=(Role.DATA, None, None, None),
+    wq=(Role.DATA, None, None),
+    wq_a=(Role.DATA, None),
+    q_norm=(Role.DATA,),
+    wq_b=(Role.DATA, None, None),
+    wkv_a=(Role.DATA, None),
+    kv_norm=(Role.DATA,),
+    wkv_b=(Role.DATA, None, None),
     wo=(None, None, Role.DATA),
     mlp_norm=(Role.DATA,),
     w_up=(Role.DATA, None),
@@ -255,10 +283,19 @@ _FSDP_CP_PARAMS = {
 #: FSDP over the data and the expert axes together (torchtitan's FSDP over dp_shard, within
 #: which its expert parallelism borrows the ep devices): every device of either holds other
 #: tokens, so both are data-parallel replicas of the dense weights.
-_FSDP_EP_PARAMS = {
+_FSDP_EP_PARAMS: dict[str, Roles] = {
     name: tuple((Role.DATA, Role.EXPERT) if r == Role.DATA else r for r in roles)
     for name, roles in _FSDP_PARAMS.items()
 }
+# Latent attention's up-projections have no model dimension to shard over both axes, and
+# their latent dimension (DeepSeek-V3's 512 and 1536) divides few meshes: the latent over
+# the data axes, the heads over 'expert'; the latents' norm gains over the data axes.
+_FSDP_EP_PARAMS.update(
+    wq_b=(Role.DATA, Role.EXPERT, None),
+    wkv_b=(Role.DATA, Role.EXPERT, None),
+    q_norm=(Role.DATA,),
+    kv_norm=(Role.DATA,),
+)
 
 
 @dataclass(frozen=True)
@@ -912,6 +949,14 @@ class Placement:
         if c.is_moe:
             f = c.expert_ff or c.ff
             sizes.update(experts=c.experts, expert_ff=f, shared_ff=c.shared_experts * f)
+        if c.is_mla:
+            sizes.update(
+                qk_dim=c.qk_head_dim,
+                q_lora=c.q_lora_rank or 1,
+                kv_lora=c.kv_lora_rank,
+                kv_latent=c.kv_lora_rank + c.rope_head_dim,
+                kv_dim=c.head_dim + c.value_head_dim,
+            )
         return sizes
 
     def validate(self) -> None:
