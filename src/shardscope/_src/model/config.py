@@ -99,6 +99,11 @@ class ModelConfig(Record):
     their MLPs. The planner and the serving steps take dense models only, and refuse it,
     saying so.
 
+    Multi-head latent attention (DeepSeek-V2 and V3, ``kv_lora_rank`` > 0): each head's
+    keys and values (``head_dim`` and ``v_head_dim``) are projected from one normed latent of
+    ``kv_lora_rank``, its queries from a ``q_lora_rank`` latent (or directly with 0), and
+    queries and keys have ``rope_head_dim`` more dimensions, the keys' shared by the heads.
+
     >>> ModelConfig(d_model=64, heads=8, ff=256).head_dim
     8
     >>> ModelConfig(d_model=64, heads=8, kv_heads=2, ff=256).q_per_kv
