@@ -148,8 +148,10 @@ def test_expert_strategies_refuse_what_they_cannot_place():
         build_reference_program(
             "dp_tp", _moe(capacity_factor=None), "data=4,model=2", mode="train", microbatches=2
         )
-    with pytest.raises(StrategyError, match="mixture of experts.*audit moe"):
+    with pytest.raises(StrategyError, match="does not place a mixture of experts.*ep, dp_ep"):
         build_reference_program("tp", _moe(), "model=4,data=2", impl="shard_map")
+    with pytest.raises(StrategyError, match="dispatch by capacity"):
+        build_reference_program("ep", _moe(capacity_factor=None), "expert=8", impl="shard_map")
 
 
 def test_dropless_under_plain_jit_still_equals_one_device():
@@ -158,3 +160,26 @@ def test_dropless_under_plain_jit_still_equals_one_device():
     prog = build_reference_program("fsdp_ep", config, "data=2,expert=4", mode="train")
     _, got = prog.fn(*prog.example_args())
     assert _max_error(got, want) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh, replicas",
+    [("ep", "expert=8", 1), ("dp_ep", "data=2,expert=4", 2), ("ep_tp", "expert=4,model=2", 1)],
+)
+def test_the_shard_map_twin_all_to_alls_each_sequence_to_its_experts(strategy, mesh, replicas):
+    # at capacity 1 tokens are dropped: the twin routes each sequence as one device does
+    config = _moe(capacity_factor=1.0)
+    want_loss, want = _one_device(config)
+    prog = build_reference_program(strategy, config, mesh, mode="train", impl="shard_map")
+    got_loss, got = prog.fn(*prog.example_args())
+    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
+    assert _max_error(got, want) < 1e-6
+    moved = {}
+    for c in shardscope.audit(prog).collectives:
+        if c.kind == "all-to-all":
+            assert c.axes == ("expert",)
+            moved[(c.scope, c.payload_bytes)] = moved.get((c.scope, c.payload_bytes), 0) + c.count
+    # each replica's 8 sequences x 16 tokens x top-2 x d_model 64 in float32, there and back
+    # in the forward and the backward of the 2 layers with experts
+    payload = 8 * 16 * 2 * 64 * 4 // replicas
+    assert moved == {("moe/dispatch", payload): 4, ("moe/combine", payload): 4}

@@ -199,28 +199,45 @@ def moe_capacity_local(
     top_k: int,
     factor: float,
     axis: str,
+    *,
+    groups: int = 1,
+    reduce: Any = None,
 ) -> Any:
     """The body of :func:`moe_capacity`'s ``shard_map`` twin, on one device of the expert
-    axis ``axis`` (``e`` devices): its share of the tokens ``[tokens / e, d]`` (one group)
-    and of the experts (``w_in`` and ``w_down`` hold ``experts / e`` of them). The group
-    fills its slots of every expert, an explicit ``all_to_all`` sends each device the slots
-    of its experts, they run, and a second ``all_to_all`` brings the outputs back; the same
-    arithmetic as :func:`moe_capacity` with ``groups=e``."""
+    axis ``axis`` (``e`` devices): its share of the tokens ``[tokens / e, d]``, routed in
+    ``groups`` groups (one, GShard's; the decoder's: one per sequence), and of the experts
+    (``w_in`` and ``w_down`` hold ``experts / e`` of them). Each group fills its slots of
+    every expert, an explicit ``all_to_all`` sends each device the slots of its experts, they
+    run (``reduce`` sums their output where their hidden is split further, over a tensor-
+    parallel axis), and a second ``all_to_all`` brings the outputs back; the same arithmetic
+    as :func:`moe_capacity` with as many groups."""
     e = jax.lax.axis_size(axis)
     n_experts = router.shape[-1]
     local = w_in.shape[0]
-    weights, experts = route(x, router, top_k)
-    slots = capacity(x.shape[0], n_experts, top_k, factor)
-    dispatch, combine = dispatch_tensors(weights, experts, n_experts, slots)
-    d = x.shape[1]
+    t, d = x.shape
+    xg = x.reshape(groups, t // groups, d)
+    weights, experts = route(xg, router, top_k)
+    slots = capacity(t // groups, n_experts, top_k, factor)
+    token, weight = jax.vmap(lambda w, i: slot_tokens(w, i, n_experts, slots))(weights, experts)
     with jax.named_scope("moe/dispatch"):
-        buffer = jnp.einsum("tec,td->ecd", dispatch.astype(x.dtype), x)
-        # [devices, experts of a device, slots, d]: row j goes to device j; what arrives is
-        # every group's slots of this device's experts
-        buffer = jax.lax.all_to_all(buffer.reshape(e, local, slots, d), axis, 0, 0, tiled=True)
-    rows = jnp.swapaxes(buffer, 0, 1).reshape(local, e * slots, d)
-    y = _expert_mlp(rows, w_in, w_down).reshape(local, e, slots, d)
+        padded = jnp.concatenate([xg, jnp.zeros((groups, 1, d), x.dtype)], axis=1)
+        filled = jax.vmap(lambda rows, i: jnp.take(rows, i, axis=0))(padded, token)
+        # [devices, experts of a device, groups, slots, d]: row j goes to device j; what
+        # arrives is every device's groups' slots of this device's experts
+        filled = jnp.moveaxis(filled.reshape(groups, e, local, slots, d), 0, 2)
+        buffer = jax.lax.all_to_all(filled, axis, 0, 0, tiled=True)
+    rows = jnp.swapaxes(buffer, 0, 1).reshape(local, e * groups * slots, d)
+    y = _expert_mlp(rows, w_in, w_down)
+    if reduce is not None:
+        y = reduce(y)
+    y = jnp.swapaxes(y.reshape(local, e, groups, slots, d), 0, 1)
     with jax.named_scope("moe/combine"):
-        y = jax.lax.all_to_all(jnp.swapaxes(y, 0, 1), axis, 0, 0, tiled=True)
-        out = jnp.einsum("tec,ecd->td", combine.astype(x.dtype), y.reshape(n_experts, slots, d))
-    return out
+        y = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
+        back = jnp.moveaxis(y, 2, 0).reshape(groups, n_experts * slots, d)
+        back = back * weight[..., None].astype(back.dtype)
+
+        def gather_back(r: Any, i: Any) -> Any:
+            return jnp.zeros((t // groups, d), r.dtype).at[i].add(r, mode="drop")
+
+        out = jax.vmap(gather_back)(back, token)
+    return out.reshape(t, d)

@@ -158,6 +158,26 @@ class Hooks:
         :func:`~shardscope._src.model.moe.moe_capacity`'s ``place``)."""
         return x
 
+    def routed_experts(
+        self, tokens: Any, router: Any, w_in: Any, w_down: Any, config: ModelConfig, groups: int
+    ) -> Any:
+        """The routed experts' output for ``tokens`` ``[tokens, d_model]`` in ``groups``
+        groups (one per sequence): dropless, or capacity-padded with :meth:`moe` placing its
+        tokens and slots."""
+        if config.capacity_factor is None:
+            return moe_dropless(tokens, router, w_in, w_down, config.top_k)
+        y, _ = moe_capacity(
+            tokens,
+            router,
+            w_in,
+            w_down,
+            config.top_k,
+            config.capacity_factor,
+            groups=groups,
+            place=self.moe,
+        )
+        return y
+
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP) or the keys
         and values over the sequence (context parallelism): a train step gathers them again
@@ -423,20 +443,7 @@ def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_
     w_down = hooks.weight("expert_down", p["expert_down"])
     router = hooks.weight("router", p["router"])
     # the routed experts' scopes are moe/router, moe/dispatch, moe/experts and moe/combine
-    if config.capacity_factor is None:
-        y = moe_dropless(tokens, router, w_in, w_down, config.top_k)
-    else:
-        y, _ = moe_capacity(
-            tokens,
-            router,
-            w_in,
-            w_down,
-            config.top_k,
-            config.capacity_factor,
-            groups=b,
-            place=hooks.moe,
-        )
-    y = y.reshape(b, s, d)
+    y = hooks.routed_experts(tokens, router, w_in, w_down, config, b).reshape(b, s, d)
     if "shared_down" in p:
         with jax.named_scope("moe/shared"):
             if "shared_gate_up" in p:
@@ -446,7 +453,7 @@ def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_
                 up = hooks.weight("shared_up", p["shared_up"])
                 u = _gelu(jnp.einsum("bsd,df->bsf", h, up))
             down = hooks.weight("shared_down", p["shared_down"])
-            y = y + jnp.einsum("bsf,fd->bsd", u, down)
+            y = y + hooks.exit("moe", jnp.einsum("bsf,fd->bsd", u, down))
     return hooks.residual(x + y.astype(x.dtype))
 
 

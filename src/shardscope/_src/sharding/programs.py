@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.text import format_spec
 from shardscope._src.model.config import Mode, ModelConfig, param_shapes
+from shardscope._src.model.moe import moe_capacity_local
 from shardscope._src.model.transformer import (
     Hooks,
     abstract_batch,
@@ -92,28 +93,62 @@ class JitHooks(Hooks):
 
 
 class ShardMapHooks(Hooks):
-    """Megatron's explicit collectives over the model axis, per device inside shard_map.
+    """Megatron's explicit collectives over the model axis, per device inside shard_map,
+    and a mixture of experts' all-to-alls over the expert axis.
 
     Tensor parallel: the row-parallel output is ``psum``-ed. Sequence parallel: the normed
     input is ``all_gather``-ed along the sequence before the column-parallel matmuls and the
-    row-parallel output is ``psum_scatter``-ed back to sequence shards.
+    row-parallel output is ``psum_scatter``-ed back to sequence shards. Expert parallel: each
+    device's sequences fill their slots of every expert and an ``all_to_all`` over the
+    expert axis takes them to their experts and back
+    (:func:`~shardscope._src.model.moe.moe_capacity_local`); under tensor parallelism too,
+    the experts' split hidden is ``psum``-ed before they go back.
     """
 
-    def __init__(self, model_axis: str | tuple[str, ...], sequence_parallel: bool) -> None:
+    def __init__(
+        self,
+        model_axis: str | tuple[str, ...] | None,
+        sequence_parallel: bool,
+        expert_axis: str | None = None,
+    ) -> None:
         self.axis = model_axis
         self.sequence_parallel = sequence_parallel
+        self.expert_axis = expert_axis
 
     def enter(self, scope: str, h: Any) -> Any:
 
-        if not self.sequence_parallel:
+        if not self.sequence_parallel or self.axis is None:
             return h
         return jax.lax.all_gather(h, self.axis, axis=1, tiled=True)
 
     def exit(self, scope: str, y: Any) -> Any:
 
+        if self.axis is None:
+            return y
         if not self.sequence_parallel:
             return jax.lax.psum(y, self.axis)
         return jax.lax.psum_scatter(y, self.axis, scatter_dimension=1, tiled=True)
+
+    def routed_experts(
+        self, tokens: Any, router: Any, w_in: Any, w_down: Any, config: ModelConfig, groups: int
+    ) -> Any:
+        assert self.expert_axis is not None and config.capacity_factor is not None
+        axis = self.axis
+
+        def reduce(y: Any) -> Any:
+            return jax.lax.psum(y, axis)
+
+        return moe_capacity_local(
+            tokens,
+            router,
+            w_in,
+            w_down,
+            config.top_k,
+            config.capacity_factor,
+            self.expert_axis,
+            groups=groups,
+            reduce=None if axis is None else reduce,
+        )
 
 
 @dataclass(frozen=True)
@@ -231,11 +266,21 @@ def build_reference_program(
             f"strategy {placement.name!r} has no shard_map version; use impl='jit', or one of "
             f"the strategies with explicit collectives: {twins}"
         )
-    if impl == "shard_map" and placement.config.is_moe:
+    if impl == "shard_map" and placement.config.is_moe != placement.strategy.expert_parallel:
+        which = (
+            ", ".join(n for n, s in STRATEGIES.items() if s.twin and s.expert_parallel)
+            if placement.config.is_moe
+            else ", ".join(n for n, s in STRATEGIES.items() if s.twin and not s.expert_parallel)
+        )
+        what = "a mixture of experts" if placement.config.is_moe else "a dense model"
         raise StrategyError(
-            f"the shard_map twin of strategy {placement.name!r} writes the dense layers' "
-            f"collectives, and this model is a mixture of experts; use impl='jit', or audit "
-            f"one expert-parallel layer's shard_map twin (shardscope audit moe --impl shard_map)"
+            f"the shard_map twin of strategy {placement.name!r} does not place {what}; use "
+            f"impl='jit', or the twin of {which}"
+        )
+    if impl == "shard_map" and placement.config.is_moe and placement.config.capacity_factor is None:
+        raise StrategyError(
+            "the shard_map twins of expert parallelism dispatch by capacity; set "
+            "capacity_factor (1.0 drops nothing under balanced routing), or use impl='jit'"
         )
     if capture and mode != Mode.FORWARD:
         raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")
@@ -532,9 +577,11 @@ def _twins() -> list[str]:
 def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any]:
 
     config = placement.config
-    model = placement.entry(Role.MODEL)
-    assert model is not None  # a role names at least one axis
-    hooks = ShardMapHooks(model, placement.strategy.sequence_parallel)
+    model = placement.entry(Role.MODEL) if Role.MODEL in placement.strategy.roles else None
+    expert = placement.entry(Role.EXPERT) if placement.strategy.expert_parallel else None
+    assert model is not None or expert is not None  # a twin has one of them
+    assert not isinstance(expert, tuple)  # the role binds the one axis named expert
+    hooks = ShardMapHooks(model, placement.strategy.sequence_parallel, expert)
     in_spec, _ = placement.batch_specs()
     out_spec = placement.output_spec()
     if capture:

@@ -616,6 +616,7 @@ def _strategies() -> dict[str, Strategy]:
             (Role.EXPERT,),
             rep,
             activations=_rules(**_acts(Role.EXPERT, None, None)),
+            twin=True,
         ),
         Strategy(
             "dp_ep",
@@ -624,6 +625,7 @@ def _strategies() -> dict[str, Strategy]:
             (Role.DATA, Role.EXPERT),
             rep,
             activations=_rules(**_acts((Role.DATA, Role.EXPERT), None, None)),
+            twin=True,
         ),
         Strategy(
             "fsdp_ep",
@@ -643,6 +645,7 @@ def _strategies() -> dict[str, Strategy]:
             (Role.EXPERT, Role.MODEL),
             tp,
             activations=_rules(**_acts(Role.EXPERT, Role.MODEL, None)),
+            twin=True,
         ),
     ]
     return {s.name: s for s in out}
