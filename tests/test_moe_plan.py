@@ -3,12 +3,14 @@ searches, the dispatch and combine all-to-alls in its bound and its time, the ex
 weights in its memory, the routed experts' FLOPs at the capacity they are padded to; and
 what it cannot price yet is refused by name."""
 
+from dataclasses import replace
+
 import pytest
 
 import shardscope
 from shardscope._src.audit.compile import audit
 from shardscope._src.base.comm import ALL_GATHER, ALL_TO_ALL
-from shardscope._src.base.errors import PlanError
+from shardscope._src.base.errors import ModelConfigError, PlanError
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.estimates import activation_bytes_per_layer, estimate_memory, model_flops
@@ -138,3 +140,21 @@ def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec
     # experts' gate, up and product (2 x 3 x 256), and the router's float32 logits (4 x 8)
     assert per_layer[2] == per_layer[4] == 2048 * (18 * 128 + 2 * (2 * 2 * 128 + 2 * 768) + 32)
     assert (temp[4] - temp[2]) / 2 == pytest.approx(per_layer[2], rel=0.03)
+
+
+def test_a_dropless_mixtures_imbalance_sizes_the_busiest_experts_work():
+    dropless = replace(SMALL, capacity_factor=None)
+    mesh = abstract_mesh("data=2,expert=4")
+
+    def a2a_payloads(config):
+        terms = shardscope.transformer_bound(get_strategy("fsdp_ep").place(config, mesh)).terms
+        return {t.payload_bytes for t in terms if t.kind == ALL_TO_ALL}
+
+    # uniform routing moves each replica's tokens x top-2; the busiest expert at 1.5 x its
+    # share needs buffers that large on every device
+    assert a2a_payloads(dropless) == {8 * 32 * 2 * 64 * 2}
+    assert a2a_payloads(replace(dropless, imbalance=1.5)) == {3 * 8 * 32 * 64 * 2}
+    with pytest.raises(ModelConfigError, match="imbalance=0.5"):
+        replace(dropless, imbalance=0.5)
+    with pytest.raises(ModelConfigError, match="imbalance=1.5.*capacity-padded"):
+        replace(SMALL, imbalance=1.5)

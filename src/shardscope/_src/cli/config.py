@@ -245,6 +245,7 @@ class PlanConfig(HardwareOptions):
     remat: str | None
     offload_optimizer: bool | None
     vocab_split: bool | None
+    imbalance: float | None
     microbatches: int | None
     stages: int | None
     virtual_stages: int | None

@@ -521,6 +521,13 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         "strategies with a model axis and no sequence parallelism (default: try both)",
     )
     p.add_argument(
+        "--imbalance",
+        type=float,
+        metavar="X",
+        help="a dropless mixture of experts' routing: the busiest expert's tokens over its "
+        "even share (default 1: uniform)",
+    )
+    p.add_argument(
         "--microbatches",
         type=positive_int,
         metavar="N",

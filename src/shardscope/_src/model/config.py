@@ -92,7 +92,9 @@ class ModelConfig(Record):
     of ``expert_ff`` every token goes through. ``capacity_factor`` None dispatches dropless
     (each expert takes every token sent to it: grouped matmuls, ``jax.lax.ragged_dot``); a
     number pads each expert to ``ceil(capacity_factor x tokens x top_k / experts)`` tokens
-    and drops those beyond it (GShard's and Switch's capacity). Its parameters are counted
+    and drops those beyond it (GShard's and Switch's capacity). ``imbalance`` is what the
+    planner assumes of a dropless mixture's routing: the busiest expert's tokens over its even
+    share (1, uniform, by default; the step waits for the busiest). Its parameters are counted
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
     dense layers, then those with experts) and the strategies place it: expert parallelism
     (``ep``, ``dp_ep``, ``fsdp_ep``, ``ep_tp``) and the dense strategies with the experts as
@@ -132,6 +134,7 @@ class ModelConfig(Record):
     shared_experts: int = 0
     dense_layers: int = 0
     capacity_factor: float | None = None
+    imbalance: float = 1.0
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
     rope_head_dim: int = 0
@@ -248,6 +251,20 @@ class ModelConfig(Record):
                 f"each expert to 1.25 x its even share of the tokens), or None for dropless "
                 f"dispatch"
             )
+        im = self.imbalance
+        if isinstance(im, bool) or not isinstance(im, int | float) or not im >= 1:
+            raise ModelConfigError(
+                f"model config imbalance={im!r}: the busiest expert's tokens over its even "
+                f"share, 1 or more (1: uniform routing)",
+                param="imbalance",
+            )
+        if im != 1 and (not self.experts or self.capacity_factor is not None):
+            why = "a dense model" if not self.experts else "capacity-padded dispatch"
+            raise ModelConfigError(
+                f"model config imbalance={im}: a dropless mixture of experts' routing, and this "
+                f"is {why} (the capacity factor bounds each expert's tokens); leave it 1",
+                param="imbalance",
+            )
         if self.expert_ff is not None and not is_int(self.expert_ff, 1):
             raise ModelConfigError(
                 f"model config expert_ff={self.expert_ff!r}: must be a positive integer or None "
@@ -325,10 +342,10 @@ class ModelConfig(Record):
 
     @property
     def routed_capacity(self) -> float:
-        """Slots each token's assignments take in the experts, over ``top_k``: the capacity
-        factor (padded slots are computed and moved too), 1 for dropless dispatch (each
-        expert takes what it is sent; uniform routing on average)."""
-        return 1.0 if self.capacity_factor is None else float(self.capacity_factor)
+        """Slots each token's assignments take in the busiest expert, over ``top_k``: the
+        capacity factor (padded slots are computed and moved too), or for dropless dispatch
+        the ``imbalance`` (1: uniform routing, which the published benchmarks force)."""
+        return self.imbalance if self.capacity_factor is None else float(self.capacity_factor)
 
     def require_dense(self, what: str) -> None:
         """Refuses a mixture of experts where only dense models are built (``what``)."""

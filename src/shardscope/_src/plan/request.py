@@ -92,6 +92,10 @@ class PlanRequest:
             along the vocabulary (Megatron-LM's vocabulary-parallel embedding and cross
             entropy) in the strategies with a ``model`` axis and no sequence parallelism: True
             always, False never, None (the default) both, each estimated.
+        imbalance: a dropless mixture of experts' routing, the busiest expert's tokens over
+            its even share (None: the model's, 1 for a preset: uniform, as the published
+            benchmarks force it); its experts' compute and all-to-alls are priced, and its
+            program compiled, at that capacity.
         microbatches: fix the micro-batches per data shard (default: every divisor of the
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
@@ -160,6 +164,7 @@ class PlanRequest:
     remat: str | Sequence[str] | None = None
     offload_optimizer: bool | None = None
     vocab_split: bool | None = None
+    imbalance: float | None = None
     microbatches: int | None = None
     stages: int | None = None
     virtual_stages: int | None = None

@@ -129,7 +129,10 @@ def _check_arrays(c: ModelConfig) -> None:
 
 
 def _resolve(r: PlanRequest) -> tuple[str, ModelConfig]:
-    return _resolve_model(r)
+    name, config = _resolve_model(r)
+    if r.imbalance is not None:
+        config = replace(config, imbalance=r.imbalance)
+    return name, config
 
 
 def _resolve_model(r: PlanRequest) -> tuple[str, ModelConfig]:
@@ -179,6 +182,7 @@ def plan(
     remat: str | Sequence[str] | None = _D.remat,
     offload_optimizer: bool | None = _D.offload_optimizer,
     vocab_split: bool | None = _D.vocab_split,
+    imbalance: float | None = _D.imbalance,
     microbatches: int | None = _D.microbatches,
     stages: int | None = _D.stages,
     virtual_stages: int | None = _D.virtual_stages,
@@ -243,6 +247,7 @@ def plan(
         remat=remat,
         offload_optimizer=offload_optimizer,
         vocab_split=vocab_split,
+        imbalance=imbalance,
         microbatches=microbatches,
         stages=stages,
         virtual_stages=virtual_stages,
@@ -335,6 +340,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "remat": list(remat_options(mode, r.remat, r.flash_attention, hw)),
         "offload_optimizer": r.offload_optimizer,
         "vocab_split": r.vocab_split,
+        "imbalance": r.imbalance,
         "microbatches": r.microbatches,
         "stages": stages,
         "virtual_stages": r.virtual_stages,
