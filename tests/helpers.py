@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -123,3 +124,48 @@ def program_module(name: str):
     if str(PROGRAMS) not in sys.path:
         sys.path.insert(0, str(PROGRAMS))
     return importlib.import_module(name)
+
+
+@functools.cache
+def one_device_step(config):
+    """``(loss, grads)`` of the reference decoder's train step on one device (jitted, cached
+    per config: a ``ModelConfig`` is hashable)."""
+    import jax
+
+    from shardscope._src.model.transformer import init_batch, init_params, loss
+
+    params, batch = init_params(config), init_batch(config)
+    return jax.jit(jax.value_and_grad(loss), static_argnums=2)(params, batch, config)
+
+
+def max_error(a, b) -> float:
+    """The largest absolute difference between two pytrees of arrays, in float32."""
+    import jax
+    import jax.numpy as jnp
+
+    return max(
+        float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def layer_growth(strategy: str, mesh_spec: str, config_of) -> tuple[int, float]:
+    """``(estimate, compiled)``: what one layer keeps for the backward by the memory estimate
+    (the same at 2 and 4 layers), and how much the H100 compiler's temporaries grow per layer
+    of the scan from ``config_of(2)`` to ``config_of(4)`` (train step, FSDP's weights gathered
+    again for the backward, as the planner compiles it)."""
+    import shardscope
+    from shardscope._src.audit.compile import audit
+    from shardscope._src.plan.estimates import activation_bytes_per_layer
+    from shardscope._src.sharding.programs import build_reference_program
+    from shardscope._src.sharding.strategies import get_strategy
+
+    mesh = shardscope.target_mesh("h100", mesh_spec, axis_types="auto")
+    temp, per_layer = {}, {}
+    for layers in (2, 4):
+        placement = get_strategy(strategy).place(config_of(layers), mesh)
+        program = build_reference_program(placement, mode="train", regather=True)
+        temp[layers] = audit(program.lower()).memory["temp_size_in_bytes"]
+        per_layer[layers] = activation_bytes_per_layer(placement)
+    assert per_layer[2] == per_layer[4]
+    return per_layer[2], (temp[4] - temp[2]) / 2

@@ -7,13 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import shardscope
-from shardscope._src.audit.compile import audit
+from helpers import layer_growth
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.fused import fused, rms_norm, swiglu
-from shardscope._src.plan.estimates import activation_bytes_per_layer
-from shardscope._src.sharding.programs import build_reference_program
-from shardscope._src.sharding.strategies import get_strategy
 
 #: 8 sequences over data, each a quarter over context: 2048 tokens a device, as data=8 has.
 MESH_CP = "data=2,context=4"
@@ -52,10 +48,8 @@ def test_a_layer_without_recomputation_keeps_what_the_estimate_counts(strategy, 
     # float32 copy, each factor of the tanh GELU): about twice as much. Under context
     # parallelism each device keeps its own shard of the keys and values and the backward
     # gathers them again, where keeping every layer's whole-sequence copy holds more.
-    mesh = shardscope.target_mesh("h100", mesh_spec, axis_types="auto")
-    temp, per_layer = {}, {}
-    for layers in (2, 4):
-        config = ModelConfig(
+    def config_of(layers):
+        return ModelConfig(
             layers=layers,
             d_model=128,
             heads=2,
@@ -67,16 +61,12 @@ def test_a_layer_without_recomputation_keeps_what_the_estimate_counts(strategy, 
             attention="blocked",
             attention_block=256,
         )
-        placement = get_strategy(strategy).place(config, mesh)
-        program = build_reference_program(placement, mode="train", regather=True)
-        temp[layers] = audit(program.lower()).memory["temp_size_in_bytes"]
-        per_layer[layers] = activation_bytes_per_layer(placement)
-    assert per_layer[2] == per_layer[4]
+
+    estimate, kept = layer_growth(strategy, mesh_spec, config_of)
     # 2048 tokens a device (one sequence, or a quarter of four), bf16: the residual stream's
     # four tensors, the queries, keys, values and attention output (10 h and 8 h in
     # Korthikanti's Table 2), and the MLP's: GELU's input and output (4 ff), SwiGLU's gate,
     # up and product (6 ff).
     mlp_bytes = 4 * 512 if mlp == "gelu" else 6 * 512
-    assert per_layer[2] == 2048 * (10 * 128 + 8 * 128 + mlp_bytes)
-    kept = (temp[4] - temp[2]) / 2
-    assert kept == pytest.approx(per_layer[2], rel=0.02)
+    assert estimate == 2048 * (10 * 128 + 8 * 128 + mlp_bytes)
+    assert kept == pytest.approx(estimate, rel=0.02)

@@ -8,13 +8,12 @@ from dataclasses import replace
 import pytest
 
 import shardscope
-from shardscope._src.audit.compile import audit
+from helpers import layer_growth
 from shardscope._src.base.comm import ALL_GATHER, ALL_TO_ALL
 from shardscope._src.base.errors import ModelConfigError, PlanError
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.plan.estimates import activation_bytes_per_layer, estimate_memory, model_flops
-from shardscope._src.sharding.programs import build_reference_program
+from shardscope._src.plan.estimates import estimate_memory, model_flops
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 
 SMALL = ModelConfig(
@@ -112,10 +111,8 @@ def test_expert_parallelism_for_a_dense_model_is_refused():
 def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec):
     # The H100 compiler's temporaries grow per layer of the scan by what one layer keeps for
     # the backward; the experts' activation keeps only its input, as a fused kernel does.
-    mesh = shardscope.target_mesh("h100", mesh_spec, axis_types="auto")
-    temp, per_layer = {}, {}
-    for layers in (2, 4):
-        config = ModelConfig(
+    def config_of(layers):
+        return ModelConfig(
             layers=layers,
             d_model=128,
             heads=2,
@@ -131,15 +128,13 @@ def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec
             expert_ff=256,
             capacity_factor=1.0,
         )
-        placement = get_strategy(strategy).place(config, mesh)
-        program = build_reference_program(placement, mode="train", regather=True)
-        temp[layers] = audit(program.lower()).memory["temp_size_in_bytes"]
-        per_layer[layers] = activation_bytes_per_layer(placement)
+
+    estimate, kept = layer_growth(strategy, mesh_spec, config_of)
     # one sequence of 2048 tokens a device, bf16: the attention's and the norms' as a dense
     # layer's (10 h + 8 h), the slots sent to the 2 experts and their outputs (2 x 2 h), the
     # experts' gate, up and product (2 x 3 x 256), and the router's float32 logits (4 x 8)
-    assert per_layer[2] == per_layer[4] == 2048 * (18 * 128 + 2 * (2 * 2 * 128 + 2 * 768) + 32)
-    assert (temp[4] - temp[2]) / 2 == pytest.approx(per_layer[2], rel=0.03)
+    assert estimate == 2048 * (18 * 128 + 2 * (2 * 2 * 128 + 2 * 768) + 32)
+    assert kept == pytest.approx(estimate, rel=0.03)
 
 
 def test_a_dropless_mixtures_imbalance_sizes_the_busiest_experts_work():

@@ -4,17 +4,13 @@ FSDP and with tensor parallelism, and the dense strategies with the experts as t
 Each train step equals one device's; on the H100 compiler the dispatch and combine are
 all-to-alls over ``expert`` named by scope, with the bytes top-k routing sends."""
 
-import functools
-
-import jax
-import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardscope
+from helpers import max_error, one_device_step
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
 
@@ -39,19 +35,6 @@ def _moe(**kw):
     return ModelConfig(**{**base, **kw})
 
 
-@functools.cache
-def _one_device(config):
-    params, batch = init_params(config), init_batch(config)
-    return jax.jit(jax.value_and_grad(loss), static_argnums=2)(params, batch, config)
-
-
-def _max_error(a, b):
-    return max(
-        float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
-
-
 @pytest.mark.parametrize(
     "strategy, mesh, microbatches",
     [
@@ -61,13 +44,13 @@ def _max_error(a, b):
         ("dp_tp", "data=4,model=2", 2),
     ],
 )
-def test_a_mixture_of_experts_train_step_equals_one_device(strategy, mesh, microbatches):
+def test_a_mixture_of_experts_train_step_equalsone_device_step(strategy, mesh, microbatches):
     config = _moe(layers=3, dense_layers=1)  # a dense layer, then two with experts
-    want_loss, want_grads = _one_device(config)
+    want_loss, want_grads = one_device_step(config)
     prog = build_reference_program(strategy, config, mesh, mode="train", microbatches=microbatches)
     got_loss, got_grads = prog.fn(*prog.example_args())
     assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
-    assert _max_error(got_grads, want_grads) < 1e-6
+    assert max_error(got_grads, want_grads) < 1e-6
 
 
 def test_capacity_is_counted_per_sequence_whatever_the_mesh():
@@ -76,8 +59,8 @@ def test_capacity_is_counted_per_sequence_whatever_the_mesh():
     config = _moe(capacity_factor=1.0)
     prog = build_reference_program("dp_ep", config, "data=2,expert=4", mode="train")
     got, _ = prog.fn(*prog.example_args())
-    want, _ = _one_device(config)
-    room, _ = _one_device(_moe())
+    want, _ = one_device_step(config)
+    room, _ = one_device_step(_moe())
     assert float(got) == pytest.approx(float(want), rel=1e-5)
     assert abs(float(want) - float(room)) > 1e-4
 
@@ -153,12 +136,12 @@ def test_expert_strategies_refuse_what_they_cannot_place():
         build_reference_program("ep", _moe(capacity_factor=None), "expert=8", impl="shard_map")
 
 
-def test_dropless_under_plain_jit_still_equals_one_device():
+def test_dropless_under_plain_jit_still_equalsone_device_step():
     config = _moe(capacity_factor=None)
-    _, want = _one_device(config)
+    _, want = one_device_step(config)
     prog = build_reference_program("fsdp_ep", config, "data=2,expert=4", mode="train")
     _, got = prog.fn(*prog.example_args())
-    assert _max_error(got, want) < 1e-6
+    assert max_error(got, want) < 1e-6
 
 
 @pytest.mark.parametrize(
@@ -168,11 +151,11 @@ def test_dropless_under_plain_jit_still_equals_one_device():
 def test_the_shard_map_twin_all_to_alls_each_sequence_to_its_experts(strategy, mesh, replicas):
     # at capacity 1 tokens are dropped: the twin routes each sequence as one device does
     config = _moe(capacity_factor=1.0)
-    want_loss, want = _one_device(config)
+    want_loss, want = one_device_step(config)
     prog = build_reference_program(strategy, config, mesh, mode="train", impl="shard_map")
     got_loss, got = prog.fn(*prog.example_args())
     assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
-    assert _max_error(got, want) < 1e-6
+    assert max_error(got, want) < 1e-6
     moved = {}
     for c in shardscope.audit(prog).collectives:
         if c.kind == "all-to-all":
