@@ -11,7 +11,8 @@ the best plan of each strategy.
 
 A case is ``model:devices[:hardware[:batch[:seq]]]``; the defaults add the two published jobs
 the planner must fit: Llama 2 70B on 64 H100s (batch 64 x 4096) and GPT-3 175B on 768 A100s
-(batch 1536 x 2048).
+(batch 1536 x 2048), and two mixtures of experts: Mixtral 8x7B on 64 H100s (at most 60 s)
+and DeepSeek-V3 on 1,024 H100s.
 
     .venv/bin/python benchmarks/plan_speed.py [--cases 7b:64,70b:1024] [--workers N]
 """
@@ -132,7 +133,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--cases",
-        default="7b:64,70b:1024,llama2-70b:64:h100:64:4096,gpt3-175b:768:a100:1536:2048,1b:8",
+        default=(
+            "7b:64,70b:1024,llama2-70b:64:h100:64:4096,gpt3-175b:768:a100:1536:2048,1b:8,"
+            "mixtral-8x7b:64:h100,deepseek-v3:1024:h100"
+        ),
         help="comma-separated model:devices[:hardware[:batch[:seq]]] (default: the speed "
         "targets 7b:64 and 70b:1024, the two published jobs, and 1b:8, which has DP, FSDP "
         "and TP plans that fit, for the validation)",
