@@ -48,6 +48,7 @@ from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.candidates import (
+    moe_remats,
     moe_strategies,
     pinned_mesh,
     remat_options,
@@ -337,7 +338,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         **settings_dict(r.bytes_per_param, r.flash_attention),
         "compile_options": dict(COMPILE_OPTIONS),
         "strategies": list(names),
-        "remat": list(remat_options(mode, r.remat, r.flash_attention, hw)),
+        "remat": list(_remats(config, mode, r, hw)),
         "offload_optimizer": r.offload_optimizer,
         "vocab_split": r.vocab_split,
         "imbalance": r.imbalance,
@@ -369,6 +370,15 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         closest=_closest(ranked_screen),
         compiler=compiler,
     )
+
+
+def _remats(config: ModelConfig, mode: str, r: PlanRequest, hw: Hardware) -> tuple[str, ...]:
+    """The recomputations the sweep tried (a mixture of experts' or latent attention's are
+    the ones its estimates price)."""
+    remats = remat_options(mode, r.remat, r.flash_attention, hw)
+    if config.is_moe or config.is_mla:
+        return moe_remats(remats, asked=r.remat is not None)
+    return remats
 
 
 def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str) -> None:
