@@ -34,6 +34,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "plan/estimates.py": [("plan",)],
     "plan/request.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
+    "plan/serve.py": [("plan",)],
     "plan/suggest.py": [("shard",)],
     "plan/cluster.py": [("shard",)],
     "plan/target.py": [("plan",)],
@@ -48,6 +49,8 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("plan/request.py", "name"): {"batch", "seq", "d_model", "heads", "ff", "layers", "vocab"},
     # _resolve: the dimensions missing from a model given by its shape
     ("plan/sweep.py", "tuple(missing)"): {"d_model", "heads", "ff", "layers"},
+    # serve()'s counts and formats, checked in loops
+    ("plan/serve.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
 }

@@ -67,6 +67,9 @@ if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
     from shardscope._src.plan.program import plan_program as plan_program
     from shardscope._src.plan.request import PlanRequest as PlanRequest
+    from shardscope._src.plan.serve import ServePlan as ServePlan
+    from shardscope._src.plan.serve import ServeResult as ServeResult
+    from shardscope._src.plan.serve import serve as serve
     from shardscope._src.plan.suggest import Proposal as Proposal
     from shardscope._src.plan.suggest import SuggestResult as SuggestResult
     from shardscope._src.plan.suggest import suggest as suggest
@@ -162,6 +165,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Proposal": ("shardscope._src.plan.suggest", "Proposal"),
     "SuggestResult": ("shardscope._src.plan.suggest", "SuggestResult"),
     "suggest": ("shardscope._src.plan.suggest", "suggest"),
+    "serve": ("shardscope._src.plan.serve", "serve"),
+    "ServePlan": ("shardscope._src.plan.serve", "ServePlan"),
+    "ServeResult": ("shardscope._src.plan.serve", "ServeResult"),
     "PlanRequest": ("shardscope._src.plan.request", "PlanRequest"),
     "plan": ("shardscope._src.plan.sweep", "plan"),
     "plan_request": ("shardscope._src.plan.sweep", "plan_request"),

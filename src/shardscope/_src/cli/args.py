@@ -70,6 +70,7 @@ DEST_OF = {
     "make_step": "program",  # plan --program FILE.py:FUNCTION
     "detect": "distributed",
     "out_dir": "out",
+    "latency": "token_latency",  # plan --serve --token-latency (--latency is the links')
 }
 
 

@@ -261,6 +261,13 @@ class PlanConfig(HardwareOptions):
     json: str | None
     png: str | None
     report: str | None
+    serve: bool = False
+    prompt: int | None = None
+    output: int | None = None
+    context: int | None = None
+    weights: str | None = None
+    cache: str | None = None
+    token_latency: float | None = None
 
     @property
     def dims(self) -> dict[str, int | None]:

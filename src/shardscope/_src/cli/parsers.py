@@ -405,7 +405,41 @@ def add_plan_parser(sub: Any) -> None:
     _plan_search_options(p)
     _plan_compile_options(p)
     _plan_output_options(p)
+    _plan_serve_options(p)
     p.set_defaults(config=PlanConfig)
+
+
+def _plan_serve_options(p: argparse.ArgumentParser) -> None:
+    """``--serve``: serving plans (prefill and decode with a KV cache) instead of training."""
+    g = p.add_argument_group("serving (--serve)")
+    g.add_argument(
+        "--serve",
+        action="store_true",
+        help="plan serving: every tensor-parallel layout and batch that fits, with the time "
+        "per output token, the time to first token and the throughput per chip",
+    )
+    g.add_argument("--prompt", type=positive_int, metavar="N", help="prompt tokens (--serve)")
+    g.add_argument("--output", type=positive_int, metavar="N", help="output tokens (--serve)")
+    g.add_argument(
+        "--context",
+        type=positive_int,
+        metavar="N",
+        help="KV cache tokens per sequence (--serve; default: prompt + output)",
+    )
+    g.add_argument(
+        "--weights",
+        metavar="FORMAT",
+        help="bfloat16, float16, int8 or fp8 (--serve; default bfloat16)",
+    )
+    g.add_argument(
+        "--cache", metavar="FORMAT", help="the KV cache's format, as --weights (default bfloat16)"
+    )
+    g.add_argument(
+        "--token-latency",
+        type=float,
+        metavar="S",
+        help="seconds per output token to meet (--serve): the best layout that meets it",
+    )
 
 
 def _plan_what_options(p: argparse.ArgumentParser) -> None:

@@ -209,6 +209,13 @@ def plan_command(c: PlanConfig) -> int:
         )
     if c.program is not None:
         return _cmd_plan_program(c, c.program)
+    if c.serve:
+        return _cmd_serve(c)
+    serving = [f"--{k.replace('_', '-')}" for k in SERVE_OPTIONS if getattr(c, k) is not None]
+    if serving:
+        raise UsageError(
+            f"{PROG} plan: {', '.join(serving)} describe serving; give --serve with them"
+        )
     return run_plan_command(
         c.request(),
         json_path=c.json,
@@ -217,6 +224,39 @@ def plan_command(c: PlanConfig) -> int:
         top=c.top,
         flags=c.flags,
     )
+
+
+#: The options of ``plan --serve``.
+SERVE_OPTIONS = ("prompt", "output", "context", "weights", "cache", "token_latency")
+
+
+def _cmd_serve(c: PlanConfig) -> int:
+    """``plan --serve``: the serving plans of the built-in model."""
+    from shardscope._src.plan.serve import serve
+    from shardscope._src.render.serve import render_serve
+    from shardscope._src.targets.hardware import hardware
+
+    missing = [f"--{k}" for k in ("prompt", "output") if getattr(c, k) is None]
+    if c.model is None or missing:
+        need = ([] if c.model is not None else ["--model"]) + missing
+        raise UsageError(f"{PROG} plan --serve: give {', '.join(need)}")
+    result = serve(
+        c.model,
+        c.devices,
+        hardware=hardware(c.hardware or str(DEFAULT_REQUEST.hardware), **c.hardware_overrides),
+        prompt=c.prompt,  # type: ignore[arg-type]
+        output=c.output,  # type: ignore[arg-type]
+        batch=c.batch,
+        context=c.context,
+        weights=c.weights or "bfloat16",
+        cache=c.cache or "bfloat16",
+        latency=c.token_latency,
+    )
+    console = output_console()
+    console.print(render_serve(result, top=c.top))
+    if c.json:
+        print_written(console, [write_result(c.json, result)])
+    return 0
 
 
 def _cmd_plan_program(c: PlanConfig, program: str) -> int:

@@ -1,0 +1,376 @@
+"""Serving plans: for every tensor-parallel layout of the devices and every batch that fits,
+the memory a device holds, the time per output token, the time to first token and the
+throughput per chip, and the latency-throughput front.
+
+A layout is ``r`` replicas of tensor parallelism over ``t`` devices (``t x r`` = the
+devices; ``tp`` on ``model=t`` when ``r`` is 1, ``dp_tp`` on ``data=r,model=t`` else): each
+replica serves ``batch / r`` sequences, its heads, MLP and KV cache split ``t`` ways (the key
+and value heads must divide: tensor parallelism here does not replicate them).
+
+Per replica, by the roofline of :mod:`shardscope._src.plan.serving` and the one pricing of
+collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
+
+* **decode** (one token per sequence): every weight and the replica's whole cache through
+  HBM once (``(weights + cache) / t`` a device), or its ``2 x active params`` FLOPs a
+  sequence at the matmul rate, whichever is slower; then the two all-reduces a layer of
+  tensor parallelism (the attention's output and the MLP's down projection, ``batch / r x
+  d_model`` each), which wait for the matmuls that feed them and are latency-bound at
+  decode's small messages.
+* **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
+  prompt`` FLOPs and the attention's ``prompt^2`` ones at the matmul rate (or its weights
+  through HBM, for a short prompt), and the same all-reduces of ``prompt x d_model``.
+* **memory** a device: its share of the weights and of the cache of ``context`` tokens for
+  each of its replica's sequences, and the decode step's logits (float32).
+
+What is estimated and not compiled is said so (``compiled_by`` is None): the compiled prefill
+and decode programs are :func:`~shardscope._src.model.serving.prefill` and
+:func:`~shardscope._src.model.serving.decode`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardscope._src.base.comm import ALL_REDUCE
+from shardscope._src.base.errors import PlanError, is_int
+from shardscope._src.base.records import Record
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.presets import model_preset
+from shardscope._src.plan.estimates import divisors
+from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.targets.links import collective_seconds
+
+#: The largest batch the sweep tries when none is given (a power of two).
+MAX_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class ServePlan(Record):
+    """One layout serving ``batch`` sequences of ``context`` tokens on ``devices``."""
+
+    strategy: str
+    mesh: dict[str, int]
+    batch: int
+    context: int
+    weight_bytes_per_device: int
+    cache_bytes_per_device: int
+    temp_bytes_per_device: int
+    memory_limit_bytes: int
+    decode_step_s: float
+    decode_memory_s: float
+    decode_compute_s: float
+    decode_comm_s: float
+    first_token_s: float
+    tokens_per_s_per_chip: float
+    pareto: bool = False
+
+    @property
+    def memory_bytes_per_device(self) -> int:
+        return (
+            self.weight_bytes_per_device + self.cache_bytes_per_device + self.temp_bytes_per_device
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes_per_device <= self.memory_limit_bytes
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.mesh["model"]
+
+    @property
+    def replicas(self) -> int:
+        return self.mesh.get("data", 1)
+
+    @property
+    def label(self) -> str:
+        mesh = ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        return f"{self.strategy} {mesh} batch {self.batch}"
+
+
+@dataclass(frozen=True)
+class ServeResult(Record):
+    """Every layout and batch that fits, best throughput per chip first; ``best`` is the
+    highest throughput per chip (with ``latency``, among the plans whose time per output
+    token meets it); ``front`` the plans no other beats on both latency and throughput."""
+
+    model: str
+    devices: int
+    hardware: str
+    prompt: int
+    output: int
+    context: int
+    weights: str
+    cache: str
+    latency: float | None
+    plans: tuple[ServePlan, ...]
+
+    @property
+    def best(self) -> ServePlan:
+        return self.plans[0]
+
+    @property
+    def backend(self) -> str:
+        """What computed the plans: the roofline (nothing compiled)."""
+        return "estimate"
+
+    @property
+    def front(self) -> tuple[ServePlan, ...]:
+        return tuple(p for p in self.plans if p.pareto)
+
+
+def serve(
+    model: str | ModelConfig,
+    devices: int,
+    *,
+    hardware: str | Hardware = "h100",
+    prompt: int,
+    output: int,
+    batch: int | None = None,
+    context: int | None = None,
+    weights: str = "bfloat16",
+    cache: str = "bfloat16",
+    latency: float | None = None,
+) -> ServeResult:
+    """Plans serving ``model`` on ``devices`` of ``hardware``: prompts of ``prompt`` tokens,
+    ``output`` tokens generated each, a KV cache of ``context`` (default: ``prompt +
+    output``) per sequence, ``weights`` and ``cache`` in bfloat16, float16, int8 or fp8
+    (see the module docstring). ``batch`` fixes the sequences served at once (default: every
+    power of two that fits, and the largest that does); ``latency`` (seconds per output
+    token) keeps the plans that meet it.
+
+    Raises:
+        PlanError: a bad count or format (naming it); a batch or context that fits no layout
+            (naming the largest that fits and on how many devices); a latency no layout
+            meets (naming the fastest layout and its time per output token).
+    """
+    name, config = _model(model)
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    for what, value in (("devices", devices), ("prompt", prompt), ("output", output)):
+        if not is_int(value, 1):
+            raise PlanError(f"{what}={value!r}: must be a positive whole number", param=what)
+    ctx = prompt + output if context is None else context
+    if not is_int(ctx, 1) or ctx < prompt + output:
+        raise PlanError(
+            f"context={context!r}: the cache must hold the prompt and the output "
+            f"({prompt} + {output} = {prompt + output} tokens); give at least that",
+            param="context",
+        )
+    if batch is not None and not is_int(batch, 1):
+        raise PlanError(f"batch={batch!r}: must be a positive whole number", param="batch")
+    for what, fmt in (("weights", weights), ("cache", cache)):
+        if fmt not in FORMATS:
+            raise PlanError(f"{what}={fmt!r}: give one of {', '.join(FORMATS)}", param=what)
+    if latency is not None and not (isinstance(latency, int | float) and latency > 0):
+        raise PlanError(f"latency={latency!r}: seconds per output token, above 0", param="latency")
+    layouts = _layouts(config, devices)
+    if not layouts:
+        raise PlanError(
+            f"devices={devices}: no tensor-parallel size divides both them and the "
+            f"{config.kv_heads} key/value heads; choose a device count with a divisor of "
+            f"{config.kv_heads}",
+            param="devices",
+        )
+    plans = []
+    for t, r in layouts:
+        sizes = [batch] if batch is not None else _batches(config, hw, t, r, ctx, weights, cache)
+        for b in sizes:
+            if b % r:
+                continue
+            plans.append(_plan(config, hw, t, r, b, prompt, ctx, weights, cache))
+    fitting = [p for p in plans if p.fits]
+    if not fitting:
+        raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
+    if latency is not None:
+        meet = [p for p in fitting if p.decode_step_s <= latency]
+        if not meet:
+            fastest = min(fitting, key=lambda p: p.decode_step_s)
+            raise PlanError(
+                f"latency={latency * 1e3:g} ms per output token: no layout meets it; the "
+                f"fastest is {fastest.label} at {fastest.decode_step_s * 1e3:.3g} ms",
+                param="latency",
+            )
+        fitting = meet
+    fitting.sort(key=lambda p: (-p.tokens_per_s_per_chip, p.decode_step_s))
+    front = _front(fitting)
+    ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
+    return ServeResult(
+        model=name,
+        devices=devices,
+        hardware=hw.name,
+        prompt=prompt,
+        output=output,
+        context=ctx,
+        weights=weights,
+        cache=cache,
+        latency=latency,
+        plans=ranked,
+    )
+
+
+def _model(model: str | ModelConfig) -> tuple[str, ModelConfig]:
+    if isinstance(model, ModelConfig):
+        config, name = model, "custom"
+    else:
+        preset = model_preset(model)
+        config, name = preset.config(batch=1), preset.name
+    config.require_dense("serving plans")
+    if config.is_mla:
+        raise PlanError(
+            f"model={name!r}: latent attention's cache (the latent) is not modelled for "
+            f"serving yet",
+            param="model",
+        )
+    if config.vocab is None:
+        raise PlanError("serving needs a vocabulary: give the model vocab=N", param="model")
+    return name, config
+
+
+def _layouts(config: ModelConfig, devices: int) -> list[tuple[int, int]]:
+    """``(t, r)``: tensor-parallel size and replicas, every ``t`` dividing the devices and
+    the key/value heads (the MLP's width too)."""
+    assert config.kv_heads is not None
+    return [
+        (t, devices // t)
+        for t in divisors(devices)
+        if config.kv_heads % t == 0 and config.ff % t == 0
+    ]
+
+
+def _held(
+    config: ModelConfig, t: int, r: int, batch: int, context: int, weights: str, cache: str
+) -> tuple[int, int, int]:
+    """``(weights, cache, temporaries)`` bytes on one device."""
+    weight = math.ceil(config.param_count() * FORMATS[weights] / t)
+    cached = (batch // r) * context * cache_bytes_per_token(config, cache) // t
+    logits = (batch // r) * (config.vocab or 0) * 4
+    return weight, cached, logits
+
+
+def _batches(
+    config: ModelConfig, hw: Hardware, t: int, r: int, context: int, weights: str, cache: str
+) -> list[int]:
+    """Powers of two times the replicas, and the largest batch that fits a device."""
+    weight, _, _ = _held(config, t, r, r, context, weights, cache)
+    per_sequence = sum(_held(config, t, r, r, context, weights, cache)[1:])  # r sequences
+    room = hw.memory_bytes - weight
+    largest = r * int(room // per_sequence) if room > 0 else 0
+    largest = min(largest, MAX_BATCH * r)
+    out = []
+    b = r
+    while b <= largest:
+        out.append(b)
+        b *= 2
+    if largest >= r and largest not in out:
+        out.append(largest)
+    return out or [r]
+
+
+def _allreduce_s(hw: Hardware, t: int, r: int, elements: int, itemsize: int, count: int) -> float:
+    if t == 1:
+        return 0.0
+    sizes = {"data": r, "model": t} if r > 1 else {"model": t}
+    # collective_seconds takes the traffic of all ``count`` executions
+    traffic = count * 2 * (t - 1) / t * elements * itemsize
+    return collective_seconds(hw, sizes, ALL_REDUCE, ("model",), t, traffic, count)
+
+
+def _plan(
+    config: ModelConfig,
+    hw: Hardware,
+    t: int,
+    r: int,
+    batch: int,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> ServePlan:
+    c = config
+    weight, cached, temp = _held(c, t, r, batch, context, weights, cache)
+    per_replica = batch // r
+    rate = hw.peak_flops * hw.matmul_fraction
+    active = c.active_param_count()
+    memory_s = (weight + cached) / hw.hbm_bandwidth
+    compute_s = 2 * active * per_replica / (t * rate)
+    comm_s = _allreduce_s(hw, t, r, per_replica * c.d_model, c.itemsize, 2 * c.layers)
+    decode = max(memory_s, compute_s) + comm_s
+    assert c.head_dim is not None
+    attention = 2 * c.layers * prompt * prompt * c.heads * c.head_dim  # causal QK^T and PV
+    prefill_flops = 2 * active * prompt + attention
+    prefill = max(prefill_flops / (t * rate), weight / hw.hbm_bandwidth)
+    prefill += _allreduce_s(hw, t, r, prompt * c.d_model, c.itemsize, 2 * c.layers)
+    mesh = {"data": r, "model": t} if r > 1 else {"model": t}
+    return ServePlan(
+        strategy="dp_tp" if r > 1 else "tp",
+        mesh=mesh,
+        batch=batch,
+        context=context,
+        weight_bytes_per_device=weight,
+        cache_bytes_per_device=cached,
+        temp_bytes_per_device=temp,
+        memory_limit_bytes=int(hw.memory_bytes),
+        decode_step_s=decode,
+        decode_memory_s=memory_s,
+        decode_compute_s=compute_s,
+        decode_comm_s=comm_s,
+        first_token_s=prefill,
+        tokens_per_s_per_chip=batch / decode / (t * r),
+    )
+
+
+def _front(plans: Sequence[ServePlan]) -> set[int]:
+    """The plans no other beats on both time per output token and throughput per chip."""
+    front = set()
+    for i, p in enumerate(plans):
+        beaten = any(
+            q.decode_step_s <= p.decode_step_s
+            and q.tokens_per_s_per_chip >= p.tokens_per_s_per_chip
+            and (
+                q.decode_step_s < p.decode_step_s
+                or q.tokens_per_s_per_chip > p.tokens_per_s_per_chip
+            )
+            for j, q in enumerate(plans)
+            if j != i
+        )
+        if not beaten:
+            front.add(i)
+    return front
+
+
+def _no_fit(
+    config: ModelConfig,
+    hw: Hardware,
+    devices: int,
+    batch: int | None,
+    context: int,
+    weights: str,
+    cache: str,
+) -> str:
+    """Why nothing fits, and the largest batch that does at this context (on how many
+    devices), or that the weights alone do not."""
+    best: tuple[int, int] | None = None
+    for t, r in _layouts(config, devices):
+        weight, cached, temp = _held(config, t, r, r, context, weights, cache)
+        room = hw.memory_bytes - weight
+        fits = r * int(room // (cached + temp)) if room > 0 else 0
+        if fits and (best is None or fits > best[0]):
+            best = (fits, t)
+    asked = f"batch={batch} " if batch is not None else ""
+    if best is None:
+        need = math.ceil(config.param_count() * FORMATS[weights] / hw.memory_bytes)
+        return (
+            f"{asked}at context={context}: the {weights} weights alone "
+            f"({config.param_count() * FORMATS[weights] / 2**30:.1f} GiB) do not fit "
+            f"{devices} x {hw.name} with room for one sequence; give more devices (at least "
+            f"{need} hold the weights), or int8 or fp8 weights"
+        )
+    return (
+        f"{asked}at context={context} fits no layout of {devices} x {hw.name}; the largest "
+        f"batch that fits is {best[0]}, with tensor parallelism over {best[1]} devices; "
+        f"give batch={best[0]} or less, a shorter context, or an int8 cache"
+    )

@@ -1,0 +1,99 @@
+"""Serving plans (``shardscope.serve``, ``shardscope plan --serve``): every tensor-parallel
+layout and batch that fits, each device's weights and cache, the time per output token from
+the roofline and the tensor-parallel all-reduces, the latency-throughput front, and one error
+naming the way out where nothing fits or meets the latency."""
+
+import json
+
+import pytest
+
+from helpers import assert_usage_error
+from shardscope._src.base.errors import PlanError
+from shardscope._src.cli.main import main
+from shardscope._src.model.presets import model_preset
+from shardscope._src.plan.serve import serve
+from shardscope._src.targets.hardware import PRESETS
+
+H100 = PRESETS["h100"]
+
+
+def _find(result, strategy, mesh, batch):
+    return next(p for p in result.plans if (p.strategy, p.mesh, p.batch) == (strategy, mesh, batch))
+
+
+def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
+    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=64)
+    config = model_preset("llama3-70b").config(batch=1)
+    p = _find(result, "tp", {"model": 8}, 64)
+    # each device: an eighth of the bf16 weights and of the cache of 64 sequences of
+    # 2048 + 256 tokens, 2 (key, value) x 8 key/value heads x 128 x 80 layers x 2 bytes each
+    assert p.weight_bytes_per_device == -(-config.param_count() * 2 // 8)
+    assert p.cache_bytes_per_device == 64 * 2304 * (2 * 8 * 128 * 80 * 2) // 8
+    memory_s = (p.weight_bytes_per_device + p.cache_bytes_per_device) / 3.35e12
+    assert p.decode_memory_s == pytest.approx(memory_s, rel=1e-12)
+    # two all-reduces a layer of 64 tokens x 8192 in bf16 over the 8 GPUs of the node: a
+    # ring's 14 steps of latency and its 2 x 7/8 of the bytes at 80% of NVLink's 450 GB/s
+    ring = 14 * 5e-6 + 2 * 7 / 8 * 64 * 8192 * 2 / (0.8 * 450e9)
+    assert p.decode_comm_s == pytest.approx(2 * 80 * ring, rel=1e-9)
+    assert p.decode_step_s == pytest.approx(max(memory_s, p.decode_compute_s) + 2 * 80 * ring)
+    assert p.tokens_per_s_per_chip == pytest.approx(64 / p.decode_step_s / 8)
+    # two replicas of tensor parallelism over 4: twice the weights a device, half the
+    # all-reduce group, each replica 32 of the sequences
+    q = _find(result, "dp_tp", {"data": 2, "model": 4}, 64)
+    assert q.weight_bytes_per_device == -(-config.param_count() * 2 // 4)
+    assert q.cache_bytes_per_device == 32 * 2304 * (2 * 8 * 128 * 80 * 2) // 4
+
+
+def test_the_sweep_keeps_what_fits_and_marks_the_front():
+    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256)
+    assert result.plans and all(p.fits for p in result.plans)
+    # best throughput per chip first; no plan of the front is beaten on both
+    rates = [p.tokens_per_s_per_chip for p in result.plans]
+    assert rates == sorted(rates, reverse=True)
+    for p in result.front:
+        assert not any(
+            q.decode_step_s < p.decode_step_s and q.tokens_per_s_per_chip > p.tokens_per_s_per_chip
+            for q in result.plans
+        )
+    # the model's 8 key/value heads allow tensor parallelism over 1, 2, 4 or 8
+    assert {p.tensor_parallel for p in result.plans} <= {1, 2, 4, 8}
+
+
+def test_a_latency_keeps_the_layouts_that_meet_it():
+    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, latency=0.02)
+    assert all(p.decode_step_s <= 0.02 for p in result.plans)
+    with pytest.raises(PlanError, match=r"latency=1 ms per output token.*fastest is"):
+        serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, latency=0.001)
+
+
+def test_what_cannot_be_served_names_the_largest_that_fits():
+    with pytest.raises(PlanError, match=r"batch=100000 .*largest batch that fits is \d+"):
+        serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=100000)
+    with pytest.raises(PlanError, match="weights alone"):
+        serve("llama3-405b", 1, hardware="h100", prompt=128, output=128)
+    with pytest.raises(PlanError, match="prompt=0"):
+        serve("llama3-8b", 1, prompt=0, output=16)
+    with pytest.raises(PlanError, match="context=100"):
+        serve("llama3-8b", 1, prompt=128, output=16, context=100)
+    with pytest.raises(PlanError, match="cache='int4'"):
+        serve("llama3-8b", 1, prompt=128, output=16, cache="int4")
+
+
+def test_plan_serve_prints_the_plans_and_writes_them(tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "2", "--prompt", "512"]
+    assert main([*argv, "--output", "128", "--json", str(out)]) == 0
+    assert "tok/s/chip" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["prompt"] == 512 and data["plans"][0]["batch"] >= 1
+    line = assert_usage_error(argv, "give --output", capsys)
+    assert "--serve" in line
+    assert_usage_error(
+        ["plan", "--model", "llama3-8b", "--devices", "2", "--prompt", "512"],
+        "give --serve",
+        capsys,
+    )
+    line = assert_usage_error(
+        [*argv, "--output", "16", "--token-latency", "0.0001"], "no layout meets", capsys
+    )
+    assert "--token-latency" in line
