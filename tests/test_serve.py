@@ -22,7 +22,9 @@ def _find(result, strategy, mesh, batch):
 
 
 def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
-    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=64)
+    result = serve(
+        "llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=64, compile=False
+    )
     config = model_preset("llama3-70b").config(batch=1)
     p = _find(result, "tp", {"model": 8}, 64)
     # each device: an eighth of the bf16 weights and of the cache of 64 sequences of
@@ -42,6 +44,28 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     q = _find(result, "dp_tp", {"data": 2, "model": 4}, 64)
     assert q.weight_bytes_per_device == -(-config.param_count() * 2 // 4)
     assert q.cache_bytes_per_device == 32 * 2304 * (2 * 8 * 128 * 80 * 2) // 4
+
+
+def test_the_best_of_each_layout_is_compiled_by_the_h100_compiler():
+    # a decode step compiled deviceless: two all-reduces a layer (the attention's output and
+    # the MLP's down projection), priced as the formula's, and the compiled buffers: the
+    # weights and the cache the estimate counts, and the step's temporaries beside them
+    result = serve("llama3-8b", 2, hardware="h100", prompt=512, output=128)
+    compiled = [p for p in result.plans if p.compiled_by == "h100"]
+    assert {p.strategy for p in compiled} == {"tp", "dp_tp"}
+    for p in compiled:
+        assert p.fits
+        if p.tensor_parallel > 1:
+            assert p.compiled_all_reduces == 2 * 32
+            estimate = serve(
+                "llama3-8b", 2, hardware="h100", prompt=512, output=128, batch=p.batch,
+                compile=False,
+            )  # fmt: skip
+            twin = _find(estimate, p.strategy, p.mesh, p.batch)
+            assert p.decode_comm_s == pytest.approx(twin.decode_comm_s, rel=1e-9)
+        else:
+            assert p.compiled_all_reduces == 0
+        assert p.temp_bytes_per_device > 0
 
 
 def test_the_sweep_keeps_what_fits_and_marks_the_front():

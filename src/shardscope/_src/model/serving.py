@@ -119,16 +119,22 @@ def decode(
     context = cache["k"].shape[2]
     visible = (jnp.arange(context) <= pos)[None, :]
 
-    def layer(x: Any, inputs: Any) -> tuple[Any, Any]:
-        p, k_cache, v_cache = inputs
+    def layer(carry: Any, p: Any) -> tuple[Any, None]:
+        # The whole cache is carried and each layer writes its new key and value into it in
+        # place: as the scan's output instead, the cache would be a second buffer (XLA does
+        # not alias a scan's stacked outputs with its inputs), twice the cache in memory.
+        x, ks, vs, i = carry
         with jax.named_scope("attention"):
             q, k, v = _qkv(p, x, hooks)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, pos, 0, 0))
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, pos, 0, 0))
+            ks = jax.lax.dynamic_update_slice(ks, k[None], (i, 0, pos, 0, 0))
+            vs = jax.lax.dynamic_update_slice(vs, v[None], (i, 0, pos, 0, 0))
+            k_cache = jax.lax.dynamic_index_in_dim(ks, i, keepdims=False)
+            v_cache = jax.lax.dynamic_index_in_dim(vs, i, keepdims=False)
             a = _out(p, _attend(q, k_cache, v_cache, visible), hooks)
         x = hooks.residual(x + a)
         x = hooks.residual(x + mlp(p, x, hooks))
-        return x, (k_cache, v_cache)
+        return (x, ks, vs, i + 1), None
 
-    x, (ks, vs) = jax.lax.scan(layer, x, (params["layers"], cache["k"], cache["v"]))
+    start = (x, cache["k"], cache["v"], jnp.zeros((), jnp.int32))
+    (x, ks, vs, _), _ = jax.lax.scan(layer, start, params["layers"])
     return _logits(params, x, hooks)[:, 0], {"k": ks, "v": vs}

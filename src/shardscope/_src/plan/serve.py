@@ -22,16 +22,19 @@ collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
 * **memory** a device: its share of the weights and of the cache of ``context`` tokens for
   each of its replica's sequences, and the decode step's logits (float32).
 
-What is estimated and not compiled is said so (``compiled_by`` is None): the compiled prefill
-and decode programs are :func:`~shardscope._src.model.serving.prefill` and
-:func:`~shardscope._src.model.serving.decode`.
+The best plan of each layout has its decode step compiled by the hardware's own compiler,
+deviceless (:func:`compile_decode`: the reference decoder's
+:func:`~shardscope._src.model.serving.decode`, the cache donated): its memory per device and
+its all-reduces are then the compiled program's (``compiled_by``); the other plans are
+estimated. The prefill is estimated.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from shardscope._src.base.comm import ALL_REDUCE
 from shardscope._src.base.errors import PlanError, is_int
@@ -43,6 +46,7 @@ from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.links import collective_seconds
+from shardscope._src.targets.specs import TARGETS
 
 #: The largest batch the sweep tries when none is given (a power of two).
 MAX_BATCH = 4096
@@ -67,6 +71,12 @@ class ServePlan(Record):
     first_token_s: float
     tokens_per_s_per_chip: float
     pareto: bool = False
+    #: the target whose compiler compiled this plan's decode step (None: estimated): its
+    #: memory per device is that compile's buffers (``temp_bytes_per_device`` the rest of
+    #: them beyond the weights and the cache), its all-reduces the compiled ones
+    compiled_by: str | None = None
+    #: the compiled decode step's all-reduces a step (0 when not compiled)
+    compiled_all_reduces: int = 0
 
     @property
     def memory_bytes_per_device(self) -> int:
@@ -135,13 +145,17 @@ def serve(
     weights: str = "bfloat16",
     cache: str = "bfloat16",
     latency: float | None = None,
+    compile: bool = True,
 ) -> ServeResult:
     """Plans serving ``model`` on ``devices`` of ``hardware``: prompts of ``prompt`` tokens,
     ``output`` tokens generated each, a KV cache of ``context`` (default: ``prompt +
     output``) per sequence, ``weights`` and ``cache`` in bfloat16, float16, int8 or fp8
     (see the module docstring). ``batch`` fixes the sequences served at once (default: every
     power of two that fits, and the largest that does); ``latency`` (seconds per output
-    token) keeps the plans that meet it.
+    token) keeps the plans that meet it. With ``compile`` (and bfloat16 weights and cache),
+    the best plan of each layout has its decode step compiled by the hardware's own compiler,
+    deviceless, where it has one: its memory and all-reduces are then the compiled program's
+    (:func:`compile_decode`).
 
     Raises:
         PlanError: a bad count or format (naming it); a batch or context that fits no layout
@@ -195,6 +209,11 @@ def serve(
                 param="latency",
             )
         fitting = meet
+    if compile and weights == cache == config.dtype and hw.name in TARGETS:
+        fitting = _compile_best(fitting, config, hw)
+        fitting = [p for p in fitting if p.fits]
+        if not fitting:
+            raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
     fitting.sort(key=lambda p: (-p.tokens_per_s_per_chip, p.decode_step_s))
     front = _front(fitting)
     ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
@@ -320,6 +339,104 @@ def _plan(
         decode_comm_s=comm_s,
         first_token_s=prefill,
         tokens_per_s_per_chip=batch / decode / (t * r),
+    )
+
+
+#: Decode steps compiled per layout at most, largest batch first, until one fits.
+COMPILES_PER_LAYOUT = 4
+
+
+def _compile_best(plans: list[ServePlan], config: ModelConfig, hw: Hardware) -> list[ServePlan]:
+    """``plans`` with the best of each layout compiled: its largest batch first, and while
+    the compiled program does not fit, the next smaller (at most
+    :data:`COMPILES_PER_LAYOUT`); the batches above the largest that fits compiled are
+    dropped with the misfits."""
+    layouts: dict[str, list[ServePlan]] = {}
+    for p in sorted(plans, key=lambda p: -p.batch):
+        layouts.setdefault(p.strategy + str(p.mesh), []).append(p)
+    out: list[ServePlan] = []
+    for group in layouts.values():
+        for i, p in enumerate(group):
+            if i >= COMPILES_PER_LAYOUT:
+                out.extend(group[i:])
+                break
+            compiled = compile_decode(p, config, hw)
+            if compiled.fits:
+                out.append(compiled)
+                out.extend(group[i + 1 :])
+                break
+    return out
+
+
+def compile_decode(plan: ServePlan, config: ModelConfig, hw: Hardware) -> ServePlan:
+    """``plan`` with its decode step compiled by ``hw``'s compiler on its compile-only
+    devices: the reference decoder's :func:`~shardscope._src.model.serving.decode` under the
+    layout's placement, the cache donated and split by sequence over the replicas and by
+    key/value head over ``model``. The memory per device becomes the compiled buffers
+    (arguments, temporaries and the outputs that do not alias the donated cache) and the
+    all-reduces the compiled ones, priced as every collective is."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardscope._src.audit.compile import audit
+    from shardscope._src.base.stderr import capture_stderr
+    from shardscope._src.model.serving import abstract_cache, decode
+    from shardscope._src.model.transformer import abstract_params
+    from shardscope._src.sharding.strategies import get_strategy
+    from shardscope._src.targets.mesh import target_mesh
+
+    spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
+    mesh = target_mesh(hw.name, spec, axis_types="auto")
+    c = replace(config, batch=plan.batch, seq=1)
+    placement = get_strategy(plan.strategy).place(c, mesh)
+    rows = "data" if plan.replicas > 1 else None
+
+    def sds(tree: Any, specs: Any) -> Any:
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)),
+            tree,
+            specs,
+        )
+
+    params = sds(abstract_params(c), placement.param_specs())
+    cache_spec = P(None, rows, None, "model", None)
+    cache = sds(abstract_cache(c, plan.batch, plan.context), {"k": cache_spec, "v": cache_spec})
+    tokens = jax.ShapeDtypeStruct((plan.batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
+    pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+    step = jax.jit(lambda p, k, t, i: decode(p, k, t, i, c), donate_argnums=1)
+    # XLA:GPU's scheduler logs an error line when a program's arguments pass 64 GB (its
+    # memory limit's base), as a server's weights and cache do, and its rematerialization a
+    # warning when a program does not fit: the compile is sound, and the fit says the rest
+    with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
+        result = audit(step, params, cache, tokens, pos)
+    memory = result.memory or {}
+    held = (
+        memory.get("argument_size_in_bytes", 0)
+        + memory.get("temp_size_in_bytes", 0)
+        + memory.get("output_size_in_bytes", 0)
+        - memory.get("alias_size_in_bytes", 0)
+    )
+    sizes = dict(plan.mesh)
+    comm = sum(
+        collective_seconds(
+            hw, sizes, k.kind, k.axes, k.group_size, k.traffic_bytes * k.count, k.count
+        )
+        for k in result.collectives
+    )
+    all_reduces = sum(k.count for k in result.collectives if k.kind == ALL_REDUCE)
+    step_s = max(plan.decode_memory_s, plan.decode_compute_s) + comm
+    return replace(
+        plan,
+        temp_bytes_per_device=max(
+            0, held - plan.weight_bytes_per_device - plan.cache_bytes_per_device
+        ),
+        decode_comm_s=comm,
+        decode_step_s=step_s,
+        tokens_per_s_per_chip=plan.batch / step_s / (plan.replicas * plan.tensor_parallel),
+        compiled_by=hw.name,
+        compiled_all_reduces=all_reduces,
     )
 
 

@@ -22,6 +22,7 @@ def serve_columns() -> tuple[Column[ServePlan], ...]:
         Column("mesh", lambda p: ",".join(f"{k}={v}" for k, v in p.mesh.items()), code=True),
         Column("batch", lambda p: str(p.batch), justify="right"),
         Column("mem/dev", lambda p: format_bytes(p.memory_bytes_per_device), justify="right"),
+        Column("by", lambda p: p.compiled_by or "estimate"),
         Column("weights", lambda p: format_bytes(p.weight_bytes_per_device), justify="right"),
         Column("cache", lambda p: format_bytes(p.cache_bytes_per_device), justify="right"),
         Column("per token", lambda p: format_seconds(p.decode_step_s), justify="right"),
@@ -43,8 +44,9 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
     )
     caption = (
         f"{len(result.plans)} plans fit; {len(shown)} shown, best throughput per chip first. "
-        f"* the latency-throughput front. Estimated (the roofline: weights and cache through "
-        f"HBM or the matmuls, whichever is slower, then the tensor-parallel all-reduces); "
-        f"first token: one prompt prefilled alone on a replica."
+        f"* the latency-throughput front. Per token: the roofline (weights and cache through "
+        f"HBM or the matmuls, whichever is slower) and the tensor-parallel all-reduces; by: "
+        f"the compiler whose decode step gave the memory and the all-reduces, or the "
+        f"estimate. First token: one prompt prefilled alone on a replica, estimated."
     )
     return rich_table(serve_columns(), shown, title=title, caption=caption)
