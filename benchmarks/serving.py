@@ -7,7 +7,10 @@ Run: ``python benchmarks/serving.py``.
 
 from __future__ import annotations
 
+import time
+
 from shardscope._src.model.presets import model_preset
+from shardscope._src.plan.serve import serve
 from shardscope._src.plan.serving import (
     cache_bytes_per_token,
     least_chips,
@@ -74,6 +77,23 @@ def main() -> None:
     row("Llama 3.1 8B time per output token (roofline, batch 1)", decode, 8, "ms")
     first = prefill_s(c8, h100, 1, 467, h100.matmul_fraction) * 1e3
     row("Llama 3.1 8B time to first token (prefill at the matmul rate)", first, 23, "ms")
+    # the same run through serve(): online at 2 requests/s, about 4 sequences in flight
+    # (2/s x the 2 s a request takes)
+    plan = serve("llama3-8b", 1, hardware="h100", prompt=467, output=256, batch=4)
+    best = plan.best
+    row(f"serve: time per output token, batch 4 ({best.compiled_by or 'estimate'})",
+        best.decode_step_s * 1e3, 8, "ms")  # fmt: skip
+    row("serve: time to first token", best.first_token_s * 1e3, 23, "ms")
+    start = time.perf_counter()
+    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256)
+    wall = time.perf_counter() - start
+    compiled = sum(p.compiled_by is not None for p in result.plans)
+    print(
+        f"plan --serve llama3-70b on 8 h100 (prompt 2048, output 256): {wall:.1f} s, "
+        f"{len(result.plans)} plans fit, {compiled} compiled; best {result.best.label}: "
+        f"{result.best.decode_step_s * 1e3:.1f} ms a token, "
+        f"{result.best.tokens_per_s_per_chip:,.0f} tokens/s a chip"
+    )
 
 
 if __name__ == "__main__":
