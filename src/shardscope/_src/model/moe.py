@@ -5,8 +5,8 @@ programs dispatch tokens to their experts.
   takes at most ``C = ceil(capacity_factor x tokens x top_k / experts)`` tokens, in token
   order; they are gathered into an ``[experts, C, d_model]`` buffer (padded where an expert
   has fewer), the experts run as one batched matmul, and a scatter-add weighted by the
-  router brings them back (:func:`dispatch_tensors` gives the same assignment as GShard's
-  one-hot dispatch and combine tensors). Tokens beyond an expert's capacity are dropped:
+  router brings them back (the assignment GShard's one-hot dispatch and combine tensors
+  ``[tokens, experts, C]`` make, as indices). Tokens beyond an expert's capacity are dropped:
   their slot contributes nothing and the residual carries them. Sharded over an expert
   axis, the dispatch and combine are where the compiler puts the all-to-alls.
 * **Dropless** (MegaBlocks, grouped GEMMs, ``jax.lax.ragged_dot``): the ``tokens x top_k``
@@ -66,31 +66,11 @@ def _expert_mlp(x: Any, w_in: Any, w_down: Any) -> Any:
         return jnp.einsum("ecf,efd->ecd", u, w_down)
 
 
-def dispatch_tensors(weights: Any, experts: Any, n_experts: int, slots: int) -> tuple[Any, Any]:
-    """``(dispatch, combine)``, each ``[tokens, experts, slots]`` for one group of tokens:
-    ``dispatch`` one where a token takes slot ``c`` of expert ``e``, ``combine`` its router
-    weight there. Slots are given in token order (then by the token's rank of the expert); an
-    assignment beyond an expert's ``slots`` is dropped."""
-    tokens, top_k = experts.shape
-    one_hot = jax.nn.one_hot(experts, n_experts, dtype=jnp.int32)  # [t, k, e]
-    # position of each assignment in its expert's queue: token-major, then rank
-    flat = one_hot.reshape(tokens * top_k, n_experts)
-    position = (jnp.cumsum(flat, axis=0) - flat).reshape(tokens, top_k, n_experts)
-    position = jnp.sum(position * one_hot, axis=-1)  # [t, k]
-    kept = position < slots
-    slot = jax.nn.one_hot(jnp.where(kept, position, slots), slots, dtype=weights.dtype)
-    per = one_hot.astype(weights.dtype)[..., None] * slot[:, :, None, :]  # [t, k, e, c]
-    dispatch = jnp.sum(per, axis=1)
-    combine = jnp.sum(per * weights[:, :, None, None], axis=1)
-    return dispatch, combine
-
-
 def slot_tokens(weights: Any, experts: Any, n_experts: int, slots: int) -> tuple[Any, Any]:
     """``(token, weight)``, each ``[experts x slots]`` for one group of tokens: which token
     fills each slot of each expert (``tokens``, one past the last, where the slot is empty)
-    and its router weight there (0 where empty). The same assignment as
-    :func:`dispatch_tensors`, as indices: slots in token order (then by the token's rank of
-    the expert), assignments beyond an expert's ``slots`` dropped."""
+    and its router weight there (0 where empty): slots in token order (then by the token's
+    rank of the expert), assignments beyond an expert's ``slots`` dropped."""
     tokens, top_k = experts.shape
     one_hot = jax.nn.one_hot(experts, n_experts, dtype=jnp.int32)  # [t, k, e]
     flat = one_hot.reshape(tokens * top_k, n_experts)
@@ -132,8 +112,8 @@ def moe_capacity(
     and back with an all-to-all each way.
 
     Each group fills its slots by gathering its tokens (:func:`slot_tokens`) and takes the
-    outputs back by a weighted scatter-add: no FLOPs, where the one-hot einsums of
-    :func:`dispatch_tensors` cost ``2 x tokens x experts x slots x d`` each way."""
+    outputs back by a weighted scatter-add: no FLOPs, where GShard's one-hot dispatch and
+    combine einsums cost ``2 x tokens x experts x slots x d`` each way."""
     n_experts = router.shape[-1]
     t, d = x.shape
     if t % groups:
