@@ -70,7 +70,7 @@ def test_the_experts_state_is_divided_where_they_are_split():
 
 
 def test_plan_searches_expert_parallelism_and_its_screen_counts_what_compiles():
-    result = shardscope.plan(SMALL, 8, hardware="h100", compiler="cpu", compile_top=4)
+    result = shardscope.plan(SMALL, 8, hardware="h100", compiler="cpu", compile_top=2)
     compiled = {p.strategy for p in result.plans}
     assert compiled & {"ep", "dp_ep", "fsdp_ep", "ep_tp"}
     for p in result.plans:
