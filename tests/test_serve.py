@@ -104,12 +104,13 @@ def test_what_cannot_be_served_names_the_largest_that_fits():
 
 
 def test_plan_serve_prints_the_plans_and_writes_them(tmp_path, capsys):
-    out = tmp_path / "serve.json"
+    out, png = tmp_path / "serve.json", tmp_path / "serve.png"
     argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "2", "--prompt", "512"]
-    assert main([*argv, "--output", "128", "--json", str(out)]) == 0
+    assert main([*argv, "--output", "128", "--json", str(out), "--png", str(png)]) == 0
     assert "tok/s/chip" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["prompt"] == 512 and data["plans"][0]["batch"] >= 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     line = assert_usage_error(argv, "give --output", capsys)
     assert "--serve" in line
     assert_usage_error(

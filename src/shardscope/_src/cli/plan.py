@@ -233,7 +233,7 @@ SERVE_OPTIONS = ("prompt", "output", "context", "weights", "cache", "token_laten
 def _cmd_serve(c: PlanConfig) -> int:
     """``plan --serve``: the serving plans of the built-in model."""
     from shardscope._src.plan.serve import serve
-    from shardscope._src.render.serve import render_serve
+    from shardscope._src.render.serve import plot_serve, render_serve
     from shardscope._src.targets.hardware import hardware
 
     missing = [f"--{k}" for k in ("prompt", "output") if getattr(c, k) is None]
@@ -254,8 +254,12 @@ def _cmd_serve(c: PlanConfig) -> int:
     )
     console = output_console()
     console.print(render_serve(result, top=c.top))
+    written: list[Path | None] = []
     if c.json:
-        print_written(console, [write_result(c.json, result)])
+        written.append(write_result(c.json, result))
+    if c.png:
+        written.append(plot_serve(result, c.png))
+    print_written(console, written)
     return 0
 
 

@@ -1,10 +1,15 @@
-"""The serving plans as a rich table: each layout and batch that fits, best throughput per
-chip first, the latency-throughput front marked."""
+"""The serving plans as a rich table (each layout and batch that fits, best throughput per
+chip first, the latency-throughput front marked) and as a chart of the front, drawn headless
+with matplotlib's Agg canvas and written atomically."""
 
 from __future__ import annotations
 
+import io
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.render.columns import Column, rich_table
 
@@ -50,3 +55,67 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
         f"estimate. First token: one prompt prefilled alone on a replica, estimated."
     )
     return rich_table(serve_columns(), shown, title=title, caption=caption)
+
+
+def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
+    """Writes the latency-throughput chart as PNG: throughput per chip against the time per
+    output token, one point per plan, one colour per layout (filled where the decode step was
+    compiled, hollow where estimated), the front joined and its batches written beside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.0, 5.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_title(
+        f"Serving {result.model} on {result.devices} x {result.hardware}: prompt "
+        f"{result.prompt}, output {result.output}, {result.weights} weights, "
+        f"{result.cache} cache",
+        fontsize=10,
+    )
+    layouts: dict[str, list[ServePlan]] = {}
+    for p in result.plans:
+        key = p.strategy + " " + ",".join(f"{k}={v}" for k, v in p.mesh.items())
+        layouts.setdefault(key, []).append(p)
+    colours = [f"C{i}" for i in range(10)]
+    for i, (name, plans) in enumerate(sorted(layouts.items())):
+        colour = colours[i % len(colours)]
+        for compiled in (True, False):
+            group = [p for p in plans if (p.compiled_by is not None) == compiled]
+            if not group:
+                continue
+            ax.scatter(
+                [p.decode_step_s * 1e3 for p in group],
+                [p.tokens_per_s_per_chip for p in group],
+                s=36,
+                facecolors=colour if compiled else "none",
+                edgecolors=colour,
+                label=name if compiled or not any(q.compiled_by for q in plans) else None,
+                zorder=3,
+            )
+    front = sorted(result.front, key=lambda p: p.decode_step_s)
+    ax.plot(
+        [p.decode_step_s * 1e3 for p in front],
+        [p.tokens_per_s_per_chip for p in front],
+        color="0.4",
+        linewidth=1,
+        zorder=2,
+        label="front",
+    )
+    for p in front:
+        ax.annotate(
+            str(p.batch),
+            (p.decode_step_s * 1e3, p.tokens_per_s_per_chip),
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=7,
+            color="0.3",
+        )
+    ax.set_xlabel("time per output token (ms)")
+    ax.set_ylabel("output tokens per second per chip")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", color="0.92", linewidth=0.6)
+    ax.legend(fontsize=8, loc="lower right", title="filled: compiled; numbers: batch")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return write_atomic(path, lambda f: f.write(buf.getvalue()), binary=True)
