@@ -86,6 +86,25 @@ def slot_tokens(weights: Any, experts: Any, n_experts: int, slots: int) -> tuple
     return token, weight
 
 
+def _fill(xg: Any, token: Any) -> Any:
+    """Each group's slots ``[groups, experts x slots, d]`` filled with its tokens (``xg``
+    ``[groups, tokens, d]``; an empty slot takes the zero row past them)."""
+    groups, _, d = xg.shape
+    padded = jnp.concatenate([xg, jnp.zeros((groups, 1, d), xg.dtype)], axis=1)
+    return jax.vmap(lambda rows, i: jnp.take(rows, i, axis=0))(padded, token)
+
+
+def _scatter(rows: Any, token: Any, weight: Any, tokens: int) -> Any:
+    """Each group's slot outputs ``[groups, experts x slots, d]`` weighted by their router
+    weights and added to their tokens: ``[groups, tokens, d]`` (empty slots drop out)."""
+    rows = rows * weight[..., None].astype(rows.dtype)
+
+    def back(r: Any, i: Any) -> Any:
+        return jnp.zeros((tokens, r.shape[-1]), r.dtype).at[i].add(r, mode="drop")
+
+    return jax.vmap(back)(rows, token)
+
+
 def _same(name: str, x: Any) -> Any:
     return x
 
@@ -125,9 +144,7 @@ def moe_capacity(
     with jax.named_scope("moe/dispatch"):
         # each group fills its slots of every expert where the group is (an empty slot takes
         # the zero row past its tokens), then the slots go to their experts (the all-to-all)
-        padded = jnp.concatenate([xg, jnp.zeros((groups, 1, d), x.dtype)], axis=1)
-        filled = jax.vmap(lambda rows, i: jnp.take(rows, i, axis=0))(padded, token)
-        filled = filled.reshape(groups, n_experts, slots, d)
+        filled = _fill(xg, token).reshape(groups, n_experts, slots, d)
         buffer = place("slots", jnp.swapaxes(filled, 0, 1))
         buffer = place("experts", buffer)
     e, g, c, _ = buffer.shape
@@ -135,12 +152,7 @@ def moe_capacity(
     with jax.named_scope("moe/combine"):
         y = place("slots", place("experts", y))  # back to their groups (the all-to-all)
         rows = jnp.swapaxes(y, 0, 1).reshape(groups, n_experts * slots, d)
-        rows = rows * weight[..., None].astype(rows.dtype)
-
-        def gather_back(r: Any, i: Any) -> Any:
-            return jnp.zeros((t // groups, d), r.dtype).at[i].add(r, mode="drop")
-
-        out = place("tokens", jax.vmap(gather_back)(rows, token))
+        out = place("tokens", _scatter(rows, token, weight, t // groups))
     dropped = t * top_k - jnp.sum(token < t // groups).astype(jnp.int32)
     return out.reshape(t, d), dropped
 
@@ -200,11 +212,9 @@ def moe_capacity_local(
     slots = capacity(t // groups, n_experts, top_k, factor)
     token, weight = jax.vmap(lambda w, i: slot_tokens(w, i, n_experts, slots))(weights, experts)
     with jax.named_scope("moe/dispatch"):
-        padded = jnp.concatenate([xg, jnp.zeros((groups, 1, d), x.dtype)], axis=1)
-        filled = jax.vmap(lambda rows, i: jnp.take(rows, i, axis=0))(padded, token)
         # [devices, experts of a device, groups, slots, d]: row j goes to device j; what
         # arrives is every device's groups' slots of this device's experts
-        filled = jnp.moveaxis(filled.reshape(groups, e, local, slots, d), 0, 2)
+        filled = jnp.moveaxis(_fill(xg, token).reshape(groups, e, local, slots, d), 0, 2)
         buffer = jax.lax.all_to_all(filled, axis, 0, 0, tiled=True)
     rows = jnp.swapaxes(buffer, 0, 1).reshape(local, e * groups * slots, d)
     y = _expert_mlp(rows, w_in, w_down)
@@ -214,10 +224,5 @@ def moe_capacity_local(
     with jax.named_scope("moe/combine"):
         y = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
         back = jnp.moveaxis(y, 2, 0).reshape(groups, n_experts * slots, d)
-        back = back * weight[..., None].astype(back.dtype)
-
-        def gather_back(r: Any, i: Any) -> Any:
-            return jnp.zeros((t // groups, d), r.dtype).at[i].add(r, mode="drop")
-
-        out = jax.vmap(gather_back)(back, token)
+        out = _scatter(back, token, weight, t // groups)
     return out.reshape(t, d)
