@@ -29,6 +29,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],
     "model/config.py": [("plan",)],
+    "model/serving.py": [("plan",)],
     "plan/program.py": [("plan",)],
     "plan/candidates.py": [("plan",)],
     "plan/estimates.py": [("plan",)],

@@ -68,16 +68,21 @@ def _logits(params: dict[str, Any], x: Any, hooks: Hooks) -> Any:
     return jnp.einsum("bsd,vd->bsv", x, hooks.weight("embed", params["embed"]))
 
 
-def _check(config: ModelConfig) -> None:
+def check_servable(config: ModelConfig) -> None:
+    """Refuses what the serving steps do not build: a mixture of experts, latent attention
+    (its cache is the latent), a model without a vocabulary."""
     config.require_dense("the reference decoder's serving steps")
     if config.is_mla:
         raise ModelConfigError(
             f"the reference decoder's serving steps cache grouped-query attention's keys and "
             f"values, and this model has latent attention (kv_lora_rank={config.kv_lora_rank}): "
-            f"its cache (the latent) is not modelled yet"
+            f"its cache (the latent) is not modelled yet",
+            param="model",
         )
     if config.vocab is None:
-        raise ModelConfigError("serving needs a vocabulary: give the model vocab=N")
+        raise ModelConfigError(
+            "serving needs a vocabulary: give the model vocab=N", param=("model", "vocab")
+        )
 
 
 def prefill(
@@ -85,7 +90,7 @@ def prefill(
 ) -> tuple[Any, Any]:
     """``(logits [batch, prompt, vocab], cache)``: the prompts' forward pass, their keys and
     values written to the first ``prompt`` positions of a cache of ``context``."""
-    _check(config)
+    check_servable(config)
     batch, prompt = tokens.shape
     x = hooks.residual(jnp.take(hooks.weight("embed", params["embed"]), tokens, axis=0))
     causal = jnp.tril(jnp.ones((prompt, prompt), dtype=bool))
@@ -114,7 +119,7 @@ def decode(
     """``(logits [batch, vocab], cache)``: one token per sequence (``tokens`` ``[batch]``) at
     position ``pos``, its key and value written to the cache and attending over positions
     ``0 .. pos``."""
-    _check(config)
+    check_servable(config)
     x = hooks.residual(jnp.take(hooks.weight("embed", params["embed"]), tokens[:, None], axis=0))
     context = cache["k"].shape[2]
     visible = (jnp.arange(context) <= pos)[None, :]

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from shardscope._src.base.errors import PlanError, is_int
@@ -297,9 +297,12 @@ def tokens_per_device(placement: Placement, microbatches: int = 1) -> int:
     )
 
 
-def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float]:
+def _activation_terms(
+    placement: Placement, b: int, *, dense_mlp: bool = True
+) -> tuple[float, float, float]:
     """Bytes of one layer's activations for ``b`` sequences on one device: (replicated
-    over the model axis, split by it, attention scores split by it), at the model's dtype."""
+    over the model axis, split by it, attention scores split by it), at the model's dtype;
+    ``dense_mlp=False`` leaves the MLP's hidden out (a layer with experts counts its own)."""
     c = placement.config
     s, h, f = c.seq, c.d_model, c.ff
     assert c.head_dim is not None and c.kv_heads is not None
@@ -307,7 +310,7 @@ def _activation_terms(placement: Placement, b: int) -> tuple[float, float, float
     t = model_ways(placement)
     # The MLP's input and output of its element-wise block: GELU's ``2f`` each; SwiGLU's gate
     # and up projections ``4f``, their product ``2f``.
-    mlp = 6 * f if c.mlp == "swiglu" else 4 * f
+    mlp = (6 * f if c.mlp == "swiglu" else 4 * f) if dense_mlp else 0
     split: float = 2 * q_dim + 4 * kv_dim + 2 * q_dim + mlp  # Q, K and V, out-proj input, MLP
     latents = 0.0
     if c.is_mla:
@@ -348,29 +351,22 @@ def moe_activation_bytes_per_layer(
     placement: Placement, *, flash_attention: bool = True, b: int
 ) -> float:
     """Bytes a layer with experts keeps for the backward for ``b`` sequences on one device:
-    its attention's as a dense layer's (Korthikanti et al.), then, per token, the router's
-    float32 logits (``4 E``), the slots sent to the experts and their outputs (``cf k h``
-    each: ``cf`` the capacity factor, 1 dropless), the experts' hidden activations as a dense
-    MLP's (``cf k`` times SwiGLU's ``3 f`` or GELU's ``2 f``, split over ``model``), and the
-    shared experts' hidden as a dense MLP of their width. Under expert parallelism a device
-    holds its experts' slots of every token sent to them: under uniform routing, as many as
-    its own tokens send."""
+    its attention's and norms' as a dense layer's (Korthikanti et al.), then, per token, the
+    router's float32 logits (``4 E``), the slots sent to the experts and their outputs
+    (``cf k h`` each: ``cf`` the capacity factor, 1 dropless), the experts' hidden
+    activations as a dense MLP's (``cf k`` times SwiGLU's ``3 f`` or GELU's ``2 f``, split
+    over ``model``), and the shared experts' hidden as a dense MLP of their width. Under
+    expert parallelism a device holds its experts' slots of every token sent to them: under
+    uniform routing, as many as its own tokens send."""
     c = placement.config
-    whole, split, scores = _activation_terms(placement, b)
-    t = model_ways(placement)
+    whole, split, scores = _activation_terms(placement, b, dense_mlp=False)
+    attention = whole + split + (0 if flash_attention else scores)
     f = c.expert_ff or c.ff
-    mlp_dense = (6 * c.ff if c.mlp == "swiglu" else 4 * c.ff) / (
-        1 if placement.strategy.sequence_parallel else t
-    )
     per_slot = 3 * f if c.mlp == "swiglu" else 2 * f  # elements: gate and up, their product
-    shared = c.shared_experts * f
-    hidden = (per_slot * c.routed_capacity * c.top_k + per_slot * shared / f) / t
     cf_k = c.routed_capacity * c.top_k
-    moe_elements = 2 * cf_k * c.d_model + hidden
+    hidden = per_slot * (cf_k + c.shared_experts) / model_ways(placement)
     tokens = b * c.seq // context_ways(placement)
-    attention = whole + split - mlp_dense * b * c.seq * c.itemsize / 2 / context_ways(placement)
-    attention += 0 if flash_attention else scores
-    return attention + tokens * (moe_elements * c.itemsize + 4 * c.experts)
+    return attention + tokens * ((2 * cf_k * c.d_model + hidden) * c.itemsize + 4 * c.experts)
 
 
 def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) -> int:
@@ -583,24 +579,21 @@ def gathered_kv_bytes(placement: Placement, microbatches: int = 1) -> int:
     return 2 * c.seq * c.kv_heads * c.head_dim * b * c.itemsize
 
 
-def layer_matmul_params(config: ModelConfig) -> int:
-    """Weights of one dense layer's matmuls (the projections and the MLP; no norm gains)."""
-    c = config
-    if c.is_moe:  # its dense layers' shapes
-        c = replace(
-            c,
-            experts=0,
-            top_k=0,
-            dense_layers=0,
-            shared_experts=0,
-            expert_ff=None,
-            capacity_factor=None,
-        )
+def _attention_matmul_params(c: ModelConfig) -> int:
+    """Weights of one layer's attention projections (no norm gains)."""
     return sum(
         math.prod(shape[1:])
-        for name, shape in param_shapes(c).items()
-        if name in LAYER_PARAMS and not name.endswith("norm")
+        for name, shape in attention_shapes(c, 1).items()
+        if not name.endswith("norm")
     )
+
+
+def layer_matmul_params(config: ModelConfig) -> int:
+    """Weights of one dense layer's matmuls: the attention's projections and the MLP (SwiGLU's
+    gate, up and down, or GELU's up and down; no norm gains)."""
+    c = config
+    mats = 3 if c.mlp == "swiglu" else 2
+    return _attention_matmul_params(c) + mats * c.d_model * c.ff
 
 
 def moe_layer_matmul_params(config: ModelConfig, *, routed: float) -> float:
@@ -611,12 +604,8 @@ def moe_layer_matmul_params(config: ModelConfig, *, routed: float) -> float:
     c = config
     f = c.expert_ff or c.ff
     mats = 3 if c.mlp == "swiglu" else 2
-    attention = sum(
-        math.prod(shape[1:])
-        for name, shape in attention_shapes(c, 1).items()
-        if not name.endswith("norm")
-    )
-    return attention + c.d_model * c.experts + (routed + c.shared_experts) * mats * c.d_model * f
+    experts = (routed + c.shared_experts) * mats * c.d_model * f
+    return _attention_matmul_params(c) + c.d_model * c.experts + experts
 
 
 def matmul_params_per_token(placement: Placement) -> tuple[float, float]:

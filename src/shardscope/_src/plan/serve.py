@@ -41,6 +41,7 @@ from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
+from shardscope._src.model.serving import check_servable
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.targets.hardware import Hardware
@@ -237,15 +238,7 @@ def _model(model: str | ModelConfig) -> tuple[str, ModelConfig]:
     else:
         preset = model_preset(model)
         config, name = preset.config(batch=1), preset.name
-    config.require_dense("serving plans")
-    if config.is_mla:
-        raise PlanError(
-            f"model={name!r}: latent attention's cache (the latent) is not modelled for "
-            f"serving yet",
-            param="model",
-        )
-    if config.vocab is None:
-        raise PlanError("serving needs a vocabulary: give the model vocab=N", param="model")
+    check_servable(config)
     return name, config
 
 
@@ -270,15 +263,21 @@ def _held(
     return weight, cached, logits
 
 
+def _largest_batch(
+    config: ModelConfig, hw: Hardware, t: int, r: int, context: int, weights: str, cache: str
+) -> int:
+    """The most sequences ``r`` replicas of tensor parallelism over ``t`` hold beside their
+    weights (a multiple of ``r``; 0 when the weights alone do not leave room for one)."""
+    weight, cached, temp = _held(config, t, r, r, context, weights, cache)  # r sequences
+    room = hw.memory_bytes - weight
+    return r * int(room // (cached + temp)) if room > 0 else 0
+
+
 def _batches(
     config: ModelConfig, hw: Hardware, t: int, r: int, context: int, weights: str, cache: str
 ) -> list[int]:
     """Powers of two times the replicas, and the largest batch that fits a device."""
-    weight, _, _ = _held(config, t, r, r, context, weights, cache)
-    per_sequence = sum(_held(config, t, r, r, context, weights, cache)[1:])  # r sequences
-    room = hw.memory_bytes - weight
-    largest = r * int(room // per_sequence) if room > 0 else 0
-    largest = min(largest, MAX_BATCH * r)
+    largest = min(_largest_batch(config, hw, t, r, context, weights, cache), MAX_BATCH * r)
     out = []
     b = r
     while b <= largest:
@@ -289,10 +288,15 @@ def _batches(
     return out or [r]
 
 
+def _mesh(t: int, r: int) -> dict[str, int]:
+    """The layout's mesh: ``model=t``, with ``data=r`` first where there are replicas."""
+    return {"data": r, "model": t} if r > 1 else {"model": t}
+
+
 def _allreduce_s(hw: Hardware, t: int, r: int, elements: int, itemsize: int, count: int) -> float:
     if t == 1:
         return 0.0
-    sizes = {"data": r, "model": t} if r > 1 else {"model": t}
+    sizes = _mesh(t, r)
     # collective_seconds takes the traffic of all ``count`` executions
     traffic = count * 2 * (t - 1) / t * elements * itemsize
     return collective_seconds(hw, sizes, ALL_REDUCE, ("model",), t, traffic, count)
@@ -323,10 +327,9 @@ def _plan(
     prefill_flops = 2 * active * prompt + attention
     prefill = max(prefill_flops / (t * rate), weight / hw.hbm_bandwidth)
     prefill += _allreduce_s(hw, t, r, prompt * c.d_model, c.itemsize, 2 * c.layers)
-    mesh = {"data": r, "model": t} if r > 1 else {"model": t}
     return ServePlan(
         strategy="dp_tp" if r > 1 else "tp",
-        mesh=mesh,
+        mesh=_mesh(t, r),
         batch=batch,
         context=context,
         weight_bytes_per_device=weight,
@@ -472,9 +475,7 @@ def _no_fit(
     devices), or that the weights alone do not."""
     best: tuple[int, int] | None = None
     for t, r in _layouts(config, devices):
-        weight, cached, temp = _held(config, t, r, r, context, weights, cache)
-        room = hw.memory_bytes - weight
-        fits = r * int(room // (cached + temp)) if room > 0 else 0
+        fits = _largest_batch(config, hw, t, r, context, weights, cache)
         if fits and (best is None or fits > best[0]):
             best = (fits, t)
     asked = f"batch={batch} " if batch is not None else ""
