@@ -140,6 +140,16 @@ def test_an_in_place_update_moves_only_its_update():
     assert instruction_cost(m, entry, ins["up"]) == Cost(0, 2 * 64 * 32 * 4 + 4)
 
 
+def test_a_slice_or_gather_reads_only_what_it_takes():
+    m, entry, ins = _instructions()
+    # one of the 16 layers of a stacked buffer (the index read too), fused or not, and three
+    # rows of x gathered by their indices
+    layer = 64 * 32 * 4
+    assert instruction_cost(m, entry, ins["take"]) == Cost(0, layer + 4 + layer)
+    assert instruction_cost(m, entry, ins["two"]) == Cost(0, 2 * layer + 4 + 2 * layer)
+    assert instruction_cost(m, entry, ins["rows"]) == Cost(0, 3 * 32 * 4 + 3 * 4 + 3 * 32 * 4)
+
+
 def test_a_convolution_counts_kernel_elements_per_output_feature():
     m, entry, ins = _instructions()
     assert instruction_cost(m, entry, ins["conv"]).flops == CONV

@@ -12,7 +12,9 @@ Two figures per instruction, the ones a roofline reads:
   arithmetic is not counted: it is bound by memory.
 - **Bytes** it reads and writes in device memory: its operands and its result as the device
   runs it, at the boundary of a fusion (what is fused stays on chip). A dynamic-update-slice,
-  fused or not, writes into its buffer in place: only the update is read and written.
+  fused or not, writes into its buffer in place: only the update is read and written. A
+  slice, dynamic-slice or gather reads only what it takes, and so does a fusion of an operand
+  that only such instructions read (a loop's layer of stacked weights, an embedding's rows).
 
 The compilers' own counts (``cost_analysis()``) exist for the CPU and TPU compilers but not for
 the GPU one; these counts need nothing but the text, so every target is counted the same way.
@@ -41,6 +43,9 @@ FREE = frozenset(
 CONTROL = frozenset({"while", "conditional", "call", "async-start", "async-update", "async-done"})
 
 _IN_PLACE = "dynamic-update-slice"
+
+#: Instructions that read only the part of their first operand they produce.
+_TAKES = frozenset({"slice", "dynamic-slice", "gather"})
 
 
 @dataclass(frozen=True)
@@ -302,7 +307,11 @@ def _root(module: HloModule, ins: Instruction) -> Instruction | None:
 
 def _memory_bytes(module: HloModule, comp: Computation, ins: Instruction) -> int:
     operands = [comp.by_name.get(op) for op in ins.operands]
-    read = [_bytes(op.shape) for op in operands if op is not None and op.opcode != "constant"]
+    read = [
+        _read_bytes(module, ins, i, op)
+        for i, op in enumerate(operands)
+        if op is not None and op.opcode != "constant"
+    ]
     written = _bytes(ins.shape)
     root = _root(module, ins) if ins.opcode == "fusion" else ins
     if root is not None and root.opcode == _IN_PLACE:
@@ -311,6 +320,28 @@ def _memory_bytes(module: HloModule, comp: Computation, ins: Instruction) -> int
         update = _update_bytes(module, ins, root)
         return max(0, sum(read) - buffer) + update
     return sum(read) + written
+
+
+def _read_bytes(module: HloModule, ins: Instruction, i: int, operand: Instruction) -> int:
+    """Bytes ``ins`` reads of its ``i``-th operand: all of it, or what a slice, dynamic
+    slice or gather takes of it (unfused, or every reader of it inside a fusion)."""
+    whole = _bytes(operand.shape)
+    if ins.opcode in _TAKES:
+        return _bytes(ins.shape) if i == 0 else whole
+    if ins.opcode != "fusion":
+        return whole
+    fused = next((module.computations.get(name) for _, name in ins.called_computations), None)
+    if fused is None:
+        return whole
+    param = next(
+        (p for p in fused.instructions if p.opcode == "parameter" and p.literal == str(i)), None
+    )
+    if param is None:
+        return whole
+    readers = [u for u in fused.instructions if param.name in u.operands]
+    if not readers or any(u.opcode not in _TAKES or u.operands[0] != param.name for u in readers):
+        return whole
+    return min(whole, sum(_bytes(u.shape) for u in readers))
 
 
 def _update_bytes(module: HloModule, ins: Instruction, root: Instruction) -> int:
