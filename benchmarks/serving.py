@@ -84,16 +84,18 @@ def main() -> None:
     row(f"serve: time per output token, batch 4 ({best.compiled_by or 'estimate'})",
         best.decode_step_s * 1e3, 8, "ms")  # fmt: skip
     row("serve: time to first token", best.first_token_s * 1e3, 23, "ms")
-    start = time.perf_counter()
-    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256)
-    wall = time.perf_counter() - start
-    compiled = sum(p.compiled_by is not None for p in result.plans)
-    print(
-        f"plan --serve llama3-70b on 8 h100 (prompt 2048, output 256): {wall:.1f} s, "
-        f"{len(result.plans)} plans fit, {compiled} compiled; best {result.best.label}: "
-        f"{result.best.decode_step_s * 1e3:.1f} ms a token, "
-        f"{result.best.tokens_per_s_per_chip:,.0f} tokens/s a chip"
-    )
+    for devices, hardware in ((8, "h100"), (16, "tpu-v5e")):
+        start = time.perf_counter()
+        result = serve("llama3-70b", devices, hardware=hardware, prompt=2048, output=256)
+        wall = time.perf_counter() - start
+        compiled = sum(p.compiled_by is not None for p in result.plans)
+        print(
+            f"plan --serve llama3-70b on {devices} {hardware} (prompt 2048, output 256): "
+            f"{wall:.1f} s, {len(result.plans)} plans fit, {compiled} compiled; best "
+            f"{result.best.label}: {result.best.decode_step_s * 1e3:.1f} ms a token, "
+            f"{result.best.first_token_s * 1e3:.0f} ms to the first, "
+            f"{result.best.tokens_per_s_per_chip:,.0f} tokens/s a chip"
+        )
 
 
 if __name__ == "__main__":

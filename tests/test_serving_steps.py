@@ -11,8 +11,15 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.serving import abstract_cache, decode, prefill
-from shardscope._src.model.transformer import abstract_params, forward, init_params
+from shardscope._src.model.serving import (
+    abstract_cache,
+    abstract_serving_params,
+    decode,
+    prefill,
+    serving_params,
+    serving_specs,
+)
+from shardscope._src.model.transformer import forward, init_params
 
 CONFIG = ModelConfig(
     d_model=64, heads=8, kv_heads=2, ff=128, layers=3, vocab=256, mlp="swiglu", seq=12, batch=2
@@ -23,28 +30,30 @@ def _tokens(n, seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (2, n)), jnp.int32)
 
 
-def test_prefill_gives_the_forward_pass_logits_and_the_prompts_cache():
+def test_prefill_gives_the_forward_pass_last_logits_and_the_prompts_cache():
     params = init_params(CONFIG)
     tokens = _tokens(12)
     logits, cache = jax.jit(lambda p, t: prefill(p, t, CONFIG, 16))(params, tokens)
-    want = forward(params, tokens, CONFIG)
+    want = forward(params, tokens, CONFIG)[:, -1]
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=2e-5, atol=2e-5)
-    assert cache["k"].shape == (3, 2, 16, 2, 8)  # layers, batch, context, kv heads, head dim
-    assert not np.asarray(cache["k"][:, :, 12:]).any()  # nothing beyond the prompt yet
+    assert len(cache) == 3  # one per layer
+    assert cache[0]["k"].shape == (2, 2, 16, 8)  # batch, kv heads, context, head dim
+    assert not any(np.asarray(c["k"][:, :, 12:]).any() for c in cache)  # nothing beyond yet
 
 
 def test_decode_continues_the_prompt_as_the_forward_pass_of_one_more_token():
-    params = init_params(CONFIG)
+    params = serving_params(init_params(CONFIG))
     tokens = _tokens(12)
     _, cache = prefill(params, tokens[:, :11], CONFIG, 16)
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, CONFIG), donate_argnums=1)
     logits, cache = step(params, cache, tokens[:, 11], jnp.int32(11))
-    want = forward(params, tokens, CONFIG)[:, -1]
+    want = forward(init_params(CONFIG), tokens, CONFIG)[:, -1]
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=2e-5, atol=2e-5)
     _, whole = prefill(params, tokens, CONFIG, 16)
-    np.testing.assert_allclose(
-        np.asarray(cache["v"][:, :, :12]), np.asarray(whole["v"][:, :, :12]), rtol=2e-5, atol=2e-5
-    )
+    for got, full in zip(cache, whole, strict=True):
+        np.testing.assert_allclose(
+            np.asarray(got["v"][:, :, :12]), np.asarray(full["v"][:, :, :12]), rtol=2e-5, atol=2e-5
+        )
 
 
 @pytest.mark.parametrize(
@@ -80,9 +89,14 @@ def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_com
             specs,
         )
 
-    params = sds(abstract_params(config), placement.param_specs())
-    cache_spec = P(None, rows, None, "model", None)  # split by sequence and key/value heads
-    cache = sds(abstract_cache(config, batch, context), {"k": cache_spec, "v": cache_spec})
+    params = sds(
+        abstract_serving_params(config), serving_specs(placement.param_specs(), config.layers)
+    )
+    cache_spec = P(rows, "model", None, None)  # split by sequence and key/value heads
+    cache = sds(
+        abstract_cache(config, batch, context),
+        tuple({"k": cache_spec, "v": cache_spec} for _ in range(config.layers)),
+    )
     tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
     pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)

@@ -4,8 +4,11 @@ throughput per chip, and the latency-throughput front.
 
 A layout is ``r`` replicas of tensor parallelism over ``t`` devices (``t x r`` = the
 devices; ``tp`` on ``model=t`` when ``r`` is 1, ``dp_tp`` on ``data=r,model=t`` else): each
-replica serves ``batch / r`` sequences, its heads, MLP and KV cache split ``t`` ways (the key
-and value heads must divide: tensor parallelism here does not replicate them).
+replica serves ``batch / r`` sequences, its heads, MLP and KV cache split ``t`` ways. Where
+``t`` is a multiple of the key/value heads, each head is replicated on ``t / kv_heads``
+devices (its projection weights and its cache), so that every device holds one whole head,
+as tensor-parallel servers do; a ``t`` that neither divides nor is a multiple of them is
+not a layout.
 
 Per replica, by the roofline of :mod:`shardscope._src.plan.serving` and the one pricing of
 collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
@@ -24,9 +27,13 @@ collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
 
 The best plan of each layout has its decode step compiled by the hardware's own compiler,
 deviceless (:func:`compile_decode`: the reference decoder's
-:func:`~shardscope._src.model.serving.decode`, the cache donated): its memory per device and
-its all-reduces are then the compiled program's (``compiled_by``); the other plans are
-estimated. The prefill is estimated.
+:func:`~shardscope._src.model.serving.decode`, the cache donated), and the layout's prefill
+of one prompt a replica (:func:`compile_prefill`): their times are then the compiled
+programs' (the bytes they move through HBM and the FLOPs of their matmuls, counted from
+their HLO, the slower of the two, and their collectives priced as every collective is),
+their memory the compiled buffers (``compiled_by``); the other plans are estimated. On a TPU
+target the decode step's memory and collectives are the compiled ones and its time the
+roofline's (see :func:`_compile`), and the prefill is estimated.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ class ServePlan(Record):
     compiled_by: str | None = None
     #: the compiled decode step's all-reduces a step (0 when not compiled)
     compiled_all_reduces: int = 0
+    #: the devices that hold each key/value head (above 1 where tensor parallelism is wider
+    #: than the model's key/value heads)
+    kv_replicas: int = 1
 
     @property
     def memory_bytes_per_device(self) -> int:
@@ -186,8 +196,8 @@ def serve(
     if not layouts:
         raise PlanError(
             f"devices={devices}: no tensor-parallel size divides both them and the "
-            f"{config.kv_heads} key/value heads; choose a device count with a divisor of "
-            f"{config.kv_heads}",
+            f"{config.heads} heads, and divides or is a multiple of the {config.kv_heads} "
+            f"key/value heads; choose a device count with a divisor of {config.kv_heads}",
             param="devices",
         )
     plans = []
@@ -200,21 +210,13 @@ def serve(
     fitting = [p for p in plans if p.fits]
     if not fitting:
         raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
-    if latency is not None:
-        meet = [p for p in fitting if p.decode_step_s <= latency]
-        if not meet:
-            fastest = min(fitting, key=lambda p: p.decode_step_s)
-            raise PlanError(
-                f"latency={latency * 1e3:g} ms per output token: no layout meets it; the "
-                f"fastest is {fastest.label} at {fastest.decode_step_s * 1e3:.3g} ms",
-                param="latency",
-            )
-        fitting = meet
+    fitting = _meeting(fitting, latency)
     if compile and weights == cache == config.dtype and hw.name in TARGETS:
-        fitting = _compile_best(fitting, config, hw)
+        fitting = _compile_best(fitting, config, hw, prompt)
         fitting = [p for p in fitting if p.fits]
         if not fitting:
             raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
+        fitting = _meeting(fitting, latency)  # as compiled
     fitting.sort(key=lambda p: (-p.tokens_per_s_per_chip, p.decode_step_s))
     front = _front(fitting)
     ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
@@ -232,6 +234,21 @@ def serve(
     )
 
 
+def _meeting(plans: list[ServePlan], latency: float | None) -> list[ServePlan]:
+    """The plans whose time per output token meets ``latency`` (all of them without one)."""
+    if latency is None:
+        return plans
+    meet = [p for p in plans if p.decode_step_s <= latency]
+    if not meet:
+        fastest = min(plans, key=lambda p: p.decode_step_s)
+        raise PlanError(
+            f"latency={latency * 1e3:g} ms per output token: no layout meets it; the "
+            f"fastest is {fastest.label} at {fastest.decode_step_s * 1e3:.3g} ms",
+            param="latency",
+        )
+    return meet
+
+
 def _model(model: str | ModelConfig) -> tuple[str, ModelConfig]:
     if isinstance(model, ModelConfig):
         config, name = model, "custom"
@@ -243,23 +260,33 @@ def _model(model: str | ModelConfig) -> tuple[str, ModelConfig]:
 
 
 def _layouts(config: ModelConfig, devices: int) -> list[tuple[int, int]]:
-    """``(t, r)``: tensor-parallel size and replicas, every ``t`` dividing the devices and
-    the key/value heads (the MLP's width too)."""
-    assert config.kv_heads is not None
+    """``(t, r)``: tensor-parallel size and replicas, every ``t`` dividing the devices, the
+    heads and the MLP's width, and dividing or a multiple of the key/value heads."""
+    kv = config.kv_heads
+    assert kv is not None
     return [
         (t, devices // t)
         for t in divisors(devices)
-        if config.kv_heads % t == 0 and config.ff % t == 0
+        if (kv % t == 0 or t % kv == 0) and config.heads % t == 0 and config.ff % t == 0
     ]
+
+
+def served(config: ModelConfig, t: int) -> ModelConfig:
+    """``config`` as tensor parallelism over ``t`` holds it: the same model, with each
+    key/value head replicated ``t / kv_heads`` times where ``t`` is a multiple of them (its
+    projection weights and its cache on each device that serves its query heads)."""
+    assert config.kv_heads is not None
+    return config if config.kv_heads % t == 0 else replace(config, kv_heads=t)
 
 
 def _held(
     config: ModelConfig, t: int, r: int, batch: int, context: int, weights: str, cache: str
 ) -> tuple[int, int, int]:
     """``(weights, cache, temporaries)`` bytes on one device."""
-    weight = math.ceil(config.param_count() * FORMATS[weights] / t)
-    cached = (batch // r) * context * cache_bytes_per_token(config, cache) // t
-    logits = (batch // r) * (config.vocab or 0) * 4
+    c = served(config, t)
+    weight = math.ceil(c.param_count() * FORMATS[weights] / t)
+    cached = (batch // r) * context * cache_bytes_per_token(c, cache) // t
+    logits = (batch // r) * (c.vocab or 0) * 4
     return weight, cached, logits
 
 
@@ -313,8 +340,8 @@ def _plan(
     weights: str,
     cache: str,
 ) -> ServePlan:
-    c = config
-    weight, cached, temp = _held(c, t, r, batch, context, weights, cache)
+    c = served(config, t)
+    weight, cached, temp = _held(config, t, r, batch, context, weights, cache)
     per_replica = batch // r
     rate = hw.peak_flops * hw.matmul_fraction
     active = c.active_param_count()
@@ -342,6 +369,7 @@ def _plan(
         decode_comm_s=comm_s,
         first_token_s=prefill,
         tokens_per_s_per_chip=batch / decode / (t * r),
+        kv_replicas=(c.kv_heads or 1) // (config.kv_heads or 1),
     )
 
 
@@ -349,11 +377,15 @@ def _plan(
 COMPILES_PER_LAYOUT = 4
 
 
-def _compile_best(plans: list[ServePlan], config: ModelConfig, hw: Hardware) -> list[ServePlan]:
+def _compile_best(
+    plans: list[ServePlan], config: ModelConfig, hw: Hardware, prompt: int
+) -> list[ServePlan]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the next smaller (at most
     :data:`COMPILES_PER_LAYOUT`); the batches above the largest that fits compiled are
-    dropped with the misfits."""
+    dropped with the misfits. The layout's prefill is compiled once, beside the plan that
+    fits: its time to first token is every plan's of the layout (one prompt a replica,
+    whatever the batch), its buffers count towards the compiled plan's memory."""
     layouts: dict[str, list[ServePlan]] = {}
     for p in sorted(plans, key=lambda p: -p.batch):
         layouts.setdefault(p.strategy + str(p.mesh), []).append(p)
@@ -364,63 +396,80 @@ def _compile_best(plans: list[ServePlan], config: ModelConfig, hw: Hardware) -> 
                 out.extend(group[i:])
                 break
             compiled = compile_decode(p, config, hw)
-            if compiled.fits:
-                out.append(compiled)
-                out.extend(group[i + 1 :])
-                break
+            if not compiled.fits:
+                continue
+            compiled = compile_prefill(compiled, config, hw, prompt)
+            rest = [replace(q, first_token_s=compiled.first_token_s) for q in group[i + 1 :]]
+            out.extend([compiled, *rest])
+            break
     return out
 
 
-def compile_decode(plan: ServePlan, config: ModelConfig, hw: Hardware) -> ServePlan:
-    """``plan`` with its decode step compiled by ``hw``'s compiler on its compile-only
-    devices: the reference decoder's :func:`~shardscope._src.model.serving.decode` under the
-    layout's placement, the cache donated and split by sequence over the replicas and by
-    key/value head over ``model``. The memory per device becomes the compiled buffers
-    (arguments, temporaries and the outputs that do not alias the donated cache) and the
-    all-reduces the compiled ones, priced as every collective is."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+@dataclass(frozen=True)
+class _Compiled:
+    """What one compiled serving step costs a device: its HBM traffic and matmuls (None
+    where its HLO does not time it, see :func:`_compile`), its collectives' time, the
+    buffers it takes and returns (arguments and outputs that do not alias them), its
+    temporaries, and its all-reduces."""
 
-    from shardscope._src.audit.compile import audit
-    from shardscope._src.base.stderr import capture_stderr
-    from shardscope._src.model.serving import abstract_cache, decode
-    from shardscope._src.model.transformer import abstract_params
-    from shardscope._src.sharding.strategies import get_strategy
-    from shardscope._src.targets.mesh import target_mesh
+    memory_s: float | None
+    compute_s: float | None
+    comm_s: float
+    buffer_bytes: int
+    temp_bytes: int
+    all_reduces: int
 
-    spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
-    mesh = target_mesh(hw.name, spec, axis_types="auto")
-    c = replace(config, batch=plan.batch, seq=1)
-    placement = get_strategy(plan.strategy).place(c, mesh)
-    rows = "data" if plan.replicas > 1 else None
+    @property
+    def held_bytes(self) -> int:
+        return self.buffer_bytes + self.temp_bytes
 
-    def sds(tree: Any, specs: Any) -> Any:
-        return jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)),
-            tree,
-            specs,
+    def deeper(self, shallower: _Compiled, layers: int) -> _Compiled:
+        """The costs at ``layers``, from this program of one layer more than
+        ``shallower``'s (of :data:`DEPTH`): each further layer adds what the last one did
+        (its weights, cache, traffic, FLOPs, collectives and the temporaries the compiler
+        keeps for it)."""
+
+        def at(a: float, b: float) -> float:
+            return a + (layers - DEPTH) * (b - a)
+
+        def timed(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else at(a, b)
+
+        return _Compiled(
+            memory_s=timed(shallower.memory_s, self.memory_s),
+            compute_s=timed(shallower.compute_s, self.compute_s),
+            comm_s=at(shallower.comm_s, self.comm_s),
+            buffer_bytes=round(at(shallower.buffer_bytes, self.buffer_bytes)),
+            temp_bytes=round(at(shallower.temp_bytes, self.temp_bytes)),
+            all_reduces=round(at(shallower.all_reduces, self.all_reduces)),
         )
 
-    params = sds(abstract_params(c), placement.param_specs())
-    cache_spec = P(None, rows, None, "model", None)
-    cache = sds(abstract_cache(c, plan.batch, plan.context), {"k": cache_spec, "v": cache_spec})
-    tokens = jax.ShapeDtypeStruct((plan.batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
-    pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
-    step = jax.jit(lambda p, k, t, i: decode(p, k, t, i, c), donate_argnums=1)
+
+#: The shallower of the two depths a served program is compiled at (and one more): from
+#: the second layer on, each adds the same bytes, FLOPs, collectives, arguments and outputs
+#: (the first layer's prefill differs from the others' by its fusions), measured on the H100
+#: compiler (Llama 3 70B, 1 to 8 layers; a 6-layer model). The temporaries are as exact for
+#: the decode step; a prefill's grow by uneven steps on a small model (the extrapolation
+#: then holds more than the whole program: 20 MB against 18 at 6 layers) and not at all on
+#: a 70B (0.3 GB at every depth, 80 layers included).
+DEPTH = 2
+
+
+def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
+    """The compiled ``step``'s costs. Its time is counted from its HLO on a GPU target only:
+    the TPU compiler's programs hold asynchronous slices and copies of the weights whose
+    traffic the counts do not read faithfully yet (a decode step's would be several times
+    its weights), so a TPU plan keeps the roofline's time, with the compiled collectives and
+    memory."""
+    from shardscope._src.audit.compile import audit
+    from shardscope._src.base.stderr import capture_stderr
+
     # XLA:GPU's scheduler logs an error line when a program's arguments pass 64 GB (its
     # memory limit's base), as a server's weights and cache do, and its rematerialization a
     # warning when a program does not fit: the compile is sound, and the fit says the rest
     with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
-        result = audit(step, params, cache, tokens, pos)
+        result = audit(step, *args)
     memory = result.memory or {}
-    held = (
-        memory.get("argument_size_in_bytes", 0)
-        + memory.get("temp_size_in_bytes", 0)
-        + memory.get("output_size_in_bytes", 0)
-        - memory.get("alias_size_in_bytes", 0)
-    )
     sizes = dict(plan.mesh)
     comm = sum(
         collective_seconds(
@@ -428,18 +477,141 @@ def compile_decode(plan: ServePlan, config: ModelConfig, hw: Hardware) -> ServeP
         )
         for k in result.collectives
     )
-    all_reduces = sum(k.count for k in result.collectives if k.kind == ALL_REDUCE)
-    step_s = max(plan.decode_memory_s, plan.decode_compute_s) + comm
+    gpu = TARGETS[hw.name].family == "gpu"
+    return _Compiled(
+        memory_s=result.hlo_bytes / hw.hbm_bandwidth
+        if gpu and result.hlo_bytes is not None
+        else None,
+        compute_s=result.hlo_flops / (hw.peak_flops * hw.matmul_fraction)
+        if gpu and result.hlo_flops is not None
+        else None,
+        comm_s=comm,
+        buffer_bytes=memory.get("argument_size_in_bytes", 0)
+        + memory.get("output_size_in_bytes", 0)
+        - memory.get("alias_size_in_bytes", 0),
+        temp_bytes=memory.get("temp_size_in_bytes", 0),
+        all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
+    )
+
+
+def _compile_layers(plan: ServePlan, config: ModelConfig, hw: Hardware, build: Any) -> _Compiled:
+    """The costs of the served program of ``config.layers`` layers, from its compiles at
+    :data:`DEPTH` layers and one more (``build(layers)`` gives the step and its arguments;
+    a model that shallow is compiled whole): the layers are unrolled (see
+    :mod:`~shardscope._src.model.serving`) and alike, so each adds the same bytes, FLOPs,
+    collectives and buffers, and a full-depth compile (minutes for a large model) gives
+    what the two shallow ones do."""
+    if config.layers <= DEPTH + 1:
+        return _compile(plan, hw, *build(config.layers))
+    shallow = _compile(plan, hw, *build(DEPTH))
+    return _compile(plan, hw, *build(DEPTH + 1)).deeper(shallow, config.layers)
+
+
+def _placed(
+    plan: ServePlan, config: ModelConfig, hw: Hardware, batch: int, seq: int, layers: int
+) -> Any:
+    """``(config, mesh, params, rows)``: the served model of ``layers`` layers at ``batch``
+    x ``seq``, the layout's compile-only mesh, its weights layer by layer as placed
+    shapes, and the mesh axis its sequences are split over (None without replicas)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    from shardscope._src.model.serving import abstract_serving_params, serving_specs
+    from shardscope._src.sharding.strategies import get_strategy
+    from shardscope._src.targets.mesh import target_mesh
+
+    spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
+    mesh = target_mesh(hw.name, spec, axis_types="auto")
+    c = replace(served(config, plan.tensor_parallel), batch=batch, seq=seq, layers=layers)
+    specs = serving_specs(get_strategy(plan.strategy).place(c, mesh).param_specs(), c.layers)
+    params = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)),
+        abstract_serving_params(c),
+        specs,
+    )
+    return c, mesh, params, "data" if plan.replicas > 1 else None
+
+
+def compile_decode(plan: ServePlan, config: ModelConfig, hw: Hardware) -> ServePlan:
+    """``plan`` with its decode step compiled by ``hw``'s compiler on its compile-only
+    devices: the reference decoder's :func:`~shardscope._src.model.serving.decode` under the
+    layout's placement, the cache donated and split by sequence over the replicas and by
+    key/value head over ``model`` (at two depths, :func:`_compile_layers`). The step's
+    time becomes the compiled program's (its HBM traffic or its matmuls, the slower, and
+    its collectives), the memory per device its buffers (arguments, temporaries and the
+    outputs that do not alias the donated cache)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardscope._src.model.serving import abstract_cache, decode
+
+    def build(layers: int) -> tuple[Any, ...]:
+        c, mesh, params, rows = _placed(plan, config, hw, plan.batch, 1, layers)
+        per_layer = NamedSharding(mesh, P(rows, "model", None, None))
+        cache = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=per_layer),
+            abstract_cache(c, plan.batch, plan.context),
+        )
+        tokens = jax.ShapeDtypeStruct(
+            (plan.batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows))
+        )
+        pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+        step = jax.jit(lambda p, k, t, i: decode(p, k, t, i, c), donate_argnums=1)
+        return step, params, cache, tokens, pos
+
+    got = _compile_layers(plan, config, hw, build)
+    memory_s = plan.decode_memory_s if got.memory_s is None else got.memory_s
+    compute_s = plan.decode_compute_s if got.compute_s is None else got.compute_s
+    step_s = max(memory_s, compute_s) + got.comm_s
     return replace(
         plan,
         temp_bytes_per_device=max(
-            0, held - plan.weight_bytes_per_device - plan.cache_bytes_per_device
+            0, got.held_bytes - plan.weight_bytes_per_device - plan.cache_bytes_per_device
         ),
-        decode_comm_s=comm,
+        decode_memory_s=memory_s,
+        decode_compute_s=compute_s,
+        decode_comm_s=got.comm_s,
         decode_step_s=step_s,
         tokens_per_s_per_chip=plan.batch / step_s / (plan.replicas * plan.tensor_parallel),
         compiled_by=hw.name,
-        compiled_all_reduces=all_reduces,
+        compiled_all_reduces=got.all_reduces,
+    )
+
+
+def compile_prefill(plan: ServePlan, config: ModelConfig, hw: Hardware, prompt: int) -> ServePlan:
+    """``plan`` with its time to first token from the compiled prefill of one ``prompt`` a
+    replica (the reference decoder's :func:`~shardscope._src.model.serving.prefill`, the
+    last token's logits; at two depths, :func:`_compile_layers`): its HBM traffic or its
+    matmuls, the slower, and its collectives. Its buffers beyond the weights (the prompt's
+    activations, scores and cache) are the plan's temporaries where they pass the decode
+    step's: a server prefills beside the cache it decodes from. On a TPU target (whose
+    programs :func:`_compile` does not time) the plan is returned as it is."""
+    if TARGETS[hw.name].family != "gpu":
+        return plan
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardscope._src.model.serving import prefill
+
+    r = plan.replicas
+
+    def build(layers: int) -> tuple[Any, ...]:
+        c, mesh, params, rows = _placed(plan, config, hw, r, prompt, layers)
+        tokens = jax.ShapeDtypeStruct((r, prompt), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
+        return jax.jit(lambda p, t: prefill(p, t, c, prompt)), params, tokens
+
+    got = _compile_layers(plan, config, hw, build)
+    if got.memory_s is None or got.compute_s is None:  # an HLO too deep to count
+        return plan
+    extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
+    return replace(
+        plan,
+        first_token_s=max(got.memory_s, got.compute_s) + got.comm_s,
+        temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )
 
 

@@ -20,7 +20,11 @@ if TYPE_CHECKING:
 DEFAULT_TOP = 12
 
 
-def serve_columns() -> tuple[Column[ServePlan], ...]:
+def serve_columns(kv_replicas: bool = False) -> tuple[Column[ServePlan], ...]:
+    """The table's columns; with ``kv_replicas``, how many devices hold each key/value head."""
+    kv: Column[ServePlan] = Column(
+        "kv heads", lambda p: f"x{p.kv_replicas}" if p.kv_replicas > 1 else "", justify="right"
+    )
     return (
         Column("", lambda p: "*" if p.pareto else ""),
         Column("layout", lambda p: p.strategy),
@@ -30,6 +34,7 @@ def serve_columns() -> tuple[Column[ServePlan], ...]:
         Column("by", lambda p: p.compiled_by or "estimate"),
         Column("weights", lambda p: format_bytes(p.weight_bytes_per_device), justify="right"),
         Column("cache", lambda p: format_bytes(p.cache_bytes_per_device), justify="right"),
+        *((kv,) if kv_replicas else ()),
         Column("per token", lambda p: format_seconds(p.decode_step_s), justify="right"),
         Column("all-reduce", lambda p: format_seconds(p.decode_comm_s), justify="right"),
         Column("first token", lambda p: format_seconds(p.first_token_s), justify="right"),
@@ -47,14 +52,22 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
         f"weights, {result.cache} cache"
         + (f", at most {format_seconds(result.latency)} per token" if result.latency else "")
     )
+    kv = any(p.kv_replicas > 1 for p in shown)
     caption = (
         f"{len(result.plans)} plans fit; {len(shown)} shown, best throughput per chip first. "
-        f"* the latency-throughput front. Per token: the roofline (weights and cache through "
-        f"HBM or the matmuls, whichever is slower) and the tensor-parallel all-reduces; by: "
-        f"the compiler whose decode step gave the memory and the all-reduces, or the "
-        f"estimate. First token: one prompt prefilled alone on a replica, estimated."
+        f"* the latency-throughput front. Per token: the decode step's traffic through HBM "
+        f"or its matmuls, whichever is slower, and its tensor-parallel all-reduces; by: the "
+        f"compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
+        f"collectives and the times (on a TPU the times are the roofline's), or the "
+        f"estimate. First token: one prompt prefilled alone on a replica."
+        + (
+            " kv heads: each key/value head held by that many devices (tensor parallelism "
+            "wider than the heads)."
+            if kv
+            else ""
+        )
     )
-    return rich_table(serve_columns(), shown, title=title, caption=caption)
+    return rich_table(serve_columns(kv), shown, title=title, caption=caption)
 
 
 def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
