@@ -11,6 +11,7 @@ import pytest
 from helpers import assert_usage_error
 from shardscope._src.base.errors import PlanError
 from shardscope._src.cli.main import main
+from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan import serve as serve_module
 from shardscope._src.plan.serve import compile_decode, compile_prefill, serve
@@ -110,6 +111,21 @@ def test_tensor_parallelism_wider_than_the_key_value_heads_replicates_them():
     assert p.weight_bytes_per_device == -(-(config.param_count() + extra) * 2 // 16)
     assert p.cache_bytes_per_device == 16 * 2304 * (2 * 1 * 128 * 80 * 2)  # one head each
     assert _find(result, "dp_tp", {"data": 2, "model": 8}, 16).kv_replicas == 1
+
+
+def test_8_bit_weights_and_cache_are_compiled_and_halve_the_decode_steps_traffic():
+    config = ModelConfig(
+        d_model=1024, heads=8, kv_heads=8, ff=4096, layers=3, vocab=4096, mlp="swiglu",
+        dtype="bfloat16", batch=1, seq=1,
+    )  # fmt: skip
+    steps = {}
+    for fmt in ("bfloat16", "int8"):
+        result = serve(
+            config, 1, hardware="h100", prompt=128, output=64, batch=8, weights=fmt, cache=fmt
+        )
+        assert result.best.compiled_by == "h100"
+        steps[fmt] = result.best.decode_memory_s
+    assert steps["int8"] < 0.55 * steps["bfloat16"]
 
 
 def test_the_sweep_keeps_what_fits_and_marks_the_front():

@@ -20,6 +20,7 @@ split, two all-reduces a layer).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -28,6 +29,118 @@ import jax.numpy as jnp
 from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.transformer import NO_HOOKS, Hooks, _norm, abstract_params, mlp
+
+#: Formats of weights and cache held in 8 bits, each with a scale: ``int8`` (rounded, within
+#: +-127) and ``fp8`` (``float8_e4m3fn``, within +-448).
+EIGHT_BIT = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Quantized:
+    """A tensor held in 8 bits: ``values x scale`` is it (``scale`` a float32 scalar, one
+    per weight matrix of a layer, or per layer's keys or values: the per-tensor scaling
+    servers use for 8-bit weights and caches)."""
+
+    values: Any
+    scale: Any
+
+    def dequantized(self, dtype: Any) -> Any:
+        return self.values.astype(dtype) * self.scale.astype(dtype)
+
+
+def quantize(x: Any, fmt: str, scale: Any = None) -> Quantized:
+    """``x`` in ``fmt`` (``int8`` or ``fp8``), scaled so that its largest magnitude is the
+    format's (or by the ``scale`` given)."""
+    dtype, top = EIGHT_BIT[fmt]
+    if scale is None:
+        scale = jnp.maximum(jnp.max(jnp.abs(x)).astype(jnp.float32), 1e-12) / top
+    y = x.astype(jnp.float32) / scale
+    y = jnp.clip(jnp.round(y) if fmt == "int8" else y, -top, top)
+    return Quantized(y.astype(dtype), jnp.asarray(scale, jnp.float32))
+
+
+def _matrix(x: Any) -> bool:
+    return len(x.shape) >= 2
+
+
+def quantize_weights(params: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """:func:`serving_params`' tree with every weight matrix (not the norms' gains) in
+    ``fmt``, one scale each."""
+    tree = serving_params(params)
+    return jax.tree.map(lambda w: quantize(w, fmt) if _matrix(w) else w, tree)
+
+
+def abstract_quantized(tree: Any, fmt: str, specs: Any = None) -> Any:
+    """``tree`` (of ``jax.ShapeDtypeStruct``) with every matrix as a :class:`Quantized` of
+    ``fmt``; with ``specs`` (a tree of ``PartitionSpec`` alike), the specs for it instead
+    (the values split as the matrix, the scale replicated)."""
+    dtype = EIGHT_BIT[fmt][0]
+    if specs is not None:
+        return jax.tree.map(
+            lambda w, s: Quantized(s, jax.sharding.PartitionSpec()) if _matrix(w) else s,
+            tree,
+            specs,
+            is_leaf=_is_spec,
+        )
+    return jax.tree.map(
+        lambda w: (
+            Quantized(jax.ShapeDtypeStruct(w.shape, dtype), jax.ShapeDtypeStruct((), jnp.float32))
+            if _matrix(w)
+            else w
+        ),
+        tree,
+    )
+
+
+#: A sublayer's first matmul's weight (its input scaled) and its last's (its output).
+_FIRST = {"attention": ("wqkv",), "mlp": ("w_gate_up", "w_up")}
+_LAST = {"attention": "wo", "mlp": "w_down"}
+
+
+class _Scaled(Hooks):
+    """One layer's 8-bit matmuls: each weight read as its 8-bit values, converted where the
+    matmul reads them, and its scale moved onto the activations (a per-tensor scale
+    commutes with the matmul): the sublayer's normed input times its first weight's scale,
+    its output times its last's. Written as ``values x scale``, the weight would be
+    dequantized into memory first, twice its bytes in 16 bits and read again (measured on
+    the H100 compiler)."""
+
+    def __init__(self, base: Hooks, scales: dict[str, Any], dtype: Any) -> None:
+        self.base, self.scales, self.dtype = base, scales, dtype
+
+    def _scale(self, name: str | None) -> Any:
+        got = self.scales.get(name) if name is not None else None
+        return None if got is None else got.astype(self.dtype)
+
+    def residual(self, x: Any) -> Any:
+        return self.base.residual(x)
+
+    def enter(self, scope: str, h: Any) -> Any:
+        h = self.base.enter(scope, h)
+        first = next((n for n in _FIRST.get(scope, ()) if n in self.scales), None)
+        scale = self._scale(first)
+        return h if scale is None else h * scale
+
+    def hidden(self, x: Any) -> Any:
+        return self.base.hidden(x)
+
+    def exit(self, scope: str, y: Any) -> Any:
+        scale = self._scale(_LAST.get(scope))
+        return self.base.exit(scope, y if scale is None else y * scale)
+
+    def weight(self, name: str, w: Any) -> Any:
+        return self.base.weight(name, w)
+
+
+def _layer_weights(p: dict[str, Any], hooks: Hooks, dtype: Any) -> tuple[dict[str, Any], Hooks]:
+    """A layer's weights as its matmuls read them, and the hooks that scale them (8-bit
+    weights' values converted to ``dtype``, see :class:`_Scaled`)."""
+    scales = {k: w.scale for k, w in p.items() if isinstance(w, Quantized)}
+    if not scales:
+        return p, hooks
+    read = {k: w.values.astype(dtype) if isinstance(w, Quantized) else w for k, w in p.items()}
+    return read, _Scaled(hooks, scales, dtype)
 
 
 def serving_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -72,19 +185,27 @@ def abstract_cache(
     config: ModelConfig, batch: int, context: int, dtype: Any = None
 ) -> tuple[dict[str, Any], ...]:
     """The KV cache of ``batch`` sequences of ``context`` tokens as ``jax.ShapeDtypeStruct``:
-    one ``{"k", "v"}`` per layer, each ``[batch, kv_heads, context, head_dim]``."""
+    one ``{"k", "v"}`` per layer, each ``[batch, kv_heads, context, head_dim]`` of
+    ``dtype`` (the model's by default), or a :class:`Quantized` of it for ``"int8"`` or
+    ``"fp8"``."""
     shape = (batch, config.kv_heads, context, config.head_dim)
-    dt = jnp.dtype(dtype or config.dtype)
-    one = {"k": jax.ShapeDtypeStruct(shape, dt), "v": jax.ShapeDtypeStruct(shape, dt)}
-    return tuple(dict(one) for _ in range(config.layers))
+    if isinstance(dtype, str) and dtype in EIGHT_BIT:
+        one: Any = Quantized(
+            jax.ShapeDtypeStruct(shape, EIGHT_BIT[dtype][0]),
+            jax.ShapeDtypeStruct((), jnp.float32),
+        )
+    else:
+        one = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype or config.dtype))
+    return tuple({"k": one, "v": one} for _ in range(config.layers))
 
 
 def init_cache(
     config: ModelConfig, batch: int, context: int, dtype: Any = None
 ) -> tuple[dict[str, Any], ...]:
-    """An empty KV cache (zeros) of the shapes :func:`abstract_cache` gives."""
+    """An empty KV cache (zeros, and unit scales) of the shapes :func:`abstract_cache` gives."""
     return jax.tree.map(
-        lambda s: jnp.zeros(s.shape, s.dtype), abstract_cache(config, batch, context, dtype)
+        lambda s: jnp.ones(s.shape, s.dtype) if s.shape == () else jnp.zeros(s.shape, s.dtype),
+        abstract_cache(config, batch, context, dtype),
     )
 
 
@@ -97,12 +218,23 @@ def _qkv(p: dict[str, Any], x: Any, hooks: Hooks) -> tuple[Any, Any, Any]:
 
 
 def _attend(q: Any, k: Any, v: Any, visible: Any) -> Any:
-    """``q`` ``[b, s, kv, g, hd]`` over ``k``, ``v`` ``[b, kv, t, hd]`` where ``visible``
-    ``[s, t]`` allows; returns ``[b, s, kv * g, hd]``."""
+    """``q`` ``[b, s, kv, g, hd]`` over ``k``, ``v`` ``[b, kv, t, hd]`` (or a
+    :class:`Quantized` of them: the values converted where the matmuls read them, the scales
+    on the scores and the output) where ``visible`` ``[s, t]`` allows; returns ``[b, s,
+    kv * g, hd]``."""
+    k_scale = v_scale = None
+    if isinstance(k, Quantized):
+        k, k_scale = k.values.astype(q.dtype), k.scale
+    if isinstance(v, Quantized):
+        v, v_scale = v.values.astype(q.dtype), v.scale
     scores = jnp.einsum("bskgh,bkth->bkgst", q, k, preferred_element_type=jnp.float32)
+    if k_scale is not None:
+        scores = scores * k_scale
     scores = jnp.where(visible, scores / math.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     o = jnp.einsum("bkgst,bkth->bskgh", probs, v)
+    if v_scale is not None:
+        o = o * v_scale.astype(o.dtype)
     b, s, kv, g, hd = o.shape
     return o.reshape(b, s, kv * g, hd)
 
@@ -113,9 +245,13 @@ def _out(p: dict[str, Any], o: Any, hooks: Hooks) -> Any:
 
 def _logits(params: dict[str, Any], x: Any, hooks: Hooks) -> Any:
     x = _norm(x, hooks.weight("final_norm", params["final_norm"]))
-    if "unembed" in params:
-        return jnp.einsum("bsd,dv->bsv", x, hooks.weight("unembed", params["unembed"]))
-    return jnp.einsum("bsd,vd->bsv", x, hooks.weight("embed", params["embed"]))
+    name = "unembed" if "unembed" in params else "embed"
+    w, scale = params[name], None
+    if isinstance(w, Quantized):  # the scale on the logits (see _Scaled)
+        w, scale = w.values.astype(x.dtype), w.scale.astype(x.dtype)
+    w = hooks.weight(name, w)
+    out = jnp.einsum("bsd,dv->bsv" if name == "unembed" else "bsd,vd->bsv", x, w)
+    return out if scale is None else out * scale
 
 
 def check_servable(config: ModelConfig) -> None:
@@ -141,28 +277,64 @@ def _layers(params: dict[str, Any]) -> tuple[Any, ...]:
     return layers
 
 
+def _embed(params: dict[str, Any], tokens: Any, hooks: Hooks, dtype: Any) -> Any:
+    """The tokens' rows of the embedding (an 8-bit table dequantized row by row)."""
+    table = params["embed"]
+    if isinstance(table, Quantized):
+        return jnp.take(table.values, tokens, axis=0).astype(dtype) * table.scale.astype(dtype)
+    return jnp.take(hooks.weight("embed", table), tokens, axis=0)
+
+
+def _format(c: Quantized) -> str:
+    return next(f for f, (dt, _) in EIGHT_BIT.items() if c.values.dtype == jnp.dtype(dt))
+
+
+def _store(old: Any, new: Any, at: tuple[Any, ...]) -> Any:
+    """``old`` (a layer's keys or values) with ``new`` written at ``at``, in its format (an
+    8-bit cache at its own scale)."""
+    if isinstance(old, Quantized):
+        q = quantize(new, _format(old), old.scale)
+        return Quantized(jax.lax.dynamic_update_slice(old.values, q.values, at), old.scale)
+    return jax.lax.dynamic_update_slice(old, new.astype(old.dtype), at)
+
+
 def prefill(
-    params: dict[str, Any], tokens: Any, config: ModelConfig, context: int, hooks: Hooks = NO_HOOKS
+    params: dict[str, Any],
+    tokens: Any,
+    config: ModelConfig,
+    context: int,
+    hooks: Hooks = NO_HOOKS,
+    *,
+    cache: str | None = None,
 ) -> tuple[Any, tuple[dict[str, Any], ...]]:
     """``(logits [batch, vocab], cache)``: the prompts' forward pass and the logits of
     their last token (the first token generated), their keys and values written to the
-    first ``prompt`` positions of a cache of ``context``. ``params`` is the training tree or
-    :func:`serving_params`' (the layers unrolled either way)."""
+    first ``prompt`` positions of a cache of ``context`` (in the model's dtype, or
+    ``cache="int8"`` / ``"fp8"``, each layer's keys and values scaled by their largest
+    magnitude in the prompts). ``params`` is the training tree, :func:`serving_params`' or
+    :func:`quantize_weights`' (the layers unrolled either way)."""
     check_servable(config)
+    dtype = jnp.dtype(config.dtype)
     batch, prompt = tokens.shape
-    x = hooks.residual(jnp.take(hooks.weight("embed", params["embed"]), tokens, axis=0))
+    x = hooks.residual(_embed(params, tokens, hooks, dtype))
     causal = jnp.tril(jnp.ones((prompt, prompt), dtype=bool))
     pad = ((0, 0), (0, 0), (0, context - prompt), (0, 0))
-    cache = []
-    for p in _layers(params):
+
+    def kept(t: Any) -> Any:
+        t = jnp.pad(t, pad)
+        return t if cache is None else quantize(t, cache)
+
+    written = []
+    for layer in _layers(params):
+        p, h = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
-            q, k, v = _qkv(p, x, hooks)
+            q, k, v = _qkv(p, x, h)
             k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, kv, s, hd]
-            a = _out(p, _attend(q, k, v, causal), hooks)
-        x = hooks.residual(x + a)
-        x = hooks.residual(x + mlp(p, x, hooks))
-        cache.append({"k": jnp.pad(k, pad), "v": jnp.pad(v, pad)})
-    return _logits(params, x[:, -1:], hooks)[:, 0], tuple(cache)
+            a = _out(p, _attend(q, k, v, causal), h)
+        x = h.residual(x + a)
+        x = h.residual(x + mlp(p, x, h))
+        written.append({"k": kept(k), "v": kept(v)})
+    return _logits(params, x[:, -1:], hooks)[:, 0], tuple(written)
 
 
 def decode(
@@ -174,21 +346,24 @@ def decode(
     hooks: Hooks = NO_HOOKS,
 ) -> tuple[Any, tuple[dict[str, Any], ...]]:
     """``(logits [batch, vocab], cache)``: one token per sequence (``tokens`` ``[batch]``) at
-    position ``pos``, its key and value written to each layer's cache and attending over
-    positions ``0 .. pos``."""
+    position ``pos``, its key and value written to each layer's cache (in the cache's
+    format) and attending over positions ``0 .. pos``."""
     check_servable(config)
-    x = hooks.residual(jnp.take(hooks.weight("embed", params["embed"]), tokens[:, None], axis=0))
-    context = cache[0]["k"].shape[2]
+    dtype = jnp.dtype(config.dtype)
+    x = hooks.residual(_embed(params, tokens[:, None], hooks, dtype))
+    first = cache[0]["k"]
+    context = (first.values if isinstance(first, Quantized) else first).shape[2]
     visible = (jnp.arange(context) <= pos)[None, :]
     written = []
-    for p, kv in zip(_layers(params), cache, strict=True):
+    for layer, kv in zip(_layers(params), cache, strict=True):
+        p, h = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
-            q, k, v = _qkv(p, x, hooks)
+            q, k, v = _qkv(p, x, h)
             at = (0, 0, pos, 0)
-            ks = jax.lax.dynamic_update_slice(kv["k"], k.transpose(0, 2, 1, 3), at)
-            vs = jax.lax.dynamic_update_slice(kv["v"], v.transpose(0, 2, 1, 3), at)
-            a = _out(p, _attend(q, ks, vs, visible), hooks)
-        x = hooks.residual(x + a)
-        x = hooks.residual(x + mlp(p, x, hooks))
+            ks = _store(kv["k"], k.transpose(0, 2, 1, 3), at)
+            vs = _store(kv["v"], v.transpose(0, 2, 1, 3), at)
+            a = _out(p, _attend(q, ks, vs, visible), h)
+        x = h.residual(x + a)
+        x = h.residual(x + mlp(p, x, h))
         written.append({"k": ks, "v": vs})
     return _logits(params, x, hooks)[:, 0], tuple(written)

@@ -48,7 +48,7 @@ from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.model.serving import check_servable
+from shardscope._src.model.serving import EIGHT_BIT, check_servable
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.targets.hardware import Hardware
@@ -163,10 +163,12 @@ def serve(
     output``) per sequence, ``weights`` and ``cache`` in bfloat16, float16, int8 or fp8
     (see the module docstring). ``batch`` fixes the sequences served at once (default: every
     power of two that fits, and the largest that does); ``latency`` (seconds per output
-    token) keeps the plans that meet it. With ``compile`` (and bfloat16 weights and cache),
-    the best plan of each layout has its decode step compiled by the hardware's own compiler,
-    deviceless, where it has one: its memory and all-reduces are then the compiled program's
-    (:func:`compile_decode`).
+    token) keeps the plans that meet it. With ``compile`` (and weights and cache in the
+    model's dtype or in 8 bits), the best plan of each layout has its decode step and its
+    prefill compiled by the hardware's own compiler, deviceless, where it has one: its
+    memory, collectives and times are then the compiled programs' (:func:`compile_decode`,
+    :func:`compile_prefill`). 8-bit weights are weight-only: their matmuls compute in the
+    model's dtype, so they halve a decode step's traffic, not a prefill's FLOPs.
 
     Raises:
         PlanError: a bad count or format (naming it); a batch or context that fits no layout
@@ -211,8 +213,8 @@ def serve(
     if not fitting:
         raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
     fitting = _meeting(fitting, latency)
-    if compile and weights == cache == config.dtype and hw.name in TARGETS:
-        fitting = _compile_best(fitting, config, hw, prompt)
+    if compile and hw.name in TARGETS and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
+        fitting = _compile_best(fitting, config, hw, prompt, weights, cache)
         fitting = [p for p in fitting if p.fits]
         if not fitting:
             raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
@@ -378,7 +380,12 @@ COMPILES_PER_LAYOUT = 4
 
 
 def _compile_best(
-    plans: list[ServePlan], config: ModelConfig, hw: Hardware, prompt: int
+    plans: list[ServePlan],
+    config: ModelConfig,
+    hw: Hardware,
+    prompt: int,
+    weights: str,
+    cache: str,
 ) -> list[ServePlan]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the next smaller (at most
@@ -395,10 +402,10 @@ def _compile_best(
             if i >= COMPILES_PER_LAYOUT:
                 out.extend(group[i:])
                 break
-            compiled = compile_decode(p, config, hw)
+            compiled = compile_decode(p, config, hw, weights=weights, cache=cache)
             if not compiled.fits:
                 continue
-            compiled = compile_prefill(compiled, config, hw, prompt)
+            compiled = compile_prefill(compiled, config, hw, prompt, weights=weights, cache=cache)
             rest = [replace(q, first_token_s=compiled.first_token_s) for q in group[i + 1 :]]
             out.extend([compiled, *rest])
             break
@@ -508,38 +515,63 @@ def _compile_layers(plan: ServePlan, config: ModelConfig, hw: Hardware, build: A
 
 
 def _placed(
-    plan: ServePlan, config: ModelConfig, hw: Hardware, batch: int, seq: int, layers: int
+    plan: ServePlan,
+    config: ModelConfig,
+    hw: Hardware,
+    batch: int,
+    seq: int,
+    layers: int,
+    weights: str | None,
 ) -> Any:
     """``(config, mesh, params, rows)``: the served model of ``layers`` layers at ``batch``
-    x ``seq``, the layout's compile-only mesh, its weights layer by layer as placed
-    shapes, and the mesh axis its sequences are split over (None without replicas)."""
+    x ``seq``, the layout's compile-only mesh, its weights layer by layer as placed shapes
+    (8-bit ones where ``weights`` is ``int8`` or ``fp8``, each with its replicated scale),
+    and the mesh axis its sequences are split over (None without replicas)."""
     import jax
     from jax.sharding import NamedSharding
 
-    from shardscope._src.model.serving import abstract_serving_params, serving_specs
+    from shardscope._src.model.serving import (
+        abstract_quantized,
+        abstract_serving_params,
+        serving_specs,
+    )
     from shardscope._src.sharding.strategies import get_strategy
     from shardscope._src.targets.mesh import target_mesh
 
     spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
     mesh = target_mesh(hw.name, spec, axis_types="auto")
     c = replace(served(config, plan.tensor_parallel), batch=batch, seq=seq, layers=layers)
+    shapes = abstract_serving_params(c)
     specs = serving_specs(get_strategy(plan.strategy).place(c, mesh).param_specs(), c.layers)
+    if weights in EIGHT_BIT:
+        assert weights is not None
+        specs = abstract_quantized(shapes, weights, specs)
+        shapes = abstract_quantized(shapes, weights)
     params = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)),
-        abstract_serving_params(c),
+        shapes,
         specs,
     )
     return c, mesh, params, "data" if plan.replicas > 1 else None
 
 
-def compile_decode(plan: ServePlan, config: ModelConfig, hw: Hardware) -> ServePlan:
+def compile_decode(
+    plan: ServePlan,
+    config: ModelConfig,
+    hw: Hardware,
+    *,
+    weights: str | None = None,
+    cache: str | None = None,
+) -> ServePlan:
     """``plan`` with its decode step compiled by ``hw``'s compiler on its compile-only
     devices: the reference decoder's :func:`~shardscope._src.model.serving.decode` under the
     layout's placement, the cache donated and split by sequence over the replicas and by
     key/value head over ``model`` (at two depths, :func:`_compile_layers`). The step's
     time becomes the compiled program's (its HBM traffic or its matmuls, the slower, and
     its collectives), the memory per device its buffers (arguments, temporaries and the
-    outputs that do not alias the donated cache)."""
+    outputs that do not alias the donated cache). ``weights`` and ``cache`` of ``int8`` or
+    ``fp8`` compile the 8-bit program (:class:`~shardscope._src.model.serving.Quantized`);
+    any other, the model's dtype."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -548,18 +580,21 @@ def compile_decode(plan: ServePlan, config: ModelConfig, hw: Hardware) -> ServeP
     from shardscope._src.model.serving import abstract_cache, decode
 
     def build(layers: int) -> tuple[Any, ...]:
-        c, mesh, params, rows = _placed(plan, config, hw, plan.batch, 1, layers)
+        c, mesh, params, rows = _placed(plan, config, hw, plan.batch, 1, layers, weights)
         per_layer = NamedSharding(mesh, P(rows, "model", None, None))
-        cache = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=per_layer),
-            abstract_cache(c, plan.batch, plan.context),
+        whole = NamedSharding(mesh, P())  # an 8-bit cache's scales
+        kv = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(
+                x.shape, x.dtype, sharding=per_layer if x.shape else whole
+            ),
+            abstract_cache(c, plan.batch, plan.context, cache if cache in EIGHT_BIT else None),
         )
         tokens = jax.ShapeDtypeStruct(
             (plan.batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows))
         )
-        pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+        pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=whole)
         step = jax.jit(lambda p, k, t, i: decode(p, k, t, i, c), donate_argnums=1)
-        return step, params, cache, tokens, pos
+        return step, params, kv, tokens, pos
 
     got = _compile_layers(plan, config, hw, build)
     memory_s = plan.decode_memory_s if got.memory_s is None else got.memory_s
@@ -580,14 +615,23 @@ def compile_decode(plan: ServePlan, config: ModelConfig, hw: Hardware) -> ServeP
     )
 
 
-def compile_prefill(plan: ServePlan, config: ModelConfig, hw: Hardware, prompt: int) -> ServePlan:
+def compile_prefill(
+    plan: ServePlan,
+    config: ModelConfig,
+    hw: Hardware,
+    prompt: int,
+    *,
+    weights: str | None = None,
+    cache: str | None = None,
+) -> ServePlan:
     """``plan`` with its time to first token from the compiled prefill of one ``prompt`` a
     replica (the reference decoder's :func:`~shardscope._src.model.serving.prefill`, the
-    last token's logits; at two depths, :func:`_compile_layers`): its HBM traffic or its
-    matmuls, the slower, and its collectives. Its buffers beyond the weights (the prompt's
-    activations, scores and cache) are the plan's temporaries where they pass the decode
-    step's: a server prefills beside the cache it decodes from. On a TPU target (whose
-    programs :func:`_compile` does not time) the plan is returned as it is."""
+    last token's logits; at two depths, :func:`_compile_layers`; ``weights`` and ``cache``
+    as :func:`compile_decode` takes them): its HBM traffic or its matmuls, the slower, and
+    its collectives. Its buffers beyond the weights (the prompt's activations, scores and
+    cache) are the plan's temporaries where they pass the decode step's: a server prefills
+    beside the cache it decodes from. On a TPU target (whose programs :func:`_compile` does
+    not time) the plan is returned as it is."""
     if TARGETS[hw.name].family != "gpu":
         return plan
     import jax
@@ -598,11 +642,12 @@ def compile_prefill(plan: ServePlan, config: ModelConfig, hw: Hardware, prompt: 
     from shardscope._src.model.serving import prefill
 
     r = plan.replicas
+    kept = cache if cache in EIGHT_BIT else None
 
     def build(layers: int) -> tuple[Any, ...]:
-        c, mesh, params, rows = _placed(plan, config, hw, r, prompt, layers)
+        c, mesh, params, rows = _placed(plan, config, hw, r, prompt, layers, weights)
         tokens = jax.ShapeDtypeStruct((r, prompt), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
-        return jax.jit(lambda p, t: prefill(p, t, c, prompt)), params, tokens
+        return jax.jit(lambda p, t: prefill(p, t, c, prompt, cache=kept)), params, tokens
 
     got = _compile_layers(plan, config, hw, build)
     if got.memory_s is None or got.compute_s is None:  # an HLO too deep to count
