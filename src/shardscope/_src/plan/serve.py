@@ -15,10 +15,11 @@ collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
 
 * **decode** (one token per sequence): every weight and the replica's whole cache through
   HBM once (``(weights + cache) / t`` a device), or its ``2 x active params`` FLOPs a
-  sequence at the matmul rate, whichever is slower; then the two all-reduces a layer of
-  tensor parallelism (the attention's output and the MLP's down projection, ``batch / r x
-  d_model`` each), which wait for the matmuls that feed them and are latency-bound at
-  decode's small messages.
+  sequence at the matmul rate, whichever is slower; then the all-reduces of tensor
+  parallelism, two a layer (the attention's output and the MLP's down projection, ``batch /
+  r x d_model`` each) and the vocabulary-parallel embedding's one (each device looks up the
+  tokens of its slice of the vocabulary), which wait for the matmuls that feed them and are
+  latency-bound at decode's small messages.
 * **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
   prompt`` FLOPs and the attention's ``prompt^2`` ones at the matmul rate (or its weights
   through HBM, for a short prompt), and the same all-reduces of ``prompt x d_model``.
@@ -349,13 +350,13 @@ def _plan(
     active = c.active_param_count()
     memory_s = (weight + cached) / hw.hbm_bandwidth
     compute_s = 2 * active * per_replica / (t * rate)
-    comm_s = _allreduce_s(hw, t, r, per_replica * c.d_model, c.itemsize, 2 * c.layers)
+    comm_s = _allreduce_s(hw, t, r, per_replica * c.d_model, c.itemsize, 2 * c.layers + 1)
     decode = max(memory_s, compute_s) + comm_s
     assert c.head_dim is not None
     attention = 2 * c.layers * prompt * prompt * c.heads * c.head_dim  # causal QK^T and PV
     prefill_flops = 2 * active * prompt + attention
     prefill = max(prefill_flops / (t * rate), weight / hw.hbm_bandwidth)
-    prefill += _allreduce_s(hw, t, r, prompt * c.d_model, c.itemsize, 2 * c.layers)
+    prefill += _allreduce_s(hw, t, r, prompt * c.d_model, c.itemsize, 2 * c.layers + 1)
     return ServePlan(
         strategy="dp_tp" if r > 1 else "tp",
         mesh=_mesh(t, r),
@@ -455,10 +456,11 @@ class _Compiled:
 #: The shallower of the two depths a served program is compiled at (and one more): from
 #: the second layer on, each adds the same bytes, FLOPs, collectives, arguments and outputs
 #: (the first layer's prefill differs from the others' by its fusions), measured on the H100
-#: compiler (Llama 3 70B, 1 to 8 layers; a 6-layer model). The temporaries are as exact for
-#: the decode step; a prefill's grow by uneven steps on a small model (the extrapolation
-#: then holds more than the whole program: 20 MB against 18 at 6 layers) and not at all on
-#: a 70B (0.3 GB at every depth, 80 layers included).
+#: compiler (Llama 3 70B, 1 to 8 layers; a 6-layer model), the traffic within 0.1% (a few
+#: layers' element-wise work fused differently). The decode step's temporaries come within
+#: 1 MiB; a prefill's grow by uneven steps on a small model (the extrapolation then holds
+#: more than the whole program: 20 MB against 18 at 6 layers) and not at all on a 70B (0.3 GB
+#: at every depth, 80 layers included).
 DEPTH = 2
 
 
@@ -542,7 +544,11 @@ def _placed(
     mesh = target_mesh(hw.name, spec, axis_types="auto")
     c = replace(served(config, plan.tensor_parallel), batch=batch, seq=seq, layers=layers)
     shapes = abstract_serving_params(c)
-    specs = serving_specs(get_strategy(plan.strategy).place(c, mesh).param_specs(), c.layers)
+    # a server splits the embedding and the output projection over the vocabulary, as
+    # Megatron-LM's and vLLM's vocabulary-parallel layers do (replicated, each device would
+    # hold both whole: 4.2 GB of Llama 3 70B's 141)
+    strategy = get_strategy(plan.strategy).with_vocab_split()
+    specs = serving_specs(strategy.place(c, mesh).param_specs(), c.layers)
     if weights in EIGHT_BIT:
         assert weights is not None
         specs = abstract_quantized(shapes, weights, specs)
