@@ -122,6 +122,12 @@ class _Scaled(Hooks):
         scale = self._scale(first)
         return h if scale is None else h * scale
 
+    def heads(self, x: Any) -> Any:
+        return self.base.heads(x)
+
+    def keys(self, x: Any) -> Any:
+        return self.base.keys(x)
+
     def hidden(self, x: Any) -> Any:
         return self.base.hidden(x)
 
@@ -281,7 +287,7 @@ def _embed(params: dict[str, Any], tokens: Any, hooks: Hooks, dtype: Any) -> Any
     """The tokens' rows of the embedding (an 8-bit table dequantized row by row)."""
     table = params["embed"]
     if isinstance(table, Quantized):
-        return jnp.take(table.values, tokens, axis=0).astype(dtype) * table.scale.astype(dtype)
+        return Quantized(jnp.take(table.values, tokens, axis=0), table.scale).dequantized(dtype)
     return jnp.take(hooks.weight("embed", table), tokens, axis=0)
 
 

@@ -24,7 +24,8 @@ collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
   prompt`` FLOPs and the attention's ``prompt^2`` ones at the matmul rate (or its weights
   through HBM, for a short prompt), and the same all-reduces of ``prompt x d_model``.
 * **memory** a device: its share of the weights and of the cache of ``context`` tokens for
-  each of its replica's sequences, and the decode step's logits (float32).
+  each of its replica's sequences, and the decode step's logits (float32, each device its
+  slice of the vocabulary).
 
 The best plan of each layout has its decode step compiled by the hardware's own compiler,
 deviceless (:func:`compile_decode`: the reference decoder's
@@ -44,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from shardscope._src.audit.pricing import execution_seconds
 from shardscope._src.base.comm import ALL_REDUCE
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record
@@ -52,6 +54,7 @@ from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
+from shardscope._src.plan.types import device_bytes
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.links import collective_seconds
@@ -289,7 +292,7 @@ def _held(
     c = served(config, t)
     weight = math.ceil(c.param_count() * FORMATS[weights] / t)
     cached = (batch // r) * context * cache_bytes_per_token(c, cache) // t
-    logits = (batch // r) * (c.vocab or 0) * 4
+    logits = (batch // r) * (c.vocab or 0) // t * 4  # each device its slice of the vocabulary
     return weight, cached, logits
 
 
@@ -416,20 +419,15 @@ def _compile_best(
 @dataclass(frozen=True)
 class _Compiled:
     """What one compiled serving step costs a device: its HBM traffic and matmuls (None
-    where its HLO does not time it, see :func:`_compile`), its collectives' time, the
-    buffers it takes and returns (arguments and outputs that do not alias them), its
-    temporaries, and its all-reduces."""
+    where its HLO does not time it, see :func:`_compile`), its collectives' time, the bytes
+    its buffers hold (:func:`~shardscope._src.plan.types.device_bytes`), and its
+    all-reduces."""
 
     memory_s: float | None
     compute_s: float | None
     comm_s: float
-    buffer_bytes: int
-    temp_bytes: int
+    held_bytes: int
     all_reduces: int
-
-    @property
-    def held_bytes(self) -> int:
-        return self.buffer_bytes + self.temp_bytes
 
     def deeper(self, shallower: _Compiled, layers: int) -> _Compiled:
         """The costs at ``layers``, from this program of one layer more than
@@ -447,8 +445,7 @@ class _Compiled:
             memory_s=timed(shallower.memory_s, self.memory_s),
             compute_s=timed(shallower.compute_s, self.compute_s),
             comm_s=at(shallower.comm_s, self.comm_s),
-            buffer_bytes=round(at(shallower.buffer_bytes, self.buffer_bytes)),
-            temp_bytes=round(at(shallower.temp_bytes, self.temp_bytes)),
+            held_bytes=round(at(shallower.held_bytes, self.held_bytes)),
             all_reduces=round(at(shallower.all_reduces, self.all_reduces)),
         )
 
@@ -478,14 +475,7 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     # warning when a program does not fit: the compile is sound, and the fit says the rest
     with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
         result = audit(step, *args)
-    memory = result.memory or {}
     sizes = dict(plan.mesh)
-    comm = sum(
-        collective_seconds(
-            hw, sizes, k.kind, k.axes, k.group_size, k.traffic_bytes * k.count, k.count
-        )
-        for k in result.collectives
-    )
     gpu = TARGETS[hw.name].family == "gpu"
     return _Compiled(
         memory_s=result.hlo_bytes / hw.hbm_bandwidth
@@ -494,11 +484,8 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
         compute_s=result.hlo_flops / (hw.peak_flops * hw.matmul_fraction)
         if gpu and result.hlo_flops is not None
         else None,
-        comm_s=comm,
-        buffer_bytes=memory.get("argument_size_in_bytes", 0)
-        + memory.get("output_size_in_bytes", 0)
-        - memory.get("alias_size_in_bytes", 0),
-        temp_bytes=memory.get("temp_size_in_bytes", 0),
+        comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
+        held_bytes=device_bytes(result.memory or {}),
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
     )
 
