@@ -27,6 +27,7 @@ from typing import Any
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
@@ -40,7 +41,14 @@ from shardscope._src.plan.estimates import (
     or_list,
 )
 from shardscope._src.plan.request import DEFAULT_STRATEGIES
-from shardscope._src.plan.timing import Pricing, comm_items, step_bound, step_time, step_work
+from shardscope._src.plan.timing import (
+    CommItem,
+    Pricing,
+    comm_items,
+    step_bound,
+    step_time,
+    step_work,
+)
 from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped, SkipReason
 from shardscope._src.sharding.strategies import (
     STRATEGIES,
@@ -385,13 +393,16 @@ def screen(
     flash_attention: bool = True,
     *,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
+    memo: dict[tuple[int, bool, bool], tuple[Bound, tuple[CommItem, ...]]] | None = None,
 ) -> Screened:
     """Estimates ``cand`` without compiling: memory per device and the time model's step.
 
     ``placement`` is the strategy placed on the stage's mesh with one stage's program
     (:func:`stage_config`); ``config`` the whole model. ``matmul_dtype="fp8"`` changes the
     step's time, not its memory (fp8 training keeps 16-bit weights and 32-bit master
-    weights and optimizer state).
+    weights and optimizer state). ``memo``: the step's collectives of earlier candidates on
+    the same placement and mode (they depend only on the micro-batches, whether the forward
+    is recomputed, and fp8 gathers).
     """
     sched = Schedule(
         cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer, cand.virtual_stages
@@ -403,7 +414,6 @@ def screen(
         flash_attention=flash_attention,
         schedule=sched,
     )
-    need = step_bound(placement, sched, mode)
     work = step_work(
         placement,
         sched,
@@ -416,7 +426,14 @@ def screen(
         matmul_dtype=matmul_dtype,
     )
     pricing = Pricing(placement, work)
-    comm = comm_items(hw, placement, need.terms, fp8_gathers=pricing.fp8_gathers)
+    key = (cand.microbatches, cand.remat in (Remat.FULL, Remat.OFFLOAD), pricing.fp8_gathers)
+    if memo is not None and key in memo:
+        need, comm = memo[key]
+    else:
+        need = step_bound(placement, sched, mode)
+        comm = tuple(comm_items(hw, placement, need.terms, fp8_gathers=pricing.fp8_gathers))
+        if memo is not None:
+            memo[key] = need, comm
     return Screened(
         cand,
         mem,
@@ -516,6 +533,7 @@ def screen_all(
             bytes_per_param=bytes_per_param,
             flash_attention=flash_attention,
             matmul_dtype=matmul_dtype,
+            memo={},
         )
         options = [
             screened_on_placement(replace(cand, microbatches=m, remat=r, virtual_stages=v))

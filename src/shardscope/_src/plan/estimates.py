@@ -57,7 +57,7 @@ from shardscope._src.model.config import (
     attention_shapes,
     param_shapes,
 )
-from shardscope._src.sharding.strategies import Placement, Role, uses_role
+from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.hardware import Hardware
 
 #: Mixed-precision Adam: bf16 params (2) + bf16 grads (2) + fp32 master, m, v (12).
@@ -531,9 +531,7 @@ def estimate_memory(
             activation_bytes_per_layer(placement, flash_attention=flash_attention) + logits
         )
     gathered = 0
-    if Role.DATA in s.roles and any(
-        uses_role(roles, Role.DATA) for roles in s.param_rules().values()
-    ):
+    if Role.DATA in s.roles and s.shards_weights:
         gathered = gathered_layer_elements(placement) * item // model_ways(placement)
     on_host = train and sched.offload_optimizer
     if on_host:

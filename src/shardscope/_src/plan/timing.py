@@ -108,7 +108,7 @@ from shardscope._src.plan.estimates import (
     offloaded_bytes_per_layer,
     tokens_per_device,
 )
-from shardscope._src.sharding.strategies import Placement, Role, uses_role
+from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.links import collective_seconds
@@ -393,8 +393,7 @@ def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapCla
     s = placement.strategy
     if kind == ALL_GATHER and s.updates_shards and not set(axes) & model_axes:
         return PER_STEP_FWD
-    fsdp = any(uses_role(roles, Role.DATA) for roles in s.param_rules().values())
-    if fsdp and kind in (ALL_GATHER, REDUCE_SCATTER):
+    if s.shards_weights and kind in (ALL_GATHER, REDUCE_SCATTER):
         return PER_MICROBATCH_FWD_BWD
     if kind == REDUCE_SCATTER:
         return PER_MICROBATCH_BWD

@@ -28,9 +28,11 @@ strategy ``replica`` is one more data axis.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
@@ -219,12 +221,16 @@ def _without(entry: Entry, role: str) -> Entry:
     return None if not kept else kept[0] if len(kept) == 1 else kept
 
 
-def _with_experts(rules: dict[str, Roles], roles: tuple[str, ...]) -> dict[str, Roles]:
+@functools.cache
+def _with_experts(
+    rules_items: tuple[tuple[str, Roles], ...], roles: tuple[str, ...]
+) -> Mapping[str, Roles]:
     """``rules`` with an entry for each parameter of a layer with experts that it does not
     name: the attention's, the shared experts' and the routed experts' as their dense
     counterparts', the routed experts' ``experts`` dimension over the ``expert`` role where
     the strategy has one (and that role dropped from their other dimensions: each expert
     lives on one device of it), the router's ``d_model`` as the norm's."""
+    rules = dict(rules_items)
     out = dict(rules)
     expert: Entry = Role.EXPERT if Role.EXPERT in roles else None
     for name, dense in _MOE_LIKE.items():
@@ -236,7 +242,9 @@ def _with_experts(rules: dict[str, Roles], roles: tuple[str, ...]) -> dict[str, 
             out[name] = rules[dense]
     if "router" not in out and "attn_norm" in rules:
         out["router"] = (rules["attn_norm"][0], None)
-    return out
+    # read-only: the planner asks for a strategy's rules millions of times a sweep, and each
+    # table's are worked out once
+    return MappingProxyType(out)
 
 
 def _acts(batch: Entry, model: str | None, seq: str | None) -> dict[str, Roles]:
@@ -378,18 +386,18 @@ class Strategy:
         parallelism."""
         return Role.MODEL in self.roles and not self.sequence_parallel
 
-    def param_rules(self) -> dict[str, Roles]:
-        return _with_experts(dict(self.params), self.roles)
+    def param_rules(self) -> Mapping[str, Roles]:
+        return _with_experts(self.params, self.roles)
 
-    def grad_rules(self) -> dict[str, Roles]:
+    def grad_rules(self) -> Mapping[str, Roles]:
         if self.grads is None:
             return self.param_rules()
-        return _with_experts(dict(self.grads), self.roles)
+        return _with_experts(self.grads, self.roles)
 
-    def optimizer_rules(self) -> dict[str, Roles]:
+    def optimizer_rules(self) -> Mapping[str, Roles]:
         if self.optimizer is None:
             return self.grad_rules()
-        return _with_experts(dict(self.optimizer), self.roles)
+        return _with_experts(self.optimizer, self.roles)
 
     @property
     def updates_shards(self) -> bool:
@@ -397,8 +405,13 @@ class Strategy:
         train step updates shards and all-gathers the new parameters."""
         return self.optimizer is not None and self.optimizer_rules() != self.param_rules()
 
-    def use_rules(self) -> dict[str, Roles] | None:
-        return None if self.use is None else _with_experts(dict(self.use), self.roles)
+    @functools.cached_property
+    def shards_weights(self) -> bool:
+        """Some parameter is stored sharded over ``data`` (FSDP, ZeRO-3): gathered at use."""
+        return any(uses_role(roles, Role.DATA) for roles in self.param_rules().values())
+
+    def use_rules(self) -> Mapping[str, Roles] | None:
+        return None if self.use is None else _with_experts(self.use, self.roles)
 
     def activation_rules(self) -> dict[str, Roles]:
         return dict(self.activations)
