@@ -229,8 +229,10 @@ MOE_ROWS = [
     Row(
         "NeMo Qwen3-30B-A3B, EP 8 x FSDP 8 H100",
         # dropless; EP 8 within FSDP 8 on one DGX: the dense weights sharded over all 8,
-        # the experts split over them; micro-batch 4, 16 accumulation steps
-        _preset("qwen3-30b-a3b", batch=512, seq=4096),
+        # the experts split over them; micro-batch 4, 16 accumulation steps; DeepEP's
+        # dispatch (NeMo AutoModel's docs list the run as "TE + DeepEP"): each token once to
+        # each device of its experts
+        replace(_preset("qwen3-30b-a3b", batch=512, seq=4096), dispatch_once=True),
         "h100",
         {},
         "fsdp_ep",

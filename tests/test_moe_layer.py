@@ -155,6 +155,29 @@ def test_the_bound_refuses_what_no_routing_gives():
     assert train[2].payload_bytes == 64 * 8 * 2  # the router's gradient
 
 
+def test_a_token_sent_once_to_each_device_of_its_experts_moves_fewer_rows():
+    # Qwen3-30B-A3B's routing, 128 experts top-8, over 8 devices (16 experts each): a device
+    # is missed by all 8 of a token's experts with probability C(112, 8) / C(128, 8)
+    tokens, d = 4096, 2048
+    share = 1 - math.comb(112, 8) / math.comb(128, 8)
+    once = moe_layer_terms(tokens, d, 8, 128, "expert", 8, 2, once=True, train=True)
+    per_expert = moe_layer_terms(tokens, d, 8, 128, "expert", 8, 2, train=True)
+    rows = math.ceil(tokens * 8 * share)
+    assert [t.payload_bytes for t in once[:2]] == [rows * d * 2, rows * d * 2]
+    assert rows < tokens * 8 == per_expert[0].payload_bytes // (d * 2)
+    # the slots' routing (an int32 row index, a bfloat16 weight) and the weights' gradient
+    assert [(t.payload_bytes, t.count) for t in once[2:5]] == [
+        (tokens * 8 * 4, 1),
+        (tokens * 8 * 2, 1),
+        (tokens * 8 * 2, 1),
+    ]
+    # one expert a device: a token's experts are on different devices, nothing is saved
+    alone = moe_layer_terms(tokens, d, 8, 128, "expert", 128, 2, once=True)
+    assert alone[0].payload_bytes == per_expert[0].payload_bytes
+    with pytest.raises(ModelConfigError, match="experts=128 do not split over expert_devices=6"):
+        moe_layer_terms(tokens, d, 8, 128, "expert", 6, 2, once=True)
+
+
 def test_a_capacity_factor_at_or_below_zero_is_refused():
     for bad in (0, -1.0, "1.25", True):
         with pytest.raises(ModelConfigError, match="capacity_factor"):
@@ -205,6 +228,30 @@ def test_audit_moe_on_the_command_line(tmp_path, capsys):
     assert_usage_error([*argv, "--mesh", "data=2,expert=4", "--tokens", "36"], "8 devices", capsys)
     assert_usage_error([*argv, "--top-k", "9"], "top_k=9", capsys)
     assert_usage_error([*argv, "--capacity-factor", "0"], "capacity_factor=0", capsys)
+    once = [*argv, "--experts", "16", "--top-k", "4", "--mesh", "data=2,expert=4"]
+    assert main([*once, "--dispatch-once"]) == 0
+    assert "each token once a device" in capsys.readouterr().out
+    assert_usage_error([*once, "--dispatch-once", "--impl", "shard_map"], "impl='jit'", capsys)
+
+
+def test_a_layer_sending_each_token_once_a_device_is_judged_by_that_bound():
+    from shardscope._src.verdict import moe_verdict
+
+    kw = dict(mesh="data=2,expert=4", tokens=1024, d_model=64, ff=128, experts=16, top_k=4)
+    once = moe_verdict(**kw, dispatch_once=True).verdict
+    per_expert = moe_verdict(**kw).verdict
+    # per replica, 4 groups of 128 tokens send ceil(128 x (1 - C(12, 4) / C(16, 4))) rows to
+    # each of the 4 devices (4 experts each), where once per expert they send 128 x 4 / 16
+    # to each expert; the bound rounds up once, over the replica's 512 tokens
+    share = 1 - math.comb(12, 4) / math.comb(16, 4)
+    rows, bound_rows = 4 * 4 * math.ceil(128 * share), math.ceil(512 * 4 * share)
+    # each slot's row index (int32) and router weight (bfloat16)
+    routing = 4 * 16 * (128 * 4 // 16) * (4 + 2)
+    sent = 3 * (2 * rows * 64 * 2 + routing) // 16  # an all-to-all over 4 sends 3 / 4**2
+    assert once.actual_bytes == sent
+    assert once.bound_bytes == 3 * (2 * bound_rows * 64 * 2 + routing) // 16
+    assert per_expert.actual_bytes == 3 * 2 * 4 * 16 * (128 * 4 // 16) * 64 * 2 // 16
+    assert once.actual_bytes < per_expert.actual_bytes
 
 
 def test_the_shard_map_twin_computes_the_jit_layer_with_two_explicit_all_to_alls():

@@ -106,9 +106,14 @@ def test_expert_parallelism_for_a_dense_model_is_refused():
 
 
 @pytest.mark.parametrize(
-    "strategy, mesh_spec", [("fsdp_ep", "data=2,expert=4"), ("ep", "expert=8")]
+    "strategy, mesh_spec, once",
+    [
+        ("fsdp_ep", "data=2,expert=4", False),
+        ("ep", "expert=8", False),
+        ("fsdp_ep", "data=2,expert=4", True),
+    ],
 )
-def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec):
+def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec, once):
     # The H100 compiler's temporaries grow per layer of the scan by what one layer keeps for
     # the backward; the experts' activation keeps only its input, as a fused kernel does.
     def config_of(layers):
@@ -127,14 +132,37 @@ def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec
             top_k=2,
             expert_ff=256,
             capacity_factor=1.0,
+            dispatch_once=once,
         )
 
+    # sent once to each device of its experts, a token's rows are gathered into its experts'
+    # slots there: the backward keeps the slots, as it does sent once per expert
     estimate, kept = layer_growth(strategy, mesh_spec, config_of)
     # one sequence of 2048 tokens a device, bf16: the attention's and the norms' as a dense
     # layer's (10 h + 8 h), the slots sent to the 2 experts and their outputs (2 x 2 h), the
     # experts' gate, up and product (2 x 3 x 256), and the router's float32 logits (4 x 8)
     assert estimate == 2048 * (18 * 128 + 2 * (2 * 2 * 128 + 2 * 768) + 32)
     assert kept == pytest.approx(estimate, rel=0.03)
+
+
+def test_a_plan_sending_each_token_once_per_device_prices_what_compiles():
+    kw = dict(
+        hardware="h100", compiler="cpu", strategies=["fsdp_ep"], mesh="data=2,expert=4",
+        microbatches=1, remat="none", compile_top=1,
+    )  # fmt: skip
+    once = shardscope.plan(SMALL, 8, dispatch_once=True, **kw)
+    per_expert = shardscope.plan(SMALL, 8, **kw)
+
+    def moved(result):
+        (p,) = result.plans
+        return sum(c.traffic_bytes for c in p.collectives if c.kind == ALL_TO_ALL)
+
+    # two experts a device: a token with both of them there is sent once (its 2 slots of
+    # each replica's 8 x 32 tokens: 13 / 28 of them reach each of the 4 devices, not 2 / 4)
+    assert moved(once) < moved(per_expert)
+    # the compiled all-to-alls are the formula's, up to each sequence's capacity rounded up
+    (v,) = [v for v in once.validations if v.strategy == "fsdp_ep"]
+    assert v.cpu_ratio == pytest.approx(1.0, abs=0.05), v.explanation
 
 
 def test_a_dropless_mixtures_imbalance_sizes_the_busiest_experts_work():

@@ -4,12 +4,15 @@ FSDP and with tensor parallelism, and the dense strategies with the experts as t
 Each train step equals one device's; on the H100 compiler the dispatch and combine are
 all-to-alls over ``expert`` named by scope, with the bytes top-k routing sends."""
 
+import math
+from dataclasses import replace
+
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import max_error, one_device_step
-from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy, mesh_spec_for
@@ -51,6 +54,58 @@ def test_a_mixture_of_experts_train_step_equalsone_device_step(strategy, mesh, m
     got_loss, got_grads = prog.fn(*prog.example_args())
     assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
     assert max_error(got_grads, want_grads) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh", [("fsdp_ep", "data=2,expert=4"), ("dp_ep", "data=4,expert=2")]
+)
+def test_sending_each_token_once_per_device_computes_the_one_device_step(strategy, mesh):
+    # 8 experts over 4 (or 2) devices of 'expert': two (four) a device, so a token often has
+    # both of its experts on one device; nothing is dropped at this capacity
+    config = _moe(dispatch_once=True)
+    want_loss, want_grads = one_device_step(replace(config, dispatch_once=False))
+    prog = build_reference_program(strategy, config, mesh, mode="train")
+    got_loss, got_grads = prog.fn(*prog.example_args())
+    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
+    assert max_error(got_grads, want_grads) < 1e-6
+
+
+def test_the_h100_compiler_sends_each_token_once_to_each_device_of_its_experts():
+    # 16 experts top-4 over 8 devices (two a device) and over 4 (four a device)
+    config = _moe(
+        d_model=256, heads=8, kv_heads=2, ff=512, layers=2, batch=16, seq=128, vocab=1024,
+        shared_experts=0, expert_ff=512, experts=16, top_k=4, capacity_factor=1.0,
+        dtype="bfloat16", dispatch_once=True,
+    )  # fmt: skip
+    for strategy, spec, devices, groups in (
+        ("ep", "expert=8", 8, 16),
+        ("fsdp_ep", "data=2,expert=4", 4, 8),
+    ):
+        mesh = shardscope.target_mesh("h100", spec, axis_types="auto")
+        audit = shardscope.audit(build_reference_program(strategy, config, mesh, mode="train"))
+        moved = {}
+        for c in audit.collectives:
+            if c.kind == "all-to-all":
+                assert c.axes == ("expert",)
+                key = (c.scope, c.dtype, c.payload_bytes)
+                moved[key] = moved.get(key, 0) + c.count
+        # A token reaches a device unless none of its 4 experts is among the device's
+        # 16 / devices: 1 - C(16 - 16 / devices, 4) / C(16, 4) of the 128 tokens of each
+        # sequence (group), at capacity factor 1, for each device.
+        local = 16 // devices
+        rows = math.ceil(128 * (1 - math.comb(16 - local, 4) / math.comb(16, 4)))
+        payload = groups * devices * rows * 256 * 2
+        # each expert's slots (128 x 4 / 16 a group) say which row fills them (int32) and
+        # carry the router weight (bfloat16), whose gradient goes back
+        slots = groups * 16 * (128 * 4 // 16)
+        assert moved == {
+            ("moe/dispatch", "bf16", payload): 2 * 2,
+            ("moe/combine", "bf16", payload): 2 * 2,
+            ("moe/dispatch", "s32", slots * 4): 2,
+            ("moe/dispatch", "bf16", slots * 2): 2 * 2,
+        }
+        # fewer bytes than a row per expert slot (128 x 4 a sequence)
+        assert payload < groups * 128 * 4 * 256 * 2
 
 
 def test_capacity_is_counted_per_sequence_whatever_the_mesh():
@@ -132,6 +187,10 @@ def test_expert_strategies_refuse_what_they_cannot_place():
         )
     with pytest.raises(StrategyError, match="does not place a mixture of experts.*ep, dp_ep"):
         build_reference_program("tp", _moe(), "model=4,data=2", impl="shard_map")
+    with pytest.raises(StrategyError, match="dispatch_once=True.*impl='jit'"):
+        build_reference_program("ep", _moe(dispatch_once=True), "expert=8", impl="shard_map")
+    with pytest.raises(ModelConfigError, match="dispatch_once=True.*experts=N"):
+        ModelConfig(dispatch_once=True)
     with pytest.raises(StrategyError, match="dispatch by capacity"):
         build_reference_program("ep", _moe(capacity_factor=None), "expert=8", impl="shard_map")
 

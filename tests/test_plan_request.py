@@ -47,6 +47,7 @@ def test_plan_hands_every_keyword_to_the_request(monkeypatch):
         matmul_dtype="fp8",
         vocab_split=True,
         imbalance=1.5,
+        dispatch_once=True,
         virtual_stages=1,
     )  # fmt: skip
     assert set(given) == set(FIELDS) - {"model", "devices"}
@@ -92,7 +93,7 @@ def test_every_option_maps_onto_its_field():
         "--no-flash-attention", "--workers", "0", "--compiler", "cpu", "--target-plans", "2",
         "--offload-optimizer", "--matmul-dtype", "fp8", "--fp8-peak-flops", "9e14",
         "--fp8-matmul-fraction", "0.5", "--no-vocab-split", "--virtual-stages", "1",
-        "--imbalance", "1.5",
+        "--imbalance", "1.5", "--dispatch-once",
     ]  # fmt: skip
     assert _cli_request(*argv) == PlanRequest(
         "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32,
@@ -102,7 +103,7 @@ def test_every_option_maps_onto_its_field():
         strategies=("dp", "fsdp"), remat=("none", "full"), microbatches=2, stages=1,
         mesh="data=16", compile_top=5, bytes_per_param=18, flash_attention=False, workers=0,
         compiler="cpu", target_plans=2, offload_optimizer=True, matmul_dtype="fp8",
-        vocab_split=False, virtual_stages=1, imbalance=1.5,
+        vocab_split=False, virtual_stages=1, imbalance=1.5, dispatch_once=True,
     )  # fmt: skip
 
 

@@ -9,6 +9,14 @@ backward sends their gradients the same two ways. Under uniform routing each dev
 an all-to-all of that whole array sends (:func:`~shardscope._src.base.comm.traffic_bytes`);
 a routing whose busiest expert gets ``imbalance`` times its even share needs the buffers that
 large, and so does a capacity-padded program with ``capacity_factor`` = ``imbalance``.
+
+Where a device holds several experts, a token with two of its experts there needs to reach
+it once, and their outputs can be summed there before they go back: sending each token once
+to each device of its experts (``once``; DeepEP's dispatch and combine) moves ``e x share``
+rows a token instead of ``k``, ``share`` the chance that a device holds one of its experts
+(:func:`~shardscope._src.model.moe.device_share`, ``1 - C(E - E/e, k) / C(E, k)`` under
+uniform routing), and which rows fill which experts' slots (4 bytes each) with their router
+weights (at the activations' dtype), whose gradient the backward sends back.
 """
 
 from __future__ import annotations
@@ -18,6 +26,10 @@ import math
 from shardscope._src.base.comm import ALL_REDUCE, ALL_TO_ALL
 from shardscope._src.base.errors import ModelConfigError, is_int
 from shardscope._src.bounds.terms import Term, TermRole
+from shardscope._src.model.moe import device_share
+
+#: Bytes of a slot's row index (int32) on the wire.
+INDEX_ITEMSIZE = 4
 
 
 def moe_layer_terms(
@@ -34,6 +46,7 @@ def moe_layer_terms(
     data_axis: str | None = None,
     data_devices: int = 1,
     expert_weight_bytes: int = 0,
+    once: bool = False,
 ) -> tuple[Term, ...]:
     """The collectives one MoE layer needs over ``axis`` (``expert_devices`` devices, the
     tokens and the experts split over it): the dispatch and the combine all-to-alls, each of
@@ -44,7 +57,11 @@ def moe_layer_terms(
     device, so their gradients need no sum, unless a ``data_axis`` of ``data_devices``
     replicates the experts (expert x data parallelism: the tokens split over both, each
     replica's all-to-alls over ``axis`` alone): then each device's experts' gradients
-    (``expert_weight_bytes``) are summed over it, and the router's over both axes.
+    (``expert_weight_bytes``) are summed over it, and the router's over both axes. With
+    ``once``, each token goes once to each device of its experts (see the module docstring):
+    ``ceil(imbalance x tokens x e x share)`` rows each way, and the slots' routing
+    (``ceil(imbalance x tokens x top_k)`` row indices of 4 bytes and router weights of
+    ``itemsize``) with the dispatch, the weights' gradient back in the backward.
 
     >>> [t.payload_bytes for t in moe_layer_terms(256, 64, 2, 8, "expert", 8, 2)]
     [65536, 65536]
@@ -75,8 +92,17 @@ def moe_layer_terms(
         )
     if tokens % data_devices:
         raise ModelConfigError(f"tokens={tokens} do not split over {data_devices} replicas")
+    if once and experts % expert_devices:
+        raise ModelConfigError(
+            f"experts={experts} do not split over expert_devices={expert_devices}; choose a "
+            f"divisor of the experts"
+        )
     # each replica's tokens go to its own copy of the experts
-    payload = math.ceil(imbalance * (tokens // data_devices) * top_k) * d_model * itemsize
+    replica = tokens // data_devices
+    slots = math.ceil(imbalance * replica * top_k)
+    share = device_share(experts, expert_devices, top_k)
+    rows = math.ceil(imbalance * replica * expert_devices * share) if once else slots
+    payload = rows * d_model * itemsize
     passes = 2 if train else 1
     out = []
     for scope, what in (
@@ -95,6 +121,37 @@ def moe_layer_terms(
                 role=TermRole.ACTIVATION,
             )
         )
+    if once:
+        for what, size in (
+            ("which of its rows fills each expert's slot", INDEX_ITEMSIZE),
+            ("each expert slot's router weight", itemsize),
+        ):
+            out.append(
+                Term(
+                    ALL_TO_ALL,
+                    (axis,),
+                    expert_devices,
+                    slots * size,
+                    1,
+                    what,
+                    "moe/dispatch",
+                    role=TermRole.ACTIVATION,
+                )
+            )
+        if train:
+            what = "the gradient of the slots' router weights, back to their tokens"
+            out.append(
+                Term(
+                    ALL_TO_ALL,
+                    (axis,),
+                    expert_devices,
+                    slots * itemsize,
+                    1,
+                    what,
+                    "moe/dispatch",
+                    role=TermRole.ACTIVATION,
+                )  # fmt: skip
+            )
     if train:
         axes = (axis,) if data_axis is None else (data_axis, axis)
         out.append(

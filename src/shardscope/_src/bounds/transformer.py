@@ -304,6 +304,7 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
             train=train,
             data_axis=data if replicas > 1 else None,
             data_devices=replicas,
+            once=c.dispatch_once,
         ):
             if t.kind == ALL_TO_ALL:
                 terms.append(replace(t, count=t.count * c.moe_layers))

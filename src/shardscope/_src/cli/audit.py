@@ -237,6 +237,7 @@ def _run_audit_program(
             dtype=c.dtype,
             mode=c.mode,
             impl=c.impl,
+            dispatch_once=c.dispatch_once,
             target=target,
             **shown,
         )

@@ -216,6 +216,7 @@ def run_moe_command(
     dtype: str,
     mode: str = Mode.FORWARD,
     impl: str = "jit",
+    dispatch_once: bool = False,
     console: Any = None,
     target: str | None = None,
     by_scope: bool = False,
@@ -235,10 +236,12 @@ def run_moe_command(
         mode=mode,
         impl=impl,
         target=None,
+        dispatch_once=dispatch_once,
     )
+    once = ", each token once a device" if dispatch_once else ""
     title = (
         f"MoE layer, {experts} experts top-{top_k}, {tokens} tokens x {d_model} ({dtype}, "
-        f"{mode}, {impl}) on mesh {mesh_spec}: collectives"
+        f"{mode}, {impl}{once}) on mesh {mesh_spec}: collectives"
     )
     return _show_verdict(report, title, json_path, console, by_scope)
 

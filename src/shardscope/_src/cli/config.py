@@ -114,6 +114,7 @@ class AuditMoEConfig(AuditConfig):
     dtype: str
     mode: str
     impl: str
+    dispatch_once: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,6 +247,7 @@ class PlanConfig(HardwareOptions):
     offload_optimizer: bool | None
     vocab_split: bool | None
     imbalance: float | None
+    dispatch_once: bool | None
     microbatches: int | None
     stages: int | None
     virtual_stages: int | None

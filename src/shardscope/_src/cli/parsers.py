@@ -310,6 +310,12 @@ def _add_audit_moe(programs: argparse._SubParsersAction) -> None:
         default="jit",
         help="jit (the compiler inserts the all-to-alls) or shard_map (explicit ones)",
     )
+    moe.add_argument(
+        "--dispatch-once",
+        action="store_true",
+        help="send each token once to each device holding any of its experts and sum its "
+        "outputs there (DeepEP's), not once per expert (jit only)",
+    )
 
 
 def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:
@@ -560,6 +566,14 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         metavar="X",
         help="a dropless mixture of experts' routing: the busiest expert's tokens over its "
         "even share (default 1: uniform)",
+    )
+    p.add_argument(
+        "--dispatch-once",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a mixture of experts: send each token once to each device holding any of its "
+        "experts and sum its outputs there (DeepEP's), not once per expert (default: the "
+        "model's; once per expert for a preset)",
     )
     p.add_argument(
         "--microbatches",

@@ -94,7 +94,11 @@ class ModelConfig(Record):
     number pads each expert to ``ceil(capacity_factor x tokens x top_k / experts)`` tokens
     and drops those beyond it (GShard's and Switch's capacity). ``imbalance`` is what the
     planner assumes of a dropless mixture's routing: the busiest expert's tokens over its even
-    share (1, uniform, by default; the step waits for the busiest). Its parameters are counted
+    share (1, uniform, by default; the step waits for the busiest). ``dispatch_once`` sends
+    each token once to each device of the expert axis that holds any of its experts, and
+    sums its outputs of those experts there before they come back (DeepEP's dispatch and
+    combine), rather than once per expert (GShard's): fewer bytes where a device holds
+    several experts. Its parameters are counted
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
     dense layers, then those with experts) and the strategies place it: expert parallelism
     (``ep``, ``dp_ep``, ``fsdp_ep``, ``ep_tp``) and the dense strategies with the experts as
@@ -135,6 +139,7 @@ class ModelConfig(Record):
     dense_layers: int = 0
     capacity_factor: float | None = None
     imbalance: float = 1.0
+    dispatch_once: bool = False
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
     rope_head_dim: int = 0
@@ -264,6 +269,13 @@ class ModelConfig(Record):
                 f"model config imbalance={im}: a dropless mixture of experts' routing, and this "
                 f"is {why} (the capacity factor bounds each expert's tokens); leave it 1",
                 param="imbalance",
+            )
+        if not isinstance(self.dispatch_once, bool) or (self.dispatch_once and not self.experts):
+            raise ModelConfigError(
+                f"model config dispatch_once={self.dispatch_once!r}: True sends each token once "
+                f"to each device of its experts (a mixture of experts: experts=N), False once "
+                f"per expert",
+                param="dispatch_once",
             )
         if self.expert_ff is not None and not is_int(self.expert_ff, 1):
             raise ModelConfigError(

@@ -109,6 +109,58 @@ def _same(name: str, x: Any) -> Any:
     return x
 
 
+def device_share(experts: int, devices: int, top_k: int) -> float:
+    """Under uniform routing, the share of a group's tokens that send to one device of an
+    expert axis of ``devices`` (each holding ``experts / devices`` experts): those with at
+    least one of their ``top_k`` experts there, ``1 - C(E - E/e, k) / C(E, k)``; ``top_k /
+    experts`` with one expert a device.
+
+    >>> round(device_share(128, 8, 8), 4)  # Qwen3-30B-A3B over 8 devices
+    0.6678
+    """
+    local = experts // devices
+    return 1 - math.comb(experts - local, top_k) / math.comb(experts, top_k)
+
+
+def device_capacity(tokens: int, experts: int, devices: int, top_k: int, factor: float) -> int:
+    """Rows a group sends each device when each token is sent once to each device holding
+    any of its experts: ``ceil(factor x tokens x`` :func:`device_share` ``)``, at least 1;
+    :func:`capacity` with one expert a device.
+
+    >>> device_capacity(4096, 8, 8, 2, 1.25) == capacity(4096, 8, 2, 1.25)
+    True
+    """
+    return max(1, math.ceil(factor * tokens * device_share(experts, devices, top_k)))
+
+
+def device_rows(
+    experts: Any, token: Any, n_experts: int, devices: int, rows: int, slots: int
+) -> tuple[Any, Any]:
+    """``(sent, row)`` for one group sending each token once to each device of its experts:
+    ``sent`` ``[devices x rows]``, the token in each row a device receives (``tokens``, one
+    past the last, where empty), and ``row`` ``[experts x slots]``, the row of its device's
+    buffer that fills each expert slot (``rows``, one past the last, where the slot is empty
+    or its token was beyond the device's ``rows``). ``experts`` ``[tokens, top_k]`` is the
+    routing and ``token`` the slots' tokens (:func:`slot_tokens`)."""
+    tokens = experts.shape[0]
+    local = n_experts // devices
+    on = jnp.any(jax.nn.one_hot(experts // local, devices, dtype=jnp.int32) > 0, axis=1)
+    on = on.astype(jnp.int32)  # [t, devices]: some expert of the token is there
+    position = jnp.cumsum(on, axis=0) - on
+    kept = (on > 0) & (position < rows)
+    device = jnp.arange(devices)[None, :]
+    at = jnp.where(kept, device * rows + position, devices * rows)
+    who = jnp.broadcast_to(jnp.arange(tokens)[:, None], at.shape)
+    sent = jnp.full((devices * rows,), tokens, jnp.int32)
+    sent = sent.at[at.reshape(-1)].set(who.reshape(-1), mode="drop")
+    # each token's row on each device; the empty token (one past the last) has none
+    row_of = jnp.concatenate(
+        [jnp.where(kept, position, rows), jnp.full((1, devices), rows, jnp.int32)]
+    )
+    slot_device = jnp.arange(n_experts * slots) // (local * slots)
+    return sent, row_of[token, slot_device]
+
+
 def moe_capacity(
     x: Any,
     router: Any,
@@ -119,6 +171,7 @@ def moe_capacity(
     *,
     groups: int = 1,
     place: Any = _same,
+    devices: int | None = None,
 ) -> tuple[Any, Any]:
     """The capacity-padded MoE of ``x`` ``[tokens, d]``: ``(output, dropped)``, ``dropped``
     the number of token-expert assignments beyond their expert's capacity.
@@ -132,7 +185,15 @@ def moe_capacity(
 
     Each group fills its slots by gathering its tokens (:func:`slot_tokens`) and takes the
     outputs back by a weighted scatter-add: no FLOPs, where GShard's one-hot dispatch and
-    combine einsums cost ``2 x tokens x experts x slots x d`` each way."""
+    combine einsums cost ``2 x tokens x experts x slots x d`` each way.
+
+    With ``devices`` (the expert axis's size), each token is sent once to each device that
+    holds any of its experts, not once per expert (DeepEP's dispatch): a group fills
+    ``[devices, rows, d]`` (:func:`device_capacity` rows, tokens beyond them dropped on that
+    device), each device fills its experts' slots from the rows it received, and sums each
+    token's outputs of its experts there (weighted by the router) before they go back.
+    Which rows fill which slots, and their router weights, travel with the rows
+    (``[devices, groups, experts / devices, slots]`` each)."""
     n_experts = router.shape[-1]
     t, d = x.shape
     if t % groups:
@@ -141,6 +202,12 @@ def moe_capacity(
     weights, experts = route(xg, router, top_k, place)
     slots = capacity(t // groups, n_experts, top_k, factor)
     token, weight = jax.vmap(lambda w, e: slot_tokens(w, e, n_experts, slots))(weights, experts)
+    if devices is not None:
+        if n_experts % devices:
+            raise ValueError(f"experts={n_experts} do not split over devices={devices}")
+        return _moe_once(
+            xg, experts, token, weight, w_in, w_down, n_experts, devices, slots, factor, place
+        )
     with jax.named_scope("moe/dispatch"):
         # each group fills its slots of every expert where the group is (an empty slot takes
         # the zero row past its tokens), then the slots go to their experts (the all-to-all)
@@ -155,6 +222,63 @@ def moe_capacity(
         out = place("tokens", _scatter(rows, token, weight, t // groups))
     dropped = t * top_k - jnp.sum(token < t // groups).astype(jnp.int32)
     return out.reshape(t, d), dropped
+
+
+def _moe_once(
+    xg: Any,
+    experts: Any,
+    token: Any,
+    weight: Any,
+    w_in: Any,
+    w_down: Any,
+    n_experts: int,
+    devices: int,
+    slots: int,
+    factor: float,
+    place: Any,
+) -> tuple[Any, Any]:
+    """:func:`moe_capacity` sending each token once to each device of its experts."""
+    groups, tokens, d = xg.shape
+    top_k = experts.shape[-1]
+    local = n_experts // devices
+    rows = device_capacity(tokens, n_experts, devices, top_k, factor)
+    sent, row = jax.vmap(lambda e, tk: device_rows(e, tk, n_experts, devices, rows, slots))(
+        experts, token
+    )
+
+    def to_devices(a: Any) -> Any:
+        # [groups, devices, ...] where the groups are, to [devices, groups, ...] on them
+        return place("experts", place("slots", jnp.swapaxes(a, 0, 1)))
+
+    def to_groups(a: Any) -> Any:
+        return jnp.swapaxes(place("slots", place("experts", a)), 0, 1)
+
+    # an assignment is done where its slot is filled and its row reaches the device
+    done = jnp.sum((token < tokens) & (row < rows)).astype(jnp.int32)
+    with jax.named_scope("moe/dispatch"):
+        buffer = to_devices(_fill(xg, sent).reshape(groups, devices, rows, d))
+        row = to_devices(row.reshape(groups, devices, local, slots))
+        # the router weights travel at the activations' dtype, in which they scale them
+        weight = to_devices(weight.astype(xg.dtype).reshape(groups, devices, local, slots))
+        # each device fills its experts' slots from the rows it received (a row past the
+        # last is the empty one)
+        padded = jnp.concatenate([buffer, jnp.zeros((devices, groups, 1, d), xg.dtype)], axis=2)
+        take = jax.vmap(jax.vmap(lambda b, i: jnp.take(b, i.reshape(-1), axis=0)))
+        filled = take(padded, row).reshape(devices, groups, local, slots, d)
+        filled = jnp.moveaxis(filled, 2, 1).reshape(n_experts, groups * slots, d)
+    y = _expert_mlp(filled, w_in, w_down).reshape(devices, local, groups, slots, d)
+    with jax.named_scope("moe/combine"):
+        # each token's outputs of this device's experts, weighted and summed into its row
+        y = jnp.moveaxis(y, 1, 2) * weight[..., None]
+
+        def add(r: Any, i: Any) -> Any:
+            flat = r.reshape(local * slots, d)
+            return jnp.zeros((rows, d), r.dtype).at[i.reshape(-1)].add(flat, mode="drop")
+
+        back = to_groups(jax.vmap(jax.vmap(add))(y, row)).reshape(groups, devices * rows, d)
+        ones = jnp.ones((groups, devices * rows), back.dtype)
+        out = place("tokens", _scatter(back, sent, ones, tokens))
+    return out.reshape(groups * tokens, d), groups * tokens * top_k - done
 
 
 def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any:

@@ -175,8 +175,12 @@ class Hooks:
             config.capacity_factor,
             groups=groups,
             place=self.moe,
+            devices=self.expert_devices if config.dispatch_once else None,
         )
         return y
+
+    #: the devices of the expert axis (each holds ``experts / expert_devices`` experts)
+    expert_devices: int = 1
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP) or the keys

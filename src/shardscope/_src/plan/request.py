@@ -96,6 +96,10 @@ class PlanRequest:
             its even share (None: the model's, 1 for a preset: uniform, as the published
             benchmarks force it); its experts' compute and all-to-alls are priced, and its
             program compiled, at that capacity.
+        dispatch_once: a mixture of experts sends each token once to each device of the
+            expert axis holding any of its experts, and sums its outputs there (DeepEP's
+            dispatch and combine), rather than once per expert: True or False, None (the
+            default) the model's (False for a preset).
         microbatches: fix the micro-batches per data shard (default: every divisor of the
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
@@ -165,6 +169,7 @@ class PlanRequest:
     offload_optimizer: bool | None = None
     vocab_split: bool | None = None
     imbalance: float | None = None
+    dispatch_once: bool | None = None
     microbatches: int | None = None
     stages: int | None = None
     virtual_stages: int | None = None

@@ -133,6 +133,8 @@ def _resolve(r: PlanRequest) -> tuple[str, ModelConfig]:
     name, config = _resolve_model(r)
     if r.imbalance is not None:
         config = replace(config, imbalance=r.imbalance)
+    if r.dispatch_once is not None:
+        config = replace(config, dispatch_once=r.dispatch_once)
     return name, config
 
 
@@ -184,6 +186,7 @@ def plan(
     offload_optimizer: bool | None = _D.offload_optimizer,
     vocab_split: bool | None = _D.vocab_split,
     imbalance: float | None = _D.imbalance,
+    dispatch_once: bool | None = _D.dispatch_once,
     microbatches: int | None = _D.microbatches,
     stages: int | None = _D.stages,
     virtual_stages: int | None = _D.virtual_stages,
@@ -249,6 +252,7 @@ def plan(
         offload_optimizer=offload_optimizer,
         vocab_split=vocab_split,
         imbalance=imbalance,
+        dispatch_once=dispatch_once,
         microbatches=microbatches,
         stages=stages,
         virtual_stages=virtual_stages,
@@ -342,6 +346,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "offload_optimizer": r.offload_optimizer,
         "vocab_split": r.vocab_split,
         "imbalance": r.imbalance,
+        "dispatch_once": r.dispatch_once,
         "microbatches": r.microbatches,
         "stages": stages,
         "virtual_stages": r.virtual_stages,

@@ -54,6 +54,8 @@ class JitHooks(Hooks):
         uses.append(placement.activation_spec("keys"))
         self._use_shardings = {placement.sharding(s) for s in uses if s is not None}
         self.gathers_weights = regather and bool(self._use_shardings)
+        if Role.EXPERT in placement.strategy.roles:
+            self.expert_devices = placement.role_size(Role.EXPERT)
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """A weight's constraint to its use (FSDP's gather) or the keys' and values' to the
@@ -281,6 +283,11 @@ def build_reference_program(
         raise StrategyError(
             "the shard_map twins of expert parallelism dispatch by capacity; set "
             "capacity_factor (1.0 drops nothing under balanced routing), or use impl='jit'"
+        )
+    if impl == "shard_map" and placement.config.dispatch_once:
+        raise StrategyError(
+            "dispatch_once=True: the shard_map twins send each token once per expert; use "
+            "impl='jit' for a dispatch once per device, or dispatch_once=False"
         )
     if capture and mode != Mode.FORWARD:
         raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")

@@ -217,6 +217,7 @@ def moe_verdict(
     mode: str = Mode.FORWARD,
     target: str | None = None,
     impl: str = "jit",
+    dispatch_once: bool = False,
 ) -> MoEReport:
     """Compiles one expert-parallel MoE layer (SwiGLU experts, capacity-padded dispatch in
     GShard's groups, :func:`~shardscope._src.model.moe.moe_capacity`), audits it and judges
@@ -228,6 +229,8 @@ def moe_verdict(
     gradients over ``data``). ``mode`` ``"train"`` differentiates the layer's input and
     weights. ``impl`` ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
     (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
+    ``dispatch_once`` sends each token once to each device of its experts (DeepEP's), judged
+    against the bound of that dispatch (jit only).
 
     Raises:
         ModelConfigError: a shape the mesh does not divide (the tokens or the experts over
@@ -245,6 +248,11 @@ def moe_verdict(
 
     if impl not in ("jit", "shard_map"):
         raise ModelConfigError(f"impl={impl!r}: give 'jit' or 'shard_map'")
+    if dispatch_once and impl != "jit":
+        raise ModelConfigError(
+            f"dispatch_once=True with impl={impl!r}: the shard_map twin sends each token once "
+            f"per expert; use impl='jit'"
+        )
 
     config = ModelConfig(
         d_model=d_model,
@@ -300,8 +308,9 @@ def moe_verdict(
             )
             return twin(x, router, w_in, w_down)
         out, _ = moe_capacity(
-            x, router, w_in, w_down, top_k, capacity_factor, groups=e * dp, place=place
-        )
+            x, router, w_in, w_down, top_k, capacity_factor, groups=e * dp, place=place,
+            devices=e if dispatch_once else None,
+        )  # fmt: skip
         return out
 
     def train(x: Any, router: Any, w_in: Any, w_down: Any) -> Any:
@@ -335,6 +344,7 @@ def moe_verdict(
         data_axis=DATA_AXIS if dp > 1 else None,
         data_devices=dp,
         expert_weight_bytes=experts // e * 3 * d_model * ff * config.itemsize,
+        once=dispatch_once,
     )
     label = f"moe layer {experts} experts top-{top_k} [{tokens},{d_model}] {dtype}"
     bound = Bound(label, terms)
