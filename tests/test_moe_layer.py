@@ -231,7 +231,6 @@ def test_audit_moe_on_the_command_line(tmp_path, capsys):
     once = [*argv, "--experts", "16", "--top-k", "4", "--mesh", "data=2,expert=4"]
     assert main([*once, "--dispatch-once"]) == 0
     assert "each token once a device" in capsys.readouterr().out
-    assert_usage_error([*once, "--dispatch-once", "--impl", "shard_map"], "impl='jit'", capsys)
 
 
 def test_a_layer_sending_each_token_once_a_device_is_judged_by_that_bound():

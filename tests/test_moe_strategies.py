@@ -187,8 +187,6 @@ def test_expert_strategies_refuse_what_they_cannot_place():
         )
     with pytest.raises(StrategyError, match="does not place a mixture of experts.*ep, dp_ep"):
         build_reference_program("tp", _moe(), "model=4,data=2", impl="shard_map")
-    with pytest.raises(StrategyError, match="dispatch_once=True.*impl='jit'"):
-        build_reference_program("ep", _moe(dispatch_once=True), "expert=8", impl="shard_map")
     with pytest.raises(ModelConfigError, match="dispatch_once=True.*experts=N"):
         ModelConfig(dispatch_once=True)
     with pytest.raises(StrategyError, match="dispatch by capacity"):
@@ -224,3 +222,27 @@ def test_the_shard_map_twin_all_to_alls_each_sequence_to_its_experts(strategy, m
     # in the forward and the backward of the 2 layers
     payload = 8 * 16 * 2 * 64 * 4 // replicas
     assert moved == {("moe/dispatch", payload): 4, ("moe/combine", payload): 4}
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh", [("dp_ep", "data=2,expert=4"), ("ep_tp", "expert=4,model=2")]
+)
+def test_the_shard_map_twin_sends_each_token_once_as_the_jit_program_does(strategy, mesh):
+    # at capacity 1 tokens are dropped, on their devices as well as at their experts: the
+    # twin drops what the jit program drops and sends what it sends
+    config = _moe(capacity_factor=1.0, dispatch_once=True)
+    jit = build_reference_program(strategy, config, mesh, mode="train")
+    twin = build_reference_program(strategy, config, mesh, mode="train", impl="shard_map")
+    want_loss, want = jit.fn(*jit.example_args())
+    got_loss, got = twin.fn(*twin.example_args())
+    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
+    assert max_error(got, want) < 1e-6
+
+    def moved(prog):
+        return sorted(
+            (c.scope, c.dtype, c.payload_bytes * c.count)
+            for c in shardscope.audit(prog).collectives
+            if c.kind == "all-to-all"
+        )
+
+    assert moved(twin) == moved(jit)

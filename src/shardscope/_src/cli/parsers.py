@@ -314,7 +314,7 @@ def _add_audit_moe(programs: argparse._SubParsersAction) -> None:
         "--dispatch-once",
         action="store_true",
         help="send each token once to each device holding any of its experts and sum its "
-        "outputs there (DeepEP's), not once per expert (jit only)",
+        "outputs there (DeepEP's), not once per expert",
     )
 
 

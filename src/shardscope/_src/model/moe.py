@@ -235,9 +235,15 @@ def _moe_once(
     devices: int,
     slots: int,
     factor: float,
-    place: Any,
+    place: Any = _same,
+    axis: str | None = None,
+    reduce: Any = None,
 ) -> tuple[Any, Any]:
-    """:func:`moe_capacity` sending each token once to each device of its experts."""
+    """:func:`moe_capacity` sending each token once to each device of its experts: under
+    jit with ``place`` (the arrays ``[devices, groups, ...]`` resharded onto the expert
+    axis), or on one device of ``axis`` inside ``shard_map`` (an explicit ``all_to_all``
+    each way, ``w_in`` and ``w_down`` this device's experts, ``reduce`` summing their output
+    over a tensor-parallel axis: :func:`moe_capacity_local`)."""
     groups, tokens, d = xg.shape
     top_k = experts.shape[-1]
     local = n_experts // devices
@@ -247,11 +253,20 @@ def _moe_once(
     )
 
     def to_devices(a: Any) -> Any:
-        # [groups, devices, ...] where the groups are, to [devices, groups, ...] on them
-        return place("experts", place("slots", jnp.swapaxes(a, 0, 1)))
+        # [groups, devices, ...] where the groups are to the devices: under jit one array
+        # [devices, groups, ...] sharded over them; in shard_map what each device receives,
+        # [source devices, groups, ...]
+        a = jnp.swapaxes(a, 0, 1)
+        if axis is not None:
+            return jax.lax.all_to_all(a, axis, 0, 0, tiled=True)
+        return place("experts", place("slots", a))
 
     def to_groups(a: Any) -> Any:
-        return jnp.swapaxes(place("slots", place("experts", a)), 0, 1)
+        if axis is not None:
+            a = jax.lax.all_to_all(a, axis, 0, 0, tiled=True)
+        else:
+            a = place("slots", place("experts", a))
+        return jnp.swapaxes(a, 0, 1)
 
     # an assignment is done where its slot is filled and its row reaches the device
     done = jnp.sum((token < tokens) & (row < rows)).astype(jnp.int32)
@@ -265,11 +280,19 @@ def _moe_once(
         padded = jnp.concatenate([buffer, jnp.zeros((devices, groups, 1, d), xg.dtype)], axis=2)
         take = jax.vmap(jax.vmap(lambda b, i: jnp.take(b, i.reshape(-1), axis=0)))
         filled = take(padded, row).reshape(devices, groups, local, slots, d)
+    if axis is None:  # every expert, sharded: [experts, groups x slots, d]
         filled = jnp.moveaxis(filled, 2, 1).reshape(n_experts, groups * slots, d)
-    y = _expert_mlp(filled, w_in, w_down).reshape(devices, local, groups, slots, d)
+        y = _expert_mlp(filled, w_in, w_down).reshape(devices, local, groups, slots, d)
+        y = jnp.moveaxis(y, 1, 2)
+    else:  # this device's experts: [local, sources x groups x slots, d]
+        filled = jnp.moveaxis(filled, 2, 0).reshape(local, devices * groups * slots, d)
+        y = _expert_mlp(filled, w_in, w_down)
+        if reduce is not None:
+            y = reduce(y)
+        y = jnp.moveaxis(y.reshape(local, devices, groups, slots, d), 0, 2)
     with jax.named_scope("moe/combine"):
         # each token's outputs of this device's experts, weighted and summed into its row
-        y = jnp.moveaxis(y, 1, 2) * weight[..., None]
+        y = y * weight[..., None]
 
         def add(r: Any, i: Any) -> Any:
             flat = r.reshape(local * slots, d)
@@ -318,6 +341,7 @@ def moe_capacity_local(
     *,
     groups: int = 1,
     reduce: Any = None,
+    once: bool = False,
 ) -> Any:
     """The body of :func:`moe_capacity`'s ``shard_map`` twin, on one device of the expert
     axis ``axis`` (``e`` devices): its share of the tokens ``[tokens / e, d]``, routed in
@@ -326,7 +350,8 @@ def moe_capacity_local(
     every expert, an explicit ``all_to_all`` sends each device the slots of its experts, they
     run (``reduce`` sums their output where their hidden is split further, over a tensor-
     parallel axis), and a second ``all_to_all`` brings the outputs back; the same arithmetic
-    as :func:`moe_capacity` with as many groups."""
+    as :func:`moe_capacity` with as many groups. With ``once``, each token goes once to each
+    device of its experts (:func:`moe_capacity`'s ``devices``)."""
     e = jax.lax.axis_size(axis)
     n_experts = router.shape[-1]
     local = w_in.shape[0]
@@ -335,6 +360,12 @@ def moe_capacity_local(
     weights, experts = route(xg, router, top_k)
     slots = capacity(t // groups, n_experts, top_k, factor)
     token, weight = jax.vmap(lambda w, i: slot_tokens(w, i, n_experts, slots))(weights, experts)
+    if once:
+        out, _ = _moe_once(
+            xg, experts, token, weight, w_in, w_down, n_experts, e, slots, factor,
+            axis=axis, reduce=reduce,
+        )  # fmt: skip
+        return out
     with jax.named_scope("moe/dispatch"):
         # [devices, experts of a device, groups, slots, d]: row j goes to device j; what
         # arrives is every device's groups' slots of this device's experts

@@ -150,6 +150,7 @@ class ShardMapHooks(Hooks):
             self.expert_axis,
             groups=groups,
             reduce=None if axis is None else reduce,
+            once=config.dispatch_once,
         )
 
 
@@ -283,11 +284,6 @@ def build_reference_program(
         raise StrategyError(
             "the shard_map twins of expert parallelism dispatch by capacity; set "
             "capacity_factor (1.0 drops nothing under balanced routing), or use impl='jit'"
-        )
-    if impl == "shard_map" and placement.config.dispatch_once:
-        raise StrategyError(
-            "dispatch_once=True: the shard_map twins send each token once per expert; use "
-            "impl='jit' for a dispatch once per device, or dispatch_once=False"
         )
     if capture and mode != Mode.FORWARD:
         raise StrategyError("capture=True needs mode='forward' (it returns sublayer outputs)")

@@ -230,7 +230,7 @@ def moe_verdict(
     weights. ``impl`` ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
     (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
     ``dispatch_once`` sends each token once to each device of its experts (DeepEP's), judged
-    against the bound of that dispatch (jit only).
+    against the bound of that dispatch.
 
     Raises:
         ModelConfigError: a shape the mesh does not divide (the tokens or the experts over
@@ -248,11 +248,6 @@ def moe_verdict(
 
     if impl not in ("jit", "shard_map"):
         raise ModelConfigError(f"impl={impl!r}: give 'jit' or 'shard_map'")
-    if dispatch_once and impl != "jit":
-        raise ModelConfigError(
-            f"dispatch_once=True with impl={impl!r}: the shard_map twin sends each token once "
-            f"per expert; use impl='jit'"
-        )
 
     config = ModelConfig(
         d_model=d_model,
@@ -300,7 +295,7 @@ def moe_verdict(
             expert = PartitionSpec(EXPERT_AXIS)
             twin = jax.shard_map(
                 lambda x, r, wi, wd: moe_capacity_local(
-                    x, r, wi, wd, top_k, capacity_factor, EXPERT_AXIS
+                    x, r, wi, wd, top_k, capacity_factor, EXPERT_AXIS, once=dispatch_once
                 ),
                 mesh=mesh,
                 in_specs=(PartitionSpec(groups), PartitionSpec(), expert, expert),
