@@ -41,7 +41,7 @@ def _moe(**kw):
 @pytest.mark.parametrize(
     "strategy, mesh, microbatches",
     [
-        # ep and dp_ep: their shard_map twins' test below
+        # ep, dp_ep and fsdp_ep: their shard_map twins' test below
         ("fsdp_ep", "data=2,expert=4", 1),
         ("ep_tp", "expert=4,model=2", 2),
         ("dp_tp", "data=4,model=2", 2),
@@ -203,7 +203,12 @@ def test_dropless_under_plain_jit_still_equalsone_device_step():
 
 @pytest.mark.parametrize(
     "strategy, mesh, replicas",
-    [("ep", "expert=8", 1), ("dp_ep", "data=2,expert=4", 2), ("ep_tp", "expert=4,model=2", 1)],
+    [
+        ("ep", "expert=8", 1),
+        ("dp_ep", "data=2,expert=4", 2),
+        ("ep_tp", "expert=4,model=2", 1),
+        ("fsdp_ep", "data=2,expert=4", 2),
+    ],
 )
 def test_the_shard_map_twin_all_to_alls_each_sequence_to_its_experts(strategy, mesh, replicas):
     # at capacity 1 tokens are dropped: the twin routes each sequence as one device does
@@ -246,3 +251,29 @@ def test_the_shard_map_twin_sends_each_token_once_as_the_jit_program_does(strate
         )
 
     assert moved(twin) == moved(jit)
+
+
+def test_the_fsdp_ep_twin_gathers_at_use_and_scatters_the_gradients_as_the_bound_does():
+    # the dense weights gathered over data and expert together, the experts' over data; their
+    # gradients reduce-scattered back (the gather's transpose), each once a layer
+    config = _moe(layers=3, dense_layers=1)
+    prog = build_reference_program(
+        "fsdp_ep", config, "data=2,expert=4", mode="train", impl="shard_map"
+    )
+    bound = shardscope.transformer_bound(prog.placement, "train")
+
+    def by_axes(items):
+        out = {}
+        for kind, axes, sent in items:
+            if kind in ("all-gather", "reduce-scatter"):
+                out[kind, axes] = out.get((kind, axes), 0) + sent
+        return out
+
+    got = by_axes(
+        (c.kind, c.axes, c.traffic_bytes * c.count) for c in shardscope.audit(prog).collectives
+    )
+    # (a term's traffic is of all its executions, a collective's of one)
+    want = by_axes((t.kind, t.axes, t.traffic_bytes) for t in bound.terms)
+    assert set(got) == {(k, a) for k in ("all-gather", "reduce-scatter") for a in (
+        ("data",), ("data", "expert"))}  # fmt: skip
+    assert got == want

@@ -104,7 +104,10 @@ class ShardMapHooks(Hooks):
     device's sequences fill their slots of every expert and an ``all_to_all`` over the
     expert axis takes them to their experts and back
     (:func:`~shardscope._src.model.moe.moe_capacity_local`); under tensor parallelism too,
-    the experts' split hidden is ``psum``-ed before they go back.
+    the experts' split hidden is ``psum``-ed before they go back. FSDP: each weight stored
+    sharded over axes it is not used sharded over is ``all_gather``-ed over them at its use
+    (``gathers``: per weight, each dimension and its axes), and autodiff reduce-scatters its
+    gradient (``psum_scatter``, the gather's transpose).
     """
 
     def __init__(
@@ -112,10 +115,17 @@ class ShardMapHooks(Hooks):
         model_axis: str | tuple[str, ...] | None,
         sequence_parallel: bool,
         expert_axis: str | None = None,
+        gathers: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] | None = None,
     ) -> None:
         self.axis = model_axis
         self.sequence_parallel = sequence_parallel
         self.expert_axis = expert_axis
+        self._gathered = gathers or {}
+
+    def weight(self, name: str, w: Any) -> Any:
+        for dim, axes in self._gathered.get(name, ()):
+            w = jax.lax.all_gather(w, axes, axis=dim, tiled=True)
+        return w
 
     def enter(self, scope: str, h: Any) -> Any:
 
@@ -572,6 +582,31 @@ def _sum_first(x: Any) -> Any:
     return jax.lax.reduce(x, jnp.zeros((), x.dtype), jax.lax.add, (0,))
 
 
+def _gathers_at_use(placement: Placement) -> dict[str, tuple[tuple[int, tuple[str, ...]], ...]]:
+    """Per weight (one layer's, without the stacked axis), each dimension stored sharded over
+    mesh axes it is not sharded over where used, and those axes (FSDP's gathers)."""
+    use = placement.strategy.use_rules()
+    if use is None:
+        return {}
+    out = {}
+    for name, stored in placement.strategy.param_rules().items():
+        dims = []
+        for dim, (kept, used) in enumerate(zip(stored, use[name], strict=True)):
+            have, want = placement.entry_axes(kept), placement.entry_axes(used)
+            gathered = tuple(a for a in have if a not in want)
+            if gathered and have[: len(want)] != want:
+                raise StrategyError(
+                    f"strategy {placement.name!r} stores {name} dimension {dim} over "
+                    f"{have} and uses it over {want}: its shard_map twin gathers only the "
+                    f"trailing axes of a dimension; give it impl='jit'"
+                )
+            if gathered:
+                dims.append((dim, gathered))
+        if dims:
+            out[name] = tuple(dims)
+    return out
+
+
 def _twins() -> list[str]:
 
     return [name for name, s in STRATEGIES.items() if s.twin]
@@ -582,9 +617,10 @@ def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any
     config = placement.config
     model = placement.entry(Role.MODEL) if Role.MODEL in placement.strategy.roles else None
     expert = placement.entry(Role.EXPERT) if placement.strategy.expert_parallel else None
-    assert model is not None or expert is not None  # a twin has one of them
     assert not isinstance(expert, tuple)  # the role binds the one axis named expert
-    hooks = ShardMapHooks(model, placement.strategy.sequence_parallel, expert)
+    hooks = ShardMapHooks(
+        model, placement.strategy.sequence_parallel, expert, _gathers_at_use(placement)
+    )
     in_spec, _ = placement.batch_specs()
     out_spec = placement.output_spec()
     if capture:

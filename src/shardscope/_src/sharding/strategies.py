@@ -649,6 +649,7 @@ def _strategies() -> dict[str, Strategy]:
             _rules(**_FSDP_EP_PARAMS),
             use=rep,
             activations=_rules(**_acts((Role.DATA, Role.EXPERT), None, None)),
+            twin=True,
         ),
         Strategy(
             "ep_tp",
