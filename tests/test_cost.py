@@ -150,6 +150,27 @@ def test_a_slice_or_gather_reads_only_what_it_takes():
     assert instruction_cost(m, entry, ins["rows"]) == Cost(0, 3 * 32 * 4 + 3 * 4 + 3 * 32 * 4)
 
 
+def test_only_device_memory_is_traffic_and_a_move_on_chip_reads_it_once():
+    m = parse_hlo(
+        (Path(__file__).parent / "fixtures/hlo_handwritten/memory_spaces.hlo").read_text()
+    )
+    entry = m.computations[m.entry_name]
+    ins = entry.by_name
+    # w's rows 256:512 and all of v, each 256 x 128 bf16; an 8 x 128 bf16 output
+    quarter, whole, acts = (512 - 256) * 128 * 2, 256 * 128 * 2, 8 * 128 * 2
+    # the slice of a quarter of w read from device memory into on-chip memory (not the
+    # whole of w), the prefetch of v likewise; their ends move nothing
+    assert instruction_cost(m, entry, ins["ss"]) == Cost(0, quarter)
+    assert instruction_cost(m, entry, ins["cs"]) == Cost(0, whole)
+    assert instruction_cost(m, entry, ins["sd"]) == instruction_cost(m, entry, ins["cd"]) == Cost()
+    # the matmuls read x from device memory and their weights on chip, and write their output
+    flops = 2 * 8 * 256 * 128
+    assert instruction_cost(m, entry, ins["a"]) == Cost(flops, 8 * 256 * 2 + acts)
+    assert instruction_cost(m, entry, ins["b"]) == Cost(flops, 8 * 256 * 2 + acts)
+    # a copy from the host is a transfer over its link, not counted here
+    assert instruction_cost(m, entry, ins["hs"]) == Cost()
+
+
 def test_a_convolution_counts_kernel_elements_per_output_feature():
     m, entry, ins = _instructions()
     assert instruction_cost(m, entry, ins["conv"]).flops == CONV

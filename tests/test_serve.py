@@ -74,6 +74,23 @@ def test_the_best_of_each_layout_is_compiled_by_the_h100_compiler():
         assert p.temp_bytes_per_device > 0
 
 
+def test_a_tpu_decode_step_reads_its_weights_and_cache_about_once():
+    # the TPU compiler slices each weight and copies it (and the cache) into on-chip memory
+    # asynchronously: those moves read device memory once, and the matmuls that read them
+    # on chip move nothing through it (counted whole at every slice, the step read 9 times
+    # its weights and cache)
+    config = ModelConfig(
+        d_model=1024, heads=8, kv_heads=8, ff=4096, layers=2, vocab=8192, batch=1, seq=1024,
+        dtype="bfloat16", mlp="swiglu",
+    )  # fmt: skip
+    estimate = serve(config, 1, hardware="tpu-v5e", prompt=512, output=512, batch=8, compile=False)
+    (plan,) = estimate.plans
+    compiled = compile_decode(plan, config, PRESETS["tpu-v5e"])
+    held = plan.weight_bytes_per_device + plan.cache_bytes_per_device
+    moved = compiled.decode_memory_s * PRESETS["tpu-v5e"].hbm_bandwidth
+    assert held <= moved < 1.3 * held
+
+
 def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch):
     # the served layers are unrolled and alike: compiled at 2 and 3 layers, 6 of Llama 3
     # 70B's decode step holds the memory, moves the bytes, does the FLOPs and all-reduces

@@ -83,6 +83,46 @@ def _bytes(shape: Shape) -> int:
     return shape.byte_size or 0
 
 
+#: Memory spaces that are not device memory: the TPU's on-chip memory (1) and scalar memory
+#: (2), and host memory (5). Their reads and writes are not device-memory traffic.
+_OFF_DEVICE_MEMORY = frozenset({1, 2, 5})
+_HOST = 5
+
+
+def _hbm_bytes(shape: Shape) -> int:
+    """Bytes of ``shape``'s arrays that lie in device memory (HBM): those of the default
+    memory space, not the TPU's on-chip or scalar memory nor the host's."""
+    return sum(
+        leaf.byte_size or 0
+        for leaf in shape.leaves()
+        if leaf.memory_space not in _OFF_DEVICE_MEMORY
+    )
+
+
+#: Asynchronous moves between memory spaces, and the element of their result that is the
+#: destination: a copy's (destination, source, context), a slice's ((source), slice, context).
+_ASYNC_MOVES = {"copy-start": 0, "slice-start": 1}
+_ASYNC_ENDS = frozenset({"copy-done", "slice-done"})
+
+
+def _moved_bytes(comp: Computation, ins: Instruction) -> int:
+    """Device-memory traffic of an asynchronous move between memory spaces (a TPU's
+    prefetch of a weight, or of a slice of it, into on-chip memory, and back): the bytes it
+    reads where its source lies in device memory and writes where its destination does.
+    Moves to and from the host are transfers over its link, priced as communication."""
+    shapes = ins.shape.tuple_shapes or ()
+    at = _ASYNC_MOVES[ins.opcode]
+    src = comp.by_name.get(ins.operands[0]) if ins.operands else None
+    if len(shapes) <= at or src is None:
+        return 0
+    dest = shapes[at]
+    spaces = {leaf.memory_space for leaf in (*dest.leaves(), *src.shape.leaves())}
+    if _HOST in spaces:
+        return 0
+    moved = _bytes(dest)
+    return (moved if _hbm_bytes(src.shape) else 0) + (moved if _hbm_bytes(dest) else 0)
+
+
 def _operand(comp: Computation, ins: Instruction, i: int) -> Instruction | None:
     if i >= len(ins.operands):
         return None
@@ -290,8 +330,14 @@ class CostCounter:
     def instruction(self, comp: Computation, ins: Instruction) -> Cost:
         """What ``ins`` computes and moves each time it runs, as the device runs it (a
         fusion at its boundary). Control flow, communication (collectives, send and
-        receive, the asynchronous copies between memory spaces) and free instructions cost
-        nothing here."""
+        receive, copies to and from the host) and free instructions cost nothing here. An
+        asynchronous move between device memory and a TPU's on-chip memory moves its bytes
+        through device memory once (:func:`_moved_bytes`), and what reads or writes on-chip
+        memory moves nothing through it."""
+        if ins.opcode in _ASYNC_MOVES:
+            return Cost(0, _moved_bytes(comp, ins))
+        if ins.opcode in _ASYNC_ENDS:
+            return Cost()
         if ins.opcode in FREE or ins.opcode in CONTROL or _is_communication(ins.opcode):
             return Cost()
         return Cost(self._instruction_flops(comp, ins), _memory_bytes(self.module, comp, ins))
@@ -312,7 +358,7 @@ def _memory_bytes(module: HloModule, comp: Computation, ins: Instruction) -> int
         for i, op in enumerate(operands)
         if op is not None and op.opcode != "constant"
     ]
-    written = _bytes(ins.shape)
+    written = _hbm_bytes(ins.shape)
     root = _root(module, ins) if ins.opcode == "fusion" else ins
     if root is not None and root.opcode == _IN_PLACE:
         # The buffer is updated where it lies: the update is read and written, the rest not.
@@ -325,7 +371,9 @@ def _memory_bytes(module: HloModule, comp: Computation, ins: Instruction) -> int
 def _read_bytes(module: HloModule, ins: Instruction, i: int, operand: Instruction) -> int:
     """Bytes ``ins`` reads of its ``i``-th operand: all of it, or what a slice, dynamic
     slice or gather takes of it (unfused, or every reader of it inside a fusion)."""
-    whole = _bytes(operand.shape)
+    whole = _hbm_bytes(operand.shape)
+    if not whole:  # in on-chip memory, or none
+        return 0
     if ins.opcode in _TAKES:
         return _bytes(ins.shape) if i == 0 else whole
     if ins.opcode != "fusion":

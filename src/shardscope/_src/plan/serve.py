@@ -34,8 +34,7 @@ of one prompt a replica (:func:`compile_prefill`): their times are then the comp
 programs' (the bytes they move through HBM and the FLOPs of their matmuls, counted from
 their HLO, the slower of the two, and their collectives priced as every collective is),
 their memory the compiled buffers (``compiled_by``); the other plans are estimated. On a TPU
-target the decode step's memory and collectives are the compiled ones and its time the
-roofline's (see :func:`_compile`), and the prefill is estimated.
+target the decode step is compiled and timed so too, and the prefill is estimated.
 """
 
 from __future__ import annotations
@@ -462,11 +461,9 @@ DEPTH = 2
 
 
 def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
-    """The compiled ``step``'s costs. Its time is counted from its HLO on a GPU target only:
-    the TPU compiler's programs hold asynchronous slices and copies of the weights whose
-    traffic the counts do not read faithfully yet (a decode step's would be several times
-    its weights), so a TPU plan keeps the roofline's time, with the compiled collectives and
-    memory."""
+    """The compiled ``step``'s costs: its HBM traffic and matmuls counted from its HLO (on a
+    TPU, its asynchronous slices and copies of the weights into on-chip memory read them
+    once, :mod:`~shardscope._src.hlo.cost`), its collectives and its buffers."""
     from shardscope._src.audit.compile import audit
     from shardscope._src.base.stderr import capture_stderr
 
@@ -476,14 +473,11 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
         result = audit(step, *args)
     sizes = dict(plan.mesh)
-    gpu = TARGETS[hw.name].family == "gpu"
     return _Compiled(
-        memory_s=result.hlo_bytes / hw.hbm_bandwidth
-        if gpu and result.hlo_bytes is not None
-        else None,
-        compute_s=result.hlo_flops / (hw.peak_flops * hw.matmul_fraction)
-        if gpu and result.hlo_flops is not None
-        else None,
+        memory_s=None if result.hlo_bytes is None else result.hlo_bytes / hw.hbm_bandwidth,
+        compute_s=None
+        if result.hlo_flops is None
+        else result.hlo_flops / (hw.peak_flops * hw.matmul_fraction),
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
         held_bytes=device_bytes(result.memory or {}),
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
@@ -623,8 +617,8 @@ def compile_prefill(
     as :func:`compile_decode` takes them): its HBM traffic or its matmuls, the slower, and
     its collectives. Its buffers beyond the weights (the prompt's activations, scores and
     cache) are the plan's temporaries where they pass the decode step's: a server prefills
-    beside the cache it decodes from. On a TPU target (whose programs :func:`_compile` does
-    not time) the plan is returned as it is."""
+    beside the cache it decodes from. On a TPU target the plan is returned as it is (the
+    prefill estimated)."""
     if TARGETS[hw.name].family != "gpu":
         return plan
     import jax

@@ -58,8 +58,8 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
         f"* the latency-throughput front. Per token: the decode step's traffic through HBM "
         f"or its matmuls, whichever is slower, and its tensor-parallel all-reduces; by: the "
         f"compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
-        f"collectives and the times (on a TPU the times are the roofline's), or the "
-        f"estimate. First token: one prompt prefilled alone on a replica."
+        f"collectives and the times, or the estimate. First token: one prompt prefilled "
+        f"alone on a replica (on a TPU, estimated)."
         + (
             " kv heads: each key/value head held by that many devices (tensor parallelism "
             "wider than the heads)."
