@@ -56,6 +56,20 @@ def test_a_mixture_of_experts_train_step_equalsone_device_step(strategy, mesh, m
     assert max_error(got_grads, want_grads) < 1e-6
 
 
+def _h100_all_to_alls(strategy, spec, config, *, by_dtype=False):
+    """The H100 compiler's all-to-alls of ``strategy``'s train step, each over ``expert``:
+    how often each (scope[, dtype], payload) runs."""
+    mesh = shardscope.target_mesh("h100", spec, axis_types="auto")
+    audit = shardscope.audit(build_reference_program(strategy, config, mesh, mode="train"))
+    moved = {}
+    for c in audit.collectives:
+        if c.kind == "all-to-all":
+            assert c.axes == ("expert",)
+            key = (c.scope, c.dtype, c.payload_bytes) if by_dtype else (c.scope, c.payload_bytes)
+            moved[key] = moved.get(key, 0) + c.count
+    return moved
+
+
 @pytest.mark.parametrize(
     "strategy, mesh", [("fsdp_ep", "data=2,expert=4"), ("dp_ep", "data=4,expert=2")]
 )
@@ -81,14 +95,7 @@ def test_the_h100_compiler_sends_each_token_once_to_each_device_of_its_experts()
         ("ep", "expert=8", 8, 16),
         ("fsdp_ep", "data=2,expert=4", 4, 8),
     ):
-        mesh = shardscope.target_mesh("h100", spec, axis_types="auto")
-        audit = shardscope.audit(build_reference_program(strategy, config, mesh, mode="train"))
-        moved = {}
-        for c in audit.collectives:
-            if c.kind == "all-to-all":
-                assert c.axes == ("expert",)
-                key = (c.scope, c.dtype, c.payload_bytes)
-                moved[key] = moved.get(key, 0) + c.count
+        moved = _h100_all_to_alls(strategy, spec, config, by_dtype=True)
         # A token reaches a device unless none of its 4 experts is among the device's
         # 16 / devices: 1 - C(16 - 16 / devices, 4) / C(16, 4) of the 128 tokens of each
         # sequence (group), at capacity factor 1, for each device.
@@ -160,14 +167,7 @@ def test_the_h100_compiler_moves_each_token_to_its_experts_by_all_to_all():
         dtype="bfloat16",
     )
     for strategy, spec, replicas in (("fsdp_ep", "data=2,expert=4", 2), ("ep", "expert=8", 1)):
-        mesh = shardscope.target_mesh("h100", spec, axis_types="auto")
-        audit = shardscope.audit(build_reference_program(strategy, config, mesh, mode="train"))
-        moved = {}
-        for c in audit.collectives:
-            if c.kind == "all-to-all":
-                assert c.axes == ("expert",)
-                key = (c.scope, c.payload_bytes)
-                moved[key] = moved.get(key, 0) + c.count
+        moved = _h100_all_to_alls(strategy, spec, config)
         # each replica's tokens x top-2 x d_model in bfloat16, there and back, in each of
         # the 2 layers' forward and backward
         payload = 16 * 128 * 2 * 256 * 2 // replicas
