@@ -45,6 +45,7 @@ from shardscope._src.plan.timing import (
     CommItem,
     Pricing,
     comm_items,
+    reruns_forward_collectives,
     step_bound,
     step_time,
     step_work,
@@ -426,7 +427,7 @@ def screen(
         matmul_dtype=matmul_dtype,
     )
     pricing = Pricing(placement, work)
-    key = (cand.microbatches, cand.remat in (Remat.FULL, Remat.OFFLOAD), pricing.fp8_gathers)
+    key = (cand.microbatches, reruns_forward_collectives(cand.remat), pricing.fp8_gathers)
     if memo is not None and key in memo:
         need, comm = memo[key]
     else:

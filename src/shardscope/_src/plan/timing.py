@@ -400,6 +400,13 @@ def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapCla
     return PER_STEP_BWD
 
 
+def reruns_forward_collectives(remat: str) -> bool:
+    """Whether a train step under ``remat`` runs its forward's collectives again for the
+    backward (full recomputation and offload recompute the forward; the rest keep what the
+    backward needs and gather only FSDP's weights again)."""
+    return remat in (Remat.FULL, Remat.OFFLOAD)
+
+
 def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN) -> Bound:
     """The communication one step of ``placement``'s program needs under ``schedule``:
     :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated
@@ -419,7 +426,7 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
         )
     base = transformer_bound(one, mode)
     terms = [replace(t, count=t.count * (1 if t.role.once_per_step else m)) for t in base.terms]
-    if mode == Mode.TRAIN and schedule.remat in (Remat.FULL, Remat.OFFLOAD):
+    if mode == Mode.TRAIN and reruns_forward_collectives(schedule.remat):
         for t in transformer_bound(one, Mode.FORWARD).terms:
             terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
     elif mode == Mode.TRAIN:
