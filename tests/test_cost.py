@@ -171,6 +171,14 @@ def test_only_device_memory_is_traffic_and_a_move_on_chip_reads_it_once():
     assert instruction_cost(m, entry, ins["hs"]) == Cost()
 
 
+def test_a_dimension_that_is_no_number_is_refused_in_one_line():
+    text = HANDWRITTEN.replace(
+        "lhs_contracting_dims={1}", "lhs_contracting_dims={" + "9" * 5000 + "}"
+    )
+    with pytest.raises(HloParseError, match="is not a dimension"):
+        program_cost(parse_hlo(text))
+
+
 def test_a_convolution_counts_kernel_elements_per_output_feature():
     m, entry, ins = _instructions()
     assert instruction_cost(m, entry, ins["conv"]).flops == CONV

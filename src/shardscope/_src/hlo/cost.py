@@ -76,7 +76,17 @@ def total(costs: Iterable[Cost]) -> Cost:
 def _dims(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
-    return tuple(int(d) for d in text.strip("{}").split(",") if d.strip())
+    dims = []
+    for d in text.strip("{}").split(","):
+        if not d.strip():
+            continue
+        n = read_int(d)
+        if n is None:
+            raise HloParseError(
+                f"dimension list {text[:40]!r}: {d.strip()[:40]!r} is not a dimension"
+            )
+        dims.append(n)
+    return tuple(dims)
 
 
 def _bytes(shape: Shape) -> int:
