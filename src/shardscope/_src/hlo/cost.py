@@ -95,8 +95,8 @@ def _bytes(shape: Shape) -> int:
 
 #: Memory spaces that are not device memory: the TPU's on-chip memory (1) and scalar memory
 #: (2), and host memory (5). Their reads and writes are not device-memory traffic.
-_OFF_DEVICE_MEMORY = frozenset({1, 2, 5})
 _HOST = 5
+_OFF_DEVICE_MEMORY = frozenset({1, 2, _HOST})
 
 
 def _hbm_bytes(shape: Shape) -> int:

@@ -144,8 +144,8 @@ def device_rows(
     routing and ``token`` the slots' tokens (:func:`slot_tokens`)."""
     tokens = experts.shape[0]
     local = n_experts // devices
-    on = jnp.any(jax.nn.one_hot(experts // local, devices, dtype=jnp.int32) > 0, axis=1)
-    on = on.astype(jnp.int32)  # [t, devices]: some expert of the token is there
+    # [t, devices]: some expert of the token is there
+    on = jnp.max(jax.nn.one_hot(experts // local, devices, dtype=jnp.int32), axis=1)
     position = jnp.cumsum(on, axis=0) - on
     kept = (on > 0) & (position < rows)
     device = jnp.arange(devices)[None, :]
