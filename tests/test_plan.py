@@ -330,7 +330,11 @@ def test_compile_options_keep_collectives_and_buffers():
     # The planner's program (its FSDP weights gathered again for the backward).
     placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
     lowered = build_reference_program(placement, mode="train", regather=True).lower()
-    plain = audit(lowered)
+    # XLA's own defaults, whatever XLA_FLAGS says (the suite's conftest lowers LLVM's level)
+    plain = audit(
+        lowered,
+        compiler_options={"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True},
+    )
     fast = audit(lowered, compiler_options=COMPILE_OPTIONS)
 
     def records(a):
@@ -342,6 +346,19 @@ def test_compile_options_keep_collectives_and_buffers():
     # Temporaries: within 0.01%, as COMPILE_OPTIONS promises (integers: no float rounding).
     plain_temp, fast_temp = (a.memory["temp_size_in_bytes"] for a in (plain, fast))
     assert abs(fast_temp - plain_temp) * 10_000 <= plain_temp, (fast_temp, plain_temp)
+
+
+def test_llvms_level_changes_no_hlo():
+    """The suite compiles with ``--xla_backend_optimization_level=0`` (conftest.py): the same
+    optimised program, collectives and buffers as XLA's default level."""
+    placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
+    lowered = build_reference_program(placement, mode="train").lower()
+    default = lowered.compile(compiler_options={"xla_backend_optimization_level": 3})
+    suite = lowered.compile()
+    assert "--xla_backend_optimization_level=0" in os.environ["XLA_FLAGS"]
+    assert suite.as_text() == default.as_text()
+    suite_temp, default_temp = (c.memory_analysis().temp_size_in_bytes for c in (suite, default))
+    assert suite_temp == default_temp
 
 
 def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
