@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
@@ -203,12 +204,13 @@ class Program:
         return (params, inputs) if self.mode == Mode.FORWARD else (params, (inputs, targets))
 
     def example_args(self, seed: int = 0) -> tuple[Any, ...]:
-        """Random arguments, placed with the program's input shardings."""
+        """Random arguments, placed with the program's input shardings (from host copies:
+        placing an array that sits on one device compiles a slicing program per shape)."""
 
         params = init_params(self.config, seed)
         inputs, targets = init_batch(self.config, seed + 1)
         args = (params, inputs) if self.mode == Mode.FORWARD else (params, (inputs, targets))
-        return jax.device_put(args, self.arg_shardings)
+        return jax.device_put(jax.tree.map(np.asarray, args), self.arg_shardings)
 
     def lower(self) -> Any:
         return self.fn.lower(*self.abstract_args())
