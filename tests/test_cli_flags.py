@@ -7,6 +7,7 @@ must have an option for it, unless it is listed in ``OMITTED`` with why.
 
 import argparse
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,10 @@ def _named_tuples(tree: ast.AST) -> dict[str, set[str]]:
     return out
 
 
+@functools.cache
 def library_params() -> dict[str, set[str]]:
-    """Module (relative to _src) -> the parameter names it raises or notes with."""
+    """Module (relative to _src) -> the parameter names it raises or notes with (the source
+    is parsed once for every test that reads it)."""
     found: dict[str, set[str]] = {}
     computed_seen = set()
     trees = {

@@ -130,7 +130,7 @@ def test_the_tpu_compiler_offloads_what_the_estimate_moves_to_the_host():
     import re
 
     config = ModelConfig(
-        d_model=1536, heads=12, kv_heads=2, head_dim=128, ff=2048, layers=2, batch=8,
+        d_model=512, heads=4, kv_heads=2, head_dim=128, ff=1024, layers=2, batch=8,
         seq=256, vocab=None, dtype="bfloat16", mlp="swiglu",
     )  # fmt: skip
     result = shardscope.plan(
@@ -139,8 +139,8 @@ def test_the_tpu_compiler_offloads_what_the_estimate_moves_to_the_host():
     )  # fmt: skip
     (p,) = [p for p in result.plans if p.compiled_by.name == "tpu-v6e"]
     assert p.target_memory["host_temp_size_in_bytes"] > 0
-    # One sequence per device and layer: the input (256 x 1536) and the QKV projection (2
-    # key/value groups of 6 queries, a key and a value, 128 wide), in host memory (S(5)).
+    # One sequence per device and layer: the input (256 x 512) and the QKV projection (2
+    # key/value groups of 2 queries, a key and a value, 128 wide), in host memory (S(5)).
     from shardscope._src.plan.compile import COMPILE_OPTIONS
     from shardscope._src.sharding.programs import build_reference_program
     from shardscope._src.targets.mesh import target_mesh
@@ -149,8 +149,8 @@ def test_the_tpu_compiler_offloads_what_the_estimate_moves_to_the_host():
     prog = build_reference_program("fsdp", stage, target_mesh("tpu-v6e", "data=8"), mode="train")
     text = prog.lower().compile(compiler_options=dict(COMPILE_OPTIONS)).as_text()
     on_host = set(re.findall(r"bf16\[([0-9,]+)\]\{[^}]*S\(5\)", text))
-    assert on_host == {"2,1,256,1536", "2,1,256,2,8,128"}
-    assert p.memory.host == 2 * 256 * (1536 + 2 * (6 + 2) * 128) * 2
+    assert on_host == {"2,1,256,512", "2,1,256,2,4,128"}
+    assert p.memory.host == 2 * 256 * (512 + 2 * (2 + 2) * 128) * 2
     # The fit adds the optimizer state, which the compiled step does not hold.
     assert p.fit_memory_bytes_per_device == p.target_memory_bytes_per_device + p.memory.optimizer
 
