@@ -25,10 +25,13 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 lab: $(VENV)/.installed-runtime
 	$(BIN)/shardscope lab
 
-# The lint first (seconds), then the suite. pytest exits 5 when it collects no test; that is
-# not a failure of the suite.
+# The lint first (seconds), then the suite, in TEST_WORKERS processes (pytest-xdist), each
+# test file in one of them (its module fixtures built once). pytest exits 5 when it collects
+# no test; that is not a failure of the suite.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile; rc=$$?; \
+	if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # ruff (rules and formatting), the layering contract of .importlinter (each floor imports
 # only from below, and every module of shardscope._src is on a floor), and mypy (the settings
