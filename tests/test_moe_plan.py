@@ -181,3 +181,41 @@ def test_a_dropless_mixtures_imbalance_sizes_the_busiest_experts_work():
         replace(dropless, imbalance=0.5)
     with pytest.raises(ModelConfigError, match="imbalance=1.5.*capacity-padded"):
         replace(SMALL, imbalance=1.5)
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh, local_experts",
+    [("ep", "expert=8", 64 // 8), ("fsdp_ep", "data=2,expert=4", 64 // 4)],
+)
+def test_the_routed_experts_read_their_own_weights_as_they_are_used(strategy, mesh, local_experts):
+    from shardscope._src.plan.estimates import routed_expert_work
+
+    c = replace(SMALL, experts=64, d_model=256, expert_ff=512, batch=8, seq=16)
+    placement = get_strategy(strategy).place(c, abstract_mesh(mesh))
+    flops, elements = routed_expert_work(placement)
+    # each device's experts (fsdp_ep's gathered over 'data'), SwiGLU's gate, up and down, in
+    # both layers with experts
+    assert elements == 2 * local_experts * 3 * 256 * 512
+    # each device's sequence (the batch of 8 over all 8 devices), 16 tokens, two experts a
+    # token at capacity factor 1: two FLOPs a weight
+    tokens = 8 * 16 // 8
+    assert flops == 2 * tokens * 2 * 2 * 3 * 256 * 512
+
+
+def test_with_few_tokens_an_expert_the_step_waits_for_the_experts_weights():
+    from shardscope._src.plan.candidates import estimate
+    from shardscope._src.plan.types import Candidate
+    from shardscope._src.targets.hardware import hardware
+
+    hw = hardware("h100")
+    # 64 experts over 8 devices, one sequence of 16 tokens each: 4 tokens an expert
+    few = replace(SMALL, experts=64, d_model=1024, expert_ff=2048, batch=8, seq=16, vocab=None)
+    step = estimate(Candidate("ep", (("expert", 8),)), few, hw).time
+    weights = 2 * 8 * 3 * 1024 * 2048 * 2  # 8 experts a device, both layers, bf16
+    expert_flops = 2 * 16 * 2 * 2 * 3 * 1024 * 2048
+    assert weights / hw.hbm_bandwidth > 10 * expert_flops / (hw.peak_flops * hw.matmul_fraction)
+    # read once by the forward and twice by the backward: at least that, whatever the FLOPs
+    assert step.compute_s >= 3 * weights / hw.hbm_bandwidth
+    # and 16 times the tokens (64 an expert, still below the H100's ridge) take about as long
+    many = estimate(Candidate("ep", (("expert", 8),)), replace(few, seq=256), hw).time
+    assert many.compute_s < 2 * step.compute_s

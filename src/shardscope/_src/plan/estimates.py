@@ -624,6 +624,30 @@ def matmul_params_per_token(placement: Placement) -> tuple[float, float]:
     return split, whole
 
 
+def routed_expert_work(placement: Placement, microbatches: int = 1) -> tuple[float, int]:
+    """``(flops, elements)`` of one forward of one micro-batch through the routed experts on
+    one device: their matmul FLOPs (the device's tokens, ``top_k x`` the routed capacity
+    each, as :func:`matmul_params_per_token` counts them) and the elements of the experts'
+    weights those matmuls read, as they are used (each expert-parallel device's own experts,
+    FSDP's gathered copies, tensor parallelism's slice). ``(0.0, 0)`` for a dense model."""
+    c = placement.config
+    if not c.is_moe:
+        return 0.0, 0
+    mats = 3 if c.mlp == "swiglu" else 2
+    f = c.expert_ff or c.ff
+    tokens = tokens_per_device(placement, microbatches)
+    per_token = c.moe_layers * c.top_k * c.routed_capacity * mats * c.d_model * f
+    flops = 2 * tokens * per_token / model_ways(placement)
+    rules = placement.strategy.use_rules() or placement.strategy.param_rules()
+    shapes = param_shapes(c)
+    elements = 0
+    for name in EXPERT_PARAMS:
+        if name in shapes:
+            ways = math.prod(placement.role_size(r) for r in rules[name] if r is not None)
+            elements += math.prod(shapes[name]) // ways
+    return flops, elements
+
+
 def fp8_cast_elements_per_layer(
     placement: Placement, microbatches: int = 1, *, projections: bool = True
 ) -> tuple[float, float]:

@@ -13,6 +13,12 @@ Per micro-batch on the slowest pipeline stage, one device:
   and read once per forward, per recomputed forward and per backward
   (:data:`HBM_PASSES` = 2): the element-wise work (norms, activations, softmax) that runs at
   memory speed.
+* **routed experts' matmuls** (a mixture of experts): no faster than reading the experts'
+  weights a device uses (its own experts, FSDP's gathered copies) through HBM, once per
+  forward and recomputed forward and twice per backward (the input gradient reads them, the
+  weight gradient writes theirs). With few tokens per expert (below the matmul rate over
+  the HBM bandwidth, about 180 a bf16 expert on an H100) the grouped matmuls are
+  memory-bound, and that time is what they take: the roofline, with no constant of its own.
 * **fp8 matmuls** (``matmul_dtype="fp8"``): the layers' projections and MLP (torchtitan's
   float8 training swaps each ``nn.Linear`` for torchao's ``Float8Linear``, forward and both
   backward matmuls in fp8; MaxText's fp8 quantization replaces its dense layers'
@@ -106,6 +112,7 @@ from shardscope._src.plan.estimates import (
     model_flops,
     model_ways,
     offloaded_bytes_per_layer,
+    routed_expert_work,
     tokens_per_device,
 )
 from shardscope._src.sharding.strategies import Placement, Role
@@ -217,6 +224,11 @@ class StepWork:
     cast_recompute_bytes: float = 0.0
     #: model chunks per device (interleaved 1F1B; 1: plain 1F1B)
     virtual_stages: int = 1
+    #: the routed experts' part of ``fwd_flops`` and of ``recompute_flops``, and the bytes
+    #: of the experts' weights one pass reads (a mixture of experts; 0 for a dense model)
+    expert_flops: float = 0.0
+    expert_recompute_flops: float = 0.0
+    expert_weight_bytes: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
@@ -259,6 +271,8 @@ class StepWork:
             recompute_flops=self.recompute_flops * r,
             fp8_flops=self.fp8_flops * r,
             fp8_recompute_flops=self.fp8_recompute_flops * r,
+            expert_flops=self.expert_flops * r,
+            expert_recompute_flops=self.expert_recompute_flops * r,
         )
 
 
@@ -292,12 +306,23 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
             return flops / rate
         return (flops - fp8) / rate + fp8 / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
 
+    def weights_wait(flops: float, passes: int) -> float:
+        # What the routed experts' matmuls take beyond their FLOPs when reading their
+        # weights takes longer (the experts' matmuls run in fp8 with the layers').
+        if not work.expert_weight_bytes:
+            return 0.0
+        run = matmuls(flops, flops if work.fp8_flops else 0.0)
+        return max(0.0, passes * work.expert_weight_bytes / hw.hbm_bandwidth - run)
+
     act = HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
-    fwd = matmuls(work.fwd_flops, work.fp8_flops) + act
+    fwd = matmuls(work.fwd_flops, work.fp8_flops) + act + weights_wait(work.expert_flops, 1)
     bwd = matmuls(2 * work.fwd_flops, 2 * work.fp8_flops) + act
+    bwd += weights_wait(2 * work.expert_flops, 2)
     bwd += matmuls(work.recompute_flops, work.fp8_recompute_flops) + (
         HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
     )
+    if work.expert_recompute_flops:
+        bwd += weights_wait(work.expert_recompute_flops, 1)
     if work.cast_bytes or work.cast_bwd_bytes or work.cast_recompute_bytes:
         fwd += work.cast_bytes / hw.hbm_bandwidth
         bwd += (work.cast_bwd_bytes + work.cast_recompute_bytes) / hw.hbm_bandwidth
@@ -507,6 +532,8 @@ def step_work(
         again_bytes = 0
     fp8 = check_matmul_dtype(matmul_dtype, hw) == MatmulDtype.FP8
     fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
+    expert_flops, expert_weights = routed_expert_work(placement, m)
+    recomputes_experts = schedule.remat in (Remat.FULL, Remat.OFFLOAD)
     if fp8:
         cast_fwd, cast_bwd = fp8_cast_elements_per_layer(placement, m)
         if schedule.remat == Remat.FULL:
@@ -551,6 +578,10 @@ def step_work(
         ),
         **fp8_work,
         virtual_stages=schedule.virtual_stages,
+        expert_flops=expert_flops,
+        expert_recompute_flops=expert_flops if recomputes_experts else 0.0,
+        # the weights as the matmuls read them: 16-bit, or their fp8 copies
+        expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
     )
 
 
