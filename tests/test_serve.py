@@ -190,6 +190,22 @@ def test_what_cannot_be_served_names_the_largest_that_fits():
         serve("llama3-8b", 1, prompt=128, output=16, cache="int4")
 
 
+def test_plan_serve_refuses_what_it_would_not_read(tmp_path, capsys):
+    argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "512"]
+    argv += ["--output", "128"]
+    trained = [*argv, "--remat", "full", "--no-flash-attention"]
+    line = assert_usage_error(trained, "plan training, not serving", capsys)
+    assert "--remat" in line and "--no-flash-attention" in line
+    assert "--report" in assert_usage_error([*argv, "--report", "r.md"], "training", capsys)
+    line = assert_usage_error([*argv, "--compiler", "tpu-v5e"], "--hardware h100", capsys)
+    assert "give --compiler h100" in line
+    # cpu: the roofline alone, nothing compiled
+    out = tmp_path / "serve.json"
+    assert main([*argv, "--compiler", "cpu", "--json", str(out)]) == 0
+    plans = json.loads(out.read_text())["plans"]
+    assert plans and all(p["compiled_by"] is None for p in plans)
+
+
 def test_plan_serve_prints_the_plans_and_writes_them(tmp_path, capsys):
     out, png = tmp_path / "serve.json", tmp_path / "serve.png"
     argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "512"]

@@ -646,7 +646,8 @@ def _plan_compile_options(p: argparse.ArgumentParser) -> None:
         choices=["cpu", *PRESETS],
         help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
         "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
-        "--program: every candidate is compiled by this compiler (default cpu)",
+        "--program: every candidate is compiled by this compiler (default cpu). With --serve: "
+        "the hardware's own compiler (default) or cpu (the roofline alone, nothing compiled)",
     )
     p.add_argument(
         "--target-plans",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -22,7 +23,7 @@ from shardscope._src.cli.args import (
     UsageError,
 )
 from shardscope._src.cli.audit_program import simulate_devices
-from shardscope._src.cli.config import PlanConfig
+from shardscope._src.cli.config import HardwareOptions, PlanConfig
 from shardscope._src.cli.paths import check_file_path, check_output_paths
 from shardscope._src.plan.program import plan_program
 from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest
@@ -230,8 +231,17 @@ def plan_command(c: PlanConfig) -> int:
 SERVE_OPTIONS = ("prompt", "output", "context", "weights", "cache", "token_latency")
 
 
+#: What ``plan --serve`` reads (the rest of ``plan``'s options plan training).
+_SERVE_READS = frozenset(
+    {"flags", "model", "devices", "hardware", "batch", "compiler", "top", "json", "png"}
+    | {"serve", *SERVE_OPTIONS}
+    | {f.name for f in fields(HardwareOptions)}
+)
+
+
 def _cmd_serve(c: PlanConfig) -> int:
-    """``plan --serve``: the serving plans of the built-in model."""
+    """``plan --serve``: the serving plans of the built-in model (``--compiler cpu``: the
+    roofline alone, nothing compiled)."""
     from shardscope._src.plan.serve import serve
     from shardscope._src.render.serve import plot_serve, render_serve
     from shardscope._src.targets.hardware import hardware
@@ -240,10 +250,26 @@ def _cmd_serve(c: PlanConfig) -> int:
     if c.model is None or missing:
         need = ([] if c.model is not None else ["--model"]) + missing
         raise UsageError(f"{PROG} plan --serve: give {', '.join(need)}")
+    training = [
+        f.name for f in fields(c) if f.name not in _SERVE_READS and getattr(c, f.name) is not None
+    ]
+    if training:
+        raise UsageError(
+            f"{PROG} plan --serve: these options plan training, not serving"
+            f"{c.flags(training)}; drop them (serving plans every tensor-parallel layout)"
+        )
+    hw = hardware(c.hardware or str(DEFAULT_REQUEST.hardware), **c.hardware_overrides)
+    if c.compiler not in (None, "cpu", hw.name):
+        raise UsageError(
+            f"{PROG} plan --serve: --compiler {c.compiler} compiles for {c.compiler} but the "
+            f"plans are for --hardware {hw.name}; give --compiler {hw.name} (its own "
+            f"compiler, the default) or cpu (the roofline alone)"
+        )
     result = serve(
         c.model,
         c.devices,
-        hardware=hardware(c.hardware or str(DEFAULT_REQUEST.hardware), **c.hardware_overrides),
+        compile=c.compiler != "cpu",
+        hardware=hw,
         prompt=c.prompt,  # type: ignore[arg-type]
         output=c.output,  # type: ignore[arg-type]
         batch=c.batch,
