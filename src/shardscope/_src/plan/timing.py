@@ -308,8 +308,9 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
 
     def weights_wait(flops: float, passes: int) -> float:
         # What the routed experts' matmuls take beyond their FLOPs when reading their
-        # weights takes longer (the experts' matmuls run in fp8 with the layers').
-        if not work.expert_weight_bytes:
+        # weights takes longer (the experts' matmuls run in fp8 with the layers'); nothing
+        # where no pass runs them.
+        if not work.expert_weight_bytes or not flops:
             return 0.0
         run = matmuls(flops, flops if work.fp8_flops else 0.0)
         return max(0.0, passes * work.expert_weight_bytes / hw.hbm_bandwidth - run)
@@ -321,8 +322,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     bwd += matmuls(work.recompute_flops, work.fp8_recompute_flops) + (
         HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
     )
-    if work.expert_recompute_flops:
-        bwd += weights_wait(work.expert_recompute_flops, 1)
+    bwd += weights_wait(work.expert_recompute_flops, 1)
     if work.cast_bytes or work.cast_bwd_bytes or work.cast_recompute_bytes:
         fwd += work.cast_bytes / hw.hbm_bandwidth
         bwd += (work.cast_bwd_bytes + work.cast_recompute_bytes) / hw.hbm_bandwidth
