@@ -184,8 +184,10 @@ def test_expert_strategies_refuse_what_they_cannot_place():
         )
     with pytest.raises(StrategyError, match="does not place a mixture of experts.*ep, dp_ep"):
         build_reference_program("tp", _moe(), "model=4,data=2", impl="shard_map")
-    with pytest.raises(ModelConfigError, match="dispatch_once=True.*experts=N"):
+    with pytest.raises(ModelConfigError, match="dispatch_once=True: this model has no experts"):
         ModelConfig(dispatch_once=True)
+    with pytest.raises(ModelConfigError, match="dispatch_once=1: give True or False"):
+        _moe(dispatch_once=1)
     with pytest.raises(StrategyError, match="dispatch by capacity"):
         build_reference_program("ep", _moe(capacity_factor=None), "expert=8", impl="shard_map")
 

@@ -271,10 +271,15 @@ class ModelConfig(Record):
                 param="imbalance",
             )
         if not isinstance(self.dispatch_once, bool) or (self.dispatch_once and not self.experts):
+            why = (
+                "this model has no experts to dispatch to"
+                if isinstance(self.dispatch_once, bool)
+                else "give True or False"
+            )
             raise ModelConfigError(
-                f"model config dispatch_once={self.dispatch_once!r}: True sends each token once "
-                f"to each device of its experts (a mixture of experts: experts=N), False once "
-                f"per expert",
+                f"model config dispatch_once={self.dispatch_once!r}: {why}; True sends each "
+                f"token once to each device of its experts (a mixture of experts: experts=N), "
+                f"False once per expert",
                 param="dispatch_once",
             )
         if self.expert_ff is not None and not is_int(self.expert_ff, 1):
@@ -363,7 +368,7 @@ class ModelConfig(Record):
         """Refuses a mixture of experts where only dense models are built (``what``)."""
         if self.is_moe:
             raise ModelConfigError(
-                f"{what} takes dense models, and this one is a mixture of experts "
+                f"{what}: dense models only, and this one is a mixture of experts "
                 f"(experts={self.experts}, top_k={self.top_k}): its expert layers are not "
                 f"priced there yet; the strategies place and compile it (ep, dp_ep, fsdp_ep, "
                 f"ep_tp, and the dense ones: build_reference_program) and its parameters are "
