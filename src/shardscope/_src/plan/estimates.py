@@ -594,15 +594,19 @@ def layer_matmul_params(config: ModelConfig) -> int:
     return _attention_matmul_params(c) + mats * c.d_model * c.ff
 
 
+def expert_mlp_params(config: ModelConfig) -> int:
+    """Weights of one expert's MLP (SwiGLU's gate, up and down, or GELU's up and down)."""
+    mats = 3 if config.mlp == "swiglu" else 2
+    return mats * config.d_model * (config.expert_ff or config.ff)
+
+
 def moe_layer_matmul_params(config: ModelConfig, *, routed: float) -> float:
     """Weights one token's matmuls go through in a layer with experts: the attention's
     projections, the router, ``routed`` routed experts' MLPs (``top_k`` for the model's
     FLOPs; ``top_k x`` the capacity factor for what a capacity-padded program computes) and
     the shared experts'."""
     c = config
-    f = c.expert_ff or c.ff
-    mats = 3 if c.mlp == "swiglu" else 2
-    experts = (routed + c.shared_experts) * mats * c.d_model * f
+    experts = (routed + c.shared_experts) * expert_mlp_params(c)
     return _attention_matmul_params(c) + c.d_model * c.experts + experts
 
 
@@ -633,10 +637,8 @@ def routed_expert_work(placement: Placement, microbatches: int = 1) -> tuple[flo
     c = placement.config
     if not c.is_moe:
         return 0.0, 0
-    mats = 3 if c.mlp == "swiglu" else 2
-    f = c.expert_ff or c.ff
     tokens = tokens_per_device(placement, microbatches)
-    per_token = c.moe_layers * c.top_k * c.routed_capacity * mats * c.d_model * f
+    per_token = c.moe_layers * c.top_k * c.routed_capacity * expert_mlp_params(c)
     flops = 2 * tokens * per_token / model_ways(placement)
     rules = placement.strategy.use_rules() or placement.strategy.param_rules()
     shapes = param_shapes(c)
