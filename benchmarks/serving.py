@@ -84,13 +84,17 @@ def main() -> None:
     row(f"serve: time per output token, batch 4 ({best.compiled_by or 'estimate'})",
         best.decode_step_s * 1e3, 8, "ms")  # fmt: skip
     row("serve: time to first token", best.first_token_s * 1e3, 23, "ms")
-    for devices, hardware in ((8, "h100"), (16, "tpu-v5e")):
+    for model, devices, hardware in (
+        ("llama3-70b", 8, "h100"),
+        ("llama3-70b", 16, "tpu-v5e"),
+        ("mixtral-8x7b", 8, "h100"),
+    ):
         start = time.perf_counter()
-        result = serve("llama3-70b", devices, hardware=hardware, prompt=2048, output=256)
+        result = serve(model, devices, hardware=hardware, prompt=2048, output=256)
         wall = time.perf_counter() - start
         compiled = sum(p.compiled_by is not None for p in result.plans)
         print(
-            f"plan --serve llama3-70b on {devices} {hardware} (prompt 2048, output 256): "
+            f"plan --serve {model} on {devices} {hardware} (prompt 2048, output 256): "
             f"{wall:.1f} s, {len(result.plans)} plans fit, {compiled} compiled; best "
             f"{result.best.label}: {result.best.decode_step_s * 1e3:.1f} ms a token, "
             f"{result.best.first_token_s * 1e3:.0f} ms to the first, "

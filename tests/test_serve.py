@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import assert_usage_error
-from shardscope._src.base.errors import PlanError
+from shardscope._src.base.errors import ModelConfigError, PlanError
 from shardscope._src.cli.main import main
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -26,7 +26,7 @@ def _find(result, strategy, mesh, batch):
 
 def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     result = serve(
-        "llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=64, compile=False
+        "llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=64, compiler="cpu"
     )
     config = model_preset("llama3-70b").config(batch=1)
     p = _find(result, "tp", {"model": 8}, 64)
@@ -65,7 +65,7 @@ def test_the_best_of_each_layout_is_compiled_by_the_h100_compiler():
             assert p.compiled_all_reduces == 2 * 32 + 1
             estimate = serve(
                 "llama3-8b", 2, hardware="h100", prompt=512, output=128, batch=p.batch,
-                compile=False,
+                compiler="cpu",
             )  # fmt: skip
             twin = _find(estimate, p.strategy, p.mesh, p.batch)
             assert p.decode_comm_s == pytest.approx(twin.decode_comm_s, rel=1e-9)
@@ -83,7 +83,7 @@ def test_a_tpu_decode_step_reads_its_weights_and_cache_about_once():
         d_model=1024, heads=8, kv_heads=8, ff=4096, layers=2, vocab=8192, batch=1, seq=1024,
         dtype="bfloat16", mlp="swiglu",
     )  # fmt: skip
-    estimate = serve(config, 1, hardware="tpu-v5e", prompt=512, output=512, batch=8, compile=False)
+    estimate = serve(config, 1, hardware="tpu-v5e", prompt=512, output=512, batch=8, compiler="cpu")
     (plan,) = estimate.plans
     compiled = compile_decode(plan, config, PRESETS["tpu-v5e"])
     held = plan.weight_bytes_per_device + plan.cache_bytes_per_device
@@ -97,7 +97,7 @@ def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch)
     # as often as the 6-layer program does, and the prefill takes the 6-layer one's time
     # (the 80-layer programs too: 65.0 GiB a device at batch 512, measured)
     six = replace(model_preset("llama3-70b").config(batch=1), layers=6)
-    estimate = serve(six, 8, hardware="h100", prompt=2048, output=256, batch=64, compile=False)
+    estimate = serve(six, 8, hardware="h100", prompt=2048, output=256, batch=64, compiler="cpu")
     plan = _find(estimate, "tp", {"model": 8}, 64)
     decode = compile_decode(plan, six, H100)
     shallow = compile_prefill(decode, six, H100, 2048)
@@ -123,7 +123,7 @@ def test_tensor_parallelism_wider_than_the_key_value_heads_replicates_them():
     # Llama 3 70B's 8 key/value heads over 16 devices: each head's projection and cache on
     # 2 of them, so every device holds one whole head
     result = serve(
-        "llama3-70b", 16, hardware="h100", prompt=2048, output=256, batch=16, compile=False
+        "llama3-70b", 16, hardware="h100", prompt=2048, output=256, batch=16, compiler="cpu"
     )
     config = model_preset("llama3-70b").config(batch=1)
     p = _find(result, "tp", {"model": 16}, 16)
@@ -149,9 +149,79 @@ def test_8_bit_weights_and_cache_are_compiled_and_halve_the_decode_steps_traffic
     assert steps["int8"] < 0.55 * steps["bfloat16"]
 
 
+MIXTRAL = model_preset("mixtral-8x7b").config(batch=1)
+# every layer's 8 experts, SwiGLU's three matrices of 4096 x 14336 each
+MIXTRAL_EXPERTS = 32 * 8 * 3 * 4096 * 14336
+
+
+def test_a_mixture_on_8_h100s_splits_its_experts_over_the_replicas_or_replicates_them():
+    result = serve(
+        "mixtral-8x7b", 8, hardware="h100", prompt=2048, output=256, batch=64, compiler="cpu"
+    )
+    layouts = {(p.strategy, tuple(p.mesh.items())) for p in result.plans}
+    assert ("ep_tp", (("expert", 8), ("model", 1))) in layouts
+    assert ("ep_tp", (("expert", 2), ("model", 4))) in layouts
+    assert ("dp_tp", (("data", 2), ("model", 4))) in layouts
+    assert ("tp", (("model", 8),)) in layouts
+    rest = MIXTRAL.param_count() - MIXTRAL_EXPERTS  # attention, router, norms, embeddings
+    # expert parallelism over 8: the rest on every device, one expert of each layer
+    ep = _find(result, "ep_tp", {"expert": 8, "model": 1}, 64)
+    assert ep.weight_bytes_per_device == rest * 2 + MIXTRAL_EXPERTS * 2 // 8
+    # the 8 sequences of each device: 2304 tokens of 2 x 8 key/value heads x 128 x 32
+    # layers in bf16
+    assert ep.cache_bytes_per_device == 8 * 2304 * (2 * 8 * 128 * 32 * 2)
+    # two replicas of tensor parallelism over 4, each holding every expert's quarter
+    dp = _find(result, "dp_tp", {"data": 2, "model": 4}, 64)
+    assert dp.weight_bytes_per_device == -(-rest * 2 // 4) + MIXTRAL_EXPERTS * 2 // 4
+    # no tensor parallelism: the dispatch and the combine alone, each layer, each of the 64
+    # tokens' 2 assignments of 4096 bf16 elements, a device sending 7/8 of its eighth at
+    # 80% of NVLink's 450 GB/s after 7 steps of 5 us
+    one = 7 * 5e-6 + 64 * 2 * 4096 * 2 * 7 / 64 / (0.8 * 450e9)
+    assert ep.decode_comm_s == pytest.approx(2 * 32 * one, rel=1e-9)
+
+
+def test_a_decode_step_reads_only_the_experts_its_tokens_are_routed_to():
+    # one sequence under tensor parallelism over 8: its token picks 2 of each layer's 8
+    # experts, so 6 of every 8 experts' slices are not read (uniform routing's expectation
+    # at one token); at 64 sequences about every expert is
+    for batch, unread in ((1, 6 / 8), (64, (6 / 8) ** 64)):
+        result = serve(
+            "mixtral-8x7b", 8, hardware="h100", prompt=512, output=512, batch=batch,
+            compiler="cpu",
+        )  # fmt: skip
+        p = _find(result, "tp", {"model": 8}, batch)
+        read = p.weight_bytes_per_device - unread * MIXTRAL_EXPERTS * 2 / 8
+        moved = (read + p.cache_bytes_per_device) / 3.35e12
+        assert p.decode_memory_s == pytest.approx(moved, rel=1e-9), batch
+
+
+def test_a_mixtures_layouts_compile_with_the_dispatch_the_roofline_prices():
+    # 8 experts, top 2, three layers, on 2 H100s: tensor parallelism over 2, two replicas,
+    # and two replicas splitting the experts (the compiled all-to-alls move what the bound
+    # says: each token's 2 assignments, at capacity factor 1)
+    config = ModelConfig(
+        d_model=512, heads=8, kv_heads=8, ff=1024, layers=3, vocab=1024, mlp="swiglu",
+        dtype="bfloat16", batch=1, seq=1, experts=8, top_k=2,
+    )  # fmt: skip
+    compiled = serve(config, 2, hardware="h100", prompt=128, output=64, batch=16)
+    estimate = serve(config, 2, hardware="h100", prompt=128, output=64, batch=16, compiler="cpu")
+    assert {p.strategy for p in compiled.plans} == {"tp", "dp_tp", "ep_tp"}
+    for p in compiled.plans:
+        assert p.compiled_by == "h100"
+        twin = _find(estimate, p.strategy, p.mesh, p.batch)
+        assert p.decode_comm_s == pytest.approx(twin.decode_comm_s, rel=1e-9), p.label
+        assert p.compiled_all_reduces == (2 * 3 + 1 if p.tensor_parallel > 1 else 0)
+    assert _find(compiled, "ep_tp", {"expert": 2, "model": 1}, 16).decode_comm_s > 0
+
+
+def test_a_mixtures_8_bit_weights_are_refused_with_its_own_dtype_named():
+    with pytest.raises(ModelConfigError, match="weights='fp8'.*weights='bfloat16'"):
+        serve("mixtral-8x7b", 8, hardware="h100", prompt=128, output=16, weights="fp8")
+
+
 def test_the_sweep_keeps_what_fits_and_marks_the_front():
     # the roofline's plans (compiling them is the tests above)
-    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, compile=False)
+    result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, compiler="cpu")
     assert result.plans and all(p.fits for p in result.plans)
     # best throughput per chip first; no plan of the front is beaten on both
     rates = [p.tokens_per_s_per_chip for p in result.plans]
@@ -167,7 +237,7 @@ def test_the_sweep_keeps_what_fits_and_marks_the_front():
 
 def test_a_latency_keeps_the_layouts_that_meet_it():
     # one H100: 16 GB of weights a step, 4.8 ms at least, more at the larger batches
-    every = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128, compile=False)
+    every = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128, compiler="cpu")
     assert any(p.decode_step_s > 0.006 for p in every.plans)
     result = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128, latency=0.006)
     # those that meet it as estimated, and as compiled
@@ -188,6 +258,8 @@ def test_what_cannot_be_served_names_the_largest_that_fits():
         serve("llama3-8b", 1, prompt=128, output=16, context=100)
     with pytest.raises(PlanError, match="cache='int4'"):
         serve("llama3-8b", 1, prompt=128, output=16, cache="int4")
+    with pytest.raises(PlanError, match="compiler='tpu-v5p'.*hardware h100"):
+        serve("llama3-8b", 1, hardware="h100", prompt=128, output=16, compiler="tpu-v5p")
 
 
 def test_plan_serve_refuses_what_it_would_not_read(tmp_path, capsys):
@@ -197,8 +269,8 @@ def test_plan_serve_refuses_what_it_would_not_read(tmp_path, capsys):
     line = assert_usage_error(trained, "plan training, not serving", capsys)
     assert "--remat" in line and "--no-flash-attention" in line
     assert "--report" in assert_usage_error([*argv, "--report", "r.md"], "training", capsys)
-    line = assert_usage_error([*argv, "--compiler", "tpu-v5e"], "--hardware h100", capsys)
-    assert "give --compiler h100" in line
+    line = assert_usage_error([*argv, "--compiler", "tpu-v5e"], "hardware h100", capsys)
+    assert "give compiler='h100'" in line and "flag --compiler" in line
     # cpu: the roofline alone, nothing compiled
     out = tmp_path / "serve.json"
     assert main([*argv, "--compiler", "cpu", "--json", str(out)]) == 0

@@ -1,6 +1,8 @@
 """The reference decoder's serving steps: prefill and decode with a KV cache against the
 training forward pass, and a tensor-parallel decode step's all-reduces on the H100 compiler."""
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,7 @@ from shardscope._src.model.serving import (
     serving_specs,
 )
 from shardscope._src.model.transformer import forward, init_params
+from shardscope._src.sharding.programs import JitHooks
 
 CONFIG = ModelConfig(
     d_model=64, heads=8, kv_heads=2, ff=128, layers=3, vocab=256, mlp="swiglu", seq=12, batch=2
@@ -144,9 +147,7 @@ def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_com
             specs,
         )
 
-    params = sds(
-        abstract_serving_params(config), serving_specs(placement.param_specs(), config.layers)
-    )
+    params = sds(abstract_serving_params(config), serving_specs(placement.param_specs(), config))
     cache_spec = P(rows, "model", None, None)  # split by sequence and key/value heads
     cache = sds(
         abstract_cache(config, batch, context),
@@ -168,9 +169,84 @@ def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_com
     assert {c.payload_bytes for c in audit.collectives} == {batch // replicas * 512 * 2}
 
 
-def test_serving_needs_a_dense_model_with_a_vocabulary():
+MOE = ModelConfig(
+    d_model=64, heads=8, kv_heads=2, ff=128, layers=3, vocab=256, mlp="swiglu", seq=12, batch=2,
+    experts=4, top_k=2, dense_layers=1, shared_experts=1, expert_ff=32,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("capacity", [None, 2.0], ids=["dropless", "capacity"])
+def test_a_mixtures_prefill_and_decode_give_the_forward_pass_logits(capacity):
+    # a dense layer, then two with experts (4, top 2, and a shared one); at capacity
+    # factor 2 (experts / top_k) no assignment is dropped, so the grouping does not matter
+    config = replace(MOE, capacity_factor=capacity)
+    params = init_params(config)
+    tokens = _tokens(12)
+    want = np.asarray(forward(params, tokens, config)[:, -1])
+    logits, _ = jax.jit(lambda p, t: prefill(p, t, config, 16, groups=2))(params, tokens)
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
+    served = serving_params(params)
+    assert len(served["layers"]) == 1 and len(served["moe_layers"]) == 2
+    _, cache = prefill(served, tokens[:, :11], config, 16)
+    assert len(cache) == 3  # one per layer, with experts or not
+    step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
+    logits, _ = step(served, cache, tokens[:, 11], jnp.int32(11))
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
+
+
+def _placed(config, mesh, placement, batch, context, rows):
+    def sds(tree, specs):
+        return jax.tree.map(
+            lambda s, spec: jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=NamedSharding(mesh, spec)
+            ),
+            tree,
+            specs,
+        )
+
+    params = sds(abstract_serving_params(config), serving_specs(placement.param_specs(), config))
+    cache_spec = P(rows, "model", None, None)
+    cache = sds(
+        abstract_cache(config, batch, context),
+        tuple({"k": cache_spec, "v": cache_spec} for _ in range(config.layers)),
+    )
+    tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
+    pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+    return params, cache, tokens, pos
+
+
+def test_an_expert_parallel_decode_step_dispatches_and_combines_on_the_h100_compiler():
+    # 8 experts over expert=4 (two a device), their hidden and the heads over model=2, the
+    # 16 sequences over expert (data-parallel attention), each device's 4 routed apart
+    config = ModelConfig(
+        d_model=512, heads=8, kv_heads=8, ff=1024, layers=2, vocab=1024, mlp="swiglu",
+        dtype="bfloat16", batch=16, seq=1, experts=8, top_k=2, capacity_factor=1.0,
+    )  # fmt: skip
+    mesh = shardscope.target_mesh("h100", "expert=4,model=2", axis_types="auto")
+    placement = shardscope.get_strategy("ep_tp").place(config, mesh)
+    hooks = JitHooks(placement)
+    args = _placed(config, mesh, placement, 16, 1024, "expert")
+    step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config, hooks, groups=4))
+    audit = shardscope.audit(step, *args)
+    found = {}
+    for c in audit.collectives:
+        key = (c.kind, c.scope, tuple(c.axes), c.payload_bytes)
+        found[key] = found.get(key, 0) + c.count
+    # each way, every layer: the 16 tokens' 2 assignments of 512 bf16 elements, the bound
+    # for uniform routing at capacity factor 1 (one slot an expert in each group of 4)
+    moved = 16 * 2 * 512 * 2
+    assert found[("all-to-all", "moe/dispatch", ("expert",), moved)] == 2
+    assert found[("all-to-all", "moe/combine", ("expert",), moved)] == 2
+    # tensor parallelism over model: the attention's output (a device's 4 tokens) and the
+    # routed experts' outputs in their slots (its experts' 2 x 4 slots, one a group), each
+    # layer
+    assert found[("all-reduce", "attention", ("model",), 4 * 512 * 2)] == 2
+    assert found[("all-reduce", "moe/experts", ("model",), 2 * 4 * 512 * 2)] == 2
+    assert sum(found.values()) == 8
+
+
+def test_serving_needs_a_vocabulary_and_a_mixtures_own_dtype():
     with pytest.raises(ModelConfigError, match="vocab"):
         prefill({}, jnp.zeros((1, 4), jnp.int32), ModelConfig(), 8)
-    moe = ModelConfig(vocab=64, experts=4, top_k=1)
-    with pytest.raises(ModelConfigError, match="serving steps: dense models only.*mixture of"):
-        decode({}, {}, jnp.zeros((1,), jnp.int32), 0, moe)
+    with pytest.raises(ModelConfigError, match="weights='int8'.*mixture of experts"):
+        decode(quantize_weights(init_params(MOE), "int8"), {}, _tokens(1)[:, 0], 0, MOE)

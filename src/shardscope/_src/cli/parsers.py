@@ -421,8 +421,9 @@ def _plan_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--serve",
         action="store_true",
-        help="plan serving: every tensor-parallel layout and batch that fits, with the time "
-        "per output token, the time to first token and the throughput per chip",
+        help="plan serving: every tensor-parallel layout (and, for a mixture of experts, "
+        "expert-parallel one) and batch that fits, with the time per output token, the time "
+        "to first token and the throughput per chip",
     )
     g.add_argument("--prompt", type=positive_int, metavar="N", help="prompt tokens (--serve)")
     g.add_argument("--output", type=positive_int, metavar="N", help="output tokens (--serve)")

@@ -256,19 +256,13 @@ def _cmd_serve(c: PlanConfig) -> int:
     if training:
         raise UsageError(
             f"{PROG} plan --serve: these options plan training, not serving"
-            f"{c.flags(training)}; drop them (serving plans every tensor-parallel layout)"
+            f"{c.flags(training)}; drop them (serving plans every layout of the devices)"
         )
     hw = hardware(c.hardware or str(DEFAULT_REQUEST.hardware), **c.hardware_overrides)
-    if c.compiler not in (None, "cpu", hw.name):
-        raise UsageError(
-            f"{PROG} plan --serve: --compiler {c.compiler} compiles for {c.compiler} but the "
-            f"plans are for --hardware {hw.name}; give --compiler {hw.name} (its own "
-            f"compiler, the default) or cpu (the roofline alone)"
-        )
     result = serve(
         c.model,
         c.devices,
-        compile=c.compiler != "cpu",
+        compiler=c.compiler,
         hardware=hw,
         prompt=c.prompt,  # type: ignore[arg-type]
         output=c.output,  # type: ignore[arg-type]

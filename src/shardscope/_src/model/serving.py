@@ -28,7 +28,14 @@ import jax.numpy as jnp
 
 from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.transformer import NO_HOOKS, Hooks, _norm, abstract_params, mlp
+from shardscope._src.model.transformer import (
+    NO_HOOKS,
+    Hooks,
+    _norm,
+    abstract_params,
+    mlp,
+    moe_mlp,
+)
 
 #: Formats of weights and cache held in 8 bits, each with a scale: ``int8`` (rounded, within
 #: +-127) and ``fp8`` (``float8_e4m3fn``, within +-448).
@@ -149,14 +156,23 @@ def _layer_weights(p: dict[str, Any], hooks: Hooks, dtype: Any) -> tuple[dict[st
     return read, _Scaled(hooks, scales, dtype)
 
 
+#: The stacks of a parameter tree, in the order the layers run: the dense layers, then a
+#: mixture of experts' layers with experts.
+STACKS = ("layers", "moe_layers")
+
+
 def serving_params(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with its stacked ``layers`` (arrays) as a tuple of one tree per layer (a
-    tree whose layers are already a tuple is returned as it is)."""
-    layers = params["layers"]
-    if isinstance(layers, tuple):
-        return params
-    count = int(jax.tree.leaves(layers)[0].shape[0])
-    return {**params, "layers": tuple(_layer(layers, i) for i in range(count))}
+    """``params`` with its stacked ``layers`` (and a mixture's ``moe_layers``) as a tuple of
+    one tree per layer (a tree whose stacks are already tuples is returned as it is)."""
+    out = dict(params)
+    for stack in STACKS:
+        layers = params.get(stack)
+        if layers is None or isinstance(layers, tuple):
+            continue
+        leaves = jax.tree.leaves(layers)
+        count = int(leaves[0].shape[0]) if leaves else 0
+        out[stack] = tuple(_layer(layers, i) for i in range(count))
+    return out
 
 
 def _is_spec(x: Any) -> bool:
@@ -174,17 +190,34 @@ def _layer(layers: Any, i: int) -> Any:
     return jax.tree.map(one, layers, is_leaf=_is_spec)
 
 
+def _counts(config: ModelConfig) -> dict[str, int]:
+    return {"layers": config.dense_layer_count, "moe_layers": config.moe_layers}
+
+
 def abstract_serving_params(config: ModelConfig) -> dict[str, Any]:
     """:func:`~shardscope._src.model.transformer.abstract_params` layer by layer."""
     params = abstract_params(config)
-    layers = params["layers"]
-    return {**params, "layers": tuple(_layer(layers, 0) for _ in range(config.layers))}
+    counts = _counts(config)
+    return {
+        **params,
+        **{
+            k: tuple(_layer(params[k], 0) for _ in range(n))
+            for k, n in counts.items()
+            if k in params
+        },
+    }
 
 
-def serving_specs(specs: dict[str, Any], layers: int) -> dict[str, Any]:
-    """A placement's parameter specs (stacked layers) for :func:`serving_params`' tree."""
-    one = _layer(specs["layers"], 0)
-    return {**specs, "layers": tuple(one for _ in range(layers))}
+def serving_specs(specs: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
+    """A placement's parameter specs (stacked layers) for :func:`serving_params`' tree of
+    ``config``."""
+    counts = _counts(config)
+    return {
+        **specs,
+        **{
+            k: tuple(_layer(specs[k], 0) for _ in range(n)) for k, n in counts.items() if k in specs
+        },
+    }
 
 
 def abstract_cache(
@@ -260,10 +293,17 @@ def _logits(params: dict[str, Any], x: Any, hooks: Hooks) -> Any:
     return out if scale is None else out * scale
 
 
-def check_servable(config: ModelConfig) -> None:
-    """Refuses what the serving steps do not build: a mixture of experts, latent attention
-    (its cache is the latent), a model without a vocabulary."""
-    config.require_dense("the reference decoder's serving steps")
+def check_servable(config: ModelConfig, weights: str | None = None) -> None:
+    """Refuses what the serving steps do not build: latent attention (its cache is the
+    latent), a model without a vocabulary, a mixture of experts with 8-bit ``weights``."""
+    if config.is_moe and weights in EIGHT_BIT:
+        raise ModelConfigError(
+            f"weights={weights!r}: the serving steps hold a mixture of experts' weights in "
+            f"its own dtype ({config.dtype}) only; 8-bit expert weights (their scales on "
+            f"the router's and the experts' inputs) are not modelled yet: serve it with "
+            f"weights={config.dtype!r} (an 8-bit cache is fine)",
+            param="weights",
+        )
     if config.is_mla:
         raise ModelConfigError(
             f"the reference decoder's serving steps cache grouped-query attention's keys and "
@@ -277,10 +317,30 @@ def check_servable(config: ModelConfig) -> None:
         )
 
 
-def _layers(params: dict[str, Any]) -> tuple[Any, ...]:
-    layers = serving_params(params)["layers"]
-    assert isinstance(layers, tuple)
-    return layers
+def _layers(params: dict[str, Any], config: ModelConfig) -> list[tuple[Any, bool]]:
+    """Each layer's weights in the order they run, and whether it has experts (refusing
+    8-bit ones there, :func:`check_servable`)."""
+    tree = serving_params(params)
+    out: list[tuple[Any, bool]] = []
+    for stack in STACKS:
+        layers = tree.get(stack, ())
+        assert isinstance(layers, tuple)
+        out.extend((layer, stack == "moe_layers") for layer in layers)
+    for layer, experts in out:
+        eight = [_format(w) for w in layer.values() if isinstance(w, Quantized)]
+        if experts and eight:
+            check_servable(config, eight[0])
+    return out
+
+
+def _mlp(
+    p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks, experts: bool, groups: int
+) -> Any:
+    """A layer's MLP sublayer: the dense one, or a mixture's (its tokens routed in
+    ``groups`` groups, :func:`~shardscope._src.model.transformer.moe_mlp`)."""
+    if not experts:
+        return mlp(p, x, hooks)
+    return moe_mlp(p, x, config, hooks, groups=groups)
 
 
 def _embed(params: dict[str, Any], tokens: Any, hooks: Hooks, dtype: Any) -> Any:
@@ -312,14 +372,18 @@ def prefill(
     hooks: Hooks = NO_HOOKS,
     *,
     cache: str | None = None,
+    groups: int = 1,
 ) -> tuple[Any, tuple[dict[str, Any], ...]]:
     """``(logits [batch, vocab], cache)``: the prompts' forward pass and the logits of
     their last token (the first token generated), their keys and values written to the
     first ``prompt`` positions of a cache of ``context`` (in the model's dtype, or
     ``cache="int8"`` / ``"fp8"``, each layer's keys and values scaled by their largest
     magnitude in the prompts). ``params`` is the training tree, :func:`serving_params`' or
-    :func:`quantize_weights`' (the layers unrolled either way)."""
+    :func:`quantize_weights`' (the layers unrolled either way). A mixture of experts routes
+    the tokens in ``groups`` groups (one per device the prompts are split over: each
+    capacity-padded on its own)."""
     check_servable(config)
+    layers = _layers(params, config)
     dtype = jnp.dtype(config.dtype)
     batch, prompt = tokens.shape
     x = hooks.residual(_embed(params, tokens, hooks, dtype))
@@ -331,14 +395,14 @@ def prefill(
         return t if cache is None else quantize(t, cache)
 
     written = []
-    for layer in _layers(params):
+    for layer, experts in layers:
         p, h = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
             q, k, v = _qkv(p, x, h)
             k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, kv, s, hd]
             a = _out(p, _attend(q, k, v, causal), h)
         x = h.residual(x + a)
-        x = h.residual(x + mlp(p, x, h))
+        x = h.residual(x + _mlp(p, x, config, h, experts, groups))
         written.append({"k": kept(k), "v": kept(v)})
     return _logits(params, x[:, -1:], hooks)[:, 0], tuple(written)
 
@@ -350,18 +414,22 @@ def decode(
     pos: Any,
     config: ModelConfig,
     hooks: Hooks = NO_HOOKS,
+    *,
+    groups: int = 1,
 ) -> tuple[Any, tuple[dict[str, Any], ...]]:
     """``(logits [batch, vocab], cache)``: one token per sequence (``tokens`` ``[batch]``) at
     position ``pos``, its key and value written to each layer's cache (in the cache's
-    format) and attending over positions ``0 .. pos``."""
+    format) and attending over positions ``0 .. pos``; a mixture of experts routes the
+    tokens in ``groups`` groups (as :func:`prefill`)."""
     check_servable(config)
+    layers = _layers(params, config)
     dtype = jnp.dtype(config.dtype)
     x = hooks.residual(_embed(params, tokens[:, None], hooks, dtype))
     first = cache[0]["k"]
     context = (first.values if isinstance(first, Quantized) else first).shape[2]
     visible = (jnp.arange(context) <= pos)[None, :]
     written = []
-    for layer, kv in zip(_layers(params), cache, strict=True):
+    for (layer, experts), kv in zip(layers, cache, strict=True):
         p, h = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
             q, k, v = _qkv(p, x, h)
@@ -370,6 +438,6 @@ def decode(
             vs = _store(kv["v"], v.transpose(0, 2, 1, 3), at)
             a = _out(p, _attend(q, ks, vs, visible), h)
         x = h.residual(x + a)
-        x = h.residual(x + mlp(p, x, h))
+        x = h.residual(x + _mlp(p, x, config, h, experts, groups))
         written.append({"k": ks, "v": vs})
     return _logits(params, x, hooks)[:, 0], tuple(written)

@@ -431,13 +431,22 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 
 
 def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS) -> Any:
-    """One layer with experts: ``x + attention(x)``, then ``+`` the routed experts' MLP
-    (:mod:`shardscope._src.model.moe`: dropless, or capacity-padded with the config's
-    ``capacity_factor`` per sequence: MaxText's groups, so that which tokens are dropped does
-    not depend on how the batch is split) and the shared experts'."""
+    """One layer with experts: ``x + attention(x)``, then ``+`` :func:`moe_mlp`, its tokens
+    routed in groups of one sequence (capacity-padded, MaxText's groups: which tokens are
+    dropped does not depend on how the batch is split)."""
     x = checkpoint_name(x, "decoder_layer_input")
     a = attention(p, x, hooks, impl=config.attention, block=config.attention_block)
     x = hooks.residual(x + a)
+    return hooks.residual(x + moe_mlp(p, x, config, hooks, groups=x.shape[0]))
+
+
+def moe_mlp(
+    p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS, *, groups: int
+) -> Any:
+    """A layer with experts' MLP sublayer (pre-norm), its output ``[batch, seq, d_model]``:
+    the routed experts' (:mod:`shardscope._src.model.moe`: dropless, or capacity-padded at
+    the config's ``capacity_factor`` in ``groups`` groups of the tokens) and the shared
+    experts'."""
     with jax.named_scope("moe"):
         h = _norm(x, hooks.weight("moe_mlp_norm", p["mlp_norm"]))
     b, s, d = h.shape
@@ -447,7 +456,7 @@ def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_
     w_down = hooks.weight("expert_down", p["expert_down"])
     router = hooks.weight("router", p["router"])
     # the routed experts' scopes are moe/router, moe/dispatch, moe/experts and moe/combine
-    y = hooks.routed_experts(tokens, router, w_in, w_down, config, b).reshape(b, s, d)
+    y = hooks.routed_experts(tokens, router, w_in, w_down, config, groups).reshape(b, s, d)
     if "shared_down" in p:
         with jax.named_scope("moe/shared"):
             if "shared_gate_up" in p:
@@ -458,7 +467,7 @@ def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_
                 u = _gelu(jnp.einsum("bsd,df->bsf", h, up))
             down = hooks.weight("shared_down", p["shared_down"])
             y = y + hooks.exit("moe", jnp.einsum("bsf,fd->bsd", u, down))
-    return hooks.residual(x + y.astype(x.dtype))
+    return y.astype(x.dtype)
 
 
 def decoder_layer(

@@ -1,4 +1,4 @@
-"""Serving plans: for every tensor-parallel layout of the devices and every batch that fits,
+"""Serving plans: for every layout of the devices and every batch that fits,
 the memory a device holds, the time per output token, the time to first token and the
 throughput per chip, and the latency-throughput front.
 
@@ -8,7 +8,10 @@ replica serves ``batch / r`` sequences, its heads, MLP and KV cache split ``t`` 
 ``t`` is a multiple of the key/value heads, each head is replicated on ``t / kv_heads``
 devices (its projection weights and its cache), so that every device holds one whole head,
 as tensor-parallel servers do; a ``t`` that neither divides nor is a multiple of them is
-not a layout.
+not a layout. A mixture of experts' replicas may also split its routed experts (``ep_tp``
+on ``expert=r,model=t``: the attention data-parallel over ``expert``, each device holding
+``experts / r`` of every layer's experts, each of them split ``t`` ways), or each hold them
+all (``dp_tp``).
 
 Per replica, by the roofline of :mod:`shardscope._src.plan.serving` and the one pricing of
 collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
@@ -19,7 +22,11 @@ collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
   parallelism, two a layer (the attention's output and the MLP's down projection, ``batch /
   r x d_model`` each) and the vocabulary-parallel embedding's one (each device looks up the
   tokens of its slice of the vocabulary), which wait for the matmuls that feed them and are
-  latency-bound at decode's small messages.
+  latency-bound at decode's small messages. A mixture reads only the routed experts its
+  tokens reach (:func:`untouched_share`), its layers with experts all-reduce their
+  experts' slots (``top_k`` rows a token), and over ``expert`` its dispatch and combine
+  all-to-alls move each token's activations to its experts' devices and back
+  (:func:`~shardscope._src.bounds.moe.moe_layer_terms`).
 * **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
   prompt`` FLOPs and the attention's ``prompt^2`` ones at the matmul rate (or its weights
   through HBM, for a short prompt), and the same all-reduces of ``prompt x d_model``.
@@ -51,7 +58,7 @@ from shardscope._src.base.records import Record
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
-from shardscope._src.plan.estimates import divisors
+from shardscope._src.plan.estimates import divisors, expert_mlp_params
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.plan.types import device_bytes
 from shardscope._src.targets.hardware import Hardware
@@ -108,7 +115,20 @@ class ServePlan(Record):
 
     @property
     def replicas(self) -> int:
-        return self.mesh.get("data", 1)
+        """The attention's data-parallel replicas: the shards of the batch (over ``data``,
+        or over ``expert`` where the experts are split)."""
+        return self.mesh.get("data", 1) * self.mesh.get("expert", 1)
+
+    @property
+    def expert_parallel(self) -> int:
+        """The devices a mixture's routed experts are split over (1: each replica holds
+        every expert)."""
+        return self.mesh.get("expert", 1)
+
+    @property
+    def batch_axis(self) -> str | None:
+        """The mesh axis the sequences are split over (None without replicas)."""
+        return next((a for a in ("data", "expert") if a in self.mesh), None)
 
     @property
     def label(self) -> str:
@@ -159,26 +179,31 @@ def serve(
     weights: str = "bfloat16",
     cache: str = "bfloat16",
     latency: float | None = None,
-    compile: bool = True,
+    compiler: str | None = None,
 ) -> ServeResult:
     """Plans serving ``model`` on ``devices`` of ``hardware``: prompts of ``prompt`` tokens,
     ``output`` tokens generated each, a KV cache of ``context`` (default: ``prompt +
     output``) per sequence, ``weights`` and ``cache`` in bfloat16, float16, int8 or fp8
     (see the module docstring). ``batch`` fixes the sequences served at once (default: every
     power of two that fits, and the largest that does); ``latency`` (seconds per output
-    token) keeps the plans that meet it. With ``compile`` (and weights and cache in the
-    model's dtype or in 8 bits), the best plan of each layout has its decode step and its
-    prefill compiled by the hardware's own compiler, deviceless, where it has one: its
-    memory, collectives and times are then the compiled programs' (:func:`compile_decode`,
-    :func:`compile_prefill`). 8-bit weights are weight-only: their matmuls compute in the
-    model's dtype, so they halve a decode step's traffic, not a prefill's FLOPs.
+    token) keeps the plans that meet it. ``compiler`` None (the default) or the hardware's
+    own target name: the best plan of each layout has its decode step and its prefill
+    compiled by the hardware's own compiler, deviceless, where it has one (and the weights
+    and cache are in the model's dtype or in 8 bits): its memory, collectives and times are
+    then the compiled programs' (:func:`compile_decode`, :func:`compile_prefill`);
+    ``"cpu"``: the roofline alone, nothing compiled (a CPU compile of the served program
+    would say nothing of the hardware's memory or its collectives). 8-bit weights are
+    weight-only (a dense model's): their matmuls compute in the model's dtype, so they halve
+    a decode step's traffic, not a prefill's FLOPs.
 
     Raises:
-        PlanError: a bad count or format (naming it); a batch or context that fits no layout
-            (naming the largest that fits and on how many devices); a latency no layout
-            meets (naming the fastest layout and its time per output token).
+        PlanError: a bad count, format or compiler (naming it); a batch or context that
+            fits no layout (naming the largest that fits and on how many devices); a latency
+            no layout meets (naming the fastest layout and its time per output token).
+        ModelConfigError: a model the serving steps do not build (latent attention, no
+            vocabulary, a mixture's 8-bit weights), naming it.
     """
-    name, config = _model(model)
+    name, config = _model(model, weights)
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     for what, value in (("devices", devices), ("prompt", prompt), ("output", output)):
         if not is_int(value, 1):
@@ -197,6 +222,13 @@ def serve(
             raise PlanError(f"{what}={fmt!r}: give one of {', '.join(FORMATS)}", param=what)
     if latency is not None and not (isinstance(latency, int | float) and latency > 0):
         raise PlanError(f"latency={latency!r}: seconds per output token, above 0", param="latency")
+    if compiler not in (None, "cpu", hw.name):
+        raise PlanError(
+            f"compiler={compiler!r}: it compiles for another target than the plans' hardware "
+            f"{hw.name}; give compiler={hw.name!r} (its own compiler, the default) or 'cpu' "
+            f"(the roofline alone)",
+            param="compiler",
+        )
     layouts = _layouts(config, devices)
     if not layouts:
         raise PlanError(
@@ -206,17 +238,19 @@ def serve(
             param="devices",
         )
     plans = []
-    for t, r in layouts:
-        sizes = [batch] if batch is not None else _batches(config, hw, t, r, ctx, weights, cache)
+    for layout in layouts:
+        r = layout.replicas
+        sizes = [batch] if batch is not None else _batches(config, hw, layout, ctx, weights, cache)
         for b in sizes:
             if b % r:
                 continue
-            plans.append(_plan(config, hw, t, r, b, prompt, ctx, weights, cache))
+            plans.append(_plan(config, hw, layout, b, prompt, ctx, weights, cache))
     fitting = [p for p in plans if p.fits]
     if not fitting:
         raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
     fitting = _meeting(fitting, latency)
-    if compile and hw.name in TARGETS and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
+    compiled = compiler != "cpu" and hw.name in TARGETS
+    if compiled and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
         fitting = _compile_best(fitting, config, hw, prompt, weights, cache)
         fitting = [p for p in fitting if p.fits]
         if not fitting:
@@ -254,26 +288,60 @@ def _meeting(plans: list[ServePlan], latency: float | None) -> list[ServePlan]:
     return meet
 
 
-def _model(model: str | ModelConfig) -> tuple[str, ModelConfig]:
+def _model(model: str | ModelConfig, weights: str) -> tuple[str, ModelConfig]:
     if isinstance(model, ModelConfig):
         config, name = model, "custom"
     else:
         preset = model_preset(model)
         config, name = preset.config(batch=1), preset.name
-    check_servable(config)
+    check_servable(config, weights)
     return name, config
 
 
-def _layouts(config: ModelConfig, devices: int) -> list[tuple[int, int]]:
-    """``(t, r)``: tensor-parallel size and replicas, every ``t`` dividing the devices, the
-    heads and the MLP's width, and dividing or a multiple of the key/value heads."""
+@dataclass(frozen=True)
+class _Layout:
+    """``replicas`` of tensor parallelism over ``t`` devices; a mixture's routed experts
+    split over the replicas (``ep_tp``: the attention data-parallel over ``expert``, each
+    device ``experts / replicas`` experts) or held by each (``dp_tp``)."""
+
+    strategy: str
+    t: int
+    replicas: int
+
+    @property
+    def mesh(self) -> dict[str, int]:
+        """``model=t``, with ``data`` (or ``expert``) first where there are replicas."""
+        r, t = self.replicas, self.t
+        if self.strategy == "ep_tp":
+            return {"expert": r, "model": t}
+        return {"data": r, "model": t} if r > 1 else {"model": t}
+
+    @property
+    def expert_parallel(self) -> int:
+        return self.replicas if self.strategy == "ep_tp" else 1
+
+
+def _layouts(config: ModelConfig, devices: int) -> list[_Layout]:
+    """Every tensor-parallel size ``t`` dividing the devices, the heads and the MLPs' widths
+    (the dense one, and a mixture's experts' and shared experts'), and dividing or a
+    multiple of the key/value heads, with the devices it leaves as replicas; a mixture's
+    replicas also split its experts where they divide them (``ep_tp``)."""
     kv = config.kv_heads
     assert kv is not None
-    return [
-        (t, devices // t)
-        for t in divisors(devices)
-        if (kv % t == 0 or t % kv == 0) and config.heads % t == 0 and config.ff % t == 0
-    ]
+    widths = [config.ff] if config.dense_layer_count else []
+    if config.is_moe:
+        widths.append(config.expert_ff or config.ff)
+    out = []
+    for t in divisors(devices):
+        if not ((kv % t == 0 or t % kv == 0) and config.heads % t == 0):
+            continue
+        if any(w % t for w in widths):
+            continue
+        r = devices // t
+        out.append(_Layout("dp_tp" if r > 1 else "tp", t, r))
+        if config.is_moe and r > 1 and config.experts % r == 0:
+            out.append(_Layout("ep_tp", t, r))
+    return out
 
 
 def served(config: ModelConfig, t: int) -> ModelConfig:
@@ -284,32 +352,72 @@ def served(config: ModelConfig, t: int) -> ModelConfig:
     return config if config.kv_heads % t == 0 else replace(config, kv_heads=t)
 
 
+def routed_expert_params(config: ModelConfig) -> int:
+    """A mixture's routed experts' weights, every layer's (0 for a dense model)."""
+    return config.moe_layers * config.experts * expert_mlp_params(config)
+
+
+def _expert_bytes(config: ModelConfig, layout: _Layout, weights: str) -> int:
+    """The routed experts' bytes on one device: split ``t`` ways by tensor parallelism and
+    over the expert axis."""
+    c = served(config, layout.t)
+    return math.ceil(
+        routed_expert_params(c) * FORMATS[weights] / (layout.t * layout.expert_parallel)
+    )
+
+
+def untouched_share(config: ModelConfig, layout: _Layout, batch: int) -> float:
+    """The expected share of a device's routed experts that no token of a decode step of
+    ``batch`` sequences is routed to (uniform routing): each of the ``n`` tokens that can
+    reach them picks ``top_k`` of the ``experts``, so an expert is missed by all with
+    probability ``(1 - top_k / experts) ^ n``; ``n`` is the whole batch where the experts
+    serve every replica (split over them, or under tensor parallelism alone), a replica's
+    share where each replica holds its own. A server's grouped matmul (vLLM's and
+    TensorRT-LLM's fused MoE kernels) reads only the experts it has tokens for.
+
+    >>> mixtral = model_preset("mixtral-8x7b").config(batch=1)
+    >>> untouched_share(mixtral, _Layout("tp", 8, 1), 1)  # one token: 6 of the 8 experts
+    0.75
+    >>> round(untouched_share(mixtral, _Layout("tp", 8, 1), 16), 3)
+    0.01
+    """
+    if not config.is_moe:
+        return 0.0
+    n = batch // layout.replicas * layout.expert_parallel
+    return (1 - config.top_k / config.experts) ** n
+
+
 def _held(
-    config: ModelConfig, t: int, r: int, batch: int, context: int, weights: str, cache: str
+    config: ModelConfig, layout: _Layout, batch: int, context: int, weights: str, cache: str
 ) -> tuple[int, int, int]:
     """``(weights, cache, temporaries)`` bytes on one device."""
+    t, r = layout.t, layout.replicas
     c = served(config, t)
-    weight = math.ceil(c.param_count() * FORMATS[weights] / t)
+    routed = routed_expert_params(c)
+    weight = math.ceil((c.param_count() - routed) * FORMATS[weights] / t)
+    weight += _expert_bytes(config, layout, weights)
     cached = (batch // r) * context * cache_bytes_per_token(c, cache) // t
     logits = (batch // r) * (c.vocab or 0) // t * 4  # each device its slice of the vocabulary
     return weight, cached, logits
 
 
 def _largest_batch(
-    config: ModelConfig, hw: Hardware, t: int, r: int, context: int, weights: str, cache: str
+    config: ModelConfig, hw: Hardware, layout: _Layout, context: int, weights: str, cache: str
 ) -> int:
-    """The most sequences ``r`` replicas of tensor parallelism over ``t`` hold beside their
-    weights (a multiple of ``r``; 0 when the weights alone do not leave room for one)."""
-    weight, cached, temp = _held(config, t, r, r, context, weights, cache)  # r sequences
+    """The most sequences the layout's replicas hold beside their weights (a multiple of
+    the replicas; 0 when the weights alone do not leave room for one)."""
+    r = layout.replicas
+    weight, cached, temp = _held(config, layout, r, context, weights, cache)  # r sequences
     room = hw.memory_bytes - weight
     return r * int(room // (cached + temp)) if room > 0 else 0
 
 
 def _batches(
-    config: ModelConfig, hw: Hardware, t: int, r: int, context: int, weights: str, cache: str
+    config: ModelConfig, hw: Hardware, layout: _Layout, context: int, weights: str, cache: str
 ) -> list[int]:
     """Powers of two times the replicas, and the largest batch that fits a device."""
-    largest = min(_largest_batch(config, hw, t, r, context, weights, cache), MAX_BATCH * r)
+    r = layout.replicas
+    largest = min(_largest_batch(config, hw, layout, context, weights, cache), MAX_BATCH * r)
     out = []
     b = r
     while b <= largest:
@@ -320,48 +428,92 @@ def _batches(
     return out or [r]
 
 
-def _mesh(t: int, r: int) -> dict[str, int]:
-    """The layout's mesh: ``model=t``, with ``data=r`` first where there are replicas."""
-    return {"data": r, "model": t} if r > 1 else {"model": t}
-
-
-def _allreduce_s(hw: Hardware, t: int, r: int, elements: int, itemsize: int, count: int) -> float:
+def _allreduce_s(hw: Hardware, layout: _Layout, elements: int, itemsize: int, count: int) -> float:
+    t = layout.t
     if t == 1:
         return 0.0
-    sizes = _mesh(t, r)
     # collective_seconds takes the traffic of all ``count`` executions
     traffic = count * 2 * (t - 1) / t * elements * itemsize
-    return collective_seconds(hw, sizes, ALL_REDUCE, ("model",), t, traffic, count)
+    return collective_seconds(hw, layout.mesh, ALL_REDUCE, ("model",), t, traffic, count)
+
+
+def _tp_allreduces_s(hw: Hardware, config: ModelConfig, layout: _Layout, tokens: int) -> float:
+    """Tensor parallelism's all-reduces for ``tokens`` a replica: the attention's output in
+    every layer, the MLP's down projection in every dense layer, the vocabulary-parallel
+    embedding's once; in a layer with experts, the routed experts' outputs, summed in their
+    slots before they are combined (``top_k`` rows a token, times the routing's capacity)."""
+    c = config
+    dense = _allreduce_s(
+        hw, layout, tokens * c.d_model, c.itemsize, c.layers + c.dense_layer_count + 1
+    )
+    if not c.is_moe:
+        return dense
+    slots = math.ceil(c.routed_capacity * tokens * c.top_k)
+    return dense + _allreduce_s(hw, layout, slots * c.d_model, c.itemsize, c.moe_layers)
+
+
+def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: _Layout, tokens: int) -> float:
+    """A mixture's dispatch and combine over the expert axis, every layer with experts, for
+    ``tokens`` over the axis (:func:`~shardscope._src.bounds.moe.moe_layer_terms`: each
+    token's activations to its experts' devices and back; under tensor parallelism each
+    device of a replica sends its copy of them, in parallel over its own expert group)."""
+    e = layout.expert_parallel
+    if e == 1 or not config.is_moe:
+        return 0.0
+    from shardscope._src.bounds.moe import moe_layer_terms
+
+    terms = moe_layer_terms(
+        tokens,
+        config.d_model,
+        config.top_k,
+        config.experts,
+        "expert",
+        e,
+        config.itemsize,
+        imbalance=config.routed_capacity,
+        once=config.dispatch_once,
+    )
+    layers = config.moe_layers
+    return sum(
+        collective_seconds(
+            hw, layout.mesh, term.kind, ("expert",), e, term.traffic_bytes * layers, layers
+        )
+        for term in terms
+    )
 
 
 def _plan(
     config: ModelConfig,
     hw: Hardware,
-    t: int,
-    r: int,
+    layout: _Layout,
     batch: int,
     prompt: int,
     context: int,
     weights: str,
     cache: str,
 ) -> ServePlan:
+    t, r = layout.t, layout.replicas
     c = served(config, t)
-    weight, cached, temp = _held(config, t, r, batch, context, weights, cache)
+    weight, cached, temp = _held(config, layout, batch, context, weights, cache)
     per_replica = batch // r
     rate = hw.peak_flops * hw.matmul_fraction
     active = c.active_param_count()
-    memory_s = (weight + cached) / hw.hbm_bandwidth
+    skipped = untouched_share(c, layout, batch) * _expert_bytes(config, layout, weights)
+    memory_s = (weight - skipped + cached) / hw.hbm_bandwidth
     compute_s = 2 * active * per_replica / (t * rate)
-    comm_s = _allreduce_s(hw, t, r, per_replica * c.d_model, c.itemsize, 2 * c.layers + 1)
+    comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
+    comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = max(memory_s, compute_s) + comm_s
     assert c.head_dim is not None
     attention = 2 * c.layers * prompt * prompt * c.heads * c.head_dim  # causal QK^T and PV
     prefill_flops = 2 * active * prompt + attention
     prefill = max(prefill_flops / (t * rate), weight / hw.hbm_bandwidth)
-    prefill += _allreduce_s(hw, t, r, prompt * c.d_model, c.itemsize, 2 * c.layers + 1)
+    prefill += _tp_allreduces_s(hw, c, layout, prompt)
+    # one prompt a replica: the expert axis's devices prefill theirs together
+    prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
     return ServePlan(
-        strategy="dp_tp" if r > 1 else "tp",
-        mesh=_mesh(t, r),
+        strategy=layout.strategy,
+        mesh=layout.mesh,
         batch=batch,
         context=context,
         weight_bytes_per_device=weight,
@@ -393,14 +545,17 @@ def _compile_best(
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the next smaller (at most
     :data:`COMPILES_PER_LAYOUT`); the batches above the largest that fits compiled are
-    dropped with the misfits. The layout's prefill is compiled once, beside the plan that
-    fits: its time to first token is every plan's of the layout (one prompt a replica,
-    whatever the batch), its buffers count towards the compiled plan's memory."""
+    dropped with the misfits. The layout's prefill is compiled once, beside its first
+    decode step that fits: its time to first token is every plan's of the layout (one
+    prompt a replica, whatever the batch), its buffers count towards each compiled plan's
+    memory (a server prefills beside the cache it decodes from), so that a decode step
+    that fits alone may not beside them, and the next smaller batch is compiled."""
     layouts: dict[str, list[ServePlan]] = {}
     for p in sorted(plans, key=lambda p: -p.batch):
         layouts.setdefault(p.strategy + str(p.mesh), []).append(p)
     out: list[ServePlan] = []
     for group in layouts.values():
+        prefilled: ServePlan | None = None
         for i, p in enumerate(group):
             if i >= COMPILES_PER_LAYOUT:
                 out.extend(group[i:])
@@ -408,7 +563,18 @@ def _compile_best(
             compiled = compile_decode(p, config, hw, weights=weights, cache=cache)
             if not compiled.fits:
                 continue
-            compiled = compile_prefill(compiled, config, hw, prompt, weights=weights, cache=cache)
+            if prefilled is None:  # its temporaries alone: the prefill's beyond the weights
+                alone = replace(compiled, temp_bytes_per_device=0)
+                prefilled = compile_prefill(alone, config, hw, prompt, weights=weights, cache=cache)
+            compiled = replace(
+                compiled,
+                first_token_s=prefilled.first_token_s,
+                temp_bytes_per_device=max(
+                    compiled.temp_bytes_per_device, prefilled.temp_bytes_per_device
+                ),
+            )
+            if not compiled.fits:
+                continue
             rest = [replace(q, first_token_s=compiled.first_token_s) for q in group[i + 1 :]]
             out.extend([compiled, *rest])
             break
@@ -490,11 +656,14 @@ def _compile_layers(plan: ServePlan, config: ModelConfig, hw: Hardware, build: A
     a model that shallow is compiled whole): the layers are unrolled (see
     :mod:`~shardscope._src.model.serving`) and alike, so each adds the same bytes, FLOPs,
     collectives and buffers, and a full-depth compile (minutes for a large model) gives
-    what the two shallow ones do."""
-    if config.layers <= DEPTH + 1:
+    what the two shallow ones do. A mixture's layers with experts are the ones counted (its
+    dense layers before them compiled in both)."""
+    repeated = config.moe_layers if config.is_moe else config.layers
+    if repeated <= DEPTH + 1:
         return _compile(plan, hw, *build(config.layers))
-    shallow = _compile(plan, hw, *build(DEPTH))
-    return _compile(plan, hw, *build(DEPTH + 1)).deeper(shallow, config.layers)
+    first = config.layers - repeated
+    shallow = _compile(plan, hw, *build(first + DEPTH))
+    return _compile(plan, hw, *build(first + DEPTH + 1)).deeper(shallow, repeated)
 
 
 def _placed(
@@ -506,10 +675,13 @@ def _placed(
     layers: int,
     weights: str | None,
 ) -> Any:
-    """``(config, mesh, params, rows)``: the served model of ``layers`` layers at ``batch``
-    x ``seq``, the layout's compile-only mesh, its weights layer by layer as placed shapes
-    (8-bit ones where ``weights`` is ``int8`` or ``fp8``, each with its replicated scale),
-    and the mesh axis its sequences are split over (None without replicas)."""
+    """``(config, mesh, params, rows, hooks)``: the served model of ``layers`` layers at
+    ``batch`` x ``seq``, the layout's compile-only mesh, its weights layer by layer as placed
+    shapes (8-bit ones where ``weights`` is ``int8`` or ``fp8``, each with its replicated
+    scale), the mesh axis its sequences are split over (None without replicas), and the
+    hooks that place a mixture's routed tokens (its expert slots moved to their experts'
+    devices: the dispatch and combine; capacity-padded at the routing's imbalance, 1 for
+    uniform routing, as the planner compiles a dropless mixture)."""
     import jax
     from jax.sharding import NamedSharding
 
@@ -518,18 +690,22 @@ def _placed(
         abstract_serving_params,
         serving_specs,
     )
+    from shardscope._src.model.transformer import NO_HOOKS
+    from shardscope._src.sharding.programs import JitHooks
     from shardscope._src.sharding.strategies import get_strategy
     from shardscope._src.targets.mesh import target_mesh
 
     spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
     mesh = target_mesh(hw.name, spec, axis_types="auto")
     c = replace(served(config, plan.tensor_parallel), batch=batch, seq=seq, layers=layers)
+    if c.is_moe:
+        c = replace(c, capacity_factor=c.routed_capacity)
     shapes = abstract_serving_params(c)
     # a server splits the embedding and the output projection over the vocabulary, as
     # Megatron-LM's and vLLM's vocabulary-parallel layers do (replicated, each device would
     # hold both whole: 4.2 GB of Llama 3 70B's 141)
     strategy = get_strategy(plan.strategy).with_vocab_split()
-    specs = serving_specs(strategy.place(c, mesh).param_specs(), c.layers)
+    specs = serving_specs(strategy.place(c, mesh).param_specs(), c)
     if weights in EIGHT_BIT:
         assert weights is not None
         specs = abstract_quantized(shapes, weights, specs)
@@ -539,7 +715,8 @@ def _placed(
         shapes,
         specs,
     )
-    return c, mesh, params, "data" if plan.replicas > 1 else None
+    hooks = JitHooks(strategy.place(c, mesh)) if c.is_moe else NO_HOOKS
+    return c, mesh, params, plan.batch_axis, hooks
 
 
 def compile_decode(
@@ -567,7 +744,7 @@ def compile_decode(
     from shardscope._src.model.serving import abstract_cache, decode
 
     def build(layers: int) -> tuple[Any, ...]:
-        c, mesh, params, rows = _placed(plan, config, hw, plan.batch, 1, layers, weights)
+        c, mesh, params, rows, hooks = _placed(plan, config, hw, plan.batch, 1, layers, weights)
         per_layer = NamedSharding(mesh, P(rows, "model", None, None))
         whole = NamedSharding(mesh, P())  # an 8-bit cache's scales
         kv = jax.tree.map(
@@ -580,11 +757,26 @@ def compile_decode(
             (plan.batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows))
         )
         pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=whole)
-        step = jax.jit(lambda p, k, t, i: decode(p, k, t, i, c), donate_argnums=1)
+        groups = plan.replicas  # a mixture routes each device's sequences apart
+
+        def run(p: Any, k: Any, t: Any, i: Any) -> Any:
+            return decode(p, k, t, i, c, hooks, groups=groups)
+
+        step = jax.jit(run, donate_argnums=1)
         return step, params, kv, tokens, pos
 
     got = _compile_layers(plan, config, hw, build)
-    memory_s = plan.decode_memory_s if got.memory_s is None else got.memory_s
+    # the program's batched expert matmuls read every expert of a device; a server's
+    # grouped kernel, those its tokens are routed to (untouched_share)
+    layout = _Layout(plan.strategy, plan.tensor_parallel, plan.replicas)
+    skipped = untouched_share(served(config, layout.t), layout, plan.batch) * _expert_bytes(
+        config, layout, weights or config.dtype
+    )
+    memory_s = (
+        plan.decode_memory_s
+        if got.memory_s is None
+        else max(0.0, got.memory_s - skipped / hw.hbm_bandwidth)
+    )
     compute_s = plan.decode_compute_s if got.compute_s is None else got.compute_s
     step_s = max(memory_s, compute_s) + got.comm_s
     return replace(
@@ -632,9 +824,13 @@ def compile_prefill(
     kept = cache if cache in EIGHT_BIT else None
 
     def build(layers: int) -> tuple[Any, ...]:
-        c, mesh, params, rows = _placed(plan, config, hw, r, prompt, layers, weights)
+        c, mesh, params, rows, hooks = _placed(plan, config, hw, r, prompt, layers, weights)
         tokens = jax.ShapeDtypeStruct((r, prompt), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
-        return jax.jit(lambda p, t: prefill(p, t, c, prompt, cache=kept)), params, tokens
+
+        def run(p: Any, t: Any) -> Any:
+            return prefill(p, t, c, prompt, hooks, cache=kept, groups=r)
+
+        return jax.jit(run), params, tokens
 
     got = _compile_layers(plan, config, hw, build)
     if got.memory_s is None or got.compute_s is None:  # an HLO too deep to count
@@ -678,10 +874,10 @@ def _no_fit(
     """Why nothing fits, and the largest batch that does at this context (on how many
     devices), or that the weights alone do not."""
     best: tuple[int, int] | None = None
-    for t, r in _layouts(config, devices):
-        fits = _largest_batch(config, hw, t, r, context, weights, cache)
+    for layout in _layouts(config, devices):
+        fits = _largest_batch(config, hw, layout, context, weights, cache)
         if fits and (best is None or fits > best[0]):
-            best = (fits, t)
+            best = (fits, layout.t)
     asked = f"batch={batch} " if batch is not None else ""
     if best is None:
         need = math.ceil(config.param_count() * FORMATS[weights] / hw.memory_bytes)

@@ -36,7 +36,7 @@ def serve_columns(kv_replicas: bool = False) -> tuple[Column[ServePlan], ...]:
         Column("cache", lambda p: format_bytes(p.cache_bytes_per_device), justify="right"),
         *((kv,) if kv_replicas else ()),
         Column("per token", lambda p: format_seconds(p.decode_step_s), justify="right"),
-        Column("all-reduce", lambda p: format_seconds(p.decode_comm_s), justify="right"),
+        Column("comm", lambda p: format_seconds(p.decode_comm_s), justify="right"),
         Column("first token", lambda p: format_seconds(p.first_token_s), justify="right"),
         Column("tok/s/chip", lambda p: f"{p.tokens_per_s_per_chip:,.0f}", justify="right"),
     )
@@ -56,7 +56,8 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
     caption = (
         f"{len(result.plans)} plans fit; {len(shown)} shown, best throughput per chip first. "
         f"* the latency-throughput front. Per token: the decode step's traffic through HBM "
-        f"or its matmuls, whichever is slower, and its tensor-parallel all-reduces; by: the "
+        f"or its matmuls, whichever is slower, and its collectives (comm: tensor parallelism's "
+        f"all-reduces, and a mixture's dispatch and combine over 'expert'); by: the "
         f"compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
         f"collectives and the times, or the estimate. First token: one prompt prefilled "
         f"alone on a replica (on a TPU, estimated)."
