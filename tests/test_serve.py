@@ -30,9 +30,11 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     )
     config = model_preset("llama3-70b").config(batch=1)
     p = _find(result, "tp", {"model": 8}, 64)
-    # each device: an eighth of the bf16 weights and of the cache of 64 sequences of
-    # 2048 + 256 tokens, 2 (key, value) x 8 key/value heads x 128 x 80 layers x 2 bytes each
-    assert p.weight_bytes_per_device == -(-config.param_count() * 2 // 8)
+    # each device: an eighth of the bf16 weights (the norms' gains, two a layer and the
+    # final one, whole on each) and of the cache of 64 sequences of 2048 + 256 tokens, 2
+    # (key, value) x 8 key/value heads x 128 x 80 layers x 2 bytes each
+    norms = (2 * 80 + 1) * 8192
+    assert p.weight_bytes_per_device == (config.param_count() - norms) * 2 // 8 + norms * 2
     assert p.cache_bytes_per_device == 64 * 2304 * (2 * 8 * 128 * 80 * 2) // 8
     memory_s = (p.weight_bytes_per_device + p.cache_bytes_per_device) / 3.35e12
     assert p.decode_memory_s == pytest.approx(memory_s, rel=1e-12)
@@ -47,7 +49,7 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     # two replicas of tensor parallelism over 4: twice the weights a device, half the
     # all-reduce group, each replica 32 of the sequences
     q = _find(result, "dp_tp", {"data": 2, "model": 4}, 64)
-    assert q.weight_bytes_per_device == -(-config.param_count() * 2 // 4)
+    assert q.weight_bytes_per_device == (config.param_count() - norms) * 2 // 4 + norms * 2
     assert q.cache_bytes_per_device == 32 * 2304 * (2 * 8 * 128 * 80 * 2) // 4
 
 
@@ -129,7 +131,9 @@ def test_tensor_parallelism_wider_than_the_key_value_heads_replicates_them():
     p = _find(result, "tp", {"model": 16}, 16)
     assert p.kv_replicas == 2
     extra = 80 * (16 - 8) * 2 * 128 * 8192  # the second copy of each head's wk and wv
-    assert p.weight_bytes_per_device == -(-(config.param_count() + extra) * 2 // 16)
+    norms = (2 * 80 + 1) * 8192  # whole on each device
+    split = config.param_count() + extra - norms
+    assert p.weight_bytes_per_device == split * 2 // 16 + norms * 2
     assert p.cache_bytes_per_device == 16 * 2304 * (2 * 1 * 128 * 80 * 2)  # one head each
     assert _find(result, "dp_tp", {"data": 2, "model": 8}, 16).kv_replicas == 1
 
@@ -163,7 +167,7 @@ def test_a_mixture_on_8_h100s_splits_its_experts_over_the_replicas_or_replicates
     assert ("ep_tp", (("expert", 2), ("model", 4))) in layouts
     assert ("dp_tp", (("data", 2), ("model", 4))) in layouts
     assert ("tp", (("model", 8),)) in layouts
-    rest = MIXTRAL.param_count() - MIXTRAL_EXPERTS  # attention, router, norms, embeddings
+    rest = MIXTRAL.param_count() - MIXTRAL_EXPERTS  # attention, routers, norms, embeddings
     # expert parallelism over 8: the rest on every device, one expert of each layer
     ep = _find(result, "ep_tp", {"expert": 8, "model": 1}, 64)
     assert ep.weight_bytes_per_device == rest * 2 + MIXTRAL_EXPERTS * 2 // 8
@@ -171,8 +175,11 @@ def test_a_mixture_on_8_h100s_splits_its_experts_over_the_replicas_or_replicates
     # layers in bf16
     assert ep.cache_bytes_per_device == 8 * 2304 * (2 * 8 * 128 * 32 * 2)
     # two replicas of tensor parallelism over 4, each holding every expert's quarter
+    # (the routers, 4096 x 8 a layer, and the norms' gains whole on each device)
     dp = _find(result, "dp_tp", {"data": 2, "model": 4}, 64)
-    assert dp.weight_bytes_per_device == -(-rest * 2 // 4) + MIXTRAL_EXPERTS * 2 // 4
+    whole = 32 * 4096 * 8 + (2 * 32 + 1) * 4096
+    split = (rest - whole) * 2 // 4 + MIXTRAL_EXPERTS * 2 // 4
+    assert dp.weight_bytes_per_device == split + whole * 2
     # no tensor parallelism: the dispatch and the combine alone, each layer, each of the 64
     # tokens' 2 assignments of 4096 bf16 elements, a device sending 7/8 of its eighth at
     # 80% of NVLink's 450 GB/s after 7 steps of 5 us
@@ -212,6 +219,26 @@ def test_a_mixtures_layouts_compile_with_the_dispatch_the_roofline_prices():
         assert p.decode_comm_s == pytest.approx(twin.decode_comm_s, rel=1e-9), p.label
         assert p.compiled_all_reduces == (2 * 3 + 1 if p.tensor_parallel > 1 else 0)
     assert _find(compiled, "ep_tp", {"expert": 2, "model": 1}, 16).decode_comm_s > 0
+
+
+def test_deepseek_v3_holds_its_latent_cache_whole_on_each_device_of_a_replica():
+    # 32 H100s: 16 replicas of tensor parallelism over 2 splitting the 256 experts (16 a
+    # device); each token's cache is each layer's 512-wide latent and 64-wide rotary key,
+    # shared by the heads, so the 2 devices of a replica both hold all of it
+    result = serve(
+        "deepseek-v3", 32, hardware="h100", prompt=2048, output=256, batch=1024,
+        compiler="cpu",
+    )  # fmt: skip
+    config = model_preset("deepseek-v3").config(batch=1)
+    p = _find(result, "ep_tp", {"expert": 16, "model": 2}, 1024)
+    assert p.cache_bytes_per_device == 1024 // 16 * 2304 * (512 + 64) * 61 * 2
+    experts = 58 * 256 * 3 * 7168 * 2048  # the layers after the first 3 dense ones
+    # whole on each device of a replica: the latent down-projections (7168 x 1536 for the
+    # queries, 7168 x (512 + 64) for the keys and values), the latents' norms, the routers
+    # (7168 x 256) and every norm's gains
+    whole = 61 * (7168 * 1536 + 7168 * 576 + 1536 + 512 + 2 * 7168) + 58 * 7168 * 256 + 7168
+    split = config.param_count() - experts - whole
+    assert p.weight_bytes_per_device == (split // 2 + experts // (2 * 16) + whole) * 2
 
 
 def test_a_mixtures_8_bit_weights_are_refused_with_its_own_dtype_named():

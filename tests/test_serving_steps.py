@@ -245,8 +245,63 @@ def test_an_expert_parallel_decode_step_dispatches_and_combines_on_the_h100_comp
     assert sum(found.values()) == 8
 
 
-def test_serving_needs_a_vocabulary_and_a_mixtures_own_dtype():
+LATENT = ModelConfig(
+    d_model=64, heads=4, head_dim=16, ff=128, layers=3, vocab=256, mlp="swiglu", seq=12,
+    batch=2, kv_lora_rank=32, q_lora_rank=24, rope_head_dim=8, v_head_dim=16,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("experts", [0, 4], ids=["dense", "experts"])
+def test_latent_attention_caches_the_latent_and_decodes_as_the_forward_pass(experts):
+    # DeepSeek-V2's cache: each token's normed latent (rank 32) and its rotary key (8),
+    # shared by the 4 heads; decode attends against them with the up-projections absorbed
+    more = dict(experts=4, top_k=2, dense_layers=1, shared_experts=1, expert_ff=32)
+    config = replace(LATENT, **more) if experts else LATENT
+    params = init_params(config)
+    tokens = _tokens(12)
+    want = np.asarray(forward(params, tokens, config)[:, -1])
+    logits, cache = jax.jit(lambda p, t: prefill(p, t, config, 16))(params, tokens)
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
+    assert [set(c) for c in cache] == [{"latent", "rope"}] * 3
+    assert cache[0]["latent"].shape == (2, 16, 32) and cache[0]["rope"].shape == (2, 16, 8)
+    served = serving_params(params)
+    step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
+    _, cache = prefill(served, tokens[:, :11], config, 16)
+    logits, cache = step(served, cache, tokens[:, 11], jnp.int32(11))
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
+    _, whole = prefill(served, tokens, config, 16)
+    for got, full in zip(cache, whole, strict=True):  # the 12th token's latent written
+        np.testing.assert_allclose(
+            np.asarray(got["latent"][:, :12]), np.asarray(full["latent"][:, :12]), atol=2e-5
+        )
+    # an int8 latent (one scale a layer): within 2% of the largest logit (measured 0.8%)
+    _, eight = prefill(served, tokens[:, :11], config, 16, cache="int8")
+    logits, _ = step(served, eight, tokens[:, 11], jnp.int32(11))
+    assert np.max(np.abs(np.asarray(logits) - want)) < 0.02 * np.max(np.abs(want))
+
+
+def test_a_latent_decode_step_attends_against_the_latents_themselves():
+    # with the up-projections absorbed, each cached token costs every head a score against
+    # its latent and rotary key and a weighted latent: 2 x (2 x 32 + 8) FLOPs a head, a
+    # layer, a sequence; made into each head's keys and values it would cost
+    # 2 x 32 x (16 + 16) more for the projection alone
+    flops = {}
+    for context in (16, 48):
+        args = (
+            abstract_serving_params(LATENT),
+            abstract_cache(LATENT, 2, context),
+            jax.ShapeDtypeStruct((2,), jnp.int32),
+            jax.ShapeDtypeStruct((), jnp.int32),
+        )
+        step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, LATENT))
+        flops[context] = shardscope.audit(step, *args).hlo_flops
+    assert flops[48] - flops[16] == 2 * 3 * 4 * 2 * (2 * 32 + 8) * (48 - 16)
+
+
+def test_serving_needs_a_vocabulary_and_its_own_dtype_for_experts_and_latents():
     with pytest.raises(ModelConfigError, match="vocab"):
         prefill({}, jnp.zeros((1, 4), jnp.int32), ModelConfig(), 8)
     with pytest.raises(ModelConfigError, match="weights='int8'.*mixture of experts"):
         decode(quantize_weights(init_params(MOE), "int8"), {}, _tokens(1)[:, 0], 0, MOE)
+    with pytest.raises(ModelConfigError, match="weights='fp8'.*latent attention"):
+        decode(quantize_weights(init_params(LATENT), "fp8"), {}, _tokens(1)[:, 0], 0, LATENT)

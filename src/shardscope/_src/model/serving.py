@@ -226,16 +226,30 @@ def abstract_cache(
     """The KV cache of ``batch`` sequences of ``context`` tokens as ``jax.ShapeDtypeStruct``:
     one ``{"k", "v"}`` per layer, each ``[batch, kv_heads, context, head_dim]`` of
     ``dtype`` (the model's by default), or a :class:`Quantized` of it for ``"int8"`` or
-    ``"fp8"``."""
-    shape = (batch, config.kv_heads, context, config.head_dim)
-    if isinstance(dtype, str) and dtype in EIGHT_BIT:
-        one: Any = Quantized(
-            jax.ShapeDtypeStruct(shape, EIGHT_BIT[dtype][0]),
-            jax.ShapeDtypeStruct((), jnp.float32),
-        )
+    ``"fp8"``. Under latent attention, one ``{"latent", "rope"}`` per layer, ``[batch,
+    context, kv_lora_rank]`` and ``[batch, context, rope_head_dim]``: each token's normed
+    key-value latent and its rotary key, shared by every head (what DeepSeek-V2's servers
+    cache; apart, so that attention reads each where it lies, not a slice copied out)."""
+    shapes: dict[str, tuple[int, ...]]
+    if config.is_mla:
+        shapes = {
+            "latent": (batch, context, config.kv_lora_rank),
+            "rope": (batch, context, config.rope_head_dim),
+        }
     else:
-        one = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype or config.dtype))
-    return tuple({"k": one, "v": one} for _ in range(config.layers))
+        assert config.kv_heads is not None and config.head_dim is not None
+        shape = (batch, config.kv_heads, context, config.head_dim)
+        shapes = {"k": shape, "v": shape}
+
+    def one(shape: tuple[int, ...]) -> Any:
+        if isinstance(dtype, str) and dtype in EIGHT_BIT:
+            return Quantized(
+                jax.ShapeDtypeStruct(shape, EIGHT_BIT[dtype][0]),
+                jax.ShapeDtypeStruct((), jnp.float32),
+            )
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype or config.dtype))
+
+    return tuple({k: one(v) for k, v in shapes.items()} for _ in range(config.layers))
 
 
 def init_cache(
@@ -282,6 +296,76 @@ def _out(p: dict[str, Any], o: Any, hooks: Hooks) -> Any:
     return hooks.exit("attention", jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"])))
 
 
+def _latent_qkv(p: dict[str, Any], x: Any, hooks: Hooks) -> tuple[Any, Any, Any]:
+    """Latent attention's queries ``[b, s, heads, qk]``, and the tokens' normed key-value
+    latents ``[b, s, rank]`` and rotary keys ``[b, s, rope]`` (what the cache holds), as
+    :func:`~shardscope._src.model.transformer.latent_attention` computes them."""
+    h = hooks.enter("attention", _norm(x, hooks.weight("attn_norm", p["attn_norm"])))
+    if "wq_a" in p:
+        cq = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wq_a", p["wq_a"]))
+        cq = _norm(cq, hooks.weight("q_norm", p["q_norm"]))
+        q = jnp.einsum("bsr,rhk->bshk", cq, hooks.weight("wq_b", p["wq_b"]))
+    else:
+        q = jnp.einsum("bsd,dhk->bshk", h, hooks.weight("wq", p["wq"]))
+    ckv = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wkv_a", p["wkv_a"]))
+    rank = p["kv_norm"].shape[-1]
+    latent = _norm(ckv[..., :rank], hooks.weight("kv_norm", p["kv_norm"]))
+    return q, latent, ckv[..., rank:]
+
+
+def _values(x: Any, dtype: Any) -> tuple[Any, Any]:
+    """``x`` and its scale (None unless it is :class:`Quantized`: its values in ``dtype``)."""
+    if isinstance(x, Quantized):
+        return x.values.astype(dtype), x.scale
+    return x, None
+
+
+def _latent_attend(
+    p: dict[str, Any], q: Any, latent: Any, rope: Any, visible: Any, hooks: Hooks
+) -> Any:
+    """``q`` ``[b, s, heads, nope + rope]`` over the cached latents ``[b, t, rank]`` and
+    rotary keys ``[b, t, rope]`` (or a :class:`Quantized` of them, the scales on the scores
+    and the output) where ``visible`` ``[s, t]`` allows, the up-projections absorbed
+    (DeepSeek-V2, section 2.1.2):
+    each head's query taken into the latent by its key up-projection, its scores against
+    the latents themselves, and their weighted latent out through its value up-projection,
+    so that no head's keys or values are made from the cache (a decode step's form: its
+    FLOPs grow with the context by ``heads x (2 rank + rope)``, not ``heads x (nope + rope +
+    v) x rank``). Returns ``[b, s, heads, v]``."""
+    latent, latent_scale = _values(latent, q.dtype)
+    rope, rope_scale = _values(rope, q.dtype)
+    wkv_b = hooks.weight("wkv_b", p["wkv_b"])
+    nope = q.shape[-1] - rope.shape[-1]
+    w_uk, w_uv = wkv_b[..., :nope], wkv_b[..., nope:]
+    q_latent = jnp.einsum("bshn,rhn->bshr", q[..., :nope], w_uk)
+    scores = jnp.einsum("bshr,btr->bhst", q_latent, latent, preferred_element_type=jnp.float32)
+    if latent_scale is not None:
+        scores = scores * latent_scale
+    by_rope = jnp.einsum("bshp,btp->bhst", q[..., nope:], rope, preferred_element_type=jnp.float32)
+    scores = scores + (by_rope if rope_scale is None else by_rope * rope_scale)
+    scores = jnp.where(visible, scores / math.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    o_latent = jnp.einsum("bhst,btr->bshr", probs, latent)
+    if latent_scale is not None:
+        o_latent = o_latent * latent_scale.astype(o_latent.dtype)
+    return jnp.einsum("bshr,rhv->bshv", o_latent, w_uv)
+
+
+def _latent_expand(p: dict[str, Any], q: Any, latent: Any, rope: Any, hooks: Hooks) -> Any:
+    """A prompt's latent attention with each head's keys and values made from its latents
+    ``[b, s, rank]`` and rotary keys ``[b, s, rope]``, as the training forward does
+    (prefill's compute-bound form): returns ``[b, s, heads, v]``."""
+    wkv_b = hooks.weight("wkv_b", p["wkv_b"])
+    kv = jnp.einsum("bsr,rhk->bshk", latent, wkv_b)
+    b, s, heads, _ = q.shape
+    nope = q.shape[-1] - rope.shape[-1]
+    rope = jnp.broadcast_to(rope[:, :, None, :], (b, s, heads, rope.shape[-1]))
+    k = jnp.concatenate([kv[..., :nope], rope], axis=-1).transpose(0, 2, 1, 3)
+    v = kv[..., nope:].transpose(0, 2, 1, 3)  # [b, heads, s, v]: each head its own
+    causal = jnp.tril(jnp.ones((s, s), dtype=bool))
+    return _attend(q[:, :, :, None, :], k, v, causal)
+
+
 def _logits(params: dict[str, Any], x: Any, hooks: Hooks) -> Any:
     x = _norm(x, hooks.weight("final_norm", params["final_norm"]))
     name = "unembed" if "unembed" in params else "embed"
@@ -294,8 +378,15 @@ def _logits(params: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 
 
 def check_servable(config: ModelConfig, weights: str | None = None) -> None:
-    """Refuses what the serving steps do not build: latent attention (its cache is the
-    latent), a model without a vocabulary, a mixture of experts with 8-bit ``weights``."""
+    """Refuses what the serving steps do not build: a model without a vocabulary, 8-bit
+    ``weights`` for latent attention or a mixture of experts."""
+    if config.is_mla and weights in EIGHT_BIT:
+        raise ModelConfigError(
+            f"weights={weights!r}: the serving steps hold latent attention's weights in the "
+            f"model's dtype ({config.dtype}) only (8-bit ones are not modelled yet); serve "
+            f"it with weights={config.dtype!r} (an 8-bit cache is fine)",
+            param="weights",
+        )
     if config.is_moe and weights in EIGHT_BIT:
         raise ModelConfigError(
             f"weights={weights!r}: the serving steps hold a mixture of experts' weights in "
@@ -303,13 +394,6 @@ def check_servable(config: ModelConfig, weights: str | None = None) -> None:
             f"the router's and the experts' inputs) are not modelled yet: serve it with "
             f"weights={config.dtype!r} (an 8-bit cache is fine)",
             param="weights",
-        )
-    if config.is_mla:
-        raise ModelConfigError(
-            f"the reference decoder's serving steps cache grouped-query attention's keys and "
-            f"values, and this model has latent attention (kv_lora_rank={config.kv_lora_rank}): "
-            f"its cache (the latent) is not modelled yet",
-            param="model",
         )
     if config.vocab is None:
         raise ModelConfigError(
@@ -328,7 +412,7 @@ def _layers(params: dict[str, Any], config: ModelConfig) -> list[tuple[Any, bool
         out.extend((layer, stack == "moe_layers") for layer in layers)
     for layer, experts in out:
         eight = [_format(w) for w in layer.values() if isinstance(w, Quantized)]
-        if experts and eight:
+        if (experts or config.is_mla) and eight:
             check_servable(config, eight[0])
     return out
 
@@ -388,9 +472,10 @@ def prefill(
     batch, prompt = tokens.shape
     x = hooks.residual(_embed(params, tokens, hooks, dtype))
     causal = jnp.tril(jnp.ones((prompt, prompt), dtype=bool))
-    pad = ((0, 0), (0, 0), (0, context - prompt), (0, 0))
 
-    def kept(t: Any) -> Any:
+    def kept(t: Any, positions: int) -> Any:  # padded to the context along ``positions``
+        pad = [(0, 0)] * t.ndim
+        pad[positions] = (0, context - prompt)
         t = jnp.pad(t, pad)
         return t if cache is None else quantize(t, cache)
 
@@ -398,12 +483,17 @@ def prefill(
     for layer, experts in layers:
         p, h = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
-            q, k, v = _qkv(p, x, h)
-            k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, kv, s, hd]
-            a = _out(p, _attend(q, k, v, causal), h)
+            if config.is_mla:
+                q, latent, rope = _latent_qkv(p, x, h)
+                a = _out(p, _latent_expand(p, q, latent, rope, h), h)
+                written.append({"latent": kept(latent, 1), "rope": kept(rope, 1)})
+            else:
+                q, k, v = _qkv(p, x, h)
+                k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, kv, s, hd]
+                a = _out(p, _attend(q, k, v, causal), h)
+                written.append({"k": kept(k, 2), "v": kept(v, 2)})
         x = h.residual(x + a)
         x = h.residual(x + _mlp(p, x, config, h, experts, groups))
-        written.append({"k": kept(k), "v": kept(v)})
     return _logits(params, x[:, -1:], hooks)[:, 0], tuple(written)
 
 
@@ -425,19 +515,26 @@ def decode(
     layers = _layers(params, config)
     dtype = jnp.dtype(config.dtype)
     x = hooks.residual(_embed(params, tokens[:, None], hooks, dtype))
-    first = cache[0]["k"]
-    context = (first.values if isinstance(first, Quantized) else first).shape[2]
+    first = cache[0]["latent" if config.is_mla else "k"]
+    context = (first.values if isinstance(first, Quantized) else first).shape[-2]
     visible = (jnp.arange(context) <= pos)[None, :]
     written = []
     for (layer, experts), kv in zip(layers, cache, strict=True):
         p, h = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
-            q, k, v = _qkv(p, x, h)
-            at = (0, 0, pos, 0)
-            ks = _store(kv["k"], k.transpose(0, 2, 1, 3), at)
-            vs = _store(kv["v"], v.transpose(0, 2, 1, 3), at)
-            a = _out(p, _attend(q, ks, vs, visible), h)
+            if config.is_mla:
+                q, latent, rope = _latent_qkv(p, x, h)
+                ls = _store(kv["latent"], latent, (0, pos, 0))
+                rs = _store(kv["rope"], rope, (0, pos, 0))
+                a = _out(p, _latent_attend(p, q, ls, rs, visible, h), h)
+                written.append({"latent": ls, "rope": rs})
+            else:
+                q, k, v = _qkv(p, x, h)
+                at = (0, 0, pos, 0)
+                ks = _store(kv["k"], k.transpose(0, 2, 1, 3), at)
+                vs = _store(kv["v"], v.transpose(0, 2, 1, 3), at)
+                a = _out(p, _attend(q, ks, vs, visible), h)
+                written.append({"k": ks, "v": vs})
         x = h.residual(x + a)
         x = h.residual(x + _mlp(p, x, config, h, experts, groups))
-        written.append({"k": ks, "v": vs})
     return _logits(params, x, hooks)[:, 0], tuple(written)

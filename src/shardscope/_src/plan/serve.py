@@ -46,6 +46,7 @@ target the decode step is compiled and timed so too, and the prefill is estimate
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -53,14 +54,15 @@ from typing import Any
 
 from shardscope._src.audit.pricing import execution_seconds
 from shardscope._src.base.comm import ALL_REDUCE
-from shardscope._src.base.errors import PlanError, is_int
+from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.records import Record
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.config import ModelConfig, param_shapes
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
-from shardscope._src.plan.estimates import divisors, expert_mlp_params
+from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.plan.types import device_bytes
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.links import collective_seconds
@@ -341,7 +343,17 @@ def _layouts(config: ModelConfig, devices: int) -> list[_Layout]:
         out.append(_Layout("dp_tp" if r > 1 else "tp", t, r))
         if config.is_moe and r > 1 and config.experts % r == 0:
             out.append(_Layout("ep_tp", t, r))
-    return out
+    return [layout for layout in out if _places(config, layout)]
+
+
+def _places(config: ModelConfig, layout: _Layout) -> bool:
+    """Whether the layout's placement splits every dimension it shards evenly (the
+    vocabulary over ``model`` too)."""
+    try:
+        _weight_elements(config, layout)
+    except StrategyError:
+        return False
+    return True
 
 
 def served(config: ModelConfig, t: int) -> ModelConfig:
@@ -352,18 +364,28 @@ def served(config: ModelConfig, t: int) -> ModelConfig:
     return config if config.kv_heads % t == 0 else replace(config, kv_heads=t)
 
 
-def routed_expert_params(config: ModelConfig) -> int:
-    """A mixture's routed experts' weights, every layer's (0 for a dense model)."""
-    return config.moe_layers * config.experts * expert_mlp_params(config)
+@functools.cache
+def _weight_elements(config: ModelConfig, layout: _Layout) -> tuple[int, int]:
+    """``(weights, routed experts)``: the elements of them one device holds, as the layout's
+    placement splits each (the vocabulary split over ``model``; what the strategy keeps
+    whole, such as the norms' gains, latent attention's down-projections and a router, on
+    every device)."""
+    c = replace(served(config, layout.t), batch=layout.replicas, seq=1)
+    strategy = get_strategy(layout.strategy).with_vocab_split()
+    placement = strategy.place(c, abstract_mesh(layout.mesh))
+    rules = strategy.param_rules()
+    experts = sum(
+        math.prod(shape) // math.prod(placement.role_size(r) for r in rules[name])
+        for name, shape in param_shapes(c).items()
+        if name.startswith("expert_")
+    )
+    return elements_per_device(placement, rules), experts
 
 
 def _expert_bytes(config: ModelConfig, layout: _Layout, weights: str) -> int:
     """The routed experts' bytes on one device: split ``t`` ways by tensor parallelism and
     over the expert axis."""
-    c = served(config, layout.t)
-    return math.ceil(
-        routed_expert_params(c) * FORMATS[weights] / (layout.t * layout.expert_parallel)
-    )
+    return _weight_elements(config, layout)[1] * FORMATS[weights]
 
 
 def untouched_share(config: ModelConfig, layout: _Layout, batch: int) -> float:
@@ -393,10 +415,10 @@ def _held(
     """``(weights, cache, temporaries)`` bytes on one device."""
     t, r = layout.t, layout.replicas
     c = served(config, t)
-    routed = routed_expert_params(c)
-    weight = math.ceil((c.param_count() - routed) * FORMATS[weights] / t)
-    weight += _expert_bytes(config, layout, weights)
-    cached = (batch // r) * context * cache_bytes_per_token(c, cache) // t
+    weight = _weight_elements(config, layout)[0] * FORMATS[weights]
+    cached = (batch // r) * context * cache_bytes_per_token(c, cache)
+    # split by key/value head; latent attention's latent is every head's, whole on each
+    cached //= 1 if c.is_mla else t
     logits = (batch // r) * (c.vocab or 0) // t * 4  # each device its slice of the vocabulary
     return weight, cached, logits
 
@@ -482,6 +504,23 @@ def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: _Layout, tokens: in
     )
 
 
+def _attention_flops(config: ModelConfig, context: int) -> int:
+    """A decode step's attention FLOPs a sequence over a cache of ``context``: each head's
+    scores and weighted values, ``2 x heads x (qk + v) x context`` a layer; under latent
+    attention (the up-projections absorbed) against the latents, ``2 x heads x (2 rank +
+    rope) x context``.
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> _attention_flops(model_preset("llama3-8b").config(batch=1), 1) == 2 * 32 * 256 * 32
+    True
+    """
+    c = config
+    per_head = (
+        2 * c.kv_lora_rank + c.rope_head_dim if c.is_mla else c.qk_head_dim + c.value_head_dim
+    )
+    return 2 * c.heads * per_head * context * c.layers
+
+
 def _plan(
     config: ModelConfig,
     hw: Hardware,
@@ -500,12 +539,13 @@ def _plan(
     active = c.active_param_count()
     skipped = untouched_share(c, layout, batch) * _expert_bytes(config, layout, weights)
     memory_s = (weight - skipped + cached) / hw.hbm_bandwidth
-    compute_s = 2 * active * per_replica / (t * rate)
+    compute_s = (2 * active + _attention_flops(c, context)) * per_replica / (t * rate)
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = max(memory_s, compute_s) + comm_s
-    assert c.head_dim is not None
-    attention = 2 * c.layers * prompt * prompt * c.heads * c.head_dim  # causal QK^T and PV
+    # causal QK^T and PV, each head's keys and values made from the latents under latent
+    # attention (prefill's form)
+    attention = c.layers * prompt * prompt * c.heads * (c.qk_head_dim + c.value_head_dim)
     prefill_flops = 2 * active * prompt + attention
     prefill = max(prefill_flops / (t * rate), weight / hw.hbm_bandwidth)
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
@@ -692,7 +732,6 @@ def _placed(
     )
     from shardscope._src.model.transformer import NO_HOOKS
     from shardscope._src.sharding.programs import JitHooks
-    from shardscope._src.sharding.strategies import get_strategy
     from shardscope._src.targets.mesh import target_mesh
 
     spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
@@ -745,7 +784,10 @@ def compile_decode(
 
     def build(layers: int) -> tuple[Any, ...]:
         c, mesh, params, rows, hooks = _placed(plan, config, hw, plan.batch, 1, layers, weights)
-        per_layer = NamedSharding(mesh, P(rows, "model", None, None))
+        # split by sequence over the replicas, and by key/value head over model (latent
+        # attention's latents whole on each device of a replica: every head reads them)
+        by = P(rows, None, None) if c.is_mla else P(rows, "model", None, None)
+        per_layer = NamedSharding(mesh, by)
         whole = NamedSharding(mesh, P())  # an 8-bit cache's scales
         kv = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(

@@ -3,7 +3,8 @@ the hardware's constants (the scaling book's inference chapter, jax-ml/scaling-b
 ``applied-inference.md``, works its examples this way).
 
 * **The KV cache** holds, per token, each layer's key and value for every key/value head:
-  ``2 x kv_heads x head_dim x layers`` elements (grouped-query attention's smaller cache).
+  ``2 x kv_heads x head_dim x layers`` elements (grouped-query attention's smaller cache);
+  under latent attention, each layer's latent and rotary key, shared by the heads.
 * **Memory**: the weights, and the cache of ``batch`` sequences of ``context`` tokens, spread
   over the chips; the smallest count whose memory holds both is the least a layout needs.
 * **A decode step** (one token per sequence) reads every weight and the whole cache through
@@ -38,14 +39,21 @@ def _format_bytes(name: str, what: str) -> int:
 
 
 def cache_bytes_per_token(config: ModelConfig, cache: str = "bfloat16") -> int:
-    """The KV cache of one token: ``2 x kv_heads x head_dim x layers`` elements of ``cache``.
+    """The KV cache of one token: ``2 x kv_heads x head_dim x layers`` elements of ``cache``;
+    under latent attention, the latent and the rotary key each layer, ``(kv_lora_rank +
+    rope_head_dim) x layers``, shared by the heads.
 
     >>> from shardscope._src.model.presets import model_preset
     >>> cache_bytes_per_token(model_preset("llama3-70b").config(batch=1), "int8")
     163840
+    >>> cache_bytes_per_token(model_preset("deepseek-v3").config(batch=1))  # 576 x 61 x 2
+    70272
     """
+    size = _format_bytes(cache, "cache")
+    if config.is_mla:
+        return (config.kv_lora_rank + config.rope_head_dim) * config.layers * size
     assert config.kv_heads is not None and config.head_dim is not None
-    return 2 * config.kv_heads * config.head_dim * config.layers * _format_bytes(cache, "cache")
+    return 2 * config.kv_heads * config.head_dim * config.layers * size
 
 
 def held_bytes(
