@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import assert_usage_error
-from shardscope._src.base.errors import ModelConfigError, PlanError
+from shardscope._src.base.errors import PlanError
 from shardscope._src.cli.main import main
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -239,11 +239,6 @@ def test_deepseek_v3_holds_its_latent_cache_whole_on_each_device_of_a_replica():
     whole = 61 * (7168 * 1536 + 7168 * 576 + 1536 + 512 + 2 * 7168) + 58 * 7168 * 256 + 7168
     split = config.param_count() - experts - whole
     assert p.weight_bytes_per_device == (split // 2 + experts // (2 * 16) + whole) * 2
-
-
-def test_a_mixtures_8_bit_weights_are_refused_with_its_own_dtype_named():
-    with pytest.raises(ModelConfigError, match="weights='fp8'.*weights='bfloat16'"):
-        serve("mixtral-8x7b", 8, hardware="h100", prompt=128, output=16, weights="fp8")
 
 
 def test_the_sweep_keeps_what_fits_and_marks_the_front():

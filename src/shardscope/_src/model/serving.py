@@ -15,6 +15,13 @@ so that the update is in place. The weights are the training model's (:func:`ini
 and the MLP is its own :func:`~shardscope._src.model.transformer.mlp`, so a strategy's
 placement shards serving as it shards training (tensor parallelism: the heads and the MLP
 split, two all-reduces a layer).
+
+A mixture of experts runs its layers with experts after its dense ones, their MLP the
+training model's :func:`~shardscope._src.model.transformer.moe_mlp` (under an expert axis,
+its dispatch and combine all-to-alls), its tokens routed in ``groups`` groups (one per
+device the batch is split over). Latent attention (DeepSeek-V2 and V3) caches each token's
+normed latent and rotary key, ``{"latent", "rope"}`` a layer, shared by the heads; decode
+attends against them with the up-projections absorbed, prefill as training does.
 """
 
 from __future__ import annotations
@@ -115,6 +122,7 @@ class _Scaled(Hooks):
 
     def __init__(self, base: Hooks, scales: dict[str, Any], dtype: Any) -> None:
         self.base, self.scales, self.dtype = base, scales, dtype
+        self.expert_devices = base.expert_devices
 
     def _scale(self, name: str | None) -> Any:
         got = self.scales.get(name) if name is not None else None
@@ -145,15 +153,29 @@ class _Scaled(Hooks):
     def weight(self, name: str, w: Any) -> Any:
         return self.base.weight(name, w)
 
+    def moe(self, point: str, x: Any) -> Any:
+        return self.base.moe(point, x)
 
-def _layer_weights(p: dict[str, Any], hooks: Hooks, dtype: Any) -> tuple[dict[str, Any], Hooks]:
-    """A layer's weights as its matmuls read them, and the hooks that scale them (8-bit
-    weights' values converted to ``dtype``, see :class:`_Scaled`)."""
-    scales = {k: w.scale for k, w in p.items() if isinstance(w, Quantized)}
+
+def _layer_weights(
+    p: dict[str, Any], hooks: Hooks, dtype: Any
+) -> tuple[dict[str, Any], Hooks, dict[str, Any]]:
+    """A layer's weights as its matmuls read them, the hooks that scale them (8-bit
+    weights' values converted to ``dtype``, see :class:`_Scaled`), and their scales in
+    ``dtype`` (for the matmuls the hooks do not reach: a mixture's and latent attention's,
+    which scale their own inputs or outputs, :func:`_scaled`)."""
+    scales = {k: w.scale.astype(dtype) for k, w in p.items() if isinstance(w, Quantized)}
     if not scales:
-        return p, hooks
+        return p, hooks, scales
     read = {k: w.values.astype(dtype) if isinstance(w, Quantized) else w for k, w in p.items()}
-    return read, _Scaled(hooks, scales, dtype)
+    return read, _Scaled(hooks, scales, dtype), scales
+
+
+def _scaled(y: Any, scales: dict[str, Any], name: str) -> Any:
+    """``y``, a matmul's output by weight ``name``, times that weight's scale where it is
+    held in 8 bits (a per-tensor scale commutes with the matmul)."""
+    scale = scales.get(name)
+    return y if scale is None else y * scale
 
 
 #: The stacks of a parameter tree, in the order the layers run: the dense layers, then a
@@ -296,18 +318,23 @@ def _out(p: dict[str, Any], o: Any, hooks: Hooks) -> Any:
     return hooks.exit("attention", jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"])))
 
 
-def _latent_qkv(p: dict[str, Any], x: Any, hooks: Hooks) -> tuple[Any, Any, Any]:
+def _latent_qkv(
+    p: dict[str, Any], x: Any, hooks: Hooks, scales: dict[str, Any]
+) -> tuple[Any, Any, Any]:
     """Latent attention's queries ``[b, s, heads, qk]``, and the tokens' normed key-value
     latents ``[b, s, rank]`` and rotary keys ``[b, s, rope]`` (what the cache holds), as
     :func:`~shardscope._src.model.transformer.latent_attention` computes them."""
     h = hooks.enter("attention", _norm(x, hooks.weight("attn_norm", p["attn_norm"])))
     if "wq_a" in p:
         cq = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wq_a", p["wq_a"]))
-        cq = _norm(cq, hooks.weight("q_norm", p["q_norm"]))
+        cq = _norm(_scaled(cq, scales, "wq_a"), hooks.weight("q_norm", p["q_norm"]))
         q = jnp.einsum("bsr,rhk->bshk", cq, hooks.weight("wq_b", p["wq_b"]))
+        q = _scaled(q, scales, "wq_b")
     else:
         q = jnp.einsum("bsd,dhk->bshk", h, hooks.weight("wq", p["wq"]))
+        q = _scaled(q, scales, "wq")
     ckv = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wkv_a", p["wkv_a"]))
+    ckv = _scaled(ckv, scales, "wkv_a")
     rank = p["kv_norm"].shape[-1]
     latent = _norm(ckv[..., :rank], hooks.weight("kv_norm", p["kv_norm"]))
     return q, latent, ckv[..., rank:]
@@ -321,7 +348,13 @@ def _values(x: Any, dtype: Any) -> tuple[Any, Any]:
 
 
 def _latent_attend(
-    p: dict[str, Any], q: Any, latent: Any, rope: Any, visible: Any, hooks: Hooks
+    p: dict[str, Any],
+    q: Any,
+    latent: Any,
+    rope: Any,
+    visible: Any,
+    hooks: Hooks,
+    scales: dict[str, Any],
 ) -> Any:
     """``q`` ``[b, s, heads, nope + rope]`` over the cached latents ``[b, t, rank]`` and
     rotary keys ``[b, t, rope]`` (or a :class:`Quantized` of them, the scales on the scores
@@ -337,7 +370,7 @@ def _latent_attend(
     wkv_b = hooks.weight("wkv_b", p["wkv_b"])
     nope = q.shape[-1] - rope.shape[-1]
     w_uk, w_uv = wkv_b[..., :nope], wkv_b[..., nope:]
-    q_latent = jnp.einsum("bshn,rhn->bshr", q[..., :nope], w_uk)
+    q_latent = _scaled(jnp.einsum("bshn,rhn->bshr", q[..., :nope], w_uk), scales, "wkv_b")
     scores = jnp.einsum("bshr,btr->bhst", q_latent, latent, preferred_element_type=jnp.float32)
     if latent_scale is not None:
         scores = scores * latent_scale
@@ -348,15 +381,17 @@ def _latent_attend(
     o_latent = jnp.einsum("bhst,btr->bshr", probs, latent)
     if latent_scale is not None:
         o_latent = o_latent * latent_scale.astype(o_latent.dtype)
-    return jnp.einsum("bshr,rhv->bshv", o_latent, w_uv)
+    return _scaled(jnp.einsum("bshr,rhv->bshv", o_latent, w_uv), scales, "wkv_b")
 
 
-def _latent_expand(p: dict[str, Any], q: Any, latent: Any, rope: Any, hooks: Hooks) -> Any:
+def _latent_expand(
+    p: dict[str, Any], q: Any, latent: Any, rope: Any, hooks: Hooks, scales: dict[str, Any]
+) -> Any:
     """A prompt's latent attention with each head's keys and values made from its latents
     ``[b, s, rank]`` and rotary keys ``[b, s, rope]``, as the training forward does
     (prefill's compute-bound form): returns ``[b, s, heads, v]``."""
     wkv_b = hooks.weight("wkv_b", p["wkv_b"])
-    kv = jnp.einsum("bsr,rhk->bshk", latent, wkv_b)
+    kv = _scaled(jnp.einsum("bsr,rhk->bshk", latent, wkv_b), scales, "wkv_b")
     b, s, heads, _ = q.shape
     nope = q.shape[-1] - rope.shape[-1]
     rope = jnp.broadcast_to(rope[:, :, None, :], (b, s, heads, rope.shape[-1]))
@@ -377,54 +412,40 @@ def _logits(params: dict[str, Any], x: Any, hooks: Hooks) -> Any:
     return out if scale is None else out * scale
 
 
-def check_servable(config: ModelConfig, weights: str | None = None) -> None:
-    """Refuses what the serving steps do not build: a model without a vocabulary, 8-bit
-    ``weights`` for latent attention or a mixture of experts."""
-    if config.is_mla and weights in EIGHT_BIT:
-        raise ModelConfigError(
-            f"weights={weights!r}: the serving steps hold latent attention's weights in the "
-            f"model's dtype ({config.dtype}) only (8-bit ones are not modelled yet); serve "
-            f"it with weights={config.dtype!r} (an 8-bit cache is fine)",
-            param="weights",
-        )
-    if config.is_moe and weights in EIGHT_BIT:
-        raise ModelConfigError(
-            f"weights={weights!r}: the serving steps hold a mixture of experts' weights in "
-            f"its own dtype ({config.dtype}) only; 8-bit expert weights (their scales on "
-            f"the router's and the experts' inputs) are not modelled yet: serve it with "
-            f"weights={config.dtype!r} (an 8-bit cache is fine)",
-            param="weights",
-        )
+def check_servable(config: ModelConfig) -> None:
+    """Refuses what the serving steps do not build: a model without a vocabulary."""
     if config.vocab is None:
         raise ModelConfigError(
             "serving needs a vocabulary: give the model vocab=N", param=("model", "vocab")
         )
 
 
-def _layers(params: dict[str, Any], config: ModelConfig) -> list[tuple[Any, bool]]:
-    """Each layer's weights in the order they run, and whether it has experts (refusing
-    8-bit ones there, :func:`check_servable`)."""
+def _layers(params: dict[str, Any]) -> list[tuple[Any, bool]]:
+    """Each layer's weights in the order they run, and whether it has experts."""
     tree = serving_params(params)
     out: list[tuple[Any, bool]] = []
     for stack in STACKS:
         layers = tree.get(stack, ())
         assert isinstance(layers, tuple)
         out.extend((layer, stack == "moe_layers") for layer in layers)
-    for layer, experts in out:
-        eight = [_format(w) for w in layer.values() if isinstance(w, Quantized)]
-        if (experts or config.is_mla) and eight:
-            check_servable(config, eight[0])
     return out
 
 
 def _mlp(
-    p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks, experts: bool, groups: int
+    p: dict[str, Any],
+    x: Any,
+    config: ModelConfig,
+    hooks: Hooks,
+    experts: bool,
+    groups: int,
+    scales: dict[str, Any],
 ) -> Any:
     """A layer's MLP sublayer: the dense one, or a mixture's (its tokens routed in
-    ``groups`` groups, :func:`~shardscope._src.model.transformer.moe_mlp`)."""
+    ``groups`` groups, :func:`~shardscope._src.model.transformer.moe_mlp`, with its 8-bit
+    weights' ``scales``)."""
     if not experts:
         return mlp(p, x, hooks)
-    return moe_mlp(p, x, config, hooks, groups=groups)
+    return moe_mlp(p, x, config, hooks, groups=groups, scales=scales)
 
 
 def _embed(params: dict[str, Any], tokens: Any, hooks: Hooks, dtype: Any) -> Any:
@@ -467,7 +488,7 @@ def prefill(
     the tokens in ``groups`` groups (one per device the prompts are split over: each
     capacity-padded on its own)."""
     check_servable(config)
-    layers = _layers(params, config)
+    layers = _layers(params)
     dtype = jnp.dtype(config.dtype)
     batch, prompt = tokens.shape
     x = hooks.residual(_embed(params, tokens, hooks, dtype))
@@ -481,11 +502,11 @@ def prefill(
 
     written = []
     for layer, experts in layers:
-        p, h = _layer_weights(layer, hooks, dtype)
+        p, h, scales = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
             if config.is_mla:
-                q, latent, rope = _latent_qkv(p, x, h)
-                a = _out(p, _latent_expand(p, q, latent, rope, h), h)
+                q, latent, rope = _latent_qkv(p, x, h, scales)
+                a = _out(p, _latent_expand(p, q, latent, rope, h, scales), h)
                 written.append({"latent": kept(latent, 1), "rope": kept(rope, 1)})
             else:
                 q, k, v = _qkv(p, x, h)
@@ -493,7 +514,7 @@ def prefill(
                 a = _out(p, _attend(q, k, v, causal), h)
                 written.append({"k": kept(k, 2), "v": kept(v, 2)})
         x = h.residual(x + a)
-        x = h.residual(x + _mlp(p, x, config, h, experts, groups))
+        x = h.residual(x + _mlp(p, x, config, h, experts, groups, scales))
     return _logits(params, x[:, -1:], hooks)[:, 0], tuple(written)
 
 
@@ -512,7 +533,7 @@ def decode(
     format) and attending over positions ``0 .. pos``; a mixture of experts routes the
     tokens in ``groups`` groups (as :func:`prefill`)."""
     check_servable(config)
-    layers = _layers(params, config)
+    layers = _layers(params)
     dtype = jnp.dtype(config.dtype)
     x = hooks.residual(_embed(params, tokens[:, None], hooks, dtype))
     first = cache[0]["latent" if config.is_mla else "k"]
@@ -520,13 +541,13 @@ def decode(
     visible = (jnp.arange(context) <= pos)[None, :]
     written = []
     for (layer, experts), kv in zip(layers, cache, strict=True):
-        p, h = _layer_weights(layer, hooks, dtype)
+        p, h, scales = _layer_weights(layer, hooks, dtype)
         with jax.named_scope("attention"):
             if config.is_mla:
-                q, latent, rope = _latent_qkv(p, x, h)
+                q, latent, rope = _latent_qkv(p, x, h, scales)
                 ls = _store(kv["latent"], latent, (0, pos, 0))
                 rs = _store(kv["rope"], rope, (0, pos, 0))
-                a = _out(p, _latent_attend(p, q, ls, rs, visible, h), h)
+                a = _out(p, _latent_attend(p, q, ls, rs, visible, h, scales), h)
                 written.append({"latent": ls, "rope": rs})
             else:
                 q, k, v = _qkv(p, x, h)
@@ -536,5 +557,5 @@ def decode(
                 a = _out(p, _attend(q, ks, vs, visible), h)
                 written.append({"k": ks, "v": vs})
         x = h.residual(x + a)
-        x = h.residual(x + _mlp(p, x, config, h, experts, groups))
+        x = h.residual(x + _mlp(p, x, config, h, experts, groups, scales))
     return _logits(params, x, hooks)[:, 0], tuple(written)

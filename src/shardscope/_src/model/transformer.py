@@ -441,12 +441,25 @@ def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_
 
 
 def moe_mlp(
-    p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS, *, groups: int
+    p: dict[str, Any],
+    x: Any,
+    config: ModelConfig,
+    hooks: Hooks = NO_HOOKS,
+    *,
+    groups: int,
+    scales: dict[str, Any] | None = None,
 ) -> Any:
     """A layer with experts' MLP sublayer (pre-norm), its output ``[batch, seq, d_model]``:
     the routed experts' (:mod:`shardscope._src.model.moe`: dropless, or capacity-padded at
     the config's ``capacity_factor`` in ``groups`` groups of the tokens) and the shared
-    experts'."""
+    experts'.
+
+    ``scales`` holds the per-tensor scales of weights given as 8-bit values (a server's):
+    each moves onto the activations, where it commutes with its matmul: the routed experts'
+    tokens enter times their first weight's scale (and the router, read whole, divided by
+    it, so that it routes them as before), their output leaves times their last's; the
+    shared experts' likewise."""
+    s_ = {} if scales is None else scales
     with jax.named_scope("moe"):
         h = _norm(x, hooks.weight("moe_mlp_norm", p["mlp_norm"]))
     b, s, d = h.shape
@@ -455,18 +468,29 @@ def moe_mlp(
     w_in = hooks.weight(name, p[name])
     w_down = hooks.weight("expert_down", p["expert_down"])
     router = hooks.weight("router", p["router"])
+    if "router" in s_:
+        router = router * s_["router"]
+    if name in s_:
+        tokens, router = tokens * s_[name], router / s_[name]
     # the routed experts' scopes are moe/router, moe/dispatch, moe/experts and moe/combine
     y = hooks.routed_experts(tokens, router, w_in, w_down, config, groups).reshape(b, s, d)
+    if "expert_down" in s_:
+        y = y * s_["expert_down"]
     if "shared_down" in p:
         with jax.named_scope("moe/shared"):
-            if "shared_gate_up" in p:
+            first = "shared_gate_up" if "shared_gate_up" in p else "shared_up"
+            hs = h * s_[first] if first in s_ else h
+            if first == "shared_gate_up":
                 gu = hooks.weight("shared_gate_up", p["shared_gate_up"])
-                u = _swiglu(jnp.einsum("bsd,dtf->bstf", h, gu))
+                u = _swiglu(jnp.einsum("bsd,dtf->bstf", hs, gu))
             else:
                 up = hooks.weight("shared_up", p["shared_up"])
-                u = _gelu(jnp.einsum("bsd,df->bsf", h, up))
+                u = _gelu(jnp.einsum("bsd,df->bsf", hs, up))
             down = hooks.weight("shared_down", p["shared_down"])
-            y = y + hooks.exit("moe", jnp.einsum("bsf,fd->bsd", u, down))
+            out = jnp.einsum("bsf,fd->bsd", u, down)
+            if "shared_down" in s_:
+                out = out * s_["shared_down"]
+            y = y + hooks.exit("moe", out)
     return y.astype(x.dtype)
 
 

@@ -195,17 +195,16 @@ def serve(
     then the compiled programs' (:func:`compile_decode`, :func:`compile_prefill`);
     ``"cpu"``: the roofline alone, nothing compiled (a CPU compile of the served program
     would say nothing of the hardware's memory or its collectives). 8-bit weights are
-    weight-only (a dense model's): their matmuls compute in the model's dtype, so they halve
-    a decode step's traffic, not a prefill's FLOPs.
+    weight-only: their matmuls compute in the model's dtype, so they halve a decode step's
+    traffic, not a prefill's FLOPs.
 
     Raises:
         PlanError: a bad count, format or compiler (naming it); a batch or context that
             fits no layout (naming the largest that fits and on how many devices); a latency
             no layout meets (naming the fastest layout and its time per output token).
-        ModelConfigError: a model the serving steps do not build (latent attention, no
-            vocabulary, a mixture's 8-bit weights), naming it.
+        ModelConfigError: a model without a vocabulary (the serving steps take tokens).
     """
-    name, config = _model(model, weights)
+    name, config = _model(model)
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     for what, value in (("devices", devices), ("prompt", prompt), ("output", output)):
         if not is_int(value, 1):
@@ -290,13 +289,13 @@ def _meeting(plans: list[ServePlan], latency: float | None) -> list[ServePlan]:
     return meet
 
 
-def _model(model: str | ModelConfig, weights: str) -> tuple[str, ModelConfig]:
+def _model(model: str | ModelConfig) -> tuple[str, ModelConfig]:
     if isinstance(model, ModelConfig):
         config, name = model, "custom"
     else:
         preset = model_preset(model)
         config, name = preset.config(batch=1), preset.name
-    check_servable(config, weights)
+    check_servable(config)
     return name, config
 
 
