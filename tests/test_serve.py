@@ -241,6 +241,37 @@ def test_deepseek_v3_holds_its_latent_cache_whole_on_each_device_of_a_replica():
     assert p.weight_bytes_per_device == (split // 2 + experts // (2 * 16) + whole) * 2
 
 
+def test_a_layout_whose_largest_batch_does_not_fit_compiled_tries_the_largest_that_would(
+    monkeypatch,
+):
+    # a compiler whose decode step holds 1 GiB more than the estimate's (and a prefill
+    # holding nothing more): the plan kept is the largest batch whose estimate leaves that
+    # GiB free, not the next power of two below the estimate's largest
+    extra = 2**30
+
+    def compile_decode(plan, config, hw, **_):
+        return replace(
+            plan, temp_bytes_per_device=plan.temp_bytes_per_device + extra, compiled_by=hw.name
+        )
+
+    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
+    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
+    args = ("llama3-8b", 1)
+    kw = dict(hardware="h100", prompt=512, output=128)
+    result = serve(*args, **kw)
+    (compiled,) = [p for p in result.plans if p.compiled_by == "h100"]
+    limit = H100.memory_bytes
+    largest = max(p.batch for p in serve(*args, compiler="cpu", **kw).plans)
+    fits = [
+        b
+        for b in range(1, largest + 1)
+        if serve(*args, batch=b, compiler="cpu", **kw).best.memory_bytes_per_device + extra <= limit
+    ]
+    assert compiled.batch == max(fits)
+    assert compiled.memory_bytes_per_device <= limit
+
+
 def test_the_sweep_keeps_what_fits_and_marks_the_front():
     # the roofline's plans (compiling them is the tests above)
     result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, compiler="cpu")

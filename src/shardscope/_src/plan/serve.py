@@ -241,21 +241,29 @@ def serve(
     plans = []
     for layout in layouts:
         r = layout.replicas
-        sizes = [batch] if batch is not None else _batches(config, hw, layout, ctx, weights, cache)
+        sizes = (
+            [batch]
+            if batch is not None
+            else _batches(config, hw, layout, prompt, ctx, weights, cache)
+        )
         for b in sizes:
             if b % r:
                 continue
             plans.append(_plan(config, hw, layout, b, prompt, ctx, weights, cache))
     fitting = [p for p in plans if p.fits]
     if not fitting:
-        raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
+        raise PlanError(
+            _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache), param="batch"
+        )
     fitting = _meeting(fitting, latency)
     compiled = compiler != "cpu" and hw.name in TARGETS
     if compiled and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
         fitting = _compile_best(fitting, config, hw, prompt, weights, cache)
         fitting = [p for p in fitting if p.fits]
         if not fitting:
-            raise PlanError(_no_fit(config, hw, devices, batch, ctx, weights, cache), param="batch")
+            raise PlanError(
+                _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache), param="batch"
+            )
         fitting = _meeting(fitting, latency)  # as compiled
     fitting.sort(key=lambda p: (-p.tokens_per_s_per_chip, p.decode_step_s))
     front = _front(fitting)
@@ -408,37 +416,70 @@ def untouched_share(config: ModelConfig, layout: _Layout, batch: int) -> float:
     return (1 - config.top_k / config.experts) ** n
 
 
+def _scores_bytes(config: ModelConfig, t: int, queries: int, keys: int) -> int:
+    """One layer's attention scores (float32) and probabilities (the model's dtype) on a
+    device of tensor parallelism over ``t``: ``queries x keys`` for each of its heads (the
+    layers run one after another, so one layer's are held at a time)."""
+    return config.heads // t * queries * keys * (4 + config.itemsize)
+
+
 def _held(
-    config: ModelConfig, layout: _Layout, batch: int, context: int, weights: str, cache: str
+    config: ModelConfig,
+    layout: _Layout,
+    batch: int,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
 ) -> tuple[int, int, int]:
-    """``(weights, cache, temporaries)`` bytes on one device."""
+    """``(weights, cache, temporaries)`` bytes on one device. The temporaries are the
+    larger of the decode step's (the logits, float32, each device its slice of the
+    vocabulary; a layer's scores and probabilities over the context) and a prefill's beside
+    them (one prompt a replica: a layer's scores and probabilities over the prompt)."""
     t, r = layout.t, layout.replicas
     c = served(config, t)
     weight = _weight_elements(config, layout)[0] * FORMATS[weights]
     cached = (batch // r) * context * cache_bytes_per_token(c, cache)
     # split by key/value head; latent attention's latent is every head's, whole on each
     cached //= 1 if c.is_mla else t
-    logits = (batch // r) * (c.vocab or 0) // t * 4  # each device its slice of the vocabulary
-    return weight, cached, logits
+    decode = (batch // r) * ((c.vocab or 0) // t * 4 + _scores_bytes(c, t, 1, context))
+    return weight, cached, max(decode, _scores_bytes(c, t, prompt, prompt))
 
 
 def _largest_batch(
-    config: ModelConfig, hw: Hardware, layout: _Layout, context: int, weights: str, cache: str
+    config: ModelConfig,
+    hw: Hardware,
+    layout: _Layout,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
 ) -> int:
-    """The most sequences the layout's replicas hold beside their weights (a multiple of
-    the replicas; 0 when the weights alone do not leave room for one)."""
+    """The most sequences the layout's replicas hold beside their weights and a prefill's
+    temporaries (a multiple of the replicas; 0 when the weights alone do not leave room for
+    one)."""
     r = layout.replicas
-    weight, cached, temp = _held(config, layout, r, context, weights, cache)  # r sequences
+    weight, cached, decode = _held(config, layout, r, 1, context, weights, cache)  # r sequences
+    prefill = _held(config, layout, r, prompt, context, weights, cache)[2]
     room = hw.memory_bytes - weight
-    return r * int(room // (cached + temp)) if room > 0 else 0
+    if room <= 0:
+        return 0
+    return r * int(min(room // (cached + decode), max(0, room - prefill) // cached))
 
 
 def _batches(
-    config: ModelConfig, hw: Hardware, layout: _Layout, context: int, weights: str, cache: str
+    config: ModelConfig,
+    hw: Hardware,
+    layout: _Layout,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
 ) -> list[int]:
     """Powers of two times the replicas, and the largest batch that fits a device."""
     r = layout.replicas
-    largest = min(_largest_batch(config, hw, layout, context, weights, cache), MAX_BATCH * r)
+    largest = _largest_batch(config, hw, layout, prompt, context, weights, cache)
+    largest = min(largest, MAX_BATCH * r)
     out = []
     b = r
     while b <= largest:
@@ -532,7 +573,7 @@ def _plan(
 ) -> ServePlan:
     t, r = layout.t, layout.replicas
     c = served(config, t)
-    weight, cached, temp = _held(config, layout, batch, context, weights, cache)
+    weight, cached, temp = _held(config, layout, batch, prompt, context, weights, cache)
     per_replica = batch // r
     rate = hw.peak_flops * hw.matmul_fraction
     active = c.active_param_count()
@@ -582,42 +623,70 @@ def _compile_best(
     cache: str,
 ) -> list[ServePlan]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
-    the compiled program does not fit, the next smaller (at most
-    :data:`COMPILES_PER_LAYOUT`); the batches above the largest that fits compiled are
-    dropped with the misfits. The layout's prefill is compiled once, beside its first
-    decode step that fits: its time to first token is every plan's of the layout (one
-    prompt a replica, whatever the batch), its buffers count towards each compiled plan's
-    memory (a server prefills beside the cache it decodes from), so that a decode step
-    that fits alone may not beside them, and the next smaller batch is compiled."""
+    the compiled program does not fit, the largest batch it would fit at (its excess over
+    the memory taken off in sequences, each replica's cache and temporaries a sequence), or
+    the next smaller (at most :data:`COMPILES_PER_LAYOUT` compiles); the batches above the
+    largest that fits compiled are dropped with the misfits. The layout's prefill is
+    compiled once, beside its first decode step that fits: its time to first token is every
+    plan's of the layout (one prompt a replica, whatever the batch), its buffers count
+    towards each compiled plan's memory (a server prefills beside the cache it decodes
+    from), so that a decode step that fits alone may not beside them."""
     layouts: dict[str, list[ServePlan]] = {}
     for p in sorted(plans, key=lambda p: -p.batch):
         layouts.setdefault(p.strategy + str(p.mesh), []).append(p)
     out: list[ServePlan] = []
     for group in layouts.values():
         prefilled: ServePlan | None = None
-        for i, p in enumerate(group):
-            if i >= COMPILES_PER_LAYOUT:
-                out.extend(group[i:])
-                break
+        queue, tries = list(group), 0
+        while queue and tries < COMPILES_PER_LAYOUT:
+            p, tries = queue.pop(0), tries + 1
             compiled = compile_decode(p, config, hw, weights=weights, cache=cache)
-            if not compiled.fits:
-                continue
-            if prefilled is None:  # its temporaries alone: the prefill's beyond the weights
-                alone = replace(compiled, temp_bytes_per_device=0)
-                prefilled = compile_prefill(alone, config, hw, prompt, weights=weights, cache=cache)
-            compiled = replace(
-                compiled,
-                first_token_s=prefilled.first_token_s,
-                temp_bytes_per_device=max(
-                    compiled.temp_bytes_per_device, prefilled.temp_bytes_per_device
-                ),
-            )
-            if not compiled.fits:
-                continue
-            rest = [replace(q, first_token_s=compiled.first_token_s) for q in group[i + 1 :]]
-            out.extend([compiled, *rest])
-            break
+            if compiled.fits:
+                if prefilled is None:  # its temporaries alone: the prefill's beyond the weights
+                    alone = replace(compiled, temp_bytes_per_device=0)
+                    prefilled = compile_prefill(
+                        alone, config, hw, prompt, weights=weights, cache=cache
+                    )
+                compiled = replace(
+                    compiled,
+                    first_token_s=prefilled.first_token_s,
+                    temp_bytes_per_device=max(
+                        compiled.temp_bytes_per_device, prefilled.temp_bytes_per_device
+                    ),
+                )
+            if compiled.fits:
+                rest = [replace(q, first_token_s=compiled.first_token_s) for q in queue]
+                out.extend([compiled, *rest])
+                queue = []
+                break
+            smaller = _refit(p, compiled, config, hw, prompt, weights, cache)
+            if smaller is not None and (not queue or smaller.batch > queue[0].batch):
+                queue.insert(0, smaller)
+        out.extend(queue)  # estimated: beyond the compiles a layout takes
     return out
+
+
+def _refit(
+    plan: ServePlan,
+    compiled: ServePlan,
+    config: ModelConfig,
+    hw: Hardware,
+    prompt: int,
+    weights: str,
+    cache: str,
+) -> ServePlan | None:
+    """The plan of ``plan``'s layout at the largest batch its compiled program (which does
+    not fit) would fit at: its excess over the memory taken off a replica's sequence at a
+    time, each the cache and the decode step's temporaries of one sequence a replica (as
+    estimated; None where no batch is left)."""
+    layout = _Layout(plan.strategy, plan.tensor_parallel, plan.replicas)
+    r = layout.replicas
+    _, cached, temp = _held(config, layout, r, 1, plan.context, weights, cache)
+    excess = compiled.memory_bytes_per_device - compiled.memory_limit_bytes
+    batch = plan.batch - r * max(1, math.ceil(excess / (cached + temp)))
+    if batch < r:
+        return None
+    return _plan(config, hw, layout, batch, prompt, plan.context, weights, cache)
 
 
 @dataclass(frozen=True)
@@ -908,6 +977,7 @@ def _no_fit(
     hw: Hardware,
     devices: int,
     batch: int | None,
+    prompt: int,
     context: int,
     weights: str,
     cache: str,
@@ -916,10 +986,13 @@ def _no_fit(
     devices), or that the weights alone do not."""
     best: tuple[int, int] | None = None
     for layout in _layouts(config, devices):
-        fits = _largest_batch(config, hw, layout, context, weights, cache)
+        fits = _largest_batch(config, hw, layout, prompt, context, weights, cache)
         if fits and (best is None or fits > best[0]):
             best = (fits, layout.t)
     asked = f"batch={batch} " if batch is not None else ""
+    if best is not None:
+        t = best[1]
+        where = "on each device alone" if t == 1 else f"with tensor parallelism over {t} devices"
     if best is None:
         need = math.ceil(config.param_count() * FORMATS[weights] / hw.memory_bytes)
         return (
@@ -930,6 +1003,6 @@ def _no_fit(
         )
     return (
         f"{asked}at context={context} fits no layout of {devices} x {hw.name}; the largest "
-        f"batch that fits is {best[0]}, with tensor parallelism over {best[1]} devices; "
+        f"batch that fits is {best[0]}, {where}; "
         f"give batch={best[0]} or less, a shorter context, or an int8 cache"
     )
