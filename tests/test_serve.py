@@ -272,6 +272,32 @@ def test_a_layout_whose_largest_batch_does_not_fit_compiled_tries_the_largest_th
     assert compiled.memory_bytes_per_device <= limit
 
 
+def test_the_plan_ranked_first_is_a_compiled_one(monkeypatch):
+    # a compiler whose decode steps take twice the roofline's time: the layout's largest
+    # batch, compiled, falls below its smaller batches as estimated, so the first of those is
+    # compiled in turn, until a compiled plan leads
+    compiled = []
+
+    def compile_decode(plan, config, hw, **_):
+        compiled.append(plan.batch)
+        slow = 2 * plan.decode_step_s
+        return replace(
+            plan,
+            decode_step_s=slow,
+            tokens_per_s_per_chip=plan.batch / slow,
+            compiled_by=hw.name,
+        )
+
+    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
+    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
+    result = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128)
+    assert result.best.compiled_by == "h100"
+    assert len(compiled) > 1  # the largest, then the leaders
+    estimated = [p for p in result.plans if p.compiled_by is None]
+    assert all(p.tokens_per_s_per_chip < result.best.tokens_per_s_per_chip for p in estimated)
+
+
 def test_the_sweep_keeps_what_fits_and_marks_the_front():
     # the roofline's plans (compiling them is the tests above)
     result = serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, compiler="cpu")

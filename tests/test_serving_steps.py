@@ -137,26 +137,9 @@ def test_a_tensor_parallel_decode_step_all_reduces_twice_a_layer_on_the_h100_com
     placement = shardscope.get_strategy(strategy).place(config, mesh)
     replicas = mesh.shape.get("data", 1)
     rows = "data" if replicas > 1 else None  # the batch over data-parallel replicas
-
-    def sds(tree, specs):
-        return jax.tree.map(
-            lambda s, spec: jax.ShapeDtypeStruct(
-                s.shape, s.dtype, sharding=NamedSharding(mesh, spec)
-            ),
-            tree,
-            specs,
-        )
-
-    params = sds(abstract_serving_params(config), serving_specs(placement.param_specs(), config))
-    cache_spec = P(rows, "model", None, None)  # split by sequence and key/value heads
-    cache = sds(
-        abstract_cache(config, batch, context),
-        tuple({"k": cache_spec, "v": cache_spec} for _ in range(config.layers)),
-    )
-    tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P(rows)))
-    pos = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+    args = _placed(config, mesh, placement, batch, context, rows)
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
-    audit = shardscope.audit(step, params, cache, tokens, pos)
+    audit = shardscope.audit(step, *args)
     # after the attention's output projection and the MLP's down projection, in every layer:
     # each replica's tokens' activations, (batch / replicas) x d_model in bfloat16; the
     # replicas share nothing
@@ -195,6 +178,9 @@ def test_a_mixtures_prefill_and_decode_give_the_forward_pass_logits(capacity):
 
 
 def _placed(config, mesh, placement, batch, context, rows):
+    """The served weights, the cache (split by sequence over ``rows`` and by key/value head
+    over ``model``), the tokens and the position, as placed shapes."""
+
     def sds(tree, specs):
         return jax.tree.map(
             lambda s, spec: jax.ShapeDtypeStruct(

@@ -258,14 +258,15 @@ def serve(
     fitting = _meeting(fitting, latency)
     compiled = compiler != "cpu" and hw.name in TARGETS
     if compiled and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
-        fitting = _compile_best(fitting, config, hw, prompt, weights, cache)
+        fitting, prefills = _compile_best(fitting, config, hw, prompt, weights, cache)
         fitting = [p for p in fitting if p.fits]
+        fitting = _compile_leaders(fitting, prefills, config, hw, prompt, weights, cache, latency)
         if not fitting:
             raise PlanError(
                 _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache), param="batch"
             )
         fitting = _meeting(fitting, latency)  # as compiled
-    fitting.sort(key=lambda p: (-p.tokens_per_s_per_chip, p.decode_step_s))
+    fitting.sort(key=_rank)
     front = _front(fitting)
     ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
     return ServeResult(
@@ -613,6 +614,38 @@ def _plan(
 #: Decode steps compiled per layout at most, largest batch first, until one fits.
 COMPILES_PER_LAYOUT = 4
 
+#: Decode steps compiled at most after those, while an estimated plan ranks first.
+LEADER_COMPILES = 4
+
+
+def _key(plan: ServePlan) -> str:
+    return plan.strategy + str(plan.mesh)
+
+
+def _rank(plan: ServePlan) -> tuple[float, float]:
+    """Best first: the throughput per chip, then the time per output token."""
+    return (-plan.tokens_per_s_per_chip, plan.decode_step_s)
+
+
+def _beside(compiled: ServePlan, prefilled: ServePlan) -> ServePlan:
+    """``compiled`` (a decode step) with its layout's compiled prefill: its time to first
+    token, and its buffers beyond the weights where they pass the decode step's
+    temporaries (``prefilled``'s temporaries are those alone)."""
+    return replace(
+        compiled,
+        first_token_s=prefilled.first_token_s,
+        temp_bytes_per_device=max(compiled.temp_bytes_per_device, prefilled.temp_bytes_per_device),
+    )
+
+
+def _prefill_alone(
+    compiled: ServePlan, config: ModelConfig, hw: Hardware, prompt: int, weights: str, cache: str
+) -> ServePlan:
+    """``compiled`` with its layout's compiled prefill, its temporaries the prefill's alone
+    (beyond the weights)."""
+    alone = replace(compiled, temp_bytes_per_device=0)
+    return compile_prefill(alone, config, hw, prompt, weights=weights, cache=cache)
+
 
 def _compile_best(
     plans: list[ServePlan],
@@ -621,7 +654,7 @@ def _compile_best(
     prompt: int,
     weights: str,
     cache: str,
-) -> list[ServePlan]:
+) -> tuple[list[ServePlan], dict[str, ServePlan]]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the largest batch it would fit at (its excess over
     the memory taken off in sequences, each replica's cache and temporaries a sequence), or
@@ -633,27 +666,18 @@ def _compile_best(
     from), so that a decode step that fits alone may not beside them."""
     layouts: dict[str, list[ServePlan]] = {}
     for p in sorted(plans, key=lambda p: -p.batch):
-        layouts.setdefault(p.strategy + str(p.mesh), []).append(p)
+        layouts.setdefault(_key(p), []).append(p)
     out: list[ServePlan] = []
-    for group in layouts.values():
-        prefilled: ServePlan | None = None
+    prefills: dict[str, ServePlan] = {}
+    for key, group in layouts.items():
         queue, tries = list(group), 0
         while queue and tries < COMPILES_PER_LAYOUT:
             p, tries = queue.pop(0), tries + 1
             compiled = compile_decode(p, config, hw, weights=weights, cache=cache)
             if compiled.fits:
-                if prefilled is None:  # its temporaries alone: the prefill's beyond the weights
-                    alone = replace(compiled, temp_bytes_per_device=0)
-                    prefilled = compile_prefill(
-                        alone, config, hw, prompt, weights=weights, cache=cache
-                    )
-                compiled = replace(
-                    compiled,
-                    first_token_s=prefilled.first_token_s,
-                    temp_bytes_per_device=max(
-                        compiled.temp_bytes_per_device, prefilled.temp_bytes_per_device
-                    ),
-                )
+                if key not in prefills:
+                    prefills[key] = _prefill_alone(compiled, config, hw, prompt, weights, cache)
+                compiled = _beside(compiled, prefills[key])
             if compiled.fits:
                 rest = [replace(q, first_token_s=compiled.first_token_s) for q in queue]
                 out.extend([compiled, *rest])
@@ -663,7 +687,37 @@ def _compile_best(
             if smaller is not None and (not queue or smaller.batch > queue[0].batch):
                 queue.insert(0, smaller)
         out.extend(queue)  # estimated: beyond the compiles a layout takes
-    return out
+    return out, prefills
+
+
+def _compile_leaders(
+    plans: list[ServePlan],
+    prefills: dict[str, ServePlan],
+    config: ModelConfig,
+    hw: Hardware,
+    prompt: int,
+    weights: str,
+    cache: str,
+    latency: float | None,
+) -> list[ServePlan]:
+    """``plans`` (those that fit) with the first-ranked one compiled while it is an estimate
+    (at most :data:`LEADER_COMPILES`): a layout's smaller batch may pass its compiled
+    largest by the roofline, and the compiled program says whether it does (a misfit
+    dropped). Among the plans that meet ``latency``, where given."""
+    for _ in range(LEADER_COMPILES):
+        meeting = [p for p in plans if latency is None or p.decode_step_s <= latency]
+        top = min(meeting, key=_rank, default=None)
+        if top is None or top.compiled_by is not None:
+            break
+        compiled = compile_decode(top, config, hw, weights=weights, cache=cache)
+        key = _key(top)
+        if compiled.fits and key not in prefills:
+            prefills[key] = _prefill_alone(compiled, config, hw, prompt, weights, cache)
+        if key in prefills:
+            compiled = _beside(compiled, prefills[key])
+        plans = [compiled if p is top else p for p in plans]
+        plans = [p for p in plans if p.fits]
+    return plans
 
 
 def _refit(
