@@ -41,7 +41,10 @@ of one prompt a replica (:func:`compile_prefill`): their times are then the comp
 programs' (the bytes they move through HBM and the FLOPs of their matmuls, counted from
 their HLO, the slower of the two, and their collectives priced as every collective is),
 their memory the compiled buffers (``compiled_by``); the other plans are estimated. On a TPU
-target the decode step is compiled and timed so too, and the prefill is estimated.
+target the decode step is compiled and timed so too, and the prefill is estimated. A
+layout's largest batch that does not fit once compiled gives way to the largest its
+program would fit at (:func:`_compile_best`), and while an estimated plan ranks first it
+is compiled too (:func:`_compile_leaders`), so that the best plan is a compiled one.
 """
 
 from __future__ import annotations
