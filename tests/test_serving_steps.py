@@ -170,7 +170,7 @@ def test_a_mixtures_prefill_and_decode_give_the_forward_pass_logits(capacity):
     np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
     served = serving_params(params)
     assert len(served["layers"]) == 1 and len(served["moe_layers"]) == 2
-    _, cache = prefill(served, tokens[:, :11], config, 16)
+    _, cache = jax.jit(lambda p, t: prefill(p, t, config, 16))(served, tokens[:, :11])
     assert len(cache) == 3  # one per layer, with experts or not
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
     logits, _ = step(served, cache, tokens[:, 11], jnp.int32(11))
@@ -252,16 +252,17 @@ def test_latent_attention_caches_the_latent_and_decodes_as_the_forward_pass(expe
     assert cache[0]["latent"].shape == (2, 16, 32) and cache[0]["rope"].shape == (2, 16, 8)
     served = serving_params(params)
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
-    _, cache = prefill(served, tokens[:, :11], config, 16)
+    fill = jax.jit(lambda p, t: prefill(p, t, config, 16))
+    _, cache = fill(served, tokens[:, :11])
     logits, cache = step(served, cache, tokens[:, 11], jnp.int32(11))
     np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
-    _, whole = prefill(served, tokens, config, 16)
+    _, whole = fill(served, tokens)
     for got, full in zip(cache, whole, strict=True):  # the 12th token's latent written
         np.testing.assert_allclose(
             np.asarray(got["latent"][:, :12]), np.asarray(full["latent"][:, :12]), atol=2e-5
         )
     # an int8 latent (one scale a layer): within 2% of the largest logit (measured 0.8%)
-    _, eight = prefill(served, tokens[:, :11], config, 16, cache="int8")
+    _, eight = jax.jit(lambda p, t: prefill(p, t, config, 16, cache="int8"))(served, tokens[:, :11])
     logits, _ = step(served, eight, tokens[:, 11], jnp.int32(11))
     assert np.max(np.abs(np.asarray(logits) - want)) < 0.02 * np.max(np.abs(want))
 
@@ -302,7 +303,7 @@ def test_8_bit_experts_and_latent_attention_decode_as_the_forward_pass_within_ro
     params = init_params(config)
     tokens = _tokens(12)
     eight = quantize_weights(params, fmt)
-    _, cache = prefill(eight, tokens[:, :11], config, 16, cache=fmt)
+    _, cache = jax.jit(lambda p, t: prefill(p, t, config, 16, cache=fmt))(eight, tokens[:, :11])
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
     logits, _ = step(eight, cache, tokens[:, 11], jnp.int32(11))
     want = np.asarray(forward(params, tokens, config)[:, -1])
