@@ -53,13 +53,14 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardscope._src.audit.pricing import execution_seconds
 from shardscope._src.base.comm import ALL_REDUCE
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.records import Record
-from shardscope._src.model.config import ModelConfig, param_shapes
+from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
 from shardscope._src.plan.estimates import divisors, elements_per_device
@@ -129,6 +130,10 @@ class ServePlan(Record):
         """The devices a mixture's routed experts are split over (1: each replica holds
         every expert)."""
         return self.mesh.get("expert", 1)
+
+    @property
+    def layout(self) -> _Layout:
+        return _Layout(self.strategy, self.tensor_parallel, self.replicas)
 
     @property
     def batch_axis(self) -> str | None:
@@ -385,12 +390,7 @@ def _weight_elements(config: ModelConfig, layout: _Layout) -> tuple[int, int]:
     strategy = get_strategy(layout.strategy).with_vocab_split()
     placement = strategy.place(c, abstract_mesh(layout.mesh))
     rules = strategy.param_rules()
-    experts = sum(
-        math.prod(shape) // math.prod(placement.role_size(r) for r in rules[name])
-        for name, shape in param_shapes(c).items()
-        if name.startswith("expert_")
-    )
-    return elements_per_device(placement, rules), experts
+    return elements_per_device(placement, rules), elements_per_device(placement, rules, "expert_")
 
 
 def _expert_bytes(config: ModelConfig, layout: _Layout, weights: str) -> int:
@@ -427,6 +427,22 @@ def _scores_bytes(config: ModelConfig, t: int, queries: int, keys: int) -> int:
     return config.heads // t * queries * keys * (4 + config.itemsize)
 
 
+class _Held(NamedTuple):
+    """Bytes on one device: the weights, the cache, the decode step's temporaries (the
+    logits, float32, each device its slice of the vocabulary; a layer's scores and
+    probabilities over the context) and a prefill's beside them (one prompt a replica: a
+    layer's scores and probabilities over the prompt)."""
+
+    weights: int
+    cache: int
+    decode: int
+    prefill: int
+
+    @property
+    def temporaries(self) -> int:
+        return max(self.decode, self.prefill)
+
+
 def _held(
     config: ModelConfig,
     layout: _Layout,
@@ -435,11 +451,8 @@ def _held(
     context: int,
     weights: str,
     cache: str,
-) -> tuple[int, int, int]:
-    """``(weights, cache, temporaries)`` bytes on one device. The temporaries are the
-    larger of the decode step's (the logits, float32, each device its slice of the
-    vocabulary; a layer's scores and probabilities over the context) and a prefill's beside
-    them (one prompt a replica: a layer's scores and probabilities over the prompt)."""
+) -> _Held:
+    """What one device holds serving ``batch`` sequences (:class:`_Held`)."""
     t, r = layout.t, layout.replicas
     c = served(config, t)
     weight = _weight_elements(config, layout)[0] * FORMATS[weights]
@@ -447,7 +460,7 @@ def _held(
     # split by key/value head; latent attention's latent is every head's, whole on each
     cached //= 1 if c.is_mla else t
     decode = (batch // r) * ((c.vocab or 0) // t * 4 + _scores_bytes(c, t, 1, context))
-    return weight, cached, max(decode, _scores_bytes(c, t, prompt, prompt))
+    return _Held(weight, cached, decode, _scores_bytes(c, t, prompt, prompt))
 
 
 def _largest_batch(
@@ -463,12 +476,11 @@ def _largest_batch(
     temporaries (a multiple of the replicas; 0 when the weights alone do not leave room for
     one)."""
     r = layout.replicas
-    weight, cached, decode = _held(config, layout, r, 1, context, weights, cache)  # r sequences
-    prefill = _held(config, layout, r, prompt, context, weights, cache)[2]
-    room = hw.memory_bytes - weight
+    one = _held(config, layout, r, prompt, context, weights, cache)  # a sequence a replica
+    room = hw.memory_bytes - one.weights
     if room <= 0:
         return 0
-    return r * int(min(room // (cached + decode), max(0, room - prefill) // cached))
+    return r * int(min(room // (one.cache + one.decode), max(0, room - one.prefill) // one.cache))
 
 
 def _batches(
@@ -526,8 +538,6 @@ def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: _Layout, tokens: in
     e = layout.expert_parallel
     if e == 1 or not config.is_moe:
         return 0.0
-    from shardscope._src.bounds.moe import moe_layer_terms
-
     terms = moe_layer_terms(
         tokens,
         config.d_model,
@@ -577,7 +587,8 @@ def _plan(
 ) -> ServePlan:
     t, r = layout.t, layout.replicas
     c = served(config, t)
-    weight, cached, temp = _held(config, layout, batch, prompt, context, weights, cache)
+    held = _held(config, layout, batch, prompt, context, weights, cache)
+    weight, cached = held.weights, held.cache
     per_replica = batch // r
     rate = hw.peak_flops * hw.matmul_fraction
     active = c.active_param_count()
@@ -602,7 +613,7 @@ def _plan(
         context=context,
         weight_bytes_per_device=weight,
         cache_bytes_per_device=cached,
-        temp_bytes_per_device=temp,
+        temp_bytes_per_device=held.temporaries,
         memory_limit_bytes=int(hw.memory_bytes),
         decode_step_s=decode,
         decode_memory_s=memory_s,
@@ -736,11 +747,11 @@ def _refit(
     not fit) would fit at: its excess over the memory taken off a replica's sequence at a
     time, each the cache and the decode step's temporaries of one sequence a replica (as
     estimated; None where no batch is left)."""
-    layout = _Layout(plan.strategy, plan.tensor_parallel, plan.replicas)
+    layout = plan.layout
     r = layout.replicas
-    _, cached, temp = _held(config, layout, r, 1, plan.context, weights, cache)
+    one = _held(config, layout, r, prompt, plan.context, weights, cache)  # a sequence a replica
     excess = compiled.memory_bytes_per_device - compiled.memory_limit_bytes
-    batch = plan.batch - r * max(1, math.ceil(excess / (cached + temp)))
+    batch = plan.batch - r * max(1, math.ceil(excess / (one.cache + one.decode)))
     if batch < r:
         return None
     return _plan(config, hw, layout, batch, prompt, plan.context, weights, cache)
@@ -869,7 +880,8 @@ def _placed(
     # Megatron-LM's and vLLM's vocabulary-parallel layers do (replicated, each device would
     # hold both whole: 4.2 GB of Llama 3 70B's 141)
     strategy = get_strategy(plan.strategy).with_vocab_split()
-    specs = serving_specs(strategy.place(c, mesh).param_specs(), c)
+    placement = strategy.place(c, mesh)
+    specs = serving_specs(placement.param_specs(), c)
     if weights in EIGHT_BIT:
         assert weights is not None
         specs = abstract_quantized(shapes, weights, specs)
@@ -879,7 +891,7 @@ def _placed(
         shapes,
         specs,
     )
-    hooks = JitHooks(strategy.place(c, mesh)) if c.is_moe else NO_HOOKS
+    hooks = JitHooks(placement) if c.is_moe else NO_HOOKS
     return c, mesh, params, plan.batch_axis, hooks
 
 
@@ -935,8 +947,8 @@ def compile_decode(
     got = _compile_layers(plan, config, hw, build)
     # the program's batched expert matmuls read every expert of a device; a server's
     # grouped kernel, those its tokens are routed to (untouched_share)
-    layout = _Layout(plan.strategy, plan.tensor_parallel, plan.replicas)
-    skipped = untouched_share(served(config, layout.t), layout, plan.batch) * _expert_bytes(
+    layout = plan.layout
+    skipped = untouched_share(config, layout, plan.batch) * _expert_bytes(
         config, layout, weights or config.dtype
     )
     memory_s = (
