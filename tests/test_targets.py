@@ -123,8 +123,34 @@ def test_gpu_description_carries_the_datasheet_and_the_preset_memory():
     text = GPU_SPECS["h100"].target_config(shardscope.hardware("h100").memory_bytes)
     assert "cuda_compute_capability { major: 9 minor: 0 }" in text
     assert "core_count: 132" in text
-    assert "device_memory_size: 80000000000" in text
+    # XLA:GPU's memory limit starts from 80% of the memory it is told: told 100 GB, it
+    # starts from the H100's 80 GB
+    assert "device_memory_size: 100000000000" in text
     assert 'device_description_str: "NVIDIA H100 80GB HBM3"' in text
+
+
+def _four_products(rows: int):
+    # Four f32 [rows, rows] matmul outputs, all live where they are combined: 4 x 4 rows^2
+    # bytes of temporaries that no rematerialization can reduce.
+    def f(s):
+        x = jnp.sin(s * jnp.arange(rows * 64, dtype=jnp.float32).reshape(rows, 64))
+        z = [(x * (i + 1)) @ x.T for i in range(4)]
+        return (z[0] + z[1] * z[2] - z[3])[::1000, ::1000]
+
+    mesh = shardscope.target_mesh("h100", "data=1")
+    return shardscope.audit(f, jax.ShapeDtypeStruct((), jnp.float32), mesh=mesh)
+
+
+def test_the_gpu_compiler_may_hold_the_whole_device_memory():
+    # 61.5 GB of products: over the 76% of the H100's 80 GB that XLA:GPU limits itself to
+    # when compiling deviceless (it then logged that it could not rematerialize below
+    # 60.8 GB), under the device's memory.
+    assert 4 * 4 * 62_000**2 > 0.76 * 80e9
+    assert _four_products(62_000).memory_pressure is None
+    # 78.4 GB: over the device. The limit the compiler names is 95% (its slop) of 80 GB.
+    pressure = _four_products(70_000).memory_pressure
+    assert pressure is not None
+    assert pressure.limit_bytes == pytest.approx(0.95 * 80e9, rel=1e-6)
 
 
 def test_missing_extra_is_one_error_naming_it(monkeypatch):

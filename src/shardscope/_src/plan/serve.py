@@ -809,9 +809,10 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     from shardscope._src.audit.compile import audit
     from shardscope._src.base.stderr import capture_stderr
 
-    # XLA:GPU's scheduler logs an error line when a program's arguments pass 64 GB (its
-    # memory limit's base), as a server's weights and cache do, and its rematerialization a
-    # warning when a program does not fit: the compile is sound, and the fit says the rest
+    # XLA:GPU's scheduler logs an error line when a program's arguments pass its memory
+    # limit's base (the device's memory), as a server's weights and cache may, and its
+    # rematerialization a warning when a program does not fit: the compile is sound, and
+    # the fit says the rest
     with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
         result = audit(step, *args)
     sizes = dict(plan.mesh)

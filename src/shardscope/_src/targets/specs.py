@@ -35,6 +35,9 @@ class Family(StrEnum):
 CPU, GPU, TPU = Family.CPU, Family.GPU, Family.TPU
 GPU_EXTRA, TPU_EXTRA = "gpu-compile", "tpu-compile"
 GPUS_PER_NODE = 8
+#: The share of the device memory XLA:GPU takes as its memory limit's base when no client
+#: allocator says how much it holds (``gpu_compiler.cc``, ``GetSchedulerMemoryLimit``).
+XLA_GPU_UNTOLD_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,17 @@ class GpuSpec:
     source: str
 
     def target_config(self, memory_bytes: float) -> str:
-        """The ``GpuTargetConfigProto`` text JAX's CUDA plugin compiles against."""
+        """The ``GpuTargetConfigProto`` text JAX's CUDA plugin compiles against, for a
+        program that may hold ``memory_bytes`` (the device's memory, as the plan's fit
+        test assumes).
+
+        XLA:GPU sizes its scheduler's and its rematerialization's memory limit from what the
+        client's allocator holds, and without a client (compiling deviceless) from 80% of the
+        device memory it is told (``gpu_compiler.cc``, ``GetSchedulerMemoryLimit``: then
+        less the program's arguments and outputs, times its 95% slop factor). Told
+        ``memory_bytes / 0.8``, its limit is what a client holding the whole device would
+        give: without it, a program that fits the device above 76% of its memory was
+        rematerialized (matmuls computed again) to come under it."""
         major, minor = self.compute_capability
         return "\n".join(
             [
@@ -62,7 +75,7 @@ class GpuSpec:
                 f"  core_count: {self.sm_count}",
                 f"  fpus_per_core: {self.fp32_lanes_per_sm}",
                 f"  clock_rate_ghz: {self.clock_ghz}",
-                f"  device_memory_size: {int(memory_bytes)}",
+                f"  device_memory_size: {int(memory_bytes / XLA_GPU_UNTOLD_SHARE)}",
                 f"  memory_bandwidth: {int(self.memory_bandwidth)}",
                 f"  l2_cache_size: {self.l2_cache_bytes}",
                 # Limits common to every CUDA GPU from compute capability 8.0 on.
