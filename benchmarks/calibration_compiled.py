@@ -55,7 +55,8 @@ def main(prefixes: list[str]) -> None:
         f"{'run':46} {'compiled':>9} {'estimate':>9} {'measured':>9} {'error':>7}  "
         f"{'fit mem':>8} {'analytic':>8} {'ratio':>6} {'fits':>4} {'peak':>8} {'s':>5}"
     )
-    errors, ratios = [], []
+    errors: dict[str, list[float]] = {}
+    ratios = []
     for row in rows:
         t0 = time.perf_counter()
         result = _plan(row)
@@ -63,7 +64,7 @@ def main(prefixes: list[str]) -> None:
         p = on_target[0] if on_target else result.plans[0]
         step, est = p.step_time_s, p.estimated_time.step_s
         error = step / row.measured_s - 1
-        errors.append(abs(error))
+        errors.setdefault("sets 1-2" if row in ROWS else "set 3", []).append(abs(error))
         fit, analytic = p.fit_memory_bytes_per_device, p.memory.total
         ratio = analytic / fit if p.target_memory is not None else float("nan")
         if p.target_memory is not None:
@@ -76,12 +77,13 @@ def main(prefixes: list[str]) -> None:
         )
         if p.target_error:
             print(f"{'':46} ({p.target_error})")
-    if errors:
+    for sets, got in errors.items():
         print(
-            f"\n{len(errors)} rows: compiled step median |error| {statistics.median(errors):.1%}, "
-            f"worst {max(errors):.1%}; analytic / compiler memory "
-            f"{min(ratios, default=float('nan')):.2f}-{max(ratios, default=float('nan')):.2f}"
+            f"\n{sets}: {len(got)} rows, compiled step median |error| "
+            f"{statistics.median(got):.1%}, worst {max(got):.1%}"
         )
+    if ratios:
+        print(f"analytic / compiler memory {min(ratios):.2f}-{max(ratios):.2f}")
 
 
 if __name__ == "__main__":
