@@ -129,6 +129,24 @@ def test_gpu_description_carries_the_datasheet_and_the_preset_memory():
     assert 'device_description_str: "NVIDIA H100 80GB HBM3"' in text
 
 
+def test_what_a_compiled_program_holds_is_its_peak_or_its_buffers_whichever_is_less():
+    from shardscope._src.plan.types import held_bytes
+
+    gib = 2**30
+    buffers = {
+        "argument_size_in_bytes": 2 * gib,
+        "output_size_in_bytes": 2 * gib,
+        "alias_size_in_bytes": 1 * gib,
+        "temp_size_in_bytes": 30 * gib,
+    }
+    # arguments + outputs + temporaries - aliased
+    assert held_bytes(buffers) == (2 + 2 + 30 - 1) * gib
+    # A peak below the buffers (XLA:TPU's temporaries that never share the memory) is what
+    # the program holds; a peak above them (one that counts host memory) is not.
+    assert held_bytes({**buffers, "peak_memory_in_bytes": 21 * gib}) == 21 * gib
+    assert held_bytes({**buffers, "peak_memory_in_bytes": 49 * gib}) == (2 + 2 + 30 - 1) * gib
+
+
 def _four_products(rows: int):
     # Four f32 [rows, rows] matmul outputs, all live where they are combined: 4 x 4 rows^2
     # bytes of temporaries that no rematerialization can reduce.

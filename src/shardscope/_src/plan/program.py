@@ -67,7 +67,7 @@ from shardscope._src.plan.types import (
     ProgramTask,
     Skipped,
     SkipReason,
-    device_bytes,
+    held_bytes,
     no_plan_note,
 )
 from shardscope._src.sharding.rules import (
@@ -137,7 +137,7 @@ class ProgramPlan:
 
     @property
     def fit_memory_bytes_per_device(self) -> int:
-        """The memory ``fits`` reads: the compiler's buffer assignment."""
+        """The memory ``fits`` reads: what the compiled program holds at once."""
         return self.memory_bytes_per_device
 
     @property
@@ -163,8 +163,8 @@ class ProgramPlan:
 
     @property
     def memory_bytes_per_device(self) -> int:
-        m = self.compiled_memory
-        return device_bytes(m)
+        """What the compiled program holds at once (:func:`held_bytes`)."""
+        return held_bytes(self.compiled_memory)
 
     @property
     def fits(self) -> bool:

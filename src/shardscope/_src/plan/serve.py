@@ -65,7 +65,7 @@ from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
 from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
-from shardscope._src.plan.types import device_bytes
+from shardscope._src.plan.types import held_bytes
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
@@ -761,7 +761,7 @@ def _refit(
 class _Compiled:
     """What one compiled serving step costs a device: its HBM traffic and matmuls (None
     where its HLO does not time it, see :func:`_compile`), its collectives' time, the bytes
-    its buffers hold (:func:`~shardscope._src.plan.types.device_bytes`), and its
+    it holds at once (:func:`~shardscope._src.plan.types.held_bytes`), and its
     all-reduces."""
 
     memory_s: float | None
@@ -822,7 +822,7 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
         if result.hlo_flops is None
         else result.hlo_flops / (hw.peak_flops * hw.matmul_fraction),
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
-        held_bytes=device_bytes(result.memory or {}),
+        held_bytes=held_bytes(result.memory or {}),
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
     )
 

@@ -28,7 +28,7 @@ from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import Progress, plan_collective
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import compiled_step
-from shardscope._src.plan.types import Candidate, Plan, PlanCollective, device_bytes
+from shardscope._src.plan.types import Candidate, Plan, PlanCollective, held_bytes
 from shardscope._src.plan.validate import compiled_flops, flops_note, reduce_scatter_note
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
@@ -61,10 +61,8 @@ class TargetFacts:
 
     @property
     def memory_bytes_per_device(self) -> int:
-        """Arguments + outputs + temporaries - aliased, as the target's buffer assignment has
-        them."""
-        m = self.memory
-        return device_bytes(m)
+        """What the target's program holds at once (:func:`held_bytes`)."""
+        return held_bytes(self.memory)
 
 
 def _optimal_seconds(compiled: jax.stages.Compiled | None) -> float | None:
