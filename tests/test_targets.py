@@ -444,6 +444,36 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert "compiled again by the h100 compiler" in again.text
 
 
+def test_the_plan_ranked_first_is_one_the_target_compiled(monkeypatch):
+    from dataclasses import replace as copy
+
+    from shardscope._src.plan import target as plan_target
+
+    real = plan_target.target_facts
+
+    def slower(cand, *args):
+        # A target whose DP program computes a million times the matmuls (a tenth of a
+        # second where the small model's step is microseconds of latency): compiled first,
+        # it falls below FSDP, which only the CPU compiler compiled.
+        facts = real(cand, *args)
+        if cand.strategy == "dp" and facts.hlo_flops:
+            facts = copy(facts, hlo_flops=10**6 * facts.hlo_flops)
+        return facts
+
+    monkeypatch.setattr(plan_target, "target_facts", slower)
+    result = shardscope.plan(
+        None, 8, hardware="h100", strategies=["dp", "fsdp"], compiler="h100", target_plans=1,
+        workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
+    )  # fmt: skip
+    # FSDP, leading once DP is priced, is compiled by the target too: the best is its program.
+    assert [(p.strategy, p.compiled_by.name) for p in result.plans] == [
+        ("fsdp", "h100"),
+        ("dp", "h100"),
+    ]
+    (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
+    assert again.values["ranks"] == [1, 2]
+
+
 def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
     result = shardscope.plan(
         None, 8, hardware="h100", strategies=["fsdp"], compiler="h100", target_plans=1,

@@ -163,7 +163,7 @@ def recompile_on_target(
     flash_attention: bool = True,
 ) -> list[Plan]:
     """The leading plans compiled again by the target's compiler, in the screening's order,
-    until ``leading`` of them fit the device memory by its buffer assignment (or ``3 x
+    until ``leading`` of them fit the device memory by what its programs hold (or ``3 x
     leading`` are compiled, or the list ends); the rest kept as screened."""
 
     out: list[Plan] = []
@@ -172,79 +172,89 @@ def recompile_on_target(
     for i, p in enumerate(order[:budget], start=1):
         if fitting >= leading:
             break
-        cand = p.candidate
-        facts = target_facts(
-            cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
-        )
-        bound = p.bound
-        assert bound is not None  # every compiled plan carries its formula
-        if facts.failure is not None:
-            failed = Note(
-                PlanNote.TARGET_COMPILE_FAILED, {"target": target.name, "error": facts.failure}
-            )
-            out.append(replace(p, notes=(failed, *p.notes)))  # unverified: not counted
-            if progress:
-                progress(i, budget, f"{p.label} on {target.name}")
-            continue
-
-        if facts.error is None:
-            values = {"target": target.name, "memory_bytes": facts.memory_bytes_per_device}
-            values["estimate_bytes"] = p.memory.total
-        else:
-            values = {"target": target.name, "error": facts.error}
-        note = Note(PlanNote.COMPILED_BY_TARGET, values)
-        kept = p.notes
-        if facts.error is None:
-            # The plan's collectives become the target's: so does the note on a reduce-scatter
-            # left out, which its compiler's record decides.
-            # So do its rematerializations and what its compiler says of the memory.
-            # So does the note on its matmul FLOPs against the formula's.
-            replaced = (
-                PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER,
-                PlanNote.REMATERIALIZATION,
-                PlanNote.COMPILED_FLOPS,
-            )
-            kept = tuple(n for n in p.notes if n.kind not in replaced)
-            capabilities = target.capabilities
-            rs = reduce_scatter_note(bound, facts.collectives, capabilities)
-            kept = kept if rs is None else (rs, *kept)
-            if facts.rematerializations:
-                sites = list(facts.rematerializations)
-                kept = (*kept, Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
-            if facts.memory_pressure is not None:
-                pressure = {"compiler": capabilities.compiler, **facts.memory_pressure.to_dict()}
-                kept = (Note(PlanNote.MEMORY_PRESSURE, pressure), *kept)
-        changes: dict[str, Any] = {
-            "notes": (note, *kept),
-            "compiled_by": target,
-            "target_memory": dict(facts.memory) if facts.error is None else None,
-            "target_error": facts.error,
-            "target_optimal_seconds": facts.optimal_seconds,
-            "timing": {**p.timing, "target_compile_s": facts.compile_s},
-        }
-        if facts.error is None:
-            comm = axis_comm(hw, dict(cand.stage_mesh), facts.collectives, bound)
-            changes.update(
-                collectives=facts.collectives,
-                comm=comm,
-                comm_time_s=sum(a.time_s for a in comm),
-                exact=facts.exact,
-            )
-            if p.pricing is not None:  # the step as the target's program has it
-                flops = compiled_flops(facts.hlo_flops, facts.exact)
-                step = compiled_step(hw, p.pricing, facts.collectives, bound, capabilities, flops)
-                changes.update(time=step, compute_time_s=step.compute_s)
-                changes["matmul_flops_per_device"] = flops
-                formula = p.pricing.work.step_matmul_flops
-                differ = flops_note(formula, flops, capabilities)
-                if differ is not None:
-                    changes["notes"] = (*changes["notes"], differ)
-        q = replace(p, **changes)
+        q = on_target(p, config, mode, hw, target, flash_attention)
         out.append(q)
-        fitting += q.fits
+        fitting += q.compiled_by == target and q.fits  # a failed compile is not counted
         if progress:
             progress(i, budget, f"{p.label} on {target.name}")
     return out + order[len(out) :]
+
+
+def on_target(
+    p: Plan,
+    config: ModelConfig,
+    mode: str,
+    hw: Hardware,
+    target: Target,
+    flash_attention: bool = True,
+) -> Plan:
+    """``p`` compiled again by the target's compiler: its collectives, memory, fit and step
+    the target program's; where that compiler fails, ``p`` as it was with a note saying so."""
+    cand = p.candidate
+    facts = target_facts(
+        cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
+    )
+    bound = p.bound
+    assert bound is not None  # every compiled plan carries its formula
+    if facts.failure is not None:
+        failed = Note(
+            PlanNote.TARGET_COMPILE_FAILED, {"target": target.name, "error": facts.failure}
+        )
+        return replace(p, notes=(failed, *p.notes))  # unverified
+
+    if facts.error is None:
+        values = {"target": target.name, "memory_bytes": facts.memory_bytes_per_device}
+        values["estimate_bytes"] = p.memory.total
+    else:
+        values = {"target": target.name, "error": facts.error}
+    note = Note(PlanNote.COMPILED_BY_TARGET, values)
+    kept = p.notes
+    if facts.error is None:
+        # The plan's collectives become the target's: so does the note on a reduce-scatter
+        # left out, which its compiler's record decides.
+        # So do its rematerializations and what its compiler says of the memory.
+        # So does the note on its matmul FLOPs against the formula's.
+        replaced = (
+            PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER,
+            PlanNote.REMATERIALIZATION,
+            PlanNote.COMPILED_FLOPS,
+        )
+        kept = tuple(n for n in p.notes if n.kind not in replaced)
+        capabilities = target.capabilities
+        rs = reduce_scatter_note(bound, facts.collectives, capabilities)
+        kept = kept if rs is None else (rs, *kept)
+        if facts.rematerializations:
+            sites = list(facts.rematerializations)
+            kept = (*kept, Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
+        if facts.memory_pressure is not None:
+            pressure = {"compiler": capabilities.compiler, **facts.memory_pressure.to_dict()}
+            kept = (Note(PlanNote.MEMORY_PRESSURE, pressure), *kept)
+    changes: dict[str, Any] = {
+        "notes": (note, *kept),
+        "compiled_by": target,
+        "target_memory": dict(facts.memory) if facts.error is None else None,
+        "target_error": facts.error,
+        "target_optimal_seconds": facts.optimal_seconds,
+        "timing": {**p.timing, "target_compile_s": facts.compile_s},
+    }
+    if facts.error is None:
+        comm = axis_comm(hw, dict(cand.stage_mesh), facts.collectives, bound)
+        changes.update(
+            collectives=facts.collectives,
+            comm=comm,
+            comm_time_s=sum(a.time_s for a in comm),
+            exact=facts.exact,
+        )
+        if p.pricing is not None:  # the step as the target's program has it
+            flops = compiled_flops(facts.hlo_flops, facts.exact)
+            step = compiled_step(hw, p.pricing, facts.collectives, bound, capabilities, flops)
+            changes.update(time=step, compute_time_s=step.compute_s)
+            changes["matmul_flops_per_device"] = flops
+            formula = p.pricing.work.step_matmul_flops
+            differ = flops_note(formula, flops, capabilities)
+            if differ is not None:
+                changes["notes"] = (*changes["notes"], differ)
+    return replace(p, **changes)
 
 
 def compiler_notes(compiler: Target, plans: Sequence[Plan], hw: Hardware) -> list[Note]:
