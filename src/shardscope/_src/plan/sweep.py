@@ -66,12 +66,7 @@ from shardscope._src.plan.request import (
     PlanRequest,
     check_dims,
 )
-from shardscope._src.plan.target import (
-    check_compiler,
-    compiler_notes,
-    on_target,
-    recompile_on_target,
-)
+from shardscope._src.plan.target import check_compiler, compiler_notes, recompile_on_target
 from shardscope._src.plan.timing import compiled_step
 from shardscope._src.plan.timing import describe as timing_constants
 from shardscope._src.plan.types import (
@@ -95,7 +90,6 @@ from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.capabilities import CPU_COMPILER
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
-from shardscope._src.targets.specs import Target
 
 #: The most simulated devices the program of one plan may need (see ``MAX_CPU_DEVICES``):
 #: a pipelined plan compiles one stage, so a plan may have more devices than this.
@@ -339,10 +333,16 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     order = sorted(plans, key=_rank_key(names))
     if compiler.is_accelerator:
         order = recompile_on_target(
-            order, config, mode, hw, compiler, r.target_plans, progress, r.flash_attention
+            order,
+            config,
+            mode,
+            hw,
+            compiler,
+            r.target_plans,
+            progress,
+            _rank_key(names),
+            r.flash_attention,
         )
-        order = sorted(order, key=_rank_key(names))
-        order = _compile_leaders(order, config, mode, hw, compiler, r.flash_attention, names)
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     settings = {
@@ -536,35 +536,6 @@ def _compiled_plan(
         pricing=s.pricing,
         bound=bound,
     )
-
-
-#: The most target compiles that follow the leading plans' while a plan the target's compiler
-#: has not compiled ranks first.
-LEADER_COMPILES = 3
-
-
-def _compile_leaders(
-    order: list[Plan],
-    config: ModelConfig,
-    mode: str,
-    hw: Hardware,
-    compiler: Target,
-    flash_attention: bool,
-    names: Sequence[str],
-) -> list[Plan]:
-    """``order`` with the plan ranked first compiled by the target's compiler while the
-    target has not compiled it (at most :data:`LEADER_COMPILES` times), so that the best
-    plan is the target's program, not an estimate that ranked above the ones it compiled.
-    A plan whose compile failed is not tried again."""
-    for _ in range(LEADER_COMPILES):
-        first = order[0] if order else None
-        if first is None or first.compiled_by == compiler:
-            break
-        if any(n.kind == PlanNote.TARGET_COMPILE_FAILED for n in first.notes):
-            break
-        compiled = on_target(first, config, mode, hw, compiler, flash_attention)
-        order = sorted([compiled, *order[1:]], key=_rank_key(names))
-    return order
 
 
 def _rank_key(names: Sequence[str]) -> Callable[[Plan], tuple[Any, ...]]:

@@ -11,7 +11,7 @@ that does not fit fails to compile; its words are kept as the reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -152,6 +152,11 @@ def check_compiler(
     return t
 
 
+#: The most target compiles that follow the leading plans' while a plan the target's compiler
+#: has not compiled ranks first.
+LEADER_COMPILES = 3
+
+
 def recompile_on_target(
     order: list[Plan],
     config: ModelConfig,
@@ -160,11 +165,15 @@ def recompile_on_target(
     target: Target,
     leading: int,
     progress: Progress | None,
+    rank: Callable[[Plan], Any],
     flash_attention: bool = True,
 ) -> list[Plan]:
-    """The leading plans compiled again by the target's compiler, in the screening's order,
-    until ``leading`` of them fit the device memory by what its programs hold (or ``3 x
-    leading`` are compiled, or the list ends); the rest kept as screened."""
+    """The plans ranked by ``rank`` once the target's compiler has compiled the leading ones
+    again, in the screening's order, until ``leading`` of them fit the device memory by what
+    its programs hold (or ``3 x leading`` are compiled, or the list ends), the rest kept as
+    screened; then, while a plan it has not compiled ranks first, that one too (at most
+    :data:`LEADER_COMPILES`), so that the best plan is the target's program. A plan whose
+    compile failed is not tried again."""
 
     out: list[Plan] = []
     fitting = 0
@@ -177,7 +186,16 @@ def recompile_on_target(
         fitting += q.compiled_by == target and q.fits  # a failed compile is not counted
         if progress:
             progress(i, budget, f"{p.label} on {target.name}")
-    return out + order[len(out) :]
+    ranked = sorted(out + order[len(out) :], key=rank)
+    for _ in range(LEADER_COMPILES):
+        first = ranked[0] if ranked else None
+        if first is None or first.compiled_by == target:
+            break
+        if any(n.kind == PlanNote.TARGET_COMPILE_FAILED for n in first.notes):
+            break
+        compiled = on_target(first, config, mode, hw, target, flash_attention)
+        ranked = sorted([compiled, *ranked[1:]], key=rank)
+    return ranked
 
 
 def on_target(
