@@ -147,7 +147,7 @@ def test_what_a_compiled_program_holds_is_its_peak_or_its_buffers_whichever_is_l
     assert held_bytes({**buffers, "peak_memory_in_bytes": 49 * gib}) == (2 + 2 + 30 - 1) * gib
 
 
-def _four_products(rows: int):
+def _four_products(rows: int, memory_bytes: float | None = None):
     # Four f32 [rows, rows] matmul outputs, all live where they are combined: 4 x 4 rows^2
     # bytes of temporaries that no rematerialization can reduce.
     def f(s):
@@ -155,7 +155,7 @@ def _four_products(rows: int):
         z = [(x * (i + 1)) @ x.T for i in range(4)]
         return (z[0] + z[1] * z[2] - z[3])[::1000, ::1000]
 
-    mesh = shardscope.target_mesh("h100", "data=1")
+    mesh = shardscope.target_mesh("h100", "data=1", memory_bytes=memory_bytes)
     return shardscope.audit(f, jax.ShapeDtypeStruct((), jnp.float32), mesh=mesh)
 
 
@@ -169,6 +169,39 @@ def test_the_gpu_compiler_may_hold_the_whole_device_memory():
     pressure = _four_products(70_000).memory_pressure
     assert pressure is not None
     assert pressure.limit_bytes == pytest.approx(0.95 * 80e9, rel=1e-6)
+
+
+def test_a_gpu_mesh_told_less_memory_compiles_under_that_limit():
+    # 6.4 GB of products: well under the H100's 80 GB, over the 4 GB the program is told
+    # it may hold (the rest of the device holding what the program does not, say). The
+    # limit the compiler names is 95% of what it was told.
+    assert 4 * 4 * 20_000**2 > 4e9
+    assert _four_products(20_000).memory_pressure is None
+    pressure = _four_products(20_000, memory_bytes=4e9).memory_pressure
+    assert pressure is not None
+    assert pressure.limit_bytes == pytest.approx(0.95 * 4e9, rel=1e-6)
+    # Devices told another memory are other devices; told the same, the same ones.
+    assert targets_devices.target_devices("h100", 8, memory_bytes=4e9) != (
+        targets_devices.target_devices("h100", 8)
+    )
+    assert targets_devices.target_devices("h100", 8, memory_bytes=4e9) == (
+        targets_devices.target_devices("h100", 8, memory_bytes=4e9)
+    )
+
+
+@pytest.mark.parametrize(
+    "target,memory,words",
+    [
+        ("tpu-v5p", 4e9, "takes its chip's memory"),
+        ("cpu", 4e9, "simulated"),
+        ("h100", 0, "positive number of bytes"),
+        ("h100", True, "positive number of bytes"),
+    ],
+)
+def test_memory_for_a_target_that_takes_none_is_refused(target, memory, words):
+    with pytest.raises(shardscope.TargetError, match=words) as info:
+        shardscope.target_mesh(target, "data=4", memory_bytes=memory)
+    assert f"memory_bytes={memory!r}" in str(info.value)
 
 
 def test_missing_extra_is_one_error_naming_it(monkeypatch):
@@ -435,7 +468,12 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert f"h100 (est. {format_bytes(on_target.memory.total)})" in row
     assert on_target.to_dict()["fit_memory_source"] == "h100 compiler"
     assert on_target.notes[0].kind == "compiled-by-target"
-    assert on_target.notes[0].text.startswith("compiled by the h100 compiler: ")
+    # Its compiler was told the program may hold the device less that state.
+    room = shardscope.hardware("h100").memory_bytes - 12 * weights
+    assert on_target.notes[0].text.startswith(
+        f"compiled by the h100 compiler, told the program may hold {format_bytes(room)} (the "
+        f"device less its {format_bytes(12 * weights)} of optimizer state): "
+    )
     # The target keeps bf16 collectives bf16: what it sends is what it compiled.
     assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
     (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
@@ -591,6 +629,31 @@ def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(ca
     assert [[p[k] for k in keys] for p in shell["plans"]] == [
         [p[k] for k in keys] for p in python["plans"]
     ]
+
+
+def test_the_gpu_compiler_plans_a_step_for_the_memory_its_optimizer_state_leaves():
+    # _SMALL's parameters: embedding and unembedding, per layer attention (4 d^2), MLP
+    # (2 d ff) and two norms, and the final norm.
+    params = 2 * 512 * 64 + 2 * (4 * 64 * 64 + 2 * 64 * 256 + 2 * 64) + 64
+    optimizer = 12 * params  # fp32 master copy and two Adam moments, replicated by DP
+    # A device with room for the parameters, their gradients and the optimizer state and
+    # 100 kB more: the step's temporaries do not fit in what the state leaves.
+    memory = 16 * params + 100_000
+    result = shardscope.plan(
+        None, 8, hardware=shardscope.hardware("h100", memory_bytes=memory), strategies=["dp"],
+        compiler="h100", target_plans=1, workers=0, stages=1, microbatches=1, remat="none",
+        offload_optimizer=False, **_SMALL,
+    )  # fmt: skip
+    (p,) = [p for p in result.plans if p.compiled_by == TARGETS["h100"]]
+    assert p.memory.device_optimizer == optimizer
+    (pressure,) = [n for n in p.notes if n.kind == "memory-pressure"]
+    # The compiler aimed for 95% (its slop) of what the optimizer state leaves, less the
+    # step's arguments and outputs: told the whole device, it would have aimed for far more
+    # than the step needs and said nothing.
+    io = p.target_memory["argument_size_in_bytes"] + p.target_memory["output_size_in_bytes"]
+    assert 0.95 * (memory - optimizer - io) <= pressure.values["limit_bytes"]
+    assert pressure.values["limit_bytes"] <= 0.95 * (memory - optimizer)
+    assert not p.fits
 
 
 def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(monkeypatch):

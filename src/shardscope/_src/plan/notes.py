@@ -32,7 +32,9 @@ class PlanNote(NoteKind):
     #: ``virtual_stages`` when interleaved)
     PIPELINE_STAGE = "pipeline-stage"
     #: compiled again by a target's compiler (values: ``target``, ``memory_bytes``,
-    #: ``estimate_bytes``; or ``target`` and ``error`` when it failed)
+    #: ``estimate_bytes``, and ``room_bytes`` where a GPU's compiler was told the program
+    #: may hold less than the device, ``optimizer_bytes`` the state beside it; or
+    #: ``target`` and ``error`` when it failed)
     COMPILED_BY_TARGET = "compiled-by-target"
     #: the target's compiler failed on the plan, which keeps its CPU compile (values:
     #: ``target``, ``error``: the compiler's first line)
@@ -182,6 +184,12 @@ def _pipeline_stage(v: Mapping[str, Any]) -> str:
 
 def _compiled_by_target(v: Mapping[str, Any]) -> str:
     head = f"compiled by the {v['target']} compiler: "
+    if v.get("room_bytes") is not None:
+        head = (
+            f"compiled by the {v['target']} compiler, told the program may hold "
+            f"{format_bytes(v['room_bytes'])} (the device less its "
+            f"{format_bytes(v['optimizer_bytes'])} of optimizer state): "
+        )
     if v.get("error") is not None:
         return head + v["error"]
     return (

@@ -34,7 +34,7 @@ from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import target_mesh
-from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Target, get_target
+from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Family, Target, get_target
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,18 @@ def _optimal_seconds(compiled: jax.stages.Compiled | None) -> float | None:
 
 
 def target_facts(
-    cand: Candidate, config: ModelConfig, mode: str, target: str | Target
+    cand: Candidate,
+    config: ModelConfig,
+    mode: str,
+    target: str | Target,
+    memory_bytes: float | None = None,
 ) -> TargetFacts:
     """Builds ``cand``'s program on ``target``'s compile-only devices, compiles it with the
-    target's compiler and audits it."""
+    target's compiler and audits it; a GPU's compiler told the program may hold
+    ``memory_bytes`` (:func:`~shardscope._src.targets.mesh.target_mesh`)."""
 
     name = get_target(target).name
-    mesh = target_mesh(name, cand.stage_mesh_spec, axis_types="auto")
+    mesh = target_mesh(name, cand.stage_mesh_spec, axis_types="auto", memory_bytes=memory_bytes)
     placement = cand.strategy_record.place(config, mesh)
     program = build_reference_program(
         placement, mode=mode, microbatches=cand.microbatches, regather=True
@@ -207,10 +212,17 @@ def on_target(
     flash_attention: bool = True,
 ) -> Plan:
     """``p`` compiled again by the target's compiler: its collectives, memory, fit and step
-    the target program's; where that compiler fails, ``p`` as it was with a note saying so."""
+    the target program's; where that compiler fails, ``p`` as it was with a note saying so.
+
+    A GPU's compiler is told the program may hold the device's memory less the optimizer
+    state, which lives beside it (the step's program does not hold it): its scheduler and
+    rematerialization then work under the limit a run's own compiler has."""
     cand = p.candidate
+    room = None
+    if target.family == Family.GPU:
+        room = max(p.memory_limit_bytes - p.memory.device_optimizer, 1)
     facts = target_facts(
-        cand, stage_config(config, cand, flash_attention=flash_attention), mode, target
+        cand, stage_config(config, cand, flash_attention=flash_attention), mode, target, room
     )
     bound = p.bound
     assert bound is not None  # every compiled plan carries its formula
@@ -225,6 +237,8 @@ def on_target(
         values["estimate_bytes"] = p.memory.total
     else:
         values = {"target": target.name, "error": facts.error}
+    if room is not None and p.memory.device_optimizer:
+        values.update(room_bytes=room, optimizer_bytes=p.memory.device_optimizer)
     note = Note(PlanNote.COMPILED_BY_TARGET, values)
     kept = p.notes
     if facts.error is None:

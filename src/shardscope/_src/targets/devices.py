@@ -56,8 +56,9 @@ def _missing(t: Target) -> list[str]:
     return []
 
 
-def _make_devices(topo: Topology) -> tuple[Device, ...]:
-    """New compile-only devices of ``topo`` from the target's plugin."""
+def _make_devices(topo: Topology, memory_bytes: int | None = None) -> tuple[Device, ...]:
+    """New compile-only devices of ``topo`` from the target's plugin; a GPU's compiler told
+    its programs may hold ``memory_bytes`` (default: the device's memory)."""
     prepare_targets()
     from jax.experimental import topologies
 
@@ -69,7 +70,9 @@ def _make_devices(topo: Topology) -> tuple[Device, ...]:
                 assert preset is not None  # every GPU target has its hardware preset
                 desc = topologies.get_topology_desc(
                     platform="cuda",
-                    target_config=GPU_SPECS[t.name].target_config(preset.memory_bytes),
+                    target_config=GPU_SPECS[t.name].target_config(
+                        preset.memory_bytes if memory_bytes is None else memory_bytes
+                    ),
                     topology=topo.name,
                 )
             else:
@@ -97,22 +100,24 @@ def _make_devices(topo: Topology) -> tuple[Device, ...]:
 class CompileOnlyDevices:
     """The compile-only devices made in this process, and the target each was made for.
 
-    Each topology's devices are made once and kept: the plugins give new objects on every
-    call, and a mesh, a compiled program and the target's name must agree on them. The
+    Each topology's devices are made once and kept (a GPU's once for each memory its
+    compiler is told): the plugins give new objects on every call, and a mesh, a compiled
+    program and the target's name must agree on them. The
     target of a device is looked up by the device itself (devices hash by identity), which
     this registry keeps alive, so a key is never reused by another object.
     """
 
     def __init__(self) -> None:
-        self._made: dict[Topology, tuple[Device, ...]] = {}
+        self._made: dict[tuple[Topology, int | None], tuple[Device, ...]] = {}
         self._target: dict[Device, str] = {}
 
-    def of(self, topo: Topology) -> tuple[Device, ...]:
-        """The devices of ``topo``, made on the first call."""
-        found = self._made.get(topo)
+    def of(self, topo: Topology, memory_bytes: int | None = None) -> tuple[Device, ...]:
+        """The devices of ``topo`` (told ``memory_bytes``), made on the first call."""
+        key = (topo, memory_bytes)
+        found = self._made.get(key)
         if found is None:
-            found = _make_devices(topo)
-            self._made[topo] = found
+            found = _make_devices(topo, memory_bytes)
+            self._made[key] = found
             self._target.update(dict.fromkeys(found, topo.target))
         return found
 
@@ -125,17 +130,38 @@ class CompileOnlyDevices:
 _MADE = CompileOnlyDevices()
 
 
-def target_devices(target: str | Target, devices: int) -> list[Device]:
+def target_devices(
+    target: str | Target, devices: int, *, memory_bytes: float | None = None
+) -> list[Device]:
     """``devices`` compile-only devices of a GPU or TPU target, laid out as the vendor builds
     them (:func:`~shardscope._src.targets.topology.topology`). The same objects on every
-    call."""
+    call with the same arguments.
+
+    ``memory_bytes``: how much of a GPU's memory its programs may hold, which XLA:GPU's
+    scheduler and rematerialization keep them under (default: the device's memory; less
+    when something outside the program lives there, such as optimizer state added to the
+    step's). The TPU compiler takes its chip's memory; it has no such setting."""
     t = require_compiler(target)
     if t.family == Family.CPU:
         raise TargetError(
             "the cpu target's devices are simulated: use shardscope.use_cpu_devices(n) and "
             "jax.devices('cpu')"
         )
-    return list(_MADE.of(topology(t, devices)))
+    told: int | None = None
+    if memory_bytes is not None:
+        if t.family != Family.GPU:
+            raise TargetError(
+                f"memory_bytes={memory_bytes!r}: the {t.name} compiler takes its chip's memory; "
+                "only a GPU target's can be set, leave it None"
+            )
+        if (
+            isinstance(memory_bytes, bool)
+            or not isinstance(memory_bytes, int | float)
+            or not (memory_bytes > 0)
+        ):
+            raise TargetError(f"memory_bytes={memory_bytes!r}: must be a positive number of bytes")
+        told = int(memory_bytes)
+    return list(_MADE.of(topology(t, devices), told))
 
 
 def target_of_device(device: Device) -> str | None:

@@ -18,7 +18,11 @@ from shardscope._src.targets.topology import TpuTopology, topology
 
 
 def target_mesh(
-    target: str | Target, spec: str | Mapping[str, int], *, axis_types: Any = None
+    target: str | Target,
+    spec: str | Mapping[str, int],
+    *,
+    axis_types: Any = None,
+    memory_bytes: float | None = None,
 ) -> Any:
     """A ``jax.sharding.Mesh`` of a target's devices, for compiling (not running) programs.
 
@@ -28,14 +32,18 @@ def target_mesh(
     on the torus as ``jax.make_mesh`` places real ones (several slices: the first axis spans
     them). ``cpu`` gives a mesh of simulated CPU devices (:func:`shardscope.use_cpu_devices`).
     ``axis_types`` as in :func:`shardscope.make_mesh` (default: what ``jax.make_mesh`` gives,
-    Explicit).
+    Explicit). ``memory_bytes``: how much of each GPU's memory a program compiled for the
+    mesh may hold, which XLA:GPU's scheduler and rematerialization keep it under (default:
+    the whole device; less when something the program does not hold lives there too, such
+    as optimizer state updated outside it). GPU targets only.
 
     >>> mesh = target_mesh("h100", "data=8,model=8")  # doctest: +SKIP
     >>> jax.jit(f).lower(*abstract_args).compile()  # doctest: +SKIP
 
     Raises:
-        TargetError: an unknown target, its compiler not installed (names the extra), or a
-            device count it cannot be built with (names those it can).
+        TargetError: an unknown target, its compiler not installed (names the extra), a
+            device count it cannot be built with (names those it can), or ``memory_bytes``
+            for a target that takes none.
         MeshSpecError: a bad description.
         AxisTypeError: an axis type that does not exist.
     """
@@ -44,10 +52,15 @@ def target_mesh(
     axes = parse_mesh_spec(spec)
     kinds = axis_types_of(axis_types, tuple(axes))
     if t.family == Family.CPU:
+        if memory_bytes is not None:
+            raise TargetError(
+                f"memory_bytes={memory_bytes!r}: the cpu target's devices are simulated and "
+                "hold no memory limit; leave it None"
+            )
         return make_mesh(axes, axis_types=kinds)
     n = math.prod(axes.values())
     topo = topology(t, n)
-    devices = target_devices(t, n)
+    devices = target_devices(t, n, memory_bytes=memory_bytes)
     shape = tuple(axes.values())
     grid: Any = None
     if isinstance(topo, TpuTopology):
