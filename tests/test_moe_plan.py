@@ -222,3 +222,36 @@ def test_with_few_tokens_an_expert_the_step_waits_for_the_experts_weights():
     # and 16 times the tokens (64 an expert, still below the H100's ridge) take about as long
     many = estimate(Candidate("ep", (("expert", 8),)), replace(few, seq=256), hw).time
     assert many.compute_s < 2 * step.compute_s
+
+
+def test_a_size_one_axis_names_no_row_of_the_communication_table():
+    # FSDP over 'data' and 'expert' with data=1: the formula's weight gathers are named by
+    # both axes, the compiled ones by 'expert' alone (its groups never vary over 'data');
+    # they are one row, not a compiled row without a bound beside a bound without traffic.
+    from shardscope._src.bounds.terms import Bound, Term, TermRole
+    from shardscope._src.plan.collectives import axis_comm
+    from shardscope._src.plan.types import PlanCollective
+
+    payload = 8 * 1024 * 1024
+    gathers = Term(
+        ALL_GATHER, ("data", "expert"), 8, payload, 3, "weights", role=TermRole.WEIGHT_GATHER
+    )
+    compiled = PlanCollective(
+        kind=ALL_GATHER,
+        axes=("expert",),
+        group_size=8,
+        count=3,
+        count_exact=True,
+        irregular=False,
+        dtype="bf16",
+        payload_bytes=payload,
+        cpu_payload_bytes=payload,
+        traffic_bytes=3 * 7 * payload // 8,
+        cpu_traffic_bytes=3 * 7 * payload // 8,
+        op_name=None,
+        source=None,
+    )
+    sizes = {"data": 1, "expert": 8}
+    (row,) = axis_comm(shardscope.hardware("h100"), sizes, [compiled], Bound("b", (gathers,)))
+    assert (row.axes, row.kind, row.count) == ("expert", ALL_GATHER, 3)
+    assert row.traffic_bytes == row.bound_bytes == 3 * 7 * payload // 8

@@ -189,6 +189,49 @@ def test_a_gpu_mesh_told_less_memory_compiles_under_that_limit():
     )
 
 
+def test_the_planners_target_compile_notes_memory_pressure_and_keeps_it_off_the_terminal(capfd):
+    from shardscope._src.model.config import ModelConfig
+    from shardscope._src.plan.target import target_facts
+    from shardscope._src.plan.types import Candidate
+
+    # A small FSDP train step told it may hold 16 MB of the H100 (its arguments and outputs
+    # 8 MB of it): no rematerialization gets it under the rest, and the compiler says so in
+    # its log.
+    config = ModelConfig(d_model=512, heads=8, ff=2048, layers=2, batch=16, seq=256)
+    cand = Candidate("fsdp", (("data", 8),), 1, "none")
+    facts = target_facts(cand, config, "train", "h100", memory_bytes=16e6)
+    assert facts.error is None and facts.failure is None
+    assert facts.memory_pressure is not None
+    assert facts.memory_pressure.limit_bytes < 16e6
+    assert facts.memory_pressure.reached_bytes > facts.memory_pressure.limit_bytes
+    # the record says it; the raw line does not reach the terminal
+    assert "Can't reduce memory use below" not in capfd.readouterr().err
+
+
+def test_a_program_plan_notes_its_compilers_memory_pressure_off_the_terminal(capfd):
+    from shardscope._src.plan.notes import PlanNote
+
+    rows = 70_000  # four f32 [rows, rows] products, 78.4 GB: over the H100's 95% of 80 GB
+
+    def make_step(mesh):
+        def f(s):
+            x = jnp.sin(s * jnp.arange(rows * 64, dtype=jnp.float32).reshape(rows, 64))
+            z = [(x * (i + 1)) @ x.T for i in range(4)]
+            return (z[0] + z[1] * z[2] - z[3])[::1000, ::1000]
+
+        return jax.jit(f), (jax.ShapeDtypeStruct((), jnp.float32),)
+
+    result = shardscope.plan_program(
+        make_step, 1, axes=("data",), target="h100", axis_types="auto", name="products"
+    )
+    (p,) = result.plans
+    (note,) = [n for n in p.notes if n.kind == PlanNote.MEMORY_PRESSURE]
+    assert note.values["compiler"] == "XLA:GPU"
+    assert note.values["limit_bytes"] == pytest.approx(0.95 * 80e9, rel=1e-6)
+    assert note.values["reached_bytes"] > note.values["limit_bytes"]
+    assert "Can't reduce memory use below" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize(
     "target,memory,words",
     [

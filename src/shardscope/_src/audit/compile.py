@@ -145,6 +145,12 @@ _FALLBACK_AXIS = "devices"
 _REMAT_MARK = "Involuntary full rematerialization"
 #: XLA's rematerialization pass, when it cannot bring a program under the memory it has.
 _PRESSURE_MARK = "Can't reduce memory use below"
+#: The compiler's log lines an audit reads into records (the partitioner's
+#: rematerializations, the memory the rematerialization pass could not reach): a caller
+#: that shows those records as notes drops the lines from the terminal
+#: (``capture_stderr(drop=RECORDED_LOG_LINES)``), where an audit of the user's own program
+#: passes them on.
+RECORDED_LOG_LINES = (_REMAT_MARK, _PRESSURE_MARK)
 _BYTES = r"[\d.]+\s*[KMGT]?i?B\s*\((\d+) bytes\)"
 
 

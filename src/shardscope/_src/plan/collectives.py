@@ -44,7 +44,12 @@ def axis_comm(
 ) -> tuple[AxisComm, ...]:
     """The compiled ``collectives`` summed and timed per (mesh axes, kind), beside ``bound``'s
     bytes of the same axes and kind; rows in mesh-axis order, then by kind."""
-    bound_by = {_Row(axes, False, kind): b for (axes, kind), b in bound.by_axes_kind().items()}
+    # A compiled group never varies over an axis of size 1, so neither is the bound's term
+    # named by it (FSDP's gathers over 'data,expert' with data=1 are the compiled 'expert's).
+    bound_by: dict[_Row, int] = {}
+    for (axes, kind), b in bound.by_axes_kind().items():
+        row = _Row(tuple(a for a in axes if sizes.get(a) != 1), False, kind)
+        bound_by[row] = bound_by.get(row, 0) + b
     rows: dict[_Row, list[PlanCollective]] = {}
     for c in collectives:
         rows.setdefault(_Row(() if c.irregular else c.axes, c.irregular, c.kind), []).append(c)

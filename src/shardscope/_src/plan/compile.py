@@ -10,11 +10,12 @@ from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS, audit
+from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS, RECORDED_LOG_LINES, audit
 from shardscope._src.audit.records import Collective
 from shardscope._src.audit.width import Width
 from shardscope._src.base.devices import backends_started, flag_device_count
 from shardscope._src.base.errors import PlanError, StrategyError
+from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.types import (
@@ -82,7 +83,9 @@ def compile_facts(
     )
     lowered = program.lower()
     t1 = time.perf_counter()
-    result = audit(lowered, compiler_options=COMPILE_OPTIONS)
+    # the partitioner's rematerializations become the plan's note, not raw log lines
+    with capture_stderr(drop=RECORDED_LOG_LINES):
+        result = audit(lowered, compiler_options=COMPILE_OPTIONS)
     t2 = time.perf_counter()
     width = Width.of(result, config.dtype)
     remats = result.rematerializations or ()

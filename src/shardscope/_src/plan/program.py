@@ -29,7 +29,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardscope._src.audit.compile import audit, compile_lowered, parse_rematerializations
+from shardscope._src.audit.compile import (
+    RECORDED_LOG_LINES,
+    audit,
+    compile_lowered,
+    parse_memory_pressure,
+    parse_rematerializations,
+)
 from shardscope._src.audit.records import Audit
 from shardscope._src.audit.stages import lower_step
 from shardscope._src.audit.user_program import load_program
@@ -307,7 +313,8 @@ def compile_candidate(
     if isinstance(stage, jax.stages.Compiled):
         compiled, log = stage, []
     else:
-        with capture_stderr() as log:
+        # its rematerializations become the plan's notes, not raw log lines
+        with capture_stderr(drop=RECORDED_LOG_LINES) as log:
             if target is None:
                 compiled = stage.compile(compiler_options=dict(COMPILE_OPTIONS))
             else:
@@ -319,11 +326,13 @@ def compile_candidate(
             f"{where} returned a program for {result.target or result.backend} devices, not "
             f"{target or 'cpu'}; build it on the mesh make_step is given"
         )
-    remats = parse_rematerializations(log[0] if log else "", result.module)
+    text = log[0] if log else ""
+    remats = parse_rematerializations(text, result.module)
+    pressure = parse_memory_pressure(text) or result.memory_pressure
     fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
     # replace() copies the fields alone: what the audit was read from goes with the copy
     program = result.program
-    result = replace(result, rematerializations=remats)
+    result = replace(result, rematerializations=remats, memory_pressure=pressure)
     if program is not None:
         result = result.with_program(program)
     itemsize = _itemsize(stage.args_info)
@@ -728,6 +737,10 @@ def _program_plan(
     if result.rematerializations:
         sites = sorted({x.source or x.op_name or "?" for x in result.rematerializations})
         notes.append(Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
+    if result.memory_pressure is not None:
+        compiler = get_target(result.target or CPU).capabilities.compiler
+        pressure = {"compiler": compiler, **result.memory_pressure.to_dict()}
+        notes.append(Note(PlanNote.MEMORY_PRESSURE, pressure))
     if not result.exact:
         notes.append(Note(PlanNote.INEXACT))
     # The compiler's own count where it gives one (CPU, TPU), else the HLO's (GPU).

@@ -17,11 +17,12 @@ from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import audit
+from shardscope._src.audit.compile import RECORDED_LOG_LINES, audit
 from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
 from shardscope._src.base.notes import Note
+from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.candidates import stage_config
 from shardscope._src.plan.collectives import axis_comm
@@ -97,8 +98,10 @@ def target_facts(
     lowered = program.lower()
     t0 = time.perf_counter()
     try:
-        # The audit compiles it (its log read: rematerializations, memory pressure).
-        result = audit(lowered)
+        # The audit compiles it (its log read: rematerializations, memory pressure, which
+        # the plan's notes say: their raw lines stay off the terminal).
+        with capture_stderr(drop=RECORDED_LOG_LINES):
+            result = audit(lowered)
     except DeviceMemoryError as e:
         return TargetFacts(name, error=str(e), compile_s=time.perf_counter() - t0)
     except jax.errors.JaxRuntimeError as e:
