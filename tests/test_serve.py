@@ -153,6 +153,48 @@ def test_8_bit_weights_and_cache_are_compiled_and_halve_the_decode_steps_traffic
     assert steps["int8"] < 0.55 * steps["bfloat16"]
 
 
+def test_fp8_weights_run_the_weights_matmuls_at_the_fp8_rate_where_the_device_has_one():
+    # a prefill of 8192 tokens of Llama 3.1 8B on one GPU: compute-bound (4.1e14 FLOPs of
+    # the weights' matmuls against 16 GB of weights)
+    prompt = 8192
+    weights_flops = 2 * model_preset("llama3-8b").config(batch=1).active_param_count() * prompt
+    first = {}
+    for hw in ("h100", "a100"):
+        for fmt in ("bfloat16", "fp8"):
+            result = serve(
+                "llama3-8b", 1, hardware=hw, prompt=prompt, output=16, batch=1, weights=fmt,
+                compiler="cpu",
+            )  # fmt: skip
+            first[hw, fmt] = result.best.first_token_s
+    # the A100 has no fp8 matmul units: its fp8 weights are widened to 16 bits to multiply
+    assert first["a100", "fp8"] == pytest.approx(first["a100", "bfloat16"], rel=1e-12)
+    # the H100 multiplies by its fp8 weights at 1979 x 0.48 TFLOP/s instead of 989 x 0.54;
+    # the attention core stays 16-bit
+    saved = weights_flops * (1 / (989e12 * 0.54) - 1 / (1979e12 * 0.48))
+    assert first["h100", "bfloat16"] - first["h100", "fp8"] == pytest.approx(saved, rel=1e-9)
+
+
+def test_a_compiled_fp8_prefill_multiplies_by_its_weights_at_the_fp8_rate():
+    # two of Llama 3.1 8B's layers prefilling 512 tokens: compute-bound at either rate (0.45
+    # TFLOP of the weights' matmuls against 0.9 GB of weights and 0.07 GB of scores a pass)
+    config = ModelConfig(
+        d_model=4096, heads=32, kv_heads=8, ff=14336, layers=2, vocab=4096, mlp="swiglu",
+        dtype="bfloat16", batch=1, seq=1,
+    )  # fmt: skip
+    first = {}
+    for fmt in ("bfloat16", "fp8"):
+        plan = _find(
+            serve(config, 1, hardware="h100", prompt=512, output=16, batch=1, weights=fmt,
+                  compiler="cpu"),
+            "tp", {"model": 1}, 1,
+        )  # fmt: skip
+        first[fmt] = compile_prefill(plan, config, H100, 512, weights=fmt).first_token_s
+    # nearly all of the FLOPs are the weights' (the attention's 1%): faster than at 16 bits
+    # by nearly the rates' ratio, not by all of it
+    ratio = (1979e12 * 0.48) / (989e12 * 0.54)
+    assert first["bfloat16"] / ratio < first["fp8"] < 0.75 * first["bfloat16"]
+
+
 MIXTRAL = model_preset("mixtral-8x7b").config(batch=1)
 # every layer's 8 experts, SwiGLU's three matrices of 4096 x 14336 each
 MIXTRAL_EXPERTS = 32 * 8 * 3 * 4096 * 14336

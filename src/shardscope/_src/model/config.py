@@ -102,8 +102,8 @@ class ModelConfig(Record):
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
     dense layers, then those with experts) and the strategies place it: expert parallelism
     (``ep``, ``dp_ep``, ``fsdp_ep``, ``ep_tp``) and the dense strategies with the experts as
-    their MLPs. The planner and the serving steps take dense models only, and refuse it,
-    saying so.
+    their MLPs; the planner sweeps the expert axis with the others, and the serving steps
+    route each token to its experts in prefill and decode.
 
     Multi-head latent attention (DeepSeek-V2 and V3, ``kv_lora_rank`` > 0): each head's
     keys and values (``head_dim`` and ``v_head_dim``) are projected from one normed latent of
@@ -363,19 +363,6 @@ class ModelConfig(Record):
         capacity factor (padded slots are computed and moved too), or for dropless dispatch
         the ``imbalance`` (1: uniform routing, which the published benchmarks force)."""
         return self.imbalance if self.capacity_factor is None else float(self.capacity_factor)
-
-    def require_dense(self, what: str) -> None:
-        """Refuses a mixture of experts where only dense models are built (``what``)."""
-        if self.is_moe:
-            raise ModelConfigError(
-                f"{what}: dense models only, and this one is a mixture of experts "
-                f"(experts={self.experts}, top_k={self.top_k}): its expert layers are not "
-                f"priced there yet; the strategies place and compile it (ep, dp_ep, fsdp_ep, "
-                f"ep_tp, and the dense ones: build_reference_program) and its parameters are "
-                f"counted (param_count: {self.param_count():,}, active_param_count: "
-                f"{self.active_param_count():,})",
-                param="model",
-            )
 
     def param_count(self) -> int:
         """Number of parameters (every entry of :func:`param_shapes`)."""

@@ -30,6 +30,9 @@ collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
 * **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
   prompt`` FLOPs and the attention's ``prompt^2`` ones at the matmul rate (or its weights
   through HBM, for a short prompt), and the same all-reduces of ``prompt x d_model``.
+* **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
+  prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
+  weights, and fp8 ones elsewhere, are read as 8 bits and multiplied at 16.
 * **memory** a device: its share of the weights and of the cache of ``context`` tokens for
   each of its replica's sequences, and the decode step's logits (float32, each device its
   slice of the vocabulary).
@@ -575,6 +578,31 @@ def _attention_flops(config: ModelConfig, context: int) -> int:
     return 2 * c.heads * per_head * context * c.layers
 
 
+def _prefill_attention_flops(config: ModelConfig, prompt: int) -> int:
+    """The causal QK^T and PV FLOPs of prefilling one ``prompt`` (each head's keys and
+    values made from the latents under latent attention: prefill's form)."""
+    c = config
+    return c.layers * prompt * prompt * c.heads * (c.qk_head_dim + c.value_head_dim)
+
+
+def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
+    """Whether the weights' matmuls run in fp8: fp8 weights on a device with fp8 matmul
+    units, whose servers run them as fp8 GEMMs (TensorRT-LLM's and vLLM's fp8 checkpoints
+    quantize each layer's input per tensor); the attention core stays 16-bit. Elsewhere, and
+    for int8 weights (the scaling book's inference examples time int8 weights at the bf16
+    rate), the weights are widened to 16 bits for their matmuls."""
+    return weights == "fp8" and hw.has_fp8
+
+
+def _matmul_s(hw: Hardware, weights: str | None, flops: float, of: tuple[float, float]) -> float:
+    """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
+    the attention's are in the ratio ``of`` (the formula's): the weights' share at the fp8
+    rate where :func:`fp8_matmuls`, the rest at 16 bits."""
+    w, a = of
+    fp8 = flops * w / (w + a) if fp8_matmuls(hw, weights) and w + a else 0.0
+    return hw.matmul_seconds(flops, fp8)
+
+
 def _plan(
     config: ModelConfig,
     hw: Hardware,
@@ -590,19 +618,16 @@ def _plan(
     held = _held(config, layout, batch, prompt, context, weights, cache)
     weight, cached = held.weights, held.cache
     per_replica = batch // r
-    rate = hw.peak_flops * hw.matmul_fraction
     active = c.active_param_count()
     skipped = untouched_share(c, layout, batch) * _expert_bytes(config, layout, weights)
     memory_s = (weight - skipped + cached) / hw.hbm_bandwidth
-    compute_s = (2 * active + _attention_flops(c, context)) * per_replica / (t * rate)
+    of = (2 * active * per_replica, _attention_flops(c, context) * per_replica)
+    compute_s = _matmul_s(hw, weights, sum(of) / t, of)
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = max(memory_s, compute_s) + comm_s
-    # causal QK^T and PV, each head's keys and values made from the latents under latent
-    # attention (prefill's form)
-    attention = c.layers * prompt * prompt * c.heads * (c.qk_head_dim + c.value_head_dim)
-    prefill_flops = 2 * active * prompt + attention
-    prefill = max(prefill_flops / (t * rate), weight / hw.hbm_bandwidth)
+    of = (2 * active * prompt, _prefill_attention_flops(c, prompt))
+    prefill = max(_matmul_s(hw, weights, sum(of) / t, of), weight / hw.hbm_bandwidth)
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
@@ -759,13 +784,13 @@ def _refit(
 
 @dataclass(frozen=True)
 class _Compiled:
-    """What one compiled serving step costs a device: its HBM traffic and matmuls (None
-    where its HLO does not time it, see :func:`_compile`), its collectives' time, the bytes
-    it holds at once (:func:`~shardscope._src.plan.types.held_bytes`), and its
-    all-reduces."""
+    """What one compiled serving step costs a device: its HBM traffic's time and its
+    matmul FLOPs (None where its HLO does not count them, see :func:`_compile`), its
+    collectives' time, the bytes it holds at once
+    (:func:`~shardscope._src.plan.types.held_bytes`), and its all-reduces."""
 
     memory_s: float | None
-    compute_s: float | None
+    flops: float | None
     comm_s: float
     held_bytes: int
     all_reduces: int
@@ -784,7 +809,7 @@ class _Compiled:
 
         return _Compiled(
             memory_s=timed(shallower.memory_s, self.memory_s),
-            compute_s=timed(shallower.compute_s, self.compute_s),
+            flops=timed(shallower.flops, self.flops),
             comm_s=at(shallower.comm_s, self.comm_s),
             held_bytes=round(at(shallower.held_bytes, self.held_bytes)),
             all_reduces=round(at(shallower.all_reduces, self.all_reduces)),
@@ -818,9 +843,7 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     sizes = dict(plan.mesh)
     return _Compiled(
         memory_s=None if result.hlo_bytes is None else result.hlo_bytes / hw.hbm_bandwidth,
-        compute_s=None
-        if result.hlo_flops is None
-        else result.hlo_flops / (hw.peak_flops * hw.matmul_fraction),
+        flops=result.hlo_flops,
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
         held_bytes=held_bytes(result.memory or {}),
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
@@ -957,7 +980,11 @@ def compile_decode(
         if got.memory_s is None
         else max(0.0, got.memory_s - skipped / hw.hbm_bandwidth)
     )
-    compute_s = plan.decode_compute_s if got.compute_s is None else got.compute_s
+    c = served(config, plan.tensor_parallel)
+    of = (2 * c.active_param_count() * plan.batch, _attention_flops(c, plan.context) * plan.batch)
+    compute_s = (
+        plan.decode_compute_s if got.flops is None else _matmul_s(hw, weights, got.flops, of)
+    )
     step_s = max(memory_s, compute_s) + got.comm_s
     return replace(
         plan,
@@ -1013,12 +1040,15 @@ def compile_prefill(
         return jax.jit(run), params, tokens
 
     got = _compile_layers(plan, config, hw, build)
-    if got.memory_s is None or got.compute_s is None:  # an HLO too deep to count
+    if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
+    c = served(config, plan.tensor_parallel)
+    of = (2 * c.active_param_count() * prompt, _prefill_attention_flops(c, prompt))
+    compute_s = _matmul_s(hw, weights, got.flops, of)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
         plan,
-        first_token_s=max(got.memory_s, got.compute_s) + got.comm_s,
+        first_token_s=max(got.memory_s, compute_s) + got.comm_s,
         temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )
 

@@ -298,13 +298,8 @@ class StepTime(Record):
 def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
     """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
     m, p = work.microbatches, work.stages
-    rate = hw.peak_flops * hw.matmul_fraction
-
-    def matmuls(flops: float, fp8: float) -> float:
-        # The fp8 part at the fp8 rate, the rest (attention core, unembedding) at 16 bits.
-        if not fp8:
-            return flops / rate
-        return (flops - fp8) / rate + fp8 / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
+    # the fp8 part at the fp8 rate, the rest (attention core, unembedding) at 16 bits
+    matmuls = hw.matmul_seconds
 
     def weights_wait(flops: float, passes: int) -> float:
         # What the routed experts' matmuls take beyond their FLOPs when reading their

@@ -68,6 +68,20 @@ class Hardware(Record):
         """Whether the device runs fp8 matmuls (it has an fp8 rate and a fraction of it)."""
         return self.fp8_peak_flops > 0 and self.fp8_matmul_fraction > 0
 
+    def matmul_seconds(self, flops: float, fp8_flops: float = 0.0) -> float:
+        """The time of ``flops`` of matmuls at the achievable rate: ``fp8_flops`` of them at
+        the fp8 one (``fp8_peak_flops x fp8_matmul_fraction``), the rest at 16 bits
+        (``peak_flops x matmul_fraction``).
+
+        >>> h = hardware("h100")
+        >>> round(h.matmul_seconds(1e15) / h.matmul_seconds(1e15, fp8_flops=1e15), 2)
+        1.78
+        """
+        rest = (flops - fp8_flops) / (self.peak_flops * self.matmul_fraction)
+        if not fp8_flops:
+            return rest
+        return rest + fp8_flops / (self.fp8_peak_flops * self.fp8_matmul_fraction)
+
 
 #: Where the time model's constants come from (the same for every preset of a family).
 TIME_MODEL_SOURCES = {
