@@ -205,9 +205,10 @@ def serve(
     and cache are in the model's dtype or in 8 bits): its memory, collectives and times are
     then the compiled programs' (:func:`compile_decode`, :func:`compile_prefill`);
     ``"cpu"``: the roofline alone, nothing compiled (a CPU compile of the served program
-    would say nothing of the hardware's memory or its collectives). 8-bit weights are
-    weight-only: their matmuls compute in the model's dtype, so they halve a decode step's
-    traffic, not a prefill's FLOPs.
+    would say nothing of the hardware's memory or its collectives). 8-bit weights halve a
+    decode step's traffic; int8 ones are weight-only (their matmuls compute in the model's
+    dtype), fp8 ones on a device with fp8 matmul units are multiplied in fp8
+    (:func:`fp8_matmuls`), which speeds a prefill's matmuls too.
 
     Raises:
         PlanError: a bad count, format or compiler (naming it); a batch or context that
