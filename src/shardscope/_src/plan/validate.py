@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, ratio
+from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, format_bytes, ratio
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.check.bound import TOLERANCE, Standing, standing
@@ -132,7 +132,8 @@ def validate(plan: Plan, bound: Bound) -> Validation:
         worst = max(plan.comm, key=lambda a: abs(a.traffic_bytes - a.bound_bytes), default=None)
         where = (
             f"; the largest difference is {worst.kind} over {worst.axes}: "
-            f"{worst.traffic_bytes} compiled vs {worst.bound_bytes} in the formula"
+            f"{format_bytes(worst.traffic_bytes)} compiled vs {format_bytes(worst.bound_bytes)} "
+            f"in the formula"
             if worst
             else ""
         )
