@@ -53,6 +53,8 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("plan/sweep.py", "tuple(missing)"): {"d_model", "heads", "ff", "layers"},
     # serve()'s counts and formats, checked in loops
     ("plan/serve.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
+    # serve()'s refusal of what fits nowhere names what to change (_no_fit)
+    ("plan/serve.py", "param"): {"devices", "batch", "context"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
 }

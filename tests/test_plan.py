@@ -527,6 +527,34 @@ def test_renderers_show_the_best_plan(sweep, tmp_path):
     assert "**no plan for tiny" in markdown_report(empty)
 
 
+def test_the_terminal_shows_a_plans_schedule_and_what_its_compiler_said_of_its_memory(sweep):
+    from rich.console import Console
+
+    from shardscope._src.base.notes import Note
+    from shardscope._src.plan.notes import PlanNote
+    from shardscope._src.render.plan import render_plan
+
+    best, second, *rest = sweep.plans
+    pressure = {
+        "compiler": "XLA:GPU",
+        "limit_bytes": 3 * 2**30,
+        "reached_bytes": 5 * 2**30,
+        "original_bytes": 6 * 2**30,
+    }
+    squeezed = replace(second, notes=(*second.notes, Note(PlanNote.MEMORY_PRESSURE, pressure)))
+    offloaded = replace(best, offload_optimizer=True)
+    console = Console(record=True, width=200, file=io.StringIO())
+    render_plan(replace(sweep, plans=(offloaded, squeezed, *rest)), console=console)
+    text = console.export_text()
+    # the optimizer on the host is in the schedule, where its step's time comes from
+    assert "m=1, none, opt. on host" in text
+    # the compiler's word on the second plan's memory reaches the terminal, named by plan
+    assert (
+        f"note: plan {second.rank} ({second.label}): the XLA:GPU compiler could not bring the "
+        "program under 3 GiB per device by rematerialization: it needs 5 GiB" in text
+    )
+
+
 # -- the command -------------------------------------------------------------------------------
 
 

@@ -676,6 +676,12 @@ def test_fp8_keeps_its_share_of_a_compiled_count():
     )
 
 
+def test_a_program_plans_time_model_note_names_the_rate_it_computes_at():
+    # compute is the FLOP count at the achievable matmul rate, not at the peak
+    text = PlanNote.PROGRAM_TIME_MODEL.describe(hardware("h100").to_dict())
+    assert "at the achievable matmul rate (989 TFLOP/s peak x 0.54)" in text
+
+
 def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():
     values = {
         "compiler": "XLA:GPU",
@@ -686,3 +692,5 @@ def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():
     text = PlanNote.MEMORY_PRESSURE.describe(values)
     assert text.startswith("the XLA:GPU compiler could not bring the program under 56.41 GiB")
     assert "it needs 87.14 GiB" in text
+    # XLA:GPU's limit is not the memory it was told, and the note says why
+    assert "95% of the memory it was told, less the program's arguments and outputs" in text

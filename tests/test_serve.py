@@ -314,6 +314,35 @@ def test_a_layout_whose_largest_batch_does_not_fit_compiled_tries_the_largest_th
     assert compiled.memory_bytes_per_device <= limit
 
 
+def test_a_batch_given_that_does_not_fit_compiled_is_refused_not_changed(monkeypatch):
+    # the same compiler: the largest batch by the estimate does not fit its program; asked
+    # for that batch, the planner names the largest its program fits and changes nothing
+    extra = 2**30
+
+    def compile_decode(plan, config, hw, **_):
+        return replace(
+            plan, temp_bytes_per_device=plan.temp_bytes_per_device + extra, compiled_by=hw.name
+        )
+
+    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
+    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
+    kw = dict(hardware="h100", prompt=512, output=128)
+    largest = max(p.batch for p in serve("llama3-8b", 1, compiler="cpu", **kw).plans)
+    fits = max(
+        b
+        for b in range(1, largest + 1)
+        if serve("llama3-8b", 1, batch=b, compiler="cpu", **kw).best.memory_bytes_per_device
+        + extra
+        <= H100.memory_bytes
+    )
+    assert fits < largest
+    with pytest.raises(PlanError, match=rf"batch={largest} fits no layout once compiled .* "
+                       rf"its program fits {fits}: give batch={fits} or less"):  # fmt: skip
+        serve("llama3-8b", 1, batch=largest, **kw)
+    assert serve("llama3-8b", 1, batch=fits, **kw).best.batch == fits
+
+
 def test_the_plan_ranked_first_is_a_compiled_one(monkeypatch):
     # a compiler whose decode steps take twice the roofline's time: the layout's largest
     # batch, compiled, falls below its smaller batches as estimated, so the first of those is
@@ -373,6 +402,11 @@ def test_what_cannot_be_served_names_the_largest_that_fits():
         serve("llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=100000)
     with pytest.raises(PlanError, match="weights alone"):
         serve("llama3-405b", 1, hardware="h100", prompt=128, output=128)
+    # Mixtral's 87 GiB on 3 H100s: enough devices, but 3 divides neither its heads nor its
+    # 8 experts, and one device a replica cannot hold it; 2 and 4 split its experts, 6 is
+    # three replicas of tensor parallelism over 2 (5 splits nothing)
+    with pytest.raises(PlanError, match="no layout of 3 x h100 .* serve it: 2, 4, 6$"):
+        serve("mixtral-8x7b", 3, hardware="h100", prompt=128, output=128, compiler="cpu")
     with pytest.raises(PlanError, match="prompt=0"):
         serve("llama3-8b", 1, prompt=0, output=16)
     with pytest.raises(PlanError, match="context=100"):

@@ -576,7 +576,7 @@ def screen_all(
                     cand.mesh_spec,
                     SkipReason.MEMORY,
                     f"{what} need {format_bytes(state)} per device, more than the "
-                    f"{format_bytes(hw.memory_bytes)} of a {hw.name}; shard them over more "
+                    f"{format_bytes(hw.memory_bytes)} of one {hw.name}; shard them over more "
                     f"devices (fsdp, fsdp_tp, zero2) or use a device with more memory",
                 )
             )

@@ -143,7 +143,15 @@ def _rematerialization(v: Mapping[str, Any]) -> str:
 
 
 def _memory_pressure(v: Mapping[str, Any]) -> str:
-    return MemoryPressure.from_dict(v).sentence(f"the {v['compiler']}")
+    said = MemoryPressure.from_dict(v).sentence(f"the {v['compiler']}")
+    if v["compiler"] == "XLA:GPU":
+        # its limit is not the memory it was told: XLA:GPU takes out the program's
+        # arguments and outputs and keeps 5% (gpu_compiler.cc, GetSchedulerMemoryLimit)
+        said += (
+            " (its limit: 95% of the memory it was told, less the program's arguments and "
+            "outputs); it recomputed what it could, and the step is priced with what it runs"
+        )
+    return said
 
 
 def _compiled_flops(v: Mapping[str, Any]) -> str:
@@ -250,7 +258,8 @@ def _program_time_model(v: Mapping[str, Any]) -> str:
         f"time: alpha-beta per collective ({v['name']}: {v['link_bandwidth'] / 1e9:g} GB/s "
         f"within a node of {v['node_size']}, {v['cross_node_bandwidth'] / 1e9:g} GB/s for "
         f"groups that span nodes, {v['latency_s'] * 1e6:g} us per step); compute = the "
-        f"compiler's FLOP count per device / {v['peak_flops'] / 1e12:g} TFLOP/s peak; step = "
+        f"compiler's FLOP count per device at the achievable matmul rate "
+        f"({v['peak_flops'] / 1e12:g} TFLOP/s peak x {v['matmul_fraction']:g}); step = "
         f"compute + communication (no overlap) or the larger of the two (perfect overlap)"
     )
 
@@ -329,9 +338,11 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     PlanNote.MEMORY_PRESSURE: _memory_pressure,
     PlanNote.COMPILED_FLOPS: _compiled_flops,
     PlanNote.ANALYTIC_MEMORY: (
-        "memory per device is the analytic estimate (ZeRO model state, Korthikanti "
-        "activations); the compiled numbers beside it are the CPU compiler's buffer assignment "
-        "(bf16 computed in f32, no GPU/TPU memory scheduler), not a GPU/TPU prediction"
+        "memory per device is what the fit was judged by: a target compiler's buffer "
+        "assignment where it compiled the plan (with the optimizer state beside the step), "
+        "else the analytic estimate (ZeRO model state, Korthikanti activations); the CPU "
+        "compiler's buffer assignment in the JSON and report (bf16 computed in f32, no GPU/TPU "
+        "memory scheduler) is no GPU/TPU prediction"
     ),
     PlanNote.COMPILED_MEMORY: _compiled_memory,
     PlanNote.COMMUNICATION: (

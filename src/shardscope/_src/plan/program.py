@@ -684,7 +684,7 @@ def _check_program(
     if not axes:
         raise PlanError(
             "no mesh axes to plan over: give rules that map logical names to mesh axes, or "
-            "axes=('data', 'model')",
+            "the axes (axes=('data', 'model'); on the command line --axes data,model)",
             param="axes",
         )
     if len(set(axes)) != len(axes):

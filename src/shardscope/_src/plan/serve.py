@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from shardscope._src.audit.pricing import execution_seconds
-from shardscope._src.base.comm import ALL_REDUCE
+from shardscope._src.base.comm import ALL_REDUCE, format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.moe import moe_layer_terms
@@ -264,19 +264,28 @@ def serve(
             plans.append(_plan(config, hw, layout, b, prompt, ctx, weights, cache))
     fitting = [p for p in plans if p.fits]
     if not fitting:
-        raise PlanError(
-            _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache), param="batch"
-        )
+        text, param = _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache)
+        raise PlanError(text, param=param)
     fitting = _meeting(fitting, latency)
     compiled = compiler != "cpu" and hw.name in TARGETS
     if compiled and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
-        fitting, prefills = _compile_best(fitting, config, hw, prompt, weights, cache)
+        fitting, prefills, refits = _compile_best(
+            fitting, config, hw, prompt, weights, cache, fixed=batch is not None
+        )
         fitting = [p for p in fitting if p.fits]
         fitting = _compile_leaders(fitting, prefills, config, hw, prompt, weights, cache, latency)
-        if not fitting:
+        if not fitting and refits:
+            misfit, smaller = max(refits, key=lambda pair: pair[1].batch)
             raise PlanError(
-                _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache), param="batch"
+                f"batch={batch} fits no layout once compiled by the {hw.name} compiler: "
+                f"{misfit.label} holds {format_bytes(misfit.memory_bytes_per_device)} a device "
+                f"of {format_bytes(misfit.memory_limit_bytes)}; its program fits "
+                f"{smaller.batch}: give batch={smaller.batch} or less",
+                param="batch",
             )
+        if not fitting:
+            text, param = _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache)
+            raise PlanError(text, param=param)
         fitting = _meeting(fitting, latency)  # as compiled
     fitting.sort(key=_rank)
     front = _front(fitting)
@@ -694,7 +703,9 @@ def _compile_best(
     prompt: int,
     weights: str,
     cache: str,
-) -> tuple[list[ServePlan], dict[str, ServePlan]]:
+    *,
+    fixed: bool = False,
+) -> tuple[list[ServePlan], dict[str, ServePlan], list[tuple[ServePlan, ServePlan]]]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the largest batch it would fit at (its excess over
     the memory taken off in sequences, each replica's cache and temporaries a sequence), or
@@ -703,8 +714,13 @@ def _compile_best(
     compiled once, beside its first decode step that fits: its time to first token is every
     plan's of the layout (one prompt a replica, whatever the batch), its buffers count
     towards each compiled plan's memory (a server prefills beside the cache it decodes
-    from), so that a decode step that fits alone may not beside them."""
+    from), so that a decode step that fits alone may not beside them.
+
+    With a ``fixed`` batch (the user's) no other is tried: a compiled misfit is returned
+    beside the largest batch its program would fit at, ``(misfit, smaller)``, for the error
+    that names it."""
     layouts: dict[str, list[ServePlan]] = {}
+    refits: list[tuple[ServePlan, ServePlan]] = []
     for p in sorted(plans, key=lambda p: -p.batch):
         layouts.setdefault(_key(p), []).append(p)
     out: list[ServePlan] = []
@@ -724,10 +740,14 @@ def _compile_best(
                 queue = []
                 break
             smaller = _refit(p, compiled, config, hw, prompt, weights, cache)
+            if fixed:
+                if smaller is not None:
+                    refits.append((compiled, smaller))
+                continue
             if smaller is not None and (not queue or smaller.batch > queue[0].batch):
                 queue.insert(0, smaller)
         out.extend(queue)  # estimated: beyond the compiles a layout takes
-    return out, prefills
+    return out, prefills, refits
 
 
 def _compile_leaders(
@@ -1082,9 +1102,9 @@ def _no_fit(
     context: int,
     weights: str,
     cache: str,
-) -> str:
+) -> tuple[str, str]:
     """Why nothing fits, and the largest batch that does at this context (on how many
-    devices), or that the weights alone do not."""
+    devices), or that the weights alone do not; with the parameter to change."""
     best: tuple[int, int] | None = None
     for layout in _layouts(config, devices):
         fits = _largest_batch(config, hw, layout, prompt, context, weights, cache)
@@ -1095,15 +1115,38 @@ def _no_fit(
         t = best[1]
         where = "on each device alone" if t == 1 else f"with tensor parallelism over {t} devices"
     if best is None:
+        size = config.param_count() * FORMATS[weights] / 2**30
         need = math.ceil(config.param_count() * FORMATS[weights] / hw.memory_bytes)
+        if devices < need:
+            return (
+                f"{asked}at context={context}: the {weights} weights alone ({size:.1f} GiB) do "
+                f"not fit {devices} x {hw.name} with room for one sequence; give more devices "
+                f"(at least {need} hold the weights), or int8 or fp8 weights"
+            ), "devices"
+        # enough devices, but no layout of them splits the weights far enough
+        serving = [
+            n
+            for n in range(1, 2 * devices + 1)
+            if any(
+                _largest_batch(config, hw, layout, prompt, context, weights, cache)
+                for layout in _layouts(config, n)
+            )
+        ]
+        counts = ", ".join(map(str, serving[:8])) or "none up to twice as many"
         return (
-            f"{asked}at context={context}: the {weights} weights alone "
-            f"({config.param_count() * FORMATS[weights] / 2**30:.1f} GiB) do not fit "
-            f"{devices} x {hw.name} with room for one sequence; give more devices (at least "
-            f"{need} hold the weights), or int8 or fp8 weights"
-        )
+            f"{asked}at context={context}: no layout of {devices} x {hw.name} holds the "
+            f"{weights} weights ({size:.1f} GiB) with room for one sequence: tensor "
+            f"parallelism splits them over a count dividing the {config.heads} heads and the "
+            f"MLP widths (and dividing or a multiple of the {config.kv_heads} key/value heads)"
+            + (
+                f", expert parallelism over one dividing the {config.experts} experts"
+                if config.is_moe
+                else ""
+            )
+            + f"; device counts that serve it: {counts}"
+        ), "devices"
     return (
         f"{asked}at context={context} fits no layout of {devices} x {hw.name}; the largest "
         f"batch that fits is {best[0]}, {where}; "
         f"give batch={best[0]} or less, a shorter context, or an int8 cache"
-    )
+    ), ("batch" if batch is not None else "context")

@@ -47,9 +47,19 @@ def format_ratio(r: float | None) -> str:
 
 def schedule_text(p: Plan) -> str:
     """``'m=4, full'``: micro-batches per data shard and recomputation (stages are the
-    mesh's ``stage`` axis), and ``'m=4, v=2, full'`` with 2 virtual stages (interleaved)."""
+    mesh's ``stage`` axis), ``'m=4, v=2, full'`` with 2 virtual stages (interleaved), and
+    ``', opt. on host'`` and ``', vocab split'`` where the plan offloads its optimizer state
+    or splits the vocabulary."""
     chunks = f"v={p.virtual_stages}, " if p.virtual_stages > 1 else ""
-    return f"m={p.microbatches}, {chunks}{p.remat}"
+    extra = "".join(
+        f", {words}"
+        for words, on in (
+            ("opt. on host", p.offload_optimizer),
+            ("vocab split", p.vocab_split),
+        )
+        if on
+    )
+    return f"m={p.microbatches}, {chunks}{p.remat}{extra}"
 
 
 def format_mfu(mfu: float | None) -> str:
@@ -202,10 +212,12 @@ def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
         f"step time). Memory: what the fit was judged by (a target compiler's buffer "
         f"assignment where it compiled the plan, else the analytic estimate; the CPU "
         f"compiler's numbers are in the JSON and report). Schedule: micro-batches per data "
-        f"shard, recomputation. Step: the compiled program's collectives in the time model "
-        f"(compute at the achievable fraction of peak, tensor-parallel collectives exposed, "
-        f"data-parallel ones overlapped as the schedule allows, pipeline bubble, optimizer); "
-        f"MFU: model FLOPs over the devices' peak."
+        f"shard, recomputation, the optimizer state on the host (streamed in and out for the "
+        f"update, exposed) and the vocabulary split over 'model' where chosen. Step: the "
+        f"compiled program's collectives in the time model (compute at the achievable "
+        f"fraction of peak, tensor-parallel collectives exposed, data-parallel ones overlapped "
+        f"as the schedule allows, pipeline bubble, optimizer); MFU: model FLOPs over the "
+        f"devices' peak."
     )
     return ranked_table(PLAN_COLUMNS, result, heading=headline(result), caption=caption, top=top)
 
@@ -222,7 +234,11 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
     table = rich_table(
         columns,
         (),
-        title=f"Communication of the best {min(top, len(result.plans))} plans, per axis",
+        title=(
+            "Communication of the best plan, per axis"
+            if min(top, len(result.plans)) == 1
+            else f"Communication of the best {min(top, len(result.plans))} plans, per axis"
+        ),
     )
     for p in result.plans[:top]:
         for i, a in enumerate(p.comm):
@@ -284,6 +300,14 @@ def render_plan(
     if result.plans:
         for note in result.notes:
             console.print(f"note: {note}", highlight=False)
+        # what a compiler said of the memory of a plan in the table (its other notes are in
+        # the JSON and the report)
+        from shardscope._src.plan.notes import PlanNote
+
+        for p in result.plans[: top or None]:
+            for note in p.notes:
+                if note.kind == PlanNote.MEMORY_PRESSURE:
+                    console.print(f"note: plan {p.rank} ({p.label}): {note}", highlight=False)
 
 
 # -- Markdown --------------------------------------------------------------------------------

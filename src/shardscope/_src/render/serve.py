@@ -54,7 +54,8 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
     )
     kv = any(p.kv_replicas > 1 for p in shown)
     caption = (
-        f"{len(result.plans)} plans fit; {len(shown)} shown, best throughput per chip first. "
+        f"{len(result.plans)} {'plan fits' if len(result.plans) == 1 else 'plans fit'}; "
+        f"{len(shown)} shown, best throughput per chip first. "
         f"* the latency-throughput front. Per token: the decode step's traffic through HBM "
         f"or its matmuls, whichever is slower, and its collectives (comm: tensor parallelism's "
         f"all-reduces, and a mixture's dispatch and combine over 'expert'); by: the "
