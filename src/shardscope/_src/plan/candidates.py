@@ -575,6 +575,7 @@ def screen_all(
                     cand.strategy,
                     cand.mesh_spec,
                     SkipReason.MEMORY,
+                    f"{'with the vocabulary split over model, ' if cand.vocab_split else ''}"
                     f"{what} need {format_bytes(state)} per device, more than the "
                     f"{format_bytes(hw.memory_bytes)} of one {hw.name}; shard them over more "
                     f"devices (fsdp, fsdp_tp, zero2) or use a device with more memory",
