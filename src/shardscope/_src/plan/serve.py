@@ -604,10 +604,22 @@ def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
     return weights == "fp8" and hw.has_fp8
 
 
-def _matmul_s(hw: Hardware, weights: str | None, flops: float, of: tuple[float, float]) -> float:
+def _decode_flops(config: ModelConfig, context: int) -> tuple[int, int]:
+    """A sequence's matmul FLOPs in a decode step over a cache of ``context``: the
+    weights' (``2 x`` the active parameters) and the attention's."""
+    return 2 * config.active_param_count(), _attention_flops(config, context)
+
+
+def _prefill_flops(config: ModelConfig, prompt: int) -> tuple[int, int]:
+    """The matmul FLOPs of prefilling one ``prompt``: the weights' and the attention's."""
+    return 2 * config.active_param_count() * prompt, _prefill_attention_flops(config, prompt)
+
+
+def _matmul_s(hw: Hardware, weights: str | None, flops: float, of: tuple[int, int]) -> float:
     """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
-    the attention's are in the ratio ``of`` (the formula's): the weights' share at the fp8
-    rate where :func:`fp8_matmuls`, the rest at 16 bits."""
+    the attention's are in the ratio ``of`` (the formula's, :func:`_decode_flops` or
+    :func:`_prefill_flops`): the weights' share at the fp8 rate where :func:`fp8_matmuls`,
+    the rest at 16 bits."""
     w, a = of
     fp8 = flops * w / (w + a) if fp8_matmuls(hw, weights) and w + a else 0.0
     return hw.matmul_seconds(flops, fp8)
@@ -628,15 +640,14 @@ def _plan(
     held = _held(config, layout, batch, prompt, context, weights, cache)
     weight, cached = held.weights, held.cache
     per_replica = batch // r
-    active = c.active_param_count()
     skipped = untouched_share(c, layout, batch) * _expert_bytes(config, layout, weights)
     memory_s = (weight - skipped + cached) / hw.hbm_bandwidth
-    of = (2 * active * per_replica, _attention_flops(c, context) * per_replica)
-    compute_s = _matmul_s(hw, weights, sum(of) / t, of)
+    of = _decode_flops(c, context)
+    compute_s = _matmul_s(hw, weights, sum(of) * per_replica / t, of)
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = max(memory_s, compute_s) + comm_s
-    of = (2 * active * prompt, _prefill_attention_flops(c, prompt))
+    of = _prefill_flops(c, prompt)
     prefill = max(_matmul_s(hw, weights, sum(of) / t, of), weight / hw.hbm_bandwidth)
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
@@ -1001,8 +1012,7 @@ def compile_decode(
         if got.memory_s is None
         else max(0.0, got.memory_s - skipped / hw.hbm_bandwidth)
     )
-    c = served(config, plan.tensor_parallel)
-    of = (2 * c.active_param_count() * plan.batch, _attention_flops(c, plan.context) * plan.batch)
+    of = _decode_flops(served(config, plan.tensor_parallel), plan.context)
     compute_s = (
         plan.decode_compute_s if got.flops is None else _matmul_s(hw, weights, got.flops, of)
     )
@@ -1063,8 +1073,7 @@ def compile_prefill(
     got = _compile_layers(plan, config, hw, build)
     if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
-    c = served(config, plan.tensor_parallel)
-    of = (2 * c.active_param_count() * prompt, _prefill_attention_flops(c, prompt))
+    of = _prefill_flops(served(config, plan.tensor_parallel), prompt)
     compute_s = _matmul_s(hw, weights, got.flops, of)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
