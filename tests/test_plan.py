@@ -600,7 +600,20 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
     assert len(patches(image, "C0")) >= 1 and len(patches(image, "C1")) >= 1
     assert len(patches(image, "gold")) == 2  # the best plan's star, and the legend's
     assert (out / "p.md").read_text().startswith("# Sharding plan: tiny on 8 x tpu-v5e")
-    assert "dp" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # piped, the plan table is as wide as its cells: none is cut short ('...')
+    header = next(line for line in printed.splitlines() if "strategy" in line)
+    assert header.split() == ["#", "strategy", "mesh", "schedule", "mem/dev", "memory",
+                              "by", "fits", "comm/dev", "x", "bound", "comm", "compute",
+                              "step", "MFU"]  # fmt: skip
+    for p in data["plans"]:
+        ranks = ([str(p["rank"])], [f"{p['rank']}*"])
+        (row,) = [
+            line
+            for line in printed.splitlines()
+            if line.split()[:1] in ranks and f" {p['mesh']} " in line
+        ]
+        assert "\u2026" not in row and row.split()[1:3] == [p["strategy"], p["mesh"]]
 
 
 @pytest.mark.parametrize(

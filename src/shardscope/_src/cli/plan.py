@@ -28,8 +28,8 @@ from shardscope._src.cli.paths import check_file_path, check_output_paths
 from shardscope._src.plan.program import plan_program
 from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest
 from shardscope._src.plan.sweep import plan_request
-from shardscope._src.render.console import output_console
-from shardscope._src.render.plan import markdown_report, render_plan
+from shardscope._src.render.console import natural_width, output_console
+from shardscope._src.render.plan import markdown_report, plan_table, render_plan
 from shardscope._src.render.plan_plot import plot_plans
 from shardscope._src.render.program_plan import program_markdown_report, render_program_plan
 from shardscope._src.render.protocols import PlanSet, RankedPlan
@@ -75,11 +75,13 @@ def run_plan_command(
     # before minutes of compiling, not after
     check_output_paths({"--json": json_path, "--png": png_path, "--report": report_path})
     _ensure_devices(request.devices)
-    if console is None:
-        # the plan table is the widest; JSON on standard output sends the tables to stderr
-        console = output_console(piped_width=150, stderr=json_path == STDOUT)
     with _compile_progress(progress_console) as progress:
         result = plan_request(request, progress)
+    if console is None:
+        # the plan table is the widest: piped, it is printed as wide as its cells need; JSON
+        # on standard output sends the tables to stderr
+        width = natural_width(plan_table(result), least=150)
+        console = output_console(piped_width=width, stderr=json_path == STDOUT)
     render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
     written = write_plan_files(
         result,

@@ -20,6 +20,16 @@ def output_console(*, piped_width: int = PIPED_WIDTH, **kwargs: Any) -> Any:
     return Console(**kwargs, width=piped_width)
 
 
+def natural_width(renderable: Any, *, least: int = PIPED_WIDTH, most: int = 240) -> int:
+    """The columns ``renderable`` takes unsqueezed, between ``least`` and ``most``: the width
+    for a pipe or log, where no terminal says how wide to be and a table squeezed into fewer
+    columns cuts its cells short."""
+    from rich.console import Console
+
+    wide = Console(width=10_000, file=io.StringIO())
+    return max(least, min(most, wide.measure(renderable).maximum))
+
+
 def mimebundle(renderable: Any, width: int = 110) -> dict[str, str]:
     """Plain text and HTML of a rich renderable, for notebooks' ``_repr_mimebundle_``."""
     from rich.console import Console
