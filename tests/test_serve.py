@@ -283,64 +283,58 @@ def test_deepseek_v3_holds_its_latent_cache_whole_on_each_device_of_a_replica():
     assert p.weight_bytes_per_device == (split // 2 + experts // (2 * 16) + whole) * 2
 
 
-def test_a_layout_whose_largest_batch_does_not_fit_compiled_tries_the_largest_that_would(
-    monkeypatch,
-):
-    # a compiler whose decode step holds 1 GiB more than the estimate's (and a prefill
-    # holding nothing more): the plan kept is the largest batch whose estimate leaves that
-    # GiB free, not the next power of two below the estimate's largest
-    extra = 2**30
+#: What the stand-in compiler of :func:`_compiler_holding_more` holds beyond the estimate.
+EXTRA = 2**30
+#: Llama 3.1 8B served on one H100, as the two tests below plan it.
+EIGHT_B = (("llama3-8b", 1), dict(hardware="h100", prompt=512, output=128))
+
+
+def _compiler_holding_more(monkeypatch):
+    """A compiler whose decode step holds :data:`EXTRA` more than the estimate's (and a
+    prefill holding nothing more); returns ``(largest, fits)``: the largest batch of
+    :data:`EIGHT_B` by the estimate, and the largest whose estimate leaves that GiB free."""
 
     def compile_decode(plan, config, hw, **_):
         return replace(
-            plan, temp_bytes_per_device=plan.temp_bytes_per_device + extra, compiled_by=hw.name
+            plan, temp_bytes_per_device=plan.temp_bytes_per_device + EXTRA, compiled_by=hw.name
         )
 
     monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
     monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
     monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
-    args = ("llama3-8b", 1)
-    kw = dict(hardware="h100", prompt=512, output=128)
-    result = serve(*args, **kw)
-    (compiled,) = [p for p in result.plans if p.compiled_by == "h100"]
-    limit = H100.memory_bytes
+    args, kw = EIGHT_B
     largest = max(p.batch for p in serve(*args, compiler="cpu", **kw).plans)
-    fits = [
-        b
-        for b in range(1, largest + 1)
-        if serve(*args, batch=b, compiler="cpu", **kw).best.memory_bytes_per_device + extra <= limit
-    ]
-    assert compiled.batch == max(fits)
-    assert compiled.memory_bytes_per_device <= limit
-
-
-def test_a_batch_given_that_does_not_fit_compiled_is_refused_not_changed(monkeypatch):
-    # the same compiler: the largest batch by the estimate does not fit its program; asked
-    # for that batch, the planner names the largest its program fits and changes nothing
-    extra = 2**30
-
-    def compile_decode(plan, config, hw, **_):
-        return replace(
-            plan, temp_bytes_per_device=plan.temp_bytes_per_device + extra, compiled_by=hw.name
-        )
-
-    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
-    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
-    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
-    kw = dict(hardware="h100", prompt=512, output=128)
-    largest = max(p.batch for p in serve("llama3-8b", 1, compiler="cpu", **kw).plans)
     fits = max(
         b
         for b in range(1, largest + 1)
-        if serve("llama3-8b", 1, batch=b, compiler="cpu", **kw).best.memory_bytes_per_device
-        + extra
+        if serve(*args, batch=b, compiler="cpu", **kw).best.memory_bytes_per_device + EXTRA
         <= H100.memory_bytes
     )
+    return largest, fits
+
+
+def test_a_layout_whose_largest_batch_does_not_fit_compiled_tries_the_largest_that_would(
+    monkeypatch,
+):
+    # the plan kept is the largest batch whose estimate leaves the compiler's extra GiB
+    # free, not the next power of two below the estimate's largest
+    _, fits = _compiler_holding_more(monkeypatch)
+    args, kw = EIGHT_B
+    (compiled,) = [p for p in serve(*args, **kw).plans if p.compiled_by == "h100"]
+    assert compiled.batch == fits
+    assert compiled.memory_bytes_per_device <= H100.memory_bytes
+
+
+def test_a_batch_given_that_does_not_fit_compiled_is_refused_not_changed(monkeypatch):
+    # asked for the estimate's largest batch, which the compiled program does not fit, the
+    # planner names the largest its program fits and changes nothing
+    largest, fits = _compiler_holding_more(monkeypatch)
+    args, kw = EIGHT_B
     assert fits < largest
     with pytest.raises(PlanError, match=rf"batch={largest} fits no layout once compiled .* "
                        rf"its program fits {fits}: give batch={fits} or less"):  # fmt: skip
-        serve("llama3-8b", 1, batch=largest, **kw)
-    assert serve("llama3-8b", 1, batch=fits, **kw).best.batch == fits
+        serve(*args, batch=largest, **kw)
+    assert serve(*args, batch=fits, **kw).best.batch == fits
 
 
 def test_the_plan_ranked_first_is_a_compiled_one(monkeypatch):
