@@ -756,7 +756,7 @@ def _program_plan(
         comm_time_s=sum(a.time_s for a in comm),
         flops_per_device=flops,
         # The time model's rate for matmul FLOPs (plan/timing.py), the one compute model.
-        compute_time_s=(flops or 0.0) / (hw.peak_flops * hw.matmul_fraction),
+        compute_time_s=hw.matmul_seconds(flops or 0.0),
         notes=tuple(notes),
         timing=timing,
         exact=result.exact,

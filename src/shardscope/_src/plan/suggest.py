@@ -778,7 +778,7 @@ def screen(
             continue
         part = sum(n * math.prod(a.shape) for a, spec, n in weights if axis in spec)
         parallel /= 1 - part / total + part / total / sizes[axis]
-    compute = work.flops / parallel / (hw.peak_flops * hw.matmul_fraction)
+    compute = hw.matmul_seconds(work.flops / parallel)
     return Screen(memory, compute, comm, memory <= hw.memory_bytes)
 
 

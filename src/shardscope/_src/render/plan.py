@@ -231,15 +231,9 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
         return row[1]
 
     columns = [label, *(c.on(comm_of) for c in rich_columns(COMM_COLUMNS))]
-    table = rich_table(
-        columns,
-        (),
-        title=(
-            "Communication of the best plan, per axis"
-            if min(top, len(result.plans)) == 1
-            else f"Communication of the best {min(top, len(result.plans))} plans, per axis"
-        ),
-    )
+    shown = min(top, len(result.plans))
+    best = "the best plan" if shown == 1 else f"the best {shown} plans"
+    table = rich_table(columns, (), title=f"Communication of {best}, per axis")
     for p in result.plans[:top]:
         for i, a in enumerate(p.comm):
             table.add_row(*rich_cells(columns, (f"{p.rank}. {p.label}" if i == 0 else "", a)))
