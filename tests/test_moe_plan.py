@@ -90,7 +90,6 @@ def test_plan_searches_expert_parallelism_and_its_screen_counts_what_compiles():
     "kwargs, match",
     [
         ({"remat": "matmuls"}, "remat=matmuls"),
-        ({"stages": 2}, "stages=2"),
         ({"strategies": ["fsdp_sp"]}, "fsdp_sp"),
         ({"matmul_dtype": "fp8"}, "fp8"),
     ],
@@ -98,6 +97,46 @@ def test_plan_searches_expert_parallelism_and_its_screen_counts_what_compiles():
 def test_what_a_mixture_cannot_be_planned_with_is_refused(kwargs, match):
     with pytest.raises(PlanError, match=match):
         shardscope.plan(SMALL, 8, hardware="h100", compiler="cpu", compile_top=0, **kwargs)
+
+
+# four layers, the first dense (an MLP half as wide as a token's two experts): two
+# pipeline stages of two layers, the last with experts only
+STAGED = replace(SMALL, layers=4, dense_layers=1, ff=64)
+
+
+def test_a_mixture_is_pipelined_by_its_last_stage_of_layers_with_experts():
+    mesh = "stage=2,data=2,expert=2"
+    staged = shardscope.plan(
+        STAGED, 8, hardware="h100", compiler="cpu", strategies=["fsdp_ep"], mesh=mesh,
+        microbatches=2, compile_top=1,
+    )  # fmt: skip
+    # the same two layers with experts, unstaged, on the stage's devices
+    alone = shardscope.plan(
+        replace(STAGED, layers=2, dense_layers=0), 4, hardware="h100", compiler="cpu",
+        strategies=["fsdp_ep"], mesh="data=2,expert=2", microbatches=2, compile_top=1,
+    )  # fmt: skip
+    (p,), (q,) = staged.plans, alone.plans
+    assert (p.stages, p.mesh_spec) == (2, mesh)
+    assert p.compiled_by.name == "cpu" and q.compiled_by.name == "cpu"
+    # the stage compiled is the last one's program: its matmuls and its collectives
+    assert p.matmul_flops_per_device == pytest.approx(q.matmul_flops_per_device, rel=1e-6)
+    assert p.matmul_flops_per_device == pytest.approx(p.estimated_matmul_flops_per_device, rel=0.03)
+    a2a = [c for c in p.comm if c.kind == ALL_TO_ALL]
+    assert {c.axes for c in a2a} == {"expert"}
+    # each data shard's 8 sequences over 2 micro-batches, split over 'expert': 2 sequences
+    # x 32 tokens x top-2 x d_model in bfloat16 a dispatch or combine, sent 1/2 away;
+    # dispatch and combine, forward and backward, 2 layers, 2 micro-batches
+    assert sum(c.traffic_bytes for c in a2a) == (2 * 32 * 2 * 64 * 2 // 2) * 2 * 2 * 2 * 2
+
+
+def test_a_mixture_whose_dense_layers_outweigh_its_experts_is_not_staged():
+    heavy = replace(STAGED, ff=512)
+    with pytest.raises(PlanError, match="dense layers compute more"):
+        shardscope.plan(heavy, 8, hardware="h100", compiler="cpu", compile_top=0, stages=2)
+    result = shardscope.plan(heavy, 8, hardware="h100", compiler="cpu", compile_top=0)
+    assert {p.stages for p in result.plans} == {1}
+    staged = shardscope.plan(STAGED, 8, hardware="h100", compiler="cpu", compile_top=0)
+    assert max(p.stages for p in staged.plans) > 1
 
 
 def test_expert_parallelism_for_a_dense_model_is_refused():

@@ -38,6 +38,8 @@ from shardscope._src.plan.estimates import (
     divisors,
     estimate_memory,
     interleave_problem,
+    layer_matmul_params,
+    moe_layer_matmul_params,
     or_list,
 )
 from shardscope._src.plan.request import DEFAULT_STRATEGIES
@@ -173,14 +175,18 @@ def stage_options(
     config: ModelConfig, devices: int, mode: str, stages: int | None
 ) -> tuple[int, ...]:
     """Pipeline stage counts to try: 1, and (train, unless ``stages`` fixes one) every
-    count up to :data:`MAX_STAGES` dividing both the layers and the devices."""
+    count up to :data:`MAX_STAGES` dividing both the layers and the devices. A mixture of
+    experts is staged only where its layers with experts are the heavier kind
+    (:func:`experts_outweigh_dense`): its planned stage is one of those layers alone."""
+    staged = mode == Mode.TRAIN and (not config.is_moe or experts_outweigh_dense(config))
     if stages is not None:
         if not is_int(stages, 1):
             raise PlanError(f"stages={stages!r}: must be a positive integer")
-        if stages > 1 and config.is_moe:
+        if stages > 1 and not staged and config.is_moe:
             raise PlanError(
-                f"stages={stages}: a mixture of experts is planned without pipeline stages "
-                f"(its layers are of two kinds); give stages=1 or leave it out",
+                f"stages={stages}: this mixture's {config.dense_layers} dense layers compute "
+                f"more a token than its layers with experts, and the planner plans a "
+                f"mixture's pipeline stage by the latter; give stages=1 or leave it out",
                 param="stages",
             )
         if config.layers % stages or devices % stages:
@@ -190,13 +196,24 @@ def stage_options(
                 f"{', '.join(str(p) for p in divisors(config.layers) if devices % p == 0)}"
             )
         return (stages,)
-    if mode != Mode.TRAIN or config.is_moe:
+    if not staged:
         return (1,)
     return tuple(
         p
         for p in divisors(min(config.layers, MAX_STAGES))
         if config.layers % p == 0 and devices % p == 0
     )
+
+
+def experts_outweigh_dense(config: ModelConfig) -> bool:
+    """Whether a token's matmuls in a layer with experts (its attention, router, ``top_k``
+    routed and the shared experts) go through at least the weights of a dense layer's: then
+    the last pipeline stage, all (or most) of its layers with experts, is the slowest and
+    holds the most, and is the one planned (:func:`stage_config`). True of every mixture
+    preset (DeepSeek-V3's dense MLP is exactly its nine active experts' width)."""
+    if not config.dense_layers:
+        return True
+    return moe_layer_matmul_params(config, routed=config.top_k) >= layer_matmul_params(config)
 
 
 def interleaved_stage_options(
@@ -356,14 +373,23 @@ def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool)
     layers; the chunks change only the schedule (the bubble, the point-to-point transfers and
     the activations held, in the estimates).
 
+    A mixture of experts' dense layers open the first stage: the stage planned is the last,
+    whose layers have experts (:func:`experts_outweigh_dense`: the heaviest).
+
     A dropless mixture of experts is compiled capacity-padded at capacity factor 1: what a
     dropless program computes and moves under uniform routing (the published benchmarks
     force it), and what the partitioner can place (under jit a ragged matmul's experts are
     gathered to the tokens instead)."""
     capacity = config.routed_capacity if config.is_moe else config.capacity_factor
+    layers = config.layers // cand.stages
+    # a mixture's dense layers open the first stage; the last stage is planned (the heaviest:
+    # experts_outweigh_dense), with those of them that reach it (interleaved, the last
+    # device's chunks hold no more dense layers than that, so it is planned as no lighter)
+    dense = max(0, config.dense_layers - (config.layers - layers))
     return replace(
         config,
-        layers=config.layers // cand.stages,
+        layers=layers,
+        dense_layers=dense,
         remat=cand.remat,
         attention="blocked" if flash_attention else "dense",
         scan=True,
