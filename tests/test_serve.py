@@ -263,6 +263,25 @@ def test_a_mixtures_layouts_compile_with_the_dispatch_the_roofline_prices():
     assert _find(compiled, "ep_tp", {"expert": 2, "model": 1}, 16).decode_comm_s > 0
 
 
+def test_a_dropless_mixture_is_served_at_its_routings_imbalance():
+    # the busiest expert at 1.5 x its share: every device's dispatch and combine buffers
+    # that large, compiled as the roofline prices them
+    config = ModelConfig(
+        d_model=512, heads=8, kv_heads=8, ff=1024, layers=3, vocab=1024, mlp="swiglu",
+        dtype="bfloat16", batch=1, seq=1, experts=8, top_k=2, imbalance=1.5,
+    )  # fmt: skip
+    ep = {"expert": 2, "model": 1}
+    kwargs = dict(hardware="h100", prompt=128, output=64, batch=16)
+    skewed = _find(serve(config, 2, **kwargs), "ep_tp", ep, 16)
+    estimate = _find(serve(config, 2, compiler="cpu", **kwargs), "ep_tp", ep, 16)
+    uniform = _find(
+        serve(replace(config, imbalance=1.0), 2, compiler="cpu", **kwargs), "ep_tp", ep, 16
+    )
+    assert skewed.compiled_by == "h100"
+    assert skewed.decode_comm_s == pytest.approx(estimate.decode_comm_s, rel=1e-9)
+    assert skewed.decode_comm_s > uniform.decode_comm_s
+
+
 def test_deepseek_v3_holds_its_latent_cache_whole_on_each_device_of_a_replica():
     # 32 H100s: 16 replicas of tensor parallelism over 2 splitting the 256 experts (16 a
     # device); each token's cache is each layer's 512-wide latent and 64-wide rotary key,
@@ -446,3 +465,24 @@ def test_plan_serve_prints_the_plans_and_writes_them(tmp_path, capsys):
         [*argv, "--output", "16", "--token-latency", "0.0001"], "no layout meets", capsys
     )
     assert "--token-latency" in line
+
+
+def test_plan_serve_serves_a_mixture_at_the_routing_it_is_given(tmp_path, capsys):
+    argv = ["plan", "--serve", "--model", "qwen3-30b-a3b", "--devices", "8", "--prompt", "512"]
+    argv += ["--output", "128", "--batch", "64", "--compiler", "cpu"]
+    uniform, skewed = tmp_path / "uniform.json", tmp_path / "skewed.json"
+    assert main([*argv, "--json", str(uniform)]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--imbalance", "1.5", "--dispatch-once", "--json", str(skewed)]) == 0
+    title = capsys.readouterr().out
+    assert "busiest expert 1.5x its share" in title and "once to each device" in title
+    u, s = json.loads(uniform.read_text()), json.loads(skewed.read_text())
+    assert (u["imbalance"], u["dispatch_once"]) == (1.0, False)
+    assert (s["imbalance"], s["dispatch_once"]) == (1.5, True)
+    line = assert_usage_error(
+        ["plan", "--serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "512"]
+        + ["--output", "128", "--imbalance", "1.5"],
+        "imbalance=1.5",
+        capsys,
+    )
+    assert "a dense model; leave it 1" in line and "--imbalance" in line

@@ -236,7 +236,7 @@ SERVE_OPTIONS = ("prompt", "output", "context", "weights", "cache", "token_laten
 #: What ``plan --serve`` reads (the rest of ``plan``'s options plan training).
 _SERVE_READS = frozenset(
     {"flags", "model", "devices", "hardware", "batch", "compiler", "top", "json", "png"}
-    | {"serve", *SERVE_OPTIONS}
+    | {"serve", "imbalance", "dispatch_once", *SERVE_OPTIONS}
     | {f.name for f in fields(HardwareOptions)}
 )
 
@@ -273,6 +273,8 @@ def _cmd_serve(c: PlanConfig) -> int:
         weights=c.weights or "bfloat16",
         cache=c.cache or "bfloat16",
         latency=c.token_latency,
+        imbalance=c.imbalance,
+        dispatch_once=c.dispatch_once,
     )
     console = output_console()
     console.print(render_serve(result, top=c.top))

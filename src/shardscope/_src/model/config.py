@@ -264,10 +264,14 @@ class ModelConfig(Record):
                 param="imbalance",
             )
         if im != 1 and (not self.experts or self.capacity_factor is not None):
-            why = "a dense model" if not self.experts else "capacity-padded dispatch"
+            why = (
+                "a dense model"
+                if not self.experts
+                else "capacity-padded dispatch (the capacity factor bounds each expert's tokens)"
+            )
             raise ModelConfigError(
                 f"model config imbalance={im}: a dropless mixture of experts' routing, and this "
-                f"is {why} (the capacity factor bounds each expert's tokens); leave it 1",
+                f"is {why}; leave it 1",
                 param="imbalance",
             )
         if not isinstance(self.dispatch_once, bool) or (self.dispatch_once and not self.experts):

@@ -394,6 +394,7 @@ def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool)
         attention="blocked" if flash_attention else "dense",
         scan=True,
         capacity_factor=capacity,
+        imbalance=1.0,  # padded to it: the capacity bounds the busiest expert's tokens
     )
 
 

@@ -165,6 +165,10 @@ class ServeResult(Record):
     cache: str
     latency: float | None
     plans: tuple[ServePlan, ...]
+    #: a mixture's routing as served: the busiest expert's tokens over its even share, and
+    #: whether each token goes once to each device of its experts
+    imbalance: float = 1.0
+    dispatch_once: bool = False
 
     @property
     def best(self) -> ServePlan:
@@ -193,6 +197,8 @@ def serve(
     cache: str = "bfloat16",
     latency: float | None = None,
     compiler: str | None = None,
+    imbalance: float | None = None,
+    dispatch_once: bool | None = None,
 ) -> ServeResult:
     """Plans serving ``model`` on ``devices`` of ``hardware``: prompts of ``prompt`` tokens,
     ``output`` tokens generated each, a KV cache of ``context`` (default: ``prompt +
@@ -208,15 +214,25 @@ def serve(
     would say nothing of the hardware's memory or its collectives). 8-bit weights halve a
     decode step's traffic; int8 ones are weight-only (their matmuls compute in the model's
     dtype), fp8 ones on a device with fp8 matmul units are multiplied in fp8
-    (:func:`fp8_matmuls`), which speeds a prefill's matmuls too.
+    (:func:`fp8_matmuls`), which speeds a prefill's matmuls too. ``imbalance`` and
+    ``dispatch_once`` set a dropless mixture's routing as :class:`ModelConfig` has them (the
+    busiest expert's tokens over its even share; each token once to each device of its
+    experts), in place of the model's.
 
     Raises:
         PlanError: a bad count, format or compiler (naming it); a batch or context that
             fits no layout (naming the largest that fits and on how many devices); a latency
             no layout meets (naming the fastest layout and its time per output token).
-        ModelConfigError: a model without a vocabulary (the serving steps take tokens).
+        ModelConfigError: a model without a vocabulary (the serving steps take tokens), or
+            a routing it cannot have (an imbalance of a dense or capacity-padded model).
     """
     name, config = _model(model)
+    routing = {
+        k: v
+        for k, v in (("imbalance", imbalance), ("dispatch_once", dispatch_once))
+        if v is not None
+    }
+    config = replace(config, **routing)
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     for what, value in (("devices", devices), ("prompt", prompt), ("output", output)):
         if not is_int(value, 1):
@@ -301,6 +317,8 @@ def serve(
         cache=cache,
         latency=latency,
         plans=ranked,
+        imbalance=config.imbalance,
+        dispatch_once=config.dispatch_once,
     )
 
 
@@ -929,8 +947,8 @@ def _placed(
     spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
     mesh = target_mesh(hw.name, spec, axis_types="auto")
     c = replace(served(config, plan.tensor_parallel), batch=batch, seq=seq, layers=layers)
-    if c.is_moe:
-        c = replace(c, capacity_factor=c.routed_capacity)
+    if c.is_moe:  # padded to the routing's imbalance, which the capacity then bounds
+        c = replace(c, capacity_factor=c.routed_capacity, imbalance=1.0)
     shapes = abstract_serving_params(c)
     # a server splits the embedding and the output projection over the vocabulary, as
     # Megatron-LM's and vLLM's vocabulary-parallel layers do (replicated, each device would

@@ -51,6 +51,8 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
         f"{result.prompt}, output {result.output}, context {result.context}, {result.weights} "
         f"weights, {result.cache} cache"
         + (f", at most {format_seconds(result.latency)} per token" if result.latency else "")
+        + (f", busiest expert {result.imbalance:g}x its share" if result.imbalance > 1 else "")
+        + (", each token once to each device of its experts" if result.dispatch_once else "")
     )
     kv = any(p.kv_replicas > 1 for p in shown)
     caption = (
