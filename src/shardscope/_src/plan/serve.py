@@ -227,12 +227,10 @@ def serve(
             a routing it cannot have (an imbalance of a dense or capacity-padded model).
     """
     name, config = _model(model)
-    routing = {
-        k: v
-        for k, v in (("imbalance", imbalance), ("dispatch_once", dispatch_once))
-        if v is not None
-    }
-    config = replace(config, **routing)
+    if imbalance is not None:
+        config = replace(config, imbalance=imbalance)
+    if dispatch_once is not None:
+        config = replace(config, dispatch_once=dispatch_once)
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     for what, value in (("devices", devices), ("prompt", prompt), ("output", output)):
         if not is_int(value, 1):
