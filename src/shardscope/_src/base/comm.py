@@ -235,23 +235,35 @@ def group_totals(
     return out
 
 
+def _scaled(n: float, units: tuple[tuple[str, float], ...]) -> str:
+    """``n`` to three significant digits in the largest of ``units`` (name and size, largest
+    first; the last takes what is smaller) that it reaches once rounded: ``999.6`` of a unit
+    below is one of this unit, not ``1e+03`` of that. Past a thousand of the largest unit,
+    whole numbers with thousands separators."""
+    rounded = float(f"{n:.3g}")
+    for unit, scale in units:
+        if abs(rounded) >= scale or unit == units[-1][0]:
+            value = rounded / scale
+            return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
+    raise AssertionError("unreachable: the last unit takes the rest")
+
+
 def format_seconds(s: float) -> str:
-    """``0.00123`` -> ``'1.23 ms'``."""
+    """``0.00123`` -> ``'1.23 ms'``; ``0.9996`` -> ``'1 s'``.
+
+    >>> format_seconds(0.00123), format_seconds(0.9996), format_seconds(4321.0)
+    ('1.23 ms', '1 s', '4,320 s')
+    """
     if s == 0:
         return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
+    return _scaled(s, (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)))
 
 
 def format_flops(n: float) -> str:
     """``"9.44 GFLOP"``: three significant digits in the largest unit below ``n``.
 
-    >>> format_flops(9.437e9), format_flops(1.2e15), format_flops(512)
-    ('9.44 GFLOP', '1.2 PFLOP', '512 FLOP')
+    >>> format_flops(9.437e9), format_flops(1.2e15), format_flops(512), format_flops(999.7e12)
+    ('9.44 GFLOP', '1.2 PFLOP', '512 FLOP', '1 PFLOP')
     """
-    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.3g} FLOP"
+    units = (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("FLOP", 1.0))
+    return _scaled(n, units)

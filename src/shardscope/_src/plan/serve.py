@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from shardscope._src.audit.pricing import execution_seconds
-from shardscope._src.base.comm import ALL_REDUCE, format_bytes
+from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.moe import moe_layer_terms
@@ -329,7 +329,7 @@ def _meeting(plans: list[ServePlan], latency: float | None) -> list[ServePlan]:
         fastest = min(plans, key=lambda p: p.decode_step_s)
         raise PlanError(
             f"latency={latency * 1e3:g} ms per output token: no layout meets it; the "
-            f"fastest is {fastest.label} at {fastest.decode_step_s * 1e3:.3g} ms",
+            f"fastest is {fastest.label} at {format_seconds(fastest.decode_step_s)}",
             param="latency",
         )
     return meet
