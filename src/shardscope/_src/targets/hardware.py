@@ -123,6 +123,12 @@ TIME_MODEL_SOURCES = {
         "~230-240 GB/s on A100 NVLink 3's 300; the same fraction for the network and ICI"
     ),
     "hbm_bandwidth": "vendor datasheets (NVIDIA A100/H100/H200/B200; Cloud TPU v5e/v5p/v6e)",
+    "a mixture's grouped expert matmuls at matmul_fraction": (
+        "MegaBlocks (Gale et al. 2022, arXiv 2211.15841) measures its block-sparse expert "
+        "kernels at 98.6% of cuBLAS batched matmul throughput on average (91-104% over its "
+        "problem sizes): a dense matmul's rate, no faster than reading the experts' weights "
+        "through HBM where they get fewer tokens than the rate over the bandwidth"
+    ),
     "host_memory_bytes, host_bandwidth": (
         "GPUs: the DGX system's memory over its 8 GPUs (DGX A100 and H100/H200: 2 TB, DGX "
         "B200: 4 TB) and one PCIe x16 link each way (Gen4 32 GB/s on the A100, Gen5 64 GB/s "
