@@ -57,6 +57,12 @@ def test_an_explicit_axis_model_is_planned_with_the_default_axis_types(llama):
     assert r.axis_types == "explicit" and not r.skipped
     assert sorted(p.mesh_spec for p in r.plans) == sorted(meshes)
     assert all(p.collectives for p in r.plans)
+    for p in r.plans:
+        # the CPU compiler's memory holds the arguments and the temporaries (its own
+        # peak_memory_in_bytes counts the arguments and outputs alone)
+        m = p.compiled_memory
+        held = m["argument_size_in_bytes"] + m["temp_size_in_bytes"] - m["alias_size_in_bytes"]
+        assert m["temp_size_in_bytes"] > 0 and p.memory_bytes_per_device >= held
 
 
 def test_auto_axes_for_an_explicit_program_name_the_fix(llama):
@@ -257,3 +263,32 @@ def test_the_readme_explicit_example_runs_as_written(tmp_path):
     # One all-reduce of the activations over 'model', one of the gradients over 'data'.
     assert first == "float32[512,2048@model] 2"
     assert second.split()[0] == "explicit" and second.split()[-1].startswith("data=")
+
+
+def _heads_step(mesh):
+    """A projection whose output, split over 'model', is reshaped into 4 heads: a layout
+    whose 'model' does not divide the heads cannot type-check (JAX cannot tell where the
+    reshaped axis goes)."""
+
+    @jax.jit
+    def step(w, x):
+        def loss(w):
+            h = jnp.einsum("bd,de->be", x, w, out_sharding=P("data", "model"))
+            return jnp.sum(h.reshape(x.shape[0], 4, -1) ** 2)
+
+        return jax.grad(loss)(w)
+
+    w = jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    return step, (w, x)
+
+
+def test_a_layout_that_does_not_type_check_is_skipped_and_the_search_goes_on():
+    meshes = ["data=1,model=8", "data=2,model=4"]
+    r = shardscope.plan_program(_heads_step, 8, axes=("data", "model"), meshes=meshes)
+    assert [p.mesh_spec for p in r.plans] == ["data=2,model=4"]
+    (skip,) = r.skipped
+    assert skip.mesh == "data=1,model=8" and "do not type-check" in skip.message
+    # alone, it leaves no plan, and says why
+    alone = shardscope.plan_program(_heads_step, 8, axes=("data", "model"), meshes=meshes[:1])
+    assert not alone.plans and "do not type-check" in alone.skipped[0].message

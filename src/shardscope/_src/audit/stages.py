@@ -28,6 +28,7 @@ from shardscope._src.base.errors import (
     AxisTypeError,
     MissingMeshError,
     ProgramError,
+    ShardingTypeCheckError,
     ShardscopeError,
 )
 from shardscope._src.mesh import format_mesh_spec, mesh_axes
@@ -337,13 +338,15 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
             param="axis_types",
         )
     if type(error).__name__ == "ShardingTypeError":
-        return AxisTypeError(
+        e = ShardingTypeCheckError(
             f"{where}: the program's shardings do not type-check on the Explicit axes of mesh "
-            f"{spec!r} (code written for Auto axes, where the compiler chooses); build the "
-            f"mesh with axis_types='auto', or say the result's sharding (out_sharding=, "
-            f"jax.sharding.reshard). JAX said: {first}",
+            f"{spec!r}: JAX cannot tell a result's sharding under this layout; say it with "
+            f"out_sharding= or jax.sharding.reshard, choose another layout, or, for code "
+            f"written for Auto axes, build the mesh with axis_types='auto'. JAX said: {first}",
             param="axis_types",
         )
+        e.jax_said = first
+        return e
     return None
 
 

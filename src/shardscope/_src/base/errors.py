@@ -35,6 +35,15 @@ class AxisTypeError(MeshSpecError):
     not fit (code written for Explicit axes on an Auto mesh, or the other way round)."""
 
 
+class ShardingTypeCheckError(AxisTypeError):
+    """Shardings that do not type-check on a mesh's Explicit axes for one layout: JAX cannot
+    tell a result's sharding (a split dimension that does not divide, or code written for
+    Auto axes). A search skips the layout; an audit of it fails. ``jax_said``: JAX's
+    words (the first line)."""
+
+    jax_said: str = ""
+
+
 class LayoutError(ShardscopeError):
     """A shape and sharding that do not fit together (e.g. a dimension not divisible)."""
 

@@ -48,6 +48,7 @@ from shardscope._src.base.errors import (
     PlanError,
     ProgramError,
     RulesError,
+    ShardingTypeCheckError,
     TargetError,
     is_int,
     one_line,
@@ -73,6 +74,7 @@ from shardscope._src.plan.types import (
     ProgramTask,
     Skipped,
     SkipReason,
+    device_bytes,
     held_bytes,
     no_plan_note,
 )
@@ -140,6 +142,8 @@ class ProgramPlan:
     timing: Mapping[str, float] = field(default_factory=dict)
     exact: bool = True
     same_as: str | None = None
+    #: the compiler that built it (``"cpu"``, or a target's name)
+    target: str = "cpu"
 
     @property
     def fit_memory_bytes_per_device(self) -> int:
@@ -169,7 +173,11 @@ class ProgramPlan:
 
     @property
     def memory_bytes_per_device(self) -> int:
-        """What the compiled program holds at once (:func:`held_bytes`)."""
+        """What the compiled program holds at once: a target compiler's
+        (:func:`held_bytes`), or the CPU compiler's buffer assignment (:func:`device_bytes`:
+        its ``peak_memory_in_bytes`` is the arguments and outputs alone, no temporaries)."""
+        if self.target == CPU:
+            return device_bytes(self.compiled_memory)
         return held_bytes(self.compiled_memory)
 
     @property
@@ -562,6 +570,9 @@ def _compile_one(
             target=target,
             axis_types=kinds,
         )
+    except ShardingTypeCheckError as e:  # this layout's, not the program's
+        why = f"its shardings do not type-check on the Explicit axes: {e.jax_said or e}"
+        return None, Skipped(rn, spec, SkipReason.ERROR, why), ""
     except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
         raise
     except DeviceMemoryError as e:  # the target's compiler found it does not fit
@@ -761,6 +772,7 @@ def _program_plan(
         timing=timing,
         exact=result.exact,
         same_as=same_as,
+        target=result.target or CPU,
     )
 
 

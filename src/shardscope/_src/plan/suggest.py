@@ -93,6 +93,7 @@ from shardscope._src.sharding.rules import (
     RuleSets,
     check_rules_axes,
     find_rule_sets,
+    format_rules,
     rules_context,
     takes_rules,
     uses_flax,
@@ -1068,7 +1069,10 @@ def suggest(
         )
         done.extend(indices)
         plans.extend(got)
-        skipped.extend(failed)
+        # a skipped candidate is named by what it shards, as the proposals are
+        for f in failed:
+            shown = tuple((n, a) for n, a in by_name[f.strategy][2] if a is not None)
+            skipped.append(replace(f, strategy=format_rules(shown) if shown else "all replicated"))
 
     budget = min(compiles, len(unique))
     settled = False

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.plan.types import device_bytes
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 from shardscope._src.render.console import mimebundle, output_console
 
@@ -317,10 +318,17 @@ def audit_notes(audit: Audit) -> list[str]:
         notes.append(f"unknown instruction {u.opcode} ({u.name}): {u.raw[:120]}")
     if audit.memory_pressure is not None:
         notes.append(audit.memory_pressure.sentence())
-    if audit.memory is not None:
-        peak = audit.memory.get("peak_memory_in_bytes")
-        if peak is not None:
-            notes.append(f"peak memory per device (this backend's estimate): {format_bytes(peak)}")
+    m = audit.memory
+    if m is not None and audit.target is None and "temp_size_in_bytes" in m:
+        # XLA:CPU's peak_memory_in_bytes is its arguments and outputs alone
+        held = device_bytes(m)
+        notes.append(
+            f"memory per device (the CPU compiler's buffers: arguments + outputs + "
+            f"temporaries - aliased; no GPU/TPU prediction): {format_bytes(held)}"
+        )
+    elif m is not None and m.get("peak_memory_in_bytes") is not None:
+        peak = m["peak_memory_in_bytes"]
+        notes.append(f"peak memory per device (this backend's estimate): {format_bytes(peak)}")
     return notes
 
 

@@ -95,6 +95,11 @@ def change_lines(change: Change) -> list[str]:
     return lines
 
 
+def skipped_lines(result: SuggestResult) -> list[str]:
+    """A line per candidate whose compile failed (its mesh and why), the JSON's ``skipped``."""
+    return [f"skipped {s.strategy} {s.mesh} ({s.reason}): {s.message}" for s in result.skipped]
+
+
 def render_suggest(result: SuggestResult, *, console: Any, top: int | None = None) -> None:
     """Prints the proposals, what the best changes in the user's plan and its arrays."""
     console.print(headline(result), highlight=False)
@@ -102,6 +107,8 @@ def render_suggest(result: SuggestResult, *, console: Any, top: int | None = Non
     console.print(
         rich_table(PROPOSAL_COLUMNS, shown, title="proposals (compiled, best first)"),
     )
+    for line in skipped_lines(result):
+        console.print(line, highlight=False)
     best = result.best
     if best is None:
         console.print(result.fit_advice or "no proposal compiled", highlight=False)
