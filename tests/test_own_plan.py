@@ -354,6 +354,12 @@ def test_audit_program_takes_the_rules_audit_file_takes(tmp_path, capsys):
     capsys.readouterr()
     data = json.loads(cli_json.read_text())
     assert (data["counts"], data["totals"]) == from_cli
+    # the set chosen is the one checked against the mesh: data parallelism on a mesh of
+    # 'data' alone, though the module's other sets name 'model'
+    dp = shardscope.audit_program(make_step, "data=8", axis_types="auto", rule_set="dp")
+    assert {c.axes for c in dp.collectives} == {("data",)}
+    with pytest.raises(shardscope.RulesError, match="'tp' maps 'hidden' to mesh axis 'model'"):
+        shardscope.audit_program(make_step, "data=8", axis_types="auto", rule_set="tp")
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.plan.types import device_bytes
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 from shardscope._src.render.console import mimebundle, output_console
+from shardscope._src.targets.specs import CPU
 
 if TYPE_CHECKING:
     from shardscope._src.audit.records import Audit, Collective, ExpectCheck
@@ -319,7 +320,7 @@ def audit_notes(audit: Audit) -> list[str]:
     if audit.memory_pressure is not None:
         notes.append(audit.memory_pressure.sentence())
     m = audit.memory
-    if m is not None and audit.target is None and "temp_size_in_bytes" in m:
+    if m is not None and audit.target in (None, CPU) and "temp_size_in_bytes" in m:
         # XLA:CPU's peak_memory_in_bytes is its arguments and outputs alone
         held = device_bytes(m)
         notes.append(

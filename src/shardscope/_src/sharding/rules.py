@@ -275,13 +275,13 @@ def rules_for_mesh(
     axes: Sequence[str],
 ) -> Rules:
     """The one rule set a program is built with on a mesh of ``axes``: what :func:`find_rule_sets`
-    finds, checked against the axes, and chosen by :func:`choose_rule_set`; ``()`` when there
-    are no rules."""
-    found = find_rule_sets(rules, make_step)
-    if found is not None:
-        check_rules_axes(found.sets, axes)
-    chosen = choose_rule_set(found, rule_set)
-    return () if chosen is None else chosen[1]
+    finds, chosen by :func:`choose_rule_set` and checked against the axes (the other sets may
+    name axes of other meshes); ``()`` when there are no rules."""
+    chosen = choose_rule_set(find_rule_sets(rules, make_step), rule_set)
+    if chosen is None:
+        return ()
+    check_rules_axes({chosen[0]: chosen[1]}, axes)
+    return chosen[1]
 
 
 # -- how rules reach a program -----------------------------------------------------------------
