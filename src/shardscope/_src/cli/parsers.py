@@ -455,8 +455,8 @@ def _plan_what_options(p: argparse.ArgumentParser) -> None:
         "--model",
         metavar="NAME|FILE",
         help=f"a model preset ({', '.join(DENSE_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
-        f"ones; the mixtures of experts {', '.join(MOE_PRESETS)} are counted, not planned "
-        f"yet) or the path of a Llama-family config.json",
+        f"ones; the mixtures of experts {', '.join(MOE_PRESETS)}) or the path of a Hugging "
+        f"Face config.json (Llama-family, Mixtral, Qwen3-MoE, DeepSeek-V3)",
     )
     p.add_argument(
         "--program",
@@ -694,7 +694,7 @@ def add_shard_parser(sub: Any) -> None:
     _plan_hardware_options(p, " the steps are timed on")
     p.add_argument(
         "--compiler",
-        choices=["cpu", *TARGETS],
+        choices=list(TARGETS),
         help="the compiler that verifies the proposals: the hardware's own (deviceless, the "
         "default where it has one) or cpu (simulated CPU devices)",
     )

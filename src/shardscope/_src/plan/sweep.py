@@ -154,8 +154,8 @@ def _resolve_model(r: PlanRequest) -> tuple[str, ModelConfig]:
     missing = [k for k in ("d_model", "heads", "ff", "layers") if dims.get(k) is None]
     if missing:
         raise PlanError(
-            f"a model needs a preset (model={'|'.join(MODEL_PRESETS)}) or its shape; missing "
-            f"{', '.join(missing)}",
+            f"a model needs a preset (model= one of {', '.join(MODEL_PRESETS)}) or its "
+            f"shape; missing {', '.join(missing)}",
             param=tuple(missing),
         )
     fields: dict[str, Any] = {k: v for k, v in dims.items() if v is not None}
