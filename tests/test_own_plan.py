@@ -1,6 +1,7 @@
 """Planning, diffing and budgeting a user's own program, from Python and from the shell."""
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -539,7 +540,7 @@ def test_cli_diff_of_files_of_another_schema(tmp_path, capsys):
     assert_usage_error(["diff", str(old), str(new)], "schema version 99", capsys)
 
 
-def _scoped_audit(gather: bool):
+def _scoped_audit(gather: bool, scope: str = "block1"):
     mesh = shardscope.make_mesh("model=8", axis_types="auto")
     x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
     w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh, P("model")))
@@ -547,7 +548,7 @@ def _scoped_audit(gather: bool):
     def f(x, w):
         with jax.named_scope("block0"):
             y = x @ w  # an all-reduce over 'model'
-        with jax.named_scope("block1"):
+        with jax.named_scope(scope):
             v = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P())) if gather else w
             return y + jnp.sum(v)
 
@@ -568,6 +569,19 @@ def test_diff_by_scope_names_the_block_that_changed(tmp_path, capsys):
     write_result(new, after)
     assert main(["diff", str(old), str(new), "--by-scope", "--no-new", "all-gather"]) == 1
     assert "block1" in capsys.readouterr().out
+
+
+def test_a_diff_captured_as_a_ci_log_keeps_every_cell_whole(tmp_path, capsys):
+    from shardscope._src.base.records import write_result
+
+    scope = "transformer/decoder/layer_11/self_attention"  # a module path as Flax names it
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, _scoped_audit(False, scope))
+    write_result(new, _scoped_audit(True, scope))
+    assert main(["diff", str(old), str(new), "--by-scope"]) == 0
+    out = capsys.readouterr().out  # not a terminal: no width to follow
+    assert "…" not in out
+    assert re.search(rf"\+ new\s+{scope}\s+model\s+all-gather\s+0 -> 1\s", out), out
 
 
 def test_diff_by_scope_of_audits_without_scopes_names_the_parameter(tmp_path, capsys):

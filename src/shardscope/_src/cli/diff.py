@@ -10,7 +10,8 @@ from shardscope._src.audit.diff import diff_audits
 from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.config import DiffConfig
 from shardscope._src.cli.paths import check_output_paths
-from shardscope._src.render.diff import render_diff
+from shardscope._src.render.console import natural_width, output_console
+from shardscope._src.render.diff import diff_table, render_diff
 
 
 def check_diff(c: DiffConfig) -> None:
@@ -46,6 +47,9 @@ def run_diff(
         old, new, max_bytes_increase=max_bytes_increase, no_new=no_new, by_scope=by_scope
     )
     if json_path != STDOUT:
+        if console is None:  # piped (a CI log), as wide as the table's cells need
+            least = natural_width(diff_table(d), least=80) if d.changed else 80
+            console = output_console(piped_width=least)
         render_diff(d, console=console)
     if json_path is not None:
         write_result(json_path, d)
