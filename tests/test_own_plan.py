@@ -246,6 +246,15 @@ def test_diff_refuses_files_of_another_schema(tmp_path):
         shardscope.diff_audits(old, other)
     with pytest.raises(shardscope.AuditDiffError, match="is not an audit"):
         shardscope.diff_audits(old, {"plans": []})
+    # an audit's to_dict() dumped to a file has no schema_version, and reads as the audit
+    dumped = tmp_path / "dumped.json"
+    dumped.write_text(json.dumps(_matmul_audit(P()).to_dict()))
+    assert shardscope.diff_audits(old, dumped).rows == shardscope.diff_audits(old, old).rows
+    data = json.loads(dumped.read_text())
+    data["totals"] = [{"kind": "all-reduce"}]  # ... unless it is not ours
+    dumped.write_text(json.dumps(data))
+    with pytest.raises(shardscope.AuditDiffError, match="no schema_version and is not an"):
+        shardscope.diff_audits(old, dumped)
     with pytest.raises(shardscope.ShardscopeError, match="byte budget"):
         shardscope.diff_audits(old, old, max_bytes_increase="lots")
 

@@ -137,6 +137,12 @@ _WRITE_ONE = (
 )
 
 
+_SAME_SHARDSCOPE = (
+    "audit both with the same shardscope: pass the Audits themselves (shardscope.audit(...)), "
+    "or write both with `shardscope audit ... --json FILE`"
+)
+
+
 def _load(source: Any, what: str) -> AuditTotals:
     """The sums of an :class:`Audit`, of its ``to_dict()`` or of the JSON file at a path."""
     if isinstance(source, Audit):
@@ -154,19 +160,23 @@ def _load(source: Any, what: str) -> AuditTotals:
         )
     if not isinstance(data, Mapping) or not isinstance(data.get("totals"), list):
         raise AuditDiffError(f'{what} {name!r} is not an audit (no "totals" list); {_WRITE_ONE}')
-    # An audit's to_dict() in memory is this shardscope's; a file says which wrote it.
+    # An audit's to_dict() in memory is this shardscope's; a file says which wrote it, or,
+    # written from to_dict() (json.dump(audit.to_dict(), f)), is read if its fields are ours.
     version = data.get("schema_version", SCHEMA_VERSION if in_memory else None)
-    if version not in AUDIT_SCHEMAS:
-        found = "no schema_version" if version is None else f"schema version {version!r}"
-        readable = " or ".join(str(v) for v in AUDIT_SCHEMAS)
+    readable = " or ".join(str(v) for v in AUDIT_SCHEMAS)
+    if version is not None and version not in AUDIT_SCHEMAS:
         raise AuditDiffError(
-            f"{what} {name!r} has {found} but this shardscope reads audits of version "
-            f"{readable}; audit both with the same shardscope: pass the Audits themselves "
-            f"(shardscope.audit(...)), or write both with `shardscope audit ... --json FILE`"
+            f"{what} {name!r} has schema version {version!r} but this shardscope reads audits "
+            f"of version {readable}; {_SAME_SHARDSCOPE}"
         )
     try:
         sums = AuditTotals.from_dict(data)
     except (RecordError, TypeError, ValueError, AttributeError) as e:
+        if version is None:
+            raise AuditDiffError(
+                f"{what} {name!r} has no schema_version and is not an audit this shardscope "
+                f"(version {readable}) reads ({e}); {_SAME_SHARDSCOPE}"
+            ) from None
         raise AuditDiffError(
             f"{what} {name!r} is not an audit this shardscope reads: {e}"
         ) from None
