@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from calibration import GIB, MOE_ROWS, ROWS, Row  # noqa: E402
+from calibration import GIB, JUDGED_ROWS, MOE_ROWS, ROWS, Row  # noqa: E402
 
 from shardscope import plan  # noqa: E402
 from shardscope._src.base.text import format_mesh_spec  # noqa: E402
@@ -49,7 +49,7 @@ def _plan(row: Row):
 
 
 def main(prefixes: list[str]) -> None:
-    every = ROWS + MOE_ROWS
+    every = ROWS + MOE_ROWS + JUDGED_ROWS
     rows = [r for r in every if not prefixes or any(r.name.startswith(p) for p in prefixes)]
     print(
         f"{'run':46} {'compiled':>9} {'estimate':>9} {'measured':>9} {'error':>7}  "
@@ -64,7 +64,8 @@ def main(prefixes: list[str]) -> None:
         p = on_target[0] if on_target else result.plans[0]
         step, est = p.step_time_s, p.estimated_time.step_s
         error = step / row.measured_s - 1
-        errors.setdefault("sets 1-2" if row in ROWS else "set 3", []).append(abs(error))
+        group = "sets 1-2" if row in ROWS else "set 3" if row in MOE_ROWS else "judged"
+        errors.setdefault(group, []).append(abs(error))
         fit, analytic = p.fit_memory_bytes_per_device, p.memory.total
         ratio = analytic / fit if p.target_memory is not None else float("nan")
         if p.target_memory is not None:
