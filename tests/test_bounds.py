@@ -183,6 +183,14 @@ def test_train_bounds_follow_the_published_formulas():
     assert fsdp.traffic_bytes == 7 * params // 8 + 7 * params // 8 + loss
     tp = transformer_bound(get_strategy("tp").place(config, "model=8"), "train")
     assert tp.counts() == {"all-reduce": 4 * 2}
+    # ZeRO-1 and ZeRO-2 move what data parallelism does (ZeRO section 7.2.1): each device
+    # updates its shard of the optimizer state, so the gradients are reduce-scattered to the
+    # shards and the updated weights gathered, 2 x 7/8 of them, not all-reduced first
+    for name in ("zero1", "zero2"):
+        zero = transformer_bound(get_strategy(name).place(config, "data=8"), "train")
+        assert zero.payload_bytes("reduce-scatter") == params, name
+        assert zero.payload_bytes("all-gather") == params, name
+        assert zero.traffic_bytes == 7 * params // 8 + 7 * params // 8 + loss, name
 
 
 def test_bounds_for_meshes_larger_than_the_devices_at_hand():

@@ -226,7 +226,14 @@ def _weight_terms(
     payload = math.prod(one) * c.itemsize // split
     scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
     data_sharded = uses_role(storage[name], Role.DATA)
-    grads_sharded = train and uses_role(s.grad_rules()[name], Role.DATA)
+    # A gradient needs summing only into the shards its update reads: the gradients' own
+    # (ZeRO-2, FSDP), or the optimizer state's (ZeRO-1: each device updates its shard, so a
+    # reduce-scatter suffices, the ZeRO paper's 2x the weights with the gather, not an
+    # all-reduce's 2x and the gather's 1x; XLA:GPU forms it from the all-reduce and slice).
+    reduced_to = s.grad_rules()[name]
+    if not uses_role(reduced_to, Role.DATA) and not data_sharded:
+        reduced_to = s.optimizer_rules()[name]
+    grads_sharded = train and uses_role(reduced_to, Role.DATA)
     data_axes, n_data = _group(placement, _shard_roles(storage[name]))
     terms: list[Term] = []
     if data_sharded:
@@ -234,7 +241,7 @@ def _weight_terms(
         role = TermRole.WEIGHT_GATHER
         terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
     if grads_sharded:
-        data_axes, n_data = _group(placement, _shard_roles(s.grad_rules()[name]))
+        data_axes, n_data = _group(placement, _shard_roles(reduced_to))
         what = f"{name} gradient reduce-scattered to its shards"
         role = TermRole.GRADIENT_SCATTER
         terms += _term(REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope, role)
@@ -249,7 +256,7 @@ def _weight_terms(
     # embeddings), and under context parallelism 'context' (unless the reduce-scatter covers
     # it too). One all-reduce over all of them at once is cheaper than one per axis, and
     # after a reduce-scatter it sums the shard it left (1/n of the gradient).
-    scattered = _shard_roles(s.grad_rules()[name]) if grads_sharded else ()
+    scattered = _shard_roles(reduced_to) if grads_sharded else ()
     # a routed expert's gradient is whole over the expert axis: every token sent to the
     # expert reached its device
     own = (Role.EXPERT,) if uses_role(storage[name], Role.EXPERT) else ()

@@ -518,7 +518,8 @@ def _strategies() -> dict[str, Strategy]:
         Strategy(
             "zero1",
             "ZeRO-1: data parallel with the optimizer state sharded on the data axes; "
-            "gradients all-reduced, updated shards all-gathered",
+            "gradients whole on each device, reduced to each one's shard for its update (a "
+            "reduce-scatter at least), updated shards all-gathered",
             (Role.DATA,),
             rep,
             activations=_rules(**_acts(Role.DATA, None, None)),
