@@ -198,6 +198,10 @@ def test_the_command_line_prints_the_arrays_and_writes_the_rules(tmp_path, capsy
     )
     assert main(["audit", MLP, "--mesh", mesh, "--rules", str(out), "--axis-types", "auto"]) == 0
     assert list(rules["rules"]) == ["suggested"]
+    # the command answers to the library's name too
+    again = tmp_path / "again.json"
+    assert main(["suggest", *argv[1:10], "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["best"] == data["best"]
     capsys.readouterr()
 
 

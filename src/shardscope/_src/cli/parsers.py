@@ -675,7 +675,9 @@ def add_shard_parser(sub: Any) -> None:
     """``shardscope shard``: propose the sharding of the user's program."""
     p = sub.add_parser(
         "shard",
-        help="propose logical-axis rules and a mesh for your program, proved by compiling",
+        aliases=["suggest"],  # the library's name for it: shardscope.suggest
+        help="propose logical-axis rules and a mesh for your program, proved by compiling "
+        "(also: suggest)",
         description="Search the mesh shapes and the assignments of your program's logical "
         "axis names to mesh axes, screen them with arithmetic on its arrays, compile the "
         "leaders with the target's compiler (deviceless) and rank them by the compiled "
