@@ -33,6 +33,8 @@ LIBRARY_PACKAGES = frozenset(
     tensorflow_probability keras ml_collections absl""".split()
 )
 _INSTALLED = ("site-packages", "dist-packages")
+# shardscope's own frame around a module's call while it names its scope (audit/scopes.py)
+_SCOPE_WRAPPER = ("shardscope", "_src", "audit", "scopes.py")
 
 # Parts of an op_name that JAX adds for program structure, not scopes the user named.
 _STRUCTURAL = frozenset(
@@ -52,7 +54,7 @@ BACKWARD = "backward"
 def is_library_file(path: str) -> bool:
     """True for a file of an installed package, of a JAX ecosystem library or of Python."""
     parts = re.split(r"[\\/]+", path)
-    if any(p in _INSTALLED for p in parts):
+    if any(p in _INSTALLED for p in parts) or tuple(parts[-4:]) == _SCOPE_WRAPPER:
         return True
     if any(p in LIBRARY_PACKAGES for p in parts[:-1]):
         return True

@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from shardscope._src.audit.scopes import module_scopes
 from shardscope._src.base.errors import (
     AxisTypeError,
     MissingMeshError,
@@ -148,7 +149,8 @@ def lower(program: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     else:
         fn = program
     try:
-        got = fn.lower(*args)
+        with module_scopes():  # NNX and Equinox modules' ops named by their paths
+            got = fn.lower(*args)
     except Exception as e:
         explained = missing_mesh_error(e, args)
         if explained is not None:
@@ -156,7 +158,8 @@ def lower(program: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _is_jax_own(fn) or not _has_abstract_leaves(args):
             raise
         try:
-            return _lower_in_jit(fn, args)
+            with module_scopes():
+                return _lower_in_jit(fn, args)
         except Exception as traced:
             # Traced with array inputs, the program got further: when it stopped at its
             # shardings, that says more than the wrapper's refusal of abstract arguments.
