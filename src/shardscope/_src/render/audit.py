@@ -197,6 +197,11 @@ def scope_table(audit: Audit, *, title: str | None = None) -> Any:
             "+".join(r.phases) or "-",
             ", ".join(_short(s) for s in r.sources),
         )
+    if any(c.parts and len({p.scope for p in c.parts}) > 1 for c in audit.collectives):
+        table.caption = (
+            "a collective the compiler combined from several scopes' arrays counts once in "
+            "each of them, with their own bytes (audit.counts() counts it once)"
+        )
     return table
 
 
