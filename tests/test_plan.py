@@ -639,6 +639,15 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
             "must be a positive number",
         ),
         (
+            ["plan", "--model", "tiny", "--devices", "8", "--memory", "lots"],
+            "not a number of bytes (e.g. 80e9, 80GB or 79.1GiB)",
+        ),
+        (
+            # a size with its unit reads as the bytes it names: 1 KiB, then too little
+            ["plan", "--model", "tiny", "--devices", "8", "--memory", "1KiB"],
+            "needs more than the 1 KiB of a h100",
+        ),
+        (
             ["plan", "--model", "tiny", "--devices", "8", "--memory", "1000"],
             # the library names no flag; the command line adds the flags of its parameters
             "more memory per device, or fewer bytes per parameter "

@@ -16,7 +16,7 @@ from typing import Any
 
 from shardscope._src.audit.records import Audit, AuditTotals, KindTotals, ScopeTotals
 from shardscope._src.base import comm as _comm
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import format_bytes, parse_bytes
 from shardscope._src.base.errors import AuditDiffError, RecordError, ShardscopeError
 from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
 from shardscope._src.base.vocab import Vocab
@@ -207,36 +207,23 @@ def _totals(
     return out
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "b": 1,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-
-
 def parse_budget(text: str | int) -> tuple[float, bool]:
     """``(amount, is_percent)`` from ``1048576``, ``"1MiB"``, ``"500KB"`` or ``"5%"``."""
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise ShardscopeError(f"a byte budget must be >= 0, got {text}")
         return float(text), False
-    m = _SIZE.match(str(text))
-    if not m:
+    words = str(text).strip()
+    percent = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", words)
+    if percent:
+        return float(percent.group(1)), True
+    size = parse_bytes(words)
+    if size is None or not size >= 0 or size == float("inf"):
         raise ShardscopeError(
             f"byte budget {text!r}: write a number of bytes, a size such as 64MiB or 1GB, or a "
             f"percentage of the old total such as 5%"
         )
-    value, unit = float(m.group(1)), (m.group(2) or "B")
-    if unit == "%":
-        return value, True
-    return value * _UNITS[unit.lower()], False
+    return size, False
 
 
 def diff_audits(

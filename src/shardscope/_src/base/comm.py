@@ -18,6 +18,7 @@ group size times one device's buffer) and, for a collective-permute, one device'
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -167,6 +168,37 @@ def ratio(actual: int | float, bound: int | float) -> float | None:
 
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+
+
+def parse_bytes(text: str) -> float | None:
+    """Bytes from a number (``"80e9"``) or a size with its unit (``"80GB"``, ``"79.1GiB"``,
+    ``"64 MiB"``: KB, MB, GB, TB are powers of 1000, KiB to TiB of 1024); None when ``text``
+    is neither.
+
+    >>> parse_bytes("80GB"), parse_bytes("2 KiB"), parse_bytes("1e3"), parse_bytes("lots")
+    (80000000000.0, 2048.0, 1000.0, None)
+    """
+    m = _SIZE.match(text)
+    if m:
+        return float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def format_bytes(n: int | float) -> str:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from shardscope._src.base.comm import parse_bytes
+
 
 def _whole(text: str) -> int:
     digits = text.strip().removeprefix("-")
@@ -43,6 +45,18 @@ def positive_number(text: str, unit: str = "") -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 450e9)") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a positive number{unit}")
+    return value
+
+
+def positive_bytes(text: str) -> float:
+    """Bytes above 0: a number (``80e9``) or a size with its unit (``80GB``, ``79.1GiB``)."""
+    value = parse_bytes(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of bytes (e.g. 80e9, 80GB or 79.1GiB)"
+        )
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of bytes")
     return value
 
 

@@ -15,6 +15,7 @@ from shardscope._src.cli.args import (
     PROG,
     Parser,
     add_axis_types_option,
+    positive_bytes,
     positive_float,
     positive_int,
     positive_number,
@@ -515,7 +516,7 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
         ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
         ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),
         ("--latency", "latency_s", "seconds per collective step"),
-        ("--memory", "memory_bytes", "device memory in bytes"),
+        ("--memory", "memory_bytes", "device memory: bytes, or a size (80GB, 79.1GiB)"),
         ("--peak-flops", "peak_flops", "FLOP/s per device"),
         ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
         ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
@@ -527,7 +528,8 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
             "fraction of the fp8 peak the fp8 matmuls reach",
         ),
     ):
-        p.add_argument(flag, dest=dest, type=positive_number, metavar="X", help=help_text)
+        kind = positive_bytes if dest == "memory_bytes" else positive_number
+        p.add_argument(flag, dest=dest, type=kind, metavar="X", help=help_text)
     p.add_argument(
         "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
     )
