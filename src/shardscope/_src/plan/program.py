@@ -571,7 +571,10 @@ def _compile_one(
             axis_types=kinds,
         )
     except ShardingTypeCheckError as e:  # this layout's, not the program's
-        why = f"its shardings do not type-check on the Explicit axes: {e.jax_said or e}"
+        why = (
+            f"its shardings do not type-check on the Explicit axes (for code written for "
+            f"Auto axes: axis_types='auto'): {e.jax_said or e}"
+        )
         return None, Skipped(rn, spec, SkipReason.ERROR, why), ""
     except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
         raise
