@@ -33,6 +33,25 @@ def flax_plans():
 # -- rules and meshes -------------------------------------------------------------------------
 
 
+def test_plan_program_takes_the_compiler_by_the_name_plan_gives_it(flax_plans):
+    from shardscope._src.audit.user_program import load_program
+
+    make_step = load_program(FLAX)
+    rules = __import__(make_step.__module__).RULES
+    meshes = ["data=8,model=1"]
+    kwargs = dict(devices=8, rules=rules, axis_types="auto", meshes=meshes)
+    by_name = shardscope.plan_program(make_step, compiler="cpu", **kwargs)
+    assert by_name.target == "cpu"
+    expected = {
+        p.label: p.comm_bytes_per_device
+        for p in flax_plans.plans
+        if p.mesh == {"data": 8, "model": 1}
+    }
+    assert {p.label: p.comm_bytes_per_device for p in by_name.plans} == expected
+    with pytest.raises(shardscope.PlanError, match="name one choice twice"):
+        shardscope.plan_program(make_step, compiler="cpu", target="h100", **kwargs)
+
+
 def test_mesh_shapes_spread_the_devices_over_the_axes():
     assert [tuple(m.values()) for m in mesh_shapes(8, ("data", "model"))] == [
         (1, 8),

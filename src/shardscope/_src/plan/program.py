@@ -365,6 +365,7 @@ def plan_program(
     axis_types: Any = None,
     name: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    compiler: str | None = None,
 ) -> ProgramPlanResult:
     """Plans a user's program on ``devices`` accelerators: every mesh shape x rule set.
 
@@ -390,7 +391,8 @@ def plan_program(
         target: compile every candidate for this target (``"h100"``, ``"tpu-v5p"``; see
             ``shardscope.TARGETS``) with its own compiler, deviceless: its collectives and
             its memory per device (a TPU program that does not fit is skipped for memory).
-            None (or ``"cpu"``): simulated CPU devices.
+            None (or ``"cpu"``): simulated CPU devices. ``compiler=`` is the same choice
+            by the name :func:`shardscope.plan` and the command line give it.
         axis_types: the axis types of every candidate's mesh, as in
             :func:`shardscope.make_mesh`: ``"explicit"`` (the default, JAX's: sharding in
             types) or ``"auto"`` (the compiler propagates shardings).
@@ -419,6 +421,7 @@ def plan_program(
     rule_sets, axes = _check_program(make_step, devices, rules, rule_set, axes, meshes)
     kinds = axis_types_of(axis_types, axes)
     shapes = _mesh_list(meshes, axes, devices)
+    target = one_compiler(target, compiler)
     target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
     local = None
     if target_name is None:
@@ -713,6 +716,20 @@ def _check_program(
                 param="make_step",
             )
     return rule_sets, axes
+
+
+def one_compiler(target: str | None, compiler: str | None) -> str | None:
+    """The target of ``target=`` or of ``compiler=``, the name :func:`shardscope.plan` and
+    the command line give the same choice (``"cpu"``: simulated CPU devices, None); a
+    :class:`PlanError` when both are given and differ."""
+    if compiler is None:
+        return target
+    if target is not None and target != compiler:
+        raise PlanError(
+            f"target={target!r} and compiler={compiler!r} name one choice twice; give one of them",
+            param=("target", "compiler"),
+        )
+    return compiler
 
 
 def _target_hardware(

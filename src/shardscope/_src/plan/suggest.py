@@ -82,6 +82,7 @@ from shardscope._src.plan.program import (
     _target_hardware,
     compile_plans,
     mesh_shapes,
+    one_compiler,
     plan_program,
     program_ref,
     rank_plans,
@@ -876,6 +877,7 @@ def suggest(
     args: Sequence[Any] | None = None,
     workers: int | None = None,
     ray: str | bool | None = None,
+    compiler: str | None = None,
 ) -> SuggestResult:
     """Proposes logical-axis rules and a mesh shape for a program, proved by compiling them.
 
@@ -892,7 +894,8 @@ def suggest(
             NNX's ``with_partitioning``, :func:`shardscope.logical_to_spec`).
         devices: accelerators to plan for; this process must simulate as many.
         target: compile with this target's compiler (``"h100"``, ``"tpu-v5p"``), deviceless;
-            None: simulated CPU devices.
+            None (or ``"cpu"``): simulated CPU devices. ``compiler=`` is the same choice by
+            the name :func:`shardscope.plan` and the command line give it.
         hardware: the preset the step is timed on (default: the target's, else ``h100``).
         hardware_overrides: settings over the preset's (``memory_bytes=``, ...).
         rules: the user's own rule sets, read as :func:`plan_program` reads them (default the
@@ -962,6 +965,7 @@ def suggest(
         found = find_rule_sets(rules, make_step)
         axes = _axes(found, axes)
         names = _logical_names(found, logical_axes)
+    target = one_compiler(target, compiler)
     target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
     if workers is None:
         workers = default_workers(compiles) if ref is not None else 0
