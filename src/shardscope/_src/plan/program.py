@@ -417,20 +417,63 @@ def plan_program(
     through both when there are rules (see ``lower_step`` in the audit's stages).
     """
 
+    return plan_rule_sets(
+        make_step,
+        devices,
+        rules=rules,
+        rule_set=rule_set,
+        axes=axes,
+        meshes=meshes,
+        hardware=hardware,
+        hardware_overrides=hardware_overrides,
+        target=one_compiler(target, compiler),
+        axis_types=axis_types,
+        name=name,
+        progress=progress,
+    )
+
+
+def plan_rule_sets(
+    make_step: Callable[..., Any],
+    devices: int,
+    *,
+    rules: Any,
+    rule_set: str | None,
+    axes: Sequence[str] | None,
+    meshes: Sequence[str | Mapping[str, int]] | None,
+    hardware: str | Hardware | None,
+    hardware_overrides: Mapping[str, float] | None,
+    target: str | None,
+    axis_types: Any,
+    name: str | None,
+    progress: Callable[[int, int, str], None] | None = None,
+    pool: Any = None,
+    ref: ProgramRef | None = None,
+) -> ProgramPlanResult:
+    """:func:`plan_program`, its compiles in ``pool``'s workers where it has one (and the
+    program's ``ref``): ``suggest`` plans the user's own rule sets in the pool of its search."""
     start = time.perf_counter()
     rule_sets, axes = _check_program(make_step, devices, rules, rule_set, axes, meshes)
     kinds = axis_types_of(axis_types, axes)
     shapes = _mesh_list(meshes, axes, devices)
-    target = one_compiler(target, compiler)
     target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
     local = None
-    if target_name is None:
+    if target_name is None and (pool is None or ref is None):
         local = local_devices(devices, otherwise=" (the command line does it for you)")
     label = name or _name_of(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
     plans, skipped = compile_plans(
-        make_step, todo, hw, local, label=label, target=target_name, kinds=kinds, progress=progress
+        make_step,
+        todo,
+        hw,
+        local,
+        label=label,
+        target=target_name,
+        kinds=kinds,
+        progress=progress,
+        pool=pool,
+        ref=ref,
     )
     ranked = rank_plans(plans, [rn for rn, _, _ in todo])
     return ProgramPlanResult(

@@ -83,7 +83,7 @@ from shardscope._src.plan.program import (
     compile_plans,
     mesh_shapes,
     one_compiler,
-    plan_program,
+    plan_rule_sets,
     program_ref,
     rank_plans,
 )
@@ -1110,23 +1110,28 @@ def suggest(
             ranked = rank_plans(plans, list(rule_name.values()))
             best = next((p for p in ranked if p.fits), None)
             settled = best is not None and not uncompiled_neighbours(best)
+        t3 = time.perf_counter()
+        own = None
+        if found is not None and compare:  # in the search's workers, where it has them
+            own = plan_rule_sets(
+                make_step,
+                devices,
+                rules=dict(found.sets),
+                rule_set=None,
+                axes=axes,
+                meshes=None,
+                hardware=hw,
+                hardware_overrides=None,
+                target=target_name,
+                axis_types=axis_types,
+                name=label,
+                pool=pool,
+                ref=ref,
+            )
     finally:
         if pool is not None:
             pool.close()
     ranked = rank_plans(plans, list(rule_name.values()))
-    t3 = time.perf_counter()
-    own = None
-    if found is not None and compare:
-        own = plan_program(
-            make_step,
-            devices,
-            rules=dict(found.sets),
-            axes=axes,
-            hardware=hw,
-            target=target_name,
-            axis_types=axis_types,
-            name=label,
-        )
     own_time = None if own is None or own.best is None else own.best.step_time_s
     # Named by rank once compiled (the screen's order is not the answer).
     renamed = {p.rules_name: f"{SUGGESTED}-{p.rank}" for p in ranked}
