@@ -770,7 +770,7 @@ def one_compiler(target: str | None, compiler: str | None) -> str | None:
     if target is not None and target != compiler:
         raise PlanError(
             f"target={target!r} and compiler={compiler!r} name one choice twice; give one of them",
-            param=("target", "compiler"),
+            param="compiler",
         )
     return compiler
 
