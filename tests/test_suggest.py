@@ -200,7 +200,8 @@ def test_the_command_line_prints_the_arrays_and_writes_the_rules(tmp_path, capsy
     assert list(rules["rules"]) == ["suggested"]
     # the command answers to the library's name too
     again = tmp_path / "again.json"
-    assert main(["suggest", *argv[1:10], "--json", str(again)]) == 0
+    argv = ["suggest", *argv[1:10], "--out", str(tmp_path / "again-rules.json")]
+    assert main([*argv, "--json", str(again)]) == 0
     assert json.loads(again.read_text())["best"] == data["best"]
     capsys.readouterr()
 
