@@ -74,9 +74,8 @@ from shardscope._src.plan.types import (
     ProgramTask,
     Skipped,
     SkipReason,
-    device_bytes,
-    held_bytes,
     no_plan_note,
+    program_bytes,
 )
 from shardscope._src.sharding.rules import (
     Rules,
@@ -173,12 +172,8 @@ class ProgramPlan:
 
     @property
     def memory_bytes_per_device(self) -> int:
-        """What the compiled program holds at once: a target compiler's
-        (:func:`held_bytes`), or the CPU compiler's buffer assignment (:func:`device_bytes`:
-        its ``peak_memory_in_bytes`` is the arguments and outputs alone, no temporaries)."""
-        if self.target == CPU:
-            return device_bytes(self.compiled_memory)
-        return held_bytes(self.compiled_memory)
+        """What the compiled program holds at once (:func:`program_bytes`)."""
+        return program_bytes(self.compiled_memory, self.target)
 
     @property
     def fits(self) -> bool:

@@ -94,8 +94,8 @@ from shardscope._src.sharding.rules import (
     RuleSets,
     check_rules_axes,
     find_rule_sets,
-    format_rules,
     rules_context,
+    sharded_rules,
     takes_rules,
     uses_flax,
 )
@@ -1074,9 +1074,7 @@ def suggest(
         done.extend(indices)
         plans.extend(got)
         # a skipped candidate is named by what it shards, as the proposals are
-        for f in failed:
-            shown = tuple((n, a) for n, a in by_name[f.strategy][2] if a is not None)
-            skipped.append(replace(f, strategy=format_rules(shown) if shown else "all replicated"))
+        skipped.extend(replace(f, strategy=sharded_rules(by_name[f.strategy][2])) for f in failed)
 
     budget = min(compiles, len(unique))
     settled = False

@@ -56,6 +56,16 @@ def held_bytes(memory: Mapping[str, int]) -> int:
     return min(buffers, peak) if peak > 0 else buffers
 
 
+def program_bytes(memory: Mapping[str, int], compiler: str | None) -> int:
+    """Bytes per device a program compiled by ``compiler`` holds: a GPU or TPU compiler's
+    (:func:`held_bytes`), or the CPU compiler's buffer assignment (:func:`device_bytes`:
+    XLA:CPU's ``peak_memory_in_bytes`` is its arguments and outputs alone, no temporaries);
+    ``None`` is the CPU, as an audit of simulated devices names it."""
+    if compiler in (None, CPU_TARGET.name):
+        return device_bytes(memory)
+    return held_bytes(memory)
+
+
 #: The mesh axis that holds pipeline stages (1F1B); every other axis is within one stage.
 STAGE_AXIS = "stage"
 

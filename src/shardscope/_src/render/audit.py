@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.plan.types import device_bytes
+from shardscope._src.plan.types import program_bytes
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 from shardscope._src.render.console import mimebundle, output_console
 from shardscope._src.targets.specs import CPU
@@ -326,11 +326,10 @@ def audit_notes(audit: Audit) -> list[str]:
         notes.append(audit.memory_pressure.sentence())
     m = audit.memory
     if m is not None and audit.target in (None, CPU) and "temp_size_in_bytes" in m:
-        # XLA:CPU's peak_memory_in_bytes is its arguments and outputs alone
-        held = device_bytes(m)
         notes.append(
             f"memory per device (the CPU compiler's buffers: arguments + outputs + "
-            f"temporaries - aliased; no GPU/TPU prediction): {format_bytes(held)}"
+            f"temporaries - aliased; no GPU/TPU prediction): "
+            f"{format_bytes(program_bytes(m, audit.target))}"
         )
     elif m is not None and m.get("peak_memory_in_bytes") is not None:
         peak = m["peak_memory_in_bytes"]

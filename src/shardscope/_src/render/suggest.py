@@ -11,7 +11,7 @@ from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.render.columns import Column, markdown_table, rich_table
 from shardscope._src.render.plan import format_ratio
-from shardscope._src.sharding.rules import format_rules
+from shardscope._src.sharding.rules import sharded_rules
 
 if TYPE_CHECKING:
     from shardscope._src.plan.suggest import ArrayShard, Change, Proposal, SuggestResult
@@ -30,8 +30,7 @@ def headline(result: SuggestResult) -> str:
 
 
 def _rules(p: Proposal) -> str:
-    shown = tuple((n, a) for n, a in p.rules if a is not None)
-    return format_rules(shown) if shown else "all replicated"
+    return sharded_rules(p.rules)
 
 
 PROPOSAL_COLUMNS: tuple[Column[Proposal], ...] = (

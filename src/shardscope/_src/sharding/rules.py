@@ -159,6 +159,13 @@ def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tup
     return rule_sets, axes
 
 
+def sharded_rules(rules: Rules) -> str:
+    """What ``rules`` shard (``batch->data``), the names they leave whole left out; ``"all
+    replicated"`` when they shard nothing: a proposal's or a skipped candidate's label."""
+    shown = tuple((n, a) for n, a in rules if a is not None)
+    return format_rules(shown) if shown else "all replicated"
+
+
 def format_rules(rules: Rules) -> str:
     """``batch->data, embed->-``."""
     if not rules:
