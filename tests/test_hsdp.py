@@ -293,14 +293,18 @@ def test_seventy_b_on_eight_nodes_all_reduces_over_the_network_and_gathers_over_
     weights = [(h, L), (h * (q + 2 * kv), L), (q * h, L), (h, L), (h * 2 * ff, L), (ff * h, L)]
     weights += [(v * h, 1), (h, 1), (h * v, 1)]
     assert sum(n * count for n, count in weights) == config.param_count()
-    gathers = scatters = shards = 0.0
+    # all-gather at use and reduce-scatter of the gradient, per micro-batch, a layer's
+    # weights in one collective a pass (7 steps), the embedding, the final norm and the
+    # unembedding in another; the layers' weights gathered again for the backward
+    gathers = m * L * 7 * a * 2 + m * 1 * 7 * a
+    scatters = m * L * 7 * a + m * 1 * 7 * a
+    shards = 0.0
     for n, count in weights:
         size = 2 * n  # bf16 bytes
-        # all-gather at use and reduce-scatter of the gradient, per micro-batch: 7 steps, 7/8;
-        # the layers' weights gathered again for the backward
+        # each sends 7/8 of its bytes
         again = 2 if count == L else 1
-        gathers += again * m * count * (7 * a + 7 * size / 8 / nvlink)
-        scatters += m * count * (7 * a + 7 * size / 8 / nvlink)
+        gathers += again * m * count * 7 * size / 8 / nvlink
+        scatters += m * count * 7 * size / 8 / nvlink
         # the gradient's eighth, all-reduced over the 8 replicas once a step: 14 steps
         shards += count * (14 * a + 2 * 7 * (size // 8) / 8 / network)
     loss = 2 * 63 * a + math.ceil(2 * 63 * 4 / 64) / all_cards

@@ -529,16 +529,38 @@ def _as_compiled(term):
     )  # fmt: skip
 
 
+def _issued(terms):
+    """The bound's terms as FSDP issues them, in their order: a layer's weights gathered
+    (and their gradients reduce-scattered) in one collective a pass over each group, the
+    rest one a term."""
+    issued = {}
+    for i, t in enumerate(terms):
+        if t.role in (TermRole.WEIGHT_GATHER, TermRole.GRADIENT_SCATTER):
+            key = (t.kind, t.axes, t.group_size, t.count, t.rerun)
+            if key in issued:
+                first = issued[key]
+                t = replace(first, payload_bytes=first.payload_bytes + t.payload_bytes)
+        else:
+            key = i
+        issued[key] = t
+    return [_as_compiled(t) for t in issued.values()]
+
+
 def test_a_compiled_step_is_priced_as_its_formula_and_costs_more_with_more_traffic():
     # One short sequence per A100 across 8 nodes: FSDP's traffic is not all hidden.
     config = model_preset("7b").config(batch=64, seq=256)
     s = estimate(Candidate("fsdp", (("data", 64),), 1, "none"), config, "a100")
     hw = hardware("a100")
     assert s.time.data_exposed_s > 0
-    as_formula = [_as_compiled(t) for t in s.bound.terms]
-    # Collectives that are the formula's terms give the estimate's step exactly.
+    as_formula = _issued(s.bound.terms)
+    # Collectives that are the formula's terms, a layer's weights gathered together, give
+    # the estimate's step exactly.
     same = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER)
     assert same.step_s == pytest.approx(s.time.step_s, rel=1e-12)
+    # Gathered one weight at a time, they pay the latency of each: a slower step.
+    one_by_one = [_as_compiled(t) for t in s.bound.terms]
+    apart = compiled_step(hw, s.pricing, one_by_one, s.bound, GPU_COMPILER)
+    assert apart.data_comm_s > same.data_comm_s
     # A program that gathers the weights twice over (the compiler re-gathered them for the
     # backward) pays for it: a slower step.
     doubled = [
@@ -561,14 +583,14 @@ def test_the_cpu_compilers_all_reduce_is_priced_as_the_reduce_scatter_the_gpu_fo
     # whole gradient (twice the bytes), then a slice.
     cpu = [
         replace(
-            _as_compiled(t),
+            c,
             kind="all-reduce",
-            traffic_bytes=2 * t.traffic_bytes,
-            cpu_traffic_bytes=2 * t.traffic_bytes,
+            traffic_bytes=2 * c.traffic_bytes,
+            cpu_traffic_bytes=2 * c.traffic_bytes,
         )
-        if t.kind == "reduce-scatter"
-        else _as_compiled(t)
-        for t in s.bound.terms
+        if c.kind == "reduce-scatter"
+        else c
+        for c in _issued(s.bound.terms)
     ]
     priced = compiled_step(hw, s.pricing, cpu, s.bound, CPU_COMPILER)
     assert priced.step_s == pytest.approx(s.time.step_s, rel=1e-9)

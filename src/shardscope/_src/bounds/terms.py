@@ -54,7 +54,9 @@ class Term:
 
     ``payload_bytes`` is the full logical array of one execution, as the audit defines it
     (all-reduce operand, all-gather result, reduce-scatter operand, all-to-all whole array).
-    ``role`` says what it is for; ``what`` says it in words, for people.
+    ``role`` says what it is for; ``what`` says it in words, for people. ``rerun`` names
+    the pass a step runs it again in (``"recomputed forward"``, ``"again for the
+    backward"``), ``""`` for the pass the bound counts it in.
     """
 
     kind: str
@@ -65,6 +67,7 @@ class Term:
     what: str
     scope: str = ""
     role: TermRole = field(kw_only=True)
+    rerun: str = field(default="", kw_only=True)
 
     @property
     def traffic_bytes(self) -> int:

@@ -92,7 +92,7 @@ from typing import TYPE_CHECKING, Any
 from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
-from shardscope._src.bounds.terms import Bound, Term
+from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.bounds.transformer import regathered_terms, transformer_bound
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
@@ -448,14 +448,19 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
     terms = [replace(t, count=t.count * (1 if t.role.once_per_step else m)) for t in base.terms]
     if mode == Mode.TRAIN and reruns_forward_collectives(schedule.remat):
         for t in transformer_bound(one, Mode.FORWARD).terms:
-            terms.append(replace(t, count=t.count * m, what=t.what + " (recomputed forward)"))
+            terms.append(_rerun(t, m, "recomputed forward"))
     elif mode == Mode.TRAIN:
         # The layers' weights gathered at use (FSDP) are gathered again for the backward, as
         # PyTorch FSDP and ZeRO-3 do, rather than kept for it (the bound's minimum); so are
         # context parallelism's keys and values.
         for t in regathered_terms(one):
-            terms.append(replace(t, count=t.count * m, what=t.what + " (again for the backward)"))
+            terms.append(_rerun(t, m, "again for the backward"))
     return Bound(base.label, tuple(terms), base.notes)
+
+
+def _rerun(t: Term, microbatches: int, rerun: str) -> Term:
+    """``t`` run again in pass ``rerun`` of each of the ``microbatches``."""
+    return replace(t, count=t.count * microbatches, what=f"{t.what} ({rerun})", rerun=rerun)
 
 
 def step_work(
@@ -598,15 +603,34 @@ def comm_items(
     hw: Hardware, placement: Placement, terms: Sequence[Term], *, fp8_gathers: bool = False
 ) -> list[CommItem]:
     """The terms of ``placement``'s program (a :class:`Bound`'s), timed and classified;
-    ``fp8_gathers``: FSDP's weight gathers in fp8 (:func:`gathered_bytes`)."""
+    ``fp8_gathers``: FSDP's weight gathers in fp8 (:func:`gathered_bytes`).
+
+    A layer's weights are gathered, and their gradients reduce-scattered, together: one
+    collective a layer and a pass over each group of devices, as PyTorch FSDP gathers the
+    flat parameter of each wrapped layer. The terms of one layer, pass and group (the same
+    kind, axes, executions and pass) are timed as one collective of their bytes: the latency
+    once, not once a weight (on 1,024 devices a ring's 1,023 steps of latency each). XLA's
+    combiners merge part of them (the H100 compile of DeepSeek-V3's ``fsdp_ep`` on 1,024
+    devices issues about five gathers over ``data`` x ``expert`` a layer and a pass, for
+    eight weights); a compiled plan is priced by the collectives its program issues.
+    """
 
     sizes = mesh_axes(placement.mesh)
     items = []
+    together: dict[tuple[Any, ...], tuple[list[str], float]] = {}
     for t in terms:
         cls = classify(t.kind, t.axes, placement)
         traffic = gathered_bytes(t.kind, cls, t.traffic_bytes, placement, fp8_gathers)
+        if t.role in (TermRole.WEIGHT_GATHER, TermRole.GRADIENT_SCATTER):
+            key = (t.kind, t.axes, t.group_size, t.count, t.rerun, cls)
+            names, sent = together.setdefault(key, ([], 0.0))
+            together[key] = ([*names, t.what], sent + traffic)
+            continue
         seconds = collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count)
         items.append(CommItem(t.what, cls, seconds))
+    for (kind, axes, group, count, _, cls), (names, sent) in together.items():
+        seconds = collective_seconds(hw, sizes, kind, axes, group, sent, count)
+        items.append(CommItem("; ".join(names), cls, seconds))
     return items
 
 
