@@ -588,7 +588,9 @@ def _plan_search_options(p: argparse.ArgumentParser) -> None:
         "--stages",
         type=positive_int,
         metavar="N",
-        help="pipeline stages (default: try 1 and the divisors of the layers up to 16)",
+        help="pipeline stages, dividing the devices; they need not divide the layers (61 in "
+        "16: stages of 4 and 3, planned by one of 4) (default: try 1 and each count up to 16 "
+        "and the layers that divides the devices)",
     )
     p.add_argument(
         "--virtual-stages",

@@ -175,9 +175,16 @@ def stage_options(
     config: ModelConfig, devices: int, mode: str, stages: int | None
 ) -> tuple[int, ...]:
     """Pipeline stage counts to try: 1, and (train, unless ``stages`` fixes one) every
-    count up to :data:`MAX_STAGES` dividing both the layers and the devices. A mixture of
-    experts is staged only where its layers with experts are the heavier kind
-    (:func:`experts_outweigh_dense`): its planned stage is one of those layers alone."""
+    count up to :data:`MAX_STAGES` and the layers that divides the devices. Stages need not
+    divide the layers: DeepSeek-V3's 61 in 16 stages are stages of 4 and 3 layers, planned by
+    a stage of 4 (:func:`stage_layers`). A mixture of experts is staged only where its layers
+    with experts are the heavier kind (:func:`experts_outweigh_dense`): its planned stage is
+    one of those layers alone.
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> stage_options(model_preset("deepseek-v3").config(batch=1), 1024, "train", None)
+    (1, 2, 4, 8, 16)
+    """
     staged = mode == Mode.TRAIN and (not config.is_moe or experts_outweigh_dense(config))
     if stages is not None:
         if not is_int(stages, 1):
@@ -189,20 +196,37 @@ def stage_options(
                 f"mixture's pipeline stage by the latter; give stages=1 or leave it out",
                 param="stages",
             )
-        if config.layers % stages or devices % stages:
+        if devices % stages or stages > config.layers:
             raise PlanError(
-                f"stages={stages}: pipeline stages must divide the {config.layers} layers and "
-                f"the {devices} devices; choose one of "
-                f"{', '.join(str(p) for p in divisors(config.layers) if devices % p == 0)}"
+                f"stages={stages}: pipeline stages must divide the {devices} devices and be "
+                f"no more than the {config.layers} layers; choose one of "
+                f"{or_list([p for p in divisors(devices) if p <= config.layers])}"
             )
         return (stages,)
     if not staged:
         return (1,)
-    return tuple(
-        p
-        for p in divisors(min(config.layers, MAX_STAGES))
-        if config.layers % p == 0 and devices % p == 0
-    )
+    most = min(config.layers, MAX_STAGES)
+    return tuple(p for p in divisors(devices) if p <= most)
+
+
+def stage_layers(layers: int, stages: int) -> int:
+    """The layers of the stage a pipeline of ``stages`` is planned by: the last stage's,
+    which holds the unembedding and, where the stages cannot be equal, one layer more than
+    the fewest (``layers`` split as evenly as they go, the larger stages last): the slowest
+    stage, which sets the pipeline's pace.
+
+    >>> stage_layers(80, 4), stage_layers(61, 16), stage_layers(61, 1)
+    (20, 4, 61)
+    """
+    return -(-layers // stages)
+
+
+def uneven_stages(layers: int, stages: int) -> str:
+    """``'stages of 4 and 3 of the 61 layers'``, or ``''`` when the stages are equal."""
+    if layers % stages == 0:
+        return ""
+    big = stage_layers(layers, stages)
+    return f"stages of {big} and {big - 1} of the {layers} layers"
 
 
 def experts_outweigh_dense(config: ModelConfig) -> bool:
@@ -236,13 +260,16 @@ def interleaved_stage_options(
     problem = interleave_problem(v, None, train=mode == Mode.TRAIN)
     if problem is None and fixed:
         (p,) = stage_counts
-        problem = interleave_problem(v, p, microbatches, config.layers // p)
+        problem = _uneven_interleave(v, config.layers, p) or interleave_problem(
+            v, p, microbatches, config.layers // p
+        )
     if problem is not None:
         raise PlanError(problem, param="virtual_stages")
     runs = tuple(
         p
         for p in stage_counts
-        if interleave_problem(v, p, microbatches, config.layers // p) is None
+        if not _uneven_interleave(v, config.layers, p)
+        and interleave_problem(v, p, microbatches, config.layers // p) is None
     )
     if not runs:
         tried = ", ".join(f"{p} of {config.layers // p} layers" for p in stage_counts if p > 1)
@@ -255,6 +282,18 @@ def interleaved_stage_options(
             param="virtual_stages",
         )
     return runs
+
+
+def _uneven_interleave(v: int, layers: int, stages: int) -> str:
+    """Why ``v`` virtual stages cannot interleave ``stages`` of unequal layers, or ``''``."""
+    if v == 1 or stages <= 1 or not uneven_stages(layers, stages):
+        return ""
+    return (
+        f"virtual_stages={v}: interleaving splits every stage's layers into {v} equal "
+        f"chunks, and {stages} pipeline stages of the {layers} layers are unequal "
+        f"({uneven_stages(layers, stages)}); give stages= dividing the layers, or "
+        f"virtual_stages=1"
+    )
 
 
 def virtual_stage_options(
@@ -381,7 +420,7 @@ def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool)
     force it), and what the partitioner can place (under jit a ragged matmul's experts are
     gathered to the tokens instead)."""
     capacity = config.routed_capacity if config.is_moe else config.capacity_factor
-    layers = config.layers // cand.stages
+    layers = stage_layers(config.layers, cand.stages)
     # a mixture's dense layers open the first stage; the last stage is planned (the heaviest:
     # experts_outweigh_dense), with those of them that reach it (interleaved, the last
     # device's chunks hold no more dense layers than that, so it is planned as no lighter)
@@ -550,6 +589,7 @@ def screen_all(
             (m, v)
             for m in counts
             for v in virtual_stage_options(base.layers, cand.stages, m, virtual_stages)
+            if not _uneven_interleave(v, config.layers, cand.stages)
         ]
 
         screened_on_placement = partial(

@@ -28,8 +28,8 @@ class PlanNote(NoteKind):
     INEXACT = "inexact"
     #: the jit program reduces replicated gradients after every micro-batch
     PER_MICROBATCH_REDUCTION = "per-microbatch-reduction"
-    #: one pipeline stage was compiled (values: ``stages``, ``layers``, ``devices``; and
-    #: ``virtual_stages`` when interleaved)
+    #: one pipeline stage was compiled (values: ``stages``, ``layers``, ``devices``, the
+    #: model's ``of_layers``; and ``virtual_stages`` when interleaved)
     PIPELINE_STAGE = "pipeline-stage"
     #: compiled again by a target's compiler (values: ``target``, ``memory_bytes``,
     #: ``estimate_bytes``, and ``room_bytes`` where a GPU's compiler was told the program
@@ -181,6 +181,12 @@ def _pipeline_stage(v: Mapping[str, Any]) -> str:
         f"{v['devices']} devices, holding the embedding and the unembedding of the first and "
         f"last stages); the stage-to-stage transfers and the bubble are in the time model"
     )
+    of = v.get("of_layers", v["stages"] * v["layers"])
+    if of % v["stages"]:
+        text += (
+            f"; the {of} layers make stages of {v['layers']} and {v['layers'] - 1}, and the "
+            f"pipeline goes at the pace of one of {v['layers']}, the one compiled"
+        )
     chunks = v.get("virtual_stages", 1)
     if chunks > 1:
         text += (

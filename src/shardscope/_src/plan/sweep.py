@@ -418,7 +418,7 @@ def _simulable(ranked: list[Screened], devices: int) -> tuple[list[Screened], li
         raise PlanError(
             f"devices={devices}: every candidate's program needs more than the {MAX_DEVICES} "
             f"simulated devices the CPU backend compiles for in one process (the smallest "
-            f"needs {least}); pipeline stages split it (stages= dividing the layers and the "
+            f"needs {least}); pipeline stages split it (stages= dividing the "
             f"devices), or plan fewer devices",
             param=("devices", "stages"),
         )
@@ -471,15 +471,21 @@ def _compile_plans(
                 Skipped(s.candidate.strategy, s.candidate.mesh_spec, SkipReason.ERROR, message)
             )
             continue
-        p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device)
+        p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device, config.layers)
         plans.append(p)
     return plans, failed
 
 
 def _compiled_plan(
-    s: Screened, got: CompiledFacts, hw: Hardware, stage: ModelConfig, flops_per_device: float
+    s: Screened,
+    got: CompiledFacts,
+    hw: Hardware,
+    stage: ModelConfig,
+    flops_per_device: float,
+    layers: int,
 ) -> Plan:
-    """The plan of a screened candidate from its compiled facts."""
+    """The plan of a screened candidate from its compiled facts (``layers``: the whole
+    model's, of which ``stage`` holds one pipeline stage's)."""
     cand, bound = s.candidate, s.bound
     sizes = dict(cand.stage_mesh)
     comm = axis_comm(hw, sizes, got.collectives, bound)
@@ -488,7 +494,7 @@ def _compiled_plan(
     if cand.microbatches > 1 and reduces_per_microbatch(got, bound, cand):
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
     if cand.stages > 1:
-        values = {"stages": cand.stages, "layers": stage.layers}
+        values = {"stages": cand.stages, "layers": stage.layers, "of_layers": layers}
         if cand.virtual_stages > 1:
             values["virtual_stages"] = cand.virtual_stages
         notes.append(
