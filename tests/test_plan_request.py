@@ -93,13 +93,15 @@ def test_every_option_maps_onto_its_field():
         "--no-flash-attention", "--workers", "0", "--compiler", "cpu", "--target-plans", "2",
         "--offload-optimizer", "--matmul-dtype", "fp8", "--fp8-peak-flops", "9e14",
         "--fp8-matmul-fraction", "0.5", "--no-vocab-split", "--virtual-stages", "1",
-        "--imbalance", "1.5", "--dispatch-once",
+        "--imbalance", "1.5", "--dispatch-once", "--attention-fwd-flops", "3e14",
+        "--attention-bwd-flops", "2e14",
     ]  # fmt: skip
     assert _cli_request(*argv) == PlanRequest(
         "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32,
         mode="forward", hardware="tpu-v5p",
         hardware_overrides={"link_bandwidth": 1e11, "node_size": 4, "fp8_peak_flops": 9e14,
-                            "fp8_matmul_fraction": 0.5},
+                            "fp8_matmul_fraction": 0.5, "attention_fwd_flops": 3e14,
+                            "attention_bwd_flops": 2e14},
         strategies=("dp", "fsdp"), remat=("none", "full"), microbatches=2, stages=1,
         mesh="data=16", compile_top=5, bytes_per_param=18, flash_attention=False, workers=0,
         compiler="cpu", target_plans=2, offload_optimizer=True, matmul_dtype="fp8",

@@ -94,6 +94,7 @@ if TYPE_CHECKING:
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
     from shardscope._src.targets.capabilities import Capabilities as Capabilities
     from shardscope._src.targets.hardware import Hardware as Hardware
+    from shardscope._src.targets.hardware import h100_attention as h100_attention
     from shardscope._src.targets.hardware import hardware as hardware
     from shardscope._src.targets.mesh import target_mesh as target_mesh
     from shardscope._src.targets.specs import TARGETS as TARGETS
@@ -186,6 +187,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "get_strategy": ("shardscope._src.sharding.strategies", "get_strategy"),
     "Hardware": ("shardscope._src.targets.hardware", "Hardware"),
     "hardware": ("shardscope._src.targets.hardware", "hardware"),
+    "h100_attention": ("shardscope._src.targets.hardware", "h100_attention"),
     "target_mesh": ("shardscope._src.targets.mesh", "target_mesh"),
     "TARGETS": ("shardscope._src.targets.specs", "TARGETS"),
     "Target": ("shardscope._src.targets.specs", "Target"),

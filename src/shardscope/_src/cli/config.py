@@ -188,6 +188,8 @@ HARDWARE_OVERRIDES = (
     "comm_fraction",
     "fp8_peak_flops",
     "fp8_matmul_fraction",
+    "attention_fwd_flops",
+    "attention_bwd_flops",
 )
 
 
@@ -206,6 +208,8 @@ class HardwareOptions(CommandConfig):
     comm_fraction: float | None
     fp8_peak_flops: float | None
     fp8_matmul_fraction: float | None
+    attention_fwd_flops: float | None
+    attention_bwd_flops: float | None
     node_size: int | None
 
     @property

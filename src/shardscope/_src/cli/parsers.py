@@ -527,6 +527,17 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
             "fp8_matmul_fraction",
             "fraction of the fp8 peak the fp8 matmuls reach",
         ),
+        (
+            "--attention-fwd-flops",
+            "attention_fwd_flops",
+            "FLOP/s of a fused causal attention kernel's forward (FlashAttention's count; "
+            "with --attention-bwd-flops; an H100's cuDNN: 518e12)",
+        ),
+        (
+            "--attention-bwd-flops",
+            "attention_bwd_flops",
+            "FLOP/s of its backward (an H100's cuDNN: 499e12)",
+        ),
     ):
         kind = positive_bytes if dest == "memory_bytes" else positive_number
         p.add_argument(flag, dest=dest, type=kind, metavar="X", help=help_text)

@@ -631,14 +631,20 @@ def _prefill_flops(config: ModelConfig, prompt: int) -> tuple[int, int]:
     return 2 * config.active_param_count() * prompt, _prefill_attention_flops(config, prompt)
 
 
-def _matmul_s(hw: Hardware, weights: str | None, flops: float, of: tuple[int, int]) -> float:
+def _matmul_s(
+    hw: Hardware, weights: str | None, flops: float, of: tuple[int, int], *, prefill: bool = False
+) -> float:
     """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
     the attention's are in the ratio ``of`` (the formula's, :func:`_decode_flops` or
     :func:`_prefill_flops`): the weights' share at the fp8 rate where :func:`fp8_matmuls`,
-    the rest at 16 bits."""
+    the rest at 16 bits; a ``prefill``'s attention (its causal FLOPs) at a fused kernel's
+    forward rate where the hardware names one (``attention_fwd_flops``)."""
     w, a = of
-    fp8 = flops * w / (w + a) if fp8_matmuls(hw, weights) and w + a else 0.0
-    return hw.matmul_seconds(flops, fp8)
+    share = flops / (w + a) if w + a else 0.0
+    fp8 = share * w if fp8_matmuls(hw, weights) else 0.0
+    kernel = share * a if prefill and hw.attention_fwd_flops > 0 else 0.0
+    attention = kernel / hw.attention_fwd_flops if kernel else 0.0
+    return hw.matmul_seconds(flops - kernel, fp8) + attention
 
 
 def _plan(
@@ -664,7 +670,7 @@ def _plan(
     comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = max(memory_s, compute_s) + comm_s
     of = _prefill_flops(c, prompt)
-    prefill = max(_matmul_s(hw, weights, sum(of) / t, of), weight / hw.hbm_bandwidth)
+    prefill = max(_matmul_s(hw, weights, sum(of) / t, of, prefill=True), weight / hw.hbm_bandwidth)
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
@@ -1090,7 +1096,7 @@ def compile_prefill(
     if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
     of = _prefill_flops(served(config, plan.tensor_parallel), prompt)
-    compute_s = _matmul_s(hw, weights, got.flops, of)
+    compute_s = _matmul_s(hw, weights, got.flops, of, prefill=True)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
         plan,

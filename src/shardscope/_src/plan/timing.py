@@ -32,6 +32,15 @@ Per micro-batch on the slowest pipeline stage, one device:
   ``enable_fsdp_float8_all_gather``, part of its float8 recipe): a consequence of fp8 and
   FSDP, priced so for the formula's terms and the compiled program's gathers alike
   (:func:`gathered_bytes`), though the compiled program (the CPU reference) is 16-bit.
+* **the attention core** (``QK^T`` and ``PV``): by default at the matmul rate, counted
+  non-causal (Korthikanti et al.'s Eq. 7, as ``matmul_fraction`` was calibrated), which on an
+  H100 prices causal attention at about half the matmul rate, a FlashAttention-2-class
+  kernel's. Where the hardware names a fused kernel's measured rates
+  (``attention_fwd_flops``, ``attention_bwd_flops``), its causal FLOPs (half the
+  non-causal) run at them, as FlashAttention counts them: the backward 2.5 times the
+  forward's FLOPs (its recomputed scores included); a recomputed forward runs the forward
+  kernel again. Only memory-efficient (blocked) attention is such a kernel: a program that
+  materializes the scores keeps the matmul rate.
 * **tensor-parallel collectives** (over ``model``): each at the alpha-beta time of a ring at
   the achieved bandwidth, on the critical path on GPUs; TPU compilers overlap them with the
   matmuls they feed (``tp_overlap``: collective matmuls), so only what exceeds the compute
@@ -177,7 +186,8 @@ class Pricing:
         """The step with collectives ``comm`` and, given ``flops`` (a compiled program's
         matmul FLOPs per device in the whole step; None or 0: none counted), that much matmul
         work in place of the formula's (:meth:`StepWork.with_step_matmul_flops`)."""
-        work = self.work.with_step_matmul_flops(flops) if flops else self.work
+        keep = hw.attention_fwd_flops > 0
+        work = self.work.with_step_matmul_flops(flops, keep_attention=keep) if flops else self.work
         return step_time(hw, work, comm)
 
     @property
@@ -229,6 +239,13 @@ class StepWork:
     expert_flops: float = 0.0
     expert_recompute_flops: float = 0.0
     expert_weight_bytes: float = 0.0
+    #: memory-efficient attention's core (``QK^T`` and ``PV``, counted non-causal) in
+    #: ``fwd_flops``, in ``recompute_flops`` as a forward run again (recomputation), and in
+    #: ``recompute_flops`` as its backward's recomputed scores: what a fused attention
+    #: kernel runs at its own rates (:attr:`Hardware.attention_fwd_flops`); 0 otherwise
+    attention_flops: float = 0.0
+    attention_rerun_flops: float = 0.0
+    attention_bwd_recompute_flops: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
@@ -243,7 +260,16 @@ class StepWork:
         """The matmul FLOPs of the whole step, every micro-batch (:attr:`matmul_flops`)."""
         return self.microbatches * self.matmul_flops
 
-    def with_step_matmul_flops(self, flops: float) -> StepWork:
+    @property
+    def step_attention_flops(self) -> float:
+        """The attention core's FLOPs in :attr:`step_matmul_flops` (0 for a program that
+        materializes the scores)."""
+        if not self.train:
+            return self.microbatches * self.attention_flops
+        core = 3 * self.attention_flops + self.attention_rerun_flops
+        return self.microbatches * (core + self.attention_bwd_recompute_flops)
+
+    def with_step_matmul_flops(self, flops: float, *, keep_attention: bool = False) -> StepWork:
         """This work doing ``flops`` matmul FLOPs in the whole step (a compiled program's
         count) instead of :attr:`step_matmul_flops`: the forward, the recomputed part and
         their fp8 shares scaled alike, so that the formula's split between forward and
@@ -264,6 +290,23 @@ class StepWork:
         own = self.step_matmul_flops
         if own <= 0:
             return self
+        if keep_attention and self.step_attention_flops:
+            # The attention runs at its kernel's rates: the count scales the rest.
+            kept = self.step_attention_flops
+            r = max(0.0, flops - kept) / (own - kept)
+            a, ar = (
+                self.attention_flops,
+                self.attention_rerun_flops + self.attention_bwd_recompute_flops,
+            )
+            return replace(
+                self,
+                fwd_flops=a + (self.fwd_flops - a) * r,
+                recompute_flops=ar + (self.recompute_flops - ar) * r,
+                fp8_flops=self.fp8_flops * r,
+                fp8_recompute_flops=self.fp8_recompute_flops * r,
+                expert_flops=self.expert_flops * r,
+                expert_recompute_flops=self.expert_recompute_flops * r,
+            )
         r = flops / own
         return replace(
             self,
@@ -311,12 +354,19 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         return max(0.0, passes * work.expert_weight_bytes / hw.hbm_bandwidth - run)
 
     act = HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
-    fwd = matmuls(work.fwd_flops, work.fp8_flops) + act + weights_wait(work.expert_flops, 1)
-    bwd = matmuls(2 * work.fwd_flops, 2 * work.fp8_flops) + act
+    # a fused attention kernel's causal FLOPs (half the non-causal count) at its own rates
+    attention = work.attention_flops if hw.attention_fwd_flops > 0 else 0.0
+    rerun = work.attention_rerun_flops if attention else 0.0
+    scores = work.attention_bwd_recompute_flops if attention else 0.0
+    attn_fwd = attention / 2 / hw.attention_fwd_flops if attention else 0.0
+    attn_bwd = 2.5 * attention / 2 / hw.attention_bwd_flops if attention else 0.0
+    attn_rerun = rerun / 2 / hw.attention_fwd_flops if attention else 0.0
+    dense = work.fwd_flops - attention
+    fwd = matmuls(dense, work.fp8_flops) + attn_fwd + act + weights_wait(work.expert_flops, 1)
+    bwd = matmuls(2 * dense, 2 * work.fp8_flops) + attn_bwd + act
     bwd += weights_wait(2 * work.expert_flops, 2)
-    bwd += matmuls(work.recompute_flops, work.fp8_recompute_flops) + (
-        HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
-    )
+    bwd += matmuls(work.recompute_flops - rerun - scores, work.fp8_recompute_flops) + attn_rerun
+    bwd += HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
     bwd += weights_wait(work.expert_recompute_flops, 1)
     if work.cast_bytes or work.cast_bwd_bytes or work.cast_recompute_bytes:
         fwd += work.cast_bytes / hw.hbm_bandwidth
@@ -376,7 +426,8 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
 
 def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str, Any]:
     """The constants the time model used, for the JSON and the report (the fp8 rate and
-    fraction when the layers' matmuls run in fp8)."""
+    fraction when the layers' matmuls run in fp8, a fused attention kernel's rates where
+    the hardware names them)."""
     constants = {
         "matmul_fraction": hw.matmul_fraction,
         "hbm_bandwidth": hw.hbm_bandwidth,
@@ -388,6 +439,10 @@ def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str
     if matmul_dtype == MatmulDtype.FP8:
         constants.update(
             fp8_peak_flops=hw.fp8_peak_flops, fp8_matmul_fraction=hw.fp8_matmul_fraction
+        )
+    if hw.attention_fwd_flops > 0:
+        constants.update(
+            attention_fwd_flops=hw.attention_fwd_flops, attention_bwd_flops=hw.attention_bwd_flops
         )
     return constants
 
@@ -508,6 +563,7 @@ def step_work(
         again = c.layers * core
     else:
         again = 0.0
+    rerun = c.layers * core if again else 0.0  # each recomputation runs the core again
     if flash_attention:
         again += c.layers * core / 2  # the blocked backward recomputes QK^T
     per_layer = activation_bytes_per_layer(
@@ -580,6 +636,10 @@ def step_work(
         virtual_stages=schedule.virtual_stages,
         expert_flops=expert_flops,
         expert_recompute_flops=expert_flops if recomputes_experts else 0.0,
+        # memory-efficient attention is the fused kernel a hardware's rates describe
+        attention_flops=c.layers * core if flash_attention else 0.0,
+        attention_rerun_flops=rerun if flash_attention else 0.0,
+        attention_bwd_recompute_flops=c.layers * core / 2 if flash_attention else 0.0,
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
     )

@@ -44,6 +44,12 @@ class Hardware(Record):
         fp8 matmul units, and a plan with ``matmul_dtype="fp8"`` is refused.
       fp8_matmul_fraction: the fraction of ``fp8_peak_flops`` a transformer layer's fp8
         matmuls reach (see :data:`TIME_MODEL_SOURCES`).
+      attention_fwd_flops, attention_bwd_flops: the FLOP/s a fused causal attention
+        kernel's forward and backward reach, counted as FlashAttention counts them (causal
+        FLOPs, half the non-causal; the backward 2.5 times the forward's), for a program
+        that runs that kernel (:data:`ATTENTION_KERNELS` lists measured ones); 0: the
+        attention core at the matmul rate, counted non-causal, as ``matmul_fraction`` was
+        calibrated (on an H100 about a FlashAttention-2 kernel's rate).
     """
 
     name: str
@@ -62,6 +68,8 @@ class Hardware(Record):
     host_bandwidth: float = 0.0
     fp8_peak_flops: float = 0.0
     fp8_matmul_fraction: float = 0.0
+    attention_fwd_flops: float = 0.0
+    attention_bwd_flops: float = 0.0
 
     @property
     def has_fp8(self) -> bool:
@@ -128,6 +136,15 @@ TIME_MODEL_SOURCES = {
         "kernels at 98.6% of cuBLAS batched matmul throughput on average (91-104% over its "
         "problem sizes): a dense matmul's rate, no faster than reading the experts' weights "
         "through HBM where they get fewer tokens than the rate over the bandwidth"
+    ),
+    "attention_fwd_flops, attention_bwd_flops (H100_ATTENTION_KERNELS)": (
+        "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), Figures 5 and 6: BF16 "
+        "attention on an H100 80GB SXM5, head dimension 128, sequence 4k (16k tokens a "
+        "batch): causal forward FlashAttention-2 319, cuDNN 518, FlashAttention-3 579 "
+        "TFLOP/s; backward 310, 499 and 542 (the paper measures the backward without the "
+        "causal mask; it stands for the causal one). Transformer Engine's FusedAttention "
+        "backend is cuDNN's kernel, as is JAX's dot_product_attention(implementation="
+        "'cudnn')"
     ),
     "host_memory_bytes, host_bandwidth": (
         "GPUs: the DGX system's memory over its 8 GPUs (DGX A100 and H100/H200: 2 TB, DGX "
@@ -284,7 +301,13 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             )
         # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
         # fp8 matmuls; every other value is positive.
-        zero_ok = key in ("host_memory_bytes", "fp8_peak_flops", "fp8_matmul_fraction")
+        zero_ok = key in (
+            "host_memory_bytes",
+            "fp8_peak_flops",
+            "fp8_matmul_fraction",
+            "attention_fwd_flops",
+            "attention_bwd_flops",
+        )
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or value < 0 or (value == 0 and not zero_ok):
             what = "0 or a positive number" if zero_ok else "a positive number"
@@ -296,7 +319,7 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             )
     if not overrides:
         return base
-    return replace(
+    hw = replace(
         base,
         **overrides,
         source=base.source
@@ -304,3 +327,46 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         + ", ".join(f"{k}={v:g}" for k, v in overrides.items())
         + ")",
     )
+    rates = (hw.attention_fwd_flops, hw.attention_bwd_flops)
+    if (rates[0] > 0) != (rates[1] > 0):
+        raise ShardscopeError(
+            f"hardware settings attention_fwd_flops={rates[0]:g} and attention_bwd_flops="
+            f"{rates[1]:g}: a fused attention kernel is priced by both its forward's and "
+            f"its backward's rate; give both, or neither (0: the matmul rate)"
+        )
+    if max(rates) > hw.peak_flops:
+        raise ShardscopeError(
+            f"hardware settings attention_fwd_flops={rates[0]:g} and attention_bwd_flops="
+            f"{rates[1]:g}: no kernel runs above the peak ({hw.peak_flops:g} FLOP/s); give "
+            f"its measured FLOP/s"
+        )
+    return hw
+
+
+#: Fused attention kernels' measured rates on an H100 SXM5 (bf16, head dimension 128,
+#: sequences of 4,096): ``{kernel: (forward, backward)}`` FLOP/s, counted as FlashAttention
+#: counts them (causal FLOPs, the backward 2.5 times the forward's). Pass them as
+#: ``attention_fwd_flops`` and ``attention_bwd_flops`` (``--attention-fwd-flops``,
+#: ``--attention-bwd-flops``) to plan a program that runs that kernel.
+H100_ATTENTION_KERNELS: dict[str, tuple[float, float]] = {
+    "flash-attention-2": (319e12, 310e12),
+    "cudnn": (518e12, 499e12),
+    "flash-attention-3": (579e12, 542e12),
+}
+
+
+def h100_attention(kernel: str) -> dict[str, float]:
+    """The hardware settings of ``kernel``'s measured H100 rates
+    (:data:`H100_ATTENTION_KERNELS`), for :func:`hardware`'s overrides.
+
+    >>> hardware("h100", **h100_attention("cudnn")).attention_fwd_flops
+    518000000000000.0
+    """
+    if kernel not in H100_ATTENTION_KERNELS:
+        raise ShardscopeError(
+            f"attention kernel {kernel!r} has no measured H100 rates here; choose one of "
+            f"{', '.join(H100_ATTENTION_KERNELS)}, or give attention_fwd_flops and "
+            f"attention_bwd_flops"
+        )
+    fwd, bwd = H100_ATTENTION_KERNELS[kernel]
+    return {"attention_fwd_flops": fwd, "attention_bwd_flops": bwd}
