@@ -6,7 +6,10 @@ published, estimated by the planner's analytic model at that configuration, besi
 step time (and the measured peak memory where the source gives one). Nothing here is fitted:
 the hardware presets' constants are the planner's own, with the sources they name; only the
 source's stated hardware differences (the torchtitan H100s' 96 GB at 2.4 TB/s and a 500 W
-peak between the SXM's and the NVL's) are set.
+peak between the SXM's and the NVL's) and the attention kernel a recipe names (NeMo
+AutoModel's Qwen3 recipe runs Transformer Engine's, cuDNN's, at its measured H100 rates;
+where a source does not name its kernel, the attention is at the calibrated matmul rate)
+are set.
 
 Where the planner cannot express the published configuration, the row says what it used
 instead (``instead``): torchtitan's per-op selective recomputation (every other matmul's output
