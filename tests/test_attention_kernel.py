@@ -89,3 +89,35 @@ def test_rates_that_cannot_be_are_refused(overrides, words):
 def test_a_kernel_without_measured_rates_is_refused_naming_those_with():
     with pytest.raises(ShardscopeError, match="choose one of flash-attention-2, cudnn, flash"):
         h100_attention("flex")
+
+
+def test_a_prefills_attention_runs_at_the_kernels_forward_rate():
+    # Llama 3.1 8B prefilling 16,384 tokens on one H100: compute-bound. Its attention, QK^T
+    # and PV of each of 32 heads (128 + 128 dimensions) in 32 layers, is 2 x 32 x 16384^2 x
+    # 32 x 256 FLOPs counted non-causal: without rates at the matmul rate, with cuDNN's its
+    # causal half at the forward rate; the rest of the first token is the same.
+    from shardscope._src.plan.serve import serve
+
+    attention = 2 * 32 * 16384**2 * 32 * 256
+    plain, cudnn = hardware("h100"), hardware("h100", **CUDNN)
+    first = {}
+    for name, hw in (("plain", plain), ("cudnn", cudnn)):
+        result = serve(
+            "llama3-8b", 1, hardware=hw, prompt=16384, output=16, batch=1, compiler="cpu"
+        )
+        first[name] = result.best.first_token_s
+    rate = plain.peak_flops * plain.matmul_fraction
+    saved = attention / rate - attention / 2 / cudnn.attention_fwd_flops
+    assert first["plain"] - first["cudnn"] == pytest.approx(saved, rel=1e-6)
+
+
+def test_a_compiled_count_below_the_kernels_share_scales_everything_alike():
+    # WORK's step: forward 10 + backward 20 + recomputed scores 2 = 32 TFLOP, 14 of them the
+    # core's (4 + 8 + 2). A program counted at 8 TFLOP computes less than the core alone: its
+    # count scales every part by 8 / 32, the core too, so nothing goes negative.
+    scaled = WORK.with_step_matmul_flops(8e12, keep_attention=True)
+    assert WORK.step_attention_flops == 14e12
+    assert (scaled.fwd_flops, scaled.attention_flops) == (2.5e12, 1e12)
+    assert scaled.recompute_flops == scaled.attention_bwd_recompute_flops == 0.5e12
+    hw = hardware("h100", **CUDNN)
+    assert step_time(hw, scaled, []).compute_s > 0

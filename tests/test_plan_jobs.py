@@ -12,7 +12,8 @@ from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.bounds import transformer
 from shardscope._src.bounds.terms import Bound, Term, TermRole
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.model import config as model_config
+from shardscope._src.model.config import ModelConfig, param_shapes
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
 from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan import notes as plan_notes
@@ -403,8 +404,8 @@ def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
     monkeypatch.setattr(
         transformer,
         "_term",
-        lambda kind, axes, n, payload, count, what, *rest: original(
-            kind, axes, n, payload, count, "reworded", *rest
+        lambda kind, axes, n, payload, count, what, *rest, **kw: original(
+            kind, axes, n, payload, count, "reworded", *rest, **kw
         ),
     )
     placement = get_strategy("zero1").place(config, abstract_mesh("data=8"))
@@ -530,13 +531,16 @@ def _as_compiled(term):
 
 
 def _issued(terms):
-    """The bound's terms as FSDP issues them, in their order: a layer's weights gathered
-    (and their gradients reduce-scattered) in one collective a pass over each group, the
-    rest one a term."""
+    """The bound's terms as FSDP issues them, in their order: the weights of a layer (the
+    model's LAYER_PARAMS, named first in each term's words) gathered, and their gradients
+    reduce-scattered, in one collective a pass over each group, and so the model's other
+    weights (the embedding, the final norm, the unembedding: FSDP's root unit); the rest one
+    a term."""
     issued = {}
     for i, t in enumerate(terms):
-        if t.role in (TermRole.WEIGHT_GATHER, TermRole.GRADIENT_SCATTER):
-            key = (t.kind, t.axes, t.group_size, t.count, t.rerun)
+        name = t.what.split(" ")[0]
+        if t.kind in ("all-gather", "reduce-scatter") and name in param_shapes(PRESET_7B):
+            key = (t.kind, t.axes, "again" in t.what, name in model_config.LAYER_PARAMS)
             if key in issued:
                 first = issued[key]
                 t = replace(first, payload_bytes=first.payload_bytes + t.payload_bytes)
@@ -546,10 +550,12 @@ def _issued(terms):
     return [_as_compiled(t) for t in issued.values()]
 
 
+PRESET_7B = model_preset("7b").config(batch=64, seq=256)
+
+
 def test_a_compiled_step_is_priced_as_its_formula_and_costs_more_with_more_traffic():
     # One short sequence per A100 across 8 nodes: FSDP's traffic is not all hidden.
-    config = model_preset("7b").config(batch=64, seq=256)
-    s = estimate(Candidate("fsdp", (("data", 64),), 1, "none"), config, "a100")
+    s = estimate(Candidate("fsdp", (("data", 64),), 1, "none"), PRESET_7B, "a100")
     hw = hardware("a100")
     assert s.time.data_exposed_s > 0
     as_formula = _issued(s.bound.terms)
@@ -575,8 +581,7 @@ def test_a_compiled_step_is_priced_as_its_formula_and_costs_more_with_more_traff
 
 def test_the_cpu_compilers_all_reduce_is_priced_as_the_reduce_scatter_the_gpu_forms():
     # One short sequence per A100 across 8 nodes: FSDP's traffic is not all hidden.
-    config = model_preset("7b").config(batch=64, seq=256)
-    s = estimate(Candidate("fsdp", (("data", 64),), 1, "none"), config, "a100")
+    s = estimate(Candidate("fsdp", (("data", 64),), 1, "none"), PRESET_7B, "a100")
     hw = hardware("a100")
     assert s.time.data_exposed_s > 0
     # The CPU compiler's program: each gradient reduce-scatter as an all-reduce of the

@@ -56,7 +56,9 @@ class Term:
     (all-reduce operand, all-gather result, reduce-scatter operand, all-to-all whole array).
     ``role`` says what it is for; ``what`` says it in words, for people. ``rerun`` names
     the pass a step runs it again in (``"recomputed forward"``, ``"again for the
-    backward"``), ``""`` for the pass the bound counts it in.
+    backward"``), ``""`` for the pass the bound counts it in. ``stack`` names the layers
+    whose weight it moves (``"layers"``, ``"moe_layers"``; ``""``: a weight of no layer, or
+    no weight).
     """
 
     kind: str
@@ -68,6 +70,7 @@ class Term:
     scope: str = ""
     role: TermRole = field(kw_only=True)
     rerun: str = field(default="", kw_only=True)
+    stack: str = field(default="", kw_only=True)
 
     @property
     def traffic_bytes(self) -> int:

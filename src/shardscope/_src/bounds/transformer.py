@@ -144,10 +144,12 @@ def _term(
     what: str,
     scope: str,
     role: TermRole,
+    *,
+    stack: str = "",
 ) -> list[Term]:
     """The collective as a term, or none where it moves nothing (a group of one, no bytes)."""
     if n > 1 and count > 0 and payload > 0:
-        return [Term(kind, axes, n, payload, count, what, scope, role=role)]
+        return [Term(kind, axes, n, payload, count, what, scope, role=role, stack=stack)]
     return []
 
 
@@ -225,6 +227,7 @@ def _weight_terms(
     split = math.prod(placement.role_size(r) for r in used_roles if r in (Role.MODEL, Role.EXPERT))
     payload = math.prod(one) * c.itemsize // split
     scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
+    stack = "layers" if name in LAYER_PARAMS else "moe_layers" if name in MOE_PARAMS else ""
     data_sharded = uses_role(storage[name], Role.DATA)
     # A gradient needs summing only into the shards its update reads: the gradients' own
     # (ZeRO-2, FSDP), or the optimizer state's (ZeRO-1: each device updates its shard, so a
@@ -239,12 +242,16 @@ def _weight_terms(
     if data_sharded:
         what = f"{name} gathered at use"
         role = TermRole.WEIGHT_GATHER
-        terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
+        terms += _term(
+            ALL_GATHER, data_axes, n_data, payload, count, what, scope, role, stack=stack
+        )
     if grads_sharded:
         data_axes, n_data = _group(placement, _shard_roles(reduced_to))
         what = f"{name} gradient reduce-scattered to its shards"
         role = TermRole.GRADIENT_SCATTER
-        terms += _term(REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope, role)
+        terms += _term(
+            REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope, role, stack=stack
+        )
     if train and not data_sharded and uses_role(s.optimizer_rules()[name], Role.DATA):
         data_axes, n_data = _group(placement, _shard_roles(s.optimizer_rules()[name]))
         what = f"{name} updated shards gathered (ZeRO)"

@@ -272,13 +272,20 @@ def interleaved_stage_options(
         and interleave_problem(v, p, microbatches, config.layers // p) is None
     )
     if not runs:
-        tried = ", ".join(f"{p} of {config.layers // p} layers" for p in stage_counts if p > 1)
+        tried = ", ".join(
+            f"{p} of {stage_layers(config.layers, p)} and {stage_layers(config.layers, p) - 1} "
+            f"layers (unequal)"
+            if uneven_stages(config.layers, p)
+            else f"{p} of {config.layers // p} layers"
+            for p in stage_counts
+            if p > 1
+        )
         m = "" if microbatches is None else f" and microbatches={microbatches}"
         raise PlanError(
             f"virtual_stages={v}{m}: no pipeline stage count the sweep tries runs it (stages "
-            f"{tried or 'none: the layers and the devices share no divisor'}); the stages "
-            f"must divide the micro-batches and {v} the layers of each; choose another "
-            f"virtual_stages, stages= or virtual_stages=1",
+            f"{tried or 'none: the devices have no divisor above 1'}); interleaving needs "
+            f"stages of equal layers, the stages dividing the micro-batches and {v} the "
+            f"layers of each; choose another virtual_stages, stages= or virtual_stages=1",
             param="virtual_stages",
         )
     return runs

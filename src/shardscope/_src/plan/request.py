@@ -102,8 +102,9 @@ class PlanRequest:
             default) the model's (False for a preset).
         microbatches: fix the micro-batches per data shard (default: every divisor of the
             sequences per data shard, up to 8 choices).
-        stages: fix the pipeline stages (default: 1 and every count up to 16 dividing the
-            layers and the devices).
+        stages: fix the pipeline stages, dividing the devices and no more than the layers
+            (unequal stages are planned by the largest) (default: 1 and every such count up
+            to 16).
         virtual_stages: fix the model chunks each pipeline stage's device runs (interleaved
             1F1B, Narayanan et al. 2021, section 2.2.2; Megatron-LM's virtual pipeline
             stages): 1 is plain 1F1B; more needs pipeline stages, dividing each stage's

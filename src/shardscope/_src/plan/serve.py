@@ -28,8 +28,10 @@ collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
   all-to-alls move each token's activations to its experts' devices and back
   (:func:`~shardscope._src.bounds.moe.moe_layer_terms`).
 * **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
-  prompt`` FLOPs and the attention's ``prompt^2`` ones at the matmul rate (or its weights
-  through HBM, for a short prompt), and the same all-reduces of ``prompt x d_model``.
+  prompt`` FLOPs and the attention's ``prompt^2`` ones, counted non-causal as training counts
+  them, at the matmul rate (a fused kernel's causal half at its forward rate where the
+  hardware names one; or its weights through HBM, for a short prompt), and the same
+  all-reduces of ``prompt x d_model``.
 * **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
   prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
   weights, and fp8 ones elsewhere, are read as 8 bits and multiplied at 16.
@@ -605,10 +607,12 @@ def _attention_flops(config: ModelConfig, context: int) -> int:
 
 
 def _prefill_attention_flops(config: ModelConfig, prompt: int) -> int:
-    """The causal QK^T and PV FLOPs of prefilling one ``prompt`` (each head's keys and
-    values made from the latents under latent attention: prefill's form)."""
+    """The QK^T and PV FLOPs of prefilling one ``prompt``, counted non-causal as training
+    counts them and as the compiled prefill computes them (its masked scores whole); a
+    fused kernel's causal half is half of them (each head's keys and values made from the
+    latents under latent attention: prefill's form)."""
     c = config
-    return c.layers * prompt * prompt * c.heads * (c.qk_head_dim + c.value_head_dim)
+    return 2 * c.layers * prompt * prompt * c.heads * (c.qk_head_dim + c.value_head_dim)
 
 
 def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
@@ -637,13 +641,14 @@ def _matmul_s(
     """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
     the attention's are in the ratio ``of`` (the formula's, :func:`_decode_flops` or
     :func:`_prefill_flops`): the weights' share at the fp8 rate where :func:`fp8_matmuls`,
-    the rest at 16 bits; a ``prefill``'s attention (its causal FLOPs) at a fused kernel's
-    forward rate where the hardware names one (``attention_fwd_flops``)."""
+    the rest at 16 bits; a ``prefill``'s attention (counted non-causal) at a fused kernel's
+    forward rate where the hardware names one (``attention_fwd_flops``), on its causal
+    half."""
     w, a = of
     share = flops / (w + a) if w + a else 0.0
     fp8 = share * w if fp8_matmuls(hw, weights) else 0.0
     kernel = share * a if prefill and hw.attention_fwd_flops > 0 else 0.0
-    attention = kernel / hw.attention_fwd_flops if kernel else 0.0
+    attention = kernel / 2 / hw.attention_fwd_flops if kernel else 0.0
     return hw.matmul_seconds(flops - kernel, fp8) + attention
 
 

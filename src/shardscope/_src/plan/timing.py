@@ -275,6 +275,10 @@ class StepWork:
         their fp8 shares scaled alike, so that the formula's split between forward and
         backward and between fp8 and 16-bit matmuls stays as it was. A count says how much
         the program computes, not where; its step then takes ``flops`` at the matmul rates.
+        ``keep_attention`` (the hardware runs a fused attention kernel at its own rates):
+        the formula's attention core stays as it is, at the kernel's rates, and the count
+        beyond it scales the other matmuls (a count below the core's: everything scaled
+        alike, the core too).
 
         >>> w = StepWork(
         ...     microbatches=2, stages=1, fwd_flops=10.0, recompute_flops=4.0, act_bytes=0,
@@ -290,10 +294,10 @@ class StepWork:
         own = self.step_matmul_flops
         if own <= 0:
             return self
-        if keep_attention and self.step_attention_flops:
+        kept = self.step_attention_flops
+        if keep_attention and 0 < kept < min(flops, own):
             # The attention runs at its kernel's rates: the count scales the rest.
-            kept = self.step_attention_flops
-            r = max(0.0, flops - kept) / (own - kept)
+            r = (flops - kept) / (own - kept)
             a, ar = (
                 self.attention_flops,
                 self.attention_rerun_flops + self.attention_bwd_recompute_flops,
@@ -316,6 +320,9 @@ class StepWork:
             fp8_recompute_flops=self.fp8_recompute_flops * r,
             expert_flops=self.expert_flops * r,
             expert_recompute_flops=self.expert_recompute_flops * r,
+            attention_flops=self.attention_flops * r,
+            attention_rerun_flops=self.attention_rerun_flops * r,
+            attention_bwd_recompute_flops=self.attention_bwd_recompute_flops * r,
         )
 
 
@@ -341,7 +348,8 @@ class StepTime(Record):
 def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
     """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
     m, p = work.microbatches, work.stages
-    # the fp8 part at the fp8 rate, the rest (attention core, unembedding) at 16 bits
+    # the fp8 part at the fp8 rate, the rest (the unembedding, and the attention core unless
+    # a fused kernel's rates price it) at 16 bits
     matmuls = hw.matmul_seconds
 
     def weights_wait(flops: float, passes: int) -> float:
@@ -668,11 +676,12 @@ def comm_items(
     A layer's weights are gathered, and their gradients reduce-scattered, together: one
     collective a layer and a pass over each group of devices, as PyTorch FSDP gathers the
     flat parameter of each wrapped layer. The terms of one layer, pass and group (the same
-    kind, axes, executions and pass) are timed as one collective of their bytes: the latency
-    once, not once a weight (on 1,024 devices a ring's 1,023 steps of latency each). XLA's
-    combiners merge part of them (the H100 compile of DeepSeek-V3's ``fsdp_ep`` on 1,024
-    devices issues about five gathers over ``data`` x ``expert`` a layer and a pass, for
-    eight weights); a compiled plan is priced by the collectives its program issues.
+    kind, axes, executions, pass and stack of layers) are timed as one collective of their
+    bytes: the latency once, not once a weight (on 1,024 devices a ring's 1,023 steps of
+    latency each). XLA's combiners merge part of them (the H100 compile of DeepSeek-V3's
+    ``fsdp_ep`` on 1,024 devices issues about five gathers over ``data`` x ``expert`` a
+    layer and a pass, for eight weights); a compiled plan is priced by the collectives its
+    program issues.
     """
 
     sizes = mesh_axes(placement.mesh)
@@ -682,13 +691,13 @@ def comm_items(
         cls = classify(t.kind, t.axes, placement)
         traffic = gathered_bytes(t.kind, cls, t.traffic_bytes, placement, fp8_gathers)
         if t.role in (TermRole.WEIGHT_GATHER, TermRole.GRADIENT_SCATTER):
-            key = (t.kind, t.axes, t.group_size, t.count, t.rerun, cls)
+            key = (t.kind, t.axes, t.group_size, t.count, t.rerun, t.stack, cls)
             names, sent = together.setdefault(key, ([], 0.0))
             together[key] = ([*names, t.what], sent + traffic)
             continue
         seconds = collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count)
         items.append(CommItem(t.what, cls, seconds))
-    for (kind, axes, group, count, _, cls), (names, sent) in together.items():
+    for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
         seconds = collective_seconds(hw, sizes, kind, axes, group, sent, count)
         items.append(CommItem("; ".join(names), cls, seconds))
     return items

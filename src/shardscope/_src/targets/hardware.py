@@ -47,7 +47,7 @@ class Hardware(Record):
       attention_fwd_flops, attention_bwd_flops: the FLOP/s a fused causal attention
         kernel's forward and backward reach, counted as FlashAttention counts them (causal
         FLOPs, half the non-causal; the backward 2.5 times the forward's), for a program
-        that runs that kernel (:data:`ATTENTION_KERNELS` lists measured ones); 0: the
+        that runs that kernel (:data:`H100_ATTENTION_KERNELS` lists measured ones); 0: the
         attention core at the matmul rate, counted non-causal, as ``matmul_fraction`` was
         calibrated (on an H100 about a FlashAttention-2 kernel's rate).
     """
@@ -300,7 +300,8 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
                 f"unknown hardware setting {key!r}; settable: {', '.join(sorted(known))}"
             )
         # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
-        # fp8 matmuls; every other value is positive.
+        # fp8 matmuls, no attention rates (0) attention at the matmul rate; every other
+        # value is positive.
         zero_ok = key in (
             "host_memory_bytes",
             "fp8_peak_flops",
