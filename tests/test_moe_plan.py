@@ -313,3 +313,27 @@ def test_a_size_one_axis_names_no_row_of_the_communication_table():
     (row,) = axis_comm(shardscope.hardware("h100"), sizes, [compiled], Bound("b", (gathers,)))
     assert (row.axes, row.kind, row.count) == ("expert", ALL_GATHER, 3)
     assert row.traffic_bytes == row.bound_bytes == 3 * 7 * payload // 8
+
+
+def test_a_jit_expert_parallel_program_reduces_over_expert_per_micro_batch_and_says_so():
+    # dp_ep on data=2 x expert=2, 2 micro-batches: the jit program sums each layer's
+    # replicated gradients (the attention's q 64 x 64, k and v 64 x 32, out 64 x 64, two norm
+    # gains of 64, the router 64 x 8) over 'expert' inside the accumulation loop, once a
+    # layer and a micro-batch, and over 'data' once a step, with the experts' own gradients
+    # (4 local experts of SwiGLU's 3 x 64 x 64 in each of 2 layers) and the embedding, the
+    # unembedding (256 x 64 each) and the final norm's.
+    result = shardscope.plan(
+        SMALL, 4, hardware="h100", compiler="cpu", strategies=["dp_ep"], mesh="data=2,expert=2",
+        microbatches=2, remat="none", compile_top=1,
+    )  # fmt: skip
+    (p,) = result.plans
+    layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 2 * 64 + 64 * 8
+    rest = 2 * 256 * 64 + 64
+    experts = 2 * 4 * 3 * 64 * 64
+    reduced = [c for c in p.collectives if c.kind == "all-reduce" and c.payload_bytes > 8]
+    per_layer = [c for c in reduced if c.axes == ("expert",) and c.payload_bytes == layer * 2]
+    assert [c.count for c in per_layer] == [2 * 2]  # 2 layers x 2 micro-batches
+    (once,) = [c for c in reduced if c.axes == ("data",)]
+    assert (once.count, once.payload_bytes) == (1, (2 * layer + rest + experts) * 2)
+    (v,) = result.validations
+    assert "over 'expert' after each of the 2 micro-batches" in v.explanation

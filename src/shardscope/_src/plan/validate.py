@@ -11,12 +11,12 @@ the rule of :mod:`~shardscope._src.check.bound`: within its tolerance on either 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, format_bytes, ratio
 from shardscope._src.base.notes import Note
-from shardscope._src.bounds.terms import Bound
+from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.check.bound import TOLERANCE, Standing, standing
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.types import (
@@ -26,6 +26,7 @@ from shardscope._src.plan.types import (
     PlanCollective,
     Validation,
 )
+from shardscope._src.sharding.strategies import EXPERT_AXIS
 from shardscope._src.targets.capabilities import Capabilities
 
 #: Strategies whose compiled communication must match the analytic formula (within
@@ -93,6 +94,26 @@ def jit_formula(bound: Bound, microbatches: int) -> Bound:
     return Bound(bound.label + " (gradients reduced per micro-batch)", terms, bound.notes)
 
 
+def expert_jit_formula(bound: Bound, microbatches: int, sizes: Mapping[str, int]) -> Bound:
+    """The formula as jit compiles a gradient accumulation loop over expert-parallel tokens:
+    a sum over the tokens' shards reduced over ``expert`` after every micro-batch, and over
+    the other axes that shard the tokens once a step (the partitioner sums what the expert
+    axis's devices computed from one another's tokens inside the loop; the data axes' sums
+    wait for the accumulated gradient). ``sizes``: the mesh's axis sizes."""
+    e = sizes.get(EXPERT_AXIS, 1)
+    terms: list[Term] = []
+    for t in bound.terms:
+        if not t.role.sums_token_shards or EXPERT_AXIS not in t.axes or e <= 1:
+            terms.append(t)
+            continue
+        terms.append(replace(t, axes=(EXPERT_AXIS,), group_size=e, count=t.count * microbatches))
+        rest = tuple(a for a in t.axes if a != EXPERT_AXIS)
+        if rest and t.group_size // e > 1:
+            terms.append(replace(t, axes=rest, group_size=t.group_size // e))
+    label = bound.label + " (gradients reduced over expert per micro-batch)"
+    return Bound(label, tuple(terms), bound.notes)
+
+
 def validate(plan: Plan, bound: Bound) -> Validation:
     """``plan``'s compiled communication against ``bound``, the formula of its schedule: a
     match (:func:`~shardscope._src.check.bound.standing`), or the substitution that makes
@@ -104,6 +125,9 @@ def validate(plan: Plan, bound: Bound) -> Validation:
     all_reduce = all_reduce_formula(bound).traffic_bytes
     jit = jit_formula(bound, plan.microbatches).traffic_bytes
     jit_all_reduce = all_reduce_formula(jit_formula(bound, plan.microbatches)).traffic_bytes
+    by_expert = expert_jit_formula(bound, plan.microbatches, plan.mesh)
+    expert_jit = by_expert.traffic_bytes
+    expert_jit_all_reduce = all_reduce_formula(by_expert).traffic_bytes
     compiler = plan_compiler(plan)
     substitutes = compiler.may_all_reduce_for_reduce_scatter and all_reduce != formula
 
@@ -125,6 +149,20 @@ def validate(plan: Plan, bound: Bound) -> Validation:
             + (
                 f" (with {compiler.compiler}'s all-reduce for each reduce-scatter)"
                 if not matches(jit)
+                else ""
+            )
+        )
+    elif expert_jit != formula and (
+        matches(expert_jit) or (substitutes and matches(expert_jit_all_reduce))
+    ):
+        explanation = (
+            f"the jit program reduces replicated gradients over '{EXPERT_AXIS}' after each "
+            f"of the {plan.microbatches} micro-batches and over the other axes once, where "
+            f"the formula (and the time model) reduces them once per step; counted so they "
+            f"match"
+            + (
+                f" (with {compiler.compiler}'s all-reduce for each reduce-scatter)"
+                if not matches(expert_jit)
                 else ""
             )
         )
