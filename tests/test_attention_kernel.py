@@ -21,7 +21,7 @@ CUDNN = h100_attention("cudnn")
 WORK = StepWork(
     microbatches=1, stages=1, fwd_flops=10e12, recompute_flops=2e12, act_bytes=0.0,
     recompute_act_bytes=0.0, p2p_bytes=0.0, p2p_bandwidth=1.0, optimizer_params=0.0,
-    model_flops=0.0, devices=1, attention_flops=4e12, attention_bwd_recompute_flops=2e12,
+    model_flops=0.0, devices=1, attention_flops=4e12,
 )  # fmt: skip
 
 
@@ -118,6 +118,6 @@ def test_a_compiled_count_below_the_kernels_share_scales_everything_alike():
     scaled = WORK.with_step_matmul_flops(8e12, keep_attention=True)
     assert WORK.step_attention_flops == 14e12
     assert (scaled.fwd_flops, scaled.attention_flops) == (2.5e12, 1e12)
-    assert scaled.recompute_flops == scaled.attention_bwd_recompute_flops == 0.5e12
+    assert scaled.recompute_flops == scaled.attention_scores_flops == 0.5e12
     hw = hardware("h100", **CUDNN)
     assert step_time(hw, scaled, []).compute_s > 0

@@ -260,26 +260,16 @@ def interleaved_stage_options(
     problem = interleave_problem(v, None, train=mode == Mode.TRAIN)
     if problem is None and fixed:
         (p,) = stage_counts
-        problem = _uneven_interleave(v, config.layers, p) or interleave_problem(
-            v, p, microbatches, config.layers // p
-        )
+        problem = _stages_interleave_problem(v, config.layers, p, microbatches)
     if problem is not None:
         raise PlanError(problem, param="virtual_stages")
     runs = tuple(
         p
         for p in stage_counts
-        if not _uneven_interleave(v, config.layers, p)
-        and interleave_problem(v, p, microbatches, config.layers // p) is None
+        if _stages_interleave_problem(v, config.layers, p, microbatches) is None
     )
     if not runs:
-        tried = ", ".join(
-            f"{p} of {stage_layers(config.layers, p)} and {stage_layers(config.layers, p) - 1} "
-            f"layers (unequal)"
-            if uneven_stages(config.layers, p)
-            else f"{p} of {config.layers // p} layers"
-            for p in stage_counts
-            if p > 1
-        )
+        tried = ", ".join(_stage_sizes(config.layers, p) for p in stage_counts if p > 1)
         m = "" if microbatches is None else f" and microbatches={microbatches}"
         raise PlanError(
             f"virtual_stages={v}{m}: no pipeline stage count the sweep tries runs it (stages "
@@ -291,32 +281,46 @@ def interleaved_stage_options(
     return runs
 
 
-def _uneven_interleave(v: int, layers: int, stages: int) -> str:
-    """Why ``v`` virtual stages cannot interleave ``stages`` of unequal layers, or ``''``."""
-    if v == 1 or stages <= 1 or not uneven_stages(layers, stages):
-        return ""
-    return (
-        f"virtual_stages={v}: interleaving splits every stage's layers into {v} equal "
-        f"chunks, and {stages} pipeline stages of the {layers} layers are unequal "
-        f"({uneven_stages(layers, stages)}); give stages= dividing the layers, or "
-        f"virtual_stages=1"
-    )
+def _stage_sizes(layers: int, stages: int) -> str:
+    """``'16 of 5 layers'``, or ``'16 of 4 and 3 layers (unequal)'``."""
+    big = stage_layers(layers, stages)
+    if uneven_stages(layers, stages):
+        return f"{stages} of {big} and {big - 1} layers (unequal)"
+    return f"{stages} of {big} layers"
+
+
+def _stages_interleave_problem(
+    v: int, layers: int, stages: int, microbatches: int | None
+) -> str | None:
+    """Why ``v`` virtual stages cannot run on ``stages`` pipeline stages of the ``layers``
+    and ``microbatches`` (:func:`~shardscope._src.plan.estimates.interleave_problem`, and
+    unequal stages, which interleaving's equal chunks cannot split), or None."""
+    if v != 1 and stages > 1 and uneven_stages(layers, stages):
+        return (
+            f"virtual_stages={v}: interleaving splits every stage's layers into {v} equal "
+            f"chunks, and {stages} pipeline stages of the {layers} layers are unequal "
+            f"({uneven_stages(layers, stages)}); give stages= dividing the layers, or "
+            f"virtual_stages=1"
+        )
+    return interleave_problem(v, stages, microbatches, stage_layers(layers, stages))
 
 
 def virtual_stage_options(
-    stage_layers: int, stages: int, microbatches: int, virtual_stages: int | None
+    layers: int, stages: int, microbatches: int, virtual_stages: int | None
 ) -> tuple[int, ...]:
-    """Virtual stages to try for ``stages`` pipeline stages of ``stage_layers`` layers and
+    """Virtual stages to try for ``stages`` pipeline stages of the model's ``layers`` and
     ``microbatches`` micro-batches: ``virtual_stages`` when it fixes them (none when it does
     not run with these), else 1 and every count up to :data:`MAX_VIRTUAL_STAGES` that runs
-    (see :func:`~shardscope._src.plan.estimates.interleave_problem`).
+    (:func:`_stages_interleave_problem`).
 
-    >>> virtual_stage_options(12, 4, 8, None), virtual_stage_options(12, 4, 6, None)
+    >>> virtual_stage_options(48, 4, 8, None), virtual_stage_options(48, 4, 6, None)
     ((1, 2, 3, 4), (1,))
+    >>> virtual_stage_options(47, 4, 8, None)
+    (1,)
     """
     tried = range(1, MAX_VIRTUAL_STAGES + 1) if virtual_stages is None else (virtual_stages,)
     return tuple(
-        v for v in tried if interleave_problem(v, stages, microbatches, stage_layers) is None
+        v for v in tried if _stages_interleave_problem(v, layers, stages, microbatches) is None
     )
 
 
@@ -595,8 +599,7 @@ def screen_all(
         schedules = [
             (m, v)
             for m in counts
-            for v in virtual_stage_options(base.layers, cand.stages, m, virtual_stages)
-            if not _uneven_interleave(v, config.layers, cand.stages)
+            for v in virtual_stage_options(config.layers, cand.stages, m, virtual_stages)
         ]
 
         screened_on_placement = partial(

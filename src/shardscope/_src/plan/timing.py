@@ -240,12 +240,12 @@ class StepWork:
     expert_recompute_flops: float = 0.0
     expert_weight_bytes: float = 0.0
     #: memory-efficient attention's core (``QK^T`` and ``PV``, counted non-causal) in
-    #: ``fwd_flops``, in ``recompute_flops`` as a forward run again (recomputation), and in
-    #: ``recompute_flops`` as its backward's recomputed scores: what a fused attention
-    #: kernel runs at its own rates (:attr:`Hardware.attention_fwd_flops`); 0 otherwise
+    #: ``fwd_flops``, and in ``recompute_flops`` as a forward run again (recomputation): what
+    #: a fused attention kernel runs at its own rates (:attr:`Hardware.attention_fwd_flops`);
+    #: 0 otherwise. ``recompute_flops`` also holds its backward's recomputed scores,
+    #: :attr:`attention_scores_flops`.
     attention_flops: float = 0.0
     attention_rerun_flops: float = 0.0
-    attention_bwd_recompute_flops: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
@@ -261,13 +261,19 @@ class StepWork:
         return self.microbatches * self.matmul_flops
 
     @property
+    def attention_scores_flops(self) -> float:
+        """The scores (``QK^T``, half the core) the blocked backward recomputes, in
+        ``recompute_flops``."""
+        return self.attention_flops / 2
+
+    @property
     def step_attention_flops(self) -> float:
         """The attention core's FLOPs in :attr:`step_matmul_flops` (0 for a program that
         materializes the scores)."""
         if not self.train:
             return self.microbatches * self.attention_flops
         core = 3 * self.attention_flops + self.attention_rerun_flops
-        return self.microbatches * (core + self.attention_bwd_recompute_flops)
+        return self.microbatches * (core + self.attention_scores_flops)
 
     def with_step_matmul_flops(self, flops: float, *, keep_attention: bool = False) -> StepWork:
         """This work doing ``flops`` matmul FLOPs in the whole step (a compiled program's
@@ -295,34 +301,23 @@ class StepWork:
         if own <= 0:
             return self
         kept = self.step_attention_flops
-        if keep_attention and 0 < kept < min(flops, own):
-            # The attention runs at its kernel's rates: the count scales the rest.
-            r = (flops - kept) / (own - kept)
-            a, ar = (
-                self.attention_flops,
-                self.attention_rerun_flops + self.attention_bwd_recompute_flops,
-            )
-            return replace(
-                self,
-                fwd_flops=a + (self.fwd_flops - a) * r,
-                recompute_flops=ar + (self.recompute_flops - ar) * r,
-                fp8_flops=self.fp8_flops * r,
-                fp8_recompute_flops=self.fp8_recompute_flops * r,
-                expert_flops=self.expert_flops * r,
-                expert_recompute_flops=self.expert_recompute_flops * r,
-            )
-        r = flops / own
+        # With a fused kernel the attention stays at the kernel's rates and the count scales
+        # the rest; otherwise (or below the attention's share) it scales every part alike.
+        keep = keep_attention and 0 < kept < min(flops, own)
+        r = (flops - kept) / (own - kept) if keep else flops / own
+        a = self.attention_flops if keep else 0.0
+        ar = self.attention_rerun_flops + self.attention_scores_flops if keep else 0.0
+        core = 1.0 if keep else r
         return replace(
             self,
-            fwd_flops=self.fwd_flops * r,
-            recompute_flops=self.recompute_flops * r,
+            fwd_flops=a + (self.fwd_flops - a) * r,
+            recompute_flops=ar + (self.recompute_flops - ar) * r,
             fp8_flops=self.fp8_flops * r,
             fp8_recompute_flops=self.fp8_recompute_flops * r,
             expert_flops=self.expert_flops * r,
             expert_recompute_flops=self.expert_recompute_flops * r,
-            attention_flops=self.attention_flops * r,
-            attention_rerun_flops=self.attention_rerun_flops * r,
-            attention_bwd_recompute_flops=self.attention_bwd_recompute_flops * r,
+            attention_flops=self.attention_flops * core,
+            attention_rerun_flops=self.attention_rerun_flops * core,
         )
 
 
@@ -365,7 +360,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     # a fused attention kernel's causal FLOPs (half the non-causal count) at its own rates
     attention = work.attention_flops if hw.attention_fwd_flops > 0 else 0.0
     rerun = work.attention_rerun_flops if attention else 0.0
-    scores = work.attention_bwd_recompute_flops if attention else 0.0
+    scores = work.attention_scores_flops if attention else 0.0
     attn_fwd = attention / 2 / hw.attention_fwd_flops if attention else 0.0
     attn_bwd = 2.5 * attention / 2 / hw.attention_bwd_flops if attention else 0.0
     attn_rerun = rerun / 2 / hw.attention_fwd_flops if attention else 0.0
@@ -647,7 +642,6 @@ def step_work(
         # memory-efficient attention is the fused kernel a hardware's rates describe
         attention_flops=c.layers * core if flash_attention else 0.0,
         attention_rerun_flops=rerun if flash_attention else 0.0,
-        attention_bwd_recompute_flops=c.layers * core / 2 if flash_attention else 0.0,
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
     )
