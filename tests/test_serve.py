@@ -115,10 +115,12 @@ def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch)
     assert decode.memory_bytes_per_device == pytest.approx(whole.memory_bytes_per_device, rel=1e-3)
     for field in ("decode_compute_s", "decode_comm_s"):
         assert getattr(decode, field) == pytest.approx(getattr(whole, field), rel=1e-9), field
-    assert shallow.first_token_s == pytest.approx(deep.first_token_s, rel=1e-9)
     # the compiler fuses a few of the six layers' element-wise work differently from the
-    # three's: the traffic is 0.1% apart (4 MB of 4.4 GB)
+    # three's: the traffic is 0.1% apart (4 MB of 4.4 GB), and a layer launches 18 or 19
+    # kernels (one kernel apart in 116; the prefill's three, 3 us of its 8.2 ms)
     assert decode.decode_memory_s == pytest.approx(whole.decode_memory_s, rel=0.01)
+    assert abs(decode.decode_kernels - whole.decode_kernels) <= 1
+    assert shallow.first_token_s == pytest.approx(deep.first_token_s, rel=1e-3)
 
 
 def test_tensor_parallelism_wider_than_the_key_value_heads_replicates_them():

@@ -157,6 +157,7 @@ class _Walk:
         self.module = module
         self.counter = CostCounter(module)
         self._runs: dict[str, Cost] = {}
+        self._kernels: dict[str, int] = {}
 
     def computation(self, name: str, seen: frozenset[str] = frozenset()) -> Cost:
         if name in self._runs:
@@ -175,6 +176,24 @@ class _Walk:
             out += self.computation(callee, seen) * runs
         return out
 
+    def kernels(self, name: str, seen: frozenset[str] = frozenset()) -> int:
+        """The instructions that compute or move data in one run of ``name``, those of the
+        computations it runs counted as often as they run."""
+        if name in self._kernels:
+            return self._kernels[name]
+        comp = self.module.computations.get(name)
+        if comp is None or name in seen:
+            return 0
+        out = 0
+        for ins in comp.instructions:
+            cost = self.counter.instruction(comp, ins)
+            out += bool(cost.flops or cost.bytes)
+            for callee in _scheduled_callees(ins):
+                runs = _runs_of(self.module, comp, ins, callee)
+                out += self.kernels(callee, seen | {name}) * runs
+        self._kernels[name] = out
+        return out
+
 
 def computation_cost(module: HloModule, name: str) -> Cost:
     """What one run of a scheduled computation computes and moves, loops counted with their
@@ -186,6 +205,14 @@ def computation_cost(module: HloModule, name: str) -> Cost:
 def program_cost(module: HloModule) -> Cost:
     """What one run of the whole program computes and moves, per device."""
     return computation_cost(module, module.entry_name)
+
+
+def program_kernels(module: HloModule) -> int:
+    """The kernels one run of the whole program launches per device: its instructions that
+    compute or move data (a fusion, a matmul's library call, a copy), loops counted with
+    their trip counts as :func:`computation_cost` counts them. Collectives are not among
+    them: the communication model prices each one's start in its latency."""
+    return _Walk(module).kernels(module.entry_name)
 
 
 def _dones(comp: Computation) -> dict[str, tuple[int, Instruction]]:

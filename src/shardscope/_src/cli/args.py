@@ -48,6 +48,17 @@ def positive_number(text: str, unit: str = "") -> float:
     return value
 
 
+def nonnegative_number(text: str) -> float:
+    """A finite number of 0 or more (``1e-6``), for a cost that may be turned off."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 1e-6)") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be 0 or a positive number")
+    return value
+
+
 def positive_bytes(text: str) -> float:
     """Bytes above 0: a number (``80e9``) or a size with its unit (``80GB``, ``79.1GiB``)."""
     value = parse_bytes(text)

@@ -190,6 +190,7 @@ HARDWARE_OVERRIDES = (
     "fp8_matmul_fraction",
     "attention_fwd_flops",
     "attention_bwd_flops",
+    "kernel_launch_s",
 )
 
 
@@ -210,6 +211,7 @@ class HardwareOptions(CommandConfig):
     fp8_matmul_fraction: float | None
     attention_fwd_flops: float | None
     attention_bwd_flops: float | None
+    kernel_launch_s: float | None
     node_size: int | None
 
     @property
@@ -274,6 +276,7 @@ class PlanConfig(HardwareOptions):
     weights: str | None = None
     cache: str | None = None
     token_latency: float | None = None
+    rate: float | None = None
 
     @property
     def dims(self) -> dict[str, int | None]:

@@ -15,6 +15,7 @@ from shardscope._src.cli.args import (
     PROG,
     Parser,
     add_axis_types_option,
+    nonnegative_number,
     positive_bytes,
     positive_float,
     positive_int,
@@ -448,6 +449,13 @@ def _plan_serve_options(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds per output token to meet (--serve): the best layout that meets it",
     )
+    g.add_argument(
+        "--rate",
+        type=positive_number,
+        metavar="R",
+        help="requests a second, arriving at random (--serve): each layout's latencies as "
+        "its requests see them, its batch the sequences in flight (instead of --batch)",
+    )
 
 
 def _plan_what_options(p: argparse.ArgumentParser) -> None:
@@ -538,8 +546,15 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
             "attention_bwd_flops",
             "FLOP/s of its backward (an H100's cuDNN: 499e12)",
         ),
+        (
+            "--kernel-launch",
+            "kernel_launch_s",
+            "seconds a compiled serving step pays per kernel it launches (0: none)",
+        ),
     ):
-        kind = positive_bytes if dest == "memory_bytes" else positive_number
+        kind = {"memory_bytes": positive_bytes, "kernel_launch_s": nonnegative_number}.get(
+            dest, positive_number
+        )
         p.add_argument(flag, dest=dest, type=kind, metavar="X", help=help_text)
     p.add_argument(
         "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"

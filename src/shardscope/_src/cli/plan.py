@@ -230,7 +230,7 @@ def plan_command(c: PlanConfig) -> int:
 
 
 #: The options of ``plan --serve``.
-SERVE_OPTIONS = ("prompt", "output", "context", "weights", "cache", "token_latency")
+SERVE_OPTIONS = ("prompt", "output", "context", "weights", "cache", "token_latency", "rate")
 
 
 #: What ``plan --serve`` reads (the rest of ``plan``'s options plan training).
@@ -275,8 +275,11 @@ def _cmd_serve(c: PlanConfig) -> int:
         latency=c.token_latency,
         imbalance=c.imbalance,
         dispatch_once=c.dispatch_once,
+        rate=c.rate,
     )
-    console = output_console()
+    # piped, the table is printed as wide as its cells need (the caption wraps to it)
+    width = natural_width(render_serve(result, top=c.top, caption=False), least=100)
+    console = output_console(piped_width=width)
     console.print(render_serve(result, top=c.top))
     written: list[Path | None] = []
     if c.json:

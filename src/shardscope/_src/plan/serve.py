@@ -44,12 +44,17 @@ deviceless (:func:`compile_decode`: the reference decoder's
 :func:`~shardscope._src.model.serving.decode`, the cache donated), and the layout's prefill
 of one prompt a replica (:func:`compile_prefill`): their times are then the compiled
 programs' (the bytes they move through HBM and the FLOPs of their matmuls, counted from
-their HLO, the slower of the two, and their collectives priced as every collective is),
-their memory the compiled buffers (``compiled_by``); the other plans are estimated. On a TPU
+their HLO, the slower of the two, their collectives priced as every collective is, and the
+kernels they launch at the hardware's ``kernel_launch_s``), their memory the compiled
+buffers (``compiled_by``); the other plans are estimated. On a TPU
 target the decode step is compiled and timed so too, and the prefill is estimated. A
 layout's largest batch that does not fit once compiled gives way to the largest its
 program would fit at (:func:`_compile_best`), and while an estimated plan ranks first it
 is compiled too (:func:`_compile_leaders`), so that the best plan is a compiled one.
+
+At a request rate (``rate``) each layout is planned at the sequences its replicas hold in
+flight, and its times are those its requests see with prefills batched in flight
+(:mod:`~shardscope._src.plan.online`).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
 from shardscope._src.plan.estimates import divisors, elements_per_device
+from shardscope._src.plan.online import Load, poisson_quantile, under_load
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.plan.types import held_bytes
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
@@ -106,9 +112,19 @@ class ServePlan(Record):
     compiled_by: str | None = None
     #: the compiled decode step's all-reduces a step (0 when not compiled)
     compiled_all_reduces: int = 0
+    #: the kernels the compiled decode step launches (0 when not compiled), each priced at
+    #: the hardware's ``kernel_launch_s`` in ``decode_step_s``
+    decode_kernels: int = 0
     #: the devices that hold each key/value head (above 1 where tensor parallelism is wider
     #: than the model's key/value heads)
     kv_replicas: int = 1
+    #: at a request rate (:mod:`~shardscope._src.plan.online`): the mean sequences in flight
+    #: (``batch`` is the 99th percentile the cache holds), the decode step alone at
+    #: ``batch`` and one prompt's prefill alone, which ``decode_step_s`` and
+    #: ``first_token_s`` stretch by the load; None without a rate
+    in_flight: float | None = None
+    decode_iteration_s: float | None = None
+    prefill_s: float | None = None
 
     @property
     def memory_bytes_per_device(self) -> int:
@@ -171,6 +187,8 @@ class ServeResult(Record):
     #: whether each token goes once to each device of its experts
     imbalance: float = 1.0
     dispatch_once: bool = False
+    #: requests a second arriving at the devices (None: each plan at its batch)
+    rate: float | None = None
 
     @property
     def best(self) -> ServePlan:
@@ -201,6 +219,7 @@ def serve(
     compiler: str | None = None,
     imbalance: float | None = None,
     dispatch_once: bool | None = None,
+    rate: float | None = None,
 ) -> ServeResult:
     """Plans serving ``model`` on ``devices`` of ``hardware``: prompts of ``prompt`` tokens,
     ``output`` tokens generated each, a KV cache of ``context`` (default: ``prompt +
@@ -219,12 +238,19 @@ def serve(
     (:func:`fp8_matmuls`), which speeds a prefill's matmuls too. ``imbalance`` and
     ``dispatch_once`` set a dropless mixture's routing as :class:`ModelConfig` has them (the
     busiest expert's tokens over its even share; each token once to each device of its
-    experts), in place of the model's.
+    experts), in place of the model's. ``rate`` (requests a second, arriving at random at
+    the devices, spread evenly over the replicas) plans online serving
+    (:mod:`~shardscope._src.plan.online`): each layout holds the sequences in flight at
+    that rate (the 99th percentile of them, as its batch), and its time per output token
+    and to the first token are those its requests see, prefills batched in flight beside
+    the decode; the best is the fastest per output token. Give ``batch`` or ``rate``, not
+    both.
 
     Raises:
         PlanError: a bad count, format or compiler (naming it); a batch or context that
             fits no layout (naming the largest that fits and on how many devices); a latency
-            no layout meets (naming the fastest layout and its time per output token).
+            no layout meets (naming the fastest layout and its time per output token); a
+            rate no layout sustains (naming the most one does).
         ModelConfigError: a model without a vocabulary (the serving steps take tokens), or
             a routing it cannot have (an imbalance of a dense or capacity-padded model).
     """
@@ -251,6 +277,15 @@ def serve(
             raise PlanError(f"{what}={fmt!r}: give one of {', '.join(FORMATS)}", param=what)
     if latency is not None and not (isinstance(latency, int | float) and latency > 0):
         raise PlanError(f"latency={latency!r}: seconds per output token, above 0", param="latency")
+    if rate is not None:
+        if not (isinstance(rate, int | float) and 0 < rate < math.inf):
+            raise PlanError(f"rate={rate!r}: requests a second, above 0", param="rate")
+        if batch is not None:
+            raise PlanError(
+                f"batch={batch} and rate={rate:g}: at a request rate the batch is the "
+                f"sequences in flight; give one of them",
+                param="batch",
+            )
     if compiler not in (None, "cpu", hw.name):
         raise PlanError(
             f"compiler={compiler!r}: it compiles for another target than the plans' hardware "
@@ -269,6 +304,10 @@ def serve(
     plans = []
     for layout in layouts:
         r = layout.replicas
+        if rate is not None:
+            held = _at_rate(config, hw, layout, rate, prompt, output, ctx, weights, cache)
+            plans.extend([] if held is None else [held])
+            continue
         sizes = (
             [batch]
             if batch is not None
@@ -279,17 +318,29 @@ def serve(
                 continue
             plans.append(_plan(config, hw, layout, b, prompt, ctx, weights, cache))
     fitting = [p for p in plans if p.fits]
+    if not fitting and rate is not None:
+        raise _unsustained(config, hw, devices, rate, prompt, output, ctx, weights, cache)
     if not fitting:
         text, param = _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache)
         raise PlanError(text, param=param)
-    fitting = _meeting(fitting, latency)
+    # at a rate, the latency is met (or not) by the times the load gives
+    per_token = None if rate is not None else latency
+    fitting = _meeting(fitting, per_token)
     compiled = compiler != "cpu" and hw.name in TARGETS
     if compiled and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
         fitting, prefills, refits = _compile_best(
-            fitting, config, hw, prompt, weights, cache, fixed=batch is not None
+            fitting,
+            config,
+            hw,
+            prompt,
+            weights,
+            cache,
+            fixed=batch is not None or rate is not None,
         )
         fitting = [p for p in fitting if p.fits]
-        fitting = _compile_leaders(fitting, prefills, config, hw, prompt, weights, cache, latency)
+        fitting = _compile_leaders(fitting, prefills, config, hw, prompt, weights, cache, per_token)
+        if not fitting and rate is not None:
+            raise _unsustained(config, hw, devices, rate, prompt, output, ctx, weights, cache)
         if not fitting and refits:
             misfit, smaller = max(refits, key=lambda pair: pair[1].batch)
             raise PlanError(
@@ -302,9 +353,15 @@ def serve(
         if not fitting:
             text, param = _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache)
             raise PlanError(text, param=param)
-        fitting = _meeting(fitting, latency)  # as compiled
+        fitting = _meeting(fitting, per_token)  # as compiled
+    if rate is not None:
+        loaded = [_loaded(p, hw, rate, output, devices) for p in fitting]
+        fitting = [p for p in loaded if p is not None]
+        if not fitting:
+            raise _unsustained(config, hw, devices, rate, prompt, output, ctx, weights, cache)
+        fitting = _meeting(fitting, latency)
     fitting.sort(key=_rank)
-    front = _front(fitting)
+    front = _front(fitting, at_rate=rate is not None)
     ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
     return ServeResult(
         model=name,
@@ -319,6 +376,135 @@ def serve(
         plans=ranked,
         imbalance=config.imbalance,
         dispatch_once=config.dispatch_once,
+        rate=rate,
+    )
+
+
+def _load(plan: ServePlan, hw: Hardware, rate: float, output: int) -> Load | None:
+    """``plan``'s replica at its share of ``rate`` (:func:`~shardscope._src.plan.online.
+    under_load`): its decode step and its prefill alone are the plan's, a sequence's cache
+    read through HBM at the device's bandwidth."""
+    per_replica = plan.batch // plan.replicas
+    return under_load(
+        rate=rate / plan.replicas,
+        output=output,
+        decode_s=plan.decode_step_s,
+        sequences=per_replica,
+        sequence_s=plan.cache_bytes_per_device / per_replica / hw.hbm_bandwidth,
+        prefill_s=plan.first_token_s,
+    )
+
+
+def _at_rate(
+    config: ModelConfig,
+    hw: Hardware,
+    layout: _Layout,
+    rate: float,
+    prompt: int,
+    output: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> ServePlan | None:
+    """The layout's plan (estimated) at the batch that holds its sequences in flight at
+    ``rate``: the 99th percentile of them a replica (:data:`~shardscope._src.plan.online.
+    PEAK_QUANTILE`); None where its replicas do not sustain the rate. The mean in flight
+    does not depend on the batch planned (a decode step's time is its batch's caches beside
+    the rest), so the batch is found at the second plan."""
+    r = layout.replicas
+    plan = _plan(config, hw, layout, r, prompt, context, weights, cache)
+    load = _load(plan, hw, rate, output)
+    if load is None:
+        return None
+    peak = max(1, poisson_quantile(load.in_flight))
+    if peak == 1:
+        return plan
+    return _plan(config, hw, layout, peak * r, prompt, context, weights, cache)
+
+
+def _loaded(
+    plan: ServePlan, hw: Hardware, rate: float, output: int, devices: int
+) -> ServePlan | None:
+    """``plan`` at ``rate``: its time per output token and to the first token as its
+    requests see them, its throughput per chip the rate's tokens; its batch raised, with
+    the caches of the sequences added, where its (compiled) times put more in flight than
+    it holds. None where it does not sustain the rate, or its cache cannot hold them."""
+    load = _load(plan, hw, rate, output)
+    if load is None:
+        return None
+    r = plan.replicas
+    per_replica = plan.batch // r
+    peak = max(1, poisson_quantile(load.in_flight))
+    cache = plan.cache_bytes_per_device
+    if peak > per_replica:
+        cache += (peak - per_replica) * cache // per_replica
+        if plan.memory_bytes_per_device + cache - plan.cache_bytes_per_device > (
+            plan.memory_limit_bytes
+        ):
+            return None
+    return replace(
+        plan,
+        batch=max(peak, per_replica) * r,
+        cache_bytes_per_device=cache,
+        decode_step_s=load.token_s,
+        first_token_s=load.first_token_s,
+        tokens_per_s_per_chip=rate * output / devices,
+        in_flight=load.in_flight * r,
+        decode_iteration_s=plan.decode_step_s,
+        prefill_s=plan.first_token_s,
+    )
+
+
+def _sustains(
+    config: ModelConfig,
+    hw: Hardware,
+    layout: _Layout,
+    rate: float,
+    prompt: int,
+    output: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> bool:
+    plan = _at_rate(config, hw, layout, rate, prompt, output, context, weights, cache)
+    return plan is not None and plan.fits
+
+
+def _unsustained(
+    config: ModelConfig,
+    hw: Hardware,
+    devices: int,
+    rate: float,
+    prompt: int,
+    output: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> PlanError:
+    """The error of a rate no layout sustains, naming the most one does (as estimated, to
+    three figures) and on which layout."""
+    best: tuple[float, _Layout] | None = None
+    for layout in _layouts(config, devices):
+        lo, hi = 0.0, rate
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if _sustains(config, hw, layout, mid, prompt, output, context, weights, cache):
+                lo = mid
+            else:
+                hi = mid
+        if lo > 0 and (best is None or lo > best[0]):
+            best = (lo, layout)
+    head = f"rate={rate:g} requests/s: no layout of {devices} x {hw.name} sustains it"
+    if best is None:
+        text, _ = _no_fit(config, hw, devices, None, prompt, context, weights, cache)
+        return PlanError(f"{head}; {text}", param="rate")
+    most, layout = best
+    mesh = ",".join(f"{k}={v}" for k, v in layout.mesh.items())
+    return PlanError(
+        f"{head} (its prefills fill a replica's time, or its sequences in flight overflow "
+        f"the cache); the most is {most:.3g} requests/s, on {layout.strategy} {mesh}: give "
+        f"rate={most:.3g} or less, or more devices",
+        param="rate",
     )
 
 
@@ -846,13 +1032,15 @@ class _Compiled:
     """What one compiled serving step costs a device: its HBM traffic's time and its
     matmul FLOPs (None where its HLO does not count them, see :func:`_compile`), its
     collectives' time, the bytes it holds at once
-    (:func:`~shardscope._src.plan.types.held_bytes`), and its all-reduces."""
+    (:func:`~shardscope._src.plan.types.held_bytes`), its all-reduces, and the kernels it
+    launches (:func:`~shardscope._src.audit.overlap.program_kernels`)."""
 
     memory_s: float | None
     flops: float | None
     comm_s: float
     held_bytes: int
     all_reduces: int
+    kernels: int
 
     def deeper(self, shallower: _Compiled, layers: int) -> _Compiled:
         """The costs at ``layers``, from this program of one layer more than
@@ -872,6 +1060,7 @@ class _Compiled:
             comm_s=at(shallower.comm_s, self.comm_s),
             held_bytes=round(at(shallower.held_bytes, self.held_bytes)),
             all_reduces=round(at(shallower.all_reduces, self.all_reduces)),
+            kernels=round(at(shallower.kernels, self.kernels)),
         )
 
 
@@ -889,8 +1078,10 @@ DEPTH = 2
 def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     """The compiled ``step``'s costs: its HBM traffic and matmuls counted from its HLO (on a
     TPU, its asynchronous slices and copies of the weights into on-chip memory read them
-    once, :mod:`~shardscope._src.hlo.cost`), its collectives and its buffers."""
+    once, :mod:`~shardscope._src.hlo.cost`), its collectives, its buffers and its
+    kernels."""
     from shardscope._src.audit.compile import audit
+    from shardscope._src.audit.overlap import program_kernels
     from shardscope._src.base.stderr import capture_stderr
 
     # XLA:GPU's scheduler logs an error line when a program's arguments pass its memory
@@ -906,6 +1097,7 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
         held_bytes=held_bytes(result.memory or {}),
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
+        kernels=0 if result.program is None else program_kernels(result.program.module),
     )
 
 
@@ -990,11 +1182,11 @@ def compile_decode(
     devices: the reference decoder's :func:`~shardscope._src.model.serving.decode` under the
     layout's placement, the cache donated and split by sequence over the replicas and by
     key/value head over ``model`` (at two depths, :func:`_compile_layers`). The step's
-    time becomes the compiled program's (its HBM traffic or its matmuls, the slower, and
-    its collectives), the memory per device its buffers (arguments, temporaries and the
-    outputs that do not alias the donated cache). ``weights`` and ``cache`` of ``int8`` or
-    ``fp8`` compile the 8-bit program (:class:`~shardscope._src.model.serving.Quantized`);
-    any other, the model's dtype."""
+    time becomes the compiled program's (its HBM traffic or its matmuls, the slower, its
+    collectives, and its kernels' launches), the memory per device its buffers (arguments,
+    temporaries and the outputs that do not alias the donated cache). ``weights`` and
+    ``cache`` of ``int8`` or ``fp8`` compile the 8-bit program
+    (:class:`~shardscope._src.model.serving.Quantized`); any other, the model's dtype."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -1043,7 +1235,7 @@ def compile_decode(
     compute_s = (
         plan.decode_compute_s if got.flops is None else _matmul_s(hw, weights, got.flops, of)
     )
-    step_s = max(memory_s, compute_s) + got.comm_s
+    step_s = max(memory_s, compute_s) + got.comm_s + got.kernels * hw.kernel_launch_s
     return replace(
         plan,
         temp_bytes_per_device=max(
@@ -1056,6 +1248,7 @@ def compile_decode(
         tokens_per_s_per_chip=plan.batch / step_s / (plan.replicas * plan.tensor_parallel),
         compiled_by=hw.name,
         compiled_all_reduces=got.all_reduces,
+        decode_kernels=got.kernels,
     )
 
 
@@ -1071,11 +1264,11 @@ def compile_prefill(
     """``plan`` with its time to first token from the compiled prefill of one ``prompt`` a
     replica (the reference decoder's :func:`~shardscope._src.model.serving.prefill`, the
     last token's logits; at two depths, :func:`_compile_layers`; ``weights`` and ``cache``
-    as :func:`compile_decode` takes them): its HBM traffic or its matmuls, the slower, and
-    its collectives. Its buffers beyond the weights (the prompt's activations, scores and
-    cache) are the plan's temporaries where they pass the decode step's: a server prefills
-    beside the cache it decodes from. On a TPU target the plan is returned as it is (the
-    prefill estimated)."""
+    as :func:`compile_decode` takes them): its HBM traffic or its matmuls, the slower, its
+    collectives and its kernels' launches. Its buffers beyond the weights (the prompt's
+    activations, scores and cache) are the plan's temporaries where they pass the decode
+    step's: a server prefills beside the cache it decodes from. On a TPU target the plan is
+    returned as it is (the prefill estimated)."""
     if TARGETS[hw.name].family != "gpu":
         return plan
     import jax
@@ -1105,22 +1298,24 @@ def compile_prefill(
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
         plan,
-        first_token_s=max(got.memory_s, compute_s) + got.comm_s,
+        first_token_s=max(got.memory_s, compute_s) + got.comm_s + got.kernels * hw.kernel_launch_s,
         temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )
 
 
-def _front(plans: Sequence[ServePlan]) -> set[int]:
-    """The plans no other beats on both time per output token and throughput per chip."""
+def _front(plans: Sequence[ServePlan], *, at_rate: bool = False) -> set[int]:
+    """The plans no other beats on both time per output token and throughput per chip (at a
+    request rate, which every plan delivers: on both time per output token and time to
+    first token)."""
+
+    def merits(p: ServePlan) -> tuple[float, float]:  # the lower the better
+        return (p.decode_step_s, p.first_token_s if at_rate else -p.tokens_per_s_per_chip)
+
     front = set()
     for i, p in enumerate(plans):
+        mine = merits(p)
         beaten = any(
-            q.decode_step_s <= p.decode_step_s
-            and q.tokens_per_s_per_chip >= p.tokens_per_s_per_chip
-            and (
-                q.decode_step_s < p.decode_step_s
-                or q.tokens_per_s_per_chip > p.tokens_per_s_per_chip
-            )
+            all(a <= b for a, b in zip(merits(q), mine, strict=True)) and merits(q) != mine
             for j, q in enumerate(plans)
             if j != i
         )

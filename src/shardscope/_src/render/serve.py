@@ -20,15 +20,22 @@ if TYPE_CHECKING:
 DEFAULT_TOP = 12
 
 
-def serve_columns(kv_replicas: bool = False) -> tuple[Column[ServePlan], ...]:
-    """The table's columns; with ``kv_replicas``, how many devices hold each key/value head."""
+def serve_columns(
+    kv_replicas: bool = False, at_rate: bool = False
+) -> tuple[Column[ServePlan], ...]:
+    """The table's columns; with ``kv_replicas``, how many devices hold each key/value head;
+    ``at_rate``, the mean sequences in flight."""
     kv: Column[ServePlan] = Column(
         "kv heads", lambda p: f"x{p.kv_replicas}" if p.kv_replicas > 1 else "", justify="right"
+    )
+    flight: Column[ServePlan] = Column(
+        "in flight", lambda p: f"{p.in_flight or 0:.1f}", justify="right"
     )
     return (
         Column("", lambda p: "*" if p.pareto else ""),
         Column("layout", lambda p: p.strategy),
         Column("mesh", lambda p: ",".join(f"{k}={v}" for k, v in p.mesh.items()), code=True),
+        *((flight,) if at_rate else ()),
         Column("batch", lambda p: str(p.batch), justify="right"),
         Column("mem/dev", lambda p: format_bytes(p.memory_bytes_per_device), justify="right"),
         Column("by", lambda p: p.compiled_by or "estimate"),
@@ -42,28 +49,47 @@ def serve_columns(kv_replicas: bool = False) -> tuple[Column[ServePlan], ...]:
     )
 
 
-def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
-    """The table of ``result``'s plans (the best ``top``, and every plan of the front)."""
+def render_serve(result: ServeResult, *, top: int | None = None, caption: bool = True) -> Any:
+    """The table of ``result``'s plans (the best ``top``, and every plan of the front), with
+    its caption (the columns explained) or without (to measure the table's cells)."""
     n = DEFAULT_TOP if top is None else top
     shown = [p for i, p in enumerate(result.plans) if i < n or p.pareto]
     title = (
         f"Serving {result.model} on {result.devices} x {result.hardware}: prompt "
         f"{result.prompt}, output {result.output}, context {result.context}, {result.weights} "
         f"weights, {result.cache} cache"
+        + (f", {result.rate:g} requests/s" if result.rate else "")
         + (f", at most {format_seconds(result.latency)} per token" if result.latency else "")
         + (f", busiest expert {result.imbalance:g}x its share" if result.imbalance > 1 else "")
         + (", each token once to each device of its experts" if result.dispatch_once else "")
     )
     kv = any(p.kv_replicas > 1 for p in shown)
-    caption = (
+    at_rate = result.rate is not None
+    order = "fastest per token first" if at_rate else "best throughput per chip first"
+    text = (
         f"{len(result.plans)} {'plan fits' if len(result.plans) == 1 else 'plans fit'}; "
-        f"{len(shown)} shown, best throughput per chip first. "
-        f"* the latency-throughput front. Per token: the decode step's traffic through HBM "
-        f"or its matmuls, whichever is slower, and its collectives (comm: tensor parallelism's "
-        f"all-reduces, and a mixture's dispatch and combine over 'expert'); by: the "
-        f"compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
-        f"collectives and the times, or the estimate. First token: one prompt prefilled "
-        f"alone on a replica (on a TPU, estimated)."
+        f"{len(shown)} shown, {order}. * the "
+        + (
+            "front of the times per token and to the first"
+            if at_rate
+            else "latency-throughput front"
+        )
+        + ". Per token: the decode step's traffic through HBM "
+        "or its matmuls, whichever is slower, its collectives (comm: tensor parallelism's "
+        "all-reduces, and a mixture's dispatch and combine over 'expert') and, compiled "
+        "for a GPU, its kernels' launches; by: the "
+        "compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
+        "collectives and the times, or the estimate. First token: one prompt prefilled "
+        "alone on a replica (on a TPU, estimated)."
+        + (
+            f" At {result.rate:g} requests/s, arriving at random: per token and first token "
+            f"as requests see them, each prompt prefilled in an iteration of its own beside "
+            f"the running sequences, a new one waiting for the iteration under way; in "
+            f"flight: the mean sequences; batch: the 99th percentile of them, which the "
+            f"cache holds."
+            if at_rate
+            else ""
+        )
         + (
             " kv heads: each key/value head held by that many devices (tensor parallelism "
             "wider than the heads)."
@@ -71,13 +97,17 @@ def render_serve(result: ServeResult, *, top: int | None = None) -> Any:
             else ""
         )
     )
-    return rich_table(serve_columns(kv), shown, title=title, caption=caption)
+    return rich_table(
+        serve_columns(kv, at_rate), shown, title=title, caption=text if caption else None
+    )
 
 
 def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
     """Writes the latency-throughput chart as PNG: throughput per chip against the time per
     output token, one point per plan, one colour per layout (filled where the decode step was
-    compiled, hollow where estimated), the front joined and its batches written beside it."""
+    compiled, hollow where estimated), the front joined and its batches written beside it; at
+    a request rate (every layout delivering its tokens), the time to first token against
+    it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -87,9 +117,19 @@ def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
     ax.set_title(
         f"Serving {result.model} on {result.devices} x {result.hardware}: prompt "
         f"{result.prompt}, output {result.output}, {result.weights} weights, "
-        f"{result.cache} cache",
+        f"{result.cache} cache" + (f", {result.rate:g} requests/s" if result.rate else ""),
         fontsize=10,
     )
+    # at a rate every layout delivers the same tokens: the other axis is the first token's
+    if result.rate is None:
+
+        def other(p: ServePlan) -> float:
+            return p.tokens_per_s_per_chip
+    else:
+
+        def other(p: ServePlan) -> float:
+            return p.first_token_s * 1e3
+
     layouts: dict[str, list[ServePlan]] = {}
     for p in result.plans:
         key = p.strategy + " " + ",".join(f"{k}={v}" for k, v in p.mesh.items())
@@ -103,7 +143,7 @@ def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
                 continue
             ax.scatter(
                 [p.decode_step_s * 1e3 for p in group],
-                [p.tokens_per_s_per_chip for p in group],
+                [other(p) for p in group],
                 s=36,
                 facecolors=colour if compiled else "none",
                 edgecolors=colour,
@@ -113,7 +153,7 @@ def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
     front = sorted(result.front, key=lambda p: p.decode_step_s)
     ax.plot(
         [p.decode_step_s * 1e3 for p in front],
-        [p.tokens_per_s_per_chip for p in front],
+        [other(p) for p in front],
         color="0.4",
         linewidth=1,
         zorder=2,
@@ -122,17 +162,26 @@ def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
     for p in front:
         ax.annotate(
             str(p.batch),
-            (p.decode_step_s * 1e3, p.tokens_per_s_per_chip),
+            (p.decode_step_s * 1e3, other(p)),
             textcoords="offset points",
             xytext=(4, -10),
             fontsize=7,
             color="0.3",
         )
     ax.set_xlabel("time per output token (ms)")
-    ax.set_ylabel("output tokens per second per chip")
-    ax.set_yscale("log")
+    if result.rate is None:
+        ax.set_ylabel("output tokens per second per chip")
+        ax.set_yscale("log")
+    else:
+        ax.set_ylabel("time to first token (ms)")
     ax.grid(True, which="both", color="0.92", linewidth=0.6)
-    ax.legend(fontsize=8, loc="lower right", title="filled: compiled; numbers: batch")
+    # without a rate the front rises to the upper right, away from the lower right; at a
+    # rate the points may lie anywhere: matplotlib puts the legend where fewest are
+    title = "filled: compiled; numbers: batch"
+    if result.rate is None:
+        ax.legend(fontsize=8, loc="lower right", title=title)
+    else:
+        ax.legend(fontsize=8, loc="best", title=title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return write_atomic(path, lambda f: f.write(buf.getvalue()), binary=True)

@@ -50,6 +50,9 @@ class Hardware(Record):
         that runs that kernel (:data:`H100_ATTENTION_KERNELS` lists measured ones); 0: the
         attention core at the matmul rate, counted non-causal, as ``matmul_fraction`` was
         calibrated (on an H100 about a FlashAttention-2 kernel's rate).
+      kernel_launch_s: seconds a compiled serving step pays for each kernel it launches,
+        beside its traffic and its matmuls (a decode step of a few milliseconds launches
+        hundreds); 0 on a TPU, which runs a compiled program as one executable.
     """
 
     name: str
@@ -70,6 +73,7 @@ class Hardware(Record):
     fp8_matmul_fraction: float = 0.0
     attention_fwd_flops: float = 0.0
     attention_bwd_flops: float = 0.0
+    kernel_launch_s: float = 0.0
 
     @property
     def has_fp8(self) -> bool:
@@ -146,6 +150,11 @@ TIME_MODEL_SOURCES = {
         "backend is cuDNN's kernel, as is JAX's dot_product_attention(implementation="
         "'cudnn')"
     ),
+    "kernel_launch_s (GPUs) 1e-6": (
+        "XLA's GPU cost model, which prices each kernel's launch at 1 us (xla/service/gpu/"
+        "model/gpu_performance_model_base.h, kKernelLaunchOverhead); TPUs 0: the TPU runs a "
+        "compiled program as one executable, with no launch per kernel"
+    ),
     "host_memory_bytes, host_bandwidth": (
         "GPUs: the DGX system's memory over its 8 GPUs (DGX A100 and H100/H200: 2 TB, DGX "
         "B200: 4 TB) and one PCIe x16 link each way (Gen4 32 GB/s on the A100, Gen5 64 GB/s "
@@ -179,6 +188,7 @@ PRESETS: dict[str, Hardware] = {
             2.039e12,
             host_memory_bytes=2000 * GB / 8,
             host_bandwidth=32 * GB,
+            kernel_launch_s=1e-6,
         ),
         Hardware(
             "h100",
@@ -195,6 +205,7 @@ PRESETS: dict[str, Hardware] = {
             host_bandwidth=64 * GB,
             fp8_peak_flops=1979e12,
             fp8_matmul_fraction=0.48,
+            kernel_launch_s=1e-6,
         ),
         Hardware(
             "h200",
@@ -211,6 +222,7 @@ PRESETS: dict[str, Hardware] = {
             host_bandwidth=64 * GB,
             fp8_peak_flops=1979e12,
             fp8_matmul_fraction=0.49,
+            kernel_launch_s=1e-6,
         ),
         Hardware(
             "b200",
@@ -227,6 +239,7 @@ PRESETS: dict[str, Hardware] = {
             host_bandwidth=64 * GB,
             fp8_peak_flops=4500e12,
             fp8_matmul_fraction=0.51,
+            kernel_launch_s=1e-6,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -300,14 +313,15 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
                 f"unknown hardware setting {key!r}; settable: {', '.join(sorted(known))}"
             )
         # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
-        # fp8 matmuls, no attention rates (0) attention at the matmul rate; every other
-        # value is positive.
+        # fp8 matmuls, no attention rates (0) attention at the matmul rate, no launch time
+        # (0) kernels launched for free; every other value is positive.
         zero_ok = key in (
             "host_memory_bytes",
             "fp8_peak_flops",
             "fp8_matmul_fraction",
             "attention_fwd_flops",
             "attention_bwd_flops",
+            "kernel_launch_s",
         )
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or value < 0 or (value == 0 and not zero_ok):
