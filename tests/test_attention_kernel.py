@@ -78,7 +78,7 @@ def test_a_compiled_count_scales_the_other_matmuls_and_keeps_the_kernels():
     [
         ({"attention_fwd_flops": 5e14}, "give both, or neither"),
         ({"attention_fwd_flops": 5e14, "attention_bwd_flops": 2e15}, "no kernel runs above"),
-        ({"attention_bwd_flops": -1.0}, "must be 0 or a positive number"),
+        ({"attention_bwd_flops": -1.0}, "must be 0 or a finite positive number"),
     ],
 )
 def test_rates_that_cannot_be_are_refused(overrides, words):

@@ -21,7 +21,10 @@ def test_override_keeps_the_rest_and_says_so():
     [
         (("v100",), {}, "unknown hardware preset 'v100'; choose one of a100, h100"),
         (("h100",), {"warp_speed": 9}, "unknown hardware setting 'warp_speed'"),
-        (("h100",), {"peak_flops": 0}, "must be a positive number"),
+        (("h100",), {"peak_flops": 0}, "must be a finite positive number"),
+        (("h100",), {"peak_flops": float("inf")}, "must be a finite positive number"),
+        (("h100",), {"kernel_launch_s": float("nan")}, "must be 0 or a finite positive"),
+        (("h100",), {"kernel_launch_s": -1e-6}, "must be 0 or a finite positive"),
     ],
 )
 def test_bad_presets(args, kw, words):

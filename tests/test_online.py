@@ -47,10 +47,13 @@ def test_prefills_interleaved_stretch_the_decode_step_by_the_time_they_take():
         rate=10, output=101, decode_s=5e-3, sequences=1, sequence_s=0.0, prefill_s=15e-3
     )
     assert load.token_s == pytest.approx(1 / 180, rel=1e-12)
-    # a new request waits, while the replica is busy, for the rest of the iteration under
-    # way: over a second, sum(T^2) / 2 sum(T) = (10 x 15^2 + 170 x 5^2) ms^2 / 2 s = 3.25 ms
+    # a new request waits for the rest of the iteration under way, at a random moment
+    # sum(T^2) / 2 over the time: 10 prefills of 15 ms a second, and 5 ms decode steps the
+    # rest of the time the replica is busy; then, prefills going first (Cobham's
+    # non-preemptive priority queue), for the prompts queued before it: / (1 - 10 x 15 ms)
     busy = 1 - math.exp(-load.in_flight)
-    assert load.first_token_s == pytest.approx(15e-3 + busy * 3.25e-3, rel=1e-9)
+    residual = 10 * 15e-3**2 / 2 + (busy - 10 * 15e-3) * 5e-3 / 2
+    assert load.first_token_s == pytest.approx(15e-3 + residual / (1 - 0.15), rel=1e-9)
     # Little's law: what arrives a second times how long each stays
     stay = load.first_token_s + 100 * load.token_s
     assert load.in_flight == pytest.approx(10 * stay, rel=1e-6)
@@ -66,10 +69,28 @@ def test_a_lone_request_sees_the_decode_step_of_its_own_cache_and_no_wait():
 
 
 def test_a_replica_whose_prefills_fill_its_time_does_not_sustain_the_rate():
-    assert (
-        under_load(rate=50, output=8, decode_s=5e-3, sequences=1, sequence_s=0.0, prefill_s=20e-3)
-        is None
-    )
+    # 20 ms prefills: 50 a second fill the replica's time
+    def at(rate):
+        return under_load(
+            rate=rate, output=8, decode_s=5e-3, sequences=1, sequence_s=0.0, prefill_s=20e-3
+        )
+
+    assert at(49) is not None
+    assert at(51) is None
+
+
+def test_a_load_whose_caches_slow_each_step_nearly_as_fast_as_they_arrive_is_sustained():
+    # each sequence adds 0.95 ms to a 10 ms step, and a request stays for 1,000 of them: a
+    # sequence more in flight keeps about 0.96 more in flight, and the mean settles near 280
+    load = under_load(
+        rate=1, output=1000, decode_s=10e-3 + 8 * 0.95e-3, sequences=8, sequence_s=0.95e-3,
+        prefill_s=20e-3,
+    )  # fmt: skip
+    assert load is not None
+    stay = load.first_token_s + 999 * load.token_s
+    assert load.in_flight == pytest.approx(stay, rel=1e-6)
+    # its step reads the caches of the sequence and of those in flight beside it
+    assert load.token_s > 10e-3 + (1 + load.in_flight) * 0.95e-3
 
 
 def test_a_rate_plans_the_sequences_in_flight_and_the_latencies_they_see():
@@ -98,16 +119,19 @@ def test_a_rate_plans_the_sequences_in_flight_and_the_latencies_they_see():
         assert q.first_token_s > p.first_token_s
 
 
-def test_a_rate_no_layout_sustains_names_the_most_one_does():
+@pytest.mark.parametrize("prompt, output", [(2048, 128), (128, 2048)])
+def test_a_rate_no_layout_sustains_names_the_most_one_does(prompt, output):
+    def at(rate):
+        return serve("llama3-8b", 1, hardware="h100", prompt=prompt, output=output, rate=rate,
+                     compiler="cpu")  # fmt: skip
+
     with pytest.raises(PlanError, match=r"give rate=([\d.]+) or less") as err:
-        serve("llama3-8b", 1, hardware="h100", prompt=2048, output=128, rate=1000,
-              compiler="cpu")  # fmt: skip
+        at(1000)
     assert err.value.params == ("rate",)
     most = float(re.search(r"give rate=([\d.]+) or less", str(err.value)).group(1))
-    serve("llama3-8b", 1, hardware="h100", prompt=2048, output=128, rate=most, compiler="cpu")
+    at(most)  # three figures, rounded down: met
     with pytest.raises(PlanError, match="sustains it"):
-        serve("llama3-8b", 1, hardware="h100", prompt=2048, output=128, rate=most * 1.01,
-              compiler="cpu")  # fmt: skip
+        at(most * 1.01)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.inf, "2"])
@@ -140,6 +164,15 @@ def test_a_program_launches_each_instruction_that_computes_or_moves_data():
     assert program_kernels(parse_hlo(HANDWRITTEN)) == 7 + 5 * 2 + 6
 
 
+def test_the_kernel_launch_is_set_from_the_command_line(capsys):
+    argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "64",
+            "--output", "8", "--compiler", "cpu"]  # fmt: skip
+    assert main([*argv, "--kernel-launch", "0"]) == 0
+    capsys.readouterr()
+    for bad in ("-1e-6", "inf"):
+        assert_usage_error([*argv, "--kernel-launch", bad], "--kernel-launch", capsys)
+
+
 def test_a_compiled_decode_step_pays_each_kernels_launch():
     two = replace(model_preset("llama3-8b").config(batch=1), layers=2)
     plan = serve(two, 1, hardware="h100", prompt=64, output=16, batch=4, compiler="cpu").best
@@ -150,3 +183,32 @@ def test_a_compiled_decode_step_pays_each_kernels_launch():
     assert paid.decode_kernels == free.decode_kernels >= 4 * 2
     launches = paid.decode_kernels * 1e-6
     assert paid.decode_step_s - free.decode_step_s == pytest.approx(launches, rel=1e-9)
+
+
+def test_a_layouts_estimated_plans_launch_its_compiled_steps_kernels():
+    two = replace(model_preset("llama3-8b").config(batch=1), layers=2)
+    compiled = serve(two, 1, hardware="h100", prompt=64, output=16)
+    estimated = serve(two, 1, hardware="h100", prompt=64, output=16, compiler="cpu")
+    (step,) = [p for p in compiled.plans if p.compiled_by]
+    assert step.decode_kernels >= 4 * 2
+    others = [p for p in compiled.plans if not p.compiled_by]
+    assert others
+    for p in others:
+        alone = next(q for q in estimated.plans if q.batch == p.batch)
+        assert p.decode_kernels == step.decode_kernels
+        launches = step.decode_kernels * 1e-6
+        assert p.decode_step_s == pytest.approx(alone.decode_step_s + launches, rel=1e-12)
+
+
+def test_replicas_in_lockstep_each_stall_for_every_prefill():
+    # 5 requests a second a replica, but 10 prefills a second stall it (its partner's too):
+    # a second runs 10 prefills of 15 ms and 0.85 s / 5 ms = 170 decode steps, 180 tokens
+    load = under_load(
+        rate=5, output=101, decode_s=5e-3, sequences=1, sequence_s=0.0, prefill_s=15e-3,
+        prefill_rate=10,
+    )  # fmt: skip
+    assert load.token_s == pytest.approx(1 / 180, rel=1e-12)
+    alone = under_load(
+        rate=5, output=101, decode_s=5e-3, sequences=1, sequence_s=0.0, prefill_s=15e-3
+    )
+    assert alone.token_s == pytest.approx(1 / (5 + 0.925 / 5e-3), rel=1e-12)

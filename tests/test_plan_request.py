@@ -156,7 +156,8 @@ def test_a_bad_value_is_refused_when_the_request_is_made(kwargs, words, params):
 def test_bad_hardware_is_refused_when_the_request_is_made():
     with pytest.raises(ShardscopeError, match="unknown hardware preset 'v100'; choose one of"):
         PlanRequest("tiny", 8, hardware="v100")
-    with pytest.raises(ShardscopeError, match="link_bandwidth=-1.0 must be a positive number"):
+    bad = "link_bandwidth=-1.0 must be a finite positive number"
+    with pytest.raises(ShardscopeError, match=bad):
         PlanRequest("tiny", 8, hardware_overrides={"link_bandwidth": -1.0})
 
 

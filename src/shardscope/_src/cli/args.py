@@ -55,7 +55,7 @@ def nonnegative_number(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 1e-6)") from None
     if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be 0 or a positive number")
+        raise argparse.ArgumentTypeError(f"{text} must be 0 or a finite positive number")
     return value
 
 

@@ -12,10 +12,12 @@ giving the sequence a token:
 
 * **time per output token** ``= 1 / (rate + (1 - rate x mixed) / decode)``: the decode step,
   stretched by the prefills that interleave with it;
-* **time to first token** ``= wait + mixed``: a new request waits for the iteration under
-  way (its mean residual ``E[T^2] / 2E[T]`` over the mix of iterations, when the replica is
-  busy: ``1 - exp(-in flight)``, the chance that a Poisson count of sequences is not 0),
-  then its own;
+* **time to first token** ``= wait + its prefill``: a new request waits for the iteration
+  under way (its mean residual at a random moment, when the replica is busy: ``1 -
+  exp(-in flight)``, the chance that a Poisson count of sequences is not 0) and for the
+  prompts queued before it, as a non-preemptive priority queue's first class does
+  (Cobham: ``residual / (1 - rate x prefill)``), then prefills beside the sequences in
+  flight;
 * **in flight** ``= rate x (first token + (output - 1) x per token)`` (Little's law), the
   mean a request finds, and beside itself a sequence sees (a Poisson stream's arrivals
   see the time average; with requests independent of each other, so does a sequence
@@ -24,6 +26,12 @@ giving the sequence a token:
 The cache is sized for the 99th percentile of a Poisson count of that mean
 (:func:`poisson_quantile`): the sequences a replica holds at its peaks. A replica whose
 prefills alone fill its time (``rate x mixed >= 1``) does not sustain the rate.
+
+Assumed: one prompt prefilled an iteration (servers that batch several prefills wait
+less); each sequence's cache read at its whole context (a sequence holds its prompt and
+half its output on average: the step is an upper bound); requests still waiting for their
+prefill counted among those in flight; no request turned away at the peaks the cache does
+not hold (1% of moments).
 """
 
 from __future__ import annotations
@@ -33,9 +41,6 @@ from typing import NamedTuple
 
 #: The share of moments at which a replica's cache holds every sequence in flight.
 PEAK_QUANTILE = 0.99
-
-#: Fixed-point iterations at most; each moves the mean in flight by less than the last.
-_ROUNDS = 200
 
 
 class Load(NamedTuple):
@@ -52,6 +57,8 @@ def poisson_quantile(mean: float, q: float = PEAK_QUANTILE) -> int:
     >>> poisson_quantile(2.5)
     7
     """
+    if not math.isfinite(mean):
+        raise ValueError(f"mean={mean!r}: a Poisson count's mean is a finite number")
     if mean <= 0:
         return 0
     k, cdf = 0, 0.0
@@ -70,31 +77,73 @@ def under_load(
     sequences: int,
     sequence_s: float,
     prefill_s: float,
+    prefill_rate: float | None = None,
 ) -> Load | None:
     """A replica's :class:`Load` at ``rate`` requests a second, each generating ``output``
     tokens: ``decode_s`` is its decode step at ``sequences`` sequences, ``sequence_s`` what
-    one sequence's cache adds to it, ``prefill_s`` one prompt's prefill alone. None where
-    the replica does not sustain the rate (its prefills fill its time, or its sequences in
-    flight grow without bound)."""
-    floor = decode_s - sequences * sequence_s  # the step of no sequence's cache
-    n = rate * (prefill_s + (output - 1) * decode_s)
-    for _ in range(_ROUNDS):
-        beside = n * sequence_s  # the caches of the others in flight
+    one sequence adds to it, ``prefill_s`` one prompt's prefill alone; ``prefill_rate``
+    the prefills a second its iterations carry (default ``rate``; more where replicas run
+    in lockstep and each stalls for the others' prefills). None where the replica does not
+    sustain the rate (its prefills fill its time, or its sequences in flight grow without
+    bound)."""
+    prefills = rate if prefill_rate is None else prefill_rate
+    floor = decode_s - sequences * sequence_s  # the step of no sequence
+
+    def times(n: float) -> tuple[float, float] | None:
+        """The time per output token and to the first token with ``n`` in flight."""
+        beside = n * sequence_s  # what the others in flight add to an iteration
         decode = floor + sequence_s + beside  # the sequence's own, and theirs
         mixed = prefill_s + sequence_s + beside  # a prefill beside the sequence and them
-        if rate * mixed >= 1:
+        if prefills * mixed >= 1:
             return None
-        token = decode / (1 - rate * (mixed - decode))
-        share = rate * token  # of the sequence's iterations, those with a prefill
-        mean = share * mixed + (1 - share) * decode
-        residual = (share * mixed**2 + (1 - share) * decode**2) / (2 * mean)
-        # a new request waits for the iteration under way, if any, then prefills beside
-        # the sequences in flight
-        first = (1 - math.exp(-n)) * residual + prefill_s + beside
-        after = rate * (first + (output - 1) * token)
-        if abs(after - n) <= 1e-9 * (1 + n):
-            return Load(token, first, after)
-        if after > 1e9:
+        token = decode / (1 - prefills * (mixed - decode))
+        # A new prompt waits for the iteration under way, then for the prompts queued
+        # before it (prefills go first: the non-preemptive priority queue's W = R / (1 -
+        # rho)), then prefills beside the sequences in flight. R, the mean residual of the
+        # iteration under way at a random moment: each iteration's T^2 / 2 over the time,
+        # prefills a share rho of it, decode steps of the n in flight the rest of the time
+        # the replica is busy.
+        arriving = prefill_s + beside
+        rho = prefills * arriving
+        busy = 1 - math.exp(-n)
+        residual = rho * arriving / 2 + max(0.0, busy - rho) * (floor + beside) / 2
+        return token, residual / (1 - rho) + arriving
+
+    def excess(n: float) -> float | None:
+        """Little's law's arrivals times stay, less ``n`` (None: not sustained there)."""
+        got = times(n)
+        return None if got is None else rate * (got[1] + (output - 1) * got[0]) - n
+
+    # the stay grows with the sequences in flight: the least n at which Little's law holds
+    # is found by bisection, below the n at which prefills fill the replica's time
+    cap = math.inf if sequence_s <= 0 else (1 / prefills - prefill_s - sequence_s) / sequence_s
+    if cap <= 0 or excess(0.0) is None:
+        return None
+    lo, hi = 0.0, 1.0
+    while True:
+        if hi >= cap:
+            hi = cap * (1 - 1e-12)
+            e = excess(hi)
+            if e is None or e > 0:
+                return None
+            break
+        e = excess(hi)
+        if e is None:
             return None
-        n = after
-    return None
+        if e <= 0:
+            break
+        lo, hi = hi, 2 * hi
+        if hi > 1e15:
+            return None
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        e = excess(mid)
+        if e is not None and e <= 0:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-12 * (1 + hi):
+            break
+    got = times(hi)
+    assert got is not None
+    return Load(got[0], got[1], hi)

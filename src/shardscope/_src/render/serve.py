@@ -84,9 +84,9 @@ def render_serve(result: ServeResult, *, top: int | None = None, caption: bool =
         + (
             f" At {result.rate:g} requests/s, arriving at random: per token and first token "
             f"as requests see them, each prompt prefilled in an iteration of its own beside "
-            f"the running sequences, a new one waiting for the iteration under way; in "
-            f"flight: the mean sequences; batch: the 99th percentile of them, which the "
-            f"cache holds."
+            f"the running sequences, a new one waiting for the iteration under way and the "
+            f"prompts before it; in flight: the mean sequences; batch: what the cache holds, "
+            f"each replica's 99th percentile of its sequences in flight."
             if at_rate
             else ""
         )

@@ -5,6 +5,7 @@ Every number is an estimate input a user can override; ``source`` says where it 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -324,8 +325,8 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             "kernel_launch_s",
         )
         number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or value < 0 or (value == 0 and not zero_ok):
-            what = "0 or a positive number" if zero_ok else "a positive number"
+        if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            what = "0 or a finite positive number" if zero_ok else "a finite positive number"
             raise ShardscopeError(f"hardware setting {key}={value!r} must be {what}")
         if key in ("matmul_fraction", "comm_fraction", "fp8_matmul_fraction") and value > 1:
             raise ShardscopeError(
