@@ -508,7 +508,8 @@ class _Online:
         batches their programs fit (``refits``), else by the estimates."""
         c = self
         fill = (
-            "its prefills and the steps of its ever more sequences in flight fill a replica's time"
+            "its prefills, and its decode steps slowed by each sequence more in flight, fill "
+            "a replica's time"
         )
 
         def peak_of(load: Load) -> str:
