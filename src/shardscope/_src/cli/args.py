@@ -51,12 +51,10 @@ def positive_number(text: str, unit: str = "") -> float:
 def nonnegative_number(text: str) -> float:
     """A finite number of 0 or more (``1e-6``), for a cost that may be turned off."""
     try:
-        value = float(text)
+        zero = float(text) == 0
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 1e-6)") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be 0 or a finite positive number")
-    return value
+        zero = False  # not a number: positive_number names it
+    return 0.0 if zero else positive_number(text, " or 0")
 
 
 def positive_bytes(text: str) -> float:
