@@ -129,8 +129,9 @@ def _instructions():
 
 def test_a_fusion_costs_its_matmuls_and_the_bytes_at_its_boundary():
     m, entry, ins = _instructions()
-    assert instruction_cost(m, entry, ins["mm"]) == Cost(MATMUL, MATMUL_BYTES)
-    assert instruction_cost(m, entry, ins["sc"]) == Cost(0, SCALE_BYTES)
+    # a matmul's bytes are matmul bytes; an element-wise fusion's are not
+    assert instruction_cost(m, entry, ins["mm"]) == Cost(MATMUL, MATMUL_BYTES, MATMUL_BYTES)
+    assert instruction_cost(m, entry, ins["sc"]) == Cost(0, SCALE_BYTES, 0)
 
 
 def test_an_in_place_update_moves_only_its_update():
@@ -165,8 +166,9 @@ def test_only_device_memory_is_traffic_and_a_move_on_chip_reads_it_once():
     assert instruction_cost(m, entry, ins["sd"]) == instruction_cost(m, entry, ins["cd"]) == Cost()
     # the matmuls read x from device memory and their weights on chip, and write their output
     flops = 2 * 8 * 256 * 128
-    assert instruction_cost(m, entry, ins["a"]) == Cost(flops, 8 * 256 * 2 + acts)
-    assert instruction_cost(m, entry, ins["b"]) == Cost(flops, 8 * 256 * 2 + acts)
+    moved = 8 * 256 * 2 + acts
+    assert instruction_cost(m, entry, ins["a"]) == Cost(flops, moved, moved)
+    assert instruction_cost(m, entry, ins["b"]) == Cost(flops, moved, moved)
     # a copy from the host is a transfer over its link, not counted here
     assert instruction_cost(m, entry, ins["hs"]) == Cost()
 
@@ -194,6 +196,9 @@ def test_the_program_counts_a_loop_body_once_per_trip():
     m, _, _ = _instructions()
     # Outside the loop: the matmul fusion and the convolution; inside: one matmul per trip.
     assert program_cost(m).flops == MATMUL + CONV + 5 * MATMUL
+    # and moves their operands and results: the image and kernel read, the features written
+    conv_bytes = 2 * 10 * 10 * 4 * 4 + 4 * 3 * 3 * 8 * 4 + 2 * 8 * 8 * 8 * 4
+    assert program_cost(m).matmul_bytes == MATMUL_BYTES + conv_bytes + 5 * MATMUL_BYTES
 
 
 def test_a_window_holds_what_the_schedule_puts_between_start_and_done():

@@ -16,6 +16,15 @@ def test_override_keeps_the_rest_and_says_so():
     assert "overridden: link_bandwidth=3.7e+11" in h.source
 
 
+def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
+    # XLA's GPU cost model: a matmul reads its operands at 0.8 of the HBM bandwidth
+    assert hardware("h100").matmul_read_seconds(3.35e12 * 0.8) == pytest.approx(1.0)
+    assert hardware("a100").matmul_read_seconds(2.039e12 * 0.8) == pytest.approx(1.0)
+    # no figure for a TPU: the datasheet's
+    assert hardware("tpu-v5e").matmul_read_seconds(8.19e11) == 1.0
+    assert hardware("h100", hbm_fraction=1).matmul_read_seconds(3.35e12) == 1.0
+
+
 @pytest.mark.parametrize(
     "args, kw, words",
     [
@@ -25,6 +34,7 @@ def test_override_keeps_the_rest_and_says_so():
         (("h100",), {"peak_flops": float("inf")}, "must be a finite positive number"),
         (("h100",), {"kernel_launch_s": float("nan")}, "must be 0 or a finite positive"),
         (("h100",), {"kernel_launch_s": -1e-6}, "must be 0 or a finite positive"),
+        (("h100",), {"hbm_fraction": 1.2}, "hbm_fraction=1.2 is a fraction of the peak"),
     ],
 )
 def test_bad_presets(args, kw, words):

@@ -36,7 +36,8 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     norms = (2 * 80 + 1) * 8192
     assert p.weight_bytes_per_device == (config.param_count() - norms) * 2 // 8 + norms * 2
     assert p.cache_bytes_per_device == 64 * 2304 * (2 * 8 * 128 * 80 * 2) // 8
-    memory_s = (p.weight_bytes_per_device + p.cache_bytes_per_device) / 3.35e12
+    # through the H100's 3.35 TB/s of HBM at the 80% matmuls reach reading it (XLA's figure)
+    memory_s = (p.weight_bytes_per_device + p.cache_bytes_per_device) / (3.35e12 * 0.8)
     assert p.decode_memory_s == pytest.approx(memory_s, rel=1e-12)
     # two all-reduces a layer and the vocabulary-parallel embedding's, of 64 tokens x 8192
     # in bf16 over the 8 GPUs of the node: a ring's 14 steps of latency and its 2 x 7/8 of
@@ -242,7 +243,7 @@ def test_a_decode_step_reads_only_the_experts_its_tokens_are_routed_to():
         )  # fmt: skip
         p = _find(result, "tp", {"model": 8}, batch)
         read = p.weight_bytes_per_device - unread * MIXTRAL_EXPERTS * 2 / 8
-        moved = (read + p.cache_bytes_per_device) / 3.35e12
+        moved = (read + p.cache_bytes_per_device) / (3.35e12 * 0.8)
         assert p.decode_memory_s == pytest.approx(moved, rel=1e-9), batch
 
 
@@ -401,12 +402,13 @@ def test_the_sweep_keeps_what_fits_and_marks_the_front():
 
 
 def test_a_latency_keeps_the_layouts_that_meet_it():
-    # one H100: 16 GB of weights a step, 4.8 ms at least, more at the larger batches
+    # one H100: 16 GB of weights a step at the 2.68 TB/s its matmuls read them at, 6 ms at
+    # least, more at the larger batches
     every = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128, compiler="cpu")
-    assert any(p.decode_step_s > 0.006 for p in every.plans)
-    result = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128, latency=0.006)
+    assert any(p.decode_step_s > 0.008 for p in every.plans)
+    result = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128, latency=0.008)
     # those that meet it as estimated, and as compiled
-    assert result.plans and all(p.decode_step_s <= 0.006 for p in result.plans)
+    assert result.plans and all(p.decode_step_s <= 0.008 for p in result.plans)
     assert any(p.compiled_by == "h100" for p in result.plans)
     with pytest.raises(PlanError, match=r"latency=1 ms per output token.*fastest is"):
         serve("llama3-8b", 1, hardware="h100", prompt=512, output=128, latency=0.001)

@@ -184,6 +184,7 @@ HARDWARE_OVERRIDES = (
     "peak_flops",
     "node_size",
     "hbm_bandwidth",
+    "hbm_fraction",
     "matmul_fraction",
     "comm_fraction",
     "fp8_peak_flops",
@@ -205,6 +206,7 @@ class HardwareOptions(CommandConfig):
     memory_bytes: float | None
     peak_flops: float | None
     hbm_bandwidth: float | None
+    hbm_fraction: float | None
     matmul_fraction: float | None
     comm_fraction: float | None
     fp8_peak_flops: float | None

@@ -527,6 +527,11 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
         ("--memory", "memory_bytes", "device memory: bytes, or a size (80GB, 79.1GiB)"),
         ("--peak-flops", "peak_flops", "FLOP/s per device"),
         ("--hbm-bandwidth", "hbm_bandwidth", "bytes/s between a device and its memory"),
+        (
+            "--hbm-fraction",
+            "hbm_fraction",
+            "fraction of the HBM bandwidth a memory-bound kernel reaches",
+        ),
         ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
         ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),
         ("--fp8-peak-flops", "fp8_peak_flops", "fp8 FLOP/s per device (--matmul-dtype fp8)"),

@@ -50,16 +50,23 @@ _TAKES = frozenset({"slice", "dynamic-slice", "gather"})
 
 @dataclass(frozen=True)
 class Cost:
-    """FLOPs of matrix products and bytes through device memory (both per device)."""
+    """FLOPs of matrix products and bytes through device memory (both per device);
+    ``matmul_bytes``: those of the bytes the instructions that multiply matrices move (a
+    dot, a convolution, a matmul's library call, a fusion with one in it)."""
 
     flops: int = 0
     bytes: int = 0
+    matmul_bytes: int = 0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.flops + other.flops, self.bytes + other.bytes)
+        return Cost(
+            self.flops + other.flops,
+            self.bytes + other.bytes,
+            self.matmul_bytes + other.matmul_bytes,
+        )
 
     def __mul__(self, times: int) -> Cost:
-        return Cost(self.flops * times, self.bytes * times)
+        return Cost(self.flops * times, self.bytes * times, self.matmul_bytes * times)
 
     def seconds(self, flops_per_s: float, bytes_per_s: float) -> float:
         """The roofline: the longer of the arithmetic and the memory traffic."""
@@ -350,7 +357,9 @@ class CostCounter:
             return Cost()
         if ins.opcode in FREE or ins.opcode in CONTROL or _is_communication(ins.opcode):
             return Cost()
-        return Cost(self._instruction_flops(comp, ins), _memory_bytes(self.module, comp, ins))
+        flops = self._instruction_flops(comp, ins)
+        moved = _memory_bytes(self.module, comp, ins)
+        return Cost(flops, moved, moved if flops else 0)
 
 
 def _root(module: HloModule, ins: Instruction) -> Instruction | None:

@@ -17,7 +17,8 @@ Per replica, by the roofline of :mod:`shardscope._src.plan.serving` and the one 
 collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
 
 * **decode** (one token per sequence): every weight and the replica's whole cache through
-  HBM once (``(weights + cache) / t`` a device), or its ``2 x active params`` FLOPs a
+  HBM once (``(weights + cache) / t`` a device) at the bandwidth matmuls reach reading their
+  operands (the hardware's ``hbm_fraction`` of it), or its ``2 x active params`` FLOPs a
   sequence at the matmul rate, whichever is slower; then the all-reduces of tensor
   parallelism, two a layer (the attention's output and the MLP's down projection, ``batch /
   r x d_model`` each) and the vocabulary-parallel embedding's one (each device looks up the
@@ -43,14 +44,15 @@ The best plan of each layout has its decode step compiled by the hardware's own 
 deviceless (:func:`compile_decode`: the reference decoder's
 :func:`~shardscope._src.model.serving.decode`, the cache donated), and the layout's prefill
 of one prompt a replica (:func:`compile_prefill`): their times are then the compiled
-programs' (the bytes they move through HBM and the FLOPs of their matmuls, counted from
-their HLO, the slower of the two, their collectives priced as every collective is, and the
-kernels they launch at the hardware's ``kernel_launch_s``), their memory the compiled
-buffers (``compiled_by``); the other plans are estimated. On a TPU
-target the decode step is compiled and timed so too, and the prefill is estimated. A
-layout's largest batch that does not fit once compiled gives way to the largest its
-program would fit at (:func:`_compile_best`), and while an estimated plan ranks first it
-is compiled too (:func:`_compile_leaders`), so that the best plan is a compiled one.
+programs' (the bytes they move through HBM, the matmuls' at the bandwidth they reach, and
+the FLOPs of their matmuls, counted from their HLO, the slower of the two, their
+collectives priced as every collective is, and the kernels they launch at the hardware's
+``kernel_launch_s``), their memory the compiled buffers (``compiled_by``); the other plans
+are estimated. On a TPU target the decode step is compiled and timed so too, and the
+prefill is estimated. A layout's largest batch that does not fit once compiled gives way
+to the largest its program would fit at (:func:`_compile_best`), and while an estimated
+plan ranks first it is compiled too (:func:`_compile_leaders`), so that the best plan is a
+compiled one.
 
 At a request rate (``rate``) each layout is planned at the sequences its replicas hold in
 flight, and its times are those its requests see with prefills batched in flight
@@ -422,11 +424,11 @@ class _Online:
         the weights (its cache and whatever else the program moves for it: float32 scores,
         logits)."""
         per_replica = plan.batch // plan.replicas
-        bandwidth = self.hw.hbm_bandwidth
-        cached = plan.cache_bytes_per_device / per_replica / bandwidth
+        hw = self.hw
+        cached = hw.matmul_read_seconds(plan.cache_bytes_per_device / per_replica)
         if plan.compiled_by is None:
             return cached
-        beyond = plan.decode_memory_s - plan.weight_bytes_per_device / bandwidth
+        beyond = plan.decode_memory_s - hw.matmul_read_seconds(plan.weight_bytes_per_device)
         return max(cached, beyond / per_replica)
 
     def load(self, plan: ServePlan, rate: float | None = None) -> Load | None:
@@ -935,14 +937,16 @@ def _plan(
     weight, cached = held.weights, held.cache
     per_replica = batch // r
     skipped = untouched_share(c, layout, batch) * _expert_bytes(config, layout, weights)
-    memory_s = (weight - skipped + cached) / hw.hbm_bandwidth
+    memory_s = hw.matmul_read_seconds(weight - skipped + cached)
     of = _decode_flops(c, context)
     compute_s = _matmul_s(hw, weights, sum(of) * per_replica / t, of)
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = max(memory_s, compute_s) + comm_s
     of = _prefill_flops(c, prompt)
-    prefill = max(_matmul_s(hw, weights, sum(of) / t, of, prefill=True), weight / hw.hbm_bandwidth)
+    prefill = max(
+        _matmul_s(hw, weights, sum(of) / t, of, prefill=True), hw.matmul_read_seconds(weight)
+    )
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
@@ -1180,7 +1184,7 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     once, :mod:`~shardscope._src.hlo.cost`), its collectives, its buffers and its
     kernels."""
     from shardscope._src.audit.compile import audit
-    from shardscope._src.audit.overlap import program_kernels
+    from shardscope._src.audit.overlap import program_cost, program_kernels
     from shardscope._src.base.stderr import capture_stderr
 
     # XLA:GPU's scheduler logs an error line when a program's arguments pass its memory
@@ -1190,8 +1194,17 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
         result = audit(step, *args)
     sizes = dict(plan.mesh)
+    memory_s = None
+    if result.program is not None and result.hlo_bytes is not None:
+        # the matmuls' reads and writes at the bandwidth they reach, the element-wise
+        # work's at the whole of it
+        cost = program_cost(result.program.module)
+        memory_s = (
+            hw.matmul_read_seconds(cost.matmul_bytes)
+            + (cost.bytes - cost.matmul_bytes) / hw.hbm_bandwidth
+        )
     return _Compiled(
-        memory_s=None if result.hlo_bytes is None else result.hlo_bytes / hw.hbm_bandwidth,
+        memory_s=memory_s,
         flops=result.hlo_flops,
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
         held_bytes=held_bytes(result.memory or {}),
@@ -1328,7 +1341,7 @@ def compile_decode(
     memory_s = (
         plan.decode_memory_s
         if got.memory_s is None
-        else max(0.0, got.memory_s - skipped / hw.hbm_bandwidth)
+        else max(0.0, got.memory_s - hw.matmul_read_seconds(skipped))
     )
     of = _decode_flops(served(config, plan.tensor_parallel), plan.context)
     compute_s = (

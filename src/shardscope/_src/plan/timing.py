@@ -16,9 +16,10 @@ Per micro-batch on the slowest pipeline stage, one device:
 * **routed experts' matmuls** (a mixture of experts): no faster than reading the experts'
   weights a device uses (its own experts, FSDP's gathered copies) through HBM, once per
   forward and recomputed forward and twice per backward (the input gradient reads them, the
-  weight gradient writes theirs). With few tokens per expert (below the matmul rate over
-  the HBM bandwidth, about 180 a bf16 expert on an H100) the grouped matmuls are
-  memory-bound, and that time is what they take: the roofline, with no constant of its own.
+  weight gradient writes theirs), at the bandwidth matmuls reach reading their operands
+  (``hbm_fraction``). With few tokens per expert (below the matmul rate over that
+  bandwidth, about 200 a bf16 expert on an H100) the grouped matmuls are memory-bound, and
+  that time is what they take.
 * **fp8 matmuls** (``matmul_dtype="fp8"``): the layers' projections and MLP (torchtitan's
   float8 training swaps each ``nn.Linear`` for torchao's ``Float8Linear``, forward and both
   backward matmuls in fp8; MaxText's fp8 quantization replaces its dense layers'
@@ -354,7 +355,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         if not work.expert_weight_bytes or not flops:
             return 0.0
         run = matmuls(flops, flops if work.fp8_flops else 0.0)
-        return max(0.0, passes * work.expert_weight_bytes / hw.hbm_bandwidth - run)
+        return max(0.0, hw.matmul_read_seconds(passes * work.expert_weight_bytes) - run)
 
     act = HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
     # a fused attention kernel's causal FLOPs (half the non-causal count) at its own rates
@@ -434,6 +435,7 @@ def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str
     constants = {
         "matmul_fraction": hw.matmul_fraction,
         "hbm_bandwidth": hw.hbm_bandwidth,
+        "hbm_fraction": hw.hbm_fraction,
         "comm_fraction": hw.comm_fraction,
         "hbm_passes": HBM_PASSES,
         "optimizer_bytes_per_param": OPTIMIZER_BYTES,

@@ -31,6 +31,9 @@ class Hardware(Record):
       node_size: devices in one node (GPU) or one slice (TPU) with the fast links.
       source: where the numbers come from.
       hbm_bandwidth: bytes/s between the device and its memory (datasheet).
+      hbm_fraction: the fraction of ``hbm_bandwidth`` matmuls reach reading their operands
+        from HBM (a decode step's weights and cache, a mixture's experts; see
+        :data:`TIME_MODEL_SOURCES`); element-wise work streams at the full bandwidth.
       matmul_fraction: the fraction of ``peak_flops`` a transformer layer's matmuls reach
         (see :data:`TIME_MODEL_SOURCES`).
       comm_fraction: achieved collective bandwidth over the link's (bus bandwidth measured
@@ -75,6 +78,7 @@ class Hardware(Record):
     attention_fwd_flops: float = 0.0
     attention_bwd_flops: float = 0.0
     kernel_launch_s: float = 0.0
+    hbm_fraction: float = 1.0
 
     @property
     def has_fp8(self) -> bool:
@@ -94,6 +98,15 @@ class Hardware(Record):
         if not fp8_flops:
             return rest
         return rest + fp8_flops / (self.fp8_peak_flops * self.fp8_matmul_fraction)
+
+    def matmul_read_seconds(self, nbytes: float) -> float:
+        """The time matmuls take to read ``nbytes`` of their operands from HBM, at the
+        bandwidth they reach (``hbm_bandwidth x hbm_fraction``).
+
+        >>> round(hardware("h100").matmul_read_seconds(16e9) * 1e3, 2)
+        5.97
+        """
+        return nbytes / (self.hbm_bandwidth * self.hbm_fraction)
 
 
 #: Where the time model's constants come from (the same for every preset of a family).
@@ -136,6 +149,15 @@ TIME_MODEL_SOURCES = {
         "~230-240 GB/s on A100 NVLink 3's 300; the same fraction for the network and ICI"
     ),
     "hbm_bandwidth": "vendor datasheets (NVIDIA A100/H100/H200/B200; Cloud TPU v5e/v5p/v6e)",
+    "hbm_fraction (GPUs) 0.8": (
+        "XLA's GPU cost model for matmuls (xla/service/gpu/model/gpu_dot_fusion_cost_model.cc, "
+        "CalculateHbmTime), which priced a matmul's HBM traffic at 0.8 of the memory bandwidth "
+        "(hbm_bandwidth_utilization_rate) and now reads it from an H100's bandwidth measured by "
+        "transfer size: 1,070 GiB/s for 8 MiB, 1,975 for 32, 2,343 for 64, 2,633 for 128, "
+        "3,126 for 1 GiB, which gives a Llama 3.1 8B layer's matrices (8 to 112 MiB) 0.75 of "
+        "3.35 TB/s; a hand-tuned decoding kernel reaches 0.9 (FlashMLA: up to 3000 GB/s on an "
+        "H800 SXM5). TPUs 1 (the datasheet's): no measurement or compiler figure found"
+    ),
     "a mixture's grouped expert matmuls at matmul_fraction": (
         "MegaBlocks (Gale et al. 2022, arXiv 2211.15841) measures its block-sparse expert "
         "kernels at 98.6% of cuBLAS batched matmul throughput on average (91-104% over its "
@@ -190,6 +212,7 @@ PRESETS: dict[str, Hardware] = {
             host_memory_bytes=2000 * GB / 8,
             host_bandwidth=32 * GB,
             kernel_launch_s=1e-6,
+            hbm_fraction=0.8,
         ),
         Hardware(
             "h100",
@@ -207,6 +230,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_peak_flops=1979e12,
             fp8_matmul_fraction=0.48,
             kernel_launch_s=1e-6,
+            hbm_fraction=0.8,
         ),
         Hardware(
             "h200",
@@ -224,6 +248,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_peak_flops=1979e12,
             fp8_matmul_fraction=0.49,
             kernel_launch_s=1e-6,
+            hbm_fraction=0.8,
         ),
         Hardware(
             "b200",
@@ -241,6 +266,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_peak_flops=4500e12,
             fp8_matmul_fraction=0.51,
             kernel_launch_s=1e-6,
+            hbm_fraction=0.8,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -328,7 +354,8 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
             what = "0 or a finite positive number" if zero_ok else "a finite positive number"
             raise ShardscopeError(f"hardware setting {key}={value!r} must be {what}")
-        if key in ("matmul_fraction", "comm_fraction", "fp8_matmul_fraction") and value > 1:
+        fractions = ("matmul_fraction", "comm_fraction", "fp8_matmul_fraction", "hbm_fraction")
+        if key in fractions and value > 1:
             raise ShardscopeError(
                 f"hardware setting {key}={value!r} is a fraction of the peak: give a number "
                 f"in (0, 1]"
