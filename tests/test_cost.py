@@ -207,7 +207,7 @@ def test_a_window_holds_what_the_schedule_puts_between_start_and_done():
     assert set(found) == {"ars", "ags"}
     first = found["ars"]
     assert (first.done, first.instructions, first.collectives) == ("ard", 2, 0)
-    assert first.compute == Cost(MATMUL, MATMUL_BYTES + SCALE_BYTES)
+    assert first.compute == Cost(MATMUL, MATMUL_BYTES + SCALE_BYTES, MATMUL_BYTES)
     # The while loop between all-gather-start and -done runs its matmul five times.
     second = found["ags"]
     assert second.compute.flops == 5 * MATMUL

@@ -34,7 +34,7 @@ def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
         (("h100",), {"peak_flops": float("inf")}, "must be a finite positive number"),
         (("h100",), {"kernel_launch_s": float("nan")}, "must be 0 or a finite positive"),
         (("h100",), {"kernel_launch_s": -1e-6}, "must be 0 or a finite positive"),
-        (("h100",), {"hbm_fraction": 1.2}, "hbm_fraction=1.2 is a fraction of the peak"),
+        (("h100",), {"hbm_fraction": 1.2}, "hbm_fraction=1.2 is a fraction of the bandwidth"),
     ],
 )
 def test_bad_presets(args, kw, words):

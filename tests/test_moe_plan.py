@@ -272,11 +272,13 @@ def test_with_few_tokens_an_expert_the_step_waits_for_the_experts_weights():
     weights = 2 * 8 * 3 * 1024 * 2048 * 2  # 8 experts a device, both layers, bf16
     expert_flops = 2 * 16 * 2 * 2 * 3 * 1024 * 2048
     assert weights / hw.hbm_bandwidth > 10 * expert_flops / (hw.peak_flops * hw.matmul_fraction)
-    # read once by the forward and twice by the backward: at least that, whatever the FLOPs
-    assert step.compute_s >= 3 * weights / hw.hbm_bandwidth
+    # read once by the forward and twice by the backward, at the 80% of the bandwidth
+    # matmuls reach: at least that, whatever the FLOPs
+    read = weights / (3.35e12 * 0.8)
+    assert step.compute_s >= 3 * read
     # full recomputation runs the forward again: a fourth read
     again = estimate(Candidate("ep", (("expert", 8),), 1, "full"), few, hw).time
-    assert again.compute_s >= 4 * weights / hw.hbm_bandwidth
+    assert again.compute_s >= 4 * read
     # and 16 times the tokens (64 an expert, still below the H100's ridge) take about as long
     many = estimate(Candidate("ep", (("expert", 8),)), replace(few, seq=256), hw).time
     assert many.compute_s < 2 * step.compute_s

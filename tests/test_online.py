@@ -3,6 +3,7 @@ its requests see with prefills batched in flight, the sequences in flight the ca
 the most a layout sustains; and the kernels a compiled serving step launches, each priced at
 the hardware's launch time."""
 
+import json
 import math
 import re
 from dataclasses import replace
@@ -183,6 +184,36 @@ def test_a_compiled_decode_step_pays_each_kernels_launch():
     assert paid.decode_kernels == free.decode_kernels >= 4 * 2
     launches = paid.decode_kernels * 1e-6
     assert paid.decode_step_s - free.decode_step_s == pytest.approx(launches, rel=1e-9)
+
+
+def test_a_compiled_decode_steps_matmuls_read_at_their_bandwidth_and_the_rest_at_the_whole():
+    two = replace(model_preset("llama3-8b").config(batch=1), layers=2)
+    plan = serve(two, 1, hardware="h100", prompt=64, output=16, batch=4, compiler="cpu").best
+    whole = compile_decode(plan, two, hardware("h100", hbm_fraction=1))
+    half = compile_decode(plan, two, hardware("h100", hbm_fraction=0.5))
+    # at half the bandwidth the matmuls' bytes take their time once more: the weights but
+    # the embedding table, whose lookup reads 4 rows of it (element-wise, with the norms and
+    # the cache's update), and a few MB of activations, cache and logits besides
+    embedding = 128256 * 4096 * 2
+    read = (plan.weight_bytes_per_device - embedding) / 3.35e12
+    again = half.decode_memory_s - whole.decode_memory_s
+    assert read <= again <= 1.01 * read
+    assert again < whole.decode_memory_s
+
+
+def test_the_hbm_fraction_is_set_from_the_command_line(capsys, tmp_path):
+    argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "64",
+            "--output", "8", "--compiler", "cpu", "--batch", "1"]  # fmt: skip
+    for fraction in ("0.5", "1"):
+        out = str(tmp_path / f"{fraction}.json")
+        assert main([*argv, "--hbm-fraction", fraction, "--json", out]) == 0
+    capsys.readouterr()
+    slow, fast = (json.loads((tmp_path / f"{f}.json").read_text()) for f in ("0.5", "1"))
+    # one sequence on one H100: its weights and cache read by matmuls, twice as long at half
+    got = [r["plans"][0]["decode_memory_s"] for r in (slow, fast)]
+    assert got[0] == pytest.approx(2 * got[1], rel=1e-12)
+    for bad in ("1.5", "0", "x"):
+        assert_usage_error([*argv, "--hbm-fraction", bad], "hbm", capsys)
 
 
 def test_a_layouts_estimated_plans_launch_its_compiled_steps_kernels():

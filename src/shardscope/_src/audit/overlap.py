@@ -64,6 +64,7 @@ class Window(Record):
             **record_dict(self, omit=("compute",)),
             "flops": self.compute.flops,
             "bytes": self.compute.bytes,
+            "matmul_bytes": self.compute.matmul_bytes,
         }
 
     @classmethod
@@ -73,7 +74,11 @@ class Window(Record):
             start=str(field_of(data, "start", what)),
             done=str(field_of(data, "done", what)),
             computation=str(field_of(data, "computation", what)),
-            compute=Cost(int(field_of(data, "flops", what)), int(field_of(data, "bytes", what))),
+            compute=Cost(
+                int(field_of(data, "flops", what)),
+                int(field_of(data, "bytes", what)),
+                int(data.get("matmul_bytes", 0)),  # absent from records before it was kept
+            ),
             instructions=int(field_of(data, "instructions", what)),
             collectives=int(field_of(data, "collectives", what)),
         )
@@ -249,11 +254,12 @@ def windows(module: HloModule) -> dict[str, Window]:
         if not dones:
             continue
         # Running sums over the schedule, so that each window is two lookups.
-        flops, moved, busy, starts = [0], [0], [0], [0]
+        flops, moved, matmul, busy, starts = [0], [0], [0], [0], [0]
         for i in comp.instructions:
             c = walk.instruction(comp, i, frozenset({comp.name}))
             flops.append(flops[-1] + c.flops)
             moved.append(moved[-1] + c.bytes)
+            matmul.append(matmul[-1] + c.matmul_bytes)
             busy.append(busy[-1] + bool(c.flops or c.bytes))
             starts.append(starts[-1] + (_is_collective(i) and i.opcode.endswith("-start")))
         for at, ins in enumerate(comp.instructions):
@@ -265,7 +271,7 @@ def windows(module: HloModule) -> dict[str, Window]:
                 ins.name,
                 done.name,
                 comp.name,
-                Cost(flops[end] - flops[lo], moved[end] - moved[lo]),
+                Cost(flops[end] - flops[lo], moved[end] - moved[lo], matmul[end] - matmul[lo]),
                 busy[end] - busy[lo],
                 starts[end] - starts[lo],
             )

@@ -530,7 +530,7 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
         (
             "--hbm-fraction",
             "hbm_fraction",
-            "fraction of the HBM bandwidth a memory-bound kernel reaches",
+            "fraction of the HBM bandwidth matmuls reach reading their operands",
         ),
         ("--matmul-fraction", "matmul_fraction", "fraction of peak the matmuls reach"),
         ("--comm-fraction", "comm_fraction", "achieved fraction of the link bandwidth"),

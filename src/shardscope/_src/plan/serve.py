@@ -13,8 +13,9 @@ on ``expert=r,model=t``: the attention data-parallel over ``expert``, each devic
 ``experts / r`` of every layer's experts, each of them split ``t`` ways), or each hold them
 all (``dp_tp``).
 
-Per replica, by the roofline of :mod:`shardscope._src.plan.serving` and the one pricing of
-collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
+Per replica, by the roofline of :mod:`shardscope._src.plan.serving` (its matmuls at the
+rates they reach, the hardware's ``matmul_fraction`` and ``hbm_fraction``) and the one
+pricing of collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
 
 * **decode** (one token per sequence): every weight and the replica's whole cache through
   HBM once (``(weights + cache) / t`` a device) at the bandwidth matmuls reach reading their

@@ -155,8 +155,10 @@ TIME_MODEL_SOURCES = {
         "(hbm_bandwidth_utilization_rate) and now reads it from an H100's bandwidth measured by "
         "transfer size: 1,070 GiB/s for 8 MiB, 1,975 for 32, 2,343 for 64, 2,633 for 128, "
         "3,126 for 1 GiB, which gives a Llama 3.1 8B layer's matrices (8 to 112 MiB) 0.75 of "
-        "3.35 TB/s; a hand-tuned decoding kernel reaches 0.9 (FlashMLA: up to 3000 GB/s on an "
-        "H800 SXM5). TPUs 1 (the datasheet's): no measurement or compiler figure found"
+        "3.35 TB/s, and Llama 3 70B's split 4 ways 0.74 and 8 ways (2 to 56 MiB) 0.61: one "
+        "fraction for every size favours the wider split; a hand-tuned decoding kernel "
+        "reaches 0.9 (FlashMLA: up to 3000 GB/s on an H800 SXM5). TPUs 1 (the datasheet's): "
+        "no measurement or compiler figure found"
     ),
     "a mixture's grouped expert matmuls at matmul_fraction": (
         "MegaBlocks (Gale et al. 2022, arXiv 2211.15841) measures its block-sparse expert "
@@ -357,8 +359,9 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         fractions = ("matmul_fraction", "comm_fraction", "fp8_matmul_fraction", "hbm_fraction")
         if key in fractions and value > 1:
             raise ShardscopeError(
-                f"hardware setting {key}={value!r} is a fraction of the peak: give a number "
-                f"in (0, 1]"
+                f"hardware setting {key}={value!r} is a fraction of the "
+                f"{'bandwidth' if key in ('comm_fraction', 'hbm_fraction') else 'peak'}: give "
+                f"a number in (0, 1]"
             )
     if not overrides:
         return base
