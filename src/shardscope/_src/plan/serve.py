@@ -17,9 +17,10 @@ Per replica, by the roofline of :mod:`shardscope._src.plan.serving` (its matmuls
 rates they reach, the hardware's ``matmul_fraction`` and ``hbm_fraction``) and the one
 pricing of collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
 
-* **decode** (one token per sequence): every weight and the replica's whole cache through
-  HBM once (``(weights + cache) / t`` a device) at the bandwidth matmuls reach reading their
-  operands (the hardware's ``hbm_fraction`` of it), or its ``2 x active params`` FLOPs a
+* **decode** (one token per sequence): every weight (but an untied embedding table, of which
+  the lookup takes a row a token) and the replica's whole cache through HBM once (``(weights
+  + cache) / t`` a device) at the bandwidth matmuls reach reading their operands (the
+  hardware's ``hbm_fraction`` of it), or its ``2 x active params`` FLOPs a
   sequence at the matmul rate, whichever is slower; then the all-reduces of tensor
   parallelism, two a layer (the attention's output and the MLP's down projection, ``batch /
   r x d_model`` each) and the vocabulary-parallel embedding's one (each device looks up the
@@ -422,14 +423,16 @@ class _Online:
     def sequence_s(self, plan: ServePlan) -> float:
         """What one more sequence a replica adds to ``plan``'s decode step: its cache read
         through HBM; on a compiled plan, at least its share of the program's traffic beyond
-        the weights (its cache and whatever else the program moves for it: float32 scores,
-        logits)."""
+        the weights it reads (its cache and whatever else the program moves for it: float32
+        scores, logits)."""
         per_replica = plan.batch // plan.replicas
         hw = self.hw
         cached = hw.matmul_read_seconds(plan.cache_bytes_per_device / per_replica)
         if plan.compiled_by is None:
             return cached
-        beyond = plan.decode_memory_s - hw.matmul_read_seconds(plan.weight_bytes_per_device)
+        looked_up = _looked_up_bytes(self.config, plan.layout, self.weights)
+        read = hw.matmul_read_seconds(plan.weight_bytes_per_device - looked_up)
+        beyond = plan.decode_memory_s - read
         return max(cached, beyond / per_replica)
 
     def load(self, plan: ServePlan, rate: float | None = None) -> Load | None:
@@ -700,6 +703,15 @@ def _expert_bytes(config: ModelConfig, layout: _Layout, weights: str) -> int:
     return _weight_elements(config, layout)[1] * FORMATS[weights]
 
 
+def _looked_up_bytes(config: ModelConfig, layout: _Layout, weights: str) -> int:
+    """The embedding table's bytes on one device (split over the vocabulary), which a step
+    reads a row of a token from, not whole; 0 where the unembedding multiplies by it (tied
+    embeddings) and so reads it all."""
+    if config.tie_embeddings or not config.vocab:
+        return 0
+    return config.vocab // layout.t * config.d_model * FORMATS[weights]
+
+
 def untouched_share(config: ModelConfig, layout: _Layout, batch: int) -> float:
     """The expected share of a device's routed experts that no token of a decode step of
     ``batch`` sequences is routed to (uniform routing): each of the ``n`` tokens that can
@@ -938,7 +950,8 @@ def _plan(
     weight, cached = held.weights, held.cache
     per_replica = batch // r
     skipped = untouched_share(c, layout, batch) * _expert_bytes(config, layout, weights)
-    memory_s = hw.matmul_read_seconds(weight - skipped + cached)
+    read = weight - _looked_up_bytes(config, layout, weights)
+    memory_s = hw.matmul_read_seconds(read - skipped + cached)
     of = _decode_flops(c, context)
     compute_s = _matmul_s(hw, weights, sum(of) * per_replica / t, of)
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
@@ -946,7 +959,7 @@ def _plan(
     decode = max(memory_s, compute_s) + comm_s
     of = _prefill_flops(c, prompt)
     prefill = max(
-        _matmul_s(hw, weights, sum(of) / t, of, prefill=True), hw.matmul_read_seconds(weight)
+        _matmul_s(hw, weights, sum(of) / t, of, prefill=True), hw.matmul_read_seconds(read)
     )
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
