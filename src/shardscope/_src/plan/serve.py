@@ -1180,6 +1180,11 @@ class _Compiled:
             kernels=round(at(shallower.kernels, self.kernels)),
         )
 
+    def seconds(self, hw: Hardware, memory_s: float, compute_s: float) -> float:
+        """The step's time: its traffic (``memory_s``) or its matmuls, the slower, then its
+        collectives and its kernels' launches."""
+        return max(memory_s, compute_s) + self.comm_s + self.kernels * hw.kernel_launch_s
+
 
 #: The shallower of the two depths a served program is compiled at (and one more): from
 #: the second layer on, each adds the same bytes, FLOPs, collectives, arguments and outputs
@@ -1361,7 +1366,7 @@ def compile_decode(
     compute_s = (
         plan.decode_compute_s if got.flops is None else _matmul_s(hw, weights, got.flops, of)
     )
-    step_s = max(memory_s, compute_s) + got.comm_s + got.kernels * hw.kernel_launch_s
+    step_s = got.seconds(hw, memory_s, compute_s)
     return replace(
         plan,
         temp_bytes_per_device=max(
@@ -1424,7 +1429,7 @@ def compile_prefill(
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
         plan,
-        first_token_s=max(got.memory_s, compute_s) + got.comm_s + got.kernels * hw.kernel_launch_s,
+        first_token_s=got.seconds(hw, got.memory_s, compute_s),
         temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )
 
@@ -1434,15 +1439,15 @@ def _front(plans: Sequence[ServePlan], *, at_rate: bool = False) -> set[int]:
     request rate, which every plan delivers: on both time per output token and time to
     first token)."""
 
-    def merits(p: ServePlan) -> tuple[float, float]:  # the lower the better
-        return (p.decode_step_s, p.first_token_s if at_rate else -p.tokens_per_s_per_chip)
-
+    # the lower the better
+    merits = [
+        (p.decode_step_s, p.first_token_s if at_rate else -p.tokens_per_s_per_chip) for p in plans
+    ]
     front = set()
-    for i, p in enumerate(plans):
-        mine = merits(p)
+    for i, mine in enumerate(merits):
         beaten = any(
-            all(a <= b for a, b in zip(merits(q), mine, strict=True)) and merits(q) != mine
-            for j, q in enumerate(plans)
+            all(a <= b for a, b in zip(theirs, mine, strict=True)) and theirs != mine
+            for j, theirs in enumerate(merits)
             if j != i
         )
         if not beaten:
