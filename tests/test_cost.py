@@ -10,9 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardscope._src.audit.overlap import (
+    Kernel,
     compute_seconds,
+    kernel_costs,
     overlaps,
     program_cost,
+    program_kernels,
     windows,
 )
 from shardscope._src.base.errors import HloParseError
@@ -199,6 +202,59 @@ def test_the_program_counts_a_loop_body_once_per_trip():
     # and moves their operands and results: the image and kernel read, the features written
     conv_bytes = 2 * 10 * 10 * 4 * 4 + 4 * 3 * 3 * 8 * 4 + 2 * 8 * 8 * 8 * 4
     assert program_cost(m).matmul_bytes == MATMUL_BYTES + conv_bytes + 5 * MATMUL_BYTES
+
+
+def test_a_fused_scope_is_one_kernel_that_moves_only_what_crosses_its_boundary():
+    m = parse_hlo(
+        (Path(__file__).parent / "fixtures/hlo_handwritten/attention_core.hlo").read_text()
+    )
+    q = kv = o = 4 * 16 * 32 * 2  # bf16 [4, 16, 32]
+    scores, probs = 4 * 16 * 16 * 4, 4 * 16 * 16 * 2  # f32 and bf16 [4, 16, 16]
+    flops = 2 * (2 * 4 * 16 * 16 * 32)  # the scores' matmul and the weighted values'
+    added = Cost(0, o + q + o)  # the addition outside: the bitcast result and q read
+    # kernel by kernel, the scores go out to memory and back at each step, and the keys
+    # and values are read by each matmul
+    assert kernel_costs(m) == {
+        Kernel(Cost(flops // 2, q + kv + scores, q + kv + scores)): 1,
+        Kernel(Cost(0, scores + scores)): 1,
+        Kernel(Cost(0, scores + probs)): 1,
+        Kernel(Cost(flops // 2, probs + kv + o, probs + kv + o)): 1,
+        Kernel(added): 1,
+    }
+    assert program_kernels(m) == 5
+    # fused: one kernel reads q and the keys and values (once, under both their names) and
+    # writes the output (used outside the scope through the bitcast); the scores stay on chip
+    assert kernel_costs(m, scope="attention_core") == {
+        Kernel(Cost(flops, q + kv + o, q + kv + o), fused=True): 1,
+        Kernel(added): 1,
+    }
+    # a scope is a whole segment of the op name: a prefix of one is not it
+    assert kernel_costs(m, scope="attention_cor") == kernel_costs(m)
+
+
+def test_a_fused_scope_is_what_passes_results_within_it_and_prices_others_on_their_own():
+    m = parse_hlo((Path(__file__).parent / "fixtures/hlo_handwritten/scope_cases.hlo").read_text())
+    whole, half = 64 * 64 * 4, 32 * 64 * 4  # f32 [64, 64] and [32, 64]
+    matmul = 2 * 32 * 64 * 64
+    update = Cost(0, half + 4 + half)  # the update read and written in place, the index read
+    exponential = Cost(0, whole + whole)  # of c, read and written: the unrelated, the called
+    # the slice, both matmuls and the exponential of a, though an unrelated kernel runs
+    # between them, are one kernel: it reads a (its whole, which the slice took a half
+    # of) and b once, and writes the second matmul's result, which the update reads; the
+    # update and the call are priced as they are outside the scope
+    assert kernel_costs(m, scope="core") == {
+        Kernel(Cost(2 * matmul, whole + whole + half, whole + whole + half), fused=True): 1,
+        Kernel(exponential): 2,
+        Kernel(update): 1,
+    }
+    # kernel by kernel: the slice reads its half and writes it, each matmul reads its
+    # operands and writes its result
+    assert kernel_costs(m) == {
+        Kernel(Cost(0, half + half)): 1,
+        Kernel(Cost(matmul, half + whole + half, half + whole + half)): 2,
+        Kernel(exponential): 3,
+        Kernel(update): 1,
+    }
 
 
 def test_a_window_holds_what_the_schedule_puts_between_start_and_done():

@@ -109,7 +109,7 @@ def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch)
     monkeypatch.setattr(
         serve_module,
         "_compile_layers",
-        lambda p, c, hw, build: serve_module._compile(p, hw, *build(c.layers)),
+        lambda p, c, hw, flop_s, build: serve_module._compile(p, hw, flop_s, *build(c.layers)),
     )
     whole = compile_decode(plan, six, H100)
     deep = compile_prefill(whole, six, H100, 2048)
@@ -119,11 +119,13 @@ def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch)
     for field in ("decode_compute_s", "decode_comm_s"):
         assert getattr(decode, field) == pytest.approx(getattr(whole, field), rel=1e-9), field
     # the compiler fuses a few of the six layers' element-wise work differently from the
-    # three's: the traffic is 0.1% apart (4 MB of 4.4 GB), and a layer launches 18 or 19
-    # kernels (one kernel apart in 116; the prefill's three, 3 us of its 8.2 ms)
+    # three's: the traffic is 0.2% apart, and the step launches 80 kernels or 81
     assert decode.decode_memory_s == pytest.approx(whole.decode_memory_s, rel=0.01)
     assert abs(decode.decode_kernels - whole.decode_kernels) <= 1
-    assert shallow.first_token_s == pytest.approx(deep.first_token_s, rel=1e-3)
+    # the prefill's kernels one after another: its element-wise traffic counts, and the
+    # third layer's fusions move more than the later layers' (0.29 against 0.26 ms of
+    # traffic each, measured at 2 to 6 layers), so the extrapolation is over by about 1%
+    assert deep.first_token_s <= shallow.first_token_s < 1.015 * deep.first_token_s
 
 
 def test_tensor_parallelism_wider_than_the_key_value_heads_replicates_them():

@@ -11,9 +11,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardscope
+from shardscope._src.audit.overlap import kernel_costs
 from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.serving import (
+    ATTENTION_CORE,
     abstract_cache,
     abstract_quantized,
     abstract_serving_params,
@@ -120,6 +122,38 @@ def test_an_8_bit_decode_step_holds_and_reads_8_bits_a_weight_on_the_h100_compil
     # the values are converted where the matmuls read them: half the bf16 step's traffic,
     # not a dequantized copy of every weight written and read again
     assert audits["int8"].hlo_bytes < 0.55 * audits["bfloat16"].hlo_bytes
+
+
+@pytest.mark.parametrize("fmt, itemsize", [("bfloat16", 2), ("int8", 1)])
+def test_a_decode_steps_attention_core_is_one_kernel_a_layer_reading_its_cache_once(fmt, itemsize):
+    # on the H100 compiler the core runs as several kernels (the scores' matmul, the
+    # softmax's reductions, the weighted values' matmul); as the one kernel a server runs
+    # it reads each layer's keys and values once (8-bit ones as they are held, converted on
+    # chip), and a query and an output a sequence beside them
+    config = ModelConfig(
+        d_model=512, heads=8, kv_heads=8, ff=2048, layers=2, vocab=1024, mlp="swiglu",
+        dtype="bfloat16", batch=16, seq=1,
+    )  # fmt: skip
+    batch, context = 16, 1024
+    mesh = shardscope.target_mesh("h100", "model=1", axis_types="auto")
+    whole = NamedSharding(mesh, P())
+
+    def placed(tree):
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=whole), tree)
+
+    step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config), donate_argnums=1)
+    cache = abstract_cache(config, batch, context, fmt if fmt == "int8" else None)
+    args = (
+        placed(abstract_serving_params(config)),
+        placed(cache),
+        jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=whole),
+        jax.ShapeDtypeStruct((), jnp.int32, sharding=whole),
+    )
+    module = shardscope.audit(step, *args).program.module
+    cores = [k.cost for k in kernel_costs(module, scope=ATTENTION_CORE) if k.fused]
+    per_layer = 2 * batch * 8 * context * 64 * itemsize  # the keys and the values
+    assert sum(n for k, n in kernel_costs(module, scope=ATTENTION_CORE).items() if k.fused) == 2
+    assert all(per_layer <= c.bytes < 1.01 * per_layer for c in cores)
 
 
 @pytest.mark.parametrize(

@@ -23,12 +23,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from shardscope._src.audit.loops import derived_trip_count, known_trip_count
 from shardscope._src.base import comm
 from shardscope._src.base.records import Record, field_of, record_dict
-from shardscope._src.hlo.cost import Cost, CostCounter, total
+from shardscope._src.hlo.cost import (
+    FREE,
+    Cost,
+    CostCounter,
+    fusible,
+    operand_reads,
+    result_bytes,
+    total,
+)
 from shardscope._src.hlo.parse import Computation, HloModule, Instruction
 
 #: Instructions whose computations run as part of the schedule they sit in (a fusion's or a
@@ -155,14 +163,24 @@ def _runs_of(module: HloModule, comp: Computation, ins: Instruction, callee: str
     return trips if callee == body else trips + 1
 
 
-class _Walk:
-    """Costs of one module's scheduled computations, each computed once."""
+class Kernel(NamedTuple):
+    """What one kernel computes and moves a run, and whether it is a fused scope's
+    (:func:`kernel_costs`)."""
 
-    def __init__(self, module: HloModule) -> None:
+    cost: Cost
+    fused: bool = False
+
+
+class _Walk:
+    """Costs of one module's scheduled computations, each computed once; ``scope``: a
+    named scope whose instructions run as one kernel (:func:`kernel_costs`)."""
+
+    def __init__(self, module: HloModule, scope: str | None = None) -> None:
         self.module = module
         self.counter = CostCounter(module)
+        self.scope = scope
         self._runs: dict[str, Cost] = {}
-        self._kernels: dict[str, int] = {}
+        self._kernels: dict[str, dict[Kernel, int]] = {}
 
     def computation(self, name: str, seen: frozenset[str] = frozenset()) -> Cost:
         if name in self._runs:
@@ -181,23 +199,100 @@ class _Walk:
             out += self.computation(callee, seen) * runs
         return out
 
-    def kernels(self, name: str, seen: frozenset[str] = frozenset()) -> int:
-        """The instructions that compute or move data in one run of ``name``, those of the
-        computations it runs counted as often as they run."""
+    def kernels(self, name: str, seen: frozenset[str] = frozenset()) -> dict[Kernel, int]:
+        """The kernels of one run of ``name`` (those of the computations it runs
+        included) by what each costs a run: how many run at that cost, counted as often as
+        they run; the scope's instructions as the fused kernels of :meth:`_fused`."""
         if name in self._kernels:
             return self._kernels[name]
         comp = self.module.computations.get(name)
         if comp is None or name in seen:
-            return 0
-        out = 0
+            return {}
+        out: dict[Kernel, int] = {}
+
+        def add(kernel: Kernel, n: int = 1) -> None:
+            out[kernel] = out.get(kernel, 0) + n
+
+        inside, used = self._scope(comp)
+        for cost in self._fused(comp, inside, used):
+            add(Kernel(cost, fused=True))
         for ins in comp.instructions:
+            if ins.name in inside:
+                continue
             cost = self.counter.instruction(comp, ins)
-            out += bool(cost.flops or cost.bytes)
+            if cost.flops or cost.bytes:
+                add(Kernel(cost))
             for callee in _scheduled_callees(ins):
                 runs = _runs_of(self.module, comp, ins, callee)
-                out += self.kernels(callee, seen | {name}) * runs
+                for inner, n in self.kernels(callee, seen | {name}).items():
+                    add(inner, n * runs)
         self._kernels[name] = out
         return out
+
+    def _scope(self, comp: Computation) -> tuple[set[str], set[str]]:
+        """The instructions of ``comp`` in the scope (:func:`~shardscope._src.hlo.cost.
+        fusible` ones whose JAX op name has it as a segment, and one that only rearranges
+        others' results, whatever its name, where they all are), and those of them whose
+        results are used outside it (the computation's result included)."""
+        if self.scope is None:
+            return set(), set()
+        mark = f"/{self.scope}/"
+        inside: set[str] = set()
+        for ins in comp.instructions:
+            if ins.opcode in FREE:
+                if ins.operands and set(ins.operands) <= inside:
+                    inside.add(ins.name)
+            elif mark in f"/{ins.metadata.op_name or ''}/" and fusible(self.module, ins):
+                inside.add(ins.name)
+        used: set[str] = set()
+        root = comp.root
+        if root is not None and root.name in inside:
+            used.add(root.name)
+        for ins in reversed(comp.instructions):
+            if ins.name not in inside or (ins.opcode in FREE and ins.name in used):
+                used.update(op for op in ins.operands if op in inside)
+        return inside, used
+
+    def _fused(self, comp: Computation, inside: set[str], used: set[str]) -> list[Cost]:
+        """The scope's instructions in ``comp`` as kernels: each set of them that pass one
+        another their results (whatever the schedule puts between) one kernel, which keeps
+        those results on chip, reads what it takes from outside them once (a buffer under
+        two names, bitcasts of it, once; its most taken where they take parts), and writes
+        what is used outside them."""
+        parent = {n: n for n in inside}
+
+        def find(n: str) -> str:
+            while parent[n] != n:
+                parent[n] = parent[parent[n]]
+                n = parent[n]
+            return n
+
+        for ins in comp.instructions:
+            if ins.name in inside:
+                for operand in ins.operands:
+                    if operand in inside:
+                        parent[find(operand)] = find(ins.name)
+        flops: dict[str, int] = {}
+        written: dict[str, int] = {}
+        reads: dict[str, dict[str, int]] = {}
+        for ins in comp.instructions:
+            if ins.name not in inside or ins.opcode in FREE:
+                continue
+            group = find(ins.name)
+            flops[group] = flops.get(group, 0) + self.counter.instruction(comp, ins).flops
+            out = result_bytes(ins) if ins.name in used else 0
+            written[group] = written.get(group, 0) + out
+            taken = reads.setdefault(group, {})
+            for operand, nbytes in operand_reads(self.module, comp, ins):
+                if operand not in inside:
+                    source = _source(comp, operand)
+                    taken[source] = max(taken.get(source, 0), nbytes)
+        out_costs = []
+        for group, f in flops.items():
+            moved = written[group] + sum(reads[group].values())
+            if f or moved:
+                out_costs.append(Cost(f, moved, moved if f else 0))
+        return out_costs
 
 
 def computation_cost(module: HloModule, name: str) -> Cost:
@@ -212,12 +307,35 @@ def program_cost(module: HloModule) -> Cost:
     return computation_cost(module, module.entry_name)
 
 
+def _source(comp: Computation, name: str) -> str:
+    """The instruction whose buffer ``name`` is: through bitcasts, which only name it anew."""
+    seen = {name}
+    ins = comp.by_name.get(name)
+    while ins is not None and ins.opcode == "bitcast" and ins.operands:
+        name = ins.operands[0]
+        if name in seen:
+            break
+        seen.add(name)
+        ins = comp.by_name.get(name)
+    return name
+
+
 def program_kernels(module: HloModule) -> int:
     """The kernels one run of the whole program launches per device: its instructions that
     compute or move data (a fusion, a matmul's library call, a copy), loops counted with
     their trip counts as :func:`computation_cost` counts them. Collectives are not among
     them: the communication model prices each one's start in its latency."""
-    return _Walk(module).kernels(module.entry_name)
+    return sum(kernel_costs(module).values())
+
+
+def kernel_costs(module: HloModule, scope: str | None = None) -> dict[Kernel, int]:
+    """The kernels one run of the whole program launches per device, by what each computes
+    and moves a run: how many of them cost that (:func:`program_kernels` counts them). A
+    GPU runs them one after another, so that its program's time is theirs summed. ``scope``
+    names a ``jax.named_scope`` whose instructions run as one kernel where a hand-written
+    kernel does their work (an attention core): each set of them that pass one another
+    their results is one kernel, which keeps those on chip."""
+    return _Walk(module, scope).kernels(module.entry_name)
 
 
 def _dones(comp: Computation) -> dict[str, tuple[int, Instruction]]:

@@ -425,6 +425,35 @@ def _is_communication(opcode: str) -> bool:
     return base in comm.KINDS or base in ("send", "recv", "copy") and opcode != "copy"
 
 
+def fusible(module: HloModule, ins: Instruction) -> bool:
+    """Whether ``ins`` may run inside one kernel with others: it computes on values in
+    device memory, reading its operands and writing its result (not control flow, a
+    transfer, an asynchronous move or an update in place, which :class:`CostCounter` prices
+    by their own rules)."""
+    if ins.opcode in CONTROL or ins.opcode in _ASYNC_MOVES or ins.opcode in _ASYNC_ENDS:
+        return False
+    if _is_communication(ins.opcode):
+        return False
+    root = _root(module, ins) if ins.opcode == "fusion" else ins
+    return root is None or root.opcode != _IN_PLACE
+
+
+def operand_reads(module: HloModule, comp: Computation, ins: Instruction) -> list[tuple[str, int]]:
+    """Each operand a :func:`fusible` ``ins`` reads from device memory, by name, and the
+    bytes it reads of it (all of it, or what a slice takes); constants are no traffic."""
+    out = []
+    for i, name in enumerate(ins.operands):
+        op = comp.by_name.get(name)
+        if op is not None and op.opcode != "constant":
+            out.append((name, _read_bytes(module, ins, i, op)))
+    return out
+
+
+def result_bytes(ins: Instruction) -> int:
+    """The bytes of ``ins``'s result in device memory."""
+    return _hbm_bytes(ins.shape)
+
+
 def instruction_cost(module: HloModule, comp: Computation, ins: Instruction) -> Cost:
     """:meth:`CostCounter.instruction` of one instruction."""
     return CostCounter(module).instruction(comp, ins)

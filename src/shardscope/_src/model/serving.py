@@ -107,6 +107,13 @@ def abstract_quantized(tree: Any, fmt: str, specs: Any = None) -> Any:
     )
 
 
+#: The named scope of the attention core (its scores, softmax and weighted values): what a
+#: server runs as one fused kernel (FlashAttention in a prefill, a decoding kernel over the
+#: cache), so that the scores never reach device memory; the planner prices the compiled
+#: program's instructions in it as that one kernel
+#: (:func:`~shardscope._src.audit.overlap.kernel_costs`).
+ATTENTION_CORE = "attention_core"
+
 #: A sublayer's first matmul's weight (its input scaled) and its last's (its output).
 _FIRST = {"attention": ("wqkv",), "mlp": ("w_gate_up", "w_up")}
 _LAST = {"attention": "wo", "mlp": "w_down"}
@@ -297,19 +304,20 @@ def _attend(q: Any, k: Any, v: Any, visible: Any) -> Any:
     :class:`Quantized` of them: the values converted where the matmuls read them, the scales
     on the scores and the output) where ``visible`` ``[s, t]`` allows; returns ``[b, s,
     kv * g, hd]``."""
-    k_scale = v_scale = None
-    if isinstance(k, Quantized):
-        k, k_scale = k.values.astype(q.dtype), k.scale
-    if isinstance(v, Quantized):
-        v, v_scale = v.values.astype(q.dtype), v.scale
-    scores = jnp.einsum("bskgh,bkth->bkgst", q, k, preferred_element_type=jnp.float32)
-    if k_scale is not None:
-        scores = scores * k_scale
-    scores = jnp.where(visible, scores / math.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    o = jnp.einsum("bkgst,bkth->bskgh", probs, v)
-    if v_scale is not None:
-        o = o * v_scale.astype(o.dtype)
+    with jax.named_scope(ATTENTION_CORE):
+        k_scale = v_scale = None
+        if isinstance(k, Quantized):
+            k, k_scale = k.values.astype(q.dtype), k.scale
+        if isinstance(v, Quantized):
+            v, v_scale = v.values.astype(q.dtype), v.scale
+        scores = jnp.einsum("bskgh,bkth->bkgst", q, k, preferred_element_type=jnp.float32)
+        if k_scale is not None:
+            scores = scores * k_scale
+        scores = jnp.where(visible, scores / math.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        o = jnp.einsum("bkgst,bkth->bskgh", probs, v)
+        if v_scale is not None:
+            o = o * v_scale.astype(o.dtype)
     b, s, kv, g, hd = o.shape
     return o.reshape(b, s, kv * g, hd)
 
@@ -365,22 +373,25 @@ def _latent_attend(
     so that no head's keys or values are made from the cache (a decode step's form: its
     FLOPs grow with the context by ``heads x (2 rank + rope)``, not ``heads x (nope + rope +
     v) x rank``). Returns ``[b, s, heads, v]``."""
-    latent, latent_scale = _values(latent, q.dtype)
-    rope, rope_scale = _values(rope, q.dtype)
     wkv_b = hooks.weight("wkv_b", p["wkv_b"])
-    nope = q.shape[-1] - rope.shape[-1]
+    nope = q.shape[-1] - (rope.values if isinstance(rope, Quantized) else rope).shape[-1]
     w_uk, w_uv = wkv_b[..., :nope], wkv_b[..., nope:]
     q_latent = _scaled(jnp.einsum("bshn,rhn->bshr", q[..., :nope], w_uk), scales, "wkv_b")
-    scores = jnp.einsum("bshr,btr->bhst", q_latent, latent, preferred_element_type=jnp.float32)
-    if latent_scale is not None:
-        scores = scores * latent_scale
-    by_rope = jnp.einsum("bshp,btp->bhst", q[..., nope:], rope, preferred_element_type=jnp.float32)
-    scores = scores + (by_rope if rope_scale is None else by_rope * rope_scale)
-    scores = jnp.where(visible, scores / math.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    o_latent = jnp.einsum("bhst,btr->bshr", probs, latent)
-    if latent_scale is not None:
-        o_latent = o_latent * latent_scale.astype(o_latent.dtype)
+    with jax.named_scope(ATTENTION_CORE):
+        latent, latent_scale = _values(latent, q.dtype)
+        rope, rope_scale = _values(rope, q.dtype)
+        scores = jnp.einsum("bshr,btr->bhst", q_latent, latent, preferred_element_type=jnp.float32)
+        if latent_scale is not None:
+            scores = scores * latent_scale
+        by_rope = jnp.einsum(
+            "bshp,btp->bhst", q[..., nope:], rope, preferred_element_type=jnp.float32
+        )
+        scores = scores + (by_rope if rope_scale is None else by_rope * rope_scale)
+        scores = jnp.where(visible, scores / math.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        o_latent = jnp.einsum("bhst,btr->bshr", probs, latent)
+        if latent_scale is not None:
+            o_latent = o_latent * latent_scale.astype(o_latent.dtype)
     return _scaled(jnp.einsum("bshr,rhv->bshv", o_latent, w_uv), scales, "wkv_b")
 
 

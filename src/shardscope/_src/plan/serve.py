@@ -46,15 +46,18 @@ The best plan of each layout has its decode step compiled by the hardware's own 
 deviceless (:func:`compile_decode`: the reference decoder's
 :func:`~shardscope._src.model.serving.decode`, the cache donated), and the layout's prefill
 of one prompt a replica (:func:`compile_prefill`): their times are then the compiled
-programs' (the bytes they move through HBM, the matmuls' at the bandwidth they reach, and
-the FLOPs of their matmuls, counted from their HLO, the slower of the two, their
-collectives priced as every collective is, and the kernels they launch at the hardware's
-``kernel_launch_s``), their memory the compiled buffers (``compiled_by``); the other plans
-are estimated. On a TPU target the decode step is compiled and timed so too, and the
-prefill is estimated. A layout's largest batch that does not fit once compiled gives way
-to the largest its program would fit at (:func:`_compile_best`), and while an estimated
-plan ranks first it is compiled too (:func:`_compile_leaders`), so that the best plan is a
-compiled one.
+programs' (:func:`_compile`: the bytes they move through HBM, the matmuls' at the bandwidth
+they reach, and the FLOPs of their matmuls, counted from their HLO; on a GPU kernel by
+kernel, each kernel's arithmetic and traffic overlapped as XLA's GPU cost model overlaps
+them (:meth:`~shardscope._src.targets.hardware.Hardware.kernel_seconds`) and the kernels
+one after another, on a TPU the slower of the two totals; the attention core as the one
+fused kernel a server runs, its scores kept on chip; their collectives priced as every
+collective is, and the kernels they launch at the hardware's ``kernel_launch_s``), their
+memory the compiled buffers (``compiled_by``); the other plans are estimated. On a TPU
+target the decode step is compiled and timed so too, and the prefill is estimated. A
+layout's largest batch that does not fit once compiled gives way to the largest its
+program would fit at (:func:`_compile_best`), and while an estimated plan ranks first it is
+compiled too (:func:`_compile_leaders`), so that the best plan is a compiled one.
 
 At a request rate (``rate``) each layout is planned at the sequences its replicas hold in
 flight, and its times are those its requests see with prefills batched in flight
@@ -74,6 +77,7 @@ from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.hlo.cost import Cost
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
@@ -1015,7 +1019,7 @@ def _beside_compiled(estimate: ServePlan, compiled: ServePlan, hw: Hardware) -> 
     batch: the compiled prefill's time to first token, and its decode step launching as
     many kernels as the compiled one (as near as is known uncompiled: the compiler fuses a
     little differently at each batch, Llama 3 70B's ``dp_tp`` step on 8 H100s launching
-    1,283 kernels at batch 456 and 1,603 at 48)."""
+    963 kernels at batch 456 and 1,123 at 48)."""
     kernels = compiled.decode_kernels
     step = estimate.decode_step_s + kernels * hw.kernel_launch_s
     chips = estimate.replicas * estimate.tensor_parallel
@@ -1147,13 +1151,15 @@ def _refit(
 @dataclass(frozen=True)
 class _Compiled:
     """What one compiled serving step costs a device: its HBM traffic's time and its
-    matmul FLOPs (None where its HLO does not count them, see :func:`_compile`), its
-    collectives' time, the bytes it holds at once
-    (:func:`~shardscope._src.plan.types.held_bytes`), its all-reduces, and the kernels it
-    launches (:func:`~shardscope._src.audit.overlap.program_kernels`)."""
+    matmul FLOPs (None where its HLO does not count them, see :func:`_compile`), on a GPU
+    its kernels' time one after another (None elsewhere), its collectives' time, the bytes
+    it holds at once (:func:`~shardscope._src.plan.types.held_bytes`), its all-reduces,
+    and the kernels it launches (:func:`~shardscope._src.audit.overlap.kernel_costs`, its
+    attention core one a layer)."""
 
     memory_s: float | None
     flops: float | None
+    kernels_s: float | None
     comm_s: float
     held_bytes: int
     all_reduces: int
@@ -1162,8 +1168,8 @@ class _Compiled:
     def deeper(self, shallower: _Compiled, layers: int) -> _Compiled:
         """The costs at ``layers``, from this program of one layer more than
         ``shallower``'s (of :data:`DEPTH`): each further layer adds what the last one did
-        (its weights, cache, traffic, FLOPs, collectives and the temporaries the compiler
-        keeps for it)."""
+        (its weights, cache, traffic, FLOPs, kernels, collectives and the temporaries the
+        compiler keeps for it)."""
 
         def at(a: float, b: float) -> float:
             return a + (layers - DEPTH) * (b - a)
@@ -1174,37 +1180,55 @@ class _Compiled:
         return _Compiled(
             memory_s=timed(shallower.memory_s, self.memory_s),
             flops=timed(shallower.flops, self.flops),
+            kernels_s=timed(shallower.kernels_s, self.kernels_s),
             comm_s=at(shallower.comm_s, self.comm_s),
             held_bytes=round(at(shallower.held_bytes, self.held_bytes)),
             all_reduces=round(at(shallower.all_reduces, self.all_reduces)),
             kernels=round(at(shallower.kernels, self.kernels)),
         )
 
-    def seconds(self, hw: Hardware, memory_s: float, compute_s: float) -> float:
-        """The step's time: its traffic (``memory_s``) or its matmuls, the slower, then its
-        collectives and its kernels' launches."""
-        return max(memory_s, compute_s) + self.comm_s + self.kernels * hw.kernel_launch_s
+    def seconds(
+        self, hw: Hardware, memory_s: float, compute_s: float, skipped_s: float = 0.0
+    ) -> float:
+        """The step's time: on a GPU its kernels one after another (:attr:`kernels_s`) less
+        the reads ``skipped_s`` a server does not make (those reads' whole time: the
+        kernels that make them are memory-bound wherever the server skips some), and never
+        less than the slower of its traffic (``memory_s``, those reads left out) and its
+        matmuls (``compute_s``), which is the step's time elsewhere; then its collectives
+        and its kernels' launches."""
+        work = max(memory_s, compute_s)
+        if self.kernels_s is not None:
+            work = max(work, self.kernels_s - skipped_s)
+        return work + self.comm_s + self.kernels * hw.kernel_launch_s
 
 
 #: The shallower of the two depths a served program is compiled at (and one more): from
 #: the second layer on, each adds the same bytes, FLOPs, collectives, arguments and outputs
 #: (the first layer's prefill differs from the others' by its fusions), measured on the H100
 #: compiler (Llama 3 70B, 1 to 8 layers; a 6-layer model), the traffic within 0.1% (a few
-#: layers' element-wise work fused differently). The decode step's temporaries come within
+#: layers' element-wise work fused differently; a 70B prefill's third layer moves 0.29 ms
+#: of element-wise traffic where later ones move 0.26, which puts its time 1% over at 6
+#: layers). The decode step's temporaries come within
 #: 1 MiB; a prefill's grow by uneven steps on a small model (the extrapolation then holds
 #: more than the whole program: 20 MB against 18 at 6 layers) and not at all on a 70B (0.3 GB
 #: at every depth, 80 layers included).
 DEPTH = 2
 
 
-def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
+def _compile(
+    plan: ServePlan, hw: Hardware, flop_s: tuple[float, float], step: Any, *args: Any
+) -> _Compiled:
     """The compiled ``step``'s costs: its HBM traffic and matmuls counted from its HLO (on a
     TPU, its asynchronous slices and copies of the weights into on-chip memory read them
-    once, :mod:`~shardscope._src.hlo.cost`), its collectives, its buffers and its
-    kernels."""
+    once, :mod:`~shardscope._src.hlo.cost`), its attention core as the one kernel a
+    server runs (:data:`~shardscope._src.model.serving.ATTENTION_CORE`); on a GPU each of
+    its kernels timed (:meth:`~shardscope._src.targets.hardware.Hardware.kernel_seconds`,
+    a FLOP of the weights' matmuls and of the attention core's taking ``flop_s``'s
+    seconds) and summed; its collectives, its buffers and its kernels."""
     from shardscope._src.audit.compile import audit
-    from shardscope._src.audit.overlap import program_cost, program_kernels
+    from shardscope._src.audit.overlap import kernel_costs
     from shardscope._src.base.stderr import capture_stderr
+    from shardscope._src.model.serving import ATTENTION_CORE
 
     # XLA:GPU's scheduler logs an error line when a program's arguments pass its memory
     # limit's base (the device's memory), as a server's weights and cache may, and its
@@ -1213,26 +1237,55 @@ def _compile(plan: ServePlan, hw: Hardware, step: Any, *args: Any) -> _Compiled:
     with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
         result = audit(step, *args)
     sizes = dict(plan.mesh)
-    memory_s = None
-    if result.program is not None and result.hlo_bytes is not None:
+
+    def moved_s(cost: Cost) -> float:
         # the matmuls' reads and writes at the bandwidth they reach, the element-wise
         # work's at the whole of it
-        cost = program_cost(result.program.module)
-        memory_s = (
-            hw.matmul_read_seconds(cost.matmul_bytes)
-            + (cost.bytes - cost.matmul_bytes) / hw.hbm_bandwidth
-        )
+        rest = cost.bytes - cost.matmul_bytes
+        return hw.matmul_read_seconds(cost.matmul_bytes) + rest / hw.hbm_bandwidth
+
+    memory_s = kernels_s = None
+    kernels = 0
+    if result.program is not None:
+        runs = kernel_costs(result.program.module, scope=ATTENTION_CORE)
+        kernels = sum(runs.values())
+        if result.hlo_bytes is not None:
+            memory_s = sum(n * moved_s(k.cost) for k, n in runs.items())
+        if result.hlo_bytes is not None and result.hlo_flops is not None and _by_kernel(hw):
+            kernels_s = sum(
+                n * hw.kernel_seconds(k.cost.flops * flop_s[k.fused], moved_s(k.cost))
+                for k, n in runs.items()
+            )
     return _Compiled(
         memory_s=memory_s,
         flops=result.hlo_flops,
+        kernels_s=kernels_s,
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
         held_bytes=held_bytes(result.memory or {}),
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
-        kernels=0 if result.program is None else program_kernels(result.program.module),
+        kernels=kernels,
     )
 
 
-def _compile_layers(plan: ServePlan, config: ModelConfig, hw: Hardware, build: Any) -> _Compiled:
+def _flop_seconds(hw: Hardware, weights: str | None, *, prefill: bool) -> tuple[float, float]:
+    """The seconds a FLOP of the weights' matmuls and one of the attention core's take
+    (:func:`_matmul_s`)."""
+    return (
+        _matmul_s(hw, weights, 1.0, (1, 0), prefill=prefill),
+        _matmul_s(hw, weights, 1.0, (0, 1), prefill=prefill),
+    )
+
+
+def _by_kernel(hw: Hardware) -> bool:
+    """Whether ``hw`` runs a compiled program kernel by kernel, each reading its operands
+    from HBM: a GPU. A TPU runs it as one program whose copies of the weights into on-chip
+    memory run beside its matmuls."""
+    return TARGETS[hw.name].family == "gpu"
+
+
+def _compile_layers(
+    plan: ServePlan, config: ModelConfig, hw: Hardware, flop_s: tuple[float, float], build: Any
+) -> _Compiled:
     """The costs of the served program of ``config.layers`` layers, from its compiles at
     :data:`DEPTH` layers and one more (``build(layers)`` gives the step and its arguments;
     a model that shallow is compiled whole): the layers are unrolled (see
@@ -1242,10 +1295,10 @@ def _compile_layers(plan: ServePlan, config: ModelConfig, hw: Hardware, build: A
     dense layers before them compiled in both)."""
     repeated = config.moe_layers if config.is_moe else config.layers
     if repeated <= DEPTH + 1:
-        return _compile(plan, hw, *build(config.layers))
+        return _compile(plan, hw, flop_s, *build(config.layers))
     first = config.layers - repeated
-    shallow = _compile(plan, hw, *build(first + DEPTH))
-    return _compile(plan, hw, *build(first + DEPTH + 1)).deeper(shallow, repeated)
+    shallow = _compile(plan, hw, flop_s, *build(first + DEPTH))
+    return _compile(plan, hw, flop_s, *build(first + DEPTH + 1)).deeper(shallow, repeated)
 
 
 def _placed(
@@ -1313,7 +1366,7 @@ def compile_decode(
     devices: the reference decoder's :func:`~shardscope._src.model.serving.decode` under the
     layout's placement, the cache donated and split by sequence over the replicas and by
     key/value head over ``model`` (at two depths, :func:`_compile_layers`). The step's
-    time becomes the compiled program's (its HBM traffic or its matmuls, the slower, its
+    time becomes the compiled program's (:func:`_compile`: its matmuls and traffic, its
     collectives, and its kernels' launches), the memory per device its buffers (arguments,
     temporaries and the outputs that do not alias the donated cache). ``weights`` and
     ``cache`` of ``int8`` or ``fp8`` compile the 8-bit program
@@ -1350,23 +1403,20 @@ def compile_decode(
         step = jax.jit(run, donate_argnums=1)
         return step, params, kv, tokens, pos
 
-    got = _compile_layers(plan, config, hw, build)
+    of = _decode_flops(served(config, plan.tensor_parallel), plan.context)
+    got = _compile_layers(plan, config, hw, _flop_seconds(hw, weights, prefill=False), build)
     # the program's batched expert matmuls read every expert of a device; a server's
     # grouped kernel, those its tokens are routed to (untouched_share)
     layout = plan.layout
     skipped = untouched_share(config, layout, plan.batch) * _expert_bytes(
         config, layout, weights or config.dtype
     )
-    memory_s = (
-        plan.decode_memory_s
-        if got.memory_s is None
-        else max(0.0, got.memory_s - hw.matmul_read_seconds(skipped))
-    )
-    of = _decode_flops(served(config, plan.tensor_parallel), plan.context)
+    skipped_s = hw.matmul_read_seconds(skipped)
+    memory_s = plan.decode_memory_s if got.memory_s is None else max(0.0, got.memory_s - skipped_s)
     compute_s = (
         plan.decode_compute_s if got.flops is None else _matmul_s(hw, weights, got.flops, of)
     )
-    step_s = got.seconds(hw, memory_s, compute_s)
+    step_s = got.seconds(hw, memory_s, compute_s, skipped_s)
     return replace(
         plan,
         temp_bytes_per_device=max(
@@ -1395,7 +1445,7 @@ def compile_prefill(
     """``plan`` with its time to first token from the compiled prefill of one ``prompt`` a
     replica (the reference decoder's :func:`~shardscope._src.model.serving.prefill`, the
     last token's logits; at two depths, :func:`_compile_layers`; ``weights`` and ``cache``
-    as :func:`compile_decode` takes them): its HBM traffic or its matmuls, the slower, its
+    as :func:`compile_decode` takes them): its matmuls and traffic (:func:`_compile`), its
     collectives and its kernels' launches. Its buffers beyond the weights (the prompt's
     activations, scores and cache) are the plan's temporaries where they pass the decode
     step's: a server prefills beside the cache it decodes from. On a TPU target the plan is
@@ -1421,10 +1471,10 @@ def compile_prefill(
 
         return jax.jit(run), params, tokens
 
-    got = _compile_layers(plan, config, hw, build)
+    of = _prefill_flops(served(config, plan.tensor_parallel), prompt)
+    got = _compile_layers(plan, config, hw, _flop_seconds(hw, weights, prefill=True), build)
     if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
-    of = _prefill_flops(served(config, plan.tensor_parallel), prompt)
     compute_s = _matmul_s(hw, weights, got.flops, of, prefill=True)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(

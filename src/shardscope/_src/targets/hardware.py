@@ -108,6 +108,21 @@ class Hardware(Record):
         """
         return nbytes / (self.hbm_bandwidth * self.hbm_fraction)
 
+    def kernel_seconds(self, compute_s: float, memory_s: float) -> float:
+        """One GPU kernel's time from its arithmetic's (``compute_s``) and its memory
+        traffic's (``memory_s``): the longer, and the share of the shorter that does not
+        run beside it (:data:`KERNEL_OVERLAP`).
+
+        >>> round(hardware("h100").kernel_seconds(1.0, 0.5), 3)
+        1.025
+        """
+        return compute_s + memory_s - KERNEL_OVERLAP * min(compute_s, memory_s)
+
+
+#: The share of the shorter of a GPU kernel's arithmetic and memory traffic that runs beside
+#: the longer (:meth:`Hardware.kernel_seconds`; its source in :data:`TIME_MODEL_SOURCES`).
+KERNEL_OVERLAP = 0.95
+
 
 #: Where the time model's constants come from (the same for every preset of a family).
 TIME_MODEL_SOURCES = {
@@ -174,6 +189,15 @@ TIME_MODEL_SOURCES = {
         "causal mask; it stands for the causal one). Transformer Engine's FusedAttention "
         "backend is cuDNN's kernel, as is JAX's dot_product_attention(implementation="
         "'cudnn')"
+    ),
+    "KERNEL_OVERLAP 0.95 (GPUs: a compiled step's kernels one after another)": (
+        "XLA's GPU performance model (xla/service/gpu/model/gpu_performance_model_base.h and "
+        ".cc): a GPU runs a program's kernels one after another, and each takes its compute "
+        "time plus its memory time less 0.95 of the shorter "
+        "(GpuPerformanceModelOptions::memory_compute_parallelism, 'chosen empirically ... "
+        "close to 1, but not quite 1'; CombineComputeAndMemoryAccessTime). The training "
+        "model likewise adds the element-wise work's traffic to the matmuls' time, as "
+        "matmul_fraction was calibrated"
     ),
     "kernel_launch_s (GPUs) 1e-6": (
         "XLA's GPU cost model, which prices each kernel's launch at 1 us (xla/service/gpu/"
