@@ -222,7 +222,8 @@ def test_a_fused_scope_is_one_kernel_that_moves_only_what_crosses_its_boundary()
         Kernel(added): 1,
     }
     assert program_kernels(m) == 5
-    # fused: one kernel reads q and the keys and values (once, under both their names) and
+    # fused: one kernel (the exponential with it: it reads the scores and only the scope
+    # reads its result) reads q and the keys and values (once, under both their names) and
     # writes the output (used outside the scope through the bitcast); the scores stay on chip
     assert kernel_costs(m, scope="attention_core") == {
         Kernel(Cost(flops, q + kv + o, q + kv + o), fused=True): 1,
@@ -238,19 +239,23 @@ def test_a_fused_scope_is_what_passes_results_within_it_and_prices_others_on_the
     matmul = 2 * 32 * 64 * 64
     update = Cost(0, half + 4 + half)  # the update read and written in place, the index read
     exponential = Cost(0, whole + whole)  # of c, read and written: the unrelated, the called
+    negation = Cost(0, half + half)  # of the first matmul's result, which it returns
     # the slice, both matmuls and the exponential of a, though an unrelated kernel runs
     # between them, are one kernel: it reads a (its whole, which the slice took a half
-    # of) and b once, and writes the second matmul's result, which the update reads; the
-    # update and the call are priced as they are outside the scope
+    # of) and b once, and writes both matmuls' results, which the update and the negation
+    # (no op name, but its result leaves) read; the update and the call are priced as
+    # they are outside the scope
+    fused = whole + whole + half + half
     assert kernel_costs(m, scope="core") == {
-        Kernel(Cost(2 * matmul, whole + whole + half, whole + whole + half), fused=True): 1,
+        Kernel(Cost(2 * matmul, fused, fused), fused=True): 1,
         Kernel(exponential): 2,
         Kernel(update): 1,
+        Kernel(negation): 1,
     }
-    # kernel by kernel: the slice reads its half and writes it, each matmul reads its
-    # operands and writes its result
+    # kernel by kernel: the slice reads its half and writes it (as the negation does),
+    # each matmul reads its operands and writes its result
     assert kernel_costs(m) == {
-        Kernel(Cost(0, half + half)): 1,
+        Kernel(Cost(0, half + half)): 2,
         Kernel(Cost(matmul, half + whole + half, half + whole + half)): 2,
         Kernel(exponential): 3,
         Kernel(update): 1,

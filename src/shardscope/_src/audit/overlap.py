@@ -230,22 +230,46 @@ class _Walk:
         return out
 
     def _scope(self, comp: Computation) -> tuple[set[str], set[str]]:
-        """The instructions of ``comp`` in the scope (:func:`~shardscope._src.hlo.cost.
-        fusible` ones whose JAX op name has it as a segment, and one that only rearranges
-        others' results, whatever its name, where they all are), and those of them whose
-        results are used outside it (the computation's result included)."""
+        """The instructions of ``comp`` in the scope, and those of them whose results are
+        used outside it (the computation's result included). In it: the
+        :func:`~shardscope._src.hlo.cost.fusible` ones whose JAX op name has it as a
+        segment; one that only renames another's result (a bitcast, a tuple's element)
+        where that is in it; and one the compiler made without an op name (a softmax's
+        reduction) that reads from it and whose results only it uses."""
         if self.scope is None:
             return set(), set()
         mark = f"/{self.scope}/"
         inside: set[str] = set()
+        nameless = []
         for ins in comp.instructions:
-            if ins.opcode in FREE:
-                if ins.operands and set(ins.operands) <= inside:
-                    inside.add(ins.name)
-            elif mark in f"/{ins.metadata.op_name or ''}/" and fusible(self.module, ins):
+            op_name = ins.metadata.op_name
+            if ins.opcode in FREE or not fusible(self.module, ins):
+                continue
+            if op_name is None:
+                nameless.append(ins)
+            elif mark in f"/{op_name}/":
                 inside.add(ins.name)
-        used: set[str] = set()
+        users: dict[str, list[str]] = {}
+        for ins in comp.instructions:
+            for op in ins.operands:
+                users.setdefault(op, []).append(ins.name)
+        renames = [i for i in comp.instructions if i.opcode in FREE and len(i.operands) == 1]
         root = comp.root
+        grown = True
+        while grown:
+            before = len(inside)
+            for ins in renames:
+                if ins.operands[0] in inside:
+                    inside.add(ins.name)
+            for ins in nameless:
+                if ins.name in inside or ins is root or not users.get(ins.name):
+                    continue
+                if any(op in inside for op in ins.operands) and all(
+                    u in inside for u in users[ins.name]
+                ):
+                    inside.add(ins.name)
+            grown = len(inside) > before
+        used: set[str] = set()
         if root is not None and root.name in inside:
             used.add(root.name)
         for ins in reversed(comp.instructions):
@@ -257,7 +281,7 @@ class _Walk:
         """The scope's instructions in ``comp`` as kernels: each set of them that pass one
         another their results (whatever the schedule puts between) one kernel, which keeps
         those results on chip, reads what it takes from outside them once (a buffer under
-        two names, bitcasts of it, once; its most taken where they take parts), and writes
+        two names, bitcasts of it, once: the most any of them takes of it), and writes
         what is used outside them."""
         parent = {n: n for n in inside}
 

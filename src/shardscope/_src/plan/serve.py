@@ -1203,15 +1203,15 @@ class _Compiled:
 
 
 #: The shallower of the two depths a served program is compiled at (and one more): from
-#: the second layer on, each adds the same bytes, FLOPs, collectives, arguments and outputs
-#: (the first layer's prefill differs from the others' by its fusions), measured on the H100
-#: compiler (Llama 3 70B, 1 to 8 layers; a 6-layer model), the traffic within 0.1% (a few
-#: layers' element-wise work fused differently; a 70B prefill's third layer moves 0.29 ms
-#: of element-wise traffic where later ones move 0.26, which puts its time 1% over at 6
-#: layers). The decode step's temporaries come within
-#: 1 MiB; a prefill's grow by uneven steps on a small model (the extrapolation then holds
-#: more than the whole program: 20 MB against 18 at 6 layers) and not at all on a 70B (0.3 GB
-#: at every depth, 80 layers included).
+#: the second layer on, each adds the same FLOPs, collectives, arguments and outputs (the
+#: first layer's prefill differs from the others' by its fusions), measured on the H100
+#: compiler (Llama 3 70B, 1 to 8 layers; a 6-layer model). A few layers' element-wise work
+#: is fused differently: the decode step's traffic comes within 0.2% at 6 layers; a 70B
+#: prefill's third layer moves 0.29 ms of element-wise traffic where later ones move 0.26,
+#: which puts its time 1% over at 6 layers and about 2% over at 80. The decode step's
+#: temporaries come within 1 MiB; a prefill's grow by uneven steps on a small model (the
+#: extrapolation then holds more than the whole program: 20 MB against 18 at 6 layers) and
+#: not at all on a 70B (0.3 GB at every depth, 80 layers included).
 DEPTH = 2
 
 
