@@ -242,9 +242,9 @@ class _Walk:
         inside: set[str] = set()
         nameless = []
         for ins in comp.instructions:
-            op_name = ins.metadata.op_name
             if ins.opcode in FREE or not fusible(self.module, ins):
                 continue
+            op_name = ins.metadata.op_name
             if op_name is None:
                 nameless.append(ins)
             elif mark in f"/{op_name}/":
