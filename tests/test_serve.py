@@ -46,7 +46,10 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     # the bytes at 80% of NVLink's 450 GB/s
     ring = 14 * 5e-6 + 2 * 7 / 8 * 64 * 8192 * 2 / (0.8 * 450e9)
     assert p.decode_comm_s == pytest.approx((2 * 80 + 1) * ring, rel=1e-9)
-    step = max(memory_s, p.decode_compute_s) + (2 * 80 + 1) * ring
+    # the weights' matmuls and the attention, two kernels one after another, each bound by
+    # its reads at 64 sequences: its reads and a twentieth of its matmuls' time (XLA's GPU
+    # cost model overlaps the other 95%)
+    step = memory_s + 0.05 * p.decode_compute_s + (2 * 80 + 1) * ring
     assert p.decode_step_s == pytest.approx(step)
     assert p.tokens_per_s_per_chip == pytest.approx(64 / p.decode_step_s / 8)
     # two replicas of tensor parallelism over 4: twice the weights a device, half the
@@ -164,7 +167,8 @@ def test_fp8_weights_run_the_weights_matmuls_at_the_fp8_rate_where_the_device_ha
     # a prefill of 8192 tokens of Llama 3.1 8B on one GPU: compute-bound (4.1e14 FLOPs of
     # the weights' matmuls against 16 GB of weights)
     prompt = 8192
-    weights_flops = 2 * model_preset("llama3-8b").config(batch=1).active_param_count() * prompt
+    config = model_preset("llama3-8b").config(batch=1)
+    weights_flops = 2 * config.active_param_count() * prompt
     first = {}
     for hw in ("h100", "a100"):
         for fmt in ("bfloat16", "fp8"):
@@ -173,12 +177,20 @@ def test_fp8_weights_run_the_weights_matmuls_at_the_fp8_rate_where_the_device_ha
                 compiler="cpu",
             )  # fmt: skip
             first[hw, fmt] = result.best.first_token_s
+
+    # each weight read in one byte, not two: a twentieth of reading a byte a parameter (the
+    # embedding table's included, so at most) shows beside the compute-bound matmuls
+    def read(bandwidth):
+        return 0.05 * config.param_count() / (bandwidth * 0.8)
+
     # the A100 has no fp8 matmul units: its fp8 weights are widened to 16 bits to multiply
-    assert first["a100", "fp8"] == pytest.approx(first["a100", "bfloat16"], rel=1e-12)
+    a100 = first["a100", "bfloat16"] - first["a100", "fp8"]
+    assert 0 < a100 <= read(2.039e12)
     # the H100 multiplies by its fp8 weights at 1979 x 0.48 TFLOP/s instead of 989 x 0.54;
     # the attention core stays 16-bit
     saved = weights_flops * (1 / (989e12 * 0.54) - 1 / (1979e12 * 0.48))
-    assert first["h100", "bfloat16"] - first["h100", "fp8"] == pytest.approx(saved, rel=1e-9)
+    h100 = first["h100", "bfloat16"] - first["h100", "fp8"]
+    assert saved < h100 <= saved + read(3.35e12)
 
 
 def test_a_compiled_fp8_prefill_multiplies_by_its_weights_at_the_fp8_rate():

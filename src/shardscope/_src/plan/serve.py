@@ -20,12 +20,14 @@ pricing of collectives (:func:`~shardscope._src.targets.links.collective_seconds
 * **decode** (one token per sequence): every weight (but an untied embedding table, of which
   the lookup takes a row a token) and the replica's whole cache through HBM once (``(weights
   + cache) / t`` a device) at the bandwidth matmuls reach reading their operands (the
-  hardware's ``hbm_fraction`` of it), or its ``2 x active params`` FLOPs a
-  sequence at the matmul rate, whichever is slower; then the all-reduces of tensor
-  parallelism, two a layer (the attention's output and the MLP's down projection, ``batch /
-  r x d_model`` each) and the vocabulary-parallel embedding's one (each device looks up the
-  tokens of its slice of the vocabulary), which wait for the matmuls that feed them and are
-  latency-bound at decode's small messages. A mixture reads only the routed experts its
+  hardware's ``hbm_fraction`` of it), and its ``2 x active params`` FLOPs a sequence and its
+  attention's at the matmul rate: on a GPU the weights' matmuls and the attention as two
+  kernels one after another (:func:`_work_s`), elsewhere the reads or the FLOPs, whichever
+  is slower; then the all-reduces of tensor parallelism, two a layer (the attention's
+  output and the MLP's down projection, ``batch / r x d_model`` each) and the
+  vocabulary-parallel embedding's one (each device looks up the tokens of its slice of the
+  vocabulary), which wait for the matmuls that feed them and are latency-bound at decode's
+  small messages. A mixture reads only the routed experts its
   tokens reach (:func:`untouched_share`), its layers with experts all-reduce their
   experts' slots (``top_k`` rows a token), and over ``expert`` its dispatch and combine
   all-to-alls move each token's activations to its experts' devices and back
@@ -33,8 +35,8 @@ pricing of collectives (:func:`~shardscope._src.targets.links.collective_seconds
 * **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
   prompt`` FLOPs and the attention's ``prompt^2`` ones, counted non-causal as training counts
   them, at the matmul rate (a fused kernel's causal half at its forward rate where the
-  hardware names one; or its weights through HBM, for a short prompt), and the same
-  all-reduces of ``prompt x d_model``.
+  hardware names one), beside its weights through HBM (one kernel, :func:`_work_s`), and
+  the same all-reduces of ``prompt x d_model``.
 * **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
   prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
   weights, and fp8 ones elsewhere, are read as 8 bits and multiplied at 16.
@@ -86,6 +88,7 @@ from shardscope._src.plan.online import Load, poisson_quantile, under_load
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.plan.types import held_bytes
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.links import collective_seconds
@@ -955,15 +958,17 @@ def _plan(
     per_replica = batch // r
     skipped = untouched_share(c, layout, batch) * _expert_bytes(config, layout, weights)
     read = weight - _looked_up_bytes(config, layout, weights)
-    memory_s = hw.matmul_read_seconds(read - skipped + cached)
-    of = _decode_flops(c, context)
-    compute_s = _matmul_s(hw, weights, sum(of) * per_replica / t, of)
+    # the weights' matmuls read the weights, the attention the cache
+    w, a = (f * per_replica / t for f in _decode_flops(c, context))
+    by_weights = (_matmul_s(hw, weights, w, (1, 0)), hw.matmul_read_seconds(read - skipped))
+    by_cache = (_matmul_s(hw, weights, a, (0, 1)), hw.matmul_read_seconds(cached))
+    memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
-    decode = max(memory_s, compute_s) + comm_s
+    decode = _work_s(hw, by_weights, by_cache) + comm_s
     of = _prefill_flops(c, prompt)
-    prefill = max(
-        _matmul_s(hw, weights, sum(of) / t, of, prefill=True), hw.matmul_read_seconds(read)
+    prefill = _work_s(
+        hw, (_matmul_s(hw, weights, sum(of) / t, of, prefill=True), hw.matmul_read_seconds(read))
     )
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
@@ -985,6 +990,17 @@ def _plan(
         tokens_per_s_per_chip=batch / decode / (t * r),
         kv_replicas=(c.kv_heads or 1) // (config.kv_heads or 1),
     )
+
+
+def _work_s(hw: Hardware, *kernels: tuple[float, float]) -> float:
+    """An estimated step's matmuls and traffic, ``kernels`` its kinds of kernel (each its
+    matmuls' time and its reads'): on a GPU one kind after another, each as
+    :meth:`~shardscope._src.targets.hardware.Hardware.kernel_seconds` times it, as a
+    compiled step is timed (:func:`_compile`); elsewhere the slower of their matmuls and
+    their reads."""
+    if _by_kernel(hw):
+        return sum(hw.kernel_seconds(compute_s, memory_s) for compute_s, memory_s in kernels)
+    return max(sum(k[0] for k in kernels), sum(k[1] for k in kernels))
 
 
 #: Decode steps compiled per layout at most, largest batch first, until one fits.
@@ -1278,9 +1294,11 @@ def _flop_seconds(hw: Hardware, weights: str | None, *, prefill: bool) -> tuple[
 
 def _by_kernel(hw: Hardware) -> bool:
     """Whether ``hw`` runs a compiled program kernel by kernel, each reading its operands
-    from HBM: a GPU. A TPU runs it as one program whose copies of the weights into on-chip
-    memory run beside its matmuls."""
-    return TARGETS[hw.name].family == "gpu"
+    from HBM: a GPU (by its target's family, whether or not its compiler is at hand). A TPU
+    runs it as one program whose copies of the weights into on-chip memory run beside its
+    matmuls."""
+    spec = specs.TARGETS.get(hw.name)
+    return spec is not None and spec.family == "gpu"
 
 
 def _compile_layers(

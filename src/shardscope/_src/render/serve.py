@@ -75,8 +75,8 @@ def render_serve(result: ServeResult, *, top: int | None = None, caption: bool =
             else "latency-throughput front"
         )
         + ". Per token: the decode step's traffic through HBM "
-        "or its matmuls, whichever is slower (compiled for a GPU, kernel by kernel, the "
-        "attention core one fused kernel), its collectives (comm: "
+        "or its matmuls, whichever is slower (on a GPU kernel by kernel, the attention "
+        "core one fused kernel), its collectives (comm: "
         "tensor parallelism's all-reduces, and a mixture's dispatch and combine over "
         "'expert') and, compiled for a GPU, its kernels' launches; by: the "
         "compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
