@@ -370,21 +370,23 @@ def _root(module: HloModule, ins: Instruction) -> Instruction | None:
     return None
 
 
-def _memory_bytes(module: HloModule, comp: Computation, ins: Instruction) -> int:
-    operands = [comp.by_name.get(op) for op in ins.operands]
-    read = [
-        _read_bytes(module, ins, i, op)
-        for i, op in enumerate(operands)
-        if op is not None and op.opcode != "constant"
-    ]
-    written = _hbm_bytes(ins.shape)
+def _in_place(module: HloModule, ins: Instruction) -> Instruction | None:
+    """The dynamic-update-slice that updates ``ins``'s buffer where it lies (``ins`` itself,
+    or its fusion's root), or None."""
     root = _root(module, ins) if ins.opcode == "fusion" else ins
-    if root is not None and root.opcode == _IN_PLACE:
+    return root if root is not None and root.opcode == _IN_PLACE else None
+
+
+def _memory_bytes(module: HloModule, comp: Computation, ins: Instruction) -> int:
+    read = sum(nbytes for _, nbytes in operand_reads(module, comp, ins))
+    written = result_bytes(ins)
+    root = _in_place(module, ins)
+    if root is not None:
         # The buffer is updated where it lies: the update is read and written, the rest not.
         buffer = written
         update = _update_bytes(module, ins, root)
-        return max(0, sum(read) - buffer) + update
-    return sum(read) + written
+        return max(0, read - buffer) + update
+    return read + written
 
 
 def _read_bytes(module: HloModule, ins: Instruction, i: int, operand: Instruction) -> int:
@@ -432,15 +434,13 @@ def fusible(module: HloModule, ins: Instruction) -> bool:
     by their own rules)."""
     if ins.opcode in CONTROL or ins.opcode in _ASYNC_MOVES or ins.opcode in _ASYNC_ENDS:
         return False
-    if _is_communication(ins.opcode):
-        return False
-    root = _root(module, ins) if ins.opcode == "fusion" else ins
-    return root is None or root.opcode != _IN_PLACE
+    return not _is_communication(ins.opcode) and _in_place(module, ins) is None
 
 
 def operand_reads(module: HloModule, comp: Computation, ins: Instruction) -> list[tuple[str, int]]:
-    """Each operand a :func:`fusible` ``ins`` reads from device memory, by name, and the
-    bytes it reads of it (all of it, or what a slice takes); constants are no traffic."""
+    """Each operand ``ins`` reads from device memory, by name, and the bytes it reads of it
+    (all of it, or what a slice takes; an update in place reads its buffer here, which
+    :class:`CostCounter` takes off); constants are no traffic."""
     out = []
     for i, name in enumerate(ins.operands):
         op = comp.by_name.get(name)

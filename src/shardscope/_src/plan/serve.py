@@ -960,8 +960,9 @@ def _plan(
     read = weight - _looked_up_bytes(config, layout, weights)
     # the weights' matmuls read the weights, the attention the cache
     w, a = (f * per_replica / t for f in _decode_flops(c, context))
-    by_weights = (_matmul_s(hw, weights, w, (1, 0)), hw.matmul_read_seconds(read - skipped))
-    by_cache = (_matmul_s(hw, weights, a, (0, 1)), hw.matmul_read_seconds(cached))
+    per_w, per_a = _flop_seconds(hw, weights, prefill=False)
+    by_weights = (w * per_w, hw.matmul_read_seconds(read - skipped))
+    by_cache = (a * per_a, hw.matmul_read_seconds(cached))
     memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
