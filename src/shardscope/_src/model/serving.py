@@ -35,10 +35,10 @@ import jax.numpy as jnp
 
 from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.fused import fused_norm as _norm
 from shardscope._src.model.transformer import (
     NO_HOOKS,
     Hooks,
-    _norm,
     abstract_params,
     mlp,
     moe_mlp,
