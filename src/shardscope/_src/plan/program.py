@@ -450,12 +450,12 @@ def plan_rule_sets(
     start = time.perf_counter()
     rule_sets, axes = _check_program(make_step, devices, rules, rule_set, axes, meshes)
     kinds = axis_types_of(axis_types, axes)
-    shapes = _mesh_list(meshes, axes, devices)
-    target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
+    shapes = mesh_list(meshes, axes, devices)
+    target_name, hw = target_hardware(target, hardware, hardware_overrides, devices)
     local = None
     if target_name is None and (pool is None or ref is None):
         local = local_devices(devices, otherwise=" (the command line does it for you)")
-    label = name or _name_of(make_step)
+    label = name or program_name(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
     plans, skipped = compile_plans(
@@ -770,7 +770,7 @@ def one_compiler(target: str | None, compiler: str | None) -> str | None:
     return compiler
 
 
-def _target_hardware(
+def target_hardware(
     target: str | None,
     hardware: str | Hardware | None,
     overrides: Mapping[str, float] | None,
@@ -844,16 +844,19 @@ def _indivisible(error: BaseException) -> bool:
     return isinstance(error, ValueError) and "does not evenly divide" in str(error)
 
 
-def _name_of(fn: Any) -> str:
+def program_name(fn: Any) -> str:
+    """What the output calls the program of ``fn``: ``module:qualname`` (its qualified name
+    alone for the running script's functions)."""
     mod = getattr(fn, "__module__", None) or ""
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "make_step"
     return f"{mod}:{qual}" if mod and mod != "__main__" else qual
 
 
-def _mesh_list(
+def mesh_list(
     meshes: Sequence[str | Mapping[str, int]] | None, axes: tuple[str, ...], devices: int
 ) -> list[dict[str, int]]:
-
+    """The mesh shapes to plan over: ``meshes`` checked (each with the ``axes``, in order,
+    and ``devices`` devices), or every shape of :func:`mesh_shapes` when None."""
     if meshes is None:
         return mesh_shapes(devices, axes)
     out = []

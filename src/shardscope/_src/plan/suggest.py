@@ -77,15 +77,15 @@ from shardscope._src.plan.dataflow import argument_axes
 from shardscope._src.plan.program import (
     ProgramPlan,
     ProgramPlanResult,
-    _mesh_list,
-    _name_of,
-    _target_hardware,
     compile_plans,
+    mesh_list,
     mesh_shapes,
     one_compiler,
     plan_rule_sets,
+    program_name,
     program_ref,
     rank_plans,
+    target_hardware,
 )
 from shardscope._src.plan.types import Skipped
 from shardscope._src.plan.worker import WorkerPool
@@ -944,7 +944,7 @@ def suggest(
         raise PlanError(f"compiles={compiles!r}: must be a positive whole number", param="compiles")
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
-    label = name or _name_of(make_step)
+    label = name or program_name(make_step)
     per_array = args is not None or (not takes_rules(make_step) and not uses_flax(make_step))
     # a worker loads the program from its file; given arguments stay in this process
     ref = None if args is not None else program_ref(make_step, by_dataflow=per_array)
@@ -966,7 +966,7 @@ def suggest(
         axes = _axes(found, axes)
         names = _logical_names(found, logical_axes)
     target = one_compiler(target, compiler)
-    target_name, hw = _target_hardware(target, hardware, hardware_overrides, devices)
+    target_name, hw = target_hardware(target, hardware, hardware_overrides, devices)
     if workers is None:
         workers = default_workers(compiles) if ref is not None else 0
     if not is_int(workers, 0):
@@ -1004,7 +1004,7 @@ def suggest(
     else:
         arrays, flops = probe_program(make_step, names, where=f"{label}(probe)", axis_type=kinds[0])
     t1 = time.perf_counter()
-    shapes = _mesh_list(None, axes, devices)
+    shapes = mesh_list(None, axes, devices)
     work = workload(arrays, flops)
     screened: dict[tuple[tuple[int, ...], tuple[tuple[str, str | None], ...]], Screen] = {}
     for sizes, assign in candidates(names, axes, shapes):
