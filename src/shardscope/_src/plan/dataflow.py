@@ -12,15 +12,101 @@ dimensions a class; the classes that reach the arguments are the program's logic
 Only what a sharding can follow is joined, so a class is never wider than the program makes
 it: operations without a rule here (gathers, sorts, custom calls) join nothing, and the axes
 they would have joined stay apart, each searched on its own.
+
+:func:`by_dataflow` names those axes and builds the program over them; the arguments are
+:class:`ProbedArray` records, as ``suggest``'s probe of a named program gives them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from shardscope._src.audit.stages import build_step, check_step_pair, lower
+from shardscope._src.base.errors import ProgramError, one_line
+from shardscope._src.mesh import axis_types_of, make_mesh
+
+# -- the arguments ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbedArray:
+    """One argument of the program: its path, shape, bytes per element and the logical names
+    of each dimension (empty for a dimension the program does not name)."""
+
+    path: str
+    shape: tuple[int, ...]
+    itemsize: int
+    names: tuple[tuple[str, ...], ...]
+    #: the path's keys as plain strings (attribute, dict key or index alike), so that a
+    #: parameter's path and its optimizer moments' paths can be compared
+    keys: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+
+def key_name(key: Any) -> str:
+    """A path key as a plain string: ``.q``, ``['q']`` and ``[0]`` as ``q`` and ``0``."""
+    for attr in ("name", "key", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def lowered_flops(lowered: Any) -> float:
+    """The step's FLOPs by JAX's count of its lowering (0 when it gives none)."""
+    cost = lowered.cost_analysis() or {}
+    return float(cost.get("flops", 0.0) or 0.0)
+
+
+def weights(arrays: Sequence[ProbedArray]) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    """Which of ``arrays`` are weights (one flag per array), and the weight each array
+    belongs to (its own index, or for an optimizer's moment its weight's).
+
+    A weight is an array whose path, less the argument it sits in, ends the path of another
+    array of its shape: its optimizer's moments (``[0].blocks[0].q.kernel`` and
+    ``[1].opt_state[0].mu['blocks'][0]['q']['kernel']``; optax, Flax NNX and Equinox states
+    alike). A step without such mirrors (no optimizer state) takes the named arrays of at
+    least two dimensions whose (shape, names) repeat most, as a model's layers do."""
+    owners = list(range(len(arrays)))
+    for i, a in enumerate(arrays):
+        tail = a.keys[1:]
+        if not tail or not a.shape:
+            continue
+        for j, b in enumerate(arrays):
+            if (
+                j != i
+                and b.shape == a.shape
+                and len(b.keys) > len(a.keys)
+                and b.keys[-len(tail) :] == tail
+                and (owners[j] == j or len(arrays[owners[j]].keys) > len(a.keys))
+            ):
+                owners[j] = i
+    mirrored = {o for j, o in enumerate(owners) if o != j}
+    if mirrored:
+        weight = tuple(i in mirrored for i in range(len(arrays)))
+    else:
+        keys = [(a.shape, a.names) for a in arrays]
+        copies = [
+            keys.count(k) if len(a.shape) > 1 and a.names else 0
+            for k, a in zip(keys, arrays, strict=True)
+        ]
+        most = max(copies, default=0)
+        weight = tuple(c == most > 0 for c in copies)
+    return weight, tuple(owners)
+
+
+# -- the dataflow's classes ---------------------------------------------------------------------
 
 
 class _Classes:
@@ -298,3 +384,124 @@ def argument_axes(step: Any, args: Sequence[Any]) -> list[tuple[int, ...]]:
             dims.append(numbering.setdefault(root, len(numbering) + 1))
         out.append(tuple(dims))
     return out
+
+
+# -- programs without logical names -------------------------------------------------------------
+
+
+def by_dataflow(
+    program: Callable[..., Any],
+    args: Sequence[Any] | None,
+    *,
+    where: str,
+    axes: Sequence[str],
+    axis_types: Any = None,
+    probe: bool = False,
+) -> Any:
+    """A ``make_step(mesh, rules)`` over the axes ``program``'s dataflow joins, and their
+    names (with ``probe``, also the arguments with those names and the step's FLOPs, what
+    ``suggest``'s :func:`~shardscope._src.plan.suggest.probe_program` gives a named
+    program): ``program`` is the step (with ``args``) or a ``make_step(mesh)`` (called on
+    each mesh, its arguments' shardings replaced). Each axis is named after the first array
+    dimension it holds (``q_weight_0``; an argument that is an array itself as ``arg2_0``).
+
+    Raises:
+        ProgramError: the step could not be traced with its arguments.
+    """
+    mesh = None
+    if args is not None:
+        step, template = program, tuple(args)
+    else:  # built once on one device, with the mesh axes it is searched over
+        kinds = axis_types_of(axis_types, tuple(axes))
+        mesh = make_mesh({a: 1 for a in axes}, devices=jax.devices()[:1], axis_types=kinds)
+        step, template = check_step_pair(build_step(program, mesh, where=where), where)
+    try:
+        if mesh is None:
+            classes = argument_axes(step, template)
+        else:
+            with jax.set_mesh(mesh):
+                classes = argument_axes(step, template)
+    except Exception as e:
+        raise ProgramError(f"{where} could not be traced with its arguments: {one_line(e)}") from e
+    flat = [
+        (path, leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tuple(template))[0]
+        if isinstance(leaf, jax.Array | np.ndarray | jax.ShapeDtypeStruct)
+    ]
+    # The weights' axes are searched; of the other arrays' (the batch's), the leading one
+    # alone: splitting a sequence needs an attention written for it (context parallelism),
+    # which the arithmetic screen cannot price.
+    probed = [
+        ProbedArray(
+            jax.tree_util.keystr(path),
+            tuple(leaf.shape),
+            jnp.dtype(leaf.dtype).itemsize,
+            (),
+            tuple(key_name(k) for k in path),
+        )
+        for path, leaf in flat
+    ]
+    weight, owners = weights(probed)
+    searched: set[int] = set()
+    for dims, owner in zip(classes, owners, strict=True):
+        if weight[owner]:
+            searched.update(c for c in dims if c)
+        elif dims and dims[0]:
+            searched.add(dims[0])
+    label: dict[int, str] = {}
+    for (path, _), dims in zip(flat, classes, strict=True):
+        short = _short_path(path)
+        for d, c in enumerate(dims):
+            if c in searched:
+                label.setdefault(c, f"{short}_{d}")
+    dim_names = [tuple(label.get(c) for c in dims) for dims in classes]
+    names = tuple(dict.fromkeys(n for dims in dim_names for n in dims if n))
+
+    def make_step(mesh: Any, rules: Sequence[tuple[str, Any]] = ()) -> Any:
+        given = dict(rules)
+        if args is not None:
+            run, base = step, template
+        else:
+            run, base = check_step_pair(program(mesh), where)
+        leaves, treedef = jax.tree.flatten(tuple(base))
+        k = 0
+        out = []
+        for leaf in leaves:
+            if isinstance(leaf, jax.Array | np.ndarray | jax.ShapeDtypeStruct):
+                spec = PartitionSpec(*(given.get(n) if n else None for n in dim_names[k]))
+                k += 1
+                leaf = jax.ShapeDtypeStruct(
+                    leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec)
+                )
+            out.append(leaf)
+        return run, tuple(jax.tree.unflatten(treedef, out))
+
+    make_step.__name__ = getattr(program, "__name__", "step")
+    if not probe:
+        return make_step, names
+    # the probe of a named program, from what is known already: the arrays with their axes'
+    # names, and the step's FLOPs from one lowering on the one-device mesh
+    arrays = tuple(
+        replace(a, names=tuple((n,) if n else () for n in dims))
+        for a, dims in zip(probed, dim_names, strict=True)
+    )
+    try:
+        if mesh is None:
+            lowered = lower(step, template, {})
+        else:
+            with jax.set_mesh(mesh):
+                lowered = lower(step, template, {})
+        flops = lowered_flops(lowered)
+    except Exception as e:
+        raise ProgramError(f"{where} could not be lowered with its arguments: {one_line(e)}") from e
+    return make_step, names, arrays, flops
+
+
+def _short_path(path: Sequence[Any]) -> str:
+    """The last two keys of a leaf's path that are not indices, joined by ``_`` and made an
+    identifier (``q_weight``); ``argN`` for an argument that is a leaf itself."""
+    keys = [key_name(k) for k in path]
+    tail = [k for k in keys[1:] if not k.isdigit()][-2:]
+    text = "_".join(tail) if tail else f"arg{keys[0]}"
+    text = re.sub(r"\W", "_", text)
+    return text if text[:1].isalpha() else f"a{text}"

@@ -61,6 +61,7 @@ from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
+from shardscope._src.plan.dataflow import by_dataflow
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.sweep import pareto_front
@@ -645,8 +646,6 @@ def run_program_task(task: ProgramTask) -> ProgramFacts:
     if make_step is None:
         make_step = load_program(task.ref)
         if task.by_dataflow:
-            from shardscope._src.plan.suggest import by_dataflow  # it imports this module
-
             make_step, _ = by_dataflow(
                 make_step,
                 None,

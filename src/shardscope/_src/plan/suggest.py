@@ -53,7 +53,6 @@ import itertools
 import json
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -62,18 +61,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from shardscope._src.audit.stages import build_step, check_step_pair, lower, program_stage
 from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, traffic_bytes
-from shardscope._src.base.errors import PlanError, ProgramError, RulesError, is_int, one_line
+from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
-from shardscope._src.plan.dataflow import argument_axes
+from shardscope._src.plan.dataflow import (
+    ProbedArray,
+    by_dataflow,
+    key_name,
+    lowered_flops,
+    weights,
+)
 from shardscope._src.plan.program import (
     ProgramPlan,
     ProgramPlanResult,
@@ -112,24 +116,6 @@ SUGGESTED = "suggested"
 
 
 # -- records ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProbedArray:
-    """One argument of the program: its path, shape, bytes per element and the logical names
-    of each dimension (empty for a dimension the program does not name)."""
-
-    path: str
-    shape: tuple[int, ...]
-    itemsize: int
-    names: tuple[tuple[str, ...], ...]
-    #: the path's keys as plain strings (attribute, dict key or index alike), so that a
-    #: parameter's path and its optimizer moments' paths can be compared
-    keys: tuple[str, ...] = ()
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.itemsize
 
 
 @dataclass(frozen=True)
@@ -471,137 +457,10 @@ def probe_program(
                 shape=tuple(int(d) for d in shape),
                 itemsize=jnp.dtype(dtype).itemsize,
                 names=tuple(tuple(d) for d in dims),
-                keys=tuple(_key_name(k) for k in path),
+                keys=tuple(key_name(k) for k in path),
             )
         )
-    return tuple(arrays), _flops(lowered)
-
-
-def _flops(lowered: Any) -> float:
-    """The step's FLOPs by JAX's count of its lowering (0 when it gives none)."""
-    cost = lowered.cost_analysis() or {}
-    return float(cost.get("flops", 0.0) or 0.0)
-
-
-# -- programs without logical names -------------------------------------------------------------
-
-
-def by_dataflow(
-    program: Callable[..., Any],
-    args: Sequence[Any] | None,
-    *,
-    where: str,
-    axes: Sequence[str] = DEFAULT_AXES,
-    axis_types: Any = None,
-    probe: bool = False,
-) -> Any:
-    """A ``make_step(mesh, rules)`` over the axes ``program``'s dataflow joins, and their
-    names (with ``probe``, also the arguments with those names and the step's FLOPs, what
-    :func:`probe_program` gives a named program): ``program`` is the step (with ``args``)
-    or a ``make_step(mesh)`` (called on each mesh, its arguments' shardings replaced). Each
-    axis is named after the first array dimension it holds (``q_weight_0``; an argument that
-    is an array itself as ``arg2_0``).
-
-    Raises:
-        ProgramError: the step could not be traced with its arguments.
-    """
-    mesh = None
-    if args is not None:
-        step, template = program, tuple(args)
-    else:  # built once on one device, with the mesh axes it is searched over
-        kinds = axis_types_of(axis_types, tuple(axes))
-        mesh = make_mesh({a: 1 for a in axes}, devices=jax.devices()[:1], axis_types=kinds)
-        step, template = check_step_pair(build_step(program, mesh, where=where), where)
-    try:
-        if mesh is None:
-            classes = argument_axes(step, template)
-        else:
-            with jax.set_mesh(mesh):
-                classes = argument_axes(step, template)
-    except Exception as e:
-        raise ProgramError(f"{where} could not be traced with its arguments: {one_line(e)}") from e
-    flat = [
-        (path, leaf)
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tuple(template))[0]
-        if isinstance(leaf, jax.Array | np.ndarray | jax.ShapeDtypeStruct)
-    ]
-    # The weights' axes are searched; of the other arrays' (the batch's), the leading one
-    # alone: splitting a sequence needs an attention written for it (context parallelism),
-    # which the arithmetic screen cannot price.
-    probed = [
-        ProbedArray(
-            jax.tree_util.keystr(path),
-            tuple(leaf.shape),
-            jnp.dtype(leaf.dtype).itemsize,
-            (),
-            tuple(_key_name(k) for k in path),
-        )
-        for path, leaf in flat
-    ]
-    work = workload(probed, 0.0)
-    searched: set[int] = set()
-    for dims, owner in zip(classes, work.owners, strict=True):
-        if work.weights[owner]:
-            searched.update(c for c in dims if c)
-        elif dims and dims[0]:
-            searched.add(dims[0])
-    label: dict[int, str] = {}
-    for (path, _), dims in zip(flat, classes, strict=True):
-        short = _short_path(path)
-        for d, c in enumerate(dims):
-            if c in searched:
-                label.setdefault(c, f"{short}_{d}")
-    dim_names = [tuple(label.get(c) for c in dims) for dims in classes]
-    names = tuple(dict.fromkeys(n for dims in dim_names for n in dims if n))
-
-    def make_step(mesh: Any, rules: Sequence[tuple[str, Any]] = ()) -> Any:
-        given = dict(rules)
-        if args is not None:
-            run, base = step, template
-        else:
-            run, base = check_step_pair(program(mesh), where)
-        leaves, treedef = jax.tree.flatten(tuple(base))
-        k = 0
-        out = []
-        for leaf in leaves:
-            if isinstance(leaf, jax.Array | np.ndarray | jax.ShapeDtypeStruct):
-                spec = PartitionSpec(*(given.get(n) if n else None for n in dim_names[k]))
-                k += 1
-                leaf = jax.ShapeDtypeStruct(
-                    leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec)
-                )
-            out.append(leaf)
-        return run, tuple(jax.tree.unflatten(treedef, out))
-
-    make_step.__name__ = getattr(program, "__name__", "step")
-    if not probe:
-        return make_step, names
-    # the probe of a named program, from what is known already: the arrays with their axes'
-    # names, and the step's FLOPs from one lowering on the one-device mesh
-    arrays = tuple(
-        replace(a, names=tuple((n,) if n else () for n in dims))
-        for a, dims in zip(probed, dim_names, strict=True)
-    )
-    try:
-        if mesh is None:
-            lowered = lower(step, template, {})
-        else:
-            with jax.set_mesh(mesh):
-                lowered = lower(step, template, {})
-        flops = _flops(lowered)
-    except Exception as e:
-        raise ProgramError(f"{where} could not be lowered with its arguments: {one_line(e)}") from e
-    return make_step, names, arrays, flops
-
-
-def _short_path(path: Sequence[Any]) -> str:
-    """The last two keys of a leaf's path that are not indices, joined by ``_`` and made an
-    identifier (``q_weight``); ``argN`` for an argument that is a leaf itself."""
-    keys = [_key_name(k) for k in path]
-    tail = [k for k in keys[1:] if not k.isdigit()][-2:]
-    text = "_".join(tail) if tail else f"arg{keys[0]}"
-    text = re.sub(r"\W", "_", text)
-    return text if text[:1].isalpha() else f"a{text}"
+    return tuple(arrays), lowered_flops(lowered)
 
 
 # -- the search and the screen ------------------------------------------------------------------
@@ -629,14 +488,6 @@ def _divisible(array: ProbedArray, spec: Sequence[str | None], sizes: Mapping[st
     return all(a is None or d % sizes[a] == 0 for d, a in zip(array.shape, spec, strict=True))
 
 
-def _key_name(key: Any) -> str:
-    """A path key as a plain string: ``.q``, ``['q']`` and ``[0]`` as ``q`` and ``0``."""
-    for attr in ("name", "key", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 @dataclass(frozen=True)
 class Workload:
     """What the screen knows of a step beyond its arrays: its FLOPs, which arrays are weights
@@ -655,38 +506,8 @@ class Workload:
 
 
 def workload(arrays: Sequence[ProbedArray], flops: float) -> Workload:
-    """The :class:`Workload` of a probed program.
-
-    A weight is an array whose path, less the argument it sits in, ends the path of another
-    array of its shape: its optimizer's moments (``[0].blocks[0].q.kernel`` and
-    ``[1].opt_state[0].mu['blocks'][0]['q']['kernel']``; optax, Flax NNX and Equinox states
-    alike). A step without such mirrors (no optimizer state) takes the named arrays of at
-    least two dimensions whose (shape, names) repeat most, as a model's layers do."""
-    owners = list(range(len(arrays)))
-    for i, a in enumerate(arrays):
-        tail = a.keys[1:]
-        if not tail or not a.shape:
-            continue
-        for j, b in enumerate(arrays):
-            if (
-                j != i
-                and b.shape == a.shape
-                and len(b.keys) > len(a.keys)
-                and b.keys[-len(tail) :] == tail
-                and (owners[j] == j or len(arrays[owners[j]].keys) > len(a.keys))
-            ):
-                owners[j] = i
-    mirrored = {o for j, o in enumerate(owners) if o != j}
-    if mirrored:
-        weight = tuple(i in mirrored for i in range(len(arrays)))
-    else:
-        keys = [(a.shape, a.names) for a in arrays]
-        copies = [
-            keys.count(k) if len(a.shape) > 1 and a.names else 0
-            for k, a in zip(keys, arrays, strict=True)
-        ]
-        most = max(copies, default=0)
-        weight = tuple(c == most > 0 for c in copies)
+    """The :class:`Workload` of a probed program, its weights those :func:`weights` finds."""
+    weight, owners = weights(arrays)
     names = frozenset(
         name for a, w in zip(arrays, weight, strict=True) if w for d in a.names for name in d
     )
@@ -696,7 +517,7 @@ def workload(arrays: Sequence[ProbedArray], flops: float) -> Workload:
     for i, (a, w) in enumerate(zip(arrays, weight, strict=True)):
         kinds.setdefault((a.shape, a.names, a.itemsize, w), []).append(i)
     groups = tuple((ix[0], len(ix), key[3]) for key, ix in kinds.items())
-    return Workload(flops, weight, names, tokens, tuple(owners), groups)
+    return Workload(flops, weight, names, tokens, owners, groups)
 
 
 def screen(
