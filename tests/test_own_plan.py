@@ -212,6 +212,51 @@ def test_a_candidate_whose_program_fails_is_skipped_with_its_error(axis_types):
     assert "no model today" in str(r.empty_reason)
 
 
+#: A program whose rules are refused for every mesh, and one that fails as it is built.
+REFUSING = """
+import shardscope
+
+
+def make_step(mesh, rules=()):
+    raise shardscope.RulesError("rules: none fits " + ",".join(mesh.axis_names))
+
+
+def broken(mesh):
+    raise RuntimeError("no model today: at all")
+"""
+
+
+def test_a_candidate_that_fails_in_a_worker_raises_the_error_it_raises_here(tmp_path):
+    from shardscope._src.mesh import axis_types_of
+    from shardscope._src.plan.program import ProgramRef, compile_plans
+    from shardscope._src.plan.worker import WorkerPool
+
+    path = tmp_path / "refusing.py"
+    path.write_text(REFUSING)
+    todo = [("dp", (), {"data": 2, "model": 1})]
+    kinds = axis_types_of("auto", ("data", "model"))
+    hw = shardscope.hardware("h100")
+    with WorkerPool(2, 1) as pool:
+
+        def run(ref):
+            label = ref.ref.rpartition(":")[2]
+            return compile_plans(
+                None, todo, hw, None, label=label, target=None, kinds=kinds, pool=pool, ref=ref
+            )
+
+        with pytest.raises(shardscope.PlanError) as refused:
+            run(ProgramRef(f"{path}:make_step"))
+        with pytest.raises(shardscope.ProgramError) as failed:
+            run(ProgramRef(f"{path}:broken", by_dataflow=True))
+    # the program's own error, as planning in this process raises it
+    assert type(refused.value) is shardscope.RulesError
+    assert str(refused.value) == "rules: none fits data,model"
+    # any other error of the worker's is named in the caller's words
+    assert str(failed.value) == (
+        "broken(mesh data=2,model=1): a compile worker failed: RuntimeError: no model today: at all"
+    )
+
+
 # -- diff and budgets -----------------------------------------------------------------------
 
 

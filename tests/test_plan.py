@@ -747,7 +747,8 @@ def test_plan_for_more_devices_through_a_worker():
 
 
 def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
-    from shardscope._src.plan.types import CompiledFacts, CompileTask
+    from shardscope._src.plan.compile import CompileTask
+    from shardscope._src.plan.types import CompiledFacts
     from shardscope._src.plan.worker import WorkerError, run_tasks
 
     config = TINY.config(batch=16)

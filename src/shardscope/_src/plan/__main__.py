@@ -1,10 +1,9 @@
-"""A planner worker process: ``python -m shardscope._src.plan N`` compiles the tasks it reads
-on stdin on N simulated CPU devices (see :mod:`shardscope._src.plan.worker`)."""
+"""A planner worker process: ``python -m shardscope._src.plan N`` runs the tasks it reads on
+stdin on N simulated CPU devices (see :mod:`shardscope._src.plan.worker`)."""
 
 import sys
 
-from shardscope._src.plan.compile import compile_task
 from shardscope._src.plan.worker import serve
 
 if __name__ == "__main__":
-    raise SystemExit(serve(compile_task, int(sys.argv[1]), targets="targets" in sys.argv[2:]))
+    raise SystemExit(serve(int(sys.argv[1]), targets="targets" in sys.argv[2:]))

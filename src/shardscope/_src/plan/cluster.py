@@ -1,5 +1,5 @@
 """Compiles on a Ray cluster: the same tasks as the worker processes
-(:class:`~shardscope._src.plan.types.ProgramTask`, the program by its file's path), run as Ray
+(:class:`~shardscope._src.plan.program.ProgramTask`, the program by its file's path), run as Ray
 tasks on the cluster's nodes.
 
 Each task runs in a Ray worker started for it with the device set-up it needs in its
@@ -21,7 +21,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from shardscope._src.base.devices import use_cpu_devices
 from shardscope._src.base.errors import PlanError
+from shardscope._src.plan.tasks import LostTask, TaskFailure, run_task
+from shardscope._src.plan.worker import WorkerError
 
 #: How many times Ray runs a task again after its worker died.
 RETRIES = 2
@@ -31,10 +34,6 @@ CONNECT_TIMEOUT_S = 3.0
 
 class ClusterError(PlanError):
     """The Ray cluster asked for cannot be used (not installed, not reachable)."""
-
-
-class LostTask(RuntimeError):
-    """A task whose worker died on every try."""
 
 
 def ray_requested() -> bool:
@@ -81,20 +80,14 @@ def check_address(address: str) -> None:
 
 
 def _run_remote(task: Any, devices: int, targets: bool) -> Any:
-    """A Ray task's body: this worker's devices, then the compile (or the failure)."""
-    from shardscope._src.base.devices import use_cpu_devices
-    from shardscope._src.plan.compile import compile_task
-    from shardscope._src.plan.types import TaskFailure
-
+    """A Ray task's body: this worker's devices, then the task (or its failure, reported per
+    candidate, as the worker processes report it)."""
     use_cpu_devices(devices)
     if targets:
         from shardscope._src.targets.plugins import prepare_targets
 
         prepare_targets()
-    try:
-        return compile_task(task)
-    except Exception as e:  # reported per candidate, as the worker processes report it
-        return TaskFailure(type(e).__name__, str(e))
+    return run_task(task)
 
 
 class RayPool:
@@ -126,9 +119,8 @@ class RayPool:
 
     def run(self, tasks: Sequence[Any]) -> Iterator[tuple[int, Any]]:
         """Yields ``(index, result or error)`` as each of ``tasks`` finishes; a task whose
-        worker died on every try yields a :class:`LostTask`."""
-        from shardscope._src.plan.types import TaskFailure
-
+        worker died on every try yields a :class:`LostTask`, one that raised a
+        :class:`WorkerError` with its :class:`TaskFailure`."""
         remote = self.remote.options(**self.options)
         refs = {remote.remote(t, self.devices, self.targets): i for i, t in enumerate(tasks)}
         pending = list(refs)
@@ -145,7 +137,7 @@ class RayPool:
                     yield i, LostTask(str(e).strip().splitlines()[0])
                     continue
                 if isinstance(got, TaskFailure):
-                    yield i, RuntimeError(f"{got.error_type}: {got.message}")
+                    yield i, WorkerError(str(got), got)
                 else:
                     yield i, got
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -18,14 +19,7 @@ from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.types import (
-    Candidate,
-    CompiledFacts,
-    CompileTask,
-    PlanCollective,
-    ProgramFacts,
-    ProgramTask,
-)
+from shardscope._src.plan.types import Candidate, CompiledFacts, PlanCollective
 from shardscope._src.plan.worker import run_tasks
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import Strategy, get_strategy
@@ -102,16 +96,22 @@ def compile_facts(
     return facts
 
 
-def compile_task(task: CompileTask | ProgramTask) -> CompiledFacts | ProgramFacts:
-    """:func:`compile_facts` of a worker's task, on this process's devices (a user's program:
-    :func:`~shardscope._src.plan.program.run_program_task`)."""
-    if isinstance(task, ProgramTask):
-        from shardscope._src.plan.program import run_program_task  # it imports this module
+@dataclass(frozen=True)
+class CompileTask:
+    """One plan to compile (a :class:`~shardscope._src.plan.tasks.Task`), as the planner sends
+    it to a worker process (picklable)."""
 
-        return run_program_task(task)
-    return compile_facts(
-        task.strategy, task.mesh_spec, task.config, task.mode, microbatches=task.microbatches
-    )
+    strategy: str | Strategy
+    mesh_spec: str
+    config: ModelConfig
+    mode: str
+    microbatches: int = 1
+
+    def run(self, devices: Sequence[jax.Device] | None = None) -> CompiledFacts:
+        """:func:`compile_facts` of this plan on ``devices`` (default: this process's)."""
+        return compile_facts(
+            self.strategy, self.mesh_spec, self.config, self.mode, devices, self.microbatches
+        )
 
 
 def local_devices(n: int, *, otherwise: str = "") -> list[jax.Device]:
@@ -169,32 +169,25 @@ def compile_all(
     def config_of(cand: Candidate) -> ModelConfig:
         return config if isinstance(config, ModelConfig) else config[cand]
 
+    tasks = [
+        CompileTask(c.strategy_record, c.stage_mesh_spec, config_of(c), mode, c.microbatches)
+        for c in todo
+    ]
     if workers == 0:
         local = local_devices(
             devices,
             otherwise=f", or pass workers=1 (or more) to compile in worker processes that "
             f"simulate {devices} devices each",
         )
-        for i, cand in enumerate(todo, start=1):
+        for i, (cand, task) in enumerate(zip(todo, tasks, strict=True), start=1):
             try:
-                out[cand] = compile_facts(
-                    cand.strategy_record,
-                    cand.stage_mesh_spec,
-                    config_of(cand),
-                    mode,
-                    local,
-                    cand.microbatches,
-                )
+                out[cand] = task.run(local)
             except (StrategyError, RuntimeError, ValueError) as e:
                 out[cand] = e
             if progress:
                 progress(i, total, cand.label)
         return out
 
-    tasks = [
-        CompileTask(c.strategy_record, c.stage_mesh_spec, config_of(c), mode, c.microbatches)
-        for c in todo
-    ]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:

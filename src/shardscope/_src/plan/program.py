@@ -65,6 +65,7 @@ from shardscope._src.plan.dataflow import by_dataflow
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.sweep import pareto_front
+from shardscope._src.plan.tasks import LostTask
 from shardscope._src.plan.types import (
     FIT_PARAMS,
     PLAN_EXTRA,
@@ -72,12 +73,12 @@ from shardscope._src.plan.types import (
     AxisComm,
     PlanCollective,
     ProgramFacts,
-    ProgramTask,
     Skipped,
     SkipReason,
     no_plan_note,
     program_bytes,
 )
+from shardscope._src.plan.worker import WorkerError
 from shardscope._src.sharding.rules import (
     Rules,
     check_rules_axes,
@@ -533,7 +534,7 @@ def compile_plans(
         ]
         answers: dict[int, ProgramFacts] = {}
         for done, (i, answer) in enumerate(pool.run(tasks), start=1):
-            if type(answer).__name__ == "LostTask":  # a cluster's: not compiled, so not a plan
+            if isinstance(answer, LostTask):  # a cluster's: not compiled, so not a plan
                 lost = Skipped(
                     todo[i][0], format_mesh_spec(todo[i][2]), SkipReason.LOST, str(answer)
                 )
@@ -631,55 +632,75 @@ def _compile_one(
 #: The programs a worker process has loaded, by reference.
 _LOADED: dict[ProgramRef, Callable[..., Any]] = {}
 
-#: The errors a worker sends back that are the caller's, by class name.
-_CALLER_ERRORS = {
-    c.__name__: c
-    for c in (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError, RulesError)
-}
+#: The errors of a task that are the caller's (a bad program, rules or target): raised as
+#: they are where the task was asked for.
+_CALLER_ERRORS: frozenset[type[Exception]] = frozenset(
+    (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError, RulesError)
+)
 
 
-def run_program_task(task: ProgramTask) -> ProgramFacts:
-    """A worker's compile of one candidate of a user's program (:class:`ProgramTask`)."""
-    key = ProgramRef(task.ref, task.by_dataflow)
-    kinds = tuple(jax.sharding.AxisType[n] for n in task.axis_types)
-    make_step = _LOADED.get(key)
-    if make_step is None:
-        make_step = load_program(task.ref)
-        if task.by_dataflow:
-            make_step, _ = by_dataflow(
-                make_step,
-                None,
-                where=task.where,
-                axes=tuple(n for n, _ in task.sizes),
-                axis_types=kinds,
-            )
-        _LOADED[key] = make_step
-    sizes = dict(task.sizes)
-    local = None if task.target else jax.devices("cpu")[: math.prod(sizes.values())]
-    label = task.where.split("(mesh ")[0]
-    plan, skipped, fingerprint = _compile_one(
-        make_step,
-        task.rules_name,
-        task.rules,
-        sizes,
-        task.hardware,
-        local,
-        label,
-        task.target,
-        kinds,
-    )
-    return ProgramFacts(plan, fingerprint, skipped)
+@dataclass(frozen=True)
+class ProgramTask:
+    """One candidate of a user's program to compile (a
+    :class:`~shardscope._src.plan.tasks.Task`), as sent to a worker (picklable): the program
+    by reference (``FILE.py:FUNCTION``, loaded there as :func:`load_program` loads it;
+    ``by_dataflow``: searched array by array), its rules and mesh, the compiler and the
+    hardware it is timed on."""
+
+    ref: str
+    by_dataflow: bool
+    rules_name: str
+    rules: tuple[tuple[str, Any], ...]
+    sizes: tuple[tuple[str, int], ...]
+    target: str | None
+    axis_types: tuple[str, ...]
+    hardware: Hardware
+    where: str
+
+    def run(self, devices: Sequence[jax.Device] | None = None) -> ProgramFacts:
+        """The candidate's plan, compiled on ``devices`` (default: this process's first CPU
+        devices; a target's compile-only ones when it names a target), the program loaded
+        once per process."""
+        key = ProgramRef(self.ref, self.by_dataflow)
+        kinds = tuple(jax.sharding.AxisType[n] for n in self.axis_types)
+        make_step = _LOADED.get(key)
+        if make_step is None:
+            make_step = load_program(self.ref)
+            if self.by_dataflow:
+                make_step, _ = by_dataflow(
+                    make_step,
+                    None,
+                    where=self.where,
+                    axes=tuple(n for n, _ in self.sizes),
+                    axis_types=kinds,
+                )
+            _LOADED[key] = make_step
+        sizes = dict(self.sizes)
+        local = None
+        if not self.target:
+            local = list(devices or jax.devices("cpu"))[: math.prod(sizes.values())]
+        label = self.where.split("(mesh ")[0]
+        plan, skipped, fingerprint = _compile_one(
+            make_step,
+            self.rules_name,
+            self.rules,
+            sizes,
+            self.hardware,
+            local,
+            label,
+            self.target,
+            kinds,
+        )
+        return ProgramFacts(plan, fingerprint, skipped)
 
 
 def _worker_error(error: BaseException, where: str) -> Exception:
-    """The error a worker's failure is raised as here: the caller's own class where the
-    worker raised one (a bad program or rules), else a :class:`ProgramError` naming it."""
-    words = str(error)
-    name, _, message = words.partition(": ")
-    cls = _CALLER_ERRORS.get(name)
-    if cls is not None:
-        return cls(message)
-    return ProgramError(f"{where}: a compile worker failed: {words}")
+    """The error a task's failure in a worker is raised as here: the caller's own class where
+    the task raised one (a bad program or rules), else a :class:`ProgramError` naming it."""
+    failure = error.failure if isinstance(error, WorkerError) else None
+    if failure is not None and failure.error_class in _CALLER_ERRORS:
+        return failure.error_class(failure.message)
+    return ProgramError(f"{where}: a compile worker failed: {error}")
 
 
 def rank_plans(plans: Sequence[ProgramPlan], names: Sequence[str]) -> tuple[ProgramPlan, ...]:

@@ -259,50 +259,13 @@ class CompiledFacts:
 
 
 @dataclass(frozen=True)
-class CompileTask:
-    """One plan to compile, as the planner sends it to a worker process (picklable)."""
-
-    strategy: str | Strategy
-    mesh_spec: str
-    config: ModelConfig
-    mode: str
-    microbatches: int = 1
-
-
-@dataclass(frozen=True)
-class ProgramTask:
-    """One candidate of a user's program to compile, as sent to a worker (picklable): the
-    program by reference (``FILE.py:FUNCTION``, loaded there as :func:`load_program` loads
-    it; ``by_dataflow``: searched array by array), its rules and mesh, the compiler and the
-    hardware it is timed on."""
-
-    ref: str
-    by_dataflow: bool
-    rules_name: str
-    rules: tuple[tuple[str, Any], ...]
-    sizes: tuple[tuple[str, int], ...]
-    target: str | None
-    axis_types: tuple[str, ...]
-    hardware: Hardware
-    where: str
-
-
-@dataclass(frozen=True)
 class ProgramFacts:
-    """A worker's answer to a :class:`ProgramTask`: the plan (a ``ProgramPlan``) and its
-    program's fingerprint, or why the candidate was skipped."""
+    """A worker's answer to a :class:`~shardscope._src.plan.program.ProgramTask`: the plan (a
+    ``ProgramPlan``) and its program's fingerprint, or why the candidate was skipped."""
 
     plan: Any = None
     fingerprint: str = ""
     skipped: Skipped | None = None
-
-
-@dataclass(frozen=True)
-class TaskFailure:
-    """A worker's answer when compiling a task raised: the exception's type and message."""
-
-    error_type: str
-    message: str
 
 
 @dataclass(frozen=True)

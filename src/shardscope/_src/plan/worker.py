@@ -1,9 +1,9 @@
 """Worker processes for the planner: each simulates N CPU devices and compiles plans.
 
 A worker is ``python -m shardscope._src.plan N`` (:mod:`shardscope._src.plan.__main__`, which
-gives :func:`serve` the compile step): it reads pickled :class:`CompileTask` records on stdin
-and writes a pickled :class:`CompiledFacts` or :class:`TaskFailure` for each on its original
-stdout (anything else printed there goes to stderr).
+runs :func:`serve`): it reads pickled tasks (:class:`~shardscope._src.plan.tasks.Task`) on
+stdin and writes, pickled, what each one's ``run()`` returns or its :class:`TaskFailure` on
+its original stdout (anything else printed there goes to stderr).
 Plain subprocesses rather than ``multiprocessing`` so that the caller's ``__main__`` is never
 re-imported: a script without an ``if __name__ == "__main__"`` guard can still plan.
 """
@@ -16,17 +16,23 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from shardscope._src.base.devices import use_cpu_devices
-from shardscope._src.plan.types import CompiledFacts, CompileTask, ProgramFacts, TaskFailure
+from shardscope._src.plan.tasks import Task, TaskFailure, run_task
+from shardscope._src.plan.types import CompiledFacts, ProgramFacts
 
 
 class WorkerError(RuntimeError):
-    """A worker process died or answered with something other than a result."""
+    """A worker process died or answered with something other than a result; ``failure``:
+    the task raised there, and this is what it raised."""
+
+    def __init__(self, message: str, failure: TaskFailure | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 class _Worker:
@@ -64,7 +70,7 @@ class _Worker:
         if isinstance(reply, CompiledFacts | ProgramFacts):
             return reply
         if isinstance(reply, TaskFailure):
-            raise WorkerError(f"{reply.error_type}: {reply.message}")
+            raise WorkerError(str(reply), reply)
         raise WorkerError(f"worker process {self.proc.pid} answered {type(reply).__name__}")
 
     def stderr_tail(self, lines: int = 3) -> str:
@@ -142,7 +148,7 @@ class WorkerPool:
 
 
 def run_tasks(
-    tasks: Sequence[CompileTask], devices: int, workers: int
+    tasks: Sequence[Task], devices: int, workers: int
 ) -> Iterator[tuple[int, CompiledFacts | BaseException]]:
     """Runs ``tasks`` on ``workers`` processes; yields ``(index, result or error)`` as each
     finishes. A worker that dies is replaced for the remaining tasks."""
@@ -150,10 +156,10 @@ def run_tasks(
         yield from pool.run(tasks)
 
 
-def serve(compile_task: Callable[[Any], Any], devices: int, targets: bool = False) -> int:
+def serve(devices: int, targets: bool = False) -> int:
     """The worker's loop: simulate ``devices`` devices (``targets``: and set up the deviceless
-    compilers), then answer each task read on stdin with ``compile_task(task)`` (or the
-    :class:`TaskFailure` it raised) until stdin ends."""
+    compilers), then answer each task read on stdin with :func:`run_task` (what its
+    ``run()`` returns, or the :class:`TaskFailure` of what it raised) until stdin ends."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the results channel
     use_cpu_devices(devices)
@@ -167,9 +173,5 @@ def serve(compile_task: Callable[[Any], Any], devices: int, targets: bool = Fals
             task = pickle.load(inp)
         except EOFError:
             return 0
-        try:
-            reply: Any = compile_task(task)
-        except Exception as e:  # sent back to the planner, which reports it per plan
-            reply = TaskFailure(type(e).__name__, str(e))
-        pickle.dump(reply, out)
+        pickle.dump(run_task(task), out)
         out.flush()
