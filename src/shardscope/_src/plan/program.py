@@ -856,10 +856,17 @@ def _program_plan(
 
 def _indivisible(error: BaseException) -> bool:
     """Whether ``error`` says a shape the mesh does not divide (the planner's "divisibility";
-    anything else a program raises is an "error"): our LayoutError, or JAX's refusal, an
-    ``IndivisibleError`` on Auto axes and a ``ValueError`` on Explicit ones (0.10.2), known by
-    the class's name and the words both use, since neither class is public API."""
-    if isinstance(error, LayoutError) or type(error).__name__ == "IndivisibleError":
+    anything else a program raises is an "error"): our LayoutError, or JAX's refusal."""
+    return isinstance(error, LayoutError) or _jax_refused_indivisible(error)
+
+
+def _jax_refused_indivisible(error: BaseException) -> bool:
+    """Whether ``error`` is JAX refusing a shape its sharding does not divide."""
+    # JAX (0.10.2) has no public class for this refusal: on Auto axes it raises
+    # jax._src.sharding.IndivisibleError, on Explicit ones a plain ValueError. The class's
+    # name and the message's words are all there is to tell it by, so this is the one place
+    # that reads them.
+    if type(error).__name__ == "IndivisibleError":
         return True
     return isinstance(error, ValueError) and "does not evenly divide" in str(error)
 
