@@ -95,6 +95,45 @@ def test_every_public_name_loads_from_the_module_it_names():
     assert set(shardscope.__all__) <= set(dir(shardscope))
 
 
+def test_a_record_finds_its_renderer_only_when_it_is_shown():
+    # Records import no renderer: rich and notebooks reach the renderer of a layout, an audit
+    # and a diff through the display registry, which loads the renderer when one is shown.
+    got = _run(
+        "import io, json, sys\n"
+        "import jax, jax.numpy as jnp\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "from rich.console import Console\n"
+        "import shardscope\n"
+        "mesh = shardscope.make_mesh('data=1')\n"
+        "lay = shardscope.layout((4, 4), NamedSharding(mesh, P('data')), dtype='float32')\n"
+        "x = jax.ShapeDtypeStruct((4, 4), jnp.float32)\n"
+        "audit = shardscope.audit(jax.jit(lambda x: x * 2), x, mesh='data=1')\n"
+        "diff = shardscope.diff_audits(audit, audit)\n"
+        "def loaded():\n"
+        "    return sorted(m for m in sys.modules if m.startswith('shardscope._src.render'))\n"
+        "before = loaded()\n"
+        "def text(renderable):\n"
+        "    console = Console(width=120, file=io.StringIO(), record=True)\n"
+        "    console.print(renderable)\n"
+        "    return console.export_text()\n"
+        "shown = [text(lay), text(audit), text(diff)]\n"
+        "bundles = [lay._repr_mimebundle_(), audit._repr_mimebundle_()]\n"
+        "from shardscope._src.render.audit import audit_mimebundle, audit_table\n"
+        "from shardscope._src.render.diff import diff_table\n"
+        "from shardscope._src.render.layout import layout_mimebundle, layout_table\n"
+        "drawn = [text(layout_table(lay)), text(audit_table(audit)), text(diff_table(diff))]\n"
+        "print(json.dumps({'before': before, 'after': loaded(),\n"
+        "    'same': [a == b for a, b in zip(shown, drawn)],\n"
+        "    'bundles': [bundles[0] == layout_mimebundle(lay),\n"
+        "                bundles[1] == audit_mimebundle(audit)]}))\n"
+    )
+    assert got["before"] == []
+    assert {"shardscope._src.render.layout", "shardscope._src.render.audit"} <= set(got["after"])
+    assert "shardscope._src.render.diff" in got["after"]
+    assert got["same"] == [True, True, True]
+    assert got["bundles"] == [True, True]
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="module 'shardscope' has no attribute 'plot'"):
         shardscope.plot  # noqa: B018

@@ -13,6 +13,7 @@ import jax.tree_util as tu
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from shardscope._src.base.display import View, show
 from shardscope._src.base.errors import LayoutError, ShardscopeError
 from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.base.text import format_spec
@@ -104,16 +105,13 @@ class Layout:
             extra=("nbytes", "replication", "max_device_bytes"),
         )
 
-    # rich and notebooks look these up on the object; the renderer is imported when shown.
+    # rich and notebooks look these up on the object; its renderer is found when shown.
     def __rich__(self) -> Any:
-        from shardscope._src.render.layout import layout_table
-
-        return layout_table(self)
+        return show(self, View.RICH)
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
-        from shardscope._src.render.layout import layout_mimebundle
-
-        return layout_mimebundle(self)
+        bundle: dict[str, str] = show(self, View.NOTEBOOK)
+        return bundle
 
 
 def _axes_of(entry: Any) -> tuple[str, ...]:
@@ -483,16 +481,13 @@ class TreeLayout:
             ),
         )
 
-    # rich and notebooks look these up on the object; the renderer is imported when shown.
+    # rich and notebooks look these up on the object; its renderer is found when shown.
     def __rich__(self) -> Any:
-        from shardscope._src.render.layout import tree_layout_table
-
-        return tree_layout_table(self)
+        return show(self, View.RICH)
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
-        from shardscope._src.render.layout import tree_layout_mimebundle
-
-        return tree_layout_mimebundle(self)
+        bundle: dict[str, str] = show(self, View.NOTEBOOK)
+        return bundle
 
 
 def _holds_arrays(tree: Any) -> bool:

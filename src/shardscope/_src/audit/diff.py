@@ -17,6 +17,7 @@ from typing import Any
 from shardscope._src.audit.records import Audit, AuditTotals, KindTotals, ScopeTotals
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import format_bytes, parse_bytes
+from shardscope._src.base.display import View, show
 from shardscope._src.base.errors import AuditDiffError, RecordError, ShardscopeError
 from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
 from shardscope._src.base.vocab import Vocab
@@ -120,14 +121,12 @@ class AuditDiff:
 
     def text(self, *, all_rows: bool = False) -> str:
         """The changed rows (``all_rows``: every row) as a plain-text table."""
-        from shardscope._src.render.diff import diff_text
+        text: str = show(self, View.TEXT, all_rows=all_rows)
+        return text
 
-        return diff_text(self, all_rows=all_rows)
-
+    # rich looks this up on the object; the diff's renderer is found when it is shown.
     def __rich__(self) -> Any:
-        from shardscope._src.render.diff import diff_table
-
-        return diff_table(self)
+        return show(self, View.RICH)
 
 
 #: How to give an audit to diff: the record itself, or the JSON the command line writes.

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from shardscope._src.audit.overlap import Exposure, Overlap
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
+from shardscope._src.base.display import View, show
 from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.base.records import Record, field_of, int_tuple, json_value, record_dict
 from shardscope._src.hlo.groups import AxisRef
@@ -767,22 +768,18 @@ class Audit:
 
     def _differences(self, rows: list[ExpectCheck]) -> str:
         """The table of :meth:`expect`'s checks, and the collectives of the kinds that differ
-        (drawn by the audit's renderer, imported only when a check fails)."""
-        from shardscope._src.render.audit import expect_differences
+        (drawn by the audit's renderer, found only when a check fails)."""
+        text: str = show(self, View.EXPECTATIONS, rows)
+        return text
 
-        return expect_differences(self, rows)
-
-    # rich and notebooks look these up on the object itself; the renderers are imported
-    # when the audit is shown, so that the audit floor never loads rich.
+    # rich and notebooks look these up on the object itself; the renderers are found when
+    # the audit is shown, so that the audit floor never loads rich.
     def __rich__(self) -> Any:
-        from shardscope._src.render.audit import audit_table
-
-        return audit_table(self)
+        return show(self, View.RICH)
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
-        from shardscope._src.render.audit import audit_mimebundle
-
-        return audit_mimebundle(self)
+        bundle: dict[str, str] = show(self, View.NOTEBOOK)
+        return bundle
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data (:meth:`from_dict` reads it back)."""

@@ -11,7 +11,9 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.audit.records import Audit
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
+from shardscope._src.base.display import View, register
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.plan.types import program_bytes
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
@@ -19,7 +21,7 @@ from shardscope._src.render.console import mimebundle, output_console
 from shardscope._src.targets.specs import CPU
 
 if TYPE_CHECKING:
-    from shardscope._src.audit.records import Audit, Collective, ExpectCheck
+    from shardscope._src.audit.records import Collective, ExpectCheck
 
 
 def _short(where: str, *, library: bool = False) -> str:
@@ -413,3 +415,8 @@ def expect_differences(audit: Audit, checks: list[ExpectCheck]) -> str:
     if not audit.exact:
         lines.append("note: some counts are not exact (unknown trip counts or branches)")
     return "\n".join(lines)
+
+
+register(Audit, View.RICH, audit_table)
+register(Audit, View.NOTEBOOK, audit_mimebundle)
+register(Audit, View.EXPECTATIONS, expect_differences)

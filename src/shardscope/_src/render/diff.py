@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shardscope._src.audit.diff import AuditDiff
 from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.display import View, register
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 
 if TYPE_CHECKING:
-    from shardscope._src.audit.diff import AuditDiff, DiffRow
+    from shardscope._src.audit.diff import DiffRow
 
 
 def _signed(n: int) -> str:
@@ -97,3 +99,7 @@ def render_diff(diff: AuditDiff, *, console: Any = None) -> None:
         )
     for v in diff.violations:
         console.print(f"[bold red]budget broken:[/] {v}", highlight=False)
+
+
+register(AuditDiff, View.RICH, diff_table)
+register(AuditDiff, View.TEXT, diff_text)

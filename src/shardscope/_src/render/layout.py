@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.display import View, register
+from shardscope._src.layout import Layout, TreeLayout
 from shardscope._src.render.console import mimebundle
-
-if TYPE_CHECKING:
-    from shardscope._src.layout import Layout, TreeLayout
 
 
 def _slice_text(s: slice, size: int) -> str:
@@ -97,3 +96,9 @@ def layout_mimebundle(lay: Layout) -> dict[str, str]:
 def tree_layout_mimebundle(tree: TreeLayout) -> dict[str, str]:
     """The pytree's table as plain text and HTML, for a notebook's display."""
     return mimebundle(tree_layout_table(tree), width=130)
+
+
+register(Layout, View.RICH, layout_table)
+register(Layout, View.NOTEBOOK, layout_mimebundle)
+register(TreeLayout, View.RICH, tree_layout_table)
+register(TreeLayout, View.NOTEBOOK, tree_layout_mimebundle)
