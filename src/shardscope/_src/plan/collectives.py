@@ -5,13 +5,62 @@ and summed per (mesh axes, kind) beside the bound's bytes; and the time of the b
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from shardscope._src.base.comm import KINDS, latency_steps
+from shardscope._src.base.records import Record
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.plan.types import AxisComm, PlanCollective, axes_label
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.links import collective_seconds, crosses_nodes, group_bandwidth
+
+
+@dataclass(frozen=True)
+class PlanCollective(Record):
+    """One compiled collective as the plan counts it.
+
+    ``payload_bytes`` is at the model's dtype (see :mod:`shardscope._src.plan.sweep`);
+    ``cpu_payload_bytes`` what the CPU program moves. ``traffic_bytes`` is per device over all
+    ``count`` executions.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    count: int
+    count_exact: bool
+    irregular: bool
+    dtype: str
+    payload_bytes: int
+    cpu_payload_bytes: int
+    traffic_bytes: int
+    cpu_traffic_bytes: int
+    op_name: str | None
+    source: str | None
+
+    @property
+    def axes_label(self) -> str:
+        return axes_label(self.axes, self.irregular)
+
+
+def axes_label(axes: tuple[str, ...], irregular: bool = False) -> str:
+    """``"dp,mp"``; ``"irregular"``; ``"-"`` for no axes (no data leaves a device)."""
+    if irregular:
+        return "irregular"
+    return ",".join(axes) if axes else "-"
+
+
+@dataclass(frozen=True)
+class AxisComm(Record):
+    """The collectives of one kind over one set of axes, summed, with their bound and time."""
+
+    axes: str
+    kind: str
+    count: int
+    traffic_bytes: int
+    bound_bytes: int
+    time_s: float
+    crosses_nodes: bool
 
 
 def _axes(c: PlanCollective) -> tuple[str, ...]:

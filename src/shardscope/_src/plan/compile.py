@@ -19,7 +19,8 @@ from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.types import Candidate, CompiledFacts, PlanCollective
+from shardscope._src.plan.collectives import PlanCollective
+from shardscope._src.plan.types import Candidate, CompiledFacts
 from shardscope._src.plan.worker import run_tasks
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import Strategy, get_strategy

@@ -59,7 +59,7 @@ from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
-from shardscope._src.plan.collectives import axis_comm
+from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
 from shardscope._src.plan.dataflow import by_dataflow
 from shardscope._src.plan.estimates import divisors
@@ -70,8 +70,6 @@ from shardscope._src.plan.types import (
     FIT_PARAMS,
     PLAN_EXTRA,
     PLAN_KEYS,
-    AxisComm,
-    PlanCollective,
     ProgramFacts,
     Skipped,
     SkipReason,

@@ -132,7 +132,7 @@ from shardscope._src.targets.links import collective_seconds
 from shardscope._src.targets.specs import TARGETS
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.types import PlanCollective
+    from shardscope._src.plan.collectives import PlanCollective
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
 HBM_PASSES = 2

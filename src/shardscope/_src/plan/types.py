@@ -17,6 +17,7 @@ from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.model.config import ModelConfig, Remat
+from shardscope._src.plan.collectives import AxisComm, PlanCollective
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import Pricing, StepTime
@@ -204,41 +205,6 @@ class Skipped(Record):
 
 
 @dataclass(frozen=True)
-class PlanCollective(Record):
-    """One compiled collective as the plan counts it.
-
-    ``payload_bytes`` is at the model's dtype (see :mod:`shardscope._src.plan.sweep`);
-    ``cpu_payload_bytes`` what the CPU program moves. ``traffic_bytes`` is per device over all
-    ``count`` executions.
-    """
-
-    kind: str
-    axes: tuple[str, ...]
-    group_size: int
-    count: int
-    count_exact: bool
-    irregular: bool
-    dtype: str
-    payload_bytes: int
-    cpu_payload_bytes: int
-    traffic_bytes: int
-    cpu_traffic_bytes: int
-    op_name: str | None
-    source: str | None
-
-    @property
-    def axes_label(self) -> str:
-        return axes_label(self.axes, self.irregular)
-
-
-def axes_label(axes: tuple[str, ...], irregular: bool = False) -> str:
-    """``"dp,mp"``; ``"irregular"``; ``"-"`` for no axes (no data leaves a device)."""
-    if irregular:
-        return "irregular"
-    return ",".join(axes) if axes else "-"
-
-
-@dataclass(frozen=True)
 class CompiledFacts:
     """What compiling and auditing one plan found: independent of the hardware preset."""
 
@@ -266,19 +232,6 @@ class ProgramFacts:
     plan: Any = None
     fingerprint: str = ""
     skipped: Skipped | None = None
-
-
-@dataclass(frozen=True)
-class AxisComm(Record):
-    """The collectives of one kind over one set of axes, summed, with their bound and time."""
-
-    axes: str
-    kind: str
-    count: int
-    traffic_bytes: int
-    bound_bytes: int
-    time_s: float
-    crosses_nodes: bool
 
 
 @dataclass(frozen=True)

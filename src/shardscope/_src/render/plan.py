@@ -22,7 +22,8 @@ from shardscope._src.render.columns import (
 )
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.types import AxisComm, Plan, PlanResult, Skipped, Validation
+    from shardscope._src.plan.collectives import AxisComm
+    from shardscope._src.plan.types import Plan, PlanResult, Skipped, Validation
     from shardscope._src.render.protocols import PlanSet, RankedPlan
     from shardscope._src.targets.hardware import Hardware
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from shardscope._src.base.notes import Note
-    from shardscope._src.plan.types import AxisComm, Skipped
+    from shardscope._src.plan.collectives import AxisComm
+    from shardscope._src.plan.types import Skipped
     from shardscope._src.targets.hardware import Hardware
 
 
