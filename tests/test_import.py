@@ -134,6 +134,32 @@ def test_a_record_finds_its_renderer_only_when_it_is_shown():
     assert got["bundles"] == [True, True]
 
 
+def test_no_module_imports_one_that_imports_it_back():
+    # Every import grimp finds counts: at the top, inside functions and under TYPE_CHECKING.
+    import grimp
+
+    graph = grimp.build_graph("shardscope", cache_dir=None)
+    circles = set()
+    for importer in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(importer):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back is not None:
+                circles.add(" -> ".join((importer, *back)))
+    assert not circles, "import circles:\n" + "\n".join(sorted(circles))
+
+
+def test_no_module_imports_a_private_name_of_another():
+    # A name with a leading underscore belongs to its module; another module that needs it
+    # needs it made public where it lives.
+    found = []
+    for path in sorted(INIT.parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardscope"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                found += [f"{path.relative_to(INIT.parent)}: {node.module}.{n}" for n in private]
+    assert found == []
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="module 'shardscope' has no attribute 'plot'"):
         shardscope.plot  # noqa: B018
