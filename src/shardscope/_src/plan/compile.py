@@ -167,28 +167,26 @@ def compile_all(
     if not todo:
         return out
 
-    def config_of(cand: Candidate) -> ModelConfig:
-        return config if isinstance(config, ModelConfig) else config[cand]
+    def task_of(c: Candidate) -> CompileTask:
+        model = config if isinstance(config, ModelConfig) else config[c]
+        return CompileTask(c.strategy_record, c.stage_mesh_spec, model, mode, c.microbatches)
 
-    tasks = [
-        CompileTask(c.strategy_record, c.stage_mesh_spec, config_of(c), mode, c.microbatches)
-        for c in todo
-    ]
     if workers == 0:
         local = local_devices(
             devices,
             otherwise=f", or pass workers=1 (or more) to compile in worker processes that "
             f"simulate {devices} devices each",
         )
-        for i, (cand, task) in enumerate(zip(todo, tasks, strict=True), start=1):
+        for i, cand in enumerate(todo, start=1):
             try:
-                out[cand] = task.run(local)
+                out[cand] = task_of(cand).run(local)
             except (StrategyError, RuntimeError, ValueError) as e:
                 out[cand] = e
             if progress:
                 progress(i, total, cand.label)
         return out
 
+    tasks = [task_of(c) for c in todo]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:
