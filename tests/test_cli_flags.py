@@ -36,7 +36,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "plan/estimates.py": [("plan",)],
     "plan/request.py": [("plan",)],
     "plan/sweep.py": [("plan",)],
-    "plan/serve.py": [("plan",)],
+    "plan/serve.py": [("plan",), ("serve",)],
     "plan/suggest.py": [("shard",)],
     "plan/cluster.py": [("shard",)],
     "plan/target.py": [("plan",)],
@@ -51,8 +51,8 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("plan/request.py", "name"): {"batch", "seq", "d_model", "heads", "ff", "layers", "vocab"},
     # _resolve: the dimensions missing from a model given by its shape
     ("plan/sweep.py", "tuple(missing)"): {"d_model", "heads", "ff", "layers"},
-    # serve()'s counts and formats, checked in loops
-    ("plan/serve.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
+    # ServeRequest's counts and formats, checked in loops
+    ("plan/request.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
     # serve()'s refusal of what fits nowhere names what to change (_no_fit)
     ("plan/serve.py", "param"): {"devices", "batch", "context"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it

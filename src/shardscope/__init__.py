@@ -67,9 +67,11 @@ if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
     from shardscope._src.plan.program import plan_program as plan_program
     from shardscope._src.plan.request import PlanRequest as PlanRequest
+    from shardscope._src.plan.request import ServeRequest as ServeRequest
     from shardscope._src.plan.serve import ServePlan as ServePlan
     from shardscope._src.plan.serve import ServeResult as ServeResult
     from shardscope._src.plan.serve import serve as serve
+    from shardscope._src.plan.serve import serve_request as serve_request
     from shardscope._src.plan.suggest import Proposal as Proposal
     from shardscope._src.plan.suggest import SuggestResult as SuggestResult
     from shardscope._src.plan.suggest import suggest as suggest
@@ -167,9 +169,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "SuggestResult": ("shardscope._src.plan.suggest", "SuggestResult"),
     "suggest": ("shardscope._src.plan.suggest", "suggest"),
     "serve": ("shardscope._src.plan.serve", "serve"),
+    "serve_request": ("shardscope._src.plan.serve", "serve_request"),
     "ServePlan": ("shardscope._src.plan.serve", "ServePlan"),
     "ServeResult": ("shardscope._src.plan.serve", "ServeResult"),
     "PlanRequest": ("shardscope._src.plan.request", "PlanRequest"),
+    "ServeRequest": ("shardscope._src.plan.request", "ServeRequest"),
     "plan": ("shardscope._src.plan.sweep", "plan"),
     "plan_request": ("shardscope._src.plan.sweep", "plan_request"),
     "Plan": ("shardscope._src.plan.types", "Plan"),

@@ -93,7 +93,6 @@ DEST_OF = {
     "make_step": "program",  # plan --program FILE.py:FUNCTION
     "detect": "distributed",
     "out_dir": "out",
-    "latency": "token_latency",  # plan --serve --token-latency (--latency is the links')
 }
 
 

@@ -16,7 +16,8 @@ from typing import Any, Self
 
 from shardscope._src.cli.args import Flags
 from shardscope._src.cli.distributed import DistributedConfig
-from shardscope._src.plan.request import MODEL_DIMS, PlanRequest
+from shardscope._src.cli.options import given
+from shardscope._src.plan.request import MODEL_DIMS, PlanRequest, ServeRequest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,7 +278,7 @@ class PlanConfig(HardwareOptions):
     context: int | None = None
     weights: str | None = None
     cache: str | None = None
-    token_latency: float | None = None
+    latency: float | None = None
     rate: float | None = None
 
     @property
@@ -295,6 +296,18 @@ class PlanConfig(HardwareOptions):
         given.update(strategies=_names(self.strategies), remat=_names(self.remat))
         knobs = {k: v for k, v in given.items() if v is not None and k not in ("model", "devices")}
         return PlanRequest(self.model, self.devices, **knobs)
+
+    def serve_request(self) -> ServeRequest:
+        """The serving plan ``--serve`` asks for (see :func:`serve_request_of`)."""
+        return serve_request_of(self)
+
+
+def serve_request_of(config: Any) -> ServeRequest:
+    """The serving plan a command's record asks for: each knob of :class:`ServeRequest` from
+    the field of its name where it was given, the hardware's settings over its preset's."""
+    knobs = given(config, ServeRequest, skip=("model", "devices"))
+    overrides = dict(config.hardware_overrides)
+    return ServeRequest(config.model, config.devices, hardware_overrides=overrides, **knobs)
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -322,3 +335,31 @@ class ShardConfig(HardwareOptions):
     out: str
     json: str | None
     report: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig(HardwareOptions):
+    """``shardscope serve --model NAME --devices N --prompt N --output N``: a field named as
+    a :class:`ServeRequest` field holds that knob as given (None: the request's default)."""
+
+    model: str
+    devices: int
+    prompt: int
+    output: int
+    hardware: str | None
+    batch: int | None
+    context: int | None
+    weights: str | None
+    cache: str | None
+    latency: float | None
+    compiler: str | None
+    imbalance: float | None
+    dispatch_once: bool | None
+    rate: float | None
+    top: int | None
+    json: str | None
+    png: str | None
+
+    def request(self) -> ServeRequest:
+        """The serving plan these options ask for (see :func:`serve_request_of`)."""
+        return serve_request_of(self)

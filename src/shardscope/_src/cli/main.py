@@ -31,6 +31,7 @@ from shardscope._src.cli.config import (
     LabConfig,
     LaunchConfig,
     PlanConfig,
+    ServeConfig,
     ShardConfig,
 )
 from shardscope._src.cli.parsers import build_parser
@@ -120,6 +121,7 @@ _HANDLERS: dict[type[CommandConfig], tuple[tuple[str, str], tuple[str, str] | No
     DiffConfig: (("diff", "diff_command"), ("diff", "check_diff")),
     LaunchConfig: (("main", "_launch_command"), None),
     PlanConfig: (("plan", "plan_command"), ("plan", "check_plan")),
+    ServeConfig: (("serve", "serve_command"), ("serve", "check_serve")),
     ShardConfig: (("shard", "shard_command"), ("shard", "check_shard")),
 }
 

@@ -7,6 +7,7 @@ what it uses, not the planner (cli/main.py imports a command's module when it ru
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Any
 
 from shardscope._src.base.comm import KINDS
@@ -33,13 +34,20 @@ from shardscope._src.cli.config import (
     LabConfig,
     LaunchConfig,
     PlanConfig,
+    ServeConfig,
     ShardConfig,
 )
 from shardscope._src.cli.distributed import add_distributed_options
+from shardscope._src.cli.options import add_request_options
 from shardscope._src.model.config import MODES, Mode
 from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.plan.estimates import MatmulDtype
-from shardscope._src.plan.request import DEFAULT_REQUEST, DEFAULT_STRATEGIES
+from shardscope._src.plan.request import (
+    DEFAULT_REQUEST,
+    DEFAULT_STRATEGIES,
+    PlanRequest,
+    ServeRequest,
+)
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import PRESETS
 from shardscope._src.targets.specs import TARGETS
@@ -69,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_diff_parser(sub)
     _add_launch_parser(sub)
     add_plan_parser(sub)
+    add_serve_parser(sub)
     add_shard_parser(sub)
     return parser
 
@@ -418,8 +427,9 @@ def add_plan_parser(sub: Any) -> None:
 
 
 def _plan_serve_options(p: argparse.ArgumentParser) -> None:
-    """``--serve``: serving plans (prefill and decode with a KV cache) instead of training."""
-    g = p.add_argument_group("serving (--serve)")
+    """``--serve``: serving plans, as ``shardscope serve`` makes them; the options that plan
+    also reads for training (the model, the devices, the hardware, the batch, ...) are its."""
+    g = p.add_argument_group("serving (--serve; also the command shardscope serve)")
     g.add_argument(
         "--serve",
         action="store_true",
@@ -427,35 +437,37 @@ def _plan_serve_options(p: argparse.ArgumentParser) -> None:
         "expert-parallel one) and batch that fits, with the time per output token, the time "
         "to first token and the throughput per chip",
     )
-    g.add_argument("--prompt", type=positive_int, metavar="N", help="prompt tokens (--serve)")
-    g.add_argument("--output", type=positive_int, metavar="N", help="output tokens (--serve)")
-    g.add_argument(
-        "--context",
-        type=positive_int,
-        metavar="N",
-        help="KV cache tokens per sequence (--serve; default: prompt + output)",
+    shared = {f.name for f in fields(PlanRequest)} | {"hardware_overrides"}
+    add_request_options(g, ServeRequest, skip=shared, suffix=" (--serve)")
+
+
+def add_serve_parser(sub: Any) -> None:
+    """``shardscope serve``: every knob of :class:`ServeRequest`, the hardware's settings and
+    what is shown and written."""
+    p = sub.add_parser(
+        "serve",
+        help="plan serving a model on N devices: layouts, batches, latencies",
+        description="Estimate every tensor-parallel layout (and, for a mixture of experts, "
+        "expert-parallel one) and batch that fits a model's weights and KV cache on N "
+        "devices; compile the best of each with the hardware's own compiler (deviceless) "
+        "and rank them by the time per output token, with the time to first token and the "
+        "throughput per chip.",
     )
-    g.add_argument(
-        "--weights",
-        metavar="FORMAT",
-        help="bfloat16, float16, int8 or fp8 (--serve; default bfloat16)",
+    add_request_options(
+        p,
+        ServeRequest,
+        skip=("hardware_overrides",),
+        required=("model", "devices", "prompt", "output"),
     )
-    g.add_argument(
-        "--cache", metavar="FORMAT", help="the KV cache's format, as --weights (default bfloat16)"
+    _hardware_settings_options(p)
+    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
+    p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
+    p.add_argument(
+        "--png",
+        metavar="FILE",
+        help="write the chart of time per output token against throughput per chip",
     )
-    g.add_argument(
-        "--token-latency",
-        type=float,
-        metavar="S",
-        help="seconds per output token to meet (--serve): the best layout that meets it",
-    )
-    g.add_argument(
-        "--rate",
-        type=positive_number,
-        metavar="R",
-        help="requests a second, arriving at random (--serve): each layout's latencies as "
-        "its requests see them, its batch the sequences in flight (instead of --batch)",
-    )
+    p.set_defaults(config=ServeConfig)
 
 
 def _plan_what_options(p: argparse.ArgumentParser) -> None:
@@ -520,6 +532,11 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
         choices=list(PRESETS),
         help=f"hardware preset{what} (default {DEFAULT_REQUEST.hardware})",
     )
+    _hardware_settings_options(p)
+
+
+def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
+    """The settings that override the hardware preset's."""
     for flag, dest, help_text in (
         ("--link-bandwidth", "link_bandwidth", "bytes/s per device within a node"),
         ("--cross-node-bandwidth", "cross_node_bandwidth", "bytes/s per device across nodes"),

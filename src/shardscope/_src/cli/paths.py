@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from shardscope._src.base.atomic import refuse_non_file
 from shardscope._src.base.errors import OutputPathError
@@ -69,3 +70,10 @@ def check_dir_path(path: str | os.PathLike[str]) -> Path:
         raise OutputPathError(f"{str(p)!r} is a file, not a folder; give a folder for results")
     check_file_path(p / "results.json")
     return p
+
+
+def print_written(console: Any, paths: Sequence[Path | None]) -> None:
+    """``wrote PATH`` for each file written (None: the JSON went to standard output)."""
+    for path in paths:
+        if path is not None:
+            console.print(f"wrote {path}", highlight=False)

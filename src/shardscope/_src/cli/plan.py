@@ -14,6 +14,7 @@ from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.devices import MAX_CPU_DEVICES, backends_started, use_cpu_devices
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.knobs import knob_of
 from shardscope._src.base.notes import Note
 from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.args import (
@@ -24,9 +25,10 @@ from shardscope._src.cli.args import (
 )
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import HardwareOptions, PlanConfig
-from shardscope._src.cli.paths import check_file_path, check_output_paths
+from shardscope._src.cli.paths import check_file_path, check_output_paths, print_written
+from shardscope._src.cli.serve import run_serve_command
 from shardscope._src.plan.program import plan_program
-from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest
+from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest, ServeRequest
 from shardscope._src.plan.sweep import plan_request
 from shardscope._src.render.console import natural_width, output_console
 from shardscope._src.render.plan import markdown_report, plan_table, render_plan
@@ -35,6 +37,9 @@ from shardscope._src.render.program_plan import program_markdown_report, render_
 from shardscope._src.render.protocols import PlanSet, RankedPlan
 from shardscope._src.sharding.rules import load_rules_file
 from shardscope._src.sharding.strategies import STRATEGIES
+
+#: The knobs of a training plan.
+PLAN_FIELDS = frozenset(f.name for f in fields(PlanRequest))
 
 
 def _ensure_devices(devices: int) -> None:
@@ -104,13 +109,6 @@ def check_program_devices(devices: int) -> None:
             f"--devices {devices}: your program is compiled on all its devices, and the CPU "
             f"backend simulates at most {MAX_CPU_DEVICES}; plan {MAX_CPU_DEVICES} or fewer"
         )
-
-
-def print_written(console: Any, paths: Sequence[Path | None]) -> None:
-    """``wrote PATH`` for each file written (None: the JSON went to standard output)."""
-    for path in paths:
-        if path is not None:
-            console.print(f"wrote {path}", highlight=False)
 
 
 @contextmanager
@@ -214,7 +212,7 @@ def plan_command(c: PlanConfig) -> int:
         return _cmd_plan_program(c, c.program)
     if c.serve:
         return _cmd_serve(c)
-    serving = [f"--{k.replace('_', '-')}" for k in SERVE_OPTIONS if getattr(c, k) is not None]
+    serving = [c.flags.options[k] for k in SERVE_OPTIONS if getattr(c, k) is not None]
     if serving:
         raise UsageError(
             f"{PROG} plan: {', '.join(serving)} describe serving; give --serve with them"
@@ -229,8 +227,10 @@ def plan_command(c: PlanConfig) -> int:
     )
 
 
-#: The options of ``plan --serve``.
-SERVE_OPTIONS = ("prompt", "output", "context", "weights", "cache", "token_latency", "rate")
+#: The options of ``plan --serve`` that planning training does not read.
+SERVE_OPTIONS = tuple(
+    f.name for f in fields(ServeRequest) if knob_of(f) and f.name not in PLAN_FIELDS
+)
 
 
 #: What ``plan --serve`` reads (the rest of ``plan``'s options plan training).
@@ -242,12 +242,7 @@ _SERVE_READS = frozenset(
 
 
 def _cmd_serve(c: PlanConfig) -> int:
-    """``plan --serve``: the serving plans of the built-in model (``--compiler cpu``: the
-    roofline alone, nothing compiled)."""
-    from shardscope._src.plan.serve import serve
-    from shardscope._src.render.serve import plot_serve, render_serve
-    from shardscope._src.targets.hardware import hardware
-
+    """``plan --serve``: what ``shardscope serve`` does, with ``plan``'s options."""
     missing = [f"--{k}" for k in ("prompt", "output") if getattr(c, k) is None]
     if c.model is None or missing:
         need = ([] if c.model is not None else ["--model"]) + missing
@@ -260,34 +255,7 @@ def _cmd_serve(c: PlanConfig) -> int:
             f"{PROG} plan --serve: these options plan training, not serving"
             f"{c.flags(training)}; drop them (serving plans every layout of the devices)"
         )
-    hw = hardware(c.hardware or str(DEFAULT_REQUEST.hardware), **c.hardware_overrides)
-    result = serve(
-        c.model,
-        c.devices,
-        compiler=c.compiler,
-        hardware=hw,
-        prompt=c.prompt,  # type: ignore[arg-type]
-        output=c.output,  # type: ignore[arg-type]
-        batch=c.batch,
-        context=c.context,
-        weights=c.weights or "bfloat16",
-        cache=c.cache or "bfloat16",
-        latency=c.token_latency,
-        imbalance=c.imbalance,
-        dispatch_once=c.dispatch_once,
-        rate=c.rate,
-    )
-    # piped, the table is printed as wide as its cells need (the caption wraps to it)
-    width = natural_width(render_serve(result, top=c.top, caption=False), least=100)
-    console = output_console(piped_width=width)
-    console.print(render_serve(result, top=c.top))
-    written: list[Path | None] = []
-    if c.json:
-        written.append(write_result(c.json, result))
-    if c.png:
-        written.append(plot_serve(result, c.png))
-    print_written(console, written)
-    return 0
+    return run_serve_command(c.serve_request(), top=c.top, json_path=c.json, png_path=c.png)
 
 
 def _cmd_plan_program(c: PlanConfig, program: str) -> int:

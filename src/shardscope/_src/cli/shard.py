@@ -13,8 +13,8 @@ from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.args import PROG, UsageError
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import ShardConfig
-from shardscope._src.cli.paths import check_output_paths
-from shardscope._src.cli.plan import check_program_devices, print_written
+from shardscope._src.cli.paths import check_output_paths, print_written
+from shardscope._src.cli.plan import check_program_devices
 from shardscope._src.plan.cluster import check_address
 from shardscope._src.plan.request import DEFAULT_REQUEST
 from shardscope._src.plan.suggest import DEFAULT_COMPILES, suggest

@@ -9,21 +9,25 @@ the command line's parser reads the defaults from here to print them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from shardscope._src.base.errors import PlanError, is_int
+from shardscope._src.base.knobs import REQUIRED, Kind, knob
 from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
+from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
     check_matmul_dtype,
     interleave_problem,
 )
+from shardscope._src.plan.serving import FORMATS
 from shardscope._src.sharding.strategies import STRATEGIES
-from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import PRESETS, Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
@@ -266,3 +270,168 @@ def check_dims(values: Mapping[str, Any]) -> None:
 #: A request with every default (the model and the devices too): where the front doors read
 #: a knob's default.
 DEFAULT_REQUEST = PlanRequest()
+
+
+def _model_help() -> str:
+    return (
+        f"a model preset ({', '.join(DENSE_PRESETS)}; 7b, 13b, 70b are the Llama 2 ones; the "
+        f"mixtures of experts {', '.join(MOE_PRESETS)}) or the path of a Hugging Face "
+        f"config.json (Llama-family, Mixtral, Qwen3-MoE, DeepSeek-V3)"
+    )
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """Serving ``model`` on ``devices`` accelerators: prompts of ``prompt`` tokens, ``output``
+    tokens generated each (:func:`shardscope.serve_request` runs it; :func:`shardscope.serve`
+    builds one from its keywords, and ``shardscope serve`` from its options).
+
+    Attributes:
+        model: a preset name or a :class:`ModelConfig` (with a vocabulary).
+        devices: accelerators to serve on.
+        prompt, output: tokens of each prompt, and generated for each.
+        hardware: a preset name or a :class:`Hardware`; ``hardware_overrides`` changes
+            fields (``{"memory_bytes": 40e9}``).
+        batch: the sequences served at once (None: every power of two that fits, and the
+            largest that does).
+        context: the KV cache's tokens per sequence (None: ``prompt + output``).
+        weights, cache: their formats: ``bfloat16``, ``float16``, ``int8`` or ``fp8``.
+        latency: seconds per output token to meet (None: no limit).
+        compiler: None (the hardware's own compiler, deviceless, where it has one) or
+            ``"cpu"`` (the estimate alone, nothing compiled).
+        imbalance, dispatch_once: a dropless mixture's routing, over the model's.
+        rate: requests a second, arriving at random (online serving); give ``batch`` or
+            ``rate``, not both.
+
+    What can be checked without the model is checked here, in this order: the counts, the
+    context, the batch, the formats, the latency, the rate, the compiler.
+
+    Raises:
+        PlanError: naming the field (``params``) and the fix.
+
+    >>> ServeRequest("llama3-8b", 1, prompt=512, output=128).context_tokens
+    640
+    >>> ServeRequest("llama3-8b", 1, prompt=512, output=128, weights="int4")
+    Traceback (most recent call last):
+    ...
+    shardscope._src.base.errors.PlanError: weights='int4': give one of float32, ...
+    """
+
+    model: str | ModelConfig = knob(REQUIRED, _model_help(), metavar="NAME|FILE")
+    devices: int = knob(REQUIRED, "accelerators to serve on", kind=Kind.COUNT, metavar="N")
+    _: KW_ONLY
+    prompt: int = knob(REQUIRED, "prompt tokens", kind=Kind.COUNT, metavar="N")
+    output: int = knob(REQUIRED, "output tokens", kind=Kind.COUNT, metavar="N")
+    hardware: str | Hardware = knob(
+        "h100", "hardware preset", kind=Kind.CHOICE, choices=tuple(PRESETS)
+    )
+    hardware_overrides: Mapping[str, float] = field(default_factory=dict)
+    batch: int | None = knob(
+        None,
+        "sequences served at once",
+        kind=Kind.COUNT,
+        metavar="N",
+        default_text="every power of two that fits, and the largest that does",
+    )
+    context: int | None = knob(
+        None,
+        "KV cache tokens per sequence",
+        kind=Kind.COUNT,
+        metavar="N",
+        default_text="prompt + output",
+    )
+    weights: str = knob("bfloat16", "bfloat16, float16, int8 or fp8", metavar="FORMAT")
+    cache: str = knob("bfloat16", "the KV cache's format, as --weights", metavar="FORMAT")
+    latency: float | None = knob(
+        None,
+        "seconds per output token to meet: the best layout that meets it",
+        kind=Kind.SECONDS,
+        metavar="S",
+        flag="--token-latency",
+    )
+    compiler: str | None = knob(
+        None,
+        "the hardware's own compiler, deviceless, or cpu (the estimate alone, nothing compiled)",
+        kind=Kind.CHOICE,
+        choices=("cpu", *PRESETS),
+        default_text="the hardware's own where it has one",
+    )
+    imbalance: float | None = knob(
+        None,
+        "a dropless mixture of experts' routing: the busiest expert's tokens over its even share",
+        kind=Kind.NUMBER,
+        metavar="X",
+        default_text="the model's; 1 for a preset",
+    )
+    dispatch_once: bool | None = knob(
+        None,
+        "a mixture of experts: send each token once to each device holding any of its "
+        "experts and sum its outputs there (DeepEP's), not once per expert",
+        kind=Kind.SWITCH,
+        default_text="the model's; once per expert for a preset",
+    )
+    rate: float | None = knob(
+        None,
+        "requests a second, arriving at random: each layout's latencies as its requests see "
+        "them, its batch the sequences in flight (instead of --batch)",
+        kind=Kind.NUMBER,
+        metavar="R",
+    )
+
+    def __post_init__(self) -> None:
+        overrides = MappingProxyType(dict(self.hardware_overrides or {}))
+        object.__setattr__(self, "hardware_overrides", overrides)
+        for what in ("devices", "prompt", "output"):
+            value = getattr(self, what)
+            if not is_int(value, 1):
+                raise PlanError(f"{what}={value!r}: must be a positive whole number", param=what)
+        prompt, output, context = self.prompt, self.output, self.context
+        if context is not None and (not is_int(context, 1) or context < prompt + output):
+            raise PlanError(
+                f"context={context!r}: the cache must hold the prompt and the output "
+                f"({prompt} + {output} = {prompt + output} tokens); give at least that",
+                param="context",
+            )
+        batch, rate, latency = self.batch, self.rate, self.latency
+        if batch is not None and not is_int(batch, 1):
+            raise PlanError(f"batch={batch!r}: must be a positive whole number", param="batch")
+        for what in ("weights", "cache"):
+            fmt = getattr(self, what)
+            if fmt not in FORMATS:
+                raise PlanError(f"{what}={fmt!r}: give one of {', '.join(FORMATS)}", param=what)
+        if latency is not None and not (isinstance(latency, int | float) and latency > 0):
+            raise PlanError(
+                f"latency={latency!r}: seconds per output token, above 0", param="latency"
+            )
+        if rate is not None:
+            number = isinstance(rate, int | float) and not isinstance(rate, bool)
+            if not (number and 0 < rate < math.inf):
+                raise PlanError(
+                    f"rate={rate!r}: requests a second, a finite number above 0", param="rate"
+                )
+            if batch is not None:
+                raise PlanError(
+                    f"batch={batch} and rate={rate:g}: at a request rate the batch is the "
+                    f"sequences in flight; give one of them",
+                    param="batch",
+                )
+        hw = self.device
+        if self.compiler not in (None, "cpu", hw.name):
+            raise PlanError(
+                f"compiler={self.compiler!r}: it compiles for another target than the plans' "
+                f"hardware {hw.name}; give compiler={hw.name!r} (its own compiler, the "
+                f"default) or 'cpu' (the roofline alone)",
+                param="compiler",
+            )
+
+    @property
+    def device(self) -> Hardware:
+        """The hardware with its overrides."""
+        if isinstance(self.hardware, Hardware) and not self.hardware_overrides:
+            return self.hardware
+        return get_hardware(self.hardware, **self.hardware_overrides)
+
+    @property
+    def context_tokens(self) -> int:
+        """The KV cache's tokens per sequence (``prompt + output`` unless given)."""
+        return self.prompt + self.output if self.context is None else self.context

@@ -76,7 +76,7 @@ from typing import Any, NamedTuple
 
 from shardscope._src.audit.pricing import execution_seconds
 from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds
-from shardscope._src.base.errors import PlanError, StrategyError, is_int
+from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.hlo.cost import Cost
@@ -85,12 +85,12 @@ from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
 from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.online import Load, poisson_quantile, under_load
+from shardscope._src.plan.request import ServeRequest
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.plan.types import held_bytes
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.links import collective_seconds
 from shardscope._src.targets.specs import TARGETS
 
@@ -216,26 +216,23 @@ class ServeResult(Record):
         return tuple(p for p in self.plans if p.pareto)
 
 
-def serve(
-    model: str | ModelConfig,
-    devices: int,
-    *,
-    hardware: str | Hardware = "h100",
-    prompt: int,
-    output: int,
-    batch: int | None = None,
-    context: int | None = None,
-    weights: str = "bfloat16",
-    cache: str = "bfloat16",
-    latency: float | None = None,
-    compiler: str | None = None,
-    imbalance: float | None = None,
-    dispatch_once: bool | None = None,
-    rate: float | None = None,
-) -> ServeResult:
-    """Plans serving ``model`` on ``devices`` of ``hardware``: prompts of ``prompt`` tokens,
-    ``output`` tokens generated each, a KV cache of ``context`` (default: ``prompt +
-    output``) per sequence, ``weights`` and ``cache`` in bfloat16, float16, int8 or fp8
+def serve(model: str | ModelConfig, devices: int, **knobs: Any) -> ServeResult:
+    """Plans serving ``model`` on ``devices``: :func:`serve_request` of the
+    :class:`~shardscope._src.plan.request.ServeRequest` that ``model``, ``devices`` and the
+    keywords (its fields: ``prompt=`` and ``output=`` are required) make.
+
+    Raises:
+        TypeError: a keyword that is not a field of the request.
+        PlanError: see :class:`~shardscope._src.plan.request.ServeRequest` and
+            :func:`serve_request`.
+    """
+    return serve_request(ServeRequest(model, devices, **knobs))
+
+
+def serve_request(request: ServeRequest) -> ServeResult:
+    """Plans serving the request's ``model`` on ``devices`` of ``hardware``: prompts of
+    ``prompt`` tokens, ``output`` tokens generated each, a KV cache of ``context`` (default:
+    ``prompt + output``) per sequence, ``weights`` and ``cache`` in bfloat16, float16, int8 or fp8
     (see the module docstring). ``batch`` fixes the sequences served at once (default: every
     power of two that fits, and the largest that does); ``latency`` (seconds per output
     token) keeps the plans that meet it. ``compiler`` None (the default) or the hardware's
@@ -266,48 +263,16 @@ def serve(
         ModelConfigError: a model without a vocabulary (the serving steps take tokens), or
             a routing it cannot have (an imbalance of a dense or capacity-padded model).
     """
-    name, config = _model(model)
-    if imbalance is not None:
-        config = replace(config, imbalance=imbalance)
-    if dispatch_once is not None:
-        config = replace(config, dispatch_once=dispatch_once)
-    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-    for what, value in (("devices", devices), ("prompt", prompt), ("output", output)):
-        if not is_int(value, 1):
-            raise PlanError(f"{what}={value!r}: must be a positive whole number", param=what)
-    ctx = prompt + output if context is None else context
-    if not is_int(ctx, 1) or ctx < prompt + output:
-        raise PlanError(
-            f"context={context!r}: the cache must hold the prompt and the output "
-            f"({prompt} + {output} = {prompt + output} tokens); give at least that",
-            param="context",
-        )
-    if batch is not None and not is_int(batch, 1):
-        raise PlanError(f"batch={batch!r}: must be a positive whole number", param="batch")
-    for what, fmt in (("weights", weights), ("cache", cache)):
-        if fmt not in FORMATS:
-            raise PlanError(f"{what}={fmt!r}: give one of {', '.join(FORMATS)}", param=what)
-    if latency is not None and not (isinstance(latency, int | float) and latency > 0):
-        raise PlanError(f"latency={latency!r}: seconds per output token, above 0", param="latency")
-    if rate is not None:
-        number = isinstance(rate, int | float) and not isinstance(rate, bool)
-        if not (number and 0 < rate < math.inf):
-            raise PlanError(
-                f"rate={rate!r}: requests a second, a finite number above 0", param="rate"
-            )
-        if batch is not None:
-            raise PlanError(
-                f"batch={batch} and rate={rate:g}: at a request rate the batch is the "
-                f"sequences in flight; give one of them",
-                param="batch",
-            )
-    if compiler not in (None, "cpu", hw.name):
-        raise PlanError(
-            f"compiler={compiler!r}: it compiles for another target than the plans' hardware "
-            f"{hw.name}; give compiler={hw.name!r} (its own compiler, the default) or 'cpu' "
-            f"(the roofline alone)",
-            param="compiler",
-        )
+    devices, prompt, output = request.devices, request.prompt, request.output
+    batch, weights, cache = request.batch, request.weights, request.cache
+    latency, compiler, rate = request.latency, request.compiler, request.rate
+    name, config = _model(request.model)
+    if request.imbalance is not None:
+        config = replace(config, imbalance=request.imbalance)
+    if request.dispatch_once is not None:
+        config = replace(config, dispatch_once=request.dispatch_once)
+    hw = request.device
+    ctx = request.context_tokens
     layouts = _layouts(config, devices)
     if not layouts:
         raise PlanError(

@@ -1,0 +1,75 @@
+"""Command-line options generated from a request type's fields (:mod:`~shardscope._src.base.knobs`):
+each knob's option, its help and the default the help names, written once in the request.
+
+An option keeps no default of its own: not given, its ``dest`` is None and the request's default
+applies; :func:`given` collects what the command line set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from shardscope._src.base.knobs import REQUIRED, Kind, Knob, knob_of
+from shardscope._src.cli.args import positive_float, positive_int, positive_number
+
+#: How the command line reads each kind of value.
+_READERS: Mapping[Kind, Callable[[str], Any]] = {
+    Kind.COUNT: positive_int,
+    Kind.NUMBER: positive_number,
+    Kind.SECONDS: positive_float,
+}
+
+
+def _help(spec: Knob, f: dataclasses.Field[Any], required: bool) -> str:
+    if required:
+        return spec.help
+    if spec.default_text is not None:
+        return f"{spec.help} (default: {spec.default_text})"
+    if f.default is None or f.default is REQUIRED:
+        return spec.help
+    return f"{spec.help} (default {f.default})"
+
+
+def add_request_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    request: type[Any],
+    *,
+    skip: Collection[str] = (),
+    required: Collection[str] = (),
+    suffix: str = "",
+) -> None:
+    """Adds an option for each knob of the dataclass ``request`` but those in ``skip``;
+    those in ``required`` must be given; ``suffix`` ends each help (``" (--serve)"``)."""
+    for f in dataclasses.fields(request):
+        spec = knob_of(f)
+        if spec is None or f.name in skip:
+            continue
+        must = f.name in required
+        kwargs: dict[str, Any] = {"dest": f.name, "help": _help(spec, f, must) + suffix}
+        if spec.kind is Kind.SWITCH:
+            kwargs.update(action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kwargs.update(metavar=spec.metavar)
+            if spec.kind is Kind.CHOICE:
+                kwargs.update(choices=list(spec.choices), metavar=None)
+            elif spec.kind in _READERS:
+                kwargs.update(type=_READERS[spec.kind])
+        if must:
+            kwargs.update(required=True)
+        parser.add_argument(spec.option(f.name), **kwargs)
+
+
+def given(config: Any, request: type[Any], *, skip: Collection[str] = ()) -> dict[str, Any]:
+    """The knobs of ``request`` that the command's record ``config`` holds a value for (an
+    attribute of the field's name that is not None), but those in ``skip``."""
+    out = {}
+    for f in dataclasses.fields(request):
+        if knob_of(f) is None or f.name in skip:
+            continue
+        value = getattr(config, f.name, None)
+        if value is not None:
+            out[f.name] = value
+    return out
