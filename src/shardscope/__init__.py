@@ -66,8 +66,11 @@ if TYPE_CHECKING:
     from shardscope._src.plan.program import ProgramPlan as ProgramPlan
     from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
     from shardscope._src.plan.program import plan_program as plan_program
+    from shardscope._src.plan.program import plan_program_request as plan_program_request
     from shardscope._src.plan.request import PlanRequest as PlanRequest
+    from shardscope._src.plan.request import ProgramRequest as ProgramRequest
     from shardscope._src.plan.request import ServeRequest as ServeRequest
+    from shardscope._src.plan.request import SuggestRequest as SuggestRequest
     from shardscope._src.plan.serve import ServePlan as ServePlan
     from shardscope._src.plan.serve import ServeResult as ServeResult
     from shardscope._src.plan.serve import serve as serve
@@ -75,6 +78,7 @@ if TYPE_CHECKING:
     from shardscope._src.plan.suggest import Proposal as Proposal
     from shardscope._src.plan.suggest import SuggestResult as SuggestResult
     from shardscope._src.plan.suggest import suggest as suggest
+    from shardscope._src.plan.suggest import suggest_request as suggest_request
     from shardscope._src.plan.sweep import plan as plan
     from shardscope._src.plan.sweep import plan_request as plan_request
     from shardscope._src.plan.types import Plan as Plan
@@ -165,15 +169,19 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ProgramPlan": ("shardscope._src.plan.program", "ProgramPlan"),
     "ProgramPlanResult": ("shardscope._src.plan.program", "ProgramPlanResult"),
     "plan_program": ("shardscope._src.plan.program", "plan_program"),
+    "plan_program_request": ("shardscope._src.plan.program", "plan_program_request"),
     "Proposal": ("shardscope._src.plan.suggest", "Proposal"),
     "SuggestResult": ("shardscope._src.plan.suggest", "SuggestResult"),
     "suggest": ("shardscope._src.plan.suggest", "suggest"),
+    "suggest_request": ("shardscope._src.plan.suggest", "suggest_request"),
     "serve": ("shardscope._src.plan.serve", "serve"),
     "serve_request": ("shardscope._src.plan.serve", "serve_request"),
     "ServePlan": ("shardscope._src.plan.serve", "ServePlan"),
     "ServeResult": ("shardscope._src.plan.serve", "ServeResult"),
     "PlanRequest": ("shardscope._src.plan.request", "PlanRequest"),
     "ServeRequest": ("shardscope._src.plan.request", "ServeRequest"),
+    "ProgramRequest": ("shardscope._src.plan.request", "ProgramRequest"),
+    "SuggestRequest": ("shardscope._src.plan.request", "SuggestRequest"),
     "plan": ("shardscope._src.plan.sweep", "plan"),
     "plan_request": ("shardscope._src.plan.sweep", "plan_request"),
     "Plan": ("shardscope._src.plan.types", "Plan"),

@@ -64,6 +64,7 @@ from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_co
 from shardscope._src.plan.dataflow import by_dataflow
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.request import ProgramRequest
 from shardscope._src.plan.sweep import pareto_front
 from shardscope._src.plan.tasks import LostTask
 from shardscope._src.plan.types import (
@@ -350,19 +351,13 @@ def plan_program(
     make_step: Callable[..., Any],
     devices: int = 8,
     *,
-    rules: Any = None,
-    rule_set: str | None = None,
-    axes: Sequence[str] | None = None,
-    meshes: Sequence[str | Mapping[str, int]] | None = None,
-    hardware: str | Hardware | None = None,
-    hardware_overrides: Mapping[str, float] | None = None,
-    target: str | None = None,
-    axis_types: Any = None,
-    name: str | None = None,
-    progress: Callable[[int, int, str], None] | None = None,
     compiler: str | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    **knobs: Any,
 ) -> ProgramPlanResult:
-    """Plans a user's program on ``devices`` accelerators: every mesh shape x rule set.
+    """Plans a user's program on ``devices`` accelerators: every mesh shape x rule set
+    (:func:`plan_program_request` of the :class:`~shardscope._src.plan.request.ProgramRequest`
+    its arguments make).
 
     Args:
         make_step: ``make_step(mesh)`` (or ``make_step(mesh, rules)``) returning ``(step,
@@ -393,6 +388,7 @@ def plan_program(
             types) or ``"auto"`` (the compiler propagates shardings).
         name: what to call the program in the output (default ``make_step``'s module and name).
         progress: called as ``progress(done, total, label)``.
+        compiler: the same choice as ``target``, by the name :func:`shardscope.plan` gives it.
 
     Returns:
         A :class:`ProgramPlanResult`, plans ranked by estimated step time (those that fit the
@@ -411,47 +407,39 @@ def plan_program(
     lowered inside ``with jax.set_mesh(mesh):``, with Flax's logical-axis rules in force
     through both when there are rules (see ``lower_step`` in the audit's stages).
     """
+    target = one_compiler(knobs.pop("target", None), compiler)
+    request = ProgramRequest(make_step, devices, target=target, **knobs)
+    return plan_program_request(request, progress=progress)
 
-    return plan_rule_sets(
-        make_step,
-        devices,
-        rules=rules,
-        rule_set=rule_set,
-        axes=axes,
-        meshes=meshes,
-        hardware=hardware,
-        hardware_overrides=hardware_overrides,
-        target=one_compiler(target, compiler),
-        axis_types=axis_types,
-        name=name,
-        progress=progress,
-    )
+
+def plan_program_request(
+    request: ProgramRequest, *, progress: Callable[[int, int, str], None] | None = None
+) -> ProgramPlanResult:
+    """Plans ``request`` (see :func:`plan_program`); ``progress`` is called as
+    ``progress(done, total, label)``."""
+    return plan_rule_sets(request, progress=progress)
 
 
 def plan_rule_sets(
-    make_step: Callable[..., Any],
-    devices: int,
+    request: ProgramRequest,
     *,
-    rules: Any,
-    rule_set: str | None,
-    axes: Sequence[str] | None,
-    meshes: Sequence[str | Mapping[str, int]] | None,
-    hardware: str | Hardware | None,
-    hardware_overrides: Mapping[str, float] | None,
-    target: str | None,
-    axis_types: Any,
-    name: str | None,
     progress: Callable[[int, int, str], None] | None = None,
     pool: Any = None,
     ref: ProgramRef | None = None,
 ) -> ProgramPlanResult:
-    """:func:`plan_program`, its compiles in ``pool``'s workers where it has one (and the
-    program's ``ref``): ``suggest`` plans the user's own rule sets in the pool of its search."""
+    """:func:`plan_program_request`, its compiles in ``pool``'s workers where it has one (and
+    the program's ``ref``): ``suggest`` plans the user's own rule sets in the pool of its
+    search."""
+    make_step, devices, rules = request.make_step, request.devices, request.rules
+    axes, meshes, axis_types = request.axes, request.meshes, request.axis_types
+    name = request.name
     start = time.perf_counter()
-    rule_sets, axes = _check_program(make_step, devices, rules, rule_set, axes, meshes)
+    rule_sets, axes = _check_program(make_step, devices, rules, request.rule_set, axes, meshes)
     kinds = axis_types_of(axis_types, axes)
     shapes = mesh_list(meshes, axes, devices)
-    target_name, hw = target_hardware(target, hardware, hardware_overrides, devices)
+    target_name, hw = target_hardware(
+        request.target, request.hardware, request.hardware_overrides, devices
+    )
     local = None
     if target_name is None and (pool is None or ref is None):
         local = local_devices(devices, otherwise=" (the command line does it for you)")

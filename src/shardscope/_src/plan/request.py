@@ -10,7 +10,7 @@ the command line's parser reads the defaults from here to print them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -435,3 +435,56 @@ class ServeRequest:
     def context_tokens(self) -> int:
         """The KV cache's tokens per sequence (``prompt + output`` unless given)."""
         return self.prompt + self.output if self.context is None else self.context
+
+
+@dataclass(frozen=True)
+class ProgramRequest:
+    """A plan of the user's own program on ``devices`` accelerators: every mesh shape x rule
+    set compiled and ranked (:func:`shardscope.plan_program_request` runs it;
+    :func:`shardscope.plan_program` builds one from its keywords). The fields are
+    :func:`shardscope.plan_program`'s arguments, ``target`` for both its ``target=`` and
+    ``compiler=``.
+    """
+
+    make_step: Callable[..., Any]
+    devices: int = 8
+    _: KW_ONLY
+    rules: Any = None
+    rule_set: str | None = None
+    axes: Sequence[str] | None = None
+    meshes: Sequence[str | Mapping[str, int]] | None = None
+    hardware: str | Hardware | None = None
+    hardware_overrides: Mapping[str, float] | None = None
+    target: str | None = None
+    axis_types: Any = None
+    name: str | None = None
+
+
+#: How many candidates ``suggest`` compiles unless told otherwise.
+DEFAULT_COMPILES = 12
+
+
+@dataclass(frozen=True)
+class SuggestRequest:
+    """A search for the logical-axis rules and mesh of the user's program
+    (:func:`shardscope.suggest_request` runs it; :func:`shardscope.suggest` builds one from
+    its keywords). The fields are :func:`shardscope.suggest`'s arguments, ``target`` for both
+    its ``target=`` and ``compiler=``.
+    """
+
+    make_step: Callable[..., Any]
+    devices: int = 8
+    _: KW_ONLY
+    target: str | None = None
+    hardware: str | Hardware | None = None
+    hardware_overrides: Mapping[str, float] | None = None
+    rules: Any = None
+    logical_axes: Sequence[str] | None = None
+    axes: Sequence[str] | None = None
+    compiles: int = DEFAULT_COMPILES
+    axis_types: Any = None
+    name: str | None = None
+    compare: bool = True
+    args: Sequence[Any] | None = None
+    workers: int | None = None
+    ray: str | bool | None = None

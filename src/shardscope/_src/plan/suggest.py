@@ -91,6 +91,7 @@ from shardscope._src.plan.program import (
     rank_plans,
     target_hardware,
 )
+from shardscope._src.plan.request import ProgramRequest, SuggestRequest
 from shardscope._src.plan.types import Skipped
 from shardscope._src.plan.worker import WorkerPool
 from shardscope._src.sharding.rules import (
@@ -109,8 +110,6 @@ from shardscope._src.targets.specs import get_target
 
 #: The mesh axes searched when neither the rules nor the caller name any.
 DEFAULT_AXES = ("data", "model")
-#: How many candidates the compiler verifies by default.
-DEFAULT_COMPILES = 12
 #: The rule set name the written rules file holds.
 SUGGESTED = "suggested"
 
@@ -685,21 +684,23 @@ def suggest(
     make_step: Callable[..., Any],
     devices: int = 8,
     *,
-    target: str | None = None,
-    hardware: str | Hardware | None = None,
-    hardware_overrides: Mapping[str, float] | None = None,
-    rules: Any = None,
-    logical_axes: Sequence[str] | None = None,
-    axes: Sequence[str] | None = None,
-    compiles: int = DEFAULT_COMPILES,
-    axis_types: Any = None,
-    name: str | None = None,
-    compare: bool = True,
-    args: Sequence[Any] | None = None,
-    workers: int | None = None,
-    ray: str | bool | None = None,
     compiler: str | None = None,
+    **knobs: Any,
 ) -> SuggestResult:
+    """Proposes logical-axis rules and a mesh shape for a program: :func:`suggest_request` of
+    the :class:`~shardscope._src.plan.request.SuggestRequest` its arguments make (see
+    :func:`suggest_request` for what each does; ``compiler=`` is the same choice as
+    ``target=``, by the name :func:`shardscope.plan` and the command line give it).
+
+    >>> result = suggest(make_step, 8, axis_types="auto")  # doctest: +SKIP
+    >>> result.best.label, result.best.fits  # doctest: +SKIP
+    ('suggest-3 data=8,model=1', True)
+    """
+    target = one_compiler(knobs.pop("target", None), compiler)
+    return suggest_request(SuggestRequest(make_step, devices, target=target, **knobs))
+
+
+def suggest_request(request: SuggestRequest) -> SuggestResult:
     """Proposes logical-axis rules and a mesh shape for a program, proved by compiling them.
 
     Searches every mesh shape of ``devices`` over ``axes`` and every assignment of the
@@ -709,7 +710,7 @@ def suggest(
     :func:`plan_program` ranks (those that fit first, then the step time). The module
     docstring of ``shardscope._src.plan.suggest`` says how and why.
 
-    Args:
+    The request's fields:
         make_step: ``make_step(mesh, rules)`` returning ``(step, args)``, as
             :func:`plan_program` takes it; its arrays are named with logical names (Flax
             NNX's ``with_partitioning``, :func:`shardscope.logical_to_spec`).
@@ -760,6 +761,10 @@ def suggest(
     >>> result.best.label, result.best.fits  # doctest: +SKIP
     ('suggest-3 data=8,model=1', True)
     """
+    make_step, devices, args, name = request.make_step, request.devices, request.args, request.name
+    rules, logical_axes, axes = request.rules, request.logical_axes, request.axes
+    compiles, axis_types, compare = request.compiles, request.axis_types, request.compare
+    workers, ray = request.workers, request.ray
     start = time.perf_counter()
     if not is_int(compiles, 1):
         raise PlanError(f"compiles={compiles!r}: must be a positive whole number", param="compiles")
@@ -786,8 +791,9 @@ def suggest(
         found = find_rule_sets(rules, make_step)
         axes = _axes(found, axes)
         names = _logical_names(found, logical_axes)
-    target = one_compiler(target, compiler)
-    target_name, hw = target_hardware(target, hardware, hardware_overrides, devices)
+    target_name, hw = target_hardware(
+        request.target, request.hardware, request.hardware_overrides, devices
+    )
     if workers is None:
         workers = default_workers(compiles) if ref is not None else 0
     if not is_int(workers, 0):
@@ -932,21 +938,17 @@ def suggest(
         t3 = time.perf_counter()
         own = None
         if found is not None and compare:  # in the search's workers, where it has them
-            own = plan_rule_sets(
+            mine = ProgramRequest(
                 make_step,
                 devices,
                 rules=dict(found.sets),
-                rule_set=None,
                 axes=axes,
-                meshes=None,
                 hardware=hw,
-                hardware_overrides=None,
                 target=target_name,
                 axis_types=axis_types,
                 name=label,
-                pool=pool,
-                ref=ref,
             )
+            own = plan_rule_sets(mine, pool=pool, ref=ref)
     finally:
         if pool is not None:
             pool.close()
