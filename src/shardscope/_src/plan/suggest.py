@@ -842,7 +842,7 @@ def no_fit_advice(
     fits_at = None
     for k in range(1, doublings + 1):
         got = smallest(devices * 2**k)
-        if got is not None and got[0] <= hw.memory_bytes:
+        if got is not None and memory_fits(got[0], hw.memory_bytes):
             fits_at = devices * 2**k
             break
     if fits_at is None:
