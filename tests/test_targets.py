@@ -130,7 +130,10 @@ def test_gpu_description_carries_the_datasheet_and_the_preset_memory():
 
 
 def test_what_a_compiled_program_holds_is_its_peak_or_its_buffers_whichever_is_less():
-    from shardscope._src.plan.types import held_bytes
+    from shardscope._src.cost.memory import CompiledMemory
+
+    def held_bytes(memory):
+        return CompiledMemory.from_dict(memory).held_bytes
 
     gib = 2**30
     buffers = {

@@ -49,6 +49,7 @@ from shardscope._src.base.errors import (
 )
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_spec
+from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.hlo.cost import Cost
 from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_metadata
 from shardscope._src.mesh import (
@@ -103,19 +104,6 @@ def _mesh_of_shardings(shardings: list[Any]) -> dict[str, int] | None:
         if m is not None and hasattr(m, "axis_names"):
             return mesh_axes(m)
     return None
-
-
-def _memory(compiled: Any) -> dict[str, int] | None:
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return None
-    out = {}
-    for name in dir(stats):
-        if name.endswith("_in_bytes") and not name.startswith("_"):
-            value = getattr(stats, name)
-            if isinstance(value, int):
-                out[name] = value
-    return out
 
 
 def _flops(compiled: Any) -> float | None:
@@ -416,7 +404,7 @@ class ProgramFacts:
     """What a compiled program tells beside its HLO text: the fields of :class:`Audit` that
     an audit of bare text leaves None."""
 
-    memory: dict[str, int] | None
+    memory: CompiledMemory | None
     flops: float | None
     in_shardings: tuple[str, ...]
     out_shardings: tuple[str, ...]
@@ -498,7 +486,7 @@ def _audit_compiled(
             f"shardscope.target_mesh({get_target(target).name!r}, ...)"
         )
     facts = ProgramFacts(
-        memory=_memory(compiled),
+        memory=CompiledMemory.from_stats(compiled.memory_analysis()),
         flops=_flops(compiled),
         in_shardings=tuple(_format_sharding(s) for s in in_leaves),
         out_shardings=tuple(_format_sharding(s) for s in out_leaves),

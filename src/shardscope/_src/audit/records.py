@@ -13,6 +13,7 @@ from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.display import View, show
 from shardscope._src.base.errors import ShardscopeError, is_int
 from shardscope._src.base.records import Record, field_of, int_tuple, json_value, record_dict
+from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.hlo.groups import AxisRef
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
@@ -506,7 +507,7 @@ class Audit:
     mesh_axes: Mapping[str, int]
     num_partitions: int
     module_name: str
-    memory: Mapping[str, int] | None = None
+    memory: CompiledMemory | None = None
     flops: float | None = None
     in_shardings: tuple[str, ...] | None = None
     out_shardings: tuple[str, ...] | None = None
@@ -519,6 +520,11 @@ class Audit:
     hlo_bytes: int | None = None
     priced_on: str | None = None
     memory_pressure: MemoryPressure | None = None
+
+    def __post_init__(self) -> None:
+        # A memory dict by XLA's field names (what earlier versions held) stands for the record.
+        if self.memory is not None:
+            object.__setattr__(self, "memory", CompiledMemory.from_dict(self.memory))
 
     def with_program(self, program: AuditedProgram) -> Audit:
         """This audit, holding ``program`` as what it was read from (returns ``self``)."""
@@ -820,7 +826,7 @@ class Audit:
             mesh_axes={str(k): int(v) for k, v in need("mesh_axes").items()},
             num_partitions=int(need("num_partitions")),
             module_name=str(need("module")),
-            memory=None if memory is None else {str(k): int(v) for k, v in memory.items()},
+            memory=None if memory is None else CompiledMemory.from_dict(memory),
             flops=None if flops is None else float(flops),
             in_shardings=shardings("in_shardings"),
             out_shardings=shardings("out_shardings"),

@@ -28,6 +28,7 @@ from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
@@ -643,7 +644,7 @@ def screen_all(
                 screened_on_placement(c) for c in moved
             ]
         state = min(s.memory.model_state for s in options)
-        if state > hw.memory_bytes:
+        if not memory_fits(state, hw.memory_bytes):
             what = (
                 "parameters, gradients and optimizer state" if mode == Mode.TRAIN else "parameters"
             )

@@ -17,6 +17,7 @@ from shardscope._src.audit.width import Width
 from shardscope._src.base.devices import backends_started, flag_device_count
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.stderr import capture_stderr
+from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.mesh import make_mesh, parse_mesh_spec
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.collectives import PlanCollective
@@ -86,7 +87,7 @@ def compile_facts(
     remats = result.rematerializations or ()
     facts = CompiledFacts(
         collectives=tuple(plan_collective(c, width) for c in result.collectives),
-        memory=dict(result.memory or {}),
+        memory=CompiledMemory() if result.memory is None else result.memory,
         rematerializations=tuple(r.source or r.op_name or r.instruction or "?" for r in remats),
         exact=result.exact,
         lower_s=t1 - t0,

@@ -58,6 +58,7 @@ from shardscope._src.base.records import record_dict
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
@@ -75,7 +76,6 @@ from shardscope._src.plan.types import (
     Skipped,
     SkipReason,
     no_plan_note,
-    program_bytes,
 )
 from shardscope._src.plan.worker import WorkerError
 from shardscope._src.sharding.rules import (
@@ -129,7 +129,7 @@ class ProgramPlan:
     rules_name: str
     rules: Rules
     mesh: Mapping[str, int]
-    compiled_memory: Mapping[str, int]
+    compiled_memory: CompiledMemory
     memory_limit_bytes: int
     collectives: tuple[PlanCollective, ...]
     comm: tuple[AxisComm, ...]
@@ -144,6 +144,10 @@ class ProgramPlan:
     same_as: str | None = None
     #: the compiler that built it (``"cpu"``, or a target's name)
     target: str = "cpu"
+
+    def __post_init__(self) -> None:
+        # A memory dict by XLA's field names (what earlier versions held) stands for the record.
+        object.__setattr__(self, "compiled_memory", CompiledMemory.from_dict(self.compiled_memory))
 
     @property
     def fit_memory_bytes_per_device(self) -> int:
@@ -173,12 +177,13 @@ class ProgramPlan:
 
     @property
     def memory_bytes_per_device(self) -> int:
-        """What the compiled program holds at once (:func:`program_bytes`)."""
-        return program_bytes(self.compiled_memory, self.target)
+        """What the compiled program holds at once
+        (:meth:`~shardscope._src.cost.memory.CompiledMemory.held_by` its compiler)."""
+        return self.compiled_memory.held_by(get_target(self.target))
 
     @property
     def fits(self) -> bool:
-        return self.memory_bytes_per_device <= self.memory_limit_bytes
+        return memory_fits(self.memory_bytes_per_device, self.memory_limit_bytes)
 
     @property
     def comm_bytes_per_device(self) -> int:
@@ -824,7 +829,7 @@ def _program_plan(
         rules_name=rules_name,
         rules=rules,
         mesh=dict(sizes),
-        compiled_memory=dict(result.memory or {}),
+        compiled_memory=CompiledMemory() if result.memory is None else result.memory,
         memory_limit_bytes=int(hw.memory_bytes),
         collectives=collectives,
         comm=comm,

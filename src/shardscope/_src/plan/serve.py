@@ -79,6 +79,7 @@ from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.cost.memory import memory_fits
 from shardscope._src.hlo.cost import Cost
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -87,7 +88,6 @@ from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.online import Load, poisson_quantile, under_load
 from shardscope._src.plan.request import ServeRequest
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
-from shardscope._src.plan.types import held_bytes
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
@@ -146,7 +146,7 @@ class ServePlan(Record):
 
     @property
     def fits(self) -> bool:
-        return self.memory_bytes_per_device <= self.memory_limit_bytes
+        return memory_fits(self.memory_bytes_per_device, self.memory_limit_bytes)
 
     @property
     def tensor_parallel(self) -> int:
@@ -1135,9 +1135,9 @@ class _Compiled:
     """What one compiled serving step costs a device: its HBM traffic's time and its
     matmul FLOPs (None where its HLO does not count them, see :func:`_compile`), on a GPU
     its kernels' time one after another (None elsewhere), its collectives' time, the bytes
-    it holds at once (:func:`~shardscope._src.plan.types.held_bytes`), its all-reduces,
-    and the kernels it launches (:func:`~shardscope._src.audit.overlap.kernel_costs`, its
-    attention core one a layer)."""
+    it holds at once (:attr:`~shardscope._src.cost.memory.CompiledMemory.held_bytes`), its
+    all-reduces, and the kernels it launches
+    (:func:`~shardscope._src.audit.overlap.kernel_costs`, its attention core one a layer)."""
 
     memory_s: float | None
     flops: float | None
@@ -1243,7 +1243,7 @@ def _compile(
         flops=result.hlo_flops,
         kernels_s=kernels_s,
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
-        held_bytes=held_bytes(result.memory or {}),
+        held_bytes=0 if result.memory is None else result.memory.held_bytes,
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
         kernels=kernels,
     )

@@ -68,6 +68,7 @@ from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
+from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
@@ -601,7 +602,7 @@ def screen(
         part = sum(n * math.prod(a.shape) for a, spec, n in weights if axis in spec)
         parallel /= 1 - part / total + part / total / sizes[axis]
     compute = hw.matmul_seconds(work.flops / parallel)
-    return Screen(memory, compute, comm, memory <= hw.memory_bytes)
+    return Screen(memory, compute, comm, memory_fits(memory, hw.memory_bytes))
 
 
 def candidates(
@@ -661,7 +662,7 @@ def no_fit_advice(
     fits_at = None
     for k in range(1, doublings + 1):
         got = smallest(devices * 2**k)
-        if got is not None and got[0] <= hw.memory_bytes:
+        if got is not None and memory_fits(got[0], hw.memory_bytes):
             fits_at = devices * 2**k
             break
     if fits_at is None:

@@ -45,6 +45,7 @@ from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.cost.memory import memory_fits
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.candidates import (
@@ -321,7 +322,8 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
     todo = to_compile(
-        [s for s in ranked_screen if s.memory.model_state <= hw.memory_bytes], r.compile_top
+        [s for s in ranked_screen if memory_fits(s.memory.model_state, hw.memory_bytes)],
+        r.compile_top,
     )
     simulated = max((_stage_devices(s) for s in todo), default=1)
     n_workers = default_workers(simulated) if r.workers is None else r.workers

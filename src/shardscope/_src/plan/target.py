@@ -23,13 +23,14 @@ from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
 from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
+from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.candidates import stage_config
 from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import Progress, plan_collective
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.timing import compiled_step
-from shardscope._src.plan.types import Candidate, Plan, PlanCollective, held_bytes
+from shardscope._src.plan.types import Candidate, Plan, PlanCollective
 from shardscope._src.plan.validate import compiled_flops, flops_note, reduce_scatter_note
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
@@ -44,7 +45,7 @@ class TargetFacts:
     it found the program does not fit (then ``memory`` is empty)."""
 
     target: str
-    memory: Mapping[str, int] = field(default_factory=dict)
+    memory: CompiledMemory = field(default_factory=CompiledMemory)
     collectives: tuple[PlanCollective, ...] = ()
     flops: float | None = None
     #: the program's matmul FLOPs per device counted from its HLO (the CPU program's measure)
@@ -62,8 +63,9 @@ class TargetFacts:
 
     @property
     def memory_bytes_per_device(self) -> int:
-        """What the target's program holds at once (:func:`held_bytes`)."""
-        return held_bytes(self.memory)
+        """What the target's program holds at once
+        (:attr:`~shardscope._src.cost.memory.CompiledMemory.held_bytes`)."""
+        return self.memory.held_bytes
 
 
 def _optimal_seconds(compiled: jax.stages.Compiled | None) -> float | None:
@@ -113,7 +115,7 @@ def target_facts(
     compiled = result.compiled
     return TargetFacts(
         target=name,
-        memory=dict(result.memory or {}),
+        memory=CompiledMemory() if result.memory is None else result.memory,
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
         collectives=tuple(plan_collective(c, Width.of(result)) for c in result.collectives),
         flops=result.flops,
@@ -267,7 +269,7 @@ def on_target(
     changes: dict[str, Any] = {
         "notes": (note, *kept),
         "compiled_by": target,
-        "target_memory": dict(facts.memory) if facts.error is None else None,
+        "target_memory": facts.memory if facts.error is None else None,
         "target_error": facts.error,
         "target_optimal_seconds": facts.optimal_seconds,
         "timing": {**p.timing, "target_compile_s": facts.compile_s},

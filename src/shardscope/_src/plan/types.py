@@ -16,6 +16,7 @@ from shardscope._src.base.notes import Note
 from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
 from shardscope._src.plan.estimates import MemoryEstimate
@@ -27,44 +28,6 @@ from shardscope._src.targets.specs import CPU_TARGET, Target, get_target
 
 #: The knobs a plan that does not fit can turn: the library's parameter names.
 FIT_PARAMS = ("devices", "batch", "seq", "memory_bytes")
-
-
-def device_bytes(memory: Mapping[str, int]) -> int:
-    """Bytes per device in a compiler's buffer assignment (``memory_analysis()`` fields):
-    arguments + outputs + temporaries - what outputs alias from arguments."""
-    return (
-        memory.get("argument_size_in_bytes", 0)
-        + memory.get("output_size_in_bytes", 0)
-        + memory.get("temp_size_in_bytes", 0)
-        - memory.get("alias_size_in_bytes", 0)
-    )
-
-
-def held_bytes(memory: Mapping[str, int]) -> int:
-    """Bytes a GPU or TPU compiler's program holds in device memory at once: its buffer
-    assignment (:func:`device_bytes`), or its own peak (``peak_memory_in_bytes``) where that
-    is less.
-
-    XLA:GPU's peak and its buffers agree (within 0.3% on the calibration runs). XLA:TPU's
-    ``temp_size_in_bytes`` counts temporaries that do not share the memory at once: Mixtral
-    8x7B's step on a v6e-256 at 12 sequences a chip compiled with 43.3 GiB of them, though
-    the TPU compiler refuses, when it compiles, a program over the chip's 31.25 GiB (it did
-    at 16 a chip); its peak said 29.8 GiB. With activations offloaded to host memory, that
-    peak counts the host's too (Llama 3.1 70B on a v6e-64: 49.1 GiB, 45 of them on the host),
-    and the buffers are the lesser figure."""
-    peak = memory.get("peak_memory_in_bytes", 0)
-    buffers = device_bytes(memory)
-    return min(buffers, peak) if peak > 0 else buffers
-
-
-def program_bytes(memory: Mapping[str, int], compiler: str | None) -> int:
-    """Bytes per device a program compiled by ``compiler`` holds: a GPU or TPU compiler's
-    (:func:`held_bytes`), or the CPU compiler's buffer assignment (:func:`device_bytes`:
-    XLA:CPU's ``peak_memory_in_bytes`` is its arguments and outputs alone, no temporaries);
-    ``None`` is the CPU, as an audit of simulated devices names it."""
-    if compiler in (None, CPU_TARGET.name):
-        return device_bytes(memory)
-    return held_bytes(memory)
 
 
 #: The mesh axis that holds pipeline stages (1F1B); every other axis is within one stage.
@@ -160,9 +123,11 @@ class Screened:
 
     @property
     def fits(self) -> bool:
-        return (
-            self.memory.total <= self.memory_limit_bytes
-            and self.memory.host <= self.host_memory_limit_bytes
+        return memory_fits(
+            self.memory.total,
+            self.memory_limit_bytes,
+            host_bytes=self.memory.host,
+            host_limit_bytes=self.host_memory_limit_bytes,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,7 +174,7 @@ class CompiledFacts:
     """What compiling and auditing one plan found: independent of the hardware preset."""
 
     collectives: tuple[PlanCollective, ...]
-    memory: Mapping[str, int]
+    memory: CompiledMemory
     rematerializations: tuple[str, ...]
     exact: bool
     lower_s: float
@@ -282,7 +247,7 @@ class Plan:
     summary: str
     mesh: Mapping[str, int]
     memory: MemoryEstimate
-    compiled_memory: Mapping[str, int]
+    compiled_memory: CompiledMemory
     memory_limit_bytes: int
     collectives: tuple[PlanCollective, ...]
     comm: tuple[AxisComm, ...]
@@ -326,7 +291,7 @@ class Plan:
     compiled_by: Target = CPU_TARGET
     #: The target compiler's buffer assignment per device (None when compiled by cpu, or
     #: when it found the program does not fit: ``target_error`` has its words).
-    target_memory: Mapping[str, int] | None = None
+    target_memory: CompiledMemory | None = None
     target_error: str | None = None
     #: The TPU compiler's own estimate of the step's seconds (None elsewhere).
     target_optimal_seconds: float | None = None
@@ -334,8 +299,12 @@ class Plan:
     host_memory_limit_bytes: int = 0
 
     def __post_init__(self) -> None:
-        # A target's name (as the JSON writes it) stands for the target.
+        # A target's name (as the JSON writes it) stands for the target, and a memory dict
+        # by XLA's field names for its record.
         object.__setattr__(self, "compiled_by", get_target(self.compiled_by))
+        object.__setattr__(self, "compiled_memory", CompiledMemory.from_dict(self.compiled_memory))
+        if self.target_memory is not None:
+            object.__setattr__(self, "target_memory", CompiledMemory.from_dict(self.target_memory))
 
     @property
     def compiled_by_accelerator(self) -> bool:
@@ -383,16 +352,16 @@ class Plan:
     @property
     def compiled_memory_bytes_per_device(self) -> int:
         """CPU buffer assignment: arguments + outputs + temporaries - aliased."""
-        m = self.compiled_memory
-        return device_bytes(m)
+        return self.compiled_memory.held_by(CPU_TARGET)
 
     @property
     def target_memory_bytes_per_device(self) -> int | None:
-        """What the target's program holds at once (:func:`held_bytes`)."""
+        """What the target's program holds at once
+        (:attr:`~shardscope._src.cost.memory.CompiledMemory.held_bytes`)."""
         m = self.target_memory
         if m is None:
             return None
-        return held_bytes(m)
+        return m.held_bytes
 
     @property
     def fit_memory_bytes_per_device(self) -> int:
@@ -415,11 +384,14 @@ class Plan:
     def fits(self) -> bool:
         """Judged from the target compiler's memory when it compiled the plan, else from the
         analytic estimate."""
-        if self.memory.host > self.host_memory_limit_bytes:
-            return False
         if self.compiled_by_accelerator and self.target_memory is None:
             return False  # the target compiler found it does not fit
-        return self.fit_memory_bytes_per_device <= self.memory_limit_bytes
+        return memory_fits(
+            self.fit_memory_bytes_per_device,
+            self.memory_limit_bytes,
+            host_bytes=self.memory.host,
+            host_limit_bytes=self.host_memory_limit_bytes,
+        )
 
     @property
     def comm_bytes_per_device(self) -> int:

@@ -15,10 +15,9 @@ from shardscope._src.audit.records import Audit
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
 from shardscope._src.base.display import View, register
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.plan.types import program_bytes
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 from shardscope._src.render.console import mimebundle, output_console
-from shardscope._src.targets.specs import CPU
+from shardscope._src.targets.specs import CPU_TARGET, TARGETS
 
 if TYPE_CHECKING:
     from shardscope._src.audit.records import Collective, ExpectCheck
@@ -327,14 +326,16 @@ def audit_notes(audit: Audit) -> list[str]:
     if audit.memory_pressure is not None:
         notes.append(audit.memory_pressure.sentence())
     m = audit.memory
-    if m is not None and audit.target in (None, CPU) and "temp_size_in_bytes" in m:
+    # An audit of simulated devices names the CPU's target, or none.
+    compiler = CPU_TARGET if audit.target is None else TARGETS.get(audit.target)
+    if m is not None and compiler is CPU_TARGET and m.temp_size_in_bytes is not None:
         notes.append(
             f"memory per device (the CPU compiler's buffers: arguments + outputs + "
             f"temporaries - aliased; no GPU/TPU prediction): "
-            f"{format_bytes(program_bytes(m, audit.target))}"
+            f"{format_bytes(m.held_by(compiler))}"
         )
-    elif m is not None and m.get("peak_memory_in_bytes") is not None:
-        peak = m["peak_memory_in_bytes"]
+    elif m is not None and m.peak_memory_in_bytes is not None:
+        peak = m.peak_memory_in_bytes
         notes.append(f"peak memory per device (this backend's estimate): {format_bytes(peak)}")
     return notes
 

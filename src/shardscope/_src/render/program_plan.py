@@ -5,7 +5,6 @@ shape of the built-in planner's (the PNG is the planner's chart, :func:`plot_pla
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes, format_seconds
@@ -70,23 +69,14 @@ PROGRAM_PLAN_COLUMNS: tuple[Column[ProgramPlan], ...] = (
 )
 
 
-def _buffer_bytes(p: ProgramPlan, *, key: str) -> str:
-    return format_bytes(p.compiled_memory.get(key, 0))
-
-
-#: Memory per device as the compiler's buffer assignment gives it.
+#: Memory per device as the compiler's buffer assignment gives it (0 where it reports none).
 PROGRAM_MEMORY_COLUMNS: tuple[Column[ProgramPlan], ...] = (
     Column("#", lambda p: str(p.rank)),
     Column("plan", lambda p: p.label),
-    *(
-        Column(header, partial(_buffer_bytes, key=key))
-        for header, key in (
-            ("arguments", "argument_size_in_bytes"),
-            ("outputs", "output_size_in_bytes"),
-            ("temporaries", "temp_size_in_bytes"),
-            ("aliased", "alias_size_in_bytes"),
-        )
-    ),
+    Column("arguments", lambda p: format_bytes(p.compiled_memory.argument_size_in_bytes or 0)),
+    Column("outputs", lambda p: format_bytes(p.compiled_memory.output_size_in_bytes or 0)),
+    Column("temporaries", lambda p: format_bytes(p.compiled_memory.temp_size_in_bytes or 0)),
+    Column("aliased", lambda p: format_bytes(p.compiled_memory.alias_size_in_bytes or 0)),
     Column("total", lambda p: format_bytes(p.memory_bytes_per_device)),
 )
 
