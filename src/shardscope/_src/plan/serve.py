@@ -15,7 +15,7 @@ all (``dp_tp``).
 
 Per replica, by the roofline of :mod:`shardscope._src.plan.serving` (its matmuls at the
 rates they reach, the hardware's ``matmul_fraction`` and ``hbm_fraction``) and the one
-pricing of collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
+pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
 
 * **decode** (one token per sequence): every weight (but an untied embedding table, of which
   the lookup takes a row a token) and the replica's whole cache through HBM once (``(weights
@@ -75,10 +75,11 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from shardscope._src.audit.pricing import execution_seconds
-from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds
+from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds, traffic_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.cost.links import collective_seconds
 from shardscope._src.hlo.cost import Cost
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -91,7 +92,6 @@ from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
-from shardscope._src.targets.links import collective_seconds
 from shardscope._src.targets.specs import TARGETS
 
 #: The largest batch the sweep tries when none is given (a power of two).
@@ -831,7 +831,7 @@ def _allreduce_s(hw: Hardware, layout: _Layout, elements: int, itemsize: int, co
     if t == 1:
         return 0.0
     # collective_seconds takes the traffic of all ``count`` executions
-    traffic = count * 2 * (t - 1) / t * elements * itemsize
+    traffic = count * traffic_bytes(ALL_REDUCE, elements * itemsize, t)
     return collective_seconds(hw, layout.mesh, ALL_REDUCE, ("model",), t, traffic, count)
 
 

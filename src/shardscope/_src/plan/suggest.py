@@ -70,6 +70,7 @@ from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, traffic_bytes
 from shardscope._src.base.errors import PlanError, ProgramError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
+from shardscope._src.cost.links import collective_seconds
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
@@ -100,7 +101,6 @@ from shardscope._src.sharding.rules import (
     uses_flax,
 )
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.links import collective_seconds
 from shardscope._src.targets.specs import get_target
 
 #: The mesh axes searched when neither the rules nor the caller name any.

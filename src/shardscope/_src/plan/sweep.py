@@ -17,7 +17,7 @@ A sweep has four steps:
    target's compiler, compile the leading plans again (:mod:`~shardscope._src.plan.target`).
 4. **Price** and rank: a compiled plan's step is the time model's schedule with the compiled
    program's matmul FLOPs (counted from its HLO) and collectives in place of the formula's,
-   each collective priced by the one pricing of :mod:`~shardscope._src.targets.links`
+   each collective priced by the one pricing of :mod:`~shardscope._src.cost.links`
    (:func:`~shardscope._src.plan.timing.compiled_step`), and the plans rank by it (the
    screening estimate is kept beside it, and a note says where their FLOPs differ); memory
    from the analytic formulas (the compiled CPU numbers beside them), the ratio to the lower

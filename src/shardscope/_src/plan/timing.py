@@ -104,6 +104,7 @@ from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.bounds.transformer import regathered_terms, transformer_bound
+from shardscope._src.cost.links import collective_seconds
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
@@ -128,7 +129,6 @@ from shardscope._src.plan.estimates import (
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.links import collective_seconds
 from shardscope._src.targets.specs import TARGETS
 
 if TYPE_CHECKING:

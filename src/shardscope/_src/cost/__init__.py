@@ -1,0 +1,1 @@
+"""Every price: collectives, kernels, FLOPs and memory, one home each."""
