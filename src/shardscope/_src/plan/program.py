@@ -58,6 +58,7 @@ from shardscope._src.base.records import record_dict
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.compute import matmul_seconds
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
@@ -825,7 +826,7 @@ def _program_plan(
         comm_time_s=sum(a.time_s for a in comm),
         flops_per_device=flops,
         # The time model's rate for matmul FLOPs (plan/timing.py), the one compute model.
-        compute_time_s=hw.matmul_seconds(flops or 0.0),
+        compute_time_s=matmul_seconds(hw, flops or 0.0),
         notes=tuple(notes),
         timing=timing,
         exact=result.exact,
