@@ -67,6 +67,20 @@ def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str])
     return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
 
 
+def stage_bandwidth(hw: Hardware, stage_devices: int) -> float:
+    """Achieved bytes/s per device of a pipeline's point-to-point transfers between stages
+    of ``stage_devices`` devices each: across nodes where a stage fills a node or more, else
+    over the links inside one.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> stage_bandwidth(hardware("h100"), 8) / 1e9, stage_bandwidth(hardware("h100"), 4) / 1e9
+    (40.0, 360.0)
+    """
+    if stage_devices >= hw.node_size:
+        return hw.cross_node_bandwidth * hw.comm_fraction
+    return hw.link_bandwidth * hw.comm_fraction
+
+
 def alpha_beta_seconds(
     steps: int, latency_s: float, traffic_bytes: float, bandwidth: float
 ) -> float:

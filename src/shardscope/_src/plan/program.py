@@ -64,7 +64,7 @@ from shardscope._src.plan.collectives import axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.sweep import pareto_front
+from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.types import (
     FIT_PARAMS,
     PLAN_EXTRA,
@@ -688,17 +688,7 @@ def rank_plans(plans: Sequence[ProgramPlan], names: Sequence[str]) -> tuple[Prog
     """``plans`` ranked: those that fit first, then by estimated step time, memory, the order
     of their rule set in ``names`` and the mesh sizes (a total order: the same plans give the
     same ranking), with the Pareto front of memory and time marked."""
-    names = list(dict.fromkeys(names))
-    order = sorted(
-        plans,
-        key=lambda p: (
-            not p.fits,
-            p.step_time_s,
-            p.memory_bytes_per_device,
-            names.index(p.rules_name),
-            tuple(p.mesh.values()),
-        ),
-    )
+    order = sorted(plans, key=step_rank_key(list(dict.fromkeys(names))))
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     return tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
 

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -97,6 +97,7 @@ from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, check_servable
 from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.online import Load, poisson_quantile, under_load
+from shardscope._src.plan.rank import pareto_front, rank_key
 from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.plan.types import held_bytes
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
@@ -389,8 +390,14 @@ def serve(
         if not any(loaded):
             raise online.error(compiled=[p for p in fitting if p.compiled_by is not None])
         fitting = _meeting([p for p in loaded if p is not None], latency, at_rate=True)
-    fitting.sort(key=_rank)
-    front = _front(fitting, at_rate=rate is not None)
+    fitting.sort(key=_RANK)
+    # the lower the better: at a request rate, which every plan delivers, the time to the
+    # first token in place of the throughput per chip
+    front = pareto_front(
+        fitting,
+        lambda p: p.decode_step_s,
+        (lambda p: p.first_token_s) if rate is not None else (lambda p: -p.tokens_per_s_per_chip),
+    )
     ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
     return ServeResult(
         model=name,
@@ -982,9 +989,10 @@ def _key(plan: ServePlan) -> str:
     return plan.strategy + str(plan.mesh)
 
 
-def _rank(plan: ServePlan) -> tuple[float, float]:
-    """Best first: the throughput per chip, then the time per output token."""
-    return (-plan.tokens_per_s_per_chip, plan.decode_step_s)
+#: Best first: the throughput per chip, then the time per output token.
+_RANK: Callable[[ServePlan], tuple[Any, ...]] = rank_key(
+    lambda p: -p.tokens_per_s_per_chip, lambda p: p.decode_step_s
+)
 
 
 def _beside(compiled: ServePlan, prefilled: ServePlan) -> ServePlan:
@@ -1095,7 +1103,7 @@ def _compile_leaders(
     dropped). Among the plans that meet ``latency``, where given."""
     for _ in range(LEADER_COMPILES):
         meeting = [p for p in plans if latency is None or p.decode_step_s <= latency]
-        top = min(meeting, key=_rank, default=None)
+        top = min(meeting, key=_RANK, default=None)
         if top is None or top.compiled_by is not None:
             break
         compiled = compile_decode(top, config, hw, weights=weights, cache=cache)
@@ -1447,27 +1455,6 @@ def compile_prefill(
         first_token_s=got.seconds(hw, got.memory_s, compute_s),
         temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )
-
-
-def _front(plans: Sequence[ServePlan], *, at_rate: bool = False) -> set[int]:
-    """The plans no other beats on both time per output token and throughput per chip (at a
-    request rate, which every plan delivers: on both time per output token and time to
-    first token)."""
-
-    # the lower the better
-    merits = [
-        (p.decode_step_s, p.first_token_s if at_rate else -p.tokens_per_s_per_chip) for p in plans
-    ]
-    front = set()
-    for i, mine in enumerate(merits):
-        beaten = any(
-            all(a <= b for a, b in zip(theirs, mine, strict=True)) and theirs != mine
-            for j, theirs in enumerate(merits)
-            if j != i
-        )
-        if not beaten:
-            front.add(i)
-    return front
 
 
 def _no_fit(

@@ -111,7 +111,7 @@ from shardscope._src.cost.compute import (
     stream_seconds,
 )
 from shardscope._src.cost.flops import attention_core_flops, weight_flops
-from shardscope._src.cost.links import alpha_beta_seconds, collective_seconds
+from shardscope._src.cost.links import alpha_beta_seconds, collective_seconds, stage_bandwidth
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
@@ -628,11 +628,7 @@ def step_work(
             cast_bwd_bytes=fp8_cast_bytes(c.layers * cast_bwd, c.itemsize),
             cast_recompute_bytes=fp8_cast_bytes(cast_again, c.itemsize),
         )
-    stage_devices = devices // p
-    if stage_devices >= hw.node_size:
-        p2p_bw = hw.cross_node_bandwidth * hw.comm_fraction
-    else:
-        p2p_bw = hw.link_bandwidth * hw.comm_fraction
+    p2p_bw = stage_bandwidth(hw, devices // p)
     return StepWork(
         microbatches=m,
         stages=p,
