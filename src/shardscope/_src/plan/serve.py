@@ -94,11 +94,10 @@ from shardscope._src.cost.flops import attention_core_flops, weight_flops
 from shardscope._src.cost.links import collective_seconds
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.model.serving import EIGHT_BIT, check_servable
+from shardscope._src.model.serving import EIGHT_BIT, FORMATS, cache_bytes_per_token, check_servable
 from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.online import Load, poisson_quantile, under_load
 from shardscope._src.plan.rank import pareto_front, rank_key
-from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.plan.types import held_bytes
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import Hardware
