@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from shardscope._src.audit.overlap import (
     Kernel,
-    compute_seconds,
     kernel_costs,
     overlaps,
     program_cost,
@@ -19,6 +18,7 @@ from shardscope._src.audit.overlap import (
     windows,
 )
 from shardscope._src.base.errors import HloParseError
+from shardscope._src.cost.compute import roofline_seconds
 from shardscope._src.hlo.cost import ConvWindow, Cost, instruction_cost
 from shardscope._src.hlo.parse import parse_hlo
 
@@ -285,7 +285,7 @@ def test_exposed_time_is_what_the_window_compute_leaves_of_the_collective():
     device = _Device()
     window = windows(m)["ars"]
     hidden = max(MATMUL / (1e12 * 0.5), (MATMUL_BYTES + SCALE_BYTES) / 1e9)
-    assert compute_seconds(window.compute, device) == pytest.approx(hidden, rel=1e-12)
+    assert roofline_seconds(window.compute, device) == pytest.approx(hidden, rel=1e-12)
     got = overlaps(
         m,
         {"ars": (3 * hidden, True), "ags": (1e-9, True), "sync": (2e-3, False)},

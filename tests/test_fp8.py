@@ -14,6 +14,7 @@ from helpers import assert_usage_error
 from shardscope import PlanError, PlanRequest
 from shardscope._src.base.comm import ALL_GATHER
 from shardscope._src.cli.main import build_parser, command_config
+from shardscope._src.cost.links import collective_seconds, group_bandwidth
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -35,7 +36,6 @@ from shardscope._src.plan.types import Candidate
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.capabilities import CPU_COMPILER
 from shardscope._src.targets.hardware import PRESETS, TIME_MODEL_SOURCES, hardware
-from shardscope._src.targets.links import collective_seconds, group_bandwidth
 
 #: A Llama-3-8B-shaped model: d 4096, 32 query and 8 key/value heads of 128, SwiGLU ff 14336,
 #: 2 layers, a 32k vocabulary; 8 sequences of 2048.

@@ -18,6 +18,7 @@ from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE
 from shardscope._src.base.errors import PlanError, ShardscopeError
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.bounds.terms import Bound, Term, TermRole
+from shardscope._src.cost.links import crosses_nodes
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.candidates import candidates
@@ -38,7 +39,6 @@ from shardscope._src.plan.sweep import plan
 from shardscope._src.plan.validate import VALIDATED_STRATEGIES, validate
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
-from shardscope._src.targets.links import crosses_nodes
 from shardscope._src.targets.specs import TARGETS
 
 TINY = model_preset("tiny")

@@ -12,6 +12,7 @@ from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.bounds import transformer
 from shardscope._src.bounds.terms import Bound, Term, TermRole
+from shardscope._src.cost.links import group_bandwidth
 from shardscope._src.model import config as model_config
 from shardscope._src.model.config import ModelConfig, param_shapes
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
@@ -38,7 +39,6 @@ from shardscope._src.plan.validate import all_reduce_formula, jit_formula
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.capabilities import CPU_COMPILER, GPU_COMPILER
 from shardscope._src.targets.hardware import hardware
-from shardscope._src.targets.links import group_bandwidth
 
 SMALL = ModelConfig(
     d_model=32, heads=4, kv_heads=2, ff=48, layers=2, batch=8, seq=16, vocab=32, mlp="swiglu"

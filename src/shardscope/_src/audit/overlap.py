@@ -8,12 +8,14 @@ can hide the collective, and whatever of its time that compute does not cover is
 
     exposed = max(0, collective time - compute time scheduled inside its window)
 
-Compute time is the roofline of each instruction in the window (:mod:`shardscope._src.hlo.cost`:
-FLOPs of its matrix products at the achievable fraction of peak, bytes at the memory
-bandwidth), a ``while`` loop inside the window counted with its trip count. A synchronous
-collective hides behind nothing. Two collectives whose windows overlap share the same compute
-(each is said to be hidden by it): the link they share is not modelled, which makes the
-exposed time a lower bound where many transfers are in flight at once.
+Compute time is the roofline of what the window's instructions compute and move
+(:func:`~shardscope._src.cost.compute.roofline_seconds` of their counts from
+:mod:`shardscope._src.hlo.cost`: FLOPs of matrix products at the achievable fraction of peak,
+bytes at the memory bandwidth), a ``while`` loop inside the window counted with its trip
+count. A synchronous collective hides behind nothing. Two collectives whose windows overlap
+share the same compute (each is said to be hidden by it): the link they share is not
+modelled, which makes the exposed time a lower bound where many transfers are in flight at
+once.
 
 The collective time is the caller's (the audit prices each collective with the same model the
 planner uses); this module finds the windows and prices the compute.
@@ -23,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from shardscope._src.audit.loops import derived_trip_count, known_trip_count
 from shardscope._src.base import comm
 from shardscope._src.base.records import Record, field_of, record_dict
+from shardscope._src.cost.compute import Roofline, roofline_seconds
 from shardscope._src.hlo.cost import (
     FREE,
     Cost,
@@ -42,17 +45,6 @@ from shardscope._src.hlo.parse import Computation, HloModule, Instruction
 #: Instructions whose computations run as part of the schedule they sit in (a fusion's or a
 #: reduction's computation does not: it is part of the one instruction).
 _RUNS_SCHEDULED = frozenset({"while", "conditional", "call", "async-start"})
-
-
-class Roofline(Protocol):
-    """The device figures compute time is read from (a hardware preset has them)."""
-
-    @property
-    def peak_flops(self) -> float: ...
-    @property
-    def matmul_fraction(self) -> float: ...
-    @property
-    def hbm_bandwidth(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -428,11 +420,6 @@ def windows(module: HloModule) -> dict[str, Window]:
     return out
 
 
-def compute_seconds(cost: Cost, device: Roofline) -> float:
-    """The roofline time of ``cost`` on ``device``."""
-    return cost.seconds(device.peak_flops * device.matmul_fraction, device.hbm_bandwidth)
-
-
 def overlaps(
     module: HloModule, collectives: Mapping[str, tuple[float, bool]], device: Roofline
 ) -> dict[str, Overlap]:
@@ -446,7 +433,7 @@ def overlaps(
     out = {}
     for name, (seconds, is_async) in collectives.items():
         window = found.get(name) if is_async else None
-        compute = compute_seconds(window.compute, device) if window is not None else 0.0
+        compute = roofline_seconds(window.compute, device) if window is not None else 0.0
         hidden = min(seconds, compute)
         out[name] = Overlap(is_async, seconds, hidden, seconds - hidden, window)
     return out

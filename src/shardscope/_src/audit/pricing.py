@@ -1,6 +1,6 @@
 """An audit's collectives priced on a target's hardware, with what the schedule hides.
 
-Each collective's one execution costs what :func:`~shardscope._src.targets.links.
+Each collective's one execution costs what :func:`~shardscope._src.cost.links.
 collective_seconds` charges its bytes on the links its group uses (the planner's pricing);
 an asynchronous one is hidden by the compute the compiler scheduled in its window, priced by
 the roofline of the same hardware (:mod:`~shardscope._src.audit.overlap`).
@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from shardscope._src.audit.overlap import overlaps
 from shardscope._src.audit.records import Collective
+from shardscope._src.cost.links import collective_seconds
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.links import collective_seconds
 
 
 def execution_seconds(c: Collective, mesh_axes: Mapping[str, int], hw: Hardware) -> float:

@@ -1,4 +1,4 @@
-"""Minimum communication of one collective: bytes each device sends, and alpha-beta time.
+"""Minimum communication of one collective: the bytes each device sends and the latency steps.
 
 Pure functions of the collective's kind, its payload and its group size; no JAX. The formulas
 are the bandwidth-optimal ones (ring all-gather / reduce-scatter, Rabenseifner all-reduce,
@@ -127,33 +127,6 @@ def latency_steps(kind: str, group_size: int) -> int:
     """Sequential message steps of the bandwidth-optimal algorithm (multiples of alpha)."""
     _check(kind, 0, group_size)
     return 0 if group_size == 1 else _STEPS[kind](group_size)
-
-
-def alpha_beta_time(
-    kind: str,
-    payload_bytes: int,
-    group_size: int,
-    *,
-    bandwidth_bytes_per_s: float,
-    alpha_s: float = 0.0,
-) -> float:
-    """Seconds for one execution under the alpha-beta model: ``steps*alpha + traffic/B``.
-
-    ``bandwidth_bytes_per_s`` is one device's egress bandwidth ``B``; ``alpha_s`` the
-    per-message latency. For all-reduce this is ``2(n-1)a + 2(n-1)S/(nB)``; for all-to-all on
-    a switch ``(n-1)a + (n-1)S/(n**2 B)``.
-
-    >>> alpha_beta_time("all-gather", 8 * 10**9, 8, bandwidth_bytes_per_s=10**9)
-    7.0
-    """
-    if not bandwidth_bytes_per_s > 0:
-        raise ShardscopeError(
-            f"bandwidth_bytes_per_s must be positive, got {bandwidth_bytes_per_s!r}"
-        )
-    if not alpha_s >= 0:
-        raise ShardscopeError(f"alpha_s must be non-negative, got {alpha_s!r}")
-    sent = traffic_bytes(kind, payload_bytes, group_size)
-    return latency_steps(kind, group_size) * alpha_s + sent / bandwidth_bytes_per_s
 
 
 def ratio(actual: int | float, bound: int | float) -> float | None:

@@ -68,10 +68,6 @@ class Cost:
     def __mul__(self, times: int) -> Cost:
         return Cost(self.flops * times, self.bytes * times, self.matmul_bytes * times)
 
-    def seconds(self, flops_per_s: float, bytes_per_s: float) -> float:
-        """The roofline: the longer of the arithmetic and the memory traffic."""
-        return max(self.flops / flops_per_s, self.bytes / bytes_per_s)
-
 
 def total(costs: Iterable[Cost]) -> Cost:
     out = Cost()

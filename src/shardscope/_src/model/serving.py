@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardscope._src.base.errors import ModelConfigError
+from shardscope._src.base.errors import ModelConfigError, PlanError
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.fused import fused_norm as _norm
 from shardscope._src.model.transformer import (
@@ -47,6 +47,29 @@ from shardscope._src.model.transformer import (
 #: Formats of weights and cache held in 8 bits, each with a scale: ``int8`` (rounded, within
 #: +-127) and ``fp8`` (``float8_e4m3fn``, within +-448).
 EIGHT_BIT = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+
+#: Bytes per element of the weight and cache formats a server holds.
+FORMATS = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
+
+
+def cache_bytes_per_token(config: ModelConfig, cache: str = "bfloat16") -> int:
+    """The KV cache of one token: ``2 x kv_heads x head_dim x layers`` elements of ``cache``
+    (one of :data:`FORMATS`); under latent attention, the latent and the rotary key each
+    layer, ``(kv_lora_rank + rope_head_dim) x layers``, shared by the heads.
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> cache_bytes_per_token(model_preset("llama3-70b").config(batch=1), "int8")
+    163840
+    >>> cache_bytes_per_token(model_preset("deepseek-v3").config(batch=1))  # 576 x 61 x 2
+    70272
+    """
+    if cache not in FORMATS:
+        raise PlanError(f"cache={cache!r}: give one of {', '.join(FORMATS)}")
+    size = FORMATS[cache]
+    if config.is_mla:
+        return (config.kv_lora_rank + config.rope_head_dim) * config.layers * size
+    assert config.kv_heads is not None and config.head_dim is not None
+    return 2 * config.kv_heads * config.head_dim * config.layers * size
 
 
 @jax.tree_util.register_dataclass

@@ -28,6 +28,7 @@ from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.links import crosses_nodes
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
@@ -64,7 +65,6 @@ from shardscope._src.sharding.strategies import (
 )
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
-from shardscope._src.targets.links import crosses_nodes
 
 #: The most pipeline stages a sweep tries unless told (more rarely pays on one job).
 MAX_STAGES = 16
@@ -87,7 +87,7 @@ def candidates(
     stable order. With ``p > 1`` stages the mesh has a leading ``stage=p`` axis and the
     strategy's axes share the ``devices / p`` of one stage. ``node_size`` (the devices with
     the fast links: a GPU node, a TPU slice) keeps only the HSDP meshes whose ``data`` groups
-    do not cross a node (:func:`~shardscope._src.targets.links.crosses_nodes`: on 8-GPU nodes,
+    do not cross a node (:func:`~shardscope._src.cost.links.crosses_nodes`: on 8-GPU nodes,
     ``data`` dividing 8); None, or a pinned ``mesh``, keeps every one.
 
     >>> [c.label for c in candidates(["hsdp"], 32, node_size=8)]

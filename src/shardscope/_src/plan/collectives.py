@@ -1,5 +1,5 @@
 """A plan's compiled collectives on the hardware: each priced by the one model of
-:mod:`~shardscope._src.targets.links` (the same the screening estimate and the bound use),
+:mod:`~shardscope._src.cost.links` (the same the screening estimate and the bound use),
 and summed per (mesh axes, kind) beside the bound's bytes; and the time of the bound itself."""
 
 from __future__ import annotations
@@ -11,8 +11,13 @@ from typing import Any, NamedTuple
 from shardscope._src.base.comm import KINDS, latency_steps
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.links import (
+    alpha_beta_seconds,
+    collective_seconds,
+    crosses_nodes,
+    group_bandwidth,
+)
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.links import collective_seconds, crosses_nodes, group_bandwidth
 
 
 @dataclass(frozen=True)
@@ -76,14 +81,16 @@ def bound_time(hw: Hardware, sizes: Mapping[str, int], bound: Bound) -> float:
     """A lower bound on the seconds of ``bound``'s communication on a mesh of ``sizes``."""
     # Every byte of the bound at its group's bandwidth, and one collective's latency per
     # (axes, kind), since a compiler may merge the bound's terms (it does merge the
-    # per-weight gradient all-reduces).
+    # per-weight gradient all-reduces): each term priced without its latency, and its
+    # latency without its bytes.
     total = 0.0
     latency: dict[tuple[tuple[str, ...], str], float] = {}
     for t in bound.terms:
         if t.traffic_bytes <= 0 or t.group_size <= 1:
             continue
-        total += t.traffic_bytes / group_bandwidth(hw, sizes, t.axes)
-        steps = latency_steps(t.kind, t.group_size) * hw.latency_s
+        bandwidth = group_bandwidth(hw, sizes, t.axes)
+        total += alpha_beta_seconds(0, hw.latency_s, t.traffic_bytes, bandwidth)
+        steps = alpha_beta_seconds(latency_steps(t.kind, t.group_size), hw.latency_s, 0, bandwidth)
         latency[(t.axes, t.kind)] = max(latency.get((t.axes, t.kind), 0.0), steps)
     return total + sum(latency.values())
 

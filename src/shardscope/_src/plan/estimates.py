@@ -47,6 +47,7 @@ from typing import Any
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record, record_dict
 from shardscope._src.base.vocab import Vocab
+from shardscope._src.cost.flops import attention_core_flops, weight_flops
 from shardscope._src.model.config import (
     EXPERT_PARAMS,
     LAYER_PARAMS,
@@ -698,13 +699,14 @@ def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:
     """
     c = config
     assert c.head_dim is not None
-    per_token = (
+    weights = (
         c.dense_layer_count * layer_matmul_params(c)
         + c.moe_layers * round(moe_layer_matmul_params(c, routed=c.top_k))
-        + c.layers * c.seq * c.heads * (c.qk_head_dim + c.value_head_dim)  # QK^T and PV
         + c.d_model * (c.vocab or 0)
     )
-    forward = 2 * c.batch * c.seq * per_token
+    # QK^T and PV of every sequence, each token against the whole sequence
+    core = c.batch * c.layers * attention_core_flops(c, c.seq, c.seq)
+    forward = weight_flops(weights, c.batch * c.seq) + core
     return 3 * forward if mode == Mode.TRAIN else forward
 
 

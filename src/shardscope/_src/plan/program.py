@@ -58,6 +58,7 @@ from shardscope._src.base.records import record_dict
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.compute import matmul_seconds
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
@@ -65,8 +66,8 @@ from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_co
 from shardscope._src.plan.dataflow import by_dataflow
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.request import ProgramRequest
-from shardscope._src.plan.sweep import pareto_front
 from shardscope._src.plan.tasks import LostTask
 from shardscope._src.plan.types import (
     FIT_PARAMS,
@@ -698,17 +699,7 @@ def rank_plans(plans: Sequence[ProgramPlan], names: Sequence[str]) -> tuple[Prog
     """``plans`` ranked: those that fit first, then by estimated step time, memory, the order
     of their rule set in ``names`` and the mesh sizes (a total order: the same plans give the
     same ranking), with the Pareto front of memory and time marked."""
-    names = list(dict.fromkeys(names))
-    order = sorted(
-        plans,
-        key=lambda p: (
-            not p.fits,
-            p.step_time_s,
-            p.memory_bytes_per_device,
-            names.index(p.rules_name),
-            tuple(p.mesh.values()),
-        ),
-    )
+    order = sorted(plans, key=step_rank_key(list(dict.fromkeys(names))))
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     return tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
 
@@ -836,7 +827,7 @@ def _program_plan(
         comm_time_s=sum(a.time_s for a in comm),
         flops_per_device=flops,
         # The time model's rate for matmul FLOPs (plan/timing.py), the one compute model.
-        compute_time_s=hw.matmul_seconds(flops or 0.0),
+        compute_time_s=matmul_seconds(hw, flops or 0.0),
         notes=tuple(notes),
         timing=timing,
         exact=result.exact,

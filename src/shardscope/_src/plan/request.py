@@ -19,13 +19,13 @@ from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.knobs import REQUIRED, Kind, knob
 from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
 from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
+from shardscope._src.model.serving import FORMATS
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
     check_matmul_dtype,
     interleave_problem,
 )
-from shardscope._src.plan.serving import FORMATS
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import PRESETS, Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware

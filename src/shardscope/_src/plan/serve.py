@@ -13,21 +13,21 @@ on ``expert=r,model=t``: the attention data-parallel over ``expert``, each devic
 ``experts / r`` of every layer's experts, each of them split ``t`` ways), or each hold them
 all (``dp_tp``).
 
-Per replica, by the roofline of :mod:`shardscope._src.plan.serving` (its matmuls at the
+Per replica, by the prices of :mod:`shardscope._src.cost.compute` (its matmuls at the
 rates they reach, the hardware's ``matmul_fraction`` and ``hbm_fraction``) and the one
-pricing of collectives (:func:`~shardscope._src.targets.links.collective_seconds`):
+pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
 
 * **decode** (one token per sequence): every weight (but an untied embedding table, of which
   the lookup takes a row a token) and the replica's whole cache through HBM once (``(weights
   + cache) / t`` a device) at the bandwidth matmuls reach reading their operands (the
   hardware's ``hbm_fraction`` of it), and its ``2 x active params`` FLOPs a sequence and its
   attention's at the matmul rate: on a GPU the weights' matmuls and the attention as two
-  kernels one after another (:func:`_work_s`), elsewhere the reads or the FLOPs, whichever
-  is slower; then the all-reduces of tensor parallelism, two a layer (the attention's
-  output and the MLP's down projection, ``batch / r x d_model`` each) and the
-  vocabulary-parallel embedding's one (each device looks up the tokens of its slice of the
-  vocabulary), which wait for the matmuls that feed them and are latency-bound at decode's
-  small messages. A mixture reads only the routed experts its
+  kernels one after another (:func:`~shardscope._src.cost.compute.work_seconds`), elsewhere
+  the reads or the FLOPs, whichever is slower; then the all-reduces of tensor parallelism,
+  two a layer (the attention's output and the MLP's down projection, ``batch / r x
+  d_model`` each) and the vocabulary-parallel embedding's one (each device looks up the
+  tokens of its slice of the vocabulary), which wait for the matmuls that feed them and are
+  latency-bound at decode's small messages. A mixture reads only the routed experts its
   tokens reach (:func:`untouched_share`), its layers with experts all-reduce their
   experts' slots (``top_k`` rows a token), and over ``expert`` its dispatch and combine
   all-to-alls move each token's activations to its experts' devices and back
@@ -35,7 +35,7 @@ pricing of collectives (:func:`~shardscope._src.targets.links.collective_seconds
 * **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
   prompt`` FLOPs and the attention's ``prompt^2`` ones, counted non-causal as training counts
   them, at the matmul rate (a fused kernel's causal half at its forward rate where the
-  hardware names one), beside its weights through HBM (one kernel, :func:`_work_s`), and
+  hardware names one), beside its weights through HBM (one kernel), and
   the same all-reduces of ``prompt x d_model``.
 * **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
   prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
@@ -51,7 +51,7 @@ of one prompt a replica (:func:`compile_prefill`): their times are then the comp
 programs' (:func:`_compile`: the bytes they move through HBM, the matmuls' at the bandwidth
 they reach, and the FLOPs of their matmuls, counted from their HLO; on a GPU kernel by
 kernel, each kernel's arithmetic and traffic overlapped as XLA's GPU cost model overlaps
-them (:meth:`~shardscope._src.targets.hardware.Hardware.kernel_seconds`) and the kernels
+them (:func:`~shardscope._src.cost.compute.kernel_seconds`) and the kernels
 one after another, on a TPU the slower of the two totals; the attention core as the one
 fused kernel a server runs, its scores kept on chip; their collectives priced as every
 collective is, and the kernels they launch at the hardware's ``kernel_launch_s``), their
@@ -70,29 +70,39 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from shardscope._src.audit.pricing import execution_seconds
-from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds
+from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds, traffic_bytes
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.records import Record
 from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.cost.compute import (
+    by_kernel,
+    compiled_step_seconds,
+    flop_seconds,
+    kernels_seconds,
+    launch_seconds,
+    matmul_read_seconds,
+    moved_seconds,
+    step_matmul_seconds,
+    work_seconds,
+)
+from shardscope._src.cost.flops import attention_core_flops, weight_flops
+from shardscope._src.cost.links import collective_seconds
 from shardscope._src.cost.memory import memory_fits
-from shardscope._src.hlo.cost import Cost
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.model.serving import EIGHT_BIT, check_servable
+from shardscope._src.model.serving import EIGHT_BIT, FORMATS, cache_bytes_per_token, check_servable
 from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.online import Load, poisson_quantile, under_load
+from shardscope._src.plan.rank import pareto_front, rank_key
 from shardscope._src.plan.request import ServeRequest
-from shardscope._src.plan.serving import FORMATS, cache_bytes_per_token
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
-from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.links import collective_seconds
-from shardscope._src.targets.specs import TARGETS
+from shardscope._src.targets.specs import TARGETS, Family
 
 #: The largest batch the sweep tries when none is given (a power of two).
 MAX_BATCH = 4096
@@ -344,8 +354,14 @@ def serve_request(request: ServeRequest) -> ServeResult:
         if not any(loaded):
             raise online.error(compiled=[p for p in fitting if p.compiled_by is not None])
         fitting = _meeting([p for p in loaded if p is not None], latency, at_rate=True)
-    fitting.sort(key=_rank)
-    front = _front(fitting, at_rate=rate is not None)
+    fitting.sort(key=_RANK)
+    # the lower the better: at a request rate, which every plan delivers, the time to the
+    # first token in place of the throughput per chip
+    front = pareto_front(
+        fitting,
+        lambda p: p.decode_step_s,
+        (lambda p: p.first_token_s) if rate is not None else (lambda p: -p.tokens_per_s_per_chip),
+    )
     ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
     return ServeResult(
         model=name,
@@ -399,11 +415,11 @@ class _Online:
         scores, logits)."""
         per_replica = plan.batch // plan.replicas
         hw = self.hw
-        cached = hw.matmul_read_seconds(plan.cache_bytes_per_device / per_replica)
+        cached = matmul_read_seconds(hw, plan.cache_bytes_per_device / per_replica)
         if plan.compiled_by is None:
             return cached
         looked_up = _looked_up_bytes(self.config, plan.layout, self.weights)
-        read = hw.matmul_read_seconds(plan.weight_bytes_per_device - looked_up)
+        read = matmul_read_seconds(hw, plan.weight_bytes_per_device - looked_up)
         beyond = plan.decode_memory_s - read
         return max(cached, beyond / per_replica)
 
@@ -796,7 +812,7 @@ def _allreduce_s(hw: Hardware, layout: _Layout, elements: int, itemsize: int, co
     if t == 1:
         return 0.0
     # collective_seconds takes the traffic of all ``count`` executions
-    traffic = count * 2 * (t - 1) / t * elements * itemsize
+    traffic = count * traffic_bytes(ALL_REDUCE, elements * itemsize, t)
     return collective_seconds(hw, layout.mesh, ALL_REDUCE, ("model",), t, traffic, count)
 
 
@@ -843,32 +859,6 @@ def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: _Layout, tokens: in
     )
 
 
-def _attention_flops(config: ModelConfig, context: int) -> int:
-    """A decode step's attention FLOPs a sequence over a cache of ``context``: each head's
-    scores and weighted values, ``2 x heads x (qk + v) x context`` a layer; under latent
-    attention (the up-projections absorbed) against the latents, ``2 x heads x (2 rank +
-    rope) x context``.
-
-    >>> from shardscope._src.model.presets import model_preset
-    >>> _attention_flops(model_preset("llama3-8b").config(batch=1), 1) == 2 * 32 * 256 * 32
-    True
-    """
-    c = config
-    per_head = (
-        2 * c.kv_lora_rank + c.rope_head_dim if c.is_mla else c.qk_head_dim + c.value_head_dim
-    )
-    return 2 * c.heads * per_head * context * c.layers
-
-
-def _prefill_attention_flops(config: ModelConfig, prompt: int) -> int:
-    """The QK^T and PV FLOPs of prefilling one ``prompt``, counted non-causal as training
-    counts them and as the compiled prefill computes them (its masked scores whole); a
-    fused kernel's causal half is half of them (each head's keys and values made from the
-    latents under latent attention: prefill's form)."""
-    c = config
-    return 2 * c.layers * prompt * prompt * c.heads * (c.qk_head_dim + c.value_head_dim)
-
-
 def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
     """Whether the weights' matmuls run in fp8: fp8 weights on a device with fp8 matmul
     units, whose servers run them as fp8 GEMMs (TensorRT-LLM's and vLLM's fp8 checkpoints
@@ -880,30 +870,24 @@ def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
 
 def _decode_flops(config: ModelConfig, context: int) -> tuple[int, int]:
     """A sequence's matmul FLOPs in a decode step over a cache of ``context``: the
-    weights' (``2 x`` the active parameters) and the attention's."""
-    return 2 * config.active_param_count(), _attention_flops(config, context)
+    weights' (``2 x`` the active parameters) and the attention's, its one query against the
+    cache (under latent attention against the latents, the up-projections absorbed).
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> _decode_flops(model_preset("llama3-8b").config(batch=1), 1)[1] == 2 * 32 * 256 * 32
+    True
+    """
+    core = attention_core_flops(config, 1, context, absorbed=True) * config.layers
+    return weight_flops(config.active_param_count(), 1), core
 
 
 def _prefill_flops(config: ModelConfig, prompt: int) -> tuple[int, int]:
-    """The matmul FLOPs of prefilling one ``prompt``: the weights' and the attention's."""
-    return 2 * config.active_param_count() * prompt, _prefill_attention_flops(config, prompt)
-
-
-def _matmul_s(
-    hw: Hardware, weights: str | None, flops: float, of: tuple[int, int], *, prefill: bool = False
-) -> float:
-    """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
-    the attention's are in the ratio ``of`` (the formula's, :func:`_decode_flops` or
-    :func:`_prefill_flops`): the weights' share at the fp8 rate where :func:`fp8_matmuls`,
-    the rest at 16 bits; a ``prefill``'s attention (counted non-causal) at a fused kernel's
-    forward rate where the hardware names one (``attention_fwd_flops``), on its causal
-    half."""
-    w, a = of
-    share = flops / (w + a) if w + a else 0.0
-    fp8 = share * w if fp8_matmuls(hw, weights) else 0.0
-    kernel = share * a if prefill and hw.attention_fwd_flops > 0 else 0.0
-    attention = kernel / 2 / hw.attention_fwd_flops if kernel else 0.0
-    return hw.matmul_seconds(flops - kernel, fp8) + attention
+    """The matmul FLOPs of prefilling one ``prompt``: the weights' and the attention's,
+    counted non-causal as training counts them and as the compiled prefill computes them
+    (its masked scores whole); a fused kernel's causal half is half of them (each head's
+    keys and values made from the latents under latent attention: prefill's form)."""
+    core = attention_core_flops(config, prompt, prompt) * config.layers
+    return weight_flops(config.active_param_count(), prompt), core
 
 
 def _plan(
@@ -925,17 +909,17 @@ def _plan(
     read = weight - _looked_up_bytes(config, layout, weights)
     # the weights' matmuls read the weights, the attention the cache
     w, a = (f * per_replica / t for f in _decode_flops(c, context))
-    per_w, per_a = _flop_seconds(hw, weights, prefill=False)
-    by_weights = (w * per_w, hw.matmul_read_seconds(read - skipped))
-    by_cache = (a * per_a, hw.matmul_read_seconds(cached))
+    fp8 = fp8_matmuls(hw, weights)
+    per_w, per_a = flop_seconds(hw, fp8=fp8)
+    by_weights = (w * per_w, matmul_read_seconds(hw, read - skipped))
+    by_cache = (a * per_a, matmul_read_seconds(hw, cached))
     memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
-    decode = _work_s(hw, by_weights, by_cache) + comm_s
+    decode = work_seconds(hw, by_weights, by_cache) + comm_s
     of = _prefill_flops(c, prompt)
-    prefill = _work_s(
-        hw, (_matmul_s(hw, weights, sum(of) / t, of, prefill=True), hw.matmul_read_seconds(read))
-    )
+    matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True)
+    prefill = work_seconds(hw, (matmuls, matmul_read_seconds(hw, read)))
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
@@ -958,17 +942,6 @@ def _plan(
     )
 
 
-def _work_s(hw: Hardware, *kernels: tuple[float, float]) -> float:
-    """An estimated step's matmuls and traffic, ``kernels`` its kinds of kernel (each its
-    matmuls' time and its reads'): on a GPU one kind after another, each as
-    :meth:`~shardscope._src.targets.hardware.Hardware.kernel_seconds` times it, as a
-    compiled step is timed (:func:`_compile`); elsewhere the slower of their matmuls and
-    their reads."""
-    if _by_kernel(hw):
-        return sum(hw.kernel_seconds(compute_s, memory_s) for compute_s, memory_s in kernels)
-    return max(sum(k[0] for k in kernels), sum(k[1] for k in kernels))
-
-
 #: Decode steps compiled per layout at most, largest batch first, until one fits.
 COMPILES_PER_LAYOUT = 4
 
@@ -980,9 +953,10 @@ def _key(plan: ServePlan) -> str:
     return plan.strategy + str(plan.mesh)
 
 
-def _rank(plan: ServePlan) -> tuple[float, float]:
-    """Best first: the throughput per chip, then the time per output token."""
-    return (-plan.tokens_per_s_per_chip, plan.decode_step_s)
+#: Best first: the throughput per chip, then the time per output token.
+_RANK: Callable[[ServePlan], tuple[Any, ...]] = rank_key(
+    lambda p: -p.tokens_per_s_per_chip, lambda p: p.decode_step_s
+)
 
 
 def _beside(compiled: ServePlan, prefilled: ServePlan) -> ServePlan:
@@ -1003,7 +977,7 @@ def _beside_compiled(estimate: ServePlan, compiled: ServePlan, hw: Hardware) -> 
     little differently at each batch, Llama 3 70B's ``dp_tp`` step on 8 H100s launching
     963 kernels at batch 456 and 1,123 at 48)."""
     kernels = compiled.decode_kernels
-    step = estimate.decode_step_s + kernels * hw.kernel_launch_s
+    step = estimate.decode_step_s + launch_seconds(hw, kernels)
     chips = estimate.replicas * estimate.tensor_parallel
     return replace(
         estimate,
@@ -1093,7 +1067,7 @@ def _compile_leaders(
     dropped). Among the plans that meet ``latency``, where given."""
     for _ in range(LEADER_COMPILES):
         meeting = [p for p in plans if latency is None or p.decode_step_s <= latency]
-        top = min(meeting, key=_rank, default=None)
+        top = min(meeting, key=_RANK, default=None)
         if top is None or top.compiled_by is not None:
             break
         compiled = compile_decode(top, config, hw, weights=weights, cache=cache)
@@ -1172,16 +1146,18 @@ class _Compiled:
     def seconds(
         self, hw: Hardware, memory_s: float, compute_s: float, skipped_s: float = 0.0
     ) -> float:
-        """The step's time: on a GPU its kernels one after another (:attr:`kernels_s`) less
-        the reads ``skipped_s`` a server does not make (those reads' whole time: the
-        kernels that make them are memory-bound wherever the server skips some), and never
-        less than the slower of its traffic (``memory_s``, those reads left out) and its
-        matmuls (``compute_s``), which is the step's time elsewhere; then its collectives
-        and its kernels' launches."""
-        work = max(memory_s, compute_s)
-        if self.kernels_s is not None:
-            work = max(work, self.kernels_s - skipped_s)
-        return work + self.comm_s + self.kernels * hw.kernel_launch_s
+        """The step's time (:func:`~shardscope._src.cost.compute.compiled_step_seconds`)
+        from its traffic ``memory_s`` and its matmuls ``compute_s``, less the reads
+        ``skipped_s`` a server does not make."""
+        return compiled_step_seconds(
+            hw,
+            memory_s=memory_s,
+            compute_s=compute_s,
+            kernels_s=self.kernels_s,
+            comm_s=self.comm_s,
+            kernels=self.kernels,
+            skipped_s=skipped_s,
+        )
 
 
 #: The shallower of the two depths a served program is compiled at (and one more): from
@@ -1204,7 +1180,7 @@ def _compile(
     TPU, its asynchronous slices and copies of the weights into on-chip memory read them
     once, :mod:`~shardscope._src.hlo.cost`), its attention core as the one kernel a
     server runs (:data:`~shardscope._src.model.serving.ATTENTION_CORE`); on a GPU each of
-    its kernels timed (:meth:`~shardscope._src.targets.hardware.Hardware.kernel_seconds`,
+    its kernels timed (:func:`~shardscope._src.cost.compute.kernels_seconds`,
     a FLOP of the weights' matmuls and of the attention core's taking ``flop_s``'s
     seconds) and summed; its collectives, its buffers and its kernels."""
     from shardscope._src.audit.compile import audit
@@ -1219,25 +1195,15 @@ def _compile(
     with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
         result = audit(step, *args)
     sizes = dict(plan.mesh)
-
-    def moved_s(cost: Cost) -> float:
-        # the matmuls' reads and writes at the bandwidth they reach, the element-wise
-        # work's at the whole of it
-        rest = cost.bytes - cost.matmul_bytes
-        return hw.matmul_read_seconds(cost.matmul_bytes) + rest / hw.hbm_bandwidth
-
     memory_s = kernels_s = None
     kernels = 0
     if result.program is not None:
         runs = kernel_costs(result.program.module, scope=ATTENTION_CORE)
         kernels = sum(runs.values())
         if result.hlo_bytes is not None:
-            memory_s = sum(n * moved_s(k.cost) for k, n in runs.items())
-        if result.hlo_bytes is not None and result.hlo_flops is not None and _by_kernel(hw):
-            kernels_s = sum(
-                n * hw.kernel_seconds(k.cost.flops * flop_s[k.fused], moved_s(k.cost))
-                for k, n in runs.items()
-            )
+            memory_s = sum(n * moved_seconds(hw, k.cost) for k, n in runs.items())
+        if result.hlo_bytes is not None and result.hlo_flops is not None and by_kernel(hw):
+            kernels_s = kernels_seconds(hw, runs, flop_s)
     return _Compiled(
         memory_s=memory_s,
         flops=result.hlo_flops,
@@ -1247,24 +1213,6 @@ def _compile(
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
         kernels=kernels,
     )
-
-
-def _flop_seconds(hw: Hardware, weights: str | None, *, prefill: bool) -> tuple[float, float]:
-    """The seconds a FLOP of the weights' matmuls and one of the attention core's take
-    (:func:`_matmul_s`)."""
-    return (
-        _matmul_s(hw, weights, 1.0, (1, 0), prefill=prefill),
-        _matmul_s(hw, weights, 1.0, (0, 1), prefill=prefill),
-    )
-
-
-def _by_kernel(hw: Hardware) -> bool:
-    """Whether ``hw`` runs a compiled program kernel by kernel, each reading its operands
-    from HBM: a GPU (by its target's family, whether or not its compiler is at hand). A TPU
-    runs it as one program whose copies of the weights into on-chip memory run beside its
-    matmuls."""
-    spec = specs.TARGETS.get(hw.name)
-    return spec is not None and spec.family == "gpu"
 
 
 def _compile_layers(
@@ -1388,17 +1336,20 @@ def compile_decode(
         return step, params, kv, tokens, pos
 
     of = _decode_flops(served(config, plan.tensor_parallel), plan.context)
-    got = _compile_layers(plan, config, hw, _flop_seconds(hw, weights, prefill=False), build)
+    fp8 = fp8_matmuls(hw, weights)
+    got = _compile_layers(plan, config, hw, flop_seconds(hw, fp8=fp8), build)
     # the program's batched expert matmuls read every expert of a device; a server's
     # grouped kernel, those its tokens are routed to (untouched_share)
     layout = plan.layout
     skipped = untouched_share(config, layout, plan.batch) * _expert_bytes(
         config, layout, weights or config.dtype
     )
-    skipped_s = hw.matmul_read_seconds(skipped)
+    skipped_s = matmul_read_seconds(hw, skipped)
     memory_s = plan.decode_memory_s if got.memory_s is None else max(0.0, got.memory_s - skipped_s)
     compute_s = (
-        plan.decode_compute_s if got.flops is None else _matmul_s(hw, weights, got.flops, of)
+        plan.decode_compute_s
+        if got.flops is None
+        else step_matmul_seconds(hw, got.flops, of, fp8=fp8)
     )
     step_s = got.seconds(hw, memory_s, compute_s, skipped_s)
     return replace(
@@ -1434,7 +1385,7 @@ def compile_prefill(
     activations, scores and cache) are the plan's temporaries where they pass the decode
     step's: a server prefills beside the cache it decodes from. On a TPU target the plan is
     returned as it is (the prefill estimated)."""
-    if TARGETS[hw.name].family != "gpu":
+    if TARGETS[hw.name].family != Family.GPU:
         return plan
     import jax
     import jax.numpy as jnp
@@ -1456,37 +1407,18 @@ def compile_prefill(
         return jax.jit(run), params, tokens
 
     of = _prefill_flops(served(config, plan.tensor_parallel), prompt)
-    got = _compile_layers(plan, config, hw, _flop_seconds(hw, weights, prefill=True), build)
+    fp8 = fp8_matmuls(hw, weights)
+    flop_s = flop_seconds(hw, fp8=fp8, fused_attention=True)
+    got = _compile_layers(plan, config, hw, flop_s, build)
     if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
-    compute_s = _matmul_s(hw, weights, got.flops, of, prefill=True)
+    compute_s = step_matmul_seconds(hw, got.flops, of, fp8=fp8, fused_attention=True)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
         plan,
         first_token_s=got.seconds(hw, got.memory_s, compute_s),
         temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )
-
-
-def _front(plans: Sequence[ServePlan], *, at_rate: bool = False) -> set[int]:
-    """The plans no other beats on both time per output token and throughput per chip (at a
-    request rate, which every plan delivers: on both time per output token and time to
-    first token)."""
-
-    # the lower the better
-    merits = [
-        (p.decode_step_s, p.first_token_s if at_rate else -p.tokens_per_s_per_chip) for p in plans
-    ]
-    front = set()
-    for i, mine in enumerate(merits):
-        beaten = any(
-            all(a <= b for a, b in zip(theirs, mine, strict=True)) and theirs != mine
-            for j, theirs in enumerate(merits)
-            if j != i
-        )
-        if not beaten:
-            front.add(i)
-    return front
 
 
 def _no_fit(

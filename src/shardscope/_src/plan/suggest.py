@@ -68,6 +68,8 @@ from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
+from shardscope._src.cost.compute import matmul_seconds
+from shardscope._src.cost.links import collective_seconds
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
@@ -106,7 +108,6 @@ from shardscope._src.sharding.rules import (
     uses_flax,
 )
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.links import collective_seconds
 from shardscope._src.targets.specs import get_target
 
 #: The mesh axes searched when neither the rules nor the caller name any.
@@ -601,7 +602,7 @@ def screen(
             continue
         part = sum(n * math.prod(a.shape) for a, spec, n in weights if axis in spec)
         parallel /= 1 - part / total + part / total / sizes[axis]
-    compute = hw.matmul_seconds(work.flops / parallel)
+    compute = matmul_seconds(hw, work.flops / parallel)
     return Screen(memory, compute, comm, memory_fits(memory, hw.memory_bytes))
 
 

@@ -17,7 +17,7 @@ A sweep has four steps:
    target's compiler, compile the leading plans again (:mod:`~shardscope._src.plan.target`).
 4. **Price** and rank: a compiled plan's step is the time model's schedule with the compiled
    program's matmul FLOPs (counted from its HLO) and collectives in place of the formula's,
-   each collective priced by the one pricing of :mod:`~shardscope._src.targets.links`
+   each collective priced by the one pricing of :mod:`~shardscope._src.cost.links`
    (:func:`~shardscope._src.plan.timing.compiled_step`), and the plans rank by it (the
    screening estimate is kept beside it, and a note says where their FLOPs differ); memory
    from the analytic formulas (the compiled CPU numbers beside them), the ratio to the lower
@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
@@ -61,6 +61,7 @@ from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
 from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
 from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.request import (
     DEFAULT_REQUEST,
     MODEL_DIMS,
@@ -97,8 +98,6 @@ from shardscope._src.targets.hardware import hardware as get_hardware
 MAX_DEVICES = MAX_CPU_DEVICES
 #: The largest array (bytes, 4 per element) a plan accepts; dimensions stop at ``MAX_DIM``.
 MAX_ARRAY_BYTES = 2**50
-
-_P = TypeVar("_P")
 
 
 def resolve_config(request: PlanRequest) -> tuple[str, ModelConfig]:
@@ -332,7 +331,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         todo, config, mode, devices, simulated, hw, n_workers, progress, r.flash_attention
     )
 
-    order = sorted(plans, key=_rank_key(names))
+    order = sorted(plans, key=step_rank_key(names))
     if compiler.is_accelerator:
         order = recompile_on_target(
             order,
@@ -342,7 +341,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
             compiler,
             r.target_plans,
             progress,
-            _rank_key(names),
+            step_rank_key(names),
             r.flash_attention,
         )
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
@@ -544,42 +543,6 @@ def _compiled_plan(
         pricing=s.pricing,
         bound=bound,
     )
-
-
-def _rank_key(names: Sequence[str]) -> Callable[[Plan], tuple[Any, ...]]:
-    """Plans that fit first, then by step time, memory, the strategies' order and mesh."""
-
-    def key(p: Plan) -> tuple[Any, ...]:
-        return (
-            not p.fits,
-            p.step_time_s,
-            p.memory.total,
-            names.index(p.strategy),
-            tuple(p.mesh.values()),
-        )
-
-    return key
-
-
-def pareto_front(
-    plans: Sequence[_P], memory: Callable[[_P], float], time: Callable[[_P], float]
-) -> set[int]:
-    """Indices of the plans no other plan beats on both ``memory`` and ``time``.
-
-    >>> sorted(pareto_front([(4, 1.0), (2, 2.0), (4, 2.0)], lambda p: p[0], lambda p: p[1]))
-    [0, 1]
-    """
-    front = set()
-    for i, p in enumerate(plans):
-        m, t = memory(p), time(p)
-        dominated = any(
-            memory(q) <= m and time(q) <= t and (memory(q) < m or time(q) < t)
-            for j, q in enumerate(plans)
-            if j != i
-        )
-        if not dominated:
-            front.add(i)
-    return front
 
 
 def _closest(ranked_screen: Sequence[Screened]) -> dict[str, Any] | None:

@@ -104,6 +104,14 @@ from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.bounds.transformer import regathered_terms, transformer_bound
+from shardscope._src.cost.compute import (
+    fused_attention_seconds,
+    matmul_read_seconds,
+    matmul_seconds,
+    stream_seconds,
+)
+from shardscope._src.cost.flops import attention_core_flops, weight_flops
+from shardscope._src.cost.links import alpha_beta_seconds, collective_seconds, stage_bandwidth
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
@@ -128,7 +136,6 @@ from shardscope._src.plan.estimates import (
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.links import collective_seconds
 from shardscope._src.targets.specs import TARGETS
 
 if TYPE_CHECKING:
@@ -344,9 +351,6 @@ class StepTime(Record):
 def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
     """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
     m, p = work.microbatches, work.stages
-    # the fp8 part at the fp8 rate, the rest (the unembedding, and the attention core unless
-    # a fused kernel's rates price it) at 16 bits
-    matmuls = hw.matmul_seconds
 
     def weights_wait(flops: float, passes: int) -> float:
         # What the routed experts' matmuls take beyond their FLOPs when reading their
@@ -354,27 +358,37 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         # where no pass runs them.
         if not work.expert_weight_bytes or not flops:
             return 0.0
-        run = matmuls(flops, flops if work.fp8_flops else 0.0)
-        return max(0.0, hw.matmul_read_seconds(passes * work.expert_weight_bytes) - run)
+        run = matmul_seconds(hw, flops, flops if work.fp8_flops else 0.0)
+        return max(0.0, matmul_read_seconds(hw, passes * work.expert_weight_bytes) - run)
 
-    act = HBM_PASSES * work.act_bytes / hw.hbm_bandwidth
+    act = stream_seconds(hw, HBM_PASSES * work.act_bytes)
     # a fused attention kernel's causal FLOPs (half the non-causal count) at its own rates
     attention = work.attention_flops if hw.attention_fwd_flops > 0 else 0.0
     rerun = work.attention_rerun_flops if attention else 0.0
     scores = work.attention_scores_flops if attention else 0.0
-    attn_fwd = attention / 2 / hw.attention_fwd_flops if attention else 0.0
-    attn_bwd = 2.5 * attention / 2 / hw.attention_bwd_flops if attention else 0.0
-    attn_rerun = rerun / 2 / hw.attention_fwd_flops if attention else 0.0
+    attn_fwd = fused_attention_seconds(hw, attention) if attention else 0.0
+    attn_bwd = fused_attention_seconds(hw, attention, backward=True) if attention else 0.0
+    attn_rerun = fused_attention_seconds(hw, rerun) if attention else 0.0
     dense = work.fwd_flops - attention
-    fwd = matmuls(dense, work.fp8_flops) + attn_fwd + act + weights_wait(work.expert_flops, 1)
-    bwd = matmuls(2 * dense, 2 * work.fp8_flops) + attn_bwd + act
+    # the fp8 part at the fp8 rate, the rest (the unembedding, and the attention core unless
+    # a fused kernel's rates price it) at 16 bits
+    fwd = (
+        matmul_seconds(hw, dense, work.fp8_flops)
+        + attn_fwd
+        + act
+        + weights_wait(work.expert_flops, 1)
+    )
+    bwd = matmul_seconds(hw, 2 * dense, 2 * work.fp8_flops) + attn_bwd + act
     bwd += weights_wait(2 * work.expert_flops, 2)
-    bwd += matmuls(work.recompute_flops - rerun - scores, work.fp8_recompute_flops) + attn_rerun
-    bwd += HBM_PASSES * work.recompute_act_bytes / hw.hbm_bandwidth
+    bwd += (
+        matmul_seconds(hw, work.recompute_flops - rerun - scores, work.fp8_recompute_flops)
+        + attn_rerun
+    )
+    bwd += stream_seconds(hw, HBM_PASSES * work.recompute_act_bytes)
     bwd += weights_wait(work.expert_recompute_flops, 1)
     if work.cast_bytes or work.cast_bwd_bytes or work.cast_recompute_bytes:
-        fwd += work.cast_bytes / hw.hbm_bandwidth
-        bwd += (work.cast_bwd_bytes + work.cast_recompute_bytes) / hw.hbm_bandwidth
+        fwd += stream_seconds(hw, work.cast_bytes)
+        bwd += stream_seconds(hw, work.cast_bwd_bytes + work.cast_recompute_bytes)
     if not work.train:
         bwd = 0.0
     # Offloaded activations go out during the forward and come back during the backward,
@@ -384,7 +398,10 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     bwd = max(bwd, host) if work.train else 0.0
     tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
     tp_exposed = max(0.0, tp / m - (fwd + bwd)) if hw.tp_overlap else tp / m
-    p2p_one = (work.p2p_bytes / work.p2p_bandwidth + hw.latency_s) if p > 1 else 0.0
+    # one point-to-point transfer: one latency, its bytes at the bandwidth between stages
+    p2p_one = (
+        alpha_beta_seconds(1, hw.latency_s, work.p2p_bytes, work.p2p_bandwidth) if p > 1 else 0.0
+    )
     # One model chunk of one micro-batch, forward and backward, with its two transfers: the
     # whole stage's work per micro-batch without interleaving.
     v = work.virtual_stages
@@ -407,7 +424,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
             exposed += max(0.0, seconds - bwd)
         else:
             exposed += max(0.0, seconds - fwd)
-    optimizer = work.optimizer_params * OPTIMIZER_BYTES / hw.hbm_bandwidth if work.train else 0.0
+    optimizer = stream_seconds(hw, work.optimizer_params * OPTIMIZER_BYTES) if work.train else 0.0
     if work.train and work.host_optimizer_bytes:
         # In from the host before the update and back after it, after the last backward.
         optimizer += 2 * work.host_optimizer_bytes / work.host_bandwidth
@@ -549,15 +566,15 @@ def step_work(
     q_dim = c.heads * c.head_dim
     # one layer's matmuls on average (a mixture of experts' layers are of two kinds)
     split, whole = matmul_params_per_token(placement)
-    layer = 2 * tokens * (split / t + whole) / c.layers
+    layer = weight_flops(split / t + whole, tokens) / c.layers
     # QK^T and PV, non-causal as Eq. 7 counts (latent attention: queries and keys of
     # qk_head_dim, values of value_head_dim)
-    core = 2 * tokens * c.seq * c.heads * (c.qk_head_dim + c.value_head_dim) / t
+    core = attention_core_flops(c, tokens, c.seq) / t
     own = logits_model_split(placement)  # sequence parallelism or a vocabulary split
-    logits = 2 * tokens * c.d_model * (c.vocab or 0) / own
+    logits = weight_flops(c.d_model * (c.vocab or 0), tokens) / own
     fwd = c.layers * (layer + core) + logits
     kv_dim = (c.kv_heads or c.heads) * c.head_dim
-    projections = 2 * tokens * c.d_model * (q_dim + 2 * kv_dim) / t  # QKV, kept
+    projections = weight_flops(c.d_model * (q_dim + 2 * kv_dim), tokens) / t  # QKV, kept
     if schedule.remat == Remat.FULL:
         again = c.layers * (layer + core)
     elif schedule.remat == Remat.OFFLOAD:
@@ -611,11 +628,7 @@ def step_work(
             cast_bwd_bytes=fp8_cast_bytes(c.layers * cast_bwd, c.itemsize),
             cast_recompute_bytes=fp8_cast_bytes(cast_again, c.itemsize),
         )
-    stage_devices = devices // p
-    if stage_devices >= hw.node_size:
-        p2p_bw = hw.cross_node_bandwidth * hw.comm_fraction
-    else:
-        p2p_bw = hw.link_bandwidth * hw.comm_fraction
+    p2p_bw = stage_bandwidth(hw, devices // p)
     return StepWork(
         microbatches=m,
         stages=p,

@@ -85,44 +85,6 @@ class Hardware(Record):
         """Whether the device runs fp8 matmuls (it has an fp8 rate and a fraction of it)."""
         return self.fp8_peak_flops > 0 and self.fp8_matmul_fraction > 0
 
-    def matmul_seconds(self, flops: float, fp8_flops: float = 0.0) -> float:
-        """The time of ``flops`` of matmuls at the achievable rate: ``fp8_flops`` of them at
-        the fp8 one (``fp8_peak_flops x fp8_matmul_fraction``), the rest at 16 bits
-        (``peak_flops x matmul_fraction``).
-
-        >>> h = hardware("h100")
-        >>> round(h.matmul_seconds(1e15) / h.matmul_seconds(1e15, fp8_flops=1e15), 2)
-        1.78
-        """
-        rest = (flops - fp8_flops) / (self.peak_flops * self.matmul_fraction)
-        if not fp8_flops:
-            return rest
-        return rest + fp8_flops / (self.fp8_peak_flops * self.fp8_matmul_fraction)
-
-    def matmul_read_seconds(self, nbytes: float) -> float:
-        """The time matmuls take to read ``nbytes`` of their operands from HBM, at the
-        bandwidth they reach (``hbm_bandwidth x hbm_fraction``).
-
-        >>> round(hardware("h100").matmul_read_seconds(16e9) * 1e3, 2)
-        5.97
-        """
-        return nbytes / (self.hbm_bandwidth * self.hbm_fraction)
-
-    def kernel_seconds(self, compute_s: float, memory_s: float) -> float:
-        """One GPU kernel's time from its arithmetic's (``compute_s``) and its memory
-        traffic's (``memory_s``): the longer, and the share of the shorter that does not
-        run beside it (:data:`KERNEL_OVERLAP`).
-
-        >>> round(hardware("h100").kernel_seconds(1.0, 0.5), 3)
-        1.025
-        """
-        return compute_s + memory_s - KERNEL_OVERLAP * min(compute_s, memory_s)
-
-
-#: The share of the shorter of a GPU kernel's arithmetic and memory traffic that runs beside
-#: the longer (:meth:`Hardware.kernel_seconds`; its source in :data:`TIME_MODEL_SOURCES`).
-KERNEL_OVERLAP = 0.95
-
 
 #: Where the time model's constants come from (the same for every preset of a family).
 TIME_MODEL_SOURCES = {

@@ -2,7 +2,8 @@
 
 Every time shardscope gives a collective (a term of a lower bound, a collective the compiler
 inserted, a plan's communication, the exposed time of an audit) comes from
-:func:`collective_seconds`: the alpha-beta model at the bandwidth the group's links achieve.
+:func:`alpha_beta_seconds`, through :func:`collective_seconds` at the bandwidth the group's
+links achieve (or :func:`alpha_beta_time`, the public form at a bandwidth the caller gives).
 
 Devices are numbered in mesh order (the last axis varies fastest) and node ``k`` holds
 devices ``k*node_size`` to ``(k+1)*node_size - 1``. Inside a node a device sends at the link
@@ -21,7 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from shardscope._src.base.comm import latency_steps
+from shardscope._src.base.comm import latency_steps, traffic_bytes
+from shardscope._src.base.errors import ShardscopeError
 from shardscope._src.targets.hardware import Hardware
 
 
@@ -65,6 +67,32 @@ def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str])
     return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
 
 
+def stage_bandwidth(hw: Hardware, stage_devices: int) -> float:
+    """Achieved bytes/s per device of a pipeline's point-to-point transfers between stages
+    of ``stage_devices`` devices each: across nodes where a stage fills a node or more, else
+    over the links inside one.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> stage_bandwidth(hardware("h100"), 8) / 1e9, stage_bandwidth(hardware("h100"), 4) / 1e9
+    (40.0, 360.0)
+    """
+    if stage_devices >= hw.node_size:
+        return hw.cross_node_bandwidth * hw.comm_fraction
+    return hw.link_bandwidth * hw.comm_fraction
+
+
+def alpha_beta_seconds(
+    steps: int, latency_s: float, traffic_bytes: float, bandwidth: float
+) -> float:
+    """The alpha-beta model: ``steps`` message latencies and ``traffic_bytes`` at
+    ``bandwidth`` bytes/s, ``steps x latency_s + traffic_bytes / bandwidth``.
+
+    >>> alpha_beta_seconds(14, 5e-6, 7e9, 350e9)
+    0.02007
+    """
+    return steps * latency_s + traffic_bytes / bandwidth
+
+
 def collective_seconds(
     hw: Hardware,
     sizes: Mapping[str, int],
@@ -75,8 +103,42 @@ def collective_seconds(
     count: int = 1,
 ) -> float:
     """Alpha-beta seconds of ``count`` executions of a collective that send
-    ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``."""
+    ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> round(collective_seconds(hardware("h100"), {"model": 8}, "all-reduce", ("model",), 8,
+    ...                          7e9) * 1e3, 3)
+    19.514
+    """
     if traffic_bytes <= 0 or group_size <= 1:
         return 0.0
-    steps = latency_steps(kind, group_size)
-    return count * steps * hw.latency_s + traffic_bytes / group_bandwidth(hw, sizes, axes)
+    steps = count * latency_steps(kind, group_size)
+    return alpha_beta_seconds(steps, hw.latency_s, traffic_bytes, group_bandwidth(hw, sizes, axes))
+
+
+def alpha_beta_time(
+    kind: str,
+    payload_bytes: int,
+    group_size: int,
+    *,
+    bandwidth_bytes_per_s: float,
+    alpha_s: float = 0.0,
+) -> float:
+    """Seconds for one execution under the alpha-beta model: ``steps*alpha + traffic/B``
+    (:func:`alpha_beta_seconds` of the collective's bandwidth-optimal steps and traffic).
+
+    ``bandwidth_bytes_per_s`` is one device's egress bandwidth ``B``; ``alpha_s`` the
+    per-message latency. For all-reduce this is ``2(n-1)a + 2(n-1)S/(nB)``; for all-to-all on
+    a switch ``(n-1)a + (n-1)S/(n**2 B)``.
+
+    >>> alpha_beta_time("all-gather", 8 * 10**9, 8, bandwidth_bytes_per_s=10**9)
+    7.0
+    """
+    if not bandwidth_bytes_per_s > 0:
+        raise ShardscopeError(
+            f"bandwidth_bytes_per_s must be positive, got {bandwidth_bytes_per_s!r}"
+        )
+    if not alpha_s >= 0:
+        raise ShardscopeError(f"alpha_s must be non-negative, got {alpha_s!r}")
+    sent = traffic_bytes(kind, payload_bytes, group_size)
+    return alpha_beta_seconds(latency_steps(kind, group_size), alpha_s, sent, bandwidth_bytes_per_s)

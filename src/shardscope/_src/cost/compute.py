@@ -1,0 +1,285 @@
+"""What a device's arithmetic and memory traffic cost: the one home of every kernel and step
+price from FLOPs and bytes.
+
+* **matmuls** run at the fraction of the peak a transformer's matmuls reach
+  (:func:`matmul_seconds`: ``peak_flops x matmul_fraction``, the fp8 ones at ``fp8_peak_flops x
+  fp8_matmul_fraction``), and read their operands from HBM at the fraction of its bandwidth
+  they reach (:func:`matmul_read_seconds`: ``hbm_bandwidth x hbm_fraction``).
+* **element-wise work** streams through HBM at the whole bandwidth (:func:`stream_seconds`).
+* **a fused causal attention kernel** runs its causal half at its own measured rates
+  (:func:`fused_attention_seconds`).
+* **a kernel**, on a device that runs a program kernel by kernel (a GPU, by its target's
+  :class:`~shardscope._src.targets.specs.Family`: :func:`by_kernel`), takes its arithmetic's
+  time plus its traffic's, less :data:`KERNEL_OVERLAP` of the shorter
+  (:func:`kernel_seconds`), and the kernels run one after another, each launched at
+  ``kernel_launch_s`` (:func:`launch_seconds`); elsewhere (a TPU, one program whose copies
+  into on-chip memory run beside its matmuls) a step takes the slower of its arithmetic and
+  its traffic, the :func:`roofline` (:func:`work_seconds` applies the rule of the family).
+
+Each constant's source is in :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, TypeVar
+
+from shardscope._src.cost.flops import ATTENTION_BACKWARD, causal_flops
+from shardscope._src.hlo.cost import Cost
+from shardscope._src.targets import specs
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.specs import Family
+
+#: The share of the shorter of a GPU kernel's arithmetic and memory traffic that runs beside
+#: the longer (:func:`kernel_seconds`; its source in
+#: :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+KERNEL_OVERLAP = 0.95
+
+
+class Roofline(Protocol):
+    """The device figures a roofline reads (a hardware preset has them)."""
+
+    @property
+    def peak_flops(self) -> float: ...
+    @property
+    def matmul_fraction(self) -> float: ...
+    @property
+    def hbm_bandwidth(self) -> float: ...
+
+
+class Run(Protocol):
+    """One kernel of a compiled program as it is priced: what it computes and moves a run,
+    and whether it is a fused attention core (an audit's
+    :class:`~shardscope._src.audit.overlap.Kernel`)."""
+
+    @property
+    def cost(self) -> Cost: ...
+    @property
+    def fused(self) -> bool: ...
+
+
+_R = TypeVar("_R", bound=Run)
+
+
+def matmul_seconds(hw: Hardware, flops: float, fp8_flops: float = 0.0) -> float:
+    """The time of ``flops`` of matmuls at the achievable rate: ``fp8_flops`` of them at
+    the fp8 one (``fp8_peak_flops x fp8_matmul_fraction``), the rest at 16 bits
+    (``peak_flops x matmul_fraction``).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> round(matmul_seconds(h, 1e15) / matmul_seconds(h, 1e15, fp8_flops=1e15), 2)
+    1.78
+    """
+    rest = (flops - fp8_flops) / (hw.peak_flops * hw.matmul_fraction)
+    if not fp8_flops:
+        return rest
+    return rest + fp8_flops / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
+
+
+def matmul_read_seconds(hw: Hardware, nbytes: float) -> float:
+    """The time matmuls take to read ``nbytes`` of their operands from HBM, at the
+    bandwidth they reach (``hbm_bandwidth x hbm_fraction``).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> round(matmul_read_seconds(hardware("h100"), 16e9) * 1e3, 2)
+    5.97
+    """
+    return nbytes / (hw.hbm_bandwidth * hw.hbm_fraction)
+
+
+def stream_seconds(hw: Hardware, nbytes: float) -> float:
+    """The time element-wise work takes to move ``nbytes`` through HBM, at the whole
+    bandwidth (``hbm_bandwidth``).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> stream_seconds(hardware("tpu-v5e"), 8.19e11)
+    1.0
+    """
+    return nbytes / hw.hbm_bandwidth
+
+
+def fused_attention_seconds(hw: Hardware, flops: float, *, backward: bool = False) -> float:
+    """The time of a fused causal attention kernel over a core of ``flops`` (counted whole,
+    :func:`~shardscope._src.cost.flops.attention_core_flops`): its forward's causal half at
+    ``attention_fwd_flops``, or its backward's (:data:`~shardscope._src.cost.flops.
+    ATTENTION_BACKWARD` times the forward's) at ``attention_bwd_flops``.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> fused_attention_seconds(hardware("h100", attention_fwd_flops=5e14,
+    ...                                  attention_bwd_flops=5e14), 1e15)
+    1.0
+    """
+    if backward:
+        return causal_flops(ATTENTION_BACKWARD * flops) / hw.attention_bwd_flops
+    return causal_flops(flops) / hw.attention_fwd_flops
+
+
+def step_matmul_seconds(
+    hw: Hardware,
+    flops: float,
+    of: tuple[int, int],
+    *,
+    fp8: bool,
+    fused_attention: bool = False,
+) -> float:
+    """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
+    the attention core's are in the ratio ``of``: the weights' share at the fp8 rate where
+    ``fp8``, the rest at 16 bits; with ``fused_attention``, the attention's share (counted
+    whole) as a fused causal kernel's forward where the hardware names its rate
+    (``attention_fwd_flops``).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> step_matmul_seconds(h, 3e15, (2, 1), fp8=False) == matmul_seconds(h, 3e15)
+    True
+    """
+    w, a = of
+    share = flops / (w + a) if w + a else 0.0
+    fp8_flops = share * w if fp8 else 0.0
+    kernel = share * a if fused_attention and hw.attention_fwd_flops > 0 else 0.0
+    attention = fused_attention_seconds(hw, kernel) if kernel else 0.0
+    return matmul_seconds(hw, flops - kernel, fp8_flops) + attention
+
+
+def flop_seconds(hw: Hardware, *, fp8: bool, fused_attention: bool = False) -> tuple[float, float]:
+    """The seconds a FLOP of the weights' matmuls and one of the attention core's take
+    (:func:`step_matmul_seconds`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> weights, attention = flop_seconds(hardware("h100"), fp8=True)
+    >>> round(attention / weights, 2)
+    1.78
+    """
+    return (
+        step_matmul_seconds(hw, 1.0, (1, 0), fp8=fp8, fused_attention=fused_attention),
+        step_matmul_seconds(hw, 1.0, (0, 1), fp8=fp8, fused_attention=fused_attention),
+    )
+
+
+def roofline(compute_s: float, memory_s: float) -> float:
+    """The slower of a piece of work's arithmetic and its memory traffic, each hiding the
+    other.
+
+    >>> roofline(1.0, 0.5)
+    1.0
+    """
+    return max(compute_s, memory_s)
+
+
+def roofline_seconds(cost: Cost, device: Roofline) -> float:
+    """The :func:`roofline` time of ``cost`` on ``device``: its matmuls' FLOPs at
+    ``peak_flops x matmul_fraction``, its bytes at the whole ``hbm_bandwidth`` (what the
+    compute a compiler scheduled beside an asynchronous collective takes).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> roofline_seconds(Cost(bytes=8_190), hardware("tpu-v5e")) * 1e8
+    1.0
+    """
+    return roofline(
+        cost.flops / (device.peak_flops * device.matmul_fraction),
+        cost.bytes / device.hbm_bandwidth,
+    )
+
+
+def kernel_seconds(compute_s: float, memory_s: float) -> float:
+    """One GPU kernel's time from its arithmetic's (``compute_s``) and its memory
+    traffic's (``memory_s``): the longer, and the share of the shorter that does not
+    run beside it (:data:`KERNEL_OVERLAP`).
+
+    >>> round(kernel_seconds(1.0, 0.5), 3)
+    1.025
+    """
+    return compute_s + memory_s - KERNEL_OVERLAP * min(compute_s, memory_s)
+
+
+def launch_seconds(hw: Hardware, kernels: int) -> float:
+    """What launching ``kernels`` kernels costs (``kernel_launch_s`` each; 0 on a TPU).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> launch_seconds(hardware("h100"), 1000)
+    0.001
+    """
+    return kernels * hw.kernel_launch_s
+
+
+def by_kernel(hw: Hardware) -> bool:
+    """Whether ``hw`` runs a compiled program kernel by kernel, each reading its operands
+    from HBM: a GPU (by its target's family, whether or not its compiler is at hand). A TPU
+    runs it as one program whose copies of the weights into on-chip memory run beside its
+    matmuls.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> by_kernel(hardware("h100")), by_kernel(hardware("tpu-v5e"))
+    (True, False)
+    """
+    spec = specs.TARGETS.get(hw.name)
+    return spec is not None and spec.family == Family.GPU
+
+
+def work_seconds(hw: Hardware, *kernels: tuple[float, float]) -> float:
+    """A step's matmuls and traffic, ``kernels`` its kinds of kernel (each its matmuls'
+    time and its reads'): where :func:`by_kernel`, one kind after another, each as
+    :func:`kernel_seconds` times it; elsewhere the :func:`roofline` of their matmuls and
+    their reads.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> work_seconds(hardware("tpu-v5e"), (1.0, 0.5), (0.25, 1.0))
+    1.5
+    """
+    if by_kernel(hw):
+        return sum(kernel_seconds(compute_s, memory_s) for compute_s, memory_s in kernels)
+    return roofline(sum(k[0] for k in kernels), sum(k[1] for k in kernels))
+
+
+def moved_seconds(hw: Hardware, cost: Cost) -> float:
+    """The time of ``cost``'s bytes through HBM: its matmuls' reads and writes at the
+    bandwidth they reach (:func:`matmul_read_seconds`), the element-wise work's at the whole
+    of it (:func:`stream_seconds`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> moved_seconds(hardware("tpu-v5e"), Cost(bytes=2 * 819, matmul_bytes=819)) * 1e9
+    2.0
+    """
+    rest = cost.bytes - cost.matmul_bytes
+    return matmul_read_seconds(hw, cost.matmul_bytes) + stream_seconds(hw, rest)
+
+
+def kernels_seconds(hw: Hardware, runs: Mapping[_R, int], flop_s: tuple[float, float]) -> float:
+    """A compiled program's kernels one after another, ``runs`` each kernel's launches:
+    each :func:`kernel_seconds` of its FLOPs (a FLOP of a matmul taking ``flop_s[0]``
+    seconds, one of a fused attention core ``flop_s[1]``) and its bytes
+    (:func:`moved_seconds`)."""
+    return sum(
+        n * kernel_seconds(k.cost.flops * flop_s[k.fused], moved_seconds(hw, k.cost))
+        for k, n in runs.items()
+    )
+
+
+def compiled_step_seconds(
+    hw: Hardware,
+    *,
+    memory_s: float,
+    compute_s: float,
+    kernels_s: float | None,
+    comm_s: float,
+    kernels: int,
+    skipped_s: float = 0.0,
+) -> float:
+    """A compiled step's time: where it runs kernel by kernel its kernels one after another
+    (``kernels_s``, :func:`kernels_seconds`) less the reads ``skipped_s`` a server does not
+    make (those reads' whole time: the kernels that make them are memory-bound wherever the
+    server skips some), and never less than the :func:`roofline` of its traffic
+    (``memory_s``, those reads left out) and its matmuls (``compute_s``), which is the
+    step's time elsewhere (``kernels_s`` None); then its collectives (``comm_s``) and its
+    kernels' launches (:func:`launch_seconds`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> compiled_step_seconds(hardware("tpu-v5e"), memory_s=2.0, compute_s=1.0,
+    ...                       kernels_s=None, comm_s=0.5, kernels=10)
+    2.5
+    """
+    work = roofline(compute_s, memory_s)
+    if kernels_s is not None:
+        work = max(work, kernels_s - skipped_s)
+    return work + comm_s + launch_seconds(hw, kernels)
