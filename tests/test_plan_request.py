@@ -28,9 +28,15 @@ def _cli_request(*argv: str) -> PlanRequest:
 
 def test_plan_takes_the_request_fields_with_their_defaults():
     params = inspect.signature(shardscope.plan).parameters
-    assert set(params) - {"progress"} == set(FIELDS)
-    for name, f in FIELDS.items():
-        assert params[name].default == _default(f), name
+    # the model and the devices by position, with the request's defaults; every other knob
+    # is a keyword that the request itself checks and defaults
+    assert [params[k].default for k in ("model", "devices")] == [
+        _default(FIELDS["model"]),
+        _default(FIELDS["devices"]),
+    ]
+    assert params["knobs"].kind is inspect.Parameter.VAR_KEYWORD
+    with pytest.raises(TypeError, match="token_latency"):
+        shardscope.plan("tiny", 8, token_latency=0.1)
     assert PlanRequest() == PlanRequest("7b", 8)
 
 
@@ -77,7 +83,7 @@ def test_the_help_prints_the_request_defaults():
     assert "(default h100)" in helps["hardware"]
     assert "(default train)" in helps["mode"]
     assert "default 3)" in helps["compile_top"]
-    assert "(default 16: mixed-precision Adam)" in helps["bytes_per_param"]
+    assert "(default: 16: mixed-precision Adam)" in helps["bytes_per_param"]
     assert "(default 3)" in helps["target_plans"]
     listed = helps["strategies"].split("(default: ")[1].rstrip(")")
     assert PlanRequest().strategy_names == tuple(listed.split(","))
@@ -163,8 +169,11 @@ def test_bad_hardware_is_refused_when_the_request_is_made():
 
 def test_the_command_line_names_the_flag_of_a_refused_field(capsys):
     argv = ["plan", "--model", "tiny", "--devices", "8", "--workers", "-1"]
-    line = assert_usage_error(argv, "workers=-1: must be 0 (this process)", capsys)
-    assert line.rstrip().endswith("(flag --workers)")
+    assert_usage_error(argv, "argument --workers: -1 must be 0 or more", capsys)
+    # what only the request can refuse is named by its flag too
+    argv = ["plan", "--model", "tiny", "--devices", "8", "--stages", "2", "--virtual-stages"]
+    line = assert_usage_error([*argv, "2", "--microbatches", "3"], "virtual_stages=2", capsys)
+    assert line.rstrip().endswith("(flag --virtual-stages)")
 
 
 def test_a_target_compile_count_is_refused_before_any_compile():

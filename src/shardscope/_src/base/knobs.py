@@ -28,6 +28,7 @@ class Kind(Vocab):
     """What a knob's value is, as the command line reads it."""
 
     COUNT = "count"  # a positive whole number
+    WHOLE = "whole"  # a whole number, 0 or more
     NUMBER = "number"  # a positive number
     SECONDS = "seconds"  # a positive number of seconds
     TEXT = "text"  # a word or a list the request parses

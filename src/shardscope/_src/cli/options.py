@@ -13,23 +13,28 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from shardscope._src.base.knobs import REQUIRED, Kind, Knob, knob_of
-from shardscope._src.cli.args import positive_float, positive_int, positive_number
+from shardscope._src.cli.args import nonnegative_int, positive_float, positive_int, positive_number
 
 #: How the command line reads each kind of value.
 _READERS: Mapping[Kind, Callable[[str], Any]] = {
     Kind.COUNT: positive_int,
+    Kind.WHOLE: nonnegative_int,
     Kind.NUMBER: positive_number,
     Kind.SECONDS: positive_float,
 }
 
 
 def _help(spec: Knob, f: dataclasses.Field[Any], required: bool) -> str:
+    """The option's help, ending with the default where the field has one."""
     if required:
         return spec.help
     if spec.default_text is not None:
         return f"{spec.help} (default: {spec.default_text})"
     if f.default is None or f.default is REQUIRED:
         return spec.help
+    if spec.kind is Kind.SWITCH:
+        on = spec.option(f.name)
+        return f"{spec.help} (default {on if f.default else on.replace('--', '--no-', 1)})"
     return f"{spec.help} (default {f.default})"
 
 

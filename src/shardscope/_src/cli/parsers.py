@@ -41,10 +41,8 @@ from shardscope._src.cli.distributed import add_distributed_options
 from shardscope._src.cli.options import add_request_options
 from shardscope._src.model.config import MODES, Mode
 from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
-from shardscope._src.plan.estimates import MatmulDtype
 from shardscope._src.plan.request import (
     DEFAULT_REQUEST,
-    DEFAULT_STRATEGIES,
     PlanRequest,
     ServeRequest,
 )
@@ -417,10 +415,10 @@ def add_plan_parser(sub: Any) -> None:
         "step time of a calibrated time model on a hardware preset.",
     )
     _plan_what_options(p)
-    _plan_shape_options(p)
-    _plan_hardware_options(p)
-    _plan_search_options(p)
-    _plan_compile_options(p)
+    # --model is the what-options' own: without it the command line plans a model given by
+    # its shape, where the library's default is a preset
+    add_request_options(p, PlanRequest, skip=("model",), required=("devices",))
+    _hardware_settings_options(p)
     _plan_output_options(p)
     _plan_serve_options(p)
     p.set_defaults(config=PlanConfig)
@@ -504,27 +502,6 @@ def _plan_what_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _plan_shape_options(p: argparse.ArgumentParser) -> None:
-    """The model's shape, the devices and the batch."""
-    for dim in ("d-model", "heads", "ff", "layers", "vocab"):
-        p.add_argument(
-            f"--{dim}", type=positive_int, metavar="N", help="model shape (overrides the preset's)"
-        )
-    p.add_argument(
-        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
-    )
-    p.add_argument(
-        "--batch",
-        type=positive_int,
-        metavar="N",
-        help="global batch in sequences (default: one per device)",
-    )
-    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length")
-    p.add_argument(
-        "--mode", choices=list(MODES), help=f"the step planned (default {DEFAULT_REQUEST.mode})"
-    )
-
-
 def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
     """The hardware preset and the settings that override it."""
     p.add_argument(
@@ -580,134 +557,6 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, dest=dest, type=kind, metavar="X", help=help_text)
     p.add_argument(
         "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
-    )
-
-
-def _plan_search_options(p: argparse.ArgumentParser) -> None:
-    """Which strategies, recomputations, micro-batches and stages to try."""
-    p.add_argument(
-        "--strategies",
-        metavar="LIST",
-        help=f"comma-separated strategies to try (default: {','.join(DEFAULT_STRATEGIES)})",
-    )
-    p.add_argument(
-        "--remat",
-        metavar="LIST",
-        help="activation recomputation to try, comma-separated: none, selective (the attention "
-        "scores recomputed), matmuls (the matmul outputs kept), full, offload (each layer's "
-        "input and QKV projections in host memory) (default: all)",
-    )
-    p.add_argument(
-        "--offload-optimizer",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="keep the optimizer state in host memory, streamed in for the update (default: "
-        "where a plan does not fit the device otherwise)",
-    )
-    p.add_argument(
-        "--vocab-split",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="split the embeddings and the logits over 'model' along the vocabulary, in the "
-        "strategies with a model axis and no sequence parallelism (default: try both)",
-    )
-    p.add_argument(
-        "--imbalance",
-        type=float,
-        metavar="X",
-        help="a dropless mixture of experts' routing: the busiest expert's tokens over its "
-        "even share (default 1: uniform)",
-    )
-    p.add_argument(
-        "--dispatch-once",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a mixture of experts: send each token once to each device holding any of its "
-        "experts and sum its outputs there (DeepEP's), not once per expert (default: the "
-        "model's; once per expert for a preset)",
-    )
-    p.add_argument(
-        "--microbatches",
-        type=positive_int,
-        metavar="N",
-        help="micro-batches per data shard (default: try the divisors)",
-    )
-    p.add_argument(
-        "--stages",
-        type=positive_int,
-        metavar="N",
-        help="pipeline stages, dividing the devices; they need not divide the layers (61 in "
-        "16: stages of 4 and 3, planned by one of 4) (default: try 1 and each count up to 16 "
-        "and the layers that divides the devices)",
-    )
-    p.add_argument(
-        "--virtual-stages",
-        type=positive_int,
-        metavar="N",
-        help="model chunks per pipeline stage's device (interleaved 1F1B; 1: plain 1F1B; "
-        "needs micro-batches a multiple of the stages) (default: try 1 and each count up to "
-        "4 that divides a stage's layers)",
-    )
-    p.add_argument(
-        "--mesh",
-        metavar="SPEC",
-        help="plan exactly this mesh, e.g. data=32,model=8 (axes in the order stage, pod..., "
-        "data, model): only the strategies that run on it",
-    )
-    p.add_argument(
-        "--compile-top",
-        type=positive_int,
-        metavar="N",
-        help="compile the best estimated plans of the N best strategy-and-mesh pairs (and "
-        "the best of dp, fsdp and tp, whose communication is validated; default "
-        f"{DEFAULT_REQUEST.compile_top})",
-    )
-    p.add_argument(
-        "--bytes-per-param",
-        type=positive_int,
-        metavar="N",
-        help="training model state per parameter (default "
-        f"{DEFAULT_REQUEST.bytes_per_param}: mixed-precision Adam)",
-    )
-    p.add_argument(
-        "--matmul-dtype",
-        choices=list(MatmulDtype),
-        help="element type of the layers' matmuls in the time model: fp8 runs the projections "
-        "and MLP at the hardware's fp8 rate and gathers FSDP's weights in fp8 (hardware with "
-        f"fp8: h100, h200, b200; default {DEFAULT_REQUEST.matmul_dtype})",
-    )
-    p.add_argument(
-        "--no-flash-attention",
-        dest="flash_attention",
-        action="store_false",
-        default=None,
-        help="materialise the attention scores (dense attention) in the compiled program and "
-        "count them in the estimate",
-    )
-
-
-def _plan_compile_options(p: argparse.ArgumentParser) -> None:
-    """How the leading plans are compiled."""
-    p.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="compile in N worker processes (0: in this process; default: auto)",
-    )
-    p.add_argument(
-        "--compiler",
-        choices=["cpu", *PRESETS],
-        help="cpu: every plan compiled by the CPU backend (fastest); default: the hardware's "
-        "own compiler (deviceless) compiles the leading plans after a CPU screening. With "
-        "--program: every candidate is compiled by this compiler (default cpu). With --serve: "
-        "the hardware's own compiler (default) or cpu (the roofline alone, nothing compiled)",
-    )
-    p.add_argument(
-        "--target-plans",
-        type=positive_int,
-        metavar="N",
-        help="how many leading plans the hardware's compiler compiles (default "
-        f"{DEFAULT_REQUEST.target_plans})",
     )
 
 

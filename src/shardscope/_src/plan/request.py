@@ -17,7 +17,7 @@ from typing import Any
 
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.knobs import REQUIRED, Kind, knob
-from shardscope._src.model.config import MAX_DIM, Mode, ModelConfig
+from shardscope._src.model.config import MAX_DIM, MODES, Mode, ModelConfig
 from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.model.serving import FORMATS
 from shardscope._src.plan.estimates import (
@@ -50,6 +50,15 @@ DEFAULT_STRATEGIES = (
 MAX_PLANNED_DEVICES = 2**20
 #: The model dimensions a request names (None: the preset's).
 MODEL_DIMS = ("d_model", "heads", "ff", "layers", "vocab")
+_SHAPE = "model shape (overrides the preset's)"
+
+
+def _model_help() -> str:
+    return (
+        f"a model preset ({', '.join(DENSE_PRESETS)}; 7b, 13b, 70b are the Llama 2 ones; the "
+        f"mixtures of experts {', '.join(MOE_PRESETS)}) or the path of a Hugging Face "
+        f"config.json (Llama-family, Mixtral, Qwen3-MoE, DeepSeek-V3)"
+    )
 
 
 @dataclass(frozen=True)
@@ -152,37 +161,150 @@ class PlanRequest:
     shardscope._src.base.errors.PlanError: devices=0: must be a positive whole number
     """
 
-    model: str | ModelConfig | None = "7b"
-    devices: int = 8
+    model: str | ModelConfig | None = knob("7b", _model_help(), metavar="NAME|FILE")
+    devices: int = knob(8, "accelerators to plan for", kind=Kind.COUNT, metavar="N")
     _: KW_ONLY
-    d_model: int | None = None
-    heads: int | None = None
-    ff: int | None = None
-    layers: int | None = None
-    vocab: int | None = None
-    batch: int | None = None
-    seq: int | None = None
-    mode: str = Mode.TRAIN
-    hardware: str | Hardware = "h100"
+    d_model: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
+    heads: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
+    ff: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
+    layers: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
+    vocab: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
+    batch: int | None = knob(
+        None,
+        "global batch in sequences",
+        kind=Kind.COUNT,
+        metavar="N",
+        default_text="one per device",
+    )
+    seq: int | None = knob(
+        None, "sequence length", kind=Kind.COUNT, metavar="N", default_text="the preset's"
+    )
+    mode: str = knob(Mode.TRAIN, "the step planned", kind=Kind.CHOICE, choices=tuple(MODES))
+    hardware: str | Hardware = knob(
+        "h100", "hardware preset", kind=Kind.CHOICE, choices=tuple(PRESETS)
+    )
     hardware_overrides: Mapping[str, float] = field(default_factory=dict)
-    strategies: Sequence[str] | None = None
-    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM
-    flash_attention: bool = True
+    strategies: Sequence[str] | None = knob(
+        None,
+        "comma-separated strategies to try",
+        metavar="LIST",
+        default_text=",".join(DEFAULT_STRATEGIES),
+    )
+    bytes_per_param: int = knob(
+        DEFAULT_BYTES_PER_PARAM,
+        "training model state per parameter",
+        kind=Kind.COUNT,
+        metavar="N",
+        default_text=f"{DEFAULT_BYTES_PER_PARAM}: mixed-precision Adam",
+    )
+    flash_attention: bool = knob(
+        True,
+        "memory-efficient attention: a blocked attention in the compiled program and no score "
+        "matrix in the estimate (--no-flash-attention: the scores materialised and counted)",
+        kind=Kind.SWITCH,
+    )
     dtype: str = "bfloat16"
-    matmul_dtype: str = MatmulDtype.BFLOAT16
-    remat: str | Sequence[str] | None = None
-    offload_optimizer: bool | None = None
-    vocab_split: bool | None = None
-    imbalance: float | None = None
-    dispatch_once: bool | None = None
-    microbatches: int | None = None
-    stages: int | None = None
-    virtual_stages: int | None = None
-    compile_top: int = 3
-    compiler: str | None = None
-    target_plans: int = 3
-    mesh: str | Mapping[str, int] | None = None
-    workers: int | None = None
+    matmul_dtype: str = knob(
+        MatmulDtype.BFLOAT16,
+        "element type of the layers' matmuls in the time model: fp8 runs the projections and "
+        "MLP at the hardware's fp8 rate and gathers FSDP's weights in fp8 (hardware with fp8: "
+        "h100, h200, b200)",
+        kind=Kind.CHOICE,
+        choices=tuple(MatmulDtype),
+    )
+    remat: str | Sequence[str] | None = knob(
+        None,
+        "activation recomputation to try, comma-separated: none, selective (the attention "
+        "scores recomputed), matmuls (the matmul outputs kept), full, offload (each layer's "
+        "input and QKV projections in host memory)",
+        metavar="LIST",
+        default_text="all",
+    )
+    offload_optimizer: bool | None = knob(
+        None,
+        "keep the optimizer state in host memory, streamed in for the update",
+        kind=Kind.SWITCH,
+        default_text="where a plan does not fit the device otherwise",
+    )
+    vocab_split: bool | None = knob(
+        None,
+        "split the embeddings and the logits over 'model' along the vocabulary, in the "
+        "strategies with a model axis and no sequence parallelism",
+        kind=Kind.SWITCH,
+        default_text="try both",
+    )
+    imbalance: float | None = knob(
+        None,
+        "a dropless mixture of experts' routing: the busiest expert's tokens over its even share",
+        kind=Kind.NUMBER,
+        metavar="X",
+        default_text="the model's; 1 for a preset",
+    )
+    dispatch_once: bool | None = knob(
+        None,
+        "a mixture of experts: send each token once to each device holding any of its "
+        "experts and sum its outputs there (DeepEP's), not once per expert",
+        kind=Kind.SWITCH,
+        default_text="the model's; once per expert for a preset",
+    )
+    microbatches: int | None = knob(
+        None,
+        "micro-batches per data shard",
+        kind=Kind.COUNT,
+        metavar="N",
+        default_text="try the divisors",
+    )
+    stages: int | None = knob(
+        None,
+        "pipeline stages, dividing the devices; they need not divide the layers (61 in 16: "
+        "stages of 4 and 3, planned by one of 4)",
+        kind=Kind.COUNT,
+        metavar="N",
+        default_text="try 1 and each count up to 16 and the layers that divides the devices",
+    )
+    virtual_stages: int | None = knob(
+        None,
+        "model chunks per pipeline stage's device (interleaved 1F1B; 1: plain 1F1B; needs "
+        "micro-batches a multiple of the stages)",
+        kind=Kind.COUNT,
+        metavar="N",
+        default_text="try 1 and each count up to 4 that divides a stage's layers",
+    )
+    compile_top: int = knob(
+        3,
+        "compile the best estimated plans of the N best strategy-and-mesh pairs (and the best "
+        "of dp, fsdp and tp, whose communication is validated)",
+        kind=Kind.COUNT,
+        metavar="N",
+    )
+    compiler: str | None = knob(
+        None,
+        "cpu: every plan compiled by the CPU backend (fastest); default: the hardware's own "
+        "compiler (deviceless) compiles the leading plans after a CPU screening. With "
+        "--program: every candidate is compiled by this compiler (default cpu). With --serve: "
+        "the hardware's own compiler (default) or cpu (the roofline alone, nothing compiled)",
+        kind=Kind.CHOICE,
+        choices=("cpu", *PRESETS),
+    )
+    target_plans: int = knob(
+        3,
+        "how many leading plans the hardware's compiler compiles",
+        kind=Kind.COUNT,
+        metavar="N",
+    )
+    mesh: str | Mapping[str, int] | None = knob(
+        None,
+        "plan exactly this mesh, e.g. data=32,model=8 (axes in the order stage, pod..., data, "
+        "model): only the strategies that run on it",
+        metavar="SPEC",
+    )
+    workers: int | None = knob(
+        None,
+        "compile in N worker processes (0: in this process)",
+        kind=Kind.WHOLE,
+        metavar="N",
+        default_text="auto",
+    )
 
     def __post_init__(self) -> None:
         # A request holds no list or dict of its caller's: what it was given cannot change
@@ -270,14 +392,6 @@ def check_dims(values: Mapping[str, Any]) -> None:
 #: A request with every default (the model and the devices too): where the front doors read
 #: a knob's default.
 DEFAULT_REQUEST = PlanRequest()
-
-
-def _model_help() -> str:
-    return (
-        f"a model preset ({', '.join(DENSE_PRESETS)}; 7b, 13b, 70b are the Llama 2 ones; the "
-        f"mixtures of experts {', '.join(MOE_PRESETS)}) or the path of a Hugging Face "
-        f"config.json (Llama-family, Mixtral, Qwen3-MoE, DeepSeek-V3)"
-    )
 
 
 @dataclass(frozen=True)

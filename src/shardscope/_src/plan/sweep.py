@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -162,43 +162,12 @@ def _resolve_model(r: PlanRequest) -> tuple[str, ModelConfig]:
     return "custom", ModelConfig(batch=batch, seq=r.seq or 2048, dtype=r.dtype, scan=True, **fields)
 
 
-# plan()'s keywords are PlanRequest's fields: each defaults to the field's own default.
-_D = DEFAULT_REQUEST
-
-
 def plan(
-    model: str | ModelConfig | None = _D.model,
-    devices: int = _D.devices,
+    model: str | ModelConfig | None = DEFAULT_REQUEST.model,
+    devices: int = DEFAULT_REQUEST.devices,
     *,
-    batch: int | None = _D.batch,
-    seq: int | None = _D.seq,
-    mode: str = _D.mode,
-    hardware: str | Hardware = _D.hardware,
-    hardware_overrides: Mapping[str, float] = _D.hardware_overrides,
-    strategies: Sequence[str] | None = _D.strategies,
-    bytes_per_param: int = _D.bytes_per_param,
-    flash_attention: bool = _D.flash_attention,
-    dtype: str = _D.dtype,
-    matmul_dtype: str = _D.matmul_dtype,
-    workers: int | None = _D.workers,
     progress: Progress | None = None,
-    remat: str | Sequence[str] | None = _D.remat,
-    offload_optimizer: bool | None = _D.offload_optimizer,
-    vocab_split: bool | None = _D.vocab_split,
-    imbalance: float | None = _D.imbalance,
-    dispatch_once: bool | None = _D.dispatch_once,
-    microbatches: int | None = _D.microbatches,
-    stages: int | None = _D.stages,
-    virtual_stages: int | None = _D.virtual_stages,
-    compile_top: int = _D.compile_top,
-    compiler: str | None = _D.compiler,
-    target_plans: int = _D.target_plans,
-    mesh: str | Mapping[str, int] | None = _D.mesh,
-    d_model: int | None = _D.d_model,
-    heads: int | None = _D.heads,
-    ff: int | None = _D.ff,
-    layers: int | None = _D.layers,
-    vocab: int | None = _D.vocab,
+    **knobs: Any,
 ) -> PlanResult:
     """Plans ``model`` on ``devices`` accelerators: every strategy, mesh shape, micro-batch
     count, recomputation and pipeline stage count estimated, the best compiled and ranked.
@@ -223,6 +192,7 @@ def plan(
 
     Raises:
         PlanError: an unknown preset, a bad device count or mode.
+        TypeError: a keyword that is not a field of :class:`PlanRequest`.
 
     Not run as a doctest (it compiles every candidate; the planner tests run sweeps):
 
@@ -230,38 +200,7 @@ def plan(
     >>> result.best.label  # doctest: +SKIP
     'dp data=8'
     """
-    request = PlanRequest(
-        model,
-        devices,
-        d_model=d_model,
-        heads=heads,
-        ff=ff,
-        layers=layers,
-        vocab=vocab,
-        batch=batch,
-        seq=seq,
-        mode=mode,
-        hardware=hardware,
-        hardware_overrides=hardware_overrides,
-        strategies=strategies,
-        bytes_per_param=bytes_per_param,
-        flash_attention=flash_attention,
-        dtype=dtype,
-        matmul_dtype=matmul_dtype,
-        remat=remat,
-        offload_optimizer=offload_optimizer,
-        vocab_split=vocab_split,
-        imbalance=imbalance,
-        dispatch_once=dispatch_once,
-        microbatches=microbatches,
-        stages=stages,
-        virtual_stages=virtual_stages,
-        compile_top=compile_top,
-        compiler=compiler,
-        target_plans=target_plans,
-        mesh=mesh,
-        workers=workers,
-    )
+    request = PlanRequest(model, devices, **knobs)
     return plan_request(request, progress)
 
 
