@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from shardscope._src.base.errors import ModelConfigError, PlanError
+from shardscope._src.base.vocab import Vocab
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.fused import fused_norm as _norm
 from shardscope._src.model.transformer import (
@@ -44,12 +45,36 @@ from shardscope._src.model.transformer import (
     moe_mlp,
 )
 
+
+class WeightFormat(Vocab):
+    """The formats a server holds its weights and its KV cache in."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    INT8 = "int8"
+    FP8 = "fp8"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return {"float32": 4, "bfloat16": 2, "float16": 2}.get(self.value, 1)
+
+    @property
+    def eight_bit(self) -> bool:
+        """Held in 8 bits with a scale (:data:`EIGHT_BIT`)."""
+        return self in EIGHT_BIT
+
+
 #: Formats of weights and cache held in 8 bits, each with a scale: ``int8`` (rounded, within
 #: +-127) and ``fp8`` (``float8_e4m3fn``, within +-448).
-EIGHT_BIT = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+EIGHT_BIT: dict[str, tuple[Any, float]] = {
+    WeightFormat.INT8: (jnp.int8, 127.0),
+    WeightFormat.FP8: (jnp.float8_e4m3fn, 448.0),
+}
 
-#: Bytes per element of the weight and cache formats a server holds.
-FORMATS = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
+#: Bytes per element of each format, by its name.
+FORMATS = {f.value: f.itemsize for f in WeightFormat}
 
 
 def cache_bytes_per_token(config: ModelConfig, cache: str = "bfloat16") -> int:

@@ -94,7 +94,7 @@ from shardscope._src.targets.devices import require_compiler
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.mesh import target_mesh
-from shardscope._src.targets.specs import CPU, Family, get_target
+from shardscope._src.targets.specs import CPU, CPU_TARGET, Family, get_target
 
 # -- mesh shapes --------------------------------------------------------------------------------
 
@@ -331,7 +331,8 @@ def compile_candidate(
                 compiled = compile_lowered(stage)
     t2 = time.perf_counter()
     result = audit(compiled, mesh=mesh)
-    if (result.target or "cpu") != (target or "cpu"):
+    cpu = CPU_TARGET.name  # an audit of simulated CPU devices names no target
+    if (result.target or cpu) != (target or cpu):
         raise ProgramError(
             f"{where} returned a program for {result.target or result.backend} devices, not "
             f"{target or 'cpu'}; build it on the mesh make_step is given"
@@ -474,7 +475,7 @@ def plan_rule_sets(
         plans=ranked,
         skipped=tuple(skipped),
         notes=tuple(_result_notes(hw, ranked, target_name)),
-        target=target_name or "cpu",
+        target=target_name or CPU_TARGET.name,
         axis_types=",".join(sorted(set(k.name.lower() for k in kinds))),
         wall_s=time.perf_counter() - start,
         candidates=len(todo),

@@ -19,7 +19,7 @@ from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.knobs import REQUIRED, Kind, knob
 from shardscope._src.model.config import MAX_DIM, MODES, Mode, ModelConfig
 from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
-from shardscope._src.model.serving import FORMATS
+from shardscope._src.model.serving import WeightFormat
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
@@ -29,6 +29,7 @@ from shardscope._src.plan.estimates import (
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import PRESETS, Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Target
 
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
 DEFAULT_STRATEGIES = (
@@ -454,8 +455,12 @@ class ServeRequest:
         metavar="N",
         default_text="prompt + output",
     )
-    weights: str = knob("bfloat16", "bfloat16, float16, int8 or fp8", metavar="FORMAT")
-    cache: str = knob("bfloat16", "the KV cache's format, as --weights", metavar="FORMAT")
+    weights: WeightFormat = knob(
+        WeightFormat.BFLOAT16, "bfloat16, float16, int8 or fp8", metavar="FORMAT"
+    )
+    cache: WeightFormat = knob(
+        WeightFormat.BFLOAT16, "the KV cache's format, as --weights", metavar="FORMAT"
+    )
     latency: float | None = knob(
         None,
         "seconds per output token to meet: the best layout that meets it",
@@ -510,9 +515,13 @@ class ServeRequest:
         if batch is not None and not is_int(batch, 1):
             raise PlanError(f"batch={batch!r}: must be a positive whole number", param="batch")
         for what in ("weights", "cache"):
-            fmt = getattr(self, what)
-            if fmt not in FORMATS:
-                raise PlanError(f"{what}={fmt!r}: give one of {', '.join(FORMATS)}", param=what)
+            fmt = WeightFormat.get(getattr(self, what))
+            if fmt is None:
+                raise PlanError(
+                    f"{what}={getattr(self, what)!r}: give one of {', '.join(WeightFormat)}",
+                    param=what,
+                )
+            object.__setattr__(self, what, fmt)
         if latency is not None and not (isinstance(latency, int | float) and latency > 0):
             raise PlanError(
                 f"latency={latency!r}: seconds per output token, above 0", param="latency"
@@ -530,7 +539,7 @@ class ServeRequest:
                     param="batch",
                 )
         hw = self.device
-        if self.compiler not in (None, "cpu", hw.name):
+        if self.compiler not in (None, CPU_TARGET.name, hw.name):
             raise PlanError(
                 f"compiler={self.compiler!r}: it compiles for another target than the plans' "
                 f"hardware {hw.name}; give compiler={hw.name!r} (its own compiler, the "
@@ -544,6 +553,14 @@ class ServeRequest:
         if isinstance(self.hardware, Hardware) and not self.hardware_overrides:
             return self.hardware
         return get_hardware(self.hardware, **self.hardware_overrides)
+
+    @property
+    def compile_target(self) -> Target | None:
+        """The target whose compiler compiles the plans' steps: the hardware's own where it
+        has one, unless the request asked for the CPU (the estimate alone)."""
+        if self.compiler == CPU_TARGET.name:
+            return None
+        return TARGETS.get(self.device.name)
 
     @property
     def context_tokens(self) -> int:

@@ -78,6 +78,7 @@ from shardscope._src.audit.pricing import execution_seconds
 from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds, traffic_bytes
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.records import Record
+from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.cost.compute import (
     by_kernel,
@@ -95,7 +96,13 @@ from shardscope._src.cost.links import collective_seconds
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.model.serving import EIGHT_BIT, FORMATS, cache_bytes_per_token, check_servable
+from shardscope._src.model.serving import (
+    EIGHT_BIT,
+    FORMATS,
+    WeightFormat,
+    cache_bytes_per_token,
+    check_servable,
+)
 from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.plan.online import Load, poisson_quantile, under_load
 from shardscope._src.plan.rank import pareto_front, rank_key
@@ -176,7 +183,7 @@ class ServePlan(Record):
 
     @property
     def layout(self) -> _Layout:
-        return _Layout(self.strategy, self.tensor_parallel, self.replicas)
+        return _Layout(ServeLayout(self.strategy), self.tensor_parallel, self.replicas)
 
     @property
     def batch_axis(self) -> str | None:
@@ -275,7 +282,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
     """
     devices, prompt, output = request.devices, request.prompt, request.output
     batch, weights, cache = request.batch, request.weights, request.cache
-    latency, compiler, rate = request.latency, request.compiler, request.rate
+    latency, rate = request.latency, request.rate
     name, config = _model(request.model)
     if request.imbalance is not None:
         config = replace(config, imbalance=request.imbalance)
@@ -321,7 +328,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
     # at a rate, the latency is met (or not) by the times the load gives
     per_token = None if rate is not None else latency
     fitting = _meeting(fitting, per_token)
-    compiled = compiler != "cpu" and hw.name in TARGETS
+    compiled = request.compile_target is not None
     if compiled and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
         fitting, prefills, refits = _compile_best(
             fitting,
@@ -608,13 +615,22 @@ def _model(model: str | ModelConfig) -> tuple[str, ModelConfig]:
     return name, config
 
 
+class ServeLayout(Vocab):
+    """How a server lays a model over its devices: the strategy of that name on a mesh of
+    ``model`` and, with replicas, ``data`` or ``expert``."""
+
+    TP = "tp"  # tensor parallelism over every device
+    DP_TP = "dp_tp"  # replicas of tensor parallelism, each holding every expert
+    EP_TP = "ep_tp"  # replicas of tensor parallelism that split a mixture's experts
+
+
 @dataclass(frozen=True)
 class _Layout:
     """``replicas`` of tensor parallelism over ``t`` devices; a mixture's routed experts
     split over the replicas (``ep_tp``: the attention data-parallel over ``expert``, each
     device ``experts / replicas`` experts) or held by each (``dp_tp``)."""
 
-    strategy: str
+    strategy: ServeLayout
     t: int
     replicas: int
 
@@ -622,13 +638,13 @@ class _Layout:
     def mesh(self) -> dict[str, int]:
         """``model=t``, with ``data`` (or ``expert``) first where there are replicas."""
         r, t = self.replicas, self.t
-        if self.strategy == "ep_tp":
+        if self.strategy is ServeLayout.EP_TP:
             return {"expert": r, "model": t}
         return {"data": r, "model": t} if r > 1 else {"model": t}
 
     @property
     def expert_parallel(self) -> int:
-        return self.replicas if self.strategy == "ep_tp" else 1
+        return self.replicas if self.strategy is ServeLayout.EP_TP else 1
 
 
 def _layouts(config: ModelConfig, devices: int) -> list[_Layout]:
@@ -648,9 +664,9 @@ def _layouts(config: ModelConfig, devices: int) -> list[_Layout]:
         if any(w % t for w in widths):
             continue
         r = devices // t
-        out.append(_Layout("dp_tp" if r > 1 else "tp", t, r))
+        out.append(_Layout(ServeLayout.DP_TP if r > 1 else ServeLayout.TP, t, r))
         if config.is_moe and r > 1 and config.experts % r == 0:
-            out.append(_Layout("ep_tp", t, r))
+            out.append(_Layout(ServeLayout.EP_TP, t, r))
     return [layout for layout in out if _places(config, layout)]
 
 
@@ -865,7 +881,7 @@ def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
     quantize each layer's input per tensor); the attention core stays 16-bit. Elsewhere, and
     for int8 weights (the scaling book's inference examples time int8 weights at the bf16
     rate), the weights are widened to 16 bits for their matmuls."""
-    return weights == "fp8" and hw.has_fp8
+    return WeightFormat.get(weights) is WeightFormat.FP8 and hw.has_fp8
 
 
 def _decode_flops(config: ModelConfig, context: int) -> tuple[int, int]:

@@ -108,7 +108,7 @@ from shardscope._src.sharding.rules import (
     uses_flax,
 )
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.specs import get_target
+from shardscope._src.targets.specs import CPU_TARGET, get_target
 
 #: The mesh axes searched when neither the rules nor the caller name any.
 DEFAULT_AXES = ("data", "model")
@@ -988,7 +988,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         compiled=len(done),
         by_dataflow=per_array,
         settled=settled,
-        target=target_name or "cpu",
+        target=target_name or CPU_TARGET.name,
         wall_s=time.perf_counter() - start,
         timing={
             "probe_s": t1 - t0,
