@@ -84,3 +84,20 @@ def test_bad_knobs_are_refused_when_the_request_is_made(capsys):
     line = assert_usage_error(["serve", *BASE, "--rate", "2", "--batch", "4"], "rate=2", capsys)
     assert "flag --batch" in line
     assert_usage_error(["serve", "--model", "llama3-8b", "--devices", "1"], "--prompt", capsys)
+
+
+def test_a_compiled_plan_keeps_the_estimate_it_replaced():
+    from shardscope._src.model.presets import model_preset
+    from shardscope._src.plan.serve import compile_decode
+    from shardscope._src.targets.hardware import hardware
+
+    estimate = serve("tiny", 1, prompt=64, output=16, batch=2, compiler="cpu").best
+    assert estimate.compiled_by is None and estimate.estimated is estimate
+    config = model_preset("tiny").config(batch=1)
+    compiled = compile_decode(estimate, config, hardware("h100"))
+    assert compiled.compiled_by == "h100"
+    assert compiled.estimated is estimate
+    assert compiled.decode_step_s != estimate.decode_step_s
+    # the JSON holds the plan's own figures, as before
+    assert "estimate" not in compiled.to_dict()
+    assert compiled.to_dict()["decode_step_s"] == compiled.decode_step_s

@@ -71,13 +71,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from shardscope._src.audit.pricing import execution_seconds
 from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds, traffic_bytes
 from shardscope._src.base.errors import PlanError, StrategyError
-from shardscope._src.base.records import Record
+from shardscope._src.base.records import Record, record_dict
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.cost.compute import (
@@ -154,6 +154,18 @@ class ServePlan(Record):
     in_flight: float | None = None
     decode_iteration_s: float | None = None
     prefill_s: float | None = None
+    #: the estimate whose figures a compile replaced (its decode step's, its prefill's, or
+    #: its layout's at another batch), kept beside them as a training plan keeps its
+    #: ``estimated_time``; None: the plan is the estimate. Not written to JSON.
+    estimate: ServePlan | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def estimated(self) -> ServePlan:
+        """The plan as estimated, before any compile replaced its figures."""
+        return self.estimate if self.estimate is not None else self
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, omit=("estimate",))
 
     @property
     def memory_bytes_per_device(self) -> int:
@@ -369,7 +381,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
         lambda p: p.decode_step_s,
         (lambda p: p.first_token_s) if rate is not None else (lambda p: -p.tokens_per_s_per_chip),
     )
-    ranked = tuple(ServePlan(**{**p.__dict__, "pareto": i in front}) for i, p in enumerate(fitting))
+    ranked = tuple(replace(p, pareto=i in front) for i, p in enumerate(fitting))
     return ServeResult(
         model=name,
         devices=devices,
@@ -1001,6 +1013,7 @@ def _beside_compiled(estimate: ServePlan, compiled: ServePlan, hw: Hardware) -> 
         decode_step_s=step,
         decode_kernels=kernels,
         tokens_per_s_per_chip=estimate.batch / step / chips,
+        estimate=estimate.estimated,
     )
 
 
@@ -1370,6 +1383,7 @@ def compile_decode(
     step_s = got.seconds(hw, memory_s, compute_s, skipped_s)
     return replace(
         plan,
+        estimate=plan.estimated,
         temp_bytes_per_device=max(
             0, got.held_bytes - plan.weight_bytes_per_device - plan.cache_bytes_per_device
         ),
@@ -1432,6 +1446,7 @@ def compile_prefill(
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
         plan,
+        estimate=plan.estimated,
         first_token_s=got.seconds(hw, got.memory_s, compute_s),
         temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )
