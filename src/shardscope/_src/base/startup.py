@@ -17,7 +17,9 @@ import contextlib
 import glob
 import importlib.util
 import os
+import pkgutil
 import sys
+from importlib.metadata import entry_points
 
 from shardscope._src.base.stderr import capture_stderr
 
@@ -26,6 +28,9 @@ _START_UP_NOISE = (
     "Could not find cuda drivers on your machine",
     "All log messages before absl::InitializeLog() is called are written to STDERR",
 )
+
+#: JAX's plugin modules whose chips :func:`accelerator_present` can look for.
+_KNOWN_PLUGINS = frozenset({"jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13"})
 
 
 def has_nvidia_gpu() -> bool:
@@ -44,6 +49,24 @@ def has_tpu_chips() -> bool:
         except OSError:
             continue
     return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _plugin_modules() -> set[str]:
+    """JAX's plugin modules installed here, found as JAX finds them (the ``jax_plugins``
+    namespace and the ``jax_plugins`` entry points), without loading any."""
+    found = {ep.value for ep in entry_points(group="jax_plugins")}
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations is not None:
+        found |= {
+            f"jax_plugins.{m.name}" for m in pkgutil.iter_modules(spec.submodule_search_locations)
+        }
+    return found
+
+
+def accelerator_present() -> bool:
+    """Whether JAX may find an accelerator on this host: an NVIDIA GPU, TPU chips, or a plugin
+    whose chips this module cannot look for (ROCm, Metal, ...), which counts as present."""
+    return has_nvidia_gpu() or has_tpu_chips() or bool(_plugin_modules() - _KNOWN_PLUGINS)
 
 
 def quiet_plugin_start() -> contextlib.AbstractContextManager[list[str]]:
