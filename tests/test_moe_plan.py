@@ -144,6 +144,7 @@ def test_expert_parallelism_for_a_dense_model_is_refused():
         shardscope.plan("tiny", 8, strategies=["ep"], compile_top=0)
 
 
+@pytest.mark.compiler
 @pytest.mark.parametrize(
     "strategy, mesh_spec, once",
     [
