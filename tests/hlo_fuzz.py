@@ -6,10 +6,11 @@ comments inserted or deleted; lines dropped, repeated, swapped or cut; replica g
 opcodes, element types, trip counts and the module's device count replaced; pieces of other
 fixtures spliced in) and audits the text, on the fallback mesh or on a random mesh of the
 right size. The allowed outcomes are an audit whose table, notes and JSON can all be
-produced, or a ``ShardscopeError`` whose message is one line. Anything else is a crash.
+produced, and whose text's every instruction line was parsed as one instruction, or a
+``ShardscopeError`` whose message is one line. Anything else is a crash.
 
-Run as a program it prints one JSON summary, so that the suite can run a few of these in
-parallel processes, each measuring its own time and memory per case:
+Run as a program it prints one JSON summary, measuring its own time and memory per case
+(the suite runs 1,000 cases, ``benchmarks/hostile_hlo.py`` 10,000 in two processes):
 
     python tests/hlo_fuzz.py --seed 0 --cases 5000
 """
@@ -249,14 +250,32 @@ def check_case(text: str, mesh: str | None) -> str:
     return "audit"
 
 
+#: A line that reads as one instruction: ``[ROOT] %name = ...`` (the parser takes any number of
+#: ``%`` and spaces before the ``=``, as the mutations make them).
+_INSTRUCTION_LINE = re.compile(r"\s*(ROOT\s+)?%*[A-Za-z_][\w.\-]*\s*=\s")
+
+
+def instruction_counts(text: str) -> tuple[int, int]:
+    """The lines of ``text`` that read as instructions, and the instructions parsed from it
+    (an audited text's two are equal: no line dropped, split or joined)."""
+    from shardscope._src.hlo.parse import parse_hlo
+
+    parsed = sum(1 for _ in parse_hlo(text).instructions())
+    return sum(1 for line in text.splitlines() if _INSTRUCTION_LINE.match(line)), parsed
+
+
 def run(seed: int, cases: int) -> dict:
-    """Runs ``cases`` cases from ``seed``; the figures of the run, and the crashes."""
+    """Runs ``cases`` cases from ``seed``; the figures of the run, and the crashes.
+
+    A crash is anything but an audit or a one-line refusal, or an audit of a text one of
+    whose instruction lines was not parsed as one instruction (a line dropped or split)."""
     import shardscope
 
     shardscope.audit(TEXTS[0])  # imports and first-use costs are not a case's
     warnings.simplefilter("error")  # as in the suite: a warning is a crash
     rng = random.Random(seed)
     outcomes = {"audit": 0, "error": 0, "crash": 0}
+    instructions = 0  # parsed from the audited texts
     crashes: list[dict] = []
     slowest = (0.0, -1)  # wall-clock seconds
     busiest = (0.0, -1)  # CPU seconds: what the case costs, whatever else the machine runs
@@ -266,25 +285,34 @@ def run(seed: int, cases: int) -> dict:
         _reset_peak()
         before = _rss_bytes()
         t0, c0 = time.perf_counter(), time.process_time()
+        error: Exception | None = None
         try:
-            outcomes[check_case(text, mesh)] += 1
+            outcome = check_case(text, mesh)
         except Exception as e:  # a crash: anything but an audit or one of ours
-            outcomes["crash"] += 1
-            if len(crashes) < 20:
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                crashes.append(
-                    {
-                        "case": k,
-                        "error": f"{type(e).__name__}: {str(e)[:300]}",
-                        "at": f"{Path(where.filename).name}:{where.lineno}",
-                        "mesh": mesh,
-                        "text": text if len(text) < 20000 else text[:20000],
-                    }
-                )
+            outcome, error = "crash", e
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
         # The case's own peak, less what the process held when it started.
         grew = _peak_bytes() - before
+        if outcome == "audit":  # checked after the case's figures are taken
+            try:
+                lines, parsed = instruction_counts(text)
+                assert lines == parsed, f"{lines} instruction lines, {parsed} parsed"
+                instructions += parsed
+            except Exception as e:
+                outcome, error = "crash", e
+        outcomes[outcome] += 1
+        if error is not None and len(crashes) < 20:
+            where = traceback.extract_tb(error.__traceback__)[-1]
+            crashes.append(
+                {
+                    "case": k,
+                    "error": f"{type(error).__name__}: {str(error)[:300]}",
+                    "at": f"{Path(where.filename).name}:{where.lineno}",
+                    "mesh": mesh,
+                    "text": text if len(text) < 20000 else text[:20000],
+                }
+            )
         slowest = max(slowest, (elapsed, k))
         busiest = max(busiest, (cpu, k))
         largest = max(largest, (grew, k))
@@ -292,6 +320,7 @@ def run(seed: int, cases: int) -> dict:
         "seed": seed,
         "cases": cases,
         **outcomes,
+        "instructions": instructions,
         "slowest_s": round(slowest[0], 4),
         "slowest_case": slowest[1],
         "cpu_s": round(busiest[0], 4),

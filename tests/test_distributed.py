@@ -100,6 +100,7 @@ def test_distributed_flag_without_a_cluster_says_how_to_fix():
     assert "(flags --coordinator, --num-processes, --process-id)" in r.stderr
 
 
+@pytest.mark.slow
 def test_lab_under_slurm_is_detected_by_jax(tmp_path):
     # What srun gives each task; JAX's SlurmCluster reads these (coordinator = first node).
     port = free_port()

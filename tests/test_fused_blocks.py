@@ -38,6 +38,7 @@ def test_a_fused_block_computes_and_differentiates_as_the_plain_one(fn, shapes):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.compiler
 @pytest.mark.parametrize(
     "strategy, mesh_spec, mlp",
     [("fsdp", "data=8", "gelu"), ("fsdp", "data=8", "swiglu"), ("fsdp_cp", MESH_CP, "swiglu")],

@@ -326,6 +326,7 @@ def test_seventy_b_on_eight_nodes_all_reduces_over_the_network_and_gathers_over_
     assert [t.count for t in again] == [m * L]
 
 
+@pytest.mark.compiler
 def test_on_8_nodes_of_h100s_the_compiler_reaches_the_bound():
     # XLA:GPU (compile-only devices, no GPU needed) forms the reduce-scatters over data and
     # all-reduces only the 16-bit gradient shards over replica, with the loss.

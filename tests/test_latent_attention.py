@@ -56,6 +56,7 @@ def test_tensor_parallel_latent_attention_sums_once_per_sublayer():
     assert audit_.counts()["all-reduce"] == 2 * config.layers
 
 
+@pytest.mark.compiler
 def test_a_latent_attention_layer_keeps_what_the_estimate_counts():
     def config_of(layers):
         return ModelConfig(

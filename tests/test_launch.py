@@ -71,6 +71,7 @@ def _launch_cli(*args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_lab_two_processes_of_four_devices(tmp_path):
     r = subprocess.run(
         [*SHARDSCOPE, "launch", "-n", "2", "--devices-per-process", "4", "--timeout", "120"]
@@ -103,6 +104,7 @@ def test_lab_two_processes_of_four_devices(tmp_path):
     assert not _processes_with(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_killed_worker_ends_the_run(tmp_path):
     out = tmp_path / "out"
     launcher = _launch_cli("-n", "2", "--", "lab", "--out", str(out))
@@ -120,6 +122,7 @@ def test_a_killed_worker_ends_the_run(tmp_path):
     assert not _processes_with(str(out))
 
 
+@pytest.mark.slow
 def test_a_hung_run_ends_at_the_timeout(tmp_path):
     out = tmp_path / "out"
     launcher = _launch_cli("-n", "2", "--timeout", "4", "--", "lab", "--out", str(out))
@@ -133,6 +136,7 @@ def test_a_hung_run_ends_at_the_timeout(tmp_path):
     assert not _processes_with(str(out))
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_the_run(tmp_path):
     out = tmp_path / "out"
     launcher = _launch_cli("-n", "2", "--", "lab", "--out", str(out))
@@ -146,6 +150,7 @@ def test_ctrl_c_ends_the_run(tmp_path):
     assert not _processes_with(str(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mode, code, how",
     [
@@ -255,6 +260,7 @@ def test_bad_input_in_a_real_process_starts_nothing():
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_audit_two_processes_reports_once(tmp_path):
     path = tmp_path / "matmul.json"
     r = subprocess.run(
@@ -279,6 +285,7 @@ def test_audit_two_processes_reports_once(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["matmul.json"]
 
 
+@pytest.mark.slow
 def test_workers_die_with_a_killed_launcher(tmp_path):
     out = tmp_path / "out"
     launcher = _launch_cli("-n", "2", "--timeout", "60", "--", "lab", "--out", str(out))

@@ -81,6 +81,7 @@ def test_sending_each_token_once_per_device_computes_the_one_device_step():
     assert max_error(got_grads, want_grads) < 1e-6
 
 
+@pytest.mark.compiler
 def test_the_h100_compiler_sends_each_token_once_to_each_device_of_its_experts():
     # 16 experts top-4 over 8 devices (two a device) and over 4 (four a device)
     config = _moe(
@@ -147,6 +148,7 @@ def test_mesh_names_for_expert_strategies():
     assert mesh_spec_for("ep_tp", (4, 2)) == "expert=4,model=2"
 
 
+@pytest.mark.compiler
 def test_the_h100_compiler_moves_each_token_to_its_experts_by_all_to_all():
     config = _moe(
         d_model=256,

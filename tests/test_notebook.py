@@ -4,6 +4,7 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from helpers import assert_drawn, bars, read_png
@@ -19,6 +20,7 @@ def test_pair_in_sync():
     ]
 
 
+@pytest.mark.slow
 def test_notebook_executes(tmp_path):
     nb = nbformat.read(NOTEBOOKS / "sharding_taster.ipynb", as_version=4)
     client = NotebookClient(

@@ -124,6 +124,7 @@ def test_fsdp_sp_shards_weights_like_fsdp_tp_and_activations_like_dp_sp():
     assert logits_bytes(fsdp_tp, 4, train=False) == 4 * 2048 * 128256 * 2
 
 
+@pytest.mark.compiler
 def test_the_tpu_compiler_offloads_what_the_estimate_moves_to_the_host():
     """Deviceless TPU v6e: the buffers the compiler puts in host memory are each layer's input
     and its fused query, key and value projection, at the shapes the estimate counts."""

@@ -216,6 +216,7 @@ def test_the_hbm_fraction_is_set_from_the_command_line(capsys, tmp_path):
         assert_usage_error([*argv, "--hbm-fraction", bad], "hbm", capsys)
 
 
+@pytest.mark.compiler
 def test_a_layouts_estimated_plans_launch_its_compiled_steps_kernels():
     two = replace(model_preset("llama3-8b").config(batch=1), layers=2)
     compiled = serve(two, 1, hardware="h100", prompt=64, output=16)

@@ -427,6 +427,7 @@ def test_the_table_holds_the_best_plan_of_each_strategy():
     assert sorted(p.strategy for p in result.plans) == sorted(names)
 
 
+@pytest.mark.slow
 def test_a_plan_beyond_2048_devices_compiles_one_pipeline_stage():
     # A 7B model on 4096 devices: without stages each program needs all 4096 simulated
     # devices (skipped, saying so); with 2 to 16 stages one stage's program needs 2048 to 256.
@@ -735,6 +736,7 @@ def test_plan_for_16_devices_in_a_subprocess(tmp_path):
     assert row["comm_bytes_per_device"] == row["bound_bytes_per_device"]
 
 
+@pytest.mark.slow
 def test_plan_for_more_devices_through_a_worker():
     # this process has 8: one worker simulates 16
     result = plan(
@@ -746,6 +748,7 @@ def test_plan_for_more_devices_through_a_worker():
     assert dp.comm_bytes_per_device == dp.bound_bytes_per_device
 
 
+@pytest.mark.slow
 def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
     from shardscope._src.plan.compile import CompileTask
     from shardscope._src.plan.types import CompiledFacts

@@ -8,7 +8,10 @@ import re
 from pathlib import Path
 
 import jupytext
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow  # a notebook kernel
 
 SEED = Path(__file__).resolve().parent / "fixtures" / "seed" / "jax_sharding_taster.md"
 LAB_ID = "07_gpu_08_jax_sharding_pipeline"

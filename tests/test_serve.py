@@ -59,6 +59,7 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     assert q.cache_bytes_per_device == 32 * 2304 * (2 * 8 * 128 * 80 * 2) // 4
 
 
+@pytest.mark.compiler
 def test_the_best_of_each_layout_is_compiled_by_the_h100_compiler():
     # a decode step compiled deviceless: two all-reduces a layer (the attention's output and
     # the MLP's down projection) and the vocabulary-parallel embedding's, priced as the
@@ -82,6 +83,7 @@ def test_the_best_of_each_layout_is_compiled_by_the_h100_compiler():
         assert p.temp_bytes_per_device > 0
 
 
+@pytest.mark.compiler
 def test_a_tpu_decode_step_reads_its_weights_and_cache_about_once():
     # the TPU compiler slices each weight and copies it (and the cache) into on-chip memory
     # asynchronously: those moves read device memory once, and the matmuls that read them
@@ -99,6 +101,7 @@ def test_a_tpu_decode_step_reads_its_weights_and_cache_about_once():
     assert held <= moved < 1.3 * held
 
 
+@pytest.mark.compiler
 def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch):
     # the served layers are unrolled and alike: compiled at 2 and 3 layers, 6 of Llama 3
     # 70B's decode step holds the memory, moves the bytes, does the FLOPs and all-reduces
@@ -148,6 +151,7 @@ def test_tensor_parallelism_wider_than_the_key_value_heads_replicates_them():
     assert _find(result, "dp_tp", {"data": 2, "model": 8}, 16).kv_replicas == 1
 
 
+@pytest.mark.compiler
 def test_8_bit_weights_and_cache_are_compiled_and_halve_the_decode_steps_traffic():
     config = ModelConfig(
         d_model=1024, heads=8, kv_heads=8, ff=4096, layers=3, vocab=4096, mlp="swiglu",
@@ -193,6 +197,7 @@ def test_fp8_weights_run_the_weights_matmuls_at_the_fp8_rate_where_the_device_ha
     assert saved < h100 <= saved + read(3.35e12)
 
 
+@pytest.mark.compiler
 def test_a_compiled_fp8_prefill_multiplies_by_its_weights_at_the_fp8_rate():
     # two of Llama 3.1 8B's layers prefilling 512 tokens: compute-bound at either rate (0.45
     # TFLOP of the weights' matmuls against 0.9 GB of weights and 0.07 GB of scores a pass)
@@ -264,6 +269,7 @@ def test_a_decode_step_reads_only_the_experts_its_tokens_are_routed_to():
         assert p.decode_memory_s == pytest.approx(moved, rel=1e-9), batch
 
 
+@pytest.mark.compiler
 def test_a_mixtures_layouts_compile_with_the_dispatch_the_roofline_prices():
     # 8 experts, top 2, three layers, on 2 H100s: tensor parallelism over 2, two replicas,
     # and two replicas splitting the experts (the compiled all-to-alls move what the bound
@@ -283,6 +289,7 @@ def test_a_mixtures_layouts_compile_with_the_dispatch_the_roofline_prices():
     assert _find(compiled, "ep_tp", {"expert": 2, "model": 1}, 16).decode_comm_s > 0
 
 
+@pytest.mark.compiler
 def test_a_dropless_mixture_is_served_at_its_routings_imbalance():
     # the busiest expert at 1.5 x its share: every device's dispatch and combine buffers
     # that large, compiled as the roofline prices them
@@ -418,6 +425,7 @@ def test_the_sweep_keeps_what_fits_and_marks_the_front():
     assert {p.tensor_parallel for p in result.plans} <= {1, 2, 4, 8}
 
 
+@pytest.mark.compiler
 def test_a_latency_keeps_the_layouts_that_meet_it():
     # one H100: 16 GB of weights a step at the 2.68 TB/s its matmuls read them at, 6 ms at
     # least, more at the larger batches
@@ -467,6 +475,7 @@ def test_plan_serve_refuses_what_it_would_not_read(tmp_path, capsys):
     assert plans and all(p["compiled_by"] is None for p in plans)
 
 
+@pytest.mark.compiler
 def test_plan_serve_prints_the_plans_and_writes_them(tmp_path, capsys):
     out, png = tmp_path / "serve.json", tmp_path / "serve.png"
     argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "512"]

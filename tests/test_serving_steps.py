@@ -123,6 +123,7 @@ SMALL = ModelConfig(
 )  # fmt: skip
 
 
+@pytest.mark.compiler
 def test_an_8_bit_decode_step_holds_and_reads_8_bits_a_weight_on_the_h100_compiler():
     batch, context = 16, 1024
     audits = _in_16_and_8_bits_on_one_h100(SMALL, batch, context)
@@ -171,6 +172,7 @@ def test_a_decode_steps_attention_core_is_one_kernel_a_layer_reading_its_cache_o
     assert all(per_layer <= c.bytes < per_layer + scores for c in cores)
 
 
+@pytest.mark.compiler
 @pytest.mark.parametrize(
     "strategy, mesh_spec", [("tp", "model=8"), ("dp_tp", "data=2,model=4")], ids=["tp", "dp_tp"]
 )
@@ -258,6 +260,7 @@ def _placed(config, mesh, placement, batch, context, rows):
     return params, cache, tokens, pos
 
 
+@pytest.mark.compiler
 def test_an_expert_parallel_decode_step_dispatches_and_combines_on_the_h100_compiler():
     # 8 experts over expert=4 (two a device), their hidden and the heads over model=2, the
     # 16 sequences over expert (data-parallel attention), each device's 4 routed apart
@@ -360,6 +363,7 @@ def test_8_bit_experts_and_latent_attention_decode_as_the_forward_pass_within_ro
     assert _eight_bit_error(config, fmt)[0] < within
 
 
+@pytest.mark.compiler
 def test_an_8_bit_mixture_with_latent_attention_reads_8_bits_a_weight_on_the_h100_compiler():
     config = ModelConfig(
         d_model=512, heads=8, head_dim=64, ff=1024, layers=2, vocab=1024, mlp="swiglu",

@@ -221,6 +221,7 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.slow
 def test_worker_processes_compile_the_same_proposals(mlp):
     make_step, here = mlp
     there = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=2)

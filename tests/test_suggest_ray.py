@@ -15,6 +15,8 @@ from helpers import assert_usage_error
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.plan.types import SkipReason
 
+pytestmark = pytest.mark.slow  # a Ray cluster
+
 PROGRAMS = Path(__file__).parent / "programs"
 MLP = f"{PROGRAMS / 'flax_mlp.py'}:make_step"
 

@@ -162,6 +162,7 @@ def _four_products(rows: int, memory_bytes: float | None = None):
     return shardscope.audit(f, jax.ShapeDtypeStruct((), jnp.float32), mesh=mesh)
 
 
+@pytest.mark.compiler
 def test_the_gpu_compiler_may_hold_the_whole_device_memory():
     # 61.5 GB of products: over the 76% of the H100's 80 GB that XLA:GPU limits itself to
     # when compiling deviceless (it then logged that it could not rematerialize below
@@ -192,6 +193,7 @@ def test_a_gpu_mesh_told_less_memory_compiles_under_that_limit():
     )
 
 
+@pytest.mark.compiler
 def test_the_planners_target_compile_notes_memory_pressure_and_keeps_it_off_the_terminal(capfd):
     from shardscope._src.model.config import ModelConfig
     from shardscope._src.plan.target import target_facts
@@ -465,6 +467,7 @@ def test_bad_target_input_is_one_line_exit_2(argv, words, capsys):
 _SMALL = dict(d_model=64, heads=4, ff=256, layers=2, vocab=512, seq=32, batch=16)
 
 
+@pytest.mark.compiler
 def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     result = shardscope.plan(
         None,
@@ -528,6 +531,7 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert "compiled again by the h100 compiler" in again.text
 
 
+@pytest.mark.compiler
 def test_the_plan_ranked_first_is_one_the_target_compiled(monkeypatch):
     from dataclasses import replace as copy
 
@@ -558,6 +562,7 @@ def test_the_plan_ranked_first_is_one_the_target_compiled(monkeypatch):
     assert again.values["ranks"] == [1, 2]
 
 
+@pytest.mark.compiler
 def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
     result = shardscope.plan(
         None, 8, hardware="h100", strategies=["fsdp"], compiler="h100", target_plans=1,
@@ -574,6 +579,7 @@ def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
     assert all(n.kind != "all-reduce-for-reduce-scatter" for n in p.notes)
 
 
+@pytest.mark.compiler
 @pytest.mark.parametrize("target", ["h100", "tpu-v5p"])
 def test_a_plan_on_the_target_is_priced_with_its_programs_matmul_flops(target):
     result = shardscope.plan(
@@ -653,6 +659,7 @@ def test_each_compile_only_device_knows_the_target_it_was_made_for():
     assert targets_devices.target_of_device(jax.devices("cpu")[0]) is None
 
 
+@pytest.mark.compiler
 def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(capsys):
     from shardscope._src.cli.main import build_parser, command_config, main
 
@@ -677,6 +684,7 @@ def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(ca
     ]
 
 
+@pytest.mark.compiler
 def test_the_gpu_compiler_plans_a_step_for_the_memory_its_optimizer_state_leaves():
     # _SMALL's parameters: embedding and unembedding, per layer attention (4 d^2), MLP
     # (2 d ff) and two norms, and the final norm.
@@ -702,6 +710,7 @@ def test_the_gpu_compiler_plans_a_step_for_the_memory_its_optimizer_state_leaves
     assert not p.fits
 
 
+@pytest.mark.compiler
 def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(monkeypatch):
     import jax
 

@@ -13,6 +13,7 @@ from jax._src import xla_bridge  # private: JAX has no public query for started 
 from jax.experimental import multihost_utils
 
 from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
+from shardscope._src.base.startup import accelerator_present, start_jax
 
 DEFAULT_CPU_DEVICES = 8
 #: JAX 0.10.2's CPU backend compiles for at most 2048 devices in one process ("Multiprocess
@@ -37,7 +38,10 @@ def use_cpu_devices(n: int | None = None) -> int:
     ``jax_num_cpu_devices`` option and never touches ``XLA_FLAGS``. With ``n=None`` it honours a
     count the user already gave in ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` or
     ``JAX_NUM_CPU_DEVICES=N``, and otherwise asks for 8. On a host with accelerators JAX's
-    default devices stay the real ones; only the CPU platform is affected.
+    default devices stay the real ones; only the CPU platform is affected. On a host without
+    them (unless the user chose JAX's platforms) JAX is limited to its CPU platform, so that
+    the GPU and TPU plugins of the compile extras neither print their start-up errors nor
+    start libtpu; deviceless GPU and TPU targets compile as before.
 
     Returns the number of CPU devices requested. Raises :class:`DeviceSetupError` if JAX's
     backend is already running with a different number.
@@ -62,10 +66,29 @@ def use_cpu_devices(n: int | None = None) -> int:
             f"first JAX computation: restart the Python process or notebook kernel and make it "
             f"the first thing you run."
         )
+    _cpu_platform_only()
     if n is None and flagged is not None:
         return flagged  # The user's own flag decides; JAX reads it when the backend starts.
     jax.config.update("jax_num_cpu_devices", requested)  # type: ignore[no-untyped-call]
     return requested
+
+
+def _cpu_platform_only() -> None:
+    """Limits JAX to its CPU platform where this host has no accelerator and the user chose
+    no platforms (``JAX_PLATFORMS`` or ``jax_platforms``), and registers JAX's plugins now,
+    with their start-up lines dropped.
+
+    Without it, the first computation asks every installed plugin for a backend: the CUDA
+    plugin prints a traceback for want of a driver and libtpu searches for chips. Limited to
+    the CPU, the CUDA plugin registers without its driver check and libtpu's backend is never
+    started; the compile-only topologies of both stay available.
+    """
+    # JAX reads an option that has a context manager as an attribute (config.read refuses
+    # it), which its type stubs do not declare.
+    if jax.config.jax_platforms or accelerator_present():  # type: ignore[attr-defined]
+        return
+    jax.config.update("jax_platforms", "cpu")  # type: ignore[no-untyped-call]
+    start_jax()
 
 
 def _count(n: object) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shardscope._src.base.errors import TargetError
-from shardscope._src.targets.plugins import module_present, prepare_targets, quiet_plugin_start
+from shardscope._src.base.startup import module_present, quiet_plugin_start
+from shardscope._src.targets.plugins import prepare_targets
 from shardscope._src.targets.specs import GPU_SPECS, Family, Target, get_target
 from shardscope._src.targets.topology import GpuTopology, Topology, topology
 
