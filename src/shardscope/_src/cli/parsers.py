@@ -419,7 +419,7 @@ def add_plan_parser(sub: Any) -> None:
     # its shape, where the library's default is a preset
     add_request_options(p, PlanRequest, skip=("model",), required=("devices",))
     _hardware_settings_options(p)
-    _plan_output_options(p)
+    _output_options(p, chart="the chart of step time against the memory that decided the fit")
     _plan_serve_options(p)
     p.set_defaults(config=PlanConfig)
 
@@ -458,12 +458,8 @@ def add_serve_parser(sub: Any) -> None:
         required=("model", "devices", "prompt", "output"),
     )
     _hardware_settings_options(p)
-    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
-    p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
-    p.add_argument(
-        "--png",
-        metavar="FILE",
-        help="write the chart of time per output token against throughput per chip",
+    _output_options(
+        p, chart="the chart of time per output token against throughput per chip", report=False
     )
     p.set_defaults(config=ServeConfig)
 
@@ -560,16 +556,13 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _plan_output_options(p: argparse.ArgumentParser) -> None:
-    """What is shown and written."""
+def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = True) -> None:
+    """What a planning command shows and writes: ``--png`` draws ``chart``."""
     p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
     p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
-    p.add_argument(
-        "--png",
-        metavar="FILE",
-        help="write the chart of step time against the memory that decided the fit",
-    )
-    p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+    p.add_argument("--png", metavar="FILE", help=f"write {chart}")
+    if report:
+        p.add_argument("--report", metavar="FILE", help="write a Markdown report")
 
 
 def add_shard_parser(sub: Any) -> None:

@@ -62,6 +62,33 @@ def _model_help() -> str:
     )
 
 
+# The knobs both a training plan and a serving plan take (a field is made once a request type).
+
+
+def _hardware_knob() -> Any:
+    return knob("h100", "hardware preset", kind=Kind.CHOICE, choices=tuple(PRESETS))
+
+
+def _imbalance_knob() -> Any:
+    return knob(
+        None,
+        "a dropless mixture of experts' routing: the busiest expert's tokens over its even share",
+        kind=Kind.NUMBER,
+        metavar="X",
+        default_text="the model's; 1 for a preset",
+    )
+
+
+def _dispatch_once_knob() -> Any:
+    return knob(
+        None,
+        "a mixture of experts: send each token once to each device holding any of its "
+        "experts and sum its outputs there (DeepEP's), not once per expert",
+        kind=Kind.SWITCH,
+        default_text="the model's; once per expert for a preset",
+    )
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A plan of ``model`` on ``devices`` accelerators: every strategy, mesh shape,
@@ -181,9 +208,7 @@ class PlanRequest:
         None, "sequence length", kind=Kind.COUNT, metavar="N", default_text="the preset's"
     )
     mode: str = knob(Mode.TRAIN, "the step planned", kind=Kind.CHOICE, choices=tuple(MODES))
-    hardware: str | Hardware = knob(
-        "h100", "hardware preset", kind=Kind.CHOICE, choices=tuple(PRESETS)
-    )
+    hardware: str | Hardware = _hardware_knob()
     hardware_overrides: Mapping[str, float] = field(default_factory=dict)
     strategies: Sequence[str] | None = knob(
         None,
@@ -234,20 +259,8 @@ class PlanRequest:
         kind=Kind.SWITCH,
         default_text="try both",
     )
-    imbalance: float | None = knob(
-        None,
-        "a dropless mixture of experts' routing: the busiest expert's tokens over its even share",
-        kind=Kind.NUMBER,
-        metavar="X",
-        default_text="the model's; 1 for a preset",
-    )
-    dispatch_once: bool | None = knob(
-        None,
-        "a mixture of experts: send each token once to each device holding any of its "
-        "experts and sum its outputs there (DeepEP's), not once per expert",
-        kind=Kind.SWITCH,
-        default_text="the model's; once per expert for a preset",
-    )
+    imbalance: float | None = _imbalance_knob()
+    dispatch_once: bool | None = _dispatch_once_knob()
     microbatches: int | None = knob(
         None,
         "micro-batches per data shard",
@@ -437,9 +450,7 @@ class ServeRequest:
     _: KW_ONLY
     prompt: int = knob(REQUIRED, "prompt tokens", kind=Kind.COUNT, metavar="N")
     output: int = knob(REQUIRED, "output tokens", kind=Kind.COUNT, metavar="N")
-    hardware: str | Hardware = knob(
-        "h100", "hardware preset", kind=Kind.CHOICE, choices=tuple(PRESETS)
-    )
+    hardware: str | Hardware = _hardware_knob()
     hardware_overrides: Mapping[str, float] = field(default_factory=dict)
     batch: int | None = knob(
         None,
@@ -475,20 +486,8 @@ class ServeRequest:
         choices=("cpu", *PRESETS),
         default_text="the hardware's own where it has one",
     )
-    imbalance: float | None = knob(
-        None,
-        "a dropless mixture of experts' routing: the busiest expert's tokens over its even share",
-        kind=Kind.NUMBER,
-        metavar="X",
-        default_text="the model's; 1 for a preset",
-    )
-    dispatch_once: bool | None = knob(
-        None,
-        "a mixture of experts: send each token once to each device holding any of its "
-        "experts and sum its outputs there (DeepEP's), not once per expert",
-        kind=Kind.SWITCH,
-        default_text="the model's; once per expert for a preset",
-    )
+    imbalance: float | None = _imbalance_knob()
+    dispatch_once: bool | None = _dispatch_once_knob()
     rate: float | None = knob(
         None,
         "requests a second, arriving at random: each layout's latencies as its requests see "
