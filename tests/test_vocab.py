@@ -15,6 +15,7 @@ from shardscope._src.hlo.groups import GroupMode
 from shardscope._src.model.config import MODES, REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.candidates import screen
 from shardscope._src.plan.estimates import MatmulDtype, estimate_memory, model_flops
+from shardscope._src.plan.request import PlanRequest
 from shardscope._src.plan.sweep import plan
 from shardscope._src.plan.timing import OverlapClass, step_bound
 from shardscope._src.sharding.programs import build_reference_program
@@ -109,8 +110,10 @@ def test_the_reference_programs_default_to_forward_and_the_planner_to_train():
     # As Mode's docstring documents.
     for fn in (build_reference_program, transformer_bound, transformer_verdict):
         assert _default(fn) == "forward", fn.__name__
-    for fn in (plan, screen, estimate_memory, step_bound, model_flops):
+    for fn in (screen, estimate_memory, step_bound, model_flops):
         assert _default(fn) == "train", fn.__name__
+    # plan() takes its knobs as the request's fields, with the request's defaults
+    assert PlanRequest().mode == "train"
 
 
 def test_a_diff_row_writes_its_status_as_the_string():
