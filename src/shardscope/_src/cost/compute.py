@@ -203,6 +203,27 @@ def launch_seconds(hw: Hardware, kernels: int) -> float:
     return kernels * hw.kernel_launch_s
 
 
+def serial_seconds(compute_s: float, comm_s: float) -> float:
+    """A step whose communication hides behind none of its compute: the two one after the
+    other (a program's plan and ``suggest``'s screen time their steps so, and a training plan
+    the time model did not time).
+
+    >>> serial_seconds(2.0, 0.5)
+    2.5
+    """
+    return compute_s + comm_s
+
+
+def hidden_seconds(compute_s: float, comm_s: float) -> float:
+    """A step whose communication hides wholly behind its compute (or the reverse): the
+    longer of the two, the least a step of them can take.
+
+    >>> hidden_seconds(2.0, 0.5)
+    2.0
+    """
+    return max(compute_s, comm_s)
+
+
 def by_kernel(hw: Hardware) -> bool:
     """Whether ``hw`` runs a compiled program kernel by kernel, each reading its operands
     from HBM: a GPU (by its target's family, whether or not its compiler is at hand). A TPU

@@ -58,7 +58,7 @@ from shardscope._src.base.records import record_dict
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.cost.compute import matmul_seconds
+from shardscope._src.cost.compute import hidden_seconds, matmul_seconds, serial_seconds
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
@@ -201,11 +201,11 @@ class ProgramPlan:
 
     @property
     def step_time_s(self) -> float:
-        return self.compute_time_s + self.comm_time_s
+        return serial_seconds(self.compute_time_s, self.comm_time_s)
 
     @property
     def step_time_overlap_s(self) -> float:
-        return max(self.compute_time_s, self.comm_time_s)
+        return hidden_seconds(self.compute_time_s, self.comm_time_s)
 
     @property
     def analysis_s(self) -> float:

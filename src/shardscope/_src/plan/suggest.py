@@ -68,7 +68,7 @@ from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
-from shardscope._src.cost.compute import matmul_seconds
+from shardscope._src.cost.compute import matmul_seconds, serial_seconds
 from shardscope._src.cost.links import collective_seconds
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
@@ -130,7 +130,7 @@ class Screen:
 
     @property
     def step_time_s(self) -> float:
-        return self.compute_time_s + self.comm_time_s
+        return serial_seconds(self.compute_time_s, self.comm_time_s)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from shardscope._src.base.notes import Note
 from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
+from shardscope._src.cost.compute import hidden_seconds, serial_seconds
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
@@ -414,12 +415,12 @@ class Plan:
         nothing overlapped."""
         if self.time is not None:
             return self.time.step_s
-        return self.compute_time_s + self.comm_time_s
+        return serial_seconds(self.compute_time_s, self.comm_time_s)
 
     @property
     def step_time_overlap_s(self) -> float:
         """Communication perfectly hidden behind compute (or the reverse)."""
-        return max(self.compute_time_s, self.comm_time_s)
+        return hidden_seconds(self.compute_time_s, self.comm_time_s)
 
     def to_dict(self) -> dict[str, Any]:
         out = record_dict(
