@@ -13,7 +13,7 @@ from shardscope._src.base.errors import PlanError
 from shardscope._src.base.knobs import knob_of
 from shardscope._src.cli.main import command_config, main
 from shardscope._src.cli.parsers import build_parser
-from shardscope._src.plan.request import ServeRequest
+from shardscope._src.plan.request import PlanRequest, ProgramRequest, ServeRequest, SuggestRequest
 from shardscope._src.plan.serve import serve, serve_request
 
 BASE = ["--model", "llama3-8b", "--devices", "1", "--prompt", "512", "--output", "128"]
@@ -101,3 +101,29 @@ def test_a_compiled_plan_keeps_the_estimate_it_replaced():
     # the JSON holds the plan's own figures, as before
     assert "estimate" not in compiled.to_dict()
     assert compiled.to_dict()["decode_step_s"] == compiled.decode_step_s
+
+
+@pytest.mark.parametrize(
+    "command, request_type",
+    [
+        ("serve", ServeRequest),
+        ("plan", PlanRequest),
+        ("plan", ProgramRequest),
+        ("shard", SuggestRequest),
+    ],
+    ids=["serve", "plan", "plan-program", "shard"],
+)
+def test_each_request_knob_is_one_option_of_its_command(command, request_type):
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    by_dest = {a.dest: a for a in sub._actions}
+    knobs = [f for f in fields(request_type) if knob_of(f) is not None]
+    assert knobs
+    for f in knobs:
+        spec, action = knob_of(f), by_dest.get(f.name)
+        if action is None:  # plan's --model is its own: without it, a model given by its shape
+            assert (command, f.name) == ("plan", "model")
+            continue
+        assert spec.option(f.name) in action.option_strings, f.name
+        assert action.default is None, f.name  # not given: the request's default applies
+        if spec.default_text is not None and not action.required:
+            assert f"(default: {spec.default_text})" in action.help, f.name

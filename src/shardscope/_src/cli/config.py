@@ -328,7 +328,7 @@ class ShardConfig(HardwareOptions):
     logical_axes: str | None
     axis_types: str | None
     compiles: int | None
-    compare: bool
+    compare: bool | None
     ray: str | None
     workers: int | None
     top: int | None

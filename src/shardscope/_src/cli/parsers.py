@@ -44,7 +44,9 @@ from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.plan.request import (
     DEFAULT_REQUEST,
     PlanRequest,
+    ProgramRequest,
     ServeRequest,
+    SuggestRequest,
 )
 from shardscope._src.sharding.strategies import STRATEGIES
 from shardscope._src.targets.hardware import PRESETS
@@ -479,23 +481,8 @@ def _plan_what_options(p: argparse.ArgumentParser) -> None:
         help="plan your own program: FUNCTION(mesh) (or FUNCTION(mesh, rules)) returns the "
         "jitted step and its arguments",
     )
-    p.add_argument(
-        "--rules",
-        metavar="FILE",
-        help='candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: '
-        "[[logical, mesh axes], ...]}} (default: the program's RULES, if it has one)",
-    )
-    p.add_argument(
-        "--rule-set", metavar="NAME", help="plan only this rule set of the rules (default: all)"
-    )
-    p.add_argument("--axes", metavar="LIST", help="mesh axis names, e.g. data,model")
+    add_request_options(p, ProgramRequest, skip=("axis_types",))
     add_axis_types_option(p)
-    p.add_argument(
-        "--meshes",
-        metavar="LIST",
-        help="mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1' "
-        "(default: every way to spread the devices over the axes)",
-    )
 
 
 def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
@@ -584,9 +571,6 @@ def add_shard_parser(sub: Any) -> None:
         help="FUNCTION(mesh, rules) returns the jitted step and its arguments, named with "
         "logical axes (Flax's with_partitioning, shardscope.logical_to_spec)",
     )
-    p.add_argument(
-        "--devices", type=positive_int, required=True, metavar="N", help="accelerators to plan for"
-    )
     _plan_hardware_options(p, " the steps are timed on")
     p.add_argument(
         "--compiler",
@@ -594,45 +578,8 @@ def add_shard_parser(sub: Any) -> None:
         help="the compiler that verifies the proposals: the hardware's own (deviceless, the "
         "default where it has one) or cpu (simulated CPU devices)",
     )
-    p.add_argument(
-        "--rules",
-        metavar="FILE",
-        help="your own rule sets, JSON as plan --program reads them (default: the program's "
-        "RULES): their names are searched and their best plan is the yardstick",
-    )
-    p.add_argument("--axes", metavar="LIST", help="mesh axis names (default data,model)")
-    p.add_argument(
-        "--logical-axes",
-        metavar="LIST",
-        help="the program's logical axis names, when no rules name them, e.g. batch,embed,mlp",
-    )
+    add_request_options(p, SuggestRequest, required=("devices",))
     add_axis_types_option(p)
-    p.add_argument(
-        "--compiles",
-        type=positive_int,
-        metavar="N",
-        help="how many candidates the compiler verifies (default 12)",
-    )
-    p.add_argument(
-        "--no-compare",
-        dest="compare",
-        action="store_false",
-        help="skip compiling your own rule sets (on every mesh shape) as the yardstick",
-    )
-    p.add_argument(
-        "--ray",
-        metavar="ADDRESS",
-        help="compile on the Ray cluster whose head is at HOST:PORT ('auto': the one this "
-        "machine belongs to); its nodes read the program file at the same path "
-        "(pip install 'shardscope[ray]')",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="compile in N worker processes on this machine (0: in this process; default: 2 "
-        "on two or more cores)",
-    )
     p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
     p.add_argument(
         "--out",

@@ -13,11 +13,12 @@ from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.args import PROG, UsageError
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import ShardConfig
+from shardscope._src.cli.options import given
 from shardscope._src.cli.paths import check_output_paths, print_written
 from shardscope._src.cli.plan import check_program_devices
 from shardscope._src.plan.cluster import check_address
-from shardscope._src.plan.request import DEFAULT_COMPILES, DEFAULT_REQUEST
-from shardscope._src.plan.suggest import suggest
+from shardscope._src.plan.request import DEFAULT_REQUEST, SuggestRequest
+from shardscope._src.plan.suggest import suggest_request
 from shardscope._src.render.console import output_console
 from shardscope._src.render.suggest import render_suggest, suggest_markdown_report
 from shardscope._src.sharding.rules import load_rules_file
@@ -53,8 +54,6 @@ def check_shard(c: ShardConfig) -> None:
         load_rules_file(c.rules)
     if c.ray is not None:
         check_address(c.ray)  # within seconds, before the program is built
-    if c.workers is not None and c.workers < 0:
-        raise UsageError(f"{PROG} shard: --workers {c.workers}: give 0 or more")
 
 
 def _names(text: str | None, flag: str) -> list[str] | None:
@@ -72,22 +71,20 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
     if target is None and c.ray is None:
         simulate_devices(c.devices)
     make_step = load_program(c.program)
-    result = suggest(
+    knobs = given(c, SuggestRequest, skip=("devices", "axes", "logical_axes"))
+    request = SuggestRequest(
         make_step,
         c.devices,
         target=target,
         hardware=hardware,
         hardware_overrides=c.hardware_overrides,
-        rules=c.rules,
         logical_axes=_names(c.logical_axes, "--logical-axes"),
         axes=_names(c.axes, "--axes"),
-        compiles=c.compiles or DEFAULT_COMPILES,
         axis_types=c.axis_types,
         name=c.program,
-        compare=c.compare,
-        ray=c.ray,
-        workers=c.workers,
+        **knobs,
     )
+    result = suggest_request(request)
     if console is None:
         console = output_console(piped_width=150, stderr=c.json == STDOUT)
     render_suggest(result, console=console, top=c.top)

@@ -579,10 +579,23 @@ class ProgramRequest:
     make_step: Callable[..., Any]
     devices: int = 8
     _: KW_ONLY
-    rules: Any = None
-    rule_set: str | None = None
-    axes: Sequence[str] | None = None
-    meshes: Sequence[str | Mapping[str, int]] | None = None
+    rules: Any = knob(
+        None,
+        'candidate logical-axis rule sets, JSON: {"axes": [...], "rules": {name: [[logical, '
+        "mesh axes], ...]}}",
+        metavar="FILE",
+        default_text="the program's RULES, if it has one",
+    )
+    rule_set: str | None = knob(
+        None, "plan only this rule set of the rules", metavar="NAME", default_text="all"
+    )
+    axes: Sequence[str] | None = knob(None, "mesh axis names, e.g. data,model", metavar="LIST")
+    meshes: Sequence[str | Mapping[str, int]] | None = knob(
+        None,
+        "mesh shapes to try, ';'-separated, e.g. 'data=4,model=2;data=8,model=1'",
+        metavar="LIST",
+        default_text="every way to spread the devices over the axes",
+    )
     hardware: str | Hardware | None = None
     hardware_overrides: Mapping[str, float] | None = None
     target: str | None = None
@@ -592,6 +605,8 @@ class ProgramRequest:
 
 #: How many candidates ``suggest`` compiles unless told otherwise.
 DEFAULT_COMPILES = 12
+#: The mesh axes ``suggest`` searches when neither the rules nor the caller name any.
+DEFAULT_AXES = ("data", "model")
 
 
 @dataclass(frozen=True)
@@ -603,18 +618,51 @@ class SuggestRequest:
     """
 
     make_step: Callable[..., Any]
-    devices: int = 8
+    devices: int = knob(8, "accelerators to plan for", kind=Kind.COUNT, metavar="N")
     _: KW_ONLY
     target: str | None = None
     hardware: str | Hardware | None = None
     hardware_overrides: Mapping[str, float] | None = None
-    rules: Any = None
-    logical_axes: Sequence[str] | None = None
-    axes: Sequence[str] | None = None
-    compiles: int = DEFAULT_COMPILES
+    rules: Any = knob(
+        None,
+        "your own rule sets, JSON as plan --program reads them: their names are searched and "
+        "their best plan is the yardstick",
+        metavar="FILE",
+        default_text="the program's RULES",
+    )
+    logical_axes: Sequence[str] | None = knob(
+        None,
+        "the program's logical axis names, when no rules name them, e.g. batch,embed,mlp",
+        metavar="LIST",
+    )
+    axes: Sequence[str] | None = knob(
+        None, "mesh axis names", metavar="LIST", default_text=",".join(DEFAULT_AXES)
+    )
+    compiles: int = knob(
+        DEFAULT_COMPILES,
+        "how many candidates the compiler verifies",
+        kind=Kind.COUNT,
+        metavar="N",
+    )
     axis_types: Any = None
     name: str | None = None
-    compare: bool = True
+    compare: bool = knob(
+        True,
+        "compile your own rule sets (on every mesh shape) as the yardstick of each proposal",
+        kind=Kind.SWITCH,
+    )
     args: Sequence[Any] | None = None
-    workers: int | None = None
-    ray: str | bool | None = None
+    workers: int | None = knob(
+        None,
+        "compile in N worker processes on this machine (0: in this process)",
+        kind=Kind.WHOLE,
+        metavar="N",
+        default_text="2 on two or more cores",
+    )
+    ray: str | bool | None = knob(
+        None,
+        "compile on the Ray cluster whose head is at HOST:PORT ('auto': the one this machine "
+        "belongs to); its nodes read the program file at the same path (pip install "
+        "'shardscope[ray]')",
+        metavar="ADDRESS",
+    )

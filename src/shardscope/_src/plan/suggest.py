@@ -94,7 +94,7 @@ from shardscope._src.plan.program import (
     rank_plans,
     target_hardware,
 )
-from shardscope._src.plan.request import ProgramRequest, SuggestRequest
+from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
 from shardscope._src.plan.types import Skipped
 from shardscope._src.plan.worker import WorkerPool
 from shardscope._src.sharding.rules import (
@@ -110,8 +110,6 @@ from shardscope._src.sharding.rules import (
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import CPU_TARGET, get_target
 
-#: The mesh axes searched when neither the rules nor the caller name any.
-DEFAULT_AXES = ("data", "model")
 #: The rule set name the written rules file holds.
 SUGGESTED = "suggested"
 
