@@ -117,7 +117,7 @@ def run_case(case: str, workers: int | None, extra: list[str]) -> dict:
         "peak_rss_mb": peak / 2**20,
         "best": (
             f"{best['strategy']} {best['mesh']} (m={best['microbatches']}, {best['remat']}"
-            f" recompute): step {best['est_step_time_s']:.3g} s, MFU {best['mfu']:.0%}"
+            f" recompute): step {best['step_time_s']:.3g} s, MFU {best['mfu']:.0%}"
             if best
             else "none fits the device memory"
         ),

@@ -314,7 +314,7 @@ def test_plan_json_has_the_promised_fields(sweep):
         "strategy",
         "memory_bytes_per_device",
         "comm_bytes_per_device",
-        "est_step_time_s",
+        "step_time_s",
         "fits",
         "memory",
         "comm",
@@ -322,7 +322,7 @@ def test_plan_json_has_the_promised_fields(sweep):
         "pareto",
     ):
         assert key in data["plans"][0], key
-    times = [(not p["fits"], p["est_step_time_s"]) for p in data["plans"]]
+    times = [(not p["fits"], p["step_time_s"]) for p in data["plans"]]
     assert times == sorted(times)
 
 
@@ -592,7 +592,7 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
     # Both plans, ranked: those that fit first, then by step time.
     assert sorted(p["strategy"] for p in data["plans"]) == ["dp", "tp"]
     assert [p["rank"] for p in data["plans"]] == [1, 2]
-    keys = [(not p["fits"], p["est_step_time_s"]) for p in data["plans"]]
+    keys = [(not p["fits"], p["step_time_s"]) for p in data["plans"]]
     assert keys == sorted(keys)
     assert data["hardware"]["name"] == "tpu-v5e"
     assert data["hardware"]["link_bandwidth"] == 1e11
@@ -730,7 +730,7 @@ def test_plan_for_16_devices_in_a_subprocess(tmp_path):
     assert [(s["strategy"], s["mesh"], s["reason"]) for s in data["skipped"]] == [
         ("tp", "model=16", "divisibility")  # 8 heads
     ]
-    keys = [(not p["fits"], p["est_step_time_s"]) for p in data["plans"]]
+    keys = [(not p["fits"], p["step_time_s"]) for p in data["plans"]]
     assert keys == sorted(keys)
     row = next(p for p in data["plans"] if p["mesh"] == "data=2,model=8")
     assert row["comm_bytes_per_device"] == row["bound_bytes_per_device"]

@@ -112,7 +112,7 @@ def test_plans_write_their_estimates_under_the_plan_keys():
     data = program.to_dict()
     for d in (plan, data):
         assert d["mesh"] == "data=2,model=4" and d["mesh_shape"] == {"data": 2, "model": 4}
-        assert d["est_step_time_s"] == 4.0 and d["est_step_time_overlap_s"] == 3.0
+        assert d["step_time_s"] == 4.0 and d["step_time_overlap_s"] == 3.0
         assert d["comm_bytes_per_device"] == 0 and "memory_limit_bytes" not in d
     assert plan["memory_bytes_per_device"] == 15 and plan["memory"]["total"] == 15
     assert plan["compiled_memory_bytes_per_device"] == 120 and plan["bound_ratio"] == 1.0

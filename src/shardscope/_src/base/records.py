@@ -26,8 +26,10 @@ def _version(dist: str) -> str | None:
 
 
 VERSION = _version("shardscope") or "0+unknown"
-SCHEMA_VERSION = 2  # of every JSON result the command line writes; raised when a field changes
+SCHEMA_VERSION = 3  # of every JSON result the command line writes; raised when a field changes
 # 2: notes (and fit_note, empty_reason) are objects {"kind", "text", "values"[, "params"]}
+# 3: a plan's step time is "step_time_s" (and "step_time_overlap_s"), not "est_step_time_s":
+#    a compiled plan's step is not an estimate (``plan_step_time`` reads either)
 
 STDOUT = "-"  # a result path that means standard output
 

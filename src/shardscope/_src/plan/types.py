@@ -226,9 +226,21 @@ class Validation(Record):
 PLAN_KEYS = {
     "mesh": "mesh_shape",
     "mesh_spec": "mesh",
-    "step_time_s": "est_step_time_s",
-    "step_time_overlap_s": "est_step_time_overlap_s",
 }
+#: The keys that held a plan's step times before schema version 3.
+OLD_STEP_KEYS = {"step_time_s": "est_step_time_s", "step_time_overlap_s": "est_step_time_overlap_s"}
+
+
+def plan_step_time(plan: Mapping[str, Any], key: str = "step_time_s") -> float:
+    """A plan's step time (or ``key``, ``"step_time_overlap_s"``) from its JSON, as any
+    schema version wrote it (before version 3: ``est_step_time_s``).
+
+    >>> plan_step_time({"est_step_time_s": 2.5}), plan_step_time({"step_time_s": 2.0})
+    (2.5, 2.0)
+    """
+    if key in plan:
+        return float(plan[key])
+    return float(plan[OLD_STEP_KEYS[key]])
 PLAN_EXTRA = (
     "mesh_spec",
     "memory_bytes_per_device",
