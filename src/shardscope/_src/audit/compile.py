@@ -573,15 +573,25 @@ def compile_lowered(lowered: Any, **compiler_options: Any) -> Any:
     compile time) raises :class:`DeviceMemoryError` with its own words."""
     try:
         return lowered.compile(compiler_options=compiler_options or None)
-    except Exception as e:  # JaxRuntimeError; its class is not public API
-        words = str(e)
-        if "RESOURCE_EXHAUSTED" not in words:
+    except jax.errors.JaxRuntimeError as e:
+        words = _out_of_memory(e)
+        if words is None:
             raise
-        words = words.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()[0]
         raise DeviceMemoryError(
             f"the program does not fit in device memory, says the compiler: {words}; shard "
             f"it over more devices or make it smaller (batch, sequence, rematerialization)"
         ) from None
+
+
+def _out_of_memory(error: Exception) -> str | None:
+    """The compiler's own words when ``error`` says the program does not fit in device
+    memory, else None. XLA's status code reaches Python only in the message's text
+    (``JaxRuntimeError`` carries no code in JAX 0.10.2), so this one check reads it."""
+    words = str(error)
+    if "RESOURCE_EXHAUSTED" not in words:
+        return None
+    rest = words.split("RESOURCE_EXHAUSTED:", 1)[-1].strip().splitlines()
+    return rest[0] if rest else ""
 
 
 def _target_mesh_for(

@@ -241,6 +241,8 @@ def plan_step_time(plan: Mapping[str, Any], key: str = "step_time_s") -> float:
     if key in plan:
         return float(plan[key])
     return float(plan[OLD_STEP_KEYS[key]])
+
+
 PLAN_EXTRA = (
     "mesh_spec",
     "memory_bytes_per_device",
