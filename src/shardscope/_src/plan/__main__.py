@@ -3,7 +3,7 @@ stdin on N simulated CPU devices (see :mod:`shardscope._src.plan.worker`)."""
 
 import sys
 
-from shardscope._src.plan.worker import serve
+from shardscope._src.plan.worker import work
 
 if __name__ == "__main__":
-    raise SystemExit(serve(int(sys.argv[1]), targets="targets" in sys.argv[2:]))
+    raise SystemExit(work(int(sys.argv[1]), targets="targets" in sys.argv[2:]))

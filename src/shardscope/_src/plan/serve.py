@@ -974,7 +974,7 @@ def _plan(
 COMPILES_PER_LAYOUT = 4
 
 #: Decode steps compiled at most after those, while an estimated plan ranks first.
-LEADER_COMPILES = 4
+SERVE_LEADER_COMPILES = 4
 
 
 def _key(plan: ServePlan) -> str:
@@ -1091,10 +1091,10 @@ def _compile_leaders(
     latency: float | None,
 ) -> list[ServePlan]:
     """``plans`` (those that fit) with the first-ranked one compiled while it is an estimate
-    (at most :data:`LEADER_COMPILES`): a layout's smaller batch may pass its compiled
+    (at most :data:`SERVE_LEADER_COMPILES`): a layout's smaller batch may pass its compiled
     largest by the roofline, and the compiled program says whether it does (a misfit
     dropped). Among the plans that meet ``latency``, where given."""
-    for _ in range(LEADER_COMPILES):
+    for _ in range(SERVE_LEADER_COMPILES):
         meeting = [p for p in plans if latency is None or p.decode_step_s <= latency]
         top = min(meeting, key=_RANK, default=None)
         if top is None or top.compiled_by is not None:

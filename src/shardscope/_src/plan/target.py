@@ -164,7 +164,7 @@ def check_compiler(
 
 #: The most target compiles that follow the leading plans' while a plan the target's compiler
 #: has not compiled ranks first.
-LEADER_COMPILES = 3
+TARGET_LEADER_COMPILES = 3
 
 
 def recompile_on_target(
@@ -182,7 +182,7 @@ def recompile_on_target(
     again, in the screening's order, until ``leading`` of them fit the device memory by what
     its programs hold (or ``3 x leading`` are compiled, or the list ends), the rest kept as
     screened; then, while a plan it has not compiled ranks first, that one too (at most
-    :data:`LEADER_COMPILES`), so that the best plan is the target's program. A plan whose
+    :data:`TARGET_LEADER_COMPILES`), so that the best plan is the target's program. A plan whose
     compile failed is not tried again."""
 
     out: list[Plan] = []
@@ -197,7 +197,7 @@ def recompile_on_target(
         if progress:
             progress(i, budget, f"{p.label} on {target.name}")
     ranked = sorted(out + order[len(out) :], key=rank)
-    for _ in range(LEADER_COMPILES):
+    for _ in range(TARGET_LEADER_COMPILES):
         first = ranked[0] if ranked else None
         if first is None or first.compiled_by == target:
             break

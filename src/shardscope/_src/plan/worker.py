@@ -1,7 +1,7 @@
 """Worker processes for the planner: each simulates N CPU devices and compiles plans.
 
 A worker is ``python -m shardscope._src.plan N`` (:mod:`shardscope._src.plan.__main__`, which
-runs :func:`serve`): it reads pickled tasks (:class:`~shardscope._src.plan.tasks.Task`) on
+runs :func:`work`): it reads pickled tasks (:class:`~shardscope._src.plan.tasks.Task`) on
 stdin and writes, pickled, what each one's ``run()`` returns or its :class:`TaskFailure` on
 its original stdout (anything else printed there goes to stderr).
 Plain subprocesses rather than ``multiprocessing`` so that the caller's ``__main__`` is never
@@ -156,7 +156,7 @@ def run_tasks(
         yield from pool.run(tasks)
 
 
-def serve(devices: int, targets: bool = False) -> int:
+def work(devices: int, targets: bool = False) -> int:
     """The worker's loop: simulate ``devices`` devices (``targets``: and set up the deviceless
     compilers), then answer each task read on stdin with :func:`run_task` (what its
     ``run()`` returns, or the :class:`TaskFailure` of what it raised) until stdin ends."""
