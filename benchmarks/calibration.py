@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 
 from shardscope import ModelConfig, hardware
 from shardscope._src.model.presets import model_preset
-from shardscope._src.plan.candidates import estimate
-from shardscope._src.plan.types import Candidate
 from shardscope._src.targets.hardware import h100_attention
+from shardscope._src.train.candidates import estimate
+from shardscope._src.train.types import Candidate
 
 GIB = 2**30
 

@@ -12,7 +12,6 @@ from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.check import Standing, standing, within_bound
 from shardscope._src.check.compare import Verdict, VerdictNote, compare
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.validate import reduce_scatter_note
 from shardscope._src.targets.capabilities import (
     BY_PLATFORM,
     CPU_COMPILER,
@@ -21,6 +20,7 @@ from shardscope._src.targets.capabilities import (
     compiler_capabilities,
 )
 from shardscope._src.targets.specs import TARGETS
+from shardscope._src.train.validate import reduce_scatter_note
 
 
 @pytest.mark.parametrize(

@@ -31,16 +31,17 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "model/presets.py": [("plan",)],
     "model/config.py": [("plan",)],
     "model/serving.py": [("plan",)],
-    "plan/program.py": [("plan",)],
-    "plan/candidates.py": [("plan",)],
+    "program/program.py": [("plan",)],
+    "train/candidates.py": [("plan",)],
     "plan/estimates.py": [("plan",)],
     "plan/request.py": [("plan",)],
-    "plan/sweep.py": [("plan",)],
-    "plan/serve.py": [("plan",), ("serve",)],
-    "plan/suggest.py": [("shard",)],
+    "train/sweep.py": [("plan",)],
+    "serve/serve.py": [("plan",), ("serve",)],
+    "suggest/suggest.py": [("shard",)],
     "plan/cluster.py": [("shard",)],
-    "plan/target.py": [("plan",)],
+    "train/target.py": [("plan",)],
     "plan/types.py": [("plan",)],
+    "train/types.py": [("plan",)],
     "sharding/rules.py": [("audit", "program"), ("plan",)],
     "sharding/strategies.py": [("audit", "transformer")],
 }
@@ -50,11 +51,11 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     # check_dims: the model dimensions and sizes the planner takes
     ("plan/request.py", "name"): {"batch", "seq", "d_model", "heads", "ff", "layers", "vocab"},
     # _resolve: the dimensions missing from a model given by its shape
-    ("plan/sweep.py", "tuple(missing)"): {"d_model", "heads", "ff", "layers"},
+    ("train/sweep.py", "tuple(missing)"): {"d_model", "heads", "ff", "layers"},
     # ServeRequest's counts and formats, checked in loops
     ("plan/request.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
     # serve()'s refusal of what fits nowhere names what to change (_no_fit)
-    ("plan/serve.py", "param"): {"devices", "batch", "context"},
+    ("serve/serve.py", "param"): {"devices", "batch", "context"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
 }

@@ -17,7 +17,6 @@ from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER  # 
 from shardscope._src.base.errors import StrategyError  # noqa: E402
 from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
 from shardscope._src.model.config import ModelConfig  # noqa: E402
-from shardscope._src.plan.candidates import candidates, pinned_mesh  # noqa: E402
 from shardscope._src.plan.estimates import (  # noqa: E402
     Schedule,
     activation_bytes_per_layer,
@@ -25,13 +24,6 @@ from shardscope._src.plan.estimates import (  # noqa: E402
     logits_bytes,
 )
 from shardscope._src.plan.request import DEFAULT_STRATEGIES  # noqa: E402
-from shardscope._src.plan.timing import (  # noqa: E402
-    CRITICAL,
-    PER_MICROBATCH_FWD_BWD,
-    PER_STEP_BWD,
-    classify,
-    step_bound,
-)
 from shardscope._src.sharding.numerics import (  # noqa: E402
     TOLERANCES,
     compare_numerics,
@@ -40,6 +32,14 @@ from shardscope._src.sharding.numerics import (  # noqa: E402
 )
 from shardscope._src.sharding.programs import build_reference_program  # noqa: E402
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy  # noqa: E402
+from shardscope._src.train.candidates import candidates, pinned_mesh  # noqa: E402
+from shardscope._src.train.timing import (  # noqa: E402
+    CRITICAL,
+    PER_MICROBATCH_FWD_BWD,
+    PER_STEP_BWD,
+    classify,
+    step_bound,
+)
 
 # d_model 32, 8 heads of 4 (kv_dim 32), ff 64, f32; 8 sequences of 8 tokens.
 TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8)

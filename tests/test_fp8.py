@@ -18,10 +18,13 @@ from shardscope._src.cost.links import collective_seconds, group_bandwidth
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.plan.candidates import estimate
 from shardscope._src.plan.estimates import Schedule, activation_bytes_per_layer
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.timing import (
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+from shardscope._src.targets.capabilities import CPU_COMPILER
+from shardscope._src.targets.hardware import PRESETS, TIME_MODEL_SOURCES, hardware
+from shardscope._src.train.candidates import estimate
+from shardscope._src.train.timing import (
     HBM_PASSES,
     PER_MICROBATCH_FWD_BWD,
     classify,
@@ -32,10 +35,7 @@ from shardscope._src.plan.timing import (
     step_work,
     substitutes_reduce_scatter,
 )
-from shardscope._src.plan.types import Candidate
-from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
-from shardscope._src.targets.capabilities import CPU_COMPILER
-from shardscope._src.targets.hardware import PRESETS, TIME_MODEL_SOURCES, hardware
+from shardscope._src.train.types import Candidate
 
 #: A Llama-3-8B-shaped model: d 4096, 32 query and 8 key/value heads of 128, SwiGLU ff 14336,
 #: 2 layers, a 32k vocabulary; 8 sequences of 2048.

@@ -19,15 +19,7 @@ from shardscope._src.base.errors import StrategyError  # noqa: E402
 from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
 from shardscope._src.model.config import ModelConfig  # noqa: E402
 from shardscope._src.model.presets import model_preset  # noqa: E402
-from shardscope._src.plan.candidates import candidates, estimate, screen_all  # noqa: E402
 from shardscope._src.plan.estimates import Schedule, estimate_memory  # noqa: E402
-from shardscope._src.plan.timing import (  # noqa: E402
-    PER_MICROBATCH_FWD_BWD,
-    PER_STEP_BWD,
-    comm_items,
-    step_bound,
-)
-from shardscope._src.plan.types import Candidate  # noqa: E402
 from shardscope._src.sharding.numerics import compare_numerics  # noqa: E402
 from shardscope._src.sharding.programs import build_reference_program  # noqa: E402
 from shardscope._src.sharding.strategies import (  # noqa: E402
@@ -36,6 +28,14 @@ from shardscope._src.sharding.strategies import (  # noqa: E402
     mesh_spec_for,
 )
 from shardscope._src.targets.hardware import hardware  # noqa: E402
+from shardscope._src.train.candidates import candidates, estimate, screen_all  # noqa: E402
+from shardscope._src.train.timing import (  # noqa: E402
+    PER_MICROBATCH_FWD_BWD,
+    PER_STEP_BWD,
+    comm_items,
+    step_bound,
+)
+from shardscope._src.train.types import Candidate  # noqa: E402
 
 TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8)
 MESH = "replica=2,data=4"

@@ -15,17 +15,18 @@ from helpers import assert_usage_error
 from shardscope import PlanError, PlanRequest
 from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.candidates import estimate, screen_all, stage_config
 from shardscope._src.plan.estimates import (
     Schedule,
     estimate_memory,
     stored_activation_bytes_per_layer,
 )
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.timing import StepWork, step_time, step_work
-from shardscope._src.plan.types import Candidate, SkipReason
+from shardscope._src.plan.types import SkipReason
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import hardware
+from shardscope._src.train.candidates import estimate, screen_all, stage_config
+from shardscope._src.train.timing import StepWork, step_time, step_work
+from shardscope._src.train.types import Candidate
 
 #: A 16-layer model: 2 or 4 stages of 8 or 4 layers, each split in up to 4 chunks.
 CONFIG = ModelConfig(d_model=64, heads=4, ff=256, layers=16, batch=64, seq=32, vocab=128)

@@ -266,9 +266,9 @@ def test_the_routed_experts_read_their_own_weights_as_they_are_used(strategy, me
 
 
 def test_with_few_tokens_an_expert_the_step_waits_for_the_experts_weights():
-    from shardscope._src.plan.candidates import estimate
-    from shardscope._src.plan.types import Candidate
     from shardscope._src.targets.hardware import hardware
+    from shardscope._src.train.candidates import estimate
+    from shardscope._src.train.types import Candidate
 
     hw = hardware("h100")
     # 64 experts over 8 devices, one sequence of 16 tokens each: 4 tokens an expert
@@ -294,8 +294,7 @@ def test_a_size_one_axis_names_no_row_of_the_communication_table():
     # both axes, the compiled ones by 'expert' alone (its groups never vary over 'data');
     # they are one row, not a compiled row without a bound beside a bound without traffic.
     from shardscope._src.bounds.terms import Bound, Term, TermRole
-    from shardscope._src.plan.collectives import axis_comm
-    from shardscope._src.plan.types import PlanCollective
+    from shardscope._src.plan.collectives import PlanCollective, axis_comm
 
     payload = 8 * 1024 * 1024
     gathers = Term(

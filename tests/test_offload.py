@@ -8,7 +8,6 @@ import pytest
 import shardscope
 from shardscope._src.base.errors import PlanError
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.candidates import estimate, remat_options
 from shardscope._src.plan.estimates import (
     OFFLOAD_BUFFERS,
     Schedule,
@@ -17,10 +16,11 @@ from shardscope._src.plan.estimates import (
     logits_bytes,
     offloaded_bytes_per_layer,
 )
-from shardscope._src.plan.timing import StepWork, step_time, step_work
-from shardscope._src.plan.types import Candidate
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import hardware
+from shardscope._src.train.candidates import estimate, remat_options
+from shardscope._src.train.timing import StepWork, step_time, step_work
+from shardscope._src.train.types import Candidate
 
 #: A Llama-3-8B layer: d 4096, 32 heads and 8 key/value heads of 128, SwiGLU ff 14336.
 LAYER = ModelConfig(
@@ -173,7 +173,7 @@ def test_the_optimizer_state_on_the_host_leaves_the_device_and_costs_its_copies(
 
 
 def test_the_sweep_moves_the_optimizer_state_to_the_host_only_where_the_device_is_full():
-    from shardscope._src.plan.candidates import screen_all
+    from shardscope._src.train.candidates import screen_all
 
     c = replace(LAYER, layers=8, batch=8, vocab=None)
     roomy, _, _ = screen_all(
@@ -189,7 +189,7 @@ def test_the_sweep_moves_the_optimizer_state_to_the_host_only_where_the_device_i
 
 
 def test_the_optimizer_state_goes_to_the_host_when_asked_and_only_where_there_is_one():
-    from shardscope._src.plan.candidates import screen_all
+    from shardscope._src.train.candidates import screen_all
 
     c = replace(LAYER, layers=8, vocab=None)
     always, _, _ = screen_all(

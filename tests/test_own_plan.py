@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from helpers import assert_drawn, assert_usage_error, patches, read_png
 from shardscope._src.cli.main import main
-from shardscope._src.plan.program import mesh_shapes
+from shardscope._src.program.program import mesh_shapes
 from shardscope._src.sharding.rules import load_rules_file, normalize_rules
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -228,8 +228,8 @@ def broken(mesh):
 
 def test_a_candidate_that_fails_in_a_worker_raises_the_error_it_raises_here(tmp_path):
     from shardscope._src.mesh import axis_types_of
-    from shardscope._src.plan.program import ProgramRef, compile_plans
     from shardscope._src.plan.worker import WorkerPool
+    from shardscope._src.program.program import ProgramRef, compile_plans
 
     path = tmp_path / "refusing.py"
     path.write_text(REFUSING)

@@ -21,11 +21,9 @@ from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.cost.links import crosses_nodes
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.plan.candidates import candidates
 from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
     can_compile_here,
-    compile_facts,
     default_workers,
     plan_collective,
 )
@@ -35,11 +33,13 @@ from shardscope._src.plan.estimates import (
     model_flops,
 )
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.sweep import plan
-from shardscope._src.plan.validate import VALIDATED_STRATEGIES, validate
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.specs import TARGETS
+from shardscope._src.train.candidates import candidates
+from shardscope._src.train.compile import compile_facts
+from shardscope._src.train.sweep import plan
+from shardscope._src.train.validate import VALIDATED_STRATEGIES, validate
 
 TINY = model_preset("tiny")
 SWEPT = ("dp", "fsdp", "tp", "sp", "dp_tp", "fsdp_tp", "dp_sp")
@@ -750,9 +750,9 @@ def test_plan_for_more_devices_through_a_worker():
 
 @pytest.mark.slow
 def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
-    from shardscope._src.plan.compile import CompileTask
-    from shardscope._src.plan.types import CompiledFacts
     from shardscope._src.plan.worker import WorkerError, run_tasks
+    from shardscope._src.train.compile import CompileTask
+    from shardscope._src.train.types import CompiledFacts
 
     config = TINY.config(batch=16)
     tasks = [CompileTask(s, "data=16", config, "forward") for s in ("dp", "zero3")]

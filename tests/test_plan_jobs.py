@@ -18,15 +18,18 @@ from shardscope._src.model.config import ModelConfig, param_shapes
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
 from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan import notes as plan_notes
-from shardscope._src.plan.candidates import estimate, screen_all
-from shardscope._src.plan.collectives import bound_time, collective_time
+from shardscope._src.plan.collectives import PlanCollective, bound_time, collective_time
 from shardscope._src.plan.estimates import (
     Schedule,
     estimate_memory,
     stored_activation_bytes_per_layer,
 )
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.timing import (
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+from shardscope._src.targets.capabilities import CPU_COMPILER, GPU_COMPILER
+from shardscope._src.targets.hardware import hardware
+from shardscope._src.train.candidates import estimate, screen_all
+from shardscope._src.train.timing import (
     CRITICAL,
     PER_STEP_BWD,
     CommItem,
@@ -34,11 +37,8 @@ from shardscope._src.plan.timing import (
     compiled_step,
     step_time,
 )
-from shardscope._src.plan.types import Candidate, PlanCollective
-from shardscope._src.plan.validate import all_reduce_formula, jit_formula
-from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
-from shardscope._src.targets.capabilities import CPU_COMPILER, GPU_COMPILER
-from shardscope._src.targets.hardware import hardware
+from shardscope._src.train.types import Candidate
+from shardscope._src.train.validate import all_reduce_formula, jit_formula
 
 SMALL = ModelConfig(
     d_model=32, heads=4, kv_heads=2, ff=48, layers=2, batch=8, seq=16, vocab=32, mlp="swiglu"
@@ -505,7 +505,7 @@ def test_llama2_70b_on_64_h100s_and_gpt3_on_768_a100s_have_plans_that_fit():
 
 
 def test_a_model_that_fits_nowhere_says_what_comes_closest():
-    result = __import__("shardscope._src.plan.sweep", fromlist=["plan"]).plan(
+    result = __import__("shardscope._src.train.sweep", fromlist=["plan"]).plan(
         "llama3-405b",
         8,
         hardware="h100",
@@ -620,7 +620,7 @@ FORWARD = 2 * (2 * TOKENS * LAYER_PARAMS + CORE) + 2 * TOKENS * 32 * 32
 
 
 def _small_plan(mode="train", remat="none"):
-    from shardscope._src.plan.sweep import plan
+    from shardscope._src.train.sweep import plan
 
     result = plan(
         SMALL, 2, mode=mode, strategies=["dp"], mesh="data=2", remat=remat, microbatches=1,

@@ -10,7 +10,7 @@ import shardscope
 from helpers import assert_usage_error, sub_parser
 from shardscope import PlanError, PlanRequest, ShardscopeError
 from shardscope._src.cli.main import build_parser, command_config
-from shardscope._src.plan import sweep
+from shardscope._src.train import sweep
 
 FIELDS = {f.name: f for f in dataclasses.fields(PlanRequest)}
 

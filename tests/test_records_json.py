@@ -12,9 +12,9 @@ import shardscope
 from shardscope._src.base.comm import Totals
 from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.plan.estimates import MemoryEstimate
-from shardscope._src.plan.program import ProgramPlan
-from shardscope._src.plan.types import Plan
+from shardscope._src.program.program import ProgramPlan
 from shardscope._src.targets.specs import TARGETS, get_target
+from shardscope._src.train.types import Plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hlo"
 

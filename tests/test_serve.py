@@ -13,8 +13,8 @@ from shardscope._src.base.errors import PlanError
 from shardscope._src.cli.main import main
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.plan import serve as serve_module
-from shardscope._src.plan.serve import compile_decode, compile_prefill, serve
+from shardscope._src.serve import serve as serve_module
+from shardscope._src.serve.serve import compile_decode, compile_prefill, serve
 from shardscope._src.targets.hardware import PRESETS
 
 H100 = PRESETS["h100"]

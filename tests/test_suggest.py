@@ -13,7 +13,7 @@ import shardscope
 from helpers import assert_usage_error
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.cli.main import main
-from shardscope._src.plan.suggest import probe_program, screen, workload
+from shardscope._src.suggest.suggest import probe_program, screen, workload
 from shardscope._src.targets.hardware import PRESETS
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -250,7 +250,7 @@ def eqx_program():
 
 
 def test_the_dataflow_joins_the_axes_a_transformer_shares(eqx_program):
-    from shardscope._src.plan.dataflow import argument_axes
+    from shardscope._src.program.dataflow import argument_axes
 
     m = eqx_program
     args = m.arguments()

@@ -196,8 +196,8 @@ def test_a_gpu_mesh_told_less_memory_compiles_under_that_limit():
 @pytest.mark.compiler
 def test_the_planners_target_compile_notes_memory_pressure_and_keeps_it_off_the_terminal(capfd):
     from shardscope._src.model.config import ModelConfig
-    from shardscope._src.plan.target import target_facts
-    from shardscope._src.plan.types import Candidate
+    from shardscope._src.train.target import target_facts
+    from shardscope._src.train.types import Candidate
 
     # A small FSDP train step told it may hold 16 MB of the H100 (its arguments and outputs
     # 8 MB of it): no rematerialization gets it under the rest, and the compiler says so in
@@ -535,7 +535,7 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
 def test_the_plan_ranked_first_is_one_the_target_compiled(monkeypatch):
     from dataclasses import replace as copy
 
-    from shardscope._src.plan import target as plan_target
+    from shardscope._src.train import target as plan_target
 
     real = plan_target.target_facts
 
@@ -634,7 +634,7 @@ def test_plan_compiler_bad_input(kwargs, words):
 
 
 def test_plan_without_the_extra_compiles_on_cpu_and_says_how_to_add_it(monkeypatch):
-    from shardscope._src.plan.target import default_compiler
+    from shardscope._src.train.target import default_compiler
 
     h100 = shardscope.hardware("h100")
     monkeypatch.setattr(targets_devices, "module_present", lambda name: True)
@@ -714,7 +714,7 @@ def test_the_gpu_compiler_plans_a_step_for_the_memory_its_optimizer_state_leaves
 def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(monkeypatch):
     import jax
 
-    from shardscope._src.plan import target
+    from shardscope._src.train import target
 
     calls = []
 

@@ -10,10 +10,10 @@ import shardscope
 from shardscope import PlanError
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.plan.candidates import estimate, stage_options
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.types import Candidate
 from shardscope._src.targets.hardware import hardware
+from shardscope._src.train.candidates import estimate, stage_options
+from shardscope._src.train.types import Candidate
 
 #: Seven layers: in 2 stages, stages of 4 and 3; in 4, of 2 and 1.
 SEVEN = ModelConfig(d_model=64, heads=4, ff=256, layers=7, batch=16, seq=32, vocab=128)

@@ -13,13 +13,13 @@ from shardscope._src.base.errors import PlanError, ShardscopeError, StrategyErro
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.hlo.groups import GroupMode
 from shardscope._src.model.config import MODES, REMATS, Mode, ModelConfig, Remat
-from shardscope._src.plan.candidates import screen
 from shardscope._src.plan.estimates import MatmulDtype, estimate_memory, model_flops
 from shardscope._src.plan.request import PlanRequest
-from shardscope._src.plan.sweep import plan
-from shardscope._src.plan.timing import OverlapClass, step_bound
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import Role, get_strategy
+from shardscope._src.train.candidates import screen
+from shardscope._src.train.sweep import plan
+from shardscope._src.train.timing import OverlapClass, step_bound
 from shardscope._src.verdict import transformer_verdict
 
 TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=1, batch=8, seq=8)

@@ -11,11 +11,11 @@ import shardscope
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.candidates import screen_all
 from shardscope._src.plan.estimates import estimate_memory, logits_bytes
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import hardware
+from shardscope._src.train.candidates import screen_all
 
 #: 8 sequences of 8 tokens, d_model 32, a vocabulary of 64 (float32).
 TINY = ModelConfig(d_model=32, heads=8, ff=64, layers=2, batch=8, seq=8, vocab=64)

@@ -63,28 +63,20 @@ if TYPE_CHECKING:
     from shardscope._src.model.config import ModelConfig as ModelConfig
     from shardscope._src.model.config import Remat as Remat
     from shardscope._src.model.presets import MODEL_PRESETS as MODEL_PRESETS
-    from shardscope._src.plan.program import ProgramPlan as ProgramPlan
-    from shardscope._src.plan.program import ProgramPlanResult as ProgramPlanResult
-    from shardscope._src.plan.program import plan_program as plan_program
-    from shardscope._src.plan.program import plan_program_request as plan_program_request
     from shardscope._src.plan.request import PlanRequest as PlanRequest
     from shardscope._src.plan.request import ProgramRequest as ProgramRequest
     from shardscope._src.plan.request import ServeRequest as ServeRequest
     from shardscope._src.plan.request import SuggestRequest as SuggestRequest
-    from shardscope._src.plan.serve import ServePlan as ServePlan
-    from shardscope._src.plan.serve import ServeResult as ServeResult
-    from shardscope._src.plan.serve import serve as serve
-    from shardscope._src.plan.serve import serve_request as serve_request
-    from shardscope._src.plan.suggest import Proposal as Proposal
-    from shardscope._src.plan.suggest import SuggestResult as SuggestResult
-    from shardscope._src.plan.suggest import suggest as suggest
-    from shardscope._src.plan.suggest import suggest_request as suggest_request
-    from shardscope._src.plan.sweep import plan as plan
-    from shardscope._src.plan.sweep import plan_request as plan_request
-    from shardscope._src.plan.types import Plan as Plan
-    from shardscope._src.plan.types import PlanResult as PlanResult
+    from shardscope._src.program.program import ProgramPlan as ProgramPlan
+    from shardscope._src.program.program import ProgramPlanResult as ProgramPlanResult
+    from shardscope._src.program.program import plan_program as plan_program
+    from shardscope._src.program.program import plan_program_request as plan_program_request
     from shardscope._src.render.audit import render_audit as render_audit
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
+    from shardscope._src.serve.serve import ServePlan as ServePlan
+    from shardscope._src.serve.serve import ServeResult as ServeResult
+    from shardscope._src.serve.serve import serve as serve
+    from shardscope._src.serve.serve import serve_request as serve_request
     from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
     from shardscope._src.sharding.programs import (
         build_reference_program as build_program,  # noqa: F401 (its old name, kept working)
@@ -98,6 +90,10 @@ if TYPE_CHECKING:
     from shardscope._src.sharding.strategies import Role as Role
     from shardscope._src.sharding.strategies import Strategy as Strategy
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
+    from shardscope._src.suggest.suggest import Proposal as Proposal
+    from shardscope._src.suggest.suggest import SuggestResult as SuggestResult
+    from shardscope._src.suggest.suggest import suggest as suggest
+    from shardscope._src.suggest.suggest import suggest_request as suggest_request
     from shardscope._src.targets.capabilities import Capabilities as Capabilities
     from shardscope._src.targets.hardware import Hardware as Hardware
     from shardscope._src.targets.hardware import h100_attention as h100_attention
@@ -105,6 +101,10 @@ if TYPE_CHECKING:
     from shardscope._src.targets.mesh import target_mesh as target_mesh
     from shardscope._src.targets.specs import TARGETS as TARGETS
     from shardscope._src.targets.specs import Target as Target
+    from shardscope._src.train.sweep import plan as plan
+    from shardscope._src.train.sweep import plan_request as plan_request
+    from shardscope._src.train.types import Plan as Plan
+    from shardscope._src.train.types import PlanResult as PlanResult
     from shardscope._src.verdict import Verdict as Verdict
     from shardscope._src.verdict import matmul_verdict as matmul_verdict
     from shardscope._src.verdict import transformer_verdict as transformer_verdict
@@ -166,26 +166,26 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ModelConfig": ("shardscope._src.model.config", "ModelConfig"),
     "Remat": ("shardscope._src.model.config", "Remat"),
     "MODEL_PRESETS": ("shardscope._src.model.presets", "MODEL_PRESETS"),
-    "ProgramPlan": ("shardscope._src.plan.program", "ProgramPlan"),
-    "ProgramPlanResult": ("shardscope._src.plan.program", "ProgramPlanResult"),
-    "plan_program": ("shardscope._src.plan.program", "plan_program"),
-    "plan_program_request": ("shardscope._src.plan.program", "plan_program_request"),
-    "Proposal": ("shardscope._src.plan.suggest", "Proposal"),
-    "SuggestResult": ("shardscope._src.plan.suggest", "SuggestResult"),
-    "suggest": ("shardscope._src.plan.suggest", "suggest"),
-    "suggest_request": ("shardscope._src.plan.suggest", "suggest_request"),
-    "serve": ("shardscope._src.plan.serve", "serve"),
-    "serve_request": ("shardscope._src.plan.serve", "serve_request"),
-    "ServePlan": ("shardscope._src.plan.serve", "ServePlan"),
-    "ServeResult": ("shardscope._src.plan.serve", "ServeResult"),
+    "ProgramPlan": ("shardscope._src.program.program", "ProgramPlan"),
+    "ProgramPlanResult": ("shardscope._src.program.program", "ProgramPlanResult"),
+    "plan_program": ("shardscope._src.program.program", "plan_program"),
+    "plan_program_request": ("shardscope._src.program.program", "plan_program_request"),
+    "Proposal": ("shardscope._src.suggest.suggest", "Proposal"),
+    "SuggestResult": ("shardscope._src.suggest.suggest", "SuggestResult"),
+    "suggest": ("shardscope._src.suggest.suggest", "suggest"),
+    "suggest_request": ("shardscope._src.suggest.suggest", "suggest_request"),
+    "serve": ("shardscope._src.serve.serve", "serve"),
+    "serve_request": ("shardscope._src.serve.serve", "serve_request"),
+    "ServePlan": ("shardscope._src.serve.serve", "ServePlan"),
+    "ServeResult": ("shardscope._src.serve.serve", "ServeResult"),
     "PlanRequest": ("shardscope._src.plan.request", "PlanRequest"),
     "ServeRequest": ("shardscope._src.plan.request", "ServeRequest"),
     "ProgramRequest": ("shardscope._src.plan.request", "ProgramRequest"),
     "SuggestRequest": ("shardscope._src.plan.request", "SuggestRequest"),
-    "plan": ("shardscope._src.plan.sweep", "plan"),
-    "plan_request": ("shardscope._src.plan.sweep", "plan_request"),
-    "Plan": ("shardscope._src.plan.types", "Plan"),
-    "PlanResult": ("shardscope._src.plan.types", "PlanResult"),
+    "plan": ("shardscope._src.train.sweep", "plan"),
+    "plan_request": ("shardscope._src.train.sweep", "plan_request"),
+    "Plan": ("shardscope._src.train.types", "Plan"),
+    "PlanResult": ("shardscope._src.train.types", "PlanResult"),
     "render_audit": ("shardscope._src.render.audit", "render_audit"),
     "plot_device_bytes": ("shardscope._src.render.plots", "plot_device_bytes"),
     "compare_numerics": ("shardscope._src.sharding.numerics", "compare_numerics"),

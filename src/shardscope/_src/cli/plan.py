@@ -27,9 +27,8 @@ from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import HardwareOptions, PlanConfig
 from shardscope._src.cli.paths import check_file_path, check_output_paths, print_written
 from shardscope._src.cli.serve import run_serve_command
-from shardscope._src.plan.program import plan_program
 from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest, ServeRequest
-from shardscope._src.plan.sweep import plan_request
+from shardscope._src.program.program import plan_program
 from shardscope._src.render.console import natural_width, output_console
 from shardscope._src.render.plan import markdown_report, plan_table, render_plan
 from shardscope._src.render.plan_plot import plot_plans
@@ -37,6 +36,7 @@ from shardscope._src.render.program_plan import program_markdown_report, render_
 from shardscope._src.render.protocols import PlanSet, RankedPlan
 from shardscope._src.sharding.rules import load_rules_file
 from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.train.sweep import plan_request
 
 #: The knobs of a training plan.
 PLAN_FIELDS = frozenset(f.name for f in fields(PlanRequest))

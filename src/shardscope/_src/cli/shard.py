@@ -18,10 +18,10 @@ from shardscope._src.cli.paths import check_output_paths, print_written
 from shardscope._src.cli.plan import check_program_devices
 from shardscope._src.plan.cluster import check_address
 from shardscope._src.plan.request import DEFAULT_REQUEST, SuggestRequest
-from shardscope._src.plan.suggest import suggest_request
 from shardscope._src.render.console import output_console
 from shardscope._src.render.suggest import render_suggest, suggest_markdown_report
 from shardscope._src.sharding.rules import load_rules_file
+from shardscope._src.suggest.suggest import suggest_request
 from shardscope._src.targets.specs import TARGETS
 
 

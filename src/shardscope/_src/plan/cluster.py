@@ -1,5 +1,5 @@
 """Compiles on a Ray cluster: the same tasks as the worker processes
-(:class:`~shardscope._src.plan.program.ProgramTask`, the program by its file's path), run as Ray
+(:class:`~shardscope._src.program.program.ProgramTask`, the program by its file's path), run as Ray
 tasks on the cluster's nodes.
 
 Each task runs in a Ray worker started for it with the device set-up it needs in its

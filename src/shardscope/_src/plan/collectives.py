@@ -24,7 +24,7 @@ from shardscope._src.targets.hardware import Hardware
 class PlanCollective(Record):
     """One compiled collective as the plan counts it.
 
-    ``payload_bytes`` is at the model's dtype (see :mod:`shardscope._src.plan.sweep`);
+    ``payload_bytes`` is at the model's dtype (see :mod:`shardscope._src.train.sweep`);
     ``cpu_payload_bytes`` what the CPU program moves. ``traffic_bytes`` is per device over all
     ``count`` executions.
     """

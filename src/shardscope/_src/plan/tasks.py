@@ -2,8 +2,8 @@
 what comes back when a task cannot give its answer.
 
 A task is a picklable record with a ``run()`` that does its own work on the devices of the
-process it runs in: :class:`~shardscope._src.plan.compile.CompileTask` compiles one plan of
-the built-in model, :class:`~shardscope._src.plan.program.ProgramTask` one candidate of a
+process it runs in: :class:`~shardscope._src.train.compile.CompileTask` compiles one plan of
+the built-in model, :class:`~shardscope._src.program.program.ProgramTask` one candidate of a
 user's program. Each lives beside the work it runs, so that the worker's loop and the Ray
 pool need know no task type: they call :func:`run_task`, and unpickling a task imports the
 module that runs it.

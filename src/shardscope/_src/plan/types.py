@@ -1,4 +1,5 @@
-"""The planner's records: candidates, skipped ones, compiled facts, plans and a sweep's result.
+"""What every planner's records share: a skipped candidate and why, the notes of no plan and no fit,
+and the JSON keys of a compiled plan.
 
 Plain frozen dataclasses with ``to_dict()``; every renderer (table, JSON, Markdown, PNG) reads
 these and nothing else.
@@ -7,142 +8,17 @@ these and nothing else.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from shardscope._src.base.comm import ratio
 from shardscope._src.base.notes import Note
-from shardscope._src.base.records import Record, json_value, record_dict
-from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.bounds.terms import Bound
-from shardscope._src.cost.compute import hidden_seconds, serial_seconds
-from shardscope._src.cost.memory import CompiledMemory, memory_fits
-from shardscope._src.model.config import ModelConfig, Remat
-from shardscope._src.plan.collectives import AxisComm, PlanCollective
-from shardscope._src.plan.estimates import MemoryEstimate
+from shardscope._src.base.records import Record
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.timing import Pricing, StepTime
-from shardscope._src.sharding.strategies import Strategy, get_strategy
 from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.specs import CPU_TARGET, Target, get_target
 
 #: The knobs a plan that does not fit can turn: the library's parameter names.
 FIT_PARAMS = ("devices", "batch", "seq", "memory_bytes")
-
-
-#: The mesh axis that holds pipeline stages (1F1B); every other axis is within one stage.
-STAGE_AXIS = "stage"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One strategy on one mesh shape with its schedule, before it is filtered or compiled.
-
-    A mesh axis named ``stage`` holds pipeline stages (1F1B); ``microbatches`` and ``remat``
-    are the train step's gradient accumulation and activation recomputation;
-    ``virtual_stages`` the model chunks each stage's device runs (interleaved 1F1B).
-    """
-
-    strategy: str
-    mesh: tuple[tuple[str, int], ...]
-    microbatches: int = 1
-    remat: str = Remat.NONE
-    #: the optimizer state kept in host memory and streamed in for the update
-    offload_optimizer: bool = False
-    #: the embedding, unembedding and logits split over ``model`` along the vocabulary
-    vocab_split: bool = False
-    #: model chunks per device, each ``1 / virtual_stages`` of a stage's layers (interleaved
-    #: 1F1B, Narayanan et al., arXiv 2104.04473, section 2.2.2); 1: plain 1F1B
-    virtual_stages: int = 1
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return dict(self.mesh)
-
-    @property
-    def mesh_spec(self) -> str:
-        return format_mesh_spec(self.mesh)
-
-    @property
-    def stages(self) -> int:
-        return self.sizes.get(STAGE_AXIS, 1)
-
-    @property
-    def stage_mesh(self) -> tuple[tuple[str, int], ...]:
-        """The mesh of one pipeline stage (the whole mesh without its ``stage`` axis)."""
-        return tuple((k, v) for k, v in self.mesh if k != STAGE_AXIS)
-
-    @property
-    def stage_mesh_spec(self) -> str:
-        return format_mesh_spec(self.stage_mesh)
-
-    @property
-    def schedule_label(self) -> str:
-        """``"4 micro-batches, 2 virtual stages, full recompute"``, or ``""`` for one
-        micro-batch, no recompute."""
-        parts = []
-        if self.microbatches > 1:
-            parts.append(f"{self.microbatches} micro-batches")
-        if self.virtual_stages > 1:
-            parts.append(f"{self.virtual_stages} virtual stages")
-        if self.remat != Remat.NONE:
-            parts.append(f"{self.remat} recompute")
-        if self.offload_optimizer:
-            parts.append("optimizer on host")
-        if self.vocab_split:
-            parts.append("vocab split")
-        return ", ".join(parts)
-
-    @property
-    def strategy_record(self) -> Strategy:
-        """The strategy this candidate runs: the named one, with its vocabulary split when
-        ``vocab_split``."""
-        s = get_strategy(self.strategy)
-        return s.with_vocab_split() if self.vocab_split else s
-
-    @property
-    def label(self) -> str:
-        extra = self.schedule_label
-        return f"{self.strategy} {self.mesh_spec}" + (f" ({extra})" if extra else "")
-
-
-@dataclass(frozen=True)
-class Screened:
-    """A candidate estimated without compiling: its memory per device, its step time by the
-    time model, and the communication its schedule needs (``bound``, the formula a compiled
-    plan is validated against)."""
-
-    candidate: Candidate
-    memory: MemoryEstimate
-    time: StepTime
-    bound: Bound
-    memory_limit_bytes: int
-    pricing: Pricing | None = field(default=None, compare=False, repr=False)
-    #: The host memory per device, where offloaded activations live.
-    host_memory_limit_bytes: int = 0
-
-    @property
-    def fits(self) -> bool:
-        return memory_fits(
-            self.memory.total,
-            self.memory_limit_bytes,
-            host_bytes=self.memory.host,
-            host_limit_bytes=self.host_memory_limit_bytes,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **record_dict(
-                self.candidate,
-                keys={"mesh_spec": "mesh"},
-                omit=("mesh",),
-                extra=("label", "mesh_spec", "stages"),
-            ),
-            "memory_bytes_per_device": self.memory.total,
-            "fits": self.fits,
-            "time": json_value(self.time),
-        }
 
 
 class SkipReason(StrEnum):
@@ -171,54 +47,13 @@ class Skipped(Record):
 
 
 @dataclass(frozen=True)
-class CompiledFacts:
-    """What compiling and auditing one plan found: independent of the hardware preset."""
-
-    collectives: tuple[PlanCollective, ...]
-    memory: CompiledMemory
-    rematerializations: tuple[str, ...]
-    exact: bool
-    lower_s: float
-    compile_s: float
-    audit_s: float
-    #: the program's matmul FLOPs per device, one run (the whole step), counted from its HLO
-    #: (:mod:`~shardscope._src.hlo.cost`); None where they could not be counted
-    hlo_flops: int | None = None
-
-    @property
-    def analysis_s(self) -> float:
-        return self.lower_s + self.compile_s + self.audit_s
-
-
-@dataclass(frozen=True)
 class ProgramFacts:
-    """A worker's answer to a :class:`~shardscope._src.plan.program.ProgramTask`: the plan (a
+    """A worker's answer to a :class:`~shardscope._src.program.program.ProgramTask`: the plan (a
     ``ProgramPlan``) and its program's fingerprint, or why the candidate was skipped."""
 
     plan: Any = None
     fingerprint: str = ""
     skipped: Skipped | None = None
-
-
-@dataclass(frozen=True)
-class Validation(Record):
-    """Compiled communication against the analytic formula for one plan.
-
-    ``ok`` when the compiled bytes match the formula (within the tolerance of
-    :mod:`~shardscope._src.check.bound`, either way). Otherwise ``explanation`` says why, and
-    ``cpu_formula_bytes`` is the formula with every reduce-scatter replaced by the all-reduce
-    a compiler that forms none (XLA:CPU) emits (``cpu_ratio`` against it).
-    """
-
-    strategy: str
-    mesh: str
-    formula_bytes: int
-    compiled_bytes: int
-    ratio: float | None
-    ok: bool
-    cpu_formula_bytes: int
-    cpu_ratio: float | None
-    explanation: str
 
 
 #: A compiled plan's JSON (the model's and a user's program's alike): the keys that differ
@@ -227,6 +62,8 @@ PLAN_KEYS = {
     "mesh": "mesh_shape",
     "mesh_spec": "mesh",
 }
+
+
 #: The keys that held a plan's step times before schema version 3.
 OLD_STEP_KEYS = {"step_time_s": "est_step_time_s", "step_time_overlap_s": "est_step_time_overlap_s"}
 
@@ -254,295 +91,7 @@ PLAN_EXTRA = (
 )
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One compiled plan with its estimates. ``rank`` 1 is the best (see ``shardscope.plan``)."""
-
-    strategy: str
-    summary: str
-    mesh: Mapping[str, int]
-    memory: MemoryEstimate
-    compiled_memory: CompiledMemory
-    memory_limit_bytes: int
-    collectives: tuple[PlanCollective, ...]
-    comm: tuple[AxisComm, ...]
-    bound_bytes_per_device: int
-    bound_comm_time_s: float
-    comm_time_s: float
-    flops_per_device: float
-    compute_time_s: float
-    rank: int = 0
-    pareto: bool = False
-    notes: tuple[Note, ...] = ()
-    analysis_s: float = 0.0
-    timing: Mapping[str, float] = field(default_factory=dict)
-    exact: bool = True
-    microbatches: int = 1
-    remat: str = Remat.NONE
-    stages: int = 1
-    #: The optimizer state kept in host memory (MaxText's ``optimizer_memory_host_offload``).
-    offload_optimizer: bool = False
-    #: The embedding, unembedding and logits split over ``model`` along the vocabulary.
-    vocab_split: bool = False
-    #: Model chunks per device (interleaved 1F1B; 1: plain 1F1B).
-    virtual_stages: int = 1
-    #: The compiled program's step time and its parts (None: no time model).
-    time: StepTime | None = None
-    #: The screening estimate's step time and its parts.
-    estimated_time: StepTime | None = None
-    #: The matmul FLOPs per device of the whole step that ``time`` is priced with: the
-    #: compiled program's, counted from its HLO (None: not counted, the formula's are used).
-    matmul_flops_per_device: float | None = None
-    #: The time model's matmul FLOPs per device of the whole step (``estimated_time``'s):
-    #: the forward, the backward and the recomputed part on the slowest pipeline stage.
-    estimated_matmul_flops_per_device: float | None = None
-    #: What the compiled collectives are priced with (not written: it holds the placement).
-    pricing: Pricing | None = field(default=None, compare=False, repr=False)
-    #: The formula the plan's compiled communication is validated against (not written).
-    bound: Bound | None = field(default=None, compare=False, repr=False)
-    #: The target whose compiler built the program the collectives and the fit come from:
-    #: ``cpu`` (the screening compile), or a GPU's or TPU's (``h100``, ``tpu-v5p``). A
-    #: target's name is taken too; the JSON writes the name.
-    compiled_by: Target = CPU_TARGET
-    #: The target compiler's buffer assignment per device (None when compiled by cpu, or
-    #: when it found the program does not fit: ``target_error`` has its words).
-    target_memory: CompiledMemory | None = None
-    target_error: str | None = None
-    #: The TPU compiler's own estimate of the step's seconds (None elsewhere).
-    target_optimal_seconds: float | None = None
-    #: The host memory per device, where offloaded activations live (``remat="offload"``).
-    host_memory_limit_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        # A target's name (as the JSON writes it) stands for the target, and a memory dict
-        # by XLA's field names for its record.
-        object.__setattr__(self, "compiled_by", get_target(self.compiled_by))
-        object.__setattr__(self, "compiled_memory", CompiledMemory.from_dict(self.compiled_memory))
-        if self.target_memory is not None:
-            object.__setattr__(self, "target_memory", CompiledMemory.from_dict(self.target_memory))
-
-    @property
-    def compiled_by_accelerator(self) -> bool:
-        """Whether a GPU's or a TPU's compiler (``compiled_by``) built the plan's program, so
-        that its fit is judged from that compiler's buffer assignment rather than the
-        analytic estimate."""
-        return self.compiled_by.is_accelerator
-
-    @property
-    def mesh_spec(self) -> str:
-        return format_mesh_spec(self.mesh)
-
-    @property
-    def candidate(self) -> Candidate:
-        """The candidate this plan compiled: its strategy, mesh and schedule."""
-        return Candidate(
-            self.strategy,
-            tuple(self.mesh.items()),
-            self.microbatches,
-            self.remat,
-            self.offload_optimizer,
-            self.vocab_split,
-            self.virtual_stages,
-        )
-
-    @property
-    def schedule_label(self) -> str:
-        return self.candidate.schedule_label
-
-    @property
-    def label(self) -> str:
-        extra = self.schedule_label
-        return f"{self.strategy} {self.mesh_spec}" + (f" ({extra})" if extra else "")
-
-    @property
-    def mfu(self) -> float | None:
-        """Model FLOPs utilization the time model predicts (None without a time model)."""
-        return None if self.time is None else self.time.mfu
-
-    @property
-    def memory_bytes_per_device(self) -> int:
-        """The analytic estimate (what ``fits`` compares with the device memory)."""
-        return self.memory.total
-
-    @property
-    def compiled_memory_bytes_per_device(self) -> int:
-        """CPU buffer assignment: arguments + outputs + temporaries - aliased."""
-        return self.compiled_memory.held_by(CPU_TARGET)
-
-    @property
-    def target_memory_bytes_per_device(self) -> int | None:
-        """What the target's program holds at once
-        (:attr:`~shardscope._src.cost.memory.CompiledMemory.held_bytes`)."""
-        m = self.target_memory
-        if m is None:
-            return None
-        return m.held_bytes
-
-    @property
-    def fit_memory_bytes_per_device(self) -> int:
-        """The memory ``fits`` reads: when a target compiler compiled the plan, its buffer
-        assignment and the optimizer state (fp32 master copy, Adam moments), which the
-        compiled step does not hold; else the analytic estimate."""
-        target = self.target_memory_bytes_per_device
-        if self.compiled_by_accelerator and target is not None:
-            return target + self.memory.device_optimizer
-        return self.memory.total
-
-    @property
-    def fit_memory_source(self) -> str:
-        """What :attr:`fit_memory_bytes_per_device` is: ``"estimate"`` or the compiler's."""
-        if self.compiled_by_accelerator and self.target_memory is not None:
-            return f"{self.compiled_by.name} compiler"
-        return "estimate"
-
-    @property
-    def fits(self) -> bool:
-        """Judged from the target compiler's memory when it compiled the plan, else from the
-        analytic estimate."""
-        if self.compiled_by_accelerator and self.target_memory is None:
-            return False  # the target compiler found it does not fit
-        return memory_fits(
-            self.fit_memory_bytes_per_device,
-            self.memory_limit_bytes,
-            host_bytes=self.memory.host,
-            host_limit_bytes=self.host_memory_limit_bytes,
-        )
-
-    @property
-    def comm_bytes_per_device(self) -> int:
-        return sum(c.traffic_bytes for c in self.collectives)
-
-    @property
-    def cpu_comm_bytes_per_device(self) -> int:
-        return sum(c.cpu_traffic_bytes for c in self.collectives)
-
-    @property
-    def bound_ratio(self) -> float | None:
-        """Compiled bytes over the lower bound (1.0 when both are 0; None if only it is)."""
-        return ratio(self.comm_bytes_per_device, self.bound_bytes_per_device)
-
-    @property
-    def step_time_s(self) -> float:
-        """The step of the compiled program: the time model with its compiled collectives
-        (the ranking key; see :func:`~shardscope._src.plan.timing.compiled_step`;
-        ``estimated_time`` has the screen's); without one, compute then communication,
-        nothing overlapped."""
-        if self.time is not None:
-            return self.time.step_s
-        return serial_seconds(self.compute_time_s, self.comm_time_s)
-
-    @property
-    def step_time_overlap_s(self) -> float:
-        """Communication perfectly hidden behind compute (or the reverse)."""
-        return hidden_seconds(self.compute_time_s, self.comm_time_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = record_dict(
-            self,
-            keys=PLAN_KEYS,
-            omit=("memory_limit_bytes", "host_memory_limit_bytes", "pricing", "bound"),
-            extra=(
-                *PLAN_EXTRA,
-                "compiled_memory_bytes_per_device",
-                "bound_ratio",
-                "mfu",
-                "target_memory_bytes_per_device",
-                "fit_memory_bytes_per_device",
-                "fit_memory_source",
-            ),
-        )
-        out["compiled_by"] = self.compiled_by.name  # in its place among the fields
-        return out
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    """A sweep: the plans best first, what was skipped and why, and the validation."""
-
-    model: str
-    config: ModelConfig
-    devices: int
-    mode: str
-    hardware: Hardware
-    settings: Mapping[str, Any]
-    plans: tuple[Plan, ...]
-    skipped: tuple[Skipped, ...]
-    validations: tuple[Validation, ...]
-    notes: tuple[Note, ...]
-    wall_s: float = 0.0
-    workers: int = 0
-    candidates: int = field(default=0)
-    screened: int = 0
-    closest: Mapping[str, Any] | None = None
-    #: The target whose compiler compiled the leading plans (their ``compiled_by``), or
-    #: ``cpu`` when none did. A target's name is taken too; the JSON writes the name.
-    compiler: Target = CPU_TARGET
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "compiler", get_target(self.compiler))
-
-    @property
-    def backend(self) -> str:
-        """The platform of the compiler that compiled the leading plans: ``"cpu"``,
-        ``"gpu"`` or ``"tpu"`` (its target's family)."""
-        return self.compiler.family
-
-    @property
-    def best(self) -> Plan | None:
-        """The fastest plan that fits the device memory (None when none fits); with a target
-        compiler, the fastest of the plans it compiled and found to fit."""
-        return next(
-            (
-                p
-                for p in self.plans
-                if p.fits and (not self.compiler.is_accelerator or p.compiled_by == self.compiler)
-            ),
-            None,
-        )
-
-    @property
-    def fit_note(self) -> Note | None:
-        """When no plan fits the device memory: the closest one (with every recomputation,
-        micro-batch and pipeline choice searched), by how much, and what to do."""
-        if self.best is not None or (not self.plans and self.closest is None):
-            return None
-        hardware, have = self.hardware.name, int(self.hardware.memory_bytes)
-        if self.closest is not None and not any(p.compiled_by_accelerator for p in self.plans):
-            label, need = self.closest["label"], int(self.closest["bytes"])
-            return _no_fit(label, need, have, hardware)
-        on_target = self.compiler.is_accelerator
-        compiled = [p for p in self.plans if on_target and p.compiled_by == self.compiler]
-        sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
-        if compiled and not sized:
-            values = {"target": self.compiler.name, "count": len(compiled)}
-            values.update(label=compiled[0].label, error=compiled[0].target_error)
-            return Note(PlanNote.TARGET_OUT_OF_MEMORY, values, ("devices", "batch", "seq"))
-        if sized:
-            small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
-            values = {"target": self.compiler.name, "label": small.label, "have": have}
-            values.update(need=small.target_memory_bytes_per_device or 0, hardware=hardware)
-            params = ("devices", "batch", "seq", "target_plans")
-            return Note(PlanNote.NO_TARGET_FIT, values, params)
-        small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
-        return _no_fit(small.label, small.memory_bytes_per_device, have, hardware)
-
-    @property
-    def empty_reason(self) -> Note | None:
-        """Why there is no plan (None when there is one)."""
-        if self.plans:
-            return None
-        return no_plan_note(self.model, self.devices, self.skipped, self.hardware)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **record_dict(self, extra=("empty_reason", "fit_note")),
-            "compiler": self.compiler.name,  # in its place among the fields
-            "params": self.config.param_count(),
-            "best": None if self.best is None else self.best.label,
-        }
-
-
-def _no_fit(label: str, need: int, have: int, hardware: str, searched: bool = True) -> Note:
+def no_fit_note(label: str, need: int, have: int, hardware: str, searched: bool = True) -> Note:
     values = {"label": label, "need": need, "have": have, "hardware": hardware}
     return Note(PlanNote.NO_FIT, {**values, "searched": searched}, FIT_PARAMS)
 

@@ -1,4 +1,4 @@
-"""Renderers of a :class:`~shardscope._src.plan.types.PlanResult`: rich tables and a Markdown
+"""Renderers of a :class:`~shardscope._src.train.types.PlanResult`: rich tables and a Markdown
 report, each table from one column spec (:mod:`~shardscope._src.render.columns`).
 
 Both read the plain data only; rich is imported where it is used.
@@ -23,9 +23,10 @@ from shardscope._src.render.columns import (
 
 if TYPE_CHECKING:
     from shardscope._src.plan.collectives import AxisComm
-    from shardscope._src.plan.types import Plan, PlanResult, Skipped, Validation
+    from shardscope._src.plan.types import Skipped
     from shardscope._src.render.protocols import PlanSet, RankedPlan
     from shardscope._src.targets.hardware import Hardware
+    from shardscope._src.train.types import Plan, PlanResult, Validation
 
 Row = TypeVar("Row")
 PlanT = TypeVar("PlanT", bound="RankedPlan")

@@ -1,6 +1,7 @@
-"""Renderers of a user's program plans (:class:`~shardscope._src.plan.program.ProgramPlanResult`):
-the ranked table, communication per axis, skipped candidates, and a Markdown report, in the
-shape of the built-in planner's (the PNG is the planner's chart, :func:`plot_plans`)."""
+"""Renderers of a user's program plans
+(:class:`~shardscope._src.program.program.ProgramPlanResult`): the ranked table, communication
+per axis, skipped candidates, and a Markdown report, in the shape of the built-in planner's
+(the PNG is the planner's chart, :func:`plot_plans`)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from shardscope._src.render.plan import (
 from shardscope._src.sharding.rules import format_rules
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.program import ProgramPlan, ProgramPlanResult
+    from shardscope._src.program.program import ProgramPlan, ProgramPlanResult
 
 
 def headline(result: ProgramPlanResult) -> str:

@@ -1,7 +1,7 @@
 """What the planner's renderers read of a plan and of a sweep.
 
-The built-in planner's :class:`~shardscope._src.plan.types.Plan` and a user's program's
-:class:`~shardscope._src.plan.program.ProgramPlan` are drawn by the same columns, chart and
+The built-in planner's :class:`~shardscope._src.train.types.Plan` and a user's program's
+:class:`~shardscope._src.program.program.ProgramPlan` are drawn by the same columns, chart and
 report sections; these protocols are the part of them those renderers rely on, so that a
 record missing a field is caught by the type checker rather than at drawing time.
 """

@@ -1,4 +1,4 @@
-"""Renderers of a sharding search (:class:`~shardscope._src.plan.suggest.SuggestResult`): the
+"""Renderers of a sharding search (:class:`~shardscope._src.suggest.suggest.SuggestResult`): the
 proposals ranked, what the best changes in the user's own plan, the spec and bytes per device
 of each array of the best, and a Markdown report."""
 
@@ -14,7 +14,7 @@ from shardscope._src.render.plan import format_ratio
 from shardscope._src.sharding.rules import sharded_rules
 
 if TYPE_CHECKING:
-    from shardscope._src.plan.suggest import ArrayShard, Change, Proposal, SuggestResult
+    from shardscope._src.suggest.suggest import ArrayShard, Change, Proposal, SuggestResult
 
 
 def headline(result: SuggestResult) -> str:

@@ -30,13 +30,13 @@ How it searches, and why this way:
    programs, since the screen is coarse and the compiler is the judge. It stops when every
    neighbour of the best has been compiled and none is faster (``settled``: a local optimum
    the compiler checked) or at the budget. Each compile is the planner's own
-   (:func:`~shardscope._src.plan.program.compile_plans`, the loop :func:`plan_program`
+   (:func:`~shardscope._src.program.program.compile_plans`, the loop :func:`plan_program`
    runs) and the plans are ranked as it ranks: those that fit first, then the estimated step
    time. Every order is total (ties fall to the mesh sizes and the rules), so the same input
    gives the same ranking.
 
 A program without logical names (a plain pytree, an Equinox module) gets names from its
-dataflow first (:func:`by_dataflow`, :mod:`shardscope._src.plan.dataflow`), one per axis the
+dataflow first (:func:`by_dataflow`, :mod:`shardscope._src.program.dataflow`), one per axis the
 step's operations join, and is then searched the same way; each proposal carries a
 ``PartitionSpec`` per array.
 
@@ -74,14 +74,17 @@ from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
-from shardscope._src.plan.dataflow import (
+from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
+from shardscope._src.plan.types import Skipped
+from shardscope._src.plan.worker import WorkerPool
+from shardscope._src.program.dataflow import (
     ProbedArray,
     by_dataflow,
     key_name,
     lowered_flops,
     weights,
 )
-from shardscope._src.plan.program import (
+from shardscope._src.program.program import (
     ProgramPlan,
     ProgramPlanResult,
     compile_plans,
@@ -94,9 +97,6 @@ from shardscope._src.plan.program import (
     rank_plans,
     target_hardware,
 )
-from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
-from shardscope._src.plan.types import Skipped
-from shardscope._src.plan.worker import WorkerPool
 from shardscope._src.sharding.rules import (
     Rules,
     RuleSets,
@@ -708,7 +708,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     program's arrays and compiles ``compiles`` of them with the planner's compile loop (the
     screen's leaders, then the neighbours of the best compiled), ranked as
     :func:`plan_program` ranks (those that fit first, then the step time). The module
-    docstring of ``shardscope._src.plan.suggest`` says how and why.
+    docstring of ``shardscope._src.suggest.suggest`` says how and why.
 
     The request's fields:
         make_step: ``make_step(mesh, rules)`` returning ``(step, args)``, as
@@ -730,7 +730,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
             abstract or not, their shardings ignored: a program without logical names. Such a
             program (this, or a ``make_step(mesh)`` that takes no rules and does not use
             Flax) is searched array by array: its dimensions are joined into axes by its
-            dataflow (:mod:`shardscope._src.plan.dataflow`), and each proposal carries a
+            dataflow (:mod:`shardscope._src.program.dataflow`), and each proposal carries a
             ``PartitionSpec`` per array.
         workers: compile in this many worker processes, each loading the program from its
             file (0: in this process; default: two where the program is a function of a

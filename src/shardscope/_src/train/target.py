@@ -25,18 +25,18 @@ from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.candidates import stage_config
-from shardscope._src.plan.collectives import axis_comm
+from shardscope._src.plan.collectives import PlanCollective, axis_comm
 from shardscope._src.plan.compile import Progress, plan_collective
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.timing import compiled_step
-from shardscope._src.plan.types import Candidate, Plan, PlanCollective
-from shardscope._src.plan.validate import compiled_flops, flops_note, reduce_scatter_note
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import target_mesh
 from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Family, Target, get_target
+from shardscope._src.train.candidates import stage_config
+from shardscope._src.train.timing import compiled_step
+from shardscope._src.train.types import Candidate, Plan
+from shardscope._src.train.validate import compiled_flops, flops_note, reduce_scatter_note
 
 
 @dataclass(frozen=True)

@@ -6,23 +6,23 @@ audited, estimated and ranked. Plain data in, plain data out: the records are in
 A sweep has four steps:
 
 1. **Enumerate** candidates: each strategy with each factorization of N over its roles, with
-   its schedules (:mod:`~shardscope._src.plan.candidates`).
+   its schedules (:mod:`~shardscope._src.train.candidates`).
 2. **Filter** without compiling: a candidate whose dimensions do not divide is skipped, one
    whose model state alone exceeds the device memory is skipped for memory; the rest are
-   estimated (memory per device, the step time of :mod:`~shardscope._src.plan.timing`) and the
+   estimated (memory per device, the step time of :mod:`~shardscope._src.train.timing`) and the
    best chosen for compiling. Both need only an abstract mesh, so this runs without any device.
 3. **Compile** each chosen plan from abstract arguments (nothing allocated, layers under
    ``lax.scan``) and audit the compiled program, in this process or in a pool of worker
    processes that each simulate N CPU devices (:mod:`~shardscope._src.plan.compile`); with a
-   target's compiler, compile the leading plans again (:mod:`~shardscope._src.plan.target`).
+   target's compiler, compile the leading plans again (:mod:`~shardscope._src.train.target`).
 4. **Price** and rank: a compiled plan's step is the time model's schedule with the compiled
    program's matmul FLOPs (counted from its HLO) and collectives in place of the formula's,
    each collective priced by the one pricing of :mod:`~shardscope._src.cost.links`
-   (:func:`~shardscope._src.plan.timing.compiled_step`), and the plans rank by it (the
+   (:func:`~shardscope._src.train.timing.compiled_step`), and the plans rank by it (the
    screening estimate is kept beside it, and a note says where their FLOPs differ); memory
    from the analytic formulas (the compiled CPU numbers beside them), the ratio to the lower
    bound of :mod:`shardscope._src.bounds`, and the compiled communication validated against
-   the formula (:mod:`~shardscope._src.plan.validate`).
+   the formula (:mod:`~shardscope._src.train.validate`).
 
 What the compiler of a plan does that the formulas do not assume is read from its record
 (``Capabilities``) and reported: XLA:CPU runs bf16 arithmetic in f32 and moves f32 through
@@ -48,17 +48,8 @@ from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
-from shardscope._src.plan.candidates import (
-    moe_remats,
-    moe_strategies,
-    pinned_mesh,
-    remat_options,
-    screen_all,
-    stage_config,
-    to_compile,
-)
 from shardscope._src.plan.collectives import axis_comm, bound_time
-from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_all, default_workers
+from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_workers
 from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.rank import pareto_front, step_rank_key
@@ -68,19 +59,26 @@ from shardscope._src.plan.request import (
     PlanRequest,
     check_dims,
 )
-from shardscope._src.plan.target import check_compiler, compiler_notes, recompile_on_target
-from shardscope._src.plan.timing import compiled_step
-from shardscope._src.plan.timing import describe as timing_constants
-from shardscope._src.plan.types import (
-    STAGE_AXIS,
-    CompiledFacts,
-    Plan,
-    PlanResult,
-    Screened,
-    Skipped,
-    SkipReason,
+from shardscope._src.plan.types import Skipped, SkipReason
+from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.targets.capabilities import CPU_COMPILER
+from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.train.candidates import (
+    moe_remats,
+    moe_strategies,
+    pinned_mesh,
+    remat_options,
+    screen_all,
+    stage_config,
+    to_compile,
 )
-from shardscope._src.plan.validate import (
+from shardscope._src.train.compile import compile_all
+from shardscope._src.train.target import check_compiler, compiler_notes, recompile_on_target
+from shardscope._src.train.timing import compiled_step
+from shardscope._src.train.timing import describe as timing_constants
+from shardscope._src.train.types import STAGE_AXIS, CompiledFacts, Plan, PlanResult, Screened
+from shardscope._src.train.validate import (
     compiled_flops,
     compiled_notes,
     flops_note,
@@ -88,10 +86,6 @@ from shardscope._src.plan.validate import (
     reduces_per_microbatch,
     validations,
 )
-from shardscope._src.sharding.strategies import STRATEGIES
-from shardscope._src.targets.capabilities import CPU_COMPILER
-from shardscope._src.targets.hardware import Hardware
-from shardscope._src.targets.hardware import hardware as get_hardware
 
 #: The most simulated devices the program of one plan may need (see ``MAX_CPU_DEVICES``):
 #: a pipelined plan compiles one stage, so a plan may have more devices than this.
@@ -182,7 +176,7 @@ def plan(
         progress: called as ``progress(done, total, label)`` while compiling.
 
     Every candidate is first estimated without compiling (memory per device, and the step
-    time of :mod:`shardscope._src.plan.timing`); only the best are compiled and audited.
+    time of :mod:`shardscope._src.train.timing`); only the best are compiled and audited.
 
     Returns:
         A :class:`PlanResult`: the compiled ``plans`` ranked by the compiled program's step

@@ -400,7 +400,7 @@ def by_dataflow(
 ) -> Any:
     """A ``make_step(mesh, rules)`` over the axes ``program``'s dataflow joins, and their
     names (with ``probe``, also the arguments with those names and the step's FLOPs, what
-    ``suggest``'s :func:`~shardscope._src.plan.suggest.probe_program` gives a named
+    ``suggest``'s :func:`~shardscope._src.suggest.suggest.probe_program` gives a named
     program): ``program`` is the step (with ``args``) or a ``make_step(mesh)`` (called on
     each mesh, its arguments' shardings replaced). Each axis is named after the first array
     dimension it holds (``q_weight_0``; an argument that is an array itself as ``arg2_0``).

@@ -63,7 +63,7 @@ compiled too (:func:`_compile_leaders`), so that the best plan is a compiled one
 
 At a request rate (``rate``) each layout is planned at the sequences its replicas hold in
 flight, and its times are those its requests see with prefills batched in flight
-(:mod:`~shardscope._src.plan.online`).
+(:mod:`~shardscope._src.serve.online`).
 """
 
 from __future__ import annotations
@@ -104,9 +104,9 @@ from shardscope._src.model.serving import (
     check_servable,
 )
 from shardscope._src.plan.estimates import divisors, elements_per_device
-from shardscope._src.plan.online import Load, poisson_quantile, under_load
 from shardscope._src.plan.rank import pareto_front, rank_key
 from shardscope._src.plan.request import ServeRequest
+from shardscope._src.serve.online import Load, poisson_quantile, under_load
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import TARGETS, Family
@@ -147,7 +147,7 @@ class ServePlan(Record):
     #: the devices that hold each key/value head (above 1 where tensor parallelism is wider
     #: than the model's key/value heads)
     kv_replicas: int = 1
-    #: at a request rate (:mod:`~shardscope._src.plan.online`): the mean sequences in flight
+    #: at a request rate (:mod:`~shardscope._src.serve.online`): the mean sequences in flight
     #: (``batch`` is what the cache holds: each replica's 99th percentile of its own), the
     #: decode step alone at ``batch`` and one prompt's prefill alone, which
     #: ``decode_step_s`` and ``first_token_s`` stretch by the load; None without a rate
@@ -278,7 +278,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
     busiest expert's tokens over its even share; each token once to each device of its
     experts), in place of the model's. ``rate`` (requests a second, arriving at random at
     the devices, spread evenly over the replicas) plans online serving
-    (:mod:`~shardscope._src.plan.online`): each layout holds the sequences in flight at
+    (:mod:`~shardscope._src.serve.online`): each layout holds the sequences in flight at
     that rate (each replica's 99th percentile of them, as its batch), and its time per output token
     and to the first token are those its requests see, prefills batched in flight beside
     the decode; the best is the fastest per output token. Give ``batch`` or ``rate``, not
@@ -409,7 +409,7 @@ def _round_down(x: float) -> float:
 
 @dataclass(frozen=True)
 class _Online:
-    """Serving at a request rate (:mod:`~shardscope._src.plan.online`): the rate, and what
+    """Serving at a request rate (:mod:`~shardscope._src.serve.online`): the rate, and what
     planning a layout at it needs."""
 
     rate: float
@@ -460,7 +460,7 @@ class _Online:
 
     def plan(self, layout: _Layout, rate: float | None = None) -> ServePlan | None:
         """The layout's plan (estimated) at the batch that holds its sequences in flight:
-        each replica's 99th percentile of them (:data:`~shardscope._src.plan.online.
+        each replica's 99th percentile of them (:data:`~shardscope._src.serve.online.
         PEAK_QUANTILE`), planned again until it holds what its times put in flight (a
         mixture's decode step reads more experts at a larger batch); None where its
         replicas do not sustain the rate."""

@@ -63,7 +63,6 @@ from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
-from shardscope._src.plan.dataflow import by_dataflow
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.rank import pareto_front, step_rank_key
@@ -79,6 +78,7 @@ from shardscope._src.plan.types import (
     no_plan_note,
 )
 from shardscope._src.plan.worker import WorkerError
+from shardscope._src.program.dataflow import by_dataflow
 from shardscope._src.sharding.rules import (
     Rules,
     check_rules_axes,
@@ -827,7 +827,7 @@ def _program_plan(
         comm=comm,
         comm_time_s=sum(a.time_s for a in comm),
         flops_per_device=flops,
-        # The time model's rate for matmul FLOPs (plan/timing.py), the one compute model.
+        # The time model's rate for matmul FLOPs (train/timing.py), the one compute model.
         compute_time_s=matmul_seconds(hw, flops or 0.0),
         notes=tuple(notes),
         timing=timing,

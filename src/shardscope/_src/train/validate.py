@@ -18,16 +18,11 @@ from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, format_bytes, 
 from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.check.bound import TOLERANCE, Standing, standing
+from shardscope._src.plan.collectives import PlanCollective
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.types import (
-    Candidate,
-    CompiledFacts,
-    Plan,
-    PlanCollective,
-    Validation,
-)
 from shardscope._src.sharding.strategies import EXPERT_AXIS
 from shardscope._src.targets.capabilities import Capabilities
+from shardscope._src.train.types import Candidate, CompiledFacts, Plan, Validation
 
 #: Strategies whose compiled communication must match the analytic formula (within
 #: :data:`VALIDATION_TOLERANCE`); every strategy's best plan is validated and reported.

@@ -45,16 +45,7 @@ from shardscope._src.plan.estimates import (
     or_list,
 )
 from shardscope._src.plan.request import DEFAULT_STRATEGIES
-from shardscope._src.plan.timing import (
-    CommItem,
-    Pricing,
-    comm_items,
-    reruns_forward_collectives,
-    step_bound,
-    step_time,
-    step_work,
-)
-from shardscope._src.plan.types import STAGE_AXIS, Candidate, Screened, Skipped, SkipReason
+from shardscope._src.plan.types import Skipped, SkipReason
 from shardscope._src.sharding.strategies import (
     STRATEGIES,
     Placement,
@@ -65,6 +56,16 @@ from shardscope._src.sharding.strategies import (
 )
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.train.timing import (
+    CommItem,
+    Pricing,
+    comm_items,
+    reruns_forward_collectives,
+    step_bound,
+    step_time,
+    step_work,
+)
+from shardscope._src.train.types import STAGE_AXIS, Candidate, Screened
 
 #: The most pipeline stages a sweep tries unless told (more rarely pays on one job).
 MAX_STAGES = 16
