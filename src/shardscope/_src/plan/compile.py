@@ -1,5 +1,5 @@
-"""Compiling one plan: build the program from abstract arguments, compile, audit, and keep
-the facts as plain data; in this process or in worker processes that simulate N devices."""
+"""What every planner's compiles share: the compile options, a compiled collective as a plan
+counts it, this process's CPU devices, and whether to compile here or in workers."""
 
 from __future__ import annotations
 
