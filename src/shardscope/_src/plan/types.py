@@ -34,6 +34,8 @@ class SkipReason(StrEnum):
     SIMULATION = "simulation"
     #: the cluster lost it: its worker died on every try, so it was not compiled
     LOST = "lost"
+    #: its step cannot beat the best plan compiled (the least it can take is slower)
+    SLOWER = "slower"
 
 
 @dataclass(frozen=True)

@@ -433,10 +433,20 @@ def plan_rule_sets(
     progress: Callable[[int, int, str], None] | None = None,
     pool: Any = None,
     ref: ProgramRef | None = None,
+    cache: CompileCache | None = None,
+    floor: Callable[[Mapping[str, int], Rules], float] | None = None,
+    batch: int = 2,
 ) -> ProgramPlanResult:
     """:func:`plan_program_request`, its compiles in ``pool``'s workers where it has one (and
     the program's ``ref``): ``suggest`` plans the user's own rule sets in the pool of its
-    search."""
+    search.
+
+    ``cache`` (a :class:`CompileCache`) gives the plan of a layout compiled before instead of
+    compiling it again, and keeps what is compiled. ``floor(sizes, rules)``, a lower bound of
+    a plan's step time, makes the sweep compile only the plans that could be the best: the
+    lowest floors first, ``batch`` at a time, each round leaving out the plans whose floor is
+    above the step time of the best plan that fits so far (skipped as ``slower``). Without
+    it every plan is compiled."""
     make_step, devices, rules = request.make_step, request.devices, request.rules
     axes, meshes, axis_types = request.axes, request.meshes, request.axis_types
     name = request.name
@@ -453,18 +463,27 @@ def plan_rule_sets(
     label = name or program_name(make_step)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
-    plans, skipped = compile_plans(
-        make_step,
-        todo,
-        hw,
-        local,
-        label=label,
-        target=target_name,
-        kinds=kinds,
-        progress=progress,
-        pool=pool,
-        ref=ref,
-    )
+
+    def run(items: Sequence[tuple[str, Rules, Mapping[str, int]]]) -> list[ProgramFacts]:
+        return compile_program(
+            make_step,
+            items,
+            hw,
+            local,
+            label=label,
+            target=target_name,
+            kinds=kinds,
+            progress=progress if floor is None else None,
+            pool=pool,
+            ref=ref,
+            cache=cache,
+        )
+
+    if floor is None:
+        facts: Sequence[ProgramFacts | None] = run(todo)
+    else:
+        facts = _compile_below(todo, run, floor, kinds, cache, batch)
+    plans, skipped = mark_same(facts, {})
     ranked = rank_plans(plans, [rn for rn, _, _ in todo])
     return ProgramPlanResult(
         program=label,
@@ -482,6 +501,128 @@ def plan_rule_sets(
     )
 
 
+def _compile_below(
+    todo: Sequence[tuple[str, Rules, Mapping[str, int]]],
+    run: Callable[[Sequence[tuple[str, Rules, Mapping[str, int]]]], list[ProgramFacts]],
+    floor: Callable[[Mapping[str, int], Rules], float],
+    kinds: Any,
+    cache: CompileCache | None,
+    batch: int,
+) -> list[ProgramFacts | None]:
+    """The facts of each item of ``todo``, compiled by ``run`` only where the plan could be
+    the best: the layouts ``cache`` holds first (they cost nothing), then the lowest
+    ``floor`` first, ``batch`` at a time; an item whose floor is above the step time of the
+    best plan that fits so far is skipped as ``slower``, not compiled."""
+    facts: list[ProgramFacts | None] = [None] * len(todo)
+    held = [i for i, (_, r, s) in enumerate(todo) if cache and layout_key(s, r, kinds) in cache]
+    for i, got in zip(held, run([todo[i] for i in held]), strict=True):
+        facts[i] = got
+    left = [i for i in range(len(todo)) if facts[i] is None]
+    while left:
+        best = min(
+            (f.plan.step_time_s for f in facts if f is not None and f.plan and f.plan.fits),
+            default=math.inf,
+        )
+        # read again each round: a floor may learn from what was compiled
+        bounds = {i: floor(todo[i][2], todo[i][1]) for i in left}
+        for i in left:
+            if bounds[i] > best:
+                why = (
+                    f"not compiled: its step takes at least {bounds[i] * 1e3:.4g} ms, more "
+                    f"than the {best * 1e3:.4g} ms of the best plan that fits"
+                )
+                spec = format_mesh_spec(todo[i][2])
+                facts[i] = ProgramFacts(None, "", Skipped(todo[i][0], spec, SkipReason.SLOWER, why))
+        left = sorted((i for i in left if bounds[i] <= best), key=lambda i: (bounds[i], i))
+        now, left = left[: max(1, batch)], left[max(1, batch) :]
+        for i, got in zip(now, run([todo[i] for i in now]), strict=True):
+            facts[i] = got
+    return facts
+
+
+# -- compiles by layout --------------------------------------------------------------------------
+
+#: What a rule set places on a mesh (:func:`layout_key`).
+LayoutKey = tuple[Any, ...]
+
+
+def _axis_names(axes: Any) -> tuple[str, ...]:
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def layout_key(sizes: Mapping[str, int], rules: Rules, kinds: Any) -> LayoutKey:
+    """What ``rules`` place on a mesh of ``sizes``, as the compiled program can tell: one
+    program's plans of equal keys compile to the same program (on the same compiler).
+
+    The mesh's sizes and the rules' pairs as written; or, where no two logical names share a
+    mesh axis (no array can have two dimensions ask for one, so the rules' order decides
+    nothing), the pairs in name order, and on Auto axes (``kinds``) each mesh axis of size 1
+    read as none: it splits nothing, and the compiler is given the same shardings. Where
+    names share an axis, Flax Linen gives it to the first rule and Flax NNX refuses the
+    array, so the pairs and their order are kept as they are.
+
+    >>> auto = (jax.sharding.AxisType.Auto,) * 2
+    >>> mesh = {"data": 8, "model": 1}
+    >>> layout_key(mesh, (("batch", "data"), ("mlp", "model")), auto) == layout_key(
+    ...     mesh, (("mlp", None), ("batch", "data")), auto)
+    True
+    """
+    pairs = tuple((n, _axis_names(a)) for n, a in rules)
+    names = [n for n, _ in pairs]
+    used = [a for _, axes in pairs for a in axes]
+    if len(set(names)) == len(names) and len(set(used)) == len(used):
+        auto = all(k == jax.sharding.AxisType.Auto for k in kinds)
+        placed = sorted(
+            (n, tuple(a for a in axes if not auto or sizes.get(a, 1) > 1)) for n, axes in pairs
+        )
+        return (tuple(sizes.items()), "placed", tuple(placed))
+    return (tuple(sizes.items()), "rules", pairs)
+
+
+def renamed(facts: ProgramFacts, rules_name: str, rules: Rules) -> ProgramFacts:
+    """``facts`` of one compile as those of the rule set ``rules_name`` (``rules``) whose
+    layout it is: its plan, or its reason to be skipped, under that name."""
+    plan = facts.plan
+    if plan is not None:
+        plan = replace(plan, rules_name=rules_name, rules=tuple(rules), same_as=None)
+    skipped = facts.skipped
+    if skipped is not None:
+        skipped = replace(skipped, strategy=rules_name)
+    return ProgramFacts(plan, facts.fingerprint, skipped)
+
+
+class CompileCache:
+    """The compiles of one program by layout (:func:`layout_key`), for one compiler, hardware
+    and set of axis types: a layout compiled before is taken from here, under the name and
+    rules it is asked for, instead of compiling it again (``suggest``'s search and its
+    yardstick share one). ``hits`` counts the compiles it saved."""
+
+    def __init__(self) -> None:
+        self._facts: dict[LayoutKey, ProgramFacts] = {}
+        self.hits = 0
+
+    def __contains__(self, key: LayoutKey) -> bool:
+        return key in self._facts
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def get(self, key: LayoutKey, rules_name: str, rules: Rules) -> ProgramFacts | None:
+        """The facts of ``key``'s compile as those of ``rules_name`` (None: not compiled)."""
+        facts = self._facts.get(key)
+        if facts is None:
+            return None
+        self.hits += 1
+        return renamed(facts, rules_name, rules)
+
+    def put(self, key: LayoutKey, facts: ProgramFacts) -> None:
+        self._facts.setdefault(key, facts)
+
+    def plans(self) -> list[ProgramPlan]:
+        """Every plan compiled, in the order compiled."""
+        return [f.plan for f in self._facts.values() if f.plan is not None]
+
+
 def compile_plans(
     make_step: Callable[..., Any],
     todo: Sequence[tuple[str, Rules, Mapping[str, int]]],
@@ -495,6 +636,7 @@ def compile_plans(
     seen: dict[tuple[str, str], str] | None = None,
     pool: Any = None,
     ref: ProgramRef | None = None,
+    cache: CompileCache | None = None,
 ) -> tuple[list[ProgramPlan], list[Skipped]]:
     """The plan of every ``(rule set name, rules, mesh sizes)`` of ``todo``, compiled;
     candidates whose program failed to build are skipped, with the reason. ``seen`` (the
@@ -503,57 +645,133 @@ def compile_plans(
     :class:`~shardscope._src.plan.worker.WorkerPool`, or a Ray cluster's
     :class:`~shardscope._src.plan.cluster.RayPool`) and the program's ``ref`` the compiles
     run in its workers, each loading the program from its file; a candidate a cluster lost
-    is skipped as ``lost``. The one compile
-    loop of :func:`plan_program` and ``suggest``."""
+    is skipped as ``lost``. With a ``cache`` (a :class:`CompileCache`) a layout compiled
+    before is not compiled again. The one compile loop of :func:`plan_program` and
+    ``suggest``."""
+    facts = compile_program(
+        make_step,
+        todo,
+        hw,
+        local,
+        label=label,
+        target=target,
+        kinds=kinds,
+        progress=progress,
+        pool=pool,
+        ref=ref,
+        cache=cache,
+    )
+    return mark_same(facts, {} if seen is None else seen)
+
+
+def mark_same(
+    facts: Sequence[ProgramFacts | None], seen: dict[tuple[str, str], str]
+) -> tuple[list[ProgramPlan], list[Skipped]]:
+    """The plans and the skipped candidates of ``facts``, in their order (None: neither): a
+    plan whose program (its fingerprint on its mesh) is in ``seen`` or came earlier is
+    marked the same as that one's (``same_as``), and ``seen`` learns the others."""
+    plans: list[ProgramPlan] = []
+    skipped: list[Skipped] = []
+    for got in facts:
+        if got is None:
+            continue
+        if got.plan is None:
+            if got.skipped is not None:
+                skipped.append(got.skipped)
+            continue
+        plan = got.plan
+        same = seen.setdefault((plan.mesh_spec, got.fingerprint), plan.rules_name)
+        plans.append(replace(plan, same_as=same) if same != plan.rules_name else plan)
+    return plans, skipped
+
+
+def compile_program(
+    make_step: Callable[..., Any],
+    todo: Sequence[tuple[str, Rules, Mapping[str, int]]],
+    hw: Hardware,
+    local: Sequence[jax.Device] | None,
+    *,
+    label: str,
+    target: str | None,
+    kinds: Any,
+    progress: Callable[[int, int, str], None] | None = None,
+    pool: Any = None,
+    ref: ProgramRef | None = None,
+    cache: CompileCache | None = None,
+) -> list[ProgramFacts]:
+    """The facts of each item of ``todo`` (its plan and its program's fingerprint, or why it
+    was skipped), in its order, compiled here or in ``pool``'s workers (see
+    :func:`compile_plans`). With a ``cache``, a layout it holds is taken from it, one that
+    ``todo`` names twice is compiled once, and every compile is kept there."""
     total = len(todo)
     if progress:
         progress(0, total, "")
-    seen = {} if seen is None else seen
-    got: list[tuple[ProgramPlan | None, Skipped | None, str]] = []
+    got: list[ProgramFacts | None] = [None] * total
+    keys = [layout_key(sizes, r, kinds) if cache is not None else () for _, r, sizes in todo]
+    fresh: list[int] = []
+    first: dict[LayoutKey, int] = {}
+    for i, (rn, r, _) in enumerate(todo):
+        if cache is None:
+            fresh.append(i)
+        elif (held := cache.get(keys[i], rn, r)) is not None:
+            got[i] = held
+        elif keys[i] not in first:  # (a second of one layout: the first's, below)
+            first[keys[i]] = i
+            fresh.append(i)
+    done = sum(g is not None for g in got)
+
+    def finished(i: int, facts: ProgramFacts) -> None:
+        nonlocal done
+        got[i] = facts
+        if cache is not None and (facts.skipped is None or facts.skipped.reason != SkipReason.LOST):
+            cache.put(keys[i], facts)
+        done += 1
+        if progress:
+            progress(done, total, f"{todo[i][0]} {format_mesh_spec(todo[i][2])}")
+
     if pool is not None and ref is not None:
         tasks = [
             ProgramTask(
                 ref=ref.ref,
                 by_dataflow=ref.by_dataflow,
-                rules_name=rn,
-                rules=tuple(r),
-                sizes=tuple(sizes.items()),
+                rules_name=todo[i][0],
+                rules=tuple(todo[i][1]),
+                sizes=tuple(todo[i][2].items()),
                 target=target,
                 axis_types=tuple(k.name for k in kinds),
                 hardware=hw,
-                where=f"{label}(mesh {format_mesh_spec(sizes)})",
+                where=f"{label}(mesh {format_mesh_spec(todo[i][2])})",
             )
-            for rn, r, sizes in todo
+            for i in fresh
         ]
-        answers: dict[int, ProgramFacts] = {}
-        for done, (i, answer) in enumerate(pool.run(tasks), start=1):
+        for j, answer in pool.run(tasks):
+            i = fresh[j]
             if isinstance(answer, LostTask):  # a cluster's: not compiled, so not a plan
                 lost = Skipped(
                     todo[i][0], format_mesh_spec(todo[i][2]), SkipReason.LOST, str(answer)
                 )
-                answers[i] = ProgramFacts(None, "", lost)
+                finished(i, ProgramFacts(None, "", lost))
             elif isinstance(answer, BaseException):
-                raise _worker_error(answer, tasks[i].where)
+                raise _worker_error(answer, tasks[j].where)
             else:
-                answers[i] = answer
-            if progress:
-                progress(done, total, f"{todo[i][0]} {format_mesh_spec(todo[i][2])}")
-        got = [(answers[i].plan, answers[i].skipped, answers[i].fingerprint) for i in range(total)]
+                finished(i, answer)
     else:
-        for i, (rn, r, sizes) in enumerate(todo, start=1):
-            got.append(_compile_one(make_step, rn, r, sizes, hw, local, label, target, kinds))
+        for i in fresh:
+            rn, r, sizes = todo[i]
+            plan, skip, fingerprint = _compile_one(
+                make_step, rn, r, sizes, hw, local, label, target, kinds
+            )
+            finished(i, ProgramFacts(plan, fingerprint, skip))
+    out = []
+    for i, (rn, r, _) in enumerate(todo):
+        facts = got[i]
+        if facts is None:  # its layout came earlier in ``todo``
+            facts = renamed(got[first[keys[i]]] or ProgramFacts(), rn, r)
+            done += 1
             if progress:
-                progress(i, total, f"{rn} {format_mesh_spec(sizes)}")
-    plans: list[ProgramPlan] = []
-    skipped: list[Skipped] = []
-    for plan, skip, fingerprint in got:
-        if plan is None:
-            if skip is not None:
-                skipped.append(skip)
-            continue
-        same = seen.setdefault((plan.mesh_spec, fingerprint), plan.rules_name)
-        plans.append(replace(plan, same_as=same) if same != plan.rules_name else plan)
-    return plans, skipped
+                progress(done, total, f"{rn} {format_mesh_spec(todo[i][2])}")
+        out.append(facts)
+    return out
 
 
 @dataclass(frozen=True)
