@@ -85,6 +85,7 @@ from shardscope._src.program.dataflow import (
     weights,
 )
 from shardscope._src.program.program import (
+    CompileCache,
     ProgramPlan,
     ProgramPlanResult,
     compile_plans,
@@ -266,6 +267,10 @@ class SuggestResult:
     #: every neighbour of the best (one name moved, or the next mesh shape) was compiled and
     #: none is faster: a local optimum the compiler checked (False: the budget ran out first)
     settled: bool = False
+    #: the compiles the yardstick (the user's own rule sets) ran, and its plans it took from
+    #: a compile of the same layout instead (the search's, or one of its own)
+    own_compiled: int = 0
+    own_shared: int = 0
 
     @property
     def backend(self) -> str:
@@ -671,6 +676,39 @@ def no_fit_advice(
     return "; ".join(words)
 
 
+def used_devices(sizes: Mapping[str, int], rules: Rules) -> int:
+    """The devices that do distinct work under ``rules``: the product of the sizes of the
+    mesh axes some rule names. Along an axis no rule names, every device holds the same
+    shards and computes the same (the program's shardings all come from its rules: the probe
+    refuses a program that names mesh axes of its own)."""
+    named = {a for _, axes in rules for a in ((axes,) if isinstance(axes, str) else axes or ())}
+    return math.prod(n for a, n in sizes.items() if a in named)
+
+
+def compute_floor(
+    flops: float, hw: Hardware, cache: CompileCache
+) -> Callable[[Mapping[str, int], Rules], float]:
+    """A lower bound of a plan's step time from its rules and mesh alone: the step's FLOPs
+    (the probe's count) over the devices doing distinct work (:func:`used_devices`), at the
+    matmul rate, with no communication.
+
+    The compiler counts a program's FLOPs its own way (a GPU plan's are its HLO's): the
+    bound is scaled by the least ratio of its count to the probe's that any plan compiled so
+    far shows (``cache``'s), and never above 1; before any (or when a count is missing) it is
+    0, so nothing is left out on a guess."""
+
+    def floor(sizes: Mapping[str, int], rules: Rules) -> float:
+        plans = cache.plans()
+        if not flops or not plans:
+            return 0.0
+        ratios = [
+            (p.flops_per_device or 0.0) * used_devices(p.mesh, p.rules) / flops for p in plans
+        ]
+        return matmul_seconds(hw, min(1.0, *ratios) * flops / used_devices(sizes, rules))
+
+    return floor
+
+
 def default_workers(compiles: int) -> int:
     """Two worker processes where more than three compiles are asked for on a machine of two
     or more cores, else none (see :func:`suggest`)."""
@@ -880,6 +918,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     plans: list[ProgramPlan] = []
     skipped: list[Skipped] = []
     fingerprints: dict[tuple[str, str], str] = {}
+    # one compile per layout: the yardstick takes the search's where they meet
+    cache = CompileCache()
 
     def run(indices: Sequence[int]) -> None:
         todo = []
@@ -897,6 +937,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
             seen=fingerprints,
             pool=pool,
             ref=ref,
+            cache=cache,
         )
         done.extend(indices)
         plans.extend(got)
@@ -937,6 +978,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
             settled = best is not None and not uncompiled_neighbours(best)
         t3 = time.perf_counter()
         own = None
+        searched, shared = len(cache), cache.hits
         if found is not None and compare:  # in the search's workers, where it has them
             mine = ProgramRequest(
                 make_step,
@@ -948,7 +990,13 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
                 axis_types=axis_types,
                 name=label,
             )
-            own = plan_rule_sets(mine, pool=pool, ref=ref)
+            # Only the plans that could be the user's best are compiled: the yardstick is
+            # that best, and the floor of a plan's step time (its compute on the devices
+            # doing distinct work) leaves out those slower than a plan already compiled.
+            floor = compute_floor(flops, hw, cache)
+            own = plan_rule_sets(
+                mine, pool=pool, ref=ref, cache=cache, floor=floor, batch=max(2, workers)
+            )
     finally:
         if pool is not None:
             pool.close()
@@ -984,6 +1032,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         own=own,
         candidates=len(screened),
         compiled=len(done),
+        own_compiled=len(cache) - searched,
+        own_shared=cache.hits - shared,
         by_dataflow=per_array,
         settled=settled,
         target=target_name or CPU_TARGET.name,
