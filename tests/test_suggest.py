@@ -148,6 +148,61 @@ def test_the_decoder_best_proposal_beats_the_hand_written_rules():
     assert result.compiled == 6 and result.candidates > 100
 
 
+def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():
+    make_step = load_program(MLP)
+    # a slow chip: compute decides, so a plan that leaves devices repeating others' work
+    # cannot be the best
+    slow = {"peak_flops": 1e9}
+    result = shardscope.suggest(
+        make_step, 8, axis_types="auto", compiles=4, workers=0, hardware_overrides=slow
+    )
+    every = shardscope.plan_program(
+        make_step, 8, rules=_rules(make_step), axis_types="auto", hardware_overrides=slow
+    )
+    compiled = {(p.rules_name, p.mesh_spec): p for p in every.plans}
+    own = result.own
+    slower = [s for s in own.skipped if s.reason == "slower"]
+    assert slower and len(own.plans) + len(slower) == len(compiled) == 12
+    # the best of every plan compiled, so the same ratio
+    assert own.best.label == every.best.label
+    assert own.best.step_time_s == every.best.step_time_s
+    assert result.best.ratio == result.best.step_time_s / every.best.step_time_s
+    for s in slower:  # each left out is slower than the best
+        assert compiled[(s.strategy, s.mesh)].step_time_s > own.best.step_time_s
+    # a plan taken from another compile of its layout is what its own compile gives
+    assert result.own_shared > 0 and result.own_compiled + result.own_shared == len(own.plans)
+    for p in own.plans:
+        q = compiled[(p.rules_name, p.mesh_spec)]
+        assert (p.rules, p.step_time_s, p.memory_bytes_per_device, p.same_as) == (
+            q.rules,
+            q.step_time_s,
+            q.memory_bytes_per_device,
+            q.same_as,
+        )
+
+
+@pytest.mark.parametrize("program", ["flax_mlp", "linen_lm"])
+def test_the_plans_of_one_layout_compile_to_one_program(program):
+    from shardscope._src.mesh import axis_types_of
+    from shardscope._src.program.program import layout_key
+
+    make_step = load_program(f"{PROGRAMS / program}.py:make_step")
+    rules = dict(_rules(make_step))
+    first = next(iter(rules.values()))
+    rules["reversed"] = list(reversed(first))  # the same layout, the pairs in another order
+    swap = {"data": "model", "model": "data"}
+    rules["swapped"] = [(n, swap.get(a, a)) for n, a in first]  # another layout on 2 axes
+    result = shardscope.plan_program(make_step, 8, rules=rules, axis_types="auto")
+    kinds = axis_types_of("auto", result.axes)
+    programs: dict[tuple, set[str]] = {}
+    for p in result.plans:
+        key = layout_key(p.mesh, p.rules, kinds)
+        # plans compiled to one program are marked the same as the first of them
+        programs.setdefault(key, set()).add(p.same_as or p.rules_name)
+    assert len(programs) < len(result.plans)  # some layouts are met more than once
+    assert all(len(v) == 1 for v in programs.values()), programs
+
+
 def test_no_fit_names_the_arrays_and_the_smallest_device_count():
     make_step = load_program(MLP)
     # the MLP's arguments: two weights and their two adam moments, x and y, two counters;

@@ -511,8 +511,9 @@ def _compile_below(
 ) -> list[ProgramFacts | None]:
     """The facts of each item of ``todo``, compiled by ``run`` only where the plan could be
     the best: the layouts ``cache`` holds first (they cost nothing), then the lowest
-    ``floor`` first, ``batch`` at a time; an item whose floor is above the step time of the
-    best plan that fits so far is skipped as ``slower``, not compiled."""
+    ``floor`` first, ``batch`` at a time (or all of the lowest floor at once); an item whose
+    floor is above the step time of the best plan that fits so far is skipped as
+    ``slower``, not compiled."""
     facts: list[ProgramFacts | None] = [None] * len(todo)
     held = [i for i, (_, r, s) in enumerate(todo) if cache and layout_key(s, r, kinds) in cache]
     for i, got in zip(held, run([todo[i] for i in held]), strict=True):
@@ -534,7 +535,10 @@ def _compile_below(
                 spec = format_mesh_spec(todo[i][2])
                 facts[i] = ProgramFacts(None, "", Skipped(todo[i][0], spec, SkipReason.SLOWER, why))
         left = sorted((i for i in left if bounds[i] <= best), key=lambda i: (bounds[i], i))
-        now, left = left[: max(1, batch)], left[max(1, batch) :]
+        # A compiled step is no faster than its floor, so the plans of the lowest floor left
+        # are compiled whatever the others show: all of them go in this round.
+        lowest = sum(bounds[i] <= bounds[left[0]] for i in left) if left else 0
+        now, left = left[: max(1, batch, lowest)], left[max(1, batch, lowest) :]
         for i, got in zip(now, run([todo[i] for i in now]), strict=True):
             facts[i] = got
     return facts
@@ -765,8 +769,9 @@ def compile_program(
     out = []
     for i, (rn, r, _) in enumerate(todo):
         facts = got[i]
-        if facts is None:  # its layout came earlier in ``todo``
-            facts = renamed(got[first[keys[i]]] or ProgramFacts(), rn, r)
+        if facts is None:  # its layout came earlier in ``todo`` (a cluster lost it: not kept)
+            held = cache.get(keys[i], rn, r) if cache is not None else None
+            facts = held or renamed(got[first[keys[i]]] or ProgramFacts(), rn, r)
             done += 1
             if progress:
                 progress(done, total, f"{rn} {format_mesh_spec(todo[i][2])}")
