@@ -709,6 +709,35 @@ def test_plan_program_on_a_target_compiler():
         )
 
 
+def test_the_gpu_kernel_cache_changes_nothing_a_plan_reads(monkeypatch):
+    import os
+
+    from shardscope._src.mesh import axis_types_of
+    from shardscope._src.plan.compile import gpu_kernel_cache
+    from shardscope._src.program import program
+
+    def compile_once():
+        audit = program.compile_candidate(
+            _bf16_step,
+            (("batch", "data"), ("embed", "data")),
+            {"data": 8},
+            None,
+            where="bf16",
+            target="h100",
+            axis_types=axis_types_of("auto", ("data",)),
+        )[0]
+        return audit.hlo_text, audit.memory
+
+    got = []
+    for cached in (False, True, True):  # the second cached takes its kernels from the file
+        with monkeypatch.context() as m:
+            if not cached:
+                m.setattr(program, "gpu_kernel_cache", lambda: {})
+            got.append(compile_once())  # (one line: the HLO names its callers' lines)
+    assert got[1] == got[0] and got[2] == got[0]
+    assert os.path.getsize(gpu_kernel_cache()["xla_gpu_kernel_cache_file"]) > 0
+
+
 def test_cli_audits_a_program_on_a_target(capsys):
     code = main(
         [

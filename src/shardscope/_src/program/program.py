@@ -62,7 +62,12 @@ from shardscope._src.cost.compute import hidden_seconds, matmul_seconds, serial_
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
-from shardscope._src.plan.compile import COMPILE_OPTIONS, local_devices, plan_collective
+from shardscope._src.plan.compile import (
+    COMPILE_OPTIONS,
+    gpu_kernel_cache,
+    local_devices,
+    plan_collective,
+)
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.plan.rank import pareto_front, step_rank_key
@@ -327,6 +332,8 @@ def compile_candidate(
         with capture_stderr(drop=RECORDED_LOG_LINES) as log:
             if target is None:
                 compiled = stage.compile(compiler_options=dict(COMPILE_OPTIONS))
+            elif get_target(target).family == Family.GPU:
+                compiled = compile_lowered(stage, **gpu_kernel_cache())
             else:
                 compiled = compile_lowered(stage)
     t2 = time.perf_counter()
