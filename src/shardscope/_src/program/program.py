@@ -522,11 +522,17 @@ def _compile_below(
     floor is above the step time of the best plan that fits so far is skipped as
     ``slower``, not compiled."""
     facts: list[ProgramFacts | None] = [None] * len(todo)
-    held = [i for i, (_, r, s) in enumerate(todo) if cache and layout_key(s, r, kinds) in cache]
-    for i, got in zip(held, run([todo[i] for i in held]), strict=True):
-        facts[i] = got
-    left = [i for i in range(len(todo)) if facts[i] is None]
+
+    def compile_now(items: Sequence[int]) -> None:
+        if items:
+            for i, got in zip(items, run([todo[i] for i in items]), strict=True):
+                facts[i] = got
+
+    left = list(range(len(todo)))
     while left:
+        if cache is not None:  # a layout compiled before costs nothing
+            compile_now([i for i in left if layout_key(todo[i][2], todo[i][1], kinds) in cache])
+            left = [i for i in left if facts[i] is None]
         best = min(
             (f.plan.step_time_s for f in facts if f is not None and f.plan and f.plan.fits),
             default=math.inf,
@@ -545,9 +551,9 @@ def _compile_below(
         # A compiled step is no faster than its floor, so the plans of the lowest floor left
         # are compiled whatever the others show: all of them go in this round.
         lowest = sum(bounds[i] <= bounds[left[0]] for i in left) if left else 0
-        now, left = left[: max(1, batch, lowest)], left[max(1, batch, lowest) :]
-        for i, got in zip(now, run([todo[i] for i in now]), strict=True):
-            facts[i] = got
+        take = max(1, batch, lowest)
+        compile_now(left[:take])
+        left = left[take:]
     return facts
 
 
