@@ -269,9 +269,9 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys):
         "--hardware h100",
         capsys,
     )
-    line = assert_usage_error(
-        [*base, "--memory", "40000", "--out", str(tmp_path / "x.json")], "16", capsys, quiet=False
-    )
+    # (compiled in this process: the search's worker processes are test_worker_processes_...)
+    argv = [*base, "--memory", "40000", "--workers", "0", "--out", str(tmp_path / "x.json")]
+    line = assert_usage_error(argv, "16", capsys, quiet=False)
     assert "smallest device count" in line
     assert not (tmp_path / "x.json").exists()
 

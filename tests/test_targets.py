@@ -562,13 +562,27 @@ def test_the_plan_ranked_first_is_one_the_target_compiled(monkeypatch):
     assert again.values["ranks"] == [1, 2]
 
 
+@pytest.fixture(scope="module")
+def fsdp_on():
+    """``fsdp_on(target)``: FSDP's plan of :data:`_SMALL` on 8 of ``target``'s devices, its
+    leading plan compiled by the target's compiler; planned once a target for the tests that
+    read it."""
+    plans = {}
+
+    def on(target):
+        if target not in plans:
+            plans[target] = shardscope.plan(
+                None, 8, hardware=target, strategies=["fsdp"], compiler=target, target_plans=1,
+                workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
+            )  # fmt: skip
+        return plans[target]
+
+    return on
+
+
 @pytest.mark.compiler
-def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
-    result = shardscope.plan(
-        None, 8, hardware="h100", strategies=["fsdp"], compiler="h100", target_plans=1,
-        workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
-    )  # fmt: skip
-    (p,) = result.plans
+def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes(fsdp_on):
+    (p,) = fsdp_on("h100").plans
     assert p.compiled_by == TARGETS["h100"]
     # FSDP on 8 devices: an eighth of the bf16 weights (as above) and of the tokens.
     weights = 2 * (64 + 64 * 192 + 64 * 64 + 64 + 2 * 64 * 256) + 2 * 512 * 64 + 64
@@ -581,12 +595,8 @@ def test_an_fsdp_plan_on_the_target_takes_its_collectives_and_their_notes():
 
 @pytest.mark.compiler
 @pytest.mark.parametrize("target", ["h100", "tpu-v5p"])
-def test_a_plan_on_the_target_is_priced_with_its_programs_matmul_flops(target):
-    result = shardscope.plan(
-        None, 8, hardware=target, strategies=["fsdp"], compiler=target, target_plans=1,
-        workers=0, stages=1, microbatches=1, remat="none", **_SMALL,
-    )  # fmt: skip
-    (p,) = result.plans
+def test_a_plan_on_the_target_is_priced_with_its_programs_matmul_flops(target, fsdp_on):
+    (p,) = fsdp_on(target).plans
     assert p.compiled_by == TARGETS[target]
     # Per device 16 / 8 sequences of 32 tokens. Per layer 2 FLOPs a token for each weight
     # (wqkv 64 x 192, wo 64 x 64, w_up and w_down 64 x 256) and QK^T and PV (2 x 32 keys x 64
@@ -663,11 +673,13 @@ def test_each_compile_only_device_knows_the_target_it_was_made_for():
 def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(capsys):
     from shardscope._src.cli.main import build_parser, command_config, main
 
+    # (the leading plan alone compiled by the target: one plan of each compiler compared)
     request = shardscope.PlanRequest(
         None, 8, hardware="h100", strategies=["dp", "fsdp"], microbatches=1, remat=["none"],
-        stages=1, workers=0, **_SMALL,
+        stages=1, workers=0, target_plans=1, **_SMALL,
     )  # fmt: skip
     flags = ["--strategies", "dp,fsdp", "--microbatches", "1", "--remat", "none", "--stages", "1"]
+    flags += ["--target-plans", "1"]
     shape = ["--d-model", "64", "--heads", "4", "--ff", "256", "--layers", "2", "--vocab", "512"]
     argv = ["plan", "--devices", "8", "--hardware", "h100", "--seq", "32", "--batch", "16"]
     argv += [*shape, *flags, "--workers", "0"]
@@ -682,6 +694,7 @@ def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(ca
     assert [[p[k] for k in keys] for p in shell["plans"]] == [
         [p[k] for k in keys] for p in python["plans"]
     ]
+    assert sorted(p["compiled_by"] for p in python["plans"]) == ["cpu", "h100"]
 
 
 @pytest.mark.compiler
