@@ -348,6 +348,15 @@ def test_compile_options_keep_collectives_and_buffers():
     assert abs(fast_temp - plain_temp) * 10_000 <= plain_temp, (fast_temp, plain_temp)
 
 
+def test_the_suite_compiles_with_the_planners_options():
+    # conftest.py's XLA flags are COMPILE_OPTIONS: the test above keeps what they change
+    # (XLA's defaults against them), the one below what the LLVM level alone changes
+    flags = os.environ["XLA_FLAGS"].split()
+    for name, value in COMPILE_OPTIONS.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        assert f"--{name}={text}" in flags, name
+
+
 def test_llvms_level_changes_no_hlo():
     """The suite compiles with ``--xla_backend_optimization_level=0`` (conftest.py): the same
     optimised program, collectives and buffers as XLA's default level."""
