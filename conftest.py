@@ -16,9 +16,19 @@ each unless ``XLA_FLAGS`` already sets it; subprocesses inherit them):
   test_bounds, test_moe_strategies, test_context, test_hsdp and test_strategies: 198
   CPU-seconds to 117).
 
-The accelerators' deviceless compilers build the same programs either way."""
+The accelerators' deviceless compilers build the same programs either way. The GPU compiler
+keeps the machine code of each kernel it builds in a file of this process's
+(``--xla_gpu_kernel_cache_file``, deleted when the process ends) and takes it from there when
+a later compile has the same kernel: a deviceless compile's machine code is never run or
+shown, and its HLO, buffers and costs are the same (``tests/test_targets.py`` compiles a
+program with and without the file and compares them). Most of a GPU compile's time is that
+code generation (each kernel to PTX, then ``ptxas`` started once a kernel), and the suite
+compiles the same kernels many times over (layers, depths, batches)."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import shardscope
 
@@ -29,6 +39,10 @@ _set = os.environ.get("XLA_FLAGS", "")
 for _name, _value in _FLAGS.items():
     if f"--{_name}" not in _set:
         _set = f"{_set} --{_name}={_value}".strip()
+if "--xla_gpu_kernel_cache_file" not in _set:
+    _kernels = tempfile.mkdtemp(prefix="shardscope-suite-kernels-")
+    atexit.register(shutil.rmtree, _kernels, ignore_errors=True)
+    _set = f"{_set} --xla_gpu_kernel_cache_file={_kernels}/kernels.bin"
 os.environ["XLA_FLAGS"] = _set
 
 shardscope.use_cpu_devices(8)
