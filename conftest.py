@@ -34,15 +34,22 @@ import shardscope
 
 #: ``FAST_COMPILE_OPTIONS`` as XLA flags (``tests/test_plan.py`` checks they are the same).
 _FLAGS = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
+_KERNEL_FILE = "--xla_gpu_kernel_cache_file"
+#: The kernel files' folders: a process of the suite (a pytest-xdist worker) makes its own in
+#: place of the one it inherits (two processes writing one file could tear it); a file the
+#: user's ``XLA_FLAGS`` names is kept.
+_KERNELS = "shardscope-suite-kernels-"
 
-_set = os.environ.get("XLA_FLAGS", "")
+_set = " ".join(
+    f for f in os.environ.get("XLA_FLAGS", "").split() if not (_KERNEL_FILE in f and _KERNELS in f)
+)
 for _name, _value in _FLAGS.items():
     if f"--{_name}" not in _set:
         _set = f"{_set} --{_name}={_value}".strip()
-if "--xla_gpu_kernel_cache_file" not in _set:
-    _kernels = tempfile.mkdtemp(prefix="shardscope-suite-kernels-")
+if _KERNEL_FILE not in _set:
+    _kernels = tempfile.mkdtemp(prefix=_KERNELS)
     atexit.register(shutil.rmtree, _kernels, ignore_errors=True)
-    _set = f"{_set} --xla_gpu_kernel_cache_file={_kernels}/kernels.bin"
+    _set = f"{_set} {_KERNEL_FILE}={_kernels}/kernels.bin".strip()
 os.environ["XLA_FLAGS"] = _set
 
 shardscope.use_cpu_devices(8)
