@@ -23,7 +23,10 @@ a later compile has the same kernel: a deviceless compile's machine code is neve
 shown, and its HLO, buffers and costs are the same (``tests/test_targets.py`` compiles a
 program with and without the file and compares them). Most of a GPU compile's time is that
 code generation (each kernel to PTX, then ``ptxas`` started once a kernel), and the suite
-compiles the same kernels many times over (layers, depths, batches)."""
+compiles the same kernels many times over (layers, depths, batches): the seven files that
+compile most for GPUs, test_serve, test_moe_plan, test_moe_strategies, test_targets,
+test_serving_steps, test_latent_attention and test_fused_blocks, take 222 CPU-seconds with
+the file and 316 without."""
 
 import atexit
 import os

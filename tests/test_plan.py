@@ -330,7 +330,7 @@ def test_compile_options_keep_collectives_and_buffers():
     # The planner's program (its FSDP weights gathered again for the backward).
     placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
     lowered = build_reference_program(placement, mode="train", regather=True).lower()
-    # XLA's own defaults, whatever XLA_FLAGS says (the suite's conftest lowers LLVM's level)
+    # XLA's own defaults, whatever XLA_FLAGS says (the suite's conftest sets COMPILE_OPTIONS)
     plain = audit(
         lowered,
         compiler_options={"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True},
