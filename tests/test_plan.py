@@ -330,7 +330,7 @@ def test_compile_options_keep_collectives_and_buffers():
     # The planner's program (its FSDP weights gathered again for the backward).
     placement = get_strategy("fsdp_tp").place(TINY.config(batch=8), "data=4,model=2")
     lowered = build_reference_program(placement, mode="train", regather=True).lower()
-    # XLA's own defaults, whatever XLA_FLAGS says (the suite's conftest lowers LLVM's level)
+    # XLA's own defaults, whatever XLA_FLAGS says (the suite's conftest sets COMPILE_OPTIONS)
     plain = audit(
         lowered,
         compiler_options={"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True},
@@ -346,6 +346,15 @@ def test_compile_options_keep_collectives_and_buffers():
     # Temporaries: within 0.01%, as COMPILE_OPTIONS promises (integers: no float rounding).
     plain_temp, fast_temp = (a.memory["temp_size_in_bytes"] for a in (plain, fast))
     assert abs(fast_temp - plain_temp) * 10_000 <= plain_temp, (fast_temp, plain_temp)
+
+
+def test_the_suite_compiles_with_the_planners_options():
+    # conftest.py's XLA flags are COMPILE_OPTIONS: the test above keeps what they change
+    # (XLA's defaults against them), the one below what the LLVM level alone changes
+    flags = os.environ["XLA_FLAGS"].split()
+    for name, value in COMPILE_OPTIONS.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        assert f"--{name}={text}" in flags, name
 
 
 def test_llvms_level_changes_no_hlo():

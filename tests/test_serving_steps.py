@@ -1,6 +1,7 @@
 """The reference decoder's serving steps: prefill and decode with a KV cache against the
 training forward pass, and a tensor-parallel decode step's all-reduces on the H100 compiler."""
 
+import functools
 from dataclasses import replace
 
 import jax
@@ -37,11 +38,19 @@ def _tokens(n, seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (2, n)), jnp.int32)
 
 
+@functools.cache
+def _forward_logits(config):
+    """The training forward pass's logits of the last of :func:`_tokens` (12), ``config``'s
+    initial weights: what the serving steps of each test below must give (computed once a
+    config: a ``ModelConfig`` is hashable)."""
+    return np.asarray(forward(init_params(config), _tokens(12), config)[:, -1])
+
+
 def test_prefill_gives_the_forward_pass_last_logits_and_the_prompts_cache():
     params = init_params(CONFIG)
     tokens = _tokens(12)
     logits, cache = jax.jit(lambda p, t: prefill(p, t, CONFIG, 16))(params, tokens)
-    want = forward(params, tokens, CONFIG)[:, -1]
+    want = _forward_logits(CONFIG)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=2e-5, atol=2e-5)
     assert len(cache) == 3  # one per layer
     assert cache[0]["k"].shape == (2, 2, 16, 8)  # batch, kv heads, context, head dim
@@ -54,7 +63,7 @@ def test_decode_continues_the_prompt_as_the_forward_pass_of_one_more_token():
     _, cache = prefill(params, tokens[:, :11], CONFIG, 16)
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, CONFIG), donate_argnums=1)
     logits, cache = step(params, cache, tokens[:, 11], jnp.int32(11))
-    want = forward(init_params(CONFIG), tokens, CONFIG)[:, -1]
+    want = _forward_logits(CONFIG)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=2e-5, atol=2e-5)
     _, whole = prefill(params, tokens, CONFIG, 16)
     for got, full in zip(cache, whole, strict=True):
@@ -83,7 +92,7 @@ def _eight_bit_error(config, fmt):
     _, cache = jax.jit(lambda p, t: prefill(p, t, config, 16, cache=fmt))(eight, tokens[:, :11])
     step = jax.jit(lambda p, c, t, i: decode(p, c, t, i, config))
     logits, _ = step(eight, cache, tokens[:, 11], jnp.int32(11))
-    want = np.asarray(forward(params, tokens, config)[:, -1])
+    want = _forward_logits(config)
     return np.max(np.abs(np.asarray(logits) - want)) / np.max(np.abs(want)), eight, cache
 
 
@@ -224,7 +233,7 @@ def test_a_mixtures_prefill_and_decode_give_the_forward_pass_logits(capacity):
     config = replace(MOE, capacity_factor=capacity)
     params = init_params(config)
     tokens = _tokens(12)
-    want = np.asarray(forward(params, tokens, config)[:, -1])
+    want = _forward_logits(config)
     logits, _ = jax.jit(lambda p, t: prefill(p, t, config, 16, groups=2))(params, tokens)
     np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
     served = serving_params(params)
@@ -305,7 +314,7 @@ def test_latent_attention_caches_the_latent_and_decodes_as_the_forward_pass(expe
     config = replace(LATENT, **more) if experts else LATENT
     params = init_params(config)
     tokens = _tokens(12)
-    want = np.asarray(forward(params, tokens, config)[:, -1])
+    want = _forward_logits(config)
     logits, cache = jax.jit(lambda p, t: prefill(p, t, config, 16))(params, tokens)
     np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-5, atol=2e-5)
     assert [set(c) for c in cache] == [{"latent", "rope"}] * 3

@@ -49,7 +49,8 @@ def cluster():
     # Ray 2.52 warns that it will stop hiding accelerators from tasks that ask for none; say
     # now that it should (these tasks compile deviceless or on the CPU)
     env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-    start = [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2"]
+    # one CPU: one Ray worker at a time (each starts its own JAX), beside the suite's others
+    start = [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=1"]
     start += ["--include-dashboard=false", "--disable-usage-stats"]
     subprocess.run(start, check=True, env=env, capture_output=True, timeout=120)
     try:

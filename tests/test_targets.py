@@ -6,6 +6,7 @@ device count and the errors, without compiling.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -751,3 +752,33 @@ def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(
     assert "the h100 compiler failed on this plan" in p.notes[0].text
     # The next plan was compiled by the target instead, and it is the best.
     assert len(calls) == 2 and result.best.compiled_by == TARGETS["h100"]
+
+
+@pytest.mark.compiler
+def test_the_suites_gpu_kernel_file_changes_nothing_a_compile_shows():
+    # conftest.py has the GPU compiler keep each kernel's machine code in a file and take it
+    # from there in later compiles: the HLO, buffers and costs are those of a compile without
+    # it (the machine code of a deviceless compile is never run or shown)
+    (path,) = [
+        f.split("=", 1)[1]
+        for f in os.environ["XLA_FLAGS"].split()
+        if f.startswith("--xla_gpu_kernel_cache_file=")
+    ]
+    mesh = shardscope.target_mesh("h100", "data=8")
+    x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+    def compiled(**options):
+        # a new function each time, so that JAX compiles it again
+        def step(x, w):
+            return jax.nn.softmax(jnp.tanh(x @ w) @ w.T, axis=-1).sum(axis=0)
+
+        done = jax.jit(step).lower(x, w).compile(compiler_options=options or None)
+        memory = done.memory_analysis()
+        sizes = [getattr(memory, f"{k}_size_in_bytes") for k in ("argument", "output", "temp")]
+        return done.as_text(), sizes, done.cost_analysis()
+
+    # built, then taken from the file, then built without it (one line: one stack a program)
+    first, again, without = [compiled(**o) for o in ({}, {}, {"xla_gpu_kernel_cache_file": ""})]
+    assert os.path.getsize(path) > 0  # the file holds the program's kernels
+    assert first == again == without
