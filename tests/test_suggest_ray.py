@@ -42,21 +42,38 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A Ray head on the loopback, started as users start one; its address."""
+def cluster(tmp_path_factory):
+    """A Ray head on the loopback, started as users start one; its address.
+
+    The head runs in the foreground (``--block``) and is stopped by ending that one process, not
+    by ``ray stop``, which stops every Ray process of the machine: another worker of the suite
+    may hold a cluster of its own.
+    """
     ray_bin = Path(sys.executable).parent / "ray"
     port = _free_port()
     # Ray 2.52 warns that it will stop hiding accelerators from tasks that ask for none; say
     # now that it should (these tasks compile deviceless or on the CPU)
     env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
     # one CPU: one Ray worker at a time (each starts its own JAX), beside the suite's others
-    start = [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=1"]
+    start = [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=1", "--block"]
     start += ["--include-dashboard=false", "--disable-usage-stats"]
-    subprocess.run(start, check=True, env=env, capture_output=True, timeout=120)
+    log = tmp_path_factory.mktemp("ray") / "head.log"
+    with log.open("w") as out:
+        head = subprocess.Popen(start, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            if head.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Ray head did not start:\n{log.read_text()}")
+            time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True)
+        head.terminate()  # the head stops the processes it started, and only those
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
 
 
 def _rows(result):
@@ -80,8 +97,9 @@ def _dying(tmp_path, always):
     return load_program(f"{path}:make_step"), marker
 
 
-def test_a_worker_killed_mid_search_has_its_compile_run_again(cluster, tmp_path):
+def test_a_worker_killed_mid_search_has_its_compile_run_again(cluster, tmp_path, monkeypatch):
     make_step, marker = _dying(tmp_path, always=False)
+    monkeypatch.setenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as RayPool connects
     ray.init(address=cluster, logging_level="ERROR", log_to_driver=False)
     try:  # a cluster the program connected to itself is used without ray=
         result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=2, compare=False)
