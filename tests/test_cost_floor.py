@@ -36,7 +36,7 @@ def test_a_gpu_runs_its_kinds_of_kernel_one_after_another_and_a_tpu_overlaps_the
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_the_public_alpha_beta_time_is_the_planners_price_within_a_node(kind, n):
     hw = hardware("h100")
-    payload = 3 * 2**20
+    payload = 256 * 2**20  # large enough that NCCL's bandwidth protocol is its choice
     public = comm.alpha_beta_time(
         kind,
         payload,
@@ -46,6 +46,53 @@ def test_the_public_alpha_beta_time_is_the_planners_price_within_a_node(kind, n)
     )
     sent = comm.traffic_bytes(kind, payload, n)
     assert public == collective_seconds(hw, {"model": n}, kind, ("model",), n, sent)
+
+
+def test_a_small_all_reduce_on_gpus_is_priced_in_nccls_low_latency_protocol():
+    hw = hardware("h100")
+    payload = 16 * 1024  # a tensor-parallel all-reduce of a decode step's activations
+    sent = comm.traffic_bytes("all-reduce", payload, 8)
+    got = collective_seconds(hw, {"model": 8}, "all-reduce", ("model",), 8, 80 * sent, count=80)
+    # NCCL's tuning model: LL starts in 6.6 us and takes 0.6 us a ring step over NVLink (an
+    # all-reduce over 8 takes 2 x 7 steps), at a quarter of the bus bandwidth (0.8 of 450 GB/s)
+    one = 6.6e-6 + 2 * 7 * 0.6e-6 + (2 * 7 * payload / 8) / (450e9 * 0.8 / 4)
+    assert got == pytest.approx(80 * one)
+    # not 14 steps of the bandwidth protocol's 5 us each, 70 us an all-reduce
+    assert got < 80 * 2 * 7 * hw.latency_s
+
+
+def test_the_low_latency_protocol_pays_the_network_on_the_steps_that_cross_nodes():
+    hw = hardware("h100")
+    sent = comm.traffic_bytes("all-reduce", 4096, 16)
+    got = collective_seconds(hw, {"model": 16}, "all-reduce", ("model",), 16, sent)
+    # 16 GPUs on 2 nodes: of 2 x 15 ring steps, 2 x 2 cross the network (2.7 us each); the
+    # traffic goes over the 8 network cards of each node (or NVLink, if slower), at a quarter
+    one = 6.6e-6 + (2 * 15 - 4) * 0.6e-6 + 4 * 2.7e-6
+    bandwidth = min(hw.link_bandwidth, 8 * hw.cross_node_bandwidth) * 0.8 / 4
+    assert got == pytest.approx(one + sent / bandwidth)
+
+
+@pytest.mark.parametrize("kind", ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"])
+def test_large_collectives_and_tpus_keep_the_bandwidth_protocols_price(kind):
+    for name, payload in (("h100", 2**30), ("tpu-v5e", 4096)):
+        hw = hardware(name)
+        sent = comm.traffic_bytes(kind, payload, 8)
+        alpha_beta = 8 * comm.latency_steps(kind, 8) * hw.latency_s + 8 * sent / (
+            hw.link_bandwidth * hw.comm_fraction
+        )
+        got = collective_seconds(hw, {"model": 8}, kind, ("model",), 8, 8 * sent, count=8)
+        assert got == pytest.approx(alpha_beta)
+
+
+@given(st.integers(min_value=1, max_value=2**34), st.sampled_from([2, 4, 8]))
+def test_choosing_a_protocol_never_prices_a_collective_above_the_bandwidth_protocol(size, n):
+    hw = hardware("h100")
+    sent = comm.traffic_bytes("all-reduce", size, n)
+    alpha_beta = comm.latency_steps("all-reduce", n) * hw.latency_s + sent / (
+        hw.link_bandwidth * hw.comm_fraction
+    )
+    got = collective_seconds(hw, {"model": n}, "all-reduce", ("model",), n, sent)
+    assert 0 < got <= alpha_beta * (1 + 1e-12)
 
 
 def test_decode_attends_to_a_latent_cache_with_the_up_projections_absorbed():

@@ -13,18 +13,56 @@ card), so ``min(link, m x cross_node)``. Either way at ``comm_fraction`` of it, 
 bandwidth collectives measure against the line rate (``Hardware.comm_fraction``'s source).
 A group whose axes are not plain mesh axes (a sub-axis, an irregular group) is priced as the
 worst case: across nodes, one member on each.
+
+On a GPU a small ring collective (all-reduce, all-gather, reduce-scatter) does not pay the
+bandwidth protocol's latency at every step: NCCL picks, for each message size, the fastest of
+its protocols by its own tuning model, and for a message of kilobytes that is the low-latency
+one (:data:`LOW_LATENCY`: a fixed start and under a microsecond a step, at a quarter of the
+bandwidth). :func:`collective_seconds` prices both and takes the faster, so a tensor-parallel
+all-reduce of 16 KB over 8 GPUs costs about 15 us, not 14 steps of ``latency_s``, and a
+gradient all-reduce of gigabytes is priced as before.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from shardscope._src.base.comm import latency_steps, traffic_bytes
+from shardscope._src.base.comm import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    REDUCE_SCATTER,
+    latency_steps,
+    traffic_bytes,
+)
 from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
+from shardscope._src.targets.specs import Family
+
+
+class Protocol(NamedTuple):
+    """A collective protocol's latency and bandwidth, as NCCL's tuning model prices it: a
+    fixed start, a latency a ring step inside a node and across nodes, and the share of the
+    bus bandwidth it reaches."""
+
+    start_s: float
+    hop_s: float
+    net_hop_s: float
+    bandwidth_share: float
+
+
+#: NCCL's low-latency protocol (LL) on a ring (its source in
+#: :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`): 6.6 us to start, 0.6 us a
+#: step over NVLink and 2.7 us across the network, a quarter of the bus bandwidth (flags
+#: travel with every 8 bytes of data).
+LOW_LATENCY = Protocol(6.6e-6, 0.6e-6, 2.7e-6, 0.25)
+
+#: The collectives NCCL runs as rings with a choice of protocol.
+RING_KINDS = frozenset({ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER})
 
 
 def _groups(sizes: Mapping[str, int], axes: Sequence[str]) -> np.ndarray | None:
@@ -103,17 +141,74 @@ def collective_seconds(
     count: int = 1,
 ) -> float:
     """Alpha-beta seconds of ``count`` executions of a collective that send
-    ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``.
+    ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``, or
+    on a GPU, for a ring collective, the low-latency protocol's time where it is faster
+    (:func:`low_latency_seconds`).
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> round(collective_seconds(hardware("h100"), {"model": 8}, "all-reduce", ("model",), 8,
     ...                          7e9) * 1e3, 3)
     19.514
+    >>> round(collective_seconds(hardware("h100"), {"model": 8}, "all-reduce", ("model",), 8,
+    ...                          14 * 16384 / 8) * 1e6, 2)
+    15.32
     """
     if traffic_bytes <= 0 or group_size <= 1:
         return 0.0
     steps = count * latency_steps(kind, group_size)
-    return alpha_beta_seconds(steps, hw.latency_s, traffic_bytes, group_bandwidth(hw, sizes, axes))
+    bandwidth = group_bandwidth(hw, sizes, axes)
+    seconds = alpha_beta_seconds(steps, hw.latency_s, traffic_bytes, bandwidth)
+    if kind in RING_KINDS and _has_protocols(hw):
+        low = low_latency_seconds(hw, sizes, kind, axes, group_size, traffic_bytes, count)
+        seconds = min(seconds, low)
+    return seconds
+
+
+def _has_protocols(hw: Hardware) -> bool:
+    """Whether ``hw``'s collectives choose a protocol by message size: a GPU's (NCCL's)."""
+    spec = specs.TARGETS.get(hw.name)
+    return spec is not None and spec.family == Family.GPU
+
+
+def _nodes_spanned(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> int:
+    """How many nodes one group of a collective over ``axes`` spans (a group whose axes are
+    not plain mesh axes: one member on each node, as :func:`group_bandwidth` prices it)."""
+    if math.prod(sizes.values()) <= hw.node_size:
+        return 1
+    groups = _groups(sizes, axes)
+    if groups is None:
+        return max(1, math.prod(sizes[a] for a in axes if a in sizes))
+    return len(set((groups[0] // hw.node_size).tolist()))
+
+
+def low_latency_seconds(
+    hw: Hardware,
+    sizes: Mapping[str, int],
+    kind: str,
+    axes: Sequence[str],
+    group_size: int,
+    traffic_bytes: float,
+    count: int = 1,
+) -> float:
+    """``count`` executions of a ring collective in NCCL's :data:`LOW_LATENCY` protocol: each
+    its start and a latency a step (the steps that cross nodes at the network's: two a node
+    for an all-reduce, one a node boundary for an all-gather or a reduce-scatter, as NCCL's
+    tuning model counts them), and all of ``traffic_bytes`` at its share of the group's
+    bandwidth.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> round(low_latency_seconds(hardware("h100"), {"model": 8}, "all-reduce", ("model",),
+    ...                           8, 0) * 1e6, 2)
+    15.0
+    """
+    ll = LOW_LATENCY
+    steps = latency_steps(kind, group_size)
+    nodes = _nodes_spanned(hw, sizes, axes)
+    across = 0 if nodes == 1 else (2 * nodes if kind == ALL_REDUCE else nodes - 1)
+    across = min(across, steps)
+    one = ll.start_s + (steps - across) * ll.hop_s + across * ll.net_hop_s
+    bandwidth = group_bandwidth(hw, sizes, axes) * ll.bandwidth_share
+    return alpha_beta_seconds(count, one, traffic_bytes, bandwidth)
 
 
 def alpha_beta_time(

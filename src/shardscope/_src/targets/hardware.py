@@ -161,6 +161,16 @@ TIME_MODEL_SOURCES = {
         "model likewise adds the element-wise work's traffic to the matmuls' time, as "
         "matmul_fraction was calibrated"
     ),
+    "LOW_LATENCY (GPUs: NCCL's LL protocol, cost/links.py)": (
+        "NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel), from which NCCL picks "
+        "each collective's algorithm and protocol by message size: a ring in the LL protocol "
+        "starts in 6.6 us (baseLat) and takes 0.6 us a step over NVLink, 2.7 us across the "
+        "network (hwLat), at a quarter of the bus bandwidth (busBw x 1/4, LL's flag with "
+        "every 8 bytes); nccl-tests' all_reduce_perf measures 8 GPUs over NVLink at 10-25 us "
+        "for 8 B to 64 KB. The bandwidth protocol keeps latency_s a step. Serving engines' "
+        "own one-shot all-reduces (vLLM's and TensorRT-LLM's custom all-reduce) are faster "
+        "still for the smallest messages and are not modelled"
+    ),
     "kernel_launch_s (GPUs) 1e-6": (
         "XLA's GPU cost model, which prices each kernel's launch at 1 us (xla/service/gpu/"
         "model/gpu_performance_model_base.h, kKernelLaunchOverhead); TPUs 0: the TPU runs a "
