@@ -1,0 +1,225 @@
+"""The models' error table as data: every published run that ``calibration.py`` (training) and
+``serving_accuracy.py`` (serving) judge, predicted against measured, one record a run and a
+summary per split, source and metric, as JSON for the docs' accuracy page.
+
+A run's ``split`` is ``calibration`` (a row the constants were fitted to) or ``held-out`` (a
+run nothing was fitted to); its ``source`` is who published it. The summaries count the runs
+and give the median and worst absolute error, the signed median (a model that is always fast
+is wrong even where its median error looks small) and how many land within 25%; a run the
+plans call a misfit (one that does not fit the hardware it ran on) is counted apart: a serving
+run so called has no plan, and is not judged; a training run is judged all the same, as
+``calibration.py`` judges it. The rows themselves, their sources and how each is
+planned are the two benchmarks' own: this script imports them and changes nothing.
+
+Run: ``python benchmarks/accuracy.py --json benchmarks/results/serving_compiled.json`` (the
+serving runs compiled with their hardware's own compiler, deviceless: minutes; its output is
+committed and the docs render it), or ``--estimates`` for the screening estimates of both
+models (seconds: the docs build computes these itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import calibration  # noqa: E402
+import serving_accuracy  # noqa: E402
+
+from shardscope import PlanError  # noqa: E402
+from shardscope._src.base.records import result_header  # noqa: E402
+
+GIB = 2**30
+WITHIN = 0.25  # the share of runs within this error is reported too
+
+
+def _source(name: str, *, training: bool) -> str:
+    """Who published a run, from its name: a training row's first word (``"torchtitan Llama
+    3.1 8B, ..."``), a serving run's words before the first comma (``"NIM 1.8, 1 client"``)."""
+    return name.split()[0] if training else name.split(",")[0]
+
+
+def training_runs() -> list[dict[str, Any]]:
+    """Every training run of ``calibration.py``, as the planner's screening estimate predicts
+    it at the published configuration: the step time, and the peak memory where the source
+    published one."""
+    out: list[dict[str, Any]] = []
+    for split, rows in (
+        ("calibration", [*calibration.ROWS, *calibration.MOE_ROWS]),
+        ("held-out", calibration.JUDGED_ROWS),
+    ):
+        for row in rows:
+            s, microbatches = calibration._estimate(row)
+            common = {
+                "split": split,
+                "source": _source(row.name, training=True),
+                "run": row.name,
+                "hardware": row.hardware,
+                "by": "estimate",
+                "microbatches": microbatches,
+                "instead": row.instead or None,
+                # Judged all the same, as calibration.py judges it, and counted as a misfit.
+                "misfit": None
+                if s.fits
+                else (
+                    f"the estimate holds {s.memory.total / GIB:.1f} GiB a device, over the "
+                    f"{s.memory_limit_bytes / GIB:.1f} GiB it has"
+                ),
+            }
+            out.append(
+                {
+                    **common,
+                    "metric": "step time",
+                    "unit": "s",
+                    "predicted": s.time.step_s,
+                    "measured": row.measured_s,
+                }
+            )
+            if row.peak_gib:
+                out.append(
+                    {
+                        **common,
+                        "metric": "peak memory",
+                        "unit": "GiB",
+                        "predicted": s.memory.total / GIB,
+                        "measured": row.peak_gib,
+                    }
+                )
+    return out
+
+
+_METRICS = {"token": "time per output token", "first": "time to first token"}
+
+
+def serving_runs(compiler: str | None) -> list[dict[str, Any]]:
+    """Every serving run of ``serving_accuracy.py``, planned as it ran: ``compiler="cpu"`` the
+    estimates alone, None each run's hardware's own compiler (deviceless)."""
+    out: list[dict[str, Any]] = []
+    for split, runs in (
+        ("calibration", serving_accuracy.CALIBRATION),
+        ("held-out", serving_accuracy.HELD_OUT),
+    ):
+        for run in runs:
+            record: dict[str, Any] = {
+                "split": split,
+                "source": _source(run.source, training=False),
+                "run": (
+                    f"{run.source}: {run.model} TP {run.tp} {run.weights} "
+                    f"{run.prompt}+{run.output}, batch {run.batch}"
+                ),
+                "hardware": run.hardware,
+                "metric": _METRICS[run.metric],
+                "unit": "ms",
+                "measured": run.given,
+            }
+            try:
+                got, by = serving_accuracy.predicted_ms(run, compiler)
+            except PlanError as e:
+                out.append({**record, "predicted": None, "by": None, "misfit": str(e)})
+                continue
+            out.append({**record, "predicted": got, "by": by, "misfit": None})
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per split, source and metric (and per split and metric over every source, ``source``
+    ``"all"``): the runs judged (those with a prediction), their median, worst and signed
+    median error, how many within :data:`WITHIN`, and how many were called misfits."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        for source in (r["source"], "all"):
+            groups.setdefault((r["split"], source, r["metric"]), []).append(r)
+    out = []
+    order = sorted(
+        groups,
+        key=lambda k: (k[0] != "calibration", k[2], k[1] != "all", k[1].lower()),
+    )
+    for split, source, metric in order:
+        members = groups[split, source, metric]
+        errors = [r["predicted"] / r["measured"] - 1 for r in members if r["predicted"] is not None]
+        size = sorted(abs(e) for e in errors)
+        out.append(
+            {
+                "split": split,
+                "source": source,
+                "metric": metric,
+                "count": len(errors),
+                "misfits": sum(bool(r.get("misfit")) for r in members),
+                "median": statistics.median(size) if size else None,
+                "worst": size[-1] if size else None,
+                "signed_median": statistics.median(errors) if errors else None,
+                "within": sum(e <= WITHIN for e in size),
+            }
+        )
+    return out
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def report(model: str, runs: list[dict[str, Any]], compiler: str) -> dict[str, Any]:
+    """One model's runs and summaries, with what made them."""
+    return {
+        **result_header(None),
+        "model": model,
+        "compiler": compiler,
+        "commit": _commit(),
+        "date": datetime.date.today().isoformat(),
+        "within": WITHIN,
+        "runs": runs,
+        "summary": summarize(runs),
+    }
+
+
+def _print(data: dict[str, Any]) -> None:
+    print(f"{data['model']} ({data['compiler']}):")
+    for s in data["summary"]:
+        if s["count"]:
+            print(
+                f"  {s['split']:11} {s['source']:20} {s['metric']:22} {s['count']:3} runs, "
+                f"median {s['median']:6.1%}, worst {s['worst']:6.1%}, signed "
+                f"{s['signed_median']:+6.1%}, {s['within']} within {WITHIN:.0%}"
+                + (f", {s['misfits']} misfits" if s["misfits"] else "")
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--json", metavar="PATH", help="write the serving runs, compiled, as JSON to PATH"
+    )
+    parser.add_argument(
+        "--estimates", action="store_true", help="print the estimates of both models alone"
+    )
+    args = parser.parse_args()
+    if args.estimates or not args.json:
+        _print(report("training", training_runs(), "estimate"))
+        _print(report("serving", serving_runs("cpu"), "estimate"))
+    if args.json:
+        data = report("serving", serving_runs(None), "the hardware's own")
+        _print(data)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
