@@ -250,7 +250,7 @@ def _add_audit_hlo(programs: argparse._SubParsersAction) -> None:
         "hlo",
         help="HLO text a compiler dumped (XLA_FLAGS=--xla_dump_to=DIR) "
         "(shorthand: shardscope audit --hlo FILE)",
-        description="Audit optimized HLO text: a *after_optimizations.txt file of an XLA "
+        description="Audit optimized HLO text: the ...after_optimizations.txt file of an XLA "
         "dump, or a dump folder holding exactly one.",
     )
     hlo.add_argument("--hlo", required=True, metavar="FILE", help="the HLO file or dump folder")

@@ -760,7 +760,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     :func:`plan_program` ranks (those that fit first, then the step time). The module
     docstring of ``shardscope._src.suggest.suggest`` says how and why.
 
-    The request's fields:
+    Request fields:
         make_step: ``make_step(mesh, rules)`` returning ``(step, args)``, as
             :func:`plan_program` takes it; its arrays are named with logical names (Flax
             NNX's ``with_partitioning``, :func:`shardscope.logical_to_spec`).
