@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile \
 	-c constraints.txt
 
-.PHONY: lab test test-fast lint bench clean
+.PHONY: lab test test-fast lint bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ $(VENV)/.installed-runtime: pyproject.toml constraints.txt | $(BIN)/python
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[cpu,dev,gpu-compile,tpu-compile,ray]'
 	touch $(VENV)/.installed-runtime $@
+
+# The docs site's tools (the `docs` extra) beside everything the suite has: the guides run the
+# GPU and TPU compilers, deviceless, and Flax.
+$(VENV)/.installed-docs: $(VENV)/.installed-dev
+	$(PIP) -e '.[docs]'
+	touch $@
 
 lab: $(VENV)/.installed-runtime
 	$(BIN)/shardscope lab
@@ -62,5 +68,13 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/hostile_hlo.py
 	$(BIN)/python benchmarks/calibration.py
 
+# The docs site in docs/_build/html, every guide executed (MyST-NB), warnings as errors: an
+# example that raises fails the build and names its cell. Every page is read again each time
+# (-E): a page whose text did not change still shows what the library computes today.
+# DOCS_JOBS processes read (and execute) the pages.
+DOCS_JOBS ?= 2
+docs: $(VENV)/.installed-docs
+	$(BIN)/python -m sphinx -W --keep-going -E -j $(DOCS_JOBS) -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) scores build src/*.egg-info
+	rm -rf $(VENV) scores build src/*.egg-info docs/_build docs/reference/generated
