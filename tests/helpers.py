@@ -89,16 +89,35 @@ def bars(image: np.ndarray, colour: str) -> list[int]:
     return [rows.stop - rows.start for rows, _ in found if rows.stop == baseline]
 
 
-def run_readme_example(heading: str, tmp_path: Path) -> str:
-    """Runs the first ``python`` block of the README section under ``heading`` as a script in
-    a fresh interpreter, warnings as errors; returns what it printed."""
+def example_code(path: str, heading: str) -> str:
+    """The code of the section under ``heading`` (a heading line that starts with it) of a
+    Markdown file of the repository (``README.md``, ``docs/guides/own_program.md``): its first
+    ``python`` block, or in a MyST notebook every code cell of the section, in order, up to
+    the next heading of the same level or above."""
     import re
+
+    text = (Path(__file__).parent.parent / path).read_text()
+    start = re.search(rf"^{re.escape(heading)}.*$", text, re.M)
+    assert start is not None, f"{path} has no heading {heading!r}"
+    level = len(heading) - len(heading.lstrip("#"))
+    section = text[start.end() :]
+    after = re.search(rf"^#{{1,{level}}} ", section, re.M)
+    section = section[: after.start()] if after else section
+    cells = re.findall(r"^```\{code-cell\}[^\n]*\n(.*?)^```", section, re.M | re.S)
+    if cells:
+        # a cell's options (":tags: [...]") are not code
+        return "\n".join(re.sub(r"\A(?::[^\n]*\n)+", "", c) for c in cells)
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found is not None, f"{path}: no python block under {heading!r}"
+    return found.group(1)
+
+
+def run_example(code: str, tmp_path: Path) -> str:
+    """Runs ``code`` as a script in a fresh interpreter, warnings as errors, in ``tmp_path``;
+    returns what it printed."""
     import subprocess
     import sys
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index(heading) :]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     script = tmp_path / "example.py"
     script.write_text(code)
     done = subprocess.run(
@@ -110,6 +129,12 @@ def run_readme_example(heading: str, tmp_path: Path) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def run_doc_example(path: str, heading: str, tmp_path: Path) -> str:
+    """Runs the example under ``heading`` of the Markdown file ``path`` (see
+    :func:`example_code`) as written; returns what it printed."""
+    return run_example(example_code(path, heading), tmp_path)
 
 
 #: The users' programs the suite runs (Flax, Equinox and plain JAX, as their projects write them).

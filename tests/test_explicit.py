@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from helpers import PROGRAMS, assert_usage_error, run_readme_example
+from helpers import PROGRAMS, assert_usage_error, run_doc_example
 from helpers import program_module as load_program_module
 from shardscope._src.cli.main import main
 
@@ -257,8 +257,8 @@ def test_audit_on_a_target_finds_the_mesh_of_its_arguments():
     assert info.value.params == ("mesh",)
 
 
-def test_the_readme_explicit_example_runs_as_written(tmp_path):
-    out = run_readme_example("## Explicit sharding", tmp_path)
+def test_the_guides_explicit_example_runs_as_written(tmp_path):
+    out = run_doc_example("docs/guides/own_program.md", "## Explicit sharding", tmp_path)
     first, second = out.splitlines()[:2]
     # One all-reduce of the activations over 'model', one of the gradients over 'data'.
     assert first == "float32[512,2048@model] 2"

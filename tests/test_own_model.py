@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import program_module as load_program_module
-from helpers import run_readme_example
+from helpers import run_doc_example
 from shardscope._src.audit.stages import lower_step
 
 
@@ -260,8 +260,8 @@ def test_logical_to_spec_follows_flax_rules():
     assert shardscope.logical_to_spec(("batch",), {"batch": ["data"]}) == P("data")
 
 
-def test_the_readme_flax_example_runs_as_written(tmp_path):
-    out = run_readme_example("## Your own model", tmp_path)
+def test_the_guides_flax_example_runs_as_written(tmp_path):
+    out = run_doc_example("docs/guides/own_program.md", "## Your own model", tmp_path)
     max_bytes, all_reduces = out.split("\n")[0].split()
     # Two (64, 256) kernels and their Adam moments, a quarter per device, and two scalars.
     assert int(max_bytes) == 6 * 64 * 256 + 8 and int(all_reduces) == 2

@@ -1,0 +1,65 @@
+"""What the docs site is built from stays whole: the accuracy page's committed serving runs are
+every run the benchmark judges, and the API page lists every public name. (`make docs`
+builds the site itself, every guide executed; CI runs it after the suite.)"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import shardscope
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _benchmark(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_committed_serving_runs_are_every_run_the_benchmark_judges():
+    accuracy = _benchmark("accuracy")
+    judged = accuracy.serving_runs("cpu")  # the estimates: seconds, and the same runs
+    committed = json.loads((ROOT / "benchmarks/results/serving_compiled.json").read_text())
+
+    def key(r):
+        return r["split"], r["source"], r["run"], r["metric"], r["measured"]
+
+    assert sorted(map(key, committed["runs"])) == sorted(map(key, judged)), (
+        "benchmarks/serving_accuracy.py judges other runs than benchmarks/results/"
+        "serving_compiled.json holds: run `python benchmarks/accuracy.py --json "
+        "benchmarks/results/serving_compiled.json`"
+    )
+    assert committed["summary"] == accuracy.summarize(committed["runs"])
+
+
+def test_the_summaries_count_every_run_once_per_split_and_metric():
+    accuracy = _benchmark("accuracy")
+    runs = accuracy.training_runs()
+    summary = accuracy.summarize(runs)
+    for s in summary:
+        if s["source"] == "all":
+            members = [r for r in runs if (r["split"], r["metric"]) == (s["split"], s["metric"])]
+            # a training run called a misfit is judged all the same, and counted
+            assert s["count"] == len(members)
+            assert s["misfits"] == sum(bool(r["misfit"]) for r in members)
+    sources = {(s["split"], s["metric"]) for s in summary if s["source"] != "all"}
+    assert {(r["split"], r["metric"]) for r in runs} == sources
+
+
+def test_the_api_page_lists_every_public_name():
+    page = (DOCS / "reference/api.rst").read_text()
+    listed = set(re.findall(r"shardscope\.(\w+)", page))
+    assert set(shardscope.__all__) <= listed, set(shardscope.__all__) - listed
+
+
+def test_every_guide_sets_the_simulated_devices_first():
+    pages = [DOCS / "getting_started.md", *sorted((DOCS / "guides").glob("*.md"))]
+    for page in pages:
+        cells = page.read_text().split("```{code-cell} ipython3\n")[1:]
+        if cells:  # an executed page: its first cell, as a reader runs it, sets the devices
+            assert "shardscope.use_cpu_devices(8)" in cells[0].split("```")[0], page.name
