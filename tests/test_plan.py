@@ -388,6 +388,50 @@ def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
     )
 
 
+def test_the_one_compile_step_reads_the_compile_log_and_keeps_its_lines_off_the_terminal(capfd):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardscope._src.plan.compile import compile_plan
+
+    # A program the partitioner can only reshard by replicating whole arrays: its log says so.
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
+    s2 = NamedSharding(mesh, P(None, ("x", "y"), None))
+    s1 = NamedSharding(mesh, P("y", None, "x"))
+
+    def f(a, b, c):
+        d = jax.lax.with_sharding_constraint(a + b, s2)  # the line to report
+        return c + d
+
+    arg = jax.ShapeDtypeStruct((16, 16, 16), jnp.float32)
+    lowered = jax.jit(f, in_shardings=(s1, s1, s2), out_shardings=s2).lower(arg, arg, arg)
+    line = f":{f.__code__.co_firstlineno + 1}"
+
+    # Asked to drop nothing, the compiler's line reaches the terminal; the record has it too.
+    shown = compile_plan(lowered, drop=())
+    assert "Involuntary full rematerialization" in capfd.readouterr().err
+    (r,) = shown.rematerializations
+    assert r.source.endswith(line)
+
+    # By default it is the plan's to say: read into the record, off the terminal.
+    got = compile_plan(lowered, options=COMPILE_OPTIONS)
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err
+    (r,) = got.rematerializations
+    assert r.source.endswith(line) and got.memory_pressure is None
+    assert got.memory == got.audit.memory and got.memory.held_bytes > 0
+    assert (got.flops, got.hlo_flops) == (got.audit.flops, got.audit.hlo_flops)
+    assert got.exact and got.audit.collectives
+    assert got.plan_collectives() == tuple(
+        plan_collective(c, Width.of(got.audit)) for c in got.audit.collectives
+    )
+    # A Compiled is audited as it is: no compile, so no log to read.
+    done = compile_plan(got.audit.compiled)
+    assert done.rematerializations == () and done.audit.collectives == got.audit.collectives
+
+
 def test_forward_mode_needs_no_data_parallel_communication():
     result = plan("tiny", 8, mode="forward", strategies=["dp", "tp"], workers=0, compiler="cpu")
     dp = next(p for p in result.plans if p.strategy == "dp")

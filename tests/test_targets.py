@@ -738,8 +738,8 @@ def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(
             raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes\nmore")
         return real(lowered, **kw)
 
-    real = target.audit
-    monkeypatch.setattr(target, "audit", failing)
+    real = target.compile_plan
+    monkeypatch.setattr(target, "compile_plan", failing)
     result = shardscope.plan(
         None, 8, hardware="h100", strategies=["dp", "fsdp"], compiler="h100", target_plans=1,
         workers=0, stages=1, microbatches=1, remat="none", vocab_split=False, **_SMALL,

@@ -1212,17 +1212,16 @@ def _compile(
     its kernels timed (:func:`~shardscope._src.cost.compute.kernels_seconds`,
     a FLOP of the weights' matmuls and of the attention core's taking ``flop_s``'s
     seconds) and summed; its collectives, its buffers and its kernels."""
-    from shardscope._src.audit.compile import audit
     from shardscope._src.audit.overlap import kernel_costs
-    from shardscope._src.base.stderr import capture_stderr
     from shardscope._src.model.serving import ATTENTION_CORE
+    from shardscope._src.plan.compile import compile_plan
 
     # XLA:GPU's scheduler logs an error line when a program's arguments pass its memory
     # limit's base (the device's memory), as a server's weights and cache may, and its
     # rematerialization a warning when a program does not fit: the compile is sound, and
     # the fit says the rest
-    with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
-        result = audit(step, *args)
+    compiled = compile_plan(step, *args, drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc"))
+    result = compiled.audit
     sizes = dict(plan.mesh)
     memory_s = kernels_s = None
     kernels = 0
@@ -1231,14 +1230,14 @@ def _compile(
         kernels = sum(runs.values())
         if result.hlo_bytes is not None:
             memory_s = sum(n * moved_seconds(hw, k.cost) for k, n in runs.items())
-        if result.hlo_bytes is not None and result.hlo_flops is not None and by_kernel(hw):
+        if result.hlo_bytes is not None and compiled.hlo_flops is not None and by_kernel(hw):
             kernels_s = kernels_seconds(hw, runs, flop_s)
     return _Compiled(
         memory_s=memory_s,
-        flops=result.hlo_flops,
+        flops=compiled.hlo_flops,
         kernels_s=kernels_s,
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
-        held_bytes=0 if result.memory is None else result.memory.held_bytes,
+        held_bytes=compiled.memory.held_bytes,
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
         kernels=kernels,
     )

@@ -11,22 +11,19 @@ that does not fit fails to compile; its words are kept as the reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import RECORDED_LOG_LINES, audit
 from shardscope._src.audit.records import MemoryPressure
-from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
 from shardscope._src.base.notes import Note
-from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.collectives import PlanCollective, axis_comm
-from shardscope._src.plan.compile import Progress, plan_collective
+from shardscope._src.plan.compile import Progress, compile_plan
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
@@ -68,18 +65,6 @@ class TargetFacts:
         return self.memory.held_bytes
 
 
-def _optimal_seconds(compiled: jax.stages.Compiled | None) -> float | None:
-    if compiled is None:
-        return None
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else None
-    if not isinstance(cost, Mapping):
-        return None
-    value = cost.get("optimal_seconds")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
-
-
 def target_facts(
     cand: Candidate,
     config: ModelConfig,
@@ -100,10 +85,9 @@ def target_facts(
     lowered = program.lower()
     t0 = time.perf_counter()
     try:
-        # The audit compiles it (its log read: rematerializations, memory pressure, which
-        # the plan's notes say: their raw lines stay off the terminal).
-        with capture_stderr(drop=RECORDED_LOG_LINES):
-            result = audit(lowered)
+        # Its log is read (rematerializations, memory pressure, which the plan's notes say:
+        # their raw lines stay off the terminal).
+        compiled = compile_plan(lowered)
     except DeviceMemoryError as e:
         return TargetFacts(name, error=str(e), compile_s=time.perf_counter() - t0)
     except jax.errors.JaxRuntimeError as e:
@@ -111,22 +95,20 @@ def target_facts(
         # plan: it keeps its CPU compile, and a note says why.
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return TargetFacts(name, failure=first[:300], compile_s=time.perf_counter() - t0)
-    compile_s = time.perf_counter() - t0
-    compiled = result.compiled
     return TargetFacts(
         target=name,
-        memory=CompiledMemory() if result.memory is None else result.memory,
+        memory=compiled.memory,
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
-        collectives=tuple(plan_collective(c, Width.of(result)) for c in result.collectives),
-        flops=result.flops,
-        hlo_flops=result.hlo_flops,
-        optimal_seconds=_optimal_seconds(compiled),
-        exact=result.exact,
-        compile_s=compile_s,
+        collectives=compiled.plan_collectives(),
+        flops=compiled.flops,
+        hlo_flops=compiled.hlo_flops,
+        optimal_seconds=compiled.optimal_seconds,
+        exact=compiled.exact,
+        compile_s=compiled.compile_s,
         rematerializations=tuple(
-            sorted({r.source or r.op_name or "?" for r in result.rematerializations or ()})
+            sorted({r.source or r.op_name or "?" for r in compiled.rematerializations})
         ),
-        memory_pressure=result.memory_pressure,
+        memory_pressure=compiled.memory_pressure,
     )
 
 
