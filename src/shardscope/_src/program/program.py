@@ -50,7 +50,7 @@ from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.compute import hidden_seconds, matmul_seconds, serial_seconds
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
-from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
+from shardscope._src.mesh import MeshShape, axis_types_of, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
@@ -95,7 +95,7 @@ from shardscope._src.targets.specs import CPU, CPU_TARGET, Family, get_target
 # -- mesh shapes --------------------------------------------------------------------------------
 
 
-def mesh_shapes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
+def mesh_shapes(devices: int, axes: Sequence[str]) -> list[MeshShape]:
     """Every way to spread ``devices`` over ``axes`` (sizes multiply to it; 1 allowed).
 
     >>> [tuple(m.values()) for m in mesh_shapes(4, ("data", "model"))]
@@ -105,7 +105,7 @@ def mesh_shapes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
     for sizes in itertools.product(divisors(devices), repeat=max(len(axes) - 1, 0)):
         head = math.prod(sizes)
         if devices % head == 0:
-            out.append(dict(zip(axes, (*sizes, devices // head), strict=True)))
+            out.append(MeshShape(tuple(zip(axes, (*sizes, devices // head), strict=True))))
     return out
 
 
@@ -322,10 +322,11 @@ def compile_candidate(
     compiler. A ``Compiled`` that ``make_step`` returned is audited as it is."""
 
     t0 = time.perf_counter()
+    shape = MeshShape.of(sizes)
     if target is None:
-        mesh = make_mesh(dict(sizes), devices=devices, axis_types=axis_types)
+        mesh = shape.on(devices, axis_types=axis_types)
     else:
-        mesh = target_mesh(target, dict(sizes), axis_types=axis_types)
+        mesh = target_mesh(target, shape, axis_types=axis_types)
     stage = lower_step(make_step, mesh, rules, where=where)
     t1 = time.perf_counter()
     # a Compiled is audited as it is
@@ -744,7 +745,7 @@ def compile_program(
                 by_dataflow=ref.by_dataflow,
                 rules_name=todo[i][0],
                 rules=tuple(todo[i][1]),
-                sizes=tuple(todo[i][2].items()),
+                mesh=MeshShape.of(todo[i][2]),
                 target=target,
                 axis_types=tuple(k.name for k in kinds),
                 hardware=hw,
@@ -871,7 +872,7 @@ class ProgramTask:
     by_dataflow: bool
     rules_name: str
     rules: tuple[tuple[str, Any], ...]
-    sizes: tuple[tuple[str, int], ...]
+    mesh: MeshShape
     target: str | None
     axis_types: tuple[str, ...]
     hardware: Hardware
@@ -891,20 +892,19 @@ class ProgramTask:
                     make_step,
                     None,
                     where=self.where,
-                    axes=tuple(n for n, _ in self.sizes),
+                    axes=self.mesh.names,
                     axis_types=kinds,
                 )
             _LOADED[key] = make_step
-        sizes = dict(self.sizes)
         local = None
         if not self.target:
-            local = list(devices or jax.devices("cpu"))[: math.prod(sizes.values())]
+            local = list(devices or jax.devices("cpu"))[: self.mesh.devices]
         label = self.where.split("(mesh ")[0]
         plan, skipped, fingerprint = _compile_one(
             make_step,
             self.rules_name,
             self.rules,
-            sizes,
+            self.mesh,
             self.hardware,
             local,
             label,
@@ -1091,21 +1091,21 @@ def program_name(fn: Any) -> str:
 
 def mesh_list(
     meshes: Sequence[str | Mapping[str, int]] | None, axes: tuple[str, ...], devices: int
-) -> list[dict[str, int]]:
+) -> list[MeshShape]:
     """The mesh shapes to plan over: ``meshes`` checked (each with the ``axes``, in order,
     and ``devices`` devices), or every shape of :func:`mesh_shapes` when None."""
     if meshes is None:
         return mesh_shapes(devices, axes)
     out = []
     for m in meshes:
-        sizes = parse_mesh_spec(m)
-        if tuple(sizes) != axes:
+        sizes = MeshShape.of(m)
+        if sizes.names != axes:
             raise PlanError(
                 f"mesh {m!r} has axes {', '.join(sizes)}; every mesh must have the axes "
                 f"{', '.join(axes)}, in that order"
             )
-        if math.prod(sizes.values()) != devices:
-            raise PlanError(f"mesh {m!r} holds {math.prod(sizes.values())} devices, not {devices}")
+        if sizes.devices != devices:
+            raise PlanError(f"mesh {m!r} holds {sizes.devices} devices, not {devices}")
         out.append(sizes)
     return out
 
