@@ -717,7 +717,7 @@ def test_the_gpu_kernel_cache_changes_nothing_a_plan_reads(monkeypatch):
     from shardscope._src.program import program
 
     def compile_once():
-        audit = program.compile_candidate(
+        compiled = program.compile_candidate(
             _bf16_step,
             (("batch", "data"), ("embed", "data")),
             {"data": 8},
@@ -726,7 +726,7 @@ def test_the_gpu_kernel_cache_changes_nothing_a_plan_reads(monkeypatch):
             target="h100",
             axis_types=axis_types_of("auto", ("data",)),
         )[0]
-        return audit.hlo_text, audit.memory
+        return compiled.audit.hlo_text, compiled.memory
 
     got = []
     for cached in (False, True, True):  # the second cached takes its kernels from the file

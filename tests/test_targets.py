@@ -198,14 +198,14 @@ def test_a_gpu_mesh_told_less_memory_compiles_under_that_limit():
 def test_the_planners_target_compile_notes_memory_pressure_and_keeps_it_off_the_terminal(capfd):
     from shardscope._src.model.config import ModelConfig
     from shardscope._src.train.target import target_facts
-    from shardscope._src.train.types import Candidate
+    from shardscope._src.train.types import StageProgram
 
     # A small FSDP train step told it may hold 16 MB of the H100 (its arguments and outputs
     # 8 MB of it): no rematerialization gets it under the rest, and the compiler says so in
     # its log.
     config = ModelConfig(d_model=512, heads=8, ff=2048, layers=2, batch=16, seq=256)
-    cand = Candidate("fsdp", (("data", 8),), 1, "none")
-    facts = target_facts(cand, config, "train", "h100", memory_bytes=16e6)
+    program = StageProgram("fsdp", "data=8", config, "train")
+    facts = target_facts(program, "h100", memory_bytes=16e6)
     assert facts.error is None and facts.failure is None
     assert facts.memory_pressure is not None
     assert facts.memory_pressure.limit_bytes < 16e6
@@ -540,12 +540,12 @@ def test_the_plan_ranked_first_is_one_the_target_compiled(monkeypatch):
 
     real = plan_target.target_facts
 
-    def slower(cand, *args):
+    def slower(program, *args):
         # A target whose DP program computes a million times the matmuls (a tenth of a
         # second where the small model's step is microseconds of latency): compiled first,
         # it falls below FSDP, which only the CPU compiler compiled.
-        facts = real(cand, *args)
-        if cand.strategy == "dp" and facts.hlo_flops:
+        facts = real(program, *args)
+        if program.strategy.name == "dp" and facts.hlo_flops:
             facts = copy(facts, hlo_flops=10**6 * facts.hlo_flops)
         return facts
 
@@ -738,8 +738,8 @@ def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(
             raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes\nmore")
         return real(lowered, **kw)
 
-    real = target.audit
-    monkeypatch.setattr(target, "audit", failing)
+    real = target.compile_plan
+    monkeypatch.setattr(target, "compile_plan", failing)
     result = shardscope.plan(
         None, 8, hardware="h100", strategies=["dp", "fsdp"], compiler="h100", target_plans=1,
         workers=0, stages=1, microbatches=1, remat="none", vocab_split=False, **_SMALL,

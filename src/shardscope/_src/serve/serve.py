@@ -78,6 +78,7 @@ from shardscope._src.audit.pricing import execution_seconds
 from shardscope._src.base.comm import ALL_REDUCE, format_bytes, format_seconds, traffic_bytes
 from shardscope._src.base.errors import PlanError, StrategyError
 from shardscope._src.base.records import Record, record_dict
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.cost.compute import (
@@ -94,6 +95,7 @@ from shardscope._src.cost.compute import (
 from shardscope._src.cost.flops import attention_core_flops, weight_flops
 from shardscope._src.cost.links import collective_seconds
 from shardscope._src.cost.memory import memory_fits
+from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import (
@@ -204,8 +206,7 @@ class ServePlan(Record):
 
     @property
     def label(self) -> str:
-        mesh = ",".join(f"{k}={v}" for k, v in self.mesh.items())
-        return f"{self.strategy} {mesh} batch {self.batch}"
+        return f"{self.strategy} {format_mesh_spec(self.mesh)} batch {self.batch}"
 
 
 @dataclass(frozen=True)
@@ -557,7 +558,7 @@ class _Online:
             tests.append((misfit.label, held))
         if not tests:
             for layout in _layouts(c.config, c.devices):
-                mesh = ",".join(f"{k}={v}" for k, v in layout.mesh.items())
+                mesh = layout.mesh.spec
 
                 def fits(rate: float, layout: _Layout = layout) -> str | None:
                     plan = self.plan(layout, rate)
@@ -647,12 +648,12 @@ class _Layout:
     replicas: int
 
     @property
-    def mesh(self) -> dict[str, int]:
+    def mesh(self) -> MeshShape:
         """``model=t``, with ``data`` (or ``expert``) first where there are replicas."""
         r, t = self.replicas, self.t
         if self.strategy is ServeLayout.EP_TP:
-            return {"expert": r, "model": t}
-        return {"data": r, "model": t} if r > 1 else {"model": t}
+            return MeshShape((("expert", r), ("model", t)))
+        return MeshShape((("data", r), ("model", t)) if r > 1 else (("model", t),))
 
     @property
     def expert_parallel(self) -> int:
@@ -953,7 +954,7 @@ def _plan(
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
     return ServePlan(
         strategy=layout.strategy,
-        mesh=layout.mesh,
+        mesh=layout.mesh.sizes,
         batch=batch,
         context=context,
         weight_bytes_per_device=weight,
@@ -977,8 +978,12 @@ COMPILES_PER_LAYOUT = 4
 SERVE_LEADER_COMPILES = 4
 
 
-def _key(plan: ServePlan) -> str:
-    return plan.strategy + str(plan.mesh)
+#: A plan's layout: its strategy and mesh.
+_LayoutKey = tuple[str, MeshShape]
+
+
+def _key(plan: ServePlan) -> _LayoutKey:
+    return plan.strategy, MeshShape.of(plan.mesh)
 
 
 #: Best first: the throughput per chip, then the time per output token.
@@ -1035,7 +1040,7 @@ def _compile_best(
     cache: str,
     *,
     fixed: bool = False,
-) -> tuple[list[ServePlan], dict[str, ServePlan], list[tuple[ServePlan, ServePlan]]]:
+) -> tuple[list[ServePlan], dict[_LayoutKey, ServePlan], list[tuple[ServePlan, ServePlan]]]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the largest batch it would fit at (its excess over
     the memory taken off in sequences, each replica's cache and temporaries a sequence), or
@@ -1049,12 +1054,12 @@ def _compile_best(
     With a ``fixed`` batch (the user's) no other is tried: a compiled misfit is returned
     beside the largest batch its program would fit at, ``(misfit, smaller)``, for the error
     that names it."""
-    layouts: dict[str, list[ServePlan]] = {}
+    layouts: dict[_LayoutKey, list[ServePlan]] = {}
     refits: list[tuple[ServePlan, ServePlan]] = []
     for p in sorted(plans, key=lambda p: -p.batch):
         layouts.setdefault(_key(p), []).append(p)
     out: list[ServePlan] = []
-    prefills: dict[str, ServePlan] = {}
+    prefills: dict[_LayoutKey, ServePlan] = {}
     for key, group in layouts.items():
         queue, tries = list(group), 0
         while queue and tries < COMPILES_PER_LAYOUT:
@@ -1082,7 +1087,7 @@ def _compile_best(
 
 def _compile_leaders(
     plans: list[ServePlan],
-    prefills: dict[str, ServePlan],
+    prefills: dict[_LayoutKey, ServePlan],
     config: ModelConfig,
     hw: Hardware,
     prompt: int,
@@ -1212,17 +1217,16 @@ def _compile(
     its kernels timed (:func:`~shardscope._src.cost.compute.kernels_seconds`,
     a FLOP of the weights' matmuls and of the attention core's taking ``flop_s``'s
     seconds) and summed; its collectives, its buffers and its kernels."""
-    from shardscope._src.audit.compile import audit
     from shardscope._src.audit.overlap import kernel_costs
-    from shardscope._src.base.stderr import capture_stderr
     from shardscope._src.model.serving import ATTENTION_CORE
+    from shardscope._src.plan.compile import compile_plan
 
     # XLA:GPU's scheduler logs an error line when a program's arguments pass its memory
     # limit's base (the device's memory), as a server's weights and cache may, and its
     # rematerialization a warning when a program does not fit: the compile is sound, and
     # the fit says the rest
-    with capture_stderr(drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc")):
-        result = audit(step, *args)
+    compiled = compile_plan(step, *args, drop=("gpu_hlo_schedule.cc", "hlo_rematerialization.cc"))
+    result = compiled.audit
     sizes = dict(plan.mesh)
     memory_s = kernels_s = None
     kernels = 0
@@ -1231,14 +1235,14 @@ def _compile(
         kernels = sum(runs.values())
         if result.hlo_bytes is not None:
             memory_s = sum(n * moved_seconds(hw, k.cost) for k, n in runs.items())
-        if result.hlo_bytes is not None and result.hlo_flops is not None and by_kernel(hw):
+        if result.hlo_bytes is not None and compiled.hlo_flops is not None and by_kernel(hw):
             kernels_s = kernels_seconds(hw, runs, flop_s)
     return _Compiled(
         memory_s=memory_s,
-        flops=result.hlo_flops,
+        flops=compiled.hlo_flops,
         kernels_s=kernels_s,
         comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
-        held_bytes=0 if result.memory is None else result.memory.held_bytes,
+        held_bytes=compiled.memory.held_bytes,
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
         kernels=kernels,
     )
@@ -1290,8 +1294,7 @@ def _placed(
     from shardscope._src.sharding.programs import JitHooks
     from shardscope._src.targets.mesh import target_mesh
 
-    spec = ",".join(f"{k}={v}" for k, v in plan.mesh.items())
-    mesh = target_mesh(hw.name, spec, axis_types="auto")
+    mesh = target_mesh(hw.name, plan.mesh, axis_types="auto")
     c = replace(served(config, plan.tensor_parallel), batch=batch, seq=seq, layers=layers)
     if c.is_moe:  # padded to the routing's imbalance, which the capacity then bounds
         c = replace(c, capacity_factor=c.routed_capacity, imbalance=1.0)

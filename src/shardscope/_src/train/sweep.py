@@ -44,7 +44,6 @@ from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
-from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
@@ -77,7 +76,15 @@ from shardscope._src.train.compile import compile_all
 from shardscope._src.train.target import check_compiler, compiler_notes, recompile_on_target
 from shardscope._src.train.timing import compiled_step
 from shardscope._src.train.timing import describe as timing_constants
-from shardscope._src.train.types import STAGE_AXIS, CompiledFacts, Plan, PlanResult, Screened
+from shardscope._src.train.types import (
+    STAGE_AXIS,
+    Candidate,
+    CompiledFacts,
+    Plan,
+    PlanResult,
+    Screened,
+    StageProgram,
+)
 from shardscope._src.train.validate import (
     compiled_flops,
     compiled_notes,
@@ -222,14 +229,14 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     pinned = None if r.mesh is None else pinned_mesh(r.mesh, devices, names)
     if pinned is not None and stages is not None and stages != pinned.get(STAGE_AXIS, 1):
         raise PlanError(
-            f"stages={stages} and mesh={format_mesh_spec(pinned)!r} disagree: the mesh's "
+            f"stages={stages} and mesh={pinned.spec!r} disagree: the mesh's "
             f"{STAGE_AXIS} axis sets the pipeline stages; give one of them",
             param=("stages", "mesh"),
         )
     if pinned is not None and (r.virtual_stages or 1) > 1 and STAGE_AXIS not in pinned:
         raise PlanError(
             f"virtual_stages={r.virtual_stages}: interleaving splits the layers of each "
-            f"pipeline stage, and mesh={format_mesh_spec(pinned)!r} has no {STAGE_AXIS} axis; "
+            f"pipeline stage, and mesh={pinned.spec!r} has no {STAGE_AXIS} axis; "
             f"give a mesh with one (e.g. {STAGE_AXIS}=2,...) or virtual_stages=1",
             param=("virtual_stages", "mesh"),
         )
@@ -267,15 +274,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     order = sorted(plans, key=step_rank_key(names))
     if compiler.is_accelerator:
         order = recompile_on_target(
-            order,
-            config,
-            mode,
-            hw,
-            compiler,
-            r.target_plans,
-            progress,
-            step_rank_key(names),
-            r.flash_attention,
+            order, hw, compiler, r.target_plans, progress, step_rank_key(names)
         )
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
@@ -291,7 +290,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "microbatches": r.microbatches,
         "stages": stages,
         "virtual_stages": r.virtual_stages,
-        "mesh": None if pinned is None else format_mesh_spec(pinned),
+        "mesh": None if pinned is None else pinned.spec,
         "compile_top": r.compile_top,
         "matmul_dtype": r.matmul_dtype,
         "time_model": timing_constants(hw, r.matmul_dtype),
@@ -338,7 +337,7 @@ def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str)
 
 def _stage_devices(s: Screened) -> int:
     """The devices the program of ``s`` (one pipeline stage's) runs on."""
-    return math.prod(dict(s.candidate.stage_mesh).values())
+    return s.candidate.stage_mesh.devices
 
 
 def _simulable(ranked: list[Screened], devices: int) -> tuple[list[Screened], list[Skipped]]:
@@ -385,15 +384,10 @@ def _compile_plans(
     flash_attention: bool,
 ) -> tuple[list[Plan], list[Skipped]]:
     """The plans of the screened candidates ``todo``, compiled (in this process or ``workers``
-    worker processes), each with the bound it is validated against; and the candidates whose
-    compile failed."""
-    stage_configs = {
-        s.candidate: stage_config(config, s.candidate, flash_attention=flash_attention)
-        for s in todo
-    }
-    facts = compile_all(
-        [s.candidate for s in todo], stage_configs, mode, simulated, workers, progress
-    )
+    worker processes), each with the bound it is validated against and the program it
+    compiled; and the candidates whose compile failed."""
+    programs = {s.candidate: _program(s.candidate, config, mode, flash_attention) for s in todo}
+    facts = compile_all(programs, simulated, workers, progress)
     flops_per_device = model_flops(config, mode) / devices
     plans: list[Plan] = []
     failed: list[Skipped] = []
@@ -405,23 +399,32 @@ def _compile_plans(
                 Skipped(s.candidate.strategy, s.candidate.mesh_spec, SkipReason.ERROR, message)
             )
             continue
-        p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device, config.layers)
+        p = _compiled_plan(s, got, hw, programs[s.candidate], flops_per_device, config.layers)
         plans.append(p)
     return plans, failed
+
+
+def _program(
+    cand: Candidate, config: ModelConfig, mode: str, flash_attention: bool
+) -> StageProgram:
+    """The program ``cand`` compiles: its strategy on one stage's mesh, one stage of the
+    model (:func:`~shardscope._src.train.candidates.stage_config`), its micro-batches."""
+    stage = stage_config(config, cand, flash_attention=flash_attention)
+    return StageProgram(cand.strategy_record, cand.stage_mesh, stage, mode, cand.microbatches)
 
 
 def _compiled_plan(
     s: Screened,
     got: CompiledFacts,
     hw: Hardware,
-    stage: ModelConfig,
+    program: StageProgram,
     flops_per_device: float,
     layers: int,
 ) -> Plan:
-    """The plan of a screened candidate from its compiled facts (``layers``: the whole
-    model's, of which ``stage`` holds one pipeline stage's)."""
-    cand, bound = s.candidate, s.bound
-    sizes = dict(cand.stage_mesh)
+    """The plan of a screened candidate from the compiled facts of its ``program``
+    (``layers``: the whole model's, of which the program holds one pipeline stage's)."""
+    cand, bound, stage = s.candidate, s.bound, program.config
+    sizes = program.mesh.sizes
     comm = axis_comm(hw, sizes, got.collectives, bound)
     # The sweep compiles every candidate on the CPU backend (a target recompiles the leaders).
     notes = compiled_notes(got, bound, got.collectives, CPU_COMPILER)
@@ -475,6 +478,8 @@ def _compiled_plan(
         estimated_matmul_flops_per_device=formula,
         pricing=s.pricing,
         bound=bound,
+        candidate=cand,
+        program=program,
     )
 
 
