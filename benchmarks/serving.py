@@ -13,7 +13,8 @@ import time
 
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import cache_bytes_per_token
-from shardscope._src.serve.serve import ServePlan, serve
+from shardscope._src.serve.search import serve
+from shardscope._src.serve.types import ServePlan
 
 
 def row(what: str, got: float, given: float, unit: str) -> float:

@@ -13,8 +13,10 @@ from shardscope._src.base.errors import PlanError
 from shardscope._src.cli.main import main
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.serve import serve as serve_module
-from shardscope._src.serve.serve import compile_decode, compile_prefill, serve
+from shardscope._src.serve import compiled as compiled_module
+from shardscope._src.serve import search as search_module
+from shardscope._src.serve.compiled import compile_decode, compile_prefill
+from shardscope._src.serve.search import serve
 from shardscope._src.targets.hardware import PRESETS
 
 H100 = PRESETS["h100"]
@@ -118,9 +120,9 @@ def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch)
     decode = compile_decode(plan, six, H100)
     shallow = compile_prefill(decode, six, H100, 2048)
     monkeypatch.setattr(
-        serve_module,
+        compiled_module,
         "_compile_layers",
-        lambda p, c, hw, flop_s, build: serve_module._compile(p, hw, flop_s, *build(c.layers)),
+        lambda p, c, hw, flop_s, build: compiled_module._compile(p, hw, flop_s, *build(c.layers)),
     )
     whole = compile_decode(plan, six, H100)
     deep = compile_prefill(whole, six, H100, 2048)
@@ -350,9 +352,8 @@ def _compiler_holding_more(monkeypatch):
             plan, temp_bytes_per_device=plan.temp_bytes_per_device + EXTRA, compiled_by=hw.name
         )
 
-    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
-    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
-    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
+    monkeypatch.setattr(search_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(search_module, "compile_prefill", lambda plan, *a, **k: plan)
     args, kw = EIGHT_B
     largest = max(p.batch for p in serve(*args, compiler="cpu", **kw).plans)
     fits = max(
@@ -404,9 +405,8 @@ def test_the_plan_ranked_first_is_a_compiled_one(monkeypatch):
             compiled_by=hw.name,
         )
 
-    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
-    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
-    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
+    monkeypatch.setattr(search_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(search_module, "compile_prefill", lambda plan, *a, **k: plan)
     result = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128)
     assert result.best.compiled_by == "h100"
     assert len(compiled) > 1  # the largest, then the leaders

@@ -14,7 +14,7 @@ from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.render.columns import Column, rich_table
 
 if TYPE_CHECKING:
-    from shardscope._src.serve.serve import ServePlan, ServeResult
+    from shardscope._src.serve.types import ServePlan, ServeResult
 
 #: Rows shown when no ``top`` is given.
 DEFAULT_TOP = 12
