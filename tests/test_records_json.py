@@ -161,3 +161,27 @@ def test_a_plan_an_accelerator_compiled_is_judged_by_that_compilers_memory():
     assert on_cpu.fit_memory_bytes_per_device == 15
     # An H100 compile that found no memory for the program: it does not fit.
     assert not _plan(compiled_by=TARGETS["h100"], target_error="Ran out of memory").fits
+
+
+def test_each_planner_says_what_priced_the_step_it_ranks_by():
+    # A training candidate's screen is the time model alone; the plan compiled from it is
+    # the compiled program, its screen kept beside it; suggest's screen is an estimate. The
+    # source is no field: the JSON stays as it was.
+    from shardscope._src.model.presets import model_preset
+    from shardscope._src.plan.rank import StepCost, StepSource
+    from shardscope._src.suggest.suggest import Screen
+    from shardscope._src.train.candidates import Candidate, estimate
+
+    c = Candidate("fsdp", (("data", 64),), microbatches=2, remat="full")
+    screened = estimate(c, model_preset("7b").config(batch=128))
+    compiled = _plan(time=replace(screened.time, step_s=0.5), estimated_time=screened.time)
+    screen = Screen(argument_bytes_per_device=1, compute_time_s=2.0, comm_time_s=3.0, fits=True)
+    assert (screened.step_source, compiled.step_source, screen.step_source) == (
+        StepSource.ESTIMATED,
+        StepSource.COMPILED,
+        StepSource.ESTIMATED,
+    )
+    assert all(isinstance(r, StepCost) for r in (screened, compiled, screen))
+    assert screened.step_time_s == screened.time.step_s == compiled.estimated_time.step_s
+    assert compiled.step_time_s == 0.5 and screen.step_time_s == 5.0
+    assert "step_source" not in compiled.to_dict() and "step_source" not in screened.to_dict()

@@ -30,7 +30,7 @@ from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, FORMATS, check_servable
-from shardscope._src.plan.rank import pareto_front, rank_key
+from shardscope._src.plan.rank import StepSource, pareto_front, rank_key
 from shardscope._src.plan.request import ServeRequest
 from shardscope._src.serve.compiled import compile_decode, compile_prefill
 from shardscope._src.serve.estimate import (
@@ -114,7 +114,8 @@ def serve_request(request: ServeRequest) -> ServeResult:
     if online is not None:
         loaded = [online.loaded(p) for p in fitting]
         if not any(loaded):
-            raise online.error(compiled=[p for p in fitting if p.compiled_by is not None])
+            compiled = [p for p in fitting if p.step_source is StepSource.COMPILED]
+            raise online.error(compiled=compiled)
         fitting = _meeting([p for p in loaded if p is not None], request.latency, at_rate=True)
     return ServeResult(
         model=name,
@@ -222,7 +223,7 @@ def _ranked(fitting: list[ServePlan], *, at_rate: bool) -> tuple[ServePlan, ...]
     fitting = sorted(fitting, key=_RANK)
     front = pareto_front(
         fitting,
-        lambda p: p.decode_step_s,
+        lambda p: p.step_time_s,
         (lambda p: p.first_token_s) if at_rate else (lambda p: -p.tokens_per_s_per_chip),
     )
     return tuple(replace(p, pareto=i in front) for i, p in enumerate(fitting))
@@ -264,7 +265,7 @@ class _Online:
         per_replica = plan.batch // plan.replicas
         hw = self.hw
         cached = matmul_read_seconds(hw, plan.cache_bytes_per_device / per_replica)
-        if plan.compiled_by is None:
+        if plan.step_source is StepSource.ESTIMATED:
             return cached
         looked_up = looked_up_bytes(self.config, plan.layout, self.weights)
         read = matmul_read_seconds(hw, plan.weight_bytes_per_device - looked_up)
@@ -493,7 +494,7 @@ def _key(plan: ServePlan) -> _LayoutKey:
 
 #: Best first: the throughput per chip, then the time per output token.
 _RANK: Callable[[ServePlan], tuple[Any, ...]] = rank_key(
-    lambda p: -p.tokens_per_s_per_chip, lambda p: p.decode_step_s
+    lambda p: -p.tokens_per_s_per_chip, lambda p: p.step_time_s
 )
 
 
@@ -607,7 +608,7 @@ def _compile_leaders(
     for _ in range(SERVE_LEADER_COMPILES):
         meeting = [p for p in plans if latency is None or p.decode_step_s <= latency]
         top = min(meeting, key=_RANK, default=None)
-        if top is None or top.compiled_by is not None:
+        if top is None or top.step_source is StepSource.COMPILED:
             break
         compiled = compile_decode(top, config, hw, weights=weights, cache=cache)
         key = _key(top)

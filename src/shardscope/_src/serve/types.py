@@ -17,6 +17,7 @@ from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import MeshShape
+from shardscope._src.plan.rank import StepSource
 
 
 class ServeLayout(Vocab):
@@ -99,6 +100,17 @@ class ServePlan(Record):
     def estimated(self) -> ServePlan:
         """The plan as estimated, before any compile replaced its figures."""
         return self.estimate if self.estimate is not None else self
+
+    @property
+    def step_time_s(self) -> float:
+        """The step time it is ranked by: its time per output token (``decode_step_s``)."""
+        return self.decode_step_s
+
+    @property
+    def step_source(self) -> StepSource:
+        """Compiled where its decode step was (``compiled_by``), else estimated; either way
+        :attr:`estimated` is the plan as estimated."""
+        return StepSource.ESTIMATED if self.compiled_by is None else StepSource.COMPILED
 
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self, omit=("estimate",))

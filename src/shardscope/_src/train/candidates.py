@@ -725,7 +725,7 @@ def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
         c = s.candidate
         return (
             not s.fits,
-            s.time.step_s if s.fits else s.memory.total,
+            s.step_time_s if s.fits else s.memory.total,
             s.memory.total,
             names.index(c.strategy),
             tuple(c.sizes.values()),

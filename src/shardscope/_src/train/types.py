@@ -25,6 +25,7 @@ from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
 from shardscope._src.plan.estimates import MemoryEstimate
 from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.types import (
     PLAN_EXTRA,
     PLAN_KEYS,
@@ -175,6 +176,15 @@ class Screened:
             host_bytes=self.memory.host,
             host_limit_bytes=self.host_memory_limit_bytes,
         )
+
+    @property
+    def step_time_s(self) -> float:
+        """The step by the time model, nothing compiled (what the screen ranks by)."""
+        return self.time.step_s
+
+    @property
+    def step_source(self) -> StepSource:
+        return StepSource.ESTIMATED
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -410,6 +420,12 @@ class Plan:
         if self.time is not None:
             return self.time.step_s
         return serial_seconds(self.compute_time_s, self.comm_time_s)
+
+    @property
+    def step_source(self) -> StepSource:
+        """Compiled: every plan is a compiled program (on the CPU, or a target's compiler),
+        its collectives and matmul FLOPs priced; ``estimated_time`` keeps the screen's."""
+        return StepSource.COMPILED
 
     @property
     def step_time_overlap_s(self) -> float:
