@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from helpers import assert_drawn, assert_usage_error, patches, read_png
 from shardscope._src.cli.main import main
+from shardscope._src.plan.notes import CompiledMemoryValues
 from shardscope._src.program.program import mesh_shapes
 from shardscope._src.sharding.rules import load_rules_file, normalize_rules
 
@@ -207,7 +208,7 @@ def test_a_candidate_whose_program_fails_is_skipped_with_its_error(axis_types):
     r = shardscope.plan_program(broken, 8, rules=rules, axes=("data", "model"))
     assert not r.plans and {s.reason for s in r.skipped} == {"error"}
     assert r.empty_reason.kind == "no-plan"
-    assert r.empty_reason.values["skipped"] == {"error": 4}
+    assert r.empty_reason.values.skipped == {"error": 4}
     assert "4 skipped for error; e.g. " in str(r.empty_reason)
     assert "no model today" in str(r.empty_reason)
 
@@ -701,7 +702,8 @@ def test_plan_program_on_a_target_compiler():
     # At the H100 time model's matmul rate: 0.54 of its 989 TFLOP/s.
     assert p.compute_time_s == pytest.approx(p.flops_per_device / (989e12 * 0.54), rel=1e-12)
     assert all(n.kind != "no-flop-count" for n in r.notes)
-    assert r.notes[0].kind == "compiled-memory" and r.notes[0].values == {"target": "h100"}
+    assert r.notes[0].kind == "compiled-memory"
+    assert r.notes[0].values == CompiledMemoryValues(target="h100")
     assert "h100 compiler's own buffer assignment" in r.notes[0].text
     with pytest.raises(shardscope.ShardscopeError, match="cannot|count"):
         shardscope.plan_program(

@@ -32,7 +32,7 @@ from shardscope._src.plan.estimates import (
     estimate_memory,
     model_flops,
 )
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import PlanNote, WidenedValues
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.specs import TARGETS
@@ -303,7 +303,7 @@ def test_bf16_collectives_are_counted_at_two_bytes(sweep):
     assert dp.cpu_comm_bytes_per_device == 2 * dp.comm_bytes_per_device - 7  # f32 loss: 7 B
     (widened,) = [n for n in sweep.notes if n.kind == "widened"]
     assert widened.kind is PlanNote.CPU_WIDENED  # the former name
-    assert widened.values == {"dtype": "bfloat16", "itemsize": 2, "compiler": "XLA:CPU"}
+    assert widened.values == WidenedValues(dtype="bfloat16", itemsize=2, compiler="XLA:CPU")
     assert widened.text.startswith("XLA:CPU runs bfloat16 arithmetic in f32")
 
 
@@ -483,7 +483,7 @@ def test_indivisible_candidates_are_skipped_with_the_rule():
         ("fsdp", "divisibility"),
     }
     assert "batch=4" in result.skipped[0].message
-    assert result.empty_reason.values["skipped"] == {"divisibility": 2}
+    assert result.empty_reason.values.skipped == {"divisibility": 2}
     assert "2 skipped for divisibility" in str(result.empty_reason)
 
 
@@ -492,8 +492,8 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     assert result.plans == ()
     assert {s.reason for s in result.skipped} <= {"memory", "divisibility"}
     why = result.empty_reason
-    assert why.kind == "no-plan" and why.values["hardware"] == "tpu-v5e"
-    assert why.values["limit"] == result.hardware.memory_bytes
+    assert why.kind == "no-plan" and why.values.hardware == "tpu-v5e"
+    assert why.values.limit == result.hardware.memory_bytes
     assert "memory_bytes" in why.params and "bytes_per_param" in why.params
     assert "memory" in why.text and "tpu-v5e" in why.text and "--" not in why.text
 
@@ -853,8 +853,8 @@ def test_no_best_plan_when_none_fits():
     assert result.plans and not any(p.fits for p in result.plans)
     assert result.best is None
     note = result.fit_note
-    assert note.kind == "no-fit" and note.values["searched"]
-    assert note.values["need"] > note.values["have"] == 8_000_000
+    assert note.kind == "no-fit" and note.values.searched
+    assert note.values.need > note.values.have == 8_000_000
     assert note.text.startswith("no plan fits, even with full recomputation")
     assert "over" in note.text and "--" not in note.text
     assert note.params == ("devices", "batch", "seq", "memory_bytes")

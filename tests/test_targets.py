@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from helpers import assert_usage_error
 from shardscope._src.base.comm import format_bytes, format_seconds
+from shardscope._src.plan.notes import TargetErrorValues
 from shardscope._src.render.audit import format_audit
 from shardscope._src.targets import devices as targets_devices
 from shardscope._src.targets.capabilities import Support, compiler_capabilities
@@ -232,9 +233,9 @@ def test_a_program_plan_notes_its_compilers_memory_pressure_off_the_terminal(cap
     )
     (p,) = result.plans
     (note,) = [n for n in p.notes if n.kind == PlanNote.MEMORY_PRESSURE]
-    assert note.values["compiler"] == "XLA:GPU"
-    assert note.values["limit_bytes"] == pytest.approx(0.95 * 80e9, rel=1e-6)
-    assert note.values["reached_bytes"] > note.values["limit_bytes"]
+    assert note.values.compiler == "XLA:GPU"
+    assert note.values.limit_bytes == pytest.approx(0.95 * 80e9, rel=1e-6)
+    assert note.values.reached_bytes > note.values.limit_bytes
     assert "Can't reduce memory use below" not in capfd.readouterr().err
 
 
@@ -528,7 +529,7 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
     assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
     (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
     # target_plans=1: the leading plan alone, compiled again.
-    assert again.values["ranks"] == [1] and on_target.rank == 1
+    assert again.values.ranks == (1,) and on_target.rank == 1
     assert "compiled again by the h100 compiler" in again.text
 
 
@@ -560,7 +561,7 @@ def test_the_plan_ranked_first_is_one_the_target_compiled(monkeypatch):
         ("dp", "h100"),
     ]
     (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
-    assert again.values["ranks"] == [1, 2]
+    assert again.values.ranks == (1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -719,8 +720,8 @@ def test_the_gpu_compiler_plans_a_step_for_the_memory_its_optimizer_state_leaves
     # step's arguments and outputs: told the whole device, it would have aimed for far more
     # than the step needs and said nothing.
     io = p.target_memory["argument_size_in_bytes"] + p.target_memory["output_size_in_bytes"]
-    assert 0.95 * (memory - optimizer - io) <= pressure.values["limit_bytes"]
-    assert pressure.values["limit_bytes"] <= 0.95 * (memory - optimizer)
+    assert 0.95 * (memory - optimizer - io) <= pressure.values.limit_bytes
+    assert pressure.values.limit_bytes <= 0.95 * (memory - optimizer)
     assert not p.fits
 
 
@@ -748,7 +749,7 @@ def test_a_plan_the_target_compiler_fails_on_keeps_its_cpu_compile_and_says_why(
     (p,) = failed
     assert p.compiled_by == TARGETS["cpu"] and p.target_memory is None
     first_line = "INTERNAL: Couldn't find output tile sizes"
-    assert p.notes[0].values == {"target": "h100", "error": first_line}
+    assert p.notes[0].values == TargetErrorValues(target="h100", error=first_line)
     assert "the h100 compiler failed on this plan" in p.notes[0].text
     # The next plan was compiled by the target instead, and it is the best.
     assert len(calls) == 2 and result.best.compiled_by == TARGETS["h100"]

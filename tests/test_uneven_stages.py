@@ -49,7 +49,7 @@ def test_an_uneven_pipeline_is_compiled_by_its_largest_stage_and_says_so():
     )  # fmt: skip
     (p,) = result.plans
     (note,) = [n for n in p.notes if n.kind == PlanNote.PIPELINE_STAGE]
-    assert (note.values["layers"], note.values["of_layers"]) == (4, 7)
+    assert (note.values.layers, note.values.of_layers) == (4, 7)
     assert "stages of 4 and 3" in note.text
     four = shardscope.plan(
         replace(SEVEN, layers=4), 4, hardware="h100", compiler="cpu", strategies=["fsdp"],

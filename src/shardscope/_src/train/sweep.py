@@ -50,7 +50,14 @@ from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_workers
 from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import (
+    Fp8MatmulsValues,
+    PipelineStageValues,
+    PlanNote,
+    ReduceScatterValues,
+    TimeModelValues,
+    WidenedValues,
+)
 from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.request import (
     DEFAULT_REQUEST,
@@ -431,12 +438,14 @@ def _compiled_plan(
     if cand.microbatches > 1 and reduces_per_microbatch(got, bound, cand):
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
     if cand.stages > 1:
-        values = {"stages": cand.stages, "layers": stage.layers, "of_layers": layers}
-        if cand.virtual_stages > 1:
-            values["virtual_stages"] = cand.virtual_stages
-        notes.append(
-            Note(PlanNote.PIPELINE_STAGE, {**values, "devices": math.prod(sizes.values())})
+        stage_values = PipelineStageValues(
+            stages=cand.stages,
+            layers=stage.layers,
+            of_layers=layers,
+            virtual_stages=cand.virtual_stages if cand.virtual_stages > 1 else None,
+            devices=math.prod(sizes.values()),
         )
+        notes.append(Note(PlanNote.PIPELINE_STAGE, stage_values))
     # The step as the compiled program has it: the time model's schedule, its own matmul
     # FLOPs and collectives priced in place of the formula's.
     step, flops, formula = s.time, None, None
@@ -497,16 +506,16 @@ def _result_notes(
     notes = [
         Note(PlanNote.ANALYTIC_MEMORY),
         Note(PlanNote.COMMUNICATION),
-        Note(PlanNote.TIME_MODEL, hw.to_dict()),
+        Note(PlanNote.TIME_MODEL, TimeModelValues(hardware=hw)),
     ]
     if matmul_dtype == MatmulDtype.FP8:
-        values = {
-            "name": hw.name,
-            "fp8_peak_flops": hw.fp8_peak_flops,
-            "fp8_matmul_fraction": hw.fp8_matmul_fraction,
-            "dtype": config.dtype,
-        }
-        notes.append(Note(PlanNote.FP8_MATMULS, values, ("matmul_dtype",)))
+        fp8 = Fp8MatmulsValues(
+            name=hw.name,
+            fp8_peak_flops=hw.fp8_peak_flops,
+            fp8_matmul_fraction=hw.fp8_matmul_fraction,
+            dtype=config.dtype,
+        )
+        notes.append(Note(PlanNote.FP8_MATMULS, fp8, ("matmul_dtype",)))
     widened = {
         plan_compiler(p).compiler
         for p in plans
@@ -514,8 +523,8 @@ def _result_notes(
     }
     if config.itemsize == 2:
         for compiler in sorted(widened):
-            values = {"dtype": config.dtype, "itemsize": 2, "compiler": compiler}
-            notes.append(Note(PlanNote.WIDENED, values))
+            wide = WidenedValues(dtype=config.dtype, itemsize=2, compiler=compiler)
+            notes.append(Note(PlanNote.WIDENED, wide))
     # A reduce-scatter row the bound has and the compiled program does not run, where its
     # compiler may leave one out on its own.
     short = {
@@ -525,6 +534,6 @@ def _result_notes(
     }
     for c in sorted(short, key=lambda c: c.compiler):
         if c.may_all_reduce_for_reduce_scatter:
-            values = {"compiler": c.compiler, "forms": c.forms_reduce_scatter}
-            notes.append(Note(PlanNote.NO_REDUCE_SCATTER, values))
+            forms = ReduceScatterValues(compiler=c.compiler, forms=c.forms_reduce_scatter)
+            notes.append(Note(PlanNote.NO_REDUCE_SCATTER, forms))
     return notes

@@ -24,7 +24,7 @@ from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
 from shardscope._src.plan.estimates import MemoryEstimate
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import NoTargetFitValues, PlanNote, TargetOutOfMemoryValues
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.types import (
     PLAN_EXTRA,
@@ -517,13 +517,22 @@ class PlanResult:
         compiled = [p for p in self.plans if on_target and p.compiled_by == self.compiler]
         sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
         if compiled and not sized:
-            values = {"target": self.compiler.name, "count": len(compiled)}
-            values.update(label=compiled[0].label, error=compiled[0].target_error)
-            return Note(PlanNote.TARGET_OUT_OF_MEMORY, values, ("devices", "batch", "seq"))
+            oom = TargetOutOfMemoryValues(
+                target=self.compiler.name,
+                count=len(compiled),
+                label=compiled[0].label,
+                error=compiled[0].target_error,
+            )
+            return Note(PlanNote.TARGET_OUT_OF_MEMORY, oom, ("devices", "batch", "seq"))
         if sized:
             small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
-            values = {"target": self.compiler.name, "label": small.label, "have": have}
-            values.update(need=small.target_memory_bytes_per_device or 0, hardware=hardware)
+            values = NoTargetFitValues(
+                target=self.compiler.name,
+                label=small.label,
+                have=have,
+                need=small.target_memory_bytes_per_device or 0,
+                hardware=hardware,
+            )
             params = ("devices", "batch", "seq", "target_plans")
             return Note(PlanNote.NO_TARGET_FIT, values, params)
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
