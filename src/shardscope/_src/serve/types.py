@@ -4,20 +4,25 @@ a sweep's result (:class:`ServeResult`), and how a server lays a model over its 
 (:class:`ServeLayout`, :class:`Layout`).
 
 Plain frozen dataclasses with ``to_dict()``; the renderers (table, JSON, PNG) read these and
-nothing else.
+nothing else. A result's JSON reads back (:meth:`ServeResult.from_dict`), as any schema
+version wrote it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardscope._src.base.records import Record, record_dict
+from shardscope._src.base.errors import RecordError
+from shardscope._src.base.records import SCHEMA_VERSION, Record, field_of, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import MeshShape
 from shardscope._src.plan.rank import StepSource
+from shardscope._src.targets.specs import get_target
 
 
 class ServeLayout(Vocab):
@@ -115,6 +120,22 @@ class ServePlan(Record):
     def to_dict(self) -> dict[str, Any]:
         return record_dict(self, omit=("estimate",))
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServePlan:
+        """The plan its :meth:`to_dict` wrote (without the estimate, which the JSON does
+        not hold); a field it lacks takes its default (a file written before it was)."""
+        what = "a serving plan"
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "estimate":
+                continue
+            if f.default is dataclasses.MISSING:
+                values[f.name] = field_of(data, f.name, what)
+            elif f.name in data:
+                values[f.name] = data[f.name]
+        values["mesh"] = {str(k): int(v) for k, v in values["mesh"].items()}
+        return cls(**values)
+
     @property
     def memory_bytes_per_device(self) -> int:
         return (
@@ -183,9 +204,40 @@ class ServeResult(Record):
         return self.plans[0]
 
     @property
-    def backend(self) -> str:
-        """What computed the plans: the roofline (nothing compiled)."""
-        return "estimate"
+    def backend(self) -> str | None:
+        """The platform of the compiler that compiled its plans' steps (the family of their
+        ``compiled_by`` target: ``"gpu"`` or ``"tpu"``), as every JSON result's header names
+        it; None when no plan was compiled (each an estimate, as with ``compiler="cpu"``).
+        Before schema version 4 the JSON wrote ``"estimate"`` here, whatever compiled."""
+        target = next((p.compiled_by for p in self.plans if p.compiled_by is not None), None)
+        return None if target is None else str(get_target(target).family)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServeResult:
+        """The result its JSON holds (:func:`~shardscope._src.base.records.write_result`'s
+        file, or its :meth:`to_dict`), of any schema version up to this shardscope's: the
+        header (``schema_version``, the versions and ``backend``, ``"estimate"`` before
+        version 4) is not the result's data, which each version wrote alike.
+
+        Raises:
+            RecordError: a file of a later schema version, or not a serving result (naming
+                the field it lacks).
+        """
+        version = data.get("schema_version") if isinstance(data, Mapping) else None
+        if version is not None and (not isinstance(version, int) or version > SCHEMA_VERSION):
+            raise RecordError(
+                f"a serving result of schema version {version!r}: this shardscope reads up "
+                f"to version {SCHEMA_VERSION}; read it with the shardscope that wrote it"
+            )
+        what = "a serving result"
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING:
+                values[f.name] = field_of(data, f.name, what)
+            elif f.name in data:
+                values[f.name] = data[f.name]
+        values["plans"] = tuple(ServePlan.from_dict(p) for p in values["plans"])
+        return cls(**values)
 
     @property
     def front(self) -> tuple[ServePlan, ...]:
