@@ -14,6 +14,7 @@ import shardscope
 from helpers import assert_drawn, assert_usage_error, patches, read_png
 from shardscope._src.cli.main import main
 from shardscope._src.plan.notes import CompiledMemoryValues
+from shardscope._src.plan.rank import StepCost, StepSource
 from shardscope._src.program.program import mesh_shapes
 from shardscope._src.sharding.rules import load_rules_file, normalize_rules
 
@@ -117,6 +118,8 @@ def test_plan_program_compiles_every_mesh_and_rule_set(flax_plans):
     assert r.best is r.plans[0] and all(p.fits for p in r.plans)
     steps = [(not p.fits, p.step_time_s) for p in r.plans]
     assert steps == sorted(steps)
+    # each ranked by its compiled program's price, as the rank and renderers read any plan
+    assert all(isinstance(p, StepCost) and p.step_source is StepSource.COMPILED for p in r.plans)
     by = {p.label: p for p in r.plans}
     # dp shards only the batch: its gradients are all-reduced over 'data', nothing else.
     dp = by["dp data=8,model=1"]

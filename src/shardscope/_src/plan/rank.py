@@ -50,11 +50,9 @@ class Fitting(Protocol):
     def fits(self) -> bool: ...
 
 
-class StepPlan(Fitting, Protocol):
+class StepPlan(Fitting, StepCost, Protocol):
     """A training or program plan as :func:`step_rank_key` reads it."""
 
-    @property
-    def step_time_s(self) -> float: ...
     @property
     def memory_bytes_per_device(self) -> int: ...
     @property

@@ -61,7 +61,7 @@ from shardscope._src.plan.compile import (
 )
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.rank import pareto_front, step_rank_key
+from shardscope._src.plan.rank import StepSource, pareto_front, step_rank_key
 from shardscope._src.plan.request import ProgramRequest
 from shardscope._src.plan.tasks import LostTask
 from shardscope._src.plan.types import (
@@ -198,6 +198,11 @@ class ProgramPlan:
     @property
     def step_time_s(self) -> float:
         return serial_seconds(self.compute_time_s, self.comm_time_s)
+
+    @property
+    def step_source(self) -> StepSource:
+        """Always compiled: every program plan prices its compiled program."""
+        return StepSource.COMPILED
 
     @property
     def step_time_overlap_s(self) -> float:
