@@ -32,11 +32,8 @@ from shardscope._src.cost.compute import (
 )
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.serving import EIGHT_BIT
-from shardscope._src.serve.estimate import decode_flops as _decode_flops
-from shardscope._src.serve.estimate import fp8_matmuls
-from shardscope._src.serve.estimate import prefill_flops as _prefill_flops
-from shardscope._src.serve.layouts import expert_bytes as _expert_bytes
-from shardscope._src.serve.layouts import served, untouched_share
+from shardscope._src.serve.estimate import decode_flops, fp8_matmuls, prefill_flops
+from shardscope._src.serve.layouts import expert_bytes, served, untouched_share
 from shardscope._src.serve.types import ServePlan
 from shardscope._src.sharding.strategies import get_strategy
 from shardscope._src.targets.hardware import Hardware
@@ -272,13 +269,13 @@ def compile_decode(
         step = jax.jit(run, donate_argnums=1)
         return step, params, kv, tokens, pos
 
-    of = _decode_flops(served(config, plan.tensor_parallel), plan.context)
+    of = decode_flops(served(config, plan.tensor_parallel), plan.context)
     fp8 = fp8_matmuls(hw, weights)
     got = _compile_layers(plan, config, hw, flop_seconds(hw, fp8=fp8), build)
     # the program's batched expert matmuls read every expert of a device; a server's
     # grouped kernel, those its tokens are routed to (untouched_share)
     layout = plan.layout
-    skipped = untouched_share(config, layout, plan.batch) * _expert_bytes(
+    skipped = untouched_share(config, layout, plan.batch) * expert_bytes(
         config, layout, weights or config.dtype
     )
     skipped_s = matmul_read_seconds(hw, skipped)
@@ -344,7 +341,7 @@ def compile_prefill(
 
         return jax.jit(run), params, tokens
 
-    of = _prefill_flops(served(config, plan.tensor_parallel), prompt)
+    of = prefill_flops(served(config, plan.tensor_parallel), prompt)
     fp8 = fp8_matmuls(hw, weights)
     flop_s = flop_seconds(hw, fp8=fp8, fused_attention=True)
     got = _compile_layers(plan, config, hw, flop_s, build)
