@@ -2,7 +2,7 @@
 examples (its memory-bound decode steps, reproduced by ``serve(..., compiler="cpu")``'s
 estimates within 5%) and a measured serving row, the planner's compiled programs at the
 row's request rate, and the planner on published measured runs it was not calibrated on
-(:data:`HELD_OUT`).
+(``serving_accuracy.HELD_OUT``, judged as ``serving_accuracy.py`` judges them).
 
 Run: ``python benchmarks/serving.py``.
 """
@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import time
 
+from serving_accuracy import HELD_OUT, judge
+
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import cache_bytes_per_token
-from shardscope._src.serve.serve import ServePlan, serve
+from shardscope._src.serve.search import serve
+from shardscope._src.serve.types import ServePlan
 
 
 def row(what: str, got: float, given: float, unit: str) -> float:
@@ -82,7 +85,7 @@ def main() -> None:
     )
     row("serve: time per output token at 2 requests/s", best.decode_step_s * 1e3, 8, "ms")
     row("serve: time to first token at 2 requests/s", best.first_token_s * 1e3, 23, "ms")
-    held_out()
+    judge("held-out measured runs (judged, not calibrated on):", HELD_OUT, None)
     for model, devices, hardware in (
         ("llama3-70b", 8, "h100"),
         ("llama3-70b", 16, "tpu-v5e"),
@@ -99,73 +102,6 @@ def main() -> None:
             f"{result.best.first_token_s * 1e3:.0f} ms to the first, "
             f"{result.best.tokens_per_s_per_chip:,.0f} tokens/s a chip"
         )
-
-
-#: Measured serving runs the serving model was not calibrated on, each with its source:
-#: ``(what, model, devices, layout mesh, hardware, weights, prompt, output, batch, measure,
-#: given)``; ``measure`` "token": a decode step (time per output token); "first": one
-#: prompt's prefill at batch 1 (time to the first token); "run": the run's end-to-end
-#: latency, the batch's prefill and ``output - 1`` decode steps.
-HELD_OUT = (
-    # torchao README (pytorch/ao, torchao/quantization), the H100 table: Llama-3.1-8B in
-    # bfloat16, batch 1, generate.py --compile, a 5-token prompt: 126.90 tokens/s
-    ("torchao, H100, batch 1", "llama3-8b", 1, {}, "h100", "bfloat16", 5, 200, 1,
-     "token", 1e3 / 126.90),
-    # its A100-80GB table: Llama-3-8B 95.64 tokens/s, Llama-2-7B 107.38 tokens/s
-    ("torchao, A100, batch 1", "llama3-8b", 1, {}, "a100", "bfloat16", 5, 200, 1,
-     "token", 1e3 / 95.64),
-    ("torchao, A100, batch 1", "llama2-7b", 1, {}, "a100", "bfloat16", 5, 200, 1,
-     "token", 1e3 / 107.38),
-    # vLLM's nightly latency benchmark (buildkite vllm/performance-benchmark build 9515):
-    # batch 8, 32 tokens in and 128 out, H200, mean end-to-end 833.4 ms (8B, TP 1) and
-    # 2,077.5 ms (70B, TP 4)
-    ("vLLM nightly, H200, batch 8, 32 + 128", "llama3-8b", 1, {}, "h200", "bfloat16", 32,
-     128, 8, "run", 833.4),
-    ("vLLM nightly, H200, batch 8, 32 + 128", "llama3-70b", 4, {"model": 4}, "h200",
-     "bfloat16", 32, 128, 8, "run", 2077.5),
-    # TensorRT-LLM v0.5's docs/source/performance.md, low latency: the first token at batch
-    # 1 (one output token), LLaMA 2 7B on 1 GPU and 70B on 4 (TP 4); A100 in fp16 (planned
-    # in bfloat16: the same bytes and rate), H100 in fp8
-    ("TensorRT-LLM v0.5, A100, fp16", "llama2-7b", 1, {}, "a100", "bfloat16", 128, 1, 1,
-     "first", 16),
-    ("TensorRT-LLM v0.5, A100, fp16", "llama2-7b", 1, {}, "a100", "bfloat16", 2048, 1, 1,
-     "first", 133),
-    ("TensorRT-LLM v0.5, A100, fp16", "llama2-70b", 4, {"model": 4}, "a100", "bfloat16", 128,
-     1, 1, "first", 47),
-    ("TensorRT-LLM v0.5, A100, fp16", "llama2-70b", 4, {"model": 4}, "a100", "bfloat16",
-     2048, 1, 1, "first", 377),
-    ("TensorRT-LLM v0.5, H100, fp8", "llama2-7b", 1, {}, "h100", "fp8", 128, 1, 1,
-     "first", 7),
-    ("TensorRT-LLM v0.5, H100, fp8", "llama2-7b", 1, {}, "h100", "fp8", 2048, 1, 1,
-     "first", 36),
-    ("TensorRT-LLM v0.5, H100, fp8", "llama2-70b", 4, {"model": 4}, "h100", "fp8", 128, 1,
-     1, "first", 26),
-    ("TensorRT-LLM v0.5, H100, fp8", "llama2-70b", 4, {"model": 4}, "h100", "fp8", 2048, 1,
-     1, "first", 109),
-)  # fmt: skip
-
-
-def held_out() -> None:
-    """The planner's plans of the :data:`HELD_OUT` runs against their measurements."""
-    print("held-out measured runs (judged, not calibrated on):")
-    errors = []
-    for what, model, devices, mesh, hw, weights, prompt, output, batch, measure, given in HELD_OUT:
-        result = serve(model, devices, hardware=hw, prompt=prompt, output=output,
-                       batch=batch, weights=weights)  # fmt: skip
-        plan = result.best if not mesh else next(p for p in result.plans if p.mesh == mesh)
-        if measure == "token":
-            got = plan.decode_step_s
-        elif measure == "first":
-            got = plan.first_token_s
-        else:  # one prompt's prefill stands in for the batch's, about 1% of the run
-            got = plan.first_token_s + (output - 1) * plan.decode_step_s
-        label = f"{what}: {model} {measure} ({plan.compiled_by or 'estimate'})"
-        errors.append(row(label, got * 1e3, given, "ms"))
-    errors.sort()
-    print(
-        f"{len(errors)} held-out rows: median |error| {errors[len(errors) // 2]:.1%}, "
-        f"worst {errors[-1]:.1%}, {sum(e <= 0.25 for e in errors)} within 25%"
-    )
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def test_a_prefills_attention_runs_at_the_kernels_forward_rate():
     # and PV of each of 32 heads (128 + 128 dimensions) in 32 layers, is 2 x 32 x 16384^2 x
     # 32 x 256 FLOPs counted non-causal: without rates at the matmul rate, with cuDNN's its
     # causal half at the forward rate; the rest of the first token is the same.
-    from shardscope._src.serve.serve import serve
+    from shardscope._src.serve.search import serve
 
     attention = 2 * 32 * 16384**2 * 32 * 256
     plain, cudnn = hardware("h100"), hardware("h100", **CUDNN)

@@ -11,7 +11,7 @@ from shardscope._src.base.comm import ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCA
 from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.check import Standing, standing, within_bound
 from shardscope._src.check.compare import Verdict, VerdictNote, compare
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import PlanNote, ReduceScatterValues
 from shardscope._src.targets.capabilities import (
     BY_PLATFORM,
     CPU_COMPILER,
@@ -117,7 +117,7 @@ def test_a_plan_notes_a_reduce_scatter_left_out_only_where_its_compiler_may(comp
         assert note is None
         return
     assert note is not None and note.kind is PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER
-    assert note.values == {"compiler": compiler.compiler, "forms": forms}
+    assert note.values == ReduceScatterValues(compiler=compiler.compiler, forms=forms)
     assert note.text.startswith(compiler.compiler + " forms ")
 
 

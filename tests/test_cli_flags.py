@@ -36,7 +36,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "plan/estimates.py": [("plan",)],
     "plan/request.py": [("plan",)],
     "train/sweep.py": [("plan",)],
-    "serve/serve.py": [("plan",), ("serve",)],
+    "serve/search.py": [("plan",), ("serve",)],
     "suggest/suggest.py": [("shard",)],
     "plan/cluster.py": [("shard",)],
     "train/target.py": [("plan",)],
@@ -55,7 +55,7 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     # ServeRequest's counts and formats, checked in loops
     ("plan/request.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
     # serve()'s refusal of what fits nowhere names what to change (_no_fit)
-    ("serve/serve.py", "param"): {"devices", "batch", "context"},
+    ("serve/search.py", "param"): {"devices", "batch", "context"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
 }

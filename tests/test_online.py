@@ -17,8 +17,9 @@ from shardscope._src.base.errors import PlanError
 from shardscope._src.cli.main import main
 from shardscope._src.hlo.parse import parse_hlo
 from shardscope._src.model.presets import model_preset
+from shardscope._src.serve.compiled import compile_decode
 from shardscope._src.serve.online import poisson_quantile, under_load
-from shardscope._src.serve.serve import compile_decode, serve
+from shardscope._src.serve.search import serve
 from shardscope._src.targets.hardware import PRESETS, hardware
 
 #: A scheduled module written by hand (as ``test_cost`` reads it).

@@ -13,6 +13,8 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from helpers import assert_drawn, assert_usage_error, patches, read_png
 from shardscope._src.cli.main import main
+from shardscope._src.plan.notes import CompiledMemoryValues
+from shardscope._src.plan.rank import StepCost, StepSource
 from shardscope._src.program.program import mesh_shapes
 from shardscope._src.sharding.rules import load_rules_file, normalize_rules
 
@@ -116,6 +118,8 @@ def test_plan_program_compiles_every_mesh_and_rule_set(flax_plans):
     assert r.best is r.plans[0] and all(p.fits for p in r.plans)
     steps = [(not p.fits, p.step_time_s) for p in r.plans]
     assert steps == sorted(steps)
+    # each ranked by its compiled program's price, as the rank and renderers read any plan
+    assert all(isinstance(p, StepCost) and p.step_source is StepSource.COMPILED for p in r.plans)
     by = {p.label: p for p in r.plans}
     # dp shards only the batch: its gradients are all-reduced over 'data', nothing else.
     dp = by["dp data=8,model=1"]
@@ -207,7 +211,7 @@ def test_a_candidate_whose_program_fails_is_skipped_with_its_error(axis_types):
     r = shardscope.plan_program(broken, 8, rules=rules, axes=("data", "model"))
     assert not r.plans and {s.reason for s in r.skipped} == {"error"}
     assert r.empty_reason.kind == "no-plan"
-    assert r.empty_reason.values["skipped"] == {"error": 4}
+    assert r.empty_reason.values.skipped == {"error": 4}
     assert "4 skipped for error; e.g. " in str(r.empty_reason)
     assert "no model today" in str(r.empty_reason)
 
@@ -701,7 +705,8 @@ def test_plan_program_on_a_target_compiler():
     # At the H100 time model's matmul rate: 0.54 of its 989 TFLOP/s.
     assert p.compute_time_s == pytest.approx(p.flops_per_device / (989e12 * 0.54), rel=1e-12)
     assert all(n.kind != "no-flop-count" for n in r.notes)
-    assert r.notes[0].kind == "compiled-memory" and r.notes[0].values == {"target": "h100"}
+    assert r.notes[0].kind == "compiled-memory"
+    assert r.notes[0].values == CompiledMemoryValues(target="h100")
     assert "h100 compiler's own buffer assignment" in r.notes[0].text
     with pytest.raises(shardscope.ShardscopeError, match="cannot|count"):
         shardscope.plan_program(
@@ -717,7 +722,7 @@ def test_the_gpu_kernel_cache_changes_nothing_a_plan_reads(monkeypatch):
     from shardscope._src.program import program
 
     def compile_once():
-        audit = program.compile_candidate(
+        compiled = program.compile_candidate(
             _bf16_step,
             (("batch", "data"), ("embed", "data")),
             {"data": 8},
@@ -726,7 +731,7 @@ def test_the_gpu_kernel_cache_changes_nothing_a_plan_reads(monkeypatch):
             target="h100",
             axis_types=axis_types_of("auto", ("data",)),
         )[0]
-        return audit.hlo_text, audit.memory
+        return compiled.audit.hlo_text, compiled.memory
 
     got = []
     for cached in (False, True, True):  # the second cached takes its kernels from the file

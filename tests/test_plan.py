@@ -32,13 +32,14 @@ from shardscope._src.plan.estimates import (
     estimate_memory,
     model_flops,
 )
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import PlanNote, WidenedValues
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.specs import TARGETS
 from shardscope._src.train.candidates import candidates
 from shardscope._src.train.compile import compile_facts
 from shardscope._src.train.sweep import plan
+from shardscope._src.train.types import StageProgram
 from shardscope._src.train.validate import VALIDATED_STRATEGIES, validate
 
 TINY = model_preset("tiny")
@@ -302,7 +303,7 @@ def test_bf16_collectives_are_counted_at_two_bytes(sweep):
     assert dp.cpu_comm_bytes_per_device == 2 * dp.comm_bytes_per_device - 7  # f32 loss: 7 B
     (widened,) = [n for n in sweep.notes if n.kind == "widened"]
     assert widened.kind is PlanNote.CPU_WIDENED  # the former name
-    assert widened.values == {"dtype": "bfloat16", "itemsize": 2, "compiler": "XLA:CPU"}
+    assert widened.values == WidenedValues(dtype="bfloat16", itemsize=2, compiler="XLA:CPU")
     assert widened.text.startswith("XLA:CPU runs bfloat16 arithmetic in f32")
 
 
@@ -379,13 +380,85 @@ def test_compile_facts_are_the_audit_of_the_program_compiled_with_the_options():
     by_hand = audit(compiled)
     remats = parse_rematerializations(log[0] if log else "", by_hand.module)
     width = Width.of(by_hand, config.dtype)
-    facts = compile_facts("fsdp_tp", "data=4,model=2", config, "train")
+    facts = compile_facts(StageProgram("fsdp_tp", "data=4,model=2", config, "train"))
     assert facts.collectives == tuple(plan_collective(c, width) for c in by_hand.collectives)
     assert facts.memory == by_hand.memory
     assert facts.exact == by_hand.exact
     assert facts.rematerializations == tuple(
         r.source or r.op_name or r.instruction or "?" for r in remats
     )
+
+
+def test_the_one_compile_step_reads_the_compile_log_and_keeps_its_lines_off_the_terminal(capfd):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardscope._src.plan.compile import compile_plan
+
+    # A program the partitioner can only reshard by replicating whole arrays: its log says so.
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
+    s2 = NamedSharding(mesh, P(None, ("x", "y"), None))
+    s1 = NamedSharding(mesh, P("y", None, "x"))
+
+    def f(a, b, c):
+        d = jax.lax.with_sharding_constraint(a + b, s2)  # the line to report
+        return c + d
+
+    arg = jax.ShapeDtypeStruct((16, 16, 16), jnp.float32)
+    lowered = jax.jit(f, in_shardings=(s1, s1, s2), out_shardings=s2).lower(arg, arg, arg)
+    line = f":{f.__code__.co_firstlineno + 1}"
+
+    # Asked to drop nothing, the compiler's line reaches the terminal; the record has it too.
+    shown = compile_plan(lowered, drop=())
+    assert "Involuntary full rematerialization" in capfd.readouterr().err
+    (r,) = shown.rematerializations
+    assert r.source.endswith(line)
+
+    # By default it is the plan's to say: read into the record, off the terminal.
+    got = compile_plan(lowered, options=COMPILE_OPTIONS)
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err
+    (r,) = got.rematerializations
+    assert r.source.endswith(line) and got.memory_pressure is None
+    assert got.memory == got.audit.memory and got.memory.held_bytes > 0
+    assert (got.flops, got.hlo_flops) == (got.audit.flops, got.audit.hlo_flops)
+    assert got.exact and got.audit.collectives
+    assert got.plan_collectives() == tuple(
+        plan_collective(c, Width.of(got.audit)) for c in got.audit.collectives
+    )
+    # A Compiled is audited as it is: no compile, so no log to read.
+    done = compile_plan(got.audit.compiled)
+    assert done.rematerializations == () and done.audit.collectives == got.audit.collectives
+
+
+def test_a_plan_holds_its_candidate_and_the_program_a_target_compiles_again(sweep, monkeypatch):
+    from shardscope._src.train import target
+    from shardscope._src.train.candidates import stage_config
+
+    for p in sweep.plans:
+        cand, program = p.candidate, p.program
+        assert (cand.strategy, cand.sizes, cand.label) == (p.strategy, p.mesh, p.label)
+        assert (cand.microbatches, cand.remat, cand.stages) == (p.microbatches, p.remat, p.stages)
+        assert program.strategy == cand.strategy_record and program.mesh == cand.stage_mesh
+        assert program.config == stage_config(sweep.config, cand, flash_attention=True)
+        assert (program.mode, program.microbatches) == (sweep.mode, cand.microbatches)
+
+    # A target's compiler compiles the very program the CPU compile built, on its devices.
+    seen = []
+
+    def compiled_by_target(program, t, room):
+        seen.append((program, t, room))
+        return target.TargetFacts(t.name, failure="a compiler's own failure")
+
+    monkeypatch.setattr(target, "target_facts", compiled_by_target)
+    p = sweep.plans[0]
+    again = target.on_target(p, sweep.hardware, TARGETS["h100"])
+    ((program, t, room),) = seen
+    assert program is p.program and t is TARGETS["h100"]
+    assert room == p.memory_limit_bytes - p.memory.device_optimizer
+    assert again.notes[0].kind == "target-compile-failed"
 
 
 def test_forward_mode_needs_no_data_parallel_communication():
@@ -410,7 +483,7 @@ def test_indivisible_candidates_are_skipped_with_the_rule():
         ("fsdp", "divisibility"),
     }
     assert "batch=4" in result.skipped[0].message
-    assert result.empty_reason.values["skipped"] == {"divisibility": 2}
+    assert result.empty_reason.values.skipped == {"divisibility": 2}
     assert "2 skipped for divisibility" in str(result.empty_reason)
 
 
@@ -419,8 +492,8 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     assert result.plans == ()
     assert {s.reason for s in result.skipped} <= {"memory", "divisibility"}
     why = result.empty_reason
-    assert why.kind == "no-plan" and why.values["hardware"] == "tpu-v5e"
-    assert why.values["limit"] == result.hardware.memory_bytes
+    assert why.kind == "no-plan" and why.values.hardware == "tpu-v5e"
+    assert why.values.limit == result.hardware.memory_bytes
     assert "memory_bytes" in why.params and "bytes_per_param" in why.params
     assert "memory" in why.text and "tpu-v5e" in why.text and "--" not in why.text
 
@@ -764,7 +837,7 @@ def test_worker_pool_reports_a_failing_task_and_finishes_the_rest():
     from shardscope._src.train.types import CompiledFacts
 
     config = TINY.config(batch=16)
-    tasks = [CompileTask(s, "data=16", config, "forward") for s in ("dp", "zero3")]
+    tasks = [CompileTask(StageProgram(s, "data=16", config, "forward")) for s in ("dp", "zero3")]
     got = dict(run_tasks(tasks, devices=16, workers=2))
     assert isinstance(got[0], CompiledFacts) and got[0].collectives == ()
     assert isinstance(got[1], WorkerError)
@@ -780,8 +853,8 @@ def test_no_best_plan_when_none_fits():
     assert result.plans and not any(p.fits for p in result.plans)
     assert result.best is None
     note = result.fit_note
-    assert note.kind == "no-fit" and note.values["searched"]
-    assert note.values["need"] > note.values["have"] == 8_000_000
+    assert note.kind == "no-fit" and note.values.searched
+    assert note.values.need > note.values.have == 8_000_000
     assert note.text.startswith("no plan fits, even with full recomputation")
     assert "over" in note.text and "--" not in note.text
     assert note.params == ("devices", "batch", "seq", "memory_bytes")

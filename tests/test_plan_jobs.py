@@ -414,7 +414,7 @@ def test_the_words_of_a_bound_change_no_estimate(monkeypatch):
 
 
 def test_every_plan_note_has_words():
-    assert set(plan_notes._TEXTS) == set(PlanNote)
+    assert set(plan_notes._TEXTS) == set(plan_notes._VALUES) == set(PlanNote)
     note = PlanNote.PIPELINE_STAGE.describe({"stages": 4, "layers": 8, "devices": 16})
     assert note.startswith("one of 4 pipeline stages compiled (8 layers, on 16 devices")
 
@@ -661,7 +661,7 @@ def test_a_program_that_recomputes_less_than_the_formula_is_priced_by_what_it_ru
     assert saved == pytest.approx(2 * CORE / rate, rel=1e-9)
     assert p.step_time_s == p.time.step_s < p.estimated_time.step_s
     (note,) = [n for n in p.notes if n.kind == PlanNote.COMPILED_FLOPS]
-    assert note.values["compiled"] == 3 * FORWARD
+    assert note.values.compiled == 3 * FORWARD
     assert note.text.startswith("the XLA:CPU program computes 3.6% fewer matmul FLOPs")
     from shardscope._src.render.plan import time_breakdown
 

@@ -8,7 +8,7 @@ import pytest
 
 import shardscope
 from helpers import assert_usage_error, sub_parser
-from shardscope import PlanError, PlanRequest, ShardscopeError
+from shardscope import MeshSpecError, PlanError, PlanRequest, ShardscopeError
 from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.train import sweep
 
@@ -131,6 +131,20 @@ def test_a_request_keeps_what_it_was_given_whatever_the_caller_changes_later():
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.devices = 16  # type: ignore[misc]
     assert r.dims == {"d_model": None, "heads": None, "ff": None, "layers": None, "vocab": None}
+
+
+def test_a_request_holds_its_mesh_as_one_shape_whatever_form_it_came_in():
+    from shardscope._src.mesh import MeshShape
+
+    shape = MeshShape("data=4,model=2")
+    forms = ["data=4,model=2", {"data": 4, "model": 2}, (("data", 4), ("model", 2)), shape]
+    for given in forms:
+        mesh = PlanRequest("tiny", 8, mesh=given).mesh
+        assert type(mesh) is MeshShape and mesh == shape
+    assert PlanRequest("tiny", 8, mesh="data=8") == PlanRequest("tiny", 8, mesh={"data": 8})
+    assert PlanRequest("tiny", 8).mesh is None
+    with pytest.raises(MeshSpecError, match=r"'data=8,data=1': axis name 'data' is repeated"):
+        PlanRequest("tiny", 8, mesh="data=8,data=1")
 
 
 @pytest.mark.parametrize(

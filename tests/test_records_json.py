@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import shardscope
 from shardscope._src.base.comm import Totals
@@ -161,3 +162,99 @@ def test_a_plan_an_accelerator_compiled_is_judged_by_that_compilers_memory():
     assert on_cpu.fit_memory_bytes_per_device == 15
     # An H100 compile that found no memory for the program: it does not fit.
     assert not _plan(compiled_by=TARGETS["h100"], target_error="Ran out of memory").fits
+
+
+def test_each_planner_says_what_priced_the_step_it_ranks_by():
+    # A training candidate's screen is the time model alone; the plan compiled from it is
+    # the compiled program, its screen kept beside it; suggest's screen is an estimate. The
+    # source is no field: the JSON stays as it was.
+    from shardscope._src.model.presets import model_preset
+    from shardscope._src.plan.rank import StepCost, StepSource
+    from shardscope._src.suggest.suggest import Screen
+    from shardscope._src.train.candidates import Candidate, estimate
+
+    c = Candidate("fsdp", (("data", 64),), microbatches=2, remat="full")
+    screened = estimate(c, model_preset("7b").config(batch=128))
+    compiled = _plan(time=replace(screened.time, step_s=0.5), estimated_time=screened.time)
+    screen = Screen(argument_bytes_per_device=1, compute_time_s=2.0, comm_time_s=3.0, fits=True)
+    assert (screened.step_source, compiled.step_source, screen.step_source) == (
+        StepSource.ESTIMATED,
+        StepSource.COMPILED,
+        StepSource.ESTIMATED,
+    )
+    assert all(isinstance(r, StepCost) for r in (screened, compiled, screen))
+    assert screened.step_time_s == screened.time.step_s == compiled.estimated_time.step_s
+    assert compiled.step_time_s == 0.5 and screen.step_time_s == 5.0
+    assert "step_source" not in compiled.to_dict() and "step_source" not in screened.to_dict()
+
+
+#: A note of every plan kind as its values' mapping (the JSON's "values", key order too),
+#: the optional keys of some left out and None values of others kept.
+NOTE_VALUES = {
+    "all-reduce-for-reduce-scatter": {"compiler": "XLA:CPU", "forms": "never"},
+    "rematerialization": {"sites": ["a.py:1", "b.py:2"]},
+    "inexact": {},
+    "per-microbatch-reduction": {},
+    "pipeline-stage": {"stages": 4, "layers": 2, "of_layers": 7, "devices": 16},
+    "compiled-by-target": {"target": "h100", "error": "out of memory", "room_bytes": 5,
+                           "optimizer_bytes": 3},  # fmt: skip
+    "target-compile-failed": {"target": "h100", "error": "it broke"},
+    "memory-pressure": {"compiler": "XLA:GPU", "limit_bytes": 1, "reached_bytes": 3,
+                        "original_bytes": 4},  # fmt: skip
+    "compiled-flops": {"compiler": "XLA:GPU", "formula": 2.5e12, "compiled": None},
+    "analytic-memory": {},
+    "compiled-memory": {"target": None},
+    "communication": {},
+    "time-model": "h100",
+    "program-time-model": "tpu-v5e",
+    "fp8-matmuls": {"name": "h100", "fp8_peak_flops": 1.9e15, "fp8_matmul_fraction": 0.5,
+                    "dtype": "bfloat16"},  # fmt: skip
+    "widened": {"dtype": "bfloat16", "itemsize": 2, "compiler": "XLA:CPU"},
+    "no-reduce-scatter": {"compiler": "XLA:TPU", "forms": "sometimes"},
+    "target-compiler-missing": {"target": "h100", "extra": "gpu-compile"},
+    "recompiled-by-target": {"target": "h100", "ranks": [1, 3]},
+    "no-flop-count": {},
+    "identical-programs": {"same": [["fsdp data=8", "dp", "data=8"]]},
+    "no-fit": {"label": "dp data=8", "need": 9, "have": 8, "hardware": "h100", "searched": False},
+    "target-out-of-memory": {"target": "h100", "count": 2, "label": "dp data=8", "error": None},
+    "no-target-fit": {"target": "h100", "label": "dp data=8", "have": 8, "need": 9,
+                      "hardware": "h100"},  # fmt: skip
+    "no-plan": {"what": "tiny", "devices": 8, "skipped": {"memory": 3}, "limit": 8,
+                "hardware": "h100"},  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOTE_VALUES))
+def test_a_plan_notes_values_are_a_record_whose_json_is_the_mapping_it_was(kind):
+    from shardscope._src.base.notes import Note, NoteValues
+    from shardscope._src.plan.notes import PlanNote
+    from shardscope._src.targets.hardware import hardware
+
+    given = NOTE_VALUES[kind]
+    mapping = hardware(given).to_dict() if isinstance(given, str) else given
+    note = Note(PlanNote(kind), mapping)
+    record = note.values
+    assert isinstance(record, NoteValues)
+    # the JSON is the mapping's, key for key and in its order; the words are the same
+    data = json.loads(json.dumps(note.to_dict(), allow_nan=False))
+    assert data["values"] == mapping and list(data["values"]) == list(mapping)
+    assert Note(PlanNote(kind), record) == note and str(Note(PlanNote(kind), record)) == str(note)
+    assert PlanNote(kind).describe(mapping) == note.text
+    # read by key as the mapping was (code written against the dicts), by attribute in ours
+    assert all(record[k] == v for k, v in mapping.items())
+
+
+def test_a_plan_notes_values_are_read_by_attribute_and_refuse_what_their_kind_lacks():
+    from shardscope._src.base.notes import Note
+    from shardscope._src.plan.notes import NoFitValues, PlanNote, WidenedValues
+    from shardscope._src.plan.types import no_fit_note
+
+    note = no_fit_note("dp data=8", 9, 8, "h100")
+    assert note.values == NoFitValues(label="dp data=8", need=9, have=8, hardware="h100",
+                                      searched=True)  # fmt: skip
+    assert (note.values.need, note.values.have, note.values.searched) == (9, 8, True)
+    with pytest.raises(TypeError, match="NoFitValues has no field 'needs'"):
+        Note(PlanNote.NO_FIT, {"label": "x", "needs": 9, "have": 8, "hardware": "h100",
+                               "searched": True})  # fmt: skip
+    with pytest.raises(TypeError, match="'no-fit' note's values are a NoFitValues"):
+        Note(PlanNote.NO_FIT, WidenedValues(dtype="bfloat16", itemsize=2, compiler="XLA:CPU"))

@@ -272,3 +272,54 @@ def test_a_diff_of_a_broken_file_names_the_field(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(shardscope.AuditDiffError, match="'count'"):
         shardscope.diff_audits(path, JSON_FILES / "scan_1d.json")
+
+
+# -- serving results --------------------------------------------------------------------------
+
+#: Serving results as shardscope f72fdd8 wrote them (schema version 3), with the commands of
+#: tests/fixtures/serve_json/README.md.
+SERVE_JSON = FIXTURES / "serve_json"
+
+
+def test_a_serving_file_of_schema_3_reads_back_and_names_the_platform_that_compiled_it():
+    # Schema 3 wrote "backend": "estimate" whatever compiled the plans: here both were
+    # compiled by the H100 compiler. Read back, the result is the file's data, field for
+    # field, and its backend is the platform of that compiler, as version 4 writes it.
+    data = json.loads((SERVE_JSON / "tiny_h100.json").read_text())
+    assert (data["schema_version"], data["backend"]) == (3, "estimate")
+    result = shardscope.ServeResult.from_dict(data)
+    assert [p.compiled_by for p in result.plans] == ["h100", "h100"]
+    assert [p.batch for p in result.plans] == [8, 8]
+    assert result.backend == "gpu"
+    body = {k: v for k, v in data.items() if k not in (*HEADER, "backend")}
+    assert via_json(result.to_dict()) == body
+
+
+def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
+    # The file of schema 3 holds, to the digit, what this shardscope plans for its request;
+    # written now (schema 4) it names no backend, none of its plans compiled, and reads back
+    # the same; a plan compiled by a TPU's compiler makes the backend "tpu".
+    now = shardscope.serve("tiny", 2, prompt=64, output=16, rate=2, compiler="cpu")
+    old = json.loads((SERVE_JSON / "tiny_rate_cpu.json").read_text())
+    assert (old["schema_version"], old["backend"]) == (3, "estimate")
+    assert shardscope.ServeResult.from_dict(old) == now
+    written = json.loads(write_result(tmp_path / "serve.json", now).read_text())
+    assert (written["schema_version"], written["backend"]) == (4, None)
+    assert shardscope.ServeResult.from_dict(written) == now
+    data = {k: v for k, v in written.items() if k not in HEADER}
+    assert data == {k: v for k, v in old.items() if k not in HEADER} | {"backend": None}
+    on_tpu = dataclasses.replace(
+        now, plans=tuple(dataclasses.replace(p, compiled_by="tpu-v5e") for p in now.plans)
+    )
+    assert on_tpu.backend == "tpu"
+
+
+def test_a_serving_file_of_a_later_schema_or_without_plans_is_refused():
+    data = json.loads((SERVE_JSON / "tiny_rate_cpu.json").read_text())
+    with pytest.raises(shardscope.ShardscopeError, match="schema version 5: this shardscope"):
+        shardscope.ServeResult.from_dict({**data, "schema_version": 5})
+    with pytest.raises(shardscope.ShardscopeError, match="a serving result has no 'plans'"):
+        shardscope.ServeResult.from_dict({k: v for k, v in data.items() if k != "plans"})
+    plan = {k: v for k, v in data["plans"][0].items() if k != "batch"}
+    with pytest.raises(shardscope.ShardscopeError, match="a serving plan has no 'batch'"):
+        shardscope.ServeResult.from_dict({**data, "plans": [plan]})

@@ -11,10 +11,14 @@ import pytest
 from helpers import assert_usage_error
 from shardscope._src.base.errors import PlanError
 from shardscope._src.cli.main import main
+from shardscope._src.cost.compute import launch_seconds
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
-from shardscope._src.serve import serve as serve_module
-from shardscope._src.serve.serve import compile_decode, compile_prefill, serve
+from shardscope._src.plan.rank import StepCost, StepSource
+from shardscope._src.serve import compiled as compiled_module
+from shardscope._src.serve import search as search_module
+from shardscope._src.serve.compiled import compile_decode, compile_prefill
+from shardscope._src.serve.search import serve
 from shardscope._src.targets.hardware import PRESETS
 
 H100 = PRESETS["h100"]
@@ -118,9 +122,9 @@ def test_two_shallow_compiles_give_what_the_whole_depth_compiles_to(monkeypatch)
     decode = compile_decode(plan, six, H100)
     shallow = compile_prefill(decode, six, H100, 2048)
     monkeypatch.setattr(
-        serve_module,
+        compiled_module,
         "_compile_layers",
-        lambda p, c, hw, flop_s, build: serve_module._compile(p, hw, flop_s, *build(c.layers)),
+        lambda p, c, hw, flop_s, build: compiled_module._compile(p, hw, flop_s, *build(c.layers)),
     )
     whole = compile_decode(plan, six, H100)
     deep = compile_prefill(whole, six, H100, 2048)
@@ -350,9 +354,8 @@ def _compiler_holding_more(monkeypatch):
             plan, temp_bytes_per_device=plan.temp_bytes_per_device + EXTRA, compiled_by=hw.name
         )
 
-    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
-    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
-    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
+    monkeypatch.setattr(search_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(search_module, "compile_prefill", lambda plan, *a, **k: plan)
     args, kw = EIGHT_B
     largest = max(p.batch for p in serve(*args, compiler="cpu", **kw).plans)
     fits = max(
@@ -404,14 +407,51 @@ def test_the_plan_ranked_first_is_a_compiled_one(monkeypatch):
             compiled_by=hw.name,
         )
 
-    monkeypatch.setattr(serve_module, "compile_decode", compile_decode)
-    monkeypatch.setattr(serve_module, "compile_prefill", lambda plan, *a, **k: plan)
-    monkeypatch.setattr(serve_module, "TARGETS", {"h100": None})
+    monkeypatch.setattr(search_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(search_module, "compile_prefill", lambda plan, *a, **k: plan)
     result = serve("llama3-8b", 1, hardware="h100", prompt=512, output=128)
     assert result.best.compiled_by == "h100"
     assert len(compiled) > 1  # the largest, then the leaders
     estimated = [p for p in result.plans if p.compiled_by is None]
     assert all(p.tokens_per_s_per_chip < result.best.tokens_per_s_per_chip for p in estimated)
+
+
+def test_a_plan_says_what_priced_its_step_and_keeps_its_estimate_beside_a_compile(monkeypatch):
+    # a stand-in compiler whose decode steps take twice the roofline's time and launch 100
+    # kernels (keeping the estimate, as compile_decode does): the plans it compiled say so,
+    # rank by the compiled figure, and keep beside it the estimate they replaced, which is
+    # the roofline's plan of the same layout and batch to the digit; the layout's other
+    # plans are estimated, their steps the roofline's and the compiled step's launches
+    def compile_decode(plan, config, hw, **_):
+        slow = 2 * plan.estimated.decode_step_s
+        return replace(
+            plan,
+            estimate=plan.estimated,
+            decode_step_s=slow,
+            tokens_per_s_per_chip=plan.batch / slow,
+            compiled_by=hw.name,
+            decode_kernels=100,
+        )
+
+    monkeypatch.setattr(search_module, "compile_decode", compile_decode)
+    monkeypatch.setattr(search_module, "compile_prefill", lambda plan, *a, **k: plan)
+    args, kw = EIGHT_B
+    result = serve(*args, **kw)
+    roofline = {p.batch: p for p in serve(*args, compiler="cpu", **kw).plans}
+    sources = [p.step_source for p in result.plans]
+    assert StepSource.COMPILED in sources and StepSource.ESTIMATED in sources
+    for p in result.plans:
+        assert isinstance(p, StepCost) and p.step_time_s == p.decode_step_s
+        assert (p.step_source is StepSource.COMPILED) == (p.compiled_by == "h100")
+        assert p.estimated.step_source is StepSource.ESTIMATED
+        assert p.estimated.step_time_s == roofline[p.batch].step_time_s
+        if p.step_source is StepSource.COMPILED:
+            assert p.step_time_s == 2 * p.estimated.step_time_s
+        else:
+            assert p.decode_kernels == 100
+            assert p.step_time_s == p.estimated.step_time_s + launch_seconds(H100, 100)
+    ranks = [(-p.tokens_per_s_per_chip, p.step_time_s) for p in result.plans]
+    assert ranks == sorted(ranks)
 
 
 def test_the_sweep_keeps_what_fits_and_marks_the_front():

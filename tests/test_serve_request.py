@@ -14,7 +14,7 @@ from shardscope._src.base.knobs import knob_of
 from shardscope._src.cli.main import command_config, main
 from shardscope._src.cli.parsers import build_parser
 from shardscope._src.plan.request import PlanRequest, ProgramRequest, ServeRequest, SuggestRequest
-from shardscope._src.serve.serve import serve, serve_request
+from shardscope._src.serve.search import serve, serve_request
 
 BASE = ["--model", "llama3-8b", "--devices", "1", "--prompt", "512", "--output", "128"]
 
@@ -88,7 +88,7 @@ def test_bad_knobs_are_refused_when_the_request_is_made(capsys):
 
 def test_a_compiled_plan_keeps_the_estimate_it_replaced():
     from shardscope._src.model.presets import model_preset
-    from shardscope._src.serve.serve import compile_decode
+    from shardscope._src.serve.compiled import compile_decode
     from shardscope._src.targets.hardware import hardware
 
     estimate = serve("tiny", 1, prompt=64, output=16, batch=2, compiler="cpu").best

@@ -7,7 +7,7 @@ import pytest
 from shardscope._src.base.errors import PlanError
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import cache_bytes_per_token
-from shardscope._src.serve.serve import serve
+from shardscope._src.serve.search import serve
 
 LLAMA3_70B = model_preset("llama3-70b").config(batch=1)
 LLAMA2_13B = model_preset("llama2-13b").config(batch=1)

@@ -73,10 +73,10 @@ if TYPE_CHECKING:
     from shardscope._src.program.program import plan_program_request as plan_program_request
     from shardscope._src.render.audit import render_audit as render_audit
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
-    from shardscope._src.serve.serve import ServePlan as ServePlan
-    from shardscope._src.serve.serve import ServeResult as ServeResult
-    from shardscope._src.serve.serve import serve as serve
-    from shardscope._src.serve.serve import serve_request as serve_request
+    from shardscope._src.serve.search import serve as serve
+    from shardscope._src.serve.search import serve_request as serve_request
+    from shardscope._src.serve.types import ServePlan as ServePlan
+    from shardscope._src.serve.types import ServeResult as ServeResult
     from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
     from shardscope._src.sharding.programs import (
         build_reference_program as build_program,  # noqa: F401 (its old name, kept working)
@@ -174,10 +174,10 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "SuggestResult": ("shardscope._src.suggest.suggest", "SuggestResult"),
     "suggest": ("shardscope._src.suggest.suggest", "suggest"),
     "suggest_request": ("shardscope._src.suggest.suggest", "suggest_request"),
-    "serve": ("shardscope._src.serve.serve", "serve"),
-    "serve_request": ("shardscope._src.serve.serve", "serve_request"),
-    "ServePlan": ("shardscope._src.serve.serve", "ServePlan"),
-    "ServeResult": ("shardscope._src.serve.serve", "ServeResult"),
+    "serve": ("shardscope._src.serve.search", "serve"),
+    "serve_request": ("shardscope._src.serve.search", "serve_request"),
+    "ServePlan": ("shardscope._src.serve.types", "ServePlan"),
+    "ServeResult": ("shardscope._src.serve.types", "ServeResult"),
     "PlanRequest": ("shardscope._src.plan.request", "PlanRequest"),
     "ServeRequest": ("shardscope._src.plan.request", "ServeRequest"),
     "ProgramRequest": ("shardscope._src.plan.request", "ProgramRequest"),

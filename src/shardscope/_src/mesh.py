@@ -1,16 +1,18 @@
-"""Mesh descriptions ("dp=2,mp=4") parsed, validated and turned into ``jax.sharding.Mesh``."""
+"""Mesh descriptions ("dp=2,mp=4") parsed, validated and turned into ``jax.sharding.Mesh``;
+:class:`MeshShape`, the one canonical mesh shape a planner carries."""
 
 from __future__ import annotations
 
 import math
 import operator
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from shardscope._src.base.devices import (
     DEFAULT_CPU_DEVICES,
@@ -35,46 +37,52 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
     """Parses a mesh description into an ordered ``{axis name: size}`` dict.
 
-    Accepts ``"dp=2,mp=4"`` (spaces allowed) or a mapping. Names must be unique identifiers
-    and sizes positive integers.
+    Accepts ``"dp=2,mp=4"`` (spaces allowed) or a mapping (a :class:`MeshShape` too). Names
+    must be unique identifiers and sizes positive integers.
 
     >>> parse_mesh_spec("dp=2,mp=4")
     {'dp': 2, 'mp': 4}
     """
+    if isinstance(spec, MeshShape):
+        return spec.sizes  # checked when it was made
     if isinstance(spec, Mapping):
-        items = [(k, v) for k, v in spec.items()]
-        where = repr(dict(spec))
-    elif isinstance(spec, str):
-        where = repr(spec)
-        text = spec.strip()
-        if not text:
-            raise MeshSpecError(
-                "mesh description is empty; write axes as name=size, e.g. 'dp=2,mp=4'"
-            )
-        items = []
-        for part in text.split(","):
-            if "=" not in part:
-                raise MeshSpecError(
-                    f"mesh description {where}: axis {part!r} has no size; write axes as "
-                    f"name=size, e.g. 'dp=2,mp=4'"
-                )
-            name, _, written = part.partition("=")
-            name, written = name.strip(), written.strip()
-            digits = written.removeprefix("-")
-            if digits.isascii() and digits.isdigit():
-                value: Any = int(written)
-            else:
-                raise MeshSpecError(
-                    f"mesh description {where}: size {written!r} of axis {name!r} is not an "
-                    f"integer; write e.g. '{name or 'dp'}=2'"
-                ) from None
-            items.append((name, value))
-    else:
-        raise MeshSpecError(
-            f"mesh description must be a string like 'dp=2,mp=4' or a mapping, got "
-            f"{type(spec).__name__}"
-        )
+        return _checked(list(spec.items()), repr(dict(spec)))
+    if isinstance(spec, str):
+        return _checked(_spec_items(spec), repr(spec))
+    raise MeshSpecError(
+        f"mesh description must be a string like 'dp=2,mp=4' or a mapping, got "
+        f"{type(spec).__name__}"
+    )
 
+
+def _spec_items(spec: str) -> list[tuple[str, Any]]:
+    """The ``(name, size)`` pairs a description ``"dp=2,mp=4"`` writes, sizes as integers."""
+    where = repr(spec)
+    text = spec.strip()
+    if not text:
+        raise MeshSpecError("mesh description is empty; write axes as name=size, e.g. 'dp=2,mp=4'")
+    items: list[tuple[str, Any]] = []
+    for part in text.split(","):
+        if "=" not in part:
+            raise MeshSpecError(
+                f"mesh description {where}: axis {part!r} has no size; write axes as "
+                f"name=size, e.g. 'dp=2,mp=4'"
+            )
+        name, _, written = part.partition("=")
+        name, written = name.strip(), written.strip()
+        digits = written.removeprefix("-")
+        if not (digits.isascii() and digits.isdigit()):
+            raise MeshSpecError(
+                f"mesh description {where}: size {written!r} of axis {name!r} is not an "
+                f"integer; write e.g. '{name or 'dp'}=2'"
+            ) from None
+        items.append((name, int(written)))
+    return items
+
+
+def _checked(items: Sequence[tuple[Any, Any]], where: str) -> dict[str, int]:
+    """``items`` as an ordered ``{axis name: size}`` dict, once every name is a unique
+    identifier and every size a positive integer (``where`` names them in errors)."""
     if not items:
         raise MeshSpecError(f"mesh description {where} names no axes; e.g. 'dp=2,mp=4'")
     out: dict[str, int] = {}
@@ -112,7 +120,141 @@ def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def mesh_axes(mesh: jax.sharding.Mesh) -> dict[str, int]:
+@dataclass(frozen=True, eq=False)
+class MeshShape(Mapping[str, int]):
+    """A mesh's shape, the one form a planner carries a mesh in: its axes' names and sizes,
+    in order. Made once from what the user gave (a description ``"data=4,model=2"``, a
+    ``{name: size}`` mapping, ``(name, size)`` pairs, a ``Mesh`` or ``AbstractMesh``, or a
+    MeshShape), checked as :func:`parse_mesh_spec` checks a description; everything else is
+    read from it: the description (:attr:`spec`), the sizes (:attr:`sizes`), an abstract
+    mesh (:meth:`abstract`) or a mesh of devices (:meth:`on`; a target's compile-only
+    devices: :func:`shardscope.target_mesh` takes a MeshShape).
+
+    It reads as a ``{name: size}`` mapping, in axis order. Like an ``OrderedDict``, two
+    shapes are equal when their axes are, in the same order; a shape and another mapping
+    when they hold the same sizes.
+
+    >>> shape = MeshShape("data=4, model=2")
+    >>> shape
+    MeshShape('data=4,model=2')
+    >>> shape == MeshShape({"data": 4, "model": 2}) == MeshShape((("data", 4), ("model", 2)))
+    True
+    >>> shape.spec, shape.sizes, shape.devices, shape["model"]
+    ('data=4,model=2', {'data': 4, 'model': 2}, 8, 2)
+    >>> MeshShape("stage=2,data=4").without("stage")
+    MeshShape('data=4')
+
+    Raises:
+        MeshSpecError: a bad description, a repeated or bad name, a size that is not a
+            positive integer, or something that describes no mesh.
+    """
+
+    axes: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", _shape_axes(self.axes))
+
+    @classmethod
+    def of(cls, mesh: Any) -> MeshShape:
+        """``mesh`` as a MeshShape: itself when it is one, else made from it."""
+        return mesh if isinstance(mesh, MeshShape) else cls(mesh)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The axes' names, in order."""
+        return tuple(name for name, _ in self.axes)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """``{axis name: size}``, in order (a new dict)."""
+        return dict(self.axes)
+
+    @property
+    def spec(self) -> str:
+        """The description ``"data=4,model=2"``."""
+        return format_mesh_spec(self.axes)
+
+    @property
+    def devices(self) -> int:
+        """How many devices the mesh holds (the sizes' product)."""
+        return math.prod(size for _, size in self.axes)
+
+    def without(self, *names: str) -> MeshShape:
+        """This shape less the axes ``names`` (those it has)."""
+        return MeshShape(tuple((n, v) for n, v in self.axes if n not in names))
+
+    def abstract(self) -> jax.sharding.AbstractMesh:
+        """A ``jax.sharding.AbstractMesh`` of this shape, every axis Auto: what a strategy is
+        placed on to check its fit and give its specs and bounds, with no device."""
+        return AbstractMesh(
+            tuple(self.sizes.values()), self.names, axis_types=(AxisType.Auto,) * len(self.axes)
+        )
+
+    def on(
+        self, devices: Sequence[Any] | None = None, *, axis_types: Any = None
+    ) -> jax.sharding.Mesh:
+        """A ``jax.sharding.Mesh`` of this shape over ``devices`` (default: all of JAX's), as
+        :func:`make_mesh` builds it."""
+        return make_mesh(self, devices=devices, axis_types=axis_types)
+
+    def to_dict(self) -> dict[str, int]:
+        """The JSON of a mesh's shape: ``{axis name: size}``."""
+        return self.sizes
+
+    def __getitem__(self, name: str) -> int:
+        for n, size in self.axes:
+            if n == name:
+                return size
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.axes)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, MeshShape):
+            return self.axes == other.axes
+        if isinstance(other, Mapping):
+            return self.sizes == dict(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.axes)
+
+    def __repr__(self) -> str:
+        return f"MeshShape({self.spec!r})"
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+def _shape_axes(mesh: Any) -> tuple[tuple[str, int], ...]:
+    """The checked ``(name, size)`` pairs of what :class:`MeshShape` is made from."""
+    if isinstance(mesh, MeshShape):
+        return mesh.axes
+    if isinstance(mesh, str | Mapping):
+        return tuple(parse_mesh_spec(mesh).items())
+    if isinstance(mesh, jax.sharding.Mesh | jax.sharding.AbstractMesh):
+        return tuple(mesh_axes(mesh).items())
+    if isinstance(mesh, tuple | list):
+        pairs = []
+        for pair in mesh:
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise MeshSpecError(
+                    f"mesh {mesh!r}: {pair!r} is not an (axis name, size) pair; give pairs "
+                    f"such as (('data', 4), ('model', 2)), or a description 'data=4,model=2'"
+                )
+            pairs.append((pair[0], pair[1]))
+        return tuple(_checked(pairs, repr(mesh)).items())
+    raise MeshSpecError(
+        f"a mesh shape is a description such as 'data=4,model=2', a mapping of axis names to "
+        f"sizes, (name, size) pairs or a jax.sharding.Mesh; got {type(mesh).__name__}"
+    )
+
+
+def mesh_axes(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh) -> dict[str, int]:
     """``{axis name: size}`` of a JAX mesh, in mesh order."""
     return {str(k): int(v) for k, v in mesh.shape.items()}
 

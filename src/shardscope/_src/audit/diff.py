@@ -23,9 +23,10 @@ from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
 from shardscope._src.base.vocab import Vocab
 
 #: The schema versions whose audits have today's shape (version 2 changed the notes of plans
-#: and verdicts, and the keys of a verdict's excess and of the matmul's schedule, none of which
-#: a diff reads), so a baseline written before still diffs.
-AUDIT_SCHEMAS = (1, 2, 3)
+#: and verdicts, and the keys of a verdict's excess and of the matmul's schedule; 3 a plan's
+#: step keys; 4 a serving result's backend: none of which a diff reads), so a baseline written
+#: before still diffs.
+AUDIT_SCHEMAS = (1, 2, 3, 4)
 
 
 class RowStatus(Vocab):

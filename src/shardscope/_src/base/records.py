@@ -26,10 +26,12 @@ def _version(dist: str) -> str | None:
 
 
 VERSION = _version("shardscope") or "0+unknown"
-SCHEMA_VERSION = 3  # of every JSON result the command line writes; raised when a field changes
+SCHEMA_VERSION = 4  # of every JSON result the command line writes; raised when a field changes
 # 2: notes (and fit_note, empty_reason) are objects {"kind", "text", "values"[, "params"]}
 # 3: a plan's step time is "step_time_s" (and "step_time_overlap_s"), not "est_step_time_s":
 #    a compiled plan's step is not an estimate (``plan_step_time`` reads either)
+# 4: a serving result's "backend" is the platform of the compiler that compiled its plans
+#    ("gpu", "tpu"; null when none was), not "estimate" (``ServeResult.from_dict`` reads either)
 
 STDOUT = "-"  # a result path that means standard output
 

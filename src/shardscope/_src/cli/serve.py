@@ -1,5 +1,5 @@
 """``shardscope serve`` (and ``plan --serve``): the serving plans of a built-in model, as the
-library's :func:`~shardscope._src.serve.serve.serve_request` makes them."""
+library's :func:`~shardscope._src.serve.search.serve_request` makes them."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def run_serve_command(
     """Plans ``request``, prints the table and writes the files asked for; returns 0."""
     from shardscope._src.render.console import natural_width, output_console
     from shardscope._src.render.serve import plot_serve, render_serve
-    from shardscope._src.serve.serve import serve_request
+    from shardscope._src.serve.search import serve_request
 
     result = serve_request(request)
     # piped, the table is printed as wide as its cells need (the caption wraps to it)

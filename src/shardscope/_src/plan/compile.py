@@ -1,20 +1,26 @@
-"""What every planner's compiles share: the compile options, a compiled collective as a plan
-counts it, this process's CPU devices, and whether to compile here or in workers."""
+"""What every planner's compiles share: the one compile step (:func:`compile_plan`, which
+the training sweep, a target's recompile, a program's candidates and a served step all
+compile through), the compile options, a compiled collective as a plan counts it, this
+process's CPU devices, and whether to compile here or in workers."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS
-from shardscope._src.audit.records import Collective
+from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS, RECORDED_LOG_LINES, audit
+from shardscope._src.audit.records import Audit, Collective, MemoryPressure, Rematerialization
 from shardscope._src.audit.width import Width
 from shardscope._src.base.devices import backends_started, flag_device_count
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.stderr import capture_stderr
+from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.plan.collectives import PlanCollective
 
 #: ``progress(done, total, label)``, called as plans finish compiling.
@@ -67,6 +73,91 @@ def plan_collective(c: Collective, width: Width) -> PlanCollective:
         cpu_traffic_bytes=c.traffic_bytes * c.count,
         op_name=c.op_name,
         source=c.source,
+    )
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """One planned program as its compiler built it: the audit of its optimized HLO (what it
+    was read from beside it, ``audit.program``), the compiler's buffer assignment, its FLOP
+    counts, what its compile log said, and the seconds the compile and the audit took."""
+
+    audit: Audit
+    #: the compiler's buffer assignment per device (empty where it gives none)
+    memory: CompiledMemory
+    #: the compiler's own FLOP count (its cost analysis; None where it gives none)
+    flops: float | None
+    #: the program's matmul FLOPs per device counted from its HLO (None: not counted)
+    hlo_flops: int | None
+    #: where the partitioner replicated whole arrays (the compile log's warnings)
+    rematerializations: tuple[Rematerialization, ...]
+    #: the compiler's rematerialization could not bring the program under its memory
+    memory_pressure: MemoryPressure | None
+    #: seconds of the compile and the audit of its HLO
+    compile_s: float
+
+    @property
+    def exact(self) -> bool:
+        """Whether every collective's count is exact (:attr:`Audit.exact`)."""
+        return self.audit.exact
+
+    @property
+    def optimal_seconds(self) -> float | None:
+        """The compiler's own estimate of one run's seconds (XLA:TPU's cost analysis gives
+        one; None elsewhere, or without the compiled program)."""
+        compiled = self.audit.compiled
+        if compiled is None:
+            return None
+        cost = compiled.cost_analysis()
+        if isinstance(cost, list | tuple):
+            cost = cost[0] if cost else None
+        if not isinstance(cost, Mapping):
+            return None
+        value = cost.get("optimal_seconds")
+        return float(value) if isinstance(value, int | float) and value > 0 else None
+
+    def plan_collectives(
+        self, program_dtype: str | None = None, *, itemsize: int | None = None
+    ) -> tuple[PlanCollective, ...]:
+        """The program's collectives as a plan counts them, at the width
+        :meth:`Width.of <shardscope._src.audit.width.Width.of>` gives for the program's
+        element type ``program_dtype`` (or ``itemsize``)."""
+        width = Width.of(self.audit, program_dtype, itemsize=itemsize)
+        return tuple(plan_collective(c, width) for c in self.audit.collectives)
+
+
+def compile_plan(
+    program: Any,
+    /,
+    *args: Any,
+    mesh: Any = None,
+    options: Mapping[str, Any] | None = None,
+    drop: tuple[str, ...] = RECORDED_LOG_LINES,
+) -> CompiledProgram:
+    """Compiles a planned program and audits it: the one compile step of every planner.
+
+    ``program`` is a ``jax.stages.Lowered`` (compiled with the XLA ``options``), a
+    ``jax.stages.Compiled`` (audited as it is), or a jitted function with its abstract
+    ``args`` (lowered, then compiled); ``mesh`` names the axes when the program's shardings
+    do not (see :func:`~shardscope._src.audit.compile.audit`). The compiler's log is read
+    for its rematerializations and memory pressure; its lines containing any of ``drop``
+    stay off the terminal (by default the ones read: the plan's notes say them).
+
+    Raises what :func:`~shardscope._src.audit.compile.audit` raises: a compiler that finds
+    the program does not fit raises :class:`~shardscope._src.base.errors.DeviceMemoryError`,
+    a compiler's own failure ``jax.errors.JaxRuntimeError``.
+    """
+    start = time.perf_counter()
+    with capture_stderr(drop=drop):
+        result = audit(program, *args, mesh=mesh, compiler_options=options)
+    return CompiledProgram(
+        audit=result,
+        memory=CompiledMemory() if result.memory is None else result.memory,
+        flops=result.flops,
+        hlo_flops=result.hlo_flops,
+        rematerializations=result.rematerializations or (),
+        memory_pressure=result.memory_pressure,
+        compile_s=time.perf_counter() - start,
     )
 
 

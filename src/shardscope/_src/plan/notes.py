@@ -1,16 +1,20 @@
-"""What a plan or a sweep notes: the kinds (:class:`PlanNote`) and their words, one template
-or one small function per kind, written from a note's values when it is shown."""
+"""What a plan or a sweep notes: the kinds (:class:`PlanNote`), the record of each kind's
+values (a small frozen dataclass, read by attribute: :class:`NoFitValues`, ...) and their
+words, one template or one small function per kind, written from a note's values when it is
+shown. A note's values are made from their mapping too (:meth:`PlanNote.values_of`), and its
+JSON is the mapping's (:meth:`~shardscope._src.base.notes.NoteValues.to_dict`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Self
 
 from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes, format_flops
-from shardscope._src.base.notes import NoteKind
-from shardscope._src.targets.capabilities import reduce_scatter_words
-from shardscope._src.targets.hardware import TIME_MODEL_SOURCES
+from shardscope._src.base.notes import NoteKind, NoteValues
+from shardscope._src.targets.capabilities import Support, reduce_scatter_words
+from shardscope._src.targets.hardware import TIME_MODEL_SOURCES, Hardware
 
 
 class PlanNote(NoteKind):
@@ -98,10 +102,233 @@ class PlanNote(NoteKind):
         # Values written by earlier versions, read back.
         return _FORMER_VALUES.get(str(value))
 
-    def describe(self, values: Mapping[str, Any]) -> str:
-        """The note's words: its template filled with ``values``, or its function of them."""
+    def values_of(self, values: Any) -> NoteValues:
+        """``values`` as the record of this kind's (:data:`_VALUES`): as given when they are
+        one, else made from their mapping (its keys the record's fields)."""
+        record = _VALUES[self]
+        if isinstance(values, record):
+            return values
+        if isinstance(values, Mapping):
+            return record.from_dict(values)
+        raise TypeError(
+            f"a {self.value!r} note's values are a {record.__name__} or its mapping, not "
+            f"{type(values).__name__}"
+        )
+
+    def describe(self, values: Any) -> str:
+        """The note's words: its template filled with ``values`` (as ``v``), or its function
+        of them."""
+        v = self.values_of(values)
         text = _TEXTS[self]
-        return text.format_map(values) if isinstance(text, str) else text(values)
+        return text.format(v=v) if isinstance(text, str) else text(v)
+
+
+# -- the values of each kind ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoValues(NoteValues):
+    """The values of a kind whose words take none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceScatterValues(NoteValues):
+    """A compiler and how dependably it forms reduce-scatters
+    (:attr:`~shardscope._src.targets.capabilities.Capabilities.forms_reduce_scatter`)."""
+
+    compiler: str
+    forms: Support | str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RematerializationValues(NoteValues):
+    """Where the partitioner replicated a whole array, then sliced it."""
+
+    sites: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sites", tuple(self.sites))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineStageValues(NoteValues):
+    """The stage compiled: the ``stages``, its ``layers`` (of the model's ``of_layers``), the
+    ``virtual_stages`` each device runs (when interleaved) and its ``devices``."""
+
+    optional = ("of_layers", "virtual_stages")
+
+    stages: int
+    layers: int
+    of_layers: int | None = None
+    virtual_stages: int | None = None
+    devices: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledByTargetValues(NoteValues):
+    """A target's compile: the bytes per device of its buffer assignment beside the
+    estimate's, or its ``error``; where a GPU's compiler was told the program may hold less
+    than the device, that room and the optimizer state beside it."""
+
+    optional = ("memory_bytes", "estimate_bytes", "error", "room_bytes", "optimizer_bytes")
+
+    target: str
+    memory_bytes: int | None = None
+    estimate_bytes: int | None = None
+    error: str | None = None
+    room_bytes: int | None = None
+    optimizer_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetErrorValues(NoteValues):
+    """A target and its compiler's error (its first line)."""
+
+    target: str
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPressureValues(NoteValues):
+    """The compiler (in words, ``"XLA:GPU"``) and what its rematerialization reached
+    (:class:`~shardscope._src.audit.records.MemoryPressure`'s fields)."""
+
+    compiler: str
+    limit_bytes: int
+    reached_bytes: int
+    original_bytes: int
+
+    @property
+    def pressure(self) -> MemoryPressure:
+        return MemoryPressure(self.limit_bytes, self.reached_bytes, self.original_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledFlopsValues(NoteValues):
+    """The time model's matmul FLOPs per device and step (``formula``) and the compiled
+    program's (None: not counted)."""
+
+    compiler: str
+    formula: float
+    compiled: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledMemoryValues(NoteValues):
+    """The target whose compiler's buffer assignment memory is (None: the CPU's)."""
+
+    target: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeModelValues(NoteValues):
+    """The hardware whose fields the time model runs at; its JSON is the hardware's."""
+
+    hardware: Hardware
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        return cls(hardware=Hardware(**data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.hardware.to_dict()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fp8MatmulsValues(NoteValues):
+    """The hardware's fp8 rate and the model's 16-bit ``dtype``."""
+
+    name: str
+    fp8_peak_flops: float
+    fp8_matmul_fraction: float
+    dtype: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WidenedValues(NoteValues):
+    """A 16-bit ``dtype`` counted at ``itemsize`` bytes, which ``compiler`` widens."""
+
+    dtype: str
+    itemsize: int
+    compiler: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompilerMissingValues(NoteValues):
+    """The hardware's own target and the extra that installs its compiler."""
+
+    target: str
+    extra: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecompiledValues(NoteValues):
+    """The target and the ranks of the plans its compiler compiled again."""
+
+    target: str
+    ranks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdenticalProgramsValues(NoteValues):
+    """Each plan that compiled to another's program: ``(label, the other's rule set, mesh)``."""
+
+    same: tuple[tuple[str, str, str], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "same", tuple(tuple(s) for s in self.same))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoFitValues(NoteValues):
+    """The closest plan, the bytes a device it ``need``s of those it ``have``s, and whether
+    every recomputation, micro-batch and stage choice was ``searched``."""
+
+    label: str
+    need: int
+    have: int
+    hardware: str
+    searched: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetOutOfMemoryValues(NoteValues):
+    """The target, how many plans its compiler ran out of memory on, and the first's words."""
+
+    target: str
+    count: int
+    label: str
+    error: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoTargetFitValues(NoteValues):
+    """The smallest plan the target compiled, and the bytes a device it needs of those the
+    hardware has."""
+
+    target: str
+    label: str
+    have: int
+    need: int
+    hardware: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoPlanValues(NoteValues):
+    """What was swept on how many devices, the candidates skipped by reason, the memory the
+    model state outgrew (``limit`` of ``hardware``, when it did) and one skipped example."""
+
+    optional = ("limit", "hardware", "example")
+
+    what: str
+    devices: int
+    skipped: Mapping[str, int]
+    limit: int | None = None
+    hardware: str | None = None
+    example: str | None = None
 
 
 #: What earlier versions wrote for kinds since renamed.
@@ -112,39 +339,39 @@ _FORMER_VALUES = {
 }
 
 
-def _all_reduce_for_reduce_scatter(v: Mapping[str, Any]) -> str:
+def _all_reduce_for_reduce_scatter(v: ReduceScatterValues) -> str:
     return (
-        f"{reduce_scatter_words(v['compiler'], v['forms'])}; it did so where the bound "
+        f"{reduce_scatter_words(v.compiler, v.forms)}; it did so where the bound "
         f"reduce-scatters, so the compiled bytes exceed the bound"
     )
 
 
-def _widened(v: Mapping[str, Any]) -> str:
+def _widened(v: WidenedValues) -> str:
     return (
-        f"{v['compiler']} runs {v['dtype']} arithmetic in f32 and moves f32 through the "
-        f"collectives; they are counted at {v['itemsize']} bytes per element, as compilers "
+        f"{v.compiler} runs {v.dtype} arithmetic in f32 and moves f32 through the "
+        f"collectives; they are counted at {v.itemsize} bytes per element, as compilers "
         f"that keep 16 bits send them (cpu_comm_bytes_per_device has the bytes it sends)"
     )
 
 
-def _no_reduce_scatter(v: Mapping[str, Any]) -> str:
+def _no_reduce_scatter(v: ReduceScatterValues) -> str:
     return (
-        f"{reduce_scatter_words(v['compiler'], v['forms'])} (twice the bytes): plans that "
+        f"{reduce_scatter_words(v.compiler, v.forms)} (twice the bytes): plans that "
         f"need one (FSDP gradients, sequence parallelism) are charged the compiled all-reduce; "
         f"bound_comm_time_s is the time at the lower bound"
     )
 
 
-def _rematerialization(v: Mapping[str, Any]) -> str:
+def _rematerialization(v: RematerializationValues) -> str:
     return (
         "the partitioner replicated a whole array then sliced it (involuntary full "
-        f"rematerialization) at {', '.join(v['sites'])}"
+        f"rematerialization) at {', '.join(v.sites)}"
     )
 
 
-def _memory_pressure(v: Mapping[str, Any]) -> str:
-    said = MemoryPressure.from_dict(v).sentence(f"the {v['compiler']}")
-    if v["compiler"] == "XLA:GPU":
+def _memory_pressure(v: MemoryPressureValues) -> str:
+    said = v.pressure.sentence(f"the {v.compiler}")
+    if v.compiler == "XLA:GPU":
         # its limit is not the memory it was told: XLA:GPU takes out the program's
         # arguments and outputs and keeps 5% (gpu_compiler.cc, GetSchedulerMemoryLimit)
         said += (
@@ -154,68 +381,68 @@ def _memory_pressure(v: Mapping[str, Any]) -> str:
     return said
 
 
-def _compiled_flops(v: Mapping[str, Any]) -> str:
-    formula, compiled = v["formula"], v["compiled"]
+def _compiled_flops(v: CompiledFlopsValues) -> str:
+    formula, compiled = v.formula, v.compiled
     counted = (
         "the forward, the backward at twice the forward, and what the recomputation and the "
         "memory-efficient attention's backward compute again"
     )
     if compiled is None:
         return (
-            f"the {v['compiler']} program's matmul FLOPs were not counted from its HLO (a loop "
+            f"the {v.compiler} program's matmul FLOPs were not counted from its HLO (a loop "
             f"whose trip count is unknown, or no matmul found): its step is priced with the "
             f"time model's {format_flops(formula)} per device ({counted})"
         )
     more = "more" if compiled > formula else "fewer"
     return (
-        f"the {v['compiler']} program computes {abs(compiled / formula - 1):.1%} {more} matmul "
+        f"the {v.compiler} program computes {abs(compiled / formula - 1):.1%} {more} matmul "
         f"FLOPs than the time model counts ({format_flops(compiled)} against "
         f"{format_flops(formula)} per device per step; the formula counts {counted}): the "
         f"step is priced with the program's count, the estimate keeps the formula's"
     )
 
 
-def _pipeline_stage(v: Mapping[str, Any]) -> str:
+def _pipeline_stage(v: PipelineStageValues) -> str:
     text = (
-        f"one of {v['stages']} pipeline stages compiled ({v['layers']} layers, on "
-        f"{v['devices']} devices, holding the embedding and the unembedding of the first and "
+        f"one of {v.stages} pipeline stages compiled ({v.layers} layers, on "
+        f"{v.devices} devices, holding the embedding and the unembedding of the first and "
         f"last stages); the stage-to-stage transfers and the bubble are in the time model"
     )
-    of = v.get("of_layers", v["stages"] * v["layers"])
-    if of % v["stages"]:
+    of = v.stages * v.layers if v.of_layers is None else v.of_layers
+    if of % v.stages:
         text += (
-            f"; the {of} layers make stages of {v['layers']} and {v['layers'] - 1}, and the "
-            f"pipeline goes at the pace of one of {v['layers']}, the one compiled"
+            f"; the {of} layers make stages of {v.layers} and {v.layers - 1}, and the "
+            f"pipeline goes at the pace of one of {v.layers}, the one compiled"
         )
-    chunks = v.get("virtual_stages", 1)
+    chunks = 1 if v.virtual_stages is None else v.virtual_stages
     if chunks > 1:
         text += (
             f"; interleaved, each device runs these layers as {chunks} virtual stages of "
-            f"{v['layers'] // chunks}, whose collectives are the compiled stage's"
+            f"{v.layers // chunks}, whose collectives are the compiled stage's"
         )
     return text
 
 
-def _compiled_by_target(v: Mapping[str, Any]) -> str:
-    head = f"compiled by the {v['target']} compiler: "
-    if v.get("room_bytes") is not None:
+def _compiled_by_target(v: CompiledByTargetValues) -> str:
+    head = f"compiled by the {v.target} compiler: "
+    if v.room_bytes is not None:
         head = (
-            f"compiled by the {v['target']} compiler, told the program may hold "
-            f"{format_bytes(v['room_bytes'])} (the device less its "
-            f"{format_bytes(v['optimizer_bytes'])} of optimizer state): "
+            f"compiled by the {v.target} compiler, told the program may hold "
+            f"{format_bytes(v.room_bytes)} (the device less its "
+            f"{format_bytes(v.optimizer_bytes or 0)} of optimizer state): "
         )
-    if v.get("error") is not None:
-        return head + v["error"]
+    if v.error is not None:
+        return head + v.error
     return (
-        f"{head}{format_bytes(v['memory_bytes'])} per device in its buffer "
-        f"assignment (analytic estimate {format_bytes(v['estimate_bytes'])})"
+        f"{head}{format_bytes(v.memory_bytes or 0)} per device in its buffer "
+        f"assignment (analytic estimate {format_bytes(v.estimate_bytes or 0)})"
     )
 
 
-def _compiled_memory(v: Mapping[str, Any]) -> str:
-    if v["target"] is not None:
+def _compiled_memory(v: CompiledMemoryValues) -> str:
+    if v.target is not None:
         return (
-            f"memory per device is the {v['target']} compiler's own buffer assignment "
+            f"memory per device is the {v.target} compiler's own buffer assignment "
             f"(arguments + outputs + temporaries - aliased), compiled deviceless"
         )
     return (
@@ -226,16 +453,17 @@ def _compiled_memory(v: Mapping[str, Any]) -> str:
     )
 
 
-def _time_model(v: Mapping[str, Any]) -> str:
-    overlap = "overlapped with their matmuls" if v["tp_overlap"] else "on the critical path"
+def _time_model(values: TimeModelValues) -> str:
+    v = values.hardware
+    overlap = "overlapped with their matmuls" if v.tp_overlap else "on the critical path"
     sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
     return (
-        f"time model ({v['name']}): matmuls at {v['matmul_fraction']:.0%} of "
-        f"{v['peak_flops'] / 1e12:g} TFLOP/s, activations through HBM at "
-        f"{v['hbm_bandwidth'] / 1e12:g} TB/s, collectives at {v['comm_fraction']:.0%} of "
-        f"{v['link_bandwidth'] / 1e9:g} GB/s within a node of {v['node_size']} and of "
-        f"{v['cross_node_bandwidth'] / 1e9:g} GB/s per device across nodes, "
-        f"{v['latency_s'] * 1e6:g} us per ring step; tensor-parallel collectives {overlap}; "
+        f"time model ({v.name}): matmuls at {v.matmul_fraction:.0%} of "
+        f"{v.peak_flops / 1e12:g} TFLOP/s, activations through HBM at "
+        f"{v.hbm_bandwidth / 1e12:g} TB/s, collectives at {v.comm_fraction:.0%} of "
+        f"{v.link_bandwidth / 1e9:g} GB/s within a node of {v.node_size} and of "
+        f"{v.cross_node_bandwidth / 1e9:g} GB/s per device across nodes, "
+        f"{v.latency_s * 1e6:g} us per ring step; tensor-parallel collectives {overlap}; "
         f"data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
         f"schedule allows; 1F1B pipeline bubble; copies to host memory beside the compute; "
         f"the optimizer's pass over its state. Plans rank by this step time with the "
@@ -244,89 +472,90 @@ def _time_model(v: Mapping[str, Any]) -> str:
     )
 
 
-def _fp8_matmuls(v: Mapping[str, Any]) -> str:
+def _fp8_matmuls(v: Fp8MatmulsValues) -> str:
     return (
-        f"fp8 matmuls ({v['name']}): the time model runs the layers' projections and MLP in "
-        f"fp8 at {v['fp8_matmul_fraction']:.0%} of {v['fp8_peak_flops'] / 1e12:g} TFLOP/s, "
+        f"fp8 matmuls ({v.name}): the time model runs the layers' projections and MLP in "
+        f"fp8 at {v.fp8_matmul_fraction:.0%} of {v.fp8_peak_flops / 1e12:g} TFLOP/s, "
         f"with each operand's scale and cast as HBM bytes, and the attention core and the "
-        f"unembedding at {v['dtype']} (torchtitan's float8 training, MaxText's fp8 "
+        f"unembedding at {v.dtype} (torchtitan's float8 training, MaxText's fp8 "
         f"quantization); FSDP's weight all-gathers are priced at one byte per element "
         f"(torchtitan's enable_fsdp_float8_all_gather), the formula's and the compiled "
-        f"program's alike. The compiled program is the {v['dtype']} reference program, which "
-        f"runs no fp8 matmul: its collectives and memory are {v['dtype']}'s. Memory is "
-        f"unchanged: fp8 training keeps {v['dtype']} weights and fp32 master weights and "
+        f"program's alike. The compiled program is the {v.dtype} reference program, which "
+        f"runs no fp8 matmul: its collectives and memory are {v.dtype}'s. Memory is "
+        f"unchanged: fp8 training keeps {v.dtype} weights and fp32 master weights and "
         f"optimizer state, and casts copies for the matmuls"
     )
 
 
-def _program_time_model(v: Mapping[str, Any]) -> str:
+def _program_time_model(values: TimeModelValues) -> str:
+    v = values.hardware
     return (
-        f"time: alpha-beta per collective ({v['name']}: {v['link_bandwidth'] / 1e9:g} GB/s "
-        f"within a node of {v['node_size']}, {v['cross_node_bandwidth'] / 1e9:g} GB/s for "
-        f"groups that span nodes, {v['latency_s'] * 1e6:g} us per step); compute = the "
+        f"time: alpha-beta per collective ({v.name}: {v.link_bandwidth / 1e9:g} GB/s "
+        f"within a node of {v.node_size}, {v.cross_node_bandwidth / 1e9:g} GB/s for "
+        f"groups that span nodes, {v.latency_s * 1e6:g} us per step); compute = the "
         f"compiler's FLOP count per device at the achievable matmul rate "
-        f"({v['peak_flops'] / 1e12:g} TFLOP/s peak x {v['matmul_fraction']:g}); step = "
+        f"({v.peak_flops / 1e12:g} TFLOP/s peak x {v.matmul_fraction:g}); step = "
         f"compute + communication (no overlap) or the larger of the two (perfect overlap)"
     )
 
 
-def _recompiled_by_target(v: Mapping[str, Any]) -> str:
+def _recompiled_by_target(v: RecompiledValues) -> str:
     return (
-        f"plans ranked {', '.join(str(r) for r in v['ranks'])} were compiled again by the "
-        f"{v['target']} compiler (deviceless): their fit is judged from its buffer assignment "
+        f"plans ranked {', '.join(str(r) for r in v.ranks)} were compiled again by the "
+        f"{v.target} compiler (deviceless): their fit is judged from its buffer assignment "
         f"and their communication is its collectives; the other plans are the CPU compiler's "
         f"screening"
     )
 
 
-def _identical_programs(v: Mapping[str, Any]) -> str:
-    same = v["same"]
+def _identical_programs(v: IdenticalProgramsValues) -> str:
+    same = v.same
     pairs = "; ".join(f"{label} = {other} {mesh}" for label, other, mesh in same[:6])
     return "identical programs: " + pairs + (" ..." if len(same) > 6 else "")
 
 
-def _no_fit(v: Mapping[str, Any]) -> str:
-    need, have = v["need"], v["have"]
+def _no_fit(v: NoFitValues) -> str:
+    need, have = v.need, v.have
     searched = (
-        ", even with full recomputation, micro-batches and pipeline stages" if v["searched"] else ""
+        ", even with full recomputation, micro-batches and pipeline stages" if v.searched else ""
     )
     return (
-        f"no plan fits{searched}: the closest, {v['label']}, needs {format_bytes(need)} per "
-        f"device of the {format_bytes(have)} a {v['hardware']} has ({format_bytes(need - have)}, "
+        f"no plan fits{searched}: the closest, {v.label}, needs {format_bytes(need)} per "
+        f"device of the {format_bytes(have)} a {v.hardware} has ({format_bytes(need - have)}, "
         f"{need / have - 1:.0%} over); use more devices, a smaller batch or sequence, or more "
         f"memory per device"
     )
 
 
-def _no_target_fit(v: Mapping[str, Any]) -> str:
+def _no_target_fit(v: NoTargetFitValues) -> str:
     return (
-        f"no plan the {v['target']} compiler compiled fits: the smallest, {v['label']}, needs "
-        f"{format_bytes(v['need'])} per device in its buffer assignment, of the "
-        f"{format_bytes(v['have'])} a {v['hardware']} has; use more devices, a smaller batch "
+        f"no plan the {v.target} compiler compiled fits: the smallest, {v.label}, needs "
+        f"{format_bytes(v.need)} per device in its buffer assignment, of the "
+        f"{format_bytes(v.have)} a {v.hardware} has; use more devices, a smaller batch "
         f"or sequence, or compile more plans on the target"
     )
 
 
-def _no_plan(v: Mapping[str, Any]) -> str:
-    head = f"no plan for {v['what']} on {v['devices']} device(s)"
-    skipped = v["skipped"]
+def _no_plan(v: NoPlanValues) -> str:
+    head = f"no plan for {v.what} on {v.devices} device(s)"
+    skipped = v.skipped
     if not skipped:
         return head + ": no candidate mesh"
     parts = ", ".join(f"{n} skipped for {reason}" for reason, n in skipped.items())
     text = f"{head}: {parts}"
-    if v.get("limit") is not None:
+    if v.limit is not None:
         text += (
-            f"; the model state alone needs more than the {format_bytes(v['limit'])} of a "
-            f"{v['hardware']}: use more devices, a preset with more memory, more memory per "
+            f"; the model state alone needs more than the {format_bytes(v.limit)} of a "
+            f"{v.hardware}: use more devices, a preset with more memory, more memory per "
             f"device, or fewer bytes per parameter"
         )
-    if v.get("example"):
-        text += f"; e.g. {v['example']}"
+    if v.example:
+        text += f"; e.g. {v.example}"
     return text
 
 
 #: Each kind's words: a template (``str.format_map`` of the values) or a function of them.
-_TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
+_TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER: _all_reduce_for_reduce_scatter,
     PlanNote.REMATERIALIZATION: _rematerialization,
     PlanNote.INEXACT: "some collective counts are not exact (unknown trip count or a branch)",
@@ -338,7 +567,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     PlanNote.PIPELINE_STAGE: _pipeline_stage,
     PlanNote.COMPILED_BY_TARGET: _compiled_by_target,
     PlanNote.TARGET_COMPILE_FAILED: (
-        "the {target} compiler failed on this plan ({error}); its collectives, step and memory "
+        "the {v.target} compiler failed on this plan ({v.error}); its collectives, step and memory "
         "are the CPU compile's"
     ),
     PlanNote.MEMORY_PRESSURE: _memory_pressure,
@@ -361,8 +590,8 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     PlanNote.WIDENED: _widened,
     PlanNote.NO_REDUCE_SCATTER: _no_reduce_scatter,
     PlanNote.TARGET_COMPILER_MISSING: (
-        "every plan was compiled by the CPU backend; pip install 'shardscope[{extra}]' to "
-        "compile the leading plans with the {target} compiler (deviceless) and judge their fit "
+        "every plan was compiled by the CPU backend; pip install 'shardscope[{v.extra}]' to "
+        "compile the leading plans with the {v.target} compiler (deviceless) and judge their fit "
         "from its buffer assignment"
     ),
     PlanNote.RECOMPILED_BY_TARGET: _recompiled_by_target,
@@ -373,9 +602,39 @@ _TEXTS: dict[PlanNote, str | Callable[[Mapping[str, Any]], str]] = {
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
     PlanNote.NO_FIT: _no_fit,
     PlanNote.TARGET_OUT_OF_MEMORY: (
-        "no plan fits: the {target} compiler ran out of memory on each of the {count} plans it "
-        "compiled ({label}: {error}); use more devices or a smaller batch or sequence"
+        "no plan fits: the {v.target} compiler ran out of memory on each of the {v.count} plans it "
+        "compiled ({v.label}: {v.error}); use more devices or a smaller batch or sequence"
     ),
     PlanNote.NO_TARGET_FIT: _no_target_fit,
     PlanNote.NO_PLAN: _no_plan,
+}
+
+
+#: The record of each kind's values.
+_VALUES: dict[PlanNote, type[NoteValues]] = {
+    PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER: ReduceScatterValues,
+    PlanNote.REMATERIALIZATION: RematerializationValues,
+    PlanNote.INEXACT: NoValues,
+    PlanNote.PER_MICROBATCH_REDUCTION: NoValues,
+    PlanNote.PIPELINE_STAGE: PipelineStageValues,
+    PlanNote.COMPILED_BY_TARGET: CompiledByTargetValues,
+    PlanNote.TARGET_COMPILE_FAILED: TargetErrorValues,
+    PlanNote.MEMORY_PRESSURE: MemoryPressureValues,
+    PlanNote.COMPILED_FLOPS: CompiledFlopsValues,
+    PlanNote.ANALYTIC_MEMORY: NoValues,
+    PlanNote.COMPILED_MEMORY: CompiledMemoryValues,
+    PlanNote.COMMUNICATION: NoValues,
+    PlanNote.TIME_MODEL: TimeModelValues,
+    PlanNote.PROGRAM_TIME_MODEL: TimeModelValues,
+    PlanNote.FP8_MATMULS: Fp8MatmulsValues,
+    PlanNote.WIDENED: WidenedValues,
+    PlanNote.NO_REDUCE_SCATTER: ReduceScatterValues,
+    PlanNote.TARGET_COMPILER_MISSING: CompilerMissingValues,
+    PlanNote.RECOMPILED_BY_TARGET: RecompiledValues,
+    PlanNote.NO_FLOP_COUNT: NoValues,
+    PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
+    PlanNote.NO_FIT: NoFitValues,
+    PlanNote.TARGET_OUT_OF_MEMORY: TargetOutOfMemoryValues,
+    PlanNote.NO_TARGET_FIT: NoTargetFitValues,
+    PlanNote.NO_PLAN: NoPlanValues,
 }

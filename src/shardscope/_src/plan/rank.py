@@ -1,17 +1,46 @@
-"""How every planner orders its plans: one rank key and one Pareto front.
+"""How every planner orders its plans: one step price, one rank key and one Pareto front.
 
-Training plans, a program's plans (and ``suggest``'s, which are those) and serving plans
-are ranked by :func:`rank_key`: the plans that fit first, then by their merits in turn, the
-last of them breaking ties so that the same plans always give the same order
-(:func:`step_rank_key` is the step planners' merits). Each marks the plans no other beats on
-all of two merits (:func:`pareto_front`): memory and step time for training and programs,
-time per output token and throughput per chip (or time to first token) for serving.
+Every plan is priced by one step time, and says which source gave it (:class:`StepCost`):
+the planner's estimate, or a compiled program (:class:`StepSource`), so that the ranking
+and the renderers read the figure without asking which planner made it. Training plans, a
+program's plans (and ``suggest``'s, which are those) and serving plans are ranked by
+:func:`rank_key`: the plans that fit first, then by their merits in turn, the last of them
+breaking ties so that the same plans always give the same order (:func:`step_rank_key` is
+the step planners' merits). Each marks the plans no other beats on all of two merits
+(:func:`pareto_front`): memory and step time for training and programs, time per output
+token and throughput per chip (or time to first token) for serving.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from shardscope._src.base.vocab import Vocab
+
+
+class StepSource(Vocab):
+    """What gave a plan's step time."""
+
+    #: the planner's model of the step, nothing compiled for it (a training candidate's
+    #: screen, ``suggest``'s screen, a serving plan's roofline)
+    ESTIMATED = "estimated"
+    #: a compiled program: its collectives, FLOPs or kernels priced (a training plan,
+    #: ``suggest``'s proposal, a serving plan whose decode step was compiled)
+    COMPILED = "compiled"
+
+
+@runtime_checkable
+class StepCost(Protocol):
+    """A plan as priced: the step time it is ranked by (a training or program step; a
+    serving plan's time per output token), and which source gave it. A plan that a compile
+    replaced the estimate of keeps the estimate beside it (a training plan's
+    ``estimated_time``, a serving plan's ``estimated``)."""
+
+    @property
+    def step_time_s(self) -> float: ...
+    @property
+    def step_source(self) -> StepSource: ...
 
 
 class Fitting(Protocol):
@@ -21,11 +50,9 @@ class Fitting(Protocol):
     def fits(self) -> bool: ...
 
 
-class StepPlan(Fitting, Protocol):
+class StepPlan(Fitting, StepCost, Protocol):
     """A training or program plan as :func:`step_rank_key` reads it."""
 
-    @property
-    def step_time_s(self) -> float: ...
     @property
     def memory_bytes_per_device(self) -> int: ...
     @property

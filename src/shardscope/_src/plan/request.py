@@ -17,6 +17,7 @@ from typing import Any
 
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.knobs import REQUIRED, Kind, knob
+from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import MAX_DIM, MODES, Mode, ModelConfig
 from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.model.serving import WeightFormat
@@ -163,9 +164,11 @@ class PlanRequest:
             take their collectives, memory per device and fit from that compile
             (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
             chosen among them.
-        mesh: plan exactly this mesh (``"data=32,model=8"``, axes in the planner's order:
+        mesh: plan exactly this mesh (``"data=32,model=8"``, a ``{name: size}`` mapping or a
+            :class:`~shardscope._src.mesh.MeshShape`, axes in the planner's order:
             ``stage``, ``pod``..., ``data``, ``model``): only the strategies that run on it,
-            every schedule of it estimated, the best compiled.
+            every schedule of it estimated, the best compiled. The request holds it as its
+            ``MeshShape``.
         workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
             many worker processes that each simulate ``devices``; None: this process when it
             can, else one worker (``default_workers``), so that the caller's JAX is never
@@ -329,8 +332,6 @@ class PlanRequest:
             object.__setattr__(self, "strategies", tuple(self.strategies))
         if self.remat is not None and not isinstance(self.remat, str):
             object.__setattr__(self, "remat", tuple(self.remat))
-        if isinstance(self.mesh, Mapping):
-            object.__setattr__(self, "mesh", MappingProxyType(dict(self.mesh)))
         _check_counts(self)
         for name in ("offload_optimizer", "vocab_split"):
             value = getattr(self, name)
@@ -348,6 +349,8 @@ class PlanRequest:
         check_dims({"batch": self.batch, "seq": self.seq, **self.dims})
         hw = get_hardware(self.hardware, **self.hardware_overrides)
         object.__setattr__(self, "matmul_dtype", check_matmul_dtype(self.matmul_dtype, hw))
+        if self.mesh is not None:  # one canonical, immutable shape, whatever form it came in
+            object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
 
     @property
     def dims(self) -> dict[str, int | None]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from shardscope._src.base.notes import Note
 from shardscope._src.base.records import Record
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import NoFitValues, NoPlanValues, PlanNote
 from shardscope._src.targets.hardware import Hardware
 
 #: The knobs a plan that does not fit can turn: the library's parameter names.
@@ -94,8 +94,8 @@ PLAN_EXTRA = (
 
 
 def no_fit_note(label: str, need: int, have: int, hardware: str, searched: bool = True) -> Note:
-    values = {"label": label, "need": need, "have": have, "hardware": hardware}
-    return Note(PlanNote.NO_FIT, {**values, "searched": searched}, FIT_PARAMS)
+    values = NoFitValues(label=label, need=need, have=have, hardware=hardware, searched=searched)
+    return Note(PlanNote.NO_FIT, values, FIT_PARAMS)
 
 
 def no_plan_note(
@@ -106,15 +106,17 @@ def no_plan_note(
     by: dict[str, list[Skipped]] = {}
     for s in skipped:
         by.setdefault(str(s.reason), []).append(s)
-    values: dict[str, Any] = {"what": what, "devices": devices}
-    values["skipped"] = {reason: len(v) for reason, v in by.items()}
+    counts = {reason: len(v) for reason, v in by.items()}
+    limit = name = None
     params: tuple[str, ...] = ()
     if hardware is not None and SkipReason.MEMORY in by:
-        values.update(limit=int(hardware.memory_bytes), hardware=hardware.name)
+        limit, name = int(hardware.memory_bytes), hardware.name
         params = ("devices", "hardware", "memory_bytes", "bytes_per_param")
     example = by.get(SkipReason.DIVISIBILITY) or by.get(SkipReason.ERROR)
-    if example is None and "limit" not in values:
+    if example is None and limit is None:
         example = list(skipped)
-    if example:
-        values["example"] = f"{example[0].strategy} {example[0].mesh}: {example[0].message}"
+    first = f"{example[0].strategy} {example[0].mesh}: {example[0].message}" if example else None
+    values = NoPlanValues(
+        what=what, devices=devices, skipped=counts, limit=limit, hardware=name, example=first
+    )
     return Note(PlanNote.NO_PLAN, values, params)

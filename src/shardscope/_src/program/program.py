@@ -29,17 +29,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardscope._src.audit.compile import (
-    RECORDED_LOG_LINES,
-    audit,
-    compile_lowered,
-    parse_memory_pressure,
-    parse_rematerializations,
-)
-from shardscope._src.audit.records import Audit
 from shardscope._src.audit.stages import lower_step
 from shardscope._src.audit.user_program import load_program
-from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import (
     AxisTypeError,
     DeviceMemoryError,
@@ -55,22 +46,22 @@ from shardscope._src.base.errors import (
 )
 from shardscope._src.base.notes import Note
 from shardscope._src.base.records import record_dict
-from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.compute import hidden_seconds, matmul_seconds, serial_seconds
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
-from shardscope._src.mesh import axis_types_of, make_mesh, parse_mesh_spec
+from shardscope._src.mesh import MeshShape, axis_types_of, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import (
     COMPILE_OPTIONS,
+    CompiledProgram,
+    compile_plan,
     gpu_kernel_cache,
     local_devices,
-    plan_collective,
 )
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.rank import pareto_front, step_rank_key
+from shardscope._src.plan.rank import StepSource, pareto_front, step_rank_key
 from shardscope._src.plan.request import ProgramRequest
 from shardscope._src.plan.tasks import LostTask
 from shardscope._src.plan.types import (
@@ -104,7 +95,7 @@ from shardscope._src.targets.specs import CPU, CPU_TARGET, Family, get_target
 # -- mesh shapes --------------------------------------------------------------------------------
 
 
-def mesh_shapes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
+def mesh_shapes(devices: int, axes: Sequence[str]) -> list[MeshShape]:
     """Every way to spread ``devices`` over ``axes`` (sizes multiply to it; 1 allowed).
 
     >>> [tuple(m.values()) for m in mesh_shapes(4, ("data", "model"))]
@@ -114,7 +105,7 @@ def mesh_shapes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
     for sizes in itertools.product(divisors(devices), repeat=max(len(axes) - 1, 0)):
         head = math.prod(sizes)
         if devices % head == 0:
-            out.append(dict(zip(axes, (*sizes, devices // head), strict=True)))
+            out.append(MeshShape(tuple(zip(axes, (*sizes, devices // head), strict=True))))
     return out
 
 
@@ -207,6 +198,11 @@ class ProgramPlan:
     @property
     def step_time_s(self) -> float:
         return serial_seconds(self.compute_time_s, self.comm_time_s)
+
+    @property
+    def step_source(self) -> StepSource:
+        """Always compiled: every program plan prices its compiled program."""
+        return StepSource.COMPILED
 
     @property
     def step_time_overlap_s(self) -> float:
@@ -303,6 +299,18 @@ def _itemsize(args: Any) -> int:
     return 2 if sizes == {2} else 4
 
 
+def _compile_options(target: str | None) -> Mapping[str, Any] | None:
+    """The XLA options a candidate compiles with: the planner's on simulated CPU devices
+    (:data:`~shardscope._src.plan.compile.COMPILE_OPTIONS`), the kernel file of this
+    process on a GPU target (:func:`~shardscope._src.plan.compile.gpu_kernel_cache`), none
+    on a TPU's."""
+    if target is None:
+        return COMPILE_OPTIONS
+    if get_target(target).family == Family.GPU:
+        return gpu_kernel_cache()
+    return None
+
+
 def compile_candidate(
     make_step: Callable[..., Any],
     rules: Rules,
@@ -312,50 +320,39 @@ def compile_candidate(
     where: str,
     target: str | None = None,
     axis_types: Any = None,
-) -> tuple[Audit, Mapping[str, float], int, str]:
-    """``(audit, timing, itemsize, hlo fingerprint)`` of one candidate: on simulated CPU
-    devices with the planner's options (the partitioned program and its buffers, not fast
-    CPU code), or on ``target``'s compile-only devices with its own compiler. A ``Compiled``
-    that ``make_step`` returned is audited as it is."""
+) -> tuple[CompiledProgram, Mapping[str, float], int, str]:
+    """``(compiled program, timing, itemsize, hlo fingerprint)`` of one candidate: on
+    simulated CPU devices with the planner's options (the partitioned program and its
+    buffers, not fast CPU code), or on ``target``'s compile-only devices with its own
+    compiler. A ``Compiled`` that ``make_step`` returned is audited as it is."""
 
     t0 = time.perf_counter()
+    shape = MeshShape.of(sizes)
     if target is None:
-        mesh = make_mesh(dict(sizes), devices=devices, axis_types=axis_types)
+        mesh = shape.on(devices, axis_types=axis_types)
     else:
-        mesh = target_mesh(target, dict(sizes), axis_types=axis_types)
+        mesh = target_mesh(target, shape, axis_types=axis_types)
     stage = lower_step(make_step, mesh, rules, where=where)
     t1 = time.perf_counter()
-    if isinstance(stage, jax.stages.Compiled):
-        compiled, log = stage, []
-    else:
-        # its rematerializations become the plan's notes, not raw log lines
-        with capture_stderr(drop=RECORDED_LOG_LINES) as log:
-            if target is None:
-                compiled = stage.compile(compiler_options=dict(COMPILE_OPTIONS))
-            elif get_target(target).family == Family.GPU:
-                compiled = compile_lowered(stage, **gpu_kernel_cache())
-            else:
-                compiled = compile_lowered(stage)
+    # a Compiled is audited as it is
+    options = None if isinstance(stage, jax.stages.Compiled) else _compile_options(target)
+    compiled = compile_plan(stage, mesh=mesh, options=options)
     t2 = time.perf_counter()
-    result = audit(compiled, mesh=mesh)
+    result = compiled.audit
     cpu = CPU_TARGET.name  # an audit of simulated CPU devices names no target
     if (result.target or cpu) != (target or cpu):
         raise ProgramError(
             f"{where} returned a program for {result.target or result.backend} devices, not "
             f"{target or 'cpu'}; build it on the mesh make_step is given"
         )
-    text = log[0] if log else ""
-    remats = parse_rematerializations(text, result.module)
-    pressure = parse_memory_pressure(text) or result.memory_pressure
     fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
-    # replace() copies the fields alone: what the audit was read from goes with the copy
-    program = result.program
-    result = replace(result, rematerializations=remats, memory_pressure=pressure)
-    if program is not None:
-        result = result.with_program(program)
     itemsize = _itemsize(stage.args_info)
-    timing = {"lower_s": t1 - t0, "compile_s": t2 - t1, "audit_s": time.perf_counter() - t2}
-    return result, timing, itemsize, fingerprint
+    timing = {
+        "lower_s": t1 - t0,
+        "compile_s": compiled.compile_s,
+        "audit_s": time.perf_counter() - t2,
+    }
+    return compiled, timing, itemsize, fingerprint
 
 
 # -- the front door -----------------------------------------------------------------------------
@@ -753,7 +750,7 @@ def compile_program(
                 by_dataflow=ref.by_dataflow,
                 rules_name=todo[i][0],
                 rules=tuple(todo[i][1]),
-                sizes=tuple(todo[i][2].items()),
+                mesh=MeshShape.of(todo[i][2]),
                 target=target,
                 axis_types=tuple(k.name for k in kinds),
                 hardware=hw,
@@ -880,7 +877,7 @@ class ProgramTask:
     by_dataflow: bool
     rules_name: str
     rules: tuple[tuple[str, Any], ...]
-    sizes: tuple[tuple[str, int], ...]
+    mesh: MeshShape
     target: str | None
     axis_types: tuple[str, ...]
     hardware: Hardware
@@ -900,20 +897,19 @@ class ProgramTask:
                     make_step,
                     None,
                     where=self.where,
-                    axes=tuple(n for n, _ in self.sizes),
+                    axes=self.mesh.names,
                     axis_types=kinds,
                 )
             _LOADED[key] = make_step
-        sizes = dict(self.sizes)
         local = None
         if not self.target:
-            local = list(devices or jax.devices("cpu"))[: math.prod(sizes.values())]
+            local = list(devices or jax.devices("cpu"))[: self.mesh.devices]
         label = self.where.split("(mesh ")[0]
         plan, skipped, fingerprint = _compile_one(
             make_step,
             self.rules_name,
             self.rules,
-            sizes,
+            self.mesh,
             self.hardware,
             local,
             label,
@@ -1032,32 +1028,32 @@ def _program_plan(
     rules_name: str,
     rules: Rules,
     sizes: Mapping[str, int],
-    compiled: tuple[Audit, Mapping[str, float], int, str],
+    compiled: tuple[CompiledProgram, Mapping[str, float], int, str],
     hw: Hardware,
     same_as: str | None,
 ) -> ProgramPlan:
     """The plan of one rule set on one mesh shape from its compile."""
-    result, timing, itemsize, _ = compiled
-    width = Width.of(result, itemsize=itemsize)
-    collectives = tuple(plan_collective(c, width) for c in result.collectives)
+    program, timing, itemsize, _ = compiled
+    result = program.audit
+    collectives = program.plan_collectives(itemsize=itemsize)
     comm = axis_comm(hw, sizes, collectives, Bound("none", (), ()))
     notes = []
-    if result.rematerializations:
-        sites = sorted({x.source or x.op_name or "?" for x in result.rematerializations})
+    if program.rematerializations:
+        sites = sorted({x.source or x.op_name or "?" for x in program.rematerializations})
         notes.append(Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
-    if result.memory_pressure is not None:
+    if program.memory_pressure is not None:
         compiler = get_target(result.target or CPU).capabilities.compiler
-        pressure = {"compiler": compiler, **result.memory_pressure.to_dict()}
+        pressure = {"compiler": compiler, **program.memory_pressure.to_dict()}
         notes.append(Note(PlanNote.MEMORY_PRESSURE, pressure))
-    if not result.exact:
+    if not program.exact:
         notes.append(Note(PlanNote.INEXACT))
     # The compiler's own count where it gives one (CPU, TPU), else the HLO's (GPU).
-    flops = result.flops if result.flops is not None else result.hlo_flops
+    flops = program.flops if program.flops is not None else program.hlo_flops
     return ProgramPlan(
         rules_name=rules_name,
         rules=rules,
         mesh=dict(sizes),
-        compiled_memory=CompiledMemory() if result.memory is None else result.memory,
+        compiled_memory=program.memory,
         memory_limit_bytes=int(hw.memory_bytes),
         collectives=collectives,
         comm=comm,
@@ -1067,7 +1063,7 @@ def _program_plan(
         compute_time_s=matmul_seconds(hw, flops or 0.0),
         notes=tuple(notes),
         timing=timing,
-        exact=result.exact,
+        exact=program.exact,
         same_as=same_as,
         target=result.target or CPU,
     )
@@ -1100,21 +1096,21 @@ def program_name(fn: Any) -> str:
 
 def mesh_list(
     meshes: Sequence[str | Mapping[str, int]] | None, axes: tuple[str, ...], devices: int
-) -> list[dict[str, int]]:
+) -> list[MeshShape]:
     """The mesh shapes to plan over: ``meshes`` checked (each with the ``axes``, in order,
     and ``devices`` devices), or every shape of :func:`mesh_shapes` when None."""
     if meshes is None:
         return mesh_shapes(devices, axes)
     out = []
     for m in meshes:
-        sizes = parse_mesh_spec(m)
-        if tuple(sizes) != axes:
+        sizes = MeshShape.of(m)
+        if sizes.names != axes:
             raise PlanError(
                 f"mesh {m!r} has axes {', '.join(sizes)}; every mesh must have the axes "
                 f"{', '.join(axes)}, in that order"
             )
-        if math.prod(sizes.values()) != devices:
-            raise PlanError(f"mesh {m!r} holds {math.prod(sizes.values())} devices, not {devices}")
+        if sizes.devices != devices:
+            raise PlanError(f"mesh {m!r} holds {sizes.devices} devices, not {devices}")
         out.append(sizes)
     return out
 

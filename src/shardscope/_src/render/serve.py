@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, format_seconds
+from shardscope._src.plan.rank import StepSource
 from shardscope._src.render.columns import Column, rich_table
 
 if TYPE_CHECKING:
-    from shardscope._src.serve.serve import ServePlan, ServeResult
+    from shardscope._src.serve.types import ServePlan, ServeResult
 
 #: Rows shown when no ``top`` is given.
 DEFAULT_TOP = 12
@@ -138,17 +139,19 @@ def plot_serve(result: ServeResult, path: str | os.PathLike[str]) -> Path:
     colours = [f"C{i}" for i in range(10)]
     for i, (name, plans) in enumerate(sorted(layouts.items())):
         colour = colours[i % len(colours)]
-        for compiled in (True, False):
-            group = [p for p in plans if (p.compiled_by is not None) == compiled]
+        any_compiled = any(q.step_source is StepSource.COMPILED for q in plans)
+        for source in (StepSource.COMPILED, StepSource.ESTIMATED):
+            group = [p for p in plans if p.step_source is source]
             if not group:
                 continue
+            compiled = source is StepSource.COMPILED
             ax.scatter(
-                [p.decode_step_s * 1e3 for p in group],
+                [p.step_time_s * 1e3 for p in group],
                 [other(p) for p in group],
                 s=36,
                 facecolors=colour if compiled else "none",
                 edgecolors=colour,
-                label=name if compiled or not any(q.compiled_by for q in plans) else None,
+                label=name if compiled or not any_compiled else None,
                 zorder=3,
             )
     front = sorted(result.front, key=lambda p: p.decode_step_s)

@@ -35,17 +35,17 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.mesh import (
+    MeshShape,
     auto_mesh,
     format_mesh_spec,
     make_mesh,
     mesh_axes,
-    parse_mesh_spec,
 )
 from shardscope._src.model.config import (
     LAYER_PARAMS,
@@ -679,7 +679,9 @@ def get_strategy(name: str | Strategy) -> Strategy:
 
 
 def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
-    """A ``jax.sharding.AbstractMesh`` (Auto axes) for a description: no devices needed.
+    """A ``jax.sharding.AbstractMesh`` (Auto axes) for a description (or a
+    :class:`~shardscope._src.mesh.MeshShape`'s :meth:`~shardscope._src.mesh.MeshShape.abstract`):
+    no devices needed.
 
     Binding a strategy to it checks the fit and gives specs and bounds for meshes larger
     than the devices at hand (the planner's case); compiling needs a real mesh.
@@ -688,10 +690,7 @@ def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
     {'data': 64, 'model': 16}
     """
 
-    sizes = parse_mesh_spec(spec)
-    return AbstractMesh(
-        tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes)
-    )
+    return MeshShape.of(spec).abstract()
 
 
 def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:

@@ -86,6 +86,7 @@ from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
+from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
 from shardscope._src.plan.types import Skipped
 from shardscope._src.plan.worker import WorkerPool
@@ -143,6 +144,10 @@ class Screen:
     def step_time_s(self) -> float:
         return serial_seconds(self.compute_time_s, self.comm_time_s)
 
+    @property
+    def step_source(self) -> StepSource:
+        return StepSource.ESTIMATED
+
 
 @dataclass(frozen=True)
 class ArrayShard:
@@ -190,6 +195,12 @@ class Proposal:
     @property
     def step_time_s(self) -> float:
         return self.plan.step_time_s
+
+    @property
+    def step_source(self) -> StepSource:
+        """Compiled: a proposal is its rule set's compiled program (``screen`` keeps the
+        estimate that chose it)."""
+        return StepSource.COMPILED
 
     @property
     def fits(self) -> bool:

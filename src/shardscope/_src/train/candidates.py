@@ -26,11 +26,10 @@ from typing import Any
 
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, StrategyError, is_int
-from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.links import crosses_nodes
 from shardscope._src.cost.memory import memory_fits
-from shardscope._src.mesh import parse_mesh_spec
+from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -108,8 +107,8 @@ def candidates(
     ['dp_tp data=4,model=2', 'fsdp_tp data=4,model=2']
     """
     if mesh is not None:
-        pinned = tuple(mesh.items())
-        stage = dict(pinned).get(STAGE_AXIS, 1)
+        pinned = MeshShape.of(mesh)
+        stage = pinned.get(STAGE_AXIS, 1)
         return [c for c in candidates(strategies, devices, (stage,)) if c.mesh == pinned]
 
     out = []
@@ -127,27 +126,27 @@ def candidates(
             else:
                 shapes = [(n // t, t) for t in divisors(n) if 1 < t < n]
             for shape in shapes:
-                spec = parse_mesh_spec(mesh_spec_for(name, shape))
-                lead = ((STAGE_AXIS, p),) if p > 1 else ()
-                sizes = dict(lead + tuple(spec.items()))
+                lead: tuple[tuple[str, int], ...] = ((STAGE_AXIS, p),) if p > 1 else ()
+                sizes = MeshShape(lead + MeshShape.of(mesh_spec_for(name, shape)).axes)
                 if (
                     node_size is not None
                     and Role.REPLICA in get_strategy(name).roles
                     and crosses_nodes(sizes, (Role.DATA,), node_size)
                 ):
                     continue
-                out.append(Candidate(name, tuple(sizes.items())))
+                out.append(Candidate(name, sizes))
     return out
 
 
 def pinned_mesh(
     mesh: str | Mapping[str, int], devices: int, strategies: Sequence[str]
-) -> dict[str, int]:
-    """A mesh to plan on exactly (``"data=32,model=8"``), checked: its devices are the plan's
-    and at least one of ``strategies`` runs on it (a :class:`PlanError` says which do)."""
-    sizes = parse_mesh_spec(mesh)
-    where = format_mesh_spec(sizes)
-    total = math.prod(sizes.values())
+) -> MeshShape:
+    """A mesh to plan on exactly (``"data=32,model=8"``, or its shape), checked: its devices
+    are the plan's and at least one of ``strategies`` runs on it (a :class:`PlanError` says
+    which do)."""
+    sizes = MeshShape.of(mesh)
+    where = sizes.spec
+    total = sizes.devices
     if total != devices:
         raise PlanError(
             f"mesh={where!r} has {total} devices, the plan {devices}; give devices={total} "
@@ -554,7 +553,7 @@ def screen_all(
     names = tuple(strategies)
     skipped: list[Skipped] = []
     if mesh is not None:
-        stages = dict(mesh).get(STAGE_AXIS, 1)
+        stages = MeshShape.of(mesh).get(STAGE_AXIS, 1)
     stage_counts = interleaved_stage_options(
         config,
         mode,
@@ -591,7 +590,7 @@ def screen_all(
     for cand in _vocab_options(all_candidates, config, vocab_split):
         base = stage_config(config, cand, flash_attention=flash_attention)
         try:
-            placement = cand.strategy_record.place(base, abstract_mesh(cand.stage_mesh_spec))
+            placement = cand.strategy_record.place(base, abstract_mesh(cand.stage_mesh))
         except StrategyError as e:
             if not (cand.vocab_split and vocab_split is None):  # the unsplit one speaks
                 reason = SkipReason.DIVISIBILITY
@@ -708,8 +707,7 @@ def estimate(
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     base = stage_config(config, candidate, flash_attention=flash_attention)
-    mesh = abstract_mesh(candidate.stage_mesh_spec)
-    placement = candidate.strategy_record.place(base, mesh)
+    placement = candidate.strategy_record.place(base, abstract_mesh(candidate.stage_mesh))
     return screen(
         candidate,
         placement,
@@ -727,7 +725,7 @@ def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
         c = s.candidate
         return (
             not s.fits,
-            s.time.step_s if s.fits else s.memory.total,
+            s.step_time_s if s.fits else s.memory.total,
             s.memory.total,
             names.index(c.strategy),
             tuple(c.sizes.values()),

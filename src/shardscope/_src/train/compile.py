@@ -1,111 +1,78 @@
-"""Compiling one training plan: build the reference program from abstract arguments, compile,
-audit, and keep the facts as plain data; in this process or in worker processes that simulate N
-devices."""
+"""Compiling one training plan: its program (:class:`~shardscope._src.train.types.StageProgram`)
+lowered from abstract arguments, compiled, audited, and the facts kept as plain data; in this
+process or in worker processes that simulate N devices."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import jax
 
-from shardscope._src.audit.compile import RECORDED_LOG_LINES, audit
-from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import StrategyError
-from shardscope._src.base.stderr import capture_stderr
-from shardscope._src.cost.memory import CompiledMemory
-from shardscope._src.mesh import make_mesh, parse_mesh_spec
-from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, local_devices, plan_collective
+from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, compile_plan, local_devices
 from shardscope._src.plan.worker import run_tasks
-from shardscope._src.sharding.programs import build_reference_program
-from shardscope._src.sharding.strategies import Strategy, get_strategy
-from shardscope._src.train.types import Candidate, CompiledFacts
+from shardscope._src.train.types import Candidate, CompiledFacts, StageProgram
 
 
 def compile_facts(
-    strategy: str | Strategy,
-    mesh_spec: str,
-    config: ModelConfig,
-    mode: str,
-    devices: Sequence[jax.Device] | None = None,
-    microbatches: int = 1,
+    program: StageProgram, devices: Sequence[jax.Device] | None = None
 ) -> CompiledFacts:
-    """Builds, lowers, compiles and audits one plan on concrete (simulated) devices: the
-    first of ``devices`` (default: all of JAX's) that the mesh needs.
+    """Builds, lowers, compiles and audits one plan's program on concrete (simulated)
+    devices: the first of ``devices`` (default: all of JAX's) that its mesh needs.
 
-    ``compile_s`` is the time of :func:`audit`, which compiles the program and reads its HLO;
-    ``audit_s`` the time of turning that audit into the plan's facts."""
+    ``compile_s`` is the time of :func:`~shardscope._src.plan.compile.compile_plan`, which
+    compiles the program and audits its HLO; ``audit_s`` the time of turning that audit
+    into the plan's facts."""
 
     t0 = time.perf_counter()
-    need = math.prod(parse_mesh_spec(mesh_spec).values())
-    devs = list(jax.devices() if devices is None else devices)[:need]
-    mesh = make_mesh(mesh_spec, devices=devs, axis_types="auto")
-    placement = get_strategy(strategy).place(config, mesh)
-    # The planner's programs gather FSDP's weights again for the backward, as PyTorch FSDP
-    # and ZeRO-3 do: every layer's gathered weights never live at once.
-    program = build_reference_program(
-        placement, mode=mode, microbatches=microbatches, regather=True
-    )
-    lowered = program.lower()
+    devs = list(jax.devices() if devices is None else devices)[: program.mesh.devices]
+    lowered = program.lower(program.mesh.on(devs, axis_types="auto"))
     t1 = time.perf_counter()
-    # the partitioner's rematerializations become the plan's note, not raw log lines
-    with capture_stderr(drop=RECORDED_LOG_LINES):
-        result = audit(lowered, compiler_options=COMPILE_OPTIONS)
+    compiled = compile_plan(lowered, options=COMPILE_OPTIONS)
     t2 = time.perf_counter()
-    width = Width.of(result, config.dtype)
-    remats = result.rematerializations or ()
-    facts = CompiledFacts(
-        collectives=tuple(plan_collective(c, width) for c in result.collectives),
-        memory=CompiledMemory() if result.memory is None else result.memory,
+    remats = compiled.rematerializations
+    return CompiledFacts(
+        collectives=compiled.plan_collectives(program.config.dtype),
+        memory=compiled.memory,
         rematerializations=tuple(r.source or r.op_name or r.instruction or "?" for r in remats),
-        exact=result.exact,
+        exact=compiled.exact,
         lower_s=t1 - t0,
-        compile_s=t2 - t1,
+        compile_s=compiled.compile_s,
         audit_s=time.perf_counter() - t2,
-        hlo_flops=result.hlo_flops,
+        hlo_flops=compiled.hlo_flops,
     )
-    return facts
 
 
 @dataclass(frozen=True)
 class CompileTask:
-    """One plan to compile (a :class:`~shardscope._src.plan.tasks.Task`), as the planner sends
-    it to a worker process (picklable)."""
+    """One plan's program to compile (a :class:`~shardscope._src.plan.tasks.Task`), as the
+    planner sends it to a worker process (picklable)."""
 
-    strategy: str | Strategy
-    mesh_spec: str
-    config: ModelConfig
-    mode: str
-    microbatches: int = 1
+    program: StageProgram
 
     def run(self, devices: Sequence[jax.Device] | None = None) -> CompiledFacts:
         """:func:`compile_facts` of this plan on ``devices`` (default: this process's)."""
-        return compile_facts(
-            self.strategy, self.mesh_spec, self.config, self.mode, devices, self.microbatches
-        )
+        return compile_facts(self.program, devices)
 
 
 def compile_all(
-    todo: Sequence[Candidate],
-    config: ModelConfig | Mapping[Candidate, ModelConfig],
-    mode: str,
+    programs: Mapping[Candidate, StageProgram],
     devices: int,
     workers: int,
     progress: Progress | None,
 ) -> dict[Candidate, CompiledFacts | BaseException]:
+    """The compiled facts of each candidate's program (or what its compile raised), in this
+    process (``workers=0``, on its first ``devices`` CPU devices) or in ``workers`` worker
+    processes that simulate ``devices`` each."""
     out: dict[Candidate, CompiledFacts | BaseException] = {}
+    todo = list(programs)
     total = len(todo)
     if progress:
         progress(0, total, "")
     if not todo:
         return out
-
-    def task_of(c: Candidate) -> CompileTask:
-        model = config if isinstance(config, ModelConfig) else config[c]
-        return CompileTask(c.strategy_record, c.stage_mesh_spec, model, mode, c.microbatches)
 
     if workers == 0:
         local = local_devices(
@@ -115,14 +82,14 @@ def compile_all(
         )
         for i, cand in enumerate(todo, start=1):
             try:
-                out[cand] = task_of(cand).run(local)
+                out[cand] = CompileTask(programs[cand]).run(local)
             except (StrategyError, RuntimeError, ValueError) as e:
                 out[cand] = e
             if progress:
                 progress(i, total, cand.label)
         return out
 
-    tasks = [task_of(c) for c in todo]
+    tasks = [CompileTask(programs[c]) for c in todo]
     for i, (index, got) in enumerate(run_tasks(tasks, devices, workers), start=1):
         out[todo[index]] = got
         if progress:

@@ -44,14 +44,20 @@ from shardscope._src.base.comm import REDUCE_SCATTER, format_bytes
 from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
-from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_workers
 from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import (
+    Fp8MatmulsValues,
+    PipelineStageValues,
+    PlanNote,
+    ReduceScatterValues,
+    TimeModelValues,
+    WidenedValues,
+)
 from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.request import (
     DEFAULT_REQUEST,
@@ -77,7 +83,15 @@ from shardscope._src.train.compile import compile_all
 from shardscope._src.train.target import check_compiler, compiler_notes, recompile_on_target
 from shardscope._src.train.timing import compiled_step
 from shardscope._src.train.timing import describe as timing_constants
-from shardscope._src.train.types import STAGE_AXIS, CompiledFacts, Plan, PlanResult, Screened
+from shardscope._src.train.types import (
+    STAGE_AXIS,
+    Candidate,
+    CompiledFacts,
+    Plan,
+    PlanResult,
+    Screened,
+    StageProgram,
+)
 from shardscope._src.train.validate import (
     compiled_flops,
     compiled_notes,
@@ -222,14 +236,14 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     pinned = None if r.mesh is None else pinned_mesh(r.mesh, devices, names)
     if pinned is not None and stages is not None and stages != pinned.get(STAGE_AXIS, 1):
         raise PlanError(
-            f"stages={stages} and mesh={format_mesh_spec(pinned)!r} disagree: the mesh's "
+            f"stages={stages} and mesh={pinned.spec!r} disagree: the mesh's "
             f"{STAGE_AXIS} axis sets the pipeline stages; give one of them",
             param=("stages", "mesh"),
         )
     if pinned is not None and (r.virtual_stages or 1) > 1 and STAGE_AXIS not in pinned:
         raise PlanError(
             f"virtual_stages={r.virtual_stages}: interleaving splits the layers of each "
-            f"pipeline stage, and mesh={format_mesh_spec(pinned)!r} has no {STAGE_AXIS} axis; "
+            f"pipeline stage, and mesh={pinned.spec!r} has no {STAGE_AXIS} axis; "
             f"give a mesh with one (e.g. {STAGE_AXIS}=2,...) or virtual_stages=1",
             param=("virtual_stages", "mesh"),
         )
@@ -267,15 +281,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     order = sorted(plans, key=step_rank_key(names))
     if compiler.is_accelerator:
         order = recompile_on_target(
-            order,
-            config,
-            mode,
-            hw,
-            compiler,
-            r.target_plans,
-            progress,
-            step_rank_key(names),
-            r.flash_attention,
+            order, hw, compiler, r.target_plans, progress, step_rank_key(names)
         )
     front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
@@ -291,7 +297,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "microbatches": r.microbatches,
         "stages": stages,
         "virtual_stages": r.virtual_stages,
-        "mesh": None if pinned is None else format_mesh_spec(pinned),
+        "mesh": None if pinned is None else pinned.spec,
         "compile_top": r.compile_top,
         "matmul_dtype": r.matmul_dtype,
         "time_model": timing_constants(hw, r.matmul_dtype),
@@ -338,7 +344,7 @@ def _check_bytes_per_param(bytes_per_param: int, config: ModelConfig, mode: str)
 
 def _stage_devices(s: Screened) -> int:
     """The devices the program of ``s`` (one pipeline stage's) runs on."""
-    return math.prod(dict(s.candidate.stage_mesh).values())
+    return s.candidate.stage_mesh.devices
 
 
 def _simulable(ranked: list[Screened], devices: int) -> tuple[list[Screened], list[Skipped]]:
@@ -385,15 +391,10 @@ def _compile_plans(
     flash_attention: bool,
 ) -> tuple[list[Plan], list[Skipped]]:
     """The plans of the screened candidates ``todo``, compiled (in this process or ``workers``
-    worker processes), each with the bound it is validated against; and the candidates whose
-    compile failed."""
-    stage_configs = {
-        s.candidate: stage_config(config, s.candidate, flash_attention=flash_attention)
-        for s in todo
-    }
-    facts = compile_all(
-        [s.candidate for s in todo], stage_configs, mode, simulated, workers, progress
-    )
+    worker processes), each with the bound it is validated against and the program it
+    compiled; and the candidates whose compile failed."""
+    programs = {s.candidate: _program(s.candidate, config, mode, flash_attention) for s in todo}
+    facts = compile_all(programs, simulated, workers, progress)
     flops_per_device = model_flops(config, mode) / devices
     plans: list[Plan] = []
     failed: list[Skipped] = []
@@ -405,35 +406,46 @@ def _compile_plans(
                 Skipped(s.candidate.strategy, s.candidate.mesh_spec, SkipReason.ERROR, message)
             )
             continue
-        p = _compiled_plan(s, got, hw, stage_configs[s.candidate], flops_per_device, config.layers)
+        p = _compiled_plan(s, got, hw, programs[s.candidate], flops_per_device, config.layers)
         plans.append(p)
     return plans, failed
+
+
+def _program(
+    cand: Candidate, config: ModelConfig, mode: str, flash_attention: bool
+) -> StageProgram:
+    """The program ``cand`` compiles: its strategy on one stage's mesh, one stage of the
+    model (:func:`~shardscope._src.train.candidates.stage_config`), its micro-batches."""
+    stage = stage_config(config, cand, flash_attention=flash_attention)
+    return StageProgram(cand.strategy_record, cand.stage_mesh, stage, mode, cand.microbatches)
 
 
 def _compiled_plan(
     s: Screened,
     got: CompiledFacts,
     hw: Hardware,
-    stage: ModelConfig,
+    program: StageProgram,
     flops_per_device: float,
     layers: int,
 ) -> Plan:
-    """The plan of a screened candidate from its compiled facts (``layers``: the whole
-    model's, of which ``stage`` holds one pipeline stage's)."""
-    cand, bound = s.candidate, s.bound
-    sizes = dict(cand.stage_mesh)
+    """The plan of a screened candidate from the compiled facts of its ``program``
+    (``layers``: the whole model's, of which the program holds one pipeline stage's)."""
+    cand, bound, stage = s.candidate, s.bound, program.config
+    sizes = program.mesh.sizes
     comm = axis_comm(hw, sizes, got.collectives, bound)
     # The sweep compiles every candidate on the CPU backend (a target recompiles the leaders).
     notes = compiled_notes(got, bound, got.collectives, CPU_COMPILER)
     if cand.microbatches > 1 and reduces_per_microbatch(got, bound, cand):
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))
     if cand.stages > 1:
-        values = {"stages": cand.stages, "layers": stage.layers, "of_layers": layers}
-        if cand.virtual_stages > 1:
-            values["virtual_stages"] = cand.virtual_stages
-        notes.append(
-            Note(PlanNote.PIPELINE_STAGE, {**values, "devices": math.prod(sizes.values())})
+        stage_values = PipelineStageValues(
+            stages=cand.stages,
+            layers=stage.layers,
+            of_layers=layers,
+            virtual_stages=cand.virtual_stages if cand.virtual_stages > 1 else None,
+            devices=math.prod(sizes.values()),
         )
+        notes.append(Note(PlanNote.PIPELINE_STAGE, stage_values))
     # The step as the compiled program has it: the time model's schedule, its own matmul
     # FLOPs and collectives priced in place of the formula's.
     step, flops, formula = s.time, None, None
@@ -475,6 +487,8 @@ def _compiled_plan(
         estimated_matmul_flops_per_device=formula,
         pricing=s.pricing,
         bound=bound,
+        candidate=cand,
+        program=program,
     )
 
 
@@ -492,16 +506,16 @@ def _result_notes(
     notes = [
         Note(PlanNote.ANALYTIC_MEMORY),
         Note(PlanNote.COMMUNICATION),
-        Note(PlanNote.TIME_MODEL, hw.to_dict()),
+        Note(PlanNote.TIME_MODEL, TimeModelValues(hardware=hw)),
     ]
     if matmul_dtype == MatmulDtype.FP8:
-        values = {
-            "name": hw.name,
-            "fp8_peak_flops": hw.fp8_peak_flops,
-            "fp8_matmul_fraction": hw.fp8_matmul_fraction,
-            "dtype": config.dtype,
-        }
-        notes.append(Note(PlanNote.FP8_MATMULS, values, ("matmul_dtype",)))
+        fp8 = Fp8MatmulsValues(
+            name=hw.name,
+            fp8_peak_flops=hw.fp8_peak_flops,
+            fp8_matmul_fraction=hw.fp8_matmul_fraction,
+            dtype=config.dtype,
+        )
+        notes.append(Note(PlanNote.FP8_MATMULS, fp8, ("matmul_dtype",)))
     widened = {
         plan_compiler(p).compiler
         for p in plans
@@ -509,8 +523,8 @@ def _result_notes(
     }
     if config.itemsize == 2:
         for compiler in sorted(widened):
-            values = {"dtype": config.dtype, "itemsize": 2, "compiler": compiler}
-            notes.append(Note(PlanNote.WIDENED, values))
+            wide = WidenedValues(dtype=config.dtype, itemsize=2, compiler=compiler)
+            notes.append(Note(PlanNote.WIDENED, wide))
     # A reduce-scatter row the bound has and the compiled program does not run, where its
     # compiler may leave one out on its own.
     short = {
@@ -520,6 +534,6 @@ def _result_notes(
     }
     for c in sorted(short, key=lambda c: c.compiler):
         if c.may_all_reduce_for_reduce_scatter:
-            values = {"compiler": c.compiler, "forms": c.forms_reduce_scatter}
-            notes.append(Note(PlanNote.NO_REDUCE_SCATTER, values))
+            forms = ReduceScatterValues(compiler=c.compiler, forms=c.forms_reduce_scatter)
+            notes.append(Note(PlanNote.NO_REDUCE_SCATTER, forms))
     return notes

@@ -11,31 +11,25 @@ that does not fit fails to compile; its words are kept as the reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
 
-from shardscope._src.audit.compile import RECORDED_LOG_LINES, audit
 from shardscope._src.audit.records import MemoryPressure
-from shardscope._src.audit.width import Width
 from shardscope._src.base.errors import DeviceMemoryError, PlanError, is_int
 from shardscope._src.base.notes import Note
-from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.cost.memory import CompiledMemory
-from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.collectives import PlanCollective, axis_comm
-from shardscope._src.plan.compile import Progress, plan_collective
+from shardscope._src.plan.compile import Progress, compile_plan
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import target_mesh
 from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Family, Target, get_target
-from shardscope._src.train.candidates import stage_config
 from shardscope._src.train.timing import compiled_step
-from shardscope._src.train.types import Candidate, Plan
+from shardscope._src.train.types import Plan, StageProgram
 from shardscope._src.train.validate import compiled_flops, flops_note, reduce_scatter_note
 
 
@@ -68,42 +62,23 @@ class TargetFacts:
         return self.memory.held_bytes
 
 
-def _optimal_seconds(compiled: jax.stages.Compiled | None) -> float | None:
-    if compiled is None:
-        return None
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else None
-    if not isinstance(cost, Mapping):
-        return None
-    value = cost.get("optimal_seconds")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
-
-
 def target_facts(
-    cand: Candidate,
-    config: ModelConfig,
-    mode: str,
+    program: StageProgram,
     target: str | Target,
     memory_bytes: float | None = None,
 ) -> TargetFacts:
-    """Builds ``cand``'s program on ``target``'s compile-only devices, compiles it with the
+    """Builds a plan's ``program`` on ``target``'s compile-only devices, compiles it with the
     target's compiler and audits it; a GPU's compiler told the program may hold
     ``memory_bytes`` (:func:`~shardscope._src.targets.mesh.target_mesh`)."""
 
     name = get_target(target).name
-    mesh = target_mesh(name, cand.stage_mesh_spec, axis_types="auto", memory_bytes=memory_bytes)
-    placement = cand.strategy_record.place(config, mesh)
-    program = build_reference_program(
-        placement, mode=mode, microbatches=cand.microbatches, regather=True
-    )
-    lowered = program.lower()
+    mesh = target_mesh(name, program.mesh, axis_types="auto", memory_bytes=memory_bytes)
+    lowered = program.lower(mesh)
     t0 = time.perf_counter()
     try:
-        # The audit compiles it (its log read: rematerializations, memory pressure, which
-        # the plan's notes say: their raw lines stay off the terminal).
-        with capture_stderr(drop=RECORDED_LOG_LINES):
-            result = audit(lowered)
+        # Its log is read (rematerializations, memory pressure, which the plan's notes say:
+        # their raw lines stay off the terminal).
+        compiled = compile_plan(lowered)
     except DeviceMemoryError as e:
         return TargetFacts(name, error=str(e), compile_s=time.perf_counter() - t0)
     except jax.errors.JaxRuntimeError as e:
@@ -111,22 +86,20 @@ def target_facts(
         # plan: it keeps its CPU compile, and a note says why.
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return TargetFacts(name, failure=first[:300], compile_s=time.perf_counter() - t0)
-    compile_s = time.perf_counter() - t0
-    compiled = result.compiled
     return TargetFacts(
         target=name,
-        memory=CompiledMemory() if result.memory is None else result.memory,
+        memory=compiled.memory,
         # Payloads as the target sends them: it keeps 16-bit collectives 16-bit.
-        collectives=tuple(plan_collective(c, Width.of(result)) for c in result.collectives),
-        flops=result.flops,
-        hlo_flops=result.hlo_flops,
-        optimal_seconds=_optimal_seconds(compiled),
-        exact=result.exact,
-        compile_s=compile_s,
+        collectives=compiled.plan_collectives(),
+        flops=compiled.flops,
+        hlo_flops=compiled.hlo_flops,
+        optimal_seconds=compiled.optimal_seconds,
+        exact=compiled.exact,
+        compile_s=compiled.compile_s,
         rematerializations=tuple(
-            sorted({r.source or r.op_name or "?" for r in result.rematerializations or ()})
+            sorted({r.source or r.op_name or "?" for r in compiled.rematerializations})
         ),
-        memory_pressure=result.memory_pressure,
+        memory_pressure=compiled.memory_pressure,
     )
 
 
@@ -169,14 +142,11 @@ TARGET_LEADER_COMPILES = 3
 
 def recompile_on_target(
     order: list[Plan],
-    config: ModelConfig,
-    mode: str,
     hw: Hardware,
     target: Target,
     leading: int,
     progress: Progress | None,
     rank: Callable[[Plan], Any],
-    flash_attention: bool = True,
 ) -> list[Plan]:
     """The plans ranked by ``rank`` once the target's compiler has compiled the leading ones
     again, in the screening's order, until ``leading`` of them fit the device memory by what
@@ -191,7 +161,7 @@ def recompile_on_target(
     for i, p in enumerate(order[:budget], start=1):
         if fitting >= leading:
             break
-        q = on_target(p, config, mode, hw, target, flash_attention)
+        q = on_target(p, hw, target)
         out.append(q)
         fitting += q.compiled_by == target and q.fits  # a failed compile is not counted
         if progress:
@@ -203,34 +173,26 @@ def recompile_on_target(
             break
         if any(n.kind == PlanNote.TARGET_COMPILE_FAILED for n in first.notes):
             break
-        compiled = on_target(first, config, mode, hw, target, flash_attention)
+        compiled = on_target(first, hw, target)
         ranked = sorted([compiled, *ranked[1:]], key=rank)
     return ranked
 
 
-def on_target(
-    p: Plan,
-    config: ModelConfig,
-    mode: str,
-    hw: Hardware,
-    target: Target,
-    flash_attention: bool = True,
-) -> Plan:
+def on_target(p: Plan, hw: Hardware, target: Target) -> Plan:
     """``p`` compiled again by the target's compiler: its collectives, memory, fit and step
     the target program's; where that compiler fails, ``p`` as it was with a note saying so.
 
     A GPU's compiler is told the program may hold the device's memory less the optimizer
     state, which lives beside it (the step's program does not hold it): its scheduler and
-    rematerialization then work under the limit a run's own compiler has."""
-    cand = p.candidate
+    rematerialization then work under the limit a run's own compiler has. The program
+    compiled is the one the plan's CPU compile built (:attr:`Plan.program`), on the target's
+    devices."""
+    program, bound = p.program, p.bound
+    assert program is not None and bound is not None  # every compiled plan carries them
     room = None
     if target.family == Family.GPU:
         room = max(p.memory_limit_bytes - p.memory.device_optimizer, 1)
-    facts = target_facts(
-        cand, stage_config(config, cand, flash_attention=flash_attention), mode, target, room
-    )
-    bound = p.bound
-    assert bound is not None  # every compiled plan carries its formula
+    facts = target_facts(program, target, room)
     if facts.failure is not None:
         failed = Note(
             PlanNote.TARGET_COMPILE_FAILED, {"target": target.name, "error": facts.failure}
@@ -275,7 +237,7 @@ def on_target(
         "timing": {**p.timing, "target_compile_s": facts.compile_s},
     }
     if facts.error is None:
-        comm = axis_comm(hw, dict(cand.stage_mesh), facts.collectives, bound)
+        comm = axis_comm(hw, program.mesh.sizes, facts.collectives, bound)
         changes.update(
             collectives=facts.collectives,
             comm=comm,

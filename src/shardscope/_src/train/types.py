@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+
 from shardscope._src.base.comm import ratio
 from shardscope._src.base.notes import Note
 from shardscope._src.base.records import Record, json_value, record_dict
@@ -18,10 +20,12 @@ from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.compute import hidden_seconds, serial_seconds
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
+from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
 from shardscope._src.plan.estimates import MemoryEstimate
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import NoTargetFitValues, PlanNote, TargetOutOfMemoryValues
+from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.types import (
     PLAN_EXTRA,
     PLAN_KEYS,
@@ -29,6 +33,7 @@ from shardscope._src.plan.types import (
     no_fit_note,
     no_plan_note,
 )
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import Strategy, get_strategy
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import CPU_TARGET, Target, get_target
@@ -48,7 +53,9 @@ class Candidate:
     """
 
     strategy: str
-    mesh: tuple[tuple[str, int], ...]
+    #: its mesh's shape (given as ``(name, size)`` pairs, a description or a mapping, it is
+    #: kept as its :class:`~shardscope._src.mesh.MeshShape`)
+    mesh: MeshShape
     microbatches: int = 1
     remat: str = Remat.NONE
     #: the optimizer state kept in host memory and streamed in for the update
@@ -59,26 +66,29 @@ class Candidate:
     #: 1F1B, Narayanan et al., arXiv 2104.04473, section 2.2.2); 1: plain 1F1B
     virtual_stages: int = 1
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
+
     @property
     def sizes(self) -> dict[str, int]:
-        return dict(self.mesh)
+        return self.mesh.sizes
 
     @property
     def mesh_spec(self) -> str:
-        return format_mesh_spec(self.mesh)
+        return self.mesh.spec
 
     @property
     def stages(self) -> int:
-        return self.sizes.get(STAGE_AXIS, 1)
+        return self.mesh.get(STAGE_AXIS, 1)
 
     @property
-    def stage_mesh(self) -> tuple[tuple[str, int], ...]:
+    def stage_mesh(self) -> MeshShape:
         """The mesh of one pipeline stage (the whole mesh without its ``stage`` axis)."""
-        return tuple((k, v) for k, v in self.mesh if k != STAGE_AXIS)
+        return self.mesh.without(STAGE_AXIS)
 
     @property
     def stage_mesh_spec(self) -> str:
-        return format_mesh_spec(self.stage_mesh)
+        return self.stage_mesh.spec
 
     @property
     def schedule_label(self) -> str:
@@ -111,6 +121,39 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class StageProgram:
+    """The program a plan compiles: one pipeline stage's model
+    (:func:`~shardscope._src.train.candidates.stage_config`) under the candidate's strategy
+    on the stage's mesh shape, at its micro-batches. Made once per compiled candidate; it is
+    compiled on simulated CPU devices (in this process or, pickled, in a worker), and again
+    on a target's compile-only devices for the leading plans."""
+
+    #: the strategy, or its name
+    strategy: str | Strategy
+    #: one stage's mesh (given as a description or pairs, kept as its ``MeshShape``)
+    mesh: MeshShape
+    config: ModelConfig
+    mode: str
+    microbatches: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
+
+    def lower(self, mesh: jax.sharding.Mesh) -> jax.stages.Lowered:
+        """The program lowered for ``mesh``, a mesh of devices of this shape (simulated CPU
+        devices, or a target's compile-only ones): built from abstract arguments, nothing
+        allocated."""
+        placement = get_strategy(self.strategy).place(self.config, mesh)
+        # The planner's programs gather FSDP's weights again for the backward, as PyTorch FSDP
+        # and ZeRO-3 do: every layer's gathered weights never live at once.
+        program = build_reference_program(
+            placement, mode=self.mode, microbatches=self.microbatches, regather=True
+        )
+        lowered: jax.stages.Lowered = program.lower()
+        return lowered
+
+
+@dataclass(frozen=True)
 class Screened:
     """A candidate estimated without compiling: its memory per device, its step time by the
     time model, and the communication its schedule needs (``bound``, the formula a compiled
@@ -133,6 +176,15 @@ class Screened:
             host_bytes=self.memory.host,
             host_limit_bytes=self.host_memory_limit_bytes,
         )
+
+    @property
+    def step_time_s(self) -> float:
+        """The step by the time model, nothing compiled (what the screen ranks by)."""
+        return self.time.step_s
+
+    @property
+    def step_source(self) -> StepSource:
+        return StepSource.ESTIMATED
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -247,11 +299,26 @@ class Plan:
     target_optimal_seconds: float | None = None
     #: The host memory per device, where offloaded activations live (``remat="offload"``).
     host_memory_limit_bytes: int = 0
+    #: The candidate the plan was made from (not written: its fields above say it).
+    candidate: Candidate | None = field(default=None, compare=False, repr=False)
+    #: The program the plan compiled (not written): a target's compiler compiles it again.
+    program: StageProgram | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # A target's name (as the JSON writes it) stands for the target, and a memory dict
         # by XLA's field names for its record.
         object.__setattr__(self, "compiled_by", get_target(self.compiled_by))
+        if self.candidate is None:  # a plan made field by field, not by the sweep
+            made = Candidate(
+                self.strategy,
+                MeshShape.of(self.mesh),
+                self.microbatches,
+                self.remat,
+                self.offload_optimizer,
+                self.vocab_split,
+                self.virtual_stages,
+            )
+            object.__setattr__(self, "candidate", made)
         object.__setattr__(self, "compiled_memory", CompiledMemory.from_dict(self.compiled_memory))
         if self.target_memory is not None:
             object.__setattr__(self, "target_memory", CompiledMemory.from_dict(self.target_memory))
@@ -268,20 +335,8 @@ class Plan:
         return format_mesh_spec(self.mesh)
 
     @property
-    def candidate(self) -> Candidate:
-        """The candidate this plan compiled: its strategy, mesh and schedule."""
-        return Candidate(
-            self.strategy,
-            tuple(self.mesh.items()),
-            self.microbatches,
-            self.remat,
-            self.offload_optimizer,
-            self.vocab_split,
-            self.virtual_stages,
-        )
-
-    @property
     def schedule_label(self) -> str:
+        assert self.candidate is not None  # set when the plan is made
         return self.candidate.schedule_label
 
     @property
@@ -367,6 +422,12 @@ class Plan:
         return serial_seconds(self.compute_time_s, self.comm_time_s)
 
     @property
+    def step_source(self) -> StepSource:
+        """Compiled: every plan is a compiled program (on the CPU, or a target's compiler),
+        its collectives and matmul FLOPs priced; ``estimated_time`` keeps the screen's."""
+        return StepSource.COMPILED
+
+    @property
     def step_time_overlap_s(self) -> float:
         """Communication perfectly hidden behind compute (or the reverse)."""
         return hidden_seconds(self.compute_time_s, self.comm_time_s)
@@ -375,7 +436,14 @@ class Plan:
         out = record_dict(
             self,
             keys=PLAN_KEYS,
-            omit=("memory_limit_bytes", "host_memory_limit_bytes", "pricing", "bound"),
+            omit=(
+                "memory_limit_bytes",
+                "host_memory_limit_bytes",
+                "pricing",
+                "bound",
+                "candidate",
+                "program",
+            ),
             extra=(
                 *PLAN_EXTRA,
                 "compiled_memory_bytes_per_device",
@@ -449,13 +517,22 @@ class PlanResult:
         compiled = [p for p in self.plans if on_target and p.compiled_by == self.compiler]
         sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
         if compiled and not sized:
-            values = {"target": self.compiler.name, "count": len(compiled)}
-            values.update(label=compiled[0].label, error=compiled[0].target_error)
-            return Note(PlanNote.TARGET_OUT_OF_MEMORY, values, ("devices", "batch", "seq"))
+            oom = TargetOutOfMemoryValues(
+                target=self.compiler.name,
+                count=len(compiled),
+                label=compiled[0].label,
+                error=compiled[0].target_error,
+            )
+            return Note(PlanNote.TARGET_OUT_OF_MEMORY, oom, ("devices", "batch", "seq"))
         if sized:
             small = min(sized, key=lambda p: p.target_memory_bytes_per_device or 0)
-            values = {"target": self.compiler.name, "label": small.label, "have": have}
-            values.update(need=small.target_memory_bytes_per_device or 0, hardware=hardware)
+            values = NoTargetFitValues(
+                target=self.compiler.name,
+                label=small.label,
+                have=have,
+                need=small.target_memory_bytes_per_device or 0,
+                hardware=hardware,
+            )
             params = ("devices", "batch", "seq", "target_plans")
             return Note(PlanNote.NO_TARGET_FIT, values, params)
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)

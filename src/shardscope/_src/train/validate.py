@@ -19,7 +19,12 @@ from shardscope._src.base.notes import Note
 from shardscope._src.bounds.terms import Bound, Term
 from shardscope._src.check.bound import TOLERANCE, Standing, standing
 from shardscope._src.plan.collectives import PlanCollective
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import (
+    CompiledFlopsValues,
+    PlanNote,
+    ReduceScatterValues,
+    RematerializationValues,
+)
 from shardscope._src.sharding.strategies import EXPERT_AXIS
 from shardscope._src.targets.capabilities import Capabilities
 from shardscope._src.train.types import Candidate, CompiledFacts, Plan, Validation
@@ -50,7 +55,7 @@ def flops_note(formula: float, compiled: int | None, compiler: Capabilities) -> 
     :data:`FLOPS_TOLERANCE`, or whose FLOPs were not counted (``compiled`` None)."""
     if formula <= 0 or (compiled is not None and abs(compiled / formula - 1) <= FLOPS_TOLERANCE):
         return None
-    values = {"compiler": compiler.compiler, "formula": formula, "compiled": compiled}
+    values = CompiledFlopsValues(compiler=compiler.compiler, formula=formula, compiled=compiled)
     return Note(PlanNote.COMPILED_FLOPS, values)
 
 
@@ -210,7 +215,9 @@ def reduce_scatter_note(
     """The note for a reduce-scatter of ``bound`` that ``compiler`` did not form, where that is
     its own choice (a compiler that always forms them left it out because the program asked)."""
     if compiler.may_all_reduce_for_reduce_scatter and _lacks_reduce_scatter(bound, collectives):
-        values = {"compiler": compiler.compiler, "forms": compiler.forms_reduce_scatter}
+        values = ReduceScatterValues(
+            compiler=compiler.compiler, forms=compiler.forms_reduce_scatter
+        )
         return Note(PlanNote.ALL_REDUCE_FOR_REDUCE_SCATTER, values)
     return None
 
@@ -228,8 +235,8 @@ def compiled_notes(
     if rs is not None:
         notes.append(rs)
     if facts.rematerializations:
-        sites = sorted(set(facts.rematerializations))
-        notes.append(Note(PlanNote.REMATERIALIZATION, {"sites": sites}))
+        sites = tuple(sorted(set(facts.rematerializations)))
+        notes.append(Note(PlanNote.REMATERIALIZATION, RematerializationValues(sites=sites)))
     if not facts.exact:
         notes.append(Note(PlanNote.INEXACT))
     return notes

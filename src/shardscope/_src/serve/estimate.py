@@ -1,0 +1,290 @@
+"""The estimated serving step: what a device holds serving a batch, and the time of a
+decode step and of a prefill by the roofline, for a layout
+(:mod:`~shardscope._src.serve.layouts`) at a batch (:func:`estimate_plan`).
+
+Per replica, by the prices of :mod:`shardscope._src.cost.compute` (its matmuls at the
+rates they reach, the hardware's ``matmul_fraction`` and ``hbm_fraction``) and the one
+pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
+
+* **decode** (one token per sequence): every weight (but an untied embedding table, of which
+  the lookup takes a row a token) and the replica's whole cache through HBM once (``(weights
+  + cache) / t`` a device) at the bandwidth matmuls reach reading their operands (the
+  hardware's ``hbm_fraction`` of it), and its ``2 x active params`` FLOPs a sequence and its
+  attention's at the matmul rate: on a GPU the weights' matmuls and the attention as two
+  kernels one after another (:func:`~shardscope._src.cost.compute.work_seconds`), elsewhere
+  the reads or the FLOPs, whichever is slower; then the all-reduces of tensor parallelism,
+  two a layer (the attention's output and the MLP's down projection, ``batch / r x
+  d_model`` each) and the vocabulary-parallel embedding's one (each device looks up the
+  tokens of its slice of the vocabulary), which wait for the matmuls that feed them and are
+  latency-bound at decode's small messages. A mixture reads only the routed experts its
+  tokens reach (:func:`~shardscope._src.serve.layouts.untouched_share`), its layers with
+  experts all-reduce their experts' slots (``top_k`` rows a token), and over ``expert`` its
+  dispatch and combine all-to-alls move each token's activations to its experts' devices
+  and back (:func:`~shardscope._src.bounds.moe.moe_layer_terms`).
+* **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
+  prompt`` FLOPs and the attention's ``prompt^2`` ones, counted non-causal as training counts
+  them, at the matmul rate (a fused kernel's causal half at its forward rate where the
+  hardware names one), beside its weights through HBM (one kernel), and
+  the same all-reduces of ``prompt x d_model``.
+* **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
+  prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
+  weights, and fp8 ones elsewhere, are read as 8 bits and multiplied at 16.
+* **memory** a device: its share of the weights and of the cache of ``context`` tokens for
+  each of its replica's sequences, and the decode step's logits (float32, each device its
+  slice of the vocabulary).
+
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from shardscope._src.base.comm import ALL_REDUCE, traffic_bytes
+from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.cost.compute import (
+    flop_seconds,
+    matmul_read_seconds,
+    step_matmul_seconds,
+    work_seconds,
+)
+from shardscope._src.cost.flops import attention_core_flops, weight_flops
+from shardscope._src.cost.links import collective_seconds
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.serving import FORMATS, WeightFormat, cache_bytes_per_token
+from shardscope._src.serve.layouts import (
+    expert_bytes,
+    looked_up_bytes,
+    served,
+    untouched_share,
+    weight_elements,
+)
+from shardscope._src.serve.types import Layout, ServePlan
+from shardscope._src.targets.hardware import Hardware
+
+#: The largest batch the sweep tries when none is given (a power of two).
+MAX_BATCH = 4096
+
+
+def _scores_bytes(config: ModelConfig, t: int, queries: int, keys: int) -> int:
+    """One layer's attention scores (float32) and probabilities (the model's dtype) on a
+    device of tensor parallelism over ``t``: ``queries x keys`` for each of its heads (the
+    layers run one after another, so one layer's are held at a time)."""
+    return config.heads // t * queries * keys * (4 + config.itemsize)
+
+
+class Held(NamedTuple):
+    """Bytes on one device: the weights, the cache, the decode step's temporaries (the
+    logits, float32, each device its slice of the vocabulary; a layer's scores and
+    probabilities over the context) and a prefill's beside them (one prompt a replica: a
+    layer's scores and probabilities over the prompt)."""
+
+    weights: int
+    cache: int
+    decode: int
+    prefill: int
+
+    @property
+    def temporaries(self) -> int:
+        return max(self.decode, self.prefill)
+
+
+def holds(
+    config: ModelConfig,
+    layout: Layout,
+    batch: int,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> Held:
+    """What one device holds serving ``batch`` sequences (:class:`Held`)."""
+    t, r = layout.t, layout.replicas
+    c = served(config, t)
+    weight = weight_elements(config, layout)[0] * FORMATS[weights]
+    cached = (batch // r) * context * cache_bytes_per_token(c, cache)
+    # split by key/value head; latent attention's latent is every head's, whole on each
+    cached //= 1 if c.is_mla else t
+    decode = (batch // r) * ((c.vocab or 0) // t * 4 + _scores_bytes(c, t, 1, context))
+    return Held(weight, cached, decode, _scores_bytes(c, t, prompt, prompt))
+
+
+def largest_batch(
+    config: ModelConfig,
+    hw: Hardware,
+    layout: Layout,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> int:
+    """The most sequences the layout's replicas hold beside their weights and a prefill's
+    temporaries (a multiple of the replicas; 0 when the weights alone do not leave room for
+    one)."""
+    r = layout.replicas
+    one = holds(config, layout, r, prompt, context, weights, cache)  # a sequence a replica
+    room = hw.memory_bytes - one.weights
+    if room <= 0:
+        return 0
+    return r * int(min(room // (one.cache + one.decode), max(0, room - one.prefill) // one.cache))
+
+
+def batch_sizes(
+    config: ModelConfig,
+    hw: Hardware,
+    layout: Layout,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> list[int]:
+    """Powers of two times the replicas, and the largest batch that fits a device."""
+    r = layout.replicas
+    largest = largest_batch(config, hw, layout, prompt, context, weights, cache)
+    largest = min(largest, MAX_BATCH * r)
+    out = []
+    b = r
+    while b <= largest:
+        out.append(b)
+        b *= 2
+    if largest >= r and largest not in out:
+        out.append(largest)
+    return out or [r]
+
+
+def _allreduce_s(hw: Hardware, layout: Layout, elements: int, itemsize: int, count: int) -> float:
+    t = layout.t
+    if t == 1:
+        return 0.0
+    # collective_seconds takes the traffic of all ``count`` executions
+    traffic = count * traffic_bytes(ALL_REDUCE, elements * itemsize, t)
+    return collective_seconds(hw, layout.mesh, ALL_REDUCE, ("model",), t, traffic, count)
+
+
+def _tp_allreduces_s(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int) -> float:
+    """Tensor parallelism's all-reduces for ``tokens`` a replica: the attention's output in
+    every layer, the MLP's down projection in every dense layer, the vocabulary-parallel
+    embedding's once; in a layer with experts, the routed experts' outputs, summed in their
+    slots before they are combined (``top_k`` rows a token, times the routing's capacity)."""
+    c = config
+    dense = _allreduce_s(
+        hw, layout, tokens * c.d_model, c.itemsize, c.layers + c.dense_layer_count + 1
+    )
+    if not c.is_moe:
+        return dense
+    slots = math.ceil(c.routed_capacity * tokens * c.top_k)
+    return dense + _allreduce_s(hw, layout, slots * c.d_model, c.itemsize, c.moe_layers)
+
+
+def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int) -> float:
+    """A mixture's dispatch and combine over the expert axis, every layer with experts, for
+    ``tokens`` over the axis (:func:`~shardscope._src.bounds.moe.moe_layer_terms`: each
+    token's activations to its experts' devices and back; under tensor parallelism each
+    device of a replica sends its copy of them, in parallel over its own expert group)."""
+    e = layout.expert_parallel
+    if e == 1 or not config.is_moe:
+        return 0.0
+    terms = moe_layer_terms(
+        tokens,
+        config.d_model,
+        config.top_k,
+        config.experts,
+        "expert",
+        e,
+        config.itemsize,
+        imbalance=config.routed_capacity,
+        once=config.dispatch_once,
+    )
+    layers = config.moe_layers
+    return sum(
+        collective_seconds(
+            hw, layout.mesh, term.kind, ("expert",), e, term.traffic_bytes * layers, layers
+        )
+        for term in terms
+    )
+
+
+def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
+    """Whether the weights' matmuls run in fp8: fp8 weights on a device with fp8 matmul
+    units, whose servers run them as fp8 GEMMs (TensorRT-LLM's and vLLM's fp8 checkpoints
+    quantize each layer's input per tensor); the attention core stays 16-bit. Elsewhere, and
+    for int8 weights (the scaling book's inference examples time int8 weights at the bf16
+    rate), the weights are widened to 16 bits for their matmuls."""
+    return WeightFormat.get(weights) is WeightFormat.FP8 and hw.has_fp8
+
+
+def decode_flops(config: ModelConfig, context: int) -> tuple[int, int]:
+    """A sequence's matmul FLOPs in a decode step over a cache of ``context``: the
+    weights' (``2 x`` the active parameters) and the attention's, its one query against the
+    cache (under latent attention against the latents, the up-projections absorbed).
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> decode_flops(model_preset("llama3-8b").config(batch=1), 1)[1] == 2 * 32 * 256 * 32
+    True
+    """
+    core = attention_core_flops(config, 1, context, absorbed=True) * config.layers
+    return weight_flops(config.active_param_count(), 1), core
+
+
+def prefill_flops(config: ModelConfig, prompt: int) -> tuple[int, int]:
+    """The matmul FLOPs of prefilling one ``prompt``: the weights' and the attention's,
+    counted non-causal as training counts them and as the compiled prefill computes them
+    (its masked scores whole); a fused kernel's causal half is half of them (each head's
+    keys and values made from the latents under latent attention: prefill's form)."""
+    core = attention_core_flops(config, prompt, prompt) * config.layers
+    return weight_flops(config.active_param_count(), prompt), core
+
+
+def estimate_plan(
+    config: ModelConfig,
+    hw: Hardware,
+    layout: Layout,
+    batch: int,
+    prompt: int,
+    context: int,
+    weights: str,
+    cache: str,
+) -> ServePlan:
+    """The plan of ``layout`` serving ``batch`` sequences of ``context`` tokens, estimated
+    (see the module docstring): what a device holds, the decode step's time and its parts,
+    and the time to the first token of one ``prompt`` a replica."""
+    t, r = layout.t, layout.replicas
+    c = served(config, t)
+    held = holds(config, layout, batch, prompt, context, weights, cache)
+    weight, cached = held.weights, held.cache
+    per_replica = batch // r
+    skipped = untouched_share(c, layout, batch) * expert_bytes(config, layout, weights)
+    read = weight - looked_up_bytes(config, layout, weights)
+    # the weights' matmuls read the weights, the attention the cache
+    w, a = (f * per_replica / t for f in decode_flops(c, context))
+    fp8 = fp8_matmuls(hw, weights)
+    per_w, per_a = flop_seconds(hw, fp8=fp8)
+    by_weights = (w * per_w, matmul_read_seconds(hw, read - skipped))
+    by_cache = (a * per_a, matmul_read_seconds(hw, cached))
+    memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
+    comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
+    comm_s += _all_to_all_s(hw, c, layout, batch)
+    decode = work_seconds(hw, by_weights, by_cache) + comm_s
+    of = prefill_flops(c, prompt)
+    matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True)
+    prefill = work_seconds(hw, (matmuls, matmul_read_seconds(hw, read)))
+    prefill += _tp_allreduces_s(hw, c, layout, prompt)
+    # one prompt a replica: the expert axis's devices prefill theirs together
+    prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
+    return ServePlan(
+        strategy=layout.strategy,
+        mesh=layout.mesh.sizes,
+        batch=batch,
+        context=context,
+        weight_bytes_per_device=weight,
+        cache_bytes_per_device=cached,
+        temp_bytes_per_device=held.temporaries,
+        memory_limit_bytes=int(hw.memory_bytes),
+        decode_step_s=decode,
+        decode_memory_s=memory_s,
+        decode_compute_s=compute_s,
+        decode_comm_s=comm_s,
+        first_token_s=prefill,
+        tokens_per_s_per_chip=batch / decode / (t * r),
+        kv_replicas=(c.kv_heads or 1) // (config.kv_heads or 1),
+    )

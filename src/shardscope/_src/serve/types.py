@@ -1,0 +1,244 @@
+"""The serving planner's records: a plan (:class:`ServePlan`: one layout at one batch, its
+memory a device, its time per output token and to the first token, its throughput per chip),
+a sweep's result (:class:`ServeResult`), and how a server lays a model over its devices
+(:class:`ServeLayout`, :class:`Layout`).
+
+Plain frozen dataclasses with ``to_dict()``; the renderers (table, JSON, PNG) read these and
+nothing else. A result's JSON reads back (:meth:`ServeResult.from_dict`), as any schema
+version wrote it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardscope._src.base.errors import RecordError
+from shardscope._src.base.records import SCHEMA_VERSION, Record, field_of, record_dict
+from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.base.vocab import Vocab
+from shardscope._src.cost.memory import memory_fits
+from shardscope._src.mesh import MeshShape
+from shardscope._src.plan.rank import StepSource
+from shardscope._src.targets.specs import get_target
+
+
+class ServeLayout(Vocab):
+    """How a server lays a model over its devices: the strategy of that name on a mesh of
+    ``model`` and, with replicas, ``data`` or ``expert``."""
+
+    TP = "tp"  # tensor parallelism over every device
+    DP_TP = "dp_tp"  # replicas of tensor parallelism, each holding every expert
+    EP_TP = "ep_tp"  # replicas of tensor parallelism that split a mixture's experts
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``replicas`` of tensor parallelism over ``t`` devices; a mixture's routed experts
+    split over the replicas (``ep_tp``: the attention data-parallel over ``expert``, each
+    device ``experts / replicas`` experts) or held by each (``dp_tp``)."""
+
+    strategy: ServeLayout
+    t: int
+    replicas: int
+
+    @property
+    def mesh(self) -> MeshShape:
+        """``model=t``, with ``data`` (or ``expert``) first where there are replicas."""
+        r, t = self.replicas, self.t
+        if self.strategy is ServeLayout.EP_TP:
+            return MeshShape((("expert", r), ("model", t)))
+        return MeshShape((("data", r), ("model", t)) if r > 1 else (("model", t),))
+
+    @property
+    def expert_parallel(self) -> int:
+        return self.replicas if self.strategy is ServeLayout.EP_TP else 1
+
+
+@dataclass(frozen=True)
+class ServePlan(Record):
+    """One layout serving ``batch`` sequences of ``context`` tokens on ``devices``."""
+
+    strategy: str
+    mesh: dict[str, int]
+    batch: int
+    context: int
+    weight_bytes_per_device: int
+    cache_bytes_per_device: int
+    temp_bytes_per_device: int
+    memory_limit_bytes: int
+    decode_step_s: float
+    decode_memory_s: float
+    decode_compute_s: float
+    decode_comm_s: float
+    first_token_s: float
+    tokens_per_s_per_chip: float
+    pareto: bool = False
+    #: the target whose compiler compiled this plan's decode step (None: estimated): its
+    #: memory per device is that compile's buffers (``temp_bytes_per_device`` the rest of
+    #: them beyond the weights and the cache), its all-reduces the compiled ones
+    compiled_by: str | None = None
+    #: the compiled decode step's all-reduces a step (0 when not compiled)
+    compiled_all_reduces: int = 0
+    #: the kernels the compiled decode step launches, each priced at the hardware's
+    #: ``kernel_launch_s`` in ``decode_step_s``: the compiled step's, or on an estimated
+    #: plan its layout's compiled step's (0 where the layout has none)
+    decode_kernels: int = 0
+    #: the devices that hold each key/value head (above 1 where tensor parallelism is wider
+    #: than the model's key/value heads)
+    kv_replicas: int = 1
+    #: at a request rate (:mod:`~shardscope._src.serve.online`): the mean sequences in flight
+    #: (``batch`` is what the cache holds: each replica's 99th percentile of its own), the
+    #: decode step alone at ``batch`` and one prompt's prefill alone, which
+    #: ``decode_step_s`` and ``first_token_s`` stretch by the load; None without a rate
+    in_flight: float | None = None
+    decode_iteration_s: float | None = None
+    prefill_s: float | None = None
+    #: the estimate whose figures a compile replaced (its decode step's, its prefill's, or
+    #: its layout's at another batch), kept beside them as a training plan keeps its
+    #: ``estimated_time``; None: the plan is the estimate. Not written to JSON.
+    estimate: ServePlan | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def estimated(self) -> ServePlan:
+        """The plan as estimated, before any compile replaced its figures."""
+        return self.estimate if self.estimate is not None else self
+
+    @property
+    def step_time_s(self) -> float:
+        """The step time it is ranked by: its time per output token (``decode_step_s``)."""
+        return self.decode_step_s
+
+    @property
+    def step_source(self) -> StepSource:
+        """Compiled where its decode step was (``compiled_by``), else estimated; either way
+        :attr:`estimated` is the plan as estimated."""
+        return StepSource.ESTIMATED if self.compiled_by is None else StepSource.COMPILED
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_dict(self, omit=("estimate",))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServePlan:
+        """The plan its :meth:`to_dict` wrote (without the estimate, which the JSON does
+        not hold); a field it lacks takes its default (a file written before it was)."""
+        what = "a serving plan"
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "estimate":
+                continue
+            if f.default is dataclasses.MISSING:
+                values[f.name] = field_of(data, f.name, what)
+            elif f.name in data:
+                values[f.name] = data[f.name]
+        values["mesh"] = {str(k): int(v) for k, v in values["mesh"].items()}
+        return cls(**values)
+
+    @property
+    def memory_bytes_per_device(self) -> int:
+        return (
+            self.weight_bytes_per_device + self.cache_bytes_per_device + self.temp_bytes_per_device
+        )
+
+    @property
+    def fits(self) -> bool:
+        return memory_fits(self.memory_bytes_per_device, self.memory_limit_bytes)
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.mesh["model"]
+
+    @property
+    def replicas(self) -> int:
+        """The attention's data-parallel replicas: the shards of the batch (over ``data``,
+        or over ``expert`` where the experts are split)."""
+        return self.mesh.get("data", 1) * self.mesh.get("expert", 1)
+
+    @property
+    def expert_parallel(self) -> int:
+        """The devices a mixture's routed experts are split over (1: each replica holds
+        every expert)."""
+        return self.mesh.get("expert", 1)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(ServeLayout(self.strategy), self.tensor_parallel, self.replicas)
+
+    @property
+    def batch_axis(self) -> str | None:
+        """The mesh axis the sequences are split over (None without replicas)."""
+        return next((a for a in ("data", "expert") if a in self.mesh), None)
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy} {format_mesh_spec(self.mesh)} batch {self.batch}"
+
+
+@dataclass(frozen=True)
+class ServeResult(Record):
+    """Every layout and batch that fits, best throughput per chip first; ``best`` is the
+    highest throughput per chip (with ``latency``, among the plans whose time per output
+    token meets it); ``front`` the plans no other beats on both latency and throughput."""
+
+    model: str
+    devices: int
+    hardware: str
+    prompt: int
+    output: int
+    context: int
+    weights: str
+    cache: str
+    latency: float | None
+    plans: tuple[ServePlan, ...]
+    #: a mixture's routing as served: the busiest expert's tokens over its even share, and
+    #: whether each token goes once to each device of its experts
+    imbalance: float = 1.0
+    dispatch_once: bool = False
+    #: requests a second arriving at the devices (None: each plan at its batch)
+    rate: float | None = None
+
+    @property
+    def best(self) -> ServePlan:
+        return self.plans[0]
+
+    @property
+    def backend(self) -> str | None:
+        """The platform of the compiler that compiled its plans' steps (the family of their
+        ``compiled_by`` target: ``"gpu"`` or ``"tpu"``), as every JSON result's header names
+        it; None when no plan was compiled (each an estimate, as with ``compiler="cpu"``).
+        Before schema version 4 the JSON wrote ``"estimate"`` here, whatever compiled."""
+        target = next((p.compiled_by for p in self.plans if p.compiled_by is not None), None)
+        return None if target is None else str(get_target(target).family)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServeResult:
+        """The result its JSON holds (:func:`~shardscope._src.base.records.write_result`'s
+        file, or its :meth:`to_dict`), of any schema version up to this shardscope's: the
+        header (``schema_version``, the versions and ``backend``, ``"estimate"`` before
+        version 4) is not the result's data, which each version wrote alike.
+
+        Raises:
+            RecordError: a file of a later schema version, or not a serving result (naming
+                the field it lacks).
+        """
+        version = data.get("schema_version") if isinstance(data, Mapping) else None
+        if version is not None and (not isinstance(version, int) or version > SCHEMA_VERSION):
+            raise RecordError(
+                f"a serving result of schema version {version!r}: this shardscope reads up "
+                f"to version {SCHEMA_VERSION}; read it with the shardscope that wrote it"
+            )
+        what = "a serving result"
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING:
+                values[f.name] = field_of(data, f.name, what)
+            elif f.name in data:
+                values[f.name] = data[f.name]
+        values["plans"] = tuple(ServePlan.from_dict(p) for p in values["plans"])
+        return cls(**values)
+
+    @property
+    def front(self) -> tuple[ServePlan, ...]:
+        return tuple(p for p in self.plans if p.pareto)
