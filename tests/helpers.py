@@ -96,13 +96,23 @@ def example_code(path: str, heading: str) -> str:
     the next heading of the same level or above."""
     import re
 
-    text = (Path(__file__).parent.parent / path).read_text()
-    start = re.search(rf"^{re.escape(heading)}.*$", text, re.M)
-    assert start is not None, f"{path} has no heading {heading!r}"
+    lines = (Path(__file__).parent.parent / path).read_text().splitlines(keepends=True)
     level = len(heading) - len(heading.lstrip("#"))
-    section = text[start.end() :]
-    after = re.search(rf"^#{{1,{level}}} ", section, re.M)
-    section = section[: after.start()] if after else section
+    section: list[str] = []
+    inside, fenced = False, False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#+ ", line):  # a heading, not a comment in a cell
+            if inside and len(line) - len(line.lstrip("#")) <= level:
+                break
+            inside = inside or line.startswith(heading)
+            if line.startswith(heading):
+                continue
+        if inside:
+            section.append(line)
+    assert inside, f"{path} has no heading {heading!r}"
+    section = "".join(section)
     cells = re.findall(r"^```\{code-cell\}[^\n]*\n(.*?)^```", section, re.M | re.S)
     if cells:
         # a cell's options (":tags: [...]") are not code
