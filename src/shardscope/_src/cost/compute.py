@@ -234,8 +234,7 @@ def by_kernel(hw: Hardware) -> bool:
     >>> by_kernel(hardware("h100")), by_kernel(hardware("tpu-v5e"))
     (True, False)
     """
-    spec = specs.TARGETS.get(hw.name)
-    return spec is not None and spec.family == Family.GPU
+    return specs.family(hw.name) is Family.GPU
 
 
 def work_seconds(hw: Hardware, *kernels: tuple[float, float]) -> float:

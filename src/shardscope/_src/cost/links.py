@@ -142,8 +142,8 @@ def collective_seconds(
 ) -> float:
     """Alpha-beta seconds of ``count`` executions of a collective that send
     ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``, or
-    on a GPU, for a ring collective, the low-latency protocol's time where it is faster
-    (:func:`low_latency_seconds`).
+    on a GPU, for a ring collective, NCCL's low-latency protocol's time where it is faster
+    (:data:`LOW_LATENCY`).
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> round(collective_seconds(hardware("h100"), {"model": 8}, "all-reduce", ("model",), 8,
@@ -155,19 +155,14 @@ def collective_seconds(
     """
     if traffic_bytes <= 0 or group_size <= 1:
         return 0.0
-    steps = count * latency_steps(kind, group_size)
+    steps = latency_steps(kind, group_size)
     bandwidth = group_bandwidth(hw, sizes, axes)
-    seconds = alpha_beta_seconds(steps, hw.latency_s, traffic_bytes, bandwidth)
-    if kind in RING_KINDS and _has_protocols(hw):
-        low = low_latency_seconds(hw, sizes, kind, axes, group_size, traffic_bytes, count)
+    seconds = alpha_beta_seconds(count * steps, hw.latency_s, traffic_bytes, bandwidth)
+    if kind in RING_KINDS and specs.family(hw.name) is Family.GPU:
+        nodes = _nodes_spanned(hw, sizes, axes)
+        low = _low_latency_seconds(kind, steps, nodes, bandwidth, traffic_bytes, count)
         seconds = min(seconds, low)
     return seconds
-
-
-def _has_protocols(hw: Hardware) -> bool:
-    """Whether ``hw``'s collectives choose a protocol by message size: a GPU's (NCCL's)."""
-    spec = specs.TARGETS.get(hw.name)
-    return spec is not None and spec.family == Family.GPU
 
 
 def _nodes_spanned(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> int:
@@ -181,34 +176,23 @@ def _nodes_spanned(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) 
     return len(set((groups[0] // hw.node_size).tolist()))
 
 
-def low_latency_seconds(
-    hw: Hardware,
-    sizes: Mapping[str, int],
-    kind: str,
-    axes: Sequence[str],
-    group_size: int,
-    traffic_bytes: float,
-    count: int = 1,
+def _low_latency_seconds(
+    kind: str, steps: int, nodes: int, bandwidth: float, traffic_bytes: float, count: int
 ) -> float:
-    """``count`` executions of a ring collective in NCCL's :data:`LOW_LATENCY` protocol: each
-    its start and a latency a step (the steps that cross nodes at the network's: two a node
-    for an all-reduce, one a node boundary for an all-gather or a reduce-scatter, as NCCL's
-    tuning model counts them), and all of ``traffic_bytes`` at its share of the group's
-    bandwidth.
+    """``count`` executions of a ring collective of ``steps`` steps over ``nodes`` nodes in
+    NCCL's :data:`LOW_LATENCY` protocol: each its start and a latency a step (the steps that
+    cross nodes at the network's: two a node for an all-reduce, one a node boundary for an
+    all-gather or a reduce-scatter, as NCCL's tuning model counts them), and all of
+    ``traffic_bytes`` at its share of the group's ``bandwidth``.
 
-    >>> from shardscope._src.targets.hardware import hardware
-    >>> round(low_latency_seconds(hardware("h100"), {"model": 8}, "all-reduce", ("model",),
-    ...                           8, 0) * 1e6, 2)
+    >>> round(_low_latency_seconds("all-reduce", 14, 1, 360e9, 0, 1) * 1e6, 2)
     15.0
     """
     ll = LOW_LATENCY
-    steps = latency_steps(kind, group_size)
-    nodes = _nodes_spanned(hw, sizes, axes)
     across = 0 if nodes == 1 else (2 * nodes if kind == ALL_REDUCE else nodes - 1)
     across = min(across, steps)
     one = ll.start_s + (steps - across) * ll.hop_s + across * ll.net_hop_s
-    bandwidth = group_bandwidth(hw, sizes, axes) * ll.bandwidth_share
-    return alpha_beta_seconds(count, one, traffic_bytes, bandwidth)
+    return alpha_beta_seconds(count, one, traffic_bytes, bandwidth * ll.bandwidth_share)
 
 
 def alpha_beta_time(

@@ -299,6 +299,17 @@ TARGETS: dict[str, Target] = _targets()
 CPU_TARGET: Target = TARGETS["cpu"]
 
 
+def family(name: str) -> Family | None:
+    """The device family of the compile target called ``name`` (None: no such target, as
+    for a hardware preset made up by hand).
+
+    >>> family("h100"), family("tpu-v5e"), family("mine")
+    (<Family.GPU: 'gpu'>, <Family.TPU: 'tpu'>, None)
+    """
+    target = TARGETS.get(name)
+    return None if target is None else target.family
+
+
 def get_target(name: str | Target) -> Target:
     """A target by name (``cpu``, ``a100``, ``h100``, ``h200``, ``b200``, ``tpu-v5e``,
     ``tpu-v5p``, ``tpu-v6e``)."""
