@@ -233,7 +233,7 @@ def broken(mesh):
 def test_a_candidate_that_fails_in_a_worker_raises_the_error_it_raises_here(tmp_path):
     from shardscope._src.mesh import axis_types_of
     from shardscope._src.plan.worker import WorkerPool
-    from shardscope._src.program.program import ProgramRef, compile_plans
+    from shardscope._src.program.program import ProgramRef, compile_program
 
     path = tmp_path / "refusing.py"
     path.write_text(REFUSING)
@@ -244,7 +244,7 @@ def test_a_candidate_that_fails_in_a_worker_raises_the_error_it_raises_here(tmp_
 
         def run(ref):
             label = ref.ref.rpartition(":")[2]
-            return compile_plans(
+            return compile_program(
                 None, todo, hw, None, label=label, target=None, kinds=kinds, pool=pool, ref=ref
             )
 

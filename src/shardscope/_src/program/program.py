@@ -637,47 +637,6 @@ class CompileCache:
         return [f.plan for f in self._facts.values() if f.plan is not None]
 
 
-def compile_plans(
-    make_step: Callable[..., Any],
-    todo: Sequence[tuple[str, Rules, Mapping[str, int]]],
-    hw: Hardware,
-    local: Sequence[jax.Device] | None,
-    *,
-    label: str,
-    target: str | None,
-    kinds: Any,
-    progress: Callable[[int, int, str], None] | None = None,
-    seen: dict[tuple[str, str], str] | None = None,
-    pool: Any = None,
-    ref: ProgramRef | None = None,
-    cache: CompileCache | None = None,
-) -> tuple[list[ProgramPlan], list[Skipped]]:
-    """The plan of every ``(rule set name, rules, mesh sizes)`` of ``todo``, compiled;
-    candidates whose program failed to build are skipped, with the reason. ``seen`` (the
-    compiled programs' fingerprints by mesh, kept across calls) marks a plan that compiled
-    to the same program as an earlier one (:func:`rank_plans` ranks them). With a ``pool`` (a
-    :class:`~shardscope._src.plan.worker.WorkerPool`, or a Ray cluster's
-    :class:`~shardscope._src.plan.cluster.RayPool`) and the program's ``ref`` the compiles
-    run in its workers, each loading the program from its file; a candidate a cluster lost
-    is skipped as ``lost``. With a ``cache`` (a :class:`CompileCache`) a layout compiled
-    before is not compiled again. The one compile loop of :func:`plan_program` and
-    ``suggest``."""
-    facts = compile_program(
-        make_step,
-        todo,
-        hw,
-        local,
-        label=label,
-        target=target,
-        kinds=kinds,
-        progress=progress,
-        pool=pool,
-        ref=ref,
-        cache=cache,
-    )
-    return mark_same(facts, {} if seen is None else seen)
-
-
 def mark_same(
     facts: Sequence[ProgramFacts | None], seen: dict[tuple[str, str], str]
 ) -> tuple[list[ProgramPlan], list[Skipped]]:
@@ -713,10 +672,16 @@ def compile_program(
     ref: ProgramRef | None = None,
     cache: CompileCache | None = None,
 ) -> list[ProgramFacts]:
-    """The facts of each item of ``todo`` (its plan and its program's fingerprint, or why it
-    was skipped), in its order, compiled here or in ``pool``'s workers (see
-    :func:`compile_plans`). With a ``cache``, a layout it holds is taken from it, one that
-    ``todo`` names twice is compiled once, and every compile is kept there."""
+    """The facts of each item of ``todo`` (each a ``(rule set name, rules, mesh sizes)``): its
+    plan and its program's fingerprint, or why it was skipped, in ``todo``'s order. The one
+    compile loop of :func:`plan_program` and ``suggest`` (:func:`mark_same` turns the facts
+    into plans and skipped candidates). With a ``pool`` (a
+    :class:`~shardscope._src.plan.worker.WorkerPool`, or a Ray cluster's
+    :class:`~shardscope._src.plan.cluster.RayPool`) and the program's ``ref`` the compiles
+    run in its workers, each loading the program from its file; a candidate a cluster lost
+    is skipped as ``lost``. With a ``cache`` (a :class:`CompileCache`), a layout it holds is
+    taken from it, one that ``todo`` names twice is compiled once, and every compile is kept
+    there."""
     total = len(todo)
     if progress:
         progress(0, total, "")

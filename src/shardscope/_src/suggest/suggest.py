@@ -30,7 +30,7 @@ How it searches, and why this way:
    programs, since the screen is coarse and the compiler is the judge. It stops when every
    neighbour of the best has been compiled and none is faster (``settled``: a local optimum
    the compiler checked) or at the budget. Each compile is the planner's own
-   (:func:`~shardscope._src.program.program.compile_plans`, the loop :func:`plan_program`
+   (:func:`~shardscope._src.program.program.compile_program`, the loop :func:`plan_program`
    runs) and the plans are ranked as it ranks: those that fit first, then the estimated step
    time. Every order is total (ties fall to the mesh sizes and the rules), so the same input
    gives the same ranking.
@@ -101,7 +101,8 @@ from shardscope._src.program.program import (
     CompileCache,
     ProgramPlan,
     ProgramPlanResult,
-    compile_plans,
+    compile_program,
+    mark_same,
     mesh_list,
     mesh_shapes,
     one_compiler,
@@ -950,7 +951,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         for i in indices:
             key = unique[i][0]
             todo.append((rule_name[i], key[1], dict(zip(axes, key[0], strict=True))))
-        got, failed = compile_plans(
+        facts = compile_program(
             make_step,
             todo,
             hw,
@@ -958,11 +959,11 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
             label=label,
             target=target_name,
             kinds=kinds,
-            seen=fingerprints,
             pool=pool,
             ref=ref,
             cache=cache,
         )
+        got, failed = mark_same(facts, fingerprints)
         done.extend(indices)
         plans.extend(got)
         # a skipped candidate is named by what it shards, as the proposals are
