@@ -20,10 +20,11 @@ compiler, deviceless: minutes), or ``--compiler cpu`` for the estimates alone (s
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from typing import NamedTuple
 
-from shardscope import PlanError, serve
+from shardscope import PlanError, ServePlan, serve
 
 
 class Run(NamedTuple):
@@ -124,13 +125,19 @@ HELD_OUT = (
 )  # fmt: skip
 
 
-def predicted_ms(run: Run, compiler: str | None) -> tuple[float, str]:
-    """The plan's milliseconds for ``run``'s metric, and what produced them."""
+@functools.cache
+def _plan(run: Run, compiler: str | None) -> ServePlan:
+    """The plan of ``run``'s layout, planned once for both of its metrics."""
     result = serve(
         run.model, run.tp, hardware=run.hardware, prompt=run.prompt, output=run.output,
         batch=run.batch, weights=run.weights, compiler=compiler,
     )  # fmt: skip
-    plan = next(p for p in result.plans if dict(p.mesh) == {"model": run.tp})
+    return next(p for p in result.plans if dict(p.mesh) == {"model": run.tp})
+
+
+def predicted_ms(run: Run, compiler: str | None) -> tuple[float, str]:
+    """The plan's milliseconds for ``run``'s metric, and what produced them."""
+    plan = _plan(run._replace(metric="", given=0.0), compiler)
     seconds = plan.decode_step_s if run.metric == "token" else plan.first_token_s
     return seconds * 1e3, plan.compiled_by or "estimate"
 
