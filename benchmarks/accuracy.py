@@ -40,6 +40,15 @@ GIB = 2**30
 WITHIN = 0.25  # the share of runs within this error is reported too
 
 
+def _load(run: serving_accuracy.Run) -> str:
+    """How ``run`` loaded its server, in words."""
+    if run.rate is not None:
+        return f"{run.rate:g} requests/s"
+    if run.closed:
+        return f"{run.batch} client{'s' * (run.batch > 1)} in a closed loop"
+    return f"batch {run.batch}"
+
+
 def _source(name: str, *, training: bool) -> str:
     """Who published a run, from its name: a training row's first word (``"torchtitan Llama
     3.1 8B, ..."``), a serving run's words before the first comma (``"NIM 1.8, 1 client"``)."""
@@ -112,7 +121,7 @@ def serving_runs(compiler: str | None) -> list[dict[str, Any]]:
                 "source": _source(run.source, training=False),
                 "run": (
                     f"{run.source}: {run.model} TP {run.tp} {run.weights} "
-                    f"{run.prompt}+{run.output}, batch {run.batch}"
+                    f"{run.prompt}+{run.output}, {_load(run)}"
                 ),
                 "hardware": run.hardware,
                 "metric": _METRICS[run.metric],

@@ -5,13 +5,12 @@ token against published measured runs, per metric, the calibration rows
 For each metric: how many runs, the median and worst error, the signed median (a model that is
 always fast is wrong even where its median error looks small) and how many land within 25%.
 
-A run is planned as it ran: its model, GPUs, tensor-parallel degree, weights and batch (a
-closed loop of N clients as a batch of N: each decode step serves them all); its time per
-output token is the plan's decode step (over a cache of the whole prompt and output: the
-last step, where a run measures the mean over its steps), its time to the first token one
-prompt's prefill. A run the plans call a misfit is counted apart. The
-first token is judged only where one request was in flight: under load it waits behind the
-others' steps, which these plans do not model.
+A run is planned as it ran: its model, GPUs, tensor-parallel degree, weights and load: a
+static batch, clients in a closed loop (``clients=``: each sends its next request when its
+last one ends) or a request rate (``rate=``); its time per output token and to the first
+token are those its requests see under that load (the decode step over a cache of the
+whole prompt and output: the last step, where a run measures the mean over its steps). A
+run the plans call a misfit is counted apart.
 
 Run: ``python benchmarks/serving_accuracy.py`` (each run compiled with its hardware's own
 compiler, deviceless: minutes), or ``--compiler cpu`` for the estimates alone (seconds).
@@ -40,19 +39,32 @@ class Run(NamedTuple):
     batch: int
     metric: str  # "token": time per output token; "first": time to the first token
     given: float
+    #: how the run loaded the server: ``batch`` clients in a closed loop, or (``rate``)
+    #: requests a second arriving at random; neither: a static batch of ``batch``
+    closed: bool = False
+    rate: float | None = None
+
+    @property
+    def load(self) -> str:
+        """The run's load in words."""
+        if self.rate is not None:
+            return f"{self.rate:g}/s"
+        return f"{'c' if self.closed else 'b'}{self.batch}"
 
 
 #: CALIBRATION.md set 4 (TensorRT-LLM 0.14, online at 2 requests/s) and set 5 (vLLM, Llama 3.1
 #: 70B fp8, 4 clients in a closed loop, input 1024 or 8192, output 1024).
 CALIBRATION = (
     Run("TensorRT-LLM 0.14, 2 req/s", "llama3-8b", "h100", 1, "bfloat16", 467, 256, 1,
-        "token", 8),
+        "token", 8, rate=2),
     Run("TensorRT-LLM 0.14, 2 req/s", "llama3-8b", "h100", 1, "bfloat16", 467, 256, 1,
-        "first", 23),
+        "first", 23, rate=2),
     *(
-        Run("vLLM, 4 clients", "llama3-70b", "h100", tp, "fp8", prompt, 1024, 4, "token", ms)
-        for tp, prompt, ms in ((2, 1024, 17.41), (4, 1024, 11.78), (8, 1024, 9.11),
-                               (8, 8192, 10.22))
+        Run("vLLM, 4 clients", "llama3-70b", "h100", tp, "fp8", prompt, 1024, 4, metric, ms,
+            closed=True)
+        for tp, prompt, token, first in ((2, 1024, 17.41, 121.3), (4, 1024, 11.78, 80.5),
+                                         (8, 1024, 9.11, 70.4), (8, 8192, 10.22, 300.8))
+        for metric, ms in (("token", token), ("first", first))
     ),
 )  # fmt: skip
 
@@ -78,7 +90,8 @@ HELD_OUT = (
     # a100_fp16.md, TurboMind v0.1.0a1, batch clients in a closed loop): first-token latency
     # (ave) and the median per-token latency, rounded to the millisecond
     *(
-        Run("LMDeploy v0.1", model, "a100", tp, "bfloat16", prompt, output, batch, metric, ms)
+        Run("LMDeploy v0.1", model, "a100", tp, "bfloat16", prompt, output, batch, metric, ms,
+            closed=True)
         for model, tp, prompt, output, batch, metric, ms in (
             ("llama2-7b", 1, 128, 128, 1, "first", 22),
             ("llama2-7b", 1, 128, 128, 1, "token", 10),
@@ -101,12 +114,18 @@ HELD_OUT = (
     ),
     # NVIDIA NIM 1.8 benchmarking page (docs.nvidia.com/nim/benchmarking/llm), Llama 3.3 70B
     # fp8 on 2 H100s, clients in a closed loop: inter-token latency and, one client, TTFT
-    Run("NIM 1.8, 1 client", "llama3-70b", "h100", 2, "fp8", 5000, 500, 1, "token", 18.58),
-    Run("NIM 1.8, 1 client", "llama3-70b", "h100", 2, "fp8", 5000, 500, 1, "first", 406.77),
-    Run("NIM 1.8, 1 client", "llama3-70b", "h100", 2, "fp8", 500, 2000, 1, "token", 18.91),
-    Run("NIM 1.8, 1 client", "llama3-70b", "h100", 2, "fp8", 500, 2000, 1, "first", 47.77),
-    Run("NIM 1.8, 5 clients", "llama3-70b", "h100", 2, "fp8", 5000, 500, 5, "token", 21.83),
-    Run("NIM 1.8, 25 clients", "llama3-70b", "h100", 2, "fp8", 5000, 500, 25, "token", 38.75),
+    *(
+        Run(f"NIM 1.8, {n} client{'s' * (n > 1)}", "llama3-70b", "h100", 2, "fp8", prompt,
+            output, n, metric, ms, closed=True)
+        for n, prompt, output, metric, ms in (
+            (1, 5000, 500, "token", 18.58),
+            (1, 5000, 500, "first", 406.77),
+            (1, 500, 2000, "token", 18.91),
+            (1, 500, 2000, "first", 47.77),
+            (5, 5000, 500, "token", 21.83),
+            (25, 5000, 500, "token", 38.75),
+        )
+    ),
     # TensorRT-LLM v0.5 docs/source/performance.md, low latency: the first token at batch 1
     # (one output token), A100 fp16 (planned in bfloat16: the same bytes and rate), H100 fp8
     *(
@@ -127,10 +146,14 @@ HELD_OUT = (
 
 @functools.cache
 def _plan(run: Run, compiler: str | None) -> ServePlan:
-    """The plan of ``run``'s layout, planned once for both of its metrics."""
+    """The plan of ``run``'s layout under its load, planned once for both of its metrics."""
+    if run.rate is not None:
+        load: dict[str, float] = {"rate": run.rate}
+    else:
+        load = {"clients" if run.closed else "batch": run.batch}
     result = serve(
         run.model, run.tp, hardware=run.hardware, prompt=run.prompt, output=run.output,
-        batch=run.batch, weights=run.weights, compiler=compiler,
+        weights=run.weights, compiler=compiler, **load,
     )  # fmt: skip
     return next(p for p in result.plans if dict(p.mesh) == {"model": run.tp})
 
@@ -153,11 +176,11 @@ def judge(title: str, runs: tuple[Run, ...], compiler: str | None) -> None:
             got, by = predicted_ms(run, compiler)
         except PlanError as e:
             misfits += 1
-            print(f"  {what:62} b{run.batch:<3} {run.metric:5} called a misfit: {e}")
+            print(f"  {what:62} {run.load:5} {run.metric:5} called a misfit: {e}")
             continue
         error = got / run.given - 1
         errors[run.metric].append(error)
-        print(f"  {what:62} b{run.batch:<3} {run.metric:5} {got:8.2f} ms  given "
+        print(f"  {what:62} {run.load:5} {run.metric:5} {got:8.2f} ms  given "
               f"{run.given:8.2f}  {error:+7.1%}  ({by})")  # fmt: skip
     for metric, name in (("token", "time per output token"), ("first", "time to first token")):
         e = errors[metric]

@@ -3,6 +3,7 @@ its requests see with prefills batched in flight, the sequences in flight the ca
 the most a layout sustains; and the kernels a compiled serving step launches, each priced at
 the hardware's launch time."""
 
+import itertools
 import json
 import math
 import re
@@ -17,8 +18,9 @@ from shardscope._src.base.errors import PlanError
 from shardscope._src.cli.main import main
 from shardscope._src.hlo.parse import parse_hlo
 from shardscope._src.model.presets import model_preset
+from shardscope._src.model.serving import cache_bytes_per_token
 from shardscope._src.serve.compiled import compile_decode
-from shardscope._src.serve.online import poisson_quantile, under_load
+from shardscope._src.serve.online import closed_loop, poisson_quantile, under_load
 from shardscope._src.serve.search import serve
 from shardscope._src.targets.hardware import PRESETS, hardware
 
@@ -245,3 +247,114 @@ def test_replicas_in_lockstep_each_stall_for_every_prefill():
         rate=5, output=101, decode_s=5e-3, sequences=1, sequence_s=0.0, prefill_s=15e-3
     )
     assert alone.token_s == pytest.approx(1 / (5 + 0.925 / 5e-3), rel=1e-12)
+
+
+# Clients in a closed loop (``serve(..., clients=)``): each sends its next request when its
+# last one ends.
+
+
+def test_a_lone_client_waits_for_nothing_and_no_other_prompt_stretches_its_tokens():
+    got = closed_loop(clients=1, output=300, decode_s=0.012, sequences=1, sequence_s=0.001,
+                      prefill_s=0.2)  # fmt: skip
+    assert got.token_s == pytest.approx(0.012, rel=1e-12)
+    assert got.first_token_s == pytest.approx(0.2, rel=1e-12)
+    assert got.in_flight == 1
+
+
+def test_a_closed_loops_request_waits_for_the_whole_iteration_under_way():
+    # Prompts as short as a decode step (the weights' read): a request arrives as the
+    # others' next iteration begins and waits for all of it, then for its own (a random
+    # arrival waits for half of one, less where the replica is idle).
+    d = 0.01
+    got = closed_loop(clients=4, output=500, decode_s=d, sequences=4, sequence_s=0.0,
+                      prefill_s=d)  # fmt: skip
+    assert got.token_s == pytest.approx(d, rel=1e-12)
+    waited = got.first_token_s - d
+    assert d < waited < 1.01 * d  # and now and then another's prompt, queued before it
+
+
+def test_a_closed_loop_is_the_fixed_point_of_its_requests_lives():
+    # Two clients, no cost per sequence: the other's prompt comes once a cycle, and the
+    # cycle is the request's own life. Found here by plain iteration from a long cycle.
+    d, p, out = 0.01, 0.08, 64
+    cycle = 1e3
+    for _ in range(10_000):
+        token = d / (1 - (p - d) / cycle)
+        first = (p * p / cycle + (1 - p / cycle) * d) / (1 - p / cycle) + p
+        cycle = first + (out - 1) * token
+    got = closed_loop(clients=2, output=out, decode_s=d, sequences=2, sequence_s=0.0,
+                      prefill_s=p)  # fmt: skip
+    assert got.token_s == pytest.approx(token, rel=1e-9)
+    assert got.first_token_s == pytest.approx(first, rel=1e-9)
+    assert got.token_s > d and got.first_token_s > p + d
+
+
+def test_more_clients_slow_every_token_and_the_first():
+    def at(n):
+        return closed_loop(clients=n, output=256, decode_s=0.01 + n * 2e-4, sequences=n,
+                           sequence_s=2e-4, prefill_s=0.05)  # fmt: skip
+
+    loads = [at(n) for n in (1, 2, 4, 16, 64)]
+    for a, b in itertools.pairwise(loads):
+        assert b.token_s > a.token_s and b.first_token_s > a.first_token_s
+
+
+def test_clients_plan_their_sequences_with_each_cache_at_its_mean_length():
+    result = serve("llama3-8b", 2, hardware="h100", prompt=512, output=128, clients=6,
+                   compiler="cpu")  # fmt: skip
+    assert result.clients == 6 and result.rate is None
+    by_batch = serve("llama3-8b", 2, hardware="h100", prompt=512, output=128, batch=6,
+                     compiler="cpu")  # fmt: skip
+    per_token = cache_bytes_per_token(model_preset("llama3-8b").config(batch=1), "bfloat16")
+    for p in result.plans:
+        r = p.replicas
+        assert p.batch == r * -(-6 // r)  # each replica its share of the clients, rounded up
+        assert p.in_flight == min(6, p.batch)
+        assert p.context == 512 + 64
+        # the cache of the sequences at their mean length, split over the tensor parallelism
+        t = p.tensor_parallel // p.kv_replicas
+        assert p.cache_bytes_per_device == p.batch // r * (512 + 64) * per_token // t
+        q = next((q for q in by_batch.plans if q.mesh == p.mesh), None)
+        if q is not None:  # the others' prompts and iterations keep a request waiting
+            assert p.first_token_s > q.first_token_s
+
+
+def test_clients_the_cache_cannot_place_wait_a_whole_request_for_one():
+    # A device of 20 GB holds the 8B model's 16 GB of weights and some sequences of 2k
+    # tokens (128 KiB of cache a token): the clients beyond them wait for a place.
+    knobs = dict(hardware="h100", hardware_overrides={"memory_bytes": 20e9}, prompt=2000,
+                 output=192, compiler="cpu")  # fmt: skip
+    few = serve("llama3-8b", 1, clients=2, **knobs).best
+    many = serve("llama3-8b", 1, clients=64, **knobs).best
+    places = many.batch
+    assert 2 <= places < 64 and many.in_flight == places
+    assert few.batch == 2
+    # each client waits for (64 - places) / places requests' lives before its own begins
+    held = closed_loop(clients=places, output=192, decode_s=many.decode_iteration_s,
+                       sequences=places, sequence_s=0.0, prefill_s=many.prefill_s)  # fmt: skip
+    life = held.first_token_s + 191 * held.token_s
+    assert many.first_token_s > (64 - places) / places * life
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "4", True])
+def test_clients_that_are_no_positive_whole_number_are_refused(bad):
+    with pytest.raises(PlanError, match="closed loop") as err:
+        serve("llama3-8b", 1, hardware="h100", prompt=64, output=8, clients=bad, compiler="cpu")
+    assert err.value.params == ("clients",)
+
+
+@pytest.mark.parametrize("other", [{"batch": 4}, {"rate": 2.0}])
+def test_clients_beside_a_batch_or_a_rate_are_refused(other):
+    with pytest.raises(PlanError, match="give one of them") as err:
+        serve("llama3-8b", 1, prompt=64, output=8, clients=4, compiler="cpu", **other)
+    assert err.value.params == ("clients",)
+
+
+def test_plan_serve_under_clients_prints_them(capsys):
+    argv = ["serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "467",
+            "--output", "256", "--compiler", "cpu"]  # fmt: skip
+    assert main([*argv, "--clients", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "4 clients in a closed loop" in out and "in flight" in out
+    line = assert_usage_error([*argv, "--clients", "4", "--rate", "2"], "--clients", capsys)
+    assert "give one of them" in line

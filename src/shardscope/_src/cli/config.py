@@ -280,6 +280,7 @@ class PlanConfig(HardwareOptions):
     cache: str | None = None
     latency: float | None = None
     rate: float | None = None
+    clients: int | None = None
 
     @property
     def dims(self) -> dict[str, int | None]:
@@ -356,6 +357,7 @@ class ServeConfig(HardwareOptions):
     imbalance: float | None
     dispatch_once: bool | None
     rate: float | None
+    clients: int | None
     top: int | None
     json: str | None
     png: str | None

@@ -433,9 +433,12 @@ class ServeRequest:
         imbalance, dispatch_once: a dropless mixture's routing, over the model's.
         rate: requests a second, arriving at random (online serving); give ``batch`` or
             ``rate``, not both.
+        clients: clients in a closed loop, each sending its next request when its last one
+            ends (how ``vllm bench serve --max-concurrency`` and most published serving
+            benchmarks load a server); give one of ``batch``, ``rate`` and ``clients``.
 
     What can be checked without the model is checked here, in this order: the counts, the
-    context, the batch, the formats, the latency, the rate, the compiler.
+    context, the batch, the formats, the latency, the rate, the clients, the compiler.
 
     Raises:
         PlanError: naming the field (``params``) and the fix.
@@ -498,6 +501,13 @@ class ServeRequest:
         kind=Kind.NUMBER,
         metavar="R",
     )
+    clients: int | None = knob(
+        None,
+        "clients in a closed loop, each sending its next request when its last one ends: "
+        "each layout's latencies as its requests see them (instead of --batch or --rate)",
+        kind=Kind.COUNT,
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         overrides = MappingProxyType(dict(self.hardware_overrides or {}))
@@ -539,6 +549,23 @@ class ServeRequest:
                     f"batch={batch} and rate={rate:g}: at a request rate the batch is the "
                     f"sequences in flight; give one of them",
                     param="batch",
+                )
+        clients = self.clients
+        if clients is not None:
+            if not is_int(clients, 1):
+                raise PlanError(
+                    f"clients={clients!r}: clients in a closed loop, a positive whole number",
+                    param="clients",
+                )
+            other = next(
+                (f"{k}={v:g}" for k, v in (("batch", batch), ("rate", rate)) if v is not None),
+                None,
+            )
+            if other is not None:
+                raise PlanError(
+                    f"clients={clients} and {other}: a closed loop's batch is its clients and "
+                    f"its rate what they send; give one of them",
+                    param="clients",
                 )
         hw = self.device
         if self.compiler not in (None, CPU_TARGET.name, hw.name):

@@ -60,19 +60,21 @@ def render_serve(result: ServeResult, *, top: int | None = None, caption: bool =
         f"{result.prompt}, output {result.output}, context {result.context}, {result.weights} "
         f"weights, {result.cache} cache"
         + (f", {result.rate:g} requests/s" if result.rate else "")
+        + (f", {result.clients} clients in a closed loop" if result.clients else "")
         + (f", at most {format_seconds(result.latency)} per token" if result.latency else "")
         + (f", busiest expert {result.imbalance:g}x its share" if result.imbalance > 1 else "")
         + (", each token once to each device of its experts" if result.dispatch_once else "")
     )
     kv = any(p.kv_replicas > 1 for p in shown)
     at_rate = result.rate is not None
+    loaded = at_rate or result.clients is not None
     order = "fastest per token first" if at_rate else "best throughput per chip first"
     text = (
         f"{len(result.plans)} {'plan fits' if len(result.plans) == 1 else 'plans fit'}; "
         f"{len(shown)} shown, {order}. * the "
         + (
             "front of the times per token and to the first"
-            if at_rate
+            if loaded
             else "latency-throughput front"
         )
         + ". Per token: the decode step's traffic through HBM "
@@ -93,6 +95,16 @@ def render_serve(result: ServeResult, *, top: int | None = None, caption: bool =
             else ""
         )
         + (
+            f" Under {result.clients} clients in a closed loop, each sending its next request "
+            f"when its last one ends: per token and first token as their requests see them, "
+            f"a new one waiting for the iteration under way and the prompts before it, then "
+            f"prefilled beside the running sequences; each cache read at its mean length "
+            f"(the prompt and half the output); in flight: the sequences the cache holds "
+            f"(clients beyond them wait for a place)."
+            if result.clients is not None
+            else ""
+        )
+        + (
             " kv heads: each key/value head held by that many devices (tensor parallelism "
             "wider than the heads)."
             if kv
@@ -100,7 +112,7 @@ def render_serve(result: ServeResult, *, top: int | None = None, caption: bool =
         )
     )
     return rich_table(
-        serve_columns(kv, at_rate), shown, title=title, caption=text if caption else None
+        serve_columns(kv, loaded), shown, title=title, caption=text if caption else None
     )
 
 

@@ -91,23 +91,7 @@ def under_load(
 
     def times(n: float) -> tuple[float, float] | None:
         """The time per output token and to the first token with ``n`` in flight."""
-        beside = n * sequence_s  # what the others in flight add to an iteration
-        decode = floor + sequence_s + beside  # the sequence's own, and theirs
-        mixed = prefill_s + sequence_s + beside  # a prefill beside the sequence and them
-        if prefills * mixed >= 1:
-            return None
-        token = decode / (1 - prefills * (mixed - decode))
-        # A new prompt waits for the iteration under way, then for the prompts queued
-        # before it (prefills go first: the non-preemptive priority queue's W = R / (1 -
-        # rho)), then prefills beside the sequences in flight. R, the mean residual of the
-        # iteration under way at a random moment: each iteration's T^2 / 2 over the time,
-        # prefills a share rho of it, decode steps of the n in flight the rest of the time
-        # the replica is busy.
-        arriving = prefill_s + beside
-        rho = prefills * arriving
-        busy = 1 - math.exp(-n)
-        residual = rho * arriving / 2 + max(0.0, busy - rho) * (floor + beside) / 2
-        return token, residual / (1 - rho) + arriving
+        return _latencies(n, prefills, floor, sequence_s, prefill_s, 1 - math.exp(-n), 0.5)
 
     def excess(n: float) -> float | None:
         """Little's law's arrivals times stay, less ``n`` (None: not sustained there)."""
@@ -147,3 +131,105 @@ def under_load(
     got = times(hi)
     assert got is not None
     return Load(got[0], got[1], hi)
+
+
+def _latencies(
+    n: float,
+    prefills: float,
+    floor: float,
+    sequence_s: float,
+    prefill_s: float,
+    busy: float,
+    waited: float,
+) -> tuple[float, float] | None:
+    """The time per output token and to the first token a sequence sees with ``n`` others
+    in flight and ``prefills`` prompts a second prefilled beside it (None: they fill the
+    replica's time); ``floor`` is the decode step of no sequence, ``sequence_s`` what each
+    adds, ``prefill_s`` a prompt's prefill alone; a new prompt finds the replica running
+    an iteration with chance ``busy``, and waits for the share ``waited`` of it (a half,
+    on average, arriving at a random moment)."""
+    beside = n * sequence_s  # what the others in flight add to an iteration
+    decode = floor + sequence_s + beside  # the sequence's own, and theirs
+    mixed = prefill_s + sequence_s + beside  # a prefill beside the sequence and them
+    if prefills * mixed >= 1:
+        return None
+    token = decode / (1 - prefills * (mixed - decode))
+    # A new prompt waits for the iteration under way, then for the prompts queued before
+    # it (prefills go first: the non-preemptive priority queue's W = R / (1 - rho)), then
+    # prefills beside the sequences in flight. R, the mean residual of the iteration under
+    # way (arriving at a random moment, each iteration's T^2 / 2 over the time): prefills
+    # a share rho of the time, decode steps of the n in flight the rest of it the replica
+    # is busy.
+    arriving = prefill_s + beside
+    rho = prefills * arriving
+    residual = (rho * arriving + max(0.0, busy - rho) * (floor + beside)) * waited
+    return token, residual / (1 - rho) + arriving
+
+
+def closed_loop(
+    *,
+    clients: float,
+    output: int,
+    decode_s: float,
+    sequences: int,
+    sequence_s: float,
+    prefill_s: float,
+    lockstep: int = 1,
+) -> Load:
+    """A replica's :class:`Load` under ``clients`` in a closed loop, each sending its next
+    request as soon as its last one ends (as ``vllm bench serve --max-concurrency`` and
+    NIM's and LMDeploy's benchmarks drive a server): every client's request is in flight
+    all the time, and each request's life (its ``cycle``: its first token, then ``output -
+    1`` more) holds one prefill of every other client. By the arrival theorem of closed
+    queueing networks (mean-value analysis: Reiser and Lavenberg, J. ACM 27(2), 1980), a
+    request arrives to find the others as they are at a random moment: ``clients - 1`` in
+    flight, whose prompts come ``clients - 1`` a cycle; its latencies are
+    :func:`under_load`'s at that rate of prefills with those sequences beside it, and the
+    cycle is the fixed point of ``cycle = first token + (output - 1) x per token``. Unlike
+    a random arrival, a request comes as the iteration after its predecessor's last token
+    begins (the client reads that token, then sends): it waits for the whole iteration
+    under way, where there are others to run one.
+    ``lockstep``: the replicas whose layers run together (over ``expert``), each stalling
+    for all their clients' prefills. The other arguments are :func:`under_load`'s.
+
+    A lone client waits for nothing and is stretched by no other prompt:
+
+    >>> one = closed_loop(clients=1, output=101, decode_s=0.01, sequences=1,
+    ...                   sequence_s=0.0, prefill_s=0.05)
+    >>> one.token_s, one.first_token_s, one.in_flight
+    (0.01, 0.05, 1.0)
+    """
+    if not (math.isfinite(clients) and clients >= 1):
+        raise ValueError(f"clients={clients!r}: a closed loop has at least one client")
+    floor = decode_s - sequences * sequence_s
+    others = clients - 1
+
+    def times(cycle: float) -> tuple[float, float] | None:
+        prefills = (clients * lockstep - 1) / cycle
+        return _latencies(others, prefills, floor, sequence_s, prefill_s, busy, 1.0)
+
+    def stay(got: tuple[float, float]) -> float:
+        return got[1] + (output - 1) * got[0]
+
+    # A shorter cycle brings the others' prompts more often and stretches the request's
+    # life: the cycle that is its own request's life is found by bisection, above the life
+    # with no other prompt (or the cycle in which the prompts fill the replica's time).
+    busy = min(1.0, others)  # the others' iterations run back to back
+    alone = _latencies(others, 0.0, floor, sequence_s, prefill_s, busy, 1.0)
+    assert alone is not None
+    lo = stay(alone)
+    hi = 2 * lo
+    while (got := times(hi)) is None or stay(got) > hi:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        got = times(mid)
+        if got is None or stay(got) > mid:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * hi:
+            break
+    got = times(hi)
+    assert got is not None
+    return Load(got[0], got[1], float(clients))

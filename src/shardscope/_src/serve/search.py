@@ -12,7 +12,9 @@ batch that does not fit once compiled gives way to the largest its program would
 
 At a request rate (``rate``) each layout is planned at the sequences its replicas hold in
 flight, and its times are those its requests see with prefills batched in flight
-(:mod:`~shardscope._src.serve.online`).
+(:mod:`~shardscope._src.serve.online`); under clients in a closed loop (``clients``), at
+those clients' sequences (as many as its cache holds: the rest wait for a place), and its
+times those of :func:`~shardscope._src.serve.online.closed_loop`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from shardscope._src.serve.estimate import (
     largest_batch,
 )
 from shardscope._src.serve.layouts import layouts_for, looked_up_bytes
-from shardscope._src.serve.online import Load, poisson_quantile, under_load
+from shardscope._src.serve.online import Load, closed_loop, poisson_quantile, under_load
 from shardscope._src.serve.types import Layout, ServePlan, ServeResult
 from shardscope._src.targets.hardware import Hardware
 
@@ -100,14 +102,18 @@ def serve_request(request: ServeRequest) -> ServeResult:
         config = replace(config, dispatch_once=request.dispatch_once)
     hw, ctx, rate = request.device, request.context_tokens, request.rate
     prompt, weights, cache = request.prompt, request.weights, request.cache
-    online = (
-        None
-        if rate is None
-        else _Online(rate, config, hw, request.devices, prompt, request.output, ctx, weights, cache)
-    )
+    setting = (config, hw, request.devices, prompt, request.output, ctx, weights, cache)
+    online: _Online | _Closed | None = None
+    if rate is not None:
+        online = _Online(rate, *setting)
+    elif request.clients is not None:
+        # a closed loop's sequences are at every point of their lives alike: a decode step
+        # reads each cache at its mean length, the prompt and half the output
+        mean = prompt + (request.output + 1) // 2
+        online = _Closed(request.clients, *setting[:5], mean, *setting[6:])
     fitting = _estimated(request, config, hw, online)
-    # at a rate, the latency is met (or not) by the times the load gives
-    per_token = None if rate is not None else request.latency
+    # under load, the latency is met (or not) by the times the load gives
+    per_token = None if online is not None else request.latency
     fitting = _meeting(fitting, per_token)
     if request.compile_target is not None and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
         fitting = _compiled(request, config, hw, fitting, per_token, online)
@@ -127,18 +133,19 @@ def serve_request(request: ServeRequest) -> ServeResult:
         weights=weights,
         cache=cache,
         latency=request.latency,
-        plans=_ranked(fitting, at_rate=rate is not None),
+        plans=_ranked(fitting, at_rate=online is not None),
         imbalance=config.imbalance,
         dispatch_once=config.dispatch_once,
         rate=rate,
+        clients=request.clients,
     )
 
 
 def _estimated(
-    request: ServeRequest, config: ModelConfig, hw: Hardware, online: _Online | None
+    request: ServeRequest, config: ModelConfig, hw: Hardware, online: _Online | _Closed | None
 ) -> list[ServePlan]:
     """The estimated plans that fit: each layout's at every batch that fits (or at the
-    request's), or at a rate the one that holds its sequences in flight."""
+    request's), or under load the one that holds its sequences in flight."""
     devices, batch, prompt = request.devices, request.batch, request.prompt
     ctx, weights, cache = request.context_tokens, request.weights, request.cache
     layouts = layouts_for(config, devices)
@@ -180,7 +187,7 @@ def _compiled(
     hw: Hardware,
     fitting: list[ServePlan],
     per_token: float | None,
-    online: _Online | None,
+    online: _Online | _Closed | None,
 ) -> list[ServePlan]:
     """``fitting`` with the best of each layout compiled, and the leaders while an estimate
     ranks first (:func:`_compile_best`, :func:`_compile_leaders`): those that fit once
@@ -194,7 +201,7 @@ def _compiled(
         prompt,
         weights,
         cache,
-        fixed=batch is not None or request.rate is not None,
+        fixed=batch is not None or online is not None,
     )
     fitting = [p for p in fitting if p.fits]
     fitting = _compile_leaders(fitting, prefills, config, hw, prompt, weights, cache, per_token)
@@ -258,19 +265,9 @@ class _Online:
         return holds(c.config, layout, layout.replicas, c.prompt, c.context, c.weights, c.cache)
 
     def sequence_s(self, plan: ServePlan) -> float:
-        """What one more sequence a replica adds to ``plan``'s decode step: its cache read
-        through HBM; on a compiled plan, at least its share of the program's traffic beyond
-        the weights it reads (its cache and whatever else the program moves for it: float32
-        scores, logits)."""
-        per_replica = plan.batch // plan.replicas
-        hw = self.hw
-        cached = matmul_read_seconds(hw, plan.cache_bytes_per_device / per_replica)
-        if plan.step_source is StepSource.ESTIMATED:
-            return cached
-        looked_up = looked_up_bytes(self.config, plan.layout, self.weights)
-        read = matmul_read_seconds(hw, plan.weight_bytes_per_device - looked_up)
-        beyond = plan.decode_memory_s - read
-        return max(cached, beyond / per_replica)
+        """What one more sequence a replica adds to ``plan``'s decode step
+        (:func:`_sequence_s`)."""
+        return _sequence_s(self.config, self.hw, self.weights, plan)
 
     def load(self, plan: ServePlan, rate: float | None = None) -> Load | None:
         """``plan``'s replica at its share of ``rate`` (default: the rate planned): its
@@ -427,6 +424,104 @@ class _Online:
                 f"of {format_bytes(plan.memory_limit_bytes)}"
             )
         return None
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """Serving ``clients`` in a closed loop (:func:`~shardscope._src.serve.online.
+    closed_loop`), spread evenly over a layout's replicas: the clients, and what planning a
+    layout under them needs; ``context`` the tokens a sequence's cache holds on average
+    (the plans are planned there: a server that pages its cache holds what its sequences
+    hold, and they are at every point of their lives alike)."""
+
+    clients: int
+    config: ModelConfig
+    hw: Hardware
+    devices: int
+    prompt: int
+    output: int
+    context: int
+    weights: str
+    cache: str
+
+    def plan(self, layout: Layout) -> ServePlan | None:
+        """The layout's plan (estimated) at a batch of its clients (each replica its share,
+        rounded up), or the most its cache holds, the other clients waiting for a place;
+        None where a replica holds no sequence."""
+        c, r = self, layout.replicas
+        per_replica = -(-self.clients // r)
+        most = largest_batch(c.config, c.hw, layout, c.prompt, c.context, c.weights, c.cache)
+        k = min(per_replica, most // r)
+        if k < 1:
+            return None
+        return estimate_plan(c.config, c.hw, layout, k * r, c.prompt, c.context, c.weights, c.cache)
+
+    def loaded(self, plan: ServePlan) -> ServePlan:
+        """``plan`` under the clients: its time per output token and to the first token as
+        their requests see them (a client its cache has no place for waits, in its first
+        token, for one: the clients beyond the places cycle through them), its throughput
+        per chip the tokens they receive."""
+        r = plan.replicas
+        share, places = self.clients / r, plan.batch // r
+        held = min(share, places)  # a replica's clients with a place (fewer than one: it
+        # serves one at a time, idle between them)
+        load = closed_loop(
+            clients=max(1.0, held),
+            output=self.output,
+            decode_s=plan.decode_step_s,
+            sequences=places,
+            sequence_s=_sequence_s(self.config, self.hw, self.weights, plan),
+            prefill_s=plan.first_token_s,
+            lockstep=r if plan.expert_parallel > 1 else 1,
+        )
+        stay = load.first_token_s + (self.output - 1) * load.token_s
+        # each place serves a request a stay: the clients beyond the places wait their turn
+        waited = (share - held) * stay / held
+        return replace(
+            plan,
+            decode_step_s=load.token_s,
+            first_token_s=waited + load.first_token_s,
+            tokens_per_s_per_chip=r * held * self.output / stay / self.devices,
+            in_flight=held * r,
+            decode_iteration_s=plan.decode_step_s,
+            prefill_s=plan.first_token_s,
+        )
+
+    def error(
+        self,
+        compiled: Sequence[ServePlan] = (),
+        refits: Sequence[tuple[ServePlan, ServePlan]] = (),
+    ) -> PlanError:
+        """The error of clients no layout serves: no replica holds one sequence (as
+        estimated), or none that fits once compiled."""
+        c = self
+        head = f"clients={c.clients}: no layout of {c.devices} x {c.hw.name} serves them"
+        if refits:
+            misfit, smaller = max(refits, key=lambda pair: pair[1].batch)
+            return PlanError(
+                f"{head} once compiled by the {c.hw.name} compiler: {misfit.label} holds "
+                f"{format_bytes(misfit.memory_bytes_per_device)} a device of "
+                f"{format_bytes(misfit.memory_limit_bytes)}; its program fits a batch of "
+                f"{smaller.batch}: give clients={smaller.batch} or less, or more devices",
+                param="clients",
+            )
+        text, _ = _no_fit(c.config, c.hw, c.devices, None, c.prompt, c.context, c.weights, c.cache)
+        return PlanError(f"{head}; {text}", param="clients")
+
+
+def _sequence_s(config: ModelConfig, hw: Hardware, weights: str, plan: ServePlan) -> float:
+    """What one more sequence a replica adds to ``plan``'s decode step: its cache read
+    through HBM; on a compiled plan, at least its share of the program's traffic beyond
+    the weights it reads (its cache and whatever else the program moves for it: float32
+    scores, logits)."""
+    per_replica = plan.batch // plan.replicas
+    cached = matmul_read_seconds(hw, plan.cache_bytes_per_device / per_replica)
+    if plan.step_source is StepSource.ESTIMATED:
+        return cached
+    looked_up = looked_up_bytes(config, plan.layout, weights)
+    read = matmul_read_seconds(hw, plan.weight_bytes_per_device - looked_up)
+    beyond = plan.decode_memory_s - read
+    return max(cached, beyond / per_replica)
 
 
 #: Why a replica does not sustain a rate, where its time runs out.

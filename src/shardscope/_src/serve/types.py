@@ -198,6 +198,9 @@ class ServeResult(Record):
     dispatch_once: bool = False
     #: requests a second arriving at the devices (None: each plan at its batch)
     rate: float | None = None
+    #: clients in a closed loop, each sending its next request when its last one ends
+    #: (None: each plan at its batch, or at the rate)
+    clients: int | None = None
 
     @property
     def best(self) -> ServePlan:
