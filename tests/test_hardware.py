@@ -35,9 +35,15 @@ def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
         (("h100",), {"peak_flops": float("inf")}, "must be a finite positive number"),
         (("h100",), {"kernel_launch_s": float("nan")}, "must be 0 or a finite positive"),
         (("h100",), {"kernel_launch_s": -1e-6}, "must be 0 or a finite positive"),
+        # microseconds given as seconds: above a small model's whole decode step
+        (("h100",), {"kernel_launch_s": 5.0}, r"kernel_launch_s=5.0 .* at most 0.001"),
         (("h100",), {"hbm_fraction": 1.2}, "hbm_fraction=1.2 is a fraction of the bandwidth"),
     ],
 )
 def test_bad_presets(args, kw, words):
     with pytest.raises(ValueError, match=words):
         hardware(*args, **kw)
+
+
+def test_a_launch_of_a_millisecond_is_still_taken():
+    assert hardware("h100", kernel_launch_s=1e-3).kernel_launch_s == 1e-3

@@ -319,6 +319,12 @@ PRESETS: dict[str, Hardware] = {
 }
 
 
+#: The most a kernel's launch may be set to: a millisecond, a thousand times XLA's estimate
+#: and more than a small model's whole decode step (a 1B model's weights read from an H100's
+#: HBM take under a millisecond); a value above it is a unit mistaken.
+MAX_KERNEL_LAUNCH_S = 1e-3
+
+
 def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
     """A preset by name (``a100``, ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``,
     ``tpu-v6e``), with any field overridden, e.g. ``hardware("h100", link_bandwidth=370e9)``.
@@ -352,6 +358,13 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
             what = "0 or a finite positive number" if zero_ok else "a finite positive number"
             raise ShardscopeError(f"hardware setting {key}={value!r} must be {what}")
+        if key == "kernel_launch_s" and value > MAX_KERNEL_LAUNCH_S:
+            raise ShardscopeError(
+                f"hardware setting kernel_launch_s={value!r} is a kernel's launch, which costs "
+                f"microseconds (XLA's GPU cost model: 1e-6); above {MAX_KERNEL_LAUNCH_S:g} s "
+                f"it passes a small model's whole decode step: give seconds, at most "
+                f"{MAX_KERNEL_LAUNCH_S:g}"
+            )
         fractions = ("matmul_fraction", "comm_fraction", "fp8_matmul_fraction", "hbm_fraction")
         if key in fractions and value > 1:
             raise ShardscopeError(
