@@ -144,6 +144,15 @@ HELD_OUT = (
 )  # fmt: skip
 
 
+#: What the serving simulators that publish an error table report, to read beside this one's
+#: (theirs measured on their own runs, against models profiled on the GPU they predict).
+PEERS = (
+    "Vidur (Agrawal et al., MLSys 2024, arXiv 2405.05465): request latency under 9% error "
+    "against vLLM and Sarathi-Serve runs on A100 and H100, each model's operators profiled "
+    "on that GPU first",
+)
+
+
 @functools.cache
 def _plan(run: Run, compiler: str | None) -> ServePlan:
     """The plan of ``run``'s layout under its load, planned once for both of its metrics."""
@@ -202,6 +211,9 @@ def main() -> None:
     args = parser.parse_args()
     judge("calibration rows (CALIBRATION.md sets 4 and 5):", CALIBRATION, args.compiler)
     judge("held-out runs (judged, not calibrated on):", HELD_OUT, args.compiler)
+    print("published by peers, for comparison:")
+    for line in PEERS:
+        print(f"  {line}")
 
 
 if __name__ == "__main__":
