@@ -233,6 +233,22 @@ def test_a_fused_scope_is_one_kernel_that_moves_only_what_crosses_its_boundary()
     assert kernel_costs(m, scope="attention_cor") == kernel_costs(m)
 
 
+def test_a_softmax_left_as_a_chain_of_nameless_kernels_is_in_the_fused_core():
+    m = parse_hlo(
+        (Path(__file__).parent / "fixtures/hlo_handwritten/softmax_chain.hlo").read_text()
+    )
+    q = kv = o = 4 * 16 * 32 * 2  # bf16 [4, 16, 32]
+    flops = 2 * (2 * 4 * 16 * 16 * 32)  # the scores' matmul and the weighted values'
+    # the maximum, its negation and the sum read the scores (or each other) and only the
+    # core reads their results: one kernel that reads q, the keys and values once and
+    # writes the output; the scores (f32 [4, 16, 16]) never leave the chip
+    assert kernel_costs(m, scope="attention_core") == {
+        Kernel(Cost(flops, q + kv + o, q + kv + o), fused=True): 1,
+        Kernel(Cost(0, o + q + o)): 1,
+    }
+    assert program_kernels(m) == 7  # kernel by kernel: both matmuls, the four fusions, the add
+
+
 def test_a_fused_scope_is_what_passes_results_within_it_and_prices_others_on_their_own():
     m = parse_hlo((Path(__file__).parent / "fixtures/hlo_handwritten/scope_cases.hlo").read_text())
     whole, half = 64 * 64 * 4, 32 * 64 * 4  # f32 [64, 64] and [32, 64]

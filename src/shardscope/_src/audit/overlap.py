@@ -226,8 +226,9 @@ class _Walk:
         used outside it (the computation's result included). In it: the
         :func:`~shardscope._src.hlo.cost.fusible` ones whose JAX op name has it as a
         segment; one that only renames another's result (a bitcast, a tuple's element)
-        where that is in it; and one the compiler made without an op name (a softmax's
-        reduction) that reads from it and whose results only it uses."""
+        where that is in it; and those the compiler made without an op name (a softmax's
+        reductions) that read from it, directly or through one another, and whose results
+        only it and they use."""
         if self.scope is None:
             return set(), set()
         mark = f"/{self.scope}/"
@@ -247,18 +248,35 @@ class _Walk:
                 users.setdefault(op, []).append(ins.name)
         renames = [i for i in comp.instructions if i.opcode in FREE and len(i.operands) == 1]
         root = comp.root
+        # The nameless ones come in chains (a softmax's maximum, then its sum, each reading
+        # the scores and the one before): every nameless instruction or rename that reads,
+        # through others of them, from the scope is a candidate, and candidates are struck
+        # off while any has a result used outside the scope and the candidates left (the
+        # greatest such set: a chain joins whole or not at all).
+        candidates: set[str] = set()
+        grown = True
+        while grown:
+            before = len(candidates)
+            for ins in (*renames, *nameless):
+                if ins.name in inside or ins.name in candidates or ins is root:
+                    continue
+                if any(op in inside or op in candidates for op in ins.operands):
+                    candidates.add(ins.name)
+            grown = len(candidates) > before
+        struck = True
+        while struck:
+            struck = False
+            for name in sorted(candidates):
+                outside = users.get(name, [])
+                if not outside or any(u not in inside and u not in candidates for u in outside):
+                    candidates.discard(name)
+                    struck = True
+        inside |= candidates
         grown = True
         while grown:
             before = len(inside)
             for ins in renames:
                 if ins.operands[0] in inside:
-                    inside.add(ins.name)
-            for ins in nameless:
-                if ins.name in inside or ins is root or not users.get(ins.name):
-                    continue
-                if any(op in inside for op in ins.operands) and all(
-                    u in inside for u in users[ins.name]
-                ):
                     inside.add(ins.name)
             grown = len(inside) > before
         used: set[str] = set()
