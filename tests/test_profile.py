@@ -99,6 +99,8 @@ def test_the_scanned_step_runs_its_collective_once_a_trip(profiled):
     (c,) = p.collectives
     assert (c.kind, c.axes, c.count) == ("all-reduce", "data", TRIPS)
     assert c.events == TRIPS * STEPS * DEVICES
+    # synchronous, and the loop's event encloses it without being compute: mostly exposed
+    assert c.exposed_s > 0.5 * c.time_s
 
 
 def test_the_explicit_program_joins_through_the_command_line(explicit_cli):

@@ -77,6 +77,10 @@ if TYPE_CHECKING:
     from shardscope._src.program.program import plan_program_request as plan_program_request
     from shardscope._src.render.audit import render_audit as render_audit
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
+    from shardscope._src.render.profile import render_profile as render_profile
+    from shardscope._src.render.profile_plot import (
+        plot_profile_timeline as plot_profile_timeline,
+    )
     from shardscope._src.serve.search import serve as serve
     from shardscope._src.serve.search import serve_request as serve_request
     from shardscope._src.serve.types import ServePlan as ServePlan
@@ -195,6 +199,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Plan": ("shardscope._src.train.types", "Plan"),
     "PlanResult": ("shardscope._src.train.types", "PlanResult"),
     "render_audit": ("shardscope._src.render.audit", "render_audit"),
+    "render_profile": ("shardscope._src.render.profile", "render_profile"),
+    "plot_profile_timeline": ("shardscope._src.render.profile_plot", "plot_profile_timeline"),
     "plot_device_bytes": ("shardscope._src.render.plots", "plot_device_bytes"),
     "compare_numerics": ("shardscope._src.sharding.numerics", "compare_numerics"),
     "logical_to_spec": ("shardscope._src.sharding.rules", "logical_to_spec"),

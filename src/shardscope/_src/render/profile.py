@@ -69,7 +69,7 @@ COLLECTIVE_COLUMNS: tuple[Column[MeasuredCollective], ...] = (
     _figure("predicted", lambda c: _s(c.predicted_s)),
     _figure("exposed\n(measured)", lambda c: _exposed(c.exposed_s, c.time_s)),
     _figure("exposed\n(predicted)", lambda c: _s(c.predicted_exposed_s)),
-    Column("source", lambda c: _short(c.source), fold=True),
+    Column("source", lambda c: _short(c.source), no_wrap=True),
     Column("HLO", lambda c: c.name, fold=True),
 )
 
