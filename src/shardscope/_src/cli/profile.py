@@ -17,7 +17,7 @@ from shardscope._src.cli.paths import check_output_paths, print_written
 from shardscope._src.profile.records import Profile
 from shardscope._src.profile.run import profile_program, profile_program_trace, profile_trace
 from shardscope._src.render.console import output_console
-from shardscope._src.render.profile import render_profile
+from shardscope._src.render.profile import profile_width, render_profile
 from shardscope._src.render.profile_plot import plot_profile_timeline
 from shardscope._src.sharding.rules import load_rules_file
 
@@ -56,7 +56,7 @@ def check_profile(c: ProfileConfig) -> None:
 def profile_command(c: ProfileConfig) -> int:
     result = run_profile(c)
     if c.json != STDOUT:
-        console = output_console()
+        console = output_console(piped_width=profile_width(result, by_scope=c.by_scope))
         render_profile(result, console=console, by_scope=c.by_scope)
     written: list[Path | None] = []
     if c.png is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from shardscope._src.base.comm import format_seconds
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.render.columns import Alarm, Column, rich_table
-from shardscope._src.render.console import output_console
+from shardscope._src.render.console import natural_width, output_console
 
 if TYPE_CHECKING:
     from shardscope._src.profile.records import (
@@ -137,9 +137,8 @@ def coverage_line(p: Profile) -> str:
     return line
 
 
-def render_profile(p: Profile, *, console: Any = None, by_scope: bool = False) -> None:
-    """Prints the profile's tables: per collective (or per scope), the step, the coverage."""
-    console = console or output_console()
+def _main_table(p: Profile, by_scope: bool) -> Any:
+    """The profile's first table: per collective, or per scope."""
     where = f"{p.program} on {format_mesh_spec(p.mesh_axes)} ({p.backend})"
     if by_scope:
         table = rich_table(SCOPE_COLUMNS, p.by_scope(), title=f"{where}: per step, by scope")
@@ -151,7 +150,18 @@ def render_profile(p: Profile, *, console: Any = None, by_scope: bool = False) -
             "predicted: '-' where nothing is priced (the CPU backend has no hardware preset; "
             "give hardware='h100' or --hardware to price on one)"
         )
-    console.print(table)
+    return table
+
+
+def profile_width(p: Profile, *, by_scope: bool = False) -> int:
+    """The columns the profile's tables take unsqueezed (a pipe's or a log's width)."""
+    return natural_width(_main_table(p, by_scope))
+
+
+def render_profile(p: Profile, *, console: Any = None, by_scope: bool = False) -> None:
+    """Prints the profile's tables: per collective (or per scope), the step, the coverage."""
+    console = console or output_console(piped_width=profile_width(p, by_scope=by_scope))
+    console.print(_main_table(p, by_scope))
     console.print(step_table(p))
     console.print(coverage_line(p), highlight=False, markup=False)
 
