@@ -32,6 +32,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "model/config.py": [("plan",)],
     "model/serving.py": [("plan",)],
     "program/program.py": [("plan",)],
+    "profile/run.py": [("profile",)],
     "train/candidates.py": [("plan",)],
     "plan/estimates.py": [("plan",)],
     "plan/request.py": [("plan",)],

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from shardscope._src.base.errors import MissingMeshError as MissingMeshError
     from shardscope._src.base.errors import ModelConfigError as ModelConfigError
     from shardscope._src.base.errors import PlanError as PlanError
+    from shardscope._src.base.errors import ProfileError as ProfileError
     from shardscope._src.base.errors import ProgramError as ProgramError
     from shardscope._src.base.errors import RecordError as RecordError
     from shardscope._src.base.errors import RulesError as RulesError
@@ -67,12 +68,19 @@ if TYPE_CHECKING:
     from shardscope._src.plan.request import ProgramRequest as ProgramRequest
     from shardscope._src.plan.request import ServeRequest as ServeRequest
     from shardscope._src.plan.request import SuggestRequest as SuggestRequest
+    from shardscope._src.profile.records import Profile as Profile
+    from shardscope._src.profile.run import profile as profile
+    from shardscope._src.profile.run import profile_trace as profile_trace
     from shardscope._src.program.program import ProgramPlan as ProgramPlan
     from shardscope._src.program.program import ProgramPlanResult as ProgramPlanResult
     from shardscope._src.program.program import plan_program as plan_program
     from shardscope._src.program.program import plan_program_request as plan_program_request
     from shardscope._src.render.audit import render_audit as render_audit
     from shardscope._src.render.plots import plot_device_bytes as plot_device_bytes
+    from shardscope._src.render.profile import render_profile as render_profile
+    from shardscope._src.render.profile_plot import (
+        plot_profile_timeline as plot_profile_timeline,
+    )
     from shardscope._src.serve.search import serve as serve
     from shardscope._src.serve.search import serve_request as serve_request
     from shardscope._src.serve.types import ServePlan as ServePlan
@@ -136,6 +144,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "MissingMeshError": ("shardscope._src.base.errors", "MissingMeshError"),
     "ModelConfigError": ("shardscope._src.base.errors", "ModelConfigError"),
     "PlanError": ("shardscope._src.base.errors", "PlanError"),
+    "ProfileError": ("shardscope._src.base.errors", "ProfileError"),
     "ProgramError": ("shardscope._src.base.errors", "ProgramError"),
     "RecordError": ("shardscope._src.base.errors", "RecordError"),
     "RulesError": ("shardscope._src.base.errors", "RulesError"),
@@ -166,6 +175,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ModelConfig": ("shardscope._src.model.config", "ModelConfig"),
     "Remat": ("shardscope._src.model.config", "Remat"),
     "MODEL_PRESETS": ("shardscope._src.model.presets", "MODEL_PRESETS"),
+    "Profile": ("shardscope._src.profile.records", "Profile"),
+    "profile": ("shardscope._src.profile.run", "profile"),
+    "profile_trace": ("shardscope._src.profile.run", "profile_trace"),
     "ProgramPlan": ("shardscope._src.program.program", "ProgramPlan"),
     "ProgramPlanResult": ("shardscope._src.program.program", "ProgramPlanResult"),
     "plan_program": ("shardscope._src.program.program", "plan_program"),
@@ -187,6 +199,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Plan": ("shardscope._src.train.types", "Plan"),
     "PlanResult": ("shardscope._src.train.types", "PlanResult"),
     "render_audit": ("shardscope._src.render.audit", "render_audit"),
+    "render_profile": ("shardscope._src.render.profile", "render_profile"),
+    "plot_profile_timeline": ("shardscope._src.render.profile_plot", "plot_profile_timeline"),
     "plot_device_bytes": ("shardscope._src.render.plots", "plot_device_bytes"),
     "compare_numerics": ("shardscope._src.sharding.numerics", "compare_numerics"),
     "logical_to_spec": ("shardscope._src.sharding.rules", "logical_to_spec"),

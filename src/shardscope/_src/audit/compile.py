@@ -60,7 +60,7 @@ from shardscope._src.mesh import (
     mesh_axes,
     parse_mesh_spec,
 )
-from shardscope._src.sharding.rules import rules_for_mesh
+from shardscope._src.sharding.rules import Rules, rules_for_mesh
 from shardscope._src.targets.devices import target_of_device
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import check_mesh_target, target_mesh
@@ -309,6 +309,18 @@ def audit_program(
         RulesError: rules that are not pairs, name an axis the mesh lacks or cannot be read,
             or several sets and no ``rule_set`` naming one of them.
     """
+    mesh, pairs = step_mesh(make_step, mesh, rules, rule_set, axis_types, target)
+    name = where or getattr(make_step, "__qualname__", None) or "make_step"
+    stage = lower_step(make_step, mesh, pairs, where=name)
+    return audit(stage, mesh=mesh, target=None)
+
+
+def step_mesh(
+    make_step: Any, mesh: Any, rules: Any, rule_set: str | None, axis_types: Any, target: Any
+) -> tuple[Any, Rules]:
+    """The mesh ``make_step`` is given (``mesh`` itself, or built from a description of the
+    first devices or of ``target``'s compile-only ones) and the logical-axis rules in force,
+    as :func:`audit_program` takes them."""
     # The rules are checked against the mesh's axes before any device is asked for.
     described = isinstance(mesh, str | Mapping)
     names = tuple(parse_mesh_spec(mesh)) if described else tuple(map(str, mesh.axis_names))
@@ -326,9 +338,7 @@ def audit_program(
             f"(its axes are {axis_types_name(mesh)}): drop axis_types or pass a description",
             param="axis_types",
         )
-    name = where or getattr(make_step, "__qualname__", None) or "make_step"
-    stage = lower_step(make_step, mesh, pairs, where=name)
-    return audit(stage, mesh=mesh, target=None)
+    return mesh, pairs
 
 
 def _refuse_options_for_text(

@@ -88,6 +88,11 @@ class ProgramError(ShardscopeError):
     ``make_step`` that does not return ``(step, args)``)."""
 
 
+class ProfileError(ShardscopeError):
+    """A profile that cannot be joined to its program: no trace where one was named, a trace
+    without device events or of another program, or a step that failed to run."""
+
+
 class AuditDiffError(ShardscopeError):
     """Audits that cannot be compared (unreadable, not an audit, another schema version)."""
 

@@ -162,6 +162,27 @@ class DiffConfig(CommandConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProfileConfig(CommandConfig):
+    """``shardscope profile FILE.py:FUNCTION`` and ``profile --trace DIR``."""
+
+    program_ref: str | None
+    mesh: str | None
+    trace: str | None
+    audit: str | None
+    compile_target: str | None  # --target, for the audit of a trace taken elsewhere
+    steps: int
+    warmup: int
+    hardware: str | None
+    trace_dir: str | None
+    json: str | None
+    png: str | None
+    by_scope: bool
+    rules: str | None
+    rule_set: str | None
+    axis_types: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaunchConfig(CommandConfig):
     """``shardscope launch -n P -- SUB-COMMAND ...``."""
 

@@ -31,6 +31,7 @@ from shardscope._src.cli.config import (
     LabConfig,
     LaunchConfig,
     PlanConfig,
+    ProfileConfig,
     ServeConfig,
     ShardConfig,
 )
@@ -121,6 +122,7 @@ _HANDLERS: dict[type[CommandConfig], tuple[tuple[str, str], tuple[str, str] | No
     DiffConfig: (("diff", "diff_command"), ("diff", "check_diff")),
     LaunchConfig: (("main", "_launch_command"), None),
     PlanConfig: (("plan", "plan_command"), ("plan", "check_plan")),
+    ProfileConfig: (("profile", "profile_command"), ("profile", "check_profile")),
     ServeConfig: (("serve", "serve_command"), ("serve", "check_serve")),
     ShardConfig: (("shard", "shard_command"), ("shard", "check_shard")),
 }

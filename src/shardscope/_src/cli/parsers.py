@@ -16,6 +16,7 @@ from shardscope._src.cli.args import (
     PROG,
     Parser,
     add_axis_types_option,
+    nonnegative_int,
     nonnegative_number,
     positive_bytes,
     positive_float,
@@ -34,6 +35,7 @@ from shardscope._src.cli.config import (
     LabConfig,
     LaunchConfig,
     PlanConfig,
+    ProfileConfig,
     ServeConfig,
     ShardConfig,
 )
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_diff_parser(sub)
     _add_launch_parser(sub)
     add_plan_parser(sub)
+    add_profile_parser(sub)
     add_serve_parser(sub)
     add_shard_parser(sub)
     return parser
@@ -402,6 +405,74 @@ def add_diff_parser(sub: argparse._SubParsersAction) -> None:
     )
     diff.add_argument("--json", metavar="FILE", help="also write the diff as JSON ('-': stdout)")
     diff.set_defaults(config=DiffConfig)
+
+
+def add_profile_parser(sub: argparse._SubParsersAction) -> None:
+    prof = sub.add_parser(
+        "profile",
+        help="run your step under JAX's profiler and set each collective's measured time "
+        "beside the audit's prediction (or join a trace taken elsewhere: --trace DIR)",
+        description="Load FILE.py, call FUNCTION(mesh) for the mesh of --mesh, run the jitted "
+        "step it returns on the devices this machine has (after --warmup runs), trace --steps "
+        "runs with jax.profiler and join every collective of the trace to the audit's record "
+        "of it: measured time and exposed time beside predicted, per collective, per scope "
+        "and per step. With --trace DIR, read a trace taken elsewhere and join it to --audit "
+        "FILE (written by 'shardscope audit --json') or to FILE.py:FUNCTION compiled for "
+        "--target.",
+    )
+    prof.add_argument(
+        "program_ref",
+        nargs="?",
+        default=None,
+        metavar="FILE.py:FUNCTION",
+        help="the make_step function (not needed with --trace and --audit)",
+    )
+    prof.add_argument("--mesh", default=None, metavar="SPEC", help="mesh, e.g. 'data=8'")
+    prof.add_argument(
+        "--trace", default=None, metavar="DIR", help="join this trace instead of taking one"
+    )
+    prof.add_argument(
+        "--audit", default=None, metavar="FILE", help="with --trace: the audit (JSON) to join"
+    )
+    prof.add_argument(
+        "--target",
+        dest="compile_target",
+        default=None,
+        choices=list(TARGETS),
+        metavar="TARGET",
+        help="with --trace and FILE.py:FUNCTION: compile it for this target, the devices "
+        f"the trace ran on ({', '.join(TARGETS)})",
+    )
+    prof.add_argument(
+        "--steps", type=positive_int, default=3, metavar="N", help="runs to trace (default 3)"
+    )
+    prof.add_argument(
+        "--warmup",
+        type=nonnegative_int,
+        default=1,
+        metavar="N",
+        help="runs before the trace (default 1)",
+    )
+    prof.add_argument(
+        "--hardware",
+        default=None,
+        choices=list(PRESETS),
+        metavar="NAME",
+        help="price the predictions on this preset (default: the devices' own; none on CPU: "
+        f"{', '.join(PRESETS)})",
+    )
+    prof.add_argument("--trace-dir", default=None, metavar="DIR", help="keep the trace here")
+    prof.add_argument("--json", default=None, metavar="FILE", help="write it as JSON ('-': stdout)")
+    prof.add_argument("--png", default=None, metavar="FILE", help="draw one step's timeline")
+    prof.add_argument(
+        "--by-scope",
+        action="store_true",
+        help="one row per scope, axes and kind (per step) instead of one per collective",
+    )
+    prof.add_argument("--rules", metavar="FILE", help="logical-axis rules (JSON) in force")
+    prof.add_argument("--rule-set", metavar="NAME", help="which rule set of the file")
+    add_axis_types_option(prof)
+    prof.set_defaults(config=ProfileConfig)
 
 
 def add_plan_parser(sub: Any) -> None:

@@ -1034,6 +1034,15 @@ def _program_plan(
     )
 
 
+def compiled_plan(
+    program: CompiledProgram, hw: Hardware, *, name: str = "as compiled"
+) -> ProgramPlan:
+    """The plan :func:`plan_program` makes of one program compiled already (its mesh the
+    audit's, its collectives as compiled): the planner's figures for a program that is not
+    to be compiled again (``shardscope.profile`` sets them beside what a run measured)."""
+    return _program_plan(name, (), dict(program.audit.mesh_axes), (program, {}, 4, ""), hw, None)
+
+
 def _indivisible(error: BaseException) -> bool:
     """Whether ``error`` says a shape the mesh does not divide (the planner's "divisibility";
     anything else a program raises is an "error"): our LayoutError, or JAX's refusal."""
