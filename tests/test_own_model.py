@@ -260,6 +260,19 @@ def test_logical_to_spec_follows_flax_rules():
     assert shardscope.logical_to_spec(("batch",), {"batch": ["data"]}) == P("data")
 
 
+@pytest.mark.parametrize(
+    "rules, words",
+    [
+        ([("batch", 3)], "rule 'batch': mesh axes 3 must be a mesh axis name"),
+        (["batch"], "rule 'batch' is not a pair"),
+        ({"batch": [1, 2]}, r"rule 'batch': mesh axes \[1, 2\]"),
+    ],
+)
+def test_logical_to_spec_refuses_a_rule_it_cannot_read(rules, words):
+    with pytest.raises(shardscope.RulesError, match=words):
+        shardscope.logical_to_spec(("batch",), rules)
+
+
 def test_the_guides_flax_example_runs_as_written(tmp_path):
     out = run_doc_example("docs/guides/own_program.md", "## Your own model", tmp_path)
     max_bytes, all_reduces = out.split("\n")[0].split()

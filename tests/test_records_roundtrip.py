@@ -4,6 +4,7 @@ version load, the live program stays out of the record's data, and the diff read
 import dataclasses
 import json
 import pickle
+import re
 from pathlib import Path
 
 import jax
@@ -215,6 +216,16 @@ def test_a_field_missing_is_named():
     data = json.loads((JSON_FILES / "scan_1d.json").read_text())
     del data["collectives"][0]["traffic_bytes"]
     with pytest.raises(shardscope.RecordError, match="has no 'traffic_bytes' field"):
+        Audit.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "key, value", [("collectives", 3), ("mesh_axes", [8]), ("num_partitions", "eight")]
+)
+def test_a_field_of_another_type_is_named_with_its_value(key, value):
+    data = json.loads((JSON_FILES / "scan_1d.json").read_text())
+    data[key] = value
+    with pytest.raises(shardscope.RecordError, match=re.escape(f"'{key}' field holds {value!r}")):
         Audit.from_dict(data)
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -11,7 +11,7 @@ from shardscope._src.audit.overlap import Exposure, Overlap
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.display import View, show
-from shardscope._src.base.errors import ShardscopeError, is_int
+from shardscope._src.base.errors import RecordError, ShardscopeError, is_int
 from shardscope._src.base.records import Record, field_of, int_tuple, json_value, record_dict
 from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.hlo.groups import AxisRef
@@ -814,39 +814,48 @@ class Audit:
         def need(key: str) -> Any:
             return field_of(data, key, "an audit")
 
-        def shardings(key: str) -> tuple[str, ...] | None:
-            value = data.get(key)
-            return None if value is None else _str_tuple(value)
+        def read(key: str, convert: Callable[[Any], Any], *, required: bool = False) -> Any:
+            """``data[key]`` converted (None where an optional field is absent or null)."""
+            value = need(key) if required else data.get(key)
+            if value is None and not required:
+                return None
+            try:
+                return convert(value)
+            except (TypeError, ValueError, AttributeError, KeyError) as e:
+                shown = repr(value)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                raise RecordError(
+                    f"an audit's {key!r} field holds {shown}, which does not read as one "
+                    f"({type(e).__name__}: {e}); write it again with this shardscope"
+                ) from None
 
-        memory = data.get("memory")
-        flops = data.get("flops")
-        remats = data.get("rematerializations")
         return cls(
-            collectives=tuple(Collective.from_dict(c) for c in need("collectives")),
-            mesh_axes={str(k): int(v) for k, v in need("mesh_axes").items()},
-            num_partitions=int(need("num_partitions")),
-            module_name=str(need("module")),
-            memory=None if memory is None else CompiledMemory.from_dict(memory),
-            flops=None if flops is None else float(flops),
-            in_shardings=shardings("in_shardings"),
-            out_shardings=shardings("out_shardings"),
-            rematerializations=(
-                None if remats is None else tuple(Rematerialization.from_dict(r) for r in remats)
+            collectives=read(
+                "collectives", lambda v: tuple(Collective.from_dict(c) for c in v), required=True
             ),
-            unknown_instructions=tuple(
-                UnknownInstruction.from_dict(u) for u in data.get("unknown_instructions", ())
+            mesh_axes=read(
+                "mesh_axes", lambda v: {str(k): int(n) for k, n in v.items()}, required=True
             ),
-            execution_threads=_str_tuple(data.get("execution_threads", ())),
-            backend=_opt_str(data.get("backend")),
-            target=_opt_str(data.get("target")),
-            hlo_flops=_opt_int(data.get("hlo_flops")),
-            hlo_bytes=_opt_int(data.get("hlo_bytes")),
-            priced_on=_opt_str(data.get("priced_on")),
-            memory_pressure=(
-                None
-                if data.get("memory_pressure") is None
-                else MemoryPressure.from_dict(data["memory_pressure"])
+            num_partitions=read("num_partitions", int, required=True),
+            module_name=read("module", str, required=True),
+            memory=read("memory", CompiledMemory.from_dict),
+            flops=read("flops", float),
+            in_shardings=read("in_shardings", _str_tuple),
+            out_shardings=read("out_shardings", _str_tuple),
+            rematerializations=read(
+                "rematerializations", lambda v: tuple(Rematerialization.from_dict(r) for r in v)
             ),
+            unknown_instructions=read(
+                "unknown_instructions", lambda v: tuple(UnknownInstruction.from_dict(u) for u in v)
+            )
+            or (),
+            execution_threads=read("execution_threads", _str_tuple) or (),
+            backend=read("backend", _opt_str),
+            target=read("target", _opt_str),
+            hlo_flops=read("hlo_flops", _opt_int),
+            hlo_bytes=read("hlo_bytes", _opt_int),
+            priced_on=read("priced_on", _opt_str),
+            memory_pressure=read("memory_pressure", MemoryPressure.from_dict),
         )
 
 

@@ -190,9 +190,21 @@ def logical_to_spec(
 
     >>> logical_to_spec(("batch", "embed"), [("batch", "data"), ("embed", None)])
     P('data', None)
+
+    Raises:
+        RulesError: a rule that is not a pair, or whose mesh axes are not a name, names or
+            None (naming it).
     """
 
-    table = dict(rules.items() if isinstance(rules, Mapping) else rules)
+    pairs = list(rules.items() if isinstance(rules, Mapping) else rules)
+    for pair in pairs:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise RulesError(
+                f"rule {pair!r} is not a pair (logical name, mesh axes); write e.g. "
+                f"('batch', 'data') or ('embed', None)"
+            )
+        _rule_axes(pair[1], f"rule {pair[0]!r}")
+    table = dict(pairs)
     used: set[str] = set()
     entries: list[str | tuple[str, ...] | None] = []
     for name in names:
