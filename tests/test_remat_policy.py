@@ -173,15 +173,19 @@ def test_the_compiled_programs_memory_orders_as_the_policies_keep():
         pytest.skip(f"needs 8 devices, found {jax.device_count()}")
     mesh = jax.make_mesh((8,), ("data",))
 
-    def temp(name):
+    def compiled(name):
         prog = build_reference_program("dp", replace(SMALL, remat=name), mesh, mode="train")
-        return prog.lower().compile().memory_analysis().temp_size_in_bytes
+        c = prog.lower().compile()
+        return c.memory_analysis().temp_size_in_bytes, c.cost_analysis()["flops"]
 
-    # each keeps less than the one before: the attention's projections and the MLP's
-    # down-projection, the query, key and value, the layer's input
-    order = ["maxtext:save_dot_except_mlpwi", "maxtext:save_qkv_proj", "full"]
-    sizes = [temp(name) for name in order]
-    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes), sizes
+    # each keeps less than the one before: the projections' outputs and the attention's,
+    # the projections', the query, key and value, the layer's input
+    order = ["maxtext:minimal_with_context", "maxtext:minimal", "maxtext:save_qkv_proj", "full"]
+    temp, flops = zip(*(compiled(name) for name in order), strict=True)
+    assert list(temp) == sorted(temp, reverse=True) and len(set(temp)) == len(temp), temp
+    # and computes more again: keeping the attention's output (and its log-sum-exp, named
+    # with it) spares the backward the attention's forward
+    assert list(flops) == sorted(flops) and len(set(flops)) == len(flops), flops
 
 
 @pytest.mark.compiler

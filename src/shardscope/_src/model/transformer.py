@@ -390,6 +390,11 @@ def _make_blocked() -> Any:
 
     def fwd(q: Any, k: Any, v: Any, blk: int, gather: Any, keep: Any) -> Any:
         o, lse = _blocked_forward(q, gather(k), gather(v), blk)
+        # The output and its log-sum-exp are what the backward needs beyond the query, key
+        # and value: both named "context" (as Transformer Engine's fused attention names its
+        # output and softmax statistics), so that a policy keeping the context keeps them and
+        # the backward does not run the forward again.
+        o, lse = checkpoint_name(o, "context"), checkpoint_name(lse, "context")
         return o, (q, keep(k), keep(v), o, lse)
 
     run.defvjp(fwd, _blocked_backward)
