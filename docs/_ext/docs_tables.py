@@ -334,3 +334,40 @@ def strategies(names: Iterable[str] | None = None) -> Any:
         s = shardscope.get_strategy(name)
         rows.append((f"`{name}`", s.summary, "yes" if s.twin else ""))
     return markdown(("strategy", "what it does", "shard_map twin"), rows)
+
+
+def remat_policies() -> Any:
+    """Every recomputation policy by name: the decoder's tensors it keeps on the device, those
+    it offloads, those it recomputes, and where its definition comes from."""
+    from shardscope._src.model.remat import POLICY_NAMES, remat_policy
+
+    rows = []
+    for name in POLICY_NAMES:
+        p = remat_policy(name)
+        read = name if p.name == name else f"{name} (read as {p.name})"
+        device, again = ", ".join(p.on_device), ", ".join(p.recomputed) or "-"
+        if p.keeps_everything:  # none, selective: Table 2's activations, named or not
+            device = "every activation the backward reads"
+            again = "-" if p.recomputes_nothing else "the attention scores and probabilities"
+        rows.append((read, device, ", ".join(p.offloaded) or "-", again, p.source))
+    return markdown(("policy", "on the device", "offloaded", "recomputed", "from"), rows)
+
+
+def remat_tensors() -> Any:
+    """The reference decoder's named tensors, what each is, and its elements per token."""
+    from shardscope._src.model.remat import TENSORS
+
+    sizes = {
+        "decoder_layer_input": "h",
+        "pre_self_attention_norm": "h",
+        "query_proj": "heads x head_dim / t",
+        "key_proj": "kv_heads x head_dim / t",
+        "value_proj": "kv_heads x head_dim / t",
+        "context": "heads x head_dim / t",
+        "out_proj": "h",
+        "post_self_attention_norm": "h",
+        "mlpwi": "2 ff / t (SwiGLU), ff / t (GELU)",
+        "mlpwo": "h",
+    }
+    return markdown(("tensor", "what it is", "elements per token"),
+                    [(n, what, sizes[n]) for n, what in TENSORS.items()])  # fmt: skip

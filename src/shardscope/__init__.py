@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from shardscope._src.model.config import ModelConfig as ModelConfig
     from shardscope._src.model.config import Remat as Remat
     from shardscope._src.model.presets import MODEL_PRESETS as MODEL_PRESETS
+    from shardscope._src.model.remat import RematPolicy as RematPolicy
+    from shardscope._src.model.remat import remat_policy as remat_policy
     from shardscope._src.plan.request import PlanRequest as PlanRequest
     from shardscope._src.plan.request import ProgramRequest as ProgramRequest
     from shardscope._src.plan.request import ServeRequest as ServeRequest
@@ -174,6 +176,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Mode": ("shardscope._src.model.config", "Mode"),
     "ModelConfig": ("shardscope._src.model.config", "ModelConfig"),
     "Remat": ("shardscope._src.model.config", "Remat"),
+    "RematPolicy": ("shardscope._src.model.remat", "RematPolicy"),
+    "remat_policy": ("shardscope._src.model.remat", "remat_policy"),
     "MODEL_PRESETS": ("shardscope._src.model.presets", "MODEL_PRESETS"),
     "Profile": ("shardscope._src.profile.records", "Profile"),
     "profile": ("shardscope._src.profile.run", "profile"),

@@ -17,6 +17,7 @@ from typing import Any, Self
 from shardscope._src.cli.args import Flags
 from shardscope._src.cli.distributed import DistributedConfig
 from shardscope._src.cli.options import given
+from shardscope._src.model.remat import split_policies
 from shardscope._src.plan.request import MODEL_DIMS, PlanRequest, ServeRequest
 
 
@@ -315,7 +316,8 @@ class PlanConfig(HardwareOptions):
         ``--model`` is a model given by its shape); ``--strategies`` and ``--remat`` are
         comma-separated lists."""
         given = {f.name: getattr(self, f.name, None) for f in fields(PlanRequest)}
-        given.update(strategies=_names(self.strategies), remat=_names(self.remat))
+        remat = None if self.remat is None else split_policies(self.remat)
+        given.update(strategies=_names(self.strategies), remat=remat)
         knobs = {k: v for k, v in given.items() if v is not None and k not in ("model", "devices")}
         return PlanRequest(self.model, self.devices, **knobs)
 

@@ -10,9 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shardscope._src.base.errors import ModelConfigError, is_int
+from shardscope._src.base.errors import ModelConfigError, ShardscopeError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
+from shardscope._src.model.remat import remat_policy
 
 
 class Mode(Vocab):
@@ -36,7 +37,10 @@ MODES: tuple[Mode, ...] = tuple(Mode)
 
 
 class Remat(Vocab):
-    """Activation recomputation in the backward pass."""
+    """Activation recomputation in the backward pass: the five words, each a preset of
+    :class:`~shardscope._src.model.remat.RematPolicy` (where each named tensor is kept); a
+    ``remat`` field also takes MaxText's and JAX's policy names and custom policies
+    (:func:`~shardscope._src.model.remat.remat_policy`)."""
 
     #: every activation kept
     NONE = "none"
@@ -84,7 +88,10 @@ class ModelConfig(Record):
     matrix materialised) or ``"blocked"`` (memory-efficient: keys and values in blocks of
     ``attention_block`` with a running softmax, scores recomputed in the backward pass), and
     ``remat`` is ``"none"``, ``"selective"`` (the attention scores recomputed in the backward
-    pass) or ``"full"`` (each layer's forward recomputed; only its input kept).
+    pass), ``"full"`` (each layer's forward recomputed; only its input kept), another
+    :class:`Remat` word, or a policy by named tensor (``"maxtext:save_qkv_proj"``,
+    ``"custom:query_proj=offload,..."``: :func:`~shardscope._src.model.remat.remat_policy`),
+    kept as its canonical name.
 
     A mixture of experts (``experts`` > 0): after ``dense_layers`` dense layers (MLP of
     ``ff``), each layer's MLP is ``experts`` routed experts of ``expert_ff`` (default ``ff``),
@@ -196,7 +203,12 @@ class ModelConfig(Record):
                 f"each key/value head serves the same number of query heads: choose kv_heads "
                 f"dividing {self.heads}, e.g. kv_heads={_divisor_near(self.heads, self.kv_heads)}"
             )
-        choices = {"dtype": DTYPES, "mlp": MLPS, "attention": ATTENTIONS, "remat": REMATS}
+        try:
+            policy = remat_policy(self.remat)
+        except ShardscopeError as e:
+            raise ModelConfigError(f"model config {e}", param="remat") from None
+        object.__setattr__(self, "remat", policy.name)
+        choices = {"dtype": DTYPES, "mlp": MLPS, "attention": ATTENTIONS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ModelConfigError(

@@ -21,11 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from shardscope._src.model.config import ModelConfig, Remat, param_shapes, split_params
+from shardscope._src.model.config import ModelConfig, param_shapes, split_params
 from shardscope._src.model.fused import fused_gelu as _gelu
 from shardscope._src.model.fused import fused_norm as _norm
 from shardscope._src.model.fused import fused_swiglu as _swiglu
 from shardscope._src.model.moe import moe_capacity, moe_dropless
+from shardscope._src.model.remat import CompiledAs, Place
+from shardscope._src.model.remat import remat_policy as named_policy
 
 # -- parameters and batches ------------------------------------------------------------------
 
@@ -210,15 +212,21 @@ def attention(
     if "wkv_a" in p:
         return latent_attention(p, x, hooks, impl=impl, block=block)
     with jax.named_scope("attention"):
-        h = hooks.enter("attention", _norm(x, hooks.weight("attn_norm", p["attn_norm"])))
+        normed = checkpoint_name(
+            _norm(x, hooks.weight("attn_norm", p["attn_norm"])), "pre_self_attention_norm"
+        )
+        h = hooks.enter("attention", normed)
         qkv = jnp.einsum("bsd,dkgh->bskgh", h, hooks.weight("wqkv", p["wqkv"]))
+        # one matmul, named as a whole (MaxText's fused_qkv) and by part, so that a policy
+        # may keep the three together or each its own way
         qkv = checkpoint_name(qkv, "qkv_proj")
         batch, seq, kv, slots, hd = qkv.shape
         group = slots - 2
-        q = hooks.heads(qkv[:, :, :, :group].reshape(batch, seq, kv * group, hd))
+        q = checkpoint_name(qkv[:, :, :, :group], "query_proj")
+        q = hooks.heads(q.reshape(batch, seq, kv * group, hd))
         q = q.reshape(batch, seq, kv, group, hd)
-        k = hooks.heads(qkv[:, :, :, group])
-        v = hooks.heads(qkv[:, :, :, group + 1])
+        k = hooks.heads(checkpoint_name(qkv[:, :, :, group], "key_proj"))
+        v = hooks.heads(checkpoint_name(qkv[:, :, :, group + 1], "value_proj"))
         if impl == "blocked" and hooks.gathers_weights:
             # Keys and values gathered inside (context parallelism's), so that the backward
             # keeps its shard of them and gathers them again.
@@ -227,9 +235,9 @@ def attention(
             o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block)
         else:
             o = dense_attention(q, hooks.keys(k), hooks.keys(v))
-        o = hooks.heads(o.reshape(batch, seq, kv * group, hd))
+        o = checkpoint_name(hooks.heads(o.reshape(batch, seq, kv * group, hd)), "context")
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
-        return hooks.exit("attention", out)
+        return hooks.exit("attention", checkpoint_name(out, "out_proj"))
 
 
 def latent_attention(
@@ -267,9 +275,9 @@ def latent_attention(
             o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block)
         else:
             o = dense_attention(q, hooks.keys(k), hooks.keys(v))
-        o = hooks.heads(o.reshape(batch, seq, heads, v.shape[-1]))
+        o = checkpoint_name(hooks.heads(o.reshape(batch, seq, heads, v.shape[-1])), "context")
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
-        return hooks.exit("attention", out)
+        return hooks.exit("attention", checkpoint_name(out, "out_proj"))
 
 
 def dense_attention(q: Any, k: Any, v: Any) -> Any:
@@ -382,6 +390,11 @@ def _make_blocked() -> Any:
 
     def fwd(q: Any, k: Any, v: Any, blk: int, gather: Any, keep: Any) -> Any:
         o, lse = _blocked_forward(q, gather(k), gather(v), blk)
+        # The output and its log-sum-exp are what the backward needs beyond the query, key
+        # and value: both named "context" (as Transformer Engine's fused attention names its
+        # output and softmax statistics), so that a policy keeping the context keeps them and
+        # the backward does not run the forward again.
+        o, lse = checkpoint_name(o, "context"), checkpoint_name(lse, "context")
         return o, (q, keep(k), keep(v), o, lse)
 
     run.defvjp(fwd, _blocked_backward)
@@ -419,15 +432,18 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
     output only."""
 
     with jax.named_scope("mlp"):
-        h = hooks.enter("mlp", _norm(x, hooks.weight("mlp_norm", p["mlp_norm"])))
+        normed = checkpoint_name(
+            _norm(x, hooks.weight("mlp_norm", p["mlp_norm"])), "post_self_attention_norm"
+        )
+        h = hooks.enter("mlp", normed)
         if "w_gate_up" in p:
             gu = jnp.einsum("bsd,dtf->bstf", h, hooks.weight("w_gate_up", p["w_gate_up"]))
-            u = hooks.hidden(_swiglu(gu))
+            u = hooks.hidden(_swiglu(checkpoint_name(gu, "mlpwi")))
         else:
             up = jnp.einsum("bsd,df->bsf", h, hooks.weight("w_up", p["w_up"]))
-            u = hooks.hidden(_gelu(up))
+            u = hooks.hidden(_gelu(checkpoint_name(up, "mlpwi")))
         out = jnp.einsum("bsf,fd->bsd", u, hooks.weight("w_down", p["w_down"]))
-        return hooks.exit("mlp", out)
+        return hooks.exit("mlp", checkpoint_name(out, "mlpwo"))
 
 
 def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS) -> Any:
@@ -512,40 +528,41 @@ def decoder_layer(
     return x, {"attention": a, "mlp": m}
 
 
-#: What ``remat="offload"`` moves to host memory, per layer: its input and its query, key and
-#: value projections (MaxText's Llama 3.1 70B recipe; its separate projections are one fused
-#: output here).
-OFFLOADED = ("decoder_layer_input", "qkv_proj")
-
-
 def remat_policy(remat: str, hooks: Hooks = NO_HOOKS) -> Any:
-    """The ``jax.checkpoint`` policy of a recomputation choice: ``"full"`` saves nothing
-    inside a layer (its input is kept by the layer loop), ``"selective"`` everything but the
+    """The ``jax.checkpoint`` policy of a recomputation policy's name (see
+    :func:`~shardscope._src.model.remat.remat_policy`): ``"full"`` saves nothing inside a
+    layer (its input is kept by the layer loop), ``"selective"`` everything but the
     attention scores and probabilities (Korthikanti et al., arXiv 2205.05198, section 5),
     ``"matmuls"`` the outputs of matmuls without batch dimensions (the projections and the
-    MLP; the attention core's batched ones are recomputed), ``"offload"`` the layer's input
-    and its query, key and value projections moved to host memory (:data:`OFFLOADED`)."""
+    MLP; the attention core's batched ones are recomputed), and a policy by named tensor
+    (``"offload"``, MaxText's, custom ones) ``save_and_offload_only_these_names`` of the
+    tensors it keeps on the device and those it moves to host memory
+    (:meth:`~shardscope._src.model.remat.RematPolicy.compiled_names`)."""
 
-    if remat == Remat.OFFLOAD:
-        return jax.checkpoint_policies.save_and_offload_only_these_names(
-            names_which_can_be_saved=[],
-            names_which_can_be_offloaded=list(OFFLOADED),
+    policy = named_policy(remat)
+    cp = jax.checkpoint_policies
+    if policy.compiled_as == CompiledAs.NAMES:
+        return cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(policy.compiled_names(Place.DEVICE)),
+            names_which_can_be_offloaded=list(policy.compiled_names(Place.OFFLOAD)),
             offload_src="device",
             offload_dst="pinned_host",
         )
-    if remat == Remat.FULL:
-        return jax.checkpoint_policies.nothing_saveable
-    if remat == Remat.MATMULS:
-        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    dropped = () if remat == Remat.NONE else ("attention_scores", "attention_probs")
+    if policy.compiled_as == CompiledAs.OFFLOAD_DOTS:
+        return cp.offload_dot_with_no_batch_dims(offload_src="device", offload_dst="pinned_host")
+    if policy.compiled_as == CompiledAs.NOTHING:
+        return cp.nothing_saveable
+    if policy.compiled_as == CompiledAs.DOTS:
+        return cp.dots_with_no_batch_dims_saveable
+    dropped = () if policy.recomputes_nothing else ("attention_scores", "attention_probs")
 
-    def policy(prim: Any, *_: Any, **params: Any) -> bool:
+    def keep(prim: Any, *_: Any, **params: Any) -> bool:
         # Everything is kept but the dropped names and the weights gathered at use.
         if prim.name == "name" and params.get("name") in dropped:
             return False
         return not hooks.gathers(prim, params)
 
-    return policy
+    return keep
 
 
 def forward(
@@ -577,7 +594,7 @@ def forward(
             attention_block=config.attention_block,
         )
 
-    if config.remat != Remat.NONE or hooks.gathers_weights:
+    if not named_policy(config.remat).recomputes_nothing or hooks.gathers_weights:
         layer_step = jax.checkpoint(layer_step, policy=remat_policy(config.remat, hooks))
 
     def body(x: Any, layer: dict[str, Any]) -> tuple[Any, Any]:
@@ -602,7 +619,7 @@ def forward(
         def moe_step(layer: dict[str, Any], x: Any) -> Any:
             return moe_layer(layer, x, config, hooks)
 
-        if config.remat != Remat.NONE or hooks.gathers_weights:
+        if not named_policy(config.remat).recomputes_nothing or hooks.gathers_weights:
             moe_step = jax.checkpoint(moe_step, policy=remat_policy(config.remat, hooks))
 
         def moe_body(x: Any, layer: dict[str, Any]) -> tuple[Any, Any]:

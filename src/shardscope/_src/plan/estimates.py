@@ -58,6 +58,7 @@ from shardscope._src.model.config import (
     attention_shapes,
     param_shapes,
 )
+from shardscope._src.model.remat import remat_policy
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.hardware import Hardware
 
@@ -116,7 +117,7 @@ class MemoryEstimate:
     optimizer: int
     activations: int
     gathered_weights: int
-    #: what lives in host memory: activations offloaded by ``remat="offload"``, and the
+    #: what lives in host memory: activations a recomputation policy offloads, and the
     #: optimizer state when it is offloaded (not in ``total``)
     host: int = 0
     #: the optimizer state is in host memory (``optimizer`` still says how large it is)
@@ -242,7 +243,8 @@ def interleave_problem(
 @dataclass(frozen=True)
 class Schedule(Record):
     """How a train step is run: ``microbatches`` per data shard (gradient accumulation),
-    ``remat`` (``none``, ``selective``, ``full``), pipeline ``stages`` (1F1B) and
+    ``remat`` (a recomputation policy's name: ``none``, ``selective``, ``full``, ...,
+    :func:`~shardscope._src.model.remat.remat_policy`), pipeline ``stages`` (1F1B) and
     ``virtual_stages`` model chunks per device (interleaved 1F1B; 1: plain 1F1B).
 
     Raises:
@@ -373,9 +375,73 @@ def moe_activation_bytes_per_layer(
     return attention + tokens * ((2 * cf_k * c.d_model + hidden) * c.itemsize + 4 * c.experts)
 
 
+def named_tensor_elements(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Each of the decoder's named tensors (:data:`~shardscope._src.model.remat.TENSORS`),
+    per token: ``(whole, split)`` elements, the first on every device of the model axis
+    (split by it only under sequence parallelism: the residual stream, its norms, the sums
+    of the out-projection and the MLP's down-projection over the model axis), the second
+    split by it (the heads, the MLP's hidden).
+
+    The one place a recomputation policy's memory comes from: what it keeps on the device
+    and what it offloads are sums of these (:func:`named_tensor_bytes`). The query, key and
+    value are ``heads x head_dim`` and ``kv_heads x head_dim`` wide (latent attention
+    counted so too); the MLP's up-projections ``2 ff`` (SwiGLU's gate and up) or ``ff``.
+    """
+    c = config
+    assert c.head_dim is not None and c.kv_heads is not None
+    h, q, kv = c.d_model, c.heads * c.head_dim, c.kv_heads * c.head_dim
+    return {
+        "decoder_layer_input": (h, 0),
+        "pre_self_attention_norm": (h, 0),
+        "query_proj": (0, q),
+        "key_proj": (0, kv),
+        "value_proj": (0, kv),
+        "context": (0, q),
+        "out_proj": (h, 0),
+        "post_self_attention_norm": (h, 0),
+        "mlpwi": (0, 2 * c.ff if c.mlp == "swiglu" else c.ff),
+        "mlpwo": (h, 0),
+    }
+
+
+def named_tensor_bytes(placement: Placement, tensors: Sequence[str], microbatches: int = 1) -> int:
+    """One layer's ``tensors`` (named, :func:`named_tensor_elements`) on one device for one
+    micro-batch, at the model's dtype: the device's tokens times their elements, the split
+    ones over the model axis, all of them under sequence parallelism."""
+    c = placement.config
+    sizes = named_tensor_elements(c)
+    t = model_ways(placement)
+    tokens = tokens_per_device(placement, microbatches)
+    whole = sum(sizes[n][0] for n in tensors)
+    split = sum(sizes[n][1] for n in tensors)
+    if placement.strategy.sequence_parallel:
+        per_token = (whole + split) / t
+    else:
+        per_token = whole + split / t
+    return math.ceil(tokens * per_token * c.itemsize)
+
+
+def producer_params(config: ModelConfig) -> dict[str, int]:
+    """The weights each projection of :data:`~shardscope._src.model.remat.PRODUCERS` takes
+    one token through (its FLOPs ``2 x`` per token; split over the model axis): the fused
+    query, key and value projection, the out-projection, the MLP's up-projections and its
+    down-projection."""
+    c = config
+    assert c.head_dim is not None and c.kv_heads is not None
+    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    up = 2 * c.ff if c.mlp == "swiglu" else c.ff
+    return {
+        "qkv": c.d_model * (q_dim + 2 * kv_dim),
+        "out": q_dim * c.d_model,
+        "mlp_in": c.d_model * up,
+        "mlp_out": c.ff * c.d_model,
+    }
+
+
 def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) -> int:
     """One layer's input and the outputs of its matmuls, at the model's dtype, per device: what
-    recomputation that keeps matmul outputs stores (``Remat.MATMULS``).
+    recomputation that keeps matmul outputs stores (``Remat.MATMULS``; the named tensors it
+    keeps on the device, :func:`named_tensor_bytes`).
 
     Per token: the input and the outputs of the attention's out-projection and of the MLP's
     down-projection, ``h`` each (split by ``t`` only with sequence parallelism: they are
@@ -383,40 +449,21 @@ def matmul_outputs_bytes_per_layer(placement: Placement, microbatches: int = 1) 
     the MLP's up-projections, ``2 ff`` (SwiGLU's gate and up) or ``ff``, split by ``t``. The
     norms, the activation function and the attention core are recomputed from them.
     """
-    c = placement.config
-    assert c.head_dim is not None and c.kv_heads is not None
-    t = model_ways(placement)
-    tokens = tokens_per_device(placement, microbatches)
-    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    up = 2 * c.ff if c.mlp == "swiglu" else c.ff
-    whole = 3 * c.d_model
-    split = q_dim + 2 * kv_dim + up
-    if placement.strategy.sequence_parallel:
-        per_token = (whole + split) / t
-    else:
-        per_token = whole + split / t
-    return math.ceil(tokens * per_token * c.itemsize)
+    return named_tensor_bytes(placement, remat_policy(Remat.MATMULS).on_device, microbatches)
 
 
-def offloaded_bytes_per_layer(placement: Placement, microbatches: int = 1) -> int:
-    """One layer's tensors that ``Remat.OFFLOAD`` moves to host memory, per device, at the
-    model's dtype: its input (``h`` per token, split by ``t`` only with sequence parallelism)
-    and its query, key and value projections (``q + 2 kv`` per token, split by ``t``)."""
-    c = placement.config
-    assert c.head_dim is not None and c.kv_heads is not None
-    t = model_ways(placement)
-    tokens = tokens_per_device(placement, microbatches)
-    whole = c.d_model
-    split = c.heads * c.head_dim + 2 * c.kv_heads * c.head_dim
-    if placement.strategy.sequence_parallel:
-        per_token = (whole + split) / t
-    else:
-        per_token = whole + split / t
-    return math.ceil(tokens * per_token * c.itemsize)
+def offloaded_bytes_per_layer(
+    placement: Placement, microbatches: int = 1, remat: str = Remat.OFFLOAD
+) -> int:
+    """One layer's tensors that ``remat`` (default ``Remat.OFFLOAD``) moves to host memory,
+    per device, at the model's dtype (:func:`named_tensor_bytes`). ``offload``'s: its input
+    (``h`` per token, split by ``t`` only with sequence parallelism) and its query, key and
+    value projections (``q + 2 kv`` per token, split by ``t``)."""
+    return named_tensor_bytes(placement, remat_policy(remat).offloaded, microbatches)
 
 
-#: Layers of offloaded tensors in device memory at once under ``Remat.OFFLOAD``: the one being
-#: copied out or in while the next (or previous) layer computes (double buffering).
+#: Layers of offloaded tensors in device memory at once under a policy that offloads: the one
+#: being copied out or in while the next (or previous) layer computes (double buffering).
 OFFLOAD_BUFFERS = 2
 
 
@@ -424,26 +471,20 @@ def stored_activation_bytes_per_layer(
     placement: Placement, schedule: Schedule, *, flash_attention: bool = True
 ) -> int:
     """What one layer keeps in device memory per micro-batch under ``schedule.remat``:
-    everything (none), everything but the attention scores (selective), its input only (full:
-    ``2sbh``, or ``2sbh/t`` with sequence parallelism; Korthikanti et al. Table 2), its input
-    and the outputs of its matmuls (matmuls: see :func:`matmul_outputs_bytes_per_layer`), or
+    everything (none), everything but the attention scores (selective; both Korthikanti et
+    al.'s Table 2, which counts every activation the backward reads, named or not), else
+    the named tensors the policy keeps on the device (:func:`named_tensor_bytes`): its input
+    only (full: ``2sbh``, or ``2sbh/t`` with sequence parallelism; Table 2), its input and
+    the outputs of its matmuls (matmuls: see :func:`matmul_outputs_bytes_per_layer`), or
     nothing (offload: in host memory, :func:`offloaded_bytes_per_layer`)."""
-    if schedule.remat == Remat.MATMULS:
-        return matmul_outputs_bytes_per_layer(placement, schedule.microbatches)
-    if schedule.remat == Remat.OFFLOAD:
-        return 0
-    if schedule.remat == Remat.NONE:
+    policy = remat_policy(schedule.remat)
+    if policy.keeps_everything:
         return activation_bytes_per_layer(
-            placement, flash_attention=flash_attention, microbatches=schedule.microbatches
+            placement,
+            flash_attention=flash_attention if policy.recomputes_nothing else True,
+            microbatches=schedule.microbatches,
         )
-    if schedule.remat == Remat.SELECTIVE:
-        return activation_bytes_per_layer(
-            placement, flash_attention=True, microbatches=schedule.microbatches
-        )
-    c = placement.config
-    tokens = tokens_per_device(placement, schedule.microbatches)
-    t = model_ways(placement) if placement.strategy.sequence_parallel else 1
-    return math.ceil(tokens * c.d_model * c.itemsize / t)
+    return named_tensor_bytes(placement, policy.on_device, schedule.microbatches)
 
 
 def logits_model_split(placement: Placement) -> int:
@@ -518,16 +559,17 @@ def estimate_memory(
     logits = logits_bytes(placement, b, train=train)
     if train:
         kept = stored_activation_bytes_per_layer(placement, sched, flash_attention=flash_attention)
+        policy = remat_policy(sched.remat)
         working = (
             activation_bytes_per_layer(placement, flash_attention=flash_attention, microbatches=m)
-            if sched.remat != Remat.NONE
+            if not policy.recomputes_nothing
             else 0
         )
         # The layers of one model chunk: the stage's, or a 1/v of them interleaved.
         chunk = c.layers // sched.virtual_stages
         activations = chunk * kept * sched.in_flight + working + logits
-        if sched.remat == Remat.OFFLOAD:
-            offloaded = offloaded_bytes_per_layer(placement, m)
+        if policy.offloaded:
+            offloaded = offloaded_bytes_per_layer(placement, m, sched.remat)
             host = chunk * offloaded * sched.in_flight
             activations += OFFLOAD_BUFFERS * offloaded
     else:
@@ -655,7 +697,7 @@ def routed_expert_work(placement: Placement, microbatches: int = 1) -> tuple[flo
 
 
 def fp8_cast_elements_per_layer(
-    placement: Placement, microbatches: int = 1, *, projections: bool = True
+    placement: Placement, microbatches: int = 1, *, kept: Sequence[str] = ()
 ) -> tuple[float, float]:
     """Elements one device casts to fp8 in one layer's pass, ``(forward, backward)``, when its
     matmuls run in fp8 (torchao's ``Float8Linear``, which torchtitan's float8 training swaps
@@ -667,8 +709,10 @@ def fp8_cast_elements_per_layer(
     layer's matmul weights (over ``t``). Backward: the gradient entering each linear, per
     token ``q + 2 kv``, ``h``, ``2 ff`` (SwiGLU) or ``ff``, ``h``, cast once for both its
     matmuls, and the weights again (torchtitan's ``force_recompute_fp8_weight_in_bwd``); the
-    inputs' fp8 copies are kept from the forward. ``projections=False`` leaves the query, key
-    and value projections out of the forward (what ``remat="offload"`` recomputes).
+    inputs' fp8 copies are kept from the forward. ``kept`` leaves the projections of
+    :data:`~shardscope._src.model.remat.PROJECTIONS` named in it out of the forward (their
+    outputs kept, a recomputed forward does not run them): ``("qkv",)`` is the forward
+    ``remat="offload"`` recomputes.
     """
     c = placement.config
     assert c.head_dim is not None and c.kv_heads is not None
@@ -678,8 +722,15 @@ def fp8_cast_elements_per_layer(
     up = 2 * c.ff if c.mlp == "swiglu" else c.ff
     weights = layer_matmul_params(c) / t
     forward = tokens * (c.d_model + q_dim / t + c.d_model + c.ff / t) + weights
-    if not projections:
-        forward -= tokens * c.d_model + c.d_model * (q_dim + 2 * kv_dim) / t
+    # each projection's input (cast once, whole or split) and its weights
+    skipped = {
+        "qkv": tokens * c.d_model + c.d_model * (q_dim + 2 * kv_dim) / t,
+        "out": tokens * q_dim / t + q_dim * c.d_model / t,
+        "mlp_in": tokens * c.d_model + c.d_model * up / t,
+        "mlp_out": tokens * c.ff / t + c.ff * c.d_model / t,
+    }
+    for name in kept:
+        forward -= skipped[name]
     backward = tokens * ((q_dim + 2 * kv_dim) / t + c.d_model + up / t + c.d_model) + weights
     return forward, backward
 

@@ -125,8 +125,11 @@ class PlanRequest:
         remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
             recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"``, ``"offload"``
             (each layer's input and its query, key and value projections in host memory,
-            the rest recomputed) or several (default: all; offload where the hardware has
-            host memory).
+            the rest recomputed), a policy by named tensor (MaxText's
+            ``"maxtext:save_dot_except_mlpwi"``, JAX's ``"jax:offload_dot_with_no_batch_dims"``,
+            ``"custom:query_proj=offload,out_proj=device"``:
+            :func:`~shardscope._src.model.remat.remat_policy`), planned as written, or
+            several (default: the five words; offload where the hardware has host memory).
         offload_optimizer: keep the optimizer state in host memory and stream it in for the
             update (MaxText's ``optimizer_memory_host_offload``): True always, False never,
             None (the default) where a candidate does not fit the device otherwise.
@@ -245,7 +248,9 @@ class PlanRequest:
         None,
         "activation recomputation to try, comma-separated: none, selective (the attention "
         "scores recomputed), matmuls (the matmul outputs kept), full, offload (each layer's "
-        "input and QKV projections in host memory)",
+        "input and QKV projections in host memory), or a policy by named tensor: MaxText's "
+        "(maxtext:save_qkv_proj, ...), JAX's (jax:offload_dot_with_no_batch_dims) or "
+        "custom:TENSOR=PLACE,... (places device, offload, recompute)",
         metavar="LIST",
         default_text="all",
     )

@@ -25,12 +25,13 @@ from functools import partial
 from typing import Any
 
 from shardscope._src.base.comm import format_bytes
-from shardscope._src.base.errors import PlanError, StrategyError, is_int
+from shardscope._src.base.errors import PlanError, ShardscopeError, StrategyError, is_int
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.links import crosses_nodes
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
+from shardscope._src.model.remat import remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
@@ -325,16 +326,23 @@ def virtual_stage_options(
     )
 
 
+#: The recomputation policies a sweep tries when none is asked for: today's five words
+#: (selective only without memory-efficient attention, offload where the hardware has host
+#: memory).
+SWEPT_REMATS: tuple[str, ...] = tuple(REMATS)
+
+
 def remat_options(
     mode: str,
     remat: str | Sequence[str] | None,
     flash_attention: bool,
     hw: Hardware | None = None,
 ) -> tuple[str, ...]:
-    """Recomputation choices to try. Selective recomputation drops the attention scores,
-    which memory-efficient attention never keeps: with it, selective is no recomputation.
-    Offload needs host memory: the sweep tries it where ``hw`` has some, and refuses it
-    asked for where it has none."""
+    """Recomputation policies to try, by their canonical names
+    (:func:`~shardscope._src.model.remat.remat_policy`). Selective recomputation drops the
+    attention scores, which memory-efficient attention never keeps: with it, selective is
+    no recomputation. A policy that offloads needs host memory: the sweep tries offload
+    where ``hw`` has some, and refuses one asked for where it has none."""
 
     if mode != Mode.TRAIN:
         return (Remat.NONE,)
@@ -342,22 +350,28 @@ def remat_options(
     if remat is None:
         return tuple(
             r
-            for r in REMATS
-            if not (flash_attention and r == Remat.SELECTIVE) and (host or r != Remat.OFFLOAD)
+            for r in SWEPT_REMATS
+            if not (flash_attention and r == Remat.SELECTIVE)
+            and (host or not remat_policy(r).offloaded)
         )
     chosen = (remat,) if isinstance(remat, str) else tuple(remat)
+    names = []
     for r in chosen:
-        if r not in REMATS:
-            raise PlanError(f"remat={r!r}: choose from {', '.join(REMATS)}", param="remat")
-        if r == Remat.OFFLOAD and not host:
+        try:
+            policy = remat_policy(r)
+        except ShardscopeError as e:
+            raise PlanError(str(e), param="remat") from None
+        if policy.offloaded and not host:
             assert hw is not None
             raise PlanError(
-                f"remat={r!r}: hardware {hw.name!r} has no host memory to offload to "
-                f"(host_memory_bytes=0); give it host_memory_bytes= and host_bandwidth=, or "
-                f"choose another recomputation ({', '.join(x for x in REMATS if x != r)})",
+                f"remat={r!r}: hardware {hw.name!r} has no host memory to offload "
+                f"{', '.join(policy.offloaded)} to (host_memory_bytes=0); give it "
+                f"host_memory_bytes= and host_bandwidth=, or choose a recomputation that "
+                f"offloads nothing ({', '.join(x for x in REMATS if x != Remat.OFFLOAD)})",
                 param="remat",
             )
-    return tuple(dict.fromkeys(chosen))
+        names.append(policy.name)
+    return tuple(dict.fromkeys(names))
 
 
 #: The strategies whose estimates price a mixture of experts (and latent attention): expert

@@ -114,6 +114,7 @@ from shardscope._src.cost.flops import attention_core_flops, weight_flops
 from shardscope._src.cost.links import alpha_beta_seconds, collective_seconds, stage_bandwidth
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
+from shardscope._src.model.remat import PROJECTIONS, remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     FP8_ITEMSIZE,
@@ -125,11 +126,12 @@ from shardscope._src.plan.estimates import (
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
     logits_model_split,
-    matmul_outputs_bytes_per_layer,
     matmul_params_per_token,
     model_flops,
     model_ways,
+    named_tensor_bytes,
     offloaded_bytes_per_layer,
+    producer_params,
     routed_expert_work,
     tokens_per_device,
 )
@@ -499,9 +501,11 @@ def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapCla
 
 def reruns_forward_collectives(remat: str) -> bool:
     """Whether a train step under ``remat`` runs its forward's collectives again for the
-    backward (full recomputation and offload recompute the forward; the rest keep what the
-    backward needs and gather only FSDP's weights again)."""
-    return remat in (Remat.FULL, Remat.OFFLOAD)
+    backward: where it computes the out-projection or the MLP's down-projection again
+    (:attr:`~shardscope._src.model.remat.RematPolicy.reruns_forward_collectives`: full
+    recomputation and offload do; the rest keep what the backward needs and gather only
+    FSDP's weights again)."""
+    return remat_policy(remat).reruns_forward_collectives
 
 
 def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN) -> Bound:
@@ -562,8 +566,6 @@ def step_work(
     m, p = schedule.microbatches, schedule.stages
     t = model_ways(placement)
     tokens = tokens_per_device(placement, m)  # each device's own tokens (s / c of a sequence)
-    assert c.head_dim is not None  # ModelConfig sets it when it is made
-    q_dim = c.heads * c.head_dim
     # one layer's matmuls on average (a mixture of experts' layers are of two kinds)
     split, whole = matmul_params_per_token(placement)
     layer = weight_flops(split / t + whole, tokens) / c.layers
@@ -573,19 +575,29 @@ def step_work(
     own = logits_model_split(placement)  # sequence parallelism or a vocabulary split
     logits = weight_flops(c.d_model * (c.vocab or 0), tokens) / own
     fwd = c.layers * (layer + core) + logits
-    kv_dim = (c.kv_heads or c.heads) * c.head_dim
-    projections = weight_flops(c.d_model * (q_dim + 2 * kv_dim), tokens) / t  # QKV, kept
-    if schedule.remat == Remat.FULL:
-        again = c.layers * (layer + core)
-    elif schedule.remat == Remat.OFFLOAD:
-        again = c.layers * (layer - projections + core)
-    elif schedule.remat == Remat.MATMULS or (
-        schedule.remat == Remat.SELECTIVE and not flash_attention
-    ):
-        again = c.layers * core
+    policy = remat_policy(schedule.remat)
+    # The recomputed forward: each projection with an output the policy recomputes runs
+    # again (producer_params: the weights of each), and the attention core when its output
+    # is recomputed; a policy that keeps everything runs nothing again but, selective
+    # without memory-efficient attention, the attention core (Korthikanti et al.).
+    rerun_ops = policy.rerun_producers()
+    again_ops = [op for op in PROJECTIONS if op in rerun_ops]
+    kept_ops = [op for op in PROJECTIONS if op not in rerun_ops]
+    if not kept_ops:
+        matmuls = layer  # the whole layer's (a mixture of experts' routers and experts too)
+    elif not again_ops:
+        matmuls = 0.0
     else:
-        again = 0.0
-    rerun = c.layers * core if again else 0.0  # each recomputation runs the core again
+        weights = producer_params(c)
+        matmuls = layer - weight_flops(sum(weights[op] for op in kept_ops), tokens) / t
+    if policy.keeps_everything:
+        core_rerun = schedule.remat == Remat.SELECTIVE and not flash_attention
+        again = c.layers * core if core_rerun else 0.0
+    elif core_rerun := "core" in rerun_ops:
+        again = c.layers * (matmuls + core)
+    else:
+        again = c.layers * matmuls
+    rerun = c.layers * core if core_rerun else 0.0  # the attention core run again
     if flash_attention:
         again += c.layers * core / 2  # the blocked backward recomputes QK^T
     per_layer = activation_bytes_per_layer(
@@ -593,34 +605,34 @@ def step_work(
     )
     logit_bytes = tokens * (c.vocab or 0) * 2 * c.itemsize / own  # the logits, their gradient
     host_bytes = 0
-    if schedule.remat == Remat.FULL:
-        again_bytes = c.layers * per_layer
-    elif schedule.remat == Remat.OFFLOAD:
-        host_bytes = c.layers * offloaded_bytes_per_layer(placement, m)
-        again_bytes = c.layers * per_layer - host_bytes
-    elif schedule.remat == Remat.MATMULS:
-        # the element-wise work between the kept matmul outputs, again
-        kept = matmul_outputs_bytes_per_layer(placement, m)
-        again_bytes = c.layers * max(0, per_layer - kept)
-    elif schedule.remat == Remat.SELECTIVE and not flash_attention:
-        dense = activation_bytes_per_layer(placement, flash_attention=False, microbatches=m)
-        flash = activation_bytes_per_layer(placement, flash_attention=True, microbatches=m)
-        again_bytes = c.layers * (dense - flash)
-    else:
+    if policy.offloaded:
+        host_bytes = c.layers * offloaded_bytes_per_layer(placement, m, schedule.remat)
+    if policy.keeps_everything:
         again_bytes = 0
+        if schedule.remat == Remat.SELECTIVE and not flash_attention:
+            dense = activation_bytes_per_layer(placement, flash_attention=False, microbatches=m)
+            flash = activation_bytes_per_layer(placement, flash_attention=True, microbatches=m)
+            again_bytes = c.layers * (dense - flash)
+    elif policy.keeps_only_input:
+        # the whole layer's forward again: Table 2's tensors, its input read again with them
+        again_bytes = c.layers * per_layer
+    else:
+        # the element-wise work between the kept and offloaded tensors, again
+        kept = named_tensor_bytes(placement, policy.on_device, m)
+        again_bytes = max(0, c.layers * max(0, per_layer - kept) - host_bytes)
     fp8 = check_matmul_dtype(matmul_dtype, hw) == MatmulDtype.FP8
     fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
     expert_flops, expert_weights = routed_expert_work(placement, m)
-    recomputes_experts = schedule.remat in (Remat.FULL, Remat.OFFLOAD)
+    recomputes_experts = "mlp_in" in rerun_ops or "mlp_out" in rerun_ops
     if fp8:
         cast_fwd, cast_bwd = fp8_cast_elements_per_layer(placement, m)
-        if schedule.remat == Remat.FULL:
-            fp8_again, cast_again = c.layers * layer, c.layers * cast_fwd
-        elif schedule.remat == Remat.OFFLOAD:
-            rest = fp8_cast_elements_per_layer(placement, m, projections=False)[0]
-            fp8_again, cast_again = c.layers * (layer - projections), c.layers * rest
-        else:
+        if not again_ops:
             fp8_again, cast_again = 0.0, 0.0
+        elif not kept_ops:
+            fp8_again, cast_again = c.layers * layer, c.layers * cast_fwd
+        else:
+            rest = fp8_cast_elements_per_layer(placement, m, kept=kept_ops)[0]
+            fp8_again, cast_again = c.layers * matmuls, c.layers * rest
         fp8_work.update(
             fp8_flops=c.layers * layer,
             fp8_recompute_flops=fp8_again,

@@ -1,0 +1,378 @@
+"""Recomputation by named tensor: the reference decoder's named activations and a
+:class:`RematPolicy` saying, for each, whether the backward pass finds it in device memory,
+in host memory (offloaded after the forward and fetched back) or computes it again.
+
+A policy is written as one of (:func:`remat_policy` reads them):
+
+* today's five words, presets of the named tensors: ``none``, ``selective``, ``matmuls``,
+  ``full``, ``offload`` (:class:`~shardscope._src.model.config.Remat`);
+* ``maxtext:NAME`` (or the bare ``NAME`` where it is no word above), one of MaxText's
+  ``remat_policy`` values, mapped name for name from ``Decoder.get_remat_policy`` in
+  ``MaxText/layers/decoders.py`` (AI-Hypercomputer/maxtext): ``minimal``,
+  ``minimal_with_context`` (``minimal_flash``), ``save_dot_with_context_except_mlp``,
+  ``save_dot_except_mlpwi``, ``save_dot_except_mlp``, ``save_qkv_proj``,
+  ``qkv_proj_offloaded``, ``minimal_offloaded``, ``save_out_proj``, ``full``;
+* ``jax:NAME``, a policy of ``jax.checkpoint_policies`` that names no tensor:
+  ``offload_dot_with_no_batch_dims``, and those that are a preset exactly, read as it:
+  ``nothing_saveable`` (``full``), ``everything_saveable`` (``none``),
+  ``dots_with_no_batch_dims_saveable`` and ``checkpoint_dots_with_no_batch_dims``
+  (``matmuls``); ``maxtext:full`` (``jax.checkpoint`` with no policy) is ``full`` too;
+* ``custom:TENSOR=PLACE,TENSOR=PLACE,...``, MaxText's ``remat_policy=custom`` (its
+  ``base.yml`` sets each tensor to ``device``, ``offload`` or ``remat``; ``recompute`` here,
+  ``remat`` read as it): a tensor left out is recomputed, but the layer's input, which is
+  kept on the device (MaxText: "this tensor cannot be rematerialized - it serves as periodic
+  checkpoints"). The decoder's tensors are :data:`TENSORS`; ``qkv_proj`` and ``mlpwi_0`` /
+  ``mlpwi_1`` are MaxText's names of its fused and separate projections, read as the three
+  projections and as ``mlpwi``.
+
+A named policy compiles with ``jax.checkpoint_policies.save_and_offload_only_these_names``
+(the decoder calls ``checkpoint_name`` on every tensor of :data:`TENSORS`), so what the
+compiled program keeps is what the policy says; the presets compile as they always have
+(:attr:`RematPolicy.compiled_as`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.records import Record
+from shardscope._src.base.vocab import Vocab
+
+
+class Place(Vocab):
+    """Where the backward pass finds a named tensor."""
+
+    #: kept in device memory from the forward
+    DEVICE = "device"
+    #: copied to host memory during the forward and back for the backward
+    OFFLOAD = "offload"
+    #: computed again from what is kept (MaxText writes ``remat``)
+    RECOMPUTE = "recompute"
+
+
+#: The reference decoder's named tensors of one layer, in the order the forward makes them,
+#: each the name ``checkpoint_name`` gives it (MaxText's where MaxText has one).
+TENSORS: dict[str, str] = {
+    "decoder_layer_input": "the layer's input, the residual stream",
+    "pre_self_attention_norm": "the attention's normed input",
+    "query_proj": "the query projection",
+    "key_proj": "the key projection",
+    "value_proj": "the value projection",
+    "context": "the attention's output, the out-projection's input",
+    "out_proj": "the attention's out-projection",
+    "post_self_attention_norm": "the MLP's normed input",
+    "mlpwi": "the MLP's up-projections (SwiGLU's gate and up, one tensor; GELU's up)",
+    "mlpwo": "the MLP's down-projection",
+}
+#: MaxText's names for several of the decoder's tensors at once: its fused projections
+#: (``fused_qkv``) and its separate gate and up projections, which the decoder computes as
+#: one tensor (``mlpwi``, MaxText's ``fused_mlp`` name).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("query_proj", "key_proj", "value_proj"),
+    "mlpwi_0": ("mlpwi",),
+    "mlpwi_1": ("mlpwi",),
+}
+#: The tensor every policy keeps (the layer loop's checkpoint), on the device unless offloaded.
+LAYER_INPUT = "decoder_layer_input"
+#: The matmuls that make the named tensors, each run again when any of its outputs is
+#: recomputed: the fused query, key and value projection, the attention core (``QK^T`` and
+#: ``PV``), the out-projection and the MLP's two.
+PRODUCERS: dict[str, tuple[str, ...]] = {
+    "qkv": ("query_proj", "key_proj", "value_proj"),
+    "core": ("context",),
+    "out": ("out_proj",),
+    "mlp_in": ("mlpwi",),
+    "mlp_out": ("mlpwo",),
+}
+#: The projections' matmuls (:data:`PRODUCERS` but the attention core).
+PROJECTIONS = ("qkv", "out", "mlp_in", "mlp_out")
+
+
+class CompiledAs(Vocab):
+    """The ``jax.checkpoint_policies`` policy a :class:`RematPolicy` compiles with."""
+
+    #: no ``jax.checkpoint`` at all (``everything_saveable``)
+    EVERYTHING = "everything_saveable"
+    #: ``save_anything_except_these_names`` of the attention scores and probabilities
+    EXCEPT_SCORES = "save_anything_except_these_names"
+    NOTHING = "nothing_saveable"
+    DOTS = "dots_with_no_batch_dims_saveable"
+    OFFLOAD_DOTS = "offload_dot_with_no_batch_dims"
+    #: ``save_and_offload_only_these_names`` of the policy's tensors on device and offloaded
+    NAMES = "save_and_offload_only_these_names"
+
+
+@dataclass(frozen=True)
+class RematPolicy(Record):
+    """Where each of the decoder's named tensors (:data:`TENSORS`) is for the backward.
+
+    ``name`` is the policy as written, canonical (``"full"``, ``"maxtext:save_qkv_proj"``,
+    ``"custom:decoder_layer_input=offload,query_proj=offload"``); ``places`` every tensor's
+    :class:`Place`, in :data:`TENSORS` order; ``compiled_as`` the JAX policy the program
+    compiles with; ``source`` where its definition comes from.
+
+    ``none`` and ``selective`` keep every activation the backward reads, named or not (but,
+    for selective, the attention scores): their memory is Korthikanti et al.'s Table 2, not a
+    sum of named tensors (:attr:`keeps_everything`).
+
+    >>> p = remat_policy("maxtext:save_dot_except_mlpwi")
+    >>> p.recomputed
+    ('pre_self_attention_norm', 'context', 'post_self_attention_norm', 'mlpwi')
+    >>> remat_policy("custom:query_proj=offload,key_proj=offload").offloaded
+    ('query_proj', 'key_proj')
+    """
+
+    name: str
+    places: tuple[tuple[str, Place], ...]
+    compiled_as: CompiledAs
+    source: str
+
+    def place(self, tensor: str) -> Place:
+        return dict(self.places)[tensor]
+
+    def _with(self, place: Place) -> tuple[str, ...]:
+        return tuple(t for t, p in self.places if p == place)
+
+    @property
+    def on_device(self) -> tuple[str, ...]:
+        """The tensors kept in device memory (the layer's input among them unless offloaded)."""
+        return self._with(Place.DEVICE)
+
+    @property
+    def offloaded(self) -> tuple[str, ...]:
+        return self._with(Place.OFFLOAD)
+
+    @property
+    def recomputed(self) -> tuple[str, ...]:
+        return self._with(Place.RECOMPUTE)
+
+    @property
+    def keeps_everything(self) -> bool:
+        """Whether it keeps every activation the backward reads, named or not (``none``,
+        ``selective``; JAX's ``everything_saveable``)."""
+        return self.compiled_as in (CompiledAs.EVERYTHING, CompiledAs.EXCEPT_SCORES)
+
+    @property
+    def recomputes_nothing(self) -> bool:
+        """``none``: no ``jax.checkpoint`` around the layer."""
+        return self.compiled_as == CompiledAs.EVERYTHING
+
+    def rerun_producers(self) -> tuple[str, ...]:
+        """The matmuls of :data:`PRODUCERS` the backward runs again: those with an output
+        recomputed (none for a policy that keeps everything)."""
+        if self.keeps_everything:
+            return ()
+        gone = set(self.recomputed)
+        return tuple(op for op, outs in PRODUCERS.items() if gone & set(outs))
+
+    @property
+    def reruns_forward_collectives(self) -> bool:
+        """Whether the backward runs the forward's collectives again: the out-projection or
+        the MLP's down-projection computed again (their outputs end in the tensor-parallel
+        reductions; full recomputation, offload)."""
+        rerun = self.rerun_producers()
+        return "out" in rerun or "mlp_out" in rerun
+
+    @property
+    def keeps_only_input(self) -> bool:
+        """Whether it keeps nothing but the layer's input (on the device or offloaded): the
+        backward runs the whole layer's forward again."""
+        return not self.keeps_everything and set(self.recomputed) == set(TENSORS) - {LAYER_INPUT}
+
+    def compiled_names(self, place: Place) -> tuple[str, ...]:
+        """The ``checkpoint_name`` names the compiled program saves (``place`` device) or
+        offloads: the tensors in ``place``, the query, key and value as the fused
+        ``qkv_proj`` when all three are there, and the layer's input only when offloaded
+        (on the device, the layer loop keeps it)."""
+        names = [t for t in self._with(place) if not (t == LAYER_INPUT and place == Place.DEVICE)]
+        qkv = GROUPS["qkv_proj"]
+        if all(t in names for t in qkv):
+            names = [n for n in names if n not in qkv[1:]]
+            names[names.index(qkv[0])] = "qkv_proj"
+        return tuple(names)
+
+
+def _places(device: tuple[str, ...] = (), offload: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    out = []
+    for t in TENSORS:
+        place = Place.RECOMPUTE
+        if t in device or t == LAYER_INPUT:
+            place = Place.DEVICE
+        if t in offload:
+            place = Place.OFFLOAD
+        out.append((t, place))
+    return tuple(out)
+
+
+_QKV = ("query_proj", "key_proj", "value_proj")
+_DOTS = (*_QKV, "out_proj", "mlpwi", "mlpwo")
+_ALL = tuple(TENSORS)
+_SHARDSCOPE = "shardscope's preset"
+_MAXTEXT = "MaxText remat_policy={} (MaxText/layers/decoders.py, Decoder.get_remat_policy)"
+_JAX = "jax.checkpoint_policies.{}"
+
+#: Today's five words, as named tensors: (on the device, offloaded, compiled as, source).
+_PRESETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], CompiledAs, str]] = {
+    "none": (_ALL, (), CompiledAs.EVERYTHING, _SHARDSCOPE + ": every activation kept"),
+    "selective": (
+        _ALL,
+        (),
+        CompiledAs.EXCEPT_SCORES,
+        _SHARDSCOPE + ": all but the attention scores (Korthikanti et al., arXiv 2205.05198)",
+    ),
+    "matmuls": (
+        _DOTS,
+        (),
+        CompiledAs.DOTS,
+        _SHARDSCOPE + ": the matmul outputs kept (JAX's dots_with_no_batch_dims_saveable)",
+    ),
+    "full": ((), (), CompiledAs.NOTHING, _SHARDSCOPE + ": only the layer's input kept"),
+    "offload": (
+        (),
+        (LAYER_INPUT, *_QKV),
+        CompiledAs.NAMES,
+        _SHARDSCOPE + ": the input and the query, key and value in host memory",
+    ),
+}
+#: MaxText's policies (``Decoder.get_remat_policy``), as the names they save and offload;
+#: MaxText's ``kv_proj`` (latent attention) and ``quantization`` the decoder does not have.
+_MAXTEXT_POLICIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "minimal": (_DOTS, ()),
+    "minimal_with_context": ((*_DOTS, "context"), ()),
+    "save_dot_with_context_except_mlp": ((*_QKV, "context", "out_proj"), ()),
+    "save_dot_except_mlpwi": ((*_QKV, "out_proj", "mlpwo"), ()),
+    "save_dot_except_mlp": ((*_QKV, "out_proj"), ()),
+    "save_qkv_proj": (_QKV, ()),
+    "qkv_proj_offloaded": ((), _QKV),
+    "minimal_offloaded": ((), _DOTS),
+    "save_out_proj": (("out_proj",), ()),
+}
+_MAXTEXT_ALIASES = {"minimal_flash": "minimal_with_context"}
+#: jax.checkpoint_policies that name no tensor, as the presets they are.
+_JAX_POLICIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], CompiledAs]] = {
+    "offload_dot_with_no_batch_dims": ((), _DOTS, CompiledAs.OFFLOAD_DOTS),
+}
+#: Names that are a preset exactly (the same JAX policy): read as the preset.
+_SAME_AS = {
+    "maxtext:full": "full",  # MaxText's full is jax.checkpoint with policy=None
+    "jax:nothing_saveable": "full",
+    "jax:everything_saveable": "none",
+    "jax:dots_with_no_batch_dims_saveable": "matmuls",
+    "jax:checkpoint_dots_with_no_batch_dims": "matmuls",
+}
+_PLACE_WORDS = {"device": Place.DEVICE, "offload": Place.OFFLOAD, "recompute": Place.RECOMPUTE}
+_PLACE_WORDS["remat"] = Place.RECOMPUTE  # MaxText's word
+
+#: Every policy name :func:`remat_policy` takes but ``custom:``, for error messages and docs.
+POLICY_NAMES: tuple[str, ...] = (
+    *_PRESETS,
+    *(f"maxtext:{n}" for n in _MAXTEXT_POLICIES),
+    "maxtext:full",
+    *(f"jax:{n}" for n in _JAX_POLICIES),
+    *(n for n in _SAME_AS if n.startswith("jax:")),
+)
+
+
+def _bad(value: str, why: str) -> ShardscopeError:
+    return ShardscopeError(f"remat={value!r}: {why}", param="remat")
+
+
+def _named() -> str:
+    return ", ".join([*TENSORS, *GROUPS])
+
+
+def _custom(value: str, body: str) -> RematPolicy:
+    places: dict[str, Place] = {}
+    for item in body.split(","):
+        tensor, sep, word = (s.strip() for s in item.partition("="))
+        if not sep or not tensor:
+            raise _bad(value, f"{item.strip()!r} is not TENSOR=PLACE; write e.g. custom:"
+                       f"query_proj=offload,out_proj=device")  # fmt: skip
+        if tensor not in TENSORS and tensor not in GROUPS:
+            raise _bad(value, f"the reference decoder has no tensor {tensor!r}; it names "
+                       f"{_named()}")  # fmt: skip
+        place = _PLACE_WORDS.get(word)
+        if place is None:
+            raise _bad(value, f"{tensor}={word!r}: place it on device, offload or recompute "
+                       f"(MaxText's remat)")  # fmt: skip
+        for t in GROUPS.get(tensor, (tensor,)):
+            if places.get(t, place) != place:
+                raise _bad(value, f"{tensor}={word} and {t}={places[t]}: the decoder computes "
+                           f"them as one tensor ({t}); give them one place")  # fmt: skip
+            places[t] = place
+    if places.get(LAYER_INPUT) == Place.RECOMPUTE:
+        raise _bad(value, f"{LAYER_INPUT} cannot be recomputed: it is the layer loop's "
+                   f"checkpoint, where recomputation starts; give device or offload")  # fmt: skip
+    full = tuple(
+        (t, places.get(t, Place.DEVICE if t == LAYER_INPUT else Place.RECOMPUTE)) for t in TENSORS
+    )
+    default = dict(_places())
+    written = ",".join(f"{t}={p}" for t, p in full if p != default[t]) or f"{LAYER_INPUT}=device"
+    return RematPolicy(
+        f"custom:{written}",
+        full,
+        CompiledAs.NAMES,
+        "MaxText remat_policy=custom (its base.yml: each tensor device, offload or remat)",
+    )
+
+
+@functools.cache
+def remat_policy(name: str) -> RematPolicy:
+    """The policy written ``name`` (see the module docstring for the forms it takes).
+
+    Raises:
+        ShardscopeError: a name that is none of them, or a custom policy naming a tensor the
+            decoder does not have, a place that is not device, offload or recompute, or the
+            layer's input recomputed; the message names the value and what is accepted.
+
+    >>> remat_policy("save_qkv_proj").name
+    'maxtext:save_qkv_proj'
+    >>> remat_policy("offload").offloaded
+    ('decoder_layer_input', 'query_proj', 'key_proj', 'value_proj')
+    """
+    if not isinstance(name, str):
+        raise _bad(repr(name), "give a policy's name")
+    text = name.strip()
+    prefix, sep, rest = text.partition(":")
+    if not sep:
+        prefix, rest = ("" if text in _PRESETS else "maxtext"), text
+    if f"{prefix}:{rest}" in _SAME_AS:
+        prefix, rest = "", _SAME_AS[f"{prefix}:{rest}"]
+    if prefix == "" and rest in _PRESETS:
+        device, offload, compiled, source = _PRESETS[rest]
+        return RematPolicy(rest, _places(device, offload), compiled, source)
+    if prefix == "maxtext":
+        key = _MAXTEXT_ALIASES.get(rest, rest)
+        if key in _MAXTEXT_POLICIES:
+            device, offload = _MAXTEXT_POLICIES[key]
+            source = _MAXTEXT.format(key)
+            return RematPolicy(f"maxtext:{key}", _places(device, offload), CompiledAs.NAMES, source)
+        if key == "custom":
+            raise _bad(name, "MaxText's custom policy is written custom:TENSOR=PLACE,...")
+    if prefix == "jax":
+        key = rest
+        if key in _JAX_POLICIES:
+            device, offload, compiled = _JAX_POLICIES[key]
+            return RematPolicy(f"jax:{key}", _places(device, offload), compiled, _JAX.format(key))
+    if prefix == "custom":
+        return _custom(name, rest)
+    raise _bad(
+        name,
+        f"choose one of {', '.join(POLICY_NAMES)}, or custom:TENSOR=PLACE,... over the "
+        f"decoder's tensors ({_named()})",
+    )
+
+
+def split_policies(text: str) -> list[str]:
+    """The policies of a comma-separated list, a ``custom:`` policy's own commas kept in
+    it: ``"full,custom:query_proj=offload,key_proj=offload"`` is two policies."""
+    out: list[str] = []
+    for item in (s.strip() for s in text.split(",")):
+        if out and out[-1].startswith("custom:") and "=" in item and ":" not in item:
+            out[-1] += f",{item}"
+        else:
+            out.append(item)
+    return out
