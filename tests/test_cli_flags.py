@@ -30,6 +30,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],
     "model/config.py": [("plan",)],
+    "model/remat.py": [("plan",)],
     "model/serving.py": [("plan",)],
     "program/program.py": [("plan",)],
     "profile/run.py": [("profile",)],
