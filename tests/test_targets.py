@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec as P
 import shardscope
 from helpers import assert_usage_error
 from shardscope._src.base.comm import format_bytes, format_seconds
-from shardscope._src.plan.notes import TargetErrorValues
+from shardscope._src.base.notes import Note
+from shardscope._src.plan.notes import PlanNote, TargetErrorValues
 from shardscope._src.render.audit import format_audit
 from shardscope._src.targets import devices as targets_devices
 from shardscope._src.targets.capabilities import Support, compiler_capabilities
@@ -529,6 +530,8 @@ def test_plan_compiles_the_leading_plans_with_the_target_compiler():
         f"compiled by the h100 compiler, told the program may hold {format_bytes(room)} (the "
         f"device less its {format_bytes(12 * weights)} of optimizer state): "
     )
+    # The note keeps what the fit was judged on: the buffers and the state beside them.
+    assert on_target.notes[0].values.fit_bytes == on_target.fit_memory_bytes_per_device
     # The target keeps bf16 collectives bf16: what it sends is what it compiled.
     assert all(c.payload_bytes == c.cpu_payload_bytes for c in on_target.collectives)
     (again,) = [n for n in result.notes if n.kind == "recompiled-by-target"]
@@ -787,3 +790,17 @@ def test_the_suites_gpu_kernel_file_changes_nothing_a_compile_shows():
     first, again, without = [compiled(**o) for o in ({}, {}, {"xla_gpu_kernel_cache_file": ""})]
     assert os.path.getsize(path) > 0  # the file holds the program's kernels
     assert first == again == without
+
+
+@pytest.mark.parametrize("fit_gib, said", [(62, True), (64, False), (76, False), (78, True)])
+def test_a_compiled_memory_far_from_the_estimate_says_which_the_fit_is_judged_on(fit_gib, said):
+    # an estimate of 70 GiB: a compiler's 62 (11% under) or 78 (11% over) is said to be what
+    # the fit is judged on, with the optimizer state beside the buffers; 64 or 76 (within
+    # 10%) is not
+    gib = 2**30
+    values = {"target": "h100", "memory_bytes": (fit_gib - 12) * gib,
+              "estimate_bytes": 70 * gib, "fit_bytes": fit_gib * gib}  # fmt: skip
+    text = Note(PlanNote.COMPILED_BY_TARGET, values).text
+    assert ("the fit is judged on the compiler's" in text) == said
+    if said:
+        assert f"{fit_gib} GiB (its buffers and 12 GiB of optimizer state)" in text

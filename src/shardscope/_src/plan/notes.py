@@ -170,7 +170,14 @@ class CompiledByTargetValues(NoteValues):
     estimate's, or its ``error``; where a GPU's compiler was told the program may hold less
     than the device, that room and the optimizer state beside it."""
 
-    optional = ("memory_bytes", "estimate_bytes", "error", "room_bytes", "optimizer_bytes")
+    optional = (
+        "memory_bytes",
+        "estimate_bytes",
+        "error",
+        "room_bytes",
+        "optimizer_bytes",
+        "fit_bytes",
+    )
 
     target: str
     memory_bytes: int | None = None
@@ -178,6 +185,14 @@ class CompiledByTargetValues(NoteValues):
     error: str | None = None
     room_bytes: int | None = None
     optimizer_bytes: int | None = None
+    #: what the fit is judged on: the buffers and the optimizer state beside them (None in
+    #: a note written before it was kept)
+    fit_bytes: int | None = None
+
+
+#: How far a compiler's memory may stand from the estimate before a plan says which of the
+#: two it judged its fit on, and why.
+MEMORY_DISAGREEMENT = 0.10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -433,9 +448,20 @@ def _compiled_by_target(v: CompiledByTargetValues) -> str:
         )
     if v.error is not None:
         return head + v.error
-    return (
+    text = (
         f"{head}{format_bytes(v.memory_bytes or 0)} per device in its buffer "
         f"assignment (analytic estimate {format_bytes(v.estimate_bytes or 0)})"
+    )
+    fit, estimate = v.fit_bytes, v.estimate_bytes
+    if fit is None or not estimate or abs(fit / estimate - 1) <= MEMORY_DISAGREEMENT:
+        return text
+    state = fit - (v.memory_bytes or 0)
+    beside = f" and {format_bytes(state)} of optimizer state" * bool(state)
+    return (
+        f"{text}; the two disagree by {fit / estimate - 1:+.0%}: the fit is judged on the "
+        f"compiler's {format_bytes(fit)} (its buffers{beside}), what its program allocates "
+        f"with its own fusions, schedule and rematerialization, where the estimate counts by "
+        f"formula what each layer keeps"
     )
 
 

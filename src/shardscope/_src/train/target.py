@@ -202,6 +202,9 @@ def on_target(p: Plan, hw: Hardware, target: Target) -> Plan:
     if facts.error is None:
         values = {"target": target.name, "memory_bytes": facts.memory_bytes_per_device}
         values["estimate_bytes"] = p.memory.total
+        # what the fit is judged on: the program's buffers and the optimizer state beside
+        # them (Plan.fit_memory_bytes_per_device)
+        values["fit_bytes"] = facts.memory_bytes_per_device + p.memory.device_optimizer
     else:
         values = {"target": target.name, "error": facts.error}
     if room is not None and p.memory.device_optimizer:
