@@ -390,9 +390,15 @@ def render_audit(
 
 
 def format_audit(
-    audit: Audit, *, width: int = 140, title: str | None = None, by_scope: bool = False
+    audit: Audit,
+    *,
+    width: int = 140,
+    title: str | None = None,
+    by_scope: bool = False,
+    verbose: bool = True,
 ) -> str:
-    """The rendered table and notes as plain text (no colour), e.g. for logs and tests."""
+    """The rendered table and notes as plain text (no colour), e.g. for logs and tests
+    (``verbose`` as in :func:`render_audit`)."""
 
     from rich.console import Console
 
@@ -402,6 +408,7 @@ def format_audit(
         console=Console(file=buf, width=width, color_system=None, force_terminal=False),
         title=title,
         by_scope=by_scope,
+        verbose=verbose,
     )
     return buf.getvalue()
 
