@@ -279,6 +279,10 @@ def test_combined_collective_attributes_each_operand_to_its_own_line():
     ]
     # The table names both lines, not only the one the combiner kept.
     assert f"{site('fsdp_up')}, {site('fsdp_down')}" in format_audit(a, width=200)
+    # the command line's default names the first and counts the other (--verbose: both)
+    brief = format_audit(a, width=200, verbose=False)
+    assert f"{site('fsdp_up')} +1 more" in brief
+    assert f"{site('fsdp_up')}, {site('fsdp_down')}" not in brief
 
 
 def test_concatenated_gradients_are_split_into_their_layers():
@@ -304,6 +308,9 @@ def test_library_frames_give_way_to_the_users_line():
     assert fwd.stack[0] == fwd.source and site("flax_down") in fwd.stack[1]
     shown = f"{site('flax_down')} (in flax/linen/linear.py:287)"
     assert shown in format_audit(a, width=200)
+    # the command line's default: the user's line alone (--verbose: the library's too)
+    brief = format_audit(a, width=200, verbose=False)
+    assert site("flax_down") in brief and "linen/linear.py" not in brief
 
 
 def test_by_scope_splits_combined_collectives_by_layer():

@@ -1,6 +1,7 @@
 """shardscope.suggest and shardscope shard: searched, screened and compiled rules for a
 program's logical names."""
 
+import io
 import json
 import math
 import sys
@@ -13,6 +14,7 @@ import shardscope
 from helpers import assert_usage_error
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.cli.main import main
+from shardscope._src.render.suggest import ARRAYS_SHOWN, render_suggest
 from shardscope._src.suggest.suggest import probe_program, screen, workload
 from shardscope._src.targets.hardware import PRESETS
 
@@ -146,6 +148,21 @@ def test_the_decoder_best_proposal_beats_the_hand_written_rules():
     assert result.best is not None and result.best.fits
     assert result.best.step_time_s <= hand.step_time_s
     assert result.compiled == 6 and result.candidates > 100
+    # the command line's default lists the best's first arrays and counts them all;
+    # --verbose (and the report) every one
+    arrays = [a.path for a in result.best.arrays]
+    brief, every = _rendered(result, verbose=False), _rendered(result, verbose=True)
+    assert f"the first {ARRAYS_SHOWN} of its {len(arrays)} arrays" in brief
+    assert [a for a in arrays if a in brief] == arrays[:ARRAYS_SHOWN] < arrays
+    assert [a for a in arrays if a in every] == arrays and "every array" in every
+
+
+def _rendered(result, *, verbose):
+    from rich.console import Console
+
+    console = Console(record=True, width=200, file=io.StringIO())
+    render_suggest(result, console=console, verbose=verbose)
+    return console.export_text()
 
 
 def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():

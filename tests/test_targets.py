@@ -342,6 +342,10 @@ def test_an_fsdp_step_on_h100s_is_priced_with_what_its_schedule_hides():
     shown = format_audit(a, width=200)
     assert "Communication time on h100" in shown
     assert f"per run on h100: {format_seconds(e.comm_s)} of communication" in shown
+    # the command line's default: the priced collectives' table is its one-line total
+    brief = format_audit(a, width=200, verbose=False)
+    assert "Communication time on h100" not in brief
+    assert f"per run on h100: {format_seconds(e.comm_s)} of communication" in brief
     data = json.loads(json.dumps(a.to_dict()))
     assert data["priced_on"] == "h100" and data["exposure"]["comm_s"] == pytest.approx(e.comm_s)
     again = type(a).from_dict(data)

@@ -7,6 +7,7 @@ shardscope.use_cpu_devices(8)
 
 import io  # noqa: E402
 import json  # noqa: E402
+from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -167,6 +168,22 @@ def test_sequence_parallel_jit_all_reduces_where_reduce_scatter_suffices(mesh_id
         # an all-reduce sends twice the bytes of the reduce-scatter it stands for
         assert ar.actual_bytes / both == pytest.approx(2.0, rel=0.02)
         assert f"{ar.actual_bytes / both:.2f}x*" in text and "does not form" in text
+        assert_excess_grouped_by_reason(v)
+
+
+def assert_excess_grouped_by_reason(v):
+    """The command line's default: the instructions blamed for one reason are one line, with
+    their count and the first three named; --verbose: a line each."""
+    reasons = Counter(e.reason for e in v.excess)
+    brief = [line for line in verdict_lines(v, verbose=False) if line.startswith("exceeds")]
+    assert len(brief) == len(reasons)
+    for reason, n in reasons.items():
+        named = [e.instruction for e in v.excess if e.reason == reason][:3]
+        more = f" and {n - 3} more" if n > 3 else ""
+        assert f"exceeds ({n}: {', '.join(named)}{more}): {reason}" in brief
+    every = [line for line in verdict_lines(v) if line.startswith("exceeds")]
+    assert len(every) == len(v.excess)
+    return reasons
 
 
 def test_missing_activation_constraints_gather_weights():
@@ -436,4 +453,6 @@ def test_dp_sp_train_names_each_all_reduce_over_model_for_what_it_is():
     (split,) = by_cause[ExcessCause.ALL_REDUCE_SPLIT]
     assert split.array == "f32[32]" and split.whole_axes == ("data", "model")
     assert "reduce-scatter" not in split.reason
+    # two reasons, one of them for more instructions than the default's line names
+    assert sorted(assert_excess_grouped_by_reason(v).values())[-1] > 3
     assert "one all-reduce over data,model" in split.reason

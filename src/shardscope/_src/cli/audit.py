@@ -36,6 +36,7 @@ from shardscope._src.cli.config import (
     AuditReshardConfig,
     AuditTransformerConfig,
 )
+from shardscope._src.cli.options import print_more
 from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
 from shardscope._src.render.audit import render_audit
@@ -55,6 +56,7 @@ def run_audit_command(
     console: Any = None,
     target: str | None = None,
     by_scope: bool = False,
+    verbose: bool = False,
 ) -> int:
     """Audits a built-in demo, prints its table, optionally writes JSON; returns 0.
 
@@ -70,6 +72,8 @@ def run_audit_command(
             None or ``"cpu"``: simulated CPU devices.
         by_scope: print the totals per scope (``Audit.by_scope``) instead of one row per
             collective.
+        verbose: print everything (else the answer on one screen and a line saying where
+            the rest is).
 
     Raises:
         ShardscopeError: an unknown demo or a bad mesh (MeshSpecError); the CLI turns it into
@@ -89,12 +93,16 @@ def run_audit_command(
     result = audit(program)
     if jax.process_index() != 0:
         return 0  # every process compiles the same program; process 0 reports it
+    console = console or output_console()
     render_audit(
         result,
         console=console,
         title=f"{program.name}: {program.description}",
         by_scope=by_scope,
+        verbose=verbose,
     )
+    if not verbose:
+        print_more(console, report=False)
     if json_path is not None:
         leading = {"demo": program.name, "description": program.description}
         write_result(json_path, result, leading=leading)
@@ -189,7 +197,7 @@ def _audit_target(c: AuditConfig) -> str | None:
 def _run_audit_program(
     c: AuditConfig, json_path: str | None, console: Any, target: str | None
 ) -> int:
-    shown = {"console": console, "by_scope": c.by_scope}
+    shown = {"console": console, "by_scope": c.by_scope, "verbose": c.verbose}
     if isinstance(c, AuditProgramConfig):
         return run_audit_program(
             c.program_ref,

@@ -12,8 +12,10 @@ from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError, one_line
 from shardscope._src.base.records import STDOUT, write_result
+from shardscope._src.cli.options import print_more
 from shardscope._src.mesh import parse_mesh_spec
 from shardscope._src.render.audit import render_audit
+from shardscope._src.render.console import output_console
 from shardscope._src.sharding.rules import load_rules_file
 
 
@@ -44,10 +46,12 @@ def run_audit_program(
     by_scope: bool = False,
     target: str | None = None,
     axis_types: str | None = None,
+    verbose: bool = False,
 ) -> int:
     """Audits ``make_step(mesh)`` from ``FILE.py:FUNCTION`` on the mesh ``mesh_spec``: of
     simulated CPU devices, or of ``target``'s compile-only devices (its own compiler);
-    ``by_scope`` prints the totals per scope instead of one row per collective."""
+    ``by_scope`` prints the totals per scope instead of one row per collective; ``verbose``
+    everything (else the answer on one screen and a line saying where the rest is)."""
 
     axes = mesh_needed(mesh_spec, f"auditing {ref}")
     if rules_path is not None:
@@ -72,7 +76,7 @@ def run_audit_program(
             f"{ref} on mesh {mesh_spec} raised {one_line(e)} (--debug shows the traceback)"
         ) from e
     title = f"{ref} on {mesh_spec}"
-    return _show_audit(result, {"program": ref}, title, json_path, console, by_scope)
+    return _show_audit(result, {"program": ref}, title, json_path, console, by_scope, verbose)
 
 
 def _show_audit(
@@ -82,13 +86,17 @@ def _show_audit(
     json_path: str | None,
     console: Any,
     by_scope: bool,
+    verbose: bool,
 ) -> int:
-    """Prints the audit and writes it as JSON after ``leading``; JSON on standard output
-    alone."""
+    """Prints the audit (everything where ``verbose``) and writes it as JSON after
+    ``leading``; JSON on standard output alone."""
     if json_path is not None and str(json_path) == STDOUT:
         write_result(json_path, result, leading=leading)
         return 0
-    render_audit(result, console=console, title=title, by_scope=by_scope)
+    console = console or output_console()
+    render_audit(result, console=console, title=title, by_scope=by_scope, verbose=verbose)
+    if not verbose:
+        print_more(console, report=False)
     if json_path is not None:
         write_result(json_path, result, leading=leading)
     return 0
@@ -118,9 +126,10 @@ def run_audit_hlo(
     *,
     console: Any = None,
     by_scope: bool = False,
+    verbose: bool = False,
 ) -> int:
     """Audits HLO text from a compiler dump (``XLA_FLAGS=--xla_dump_to=DIR``); ``by_scope``
-    prints the totals per scope instead of one row per collective."""
+    and ``verbose`` as in :func:`run_audit_program`."""
 
     axes = mesh_needed(mesh_spec, f"auditing --hlo {path}")
     file = hlo_file(path)
@@ -136,4 +145,5 @@ def run_audit_hlo(
         )
     result = audit(text, mesh=axes)
     title = f"{os.path.basename(file)} on {mesh_spec}"
-    return _show_audit(result, {"hlo_file": file}, title, json_path, console, by_scope)
+    leading = {"hlo_file": file}
+    return _show_audit(result, leading, title, json_path, console, by_scope, verbose)

@@ -12,6 +12,7 @@ from typing import Any
 from shardscope._src.base.errors import MeshSpecError, ModelConfigError
 from shardscope._src.base.records import write_result
 from shardscope._src.bounds.matmul import matmul_problem
+from shardscope._src.cli.options import print_more
 from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.render.audit import render_audit
@@ -67,6 +68,7 @@ def run_transformer_command(
     console: Any = None,
     target: str | None = None,
     by_scope: bool = False,
+    verbose: bool = False,
 ) -> int:
     """Audits the reference transformer under ``strategy`` and prints its verdict; returns 0.
 
@@ -103,7 +105,7 @@ def run_transformer_command(
         s, config, mesh, mode=mode, impl=impl, constraints=constraints, hints=hints
     )
     title = f"{report.program.name} on mesh {mesh_spec}: collectives"
-    return _show_verdict(report, title, json_path, console, by_scope)
+    return _show_verdict(report, title, json_path, console, by_scope, verbose)
 
 
 def check_matmul_command(
@@ -149,6 +151,7 @@ def run_matmul_command(
     console: Any = None,
     target: str | None = None,
     by_scope: bool = False,
+    verbose: bool = False,
 ) -> int:
     """Audits ``C[m,n] = A[m,k] @ B[k,n]`` with the given specs and prints its verdict.
 
@@ -164,7 +167,7 @@ def run_matmul_command(
         f"A[{m},{k}] ({a_spec}) @ B[{k},{n}] ({b_spec}) -> C ({out_spec}) on "
         f"mesh {mesh_spec}: collectives"
     )
-    return _show_verdict(report, title, json_path, console, by_scope)
+    return _show_verdict(report, title, json_path, console, by_scope, verbose)
 
 
 def check_moe_command(
@@ -220,6 +223,7 @@ def run_moe_command(
     console: Any = None,
     target: str | None = None,
     by_scope: bool = False,
+    verbose: bool = False,
 ) -> int:
     """Audits one expert-parallel MoE layer (:func:`moe_verdict`) and prints its verdict."""
     check_moe_command(mesh_spec, tokens, experts, top_k, capacity_factor, dtype)
@@ -243,16 +247,19 @@ def run_moe_command(
         f"MoE layer, {experts} experts top-{top_k}, {tokens} tokens x {d_model} ({dtype}, "
         f"{mode}, {impl}{once}) on mesh {mesh_spec}: collectives"
     )
-    return _show_verdict(report, title, json_path, console, by_scope)
+    return _show_verdict(report, title, json_path, console, by_scope, verbose)
 
 
 def _show_verdict(
-    report: Any, title: str, json_path: str | None, console: Any, by_scope: bool
+    report: Any, title: str, json_path: str | None, console: Any, by_scope: bool, verbose: bool
 ) -> int:
-    """Prints the audit table, then the verdict table; writes the JSON if asked; 0."""
+    """Prints the audit table, then the verdict table (everything where ``verbose``, else
+    the answer on one screen and where the rest is); writes the JSON if asked; 0."""
     out = _console(console)
-    render_audit(report.audit, console=out, title=title, by_scope=by_scope)
-    render_verdict(report.verdict, console=out)
+    render_audit(report.audit, console=out, title=title, by_scope=by_scope, verbose=verbose)
+    render_verdict(report.verdict, console=out, verbose=verbose)
+    if not verbose:
+        print_more(out, report=False)
     if json_path is not None:
         write_result(json_path, report)
     return 0

@@ -60,6 +60,7 @@ class AuditConfig(CommandConfig):
     devices: int | None
     by_scope: bool
     compile_target: str | None  # --target; None: simulated CPU devices
+    verbose: bool
     multiprocess: DistributedConfig
 
     @property
@@ -303,6 +304,7 @@ class PlanConfig(HardwareOptions):
     latency: float | None = None
     rate: float | None = None
     clients: int | None = None
+    verbose: bool = False
 
     @property
     def dims(self) -> dict[str, int | None]:
@@ -359,6 +361,7 @@ class ShardConfig(HardwareOptions):
     out: str
     json: str | None
     report: str | None
+    verbose: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,6 +387,7 @@ class ServeConfig(HardwareOptions):
     top: int | None
     json: str | None
     png: str | None
+    verbose: bool
 
     def request(self) -> ServeRequest:
         """The serving plan these options ask for (see :func:`serve_request_of`)."""

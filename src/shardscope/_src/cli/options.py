@@ -78,3 +78,33 @@ def given(config: Any, request: type[Any], *, skip: Collection[str] = ()) -> dic
         if value is not None:
             out[f.name] = value
     return out
+
+
+# -- what the terminal shows ---------------------------------------------------------------------
+
+#: The docs page of the models, with every constant and its source, as the repository names it.
+MODELS_PAGE = "docs/models/models.md"
+
+
+def add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    """``--verbose``: the option of ``plan``, ``serve``, ``shard`` and ``audit`` that prints
+    everything (the default fits the answer on one screen)."""
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print everything: every skipped candidate and its reason, every table and every "
+        "note in full, the time model's constants and their sources (by default the answer "
+        "fits one screen; the JSON and the report always hold everything)",
+    )
+
+
+def more_line(*, report: bool) -> str:
+    """The default output's closing line: where the rest is (``report``: the command writes
+    a Markdown report)."""
+    files = "--report FILE, --json FILE" if report else "--json FILE"
+    return f"more: --verbose, {files}; the models, their constants and sources: {MODELS_PAGE}"
+
+
+def print_more(console: Any, *, report: bool) -> None:
+    """Prints :func:`more_line` on ``console`` (a rich Console), as it is."""
+    console.print(more_line(report=report), highlight=False, markup=False)

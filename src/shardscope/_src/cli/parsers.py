@@ -40,7 +40,7 @@ from shardscope._src.cli.config import (
     ShardConfig,
 )
 from shardscope._src.cli.distributed import add_distributed_options
-from shardscope._src.cli.options import add_request_options
+from shardscope._src.cli.options import add_request_options, add_verbose_option
 from shardscope._src.model.config import MODES, Mode
 from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.plan.request import (
@@ -199,6 +199,7 @@ def _audit_options(
         help="one row per named scope or module path, axes and kind (with the pass and "
         "source lines) instead of one per collective",
     )
+    add_verbose_option(p)
     add_distributed_options(p)
     p.set_defaults(
         config=config,
@@ -621,6 +622,7 @@ def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = Tr
     p.add_argument("--png", metavar="FILE", help=f"write {chart}")
     if report:
         p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+    add_verbose_option(p)
 
 
 def add_shard_parser(sub: Any) -> None:
@@ -660,4 +662,5 @@ def add_shard_parser(sub: Any) -> None:
     )
     p.add_argument("--json", metavar="FILE", help="write the search as JSON ('-': stdout)")
     p.add_argument("--report", metavar="FILE", help="write a Markdown report")
+    add_verbose_option(p)
     p.set_defaults(config=ShardConfig)

@@ -25,6 +25,7 @@ from shardscope._src.cli.args import (
 )
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import HardwareOptions, PlanConfig
+from shardscope._src.cli.options import print_more
 from shardscope._src.cli.paths import check_file_path, check_output_paths, print_written
 from shardscope._src.cli.serve import run_serve_command
 from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest, ServeRequest
@@ -60,6 +61,7 @@ def run_plan_command(
     console: Any = None,
     progress_console: Any = None,
     flags: Flags = NO_FLAGS,
+    verbose: bool = False,
 ) -> int:
     """Plans ``request``, prints the ranked table, writes the requested files; returns 0.
 
@@ -72,6 +74,8 @@ def run_plan_command(
             the progress bar (default stderr).
         flags: the flags of the command line that asked, named after the notes that
             suggest a change.
+        verbose: print everything (every skipped candidate, the validation table, every
+            note in full); else the answer on one screen and a line saying where the rest is.
 
     Raises:
         PlanError: no plan at all (after printing what was skipped and writing the files),
@@ -87,7 +91,9 @@ def run_plan_command(
         # on standard output sends the tables to stderr
         width = natural_width(plan_table(result), least=150)
         console = output_console(piped_width=width, stderr=json_path == STDOUT)
-    render_plan(result, console=console, top=top, empty_reason=False, flags=flags)
+    render_plan(result, console=console, top=top, empty_reason=False, flags=flags, verbose=verbose)
+    if not verbose:
+        print_more(console, report=True)
     written = write_plan_files(
         result,
         markdown_report,
@@ -224,6 +230,7 @@ def plan_command(c: PlanConfig) -> int:
         report_path=c.report,
         top=c.top,
         flags=c.flags,
+        verbose=c.verbose,
     )
 
 
@@ -236,6 +243,7 @@ SERVE_OPTIONS = tuple(
 #: What ``plan --serve`` reads (the rest of ``plan``'s options plan training).
 _SERVE_READS = frozenset(
     {"flags", "model", "devices", "hardware", "batch", "compiler", "top", "json", "png"}
+    | {"verbose"}
     | {"serve", "imbalance", "dispatch_once", *SERVE_OPTIONS}
     | {f.name for f in fields(HardwareOptions)}
 )
@@ -255,7 +263,9 @@ def _cmd_serve(c: PlanConfig) -> int:
             f"{PROG} plan --serve: these options plan training, not serving"
             f"{c.flags(training)}; drop them (serving plans every layout of the devices)"
         )
-    return run_serve_command(c.serve_request(), top=c.top, json_path=c.json, png_path=c.png)
+    return run_serve_command(
+        c.serve_request(), top=c.top, json_path=c.json, png_path=c.png, verbose=c.verbose
+    )
 
 
 def _cmd_plan_program(c: PlanConfig, program: str) -> int:
@@ -302,6 +312,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
         report_path=c.report,
         top=c.top,
         flags=c.flags,
+        verbose=c.verbose,
     )
 
 
@@ -332,6 +343,7 @@ def run_plan_program(
     target: str | None = None,
     axis_types: str | None = None,
     flags: Flags = NO_FLAGS,
+    verbose: bool = False,
 ) -> int:
     """Plans ``make_step`` from ``FILE.py:FUNCTION`` on ``devices`` (simulated CPU devices, or
     ``target``'s compile-only devices and compiler); prints, writes the files.
@@ -339,7 +351,8 @@ def run_plan_program(
     Rules come from ``rules_path`` (JSON, see :func:`load_rules_file`), else the module's
     ``RULES`` if it defines one, else the program is planned as written over ``axes``;
     ``rule_set`` keeps one of them.
-    ``flags`` names the options of the command line after the notes that suggest a change.
+    ``flags`` names the options of the command line after the notes that suggest a change;
+    ``verbose`` prints everything (else the answer on one screen, as :func:`run_plan_command`).
     """
 
     check_program_devices(devices)
@@ -367,7 +380,9 @@ def run_plan_program(
         name=ref,
     )
     if json_path != STDOUT:
-        render_program_plan(result, console=console, top=top, flags=flags)
+        render_program_plan(result, console=console, top=top, flags=flags, verbose=verbose)
+        if not verbose:
+            print_more(console, report=True)
     written = write_plan_files(
         result,
         program_markdown_report,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from shardscope._src.base.records import write_result
 from shardscope._src.cli.config import ServeConfig
+from shardscope._src.cli.options import print_more
 from shardscope._src.cli.paths import check_output_paths, print_written
 from shardscope._src.plan.request import ServeRequest
 
@@ -18,7 +19,9 @@ def check_serve(c: ServeConfig) -> None:
 
 
 def serve_command(c: ServeConfig) -> int:
-    return run_serve_command(c.request(), top=c.top, json_path=c.json, png_path=c.png)
+    return run_serve_command(
+        c.request(), top=c.top, json_path=c.json, png_path=c.png, verbose=c.verbose
+    )
 
 
 def run_serve_command(
@@ -27,8 +30,11 @@ def run_serve_command(
     top: int | None = None,
     json_path: str | None = None,
     png_path: str | None = None,
+    verbose: bool = False,
 ) -> int:
-    """Plans ``request``, prints the table and writes the files asked for; returns 0."""
+    """Plans ``request``, prints the table and writes the files asked for; returns 0.
+    ``verbose`` prints the caption that explains the columns (else the answer on one screen
+    and a line saying where the rest is)."""
     from shardscope._src.render.console import natural_width, output_console
     from shardscope._src.render.serve import plot_serve, render_serve
     from shardscope._src.serve.search import serve_request
@@ -37,7 +43,9 @@ def run_serve_command(
     # piped, the table is printed as wide as its cells need (the caption wraps to it)
     width = natural_width(render_serve(result, top=top, caption=False), least=100)
     console = output_console(piped_width=width)
-    console.print(render_serve(result, top=top))
+    console.print(render_serve(result, top=top, verbose=verbose))
+    if not verbose:
+        print_more(console, report=False)
     written: list[Path | None] = []
     if json_path:
         written.append(write_result(json_path, result))

@@ -13,7 +13,7 @@ from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.args import PROG, UsageError
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import ShardConfig
-from shardscope._src.cli.options import given
+from shardscope._src.cli.options import given, print_more
 from shardscope._src.cli.paths import check_output_paths, print_written
 from shardscope._src.cli.plan import check_program_devices
 from shardscope._src.plan.cluster import check_address
@@ -87,7 +87,9 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
     result = suggest_request(request)
     if console is None:
         console = output_console(piped_width=150, stderr=c.json == STDOUT)
-    render_suggest(result, console=console, top=c.top)
+    render_suggest(result, console=console, top=c.top, verbose=c.verbose)
+    if not c.verbose:
+        print_more(console, report=True)
     written: list[Path | None] = []
     if result.best is not None:
         written.append(result.write_rules(c.out))

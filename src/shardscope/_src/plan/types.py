@@ -98,15 +98,28 @@ def no_fit_note(label: str, need: int, have: int, hardware: str, searched: bool 
     return Note(PlanNote.NO_FIT, values, FIT_PARAMS)
 
 
+def skipped_by_reason(skipped: Sequence[Skipped]) -> dict[SkipReason, list[Skipped]]:
+    """The skipped candidates grouped by their reason, the reasons in the order they first
+    appear, each group in its candidates' order.
+
+    >>> a, b = Skipped("tp", "model=64", SkipReason.DIVISIBILITY, ""), Skipped(
+    ...     "dp", "data=64", SkipReason.MEMORY, "")
+    >>> {str(r): [s.strategy for s in g] for r, g in skipped_by_reason([a, b, a]).items()}
+    {'divisibility': ['tp', 'tp'], 'memory': ['dp']}
+    """
+    by: dict[SkipReason, list[Skipped]] = {}
+    for s in skipped:
+        by.setdefault(SkipReason(s.reason), []).append(s)
+    return by
+
+
 def no_plan_note(
     what: str, devices: int, skipped: Sequence[Skipped], hardware: Hardware | None = None
 ) -> Note:
     """Why a sweep of ``what`` on ``devices`` has no plan: what was skipped, for which
     reasons, one example, and (with ``hardware``) the memory the model state outgrew."""
-    by: dict[str, list[Skipped]] = {}
-    for s in skipped:
-        by.setdefault(str(s.reason), []).append(s)
-    counts = {reason: len(v) for reason, v in by.items()}
+    by = skipped_by_reason(skipped)
+    counts = {str(reason): len(v) for reason, v in by.items()}
     limit = name = None
     params: tuple[str, ...] = ()
     if hardware is not None and SkipReason.MEMORY in by:

@@ -15,6 +15,7 @@ from shardscope._src.audit.records import Audit
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
 from shardscope._src.base.display import View, register
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.render.brief import print_line
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 from shardscope._src.render.console import mimebundle, output_console
 from shardscope._src.targets.specs import CPU_TARGET, TARGETS
@@ -37,16 +38,20 @@ def _short(where: str, *, library: bool = False) -> str:
     return f"{os.path.basename(path)}:{line}"
 
 
-def _where(c: Collective) -> str:
+def _where(c: Collective, *, every: bool = True) -> str:
+    """The Python line that emitted ``c`` (and the library's line it called); not
+    ``every``, the user's line alone, and of a combined collective the first array's line
+    and how many more."""
     lines: list[str] = []
     for p in c.parts:
         where = p.user_source or p.source
         if where and _short(where) not in lines:
             lines.append(_short(where))
     if len(lines) > 1:  # a combined collective: each array's own line
-        return ", ".join(lines)
+        return ", ".join(lines) if every else f"{lines[0]} +{len(lines) - 1} more"
     if c.user_source and c.source and c.user_source != c.source:
-        return f"{_short(c.user_source)} (in {_short(c.source, library=True)})"
+        library = f" (in {_short(c.source, library=True)})" if every else ""
+        return f"{_short(c.user_source)}{library}"
     if c.source:
         return _short(c.source)
     if lines:
@@ -87,8 +92,10 @@ def _groups_text(c: Collective, limit: int = 200) -> str:
     return "".join(parts)[:limit]
 
 
-def audit_table(audit: Audit, *, title: str | None = None) -> Any:
-    """A ``rich.table.Table`` of the audit's collectives."""
+def audit_table(audit: Audit, *, title: str | None = None, verbose: bool = True) -> Any:
+    """A ``rich.table.Table`` of the audit's collectives; not ``verbose``, a collective the
+    compiler combined from several arrays names the first's source line and counts the
+    rest."""
     from rich.table import Table
     from rich.text import Text
 
@@ -128,7 +135,7 @@ def audit_table(audit: Audit, *, title: str | None = None) -> Any:
             _array(c),
             format_bytes(c.payload_bytes),
             format_bytes(c.traffic_bytes * c.count),
-            _where(c),
+            _where(c, every=verbose),
             c.name,
         )
         nxt = collectives[i + 1] if i + 1 < len(collectives) else None
@@ -341,16 +348,27 @@ def audit_notes(audit: Audit) -> list[str]:
 
 
 def render_audit(
-    audit: Audit, *, console: Any = None, title: str | None = None, by_scope: bool = False
+    audit: Audit,
+    *,
+    console: Any = None,
+    title: str | None = None,
+    by_scope: bool = False,
+    verbose: bool = True,
 ) -> None:
     """Prints the audit table and its notes to ``console`` (a new rich Console by default).
 
     ``by_scope`` prints the totals per scope (:func:`scope_table`) instead of one row per
-    collective.
+    collective. Not ``verbose`` (the command line's default), a combined collective names
+    one source line, the priced collectives' table is its one-line total and each note is
+    one line.
     """
 
     console = console or output_console()
-    table = scope_table(audit, title=title) if by_scope else audit_table(audit, title=title)
+    table = (
+        scope_table(audit, title=title)
+        if by_scope
+        else audit_table(audit, title=title, verbose=verbose)
+    )
     console.print(table)
     if by_scope and audit.exposure() is not None:
         for scope, e in audit.exposure_by_scope().items():
@@ -360,16 +378,27 @@ def render_audit(
                 highlight=False,
                 markup=False,
             )
+    elif not verbose and audit.exposure() is not None:
+        console.print(_exposure_line(audit), highlight=False, markup=False)
     elif (overlap := overlap_table(audit)) is not None:
         console.print(overlap)
     for note in audit_notes(audit):
-        console.print(note, highlight=False, markup=False)
+        if verbose:
+            console.print(note, highlight=False, markup=False)
+        else:
+            print_line(console, note)
 
 
 def format_audit(
-    audit: Audit, *, width: int = 140, title: str | None = None, by_scope: bool = False
+    audit: Audit,
+    *,
+    width: int = 140,
+    title: str | None = None,
+    by_scope: bool = False,
+    verbose: bool = True,
 ) -> str:
-    """The rendered table and notes as plain text (no colour), e.g. for logs and tests."""
+    """The rendered table and notes as plain text (no colour), e.g. for logs and tests
+    (``verbose`` as in :func:`render_audit`)."""
 
     from rich.console import Console
 
@@ -379,6 +408,7 @@ def format_audit(
         console=Console(file=buf, width=width, color_system=None, force_terminal=False),
         title=title,
         by_scope=by_scope,
+        verbose=verbose,
     )
     return buf.getvalue()
 

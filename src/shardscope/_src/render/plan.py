@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_flops, format_seconds
 from shardscope._src.check.bound import TOLERANCE
+from shardscope._src.plan.notes import PlanNote
+from shardscope._src.render.brief import print_line, skipped_lines
 from shardscope._src.render.columns import (
     Alarm,
     Column,
@@ -199,34 +201,52 @@ def ranked_table(
     heading: str,
     caption: str,
     top: int | None,
+    edge: bool = True,
 ) -> Any:
-    """The ranked plans (the best ``top``; None: all) as a rich table."""
+    """The ranked plans (the best ``top``; None: all) as a rich table (without ``edge``, no
+    blank line above and below its rows)."""
     return rich_table(
-        columns, result.plans[: top or None], title=f"Plans: {heading}", caption=caption
+        columns,
+        result.plans[: top or None],
+        title=f"Plans: {heading}",
+        caption=caption,
+        show_edge=edge,
     )
 
 
-def plan_table(result: PlanResult, *, top: int | None = None) -> Any:
-    """The ranked plans as a rich table."""
+def plan_table(result: PlanResult, *, top: int | None = None, verbose: bool = True) -> Any:
+    """The ranked plans as a rich table; its caption explains the columns where
+    ``verbose``, else it counts the candidates alone."""
     caption = (
         f"{result.screened} candidates estimated, {len(result.plans)} compiled, "
         f"{len(result.skipped)} skipped, {result.wall_s:.1f} s. * Pareto front (memory vs "
-        f"step time). Memory: what the fit was judged by (a target compiler's buffer "
-        f"assignment where it compiled the plan, else the analytic estimate; the CPU "
-        f"compiler's numbers are in the JSON and report). Schedule: micro-batches per data "
-        f"shard, recomputation, the optimizer state on the host (streamed in and out for the "
-        f"update, exposed) and the vocabulary split over 'model' where chosen. Step: the "
-        f"compiled program's collectives in the time model (compute at the achievable "
-        f"fraction of peak, tensor-parallel collectives exposed, data-parallel ones overlapped "
-        f"as the schedule allows, pipeline bubble, optimizer); MFU: model FLOPs over the "
-        f"devices' peak."
+        f"step time)."
     )
-    return ranked_table(PLAN_COLUMNS, result, heading=headline(result), caption=caption, top=top)
+    if verbose:
+        caption += _PLAN_COLUMNS_TEXT
+    return ranked_table(
+        PLAN_COLUMNS, result, heading=headline(result), caption=caption, top=top, edge=verbose
+    )
 
 
-def comm_table(result: PlanResult, *, top: int = 3) -> Any:
+#: What the ranked plans' columns mean (the caption's second part, when verbose).
+_PLAN_COLUMNS_TEXT = (
+    " Memory: what the fit was judged by (a target compiler's buffer "
+    "assignment where it compiled the plan, else the analytic estimate; the CPU "
+    "compiler's numbers are in the JSON and report). Schedule: micro-batches per data "
+    "shard, recomputation, the optimizer state on the host (streamed in and out for the "
+    "update, exposed) and the vocabulary split over 'model' where chosen. Step: the "
+    "compiled program's collectives in the time model (compute at the achievable "
+    "fraction of peak, tensor-parallel collectives exposed, data-parallel ones overlapped "
+    "as the schedule allows, pipeline bubble, optimizer); MFU: model FLOPs over the "
+    "devices' peak."
+)
+
+
+def comm_table(result: PlanResult, *, top: int = 3, edge: bool = True) -> Any:
     """The best plans' collectives per mesh axis and kind, loop trips counted: one row per
-    axis and kind, the plan named on its first."""
+    axis and kind, the plan named on its first (without ``edge``, no blank line above and
+    below its rows)."""
     label: Column[tuple[str, AxisComm]] = Column("plan", lambda row: row[0], no_wrap=True)
 
     def comm_of(row: tuple[str, AxisComm]) -> AxisComm:
@@ -235,7 +255,7 @@ def comm_table(result: PlanResult, *, top: int = 3) -> Any:
     columns = [label, *(c.on(comm_of) for c in rich_columns(COMM_COLUMNS))]
     shown = min(top, len(result.plans))
     best = "the best plan" if shown == 1 else f"the best {shown} plans"
-    table = rich_table(columns, (), title=f"Communication of {best}, per axis")
+    table = rich_table(columns, (), title=f"Communication of {best}, per axis", show_edge=edge)
     for p in result.plans[:top]:
         for i, a in enumerate(p.comm):
             table.add_row(*rich_cells(columns, (f"{p.rank}. {p.label}" if i == 0 else "", a)))
@@ -250,6 +270,16 @@ def skipped_table(result: PlanSet[RankedPlan], *, first: str = "strategy") -> An
     return rich_table(skipped_columns(first), result.skipped, title="Skipped")
 
 
+def validation_line(result: PlanResult) -> str:
+    """The validation table in one line: how many strategies' compiled communication is
+    within the tolerance of the formula's."""
+    ok = sum(v.ok for v in result.validations)
+    return (
+        f"compiled communication vs the analytic formula: {ok} of "
+        f"{len(result.validations)} strategies' best plans within {TOLERANCE:.0%}"
+    )
+
+
 def validation_table(result: PlanResult) -> Any:
     return rich_table(
         VALIDATION_COLUMNS,
@@ -257,6 +287,11 @@ def validation_table(result: PlanResult) -> Any:
         title="Compiled communication vs the analytic formula (best plan of each strategy; "
         f"ok: within {TOLERANCE:.0%} either way)",
     )
+
+
+#: The notes the terminal prints only when verbose: the time model's constants and their
+#: sources (the report's conventions, the JSON's notes and the docs' models page have them).
+LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
 
 
 def no_flags(params: Sequence[str]) -> str:
@@ -271,39 +306,55 @@ def render_plan(
     top: int | None = None,
     empty_reason: bool = True,
     flags: Callable[[Sequence[str]], str] = no_flags,
+    verbose: bool = True,
 ) -> None:
-    """Prints the plan table, then what was skipped, the validation and the caveats.
+    """Prints the plan table, the best plans' communication, then what was skipped, the
+    validation and the caveats.
 
     With no plan it prints why (unless ``empty_reason=False``: the CLI says it on stderr).
     ``flags`` turns the parameters a note names into the words that follow it (the command
-    line names its flags).
+    line names its flags). Not ``verbose`` (the command line's default), the skipped
+    candidates are a line a reason, the validation one line, each note one line and the
+    time model's constants and their sources left out (the JSON and the report have them).
     """
     from rich.console import Console
 
     console = console or Console()
     if result.plans:
-        console.print(plan_table(result, top=top))
+        console.print(plan_table(result, top=top, verbose=verbose))
         if result.fit_note:
             note = result.fit_note
             console.print(f"[bold red]{note}{flags(note.params)}[/]", highlight=False)
-        console.print(comm_table(result))
+        console.print(comm_table(result, edge=verbose))
     elif empty_reason:
         console.print(f"[bold]{result.empty_reason}[/bold]")
     if result.skipped:
-        console.print(skipped_table(result))
+        if verbose:
+            console.print(skipped_table(result))
+        else:
+            for line in skipped_lines(result.skipped):
+                print_line(console, line)
     if result.validations:
-        console.print(validation_table(result))
-    if result.plans:
-        for note in result.notes:
-            console.print(f"note: {note}", highlight=False)
-        # what a compiler said of the memory of a plan in the table (its other notes are in
-        # the JSON and the report)
-        from shardscope._src.plan.notes import PlanNote
-
-        for p in result.plans[: top or None]:
-            for note in p.notes:
-                if note.kind == PlanNote.MEMORY_PRESSURE:
-                    console.print(f"note: plan {p.rank} ({p.label}): {note}", highlight=False)
+        if verbose:
+            console.print(validation_table(result))
+        else:
+            print_line(console, validation_line(result))
+    if not result.plans:
+        return
+    # what a compiler said of the memory of a plan in the table (its other notes are in the
+    # JSON and the report)
+    notes = [f"note: {note}" for note in result.notes if verbose or note.kind not in LONG_NOTES]
+    notes += [
+        f"note: plan {p.rank} ({p.label}): {note}"
+        for p in result.plans[: top or None]
+        for note in p.notes
+        if note.kind == PlanNote.MEMORY_PRESSURE
+    ]
+    for line in notes:
+        if verbose:
+            console.print(line, highlight=False)
+        else:
+            print_line(console, line)
 
 
 # -- Markdown --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes, format_seconds
+from shardscope._src.render.brief import print_line, skipped_lines
 from shardscope._src.render.columns import Column, markdown_table
 from shardscope._src.render.plan import (
     COMM_BOUND,
@@ -18,6 +19,7 @@ from shardscope._src.render.plan import (
     COMPUTE,
     FITS,
     KIND_SHORT,
+    LONG_NOTES,
     MEMORY,
     MESH,
     PARETO,
@@ -86,14 +88,26 @@ PROGRAM_MEMORY_COLUMNS: tuple[Column[ProgramPlan], ...] = (
 PROGRAM_COMM_COLUMNS = tuple(c for c in COMM_COLUMNS if c is not COMM_BOUND)
 
 
-def program_plan_table(result: ProgramPlanResult, *, top: int | None = None) -> Any:
+def program_plan_table(
+    result: ProgramPlanResult, *, top: int | None = None, verbose: bool = True
+) -> Any:
+    """The ranked plans as a rich table; its caption explains the columns where
+    ``verbose``."""
     caption = (
         f"{len(result.plans)} plans compiled, {len(result.skipped)} skipped, "
-        f"{result.wall_s:.1f} s. * Pareto front (memory vs step time). Memory: the "
-        f"compiler's buffers per device. Step: compute + comm; overlap: the larger."
+        f"{result.wall_s:.1f} s. * Pareto front (memory vs step time)."
     )
+    if verbose:
+        caption += (
+            " Memory: the compiler's buffers per device. Step: compute + comm; overlap: the larger."
+        )
     return ranked_table(
-        PROGRAM_PLAN_COLUMNS, result, heading=headline(result), caption=caption, top=top
+        PROGRAM_PLAN_COLUMNS,
+        result,
+        heading=headline(result),
+        caption=caption,
+        top=top,
+        edge=verbose,
     )
 
 
@@ -103,25 +117,34 @@ def render_program_plan(
     console: Any = None,
     top: int | None = None,
     flags: Callable[[Sequence[str]], str] = no_flags,
+    verbose: bool = True,
 ) -> None:
     """Prints the ranked plans, what was skipped, the rule sets and the caveats; ``flags``
-    as in :func:`~shardscope._src.render.plan.render_plan`."""
+    and ``verbose`` as in :func:`~shardscope._src.render.plan.render_plan`."""
     from rich.console import Console
 
     console = console or Console()
     if result.plans:
-        console.print(program_plan_table(result, top=top))
+        console.print(program_plan_table(result, top=top, verbose=verbose))
         if result.fit_note:
             note = result.fit_note
             console.print(f"[bold red]{note}{flags(note.params)}[/]", highlight=False)
     if result.skipped:
-        console.print(skipped_table(result, first="rules"))
+        if verbose:
+            console.print(skipped_table(result, first="rules"))
+        else:
+            for line in skipped_lines(result.skipped):
+                print_line(console, line)
 
     for name, rules in result.rule_sets.items():
         console.print(f"rules {name}: {format_rules(rules)}", highlight=False)
-    if result.plans:
-        for note in result.notes:
+    if not result.plans:
+        return
+    for note in result.notes:
+        if verbose:
             console.print(f"note: {note}", highlight=False)
+        elif note.kind not in LONG_NOTES:
+            print_line(console, f"note: {note}")
 
 
 def program_markdown_report(result: ProgramPlanResult) -> str:

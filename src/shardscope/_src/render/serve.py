@@ -50,9 +50,12 @@ def serve_columns(
     )
 
 
-def render_serve(result: ServeResult, *, top: int | None = None, caption: bool = True) -> Any:
+def render_serve(
+    result: ServeResult, *, top: int | None = None, caption: bool = True, verbose: bool = True
+) -> Any:
     """The table of ``result``'s plans (the best ``top``, and every plan of the front), with
-    its caption (the columns explained) or without (to measure the table's cells)."""
+    its caption or without (to measure the table's cells); the caption explains the columns
+    where ``verbose``, else it counts the plans alone."""
     n = DEFAULT_TOP if top is None else top
     shown = [p for i, p in enumerate(result.plans) if i < n or p.pareto]
     title = (
@@ -77,7 +80,10 @@ def render_serve(result: ServeResult, *, top: int | None = None, caption: bool =
             if loaded
             else "latency-throughput front"
         )
-        + ". Per token: the decode step's traffic through HBM "
+        + "."
+    )
+    columns = (
+        " Per token: the decode step's traffic through HBM "
         "or its matmuls, whichever is slower (on a GPU kernel by kernel, the attention "
         "core one fused kernel), its collectives (comm: "
         "tensor parallelism's all-reduces, and a mixture's dispatch and combine over "
@@ -111,6 +117,8 @@ def render_serve(result: ServeResult, *, top: int | None = None, caption: bool =
             else ""
         )
     )
+    if verbose:
+        text += columns
     return rich_table(
         serve_columns(kv, loaded), shown, title=title, caption=text if caption else None
     )

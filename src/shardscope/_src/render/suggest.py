@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.render.brief import skipped_lines as grouped_skipped_lines
 from shardscope._src.render.columns import Column, markdown_table, rich_table
 from shardscope._src.render.plan import format_ratio
 from shardscope._src.sharding.rules import sharded_rules
@@ -99,14 +100,23 @@ def skipped_lines(result: SuggestResult) -> list[str]:
     return [f"skipped {s.strategy} {s.mesh} ({s.reason}): {s.message}" for s in result.skipped]
 
 
-def render_suggest(result: SuggestResult, *, console: Any, top: int | None = None) -> None:
-    """Prints the proposals, what the best changes in the user's plan and its arrays."""
+#: The arrays of the best proposal the terminal lists when not verbose.
+ARRAYS_SHOWN = 10
+
+
+def render_suggest(
+    result: SuggestResult, *, console: Any, top: int | None = None, verbose: bool = True
+) -> None:
+    """Prints the proposals, what the best changes in the user's plan and its arrays. Not
+    ``verbose`` (the command line's default), the candidates whose compile failed are a line
+    a reason and the best's first :data:`ARRAYS_SHOWN` arrays are listed (the JSON and the
+    report have every one)."""
     console.print(headline(result), highlight=False)
     shown: Sequence[Proposal] = result.proposals[:top] if top else result.proposals
     console.print(
         rich_table(PROPOSAL_COLUMNS, shown, title="proposals (compiled, best first)"),
     )
-    for line in skipped_lines(result):
+    for line in skipped_lines(result) if verbose else grouped_skipped_lines(result.skipped):
         console.print(line, highlight=False)
     best = result.best
     if best is None:
@@ -117,12 +127,12 @@ def render_suggest(result: SuggestResult, *, console: Any, top: int | None = Non
     if change is not None:
         for line in change_lines(change):
             console.print(line, highlight=False)
+    arrays = best.arrays if verbose else best.arrays[:ARRAYS_SHOWN]
+    which = "every array"
+    if len(arrays) < len(best.arrays):
+        which = f"the first {len(arrays)} of its {len(best.arrays)} arrays"
     console.print(
-        rich_table(
-            ARRAY_COLUMNS,
-            best.arrays,
-            title=f"the best, {format_mesh_spec(best.mesh)}: every array",
-        )
+        rich_table(ARRAY_COLUMNS, arrays, title=f"the best, {format_mesh_spec(best.mesh)}: {which}")
     )
 
 

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import ALL_REDUCE, REDUCE_SCATTER, format_bytes
+from shardscope._src.render.brief import NAMED, print_line
 from shardscope._src.render.console import output_console
 
 if TYPE_CHECKING:
@@ -95,15 +96,25 @@ def verdict_table(verdict: Verdict, *, title: str | None = None) -> Any:
     return table
 
 
-def verdict_lines(verdict: Verdict) -> list[str]:
-    """The lines printed under the table, ending with the verdict itself."""
+def verdict_lines(verdict: Verdict, *, verbose: bool = True) -> list[str]:
+    """The lines printed under the table, ending with the verdict itself; not ``verbose``,
+    the instructions that exceed the bound for the same reason are one line, naming a few."""
     lines = []
-    for e in verdict.excess:
-        scope = f" [{e.scope}]" if e.scope else ""
-        lines.append(
-            f"exceeds: {e.instruction} ({e.kind} x{e.count} of {e.array}, "
-            f"{format_bytes(e.traffic_bytes)}) at {_where(e)}{scope}: {e.reason}"
-        )
+    if verbose:
+        for e in verdict.excess:
+            scope = f" [{e.scope}]" if e.scope else ""
+            lines.append(
+                f"exceeds: {e.instruction} ({e.kind} x{e.count} of {e.array}, "
+                f"{format_bytes(e.traffic_bytes)}) at {_where(e)}{scope}: {e.reason}"
+            )
+    else:
+        by: dict[str, list[Excess]] = {}
+        for e in verdict.excess:
+            by.setdefault(e.reason, []).append(e)
+        for reason, group in by.items():
+            names = ", ".join(e.instruction for e in group[:NAMED])
+            more = f" and {len(group) - NAMED} more" if len(group) > NAMED else ""
+            lines.append(f"exceeds ({len(group)}: {names}{more}): {reason}")
     for h in verdict.hints:
         status = "reaches the bound" if h.reaches_bound else f"{_ratio_text(h.ratio)} the bound"
         if h.traffic_bytes >= verdict.actual_bytes:
@@ -116,13 +127,21 @@ def verdict_lines(verdict: Verdict) -> list[str]:
     return lines
 
 
-def render_verdict(verdict: Verdict, *, console: Any = None, title: str | None = None) -> None:
-    """Prints the verdict table and its lines to ``console`` (a new rich Console by default)."""
+def render_verdict(
+    verdict: Verdict, *, console: Any = None, title: str | None = None, verbose: bool = True
+) -> None:
+    """Prints the verdict table and its lines to ``console`` (a new rich Console by default);
+    not ``verbose``, each line but the verdict's own is cut to one line of the console."""
 
     console = console or output_console()
     console.print(verdict_table(verdict, title=title))
-    for line in verdict_lines(verdict):
-        console.print(line, highlight=False, markup=False)
+    lines = verdict_lines(verdict, verbose=verbose)
+    for line in lines[:-1]:
+        if verbose:
+            console.print(line, highlight=False, markup=False)
+        else:
+            print_line(console, line)
+    console.print(lines[-1], highlight=False, markup=False)
 
 
 def format_verdict(verdict: Verdict, *, width: int = 140) -> str:

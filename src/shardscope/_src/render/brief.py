@@ -1,0 +1,45 @@
+"""The terminal's short answer: the lines a renderer prints in place of a long table or a
+paragraph when it is not asked to be verbose (the command line's default; ``--verbose``, the
+JSON and the reports keep everything).
+
+A skipped candidate's reason is one line with the count and a few of the layouts; a note is
+one line, cut at the console's width with an ellipsis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardscope._src.plan.types import skipped_by_reason
+
+if TYPE_CHECKING:
+    from shardscope._src.plan.types import Skipped
+
+#: The layouts a skipped reason's line names before it counts the rest.
+NAMED = 3
+
+
+def skipped_lines(skipped: Sequence[Skipped], *, named: int = NAMED) -> list[str]:
+    """One line a reason the candidates were skipped for: how many, and the first ``named``
+    of them (``'skipped for divisibility: 21 (tp model=64, sp model=64, dp_tp
+    data=4,model=16 and 18 more)'``)."""
+    lines = []
+    for reason, group in skipped_by_reason(skipped).items():
+        names = ", ".join(f"{s.strategy} {s.mesh}" for s in group[:named])
+        more = f" and {len(group) - named} more" if len(group) > named else ""
+        lines.append(f"skipped for {reason}: {len(group)} ({names}{more})")
+    return lines
+
+
+def print_line(console: Any, text: str, *, style: str | None = None) -> None:
+    """Prints ``text`` on one line of ``console``, cut with an ellipsis where it is wider
+    (rich's own overflow); ``style`` colours it."""
+    console.print(
+        text,
+        style=style,
+        no_wrap=True,
+        overflow="ellipsis",
+        highlight=False,
+        markup=False,
+    )
