@@ -193,7 +193,9 @@ def check_plan(c: PlanConfig) -> None:
 
     for name in c.strategies.split(",") if c.strategies is not None else []:
         if name.strip() not in ALL_STRATEGIES:
-            composes_error(name.strip(), PlanError)
+            why = composes_error(name.strip())
+            if why is not None:
+                raise PlanError(f"{why} (in --strategies {c.strategies!r})")
             raise PlanError(
                 f"unknown strategy {name.strip()!r} in --strategies {c.strategies!r}; give "
                 f"a comma-separated list of {', '.join(ALL_STRATEGIES)}"

@@ -351,7 +351,9 @@ class PlanRequest:
                 )
         for name in self.strategy_names:
             if name not in ALL_STRATEGIES:
-                composes_error(name, PlanError)
+                why = composes_error(name)
+                if why is not None:
+                    raise PlanError(why, param="strategies")
                 raise PlanError(
                     f"unknown strategy {name!r}; choose from {', '.join(ALL_STRATEGIES)}",
                     param="strategies",

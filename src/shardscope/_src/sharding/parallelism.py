@@ -100,8 +100,7 @@ class Parallelism:
             raise StrategyError(
                 f"{self.name}: expert parallelism composes with data parallelism (dp, fsdp) "
                 f"or with tensor parallelism (tp), one of them, and without context or "
-                f"sequence parallelism; choose one of ep, dp_ep, fsdp_ep, ep_tp",
-                param="strategies",
+                f"sequence parallelism; choose one of ep, dp_ep, fsdp_ep, ep_tp"
             )
 
     @property
@@ -140,7 +139,6 @@ class Parallelism:
                     f"unknown strategy {name!r}: a strategy is named by its parts in the order "
                     f"data ({', '.join(d for d in DataParallel if d != DataParallel.NONE)}), "
                     f"{EXPERT_PART}, tensor (tp or sp), {CONTEXT_PART}, joined by '_' "
-                    f"(e.g. zero1_sp_cp), or {REPLICATED}; {part!r} does not read there",
-                    param="strategies",
+                    f"(e.g. zero1_sp_cp), or {REPLICATED}; {part!r} does not read there"
                 )
         return cls(data, tensor, context, expert)

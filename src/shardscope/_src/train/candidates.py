@@ -47,6 +47,7 @@ from shardscope._src.plan.request import DEFAULT_STRATEGIES
 from shardscope._src.plan.types import Skipped, SkipReason
 from shardscope._src.sharding.strategies import (
     ALL_STRATEGIES,
+    CONTEXT_AXIS,
     Placement,
     Role,
     Strategy,
@@ -153,11 +154,15 @@ def _crosses(strategy: Strategy, sizes: MeshShape, node_size: int) -> bool:
     slices (TPU): HSDP's ``data`` groups (its gathers and reduce-scatters are the step's
     largest collectives, and only the all-reduce over ``replica`` is meant for the slower
     network), and, with three roles or more, the ``model`` groups (tensor parallelism's
-    activations on every layer's critical path: Megatron-LM keeps it inside a node), which
-    keeps the meshes of the strategies that combine the dimensions to those that run."""
+    activations on every layer's critical path: Megatron-LM keeps it inside a node) and a
+    ``context`` axis of more than a node's devices (splitting the sequence wider still is the
+    long-context case, which the two-role ``*_cp`` strategies screen): this keeps the meshes
+    of the strategies that combine the dimensions to a few per stage count."""
     if Role.REPLICA in strategy.roles and crosses_nodes(sizes, (Role.DATA,), node_size):
         return True
-    return len(strategy.roles) >= 3 and crosses_nodes(sizes, (Role.MODEL,), node_size)
+    if len(strategy.roles) < 3:
+        return False
+    return crosses_nodes(sizes, (Role.MODEL,), node_size) or sizes.get(CONTEXT_AXIS, 1) > node_size
 
 
 def pinned_mesh(
