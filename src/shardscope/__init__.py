@@ -88,6 +88,9 @@ if TYPE_CHECKING:
     from shardscope._src.serve.types import ServePlan as ServePlan
     from shardscope._src.serve.types import ServeResult as ServeResult
     from shardscope._src.sharding.numerics import compare_numerics as compare_numerics
+    from shardscope._src.sharding.parallelism import DataParallel as DataParallel
+    from shardscope._src.sharding.parallelism import Parallelism as Parallelism
+    from shardscope._src.sharding.parallelism import Tensor as Tensor
     from shardscope._src.sharding.programs import (
         build_reference_program as build_program,  # noqa: F401 (its old name, kept working)
     )
@@ -95,10 +98,12 @@ if TYPE_CHECKING:
         build_reference_program as build_reference_program,
     )
     from shardscope._src.sharding.rules import logical_to_spec as logical_to_spec
+    from shardscope._src.sharding.strategies import ALL_STRATEGIES as ALL_STRATEGIES
     from shardscope._src.sharding.strategies import STRATEGIES as STRATEGIES
     from shardscope._src.sharding.strategies import Placement as Placement
     from shardscope._src.sharding.strategies import Role as Role
     from shardscope._src.sharding.strategies import Strategy as Strategy
+    from shardscope._src.sharding.strategies import compose as compose
     from shardscope._src.sharding.strategies import get_strategy as get_strategy
     from shardscope._src.suggest.suggest import Proposal as Proposal
     from shardscope._src.suggest.suggest import SuggestResult as SuggestResult
@@ -210,7 +215,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "logical_to_spec": ("shardscope._src.sharding.rules", "logical_to_spec"),
     "build_program": ("shardscope._src.sharding.programs", "build_reference_program"),
     "build_reference_program": ("shardscope._src.sharding.programs", "build_reference_program"),
+    "DataParallel": ("shardscope._src.sharding.parallelism", "DataParallel"),
+    "Parallelism": ("shardscope._src.sharding.parallelism", "Parallelism"),
+    "Tensor": ("shardscope._src.sharding.parallelism", "Tensor"),
+    "ALL_STRATEGIES": ("shardscope._src.sharding.strategies", "ALL_STRATEGIES"),
     "STRATEGIES": ("shardscope._src.sharding.strategies", "STRATEGIES"),
+    "compose": ("shardscope._src.sharding.strategies", "compose"),
     "Placement": ("shardscope._src.sharding.strategies", "Placement"),
     "Role": ("shardscope._src.sharding.strategies", "Role"),
     "Strategy": ("shardscope._src.sharding.strategies", "Strategy"),

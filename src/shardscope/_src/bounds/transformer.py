@@ -87,7 +87,8 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     notes: list[Note] = []
     _, n_data = _group(placement, s.batch_roles)
     model_axes, t = _group(placement, [Role.MODEL])
-    activation = (c.batch // n_data) * c.seq * c.d_model * c.itemsize
+    # one data shard's activations, of its own tokens under context parallelism
+    activation = (c.batch // n_data) * (c.seq // _context_ways(placement)) * c.d_model * c.itemsize
 
     if Role.MODEL in s.roles:
         terms += _activation_terms(
@@ -97,9 +98,7 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
         terms += _moe_terms(placement, train)
     if s.context_parallel:
         context_axes, n_context = _group(placement, [Role.CONTEXT])
-        assert c.kv_heads is not None and c.head_dim is not None  # set by ModelConfig
-        keys = (c.batch // n_data) * c.seq * c.kv_heads * c.head_dim * c.itemsize
-        terms += _context_terms(context_axes, n_context, keys, L, train)
+        terms += _context_terms(context_axes, n_context, _keys_bytes(placement), L, train)
     if s.vocab_split and c.vocab is not None:
         tokens = (c.batch // n_data) * c.seq
         terms += _vocab_terms(model_axes, t, activation, tokens, train)
@@ -127,12 +126,25 @@ def regathered_terms(placement: Placement) -> list[Term]:
         if t.role is TermRole.WEIGHT_GATHER
     ]
     if placement.strategy.context_parallel:
-        _, n_data = _group(placement, placement.strategy.batch_roles)
         context_axes, n_context = _group(placement, [Role.CONTEXT])
-        assert c.kv_heads is not None and c.head_dim is not None  # set by ModelConfig
-        keys = (c.batch // n_data) * c.seq * c.kv_heads * c.head_dim * c.itemsize
-        terms += _context_terms(context_axes, n_context, keys, c.layers, False)
+        terms += _context_terms(context_axes, n_context, _keys_bytes(placement), c.layers, False)
     return terms
+
+
+def _context_ways(placement: Placement) -> int:
+    """How many ways ``context`` splits the sequence (1 without context parallelism)."""
+    return _group(placement, [Role.CONTEXT])[1] if placement.strategy.context_parallel else 1
+
+
+def _keys_bytes(placement: Placement) -> int:
+    """The keys (or the values) of one data shard's whole sequence as attention uses them
+    on one device under context parallelism: their heads split over ``model`` under tensor
+    parallelism (the ``keys`` rule's)."""
+    c, s = placement.config, placement.strategy
+    assert c.kv_heads is not None and c.head_dim is not None  # set by ModelConfig
+    _, n_data = _group(placement, s.batch_roles)
+    _, t = _group(placement, [Role.MODEL]) if Role.MODEL in s.roles else ((), 1)
+    return (c.batch // n_data) * c.seq * (c.kv_heads // t) * c.head_dim * c.itemsize
 
 
 def _term(

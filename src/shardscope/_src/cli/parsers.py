@@ -50,7 +50,7 @@ from shardscope._src.plan.request import (
     ServeRequest,
     SuggestRequest,
 )
-from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.sharding.strategies import ALL_STRATEGIES
 from shardscope._src.targets.hardware import PRESETS
 from shardscope._src.targets.specs import TARGETS
 
@@ -351,7 +351,7 @@ def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:
     )
     _audit_options(tf, AuditTransformerConfig, None)
     _target_option(tf)
-    tf.add_argument("--strategy", required=True, choices=list(STRATEGIES), help="the strategy")
+    tf.add_argument("--strategy", required=True, choices=list(ALL_STRATEGIES), help="the strategy")
     tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
     tf.add_argument("--mode", choices=list(MODES), default=Mode.FORWARD)
     tf.add_argument(

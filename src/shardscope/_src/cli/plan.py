@@ -36,7 +36,7 @@ from shardscope._src.render.plan_plot import plot_plans
 from shardscope._src.render.program_plan import program_markdown_report, render_program_plan
 from shardscope._src.render.protocols import PlanSet, RankedPlan
 from shardscope._src.sharding.rules import load_rules_file
-from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.sharding.strategies import ALL_STRATEGIES, composes_error
 from shardscope._src.train.sweep import plan_request
 
 #: The knobs of a training plan.
@@ -198,10 +198,13 @@ def check_plan(c: PlanConfig) -> None:
     library refuses the rest of its input before compiling too)."""
 
     for name in c.strategies.split(",") if c.strategies is not None else []:
-        if name.strip() not in STRATEGIES:
+        if name.strip() not in ALL_STRATEGIES:
+            why = composes_error(name.strip())
+            if why is not None:
+                raise PlanError(f"{why} (in --strategies {c.strategies!r})")
             raise PlanError(
                 f"unknown strategy {name.strip()!r} in --strategies {c.strategies!r}; give "
-                f"a comma-separated list of {', '.join(STRATEGIES)}"
+                f"a comma-separated list of {', '.join(ALL_STRATEGIES)}"
             )
     check_output_paths({"--json": c.json, "--png": c.png, "--report": c.report})
 

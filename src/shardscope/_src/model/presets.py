@@ -356,6 +356,23 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         _llama("llama3-8b", 4096, 32, 8, 14336, 32, 128256, 8192, 8.03e9, _LLAMA3),
         _llama("llama3-70b", 8192, 64, 8, 28672, 80, 128256, 8192, 70.6e9, _LLAMA3),
         _llama("llama3-405b", 16384, 128, 8, 53248, 126, 128256, 8192, 405e9, _LLAMA3),
+        ModelPreset(
+            "nemotron4-15b",
+            6144,
+            48,
+            24576,
+            32,
+            256000,
+            4096,
+            "Parmar et al. 2024, Nemotron-4 15B (arXiv 2402.16819) Table 1 and section 2: 32 "
+            "layers, d_model 6144, 48 heads, 8 key/value heads, MLP 4 x d_model with squared "
+            "ReLU, untied embeddings, vocabulary 256000, context 4096; 3.2B embedding and 12.5B "
+            "non-embedding parameters. The squared ReLU is planned as the decoder's GELU MLP: "
+            "both are one up- and one down-projection, the same weights and matmul FLOPs",
+            kv_heads=8,
+            mlp="gelu",
+            published_params=15.7e9,
+        ),
         *_MOE_PRESETS,
         ModelPreset(
             "gpt3-175b",

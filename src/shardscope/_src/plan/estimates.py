@@ -28,8 +28,9 @@ Memory (per device, bytes):
   and the logits by ``c``: each device holds ``s / c`` tokens of its sequences.
 * FSDP's gathered weights: one layer's full weights (divided by ``t``), alive while it runs.
 * Context parallelism's gathered keys and values: one layer's, the whole sequence,
-  ``2 s kv_dim b`` elements, alive while it runs (the all-gather form; ring attention holds
-  two blocks of them at a time instead).
+  ``2 s kv_dim b`` elements (``/t`` under tensor parallelism, which splits their heads),
+  alive while it runs (the all-gather form; ring attention holds two blocks of them at a
+  time instead).
 
 Model FLOPs per step (the same paper's Eq. 7, generalised to an MLP of width ``f``): forward
 ``2 T (L (4h^2 + 2hf) + 2 L s h + h v)`` for ``T = batch x seq`` tokens (non-causal attention,
@@ -614,13 +615,14 @@ def gathered_layer_elements(placement: Placement) -> int:
 
 def gathered_kv_bytes(placement: Placement, microbatches: int = 1) -> int:
     """Context parallelism: one layer's keys and values of the whole sequence on one device,
-    ``2 x seq x kv_dim x b x itemsize``, alive while the layer runs (0 for other strategies)."""
+    ``2 x seq x kv_dim x b x itemsize`` (their heads split ``t`` ways under tensor
+    parallelism), alive while the layer runs (0 for other strategies)."""
     c = placement.config
     if not placement.strategy.context_parallel:
         return 0
     assert c.head_dim is not None and c.kv_heads is not None  # set by ModelConfig
     b = sequences_per_device(placement, microbatches)
-    return 2 * c.seq * c.kv_heads * c.head_dim * b * c.itemsize
+    return 2 * c.seq * (c.kv_heads // model_ways(placement)) * c.head_dim * b * c.itemsize
 
 
 def _attention_matmul_params(c: ModelConfig) -> int:

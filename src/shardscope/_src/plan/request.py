@@ -27,11 +27,19 @@ from shardscope._src.plan.estimates import (
     check_matmul_dtype,
     interleave_problem,
 )
-from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.sharding.strategies import ALL_STRATEGIES, composes_error
 from shardscope._src.targets.hardware import PRESETS, Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Target
 
+#: The compositions of the dimensions (:mod:`~shardscope._src.sharding.parallelism`) beyond
+#: the strategies named before them that a sweep screens unless told otherwise: Megatron-LM's
+#: distributed optimizer with sequence parallelism and with context parallelism, and context
+#: parallelism under tensor-and-sequence parallelism. A sweep compiles one of them only where
+#: it is among the best strategy-and-mesh pairs
+#: (:func:`~shardscope._src.train.candidates.to_compile`), so that it compiles as few plans as
+#: before them.
+COMPOSED_DEFAULTS = ("zero1_sp", "zero1_cp", "dp_sp_cp", "zero1_sp_cp", "fsdp_sp_cp")
 #: The strategies a sweep tries unless told otherwise ("replicated" is never a useful plan).
 DEFAULT_STRATEGIES = (
     "dp",
@@ -47,6 +55,7 @@ DEFAULT_STRATEGIES = (
     "fsdp_sp",
     "fsdp_cp",
     "hsdp",
+    *COMPOSED_DEFAULTS,
 )
 #: The most devices a plan may have (a bound on the enumeration, far above any cluster).
 MAX_PLANNED_DEVICES = 2**20
@@ -346,9 +355,12 @@ class PlanRequest:
                     param=name,
                 )
         for name in self.strategy_names:
-            if name not in STRATEGIES:
+            if name not in ALL_STRATEGIES:
+                why = composes_error(name)
+                if why is not None:
+                    raise PlanError(why, param="strategies")
                 raise PlanError(
-                    f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}",
+                    f"unknown strategy {name!r}; choose from {', '.join(ALL_STRATEGIES)}",
                     param="strategies",
                 )
         check_dims({"batch": self.batch, "seq": self.seq, **self.dims})

@@ -54,6 +54,7 @@ from shardscope._src.model.config import (
     param_shapes,
     split_params,
 )
+from shardscope._src.sharding.parallelism import DataParallel, Parallelism, Tensor
 
 if TYPE_CHECKING:
     import jax
@@ -210,10 +211,6 @@ _FSDP_PARAMS = dict(
     final_norm=(Role.DATA,),
     unembed=(Role.DATA, None),
 )
-_FSDP_TP_PARAMS = {
-    name: tuple(a or b for a, b in zip(_FSDP_PARAMS[name], _TP_PARAMS[name], strict=True))
-    for name in _DENSE_PARAMS
-}
 
 
 def _without(entry: Entry, role: str) -> Entry:
@@ -247,7 +244,7 @@ def _with_experts(
     return MappingProxyType(out)
 
 
-def _acts(batch: Entry, model: str | None, seq: str | None) -> dict[str, Roles]:
+def _acts(batch: Entry, model: str | None, seq: Entry) -> dict[str, Roles]:
     return {
         "residual": (batch, seq, None),
         "enter": (batch, None, None),
@@ -256,54 +253,60 @@ def _acts(batch: Entry, model: str | None, seq: str | None) -> dict[str, Roles]:
     }
 
 
-def _context_acts() -> dict[str, Roles]:
-    """Context parallelism: the batch over ``data``, the sequence of every activation over
-    ``context``; the keys and values as attention uses them hold the whole sequence, so the
-    compiler all-gathers them over ``context`` in each layer (MaxText's and torchtitan's
-    all-gather form), and reduce-scatters their gradients in the backward.
+def _context_acts(batch: Entry, model: str | None, seq: Entry) -> dict[str, Roles]:
+    """Context parallelism: the sequence of every activation over ``context`` (between
+    blocks under sequence parallelism over ``context`` and then ``model``: ``seq``); the keys
+    and values as attention uses them hold the whole sequence, so the compiler all-gathers
+    them over ``context`` in each layer (MaxText's and torchtitan's all-gather form), and
+    reduce-scatters their gradients in the backward.
 
     Ring attention (Liu et al., arXiv 2310.01889; Megatron-LM's context parallelism) moves the
     same bytes, each device receiving the ``c - 1`` other shards of K and V, in ``c - 1``
     collective-permute steps overlapped with the blocks' compute; the all-gather form is
     what the compiler inserts under jit, and what is built here."""
-    d, c = Role.DATA, Role.CONTEXT
+    c = Role.CONTEXT
     return {
-        "residual": (d, c, None),
-        "enter": (d, c, None),
-        "heads": (d, c, None, None),
-        "hidden": (d, c, None),
-        "keys": (d, None, None, None),
+        "residual": (batch, seq, None),
+        "enter": (batch, c, None),
+        "heads": (batch, c, model, None),
+        "hidden": (batch, c, model),
+        "keys": (batch, None, model, None),
     }
 
 
-#: FSDP over the data and the context axes together (torchtitan shards FSDP over dp_shard x
-#: cp): the context devices hold other tokens of the same sequences, so they are data-parallel
-#: replicas of every weight; sharding over them too divides the model state by ``c`` more,
-#: while the gathers and reduce-scatters over ``d x c`` devices send (dc - 1)/dc of each
-#: weight, barely more than the (d - 1)/d over ``data`` alone, and the gradient needs no
-#: separate sum over ``context``.
-_FSDP_CP_PARAMS = {
-    name: tuple((Role.DATA, Role.CONTEXT) if r == Role.DATA else r for r in roles)
-    for name, roles in _FSDP_PARAMS.items()
-}
+def _sharded_params(group: Entry, *, expert: bool, tensor: bool) -> dict[str, Roles]:
+    """The block of the sharded model state: each parameter's FSDP dimension over ``group``
+    (the data axes; with the context axes too under context parallelism, as torchtitan shards
+    FSDP over dp_shard x cp and Megatron-LM its distributed optimizer over the data and
+    context ranks: the context devices hold other tokens of the same sequences, so they are
+    data-parallel replicas of every weight; gathers and reduce-scatters over ``d x c``
+    devices send (dc - 1)/dc of each weight, barely more than (d - 1)/d over ``data`` alone,
+    and the gradient needs no separate sum over ``context``), and under tensor parallelism
+    its Megatron dimension over ``model`` too.
 
-
-#: FSDP over the data and the expert axes together (torchtitan's FSDP over dp_shard, within
-#: which its expert parallelism borrows the ep devices): every device of either holds other
-#: tokens, so both are data-parallel replicas of the dense weights.
-_FSDP_EP_PARAMS: dict[str, Roles] = {
-    name: tuple((Role.DATA, Role.EXPERT) if r == Role.DATA else r for r in roles)
-    for name, roles in _FSDP_PARAMS.items()
-}
-# Latent attention's up-projections have no model dimension to shard over both axes, and
-# their latent dimension (DeepSeek-V3's 512 and 1536) divides few meshes: the latent over
-# the data axes, the heads over 'expert'; the latents' norm gains over the data axes.
-_FSDP_EP_PARAMS.update(
-    wq_b=(Role.DATA, Role.EXPERT, None),
-    wkv_b=(Role.DATA, Role.EXPERT, None),
-    q_norm=(Role.DATA,),
-    kv_norm=(Role.DATA,),
-)
+    With experts (FSDP over the data and the expert axes together: torchtitan's FSDP over
+    dp_shard, within which its expert parallelism borrows the ep devices; both hold other
+    tokens), latent attention's up-projections have no model dimension to shard over both
+    axes, and their latent dimension (DeepSeek-V3's 512 and 1536) divides few meshes: the
+    latent over the data axes, the heads over 'expert'; the latents' norm gains over the data
+    axes."""
+    out = {
+        name: tuple(group if r == Role.DATA else r for r in roles)
+        for name, roles in _FSDP_PARAMS.items()
+    }
+    if expert:
+        out.update(
+            wq_b=(Role.DATA, Role.EXPERT, None),
+            wkv_b=(Role.DATA, Role.EXPERT, None),
+            q_norm=(Role.DATA,),
+            kv_norm=(Role.DATA,),
+        )
+    if tensor:
+        out = {
+            name: tuple(a or b for a, b in zip(out[name], _TP_PARAMS[name], strict=True))
+            for name in _DENSE_PARAMS
+        }
+    return out
 
 
 @dataclass(frozen=True)
@@ -490,192 +493,199 @@ class Strategy:
         }
 
 
-def _strategies() -> dict[str, Strategy]:
-    rep = _rules(**_REPLICATED_PARAMS)
-    tp = _rules(**_TP_PARAMS)
-    out = [
-        Strategy(
-            "replicated",
-            "every device holds and computes everything",
-            (),
-            rep,
-        ),
-        Strategy(
-            "dp",
-            "data parallel: batch sharded on every mesh axis, weights replicated",
-            (Role.DATA,),
-            rep,
-            activations=_rules(**_acts(Role.DATA, None, None)),
-        ),
-        Strategy(
-            "fsdp",
-            "fully sharded data parallel: weights sharded on the data axes, gathered at use",
-            (Role.DATA,),
-            _rules(**_FSDP_PARAMS),
-            use=rep,
-            activations=_rules(**_acts(Role.DATA, None, None)),
-        ),
-        Strategy(
-            "zero1",
-            "ZeRO-1: data parallel with the optimizer state sharded on the data axes; "
-            "gradients whole on each device, reduced to each one's shard for its update (a "
-            "reduce-scatter at least), updated shards all-gathered",
-            (Role.DATA,),
-            rep,
-            activations=_rules(**_acts(Role.DATA, None, None)),
-            optimizer=_rules(**_FSDP_PARAMS),
-        ),
-        Strategy(
-            "zero2",
-            "ZeRO-2: data parallel with gradients and optimizer state sharded on the data "
-            "axes; gradients reduce-scattered, updated shards all-gathered",
-            (Role.DATA,),
-            rep,
-            activations=_rules(**_acts(Role.DATA, None, None)),
-            grads=_rules(**_FSDP_PARAMS),
-            optimizer=_rules(**_FSDP_PARAMS),
-        ),
-        Strategy(
-            "tp",
-            "Megatron tensor parallel on 'model': QKV and MLP-up column-parallel, "
-            "out-projection and MLP-down row-parallel",
-            (Role.MODEL,),
-            tp,
-            activations=_rules(**_acts(None, Role.MODEL, None)),
-            twin=True,
-        ),
-        Strategy(
-            "dp_tp",
-            "data x tensor parallel: batch on the data axes, Megatron on 'model'",
-            (Role.DATA, Role.MODEL),
-            tp,
-            activations=_rules(**_acts(Role.DATA, Role.MODEL, None)),
-            twin=True,
-        ),
-        Strategy(
-            "zero1_tp",
-            "ZeRO-1 on the data axes x Megatron on 'model' (Megatron-LM's distributed optimizer)",
-            (Role.DATA, Role.MODEL),
-            tp,
-            activations=_rules(**_acts(Role.DATA, Role.MODEL, None)),
-            optimizer=_rules(**_FSDP_TP_PARAMS),
-        ),
-        Strategy(
-            "fsdp_tp",
-            "FSDP on the data axes x Megatron on 'model'",
-            (Role.DATA, Role.MODEL),
-            _rules(**_FSDP_TP_PARAMS),
-            use=tp,
-            activations=_rules(**_acts(Role.DATA, Role.MODEL, None)),
-        ),
-        Strategy(
-            "sp",
-            "Megatron tensor parallel with sequence parallelism: residual stream "
-            "sharded on the sequence over 'model'",
-            (Role.MODEL,),
-            tp,
-            activations=_rules(**_acts(None, Role.MODEL, Role.MODEL)),
-            sequence_parallel=True,
-            twin=True,
-        ),
-        Strategy(
-            "dp_sp",
-            "data parallel x tensor-and-sequence parallel",
-            (Role.DATA, Role.MODEL),
-            tp,
-            activations=_rules(**_acts(Role.DATA, Role.MODEL, Role.MODEL)),
-            sequence_parallel=True,
-            twin=True,
-        ),
-        Strategy(
-            "fsdp_sp",
-            "FSDP on the data axes x tensor-and-sequence parallel on 'model' (torchtitan's "
-            "2-D parallelism)",
-            (Role.DATA, Role.MODEL),
-            _rules(**_FSDP_TP_PARAMS),
-            use=tp,
-            activations=_rules(**_acts(Role.DATA, Role.MODEL, Role.MODEL)),
-            sequence_parallel=True,
-        ),
-        Strategy(
-            "dp_cp",
-            "data x context parallel: batch on the data axes, the sequence on 'context' "
-            "(keys and values gathered per layer), weights replicated",
-            (Role.DATA, Role.CONTEXT),
-            rep,
-            activations=_rules(**_context_acts()),
-        ),
-        Strategy(
-            "fsdp_cp",
-            "FSDP on the data and context axes together x context parallel on 'context' "
-            "(torchtitan's FSDP over dp_shard x cp)",
-            (Role.DATA, Role.CONTEXT),
-            _rules(**_FSDP_CP_PARAMS),
-            use=rep,
-            activations=_rules(**_context_acts()),
-        ),
-        Strategy(
-            "hsdp",
-            "hybrid sharded data parallel: weights sharded on 'data' (inside a node), "
-            "replicated on 'replica' (across nodes), the batch on both",
-            (Role.REPLICA, Role.DATA),
-            _rules(**_FSDP_PARAMS),
-            use=rep,
-            activations=_rules(**_acts((Role.REPLICA, Role.DATA), None, None)),
-        ),
-        Strategy(
-            "ep",
-            "expert parallel: each routed expert on one device of 'expert', the rest "
-            "replicated, the batch over 'expert' (data-parallel attention)",
-            (Role.EXPERT,),
-            rep,
-            activations=_rules(**_acts(Role.EXPERT, None, None)),
-            twin=True,
-        ),
-        Strategy(
-            "dp_ep",
-            "data x expert parallel: the experts split over 'expert' and replicated over the "
-            "data axes, the rest replicated, the batch over both",
-            (Role.DATA, Role.EXPERT),
-            rep,
-            activations=_rules(**_acts((Role.DATA, Role.EXPERT), None, None)),
-            twin=True,
-        ),
-        Strategy(
-            "fsdp_ep",
-            "FSDP x expert parallel (torchtitan's EP within dp_shard): the dense weights "
-            "sharded over the data and expert axes, the experts split over 'expert' and "
-            "sharded over the data axes, gathered at use; the batch over both",
-            (Role.DATA, Role.EXPERT),
-            _rules(**_FSDP_EP_PARAMS),
-            use=rep,
-            activations=_rules(**_acts((Role.DATA, Role.EXPERT), None, None)),
-            twin=True,
-        ),
-        Strategy(
-            "ep_tp",
-            "expert x tensor parallel: the experts split over 'expert' and their hidden "
-            "over 'model', the attention and shared MLP Megatron on 'model', the batch over "
-            "'expert'",
-            (Role.EXPERT, Role.MODEL),
-            tp,
-            activations=_rules(**_acts(Role.EXPERT, Role.MODEL, None)),
-            twin=True,
-        ),
-    ]
-    return {s.name: s for s in out}
+#: The strategies named before the dimensions, in their order, with their summaries word for
+#: word (plans and their JSON carry them). Each is the composition of its name's parts.
+_PRESET_SUMMARIES = {
+    "replicated": "every device holds and computes everything",
+    "dp": "data parallel: batch sharded on every mesh axis, weights replicated",
+    "fsdp": "fully sharded data parallel: weights sharded on the data axes, gathered at use",
+    "zero1": "ZeRO-1: data parallel with the optimizer state sharded on the data axes; "
+    "gradients whole on each device, reduced to each one's shard for its update (a "
+    "reduce-scatter at least), updated shards all-gathered",
+    "zero2": "ZeRO-2: data parallel with gradients and optimizer state sharded on the data "
+    "axes; gradients reduce-scattered, updated shards all-gathered",
+    "tp": "Megatron tensor parallel on 'model': QKV and MLP-up column-parallel, "
+    "out-projection and MLP-down row-parallel",
+    "dp_tp": "data x tensor parallel: batch on the data axes, Megatron on 'model'",
+    "zero1_tp": "ZeRO-1 on the data axes x Megatron on 'model' (Megatron-LM's distributed "
+    "optimizer)",
+    "fsdp_tp": "FSDP on the data axes x Megatron on 'model'",
+    "sp": "Megatron tensor parallel with sequence parallelism: residual stream "
+    "sharded on the sequence over 'model'",
+    "dp_sp": "data parallel x tensor-and-sequence parallel",
+    "fsdp_sp": "FSDP on the data axes x tensor-and-sequence parallel on 'model' (torchtitan's "
+    "2-D parallelism)",
+    "dp_cp": "data x context parallel: batch on the data axes, the sequence on 'context' "
+    "(keys and values gathered per layer), weights replicated",
+    "fsdp_cp": "FSDP on the data and context axes together x context parallel on 'context' "
+    "(torchtitan's FSDP over dp_shard x cp)",
+    "hsdp": "hybrid sharded data parallel: weights sharded on 'data' (inside a node), "
+    "replicated on 'replica' (across nodes), the batch on both",
+    "ep": "expert parallel: each routed expert on one device of 'expert', the rest "
+    "replicated, the batch over 'expert' (data-parallel attention)",
+    "dp_ep": "data x expert parallel: the experts split over 'expert' and replicated over the "
+    "data axes, the rest replicated, the batch over both",
+    "fsdp_ep": "FSDP x expert parallel (torchtitan's EP within dp_shard): the dense weights "
+    "sharded over the data and expert axes, the experts split over 'expert' and "
+    "sharded over the data axes, gathered at use; the batch over both",
+    "ep_tp": "expert x tensor parallel: the experts split over 'expert' and their hidden "
+    "over 'model', the attention and shared MLP Megatron on 'model', the batch over "
+    "'expert'",
+}
+#: Today's names: the presets of the dimensions, first in :data:`STRATEGIES`.
+PRESETS = tuple(_PRESET_SUMMARIES)
+
+_DATA_PHRASES = {
+    DataParallel.DP: "data parallel",
+    DataParallel.ZERO1: "ZeRO-1 (the distributed optimizer: the optimizer state sharded)",
+    DataParallel.ZERO2: "ZeRO-2 (the gradients and the optimizer state sharded)",
+    DataParallel.FSDP: "FSDP (the weights sharded, gathered at use)",
+    DataParallel.HSDP: "HSDP (the weights sharded on 'data', replicated on 'replica')",
+}
 
 
-STRATEGIES: dict[str, Strategy] = _strategies()
+def _summary(p: Parallelism) -> str:
+    """One line for a composition without a preset's summary, from its dimensions' phrases."""
+    where = "the data and context axes" if p.context else "the data axes"
+    parts = []
+    if p.data != DataParallel.NONE:
+        parts.append(f"{_DATA_PHRASES[p.data]} on {where}")
+    if p.tensor == Tensor.TP:
+        parts.append("Megatron tensor parallel on 'model'")
+    elif p.tensor == Tensor.SP:
+        parts.append("tensor-and-sequence parallel on 'model'")
+    if p.context:
+        parts.append("context parallel on 'context' (keys and values gathered per layer)")
+    return " x ".join(parts)
+
+
+def compose(dims: Parallelism | str) -> Strategy:
+    """The strategy of one choice along each dimension (:class:`Parallelism`, or a name
+    written by its naming rule), built from the shared rule blocks: the parameters
+    replicated or Megatron's (tensor), the sharded state's block over the data axes (and
+    ``context``, ``expert``) for whichever of the parameters (FSDP, HSDP), gradients (ZeRO-2)
+    and optimizer state (ZeRO-1, -2) the data flavour shards, and the activations' batch,
+    heads, hidden and sequence entries.
+
+    >>> s = compose("zero1_sp_cp")
+    >>> s.roles, s.sequence_parallel, s.optimizer_rules()["w_up"]
+    (('data', 'context', 'model'), True, (('data', 'context'), 'model'))
+    >>> compose("fsdp_tp") == STRATEGIES["fsdp_tp"]
+    True
+    """
+    p = Parallelism.parse(dims) if isinstance(dims, str) else dims
+    d, tensor = p.data, p.tensor != Tensor.NONE
+    roles = tuple(
+        r
+        for r, on in (
+            (Role.REPLICA, d == DataParallel.HSDP),
+            (Role.DATA, d != DataParallel.NONE),
+            (Role.EXPERT, p.expert),
+            (Role.CONTEXT, p.context),
+            (Role.MODEL, tensor),
+        )
+        if on
+    )
+    kept = _TP_PARAMS if tensor else _REPLICATED_PARAMS
+    group: Entry = (
+        (Role.DATA, Role.CONTEXT)
+        if p.context
+        else (Role.DATA, Role.EXPERT)
+        if p.expert
+        else Role.DATA
+    )
+    sharded = _rules(**_sharded_params(group, expert=p.expert, tensor=tensor))
+    weights_sharded = d in (DataParallel.FSDP, DataParallel.HSDP)
+
+    batch: Entry = None
+    if d == DataParallel.HSDP:
+        batch = (Role.REPLICA, Role.DATA)
+    elif d != DataParallel.NONE:
+        batch = (Role.DATA, Role.EXPERT) if p.expert else Role.DATA
+    elif p.expert:
+        batch = Role.EXPERT
+    model = Role.MODEL if tensor else None
+    sp = p.tensor == Tensor.SP
+    acts: dict[str, Roles] = {}
+    if p.context:
+        seq: Entry = (Role.CONTEXT, Role.MODEL) if sp else Role.CONTEXT
+        acts = _context_acts(batch, model, seq)
+    elif batch is not None or tensor:
+        acts = _acts(batch, model, Role.MODEL if sp else None)
+    # the shard_map twins place tensor and expert parallelism over replicated data shards
+    twin = not p.context and (p.expert or (tensor and d in (DataParallel.NONE, DataParallel.DP)))
+    return Strategy(
+        p.name,
+        _PRESET_SUMMARIES.get(p.name) or _summary(p),
+        roles,
+        sharded if weights_sharded else _rules(**kept),
+        use=_rules(**kept) if weights_sharded else None,
+        activations=_rules(**acts),
+        sequence_parallel=sp,
+        twin=twin,
+        grads=sharded if d == DataParallel.ZERO2 else None,
+        optimizer=sharded if d in (DataParallel.ZERO1, DataParallel.ZERO2) else None,
+    )
+
+
+def _compositions() -> list[Parallelism]:
+    """Every combination the rule sets compose, in a stable order (data, tensor, context,
+    expert)."""
+    out = []
+    for d in DataParallel:
+        for t in Tensor:
+            for context in (False, True):
+                for expert in (False, True):
+                    try:
+                        out.append(Parallelism(d, t, context, expert))
+                    except StrategyError:
+                        continue
+    return out
+
+
+#: The strategies named before the dimensions (the presets), in their order.
+STRATEGIES: dict[str, Strategy] = {name: compose(name) for name in PRESETS}
+#: Every strategy the dimensions compose: the presets, then the other compositions (in the
+#: order data, tensor, context, expert); each is accepted wherever a strategy name is.
+ALL_STRATEGIES: dict[str, Strategy] = {
+    **STRATEGIES,
+    **{p.name: compose(p) for p in _compositions() if p.name not in STRATEGIES},
+}
 
 
 def get_strategy(name: str | Strategy) -> Strategy:
-    """The built-in strategy called ``name`` (a :class:`Strategy` is returned as is)."""
+    """The built-in strategy called ``name``, a preset or any composition of the dimensions
+    (:data:`ALL_STRATEGIES`); a :class:`Strategy` is returned as is."""
     if isinstance(name, Strategy):
         return name
-    if name not in STRATEGIES:
-        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+    if name not in ALL_STRATEGIES:
+        why = composes_error(name)
+        if why is not None:
+            raise StrategyError(why, param="strategy")
+        raise StrategyError(
+            f"unknown strategy {name!r}; choose one of {', '.join(ALL_STRATEGIES)} (a name is "
+            f"its dimensions' parts in the order data, ep, tp or sp, cp)"
+        )
+    return ALL_STRATEGIES[name]
+
+
+def composes_error(name: object) -> str | None:
+    """Why a name that reads by the naming rule names no strategy: its dimensions do not
+    compose (``zero1_ep``: the message says what they compose with); None for any other
+    name (the caller's unknown-name error lists the names).
+
+    >>> composes_error("zero1_ep")[:49]
+    'zero1_ep: expert parallelism composes with data p'
+    >>> composes_error("megatron") is None
+    True
+    """
+    if not isinstance(name, str):
+        return None
+    try:
+        Parallelism.parse(name)
+    except StrategyError as e:
+        return None if str(e).startswith("unknown strategy") else str(e)
+    return None
 
 
 def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
@@ -696,11 +706,12 @@ def abstract_mesh(spec: str | Mapping[str, int]) -> Any:
 def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     """A mesh description of shape ``sizes`` whose axis names fit ``strategy``'s roles.
 
-    The last axis is ``model`` or ``context`` when the strategy uses that role; the others
-    are ``data``, preceded by ``pod`` and ``pod1``, ... for more axes. A strategy with the
-    ``expert`` role has it last but for ``model``. A 1-D mesh for a
-    data-only strategy is ``data=N``. A strategy with the ``replica`` role (HSDP) has it
-    first, the slowest-varying axis (across nodes), and ``data`` last, the closest devices.
+    The last axis is ``model`` or ``context`` when the strategy uses that role (both:
+    ``context`` then ``model``, the innermost); the others are ``data``, preceded by ``pod``
+    and ``pod1``, ... for more axes. A strategy with the ``expert`` role has it last but for
+    ``model``. A 1-D mesh for a data-only strategy is ``data=N``. A strategy with the
+    ``replica`` role (HSDP) has it first, the slowest-varying axis (across nodes), and
+    ``data`` after it, the last but for ``context`` and ``model``.
 
     >>> mesh_spec_for("dp_tp", (2, 4))
     'data=2,model=4'
@@ -716,6 +727,10 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'data=8,expert=8'
     >>> mesh_spec_for("ep_tp", (2, 4, 2))
     'data=2,expert=4,model=2'
+    >>> mesh_spec_for("zero1_sp_cp", (2, 2, 4))
+    'data=2,context=2,model=4'
+    >>> mesh_spec_for("hsdp_tp", (4, 2, 8))
+    'replica=4,data=2,model=8'
     """
     s = get_strategy(strategy)
     if not sizes or not all(is_int(v, 1) for v in sizes):
@@ -731,13 +746,22 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
         lead = ["pod" if i == 0 else f"pod{i}" for i in range(n_lead - 1)]
         names = [*lead, Role.DATA, *tail] if n_lead else tail
     elif len(sizes) == 1:
-        names = [Role.MODEL if Role.MODEL in s.roles else Role.DATA]
-    elif Role.REPLICA in s.roles:
-        lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
-        names = [REPLICA_AXIS, *lead, Role.DATA]
+        alone = CONTEXT_AXIS if s.roles == (Role.CONTEXT,) else Role.DATA
+        names = [Role.MODEL if Role.MODEL in s.roles else alone]
     else:
-        lead = ["pod" if i == 0 else f"pod{i}" for i in range(len(sizes) - 2)]
-        names = [*lead, Role.DATA, last]
+        # context inside the data axes, the model axis innermost (the closest devices)
+        tail = (
+            [CONTEXT_AXIS, Role.MODEL] if s.context_parallel and Role.MODEL in s.roles else [last]
+        )
+        head = [REPLICA_AXIS] if Role.REPLICA in s.roles else []
+        if Role.REPLICA in s.roles and not (s.context_parallel or Role.MODEL in s.roles):
+            tail = []
+        n_lead = len(sizes) - len(head) - 1 - len(tail)
+        if n_lead < 0:
+            names = [*head, Role.DATA, *tail][-len(sizes) :]
+        else:
+            lead = ["pod" if i == 0 else f"pod{i}" for i in range(n_lead)]
+            names = [*head, *lead, Role.DATA, *tail]
     return ",".join(f"{n}={v}" for n, v in zip(names, sizes, strict=True))
 
 

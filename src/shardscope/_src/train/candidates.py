@@ -47,9 +47,11 @@ from shardscope._src.plan.estimates import (
 from shardscope._src.plan.request import DEFAULT_STRATEGIES
 from shardscope._src.plan.types import Skipped, SkipReason
 from shardscope._src.sharding.strategies import (
-    STRATEGIES,
+    ALL_STRATEGIES,
+    CONTEXT_AXIS,
     Placement,
     Role,
+    Strategy,
     abstract_mesh,
     get_strategy,
     mesh_spec_for,
@@ -125,18 +127,43 @@ def candidates(
                 # sharded over all of them (fsdp_ep) or replicated (dp_ep, as ep)
                 shapes = [(n // t, t) for t in divisors(n) if 1 < t]
             else:
-                shapes = [(n // t, t) for t in divisors(n) if 1 < t < n]
+                shapes = factorizations(n, len(strategy.roles))
             for shape in shapes:
                 lead: tuple[tuple[str, int], ...] = ((STAGE_AXIS, p),) if p > 1 else ()
                 sizes = MeshShape(lead + MeshShape.of(mesh_spec_for(name, shape)).axes)
-                if (
-                    node_size is not None
-                    and Role.REPLICA in get_strategy(name).roles
-                    and crosses_nodes(sizes, (Role.DATA,), node_size)
-                ):
+                if node_size is not None and _crosses(strategy, sizes, node_size):
                     continue
                 out.append(Candidate(name, sizes))
     return out
+
+
+def factorizations(n: int, k: int) -> list[tuple[int, ...]]:
+    """Every way to write ``n`` as an ordered product of ``k`` factors, each at least 2
+    (one axis per role: a role of size 1 is the strategy without it), the last factors
+    growing fastest.
+
+    >>> factorizations(8, 2), factorizations(16, 3)
+    ([(4, 2), (2, 4)], [(4, 2, 2), (2, 4, 2), (2, 2, 4)])
+    """
+    if k == 1:
+        return [(n,)] if n >= 2 else []
+    return [(*rest, t) for t in divisors(n) if 1 < t < n for rest in factorizations(n // t, k - 1)]
+
+
+def _crosses(strategy: Strategy, sizes: MeshShape, node_size: int) -> bool:
+    """Whether a mesh of the sweep is one the sweep leaves out for crossing nodes (GPU) or
+    slices (TPU): HSDP's ``data`` groups (its gathers and reduce-scatters are the step's
+    largest collectives, and only the all-reduce over ``replica`` is meant for the slower
+    network), and, with three roles or more, the ``model`` groups (tensor parallelism's
+    activations on every layer's critical path: Megatron-LM keeps it inside a node) and a
+    ``context`` axis of more than a node's devices (splitting the sequence wider still is the
+    long-context case, which the two-role ``*_cp`` strategies screen): this keeps the meshes
+    of the strategies that combine the dimensions to a few per stage count."""
+    if Role.REPLICA in strategy.roles and crosses_nodes(sizes, (Role.DATA,), node_size):
+        return True
+    if len(strategy.roles) < 3:
+        return False
+    return crosses_nodes(sizes, (Role.MODEL,), node_size) or sizes.get(CONTEXT_AXIS, 1) > node_size
 
 
 def pinned_mesh(
@@ -157,11 +184,11 @@ def pinned_mesh(
     stage = sizes.get(STAGE_AXIS, 1)
     if candidates(strategies, devices, (stage,), sizes):
         return sizes
-    fits = [s for s in STRATEGIES if candidates([s], devices, (stage,), sizes)]
+    fits = [s for s in ALL_STRATEGIES if candidates([s], devices, (stage,), sizes)]
     if fits:
         why = f"the strategies that run on it: {', '.join(fits)}"
     else:
-        shapes = sorted({c.mesh_spec for c in candidates(STRATEGIES, devices, (stage,))})
+        shapes = sorted({c.mesh_spec for c in candidates(ALL_STRATEGIES, devices, (stage,))})
         why = (
             f"the planner names the axes {STAGE_AXIS} (pipeline stages, first), pod..., data "
             f"and model or context (last), e.g. {', '.join(shapes[:4])}"
@@ -750,12 +777,17 @@ def _screen_key(names: Sequence[str]) -> Callable[[Screened], tuple[Any, ...]]:
     return key
 
 
-def to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
+def to_compile(
+    ranked: Sequence[Screened], top: int, every: Sequence[str] | None = None
+) -> list[Screened]:
     """The screened candidates worth compiling, in rank order: the best schedule of each of
-    the ``top`` best strategy-and-mesh pairs, and the best plan of every strategy that fits
-    (so that the table holds each strategy's best; the best of
-    :data:`VALIDATED_STRATEGIES` also has its compiled communication checked against the
-    formula), or, when nothing fits, the best of every strategy."""
+    the ``top`` best strategy-and-mesh pairs, and the best plan of every strategy of
+    ``every`` (None: all) that fits (so that the table holds each strategy's best; the best
+    of :data:`VALIDATED_STRATEGIES` also has its compiled communication checked against the
+    formula), or, when nothing fits, the best of every such strategy. A strategy left out
+    of ``every`` (a default sweep's compositions,
+    :data:`~shardscope._src.plan.request.COMPOSED_DEFAULTS`) is compiled only among the
+    ``top`` pairs: screening more strategies compiles no more plans."""
     best: dict[tuple[str, str], Screened] = {}
     for s in ranked:
         best.setdefault((s.candidate.strategy, s.candidate.mesh_spec), s)
@@ -765,7 +797,7 @@ def to_compile(ranked: Sequence[Screened], top: int) -> list[Screened]:
     seen: set[str] = set()
     for s in pairs:
         name = s.candidate.strategy
-        if name in seen or (any_fits and not s.fits):
+        if name in seen or (any_fits and not s.fits) or (every is not None and name not in every):
             continue
         seen.add(name)
         chosen.setdefault(id(s), s)

@@ -60,13 +60,14 @@ from shardscope._src.plan.notes import (
 )
 from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.request import (
+    COMPOSED_DEFAULTS,
     DEFAULT_REQUEST,
     MODEL_DIMS,
     PlanRequest,
     check_dims,
 )
 from shardscope._src.plan.types import Skipped, SkipReason
-from shardscope._src.sharding.strategies import STRATEGIES
+from shardscope._src.sharding.strategies import get_strategy
 from shardscope._src.targets.capabilities import CPU_COMPILER
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
@@ -267,9 +268,12 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
+    # a default sweep's compositions are screened, and compiled only among the best pairs
+    every = names if r.strategies is not None else [n for n in names if n not in COMPOSED_DEFAULTS]
     todo = to_compile(
         [s for s in ranked_screen if memory_fits(s.memory.model_state, hw.memory_bytes)],
         r.compile_top,
+        every,
     )
     simulated = max((_stage_devices(s) for s in todo), default=1)
     n_workers = default_workers(simulated) if r.workers is None else r.workers
@@ -458,7 +462,7 @@ def _compiled_plan(
             notes.append(flops_differ)
     return Plan(
         strategy=cand.strategy,
-        summary=STRATEGIES[cand.strategy].summary,
+        summary=get_strategy(cand.strategy).summary,
         mesh=cand.sizes,
         memory=s.memory,
         compiled_memory=got.memory,

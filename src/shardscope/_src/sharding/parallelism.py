@@ -1,0 +1,144 @@
+"""Parallelism as orthogonal dimensions: a training plan's strategy is one choice along each.
+
+* **data** (:class:`DataParallel`): how the batch's devices hold the model state: ``none``
+  (no data axis), ``dp`` (replicated), ``zero1`` (the optimizer state sharded: Megatron-LM's
+  distributed optimizer), ``zero2`` (the gradients too), ``fsdp`` (the parameters too,
+  gathered at use), ``hsdp`` (FSDP inside a node, replicated across nodes over ``replica``);
+* **tensor** (:class:`Tensor`): ``none``, ``tp`` (Megatron's column- and row-parallel
+  projections over ``model``) or ``sp`` (``tp`` with the residual stream's sequence split over
+  ``model`` between blocks);
+* **context**: the sequence of every activation split over ``context`` (the keys and values
+  all-gathered per layer: the all-gather form, which moves the bytes of ring attention);
+* **expert**: a mixture of experts' routed experts split over ``expert``.
+
+Pipeline stages and their virtual stages are a fifth dimension, the plan's ``stages`` and
+``virtual_stages`` (a leading ``stage`` mesh axis), orthogonal to all four.
+
+The naming rule: a strategy's name is its parts in the order data, expert, tensor, context,
+joined by ``_``, each left out where the dimension is off (``data=none``, ``tensor=none``):
+``zero1_sp_cp`` is ZeRO-1 x tensor-and-sequence parallel x context parallel, ``ep_tp`` expert x
+tensor parallel; all four off is ``replicated``. Today's names are exactly the compositions of
+their parts (:func:`shardscope._src.sharding.strategies.compose` builds every strategy).
+
+>>> Parallelism.parse("zero1_sp_cp")
+Parallelism(data='zero1', tensor='sp', context=True, expert=False)
+>>> Parallelism(DataParallel.FSDP, Tensor.TP).name
+'fsdp_tp'
+>>> Parallelism().name, Parallelism(expert=True, tensor=Tensor.TP).name
+('replicated', 'ep_tp')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.vocab import Vocab
+
+
+class DataParallel(Vocab):
+    """How the devices that split the batch hold the model state."""
+
+    #: no data axis: every device sees the whole batch (other axes replicate)
+    NONE = "none"
+    #: the model state replicated, the gradients all-reduced
+    DP = "dp"
+    #: ZeRO-1 (Megatron-LM's distributed optimizer): the optimizer state sharded
+    ZERO1 = "zero1"
+    #: ZeRO-2: the gradients and the optimizer state sharded
+    ZERO2 = "zero2"
+    #: fully sharded: the parameters too, gathered at use
+    FSDP = "fsdp"
+    #: hybrid sharded: FSDP over ``data``, replicated over ``replica``
+    HSDP = "hsdp"
+
+
+class Tensor(Vocab):
+    """Tensor parallelism over the ``model`` axis."""
+
+    NONE = "none"
+    #: Megatron's column- and row-parallel projections
+    TP = "tp"
+    #: tensor parallel with the residual stream's sequence split between blocks
+    SP = "sp"
+
+
+#: The name's part for a context- and an expert-parallel dimension.
+CONTEXT_PART = "cp"
+EXPERT_PART = "ep"
+#: The name of the strategy with every dimension off.
+REPLICATED = "replicated"
+
+#: The data flavours expert parallelism composes with, and the tensor choices (not both on).
+EXPERT_DATA = (DataParallel.NONE, DataParallel.DP, DataParallel.FSDP)
+EXPERT_TENSOR = (Tensor.NONE, Tensor.TP)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """One choice along each dimension (see the module docstring); :attr:`name` is the
+    strategy's name, :meth:`parse` reads one back.
+
+    Raises :class:`StrategyError` for a combination the rule sets do not compose: expert
+    parallelism with context parallelism, sequence parallelism, ZeRO, HSDP, or with both a
+    data flavour and tensor parallelism."""
+
+    data: DataParallel = DataParallel.NONE
+    tensor: Tensor = Tensor.NONE
+    context: bool = False
+    expert: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", DataParallel.parse(self.data, error=StrategyError))
+        object.__setattr__(self, "tensor", Tensor.parse(self.tensor, error=StrategyError))
+        if self.expert and (
+            self.context
+            or self.data not in EXPERT_DATA
+            or self.tensor not in EXPERT_TENSOR
+            or (self.data != DataParallel.NONE and self.tensor != Tensor.NONE)
+        ):
+            raise StrategyError(
+                f"{self.name}: expert parallelism composes with data parallelism (dp, fsdp) "
+                f"or with tensor parallelism (tp), one of them, and without context or "
+                f"sequence parallelism; choose one of ep, dp_ep, fsdp_ep, ep_tp"
+            )
+
+    @property
+    def name(self) -> str:
+        """The strategy's name: its parts in the order data, expert, tensor, context."""
+        parts = [
+            *([self.data.value] if self.data != DataParallel.NONE else []),
+            *([EXPERT_PART] if self.expert else []),
+            *([self.tensor.value] if self.tensor != Tensor.NONE else []),
+            *([CONTEXT_PART] if self.context else []),
+        ]
+        return "_".join(parts) or REPLICATED
+
+    @classmethod
+    def parse(cls, name: str) -> Parallelism:
+        """The dimensions of a strategy name written by the naming rule; a
+        :class:`StrategyError` names the part that does not read and the rule."""
+        if name == REPLICATED:
+            return cls()
+        parts = name.split("_") if isinstance(name, str) else [repr(name)]
+        data, tensor, expert, context = DataParallel.NONE, Tensor.NONE, False, False
+        # each part in its slot, the slots in order: data, expert, tensor, context
+        slot = 0
+        for part in parts:
+            got = DataParallel.get(part) if slot < 1 else None
+            if got is not None and got != DataParallel.NONE:
+                data, slot = got, 1
+            elif part == EXPERT_PART and slot < 2:
+                expert, slot = True, 2
+            elif Tensor.get(part) not in (None, Tensor.NONE) and slot < 3:
+                tensor, slot = Tensor.parse(part), 3
+            elif part == CONTEXT_PART and slot < 4:
+                context, slot = True, 4
+            else:
+                raise StrategyError(
+                    f"unknown strategy {name!r}: a strategy is named by its parts in the order "
+                    f"data ({', '.join(d for d in DataParallel if d != DataParallel.NONE)}), "
+                    f"{EXPERT_PART}, tensor (tp or sp), {CONTEXT_PART}, joined by '_' "
+                    f"(e.g. zero1_sp_cp), or {REPLICATED}; {part!r} does not read there"
+                )
+        return cls(data, tensor, context, expert)
