@@ -16,9 +16,11 @@ from shardscope._src.audit.compile import audit, parse_rematerializations
 from shardscope._src.audit.width import Width
 from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER
 from shardscope._src.base.errors import PlanError, ShardscopeError
+from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
 from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.cost.links import crosses_nodes
+from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.compile import (
@@ -36,7 +38,7 @@ from shardscope._src.plan.notes import PlanNote, WidenedValues
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.specs import TARGETS
-from shardscope._src.train.candidates import candidates
+from shardscope._src.train.candidates import candidates, crossing_axes, maxtext_mesh
 from shardscope._src.train.compile import compile_facts
 from shardscope._src.train.sweep import plan
 from shardscope._src.train.types import StageProgram
@@ -84,6 +86,60 @@ def test_a_pinned_mesh_plans_only_that_mesh_every_schedule_of_it():
     # A pipelined mesh sets the stages.
     piped = plan("tiny", 8, workers=0, strategies=["fsdp"], mesh="stage=2,data=4", compiler="cpu")
     assert {(p.mesh_spec, p.stages) for p in piped.plans} == {("stage=2,data=4", 2)}
+
+
+def test_a_pinned_mesh_in_another_order_is_read_in_the_planners_and_says_so():
+    written = plan("tiny", 8, workers=0, strategies=["dp_tp"], mesh="model=2,data=4",
+                   compiler="cpu")  # fmt: skip
+    canonical = plan("tiny", 8, workers=0, strategies=["dp_tp"], mesh="data=4,model=2",
+                     compiler="cpu")  # fmt: skip
+    assert [(p.strategy, p.mesh_spec, p.step_time_s) for p in written.plans] == [
+        (p.strategy, p.mesh_spec, p.step_time_s) for p in canonical.plans
+    ]
+    (read,) = [n for n in written.notes if n.kind == "mesh-read"]
+    assert (read.values.given, read.values.read) == ("model=2,data=4", "data=4,model=2")
+    assert not [n for n in canonical.notes if n.kind == "mesh-read"]
+
+
+def test_a_reading_that_crosses_nodes_differently_is_said():
+    # Eight devices a node: written model=8,data=4, the model axis's groups (devices 0, 4,
+    # 8, ... as numbered) span nodes and data's do not; read as data=4,model=8, the reverse
+    assert crossing_axes(MeshShape.of("model=8,data=4"), 8) == ("model",)
+    assert crossing_axes(MeshShape.of("data=4,model=8"), 8) == ("data",)
+    values = {"given": "model=8,data=4", "read": "data=4,model=8", "node_size": 8,
+              "given_crossing": ("model",), "read_crossing": ("data",)}  # fmt: skip
+    text = Note(PlanNote.MESH_READ, values).text
+    assert "crosses nodes of 8 differently: as written model, as planned data" in text
+    same = Note(PlanNote.MESH_READ, {**values, "given_crossing": ("data",)}).text
+    assert "differently" not in same
+
+
+@pytest.mark.parametrize(
+    "written, read",
+    [
+        ("ici_fsdp=8,dcn_fsdp=16,dcn_data=4", "replica=4,data=128"),
+        ("ici_tensor_parallelism=8,dcn_fsdp_parallelism=4", "data=4,model=8"),
+        ("dcn_pipeline=4,ici_data=2,ici_sequence=2,ici_tensor=4",
+         "stage=4,data=2,context=2,model=4"),
+        ("ici_expert=8,dcn_data=2", "data=2,expert=8"),
+    ],
+)
+def test_maxtexts_ici_and_dcn_parallelism_read_as_the_planners_axes(written, read):
+    assert maxtext_mesh(MeshShape.of(written)).spec == read
+
+
+def test_a_maxtext_mesh_plans_the_strategies_that_run_on_it():
+    # MaxText's data axis beside fsdp replicates the weights over it: HSDP's replica, on
+    # which no default strategy runs; unasked, those that run on it are planned
+    result = plan("tiny", 8, workers=0, mesh="dcn_data=2,ici_fsdp=2,ici_tensor=2",
+                  compiler="cpu")  # fmt: skip
+    assert {p.mesh_spec for p in result.plans} == {"replica=2,data=2,model=2"}
+    assert {p.strategy for p in result.plans} <= {"hsdp_tp", "hsdp_sp"}
+    (read,) = [n for n in result.notes if n.kind == "mesh-read"]
+    assert "MaxText's parallelism" in read.text
+    with pytest.raises(PlanError, match="ici_autoregressive is not a parallelism") as err:
+        plan("tiny", 8, workers=0, mesh="ici_autoregressive=8", compiler="cpu")
+    assert err.value.params == ("mesh",)
 
 
 def test_candidates_factor_the_device_count():

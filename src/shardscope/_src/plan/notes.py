@@ -82,6 +82,10 @@ class PlanNote(NoteKind):
     NO_FLOP_COUNT = "no-flop-count"
     #: rule sets that compiled to the same program (values: ``same``: label, same as, mesh)
     IDENTICAL_PROGRAMS = "identical-programs"
+    #: a pinned mesh read as the planner's (values: ``given``, ``read``, ``node_size``, and
+    #: the axes whose groups cross nodes as given, ``given_crossing``, and as read,
+    #: ``read_crossing``)
+    MESH_READ = "mesh-read"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -285,6 +289,22 @@ class RecompiledValues(NoteValues):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(self.ranks))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshReadValues(NoteValues):
+    """A pinned mesh as written and as the planner reads it, with the axes whose groups
+    cross nodes of ``node_size`` devices in each."""
+
+    given: str
+    read: str
+    node_size: int
+    given_crossing: tuple[str, ...]
+    read_crossing: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "given_crossing", tuple(self.given_crossing))
+        object.__setattr__(self, "read_crossing", tuple(self.read_crossing))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -534,6 +554,28 @@ def _recompiled_by_target(v: RecompiledValues) -> str:
     )
 
 
+def _mesh_read(v: MeshReadValues) -> str:
+    maxtext = v.given.startswith(("ici_", "dcn_")) or ",ici_" in v.given or ",dcn_" in v.given
+    how = (
+        "MaxText's parallelism, each axis its DCN size times its ICI size, the DCN part "
+        "outside (across nodes or slices)"
+        if maxtext
+        else "the planner's order: stage, replica, data, expert, context, model, the last inner"
+    )
+    text = f"mesh {v.given!r} planned as {v.read} ({how})"
+    if not maxtext and set(v.given_crossing) != set(v.read_crossing):
+
+        def axes(names: tuple[str, ...]) -> str:
+            return ", ".join(names) or "no axis"
+
+        text += (
+            f"; that reading crosses nodes of {v.node_size} differently: as written "
+            f"{axes(v.given_crossing)}, as planned {axes(v.read_crossing)}, whose groups "
+            f"span two nodes, and the plan prices the latter"
+        )
+    return text
+
+
 def _identical_programs(v: IdenticalProgramsValues) -> str:
     same = v.same
     pairs = "; ".join(f"{label} = {other} {mesh}" for label, other, mesh in same[:6])
@@ -626,6 +668,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
         "compute time is 0, so they rank by communication alone"
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
+    PlanNote.MESH_READ: _mesh_read,
     PlanNote.NO_FIT: _no_fit,
     PlanNote.TARGET_OUT_OF_MEMORY: (
         "no plan fits: the {v.target} compiler ran out of memory on each of the {v.count} plans it "
@@ -659,6 +702,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.RECOMPILED_BY_TARGET: RecompiledValues,
     PlanNote.NO_FLOP_COUNT: NoValues,
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
+    PlanNote.MESH_READ: MeshReadValues,
     PlanNote.NO_FIT: NoFitValues,
     PlanNote.TARGET_OUT_OF_MEMORY: TargetOutOfMemoryValues,
     PlanNote.NO_TARGET_FIT: NoTargetFitValues,

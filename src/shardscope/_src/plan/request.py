@@ -177,10 +177,11 @@ class PlanRequest:
             (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then
             chosen among them.
         mesh: plan exactly this mesh (``"data=32,model=8"``, a ``{name: size}`` mapping or a
-            :class:`~shardscope._src.mesh.MeshShape`, axes in the planner's order:
-            ``stage``, ``pod``..., ``data``, ``model``): only the strategies that run on it,
-            every schedule of it estimated, the best compiled. The request holds it as its
-            ``MeshShape``.
+            :class:`~shardscope._src.mesh.MeshShape`; axes in any order, read in the
+            planner's: ``stage``, ``replica``, ``data``, ``expert``, ``context``, ``model``;
+            or MaxText's ``ici_fsdp=8,dcn_data=4``): only the strategies that run on it (of
+            all of them where no default does), every schedule of it estimated, the best
+            compiled. The request holds it as its ``MeshShape``, as written.
         workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
             many worker processes that each simulate ``devices``; None: this process when it
             can, else one worker (``default_workers``), so that the caller's JAX is never
@@ -325,8 +326,9 @@ class PlanRequest:
     )
     mesh: str | Mapping[str, int] | None = knob(
         None,
-        "plan exactly this mesh, e.g. data=32,model=8 (axes in the order stage, pod..., data, "
-        "model): only the strategies that run on it",
+        "plan exactly this mesh, e.g. data=32,model=8 (axes in any order, read in the planner's: "
+        "stage, replica, data, expert, context, model), or MaxText's ici_X=N,dcn_X=N: only the "
+        "strategies that run on it",
         metavar="SPEC",
     )
     workers: int | None = knob(

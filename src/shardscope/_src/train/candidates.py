@@ -166,13 +166,87 @@ def _crosses(strategy: Strategy, sizes: MeshShape, node_size: int) -> bool:
     return crosses_nodes(sizes, (Role.MODEL,), node_size) or sizes.get(CONTEXT_AXIS, 1) > node_size
 
 
+#: MaxText's parallelism axes, as its ``ici_X_parallelism`` and ``dcn_X_parallelism``
+#: settings name them (base.yml), and the planner's axis each is read as: ``data`` (the
+#: weights replicated over it) is HSDP's ``replica`` where ``fsdp`` (the weights sharded) is
+#: there too, else the planner's ``data``; ``sequence`` and ``context`` split the sequence.
+MAXTEXT_AXES = {
+    "pipeline": STAGE_AXIS,
+    "data": "data",
+    "fsdp": "data",
+    "sequence": CONTEXT_AXIS,
+    "context": CONTEXT_AXIS,
+    "tensor": "model",
+    "expert": "expert",
+}
+
+
+def maxtext_mesh(mesh: MeshShape) -> MeshShape | None:
+    """The planner's mesh of a MaxText parallelism (``ici_fsdp=8,dcn_fsdp=16,dcn_data=4``,
+    each name with or without its ``_parallelism``), or None where ``mesh`` names other axes.
+    Each axis is its ICI and DCN sizes' product, in the planner's order (``stage``,
+    ``replica``, ``data``, ``context``, ``model``; ``expert`` after ``data``): MaxText's
+    hybrid mesh puts each axis's DCN part outside its ICI part, as the planner's device
+    order then does, so the DCN axes cross nodes or slices and the ICI ones stay inside.
+
+    >>> maxtext_mesh(MeshShape.of("ici_fsdp=8,dcn_fsdp=16,dcn_data=4")).spec
+    'replica=4,data=128'
+    >>> maxtext_mesh(MeshShape.of("ici_tensor_parallelism=8,dcn_fsdp_parallelism=4")).spec
+    'data=4,model=8'
+    """
+    if not mesh.names or not all(n.startswith(("ici_", "dcn_")) for n in mesh.names):
+        return None
+    total: dict[str, int] = {}
+    for name, size in mesh.items():
+        axis = name[4:].removesuffix("_parallelism")
+        if axis not in MAXTEXT_AXES:
+            raise PlanError(
+                f"mesh={mesh.spec!r}: MaxText's {name} is not a parallelism the planner "
+                f"plans; it reads {', '.join(f'ici_/dcn_{a}' for a in MAXTEXT_AXES)}",
+                param="mesh",
+            )
+        total[axis] = total.get(axis, 1) * size
+    data, fsdp = total.get("data", 1), total.get("fsdp", 1)
+    pairs = [
+        (STAGE_AXIS, total.get("pipeline", 1)),
+        ("replica", data if fsdp > 1 else 1),
+        ("data", fsdp if fsdp > 1 else data),
+        ("expert", total.get("expert", 1)),
+        (CONTEXT_AXIS, total.get("sequence", 1) * total.get("context", 1)),
+        ("model", total.get("tensor", 1)),
+    ]
+    kept = [(a, n) for a, n in pairs if n > 1]
+    return MeshShape(tuple(kept) or (("data", 1),))
+
+
+def crossing_axes(mesh: MeshShape, node_size: int) -> tuple[str, ...]:
+    """The axes of ``mesh`` whose groups span two nodes of ``node_size`` devices, its
+    devices numbered in its axes' order (the last inner).
+
+    >>> crossing_axes(MeshShape.of("data=4,model=4"), 8)
+    ('data',)
+    >>> crossing_axes(MeshShape.of("model=4,data=4"), 8)
+    ('model',)
+    """
+    return tuple(a for a in mesh.names if crosses_nodes(mesh.sizes, (a,), node_size))
+
+
+def runs_on(mesh: MeshShape, devices: int, strategies: Sequence[str]) -> list[str]:
+    """Those of ``strategies`` that run on ``mesh``, in their order."""
+    stage = mesh.get(STAGE_AXIS, 1)
+    return [s for s in strategies if candidates([s], devices, (stage,), mesh)]
+
+
 def pinned_mesh(
     mesh: str | Mapping[str, int], devices: int, strategies: Sequence[str]
 ) -> MeshShape:
     """A mesh to plan on exactly (``"data=32,model=8"``, or its shape), checked: its devices
     are the plan's and at least one of ``strategies`` runs on it (a :class:`PlanError` says
-    which do)."""
+    which do). Its axes may come in any order (read in the planner's, which
+    :func:`crossing_axes` of the two tells apart) and as MaxText's parallelism
+    (:func:`maxtext_mesh`)."""
     sizes = MeshShape.of(mesh)
+    sizes = maxtext_mesh(sizes) or sizes
     where = sizes.spec
     total = sizes.devices
     if total != devices:
@@ -184,11 +258,18 @@ def pinned_mesh(
     stage = sizes.get(STAGE_AXIS, 1)
     if candidates(strategies, devices, (stage,), sizes):
         return sizes
+    # the same axes written in another order: read in the planner's
+    every = candidates(ALL_STRATEGIES, devices, (stage,))
+    same = sorted(sizes.items())
+    reordered = next((c.mesh for c in every if sorted(c.mesh.items()) == same), None)
+    if reordered is not None and candidates(strategies, devices, (stage,), reordered):
+        return reordered
+    sizes = reordered or sizes
     fits = [s for s in ALL_STRATEGIES if candidates([s], devices, (stage,), sizes)]
     if fits:
         why = f"the strategies that run on it: {', '.join(fits)}"
     else:
-        shapes = sorted({c.mesh_spec for c in candidates(ALL_STRATEGIES, devices, (stage,))})
+        shapes = sorted({c.mesh_spec for c in every})
         why = (
             f"the planner names the axes {STAGE_AXIS} (pipeline stages, first), pod..., data "
             f"and model or context (last), e.g. {', '.join(shapes[:4])}"

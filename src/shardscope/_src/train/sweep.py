@@ -45,6 +45,7 @@ from shardscope._src.base.devices import MAX_CPU_DEVICES
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
 from shardscope._src.cost.memory import memory_fits
+from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.collectives import axis_comm, bound_time
@@ -52,6 +53,7 @@ from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_work
 from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
 from shardscope._src.plan.notes import (
     Fp8MatmulsValues,
+    MeshReadValues,
     PipelineStageValues,
     PlanNote,
     ReduceScatterValues,
@@ -67,15 +69,17 @@ from shardscope._src.plan.request import (
     check_dims,
 )
 from shardscope._src.plan.types import Skipped, SkipReason
-from shardscope._src.sharding.strategies import get_strategy
+from shardscope._src.sharding.strategies import ALL_STRATEGIES, get_strategy
 from shardscope._src.targets.capabilities import CPU_COMPILER
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.train.candidates import (
+    crossing_axes,
     moe_remats,
     moe_strategies,
     pinned_mesh,
     remat_options,
+    runs_on,
     screen_all,
     stage_config,
     to_compile,
@@ -234,7 +238,24 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         names = moe_strategies(names, asked=r.strategies is not None)
     _check_bytes_per_param(r.bytes_per_param, config, r.mode)
     devices, mode, stages = r.devices, r.mode, r.stages
-    pinned = None if r.mesh is None else pinned_mesh(r.mesh, devices, names)
+    pinned = None
+    read_note: list[Note] = []
+    if r.mesh is not None:
+        # a mesh on which none of the default strategies runs plans those that do
+        allowed = names if r.strategies is not None else tuple(ALL_STRATEGIES)
+        pinned = pinned_mesh(r.mesh, devices, allowed)
+        if r.strategies is None and not runs_on(pinned, devices, names):
+            names = tuple(runs_on(pinned, devices, allowed))
+        given = MeshShape.of(r.mesh)
+        if given != pinned:
+            values = MeshReadValues(
+                given=given.spec,
+                read=pinned.spec,
+                node_size=hw.node_size,
+                given_crossing=crossing_axes(given, hw.node_size),
+                read_crossing=crossing_axes(pinned, hw.node_size),
+            )
+            read_note.append(Note(PlanNote.MESH_READ, values, ("mesh",)))
     if pinned is not None and stages is not None and stages != pinned.get(STAGE_AXIS, 1):
         raise PlanError(
             f"stages={stages} and mesh={pinned.spec!r} disagree: the mesh's "
@@ -317,7 +338,9 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         skipped=(*skipped, *failed),
         validations=validations(ranked),
         notes=tuple(
-            _result_notes(config, hw, ranked, r.matmul_dtype) + compiler_notes(compiler, ranked, hw)
+            read_note
+            + _result_notes(config, hw, ranked, r.matmul_dtype)
+            + compiler_notes(compiler, ranked, hw)
         ),
         wall_s=time.perf_counter() - start,
         workers=n_workers,
