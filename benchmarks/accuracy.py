@@ -1,6 +1,7 @@
-"""The models' error table as data: every published run that ``calibration.py`` (training) and
-``serving_accuracy.py`` (serving) judge, predicted against measured, one record a run and a
-summary per split, source and metric, as JSON for the docs' accuracy page.
+"""The models' error table as data: every published run that ``calibration.py`` and
+``training_heldout.py`` (training) and ``serving_accuracy.py`` (serving) judge, predicted
+against measured, one record a run and a summary per split, source and metric, as JSON for the
+docs' accuracy page.
 
 A run's ``split`` is ``calibration`` (a row the constants were fitted to) or ``held-out`` (a
 run nothing was fitted to); its ``source`` is who published it. The summaries count the runs
@@ -9,7 +10,7 @@ is wrong even where its median error looks small) and how many land within 25%; 
 plans call a misfit (one that does not fit the hardware it ran on) is counted apart: a serving
 run so called has no plan, and is not judged; a training run is judged all the same, as
 ``calibration.py`` judges it. The rows themselves, their sources and how each is
-planned are the two benchmarks' own: this script imports them and changes nothing.
+planned are the benchmarks' own: this script imports them and changes nothing.
 
 Run: ``python benchmarks/accuracy.py --json benchmarks/results/serving_compiled.json`` (the
 serving runs compiled with their hardware's own compiler, deviceless: minutes; its output is
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import calibration  # noqa: E402
 import serving_accuracy  # noqa: E402
+import training_heldout  # noqa: E402
 
 from shardscope import PlanError  # noqa: E402
 from shardscope._src.base.records import result_header  # noqa: E402
@@ -55,10 +57,48 @@ def _source(name: str, *, training: bool) -> str:
     return name.split()[0] if training else name.split(",")[0]
 
 
-def training_runs() -> list[dict[str, Any]]:
-    """Every training run of ``calibration.py``, as the planner's screening estimate predicts
-    it at the published configuration: the step time, and the peak memory where the source
+def _misfit(s: Any) -> str | None:
+    # Judged all the same, as calibration.py judges it, and counted as a misfit.
+    if s.fits:
+        return None
+    return (
+        f"the estimate holds {s.memory.total / GIB:.1f} GiB a device, over the "
+        f"{s.memory_limit_bytes / GIB:.1f} GiB it has"
+    )
+
+
+def _training_records(
+    common: dict[str, Any], s: Any, measured_s: float, peak_gib: float | None
+) -> list[dict[str, Any]]:
+    """A training run's step-time record, and its peak-memory record where the source
     published one."""
+    out = [
+        {
+            **common,
+            "metric": "step time",
+            "unit": "s",
+            "predicted": s.time.step_s,
+            "measured": measured_s,
+        }
+    ]
+    if peak_gib:
+        out.append(
+            {
+                **common,
+                "metric": "peak memory",
+                "unit": "GiB",
+                "predicted": s.memory.total / GIB,
+                "measured": peak_gib,
+            }
+        )
+    return out
+
+
+def training_runs() -> list[dict[str, Any]]:
+    """Every training run of ``calibration.py`` and ``training_heldout.py``, as the planner's
+    screening estimate predicts it at the published configuration: the step time, and the
+    peak memory where the source published one. A held-out run the planner cannot write is
+    not judged (``training_heldout.py`` lists it and says why)."""
     out: list[dict[str, Any]] = []
     for split, rows in (
         ("calibration", [*calibration.ROWS, *calibration.MOE_ROWS]),
@@ -74,33 +114,24 @@ def training_runs() -> list[dict[str, Any]]:
                 "by": "estimate",
                 "microbatches": microbatches,
                 "instead": row.instead or None,
-                # Judged all the same, as calibration.py judges it, and counted as a misfit.
-                "misfit": None
-                if s.fits
-                else (
-                    f"the estimate holds {s.memory.total / GIB:.1f} GiB a device, over the "
-                    f"{s.memory_limit_bytes / GIB:.1f} GiB it has"
-                ),
+                "misfit": _misfit(s),
             }
-            out.append(
-                {
-                    **common,
-                    "metric": "step time",
-                    "unit": "s",
-                    "predicted": s.time.step_s,
-                    "measured": row.measured_s,
-                }
-            )
-            if row.peak_gib:
-                out.append(
-                    {
-                        **common,
-                        "metric": "peak memory",
-                        "unit": "GiB",
-                        "predicted": s.memory.total / GIB,
-                        "measured": row.peak_gib,
-                    }
-                )
+            out.extend(_training_records(common, s, row.measured_s, row.peak_gib))
+    for judged in training_heldout.judge(training_heldout.RUNS):
+        run, s = judged.run, judged.screened
+        if s is None:
+            continue
+        common = {
+            "split": "held-out",
+            "source": _source(run.name, training=True),
+            "run": run.name,
+            "hardware": "h100",
+            "by": "estimate",
+            "microbatches": run.microbatches,
+            "instead": "; ".join(run.instead) or None,
+            "misfit": _misfit(s),
+        }
+        out.extend(_training_records(common, s, run.measured_s, run.peak_gib))
     return out
 
 

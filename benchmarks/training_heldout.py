@@ -1,0 +1,549 @@
+"""The training planner judged on published, measured H100 runs it was never calibrated on.
+
+Each row is a run as its source published it: NVIDIA's DGX Cloud Benchmarking recipes (NeMo
+Megatron's Llama 3.1 8B / 70B / 405B, Nemotron-4 15B / 340B and GPT-3 175B; MaxText's Llama 2
+70B), with the parallelism, recomputation and optimizer of the recipe's own configuration
+file, and torchtitan's Llama 3.1 8B on 128 H100s (the calibration holds its 8-GPU run only).
+Each is planned as it ran, by the analytic estimate that ``calibration.py`` uses (no
+compile): the parallelism as the planner's composable dimensions (Megatron's tensor parallel
+with sequence parallelism, context parallel, pipeline stages with virtual stages and the
+distributed optimizer are ``zero1_sp_cp`` on ``stage=P,data=D,context=C,model=T`` with
+``virtual_stages``), MaxText's recomputation policy by name, and the micro-batches as the
+global batch over the micro-batch times the data-parallel ways. Nothing here is fitted: the
+H100 preset's constants are the planner's own; only what a source states is set (the cuDNN
+fused attention that Transformer Engine and MaxText's ``cudnn_flash_te`` run, at its measured
+H100 rates, and torchtitan's power-limited 96 GB H100s as ``calibration.py`` sets them).
+
+Per row: the predicted step, the measured one, the signed error, and whether the plan fits
+the device it ran on; a run that ran and is called a misfit is counted, and its memory
+estimate is printed against the device's with what makes it up. Where the planner cannot
+write a configuration the row says so and is left out of the median (counted). The summary
+gives the held-out rows apart from the calibration rows (``calibration.py``'s, printed beside
+them), and the fp8 runs (the planner's ``matmul_dtype="fp8"`` path) apart from the bf16 ones.
+
+What the planner writes differently from a NeMo run, said on each row it touches: the
+vocabulary is replicated over ``model`` (the planner refuses ``vocab_split`` under sequence
+parallelism; Megatron splits the embedding and the output layer over the tensor-parallel
+ranks), and context parallelism gathers the keys and values (Transformer Engine's default
+exchanges them around a ring).
+
+Run: ``python benchmarks/training_heldout.py`` (a second or two; no compile), or
+``--compiled [PREFIX ...]`` to plan the rows whose names start with a prefix by compiling
+them with the H100 compiler, deviceless (minutes a row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import calibration  # noqa: E402
+
+from shardscope import ModelConfig, ShardscopeError, hardware, plan  # noqa: E402
+from shardscope._src.base.text import format_mesh_spec  # noqa: E402
+from shardscope._src.model.presets import model_preset  # noqa: E402
+from shardscope._src.targets.hardware import h100_attention  # noqa: E402
+from shardscope._src.train.candidates import estimate  # noqa: E402
+from shardscope._src.train.types import Candidate, Screened  # noqa: E402
+
+GIB = 2**30
+WITHIN = (0.10, 0.25)
+
+#: Transformer Engine's attention on an H100 (NeMo's ``use_flash_attention``) and MaxText's
+#: ``attention=cudnn_flash_te`` both run cuDNN's fused attention: its measured H100 rates.
+CUDNN = h100_attention("cudnn")
+
+DGXC = "NVIDIA/dgxc-benchmarking"
+LAUNCHER = "NVIDIA/NeMo-Framework-Launcher"
+TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md@31a17bf"
+
+#: The axes that replicate the model's batch (the data-parallel ways a micro-batch count
+#: divides the global batch by): not the context, model or stage axes.
+DATA_AXES = ("replica", "data")
+
+SP_VOCAB = (
+    "the vocabulary replicated over model: the planner refuses vocab_split under sequence "
+    "parallelism (Megatron splits the embedding and output layer over the TP ranks)"
+)
+CP_GATHER = "context parallel as keys and values all-gathered (TE exchanges them in a ring)"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A published run: its model, hardware and configuration as the source states them."""
+
+    name: str  # the first word is who published it (accuracy.py's source)
+    source: str  # repository, path and commit (or address) where the number was read
+    quote: str  # the published figures, as read
+    config: ModelConfig  # its batch is the global batch
+    strategy: str
+    mesh: tuple[tuple[str, int], ...]
+    micro_batch: int  # sequences per micro-batch per data-parallel rank
+    remat: str
+    measured_s: float
+    virtual_stages: int = 1
+    matmul_dtype: str = "bfloat16"
+    overrides: dict[str, float] = field(default_factory=lambda: dict(CUDNN))
+    peak_gib: float | None = None
+    instead: tuple[str, ...] = ()
+    #: why the planner cannot write this run (it is then not planned)
+    cannot: str = ""
+
+    @property
+    def devices(self) -> int:
+        n = 1
+        for _, size in self.mesh:
+            n *= size
+        return n
+
+    @property
+    def data_ways(self) -> int:
+        n = 1
+        for axis, size in self.mesh:
+            if axis in DATA_AXES:
+                n *= size
+        return n
+
+    @property
+    def microbatches(self) -> int:
+        """The global batch over the micro-batch times the data-parallel ways."""
+        return self.config.batch // (self.micro_batch * self.data_ways)
+
+
+def _preset(name: str, batch: int, seq: int, **kw: Any) -> ModelConfig:
+    return replace(model_preset(name).config(batch=batch, seq=seq), **kw)
+
+
+def _nemotron_340b(batch: int) -> ModelConfig:
+    """Nemotron-4 340B as NeMo's nemotron_340b.yaml writes it: 96 layers, hidden 18432, 96
+    heads, 8 query groups, FFN 4 x hidden with squared ReLU (planned as the decoder's GELU
+    MLP: the same weights and matmul FLOPs), untied embeddings, vocabulary 256000."""
+    return ModelConfig(
+        d_model=18432,
+        heads=96,
+        kv_heads=8,
+        ff=4 * 18432,
+        layers=96,
+        batch=batch,
+        seq=4096,
+        vocab=256000,
+        dtype="bfloat16",
+        mlp="gelu",
+    )
+
+
+def _nemo(
+    name: str,
+    config: ModelConfig,
+    gpus: int,
+    *,
+    tp: int,
+    pp: int = 1,
+    cp: int = 1,
+    vp: int = 1,
+    mbs: int = 1,
+    measured_s: float,
+    source: str,
+    quote: str,
+    fp8: bool = False,
+) -> Run:
+    """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
+    launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
+    stages with virtual stages, the distributed optimizer (``distributed_fused_adam`` /
+    ``mcore_distributed_optim``: ZeRO-1) over the data and context ranks, and no activation
+    recomputation (``activations_checkpoint_granularity: null``)."""
+    data = gpus // (tp * pp * cp)
+    mesh = tuple(
+        (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
+    )
+    strategy = "zero1" + ("_sp" if tp > 1 else "") + ("_cp" if cp > 1 else "")
+    dims = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + (f" x CP {cp}" if cp > 1 else "")
+    dims += f" x VP {vp}" if vp > 1 else ""
+    instead = ((SP_VOCAB,) if tp > 1 else ()) + ((CP_GATHER,) if cp > 1 else ())
+    return Run(
+        f"NeMo {name}, {dims}, {gpus} H100" + (" FP8" if fp8 else ""),
+        source,
+        quote,
+        config,
+        strategy,
+        mesh or (("data", 1),),
+        mbs,
+        "none",
+        measured_s,
+        virtual_stages=vp,
+        matmul_dtype="fp8" if fp8 else "bfloat16",
+        instead=instead,
+    )
+
+
+def _maxtext_llama2_70b(gpus: int, measured_s: float, quote: str, fp8: bool = False) -> Run:
+    """MaxText's Llama 2 70B as the recipe's configure.sh runs it: FSDP over 8 GPUs a node x
+    the nodes (``dcn_fsdp`` 16 and the rest ``dcn_data`` from 64 nodes on), 2 sequences a GPU,
+    ``remat_policy=save_qkv_proj``, cuDNN's fused attention, sequence 4096 (the README's
+    model FLOPs and its example log: 524288 tokens a step on 64 GPUs)."""
+    fsdp = min(gpus, 128)
+    mesh = (("replica", gpus // fsdp), ("data", fsdp)) if gpus > fsdp else (("data", fsdp),)
+    return Run(
+        f"MaxText Llama 2 70B, FSDP {fsdp}"
+        + (f" x DP {gpus // fsdp}" if gpus > fsdp else "")
+        + f", {gpus} H100"
+        + (" FP8" if fp8 else ""),
+        f"{DGXC} maxtext/README_70b.md@143b90d; maxtext/configure.sh@0b71cfd",
+        quote,
+        _preset("llama2-70b", 2 * gpus, 4096),
+        "hsdp" if gpus > fsdp else "fsdp",
+        mesh,
+        2,
+        "maxtext:save_qkv_proj",
+        measured_s,
+        matmul_dtype="fp8" if fp8 else "bfloat16",
+    )
+
+
+_CONF = f"{LAUNCHER} launcher_scripts/conf/training"
+_L8 = f"{DGXC} llama3.1/README_8b.md@143b90d; {_CONF}/llama/llama3_1_8b.yaml@2ac7cee"
+_L70 = f"{DGXC} llama3.1/README_70b.md@143b90d; {_CONF}/llama/llama3_1_70b.yaml@1ab2c78"
+_L405 = (
+    f"{DGXC} llama3.1/README_405b.md@143b90d; {_CONF}/llama/llama3_1_405b.yaml@072ecc4 "
+    "(num_query_groups: 16; the GPT2BPETokenizer as a proxy: vocabulary 50257, padded to 51200)"
+)
+_N15 = f"{DGXC} nemotron/README_15b.md@0b71cfd; {_CONF}/nemotron/nemotron_15b.yaml@089b90e"
+_N340 = f"{DGXC} nemotron/README_340b.md@143b90d; {_CONF}/nemotron/nemotron_340b.yaml@3be81fc"
+_GPT3 = f"{DGXC} nemo_megatron/README_175b.md@0b71cfd; nemo_megatron/gpt3_175b_hydra.yaml@35a9aec"
+
+
+def _l405(layers: int, batch: int) -> ModelConfig:
+    # The benchmark's 405B: 16 query groups (its launcher config and model-FLOPs note), the
+    # GPT-2 BPE tokenizer (51200 after Megatron's padding), and the proxies' fewer layers.
+    return _preset("llama3-405b", batch, 8192, layers=layers, kv_heads=16, vocab=51200)
+
+
+_L8Q = (
+    "Llama 3.1 8b 24.09 BF16 (TP=1, PP=1, CP=2, MBS=1, GA=32): step 12.91 (8 GPUs, GBS 128) "
+    "... 13.10 (128, GBS 2048)"
+)
+_L70Q = (
+    "Llama 3.1 70b 24.09 BF16 (TP=4, PP=4, CP=2, VP=5, MBS=1, GA=64): step 14.72 (64 GPUs, "
+    "GBS 128) ... 14.98 (2048, GBS 4096)"
+)
+_L405Q = (
+    "Llama 3.1 405b 24.09 BF16 (TP=8, PP=9, CP=2, VP=7, MBS=1, GA=63): layers 7/21/126/126, "
+    "GBS 126/126/252/1008, PP 1/3/9/9: step 8.85 (32 GPUs), 8.75 (96), 17.20 (576), 17.62 (2304)"
+)
+_N15Q = (
+    "Nemotron4 15b BF16 (TP=4, PP=1, MBS=4, GA=4): step 2.812 (16 GPUs, GBS 64) ... 2.887 "
+    "(2048, GBS 8192)"
+)
+_N340Q = (
+    "Nemotron4 340b 24.11 BF16 (TP=8, PP=8, MBS=1, GA=16, VP=12): step 4.61 (128 GPUs, GBS 32) "
+    "... 4.84 (2048, GBS 512)"
+)
+_GPT3Q = (
+    "NeMo Megatron BF16 (TP=4,PP=8, MBS=1, VP=12, SEQ=2048): step 8.309 (128 GPUs, GBS 256) ... "
+    "8.49 (2048, GBS 4096)"
+)
+_MTQ = (
+    "Maxtext LLama2 70b BF16 (FSDP+DP MBS=2): step 6.999 (64 GPUs, FSDP 64), 7.091 (512, FSDP "
+    "128), 7.066 (2048, FSDP 128)"
+)
+_L8F = "Llama 3.1 8b 24.09 FP8 (TP=1, PP=1, CP=2, MBS=1, GA=32): step 9.67 (8 GPUs, GBS 128)"
+_L70F = (
+    "Llama 3.1 70b 24.09 FP8 (TP=4, PP=4, CP=2, VP=5, MBS=1, GA=64): step 11.01 (64 GPUs, GBS 128)"
+)
+_N15F = "Nemotron4 15b FP8 (TP=4, PP=1, MBS=4, GA=4): step 2.039 (16 GPUs, GBS 64)"
+_GPT3F = "NeMo Megatron FP8 (TP=4,PP=8, MBS=1, VP=12, SEQ=2048): step 5.626 (128 GPUs, GBS 256)"
+_MTF = "Maxtext LLama2 70b FP8 (FSDP+DP MBS=2): step 4.324 (64 GPUs, FSDP 64)"
+
+# Each recipe's configuration, its GPUs and global batch given per run.
+_llama8 = partial(_nemo, "Llama 3.1 8B", tp=1, cp=2, source=_L8)
+_llama70 = partial(_nemo, "Llama 3.1 70B", tp=4, pp=4, cp=2, vp=5, source=_L70)
+_llama405 = partial(_nemo, tp=8, cp=2, source=_L405, quote=_L405Q)
+_nemotron15 = partial(_nemo, "Nemotron-4 15B", tp=4, mbs=4, source=_N15)
+_nemotron340 = partial(_nemo, "Nemotron-4 340B", tp=8, pp=8, vp=12, source=_N340, quote=_N340Q)
+_gpt3 = partial(_nemo, "GPT-3 175B", tp=4, pp=8, vp=12, source=_GPT3)
+
+
+def _gpt3_175b(batch: int) -> ModelConfig:
+    # the GPT-2 BPE tokenizer's 50257 tokens padded by Megatron to a multiple of 128 x TP
+    return _preset("gpt3-175b", batch, 2048, vocab=50688)
+
+
+#: The bf16 runs: NeMo Megatron and MaxText from the DGX Cloud Benchmarking recipes (the
+#: smallest and the largest scale of each weak-scaling table, and the 405B's proxies),
+#: torchtitan's 8B on 128 GPUs.
+BF16_RUNS = [
+    _llama8(_preset("llama3-8b", 128, 8192), 8, measured_s=12.91, quote=_L8Q),
+    _llama8(_preset("llama3-8b", 2048, 8192), 128, measured_s=13.10, quote=_L8Q),
+    _llama70(_preset("llama3-70b", 128, 8192), 64, measured_s=14.72, quote=_L70Q),
+    _llama70(_preset("llama3-70b", 4096, 8192), 2048, measured_s=14.98, quote=_L70Q),
+    _llama405("Llama 3.1 405B proxy (7 layers)", _l405(7, 126), 32, measured_s=8.85),
+    _llama405("Llama 3.1 405B proxy (21 layers)", _l405(21, 126), 96, pp=3, vp=7, measured_s=8.75),
+    _llama405("Llama 3.1 405B", _l405(126, 252), 576, pp=9, vp=7, measured_s=17.20),
+    _llama405("Llama 3.1 405B", _l405(126, 1008), 2304, pp=9, vp=7, measured_s=17.62),
+    _nemotron15(_preset("nemotron4-15b", 64, 4096), 16, measured_s=2.812, quote=_N15Q),
+    _nemotron15(_preset("nemotron4-15b", 8192, 4096), 2048, measured_s=2.887, quote=_N15Q),
+    _nemotron340(_nemotron_340b(32), 128, measured_s=4.61),
+    _nemotron340(_nemotron_340b(512), 2048, measured_s=4.84),
+    _gpt3(_gpt3_175b(256), 128, measured_s=8.309, quote=_GPT3Q),
+    _gpt3(_gpt3_175b(4096), 2048, measured_s=8.49, quote=_GPT3Q),
+    _maxtext_llama2_70b(64, 6.999, _MTQ),
+    _maxtext_llama2_70b(512, 7.091, _MTQ),
+    _maxtext_llama2_70b(2048, 7.066, _MTQ),
+    Run(
+        "torchtitan Llama 3.1 8B, FSDP 128 H100",
+        TITAN,
+        "Table 3, FSDP 128, local batch 2, global 256, selective AC: FSDP + torch.compile "
+        "6,514 TPS/GPU, 62.0 GiB (step = 256 x 8192 / (6514 x 128) = 2.515 s)",
+        _preset("llama3-8b", 256, 8192),
+        "fsdp",
+        (("data", 128),),
+        2,
+        "matmuls",
+        256 * 8192 / (6514 * 128),
+        overrides=calibration.TITAN_H100,
+        peak_gib=62.0,
+        instead=("every matmul output kept (torchtitan keeps every other one)",),
+    ),
+]
+
+#: The same recipes' fp8 runs (Transformer Engine's fp8 linear layers; MaxText's
+#: ``quantization=fp8``; torchtitan's Float8 linears), planned with ``matmul_dtype="fp8"``.
+FP8_RUNS = [
+    _llama8(_preset("llama3-8b", 128, 8192), 8, measured_s=9.67, quote=_L8F, fp8=True),
+    _llama70(_preset("llama3-70b", 128, 8192), 64, measured_s=11.01, quote=_L70F, fp8=True),
+    _nemotron15(_preset("nemotron4-15b", 64, 4096), 16, measured_s=2.039, quote=_N15F, fp8=True),
+    _gpt3(_gpt3_175b(256), 128, measured_s=5.626, quote=_GPT3F, fp8=True),
+    _maxtext_llama2_70b(64, 4.324, _MTF, fp8=True),
+    Run(
+        "torchtitan Llama 3.1 8B, FSDP 128 H100 FP8",
+        TITAN,
+        "Table 3: FSDP + torch.compile + Float8 8,380 TPS/GPU, 61.8 GiB "
+        "(step = 256 x 8192 / (8380 x 128) = 1.955 s)",
+        _preset("llama3-8b", 256, 8192),
+        "fsdp",
+        (("data", 128),),
+        2,
+        "matmuls",
+        256 * 8192 / (8380 * 128),
+        matmul_dtype="fp8",
+        overrides=calibration.TITAN_H100,
+        peak_gib=61.8,
+        instead=("every matmul output kept (torchtitan keeps every other one)",),
+    ),
+]
+
+#: Every held-out run.
+RUNS = BF16_RUNS + FP8_RUNS
+
+
+def _candidate(run: Run) -> Candidate:
+    return Candidate(
+        run.strategy,
+        run.mesh,
+        run.microbatches,
+        run.remat,
+        virtual_stages=run.virtual_stages,
+    )
+
+
+def estimate_run(run: Run) -> Screened:
+    """``run`` planned as it ran by the analytic estimate (raises the planner's error where
+    it cannot write the configuration)."""
+    if run.cannot:
+        raise ShardscopeError(run.cannot)
+    hw = hardware("h100", **run.overrides)
+    return estimate(_candidate(run), run.config, hw, matmul_dtype=run.matmul_dtype)
+
+
+def misfit_cause(run: Run, s: Screened) -> str:
+    """What the memory estimate of a run called a misfit is made of, against the device."""
+    m = s.memory
+    parts = ", ".join(
+        f"{k} {v / GIB:.1f}"
+        for k, v in (
+            ("weights", m.params),
+            ("gradients", m.grads),
+            ("optimizer", m.optimizer),
+            ("activations", m.activations),
+            ("gathered weights", m.gathered_weights),
+            ("gathered keys/values", m.gathered_kv),
+        )
+        if v >= 0.05 * GIB
+    )
+    why = (
+        f"the estimate holds {m.total / GIB:.1f} GiB a device ({parts} GiB), over the "
+        f"{s.memory_limit_bytes / GIB:.1f} GiB it has"
+    )
+    if "_sp" in run.strategy:
+        # Sequence parallelism here keeps the embedding and the output layer whole on the
+        # stage (and every stage holds both): what they take, at the planner's 16 bytes a
+        # parameter with the optimizer's 12 over the ZeRO-1 ways, beside what Megatron holds
+        # of them (one of them, split over the tensor-parallel ranks, on the first and the
+        # last stage).
+        c = run.config
+        matrix = c.vocab * c.d_model
+        zero = 1
+        for axis, size in run.mesh:
+            zero *= size if axis in (*DATA_AXES, "context") else 1
+        tp = dict(run.mesh).get("model", 1)
+        per_param = 4 + 12 / zero
+        whole = matrix * (1 if c.tie_embeddings else 2) * per_param
+        why += (
+            f"; of which {whole / GIB:.1f} GiB are the embedding and output layer, whole "
+            f"(Megatron holds {matrix / tp * per_param / GIB:.1f} GiB of them on a stage)"
+        )
+    return why
+
+
+@dataclass
+class Judged:
+    run: Run
+    screened: Screened | None
+    error: float | None  # predicted / measured - 1
+    why_not: str = ""
+
+
+def judge(runs: list[Run]) -> list[Judged]:
+    out = []
+    for run in runs:
+        try:
+            s = estimate_run(run)
+        except ShardscopeError as e:
+            out.append(Judged(run, None, None, str(e)))
+            continue
+        out.append(Judged(run, s, s.time.step_s / run.measured_s - 1))
+    return out
+
+
+def _summary(title: str, judged: list[Judged]) -> None:
+    errors = [j.error for j in judged if j.error is not None]
+    size = sorted(abs(e) for e in errors)
+    misfits = sum(1 for j in judged if j.screened is not None and not j.screened.fits)
+    unwritten = sum(1 for j in judged if j.error is None)
+    if not errors:
+        print(f"{title}: no run planned ({unwritten} could not be written)")
+        return
+    within = ", ".join(f"{sum(e <= w for e in size)} within {w:.0%}" for w in WITHIN)
+    print(
+        f"{title}: {len(errors)} runs, median |error| {statistics.median(size):.1%}, signed "
+        f"median {statistics.median(errors):+.1%}, worst {size[-1]:.1%}, {within}; "
+        f"{misfits} called misfits on the hardware they ran on"
+        + (f"; {unwritten} could not be written (left out)" if unwritten else "")
+    )
+
+
+def _table(judged: list[Judged]) -> None:
+    for j in judged:
+        run = j.run
+        head = f"{run.name:58} {run.microbatches:>3}"
+        if j.screened is None:
+            print(f"{head} {'-':>9} {run.measured_s:>8.3f}s {'-':>7}  cannot be written:")
+            print(f"{'':62}{j.why_not}")
+            continue
+        s = j.screened
+        peak = f" (measured peak {run.peak_gib:.1f} GiB)" if run.peak_gib else ""
+        print(
+            f"{head} {s.time.step_s:>8.3f}s {run.measured_s:>8.3f}s {j.error:>+7.1%}  "
+            f"{s.memory.total / GIB:>5.1f}/{s.memory_limit_bytes / GIB:.1f} GiB "
+            f"{'fits' if s.fits else 'MISFIT'}{peak}"
+        )
+        for what in run.instead:
+            print(f"{'':62}planned with {what}")
+        if not s.fits:
+            print(f"{'':62}misfit: {misfit_cause(run, s)}")
+
+
+def _calibration_split() -> None:
+    """``calibration.py``'s rows, estimated as it estimates them, summarised beside."""
+    for title, rows in (
+        ("calibration (CALIBRATION.md sets 1-2)", calibration.ROWS),
+        ("calibration (set 3, mixtures of experts)", calibration.MOE_ROWS),
+    ):
+        errors, misfits = [], 0
+        for row in rows:
+            s, _ = calibration._estimate(row)
+            errors.append(s.time.step_s / row.measured_s - 1)
+            misfits += not s.fits
+        size = sorted(abs(e) for e in errors)
+        within = ", ".join(f"{sum(e <= w for e in size)} within {w:.0%}" for w in WITHIN)
+        print(
+            f"{title}: {len(errors)} runs, median |error| {statistics.median(size):.1%}, "
+            f"signed median {statistics.median(errors):+.1%}, worst {size[-1]:.1%}, {within}; "
+            f"{misfits} misfits"
+        )
+
+
+def _compiled(prefixes: list[str]) -> None:
+    """The runs whose names start with one of ``prefixes`` planned by compiling them with
+    the H100 compiler (deviceless), as a user pins them."""
+    for run in RUNS:
+        if not any(run.name.startswith(p) for p in prefixes):
+            continue
+        t0 = time.perf_counter()
+        result = plan(
+            run.config,
+            run.devices,
+            hardware="h100",
+            hardware_overrides=run.overrides,
+            strategies=[run.strategy],
+            mesh=format_mesh_spec(dict(run.mesh)),
+            remat=run.remat,
+            microbatches=run.microbatches,
+            virtual_stages=run.virtual_stages,
+            matmul_dtype=run.matmul_dtype,
+            offload_optimizer=False,
+            compiler="h100",
+            target_plans=1,
+            compile_top=1,
+        )
+        p = result.plans[0]
+        error = p.step_time_s / run.measured_s - 1
+        print(
+            f"{run.name:58} compiled {p.step_time_s:8.3f}s (estimate "
+            f"{p.estimated_time.step_s:.3f}s) measured {run.measured_s:.3f}s {error:+7.1%}  "
+            f"fit memory {p.fit_memory_bytes_per_device / GIB:.1f} GiB "
+            f"{'fits' if p.fits else 'MISFIT'} by {p.compiled_by.name}  "
+            f"{time.perf_counter() - t0:.0f} s"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--compiled",
+        nargs="+",
+        metavar="PREFIX",
+        help="also plan the runs whose names start with PREFIX by the H100 compiler",
+    )
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    print(
+        f"{'run':58} {'m':>3} {'predicted':>9} {'measured':>9} {'error':>7}  "
+        f"{'memory / device':>15}"
+    )
+    bf16, fp8 = judge(BF16_RUNS), judge(FP8_RUNS)
+    print("\nHeld out, bf16")
+    _table(bf16)
+    print("\nHeld out, fp8 (matmul_dtype='fp8')")
+    _table(fp8)
+    print()
+    _summary("held-out bf16", bf16)
+    _summary("held-out fp8", fp8)
+    _summary("held-out, all", bf16 + fp8)
+    _calibration_split()
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    if args.compiled:
+        print()
+        _compiled(args.compiled)
+
+
+if __name__ == "__main__":
+    main()
