@@ -105,12 +105,12 @@ def serve_request(request: ServeRequest) -> ServeResult:
     setting = (config, hw, request.devices, prompt, request.output, ctx, weights, cache)
     online: _Online | _Closed | None = None
     if rate is not None:
-        online = _Online(rate, *setting)
+        online = _Online(*setting, rate)
     elif request.clients is not None:
         # a closed loop's sequences are at every point of their lives alike: a decode step
         # reads each cache at its mean length, the prompt and half the output
         mean = prompt + (request.output + 1) // 2
-        online = _Closed(request.clients, *setting[:5], mean, *setting[6:])
+        online = _Closed(*setting[:5], mean, *setting[6:], request.clients)
     fitting = _estimated(request, config, hw, online)
     # under load, the latency is met (or not) by the times the load gives
     per_token = None if online is not None else request.latency
@@ -245,11 +245,10 @@ def _round_down(x: float) -> float:
 
 
 @dataclass(frozen=True)
-class _Online:
-    """Serving at a request rate (:mod:`~shardscope._src.serve.online`): the rate, and what
-    planning a layout at it needs."""
+class _Serving:
+    """What planning a layout under a load needs: the model, the hardware and the devices,
+    the requests' tokens, the cache's tokens a sequence, and the formats."""
 
-    rate: float
     config: ModelConfig
     hw: Hardware
     devices: int
@@ -258,6 +257,14 @@ class _Online:
     context: int
     weights: str
     cache: str
+
+
+@dataclass(frozen=True)
+class _Online(_Serving):
+    """Serving at a request rate (:mod:`~shardscope._src.serve.online`): the rate, and what
+    planning a layout at it needs."""
+
+    rate: float
 
     def one(self, layout: Layout) -> Held:
         """What one sequence a replica holds on a device."""
@@ -427,7 +434,7 @@ class _Online:
 
 
 @dataclass(frozen=True)
-class _Closed:
+class _Closed(_Serving):
     """Serving ``clients`` in a closed loop (:func:`~shardscope._src.serve.online.
     closed_loop`), spread evenly over a layout's replicas: the clients, and what planning a
     layout under them needs; ``context`` the tokens a sequence's cache holds on average
@@ -435,14 +442,6 @@ class _Closed:
     hold, and they are at every point of their lives alike)."""
 
     clients: int
-    config: ModelConfig
-    hw: Hardware
-    devices: int
-    prompt: int
-    output: int
-    context: int
-    weights: str
-    cache: str
 
     def plan(self, layout: Layout) -> ServePlan | None:
         """The layout's plan (estimated) at a batch of its clients (each replica its share,
