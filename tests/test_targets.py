@@ -478,21 +478,23 @@ def test_bad_target_input_is_one_line_exit_2(argv, words, capsys):
 _SMALL = dict(d_model=64, heads=4, ff=256, layers=2, vocab=512, seq=32, batch=16)
 
 
+#: DP and FSDP of :data:`_SMALL` on 8 H100s, the leading plan compiled again by the H100's
+#: compiler (the hardware's own, the default where the gpu-compile extra is installed).
+_DP_FSDP = shardscope.PlanRequest(
+    None, 8, hardware="h100", strategies=["dp", "fsdp"], microbatches=1, remat=["none"],
+    stages=1, workers=0, target_plans=1, **_SMALL,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dp_fsdp_on_h100():
+    """:data:`_DP_FSDP` planned once, for the tests that read it."""
+    return shardscope.plan_request(_DP_FSDP)
+
+
 @pytest.mark.compiler
-def test_plan_compiles_the_leading_plans_with_the_target_compiler():
-    result = shardscope.plan(
-        None,
-        8,
-        hardware="h100",
-        strategies=["dp", "fsdp"],
-        compiler="h100",
-        target_plans=1,
-        workers=0,
-        stages=1,
-        microbatches=1,
-        remat="none",
-        **_SMALL,
-    )
+def test_plan_compiles_the_leading_plans_with_the_target_compiler(dp_fsdp_on_h100):
+    result = dp_fsdp_on_h100
     assert result.compiler == TARGETS["h100"] and result.to_dict()["compiler"] == "h100"
     by = [p.compiled_by.name for p in result.plans]
     assert sorted(by) == ["cpu", "h100"]
@@ -683,14 +685,13 @@ def test_each_compile_only_device_knows_the_target_it_was_made_for():
 
 
 @pytest.mark.compiler
-def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(capsys):
+def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(
+    dp_fsdp_on_h100, capsys
+):
     from shardscope._src.cli.main import build_parser, command_config, main
 
     # (the leading plan alone compiled by the target: one plan of each compiler compared)
-    request = shardscope.PlanRequest(
-        None, 8, hardware="h100", strategies=["dp", "fsdp"], microbatches=1, remat=["none"],
-        stages=1, workers=0, target_plans=1, **_SMALL,
-    )  # fmt: skip
+    request = _DP_FSDP
     flags = ["--strategies", "dp,fsdp", "--microbatches", "1", "--remat", "none", "--stages", "1"]
     flags += ["--target-plans", "1"]
     shape = ["--d-model", "64", "--heads", "4", "--ff", "256", "--layers", "2", "--vocab", "512"]
@@ -700,7 +701,7 @@ def test_the_same_request_gives_the_same_plans_from_the_shell_and_from_python(ca
     assert command_config(build_parser().parse_args(argv)).request() == request
     assert main([*argv, "--json", "-"]) == 0
     shell = json.loads(capsys.readouterr().out)
-    python = shardscope.plan_request(request).to_dict()
+    python = dp_fsdp_on_h100.to_dict()
     # ... and the two plan alike.
     assert shell["compiler"] == python["compiler"] == "h100"  # the hardware's own, installed
     keys = ("strategy", "mesh", "compiled_by", "fits", "fit_memory_bytes_per_device")

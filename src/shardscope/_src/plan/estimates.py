@@ -163,13 +163,11 @@ def context_ways(placement: Placement) -> int:
 def elements_per_device(placement: Placement, rules: Mapping[str, Any], prefix: str = "") -> int:
     """Elements one device stores of every parameter-shaped array stored by ``rules`` (of
     those whose names start with ``prefix``: ``"expert_"`` for the routed experts')."""
-    total = 0
-    for name, shape in param_shapes(placement.config).items():
-        if not name.startswith(prefix):
-            continue
-        ways = math.prod(placement.role_size(r) for r in rules[name] if r is not None)
-        total += math.prod(shape) // ways
-    return total
+    return sum(
+        elements // placement.ways(rules[name])
+        for name, elements in placement.param_elements
+        if name.startswith(prefix)
+    )
 
 
 def divisors(n: int) -> list[int]:

@@ -868,9 +868,15 @@ class Placement:
     axes: dict[str, tuple[str, ...]]
     constraints: bool = True
     _sizes: dict[str, int] = field(init=False, repr=False, compare=False)
+    #: :meth:`role_size` of each entry asked for, and :meth:`ways` of each array's roles:
+    #: the planner's screen asks the same few of one placement for every candidate on it
+    _role_sizes: dict[Entry, int] = field(init=False, repr=False, compare=False)
+    _ways: dict[Roles, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_sizes", mesh_axes(self.mesh))
+        object.__setattr__(self, "_role_sizes", {})
+        object.__setattr__(self, "_ways", {})
 
     # -- roles ---------------------------------------------------------------------------
     @property
@@ -885,7 +891,23 @@ class Placement:
     def role_size(self, role: Entry) -> int:
         """How many ways ``role`` (one role, several, or None) splits a dimension (1 for
         ``None``)."""
-        return math.prod(self._sizes[a] for a in self.entry_axes(role))
+        size = self._role_sizes.get(role)
+        if size is None:
+            size = self._role_sizes[role] = math.prod(self._sizes[a] for a in self.entry_axes(role))
+        return size
+
+    def ways(self, roles: Roles) -> int:
+        """How many pieces an array whose dimensions have ``roles`` is split into on each
+        device: the product of each dimension's :meth:`role_size`."""
+        ways = self._ways.get(roles)
+        if ways is None:
+            ways = self._ways[roles] = math.prod(self.role_size(r) for r in roles)
+        return ways
+
+    @functools.cached_property
+    def param_elements(self) -> tuple[tuple[str, int], ...]:
+        """Each parameter's name and element count (:func:`param_shapes`), in its order."""
+        return tuple((n, math.prod(shape)) for n, shape in param_shapes(self.config).items())
 
     def entry(self, role: Entry) -> str | tuple[str, ...] | None:
         """The PartitionSpec entry for one dimension with ``role``."""
@@ -1027,7 +1049,8 @@ class Placement:
             if size % ways:
                 axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.entry_axes(role))
                 what = "+".join(entry_roles(role))
-                fits = [d for d in range(1, size + 1) if size % d == 0 and d <= ways]
+                # the largest split of the dimension no wider than this one
+                fits = max(d for d in range(1, min(size, ways) + 1) if size % d == 0)
                 if dim == "kv_heads" and self.config.kv_heads == self.config.heads:
                     dim = "heads"  # multi-head attention: the heads themselves
                 elif dim == "kv_heads":
@@ -1037,19 +1060,21 @@ class Placement:
                         f"tensor parallelism here refuses to replicate key/value heads (as "
                         f"Megatron-LM requires the query groups to divide by the tensor-"
                         f"parallel size): choose a model axis dividing {size} "
-                        f"(e.g. {max(fits)})"
+                        f"(e.g. {fits})"
                     )
                 raise StrategyError(
                     f"strategy {self.name!r} shards {dim}={size} ({where}) over mesh axes "
                     f"{axes} ({ways} ways), but {size} is not divisible by {ways}; choose "
                     f"{dim} a multiple of {ways} (e.g. {dim}={ways * max(1, size // ways)}), "
                     f"or a mesh whose {what} axes multiply to a divisor of {size} "
-                    f"(e.g. {max(fits)})"
+                    f"(e.g. {fits})"
                 )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "strategy": self.name,
             "mesh": dict(self._sizes),
-            **record_dict(self, omit=("strategy", "config", "mesh", "_sizes")),
+            **record_dict(
+                self, omit=("strategy", "config", "mesh", "_sizes", "_role_sizes", "_ways")
+            ),
         }
