@@ -271,8 +271,9 @@ def pinned_mesh(
     else:
         shapes = sorted({c.mesh_spec for c in every})
         why = (
-            f"the planner names the axes {STAGE_AXIS} (pipeline stages, first), pod..., data "
-            f"and model or context (last), e.g. {', '.join(shapes[:4])}"
+            f"the planner names the axes {STAGE_AXIS} (pipeline stages), replica, data, "
+            f"expert, context and model, in any order (or MaxText's ici_X and dcn_X "
+            f"parallelism), e.g. {', '.join(shapes[:4])}"
         )
         raise PlanError(f"mesh={where!r}: no strategy runs on it; {why}", param="mesh")
     raise PlanError(
