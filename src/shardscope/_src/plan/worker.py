@@ -10,7 +10,6 @@ re-imported: a script without an ``if __name__ == "__main__"`` guard can still p
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import subprocess
@@ -163,11 +162,6 @@ def work(devices: int, targets: bool = False) -> int:
         from shardscope._src.targets.plugins import prepare_targets
 
         prepare_targets()
-    # The process only traces, compiles and audits, and its heap is mostly JAX's modules and
-    # caches: Python's cyclic collector runs less often (the youngest generation every 10,000
-    # new objects, not 700) and never walks what was imported before the first task.
-    gc.set_threshold(10_000, 50, 100)
-    gc.freeze()
     inp = sys.stdin.buffer
     while True:
         try:
