@@ -82,9 +82,9 @@ class PlanNote(NoteKind):
     NO_FLOP_COUNT = "no-flop-count"
     #: rule sets that compiled to the same program (values: ``same``: label, same as, mesh)
     IDENTICAL_PROGRAMS = "identical-programs"
-    #: a pinned mesh read as the planner's (values: ``given``, ``read``, ``node_size``, and
-    #: the axes whose groups cross nodes as given, ``given_crossing``, and as read,
-    #: ``read_crossing``)
+    #: a pinned mesh read as the planner's (values: ``given``, ``read``, ``node_size``, the
+    #: axes whose groups cross nodes as given, ``given_crossing``, and as read,
+    #: ``read_crossing``, and ``maxtext``: given as MaxText's parallelism)
     MESH_READ = "mesh-read"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
@@ -301,6 +301,8 @@ class MeshReadValues(NoteValues):
     node_size: int
     given_crossing: tuple[str, ...]
     read_crossing: tuple[str, ...]
+    #: ``given`` is MaxText's ici/dcn parallelism
+    maxtext: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "given_crossing", tuple(self.given_crossing))
@@ -555,15 +557,14 @@ def _recompiled_by_target(v: RecompiledValues) -> str:
 
 
 def _mesh_read(v: MeshReadValues) -> str:
-    maxtext = v.given.startswith(("ici_", "dcn_")) or ",ici_" in v.given or ",dcn_" in v.given
     how = (
         "MaxText's parallelism, each axis its DCN size times its ICI size, the DCN part "
         "outside (across nodes or slices)"
-        if maxtext
+        if v.maxtext
         else "the planner's order: stage, replica, data, expert, context, model, the last inner"
     )
     text = f"mesh {v.given!r} planned as {v.read} ({how})"
-    if not maxtext and set(v.given_crossing) != set(v.read_crossing):
+    if not v.maxtext and set(v.given_crossing) != set(v.read_crossing):
 
         def axes(names: tuple[str, ...]) -> str:
             return ", ".join(names) or "no axis"

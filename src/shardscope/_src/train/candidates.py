@@ -265,7 +265,7 @@ def pinned_mesh(
     if reordered is not None and candidates(strategies, devices, (stage,), reordered):
         return reordered
     sizes = reordered or sizes
-    fits = [s for s in ALL_STRATEGIES if candidates([s], devices, (stage,), sizes)]
+    fits = runs_on(sizes, devices, list(ALL_STRATEGIES))
     if fits:
         why = f"the strategies that run on it: {', '.join(fits)}"
     else:

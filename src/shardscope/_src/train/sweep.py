@@ -75,6 +75,7 @@ from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.train.candidates import (
     crossing_axes,
+    maxtext_mesh,
     moe_remats,
     moe_strategies,
     pinned_mesh,
@@ -254,6 +255,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
                 node_size=hw.node_size,
                 given_crossing=crossing_axes(given, hw.node_size),
                 read_crossing=crossing_axes(pinned, hw.node_size),
+                maxtext=maxtext_mesh(given) is not None,
             )
             read_note.append(Note(PlanNote.MESH_READ, values, ("mesh",)))
     if pinned is not None and stages is not None and stages != pinned.get(STAGE_AXIS, 1):
