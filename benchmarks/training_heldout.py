@@ -25,11 +25,11 @@ What the planner writes differently from a NeMo run, said on each row it touches
 vocabulary is replicated over ``model`` (the planner refuses ``vocab_split`` under sequence
 parallelism; Megatron splits the embedding and the output layer over the tensor-parallel
 ranks), and context parallelism gathers the keys and values (Transformer Engine's default
-exchanges them around a ring). Not a configuration but the planner's own accounting, and the
-larger part of the pipelined rows' error: ZeRO-1's gradients are priced as reduce-scattered at
-every micro-batch (the reference program's accumulation), where Megatron's distributed
-optimizer accumulates them and reduce-scatters once a step; with the vocabulary whole, each
-micro-batch then moves the embedding's and output layer's gradients too.
+exchanges them around a ring). Not a configuration but the program's own accumulation: ZeRO-1's
+gradients are added up on each device and reduce-scattered once a step, as Megatron's
+distributed optimizer does, except under context parallelism, where the reference program sums
+each micro-batch's gradients over ``context`` (each context rank holds a part of every
+sequence's), so the context-parallel rows are priced with a reduction every micro-batch.
 
 Run: ``python benchmarks/training_heldout.py`` (a second or two; no compile), or
 ``--compiled [PREFIX ...]`` to plan the rows whose names start with a prefix by compiling

@@ -250,6 +250,30 @@ def test_replicated_gradients_are_reduced_once_however_many_micro_batches(strate
     # Four micro-batches send one step's gradients, and three more float32 losses (a ring of 8
     # sends 2 x 7/8 of each 4 bytes), not four steps' gradients.
     assert data_all_reduce(4) == data_all_reduce(1) + 3 * (2 * 7 * 4 // 8)
+    # and the step's price reduces them once too (ZeRO-1's as a reduce-scatter)
+    assert _priced_gradient_bytes(strategy, config, 4) == _priced_gradient_bytes(
+        strategy, config, 1
+    )
+
+
+def _priced_gradient_bytes(strategy, config, microbatches):
+    """The bytes of gradient reductions a train step on ``data=8`` is priced at."""
+    from shardscope._src.train.timing import Schedule, step_bound
+
+    placement = get_strategy(strategy).place(config, "data=8")
+    schedule = Schedule(microbatches, "full", 1, False, 1)
+    roles = (TermRole.GRADIENT_SUM, TermRole.GRADIENT_SCATTER)
+    return sum(
+        t.count * t.payload_bytes for t in step_bound(placement, schedule).terms if t.role in roles
+    )
+
+
+def test_gradients_stored_sharded_are_priced_reduced_every_micro_batch():
+    # ZeRO-2 keeps only its shard of each gradient: each micro-batch's is reduce-scattered
+    config = replace(SMALL, batch=32, attention="blocked", attention_block=8, remat="full")
+    assert _priced_gradient_bytes("zero2", config, 4) == 4 * _priced_gradient_bytes(
+        "zero2", config, 1
+    )
 
 
 def test_micro_batches_must_divide_the_sequences_of_a_data_shard():

@@ -135,6 +135,7 @@ from shardscope._src.plan.estimates import (
     routed_expert_work,
     tokens_per_device,
 )
+from shardscope._src.sharding.programs import local_roles
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
@@ -512,11 +513,21 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
     """The communication one step of ``placement``'s program needs under ``schedule``:
     :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated
     per micro-batch, except the terms a step runs once (the all-reduce of replicated gradients
-    and of the loss, ZeRO's gather of the updated parameters); under full recomputation (and
-    offload) the recomputed forward's collectives again; otherwise the layers' FSDP gathers
-    again for the backward, and context parallelism's keys and values."""
+    and of the loss, ZeRO's gather of the updated parameters, and a reduce-scatter of
+    gradients that each device adds up whole over the micro-batches: ZeRO-1's, which the
+    reference program accumulates locally and reduces once a step, as Megatron-LM's
+    distributed optimizer does: :func:`~shardscope._src.sharding.programs.local_roles`);
+    under full recomputation (and offload) the recomputed forward's collectives again;
+    otherwise the layers' FSDP gathers again for the backward, and context parallelism's keys
+    and values."""
 
     m = schedule.microbatches if mode == Mode.TRAIN else 1
+    local = {a for r in local_roles(placement) for a in placement.axes.get(r, ())}
+
+    def once(t: Term) -> bool:
+        scattered_once = t.role == TermRole.GRADIENT_SCATTER and set(t.axes) <= local
+        return t.role.once_per_step or scattered_once
+
     one = placement
     if m > 1:
         one = placement.strategy.place(
@@ -526,7 +537,7 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
             constraints=placement.constraints,
         )
     base = transformer_bound(one, mode)
-    terms = [replace(t, count=t.count * (1 if t.role.once_per_step else m)) for t in base.terms]
+    terms = [replace(t, count=t.count * (1 if once(t) else m)) for t in base.terms]
     if mode == Mode.TRAIN and reruns_forward_collectives(schedule.remat):
         for t in transformer_bound(one, Mode.FORWARD).terms:
             terms.append(_rerun(t, m, "recomputed forward"))
