@@ -92,6 +92,20 @@ def test_the_split_keeps_a_quarter_of_the_tables_and_of_the_logits(name):
     assert logits_bytes(whole, 8) == 8 * 2048 * 128256 * 4 * 2 // (1 if name == "dp_tp" else 4)
 
 
+def test_the_compiled_split_under_sequence_parallelism_holds_what_the_estimate_counts():
+    program = build_reference_program(
+        get_strategy("dp_sp").with_vocab_split(), TINY, "data=2,model=4", mode="train"
+    )
+    held = program.compile().memory_analysis().argument_size_in_bytes
+    # float32 on each device: the norm gains whole (two a layer and the final one), the
+    # layers' matrices (QKV 32 x 96, out 32 x 32, MLP 32 x 64 twice) and both tables
+    # (64 x 32) a quarter each.
+    params = (2 * 2 * 32 + 32 + 2 * (32 * 96 + 32 * 32 + 2 * 32 * 64) // 4 + 2 * 64 * 32 // 4) * 4
+    assert estimate_memory(program.placement).params == params
+    # The tokens and the targets: 4 sequences of a data shard, each whole (8 int32).
+    assert held == params + 2 * 4 * 8 * 4
+
+
 def _by_axes(collectives):
     out = {}
     for c in collectives:
