@@ -12,7 +12,7 @@ import shardscope
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.plan.estimates import estimate_memory, logits_bytes
+from shardscope._src.plan.estimates import Schedule, estimate_memory, logits_bytes
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.hardware import hardware
@@ -104,6 +104,24 @@ def test_the_compiled_split_under_sequence_parallelism_holds_what_the_estimate_c
     assert estimate_memory(program.placement).params == params
     # The tokens and the targets: 4 sequences of a data shard, each whole (8 int32).
     assert held == params + 2 * 4 * 8 * 4
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_last_pipeline_stage_holds_the_output_layer_and_not_the_embedding(tied):
+    # Megatron-LM: the first stage looks the tokens up, the last projects onto the
+    # vocabulary; tied, the last stage keeps its own copy of the table to project with.
+    c = replace(TINY, tie_embeddings=tied)
+    placement = (
+        get_strategy("zero1_tp").with_vocab_split().place(c, abstract_mesh("data=2,model=4"))
+    )
+    alone, last = (
+        estimate_memory(placement, schedule=Schedule(microbatches=2, stages=p)) for p in (1, 2)
+    )
+    # The 64 x 32 float32 embedding, a quarter on each device; its optimizer state (8 bytes
+    # an element more) an eighth, over 'data' too.
+    table = 0 if tied else 64 * 32
+    assert alone.params - last.params == alone.grads - last.grads == table // 4 * 4
+    assert alone.optimizer - last.optimizer == table // 8 * 8
 
 
 def _by_axes(collectives):
