@@ -21,10 +21,10 @@ write a configuration the row says so and is left out of the median (counted). T
 gives the held-out rows apart from the calibration rows (``calibration.py``'s, printed beside
 them), and the fp8 runs (the planner's ``matmul_dtype="fp8"`` path) apart from the bf16 ones.
 
-What the planner writes differently from a NeMo run, said on each row it touches: the
-vocabulary is replicated over ``model`` (the planner refuses ``vocab_split`` under sequence
-parallelism; Megatron splits the embedding and the output layer over the tensor-parallel
-ranks), and context parallelism gathers the keys and values (Transformer Engine's default
+The NeMo runs with tensor parallelism are planned with the vocabulary split over ``model``
+(``vocab_split``: Megatron's vocabulary-parallel embedding and output layer under sequence
+parallelism). What the planner writes differently from a NeMo run, said on each row it
+touches: context parallelism gathers the keys and values (Transformer Engine's default
 exchanges them around a ring). Not a configuration but the program's own accumulation: ZeRO-1's
 gradients are added up on each device and reduce-scattered once a step, as Megatron's
 distributed optimizer does, except under context parallelism, where the reference program sums
@@ -73,10 +73,6 @@ TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md@31a17bf"
 #: divides the global batch by): not the context, model or stage axes.
 DATA_AXES = ("replica", "data")
 
-SP_VOCAB = (
-    "the vocabulary replicated over model: the planner refuses vocab_split under sequence "
-    "parallelism (Megatron splits the embedding and output layer over the TP ranks)"
-)
 CP_GATHER = "context parallel as keys and values all-gathered (TE exchanges them in a ring)"
 
 
@@ -98,6 +94,9 @@ class Run:
     overrides: dict[str, float] = field(default_factory=lambda: dict(CUDNN))
     peak_gib: float | None = None
     instead: tuple[str, ...] = ()
+    #: the embedding, the output layer and the logits split over ``model`` (Megatron's
+    #: vocabulary-parallel embedding and output layer)
+    vocab_split: bool = False
     #: why the planner cannot write this run (it is then not planned)
     cannot: str = ""
 
@@ -171,7 +170,7 @@ def _nemo(
     strategy = "zero1" + ("_sp" if tp > 1 else "") + ("_cp" if cp > 1 else "")
     dims = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + (f" x CP {cp}" if cp > 1 else "")
     dims += f" x VP {vp}" if vp > 1 else ""
-    instead = ((SP_VOCAB,) if tp > 1 else ()) + ((CP_GATHER,) if cp > 1 else ())
+    instead = (CP_GATHER,) if cp > 1 else ()
     return Run(
         f"NeMo {name}, {dims}, {gpus} H100" + (" FP8" if fp8 else ""),
         source,
@@ -185,6 +184,7 @@ def _nemo(
         virtual_stages=vp,
         matmul_dtype="fp8" if fp8 else "bfloat16",
         instead=instead,
+        vocab_split=tp > 1,
     )
 
 
@@ -354,6 +354,7 @@ def _candidate(run: Run) -> Candidate:
         run.mesh,
         run.microbatches,
         run.remat,
+        vocab_split=run.vocab_split,
         virtual_stages=run.virtual_stages,
     )
 
@@ -367,7 +368,7 @@ def estimate_run(run: Run) -> Screened:
     return estimate(_candidate(run), run.config, hw, matmul_dtype=run.matmul_dtype)
 
 
-def misfit_cause(run: Run, s: Screened) -> str:
+def misfit_cause(s: Screened) -> str:
     """What the memory estimate of a run called a misfit is made of, against the device."""
     m = s.memory
     parts = ", ".join(
@@ -382,29 +383,10 @@ def misfit_cause(run: Run, s: Screened) -> str:
         )
         if v >= 0.05 * GIB
     )
-    why = (
+    return (
         f"the estimate holds {m.total / GIB:.1f} GiB a device ({parts} GiB), over the "
         f"{s.memory_limit_bytes / GIB:.1f} GiB it has"
     )
-    if "_sp" in run.strategy:
-        # Sequence parallelism here keeps the embedding and the output layer whole on the
-        # stage (and every stage holds both): what they take, at the planner's 16 bytes a
-        # parameter with the optimizer's 12 over the ZeRO-1 ways, beside what Megatron holds
-        # of them (one of them, split over the tensor-parallel ranks, on the first and the
-        # last stage).
-        c = run.config
-        matrix = c.vocab * c.d_model
-        zero = 1
-        for axis, size in run.mesh:
-            zero *= size if axis in (*DATA_AXES, "context") else 1
-        tp = dict(run.mesh).get("model", 1)
-        per_param = 4 + 12 / zero
-        whole = matrix * (1 if c.tie_embeddings else 2) * per_param
-        why += (
-            f"; of which {whole / GIB:.1f} GiB are the embedding and output layer, whole "
-            f"(Megatron holds {matrix / tp * per_param / GIB:.1f} GiB of them on a stage)"
-        )
-    return why
 
 
 @dataclass
@@ -462,7 +444,7 @@ def _table(judged: list[Judged]) -> None:
         for what in run.instead:
             print(f"{'':62}planned with {what}")
         if not s.fits:
-            print(f"{'':62}misfit: {misfit_cause(run, s)}")
+            print(f"{'':62}misfit: {misfit_cause(s)}")
 
 
 def _calibration_split() -> None:
@@ -504,6 +486,7 @@ def _compiled(prefixes: list[str]) -> None:
             virtual_stages=run.virtual_stages,
             matmul_dtype=run.matmul_dtype,
             offload_optimizer=False,
+            vocab_split=run.vocab_split,
             compiler="h100",
             target_plans=1,
             compile_top=1,

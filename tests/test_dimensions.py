@@ -98,7 +98,8 @@ def test_every_preset_is_the_composition_of_its_dimensions(frozen, name):
     composed = compose(Parallelism.parse(name))
     assert composed == STRATEGIES[name]
     assert _snapshot(composed) == frozen[name]["plain"]
-    if composed.splits_vocab:
+    # (the split under sequence parallelism is newer than the fixture: test_vocab_split.py)
+    if composed.splits_vocab and not composed.sequence_parallel:
         assert _snapshot(composed.with_vocab_split()) == frozen[name]["vocab_split"]
 
 
@@ -182,7 +183,9 @@ def test_llama3_70b_as_nemo_runs_it_fits_without_host_memory():
 
 def test_nemotron4_15b_fits_with_the_distributed_optimizer_and_not_without():
     config = model_preset("nemotron4-15b").config(batch=64)
-    kw = dict(mesh={"data": 4, "model": 4}, remat="none")
+    # The vocabulary whole on every tensor-parallel rank: split over them, dp_sp's 16 bytes
+    # a parameter fit too (77 of the 80 GB).
+    kw = dict(mesh={"data": 4, "model": 4}, remat="none", vocab_split=False)
     zero1 = screen_all(config, 16, hardware("h100"), ["zero1_sp"], **kw)[0][0]
     dp = screen_all(config, 16, hardware("h100"), ["dp_sp"], **kw)[0][0]
     assert zero1.fits and not zero1.memory.optimizer_on_host

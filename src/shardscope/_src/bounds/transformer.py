@@ -100,8 +100,8 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
         context_axes, n_context = _group(placement, [Role.CONTEXT])
         terms += _context_terms(context_axes, n_context, _keys_bytes(placement), L, train)
     if s.vocab_split and c.vocab is not None:
-        tokens = (c.batch // n_data) * c.seq
-        terms += _vocab_terms(model_axes, t, activation, tokens, train)
+        tokens = (c.batch // n_data) * (c.seq // _context_ways(placement))
+        terms += _vocab_terms(model_axes, t, activation, tokens, train, s.sequence_parallel)
     storage = s.param_rules()
     for name, shape in param_shapes(c).items():
         terms += _weight_terms(placement, name, shape, train)
@@ -360,7 +360,12 @@ def _shard_roles(roles: Sequence[str | tuple[str, ...] | None]) -> tuple[str, ..
 
 
 def _vocab_terms(
-    axes: tuple[str, ...], n: int, activation: int, tokens: int, train: bool
+    axes: tuple[str, ...],
+    n: int,
+    activation: int,
+    tokens: int,
+    train: bool,
+    sequence_parallel: bool = False,
 ) -> list[Term]:
     """The vocabulary split over ``model`` (Megatron-LM's vocabulary-parallel embedding and
     cross entropy, arXiv 1909.08053 section 3): each device looks up the tokens of its
@@ -368,14 +373,31 @@ def _vocab_terms(
     unembedding's input gradient is partial over them (its column-parallel backward), and the
     loss needs, per token, the largest logit (for a stable log-sum-exp), the sum of ``exp``
     and the target's logit from the slices (a float32 each, as Megatron-LM's cross entropy
-    all-reduces them)."""
+    all-reduces them).
+
+    Under sequence parallelism (arXiv 2205.05198 section 4.2.2 and Megatron-LM's
+    ``--sequence-parallel``) the summed embeddings are reduce-scattered to the sequence shards
+    instead, and the output layer's input (the final norm's output) is all-gathered along the
+    sequence before it; training, the backward of each: the embeddings' gradient
+    all-gathered, the output layer's input gradient reduce-scattered (the final norm's gain
+    sees a sequence shard, so its gradient is summed over ``model`` as every norm's is under
+    sequence parallelism). Each of the ``tokens`` (of one data and context shard) is then
+    scored on every device of the group, so the loss's three float32 are the same."""
     role, scope = TermRole.ACTIVATION, "embedding"
-    terms = _term(
-        ALL_REDUCE, axes, n, activation, 1, "embeddings summed over vocabulary slices", scope, role
-    )
+    if sequence_parallel:
+        passes = 2 if train else 1
+        backward = " (and the backward of the other)" if train else ""
+        what = "embeddings reduce-scattered to sequence shards over vocabulary slices"
+        terms = _term(REDUCE_SCATTER, axes, n, activation, passes, what + backward, scope, role)
+        what = "output layer's input gathered along the sequence"
+        terms += _term(ALL_GATHER, axes, n, activation, passes, what + backward, scope, role)
+    else:
+        what = "embeddings summed over vocabulary slices"
+        terms = _term(ALL_REDUCE, axes, n, activation, 1, what, scope, role)
+        if train:
+            what = "input gradient of the vocabulary-parallel unembedding"
+            terms += _term(ALL_REDUCE, axes, n, activation, 1, what, scope, role)
     if train:
-        what = "input gradient of the vocabulary-parallel unembedding"
-        terms += _term(ALL_REDUCE, axes, n, activation, 1, what, scope, role)
         for what in ("largest logit", "sum of exp", "target's logit"):
             what += " over vocabulary slices"
             terms += _term(ALL_REDUCE, axes, n, 4 * tokens, 1, what, "loss", role)
@@ -387,7 +409,8 @@ def _loss_terms(placement: Placement) -> list[Term]:
     s = placement.strategy
     token_roles = [
         *s.batch_roles,
-        *([Role.MODEL] if s.sequence_parallel else []),
+        # a vocabulary split scores every token of the sequence on each device of 'model'
+        *([Role.MODEL] if s.sequence_parallel and not s.vocab_split else []),
         *([Role.CONTEXT] if s.context_parallel else []),
     ]
     axes, n = _group(placement, token_roles)

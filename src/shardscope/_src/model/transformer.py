@@ -155,6 +155,17 @@ class Hooks:
         """A weight (one layer's slice for layer weights) at its use."""
         return w
 
+    def embed(self, table: Any, tokens: Any) -> Any:
+        """The embeddings ``[batch, seq, d_model]`` of ``tokens`` looked up in ``table``
+        (the embedding as :meth:`weight` gives it), before :meth:`residual`."""
+        return jnp.take(table, tokens, axis=0)
+
+    def logits_input(self, x: Any) -> Any:
+        """The final norm's output ``[batch, seq, d_model]`` as the output layer takes it
+        (under sequence parallelism with the vocabulary split, gathered along the
+        sequence)."""
+        return x
+
     def moe(self, point: str, x: Any) -> Any:
         """A layer with experts' ``"tokens"``, ``"slots"`` and ``"experts"`` (see
         :func:`~shardscope._src.model.moe.moe_capacity`'s ``place``)."""
@@ -582,7 +593,7 @@ def forward(
     if config.vocab is None:
         x = inputs
     else:
-        x = jnp.take(hooks.weight("embed", params["embed"]), inputs, axis=0)
+        x = hooks.embed(hooks.weight("embed", params["embed"]), inputs)
     x = hooks.residual(x)
 
     def layer_step(layer: dict[str, Any], x: Any) -> tuple[Any, Any]:
@@ -628,7 +639,7 @@ def forward(
         x, _ = jax.lax.scan(moe_body, x, params["moe_layers"])
 
     if config.vocab is not None:
-        x = _norm(x, hooks.weight("final_norm", params["final_norm"]))
+        x = hooks.logits_input(_norm(x, hooks.weight("final_norm", params["final_norm"])))
         if "unembed" in params:
             x = jnp.einsum("bsd,dv->bsv", x, hooks.weight("unembed", params["unembed"]))
         else:  # tied: the embedding's transpose

@@ -170,6 +170,23 @@ def elements_per_device(placement: Placement, rules: Mapping[str, Any], prefix: 
     )
 
 
+def stage_elements_per_device(
+    placement: Placement, rules: Mapping[str, Any], stages: int = 1
+) -> int:
+    """Elements one device of the stage planned stores of every parameter-shaped array stored
+    by ``rules``: :func:`elements_per_device`, but with pipeline stages (``stages`` > 1) the
+    planned stage is the last, which holds the output layer, and an embedding that is not the
+    output layer (untied) lives on the first stage alone (Megatron-LM's
+    ``pre_process``/``post_process`` stages), so it is not counted. The first stage holds
+    that embedding and more micro-batches in flight, which the memory estimate counts (a
+    table of the same size as the output layer's: the estimate bounds both stages)."""
+    n = elements_per_device(placement, rules)
+    shapes = param_shapes(placement.config)
+    if stages > 1 and "embed" in shapes and "unembed" in shapes:
+        n -= math.prod(shapes["embed"]) // placement.ways(rules["embed"])
+    return n
+
+
 def divisors(n: int) -> list[int]:
     """The divisors of ``n``, ascending: ``divisors(12)`` is ``[1, 2, 3, 4, 6, 12]``."""
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -545,10 +562,11 @@ def estimate_memory(
         )
     s = placement.strategy
     train = mode == Mode.TRAIN
-    params = elements_per_device(placement, s.param_rules()) * item
-    grads = elements_per_device(placement, s.grad_rules()) * item if train else 0
+    p = sched.stages
+    params = stage_elements_per_device(placement, s.param_rules(), p) * item
+    grads = stage_elements_per_device(placement, s.grad_rules(), p) * item if train else 0
     optimizer = (
-        elements_per_device(placement, s.optimizer_rules()) * (bytes_per_param - 2 * item)
+        stage_elements_per_device(placement, s.optimizer_rules(), p) * (bytes_per_param - 2 * item)
         if train
         else 0
     )

@@ -144,8 +144,9 @@ class PlanRequest:
             None (the default) where a candidate does not fit the device otherwise.
         vocab_split: split the embedding, the unembedding and the logits over ``model``
             along the vocabulary (Megatron-LM's vocabulary-parallel embedding and cross
-            entropy) in the strategies with a ``model`` axis and no sequence parallelism: True
-            always, False never, None (the default) both, each estimated.
+            entropy; under sequence parallelism, with the sequence gathered before the output
+            layer) in the strategies with a ``model`` axis: True always, False never, None
+            (the default) both, each estimated.
         imbalance: a dropless mixture of experts' routing, the busiest expert's tokens over
             its even share (None: the model's, 1 for a preset: uniform, as the published
             benchmarks force it); its experts' compute and all-to-alls are priced, and its
@@ -273,7 +274,7 @@ class PlanRequest:
     vocab_split: bool | None = knob(
         None,
         "split the embeddings and the logits over 'model' along the vocabulary, in the "
-        "strategies with a model axis and no sequence parallelism",
+        "strategies with a model axis",
         kind=Kind.SWITCH,
         default_text="try both",
     )

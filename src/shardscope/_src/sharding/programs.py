@@ -91,6 +91,9 @@ class JitHooks(Hooks):
     def weight(self, name: str, w: Any) -> Any:
         return self._constrain(w, self.placement.use_spec(name))
 
+    def logits_input(self, x: Any) -> Any:
+        return self._constrain(x, self.placement.activation_spec("logits_in"))
+
     def moe(self, point: str, x: Any) -> Any:
         return self._constrain(x, self.placement.moe_spec(point))
 
@@ -108,7 +111,11 @@ class ShardMapHooks(Hooks):
     the experts' split hidden is ``psum``-ed before they go back. FSDP: each weight stored
     sharded over axes it is not used sharded over is ``all_gather``-ed over them at its use
     (``gathers``: per weight, each dimension and its axes), and autodiff reduce-scatters its
-    gradient (``psum_scatter``, the gather's transpose).
+    gradient (``psum_scatter``, the gather's transpose). The vocabulary split over the model
+    axis (``vocab_split``, Megatron-LM's ``VocabParallelEmbedding``): each device looks up the
+    tokens of its slice of the vocabulary (the others' rows zero) and the embeddings are
+    ``psum``-ed, or ``psum_scatter``-ed to sequence shards under sequence parallelism, where
+    the output layer's input is ``all_gather``-ed along the sequence first.
     """
 
     def __init__(
@@ -117,11 +124,31 @@ class ShardMapHooks(Hooks):
         sequence_parallel: bool,
         expert_axis: str | None = None,
         gathers: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] | None = None,
+        *,
+        vocab_split: bool = False,
     ) -> None:
         self.axis = model_axis
         self.sequence_parallel = sequence_parallel
         self.expert_axis = expert_axis
         self._gathered = gathers or {}
+        self.vocab_split = vocab_split and model_axis is not None
+
+    def embed(self, table: Any, tokens: Any) -> Any:
+        if not self.vocab_split:
+            return super().embed(table, tokens)
+        rows = table.shape[0]  # this device's slice of the vocabulary
+        local = tokens - jax.lax.axis_index(self.axis) * rows
+        mine = (local >= 0) & (local < rows)
+        x = jnp.take(table, jnp.where(mine, local, 0), axis=0)
+        x = jnp.where(mine[..., None], x, jnp.zeros((), x.dtype))
+        if not self.sequence_parallel:
+            return jax.lax.psum(x, self.axis)
+        return jax.lax.psum_scatter(x, self.axis, scatter_dimension=1, tiled=True)
+
+    def logits_input(self, x: Any) -> Any:
+        if not (self.vocab_split and self.sequence_parallel):
+            return x
+        return jax.lax.all_gather(x, self.axis, axis=1, tiled=True)
 
     def weight(self, name: str, w: Any) -> Any:
         for dim, axes in self._gathered.get(name, ()):
@@ -621,7 +648,11 @@ def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any
     expert = placement.entry(Role.EXPERT) if placement.strategy.expert_parallel else None
     assert not isinstance(expert, tuple)  # the role binds the one axis named expert
     hooks = ShardMapHooks(
-        model, placement.strategy.sequence_parallel, expert, _gathers_at_use(placement)
+        model,
+        placement.strategy.sequence_parallel,
+        expert,
+        _gathers_at_use(placement),
+        vocab_split=placement.strategy.vocab_split,
     )
     in_spec, _ = placement.batch_specs()
     out_spec = placement.output_spec()

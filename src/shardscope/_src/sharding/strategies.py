@@ -165,6 +165,7 @@ ACTIVATION_DIMS: dict[str, tuple[str, ...]] = {
     "heads": ("batch", "seq", "heads", "head_dim"),
     "hidden": ("batch", "seq", "ff"),
     "keys": ("batch", "seq", "kv_heads", "head_dim"),
+    "logits_in": ("batch", "seq", "d_model"),
 }
 
 
@@ -322,9 +323,10 @@ class Strategy:
             where it is stored.
         use: per parameter, the role of each dimension where it is used (FSDP gathers the
             data-sharded dimension at use); ``None`` means stored = used, no constraint.
-        activations: ``residual``, ``enter``, ``heads``, ``hidden`` and ``keys`` (the keys
-            and values as attention uses them) -> roles per dimension, applied as sharding
-            constraints under jit; empty for none.
+        activations: ``residual``, ``enter``, ``heads``, ``hidden``, ``keys`` (the keys
+            and values as attention uses them) and ``logits_in`` (the output layer's input, under
+            sequence parallelism with the vocabulary split) -> roles per dimension,
+            applied as sharding constraints under jit; empty for none.
         sequence_parallel: the residual stream is sharded on the sequence between blocks.
         twin: a ``shard_map`` version with explicit collectives exists.
         grads: per parameter, the roles its gradient is stored with (ZeRO-2 shards it over
@@ -357,16 +359,18 @@ class Strategy:
         optimizer state) and the logits'. Each device then projects onto its slice of the
         vocabulary; the loss sums its log-sum-exp over the slices.
 
-        Raises :class:`StrategyError` for a strategy without a ``model`` role, or with
-        sequence parallelism (which already projects each device's own tokens)."""
-        if Role.MODEL not in self.roles or self.sequence_parallel:
-            why = (
-                "has no 'model' axis to split it over"
-                if Role.MODEL not in self.roles
-                else "projects each device's own tokens already (sequence parallelism)"
-            )
+        Under sequence parallelism (Megatron-LM's vocabulary-parallel embedding and output
+        layer with ``--sequence-parallel``) every device of a ``model`` group looks up the
+        tokens of the whole sequence (of its context shard) in its slice, and the embeddings
+        are reduce-scattered along the sequence; the final norm's output is all-gathered
+        along it for the output layer (the ``logits_in`` activation), and the logits are
+        ``(batch, sequence, vocabulary over model)``.
+
+        Raises :class:`StrategyError` for a strategy without a ``model`` role."""
+        if Role.MODEL not in self.roles:
             raise StrategyError(
-                f"strategy {self.name!r} {why}; split the vocabulary under one of "
+                f"strategy {self.name!r} has no 'model' axis to split it over; split the "
+                f"vocabulary under one of "
                 f"{', '.join(n for n, s in STRATEGIES.items() if s.splits_vocab)}"
             )
         if self.vocab_split:
@@ -381,13 +385,16 @@ class Strategy:
             return tuple(out.items())
 
         rules = {k: split(getattr(self, k)) for k in ("params", "use", "grads", "optimizer")}
-        return replace(self, vocab_split=True, **rules)
+        acts = dict(self.activations)
+        if self.sequence_parallel and "residual" in acts:
+            batch, seq, _ = acts["residual"]
+            acts["logits_in"] = (batch, _without(seq, Role.MODEL), None)
+        return replace(self, vocab_split=True, activations=tuple(acts.items()), **rules)
 
     @property
     def splits_vocab(self) -> bool:
-        """Whether :meth:`with_vocab_split` applies: a ``model`` role, no sequence
-        parallelism."""
-        return Role.MODEL in self.roles and not self.sequence_parallel
+        """Whether :meth:`with_vocab_split` applies: the strategy has a ``model`` role."""
+        return Role.MODEL in self.roles
 
     def param_rules(self) -> Mapping[str, Roles]:
         return _with_experts(self.params, self.roles)
@@ -979,17 +986,26 @@ class Placement:
         raise ValueError(f"unknown point {point!r} of a layer with experts")
 
     def batch_specs(self) -> tuple[Any, Any]:
-        """Specs of ``(inputs, targets)``: the residual stream's (first two dims for tokens)."""
+        """Specs of ``(inputs, targets)``: the residual stream's (first two dims for tokens;
+        under a vocabulary split, the sequence not over ``model``: every device of a
+        ``model`` group looks up, and scores, the tokens of the whole sequence)."""
         residual = self.strategy.activation_rules().get("residual", (None, None, None))
-        roles = residual if self.config.vocab is None else residual[:2]
+        roles = residual if self.config.vocab is None else self._token_roles(residual)
         return self.spec(roles), self.spec(roles)
 
     def output_spec(self) -> Any:
         """Spec of the forward's output: the residual's (logits: the vocabulary replicated,
-        or split over ``model`` under :meth:`Strategy.with_vocab_split`)."""
+        or split over ``model`` under :meth:`Strategy.with_vocab_split`, the sequence then
+        gathered from ``model`` under sequence parallelism)."""
         residual = self.strategy.activation_rules().get("residual", (None, None, None))
         vocab = Role.MODEL if self.strategy.vocab_split else None
-        return self.spec(residual[:2] + (vocab,))
+        return self.spec(self._token_roles(residual) + (vocab,))
+
+    def _token_roles(self, residual: Roles) -> Roles:
+        """The batch's and the sequence's roles of the tokens and the logits: the
+        residual's, with ``model`` dropped from the sequence under a vocabulary split."""
+        batch, seq = residual[:2]
+        return (batch, _without(seq, Role.MODEL) if self.strategy.vocab_split else seq)
 
     # -- validation ----------------------------------------------------------------------
     def dim_sizes(self) -> dict[str, int]:

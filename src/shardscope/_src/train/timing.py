@@ -122,7 +122,6 @@ from shardscope._src.plan.estimates import (
     Schedule,
     activation_bytes_per_layer,
     check_matmul_dtype,
-    elements_per_device,
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
     logits_model_split,
@@ -133,6 +132,7 @@ from shardscope._src.plan.estimates import (
     offloaded_bytes_per_layer,
     producer_params,
     routed_expert_work,
+    stage_elements_per_device,
     tokens_per_device,
 )
 from shardscope._src.sharding.programs import local_roles
@@ -661,14 +661,16 @@ def step_work(
         recompute_act_bytes=again_bytes,
         p2p_bytes=tokens * c.d_model * c.itemsize / t,
         p2p_bandwidth=p2p_bw,
-        optimizer_params=elements_per_device(placement, placement.strategy.optimizer_rules()),
+        optimizer_params=stage_elements_per_device(
+            placement, placement.strategy.optimizer_rules(), p
+        ),
         model_flops=model_flops(full_config, mode),
         devices=devices,
         train=mode == Mode.TRAIN,
         host_bytes=host_bytes,
         host_bandwidth=hw.host_bandwidth,
         host_optimizer_bytes=(
-            elements_per_device(placement, placement.strategy.optimizer_rules())
+            stage_elements_per_device(placement, placement.strategy.optimizer_rules(), p)
             * (bytes_per_param - 2 * c.itemsize)
             if schedule.offload_optimizer
             else 0
