@@ -61,7 +61,8 @@ test-fast: $(VENV)/.installed-dev
 
 # ruff (rules and formatting), the layering contract of .importlinter (each floor imports
 # only from below, and every module of shardscope._src is on a floor), and mypy (the settings
-# in pyproject.toml: every module, base, hlo and audit strictly).
+# in pyproject.toml: every module; base, hlo, audit, the cost floor and the planner core, plan,
+# strictly).
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src

@@ -181,7 +181,7 @@ def can_compile_here(devices: int) -> bool:
     if backends_started():
         return len(jax.devices("cpu")) >= devices
     # An option JAX defines when it starts (jax._src.xla_bridge); its type stub lists none.
-    configured = jax.config.jax_num_cpu_devices  # type: ignore[attr-defined]
+    configured: int | None = jax.config.jax_num_cpu_devices  # type: ignore[attr-defined]
     if configured is not None and configured > 0:
         return configured >= devices
     return (flag_device_count() or 1) >= devices

@@ -52,7 +52,8 @@ def _own_error(kind: type[BaseException]) -> type[ShardscopeError] | None:
     """``kind`` when it is an error of :mod:`shardscope._src.base.errors` (a class pickles by
     its module and name, and every process running shardscope imports that module as this
     one does); None for any other class, which the caller may be unable to import."""
-    if issubclass(kind, ShardscopeError) and getattr(errors, kind.__name__, None) is kind:
+    own: object = getattr(errors, kind.__name__, None)
+    if issubclass(kind, ShardscopeError) and own is kind:
         return kind
     return None
 
