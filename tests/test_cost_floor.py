@@ -139,14 +139,18 @@ def test_the_rank_puts_what_fits_first_then_orders_by_each_merit_in_turn(rows):
 def test_a_gemm_runs_at_the_share_of_its_waves_its_tiles_fill():
     h = hardware("h100")  # 132 SMs, tiles of 128 x 128
     one_wave = Gemm(12 * 128, 11 * 128, 4096)  # 12 x 11 = 132 whole tiles
-    assert gemm_efficiency(h, one_wave.m, one_wave.n) == 1.0
+    assert gemm_efficiency(h, one_wave.m, one_wave.n, one_wave.k) == 1.0
     assert gemm_seconds(h, one_wave) == matmul_seconds(h, one_wave.flops)
     # one token: a row of each 16-row tile (the fewest rows a tile has) of a whole wave
-    assert gemm_efficiency(h, 1, 132 * 128) == pytest.approx(1 / 16, rel=1e-12)
+    assert gemm_efficiency(h, 1, 132 * 128, 4096) == pytest.approx(1 / 16, rel=1e-12)
     # a wave and one tile: 133 tiles take two waves of 132
-    assert gemm_efficiency(h, 128, 133 * 128) == pytest.approx(133 / (2 * 132), rel=1e-12)
+    assert gemm_efficiency(h, 128, 133 * 128, 4096) == pytest.approx(133 / (2 * 132), rel=1e-12)
+    # 33 tiles: k split over the idle SMs, 4 parts each (132), or as deep as k allows: 2
+    # parts of a k of 128 (tiles step 64 deep)
+    assert gemm_efficiency(h, 128, 33 * 128, 4096) == 1.0
+    assert gemm_efficiency(h, 128, 33 * 128, 128) == pytest.approx(66 / 132, rel=1e-12)
     # a TPU's matmuls at the flat rate whatever their shape
-    assert gemm_efficiency(hardware("tpu-v6e"), 1, 128) == 1.0
+    assert gemm_efficiency(hardware("tpu-v6e"), 1, 128, 128) == 1.0
 
 
 def test_a_short_prompts_prefill_is_slower_by_the_rows_its_tiles_leave_empty():

@@ -101,31 +101,42 @@ def tile_rows(hw: Hardware, m: float) -> int:
     return min(hw.tile_m, max(MIN_TILE_M, 1 << math.ceil(math.log2(max(m, 1)))))
 
 
-def gemm_efficiency(hw: Hardware, m: float, n: int) -> float:
+#: The depth of ``k`` a GPU matmul's tile takes a step (cuBLAS's ``tilesize128x128x64``):
+#: the least part of ``k`` a split gives a multiprocessor.
+TILE_K = 64
+
+
+def gemm_efficiency(hw: Hardware, m: float, n: int, k: int) -> float:
     """The share of the flat rate (:func:`matmul_seconds`'s) a GPU matmul of ``m`` rows by
-    ``n`` columns of output reaches: its output is cut into tiles of :func:`tile_rows` by
-    ``tile_n``, each computed by one multiprocessor through the whole of ``k``, in waves of
-    ``sms`` tiles; the useful elements over those of the whole waves it takes, ``m x n /
-    (waves x sms x rows x tile_n)`` with ``waves = ceil(ceil(m / rows) x ceil(n / tile_n)
-    / sms)``: tile and wave quantization, as XLA's GPU dot cost model prices a matmul
-    (sources in :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`). 1 on a
-    device without multiprocessors (a TPU: its MXU streams the rows).
+    ``n`` columns of output over ``k`` reaches: its output is cut into tiles of
+    :func:`tile_rows` by ``tile_n``, each computed by one multiprocessor, in waves of
+    ``sms``; where there are fewer tiles than multiprocessors, each tile's ``k`` is split
+    into as many parts as the wave holds (at least :data:`TILE_K` deep), as cuBLAS's
+    split-k kernels do; the useful work over that of the whole waves it takes, ``m x n x
+    splits / (waves x sms x rows x tile_n)`` with ``waves = ceil(ceil(m / rows) x ceil(n /
+    tile_n) x splits / sms)``: tile and wave quantization, as XLA's GPU dot cost model
+    prices a matmul (sources in :data:`~shardscope._src.targets.hardware.
+    TIME_MODEL_SOURCES`). 1 on a device without multiprocessors (a TPU: its MXU streams the
+    rows).
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> h = hardware("h100")
-    >>> gemm_efficiency(h, 12 * 128, 11 * 128)  # 132 whole tiles: one whole wave
+    >>> gemm_efficiency(h, 12 * 128, 11 * 128, 4096)  # 132 whole tiles: one whole wave
     1.0
-    >>> gemm_efficiency(h, 1, 132 * 128) == 1 / 16  # one row of each least tile of a wave
+    >>> gemm_efficiency(h, 1, 132 * 128, 4096) == 1 / 16  # a row of each least tile
     True
-    >>> gemm_efficiency(hardware("tpu-v5e"), 1, 128)
+    >>> gemm_efficiency(h, 128, 33 * 128, 4096)  # 33 tiles, k split 4 ways: 132
+    1.0
+    >>> gemm_efficiency(hardware("tpu-v5e"), 1, 128, 128)
     1.0
     """
     if not hw.sms:
         return 1.0
     rows = tile_rows(hw, m)
     tiles = math.ceil(m / rows) * math.ceil(n / hw.tile_n)
-    waves = math.ceil(tiles / hw.sms)
-    return m * n / (waves * hw.sms * rows * hw.tile_n)
+    splits = max(1, min(hw.sms // tiles, k // TILE_K))
+    waves = math.ceil(tiles * splits / hw.sms)
+    return m * n * splits / (waves * hw.sms * rows * hw.tile_n)
 
 
 def gemm_seconds(hw: Hardware, gemm: Gemm, *, fp8: bool = False) -> float:
@@ -143,7 +154,9 @@ def gemm_seconds(hw: Hardware, gemm: Gemm, *, fp8: bool = False) -> float:
     16
     """
     flops = gemm.flops
-    return matmul_seconds(hw, flops, flops if fp8 else 0.0) / gemm_efficiency(hw, gemm.m, gemm.n)
+    return matmul_seconds(hw, flops, flops if fp8 else 0.0) / gemm_efficiency(
+        hw, gemm.m, gemm.n, gemm.k
+    )
 
 
 def gemms_efficiency(hw: Hardware, gemms: Iterable[Gemm]) -> float:
@@ -159,7 +172,7 @@ def gemms_efficiency(hw: Hardware, gemms: Iterable[Gemm]) -> float:
     flops = slow = 0.0
     for g in gemms:
         flops += g.flops
-        slow += g.flops / gemm_efficiency(hw, g.m, g.n)
+        slow += g.flops / gemm_efficiency(hw, g.m, g.n, g.k)
     return flops / slow if slow else 1.0
 
 

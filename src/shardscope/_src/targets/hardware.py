@@ -185,7 +185,8 @@ TIME_MODEL_SOURCES = {
         "model/gpu_performance_model_base.h, kKernelLaunchOverhead); TPUs 0: the TPU runs a "
         "compiled program as one executable, with no launch per kernel"
     ),
-    "sms (A100 108, H100 and H200 132, B200 148), tile_m x tile_n 128 x 128 (GPUs)": (
+    "sms (A100 108, H100 and H200 132, B200 148), tile_m x tile_n 128 x 128, MIN_TILE_M 16, "
+    "TILE_K 64 (GPUs)": (
         "a GPU matmul's output is cut into tiles, one thread block a tile on each streaming "
         "multiprocessor, the tiles running in waves of as many as there are multiprocessors "
         "(NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication Background User's "
@@ -199,9 +200,14 @@ TIME_MODEL_SOURCES = {
         "architecture whitepapers (the GPU compile targets' core_count); the tile: cuBLAS "
         "names its kernels by theirs, and an H100's transformer projections run "
         "sm90_xmma_gemm_..._tilesize128x128x64 most (beside 128x256x64 and 64x128x64 in "
-        "published profiles). Not modelled: cuBLAS's choice among tile sizes and its split "
-        "of k over idle multiprocessors (its segment_k kernels, CUTLASS's stream-K), by which "
-        "a grid of fewer tiles than SMs loses less than its idle share. TPUs 0: the MXU "
+        "published profiles). Fewer rows than a tile: tiles of the least power of two from "
+        "16 that holds them (MIN_TILE_M: PTX's mma.m16n8k16, the least block_m of XLA's "
+        "Triton tilings; the 0.63 of Hopper's under 64 not taken). Fewer tiles than SMs: k "
+        "split over the idle ones, at least 64 deep a part (TILE_K: the k step of "
+        "tilesize128x128x64), as cuBLAS's split-k kernels (execute_segment_k_on) and XLA's "
+        "Triton split_k do, the partial sums' reduction not priced. Not modelled: cuBLAS's "
+        "choice among tile sizes (128x256 for large shapes), CUTLASS's stream-K balancing "
+        "the last of many waves. TPUs 0: the MXU "
         "multiplies a bf16[8,128] block of rows by a stationary bf16[128,128] weight tile "
         "every 8 cycles (scaling book part 2), so a few tokens' rows are not padded to 128; "
         "their matmuls run at matmul_fraction whatever their shape"
