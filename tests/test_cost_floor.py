@@ -7,8 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardscope import comm
-from shardscope._src.cost.compute import kernel_seconds, work_seconds
-from shardscope._src.cost.flops import attention_core_flops
+from shardscope._src.cost.compute import (
+    gemm_efficiency,
+    gemm_seconds,
+    kernel_seconds,
+    matmul_seconds,
+    work_seconds,
+)
+from shardscope._src.cost.flops import Gemm, attention_core_flops
 from shardscope._src.cost.links import collective_seconds
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.rank import pareto_front, rank_key
@@ -128,3 +134,41 @@ def test_the_rank_puts_what_fits_first_then_orders_by_each_merit_in_turn(rows):
     got = [(not p.fits, p.time, p.memory) for p in ranked]
     assert got == sorted(got)
     assert [p.fits for p in ranked] == sorted((p.fits for p in plans), reverse=True)
+
+
+def test_a_gemm_runs_at_the_share_of_its_waves_its_tiles_fill():
+    h = hardware("h100")  # 132 SMs, tiles of 128 x 128
+    one_wave = Gemm(12 * 128, 11 * 128, 4096)  # 12 x 11 = 132 whole tiles
+    assert gemm_efficiency(h, one_wave.m, one_wave.n, one_wave.k) == 1.0
+    assert gemm_seconds(h, one_wave) == matmul_seconds(h, one_wave.flops)
+    # one token: a row of each 16-row tile (the fewest rows a tile has) of a whole wave
+    assert gemm_efficiency(h, 1, 132 * 128, 4096) == pytest.approx(1 / 16, rel=1e-12)
+    # a wave and one tile: 133 tiles take two waves of 132
+    assert gemm_efficiency(h, 128, 133 * 128, 4096) == pytest.approx(133 / (2 * 132), rel=1e-12)
+    # 33 tiles: k split over the idle SMs, 4 parts each (132), or as deep as k allows: 2
+    # parts of a k of 128 (tiles step 64 deep)
+    assert gemm_efficiency(h, 128, 33 * 128, 4096) == 1.0
+    assert gemm_efficiency(h, 128, 33 * 128, 128) == pytest.approx(66 / 132, rel=1e-12)
+    # a TPU's matmuls at the flat rate whatever their shape
+    assert gemm_efficiency(hardware("tpu-v6e"), 1, 128, 128) == 1.0
+
+
+def test_a_short_prompts_prefill_is_slower_by_the_rows_its_tiles_leave_empty():
+    from shardscope._src.serve.estimate import estimate_plan, prefill_flops
+    from shardscope._src.serve.types import Layout
+
+    config = model_preset("llama3-8b").config(batch=1)
+    # weights read in no time (the prefill's matmuls its time), tiles of one column on one
+    # SM (no wave left part empty): only the prompt's rows quantized, 80 of a 128-row tile
+    shaped = hardware("h100", hbm_bandwidth=1e18, sms=1, tile_n=1)
+    flat = hardware(shaped, tile_m=1)  # a tile a row: the flat rate
+    prompt = 80
+
+    def first_token_s(hw):
+        return estimate_plan(
+            config, hw, Layout("tp", 1, 1), 1, prompt, prompt + 1, "bfloat16", "bfloat16"
+        ).first_token_s
+
+    weights_s = matmul_seconds(flat, prefill_flops(config, prompt)[0])
+    slower = first_token_s(shaped) - first_token_s(flat)
+    assert slower == pytest.approx((128 / 80 - 1) * weights_s, rel=1e-9)

@@ -38,6 +38,10 @@ def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
         # microseconds given as seconds: above a small model's whole decode step
         (("h100",), {"kernel_launch_s": 5.0}, r"kernel_launch_s=5.0 .* at most 0.001"),
         (("h100",), {"hbm_fraction": 1.2}, "hbm_fraction=1.2 is a fraction of the bandwidth"),
+        (("h100",), {"sms": 0}, r"sms=0 is the GPU's streaming multiprocessors \(132 on h100"),
+        (("a100",), {"sms": 10.5}, r"sms=10.5 .* give a whole number of at least 1"),
+        (("h100",), {"tile_m": -128}, r"tile_m=-128 is the side of the output tile .*at least 1"),
+        (("tpu-v5e",), {"tile_n": 256}, "tile_n=256 on tpu-v5e: it has no streaming"),
     ],
 )
 def test_bad_presets(args, kw, words):

@@ -3,8 +3,11 @@ price from FLOPs and bytes.
 
 * **matmuls** run at the fraction of the peak a transformer's matmuls reach
   (:func:`matmul_seconds`: ``peak_flops x matmul_fraction``, the fp8 ones at ``fp8_peak_flops x
-  fp8_matmul_fraction``), and read their operands from HBM at the fraction of its bandwidth
-  they reach (:func:`matmul_read_seconds`: ``hbm_bandwidth x hbm_fraction``).
+  fp8_matmul_fraction``); on a GPU a matmul of a known shape at the share of that its tiles
+  fill of the waves they run in (:func:`gemm_efficiency`, :func:`gemm_seconds`: a few
+  tokens' rows leave most of each tile, and few tiles most multiprocessors, idle); and
+  they read their operands from HBM at the fraction of its bandwidth they reach
+  (:func:`matmul_read_seconds`: ``hbm_bandwidth x hbm_fraction``).
 * **element-wise work** streams through HBM at the whole bandwidth (:func:`stream_seconds`).
 * **a fused causal attention kernel** runs its causal half at its own measured rates
   (:func:`fused_attention_seconds`).
@@ -21,10 +24,11 @@ Each constant's source is in :data:`~shardscope._src.targets.hardware.TIME_MODEL
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
-from shardscope._src.cost.flops import ATTENTION_BACKWARD, causal_flops
+from shardscope._src.cost.flops import ATTENTION_BACKWARD, Gemm, causal_flops
 from shardscope._src.hlo.cost import Cost
 from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
@@ -77,6 +81,101 @@ def matmul_seconds(hw: Hardware, flops: float, fp8_flops: float = 0.0) -> float:
     return rest + fp8_flops / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
 
 
+#: The fewest rows a GPU matmul's tile has: a tensor-core instruction's (PTX's
+#: ``mma.m16n8k16``), the least ``block_m`` of XLA's Triton tilings; a matmul of fewer rows
+#: than ``tile_m`` runs tiles of the least power of two from it that holds them (sources in
+#: :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+MIN_TILE_M = 16
+
+
+def tile_rows(hw: Hardware, m: float) -> int:
+    """The rows of the tiles a GPU matmul of ``m`` rows runs: ``tile_m``, or for fewer rows
+    the least power of two of at least :data:`MIN_TILE_M` that holds them.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> [tile_rows(hardware("h100"), m) for m in (1, 16, 17, 100, 128, 5000)]
+    [16, 16, 32, 128, 128, 128]
+    """
+    if m >= hw.tile_m:
+        return hw.tile_m
+    return min(hw.tile_m, max(MIN_TILE_M, 1 << math.ceil(math.log2(max(m, 1)))))
+
+
+#: The depth of ``k`` a GPU matmul's tile takes a step (cuBLAS's ``tilesize128x128x64``):
+#: the least part of ``k`` a split gives a multiprocessor.
+TILE_K = 64
+
+
+def gemm_efficiency(hw: Hardware, m: float, n: int, k: int) -> float:
+    """The share of the flat rate (:func:`matmul_seconds`'s) a GPU matmul of ``m`` rows by
+    ``n`` columns of output over ``k`` reaches: its output is cut into tiles of
+    :func:`tile_rows` by ``tile_n``, each computed by one multiprocessor, in waves of
+    ``sms``; where there are fewer tiles than multiprocessors, each tile's ``k`` is split
+    into as many parts as the wave holds (at least :data:`TILE_K` deep), as cuBLAS's
+    split-k kernels do; the useful work over that of the whole waves it takes, ``m x n x
+    splits / (waves x sms x rows x tile_n)`` with ``waves = ceil(ceil(m / rows) x ceil(n /
+    tile_n) x splits / sms)``: tile and wave quantization, as XLA's GPU dot cost model
+    prices a matmul (sources in :data:`~shardscope._src.targets.hardware.
+    TIME_MODEL_SOURCES`). 1 on a device without multiprocessors (a TPU: its MXU streams the
+    rows).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> gemm_efficiency(h, 12 * 128, 11 * 128, 4096)  # 132 whole tiles: one whole wave
+    1.0
+    >>> gemm_efficiency(h, 1, 132 * 128, 4096) == 1 / 16  # a row of each least tile
+    True
+    >>> gemm_efficiency(h, 128, 33 * 128, 4096)  # 33 tiles, k split 4 ways: 132
+    1.0
+    >>> gemm_efficiency(hardware("tpu-v5e"), 1, 128, 128)
+    1.0
+    """
+    if not hw.sms:
+        return 1.0
+    rows = tile_rows(hw, m)
+    tiles = math.ceil(m / rows) * math.ceil(n / hw.tile_n)
+    splits = max(1, min(hw.sms // tiles, k // TILE_K))
+    waves = math.ceil(tiles * splits / hw.sms)
+    return m * n * splits / (waves * hw.sms * rows * hw.tile_n)
+
+
+def gemm_seconds(hw: Hardware, gemm: Gemm, *, fp8: bool = False) -> float:
+    """The time of ``gemm`` (its ``times`` matmuls one after another): its FLOPs at the
+    flat rate (:func:`matmul_seconds`; the fp8 one where ``fp8``) over the share of it its
+    shape reaches (:func:`gemm_efficiency`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("a100")
+    >>> wave = Gemm(128, 108 * 128, 4096)  # a row of tiles filling the 108 SMs once
+    >>> gemm_seconds(h, wave) == matmul_seconds(h, wave.flops)
+    True
+    >>> row = wave._replace(m=1)  # a row of each of the least tiles: 16 rows
+    >>> round(gemm_seconds(h, row) / matmul_seconds(h, row.flops))
+    16
+    """
+    flops = gemm.flops
+    return matmul_seconds(hw, flops, flops if fp8 else 0.0) / gemm_efficiency(
+        hw, gemm.m, gemm.n, gemm.k
+    )
+
+
+def gemms_efficiency(hw: Hardware, gemms: Iterable[Gemm]) -> float:
+    """The share of the flat rate ``gemms`` reach together: their FLOPs over the FLOPs the
+    flat rate would run in the time their shapes take (:func:`gemm_efficiency`; 1 where
+    there are none).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> round(gemms_efficiency(h, [Gemm(128, 132 * 128, 64), Gemm(1, 132 * 128, 64)]) * 144, 9)
+    129.0
+    """
+    flops = slow = 0.0
+    for g in gemms:
+        flops += g.flops
+        slow += g.flops / gemm_efficiency(hw, g.m, g.n, g.k)
+    return flops / slow if slow else 1.0
+
+
 def matmul_read_seconds(hw: Hardware, nbytes: float) -> float:
     """The time matmuls take to read ``nbytes`` of their operands from HBM, at the
     bandwidth they reach (``hbm_bandwidth x hbm_fraction``).
@@ -122,16 +221,21 @@ def step_matmul_seconds(
     *,
     fp8: bool,
     fused_attention: bool = False,
+    shape: float = 1.0,
 ) -> float:
     """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
     the attention core's are in the ratio ``of``: the weights' share at the fp8 rate where
-    ``fp8``, the rest at 16 bits; with ``fused_attention``, the attention's share (counted
-    whole) as a fused causal kernel's forward where the hardware names its rate
+    ``fp8``, the rest at 16 bits, the weights' at the share ``shape`` of the rate their
+    shapes reach (:func:`gemms_efficiency`); with ``fused_attention``, the attention's share
+    (counted whole) as a fused causal kernel's forward where the hardware names its rate
     (``attention_fwd_flops``).
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> h = hardware("h100")
     >>> step_matmul_seconds(h, 3e15, (2, 1), fp8=False) == matmul_seconds(h, 3e15)
+    True
+    >>> slow = step_matmul_seconds(h, 3e15, (2, 1), fp8=False, shape=0.5)
+    >>> slow == matmul_seconds(h, 3e15) + matmul_seconds(h, 2e15)
     True
     """
     w, a = of
@@ -139,12 +243,16 @@ def step_matmul_seconds(
     fp8_flops = share * w if fp8 else 0.0
     kernel = share * a if fused_attention and hw.attention_fwd_flops > 0 else 0.0
     attention = fused_attention_seconds(hw, kernel) if kernel else 0.0
-    return matmul_seconds(hw, flops - kernel, fp8_flops) + attention
+    # the weights' matmuls' time stretched by their shapes (none: the flat rate exactly)
+    stretch = matmul_seconds(hw, share * w, fp8_flops) * (1 / shape - 1) if shape != 1 else 0.0
+    return matmul_seconds(hw, flops - kernel, fp8_flops) + attention + stretch
 
 
-def flop_seconds(hw: Hardware, *, fp8: bool, fused_attention: bool = False) -> tuple[float, float]:
-    """The seconds a FLOP of the weights' matmuls and one of the attention core's take
-    (:func:`step_matmul_seconds`).
+def flop_seconds(
+    hw: Hardware, *, fp8: bool, fused_attention: bool = False, shape: float = 1.0
+) -> tuple[float, float]:
+    """The seconds a FLOP of the weights' matmuls (at the share ``shape`` of the rate,
+    :func:`step_matmul_seconds`) and one of the attention core's take.
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> weights, attention = flop_seconds(hardware("h100"), fp8=True)
@@ -152,7 +260,7 @@ def flop_seconds(hw: Hardware, *, fp8: bool, fused_attention: bool = False) -> t
     1.78
     """
     return (
-        step_matmul_seconds(hw, 1.0, (1, 0), fp8=fp8, fused_attention=fused_attention),
+        step_matmul_seconds(hw, 1.0, (1, 0), fp8=fp8, fused_attention=fused_attention, shape=shape),
         step_matmul_seconds(hw, 1.0, (0, 1), fp8=fp8, fused_attention=fused_attention),
     )
 

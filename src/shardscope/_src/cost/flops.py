@@ -1,7 +1,7 @@
 """How many FLOPs a transformer's matmuls do: the weights' and the attention core's.
 
 * **the weights' matmuls**: two FLOPs (a multiply and an add) per weight per token
-  (:func:`weight_flops`).
+  (:func:`weight_flops`); a matmul of a known shape is a :class:`Gemm`.
 * **the attention core** (``QK^T`` and ``PV``): per layer, each head's scores of every query
   against every key and the weighted values, ``2 x heads x (qk + v) x queries x keys``
   (Korthikanti et al., arXiv 2205.05198, Eq. 7), counted non-causal, as training counts it
@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from shardscope._src.model.config import ModelConfig
 
@@ -22,6 +22,25 @@ from shardscope._src.model.config import ModelConfig
 ATTENTION_BACKWARD = 2.5
 
 _N = TypeVar("_N", int, float)
+
+
+class Gemm(NamedTuple):
+    """``times`` matmuls of ``m`` rows (tokens) by ``k`` by ``n`` columns: ``m x k`` times
+    ``k x n``. ``m`` may be a mean (the tokens routed to an expert)."""
+
+    m: float
+    n: int
+    k: int
+    times: int = 1
+
+    @property
+    def flops(self) -> float:
+        """Two a multiply-add: ``2 x m x n x k`` each.
+
+        >>> Gemm(2, 3, 4, times=5).flops
+        240
+        """
+        return 2 * self.m * self.n * self.k * self.times
 
 
 def weight_flops(params: _N, tokens: _N) -> _N:

@@ -32,7 +32,12 @@ from shardscope._src.cost.compute import (
 )
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.serving import EIGHT_BIT
-from shardscope._src.serve.estimate import decode_flops, fp8_matmuls, prefill_flops
+from shardscope._src.serve.estimate import (
+    decode_flops,
+    fp8_matmuls,
+    prefill_flops,
+    weights_shape,
+)
 from shardscope._src.serve.layouts import expert_bytes, served, untouched_share
 from shardscope._src.serve.types import ServePlan
 from shardscope._src.sharding.strategies import get_strategy
@@ -269,9 +274,11 @@ def compile_decode(
         step = jax.jit(run, donate_argnums=1)
         return step, params, kv, tokens, pos
 
-    of = decode_flops(served(config, plan.tensor_parallel), plan.context)
+    c = served(config, plan.tensor_parallel)
+    of = decode_flops(c, plan.context)
     fp8 = fp8_matmuls(hw, weights)
-    got = _compile_layers(plan, config, hw, flop_seconds(hw, fp8=fp8), build)
+    shape = weights_shape(hw, c, plan.layout, plan.batch // plan.replicas)
+    got = _compile_layers(plan, config, hw, flop_seconds(hw, fp8=fp8, shape=shape), build)
     # the program's batched expert matmuls read every expert of a device; a server's
     # grouped kernel, those its tokens are routed to (untouched_share)
     layout = plan.layout
@@ -283,7 +290,7 @@ def compile_decode(
     compute_s = (
         plan.decode_compute_s
         if got.flops is None
-        else step_matmul_seconds(hw, got.flops, of, fp8=fp8)
+        else step_matmul_seconds(hw, got.flops, of, fp8=fp8, shape=shape)
     )
     step_s = got.seconds(hw, memory_s, compute_s, skipped_s)
     return replace(
@@ -341,13 +348,15 @@ def compile_prefill(
 
         return jax.jit(run), params, tokens
 
-    of = prefill_flops(served(config, plan.tensor_parallel), prompt)
+    c = served(config, plan.tensor_parallel)
+    of = prefill_flops(c, prompt)
     fp8 = fp8_matmuls(hw, weights)
-    flop_s = flop_seconds(hw, fp8=fp8, fused_attention=True)
+    shape = weights_shape(hw, c, plan.layout, prompt)
+    flop_s = flop_seconds(hw, fp8=fp8, fused_attention=True, shape=shape)
     got = _compile_layers(plan, config, hw, flop_s, build)
     if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
-    compute_s = step_matmul_seconds(hw, got.flops, of, fp8=fp8, fused_attention=True)
+    compute_s = step_matmul_seconds(hw, got.flops, of, fp8=fp8, fused_attention=True, shape=shape)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     return replace(
         plan,

@@ -26,6 +26,10 @@ pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
   them, at the matmul rate (a fused kernel's causal half at its forward rate where the
   hardware names one), beside its weights through HBM (one kernel), and
   the same all-reduces of ``prompt x d_model``.
+* **the weights' matmuls' shapes**: on a GPU, decode's (a replica's sequences as their rows)
+  and prefill's (the prompt's tokens) at the share of the matmul rate their tiles fill of
+  their waves (:func:`weights_shape`): a few rows leave most of each tile empty; a TPU's at
+  the rate whatever their shape.
 * **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
   prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
   weights, and fp8 ones elsewhere, are read as 8 bits and multiplied at 16.
@@ -44,6 +48,7 @@ from shardscope._src.base.comm import ALL_REDUCE, traffic_bytes
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.cost.compute import (
     flop_seconds,
+    gemms_efficiency,
     matmul_read_seconds,
     step_matmul_seconds,
     work_seconds,
@@ -58,6 +63,7 @@ from shardscope._src.serve.layouts import (
     served,
     untouched_share,
     weight_elements,
+    weight_gemms,
 )
 from shardscope._src.serve.types import Layout, ServePlan
 from shardscope._src.targets.hardware import Hardware
@@ -213,6 +219,24 @@ def fp8_matmuls(hw: Hardware, weights: str | None) -> bool:
     return WeightFormat.get(weights) is WeightFormat.FP8 and hw.has_fp8
 
 
+def weights_shape(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int) -> float:
+    """The share of the flat matmul rate a device's weights' matmuls reach for ``tokens``
+    tokens of its replica (``config`` as :func:`~shardscope._src.serve.layouts.served`
+    gives it): on a GPU, by their shapes' tiles and waves
+    (:func:`~shardscope._src.cost.compute.gemms_efficiency` of
+    :func:`~shardscope._src.serve.layouts.weight_gemms`); 1 on a TPU.
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> c = model_preset("llama3-8b").config(batch=1)
+    >>> weights_shape(hardware("tpu-v5e"), c, Layout("tp", 1, 1), 1)
+    1.0
+    >>> round(weights_shape(hardware("h100"), c, Layout("tp", 1, 1), 8192), 2)
+    0.98
+    """
+    return gemms_efficiency(hw, weight_gemms(config, layout, tokens))
+
+
 def decode_flops(config: ModelConfig, context: int) -> tuple[int, int]:
     """A sequence's matmul FLOPs in a decode step over a cache of ``context``: the
     weights' (``2 x`` the active parameters) and the attention's, its one query against the
@@ -258,7 +282,7 @@ def estimate_plan(
     # the weights' matmuls read the weights, the attention the cache
     w, a = (f * per_replica / t for f in decode_flops(c, context))
     fp8 = fp8_matmuls(hw, weights)
-    per_w, per_a = flop_seconds(hw, fp8=fp8)
+    per_w, per_a = flop_seconds(hw, fp8=fp8, shape=weights_shape(hw, c, layout, per_replica))
     by_weights = (w * per_w, matmul_read_seconds(hw, read - skipped))
     by_cache = (a * per_a, matmul_read_seconds(hw, cached))
     memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
@@ -266,7 +290,8 @@ def estimate_plan(
     comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = work_seconds(hw, by_weights, by_cache) + comm_s
     of = prefill_flops(c, prompt)
-    matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True)
+    shape = weights_shape(hw, c, layout, prompt)
+    matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True, shape=shape)
     prefill = work_seconds(hw, (matmuls, matmul_read_seconds(hw, read)))
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together

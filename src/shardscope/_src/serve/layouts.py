@@ -15,10 +15,18 @@ all (``dp_tp``).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 
 from shardscope._src.base.errors import StrategyError
-from shardscope._src.model.config import ModelConfig
+from shardscope._src.cost.flops import Gemm
+from shardscope._src.model.config import (
+    EXPERT_PARAMS,
+    LAYER_PARAMS,
+    MOE_PARAMS,
+    ModelConfig,
+    param_shapes,
+)
 from shardscope._src.model.serving import FORMATS
 from shardscope._src.plan.estimates import divisors, elements_per_device
 from shardscope._src.serve.types import Layout, ServeLayout
@@ -114,3 +122,51 @@ def untouched_share(config: ModelConfig, layout: Layout, batch: int) -> float:
         return 0.0
     n = batch // layout.replicas * layout.expert_parallel
     return (1 - config.top_k / config.experts) ** n
+
+
+#: Weights whose input tensor parallelism splits (the attention's output projection and the
+#: MLPs' down projections, each device's partial sums all-reduced); the others' output is
+#: split, but for those every device holds whole (:data:`_WHOLE`).
+_ROW_PARALLEL = ("wo", "w_down", "shared_down", "expert_down")
+#: Matmul weights each device holds whole: latent attention's down-projections and a router.
+_WHOLE = ("wq_a", "wkv_a", "router")
+
+
+def weight_gemms(config: ModelConfig, layout: Layout, tokens: int) -> list[Gemm]:
+    """The weights' matmuls one device runs for ``tokens`` tokens of its replica, as the
+    layout splits them (``config`` as :func:`served` gives it): each projection a
+    :class:`~shardscope._src.cost.flops.Gemm` of ``tokens`` rows, its output (or, for
+    :data:`_ROW_PARALLEL`, its input) split over tensor parallelism's ``t``, a layer's fused
+    as servers fuse them (the queries, keys and values one matmul, SwiGLU's gate and up
+    one); each of the device's routed experts of the tokens routed to it (``top_k`` of the
+    experts a token, at the routing's capacity, of the expert axis's replicas' tokens); the
+    unembedding (the embedding, where it is tied) over the vocabulary's slice. The norms'
+    gains and an untied embedding (a lookup) are no matmuls.
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> c = model_preset("llama3-8b").config(batch=1)
+    >>> [g[1:] for g in weight_gemms(c, Layout("tp", 2, 1), 5)[:2]]  # wqkv, wo: 32 layers
+    [(3072, 4096, 32), (4096, 2048, 32)]
+    """
+    t, ep = layout.t, layout.expert_parallel
+    out = []
+    for name, shape in param_shapes(config).items():
+        base = name.removeprefix("moe_")
+        if base.endswith("norm") or (base == "embed" and not config.tie_embeddings):
+            continue
+        rows: float = tokens
+        count, dims = (shape[0], shape[1:]) if name in LAYER_PARAMS + MOE_PARAMS else (1, shape)
+        if name in EXPERT_PARAMS:  # (experts, ...) of each layer
+            experts, dims = dims[0], dims[1:]
+            rows = tokens * ep * config.top_k * config.routed_capacity / config.experts
+            count *= experts // ep
+        if base == "embed":  # tied: the unembedding multiplies by its transpose
+            dims = dims[::-1]
+        if base in _ROW_PARALLEL:
+            k, n = math.prod(dims[:-1]) // t, dims[-1]
+        elif base in _WHOLE:
+            k, n = dims[0], math.prod(dims[1:])
+        else:
+            k, n = dims[0], math.prod(dims[1:]) // t
+        out.append(Gemm(rows, n, k, count))
+    return out

@@ -57,6 +57,12 @@ class Hardware(Record):
       kernel_launch_s: seconds a compiled serving step pays for each kernel it launches,
         beside its traffic and its matmuls (a decode step of a few milliseconds launches
         hundreds); 0 on a TPU, which runs a compiled program as one executable.
+      sms: the streaming multiprocessors of a GPU (datasheet), over which a matmul's output
+        tiles run one a multiprocessor in waves (:func:`~shardscope._src.cost.compute.
+        gemm_efficiency`); 0 on a TPU, whose matmuls are priced at ``matmul_fraction``
+        whatever their shape.
+      tile_m, tile_n: the output tile one multiprocessor computes of a GPU matmul (rows of
+        its tokens by columns of its weights; see :data:`TIME_MODEL_SOURCES`).
     """
 
     name: str
@@ -79,6 +85,9 @@ class Hardware(Record):
     attention_bwd_flops: float = 0.0
     kernel_launch_s: float = 0.0
     hbm_fraction: float = 1.0
+    sms: int = 0
+    tile_m: int = 128
+    tile_n: int = 128
 
     @property
     def has_fp8(self) -> bool:
@@ -176,6 +185,33 @@ TIME_MODEL_SOURCES = {
         "model/gpu_performance_model_base.h, kKernelLaunchOverhead); TPUs 0: the TPU runs a "
         "compiled program as one executable, with no launch per kernel"
     ),
+    "sms (A100 108, H100 and H200 132, B200 148), tile_m x tile_n 128 x 128, MIN_TILE_M 16, "
+    "TILE_K 64 (GPUs)": (
+        "a GPU matmul's output is cut into tiles, one thread block a tile on each streaming "
+        "multiprocessor, the tiles running in waves of as many as there are multiprocessors "
+        "(NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication Background User's "
+        "Guide': tile quantization, a dimension not a multiple of the tile, and wave "
+        "quantization, tiles not a multiple of the SMs, its example the A100's 108 SMs). XLA's "
+        "GPU dot cost model prices a matmul so (xla/service/gpu/model/"
+        "gpu_dot_fusion_cost_model.cc, CalculateComputeTimeWithTileAndWaveQuantization: "
+        "ceil(m / tile_m) x ceil(n / tile_n) thread blocks, ceil(blocks / core_count) waves, "
+        "waves x core_count x a tile's 2 tile_m tile_n k FLOPs at the rate; on Hopper a "
+        "tile_m under 64, which cannot use wgmma, at 0.63 of it). SMs from the datasheets and "
+        "architecture whitepapers (the GPU compile targets' core_count); the tile: cuBLAS "
+        "names its kernels by theirs, and an H100's transformer projections run "
+        "sm90_xmma_gemm_..._tilesize128x128x64 most (beside 128x256x64 and 64x128x64 in "
+        "published profiles). Fewer rows than a tile: tiles of the least power of two from "
+        "16 that holds them (MIN_TILE_M: PTX's mma.m16n8k16, the least block_m of XLA's "
+        "Triton tilings; the 0.63 of Hopper's under 64 not taken). Fewer tiles than SMs: k "
+        "split over the idle ones, at least 64 deep a part (TILE_K: the k step of "
+        "tilesize128x128x64), as cuBLAS's split-k kernels (execute_segment_k_on) and XLA's "
+        "Triton split_k do, the partial sums' reduction not priced. Not modelled: cuBLAS's "
+        "choice among tile sizes (128x256 for large shapes), CUTLASS's stream-K balancing "
+        "the last of many waves. TPUs 0: the MXU "
+        "multiplies a bf16[8,128] block of rows by a stationary bf16[128,128] weight tile "
+        "every 8 cycles (scaling book part 2), so a few tokens' rows are not padded to 128; "
+        "their matmuls run at matmul_fraction whatever their shape"
+    ),
     "host_memory_bytes, host_bandwidth": (
         "GPUs: the DGX system's memory over its 8 GPUs (DGX A100 and H100/H200: 2 TB, DGX "
         "B200: 4 TB) and one PCIe x16 link each way (Gen4 32 GB/s on the A100, Gen5 64 GB/s "
@@ -211,6 +247,7 @@ PRESETS: dict[str, Hardware] = {
             host_bandwidth=32 * GB,
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
+            sms=108,
         ),
         Hardware(
             "h100",
@@ -229,6 +266,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_matmul_fraction=0.48,
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
+            sms=132,
         ),
         Hardware(
             "h200",
@@ -247,6 +285,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_matmul_fraction=0.49,
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
+            sms=132,
         ),
         Hardware(
             "b200",
@@ -265,6 +304,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_matmul_fraction=0.51,
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
+            sms=148,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -325,6 +365,33 @@ PRESETS: dict[str, Hardware] = {
 MAX_KERNEL_LAUNCH_S = 1e-3
 
 
+#: The settings of a GPU matmul's tiling: its multiprocessors and the output tile each runs.
+GEMM_TILING = ("sms", "tile_m", "tile_n")
+
+
+def _tiling(base: Hardware, key: str, value: Any) -> int:
+    """``value`` of the tiling setting ``key`` on ``base``, checked: a whole positive number,
+    on a GPU (a preset with multiprocessors)."""
+    if not base.sms:
+        raise ShardscopeError(
+            f"hardware setting {key}={value!r} on {base.name}: it has no streaming "
+            f"multiprocessors, and its matmuls run at matmul_fraction whatever their shape; "
+            f"leave {key} out, or set matmul_fraction"
+        )
+    whole = isinstance(value, int | float) and not isinstance(value, bool)
+    if not whole or not math.isfinite(value) or value != int(value) or value < 1:
+        what = (
+            f"the GPU's streaming multiprocessors ({base.sms} on {base.name}, its datasheet's)"
+            if key == "sms"
+            else f"the side of the output tile a multiprocessor computes ({getattr(base, key)} "
+            f"on {base.name})"
+        )
+        raise ShardscopeError(
+            f"hardware setting {key}={value!r} is {what}: give a whole number of at least 1"
+        )
+    return int(value)
+
+
 def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
     """A preset by name (``a100``, ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``,
     ``tpu-v6e``), with any field overridden, e.g. ``hardware("h100", link_bandwidth=370e9)``.
@@ -343,6 +410,9 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             raise ShardscopeError(
                 f"unknown hardware setting {key!r}; settable: {', '.join(sorted(known))}"
             )
+        if key in GEMM_TILING:
+            overrides[key] = _tiling(base, key, value)
+            continue
         # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
         # fp8 matmuls, no attention rates (0) attention at the matmul rate, no launch time
         # (0) kernels launched for free; every other value is positive.

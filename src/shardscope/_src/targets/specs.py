@@ -46,7 +46,7 @@ class GpuSpec:
 
     description: str  # the name the driver reports
     compute_capability: tuple[int, int]
-    sm_count: int
+    sm_count: int  # the hardware preset's ``sms``
     fp32_lanes_per_sm: int
     clock_ghz: float  # boost clock
     memory_bandwidth: float  # bytes/s
@@ -108,7 +108,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
     "a100": GpuSpec(
         "NVIDIA A100-SXM4-80GB",
         (8, 0),
-        108,
+        PRESETS["a100"].sms,
         64,
         1.41,
         2.039e12,
@@ -120,7 +120,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
     "h100": GpuSpec(
         "NVIDIA H100 80GB HBM3",
         (9, 0),
-        132,
+        PRESETS["h100"].sms,
         128,
         1.98,
         3.35e12,
@@ -132,7 +132,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
     "h200": GpuSpec(
         "NVIDIA H200",
         (9, 0),
-        132,
+        PRESETS["h200"].sms,
         128,
         1.98,
         4.8e12,
@@ -145,7 +145,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
     "b200": GpuSpec(
         "NVIDIA B200",
         (10, 0),
-        148,
+        PRESETS["b200"].sms,
         128,
         1.965,
         8e12,
