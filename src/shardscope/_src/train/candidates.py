@@ -596,6 +596,7 @@ def screen(
     *,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     memo: dict[tuple[int, bool, bool], tuple[Bound, tuple[CommItem, ...]]] | None = None,
+    parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> Screened:
     """Estimates ``cand`` without compiling: memory per device and the time model's step.
 
@@ -604,7 +605,8 @@ def screen(
     step's time, not its memory (fp8 training keeps 16-bit weights and 32-bit master
     weights and optimizer state). ``memo``: the step's collectives of earlier candidates on
     the same placement and mode (they depend only on the micro-batches, whether the forward
-    is recomputed, and fp8 gathers).
+    is recomputed, and fp8 gathers); ``parts``: the pieces of those collectives of earlier
+    candidates on the same placement and mode (:func:`~shardscope._src.train.timing.step_bound`).
     """
     sched = Schedule(
         cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer, cand.virtual_stages
@@ -632,7 +634,7 @@ def screen(
     if memo is not None and key in memo:
         need, comm = memo[key]
     else:
-        need = step_bound(placement, sched, mode)
+        need = step_bound(placement, sched, mode, parts=parts)
         comm = tuple(comm_items(hw, placement, need.terms, fp8_gathers=pricing.fp8_gathers))
         if memo is not None:
             memo[key] = need, comm
@@ -736,6 +738,7 @@ def screen_all(
             flash_attention=flash_attention,
             matmul_dtype=matmul_dtype,
             memo={},
+            parts={},
         )
         options = [
             screened_on_placement(replace(cand, microbatches=m, remat=r, virtual_stages=v))

@@ -95,9 +95,9 @@ assume, say) is slower by that work at the matmul rate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
 from shardscope._src.base.records import Record
@@ -143,6 +143,8 @@ from shardscope._src.targets.specs import TARGETS
 
 if TYPE_CHECKING:
     from shardscope._src.plan.collectives import PlanCollective
+
+_T = TypeVar("_T")
 
 #: HBM passes per activation byte per pass over the layers (write once, read once).
 HBM_PASSES = 2
@@ -509,7 +511,13 @@ def reruns_forward_collectives(remat: str) -> bool:
     return remat_policy(remat).reruns_forward_collectives
 
 
-def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN) -> Bound:
+def step_bound(
+    placement: Placement,
+    schedule: Schedule,
+    mode: str = Mode.TRAIN,
+    *,
+    parts: dict[tuple[Any, ...], Any] | None = None,
+) -> Bound:
     """The communication one step of ``placement``'s program needs under ``schedule``:
     :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated
     per micro-batch, except the terms a step runs once (the all-reduce of replicated gradients
@@ -519,33 +527,44 @@ def step_bound(placement: Placement, schedule: Schedule, mode: str = Mode.TRAIN)
     distributed optimizer does: :func:`~shardscope._src.sharding.programs.local_roles`);
     under full recomputation (and offload) the recomputed forward's collectives again;
     otherwise the layers' FSDP gathers again for the backward, and context parallelism's keys
-    and values."""
+    and values. ``parts``: what earlier calls on the same placement and mode worked out (one
+    micro-batch's placement and its bounds depend only on the micro-batch count)."""
 
     m = schedule.microbatches if mode == Mode.TRAIN else 1
     local = {a for r in local_roles(placement) for a in placement.axes.get(r, ())}
+    known = {} if parts is None else parts
+
+    def part(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+        if key not in known:
+            known[key] = make()
+        return cast(_T, known[key])
 
     def once(t: Term) -> bool:
         scattered_once = t.role == TermRole.GRADIENT_SCATTER and set(t.axes) <= local
         return t.role.once_per_step or scattered_once
 
-    one = placement
-    if m > 1:
-        one = placement.strategy.place(
+    def micro_batch() -> Placement:
+        if m == 1:
+            return placement
+        return placement.strategy.place(
             replace(placement.config, batch=placement.config.batch // m),
             placement.mesh,
             axes=placement.axes,
             constraints=placement.constraints,
         )
-    base = transformer_bound(one, mode)
+
+    one = part(("placement", m), micro_batch)
+    base = part(("bound", m, mode), lambda: transformer_bound(one, mode))
     terms = [replace(t, count=t.count * (1 if once(t) else m)) for t in base.terms]
     if mode == Mode.TRAIN and reruns_forward_collectives(schedule.remat):
-        for t in transformer_bound(one, Mode.FORWARD).terms:
+        forward = part(("bound", m, Mode.FORWARD), lambda: transformer_bound(one, Mode.FORWARD))
+        for t in forward.terms:
             terms.append(_rerun(t, m, "recomputed forward"))
     elif mode == Mode.TRAIN:
         # The layers' weights gathered at use (FSDP) are gathered again for the backward, as
         # PyTorch FSDP and ZeRO-3 do, rather than kept for it (the bound's minimum); so are
         # context parallelism's keys and values.
-        for t in regathered_terms(one):
+        for t in part(("regathered", m), lambda: regathered_terms(one)):
             terms.append(_rerun(t, m, "again for the backward"))
     return Bound(base.label, tuple(terms), base.notes)
 
