@@ -1,12 +1,12 @@
 # Two entry points: `make lab` and `make test`. Every install step lives here, with the exact
-# versions of constraints.txt. pip installs without byte-compiling (--no-compile), and each
-# install ends by byte-compiling what it installed, the package's own source with it, in one
-# process per core (compileall -j 0: 13 s on 2 cores, where pip's own compile step took 22 s
-# of a 52 s install). It cannot be left to the first import: where PYTHONDONTWRITEBYTECODE
-# is set (as on the machines the suite is timed on), Python writes no bytecode, and every
-# process, each of the suite's two workers and each planner worker, launcher run and Ray
-# worker it starts, compiled JAX's source again: about 100 CPU-s of the suite's 772, a
-# minute of its wall time on 2 cores.
+# versions of constraints.txt. pip installs without byte-compiling (--no-compile); what was
+# installed, the package's own source with it, is byte-compiled after, in one process per core
+# (compileall -j 0: 13 s on 2 cores, where pip's own compile step took 22 s of a 52 s
+# install), and `make test` compiles it beside the lint, which runs on one core. It cannot be
+# left to the first import: where PYTHONDONTWRITEBYTECODE is set (as on the machines the
+# suite is timed on), Python writes no bytecode, and every process, each of the suite's two
+# workers and each planner worker, launcher run and Ray worker it starts, compiled JAX's
+# source again: about 100 CPU-s of the suite's 772, a minute of its wall time on 2 cores.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -31,32 +31,39 @@ $(VENV)/.installed-runtime: pyproject.toml constraints.txt | $(BIN)/python
 # TPU), so the tests cover every compile target, and Ray, whose local cluster the suite starts.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e '.[cpu,dev,gpu-compile,tpu-compile,ray]'
-	$(BYTECODE)
 	touch $(VENV)/.installed-runtime $@
 
 # The docs site's tools (the `docs` extra) beside everything the suite has: the guides run the
 # GPU and TPU compilers, deviceless, and Flax.
-$(VENV)/.installed-docs: $(VENV)/.installed-dev
+$(VENV)/.installed-docs: $(VENV)/.bytecode
 	$(PIP) -e '.[docs]'
+	$(BYTECODE)
+	touch $@
+
+# The bytecode of the dev install (and of the package's source).
+$(VENV)/.bytecode: $(VENV)/.installed-dev
 	$(BYTECODE)
 	touch $@
 
 lab: $(VENV)/.installed-runtime
 	$(BIN)/shardscope lab
 
-# The lint first (seconds), then the suite in TEST_WORKERS processes (pytest-xdist). Each
-# worker starts on its half of the tests, in order, and a worker that runs out takes tests
-# from the end of the other's (--dist worksteal): no file holds a worker up, and a module's
-# fixtures are built again only where a file is split. The 30 slowest tests are printed.
-# pytest exits 5 when it collects no test; that is not a failure of the suite.
+# The lint (seconds, one process at a time) beside the bytecode, then the suite in
+# TEST_WORKERS processes (pytest-xdist). Each worker starts on its half of the tests, in
+# order, and a worker that runs out takes tests from the end of the other's (--dist
+# worksteal): no file holds a worker up, and a module's fixtures are built again only where a
+# file is split. The 30 slowest tests are printed. pytest exits 5 when it collects no test;
+# that is not a failure of the suite.
 TEST_WORKERS ?= 2
 PYTEST = $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=30
-test: lint
+test: $(VENV)/.installed-dev
+	$(MAKE) --no-print-directory $(VENV)/.bytecode & bytecode=$$!; \
+	$(MAKE) --no-print-directory lint; lint=$$?; wait $$bytecode && exit $$lint
 	$(PYTEST); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # For development: the suite less its costly tiers (pyproject.toml's markers): GPU and TPU
 # compiles, and Ray, notebooks and runs of several processes. `make test` runs everything.
-test-fast: $(VENV)/.installed-dev
+test-fast: $(VENV)/.bytecode
 	$(PYTEST) -m "not compiler and not slow"; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # ruff (rules and formatting), the layering contract of .importlinter (each floor imports
@@ -69,7 +76,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-bench: $(VENV)/.installed-dev
+bench: $(VENV)/.bytecode
 	$(BIN)/python benchmarks/lab_cold_start.py
 	$(BIN)/python benchmarks/audit_overhead.py
 	$(BIN)/python benchmarks/plan_speed.py
