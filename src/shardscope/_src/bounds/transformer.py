@@ -36,10 +36,7 @@ from shardscope._src.sharding.strategies import Placement, Role, entry_roles, us
 
 def _group(placement: Placement, roles: Sequence[str]) -> tuple[tuple[str, ...], int]:
     """The mesh axes of ``roles`` (in mesh order) and the size of one group over them."""
-    names = {a for r in roles if r in placement.axes for a in placement.axes[r]}
-    sizes = {str(k): int(v) for k, v in placement.mesh.shape.items()}
-    axes = tuple(a for a in sizes if a in names)
-    return axes, math.prod(sizes[a] for a in axes)
+    return placement.group(roles)
 
 
 def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:

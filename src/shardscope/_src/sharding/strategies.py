@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -879,11 +879,15 @@ class Placement:
     #: the planner's screen asks the same few of one placement for every candidate on it
     _role_sizes: dict[Entry, int] = field(init=False, repr=False, compare=False)
     _ways: dict[Roles, int] = field(init=False, repr=False, compare=False)
+    _groups: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_sizes", mesh_axes(self.mesh))
         object.__setattr__(self, "_role_sizes", {})
         object.__setattr__(self, "_ways", {})
+        object.__setattr__(self, "_groups", {})
 
     # -- roles ---------------------------------------------------------------------------
     @property
@@ -902,6 +906,17 @@ class Placement:
         if size is None:
             size = self._role_sizes[role] = math.prod(self._sizes[a] for a in self.entry_axes(role))
         return size
+
+    def group(self, roles: Sequence[str]) -> tuple[tuple[str, ...], int]:
+        """The mesh axes of ``roles`` (each role's, in the mesh's order) and how many devices
+        one group over them holds: where a collective over those roles runs."""
+        key = tuple(roles)
+        group = self._groups.get(key)
+        if group is None:
+            names = {a for r in key for a in self.axes.get(r, ())}
+            axes = tuple(a for a in self._sizes if a in names)
+            group = self._groups[key] = (axes, math.prod(self._sizes[a] for a in axes))
+        return group
 
     def ways(self, roles: Roles) -> int:
         """How many pieces an array whose dimensions have ``roles`` is split into on each
