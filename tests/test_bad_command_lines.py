@@ -67,6 +67,12 @@ BAD: list[tuple[list[str], str]] = [
         "unknown strategy ''",
     ),
     (["plan", "--devices", "8", "--model", "tiny", "--strategies", "zz"], "unknown strategy 'zz'"),
+    (["plan", "--devices", "8", "--model", "tiny", "--sms", "0"], "must be a positive whole"),
+    (
+        ["serve", "--devices", "1", "--model", "tiny", "--prompt", "8", "--output", "8"]
+        + ["--hardware", "tpu-v5e", "--tile-m", "64", "--compiler", "cpu"],
+        "tile_m=64 on tpu-v5e: it has no streaming multiprocessors",
+    ),
     (
         ["plan", "--devices", "8", "--model", "tiny", "--json", "{tmp}/x", "--png", "{tmp}/x"],
         "--json and --png both write",

@@ -177,6 +177,21 @@ def test_the_kernel_launch_is_set_from_the_command_line(capsys):
         assert_usage_error([*argv, "--kernel-launch", bad], "--kernel-launch", capsys)
 
 
+def test_the_matmul_tiles_are_set_from_the_command_line(tmp_path):
+    # a GPU of half the multiprocessors and tiles of 64 x 64: the command line's plans are
+    # those serve() makes with the same hardware settings, and the prefill is priced anew
+    argv = ["serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "64", "--output", "8",
+            "--batch", "4", "--compiler", "cpu", "--hardware", "h100"]  # fmt: skip
+    tiles = {"sms": 66, "tile_m": 64, "tile_n": 64}
+    out = tmp_path / "serve.json"
+    assert main([*argv, "--sms", "66", "--tile-m", "64", "--tile-n", "64", "--json", str(out)]) == 0
+    kw = dict(prompt=64, output=8, batch=4, compiler="cpu")
+    want = serve("llama3-8b", 1, hardware="h100", hardware_overrides=tiles, **kw).best
+    plain = serve("llama3-8b", 1, hardware="h100", **kw).best
+    (got,) = [p for p in json.loads(out.read_text())["plans"] if p["strategy"] == want.strategy]
+    assert got["first_token_s"] == want.first_token_s != plain.first_token_s
+
+
 def test_a_compiled_decode_step_pays_each_kernels_launch():
     two = replace(model_preset("llama3-8b").config(batch=1), layers=2)
     plan = serve(two, 1, hardware="h100", prompt=64, output=16, batch=4, compiler="cpu").best

@@ -216,6 +216,9 @@ HARDWARE_OVERRIDES = (
     "attention_fwd_flops",
     "attention_bwd_flops",
     "kernel_launch_s",
+    "sms",
+    "tile_m",
+    "tile_n",
 )
 
 
@@ -239,6 +242,9 @@ class HardwareOptions(CommandConfig):
     attention_bwd_flops: float | None
     kernel_launch_s: float | None
     node_size: int | None
+    sms: int | None
+    tile_m: int | None
+    tile_n: int | None
 
     @property
     def hardware_overrides(self) -> Mapping[str, Any]:

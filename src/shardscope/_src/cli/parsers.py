@@ -613,6 +613,12 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
     )
+    for flag, dest, help_text in (
+        ("--sms", "sms", "a GPU's multiprocessors, over which a matmul's tiles run in waves"),
+        ("--tile-m", "tile_m", "rows of the output tile a multiprocessor computes of a matmul"),
+        ("--tile-n", "tile_n", "columns of that tile"),
+    ):
+        p.add_argument(flag, dest=dest, type=positive_int, metavar="N", help=help_text)
 
 
 def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = True) -> None:
