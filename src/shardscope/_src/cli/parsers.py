@@ -208,15 +208,19 @@ def _audit_options(
     )
 
 
-def _target_option(p: argparse.ArgumentParser) -> None:
+def _target_option(
+    p: argparse.ArgumentParser,
+    what: str = "compile for this hardware with its own compiler, on devices it does not need",
+    default: str = "; default cpu: simulated CPU devices",
+) -> None:
+    """``--target``: ``what`` it does, then the targets (and ``default``)."""
     p.add_argument(
         "--target",
         dest="compile_target",
         default=None,
         choices=list(TARGETS),
         metavar="TARGET",
-        help="compile for this hardware with its own compiler, on devices it does not "
-        f"need ({', '.join(TARGETS)}; default cpu: simulated CPU devices)",
+        help=f"{what} ({', '.join(TARGETS)}{default})",
     )
 
 
@@ -435,14 +439,11 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
     prof.add_argument(
         "--audit", default=None, metavar="FILE", help="with --trace: the audit (JSON) to join"
     )
-    prof.add_argument(
-        "--target",
-        dest="compile_target",
-        default=None,
-        choices=list(TARGETS),
-        metavar="TARGET",
-        help="with --trace and FILE.py:FUNCTION: compile it for this target, the devices "
-        f"the trace ran on ({', '.join(TARGETS)})",
+    _target_option(
+        prof,
+        "with --trace and FILE.py:FUNCTION: compile it for this target, the devices the trace "
+        "ran on",
+        default="",
     )
     prof.add_argument(
         "--steps", type=positive_int, default=3, metavar="N", help="runs to trace (default 3)"
