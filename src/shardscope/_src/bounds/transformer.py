@@ -34,11 +34,6 @@ from shardscope._src.sharding.strategies import Placement, Role, entry_roles, us
 # -- transformer strategies -----------------------------------------------------------------
 
 
-def _group(placement: Placement, roles: Sequence[str]) -> tuple[tuple[str, ...], int]:
-    """The mesh axes of ``roles`` (in mesh order) and the size of one group over them."""
-    return placement.group(roles)
-
-
 def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     """Minimum communication of the reference model under a strategy's placement.
 
@@ -82,8 +77,8 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     L, train = c.layers, mode == Mode.TRAIN
     terms: list[Term] = []
     notes: list[Note] = []
-    _, n_data = _group(placement, s.batch_roles)
-    model_axes, t = _group(placement, [Role.MODEL])
+    _, n_data = placement.group(s.batch_roles)
+    model_axes, t = placement.group([Role.MODEL])
     # one data shard's activations, of its own tokens under context parallelism
     activation = (c.batch // n_data) * (c.seq // _context_ways(placement)) * c.d_model * c.itemsize
 
@@ -94,7 +89,7 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     if c.is_moe:
         terms += _moe_terms(placement, train)
     if s.context_parallel:
-        context_axes, n_context = _group(placement, [Role.CONTEXT])
+        context_axes, n_context = placement.group([Role.CONTEXT])
         terms += _context_terms(context_axes, n_context, _keys_bytes(placement), L, train)
     if s.vocab_split and c.vocab is not None:
         tokens = (c.batch // n_data) * (c.seq // _context_ways(placement))
@@ -123,14 +118,14 @@ def regathered_terms(placement: Placement) -> list[Term]:
         if t.role is TermRole.WEIGHT_GATHER
     ]
     if placement.strategy.context_parallel:
-        context_axes, n_context = _group(placement, [Role.CONTEXT])
+        context_axes, n_context = placement.group([Role.CONTEXT])
         terms += _context_terms(context_axes, n_context, _keys_bytes(placement), c.layers, False)
     return terms
 
 
 def _context_ways(placement: Placement) -> int:
     """How many ways ``context`` splits the sequence (1 without context parallelism)."""
-    return _group(placement, [Role.CONTEXT])[1] if placement.strategy.context_parallel else 1
+    return placement.group([Role.CONTEXT])[1] if placement.strategy.context_parallel else 1
 
 
 def _keys_bytes(placement: Placement) -> int:
@@ -139,8 +134,8 @@ def _keys_bytes(placement: Placement) -> int:
     parallelism (the ``keys`` rule's)."""
     c, s = placement.config, placement.strategy
     assert c.kv_heads is not None and c.head_dim is not None  # set by ModelConfig
-    _, n_data = _group(placement, s.batch_roles)
-    _, t = _group(placement, [Role.MODEL]) if Role.MODEL in s.roles else ((), 1)
+    _, n_data = placement.group(s.batch_roles)
+    _, t = placement.group([Role.MODEL]) if Role.MODEL in s.roles else ((), 1)
     return (c.batch // n_data) * c.seq * (c.kv_heads // t) * c.head_dim * c.itemsize
 
 
@@ -246,7 +241,7 @@ def _weight_terms(
     if not uses_role(reduced_to, Role.DATA) and not data_sharded:
         reduced_to = s.optimizer_rules()[name]
     grads_sharded = train and uses_role(reduced_to, Role.DATA)
-    data_axes, n_data = _group(placement, _shard_roles(storage[name]))
+    data_axes, n_data = placement.group(_shard_roles(storage[name]))
     terms: list[Term] = []
     if data_sharded:
         what = f"{name} gathered at use"
@@ -255,14 +250,14 @@ def _weight_terms(
             ALL_GATHER, data_axes, n_data, payload, count, what, scope, role, stack=stack
         )
     if grads_sharded:
-        data_axes, n_data = _group(placement, _shard_roles(reduced_to))
+        data_axes, n_data = placement.group(_shard_roles(reduced_to))
         what = f"{name} gradient reduce-scattered to its shards"
         role = TermRole.GRADIENT_SCATTER
         terms += _term(
             REDUCE_SCATTER, data_axes, n_data, payload, count, what, scope, role, stack=stack
         )
     if train and not data_sharded and uses_role(s.optimizer_rules()[name], Role.DATA):
-        data_axes, n_data = _group(placement, _shard_roles(s.optimizer_rules()[name]))
+        data_axes, n_data = placement.group(_shard_roles(s.optimizer_rules()[name]))
         what = f"{name} updated shards gathered (ZeRO)"
         role = TermRole.UPDATE_GATHER
         terms += _term(ALL_GATHER, data_axes, n_data, payload, count, what, scope, role)
@@ -282,8 +277,8 @@ def _weight_terms(
     if s.sequence_parallel and Role.MODEL not in used_roles:
         partial.append(Role.MODEL)
     if train and partial:
-        axes, n = _group(placement, partial)
-        shard = payload // _group(placement, scattered)[1]
+        axes, n = placement.group(partial)
+        shard = payload // placement.group(scattered)[1]
         what = f"{name} gradient summed over token shards" + (
             f" ({'+'.join(scattered)} shard)" if scattered else ""
         )
@@ -310,9 +305,9 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
     over ``model``, again for the column-parallel input gradients in training."""
     s, c = placement.strategy, placement.config
     terms: list[Term] = []
-    _, n_tokens = _group(placement, s.batch_roles)
+    _, n_tokens = placement.group(s.batch_roles)
     if s.expert_parallel:
-        axes, e = _group(placement, [Role.EXPERT])
+        axes, e = placement.group([Role.EXPERT])
         replicas = n_tokens // e
         data = next((a for a in placement.mesh.shape if a not in axes), "data")
         for t in moe_layer_terms(
@@ -332,7 +327,7 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
             if t.kind == ALL_TO_ALL:
                 terms.append(replace(t, count=t.count * c.moe_layers))
     if Role.MODEL in s.roles:
-        model_axes, m = _group(placement, [Role.MODEL])
+        model_axes, m = placement.group([Role.MODEL])
         tokens = (c.batch // n_tokens) * c.seq
         slots = math.ceil(c.routed_capacity * tokens * c.top_k) * c.d_model * c.itemsize
         passes = 2 if train else 1
@@ -410,7 +405,7 @@ def _loss_terms(placement: Placement) -> list[Term]:
         *([Role.MODEL] if s.sequence_parallel and not s.vocab_split else []),
         *([Role.CONTEXT] if s.context_parallel else []),
     ]
-    axes, n = _group(placement, token_roles)
+    axes, n = placement.group(token_roles)
     what = "scalar loss summed over token shards"
     return _term(ALL_REDUCE, axes, n, 4, 1, what, "loss", TermRole.LOSS_SUM)
 

@@ -531,7 +531,7 @@ def step_bound(
     micro-batch's placement and its bounds depend only on the micro-batch count)."""
 
     m = schedule.microbatches if mode == Mode.TRAIN else 1
-    local = {a for r in local_roles(placement) for a in placement.axes.get(r, ())}
+    local = set(placement.group(local_roles(placement))[0])
     known = {} if parts is None else parts
 
     def part(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
