@@ -79,15 +79,42 @@ def test_the_low_latency_protocol_pays_the_network_on_the_steps_that_cross_nodes
 
 
 @pytest.mark.parametrize("kind", ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"])
-def test_large_collectives_and_tpus_keep_the_bandwidth_protocols_price(kind):
-    for name, payload in (("h100", 2**30), ("tpu-v5e", 4096)):
-        hw = hardware(name)
-        sent = comm.traffic_bytes(kind, payload, 8)
-        alpha_beta = 8 * comm.latency_steps(kind, 8) * hw.latency_s + 8 * sent / (
-            hw.link_bandwidth * hw.comm_fraction
-        )
-        got = collective_seconds(hw, {"model": 8}, kind, ("model",), 8, 8 * sent, count=8)
-        assert got == pytest.approx(alpha_beta)
+def test_large_collectives_on_gpus_keep_the_bandwidth_protocols_price(kind):
+    hw = hardware("h100")
+    sent = comm.traffic_bytes(kind, 2**30, 8)
+    alpha_beta = 8 * comm.latency_steps(kind, 8) * hw.latency_s + 8 * sent / (
+        hw.link_bandwidth * hw.comm_fraction
+    )
+    got = collective_seconds(hw, {"model": 8}, kind, ("model",), 8, 8 * sent, count=8)
+    assert got == pytest.approx(alpha_beta)
+
+
+@pytest.mark.parametrize(("kind", "hops"), [("all-gather", 8), ("reduce-scatter", 8),
+                                            ("all-reduce", 16)])  # fmt: skip
+def test_a_tpu_ring_takes_half_its_chips_in_hops_each_its_latency_or_its_transfer(kind, hops):
+    hw = hardware("tpu-v5e")  # 1 us a hop, 2 x 45 GB/s of ICI at 0.8
+    bandwidth = 2 * 4.5e10 * 0.8
+    # a few kilobytes: 16 chips both ways round a ring, 8 hops (16 for an all-reduce) of 1 us
+    small = comm.traffic_bytes(kind, 4096, 16)
+    got = collective_seconds(hw, {"model": 16}, kind, ("model",), 16, 3 * small, count=3)
+    assert got == pytest.approx(3 * hops * 1e-6)
+    # a gigabyte: its traffic alone, the hops' latency hidden under it rather than added
+    large = comm.traffic_bytes(kind, 2**30, 16)
+    got = collective_seconds(hw, {"model": 16}, kind, ("model",), 16, large)
+    assert got == pytest.approx(large / bandwidth)
+
+
+def test_a_tpu_all_to_all_and_a_ring_across_slices_keep_the_alpha_beta_sum():
+    hw = hardware("tpu-v5e")  # 256 chips a slice
+    sent = comm.traffic_bytes("all-to-all", 4096, 8)
+    got = collective_seconds(hw, {"model": 8}, "all-to-all", ("model",), 8, sent)
+    assert got == pytest.approx(7 * 1e-6 + sent / (2 * 4.5e10 * 0.8))
+    # two slices (the data axis outermost): each pair over data has one chip on each slice,
+    # so its 2 steps cross the data-center network, at 6.25 GB/s a chip
+    sent = comm.traffic_bytes("all-reduce", 4096, 2)
+    sizes = {"data": 2, "model": 256}
+    got = collective_seconds(hw, sizes, "all-reduce", ("data",), 2, sent)
+    assert got == pytest.approx(2 * 1e-6 + sent / (6.25e9 * 0.8))
 
 
 @given(st.integers(min_value=1, max_value=2**34), st.sampled_from([2, 4, 8]))

@@ -21,6 +21,12 @@ one (:data:`LOW_LATENCY`: a fixed start and under a microsecond a step, at a qua
 bandwidth). :func:`collective_seconds` prices both and takes the faster, so a tensor-parallel
 all-reduce of 16 KB over 8 GPUs costs about 15 us, not 14 steps of ``latency_s``, and a
 gradient all-reduce of gigabytes is priced as before.
+
+Inside a TPU slice a ring collective sends both ways round its ring at once, so it takes
+half the group's size in hops (:func:`ici_hops`), and each hop costs the longer of its fixed
+latency (``latency_s``, about a microsecond) and its share of the traffic: an execution
+takes the longer of its hops' latency and its traffic's time, not their sum. Groups that
+cross slices (over the data-center network) keep the alpha-beta sum.
 """
 
 from __future__ import annotations
@@ -158,11 +164,51 @@ def collective_seconds(
     steps = latency_steps(kind, group_size)
     bandwidth = group_bandwidth(hw, sizes, axes)
     seconds = alpha_beta_seconds(count * steps, hw.latency_s, traffic_bytes, bandwidth)
-    if kind in RING_KINDS and specs.family(hw.name) is Family.GPU:
-        nodes = _nodes_spanned(hw, sizes, axes)
+    if kind not in RING_KINDS:
+        return seconds
+    family = specs.family(hw.name)
+    nodes = _nodes_spanned(hw, sizes, axes)
+    if family is Family.GPU:
         low = _low_latency_seconds(kind, steps, nodes, bandwidth, traffic_bytes, count)
         seconds = min(seconds, low)
+    elif family is Family.TPU and nodes == 1:
+        seconds = _ici_seconds(kind, group_size, hw.latency_s, bandwidth, traffic_bytes, count)
     return seconds
+
+
+def ici_hops(kind: str, group_size: int) -> int:
+    """The hops of a ring collective over ``group_size`` chips of a TPU slice, which sends
+    both ways round its ring at once: ``group_size // 2`` for an all-gather or a
+    reduce-scatter, twice that for an all-reduce (one of each).
+
+    >>> [ici_hops("all-gather", n) for n in (2, 4, 8, 16)], ici_hops("all-reduce", 8)
+    ([1, 2, 4, 8], 8)
+    """
+    hops = group_size // 2
+    return 2 * hops if kind == ALL_REDUCE else hops
+
+
+def _ici_seconds(
+    kind: str,
+    group_size: int,
+    hop_s: float,
+    bandwidth: float,
+    traffic_bytes: float,
+    count: int,
+) -> float:
+    """``count`` executions of a ring collective over ``group_size`` chips of one TPU slice:
+    each hop takes the longer of its fixed cost ``hop_s`` and its share of the traffic at
+    ``bandwidth``, so an execution takes the longer of :func:`ici_hops` hops' latency and
+    its traffic's time (the scaling book's ICI model; source in
+    :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+
+    >>> round(_ici_seconds("all-gather", 8, 1e-6, 72e9, 7 * 1024, 1) * 1e6, 2)  # latency
+    4.0
+    >>> round(_ici_seconds("all-gather", 8, 1e-6, 72e9, 7 * 2**30, 1) * 1e3, 2)  # bandwidth
+    104.39
+    """
+    hops = ici_hops(kind, group_size)
+    return count * max(hops * hop_s, traffic_bytes / count / bandwidth)
 
 
 def _nodes_spanned(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> int:

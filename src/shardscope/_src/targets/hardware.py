@@ -180,6 +180,13 @@ TIME_MODEL_SOURCES = {
         "own one-shot all-reduces (vLLM's and TensorRT-LLM's custom all-reduce) are faster "
         "still for the smallest messages and are not modelled"
     ),
+    "latency_s (TPUs) 1e-6, an ICI ring's hops and their latency (cost/links.py)": (
+        "the scaling book (jax-ml/scaling-book, part 3 'Sharding', 'A note on ICI latency'): "
+        "'Each hop over an ICI link has some intrinsic overhead regardless of the data "
+        "volume. This is typically around 1us'; a bidirectional ring's all-gather takes "
+        "|X| / 2 hops and T_total = max[T_min x X / 2, V / W_ici]: each hop the longer of "
+        "its latency and its transfer, so the latency and the traffic do not add"
+    ),
     "kernel_launch_s (GPUs) 1e-6": (
         "XLA's GPU cost model, which prices each kernel's launch at 1 us (xla/service/gpu/"
         "model/gpu_performance_model_base.h, kKernelLaunchOverhead); TPUs 0: the TPU runs a "
