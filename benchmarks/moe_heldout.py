@@ -27,7 +27,7 @@ best plan is far faster than what ran, either it found a better layout or the la
 prefers are underpriced; the Qwen3-235B sweep (one model, one batch, five layouts) is the
 judge of the ranking, printed measured beside predicted.
 
-Run: ``python benchmarks/moe_heldout.py`` (about a minute: the screens of 256- and
+Run: ``python benchmarks/moe_heldout.py`` (a minute or two: the screens of 256- and
 1024-device meshes).
 """
 
