@@ -78,6 +78,23 @@ def test_the_low_latency_protocol_pays_the_network_on_the_steps_that_cross_nodes
     assert got == pytest.approx(one + sent / bandwidth)
 
 
+def test_an_all_to_all_across_nodes_sends_each_devices_remote_share_through_its_own_card():
+    hw = hardware("h100")
+    sent = 2**30  # bytes a device sends: a large dispatch
+    # 64 GPUs on 8 nodes (DeepEP's internode EP 64): 56 of each GPU's 63 peers are on other
+    # nodes, and that share of its bytes leaves through its own 50 GB/s card (at 0.8 of it)
+    got = collective_seconds(hw, {"expert": 64}, "all-to-all", ("expert",), 64, sent)
+    network = sent * 56 / 63 / (50e9 * 0.8)
+    assert got == pytest.approx(63 * hw.latency_s + network)
+    # not over the 8 cards of a node, as a ring's traffic is: 400 GB/s, capped by NVLink
+    ring = collective_seconds(hw, {"expert": 64}, "all-gather", ("expert",), 64, sent)
+    assert ring == pytest.approx(63 * hw.latency_s + sent / (400e9 * 0.8))
+    assert got > 6 * ring
+    # on one node every peer is a link away
+    inside = collective_seconds(hw, {"expert": 8}, "all-to-all", ("expert",), 8, sent)
+    assert inside == pytest.approx(7 * hw.latency_s + sent / (450e9 * 0.8))
+
+
 @pytest.mark.parametrize("kind", ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"])
 def test_large_collectives_on_gpus_keep_the_bandwidth_protocols_price(kind):
     hw = hardware("h100")

@@ -11,6 +11,9 @@ bandwidth; a group spanning nodes moves its traffic over the network cards of th
 spans: with ``m`` of its members on each node, ``m`` cards carry it (NCCL runs one ring per
 card), so ``min(link, m x cross_node)``. Either way at ``comm_fraction`` of it, the bus
 bandwidth collectives measure against the line rate (``Hardware.comm_fraction``'s source).
+An all-to-all spanning nodes gets no such help: each device's bytes for the other nodes
+leave through its own card, so it moves them at ``cross_node`` while its bytes for its own
+node's devices go over the links at the same time (:func:`exchange_bandwidth`).
 A group whose axes are not plain mesh axes (a sub-axis, an irregular group) is priced as the
 worst case: across nodes, one member on each.
 
@@ -40,6 +43,7 @@ import numpy as np
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
+    EXCHANGES,
     REDUCE_SCATTER,
     latency_steps,
     traffic_bytes,
@@ -111,6 +115,43 @@ def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str])
     return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
 
 
+def exchange_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
+    """Achieved bytes/s per device of an all-to-all over ``axes`` of a mesh of ``sizes``.
+
+    Inside a node, :func:`group_bandwidth`'s. Across ``k`` nodes with ``m`` members on each
+    (of ``n``), each device sends ``(n - m) / (n - 1)`` of its bytes to devices on other nodes
+    through its own network card, at ``cross_node_bandwidth``, and the rest over the links
+    inside its node at ``link_bandwidth``, both at once: the slower share sets the time (both
+    at ``comm_fraction``). A ring collective's ``m`` cards a group
+    (:func:`group_bandwidth`) do not apply: every device's remote share is its own to send.
+    DeepEP's internode dispatch and combine measure 43-58 GB/s a GPU at EP 16-64 on 50 GB/s
+    cards (its source in :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+    A group whose axes are not plain mesh axes: one member on each node.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> exchange_bandwidth(h, {"expert": 8}, ("expert",)) / 1e9  # one node: NVLink
+    360.0
+    >>> round(exchange_bandwidth(h, {"expert": 64}, ("expert",)) / 1e9, 1)  # 56 of 63 away
+    45.0
+    """
+    inside = group_bandwidth(hw, sizes, axes)
+    if math.prod(sizes.values()) <= hw.node_size:
+        return inside
+    groups = _groups(sizes, axes)
+    if groups is None:
+        return min(hw.link_bandwidth, hw.cross_node_bandwidth) * hw.comm_fraction
+    first = groups[0]
+    n = len(first)
+    nodes = len(set((first // hw.node_size).tolist()))
+    if nodes == 1:
+        return inside
+    m = n // nodes
+    remote, local = (n - m) / (n - 1), (m - 1) / (n - 1)
+    per_byte = max(remote / hw.cross_node_bandwidth, local / hw.link_bandwidth)
+    return hw.comm_fraction / per_byte
+
+
 def stage_bandwidth(hw: Hardware, stage_devices: int) -> float:
     """Achieved bytes/s per device of a pipeline's point-to-point transfers between stages
     of ``stage_devices`` devices each: across nodes where a stage fills a node or more, else
@@ -162,7 +203,10 @@ def collective_seconds(
     if traffic_bytes <= 0 or group_size <= 1:
         return 0.0
     steps = latency_steps(kind, group_size)
-    bandwidth = group_bandwidth(hw, sizes, axes)
+    if kind in EXCHANGES:
+        bandwidth = exchange_bandwidth(hw, sizes, axes)
+    else:
+        bandwidth = group_bandwidth(hw, sizes, axes)
     seconds = alpha_beta_seconds(count * steps, hw.latency_s, traffic_bytes, bandwidth)
     if kind not in RING_KINDS:
         return seconds

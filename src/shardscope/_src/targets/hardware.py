@@ -134,6 +134,14 @@ TIME_MODEL_SOURCES = {
         "nccl-tests all-reduce bus bandwidth ~370 GB/s on NVLink 4's 450 (NCCL issue 1264), "
         "~230-240 GB/s on A100 NVLink 3's 300; the same fraction for the network and ICI"
     ),
+    "an all-to-all across nodes at each device's own card (cost.links.exchange_bandwidth)": (
+        "DeepEP (deepseek-ai/DeepEP docs/legacy.md@0297fc8, V1 normal kernels on H800, each GPU "
+        "with a CX7 InfiniBand 400 Gb/s card, ~50 GB/s): internode dispatch and combine reach a "
+        "bottleneck RDMA bandwidth of 43 GB/s at EP 16, 58 and 57 at EP 32, 51 and 50 at EP 64 "
+        "a GPU, the card's rate, not a node's 8 cards (intranode EP 8: 153 and 158 GB/s of "
+        "~160 over NVLink): each device's bytes for other nodes leave through its own card, at "
+        "cross_node_bandwidth x comm_fraction (40 GB/s on a DGX-H100's 50)"
+    ),
     "hbm_bandwidth": "vendor datasheets (NVIDIA A100/H100/H200/B200; Cloud TPU v5e/v5p/v6e)",
     "hbm_fraction (GPUs) 0.8": (
         "XLA's GPU cost model for matmuls (xla/service/gpu/model/gpu_dot_fusion_cost_model.cc, "
