@@ -21,6 +21,9 @@ one (:data:`LOW_LATENCY`: a fixed start and under a microsecond a step, at a qua
 bandwidth). :func:`collective_seconds` prices both and takes the faster, so a tensor-parallel
 all-reduce of 16 KB over 8 GPUs costs about 15 us, not 14 steps of ``latency_s``, and a
 gradient all-reduce of gigabytes is priced as before.
+
+While it runs, a GPU collective holds some of the device's multiprocessors
+(:func:`held_share`): compute beside it has the rest.
 """
 
 from __future__ import annotations
@@ -87,6 +90,24 @@ def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int)
         return True
     nodes = groups // node_size
     return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
+
+
+def held_share(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
+    """The share of a GPU's multiprocessors a collective over ``axes`` of a mesh of ``sizes``
+    holds while it runs (NCCL's channels, one multiprocessor each): ``comm_sms_net`` of
+    ``sms`` where a group spans nodes, ``comm_sms`` inside one; 0 on a TPU. Compute beside it
+    runs on the rest (:func:`~shardscope._src.cost.compute.overlap_seconds`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> held_share(hardware("a100"), {"data": 8}, ("data",)) == 24 / 108
+    True
+    >>> held_share(hardware("a100"), {"data": 16}, ("data",)) == 16 / 108
+    True
+    """
+    if not hw.sms:
+        return 0.0
+    across = crosses_nodes(sizes, axes, hw.node_size)
+    return min(hw.comm_sms_net if across else hw.comm_sms, hw.sms) / hw.sms
 
 
 def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
