@@ -475,7 +475,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
 def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str, Any]:
     """The constants the time model used, for the JSON and the report (the fp8 rate and
     fraction when the layers' matmuls run in fp8, a fused attention kernel's rates where
-    the hardware names them)."""
+    the hardware names them, the multiprocessors a GPU's collectives hold)."""
     constants = {
         "matmul_fraction": hw.matmul_fraction,
         "hbm_bandwidth": hw.hbm_bandwidth,
@@ -493,6 +493,8 @@ def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str
         constants.update(
             attention_fwd_flops=hw.attention_fwd_flops, attention_bwd_flops=hw.attention_bwd_flops
         )
+    if hw.comm_sms or hw.comm_sms_net:
+        constants.update(sms=hw.sms, comm_sms=hw.comm_sms, comm_sms_net=hw.comm_sms_net)
     return constants
 
 
