@@ -19,9 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardscope._src.audit.compile import audit
+from shardscope._src.audit.pricing import priced
 from shardscope._src.base.errors import ShardscopeError
 from shardscope._src.hlo.parse import parse_hlo
 from shardscope._src.render.audit import format_audit
+from shardscope._src.targets.hardware import hardware
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hlo_targets"
 GENERATOR = (FIXTURES / "generate.py").read_text().splitlines()
@@ -231,6 +233,20 @@ def test_gpu_async_reduce_scatter_of_combined_gradients_is_counted_once_per_trip
         ((1024, 256), 1024 * 256 * 2, site("fsdp_down")),
     ]
     assert sum(p.traffic_bytes for p in rs.parts) == rs.traffic_bytes
+
+
+def test_a_gpu_audit_charges_a_hidden_collective_the_multiprocessors_it_holds():
+    # At a millionth of the H100's rate the matmul in the reduce-scatter's window outlasts
+    # it; over data=8, one node, its channels still hold 32 of the 132 multiprocessors while
+    # it runs, and it adds that share of its time to the step.
+    name = "h100x8/fsdp_step"
+    a = fixture_audit(name)
+    slow = hardware("h100", peak_flops=989e6)
+    module = parse_hlo((FIXTURES / f"{name}.hlo").read_text())
+    got = {c.name: c.overlap for c in priced(a.collectives, module, a.mesh_axes, slow)}
+    rs = got["reduce-scatter-start"]
+    assert rs.exposed_s == pytest.approx(rs.comm_s * 32 / 132, rel=1e-12)
+    assert rs.hidden_s == pytest.approx(rs.comm_s * 100 / 132, rel=1e-12)
 
 
 def test_tpu_loops_without_known_trip_count_are_counted_from_the_loop():

@@ -312,6 +312,21 @@ def test_exposed_time_is_what_the_window_compute_leaves_of_the_collective():
     assert got["sync"].exposed_s == 2e-3 and got["sync"].hidden_s == 0.0
 
 
+def test_a_hidden_collective_is_exposed_for_the_compute_its_multiprocessors_take():
+    # The all-gather hides behind five trips of the loop, but holds a quarter of the device
+    # while it runs: the compute beside it is a quarter of its time late. The all-reduce
+    # the window covers a third of stays exposed for the rest of it.
+    m, _, _ = _instructions()
+    device = _Device()
+    hidden = roofline_seconds(windows(m)["ars"].compute, device)
+    got = overlaps(
+        m, {"ars": (3 * hidden, True), "ags": (1e-9, True)}, device, {"ars": 0.25, "ags": 0.25}
+    )
+    assert got["ags"].exposed_s == pytest.approx(1e-9 / 4, rel=1e-12)
+    assert got["ags"].hidden_s == pytest.approx(1e-9 * 3 / 4, rel=1e-12)
+    assert got["ars"].exposed_s == pytest.approx(2 * hidden, rel=1e-12)
+
+
 def test_the_gpu_compiler_leaves_the_forward_all_gather_of_a_scanned_fsdp_step_exposed():
     # The H100 compiler starts each layer's weight all-gather in the loop body and waits for
     # it before the layer's first matmul: no matmul sits in the window. The gradient

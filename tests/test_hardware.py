@@ -42,6 +42,9 @@ def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
         (("a100",), {"sms": 10.5}, r"sms=10.5 .* give a whole number of at least 1"),
         (("h100",), {"tile_m": -128}, r"tile_m=-128 is the side of the output tile .*at least 1"),
         (("tpu-v5e",), {"tile_n": 256}, "tile_n=256 on tpu-v5e: it has no streaming"),
+        (("h100",), {"comm_sms": -2}, r"comm_sms=-2 is the multiprocessors a collective holds"),
+        (("a100",), {"comm_sms_net": 200}, r"comm_sms_net=200 is more .* a100 has \(108\)"),
+        (("tpu-v5p",), {"comm_sms": 4}, "a TPU's collectives hold none of its cores"),
     ],
 )
 def test_bad_presets(args, kw, words):

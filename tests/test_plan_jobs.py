@@ -12,7 +12,7 @@ from helpers import assert_usage_error
 from shardscope._src.base.errors import ModelConfigError, StrategyError
 from shardscope._src.bounds import transformer
 from shardscope._src.bounds.terms import Bound, Term, TermRole
-from shardscope._src.cost.links import group_bandwidth
+from shardscope._src.cost.links import group_bandwidth, held_share
 from shardscope._src.model import config as model_config
 from shardscope._src.model.config import ModelConfig, param_shapes
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
@@ -390,6 +390,34 @@ def test_a_gradient_reduction_hides_behind_the_last_backward_up_to_its_length():
     assert long.step_s == pytest.approx(base + 1.0)
 
 
+def test_a_hidden_collective_slows_the_compute_beside_it_by_the_multiprocessors_it_holds():
+    # Half a backward of gradient reduction over two nodes: hidden, but on an H100 its
+    # channels hold 16 of the 132 multiprocessors while it runs, and the backward beside it
+    # goes at the rest of its rate. On a TPU the same costs its compute alone.
+    across = {"data": 16}
+    for name, share in (("h100", 16 / 132), ("tpu-v5p", 0.0)):
+        hw = hardware(name)
+        backward = 2 * 1e15 / (hw.peak_flops * hw.matmul_fraction)
+        held = held_share(hw, across, ("data",))
+        assert held == share
+        base = step_time(hw, _work(), []).step_s
+        got = step_time(hw, _work(), [CommItem("dp", PER_STEP_BWD, backward / 2, held)])
+        assert got.data_exposed_s == 0.0
+        assert got.contention_s == pytest.approx(backward / 2 * share, rel=1e-12, abs=0)
+        assert got.step_s == pytest.approx(base + backward / 2 * share, rel=1e-12)
+        # one that outlasts the slowed backward is exposed for what the backward leaves
+        long = step_time(hw, _work(), [CommItem("dp", PER_STEP_BWD, backward + 1.0, held)])
+        assert long.step_s == pytest.approx(base + 1.0, rel=1e-12)
+        assert long.contention_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_collective_holds_two_multiprocessors_a_link_inside_a_node_and_a_card_across():
+    h100 = hardware("h100")
+    assert held_share(h100, {"data": 8}, ("data",)) == 32 / 132
+    assert held_share(h100, {"data": 2, "model": 8}, ("model",)) == 32 / 132
+    assert held_share(h100, {"data": 2, "model": 8}, ("data",)) == 16 / 132
+
+
 def test_the_reductions_of_one_step_share_the_last_backward():
     # Two gradient all-reductions of 0.6 backward each: each would hide alone, together
     # they take 1.2 backwards on the same links, and 0.2 of one is exposed.
@@ -702,7 +730,12 @@ def test_a_program_that_computes_more_is_slower_by_that_work_at_the_matmul_rate(
     as_formula = [_as_compiled(t) for t in s.bound.terms]
     own = s.pricing.work.step_matmul_flops
     same = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER, own)
-    assert same.step_s == pytest.approx(s.time.step_s, rel=1e-12)
+    # The same work; the collectives, each its own latency where the formula gathers a
+    # layer's weights in one, hold the multiprocessors a little longer beside it.
+    assert same.compute_s == pytest.approx(s.time.compute_s, rel=1e-12)
+    assert same.step_s - same.contention_s == pytest.approx(
+        s.time.step_s - s.time.contention_s, rel=1e-12
+    )
     # A matmul the formula does not count, 5% of the step's, in each micro-batch.
     extra = 0.05 * own
     more = compiled_step(hw, s.pricing, as_formula, s.bound, GPU_COMPILER, own + extra)

@@ -4,9 +4,14 @@ A scheduled module (``is_scheduled=true``: what ``compiled.as_text()`` prints) l
 computation's instructions in the order the device runs them. An asynchronous collective is a
 ``*-start`` and its ``*-done``: the transfer runs while the instructions scheduled between the
 two run, and the ``-done`` waits for what is left of it. So the compute between them is what
-can hide the collective, and whatever of its time that compute does not cover is exposed:
+can hide the collective, and whatever of its time that compute does not cover is exposed,
+or, where it is less, the compute the collective takes from the window (on a GPU a
+collective holds some of the multiprocessors while it runs, and the compute beside it goes
+at the rest of its rate: :func:`~shardscope._src.cost.compute.overlap_seconds`, the
+training step's rule too):
 
-    exposed = max(0, collective time - compute time scheduled inside its window)
+    exposed = max(collective time - compute time scheduled inside its window,
+                  collective time x its share of the multiprocessors)
 
 Compute time is the roofline of what the window's instructions compute and move
 (:func:`~shardscope._src.cost.compute.roofline_seconds` of their counts from
@@ -30,7 +35,7 @@ from typing import Any, NamedTuple
 from shardscope._src.audit.loops import derived_trip_count, known_trip_count
 from shardscope._src.base import comm
 from shardscope._src.base.records import Record, field_of, record_dict
-from shardscope._src.cost.compute import Roofline, roofline_seconds
+from shardscope._src.cost.compute import Roofline, overlap_seconds, roofline_seconds
 from shardscope._src.hlo.cost import (
     FREE,
     Cost,
@@ -89,9 +94,11 @@ class Overlap(Record):
     """One execution of a collective (the :class:`Collective` that holds it): its time, and
     how much of it the compute scheduled alongside hides.
 
-    ``hidden_s`` is the compute time inside its window (capped at the collective's own
-    time), ``exposed_s`` what of the collective's time is left over (all of it for a
-    synchronous collective).
+    ``exposed_s`` is what the collective adds to the step: what of its time the compute
+    inside its window does not cover (all of it for a synchronous collective), or the
+    compute it takes from the window, whichever is more
+    (:func:`~shardscope._src.cost.compute.overlap_seconds`); ``hidden_s`` the rest of its
+    time.
     """
 
     is_async: bool
@@ -439,19 +446,24 @@ def windows(module: HloModule) -> dict[str, Window]:
 
 
 def overlaps(
-    module: HloModule, collectives: Mapping[str, tuple[float, bool]], device: Roofline
+    module: HloModule,
+    collectives: Mapping[str, tuple[float, bool]],
+    device: Roofline,
+    held: Mapping[str, float] | None = None,
 ) -> dict[str, Overlap]:
     """How much of each collective the compute beside it hides.
 
     ``collectives`` maps each collective's instruction name (a ``-start`` for an asynchronous
     one; names are unique in a module) to its time by the communication model and whether it
-    is asynchronous.
+    is asynchronous; ``held`` the share of the device's multiprocessors each holds while it
+    runs (:func:`~shardscope._src.cost.links.held_share`; none given: 0).
     """
     found = windows(module)
+    shares = held or {}
     out = {}
     for name, (seconds, is_async) in collectives.items():
         window = found.get(name) if is_async else None
         compute = roofline_seconds(window.compute, device) if window is not None else 0.0
-        hidden = min(seconds, compute)
-        out[name] = Overlap(is_async, seconds, hidden, seconds - hidden, window)
+        exposed = overlap_seconds(compute, seconds, seconds * shares.get(name, 0.0))
+        out[name] = Overlap(is_async, seconds, seconds - exposed, exposed, window)
     return out

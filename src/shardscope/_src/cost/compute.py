@@ -18,6 +18,10 @@ price from FLOPs and bytes.
   ``kernel_launch_s`` (:func:`launch_seconds`); elsewhere (a TPU, one program whose copies
   into on-chip memory run beside its matmuls) a step takes the slower of its arithmetic and
   its traffic, the :func:`roofline` (:func:`work_seconds` applies the rule of the family).
+* **collectives beside compute** (hidden behind it) add what the compute does not cover, or
+  what they take from it, whichever is more (:func:`overlap_seconds`): on a GPU a collective
+  holds some of the multiprocessors while it runs (NCCL's channels, one each), and the
+  compute goes at the rest of its rate.
 
 Each constant's source is in :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`.
 """
@@ -330,6 +334,25 @@ def hidden_seconds(compute_s: float, comm_s: float) -> float:
     2.0
     """
     return max(compute_s, comm_s)
+
+
+def overlap_seconds(compute_s: float, comm_s: float, held_s: float = 0.0) -> float:
+    """What collectives of ``comm_s`` seconds add to compute of ``compute_s`` seconds that
+    runs beside them: the communication the compute does not cover, or the compute they take
+    from it, whichever is more. ``held_s`` is each collective's seconds times the share of
+    the device's multiprocessors it holds while it runs
+    (:func:`~shardscope._src.cost.links.held_share`; 0 on a TPU, whose transfers are DMAs
+    beside its cores). The compute goes at the rest of its rate while they run: where they
+    outlast it the two take ``comm_s``, otherwise the compute finishes ``held_s`` late, so
+    together they take ``max(comm_s, compute_s + held_s)``. The one overlap rule of the
+    training step and of the audit's exposed time.
+
+    >>> overlap_seconds(10.0, 4.0, 4.0 * 0.25)  # hidden: the compute a quarter slower for 4 s
+    1.0
+    >>> overlap_seconds(2.0, 4.0, 4.0 * 0.25)  # exposed: what the compute does not cover
+    2.0
+    """
+    return max(0.0, comm_s - compute_s, held_s)
 
 
 def by_kernel(hw: Hardware) -> bool:

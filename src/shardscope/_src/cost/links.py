@@ -30,6 +30,9 @@ half the group's size in hops (:func:`ici_hops`), and each hop costs the longer 
 latency (``latency_s``, about a microsecond) and its share of the traffic: an execution
 takes the longer of its hops' latency and its traffic's time, not their sum. Groups that
 cross slices (over the data-center network) keep the alpha-beta sum.
+
+While it runs, a GPU collective holds some of the device's multiprocessors
+(:func:`held_share`): compute beside it has the rest.
 """
 
 from __future__ import annotations
@@ -97,6 +100,24 @@ def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int)
         return True
     nodes = groups // node_size
     return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
+
+
+def held_share(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
+    """The share of a GPU's multiprocessors a collective over ``axes`` of a mesh of ``sizes``
+    holds while it runs (NCCL's channels, one multiprocessor each): ``comm_sms_net`` of
+    ``sms`` where a group spans nodes, ``comm_sms`` inside one; 0 on a TPU. Compute beside it
+    runs on the rest (:func:`~shardscope._src.cost.compute.overlap_seconds`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> held_share(hardware("a100"), {"data": 8}, ("data",)) == 24 / 108
+    True
+    >>> held_share(hardware("a100"), {"data": 16}, ("data",)) == 16 / 108
+    True
+    """
+    if not hw.sms:
+        return 0.0
+    across = crosses_nodes(sizes, axes, hw.node_size)
+    return min(hw.comm_sms_net if across else hw.comm_sms, hw.sms) / hw.sms
 
 
 def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:

@@ -375,6 +375,11 @@ def time_breakdown(p: Plan) -> list[str]:
         ),
         ("data-parallel / FSDP / ZeRO collectives", t.data_comm_s, e and e.data_comm_s),
         ("of which exposed (not hidden behind compute)", t.data_exposed_s, e and e.data_exposed_s),
+        (
+            "compute slowed by the collectives hidden behind it (the multiprocessors they hold)",
+            t.contention_s,
+            e and e.contention_s,
+        ),
         ("pipeline stage-to-stage transfers", t.p2p_s, e and e.p2p_s),
         (
             f"pipeline bubble ({t.bubble_fraction:.0%} of the pipeline)",

@@ -63,6 +63,11 @@ class Hardware(Record):
         whatever their shape.
       tile_m, tile_n: the output tile one multiprocessor computes of a GPU matmul (rows of
         its tokens by columns of its weights; see :data:`TIME_MODEL_SOURCES`).
+      comm_sms, comm_sms_net: the multiprocessors a large collective holds while it runs
+        (NCCL's channels, one thread block and one multiprocessor each), inside a node and
+        across nodes: compute running beside it has the rest
+        (:func:`~shardscope._src.cost.compute.overlap_seconds`; see
+        :data:`TIME_MODEL_SOURCES`). 0 on a TPU, whose transfers are DMAs beside its cores.
     """
 
     name: str
@@ -88,6 +93,8 @@ class Hardware(Record):
     sms: int = 0
     tile_m: int = 128
     tile_n: int = 128
+    comm_sms: int = 0
+    comm_sms_net: int = 0
 
     @property
     def has_fp8(self) -> bool:
@@ -103,7 +110,9 @@ TIME_MODEL_SOURCES = {
         "communication and element-wise work included), each planned at its configuration: "
         "the value at which the screening estimate's mean error over the four is zero "
         "(-2.7%, -1.2%, +2.5%, +1.5%); 0.673 of the A100's best matmul (271.2 of 312 "
-        "TFLOP/s, 86.9%)"
+        "TFLOP/s, 86.9%). Fitted before the multiprocessors a hidden collective holds were "
+        "priced (comm_sms): with them the four are -2.4%, -0.7%, +3.5%, +2.3% (mean +0.7%), "
+        "not fitted again"
     ),
     "matmul_fraction (H100, H200) 0.54, (B200) 0.52": (
         "the A100's 0.585 scaled by each GPU's maximum achievable matmul FLOPS against its "
@@ -227,6 +236,34 @@ TIME_MODEL_SOURCES = {
         "every 8 cycles (scaling book part 2), so a few tokens' rows are not padded to 128; "
         "their matmuls run at matmul_fraction whatever their shape"
     ),
+    "comm_sms (A100 24, H100, H200 and B200 32), comm_sms_net 16 (GPUs); TPUs 0": (
+        "a collective running beside compute holds some of the GPU's multiprocessors and the "
+        "compute runs on the rest: NCCL runs each channel as one thread block on its own "
+        "multiprocessor (NVIDIA/nccl issue 689, sjeaugey: 'NCCL CTAs won't share an SM with "
+        "compute kernels'; 'NCCL uses the minimal number of SMs to achieve the performance of "
+        "the platform ... If you are on DGX with 8 NICs and a top speed of 190 GB/s, then it "
+        "would use 16 SMs': comm_sms_net, across nodes), and over NVLink two a link (issue "
+        "1703, AddyLaddy: 'we need to launch 2 CTAs per NVLink in order to saturate the BW "
+        "for large messages'): the A100's 12 links 24 channels (nccl-tests issue 100, an HGX "
+        "A100's log: 'Channel 23/24'), Hopper's 18 ('Hopper generation GPUs have 18 NVLink "
+        "channels between the GPU and NVSwitch and the number of NCCL channels is directly "
+        "related to that', issue 1429) 32, NCCL's most ('MAXCHANNELS:32 definded by NCCL', "
+        "the same issue); the B200's NVLink 5 taken as Hopper's (18 links of 50 GB/s make "
+        "its 900). The share "
+        "of the SMs is a floor of the slowdown measured: Lee et al. 2025 (arXiv 2507.03114, "
+        "4 A100s, H100s, MI250s, MI210s, GPT and Llama layers) 'overlapping computation and "
+        "communication can result in an average computational slowdown of 18.9%, with a "
+        "maximum of 40.0% slowdown'; what is not priced: the memory bandwidth the "
+        "collective reads and writes (issue 1433, sjeaugey: 'You may not compete for SMs but "
+        "still compete for memory bandwidth') and a matmul's last wave pushed past the SMs "
+        "left (forums.developer.nvidia.com, 'Compute-Communication Overlap Causes Severe GEMM "
+        "Performance Degradation because of Tail Effect': an H100 GEMM of 132 blocks beside "
+        "an all-gather of 24, 'the gemm kernel's execution time nearly doubles'). TPUs 0: "
+        "a TPU's transfers are DMAs its TensorCore issues and computes beside (JAX's Pallas "
+        "TPU docs: 'communication using the remote DMA primitive'; 'Pallas Async "
+        "Operations': 'z = x + 1  # happens at the same time as ppermute'), a reduction's "
+        "additions not priced"
+    ),
     "host_memory_bytes, host_bandwidth": (
         "GPUs: the DGX system's memory over its 8 GPUs (DGX A100 and H100/H200: 2 TB, DGX "
         "B200: 4 TB) and one PCIe x16 link each way (Gen4 32 GB/s on the A100, Gen5 64 GB/s "
@@ -263,6 +300,8 @@ PRESETS: dict[str, Hardware] = {
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
             sms=108,
+            comm_sms=24,
+            comm_sms_net=16,
         ),
         Hardware(
             "h100",
@@ -282,6 +321,8 @@ PRESETS: dict[str, Hardware] = {
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
             sms=132,
+            comm_sms=32,
+            comm_sms_net=16,
         ),
         Hardware(
             "h200",
@@ -301,6 +342,8 @@ PRESETS: dict[str, Hardware] = {
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
             sms=132,
+            comm_sms=32,
+            comm_sms_net=16,
         ),
         Hardware(
             "b200",
@@ -320,6 +363,8 @@ PRESETS: dict[str, Hardware] = {
             kernel_launch_s=1e-6,
             hbm_fraction=0.8,
             sms=148,
+            comm_sms=32,
+            comm_sms_net=16,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -383,6 +428,9 @@ MAX_KERNEL_LAUNCH_S = 1e-3
 #: The settings of a GPU matmul's tiling: its multiprocessors and the output tile each runs.
 GEMM_TILING = ("sms", "tile_m", "tile_n")
 
+#: The multiprocessors a collective holds while it runs, inside a node and across nodes.
+COMM_SMS = ("comm_sms", "comm_sms_net")
+
 
 def _tiling(base: Hardware, key: str, value: Any) -> int:
     """``value`` of the tiling setting ``key`` on ``base``, checked: a whole positive number,
@@ -428,6 +476,16 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         if key in GEMM_TILING:
             overrides[key] = _tiling(base, key, value)
             continue
+        if key in COMM_SMS:
+            whole = isinstance(value, int | float) and not isinstance(value, bool)
+            if not whole or not math.isfinite(value) or value != int(value) or value < 0:
+                raise ShardscopeError(
+                    f"hardware setting {key}={value!r} is the multiprocessors a collective "
+                    f"holds while it runs ({getattr(base, key)} on {base.name}): give a whole "
+                    f"number of at least 0"
+                )
+            overrides[key] = int(value)
+            continue
         # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
         # fp8 matmuls, no attention rates (0) attention at the matmul rate, no launch time
         # (0) kernels launched for free; every other value is positive.
@@ -467,6 +525,13 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         + ", ".join(f"{k}={v:g}" for k, v in overrides.items())
         + ")",
     )
+    for key in COMM_SMS:
+        if key in overrides and getattr(hw, key) > hw.sms:
+            raise ShardscopeError(
+                f"hardware setting {key}={getattr(hw, key)} is more multiprocessors than "
+                f"{hw.name} has ({hw.sms}); give at most {hw.sms}"
+                + ("" if hw.sms else " (a TPU's collectives hold none of its cores)")
+            )
     rates = (hw.attention_fwd_flops, hw.attention_bwd_flops)
     if (rates[0] > 0) != (rates[1] > 0):
         raise ShardscopeError(

@@ -70,7 +70,12 @@ Per micro-batch on the slowest pipeline stage, one device:
   accumulated over the micro-batches and all-reduced once, behind the last micro-batch's
   backward (Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync`` all schedule it so); ZeRO's
   all-gather of the updated parameters, once per step, behind one micro-batch's forward.
-  What does not fit its window is exposed.
+  What does not fit its window is exposed. On a GPU what does fit is not free: each
+  collective holds its share of the multiprocessors while it runs
+  (:func:`~shardscope._src.cost.links.held_share`: NCCL's channels), and the window's
+  compute goes at the rest of its rate, so the two take ``max(c, w + c x share)``
+  (:func:`~shardscope._src.cost.compute.overlap_seconds`; ``contention_s``, beyond what is
+  exposed). The same rule holds the tensor-parallel collectives a TPU overlaps, at no share.
 * **host offload** (``remat="offload"``): each layer's offloaded tensors are copied to host
   memory during the forward and back during the backward, over the host link
   (``host_bandwidth``), beside the compute: a pass lasts as long as the longer of the two.
@@ -108,10 +113,16 @@ from shardscope._src.cost.compute import (
     fused_attention_seconds,
     matmul_read_seconds,
     matmul_seconds,
+    overlap_seconds,
     stream_seconds,
 )
 from shardscope._src.cost.flops import attention_core_flops, weight_flops
-from shardscope._src.cost.links import alpha_beta_seconds, collective_seconds, stage_bandwidth
+from shardscope._src.cost.links import (
+    alpha_beta_seconds,
+    collective_seconds,
+    held_share,
+    stage_bandwidth,
+)
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.model.remat import PROJECTIONS, remat_policy
@@ -178,11 +189,14 @@ PER_STEP_FWD = OverlapClass.PER_STEP_FWD
 
 @dataclass(frozen=True)
 class CommItem:
-    """Collectives of one class: ``seconds`` over the whole step, alpha and beta together."""
+    """Collectives of one class: ``seconds`` over the whole step, alpha and beta together;
+    ``held``: the share of a GPU's multiprocessors they hold while they run
+    (:func:`~shardscope._src.cost.links.held_share`)."""
 
     what: str
     cls: OverlapClass
     seconds: float
+    held: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -351,6 +365,9 @@ class StepTime(Record):
     #: the step's copies to and from host memory (``remat="offload"``), hidden behind the
     #: forward and backward they run beside as far as those last
     offload_s: float = 0.0
+    #: the compute the collectives hidden behind it take from it (on a GPU their
+    #: multiprocessors' share of their time), beyond ``data_exposed_s``
+    contention_s: float = 0.0
 
 
 def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
@@ -402,7 +419,8 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     fwd = max(fwd, host)
     bwd = max(bwd, host) if work.train else 0.0
     tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
-    tp_exposed = max(0.0, tp / m - (fwd + bwd)) if hw.tp_overlap else tp / m
+    tp_held = sum(c.seconds * c.held for c in comm if c.cls == CRITICAL)
+    tp_exposed = overlap_seconds(fwd + bwd, tp / m, tp_held / m) if hw.tp_overlap else tp / m
     # one point-to-point transfer: one latency, its bytes at the bandwidth between stages
     p2p_one = (
         alpha_beta_seconds(1, hw.latency_s, work.p2p_bytes, work.p2p_bandwidth) if p > 1 else 0.0
@@ -414,26 +432,29 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     pipeline = (v * m + p - 1) * slot
     # The collectives of one class share its window: they go over the same links one after
     # another, so what exceeds the window in all is exposed.
-    by_class: dict[OverlapClass, float] = {}
+    # On a GPU each holds some of the multiprocessors while it runs, and the compute beside
+    # it goes at the rest of its rate (overlap_seconds).
+    by_class: dict[OverlapClass, tuple[float, float]] = {}
     for c in comm:
         if c.cls != CRITICAL:
-            by_class[c.cls] = by_class.get(c.cls, 0.0) + c.seconds
-    data = sum(by_class.values())
-    exposed = 0.0
-    for cls, seconds in by_class.items():
-        if cls == PER_MICROBATCH_FWD_BWD:
-            exposed += m * max(0.0, seconds / m - (fwd + bwd))
-        elif cls == PER_MICROBATCH_BWD:
-            exposed += m * max(0.0, seconds / m - bwd)
-        elif cls == PER_STEP_BWD:
-            exposed += max(0.0, seconds - bwd)
-        else:
-            exposed += max(0.0, seconds - fwd)
+            seconds, held = by_class.get(c.cls, (0.0, 0.0))
+            by_class[c.cls] = (seconds + c.seconds, held + c.seconds * c.held)
+    data = sum(seconds for seconds, _ in by_class.values())
+    exposed = added = 0.0
+    for cls, (seconds, held) in by_class.items():
+        # the window each repetition hides behind, and how often it repeats
+        window, n = {
+            PER_MICROBATCH_FWD_BWD: (fwd + bwd, m),
+            PER_MICROBATCH_BWD: (bwd, m),
+            PER_STEP_BWD: (bwd, 1),
+        }.get(cls, (fwd, 1))
+        exposed += n * max(0.0, seconds / n - window)
+        added += n * overlap_seconds(window, seconds / n, held / n)
     optimizer = stream_seconds(hw, work.optimizer_params * OPTIMIZER_BYTES) if work.train else 0.0
     if work.train and work.host_optimizer_bytes:
         # In from the host before the update and back after it, after the last backward.
         optimizer += 2 * work.host_optimizer_bytes / work.host_bandwidth
-    step = pipeline + exposed + optimizer
+    step = pipeline + added + optimizer
     compute = m * (fwd + bwd)
     return StepTime(
         compute_s=compute,
@@ -447,13 +468,14 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         mfu=work.model_flops / (work.devices * hw.peak_flops * step) if step > 0 else 0.0,
         bubble_fraction=(p - 1) / (v * m + p - 1),
         offload_s=2 * m * host,
+        contention_s=added - exposed,
     )
 
 
 def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str, Any]:
     """The constants the time model used, for the JSON and the report (the fp8 rate and
     fraction when the layers' matmuls run in fp8, a fused attention kernel's rates where
-    the hardware names them)."""
+    the hardware names them, the multiprocessors a GPU's collectives hold)."""
     constants = {
         "matmul_fraction": hw.matmul_fraction,
         "hbm_bandwidth": hw.hbm_bandwidth,
@@ -471,6 +493,8 @@ def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str
         constants.update(
             attention_fwd_flops=hw.attention_fwd_flops, attention_bwd_flops=hw.attention_bwd_flops
         )
+    if hw.comm_sms or hw.comm_sms_net:
+        constants.update(sms=hw.sms, comm_sms=hw.comm_sms, comm_sms_net=hw.comm_sms_net)
     return constants
 
 
@@ -749,10 +773,10 @@ def comm_items(
             together[key] = ([*names, t.what], sent + traffic)
             continue
         seconds = collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count)
-        items.append(CommItem(t.what, cls, seconds))
+        items.append(CommItem(t.what, cls, seconds, held_share(hw, sizes, t.axes)))
     for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
         seconds = collective_seconds(hw, sizes, kind, axes, group, sent, count)
-        items.append(CommItem("; ".join(names), cls, seconds))
+        items.append(CommItem("; ".join(names), cls, seconds, held_share(hw, sizes, axes)))
     return items
 
 
@@ -798,6 +822,7 @@ def compiled_comm_items(
                     collective_seconds(
                         hw, sizes, REDUCE_SCATTER, axes, c.group_size, as_scatter / 2, c.count
                     ),
+                    held_share(hw, sizes, axes),
                 )
             )
             traffic -= as_scatter
@@ -809,6 +834,7 @@ def compiled_comm_items(
                     c.op_name or kind,
                     cls,
                     collective_seconds(hw, sizes, kind, axes, c.group_size, traffic, c.count),
+                    held_share(hw, sizes, axes),
                 )
             )
     return items
