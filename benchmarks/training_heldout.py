@@ -12,7 +12,8 @@ distributed optimizer are ``zero1_sp_cp`` on ``stage=P,data=D,context=C,model=T`
 global batch over the micro-batch times the data-parallel ways. Nothing here is fitted: the
 H100 preset's constants are the planner's own; only what a source states is set (the cuDNN
 fused attention that Transformer Engine and MaxText's ``cudnn_flash_te`` run, at its measured
-H100 rates, and torchtitan's power-limited 96 GB H100s as ``calibration.py`` sets them).
+H100 rates, FlashAttention-2's where a recipe turns cuDNN's off, and torchtitan's
+power-limited 96 GB H100s as ``calibration.py`` sets them).
 
 Per row: the predicted step, the measured one, the signed error, and whether the plan fits
 the device it ran on; a run that ran and is called a misfit is counted, and its memory
@@ -163,6 +164,7 @@ def _nemo(
     fp8: bool = False,
     remat: str = "none",
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    attention: str = "cudnn",
 ) -> Run:
     """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
     launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
@@ -170,7 +172,9 @@ def _nemo(
     ``mcore_distributed_optim``: ZeRO-1) over the data and context ranks, and the
     recomputation (``activations_checkpoint_granularity``: ``null`` is ``remat="none"``) and
     model-state bytes a parameter its configuration writes (fp32 optimizer state unless it
-    says otherwise)."""
+    says otherwise), and Transformer Engine's attention backend (cuDNN's fused attention
+    unless the recipe sets ``NVTE_FUSED_ATTN=0``, which leaves TE's FlashAttention-2
+    backend)."""
     data = gpus // (tp * pp * cp)
     mesh = tuple(
         (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
@@ -192,6 +196,7 @@ def _nemo(
         virtual_stages=vp,
         matmul_dtype="fp8" if fp8 else "bfloat16",
         instead=instead,
+        overrides=h100_attention(attention),
         vocab_split=tp > 1,
         bytes_per_param=bytes_per_param,
     )
@@ -309,7 +314,8 @@ _nemotron15 = partial(_nemo, "Nemotron-4 15B", tp=4, mbs=4, source=_N15)
 #: ``setup_optimization`` passes ``optim.dtype`` to Apex's DistributedFusedAdam ("dtype:
 #: datatype for optimizer state") and, as it equals the bf16 model's, sets
 #: ``store_params=False``: bf16 Adam moments and no master copy, 2 + 2 bytes a parameter
-#: beside the bf16 weight and gradient (grad_sync_dtype bf16): 8, not 16.
+#: beside the bf16 weight and gradient (grad_sync_dtype bf16): 8, not 16. Its configure.sh
+#: sets ``NVTE_FUSED_ATTN=0`` for the 340B (1 for the 15B): FlashAttention-2's rates.
 NEMOTRON_340B_BYTES_PER_PARAM = 2 + 2 + 2 + 2
 _nemotron340 = partial(
     _nemo,
@@ -321,6 +327,7 @@ _nemotron340 = partial(
     quote=_N340Q,
     remat="selective",
     bytes_per_param=NEMOTRON_340B_BYTES_PER_PARAM,
+    attention="flash-attention-2",
 )
 _gpt3 = partial(_nemo, "GPT-3 175B", tp=4, pp=8, vp=12, source=_GPT3)
 
