@@ -210,7 +210,8 @@ def on_target(p: Plan, hw: Hardware, target: Target) -> Plan:
     if room is not None and p.memory.device_optimizer:
         values.update(room_bytes=room, optimizer_bytes=p.memory.device_optimizer)
     note = Note(PlanNote.COMPILED_BY_TARGET, values)
-    kept = p.notes
+    # The fit is the target's now (its note says on what), not the estimate's.
+    kept = tuple(n for n in p.notes if n.kind != PlanNote.FIT_ON_ESTIMATE)
     if facts.error is None:
         # The plan's collectives become the target's: so does the note on a reduce-scatter
         # left out, which its compiler's record decides.
@@ -221,7 +222,7 @@ def on_target(p: Plan, hw: Hardware, target: Target) -> Plan:
             PlanNote.REMATERIALIZATION,
             PlanNote.COMPILED_FLOPS,
         )
-        kept = tuple(n for n in p.notes if n.kind not in replaced)
+        kept = tuple(n for n in kept if n.kind not in replaced)
         capabilities = target.capabilities
         rs = reduce_scatter_note(bound, facts.collectives, capabilities)
         kept = kept if rs is None else (rs, *kept)
