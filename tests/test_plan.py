@@ -575,6 +575,40 @@ def test_a_target_compile_takes_the_word_on_the_fit_from_the_estimate(sweep, mon
     assert PlanNote.FIT_ON_ESTIMATE in kinds["failed"]
 
 
+def test_a_pipeline_plans_target_memory_says_what_its_stage_does_not_hold(sweep, monkeypatch):
+    from shardscope._src.cost.memory import CompiledMemory
+    from shardscope._src.train import target
+    from shardscope._src.train.types import Candidate
+
+    p = sweep.plans[0]
+    layers = p.program.config.layers
+    # the plan as one of 2 stages of an interleaved 1F1B (2 virtual stages, 4 micro-batches)
+    staged = Candidate(p.strategy, MeshShape.of({"stage": 2, **p.mesh}), 4, "none",
+                       virtual_stages=2)  # fmt: skip
+    gib = 2**30
+    held = CompiledMemory(argument_size_in_bytes=gib, temp_size_in_bytes=gib)
+    monkeypatch.setattr(
+        target, "target_facts", lambda program, t, room: target.TargetFacts("h100", held)
+    )
+    values = target.on_target(replace(p, candidate=staged), sweep.hardware, TARGETS["h100"])
+    values = values.notes[0].values
+    # Megatron's first stage runs (p - 1) x 2 + (v - 1) x p warm-up chunks and one more
+    # before its first backward: 2 + 2 + 1 = 5 chunks of layers / 2
+    assert (values.stage_layers, values.held_layers) == (layers, 5 * (layers // 2))
+    note = PlanNote.COMPILED_BY_TARGET.describe(
+        {"target": "h100", "memory_bytes": 40 * gib, "estimate_bytes": 60 * gib,
+         "fit_bytes": 50 * gib, "stage_layers": 12, "held_layers": 103}  # fmt: skip
+    )
+    assert note.endswith(
+        "the fit is judged on the compiler's 50 GiB (its buffers and 10 GiB of optimizer state), "
+        "what its program allocates with its own fusions, schedule and rematerialization, where "
+        "the estimate counts by formula what each layer keeps; but the program runs one pipeline "
+        "stage's micro-batches one after another, holding one micro-batch's activations through "
+        "its 12 layers, where the first stage of the 1F1B schedule holds 103 layers' at once (the "
+        "estimate counts them)"
+    )
+
+
 def test_forward_mode_needs_no_data_parallel_communication():
     result = plan("tiny", 8, mode="forward", strategies=["dp", "tp"], workers=0, compiler="cpu")
     dp = next(p for p in result.plans if p.strategy == "dp")

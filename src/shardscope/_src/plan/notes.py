@@ -186,6 +186,8 @@ class CompiledByTargetValues(NoteValues):
         "room_bytes",
         "optimizer_bytes",
         "fit_bytes",
+        "stage_layers",
+        "held_layers",
     )
 
     target: str
@@ -197,6 +199,11 @@ class CompiledByTargetValues(NoteValues):
     #: what the fit is judged on: the buffers and the optimizer state beside them (None in
     #: a note written before it was kept)
     fit_bytes: int | None = None
+    #: a pipeline stage's program: its layers (one micro-batch's activations through them at
+    #: a time), and the layers' activations the first stage of its 1F1B schedule holds at
+    #: once (:attr:`~shardscope._src.plan.estimates.Schedule.in_flight` chunks)
+    stage_layers: int | None = None
+    held_layers: int | None = None
 
 
 #: How far a compiler's memory may stand from the estimate before a plan says which of the
@@ -515,12 +522,20 @@ def _compiled_by_target(v: CompiledByTargetValues) -> str:
         return text
     state = fit - (v.memory_bytes or 0)
     beside = f" and {format_bytes(state)} of optimizer state" * bool(state)
-    return (
+    text = (
         f"{text}; the two disagree by {fit / estimate - 1:+.0%}: the fit is judged on the "
         f"compiler's {format_bytes(fit)} (its buffers{beside}), what its program allocates "
         f"with its own fusions, schedule and rematerialization, where the estimate counts by "
         f"formula what each layer keeps"
     )
+    if v.stage_layers is not None and v.held_layers is not None:
+        text += (
+            f"; but the program runs one pipeline stage's micro-batches one after another, "
+            f"holding one micro-batch's activations through its {v.stage_layers} layers, where "
+            f"the first stage of the 1F1B schedule holds {v.held_layers} layers' at once (the "
+            f"estimate counts them)"
+        )
+    return text
 
 
 def _fit_on_estimate(v: FitOnEstimateValues) -> str:

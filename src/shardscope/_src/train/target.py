@@ -23,6 +23,7 @@ from shardscope._src.base.notes import Note
 from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.plan.collectives import PlanCollective, axis_comm
 from shardscope._src.plan.compile import Progress, compile_plan
+from shardscope._src.plan.estimates import Schedule
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
@@ -205,6 +206,13 @@ def on_target(p: Plan, hw: Hardware, target: Target) -> Plan:
         # what the fit is judged on: the program's buffers and the optimizer state beside
         # them (Plan.fit_memory_bytes_per_device)
         values["fit_bytes"] = facts.memory_bytes_per_device + p.memory.device_optimizer
+        cand = p.candidate
+        if cand is not None and cand.stages > 1:
+            # one stage's program, its micro-batches one after another; 1F1B holds more
+            sched = Schedule(cand.microbatches, cand.remat, cand.stages, False, cand.virtual_stages)
+            layers = program.config.layers
+            values["stage_layers"] = layers
+            values["held_layers"] = layers // cand.virtual_stages * sched.in_flight
     else:
         values = {"target": target.name, "error": facts.error}
     if room is not None and p.memory.device_optimizer:
