@@ -311,10 +311,13 @@ _nemotron15 = partial(_nemo, "Nemotron-4 15B", tp=4, mbs=4, source=_N15)
 #: The 340B benchmark runs the recipe's own nemotron4-340b-synth.yaml (configure.sh), not the
 #: launcher's nemotron_340b.yaml: ``activations_checkpoint_granularity: selective`` and
 #: ``optim: {name: distributed_fused_adam, dtype: bf16, grad_sync_dtype: bf16}``. NeMo's
-#: ``setup_optimization`` passes ``optim.dtype`` to Apex's DistributedFusedAdam ("dtype:
-#: datatype for optimizer state") and, as it equals the bf16 model's, sets
-#: ``store_params=False``: bf16 Adam moments and no master copy, 2 + 2 bytes a parameter
-#: beside the bf16 weight and gradient (grad_sync_dtype bf16): 8, not 16. Its configure.sh
+#: ``MegatronBaseModel.setup_optimization`` passes ``optim.dtype`` to Apex's
+#: DistributedFusedAdam ("dtype: datatype for optimizer state") and, as it equals the bf16
+#: model's, sets ``store_params=False``: bf16 Adam moments and no master copy, 2 + 2 bytes a
+#: parameter beside the bf16 weight and gradient (grad_sync_dtype bf16): 8, not 16. (NeMo
+#: releases before it read ``optim.dtype`` forced fp32 moments with 16-bit remainders of the
+#: master weights, 14 bytes: 76.6 GiB on the first stage at 128 GPUs, with no room for the
+#: run's buffers on an 80 GB H100.) Its configure.sh
 #: sets ``NVTE_FUSED_ATTN=0`` for the 340B (1 for the 15B): FlashAttention-2's rates.
 NEMOTRON_340B_BYTES_PER_PARAM = 2 + 2 + 2 + 2
 _nemotron340 = partial(
