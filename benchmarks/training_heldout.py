@@ -12,7 +12,8 @@ distributed optimizer are ``zero1_sp_cp`` on ``stage=P,data=D,context=C,model=T`
 global batch over the micro-batch times the data-parallel ways. Nothing here is fitted: the
 H100 preset's constants are the planner's own; only what a source states is set (the cuDNN
 fused attention that Transformer Engine and MaxText's ``cudnn_flash_te`` run, at its measured
-H100 rates, and torchtitan's power-limited 96 GB H100s as ``calibration.py`` sets them).
+H100 rates, FlashAttention-2's where a recipe turns cuDNN's off, and torchtitan's
+power-limited 96 GB H100s as ``calibration.py`` sets them).
 
 Per row: the predicted step, the measured one, the signed error, and whether the plan fits
 the device it ran on; a run that ran and is called a misfit is counted, and its memory
@@ -54,6 +55,7 @@ import calibration  # noqa: E402
 from shardscope import ModelConfig, ShardscopeError, hardware, plan  # noqa: E402
 from shardscope._src.base.text import format_mesh_spec  # noqa: E402
 from shardscope._src.model.presets import model_preset  # noqa: E402
+from shardscope._src.plan.estimates import DEFAULT_BYTES_PER_PARAM  # noqa: E402
 from shardscope._src.targets.hardware import h100_attention  # noqa: E402
 from shardscope._src.train.candidates import estimate  # noqa: E402
 from shardscope._src.train.types import Candidate, Screened  # noqa: E402
@@ -99,6 +101,9 @@ class Run:
     vocab_split: bool = False
     #: why the planner cannot write this run (it is then not planned)
     cannot: str = ""
+    #: model-state bytes a parameter (the planner's ``bytes_per_param``): 16 for fp32 master
+    #: weights and Adam moments beside the 16-bit weights and gradients
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM
 
     @property
     def devices(self) -> int:
@@ -157,12 +162,19 @@ def _nemo(
     source: str,
     quote: str,
     fp8: bool = False,
+    remat: str = "none",
+    bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
+    attention: str = "cudnn",
 ) -> Run:
     """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
     launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
     stages with virtual stages, the distributed optimizer (``distributed_fused_adam`` /
-    ``mcore_distributed_optim``: ZeRO-1) over the data and context ranks, and no activation
-    recomputation (``activations_checkpoint_granularity: null``)."""
+    ``mcore_distributed_optim``: ZeRO-1) over the data and context ranks, and the
+    recomputation (``activations_checkpoint_granularity``: ``null`` is ``remat="none"``) and
+    model-state bytes a parameter its configuration writes (fp32 optimizer state unless it
+    says otherwise), and Transformer Engine's attention backend (cuDNN's fused attention
+    unless the recipe sets ``NVTE_FUSED_ATTN=0``, which leaves TE's FlashAttention-2
+    backend)."""
     data = gpus // (tp * pp * cp)
     mesh = tuple(
         (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
@@ -179,12 +191,14 @@ def _nemo(
         strategy,
         mesh or (("data", 1),),
         mbs,
-        "none",
+        remat,
         measured_s,
         virtual_stages=vp,
         matmul_dtype="fp8" if fp8 else "bfloat16",
         instead=instead,
+        overrides=h100_attention(attention),
         vocab_split=tp > 1,
+        bytes_per_param=bytes_per_param,
     )
 
 
@@ -240,7 +254,10 @@ _L405 = (
     "(num_query_groups: 16; the GPT2BPETokenizer as a proxy: vocabulary 50257, padded to 51200)"
 )
 _N15 = f"{DGXC} nemotron/README_15b.md@0b71cfd; {_CONF}/nemotron/nemotron_15b.yaml@089b90e"
-_N340 = f"{DGXC} nemotron/README_340b.md@143b90d; {_CONF}/nemotron/nemotron_340b.yaml@3be81fc"
+_N340 = (
+    f"{DGXC} nemotron/README_340b.md@143b90d; nemotron/configure.sh@35a9aec (runs "
+    "--config-name=nemotron4-340b-synth); nemotron/nemotron4-340b-synth.yaml@8f5cbb3"
+)
 _GPT3 = f"{DGXC} nemo_megatron/README_175b.md@0b71cfd; nemo_megatron/gpt3_175b_hydra.yaml@35a9aec"
 
 
@@ -291,7 +308,30 @@ _llama8 = partial(_nemo, "Llama 3.1 8B", tp=1, cp=2, source=_L8)
 _llama70 = partial(_nemo, "Llama 3.1 70B", tp=4, pp=4, cp=2, vp=5, source=_L70)
 _llama405 = partial(_nemo, tp=8, cp=2, source=_L405, quote=_L405Q)
 _nemotron15 = partial(_nemo, "Nemotron-4 15B", tp=4, mbs=4, source=_N15)
-_nemotron340 = partial(_nemo, "Nemotron-4 340B", tp=8, pp=8, vp=12, source=_N340, quote=_N340Q)
+#: The 340B benchmark runs the recipe's own nemotron4-340b-synth.yaml (configure.sh), not the
+#: launcher's nemotron_340b.yaml: ``activations_checkpoint_granularity: selective`` and
+#: ``optim: {name: distributed_fused_adam, dtype: bf16, grad_sync_dtype: bf16}``. NeMo's
+#: ``MegatronBaseModel.setup_optimization`` passes ``optim.dtype`` to Apex's
+#: DistributedFusedAdam ("dtype: datatype for optimizer state") and, as it equals the bf16
+#: model's, sets ``store_params=False``: bf16 Adam moments and no master copy, 2 + 2 bytes a
+#: parameter beside the bf16 weight and gradient (grad_sync_dtype bf16): 8, not 16. (NeMo
+#: releases before it read ``optim.dtype`` forced fp32 moments with 16-bit remainders of the
+#: master weights, 14 bytes: 76.6 GiB on the first stage at 128 GPUs, with no room for the
+#: run's buffers on an 80 GB H100.) Its configure.sh
+#: sets ``NVTE_FUSED_ATTN=0`` for the 340B (1 for the 15B): FlashAttention-2's rates.
+NEMOTRON_340B_BYTES_PER_PARAM = 2 + 2 + 2 + 2
+_nemotron340 = partial(
+    _nemo,
+    "Nemotron-4 340B",
+    tp=8,
+    pp=8,
+    vp=12,
+    source=_N340,
+    quote=_N340Q,
+    remat="selective",
+    bytes_per_param=NEMOTRON_340B_BYTES_PER_PARAM,
+    attention="flash-attention-2",
+)
 _gpt3 = partial(_nemo, "GPT-3 175B", tp=4, pp=8, vp=12, source=_GPT3)
 
 
@@ -367,7 +407,13 @@ def estimate_run(run: Run) -> Screened:
     if run.cannot:
         raise ShardscopeError(run.cannot)
     hw = hardware("h100", **run.overrides)
-    return estimate(_candidate(run), run.config, hw, matmul_dtype=run.matmul_dtype)
+    return estimate(
+        _candidate(run),
+        run.config,
+        hw,
+        matmul_dtype=run.matmul_dtype,
+        bytes_per_param=run.bytes_per_param,
+    )
 
 
 def misfit_cause(s: Screened) -> str:
@@ -489,6 +535,7 @@ def _compiled(prefixes: list[str]) -> None:
             matmul_dtype=run.matmul_dtype,
             offload_optimizer=False,
             vocab_split=run.vocab_split,
+            bytes_per_param=run.bytes_per_param,
             compiler="h100",
             target_plans=1,
             compile_top=1,

@@ -14,7 +14,13 @@ import pytest
 from helpers import assert_drawn, assert_usage_error, patches, read_png
 from shardscope._src.audit.compile import audit, parse_rematerializations
 from shardscope._src.audit.width import Width
-from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER
+from shardscope._src.base.comm import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COLLECTIVE_PERMUTE,
+    REDUCE_SCATTER,
+    format_bytes,
+)
 from shardscope._src.base.errors import PlanError, ShardscopeError
 from shardscope._src.base.notes import Note
 from shardscope._src.base.stderr import capture_stderr
@@ -517,6 +523,92 @@ def test_a_plan_holds_its_candidate_and_the_program_a_target_compiles_again(swee
     assert again.notes[0].kind == "target-compile-failed"
 
 
+def test_a_plan_whose_cpu_memory_stands_far_from_its_estimate_says_which_the_fit_is_on(sweep):
+    # The fit of a CPU-compiled plan is the estimate's; where the CPU compiler's buffers and
+    # the optimizer state beside them stand more than 10% from it, the plan says so, with
+    # both figures and why.
+    said = 0
+    for p in sweep.plans:
+        assert p.fit_memory_source == "estimate"
+        other = p.compiled_memory.buffer_bytes + p.memory.device_optimizer
+        far = abs(other / p.memory.total - 1) > 0.10
+        notes = [n for n in p.notes if n.kind == PlanNote.FIT_ON_ESTIMATE]
+        assert len(notes) == far
+        if far:
+            said += 1
+            text = notes[0].text
+            assert text.startswith(
+                f"the fit is judged on the analytic estimate, {format_bytes(p.memory.total)}, "
+                f"not on the XLA:CPU compiler's {format_bytes(other)} (its buffers and "
+                f"{format_bytes(p.memory.device_optimizer)} of optimizer state)"
+            )
+            assert "computes 16-bit arithmetic in f32" in text and "1F1B" not in text
+    assert said  # the CPU's f32 buffers stand far from a bf16 estimate
+
+
+def test_a_pipeline_stage_says_its_program_runs_one_micro_batch_at_a_time():
+    gib = 2**30
+    values = {"compiler": "XLA:CPU", "compiled_bytes": 30 * gib, "optimizer_bytes": 10 * gib,
+              "estimate_bytes": 50 * gib}  # fmt: skip
+    flat = Note(PlanNote.FIT_ON_ESTIMATE, values).text
+    staged = Note(PlanNote.FIT_ON_ESTIMATE, {**values, "stages": 4}).text
+    assert "40 GiB (its buffers and 10 GiB of optimizer state), which stands -20% from it" in flat
+    assert "1F1B" not in flat and staged.startswith(flat) and "1F1B" in staged
+
+
+def test_a_target_compile_takes_the_word_on_the_fit_from_the_estimate(sweep, monkeypatch):
+    from shardscope._src.train import target
+
+    (p, *_) = [p for p in sweep.plans if any(n.kind == PlanNote.FIT_ON_ESTIMATE for n in p.notes)]
+    outcome = {}
+    monkeypatch.setattr(target, "target_facts", lambda program, t, room: outcome["facts"])
+    kinds = {}
+    for case, facts in (
+        ("too big", target.TargetFacts("h100", error="RESOURCE_EXHAUSTED: out of memory")),
+        ("failed", target.TargetFacts("h100", failure="a compiler's own failure")),
+    ):
+        outcome["facts"] = facts
+        kinds[case] = [n.kind for n in target.on_target(p, sweep.hardware, TARGETS["h100"]).notes]
+    # judged by the target's compiler (here: it does not fit), the estimate's word goes
+    assert PlanNote.FIT_ON_ESTIMATE not in kinds["too big"]
+    # a compiler that failed leaves the CPU compile, and the fit, as they were
+    assert PlanNote.FIT_ON_ESTIMATE in kinds["failed"]
+
+
+def test_a_pipeline_plans_target_memory_says_what_its_stage_does_not_hold(sweep, monkeypatch):
+    from shardscope._src.cost.memory import CompiledMemory
+    from shardscope._src.train import target
+    from shardscope._src.train.types import Candidate
+
+    p = sweep.plans[0]
+    layers = p.program.config.layers
+    # the plan as one of 2 stages of an interleaved 1F1B (2 virtual stages, 4 micro-batches)
+    staged = Candidate(p.strategy, MeshShape.of({"stage": 2, **p.mesh}), 4, "none",
+                       virtual_stages=2)  # fmt: skip
+    gib = 2**30
+    held = CompiledMemory(argument_size_in_bytes=gib, temp_size_in_bytes=gib)
+    monkeypatch.setattr(
+        target, "target_facts", lambda program, t, room: target.TargetFacts("h100", held)
+    )
+    values = target.on_target(replace(p, candidate=staged), sweep.hardware, TARGETS["h100"])
+    values = values.notes[0].values
+    # Megatron's first stage runs (p - 1) x 2 + (v - 1) x p warm-up chunks and one more
+    # before its first backward: 2 + 2 + 1 = 5 chunks of layers / 2
+    assert (values.stage_layers, values.held_layers) == (layers, 5 * (layers // 2))
+    note = PlanNote.COMPILED_BY_TARGET.describe(
+        {"target": "h100", "memory_bytes": 40 * gib, "estimate_bytes": 60 * gib,
+         "fit_bytes": 50 * gib, "stage_layers": 12, "held_layers": 103}  # fmt: skip
+    )
+    assert note.endswith(
+        "the fit is judged on the compiler's 50 GiB (its buffers and 10 GiB of optimizer state), "
+        "what its program allocates with its own fusions, schedule and rematerialization, where "
+        "the estimate counts by formula what each layer keeps; but the program runs one pipeline "
+        "stage's micro-batches one after another, holding one micro-batch's activations through "
+        "its 12 layers, where the first stage of the 1F1B schedule holds 103 layers' at once (the "
+        "estimate counts them)"
+    )
+
+
 def test_forward_mode_needs_no_data_parallel_communication():
     result = plan("tiny", 8, mode="forward", strategies=["dp", "tp"], workers=0, compiler="cpu")
     dp = next(p for p in result.plans if p.strategy == "dp")
@@ -692,6 +784,29 @@ def test_the_terminal_shows_a_plans_schedule_and_what_its_compiler_said_of_its_m
         f"note: plan {second.rank} ({second.label}): the XLA:GPU compiler could not bring the "
         "program under 3 GiB per device by rematerialization: it needs 5 GiB" in text
     )
+
+
+def test_the_terminal_says_which_memory_a_fit_is_judged_on_where_the_other_would_differ(sweep):
+    from rich.console import Console
+
+    from shardscope._src.render.plan import render_plan
+
+    (p, *_) = [p for p in sweep.plans if any(n.kind == PlanNote.FIT_ON_ESTIMATE for n in p.notes)]
+    other = p.compiled_memory.buffer_bytes + p.memory.device_optimizer
+    low, high = sorted((p.memory.total, other))
+    line = f"note: plan {p.rank} ({p.label}): the fit is judged on the analytic estimate"
+
+    def shown(limit, verbose):
+        plan = replace(p, memory_limit_bytes=limit)
+        console = Console(record=True, width=400, file=io.StringIO())
+        render_plan(replace(sweep, plans=(plan,)), console=console, verbose=verbose)
+        return line in console.export_text()
+
+    # between the two figures the choice decides the fit: said even in brief
+    assert shown((low + high) // 2, verbose=False)
+    # above both it decides nothing: said only when verbose
+    assert not shown(2 * high, verbose=False)
+    assert shown(2 * high, verbose=True)
 
 
 # -- the command -------------------------------------------------------------------------------

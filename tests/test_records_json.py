@@ -198,6 +198,8 @@ NOTE_VALUES = {
     "pipeline-stage": {"stages": 4, "layers": 2, "of_layers": 7, "devices": 16},
     "compiled-by-target": {"target": "h100", "error": "out of memory", "room_bytes": 5,
                            "optimizer_bytes": 3},  # fmt: skip
+    "fit-on-estimate": {"compiler": "XLA:CPU", "compiled_bytes": 6, "optimizer_bytes": 2,
+                        "estimate_bytes": 5, "stages": 1},  # fmt: skip
     "target-compile-failed": {"target": "h100", "error": "it broke"},
     "memory-pressure": {"compiler": "XLA:GPU", "limit_bytes": 1, "reached_bytes": 3,
                         "original_bytes": 4},  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any, Self
 
 from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes, format_flops
-from shardscope._src.base.notes import NoteKind, NoteValues
+from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.targets.capabilities import Support, reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES, Hardware
 
@@ -40,6 +40,11 @@ class PlanNote(NoteKind):
     #: may hold less than the device, ``optimizer_bytes`` the state beside it; or
     #: ``target`` and ``error`` when it failed)
     COMPILED_BY_TARGET = "compiled-by-target"
+    #: the CPU compiler's buffers (with the optimizer state beside them) stand more than
+    #: :data:`MEMORY_DISAGREEMENT` from the analytic estimate, on which the fit is judged
+    #: (values: ``compiler``, ``compiled_bytes``, ``optimizer_bytes``, ``estimate_bytes``,
+    #: ``stages``)
+    FIT_ON_ESTIMATE = "fit-on-estimate"
     #: the target's compiler failed on the plan, which keeps its CPU compile (values:
     #: ``target``, ``error``: the compiler's first line)
     TARGET_COMPILE_FAILED = "target-compile-failed"
@@ -181,6 +186,8 @@ class CompiledByTargetValues(NoteValues):
         "room_bytes",
         "optimizer_bytes",
         "fit_bytes",
+        "stage_layers",
+        "held_layers",
     )
 
     target: str
@@ -192,11 +199,47 @@ class CompiledByTargetValues(NoteValues):
     #: what the fit is judged on: the buffers and the optimizer state beside them (None in
     #: a note written before it was kept)
     fit_bytes: int | None = None
+    #: a pipeline stage's program: its layers (one micro-batch's activations through them at
+    #: a time), and the layers' activations the first stage of its 1F1B schedule holds at
+    #: once (:attr:`~shardscope._src.plan.estimates.Schedule.in_flight` chunks)
+    stage_layers: int | None = None
+    held_layers: int | None = None
 
 
 #: How far a compiler's memory may stand from the estimate before a plan says which of the
 #: two it judged its fit on, and why.
 MEMORY_DISAGREEMENT = 0.10
+
+
+def disagree(compiled_bytes: int, estimate_bytes: int) -> bool:
+    """Whether a compiler's memory stands more than :data:`MEMORY_DISAGREEMENT` from the
+    estimate, either way.
+
+    >>> disagree(111, 100), disagree(110, 100), disagree(89, 100)
+    (True, False, True)
+    """
+    return estimate_bytes > 0 and abs(compiled_bytes - estimate_bytes) > (
+        MEMORY_DISAGREEMENT * estimate_bytes
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitOnEstimateValues(NoteValues):
+    """A CPU-compiled plan's two memories: the ``compiler``'s buffer assignment
+    (``compiled_bytes``, the step's program) with the optimizer state beside it
+    (``optimizer_bytes``, which the step does not hold), and the analytic estimate the fit
+    is judged on; the pipeline ``stages`` (the program compiles one stage)."""
+
+    compiler: str
+    compiled_bytes: int
+    optimizer_bytes: int
+    estimate_bytes: int
+    stages: int = 1
+
+    @property
+    def other_bytes(self) -> int:
+        """The compiler's memory beside the estimate: its buffers and the optimizer state."""
+        return self.compiled_bytes + self.optimizer_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -475,16 +518,60 @@ def _compiled_by_target(v: CompiledByTargetValues) -> str:
         f"assignment (analytic estimate {format_bytes(v.estimate_bytes or 0)})"
     )
     fit, estimate = v.fit_bytes, v.estimate_bytes
-    if fit is None or not estimate or abs(fit / estimate - 1) <= MEMORY_DISAGREEMENT:
+    if fit is None or estimate is None or not disagree(fit, estimate):
         return text
     state = fit - (v.memory_bytes or 0)
     beside = f" and {format_bytes(state)} of optimizer state" * bool(state)
-    return (
+    text = (
         f"{text}; the two disagree by {fit / estimate - 1:+.0%}: the fit is judged on the "
         f"compiler's {format_bytes(fit)} (its buffers{beside}), what its program allocates "
         f"with its own fusions, schedule and rematerialization, where the estimate counts by "
         f"formula what each layer keeps"
     )
+    if v.stage_layers is not None and v.held_layers is not None:
+        text += (
+            f"; but the program runs one pipeline stage's micro-batches one after another, "
+            f"holding one micro-batch's activations through its {v.stage_layers} layers, where "
+            f"the first stage of the 1F1B schedule holds {v.held_layers} layers' at once (the "
+            f"estimate counts them)"
+        )
+    return text
+
+
+def _fit_on_estimate(v: FitOnEstimateValues) -> str:
+    other = v.other_bytes
+    beside = f" and {format_bytes(v.optimizer_bytes)} of optimizer state" * bool(v.optimizer_bytes)
+    why = (
+        f"the {v.compiler} backend computes 16-bit arithmetic in f32 and has no GPU/TPU memory "
+        f"scheduler, so its buffers are no device's"
+    )
+    if v.stages > 1:
+        why += (
+            "; and its program runs one stage's micro-batches one after another, where the "
+            "1F1B schedule the estimate counts holds several at once"
+        )
+    return (
+        f"the fit is judged on the analytic estimate, {format_bytes(v.estimate_bytes)}, not on "
+        f"the {v.compiler} compiler's {format_bytes(other)} (its buffers{beside}), which "
+        f"stands {other / v.estimate_bytes - 1:+.0%} from it: {why}"
+    )
+
+
+def fit_judged(note: Note) -> tuple[int, int] | None:
+    """``(judged, other)``: the memory a plan's fit was judged on and the other figure, for a
+    note that says so (a compiler's memory more than :data:`MEMORY_DISAGREEMENT` from the
+    estimate); None for any other note."""
+    if note.kind == PlanNote.FIT_ON_ESTIMATE:
+        v = note.values
+        assert isinstance(v, FitOnEstimateValues)
+        return v.estimate_bytes, v.other_bytes
+    if note.kind == PlanNote.COMPILED_BY_TARGET:
+        t = note.values
+        assert isinstance(t, CompiledByTargetValues)
+        if t.fit_bytes is not None and t.estimate_bytes is not None:
+            if disagree(t.fit_bytes, t.estimate_bytes):
+                return t.fit_bytes, t.estimate_bytes
+    return None
 
 
 def _compiled_memory(v: CompiledMemoryValues) -> str:
@@ -635,6 +722,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     ),
     PlanNote.PIPELINE_STAGE: _pipeline_stage,
     PlanNote.COMPILED_BY_TARGET: _compiled_by_target,
+    PlanNote.FIT_ON_ESTIMATE: _fit_on_estimate,
     PlanNote.TARGET_COMPILE_FAILED: (
         "the {v.target} compiler failed on this plan ({v.error}); its collectives, step and memory "
         "are the CPU compile's"
@@ -688,6 +776,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.PER_MICROBATCH_REDUCTION: NoValues,
     PlanNote.PIPELINE_STAGE: PipelineStageValues,
     PlanNote.COMPILED_BY_TARGET: CompiledByTargetValues,
+    PlanNote.FIT_ON_ESTIMATE: FitOnEstimateValues,
     PlanNote.TARGET_COMPILE_FAILED: TargetErrorValues,
     PlanNote.MEMORY_PRESSURE: MemoryPressureValues,
     PlanNote.COMPILED_FLOPS: CompiledFlopsValues,

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_flops, format_seconds
 from shardscope._src.check.bound import TOLERANCE
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.cost.memory import memory_fits
+from shardscope._src.plan.notes import PlanNote, fit_judged
 from shardscope._src.render.brief import print_line, skipped_lines
 from shardscope._src.render.columns import (
     Alarm,
@@ -24,6 +25,7 @@ from shardscope._src.render.columns import (
 )
 
 if TYPE_CHECKING:
+    from shardscope._src.base.notes import Note
     from shardscope._src.plan.collectives import AxisComm
     from shardscope._src.plan.types import Skipped
     from shardscope._src.render.protocols import PlanSet, RankedPlan
@@ -294,6 +296,18 @@ def validation_table(result: PlanResult) -> Any:
 LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
 
 
+def _says_the_fit(p: Plan, note: Note, verbose: bool) -> bool:
+    """Whether the terminal shows ``note`` of ``p``: one saying which of a compiler's memory
+    and the estimate the fit was judged on, every one when ``verbose``, else where the other
+    figure would have judged the fit otherwise."""
+    judged = fit_judged(note)
+    if judged is None:
+        return False
+    on, other = judged
+    limit = p.memory_limit_bytes
+    return verbose or memory_fits(on, limit) != memory_fits(other, limit)
+
+
 def no_flags(params: Sequence[str]) -> str:
     """No words after a note: the library's renderers leave the parameters to the docs."""
     return ""
@@ -341,14 +355,14 @@ def render_plan(
             print_line(console, validation_line(result))
     if not result.plans:
         return
-    # what a compiler said of the memory of a plan in the table (its other notes are in the
-    # JSON and the report)
+    # what a compiler said of the memory of a plan in the table, and which memory its fit
+    # was judged on where two stand apart (its other notes are in the JSON and the report)
     notes = [f"note: {note}" for note in result.notes if verbose or note.kind not in LONG_NOTES]
     notes += [
         f"note: plan {p.rank} ({p.label}): {note}"
         for p in result.plans[: top or None]
         for note in p.notes
-        if note.kind == PlanNote.MEMORY_PRESSURE
+        if note.kind == PlanNote.MEMORY_PRESSURE or _says_the_fit(p, note, verbose)
     ]
     for line in notes:
         if verbose:

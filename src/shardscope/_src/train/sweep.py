@@ -52,6 +52,7 @@ from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_workers
 from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
 from shardscope._src.plan.notes import (
+    FitOnEstimateValues,
     Fp8MatmulsValues,
     MeshReadValues,
     PipelineStageValues,
@@ -59,6 +60,7 @@ from shardscope._src.plan.notes import (
     ReduceScatterValues,
     TimeModelValues,
     WidenedValues,
+    disagree,
 )
 from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.request import (
@@ -73,6 +75,7 @@ from shardscope._src.sharding.strategies import ALL_STRATEGIES, get_strategy
 from shardscope._src.targets.capabilities import CPU_COMPILER
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
+from shardscope._src.targets.specs import CPU_TARGET
 from shardscope._src.train.candidates import (
     crossing_axes,
     maxtext_mesh,
@@ -475,6 +478,17 @@ def _compiled_plan(
             devices=math.prod(sizes.values()),
         )
         notes.append(Note(PlanNote.PIPELINE_STAGE, stage_values))
+    # The fit is judged on the estimate; where the CPU compiler's memory stands far from it,
+    # the plan says so and why.
+    judged = FitOnEstimateValues(
+        compiler=CPU_COMPILER.compiler,
+        compiled_bytes=got.memory.held_by(CPU_TARGET),
+        optimizer_bytes=s.memory.device_optimizer,
+        estimate_bytes=s.memory.total,
+        stages=cand.stages,
+    )
+    if disagree(judged.other_bytes, judged.estimate_bytes):
+        notes.append(Note(PlanNote.FIT_ON_ESTIMATE, judged))
     # The step as the compiled program has it: the time model's schedule, its own matmul
     # FLOPs and collectives priced in place of the formula's.
     step, flops, formula = s.time, None, None

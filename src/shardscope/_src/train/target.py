@@ -23,6 +23,7 @@ from shardscope._src.base.notes import Note
 from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.plan.collectives import PlanCollective, axis_comm
 from shardscope._src.plan.compile import Progress, compile_plan
+from shardscope._src.plan.estimates import Schedule
 from shardscope._src.plan.notes import PlanNote
 from shardscope._src.targets.devices import compiler_installed, require_compiler
 from shardscope._src.targets.hardware import Hardware
@@ -205,12 +206,20 @@ def on_target(p: Plan, hw: Hardware, target: Target) -> Plan:
         # what the fit is judged on: the program's buffers and the optimizer state beside
         # them (Plan.fit_memory_bytes_per_device)
         values["fit_bytes"] = facts.memory_bytes_per_device + p.memory.device_optimizer
+        cand = p.candidate
+        if cand is not None and cand.stages > 1:
+            # one stage's program, its micro-batches one after another; 1F1B holds more
+            sched = Schedule(cand.microbatches, cand.remat, cand.stages, False, cand.virtual_stages)
+            layers = program.config.layers
+            values["stage_layers"] = layers
+            values["held_layers"] = layers // cand.virtual_stages * sched.in_flight
     else:
         values = {"target": target.name, "error": facts.error}
     if room is not None and p.memory.device_optimizer:
         values.update(room_bytes=room, optimizer_bytes=p.memory.device_optimizer)
     note = Note(PlanNote.COMPILED_BY_TARGET, values)
-    kept = p.notes
+    # The fit is the target's now (its note says on what), not the estimate's.
+    kept = tuple(n for n in p.notes if n.kind != PlanNote.FIT_ON_ESTIMATE)
     if facts.error is None:
         # The plan's collectives become the target's: so does the note on a reduce-scatter
         # left out, which its compiler's record decides.
@@ -221,7 +230,7 @@ def on_target(p: Plan, hw: Hardware, target: Target) -> Plan:
             PlanNote.REMATERIALIZATION,
             PlanNote.COMPILED_FLOPS,
         )
-        kept = tuple(n for n in p.notes if n.kind not in replaced)
+        kept = tuple(n for n in kept if n.kind not in replaced)
         capabilities = target.capabilities
         rs = reduce_scatter_note(bound, facts.collectives, capabilities)
         kept = kept if rs is None else (rs, *kept)
