@@ -93,7 +93,7 @@ class Run:
     measured_s: float
     virtual_stages: int = 1
     matmul_dtype: str = "bfloat16"
-    overrides: dict[str, float] = field(default_factory=lambda: dict(CUDNN))
+    overrides: dict[str, Any] = field(default_factory=lambda: dict(CUDNN))
     peak_gib: float | None = None
     instead: tuple[str, ...] = ()
     #: the embedding, the output layer and the logits split over ``model`` (Megatron's
@@ -165,6 +165,7 @@ def _nemo(
     remat: str = "none",
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     attention: str = "cudnn",
+    tp_overlap: bool = True,
 ) -> Run:
     """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
     launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
@@ -174,7 +175,9 @@ def _nemo(
     model-state bytes a parameter its configuration writes (fp32 optimizer state unless it
     says otherwise), and Transformer Engine's attention backend (cuDNN's fused attention
     unless the recipe sets ``NVTE_FUSED_ATTN=0``, which leaves TE's FlashAttention-2
-    backend)."""
+    backend), and the tensor-parallel collectives overlapped with their matmuls where the
+    configuration sets ``ub_tp_comm_overlap: true`` (``tp_overlap``: Transformer Engine's
+    userbuffers; the hardware setting of the same name)."""
     data = gpus // (tp * pp * cp)
     mesh = tuple(
         (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
@@ -196,7 +199,7 @@ def _nemo(
         virtual_stages=vp,
         matmul_dtype="fp8" if fp8 else "bfloat16",
         instead=instead,
-        overrides=h100_attention(attention),
+        overrides={**h100_attention(attention), **({"tp_overlap": tp_overlap} if tp > 1 else {})},
         vocab_split=tp > 1,
         bytes_per_param=bytes_per_param,
     )
@@ -253,7 +256,12 @@ _L405 = (
     f"{DGXC} llama3.1/README_405b.md@143b90d; {_CONF}/llama/llama3_1_405b.yaml@072ecc4 "
     "(num_query_groups: 16; the GPT2BPETokenizer as a proxy: vocabulary 50257, padded to 51200)"
 )
-_N15 = f"{DGXC} nemotron/README_15b.md@0b71cfd; {_CONF}/nemotron/nemotron_15b.yaml@089b90e"
+_N15 = (
+    f"{DGXC} nemotron/README_15b.md@0b71cfd; nemotron/nemotron4-15b-synth.yaml@8f5cbb3 (what "
+    "configure.sh runs: TP 4, sequence parallel, micro-batch 4, no recomputation, "
+    "mcore_distributed_optim, ub_tp_comm_overlap: True); as "
+    f"{_CONF}/nemotron/nemotron_15b.yaml@089b90e"
+)
 _N340 = (
     f"{DGXC} nemotron/README_340b.md@143b90d; nemotron/configure.sh@35a9aec (runs "
     "--config-name=nemotron4-340b-synth); nemotron/nemotron4-340b-synth.yaml@8f5cbb3"
@@ -331,6 +339,7 @@ _nemotron340 = partial(
     remat="selective",
     bytes_per_param=NEMOTRON_340B_BYTES_PER_PARAM,
     attention="flash-attention-2",
+    tp_overlap=False,  # nemotron4-340b-synth.yaml: ub_tp_comm_overlap: False
 )
 _gpt3 = partial(_nemo, "GPT-3 175B", tp=4, pp=8, vp=12, source=_GPT3)
 

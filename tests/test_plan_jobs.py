@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from helpers import assert_usage_error
-from shardscope._src.base.errors import ModelConfigError, StrategyError
+from shardscope._src.base.errors import ModelConfigError, ShardscopeError, StrategyError
 from shardscope._src.bounds import transformer
 from shardscope._src.bounds.terms import Bound, Term, TermRole
+from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.cost.links import group_bandwidth, held_share
 from shardscope._src.model import config as model_config
 from shardscope._src.model.config import ModelConfig, param_shapes
@@ -378,6 +379,29 @@ def test_tensor_parallel_collectives_are_exposed_on_gpus_and_hidden_on_tpus():
     )
     tpu = hardware("tpu-v5p")
     assert step_time(tpu, _work(), tp).step_s == pytest.approx(step_time(tpu, _work(), []).step_s)
+
+
+def test_a_gpu_set_to_overlap_tensor_parallel_collectives_pays_the_multiprocessors_they_hold():
+    # Transformer Engine's userbuffers (tp_overlap=True): 0.5 s of tensor-parallel collectives
+    # over four micro-batches, each micro-batch's share beside its forward and backward, which
+    # go at the rest of their rate while the collectives hold 32 of the 132 multiprocessors
+    tp = [CommItem("tp", CRITICAL, 0.5, 32 / 132)]
+    gpu = hardware("h100", tp_overlap=True)
+    base = step_time(gpu, _work(), []).step_s
+    assert step_time(gpu, _work(), tp).step_s == pytest.approx(base + 0.5 * 32 / 132, rel=1e-12)
+    # twice the compute: they outlast it even slowed (base + 2 base x 32/132), so the step is
+    # theirs, a micro-batch's share at a time
+    slow = [CommItem("tp", CRITICAL, 2 * base, 32 / 132)]
+    assert step_time(gpu, _work(), slow).step_s == pytest.approx(2 * base, rel=1e-12)
+    # the preset keeps them on the critical path, whole
+    plain = hardware("h100")
+    assert step_time(plain, _work(), tp).step_s == pytest.approx(base + 0.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_tp_overlap_is_true_or_false(value):
+    with pytest.raises(ShardscopeError, match=f"tp_overlap={value!r}.*True or False"):
+        hardware("h100", tp_overlap=value)
 
 
 def test_a_gradient_reduction_hides_behind_the_last_backward_up_to_its_length():
@@ -778,3 +802,11 @@ def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():
     assert "it needs 87.14 GiB" in text
     # XLA:GPU's limit is not the memory it was told, and the note says why
     assert "95% of the memory it was told, less the program's arguments and outputs" in text
+
+
+@pytest.mark.parametrize(("flag", "want"), [(["--tp-overlap"], {"tp_overlap": True}),
+                                            (["--no-tp-overlap"], {"tp_overlap": False}),
+                                            ([], {})])  # fmt: skip
+def test_the_command_line_sets_tp_overlap_over_the_preset(flag, want):
+    args = build_parser().parse_args(["plan", "--model", "tiny", "--devices", "8", *flag])
+    assert dict(command_config(args).hardware_overrides) == want

@@ -219,6 +219,7 @@ HARDWARE_OVERRIDES = (
     "sms",
     "tile_m",
     "tile_n",
+    "tp_overlap",
 )
 
 
@@ -245,6 +246,7 @@ class HardwareOptions(CommandConfig):
     sms: int | None
     tile_m: int | None
     tile_n: int | None
+    tp_overlap: bool | None
 
     @property
     def hardware_overrides(self) -> Mapping[str, Any]:

@@ -620,6 +620,14 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
         ("--tile-n", "tile_n", "columns of that tile"),
     ):
         p.add_argument(flag, dest=dest, type=positive_int, metavar="N", help=help_text)
+    p.add_argument(
+        "--tp-overlap",
+        dest="tp_overlap",
+        action=argparse.BooleanOptionalAction,
+        help="tensor-parallel collectives run beside the matmuls they feed, as Transformer "
+        "Engine's ub_tp_comm_overlap and XLA's collective matmuls run them (default: a "
+        "TPU's compiler does, a GPU's program does not)",
+    )
 
 
 def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = True) -> None:

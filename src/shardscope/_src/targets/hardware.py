@@ -38,9 +38,11 @@ class Hardware(Record):
         (see :data:`TIME_MODEL_SOURCES`).
       comm_fraction: achieved collective bandwidth over the link's (bus bandwidth measured
         by nccl-tests over the line rate).
-      tp_overlap: the compiler overlaps tensor-parallel collectives with the matmuls they
+      tp_overlap: the program overlaps tensor-parallel collectives with the matmuls they
         feed (TPU: XLA's collective matmuls, "windowed einsums", scaling book part 3); on
-        GPUs they stay on the critical path.
+        GPUs they stay on the critical path unless set (Transformer Engine's
+        ``ub_tp_comm_overlap``, as NeMo's recipes run: see :data:`TIME_MODEL_SOURCES`), and
+        then hold their share of the multiprocessors while they run.
       host_memory_bytes: the host's memory per device (the host's DRAM over its devices),
         where activations offloaded by ``remat="offload"`` live; 0: no offload.
       host_bandwidth: bytes/s one device moves to or from host memory, each way (PCIe).
@@ -203,6 +205,17 @@ TIME_MODEL_SOURCES = {
         "volume. This is typically around 1us'; a bidirectional ring's all-gather takes "
         "|X| / 2 hops and T_total = max[T_min x X / 2, V / W_ici]: each hop the longer of "
         "its latency and its transfer, so the latency and the traffic do not add"
+    ),
+    "tp_overlap (GPUs: off unless set)": (
+        "Transformer Engine's userbuffers overlap a tensor-parallel layer's all-gathers and "
+        "reduce-scatters with its matmuls (NeMo's ub_tp_comm_overlap: true in its Llama 3.1, "
+        "Nemotron-4 and GPT-3 recipes, NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/"
+        "training, and NVIDIA/dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml); their "
+        "configurations (tp_overlap/ub_cfg_h100_h8192_tp4_mbs1_seqlen8192.yaml) give the "
+        "all-gathers to the copy engines (method: ring_exchange) and the reduce-scatters and "
+        "bulk overlaps 2-24 multiprocessors each (num_sm); a hidden collective here holds "
+        "comm_sms, NCCL's, an upper bound on those. Off by default: an XLA program on GPUs "
+        "runs them on the critical path unless its flags ask for collective matmuls"
     ),
     "kernel_launch_s (GPUs) 1e-6": (
         "XLA's GPU cost model, which prices each kernel's launch at 1 us (xla/service/gpu/"
@@ -467,12 +480,19 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         raise ShardscopeError(
             f"unknown hardware preset {name!r}; choose one of {', '.join(PRESETS)}"
         )
-    known = {f.name for f in fields(Hardware)} - {"name", "source", "tp_overlap"}
+    known = {f.name for f in fields(Hardware)} - {"name", "source"}
     for key, value in overrides.items():
         if key not in known:
             raise ShardscopeError(
                 f"unknown hardware setting {key!r}; settable: {', '.join(sorted(known))}"
             )
+        if key == "tp_overlap":
+            if not isinstance(value, bool):
+                raise ShardscopeError(
+                    f"hardware setting tp_overlap={value!r} says whether tensor-parallel "
+                    f"collectives run beside their matmuls: give True or False"
+                )
+            continue
         if key in GEMM_TILING:
             overrides[key] = _tiling(base, key, value)
             continue
@@ -522,7 +542,9 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
         **overrides,
         source=base.source
         + " (overridden: "
-        + ", ".join(f"{k}={v:g}" for k, v in overrides.items())
+        + ", ".join(
+            f"{k}={v}" if isinstance(v, bool) else f"{k}={v:g}" for k, v in overrides.items()
+        )
         + ")",
     )
     for key in COMM_SMS:
