@@ -63,6 +63,32 @@ def test_prefills_interleaved_stretch_the_decode_step_by_the_time_they_take():
     assert load.in_flight == pytest.approx(10 * stay, rel=1e-6)
 
 
+def test_a_chunked_prefill_stretches_the_tokens_less_and_delays_its_own_first_token():
+    # the same replica, its 3,000-token prompts prefilled in iterations of 1,024 tokens, a
+    # token of each the running sequences' own: 3 iterations, each a third of the 40 ms
+    # prefill beside the sequences' decodes (the weights read once for both), so each
+    # prompt stretches the sequences' tokens by 3 x (40 / 3 - 10) ms, not 40 - 10
+    kw = dict(rate=5, output=101, decode_s=10e-3, sequences=1, sequence_s=0.0, prefill_s=40e-3)
+    whole = under_load(**kw)
+    load = under_load(**kw, prompt=3000, chunk=1024)
+    assert whole.token_s == pytest.approx(10e-3 / (1 - 5 * 30e-3), rel=1e-12)
+    assert load.token_s == pytest.approx(10e-3 / (1 - 5 * 3 * (40e-3 / 3 - 10e-3)), rel=1e-12)
+    # its first token after its own 3 iterations; the one under way when it arrives is a
+    # third of a prefill, or a decode step
+    busy = 1 - math.exp(-load.in_flight)
+    residual = (5 * 40e-3 * 40e-3 / 3 + (busy - 5 * 40e-3) * 10e-3) / 2
+    assert load.first_token_s == pytest.approx(40e-3 + residual / (1 - 0.2), rel=1e-9)
+
+
+def test_chunks_shorter_than_the_weights_read_take_a_read_each():
+    # a lone client's 4,096-token prompt in chunks of 512: 8 iterations, each as long as
+    # the 10 ms read of the weights however little of the 50 ms prefill it carries
+    got = closed_loop(clients=1, output=64, decode_s=10e-3, sequences=1, sequence_s=0.0,
+                      prefill_s=50e-3, prompt=4096, chunk=512)  # fmt: skip
+    assert got.first_token_s == pytest.approx(8 * 10e-3, rel=1e-12)
+    assert got.token_s == pytest.approx(10e-3, rel=1e-12)
+
+
 def test_a_lone_request_sees_the_decode_step_of_its_own_cache_and_no_wait():
     # the step was timed at 4 sequences, each cache 0.1 ms of it
     load = under_load(
