@@ -310,6 +310,7 @@ class PlanConfig(HardwareOptions):
     latency: float | None = None
     rate: float | None = None
     clients: int | None = None
+    engine: str | None = None
     verbose: bool = False
 
     @property
@@ -390,6 +391,7 @@ class ServeConfig(HardwareOptions):
     dispatch_once: bool | None
     rate: float | None
     clients: int | None
+    engine: str | None
     top: int | None
     json: str | None
     png: str | None
