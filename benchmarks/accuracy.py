@@ -155,6 +155,7 @@ def serving_runs(compiler: str | None) -> list[dict[str, Any]]:
                     f"{run.prompt}+{run.output}, {_load(run)}"
                 ),
                 "hardware": run.hardware,
+                "engine": run.engine,
                 "metric": _METRICS[run.metric],
                 "unit": "ms",
                 "measured": run.given,

@@ -39,6 +39,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "plan/request.py": [("plan",)],
     "train/sweep.py": [("plan",)],
     "serve/search.py": [("plan",), ("serve",)],
+    "targets/engines.py": [("plan",), ("serve",)],
     "suggest/suggest.py": [("shard",)],
     "plan/cluster.py": [("shard",)],
     "train/target.py": [("plan",)],

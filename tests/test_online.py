@@ -22,6 +22,7 @@ from shardscope._src.model.serving import cache_bytes_per_token
 from shardscope._src.serve.compiled import compile_decode
 from shardscope._src.serve.online import closed_loop, poisson_quantile, under_load
 from shardscope._src.serve.search import serve
+from shardscope._src.targets.engines import engine
 from shardscope._src.targets.hardware import PRESETS, hardware
 
 #: A scheduled module written by hand (as ``test_cost`` reads it).
@@ -136,9 +137,10 @@ def test_a_rate_plans_the_sequences_in_flight_and_the_latencies_they_see():
         r = p.replicas
         assert p.batch == r * poisson_quantile(p.in_flight / r)
         assert p.first_token_s > p.prefill_s
-        assert p.in_flight == pytest.approx(
-            rate * (p.first_token_s + 127 * p.decode_step_s), rel=1e-6
-        )
+        # in flight from its place in the queue: the engine's API server holds a request
+        # before (the default engine's, vllm's)
+        queued = p.first_token_s - engine("vllm").request_s
+        assert p.in_flight == pytest.approx(rate * (queued + 127 * p.decode_step_s), rel=1e-6)
     # a busier server: more in flight, slower tokens, a longer wait for the first
     busier = serve("llama3-8b", 2, hardware="h100", prompt=512, output=128, rate=2 * rate,
                    compiler="cpu")  # fmt: skip
@@ -218,16 +220,20 @@ def test_the_matmul_tiles_are_set_from_the_command_line(tmp_path):
     assert got["first_token_s"] == want.first_token_s != plain.first_token_s
 
 
-def test_a_compiled_decode_step_pays_each_kernels_launch():
+def test_a_compiled_decode_step_pays_each_kernels_launch_and_its_engines_host():
     two = replace(model_preset("llama3-8b").config(batch=1), layers=2)
     plan = serve(two, 1, hardware="h100", prompt=64, output=16, batch=4, compiler="cpu").best
-    free = compile_decode(plan, two, hardware("h100", kernel_launch_s=0))
+    assert plan.engine == "vllm"  # the default
+    free = compile_decode(replace(plan, engine="none"), two, hardware("h100", kernel_launch_s=0))
     paid = compile_decode(plan, two, PRESETS["h100"])
     # at least each layer's four weight matmuls (the query, key and value projections
     # perhaps as one; the output projection, the MLP's gate and up, its down)
     assert paid.decode_kernels == free.decode_kernels >= 4 * 2
     launches = paid.decode_kernels * 1e-6
-    assert paid.decode_step_s - free.decode_step_s == pytest.approx(launches, rel=1e-9)
+    # vLLM's host after the step: 126 us, and 4 us for each of its 4 sequences
+    host = 126e-6 + 4 * 4e-6
+    assert paid.decode_host_s == pytest.approx(host, rel=1e-12)
+    assert paid.decode_step_s - free.decode_step_s == pytest.approx(launches + host, rel=1e-9)
 
 
 def test_a_compiled_decode_steps_matmuls_read_at_their_bandwidth_and_the_rest_at_the_whole():

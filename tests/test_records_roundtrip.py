@@ -292,6 +292,13 @@ def test_a_diff_of_a_broken_file_names_the_field(tmp_path):
 SERVE_JSON = FIXTURES / "serve_json"
 
 
+def _since(body):
+    """A schema-3 result's data with the fields written since at their defaults: no clients in
+    a closed loop, and no engine (``none``: no host cost in any plan's times)."""
+    plans = [p | {"engine": "none", "decode_host_s": 0.0} for p in body["plans"]]
+    return body | {"clients": None, "engine": "none", "plans": plans}
+
+
 def test_a_serving_file_of_schema_3_reads_back_and_names_the_platform_that_compiled_it():
     # Schema 3 wrote "backend": "estimate" whatever compiled the plans: here both were
     # compiled by the H100 compiler. Read back, the result is the file's data, field for
@@ -303,23 +310,24 @@ def test_a_serving_file_of_schema_3_reads_back_and_names_the_platform_that_compi
     assert [p.batch for p in result.plans] == [8, 8]
     assert result.backend == "gpu"
     body = {k: v for k, v in data.items() if k not in (*HEADER, "backend")}
-    # a field written since (clients in a closed loop) takes its default: none
-    assert via_json(result.to_dict()) == body | {"clients": None}
+    # the fields written since (clients in a closed loop, the engine) take their defaults
+    assert via_json(result.to_dict()) == _since(body)
 
 
 def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     # The file of schema 3 reads back as it was written, less the backend it named ("estimate":
-    # none of its plans compiled) and with clients, a field written since, at its default. It
-    # holds the layouts, batches and bytes this shardscope plans for its request, to the byte
+    # none of its plans compiled) and with the fields written since at their defaults. It
+    # holds the layouts, batches and bytes this shardscope plans for its request (on no
+    # engine: the file's times paid no host's), to the byte
     # (its times, the floats, were priced before matmuls were priced by their shape); written
     # now (schema 4) a result holds the same fields and reads back the same; a plan compiled
     # by a TPU's compiler makes the backend "tpu".
-    now = shardscope.serve("tiny", 2, prompt=64, output=16, rate=2, compiler="cpu")
+    now = shardscope.serve("tiny", 2, prompt=64, output=16, rate=2, compiler="cpu", engine="none")
     old = json.loads((SERVE_JSON / "tiny_rate_cpu.json").read_text())
     assert (old["schema_version"], old["backend"]) == (3, "estimate")
     body = {k: v for k, v in old.items() if k not in (*HEADER, "backend")}
     read = shardscope.ServeResult.from_dict(old)
-    assert via_json(read.to_dict()) == body | {"clients": None}
+    assert via_json(read.to_dict()) == _since(body)
 
     def exact(result):  # every field but the floats (the times), of the result and its plans
         plans = [
@@ -331,7 +339,7 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     written = json.loads(write_result(tmp_path / "serve.json", now).read_text())
     assert (written["schema_version"], written["backend"]) == (4, None)
     assert shardscope.ServeResult.from_dict(written) == now
-    assert written.keys() - HEADER == old.keys() - HEADER | {"clients"}
+    assert written.keys() - HEADER == old.keys() - HEADER | {"clients", "engine"}
     on_tpu = dataclasses.replace(
         now, plans=tuple(dataclasses.replace(p, compiled_by="tpu-v5e") for p in now.plans)
     )

@@ -132,6 +132,35 @@ def time_model_sources() -> Any:
     return markdown(("constant", "source"), TIME_MODEL_SOURCES.items())
 
 
+def serving_engines() -> Any:
+    """``ENGINES``: each serving engine's host costs."""
+    from shardscope._src.targets.engines import ENGINES
+
+    def us(seconds: float) -> str:
+        return f"{seconds * 1e6:,.0f} us"
+
+    rows = [
+        (
+            f"`{e.name}`",
+            e.about,
+            us(e.step_s),
+            us(e.sequence_s),
+            "yes" if e.overlapped else "no",
+            f"{e.request_s * 1e3:g} ms",
+        )
+        for e in ENGINES.values()
+    ]
+    header = ("engine", "what it is", "a step", "a sequence", "overlapped", "a request")
+    return markdown(header, rows)
+
+
+def serving_engine_sources() -> Any:
+    """``ENGINE_SOURCES``: where each engine's constants come from."""
+    from shardscope._src.targets.engines import ENGINE_SOURCES
+
+    return markdown(("constants", "source"), ENGINE_SOURCES.items())
+
+
 def capabilities() -> Any:
     """What each compiler does that the verdict and the planner account for, and how each
     record was measured."""

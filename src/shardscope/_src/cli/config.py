@@ -312,6 +312,7 @@ class PlanConfig(HardwareOptions):
     latency: float | None = None
     rate: float | None = None
     clients: int | None = None
+    engine: str | None = None
     verbose: bool = False
 
     @property
@@ -392,6 +393,7 @@ class ServeConfig(HardwareOptions):
     dispatch_once: bool | None
     rate: float | None
     clients: int | None
+    engine: str | None
     top: int | None
     json: str | None
     png: str | None

@@ -28,6 +28,8 @@ from shardscope._src.plan.estimates import (
     interleave_problem,
 )
 from shardscope._src.sharding.strategies import ALL_STRATEGIES, composes_error
+from shardscope._src.targets.engines import DEFAULT_ENGINE, ENGINES
+from shardscope._src.targets.engines import engine as get_engine
 from shardscope._src.targets.hardware import PRESETS, Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.specs import CPU_TARGET, TARGETS, Target
@@ -456,9 +458,18 @@ class ServeRequest:
         clients: clients in a closed loop, each sending its next request when its last one
             ends (how ``vllm bench serve --max-concurrency`` and most published serving
             benchmarks load a server); give one of ``batch``, ``rate`` and ``clients``.
+        engine: the serving engine whose host costs each step and request pays
+            (:data:`~shardscope._src.targets.engines.ENGINES`: its scheduling, input
+            preparation and sampling an iteration, after the device's step or beside it, and
+            its API server before a request's first token). Default ``vllm``, the most
+            deployed open engine as it starts: a plan that leaves out the host's time
+            promises a server faster than the one its users will run, and a capacity planned
+            on it buys too little; name the engine that will serve (``tensorrt-llm``,
+            ``sglang``, ...), or ``none`` for the device's time alone.
 
     What can be checked without the model is checked here, in this order: the counts, the
-    context, the batch, the formats, the latency, the rate, the clients, the compiler.
+    context, the batch, the formats, the latency, the rate, the clients, the engine, the
+    compiler.
 
     Raises:
         PlanError: naming the field (``params``) and the fix.
@@ -528,6 +539,13 @@ class ServeRequest:
         kind=Kind.COUNT,
         metavar="N",
     )
+    engine: str = knob(
+        DEFAULT_ENGINE,
+        "the serving engine whose host costs each step and request pays (none: the device's "
+        "time alone)",
+        kind=Kind.CHOICE,
+        choices=tuple(ENGINES),
+    )
 
     def __post_init__(self) -> None:
         overrides = MappingProxyType(dict(self.hardware_overrides or {}))
@@ -587,6 +605,7 @@ class ServeRequest:
                     f"its rate what they send; give one of them",
                     param="clients",
                 )
+        object.__setattr__(self, "engine", get_engine(self.engine).name)
         hw = self.device
         if self.compiler not in (None, CPU_TARGET.name, hw.name):
             raise PlanError(

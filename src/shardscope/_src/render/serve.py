@@ -67,6 +67,7 @@ def render_serve(
         + (f", at most {format_seconds(result.latency)} per token" if result.latency else "")
         + (f", busiest expert {result.imbalance:g}x its share" if result.imbalance > 1 else "")
         + (", each token once to each device of its experts" if result.dispatch_once else "")
+        + (f", on {result.engine}" if result.engine != "none" else "")
     )
     kv = any(p.kv_replicas > 1 for p in shown)
     at_rate = result.rate is not None

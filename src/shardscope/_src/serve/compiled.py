@@ -8,8 +8,9 @@ traffic overlapped as XLA's GPU cost model overlaps them
 (:func:`~shardscope._src.cost.compute.kernel_seconds`) and the kernels one after another, on
 a TPU the slower of the two totals; the attention core as the one fused kernel a server runs,
 its scores kept on chip; their collectives priced as every collective is, and the kernels
-they launch at the hardware's ``kernel_launch_s``), their memory the compiled buffers
-(``compiled_by``). On a TPU target the decode step is compiled and timed so too, and the
+they launch at the hardware's ``kernel_launch_s``; then the plan's engine's host work, as
+:func:`~shardscope._src.serve.estimate.estimate_plan` adds it), their memory the compiled
+buffers (``compiled_by``). On a TPU target the decode step is compiled and timed so too, and the
 prefill is estimated. Each program is compiled at two depths and extrapolated to the model's
 (:func:`_compile_layers`, :data:`DEPTH`).
 """
@@ -41,6 +42,7 @@ from shardscope._src.serve.estimate import (
 from shardscope._src.serve.layouts import expert_bytes, served, untouched_share
 from shardscope._src.serve.types import ServePlan
 from shardscope._src.sharding.strategies import get_strategy
+from shardscope._src.targets.engines import engine as get_engine
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import TARGETS, Family
 
@@ -293,6 +295,8 @@ def compile_decode(
         else step_matmul_seconds(hw, got.flops, of, fp8=fp8, shape=shape)
     )
     step_s = got.seconds(hw, memory_s, compute_s, skipped_s)
+    host_s = get_engine(plan.engine).exposed_seconds(step_s, plan.batch // plan.replicas)
+    step_s += host_s
     return replace(
         plan,
         estimate=plan.estimated,
@@ -307,6 +311,7 @@ def compile_decode(
         compiled_by=hw.name,
         compiled_all_reduces=got.all_reduces,
         decode_kernels=got.kernels,
+        decode_host_s=host_s,
     )
 
 
@@ -358,9 +363,10 @@ def compile_prefill(
         return plan
     compute_s = step_matmul_seconds(hw, got.flops, of, fp8=fp8, fused_attention=True, shape=shape)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
+    first_s = got.seconds(hw, got.memory_s, compute_s)
     return replace(
         plan,
         estimate=plan.estimated,
-        first_token_s=got.seconds(hw, got.memory_s, compute_s),
+        first_token_s=first_s + get_engine(plan.engine).exposed_seconds(first_s, 1),
         temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )

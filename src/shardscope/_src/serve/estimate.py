@@ -33,6 +33,10 @@ pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
 * **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
   prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
   weights, and fp8 ones elsewhere, are read as 8 bits and multiplied at 16.
+* **the engine's host** (:mod:`~shardscope._src.targets.engines`): its work an iteration
+  and a sequence of it after the device's step, or beside it where the engine overlaps the
+  two (the longer of them), for the decode step (the replica's sequences) and the prefill
+  (one).
 * **memory** a device: its share of the weights and of the cache of ``context`` tokens for
   each of its replica's sequences, and the decode step's logits (float32, each device its
   slice of the vocabulary).
@@ -66,6 +70,7 @@ from shardscope._src.serve.layouts import (
     weight_gemms,
 )
 from shardscope._src.serve.types import Layout, ServePlan
+from shardscope._src.targets.engines import engine as get_engine
 from shardscope._src.targets.hardware import Hardware
 
 #: The largest batch the sweep tries when none is given (a power of two).
@@ -268,10 +273,13 @@ def estimate_plan(
     context: int,
     weights: str,
     cache: str,
+    *,
+    engine: str = "none",
 ) -> ServePlan:
     """The plan of ``layout`` serving ``batch`` sequences of ``context`` tokens, estimated
     (see the module docstring): what a device holds, the decode step's time and its parts,
-    and the time to the first token of one ``prompt`` a replica."""
+    and the time to the first token of one ``prompt`` a replica, each with the host's work
+    of the serving ``engine`` (:func:`~shardscope._src.targets.engines.engine`)."""
     t, r = layout.t, layout.replicas
     c = served(config, t)
     held = holds(config, layout, batch, prompt, context, weights, cache)
@@ -289,6 +297,9 @@ def estimate_plan(
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
     decode = work_seconds(hw, by_weights, by_cache) + comm_s
+    host = get_engine(engine)
+    host_s = host.exposed_seconds(decode, per_replica)
+    decode += host_s
     of = prefill_flops(c, prompt)
     shape = weights_shape(hw, c, layout, prompt)
     matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True, shape=shape)
@@ -296,6 +307,7 @@ def estimate_plan(
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
+    prefill += host.exposed_seconds(prefill, 1)
     return ServePlan(
         strategy=layout.strategy,
         mesh=layout.mesh.sizes,
@@ -312,4 +324,6 @@ def estimate_plan(
         first_token_s=prefill,
         tokens_per_s_per_chip=batch / decode / (t * r),
         kv_replicas=(c.kv_heads or 1) // (config.kv_heads or 1),
+        engine=host.name,
+        decode_host_s=host_s,
     )

@@ -45,6 +45,7 @@ from shardscope._src.serve.estimate import (
 from shardscope._src.serve.layouts import layouts_for, looked_up_bytes
 from shardscope._src.serve.online import Load, closed_loop, poisson_quantile, under_load
 from shardscope._src.serve.types import Layout, ServePlan, ServeResult
+from shardscope._src.targets.engines import engine as get_engine
 from shardscope._src.targets.hardware import Hardware
 
 
@@ -85,7 +86,9 @@ def serve_request(request: ServeRequest) -> ServeResult:
     sequences in flight at that rate (each replica's 99th percentile of them, as its batch), and
     its time per output token and to the first token are those its requests see, prefills
     batched in flight beside the decode; the best is the fastest per output token. Give
-    ``batch`` or ``rate``, not both.
+    ``batch`` or ``rate``, not both. Every step and prefill pays the host work of the
+    request's ``engine`` (:mod:`~shardscope._src.targets.engines`), and each request's first
+    token its API server's time.
 
     Raises:
         PlanError: a bad count, format or compiler (naming it); a batch or context that
@@ -102,7 +105,9 @@ def serve_request(request: ServeRequest) -> ServeResult:
         config = replace(config, dispatch_once=request.dispatch_once)
     hw, ctx, rate = request.device, request.context_tokens, request.rate
     prompt, weights, cache = request.prompt, request.weights, request.cache
-    setting = (config, hw, request.devices, prompt, request.output, ctx, weights, cache)
+    setting = (
+        config, hw, request.devices, prompt, request.output, ctx, weights, cache, request.engine
+    )  # fmt: skip
     online: _Online | _Closed | None = None
     if rate is not None:
         online = _Online(*setting, rate)
@@ -123,6 +128,10 @@ def serve_request(request: ServeRequest) -> ServeResult:
             compiled = [p for p in fitting if p.step_source is StepSource.COMPILED]
             raise online.error(compiled=compiled)
         fitting = _meeting([p for p in loaded if p is not None], request.latency, at_rate=True)
+    # the engine's API server holds each request before it is queued, the device serving
+    # the others meanwhile: a delay of its first token alone
+    request_s = get_engine(request.engine).request_s
+    fitting = [replace(p, first_token_s=p.first_token_s + request_s) for p in fitting]
     return ServeResult(
         model=name,
         devices=request.devices,
@@ -138,6 +147,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
         dispatch_once=config.dispatch_once,
         rate=rate,
         clients=request.clients,
+        engine=request.engine,
     )
 
 
@@ -171,7 +181,11 @@ def _estimated(
         for b in sizes:
             if b % r:
                 continue
-            plans.append(estimate_plan(config, hw, layout, b, prompt, ctx, weights, cache))
+            plans.append(
+                estimate_plan(
+                    config, hw, layout, b, prompt, ctx, weights, cache, engine=request.engine
+                )
+            )
     fitting = [p for p in plans if p.fits]
     if not fitting and online is not None:
         raise online.error()
@@ -247,7 +261,7 @@ def _round_down(x: float) -> float:
 @dataclass(frozen=True)
 class _Serving:
     """What planning a layout under a load needs: the model, the hardware and the devices,
-    the requests' tokens, the cache's tokens a sequence, and the formats."""
+    the requests' tokens, the cache's tokens a sequence, the formats and the engine."""
 
     config: ModelConfig
     hw: Hardware
@@ -257,6 +271,7 @@ class _Serving:
     context: int
     weights: str
     cache: str
+    engine: str
 
 
 @dataclass(frozen=True)
@@ -303,7 +318,15 @@ class _Online(_Serving):
         k = 1
         for _ in range(16):  # a round or two: the batch moves the mean in flight little
             plan = estimate_plan(
-                c.config, c.hw, layout, k * r, c.prompt, c.context, c.weights, c.cache
+                c.config,
+                c.hw,
+                layout,
+                k * r,
+                c.prompt,
+                c.context,
+                c.weights,
+                c.cache,
+                engine=c.engine,
             )
             load = self.load(plan, rate)
             if load is None:
@@ -453,7 +476,9 @@ class _Closed(_Serving):
         k = min(per_replica, most // r)
         if k < 1:
             return None
-        return estimate_plan(c.config, c.hw, layout, k * r, c.prompt, c.context, c.weights, c.cache)
+        return estimate_plan(
+            c.config, c.hw, layout, k * r, c.prompt, c.context, c.weights, c.cache, engine=c.engine
+        )
 
     def loaded(self, plan: ServePlan) -> ServePlan:
         """``plan`` under the clients: its time per output token and to the first token as
@@ -512,15 +537,18 @@ def _sequence_s(config: ModelConfig, hw: Hardware, weights: str, plan: ServePlan
     """What one more sequence a replica adds to ``plan``'s decode step: its cache read
     through HBM; on a compiled plan, at least its share of the program's traffic beyond
     the weights it reads (its cache and whatever else the program moves for it: float32
-    scores, logits)."""
+    scores, logits); and the engine's host work a sequence, where it follows the device's
+    step (an engine that overlaps the two hides it behind the step)."""
     per_replica = plan.batch // plan.replicas
+    host = get_engine(plan.engine)
+    host_s = 0.0 if host.overlapped else host.sequence_s
     cached = matmul_read_seconds(hw, plan.cache_bytes_per_device / per_replica)
     if plan.step_source is StepSource.ESTIMATED:
-        return cached
+        return cached + host_s
     looked_up = looked_up_bytes(config, plan.layout, weights)
     read = matmul_read_seconds(hw, plan.weight_bytes_per_device - looked_up)
     beyond = plan.decode_memory_s - read
-    return max(cached, beyond / per_replica)
+    return max(cached, beyond / per_replica) + host_s
 
 
 #: Why a replica does not sustain a rate, where its time runs out.
@@ -608,14 +636,20 @@ def _beside_compiled(estimate: ServePlan, compiled: ServePlan, hw: Hardware) -> 
     batch: the compiled prefill's time to first token, and its decode step launching as
     many kernels as the compiled one (as near as is known uncompiled: the compiler fuses a
     little differently at each batch, Llama 3 70B's ``dp_tp`` step on 8 H100s launching
-    963 kernels at batch 456 and 1,123 at 48)."""
+    963 kernels at batch 456 and 1,123 at 48); the engine's host work after the step, or
+    beside it, as on the estimate."""
     kernels = compiled.decode_kernels
-    step = estimate.decode_step_s + launch_seconds(hw, kernels)
+    device = estimate.decode_step_s - estimate.decode_host_s + launch_seconds(hw, kernels)
+    host_s = get_engine(estimate.engine).exposed_seconds(
+        device, estimate.batch // estimate.replicas
+    )
+    step = device + host_s
     chips = estimate.replicas * estimate.tensor_parallel
     return replace(
         estimate,
         first_token_s=compiled.first_token_s,
         decode_step_s=step,
+        decode_host_s=host_s,
         decode_kernels=kernels,
         tokens_per_s_per_chip=estimate.batch / step / chips,
         estimate=estimate.estimated,
@@ -735,7 +769,9 @@ def _refit(
     batch = plan.batch - r * max(1, math.ceil(excess / (one.cache + one.decode)))
     if batch < r:
         return None
-    return estimate_plan(config, hw, layout, batch, prompt, plan.context, weights, cache)
+    return estimate_plan(
+        config, hw, layout, batch, prompt, plan.context, weights, cache, engine=plan.engine
+    )
 
 
 def _no_fit(

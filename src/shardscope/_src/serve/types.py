@@ -96,6 +96,14 @@ class ServePlan(Record):
     in_flight: float | None = None
     decode_iteration_s: float | None = None
     prefill_s: float | None = None
+    #: the serving engine whose host costs the plan's times pay
+    #: (:data:`~shardscope._src.targets.engines.ENGINES`; ``none``: the device's alone, as
+    #: every plan before them), and what its host adds to ``decode_step_s`` (its work an
+    #: iteration, or on an engine that overlaps it with the device what the step does not
+    #: cover); ``first_token_s`` pays its prefill iteration's and, from
+    #: :func:`~shardscope._src.serve.search.serve_request`, its request's
+    engine: str = "none"
+    decode_host_s: float = 0.0
     #: the estimate whose figures a compile replaced (its decode step's, its prefill's, or
     #: its layout's at another batch), kept beside them as a training plan keeps its
     #: ``estimated_time``; None: the plan is the estimate. Not written to JSON.
@@ -201,6 +209,8 @@ class ServeResult(Record):
     #: clients in a closed loop, each sending its next request when its last one ends
     #: (None: each plan at its batch, or at the rate)
     clients: int | None = None
+    #: the serving engine whose host costs the plans pay (``none`` before there were any)
+    engine: str = "none"
 
     @property
     def best(self) -> ServePlan:

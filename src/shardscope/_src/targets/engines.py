@@ -1,0 +1,238 @@
+"""Serving engines: what the host costs a serving step beside the device's own time.
+
+A decode step on the device (the weights' and cache's reads, the matmuls, the all-reduces,
+the kernels' launches) is not the whole of an iteration: the engine around it schedules the
+batch, prepares its inputs, samples and processes the outputs on the host, and an API server
+parses and tokenizes each request before it is queued. How much of that a step pays depends
+on the engine: a synchronous Python step loop adds it to every iteration; an engine that
+prepares step ``n + 1`` while the device runs step ``n`` (SGLang's overlap scheduler, vLLM's
+``--async-scheduling``) pays only what the device does not cover.
+
+Each preset (:data:`ENGINES`) is a host cost an iteration (``step_s``) and a sequence of it
+(``sequence_s``), whether the engine overlaps it with the device's step, and a cost each
+request pays before its first token that does not hold up the device (``request_s``: the API
+server and tokenization); :data:`ENGINE_SOURCES` says where each number comes from. An engine
+with no published measurement of its host cost has none here, and says so.
+
+>>> engine("vllm").step_seconds(0.010, 4) == 0.010 + 126e-6 + 4 * 4e-6
+True
+>>> engine("vllm-async").step_seconds(0.010, 4)
+0.01
+>>> engine("TGI")
+Traceback (most recent call last):
+...
+shardscope._src.targets.engines.EngineError: engine='TGI': choose one of vllm, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardscope._src.base.errors import PlanError
+
+
+class EngineError(PlanError):
+    """A serving engine that is not one of the presets (a :class:`PlanError`: the serving
+    planner's callers catch it with its other errors)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A serving engine's host costs.
+
+    Attributes:
+      name: the preset's name (``"vllm"``).
+      step_s: seconds of host work an iteration pays whatever its batch (scheduling, input
+        preparation, sampling's launch, synchronisation).
+      sequence_s: seconds of host work each sequence of an iteration adds.
+      overlapped: the engine prepares the next iteration while the device runs this one: an
+        iteration takes the longer of the device's step and the host's work, not their sum.
+      request_s: seconds each request spends in the engine before it is queued (the API
+        server, its parsing and tokenization), added to its time to first token; the device
+        serves other requests meanwhile.
+      about: the engine and version the numbers describe, in words.
+    """
+
+    name: str
+    step_s: float
+    sequence_s: float
+    overlapped: bool
+    request_s: float
+    about: str
+
+    def host_seconds(self, sequences: float) -> float:
+        """The host's work for an iteration of ``sequences`` sequences."""
+        return self.step_s + self.sequence_s * sequences
+
+    def step_seconds(self, device_s: float, sequences: float) -> float:
+        """An iteration of ``sequences`` sequences whose device time is ``device_s``: the
+        host's work after it, or beside it where the engine overlaps the two."""
+        host = self.host_seconds(sequences)
+        return max(device_s, host) if self.overlapped else device_s + host
+
+    def exposed_seconds(self, device_s: float, sequences: float) -> float:
+        """What the host adds to an iteration of ``device_s`` on the device."""
+        return self.step_seconds(device_s, sequences) - device_s
+
+
+#: What a request on vLLM's V1 engine pays per iteration and before its first token, as the
+#: BLIS simulator's coefficients trained on measured vLLM runs put it (:data:`ENGINE_SOURCES`).
+_VLLM_STEP_S = 126e-6
+_VLLM_SEQUENCE_S = 4e-6
+_VLLM_REQUEST_S = 15.563e-3
+
+#: Vidur's CPU operators of its vLLM-derived engine, Llama 2 7B on one A100, medians at
+#: batches 8 and 64 (ms): schedule, sampler (end to end), input preparation (end to end) and
+#: the model outputs' processing, summed (:data:`ENGINE_SOURCES`).
+_VIDUR_BATCH_8_MS = sum((0.16513349025318164, 0.8878073216415597, 0.2931705055545493,
+                         0.6243771681952621))  # fmt: skip
+_VIDUR_BATCH_64_MS = sum((0.9521806380555277, 1.3702587697044193, 1.1629961351208513,
+                          4.108261601388884))  # fmt: skip
+_VIDUR_SEQUENCE_S = (_VIDUR_BATCH_64_MS - _VIDUR_BATCH_8_MS) / (64 - 8) * 1e-3
+_VIDUR_STEP_S = _VIDUR_BATCH_8_MS * 1e-3 - 8 * _VIDUR_SEQUENCE_S
+
+#: The presets by name, the default (:data:`DEFAULT_ENGINE`) first.
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine(
+            "vllm",
+            _VLLM_STEP_S,
+            _VLLM_SEQUENCE_S,
+            overlapped=False,
+            request_s=_VLLM_REQUEST_S,
+            about="vLLM's V1 engine as it starts (0.8 and later, synchronous scheduling)",
+        ),
+        Engine(
+            "vllm-async",
+            _VLLM_STEP_S,
+            _VLLM_SEQUENCE_S,
+            overlapped=True,
+            request_s=_VLLM_REQUEST_S,
+            about="vLLM's V1 engine with --async-scheduling",
+        ),
+        Engine(
+            "vllm-v0",
+            _VIDUR_STEP_S,
+            _VIDUR_SEQUENCE_S,
+            overlapped=False,
+            request_s=0.0,
+            about="vLLM's V0 engine before 0.6 (Vidur's profile of its vLLM-derived engine)",
+        ),
+        Engine(
+            "sglang",
+            0.0,
+            0.0,
+            overlapped=True,
+            request_s=0.0,
+            about="SGLang 0.4 and later, its overlap scheduler on",
+        ),
+        Engine(
+            "tensorrt-llm",
+            0.0,
+            0.0,
+            overlapped=True,
+            request_s=0.0,
+            about="TensorRT-LLM's C++ runtime and its PyTorch executor (NVIDIA NIM runs it)",
+        ),
+        Engine(
+            "lmdeploy",
+            0.0,
+            0.0,
+            overlapped=False,
+            request_s=0.0,
+            about="LMDeploy's TurboMind engine (C++)",
+        ),
+        Engine(
+            "gpt-fast",
+            0.0,
+            0.0,
+            overlapped=False,
+            request_s=0.0,
+            about="gpt-fast and torchao's generate.py: torch.compile, the step one CUDA graph",
+        ),
+        Engine(
+            "none",
+            0.0,
+            0.0,
+            overlapped=False,
+            request_s=0.0,
+            about="no engine: the device's time alone",
+        ),
+    )
+}
+
+#: The engine a serving plan pays for unless told otherwise: the most deployed open engine,
+#: in its default configuration.
+DEFAULT_ENGINE = "vllm"
+
+#: Where each engine's constants come from.
+ENGINE_SOURCES = {
+    "vllm: step_s 126 us, sequence_s 4 us, request_s 15.563 ms, not overlapped": (
+        "the BLIS simulator's trained-physics step time, fitted to measured vLLM runs on H100 "
+        "(inference-sim/inference-sim, docs/guide/latency-models.md at 00776a83): 'beta7 "
+        "(per-step, ~126 us/step): Fixed overhead per step: CUDA synchronization, sampler "
+        "invocation', 'beta6 (per-request, ~4 us/request): Scheduling overhead per request: "
+        "queue management, attention mask construction', and 'alpha0 (QueueingTime, ~15,563 "
+        "us): Fixed per-request API processing (HTTP parsing, request validation, queue "
+        "insertion)', which BLIS adds to a request's time before it is queued, not to the "
+        "server's steps ('Coefficients were trained on H100 traces'; BLIS's per-model "
+        "coefficients name the servers of its runs vLLM 0.8.4 and 0.10.1.1, defaults.yaml at "
+        "1a6eb353: the V1 engine). Its per-layer beta5 (~32 us a layer: 'kernel launch, CUDA "
+        "graph, residual connections') belongs to the device's step, whose compiled form "
+        "pays each kernel's launch (kernel_launch_s): not taken here, "
+        "and its alpha2 (~46 us an output token, streaming and detokenizing) runs in V1's "
+        "API server process beside the engine's steps. Not overlapped: vLLM's engine "
+        "arguments, '--async-scheduling ... If set to True, perform async scheduling. This "
+        "helps to avoid gaps in GPU utilization ... Default: False'"
+    ),
+    "vllm-async: vllm's costs, overlapped": (
+        "vLLM's engine arguments, as above: with --async-scheduling the scheduler prepares the "
+        "next step while the GPU runs this one, so a step is the longer of the two"
+    ),
+    "vllm-v0: step_s 1.17 ms, sequence_s 0.100 ms, not overlapped": (
+        "Vidur (microsoft/vidur, data/profiling/a100/cpu_overheads.csv at 0633efae), the CPU "
+        "operators of its vLLM-derived engine (Sarathi-Serve) profiled with Llama 2 7B on one "
+        "A100 at tensor parallelism 1, medians in ms: at batch 8 schedule 0.165, sampler end "
+        "to end 0.888, input preparation end to end 0.293, model outputs' processing 0.624 "
+        "(1.970 in all); at batch 64 0.952, 1.370, 1.163 and 4.108 (7.593): the line through "
+        "the two, 1.167 ms a step and 0.100 ms a sequence. vLLM's own profile of its engine "
+        "before 0.6 agrees in kind (blog.vllm.ai, 2024-09-05, 'vLLM v0.6.0: 2.7x Throughput "
+        "Improvement and 5x Latency Reduction': for Llama 3 8B on one H100 'The HTTP API "
+        "server takes 33% of the total execution time. 29% of the total execution time is "
+        "spent on scheduling'); its per-request cost is not measured apart (0)"
+    ),
+    "sglang: 0, overlapped": (
+        "SGLang v0.4's zero-overhead batch scheduler (lmsys.org/blog/2024-12-04-sglang-v0-4): "
+        "'The scheduler runs one batch ahead and prepares all the metadata required for the "
+        "next batch ... in the figure below, there are 5 consecutive decoding batches, and you "
+        "can see there is no single idle time on the GPU': no host time left exposed"
+    ),
+    "tensorrt-llm: 0, overlapped": (
+        "TensorRT-LLM's overlap scheduler, 'Enabled by default' (nvidia.github.io/TensorRT-LLM, "
+        "features/overlap-scheduler): 'At step n, the system launches GPU computation for step "
+        "n+1 without waiting for CPU tasks (e.g., stop criteria checks) from step n to "
+        "complete'; its C++ batch manager's host time a step is not published: none priced"
+    ),
+    "lmdeploy: 0": (
+        "no published measurement of TurboMind's host time a step (its step loop is C++): "
+        "none priced"
+    ),
+    "gpt-fast: 0": (
+        "gpt-fast and torchao compile the decode step with torch.compile(mode='reduce-"
+        "overhead'), one CUDA graph a step replayed from a Python loop over one batch, with no "
+        "scheduler or API server: no host cost beside the graph's launch"
+    ),
+}
+
+
+def engine(name: str) -> Engine:
+    """The preset of that name.
+
+    Raises:
+        EngineError: a name that is not a preset's, naming it and the choices.
+    """
+    found = ENGINES.get(name.lower()) if isinstance(name, str) else None
+    if found is None:
+        raise EngineError(f"engine={name!r}: choose one of {', '.join(ENGINES)}", param="engine")
+    return found

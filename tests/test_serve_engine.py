@@ -1,0 +1,104 @@
+"""The serving engine's host: its work an iteration and a sequence, after the device's step
+or beside it, and its API server's time before a request's first token
+(shardscope._src.targets.engines)."""
+
+import json
+
+import pytest
+
+from helpers import assert_usage_error
+from shardscope._src.base.errors import PlanError
+from shardscope._src.cli.main import main
+from shardscope._src.model.presets import model_preset
+from shardscope._src.plan.request import ServeRequest
+from shardscope._src.serve.estimate import estimate_plan
+from shardscope._src.serve.search import serve
+from shardscope._src.serve.types import Layout
+from shardscope._src.targets.engines import ENGINES, EngineError
+from shardscope._src.targets.hardware import PRESETS
+
+#: vLLM V1's host as BLIS's coefficients put it: 126 us an iteration, 4 us a sequence of it,
+#: 15.563 ms a request before it is queued
+VLLM_STEP, VLLM_SEQUENCE, VLLM_REQUEST = 126e-6, 4e-6, 15.563e-3
+
+
+def _decode_plans(model, batch, *engines):
+    """``model`` on one H100 at ``batch``, estimated on each of ``engines``."""
+    config = model_preset(model).config(batch=1)
+    return [
+        estimate_plan(
+            config,
+            PRESETS["h100"],
+            Layout("tp", 1, 1),
+            batch,
+            64,
+            80,
+            "bfloat16",
+            "bfloat16",
+            engine=e,
+        )  # fmt: skip
+        for e in engines
+    ]
+
+
+def test_vllm_v0s_host_is_vidurs_profile_at_the_batches_it_measured():
+    # Vidur's medians (ms), Llama 2 7B on an A100: schedule, sampler, input preparation and
+    # the outputs' processing, at batch 8 and at batch 64
+    v0 = ENGINES["vllm-v0"]
+    assert v0.host_seconds(8) == pytest.approx((0.165 + 0.888 + 0.293 + 0.624) * 1e-3, rel=1e-3)
+    assert v0.host_seconds(64) == pytest.approx((0.952 + 1.370 + 1.163 + 4.108) * 1e-3, rel=1e-3)
+
+
+def test_a_host_that_follows_the_device_lengthens_each_step_by_its_work():
+    none, vllm = _decode_plans("llama3-8b", 4, "none", "vllm")
+    host = VLLM_STEP + 4 * VLLM_SEQUENCE
+    assert vllm.decode_step_s - none.decode_step_s == pytest.approx(host, rel=1e-9)
+    assert vllm.decode_host_s == pytest.approx(host, rel=1e-12)
+    assert vllm.tokens_per_s_per_chip == pytest.approx(4 / vllm.decode_step_s, rel=1e-12)
+    # the prefill is an iteration of one sequence
+    prefill_host = VLLM_STEP + VLLM_SEQUENCE
+    assert vllm.first_token_s - none.first_token_s == pytest.approx(prefill_host, rel=1e-9)
+
+
+def test_a_host_that_overlaps_the_device_costs_only_what_the_step_does_not_cover():
+    # Llama 3 8B's step (milliseconds) covers vLLM's host work: the step is the device's
+    none, overlapped = _decode_plans("llama3-8b", 4, "none", "vllm-async")
+    assert overlapped.decode_step_s == none.decode_step_s and overlapped.decode_host_s == 0
+    # the tiny model's (microseconds) does not: the step is the host's
+    none, overlapped = _decode_plans("tiny", 4, "none", "vllm-async")
+    host = VLLM_STEP + 4 * VLLM_SEQUENCE
+    assert none.decode_step_s < host
+    assert overlapped.decode_step_s == pytest.approx(host, rel=1e-12)
+
+
+def test_a_loaded_server_pays_its_engine_each_iteration_and_its_api_server_each_request():
+    kw = dict(hardware="h100", prompt=64, output=16, compiler="cpu")
+    # a lone client: each token is a decode step of one sequence, and the first its prefill
+    # iteration after the API server
+    none, vllm = (serve("llama3-8b", 1, clients=1, engine=e, **kw).best for e in ("none", "vllm"))
+    one = VLLM_STEP + VLLM_SEQUENCE
+    assert vllm.decode_step_s - none.decode_step_s == pytest.approx(one, rel=1e-9)
+    assert vllm.first_token_s - none.first_token_s == pytest.approx(one + VLLM_REQUEST, rel=1e-9)
+    # at a rate, a prefill batched in flight is an iteration of the engine too
+    none, vllm = (serve("llama3-8b", 1, rate=2, engine=e, **kw).best for e in ("none", "vllm"))
+    assert vllm.prefill_s - none.prefill_s == pytest.approx(one, rel=1e-9)
+
+
+def test_an_unknown_engine_is_refused_naming_it_and_the_choices():
+    with pytest.raises(EngineError) as err:
+        ServeRequest("llama3-8b", 1, prompt=64, output=8, engine="tgi")
+    assert isinstance(err.value, PlanError)
+    assert "engine='tgi'" in str(err.value) and "vllm, vllm-async, vllm-v0" in str(err.value)
+    assert err.value.params == ("engine",)
+
+
+def test_the_engine_is_set_from_the_command_line(tmp_path, capsys):
+    argv = ["serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "64", "--output", "8",
+            "--batch", "4", "--compiler", "cpu"]  # fmt: skip
+    out = tmp_path / "serve.json"
+    assert main([*argv, "--engine", "vllm-v0", "--json", str(out)]) == 0
+    assert "on vllm-v0" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["engine"] == "vllm-v0" and {p["engine"] for p in data["plans"]} == {"vllm-v0"}
+    line = assert_usage_error([*argv, "--engine", "tgi"], "--engine", capsys)
+    assert "tgi" in line
