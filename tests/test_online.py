@@ -64,7 +64,7 @@ def test_prefills_interleaved_stretch_the_decode_step_by_the_time_they_take():
     assert load.in_flight == pytest.approx(10 * stay, rel=1e-6)
 
 
-def test_a_chunked_prefill_stretches_the_tokens_less_and_delays_its_own_first_token():
+def test_a_chunked_prefill_stretches_the_tokens_less_and_its_prompt_waits_as_a_whole_ones():
     # the same replica, its 3,000-token prompts prefilled in iterations of 1,024 tokens, a
     # token of each the running sequences' own: 3 iterations, each a third of the 40 ms
     # prefill beside the sequences' decodes (the weights read once for both), so each
@@ -74,10 +74,10 @@ def test_a_chunked_prefill_stretches_the_tokens_less_and_delays_its_own_first_to
     load = under_load(**kw, prompt=3000, chunk=1024)
     assert whole.token_s == pytest.approx(10e-3 / (1 - 5 * 30e-3), rel=1e-12)
     assert load.token_s == pytest.approx(10e-3 / (1 - 5 * 3 * (40e-3 / 3 - 10e-3)), rel=1e-12)
-    # its first token after its own 3 iterations; the one under way when it arrives is a
-    # third of a prefill, or a decode step
+    # its first token after its own 3 iterations, and after the rest of the prompt under
+    # way when it arrives, all its iterations, as a whole prompt's
     busy = 1 - math.exp(-load.in_flight)
-    residual = (5 * 40e-3 * 40e-3 / 3 + (busy - 5 * 40e-3) * 10e-3) / 2
+    residual = (5 * 40e-3 * 40e-3 + (busy - 5 * 40e-3) * 10e-3) / 2
     assert load.first_token_s == pytest.approx(40e-3 + residual / (1 - 0.2), rel=1e-9)
 
 

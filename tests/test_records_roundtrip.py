@@ -294,9 +294,10 @@ SERVE_JSON = FIXTURES / "serve_json"
 
 def _since(body):
     """A schema-3 result's data with the fields written since at their defaults: no clients in
-    a closed loop, and no engine (``none``: no host cost in any plan's times)."""
+    a closed loop, no engine (``none``: no host cost in any plan's times) and no chunked
+    prefill."""
     plans = [p | {"engine": "none", "decode_host_s": 0.0} for p in body["plans"]]
-    return body | {"clients": None, "engine": "none", "plans": plans}
+    return body | {"clients": None, "engine": "none", "chunked_prefill": None, "plans": plans}
 
 
 def test_a_serving_file_of_schema_3_reads_back_and_names_the_platform_that_compiled_it():
@@ -310,7 +311,8 @@ def test_a_serving_file_of_schema_3_reads_back_and_names_the_platform_that_compi
     assert [p.batch for p in result.plans] == [8, 8]
     assert result.backend == "gpu"
     body = {k: v for k, v in data.items() if k not in (*HEADER, "backend")}
-    # the fields written since (clients in a closed loop, the engine) take their defaults
+    # the fields written since (clients in a closed loop, the engine, the chunked prefill)
+    # take their defaults
     assert via_json(result.to_dict()) == _since(body)
 
 
@@ -339,7 +341,7 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     written = json.loads(write_result(tmp_path / "serve.json", now).read_text())
     assert (written["schema_version"], written["backend"]) == (4, None)
     assert shardscope.ServeResult.from_dict(written) == now
-    assert written.keys() - HEADER == old.keys() - HEADER | {"clients", "engine"}
+    assert written.keys() - HEADER == old.keys() - HEADER | {"clients", "engine", "chunked_prefill"}
     on_tpu = dataclasses.replace(
         now, plans=tuple(dataclasses.replace(p, compiled_by="tpu-v5e") for p in now.plans)
     )

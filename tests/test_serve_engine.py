@@ -102,3 +102,27 @@ def test_the_engine_is_set_from_the_command_line(tmp_path, capsys):
     assert data["engine"] == "vllm-v0" and {p["engine"] for p in data["plans"]} == {"vllm-v0"}
     line = assert_usage_error([*argv, "--engine", "tgi"], "--engine", capsys)
     assert "tgi" in line
+
+
+def test_an_engine_that_chunks_its_prefills_plans_the_load_with_its_chunks():
+    # 25 clients with prompts of 5,000 tokens on two H100s: TensorRT-LLM prefills each whole
+    # unless told; vLLM's V1 engine chunks by 8,192 tokens on an 80 GB H100 (a prompt of
+    # 5,000 in one iteration beside the 24 others' decodes), and 2,048 when told, three
+    # iterations a prompt: each of its tokens stretched less by the others' prompts
+    kw = dict(hardware="h100", weights="fp8", prompt=5000, output=500, clients=25,
+              compiler="cpu")  # fmt: skip
+    whole = serve("llama3-70b", 2, engine="tensorrt-llm", **kw)
+    told = serve("llama3-70b", 2, engine="tensorrt-llm", chunked_prefill=2048, **kw)
+    vllm = serve("llama3-70b", 2, engine="vllm", **kw)
+    assert (whole.chunked_prefill, told.chunked_prefill, vllm.chunked_prefill) == (
+        None, 2048, 8192)  # fmt: skip
+    assert told.best.decode_step_s < whole.best.decode_step_s
+    # a budget that holds every prompt whole changes nothing
+    held = serve("llama3-70b", 2, engine="tensorrt-llm", chunked_prefill=8192, **kw)
+    assert held.best.decode_step_s == whole.best.decode_step_s
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_a_chunked_prefill_is_a_whole_number_of_tokens(bad):
+    with pytest.raises(PlanError, match=f"chunked_prefill={bad!r}"):
+        ServeRequest("llama3-8b", 1, prompt=512, output=128, clients=2, chunked_prefill=bad)

@@ -313,6 +313,7 @@ class PlanConfig(HardwareOptions):
     rate: float | None = None
     clients: int | None = None
     engine: str | None = None
+    chunked_prefill: int | None = None
     verbose: bool = False
 
     @property
@@ -394,6 +395,7 @@ class ServeConfig(HardwareOptions):
     rate: float | None
     clients: int | None
     engine: str | None
+    chunked_prefill: int | None
     top: int | None
     json: str | None
     png: str | None

@@ -466,10 +466,17 @@ class ServeRequest:
             promises a server faster than the one its users will run, and a capacity planned
             on it buys too little; name the engine that will serve (``tensorrt-llm``,
             ``sglang``, ...), or ``none`` for the device's time alone.
+        chunked_prefill: under a load (``rate`` or ``clients``), the tokens an iteration
+            carries where the server chunks its prefills, the running sequences' decodes
+            among them (vLLM's ``--max-num-batched-tokens``, SGLang's
+            ``--chunked-prefill-size``): a prompt is prefilled beside the decodes over as
+            many iterations as it needs (:mod:`~shardscope._src.serve.online`). None: the
+            engine's own (vLLM's V1 and SGLang chunk by default, the others prefill each
+            prompt whole); 0: each prompt whole.
 
     What can be checked without the model is checked here, in this order: the counts, the
     context, the batch, the formats, the latency, the rate, the clients, the engine, the
-    compiler.
+    chunked prefill, the compiler.
 
     Raises:
         PlanError: naming the field (``params``) and the fix.
@@ -546,6 +553,14 @@ class ServeRequest:
         kind=Kind.CHOICE,
         choices=tuple(ENGINES),
     )
+    chunked_prefill: int | None = knob(
+        None,
+        "under a load, the tokens an iteration carries where the server chunks its prefills, "
+        "decodes included (vLLM's --max-num-batched-tokens); 0: each prompt prefilled whole",
+        kind=Kind.WHOLE,
+        metavar="TOKENS",
+        default_text="the engine's own",
+    )
 
     def __post_init__(self) -> None:
         overrides = MappingProxyType(dict(self.hardware_overrides or {}))
@@ -606,6 +621,13 @@ class ServeRequest:
                     param="clients",
                 )
         object.__setattr__(self, "engine", get_engine(self.engine).name)
+        chunk = self.chunked_prefill
+        if chunk is not None and not is_int(chunk, 0):
+            raise PlanError(
+                f"chunked_prefill={chunk!r}: the tokens an iteration of a chunked prefill "
+                f"carries, a whole number (0: each prompt prefilled whole)",
+                param="chunked_prefill",
+            )
         hw = self.device
         if self.compiler not in (None, CPU_TARGET.name, hw.name):
             raise PlanError(
@@ -634,6 +656,21 @@ class ServeRequest:
     def context_tokens(self) -> int:
         """The KV cache's tokens per sequence (``prompt + output`` unless given)."""
         return self.prompt + self.output if self.context is None else self.context
+
+    @property
+    def chunk_tokens(self) -> int | None:
+        """The tokens an iteration of a chunked prefill carries (``chunked_prefill``, or the
+        engine's own on the hardware); None: each prompt prefilled whole.
+
+        >>> ServeRequest("llama3-8b", 1, prompt=512, output=128, rate=1).chunk_tokens
+        8192
+        >>> ServeRequest("llama3-8b", 1, prompt=512, output=128, engine="tensorrt-llm",
+        ...              chunked_prefill=0).chunk_tokens is None
+        True
+        """
+        if self.chunked_prefill is not None:
+            return self.chunked_prefill or None
+        return get_engine(self.engine).chunk_tokens(self.device)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ def render_serve(
         f"weights, {result.cache} cache"
         + (f", {result.rate:g} requests/s" if result.rate else "")
         + (f", {result.clients} clients in a closed loop" if result.clients else "")
+        + (f", prefills in chunks of {result.chunked_prefill}" if result.chunked_prefill else "")
         + (f", at most {format_seconds(result.latency)} per token" if result.latency else "")
         + (f", busiest expert {result.imbalance:g}x its share" if result.imbalance > 1 else "")
         + (", each token once to each device of its experts" if result.dispatch_once else "")

@@ -33,7 +33,8 @@ take a token each of the budget and a prompt fills the rest, so it is prefilled 
 ceil(prompt / (chunk - in flight))`` iterations, each its share of the prefill (or the
 weights' read, where that share is shorter) beside the decodes; a prompt is then ``k``
 iterations of the sequences' tokens rather than one, its prefill no longer stalls them
-for its whole length, and its own first token comes after all ``k``.
+for its whole length, and its own first token comes after all ``k`` (and a new prompt
+waits for all of those of the prompt under way, as for a whole one).
 
 Assumed: one prompt prefilled an iteration (servers that batch several prefills wait
 less); each sequence's cache read at its whole context (a sequence holds its prompt and
@@ -211,14 +212,14 @@ def _latencies(
     token = decode / (1 - prefills * k * (mixed - decode))
     # A new prompt waits for the iteration under way, then for the prompts queued before
     # it (prefills go first: the non-preemptive priority queue's W = R / (1 - rho)), then
-    # prefills beside the sequences in flight. R, the mean residual of the iteration under
-    # way (arriving at a random moment, each iteration's T^2 / 2 over the time): prefills
-    # a share rho of the time, decode steps of the n in flight the rest of it the replica
-    # is busy.
-    iteration = part + beside  # one iteration of a prompt's prefill
-    arriving = k * iteration
+    # prefills beside the sequences in flight. R, the mean residual of the work under way
+    # (arriving at a random moment, each piece's T^2 / 2 over the time): a prompt's
+    # prefill, all its iterations (a chunked one's are scheduled before a new prompt's), a
+    # share rho of the time, decode steps of the n in flight the rest of it the replica is
+    # busy.
+    arriving = k * (part + beside)
     rho = prefills * arriving
-    residual = (rho * iteration + max(0.0, busy - rho) * (floor + beside)) * waited
+    residual = (rho * arriving + max(0.0, busy - rho) * (floor + beside)) * waited
     return token, residual / (1 - rho) + arriving
 
 

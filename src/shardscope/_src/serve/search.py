@@ -106,7 +106,8 @@ def serve_request(request: ServeRequest) -> ServeResult:
     hw, ctx, rate = request.device, request.context_tokens, request.rate
     prompt, weights, cache = request.prompt, request.weights, request.cache
     setting = (
-        config, hw, request.devices, prompt, request.output, ctx, weights, cache, request.engine
+        config, hw, request.devices, prompt, request.output, ctx, weights, cache, request.engine,
+        request.chunk_tokens,
     )  # fmt: skip
     online: _Online | _Closed | None = None
     if rate is not None:
@@ -148,6 +149,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
         rate=rate,
         clients=request.clients,
         engine=request.engine,
+        chunked_prefill=None if online is None else online.chunk,
     )
 
 
@@ -261,7 +263,8 @@ def _round_down(x: float) -> float:
 @dataclass(frozen=True)
 class _Serving:
     """What planning a layout under a load needs: the model, the hardware and the devices,
-    the requests' tokens, the cache's tokens a sequence, the formats and the engine."""
+    the requests' tokens, the cache's tokens a sequence, the formats, the engine and the
+    tokens an iteration of a chunked prefill carries (None: each prompt whole)."""
 
     config: ModelConfig
     hw: Hardware
@@ -272,6 +275,7 @@ class _Serving:
     weights: str
     cache: str
     engine: str
+    chunk: int | None
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,8 @@ class _Online(_Serving):
             sequence_s=self.sequence_s(plan),
             prefill_s=plan.first_token_s,
             prefill_rate=rate if plan.expert_parallel > 1 else None,
+            prompt=self.prompt,
+            chunk=self.chunk,
         )
 
     def plan(self, layout: Layout, rate: float | None = None) -> ServePlan | None:
@@ -497,6 +503,8 @@ class _Closed(_Serving):
             sequence_s=_sequence_s(self.config, self.hw, self.weights, plan),
             prefill_s=plan.first_token_s,
             lockstep=r if plan.expert_parallel > 1 else 1,
+            prompt=self.prompt,
+            chunk=self.chunk,
         )
         stay = load.first_token_s + (self.output - 1) * load.token_s
         # each place serves a request a stay: the clients beyond the places wait their turn

@@ -211,6 +211,9 @@ class ServeResult(Record):
     clients: int | None = None
     #: the serving engine whose host costs the plans pay (``none`` before there were any)
     engine: str = "none"
+    #: under a load, the tokens an iteration of a chunked prefill carried (None: each prompt
+    #: prefilled whole, or no load)
+    chunked_prefill: int | None = None
 
     @property
     def best(self) -> ServePlan:

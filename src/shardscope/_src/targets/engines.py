@@ -26,9 +26,11 @@ shardscope._src.targets.engines.EngineError: engine='TGI': choose one of vllm, .
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardscope._src.base.errors import PlanError
+from shardscope._src.targets.hardware import GIB, Hardware
 
 
 class EngineError(PlanError):
@@ -51,6 +53,9 @@ class Engine:
         server, its parsing and tokenization), added to its time to first token; the device
         serves other requests meanwhile.
       about: the engine and version the numbers describe, in words.
+      chunk: the tokens an iteration carries where the engine chunks its prefills by default
+        (the running sequences' decodes among them), by the device it runs on; None: it
+        prefills each prompt whole (:meth:`chunk_tokens`).
     """
 
     name: str
@@ -59,6 +64,20 @@ class Engine:
     overlapped: bool
     request_s: float
     about: str
+    chunk: Callable[[Hardware], int] | None = None
+
+    def chunk_tokens(self, hw: Hardware) -> int | None:
+        """The tokens an iteration of a chunked prefill carries on ``hw`` by default (None:
+        each prompt prefilled whole).
+
+        >>> from shardscope._src.targets.hardware import hardware
+        >>> [engine("vllm").chunk_tokens(hardware(n)) for n in ("h100", "a100")]
+        [8192, 2048]
+        >>> engine("sglang").chunk_tokens(hardware("b200")), engine("lmdeploy").chunk_tokens(
+        ...     hardware("h100"))
+        (16384, None)
+        """
+        return None if self.chunk is None else self.chunk(hw)
 
     def host_seconds(self, sequences: float) -> float:
         """The host's work for an iteration of ``sequences`` sequences."""
@@ -91,6 +110,21 @@ _VIDUR_BATCH_64_MS = sum((0.9521806380555277, 1.3702587697044193, 1.162996135120
 _VIDUR_SEQUENCE_S = (_VIDUR_BATCH_64_MS - _VIDUR_BATCH_8_MS) / (64 - 8) * 1e-3
 _VIDUR_STEP_S = _VIDUR_BATCH_8_MS * 1e-3 - 8 * _VIDUR_SEQUENCE_S
 
+
+def _vllm_chunk(hw: Hardware) -> int:
+    """vLLM's V1 engine's token budget an iteration (``max_num_batched_tokens``) as its
+    OpenAI server starts: 8192 on a device of 70 GiB or more other than an A100, 2048 on
+    the rest (:data:`ENGINE_SOURCES`)."""
+    return 8192 if hw.memory_bytes >= 70 * GIB and not hw.name.startswith("a100") else 2048
+
+
+def _sglang_chunk(hw: Hardware) -> int:
+    """SGLang's ``chunked_prefill_size`` by the device's memory: 2048 under 35 GiB, 8192
+    under 160 GiB, 16384 above (:data:`ENGINE_SOURCES`)."""
+    gib = hw.memory_bytes / GIB
+    return 2048 if gib < 35 else 8192 if gib < 160 else 16384
+
+
 #: The presets by name, the default (:data:`DEFAULT_ENGINE`) first.
 ENGINES: dict[str, Engine] = {
     e.name: e
@@ -102,6 +136,7 @@ ENGINES: dict[str, Engine] = {
             overlapped=False,
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine as it starts (0.8 and later, synchronous scheduling)",
+            chunk=_vllm_chunk,
         ),
         Engine(
             "vllm-async",
@@ -110,6 +145,7 @@ ENGINES: dict[str, Engine] = {
             overlapped=True,
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine with --async-scheduling",
+            chunk=_vllm_chunk,
         ),
         Engine(
             "vllm-v0",
@@ -126,6 +162,7 @@ ENGINES: dict[str, Engine] = {
             overlapped=True,
             request_s=0.0,
             about="SGLang 0.4 and later, its overlap scheduler on",
+            chunk=_sglang_chunk,
         ),
         Engine(
             "tensorrt-llm",
@@ -185,6 +222,18 @@ ENGINE_SOURCES = {
         "API server process beside the engine's steps. Not overlapped: vLLM's engine "
         "arguments, '--async-scheduling ... If set to True, perform async scheduling. This "
         "helps to avoid gaps in GPU utilization ... Default: False'"
+    ),
+    "chunked prefill: vllm and vllm-async 8192 tokens an iteration (70 GiB or more, not an "
+    "A100) or 2048; sglang 2048, 8192 or 16384 by memory; the others none": (
+        "vLLM's V1 engine always chunks its prefills ('V1 always uses chunked prefills', "
+        "vllm/engine/arg_utils.py) and EngineArgs.get_batch_defaults sets "
+        "max_num_batched_tokens for its OpenAI API server to 8192 where 'device_memory >= 70 "
+        "* GiB_bytes and \"a100\" not in device_name' ('For GPUs like H100 and MI300x, use "
+        "larger default values'), else 2048; SGLang's server_args._handle_chunked_prefill_size: "
+        "'if gpu_mem < 35 * 1024: # A10, L40, 4090 ... 2048 elif gpu_mem < 160 * 1024: # "
+        "H100, H200, A100, H20 ... 8192 else: # B200, MI300 ... 16384'. vLLM's V0, "
+        "TensorRT-LLM (enable_chunked_context off unless set), LMDeploy's TurboMind and "
+        "gpt-fast prefill each prompt whole"
     ),
     "vllm-async: vllm's costs, overlapped": (
         "vLLM's engine arguments, as above: with --async-scheduling the scheduler prepares the "
