@@ -180,12 +180,15 @@ def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec
         )
 
     # sent once to each device of its experts, a token's rows are gathered into its experts'
-    # slots there: the backward keeps the slots, as it does sent once per expert
+    # slots there: the backward keeps the slots, as it does sent once per expert; there the
+    # router weight scales the experts' activation, so their outputs are not kept
     estimate, kept = layer_growth(strategy, mesh_spec, config_of)
     # one sequence of 2048 tokens a device, bf16: the attention's and the norms' as a dense
-    # layer's (10 h + 8 h), the slots sent to the 2 experts and their outputs (2 x 2 h), the
-    # experts' gate, up and product (2 x 3 x 256), and the router's float32 logits (4 x 8)
-    assert estimate == 2048 * (18 * 128 + 2 * (2 * 2 * 128 + 2 * 768) + 32)
+    # layer's (10 h + 8 h), the slots sent to the 2 experts (2 h) and, weighted in the
+    # combine, their outputs (2 h more), the experts' gate, up and product (2 x 3 x 256),
+    # and the router's float32 logits (4 x 8)
+    slots = 2 * 128 if once else 2 * 2 * 128
+    assert estimate == 2048 * (18 * 128 + 2 * (slots + 2 * 768) + 32)
     assert kept == pytest.approx(estimate, rel=0.03)
 
 
