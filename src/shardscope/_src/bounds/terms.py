@@ -74,7 +74,7 @@ class Term:
     role: TermRole = field(kw_only=True)
     rerun: str = field(default="", kw_only=True)
     stack: str = field(default="", kw_only=True)
-    once_per_node: tuple[int, int] = field(default=(), kw_only=True)
+    once_per_node: tuple[int, ...] = field(default=(), kw_only=True)
 
     @property
     def traffic_bytes(self) -> int:

@@ -124,7 +124,7 @@ def exchange_bandwidth(
     sizes: Mapping[str, int],
     axes: Sequence[str],
     *,
-    once_per_node: tuple[int, int] = (),
+    once_per_node: tuple[int, ...] = (),
 ) -> float:
     """Achieved bytes/s per device of an all-to-all over ``axes`` of a mesh of ``sizes``.
 
@@ -217,7 +217,7 @@ def collective_seconds(
     traffic_bytes: float,
     count: int = 1,
     *,
-    once_per_node: tuple[int, int] = (),
+    once_per_node: tuple[int, ...] = (),
 ) -> float:
     """Alpha-beta seconds of ``count`` executions of a collective that send
     ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``, or
