@@ -9,15 +9,16 @@ and GPT-OSS on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five la
 Mixtral 8x22B on TPU v6e-256, DeepSeek-V3 and Llama 4 on TPU v5p. Every published benchmark
 here forces balanced routing (or states dropless routing), which is the planner's uniform
 routing (``imbalance=1``); DeepEP's dispatch is ``dispatch_once`` (each token once to each
-device of its experts).
+device of its experts, across nodes once to each node).
 
 A run as written is priced by the analytic estimate (no compile), its layout in the
 planner's words: Megatron's tensor parallel with expert parallelism is ``ep_tp`` on
 ``stage=P,expert=E,model=T`` with ``virtual_stages`` (the experts' hidden split over
 ``model`` too, where Megatron keeps each expert whole, ETP 1: the same FLOPs and expert bytes
 a device, said on each row); AutoModel's expert parallelism inside FSDP is ``fsdp_ep``.
-Where a source does not state the recomputation, the frameworks' default (none) is used,
-and said. A run the planner cannot write
+Where a source does not state the recomputation, the run's config does where it is
+published (AutoModel's benchmark YAMLs), else the frameworks' default (none) is used, and
+said. A run the planner cannot write
 is listed with why, never dropped.
 
 The best plan is the estimate's screen over every strategy the planner prices a mixture with
@@ -58,6 +59,12 @@ CUDNN = training_heldout.CUDNN
 UNSTATED = "none"
 
 _AUTOMODEL = "NVIDIA-NeMo/Automodel docs/performance-summary.md@01926a5"
+#: AutoModel's benchmark configs for its DeepSeek-V3 and Kimi K2 rows set
+#: ``activation_checkpointing: true`` (examples/benchmark/configs/deepseek_v3_te_deepep.yaml,
+#: kimi_k2_te_deepep.yaml): its MoE parallelizer wraps each decoder layer in torch's
+#: ``checkpoint_wrapper``, the whole layer recomputed from its input (``full``). Its GPT-OSS
+#: configs set it false.
+_AUTOMODEL_AC = "full"
 _ZOO = "yanring/Megatron-MoE-ModelZoo best_practice/Qwen3/readme.md@c1ad0b5"
 _BRIDGE = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md@0a25f91"
 _RECIPES = "AI-Hypercomputer/tpu-recipes (MaxText)"
@@ -225,7 +232,7 @@ RUNS = [
         "fsdp_ep",
         (("stage", 4), ("data", 4), ("expert", 64)),
         32,
-        None,
+        _AUTOMODEL_AC,
         8,
         overrides=CUDNN,
         instead=("32 micro-batches in one pipeline flush (the run: 4 accumulations of 8)",),
@@ -240,7 +247,7 @@ RUNS = [
         "fsdp_ep",
         (("stage", 4), ("data", 1), ("expert", 64)),
         8,
-        None,
+        _AUTOMODEL_AC,
         8,
         overrides=CUDNN,
     ),
@@ -254,7 +261,7 @@ RUNS = [
         "fsdp_ep",
         (("stage", 8), ("data", 1), ("expert", 32)),
         16,
-        None,
+        _AUTOMODEL_AC,
         4,
         overrides=CUDNN,
         instead=("16 micro-batches in one pipeline flush (the run: 2 accumulations of 8)",),

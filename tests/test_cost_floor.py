@@ -1,5 +1,6 @@
 """The cost floor's prices and the planners' one ranking: properties every caller relies on."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -93,6 +94,37 @@ def test_an_all_to_all_across_nodes_sends_each_devices_remote_share_through_its_
     # on one node every peer is a link away
     inside = collective_seconds(hw, {"expert": 8}, "all-to-all", ("expert",), 8, sent)
     assert inside == pytest.approx(7 * hw.latency_s + sent / (450e9 * 0.8))
+
+
+@pytest.mark.parametrize(
+    "experts, top_k, ep, crossing",
+    [(256, 8, 64, 0.69), (384, 8, 32, 0.50), (128, 4, 64, 0.85)],
+    ids=["deepseek-v3-ep64", "kimi-k2-ep32", "gpt-oss-120b-ep64"],
+)
+def test_deepep_sends_a_token_across_the_network_once_to_each_node(experts, top_k, ep, crossing):
+    hw = hardware("h100")
+    sent = 2**30
+    nodes, m = ep // 8, 8
+
+    def reached(holders):  # chance that one of ``holders`` holds one of a token's experts
+        return 1 - math.comb(experts - experts // holders, top_k) / math.comb(experts, top_k)
+
+    # a token's rows for other nodes: one a device of its experts there, one a node once
+    per_device, per_node = (ep - m) * reached(ep), (nodes - 1) * reached(nodes)
+    assert per_node / per_device == pytest.approx(crossing, abs=0.005)
+    remote, local = sent * (ep - m) / (ep - 1), sent * (m - 1) / (ep - 1)
+    network = remote * per_node / per_device / (50e9 * 0.8)
+    nvlink = (local + remote * (1 - per_node / per_device)) / (450e9 * 0.8)
+    got = collective_seconds(
+        hw, {"expert": ep}, "all-to-all", ("expert",), ep, sent, once_per_node=(experts, top_k)
+    )
+    assert got == pytest.approx((ep - 1) * hw.latency_s + max(network, nvlink))
+    # inside one node nothing crosses the network either way
+    inside = collective_seconds(hw, {"expert": 8}, "all-to-all", ("expert",), 8, sent)
+    once = collective_seconds(
+        hw, {"expert": 8}, "all-to-all", ("expert",), 8, sent, once_per_node=(experts, top_k)
+    )
+    assert once == inside
 
 
 @pytest.mark.parametrize("kind", ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"])

@@ -3,6 +3,7 @@ searches, the dispatch and combine all-to-alls in its bound and its time, the ex
 weights in its memory, the routed experts' FLOPs at the capacity they are padded to; and
 what it cannot price yet is refused by name."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.estimates import estimate_memory, model_flops
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+from shardscope._src.train.timing import comm_items
 
 SMALL = ModelConfig(
     d_model=64,
@@ -180,12 +182,15 @@ def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec
         )
 
     # sent once to each device of its experts, a token's rows are gathered into its experts'
-    # slots there: the backward keeps the slots, as it does sent once per expert
+    # slots there: the backward keeps the slots, as it does sent once per expert; there the
+    # router weight scales the experts' activation, so their outputs are not kept
     estimate, kept = layer_growth(strategy, mesh_spec, config_of)
     # one sequence of 2048 tokens a device, bf16: the attention's and the norms' as a dense
-    # layer's (10 h + 8 h), the slots sent to the 2 experts and their outputs (2 x 2 h), the
-    # experts' gate, up and product (2 x 3 x 256), and the router's float32 logits (4 x 8)
-    assert estimate == 2048 * (18 * 128 + 2 * (2 * 2 * 128 + 2 * 768) + 32)
+    # layer's (10 h + 8 h), the slots sent to the 2 experts (2 h) and, weighted in the
+    # combine, their outputs (2 h more), the experts' gate, up and product (2 x 3 x 256),
+    # and the router's float32 logits (4 x 8)
+    slots = 2 * 128 if once else 2 * 2 * 128
+    assert estimate == 2048 * (18 * 128 + 2 * (slots + 2 * 768) + 32)
     assert kept == pytest.approx(estimate, rel=0.03)
 
 
@@ -207,6 +212,27 @@ def test_a_plan_sending_each_token_once_per_device_prices_what_compiles():
     # the compiled all-to-alls are the formula's, up to each sequence's capacity rounded up
     (v,) = [v for v in once.validations if v.strategy == "fsdp_ep"]
     assert v.cpu_ratio == pytest.approx(1.0, abs=0.05), v.explanation
+
+
+def test_a_step_prices_the_dispatch_sent_once_a_device_once_a_node_across_nodes():
+    # 64 experts over 64 H100s on 8 nodes, 8 a token: DeepEP sends a token's row once to
+    # each node holding one of its experts, not once to each such device
+    config = replace(SMALL, experts=64, top_k=8, batch=64, seq=4096, dispatch_once=True)
+    placement = get_strategy("ep").place(config, abstract_mesh("expert=64"))
+    terms = shardscope.transformer_bound(placement, Mode.TRAIN).terms
+    rows = [t for t in terms if t.kind == ALL_TO_ALL and t.once_per_node]
+    assert {t.scope for t in rows} == {"moe/dispatch", "moe/combine"}
+    assert {t.once_per_node for t in rows} == {(64, 8)}
+    hw = shardscope.hardware("h100")
+    once = comm_items(hw, placement, terms)
+    flat = comm_items(hw, placement, [replace(t, once_per_node=()) for t in terms])
+    per_device = 56 * (8 / 64)  # the other nodes' devices, each holding one of 64 experts
+    per_node = 7 * (1 - math.comb(56, 8) / math.comb(64, 8))
+    for t in rows:
+        (a,) = [i.seconds for i in once if i.what == t.what]
+        (b,) = [i.seconds for i in flat if i.what == t.what]
+        latency = t.count * 63 * hw.latency_s
+        assert (a - latency) / (b - latency) == pytest.approx(per_node / per_device, rel=1e-6)
 
 
 def test_a_dropless_mixtures_imbalance_sizes_the_busiest_experts_work():

@@ -16,7 +16,10 @@ to each device of its experts (``once``; DeepEP's dispatch and combine) moves ``
 rows a token instead of ``k``, ``share`` the chance that a device holds one of its experts
 (:func:`~shardscope._src.model.moe.device_share`, ``1 - C(E - E/e, k) / C(E, k)`` under
 uniform routing), and which rows fill which experts' slots (4 bytes each) with their router
-weights (at the activations' dtype), whose gradient the backward sends back.
+weights (at the activations' dtype), whose gradient the backward sends back. Across nodes
+DeepEP sends those rows once to each node, which forwards them over its own links: the
+terms say so (``Term.once_per_node``) and the links price it
+(:func:`~shardscope._src.cost.links.exchange_bandwidth`).
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ def moe_layer_terms(
                 what + (", forward and backward" if train else ""),
                 scope,
                 role=TermRole.ACTIVATION,
+                once_per_node=(experts, top_k) if once else (),
             )
         )
     if once:

@@ -58,7 +58,10 @@ class Term:
     the pass a step runs it again in (``"recomputed forward"``, ``"again for the
     backward"``), ``""`` for the pass the bound counts it in. ``stack`` names the layers
     whose weight it moves (``"layers"``, ``"moe_layers"``; ``""``: a weight of no layer, or
-    no weight).
+    no weight). ``once_per_node`` is ``(experts, top_k)`` for an all-to-all that sends each
+    token once to each device of its experts, which across nodes goes once to each node
+    (DeepEP's; priced by :func:`~shardscope._src.cost.links.exchange_bandwidth`), ``()``
+    for every other collective.
     """
 
     kind: str
@@ -71,6 +74,7 @@ class Term:
     role: TermRole = field(kw_only=True)
     rerun: str = field(default="", kw_only=True)
     stack: str = field(default="", kw_only=True)
+    once_per_node: tuple[int, ...] = field(default=(), kw_only=True)
 
     @property
     def traffic_bytes(self) -> int:

@@ -13,7 +13,10 @@ card), so ``min(link, m x cross_node)``. Either way at ``comm_fraction`` of it, 
 bandwidth collectives measure against the line rate (``Hardware.comm_fraction``'s source).
 An all-to-all spanning nodes gets no such help: each device's bytes for the other nodes
 leave through its own card, so it moves them at ``cross_node`` while its bytes for its own
-node's devices go over the links at the same time (:func:`exchange_bandwidth`).
+node's devices go over the links at the same time (:func:`exchange_bandwidth`). An
+all-to-all that sends each token once to each device of its experts (DeepEP's dispatch and
+combine) sends it across the network once to each node instead, and the node's links carry
+it on to the node's devices of its experts (``once_per_node``).
 A group whose axes are not plain mesh axes (a sub-axis, an irregular group) is priced as the
 worst case: across nodes, one member on each.
 
@@ -52,6 +55,7 @@ from shardscope._src.base.comm import (
     traffic_bytes,
 )
 from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.model.moe import device_share
 from shardscope._src.targets import specs
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import Family
@@ -136,7 +140,13 @@ def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str])
     return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
 
 
-def exchange_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
+def exchange_bandwidth(
+    hw: Hardware,
+    sizes: Mapping[str, int],
+    axes: Sequence[str],
+    *,
+    once_per_node: tuple[int, ...] = (),
+) -> float:
     """Achieved bytes/s per device of an all-to-all over ``axes`` of a mesh of ``sizes``.
 
     Inside a node, :func:`group_bandwidth`'s. Across ``k`` nodes with ``m`` members on each
@@ -149,12 +159,27 @@ def exchange_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[st
     cards (its source in :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
     A group whose axes are not plain mesh axes: one member on each node.
 
+    ``once_per_node`` ``(experts, top_k)``: the all-to-all sends each token once to each
+    device of the group holding any of its ``top_k`` of ``experts`` experts (``experts / n``
+    a device, uniform routing), as DeepEP's dispatch and combine do, and its internode
+    kernels send a token across the network once to each node holding any of them, to the
+    device of the sender's local rank there, which forwards it over NVLink to the node's
+    devices that need it (deepseek-ai/DeepEP's README: "forwarding from RDMA to NVLink
+    domain"). Of the remote share, the network then carries ``(k - 1) q / ((n - m) d)``
+    (:func:`~shardscope._src.model.moe.device_share`: ``d`` a device's, ``q`` a node's of
+    the ``k``), and the links inside the node the rest, the forwarding, beside the node's
+    own share: 0.69 of the remote bytes for DeepSeek-V3 at EP 64 on 8 nodes, 0.50 for Kimi
+    K2 at EP 32 on 4.
+
     >>> from shardscope._src.targets.hardware import hardware
     >>> h = hardware("h100")
     >>> exchange_bandwidth(h, {"expert": 8}, ("expert",)) / 1e9  # one node: NVLink
     360.0
     >>> round(exchange_bandwidth(h, {"expert": 64}, ("expert",)) / 1e9, 1)  # 56 of 63 away
     45.0
+    >>> round(exchange_bandwidth(h, {"expert": 64}, ("expert",), once_per_node=(256, 8)) / 1e9,
+    ...       1)  # DeepSeek-V3's 256 experts, 8 a token, once a node
+    65.2
     """
     inside = group_bandwidth(hw, sizes, axes)
     if math.prod(sizes.values()) <= hw.node_size:
@@ -169,6 +194,11 @@ def exchange_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[st
         return inside
     m = n // nodes
     remote, local = (n - m) / (n - 1), (m - 1) / (n - 1)
+    if once_per_node:
+        experts, top_k = once_per_node
+        per_device = (n - m) * device_share(experts, n, top_k)
+        crossing = remote * (nodes - 1) * device_share(experts, nodes, top_k) / per_device
+        local, remote = local + remote - crossing, crossing
     per_byte = max(remote / hw.cross_node_bandwidth, local / hw.link_bandwidth)
     return hw.comm_fraction / per_byte
 
@@ -207,11 +237,14 @@ def collective_seconds(
     group_size: int,
     traffic_bytes: float,
     count: int = 1,
+    *,
+    once_per_node: tuple[int, ...] = (),
 ) -> float:
     """Alpha-beta seconds of ``count`` executions of a collective that send
     ``traffic_bytes`` per device in all: ``count x steps x latency + traffic / bandwidth``, or
     on a GPU, for a ring collective, NCCL's low-latency protocol's time where it is faster
-    (:data:`LOW_LATENCY`).
+    (:data:`LOW_LATENCY`). ``once_per_node``: an all-to-all's routing, priced by
+    :func:`exchange_bandwidth`.
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> round(collective_seconds(hardware("h100"), {"model": 8}, "all-reduce", ("model",), 8,
@@ -225,7 +258,7 @@ def collective_seconds(
         return 0.0
     steps = latency_steps(kind, group_size)
     if kind in EXCHANGES:
-        bandwidth = exchange_bandwidth(hw, sizes, axes)
+        bandwidth = exchange_bandwidth(hw, sizes, axes, once_per_node=once_per_node)
     else:
         bandwidth = group_bandwidth(hw, sizes, axes)
     seconds = alpha_beta_seconds(count * steps, hw.latency_s, traffic_bytes, bandwidth)

@@ -24,6 +24,19 @@ def swiglu(gate_up: Any) -> Any:
     return jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
 
 
+def weighted_swiglu(gate_up: Any, weight: Any) -> Any:
+    """:func:`swiglu` of each row scaled by its router weight ``weight`` ``[...]``: the
+    expert activation of Megatron-Core's grouped MLP (``weighted_bias_swiglu_impl``) and NeMo
+    AutoModel's DeepEP experts (``WeightedSwiGLUFunction``), which weight a token's expert
+    output before the down-projection, so the combine sums the outputs unweighted."""
+    return swiglu(gate_up) * weight[..., None].astype(gate_up.dtype)
+
+
+def weighted_gelu(x: Any, weight: Any) -> Any:
+    """GELU of each row scaled by its router weight (:func:`weighted_swiglu`'s GELU twin)."""
+    return jax.nn.gelu(x) * weight[..., None].astype(x.dtype)
+
+
 def fused(fn: Any) -> Any:
     """``fn`` (element-wise: a norm, an activation) differentiated as one fused kernel is: the
     backward keeps its inputs alone and recomputes what lies between them and its output.
@@ -53,3 +66,7 @@ def fused(fn: Any) -> Any:
 fused_norm = fused(rms_norm)
 fused_gelu = fused(jax.nn.gelu)
 fused_swiglu = fused(swiglu)
+#: SwiGLU and GELU scaled by each row's router weight, keeping only their inputs and the
+#: weights for the backward
+fused_weighted_swiglu = fused(weighted_swiglu)
+fused_weighted_gelu = fused(weighted_gelu)

@@ -27,7 +27,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardscope._src.model.fused import fused_gelu, fused_swiglu
+from shardscope._src.model.fused import (
+    fused_gelu,
+    fused_swiglu,
+    fused_weighted_gelu,
+    fused_weighted_swiglu,
+)
 
 
 def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
@@ -54,15 +59,20 @@ def route(h: Any, router: Any, top_k: int, place: Any = None) -> tuple[Any, Any]
         return jax.nn.softmax(top, axis=-1), experts
 
 
-def _expert_mlp(x: Any, w_in: Any, w_down: Any) -> Any:
+def _expert_mlp(x: Any, w_in: Any, w_down: Any, weight: Any = None) -> Any:
     """Each expert's MLP on its rows ``[experts, rows, d]``: SwiGLU when ``w_in`` is
     ``[experts, d, 2, f]``, GELU when ``[experts, d, f]``; the activation keeps only its
-    input for the backward, as a fused kernel does (:func:`~shardscope._src.model.fused.fused`)."""
+    input for the backward, as a fused kernel does (:func:`~shardscope._src.model.fused.fused`).
+    With ``weight`` ``[experts, rows]``, each row's activation is scaled by its router weight
+    before the down-projection (:func:`~shardscope._src.model.fused.weighted_swiglu`), so the
+    outputs need not be kept to differentiate the weights."""
     with jax.named_scope("moe/experts"):
         if w_in.ndim == 4:
-            u = fused_swiglu(jnp.einsum("ecd,edtf->ectf", x, w_in))
+            h = jnp.einsum("ecd,edtf->ectf", x, w_in)
+            u = fused_swiglu(h) if weight is None else fused_weighted_swiglu(h, weight)
         else:
-            u = fused_gelu(jnp.einsum("ecd,edf->ecf", x, w_in))
+            h = jnp.einsum("ecd,edf->ecf", x, w_in)
+            u = fused_gelu(h) if weight is None else fused_weighted_gelu(h, weight)
         return jnp.einsum("ecf,efd->ecd", u, w_down)
 
 
@@ -190,8 +200,10 @@ def moe_capacity(
     With ``devices`` (the expert axis's size), each token is sent once to each device that
     holds any of its experts, not once per expert (DeepEP's dispatch): a group fills
     ``[devices, rows, d]`` (:func:`device_capacity` rows, tokens beyond them dropped on that
-    device), each device fills its experts' slots from the rows it received, and sums each
-    token's outputs of its experts there (weighted by the router) before they go back.
+    device), each device fills its experts' slots from the rows it received, runs them with
+    each slot's activation scaled by its router weight (Megatron-Core's grouped MLP and NeMo
+    AutoModel's DeepEP experts weight there, not in the combine, so the backward keeps no
+    expert output), and sums each token's outputs of its experts there before they go back.
     Which rows fill which slots, and their router weights, travel with the rows
     (``[devices, groups, experts / devices, slots]`` each)."""
     n_experts = router.shape[-1]
@@ -224,10 +236,11 @@ def moe_capacity(
     return out.reshape(t, d), dropped
 
 
-def _local_experts(rows: Any, w_in: Any, w_down: Any, reduce: Any) -> Any:
-    """One device's experts on their rows ``[local, rows, d]`` inside ``shard_map``, their
-    output summed by ``reduce`` where their hidden is split further (tensor parallelism)."""
-    y = _expert_mlp(rows, w_in, w_down)
+def _local_experts(rows: Any, w_in: Any, w_down: Any, reduce: Any, weight: Any = None) -> Any:
+    """One device's experts on their rows ``[local, rows, d]`` inside ``shard_map`` (each
+    row's activation scaled by its ``weight``, where given), their output summed by
+    ``reduce`` where their hidden is split further (tensor parallelism)."""
+    y = _expert_mlp(rows, w_in, w_down, weight)
     return y if reduce is None else reduce(y)
 
 
@@ -287,17 +300,20 @@ def _moe_once(
         padded = jnp.concatenate([buffer, jnp.zeros((devices, groups, 1, d), xg.dtype)], axis=2)
         take = jax.vmap(jax.vmap(lambda b, i: jnp.take(b, i.reshape(-1), axis=0)))
         filled = take(padded, row).reshape(devices, groups, local, slots, d)
+    # each slot's router weight scales its expert's activation (Megatron-Core's and NeMo
+    # AutoModel's grouped experts under DeepEP), so the outputs are summed unweighted
     if axis is None:  # every expert, sharded: [experts, groups x slots, d]
         filled = jnp.moveaxis(filled, 2, 1).reshape(n_experts, groups * slots, d)
-        y = _expert_mlp(filled, w_in, w_down).reshape(devices, local, groups, slots, d)
+        scale = jnp.moveaxis(weight, 2, 1).reshape(n_experts, groups * slots)
+        y = _expert_mlp(filled, w_in, w_down, scale).reshape(devices, local, groups, slots, d)
         y = jnp.moveaxis(y, 1, 2)
     else:  # this device's experts: [local, sources x groups x slots, d]
         filled = jnp.moveaxis(filled, 2, 0).reshape(local, devices * groups * slots, d)
-        y = _local_experts(filled, w_in, w_down, reduce)
+        scale = jnp.moveaxis(weight, 2, 0).reshape(local, devices * groups * slots)
+        y = _local_experts(filled, w_in, w_down, reduce, scale)
         y = jnp.moveaxis(y.reshape(local, devices, groups, slots, d), 0, 2)
     with jax.named_scope("moe/combine"):
-        # each token's outputs of this device's experts, weighted and summed into its row
-        y = y * weight[..., None]
+        # each token's outputs of this device's experts, summed into its row
 
         def add(r: Any, i: Any) -> Any:
             flat = r.reshape(local * slots, d)

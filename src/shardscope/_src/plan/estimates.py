@@ -374,12 +374,17 @@ def moe_activation_bytes_per_layer(
 ) -> float:
     """Bytes a layer with experts keeps for the backward for ``b`` sequences on one device:
     its attention's and norms' as a dense layer's (Korthikanti et al.), then, per token, the
-    router's float32 logits (``4 E``), the slots sent to the experts and their outputs
-    (``cf k h`` each: ``cf`` the capacity factor, 1 dropless), the experts' hidden
-    activations as a dense MLP's (``cf k`` times SwiGLU's ``3 f`` or GELU's ``2 f``, split
-    over ``model``), and the shared experts' hidden as a dense MLP of their width. Under
-    expert parallelism a device holds its experts' slots of every token sent to them: under
-    uniform routing, as many as its own tokens send."""
+    router's float32 logits (``4 E``), the slots sent to the experts (``cf k h``: ``cf`` the
+    capacity factor, 1 dropless; the up-projections' input), their outputs where the combine
+    weights them by the router (``cf k h`` more: GShard's and MaxText's combine keeps them
+    to differentiate the weights; not with ``dispatch_once``, where the router weight scales
+    each slot's activation before the down-projection, as Megatron-Core's grouped MLP,
+    ``weighted_bias_swiglu_impl``, and NeMo AutoModel's DeepEP experts,
+    ``WeightedSwiGLUFunction``, do: the outputs are summed unweighted and kept by nothing),
+    the experts' hidden activations as a dense MLP's (``cf k`` times SwiGLU's ``3 f`` or
+    GELU's ``2 f``, split over ``model``), and the shared experts' hidden as a dense MLP of
+    their width. Under expert parallelism a device holds its experts' slots of every token
+    sent to them: under uniform routing, as many as its own tokens send."""
     c = placement.config
     whole, split, scores = _activation_terms(placement, b, dense_mlp=False)
     attention = whole + split + (0 if flash_attention else scores)
@@ -388,7 +393,8 @@ def moe_activation_bytes_per_layer(
     cf_k = c.routed_capacity * c.top_k
     hidden = per_slot * (cf_k + c.shared_experts) / model_ways(placement)
     tokens = b * c.seq // context_ways(placement)
-    return attention + tokens * ((2 * cf_k * c.d_model + hidden) * c.itemsize + 4 * c.experts)
+    slots = (1 if c.dispatch_once else 2) * cf_k * c.d_model  # inputs (and weighted outputs)
+    return attention + tokens * ((slots + hidden) * c.itemsize + 4 * c.experts)
 
 
 def named_tensor_elements(config: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -209,7 +209,14 @@ def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int
     layers = config.moe_layers
     return sum(
         collective_seconds(
-            hw, layout.mesh, term.kind, ("expert",), e, term.traffic_bytes * layers, layers
+            hw,
+            layout.mesh,
+            term.kind,
+            ("expert",),
+            e,
+            term.traffic_bytes * layers,
+            layers,
+            once_per_node=term.once_per_node,
         )
         for term in terms
     )

@@ -772,7 +772,10 @@ def comm_items(
             names, sent = together.setdefault(key, ([], 0.0))
             together[key] = ([*names, t.what], sent + traffic)
             continue
-        seconds = collective_seconds(hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count)
+        seconds = collective_seconds(
+            hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count,
+            once_per_node=t.once_per_node,
+        )  # fmt: skip
         items.append(CommItem(t.what, cls, seconds, held_share(hw, sizes, t.axes)))
     for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
         seconds = collective_seconds(hw, sizes, kind, axes, group, sent, count)
