@@ -8,15 +8,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardscope import comm
+from shardscope._src.audit.overlap import Kernel
 from shardscope._src.cost.compute import (
     gemm_efficiency,
     gemm_seconds,
     kernel_seconds,
+    kernels_seconds,
     matmul_seconds,
     work_seconds,
 )
 from shardscope._src.cost.flops import Gemm, attention_core_flops
 from shardscope._src.cost.links import collective_seconds
+from shardscope._src.hlo.cost import Cost
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.rank import pareto_front, rank_key
 from shardscope._src.targets.hardware import hardware
@@ -29,6 +32,23 @@ def test_a_kernel_takes_at_least_its_longer_part_and_at_most_both(compute_s, mem
     t = kernel_seconds(compute_s, memory_s)
     longer, both = max(compute_s, memory_s), compute_s + memory_s
     assert longer * (1 - 1e-12) <= t <= both * (1 + 1e-12)
+
+
+def test_no_gpu_kernel_runs_in_less_than_the_least_a_kernel_runs():
+    # ten norms of 4 tokens x 8192 in bf16 (64 KiB read, 64 KiB written: 39 ns at the H100's
+    # 3.35 TB/s) and a matmul reading 1 GB at 80% of it, one after another: each norm takes
+    # the 2 us least a kernel runs on an H100, the matmul its reads' time
+    moved = 2 * 4 * 8192 * 2
+    norm, matmul = Kernel(Cost(bytes=moved)), Kernel(Cost(bytes=10**9, matmul_bytes=10**9))
+    runs = {norm: 10, matmul: 1}
+    reads = 10**9 / (3.35e12 * 0.8)
+    got = kernels_seconds(hardware("h100"), runs, (0.0, 0.0))
+    assert got == pytest.approx(10 * 2e-6 + reads, rel=1e-12)
+    # with no least time, the norms take their bytes' time
+    free = hardware("h100", kernel_floor_s=0)
+    assert kernels_seconds(free, runs, (0.0, 0.0)) == pytest.approx(
+        10 * moved / 3.35e12 + reads, rel=1e-12
+    )
 
 
 def test_a_gpu_runs_its_kinds_of_kernel_one_after_another_and_a_tpu_overlaps_them():

@@ -37,6 +37,9 @@ def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
         (("h100",), {"kernel_launch_s": -1e-6}, "must be 0 or a finite positive"),
         # microseconds given as seconds: above a small model's whole decode step
         (("h100",), {"kernel_launch_s": 5.0}, r"kernel_launch_s=5.0 .* at most 0.001"),
+        (("h100",), {"kernel_floor_s": float("nan")}, "must be 0 or a finite positive"),
+        (("h100",), {"kernel_floor_s": -2e-6}, "must be 0 or a finite positive"),
+        (("h100",), {"kernel_floor_s": 2.0}, r"kernel_floor_s=2.0 .* at most 0.001"),
         (("h100",), {"hbm_fraction": 1.2}, "hbm_fraction=1.2 is a fraction of the bandwidth"),
         (("h100",), {"sms": 0}, r"sms=0 is the GPU's streaming multiprocessors \(132 on h100"),
         (("a100",), {"sms": 10.5}, r"sms=10.5 .* give a whole number of at least 1"),

@@ -18,6 +18,7 @@ from shardscope._src.plan.rank import StepCost, StepSource
 from shardscope._src.serve import compiled as compiled_module
 from shardscope._src.serve import search as search_module
 from shardscope._src.serve.compiled import compile_decode, compile_prefill
+from shardscope._src.serve.estimate import decode_kernels
 from shardscope._src.serve.search import serve
 from shardscope._src.targets.hardware import PRESETS
 
@@ -59,6 +60,14 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     # its reads at 64 sequences: its reads and a twentieth of its matmuls' time (XLA's GPU
     # cost model overlaps the other 95%)
     step = memory_s + 0.05 * p.decode_compute_s + (2 * 80 + 1) * ring
+    # its kernels, one an operation as engines fuse them, each launched at 1 us: a layer's
+    # query/key/value projection, attention, output projection, MLP up and down, and the
+    # unembedding; its two norms, rotary embedding, cache update and activation, and the
+    # embedding's lookup, the final norm and the sampling, each besides the 2 us least a
+    # kernel runs (their work on 64 tokens priced at nothing else)
+    matmuls, elementwise = 80 * 5 + 1, 80 * 5 + 3
+    step += (matmuls + elementwise) * 1e-6 + elementwise * 2e-6
+    assert p.decode_kernels == matmuls + elementwise
     # then the default engine's host (vLLM's): 126 us a step and 4 us for each of its 64
     # sequences
     step += 126e-6 + 64 * 4e-6
@@ -69,6 +78,37 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     q = _find(result, "dp_tp", {"data": 2, "model": 4}, 64)
     assert q.weight_bytes_per_device == (config.param_count() - norms) * 2 // 4 + norms * 2
     assert q.cache_bytes_per_device == 32 * 2304 * (2 * 8 * 128 * 80 * 2) // 4
+
+
+def test_an_estimated_step_and_prefill_launch_their_models_kernels():
+    # two layers of Llama 3 8B on an H100, on no engine: each of its 2 x 5 + 1 matmul and
+    # attention kernels and 2 x 5 + 3 element-wise ones launched at 1 us, and each
+    # element-wise one the 2 us least a kernel runs besides, in the decode step and the
+    # prefill alike; a TPU launches none of them
+    two = replace(model_preset("llama3-8b").config(batch=1), layers=2)
+    kw = dict(prompt=64, output=16, batch=4, compiler="cpu", engine="none")
+    matmuls, elementwise = 2 * 5 + 1, 2 * 5 + 3
+    paid = serve(two, 1, hardware="h100", **kw).best
+    free_hw = dict(kernel_launch_s=0, kernel_floor_s=0)
+    free = serve(two, 1, hardware="h100", hardware_overrides=free_hw, **kw).best
+    assert paid.decode_kernels == free.decode_kernels == matmuls + elementwise
+    kernels = (matmuls + elementwise) * 1e-6 + elementwise * 2e-6
+    assert paid.decode_step_s - free.decode_step_s == pytest.approx(kernels, rel=1e-9)
+    assert paid.first_token_s - free.first_token_s == pytest.approx(kernels, rel=1e-9)
+    tpu = serve(two, 1, hardware="tpu-v5e", **kw).best
+    tpu_free = serve(two, 1, hardware="tpu-v5e", hardware_overrides=free_hw, **kw).best
+    assert tpu.decode_step_s == tpu_free.decode_step_s
+
+
+def test_a_mixtures_layers_launch_their_routers_and_experts_kernels():
+    # Mixtral 8x7B: 32 layers, each with experts and no shared ones; a layer's attention
+    # (projections, core, output) and its router, its experts' up and down projections as
+    # matmuls, its 5 element-wise kernels and the routing and the combine; DeepSeek-V3: 3
+    # dense layers and 58 with experts and a shared expert (its up and down besides)
+    mixtral = decode_kernels(model_preset("mixtral-8x7b").config(batch=1))
+    assert mixtral == (32 * (3 + 3) + 1, 32 * (5 + 2) + 3)
+    deepseek = decode_kernels(model_preset("deepseek-v3").config(batch=1))
+    assert deepseek == (61 * 3 + 3 * 2 + 58 * (3 + 2) + 1, 61 * 5 + 58 * 2 + 3)
 
 
 @pytest.mark.compiler
@@ -434,7 +474,8 @@ def test_a_plan_says_what_priced_its_step_and_keeps_its_estimate_beside_a_compil
     # kernels (keeping the estimate, as compile_decode does): the plans it compiled say so,
     # rank by the compiled figure, and keep beside it the estimate they replaced, which is
     # the roofline's plan of the same layout and batch to the digit; the layout's other
-    # plans are estimated, their steps the roofline's and the compiled step's launches
+    # plans are estimated, their steps the roofline's with the compiled step's launches in
+    # place of its own
     def compile_decode(plan, config, hw, **_):
         slow = 2 * plan.estimated.decode_step_s
         return replace(
@@ -463,7 +504,9 @@ def test_a_plan_says_what_priced_its_step_and_keeps_its_estimate_beside_a_compil
         else:
             assert p.decode_kernels == 100
             # (the launches join the device's step before the engine's host follows it)
-            launched = p.estimated.step_time_s + launch_seconds(H100, 100)
+            own = p.estimated.decode_kernels
+            assert own == 32 * 10 + 4  # Llama 3 8B's: 10 kernels a layer and 4 a step
+            launched = p.estimated.step_time_s + launch_seconds(H100, 100 - own)
             assert p.step_time_s == pytest.approx(launched, rel=1e-12)
     ranks = [(-p.tokens_per_s_per_chip, p.step_time_s) for p in result.plans]
     assert ranks == sorted(ranks)

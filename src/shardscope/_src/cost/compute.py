@@ -14,8 +14,10 @@ price from FLOPs and bytes.
 * **a kernel**, on a device that runs a program kernel by kernel (a GPU, by its target's
   :class:`~shardscope._src.targets.specs.Family`: :func:`by_kernel`), takes its arithmetic's
   time plus its traffic's, less :data:`KERNEL_OVERLAP` of the shorter
-  (:func:`kernel_seconds`), and the kernels run one after another, each launched at
-  ``kernel_launch_s`` (:func:`launch_seconds`); elsewhere (a TPU, one program whose copies
+  (:func:`kernel_seconds`) and never less than the least a kernel runs, ``kernel_floor_s``
+  (:func:`floor_seconds`: a norm of a few tokens takes microseconds, not nanoseconds), and
+  the kernels run one after another, each launched at ``kernel_launch_s``
+  (:func:`launch_seconds`); elsewhere (a TPU, one program whose copies
   into on-chip memory run beside its matmuls) a step takes the slower of its arithmetic and
   its traffic, the :func:`roofline` (:func:`work_seconds` applies the rule of the family).
 * **collectives beside compute** (hidden behind it) add what the compute does not cover, or
@@ -315,6 +317,21 @@ def launch_seconds(hw: Hardware, kernels: int) -> float:
     return kernels * hw.kernel_launch_s
 
 
+def floor_seconds(hw: Hardware, kernels: int) -> float:
+    """What ``kernels`` kernels whose own work is under the least a kernel runs take on the
+    device: ``kernel_floor_s`` each (0 on a TPU). A kernel timed by its work takes the longer
+    of the two (:func:`kernels_seconds`); one whose work is not priced (an estimate's norms,
+    rotary embeddings and activations of a few tokens) takes this.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> round(floor_seconds(hardware("h100"), 500) * 1e3, 6)
+    1.0
+    >>> floor_seconds(hardware("tpu-v5e"), 500)
+    0.0
+    """
+    return kernels * hw.kernel_floor_s
+
+
 def serial_seconds(compute_s: float, comm_s: float) -> float:
     """A step whose communication hides behind none of its compute: the two one after the
     other (a program's plan and ``suggest``'s screen time their steps so, and a training plan
@@ -400,9 +417,14 @@ def kernels_seconds(hw: Hardware, runs: Mapping[_R, int], flop_s: tuple[float, f
     """A compiled program's kernels one after another, ``runs`` each kernel's launches:
     each :func:`kernel_seconds` of its FLOPs (a FLOP of a matmul taking ``flop_s[0]``
     seconds, one of a fused attention core ``flop_s[1]``) and its bytes
-    (:func:`moved_seconds`)."""
+    (:func:`moved_seconds`), and never less than the least a kernel runs
+    (:func:`floor_seconds`)."""
     return sum(
-        n * kernel_seconds(k.cost.flops * flop_s[k.fused], moved_seconds(hw, k.cost))
+        n
+        * max(
+            kernel_seconds(k.cost.flops * flop_s[k.fused], moved_seconds(hw, k.cost)),
+            floor_seconds(hw, 1),
+        )
         for k, n in runs.items()
     )
 

@@ -33,6 +33,13 @@ pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
 * **fp8 weights** on a device with fp8 matmul units: the weights' matmuls (decode's and
   prefill's) at the fp8 rate, the attention's at 16 bits (:func:`fp8_matmuls`); int8
   weights, and fp8 ones elsewhere, are read as 8 bits and multiplied at 16.
+* **the kernels** (on a GPU): a step launches one kernel for each operation of a layer as
+  serving engines fuse them (:func:`decode_kernels`), each at the hardware's
+  ``kernel_launch_s`` (:func:`~shardscope._src.cost.compute.launch_seconds`), and the
+  element-wise ones among them (norms, rotary embeddings, the cache's update, activations),
+  whose few tokens' work is not priced above, each the least a kernel runs
+  (:func:`~shardscope._src.cost.compute.floor_seconds`): the decode step's and the
+  prefill's alike.
 * **the engine's host** (:mod:`~shardscope._src.targets.engines`): its work an iteration
   and a sequence of it after the device's step, or beside it where the engine overlaps the
   two (the longer of them), for the decode step (the replica's sequences) and the prefill
@@ -51,8 +58,10 @@ from typing import NamedTuple
 from shardscope._src.base.comm import ALL_REDUCE, traffic_bytes
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.cost.compute import (
+    floor_seconds,
     flop_seconds,
     gemms_efficiency,
+    launch_seconds,
     matmul_read_seconds,
     step_matmul_seconds,
     work_seconds,
@@ -249,6 +258,49 @@ def weights_shape(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int
     return gemms_efficiency(hw, weight_gemms(config, layout, tokens))
 
 
+class Kernels(NamedTuple):
+    """The kernels one run of a served decoder launches (:func:`decode_kernels`): its
+    matmuls and attention cores, whose work is priced by their FLOPs and reads, and its
+    element-wise kernels, whose work on a few tokens is not."""
+
+    matmuls: int
+    elementwise: int
+
+    @property
+    def total(self) -> int:
+        """All of them."""
+        return self.matmuls + self.elementwise
+
+    def seconds(self, hw: Hardware) -> float:
+        """What they cost beyond the work priced: each one's launch, and each element-wise
+        one the least a kernel runs (0 on a TPU)."""
+        return launch_seconds(hw, self.total) + floor_seconds(hw, self.elementwise)
+
+
+def decode_kernels(config: ModelConfig) -> Kernels:
+    """The kernels a decode step (or a prefill) of ``config`` launches, one for each
+    operation as serving engines fuse them (the collectives apart: their latency prices each
+    one's start). Each layer: its two norms (each with the residual's add), the rotary
+    embedding, the cache's update and the MLP's activation (with the gate's product)
+    element-wise; the query, key and value projection (one), the attention core and its
+    output projection; a dense MLP's up (with its gate) and down projections, or a
+    mixture's router, its routing (element-wise), its experts' up and down projections
+    (grouped, one each), the combine of their outputs (element-wise) and its shared
+    experts' up and down; then the step's embedding lookup, final norm and sampling
+    (element-wise) and its unembedding.
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> k = decode_kernels(model_preset("llama3-70b").config(batch=1))
+    >>> k.matmuls == 80 * 5 + 1, k.elementwise == 80 * 5 + 3
+    (True, True)
+    """
+    c = config
+    shared = 2 if c.shared_experts else 0
+    matmuls = c.layers * 3 + c.dense_layer_count * 2 + c.moe_layers * (3 + shared) + 1
+    elementwise = c.layers * 5 + c.moe_layers * 2 + 3
+    return Kernels(matmuls, elementwise)
+
+
 def decode_flops(config: ModelConfig, context: int) -> tuple[int, int]:
     """A sequence's matmul FLOPs in a decode step over a cache of ``context``: the
     weights' (``2 x`` the active parameters) and the attention's, its one query against the
@@ -303,14 +355,15 @@ def estimate_plan(
     memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
-    decode = work_seconds(hw, by_weights, by_cache) + comm_s
+    kernels = decode_kernels(c)
+    decode = work_seconds(hw, by_weights, by_cache) + comm_s + kernels.seconds(hw)
     host = get_engine(engine)
     host_s = host.exposed_seconds(decode, per_replica)
     decode += host_s
     of = prefill_flops(c, prompt)
     shape = weights_shape(hw, c, layout, prompt)
     matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True, shape=shape)
-    prefill = work_seconds(hw, (matmuls, matmul_read_seconds(hw, read)))
+    prefill = work_seconds(hw, (matmuls, matmul_read_seconds(hw, read))) + kernels.seconds(hw)
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
@@ -333,4 +386,5 @@ def estimate_plan(
         kv_replicas=(c.kv_heads or 1) // (config.kv_heads or 1),
         engine=host.name,
         decode_host_s=host_s,
+        decode_kernels=kernels.total,
     )

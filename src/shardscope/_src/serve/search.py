@@ -644,10 +644,12 @@ def _beside_compiled(estimate: ServePlan, compiled: ServePlan, hw: Hardware) -> 
     batch: the compiled prefill's time to first token, and its decode step launching as
     many kernels as the compiled one (as near as is known uncompiled: the compiler fuses a
     little differently at each batch, Llama 3 70B's ``dp_tp`` step on 8 H100s launching
-    963 kernels at batch 456 and 1,123 at 48); the engine's host work after the step, or
-    beside it, as on the estimate."""
+    963 kernels at batch 456 and 1,123 at 48) in place of the estimate's count of them
+    (the estimate's element-wise kernels still each the least a kernel runs); the engine's
+    host work after the step, or beside it, as on the estimate."""
     kernels = compiled.decode_kernels
-    device = estimate.decode_step_s - estimate.decode_host_s + launch_seconds(hw, kernels)
+    launches = launch_seconds(hw, kernels) - launch_seconds(hw, estimate.decode_kernels)
+    device = estimate.decode_step_s - estimate.decode_host_s + launches
     host_s = get_engine(estimate.engine).exposed_seconds(
         device, estimate.batch // estimate.replicas
     )

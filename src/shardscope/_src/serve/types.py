@@ -82,9 +82,10 @@ class ServePlan(Record):
     compiled_by: str | None = None
     #: the compiled decode step's all-reduces a step (0 when not compiled)
     compiled_all_reduces: int = 0
-    #: the kernels the compiled decode step launches, each priced at the hardware's
+    #: the kernels the decode step launches, each priced at the hardware's
     #: ``kernel_launch_s`` in ``decode_step_s``: the compiled step's, or on an estimated
-    #: plan its layout's compiled step's (0 where the layout has none)
+    #: plan its layout's compiled step's, or where the layout has none those of the
+    #: model's structure (:func:`~shardscope._src.serve.estimate.decode_kernels`)
     decode_kernels: int = 0
     #: the devices that hold each key/value head (above 1 where tensor parallelism is wider
     #: than the model's key/value heads)

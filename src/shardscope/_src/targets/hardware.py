@@ -59,6 +59,9 @@ class Hardware(Record):
       kernel_launch_s: seconds a compiled serving step pays for each kernel it launches,
         beside its traffic and its matmuls (a decode step of a few milliseconds launches
         hundreds); 0 on a TPU, which runs a compiled program as one executable.
+      kernel_floor_s: the least a GPU kernel runs however little it does (a norm, a
+        rotary embedding, an activation of a few tokens): a kernel takes the longer of its
+        work and this, beside its launch; 0 on a TPU (see :data:`TIME_MODEL_SOURCES`).
       sms: the streaming multiprocessors of a GPU (datasheet), over which a matmul's output
         tiles run one a multiprocessor in waves (:func:`~shardscope._src.cost.compute.
         gemm_efficiency`); 0 on a TPU, whose matmuls are priced at ``matmul_fraction``
@@ -91,6 +94,7 @@ class Hardware(Record):
     attention_fwd_flops: float = 0.0
     attention_bwd_flops: float = 0.0
     kernel_launch_s: float = 0.0
+    kernel_floor_s: float = 0.0
     hbm_fraction: float = 1.0
     sms: int = 0
     tile_m: int = 128
@@ -222,6 +226,25 @@ TIME_MODEL_SOURCES = {
         "model/gpu_performance_model_base.h, kKernelLaunchOverhead); TPUs 0: the TPU runs a "
         "compiled program as one executable, with no launch per kernel"
     ),
+    "kernel_floor_s (GPUs) 2e-6": (
+        "the least a kernel runs on a Hopper GPU when it does almost nothing, measured inside "
+        "a replayed CUDA graph (serving engines capture their decode steps): vLLM's layerwise "
+        "profile of a decode step of an fp8 Llama 3 8B (its embedding bfloat16[128256, 4096], "
+        "its matmuls sm90_xmma_gemm_e4m3bf16 kernels; neuralmagic/nm-vllm pull request 332, "
+        "the kernels under CUDAGraphRunner, each its time on the device) times "
+        "'vllm::scaled_fp8_quant_kernel' at 256.00 us over 128.00 invocations (2 us each, "
+        "quantizing a token's activations before each fp8 matmul), 'vllm::rms_norm_kernel' "
+        "at 4.00 us for 1 and 'indexSelectSmallIndex' at 2.00 us for 1. A kernel's time on "
+        "the device does not hold the gap between one kernel's end and the next's start, "
+        "which the launch (kernel_launch_s) prices: Hazy Research's Llama-1B megakernel study "
+        "(hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles: 'Each kernel comes with a "
+        "setup and teardown period and during this time no useful work gets done') measured "
+        "that gap on an H100 with CUDA graphs at about 1.3 us a kernel (as its summary at "
+        "mlops.substack.com/p/one-megakernel-to-rule-llama-1b puts it: 'Even with NVIDIA's "
+        "CUDA graphs ... measurements on an H100 showed launch costs of about 1.3 "
+        "microseconds per kernel'), near XLA's 1 us. The A100's and B200's taken as the "
+        "H100's (no published measurement apart); TPUs 0, as kernel_launch_s"
+    ),
     "sms (A100 108, H100 and H200 132, B200 148), tile_m x tile_n 128 x 128, MIN_TILE_M 16, "
     "TILE_K 64 (GPUs)": (
         "a GPU matmul's output is cut into tiles, one thread block a tile on each streaming "
@@ -311,6 +334,7 @@ PRESETS: dict[str, Hardware] = {
             host_memory_bytes=2000 * GB / 8,
             host_bandwidth=32 * GB,
             kernel_launch_s=1e-6,
+            kernel_floor_s=2e-6,
             hbm_fraction=0.8,
             sms=108,
             comm_sms=24,
@@ -332,6 +356,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_peak_flops=1979e12,
             fp8_matmul_fraction=0.48,
             kernel_launch_s=1e-6,
+            kernel_floor_s=2e-6,
             hbm_fraction=0.8,
             sms=132,
             comm_sms=32,
@@ -353,6 +378,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_peak_flops=1979e12,
             fp8_matmul_fraction=0.49,
             kernel_launch_s=1e-6,
+            kernel_floor_s=2e-6,
             hbm_fraction=0.8,
             sms=132,
             comm_sms=32,
@@ -374,6 +400,7 @@ PRESETS: dict[str, Hardware] = {
             fp8_peak_flops=4500e12,
             fp8_matmul_fraction=0.51,
             kernel_launch_s=1e-6,
+            kernel_floor_s=2e-6,
             hbm_fraction=0.8,
             sms=148,
             comm_sms=32,
@@ -431,6 +458,9 @@ PRESETS: dict[str, Hardware] = {
     )
 }
 
+
+#: The most a kernel's least time may be set to: as a launch's (:data:`MAX_KERNEL_LAUNCH_S`).
+MAX_KERNEL_FLOOR_S = 1e-3
 
 #: The most a kernel's launch may be set to: a millisecond, a thousand times XLA's estimate
 #: and more than a small model's whole decode step (a 1B model's weights read from an H100's
@@ -516,6 +546,7 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             "attention_fwd_flops",
             "attention_bwd_flops",
             "kernel_launch_s",
+            "kernel_floor_s",
         )
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
@@ -527,6 +558,12 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
                 f"microseconds (XLA's GPU cost model: 1e-6); above {MAX_KERNEL_LAUNCH_S:g} s "
                 f"it passes a small model's whole decode step: give seconds, at most "
                 f"{MAX_KERNEL_LAUNCH_S:g}"
+            )
+        if key == "kernel_floor_s" and value > MAX_KERNEL_FLOOR_S:
+            raise ShardscopeError(
+                f"hardware setting kernel_floor_s={value!r} is the least a kernel runs, which "
+                f"is microseconds (an H100's: 2e-6); above {MAX_KERNEL_FLOOR_S:g} s it passes a "
+                f"small model's whole decode step: give seconds, at most {MAX_KERNEL_FLOOR_S:g}"
             )
         fractions = ("matmul_fraction", "comm_fraction", "fp8_matmul_fraction", "hbm_fraction")
         if key in fractions and value > 1:
