@@ -5,7 +5,8 @@ compiler, deviceless: their times are then the compiled programs' (:func:`_compi
 bytes they move through HBM, the matmuls' at the bandwidth they reach, and the FLOPs of their
 matmuls, counted from their HLO; on a GPU kernel by kernel, each kernel's arithmetic and
 traffic overlapped as XLA's GPU cost model overlaps them
-(:func:`~shardscope._src.cost.compute.kernel_seconds`) and the kernels one after another, on
+(:func:`~shardscope._src.cost.compute.kernel_seconds`), none shorter than the hardware's
+``kernel_floor_s``, and the kernels one after another, on
 a TPU the slower of the two totals; the attention core as the one fused kernel a server runs,
 its scores kept on chip; their collectives priced as every collective is, and the kernels
 they launch at the hardware's ``kernel_launch_s``; then the plan's engine's host work, as
