@@ -199,10 +199,11 @@ def test_a_program_launches_each_instruction_that_computes_or_moves_data():
 def test_the_kernel_launch_is_set_from_the_command_line(capsys):
     argv = ["plan", "--serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "64",
             "--output", "8", "--compiler", "cpu"]  # fmt: skip
-    assert main([*argv, "--kernel-launch", "0"]) == 0
+    assert main([*argv, "--kernel-launch", "0", "--kernel-floor", "0"]) == 0
     capsys.readouterr()
-    for bad in ("-1e-6", "inf"):
-        assert_usage_error([*argv, "--kernel-launch", bad], "--kernel-launch", capsys)
+    for flag in ("--kernel-launch", "--kernel-floor"):
+        for bad in ("-1e-6", "inf"):
+            assert_usage_error([*argv, flag, bad], flag, capsys)
 
 
 def test_the_matmul_tiles_are_set_from_the_command_line(tmp_path):

@@ -216,6 +216,7 @@ HARDWARE_OVERRIDES = (
     "attention_fwd_flops",
     "attention_bwd_flops",
     "kernel_launch_s",
+    "kernel_floor_s",
     "sms",
     "tile_m",
     "tile_n",
@@ -242,6 +243,7 @@ class HardwareOptions(CommandConfig):
     attention_fwd_flops: float | None
     attention_bwd_flops: float | None
     kernel_launch_s: float | None
+    kernel_floor_s: float | None
     node_size: int | None
     sms: int | None
     tile_m: int | None

@@ -606,10 +606,17 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
             "kernel_launch_s",
             "seconds a compiled serving step pays per kernel it launches (0: none)",
         ),
+        (
+            "--kernel-floor",
+            "kernel_floor_s",
+            "the least seconds a GPU kernel takes, however little its work (0: none)",
+        ),
     ):
-        kind = {"memory_bytes": positive_bytes, "kernel_launch_s": nonnegative_number}.get(
-            dest, positive_number
-        )
+        kind = {
+            "memory_bytes": positive_bytes,
+            "kernel_launch_s": nonnegative_number,
+            "kernel_floor_s": nonnegative_number,
+        }.get(dest, positive_number)
         p.add_argument(flag, dest=dest, type=kind, metavar="X", help=help_text)
     p.add_argument(
         "--node-size", type=positive_int, metavar="N", help="devices per node with the fast links"
