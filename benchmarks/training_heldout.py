@@ -28,9 +28,9 @@ parallelism). What the planner writes differently from a NeMo run, said on each 
 touches: context parallelism gathers the keys and values (Transformer Engine's default
 exchanges them around a ring). Not a configuration but the program's own accumulation: ZeRO-1's
 gradients are added up on each device and reduce-scattered once a step, as Megatron's
-distributed optimizer does, except under context parallelism, where the reference program sums
-each micro-batch's gradients over ``context`` (each context rank holds a part of every
-sequence's), so the context-parallel rows are priced with a reduction every micro-batch.
+distributed optimizer does over its data x context group: under context parallelism each
+context rank adds up the partial gradients of its part of every sequence over the micro-batches,
+and they are reduced over ``context`` with the data ranks' once, after the last micro-batch.
 
 Run: ``python benchmarks/training_heldout.py`` (a second or two; no compile), or
 ``--compiled [PREFIX ...]`` to plan the rows whose names start with a prefix by compiling

@@ -8,10 +8,11 @@ shardscope.use_cpu_devices(8)
 
 from dataclasses import replace  # noqa: E402
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from helpers import assert_usage_error  # noqa: E402
+from helpers import assert_usage_error, one_device_step  # noqa: E402
 from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER  # noqa: E402
 from shardscope._src.base.errors import StrategyError  # noqa: E402
@@ -182,6 +183,54 @@ def test_train_step_computes_what_one_device_computes(name):
     # context shard's queries see exactly the keys before them.
     config = replace(TINY, attention="blocked", attention_block=2)
     assert compare_numerics(name, config, MESH, mode="train").ok
+
+
+# -- micro-batches --------------------------------------------------------------------------------
+
+M = 4  # micro-batches: TINY's 8 sequences over data=2, one sequence a micro-batch
+
+
+@pytest.mark.parametrize("name", ["dp_cp", "zero1_cp"])
+def test_micro_batches_sum_the_weight_gradients_over_context_once(name):
+    # Each context shard adds up the partial gradients of its part of the sequences over the
+    # micro-batches; they cross context once a step (as Megatron-LM's distributed optimizer
+    # reduces them over data x context), where a micro-batch's keys and values do every time.
+    program = build_reference_program(name, TINY, MESH, mode="train", microbatches=M)
+    actual = _audited(program)
+    # XLA:CPU all-reduces over context each micro-batch's keys' and values' gradients (2
+    # layers, a quarter of a data shard's sequences each) and loss, and the weights' once.
+    assert actual[(CTX, ALL_REDUCE)][1] == M * 2 * 2 * (KEYS // M) + 2 * LAYER + M * 4
+    assert actual[(DATA, ALL_REDUCE)][1] == 2 * LAYER + M * 4
+
+
+@pytest.mark.parametrize(("attention", "regather"), [("dense", False), ("blocked", True)])
+def test_micro_batched_context_shards_compute_what_one_device_computes(attention, regather):
+    # Each context shard's queries are masked at their positions in the whole sequence, and
+    # the keys and values it gathers (again for the backward: regather) pass their gradients
+    # back to the shards they came from.
+    config = replace(TINY, attention=attention, attention_block=2)
+    program = build_reference_program(
+        "dp_cp", config, MESH, mode="train", microbatches=M, regather=regather
+    )
+    loss, grads = program.fn(*program.example_args())
+    want_loss, want_grads = one_device_step(config)
+    assert relative_error(loss, want_loss) <= TOLERANCES[config.dtype]
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        assert relative_error(got, want) <= TOLERANCES[config.dtype]
+
+
+def test_the_step_bound_reduces_over_context_once_where_the_program_does():
+    def scattered(name):
+        placement = get_strategy(name).place(TINY, MESH)
+        terms = step_bound(placement, Schedule(microbatches=M), "train").terms
+        return _by_axes_kind(terms)[(BOTH, REDUCE_SCATTER)][:2]
+
+    # ZeRO-1: six weights a layer (two layers), each gradient replicated over both axes and
+    # reduce-scattered to the optimizer state's shards once a step.
+    assert scattered("zero1_cp") == (6 * 2, 2 * LAYER)
+    # FSDP: the gradients are stored sharded over both axes, reduce-scattered as each
+    # micro-batch's backward makes them.
+    assert scattered("fsdp_cp") == (M * 6 * 2, M * 2 * LAYER)
 
 
 # -- memory ----------------------------------------------------------------------------------------

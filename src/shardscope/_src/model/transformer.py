@@ -143,6 +143,13 @@ class Hooks:
         parallelism (the sequence sharded) this is where they are gathered."""
         return x
 
+    def positions(self, seq: int) -> Any:
+        """The positions in the whole sequence of the ``seq`` queries this program holds,
+        for the causal mask: ``None`` for ``0 .. seq - 1`` (the keys' own); a context shard's
+        program mapped over the shards holds one part of every sequence, and attends to the
+        keys gathered from all of them (:meth:`keys`)."""
+        return None
+
     def hidden(self, x: Any) -> Any:
         """The MLP hidden activation ``[batch, seq, ff]``."""
         return x
@@ -238,14 +245,17 @@ def attention(
         q = q.reshape(batch, seq, kv, group, hd)
         k = hooks.heads(checkpoint_name(qkv[:, :, :, group], "key_proj"))
         v = hooks.heads(checkpoint_name(qkv[:, :, :, group + 1], "value_proj"))
+        pos = hooks.positions(seq)
         if impl == "blocked" and hooks.gathers_weights:
             # Keys and values gathered inside (context parallelism's), so that the backward
             # keeps its shard of them and gathers them again.
-            o = blocked_attention(q, k, v, block, gather=hooks.keys, keep=hooks.heads)
+            o = blocked_attention(
+                q, k, v, block, gather=hooks.keys, keep=hooks.heads, positions=pos
+            )
         elif impl == "blocked":
-            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block)
+            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block, positions=pos)
         else:
-            o = dense_attention(q, hooks.keys(k), hooks.keys(v))
+            o = dense_attention(q, hooks.keys(k), hooks.keys(v), pos)
         o = checkpoint_name(hooks.heads(o.reshape(batch, seq, kv * group, hd)), "context")
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
         return hooks.exit("attention", checkpoint_name(out, "out_proj"))
@@ -282,20 +292,22 @@ def latent_attention(
         v = hooks.heads(kv[..., nope:])
         # every head its own key and value: one query per key/value head
         q = q[:, :, :, None, :]
+        pos = hooks.positions(seq)
         if impl == "blocked":
-            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block)
+            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block, positions=pos)
         else:
-            o = dense_attention(q, hooks.keys(k), hooks.keys(v))
+            o = dense_attention(q, hooks.keys(k), hooks.keys(v), pos)
         o = checkpoint_name(hooks.heads(o.reshape(batch, seq, heads, v.shape[-1])), "context")
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
         return hooks.exit("attention", checkpoint_name(out, "out_proj"))
 
 
-def dense_attention(q: Any, k: Any, v: Any) -> Any:
+def dense_attention(q: Any, k: Any, v: Any, positions: Any = None) -> Any:
     """Causal attention with the whole ``[seq, seq]`` score matrix per head.
 
     ``q`` is ``[batch, seq, kv_heads, q_per_kv, head_dim]``, ``k`` and ``v`` are
-    ``[batch, seq, kv_heads, head_dim]``; returns the shape of ``q``. The scores and
+    ``[batch, seq, kv_heads, head_dim]`` (or the whole sequence's, with ``positions`` the
+    queries' among them: :meth:`Hooks.positions`); returns the shape of ``q``. The scores and
     probabilities are named ``attention_scores`` and ``attention_probs`` for
     ``jax.checkpoint`` policies (selective recomputation drops them).
     """
@@ -303,7 +315,10 @@ def dense_attention(q: Any, k: Any, v: Any) -> Any:
     seq = q.shape[1]
     scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32)
     scores = checkpoint_name(scores / math.sqrt(q.shape[-1]), "attention_scores")
-    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    if positions is None:
+        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    else:
+        causal = positions[:, None] >= jnp.arange(k.shape[1])[None, :]
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     probs = checkpoint_name(jax.nn.softmax(scores, axis=-1).astype(v.dtype), "attention_probs")
     return jnp.einsum("bkgqs,bskh->bqkgh", probs, v)
@@ -318,12 +333,12 @@ def attention_block_size(seq: int, block: int) -> int:
 _MASKED = -1e30  # a masked score: exp() of it minus any real maximum is exactly 0
 
 
-def _block_scores(q: Any, kj: Any, j: Any, blk: int) -> Any:
+def _block_scores(q: Any, kj: Any, j: Any, blk: int, pos: Any) -> Any:
 
-    seq = q.shape[1]
     s = jnp.einsum("bqkgh,bskh->bkgqs", q, kj, preferred_element_type=jnp.float32)
     s = s / math.sqrt(q.shape[-1])
-    visible = jnp.arange(seq)[:, None] >= (j * blk + jnp.arange(blk))[None, :]
+    rows = jnp.arange(q.shape[1]) if pos is None else pos
+    visible = rows[:, None] >= (j * blk + jnp.arange(blk))[None, :]
     return jnp.where(visible, s, _MASKED)
 
 
@@ -340,18 +355,18 @@ def _from_blocks(x: Any) -> Any:
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
+def _blocked_forward(q: Any, k: Any, v: Any, pos: Any, blk: int) -> tuple[Any, Any]:
 
     b, seq, kv, g, _ = q.shape
     m0 = jnp.full((b, kv, g, seq), -jnp.inf, jnp.float32)
     l0 = jnp.zeros((b, kv, g, seq), jnp.float32)
     acc0 = jnp.zeros((b, seq, kv, g, v.shape[-1]), jnp.float32)
-    blocks = (jnp.arange(seq // blk), _by_block(k, blk), _by_block(v, blk))
+    blocks = (jnp.arange(k.shape[1] // blk), _by_block(k, blk), _by_block(v, blk))
 
     def step(carry: Any, xs: Any) -> Any:
         m, total, acc = carry
         j, kj, vj = xs
-        s = _block_scores(q, kj, j, blk)
+        s = _block_scores(q, kj, j, blk, pos)
         m_new = jnp.maximum(m, s.max(axis=-1))
         p = jnp.exp(s - m_new[..., None])
         scale = jnp.exp(m - m_new)
@@ -367,19 +382,20 @@ def _blocked_forward(q: Any, k: Any, v: Any, blk: int) -> tuple[Any, Any]:
     return o, m + jnp.log(total)
 
 
-def _blocked_backward(blk: int, gather: Any, keep: Any, res: Any, do: Any) -> tuple[Any, Any, Any]:
+def _blocked_backward(
+    blk: int, gather: Any, keep: Any, res: Any, do: Any
+) -> tuple[Any, Any, Any, None]:
 
-    q, k, v, o, lse = res
-    k, v = gather(k), gather(v)
-    seq = q.shape[1]
+    q, kept_k, kept_v, pos, o, lse = res
+    k, v = gather(kept_k), gather(kept_v)
     delta = jnp.moveaxis(
         jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1), 1, 3
     )  # [b, kv, g, seq]
-    blocks = (jnp.arange(seq // blk), _by_block(k, blk), _by_block(v, blk))
+    blocks = (jnp.arange(k.shape[1] // blk), _by_block(k, blk), _by_block(v, blk))
 
     def step(dq: Any, xs: Any) -> Any:
         j, kj, vj = xs
-        p = jnp.exp(_block_scores(q, kj, j, blk) - lse[..., None])
+        p = jnp.exp(_block_scores(q, kj, j, blk, pos) - lse[..., None])
         dv = jnp.einsum(
             "bkgqs,bqkgh->bskh", p.astype(do.dtype), do, preferred_element_type=jnp.float32
         )
@@ -390,23 +406,30 @@ def _blocked_backward(blk: int, gather: Any, keep: Any, res: Any, do: Any) -> tu
         return dq, (dk.astype(k.dtype), dv.astype(v.dtype))
 
     dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), blocks)
-    return dq.astype(q.dtype), _from_blocks(dk), _from_blocks(dv)
+    dk, dv = _from_blocks(dk), _from_blocks(dv)
+    if dk.shape != kept_k.shape:
+        # gathered from other devices' shards (an all_gather over the context shards): the
+        # gather's transpose sums the gradients and scatters them back to their shards
+        (dk,) = jax.linear_transpose(gather, kept_k)(dk)
+        (dv,) = jax.linear_transpose(gather, kept_v)(dv)
+    # the positions are integers (or None): no cotangent
+    return dq.astype(q.dtype), dk, dv, None
 
 
 def _make_blocked() -> Any:
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-    def run(q: Any, k: Any, v: Any, blk: int, gather: Any, keep: Any) -> Any:
-        return _blocked_forward(q, gather(k), gather(v), blk)[0]
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+    def run(q: Any, k: Any, v: Any, pos: Any, blk: int, gather: Any, keep: Any) -> Any:
+        return _blocked_forward(q, gather(k), gather(v), pos, blk)[0]
 
-    def fwd(q: Any, k: Any, v: Any, blk: int, gather: Any, keep: Any) -> Any:
-        o, lse = _blocked_forward(q, gather(k), gather(v), blk)
+    def fwd(q: Any, k: Any, v: Any, pos: Any, blk: int, gather: Any, keep: Any) -> Any:
+        o, lse = _blocked_forward(q, gather(k), gather(v), pos, blk)
         # The output and its log-sum-exp are what the backward needs beyond the query, key
         # and value: both named "context" (as Transformer Engine's fused attention names its
         # output and softmax statistics), so that a policy keeping the context keeps them and
         # the backward does not run the forward again.
         o, lse = checkpoint_name(o, "context"), checkpoint_name(lse, "context")
-        return o, (q, keep(k), keep(v), o, lse)
+        return o, (q, keep(k), keep(v), pos, o, lse)
 
     run.defvjp(fwd, _blocked_backward)
     return run
@@ -420,7 +443,13 @@ def _whole(x: Any) -> Any:
 
 
 def blocked_attention(
-    q: Any, k: Any, v: Any, block: int = 512, gather: Any = None, keep: Any = None
+    q: Any,
+    k: Any,
+    v: Any,
+    block: int = 512,
+    gather: Any = None,
+    keep: Any = None,
+    positions: Any = None,
 ) -> Any:
     """Causal attention over key blocks with a running softmax: memory-efficient attention
     (Rabe and Staats, arXiv 2112.05682; the FlashAttention recurrence, arXiv 2205.14135).
@@ -431,11 +460,12 @@ def blocked_attention(
     the values) makes them whole along the sequence before use, in the forward and again in
     the backward, which keeps them as ``keep`` (a function of them too) places them: context
     parallelism's keys and values gathered at use, each device keeping its own shard.
+    ``positions``: the queries' positions among the keys' (``None``: the same).
     """
     if not _BLOCKED:
         _BLOCKED.append(_make_blocked())
     blk = attention_block_size(q.shape[1], block)
-    return _BLOCKED[0](q, k, v, blk, gather or _whole, keep or _whole)
+    return _BLOCKED[0](q, k, v, positions, blk, gather or _whole, keep or _whole)
 
 
 def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:

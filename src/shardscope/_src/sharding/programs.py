@@ -98,6 +98,32 @@ class JitHooks(Hooks):
         return self._constrain(x, self.placement.moe_spec(point))
 
 
+#: The axis name a train step maps the context shards over (:func:`_local_accumulation`).
+CONTEXT_SHARDS = "context_shards"
+
+
+class ContextShardHooks(JitHooks):
+    """One context shard's program in a train step mapped over the context shards
+    (:func:`local_context`): it holds one part of every sequence of its micro-batch, gathers
+    the keys and values of the whole sequence from the other shards (``all_gather`` over
+    :data:`CONTEXT_SHARDS`, whose transpose reduce-scatters their gradients back) and masks
+    its queries at their positions in the whole sequence."""
+
+    def keys(self, x: Any) -> Any:
+        return super().keys(jax.lax.all_gather(x, CONTEXT_SHARDS, axis=1, tiled=True))
+
+    def positions(self, seq: int) -> Any:
+        return jax.lax.axis_index(CONTEXT_SHARDS) * seq + jnp.arange(seq)
+
+    def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
+        if prim.name == "all_gather" and params.get("axis_name") in (
+            CONTEXT_SHARDS,
+            (CONTEXT_SHARDS,),
+        ):
+            return True
+        return super().gathers(prim, params)
+
+
 class ShardMapHooks(Hooks):
     """Megatron's explicit collectives over the model axis, per device inside shard_map,
     and a mixture of experts' all-to-alls over the expert axis.
@@ -272,7 +298,9 @@ def build_reference_program(
         constraints: keep the strategy's activation sharding constraints (jit only).
         microbatches: train mode, jit: split each data shard's sequences into this many
             micro-batches, run them one after another (``lax.scan``) and accumulate the
-            gradients, stored as the strategy stores gradients (ZeRO-2: data-sharded).
+            gradients, stored as the strategy stores gradients (ZeRO-2: data-sharded);
+            gradients replicated over data or context shards are accumulated on each shard
+            and summed over them once, after the last micro-batch (:func:`accumulated_roles`).
         regather: train mode, jit: weights gathered at use (FSDP) are gathered again for the
             backward instead of kept (PyTorch FSDP's ``reshard_after_forward``, ZeRO-3: every
             layer's gathered weights never live at once); the default keeps them, the least
@@ -353,7 +381,9 @@ def build_reference_program(
             def objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, hooks)
 
-            shard_hooks = JitHooks(_per_shard(placement, local_roles(placement)), regather=regather)
+            mapped = accumulated_roles(placement)
+            hook_type = ContextShardHooks if local_context(placement) else JitHooks
+            shard_hooks = hook_type(_per_shard(placement, mapped), regather=regather)
 
             def shard_objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, shard_hooks)
@@ -457,15 +487,41 @@ def local_roles(placement: Placement) -> tuple[str, ...]:
     )
 
 
+def local_context(placement: Placement) -> tuple[str, ...]:
+    """``("context",)`` where the gradients are replicated over the context axis, so that
+    each context shard can add up its own partial gradients (those of its part of every
+    sequence) over the micro-batches and they are summed over ``context`` once per step, as
+    Megatron-LM's distributed optimizer reduces them over its data x context group: context
+    parallelism under DP, ZeRO-1 and their tensor-parallel forms; ``()`` where the gradients
+    are sharded over ``context`` (FSDP, HSDP, ZeRO-2: reduce-scattered as the backward makes
+    them), without context parallelism, and for a mixture of experts (it routes each whole
+    sequence as one group, which its context shards would route apart)."""
+    s = placement.strategy
+    if not s.context_parallel or placement.config.is_moe:
+        return ()
+    if any(uses_role(g, Role.CONTEXT) for g in s.grad_rules().values()):
+        return ()
+    return (Role.CONTEXT,)
+
+
+def accumulated_roles(placement: Placement) -> tuple[str, ...]:
+    """The roles the reference train step with micro-batches maps its objective over, each
+    device accumulating its own partial gradients, summed over them once per step:
+    :func:`local_roles` and :func:`local_context`."""
+    return local_roles(placement) + local_context(placement)
+
+
 def accumulates_locally(placement: Placement) -> bool:
     """Whether the reference train step accumulates each shard's gradients locally over the
-    micro-batches and sums them over :func:`local_roles` once per step, as Megatron-LM,
-    DeepSpeed and PyTorch DDP's ``no_sync`` do for replicated gradients (DP, ZeRO-1), and
-    PyTorch FSDP2's ``set_requires_all_reduce(False)`` for HSDP: each micro-batch's gradients
-    are still reduce-scattered over ``data`` (FSDP, ZeRO-2 and HSDP's inner axis: a gradient
-    stored sharded is reduced as the backward makes it), and HSDP's shards are all-reduced over
+    micro-batches and sums them over :func:`accumulated_roles` once per step, as Megatron-LM,
+    DeepSpeed and PyTorch DDP's ``no_sync`` do for replicated gradients (DP, ZeRO-1; under
+    context parallelism each context shard's partial gradients too, reduced over data x
+    context once, as Megatron-LM's distributed optimizer does), and PyTorch FSDP2's
+    ``set_requires_all_reduce(False)`` for HSDP: each micro-batch's gradients are still
+    reduce-scattered over ``data`` (FSDP, ZeRO-2 and HSDP's inner axis: a gradient stored
+    sharded is reduced as the backward makes it), and HSDP's shards are all-reduced over
     ``replica`` once."""
-    return bool(local_roles(placement))
+    return bool(accumulated_roles(placement))
 
 
 def reduces_in_two_steps(placement: Placement) -> bool:
@@ -492,8 +548,9 @@ def _train_step(
     """``(params, batch) -> (loss, grads)``, or ``(loss, new_params)`` for ZeRO-1/-2.
 
     With micro-batches, a strategy whose gradients are replicated over some of the batch's
-    axes (:func:`accumulates_locally`) maps ``shard_objective`` over those shards: each device
-    adds up its own shard's gradients, unreduced over them, and they are summed over those
+    axes or over the context axis (:func:`accumulates_locally`) maps ``shard_objective`` over
+    those shards: each device adds up its own shard's gradients (under context parallelism,
+    those of its part of each sequence), unreduced over them, and they are summed over those
     axes once, after the last micro-batch. (Accumulating the summed gradient instead makes
     the compiler all-reduce every micro-batch's.)"""
 
@@ -562,29 +619,43 @@ def _local_accumulation(
     bound: Placement, shard_objective: Callable[[Any, Any], Any], m: int
 ) -> Callable[[Any, Any], Any]:
     """The train step of :func:`_train_step` that accumulates per shard of
-    :func:`local_roles` (the data shards; HSDP's replicas)."""
+    :func:`local_roles` (the data shards; HSDP's replicas) and of :func:`local_context` (the
+    context shards: ``shard_objective``, with :class:`ContextShardHooks`, mapped over each
+    one's part of every sequence, named :data:`CONTEXT_SHARDS`)."""
     wsc = jax.lax.with_sharding_constraint
     roles = local_roles(bound)
     data = bound.entry(roles)
     d = bound.role_size(roles)
     # The batch's other roles (HSDP's 'data') still split each shard's sequences.
     inner = bound.entry(tuple(r for r in bound.strategy.batch_roles if r not in roles))
+    cp = local_context(bound)
+    context, c = bound.entry(cp), bound.role_size(cp)
+    # Each partial gradient's leading axes: one per data shard [d, ...], and one per context
+    # shard [d, c, ...], over their mesh axes.
+    shards = (data, context) if cp else (data,)
     grad_specs = bound.grad_specs()
     grad_sh = jax.tree.map(bound.sharding, grad_specs)
-    # One partial gradient per data shard, on its shard: [d, *shape], axis 0 over the data axes.
-    partial_sh = jax.tree.map(lambda s: bound.sharding(PartitionSpec(data, *s)), grad_specs)
+    partial_sh = jax.tree.map(lambda s: bound.sharding(PartitionSpec(*shards, *s)), grad_specs)
 
     def by_shard(x: Any) -> Any:
         # [B, ...] -> [m, d, B/(m d), ...]: micro-batch i of shard j holds that shard's own
         # sequences (as the plain accumulation splits them), so nothing moves.
         x = x.reshape(d, x.shape[0] // (d * m), m, *x.shape[1:])
         x = jnp.moveaxis(x, 2, 0)
-        return wsc(x, bound.sharding(PartitionSpec(None, data, inner)))
+        if not cp:
+            return wsc(x, bound.sharding(PartitionSpec(None, data, inner)))
+        # -> [m, d, c, B/(m d), S/c, ...]: context shard k holds the k-th part of each
+        # sequence (split over 'model' in turn under sequence parallelism), as it is placed.
+        x = x.reshape(*x.shape[:3], c, x.shape[3] // c, *x.shape[4:])
+        x = jnp.moveaxis(x, 3, 2)
+        seq = _per_shard(bound, accumulated_roles(bound)).batch_specs()[0][1]
+        return wsc(x, bound.sharding(PartitionSpec(None, data, context, inner, seq)))
 
     def run(params: Any, batch: Any) -> Any:
-        per_shard = jax.vmap(
-            jax.value_and_grad(shard_objective), in_axes=(None, 0), spmd_axis_name=data
-        )
+        one = jax.value_and_grad(shard_objective)
+        if cp:
+            one = jax.vmap(one, in_axes=(None, 0), spmd_axis_name=context, axis_name=CONTEXT_SHARDS)
+        per_shard = jax.vmap(one, in_axes=(None, 0), spmd_axis_name=data)
 
         def step(carry: Any, mb: Any) -> Any:
             total, acc = carry
@@ -592,14 +663,21 @@ def _local_accumulation(
             acc = jax.tree.map(lambda a, g: a + g, acc, grads)
             return (total + values.sum(), wsc(acc, partial_sh)), None
 
-        zeros = jax.tree.map(lambda p: jnp.zeros((d, *p.shape), p.dtype), params)
+        lead = (d, c) if cp else (d,)
+        zeros = jax.tree.map(lambda p: jnp.zeros((*lead, *p.shape), p.dtype), params)
         zeros = wsc(zeros, partial_sh)
         inputs, targets = by_shard(batch[0]), by_shard(batch[1])
         (total, acc), _ = jax.lax.scan(step, (jnp.float32(0.0), zeros), (inputs, targets))
-        # Summed at the gradients' own dtype: jnp.sum computes a 16-bit sum in float32, and
-        # the compiler then all-reduces float32, twice the bytes (seen on XLA:GPU).
-        grads = jax.tree.map(lambda g: _sum_first(g) / jnp.asarray(d * m, g.dtype), acc)
-        return total / (d * m), wsc(grads, grad_sh)
+        n = d * c * m
+
+        def reduce(g: Any) -> Any:
+            # Summed at the gradients' own dtype: jnp.sum computes a 16-bit sum in float32,
+            # and the compiler then all-reduces float32, twice the bytes (seen on XLA:GPU).
+            for _ in lead:
+                g = _sum_first(g)
+            return g / jnp.asarray(n, g.dtype)
+
+        return total / n, wsc(jax.tree.map(reduce, acc), grad_sh)
 
     if not bound.strategy.updates_shards:
         return run

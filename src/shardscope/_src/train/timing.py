@@ -146,7 +146,7 @@ from shardscope._src.plan.estimates import (
     stage_elements_per_device,
     tokens_per_device,
 )
-from shardscope._src.sharding.programs import local_roles
+from shardscope._src.sharding.programs import accumulated_roles
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
@@ -546,16 +546,18 @@ def step_bound(
     :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated
     per micro-batch, except the terms a step runs once (the all-reduce of replicated gradients
     and of the loss, ZeRO's gather of the updated parameters, and a reduce-scatter of
-    gradients that each device adds up whole over the micro-batches: ZeRO-1's, which the
-    reference program accumulates locally and reduces once a step, as Megatron-LM's
-    distributed optimizer does: :func:`~shardscope._src.sharding.programs.local_roles`);
+    gradients that each device adds up over the micro-batches: ZeRO-1's, which the reference
+    program accumulates locally and reduces once a step, as Megatron-LM's distributed
+    optimizer does, over the data axes and, under context parallelism, the context axis too:
+    each context shard adds up the partial gradients of its part of the sequences,
+    :func:`~shardscope._src.sharding.programs.accumulated_roles`);
     under full recomputation (and offload) the recomputed forward's collectives again;
     otherwise the layers' FSDP gathers again for the backward, and context parallelism's keys
     and values. ``parts``: what earlier calls on the same placement and mode worked out (one
     micro-batch's placement and its bounds depend only on the micro-batch count)."""
 
     m = schedule.microbatches if mode == Mode.TRAIN else 1
-    local = set(placement.group(local_roles(placement))[0])
+    local = set(placement.group(accumulated_roles(placement))[0])
     known = {} if parts is None else parts
 
     def part(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
