@@ -2,8 +2,8 @@
 calibrated on: each run (a) planned as it ran, its layout pinned, and (b) the planner's own
 best plan for the same model, devices and global batch, both against the measured step.
 
-The runs are ``/work/heldout/heldout_runs.json``'s 21 mixture-of-experts training rows (its
-README names each source; none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2
+The runs are 21 published mixture-of-experts training runs, each row with its source and the
+figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2
 and GPT-OSS on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on
 256 H100 (and Qwen3-Next-80B); Megatron-Bridge's GPT-OSS 120B and Qwen3 fp8 runs; MaxText's
 Mixtral 8x22B on TPU v6e-256, DeepSeek-V3 and Llama 4 on TPU v5p. Every published benchmark
@@ -220,7 +220,7 @@ _FP8 = (
     "matmul_dtype='fp8' for one)"
 )
 
-#: Every held-out mixture-of-experts run, in the order of heldout_runs.json.
+#: Every held-out mixture-of-experts run, by source.
 RUNS = [
     MoeRun(
         "AutoModel DeepSeek-V3, PP 4 x EP 64 x FSDP 256, 1024 H100",
@@ -594,7 +594,7 @@ def _devices(mesh: tuple[tuple[str, int], ...]) -> int:
 def main() -> None:
     t0 = time.perf_counter()
     rows = judge(RUNS)
-    print("Held out: mixtures of experts (heldout_runs.json)\n")
+    print("Held out: mixtures of experts\n")
     _table(rows)
     _ranking(rows)
     print()
