@@ -40,6 +40,7 @@ While it runs, a GPU collective holds some of the device's multiprocessors
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -94,16 +95,38 @@ def _groups(sizes: Mapping[str, int], axes: Sequence[str]) -> np.ndarray | None:
     return ids.transpose(rest + group).reshape(-1, math.prod(sizes[a] for a in axes))
 
 
+class Span(NamedTuple):
+    """How a collective's groups lie on nodes: whether any group spans two, and how many
+    nodes the first spans (the groups of plain mesh axes are alike)."""
+
+    crosses: bool
+    nodes: int
+
+
+@functools.lru_cache(maxsize=4096)
+def _span(sizes: tuple[tuple[str, int], ...], axes: tuple[str, ...], node_size: int) -> Span | None:
+    """The :class:`Span` of a collective over ``axes`` of a mesh of ``sizes`` (its items);
+    None: not plain mesh axes. A planner prices the same few groups many thousand times."""
+    groups = _groups(dict(sizes), axes)
+    if groups is None:
+        return None
+    nodes = groups // node_size
+    crosses = bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
+    return Span(crosses, len(set(nodes[0].tolist())))
+
+
+def span(sizes: Mapping[str, int], axes: Sequence[str], node_size: int) -> Span | None:
+    """:func:`_span` of a mesh's sizes as a mapping."""
+    return _span(tuple(sizes.items()), tuple(axes), node_size)
+
+
 def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int) -> bool:
     """Whether a collective over ``axes`` of a mesh of ``sizes`` has a group spanning two
     nodes (an axis that is not a plain mesh axis crosses whenever the mesh does)."""
     if math.prod(sizes.values()) <= node_size:
         return False
-    groups = _groups(sizes, axes)
-    if groups is None:
-        return True
-    nodes = groups // node_size
-    return bool((nodes.min(axis=1) != nodes.max(axis=1)).any())
+    found = span(sizes, axes, node_size)
+    return True if found is None else found.crosses
 
 
 def held_share(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
@@ -129,14 +152,12 @@ def group_bandwidth(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str])
     inside = hw.link_bandwidth * hw.comm_fraction
     if math.prod(sizes.values()) <= hw.node_size:
         return inside
-    groups = _groups(sizes, axes)
-    if groups is None:  # not plain mesh axes: across nodes, one member on each
+    found = span(sizes, axes, hw.node_size)
+    if found is None:  # not plain mesh axes: across nodes, one member on each
         return min(hw.link_bandwidth, hw.cross_node_bandwidth) * hw.comm_fraction
-    first = groups[0]
-    nodes = len(set((first // hw.node_size).tolist()))
-    if nodes == 1:
+    if found.nodes == 1:
         return inside
-    per_node = len(first) // nodes
+    per_node = math.prod(sizes[a] for a in axes) // found.nodes
     return min(hw.link_bandwidth, per_node * hw.cross_node_bandwidth) * hw.comm_fraction
 
 
@@ -184,12 +205,10 @@ def exchange_bandwidth(
     inside = group_bandwidth(hw, sizes, axes)
     if math.prod(sizes.values()) <= hw.node_size:
         return inside
-    groups = _groups(sizes, axes)
-    if groups is None:
+    found = span(sizes, axes, hw.node_size)
+    if found is None:
         return min(hw.link_bandwidth, hw.cross_node_bandwidth) * hw.comm_fraction
-    first = groups[0]
-    n = len(first)
-    nodes = len(set((first // hw.node_size).tolist()))
+    n, nodes = math.prod(sizes[a] for a in axes), found.nodes
     if nodes == 1:
         return inside
     m = n // nodes
@@ -314,10 +333,10 @@ def _nodes_spanned(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) 
     not plain mesh axes: one member on each node, as :func:`group_bandwidth` prices it)."""
     if math.prod(sizes.values()) <= hw.node_size:
         return 1
-    groups = _groups(sizes, axes)
-    if groups is None:
+    found = span(sizes, axes, hw.node_size)
+    if found is None:
         return max(1, math.prod(sizes[a] for a in axes if a in sizes))
-    return len(set((groups[0] // hw.node_size).tolist()))
+    return found.nodes
 
 
 def _low_latency_seconds(

@@ -828,7 +828,7 @@ def estimate(
     >>> c = Candidate("fsdp", (("data", 64),), microbatches=2, remat="full")
     >>> s = estimate(c, model_preset("7b").config(batch=128))
     >>> s.fits, f"{s.memory.total / 2**30:.1f} GiB", f"{s.time.step_s:.2f} s"
-    (True, '4.0 GiB', '1.02 s')
+    (True, '4.0 GiB', '1.06 s')
     """
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
