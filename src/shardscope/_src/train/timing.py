@@ -100,7 +100,7 @@ assume, say) is slower by that work at the matmul rate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -774,15 +774,37 @@ def comm_items(
             names, sent = together.setdefault(key, ([], 0.0))
             together[key] = ([*names, t.what], sent + traffic)
             continue
-        seconds = collective_seconds(
-            hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count,
-            once_per_node=t.once_per_node,
+        items.append(
+            _item(
+                t.what, cls, hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count,
+                once_per_node=t.once_per_node,
+            )
         )  # fmt: skip
-        items.append(CommItem(t.what, cls, seconds, held_share(hw, sizes, t.axes)))
     for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
-        seconds = collective_seconds(hw, sizes, kind, axes, group, sent, count)
-        items.append(CommItem("; ".join(names), cls, seconds, held_share(hw, sizes, axes)))
+        items.append(_item("; ".join(names), cls, hw, sizes, kind, axes, group, sent, count))
     return items
+
+
+def _item(
+    what: str,
+    cls: OverlapClass,
+    hw: Hardware,
+    sizes: Mapping[str, int],
+    kind: str,
+    axes: Sequence[str],
+    group_size: int,
+    traffic: float,
+    count: int,
+    *,
+    once_per_node: tuple[int, ...] = (),
+) -> CommItem:
+    """One :class:`CommItem`: the collectives' time by the one pricing
+    (:func:`~shardscope._src.cost.links.collective_seconds`) and the share of the
+    multiprocessors they hold (:func:`~shardscope._src.cost.links.held_share`)."""
+    seconds = collective_seconds(
+        hw, sizes, kind, axes, group_size, traffic, count, once_per_node=once_per_node
+    )
+    return CommItem(what, cls, seconds, held_share(hw, sizes, axes))
 
 
 def compiled_comm_items(
@@ -820,27 +842,19 @@ def compiled_comm_items(
         as_scatter = min(traffic, budget.get(axes, 0.0)) if kind == ALL_REDUCE else 0.0
         if as_scatter:
             budget[axes] -= as_scatter
+            cls = classify(REDUCE_SCATTER, axes, placement)
             items.append(
-                CommItem(
-                    c.op_name or kind,
-                    classify(REDUCE_SCATTER, axes, placement),
-                    collective_seconds(
-                        hw, sizes, REDUCE_SCATTER, axes, c.group_size, as_scatter / 2, c.count
-                    ),
-                    held_share(hw, sizes, axes),
+                _item(
+                    c.op_name or kind, cls, hw, sizes, REDUCE_SCATTER, axes, c.group_size,
+                    as_scatter / 2, c.count,
                 )
-            )
+            )  # fmt: skip
             traffic -= as_scatter
         if traffic > 0:
             cls = classify(kind, axes, placement)
             traffic = gathered_bytes(kind, cls, traffic, placement, fp8_gathers)
             items.append(
-                CommItem(
-                    c.op_name or kind,
-                    cls,
-                    collective_seconds(hw, sizes, kind, axes, c.group_size, traffic, c.count),
-                    held_share(hw, sizes, axes),
-                )
+                _item(c.op_name or kind, cls, hw, sizes, kind, axes, c.group_size, traffic, c.count)
             )
     return items
 
