@@ -68,6 +68,8 @@ def test_the_ring_is_a_part_after_cp_and_the_old_names_and_json_stay_the_all_gat
         Parallelism.parse("dp_ring")
     with pytest.raises(StrategyError, match=r"context_comm='ring' .* give context=True"):
         Parallelism(context_comm="ring")
+    with pytest.raises(StrategyError, match=r"hsdp_cp_ring: .* under HSDP; choose hsdp_cp"):
+        get_strategy("hsdp_cp_ring")
 
 
 # -- the program ----------------------------------------------------------------------------

@@ -124,6 +124,14 @@ class Parallelism:
                 f"and context=False; give context=True (a name's '{CONTEXT_PART}_"
                 f"{RING_PART}'), or context_comm='all_gather'"
             )
+        if self.context_comm == ContextComm.RING and self.data == DataParallel.HSDP:
+            # its train step maps the replicas by a vmap, inside which the ring's shard_map
+            # over the context axis does not compile
+            raise StrategyError(
+                f"{self.name}: the ring form of context parallelism is not built under HSDP; "
+                f"choose {self.name.removesuffix('_' + RING_PART)} (the all-gather form) or "
+                f"the ring under fsdp, zero1, zero2 or dp"
+            )
         if self.expert and (
             self.context
             or self.data not in EXPERT_DATA

@@ -665,7 +665,14 @@ def _compositions() -> list[Parallelism]:
                         out.append(Parallelism(d, t, context, expert))
                     except StrategyError:
                         continue
-    return out + [replace(p, context_comm=ContextComm.RING) for p in out if p.context]
+    rings = []
+    for p in out:
+        if p.context:
+            try:
+                rings.append(replace(p, context_comm=ContextComm.RING))
+            except StrategyError:
+                continue
+    return out + rings
 
 
 #: The strategies named before the dimensions (the presets), in their order.
