@@ -4,16 +4,16 @@ Each row is a run as its source published it: NVIDIA's DGX Cloud Benchmarking re
 Megatron's Llama 3.1 8B / 70B / 405B, Nemotron-4 15B / 340B and GPT-3 175B; MaxText's Llama 2
 70B), with the parallelism, recomputation and optimizer of the recipe's own configuration
 file, and torchtitan's Llama 3.1 8B on 128 H100s (the calibration holds its 8-GPU run only).
-Each is planned as it ran, by the analytic estimate that ``calibration.py`` uses (no
-compile): the parallelism as the planner's composable dimensions (Megatron's tensor parallel
-with sequence parallelism, context parallel, pipeline stages with virtual stages and the
-distributed optimizer are ``zero1_sp_cp`` on ``stage=P,data=D,context=C,model=T`` with
-``virtual_stages``), MaxText's recomputation policy by name, and the micro-batches as the
-global batch over the micro-batch times the data-parallel ways. Nothing here is fitted: the
-H100 preset's constants are the planner's own; only what a source states is set (the cuDNN
-fused attention that Transformer Engine and MaxText's ``cudnn_flash_te`` run, at its measured
-H100 rates, FlashAttention-2's where a recipe turns cuDNN's off, and torchtitan's
-power-limited 96 GB H100s as ``calibration.py`` sets them).
+Each is planned as it ran, by the analytic estimate that ``calibration.py`` uses (no compile):
+the parallelism as the planner's composable dimensions (Megatron's tensor parallel with
+sequence parallelism, context parallel in Transformer Engine's default ring form, pipeline
+stages with virtual stages and the distributed optimizer are ``zero1_sp_cp_ring`` on
+``stage=P,data=D,context=C,model=T`` with ``virtual_stages``), MaxText's recomputation policy
+by name, and the micro-batches as the global batch over the micro-batch times the data-parallel
+ways. Nothing here is fitted: the H100 preset's constants are the planner's own; only what a
+source states is set (the cuDNN fused attention that Transformer Engine and MaxText's
+``cudnn_flash_te`` run, at its measured H100 rates, FlashAttention-2's where a recipe turns
+cuDNN's off, and torchtitan's power-limited 96 GB H100s as ``calibration.py`` sets them).
 
 Per row: the predicted step, the measured one, the signed error, and whether the plan fits
 the device it ran on; a run that ran and is called a misfit is counted, and its memory
@@ -24,9 +24,9 @@ them), and the fp8 runs (the planner's ``matmul_dtype="fp8"`` path) apart from t
 
 The NeMo runs with tensor parallelism are planned with the vocabulary split over ``model``
 (``vocab_split``: Megatron's vocabulary-parallel embedding and output layer under sequence
-parallelism). What the planner writes differently from a NeMo run, said on each row it
-touches: context parallelism gathers the keys and values (Transformer Engine's default
-exchanges them around a ring). Not a configuration but the program's own accumulation: ZeRO-1's
+parallelism), and context parallelism in its ring form (``cp_comm_type: p2p``, Transformer
+Engine's default: the keys and values passed around the context ranks, each step beside the
+attention of the chunk in hand). Not a configuration but the program's own accumulation: ZeRO-1's
 gradients are added up on each device and reduce-scattered once a step, as Megatron's
 distributed optimizer does over its data x context group: under context parallelism each
 context rank adds up the partial gradients of its part of every sequence over the micro-batches,
@@ -74,9 +74,6 @@ TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md@31a17bf"
 #: The axes that replicate the model's batch (the data-parallel ways a micro-batch count
 #: divides the global batch by): not the context, model or stage axes.
 DATA_AXES = ("replica", "data")
-
-CP_GATHER = "context parallel as keys and values all-gathered (TE exchanges them in a ring)"
-
 
 @dataclass(frozen=True)
 class Run:
@@ -182,10 +179,9 @@ def _nemo(
     mesh = tuple(
         (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
     )
-    strategy = "zero1" + ("_sp" if tp > 1 else "") + ("_cp" if cp > 1 else "")
+    strategy = "zero1" + ("_sp" if tp > 1 else "") + ("_cp_ring" if cp > 1 else "")
     dims = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + (f" x CP {cp}" if cp > 1 else "")
     dims += f" x VP {vp}" if vp > 1 else ""
-    instead = (CP_GATHER,) if cp > 1 else ()
     return Run(
         f"NeMo {name}, {dims}, {gpus} H100" + (" FP8" if fp8 else ""),
         source,
@@ -198,7 +194,6 @@ def _nemo(
         measured_s,
         virtual_stages=vp,
         matmul_dtype="fp8" if fp8 else "bfloat16",
-        instead=instead,
         overrides={**h100_attention(attention), **({"tp_overlap": tp_overlap} if tp > 1 else {})},
         vocab_split=tp > 1,
         bytes_per_param=bytes_per_param,

@@ -104,8 +104,9 @@ def test_every_preset_is_the_composition_of_its_dimensions(frozen, name):
 
 
 def test_the_names_round_trip_and_every_composition_is_accepted():
-    # six data flavours x three tensor choices x context on or off, and four with experts
-    assert len(ALL_STRATEGIES) == 6 * 3 * 2 + 4
+    # six data flavours x three tensor choices x context on or off, four with experts, and
+    # the ring form of each with context but HSDP's
+    assert len(ALL_STRATEGIES) == 6 * 3 * 2 + 4 + 5 * 3
     assert list(ALL_STRATEGIES)[: len(PRESETS)] == list(STRATEGIES) == list(PRESETS)
     for name, s in ALL_STRATEGIES.items():
         assert Parallelism.parse(name).name == name == s.name

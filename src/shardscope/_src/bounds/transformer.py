@@ -14,6 +14,7 @@ from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
+    COLLECTIVE_PERMUTE,
     REDUCE_SCATTER,
 )
 from shardscope._src.base.errors import StrategyError
@@ -60,8 +61,10 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
     * context parallel (the sequence over ``context``, ``c`` ways): every query attends to
       the whole sequence, so each layer all-gathers its keys and its values over ``context``
       (result ``batch/data x seq x kv_dim`` each); train reduce-scatters their gradients back
-      to the sequence shards. Ring attention sends the same ``(c-1)/c`` of them in ``c-1``
-      steps overlapped with the blocks' compute. Every weight sees a slice of the tokens, so
+      to the sequence shards. The ring form (``..._cp_ring``) sends the same ``(c-1)/c`` of
+      them as ``c-1`` collective-permutes a layer of one device's chunk of the keys and one
+      of the values (``1/c`` of them each), and train passes their gradients back in as many.
+      Every weight sees a slice of the tokens, so
       its gradient is summed over ``context`` too, in one all-reduce with the data axes (or,
       FSDP over data and context together, one reduce-scatter over both).
     * train, any strategy that shards tokens: the scalar loss is all-reduced over those axes.
@@ -90,7 +93,9 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
         terms += _moe_terms(placement, train)
     if s.context_parallel:
         context_axes, n_context = placement.group([Role.CONTEXT])
-        terms += _context_terms(context_axes, n_context, _keys_bytes(placement), L, train)
+        terms += _context_terms(
+            context_axes, n_context, _keys_bytes(placement), L, train, ring=s.context_ring
+        )
     if s.vocab_split and c.vocab is not None:
         tokens = (c.batch // n_data) * (c.seq // _context_ways(placement))
         terms += _vocab_terms(model_axes, t, activation, tokens, train, s.sequence_parallel)
@@ -108,7 +113,7 @@ def regathered_terms(placement: Placement) -> list[Term]:
     """What a train step that keeps no gathered copy for the backward gathers again for it:
     the layers' weights at their use (FSDP; the matrices and the norm gains, which the norms'
     backward takes again), and each layer's keys and values over ``context`` (context
-    parallelism)."""
+    parallelism: gathered again, or passed around the ring again)."""
     c = placement.config
     terms = [
         t
@@ -119,7 +124,8 @@ def regathered_terms(placement: Placement) -> list[Term]:
     ]
     if placement.strategy.context_parallel:
         context_axes, n_context = placement.group([Role.CONTEXT])
-        terms += _context_terms(context_axes, n_context, _keys_bytes(placement), c.layers, False)
+        keys, ring = _keys_bytes(placement), placement.strategy.context_ring
+        terms += _context_terms(context_axes, n_context, keys, c.layers, False, ring=ring)
     return terms
 
 
@@ -198,13 +204,26 @@ def _activation_terms(
 
 
 def _context_terms(
-    axes: tuple[str, ...], n: int, keys: int, layers: int, train: bool
+    axes: tuple[str, ...], n: int, keys: int, layers: int, train: bool, *, ring: bool = False
 ) -> list[Term]:
     """Context parallelism: per layer the keys and the values (``keys`` bytes each, the
     whole sequence of one data shard) all-gathered over ``context`` for attention, and in
-    training their gradients reduce-scattered back to the sequence shards."""
+    training their gradients reduce-scattered back to the sequence shards. The ring form
+    (``ring``): per layer ``n - 1`` collective-permutes of one device's chunk of the keys
+    (``keys / n`` bytes) and as many of the values, and in training as many of their
+    gradients, passed back around the ring."""
     terms: list[Term] = []
     role, scope = TermRole.ACTIVATION, "attention"
+    if ring:
+        steps = layers * (n - 1)
+        for name in ("keys", "values"):
+            what = f"{name} passed around the context ring"
+            terms += _term(COLLECTIVE_PERMUTE, axes, n, keys // n, steps, what, scope, role)
+        if train:
+            for name in ("keys", "values"):
+                what = f"gradient of the {name} passed back around the context ring"
+                terms += _term(COLLECTIVE_PERMUTE, axes, n, keys // n, steps, what, scope, role)
+        return terms
     for name in ("keys", "values"):
         what = f"{name} gathered over the sequence shards"
         terms += _term(ALL_GATHER, axes, n, keys, layers, what, scope, role)

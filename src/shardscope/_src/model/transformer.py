@@ -150,6 +150,14 @@ class Hooks:
         keys gathered from all of them (:meth:`keys`)."""
         return None
 
+    def attend(self, q: Any, k: Any, v: Any, positions: Any, core: Any) -> Any:
+        """The attention core's output (the shape of ``q``, see :func:`dense_attention`) of
+        the queries ``q`` over the keys ``k`` and values ``v`` of this program's part of the
+        sequence, after :meth:`heads`: ``core(q, k, v, positions)`` runs the model's own
+        (dense or blocked, the keys and values made whole by :meth:`keys`). Context
+        parallelism's ring form runs :func:`ring_attention` instead."""
+        return core(q, k, v, positions)
+
     def hidden(self, x: Any) -> Any:
         """The MLP hidden activation ``[batch, seq, ff]``."""
         return x
@@ -245,17 +253,19 @@ def attention(
         q = q.reshape(batch, seq, kv, group, hd)
         k = hooks.heads(checkpoint_name(qkv[:, :, :, group], "key_proj"))
         v = hooks.heads(checkpoint_name(qkv[:, :, :, group + 1], "value_proj"))
-        pos = hooks.positions(seq)
-        if impl == "blocked" and hooks.gathers_weights:
-            # Keys and values gathered inside (context parallelism's), so that the backward
-            # keeps its shard of them and gathers them again.
-            o = blocked_attention(
-                q, k, v, block, gather=hooks.keys, keep=hooks.heads, positions=pos
-            )
-        elif impl == "blocked":
-            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block, positions=pos)
-        else:
-            o = dense_attention(q, hooks.keys(k), hooks.keys(v), pos)
+
+        def core(q: Any, k: Any, v: Any, pos: Any) -> Any:
+            if impl == "blocked" and hooks.gathers_weights:
+                # Keys and values gathered inside (context parallelism's), so that the
+                # backward keeps its shard of them and gathers them again.
+                return blocked_attention(
+                    q, k, v, block, gather=hooks.keys, keep=hooks.heads, positions=pos
+                )
+            if impl == "blocked":
+                return blocked_attention(q, hooks.keys(k), hooks.keys(v), block, positions=pos)
+            return dense_attention(q, hooks.keys(k), hooks.keys(v), pos)
+
+        o = hooks.attend(q, k, v, hooks.positions(seq), core)
         o = checkpoint_name(hooks.heads(o.reshape(batch, seq, kv * group, hd)), "context")
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
         return hooks.exit("attention", checkpoint_name(out, "out_proj"))
@@ -292,11 +302,13 @@ def latent_attention(
         v = hooks.heads(kv[..., nope:])
         # every head its own key and value: one query per key/value head
         q = q[:, :, :, None, :]
-        pos = hooks.positions(seq)
-        if impl == "blocked":
-            o = blocked_attention(q, hooks.keys(k), hooks.keys(v), block, positions=pos)
-        else:
-            o = dense_attention(q, hooks.keys(k), hooks.keys(v), pos)
+
+        def core(q: Any, k: Any, v: Any, pos: Any) -> Any:
+            if impl == "blocked":
+                return blocked_attention(q, hooks.keys(k), hooks.keys(v), block, positions=pos)
+            return dense_attention(q, hooks.keys(k), hooks.keys(v), pos)
+
+        o = hooks.attend(q, k, v, hooks.positions(seq), core)
         o = checkpoint_name(hooks.heads(o.reshape(batch, seq, heads, v.shape[-1])), "context")
         out = jnp.einsum("bqhk,hkd->bqd", o, hooks.weight("wo", p["wo"]))
         return hooks.exit("attention", checkpoint_name(out, "out_proj"))
@@ -466,6 +478,57 @@ def blocked_attention(
         _BLOCKED.append(_make_blocked())
     blk = attention_block_size(q.shape[1], block)
     return _BLOCKED[0](q, k, v, positions, blk, gather or _whole, keep or _whole)
+
+
+def ring_attention(q: Any, k: Any, v: Any, axis_name: Any, shards: int) -> Any:
+    """Causal attention of one context shard's queries over the whole sequence, its keys and
+    values passed around a ring: ring attention (Liu et al., arXiv 2310.01889), as
+    Megatron-LM's and Transformer Engine's context parallelism runs it (``p2p``).
+
+    Run per shard (inside a ``shard_map`` or a ``vmap`` with ``axis_name``) of ``shards``,
+    shard ``i`` holding the ``i``-th contiguous part of every sequence: ``q`` ``[batch, seq,
+    kv_heads, q_per_kv, head_dim]``, ``k`` and ``v`` ``[batch, seq, kv_heads, head_dim]``, the
+    shape of ``q`` returned. Each of ``shards`` steps attends to the chunk in hand (its own
+    first) and, but for the last, passes the keys and the values on to the next shard (a
+    ``jax.lax.ppermute`` of each, side by side: ``shards - 1`` steps a layer), so the chunk
+    from shard ``i - j`` is in hand at step ``j``; the partial results combine by the
+    running softmax (the log-sum-exp rescaling of :func:`blocked_attention`), masked causally
+    by the global positions of queries and keys. The shard's own chunk holds its diagonal,
+    so every query sees a key at the first step and a wholly masked chunk later adds
+    nothing. Autodiff
+    transposes each permute into one the other way round: the keys' and values' gradients
+    travel back around the ring. Each chunk is a permute's own output as the attention uses
+    it (not a slice of one buffer of both), so that a ``jax.checkpoint`` policy that keeps no
+    permuted chunk (:meth:`Hooks.gathers`) passes them around again for the backward.
+    """
+    b, seq, kv, g, _ = q.shape
+    chunk = k.shape[1]
+    here = jax.lax.axis_index(axis_name)
+    rows = here * seq + jnp.arange(seq)
+    m = jnp.full((b, kv, g, seq), -jnp.inf, jnp.float32)
+    total = jnp.zeros((b, kv, g, seq), jnp.float32)
+    acc = jnp.zeros((b, seq, kv, g, v.shape[-1]), jnp.float32)
+    kj, vj = k, v
+    onward = [(i, (i + 1) % shards) for i in range(shards)]
+    for step in range(shards):
+        s = jnp.einsum("bqkgh,bskh->bkgqs", q, kj, preferred_element_type=jnp.float32)
+        s = checkpoint_name(s / math.sqrt(q.shape[-1]), "attention_scores")
+        held = (here - step) % shards  # the shard whose chunk is in hand
+        visible = rows[:, None] >= (held * chunk + jnp.arange(chunk))[None, :]
+        s = jnp.where(visible, s, _MASKED)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = checkpoint_name(jnp.exp(s - m_new[..., None]), "attention_probs")
+        scale = jnp.exp(m - m_new)
+        total = total * scale + p.sum(axis=-1)
+        pv = jnp.einsum(
+            "bkgqs,bskh->bqkgh", p.astype(v.dtype), vj, preferred_element_type=jnp.float32
+        )
+        acc = acc * jnp.moveaxis(scale, 3, 1)[..., None] + pv
+        m = m_new
+        if step < shards - 1:
+            kj = jax.lax.ppermute(kj, axis_name, onward)
+            vj = jax.lax.ppermute(vj, axis_name, onward)
+    return (acc / jnp.moveaxis(total, 3, 1)[..., None]).astype(q.dtype)
 
 
 def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:

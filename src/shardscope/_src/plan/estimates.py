@@ -638,13 +638,17 @@ def gathered_layer_elements(placement: Placement) -> int:
 def gathered_kv_bytes(placement: Placement, microbatches: int = 1) -> int:
     """Context parallelism: one layer's keys and values of the whole sequence on one device,
     ``2 x seq x kv_dim x b x itemsize`` (their heads split ``t`` ways under tensor
-    parallelism), alive while the layer runs (0 for other strategies)."""
+    parallelism), alive while the layer runs (0 for other strategies); in the ring form the
+    chunk in hand and the one arriving, ``2 / c`` of that."""
     c = placement.config
     if not placement.strategy.context_parallel:
         return 0
     assert c.head_dim is not None and c.kv_heads is not None  # set by ModelConfig
     b = sequences_per_device(placement, microbatches)
-    return 2 * c.seq * (c.kv_heads // model_ways(placement)) * c.head_dim * b * c.itemsize
+    whole = 2 * c.seq * (c.kv_heads // model_ways(placement)) * c.head_dim * b * c.itemsize
+    if placement.strategy.context_ring:
+        return 2 * whole // context_ways(placement)
+    return whole
 
 
 def _attention_matmul_params(c: ModelConfig) -> int:

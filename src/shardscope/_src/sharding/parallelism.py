@@ -7,8 +7,13 @@
 * **tensor** (:class:`Tensor`): ``none``, ``tp`` (Megatron's column- and row-parallel
   projections over ``model``) or ``sp`` (``tp`` with the residual stream's sequence split over
   ``model`` between blocks);
-* **context**: the sequence of every activation split over ``context`` (the keys and values
-  all-gathered per layer: the all-gather form, which moves the bytes of ring attention);
+* **context**: the sequence of every activation split over ``context``, its keys and values
+  exchanged one of two ways (:class:`ContextComm`, MaxText's ``context_parallel_strategy``,
+  Megatron-LM's ``--cp-comm-type``): ``all_gather`` (the default: each layer all-gathers the
+  whole sequence's keys and values; MaxText's and torchtitan's form) or ``ring`` (each
+  device passes its chunk of them around a ring in ``c - 1`` steps, each overlapped with the
+  attention on the chunk in hand: ring attention, Megatron-LM and Transformer Engine's
+  default ``p2p``);
 * **expert**: a mixture of experts' routed experts split over ``expert``.
 
 Pipeline stages and their virtual stages are a fifth dimension, the plan's ``stages`` and
@@ -17,11 +22,15 @@ Pipeline stages and their virtual stages are a fifth dimension, the plan's ``sta
 The naming rule: a strategy's name is its parts in the order data, expert, tensor, context,
 joined by ``_``, each left out where the dimension is off (``data=none``, ``tensor=none``):
 ``zero1_sp_cp`` is ZeRO-1 x tensor-and-sequence parallel x context parallel, ``ep_tp`` expert x
-tensor parallel; all four off is ``replicated``. Today's names are exactly the compositions of
+tensor parallel; all four off is ``replicated``. The ring form of context parallelism adds
+``ring`` after ``cp`` (``zero1_sp_cp_ring``); ``cp`` alone is the all-gather form, as it was
+before the ring. Today's names are exactly the compositions of
 their parts (:func:`shardscope._src.sharding.strategies.compose` builds every strategy).
 
 >>> Parallelism.parse("zero1_sp_cp")
-Parallelism(data='zero1', tensor='sp', context=True, expert=False)
+Parallelism(data='zero1', tensor='sp', context=True, expert=False, context_comm='all_gather')
+>>> Parallelism.parse("dp_cp_ring").context_comm
+'ring'
 >>> Parallelism(DataParallel.FSDP, Tensor.TP).name
 'fsdp_tp'
 >>> Parallelism().name, Parallelism(expert=True, tensor=Tensor.TP).name
@@ -63,8 +72,19 @@ class Tensor(Vocab):
     SP = "sp"
 
 
+class ContextComm(Vocab):
+    """How context parallelism exchanges the keys and values of the sequence's shards."""
+
+    #: each layer all-gathers the whole sequence's keys and values (the default)
+    ALL_GATHER = "all_gather"
+    #: each device passes its chunk of them around a ring, ``c - 1`` steps a layer
+    RING = "ring"
+
+
 #: The name's part for a context- and an expert-parallel dimension.
 CONTEXT_PART = "cp"
+#: The part after ``cp`` for the ring form of context parallelism.
+RING_PART = "ring"
 EXPERT_PART = "ep"
 #: The name of the strategy with every dimension off.
 REPLICATED = "replicated"
@@ -87,10 +107,31 @@ class Parallelism:
     tensor: Tensor = Tensor.NONE
     context: bool = False
     expert: bool = False
+    #: how the context shards exchange keys and values (only with ``context``)
+    context_comm: ContextComm = ContextComm.ALL_GATHER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", DataParallel.parse(self.data, error=StrategyError))
         object.__setattr__(self, "tensor", Tensor.parse(self.tensor, error=StrategyError))
+        object.__setattr__(
+            self,
+            "context_comm",
+            ContextComm.parse(self.context_comm, what="context_comm", error=StrategyError),
+        )
+        if self.context_comm == ContextComm.RING and not self.context:
+            raise StrategyError(
+                f"context_comm={self.context_comm.value!r} is a form of context parallelism, "
+                f"and context=False; give context=True (a name's '{CONTEXT_PART}_"
+                f"{RING_PART}'), or context_comm='all_gather'"
+            )
+        if self.context_comm == ContextComm.RING and self.data == DataParallel.HSDP:
+            # its train step maps the replicas by a vmap, inside which the ring's shard_map
+            # over the context axis does not compile
+            raise StrategyError(
+                f"{self.name}: the ring form of context parallelism is not built under HSDP; "
+                f"choose {self.name.removesuffix('_' + RING_PART)} (the all-gather form) or "
+                f"the ring under fsdp, zero1, zero2 or dp"
+            )
         if self.expert and (
             self.context
             or self.data not in EXPERT_DATA
@@ -105,12 +146,14 @@ class Parallelism:
 
     @property
     def name(self) -> str:
-        """The strategy's name: its parts in the order data, expert, tensor, context."""
+        """The strategy's name: its parts in the order data, expert, tensor, context (and
+        ``ring`` after ``cp`` for the ring form)."""
         parts = [
             *([self.data.value] if self.data != DataParallel.NONE else []),
             *([EXPERT_PART] if self.expert else []),
             *([self.tensor.value] if self.tensor != Tensor.NONE else []),
             *([CONTEXT_PART] if self.context else []),
+            *([RING_PART] if self.context_comm == ContextComm.RING else []),
         ]
         return "_".join(parts) or REPLICATED
 
@@ -122,7 +165,8 @@ class Parallelism:
             return cls()
         parts = name.split("_") if isinstance(name, str) else [repr(name)]
         data, tensor, expert, context = DataParallel.NONE, Tensor.NONE, False, False
-        # each part in its slot, the slots in order: data, expert, tensor, context
+        comm = ContextComm.ALL_GATHER
+        # each part in its slot, the slots in order: data, expert, tensor, context, ring
         slot = 0
         for part in parts:
             got = DataParallel.get(part) if slot < 1 else None
@@ -134,11 +178,14 @@ class Parallelism:
                 tensor, slot = Tensor.parse(part), 3
             elif part == CONTEXT_PART and slot < 4:
                 context, slot = True, 4
+            elif part == RING_PART and slot == 4:
+                comm, slot = ContextComm.RING, 5
             else:
                 raise StrategyError(
                     f"unknown strategy {name!r}: a strategy is named by its parts in the order "
                     f"data ({', '.join(d for d in DataParallel if d != DataParallel.NONE)}), "
-                    f"{EXPERT_PART}, tensor (tp or sp), {CONTEXT_PART}, joined by '_' "
-                    f"(e.g. zero1_sp_cp), or {REPLICATED}; {part!r} does not read there"
+                    f"{EXPERT_PART}, tensor (tp or sp), {CONTEXT_PART} (or {CONTEXT_PART}_"
+                    f"{RING_PART}, its ring form), joined by '_' (e.g. zero1_sp_cp), or "
+                    f"{REPLICATED}; {part!r} does not read there"
                 )
-        return cls(data, tensor, context, expert)
+        return cls(data, tensor, context, expert, comm)

@@ -30,6 +30,7 @@ from shardscope._src.model.transformer import (
     init_params,
     loss,
     loss_from_output,
+    ring_attention,
 )
 from shardscope._src.sharding.strategies import (
     STRATEGIES,
@@ -46,10 +47,15 @@ IMPLS = ("jit", "shard_map")
 
 
 class JitHooks(Hooks):
-    """Sharding constraints at the strategy's activation points and weight uses."""
+    """Sharding constraints at the strategy's activation points and weight uses; under
+    context parallelism's ring form, the attention core in a ``shard_map`` over the context
+    axis (manual over it alone, the compiler placing the rest), each shard running
+    :func:`~shardscope._src.model.transformer.ring_attention` on its part of the sequence."""
 
     def __init__(self, placement: Placement, *, regather: bool = False) -> None:
         self.placement = placement
+        ring = placement.strategy.context_ring
+        self._context = placement.entry(Role.CONTEXT) if ring else None
         uses = [placement.use_spec(n) for n in param_shapes(placement.config)]
         # Context parallelism's keys and values, whole along the sequence.
         uses.append(placement.activation_spec("keys"))
@@ -61,8 +67,30 @@ class JitHooks(Hooks):
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """A weight's constraint to its use (FSDP's gather) or the keys' and values' to the
         whole sequence (context parallelism's), told by its sharding: the other activations'
-        constraints shard their sequence, the weights' never shard their batch."""
+        constraints shard their sequence, the weights' never shard their batch; and the
+        ring's passes of the keys and values (a ``ppermute`` over the context axis), which
+        the backward passes again rather than keep every chunk."""
+        if prim.name == "ppermute" and self._context is not None:
+            return _names(params.get("axis_name")) == _names(self._context)
         return prim.name == "sharding_constraint" and params.get("sharding") in self._use_shardings
+
+    def attend(self, q: Any, k: Any, v: Any, positions: Any, core: Any) -> Any:
+        if self._context is None:
+            return core(q, k, v, positions)
+        axis = self._context
+        shards = self.placement.role_size(Role.CONTEXT)
+
+        def ring(q: Any, k: Any, v: Any) -> Any:
+            return ring_attention(q, k, v, axis, shards)
+
+        seq = PartitionSpec(None, axis)
+        return jax.shard_map(
+            ring,
+            mesh=self.placement.mesh,
+            in_specs=(seq, seq, seq),
+            out_specs=seq,
+            axis_names=set(_names(axis)),
+        )(q, k, v)
 
     def _constrain(self, x: Any, spec: Any) -> Any:
 
@@ -102,18 +130,46 @@ class JitHooks(Hooks):
 CONTEXT_SHARDS = "context_shards"
 
 
+def _names(axis: Any) -> tuple[str, ...]:
+    """A collective's axis names as a tuple (one name, or several)."""
+    return tuple(axis) if isinstance(axis, tuple | list) else (axis,)
+
+
 class ContextShardHooks(JitHooks):
     """One context shard's program in a train step mapped over the context shards
     (:func:`local_context`): it holds one part of every sequence of its micro-batch, gathers
     the keys and values of the whole sequence from the other shards (``all_gather`` over
     :data:`CONTEXT_SHARDS`, whose transpose reduce-scatters their gradients back) and masks
-    its queries at their positions in the whole sequence."""
+    its queries at their positions in the whole sequence.
+
+    In the ring form the shards are mapped by a ``shard_map`` over the context axis instead
+    (:func:`_over_context_shards`), and each passes its keys and values around them
+    (:func:`~shardscope._src.model.transformer.ring_attention`, ``ppermute`` over the
+    context axis): a ``ppermute`` over a ``vmap``'s axis is a permutation of an array's
+    dimension, which the compiler partitions into all-gathers, not collective-permutes."""
+
+    def __init__(self, placement: Placement, *, regather: bool = False) -> None:
+        super().__init__(placement, regather=regather)
+        self._shards: Any = CONTEXT_SHARDS if self._context is None else self._context
+
+    def attend(self, q: Any, k: Any, v: Any, positions: Any, core: Any) -> Any:
+        if self._context is None:
+            return core(q, k, v, positions)
+        return ring_attention(q, k, v, self._context, self.placement.role_size(Role.CONTEXT))
+
+    def _constrain(self, x: Any, spec: Any) -> Any:
+        if spec is None or self._context is None:
+            return super()._constrain(x, spec)
+        # inside the shard_map the data and context axes are manual: a constraint names the
+        # mesh as the map sees it
+        mesh = jax.sharding.get_abstract_mesh()
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     def keys(self, x: Any) -> Any:
         return super().keys(jax.lax.all_gather(x, CONTEXT_SHARDS, axis=1, tiled=True))
 
     def positions(self, seq: int) -> Any:
-        return jax.lax.axis_index(CONTEXT_SHARDS) * seq + jnp.arange(seq)
+        return jax.lax.axis_index(self._shards) * seq + jnp.arange(seq)
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         if prim.name == "all_gather" and params.get("axis_name") in (
@@ -653,9 +709,14 @@ def _local_accumulation(
 
     def run(params: Any, batch: Any) -> Any:
         one = jax.value_and_grad(shard_objective)
-        if cp:
-            one = jax.vmap(one, in_axes=(None, 0), spmd_axis_name=context, axis_name=CONTEXT_SHARDS)
-        per_shard = jax.vmap(one, in_axes=(None, 0), spmd_axis_name=data)
+        if cp and bound.strategy.context_ring:
+            per_shard = _over_shards(bound, one, (data, context))
+        else:
+            if cp:
+                one = jax.vmap(
+                    one, in_axes=(None, 0), spmd_axis_name=context, axis_name=CONTEXT_SHARDS
+                )
+            per_shard = jax.vmap(one, in_axes=(None, 0), spmd_axis_name=data)
 
         def step(carry: Any, mb: Any) -> Any:
             total, acc = carry
@@ -682,6 +743,37 @@ def _local_accumulation(
     if not bound.strategy.updates_shards:
         return run
     return _sharded_update(bound, run)
+
+
+def _over_shards(
+    bound: Placement, one: Callable[[Any, Any], Any], entries: tuple[Any, ...]
+) -> Callable[[Any, Any], Any]:
+    """``one`` (``(params, batch) -> (loss, grads)`` of one data and context shard) mapped
+    over the shards of the mesh axes of ``entries`` (data's, context's) as the two ``vmap`` of
+    :func:`_local_accumulation` map it, the batch's and the results' leading axes one per
+    entry, by a ``shard_map`` manual over those axes (the rest left to the compiler): the
+    ring's ``ppermute`` over the context axis then compiles to collective-permutes, where
+    over a ``vmap``'s axis it is a permutation of an array's dimension, which the compiler
+    partitions into all-gathers."""
+    lead = PartitionSpec(*entries)
+    n = len(entries)
+
+    def body(params: Any, batch: Any) -> Any:
+        value, grads = one(params, jax.tree.map(lambda x: x.reshape(x.shape[n:]), batch))
+        ones = (1,) * n
+        return value.reshape(ones), jax.tree.map(lambda g: g.reshape(*ones, *g.shape), grads)
+
+    return jax.shard_map(
+        body,
+        mesh=bound.mesh,
+        in_specs=(PartitionSpec(), lead),
+        out_specs=(lead, lead),
+        axis_names={a for e in entries if e is not None for a in _names(e)},
+        # each shard's gradients its own, unreduced (as under the vmap): checking would
+        # mark the replicated parameters as varying, and their gradients summed over the
+        # shards inside the map
+        check_vma=False,
+    )
 
 
 def _sum_first(x: Any) -> Any:

@@ -54,7 +54,7 @@ from shardscope._src.model.config import (
     param_shapes,
     split_params,
 )
-from shardscope._src.sharding.parallelism import DataParallel, Parallelism, Tensor
+from shardscope._src.sharding.parallelism import ContextComm, DataParallel, Parallelism, Tensor
 
 if TYPE_CHECKING:
     import jax
@@ -261,10 +261,10 @@ def _context_acts(batch: Entry, model: str | None, seq: Entry) -> dict[str, Role
     them over ``context`` in each layer (MaxText's and torchtitan's all-gather form), and
     reduce-scatters their gradients in the backward.
 
-    Ring attention (Liu et al., arXiv 2310.01889; Megatron-LM's context parallelism) moves the
-    same bytes, each device receiving the ``c - 1`` other shards of K and V, in ``c - 1``
-    collective-permute steps overlapped with the blocks' compute; the all-gather form is
-    what the compiler inserts under jit, and what is built here."""
+    The ring form (:attr:`Strategy.context_comm` ``ring``: ring attention, Liu et al., arXiv
+    2310.01889; Megatron-LM's and Transformer Engine's default context parallelism) places
+    the same activations and never makes the keys whole: its program passes each shard's
+    keys and values around the context ring (:mod:`~shardscope._src.sharding.programs`)."""
     c = Role.CONTEXT
     return {
         "residual": (batch, seq, None),
@@ -339,6 +339,10 @@ class Strategy:
         vocab_split: the embedding and the unembedding are split over ``model`` along the
             vocabulary, and so are the logits (Megatron-LM's vocabulary-parallel embedding and
             cross entropy, torchtitan's loss parallelism): :meth:`with_vocab_split`.
+        context_comm: under context parallelism, how the keys and values cross the context
+            shards: ``all_gather`` (each layer gathers them whole) or ``ring`` (each shard's
+            chunk passed around the ring, ``c - 1`` steps a layer); its JSON key is written
+            only for the ring, so a strategy written before the ring reads as it did.
     """
 
     name: str
@@ -352,6 +356,7 @@ class Strategy:
     grads: tuple[tuple[str, Roles], ...] | None = None
     optimizer: tuple[tuple[str, Roles], ...] | None = None
     vocab_split: bool = False
+    context_comm: ContextComm = ContextComm.ALL_GATHER
 
     def with_vocab_split(self) -> Strategy:
         """This strategy with the vocabulary split over ``model``: the embedding's and the
@@ -447,8 +452,15 @@ class Strategy:
     @property
     def context_parallel(self) -> bool:
         """The sequence of every activation is sharded over ``context``; attention gathers
-        the keys and values of the whole sequence in each layer."""
+        the keys and values of the whole sequence in each layer (or, :attr:`context_ring`,
+        passes them around the context ring)."""
         return Role.CONTEXT in self.roles
+
+    @property
+    def context_ring(self) -> bool:
+        """Context parallelism in its ring form: each layer's keys and values pass around
+        the context ring, ``c - 1`` collective-permutes of one shard's chunk."""
+        return self.context_parallel and self.context_comm == ContextComm.RING
 
     def place(
         self,
@@ -490,8 +502,11 @@ class Strategy:
 
     def to_dict(self) -> dict[str, Any]:
         # rules are stored as pairs and written as {name: roles}; grads and optimizer resolved
+        out = record_dict(self)
+        if self.context_comm == ContextComm.ALL_GATHER:
+            del out["context_comm"]  # as written before the ring form
         return {
-            **record_dict(self),
+            **out,
             "params": json_value(self.param_rules()),
             "use": json_value(self.use_rules()),
             "activations": json_value(self.activation_rules()),
@@ -561,7 +576,9 @@ def _summary(p: Parallelism) -> str:
         parts.append("Megatron tensor parallel on 'model'")
     elif p.tensor == Tensor.SP:
         parts.append("tensor-and-sequence parallel on 'model'")
-    if p.context:
+    if p.context_comm == ContextComm.RING:
+        parts.append("context parallel on 'context' (keys and values passed around a ring)")
+    elif p.context:
         parts.append("context parallel on 'context' (keys and values gathered per layer)")
     return " x ".join(parts)
 
@@ -632,12 +649,13 @@ def compose(dims: Parallelism | str) -> Strategy:
         twin=twin,
         grads=sharded if d == DataParallel.ZERO2 else None,
         optimizer=sharded if d in (DataParallel.ZERO1, DataParallel.ZERO2) else None,
+        context_comm=p.context_comm,
     )
 
 
 def _compositions() -> list[Parallelism]:
     """Every combination the rule sets compose, in a stable order (data, tensor, context,
-    expert)."""
+    expert), then the ring forms of the context-parallel ones in the same order."""
     out = []
     for d in DataParallel:
         for t in Tensor:
@@ -647,7 +665,14 @@ def _compositions() -> list[Parallelism]:
                         out.append(Parallelism(d, t, context, expert))
                     except StrategyError:
                         continue
-    return out
+    rings = []
+    for p in out:
+        if p.context:
+            try:
+                rings.append(replace(p, context_comm=ContextComm.RING))
+            except StrategyError:
+                continue
+    return out + rings
 
 
 #: The strategies named before the dimensions (the presets), in their order.
@@ -1054,7 +1079,17 @@ class Placement:
         return sizes
 
     def validate(self) -> None:
-        """Raises :class:`StrategyError` when a sharded dimension is not divisible."""
+        """Raises :class:`StrategyError` when a sharded dimension is not divisible, or a ring
+        of context parallelism has one shard (nothing to pass around)."""
+        if self.strategy.context_ring and self.role_size(Role.CONTEXT) < 2:
+            axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.entry_axes(Role.CONTEXT))
+            gather = self.name.removesuffix("_ring")
+            raise StrategyError(
+                f"strategy {self.name!r} passes the keys and values around a ring over mesh "
+                f"axis {axes}, a ring of one shard; give the mesh context=2 or more (the "
+                f"sequence split that many ways), or a strategy without context parallelism"
+                f" (the all-gather form {gather!r} over context=1 is the same program)"
+            )
         sizes = self.dim_sizes()
         wanted: dict[tuple[str, Entry], str] = {}
         s = self.strategy

@@ -52,6 +52,15 @@ Per micro-batch on the slowest pipeline stage, one device:
   previous layer (and ring attention overlaps its ``c - 1`` steps with the blocks'
   compute), but the attention that needs them waits: counted as exposed unless the
   hardware overlaps collectives with the matmuls they feed (``tp_overlap``).
+* **context parallelism's ring** (``..._cp_ring``): each layer's keys and values go round
+  the context ring in ``c - 1`` steps (collective-permutes of one device's chunk; the
+  backward passes them again with their gradients), each step's transfer beside the
+  attention of the chunk in hand, ``1 / c`` of the layer's attention core (forward,
+  backward or recomputed). The steps of a micro-batch are taken alike: its transfers hide
+  behind ``(c - 1) / c`` of its attention core's time, and what they take beyond it (or the
+  compute their multiprocessors take from it, :func:`~shardscope._src.cost.compute.
+  overlap_seconds`) is on the critical path, as Megatron-LM and Transformer Engine's ``p2p``
+  context parallelism overlaps them.
 * **pipeline** (1F1B, Narayanan et al., arXiv 2104.04473, section 2.2): ``m + p - 1``
   micro-batch slots of the stage time, so the bubble is ``(p - 1) / (m + p - 1)`` of the
   pipeline; each slot also sends the micro-batch's activations to the next stage and their
@@ -104,7 +113,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
+from shardscope._src.base.comm import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    COLLECTIVE_PERMUTE,
+    REDUCE_SCATTER,
+)
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.bounds.terms import Bound, Term, TermRole
@@ -178,6 +193,9 @@ class OverlapClass(Vocab):
     PER_STEP_BWD = "gradient-reduction"
     #: ZeRO's all-gather of updated parameters
     PER_STEP_FWD = "parameter-gather"
+    #: context parallelism's ring: keys and values (and their gradients) passed on beside
+    #: the attention of the chunk in hand
+    CONTEXT_RING = "context-ring"
 
 
 CRITICAL = OverlapClass.CRITICAL
@@ -185,6 +203,7 @@ PER_MICROBATCH_FWD_BWD = OverlapClass.PER_MICROBATCH_FWD_BWD
 PER_MICROBATCH_BWD = OverlapClass.PER_MICROBATCH_BWD
 PER_STEP_BWD = OverlapClass.PER_STEP_BWD
 PER_STEP_FWD = OverlapClass.PER_STEP_FWD
+CONTEXT_RING = OverlapClass.CONTEXT_RING
 
 
 @dataclass(frozen=True)
@@ -273,6 +292,12 @@ class StepWork:
     #: :attr:`attention_scores_flops`.
     attention_flops: float = 0.0
     attention_rerun_flops: float = 0.0
+    #: context parallelism's ring: its shards ``c`` (0: no ring), and the attention core's
+    #: FLOPs (counted non-causal) of one forward and of its recomputation, which the ring's
+    #: steps run beside
+    ring_shards: int = 0
+    ring_core_flops: float = 0.0
+    ring_rerun_flops: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
@@ -421,6 +446,9 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
     tp_held = sum(c.seconds * c.held for c in comm if c.cls == CRITICAL)
     tp_exposed = overlap_seconds(fwd + bwd, tp / m, tp_held / m) if hw.tp_overlap else tp / m
+    ring = [c for c in comm if c.cls == CONTEXT_RING]
+    ring_s = sum(c.seconds for c in ring)
+    tp_exposed += ring_seconds(hw, work, ring_s / m, sum(c.seconds * c.held for c in ring) / m)
     # one point-to-point transfer: one latency, its bytes at the bandwidth between stages
     p2p_one = (
         alpha_beta_seconds(1, hw.latency_s, work.p2p_bytes, work.p2p_bandwidth) if p > 1 else 0.0
@@ -436,7 +464,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     # it goes at the rest of its rate (overlap_seconds).
     by_class: dict[OverlapClass, tuple[float, float]] = {}
     for c in comm:
-        if c.cls != CRITICAL:
+        if c.cls not in (CRITICAL, CONTEXT_RING):
             seconds, held = by_class.get(c.cls, (0.0, 0.0))
             by_class[c.cls] = (seconds + c.seconds, held + c.seconds * c.held)
     data = sum(seconds for seconds, _ in by_class.values())
@@ -458,7 +486,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     compute = m * (fwd + bwd)
     return StepTime(
         compute_s=compute,
-        tp_comm_s=tp,
+        tp_comm_s=tp + ring_s,
         data_comm_s=data,
         data_exposed_s=exposed,
         p2p_s=2 * v * m * p2p_one,
@@ -470,6 +498,45 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         offload_s=2 * m * host,
         contention_s=added - exposed,
     )
+
+
+def ring_seconds(hw: Hardware, work: StepWork, transfers_s: float, held_s: float) -> float:
+    """What context parallelism's ring adds to one micro-batch: its transfers
+    (``transfers_s``, every step's; ``held_s`` their seconds times the multiprocessors'
+    share they hold) beside the attention of the chunks in hand. Each layer's ``c - 1`` steps
+    of a pass each run beside one chunk's attention, ``1 / c`` of the layer's attention core
+    (the last chunk's has no transfer beside it), so the transfers hide behind ``(c - 1) /
+    c`` of the micro-batch's attention core, forward, backward and recomputed, the core
+    priced as the rest of the step prices it (a fused kernel's rates where the hardware
+    names them and the program's attention is blocked, else the matmul rate); the steps
+    taken alike, what exceeds it is exposed
+    (:func:`~shardscope._src.cost.compute.overlap_seconds`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> w = StepWork(
+    ...     microbatches=1, stages=1, fwd_flops=0.0, recompute_flops=0.0, act_bytes=0,
+    ...     recompute_act_bytes=0, p2p_bytes=0, p2p_bandwidth=1, optimizer_params=0,
+    ...     model_flops=0, devices=1, ring_shards=4, ring_core_flops=1e12,
+    ... )
+    >>> h100 = hardware("h100")
+    >>> core = 3 * 1e12 / (h100.peak_flops * h100.matmul_fraction)  # forward and backward
+    >>> ring_seconds(h100, w, 0.75 * core + 1e-3, 0.0) == 1e-3  # 1 ms beyond 3/4 of it
+    True
+    """
+    c = work.ring_shards
+    if c < 2 or transfers_s <= 0:
+        return 0.0
+    if hw.attention_fwd_flops > 0 and work.attention_flops > 0:
+        core = fused_attention_seconds(hw, work.ring_core_flops)
+        if work.train:
+            core += fused_attention_seconds(hw, work.ring_core_flops, backward=True)
+            core += fused_attention_seconds(hw, work.ring_rerun_flops)
+    elif work.train:
+        # the forward's matmuls, the backward's two for each, and the recomputed ones
+        core = matmul_seconds(hw, 3 * work.ring_core_flops + work.ring_rerun_flops)
+    else:
+        core = matmul_seconds(hw, work.ring_core_flops)
+    return overlap_seconds((c - 1) / c * core, transfers_s, held_s)
 
 
 def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str, Any]:
@@ -511,6 +578,9 @@ def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapCla
         # a mixture of experts' dispatch and combine: the experts wait for their tokens,
         # the next layer for their outputs
         return CRITICAL
+    if kind == COLLECTIVE_PERMUTE and axes and set(axes) <= context_axes:
+        # Context parallelism's ring: each step beside the attention of the chunk in hand.
+        return CONTEXT_RING
     if axes and set(axes) <= context_axes and kind != ALL_REDUCE:
         # Context parallelism's keys and values, gathered and their gradients scattered:
         # the layer's attention waits for them. An all-reduce over 'context' alone sums
@@ -729,7 +799,16 @@ def step_work(
         attention_rerun_flops=rerun if flash_attention else 0.0,
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
+        **_ring_work(placement, c.layers * core, rerun),
     )
+
+
+def _ring_work(placement: Placement, core: float, rerun: float) -> dict[str, Any]:
+    """:class:`StepWork`'s ring fields under context parallelism's ring form (none else)."""
+    if not placement.strategy.context_ring:
+        return {}
+    c = placement.role_size(Role.CONTEXT)
+    return {"ring_shards": c, "ring_core_flops": core, "ring_rerun_flops": rerun}
 
 
 def gathered_bytes(
