@@ -70,6 +70,12 @@ _BRIDGE = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md@0a25f
 _RECIPES = "AI-Hypercomputer/tpu-recipes (MaxText)"
 
 
+def _offloaded(*tensors: str) -> str:
+    """MaxText's ``remat_policy: custom`` of its recipes: the layer's input and ``tensors``
+    offloaded to host memory, the rest recomputed (``remat``)."""
+    return "custom:" + ",".join(f"{t}=offload" for t in ("decoder_layer_input", *tensors))
+
+
 @dataclass(frozen=True)
 class MoeRun:
     """A published mixture-of-experts run: the model, hardware and layout its source states."""
@@ -94,6 +100,8 @@ class MoeRun:
     cannot: str = ""
     #: the layouts of one model's published sweep share a name here
     sweep: str = ""
+    #: the layers' matmuls: "fp8" for a run in fp8 (its best plan is screened in fp8 too)
+    matmul_dtype: str = "bfloat16"
 
     def hw(self) -> Any:
         return hardware(self.hardware, **(self.overrides or {}))
@@ -215,10 +223,34 @@ def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> Moe
     )
 
 
-_FP8 = (
-    "fp8 matmuls: the planner prices a mixture's matmuls in 16 bits (screen_all refuses "
-    "matmul_dtype='fp8' for one)"
-)
+def _bridge_qwen3_fp8(
+    version: str, size: str, gpus: int, batch: int, mbs: int, measured_s: float, **layout: int
+) -> MoeRun:
+    """Megatron-Bridge's Qwen3 in fp8 (FP8-CS: tensorwise current scaling, the time model's
+    casts) on H100, as its table states the layout (``layout``: tp, pp, vp, ep); dropless,
+    forced balance; the attention Transformer Engine's (cuDNN's). With TP 1 the experts'
+    EP x DP fold is ``ep`` on ``stage=P,expert=E`` (data-parallel attention over the
+    experts' devices); with TP 2 (235B) it is the zoo's fold, printed as the nearest."""
+    tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
+    data = gpus // pp // tp
+    name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
+    config = _preset(f"qwen3-{size.lower()}", batch, 4096)
+    optimizer = "the optimizer state replicated (the run's distributed optimizer shards it)"
+    if tp == 1:
+        return MoeRun(
+            name, _BRIDGE, config, "h100", gpus, measured_s, "ep",
+            (("stage", pp), ("expert", ep)), batch // (data * mbs), None, vp,
+            overrides=CUDNN, instead=(optimizer,), matmul_dtype="fp8",
+        )  # fmt: skip
+    return MoeRun(
+        name, _BRIDGE, config, "h100", gpus, measured_s, "ep_tp",
+        (("stage", pp), ("expert", data), ("model", tp)), batch // (data * mbs), "none", vp,
+        overrides=CUDNN, matmul_dtype="fp8",
+        cannot=f"attention TP {tp} x DP {data} and experts EP {ep} whole (ETP 1) on the same "
+        f"devices: no strategy folds them so (ep_tp splits the experts' hidden over model "
+        f"and all-reduces their outputs)",
+    )  # fmt: skip
+
 
 #: Every held-out mixture-of-experts run, by source.
 RUNS = [
@@ -314,23 +346,10 @@ RUNS = [
     ),
     _bridge_gptoss("25.11", 512, 4, 5.82),
     _bridge_gptoss("26.02", 1280, 1, 13.669),
-    *(
-        MoeRun(
-            f"Megatron-Bridge {v} Qwen3-{size} FP8, {gpus} H100",
-            _BRIDGE,
-            None,
-            "h100",
-            gpus,
-            step,
-            cannot=_FP8,
-        )
-        for v, size, gpus, step in (
-            ("26.02", "30B-A3B", 16, 51.27),
-            ("25.11", "30B-A3B", 16, 24.848),
-            ("26.02", "235B-A22B", 256, 80.265),
-            ("25.11", "235B-A22B", 256, 20.805),
-        )
-    ),
+    _bridge_qwen3_fp8("26.02", "30B-A3B", 16, 1024, 1, 51.27, tp=1, pp=2, vp=12, ep=8),
+    _bridge_qwen3_fp8("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),
+    _bridge_qwen3_fp8("26.02", "235B-A22B", 256, 8192, 1, 80.265, tp=2, pp=8, vp=4, ep=32),
+    _bridge_qwen3_fp8("25.11", "235B-A22B", 256, 2048, 1, 20.805, tp=2, pp=8, vp=4, ep=32),
     MoeRun(
         "MaxText Mixtral 8x22B, FSDP 64 x EP 4, v6e-256",
         f"{_RECIPES} trillium/Mixtral-8x22B-MaxText",
@@ -341,11 +360,7 @@ RUNS = [
         "fsdp_ep",
         (("data", 64), ("expert", 4)),
         1,
-        "full",
-        instead=(
-            "full recomputation (the run offloads the layer input and the q, k, v and out "
-            "projections to the host and recomputes the rest)",
-        ),
+        _offloaded("query_proj", "key_proj", "value_proj", "out_proj"),
     ),
     MoeRun(
         "MaxText DeepSeek-V3, FSDP 512, v5p (512 chips)",
@@ -357,11 +372,7 @@ RUNS = [
         "fsdp",
         (("data", 512),),
         1,
-        "full",
-        instead=(
-            "full recomputation (the run offloads the layer input and the out-projection "
-            "to the host and recomputes the rest)",
-        ),
+        _offloaded("out_proj"),
     ),
     MoeRun(
         "MaxText Llama 4 Maverick, FSDP 32 x TP 4, v5p (128 chips)",
@@ -383,8 +394,7 @@ RUNS = [
         "fsdp",
         (("data", 512),),
         1,
-        "full",
-        instead=("full recomputation (the run offloads the layer input to the host)",),
+        _offloaded(),
     ),
 ]
 
@@ -399,7 +409,7 @@ def estimate_run(run: MoeRun, *, nearest: bool = False) -> tuple[Screened, str]:
     c = Candidate(
         run.strategy, run.mesh, run.microbatches, remat, virtual_stages=run.virtual_stages
     )
-    return estimate(c, run.config, run.hw()), remat
+    return estimate(c, run.config, run.hw(), matmul_dtype=run.matmul_dtype), remat
 
 
 _BEST: dict[tuple[Any, ...], Screened | None] = {}
@@ -410,9 +420,17 @@ def best_plan(run: MoeRun) -> Screened | None:
     hardware (the estimate's screen); None where nothing fits or there is no model."""
     if run.config is None:
         return None
-    key = (run.config, run.devices, run.hardware, tuple(sorted((run.overrides or {}).items())))
+    key = (
+        run.config,
+        run.devices,
+        run.hardware,
+        tuple(sorted((run.overrides or {}).items())),
+        run.matmul_dtype,
+    )
     if key not in _BEST:
-        ranked, _, _ = screen_all(run.config, run.devices, run.hw(), MOE_STRATEGIES)
+        ranked, _, _ = screen_all(
+            run.config, run.devices, run.hw(), MOE_STRATEGIES, matmul_dtype=run.matmul_dtype
+        )
         _BEST[key] = next((s for s in ranked if s.fits), None)
     return _BEST[key]
 

@@ -93,7 +93,6 @@ def test_plan_searches_expert_parallelism_and_its_screen_counts_what_compiles():
     [
         ({"remat": "matmuls"}, "remat=matmuls"),
         ({"strategies": ["fsdp_sp"]}, "fsdp_sp"),
-        ({"matmul_dtype": "fp8"}, "fp8"),
     ],
 )
 def test_what_a_mixture_cannot_be_planned_with_is_refused(kwargs, match):

@@ -170,7 +170,7 @@ def test_bad_expert_settings_name_the_value():
 
 def test_what_the_planner_cannot_price_for_a_mixture_is_refused_naming_the_flag(capsys):
     line = assert_usage_error(
-        ["plan", "--model", "qwen3-30b-a3b", "--devices", "8", "--remat", "selective"],
+        ["plan", "--model", "qwen3-30b-a3b", "--devices", "8", "--remat", "matmuls"],
         "mixture of experts",
         capsys,
     )

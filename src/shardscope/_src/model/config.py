@@ -13,7 +13,7 @@ from typing import Any
 from shardscope._src.base.errors import ModelConfigError, ShardscopeError, is_int
 from shardscope._src.base.records import Record
 from shardscope._src.base.vocab import Vocab
-from shardscope._src.model.remat import remat_policy
+from shardscope._src.model.remat import model_problem, remat_policy
 
 
 class Mode(Vocab):
@@ -221,6 +221,9 @@ class ModelConfig(Record):
             )
         self._check_experts()
         self._check_latent()
+        problem = model_problem(policy, experts=self.experts > 0, latent=self.kv_lora_rank > 0)
+        if problem is not None:
+            raise ModelConfigError(f"model config remat={self.remat!r}: {problem}", param="remat")
 
     def _check_latent(self) -> None:
         for name in ("kv_lora_rank", "q_lora_rank", "rope_head_dim"):

@@ -16,7 +16,10 @@ programs dispatch tokens to their experts.
 Routing is Mixtral's: the softmax of the top-k router logits (in float32), so each token's
 weights sum to one. The router runs in ``jax.named_scope("moe/router")``, the dispatch in
 ``("moe/dispatch")``, the experts in ``("moe/experts")`` and the combine in
-``("moe/combine")``, so that the audit names their collectives.
+``("moe/combine")``, so that the audit names their collectives. The experts' up-projections
+over their slots are named ``mlpwi`` and their down-projections ``mlpwo`` (``checkpoint_name``,
+MaxText's names in its MoE block), so that a recomputation policy by named tensor keeps,
+offloads or recomputes them as it does a dense MLP's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from shardscope._src.model.fused import (
     fused_gelu,
@@ -68,12 +72,12 @@ def _expert_mlp(x: Any, w_in: Any, w_down: Any, weight: Any = None) -> Any:
     outputs need not be kept to differentiate the weights."""
     with jax.named_scope("moe/experts"):
         if w_in.ndim == 4:
-            h = jnp.einsum("ecd,edtf->ectf", x, w_in)
+            h = checkpoint_name(jnp.einsum("ecd,edtf->ectf", x, w_in), "mlpwi")
             u = fused_swiglu(h) if weight is None else fused_weighted_swiglu(h, weight)
         else:
-            h = jnp.einsum("ecd,edf->ecf", x, w_in)
+            h = checkpoint_name(jnp.einsum("ecd,edf->ecf", x, w_in), "mlpwi")
             u = fused_gelu(h) if weight is None else fused_weighted_gelu(h, weight)
-        return jnp.einsum("ecf,efd->ecd", u, w_down)
+        return checkpoint_name(jnp.einsum("ecf,efd->ecd", u, w_down), "mlpwo")
 
 
 def slot_tokens(weights: Any, experts: Any, n_experts: int, slots: int) -> tuple[Any, Any]:
@@ -341,10 +345,10 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
         if w_in.ndim == 4:
             gate = jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes)
             up = jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes)
-            u = fused_swiglu(jnp.stack([gate, up], axis=-2))
+            u = fused_swiglu(checkpoint_name(jnp.stack([gate, up], axis=-2), "mlpwi"))
         else:
-            u = fused_gelu(jax.lax.ragged_dot(rows, w_in, sizes))
-        y = jax.lax.ragged_dot(u, w_down, sizes)
+            u = fused_gelu(checkpoint_name(jax.lax.ragged_dot(rows, w_in, sizes), "mlpwi"))
+        y = checkpoint_name(jax.lax.ragged_dot(u, w_down, sizes), "mlpwo")
     with jax.named_scope("moe/combine"):
         y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)
         out = jnp.zeros((tokens, x.shape[1]), y.dtype).at[token_of].add(y)

@@ -366,6 +366,41 @@ def remat_policy(name: str) -> RematPolicy:
     )
 
 
+#: The named tensors latent attention does not name: its query, keys and values are made
+#: from latents (DeepSeek-V2, arXiv 2405.04434), and its normed input feeds them alone.
+LATENT_UNNAMED = ("pre_self_attention_norm", "query_proj", "key_proj", "value_proj")
+
+
+def model_problem(policy: RematPolicy, *, experts: bool, latent: bool) -> str | None:
+    """Why a model's layers cannot run ``policy`` (None: they can): a model with routed
+    ``experts`` names its layers' tensors as the dense decoder does, the experts' up- and
+    down-projections over the slots they fill as ``mlpwi`` and ``mlpwo`` (MaxText's MoE
+    names, ``mlpwi_0``, ``mlpwi_1`` and ``mlpwo``), but its experts' matmuls are batched over
+    the experts, which a policy by matmul (``matmuls``, ``jax:offload_dot_with_no_batch_dims``)
+    does not keep; ``latent`` attention names none of :data:`LATENT_UNNAMED`.
+
+    >>> model_problem(remat_policy("custom:decoder_layer_input=offload,out_proj=offload"),
+    ...               experts=True, latent=True) is None
+    True
+    >>> model_problem(remat_policy("offload"), experts=False, latent=True)[:62]
+    'latent attention names no query_proj, key_proj, value_proj (it'
+    """
+    if experts and policy.compiled_as in (CompiledAs.DOTS, CompiledAs.OFFLOAD_DOTS):
+        return (
+            f"a mixture of experts' routed experts run as matmuls batched over the experts, "
+            f"which {policy.compiled_as} does not keep; name the tensors instead "
+            f"(maxtext:minimal keeps the same ones by name, the experts' as mlpwi and mlpwo)"
+        )
+    placed = [t for t in LATENT_UNNAMED if latent and policy.place(t) != Place.RECOMPUTE]
+    if placed and policy.compiled_as == CompiledAs.NAMES:
+        named = ", ".join(t for t in TENSORS if t not in LATENT_UNNAMED)
+        return (
+            f"latent attention names no {', '.join(placed)} (its query, keys and values are "
+            f"made from latents): leave them recomputed (remat), or place {named}"
+        )
+    return None
+
+
 def split_policies(text: str) -> list[str]:
     """The policies of a comma-separated list, a ``custom:`` policy's own commas kept in
     it: ``"full,custom:query_proj=offload,key_proj=offload"`` is two policies."""

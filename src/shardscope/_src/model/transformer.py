@@ -582,6 +582,7 @@ def moe_mlp(
     s_ = {} if scales is None else scales
     with jax.named_scope("moe"):
         h = _norm(x, hooks.weight("moe_mlp_norm", p["mlp_norm"]))
+        h = checkpoint_name(h, "post_self_attention_norm")
     b, s, d = h.shape
     tokens = h.reshape(b * s, d)
     name = "expert_gate_up" if "expert_gate_up" in p else "expert_up"
@@ -600,14 +601,15 @@ def moe_mlp(
         with jax.named_scope("moe/shared"):
             first = "shared_gate_up" if "shared_gate_up" in p else "shared_up"
             hs = h * s_[first] if first in s_ else h
+            # named as the routed experts' are (mlpwi, mlpwo): a policy places them alike
             if first == "shared_gate_up":
                 gu = hooks.weight("shared_gate_up", p["shared_gate_up"])
-                u = _swiglu(jnp.einsum("bsd,dtf->bstf", hs, gu))
+                u = _swiglu(checkpoint_name(jnp.einsum("bsd,dtf->bstf", hs, gu), "mlpwi"))
             else:
                 up = hooks.weight("shared_up", p["shared_up"])
-                u = _gelu(jnp.einsum("bsd,df->bsf", hs, up))
+                u = _gelu(checkpoint_name(jnp.einsum("bsd,df->bsf", hs, up), "mlpwi"))
             down = hooks.weight("shared_down", p["shared_down"])
-            out = jnp.einsum("bsf,fd->bsd", u, down)
+            out = checkpoint_name(jnp.einsum("bsf,fd->bsd", u, down), "mlpwo")
             if "shared_down" in s_:
                 out = out * s_["shared_down"]
             y = y + hooks.exit("moe", out)

@@ -397,7 +397,9 @@ def moe_activation_bytes_per_layer(
     return attention + tokens * ((slots + hidden) * c.itemsize + 4 * c.experts)
 
 
-def named_tensor_elements(config: ModelConfig) -> dict[str, tuple[int, int]]:
+def named_tensor_elements(
+    config: ModelConfig, *, experts: bool = False
+) -> dict[str, tuple[float, float]]:
     """Each of the decoder's named tensors (:data:`~shardscope._src.model.remat.TENSORS`),
     per token: ``(whole, split)`` elements, the first on every device of the model axis
     (split by it only under sequence parallelism: the residual stream, its norms, the sums
@@ -406,57 +408,101 @@ def named_tensor_elements(config: ModelConfig) -> dict[str, tuple[int, int]]:
 
     The one place a recomputation policy's memory comes from: what it keeps on the device
     and what it offloads are sums of these (:func:`named_tensor_bytes`). The query, key and
-    value are ``heads x head_dim`` and ``kv_heads x head_dim`` wide (latent attention
-    counted so too); the MLP's up-projections ``2 ff`` (SwiGLU's gate and up) or ``ff``.
+    value are ``heads x head_dim`` and ``kv_heads x head_dim`` wide (latent attention's
+    query ``heads x qk_head_dim`` and its context ``heads x value_head_dim``); the MLP's
+    up-projections ``2 ff`` (SwiGLU's gate and up) or ``ff``.
+
+    A layer with ``experts`` names its experts' tensors as MaxText's MoE block does, over
+    the slots a token fills (``cf k``: ``top_k`` times the routed capacity, as
+    :func:`moe_activation_bytes_per_layer` counts them): ``mlpwi`` the routed experts' and
+    the shared experts' up-projections, ``(cf k + shared) x 2 expert_ff`` (SwiGLU) or
+    ``x expert_ff``, split over ``model`` with the experts' hidden; ``mlpwo`` their
+    down-projections' outputs, ``cf k x h`` and the shared experts' ``h``, whole.
+
+    >>> from shardscope._src.model.config import ModelConfig
+    >>> moe = ModelConfig(d_model=64, heads=4, ff=128, layers=2, mlp="swiglu", experts=8,
+    ...                   top_k=2, expert_ff=32, capacity_factor=1.25)
+    >>> named_tensor_elements(moe, experts=True)["mlpwi"]  # 1.25 x 2 slots x 2 x 32
+    (0, 160.0)
     """
     c = config
     assert c.head_dim is not None and c.kv_heads is not None
     h, q, kv = c.d_model, c.heads * c.head_dim, c.kv_heads * c.head_dim
+    context = q
+    if c.is_mla:
+        q, context = c.heads * c.qk_head_dim, c.heads * c.value_head_dim
+    mlpwi: tuple[float, float] = (0, 2 * c.ff if c.mlp == "swiglu" else c.ff)
+    mlpwo: tuple[float, float] = (h, 0)
+    if experts:
+        f = c.expert_ff or c.ff
+        slots = c.routed_capacity * c.top_k
+        mlpwi = (0, (slots + c.shared_experts) * (2 * f if c.mlp == "swiglu" else f))
+        mlpwo = (slots * h + (h if c.shared_experts else 0), 0)
     return {
         "decoder_layer_input": (h, 0),
         "pre_self_attention_norm": (h, 0),
         "query_proj": (0, q),
         "key_proj": (0, kv),
         "value_proj": (0, kv),
-        "context": (0, q),
+        "context": (0, context),
         "out_proj": (h, 0),
         "post_self_attention_norm": (h, 0),
-        "mlpwi": (0, 2 * c.ff if c.mlp == "swiglu" else c.ff),
-        "mlpwo": (h, 0),
+        "mlpwi": mlpwi,
+        "mlpwo": mlpwo,
     }
 
 
 def named_tensor_bytes(placement: Placement, tensors: Sequence[str], microbatches: int = 1) -> int:
     """One layer's ``tensors`` (named, :func:`named_tensor_elements`) on one device for one
     micro-batch, at the model's dtype: the device's tokens times their elements, the split
-    ones over the model axis, all of them under sequence parallelism."""
+    ones over the model axis, all of them under sequence parallelism. A mixture of experts'
+    layers are of two kinds: this is their mean (as :func:`activation_bytes_per_layer`), so
+    that ``layers`` times it is what all of them hold."""
     c = placement.config
-    sizes = named_tensor_elements(c)
     t = model_ways(placement)
     tokens = tokens_per_device(placement, microbatches)
-    whole = sum(sizes[n][0] for n in tensors)
-    split = sum(sizes[n][1] for n in tensors)
-    if placement.strategy.sequence_parallel:
-        per_token = (whole + split) / t
-    else:
-        per_token = whole + split / t
-    return math.ceil(tokens * per_token * c.itemsize)
+
+    def per_token(experts: bool) -> float:
+        sizes = named_tensor_elements(c, experts=experts)
+        whole = sum(sizes[n][0] for n in tensors)
+        split = sum(sizes[n][1] for n in tensors)
+        if placement.strategy.sequence_parallel:
+            return (whole + split) / t
+        return whole + split / t
+
+    if not c.is_moe:
+        return math.ceil(tokens * per_token(False) * c.itemsize)
+    dense, moe = per_token(False), per_token(True)
+    mean = (c.dense_layer_count * dense + c.moe_layers * moe) / c.layers
+    return math.ceil(tokens * mean * c.itemsize)
 
 
-def producer_params(config: ModelConfig) -> dict[str, int]:
+def producer_params(config: ModelConfig) -> dict[str, float]:
     """The weights each projection of :data:`~shardscope._src.model.remat.PRODUCERS` takes
     one token through (its FLOPs ``2 x`` per token; split over the model axis): the fused
     query, key and value projection, the out-projection, the MLP's up-projections and its
-    down-projection."""
+    down-projection (a mixture of experts': a layer's mean, its experts' slots counted)."""
     c = config
     assert c.head_dim is not None and c.kv_heads is not None
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     up = 2 * c.ff if c.mlp == "swiglu" else c.ff
+    mlp_in: float = c.d_model * up
+    mlp_out: float = c.ff * c.d_model
+    if c.is_moe:
+        # a layer's mean (a mixture's layers are of two kinds): a layer with experts takes
+        # a token through the up- and down-projections of each of its slots (cf k, the
+        # routed capacity's) and of the shared experts
+        f = c.expert_ff or c.ff
+        ways = c.routed_capacity * c.top_k + c.shared_experts
+        moe_in = ways * c.d_model * (2 * f if c.mlp == "swiglu" else f)
+        moe_out = ways * f * c.d_model
+        mlp_in = (c.dense_layer_count * mlp_in + c.moe_layers * moe_in) / c.layers
+        mlp_out = (c.dense_layer_count * mlp_out + c.moe_layers * moe_out) / c.layers
     return {
         "qkv": c.d_model * (q_dim + 2 * kv_dim),
         "out": q_dim * c.d_model,
-        "mlp_in": c.d_model * up,
-        "mlp_out": c.ff * c.d_model,
+        "mlp_in": mlp_in,
+        "mlp_out": mlp_out,
     }
 
 
@@ -714,14 +760,23 @@ def routed_expert_work(placement: Placement, microbatches: int = 1) -> tuple[flo
     tokens = tokens_per_device(placement, microbatches)
     per_token = c.moe_layers * c.top_k * c.routed_capacity * expert_mlp_params(c)
     flops = 2 * tokens * per_token / model_ways(placement)
+    return flops, sum(expert_weight_elements(placement).values())
+
+
+def expert_weight_elements(placement: Placement) -> dict[str, int]:
+    """The elements of each routed experts' weight (every layer's) one device's matmuls read,
+    as they are used (:func:`routed_expert_work`); empty for a dense model."""
+    c = placement.config
+    if not c.is_moe:
+        return {}
     rules = placement.strategy.use_rules() or placement.strategy.param_rules()
     shapes = param_shapes(c)
-    elements = 0
+    out = {}
     for name in EXPERT_PARAMS:
         if name in shapes:
             ways = math.prod(placement.role_size(r) for r in rules[name] if r is not None)
-            elements += math.prod(shapes[name]) // ways
-    return flops, elements
+            out[name] = math.prod(shapes[name]) // ways
+    return out
 
 
 def fp8_cast_elements_per_layer(
@@ -741,6 +796,17 @@ def fp8_cast_elements_per_layer(
     :data:`~shardscope._src.model.remat.PROJECTIONS` named in it out of the forward (their
     outputs kept, a recomputed forward does not run them): ``("qkv",)`` is the forward
     ``remat="offload"`` recomputes.
+
+    A mixture of experts' layers are of two kinds: this is their mean. A layer with experts
+    (Transformer Engine's fp8 grouped linears, Megatron-Core's ``moe_router_dtype`` keeping
+    the router out of fp8) casts its attention's as a dense layer does and, for the experts,
+    each slot's input to the up-projections (``cf k x h`` a token, ``cf k`` the slots it
+    fills, :func:`named_tensor_elements`) and the shared experts' (``h``), the down-
+    projections' inputs (``(cf k + shared) x expert_ff``, split over ``model``) and the
+    experts' weights as the device's matmuls read them (:func:`expert_weight_elements`;
+    the shared experts' over ``model``); backward, the gradients entering them
+    (``(cf k + shared) x 2 expert_ff`` or ``x expert_ff``, and ``cf k x h`` and ``h``) and
+    the weights again. The router is not cast.
     """
     c = placement.config
     assert c.head_dim is not None and c.kv_heads is not None
@@ -760,7 +826,34 @@ def fp8_cast_elements_per_layer(
     for name in kept:
         forward -= skipped[name]
     backward = tokens * ((q_dim + 2 * kv_dim) / t + c.d_model + up / t + c.d_model) + weights
-    return forward, backward
+    if not c.is_moe:
+        return forward, backward
+    # a layer with experts: the attention's as above, then the experts' slots
+    f = c.expert_ff or c.ff
+    up_e = 2 * f if c.mlp == "swiglu" else f
+    slots, shared = c.routed_capacity * c.top_k, c.shared_experts
+    experts = expert_weight_elements(placement)
+    routed_in = experts.get("expert_gate_up", experts.get("expert_up", 0)) / c.moe_layers
+    routed_out = experts["expert_down"] / c.moe_layers
+    moe_skipped = {
+        "qkv": skipped["qkv"],
+        "out": skipped["out"],
+        "mlp_in": tokens * (slots + (1 if shared else 0)) * c.d_model
+        + routed_in
+        + shared * c.d_model * up_e / t,
+        "mlp_out": tokens * (slots + shared) * f / t + routed_out + shared * f * c.d_model / t,
+    }
+    moe_forward = sum(v for k, v in moe_skipped.items() if k not in kept)
+    moe_weights = sum(moe_skipped.values()) - tokens * (
+        2 * c.d_model + q_dim / t + (slots + (1 if shared else 0)) * c.d_model
+        + (slots + shared) * f / t
+    )  # fmt: skip
+    moe_backward = moe_weights + tokens * (
+        (q_dim + 2 * kv_dim) / t + c.d_model + (slots + shared) * up_e / t
+        + (slots + (1 if shared else 0)) * c.d_model
+    )  # fmt: skip
+    n, k = c.dense_layer_count, c.moe_layers
+    return (n * forward + k * moe_forward) / c.layers, (n * backward + k * moe_backward) / c.layers
 
 
 def fp8_cast_bytes(elements: float, itemsize: int) -> float:

@@ -31,7 +31,7 @@ from shardscope._src.cost.links import crosses_nodes
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import REMATS, Mode, ModelConfig, Remat
-from shardscope._src.model.remat import remat_policy
+from shardscope._src.model.remat import model_problem, remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
@@ -487,7 +487,10 @@ def remat_options(
 #: parallelism, and the data-parallel, FSDP and tensor-parallel ones with the experts as their
 #: MLPs (no sequence or context parallelism, HSDP or ZeRO's sharded update yet).
 MOE_STRATEGIES = ("dp", "fsdp", "dp_tp", "fsdp_tp", "ep", "dp_ep", "fsdp_ep", "ep_tp")
-#: The recomputations whose estimates price a mixture of experts.
+#: The recomputations a sweep of a mixture of experts (or latent attention) tries when none is
+#: asked for; one asked for is priced where the model's layers can run it
+#: (:func:`~shardscope._src.model.remat.model_problem`): a policy by named tensor, offload
+#: included, or one that keeps everything.
 MOE_REMATS = (Remat.NONE, Remat.FULL)
 
 
@@ -506,21 +509,17 @@ def moe_strategies(names: Sequence[str], *, asked: bool) -> tuple[str, ...]:
     return tuple(names)
 
 
-def moe_remats(remats: Sequence[str], *, asked: bool) -> tuple[str, ...]:
-    """The recomputations a sweep of a mixture of experts tries (:data:`MOE_REMATS`), or
-    an error naming those asked for that it cannot price."""
-    other = [r for r in remats if r not in MOE_REMATS]
-    if asked and other:
-        raise PlanError(
-            f"remat={', '.join(other)}: the planner prices a mixture of experts or latent "
-            f"attention with {' or '.join(MOE_REMATS)} recomputation; choose one of those",
-            param="remat",
-        )
-    return tuple(r for r in remats if r in MOE_REMATS)
-
-
-def _kind(config: ModelConfig) -> str:
-    return "a mixture of experts" if config.is_moe else "latent attention"
+def moe_remats(remats: Sequence[str], config: ModelConfig, *, asked: bool) -> tuple[str, ...]:
+    """The recomputations a sweep of a mixture of experts (or latent attention) tries: those
+    ``asked`` for, each of which its layers must be able to run (else an error naming it,
+    :func:`~shardscope._src.model.remat.model_problem`), or else :data:`MOE_REMATS`."""
+    if not asked:
+        return tuple(r for r in remats if r in MOE_REMATS)
+    for r in remats:
+        problem = model_problem(remat_policy(r), experts=config.is_moe, latent=config.is_mla)
+        if problem is not None:
+            raise PlanError(f"remat={r}: {problem}", param="remat")
+    return tuple(remats)
 
 
 def dense_strategies(names: Sequence[str]) -> tuple[str, ...]:
@@ -690,14 +689,15 @@ def screen_all(
     all_candidates = candidates(names, devices, stage_counts, mesh, node_size=hw.node_size)
     remats = remat_options(mode, remat, flash_attention, hw)
     if config.is_moe or config.is_mla:
-        remats = moe_remats(remats, asked=remat is not None)
+        remats = moe_remats(remats, config, asked=remat is not None)
         names = moe_strategies(names, asked=True)
-        if matmul_dtype == MatmulDtype.FP8:
-            raise PlanError(
-                f"matmul_dtype='fp8': the planner prices {_kind(config)}'s matmuls in 16 "
-                f"bits; give matmul_dtype='bfloat16'",
-                param="matmul_dtype",
-            )
+    if config.is_mla and matmul_dtype == MatmulDtype.FP8:
+        raise PlanError(
+            "matmul_dtype='fp8': the planner prices latent attention's matmuls in 16 bits "
+            "(its casts are counted for the dense decoder's projections); give "
+            "matmul_dtype='bfloat16'",
+            param="matmul_dtype",
+        )
     if not config.is_moe:
         names = dense_strategies(names)
     if offload_optimizer and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):

@@ -361,7 +361,7 @@ def _remats(config: ModelConfig, mode: str, r: PlanRequest, hw: Hardware) -> tup
     the ones its estimates price)."""
     remats = remat_options(mode, r.remat, r.flash_attention, hw)
     if config.is_moe or config.is_mla:
-        return moe_remats(remats, asked=r.remat is not None)
+        return moe_remats(remats, config, asked=r.remat is not None)
     return remats
 
 

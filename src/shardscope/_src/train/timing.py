@@ -695,6 +695,10 @@ def step_work(
     # one layer's matmuls on average (a mixture of experts' layers are of two kinds)
     split, whole = matmul_params_per_token(placement)
     layer = weight_flops(split / t + whole, tokens) / c.layers
+    # a mixture's routers (``whole``; 0 for a dense model): 16-bit under fp8 (Megatron-Core's
+    # moe_router_dtype), and run again under every policy that keeps not everything (their
+    # logits are named by none)
+    router = weight_flops(whole, tokens) / c.layers if whole else 0.0
     # QK^T and PV, non-causal as Eq. 7 counts (latent attention: queries and keys of
     # qk_head_dim, values of value_head_dim)
     core = attention_core_flops(c, tokens, c.seq) / t
@@ -712,7 +716,7 @@ def step_work(
     if not kept_ops:
         matmuls = layer  # the whole layer's (a mixture of experts' routers and experts too)
     elif not again_ops:
-        matmuls = 0.0
+        matmuls = router
     else:
         weights = producer_params(c)
         matmuls = layer - weight_flops(sum(weights[op] for op in kept_ops), tokens) / t
@@ -755,12 +759,12 @@ def step_work(
         if not again_ops:
             fp8_again, cast_again = 0.0, 0.0
         elif not kept_ops:
-            fp8_again, cast_again = c.layers * layer, c.layers * cast_fwd
+            fp8_again, cast_again = c.layers * (layer - router), c.layers * cast_fwd
         else:
             rest = fp8_cast_elements_per_layer(placement, m, kept=kept_ops)[0]
-            fp8_again, cast_again = c.layers * matmuls, c.layers * rest
+            fp8_again, cast_again = c.layers * (matmuls - router), c.layers * rest
         fp8_work.update(
-            fp8_flops=c.layers * layer,
+            fp8_flops=c.layers * (layer - router),
             fp8_recompute_flops=fp8_again,
             cast_bytes=fp8_cast_bytes(c.layers * cast_fwd, c.itemsize),
             cast_bwd_bytes=fp8_cast_bytes(c.layers * cast_bwd, c.itemsize),

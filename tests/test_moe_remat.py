@@ -1,0 +1,132 @@
+"""A mixture of experts planned with the recomputation and the matmul precision it ran with:
+policies by named tensor (host offload included) over its experts' tensors, in the estimate
+and in the compiled program; its experts' matmuls in fp8, its router in 16 bits; and the
+policies its layers cannot run refused by name."""
+
+import re
+from dataclasses import replace
+
+import pytest
+
+import shardscope
+from shardscope._src.audit.compile import audit
+from shardscope._src.base.errors import ModelConfigError, PlanError
+from shardscope._src.cost.flops import attention_core_flops
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.model.presets import model_preset
+from shardscope._src.model.remat import remat_policy
+from shardscope._src.plan.estimates import OFFLOAD_BUFFERS, named_tensor_bytes
+from shardscope._src.sharding.programs import build_reference_program
+from shardscope._src.sharding.strategies import get_strategy
+from shardscope._src.targets.hardware import hardware
+from shardscope._src.train.candidates import estimate, screen_all
+from shardscope._src.train.types import Candidate
+
+#: Every layer with experts: d 128, 2 heads of 64 (their own keys and values), 8 SwiGLU
+#: experts of 256, 2 a token, padded to capacity 1; one sequence of 2048 tokens a device
+#: under expert parallelism over 8.
+MOE = ModelConfig(
+    layers=2, d_model=128, heads=2, ff=384, mlp="swiglu", seq=2048, batch=8, vocab=None,
+    dtype="bfloat16", attention="blocked", attention_block=256, experts=8, top_k=2,
+    expert_ff=256, capacity_factor=1.0,
+)  # fmt: skip
+TOKENS, H, F, SLOTS = 2048, 128, 256, 2
+MAXTEXT = "custom:decoder_layer_input=offload,out_proj=offload,mlpwi=device"
+
+
+def test_a_mixtures_offload_policy_holds_its_experts_tensors_and_sends_the_rest_to_the_host():
+    c = Candidate("ep", (("expert", 8),), 1, MAXTEXT)
+    s = estimate(c, MOE, "h100")
+    # on the device, each layer's experts' gate and up over the 2 slots a token fills
+    kept = TOKENS * SLOTS * 2 * F * 2
+    # in host memory, each layer's input and the out-projection's output
+    offloaded = TOKENS * (H + H) * 2
+    # while a layer is recomputed it holds what a layer with experts keeps (the attention's
+    # and the norms' 18 h bytes, the 2 slots' inputs and weighted outputs, the experts'
+    # gate, up and product, the router's float32 logits), and two layers' offloaded
+    # tensors are on their way to or from the host
+    working = TOKENS * (18 * H + 2 * (2 * SLOTS * H + SLOTS * 3 * F) + 4 * 8)
+    assert s.memory.host == MOE.layers * offloaded
+    assert s.pricing.work.host_bytes == MOE.layers * offloaded
+    assert s.memory.activations == MOE.layers * kept + working + OFFLOAD_BUFFERS * offloaded
+    # the backward runs again the query, key and value projection, the attention core, the
+    # experts' down-projections and the router (its logits are named by none), not the
+    # out-projection or the experts' gate and up
+    core = attention_core_flops(MOE, TOKENS, 2048)
+    rerun = 2 * TOKENS * (H * 3 * H + SLOTS * F * H + H * 8) + core
+    flash = core / 2  # the blocked backward's scores
+    assert s.pricing.work.recompute_flops == pytest.approx(MOE.layers * (rerun + flash), rel=1e-12)
+    # keeping every projection's output but the attention's: the attention core and the
+    # router run again
+    minimal = estimate(Candidate("ep", (("expert", 8),), 1, "maxtext:minimal"), MOE, "h100")
+    again = minimal.pricing.work.recompute_flops
+    assert again == pytest.approx(MOE.layers * (2 * TOKENS * H * 8 + core + flash), rel=1e-12)
+
+
+def test_the_compiled_program_keeps_the_experts_tensors_the_policy_names():
+    # the H100 compiler's temporaries grow per layer of the scan by what a layer keeps: the
+    # experts' gate and up (named mlpwi where they are computed), not the layer's input
+    # or the out-projection's output, which are offloaded
+    def config_of(layers):
+        return replace(MOE, layers=layers, seq=512, remat=MAXTEXT)
+
+    mesh = shardscope.target_mesh("h100", "expert=8", axis_types="auto")
+    temp = {}
+    for layers in (2, 4):
+        placement = get_strategy("ep").place(config_of(layers), mesh)
+        program = build_reference_program(placement, mode="train", regather=True)
+        temp[layers] = audit(program.lower()).memory["temp_size_in_bytes"]
+    kept = 512 * SLOTS * 2 * F * 2
+    assert named_tensor_bytes(placement, remat_policy(MAXTEXT).on_device) == kept
+    # (beside it the routing's slot indices and weights, 1% of it)
+    assert (temp[4] - temp[2]) / 2 == pytest.approx(kept, rel=0.02)
+
+
+def test_a_mixtures_experts_run_in_fp8_and_its_router_in_16_bits():
+    c = Candidate("ep", (("expert", 8),), 1, "none")
+    work = estimate(c, MOE, "h100", matmul_dtype="fp8").pricing.work
+    # the attention's projections and each token's 2 experts' gate, up and down in fp8; the
+    # router and the attention core at 16 bits
+    projections = H * 3 * H + H * H
+    experts = SLOTS * 3 * H * F
+    assert work.fp8_flops == 2 * TOKENS * MOE.layers * (projections + experts)
+    core = attention_core_flops(MOE, TOKENS, 2048)
+    assert work.fwd_flops == pytest.approx(
+        work.fp8_flops + MOE.layers * (2 * TOKENS * H * 8 + core), rel=1e-12
+    )
+    # each layer casts the inputs of its projections (h, h) and of its experts (each slot's
+    # h, and its hidden f), the attention's weights and the device's one expert's; two
+    # reads of the 16-bit tensor and the write of its fp8 copy
+    forward = TOKENS * (H + H + SLOTS * H + SLOTS * F) + projections + 3 * H * F
+    assert work.cast_bytes == pytest.approx(MOE.layers * forward * (2 * 2 + 1), rel=1e-12)
+    # and the experts' weights are read as their fp8 copies: one expert's a device
+    assert work.expert_weight_bytes == MOE.layers * 3 * H * F
+    ranked, _, _ = screen_all(MOE, 8, hardware("h100"), ["ep"], matmul_dtype="fp8")
+    assert ranked and ranked[0].pricing.work.fp8_flops > 0
+
+
+@pytest.mark.parametrize(
+    "config, remat, says",
+    [
+        (MOE, "matmuls", "batched over the experts, which dots_with_no_batch_dims_saveable"),
+        (
+            model_preset("deepseek-v3").config(batch=8, seq=512),
+            "custom:decoder_layer_input=offload,query_proj=offload",
+            "latent attention names no query_proj (its query, keys and values are made",
+        ),
+    ],
+)
+def test_a_policy_a_mixtures_layers_cannot_run_is_refused_by_name(config, remat, says):
+    with pytest.raises(ModelConfigError, match=re.escape(says)):
+        replace(config, remat=remat)
+    with pytest.raises(PlanError, match=re.escape(says)):
+        screen_all(config, 8, hardware("h100"), ["ep"], remat=remat)
+    # what the MaxText recipes of both write is planned
+    planned = "custom:decoder_layer_input=offload,out_proj=offload"
+    assert replace(config, remat=planned).remat == planned
+
+
+def test_latent_attention_in_fp8_is_refused():
+    config = model_preset("deepseek-v3").config(batch=8, seq=512)
+    with pytest.raises(PlanError, match="latent attention's matmuls in 16 bits"):
+        screen_all(config, 8, hardware("h100"), ["ep"], matmul_dtype="fp8")
