@@ -42,10 +42,11 @@ def test_no_gpu_kernel_runs_in_less_than_the_least_a_kernel_runs():
     norm, matmul = Kernel(Cost(bytes=moved)), Kernel(Cost(bytes=10**9, matmul_bytes=10**9))
     runs = {norm: 10, matmul: 1}
     reads = 10**9 / (3.35e12 * 0.8)
-    got = kernels_seconds(hardware("h100"), runs, (0.0, 0.0))
+    h100 = hardware("h100", hbm_fraction=0.8)
+    got = kernels_seconds(h100, runs, (0.0, 0.0))
     assert got == pytest.approx(10 * 2e-6 + reads, rel=1e-12)
     # with no least time, the norms take their bytes' time
-    free = hardware("h100", kernel_floor_s=0)
+    free = hardware("h100", kernel_floor_s=0, hbm_fraction=0.8)
     assert kernels_seconds(free, runs, (0.0, 0.0)) == pytest.approx(
         10 * moved / 3.35e12 + reads, rel=1e-12
     )

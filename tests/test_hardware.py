@@ -18,9 +18,27 @@ def test_override_keeps_the_rest_and_says_so():
 
 
 def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
-    # XLA's GPU cost model: a matmul reads its operands at 0.8 of the HBM bandwidth
-    assert matmul_read_seconds(hardware("h100"), 3.35e12 * 0.8) == pytest.approx(1.0)
+    # XLA's GPU cost model: an H100 kernel moving 8 MiB reaches 1,069.98 GiB/s, one moving
+    # 16 MiB 1,583.95; between them the line through the two
+    mib, gib = 2**20, 2**30
+    h100 = hardware("h100")
+    assert matmul_read_seconds(h100, 8 * mib) == pytest.approx(8 * mib / (1069.98 * gib))
+    halfway = (1069.98 + 1583.95) / 2
+    assert matmul_read_seconds(h100, 12 * mib) == pytest.approx(12 * mib / (halfway * gib))
+    # a hundred kernels of 8 MiB each take a hundred times one
+    assert matmul_read_seconds(h100, 800 * mib, 8 * mib) == pytest.approx(
+        100 * 8 * mib / (1069.98 * gib)
+    )
+    # from a GiB up (3,126 GiB/s, past the datasheet's 3.35e12 B/s) the datasheet's
+    assert matmul_read_seconds(h100, 3.35e12) == pytest.approx(1.0)
+    # measured on an H100 only: the others at 0.8 of their bandwidth, whatever the size
     assert matmul_read_seconds(hardware("a100"), 2.039e12 * 0.8) == pytest.approx(1.0)
+    assert matmul_read_seconds(hardware("h200"), 4.8e12 * 0.8, 8 * mib) == pytest.approx(1.0)
+    # a fraction given is the fraction at every size
+    assert matmul_read_seconds(hardware("h100", hbm_fraction=0.5), 8 * mib) == pytest.approx(
+        8 * mib / (0.5 * 3.35e12)
+    )
+    assert hardware("h100", hbm_fraction=0.5, hbm_by_size=True).hbm_by_size
     # no figure for a TPU: the datasheet's
     assert matmul_read_seconds(hardware("tpu-v5e"), 8.19e11) == 1.0
     assert matmul_read_seconds(hardware("h100", hbm_fraction=1), 3.35e12) == 1.0
@@ -41,6 +59,7 @@ def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
         (("h100",), {"kernel_floor_s": -2e-6}, "must be 0 or a finite positive"),
         (("h100",), {"kernel_floor_s": 2.0}, r"kernel_floor_s=2.0 .* at most 0.001"),
         (("h100",), {"hbm_fraction": 1.2}, "hbm_fraction=1.2 is a fraction of the bandwidth"),
+        (("h100",), {"hbm_by_size": "yes"}, "hbm_by_size='yes' says whether .* True or False"),
         (("h100",), {"sms": 0}, r"sms=0 is the GPU's streaming multiprocessors \(132 on h100"),
         (("a100",), {"sms": 10.5}, r"sms=10.5 .* give a whole number of at least 1"),
         (("h100",), {"tile_m": -128}, r"tile_m=-128 is the side of the output tile .*at least 1"),

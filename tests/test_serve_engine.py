@@ -64,9 +64,10 @@ def test_a_host_that_overlaps_the_device_costs_only_what_the_step_does_not_cover
     # Llama 3 8B's step (milliseconds) covers vLLM's host work: the step is the device's
     none, overlapped = _decode_plans("llama3-8b", 4, "none", "vllm-async")
     assert overlapped.decode_step_s == none.decode_step_s and overlapped.decode_host_s == 0
-    # the tiny model's (microseconds) does not: the step is the host's
-    none, overlapped = _decode_plans("tiny", 4, "none", "vllm-async")
-    host = VLLM_STEP + 4 * VLLM_SEQUENCE
+    # the tiny model's (a few dozen kernels of microseconds) does not cover 32 sequences'
+    # host work: the step is the host's
+    none, overlapped = _decode_plans("tiny", 32, "none", "vllm-async")
+    host = VLLM_STEP + 32 * VLLM_SEQUENCE
     assert none.decode_step_s < host
     assert overlapped.decode_step_s == pytest.approx(host, rel=1e-12)
 

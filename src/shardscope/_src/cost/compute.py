@@ -30,6 +30,7 @@ Each constant's source is in :data:`~shardscope._src.targets.hardware.TIME_MODEL
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
@@ -182,15 +183,79 @@ def gemms_efficiency(hw: Hardware, gemms: Iterable[Gemm]) -> float:
     return flops / slow if slow else 1.0
 
 
-def matmul_read_seconds(hw: Hardware, nbytes: float) -> float:
-    """The time matmuls take to read ``nbytes`` of their operands from HBM, at the
-    bandwidth they reach (``hbm_bandwidth x hbm_fraction``).
+#: An H100's HBM bandwidth by the bytes one kernel moves, as XLA's GPU matmul cost model
+#: measured it: ``(bytes, GiB/s)``, from 8 KiB (1.42 GiB/s: a few microseconds whatever
+#: the size) to 1 GiB (3,126 GiB/s: the datasheet's 3.35 TB/s) (its source in
+#: :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+H100_HBM_BY_SIZE: tuple[tuple[int, float], ...] = (
+    (8192, 1.42),
+    (16384, 3.03),
+    (32768, 6.02),
+    (65536, 11.77),
+    (131072, 23.68),
+    (262144, 47.35),
+    (524288, 92.56),
+    (1048576, 179.06),
+    (2097152, 346.75),
+    (4194304, 639.38),
+    (8388608, 1069.98),
+    (16777216, 1583.95),
+    (33554432, 1974.72),
+    (67108864, 2343.19),
+    (134217728, 2632.96),
+    (268435456, 2766.69),
+    (536870912, 2968.89),
+    (1073741824, 3126.0),
+)
+
+#: The H100 SXM's datasheet HBM bandwidth, which :data:`H100_HBM_BY_SIZE` is a share of.
+H100_HBM_BANDWIDTH = 3.35e12
+
+
+def read_seconds_per_byte(hw: Hardware, size: float) -> float:
+    """The seconds a byte of a matmul kernel that moves ``size`` bytes through HBM takes:
+    on a GPU whose preset measures it by size (``hbm_by_size``), a byte at the device's
+    ``hbm_bandwidth`` plus what a byte of a transfer of that size took on an H100 beyond
+    its datasheet bandwidth (:data:`H100_HBM_BY_SIZE`, interpolated linearly between its
+    sizes and held at its ends, as XLA's model holds it): the transfer's start and ramp, a
+    few microseconds whatever its size, taken to last as long on every GPU; elsewhere a
+    byte at ``hbm_bandwidth x hbm_fraction``, whatever the size.
 
     >>> from shardscope._src.targets.hardware import hardware
-    >>> round(matmul_read_seconds(hardware("h100"), 16e9) * 1e3, 2)
-    5.97
+    >>> h = hardware("h100")
+    >>> round(1 / read_seconds_per_byte(h, 8 * 2**20) / 2**30, 2)  # 8 MiB: as measured
+    1069.98
+    >>> 1 / read_seconds_per_byte(h, 2**31) == h.hbm_bandwidth  # 2 GiB: the datasheet's
+    True
+    >>> 1 / read_seconds_per_byte(hardware("h100", hbm_fraction=0.8), 1) == 0.8 * 3.35e12
+    True
     """
-    return nbytes / (hw.hbm_bandwidth * hw.hbm_fraction)
+    if not hw.hbm_by_size:
+        return 1 / (hw.hbm_bandwidth * hw.hbm_fraction)
+    table = H100_HBM_BY_SIZE
+    i = bisect.bisect_left(table, size, key=lambda e: e[0])
+    if i == 0:
+        gib_s = table[0][1]
+    elif i == len(table):
+        gib_s = table[-1][1]
+    else:
+        (s0, b0), (s1, b1) = table[i - 1], table[i]
+        gib_s = b0 + (size - s0) / (s1 - s0) * (b1 - b0)
+    beyond = max(0.0, 1 / (gib_s * 2**30) - 1 / H100_HBM_BANDWIDTH)
+    return 1 / hw.hbm_bandwidth + beyond
+
+
+def matmul_read_seconds(hw: Hardware, nbytes: float, size: float | None = None) -> float:
+    """The time matmuls take to move ``nbytes`` of their operands through HBM, each kernel
+    ``size`` of them (all of them in one where None; :func:`read_seconds_per_byte`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> round(matmul_read_seconds(hardware("h100"), 16e9) * 1e3, 2)  # one large read
+    4.78
+    >>> round(matmul_read_seconds(hardware("h100"), 16e9, 8 * 2**20) * 1e3, 2)  # 8 MiB each
+    13.93
+    """
+    return nbytes * read_seconds_per_byte(hw, nbytes if size is None else size)
 
 
 def stream_seconds(hw: Hardware, nbytes: float) -> float:

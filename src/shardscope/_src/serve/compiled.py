@@ -28,7 +28,6 @@ from shardscope._src.cost.compute import (
     compiled_step_seconds,
     flop_seconds,
     kernels_seconds,
-    matmul_read_seconds,
     moved_seconds,
     step_matmul_seconds,
 )
@@ -38,9 +37,10 @@ from shardscope._src.serve.estimate import (
     decode_flops,
     fp8_matmuls,
     prefill_flops,
+    weights_read_seconds,
     weights_shape,
 )
-from shardscope._src.serve.layouts import expert_bytes, served, untouched_share
+from shardscope._src.serve.layouts import served, untouched_share
 from shardscope._src.serve.types import ServePlan
 from shardscope._src.sharding.strategies import get_strategy
 from shardscope._src.targets.engines import engine as get_engine
@@ -284,11 +284,10 @@ def compile_decode(
     got = _compile_layers(plan, config, hw, flop_seconds(hw, fp8=fp8, shape=shape), build)
     # the program's batched expert matmuls read every expert of a device; a server's
     # grouped kernel, those its tokens are routed to (untouched_share)
-    layout = plan.layout
-    skipped = untouched_share(config, layout, plan.batch) * expert_bytes(
-        config, layout, weights or config.dtype
+    untouched = untouched_share(config, plan.layout, plan.batch)
+    skipped_s = weights_read_seconds(
+        hw, c, plan.layout, weights or config.dtype, untouched=untouched, experts_only=True
     )
-    skipped_s = matmul_read_seconds(hw, skipped)
     memory_s = plan.decode_memory_s if got.memory_s is None else max(0.0, got.memory_s - skipped_s)
     compute_s = (
         plan.decode_compute_s

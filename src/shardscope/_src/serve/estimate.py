@@ -3,13 +3,16 @@ decode step and of a prefill by the roofline, for a layout
 (:mod:`~shardscope._src.serve.layouts`) at a batch (:func:`estimate_plan`).
 
 Per replica, by the prices of :mod:`shardscope._src.cost.compute` (its matmuls at the
-rates they reach, the hardware's ``matmul_fraction`` and ``hbm_fraction``) and the one
+rates they reach: the hardware's ``matmul_fraction``, and the bandwidth a kernel of its
+size reaches) and the one
 pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
 
 * **decode** (one token per sequence): every weight (but an untied embedding table, of which
   the lookup takes a row a token) and the replica's whole cache through HBM once (``(weights
-  + cache) / t`` a device) at the bandwidth matmuls reach reading their operands (the
-  hardware's ``hbm_fraction`` of it), and its ``2 x active params`` FLOPs a sequence and its
+  + cache) / t`` a device) at the bandwidth matmuls reach reading their operands, each
+  kernel at what a kernel of its size reaches (:func:`weights_read_seconds`,
+  :func:`cache_read_seconds`: an H100 reads a matrix of 8 MiB at a third of its bandwidth,
+  one of 128 MiB at four fifths), and its ``2 x active params`` FLOPs a sequence and its
   attention's at the matmul rate: on a GPU the weights' matmuls and the attention as two
   kernels one after another (:func:`~shardscope._src.cost.compute.work_seconds`), elsewhere
   the reads or the FLOPs, whichever is slower; then the all-reduces of tensor parallelism,
@@ -71,12 +74,11 @@ from shardscope._src.cost.links import collective_seconds
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.serving import FORMATS, WeightFormat, cache_bytes_per_token
 from shardscope._src.serve.layouts import (
-    expert_bytes,
-    looked_up_bytes,
     served,
     untouched_share,
     weight_elements,
     weight_gemms,
+    weight_reads,
 )
 from shardscope._src.serve.types import Layout, ServePlan
 from shardscope._src.targets.engines import engine as get_engine
@@ -258,6 +260,52 @@ def weights_shape(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int
     return gemms_efficiency(hw, weight_gemms(config, layout, tokens))
 
 
+def weights_read_seconds(
+    hw: Hardware,
+    config: ModelConfig,
+    layout: Layout,
+    weights: str,
+    *,
+    untouched: float = 0.0,
+    experts_only: bool = False,
+) -> float:
+    """The time one device's matmuls take to read its weights (``config`` as
+    :func:`~shardscope._src.serve.layouts.served` gives it) in ``weights``' format: each
+    kernel its own matrices (:func:`~shardscope._src.serve.layouts.weight_reads`) at the
+    share of the bandwidth a kernel of that size reaches
+    (:func:`~shardscope._src.cost.compute.matmul_read_seconds`); the routed experts' kernels
+    less the ``untouched`` share of them a step's tokens do not reach, or (``experts_only``)
+    those kernels' alone. An untied embedding's table is looked up, not read.
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> c = model_preset("llama3-70b").config(batch=1)
+    >>> h = hardware("h100")
+    >>> for t in (2, 8):  # the share of the bandwidth each split's fp8 matrices reach
+    ...     layout = Layout("tp", t, 1)
+    ...     held = sum(r.elements * r.kernels for r in weight_reads(c, layout))
+    ...     print(round(held / weights_read_seconds(h, c, layout, "fp8") / h.hbm_bandwidth, 2))
+    0.81
+    0.59
+    """
+    itemsize = FORMATS[weights]
+    seconds = 0.0
+    for r in weight_reads(config, layout):
+        if experts_only and not r.experts:
+            continue
+        share = (untouched if experts_only else 1 - untouched) if r.experts else 1.0
+        size = r.elements * itemsize
+        seconds += share * r.kernels * matmul_read_seconds(hw, size)
+    return seconds
+
+
+def cache_read_seconds(hw: Hardware, config: ModelConfig, nbytes: float) -> float:
+    """The time one device's attention takes to read ``nbytes`` of its cache in a decode
+    step: a kernel a layer, each its layer's share of it, at the share of the bandwidth a
+    kernel of that size reaches (:func:`~shardscope._src.cost.compute.matmul_read_seconds`)."""
+    return matmul_read_seconds(hw, nbytes, nbytes / config.layers)
+
+
 class Kernels(NamedTuple):
     """The kernels one run of a served decoder launches (:func:`decode_kernels`): its
     matmuls and attention cores, whose work is priced by their FLOPs and reads, and its
@@ -344,14 +392,14 @@ def estimate_plan(
     held = holds(config, layout, batch, prompt, context, weights, cache)
     weight, cached = held.weights, held.cache
     per_replica = batch // r
-    skipped = untouched_share(c, layout, batch) * expert_bytes(config, layout, weights)
-    read = weight - looked_up_bytes(config, layout, weights)
-    # the weights' matmuls read the weights, the attention the cache
+    # the weights' matmuls read the weights (but those of experts no token reaches), the
+    # attention the cache
     w, a = (f * per_replica / t for f in decode_flops(c, context))
     fp8 = fp8_matmuls(hw, weights)
     per_w, per_a = flop_seconds(hw, fp8=fp8, shape=weights_shape(hw, c, layout, per_replica))
-    by_weights = (w * per_w, matmul_read_seconds(hw, read - skipped))
-    by_cache = (a * per_a, matmul_read_seconds(hw, cached))
+    unreached = untouched_share(c, layout, batch)
+    by_weights = (w * per_w, weights_read_seconds(hw, c, layout, weights, untouched=unreached))
+    by_cache = (a * per_a, cache_read_seconds(hw, c, cached))
     memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
     comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
     comm_s += _all_to_all_s(hw, c, layout, batch)
@@ -363,7 +411,8 @@ def estimate_plan(
     of = prefill_flops(c, prompt)
     shape = weights_shape(hw, c, layout, prompt)
     matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True, shape=shape)
-    prefill = work_seconds(hw, (matmuls, matmul_read_seconds(hw, read))) + kernels.seconds(hw)
+    reads = weights_read_seconds(hw, c, layout, weights)
+    prefill = work_seconds(hw, (matmuls, reads)) + kernels.seconds(hw)
     prefill += _tp_allreduces_s(hw, c, layout, prompt)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import NamedTuple
 
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.cost.flops import Gemm
@@ -148,18 +150,55 @@ def weight_gemms(config: ModelConfig, layout: Layout, tokens: int) -> list[Gemm]
     >>> [g[1:] for g in weight_gemms(c, Layout("tp", 2, 1), 5)[:2]]  # wqkv, wo: 32 layers
     [(3072, 4096, 32), (4096, 2048, 32)]
     """
+    return [g for _, g, _ in _weight_matmuls(config, layout, tokens)]
+
+
+class WeightRead(NamedTuple):
+    """A kind of the weights' matmul kernels a step of one device runs: the elements of the
+    weights one kernel reads, how many such kernels, and whether they are routed experts'."""
+
+    elements: int
+    kernels: int
+    experts: bool
+
+
+def weight_reads(config: ModelConfig, layout: Layout) -> list[WeightRead]:
+    """The weights' matmul kernels a step of one device runs (:func:`weight_gemms`'
+    matmuls), each kind a :class:`WeightRead`; a layer's routed experts one grouped kernel
+    of each of their weights (the device's experts together, as servers' fused MoE kernels
+    run them).
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> c = model_preset("llama3-8b").config(batch=1)
+    >>> [r[:2] for r in weight_reads(c, Layout("tp", 2, 1))[:2]] == [
+    ...     (4096 * 6144 // 2, 32), (2048 * 4096, 32)]
+    True
+    """
+    return [
+        WeightRead(g.n * g.k * group, g.times // group, name in EXPERT_PARAMS)
+        for name, g, group in _weight_matmuls(config, layout, 1)
+    ]
+
+
+def _weight_matmuls(
+    config: ModelConfig, layout: Layout, tokens: int
+) -> Iterator[tuple[str, Gemm, int]]:
+    """Each of :func:`weight_gemms`' matmuls, with its weight's name and the experts one
+    kernel runs together (a layer's experts on the device for a routed expert's weights,
+    else 1)."""
     t, ep = layout.t, layout.expert_parallel
-    out = []
     for name, shape in param_shapes(config).items():
         base = name.removeprefix("moe_")
         if base.endswith("norm") or (base == "embed" and not config.tie_embeddings):
             continue
         rows: float = tokens
+        group = 1
         count, dims = (shape[0], shape[1:]) if name in LAYER_PARAMS + MOE_PARAMS else (1, shape)
         if name in EXPERT_PARAMS:  # (experts, ...) of each layer
             experts, dims = dims[0], dims[1:]
             rows = tokens * ep * config.top_k * config.routed_capacity / config.experts
-            count *= experts // ep
+            group = experts // ep
+            count *= group
         if base == "embed":  # tied: the unembedding multiplies by its transpose
             dims = dims[::-1]
         if base in _ROW_PARALLEL:
@@ -168,5 +207,4 @@ def weight_gemms(config: ModelConfig, layout: Layout, tokens: int) -> list[Gemm]
             k, n = dims[0], math.prod(dims[1:])
         else:
             k, n = dims[0], math.prod(dims[1:]) // t
-        out.append(Gemm(rows, n, k, count))
-    return out
+        yield name, Gemm(rows, n, k, count), group

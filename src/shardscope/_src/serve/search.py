@@ -41,8 +41,9 @@ from shardscope._src.serve.estimate import (
     estimate_plan,
     holds,
     largest_batch,
+    weights_read_seconds,
 )
-from shardscope._src.serve.layouts import layouts_for, looked_up_bytes
+from shardscope._src.serve.layouts import layouts_for, served, untouched_share
 from shardscope._src.serve.online import Load, closed_loop, poisson_quantile, under_load
 from shardscope._src.serve.types import Layout, ServePlan, ServeResult
 from shardscope._src.targets.engines import engine as get_engine
@@ -550,11 +551,14 @@ def _sequence_s(config: ModelConfig, hw: Hardware, weights: str, plan: ServePlan
     per_replica = plan.batch // plan.replicas
     host = get_engine(plan.engine)
     host_s = 0.0 if host.overlapped else host.sequence_s
-    cached = matmul_read_seconds(hw, plan.cache_bytes_per_device / per_replica)
+    # its part of each layer's cache read, at the bandwidth of the layer's whole read
+    whole = plan.cache_bytes_per_device
+    cached = matmul_read_seconds(hw, whole / per_replica, whole / config.layers)
     if plan.step_source is StepSource.ESTIMATED:
         return cached + host_s
-    looked_up = looked_up_bytes(config, plan.layout, weights)
-    read = matmul_read_seconds(hw, plan.weight_bytes_per_device - looked_up)
+    untouched = untouched_share(config, plan.layout, plan.batch)
+    c = served(config, plan.layout.t)
+    read = weights_read_seconds(hw, c, plan.layout, weights, untouched=untouched)
     beyond = plan.decode_memory_s - read
     return max(cached, beyond / per_replica) + host_s
 

@@ -33,7 +33,14 @@ class Hardware(Record):
       hbm_bandwidth: bytes/s between the device and its memory (datasheet).
       hbm_fraction: the fraction of ``hbm_bandwidth`` matmuls reach reading their operands
         from HBM (a decode step's weights and cache, a mixture's experts; see
-        :data:`TIME_MODEL_SOURCES`); element-wise work streams at the full bandwidth.
+        :data:`TIME_MODEL_SOURCES`), whatever a kernel's size, where ``hbm_by_size`` is off;
+        element-wise work streams at the full bandwidth.
+      hbm_by_size: a matmul kernel moves its bytes at ``hbm_bandwidth`` plus the start and
+        ramp measured for a transfer of its size
+        (:func:`~shardscope._src.cost.compute.read_seconds_per_byte`: a few MiB at about a
+        third of the bandwidth, a GiB at all of it) instead of at ``hbm_fraction`` of it; on
+        by default on GPUs, off where ``hbm_fraction`` is given (see
+        :data:`TIME_MODEL_SOURCES`).
       matmul_fraction: the fraction of ``peak_flops`` a transformer layer's matmuls reach
         (see :data:`TIME_MODEL_SOURCES`).
       comm_fraction: achieved collective bandwidth over the link's (bus bandwidth measured
@@ -96,6 +103,7 @@ class Hardware(Record):
     kernel_launch_s: float = 0.0
     kernel_floor_s: float = 0.0
     hbm_fraction: float = 1.0
+    hbm_by_size: bool = False
     sms: int = 0
     tile_m: int = 128
     tile_n: int = 128
@@ -158,16 +166,23 @@ TIME_MODEL_SOURCES = {
         "cross_node_bandwidth x comm_fraction (40 GB/s on a DGX-H100's 50)"
     ),
     "hbm_bandwidth": "vendor datasheets (NVIDIA A100/H100/H200/B200; Cloud TPU v5e/v5p/v6e)",
-    "hbm_fraction (GPUs) 0.8": (
-        "XLA's GPU cost model for matmuls (xla/service/gpu/model/gpu_dot_fusion_cost_model.cc, "
-        "CalculateHbmTime), which priced a matmul's HBM traffic at 0.8 of the memory bandwidth "
-        "(hbm_bandwidth_utilization_rate) and now reads it from an H100's bandwidth measured by "
-        "transfer size: 1,070 GiB/s for 8 MiB, 1,975 for 32, 2,343 for 64, 2,633 for 128, "
-        "3,126 for 1 GiB, which gives a Llama 3.1 8B layer's matrices (8 to 112 MiB) 0.75 of "
-        "3.35 TB/s, and Llama 3 70B's split 4 ways 0.74 and 8 ways (2 to 56 MiB) 0.61: one "
-        "fraction for every size favours the wider split; a hand-tuned decoding kernel "
-        "reaches 0.9 (FlashMLA: up to 3000 GB/s on an H800 SXM5). TPUs 1 (the datasheet's): "
-        "no measurement or compiler figure found"
+    "hbm_by_size (GPUs): cost.compute.H100_HBM_BY_SIZE": (
+        "XLA's GPU cost model for matmuls (openxla/xla xla/service/gpu/model/"
+        "gpu_dot_fusion_cost_model.cc@06815fa, GetEffectiveHbmBandwidth and CalculateHbmTime): "
+        "a matmul's reads and writes move at the bandwidth measured on an H100 for that many "
+        "bytes, 18 sizes from 8 KiB (1.42 GiB/s) through 1 MiB (179), 8 MiB (1,070), 32 MiB "
+        "(1,975), 128 MiB (2,633) to 1 GiB (3,126 GiB/s), interpolated linearly and held at "
+        "the ends. XLA applies the H100's table to every GPU; here the time it adds beyond "
+        "the H100's datasheet 3.35 TB/s (a transfer's start and ramp, about 5 us) is taken "
+        "to last as long on every GPU, each byte otherwise at the GPU's own bandwidth. A "
+        "Llama 3 70B decode step's fp8 weight matrices on H100s, split 8 ways (8 to 56 MiB), "
+        "reach 0.59 of the bandwidth, split 2 ways 0.81"
+    ),
+    "hbm_fraction (GPUs) 0.8, where hbm_by_size is off": (
+        "XLA's GPU cost model for matmuls priced a matmul's HBM traffic at 0.8 of the memory "
+        "bandwidth (hbm_bandwidth_utilization_rate) before it read it by size; a hand-tuned "
+        "decoding kernel reaches 0.9 (FlashMLA: up to 3000 GB/s on an H800 SXM5). TPUs 1 (the "
+        "datasheet's): no measurement or compiler figure found"
     ),
     "a mixture's grouped expert matmuls at matmul_fraction": (
         "MegaBlocks (Gale et al. 2022, arXiv 2211.15841) measures its block-sparse expert "
@@ -358,6 +373,7 @@ PRESETS: dict[str, Hardware] = {
             kernel_launch_s=1e-6,
             kernel_floor_s=2e-6,
             hbm_fraction=0.8,
+            hbm_by_size=True,
             sms=132,
             comm_sms=32,
             comm_sms_net=16,
@@ -523,6 +539,13 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
                     f"collectives run beside their matmuls: give True or False"
                 )
             continue
+        if key == "hbm_by_size":
+            if not isinstance(value, bool):
+                raise ShardscopeError(
+                    f"hardware setting hbm_by_size={value!r} says whether a matmul reaches "
+                    f"the HBM bandwidth measured for its size: give True or False"
+                )
+            continue
         if key in GEMM_TILING:
             overrides[key] = _tiling(base, key, value)
             continue
@@ -574,9 +597,11 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             )
     if not overrides:
         return base
+    # a fraction given is the fraction a matmul reaches, whatever its size
+    by_size = {"hbm_by_size": False} if "hbm_fraction" in overrides else {}
     hw = replace(
         base,
-        **overrides,
+        **{**by_size, **overrides},
         source=base.source
         + " (overridden: "
         + ", ".join(

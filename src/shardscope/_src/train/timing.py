@@ -16,10 +16,11 @@ Per micro-batch on the slowest pipeline stage, one device:
 * **routed experts' matmuls** (a mixture of experts): no faster than reading the experts'
   weights a device uses (its own experts, FSDP's gathered copies) through HBM, once per
   forward and recomputed forward and twice per backward (the input gradient reads them, the
-  weight gradient writes theirs), at the bandwidth matmuls reach reading their operands
-  (``hbm_fraction``). With few tokens per expert (below the matmul rate over that
-  bandwidth, about 200 a bf16 expert on an H100) the grouped matmuls are memory-bound, and
-  that time is what they take.
+  weight gradient writes theirs), at the bandwidth a grouped kernel of each layer's expert
+  weight reaches reading its operands
+  (:func:`~shardscope._src.cost.compute.matmul_read_seconds`). With few tokens per expert
+  (below the matmul rate over that bandwidth, about 200 a bf16 expert on an H100) the
+  grouped matmuls are memory-bound, and that time is what they take.
 * **fp8 matmuls** (``matmul_dtype="fp8"``): the layers' projections and MLP (torchtitan's
   float8 training swaps each ``nn.Linear`` for torchao's ``Float8Linear``, forward and both
   backward matmuls in fp8; MaxText's fp8 quantization replaces its dense layers'
@@ -139,7 +140,7 @@ from shardscope._src.cost.links import (
     stage_bandwidth,
 )
 from shardscope._src.mesh import mesh_axes
-from shardscope._src.model.config import Mode, ModelConfig, Remat
+from shardscope._src.model.config import EXPERT_PARAMS, Mode, ModelConfig, Remat, param_shapes
 from shardscope._src.model.remat import PROJECTIONS, remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -285,6 +286,8 @@ class StepWork:
     expert_flops: float = 0.0
     expert_recompute_flops: float = 0.0
     expert_weight_bytes: float = 0.0
+    #: the grouped kernels that read them in one pass (each layer's of each expert weight)
+    expert_weight_kernels: int = 0
     #: memory-efficient attention's core (``QK^T`` and ``PV``, counted non-causal) in
     #: ``fwd_flops``, and in ``recompute_flops`` as a forward run again (recomputation): what
     #: a fused attention kernel runs at its own rates (:attr:`Hardware.attention_fwd_flops`);
@@ -406,7 +409,8 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         if not work.expert_weight_bytes or not flops:
             return 0.0
         run = matmul_seconds(hw, flops, flops if work.fp8_flops else 0.0)
-        return max(0.0, matmul_read_seconds(hw, passes * work.expert_weight_bytes) - run)
+        size = work.expert_weight_bytes / max(1, work.expert_weight_kernels)
+        return max(0.0, matmul_read_seconds(hw, passes * work.expert_weight_bytes, size) - run)
 
     act = stream_seconds(hw, HBM_PASSES * work.act_bytes)
     # a fused attention kernel's causal FLOPs (half the non-causal count) at its own rates
@@ -552,6 +556,9 @@ def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str
         "optimizer_bytes_per_param": OPTIMIZER_BYTES,
         "latency_s": hw.latency_s,
     }
+    if hw.hbm_by_size:  # a matmul's bandwidth by the bytes it moves, not the fraction
+        del constants["hbm_fraction"]
+        constants["hbm_by_size"] = True
     if matmul_dtype == MatmulDtype.FP8:
         constants.update(
             fp8_peak_flops=hw.fp8_peak_flops, fp8_matmul_fraction=hw.fp8_matmul_fraction
@@ -803,6 +810,7 @@ def step_work(
         attention_rerun_flops=rerun if flash_attention else 0.0,
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
+        expert_weight_kernels=c.moe_layers * sum(1 for n in EXPERT_PARAMS if n in param_shapes(c)),
         **_ring_work(placement, c.layers * core, rerun),
     )
 
