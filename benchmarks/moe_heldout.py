@@ -202,8 +202,10 @@ def _zoo_235b(
 
 def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> MoeRun:
     """Megatron-Bridge's GPT-OSS 120B on 64 H100: PP 4, EP 8, data parallel 16 (the experts
-    replicated over 2 of them), dropless with forced balance; ``dp_ep`` on
-    ``stage=4,data=2,expert=8``, the attention Transformer Engine's (cuDNN's)."""
+    replicated over 2 of them) with the distributed optimizer, dropless with forced balance;
+    ``zero1_ep`` on ``stage=4,data=2,expert=8`` (the optimizer state of the dense weights
+    sharded over all 16, the experts' over their 2), the attention Transformer Engine's
+    (cuDNN's)."""
     return MoeRun(
         f"Megatron-Bridge {version} GPT-OSS 120B, PP 4 x EP 8, 64 H100",
         _BRIDGE,
@@ -211,15 +213,12 @@ def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> Moe
         "h100",
         64,
         measured_s,
-        "dp_ep",
+        "zero1_ep",
         (("stage", 4), ("data", 2), ("expert", 8)),
         batch // (16 * mbs),
         None,
         overrides=CUDNN,
-        instead=(
-            "data parallel (the run's distributed optimizer shards the optimizer state)",
-            "the sliding-window layers attend fully (the preset's)",
-        ),
+        instead=("the sliding-window layers attend fully (the preset's)",),
     )
 
 
@@ -318,9 +317,14 @@ RUNS = [
         "h100",
         256,
         17.6,
+        "fsdp_ep_tp",
+        (("data", 16), ("expert", 8), ("model", 2)),
+        4,
+        "full",
         overrides=CUDNN,
-        cannot="FSDP with tensor and expert parallelism: no strategy composes the three "
-        "(fsdp_ep has no model axis, ep_tp no FSDP)",
+        cannot="attention TP 2 x DP 128 and experts EP 8 x EDP 32 whole (ETP 1) on the same "
+        "devices: no strategy folds them so (fsdp_ep_tp splits the experts' hidden over model "
+        "and all-reduces their outputs)",
         sweep="Qwen3-235B-A22B on 256 H100",
     ),
     _zoo_235b(

@@ -75,6 +75,7 @@ TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md@31a17bf"
 #: divides the global batch by): not the context, model or stage axes.
 DATA_AXES = ("replica", "data")
 
+
 @dataclass(frozen=True)
 class Run:
     """A published run: its model, hardware and configuration as the source states them."""

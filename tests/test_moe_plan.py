@@ -69,12 +69,20 @@ def test_the_experts_state_is_divided_where_they_are_split():
     dense = SMALL.param_count() - expert
     assert dp_ep.params == (dense + expert // 4) * 2  # experts over 'expert', the rest whole
     assert fsdp_ep.params == (dense // 8 + expert // 8) * 2
+    # the distributed optimizer: the dense weights' state over data x expert, the experts'
+    # over data (their replicas); ZeRO-2 their gradients too
+    zero1_ep = estimate_memory(get_strategy("zero1_ep").place(SMALL, mesh))
+    zero2_ep = estimate_memory(get_strategy("zero2_ep").place(SMALL, mesh))
+    per_param = dp_ep.optimizer // (dense + expert // 4)
+    assert zero1_ep.params == dp_ep.params and zero1_ep.grads == dp_ep.grads
+    assert zero1_ep.optimizer == per_param * (dense // 8 + expert // 8)
+    assert zero2_ep.grads == (dense // 8 + expert // 8) * 2
 
 
 def test_plan_searches_expert_parallelism_and_its_screen_counts_what_compiles():
     result = shardscope.plan(SMALL, 8, hardware="h100", compiler="cpu", compile_top=2)
     compiled = {p.strategy for p in result.plans}
-    assert compiled & {"ep", "dp_ep", "fsdp_ep", "ep_tp"}
+    assert compiled & {"ep", "dp_ep", "fsdp_ep", "ep_tp", "zero1_ep_tp"}
     for p in result.plans:
         # the formula's matmul FLOPs are the compiled program's, experts and router included
         assert p.matmul_flops_per_device == pytest.approx(

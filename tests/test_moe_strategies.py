@@ -209,6 +209,9 @@ def test_dropless_under_plain_jit_still_equalsone_device_step():
         ("dp_ep", "data=2,expert=4", 2),
         ("ep_tp", "expert=4,model=2", 1),
         ("fsdp_ep", "data=2,expert=4", 2),
+        # FSDP x expert x tensor: its twin gathers at use over data x expert and keeps the
+        # experts' hidden split over 'model'
+        ("fsdp_ep_tp", "data=2,expert=2,model=2", 2),
     ],
 )
 def test_the_shard_map_twin_all_to_alls_each_sequence_to_its_experts(strategy, mesh, replicas):
@@ -277,3 +280,40 @@ def test_the_fsdp_ep_twin_gathers_at_use_and_scatters_the_gradients_as_the_bound
     assert set(got) == {(k, a) for k in ("all-gather", "reduce-scatter") for a in (
         ("data",), ("data", "expert"))}  # fmt: skip
     assert got == want
+
+
+def test_the_distributed_optimizer_with_experts_updates_its_shards_as_megatron_shards_them():
+    """TP x EP x DP with the distributed optimizer (Megatron-LM's default for a mixture):
+    each device updates its shard of every weight, p - step x the one-device gradient, and the
+    updated shards are gathered back: the dense weights' over data x expert (Megatron's
+    data-parallel group), the routed experts' over data alone (their expert-data-parallel
+    group), each a model-axis slice."""
+    import jax
+
+    from shardscope._src.sharding.programs import UPDATE_STEP
+
+    config = _moe(layers=3, dense_layers=1)  # a dense layer, then two with experts
+    _, want_grads = one_device_step(config)
+    prog = build_reference_program(
+        "zero1_ep_tp", config, "data=2,expert=2,model=2", mode="train", microbatches=2
+    )
+    params = prog.example_args()[0]
+    _, new = prog.fn(*prog.example_args())
+    want = jax.tree.map(lambda p, g: p - UPDATE_STEP * g, params, want_grads)
+    assert max_error(new, want) < 1e-6
+    gathered = {}
+    for c in shardscope.audit(prog).collectives:
+        # (the backward's gather of the embedding's scattered gradient is the compiler's own)
+        if c.kind == "all-gather" and c.phase != "backward":
+            gathered[c.axes] = gathered.get(c.axes, 0) + c.count * c.payload_bytes
+    # float32 elements: d_model 64, 4 heads of 16, ff 128, vocab 256, 8 experts of 32 (split
+    # 2 ways over 'expert' and their hidden 2 ways over 'model'), a shared expert of 32
+    qkv, out = 64 * 4 * 3 * 16 // 2, 4 * 16 * 64 // 2
+    dense_layer = 64 + qkv + out + 64 + 64 * 2 * 128 // 2 + 128 * 64 // 2
+    moe_layer = 64 + qkv + out + 64 + 64 * 8 + 64 * 2 * 32 // 2 + 32 * 64 // 2
+    outside = 256 * 64 + 256 * 64 + 64  # embedding, unembedding, final norm
+    experts = 2 * (8 // 2) * (64 * 2 * 32 + 32 * 64) // 2
+    assert gathered == {
+        ("data", "expert"): 4 * (dense_layer + 2 * moe_layer + outside),
+        ("data",): 4 * experts,
+    }

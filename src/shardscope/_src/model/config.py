@@ -108,7 +108,8 @@ class ModelConfig(Record):
     several experts. Its parameters are counted
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
     dense layers, then those with experts) and the strategies place it: expert parallelism
-    (``ep``, ``dp_ep``, ``fsdp_ep``, ``ep_tp``) and the dense strategies with the experts as
+    (``ep``, ``zero1_ep``, ``fsdp_ep_tp``, ... with each data flavour but HSDP and with
+    ``tp``) and the dense strategies with the experts as
     their MLPs; the planner sweeps the expert axis with the others, and the serving steps
     route each token to its experts in prefill and decode.
 

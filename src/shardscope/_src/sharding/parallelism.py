@@ -14,7 +14,11 @@
   device passes its chunk of them around a ring in ``c - 1`` steps, each overlapped with the
   attention on the chunk in hand: ring attention, Megatron-LM and Transformer Engine's
   default ``p2p``);
-* **expert**: a mixture of experts' routed experts split over ``expert``.
+* **expert**: a mixture of experts' routed experts split over ``expert`` (the attention
+  data-parallel over it: expert parallelism borrows data-parallel devices, as Megatron-LM's
+  and torchtitan's do); it composes with every data flavour but HSDP and with ``tp``, both at
+  once (Megatron-LM's TP x EP x DP with the distributed optimizer is ``zero1_ep_tp``), and
+  not with context or sequence parallelism.
 
 Pipeline stages and their virtual stages are a fifth dimension, the plan's ``stages`` and
 ``virtual_stages`` (a leading ``stage`` mesh axis), orthogonal to all four.
@@ -39,7 +43,7 @@ Parallelism(data='zero1', tensor='sp', context=True, expert=False, context_comm=
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.vocab import Vocab
@@ -89,8 +93,16 @@ EXPERT_PART = "ep"
 #: The name of the strategy with every dimension off.
 REPLICATED = "replicated"
 
-#: The data flavours expert parallelism composes with, and the tensor choices (not both on).
-EXPERT_DATA = (DataParallel.NONE, DataParallel.DP, DataParallel.FSDP)
+#: The data flavours expert parallelism composes with, and the tensor choices (together
+#: too): the dense weights' data-parallel group is the data and the expert axes, the routed
+#: experts' the data axes (Megatron-LM's expert data parallelism).
+EXPERT_DATA = (
+    DataParallel.NONE,
+    DataParallel.DP,
+    DataParallel.ZERO1,
+    DataParallel.ZERO2,
+    DataParallel.FSDP,
+)
 EXPERT_TENSOR = (Tensor.NONE, Tensor.TP)
 
 
@@ -100,8 +112,11 @@ class Parallelism:
     strategy's name, :meth:`parse` reads one back.
 
     Raises :class:`StrategyError` for a combination the rule sets do not compose: expert
-    parallelism with context parallelism, sequence parallelism, ZeRO, HSDP, or with both a
-    data flavour and tensor parallelism."""
+    parallelism with context parallelism, sequence parallelism or HSDP.
+
+    >>> Parallelism.parse("zero1_ep_tp")
+    Parallelism(data='zero1', tensor='tp', context=False, expert=True)
+    """
 
     data: DataParallel = DataParallel.NONE
     tensor: Tensor = Tensor.NONE
@@ -133,15 +148,20 @@ class Parallelism:
                 f"the ring under fsdp, zero1, zero2 or dp"
             )
         if self.expert and (
-            self.context
-            or self.data not in EXPERT_DATA
-            or self.tensor not in EXPERT_TENSOR
-            or (self.data != DataParallel.NONE and self.tensor != Tensor.NONE)
+            self.context or self.data not in EXPERT_DATA or self.tensor not in EXPERT_TENSOR
         ):
+            data = "/".join(d.value for d in EXPERT_DATA if d != DataParallel.NONE)
+            fix = replace(
+                self,
+                data=self.data if self.data in EXPERT_DATA else DataParallel.FSDP,
+                tensor=Tensor.TP if self.tensor != Tensor.NONE else Tensor.NONE,
+                context=False,
+            )
             raise StrategyError(
-                f"{self.name}: expert parallelism composes with data parallelism (dp, fsdp) "
-                f"or with tensor parallelism (tp), one of them, and without context or "
-                f"sequence parallelism; choose one of ep, dp_ep, fsdp_ep, ep_tp"
+                f"{self.name}: expert parallelism composes with data parallelism ({data}) "
+                f"and with tensor parallelism (tp), and not with context parallelism, "
+                f"sequence parallelism (sp) or HSDP; choose e.g. {fix.name}, or "
+                f"{replace(self, expert=False).name} without expert parallelism"
             )
 
     @property

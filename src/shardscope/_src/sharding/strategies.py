@@ -307,6 +307,12 @@ def _sharded_params(group: Entry, *, expert: bool, tensor: bool) -> dict[str, Ro
             name: tuple(a or b for a, b in zip(out[name], _TP_PARAMS[name], strict=True))
             for name in _DENSE_PARAMS
         }
+    if expert and tensor:
+        # the heads over 'model' as Megatron splits them, and over 'expert' within that
+        out.update(
+            wq_b=(Role.DATA, (Role.MODEL, Role.EXPERT), None),
+            wkv_b=(Role.DATA, (Role.MODEL, Role.EXPERT), None),
+        )
     return out
 
 
@@ -568,10 +574,18 @@ _DATA_PHRASES = {
 
 def _summary(p: Parallelism) -> str:
     """One line for a composition without a preset's summary, from its dimensions' phrases."""
-    where = "the data and context axes" if p.context else "the data axes"
+    where = (
+        "the data and context axes"
+        if p.context
+        else "the data and expert axes (the routed experts' on the data axes)"
+        if p.expert
+        else "the data axes"
+    )
     parts = []
     if p.data != DataParallel.NONE:
         parts.append(f"{_DATA_PHRASES[p.data]} on {where}")
+    if p.expert:
+        parts.append("expert parallel on 'expert' (the batch over it too)")
     if p.tensor == Tensor.TP:
         parts.append("Megatron tensor parallel on 'model'")
     elif p.tensor == Tensor.SP:
@@ -637,7 +651,12 @@ def compose(dims: Parallelism | str) -> Strategy:
     elif batch is not None or tensor:
         acts = _acts(batch, model, Role.MODEL if sp else None)
     # the shard_map twins place tensor and expert parallelism over replicated data shards
-    twin = not p.context and (p.expert or (tensor and d in (DataParallel.NONE, DataParallel.DP)))
+    # (and expert parallelism over FSDP's, gathered at use); none updates sharded optimizer
+    # state (ZeRO's train step is jit's)
+    replicas = (DataParallel.NONE, DataParallel.DP)
+    twin = not p.context and (
+        (p.expert and d in (*replicas, DataParallel.FSDP)) or (tensor and d in replicas)
+    )
     return Strategy(
         p.name,
         _PRESET_SUMMARIES.get(p.name) or _summary(p),
@@ -703,11 +722,13 @@ def get_strategy(name: str | Strategy) -> Strategy:
 
 def composes_error(name: object) -> str | None:
     """Why a name that reads by the naming rule names no strategy: its dimensions do not
-    compose (``zero1_ep``: the message says what they compose with); None for any other
+    compose (``zero1_ep_cp``: the message says what they compose with); None for any other
     name (the caller's unknown-name error lists the names).
 
-    >>> composes_error("zero1_ep")[:49]
-    'zero1_ep: expert parallelism composes with data p'
+    >>> composes_error("zero1_ep_cp")[:52]
+    'zero1_ep_cp: expert parallelism composes with data p'
+    >>> composes_error("zero1_ep_tp") is None
+    True
     >>> composes_error("megatron") is None
     True
     """
@@ -757,7 +778,7 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'replica=8,data=8'
     >>> mesh_spec_for("fsdp_ep", (8, 8))
     'data=8,expert=8'
-    >>> mesh_spec_for("ep_tp", (2, 4, 2))
+    >>> mesh_spec_for("zero1_ep_tp", (2, 4, 2))
     'data=2,expert=4,model=2'
     >>> mesh_spec_for("zero1_sp_cp", (2, 2, 4))
     'data=2,context=2,model=4'

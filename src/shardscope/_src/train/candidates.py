@@ -124,8 +124,16 @@ def candidates(
                 shapes = [(n,)]
             elif strategy.expert_parallel and Role.DATA in strategy.roles:
                 # the experts over every device too (data=1): the dense weights then
-                # sharded over all of them (fsdp_ep) or replicated (dp_ep, as ep)
-                shapes = [(n // t, t) for t in divisors(n) if 1 < t]
+                # sharded over all of them (fsdp_ep, zero1_ep's optimizer state) or
+                # replicated (dp_ep, as ep); with 'model' too, each factorization of the
+                # devices but data=1 (ep_tp's meshes)
+                rest = len(strategy.roles) - 1
+                shapes = [
+                    (n // t, *f)
+                    for t in divisors(n)
+                    if 1 < t and (rest == 1 or t < n)
+                    for f in factorizations(t, rest)
+                ]
             else:
                 shapes = factorizations(n, len(strategy.roles))
             for shape in shapes:
@@ -484,9 +492,32 @@ def remat_options(
 
 
 #: The strategies whose estimates price a mixture of experts (and latent attention): expert
-#: parallelism, and the data-parallel, FSDP and tensor-parallel ones with the experts as their
-#: MLPs (no sequence or context parallelism, HSDP or ZeRO's sharded update yet).
-MOE_STRATEGIES = ("dp", "fsdp", "dp_tp", "fsdp_tp", "ep", "dp_ep", "fsdp_ep", "ep_tp")
+#: parallelism with each data flavour but HSDP and with tensor parallelism, both at once too,
+#: and the data-parallel, FSDP and tensor-parallel ones with the experts as their MLPs (no
+#: sequence or context parallelism or HSDP yet); a sweep tries any of them when asked.
+MOE_PRICED = (
+    "dp",
+    "fsdp",
+    "dp_tp",
+    "fsdp_tp",
+    *(n for n, s in ALL_STRATEGIES.items() if s.expert_parallel),
+)
+#: The strategies a sweep of a mixture tries unasked: expert parallelism alone, with data
+#: parallelism, with FSDP and with tensor parallelism, and Megatron-LM's default, TP x EP x
+#: DP with the distributed optimizer (``zero1_ep_tp``). The other compositions of expert,
+#: data and tensor parallelism are priced when asked for (those with tensor parallelism
+#: screen as many meshes each as the rest together).
+MOE_STRATEGIES = (
+    "dp",
+    "fsdp",
+    "dp_tp",
+    "fsdp_tp",
+    "ep",
+    "dp_ep",
+    "fsdp_ep",
+    "ep_tp",
+    "zero1_ep_tp",
+)
 #: The recomputations a sweep of a mixture of experts (or latent attention) tries when none is
 #: asked for; one asked for is priced where the model's layers can run it
 #: (:func:`~shardscope._src.model.remat.model_problem`): a policy by named tensor, offload
@@ -496,14 +527,15 @@ MOE_REMATS = (Remat.NONE, Remat.FULL)
 
 def moe_strategies(names: Sequence[str], *, asked: bool) -> tuple[str, ...]:
     """The strategies a sweep of a mixture of experts tries: :data:`MOE_STRATEGIES` when
-    none were ``asked`` for, else those given, each of which must be one of them."""
+    none were ``asked`` for, else those given, each of which must be one of
+    :data:`MOE_PRICED`."""
     if not asked:
         return MOE_STRATEGIES
-    other = [n for n in names if n not in MOE_STRATEGIES]
+    other = [n for n in names if n not in MOE_PRICED]
     if other:
         raise PlanError(
             f"strategies {', '.join(other)}: the planner prices a mixture of experts or latent "
-            f"attention under {', '.join(MOE_STRATEGIES)}; choose from those",
+            f"attention under {', '.join(MOE_PRICED)}; choose from those",
             param="strategies",
         )
     return tuple(names)
