@@ -115,7 +115,7 @@ class Parallelism:
     parallelism with context parallelism, sequence parallelism or HSDP.
 
     >>> Parallelism.parse("zero1_ep_tp")
-    Parallelism(data='zero1', tensor='tp', context=False, expert=True)
+    Parallelism(data='zero1', tensor='tp', context=False, expert=True, context_comm='all_gather')
     """
 
     data: DataParallel = DataParallel.NONE
