@@ -76,11 +76,22 @@ def test_llama3_70b_on_8_h100s_holds_and_times_what_the_roofline_says():
     bandwidth_protocol = 14 * 5e-6 + sent / (0.8 * 450e9)
     ring = 6.6e-6 + 14 * 0.6e-6 + sent / (0.8 * 450e9 / 4)
     assert ring < bandwidth_protocol
-    assert p.decode_comm_s == pytest.approx((2 * 80 + 1) * ring, rel=1e-9)
+    # vLLM (the default engine) all-reduces with its own kernel, measured on 8 H100s at 1
+    # MiB in 33.8 us: faster than NCCL's ring
+    assert 33.8e-6 < ring
+    assert p.decode_comm_s == pytest.approx((2 * 80 + 1) * 33.8e-6, rel=1e-9)
+    # without an engine, NCCL's
+    nccl = serve(
+        "llama3-70b", 8, hardware="h100", prompt=2048, output=256, batch=64, compiler="cpu",
+        engine="none",
+    )  # fmt: skip
+    assert _find(nccl, "tp", {"model": 8}, 64).decode_comm_s == pytest.approx(
+        (2 * 80 + 1) * ring, rel=1e-9
+    )
     # the weights' matmuls and the attention, two kernels one after another, each bound by
     # its reads at 64 sequences: its reads and a twentieth of its matmuls' time (XLA's GPU
     # cost model overlaps the other 95%)
-    step = memory_s + 0.05 * p.decode_compute_s + (2 * 80 + 1) * ring
+    step = memory_s + 0.05 * p.decode_compute_s + (2 * 80 + 1) * 33.8e-6
     # its kernels, one an operation as engines fuse them, each launched at 1 us: a layer's
     # query/key/value projection, attention, output projection, MLP up and down, and the
     # unembedding; its two norms, rotary embedding, cache update and activation, and the

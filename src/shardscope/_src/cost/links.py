@@ -36,6 +36,13 @@ cross slices (over the data-center network) keep the alpha-beta sum.
 
 While it runs, a GPU collective holds some of the device's multiprocessors
 (:func:`held_share`): compute beside it has the rest.
+
+Serving engines all-reduce a tensor-parallel layer's small outputs inside a node with their
+own kernel, not NCCL's: each GPU writes its part into buffers its peers read over NVLink, and
+one kernel sums them (one-shot for a few kilobytes, two-shot, a reduce-scatter then an
+all-gather, above). :func:`engine_all_reduce_seconds` prices one execution as measured on
+H100s (:data:`H100_ENGINE_ALL_REDUCE`), or NCCL's price where that is faster or the message
+is beyond the measured sizes.
 """
 
 from __future__ import annotations
@@ -291,6 +298,55 @@ def collective_seconds(
     elif family is Family.TPU and nodes == 1:
         seconds = _ici_seconds(kind, group_size, hw.latency_s, bandwidth, traffic_bytes, count)
     return seconds
+
+
+#: A serving engine's custom all-reduce on H100s inside a node, one execution by the devices
+#: of its group and the bytes each holds: ``{group size: ((bytes, seconds), ...)}``, measured
+#: from 512 B to 1 MiB (its source in
+#: :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+H100_ENGINE_ALL_REDUCE: dict[int, tuple[tuple[int, float], ...]] = {
+    2: ((512, 3.7e-6), (4096, 3.9e-6), (32768, 4.5e-6), (262144, 7.9e-6), (524288, 12.5e-6),
+        (1048576, 19.9e-6)),
+    4: ((512, 4.8e-6), (4096, 3.7e-6), (32768, 4.8e-6), (262144, 13.9e-6), (524288, 20.2e-6),
+        (1048576, 31.1e-6)),
+    8: ((512, 5.9e-6), (4096, 5.7e-6), (32768, 7.8e-6), (262144, 16.7e-6), (524288, 22.1e-6),
+        (1048576, 33.8e-6)),
+}  # fmt: skip
+
+
+def engine_all_reduce_seconds(
+    hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str], nbytes: float, nccl_s: float
+) -> float:
+    """One execution of a serving engine's all-reduce of ``nbytes`` a device over ``axes``
+    of a mesh of ``sizes`` on ``hw``, where NCCL's takes ``nccl_s``: inside one node of H100s,
+    over a group the engines' kernels were measured on (:data:`H100_ENGINE_ALL_REDUCE`: 2, 4
+    or 8 devices) and within the measured sizes, the measured time (the line between the two
+    measured sizes either side; the least measured size's below it) where it is faster than
+    NCCL's; else NCCL's.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h100, model = hardware("h100"), {"model": 8}
+    >>> engine_all_reduce_seconds(h100, model, ("model",), 32768, 15e-6)  # 8 GPUs, 32 KiB
+    7.8e-06
+    >>> round(engine_all_reduce_seconds(h100, model, ("model",), 65536, 15e-6) * 1e6, 2)
+    9.07
+    >>> engine_all_reduce_seconds(h100, model, ("model",), 2 * 2**20, 60e-6)  # not measured
+    6e-05
+    >>> engine_all_reduce_seconds(hardware("a100"), model, ("model",), 32768, 15e-6)
+    1.5e-05
+    """
+    if not axes or any(a not in sizes for a in axes):  # a sub-axis: no measured group
+        return nccl_s
+    table = H100_ENGINE_ALL_REDUCE.get(math.prod(sizes[a] for a in axes))
+    if (
+        table is None
+        or not hw.name.startswith("h100")
+        or nbytes > table[-1][0]
+        or _nodes_spanned(hw, sizes, axes) > 1
+    ):
+        return nccl_s
+    measured = float(np.interp(nbytes, [b for b, _ in table], [s for _, s in table]))
+    return min(measured, nccl_s)
 
 
 def ici_hops(kind: str, group_size: int) -> int:

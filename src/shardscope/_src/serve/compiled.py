@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardscope._src.audit.pricing import execution_seconds
+from shardscope._src.audit.records import Collective
 from shardscope._src.base.comm import ALL_REDUCE
 from shardscope._src.cost.compute import (
     by_kernel,
@@ -31,6 +32,7 @@ from shardscope._src.cost.compute import (
     moved_seconds,
     step_matmul_seconds,
 )
+from shardscope._src.cost.links import engine_all_reduce_seconds
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.serving import EIGHT_BIT
 from shardscope._src.serve.estimate import (
@@ -117,6 +119,17 @@ class _Compiled:
 DEPTH = 2
 
 
+def _collective_s(c: Collective, sizes: dict[str, int], hw: Hardware, engine: str) -> float:
+    """One execution of a compiled serving step's collective ``c``: its price on the links
+    (:func:`~shardscope._src.audit.pricing.execution_seconds`), or for an all-reduce the
+    serving ``engine``'s own kernel's where it runs one
+    (:func:`~shardscope._src.cost.links.engine_all_reduce_seconds`)."""
+    nccl = execution_seconds(c, sizes, hw)
+    if c.kind != ALL_REDUCE or c.irregular or not get_engine(engine).custom_all_reduce:
+        return nccl
+    return engine_all_reduce_seconds(hw, sizes, c.axes, c.payload_bytes, nccl)
+
+
 def _compile(
     plan: ServePlan, hw: Hardware, flop_s: tuple[float, float], step: Any, *args: Any
 ) -> _Compiled:
@@ -151,7 +164,7 @@ def _compile(
         memory_s=memory_s,
         flops=compiled.hlo_flops,
         kernels_s=kernels_s,
-        comm_s=sum(execution_seconds(k, sizes, hw) * k.count for k in result.collectives),
+        comm_s=sum(_collective_s(k, sizes, hw, plan.engine) * k.count for k in result.collectives),
         held_bytes=compiled.memory.held_bytes,
         all_reduces=sum(k.count for k in result.collectives if k.kind == ALL_REDUCE),
         kernels=kernels,

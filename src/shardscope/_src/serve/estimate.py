@@ -70,7 +70,7 @@ from shardscope._src.cost.compute import (
     work_seconds,
 )
 from shardscope._src.cost.flops import attention_core_flops, weight_flops
-from shardscope._src.cost.links import collective_seconds
+from shardscope._src.cost.links import collective_seconds, engine_all_reduce_seconds
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.serving import FORMATS, WeightFormat, cache_bytes_per_token
 from shardscope._src.serve.layouts import (
@@ -81,6 +81,7 @@ from shardscope._src.serve.layouts import (
     weight_reads,
 )
 from shardscope._src.serve.types import Layout, ServePlan
+from shardscope._src.targets.engines import Engine
 from shardscope._src.targets.engines import engine as get_engine
 from shardscope._src.targets.hardware import Hardware
 
@@ -174,28 +175,37 @@ def batch_sizes(
     return out or [r]
 
 
-def _allreduce_s(hw: Hardware, layout: Layout, elements: int, itemsize: int, count: int) -> float:
-    t = layout.t
+def tp_all_reduce_seconds(hw: Hardware, layout: Layout, nbytes: int, engine: Engine) -> float:
+    """One execution of tensor parallelism's all-reduce of ``nbytes`` a device over the
+    layout's ``model`` axis: NCCL's (:func:`~shardscope._src.cost.links.collective_seconds`),
+    or the serving ``engine``'s own kernel where it runs one
+    (:func:`~shardscope._src.cost.links.engine_all_reduce_seconds`)."""
+    t, mesh = layout.t, layout.mesh
     if t == 1:
         return 0.0
-    # collective_seconds takes the traffic of all ``count`` executions
-    traffic = count * traffic_bytes(ALL_REDUCE, elements * itemsize, t)
-    return collective_seconds(hw, layout.mesh, ALL_REDUCE, ("model",), t, traffic, count)
+    traffic = traffic_bytes(ALL_REDUCE, nbytes, t)
+    nccl = collective_seconds(hw, mesh, ALL_REDUCE, ("model",), t, traffic)
+    if not engine.custom_all_reduce:
+        return nccl
+    return engine_all_reduce_seconds(hw, mesh, ("model",), nbytes, nccl)
 
 
-def _tp_allreduces_s(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int) -> float:
-    """Tensor parallelism's all-reduces for ``tokens`` a replica: the attention's output in
-    every layer, the MLP's down projection in every dense layer, the vocabulary-parallel
-    embedding's once; in a layer with experts, the routed experts' outputs, summed in their
-    slots before they are combined (``top_k`` rows a token, times the routing's capacity)."""
+def _tp_allreduces_s(
+    hw: Hardware, config: ModelConfig, layout: Layout, tokens: int, engine: Engine
+) -> float:
+    """Tensor parallelism's all-reduces for ``tokens`` a replica on ``engine``: the
+    attention's output in every layer, the MLP's down projection in every dense layer, the
+    vocabulary-parallel embedding's once; in a layer with experts, the routed experts'
+    outputs, summed in their slots before they are combined (``top_k`` rows a token, times
+    the routing's capacity)."""
     c = config
-    dense = _allreduce_s(
-        hw, layout, tokens * c.d_model, c.itemsize, c.layers + c.dense_layer_count + 1
-    )
+    count = c.layers + c.dense_layer_count + 1
+    dense = count * tp_all_reduce_seconds(hw, layout, tokens * c.d_model * c.itemsize, engine)
     if not c.is_moe:
         return dense
     slots = math.ceil(c.routed_capacity * tokens * c.top_k)
-    return dense + _allreduce_s(hw, layout, slots * c.d_model, c.itemsize, c.moe_layers)
+    each = tp_all_reduce_seconds(hw, layout, slots * c.d_model * c.itemsize, engine)
+    return dense + c.moe_layers * each
 
 
 def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int) -> float:
@@ -401,11 +411,11 @@ def estimate_plan(
     by_weights = (w * per_w, weights_read_seconds(hw, c, layout, weights, untouched=unreached))
     by_cache = (a * per_a, cache_read_seconds(hw, c, cached))
     memory_s, compute_s = by_weights[1] + by_cache[1], by_weights[0] + by_cache[0]
-    comm_s = _tp_allreduces_s(hw, c, layout, per_replica)
+    host = get_engine(engine)
+    comm_s = _tp_allreduces_s(hw, c, layout, per_replica, host)
     comm_s += _all_to_all_s(hw, c, layout, batch)
     kernels = decode_kernels(c)
     decode = work_seconds(hw, by_weights, by_cache) + comm_s + kernels.seconds(hw)
-    host = get_engine(engine)
     host_s = host.exposed_seconds(decode, per_replica)
     decode += host_s
     of = prefill_flops(c, prompt)
@@ -413,7 +423,7 @@ def estimate_plan(
     matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True, shape=shape)
     reads = weights_read_seconds(hw, c, layout, weights)
     prefill = work_seconds(hw, (matmuls, reads)) + kernels.seconds(hw)
-    prefill += _tp_allreduces_s(hw, c, layout, prompt)
+    prefill += _tp_allreduces_s(hw, c, layout, prompt, host)
     # one prompt a replica: the expert axis's devices prefill theirs together
     prefill += _all_to_all_s(hw, c, layout, prompt * layout.expert_parallel)
     prefill += host.exposed_seconds(prefill, 1)

@@ -56,6 +56,9 @@ class Engine:
       chunk: the tokens an iteration carries where the engine chunks its prefills by default
         (the running sequences' decodes among them), by the device it runs on; None: it
         prefills each prompt whole (:meth:`chunk_tokens`).
+      custom_all_reduce: the engine all-reduces tensor parallelism's outputs inside a node
+        with its own one-shot and two-shot kernels, not NCCL's
+        (:func:`~shardscope._src.cost.links.engine_all_reduce_seconds`).
     """
 
     name: str
@@ -65,6 +68,7 @@ class Engine:
     request_s: float
     about: str
     chunk: Callable[[Hardware], int] | None = None
+    custom_all_reduce: bool = False
 
     def chunk_tokens(self, hw: Hardware) -> int | None:
         """The tokens an iteration of a chunked prefill carries on ``hw`` by default (None:
@@ -137,6 +141,7 @@ ENGINES: dict[str, Engine] = {
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine as it starts (0.8 and later, synchronous scheduling)",
             chunk=_vllm_chunk,
+            custom_all_reduce=True,
         ),
         Engine(
             "vllm-async",
@@ -146,6 +151,7 @@ ENGINES: dict[str, Engine] = {
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine with --async-scheduling",
             chunk=_vllm_chunk,
+            custom_all_reduce=True,
         ),
         Engine(
             "vllm-v0",
@@ -154,6 +160,7 @@ ENGINES: dict[str, Engine] = {
             overlapped=False,
             request_s=0.0,
             about="vLLM's V0 engine before 0.6 (Vidur's profile of its vLLM-derived engine)",
+            custom_all_reduce=True,
         ),
         Engine(
             "sglang",
@@ -163,6 +170,7 @@ ENGINES: dict[str, Engine] = {
             request_s=0.0,
             about="SGLang 0.4 and later, its overlap scheduler on",
             chunk=_sglang_chunk,
+            custom_all_reduce=True,
         ),
         Engine(
             "tensorrt-llm",
@@ -171,6 +179,7 @@ ENGINES: dict[str, Engine] = {
             overlapped=True,
             request_s=0.0,
             about="TensorRT-LLM's C++ runtime and its PyTorch executor (NVIDIA NIM runs it)",
+            custom_all_reduce=True,
         ),
         Engine(
             "lmdeploy",
@@ -262,6 +271,14 @@ ENGINE_SOURCES = {
         "features/overlap-scheduler): 'At step n, the system launches GPU computation for step "
         "n+1 without waiting for CPU tasks (e.g., stop criteria checks) from step n to "
         "complete'; its C++ batch manager's host time a step is not published: none priced"
+    ),
+    "custom all-reduce: the vllm presets, sglang, tensorrt-llm; not lmdeploy, gpt-fast": (
+        "vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py, "
+        "on by default unless --disable-custom-all-reduce since vLLM pull 2192, 2023-12, V0 "
+        "and V1 alike) for tensor parallelism inside a node; SGLang's (sgl-kernel's custom "
+        "all-reduce, pull 2904); TensorRT-LLM's AllReduce plugin's one-shot and two-shot "
+        "strategies (AUTO by default). LMDeploy 0.1's TurboMind all-reduced with NCCL; "
+        "gpt-fast all-reduces with torch.distributed's functional collectives, NCCL's"
     ),
     "lmdeploy: 0": (
         "no published measurement of TurboMind's host time a step (its step loop is C++): "

@@ -208,6 +208,18 @@ TIME_MODEL_SOURCES = {
         "model likewise adds the element-wise work's traffic to the matmuls' time, as "
         "matmul_fraction was calibrated"
     ),
+    "H100_ENGINE_ALL_REDUCE (serving engines' all-reduce on H100s, cost/links.py)": (
+        "SGLang pull 2904 ('optimize custom allreduce kernel', 2025-01-15), 'unit test "
+        "performance in H100 (without cuda graph)', its custom all-reduce (TensorRT-LLM's "
+        "one-shot and two-shot kernels, reading the input in place: one kernel an execution) "
+        "at tensor parallelism 2/4/8, in ms: 512 B 0.0037/0.0048/0.0059, 4 KiB "
+        "0.0039/0.0037/0.0057, 32 KiB 0.0045/0.0048/0.0078, 256 KiB 0.0079/0.0139/0.0167, 512 "
+        "KiB 0.0125/0.0202/0.0221, 1 MiB 0.0199/0.0311/0.0338. vLLM's own kernel measured "
+        "beside it takes 8.5-10 us up to 32 KiB, for it copies its input into the shared "
+        "buffer first (a second kernel), which vLLM's CUDA graphs spare it by registering "
+        "their buffers: the one-kernel figures stand for both. NCCL's price stands beyond 1 "
+        "MiB (vLLM picks NCCL or symmetric memory above a few MiB) and across nodes"
+    ),
     "LOW_LATENCY (GPUs: NCCL's LL protocol, cost/links.py)": (
         "NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel), from which NCCL picks "
         "each collective's algorithm and protocol by message size: a ring in the LL protocol "
