@@ -44,7 +44,14 @@ SPELLED = [
     (MatmulDtype, ["bfloat16", "fp8"]),
     (
         OverlapClass,
-        ["critical", "per-microbatch", "gradients", "gradient-reduction", "parameter-gather"],
+        [
+            "critical",
+            "per-microbatch",
+            "gradients",
+            "gradient-reduction",
+            "parameter-gather",
+            "context-ring",
+        ],
     ),
     (RowStatus, ["new", "gone", "changed", "same"]),
     (GroupMode, ["replica", "partition", "replica_and_partition", "flattened"]),
