@@ -12,10 +12,12 @@ routing (``imbalance=1``); DeepEP's dispatch is ``dispatch_once`` (each token on
 device of its experts, across nodes once to each node).
 
 A run as written is priced by the analytic estimate (no compile), its layout in the
-planner's words: Megatron's tensor parallel with expert parallelism is ``ep_tp`` on
-``stage=P,expert=E,model=T`` with ``virtual_stages`` (the experts' hidden split over
-``model`` too, where Megatron keeps each expert whole, ETP 1: the same FLOPs and expert bytes
-a device, said on each row); AutoModel's expert parallelism inside FSDP is ``fsdp_ep``.
+planner's words: Megatron's tensor parallel with expert parallelism folded onto the same
+devices (MoE parallel folding, ETP 1: attention TP x DP, the experts EP x EDP, each expert
+whole), with the distributed optimizer and sequence parallelism as the model zoo's config
+sets them, is ``zero1_ep_fold_sp`` on ``stage=P,data=EDP,expert=EP/TP,model=TP`` with
+``virtual_stages`` (Megatron FSDP's is ``fsdp_ep_fold_sp``); AutoModel's expert
+parallelism inside FSDP is ``fsdp_ep``.
 Where a source does not state the recomputation, the run's config does where it is
 published (AutoModel's benchmark YAMLs), else the frameworks' default (none) is used, and
 said. A run the planner cannot write
@@ -163,20 +165,15 @@ def _zoo_235b(
     note: str = "",
 ) -> MoeRun:
     """Qwen3-235B-A22B on 256 H100 in the model zoo's layout: global batch 2048 of 4096,
-    micro-batch 1; a pipeline stage's devices are ``tp x dp`` for the attention and ``ep``
-    (ETP 1) for the experts, over the same devices (Megatron's parallel folding). No
-    strategy writes that: ``ep_tp`` on ``stage=pp,expert=dp,model=tp``, the nearest, splits
-    the experts' hidden over ``model`` too and sums their outputs over it (an all-reduce of
-    every routed token's output a layer, which the run does not make). It is printed as the
-    nearest, apart from the errors."""
+    micro-batch 1; a pipeline stage's devices are ``tp x dp`` for the attention and
+    ``ep x edp`` (ETP 1) for the experts, over the same devices (Megatron's parallel
+    folding), with the distributed optimizer and sequence parallelism (the zoo's
+    ``model_configs/benchmarking/Qwen3-235B-A22B.yaml``): ``zero1_ep_fold_sp`` on
+    ``stage=pp,data=edp,expert=ep/tp,model=tp``, the dense weights' optimizer state over
+    ``data x expert`` (its DP), the experts' over ``data`` (its EDP)."""
     data = 256 // pp // tp
-    edp = f" x EDP {data * tp // ep}" if data * tp > ep else ""
-    instead = [f"the experts over expert={data} x model={tp}, their hidden split over model"]
-    cannot = (
-        f"attention TP {tp} x DP {data} and experts EP {ep}{edp} whole (ETP 1) on the same "
-        f"devices: no strategy folds them so (ep_tp splits the experts' hidden over model "
-        f"and all-reduces their outputs)"
-    )
+    edp = data * tp // ep
+    instead = []
     if recompute != "none":
         instead.append(f"no recomputation (the run recomputes {recompute} only)")
     if note:
@@ -188,14 +185,13 @@ def _zoo_235b(
         "h100",
         256,
         measured_s,
-        "ep_tp",
-        (("stage", pp), ("expert", data), ("model", tp)),
+        "zero1_ep_fold_sp",
+        (("stage", pp), ("data", edp), ("expert", ep // tp), ("model", tp)),
         2048 // data,
         "none",
         vp,
         overrides=CUDNN,
         instead=tuple(instead),
-        cannot=cannot,
         sweep="Qwen3-235B-A22B on 256 H100",
     )
 
@@ -229,7 +225,8 @@ def _bridge_qwen3_fp8(
     casts) on H100, as its table states the layout (``layout``: tp, pp, vp, ep); dropless,
     forced balance; the attention Transformer Engine's (cuDNN's). With TP 1 the experts'
     EP x DP fold is ``ep`` on ``stage=P,expert=E`` (data-parallel attention over the
-    experts' devices); with TP 2 (235B) it is the zoo's fold, printed as the nearest."""
+    experts' devices); with TP 2 (235B) it is the zoo's fold with the distributed optimizer,
+    ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`)."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
     data = gpus // pp // tp
     name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
@@ -241,13 +238,10 @@ def _bridge_qwen3_fp8(
             (("stage", pp), ("expert", ep)), batch // (data * mbs), None, vp,
             overrides=CUDNN, instead=(optimizer,), matmul_dtype="fp8",
         )  # fmt: skip
+    mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
-        name, _BRIDGE, config, "h100", gpus, measured_s, "ep_tp",
-        (("stage", pp), ("expert", data), ("model", tp)), batch // (data * mbs), "none", vp,
-        overrides=CUDNN, matmul_dtype="fp8",
-        cannot=f"attention TP {tp} x DP {data} and experts EP {ep} whole (ETP 1) on the same "
-        f"devices: no strategy folds them so (ep_tp splits the experts' hidden over model "
-        f"and all-reduces their outputs)",
+        name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
+        batch // (data * mbs), None, vp, overrides=CUDNN, matmul_dtype="fp8",
     )  # fmt: skip
 
 
@@ -317,14 +311,13 @@ RUNS = [
         "h100",
         256,
         17.6,
-        "fsdp_ep_tp",
-        (("data", 16), ("expert", 8), ("model", 2)),
+        # Megatron FSDP: the dense weights sharded over the attention's DP 128 (data x
+        # expert), the experts over their EDP 32 (data), each expert whole over EP 8
+        "fsdp_ep_fold_sp",
+        (("data", 32), ("expert", 4), ("model", 2)),
         4,
         "full",
         overrides=CUDNN,
-        cannot="attention TP 2 x DP 128 and experts EP 8 x EDP 32 whole (ETP 1) on the same "
-        "devices: no strategy folds them so (fsdp_ep_tp splits the experts' hidden over model "
-        "and all-reduces their outputs)",
         sweep="Qwen3-235B-A22B on 256 H100",
     ),
     _zoo_235b(
@@ -571,6 +564,14 @@ def _ranking(rows: list[Row]) -> None:
                 t, p = predicted[i]
                 right = f"{t:6.1f}s {p.run.name}" + ("" if p.written else " (nearest)")
             print(f"  {left:62} | {right}")
+        # each pair of layouts the measurements order (not tied): ordered alike predicted?
+        pairs = [(a, b) for a in timed for b in timed if a[1].run.measured_s < b[1].run.measured_s]
+        alike = sum(1 for a, b in pairs if a[0] < b[0])
+        order = "matches" if alike == len(pairs) else "does not match"
+        print(
+            f"  the ranking {order} the measured one: {alike} of the {len(pairs)} pairs the "
+            f"measurements order are ordered alike"
+        )
         best = group[0].best
         if best is not None:
             print(f"  the planner's best: {best.time.step_s:.1f}s {_layout(best)}")

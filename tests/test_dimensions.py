@@ -106,8 +106,8 @@ def test_every_preset_is_the_composition_of_its_dimensions(frozen, name):
 def test_the_names_round_trip_and_every_composition_is_accepted():
     # six data flavours x three tensor choices x context on or off, the ring form of each
     # with context but HSDP's, and with experts: five data flavours (none, dp, zero1, zero2,
-    # fsdp) x tensor parallel or not
-    assert len(ALL_STRATEGIES) == 6 * 3 * 2 + 5 * 3 + 5 * 2
+    # fsdp) x tensor parallel or not, or folded over the model axis (sp)
+    assert len(ALL_STRATEGIES) == 6 * 3 * 2 + 5 * 3 + 5 * 3
     assert list(ALL_STRATEGIES)[: len(PRESETS)] == list(STRATEGIES) == list(PRESETS)
     for name, s in ALL_STRATEGIES.items():
         assert Parallelism.parse(name).name == name == s.name

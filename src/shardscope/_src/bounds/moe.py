@@ -40,7 +40,7 @@ def moe_layer_terms(
     d_model: int,
     top_k: int,
     experts: int,
-    axis: str,
+    axis: str | tuple[str, ...],
     expert_devices: int,
     itemsize: int,
     *,
@@ -52,7 +52,8 @@ def moe_layer_terms(
     once: bool = False,
 ) -> tuple[Term, ...]:
     """The collectives one MoE layer needs over ``axis`` (``expert_devices`` devices, the
-    tokens and the experts split over it): the dispatch and the combine all-to-alls, each of
+    tokens and the experts split over it; a tuple of axes for a group over several, as MoE
+    parallel folding's ``expert`` and ``model``): the dispatch and the combine all-to-alls, each of
     ``ceil(imbalance x tokens x top_k) x d_model`` elements of ``itemsize`` bytes, forward
     (scopes ``moe/dispatch``, ``moe/combine``) and, with ``train``, again for their
     gradients in the backward, and the router's gradient (``d_model x experts``, replicated
@@ -102,6 +103,7 @@ def moe_layer_terms(
         )
     # each replica's tokens go to its own copy of the experts
     replica = tokens // data_devices
+    group = (axis,) if isinstance(axis, str) else tuple(axis)
     slots = math.ceil(imbalance * replica * top_k)
     share = device_share(experts, expert_devices, top_k)
     rows = math.ceil(imbalance * replica * expert_devices * share) if once else slots
@@ -115,7 +117,7 @@ def moe_layer_terms(
         out.append(
             Term(
                 ALL_TO_ALL,
-                (axis,),
+                group,
                 expert_devices,
                 payload,
                 passes,
@@ -133,7 +135,7 @@ def moe_layer_terms(
             out.append(
                 Term(
                     ALL_TO_ALL,
-                    (axis,),
+                    group,
                     expert_devices,
                     slots * size,
                     1,
@@ -147,7 +149,7 @@ def moe_layer_terms(
             out.append(
                 Term(
                     ALL_TO_ALL,
-                    (axis,),
+                    group,
                     expert_devices,
                     slots * itemsize,
                     1,
@@ -157,7 +159,7 @@ def moe_layer_terms(
                 )  # fmt: skip
             )
     if train:
-        axes = (axis,) if data_axis is None else (data_axis, axis)
+        axes = group if data_axis is None else (data_axis, *group)
         out.append(
             Term(
                 ALL_REDUCE,

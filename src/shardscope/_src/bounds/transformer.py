@@ -247,7 +247,12 @@ def _weight_terms(
     used_roles = (use or storage)[name]
     # as the data group sees it: a model-axis slice, and of the routed experts those of one
     # device of the expert axis
-    split = math.prod(placement.role_size(r) for r in used_roles if r in (Role.MODEL, Role.EXPERT))
+    split = math.prod(
+        placement.role_size(r)
+        for e in used_roles
+        for r in entry_roles(e)
+        if r in (Role.MODEL, Role.EXPERT)
+    )
     payload = math.prod(one) * c.itemsize // split
     scope = next((k for k, v in _SCOPE_OF.items() if name in v), "")
     stack = "layers" if name in LAYER_PARAMS else "moe_layers" if name in MOE_PARAMS else ""
@@ -293,7 +298,7 @@ def _weight_terms(
     partial = [r for r in s.batch_roles if r not in scattered and r not in own]
     if s.context_parallel and Role.CONTEXT not in scattered:
         partial.append(Role.CONTEXT)
-    if s.sequence_parallel and Role.MODEL not in used_roles:
+    if s.sequence_parallel and not uses_role(used_roles, Role.MODEL):
         partial.append(Role.MODEL)
     if train and partial:
         axes, n = placement.group(partial)
@@ -321,20 +326,29 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
     each replica's tokens over the data axes, at the capacity factor: the padded slots move
     too); under tensor parallelism the routed experts' row-parallel outputs (the slots a
     device holds, ``cf k h`` a token) and the shared experts' (``h`` a token) all-reduced
-    over ``model``, again for the column-parallel input gradients in training."""
+    over ``model``, again for the column-parallel input gradients in training.
+
+    Folded (MoE parallel folding: the experts whole over ``expert`` and ``model``), the
+    all-to-alls span both axes, each device sending its own slice of the tokens (sequence
+    parallelism's), and nothing of the routed experts is summed over ``model``; the shared
+    experts are a sequence-parallel MLP: their input all-gathered along the sequence and
+    their output reduce-scattered back, each twice in training (its backward's)."""
     s, c = placement.strategy, placement.config
     terms: list[Term] = []
     _, n_tokens = placement.group(s.batch_roles)
     if s.expert_parallel:
-        axes, e = placement.group([Role.EXPERT])
-        replicas = n_tokens // e
+        expert_roles = entry_roles(s.expert_entry)
+        axes, e = placement.group(expert_roles)
+        # the devices that split the tokens: the batch's, and folded the model axis's slices
+        _, n_split = placement.group([*s.batch_roles, *expert_roles])
+        replicas = n_split // e
         data = next((a for a in placement.mesh.shape if a not in axes), "data")
         for t in moe_layer_terms(
             c.batch * c.seq,
             c.d_model,
             c.top_k,
             c.experts,
-            axes[0],
+            axes if s.expert_fold else axes[0],
             e,
             c.itemsize,
             imbalance=c.routed_capacity,
@@ -348,16 +362,29 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
     if Role.MODEL in s.roles:
         model_axes, m = placement.group([Role.MODEL])
         tokens = (c.batch // n_tokens) * c.seq
-        slots = math.ceil(c.routed_capacity * tokens * c.top_k) * c.d_model * c.itemsize
         passes = 2 if train else 1
         role = TermRole.ACTIVATION
-        what = "routed experts' down-projection partial sums (row-parallel)"
-        terms += _term(
-            ALL_REDUCE, model_axes, m, slots, passes * c.moe_layers, what, "moe/experts", role
-        )
-        if c.shared_experts:
+        activation = tokens * c.d_model * c.itemsize
+        if not s.expert_fold:
+            slots = math.ceil(c.routed_capacity * tokens * c.top_k) * c.d_model * c.itemsize
+            what = "routed experts' down-projection partial sums (row-parallel)"
+            terms += _term(
+                ALL_REDUCE, model_axes, m, slots, passes * c.moe_layers, what, "moe/experts", role
+            )
+        if c.shared_experts and s.sequence_parallel:
+            count = passes * c.moe_layers
+            what = "shared experts' input gathered along the sequence" + (
+                " (and the backward of the reduce-scatter)" if train else ""
+            )
+            terms += _term(ALL_GATHER, model_axes, m, activation, count, what, "moe/shared", role)
+            what = "shared experts' down-projection partial sums reduce-scattered" + (
+                " (and the backward of the gather)" if train else ""
+            )
+            terms += _term(
+                REDUCE_SCATTER, model_axes, m, activation, count, what, "moe/shared", role
+            )
+        elif c.shared_experts:
             what = "shared experts' down-projection partial sums (row-parallel)"
-            activation = tokens * c.d_model * c.itemsize
             terms += _term(
                 ALL_REDUCE, model_axes, m, activation, passes * c.moe_layers, what, "moe", role
             )

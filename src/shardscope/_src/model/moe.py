@@ -260,7 +260,7 @@ def _moe_once(
     slots: int,
     factor: float,
     place: Any = _same,
-    axis: str | None = None,
+    axis: str | tuple[str, ...] | None = None,
     reduce: Any = None,
 ) -> tuple[Any, Any]:
     """:func:`moe_capacity` sending each token once to each device of its experts: under
@@ -362,7 +362,7 @@ def moe_capacity_local(
     w_down: Any,
     top_k: int,
     factor: float,
-    axis: str,
+    axis: str | tuple[str, ...],
     *,
     groups: int = 1,
     reduce: Any = None,

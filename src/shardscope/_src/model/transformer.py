@@ -209,6 +209,10 @@ class Hooks:
 
     #: the devices of the expert axis (each holds ``experts / expert_devices`` experts)
     expert_devices: int = 1
+    #: the groups each sequence's tokens are routed in by a layer with experts: one, or a
+    #: slice of the sequence each (MoE parallel folding: each device of the model axis
+    #: routes its own slice, as Megatron-Core routes each rank's tokens)
+    sequence_groups: int = 1
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP) or the keys
@@ -553,11 +557,13 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 def moe_layer(p: dict[str, Any], x: Any, config: ModelConfig, hooks: Hooks = NO_HOOKS) -> Any:
     """One layer with experts: ``x + attention(x)``, then ``+`` :func:`moe_mlp`, its tokens
     routed in groups of one sequence (capacity-padded, MaxText's groups: which tokens are
-    dropped does not depend on how the batch is split)."""
+    dropped does not depend on how the batch is split), or of ``hooks.sequence_groups``
+    slices of one (MoE parallel folding's: which are dropped depends on the slices)."""
     x = checkpoint_name(x, "decoder_layer_input")
     a = attention(p, x, hooks, impl=config.attention, block=config.attention_block)
     x = hooks.residual(x + a)
-    return hooks.residual(x + moe_mlp(p, x, config, hooks, groups=x.shape[0]))
+    groups = x.shape[0] * hooks.sequence_groups
+    return hooks.residual(x + moe_mlp(p, x, config, hooks, groups=groups))
 
 
 def moe_mlp(
@@ -600,7 +606,10 @@ def moe_mlp(
     if "shared_down" in p:
         with jax.named_scope("moe/shared"):
             first = "shared_gate_up" if "shared_gate_up" in p else "shared_up"
-            hs = h * s_[first] if first in s_ else h
+            # a tensor-parallel MLP: its input gathered along the sequence under sequence
+            # parallelism, as the dense MLP's (its output leaves by hooks.exit)
+            hs = hooks.enter("moe", h)
+            hs = hs * s_[first] if first in s_ else hs
             # named as the routed experts' are (mlpwi, mlpwo): a policy places them alike
             if first == "shared_gate_up":
                 gu = hooks.weight("shared_gate_up", p["shared_gate_up"])

@@ -384,16 +384,25 @@ def moe_activation_bytes_per_layer(
     the experts' hidden activations as a dense MLP's (``cf k`` times SwiGLU's ``3 f`` or
     GELU's ``2 f``, split over ``model``), and the shared experts' hidden as a dense MLP of
     their width. Under expert parallelism a device holds its experts' slots of every token
-    sent to them: under uniform routing, as many as its own tokens send."""
+    sent to them: under uniform routing, as many as its own tokens send. Folded (MoE
+    parallel folding) its own tokens are its slice of the sequence (``1 / t`` of them, under
+    sequence parallelism), whose logits and slots it keeps, each expert's hidden whole."""
     c = placement.config
     whole, split, scores = _activation_terms(placement, b, dense_mlp=False)
     attention = whole + split + (0 if flash_attention else scores)
     f = c.expert_ff or c.ff
     per_slot = 3 * f if c.mlp == "swiglu" else 2 * f  # elements: gate and up, their product
     cf_k = c.routed_capacity * c.top_k
-    hidden = per_slot * (cf_k + c.shared_experts) / model_ways(placement)
+    t = model_ways(placement)
     tokens = b * c.seq // context_ways(placement)
     slots = (1 if c.dispatch_once else 2) * cf_k * c.d_model  # inputs (and weighted outputs)
+    if placement.strategy.expert_fold:
+        # the routed slots of its own tokens, each expert's hidden whole; the shared
+        # experts' hidden split as a dense MLP's
+        own = tokens / t
+        routed = own * ((slots + per_slot * cf_k) * c.itemsize + 4 * c.experts)
+        return attention + routed + tokens * per_slot * c.shared_experts / t * c.itemsize
+    hidden = per_slot * (cf_k + c.shared_experts) / t
     return attention + tokens * ((slots + hidden) * c.itemsize + 4 * c.experts)
 
 
@@ -666,7 +675,9 @@ def estimate_memory(
 def gathered_layer_elements(placement: Placement) -> int:
     """Elements of the largest layer's weights a device gathers at use (FSDP): a dense
     layer's, or a layer with experts' (its attention, router and shared experts, and the
-    routed experts this device holds: ``experts / e`` under expert parallelism)."""
+    routed experts this device holds: ``experts / e`` under expert parallelism; folded,
+    ``experts / (e t)`` whole, the elements of ``experts / e`` over the ``t`` its caller
+    divides every layer's by)."""
     c = placement.config
     shapes = param_shapes(c)
     dense = sum(math.prod(shape[1:]) for name, shape in shapes.items() if name in LAYER_PARAMS)
@@ -753,7 +764,9 @@ def routed_expert_work(placement: Placement, microbatches: int = 1) -> tuple[flo
     one device: their matmul FLOPs (the device's tokens, ``top_k x`` the routed capacity
     each, as :func:`matmul_params_per_token` counts them) and the elements of the experts'
     weights those matmuls read, as they are used (each expert-parallel device's own experts,
-    FSDP's gathered copies, tensor parallelism's slice). ``(0.0, 0)`` for a dense model."""
+    FSDP's gathered copies, tensor parallelism's slice). Folded (MoE parallel folding) a
+    device runs its own ``1 / t`` of the tokens through whole experts: the same FLOPs as
+    the whole tokens through a ``1 / t`` slice of each. ``(0.0, 0)`` for a dense model."""
     c = placement.config
     if not c.is_moe:
         return 0.0, 0
@@ -835,22 +848,25 @@ def fp8_cast_elements_per_layer(
     experts = expert_weight_elements(placement)
     routed_in = experts.get("expert_gate_up", experts.get("expert_up", 0)) / c.moe_layers
     routed_out = experts["expert_down"] / c.moe_layers
+    # the routed slots' inputs whole on each device of the model axis, or folded (MoE
+    # parallel folding) those of its own slice of the tokens
+    routed = slots / t if placement.strategy.expert_fold else slots
     moe_skipped = {
         "qkv": skipped["qkv"],
         "out": skipped["out"],
-        "mlp_in": tokens * (slots + (1 if shared else 0)) * c.d_model
+        "mlp_in": tokens * (routed + (1 if shared else 0)) * c.d_model
         + routed_in
         + shared * c.d_model * up_e / t,
         "mlp_out": tokens * (slots + shared) * f / t + routed_out + shared * f * c.d_model / t,
     }
     moe_forward = sum(v for k, v in moe_skipped.items() if k not in kept)
     moe_weights = sum(moe_skipped.values()) - tokens * (
-        2 * c.d_model + q_dim / t + (slots + (1 if shared else 0)) * c.d_model
+        2 * c.d_model + q_dim / t + (routed + (1 if shared else 0)) * c.d_model
         + (slots + shared) * f / t
     )  # fmt: skip
     moe_backward = moe_weights + tokens * (
         (q_dim + 2 * kv_dim) / t + c.d_model + (slots + shared) * up_e / t
-        + (slots + (1 if shared else 0)) * c.d_model
+        + (routed + (1 if shared else 0)) * c.d_model
     )  # fmt: skip
     n, k = c.dense_layer_count, c.moe_layers
     return (n * forward + k * moe_forward) / c.layers, (n * backward + k * moe_backward) / c.layers

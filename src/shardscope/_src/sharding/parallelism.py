@@ -17,8 +17,16 @@
 * **expert**: a mixture of experts' routed experts split over ``expert`` (the attention
   data-parallel over it: expert parallelism borrows data-parallel devices, as Megatron-LM's
   and torchtitan's do); it composes with every data flavour but HSDP and with ``tp``, both at
-  once (Megatron-LM's TP x EP x DP with the distributed optimizer is ``zero1_ep_tp``), and
-  not with context or sequence parallelism.
+  once (Megatron-LM's TP x EP x DP with the distributed optimizer is ``zero1_ep_tp``: each
+  expert's hidden split over ``model`` too, its output all-reduced over it), and not with
+  context parallelism. Its folded form (``fold``, :attr:`Parallelism.expert_fold`: MoE
+  parallel folding, Liu et al., arXiv 2504.14960; Megatron-LM's
+  ``--expert-tensor-parallel-size 1``) regroups the attention's ``expert x model`` devices
+  for the experts: the experts split over both axes, each expert whole, the tokens taken to
+  them by one all-to-all over the group. It needs ``sp``: under sequence parallelism each
+  device of ``model`` holds its own slice of every sequence between blocks, so the tokens of
+  the group's devices are distinct (Megatron-LM requires ``--sequence-parallel`` with
+  tensor and expert parallelism); the zoo's Qwen3-235B layout is ``zero1_ep_fold_sp``.
 
 Pipeline stages and their virtual stages are a fifth dimension, the plan's ``stages`` and
 ``virtual_stages`` (a leading ``stage`` mesh axis), orthogonal to all four.
@@ -28,17 +36,21 @@ joined by ``_``, each left out where the dimension is off (``data=none``, ``tens
 ``zero1_sp_cp`` is ZeRO-1 x tensor-and-sequence parallel x context parallel, ``ep_tp`` expert x
 tensor parallel; all four off is ``replicated``. The ring form of context parallelism adds
 ``ring`` after ``cp`` (``zero1_sp_cp_ring``); ``cp`` alone is the all-gather form, as it was
-before the ring. Today's names are exactly the compositions of
-their parts (:func:`shardscope._src.sharding.strategies.compose` builds every strategy).
+before the ring. The folded form of expert parallelism adds ``fold`` after ``ep``
+(``zero1_ep_fold_sp``); ``ep`` alone keeps its meaning (the experts over ``expert`` only).
+Today's names are exactly the compositions of their parts
+(:func:`shardscope._src.sharding.strategies.compose` builds every strategy).
 
->>> Parallelism.parse("zero1_sp_cp")
-Parallelism(data='zero1', tensor='sp', context=True, expert=False, context_comm='all_gather')
+>>> Parallelism.parse("zero1_sp_cp")  # doctest: +ELLIPSIS
+Parallelism(data='zero1', tensor='sp', context=True, expert=False, context_comm='all_gather', ...)
 >>> Parallelism.parse("dp_cp_ring").context_comm
 'ring'
 >>> Parallelism(DataParallel.FSDP, Tensor.TP).name
 'fsdp_tp'
 >>> Parallelism().name, Parallelism(expert=True, tensor=Tensor.TP).name
 ('replicated', 'ep_tp')
+>>> Parallelism.parse("zero1_ep_fold_sp").expert_fold
+True
 """
 
 from __future__ import annotations
@@ -90,6 +102,8 @@ CONTEXT_PART = "cp"
 #: The part after ``cp`` for the ring form of context parallelism.
 RING_PART = "ring"
 EXPERT_PART = "ep"
+#: The part after ``ep`` for its folded form (the experts over ``expert x model``, whole).
+FOLD_PART = "fold"
 #: The name of the strategy with every dimension off.
 REPLICATED = "replicated"
 
@@ -112,10 +126,11 @@ class Parallelism:
     strategy's name, :meth:`parse` reads one back.
 
     Raises :class:`StrategyError` for a combination the rule sets do not compose: expert
-    parallelism with context parallelism, sequence parallelism or HSDP.
+    parallelism with context parallelism or HSDP, with sequence parallelism unfolded, folded
+    without it.
 
-    >>> Parallelism.parse("zero1_ep_tp")
-    Parallelism(data='zero1', tensor='tp', context=False, expert=True, context_comm='all_gather')
+    >>> Parallelism.parse("zero1_ep_tp").expert, Parallelism.parse("zero1_ep_tp").expert_fold
+    (True, False)
     """
 
     data: DataParallel = DataParallel.NONE
@@ -124,6 +139,10 @@ class Parallelism:
     expert: bool = False
     #: how the context shards exchange keys and values (only with ``context``)
     context_comm: ContextComm = ContextComm.ALL_GATHER
+    #: expert parallelism folded over ``model`` (only with ``expert`` and ``sp``): the
+    #: experts over ``expert x model``, each whole (ETP 1), where unfolded they are over
+    #: ``expert`` and their hidden over ``model``
+    expert_fold: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", DataParallel.parse(self.data, error=StrategyError))
@@ -147,30 +166,56 @@ class Parallelism:
                 f"choose {self.name.removesuffix('_' + RING_PART)} (the all-gather form) or "
                 f"the ring under fsdp, zero1, zero2 or dp"
             )
+        if self.expert_fold and not (self.expert and self.tensor == Tensor.SP):
+            fix = replace(self, expert=True, tensor=Tensor.SP)
+            unfolded = replace(self, expert_fold=False)
+            why = (
+                "is a form of expert parallelism, and expert=False"
+                if not self.expert
+                else "takes sequence parallelism (sp: each device of 'model' holds its own "
+                "slice of the sequence, so the tokens the group's devices send are distinct, "
+                "as Megatron-LM requires --sequence-parallel with tensor and expert "
+                "parallelism)"
+            )
+            raise StrategyError(
+                f"{self.name}: folding the experts over 'expert' x 'model' ({FOLD_PART}) "
+                f"{why}; choose {fix.name}, or {unfolded.name} without folding"
+            )
         if self.expert and (
-            self.context or self.data not in EXPERT_DATA or self.tensor not in EXPERT_TENSOR
+            self.context
+            or self.data not in EXPERT_DATA
+            or (self.tensor not in EXPERT_TENSOR and not self.expert_fold)
         ):
             data = "/".join(d.value for d in EXPERT_DATA if d != DataParallel.NONE)
             fix = replace(
                 self,
                 data=self.data if self.data in EXPERT_DATA else DataParallel.FSDP,
-                tensor=Tensor.TP if self.tensor != Tensor.NONE else Tensor.NONE,
+                tensor=self.tensor if self.expert_fold or self.tensor == Tensor.NONE else Tensor.TP,
                 context=False,
+            )
+            folded = (
+                f" (or {replace(fix, tensor=Tensor.SP, expert_fold=True).name}, the experts "
+                f"whole and folded over 'expert' x 'model')"
+                if self.tensor == Tensor.SP and not self.expert_fold
+                else ""
             )
             raise StrategyError(
                 f"{self.name}: expert parallelism composes with data parallelism ({data}) "
-                f"and with tensor parallelism (tp), and not with context parallelism, "
-                f"sequence parallelism (sp) or HSDP; choose e.g. {fix.name}, or "
-                f"{replace(self, expert=False).name} without expert parallelism"
+                f"and with tensor parallelism (tp, or sp in the folded form "
+                f"{EXPERT_PART}_{FOLD_PART}_sp), and not with context parallelism, sequence "
+                f"parallelism unfolded or HSDP; choose e.g. "
+                f"{fix.name}{folded}, or {replace(self, expert=False, expert_fold=False).name} "
+                f"without expert parallelism"
             )
 
     @property
     def name(self) -> str:
         """The strategy's name: its parts in the order data, expert, tensor, context (and
-        ``ring`` after ``cp`` for the ring form)."""
+        ``ring`` after ``cp`` for the ring form, ``fold`` after ``ep`` for the folded one)."""
         parts = [
             *([self.data.value] if self.data != DataParallel.NONE else []),
             *([EXPERT_PART] if self.expert else []),
+            *([FOLD_PART] if self.expert_fold else []),
             *([self.tensor.value] if self.tensor != Tensor.NONE else []),
             *([CONTEXT_PART] if self.context else []),
             *([RING_PART] if self.context_comm == ContextComm.RING else []),
@@ -185,8 +230,8 @@ class Parallelism:
             return cls()
         parts = name.split("_") if isinstance(name, str) else [repr(name)]
         data, tensor, expert, context = DataParallel.NONE, Tensor.NONE, False, False
-        comm = ContextComm.ALL_GATHER
-        # each part in its slot, the slots in order: data, expert, tensor, context, ring
+        comm, fold = ContextComm.ALL_GATHER, False
+        # each part in its slot, the slots in order: data, expert, fold, tensor, context, ring
         slot = 0
         for part in parts:
             got = DataParallel.get(part) if slot < 1 else None
@@ -194,18 +239,21 @@ class Parallelism:
                 data, slot = got, 1
             elif part == EXPERT_PART and slot < 2:
                 expert, slot = True, 2
-            elif Tensor.get(part) not in (None, Tensor.NONE) and slot < 3:
-                tensor, slot = Tensor.parse(part), 3
-            elif part == CONTEXT_PART and slot < 4:
-                context, slot = True, 4
-            elif part == RING_PART and slot == 4:
-                comm, slot = ContextComm.RING, 5
+            elif part == FOLD_PART and slot == 2:
+                fold, slot = True, 3
+            elif Tensor.get(part) not in (None, Tensor.NONE) and slot < 4:
+                tensor, slot = Tensor.parse(part), 4
+            elif part == CONTEXT_PART and slot < 5:
+                context, slot = True, 5
+            elif part == RING_PART and slot == 5:
+                comm, slot = ContextComm.RING, 6
             else:
                 raise StrategyError(
                     f"unknown strategy {name!r}: a strategy is named by its parts in the order "
                     f"data ({', '.join(d for d in DataParallel if d != DataParallel.NONE)}), "
-                    f"{EXPERT_PART}, tensor (tp or sp), {CONTEXT_PART} (or {CONTEXT_PART}_"
-                    f"{RING_PART}, its ring form), joined by '_' (e.g. zero1_sp_cp), or "
-                    f"{REPLICATED}; {part!r} does not read there"
+                    f"{EXPERT_PART} (or {EXPERT_PART}_{FOLD_PART}, its folded form), tensor "
+                    f"(tp or sp), {CONTEXT_PART} (or {CONTEXT_PART}_{RING_PART}, its ring "
+                    f"form), joined by '_' (e.g. zero1_sp_cp), or {REPLICATED}; {part!r} does "
+                    f"not read there"
                 )
-        return cls(data, tensor, context, expert, comm)
+        return cls(data, tensor, context, expert, comm, fold)

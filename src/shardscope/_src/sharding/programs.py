@@ -62,7 +62,8 @@ class JitHooks(Hooks):
         self._use_shardings = {placement.sharding(s) for s in uses if s is not None}
         self.gathers_weights = regather and bool(self._use_shardings)
         if Role.EXPERT in placement.strategy.roles:
-            self.expert_devices = placement.role_size(Role.EXPERT)
+            self.expert_devices = placement.role_size(placement.strategy.expert_entry)
+            self.sequence_groups = placement.sequence_groups
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """A weight's constraint to its use (FSDP's gather) or the keys' and values' to the
@@ -190,7 +191,10 @@ class ShardMapHooks(Hooks):
     device's sequences fill their slots of every expert and an ``all_to_all`` over the
     expert axis takes them to their experts and back
     (:func:`~shardscope._src.model.moe.moe_capacity_local`); under tensor parallelism too,
-    the experts' split hidden is ``psum``-ed before they go back. FSDP: each weight stored
+    the experts' split hidden is ``psum``-ed before they go back. Folded (``fold_experts``,
+    the expert axis the tuple of the expert and model axes), each device's slice of its
+    sequences (sequence parallelism's) is routed as its own group, and the all-to-alls span
+    both axes: each expert whole, nothing summed over ``model``. FSDP: each weight stored
     sharded over axes it is not used sharded over is ``all_gather``-ed over them at its use
     (``gathers``: per weight, each dimension and its axes), and autodiff reduce-scatters its
     gradient (``psum_scatter``, the gather's transpose). The vocabulary split over the model
@@ -204,16 +208,18 @@ class ShardMapHooks(Hooks):
         self,
         model_axis: str | tuple[str, ...] | None,
         sequence_parallel: bool,
-        expert_axis: str | None = None,
+        expert_axis: str | tuple[str, ...] | None = None,
         gathers: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] | None = None,
         *,
         vocab_split: bool = False,
+        fold_experts: bool = False,
     ) -> None:
         self.axis = model_axis
         self.sequence_parallel = sequence_parallel
         self.expert_axis = expert_axis
         self._gathered = gathers or {}
         self.vocab_split = vocab_split and model_axis is not None
+        self.fold_experts = fold_experts
 
     def embed(self, table: Any, tokens: Any) -> Any:
         if not self.vocab_split:
@@ -255,7 +261,8 @@ class ShardMapHooks(Hooks):
         self, tokens: Any, router: Any, w_in: Any, w_down: Any, config: ModelConfig, groups: int
     ) -> Any:
         assert self.expert_axis is not None and config.capacity_factor is not None
-        axis = self.axis
+        # folded, each expert is whole: nothing to sum over the model axis
+        axis = None if self.fold_experts else self.axis
 
         def reduce(y: Any) -> Any:
             return jax.lax.psum(y, axis)
@@ -815,14 +822,15 @@ def _shard_map_forward(placement: Placement, capture: bool) -> Callable[..., Any
 
     config = placement.config
     model = placement.entry(Role.MODEL) if Role.MODEL in placement.strategy.roles else None
-    expert = placement.entry(Role.EXPERT) if placement.strategy.expert_parallel else None
-    assert not isinstance(expert, tuple)  # the role binds the one axis named expert
+    # the expert axis, or folded the expert and the model axes together
+    expert = placement.entry(placement.strategy.expert_entry)
     hooks = ShardMapHooks(
         model,
         placement.strategy.sequence_parallel,
         expert,
         _gathers_at_use(placement),
         vocab_split=placement.strategy.vocab_split,
+        fold_experts=placement.strategy.expert_fold,
     )
     in_spec, _ = placement.batch_specs()
     out_spec = placement.output_spec()

@@ -221,21 +221,29 @@ def _without(entry: Entry, role: str) -> Entry:
 
 @functools.cache
 def _with_experts(
-    rules_items: tuple[tuple[str, Roles], ...], roles: tuple[str, ...]
+    rules_items: tuple[tuple[str, Roles], ...], roles: tuple[str, ...], fold: bool = False
 ) -> Mapping[str, Roles]:
     """``rules`` with an entry for each parameter of a layer with experts that it does not
     name: the attention's, the shared experts' and the routed experts' as their dense
     counterparts', the routed experts' ``experts`` dimension over the ``expert`` role where
     the strategy has one (and that role dropped from their other dimensions: each expert
-    lives on one device of it), the router's ``d_model`` as the norm's."""
+    lives on one device of it), the router's ``d_model`` as the norm's. Folded (``fold``:
+    MoE parallel folding), the ``experts`` dimension is over ``expert`` and ``model``
+    together and both roles are dropped from the others: each expert whole on one device of
+    the group."""
     rules = dict(rules_items)
     out = dict(rules)
-    expert: Entry = Role.EXPERT if Role.EXPERT in roles else None
+    expert: Entry = (
+        (Role.EXPERT, Role.MODEL) if fold else Role.EXPERT if Role.EXPERT in roles else None
+    )
     for name, dense in _MOE_LIKE.items():
         if name in out or dense not in rules:
             continue
         if name.startswith("expert_"):
-            out[name] = (expert, *(_without(e, Role.EXPERT) for e in rules[dense]))
+            kept = [_without(e, Role.EXPERT) for e in rules[dense]]
+            if fold:
+                kept = [_without(e, Role.MODEL) for e in kept]
+            out[name] = (expert, *kept)
         else:
             out[name] = rules[dense]
     if "router" not in out and "attn_norm" in rules:
@@ -349,6 +357,11 @@ class Strategy:
             shards: ``all_gather`` (each layer gathers them whole) or ``ring`` (each shard's
             chunk passed around the ring, ``c - 1`` steps a layer); its JSON key is written
             only for the ring, so a strategy written before the ring reads as it did.
+        expert_fold: expert parallelism folded over ``model`` (MoE parallel folding,
+            Megatron-LM's ``--expert-tensor-parallel-size 1``): the routed experts split over
+            ``expert`` and ``model`` together, each whole, and each sequence's tokens routed
+            in one group a slice of ``model`` (:attr:`Placement.sequence_groups`); its JSON key is
+            written only when folded, so a strategy written before reads as it did.
     """
 
     name: str
@@ -363,6 +376,7 @@ class Strategy:
     optimizer: tuple[tuple[str, Roles], ...] | None = None
     vocab_split: bool = False
     context_comm: ContextComm = ContextComm.ALL_GATHER
+    expert_fold: bool = False
 
     def with_vocab_split(self) -> Strategy:
         """This strategy with the vocabulary split over ``model``: the embedding's and the
@@ -408,17 +422,17 @@ class Strategy:
         return Role.MODEL in self.roles
 
     def param_rules(self) -> Mapping[str, Roles]:
-        return _with_experts(self.params, self.roles)
+        return _with_experts(self.params, self.roles, self.expert_fold)
 
     def grad_rules(self) -> Mapping[str, Roles]:
         if self.grads is None:
             return self.param_rules()
-        return _with_experts(self.grads, self.roles)
+        return _with_experts(self.grads, self.roles, self.expert_fold)
 
     def optimizer_rules(self) -> Mapping[str, Roles]:
         if self.optimizer is None:
             return self.grad_rules()
-        return _with_experts(self.optimizer, self.roles)
+        return _with_experts(self.optimizer, self.roles, self.expert_fold)
 
     @property
     def updates_shards(self) -> bool:
@@ -432,7 +446,7 @@ class Strategy:
         return any(uses_role(roles, Role.DATA) for roles in self.param_rules().values())
 
     def use_rules(self) -> Mapping[str, Roles] | None:
-        return None if self.use is None else _with_experts(self.use, self.roles)
+        return None if self.use is None else _with_experts(self.use, self.roles, self.expert_fold)
 
     def activation_rules(self) -> dict[str, Roles]:
         return dict(self.activations)
@@ -454,6 +468,15 @@ class Strategy:
         """The routed experts of a mixture of experts are split over ``expert``: the strategy
         places only models with experts."""
         return Role.EXPERT in self.roles
+
+    @property
+    def expert_entry(self) -> Entry:
+        """The routed experts' ``experts`` dimension's entry: ``expert``, or folded
+        ``(expert, model)`` (the group a token's all-to-alls span); None without expert
+        parallelism."""
+        if not self.expert_parallel:
+            return None
+        return (Role.EXPERT, Role.MODEL) if self.expert_fold else Role.EXPERT
 
     @property
     def context_parallel(self) -> bool:
@@ -511,6 +534,8 @@ class Strategy:
         out = record_dict(self)
         if self.context_comm == ContextComm.ALL_GATHER:
             del out["context_comm"]  # as written before the ring form
+        if not self.expert_fold:
+            del out["expert_fold"]  # as written before the folded form
         return {
             **out,
             "params": json_value(self.param_rules()),
@@ -584,7 +609,12 @@ def _summary(p: Parallelism) -> str:
     parts = []
     if p.data != DataParallel.NONE:
         parts.append(f"{_DATA_PHRASES[p.data]} on {where}")
-    if p.expert:
+    if p.expert_fold:
+        parts.append(
+            "expert parallel folded on 'expert' x 'model' (each expert whole, ETP 1: MoE "
+            "parallel folding; the batch over 'expert' too)"
+        )
+    elif p.expert:
         parts.append("expert parallel on 'expert' (the batch over it too)")
     if p.tensor == Tensor.TP:
         parts.append("Megatron tensor parallel on 'model'")
@@ -669,12 +699,14 @@ def compose(dims: Parallelism | str) -> Strategy:
         grads=sharded if d == DataParallel.ZERO2 else None,
         optimizer=sharded if d in (DataParallel.ZERO1, DataParallel.ZERO2) else None,
         context_comm=p.context_comm,
+        expert_fold=p.expert_fold,
     )
 
 
 def _compositions() -> list[Parallelism]:
     """Every combination the rule sets compose, in a stable order (data, tensor, context,
-    expert), then the ring forms of the context-parallel ones in the same order."""
+    expert), then the ring forms of the context-parallel ones in the same order, then the
+    folded forms of expert parallelism in the same order."""
     out = []
     for d in DataParallel:
         for t in Tensor:
@@ -691,7 +723,13 @@ def _compositions() -> list[Parallelism]:
                 rings.append(replace(p, context_comm=ContextComm.RING))
             except StrategyError:
                 continue
-    return out + rings
+    folds = []
+    for d in DataParallel:
+        try:
+            folds.append(Parallelism(d, Tensor.SP, expert=True, expert_fold=True))
+        except StrategyError:
+            continue
+    return out + rings + folds
 
 
 #: The strategies named before the dimensions (the presets), in their order.
@@ -1026,24 +1064,39 @@ class Placement:
         rules = self.strategy.activation_rules()
         return self.spec(rules[point]) if point in rules else None
 
+    @property
+    def sequence_groups(self) -> int:
+        """How many groups each sequence's tokens are routed in by a layer with experts: one,
+        or folded (:attr:`Strategy.expert_fold`) one a device of ``model``, its slice of the
+        sequence under sequence parallelism (Megatron-Core routes, and counts a capacity
+        for, each rank's own tokens)."""
+        return self.role_size(Role.MODEL) if self.strategy.expert_fold else 1
+
     def moe_spec(self, point: str) -> Any | None:
         """The spec of a layer with experts' ``point`` (its tokens routed in groups, one per
-        sequence): ``"tokens"`` ``[groups, tokens, d_model]`` and ``"slots"`` ``[experts,
-        groups, slots, d_model]`` over the batch's axes; ``"experts"`` (the slots as the
-        experts take them) with ``experts`` over the ``expert`` axis and the groups over the
-        batch's other axes. Between ``"slots"`` and ``"experts"`` the compiler moves each
-        group's slots to their experts: the all-to-all over ``expert``. ``None`` without
-        activation constraints."""
+        sequence, or folded one per slice of it on a device of ``model``): ``"tokens"``
+        ``[groups, tokens, d_model]`` and ``"slots"`` ``[experts, groups, slots, d_model]``
+        over the batch's axes (folded, and ``model``); ``"experts"`` (the slots as the
+        experts take them) with ``experts`` over the ``expert`` axis (folded, ``expert`` and
+        ``model``) and the groups over the batch's other axes. Between ``"slots"`` and
+        ``"experts"`` the compiler moves each group's slots to their experts: the all-to-all
+        over the experts' axes. ``None`` without activation constraints."""
         if not self.constraints:
             return None
-        batch = self.strategy.batch_entry
+        s = self.strategy
+        batch = s.batch_entry
+        if s.expert_fold:
+            batch = (*entry_roles(batch), Role.MODEL)
         if point == "tokens":
             return self.spec((batch, None, None))
         if point == "slots":
             return self.spec((None, batch, None, None))
         if point == "experts":
-            expert = Role.EXPERT if Role.EXPERT in self.strategy.roles else None
-            return self.spec((expert, _without(batch, Role.EXPERT), None, None))
+            expert = s.expert_entry
+            rest = batch
+            for role in entry_roles(expert):
+                rest = _without(rest, role)
+            return self.spec((expert, rest, None, None))
         raise ValueError(f"unknown point {point!r} of a layer with experts")
 
     def batch_specs(self) -> tuple[Any, Any]:
