@@ -198,9 +198,10 @@ def test_micro_batches_sum_the_weight_gradients_over_context_once(name):
     program = build_reference_program(name, TINY, MESH, mode="train", microbatches=M)
     actual = _audited(program)
     # XLA:CPU all-reduces over context each micro-batch's keys' and values' gradients (2
-    # layers, a quarter of a data shard's sequences each) and loss, and the weights' once.
-    assert actual[(CTX, ALL_REDUCE)][1] == M * 2 * 2 * (KEYS // M) + 2 * LAYER + M * 4
-    assert actual[(DATA, ALL_REDUCE)][1] == 2 * LAYER + M * 4
+    # layers, a quarter of a data shard's sequences each), and the weights' and the f32 loss
+    # (each shard's added up over the micro-batches too) once.
+    assert actual[(CTX, ALL_REDUCE)][1] == M * 2 * 2 * (KEYS // M) + 2 * LAYER + 4
+    assert actual[(DATA, ALL_REDUCE)][1] == 2 * LAYER + 4
 
 
 @pytest.mark.parametrize(("attention", "regather"), [("dense", False), ("blocked", True)])

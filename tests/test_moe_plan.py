@@ -360,7 +360,7 @@ def test_a_jit_expert_parallel_program_reduces_over_expert_per_micro_batch_and_s
     # gains of 64, the router 64 x 8) over 'expert' inside the accumulation loop, once a
     # layer and a micro-batch, and over 'data' once a step, with the experts' own gradients
     # (4 local experts of SwiGLU's 3 x 64 x 64 in each of 2 layers) and the embedding, the
-    # unembedding (256 x 64 each) and the final norm's.
+    # unembedding (256 x 64 each) and the final norm's, and each data shard's float32 loss.
     result = shardscope.plan(
         SMALL, 4, hardware="h100", compiler="cpu", strategies=["dp_ep"], mesh="data=2,expert=2",
         microbatches=2, remat="none", compile_top=1,
@@ -373,6 +373,6 @@ def test_a_jit_expert_parallel_program_reduces_over_expert_per_micro_batch_and_s
     per_layer = [c for c in reduced if c.axes == ("expert",) and c.payload_bytes == layer * 2]
     assert [c.count for c in per_layer] == [2 * 2]  # 2 layers x 2 micro-batches
     (once,) = [c for c in reduced if c.axes == ("data",)]
-    assert (once.count, once.payload_bytes) == (1, (2 * layer + rest + experts) * 2)
+    assert (once.count, once.payload_bytes) == (1, (2 * layer + rest + experts) * 2 + 4)
     (v,) = result.validations
     assert "over 'expert' after each of the 2 micro-batches" in v.explanation

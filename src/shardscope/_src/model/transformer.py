@@ -170,6 +170,11 @@ class Hooks:
         """A weight (one layer's slice for layer weights) at its use."""
         return w
 
+    def norm(self, name: str, x: Any, gain: Any) -> Any:
+        """The RMS norm ``name`` of the residual stream ``x`` ``[batch, seq, d_model]``, by
+        its ``gain`` as :meth:`weight` gives it."""
+        return _norm(x, self.weight(name, gain))
+
     def embed(self, table: Any, tokens: Any) -> Any:
         """The embeddings ``[batch, seq, d_model]`` of ``tokens`` looked up in ``table``
         (the embedding as :meth:`weight` gives it), before :meth:`residual`."""
@@ -180,6 +185,13 @@ class Hooks:
         (under sequence parallelism with the vocabulary split, gathered along the
         sequence)."""
         return x
+
+    def logits(self, name: str, x: Any, w: Any) -> Any:
+        """The logits ``[batch, seq, vocab]`` of the output layer's input ``x`` (after
+        :meth:`logits_input`) by ``w`` as :meth:`weight` gives it: the unembedding
+        ``[d_model, vocab]`` (``name`` ``"unembed"``) or, tied, the embedding ``[vocab,
+        d_model]`` (``"embed"``)."""
+        return jnp.einsum("bsd,dv->bsv" if name == "unembed" else "bsd,vd->bsv", x, w)
 
     def moe(self, point: str, x: Any) -> Any:
         """A layer with experts' ``"tokens"``, ``"slots"`` and ``"experts"`` (see
@@ -243,7 +255,7 @@ def attention(
         return latent_attention(p, x, hooks, impl=impl, block=block)
     with jax.named_scope("attention"):
         normed = checkpoint_name(
-            _norm(x, hooks.weight("attn_norm", p["attn_norm"])), "pre_self_attention_norm"
+            hooks.norm("attn_norm", x, p["attn_norm"]), "pre_self_attention_norm"
         )
         h = hooks.enter("attention", normed)
         qkv = jnp.einsum("bsd,dkgh->bskgh", h, hooks.weight("wqkv", p["wqkv"]))
@@ -286,7 +298,7 @@ def latent_attention(
     rotation itself (element-wise, positions) is not modelled: its dimensions, its matmuls
     and its bytes are."""
     with jax.named_scope("attention"):
-        h = hooks.enter("attention", _norm(x, hooks.weight("attn_norm", p["attn_norm"])))
+        h = hooks.enter("attention", hooks.norm("attn_norm", x, p["attn_norm"]))
         if "wq_a" in p:
             cq = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wq_a", p["wq_a"]))
             cq = _norm(cq, hooks.weight("q_norm", p["q_norm"]))
@@ -541,7 +553,7 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
 
     with jax.named_scope("mlp"):
         normed = checkpoint_name(
-            _norm(x, hooks.weight("mlp_norm", p["mlp_norm"])), "post_self_attention_norm"
+            hooks.norm("mlp_norm", x, p["mlp_norm"]), "post_self_attention_norm"
         )
         h = hooks.enter("mlp", normed)
         if "w_gate_up" in p:
@@ -743,11 +755,9 @@ def forward(
         x, _ = jax.lax.scan(moe_body, x, params["moe_layers"])
 
     if config.vocab is not None:
-        x = hooks.logits_input(_norm(x, hooks.weight("final_norm", params["final_norm"])))
-        if "unembed" in params:
-            x = jnp.einsum("bsd,dv->bsv", x, hooks.weight("unembed", params["unembed"]))
-        else:  # tied: the embedding's transpose
-            x = jnp.einsum("bsd,vd->bsv", x, hooks.weight("embed", params["embed"]))
+        x = hooks.logits_input(hooks.norm("final_norm", x, params["final_norm"]))
+        name = "unembed" if "unembed" in params else "embed"  # tied: the embedding's transpose
+        x = hooks.logits(name, x, hooks.weight(name, params[name]))
     return (x, captured) if capture else x
 
 
@@ -763,16 +773,23 @@ def loss(
 
 
 def loss_from_output(out: Any, targets: Any, config: ModelConfig) -> Any:
-    """The loss of a forward output against its targets (see :func:`loss`)."""
+    """The loss of a forward output against its targets (see :func:`loss`): the mean of
+    :func:`token_losses`."""
+    return jnp.mean(token_losses(out, targets, config))
+
+
+def token_losses(out: Any, targets: Any, config: ModelConfig) -> Any:
+    """Each token's float32 loss ``[batch, seq]``: its output's mean squared error against
+    the target activations, or its cross entropy."""
 
     if config.vocab is None:
         out = out.astype(jnp.float32)
-        return jnp.mean(jnp.square(out - targets.astype(jnp.float32)))
+        return jnp.mean(jnp.square(out - targets.astype(jnp.float32)), axis=-1)
     # Cross entropy as log-sum-exp minus the target's logit, each reduced in float32 from the
     # logits at their own dtype: no float32 copy of the logits is ever stored.
     lse = jax.nn.logsumexp(out.astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(out, targets[..., None], axis=-1)[..., 0]
-    return jnp.mean(lse - picked.astype(jnp.float32))
+    return lse - picked.astype(jnp.float32)
 
 
 def train_step(

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from shardscope._src.base.errors import StrategyError, is_int
 from shardscope._src.base.text import format_spec
 from shardscope._src.model.config import Mode, ModelConfig, param_shapes
+from shardscope._src.model.fused import fused_norm
 from shardscope._src.model.moe import moe_capacity_local
 from shardscope._src.model.transformer import (
     Hooks,
@@ -31,8 +32,10 @@ from shardscope._src.model.transformer import (
     loss,
     loss_from_output,
     ring_attention,
+    token_losses,
 )
 from shardscope._src.sharding.strategies import (
+    PARAM_DIMS,
     STRATEGIES,
     Entry,
     Placement,
@@ -50,13 +53,26 @@ class JitHooks(Hooks):
     """Sharding constraints at the strategy's activation points and weight uses; under
     context parallelism's ring form, the attention core in a ``shard_map`` over the context
     axis (manual over it alone, the compiler placing the rest), each shard running
-    :func:`~shardscope._src.model.transformer.ring_attention` on its part of the sequence."""
+    :func:`~shardscope._src.model.transformer.ring_attention` on its part of the sequence.
 
-    def __init__(self, placement: Placement, *, regather: bool = False) -> None:
+    ``copies``: weights given one copy per model shard (a leading axis over ``model``) under
+    sequence parallelism (:func:`sequence_copies`), each shard's part of the sequence using
+    its own, so that each copy's gradient is that shard's partial one, summed by no
+    collective: a norm's gain, the embedding and the unembedding applied per shard."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        *,
+        regather: bool = False,
+        copies: tuple[str, ...] = (),
+    ) -> None:
         self.placement = placement
         ring = placement.strategy.context_ring
         self._context = placement.entry(Role.CONTEXT) if ring else None
-        uses = [placement.use_spec(n) for n in param_shapes(placement.config)]
+        self._copies = frozenset(copies)
+        self._model = placement.entry(Role.MODEL) if copies else None
+        uses = [self._use_spec(n) for n in param_shapes(placement.config)]
         # Context parallelism's keys and values, whole along the sequence.
         uses.append(placement.activation_spec("keys"))
         self._use_shardings = {placement.sharding(s) for s in uses if s is not None}
@@ -117,11 +133,47 @@ class JitHooks(Hooks):
     def exit(self, scope: str, y: Any) -> Any:
         return self._constrain(y, self.placement.activation_spec("residual"))
 
+    def _use_spec(self, name: str) -> Any:
+        spec = self.placement.use_spec(name)
+        if name not in self._copies:
+            return spec
+        dims = len(PARAM_DIMS[name])
+        return PartitionSpec(self._model, *(tuple(spec) if spec is not None else (None,) * dims))
+
     def weight(self, name: str, w: Any) -> Any:
-        return self._constrain(w, self.placement.use_spec(name))
+        return self._constrain(w, self._use_spec(name))
+
+    def norm(self, name: str, x: Any, gain: Any) -> Any:
+        if name not in self._copies:
+            return super().norm(name, x, gain)
+        # each model shard's part of the sequence by its own copy of the gain [model, d]:
+        # its gradient one sum over the shard's tokens (summing each position's over the
+        # batch first has the compiler reduce every position's over the data axes)
+        b, s, d = x.shape
+        w = self.weight(name, gain)
+        y = fused_norm(x.reshape(b, w.shape[0], s // w.shape[0], d), w[:, None])
+        return y.reshape(b, s, d)
+
+    def embed(self, table: Any, tokens: Any) -> Any:
+        if "embed" not in self._copies:
+            return super().embed(table, tokens)
+        b, s = tokens.shape
+        parts = tokens.reshape(b, table.shape[0], -1)  # [batch, model, seq / model]
+        x = jax.vmap(lambda tab, tok: jnp.take(tab, tok, axis=0), in_axes=(0, 1), out_axes=1)(
+            table, parts
+        )
+        return x.reshape(b, s, -1)
 
     def logits_input(self, x: Any) -> Any:
         return self._constrain(x, self.placement.activation_spec("logits_in"))
+
+    def logits(self, name: str, x: Any, w: Any) -> Any:
+        if name not in self._copies:
+            return super().logits(name, x, w)
+        b, s, d = x.shape
+        parts = x.reshape(b, w.shape[0], -1, d)  # [batch, model, seq / model, d_model]
+        equation = "btsd,tdv->btsv" if name == "unembed" else "btsd,tvd->btsv"
+        return jnp.einsum(equation, parts, w).reshape(b, s, -1)
 
     def moe(self, point: str, x: Any) -> Any:
         return self._constrain(x, self.placement.moe_spec(point))
@@ -149,8 +201,8 @@ class ContextShardHooks(JitHooks):
     context axis): a ``ppermute`` over a ``vmap``'s axis is a permutation of an array's
     dimension, which the compiler partitions into all-gathers, not collective-permutes."""
 
-    def __init__(self, placement: Placement, *, regather: bool = False) -> None:
-        super().__init__(placement, regather=regather)
+    def __init__(self, placement: Placement, **kw: Any) -> None:
+        super().__init__(placement, **kw)
         self._shards: Any = CONTEXT_SHARDS if self._context is None else self._context
 
     def attend(self, q: Any, k: Any, v: Any, positions: Any, core: Any) -> Any:
@@ -362,8 +414,10 @@ def build_reference_program(
         microbatches: train mode, jit: split each data shard's sequences into this many
             micro-batches, run them one after another (``lax.scan``) and accumulate the
             gradients, stored as the strategy stores gradients (ZeRO-2: data-sharded);
-            gradients replicated over data or context shards are accumulated on each shard
-            and summed over them once, after the last micro-batch (:func:`accumulated_roles`).
+            gradients replicated over data or context shards (under sequence parallelism,
+            the model shards' partial gradients of the norms' gains and the embeddings) and
+            the loss are accumulated on each shard and summed over them once, after the last
+            micro-batch (:func:`accumulated_roles`).
         regather: train mode, jit: weights gathered at use (FSDP) are gathered again for the
             backward instead of kept (PyTorch FSDP's ``reshard_after_forward``, ZeRO-3: every
             layer's gathered weights never live at once); the default keeps them, the least
@@ -444,12 +498,17 @@ def build_reference_program(
             def objective(params: Any, batch: Any) -> Any:
                 return loss(params, batch, config, hooks)
 
-            mapped = accumulated_roles(placement)
             hook_type = ContextShardHooks if local_context(placement) else JitHooks
-            shard_hooks = hook_type(_per_shard(placement, mapped), regather=regather)
+            shard_hooks = hook_type(
+                _per_shard(placement, mapped_roles(placement)),
+                regather=regather,
+                copies=sequence_copies(placement, microbatches),
+            )
 
             def shard_objective(params: Any, batch: Any) -> Any:
-                return loss(params, batch, config, shard_hooks)
+                out = forward(params, batch[0], config, shard_hooks)
+                per_token = token_losses(out, batch[1], config)
+                return jnp.mean(per_token), _loss_parts(placement, per_token, microbatches)
 
             run = _train_step(placement, objective, microbatches, shard_objective)
     else:
@@ -567,11 +626,72 @@ def local_context(placement: Placement) -> tuple[str, ...]:
     return (Role.CONTEXT,)
 
 
-def accumulated_roles(placement: Placement) -> tuple[str, ...]:
-    """The roles the reference train step with micro-batches maps its objective over, each
-    device accumulating its own partial gradients, summed over them once per step:
-    :func:`local_roles` and :func:`local_context`."""
+def local_sequence(placement: Placement) -> tuple[str, ...]:
+    """``("model",)`` under sequence parallelism, where each model shard holds part of every
+    sequence between the sublayers, so that the weights used there unsplit over ``model``
+    (:func:`sequence_copies`: the norms' gains, the embedding and the unembedding unless the
+    vocabulary is split) get partial gradients on each shard, and the loss a partial sum:
+    each model shard adds up its own over the micro-batches and they are summed over
+    ``model`` once per step, as Megatron-LM's ``finalize_model_grads`` all-reduces the
+    sequence-parallel norms' gradients over the tensor-parallel group once (its
+    ``_allreduce_layernorm_grads``); ``()`` otherwise, and for a mixture of experts (its
+    router sees the sequence shards too)."""
+    s = placement.strategy
+    if not s.sequence_parallel or placement.config.is_moe:
+        return ()
+    return (Role.MODEL,)
+
+
+#: The weights used on the residual stream, which sequence parallelism splits along the
+#: sequence over ``model``: the norms before each sublayer and before the output layer, the
+#: embedding and the unembedding. (A latent attention's norms and down-projections see the
+#: sequence gathered.)
+_ON_THE_SEQUENCE = ("attn_norm", "mlp_norm", "final_norm", "embed", "unembed")
+
+
+def sequence_copies(placement: Placement, microbatches: int = 2) -> tuple[str, ...]:
+    """The weights whose gradients the reference train step with ``microbatches`` adds up
+    per model shard (:func:`local_sequence`, :class:`JitHooks`' ``copies``): those of
+    :data:`_ON_THE_SEQUENCE` the model has and uses unsplit over ``model``; none with one
+    micro-batch (a step then sums each gradient once anyway)."""
+    if microbatches == 1 or not local_sequence(placement):
+        return ()
+    use = placement.strategy.use_rules() or placement.strategy.param_rules()
+    shapes = param_shapes(placement.config)
+    return tuple(n for n in _ON_THE_SEQUENCE if n in shapes and not uses_role(use[n], Role.MODEL))
+
+
+def mapped_roles(placement: Placement) -> tuple[str, ...]:
+    """The roles the reference train step with micro-batches maps its objective over (a
+    ``vmap`` or a ``shard_map`` a shard), each shard's gradients its own: :func:`local_roles`
+    and :func:`local_context`."""
     return local_roles(placement) + local_context(placement)
+
+
+def accumulated_roles(placement: Placement) -> tuple[str, ...]:
+    """The roles over which the reference train step with micro-batches has each device
+    accumulate its own partial gradients (and loss), summed over them once per step: those
+    it maps its objective over (:func:`mapped_roles`) and, under sequence parallelism,
+    ``model`` for the weights of :func:`sequence_copies` (:func:`local_sequence`)."""
+    return mapped_roles(placement) + local_sequence(placement)
+
+
+def _loss_parted(placement: Placement, microbatches: int) -> bool:
+    """Whether each model shard adds up its own part of the loss (:func:`_loss_parts`):
+    where it adds up its own gradients (:func:`sequence_copies`) and scores its own tokens
+    (the vocabulary split scores every token on each shard)."""
+    return bool(sequence_copies(placement, microbatches)) and not placement.strategy.vocab_split
+
+
+def _loss_parts(placement: Placement, per_token: Any, microbatches: int) -> Any:
+    """The mean of ``per_token`` (``[batch, seq]``, one shard's) as its model shards'
+    partial sums ``[model]`` where each holds part of the sequence and adds up its own
+    (:func:`_loss_parted`), else the mean."""
+    if not _loss_parted(placement, microbatches):
+        return jnp.mean(per_token)
+    b, seq = per_token.shape
+    t = placement.role_size(Role.MODEL)
+    return per_token.reshape(b, t, seq // t).sum(axis=(0, 2)) / per_token.size
 
 
 def accumulates_locally(placement: Placement) -> bool:
@@ -611,11 +731,13 @@ def _train_step(
     """``(params, batch) -> (loss, grads)``, or ``(loss, new_params)`` for ZeRO-1/-2.
 
     With micro-batches, a strategy whose gradients are replicated over some of the batch's
-    axes or over the context axis (:func:`accumulates_locally`) maps ``shard_objective`` over
-    those shards: each device adds up its own shard's gradients (under context parallelism,
-    those of its part of each sequence), unreduced over them, and they are summed over those
-    axes once, after the last micro-batch. (Accumulating the summed gradient instead makes
-    the compiler all-reduce every micro-batch's.)"""
+    axes or over the context axis, or partial over the model axis under sequence parallelism
+    (:func:`accumulates_locally`), maps ``shard_objective`` over those shards: each device
+    adds up its own shard's gradients (under context parallelism, those of its part of each
+    sequence; under sequence parallelism, those of the weights of :func:`sequence_copies`
+    from its part of each sequence) and loss, unreduced over them, and they are summed over
+    those axes once, after the last micro-batch. (Accumulating the summed gradient instead
+    makes the compiler all-reduce every micro-batch's.)"""
 
     wsc = jax.lax.with_sharding_constraint
     grad_sh = jax.tree.map(bound.sharding, bound.grad_specs())
@@ -682,9 +804,13 @@ def _local_accumulation(
     bound: Placement, shard_objective: Callable[[Any, Any], Any], m: int
 ) -> Callable[[Any, Any], Any]:
     """The train step of :func:`_train_step` that accumulates per shard of
-    :func:`local_roles` (the data shards; HSDP's replicas) and of :func:`local_context` (the
+    :func:`local_roles` (the data shards; HSDP's replicas), of :func:`local_context` (the
     context shards: ``shard_objective``, with :class:`ContextShardHooks`, mapped over each
-    one's part of every sequence, named :data:`CONTEXT_SHARDS`)."""
+    one's part of every sequence, named :data:`CONTEXT_SHARDS`) and of
+    :func:`local_sequence` (the model shards, for the weights of :func:`sequence_copies`:
+    ``shard_objective`` takes one copy of each per model shard, and its hooks give each
+    shard's part of the sequence its own). ``shard_objective`` returns ``(loss, parts)``:
+    ``parts`` the loss's, summed over the shards with the gradients, once."""
     wsc = jax.lax.with_sharding_constraint
     roles = local_roles(bound)
     data = bound.entry(roles)
@@ -693,29 +819,66 @@ def _local_accumulation(
     inner = bound.entry(tuple(r for r in bound.strategy.batch_roles if r not in roles))
     cp = local_context(bound)
     context, c = bound.entry(cp), bound.role_size(cp)
+    mapped = bool(mapped_roles(bound))
     # Each partial gradient's leading axes: one per data shard [d, ...], and one per context
     # shard [d, c, ...], over their mesh axes.
-    shards = (data, context) if cp else (data,)
+    shards = (data, context) if cp else (data,) if mapped else ()
+    lead = (d, c) if cp else (d,) if mapped else ()
+    copies = sequence_copies(bound, m)
+    sp = local_sequence(bound)
+    model, t = bound.entry(sp), bound.role_size(sp)
+    # the loss of each shard, and of each of its model shards where they add up their own
+    loss_parts = (t,) if _loss_parted(bound, m) else ()
+    loss_sh = bound.sharding(PartitionSpec(*shards, *(model for _ in loss_parts)))
+
+    def copied(path: Any) -> int | None:
+        # the axis of a weight's copies (after the layers'), or None for a weight not copied
+        name = path[-1].key
+        return None if name not in copies else len(path) - 1
+
+    def with_copies(path: Any, spec: Any) -> Any:
+        axis = copied(path)
+        return spec if axis is None else PartitionSpec(*spec[:axis], model, *spec[axis:])
+
     grad_specs = bound.grad_specs()
     grad_sh = jax.tree.map(bound.sharding, grad_specs)
-    partial_sh = jax.tree.map(lambda s: bound.sharding(PartitionSpec(*shards, *s)), grad_specs)
+    partial_sh = jax.tree_util.tree_map_with_path(
+        lambda path, s: bound.sharding(PartitionSpec(*shards, *with_copies(path, s))), grad_specs
+    )
+    param_specs = bound.param_specs()
+    copies_sh = jax.tree_util.tree_map_with_path(
+        lambda path, s: bound.sharding(with_copies(path, s)), param_specs
+    )
 
     def by_shard(x: Any) -> Any:
         # [B, ...] -> [m, d, B/(m d), ...]: micro-batch i of shard j holds that shard's own
         # sequences (as the plain accumulation splits them), so nothing moves.
         x = x.reshape(d, x.shape[0] // (d * m), m, *x.shape[1:])
         x = jnp.moveaxis(x, 2, 0)
+        if not mapped:
+            return wsc(x[:, 0], bound.sharding(PartitionSpec(None, inner)))
         if not cp:
             return wsc(x, bound.sharding(PartitionSpec(None, data, inner)))
         # -> [m, d, c, B/(m d), S/c, ...]: context shard k holds the k-th part of each
         # sequence (split over 'model' in turn under sequence parallelism), as it is placed.
         x = x.reshape(*x.shape[:3], c, x.shape[3] // c, *x.shape[4:])
         x = jnp.moveaxis(x, 3, 2)
-        seq = _per_shard(bound, accumulated_roles(bound)).batch_specs()[0][1]
+        seq = _per_shard(bound, mapped_roles(bound)).batch_specs()[0][1]
         return wsc(x, bound.sharding(PartitionSpec(None, data, context, inner, seq)))
 
+    def copy(path: Any, p: Any) -> Any:
+        axis = copied(path)
+        if axis is None:
+            return p
+        return jnp.broadcast_to(jnp.expand_dims(p, axis), (*p.shape[:axis], t, *p.shape[axis:]))
+
     def run(params: Any, batch: Any) -> Any:
-        one = jax.value_and_grad(shard_objective)
+        params = wsc(jax.tree_util.tree_map_with_path(copy, params), copies_sh)
+
+        def one(params: Any, batch: Any) -> Any:
+            (_, parts), grads = jax.value_and_grad(shard_objective, has_aux=True)(params, batch)
+            return parts, grads
+
         if cp and bound.strategy.context_ring:
             per_shard = _over_shards(bound, one, (data, context))
         else:
@@ -723,29 +886,33 @@ def _local_accumulation(
                 one = jax.vmap(
                     one, in_axes=(None, 0), spmd_axis_name=context, axis_name=CONTEXT_SHARDS
                 )
-            per_shard = jax.vmap(one, in_axes=(None, 0), spmd_axis_name=data)
+            per_shard = jax.vmap(one, in_axes=(None, 0), spmd_axis_name=data) if mapped else one
 
         def step(carry: Any, mb: Any) -> Any:
             total, acc = carry
-            values, grads = per_shard(params, mb)
+            parts, grads = per_shard(params, mb)
             acc = jax.tree.map(lambda a, g: a + g, acc, grads)
-            return (total + values.sum(), wsc(acc, partial_sh)), None
+            return (wsc(total + parts, loss_sh), wsc(acc, partial_sh)), None
 
-        lead = (d, c) if cp else (d,)
         zeros = jax.tree.map(lambda p: jnp.zeros((*lead, *p.shape), p.dtype), params)
         zeros = wsc(zeros, partial_sh)
         inputs, targets = by_shard(batch[0]), by_shard(batch[1])
-        (total, acc), _ = jax.lax.scan(step, (jnp.float32(0.0), zeros), (inputs, targets))
+        start = wsc(jnp.zeros((*lead, *loss_parts), jnp.float32), loss_sh)
+        (total, acc), _ = jax.lax.scan(step, (start, zeros), (inputs, targets))
         n = d * c * m
 
-        def reduce(g: Any) -> Any:
+        def reduce(path: Any, g: Any) -> Any:
             # Summed at the gradients' own dtype: jnp.sum computes a 16-bit sum in float32,
             # and the compiler then all-reduces float32, twice the bytes (seen on XLA:GPU).
             for _ in lead:
-                g = _sum_first(g)
+                g = _sum_axis(g)
+            axis = copied(path)
+            if axis is not None:
+                g = _sum_axis(g, axis)
             return g / jnp.asarray(n, g.dtype)
 
-        return total / n, wsc(jax.tree.map(reduce, acc), grad_sh)
+        grads = jax.tree_util.tree_map_with_path(reduce, acc)
+        return jnp.sum(total) / n, wsc(grads, grad_sh)
 
     if not bound.strategy.updates_shards:
         return run
@@ -768,7 +935,7 @@ def _over_shards(
     def body(params: Any, batch: Any) -> Any:
         value, grads = one(params, jax.tree.map(lambda x: x.reshape(x.shape[n:]), batch))
         ones = (1,) * n
-        return value.reshape(ones), jax.tree.map(lambda g: g.reshape(*ones, *g.shape), grads)
+        return jax.tree.map(lambda x: x.reshape(*ones, *x.shape), (value, grads))
 
     return jax.shard_map(
         body,
@@ -783,9 +950,9 @@ def _over_shards(
     )
 
 
-def _sum_first(x: Any) -> Any:
-    """``x`` summed over its first axis in its own dtype."""
-    return jax.lax.reduce(x, jnp.zeros((), x.dtype), jax.lax.add, (0,))
+def _sum_axis(x: Any, axis: int = 0) -> Any:
+    """``x`` summed over its axis ``axis`` in its own dtype."""
+    return jax.lax.reduce(x, jnp.zeros((), x.dtype), jax.lax.add, (axis,))
 
 
 def _gathers_at_use(placement: Placement) -> dict[str, tuple[tuple[int, tuple[str, ...]], ...]]:

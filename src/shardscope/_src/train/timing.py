@@ -621,13 +621,17 @@ def step_bound(
 ) -> Bound:
     """The communication one step of ``placement``'s program needs under ``schedule``:
     :func:`~shardscope._src.bounds.transformer.transformer_bound` of one micro-batch, repeated
-    per micro-batch, except the terms a step runs once (the all-reduce of replicated gradients
-    and of the loss, ZeRO's gather of the updated parameters, and a reduce-scatter of
-    gradients that each device adds up over the micro-batches: ZeRO-1's, which the reference
-    program accumulates locally and reduces once a step, as Megatron-LM's distributed
-    optimizer does, over the data axes and, under context parallelism, the context axis too:
-    each context shard adds up the partial gradients of its part of the sequences,
-    :func:`~shardscope._src.sharding.programs.accumulated_roles`);
+    per micro-batch, except the terms a step runs once: ZeRO's gather of the updated
+    parameters, the all-reduce of replicated gradients and of the loss, and a reduce-scatter
+    of gradients that each device adds up over the micro-batches: ZeRO-1's, which the
+    reference program accumulates locally and reduces once a step, as Megatron-LM's
+    distributed optimizer does, over the data axes and, under context parallelism, the
+    context axis too: each context shard adds up the partial gradients of its part of the
+    sequences (:func:`~shardscope._src.sharding.programs.accumulated_roles`). Under sequence
+    parallelism the sums over ``model`` (the norms' gains, the loss) are once a step where
+    each model shard adds up its own, as Megatron-LM's ``finalize_model_grads`` sums the
+    norms' (:func:`~shardscope._src.sharding.programs.local_sequence`), and after every
+    micro-batch where the program sums them so (a mixture of experts);
     under full recomputation (and offload) the recomputed forward's collectives again;
     otherwise the layers' FSDP gathers again for the backward, and context parallelism's keys
     and values. ``parts``: what earlier calls on the same placement and mode worked out (one
@@ -642,7 +646,13 @@ def step_bound(
             known[key] = make()
         return cast(_T, known[key])
 
+    model = set(placement.axes.get(Role.MODEL, ()))
+
     def once(t: Term) -> bool:
+        if t.role.sums_token_shards and set(t.axes) & model:
+            # sequence parallelism's sums over 'model': once where each model shard adds up
+            # its own over the micro-batches, else after every micro-batch
+            return model <= local
         scattered_once = t.role == TermRole.GRADIENT_SCATTER and set(t.axes) <= local
         return t.role.once_per_step or scattered_once
 
