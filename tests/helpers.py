@@ -173,6 +173,19 @@ def one_device_step(config):
     return jax.jit(jax.value_and_grad(loss), static_argnums=2)(params, batch, config)
 
 
+def assert_one_device_step(loss, grads, config) -> None:
+    """``loss`` and ``grads`` are the reference decoder's train step on one device's
+    (:func:`one_device_step`), within the tolerance of ``config``'s dtype."""
+    import jax
+
+    from shardscope._src.sharding.numerics import TOLERANCES, relative_error
+
+    want_loss, want_grads = one_device_step(config)
+    assert relative_error(loss, want_loss) <= TOLERANCES[config.dtype]
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        assert relative_error(got, want) <= TOLERANCES[config.dtype]
+
+
 def max_error(a, b) -> float:
     """The largest absolute difference between two pytrees of arrays, in float32 (on the
     host: no compile per shape)."""

@@ -42,7 +42,7 @@ BAD: list[tuple[list[str], str]] = [
     (["audit", "reshard", "--mesh", "model=5"], "5"),
     (["audit", "reshard", "--devices", "4"], "give --devices 8 or a smaller mesh"),
     (["audit", "transformer"], "--strategy"),
-    (["audit", "transformer", "--strategy", "zz"], "invalid choice: 'zz'"),
+    (["audit", "transformer", "--strategy", "zz"], "unknown strategy 'zz'; choose a preset"),
     (["audit", "transformer", "--strategy", "tp", "--heads", "3"], "heads"),
     (["audit", "transformer", "--strategy", "tp", "--dtype", "int8"], "int8"),
     (["audit", "transformer", "--strategy", "tp", "--mode", "sideways"], "invalid choice"),

@@ -8,11 +8,10 @@ shardscope.use_cpu_devices(8)
 
 from dataclasses import replace  # noqa: E402
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from helpers import assert_usage_error, one_device_step  # noqa: E402
+from helpers import assert_one_device_step, assert_usage_error  # noqa: E402
 from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER  # noqa: E402
 from shardscope._src.base.errors import StrategyError  # noqa: E402
@@ -214,10 +213,7 @@ def test_micro_batched_context_shards_compute_what_one_device_computes(attention
         "dp_cp", config, MESH, mode="train", microbatches=M, regather=regather
     )
     loss, grads = program.fn(*program.example_args())
-    want_loss, want_grads = one_device_step(config)
-    assert relative_error(loss, want_loss) <= TOLERANCES[config.dtype]
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
-        assert relative_error(got, want) <= TOLERANCES[config.dtype]
+    assert_one_device_step(loss, grads, config)
 
 
 def test_the_step_bound_reduces_over_context_once_where_the_program_does():

@@ -8,10 +8,9 @@ shardscope.use_cpu_devices(8)
 
 from dataclasses import replace  # noqa: E402
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import one_device_step  # noqa: E402
+from helpers import assert_one_device_step  # noqa: E402
 from shardscope._src.audit.compile import audit  # noqa: E402
 from shardscope._src.base.comm import ALL_GATHER, COLLECTIVE_PERMUTE  # noqa: E402
 from shardscope._src.base.errors import StrategyError  # noqa: E402
@@ -99,10 +98,7 @@ def test_the_forward_passes_chunks_around_the_ring_and_gathers_nothing():
 
 def test_the_micro_batched_ring_computes_what_one_device_computes(micro_batched):
     loss, grads = micro_batched.fn(*micro_batched.example_args())
-    want_loss, want_grads = one_device_step(TINY)
-    assert relative_error(loss, want_loss) <= TOLERANCES[TINY.dtype]
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
-        assert relative_error(got, want) <= TOLERANCES[TINY.dtype]
+    assert_one_device_step(loss, grads, TINY)
 
 
 def test_the_train_steps_permutes_are_the_step_bounds(micro_batched):

@@ -219,7 +219,7 @@ def test_a_combination_the_rules_do_not_compose_is_named_with_the_fix():
         get_strategy("hsdp_ep_tp")
     with pytest.raises(StrategyError, match=r"unknown strategy 'sp_dp'.*'dp' does not read"):
         Parallelism.parse("sp_dp")
-    with pytest.raises(StrategyError, match=r"unknown strategy 'sp_dp'; choose one of"):
+    with pytest.raises(StrategyError, match=r"unknown strategy 'sp_dp'; choose a preset"):
         get_strategy("sp_dp")
     with pytest.raises(StrategyError, match=r"ep_sp: expert parallelism composes with"):
         get_strategy("ep_sp")

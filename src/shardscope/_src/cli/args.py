@@ -10,6 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from shardscope._src.base.comm import parse_bytes
+from shardscope._src.base.errors import StrategyError
+from shardscope._src.sharding.strategies import get_strategy
+
+
+def strategy_name(text: str) -> str:
+    """A strategy's name (argparse type): a preset or a composition by the naming rule
+    (:func:`~shardscope._src.sharding.strategies.get_strategy`'s), refused in its words."""
+    try:
+        get_strategy(text)
+    except StrategyError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _whole(text: str) -> int:

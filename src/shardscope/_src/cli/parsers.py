@@ -22,6 +22,7 @@ from shardscope._src.cli.args import (
     positive_float,
     positive_int,
     positive_number,
+    strategy_name,
 )
 from shardscope._src.cli.config import (
     AuditConfig,
@@ -50,7 +51,6 @@ from shardscope._src.plan.request import (
     ServeRequest,
     SuggestRequest,
 )
-from shardscope._src.sharding.strategies import ALL_STRATEGIES
 from shardscope._src.targets.hardware import PRESETS
 from shardscope._src.targets.specs import TARGETS
 
@@ -355,7 +355,13 @@ def _add_audit_transformer(programs: argparse._SubParsersAction) -> None:
     )
     _audit_options(tf, AuditTransformerConfig, None)
     _target_option(tf)
-    tf.add_argument("--strategy", required=True, choices=list(ALL_STRATEGIES), help="the strategy")
+    tf.add_argument(
+        "--strategy",
+        required=True,
+        type=strategy_name,
+        help="the strategy: a preset (dp_tp, fsdp_sp, ...) or a composition of the dimensions "
+        "named by their parts (zero1_sp_cp_ring, zero1_ep_tp, ...)",
+    )
     tf.add_argument("--layers", type=positive_int, default=None, help="decoder layers (default 2)")
     tf.add_argument("--mode", choices=list(MODES), default=Mode.FORWARD)
     tf.add_argument(

@@ -752,8 +752,10 @@ def get_strategy(name: str | Strategy) -> Strategy:
         if why is not None:
             raise StrategyError(why, param="strategy")
         raise StrategyError(
-            f"unknown strategy {name!r}; choose one of {', '.join(ALL_STRATEGIES)} (a name is "
-            f"its dimensions' parts in the order data, ep, tp or sp, cp)"
+            f"unknown strategy {name!r}; choose a preset ({', '.join(STRATEGIES)}) or name a "
+            f"composition by its dimensions' parts in the order data (dp, zero1, zero2, fsdp, "
+            f"hsdp), ep (ep_fold under sp), tp or sp, cp (cp_ring), joined by '_' (e.g. "
+            f"zero1_sp_cp_ring)"
         )
     return ALL_STRATEGIES[name]
 
