@@ -162,7 +162,8 @@ class WeightRead(NamedTuple):
     experts: bool
 
 
-def weight_reads(config: ModelConfig, layout: Layout) -> list[WeightRead]:
+@functools.cache
+def weight_reads(config: ModelConfig, layout: Layout) -> tuple[WeightRead, ...]:
     """The weights' matmul kernels a step of one device runs (:func:`weight_gemms`'
     matmuls), each kind a :class:`WeightRead`; a layer's routed experts one grouped kernel
     of each of their weights (the device's experts together, as servers' fused MoE kernels
@@ -174,10 +175,10 @@ def weight_reads(config: ModelConfig, layout: Layout) -> list[WeightRead]:
     ...     (4096 * 6144 // 2, 32), (2048 * 4096, 32)]
     True
     """
-    return [
+    return tuple(
         WeightRead(g.n * g.k * group, g.times // group, name in EXPERT_PARAMS)
         for name, g, group in _weight_matmuls(config, layout, 1)
-    ]
+    )
 
 
 def _weight_matmuls(
