@@ -99,6 +99,10 @@ def test_a_mixtures_experts_run_in_fp8_and_its_router_in_16_bits():
     # reads of the 16-bit tensor and the write of its fp8 copy
     forward = TOKENS * (H + H + SLOTS * H + SLOTS * F) + projections + 3 * H * F
     assert work.cast_bytes == pytest.approx(MOE.layers * forward * (2 * 2 + 1), rel=1e-12)
+    # backward: the gradients entering the projections (3h, h) and the experts (each slot's
+    # up-projections' 2f and down-projection's h), and the weights again
+    backward = TOKENS * (3 * H + H + SLOTS * 2 * F + SLOTS * H) + projections + 3 * H * F
+    assert work.cast_bwd_bytes == pytest.approx(MOE.layers * backward * (2 * 2 + 1), rel=1e-12)
     # and the experts' weights are read as their fp8 copies: one expert's a device
     assert work.expert_weight_bytes == MOE.layers * 3 * H * F
     ranked, _, _ = screen_all(MOE, 8, hardware("h100"), ["ep"], matmul_dtype="fp8")

@@ -851,20 +851,21 @@ def fp8_cast_elements_per_layer(
     # the routed slots' inputs whole on each device of the model axis, or folded (MoE
     # parallel folding) those of its own slice of the tokens
     routed = slots / t if placement.strategy.expert_fold else slots
-    moe_skipped = {
-        "qkv": skipped["qkv"],
-        "out": skipped["out"],
-        "mlp_in": tokens * (routed + (1 if shared else 0)) * c.d_model
-        + routed_in
-        + shared * c.d_model * up_e / t,
-        "mlp_out": tokens * (slots + shared) * f / t + routed_out + shared * f * c.d_model / t,
+    # each projection's input and its weights (the experts' as the device reads them)
+    moe_inputs = {
+        "qkv": tokens * c.d_model,
+        "out": tokens * q_dim / t,
+        "mlp_in": tokens * (routed + (1 if shared else 0)) * c.d_model,
+        "mlp_out": tokens * (slots + shared) * f / t,
     }
-    moe_forward = sum(v for k, v in moe_skipped.items() if k not in kept)
-    moe_weights = sum(moe_skipped.values()) - tokens * (
-        2 * c.d_model + q_dim / t + (routed + (1 if shared else 0)) * c.d_model
-        + (slots + shared) * f / t
-    )  # fmt: skip
-    moe_backward = moe_weights + tokens * (
+    moe_weights = {
+        "qkv": c.d_model * (q_dim + 2 * kv_dim) / t,
+        "out": q_dim * c.d_model / t,
+        "mlp_in": routed_in + shared * c.d_model * up_e / t,
+        "mlp_out": routed_out + shared * f * c.d_model / t,
+    }
+    moe_forward = sum(moe_inputs[k] + moe_weights[k] for k in moe_inputs if k not in kept)
+    moe_backward = sum(moe_weights.values()) + tokens * (
         (q_dim + 2 * kv_dim) / t + c.d_model + (slots + shared) * up_e / t
         + (routed + (1 if shared else 0)) * c.d_model
     )  # fmt: skip
