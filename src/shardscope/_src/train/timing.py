@@ -140,7 +140,7 @@ from shardscope._src.cost.links import (
     stage_bandwidth,
 )
 from shardscope._src.mesh import mesh_axes
-from shardscope._src.model.config import EXPERT_PARAMS, Mode, ModelConfig, Remat, param_shapes
+from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.model.remat import PROJECTIONS, remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
@@ -149,6 +149,7 @@ from shardscope._src.plan.estimates import (
     Schedule,
     activation_bytes_per_layer,
     check_matmul_dtype,
+    expert_weight_elements,
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
     logits_model_split,
@@ -820,7 +821,7 @@ def step_work(
         attention_rerun_flops=rerun if flash_attention else 0.0,
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
-        expert_weight_kernels=c.moe_layers * sum(1 for n in EXPERT_PARAMS if n in param_shapes(c)),
+        expert_weight_kernels=c.moe_layers * len(expert_weight_elements(placement)),
         **_ring_work(placement, c.layers * core, rerun),
     )
 
