@@ -309,11 +309,15 @@ def weights_read_seconds(
     return seconds
 
 
-def cache_read_seconds(hw: Hardware, config: ModelConfig, nbytes: float) -> float:
+def cache_read_seconds(
+    hw: Hardware, config: ModelConfig, nbytes: float, whole: float | None = None
+) -> float:
     """The time one device's attention takes to read ``nbytes`` of its cache in a decode
-    step: a kernel a layer, each its layer's share of it, at the share of the bandwidth a
-    kernel of that size reaches (:func:`~shardscope._src.cost.compute.matmul_read_seconds`)."""
-    return matmul_read_seconds(hw, nbytes, nbytes / config.layers)
+    step: a kernel a layer, each reading its layer's share of the ``whole`` cache (``nbytes``
+    where None; a sequence's part of it reads at the pace of the whole read), at the share
+    of the bandwidth a kernel of that size reaches
+    (:func:`~shardscope._src.cost.compute.matmul_read_seconds`)."""
+    return matmul_read_seconds(hw, nbytes, (nbytes if whole is None else whole) / config.layers)
 
 
 class Kernels(NamedTuple):

@@ -27,7 +27,7 @@ from typing import Any
 
 from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.base.errors import PlanError
-from shardscope._src.cost.compute import launch_seconds, matmul_read_seconds
+from shardscope._src.cost.compute import launch_seconds
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -38,6 +38,7 @@ from shardscope._src.serve.compiled import compile_decode, compile_prefill
 from shardscope._src.serve.estimate import (
     Held,
     batch_sizes,
+    cache_read_seconds,
     estimate_plan,
     holds,
     largest_batch,
@@ -551,9 +552,8 @@ def _sequence_s(config: ModelConfig, hw: Hardware, weights: str, plan: ServePlan
     per_replica = plan.batch // plan.replicas
     host = get_engine(plan.engine)
     host_s = 0.0 if host.overlapped else host.sequence_s
-    # its part of each layer's cache read, at the bandwidth of the layer's whole read
     whole = plan.cache_bytes_per_device
-    cached = matmul_read_seconds(hw, whole / per_replica, whole / config.layers)
+    cached = cache_read_seconds(hw, config, whole / per_replica, whole)
     if plan.step_source is StepSource.ESTIMATED:
         return cached + host_s
     untouched = untouched_share(config, plan.layout, plan.batch)
