@@ -152,6 +152,12 @@ def _from_judged(row: calibration.Row, measured_from: str) -> MoeRun:
     )
 
 
+#: The model zoo's "recompute norm, act": Megatron-Core's selective recomputation of the
+#: norms' outputs and the experts' activation (``--recompute-granularity selective
+#: --recompute-modules layernorm moe_act``).
+ZOO_NORM_ACT = "megatron:moe_act,layernorm"
+
+
 def _zoo_235b(
     layout: str,
     measured_s: float,
@@ -170,12 +176,12 @@ def _zoo_235b(
     folding), with the distributed optimizer and sequence parallelism (the zoo's
     ``model_configs/benchmarking/Qwen3-235B-A22B.yaml``): ``zero1_ep_fold_sp`` on
     ``stage=pp,data=edp,expert=ep/tp,model=tp``, the dense weights' optimizer state over
-    ``data x expert`` (its DP), the experts' over ``data`` (its EDP)."""
+    ``data x expert`` (its DP), the experts' over ``data`` (its EDP). ``recompute`` is the
+    readme's column as written: ``"norm, act"`` is Megatron's ``--recompute-modules
+    layernorm moe_act`` (:data:`ZOO_NORM_ACT`)."""
     data = 256 // pp // tp
     edp = data * tp // ep
     instead = []
-    if recompute != "none":
-        instead.append(f"no recomputation (the run recomputes {recompute} only)")
     if note:
         instead.append(note)
     return MoeRun(
@@ -188,7 +194,7 @@ def _zoo_235b(
         "zero1_ep_fold_sp",
         (("stage", pp), ("data", edp), ("expert", ep // tp), ("model", tp)),
         2048 // data,
-        "none",
+        ZOO_NORM_ACT if recompute == "norm, act" else recompute,
         vp,
         overrides=CUDNN,
         instead=tuple(instead),

@@ -395,7 +395,10 @@ def remat_tensors() -> Any:
         "context": "heads x head_dim / t",
         "out_proj": "h",
         "post_self_attention_norm": "h",
+        "expert_input": "cf k x h (a layer with experts; none in a dense one)",
         "mlpwi": "2 ff / t (SwiGLU), ff / t (GELU)",
+        "mlp_act": "ff / t (a layer with experts: the shared experts' expert_ff / t each)",
+        "expert_act": "cf k x expert_ff / t (a layer with experts; none in a dense one)",
         "mlpwo": "h",
     }
     return markdown(("tensor", "what it is", "elements per token"),

@@ -18,7 +18,8 @@ weights sum to one. The router runs in ``jax.named_scope("moe/router")``, the di
 ``("moe/dispatch")``, the experts in ``("moe/experts")`` and the combine in
 ``("moe/combine")``, so that the audit names their collectives. The experts' up-projections
 over their slots are named ``mlpwi`` and their down-projections ``mlpwo`` (``checkpoint_name``,
-MaxText's names in its MoE block), so that a recomputation policy by named tensor keeps,
+MaxText's names in its MoE block), their input ``expert_input`` and their activation
+``expert_act``, so that a recomputation policy by named tensor keeps,
 offloads or recomputes them as it does a dense MLP's.
 """
 
@@ -71,12 +72,14 @@ def _expert_mlp(x: Any, w_in: Any, w_down: Any, weight: Any = None) -> Any:
     before the down-projection (:func:`~shardscope._src.model.fused.weighted_swiglu`), so the
     outputs need not be kept to differentiate the weights."""
     with jax.named_scope("moe/experts"):
+        x = checkpoint_name(x, "expert_input")
         if w_in.ndim == 4:
             h = checkpoint_name(jnp.einsum("ecd,edtf->ectf", x, w_in), "mlpwi")
             u = fused_swiglu(h) if weight is None else fused_weighted_swiglu(h, weight)
         else:
             h = checkpoint_name(jnp.einsum("ecd,edf->ecf", x, w_in), "mlpwi")
             u = fused_gelu(h) if weight is None else fused_weighted_gelu(h, weight)
+        u = checkpoint_name(u, "expert_act")
         return checkpoint_name(jnp.einsum("ecf,efd->ecd", u, w_down), "mlpwo")
 
 
@@ -340,7 +343,7 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
     token_of = order // top_k
     sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)
     with jax.named_scope("moe/dispatch"):
-        rows = jnp.take(x, token_of, axis=0)
+        rows = checkpoint_name(jnp.take(x, token_of, axis=0), "expert_input")
     with jax.named_scope("moe/experts"):
         if w_in.ndim == 4:
             gate = jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes)
@@ -348,6 +351,7 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
             u = fused_swiglu(checkpoint_name(jnp.stack([gate, up], axis=-2), "mlpwi"))
         else:
             u = fused_gelu(checkpoint_name(jax.lax.ragged_dot(rows, w_in, sizes), "mlpwi"))
+        u = checkpoint_name(u, "expert_act")
         y = checkpoint_name(jax.lax.ragged_dot(u, w_down, sizes), "mlpwo")
     with jax.named_scope("moe/combine"):
         y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)

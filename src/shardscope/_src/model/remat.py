@@ -23,7 +23,13 @@ A policy is written as one of (:func:`remat_policy` reads them):
   kept on the device (MaxText: "this tensor cannot be rematerialized - it serves as periodic
   checkpoints"). The decoder's tensors are :data:`TENSORS`; ``qkv_proj`` and ``mlpwi_0`` /
   ``mlpwi_1`` are MaxText's names of its fused and separate projections, read as the three
-  projections and as ``mlpwi``.
+  projections and as ``mlpwi``;
+* ``megatron:MODULE,MODULE,...``, Megatron-Core's selective recomputation
+  (``--recompute-granularity selective --recompute-modules ...``, its config's
+  ``recompute_modules``; ``megatron/core/transformer/transformer_config.py``): every named
+  tensor kept on the device but the outputs of the modules it lists, which the backward
+  computes again (:data:`MEGATRON_MODULES`); ``megatron:selective`` is Megatron's default
+  list, ``core_attn``.
 
 A named policy compiles with ``jax.checkpoint_policies.save_and_offload_only_these_names``
 (the decoder calls ``checkpoint_name`` on every tensor of :data:`TENSORS`), so what the
@@ -64,7 +70,10 @@ TENSORS: dict[str, str] = {
     "context": "the attention's output, the out-projection's input",
     "out_proj": "the attention's out-projection",
     "post_self_attention_norm": "the MLP's normed input",
+    "expert_input": "the routed experts' input, each slot's token as the dispatch delivers it",
     "mlpwi": "the MLP's up-projections (SwiGLU's gate and up, one tensor; GELU's up)",
+    "mlp_act": "the MLP's activation, act(gate) x up (a mixture's shared experts' too)",
+    "expert_act": "the routed experts' activation, act(gate) x up over their slots",
     "mlpwo": "the MLP's down-projection",
 }
 #: MaxText's names for several of the decoder's tensors at once: its fused projections
@@ -119,8 +128,10 @@ class RematPolicy(Record):
     sum of named tensors (:attr:`keeps_everything`).
 
     >>> p = remat_policy("maxtext:save_dot_except_mlpwi")
-    >>> p.recomputed
-    ('pre_self_attention_norm', 'context', 'post_self_attention_norm', 'mlpwi')
+    >>> p.recomputed[:4]
+    ('pre_self_attention_norm', 'context', 'post_self_attention_norm', 'expert_input')
+    >>> p.rerun_producers()  # the attention core and the MLP's up-projections run again
+    ('core', 'mlp_in')
     >>> remat_policy("custom:query_proj=offload,key_proj=offload").offloaded
     ('query_proj', 'key_proj')
     """
@@ -266,6 +277,33 @@ _SAME_AS = {
 _PLACE_WORDS = {"device": Place.DEVICE, "offload": Place.OFFLOAD, "recompute": Place.RECOMPUTE}
 _PLACE_WORDS["remat"] = Place.RECOMPUTE  # MaxText's word
 
+#: Megatron-Core's ``recompute_modules`` (in its own order) and the decoder's named tensors
+#: each recomputes. ``core_attn``: the attention core, whose scores and probabilities no
+#: policy by named tensor keeps (the blocked core keeps nothing but its output and
+#: log-sum-exp, kept); ``layernorm``: ``input_layernorm`` and ``pre_mlp_layernorm``'s
+#: outputs; ``mla_up_proj``: latent attention's query, keys and values made from the latents
+#: (the up-projections and the rotary part); ``mlp``: a dense MLP but its input; ``moe_act``:
+#: the routed experts' activation; ``moe``: a layer with experts' MLP but its input
+#: (dispatched slots, experts, shared experts). ``moe_act``, ``layernorm`` and
+#: ``mla_up_proj`` discard their outputs; the others keep their inputs (normal
+#: checkpointing), whose outputs no backward reads.
+MEGATRON_MODULES: dict[str, tuple[str, ...]] = {
+    "core_attn": (),
+    "moe_act": ("expert_act",),
+    "layernorm": ("pre_self_attention_norm", "post_self_attention_norm"),
+    "mla_up_proj": ("query_proj", "key_proj", "value_proj"),
+    "mlp": ("mlpwi", "mlp_act", "mlpwo"),
+    "moe": ("expert_input", "mlpwi", "mlp_act", "expert_act", "mlpwo"),
+}
+#: Megatron-Core's default ``recompute_modules`` (``selective`` with no list).
+MEGATRON_DEFAULT = ("core_attn",)
+#: Megatron's modules the decoder cannot recompute on their own, and why.
+_MEGATRON_UNNAMED = {
+    "shared_experts": "the decoder names the shared experts' projections as the routed "
+    "experts' (mlpwi, mlpwo); write moe (the whole MLP of a layer with experts) instead",
+}
+_MEGATRON = "Megatron-Core recompute_granularity=selective, recompute_modules=[{}]"
+
 #: Every policy name :func:`remat_policy` takes but ``custom:``, for error messages and docs.
 POLICY_NAMES: tuple[str, ...] = (
     *_PRESETS,
@@ -273,6 +311,7 @@ POLICY_NAMES: tuple[str, ...] = (
     "maxtext:full",
     *(f"jax:{n}" for n in _JAX_POLICIES),
     *(n for n in _SAME_AS if n.startswith("jax:")),
+    "megatron:selective",
 )
 
 
@@ -319,6 +358,36 @@ def _custom(value: str, body: str) -> RematPolicy:
     )
 
 
+def _megatron(value: str, body: str) -> RematPolicy:
+    modules: set[str] = set()
+    for item in (s.strip() for s in body.split(",")):
+        if item == "selective":
+            modules.update(MEGATRON_DEFAULT)
+        elif item in MEGATRON_MODULES:
+            modules.add(item)
+        elif item in _MEGATRON_UNNAMED:
+            raise _bad(value, f"{item}: {_MEGATRON_UNNAMED[item]}")
+        else:
+            raise _bad(value, f"{item!r} is no module Megatron recomputes here; list among "
+                       f"{', '.join(MEGATRON_MODULES)}, or write megatron:selective (its "
+                       f"default, core_attn)")  # fmt: skip
+    listed = tuple(m for m in MEGATRON_MODULES if m in modules)
+    again = {t for m in listed for t in MEGATRON_MODULES[m]}
+    device = tuple(t for t in TENSORS if t not in again)
+    source = _MEGATRON.format(", ".join(repr(m) for m in listed))
+    return RematPolicy(f"megatron:{','.join(listed)}", _places(device), CompiledAs.NAMES, source)
+
+
+def megatron_modules(policy: RematPolicy) -> tuple[str, ...]:
+    """The Megatron modules a ``megatron:`` policy recomputes (none for another policy).
+
+    >>> megatron_modules(remat_policy("megatron:layernorm, moe_act"))
+    ('moe_act', 'layernorm')
+    """
+    prefix, _, body = policy.name.partition(":")
+    return tuple(body.split(",")) if prefix == "megatron" else ()
+
+
 @functools.cache
 def remat_policy(name: str) -> RematPolicy:
     """The policy written ``name`` (see the module docstring for the forms it takes).
@@ -359,16 +428,21 @@ def remat_policy(name: str) -> RematPolicy:
             return RematPolicy(f"jax:{key}", _places(device, offload), compiled, _JAX.format(key))
     if prefix == "custom":
         return _custom(name, rest)
+    if prefix == "megatron":
+        return _megatron(name, rest)
     raise _bad(
         name,
-        f"choose one of {', '.join(POLICY_NAMES)}, or custom:TENSOR=PLACE,... over the "
-        f"decoder's tensors ({_named()})",
+        f"choose one of {', '.join(POLICY_NAMES)}, custom:TENSOR=PLACE,... over the "
+        f"decoder's tensors ({_named()}), or megatron:MODULE,... ({', '.join(MEGATRON_MODULES)})",
     )
 
 
 #: The named tensors latent attention does not name: its query, keys and values are made
-#: from latents (DeepSeek-V2, arXiv 2405.04434), and its normed input feeds them alone.
-LATENT_UNNAMED = ("pre_self_attention_norm", "query_proj", "key_proj", "value_proj")
+#: from latents (DeepSeek-V2, arXiv 2405.04434).
+LATENT_UNNAMED = ("query_proj", "key_proj", "value_proj")
+#: Megatron's modules only a model with routed experts, latent attention, or dense MLPs
+#: alone has (a mixture's dense MLPs are named as its experts are).
+_NEEDS_EXPERTS = ("moe_act", "moe")
 
 
 def model_problem(policy: RematPolicy, *, experts: bool, latent: bool) -> str | None:
@@ -391,7 +465,27 @@ def model_problem(policy: RematPolicy, *, experts: bool, latent: bool) -> str | 
             f"which {policy.compiled_as} does not keep; name the tensors instead "
             f"(maxtext:minimal keeps the same ones by name, the experts' as mlpwi and mlpwo)"
         )
+    modules = megatron_modules(policy)
+    for m in modules:
+        if m in _NEEDS_EXPERTS and not experts:
+            return (
+                f"{m} recomputes the routed experts' tensors and the model has no experts; "
+                f"drop it (for a dense model list core_attn, layernorm, mlp)"
+            )
+        if m == "mlp" and experts:
+            return (
+                "mlp recomputes a dense MLP, and the decoder names a mixture's dense MLPs as "
+                "its experts (mlpwi, mlpwo); write moe or moe_act"
+            )
+        if m == "mla_up_proj" and not latent:
+            return "mla_up_proj recomputes latent attention's up-projections; the model has "\
+                "none: drop it"  # fmt: skip
     placed = [t for t in LATENT_UNNAMED if latent and policy.place(t) != Place.RECOMPUTE]
+    if placed and modules:
+        return (
+            f"latent attention names no {', '.join(placed)} (its query, keys and values are "
+            f"made from latents): add mla_up_proj, which recomputes them"
+        )
     if placed and policy.compiled_as == CompiledAs.NAMES:
         named = ", ".join(t for t in TENSORS if t not in LATENT_UNNAMED)
         return (
@@ -402,11 +496,15 @@ def model_problem(policy: RematPolicy, *, experts: bool, latent: bool) -> str | 
 
 
 def split_policies(text: str) -> list[str]:
-    """The policies of a comma-separated list, a ``custom:`` policy's own commas kept in
-    it: ``"full,custom:query_proj=offload,key_proj=offload"`` is two policies."""
+    """The policies of a comma-separated list, a ``custom:`` or ``megatron:`` policy's own
+    commas kept in it: ``"full,custom:query_proj=offload,key_proj=offload"`` and
+    ``"megatron:moe_act,layernorm,offload"`` are two policies each."""
     out: list[str] = []
     for item in (s.strip() for s in text.split(",")):
-        if out and out[-1].startswith("custom:") and "=" in item and ":" not in item:
+        last = out[-1] if out else ""
+        if last.startswith("custom:") and "=" in item and ":" not in item:
+            out[-1] += f",{item}"
+        elif last.startswith("megatron:") and item in {*MEGATRON_MODULES, *_MEGATRON_UNNAMED}:
             out[-1] += f",{item}"
         else:
             out.append(item)

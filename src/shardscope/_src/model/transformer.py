@@ -298,7 +298,10 @@ def latent_attention(
     rotation itself (element-wise, positions) is not modelled: its dimensions, its matmuls
     and its bytes are."""
     with jax.named_scope("attention"):
-        h = hooks.enter("attention", hooks.norm("attn_norm", x, p["attn_norm"]))
+        normed = checkpoint_name(
+            hooks.norm("attn_norm", x, p["attn_norm"]), "pre_self_attention_norm"
+        )
+        h = hooks.enter("attention", normed)
         if "wq_a" in p:
             cq = jnp.einsum("bsd,dr->bsr", h, hooks.weight("wq_a", p["wq_a"]))
             cq = _norm(cq, hooks.weight("q_norm", p["q_norm"]))
@@ -558,10 +561,11 @@ def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
         h = hooks.enter("mlp", normed)
         if "w_gate_up" in p:
             gu = jnp.einsum("bsd,dtf->bstf", h, hooks.weight("w_gate_up", p["w_gate_up"]))
-            u = hooks.hidden(_swiglu(checkpoint_name(gu, "mlpwi")))
+            u = _swiglu(checkpoint_name(gu, "mlpwi"))
         else:
             up = jnp.einsum("bsd,df->bsf", h, hooks.weight("w_up", p["w_up"]))
-            u = hooks.hidden(_gelu(checkpoint_name(up, "mlpwi")))
+            u = _gelu(checkpoint_name(up, "mlpwi"))
+        u = hooks.hidden(checkpoint_name(u, "mlp_act"))
         out = jnp.einsum("bsf,fd->bsd", u, hooks.weight("w_down", p["w_down"]))
         return hooks.exit("mlp", checkpoint_name(out, "mlpwo"))
 
@@ -630,6 +634,7 @@ def moe_mlp(
                 up = hooks.weight("shared_up", p["shared_up"])
                 u = _gelu(checkpoint_name(jnp.einsum("bsd,df->bsf", hs, up), "mlpwi"))
             down = hooks.weight("shared_down", p["shared_down"])
+            u = checkpoint_name(u, "mlp_act")
             out = checkpoint_name(jnp.einsum("bsf,fd->bsd", u, down), "mlpwo")
             if "shared_down" in s_:
                 out = out * s_["shared_down"]

@@ -426,7 +426,10 @@ def named_tensor_elements(
     :func:`moe_activation_bytes_per_layer` counts them): ``mlpwi`` the routed experts' and
     the shared experts' up-projections, ``(cf k + shared) x 2 expert_ff`` (SwiGLU) or
     ``x expert_ff``, split over ``model`` with the experts' hidden; ``mlpwo`` their
-    down-projections' outputs, ``cf k x h`` and the shared experts' ``h``, whole.
+    down-projections' outputs, ``cf k x h`` and the shared experts' ``h``, whole;
+    ``expert_input`` the slots' tokens the experts take, ``cf k x h``, whole (where their
+    outputs are); ``expert_act`` their activations, ``cf k x expert_ff``, and ``mlp_act``
+    the shared experts', split as ``mlpwi``. A dense layer's ``mlp_act`` is ``ff`` wide.
 
     >>> from shardscope._src.model.config import ModelConfig
     >>> moe = ModelConfig(d_model=64, heads=4, ff=128, layers=2, mlp="swiglu", experts=8,
@@ -442,11 +445,16 @@ def named_tensor_elements(
         q, context = c.heads * c.qk_head_dim, c.heads * c.value_head_dim
     mlpwi: tuple[float, float] = (0, 2 * c.ff if c.mlp == "swiglu" else c.ff)
     mlpwo: tuple[float, float] = (h, 0)
+    mlp_act: tuple[float, float] = (0, c.ff)
+    expert_input: tuple[float, float] = (0, 0)
+    expert_act: tuple[float, float] = (0, 0)
     if experts:
         f = c.expert_ff or c.ff
         slots = c.routed_capacity * c.top_k
         mlpwi = (0, (slots + c.shared_experts) * (2 * f if c.mlp == "swiglu" else f))
         mlpwo = (slots * h + (h if c.shared_experts else 0), 0)
+        mlp_act = (0, c.shared_experts * f)
+        expert_input, expert_act = (slots * h, 0), (0, slots * f)
     return {
         "decoder_layer_input": (h, 0),
         "pre_self_attention_norm": (h, 0),
@@ -456,7 +464,10 @@ def named_tensor_elements(
         "context": (0, context),
         "out_proj": (h, 0),
         "post_self_attention_norm": (h, 0),
+        "expert_input": expert_input,
         "mlpwi": mlpwi,
+        "mlp_act": mlp_act,
+        "expert_act": expert_act,
         "mlpwo": mlpwo,
     }
 

@@ -138,7 +138,8 @@ class PlanRequest:
             (each layer's input and its query, key and value projections in host memory,
             the rest recomputed), a policy by named tensor (MaxText's
             ``"maxtext:save_dot_except_mlpwi"``, JAX's ``"jax:offload_dot_with_no_batch_dims"``,
-            ``"custom:query_proj=offload,out_proj=device"``:
+            ``"custom:query_proj=offload,out_proj=device"``, Megatron's selective
+            ``"megatron:moe_act,layernorm"``:
             :func:`~shardscope._src.model.remat.remat_policy`), planned as written, or
             several (default: the five words; offload where the hardware has host memory).
         offload_optimizer: keep the optimizer state in host memory and stream it in for the
