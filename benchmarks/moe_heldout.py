@@ -229,20 +229,21 @@ def _bridge_qwen3_fp8(
 ) -> MoeRun:
     """Megatron-Bridge's Qwen3 in fp8 (FP8-CS: tensorwise current scaling, the time model's
     casts) on H100, as its table states the layout (``layout``: tp, pp, vp, ep); dropless,
-    forced balance; the attention Transformer Engine's (cuDNN's). With TP 1 the experts'
-    EP x DP fold is ``ep`` on ``stage=P,expert=E`` (data-parallel attention over the
-    experts' devices); with TP 2 (235B) it is the zoo's fold with the distributed optimizer,
+    forced balance; the attention Transformer Engine's (cuDNN's). With TP 1 the attention
+    is data-parallel over the experts' devices and the distributed optimizer shards the
+    dense weights' state over all of them, the experts' over their data-parallel copies
+    (EDP): ``zero1_ep`` on ``stage=P,data=EDP,expert=E`` (EDP 1 where EP is the data
+    ways); with TP 2 (235B) it is the zoo's fold with the distributed optimizer,
     ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`)."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
     data = gpus // pp // tp
     name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
     config = _preset(f"qwen3-{size.lower()}", batch, 4096)
-    optimizer = "the optimizer state replicated (the run's distributed optimizer shards it)"
     if tp == 1:
         return MoeRun(
-            name, _BRIDGE, config, "h100", gpus, measured_s, "ep",
-            (("stage", pp), ("expert", ep)), batch // (data * mbs), None, vp,
-            overrides=CUDNN, instead=(optimizer,), matmul_dtype="fp8",
+            name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep",
+            (("stage", pp), ("data", data // ep), ("expert", ep)), batch // (data * mbs), None,
+            vp, overrides=CUDNN, matmul_dtype="fp8",
         )  # fmt: skip
     mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
