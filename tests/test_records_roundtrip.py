@@ -294,10 +294,11 @@ SERVE_JSON = FIXTURES / "serve_json"
 
 def _since(body):
     """A schema-3 result's data with the fields written since at their defaults: no clients in
-    a closed loop, no engine (``none``: no host cost in any plan's times) and no chunked
-    prefill."""
+    a closed loop, no engine (``none``: no host cost in any plan's times), no chunked
+    prefill and no prefill attention kernel named."""
     plans = [p | {"engine": "none", "decode_host_s": 0.0} for p in body["plans"]]
-    return body | {"clients": None, "engine": "none", "chunked_prefill": None, "plans": plans}
+    since = {"clients": None, "engine": "none", "chunked_prefill": None, "prefill_attention": None}
+    return body | since | {"plans": plans}
 
 
 def test_a_serving_file_of_schema_3_reads_back_and_names_the_platform_that_compiled_it():
@@ -338,17 +339,22 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
         return {k: v for k, v in vars(result).items() if k != "plans"}, plans
 
     # but the kernels an estimated step launches, which it counts since from the model's
-    # structure (the file's: none): tiny's 4 layers of 10 and 4 a step
+    # structure (the file's: none): tiny's 4 layers of 10 and 4 a step; and the prefill's
+    # attention kernel it names since (the file's: none; on no engine, FlashAttention-2)
     assert [p.decode_kernels for p in read.plans] == [0, 0]
     assert [p.decode_kernels for p in now.plans] == [4 * 10 + 4] * 2
+    assert (read.prefill_attention, now.prefill_attention) == (None, "flash-attention-2")
     now_counted_as_then = dataclasses.replace(
-        now, plans=tuple(dataclasses.replace(p, decode_kernels=0) for p in now.plans)
+        now,
+        plans=tuple(dataclasses.replace(p, decode_kernels=0) for p in now.plans),
+        prefill_attention=None,
     )
     assert exact(read) == exact(now_counted_as_then)
     written = json.loads(write_result(tmp_path / "serve.json", now).read_text())
     assert (written["schema_version"], written["backend"]) == (4, None)
     assert shardscope.ServeResult.from_dict(written) == now
-    assert written.keys() - HEADER == old.keys() - HEADER | {"clients", "engine", "chunked_prefill"}
+    since = {"clients", "engine", "chunked_prefill", "prefill_attention"}
+    assert written.keys() - HEADER == old.keys() - HEADER | since
     on_tpu = dataclasses.replace(
         now, plans=tuple(dataclasses.replace(p, compiled_by="tpu-v5e") for p in now.plans)
     )

@@ -15,11 +15,16 @@ from shardscope._src.serve.estimate import estimate_plan
 from shardscope._src.serve.search import serve
 from shardscope._src.serve.types import Layout
 from shardscope._src.targets.engines import ENGINES, EngineError
-from shardscope._src.targets.hardware import PRESETS
+from shardscope._src.targets.hardware import h100_attention, hardware
 
 #: vLLM V1's host as BLIS's coefficients put it: 126 us an iteration, 4 us a sequence of it,
 #: 15.563 ms a request before it is queued
 VLLM_STEP, VLLM_SEQUENCE, VLLM_REQUEST = 126e-6, 4e-6, 15.563e-3
+
+#: An H100 that names its attention kernel's rates (FlashAttention-3's): every engine's
+#: prefill then runs the same kernel, and two engines' times differ by their hosts alone
+#: (on the preset, vLLM prefills with FlashAttention-3 and ``none`` with FlashAttention-2).
+H100 = hardware("h100", **h100_attention("flash-attention-3"))
 
 
 def _decode_plans(model, batch, *engines):
@@ -28,7 +33,7 @@ def _decode_plans(model, batch, *engines):
     return [
         estimate_plan(
             config,
-            PRESETS["h100"],
+            H100,
             Layout("tp", 1, 1),
             batch,
             64,
@@ -73,7 +78,7 @@ def test_a_host_that_overlaps_the_device_costs_only_what_the_step_does_not_cover
 
 
 def test_a_loaded_server_pays_its_engine_each_iteration_and_its_api_server_each_request():
-    kw = dict(hardware="h100", prompt=64, output=16, compiler="cpu")
+    kw = dict(hardware=H100, prompt=64, output=16, compiler="cpu")
     # a lone client: each token is a decode step of one sequence, and the first its prefill
     # iteration after the API server
     none, vllm = (serve("llama3-8b", 1, clients=1, engine=e, **kw).best for e in ("none", "vllm"))

@@ -135,9 +135,14 @@ def time_model_sources() -> Any:
 def serving_engines() -> Any:
     """``ENGINES``: each serving engine's host costs."""
     from shardscope._src.targets.engines import ENGINES
+    from shardscope._src.targets.hardware import ATTENTION_FORWARD, hardware
 
     def us(seconds: float) -> str:
         return f"{seconds * 1e6:,.0f} us"
+
+    def kernels(e: Any) -> str:
+        on = {g: e.prefill_attention(hardware(g)) for g in ATTENTION_FORWARD}
+        return ", ".join(f"{g} {k.kernel}" for g, k in on.items() if k is not None)
 
     rows = [
         (
@@ -147,10 +152,14 @@ def serving_engines() -> Any:
             us(e.sequence_s),
             "yes" if e.overlapped else "no",
             f"{e.request_s * 1e3:g} ms",
+            kernels(e),
         )
         for e in ENGINES.values()
     ]
-    header = ("engine", "what it is", "a step", "a sequence", "overlapped", "a request")
+    header = (
+        "engine", "what it is", "a step", "a sequence", "overlapped", "a request",
+        "prefill attention",
+    )  # fmt: skip
     return markdown(header, rows)
 
 

@@ -10,7 +10,8 @@ price from FLOPs and bytes.
   (:func:`matmul_read_seconds`: ``hbm_bandwidth x hbm_fraction``).
 * **element-wise work** streams through HBM at the whole bandwidth (:func:`stream_seconds`).
 * **a fused causal attention kernel** runs its causal half at its own measured rates
-  (:func:`fused_attention_seconds`).
+  (:func:`fused_attention_seconds`); a serving prefill's attention core runs as the kernel
+  its engine runs on that GPU (:func:`prefill_attention`).
 * **a kernel**, on a device that runs a program kernel by kernel (a GPU, by its target's
   :class:`~shardscope._src.targets.specs.Family`: :func:`by_kernel`), takes its arithmetic's
   time plus its traffic's, less :data:`KERNEL_OVERLAP` of the shorter
@@ -38,6 +39,7 @@ from typing import Protocol, TypeVar
 from shardscope._src.cost.flops import ATTENTION_BACKWARD, Gemm, causal_flops
 from shardscope._src.hlo.cost import Cost
 from shardscope._src.targets import specs
+from shardscope._src.targets.engines import Engine, PrefillAttention
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.specs import Family
 
@@ -269,20 +271,47 @@ def stream_seconds(hw: Hardware, nbytes: float) -> float:
     return nbytes / hw.hbm_bandwidth
 
 
-def fused_attention_seconds(hw: Hardware, flops: float, *, backward: bool = False) -> float:
+def fused_attention_seconds(
+    hw: Hardware, flops: float, *, backward: bool = False, rate: float | None = None
+) -> float:
     """The time of a fused causal attention kernel over a core of ``flops`` (counted whole,
     :func:`~shardscope._src.cost.flops.attention_core_flops`): its forward's causal half at
-    ``attention_fwd_flops``, or its backward's (:data:`~shardscope._src.cost.flops.
-    ATTENTION_BACKWARD` times the forward's) at ``attention_bwd_flops``.
+    ``rate`` (the hardware's ``attention_fwd_flops`` where None), or its backward's
+    (:data:`~shardscope._src.cost.flops.ATTENTION_BACKWARD` times the forward's) at
+    ``attention_bwd_flops``.
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> fused_attention_seconds(hardware("h100", attention_fwd_flops=5e14,
     ...                                  attention_bwd_flops=5e14), 1e15)
     1.0
+    >>> fused_attention_seconds(hardware("h100"), 1e15, rate=2.5e14)
+    2.0
     """
     if backward:
         return causal_flops(ATTENTION_BACKWARD * flops) / hw.attention_bwd_flops
-    return causal_flops(flops) / hw.attention_fwd_flops
+    return causal_flops(flops) / (hw.attention_fwd_flops if rate is None else rate)
+
+
+def prefill_attention(hw: Hardware, engine: Engine) -> PrefillAttention | None:
+    """The fused causal kernel a serving prefill's attention core runs as on ``hw`` under
+    ``engine``, and its forward rate: the hardware's own (``attention_fwd_flops``, named
+    ``"attention_fwd_flops"``) where it gives one, else the kernel the engine runs on that
+    GPU at its published rate (:meth:`~shardscope._src.targets.engines.Engine.
+    prefill_attention`); None where neither is known (a B200, a TPU): the core at the
+    matmul rate, counted non-causal. The one choice both the estimated and the compiled
+    prefill price by; a decode step's attention, one query a sequence against its cache,
+    reads the cache and is not priced so.
+
+    >>> from shardscope._src.targets.engines import engine
+    >>> from shardscope._src.targets.hardware import hardware, h100_attention
+    >>> prefill_attention(hardware("h100"), engine("vllm"))
+    PrefillAttention(kernel='flash-attention-3', flops=579000000000000.0)
+    >>> prefill_attention(hardware("h100", **h100_attention("cudnn")), engine("vllm")).kernel
+    'attention_fwd_flops'
+    """
+    if hw.attention_fwd_flops > 0:
+        return PrefillAttention("attention_fwd_flops", hw.attention_fwd_flops)
+    return engine.prefill_attention(hw)
 
 
 def step_matmul_seconds(
@@ -291,15 +320,15 @@ def step_matmul_seconds(
     of: tuple[int, int],
     *,
     fp8: bool,
-    fused_attention: bool = False,
+    attention: float = 0.0,
     shape: float = 1.0,
 ) -> float:
     """The time of ``flops`` of a step's matmuls on one device, of which the weights' and
     the attention core's are in the ratio ``of``: the weights' share at the fp8 rate where
     ``fp8``, the rest at 16 bits, the weights' at the share ``shape`` of the rate their
-    shapes reach (:func:`gemms_efficiency`); with ``fused_attention``, the attention's share
-    (counted whole) as a fused causal kernel's forward where the hardware names its rate
-    (``attention_fwd_flops``).
+    shapes reach (:func:`gemms_efficiency`); the attention's share (counted whole) as a fused
+    causal kernel's forward at ``attention`` FLOP/s where that is given
+    (:func:`prefill_attention`'s rate; 0: at the matmul rate, non-causal).
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> h = hardware("h100")
@@ -308,22 +337,26 @@ def step_matmul_seconds(
     >>> slow = step_matmul_seconds(h, 3e15, (2, 1), fp8=False, shape=0.5)
     >>> slow == matmul_seconds(h, 3e15) + matmul_seconds(h, 2e15)
     True
+    >>> fused = step_matmul_seconds(h, 3e15, (2, 1), fp8=False, attention=5e14)
+    >>> fused == matmul_seconds(h, 2e15) + 1e15 / 2 / 5e14
+    True
     """
     w, a = of
     share = flops / (w + a) if w + a else 0.0
     fp8_flops = share * w if fp8 else 0.0
-    kernel = share * a if fused_attention and hw.attention_fwd_flops > 0 else 0.0
-    attention = fused_attention_seconds(hw, kernel) if kernel else 0.0
+    kernel = share * a if attention > 0 else 0.0
+    fused = fused_attention_seconds(hw, kernel, rate=attention) if kernel else 0.0
     # the weights' matmuls' time stretched by their shapes (none: the flat rate exactly)
     stretch = matmul_seconds(hw, share * w, fp8_flops) * (1 / shape - 1) if shape != 1 else 0.0
-    return matmul_seconds(hw, flops - kernel, fp8_flops) + attention + stretch
+    return matmul_seconds(hw, flops - kernel, fp8_flops) + fused + stretch
 
 
 def flop_seconds(
-    hw: Hardware, *, fp8: bool, fused_attention: bool = False, shape: float = 1.0
+    hw: Hardware, *, fp8: bool, attention: float = 0.0, shape: float = 1.0
 ) -> tuple[float, float]:
     """The seconds a FLOP of the weights' matmuls (at the share ``shape`` of the rate,
-    :func:`step_matmul_seconds`) and one of the attention core's take.
+    :func:`step_matmul_seconds`) and one of the attention core's (counted whole; a fused
+    causal kernel's at ``attention`` FLOP/s where given) take.
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> weights, attention = flop_seconds(hardware("h100"), fp8=True)
@@ -331,8 +364,8 @@ def flop_seconds(
     1.78
     """
     return (
-        step_matmul_seconds(hw, 1.0, (1, 0), fp8=fp8, fused_attention=fused_attention, shape=shape),
-        step_matmul_seconds(hw, 1.0, (0, 1), fp8=fp8, fused_attention=fused_attention),
+        step_matmul_seconds(hw, 1.0, (1, 0), fp8=fp8, attention=attention, shape=shape),
+        step_matmul_seconds(hw, 1.0, (0, 1), fp8=fp8, attention=attention),
     )
 
 

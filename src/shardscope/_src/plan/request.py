@@ -462,7 +462,9 @@ class ServeRequest:
         engine: the serving engine whose host costs each step and request pays
             (:data:`~shardscope._src.targets.engines.ENGINES`: its scheduling, input
             preparation and sampling an iteration, after the device's step or beside it, and
-            its API server before a request's first token). Default ``vllm``, the most
+            its API server before a request's first token), and whose fused causal
+            attention kernel its prefills run (FlashAttention-3 on Hopper for vLLM; the
+            plans' ``prefill_attention`` names it). Default ``vllm``, the most
             deployed open engine as it starts: a plan that leaves out the host's time
             promises a server faster than the one its users will run, and a capacity planned
             on it buys too little; name the engine that will serve (``tensorrt-llm``,
@@ -549,8 +551,8 @@ class ServeRequest:
     )
     engine: str = knob(
         DEFAULT_ENGINE,
-        "the serving engine whose host costs each step and request pays (none: the device's "
-        "time alone)",
+        "the serving engine whose host costs each step and request pays, and whose fused "
+        "attention kernel its prefills run (none: the device's time alone)",
         kind=Kind.CHOICE,
         choices=tuple(ENGINES),
     )

@@ -69,6 +69,7 @@ def render_serve(
         + (f", busiest expert {result.imbalance:g}x its share" if result.imbalance > 1 else "")
         + (", each token once to each device of its experts" if result.dispatch_once else "")
         + (f", on {result.engine}" if result.engine != "none" else "")
+        + (f", prefill attention {result.prefill_attention}" if result.prefill_attention else "")
     )
     kv = any(p.kv_replicas > 1 for p in shown)
     at_rate = result.rate is not None

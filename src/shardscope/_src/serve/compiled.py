@@ -8,7 +8,9 @@ traffic overlapped as XLA's GPU cost model overlaps them
 (:func:`~shardscope._src.cost.compute.kernel_seconds`), none shorter than the hardware's
 ``kernel_floor_s``, and the kernels one after another, on
 a TPU the slower of the two totals; the attention core as the one fused kernel a server runs,
-its scores kept on chip; their collectives priced as every collective is, and the kernels
+its scores kept on chip (a prefill's, its causal half at the rate of the kernel the plan's
+engine runs on that GPU: :func:`~shardscope._src.cost.compute.prefill_attention`); their
+collectives priced as every collective is, and the kernels
 they launch at the hardware's ``kernel_launch_s``; then the plan's engine's host work, as
 :func:`~shardscope._src.serve.estimate.estimate_plan` adds it), their memory the compiled
 buffers (``compiled_by``). On a TPU target the decode step is compiled and timed so too, and the
@@ -30,6 +32,7 @@ from shardscope._src.cost.compute import (
     flop_seconds,
     kernels_seconds,
     moved_seconds,
+    prefill_attention,
     step_matmul_seconds,
 )
 from shardscope._src.cost.links import engine_all_reduce_seconds
@@ -370,11 +373,13 @@ def compile_prefill(
     of = prefill_flops(c, prompt)
     fp8 = fp8_matmuls(hw, weights)
     shape = weights_shape(hw, c, plan.layout, prompt)
-    flop_s = flop_seconds(hw, fp8=fp8, fused_attention=True, shape=shape)
+    kernel = prefill_attention(hw, get_engine(plan.engine))
+    rate = kernel.flops if kernel else 0.0
+    flop_s = flop_seconds(hw, fp8=fp8, attention=rate, shape=shape)
     got = _compile_layers(plan, config, hw, flop_s, build)
     if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
-    compute_s = step_matmul_seconds(hw, got.flops, of, fp8=fp8, fused_attention=True, shape=shape)
+    compute_s = step_matmul_seconds(hw, got.flops, of, fp8=fp8, attention=rate, shape=shape)
     extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     first_s = got.seconds(hw, got.memory_s, compute_s)
     return replace(

@@ -25,10 +25,12 @@ pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
   dispatch and combine all-to-alls move each token's activations to its experts' devices
   and back (:func:`~shardscope._src.bounds.moe.moe_layer_terms`).
 * **first token**: one prompt prefilled alone on a replica: its ``2 x active params x
-  prompt`` FLOPs and the attention's ``prompt^2`` ones, counted non-causal as training counts
-  them, at the matmul rate (a fused kernel's causal half at its forward rate where the
-  hardware names one), beside its weights through HBM (one kernel), and
-  the same all-reduces of ``prompt x d_model``.
+  prompt`` FLOPs at the matmul rate and the attention's ``prompt^2`` ones (counted whole) as
+  the fused causal kernel the engine runs on that GPU, their causal half at its measured
+  forward rate (:func:`~shardscope._src.cost.compute.prefill_attention`: FlashAttention-3
+  on an H100 under vLLM; where no rate is published, as on a B200, at the matmul rate,
+  non-causal), beside its weights through HBM (one kernel), and the same all-reduces of
+  ``prompt x d_model``.
 * **the weights' matmuls' shapes**: on a GPU, decode's (a replica's sequences as their rows)
   and prefill's (the prompt's tokens) at the share of the matmul rate their tiles fill of
   their waves (:func:`weights_shape`): a few rows leave most of each tile empty; a TPU's at
@@ -66,6 +68,7 @@ from shardscope._src.cost.compute import (
     gemms_efficiency,
     launch_seconds,
     matmul_read_seconds,
+    prefill_attention,
     step_matmul_seconds,
     work_seconds,
 )
@@ -379,8 +382,9 @@ def decode_flops(config: ModelConfig, context: int) -> tuple[int, int]:
 def prefill_flops(config: ModelConfig, prompt: int) -> tuple[int, int]:
     """The matmul FLOPs of prefilling one ``prompt``: the weights' and the attention's,
     counted non-causal as training counts them and as the compiled prefill computes them
-    (its masked scores whole); a fused kernel's causal half is half of them (each head's
-    keys and values made from the latents under latent attention: prefill's form)."""
+    (its masked scores whole); the fused causal kernel a server runs computes half of them
+    (:func:`~shardscope._src.cost.compute.prefill_attention`; each head's keys and values
+    made from the latents under latent attention: prefill's form)."""
     core = attention_core_flops(config, prompt, prompt) * config.layers
     return weight_flops(config.active_param_count(), prompt), core
 
@@ -424,7 +428,9 @@ def estimate_plan(
     decode += host_s
     of = prefill_flops(c, prompt)
     shape = weights_shape(hw, c, layout, prompt)
-    matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, fused_attention=True, shape=shape)
+    kernel = prefill_attention(hw, host)
+    rate = kernel.flops if kernel else 0.0
+    matmuls = step_matmul_seconds(hw, sum(of) / t, of, fp8=fp8, attention=rate, shape=shape)
     reads = weights_read_seconds(hw, c, layout, weights)
     prefill = work_seconds(hw, (matmuls, reads)) + kernels.seconds(hw)
     prefill += _tp_allreduces_s(hw, c, layout, prompt, host)

@@ -27,7 +27,7 @@ from typing import Any
 
 from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.base.errors import PlanError
-from shardscope._src.cost.compute import launch_seconds
+from shardscope._src.cost.compute import launch_seconds, prefill_attention
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -133,8 +133,10 @@ def serve_request(request: ServeRequest) -> ServeResult:
         fitting = _meeting([p for p in loaded if p is not None], request.latency, at_rate=True)
     # the engine's API server holds each request before it is queued, the device serving
     # the others meanwhile: a delay of its first token alone
-    request_s = get_engine(request.engine).request_s
+    host = get_engine(request.engine)
+    request_s = host.request_s
     fitting = [replace(p, first_token_s=p.first_token_s + request_s) for p in fitting]
+    kernel = prefill_attention(hw, host)
     return ServeResult(
         model=name,
         devices=request.devices,
@@ -152,6 +154,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
         clients=request.clients,
         engine=request.engine,
         chunked_prefill=None if online is None else online.chunk,
+        prefill_attention=None if kernel is None else kernel.kernel,
     )
 
 

@@ -215,6 +215,11 @@ class ServeResult(Record):
     #: under a load, the tokens an iteration of a chunked prefill carried (None: each prompt
     #: prefilled whole, or no load)
     chunked_prefill: int | None = None
+    #: the fused causal kernel a prefill's attention core was priced as
+    #: (:func:`~shardscope._src.cost.compute.prefill_attention`: the engine's on that GPU, or
+    #: ``attention_fwd_flops``, the hardware's own rate); None: at the matmul rate, counted
+    #: non-causal (no published rate for that device, or a result from before there was one)
+    prefill_attention: str | None = None
 
     @property
     def best(self) -> ServePlan:

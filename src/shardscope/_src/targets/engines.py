@@ -28,14 +28,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardscope._src.base.errors import PlanError
-from shardscope._src.targets.hardware import GIB, Hardware
+from shardscope._src.targets.hardware import GIB, Hardware, attention_forward_flops
 
 
 class EngineError(PlanError):
     """A serving engine that is not one of the presets (a :class:`PlanError`: the serving
     planner's callers catch it with its other errors)."""
+
+
+class PrefillAttention(NamedTuple):
+    """The fused causal attention kernel a prefill's attention core runs as: its name and its
+    measured causal forward FLOP/s (:data:`~shardscope._src.targets.hardware.
+    ATTENTION_FORWARD`)."""
+
+    kernel: str
+    flops: float
+
+
+#: The fused attention kernels the presets name (:data:`~shardscope._src.targets.hardware.
+#: ATTENTION_FORWARD`'s).
+FA2, FA3 = "flash-attention-2", "flash-attention-3"
+
+#: FlashAttention-3 on the Hopper GPUs, where an engine runs it.
+_HOPPER_FA3 = (("h100", FA3), ("h200", FA3))
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,9 @@ class Engine:
       custom_all_reduce: the engine all-reduces tensor parallelism's outputs inside a node
         with its own one-shot and two-shot kernels, not NCCL's
         (:func:`~shardscope._src.cost.links.engine_all_reduce_seconds`).
+      attention: the fused causal attention kernel its prefills run (or the measured kernel
+        nearest it, :data:`ENGINE_SOURCES`), ``attention_on`` the GPU presets on which it runs
+        another (``(gpu, kernel)`` pairs; :meth:`prefill_attention`).
     """
 
     name: str
@@ -69,6 +90,24 @@ class Engine:
     about: str
     chunk: Callable[[Hardware], int] | None = None
     custom_all_reduce: bool = False
+    attention: str = FA2
+    attention_on: tuple[tuple[str, str], ...] = ()
+
+    def prefill_attention(self, hw: Hardware) -> PrefillAttention | None:
+        """The fused causal kernel this engine's prefills run on ``hw`` and its measured
+        forward rate there (None where none is published for that device: a B200, a TPU).
+
+        >>> from shardscope._src.targets.hardware import hardware
+        >>> [engine("vllm").prefill_attention(hardware(n)).kernel for n in ("h100", "a100")]
+        ['flash-attention-3', 'flash-attention-2']
+        >>> engine("lmdeploy").prefill_attention(hardware("h100")).flops
+        319000000000000.0
+        >>> engine("vllm").prefill_attention(hardware("b200")) is None
+        True
+        """
+        kernel = dict(self.attention_on).get(hw.name, self.attention)
+        rate = attention_forward_flops(hw.name, kernel)
+        return None if rate is None else PrefillAttention(kernel, rate)
 
     def chunk_tokens(self, hw: Hardware) -> int | None:
         """The tokens an iteration of a chunked prefill carries on ``hw`` by default (None:
@@ -142,6 +181,7 @@ ENGINES: dict[str, Engine] = {
             about="vLLM's V1 engine as it starts (0.8 and later, synchronous scheduling)",
             chunk=_vllm_chunk,
             custom_all_reduce=True,
+            attention_on=_HOPPER_FA3,
         ),
         Engine(
             "vllm-async",
@@ -152,6 +192,7 @@ ENGINES: dict[str, Engine] = {
             about="vLLM's V1 engine with --async-scheduling",
             chunk=_vllm_chunk,
             custom_all_reduce=True,
+            attention_on=_HOPPER_FA3,
         ),
         Engine(
             "vllm-v0",
@@ -171,6 +212,7 @@ ENGINES: dict[str, Engine] = {
             about="SGLang 0.4 and later, its overlap scheduler on",
             chunk=_sglang_chunk,
             custom_all_reduce=True,
+            attention_on=_HOPPER_FA3,
         ),
         Engine(
             "tensorrt-llm",
@@ -180,6 +222,7 @@ ENGINES: dict[str, Engine] = {
             request_s=0.0,
             about="TensorRT-LLM's C++ runtime and its PyTorch executor (NVIDIA NIM runs it)",
             custom_all_reduce=True,
+            attention_on=_HOPPER_FA3,
         ),
         Engine(
             "lmdeploy",
@@ -279,6 +322,28 @@ ENGINE_SOURCES = {
         "all-reduce, pull 2904); TensorRT-LLM's AllReduce plugin's one-shot and two-shot "
         "strategies (AUTO by default). LMDeploy 0.1's TurboMind all-reduced with NCCL; "
         "gpt-fast all-reduces with torch.distributed's functional collectives, NCCL's"
+    ),
+    "prefill attention: flash-attention-3 on H100 and H200 for vllm, vllm-async, sglang and "
+    "tensorrt-llm, flash-attention-2 elsewhere and for vllm-v0, lmdeploy, gpt-fast and none": (
+        "vLLM runs its prefills' attention with its FlashAttention backend (vllm-flash-attn), "
+        "FlashAttention-3 on Hopper from its V1 engine on (0.8 and later; FlashAttention-2 on "
+        "the A100, and on every GPU before 0.6, vllm-v0). SGLang 0.4 and later runs FlashInfer "
+        "or FlashAttention-3 on Hopper and FlashInfer on the A100; FlashInfer's prefill has no "
+        "published rate at these settings, and the nearest measured kernels stand for it: "
+        "FlashAttention-3's on Hopper (FlashInfer's Hopper prefill is built on it), "
+        "FlashAttention-2's on the A100. TensorRT-LLM runs its own fused context attention "
+        "(context FMHA, 'Flash Attention for context phase' in its attention docs), with no "
+        "published rate: FlashAttention-3's stands for it on Hopper (its sm90 kernels, like "
+        "FlashAttention-3, warp-specialized over the TMA), FlashAttention-2's on the A100. "
+        "LMDeploy's TurboMind runs its own FlashAttention-2-style kernel, with no published "
+        "rate: FlashAttention-2's. gpt-fast and torchao call PyTorch's "
+        "scaled_dot_product_attention, whose flash backend is FlashAttention-2. none, the "
+        "device's time alone, still prefills with a fused causal kernel, as every server does: "
+        "FlashAttention-2's, the one every engine above has run, and the slowest of the "
+        "measured kernels on Hopper, so that no engine's choice is assumed. A hardware that "
+        "names its own rate (attention_fwd_flops) runs that instead; a GPU with no published "
+        "rate (the B200) and a TPU keep the attention at the matmul rate, non-causal. The "
+        "rates: hardware.ATTENTION_FORWARD"
     ),
     "lmdeploy: 0": (
         "no published measurement of TurboMind's host time a step (its step loop is C++): "

@@ -199,6 +199,24 @@ TIME_MODEL_SOURCES = {
         "backend is cuDNN's kernel, as is JAX's dot_product_attention(implementation="
         "'cudnn')"
     ),
+    "ATTENTION_FORWARD: a serving prefill's fused causal kernel, forward, head dimension 128, "
+    "sequence 4k (A100 198 TFLOP/s; H100 and H200 as H100_ATTENTION_KERNELS; B200 none)": (
+        "A100 (FlashAttention-2): Dao 2023, FlashAttention-2 (arXiv 2307.08691), Figure 5(d), "
+        "'Attention forward speed on A100 GPU', with causal mask, head dimension 128, A100 80GB "
+        "SXM4, 16k tokens a batch: FlashAttention-2 198 TFLOP/s at sequence 4k (132, 164, 187, "
+        "198, 200, 197 from 512 to 16k), its bar labels as a public transcription reads them; a "
+        "second transcription reads 148, but only 198 agrees with the backward of Figure 6(d) "
+        "(165, both read so) and the forward and backward of Figure 4(d) (173 in the first): "
+        "3.5 / (1 / 198 + 2.5 / 165) = 173. At 4k, as the H100's figures. H100: Shah et al. 2024, "
+        "FlashAttention-3 (arXiv 2407.08608), Figure 5, as H100_ATTENTION_KERNELS (causal "
+        "forward, head dimension 128, sequence 4k: FlashAttention-2 319, cuDNN 518, "
+        "FlashAttention-3 579 TFLOP/s). H200: the H100's (the same GH100 die, multiprocessors "
+        "and clocks; the paper measures the H100 alone). B200: FlashAttention-4 (arXiv "
+        "2603.05451) publishes its best rate over its settings ('up to 1613 TFLOPs/s'), not a "
+        "causal head-dimension-128 figure at a sequence length: none, and a B200 prefill's "
+        "attention stays at the matmul rate, counted non-causal. The rate at 4k stands for "
+        "every prompt and head dimension (a 2k prompt's is 187 on the A100, an 8k one's 200)"
+    ),
     "KERNEL_OVERLAP 0.95 (GPUs: a compiled step's kernels one after another)": (
         "XLA's GPU performance model (xla/service/gpu/model/gpu_performance_model_base.h and "
         ".cc): a GPU runs a program's kernels one after another, and each takes its compute "
@@ -654,6 +672,31 @@ H100_ATTENTION_KERNELS: dict[str, tuple[float, float]] = {
     "cudnn": (518e12, 499e12),
     "flash-attention-3": (579e12, 542e12),
 }
+
+
+#: Fused causal attention kernels' measured forward rates by GPU preset (bf16, head dimension
+#: 128, sequences of 4,096, counted as FlashAttention counts them: the causal FLOPs, half the
+#: non-causal): ``{gpu: {kernel: FLOP/s}}``. A serving engine's prefill runs its attention core
+#: as one of them (:meth:`~shardscope._src.targets.engines.Engine.prefill_attention`); a GPU
+#: not listed (the B200: no published figure of this kind) has none (sources in
+#: :data:`TIME_MODEL_SOURCES`).
+ATTENTION_FORWARD: dict[str, dict[str, float]] = {
+    "a100": {"flash-attention-2": 198e12},
+    "h100": {k: fwd for k, (fwd, _) in H100_ATTENTION_KERNELS.items()},
+    # the H100's die, multiprocessors and clocks, more memory
+    "h200": {k: fwd for k, (fwd, _) in H100_ATTENTION_KERNELS.items()},
+}
+
+
+def attention_forward_flops(gpu: str, kernel: str) -> float | None:
+    """The measured causal forward FLOP/s of the fused attention ``kernel`` on the ``gpu``
+    preset (:data:`ATTENTION_FORWARD`; None where none is published).
+
+    >>> attention_forward_flops("a100", "flash-attention-2"), attention_forward_flops(
+    ...     "b200", "flash-attention-3")
+    (198000000000000.0, None)
+    """
+    return ATTENTION_FORWARD.get(gpu, {}).get(kernel)
 
 
 def h100_attention(kernel: str) -> dict[str, float]:
