@@ -164,6 +164,7 @@ def _nemo(
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     attention: str = "cudnn",
     tp_overlap: bool = True,
+    pp_overlap: bool = False,
 ) -> Run:
     """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
     launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
@@ -175,7 +176,9 @@ def _nemo(
     unless the recipe sets ``NVTE_FUSED_ATTN=0``, which leaves TE's FlashAttention-2
     backend), and the tensor-parallel collectives overlapped with their matmuls where the
     configuration sets ``ub_tp_comm_overlap: true`` (``tp_overlap``: Transformer Engine's
-    userbuffers; the hardware setting of the same name)."""
+    userbuffers; the hardware setting of the same name), and the stages' transfers beside
+    the steady 1F1B phase's compute where it sets ``overlap_p2p_comm: true`` (``pp_overlap``,
+    the hardware setting of the same name)."""
     data = gpus // (tp * pp * cp)
     mesh = tuple(
         (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
@@ -195,7 +198,11 @@ def _nemo(
         measured_s,
         virtual_stages=vp,
         matmul_dtype="fp8" if fp8 else "bfloat16",
-        overrides={**h100_attention(attention), **({"tp_overlap": tp_overlap} if tp > 1 else {})},
+        overrides={
+            **h100_attention(attention),
+            **({"tp_overlap": tp_overlap} if tp > 1 else {}),
+            **({"pp_overlap": pp_overlap} if pp > 1 else {}),
+        },
         vocab_split=tp > 1,
         bytes_per_param=bytes_per_param,
     )
@@ -309,8 +316,10 @@ _MTF = "Maxtext LLama2 70b FP8 (FSDP+DP MBS=2): step 4.324 (64 GPUs, FSDP 64)"
 
 # Each recipe's configuration, its GPUs and global batch given per run.
 _llama8 = partial(_nemo, "Llama 3.1 8B", tp=1, cp=2, source=_L8)
-_llama70 = partial(_nemo, "Llama 3.1 70B", tp=4, pp=4, cp=2, vp=5, source=_L70)
-_llama405 = partial(_nemo, tp=8, cp=2, source=_L405, quote=_L405Q)
+#: The Llama 3.1 and GPT-3 configurations set ``overlap_p2p_comm: true`` (with
+#: ``batch_p2p_comm: false``); the 340B's sets it false.
+_llama70 = partial(_nemo, "Llama 3.1 70B", tp=4, pp=4, cp=2, vp=5, source=_L70, pp_overlap=True)
+_llama405 = partial(_nemo, tp=8, cp=2, source=_L405, quote=_L405Q, pp_overlap=True)
 _nemotron15 = partial(_nemo, "Nemotron-4 15B", tp=4, mbs=4, source=_N15)
 #: The 340B benchmark runs the recipe's own nemotron4-340b-synth.yaml (configure.sh), not the
 #: launcher's nemotron_340b.yaml: ``activations_checkpoint_granularity: selective`` and
@@ -336,8 +345,9 @@ _nemotron340 = partial(
     bytes_per_param=NEMOTRON_340B_BYTES_PER_PARAM,
     attention="flash-attention-2",
     tp_overlap=False,  # nemotron4-340b-synth.yaml: ub_tp_comm_overlap: False
+    pp_overlap=False,  # and overlap_p2p_comm: False
 )
-_gpt3 = partial(_nemo, "GPT-3 175B", tp=4, pp=8, vp=12, source=_GPT3)
+_gpt3 = partial(_nemo, "GPT-3 175B", tp=4, pp=8, vp=12, source=_GPT3, pp_overlap=True)
 
 
 def _gpt3_175b(batch: int) -> ModelConfig:

@@ -221,6 +221,7 @@ HARDWARE_OVERRIDES = (
     "tile_m",
     "tile_n",
     "tp_overlap",
+    "pp_overlap",
 )
 
 
@@ -249,6 +250,7 @@ class HardwareOptions(CommandConfig):
     tile_m: int | None
     tile_n: int | None
     tp_overlap: bool | None
+    pp_overlap: bool | None
 
     @property
     def hardware_overrides(self) -> Mapping[str, Any]:

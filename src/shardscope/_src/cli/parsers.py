@@ -641,6 +641,14 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
         "Engine's ub_tp_comm_overlap and XLA's collective matmuls run them (default: a "
         "TPU's compiler does, a GPU's program does not)",
     )
+    p.add_argument(
+        "--pp-overlap",
+        dest="pp_overlap",
+        action=argparse.BooleanOptionalAction,
+        help="pipeline stages send and receive beside the steady 1F1B phase's compute, as "
+        "Megatron's overlap_p2p_comm does; only the fill's and flush's transfers wait "
+        "(default: off)",
+    )
 
 
 def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = True) -> None:

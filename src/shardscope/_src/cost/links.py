@@ -243,6 +243,24 @@ def stage_bandwidth(hw: Hardware, stage_devices: int) -> float:
     return hw.link_bandwidth * hw.comm_fraction
 
 
+def stage_held_share(hw: Hardware, stage_devices: int) -> float:
+    """The share of a GPU's multiprocessors a pipeline's point-to-point transfer between
+    stages of ``stage_devices`` devices each holds while it runs beside compute, across
+    nodes or inside one as :func:`stage_bandwidth` reads it (:func:`held_share`'s channels);
+    0 on a TPU.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> stage_held_share(hardware("h100"), 8) == 16 / 132
+    True
+    >>> stage_held_share(hardware("h100"), 4) == 32 / 132, stage_held_share(hardware("tpu-v5p"), 8)
+    (True, 0.0)
+    """
+    if not hw.sms:
+        return 0.0
+    across = stage_devices >= hw.node_size
+    return min(hw.comm_sms_net if across else hw.comm_sms, hw.sms) / hw.sms
+
+
 def alpha_beta_seconds(
     steps: int, latency_s: float, traffic_bytes: float, bandwidth: float
 ) -> float:

@@ -591,6 +591,11 @@ def _compiled_memory(v: CompiledMemoryValues) -> str:
 def _time_model(values: TimeModelValues) -> str:
     v = values.hardware
     overlap = "overlapped with their matmuls" if v.tp_overlap else "on the critical path"
+    pp = (
+        "beside the steady phase's compute (the fill's and flush's waiting)"
+        if v.pp_overlap
+        else "waiting for their chunks"
+    )
     sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
     return (
         f"time model ({v.name}): matmuls at {v.matmul_fraction:.0%} of "
@@ -600,7 +605,8 @@ def _time_model(values: TimeModelValues) -> str:
         f"{v.cross_node_bandwidth / 1e9:g} GB/s per device across nodes, "
         f"{v.latency_s * 1e6:g} us per ring step; tensor-parallel collectives {overlap}; "
         f"data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
-        f"schedule allows; 1F1B pipeline bubble; copies to host memory beside the compute; "
+        f"schedule allows; 1F1B pipeline bubble, its stages' transfers {pp}; copies to "
+        f"host memory beside the compute; "
         f"the optimizer's pass over its state. Plans rank by this step time with the "
         f"matmul FLOPs (counted from its HLO) and the collectives of the program the compiler "
         f"produced (the formula's screen which to compile). Sources: {sources}"

@@ -50,6 +50,11 @@ class Hardware(Record):
         GPUs they stay on the critical path unless set (Transformer Engine's
         ``ub_tp_comm_overlap``, as NeMo's recipes run: see :data:`TIME_MODEL_SOURCES`), and
         then hold their share of the multiprocessors while they run.
+      pp_overlap: the program sends a pipeline stage's activations and gradients on while
+        it computes the next chunk in the steady 1F1B phase (Megatron's
+        ``overlap_p2p_comm``), so only the transfers of the pipeline's fill and flush are
+        on the critical path; off unless set, on every device: each transfer then waits
+        for its chunk (see :data:`TIME_MODEL_SOURCES`).
       host_memory_bytes: the host's memory per device (the host's DRAM over its devices),
         where activations offloaded by ``remat="offload"`` live; 0: no offload.
       host_bandwidth: bytes/s one device moves to or from host memory, each way (PCIe).
@@ -94,6 +99,7 @@ class Hardware(Record):
     matmul_fraction: float = 0.585
     comm_fraction: float = 0.8
     tp_overlap: bool = False
+    pp_overlap: bool = False
     host_memory_bytes: float = 0.0
     host_bandwidth: float = 0.0
     fp8_peak_flops: float = 0.0
@@ -265,6 +271,20 @@ TIME_MODEL_SOURCES = {
         "bulk overlaps 2-24 multiprocessors each (num_sm); a hidden collective here holds "
         "comm_sms, NCCL's, an upper bound on those. Off by default: an XLA program on GPUs "
         "runs them on the critical path unless its flags ask for collective matmuls"
+    ),
+    "pp_overlap (off unless set)": (
+        "NeMo's communication overlap guide (docs.nvidia.com/nemo-framework/user-guide/24.12/"
+        "nemotoolkit/features/optimizations/communication_overlap.html, 'Pipeline-parallel "
+        "Communication Overlap'): with interleaved pipelining, overlap_p2p_comm overlaps the "
+        "stages' sends and receives 'with non-dependent computations in the 1F1B stage', "
+        "while 'the PP communications in pipeline fill and flush are still exposed'; "
+        "NVIDIA's launcher configurations set it (NeMo-Framework-Launcher launcher_scripts/"
+        "conf/training/llama/llama3_1_70b.yaml@1ab2c78 and llama3_1_405b.yaml@072ecc4, "
+        "dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml@35a9aec: overlap_p2p_comm: "
+        "true, batch_p2p_comm: false; nemotron/nemotron4-340b-synth.yaml@8f5cbb3: false). A "
+        "hidden transfer holds its share of the multiprocessors as the other collectives "
+        "do (comm_sms, comm_sms_net). Off by default: a transfer then waits for its chunk "
+        "and the next chunk for it"
     ),
     "kernel_launch_s (GPUs) 1e-6": (
         "XLA's GPU cost model, which prices each kernel's launch at 1 us (xla/service/gpu/"
@@ -567,6 +587,13 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
                 raise ShardscopeError(
                     f"hardware setting tp_overlap={value!r} says whether tensor-parallel "
                     f"collectives run beside their matmuls: give True or False"
+                )
+            continue
+        if key == "pp_overlap":
+            if not isinstance(value, bool):
+                raise ShardscopeError(
+                    f"hardware setting pp_overlap={value!r} says whether pipeline stages' "
+                    f"transfers run beside the steady phase's compute: give True or False"
                 )
             continue
         if key == "hbm_by_size":

@@ -72,7 +72,10 @@ Per micro-batch on the slowest pipeline stage, one device:
   ``v m + p - 1`` chunk slots and the bubble ``(p - 1) / (v m + p - 1)`` of it (the paper's
   ``(1 / v) (p - 1) / m`` of the ideal time). Each chunk sends its activations on and
   their gradient back, so the point-to-point transfers grow ``v``-fold ("the amount of
-  communication also increases by v").
+  communication also increases by v"). Where the program overlaps them (``pp_overlap``:
+  Megatron's ``overlap_p2p_comm``, which NeMo's interleaved recipes set) the steady phase's
+  ``v m`` chunks send and receive beside the next chunk's compute, and only the fill's and
+  the flush's ``p - 1`` slots keep their transfers on the critical path.
 * **data-parallel and FSDP collectives** (over the data axes): overlapped with compute as far
   as the schedule allows. FSDP's gathers and reduce-scatters repeat per micro-batch and hide
   behind that micro-batch's forward and backward; ZeRO-2's gradient reduce-scatters repeat
@@ -138,6 +141,7 @@ from shardscope._src.cost.links import (
     collective_seconds,
     held_share,
     stage_bandwidth,
+    stage_held_share,
 )
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
@@ -270,6 +274,9 @@ class StepWork:
     host_bandwidth: float = 0.0
     #: optimizer state in host memory, streamed in for the update and back (each way)
     host_optimizer_bytes: float = 0.0
+    #: the share of the multiprocessors a transfer between stages holds while it runs
+    #: beside compute (``pp_overlap``; :func:`~shardscope._src.cost.links.stage_held_share`)
+    p2p_held: float = 0.0
     #: the element type of the layers' matmuls, and the part of ``fwd_flops`` and of
     #: ``recompute_flops`` that runs in it when it is fp8
     matmul_dtype: str = MatmulDtype.BFLOAT16
@@ -461,8 +468,16 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     # One model chunk of one micro-batch, forward and backward, with its two transfers: the
     # whole stage's work per micro-batch without interleaving.
     v = work.virtual_stages
-    slot = (fwd + bwd + tp_exposed) / v + 2 * p2p_one
+    chunk = (fwd + bwd + tp_exposed) / v
+    slot = chunk + 2 * p2p_one
     pipeline = (v * m + p - 1) * slot
+    if hw.pp_overlap and p > 1:
+        # The steady phase's v m chunks send and receive beside the next chunk's compute
+        # (Megatron's overlap_p2p_comm): what the transfers add is what the chunk does not
+        # cover, or the compute their multiprocessors take; the fill's and the flush's
+        # p - 1 slots keep theirs on the critical path.
+        hidden = overlap_seconds(chunk, 2 * p2p_one, 2 * p2p_one * work.p2p_held)
+        pipeline = v * m * (chunk + hidden) + (p - 1) * slot
     # The collectives of one class share its window: they go over the same links one after
     # another, so what exceeds the window in all is exposed.
     # On a GPU each holds some of the multiprocessors while it runs, and the compute beside
@@ -798,6 +813,7 @@ def step_work(
         recompute_act_bytes=again_bytes,
         p2p_bytes=tokens * c.d_model * c.itemsize / t,
         p2p_bandwidth=p2p_bw,
+        p2p_held=stage_held_share(hw, devices // p),
         optimizer_params=stage_elements_per_device(
             placement, placement.strategy.optimizer_rules(), p
         ),
