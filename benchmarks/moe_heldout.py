@@ -95,7 +95,7 @@ class MoeRun:
     #: None: the source does not state it (:data:`UNSTATED`)
     remat: str | None = None
     virtual_stages: int = 1
-    overrides: dict[str, float] | None = None
+    overrides: dict[str, Any] | None = None
     instead: tuple[str, ...] = ()
     #: why the planner cannot write this run as it ran (its best plan is still judged; with
     #: a ``strategy``, that layout is the nearest it writes, printed apart from the errors)
@@ -237,18 +237,21 @@ def _bridge_qwen3_fp8(
     ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`)."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
     data = gpus // pp // tp
+    # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on under interleaving
+    # (src/megatron/bridge/training/comm_overlap.py@0685ff5, "PP overlap": vp_size > 1)
+    overrides = {**CUDNN, "pp_overlap": pp > 1 and vp > 1}
     name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
     config = _preset(f"qwen3-{size.lower()}", batch, 4096)
     if tp == 1:
         return MoeRun(
             name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep",
             (("stage", pp), ("data", data // ep), ("expert", ep)), batch // (data * mbs), None,
-            vp, overrides=CUDNN, matmul_dtype="fp8",
+            vp, overrides=overrides, matmul_dtype="fp8",
         )  # fmt: skip
     mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
         name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
-        batch // (data * mbs), None, vp, overrides=CUDNN, matmul_dtype="fp8",
+        batch // (data * mbs), None, vp, overrides=overrides, matmul_dtype="fp8",
     )  # fmt: skip
 
 
