@@ -32,6 +32,8 @@ Each constant's source is in :data:`~shardscope._src.targets.hardware.TIME_MODEL
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
@@ -115,7 +117,7 @@ def tile_rows(hw: Hardware, m: float) -> int:
 TILE_K = 64
 
 
-def gemm_efficiency(hw: Hardware, m: float, n: int, k: int) -> float:
+def gemm_efficiency(hw: Hardware, m: float, n: int, k: float) -> float:
     """The share of the flat rate (:func:`matmul_seconds`'s) a GPU matmul of ``m`` rows by
     ``n`` columns of output over ``k`` reaches: its output is cut into tiles of
     :func:`tile_rows` by ``tile_n``, each computed by one multiprocessor, in waves of
@@ -168,10 +170,11 @@ def gemm_seconds(hw: Hardware, gemm: Gemm, *, fp8: bool = False) -> float:
     )
 
 
-def gemms_efficiency(hw: Hardware, gemms: Iterable[Gemm]) -> float:
+def gemms_efficiency(hw: Hardware, gemms: Iterable[Gemm], *, measured: bool = False) -> float:
     """The share of the flat rate ``gemms`` reach together: their FLOPs over the FLOPs the
-    flat rate would run in the time their shapes take (:func:`gemm_efficiency`; 1 where
-    there are none).
+    flat rate would run in the time their shapes take (:func:`gemm_efficiency`; with
+    ``measured``, each a batched kernel at its measured share, :func:`measured_efficiency`;
+    1 where there are none).
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> h = hardware("h100")
@@ -181,8 +184,166 @@ def gemms_efficiency(hw: Hardware, gemms: Iterable[Gemm]) -> float:
     flops = slow = 0.0
     for g in gemms:
         flops += g.flops
-        slow += g.flops / gemm_efficiency(hw, g.m, g.n, g.k)
+        share = measured_efficiency(hw, g) if measured else gemm_efficiency(hw, g.m, g.n, g.k)
+        slow += g.flops / share
     return flops / slow if slow else 1.0
+
+
+#: The sizes :data:`H100_MATMUL_TFLOPS` measures: the matmuls one kernel runs together
+#: (``b``, a batched matmul's batch) and each of ``m``, ``n`` and ``k``.
+MATMUL_BATCHES = (1, 2, 4)
+MATMUL_SIZES = (256, 512, 1024, 2048, 4096)
+
+#: An H100's bf16 matmul throughput by shape, as XLA's GPU cost model measured it:
+#: ``{(b, m, n): TFLOP/s at each k of MATMUL_SIZES}`` for ``b`` matmuls of ``m`` rows by ``n``
+#: columns over ``k`` in one kernel, from 6.45 TFLOP/s (one of 256 x 256 x 256: a few
+#: microseconds whatever its size) to 808.70 (the table's largest shape, four of 4,096 cubed,
+#: 793.13) (its source in :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+H100_MATMUL_TFLOPS: dict[tuple[int, int, int], tuple[float, ...]] = {
+    (1, 256, 256): (6.45, 11.46, 19.46, 31.13, 84.31),
+    (1, 256, 512): (11.46, 21.96, 39.11, 62.37, 91.68),
+    (1, 256, 1024): (22.67, 41.84, 72.47, 118.99, 172.29),
+    (1, 256, 2048): (41.84, 78.22, 138.08, 215.78, 285.87),
+    (1, 256, 4096): (78.03, 138.08, 225.20, 324.59, 412.03),
+    (1, 512, 256): (11.46, 21.79, 39.29, 60.13, 91.06),
+    (1, 512, 512): (21.62, 40.72, 71.24, 114.72, 174.54),
+    (1, 512, 1024): (43.46, 80.47, 138.65, 216.48, 309.61),
+    (1, 512, 2048): (79.32, 143.40, 232.61, 342.39, 430.53),
+    (1, 512, 4096): (134.22, 236.30, 373.35, 522.25, 644.12),
+    (1, 1024, 256): (21.96, 40.92, 68.34, 113.17, 169.68),
+    (1, 1024, 512): (42.91, 82.24, 141.28, 220.03, 298.93),
+    (1, 1024, 1024): (82.04, 145.57, 236.30, 349.98, 470.11),
+    (1, 1024, 2048): (139.52, 237.55, 373.35, 524.29, 653.53),
+    (1, 1024, 4096): (209.72, 338.93, 490.29, 634.22, 738.47),
+    (1, 2048, 256): (43.58, 77.31, 135.85, 216.13, 307.49),
+    (1, 2048, 512): (83.89, 142.78, 235.88, 347.71, 451.15),
+    (1, 2048, 1024): (141.58, 238.40, 373.35, 523.27, 653.13),
+    (1, 2048, 2048): (213.04, 345.48, 493.90, 631.98, 737.97),
+    (1, 2048, 4096): (299.26, 450.40, 594.21, 715.35, 753.64),
+    (1, 4096, 256): (82.24, 137.24, 217.18, 304.69, 376.22),
+    (1, 4096, 512): (142.48, 238.82, 370.77, 521.74, 649.96),
+    (1, 4096, 1024): (216.48, 343.71, 488.06, 631.98, 738.47),
+    (1, 4096, 2048): (304.00, 447.02, 593.23, 716.07, 758.43),
+    (1, 4096, 4096): (392.16, 543.12, 677.44, 738.74, 783.33),
+    (2, 256, 256): (11.55, 21.56, 36.95, 60.35, 91.30),
+    (2, 256, 512): (22.31, 42.05, 72.94, 119.62, 175.22),
+    (2, 256, 1024): (43.02, 80.66, 138.65, 216.13, 295.31),
+    (2, 256, 2048): (81.84, 142.18, 226.34, 332.25, 418.78),
+    (2, 256, 4096): (142.48, 228.26, 358.39, 462.82, 587.71),
+    (2, 512, 256): (21.73, 40.33, 66.58, 112.60, 168.62),
+    (2, 512, 512): (43.35, 81.05, 139.81, 216.48, 312.13),
+    (2, 512, 1024): (82.04, 141.28, 235.06, 349.53, 461.23),
+    (2, 512, 2048): (138.65, 235.47, 371.28, 525.31, 644.12),
+    (2, 512, 4096): (206.81, 335.54, 486.74, 627.19, 734.68),
+    (2, 1024, 256): (43.69, 76.43, 136.40, 209.72, 306.43),
+    (2, 1024, 512): (81.44, 146.21, 237.55, 347.71, 449.64),
+    (2, 1024, 1024): (140.40, 238.40, 373.87, 519.22, 649.57),
+    (2, 1024, 2048): (211.70, 339.79, 493.45, 631.24, 739.00),
+    (2, 1024, 4096): (298.26, 445.91, 596.52, 714.64, 747.74),
+    (2, 2048, 256): (78.77, 139.23, 217.18, 309.97, 378.63),
+    (2, 2048, 512): (141.88, 234.24, 371.79, 518.72, 645.28),
+    (2, 2048, 1024): (215.78, 342.39, 488.95, 629.39, 737.21),
+    (2, 2048, 2048): (299.59, 447.02, 600.19, 717.74, 756.70),
+    (2, 2048, 4096): (393.89, 542.29, 678.72, 729.08, 779.35),
+    (2, 4096, 256): (135.03, 234.65, 366.21, 508.40, 584.19),
+    (2, 4096, 512): (211.03, 340.65, 487.18, 622.82, 729.69),
+    (2, 4096, 1024): (301.61, 445.54, 598.18, 713.45, 750.61),
+    (2, 4096, 2048): (394.47, 546.43, 680.88, 733.30, 783.19),
+    (2, 4096, 4096): (464.02, 607.67, 692.97, 763.01, 807.67),
+    (4, 256, 256): (22.55, 41.22, 71.39, 117.73, 171.63),
+    (4, 256, 512): (43.13, 80.66, 135.03, 204.60, 286.48),
+    (4, 256, 1024): (81.44, 140.10, 228.26, 327.76, 430.53),
+    (4, 256, 2048): (140.40, 228.65, 358.87, 478.49, 588.03),
+    (4, 256, 4096): (206.49, 335.13, 481.93, 602.89, 664.03),
+    (4, 512, 256): (42.37, 77.85, 132.36, 210.37, 293.05),
+    (4, 512, 512): (77.49, 142.18, 237.13, 343.27, 442.23),
+    (4, 512, 1024): (139.23, 236.30, 375.43, 518.22, 641.81),
+    (4, 512, 2048): (209.06, 336.39, 487.18, 629.39, 737.48),
+    (4, 512, 4096): (294.98, 442.23, 592.25, 699.73, 730.06),
+    (4, 1024, 256): (80.85, 135.85, 218.24, 313.96, 384.05),
+    (4, 1024, 512): (134.49, 236.72, 371.79, 514.24, 642.19),
+    (4, 1024, 1024): (214.75, 337.65, 489.85, 626.09, 735.94),
+    (4, 1024, 2048): (300.28, 442.23, 598.18, 712.74, 743.59),
+    (4, 1024, 4096): (391.31, 541.75, 674.88, 718.70, 773.53),
+    (4, 2048, 256): (136.12, 235.47, 368.22, 493.90, 561.87),
+    (4, 2048, 512): (213.38, 335.54, 487.18, 621.38, 730.44),
+    (4, 2048, 1024): (300.94, 443.33, 596.54, 710.62, 745.02),
+    (4, 2048, 2048): (394.76, 542.29, 674.04, 725.75, 779.14),
+    (4, 2048, 4096): (458.86, 607.32, 688.63, 752.46, 801.94),
+    (4, 4096, 256): (206.49, 335.13, 477.64, 588.67, 622.46),
+    (4, 4096, 512): (298.59, 441.51, 589.00, 703.63, 728.59),
+    (4, 4096, 1024): (393.31, 542.04, 673.84, 720.52, 777.59),
+    (4, 4096, 2048): (458.47, 607.49, 687.86, 759.30, 808.70),
+    (4, 4096, 4096): (503.87, 619.86, 725.51, 764.58, 793.13),
+}
+
+
+def _between(grid: tuple[int, ...], x: float) -> tuple[int, float]:
+    """The index ``i`` of the measured size at or below ``x`` on ``grid`` and ``x``'s share
+    of the way from it to the next in the logarithm of the size; held at the grid's ends
+    (``(0, 0.0)`` below it, the last index above)."""
+    if x <= grid[0]:
+        return 0, 0.0
+    if x >= grid[-1]:
+        return len(grid) - 1, 0.0
+    i = bisect.bisect_right(grid, x) - 1
+    return i, math.log(x / grid[i]) / math.log(grid[i + 1] / grid[i])
+
+
+@functools.cache
+def measured_tflops(b: float, m: float, n: float, k: float) -> float:
+    """An H100's bf16 throughput (TFLOP/s) for ``b`` matmuls of ``m`` by ``n`` over ``k`` in
+    one kernel, from :data:`H100_MATMUL_TFLOPS`: at a measured shape as measured; between
+    them interpolated linearly in the logarithm of each of ``b``, ``m``, ``n`` and ``k`` (the
+    16 measured shapes around it, as XLA's model weighs the same 16); beyond the measured
+    sizes held at the nearest (a batch of more than 4 as 4, fewer than 256 rows as 256).
+
+    >>> measured_tflops(1, 256, 256, 256), measured_tflops(4, 4096, 4096, 4096)
+    (6.45, 793.13)
+    >>> measured_tflops(64, 16, 8192, 4096)  # held at the edges: four of 256 by 4,096
+    664.03
+    >>> measured_tflops(1, 256, 256, 256 * 2**0.5)  # halfway from k 256 to 512, in log size
+    8.955
+    """
+    at = [_between(MATMUL_BATCHES, b), *(_between(MATMUL_SIZES, x) for x in (m, n, k))]
+    total = 0.0
+    for up in itertools.product((0, 1), repeat=4):
+        weight = math.prod(w if u else 1 - w for u, (_, w) in zip(up, at, strict=True))
+        if weight:
+            bi, mi, ni, ki = (i + u for u, (i, _) in zip(up, at, strict=True))
+            row = H100_MATMUL_TFLOPS[MATMUL_BATCHES[bi], MATMUL_SIZES[mi], MATMUL_SIZES[ni]]
+            total += weight * row[ki]
+    return total
+
+
+#: The throughput :func:`measured_efficiency` is a share of: the table's at its largest
+#: shape, four matmuls of 4,096 cubed.
+H100_LARGE_MATMUL_TFLOPS = H100_MATMUL_TFLOPS[4, 4096, 4096][-1]
+
+
+def measured_efficiency(hw: Hardware, gemm: Gemm) -> float:
+    """The share of the flat rate (:func:`matmul_seconds`'s) ``gemm``'s ``times`` matmuls
+    reach run as one batched kernel (a layer's experts on a device, each its own tokens), on
+    a GPU whose preset measures matmuls by shape (``matmul_by_shape``): the H100's measured
+    throughput at that shape (:func:`measured_tflops`) over its throughput at the table's
+    largest (:data:`H100_LARGE_MATMUL_TFLOPS`), at most 1 (the few shapes measured above it,
+    by up to 2%, are a saturated kernel's noise); 1 elsewhere. The flat rate was calibrated
+    on dense layers' large matmuls, which the table measures at about its largest shape's
+    rate: a matmul of the shape it names runs that much slower than they do.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> measured_efficiency(h, Gemm(4096, 4096, 4096, times=4))
+    1.0
+    >>> round(measured_efficiency(h, Gemm(256, 1536, 2048, times=32)), 3)  # 32 experts' 256 rows
+    0.524
+    >>> measured_efficiency(hardware("a100"), Gemm(256, 1536, 2048, times=32))
+    1.0
+    """
+    if not hw.matmul_by_shape:
+        return 1.0
+    rate = measured_tflops(gemm.times, gemm.m, gemm.n, gemm.k)
+    return min(1.0, rate / H100_LARGE_MATMUL_TFLOPS)
 
 
 #: An H100's HBM bandwidth by the bytes one kernel moves, as XLA's GPU matmul cost model

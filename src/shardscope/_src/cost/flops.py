@@ -26,11 +26,12 @@ _N = TypeVar("_N", int, float)
 
 class Gemm(NamedTuple):
     """``times`` matmuls of ``m`` rows (tokens) by ``k`` by ``n`` columns: ``m x k`` times
-    ``k x n``. ``m`` may be a mean (the tokens routed to an expert)."""
+    ``k x n``. ``m`` may be a mean (the tokens routed to an expert), and so may ``k`` (an
+    expert's weight gradient sums over its tokens)."""
 
     m: float
     n: int
-    k: int
+    k: float
     times: int = 1
 
     @property

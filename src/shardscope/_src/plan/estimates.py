@@ -48,7 +48,7 @@ from typing import Any
 from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record, record_dict
 from shardscope._src.base.vocab import Vocab
-from shardscope._src.cost.flops import attention_core_flops, weight_flops
+from shardscope._src.cost.flops import Gemm, attention_core_flops, weight_flops
 from shardscope._src.model.config import (
     EXPERT_PARAMS,
     LAYER_PARAMS,
@@ -785,6 +785,75 @@ def routed_expert_work(placement: Placement, microbatches: int = 1) -> tuple[flo
     per_token = c.moe_layers * c.top_k * c.routed_capacity * expert_mlp_params(c)
     flops = 2 * tokens * per_token / model_ways(placement)
     return flops, sum(expert_weight_elements(placement).values())
+
+
+def expert_batch(placement: Placement, microbatches: int = 1) -> tuple[int, float]:
+    """``(experts, rows)``: the routed experts of a layer one device runs in a micro-batch
+    and the rows (token slots) each takes: the experts its matmuls use (all of them under
+    FSDP, which gathers them; ``experts / e`` over an expert axis of ``e``, folded over
+    ``expert`` and ``model``), and the slots a device's tokens route (``top_k x`` the
+    routed capacity each, the capacity factor or a dropless routing's imbalance, as
+    :func:`routed_expert_work` counts them) spread over every expert, times the devices that
+    send to each expert (the expert group: an expert takes its slots of every device over
+    its axes). Folded, each device of ``model`` routes its own slice of the tokens. ``(0,
+    0.0)`` for a dense model.
+
+    >>> from dataclasses import replace
+    >>> from shardscope._src.model.presets import model_preset
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> c = replace(model_preset("qwen3-30b-a3b").config(batch=8), seq=4096)
+    >>> expert_batch(get_strategy("fsdp").place(c, abstract_mesh("data=8")))
+    (128, 256.0)
+    >>> expert_batch(get_strategy("ep").place(c, abstract_mesh("expert=8")))
+    (16, 2048.0)
+    """
+    c = placement.config
+    if not c.is_moe:
+        return 0, 0.0
+    rules = placement.strategy.use_rules() or placement.strategy.param_rules()
+    split = placement.role_size(rules["expert_down"][0])
+    slots = tokens_per_device(placement, microbatches) * c.top_k * c.routed_capacity
+    return c.experts // split, slots * split / (c.experts * placement.sequence_groups)
+
+
+def expert_gemms(placement: Placement, microbatches: int = 1) -> tuple[list[Gemm], list[Gemm]]:
+    """``(forward, backward)``: the matmuls of one layer's routed experts on one device in a
+    micro-batch, each a :class:`~shardscope._src.cost.flops.Gemm` whose ``times`` are the
+    device's experts run as one batched kernel (:func:`expert_batch`), at the experts'
+    weights' sizes as the device uses them (tensor parallelism's slice of ``expert_ff``).
+    Forward, each weight ``k x n`` (SwiGLU's gate and up one ``d_model x 2 expert_ff``, the
+    down ``expert_ff x d_model``) multiplies an expert's ``rows`` tokens: ``(rows, n, k)``;
+    backward, the input's gradient ``(rows, k, n)`` and the weight's ``(k, n, rows)`` (the
+    tokens summed over). Empty for a dense model.
+
+    >>> from dataclasses import replace
+    >>> from shardscope._src.model.presets import model_preset
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> c = replace(model_preset("qwen3-30b-a3b").config(batch=8), seq=4096)
+    >>> fwd, bwd = expert_gemms(get_strategy("ep").place(c, abstract_mesh("expert=8")))
+    >>> fwd
+    [Gemm(m=2048.0, n=1536, k=2048, times=16), Gemm(m=2048.0, n=2048, k=768, times=16)]
+    >>> bwd[1], bwd[3]
+    (Gemm(m=2048, n=1536, k=2048.0, times=16), Gemm(m=768, n=2048, k=2048.0, times=16))
+    """
+    c = placement.config
+    if not c.is_moe:
+        return [], []
+    experts, rows = expert_batch(placement, microbatches)
+    rules = placement.strategy.use_rules() or placement.strategy.param_rules()
+    shapes = param_shapes(c)
+    fwd: list[Gemm] = []
+    bwd: list[Gemm] = []
+    for name in EXPERT_PARAMS:
+        if name not in shapes:
+            continue
+        # (layers, experts, k..., n): the weight as the device's matmuls use it
+        used = zip(shapes[name][2:], rules[name][1:], strict=True)
+        dims = [d // placement.role_size(r) for d, r in used]
+        k, n = dims[0], math.prod(dims[1:])
+        fwd.append(Gemm(rows, n, k, experts))
+        bwd += [Gemm(rows, k, n, experts), Gemm(k, n, rows, experts)]
+    return fwd, bwd
 
 
 def expert_weight_elements(placement: Placement) -> dict[str, int]:

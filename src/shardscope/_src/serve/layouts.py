@@ -176,7 +176,7 @@ def weight_reads(config: ModelConfig, layout: Layout) -> tuple[WeightRead, ...]:
     True
     """
     return tuple(
-        WeightRead(g.n * g.k * group, g.times // group, name in EXPERT_PARAMS)
+        WeightRead(g.n * int(g.k) * group, g.times // group, name in EXPERT_PARAMS)
         for name, g, group in _weight_matmuls(config, layout, 1)
     )
 

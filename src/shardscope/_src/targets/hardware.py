@@ -43,6 +43,13 @@ class Hardware(Record):
         :data:`TIME_MODEL_SOURCES`).
       matmul_fraction: the fraction of ``peak_flops`` a transformer layer's matmuls reach
         (see :data:`TIME_MODEL_SOURCES`).
+      matmul_by_shape: a mixture's routed experts' matmuls (a layer's experts on a device,
+        each a matmul of its own tokens) run at ``matmul_fraction`` times the share of a large
+        matmul's throughput measured on an H100 for their shape
+        (:func:`~shardscope._src.cost.compute.measured_efficiency`: a few hundred tokens an
+        expert at about half); on the H100 and the H200 (the H100's die), whose compiler
+        target the measurements are of; off elsewhere: at ``matmul_fraction`` whatever their
+        shape (see :data:`TIME_MODEL_SOURCES`).
       comm_fraction: achieved collective bandwidth over the link's (bus bandwidth measured
         by nccl-tests over the line rate).
       tp_overlap: the program overlaps tensor-parallel collectives with the matmuls they
@@ -110,6 +117,7 @@ class Hardware(Record):
     kernel_floor_s: float = 0.0
     hbm_fraction: float = 1.0
     hbm_by_size: bool = False
+    matmul_by_shape: bool = False
     sms: int = 0
     tile_m: int = 128
     tile_n: int = 128
@@ -190,11 +198,37 @@ TIME_MODEL_SOURCES = {
         "decoding kernel reaches 0.9 (FlashMLA: up to 3000 GB/s on an H800 SXM5). TPUs 1 (the "
         "datasheet's): no measurement or compiler figure found"
     ),
-    "a mixture's grouped expert matmuls at matmul_fraction": (
+    "a mixture's grouped expert matmuls at a batched matmul's rate": (
         "MegaBlocks (Gale et al. 2022, arXiv 2211.15841) measures its block-sparse expert "
         "kernels at 98.6% of cuBLAS batched matmul throughput on average (91-104% over its "
-        "problem sizes): a dense matmul's rate, no faster than reading the experts' weights "
+        "problem sizes): a batched matmul's rate for the shape (matmul_by_shape where it is "
+        "measured, else matmul_fraction), no faster than reading the experts' weights "
         "through HBM where they get fewer tokens than the rate over the bandwidth"
+    ),
+    "matmul_by_shape (H100, H200): cost.compute.H100_MATMUL_TFLOPS": (
+        "XLA's GPU cost model for matmuls (tensorflow/tensorflow third_party/xla/xla/service/"
+        "gpu/model/matmul_interpolator_data.h@372d578, kDefaultMatmulPTable, key sm_90, "
+        "'bf16xbf16->bf16'; read by matmul_interpolator.cc): an H100's measured throughput "
+        "of b matmuls of m by n over k in one kernel, b 1, 2, 4 and each of m, n, k 256 to "
+        "4,096 in powers of two (375 shapes), from 6.45 TFLOP/s (1 x 256 cubed) to 793 (4 x "
+        "4,096 cubed; 809 the most, at 4 x 4,096 x 2,048 x 4,096). XLA weighs the 16 "
+        "measured shapes around a matmul by inverse squared distance, its sizes clamped to "
+        "the table (b to 4, m, n, k to 256-4,096); here they are interpolated linearly in "
+        "the logarithm of each size, which gives each measured shape exactly and is "
+        "monotone wherever the table is, held at the same edges. A layer's routed experts "
+        "on a device run as one batched kernel (b its experts, held at 4: the table "
+        "measures no more, so a kernel of many experts is priced as four, which fill the "
+        "multiprocessors less), each expert's matmul of the tokens routed to it (held at "
+        "256 below: fewer rows run no faster a FLOP in the table's trend, so this prices "
+        "them optimistically); a share of the largest shape's rate (at most 1), times "
+        "matmul_fraction, which was calibrated on dense layers whose matmuls the table "
+        "measures at about that rate. The sm_90 table has no fp8 entries: fp8 expert "
+        "matmuls take the bf16 share of the fp8 rate (the B200's table, key sm_100 in "
+        "xla/backends/gpu/cost_model/matmul_interpolator_data.h@a305421, measures fp8 "
+        "small shapes at a lower share of fp8's large-shape rate than bf16's: this "
+        "understates their slowdown). The H200 is the H100's die and compiler target "
+        "(sm_90); the A100 and B200 (sm_80 and sm_100, not in the sm_90 table) and TPUs "
+        "keep matmul_fraction whatever the shape"
     ),
     "attention_fwd_flops, attention_bwd_flops (H100_ATTENTION_KERNELS)": (
         "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), Figures 5 and 6: BF16 "
@@ -424,6 +458,7 @@ PRESETS: dict[str, Hardware] = {
             kernel_floor_s=2e-6,
             hbm_fraction=0.8,
             hbm_by_size=True,
+            matmul_by_shape=True,
             sms=132,
             comm_sms=32,
             comm_sms_net=16,
@@ -446,6 +481,7 @@ PRESETS: dict[str, Hardware] = {
             kernel_launch_s=1e-6,
             kernel_floor_s=2e-6,
             hbm_fraction=0.8,
+            matmul_by_shape=True,
             sms=132,
             comm_sms=32,
             comm_sms_net=16,
@@ -601,6 +637,20 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
                 raise ShardscopeError(
                     f"hardware setting hbm_by_size={value!r} says whether a matmul reaches "
                     f"the HBM bandwidth measured for its size: give True or False"
+                )
+            continue
+        if key == "matmul_by_shape":
+            if not isinstance(value, bool):
+                raise ShardscopeError(
+                    f"hardware setting matmul_by_shape={value!r} says whether a mixture's "
+                    f"expert matmuls run at the share of the rate measured for their shape: "
+                    f"give True or False"
+                )
+            if value and not base.sms:
+                raise ShardscopeError(
+                    f"hardware setting matmul_by_shape=True on {base.name}: its matmuls' "
+                    f"throughput by shape was measured on an H100's multiprocessors, and "
+                    f"{base.name} has none; leave it out, or set matmul_fraction"
                 )
             continue
         if key in GEMM_TILING:

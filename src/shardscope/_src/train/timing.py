@@ -20,7 +20,13 @@ Per micro-batch on the slowest pipeline stage, one device:
   weight reaches reading its operands
   (:func:`~shardscope._src.cost.compute.matmul_read_seconds`). With few tokens per expert
   (below the matmul rate over that bandwidth, about 200 a bf16 expert on an H100) the
-  grouped matmuls are memory-bound, and that time is what they take.
+  grouped matmuls are memory-bound, and that time is what they take. Where the hardware
+  measures matmuls by shape (``matmul_by_shape``: the H100 and H200), their FLOPs run at
+  the share of the flat rate a batched kernel of the device's experts reaches at their
+  shapes, forward and backward apart (:func:`~shardscope._src.plan.estimates.expert_gemms`,
+  :func:`~shardscope._src.cost.compute.measured_efficiency`): an expert of a few hundred
+  tokens at about half of it, so a layout that sends each expert more tokens (expert
+  parallelism) runs them faster a FLOP than one that runs every expert on a device's own.
 * **fp8 matmuls** (``matmul_dtype="fp8"``): the layers' projections and MLP (torchtitan's
   float8 training swaps each ``nn.Linear`` for torchao's ``Float8Linear``, forward and both
   backward matmuls in fp8; MaxText's fp8 quantization replaces its dense layers'
@@ -130,6 +136,7 @@ from shardscope._src.bounds.terms import Bound, Term, TermRole
 from shardscope._src.bounds.transformer import regathered_terms, transformer_bound
 from shardscope._src.cost.compute import (
     fused_attention_seconds,
+    gemms_efficiency,
     matmul_read_seconds,
     matmul_seconds,
     overlap_seconds,
@@ -153,6 +160,7 @@ from shardscope._src.plan.estimates import (
     Schedule,
     activation_bytes_per_layer,
     check_matmul_dtype,
+    expert_gemms,
     expert_weight_elements,
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
@@ -296,6 +304,11 @@ class StepWork:
     expert_weight_bytes: float = 0.0
     #: the grouped kernels that read them in one pass (each layer's of each expert weight)
     expert_weight_kernels: int = 0
+    #: the share of the flat matmul rate the routed experts' forward (and recomputed) and
+    #: backward matmuls reach at their shapes (:func:`~shardscope._src.cost.compute.
+    #: gemms_efficiency`, measured; 1: the flat rate)
+    expert_fwd_share: float = 1.0
+    expert_bwd_share: float = 1.0
     #: memory-efficient attention's core (``QK^T`` and ``PV``, counted non-causal) in
     #: ``fwd_flops``, and in ``recompute_flops`` as a forward run again (recomputation): what
     #: a fused attention kernel runs at its own rates (:attr:`Hardware.attention_fwd_flops`);
@@ -410,15 +423,19 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
     m, p = work.microbatches, work.stages
 
-    def weights_wait(flops: float, passes: int) -> float:
-        # What the routed experts' matmuls take beyond their FLOPs when reading their
-        # weights takes longer (the experts' matmuls run in fp8 with the layers'); nothing
-        # where no pass runs them.
-        if not work.expert_weight_bytes or not flops:
+    def weights_wait(flops: float, passes: int, share: float) -> float:
+        # What the routed experts' matmuls take beyond their FLOPs at the flat rate: the
+        # longer of their time at the ``share`` of it their shapes reach and reading their
+        # weights (the experts' matmuls run in fp8 with the layers'); nothing where no pass
+        # runs them.
+        if not flops:
             return 0.0
         run = matmul_seconds(hw, flops, flops if work.fp8_flops else 0.0)
-        size = work.expert_weight_bytes / max(1, work.expert_weight_kernels)
-        return max(0.0, matmul_read_seconds(hw, passes * work.expert_weight_bytes, size) - run)
+        read = 0.0
+        if work.expert_weight_bytes:
+            size = work.expert_weight_bytes / max(1, work.expert_weight_kernels)
+            read = matmul_read_seconds(hw, passes * work.expert_weight_bytes, size)
+        return max(run / share, read) - run
 
     act = stream_seconds(hw, HBM_PASSES * work.act_bytes)
     # a fused attention kernel's causal FLOPs (half the non-causal count) at its own rates
@@ -435,16 +452,16 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         matmul_seconds(hw, dense, work.fp8_flops)
         + attn_fwd
         + act
-        + weights_wait(work.expert_flops, 1)
+        + weights_wait(work.expert_flops, 1, work.expert_fwd_share)
     )
     bwd = matmul_seconds(hw, 2 * dense, 2 * work.fp8_flops) + attn_bwd + act
-    bwd += weights_wait(2 * work.expert_flops, 2)
+    bwd += weights_wait(2 * work.expert_flops, 2, work.expert_bwd_share)
     bwd += (
         matmul_seconds(hw, work.recompute_flops - rerun - scores, work.fp8_recompute_flops)
         + attn_rerun
     )
     bwd += stream_seconds(hw, HBM_PASSES * work.recompute_act_bytes)
-    bwd += weights_wait(work.expert_recompute_flops, 1)
+    bwd += weights_wait(work.expert_recompute_flops, 1, work.expert_fwd_share)
     if work.cast_bytes or work.cast_bwd_bytes or work.cast_recompute_bytes:
         fwd += stream_seconds(hw, work.cast_bytes)
         bwd += stream_seconds(hw, work.cast_bwd_bytes + work.cast_recompute_bytes)
@@ -838,8 +855,22 @@ def step_work(
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
         expert_weight_kernels=c.moe_layers * len(expert_weight_elements(placement)),
+        **_expert_shares(hw, placement, m),
         **_ring_work(placement, c.layers * core, rerun),
     )
+
+
+def _expert_shares(hw: Hardware, placement: Placement, microbatches: int) -> dict[str, Any]:
+    """:class:`StepWork`'s shares of the flat rate the routed experts' matmuls reach at their
+    shapes (:func:`~shardscope._src.plan.estimates.expert_gemms`), where the hardware
+    measures matmuls by shape and the model has experts (none else: the flat rate)."""
+    if not hw.matmul_by_shape or not placement.config.is_moe:
+        return {}
+    fwd, bwd = expert_gemms(placement, microbatches)
+    return {
+        "expert_fwd_share": gemms_efficiency(hw, fwd, measured=True),
+        "expert_bwd_share": gemms_efficiency(hw, bwd, measured=True),
+    }
 
 
 def _ring_work(placement: Placement, core: float, rerun: float) -> dict[str, Any]:
