@@ -145,7 +145,7 @@ def _arrive(place: Any, a: Any, slices: int) -> Any:
     all-gather over the model axis), then merged back group-major: the same groups in
     another order, which :func:`_depart` undoes."""
     if slices == 1:
-        return place("experts", place("arrived", a))
+        return place("experts", a)
     n, groups, *rest = a.shape
     a = jnp.swapaxes(a.reshape(n, slices, groups // slices, *rest), 1, 2)
     a = place("experts", place("arrived", a))
@@ -157,7 +157,7 @@ def _depart(place: Any, a: Any, slices: int) -> Any:
     through ``"arrived"``: the experts' partial sums reduce-scattered over the model axis,
     then the all-to-all over the expert axis)."""
     if slices == 1:
-        return place("slots", place("arrived", place("experts", a)))
+        return place("slots", place("experts", a))
     n, groups, *rest = a.shape
     a = place("arrived", place("experts", a.reshape(n, groups // slices, slices, *rest)))
     return place("slots", jnp.swapaxes(a, 1, 2).reshape(n, groups, *rest))
