@@ -106,8 +106,8 @@ def test_every_preset_is_the_composition_of_its_dimensions(frozen, name):
 def test_the_names_round_trip_and_every_composition_is_accepted():
     # six data flavours x three tensor choices x context on or off, the ring form of each
     # with context but HSDP's, and with experts: five data flavours (none, dp, zero1, zero2,
-    # fsdp) x tensor parallel or not, or folded over the model axis (sp)
-    assert len(ALL_STRATEGIES) == 6 * 3 * 2 + 5 * 3 + 5 * 3
+    # fsdp) x the three tensor choices, or folded over the model axis (sp)
+    assert len(ALL_STRATEGIES) == 6 * 3 * 2 + 5 * 3 + 5 * 4
     assert list(ALL_STRATEGIES)[: len(PRESETS)] == list(STRATEGIES) == list(PRESETS)
     for name, s in ALL_STRATEGIES.items():
         assert Parallelism.parse(name).name == name == s.name
@@ -221,8 +221,8 @@ def test_a_combination_the_rules_do_not_compose_is_named_with_the_fix():
         Parallelism.parse("sp_dp")
     with pytest.raises(StrategyError, match=r"unknown strategy 'sp_dp'; choose a preset"):
         get_strategy("sp_dp")
-    with pytest.raises(StrategyError, match=r"ep_sp: expert parallelism composes with"):
-        get_strategy("ep_sp")
+    with pytest.raises(StrategyError, match=r"hsdp_ep_sp: expert .* or HSDP; .*fsdp_ep_sp, or"):
+        get_strategy("hsdp_ep_sp")
 
 
 def test_context_parallel_over_a_sequence_that_does_not_divide():

@@ -45,8 +45,8 @@ def test_folding_is_named_and_refused_without_its_parts():
     assert s.to_dict()["expert_fold"] is True
     with pytest.raises(StrategyError, match=r"zero1_ep_fold_tp: .*sequence .*zero1_ep_fold_sp"):
         get_strategy("zero1_ep_fold_tp")
-    with pytest.raises(StrategyError, match=r"zero1_ep_sp: .*\(or zero1_ep_fold_sp, the experts"):
-        get_strategy("zero1_ep_sp")
+    # unfolded under sp is its own strategy (ETP = TP: test_moe_sp.py)
+    assert not get_strategy("zero1_ep_sp").expert_fold
     # an expert group (expert x model) that does not divide the experts
     with pytest.raises(StrategyError, match=r"experts=6 .*expert=2, model=2 \(4 ways\)"):
         s.place(replace(CONFIG, experts=6), abstract_mesh(MESH))

@@ -19,7 +19,7 @@ from shardscope._src.base.comm import (
 )
 from shardscope._src.base.errors import StrategyError
 from shardscope._src.base.notes import Note
-from shardscope._src.bounds.moe import moe_layer_terms
+from shardscope._src.bounds.moe import INDEX_ITEMSIZE, moe_layer_terms
 from shardscope._src.bounds.terms import Bound, BoundNote, Term, TermRole
 from shardscope._src.model.config import (
     EXPERT_PARAMS,
@@ -30,6 +30,7 @@ from shardscope._src.model.config import (
     ModelConfig,
     param_shapes,
 )
+from shardscope._src.model.moe import device_share
 from shardscope._src.sharding.strategies import Placement, Role, entry_roles, uses_role
 
 # -- transformer strategies -----------------------------------------------------------------
@@ -332,15 +333,27 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
     all-to-alls span both axes, each device sending its own slice of the tokens (sequence
     parallelism's), and nothing of the routed experts is summed over ``model``; the shared
     experts are a sequence-parallel MLP: their input all-gathered along the sequence and
-    their output reduce-scattered back, each twice in training (its backward's)."""
+    their output reduce-scattered back, each twice in training (its backward's).
+
+    Unfolded under sequence parallelism (ETP = TP, Megatron-LM's default: each device of
+    ``model`` routes its own slice of the sequence), the all-to-alls over ``expert`` carry
+    each device's own slice of the tokens, and the routed experts' row-parallel all-reduce
+    becomes an all-gather over ``model`` of the slots once they arrive (result: the slots of
+    a device's sequences, ``cf k h`` a token, in ``moe/dispatch``) and a reduce-scatter of
+    the experts' partial outputs before they go back (``moe/combine``); training adds the
+    backward of each (a reduce-scatter in ``moe/dispatch``, an all-gather in
+    ``moe/combine``): Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with tensor
+    parallelism."""
     s, c = placement.strategy, placement.config
     terms: list[Term] = []
     _, n_tokens = placement.group(s.batch_roles)
     if s.expert_parallel:
         expert_roles = entry_roles(s.expert_entry)
         axes, e = placement.group(expert_roles)
-        # the devices that split the tokens: the batch's, and folded the model axis's slices
-        _, n_split = placement.group([*s.batch_roles, *expert_roles])
+        # the devices that split the tokens: the batch's, and under sequence parallelism
+        # the model axis's slices (folded, among the experts' axes)
+        slices = [Role.MODEL] if s.routes_slices else []
+        _, n_split = placement.group([*s.batch_roles, *expert_roles, *slices])
         replicas = n_split // e
         data = next((a for a in placement.mesh.shape if a not in axes), "data")
         for t in moe_layer_terms(
@@ -365,8 +378,36 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
         passes = 2 if train else 1
         role = TermRole.ACTIVATION
         activation = tokens * c.d_model * c.itemsize
-        if not s.expert_fold:
-            slots = math.ceil(c.routed_capacity * tokens * c.top_k) * c.d_model * c.itemsize
+        slots = math.ceil(c.routed_capacity * tokens * c.top_k) * c.d_model * c.itemsize
+        if s.gathers_expert_slots:
+            k = c.moe_layers
+            rows, moved = slots, []
+            if c.dispatch_once:
+                # each token's row once to each device of its experts (moe_layer_terms'
+                # once), which of them fills each slot and its router weight with them
+                e = placement.role_size(Role.EXPERT)
+                share = device_share(c.experts, e, c.top_k)
+                rows = math.ceil(c.routed_capacity * tokens * e * share) * c.d_model * c.itemsize
+                n_slots = math.ceil(c.routed_capacity * tokens * c.top_k)
+                moved = [
+                    (n_slots * INDEX_ITEMSIZE, "which row fills each slot, gathered", False),
+                    (n_slots * c.itemsize, "each slot's router weight, gathered", True),
+                ]
+            for (kind, backward), scope, what in (
+                ((ALL_GATHER, REDUCE_SCATTER), "moe/dispatch", "routed slots gathered"),
+                ((REDUCE_SCATTER, ALL_GATHER), "moe/combine", "routed experts' sums scattered"),
+            ):
+                terms += _term(kind, model_axes, m, rows, k, what, scope, role)
+                if train:
+                    what += " (its backward)"
+                    terms += _term(backward, model_axes, m, rows, k, what, scope, role)
+            scope = "moe/dispatch"
+            for size, what, differentiated in moved:
+                terms += _term(ALL_GATHER, model_axes, m, size, k, what, scope, role)
+                if train and differentiated:
+                    what += " (its backward)"
+                    terms += _term(REDUCE_SCATTER, model_axes, m, size, k, what, scope, role)
+        elif not s.expert_fold:
             what = "routed experts' down-projection partial sums (row-parallel)"
             terms += _term(
                 ALL_REDUCE, model_axes, m, slots, passes * c.moe_layers, what, "moe/experts", role

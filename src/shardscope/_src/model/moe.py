@@ -126,6 +126,51 @@ def _same(name: str, x: Any) -> Any:
     return x
 
 
+def _slice_major(x: Any, groups: int, slices: int) -> Any:
+    """``x`` ``[tokens, d]`` (``groups / slices`` sequences of ``slices`` slices each) as
+    ``[groups, tokens / groups, d]``, slice-major (group ``i x sequences + j`` is slice ``i``
+    of sequence ``j``), so that the groups of a device of the model axis, which holds slice
+    ``i`` of its sequences, are one block of them: the groups' sharding is the model axis
+    then the batch's."""
+    t, d = x.shape
+    x = x.reshape(groups // slices, slices, t // groups, d)
+    return jnp.swapaxes(x, 0, 1).reshape(groups, t // groups, d)
+
+
+def _arrive(place: Any, a: Any, slices: int) -> Any:
+    """``a`` ``[experts or devices, groups, ...]`` (placed at ``"slots"``) moved to where its
+    experts take it, ``"experts"``: with ``slices``, its slice-major groups split and turned
+    ``[groups / slices, slices]`` (each device's slices one dimension, over the model axis)
+    and placed at ``"arrived"`` on the way (the all-to-all over the expert axis, then the
+    all-gather over the model axis), then merged back group-major: the same groups in
+    another order, which :func:`_depart` undoes."""
+    if slices == 1:
+        return place("experts", a)
+    n, groups, *rest = a.shape
+    a = jnp.swapaxes(a.reshape(n, slices, groups // slices, *rest), 1, 2)
+    a = place("experts", place("arrived", a))
+    return a.reshape(n, groups, *rest)
+
+
+def _depart(place: Any, a: Any, slices: int) -> Any:
+    """:func:`_arrive`'s way back, from ``"experts"`` to ``"slots"`` (with ``slices``,
+    through ``"arrived"``: the experts' partial sums reduce-scattered over the model axis,
+    then the all-to-all over the expert axis)."""
+    if slices == 1:
+        return place("slots", place("experts", a))
+    n, groups, *rest = a.shape
+    a = place("arrived", place("experts", a.reshape(n, groups // slices, slices, *rest)))
+    return place("slots", jnp.swapaxes(a, 1, 2).reshape(n, groups, *rest))
+
+
+def _sequence_major(x: Any, slices: int) -> Any:
+    """:func:`_slice_major`'s inverse: ``[groups, tokens, d]`` back to ``[all tokens, d]`` in
+    sequence order."""
+    groups, t, d = x.shape
+    x = x.reshape(slices, groups // slices, t, d)
+    return jnp.swapaxes(x, 0, 1).reshape(groups * t, d)
+
+
 def device_share(experts: int, devices: int, top_k: int) -> float:
     """Under uniform routing, the share of a group's tokens that send to one device of an
     expert axis of ``devices`` (each holding ``experts / devices`` experts): those with at
@@ -189,6 +234,7 @@ def moe_capacity(
     groups: int = 1,
     place: Any = _same,
     devices: int | None = None,
+    slices: int = 1,
 ) -> tuple[Any, Any]:
     """The capacity-padded MoE of ``x`` ``[tokens, d]``: ``(output, dropped)``, ``dropped``
     the number of token-expert assignments beyond their expert's capacity.
@@ -212,35 +258,43 @@ def moe_capacity(
     AutoModel's DeepEP experts weight there, not in the combine, so the backward keeps no
     expert output), and sums each token's outputs of its experts there before they go back.
     Which rows fill which slots, and their router weights, travel with the rows
-    (``[devices, groups, experts / devices, slots]`` each)."""
+    (``[devices, groups, experts / devices, slots]`` each).
+
+    With ``slices`` (expert parallelism under sequence parallelism unfolded: each
+    sequence's groups its ``slices`` slices, routed on the devices of the model axis, the
+    experts' hidden split over it), the groups are slice-major (:func:`_slice_major`: a
+    device's slices one block of them) and the slots stop at ``"arrived"`` on their way to
+    ``"experts"`` and back (:func:`_arrive`): the all-to-all over the expert axis, then
+    the all-gather over the model axis, as Megatron-Core's dispatcher orders them."""
     n_experts = router.shape[-1]
     t, d = x.shape
-    if t % groups:
-        raise ValueError(f"tokens={t} do not split into groups={groups}")
-    xg = place("tokens", x.reshape(groups, t // groups, d))
+    if t % groups or groups % slices:
+        raise ValueError(f"tokens={t} do not split into groups={groups} of slices={slices}")
+    xg = place("tokens", _slice_major(x, groups, slices))
     weights, experts = route(xg, router, top_k, place)
     slots = capacity(t // groups, n_experts, top_k, factor)
     token, weight = jax.vmap(lambda w, e: slot_tokens(w, e, n_experts, slots))(weights, experts)
     if devices is not None:
         if n_experts % devices:
             raise ValueError(f"experts={n_experts} do not split over devices={devices}")
-        return _moe_once(
-            xg, experts, token, weight, w_in, w_down, n_experts, devices, slots, factor, place
-        )
+        out, dropped = _moe_once(
+            xg, experts, token, weight, w_in, w_down, n_experts, devices, slots, factor, place,
+            slices=slices,
+        )  # fmt: skip
+        return _sequence_major(out.reshape(groups, t // groups, d), slices), dropped
     with jax.named_scope("moe/dispatch"):
         # each group fills its slots of every expert where the group is (an empty slot takes
         # the zero row past its tokens), then the slots go to their experts (the all-to-all)
         filled = _fill(xg, token).reshape(groups, n_experts, slots, d)
-        buffer = place("slots", jnp.swapaxes(filled, 0, 1))
-        buffer = place("experts", buffer)
+        buffer = _arrive(place, place("slots", jnp.swapaxes(filled, 0, 1)), slices)
     e, g, c, _ = buffer.shape
     y = _expert_mlp(buffer.reshape(e, g * c, d), w_in, w_down).reshape(e, g, c, d)
     with jax.named_scope("moe/combine"):
-        y = place("slots", place("experts", y))  # back to their groups (the all-to-all)
+        y = _depart(place, y, slices)  # back to their groups (the all-to-all)
         rows = jnp.swapaxes(y, 0, 1).reshape(groups, n_experts * slots, d)
         out = place("tokens", _scatter(rows, token, weight, t // groups))
     dropped = t * top_k - jnp.sum(token < t // groups).astype(jnp.int32)
-    return out.reshape(t, d), dropped
+    return _sequence_major(out, slices), dropped
 
 
 def _local_experts(rows: Any, w_in: Any, w_down: Any, reduce: Any, weight: Any = None) -> Any:
@@ -265,12 +319,17 @@ def _moe_once(
     place: Any = _same,
     axis: str | tuple[str, ...] | None = None,
     reduce: Any = None,
+    *,
+    slices: int = 1,
+    gather_axis: str | None = None,
 ) -> tuple[Any, Any]:
     """:func:`moe_capacity` sending each token once to each device of its experts: under
     jit with ``place`` (the arrays ``[devices, groups, ...]`` resharded onto the expert
-    axis), or on one device of ``axis`` inside ``shard_map`` (an explicit ``all_to_all``
-    each way, ``w_in`` and ``w_down`` this device's experts, ``reduce`` summing their output
-    over a tensor-parallel axis: :func:`moe_capacity_local`)."""
+    axis; ``slices``: :func:`moe_capacity`'s), or on one device of ``axis`` inside
+    ``shard_map`` (an explicit ``all_to_all`` each way, ``w_in`` and ``w_down`` this device's
+    experts, ``reduce`` summing their output over a tensor-parallel axis, or the rows that
+    arrive all-gathered over ``gather_axis`` and the outputs reduce-scattered back over it:
+    :func:`moe_capacity_local`)."""
     groups, tokens, d = xg.shape
     top_k = experts.shape[-1]
     local = n_experts // devices
@@ -284,15 +343,20 @@ def _moe_once(
         # [devices, groups, ...] sharded over them; in shard_map what each device receives,
         # [source devices, groups, ...]
         a = jnp.swapaxes(a, 0, 1)
-        if axis is not None:
-            return jax.lax.all_to_all(a, axis, 0, 0, tiled=True)
-        return place("experts", place("slots", a))
+        if axis is None:
+            return _arrive(place, place("slots", a), slices)
+        a = jax.lax.all_to_all(a, axis, 0, 0, tiled=True)
+        if gather_axis is not None:
+            a = jax.lax.all_gather(a, gather_axis, axis=1, tiled=True)
+        return a
 
     def to_groups(a: Any) -> Any:
         if axis is not None:
+            if gather_axis is not None:
+                a = jax.lax.psum_scatter(a, gather_axis, scatter_dimension=1, tiled=True)
             a = jax.lax.all_to_all(a, axis, 0, 0, tiled=True)
         else:
-            a = place("slots", place("experts", a))
+            a = _depart(place, a, slices)
         return jnp.swapaxes(a, 0, 1)
 
     # an assignment is done where its slot is filled and its row reaches the device
@@ -303,10 +367,11 @@ def _moe_once(
         # the router weights travel at the activations' dtype, in which they scale them
         weight = to_devices(weight.astype(xg.dtype).reshape(groups, devices, local, slots))
         # each device fills its experts' slots from the rows it received (a row past the
-        # last is the empty one)
-        padded = jnp.concatenate([buffer, jnp.zeros((devices, groups, 1, d), xg.dtype)], axis=2)
+        # last is the empty one); g groups of them, every device's of the gather axis
+        g = buffer.shape[1]
+        padded = jnp.concatenate([buffer, jnp.zeros((devices, g, 1, d), xg.dtype)], axis=2)
         take = jax.vmap(jax.vmap(lambda b, i: jnp.take(b, i.reshape(-1), axis=0)))
-        filled = take(padded, row).reshape(devices, groups, local, slots, d)
+        filled = take(padded, row).reshape(devices, g, local, slots, d)
     # each slot's router weight scales its expert's activation (Megatron-Core's and NeMo
     # AutoModel's grouped experts under DeepEP), so the outputs are summed unweighted
     if axis is None:  # every expert, sharded: [experts, groups x slots, d]
@@ -315,10 +380,10 @@ def _moe_once(
         y = _expert_mlp(filled, w_in, w_down, scale).reshape(devices, local, groups, slots, d)
         y = jnp.moveaxis(y, 1, 2)
     else:  # this device's experts: [local, sources x groups x slots, d]
-        filled = jnp.moveaxis(filled, 2, 0).reshape(local, devices * groups * slots, d)
-        scale = jnp.moveaxis(weight, 2, 0).reshape(local, devices * groups * slots)
+        filled = jnp.moveaxis(filled, 2, 0).reshape(local, devices * g * slots, d)
+        scale = jnp.moveaxis(weight, 2, 0).reshape(local, devices * g * slots)
         y = _local_experts(filled, w_in, w_down, reduce, scale)
-        y = jnp.moveaxis(y.reshape(local, devices, groups, slots, d), 0, 2)
+        y = jnp.moveaxis(y.reshape(local, devices, g, slots, d), 0, 2)
     with jax.named_scope("moe/combine"):
         # each token's outputs of this device's experts, summed into its row
 
@@ -371,6 +436,7 @@ def moe_capacity_local(
     groups: int = 1,
     reduce: Any = None,
     once: bool = False,
+    gather_axis: str | None = None,
 ) -> Any:
     """The body of :func:`moe_capacity`'s ``shard_map`` twin, on one device of the expert
     axis ``axis`` (``e`` devices): its share of the tokens ``[tokens / e, d]``, routed in
@@ -380,7 +446,11 @@ def moe_capacity_local(
     run (``reduce`` sums their output where their hidden is split further, over a tensor-
     parallel axis), and a second ``all_to_all`` brings the outputs back; the same arithmetic
     as :func:`moe_capacity` with as many groups. With ``once``, each token goes once to each
-    device of its experts (:func:`moe_capacity`'s ``devices``)."""
+    device of its experts (:func:`moe_capacity`'s ``devices``). With ``gather_axis`` (the
+    experts' hidden split over it, each of its devices holding its own slice of the
+    sequences: expert parallelism under sequence parallelism, ETP = TP), the slots that
+    arrive are all-gathered over it and the experts' partial outputs reduce-scattered back
+    before the second ``all_to_all`` (Megatron-Core's ``MoEAlltoAllTokenDispatcher``)."""
     e = jax.lax.axis_size(axis)
     n_experts = router.shape[-1]
     local = w_in.shape[0]
@@ -392,7 +462,7 @@ def moe_capacity_local(
     if once:
         out, _ = _moe_once(
             xg, experts, token, weight, w_in, w_down, n_experts, e, slots, factor,
-            axis=axis, reduce=reduce,
+            axis=axis, reduce=reduce, gather_axis=gather_axis,
         )  # fmt: skip
         return out
     with jax.named_scope("moe/dispatch"):
@@ -400,10 +470,15 @@ def moe_capacity_local(
         # arrives is every device's groups' slots of this device's experts
         filled = jnp.moveaxis(_fill(xg, token).reshape(groups, e, local, slots, d), 0, 2)
         buffer = jax.lax.all_to_all(filled, axis, 0, 0, tiled=True)
-    rows = jnp.swapaxes(buffer, 0, 1).reshape(local, e * groups * slots, d)
+        if gather_axis is not None:  # every slice's slots, for the experts' split hidden
+            buffer = jax.lax.all_gather(buffer, gather_axis, axis=2, tiled=True)
+    g = buffer.shape[2]
+    rows = jnp.swapaxes(buffer, 0, 1).reshape(local, e * g * slots, d)
     y = _local_experts(rows, w_in, w_down, reduce)
-    y = jnp.swapaxes(y.reshape(local, e, groups, slots, d), 0, 1)
+    y = jnp.swapaxes(y.reshape(local, e, g, slots, d), 0, 1)
     with jax.named_scope("moe/combine"):
+        if gather_axis is not None:  # the partial sums of this device's slices
+            y = jax.lax.psum_scatter(y, gather_axis, scatter_dimension=2, tiled=True)
         y = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
         back = jnp.moveaxis(y, 2, 0).reshape(groups, n_experts * slots, d)
         out = _scatter(back, token, weight, t // groups)

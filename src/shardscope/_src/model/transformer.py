@@ -216,6 +216,7 @@ class Hooks:
             groups=groups,
             place=self.moe,
             devices=self.expert_devices if config.dispatch_once else None,
+            slices=self.expert_slices,
         )
         return y
 
@@ -225,6 +226,10 @@ class Hooks:
     #: slice of the sequence each (MoE parallel folding: each device of the model axis
     #: routes its own slice, as Megatron-Core routes each rank's tokens)
     sequence_groups: int = 1
+    #: the slices of a sequence whose slots are gathered over the model axis for the
+    #: experts' split hidden once they arrive (expert parallelism under sequence parallelism
+    #: unfolded, :func:`~shardscope._src.model.moe.moe_capacity`'s ``slices``), or 1
+    expert_slices: int = 1
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP) or the keys

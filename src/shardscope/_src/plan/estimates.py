@@ -386,7 +386,11 @@ def moe_activation_bytes_per_layer(
     their width. Under expert parallelism a device holds its experts' slots of every token
     sent to them: under uniform routing, as many as its own tokens send. Folded (MoE
     parallel folding) its own tokens are its slice of the sequence (``1 / t`` of them, under
-    sequence parallelism), whose logits and slots it keeps, each expert's hidden whole."""
+    sequence parallelism), whose logits and slots it keeps, each expert's hidden whole.
+    Unfolded under sequence parallelism (ETP = TP) it keeps the logits and the weighted
+    outputs of its own slice, and the slots as its experts take them, gathered over
+    ``model`` (those of all its sequences' tokens, as unfolded without sequence
+    parallelism), their hidden split."""
     c = placement.config
     whole, split, scores = _activation_terms(placement, b, dense_mlp=False)
     attention = whole + split + (0 if flash_attention else scores)
@@ -403,6 +407,11 @@ def moe_activation_bytes_per_layer(
         routed = own * ((slots + per_slot * cf_k) * c.itemsize + 4 * c.experts)
         return attention + routed + tokens * per_slot * c.shared_experts / t * c.itemsize
     hidden = per_slot * (cf_k + c.shared_experts) / t
+    if placement.strategy.gathers_expert_slots:
+        own = tokens / t
+        gathered = tokens * (cf_k * c.d_model + hidden)
+        weighted = 0 if c.dispatch_once else own * cf_k * c.d_model
+        return attention + (gathered + weighted) * c.itemsize + own * 4 * c.experts
     return attention + tokens * ((slots + hidden) * c.itemsize + 4 * c.experts)
 
 
@@ -475,20 +484,29 @@ def named_tensor_elements(
 def named_tensor_bytes(placement: Placement, tensors: Sequence[str], microbatches: int = 1) -> int:
     """One layer's ``tensors`` (named, :func:`named_tensor_elements`) on one device for one
     micro-batch, at the model's dtype: the device's tokens times their elements, the split
-    ones over the model axis, all of them under sequence parallelism. A mixture of experts'
+    ones over the model axis, all of them under sequence parallelism (but the routed slots
+    the experts take, gathered over it under expert parallelism unfolded). A mixture of experts'
     layers are of two kinds: this is their mean (as :func:`activation_bytes_per_layer`), so
     that ``layers`` times it is what all of them hold."""
     c = placement.config
     t = model_ways(placement)
     tokens = tokens_per_device(placement, microbatches)
 
+    s = placement.strategy
+
     def per_token(experts: bool) -> float:
         sizes = named_tensor_elements(c, experts=experts)
         whole = sum(sizes[n][0] for n in tensors)
         split = sum(sizes[n][1] for n in tensors)
-        if placement.strategy.sequence_parallel:
-            return (whole + split) / t
-        return whole + split / t
+        if not s.sequence_parallel:
+            return whole + split / t
+        if experts and s.gathers_expert_slots:
+            # the routed slots as the experts hold them (their input, and their outputs'
+            # partial sums), gathered over 'model': a device's tokens' whole
+            routed = c.routed_capacity * c.top_k * c.d_model
+            gathered = routed * sum(1 for n in tensors if n in ("expert_input", "mlpwo"))
+            return (whole - gathered + split) / t + gathered
+        return (whole + split) / t
 
     if not c.is_moe:
         return math.ceil(tokens * per_token(False) * c.itemsize)

@@ -16,10 +16,17 @@
   default ``p2p``);
 * **expert**: a mixture of experts' routed experts split over ``expert`` (the attention
   data-parallel over it: expert parallelism borrows data-parallel devices, as Megatron-LM's
-  and torchtitan's do); it composes with every data flavour but HSDP and with ``tp``, both at
-  once (Megatron-LM's TP x EP x DP with the distributed optimizer is ``zero1_ep_tp``: each
-  expert's hidden split over ``model`` too, its output all-reduced over it), and not with
-  context parallelism. Its folded form (``fold``, :attr:`Parallelism.expert_fold`: MoE
+  and torchtitan's do); it composes with every data flavour but HSDP and with ``tp`` or
+  ``sp``, both at once (``zero1_ep_tp``: each expert's hidden split over ``model`` too, its
+  output all-reduced over it), and not with context parallelism. With ``sp``
+  (``zero1_ep_sp``, Megatron-LM's default for a mixture under tensor parallelism: it requires
+  ``--sequence-parallel`` with tensor and expert parallelism, and its
+  ``--expert-tensor-parallel-size`` defaults to the tensor-parallel size) each device of
+  ``model`` routes its own slice of the sequence, sends its slots over ``expert``, and the
+  slots that arrive are all-gathered over ``model`` for the experts' split hidden and their
+  outputs reduce-scattered back before the combine (Megatron-Core's
+  ``MoEAlltoAllTokenDispatcher``: all-to-all over EP, then all-gather over TP; reduce-scatter
+  over TP, then all-to-all over EP). Its folded form (``fold``, :attr:`Parallelism.expert_fold`: MoE
   parallel folding, Liu et al., arXiv 2504.14960; Megatron-LM's
   ``--expert-tensor-parallel-size 1``) regroups the attention's ``expert x model`` devices
   for the experts: the experts split over both axes, each expert whole, the tokens taken to
@@ -51,6 +58,8 @@ Parallelism(data='zero1', tensor='sp', context=True, expert=False, context_comm=
 ('replicated', 'ep_tp')
 >>> Parallelism.parse("zero1_ep_fold_sp").expert_fold
 True
+>>> Parallelism.parse("zero1_ep_sp").expert_fold, Parallelism.parse("zero1_ep_sp").tensor
+(False, 'sp')
 """
 
 from __future__ import annotations
@@ -107,7 +116,7 @@ FOLD_PART = "fold"
 #: The name of the strategy with every dimension off.
 REPLICATED = "replicated"
 
-#: The data flavours expert parallelism composes with, and the tensor choices (together
+#: The data flavours expert parallelism composes with (with any tensor choice, together
 #: too): the dense weights' data-parallel group is the data and the expert axes, the routed
 #: experts' the data axes (Megatron-LM's expert data parallelism).
 EXPERT_DATA = (
@@ -117,7 +126,6 @@ EXPERT_DATA = (
     DataParallel.ZERO2,
     DataParallel.FSDP,
 )
-EXPERT_TENSOR = (Tensor.NONE, Tensor.TP)
 
 
 @dataclass(frozen=True)
@@ -126,8 +134,7 @@ class Parallelism:
     strategy's name, :meth:`parse` reads one back.
 
     Raises :class:`StrategyError` for a combination the rule sets do not compose: expert
-    parallelism with context parallelism or HSDP, with sequence parallelism unfolded, folded
-    without it.
+    parallelism with context parallelism or HSDP, folded without sequence parallelism.
 
     >>> Parallelism.parse("zero1_ep_tp").expert, Parallelism.parse("zero1_ep_tp").expert_fold
     (True, False)
@@ -181,31 +188,21 @@ class Parallelism:
                 f"{self.name}: folding the experts over 'expert' x 'model' ({FOLD_PART}) "
                 f"{why}; choose {fix.name}, or {unfolded.name} without folding"
             )
-        if self.expert and (
-            self.context
-            or self.data not in EXPERT_DATA
-            or (self.tensor not in EXPERT_TENSOR and not self.expert_fold)
-        ):
+        if self.expert and (self.context or self.data not in EXPERT_DATA):
             data = "/".join(d.value for d in EXPERT_DATA if d != DataParallel.NONE)
             fix = replace(
                 self,
                 data=self.data if self.data in EXPERT_DATA else DataParallel.FSDP,
-                tensor=self.tensor if self.expert_fold or self.tensor == Tensor.NONE else Tensor.TP,
                 context=False,
-            )
-            folded = (
-                f" (or {replace(fix, tensor=Tensor.SP, expert_fold=True).name}, the experts "
-                f"whole and folded over 'expert' x 'model')"
-                if self.tensor == Tensor.SP and not self.expert_fold
-                else ""
+                context_comm=ContextComm.ALL_GATHER,
             )
             raise StrategyError(
                 f"{self.name}: expert parallelism composes with data parallelism ({data}) "
-                f"and with tensor parallelism (tp, or sp in the folded form "
-                f"{EXPERT_PART}_{FOLD_PART}_sp), and not with context parallelism, sequence "
-                f"parallelism unfolded or HSDP; choose e.g. "
-                f"{fix.name}{folded}, or {replace(self, expert=False, expert_fold=False).name} "
-                f"without expert parallelism"
+                f"and with tensor parallelism (tp, sp, or sp folded: "
+                f"{EXPERT_PART}_{FOLD_PART}_sp), and not with context parallelism or HSDP; "
+                f"choose e.g. {fix.name}, or "
+                f"{replace(self, expert=False, expert_fold=False).name} without expert "
+                f"parallelism"
             )
 
     @property

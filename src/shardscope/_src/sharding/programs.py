@@ -80,6 +80,8 @@ class JitHooks(Hooks):
         if Role.EXPERT in placement.strategy.roles:
             self.expert_devices = placement.role_size(placement.strategy.expert_entry)
             self.sequence_groups = placement.sequence_groups
+            if placement.strategy.gathers_expert_slots:
+                self.expert_slices = placement.sequence_groups
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """A weight's constraint to its use (FSDP's gather) or the keys' and values' to the
@@ -243,7 +245,10 @@ class ShardMapHooks(Hooks):
     device's sequences fill their slots of every expert and an ``all_to_all`` over the
     expert axis takes them to their experts and back
     (:func:`~shardscope._src.model.moe.moe_capacity_local`); under tensor parallelism too,
-    the experts' split hidden is ``psum``-ed before they go back. Folded (``fold_experts``,
+    the experts' split hidden is ``psum``-ed before they go back, and under sequence
+    parallelism (each device of ``model`` routing its own slice of its sequences) the slots
+    that arrive are ``all_gather``-ed over ``model`` first and the experts' output
+    ``psum_scatter``-ed back (Megatron-Core's dispatcher with ETP = TP). Folded (``fold_experts``,
     the expert axis the tuple of the expert and model axes), each device's slice of its
     sequences (sequence parallelism's) is routed as its own group, and the all-to-alls span
     both axes: each expert whole, nothing summed over ``model``. FSDP: each weight stored
@@ -313,8 +318,11 @@ class ShardMapHooks(Hooks):
         self, tokens: Any, router: Any, w_in: Any, w_down: Any, config: ModelConfig, groups: int
     ) -> Any:
         assert self.expert_axis is not None and config.capacity_factor is not None
-        # folded, each expert is whole: nothing to sum over the model axis
-        axis = None if self.fold_experts else self.axis
+        # folded, each expert is whole: nothing to sum over the model axis; under sequence
+        # parallelism unfolded, the slots are gathered over it and the sums scattered back
+        gather = self.sequence_parallel and not self.fold_experts
+        axis = None if self.fold_experts or gather else self.axis
+        assert not isinstance(self.axis, tuple)
 
         def reduce(y: Any) -> Any:
             return jax.lax.psum(y, axis)
@@ -330,6 +338,7 @@ class ShardMapHooks(Hooks):
             groups=groups,
             reduce=None if axis is None else reduce,
             once=config.dispatch_once,
+            gather_axis=self.axis if gather else None,
         )
 
 

@@ -479,6 +479,24 @@ class Strategy:
         return (Role.EXPERT, Role.MODEL) if self.expert_fold else Role.EXPERT
 
     @property
+    def routes_slices(self) -> bool:
+        """Each device of ``model`` routes its own slice of the sequence, sequence
+        parallelism's, as one group of a layer with experts: expert parallelism under sequence
+        parallelism, folded or not (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` routes,
+        and counts a capacity for, each rank's own ``S/TP x B`` tokens)."""
+        return self.expert_parallel and self.sequence_parallel
+
+    @property
+    def gathers_expert_slots(self) -> bool:
+        """Expert parallelism under sequence parallelism unfolded (Megatron-LM's default
+        expert tensor parallelism, ETP = TP): the slots each device of ``model`` sent over
+        ``expert`` are all-gathered over ``model`` for the experts' split hidden once they
+        arrive, and the experts' partial outputs reduce-scattered back over it before they
+        return (Megatron-Core's dispatcher: all-to-all over EP, then all-gather over TP;
+        reduce-scatter over TP, then all-to-all over EP)."""
+        return self.routes_slices and not self.expert_fold
+
+    @property
     def context_parallel(self) -> bool:
         """The sequence of every activation is sharded over ``context``; attention gathers
         the keys and values of the whole sequence in each layer (or, :attr:`context_ring`,
@@ -613,6 +631,11 @@ def _summary(p: Parallelism) -> str:
         parts.append(
             "expert parallel folded on 'expert' x 'model' (each expert whole, ETP 1: MoE "
             "parallel folding; the batch over 'expert' too)"
+        )
+    elif p.expert and p.tensor == Tensor.SP:
+        parts.append(
+            "expert parallel on 'expert' (the batch over it too; each model rank's slots "
+            "all-gathered over 'model' for the experts' split hidden, ETP = TP)"
         )
     elif p.expert:
         parts.append("expert parallel on 'expert' (the batch over it too)")
@@ -1069,35 +1092,53 @@ class Placement:
     @property
     def sequence_groups(self) -> int:
         """How many groups each sequence's tokens are routed in by a layer with experts: one,
-        or folded (:attr:`Strategy.expert_fold`) one a device of ``model``, its slice of the
-        sequence under sequence parallelism (Megatron-Core routes, and counts a capacity
-        for, each rank's own tokens)."""
-        return self.role_size(Role.MODEL) if self.strategy.expert_fold else 1
+        or under expert and sequence parallelism (:attr:`Strategy.routes_slices`, folded or
+        not) one a device of ``model``, its slice of the sequence (Megatron-Core routes, and
+        counts a capacity for, each rank's own tokens)."""
+        return self.role_size(Role.MODEL) if self.strategy.routes_slices else 1
 
     def moe_spec(self, point: str) -> Any | None:
         """The spec of a layer with experts' ``point`` (its tokens routed in groups, one per
-        sequence, or folded one per slice of it on a device of ``model``): ``"tokens"``
-        ``[groups, tokens, d_model]`` and ``"slots"`` ``[experts, groups, slots, d_model]``
-        over the batch's axes (folded, and ``model``); ``"experts"`` (the slots as the
-        experts take them) with ``experts`` over the ``expert`` axis (folded, ``expert`` and
-        ``model``) and the groups over the batch's other axes. Between ``"slots"`` and
-        ``"experts"`` the compiler moves each group's slots to their experts: the all-to-all
-        over the experts' axes. ``None`` without activation constraints."""
+        sequence, or under expert and sequence parallelism one per slice of it on a device of
+        ``model``): ``"tokens"`` ``[groups, tokens, d_model]`` and ``"slots"`` ``[experts,
+        groups, slots, d_model]`` over the batch's axes (with slices, and ``model``);
+        ``"experts"`` (the slots as the experts take them) with ``experts`` over the
+        ``expert`` axis (folded, ``expert`` and ``model``) and the groups over the batch's
+        other axes. Between ``"slots"`` and ``"experts"`` the compiler moves each group's
+        slots to their experts: the all-to-all over the experts' axes. Unfolded under
+        sequence parallelism (:attr:`Strategy.gathers_expert_slots`) the groups are
+        slice-major, over ``model`` then the batch's axes, and ``"arrived"`` and
+        ``"experts"`` place them split ``[experts, groups / t, t, ...]``: at ``"arrived"``
+        over their experts' devices with each slice still on its device of ``model`` (the
+        all-to-all over ``expert``), at ``"experts"`` every slice on each device of ``model``
+        (the all-gather over it; the experts' partial sums are reduce-scattered back);
+        ``"arrived"`` is ``None`` for any other strategy. ``None`` without activation
+        constraints."""
         if not self.constraints:
             return None
         s = self.strategy
         batch = s.batch_entry
-        if s.expert_fold:
+        if s.gathers_expert_slots:
+            # slice-major groups (moe_capacity's slices): a device's slices one block of them
+            batch = (Role.MODEL, *entry_roles(batch))
+        elif s.routes_slices:
             batch = (*entry_roles(batch), Role.MODEL)
         if point == "tokens":
             return self.spec((batch, None, None))
         if point == "slots":
             return self.spec((None, batch, None, None))
-        if point == "experts":
+        if point in ("experts", "arrived"):
             expert = s.expert_entry
             rest = batch
             for role in entry_roles(expert):
                 rest = _without(rest, role)
+            if s.gathers_expert_slots:
+                # [experts, groups / t, t, ...] (moe_capacity's slices): each device's slice
+                # over 'model' until the slots arrive, then every slice on each device of it
+                slices = Role.MODEL if point == "arrived" else None
+                return self.spec((expert, _without(rest, Role.MODEL), slices))
+            if point == "arrived":
+                return None
             return self.spec((expert, rest, None, None))
         raise ValueError(f"unknown point {point!r} of a layer with experts")
 

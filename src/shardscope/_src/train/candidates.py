@@ -493,8 +493,8 @@ def remat_options(
 
 
 #: The strategies whose estimates price a mixture of experts (and latent attention): expert
-#: parallelism with each data flavour but HSDP and with tensor parallelism, both at once too,
-#: and the data-parallel, FSDP and tensor-parallel ones with the experts as their MLPs (no
+#: parallelism with each data flavour but HSDP and with tensor parallelism (tp or sp), both at
+#: once too, and the data-parallel, FSDP and tensor-parallel ones with the experts as their MLPs (no
 #: sequence or context parallelism or HSDP yet); a sweep tries any of them when asked.
 MOE_PRICED = (
     "dp",
@@ -504,12 +504,15 @@ MOE_PRICED = (
     *(n for n, s in ALL_STRATEGIES.items() if s.expert_parallel),
 )
 #: The strategies a sweep of a mixture tries unasked: expert parallelism alone, with data
-#: parallelism, with FSDP and with tensor parallelism, and Megatron-LM's default, TP x EP x
-#: DP with the distributed optimizer (``zero1_ep_tp``). The other compositions of expert,
-#: data and tensor parallelism are priced when asked for (those with tensor parallelism
-#: screen as many meshes each as the rest together), the folded ones too
-#: (``zero1_ep_fold_sp``, Megatron-LM's MoE parallel folding: its meshes would make the
-#: screen of Qwen3-235B-A22B on 256 H100s 5.1 s to 7.0 s).
+#: parallelism, with FSDP and with tensor parallelism, and TP x EP x DP with the distributed
+#: optimizer (``zero1_ep_tp``). The other compositions of expert, data and tensor
+#: parallelism are priced when asked for (those with tensor parallelism screen as many
+#: meshes each as the rest together): Megatron-LM's default with sequence parallelism and
+#: the experts' hidden over the tensor-parallel ranks (``zero1_ep_sp``: its meshes are
+#: zero1_ep_tp's, and would make the screen of Qwen3-235B-A22B on 256 H100s 3.7 s to 5.5 s,
+#: its best plan the same, and benchmarks/moe_heldout.py 77 s to 113 s, the best plan of its
+#: two TPU Mixtral rows further from their measured steps), and the folded ones
+#: (``zero1_ep_fold_sp``, MoE parallel folding: 5.1 s to 7.0 s on the same screen).
 MOE_STRATEGIES = (
     "dp",
     "fsdp",
