@@ -32,6 +32,12 @@ distributed optimizer does over its data x context group: under context parallel
 context rank adds up the partial gradients of its part of every sequence over the micro-batches,
 and they are reduced over ``context`` with the data ranks' once, after the last micro-batch.
 
+Megatron-Bridge's performance summary adds its own section (``BRIDGE_RUNS``): every dense
+DGX-H100 pretraining row of its release tables (26.06 back to 25.09: Llama 3 8B with
+Megatron-FSDP, Llama 3 70B and Llama 3.1 405B with TP x PP x VP (x CP), all FP8 current
+scaling), each planned by the recipe its scripts/performance configuration builds, the step
+derived from the published tokens a second a GPU; its fine-tuning rows are listed, not judged.
+
 Run: ``python benchmarks/training_heldout.py`` (a second or two; no compile), or
 ``--compiled [PREFIX ...]`` to plan the rows whose names start with a prefix by compiling
 them with the H100 compiler, deviceless (minutes a row).
@@ -165,6 +171,8 @@ def _nemo(
     attention: str = "cudnn",
     tp_overlap: bool = True,
     pp_overlap: bool = False,
+    fsdp: bool = False,
+    publisher: str = "NeMo",
 ) -> Run:
     """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
     launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
@@ -178,7 +186,10 @@ def _nemo(
     configuration sets ``ub_tp_comm_overlap: true`` (``tp_overlap``: Transformer Engine's
     userbuffers; the hardware setting of the same name), and the stages' transfers beside
     the steady 1F1B phase's compute where it sets ``overlap_p2p_comm: true`` (``pp_overlap``,
-    the hardware setting of the same name)."""
+    the hardware setting of the same name). ``fsdp``: Megatron-FSDP over the data ranks
+    instead of the distributed optimizer (``use_megatron_fsdp`` with
+    ``data_parallel_sharding_strategy: optim_grads_params``: weights, gradients and optimizer
+    state sharded, the planner's ``fsdp``); ``publisher``: the name's first word."""
     data = gpus // (tp * pp * cp)
     mesh = tuple(
         (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
@@ -186,8 +197,10 @@ def _nemo(
     strategy = "zero1" + ("_sp" if tp > 1 else "") + ("_cp_ring" if cp > 1 else "")
     dims = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + (f" x CP {cp}" if cp > 1 else "")
     dims += f" x VP {vp}" if vp > 1 else ""
+    if fsdp:
+        strategy, dims = "fsdp" + strategy[len("zero1") :], f"FSDP {data}"
     return Run(
-        f"NeMo {name}, {dims}, {gpus} H100" + (" FP8" if fp8 else ""),
+        f"{publisher} {name}, {dims}, {gpus} H100" + (" FP8" if fp8 else ""),
         source,
         quote,
         config,
@@ -401,8 +414,128 @@ FP8_RUNS = [
     ),
 ]
 
+_MB = "NVIDIA-NeMo/Megatron-Bridge"
+#: The performance summary's DGX-H100 tables of the 26.02, 25.11 and 25.09 NeMo containers
+#: (the archive at 0a25f91 repeats them); the 26.06, 26.04.01, 26.04 and 26.02.01 tables are
+#: read from the NeMo automation account's fork, the only stored copy that has them.
+_MB_SUMMARY = f"{_MB} docs/performance-summary.md@df0289c"
+_MB_FORK = "svcnemo-autobot/Megatron-Bridge docs/performance-summary-archive.md@52dfa15"
+_MB_L3 = (
+    f"{_MB} scripts/performance/configs/llama3/workload_base_configs.py@0fa501a, "
+    "llama3_llm_pretrain.py@0a0cb29 (H100 FP8_CS: TP 4, PP 8, VP 5; the 8B use_megatron_fsdp); "
+    "configs/llama/llama3_workload_base_configs.py@00919dc (the GBS 256 V2); "
+    "src/megatron/bridge/recipes/llama/llama3.py (no recompute_granularity, "
+    "use_distributed_optimizer, tp_comm_overlap: True)"
+)
+_MB_L405 = (
+    f"{_MB} scripts/performance/configs/llama31/workload_base_configs.py@0fa501a, "
+    "llama31_llm_pretrain.py@0a0cb29 (H100 FP8_CS: TP 8, PP 8, CP 2, VP 8, the fp8 "
+    "userbuffers' TP overlap; the GBS 1536 V2 the same layout); "
+    "src/megatron/bridge/recipes/llama/llama3.py (account_for_embedding_in_pipeline_split and "
+    "account_for_loss_in_pipeline_split, no recompute_granularity, use_distributed_optimizer)"
+)
+#: 126 layers over 8 stages of 8 virtual stages: Megatron counts the embedding and the loss
+#: as a layer each (``account_for_*_in_pipeline_split``), 128 pieces, 2 a chunk, 16 a stage.
+_L405_SPLIT = (
+    "the slowest stage's 16 layers (ceil(126 / 8): Megatron's 126 layers with the embedding and "
+    "the loss counted as layers are 16 a stage, 2 a chunk); plan() itself refuses interleaving "
+    "on unequal stages"
+)
+
+
+def _bridge_step(gbs: int, gpus: int, tokens_per_gpu_s: float) -> float:
+    """The step of a run the summary gives as tokens a second a GPU: the global batch's
+    tokens (sequence 8192) over the throughput of all the GPUs."""
+    return gbs * 8192 / (tokens_per_gpu_s * gpus)
+
+
+def _bridge(
+    release: str, model: str, gpus: int, gbs: int, tokens_per_gpu_s: float, **kw: Any
+) -> Run:
+    """A Megatron-Bridge performance-summary row on DGX-H100 as its perf recipe runs it:
+    FP8-CS (``bf16_with_fp8_current_scaling_mixed``: Transformer Engine's tensorwise current
+    scaling, the planner's fp8), micro-batch 1, sequence 8192, the distributed optimizer
+    (fp32 master weights and moments), no recomputation, Transformer Engine's attention
+    (cuDNN's), the tensor-parallel collectives overlapped by userbuffers where TP > 1 and
+    ``overlap_p2p_comm`` where PP > 1 and VP > 1 (comm_overlap.py turns it on under
+    interleaving); the step from the published tokens a second a GPU."""
+    source = _MB_FORK if release in ("26.06", "26.04.01", "26.04", "26.02.01") else _MB_SUMMARY
+    # the precision as each release's table writes it (25.09's has no precision column)
+    precision = {"25.11": "FP8-CS", "25.09": "no precision column"}.get(release, "FP8")
+    step = _bridge_step(gbs, gpus, tokens_per_gpu_s)
+    quote = (
+        f"{release} NeMo Container, DGX-H100, {model}: {gpus} GPUs, {precision}, GBS {gbs}, "
+        f"MBS 1, sequence 8192, {kw.pop('layout')}: {tokens_per_gpu_s:g} tokens/s/GPU (step = "
+        f"{gbs} x 8192 / ({tokens_per_gpu_s:g} x {gpus}) = {step:.3f} s)"
+    )
+    preset = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b"}.get(model, "llama3-405b")
+    name = {"LLAMA3_8B": "Llama 3 8B", "LLAMA3_70B": "Llama 3 70B"}.get(model, "Llama 3.1 405B")
+    instead = kw.pop("instead", ())
+    return replace(
+        _nemo(
+            f"{release} {name}",
+            _preset(preset, gbs, 8192),
+            gpus,
+            measured_s=step,
+            source=f"{source}; {kw.pop('recipe')}",
+            quote=quote,
+            fp8=True,
+            publisher="Megatron-Bridge",
+            **kw,
+        ),
+        instead=instead,
+    )
+
+
+_bridge70 = partial(
+    _bridge, model="LLAMA3_70B", gpus=64, layout="TP 4, PP 8, VP 5", recipe=_MB_L3, tp=4, pp=8,
+    vp=5, pp_overlap=True,
+)  # fmt: skip
+_bridge405 = partial(
+    _bridge, model="LLAMA3.1_405B", gpus=1024, layout="TP 8, PP 8, CP 2, VP 8", recipe=_MB_L405,
+    tp=8, pp=8, cp=2, vp=8, pp_overlap=True, instead=(_L405_SPLIT,),
+)  # fmt: skip
+_bridge8 = partial(
+    _bridge, model="LLAMA3_8B", gpus=8, gbs=128, layout="FSDP 8 (Megatron-FSDP), TP 1",
+    recipe=_MB_L3, tp=1, fsdp=True,
+)  # fmt: skip
+
+#: Megatron-Bridge's dense DGX-H100 pretraining rows, every release's table read (all FP8-CS;
+#: the 25.09 table gives no precision column, and its rows are the FP8-CS recipes' layouts,
+#: the BF16 ones being CP 2 (8B) and TP 4 x PP 4 x CP 2 (70B), at over 70% of the H100's
+#: dense bf16 peak in model TFLOP/s). The same layouts recur from release to release.
+BRIDGE_RUNS = [
+    _bridge70(release="26.04.01", gbs=256, tokens_per_gpu_s=1664),
+    _bridge70(release="26.04", gbs=256, tokens_per_gpu_s=1633),
+    _bridge70(release="26.02.01", gbs=256, tokens_per_gpu_s=1639),
+    _bridge70(release="26.02", gbs=256, tokens_per_gpu_s=1621),
+    _bridge70(release="25.11", gbs=128, tokens_per_gpu_s=1602),
+    _bridge70(release="25.09", gbs=128, tokens_per_gpu_s=1619),
+    _bridge405(release="26.06", gbs=1536, tokens_per_gpu_s=326),
+    _bridge405(release="26.04.01", gbs=1536, tokens_per_gpu_s=328),
+    _bridge405(release="26.02", gbs=1536, tokens_per_gpu_s=311),
+    _bridge405(release="25.11", gbs=512, tokens_per_gpu_s=292),
+    _bridge405(release="25.09", gbs=512, tokens_per_gpu_s=302),
+    _bridge8(release="25.11", tokens_per_gpu_s=14451),
+    _bridge8(release="25.09", tokens_per_gpu_s=14079),
+]
+
+#: The dense DGX-H100 rows of the same tables that are not judged, and why.
+BRIDGE_LEFT_OUT = (
+    (
+        "26.06 SFT Llama 3 70B, 32 H100 FP8, GBS 32, sequence 4096, TP 4 x PP 4 x VP 5: 1638 "
+        "tokens/s/GPU",
+        "fine-tuning, not pretraining: the section judges the pretraining tables",
+    ),
+    (
+        "26.06 LoRA Llama 3 70B, 8 H100 FP8, GBS 32, sequence 4096, TP 2 x PP 4 x VP 20: 2643 "
+        "tokens/s/GPU",
+        "LoRA: the planner has no frozen base weights with trained adapters",
+    ),
+)
+
 #: Every held-out run.
-RUNS = BF16_RUNS + FP8_RUNS
+RUNS = BF16_RUNS + FP8_RUNS + BRIDGE_RUNS
 
 
 def _candidate(run: Run) -> Candidate:
@@ -537,24 +670,11 @@ def _compiled(prefixes: list[str]) -> None:
         if not any(run.name.startswith(p) for p in prefixes):
             continue
         t0 = time.perf_counter()
-        result = plan(
-            run.config,
-            run.devices,
-            hardware="h100",
-            hardware_overrides=run.overrides,
-            strategies=[run.strategy],
-            mesh=format_mesh_spec(dict(run.mesh)),
-            remat=run.remat,
-            microbatches=run.microbatches,
-            virtual_stages=run.virtual_stages,
-            matmul_dtype=run.matmul_dtype,
-            offload_optimizer=False,
-            vocab_split=run.vocab_split,
-            bytes_per_param=run.bytes_per_param,
-            compiler="h100",
-            target_plans=1,
-            compile_top=1,
-        )
+        try:
+            result = _compile_run(run)
+        except ShardscopeError as e:  # e.g. interleaving on unequal stages (the 405B's)
+            print(f"{run.name:58} cannot be compiled: {e}")
+            continue
         p = result.plans[0]
         error = p.step_time_s / run.measured_s - 1
         print(
@@ -564,6 +684,30 @@ def _compiled(prefixes: list[str]) -> None:
             f"{'fits' if p.fits else 'MISFIT'} by {p.compiled_by.name}  "
             f"{time.perf_counter() - t0:.0f} s"
         )
+
+
+def _compile_run(run: Run) -> Any:
+    """``run`` planned by the H100 compiler, deviceless, its configuration pinned."""
+    if run.cannot:
+        raise ShardscopeError(run.cannot)
+    return plan(
+        run.config,
+        run.devices,
+        hardware="h100",
+        hardware_overrides=run.overrides,
+        strategies=[run.strategy],
+        mesh=format_mesh_spec(dict(run.mesh)),
+        remat=run.remat,
+        microbatches=run.microbatches,
+        virtual_stages=run.virtual_stages,
+        matmul_dtype=run.matmul_dtype,
+        offload_optimizer=False,
+        vocab_split=run.vocab_split,
+        bytes_per_param=run.bytes_per_param,
+        compiler="h100",
+        target_plans=1,
+        compile_top=1,
+    )
 
 
 def main() -> None:
@@ -580,15 +724,20 @@ def main() -> None:
         f"{'run':58} {'m':>3} {'predicted':>9} {'measured':>9} {'error':>7}  "
         f"{'memory / device':>15}"
     )
-    bf16, fp8 = judge(BF16_RUNS), judge(FP8_RUNS)
+    bf16, fp8, bridge = judge(BF16_RUNS), judge(FP8_RUNS), judge(BRIDGE_RUNS)
     print("\nHeld out, bf16")
     _table(bf16)
     print("\nHeld out, fp8 (matmul_dtype='fp8')")
     _table(fp8)
+    print("\nHeld out, Megatron-Bridge's performance summary (DGX-H100, FP8-CS)")
+    _table(bridge)
+    for row, why in BRIDGE_LEFT_OUT:
+        print(f"{'':62}not judged: {row} ({why})")
     print()
     _summary("held-out bf16", bf16)
     _summary("held-out fp8", fp8)
-    _summary("held-out, all", bf16 + fp8)
+    _summary("held-out Megatron-Bridge", bridge)
+    _summary("held-out, all", bf16 + fp8 + bridge)
     _calibration_split()
     print(f"({time.perf_counter() - t0:.1f} s)")
     if args.compiled:
