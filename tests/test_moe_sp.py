@@ -52,8 +52,8 @@ def test_the_names_read_round_trip_and_place_the_experts_as_ep_tp():
     assert p.activation_spec("residual") == P(("data", "expert"), "model", None)
     assert (p.sequence_groups, tp.sequence_groups) == (2, 1)
     # what is still not built keeps its refusal
-    with pytest.raises(StrategyError, match=r"zero1_ep_sp_cp: .* HSDP; choose e.g. zero1_ep_sp,"):
-        get_strategy("zero1_ep_sp_cp")
+    with pytest.raises(StrategyError, match=r"hsdp_ep_sp_cp: .* HSDP; choose e.g. fsdp_ep_sp_cp,"):
+        get_strategy("hsdp_ep_sp_cp")
 
 
 def test_the_twin_gathers_each_slices_slots_over_model_as_the_bound_counts():

@@ -343,17 +343,24 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
     the experts' partial outputs before they go back (``moe/combine``); training adds the
     backward of each (a reduce-scatter in ``moe/dispatch``, an all-gather in
     ``moe/combine``): Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with tensor
-    parallelism."""
+    parallelism.
+
+    Under context parallelism too (Megatron-Core's EP with CP), each device of ``context``
+    routes its own chunk of the sequence: the all-to-alls over ``expert`` carry one
+    context shard's tokens, and what ``model`` sums, gathers or scatters is a device's
+    chunks' slots."""
     s, c = placement.strategy, placement.config
     terms: list[Term] = []
     _, n_tokens = placement.group(s.batch_roles)
     if s.expert_parallel:
         expert_roles = entry_roles(s.expert_entry)
         axes, e = placement.group(expert_roles)
-        # the devices that split the tokens: the batch's, and under sequence parallelism
-        # the model axis's slices (folded, among the experts' axes)
+        # the devices that split the tokens: the batch's, under sequence parallelism the
+        # model axis's slices (folded, among the experts' axes), and under context
+        # parallelism the context axis's chunks (each routed on its own device)
         slices = [Role.MODEL] if s.routes_slices else []
-        _, n_split = placement.group([*s.batch_roles, *expert_roles, *slices])
+        chunks = [Role.CONTEXT] if s.routes_context else []
+        _, n_split = placement.group([*s.batch_roles, *expert_roles, *chunks, *slices])
         replicas = n_split // e
         data = next((a for a in placement.mesh.shape if a not in axes), "data")
         for t in moe_layer_terms(
@@ -374,7 +381,10 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
                 terms.append(replace(t, count=t.count * c.moe_layers))
     if Role.MODEL in s.roles:
         model_axes, m = placement.group([Role.MODEL])
-        tokens = (c.batch // n_tokens) * c.seq
+        # a device's tokens: its sequences, or its context shard's chunks of them where each
+        # chunk is routed on its own device (expert with context parallelism)
+        n_chunks = _context_ways(placement) if s.routes_context else 1
+        tokens = (c.batch // n_tokens) * c.seq // n_chunks
         passes = 2 if train else 1
         role = TermRole.ACTIVATION
         activation = tokens * c.d_model * c.itemsize

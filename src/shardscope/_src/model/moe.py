@@ -126,15 +126,17 @@ def _same(name: str, x: Any) -> Any:
     return x
 
 
-def _slice_major(x: Any, groups: int, slices: int) -> Any:
-    """``x`` ``[tokens, d]`` (``groups / slices`` sequences of ``slices`` slices each) as
-    ``[groups, tokens / groups, d]``, slice-major (group ``i x sequences + j`` is slice ``i``
-    of sequence ``j``), so that the groups of a device of the model axis, which holds slice
-    ``i`` of its sequences, are one block of them: the groups' sharding is the model axis
+def _slice_major(x: Any, groups: int, slices: int, chunks: int = 1) -> Any:
+    """``x`` ``[tokens, d]`` (``groups / (chunks x slices)`` sequences of ``chunks`` chunks
+    of ``slices`` slices each) as ``[groups, tokens / groups, d]``, slice-major then
+    chunk-major (group ``(i x chunks + k) x sequences + j`` is slice ``i`` of chunk ``k`` of
+    sequence ``j``), so that the groups of a device of the model axis, which holds slice
+    ``i`` of its sequences' chunks, and of the context axis, which holds chunk ``k`` of
+    them, are one block of them: the groups' sharding is the model axis, the context axis,
     then the batch's."""
     t, d = x.shape
-    x = x.reshape(groups // slices, slices, t // groups, d)
-    return jnp.swapaxes(x, 0, 1).reshape(groups, t // groups, d)
+    x = x.reshape(groups // (slices * chunks), chunks, slices, t // groups, d)
+    return jnp.transpose(x, (2, 1, 0, 3, 4)).reshape(groups, t // groups, d)
 
 
 def _arrive(place: Any, a: Any, slices: int) -> Any:
@@ -163,12 +165,12 @@ def _depart(place: Any, a: Any, slices: int) -> Any:
     return place("slots", jnp.swapaxes(a, 1, 2).reshape(n, groups, *rest))
 
 
-def _sequence_major(x: Any, slices: int) -> Any:
+def _sequence_major(x: Any, slices: int, chunks: int = 1) -> Any:
     """:func:`_slice_major`'s inverse: ``[groups, tokens, d]`` back to ``[all tokens, d]`` in
     sequence order."""
     groups, t, d = x.shape
-    x = x.reshape(slices, groups // slices, t, d)
-    return jnp.swapaxes(x, 0, 1).reshape(groups * t, d)
+    x = x.reshape(slices, chunks, groups // (slices * chunks), t, d)
+    return jnp.transpose(x, (2, 1, 0, 3, 4)).reshape(groups * t, d)
 
 
 def device_share(experts: int, devices: int, top_k: int) -> float:
@@ -235,6 +237,7 @@ def moe_capacity(
     place: Any = _same,
     devices: int | None = None,
     slices: int = 1,
+    chunks: int = 1,
 ) -> tuple[Any, Any]:
     """The capacity-padded MoE of ``x`` ``[tokens, d]``: ``(output, dropped)``, ``dropped``
     the number of token-expert assignments beyond their expert's capacity.
@@ -265,12 +268,18 @@ def moe_capacity(
     experts' hidden split over it), the groups are slice-major (:func:`_slice_major`: a
     device's slices one block of them) and the slots stop at ``"arrived"`` on their way to
     ``"experts"`` and back (:func:`_arrive`): the all-to-all over the expert axis, then
-    the all-gather over the model axis, as Megatron-Core's dispatcher orders them."""
+    the all-gather over the model axis, as Megatron-Core's dispatcher orders them.
+
+    With ``chunks`` (expert with context parallelism: each sequence's groups its ``chunks``
+    chunks, each routed on its device of the context axis, Megatron-Core's EP with CP), the
+    groups are chunk-major (within the slices): a device's chunks one block of them."""
     n_experts = router.shape[-1]
     t, d = x.shape
-    if t % groups or groups % slices:
-        raise ValueError(f"tokens={t} do not split into groups={groups} of slices={slices}")
-    xg = place("tokens", _slice_major(x, groups, slices))
+    if t % groups or groups % (slices * chunks):
+        raise ValueError(
+            f"tokens={t} do not split into groups={groups} of slices={slices} x chunks={chunks}"
+        )
+    xg = place("tokens", _slice_major(x, groups, slices, chunks))
     weights, experts = route(xg, router, top_k, place)
     slots = capacity(t // groups, n_experts, top_k, factor)
     token, weight = jax.vmap(lambda w, e: slot_tokens(w, e, n_experts, slots))(weights, experts)
@@ -281,7 +290,7 @@ def moe_capacity(
             xg, experts, token, weight, w_in, w_down, n_experts, devices, slots, factor, place,
             slices=slices,
         )  # fmt: skip
-        return _sequence_major(out.reshape(groups, t // groups, d), slices), dropped
+        return _sequence_major(out.reshape(groups, t // groups, d), slices, chunks), dropped
     with jax.named_scope("moe/dispatch"):
         # each group fills its slots of every expert where the group is (an empty slot takes
         # the zero row past its tokens), then the slots go to their experts (the all-to-all)
@@ -294,7 +303,7 @@ def moe_capacity(
         rows = jnp.swapaxes(y, 0, 1).reshape(groups, n_experts * slots, d)
         out = place("tokens", _scatter(rows, token, weight, t // groups))
     dropped = t * top_k - jnp.sum(token < t // groups).astype(jnp.int32)
-    return _sequence_major(out, slices), dropped
+    return _sequence_major(out, slices, chunks), dropped
 
 
 def _local_experts(rows: Any, w_in: Any, w_down: Any, reduce: Any, weight: Any = None) -> Any:

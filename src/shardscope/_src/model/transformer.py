@@ -217,19 +217,25 @@ class Hooks:
             place=self.moe,
             devices=self.expert_devices if config.dispatch_once else None,
             slices=self.expert_slices,
+            chunks=self.context_chunks,
         )
         return y
 
     #: the devices of the expert axis (each holds ``experts / expert_devices`` experts)
     expert_devices: int = 1
     #: the groups each sequence's tokens are routed in by a layer with experts: one, or a
-    #: slice of the sequence each (MoE parallel folding: each device of the model axis
-    #: routes its own slice, as Megatron-Core routes each rank's tokens)
+    #: slice of the sequence each (each device of the model axis under expert and sequence
+    #: parallelism, of the context axis under expert and context parallelism, routes its
+    #: own slice, as Megatron-Core routes each rank's tokens)
     sequence_groups: int = 1
     #: the slices of a sequence whose slots are gathered over the model axis for the
     #: experts' split hidden once they arrive (expert parallelism under sequence parallelism
     #: unfolded, :func:`~shardscope._src.model.moe.moe_capacity`'s ``slices``), or 1
     expert_slices: int = 1
+    #: the chunks of a sequence routed apart, one on each device of the context axis
+    #: (expert with context parallelism), :func:`~shardscope._src.model.moe.moe_capacity`'s
+    #: ``chunks``, or 1
+    context_chunks: int = 1
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """Whether ``prim`` (with ``params``) gathers a weight for its use (FSDP) or the keys

@@ -831,7 +831,8 @@ def expert_batch(placement: Placement, microbatches: int = 1) -> tuple[int, floa
     rules = placement.strategy.use_rules() or placement.strategy.param_rules()
     split = placement.role_size(rules["expert_down"][0])
     slots = tokens_per_device(placement, microbatches) * c.top_k * c.routed_capacity
-    return c.experts // split, slots * split / (c.experts * placement.sequence_groups)
+    # a device's tokens are its context shard's already: only the model axis's slices divide
+    return c.experts // split, slots * split / (c.experts * placement.model_slices)
 
 
 def expert_gemms(placement: Placement, microbatches: int = 1) -> tuple[list[Gemm], list[Gemm]]:

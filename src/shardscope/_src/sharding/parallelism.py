@@ -18,7 +18,11 @@
   data-parallel over it: expert parallelism borrows data-parallel devices, as Megatron-LM's
   and torchtitan's do); it composes with every data flavour but HSDP and with ``tp`` or
   ``sp``, both at once (``zero1_ep_tp``: each expert's hidden split over ``model`` too, its
-  output all-reduced over it), and not with context parallelism. With ``sp``
+  output all-reduced over it), and with context parallelism (``zero1_ep_cp``,
+  ``zero1_ep_sp_cp_ring``: Megatron-Core's EP with CP, each device of ``context`` routing its
+  own chunk of every sequence as its own group, the all-to-alls over ``expert``, the dense
+  weights' data-parallel group ``data x expert x context`` and the experts'
+  ``data x context``). With ``sp``
   (``zero1_ep_sp``, Megatron-LM's default for a mixture under tensor parallelism: it requires
   ``--sequence-parallel`` with tensor and expert parallelism, and its
   ``--expert-tensor-parallel-size`` defaults to the tensor-parallel size) each device of
@@ -60,6 +64,8 @@ Parallelism(data='zero1', tensor='sp', context=True, expert=False, context_comm=
 True
 >>> Parallelism.parse("zero1_ep_sp").expert_fold, Parallelism.parse("zero1_ep_sp").tensor
 (False, 'sp')
+>>> Parallelism(DataParallel.ZERO1, context=True, expert=True, context_comm="ring").name
+'zero1_ep_cp_ring'
 """
 
 from __future__ import annotations
@@ -134,7 +140,7 @@ class Parallelism:
     strategy's name, :meth:`parse` reads one back.
 
     Raises :class:`StrategyError` for a combination the rule sets do not compose: expert
-    parallelism with context parallelism or HSDP, folded without sequence parallelism.
+    parallelism with HSDP, folded without sequence parallelism or with context parallelism.
 
     >>> Parallelism.parse("zero1_ep_tp").expert, Parallelism.parse("zero1_ep_tp").expert_fold
     (True, False)
@@ -188,19 +194,22 @@ class Parallelism:
                 f"{self.name}: folding the experts over 'expert' x 'model' ({FOLD_PART}) "
                 f"{why}; choose {fix.name}, or {unfolded.name} without folding"
             )
-        if self.expert and (self.context or self.data not in EXPERT_DATA):
-            data = "/".join(d.value for d in EXPERT_DATA if d != DataParallel.NONE)
-            fix = replace(
-                self,
-                data=self.data if self.data in EXPERT_DATA else DataParallel.FSDP,
-                context=False,
-                context_comm=ContextComm.ALL_GATHER,
-            )
+        if self.expert_fold and self.context:
+            fix = replace(self, context=False, context_comm=ContextComm.ALL_GATHER)
             raise StrategyError(
-                f"{self.name}: expert parallelism composes with data parallelism ({data}) "
-                f"and with tensor parallelism (tp, sp, or sp folded: "
-                f"{EXPERT_PART}_{FOLD_PART}_sp), and not with context parallelism or HSDP; "
-                f"choose e.g. {fix.name}, or "
+                f"{self.name}: the folded form of expert parallelism ({FOLD_PART}) is not "
+                f"built with context parallelism; choose {fix.name} (folded, no context "
+                f"parallelism) or {replace(self, expert_fold=False).name} (the experts over "
+                f"'{EXPERT_PART}' alone, each context shard's tokens routed as their own group)"
+            )
+        if self.expert and self.data not in EXPERT_DATA:
+            data = "/".join(d.value for d in EXPERT_DATA if d != DataParallel.NONE)
+            fix = replace(self, data=DataParallel.FSDP)
+            raise StrategyError(
+                f"{self.name}: expert parallelism composes with data parallelism ({data}), "
+                f"with tensor parallelism (tp, sp, or sp folded: {EXPERT_PART}_{FOLD_PART}_sp) "
+                f"and with context parallelism ({CONTEXT_PART}, {CONTEXT_PART}_{RING_PART}), "
+                f"and not with HSDP; choose e.g. {fix.name}, or "
                 f"{replace(self, expert=False, expert_fold=False).name} without expert "
                 f"parallelism"
             )

@@ -81,7 +81,9 @@ class JitHooks(Hooks):
             self.expert_devices = placement.role_size(placement.strategy.expert_entry)
             self.sequence_groups = placement.sequence_groups
             if placement.strategy.gathers_expert_slots:
-                self.expert_slices = placement.sequence_groups
+                self.expert_slices = placement.model_slices
+            if placement.strategy.routes_context:
+                self.context_chunks = placement.role_size(Role.CONTEXT)
 
     def gathers(self, prim: Any, params: dict[str, Any]) -> bool:
         """A weight's constraint to its use (FSDP's gather) or the keys' and values' to the

@@ -497,6 +497,14 @@ class Strategy:
         return self.routes_slices and not self.expert_fold
 
     @property
+    def routes_context(self) -> bool:
+        """Each device of ``context`` routes its own chunk of every sequence as a group of a
+        layer with experts (expert with context parallelism: Megatron-Core's EP with CP, each
+        context rank's tokens routed, and counted a capacity, on that rank); a strategy
+        without expert parallelism routes each whole sequence as one group."""
+        return self.expert_parallel and self.context_parallel
+
+    @property
     def context_parallel(self) -> bool:
         """The sequence of every activation is sharded over ``context``; attention gathers
         the keys and values of the whole sequence in each layer (or, :attr:`context_ring`,
@@ -618,7 +626,9 @@ _DATA_PHRASES = {
 def _summary(p: Parallelism) -> str:
     """One line for a composition without a preset's summary, from its dimensions' phrases."""
     where = (
-        "the data and context axes"
+        "the data, expert and context axes (the routed experts' on the data and context axes)"
+        if p.context and p.expert
+        else "the data and context axes"
         if p.context
         else "the data and expert axes (the routed experts' on the data axes)"
         if p.expert
@@ -678,8 +688,13 @@ def compose(dims: Parallelism | str) -> Strategy:
         if on
     )
     kept = _TP_PARAMS if tensor else _REPLICATED_PARAMS
+    # the dense weights' data-parallel group: every device that holds other tokens
+    # (Megatron-Core's data x context group, the expert devices among the data ones); the
+    # routed experts' is what is left when _with_experts drops 'expert' from it
     group: Entry = (
-        (Role.DATA, Role.CONTEXT)
+        (Role.DATA, Role.EXPERT, Role.CONTEXT)
+        if p.context and p.expert
+        else (Role.DATA, Role.CONTEXT)
         if p.context
         else (Role.DATA, Role.EXPERT)
         if p.expert
@@ -729,7 +744,7 @@ def compose(dims: Parallelism | str) -> Strategy:
 def _compositions() -> list[Parallelism]:
     """Every combination the rule sets compose, in a stable order (data, tensor, context,
     expert), then the ring forms of the context-parallel ones in the same order, then the
-    folded forms of expert parallelism in the same order."""
+    folded forms of expert parallelism in the same order (without context parallelism)."""
     out = []
     for d in DataParallel:
         for t in Tensor:
@@ -785,12 +800,12 @@ def get_strategy(name: str | Strategy) -> Strategy:
 
 def composes_error(name: object) -> str | None:
     """Why a name that reads by the naming rule names no strategy: its dimensions do not
-    compose (``zero1_ep_cp``: the message says what they compose with); None for any other
+    compose (``hsdp_ep_cp``: the message says what they compose with); None for any other
     name (the caller's unknown-name error lists the names).
 
-    >>> composes_error("zero1_ep_cp")[:52]
-    'zero1_ep_cp: expert parallelism composes with data p'
-    >>> composes_error("zero1_ep_tp") is None
+    >>> composes_error("hsdp_ep_cp")[:51]
+    'hsdp_ep_cp: expert parallelism composes with data p'
+    >>> composes_error("zero1_ep_cp") is None
     True
     >>> composes_error("megatron") is None
     True
@@ -843,6 +858,8 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     'data=8,expert=8'
     >>> mesh_spec_for("zero1_ep_tp", (2, 4, 2))
     'data=2,expert=4,model=2'
+    >>> mesh_spec_for("zero1_ep_sp_cp", (2, 2, 2, 2))
+    'data=2,expert=2,context=2,model=2'
     >>> mesh_spec_for("zero1_sp_cp", (2, 2, 4))
     'data=2,context=2,model=4'
     >>> mesh_spec_for("hsdp_tp", (4, 2, 8))
@@ -856,7 +873,13 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     if Role.EXPERT in s.roles:
         # the experts' axis last but for the model's (its devices closest, for the
         # all-to-alls), the data axes before it
-        tail = [EXPERT_AXIS, Role.MODEL] if Role.MODEL in s.roles else [EXPERT_AXIS]
+        # (with context parallelism, 'context' between them: Megatron-Core's tp-cp-ep-dp
+        # order, the tensor-parallel ranks innermost)
+        tail = [
+            EXPERT_AXIS,
+            *([CONTEXT_AXIS] if s.context_parallel else []),
+            *([Role.MODEL] if Role.MODEL in s.roles else []),
+        ]
         tail = tail[-len(sizes) :]
         n_lead = len(sizes) - len(tail)
         lead = ["pod" if i == 0 else f"pod{i}" for i in range(n_lead - 1)]
@@ -1094,7 +1117,18 @@ class Placement:
         """How many groups each sequence's tokens are routed in by a layer with experts: one,
         or under expert and sequence parallelism (:attr:`Strategy.routes_slices`, folded or
         not) one a device of ``model``, its slice of the sequence (Megatron-Core routes, and
-        counts a capacity for, each rank's own tokens)."""
+        counts a capacity for, each rank's own tokens), and under expert and context
+        parallelism (:attr:`Strategy.routes_context`) that many a device of ``context``, its
+        chunk of the sequence (Megatron-Core's EP with CP: each context rank routes its own
+        chunk)."""
+        s = self.strategy
+        context = self.role_size(Role.CONTEXT) if s.routes_context else 1
+        return context * (self.role_size(Role.MODEL) if s.routes_slices else 1)
+
+    @property
+    def model_slices(self) -> int:
+        """Of :attr:`sequence_groups`, the slices of each context shard's chunk (one per
+        device of ``model`` under expert and sequence parallelism, else 1)."""
         return self.role_size(Role.MODEL) if self.strategy.routes_slices else 1
 
     def moe_spec(self, point: str) -> Any | None:
@@ -1112,12 +1146,19 @@ class Placement:
         over their experts' devices with each slice still on its device of ``model`` (the
         all-to-all over ``expert``), at ``"experts"`` every slice on each device of ``model``
         (the all-gather over it; the experts' partial sums are reduce-scattered back);
-        ``"arrived"`` is ``None`` for any other strategy. ``None`` without activation
-        constraints."""
+        ``"arrived"`` is ``None`` for any other strategy. Under expert and context
+        parallelism (:attr:`Strategy.routes_context`) the groups are chunk-major too, over
+        ``context`` before the batch's axes (after ``model`` with the slices). ``None``
+        without activation constraints."""
         if not self.constraints:
             return None
         s = self.strategy
         batch = s.batch_entry
+        if s.routes_context:
+            # each context shard's chunk of a sequence its own group, chunk-major
+            # (moe_capacity's chunks): over 'context', then the batch's axes, so that the
+            # expert axis is the groups' innermost and leaves them by one all-to-all
+            batch = (Role.CONTEXT, *entry_roles(batch))
         if s.gathers_expert_slots:
             # slice-major groups (moe_capacity's slices): a device's slices one block of them
             batch = (Role.MODEL, *entry_roles(batch))
