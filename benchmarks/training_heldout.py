@@ -21,6 +21,9 @@ estimate is printed against the device's with what makes it up. Where the planne
 write a configuration the row says so and is left out of the median (counted). The summary
 gives the held-out rows apart from the calibration rows (``calibration.py``'s, printed beside
 them), and the fp8 runs (the planner's ``matmul_dtype="fp8"`` path) apart from the bf16 ones.
+The fp8 runs keep their linear layers' inputs for the backward as their framework does
+(``fp8_saved_inputs``): Transformer Engine's fp8 copies for NeMo's and Megatron-Bridge's,
+torchao's 16-bit inputs for torchtitan's, and the planner's default (16-bit) for MaxText's.
 
 The NeMo runs with tensor parallelism are planned with the vocabulary split over ``model``
 (``vocab_split``: Megatron's vocabulary-parallel embedding and output layer under sequence
@@ -97,6 +100,9 @@ class Run:
     measured_s: float
     virtual_stages: int = 1
     matmul_dtype: str = "bfloat16"
+    #: how its fp8 step keeps its linear layers' inputs for the backward (None: bf16, or
+    #: the planner's default, ``high-precision``)
+    fp8_saved_inputs: str | None = None
     overrides: dict[str, Any] = field(default_factory=lambda: dict(CUDNN))
     peak_gib: float | None = None
     instead: tuple[str, ...] = ()
@@ -211,6 +217,8 @@ def _nemo(
         measured_s,
         virtual_stages=vp,
         matmul_dtype="fp8" if fp8 else "bfloat16",
+        # Transformer Engine's fp8 linears keep their fp8 inputs for the backward
+        fp8_saved_inputs="fp8" if fp8 else None,
         overrides={
             **h100_attention(attention),
             **({"tp_overlap": tp_overlap} if tp > 1 else {}),
@@ -235,6 +243,8 @@ def _torchtitan_8b(tokens_per_gpu_s: float, peak_gib: float, quote: str, fp8: bo
         "matmuls",
         256 * 8192 / (tokens_per_gpu_s * 128),
         matmul_dtype="fp8" if fp8 else "bfloat16",
+        # torchao's Float8Linear keeps its 16-bit input and casts it again in the backward
+        fp8_saved_inputs="high-precision" if fp8 else None,
         overrides=calibration.TITAN_H100,
         peak_gib=peak_gib,
         instead=("every matmul output kept (torchtitan keeps every other one)",),
@@ -560,6 +570,7 @@ def estimate_run(run: Run) -> Screened:
         run.config,
         hw,
         matmul_dtype=run.matmul_dtype,
+        fp8_saved_inputs=run.fp8_saved_inputs,
         bytes_per_param=run.bytes_per_param,
     )
 
@@ -701,6 +712,7 @@ def _compile_run(run: Run) -> Any:
         microbatches=run.microbatches,
         virtual_stages=run.virtual_stages,
         matmul_dtype=run.matmul_dtype,
+        fp8_saved_inputs=run.fp8_saved_inputs,
         offload_optimizer=False,
         vocab_split=run.vocab_split,
         bytes_per_param=run.bytes_per_param,

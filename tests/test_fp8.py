@@ -279,5 +279,6 @@ def test_a_plan_says_its_matmul_dtype_and_prices_its_compiled_gathers_in_fp8():
     assert bf16.to_dict()["settings"]["matmul_dtype"] == "bfloat16"
     assert not [n for n in bf16.notes if n.kind == PlanNote.FP8_MATMULS]
     assert "fp8_peak_flops" not in bf16.settings["time_model"]
-    # Memory is unchanged: fp8 training keeps its 16-bit weights and 32-bit master state.
+    # Memory is unchanged by default: fp8 training keeps its 16-bit weights and 32-bit master
+    # state, and (fp8_saved_inputs='high-precision') its linear layers' 16-bit inputs.
     assert p.memory == bf16.best.memory

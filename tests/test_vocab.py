@@ -13,7 +13,12 @@ from shardscope._src.base.errors import PlanError, ShardscopeError, StrategyErro
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.hlo.groups import GroupMode
 from shardscope._src.model.config import MODES, REMATS, Mode, ModelConfig, Remat
-from shardscope._src.plan.estimates import MatmulDtype, estimate_memory, model_flops
+from shardscope._src.plan.estimates import (
+    Fp8SavedInputs,
+    MatmulDtype,
+    estimate_memory,
+    model_flops,
+)
 from shardscope._src.plan.request import PlanRequest
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import Role, get_strategy
@@ -42,6 +47,7 @@ SPELLED = [
     (Remat, ["none", "selective", "matmuls", "full", "offload"]),
     (Role, ["data", "model", "context", "replica", "expert"]),
     (MatmulDtype, ["bfloat16", "fp8"]),
+    (Fp8SavedInputs, ["high-precision", "fp8"]),
     (
         OverlapClass,
         [

@@ -300,6 +300,7 @@ class PlanConfig(HardwareOptions):
     bytes_per_param: int | None
     flash_attention: bool | None  # --no-flash-attention: False
     matmul_dtype: str | None
+    fp8_saved_inputs: str | None
     workers: int | None
     compiler: str | None
     target_plans: int | None

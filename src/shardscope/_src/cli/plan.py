@@ -284,6 +284,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
             ("--strategies", c.strategies),
             ("--mesh", c.mesh),
             ("--matmul-dtype", c.matmul_dtype),
+            ("--fp8-saved-inputs", c.fp8_saved_inputs),
         )
         if value is not None
     ]

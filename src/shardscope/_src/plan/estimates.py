@@ -103,6 +103,41 @@ def check_matmul_dtype(matmul_dtype: object, hw: Hardware) -> MatmulDtype:
     return dtype
 
 
+class Fp8SavedInputs(Vocab):
+    """How an fp8 training step keeps its linear layers' inputs for the backward."""
+
+    #: the 16-bit inputs, cast again in the backward: torchao's float8 training
+    #: (torchtitan; ``matmul_with_hp_or_float8_args`` saves ``input_hp``), and the
+    #: planner's 16-bit JAX reference program
+    HIGH_PRECISION = "high-precision"
+    #: their fp8 copies (1 byte an element), a sequence-parallel linear's local shard,
+    #: gathered again in the backward: Transformer Engine's ``Linear`` and
+    #: ``LayerNormLinear`` (NeMo, Megatron-Core, Megatron-Bridge)
+    FP8 = "fp8"
+
+
+def check_fp8_saved_inputs(value: object, matmul_dtype: object) -> Fp8SavedInputs | None:
+    """``fp8_saved_inputs`` as a member (None, with fp8 matmuls: ``high-precision``; with
+    16-bit matmuls it stays None), refused (a :class:`PlanError` naming the value and the
+    fix) when it is not one, or is given with 16-bit matmuls, where it means nothing."""
+    dtype = MatmulDtype.parse(
+        matmul_dtype, what="matmul_dtype", error=PlanError, param="matmul_dtype"
+    )
+    if value is None:
+        return Fp8SavedInputs.HIGH_PRECISION if dtype == MatmulDtype.FP8 else None
+    saved = Fp8SavedInputs.parse(
+        value, what="fp8_saved_inputs", error=PlanError, param="fp8_saved_inputs"
+    )
+    if dtype != MatmulDtype.FP8:
+        raise PlanError(
+            f"fp8_saved_inputs={saved.value!r}: says how an fp8 step keeps its linear "
+            f"layers' inputs, and matmul_dtype={dtype.value!r} runs none in fp8; give "
+            f"matmul_dtype='fp8' with it, or drop fp8_saved_inputs",
+            param="fp8_saved_inputs",
+        )
+    return saved
+
+
 #: Bytes an fp8 cast moves per element besides the two reads of the 16-bit tensor: the write of
 #: its 1-byte copy (dynamic tensorwise scaling: the amax pass reads the tensor, the cast reads it
 #: again and writes the copy).
@@ -352,20 +387,63 @@ def _activation_terms(
     return whole * scale, split * scale, scores / t * scale
 
 
+def fp8_saved_inputs_change(
+    placement: Placement, b: int, *, flash_attention: bool = True, dense_mlp: bool = True
+) -> float:
+    """Bytes by which one layer's activations kept for the backward change, for ``b``
+    sequences on one device, when an fp8 step keeps its linear layers' inputs in fp8
+    (:attr:`Fp8SavedInputs.FP8`, Transformer Engine's) instead of at the model's dtype
+    (negative: fewer).
+
+    Transformer Engine's ``Linear`` and ``LayerNormLinear`` save the fp8 input they cast
+    (a sequence-parallel one its local shard, gathered again in the backward) and no 16-bit
+    copy, the fused norm writing its output in fp8: the query, key and value projection's
+    normed input and the MLP's (``h`` a token, ``h / t`` under sequence parallelism), and
+    the down-projection's input (``ff / t``: SwiGLU's product, GELU's output; the activation
+    keeps its own input) take 1 byte an element instead of the model's itemsize. The
+    out-projection's input is the attention's output: with memory-efficient attention the
+    fused attention keeps it at the model's dtype for its own backward, and the
+    out-projection's fp8 copy is kept beside it (``q / t`` bytes more); without, the copy
+    replaces it. ``dense_mlp=False`` leaves the MLP out (a layer with experts: its
+    attention's alone; the experts' inputs stay counted at the model's dtype)."""
+    c = placement.config
+    assert c.head_dim is not None
+    t = model_ways(placement)
+    tokens = b * c.seq / context_ways(placement)
+    h = c.d_model / t if placement.strategy.sequence_parallel else c.d_model
+    context = c.heads * (c.value_head_dim if c.is_mla else c.head_dim) / t
+    replaced = 2 * h + (c.ff / t if dense_mlp else 0)
+    added = context if flash_attention else 0.0
+    if not flash_attention:
+        replaced += context
+    return tokens * (replaced * (FP8_ITEMSIZE - c.itemsize) + added * FP8_ITEMSIZE)
+
+
 def activation_bytes_per_layer(
-    placement: Placement, *, flash_attention: bool = True, microbatches: int = 1
+    placement: Placement,
+    *,
+    flash_attention: bool = True,
+    microbatches: int = 1,
+    fp8_saved: bool = False,
 ) -> int:
     """Bytes of one layer's activations kept for the backward pass, on one device, for one
     micro-batch (Korthikanti et al. Table 2; see the module docstring). A mixture of experts'
     layers are of two kinds: this is their mean, so that ``layers`` times it is what all of
-    them keep (:func:`moe_activation_bytes_per_layer` for the layers with experts)."""
+    them keep (:func:`moe_activation_bytes_per_layer` for the layers with experts).
+    ``fp8_saved``: the linear layers' inputs kept in fp8 (:func:`fp8_saved_inputs_change`)."""
     b = sequences_per_device(placement, microbatches)
     whole, split, scores = _activation_terms(placement, b)
     dense = whole + split + (0 if flash_attention else scores)
+    if fp8_saved:
+        dense += fp8_saved_inputs_change(placement, b, flash_attention=flash_attention)
     c = placement.config
     if not c.is_moe:
         return math.ceil(dense)
     moe = moe_activation_bytes_per_layer(placement, flash_attention=flash_attention, b=b)
+    if fp8_saved:
+        moe += fp8_saved_inputs_change(
+            placement, b, flash_attention=flash_attention, dense_mlp=False
+        )
     return math.ceil((c.dense_layer_count * dense + c.moe_layers * moe) / c.layers)
 
 
@@ -574,7 +652,11 @@ OFFLOAD_BUFFERS = 2
 
 
 def stored_activation_bytes_per_layer(
-    placement: Placement, schedule: Schedule, *, flash_attention: bool = True
+    placement: Placement,
+    schedule: Schedule,
+    *,
+    flash_attention: bool = True,
+    fp8_saved: bool = False,
 ) -> int:
     """What one layer keeps in device memory per micro-batch under ``schedule.remat``:
     everything (none), everything but the attention scores (selective; both Korthikanti et
@@ -582,13 +664,16 @@ def stored_activation_bytes_per_layer(
     the named tensors the policy keeps on the device (:func:`named_tensor_bytes`): its input
     only (full: ``2sbh``, or ``2sbh/t`` with sequence parallelism; Table 2), its input and
     the outputs of its matmuls (matmuls: see :func:`matmul_outputs_bytes_per_layer`), or
-    nothing (offload: in host memory, :func:`offloaded_bytes_per_layer`)."""
+    nothing (offload: in host memory, :func:`offloaded_bytes_per_layer`). ``fp8_saved``
+    (the linear layers' inputs kept in fp8) changes what a layer keeps when it keeps
+    everything; a policy's named tensors are kept as named, at the model's dtype."""
     policy = remat_policy(schedule.remat)
     if policy.keeps_everything:
         return activation_bytes_per_layer(
             placement,
             flash_attention=flash_attention if policy.recomputes_nothing else True,
             microbatches=schedule.microbatches,
+            fp8_saved=fp8_saved,
         )
     return named_tensor_bytes(placement, policy.on_device, schedule.microbatches)
 
@@ -622,6 +707,7 @@ def estimate_memory(
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
     schedule: Schedule | None = None,
+    fp8_saved_inputs: str | None = None,
 ) -> MemoryEstimate:
     """Analytic memory per device of ``placement`` (see the module docstring for the formulas).
 
@@ -631,6 +717,8 @@ def estimate_memory(
     activations while it is recomputed), and multiplies them by the model chunks of a
     micro-batch the first 1F1B stage holds at once (:attr:`Schedule.in_flight`; a chunk is
     the stage's layers, or ``1 / virtual_stages`` of them interleaved).
+    ``fp8_saved_inputs`` (an fp8 step's, :class:`Fp8SavedInputs`; None: 16-bit matmuls)
+    ``"fp8"`` keeps the linear layers' inputs in fp8 (:func:`fp8_saved_inputs_change`).
 
     >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
     >>> dp, fsdp = (get_strategy(s).place(ModelConfig(), abstract_mesh("data=8"))
@@ -665,10 +753,15 @@ def estimate_memory(
     host = 0
     logits = logits_bytes(placement, b, train=train)
     if train:
-        kept = stored_activation_bytes_per_layer(placement, sched, flash_attention=flash_attention)
+        fp8_saved = fp8_saved_inputs == Fp8SavedInputs.FP8
+        kept = stored_activation_bytes_per_layer(
+            placement, sched, flash_attention=flash_attention, fp8_saved=fp8_saved
+        )
         policy = remat_policy(sched.remat)
         working = (
-            activation_bytes_per_layer(placement, flash_attention=flash_attention, microbatches=m)
+            activation_bytes_per_layer(
+                placement, flash_attention=flash_attention, microbatches=m, fp8_saved=fp8_saved
+            )
             if not policy.recomputes_nothing
             else 0
         )

@@ -622,9 +622,12 @@ def _fp8_matmuls(v: Fp8MatmulsValues) -> str:
         f"quantization); FSDP's weight all-gathers are priced at one byte per element "
         f"(torchtitan's enable_fsdp_float8_all_gather), the formula's and the compiled "
         f"program's alike. The compiled program is the {v.dtype} reference program, which "
-        f"runs no fp8 matmul: its collectives and memory are {v.dtype}'s. Memory is "
-        f"unchanged: fp8 training keeps {v.dtype} weights and fp32 master weights and "
-        f"optimizer state, and casts copies for the matmuls"
+        f"runs no fp8 matmul: its collectives and memory are {v.dtype}'s. Memory keeps "
+        f"{v.dtype} weights and fp32 master weights and optimizer state, and casts copies "
+        f"for the matmuls; the linear layers' inputs kept for the backward are "
+        f"{v.dtype} (fp8_saved_inputs='high-precision', torchao's) or their fp8 copies "
+        f"(fp8_saved_inputs='fp8', Transformer Engine's) in the estimate, {v.dtype} in "
+        f"the compiled program"
     )
 
 

@@ -23,7 +23,9 @@ from shardscope._src.model.presets import DENSE_PRESETS, MOE_PRESETS
 from shardscope._src.model.serving import WeightFormat
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
+    Fp8SavedInputs,
     MatmulDtype,
+    check_fp8_saved_inputs,
     check_matmul_dtype,
     interleave_problem,
 )
@@ -130,9 +132,18 @@ class PlanRequest:
             model runs the layers' projections and MLP in fp8 (torchtitan's float8 training,
             MaxText's fp8 quantization) at the hardware's ``fp8_peak_flops``, with the casts'
             bytes, and FSDP's weight all-gathers at one byte per element; the attention core
-            and the unembedding stay 16-bit, and the memory is unchanged (16-bit weights, 32-bit
-            master weights and optimizer state). Refused on hardware without fp8 (A100,
-            TPUs). The compiled program stays the 16-bit reference program.
+            and the unembedding stay 16-bit, and the memory keeps 16-bit weights, 32-bit
+            master weights and optimizer state (the activations as ``fp8_saved_inputs``
+            says). Refused on hardware without fp8 (A100, TPUs). The compiled program stays
+            the 16-bit reference program.
+        fp8_saved_inputs: how an fp8 step keeps its linear layers' inputs for the backward:
+            ``"high-precision"`` (the default with ``matmul_dtype="fp8"``: at the model's
+            dtype, as torchao's float8 training, torchtitan's, keeps them and as the 16-bit
+            reference program does) or ``"fp8"`` (Transformer Engine's, NeMo's and
+            Megatron's: their fp8 copies, the query, key and value projection's and the
+            MLP's normed inputs and the down-projection's at 1 byte an element, the
+            out-projection's copy beside the attention's 16-bit output). Refused with
+            ``matmul_dtype="bfloat16"``.
         remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
             recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"``, ``"offload"``
             (each layer's input and its query, key and value projections in host memory,
@@ -258,6 +269,15 @@ class PlanRequest:
         kind=Kind.CHOICE,
         choices=tuple(MatmulDtype),
     )
+    fp8_saved_inputs: str | None = knob(
+        None,
+        "how an fp8 step keeps its linear layers' inputs for the backward: high-precision "
+        "(torchao's, torchtitan's) or fp8 (Transformer Engine's: NeMo, Megatron); with "
+        "--matmul-dtype fp8 only",
+        kind=Kind.CHOICE,
+        choices=tuple(Fp8SavedInputs),
+        default_text="high-precision with --matmul-dtype fp8",
+    )
     remat: str | Sequence[str] | None = knob(
         None,
         "activation recomputation to try, comma-separated: none, selective (the attention "
@@ -372,6 +392,8 @@ class PlanRequest:
         check_dims({"batch": self.batch, "seq": self.seq, **self.dims})
         hw = get_hardware(self.hardware, **self.hardware_overrides)
         object.__setattr__(self, "matmul_dtype", check_matmul_dtype(self.matmul_dtype, hw))
+        saved = check_fp8_saved_inputs(self.fp8_saved_inputs, self.matmul_dtype)
+        object.__setattr__(self, "fp8_saved_inputs", saved)
         if self.mesh is not None:  # one canonical, immutable shape, whatever form it came in
             object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
 

@@ -36,6 +36,7 @@ from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
     Schedule,
+    check_fp8_saved_inputs,
     data_ways,
     divisors,
     estimate_memory,
@@ -632,6 +633,7 @@ def screen(
     flash_attention: bool = True,
     *,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
+    fp8_saved_inputs: str | None = None,
     memo: dict[tuple[int, bool, bool], tuple[Bound, tuple[CommItem, ...]]] | None = None,
     parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> Screened:
@@ -639,11 +641,14 @@ def screen(
 
     ``placement`` is the strategy placed on the stage's mesh with one stage's program
     (:func:`stage_config`); ``config`` the whole model. ``matmul_dtype="fp8"`` changes the
-    step's time, not its memory (fp8 training keeps 16-bit weights and 32-bit master
-    weights and optimizer state). ``memo``: the step's collectives of earlier candidates on
-    the same placement and mode (they depend only on the micro-batches, whether the forward
-    is recomputed, and fp8 gathers); ``parts``: the pieces of those collectives of earlier
-    candidates on the same placement and mode (:func:`~shardscope._src.train.timing.step_bound`).
+    step's time, and its memory only as ``fp8_saved_inputs`` says (fp8 training keeps
+    16-bit weights and 32-bit master weights and optimizer state; ``"fp8"``: the linear
+    layers' inputs kept for the backward in fp8, Transformer Engine's,
+    :class:`Fp8SavedInputs`; None or ``"high-precision"``: at the model's dtype). ``memo``:
+    the step's collectives of earlier candidates on the same placement and mode (they depend
+    only on the micro-batches, whether the forward is recomputed, and fp8 gathers);
+    ``parts``: the pieces of those collectives of earlier candidates on the same placement
+    and mode (:func:`~shardscope._src.train.timing.step_bound`).
     """
     sched = Schedule(
         cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer, cand.virtual_stages
@@ -654,6 +659,7 @@ def screen(
         bytes_per_param=bytes_per_param,
         flash_attention=flash_attention,
         schedule=sched,
+        fp8_saved_inputs=fp8_saved_inputs,
     )
     work = step_work(
         placement,
@@ -703,6 +709,7 @@ def screen_all(
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     vocab_split: bool | None = None,
     virtual_stages: int | None = None,
+    fp8_saved_inputs: str | None = None,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
@@ -710,8 +717,10 @@ def screen_all(
     compiled); and how many strategy-and-mesh candidates there were. ``mesh`` pins the mesh
     (:func:`pinned_mesh`): only the candidates on it. ``virtual_stages`` fixes the model
     chunks per device (interleaved 1F1B; None: 1 and each count that runs, up to
-    :data:`MAX_VIRTUAL_STAGES`)."""
+    :data:`MAX_VIRTUAL_STAGES`). ``fp8_saved_inputs``: how an fp8 step keeps its linear
+    layers' inputs (:func:`screen`; refused with 16-bit matmuls)."""
 
+    saved = check_fp8_saved_inputs(fp8_saved_inputs, matmul_dtype)
     names = tuple(strategies)
     skipped: list[Skipped] = []
     if mesh is not None:
@@ -775,6 +784,7 @@ def screen_all(
             bytes_per_param=bytes_per_param,
             flash_attention=flash_attention,
             matmul_dtype=matmul_dtype,
+            fp8_saved_inputs=saved,
             memo={},
             parts={},
         )
@@ -854,10 +864,12 @@ def estimate(
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     flash_attention: bool = True,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
+    fp8_saved_inputs: str | None = None,
 ) -> Screened:
     """One candidate (strategy, mesh, micro-batches, recomputation; a ``stage`` axis for
     pipeline stages) estimated without compiling: its memory per device and step time
-    (``matmul_dtype="fp8"``: the layers' matmuls in fp8, see :func:`screen`).
+    (``matmul_dtype="fp8"``: the layers' matmuls in fp8, their linear layers' inputs kept
+    as ``fp8_saved_inputs`` says, see :func:`screen`; refused with 16-bit matmuls).
 
     A 7B model trained with FSDP on 64 H100s, 128 sequences in 2 micro-batches per data shard,
     with full recomputation:
@@ -870,6 +882,7 @@ def estimate(
     """
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    saved = check_fp8_saved_inputs(fp8_saved_inputs, matmul_dtype)
     base = stage_config(config, candidate, flash_attention=flash_attention)
     placement = candidate.strategy_record.place(base, abstract_mesh(candidate.stage_mesh))
     return screen(
@@ -881,6 +894,7 @@ def estimate(
         bytes_per_param,
         flash_attention,
         matmul_dtype=matmul_dtype,
+        fp8_saved_inputs=saved,
     )
 
 

@@ -291,6 +291,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         matmul_dtype=r.matmul_dtype,
         vocab_split=r.vocab_split,
         virtual_stages=r.virtual_stages,
+        fp8_saved_inputs=r.fp8_saved_inputs,
     )
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
@@ -330,6 +331,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "mesh": None if pinned is None else pinned.spec,
         "compile_top": r.compile_top,
         "matmul_dtype": r.matmul_dtype,
+        "fp8_saved_inputs": r.fp8_saved_inputs,
         "time_model": timing_constants(hw, r.matmul_dtype),
     }
     return PlanResult(

@@ -1,0 +1,79 @@
+"""How an fp8 step keeps its linear layers' inputs for the backward (``fp8_saved_inputs``):
+Transformer Engine's fp8 copies (``"fp8"``) against torchao's 16-bit inputs
+(``"high-precision"``, the default, as the 16-bit reference program keeps them), the
+difference derived here from the model's shape; bf16 steps untouched; the refusals. No
+compile."""
+
+import pytest
+
+from helpers import assert_usage_error
+from shardscope import PlanError, PlanRequest
+from shardscope._src.model.config import ModelConfig
+from shardscope._src.train.candidates import estimate
+from shardscope._src.train.types import Candidate
+
+#: d 256, 8 query and key/value heads of 32, SwiGLU ff 512, 4 layers, 8 sequences
+#: of 128 tokens, in bfloat16 (2 bytes an element).
+CONFIG = ModelConfig(
+    d_model=256, heads=8, kv_heads=8, ff=512, layers=4, batch=8, seq=128, vocab=1024,
+    mlp="swiglu", dtype="bfloat16",
+)  # fmt: skip
+H, Q, FF, LAYERS = 256, 8 * 32, 512, 4
+
+
+def _activations(strategy, mesh, *, saved, flash=True, dtype="fp8", remat="none"):
+    c = Candidate(strategy, mesh, 1, remat)
+    kw = {} if saved is None else {"fp8_saved_inputs": saved}
+    s = estimate(c, CONFIG, "h100", matmul_dtype=dtype, flash_attention=flash, **kw)
+    return s.memory.activations
+
+
+def test_sequence_parallel_fp8_copies_are_the_local_shards_and_the_out_projection_adds_one():
+    # zero1_sp on data=2 x model=4: 4 sequences of 128 tokens a device, the QKV's and the
+    # MLP's normed inputs their 1/4 shards (h/t each) and the down-projection's input
+    # (ff/t) 1 byte instead of 2; the attention keeps its 16-bit output and the
+    # out-projection an fp8 copy of its q/t beside it.
+    mesh, t, tokens = (("data", 2), ("model", 4)), 4, 4 * 128
+    high = _activations("zero1_sp", mesh, saved="high-precision")
+    fp8 = _activations("zero1_sp", mesh, saved="fp8")
+    per_layer = tokens * (2 * H // t + FF // t) * (2 - 1) - tokens * (Q // t) * 1
+    assert high - fp8 == LAYERS * per_layer
+
+
+def test_without_sequence_parallelism_the_normed_inputs_are_whole_and_unfused_keeps_one_copy():
+    # tp on model=8: all 8 sequences on each device, the normed inputs whole (h), the
+    # down-projection's ff/t; without memory-efficient attention the out-projection's fp8
+    # copy is the only one of the attention's output (q/t).
+    mesh, t, tokens = (("model", 8),), 8, 8 * 128
+    high = _activations("tp", mesh, saved="high-precision", flash=False)
+    fp8 = _activations("tp", mesh, saved="fp8", flash=False)
+    assert high - fp8 == LAYERS * tokens * (2 * H + Q // t + FF // t) * (2 - 1)
+
+
+def test_the_default_and_bf16_steps_keep_the_16_bit_inputs():
+    mesh = (("data", 2), ("model", 4))
+    bf16 = _activations("zero1_sp", mesh, saved=None, dtype="bfloat16")
+    assert _activations("zero1_sp", mesh, saved=None) == bf16
+    assert _activations("zero1_sp", mesh, saved="high-precision") == bf16
+    assert PlanRequest("tiny", 8, matmul_dtype="fp8").fp8_saved_inputs == "high-precision"
+    assert PlanRequest("tiny", 8).fp8_saved_inputs is None
+
+
+def test_full_recomputation_changes_only_the_layer_being_recomputed():
+    # full recomputation keeps each layer's input, no linear's: only the layer being
+    # recomputed holds the fp8 copies.
+    mesh, t, tokens = (("data", 2), ("model", 4)), 4, 4 * 128
+    high = _activations("zero1_sp", mesh, saved="high-precision", remat="full")
+    fp8 = _activations("zero1_sp", mesh, saved="fp8", remat="full")
+    assert high - fp8 == tokens * (2 * H // t + FF // t) - tokens * (Q // t)
+
+
+def test_bad_values_are_refused_naming_the_value_and_the_fix(capsys):
+    with pytest.raises(PlanError, match=r"fp8_saved_inputs='fp8'.*give matmul_dtype='fp8'"):
+        PlanRequest("tiny", 8, fp8_saved_inputs="fp8")
+    with pytest.raises(PlanError, match=r"fp8_saved_inputs 'int4': choose one of"):
+        PlanRequest("tiny", 8, matmul_dtype="fp8", fp8_saved_inputs="int4")
+    with pytest.raises(PlanError, match="matmul_dtype='bfloat16' runs none in fp8"):
+        estimate(Candidate("dp", (("data", 8),), 1, "none"), CONFIG, fp8_saved_inputs="fp8")
+    argv = ["plan", "--devices", "8", "--model", "tiny", "--fp8-saved-inputs", "fp8"]
+    assert_usage_error(argv, "fp8_saved_inputs='fp8'", capsys)
