@@ -11,7 +11,7 @@ import jax
 import pytest
 
 import shardscope
-from helpers import assert_usage_error
+from helpers import assert_usage_error, mlp_search
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.cli.main import main
 from shardscope._src.render.suggest import ARRAYS_SHOWN, render_suggest
@@ -30,8 +30,7 @@ def _rules(make_step):
 
 @pytest.fixture(scope="module")
 def mlp():
-    make_step = load_program(MLP)
-    return make_step, shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=0)
+    return mlp_search()
 
 
 def test_the_best_proposal_fits_and_beats_the_hand_written_rules(mlp):

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import shardscope
-from helpers import assert_usage_error
+from helpers import assert_usage_error, mlp_search
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.plan.types import SkipReason
 
@@ -84,8 +84,7 @@ def _rows(result):
 
 
 def test_a_local_cluster_compiles_the_proposals_this_process_does(cluster):
-    make_step = load_program(MLP)
-    here = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=0)
+    make_step, here = mlp_search()  # (the search test_suggest reads, in this process)
     there = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, ray=cluster)
     assert _rows(there) == _rows(here) and there.compiled == 4
 
