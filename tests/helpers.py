@@ -218,3 +218,19 @@ def layer_growth(strategy: str, mesh_spec: str, config_of) -> tuple[int, float]:
         per_layer[layers] = activation_bytes_per_layer(placement)
     assert per_layer[2] == per_layer[4]
     return per_layer[2], (temp[4] - temp[2]) / 2
+
+
+#: The Flax MLP program of ``tests/programs`` (named axes, three hand-written rule sets).
+MLP = f"{PROGRAMS / 'flax_mlp.py'}:make_step"
+
+
+@functools.cache
+def mlp_search():
+    """``(make_step, result)``: the MLP program and ``shardscope.suggest``'s search of it on 8
+    devices (Auto axes, 4 compiles, in this process), searched once per process for the tests
+    that read it or compare another search with it (test_suggest, test_suggest_ray)."""
+    import shardscope
+    from shardscope._src.audit.user_program import load_program
+
+    make_step = load_program(MLP)
+    return make_step, shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=0)

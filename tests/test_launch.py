@@ -125,12 +125,12 @@ def test_a_killed_worker_ends_the_run(tmp_path):
 @pytest.mark.slow
 def test_a_hung_run_ends_at_the_timeout(tmp_path):
     out = tmp_path / "out"
-    launcher = _launch_cli("-n", "2", "--timeout", "4", "--", "lab", "--out", str(out))
+    launcher = _launch_cli("-n", "2", "--timeout", "2", "--", "lab", "--out", str(out))
     os.kill(_wait_for_worker(str(out), 1), signal.SIGSTOP)  # it hangs; process 0 waits for it
     stdout, stderr = launcher.communicate(timeout=30)
     assert launcher.returncode == 124, stdout + stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("shardscope launch: timed out after 4 s with 2 of 2 processes"), last
+    assert last.startswith("shardscope launch: timed out after 2 s with 2 of 2 processes"), last
     assert "process 0 (SIG" in last and "process 1 (SIG" in last
     _assert_no_result(out)
     assert not _processes_with(str(out))

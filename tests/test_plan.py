@@ -1019,9 +1019,11 @@ def test_no_best_plan_when_none_fits():
     from shardscope import plan
 
     # 7.5 MB of device memory, and no host memory to offload to (sp with the vocabulary split
-    # over 'model' fits 8 MB).
+    # over 'model' fits 8 MB, the least of any strategy): searched over dp, whose model state
+    # alone is over it (skipped, not compiled), and sp, the closest (its two leading plans
+    # compiled, not the seven of six strategies a search of every strategy compiles)
     small = {"memory_bytes": 7.5e6, "host_memory_bytes": 0}
-    result = plan("tiny", 8, hardware_overrides=small, compiler="cpu")
+    result = plan("tiny", 8, hardware_overrides=small, compiler="cpu", strategies=["dp", "sp"])
     assert result.plans and not any(p.fits for p in result.plans)
     assert result.best is None
     note = result.fit_note

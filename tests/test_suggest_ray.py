@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import shardscope
-from helpers import assert_usage_error
+from helpers import assert_usage_error, mlp_search
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.plan.types import SkipReason
 
@@ -84,38 +84,9 @@ def _rows(result):
 
 
 def test_a_local_cluster_compiles_the_proposals_this_process_does(cluster):
-    make_step = load_program(MLP)
-    here = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, workers=0)
+    make_step, here = mlp_search()  # (the search test_suggest reads, in this process)
     there = shardscope.suggest(make_step, 8, axis_types="auto", compiles=4, ray=cluster)
     assert _rows(there) == _rows(here) and there.compiled == 4
-
-
-def _dying(tmp_path, always):
-    marker = tmp_path / "died"
-    path = tmp_path / f"dying_{'always' if always else 'once'}.py"
-    path.write_text(DYING.format(programs=str(PROGRAMS), always=always, marker=str(marker)))
-    return load_program(f"{path}:make_step"), marker
-
-
-def test_a_worker_killed_mid_search_has_its_compile_run_again(cluster, tmp_path, monkeypatch):
-    make_step, marker = _dying(tmp_path, always=False)
-    monkeypatch.setenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as RayPool connects
-    ray.init(address=cluster, logging_level="ERROR", log_to_driver=False)
-    try:  # a cluster the program connected to itself is used without ray=
-        result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=2, compare=False)
-    finally:
-        ray.shutdown()
-    assert marker.exists()  # a worker died building its candidate
-    assert len(result.proposals) == 2 and not result.skipped
-
-
-def test_a_candidate_lost_on_every_try_is_skipped_not_proposed(cluster, tmp_path):
-    make_step, marker = _dying(tmp_path, always=True)
-    result = shardscope.suggest(
-        make_step, 8, axis_types="auto", compiles=1, compare=False, ray=cluster
-    )
-    assert marker.exists() and result.proposals == () and result.best is None
-    assert [s.reason for s in result.skipped] == [SkipReason.LOST]
 
 
 def test_an_unreachable_address_is_one_line_within_seconds(tmp_path, capsys):
@@ -127,3 +98,42 @@ def test_an_unreachable_address_is_one_line_within_seconds(tmp_path, capsys):
     assert not out.exists()
     with pytest.raises(shardscope.PlanError, match="HOST:PORT"):
         shardscope.suggest(load_program(MLP), 8, axis_types="auto", ray="nowhere")
+
+
+def _dying(tmp_path, always):
+    marker = tmp_path / "died"
+    path = tmp_path / f"dying_{'always' if always else 'once'}.py"
+    path.write_text(DYING.format(programs=str(PROGRAMS), always=always, marker=str(marker)))
+    return load_program(f"{path}:make_step"), marker
+
+
+@pytest.fixture(scope="module")
+def connected(cluster):
+    """This process connected to the cluster itself (``ray.init``), once for the tests below:
+    a Ray worker lives as long as the connection it started under, so the worker a test's
+    search leaves alive takes the next test's first task, where a connection of each test's
+    own would start (and import JAX in) a worker again."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as RayPool connects
+        ray.init(address=cluster, logging_level="ERROR", log_to_driver=False)
+        try:
+            yield cluster
+        finally:
+            ray.shutdown()
+
+
+def test_a_worker_killed_mid_search_has_its_compile_run_again(connected, tmp_path):
+    make_step, marker = _dying(tmp_path, always=False)
+    # a cluster the program connected to itself is used without ray=
+    result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=2, compare=False)
+    assert marker.exists()  # a worker died building its candidate
+    assert len(result.proposals) == 2 and not result.skipped
+
+
+def test_a_candidate_lost_on_every_try_is_skipped_not_proposed(connected, tmp_path):
+    make_step, marker = _dying(tmp_path, always=True)
+    result = shardscope.suggest(
+        make_step, 8, axis_types="auto", compiles=1, compare=False, ray=connected
+    )
+    assert marker.exists() and result.proposals == () and result.best is None
+    assert [s.reason for s in result.skipped] == [SkipReason.LOST]
