@@ -161,6 +161,32 @@ def program_module(name: str):
     return importlib.import_module(name)
 
 
+#: One layer with experts, the expert compositions' tests' model: 8 sequences of 16 tokens, 8
+#: experts of 32 (top 2) and a shared one, on a mesh of 2 x 2 x 2.
+SMALL_MIXTURE = dict(
+    d_model=64, heads=4, ff=128, layers=1, batch=8, seq=16, vocab=256, mlp="swiglu",
+    experts=8, top_k=2, expert_ff=32, shared_experts=1, capacity_factor=1.0,
+)  # fmt: skip
+
+
+def small_mixture(**overrides):
+    """:data:`SMALL_MIXTURE` as a ``ModelConfig``, with ``overrides``."""
+    from shardscope._src.model.config import ModelConfig
+
+    return ModelConfig(**{**SMALL_MIXTURE, **overrides})
+
+
+def halves_routing():
+    """Hooks under which one device routes each sequence in two groups, its halves (what a
+    device of a 2-way ``model`` or ``context`` axis routes)."""
+    from shardscope._src.model.transformer import Hooks
+
+    class Halves(Hooks):
+        sequence_groups = 2
+
+    return Halves()
+
+
 @functools.cache
 def one_device_step(config):
     """``(loss, grads)`` of the reference decoder's train step on one device (jitted, cached

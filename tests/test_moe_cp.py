@@ -14,7 +14,7 @@ from dataclasses import replace  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from helpers import assert_one_device_step  # noqa: E402
+from helpers import assert_one_device_step, small_mixture  # noqa: E402
 from shardscope._src.base.comm import (  # noqa: E402
     ALL_GATHER,
     ALL_REDUCE,
@@ -23,7 +23,6 @@ from shardscope._src.base.comm import (  # noqa: E402
     REDUCE_SCATTER,
 )
 from shardscope._src.base.errors import StrategyError  # noqa: E402
-from shardscope._src.model.config import ModelConfig  # noqa: E402
 from shardscope._src.plan.estimates import Schedule, stored_activation_bytes_per_layer  # noqa: E402
 from shardscope._src.sharding.parallelism import DataParallel, Parallelism, Tensor  # noqa: E402
 from shardscope._src.sharding.programs import build_reference_program  # noqa: E402
@@ -32,10 +31,7 @@ from shardscope._src.train.candidates import screen_all  # noqa: E402
 
 # one layer with experts: 8 sequences of 16 tokens, 8 experts of 32 (top 2) and a shared one;
 # at capacity 4 (experts / top_k) nothing is dropped, in chunks or whole
-CONFIG = ModelConfig(
-    d_model=64, heads=4, ff=128, layers=1, batch=8, seq=16, vocab=256, mlp="swiglu",
-    experts=8, top_k=2, expert_ff=32, shared_experts=1, capacity_factor=4.0,
-)  # fmt: skip
+CONFIG = small_mixture(capacity_factor=4.0)
 MESH = "data=2,expert=2,context=2"
 
 

@@ -11,28 +11,17 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from helpers import max_error, one_device_step
+from helpers import halves_routing, max_error, one_device_step, small_mixture
 from shardscope._src.base.comm import ALL_TO_ALL
 from shardscope._src.base.errors import StrategyError
-from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.transformer import Hooks, init_batch, init_params, loss
+from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan.estimates import elements_per_device, estimate_memory
 from shardscope._src.sharding.programs import UPDATE_STEP, build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.train.candidates import screen_all
 
-# one layer with experts: 8 sequences of 16 tokens, 8 experts of 32 (top 2) and a shared one
-CONFIG = ModelConfig(
-    d_model=64, heads=4, ff=128, layers=1, batch=8, seq=16, vocab=256, mlp="swiglu",
-    experts=8, top_k=2, expert_ff=32, shared_experts=1, capacity_factor=1.0,
-)  # fmt: skip
+CONFIG = small_mixture()
 MESH = "data=2,expert=2,model=2"
-
-
-class _Slices(Hooks):
-    """One device routing each sequence in two groups, its halves (the model axis's slices)."""
-
-    sequence_groups = 2
 
 
 def test_folding_is_named_and_refused_without_its_parts():
@@ -75,7 +64,7 @@ def test_each_expert_is_whole_on_one_device_of_expert_x_model():
 def test_the_twin_routes_each_slice_and_all_to_alls_over_expert_x_model():
     # at capacity 1 tokens are dropped, per slice of a sequence: one device routing each
     # sequence's halves as two groups computes the same step
-    hooks = _Slices()
+    hooks = halves_routing()
     params, batch = init_params(CONFIG), init_batch(CONFIG)
     want_loss, want = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, CONFIG, hooks)))(
         params, batch

@@ -12,29 +12,18 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from helpers import assert_one_device_step, max_error
+from helpers import assert_one_device_step, halves_routing, max_error, small_mixture
 from shardscope._src.base.comm import ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER
 from shardscope._src.base.errors import StrategyError
-from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.transformer import Hooks, init_batch, init_params, loss
+from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan.estimates import Schedule, stored_activation_bytes_per_layer
 from shardscope._src.sharding.parallelism import DataParallel, Parallelism, Tensor
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.train.candidates import screen_all
 
-# one layer with experts: 8 sequences of 16 tokens, 8 experts of 32 (top 2) and a shared one
-CONFIG = ModelConfig(
-    d_model=64, heads=4, ff=128, layers=1, batch=8, seq=16, vocab=256, mlp="swiglu",
-    experts=8, top_k=2, expert_ff=32, shared_experts=1, capacity_factor=1.0,
-)  # fmt: skip
+CONFIG = small_mixture()
 MESH = "data=2,expert=2,model=2"
-
-
-class _Slices(Hooks):
-    """One device routing each sequence in two groups, its halves (the model axis's slices)."""
-
-    sequence_groups = 2
 
 
 def test_the_names_read_round_trip_and_place_the_experts_as_ep_tp():
@@ -60,7 +49,8 @@ def test_the_twin_gathers_each_slices_slots_over_model_as_the_bound_counts():
     # at capacity 1 tokens are dropped, per slice of a sequence: one device routing each
     # sequence's halves as two groups computes the same step
     params, batch = init_params(CONFIG), init_batch(CONFIG)
-    want_loss, want = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, CONFIG, _Slices())))(
+    halves = halves_routing()
+    want_loss, want = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, CONFIG, halves)))(
         params, batch
     )
     prog = build_reference_program("dp_ep_sp", CONFIG, MESH, mode="train", impl="shard_map")
