@@ -176,6 +176,17 @@ def small_mixture(**overrides):
     return ModelConfig(**{**SMALL_MIXTURE, **overrides})
 
 
+def bound_bytes(bound, keys) -> dict:
+    """The bytes ``bound``'s terms move under each of ``keys`` (``(kind, axes, scope)``), its
+    terms' counts times their payloads summed; keys no term has are left out."""
+    out: dict = {}
+    for t in bound.terms:
+        key = (t.kind, t.axes, t.scope)
+        if key in keys:
+            out[key] = out.get(key, 0) + t.count * t.payload_bytes
+    return out
+
+
 def halves_routing():
     """Hooks under which one device routes each sequence in two groups, its halves (what a
     device of a 2-way ``model`` or ``context`` axis routes)."""
