@@ -148,9 +148,14 @@ def held_share(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> f
     >>> held_share(hardware("a100"), {"data": 16}, ("data",)) == 16 / 108
     True
     """
+    return _channels_share(hw, crosses_nodes(sizes, axes, hw.node_size))
+
+
+def _channels_share(hw: Hardware, across: bool) -> float:
+    """The share of ``hw``'s multiprocessors NCCL's channels hold: ``comm_sms_net`` of
+    ``sms`` ``across`` nodes, ``comm_sms`` inside one; 0 on a TPU."""
     if not hw.sms:
         return 0.0
-    across = crosses_nodes(sizes, axes, hw.node_size)
     return min(hw.comm_sms_net if across else hw.comm_sms, hw.sms) / hw.sms
 
 
@@ -255,10 +260,7 @@ def stage_held_share(hw: Hardware, stage_devices: int) -> float:
     >>> stage_held_share(hardware("h100"), 4) == 32 / 132, stage_held_share(hardware("tpu-v5p"), 8)
     (True, 0.0)
     """
-    if not hw.sms:
-        return 0.0
-    across = stage_devices >= hw.node_size
-    return min(hw.comm_sms_net if across else hw.comm_sms, hw.sms) / hw.sms
+    return _channels_share(hw, stage_devices >= hw.node_size)
 
 
 def alpha_beta_seconds(

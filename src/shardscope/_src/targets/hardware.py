@@ -751,6 +751,8 @@ H100_ATTENTION_KERNELS: dict[str, tuple[float, float]] = {
 }
 
 
+_H100_FORWARD = {k: fwd for k, (fwd, _) in H100_ATTENTION_KERNELS.items()}
+
 #: Fused causal attention kernels' measured forward rates by GPU preset (bf16, head dimension
 #: 128, sequences of 4,096, counted as FlashAttention counts them: the causal FLOPs, half the
 #: non-causal): ``{gpu: {kernel: FLOP/s}}``. A serving engine's prefill runs its attention core
@@ -759,9 +761,9 @@ H100_ATTENTION_KERNELS: dict[str, tuple[float, float]] = {
 #: :data:`TIME_MODEL_SOURCES`).
 ATTENTION_FORWARD: dict[str, dict[str, float]] = {
     "a100": {"flash-attention-2": 198e12},
-    "h100": {k: fwd for k, (fwd, _) in H100_ATTENTION_KERNELS.items()},
+    "h100": _H100_FORWARD,
     # the H100's die, multiprocessors and clocks, more memory
-    "h200": {k: fwd for k, (fwd, _) in H100_ATTENTION_KERNELS.items()},
+    "h200": _H100_FORWARD,
 }
 
 
