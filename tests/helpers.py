@@ -198,6 +198,28 @@ def halves_routing():
     return Halves()
 
 
+def twin_routing_halves(strategy: str, config, mesh: str):
+    """``strategy``'s ``shard_map`` twin on ``mesh``, checked to compute the train step one
+    device computes routing each sequence in halves (:func:`halves_routing`: where tokens
+    are dropped, per slice of a sequence); the program, for its collectives."""
+    import jax
+    import pytest
+
+    from shardscope._src.model.transformer import init_batch, init_params, loss
+    from shardscope._src.sharding.programs import build_reference_program
+
+    params, batch = init_params(config), init_batch(config)
+    halves = halves_routing()
+    want_loss, want = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, config, halves)))(
+        params, batch
+    )
+    prog = build_reference_program(strategy, config, mesh, mode="train", impl="shard_map")
+    got_loss, got = prog.fn(*prog.example_args())
+    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
+    assert max_error(got, want) < 1e-6
+    return prog
+
+
 @functools.cache
 def one_device_step(config):
     """``(loss, grads)`` of the reference decoder's train step on one device (jitted, cached

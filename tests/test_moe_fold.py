@@ -11,10 +11,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from helpers import bound_bytes, halves_routing, max_error, one_device_step, small_mixture
+from helpers import bound_bytes, max_error, one_device_step, small_mixture, twin_routing_halves
 from shardscope._src.base.comm import ALL_TO_ALL
 from shardscope._src.base.errors import StrategyError
-from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan.estimates import elements_per_device, estimate_memory
 from shardscope._src.sharding.programs import UPDATE_STEP, build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
@@ -64,15 +63,7 @@ def test_each_expert_is_whole_on_one_device_of_expert_x_model():
 def test_the_twin_routes_each_slice_and_all_to_alls_over_expert_x_model():
     # at capacity 1 tokens are dropped, per slice of a sequence: one device routing each
     # sequence's halves as two groups computes the same step
-    hooks = halves_routing()
-    params, batch = init_params(CONFIG), init_batch(CONFIG)
-    want_loss, want = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, CONFIG, hooks)))(
-        params, batch
-    )
-    prog = build_reference_program("dp_ep_fold_sp", CONFIG, MESH, mode="train", impl="shard_map")
-    got_loss, got = prog.fn(*prog.example_args())
-    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
-    assert max_error(got, want) < 1e-6
+    prog = twin_routing_halves("dp_ep_fold_sp", CONFIG, MESH)
     moved = {}
     for c in shardscope.audit(prog).collectives:
         if c.kind in ("all-to-all", "all-gather", "reduce-scatter") or c.scope == "moe/experts":

@@ -7,15 +7,13 @@ before the combine (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with tensor p
 
 from dataclasses import replace
 
-import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardscope
-from helpers import assert_one_device_step, bound_bytes, halves_routing, max_error, small_mixture
+from helpers import assert_one_device_step, bound_bytes, small_mixture, twin_routing_halves
 from shardscope._src.base.comm import ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER
 from shardscope._src.base.errors import StrategyError
-from shardscope._src.model.transformer import init_batch, init_params, loss
 from shardscope._src.plan.estimates import Schedule, stored_activation_bytes_per_layer
 from shardscope._src.sharding.parallelism import DataParallel, Parallelism, Tensor
 from shardscope._src.sharding.programs import build_reference_program
@@ -48,15 +46,7 @@ def test_the_names_read_round_trip_and_place_the_experts_as_ep_tp():
 def test_the_twin_gathers_each_slices_slots_over_model_as_the_bound_counts():
     # at capacity 1 tokens are dropped, per slice of a sequence: one device routing each
     # sequence's halves as two groups computes the same step
-    params, batch = init_params(CONFIG), init_batch(CONFIG)
-    halves = halves_routing()
-    want_loss, want = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, CONFIG, halves)))(
-        params, batch
-    )
-    prog = build_reference_program("dp_ep_sp", CONFIG, MESH, mode="train", impl="shard_map")
-    got_loss, got = prog.fn(*prog.example_args())
-    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
-    assert max_error(got, want) < 1e-6
+    prog = twin_routing_halves("dp_ep_sp", CONFIG, MESH)
     moved = {}
     for c in shardscope.audit(prog).collectives:
         if c.kind in (ALL_TO_ALL, ALL_GATHER, REDUCE_SCATTER) or c.scope == "moe/experts":
