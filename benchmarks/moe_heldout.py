@@ -104,6 +104,9 @@ class MoeRun:
     sweep: str = ""
     #: the layers' matmuls: "fp8" for a run in fp8 (its best plan is screened in fp8 too)
     matmul_dtype: str = "bfloat16"
+    #: how an fp8 run keeps its linear layers' inputs: "fp8" for Transformer Engine's
+    #: (Megatron's), whose ``Linear`` and ``GroupedLinear`` save the quantized copy
+    fp8_saved_inputs: str | None = None
 
     def hw(self) -> Any:
         return hardware(self.hardware, **(self.overrides or {}))
@@ -246,12 +249,13 @@ def _bridge_qwen3_fp8(
         return MoeRun(
             name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep",
             (("stage", pp), ("data", data // ep), ("expert", ep)), batch // (data * mbs), None,
-            vp, overrides=overrides, matmul_dtype="fp8",
+            vp, overrides=overrides, matmul_dtype="fp8", fp8_saved_inputs="fp8",
         )  # fmt: skip
     mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
         name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
         batch // (data * mbs), None, vp, overrides=overrides, matmul_dtype="fp8",
+        fp8_saved_inputs="fp8",
     )  # fmt: skip
 
 
@@ -416,7 +420,16 @@ def estimate_run(run: MoeRun, *, nearest: bool = False) -> tuple[Screened, str]:
     c = Candidate(
         run.strategy, run.mesh, run.microbatches, remat, virtual_stages=run.virtual_stages
     )
-    return estimate(c, run.config, run.hw(), matmul_dtype=run.matmul_dtype), remat
+    return (
+        estimate(
+            c,
+            run.config,
+            run.hw(),
+            matmul_dtype=run.matmul_dtype,
+            fp8_saved_inputs=run.fp8_saved_inputs,
+        ),
+        remat,
+    )
 
 
 _BEST: dict[tuple[Any, ...], Screened | None] = {}
@@ -433,10 +446,16 @@ def best_plan(run: MoeRun) -> Screened | None:
         run.hardware,
         tuple(sorted((run.overrides or {}).items())),
         run.matmul_dtype,
+        run.fp8_saved_inputs,
     )
     if key not in _BEST:
         ranked, _, _ = screen_all(
-            run.config, run.devices, run.hw(), MOE_STRATEGIES, matmul_dtype=run.matmul_dtype
+            run.config,
+            run.devices,
+            run.hw(),
+            MOE_STRATEGIES,
+            matmul_dtype=run.matmul_dtype,
+            fp8_saved_inputs=run.fp8_saved_inputs,
         )
         _BEST[key] = next((s for s in ranked if s.fits), None)
     return _BEST[key]

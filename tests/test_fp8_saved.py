@@ -77,3 +77,29 @@ def test_bad_values_are_refused_naming_the_value_and_the_fix(capsys):
         estimate(Candidate("dp", (("data", 8),), 1, "none"), CONFIG, fp8_saved_inputs="fp8")
     argv = ["plan", "--devices", "8", "--model", "tiny", "--fp8-saved-inputs", "fp8"]
     assert_usage_error(argv, "fp8_saved_inputs='fp8'", capsys)
+
+
+def test_a_mixtures_experts_keep_fp8_copies_of_their_slots_and_their_down_projection_input():
+    # Transformer Engine's GroupedLinear saves each expert's quantized input: under ep on
+    # expert=8 a device runs one sequence of 128 tokens, each sending 2 slots of h to the
+    # up-projections and 2 x expert_ff to the down-projections, 1 byte an element instead
+    # of 2; its attention's inputs change as a dense layer's (both normed inputs h, the
+    # out-projection's fp8 copy of q beside the attention's output).
+    experts, top_k, expert_ff = 8, 2, 128
+    moe = ModelConfig(
+        d_model=H, heads=8, kv_heads=8, ff=FF, layers=LAYERS, batch=8, seq=128, vocab=1024,
+        mlp="swiglu", dtype="bfloat16", experts=experts, top_k=top_k, expert_ff=expert_ff,
+        dispatch_once=True,
+    )  # fmt: skip
+    tokens = 128
+
+    def activations(saved):
+        c = Candidate("ep", (("expert", 8),), 1, "none")
+        s = estimate(c, moe, "h100", matmul_dtype="fp8", fp8_saved_inputs=saved)
+        return s.memory.activations
+
+    attention = tokens * (2 * H * (2 - 1) - Q * 1)
+    experts_saved = tokens * top_k * (H + expert_ff) * (2 - 1)
+    assert activations("high-precision") - activations("fp8") == LAYERS * (
+        attention + experts_saved
+    )

@@ -405,7 +405,7 @@ def fp8_saved_inputs_change(
     fused attention keeps it at the model's dtype for its own backward, and the
     out-projection's fp8 copy is kept beside it (``q / t`` bytes more); without, the copy
     replaces it. ``dense_mlp=False`` leaves the MLP out (a layer with experts: its
-    attention's alone; the experts' inputs stay counted at the model's dtype)."""
+    attention's alone; its experts' inputs are :func:`fp8_saved_expert_inputs_change`'s)."""
     c = placement.config
     assert c.head_dim is not None
     t = model_ways(placement)
@@ -417,6 +417,44 @@ def fp8_saved_inputs_change(
     if not flash_attention:
         replaced += context
     return tokens * (replaced * (FP8_ITEMSIZE - c.itemsize) + added * FP8_ITEMSIZE)
+
+
+def fp8_saved_expert_inputs_change(placement: Placement, b: int) -> float:
+    """Bytes by which a layer with experts' activations kept for the backward change, for
+    ``b`` sequences on one device, when its experts' grouped linears keep their inputs in
+    fp8 (:attr:`Fp8SavedInputs.FP8`; negative: fewer).
+
+    Transformer Engine's ``GroupedLinear`` quantizes each expert's input and saves the
+    quantized copy for its backward, as ``Linear`` does (``grouped_linear.py@0069563``:
+    ``inputmats = tex.fused_multi_quantize(...)``, then ``prepare_for_saving(*inputmats,
+    ...)``). So the slots the up-projections take (``cf k h`` a token) and the
+    down-projections' input (``cf k f``: SwiGLU's product, GELU's output; the activation
+    keeps its own input at the model's dtype), with the shared experts' down-projection
+    input (``f`` each), take 1 byte an element, not the model's itemsize. They are the
+    slots and hidden :func:`moe_activation_bytes_per_layer` counts, split as it splits them:
+    folded, those of a device's own slice of the tokens; with the slots gathered over
+    ``model``, every slot and the hidden split; otherwise every slot of its tokens.
+
+    >>> from shardscope._src.model.config import ModelConfig
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> c = ModelConfig(d_model=64, heads=4, ff=128, layers=2, mlp="swiglu", experts=8,
+    ...                 top_k=2, expert_ff=32, seq=16, dtype="bfloat16")
+    >>> p = get_strategy("ep").place(c, abstract_mesh("expert=8"))
+    >>> fp8_saved_expert_inputs_change(p, 1)  # 16 tokens x 2 slots x (64 + 32), 1 byte less
+    -3072.0
+    """
+    c = placement.config
+    f = c.expert_ff or c.ff
+    cf_k = c.routed_capacity * c.top_k
+    t = model_ways(placement)
+    tokens = b * c.seq // context_ways(placement)
+    if placement.strategy.expert_fold:
+        elements = tokens / t * cf_k * (c.d_model + f) + tokens * f * c.shared_experts / t
+    else:
+        # every slot of the device's tokens (gathered over ``model`` where it gathers them),
+        # the hidden split over ``model``
+        elements = tokens * (cf_k * c.d_model + (cf_k + c.shared_experts) * f / t)
+    return elements * (FP8_ITEMSIZE - c.itemsize)
 
 
 def activation_bytes_per_layer(
@@ -444,6 +482,7 @@ def activation_bytes_per_layer(
         moe += fp8_saved_inputs_change(
             placement, b, flash_attention=flash_attention, dense_mlp=False
         )
+        moe += fp8_saved_expert_inputs_change(placement, b)
     return math.ceil((c.dense_layer_count * dense + c.moe_layers * moe) / c.layers)
 
 
