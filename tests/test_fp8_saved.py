@@ -103,3 +103,37 @@ def test_a_mixtures_experts_keep_fp8_copies_of_their_slots_and_their_down_projec
     assert activations("high-precision") - activations("fp8") == LAYERS * (
         attention + experts_saved
     )
+
+
+# -- Transformer Engine's weights: cast once a step ----------------------------------------
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_transformer_engines_weights_are_cast_once_a_step_into_a_copy_and_its_transpose(remat):
+    # dp on data=2, 4 micro-batches: one sequence of 128 tokens a device a micro-batch.
+    # torchao casts each linear's weights in the forward and again in the backward of every
+    # micro-batch (2 reads of 2 bytes, 1 write); Transformer Engine casts them on the first
+    # micro-batch (2 reads, the copy and its transpose written) and the passes cast only
+    # the inputs and the gradients.
+    m, tokens = 4, 128
+    weights = H * 3 * Q + Q * H + H * 2 * FF + FF * H  # QKV, out, gate and up, down
+    c = Candidate("dp", (("data", 2),), m, remat)
+    ao, te = (
+        estimate(c, CONFIG, "h100", matmul_dtype="fp8", fp8_saved_inputs=s)
+        for s in ("high-precision", "fp8")
+    )
+    forward = LAYERS * tokens * (H + Q + H + FF)  # the linears' inputs
+    backward = LAYERS * tokens * (3 * Q + H + 2 * FF + H)  # the gradients entering them
+    assert te.pricing.work.cast_bytes == 5 * forward
+    assert te.pricing.work.cast_bwd_bytes == 5 * backward
+    assert te.pricing.work.cast_recompute_bytes == (5 * forward if remat == "full" else 0)
+    assert te.pricing.work.cast_step_bytes == LAYERS * weights * (2 * 2 + 2 * 1)
+    assert ao.pricing.work.cast_bytes == 5 * (forward + LAYERS * weights)
+    assert ao.pricing.work.cast_step_bytes == 0
+    # the compute: m forwards' and backwards' (and recomputations') weight casts out, one
+    # in, at the H100's 3.35 TB/s (the step less, though the gradients' all-reduce then
+    # has a shorter backward to hide behind)
+    per_microbatch = 5 * LAYERS * weights * (3 if remat == "full" else 2)
+    saved = (m * per_microbatch - 6 * LAYERS * weights) / 3.35e12
+    assert ao.time.compute_s - te.time.compute_s == pytest.approx(saved, rel=1e-9)
+    assert 0 < ao.time.step_s - te.time.step_s <= saved

@@ -134,3 +134,17 @@ def test_latent_attention_in_fp8_is_refused():
     config = model_preset("deepseek-v3").config(batch=8, seq=512)
     with pytest.raises(PlanError, match="latent attention's matmuls in 16 bits"):
         screen_all(config, 8, hardware("h100"), ["ep"], matmul_dtype="fp8")
+
+
+def test_transformer_engines_expert_weights_are_cast_once_a_step():
+    # Transformer Engine's grouped linears cache their fp8 weights like its linears: the
+    # passes cast the inputs and gradients alone, the step the attention's weights and the
+    # device's one expert's, into a copy and its transpose (2 reads of 2 bytes, 2 writes)
+    c = Candidate("ep", (("expert", 8),), 1, "none")
+    work = estimate(c, MOE, "h100", matmul_dtype="fp8", fp8_saved_inputs="fp8").pricing.work
+    weights = H * 3 * H + H * H + 3 * H * F
+    forward = TOKENS * (H + H + SLOTS * H + SLOTS * F)
+    backward = TOKENS * (3 * H + H + SLOTS * 2 * F + SLOTS * H)
+    assert work.cast_bytes == pytest.approx(MOE.layers * forward * 5, rel=1e-12)
+    assert work.cast_bwd_bytes == pytest.approx(MOE.layers * backward * 5, rel=1e-12)
+    assert work.cast_step_bytes == pytest.approx(MOE.layers * weights * 6, rel=1e-12)

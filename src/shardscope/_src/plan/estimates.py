@@ -112,7 +112,8 @@ class Fp8SavedInputs(Vocab):
     HIGH_PRECISION = "high-precision"
     #: their fp8 copies (1 byte an element), a sequence-parallel linear's local shard,
     #: gathered again in the backward: Transformer Engine's ``Linear`` and
-    #: ``LayerNormLinear`` (NeMo, Megatron-Core, Megatron-Bridge)
+    #: ``LayerNormLinear`` (NeMo, Megatron-Core, Megatron-Bridge), which also cast their
+    #: weights once a step, not once a pass (:func:`fp8_weight_cast_bytes`)
     FP8 = "fp8"
 
 
@@ -1024,7 +1025,11 @@ def expert_weight_elements(placement: Placement) -> dict[str, int]:
 
 
 def fp8_cast_elements_per_layer(
-    placement: Placement, microbatches: int = 1, *, kept: Sequence[str] = ()
+    placement: Placement,
+    microbatches: int = 1,
+    *,
+    kept: Sequence[str] = (),
+    weights_cached: bool = False,
 ) -> tuple[float, float]:
     """Elements one device casts to fp8 in one layer's pass, ``(forward, backward)``, when its
     matmuls run in fp8 (torchao's ``Float8Linear``, which torchtitan's float8 training swaps
@@ -1039,7 +1044,8 @@ def fp8_cast_elements_per_layer(
     inputs' fp8 copies are kept from the forward. ``kept`` leaves the projections of
     :data:`~shardscope._src.model.remat.PROJECTIONS` named in it out of the forward (their
     outputs kept, a recomputed forward does not run them): ``("qkv",)`` is the forward
-    ``remat="offload"`` recomputes.
+    ``remat="offload"`` recomputes. ``weights_cached`` leaves the weights out of every pass
+    (Transformer Engine's, cast once a step: :func:`fp8_weight_elements_per_layer`).
 
     A mixture of experts' layers are of two kinds: this is their mean. A layer with experts
     (Transformer Engine's fp8 grouped linears, Megatron-Core's ``moe_router_dtype`` keeping
@@ -1058,14 +1064,15 @@ def fp8_cast_elements_per_layer(
     tokens = c.seq * sequences_per_device(placement, microbatches)
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     up = 2 * c.ff if c.mlp == "swiglu" else c.ff
-    weights = layer_matmul_params(c) / t
+    w = 0.0 if weights_cached else 1.0  # the weights, cast in each pass or not
+    weights = w * layer_matmul_params(c) / t
     forward = tokens * (c.d_model + q_dim / t + c.d_model + c.ff / t) + weights
     # each projection's input (cast once, whole or split) and its weights
     skipped = {
-        "qkv": tokens * c.d_model + c.d_model * (q_dim + 2 * kv_dim) / t,
-        "out": tokens * q_dim / t + q_dim * c.d_model / t,
-        "mlp_in": tokens * c.d_model + c.d_model * up / t,
-        "mlp_out": tokens * c.ff / t + c.ff * c.d_model / t,
+        "qkv": tokens * c.d_model + w * c.d_model * (q_dim + 2 * kv_dim) / t,
+        "out": tokens * q_dim / t + w * q_dim * c.d_model / t,
+        "mlp_in": tokens * c.d_model + w * c.d_model * up / t,
+        "mlp_out": tokens * c.ff / t + w * c.ff * c.d_model / t,
     }
     for name in kept:
         forward -= skipped[name]
@@ -1076,9 +1083,6 @@ def fp8_cast_elements_per_layer(
     f = c.expert_ff or c.ff
     up_e = 2 * f if c.mlp == "swiglu" else f
     slots, shared = c.routed_capacity * c.top_k, c.shared_experts
-    experts = expert_weight_elements(placement)
-    routed_in = experts.get("expert_gate_up", experts.get("expert_up", 0)) / c.moe_layers
-    routed_out = experts["expert_down"] / c.moe_layers
     # the routed slots' inputs whole on each device of the model axis, or folded (MoE
     # parallel folding) those of its own slice of the tokens
     routed = slots / t if placement.strategy.expert_fold else slots
@@ -1089,12 +1093,7 @@ def fp8_cast_elements_per_layer(
         "mlp_in": tokens * (routed + (1 if shared else 0)) * c.d_model,
         "mlp_out": tokens * (slots + shared) * f / t,
     }
-    moe_weights = {
-        "qkv": c.d_model * (q_dim + 2 * kv_dim) / t,
-        "out": q_dim * c.d_model / t,
-        "mlp_in": routed_in + shared * c.d_model * up_e / t,
-        "mlp_out": routed_out + shared * f * c.d_model / t,
-    }
+    moe_weights = {k: w * v for k, v in _moe_layer_weight_elements(placement).items()}
     moe_forward = sum(moe_inputs[k] + moe_weights[k] for k in moe_inputs if k not in kept)
     moe_backward = sum(moe_weights.values()) + tokens * (
         (q_dim + 2 * kv_dim) / t + c.d_model + (slots + shared) * up_e / t
@@ -1104,10 +1103,72 @@ def fp8_cast_elements_per_layer(
     return (n * forward + k * moe_forward) / c.layers, (n * backward + k * moe_backward) / c.layers
 
 
+def _moe_layer_weight_elements(placement: Placement) -> dict[str, float]:
+    """The matmul weights of one layer with experts on one device, by projection, as its
+    matmuls read them: the attention's over ``model``, the routed experts' as the device
+    holds them (:func:`expert_weight_elements`) and the shared experts' over ``model``."""
+    c = placement.config
+    assert c.head_dim is not None and c.kv_heads is not None
+    t = model_ways(placement)
+    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    f = c.expert_ff or c.ff
+    up_e = 2 * f if c.mlp == "swiglu" else f
+    shared = c.shared_experts
+    experts = expert_weight_elements(placement)
+    routed_in = experts.get("expert_gate_up", experts.get("expert_up", 0)) / c.moe_layers
+    routed_out = experts["expert_down"] / c.moe_layers
+    return {
+        "qkv": c.d_model * (q_dim + 2 * kv_dim) / t,
+        "out": q_dim * c.d_model / t,
+        "mlp_in": routed_in + shared * c.d_model * up_e / t,
+        "mlp_out": routed_out + shared * f * c.d_model / t,
+    }
+
+
+def fp8_weight_elements_per_layer(placement: Placement) -> float:
+    """The matmul weights one device casts to fp8 in one layer (a mixture of experts' two
+    kinds of layers: their mean): the projections' and the MLP's over ``model``, a layer
+    with experts' as :func:`fp8_cast_elements_per_layer` reads them. The router is not
+    cast."""
+    c = placement.config
+    dense = layer_matmul_params(c) / model_ways(placement)
+    if not c.is_moe:
+        return dense
+    moe = sum(_moe_layer_weight_elements(placement).values())
+    return (c.dense_layer_count * dense + c.moe_layers * moe) / c.layers
+
+
 def fp8_cast_bytes(elements: float, itemsize: int) -> float:
     """HBM bytes of casting ``elements`` of ``itemsize`` bytes to fp8: two reads (the amax,
     the cast) and the write of the copy."""
     return elements * (2 * itemsize + FP8_ITEMSIZE)
+
+
+def fp8_weight_cast_bytes(elements: float, itemsize: int) -> float:
+    """HBM bytes of Transformer Engine's cast of ``elements`` weights of ``itemsize`` bytes
+    to fp8 under current (tensorwise) scaling on a GPU whose fp8 matmuls take only the
+    ``TN`` layout (Hopper): two reads (the amax, the cast) and the writes of the fp8 copy
+    and of its transpose, which the backward's data-gradient matmul reads.
+
+    Once a step: its ``Linear``, ``LayerNormLinear`` and ``GroupedLinear`` cast the
+    weights on the first micro-batch into a cached copy that the other micro-batches and
+    every backward read (NVIDIA/TransformerEngine transformer_engine/pytorch/module/
+    linear.py@3ec8787, ``Linear.forward``: ``is_first_microbatch`` "allows caching of the
+    FP8 versions of the weights"; in 2.x ``get_weight_workspace(cache_name="weight",
+    update_workspace=is_first_microbatch)``), and Megatron-Core turns it on (megatron/core/
+    extensions/transformer_engine.py, ``TELinear.forward`` passes ``is_first_microbatch``
+    unless ``disable_parameter_transpose_cache``; pipeline_parallel/schedules.py,
+    ``forward_step`` calls ``model.set_is_first_microbatch()`` on each model chunk's first
+    micro-batch). The cast: transformer_engine/pytorch/csrc/quantizer.cpp@0064fbd,
+    ``Float8CurrentScalingQuantizer::quantize_impl``: the amax kernel, then one cast that
+    writes the row-wise data and, where column-wise use is asked for and the GPU has no
+    non-``TN`` fp8 matmul, the transpose (``convert_and_update_tensor``'s
+    ``need_transpose``).
+
+    >>> fp8_weight_cast_bytes(1000, 2)  # 2 reads of 2 bytes, 2 writes of 1
+    6000
+    """
+    return elements * (2 * itemsize + 2 * FP8_ITEMSIZE)
 
 
 def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:

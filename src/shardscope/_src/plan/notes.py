@@ -626,8 +626,8 @@ def _fp8_matmuls(v: Fp8MatmulsValues) -> str:
         f"{v.dtype} weights and fp32 master weights and optimizer state, and casts copies "
         f"for the matmuls; the linear layers' inputs kept for the backward are "
         f"{v.dtype} (fp8_saved_inputs='high-precision', torchao's) or their fp8 copies "
-        f"(fp8_saved_inputs='fp8', Transformer Engine's) in the estimate, {v.dtype} in "
-        f"the compiled program"
+        f"(fp8_saved_inputs='fp8', Transformer Engine's, which also casts the weights once "
+        f"a step, not in every pass) in the estimate, {v.dtype} in the compiled program"
     )
 
 

@@ -142,8 +142,9 @@ class PlanRequest:
             reference program does) or ``"fp8"`` (Transformer Engine's, NeMo's and
             Megatron's: their fp8 copies, the query, key and value projection's and the
             MLP's normed inputs and the down-projection's at 1 byte an element, the
-            out-projection's copy beside the attention's 16-bit output). Refused with
-            ``matmul_dtype="bfloat16"``.
+            out-projection's copy beside the attention's 16-bit output; and the weights
+            cast to fp8 once a step, cached across micro-batches, not in every pass).
+            Refused with ``matmul_dtype="bfloat16"``.
         remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
             recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"``, ``"offload"``
             (each layer's input and its query, key and value projections in host memory,
@@ -272,7 +273,8 @@ class PlanRequest:
     fp8_saved_inputs: str | None = knob(
         None,
         "how an fp8 step keeps its linear layers' inputs for the backward: high-precision "
-        "(torchao's, torchtitan's) or fp8 (Transformer Engine's: NeMo, Megatron); with "
+        "(torchao's, torchtitan's) or fp8 (Transformer Engine's: NeMo, Megatron; its "
+        "weights cast to fp8 once a step); with "
         "--matmul-dtype fp8 only",
         kind=Kind.CHOICE,
         choices=tuple(Fp8SavedInputs),

@@ -167,6 +167,20 @@ TIME_MODEL_SOURCES = {
         "73.4%; B200 SXM 3432.5 of 4500, 76.3%): 0.585 x 70.9 / 86.9, 0.585 x 73.4 / 86.9, "
         "0.585 x 76.3 / 86.9"
     ),
+    "fp8 weights cast once a step with Transformer Engine (fp8_saved_inputs='fp8')": (
+        "TransformerEngine transformer_engine/pytorch/module/linear.py@3ec8787, Linear.forward: "
+        "is_first_microbatch 'allows caching of the FP8 versions of the weights' (2.x: "
+        "get_weight_workspace(cache_name='weight', update_workspace=is_first_microbatch)), the "
+        "backward reading the cached transpose; Megatron-Core's TELinear.forward passes "
+        "is_first_microbatch unless disable_parameter_transpose_cache, and its schedules' "
+        "forward_step calls model.set_is_first_microbatch() on each model chunk's first "
+        "micro-batch. The cast (csrc/quantizer.cpp@0064fbd, "
+        "Float8CurrentScalingQuantizer::quantize_impl): an amax kernel reading the 16-bit "
+        "weight, then one cast reading it again and writing the fp8 copy and, on Hopper (no "
+        "non-TN fp8 matmul: need_transpose), its transpose: 2 x 2 + 2 bytes an element once "
+        "a step, where torchao's Float8Linear (torchtitan) casts the weights in every "
+        "forward and backward (2 x 2 + 1 bytes each)"
+    ),
     "comm_fraction 0.8": (
         "nccl-tests all-reduce bus bandwidth ~370 GB/s on NVLink 4's 450 (NCCL issue 1264), "
         "~230-240 GB/s on A100 NVLink 3's 300; the same fraction for the network and ICI"

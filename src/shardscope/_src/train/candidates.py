@@ -671,6 +671,7 @@ def screen(
         mode=mode,
         bytes_per_param=bytes_per_param,
         matmul_dtype=matmul_dtype,
+        fp8_saved_inputs=fp8_saved_inputs,
     )
     pricing = Pricing(placement, work)
     key = (cand.microbatches, reruns_forward_collectives(cand.remat), pricing.fp8_gathers)

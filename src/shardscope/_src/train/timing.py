@@ -35,7 +35,11 @@ Per micro-batch on the slowest pipeline stage, one device:
   (torchtitan's configs leave ``output`` out of the conversion) stay at the 16-bit rate.
   Each fp8 operand's dynamic tensorwise scale and cast are element-wise HBM bytes
   (:func:`~shardscope._src.plan.estimates.fp8_cast_elements_per_layer`: two reads of the
-  16-bit tensor and the write of its copy), once per pass that runs the matmuls. FSDP's
+  16-bit tensor and the write of its copy), once per pass that runs the matmuls; with
+  ``fp8_saved_inputs="fp8"`` (Transformer Engine's linears: NeMo, Megatron) the weights are
+  cast once a step instead, on the first micro-batch, into a copy and its transpose that the
+  other micro-batches and the backward read
+  (:func:`~shardscope._src.plan.estimates.fp8_weight_cast_bytes`). FSDP's
   weight all-gathers move the fp8 copies, one byte per element (torchtitan's
   ``enable_fsdp_float8_all_gather``, part of its float8 recipe): a consequence of fp8 and
   FSDP, priced so for the formula's terms and the compiled program's gathers alike
@@ -156,6 +160,7 @@ from shardscope._src.model.remat import PROJECTIONS, remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     FP8_ITEMSIZE,
+    Fp8SavedInputs,
     MatmulDtype,
     Schedule,
     activation_bytes_per_layer,
@@ -164,6 +169,8 @@ from shardscope._src.plan.estimates import (
     expert_weight_elements,
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
+    fp8_weight_cast_bytes,
+    fp8_weight_elements_per_layer,
     logits_model_split,
     matmul_params_per_token,
     model_flops,
@@ -295,6 +302,9 @@ class StepWork:
     cast_bytes: float = 0.0
     cast_bwd_bytes: float = 0.0
     cast_recompute_bytes: float = 0.0
+    #: HBM bytes of the casts made once a step, not once a pass: Transformer Engine's fp8
+    #: weights (``fp8_saved_inputs="fp8"``), cast on the first micro-batch and kept
+    cast_step_bytes: float = 0.0
     #: model chunks per device (interleaved 1F1B; 1: plain 1F1B)
     virtual_stages: int = 1
     #: the routed experts' part of ``fwd_flops`` and of ``recompute_flops``, and the bytes
@@ -519,8 +529,10 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     if work.train and work.host_optimizer_bytes:
         # In from the host before the update and back after it, after the last backward.
         optimizer += 2 * work.host_optimizer_bytes / work.host_bandwidth
-    step = pipeline + added + optimizer
-    compute = m * (fwd + bwd)
+    # the weights' fp8 copies, made once on the stage's first micro-batch
+    once = stream_seconds(hw, work.cast_step_bytes) if work.cast_step_bytes else 0.0
+    step = pipeline + added + optimizer + once
+    compute = m * (fwd + bwd) + once
     return StepTime(
         compute_s=compute,
         tp_comm_s=tp + ring_s,
@@ -731,12 +743,16 @@ def step_work(
     mode: str = Mode.TRAIN,
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
+    fp8_saved_inputs: str | None = None,
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
     of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``;
     with ``matmul_dtype="fp8"`` the layers' matmul FLOPs that run in fp8 and the bytes of
-    their casts (see the module docstring). Interleaved, the device runs the same layers in
-    ``virtual_stages`` chunks: the same work, in more, shorter slots (:func:`step_time`)."""
+    their casts (see the module docstring), the weights' once a pass, or once a step with
+    ``fp8_saved_inputs="fp8"`` (Transformer Engine's,
+    :func:`~shardscope._src.plan.estimates.fp8_weight_cast_bytes`). Interleaved, the device
+    runs the same layers in ``virtual_stages`` chunks: the same work, in more, shorter slots
+    (:func:`step_time`)."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -805,20 +821,26 @@ def step_work(
     expert_flops, expert_weights = routed_expert_work(placement, m)
     recomputes_experts = "mlp_in" in rerun_ops or "mlp_out" in rerun_ops
     if fp8:
-        cast_fwd, cast_bwd = fp8_cast_elements_per_layer(placement, m)
+        # Transformer Engine's weights: cast once a step, not in each pass
+        cached = fp8_saved_inputs == Fp8SavedInputs.FP8
+        cast_fwd, cast_bwd = fp8_cast_elements_per_layer(placement, m, weights_cached=cached)
         if not again_ops:
             fp8_again, cast_again = 0.0, 0.0
         elif not kept_ops:
             fp8_again, cast_again = c.layers * (layer - router), c.layers * cast_fwd
         else:
-            rest = fp8_cast_elements_per_layer(placement, m, kept=kept_ops)[0]
+            rest = fp8_cast_elements_per_layer(placement, m, kept=kept_ops, weights_cached=cached)[
+                0
+            ]
             fp8_again, cast_again = c.layers * (matmuls - router), c.layers * rest
+        weights_once = c.layers * fp8_weight_elements_per_layer(placement) if cached else 0.0
         fp8_work.update(
             fp8_flops=c.layers * (layer - router),
             fp8_recompute_flops=fp8_again,
             cast_bytes=fp8_cast_bytes(c.layers * cast_fwd, c.itemsize),
             cast_bwd_bytes=fp8_cast_bytes(c.layers * cast_bwd, c.itemsize),
             cast_recompute_bytes=fp8_cast_bytes(cast_again, c.itemsize),
+            cast_step_bytes=fp8_weight_cast_bytes(weights_once, c.itemsize),
         )
     p2p_bw = stage_bandwidth(hw, devices // p)
     return StepWork(
