@@ -51,6 +51,7 @@ import training_heldout  # noqa: E402
 from shardscope import ModelConfig, ShardscopeError, hardware  # noqa: E402
 from shardscope._src.model.presets import model_preset  # noqa: E402
 from shardscope._src.train.candidates import MOE_STRATEGIES, estimate, screen_all  # noqa: E402
+from shardscope._src.train.sweep import beside_best_note  # noqa: E402
 from shardscope._src.train.types import Candidate, Screened  # noqa: E402
 
 GIB = training_heldout.GIB
@@ -433,6 +434,8 @@ def estimate_run(run: MoeRun, *, nearest: bool = False) -> tuple[Screened, str]:
 
 
 _BEST: dict[tuple[Any, ...], Screened | None] = {}
+#: A best plan faster than the run as written by more than this says why, part by part.
+WHY_BEYOND = 0.12
 
 
 def best_plan(run: MoeRun) -> Screened | None:
@@ -544,6 +547,8 @@ def _table(rows: list[Row]) -> None:
             print(f"{'':64}planned with {what}")
         if not s.fits:
             print(f"{'':64}misfit: {training_heldout.misfit_cause(s)}")
+        elif r.best is not None and r.best.time.step_s < (1 - WHY_BEYOND) * s.time.step_s:
+            print(f"{'':64}why: {beside_best_note(s, r.best)}")
 
 
 def _stats(errors: list[float]) -> str:

@@ -41,6 +41,7 @@ from shardscope._src.plan.estimates import (
     model_flops,
 )
 from shardscope._src.plan.notes import PlanNote, WidenedValues
+from shardscope._src.plan.request import PlanRequest
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.targets.specs import TARGETS
@@ -96,7 +97,7 @@ def test_a_pinned_mesh_plans_only_that_mesh_every_schedule_of_it():
 
 def test_a_pinned_mesh_in_another_order_is_read_in_the_planners_and_says_so():
     written = plan("tiny", 8, workers=0, strategies=["dp_tp"], mesh="model=2,data=4",
-                   compiler="cpu")  # fmt: skip
+                   compiler="cpu", beside_best=True)  # fmt: skip
     canonical = plan("tiny", 8, workers=0, strategies=["dp_tp"], mesh="data=4,model=2",
                      compiler="cpu")  # fmt: skip
     assert [(p.strategy, p.mesh_spec, p.step_time_s) for p in written.plans] == [
@@ -104,6 +105,18 @@ def test_a_pinned_mesh_in_another_order_is_read_in_the_planners_and_says_so():
     ]
     (read,) = [n for n in written.notes if n.kind == "mesh-read"]
     assert (read.values.given, read.values.read) == ("model=2,data=4", "data=4,model=2")
+    # beside_best: the pinned layout's fastest beside the fastest of every layout, each
+    # step in parts that add up to it; on 8 H100s the tiny model is faster unsplit
+    (beside,) = [n for n in written.notes if n.kind == "beside-best"]
+    v = beside.values
+    assert v.pinned.startswith("dp_tp data=4,model=2")
+    assert not v.best.startswith("dp_tp data=4,model=2") and v.best_s < v.pinned_s
+    assert sum(p for _, p, _ in v.parts) == pytest.approx(v.pinned_s, rel=1e-12)
+    assert sum(b for _, _, b in v.parts) == pytest.approx(v.best_s, rel=1e-12)
+    assert f"{1 - v.best_s / v.pinned_s:.0%} less than the pinned" in str(beside)
+    assert not [n for n in canonical.notes if n.kind == "beside-best"]
+    with pytest.raises(PlanError, match=r"beside_best=True .* nothing is pinned: give mesh="):
+        PlanRequest("tiny", 8, beside_best=True)
     assert not [n for n in canonical.notes if n.kind == "mesh-read"]
 
 

@@ -81,3 +81,17 @@ def test_pp_overlap_is_true_or_false():
 def test_the_command_line_sets_pp_overlap_over_the_preset(flag, want):
     args = build_parser().parse_args(["plan", "--model", "tiny", "--devices", "8", *flag])
     assert dict(command_config(args).hardware_overrides) == want
+
+
+@pytest.mark.parametrize("pp_overlap", [False, True])
+def test_the_steps_parts_add_up_to_it_and_the_transfers_are_what_the_slots_wait_for(pp_overlap):
+    hw = hardware("h100", pp_overlap=pp_overlap)
+    flops = 1e13
+    t = step_time(hw, _work(flops), [])
+    assert sum(t.parts().values()) == pytest.approx(t.step_s, rel=1e-12)
+    one = hw.latency_s + TRANSFER
+    # without overlap each of the V M steady slots waits for its two transfers; with it,
+    # a chunk far longer than they are leaves only their multiprocessors' share exposed
+    steady = V * M * 2 * one * (1 / 8 if pp_overlap else 1)
+    assert t.p2p_exposed_s == pytest.approx(steady, rel=1e-9)
+    assert t.parts()["pipeline bubble"] == pytest.approx((P - 1) * (_chunk(hw, flops) + 2 * one))

@@ -296,6 +296,7 @@ class PlanConfig(HardwareOptions):
     stages: int | None
     virtual_stages: int | None
     mesh: str | None
+    beside_best: bool | None
     compile_top: int | None
     bytes_per_param: int | None
     flash_attention: bool | None  # --no-flash-attention: False

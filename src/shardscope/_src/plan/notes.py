@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from shardscope._src.audit.records import MemoryPressure
-from shardscope._src.base.comm import format_bytes, format_flops
+from shardscope._src.base.comm import format_bytes, format_flops, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.targets.capabilities import Support, reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES, Hardware
@@ -91,6 +91,10 @@ class PlanNote(NoteKind):
     #: axes whose groups cross nodes as given, ``given_crossing``, and as read,
     #: ``read_crossing``, and ``maxtext``: given as MaxText's parallelism)
     MESH_READ = "mesh-read"
+    #: a pinned layout beside the fastest of every layout screened, by the estimate
+    #: (values: ``pinned``, ``best``: their labels, ``pinned_s``, ``best_s``: their steps,
+    #: ``parts``: each part of the step, its seconds pinned and best)
+    BESIDE_BEST = "beside-best"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -350,6 +354,27 @@ class MeshReadValues(NoteValues):
     def __post_init__(self) -> None:
         object.__setattr__(self, "given_crossing", tuple(self.given_crossing))
         object.__setattr__(self, "read_crossing", tuple(self.read_crossing))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BesideBestValues(NoteValues):
+    """The fastest plan of a pinned layout that fits (``pinned``) and the fastest of every
+    layout the planner screens that fits (``best``): their labels, their steps by the
+    estimate, and each part of the step, ``(part, pinned seconds, best seconds)``."""
+
+    pinned: str
+    best: str
+    pinned_s: float
+    best_s: float
+    parts: tuple[tuple[str, float, float], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(tuple(p) for p in self.parts))
+
+
+#: A part of the step whose difference is below this fraction of the pinned step is left
+#: out of :data:`PlanNote.BESIDE_BEST`'s words.
+BESIDE_BEST_SHOWN = 0.01
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -673,6 +698,27 @@ def _mesh_read(v: MeshReadValues) -> str:
     return text
 
 
+def _beside_best(v: BesideBestValues) -> str:
+    if v.best == v.pinned or v.best_s >= v.pinned_s:
+        return (
+            f"the pinned layout {v.pinned} is the fastest that fits of every layout the "
+            f"planner screens ({format_seconds(v.pinned_s)} a step by the estimate)"
+        )
+    shown = sorted(
+        (p for p in v.parts if abs(p[1] - p[2]) >= BESIDE_BEST_SHOWN * v.pinned_s),
+        key=lambda p: -abs(p[1] - p[2]),
+    )
+    why = "; ".join(
+        f"{part} {format_seconds(best)} against {format_seconds(pinned)}"
+        for part, pinned, best in shown
+    )
+    return (
+        f"the fastest layout the planner screens that fits, {v.best}, takes "
+        f"{format_seconds(v.best_s)} a step by the estimate, {1 - v.best_s / v.pinned_s:.0%} "
+        f"less than the pinned {v.pinned} at {format_seconds(v.pinned_s)}: {why}"
+    )
+
+
 def _identical_programs(v: IdenticalProgramsValues) -> str:
     same = v.same
     pairs = "; ".join(f"{label} = {other} {mesh}" for label, other, mesh in same[:6])
@@ -767,6 +813,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
     PlanNote.MESH_READ: _mesh_read,
+    PlanNote.BESIDE_BEST: _beside_best,
     PlanNote.NO_FIT: _no_fit,
     PlanNote.TARGET_OUT_OF_MEMORY: (
         "no plan fits: the {v.target} compiler ran out of memory on each of the {v.count} plans it "
@@ -802,6 +849,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.NO_FLOP_COUNT: NoValues,
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
     PlanNote.MESH_READ: MeshReadValues,
+    PlanNote.BESIDE_BEST: BesideBestValues,
     PlanNote.NO_FIT: NoFitValues,
     PlanNote.TARGET_OUT_OF_MEMORY: TargetOutOfMemoryValues,
     PlanNote.NO_TARGET_FIT: NoTargetFitValues,

@@ -198,6 +198,10 @@ class PlanRequest:
             or MaxText's ``ici_fsdp=8,dcn_data=4``): only the strategies that run on it (of
             all of them where no default does), every schedule of it estimated, the best
             compiled. The request holds it as its ``MeshShape``, as written.
+        beside_best: with a layout pinned (``mesh``, ``strategies``, ``remat``,
+            ``microbatches``, ``stages`` or ``virtual_stages``), also screen every layout
+            and note (``PlanNote.BESIDE_BEST``) by which parts of the step the fastest that
+            fits differs from the pinned one's fastest, both by the estimate.
         workers: compile in this process (0; it must have ``devices`` CPU devices) or in that
             many worker processes that each simulate ``devices``; None: this process when it
             can, else one worker (``default_workers``), so that the caller's JAX is never
@@ -357,6 +361,13 @@ class PlanRequest:
         "strategies that run on it",
         metavar="SPEC",
     )
+    beside_best: bool = knob(
+        False,
+        "with a pinned layout (--mesh, --strategies, --remat, --microbatches, --stages or "
+        "--virtual-stages): also screen every layout and note by which parts of the step "
+        "the fastest that fits differs from the pinned one's",
+        kind=Kind.SWITCH,
+    )
     workers: int | None = knob(
         None,
         "compile in N worker processes (0: in this process)",
@@ -398,6 +409,30 @@ class PlanRequest:
         object.__setattr__(self, "fp8_saved_inputs", saved)
         if self.mesh is not None:  # one canonical, immutable shape, whatever form it came in
             object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
+        if self.beside_best not in (True, False):
+            raise PlanError(
+                f"beside_best={self.beside_best!r}: give True or False", param="beside_best"
+            )
+        if self.beside_best and not self.pins_layout:
+            raise PlanError(
+                "beside_best=True compares a pinned layout with the fastest of every layout, "
+                "and nothing is pinned: give mesh=, strategies=, remat=, microbatches=, "
+                "stages= or virtual_stages= (the plan's best is already the fastest)",
+                param="beside_best",
+            )
+
+    @property
+    def pins_layout(self) -> bool:
+        """Whether the request fixes any of the layout the sweep would otherwise search."""
+        pins = (
+            self.mesh,
+            self.strategies,
+            self.remat,
+            self.microbatches,
+            self.stages,
+            self.virtual_stages,
+        )
+        return any(p is not None for p in pins)
 
     @property
     def dims(self) -> dict[str, int | None]:

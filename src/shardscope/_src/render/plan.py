@@ -294,6 +294,9 @@ def validation_table(result: PlanResult) -> Any:
 #: The notes the terminal prints only when verbose: the time model's constants and their
 #: sources (the report's conventions, the JSON's notes and the docs' models page have them).
 LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
+#: The notes the terminal prints whole, not cut to one line: those that answer what the
+#: request asked (``beside_best``).
+ASKED_NOTES = frozenset({PlanNote.BESIDE_BEST})
 
 
 def _says_the_fit(p: Plan, note: Note, verbose: bool) -> bool:
@@ -357,16 +360,20 @@ def render_plan(
         return
     # what a compiler said of the memory of a plan in the table, and which memory its fit
     # was judged on where two stand apart (its other notes are in the JSON and the report)
-    notes = [f"note: {note}" for note in result.notes if verbose or note.kind not in LONG_NOTES]
+    notes = [
+        (f"note: {note}", note.kind in ASKED_NOTES)
+        for note in result.notes
+        if verbose or note.kind not in LONG_NOTES
+    ]
     notes += [
-        f"note: plan {p.rank} ({p.label}): {note}"
+        (f"note: plan {p.rank} ({p.label}): {note}", False)
         for p in result.plans[: top or None]
         for note in p.notes
         if note.kind == PlanNote.MEMORY_PRESSURE or _says_the_fit(p, note, verbose)
     ]
-    for line in notes:
-        if verbose:
-            console.print(line, highlight=False)
+    for line, whole in notes:
+        if verbose or whole:
+            console.print(line, highlight=False, markup=False)
         else:
             print_line(console, line)
 

@@ -52,6 +52,7 @@ from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_workers
 from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
 from shardscope._src.plan.notes import (
+    BesideBestValues,
     FitOnEstimateValues,
     Fp8MatmulsValues,
     MeshReadValues,
@@ -66,6 +67,7 @@ from shardscope._src.plan.rank import pareto_front, step_rank_key
 from shardscope._src.plan.request import (
     COMPOSED_DEFAULTS,
     DEFAULT_REQUEST,
+    DEFAULT_STRATEGIES,
     MODEL_DIMS,
     PlanRequest,
     check_dims,
@@ -293,6 +295,8 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         virtual_stages=r.virtual_stages,
         fp8_saved_inputs=r.fp8_saved_inputs,
     )
+    if r.beside_best:
+        read_note.extend(_beside_best(r, config, hw, ranked_screen))
     ranked_screen, too_big = _simulable(ranked_screen, devices)
     skipped += too_big
     # a default sweep's compositions are screened, and compiled only among the best pairs
@@ -356,6 +360,56 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         closest=_closest(ranked_screen),
         compiler=compiler,
     )
+
+
+def _beside_best(
+    r: PlanRequest, config: ModelConfig, hw: Hardware, pinned: Sequence[Screened]
+) -> list[Note]:
+    """:data:`PlanNote.BESIDE_BEST` for a request that pins a layout: its fastest screened
+    plan that fits beside the fastest that fits of every layout (every default strategy,
+    mesh, recomputation, micro-batch count and pipeline schedule; the request's model,
+    hardware, precision and state as given), both by the estimate; none where either has
+    no plan that fits."""
+    mine = next((s for s in pinned if s.fits), None)
+    if mine is None:
+        return []
+    names: tuple[str, ...] = DEFAULT_STRATEGIES
+    if config.is_moe or config.is_mla:
+        names = moe_strategies(names, asked=False)
+    every, _, _ = screen_all(
+        config,
+        r.devices,
+        hw,
+        names,
+        mode=r.mode,
+        bytes_per_param=r.bytes_per_param,
+        flash_attention=r.flash_attention,
+        offload_optimizer=r.offload_optimizer,
+        matmul_dtype=r.matmul_dtype,
+        vocab_split=r.vocab_split,
+        fp8_saved_inputs=r.fp8_saved_inputs,
+    )
+    best = min((s for s in every if s.fits), key=lambda s: s.step_time_s, default=None)
+    if best is None:
+        return []
+    return [beside_best_note(mine, best)]
+
+
+def beside_best_note(mine: Screened, best: Screened) -> Note:
+    """:data:`PlanNote.BESIDE_BEST` of the screened plan ``mine`` beside ``best`` (``mine``
+    itself where ``best`` is no faster): their labels, steps and the parts of each step
+    (:meth:`~shardscope._src.train.timing.StepTime.parts`)."""
+    if best.step_time_s >= mine.step_time_s:
+        best = mine
+    ours, theirs = mine.time.parts(), best.time.parts()
+    values = BesideBestValues(
+        pinned=mine.candidate.label,
+        best=best.candidate.label,
+        pinned_s=mine.step_time_s,
+        best_s=best.step_time_s,
+        parts=tuple((part, ours[part], theirs[part]) for part in ours),
+    )
+    return Note(PlanNote.BESIDE_BEST, values)
 
 
 def _remats(config: ModelConfig, mode: str, r: PlanRequest, hw: Hardware) -> tuple[str, ...]:

@@ -427,6 +427,44 @@ class StepTime(Record):
     #: the compute the collectives hidden behind it take from it (on a GPU their
     #: multiprocessors' share of their time), beyond ``data_exposed_s``
     contention_s: float = 0.0
+    #: what the tensor-, sequence-, expert- and context-parallel collectives add to the
+    #: step on its critical path (of ``tp_comm_s``)
+    tp_exposed_s: float = 0.0
+    #: what the pipeline's transfers add to the step beyond its bubble (of ``p2p_s``)
+    p2p_exposed_s: float = 0.0
+
+    def parts(self) -> dict[str, float]:
+        """The step in parts that add up to ``step_s``, by what each part is: the compute
+        (with the weights' fp8 casts and host offload it waits on), the collectives on
+        the critical path, the pipeline's transfers and its bubble, the data-parallel
+        collectives' exposed time with the compute they slow, and the optimizer's update.
+
+        >>> t = StepTime(compute_s=2.0, tp_comm_s=1.0, data_comm_s=3.0, data_exposed_s=0.5,
+        ...              p2p_s=0.2, bubble_s=0.3, optimizer_s=0.1, step_s=4.0, mfu=0.4,
+        ...              bubble_fraction=0.1, contention_s=0.25, tp_exposed_s=0.75,
+        ...              p2p_exposed_s=0.1)
+        >>> sum(t.parts().values())
+        4.0
+        """
+        return {
+            STEP_PARTS[0]: self.compute_s,
+            STEP_PARTS[1]: self.tp_exposed_s,
+            STEP_PARTS[2]: self.p2p_exposed_s,
+            STEP_PARTS[3]: self.bubble_s,
+            STEP_PARTS[4]: self.data_exposed_s + self.contention_s,
+            STEP_PARTS[5]: self.optimizer_s,
+        }
+
+
+#: The parts of a step (:meth:`StepTime.parts`), in the words a plan's notes use.
+STEP_PARTS = (
+    "compute",
+    "tensor, sequence, expert and context collectives on the critical path",
+    "pipeline transfers",
+    "pipeline bubble",
+    "data-parallel collectives exposed and the compute they slow",
+    "optimizer update",
+)
 
 
 def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
@@ -498,6 +536,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     chunk = (fwd + bwd + tp_exposed) / v
     slot = chunk + 2 * p2p_one
     pipeline = (v * m + p - 1) * slot
+    p2p_exposed = 2 * v * m * p2p_one
     if hw.pp_overlap and p > 1:
         # The steady phase's v m chunks send and receive beside the next chunk's compute
         # (Megatron's overlap_p2p_comm): what the transfers add is what the chunk does not
@@ -505,6 +544,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         # p - 1 slots keep theirs on the critical path.
         hidden = overlap_seconds(chunk, 2 * p2p_one, 2 * p2p_one * work.p2p_held)
         pipeline = v * m * (chunk + hidden) + (p - 1) * slot
+        p2p_exposed = v * m * hidden
     # The collectives of one class share its window: they go over the same links one after
     # another, so what exceeds the window in all is exposed.
     # On a GPU each holds some of the multiprocessors while it runs, and the compute beside
@@ -546,6 +586,8 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         bubble_fraction=(p - 1) / (v * m + p - 1),
         offload_s=2 * m * host,
         contention_s=added - exposed,
+        tp_exposed_s=m * tp_exposed,
+        p2p_exposed_s=p2p_exposed,
     )
 
 
