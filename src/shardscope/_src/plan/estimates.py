@@ -49,6 +49,7 @@ from shardscope._src.base.errors import PlanError, is_int
 from shardscope._src.base.records import Record, record_dict
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.cost.flops import Gemm, attention_core_flops, weight_flops
+from shardscope._src.cost.routing import Routing
 from shardscope._src.model.config import (
     EXPERT_PARAMS,
     LAYER_PARAMS,
@@ -59,6 +60,7 @@ from shardscope._src.model.config import (
     attention_shapes,
     param_shapes,
 )
+from shardscope._src.model.moe import device_share
 from shardscope._src.model.remat import remat_policy
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.hardware import Hardware
@@ -1006,6 +1008,64 @@ def expert_gemms(placement: Placement, microbatches: int = 1) -> tuple[list[Gemm
         fwd.append(Gemm(rows, n, k, experts))
         bwd += [Gemm(rows, k, n, experts), Gemm(k, n, rows, experts)]
     return fwd, bwd
+
+
+def expert_routing(
+    placement: Placement, microbatches: int = 1, *, dropless: bool | None = None
+) -> Routing | None:
+    """How one layer with experts routes one micro-batch's tokens on one device, in rows
+    (:class:`~shardscope._src.cost.routing.Routing`, whose bytes the time model prices);
+    None for a dense model and for a capacity-padded mixture (whose buffers are sized
+    without looking at the routing). ``dropless``: whether the mixture routes dropless (None:
+    as ``placement``'s config says; the planner places a dropless mixture padded to its
+    routing's imbalance, :func:`~shardscope._src.train.candidates.stage_config`, so it
+    says so from the model's own config).
+
+    The device scores its own tokens (a slice of each sequence, one per device of ``model``,
+    under expert and sequence parallelism: :attr:`~shardscope._src.sharding.strategies.
+    Placement.model_slices`) and permutes them into their slots (``top_k`` each, times the
+    routing's imbalance). Over an expert axis of ``e`` devices each holding several experts
+    the slots arrive in one chunk from each device and are sorted by local expert (all the
+    slots the device's experts take: gathered over ``model`` unfolded under sequence
+    parallelism, :attr:`~shardscope._src.sharding.strategies.Strategy.
+    gathers_expert_slots`). With ``dispatch_once`` (DeepEP's) the device permutes the rows
+    it received, each token once from each device of its experts (``e x share`` a token,
+    :func:`~shardscope._src.model.moe.device_share`), nothing is sorted, and the router
+    weights scale the experts' activations rather than their outputs.
+
+    >>> from dataclasses import replace
+    >>> from shardscope._src.model.presets import model_preset
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> c = replace(model_preset("qwen3-30b-a3b").config(batch=8), seq=4096)
+    >>> r = expert_routing(get_strategy("ep").place(c, abstract_mesh("expert=8")))
+    >>> r.tokens, r.slots, r.sorted  # 4096 tokens, 8 slots each, 16 experts a device
+    (4096.0, 32768.0, 32768.0)
+    """
+    c = placement.config
+    if dropless is None:
+        dropless = c.capacity_factor is None
+    if not c.is_moe or not dropless:
+        return None
+    s = placement.strategy
+    rules = s.use_rules() or s.param_rules()
+    split = placement.role_size(rules["expert_down"][0])
+    own = tokens_per_device(placement, microbatches) / placement.model_slices
+    slots = own * c.top_k * c.routed_capacity
+    tokens, sorted_rows = own, 0.0
+    if c.dispatch_once:
+        tokens = own * split * device_share(c.experts, split, c.top_k) * c.routed_capacity
+    elif split > 1 and c.experts // split > 1:
+        sorted_rows = slots * (model_ways(placement) if s.gathers_expert_slots else 1)
+    return Routing(
+        scored=own,
+        tokens=tokens,
+        slots=slots,
+        experts=c.experts,
+        d_model=c.d_model,
+        itemsize=c.itemsize,
+        sorted=sorted_rows,
+        weighted=not c.dispatch_once,
+    )
 
 
 def expert_weight_elements(placement: Placement) -> dict[str, int]:

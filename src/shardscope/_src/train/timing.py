@@ -27,6 +27,19 @@ Per micro-batch on the slowest pipeline stage, one device:
   :func:`~shardscope._src.cost.compute.measured_efficiency`): an expert of a few hundred
   tokens at about half of it, so a layout that sends each expert more tokens (expert
   parallelism) runs them faster a FLOP than one that runs every expert on a device's own.
+* **a dropless mixture's routing** (:mod:`~shardscope._src.cost.routing`): each layer
+  with experts scores its tokens (the router's fused softmax and top-k over float32
+  logits), permutes each token's ``top_k`` copies into expert order, sorts the chunks an
+  expert axis delivers by local expert where a device holds several, and un-permutes and
+  sums them back: their bytes through HBM (:func:`~shardscope._src.plan.estimates.
+  expert_routing`: rows of ``d_model`` counted as the kernels move them, less the write
+  and read the kept activations already give the experts' input and weighted outputs),
+  the forward's and, when training, the backward's (the same moves for the gradients, and
+  the weighted outputs read again) and a recomputed forward's where the experts are
+  recomputed; and on
+  a GPU the host's wait for the tokens' counts once a forward (Megatron-Core's dispatcher
+  sizes its all-to-all and grouped matmul on the host). A capacity-padded mixture (its
+  buffers sized without the routing) pays none of it; the step's ``routing_s``.
 * **fp8 matmuls** (``matmul_dtype="fp8"``): the layers' projections and MLP (torchtitan's
   float8 training swaps each ``nn.Linear`` for torchao's ``Float8Linear``, forward and both
   backward matmuls in fp8; MaxText's fp8 quantization replaces its dense layers'
@@ -154,6 +167,7 @@ from shardscope._src.cost.links import (
     stage_bandwidth,
     stage_held_share,
 )
+from shardscope._src.cost.routing import host_sync_seconds
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.model.remat import PROJECTIONS, remat_policy
@@ -166,6 +180,7 @@ from shardscope._src.plan.estimates import (
     activation_bytes_per_layer,
     check_matmul_dtype,
     expert_gemms,
+    expert_routing,
     expert_weight_elements,
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
@@ -332,6 +347,15 @@ class StepWork:
     ring_shards: int = 0
     ring_core_flops: float = 0.0
     ring_rerun_flops: float = 0.0
+    #: a dropless mixture's routing beyond its matmuls (:mod:`~shardscope._src.cost.
+    #: routing`): the HBM bytes of the router's scores and the slots' permutations in one
+    #: forward, one backward and the recomputed part, per micro-batch, and the host's waits
+    #: for the tokens' counts in one forward and in the recomputed part (a layer each)
+    routing_bytes: float = 0.0
+    routing_bwd_bytes: float = 0.0
+    routing_recompute_bytes: float = 0.0
+    host_syncs: int = 0
+    host_recompute_syncs: int = 0
 
     @property
     def matmul_flops(self) -> float:
@@ -427,6 +451,10 @@ class StepTime(Record):
     #: the compute the collectives hidden behind it take from it (on a GPU their
     #: multiprocessors' share of their time), beyond ``data_exposed_s``
     contention_s: float = 0.0
+    #: a dropless mixture's routing in ``compute_s``: its permutations' and router's bytes
+    #: through HBM and the host's waits for the tokens' counts (:mod:`~shardscope._src.
+    #: cost.routing`)
+    routing_s: float = 0.0
     #: what the tensor-, sequence-, expert- and context-parallel collectives add to the
     #: step on its critical path (of ``tp_comm_s``)
     tp_exposed_s: float = 0.0
@@ -435,9 +463,10 @@ class StepTime(Record):
 
     def parts(self) -> dict[str, float]:
         """The step in parts that add up to ``step_s``, by what each part is: the compute
-        (with the weights' fp8 casts and host offload it waits on), the collectives on
-        the critical path, the pipeline's transfers and its bubble, the data-parallel
-        collectives' exposed time with the compute they slow, and the optimizer's update.
+        (with the weights' fp8 casts and host offload it waits on), a mixture's routing
+        (``routing_s``, taken out of the compute), the collectives on the critical path,
+        the pipeline's transfers and its bubble, the data-parallel collectives' exposed
+        time with the compute they slow, and the optimizer's update.
 
         >>> t = StepTime(compute_s=2.0, tp_comm_s=1.0, data_comm_s=3.0, data_exposed_s=0.5,
         ...              p2p_s=0.2, bubble_s=0.3, optimizer_s=0.1, step_s=4.0, mfu=0.4,
@@ -447,18 +476,20 @@ class StepTime(Record):
         4.0
         """
         return {
-            STEP_PARTS[0]: self.compute_s,
-            STEP_PARTS[1]: self.tp_exposed_s,
-            STEP_PARTS[2]: self.p2p_exposed_s,
-            STEP_PARTS[3]: self.bubble_s,
-            STEP_PARTS[4]: self.data_exposed_s + self.contention_s,
-            STEP_PARTS[5]: self.optimizer_s,
+            STEP_PARTS[0]: self.compute_s - self.routing_s,
+            STEP_PARTS[1]: self.routing_s,
+            STEP_PARTS[2]: self.tp_exposed_s,
+            STEP_PARTS[3]: self.p2p_exposed_s,
+            STEP_PARTS[4]: self.bubble_s,
+            STEP_PARTS[5]: self.data_exposed_s + self.contention_s,
+            STEP_PARTS[6]: self.optimizer_s,
         }
 
 
 #: The parts of a step (:meth:`StepTime.parts`), in the words a plan's notes use.
 STEP_PARTS = (
     "compute",
+    "the experts' token routing",
     "tensor, sequence, expert and context collectives on the critical path",
     "pipeline transfers",
     "pipeline bubble",
@@ -513,8 +544,15 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     if work.cast_bytes or work.cast_bwd_bytes or work.cast_recompute_bytes:
         fwd += stream_seconds(hw, work.cast_bytes)
         bwd += stream_seconds(hw, work.cast_bwd_bytes + work.cast_recompute_bytes)
+    # a dropless mixture's routing: its moves through HBM, and the device dry while the host
+    # waits for the tokens' counts, in each forward (and the recomputed one)
+    route_fwd = stream_seconds(hw, work.routing_bytes) + host_sync_seconds(hw, work.host_syncs)
+    route_bwd = stream_seconds(hw, work.routing_bwd_bytes + work.routing_recompute_bytes)
+    route_bwd += host_sync_seconds(hw, work.host_recompute_syncs)
     if not work.train:
-        bwd = 0.0
+        bwd = route_bwd = 0.0
+    fwd += route_fwd
+    bwd += route_bwd
     # Offloaded activations go out during the forward and come back during the backward,
     # on the host link beside the compute: a pass lasts as long as the longer of the two.
     host = work.host_bytes / work.host_bandwidth if work.host_bytes else 0.0
@@ -588,6 +626,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         contention_s=added - exposed,
         tp_exposed_s=m * tp_exposed,
         p2p_exposed_s=p2p_exposed,
+        routing_s=m * (route_fwd + route_bwd),
     )
 
 
@@ -862,6 +901,18 @@ def step_work(
     fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
     expert_flops, expert_weights = routed_expert_work(placement, m)
     recomputes_experts = "mlp_in" in rerun_ops or "mlp_out" in rerun_ops
+    routing = expert_routing(placement, m, dropless=full_config.capacity_factor is None)
+    route: dict[str, Any] = {}
+    if routing is not None:
+        # the experts run again from the layer's recomputed input: routed again
+        rerouted = recomputes_experts
+        route = {
+            "routing_bytes": c.moe_layers * routing.forward_bytes(),
+            "routing_bwd_bytes": c.moe_layers * routing.backward_bytes(),
+            "routing_recompute_bytes": c.moe_layers * routing.forward_bytes() if rerouted else 0.0,
+            "host_syncs": c.moe_layers,
+            "host_recompute_syncs": c.moe_layers if rerouted else 0,
+        }
     if fp8:
         # Transformer Engine's weights: cast once a step, not in each pass
         cached = fp8_saved_inputs == Fp8SavedInputs.FP8
@@ -921,6 +972,7 @@ def step_work(
         expert_weight_kernels=c.moe_layers * len(expert_weight_elements(placement)),
         **_expert_shares(hw, placement, m),
         **_ring_work(placement, c.layers * core, rerun),
+        **route,
     )
 
 
