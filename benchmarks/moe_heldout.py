@@ -173,6 +173,7 @@ def _zoo_235b(
     recompute: str,
     deepep: bool = True,
     note: str = "",
+    ep_overlap: bool = False,
 ) -> MoeRun:
     """Qwen3-235B-A22B on 256 H100 in the model zoo's layout: global batch 2048 of 4096,
     micro-batch 1; a pipeline stage's devices are ``tp x dp`` for the attention and
@@ -182,7 +183,9 @@ def _zoo_235b(
     ``stage=pp,data=edp,expert=ep/tp,model=tp``, the dense weights' optimizer state over
     ``data x expert`` (its DP), the experts' over ``data`` (its EDP). ``recompute`` is the
     readme's column as written: ``"norm, act"`` is Megatron's ``--recompute-modules
-    layernorm moe_act`` (:data:`ZOO_NORM_ACT`)."""
+    layernorm moe_act`` (:data:`ZOO_NORM_ACT`). ``ep_overlap``: the readme's "+1f1b
+    overlap", Megatron's combined 1F1B schedule (the all-to-alls beside the other
+    micro-batch's compute)."""
     data = 256 // pp // tp
     edp = data * tp // ep
     instead = []
@@ -200,7 +203,7 @@ def _zoo_235b(
         2048 // data,
         ZOO_NORM_ACT if recompute == "norm, act" else recompute,
         vp,
-        overrides=CUDNN,
+        overrides={**CUDNN, "ep_overlap": True} if ep_overlap else CUDNN,
         instead=tuple(instead),
         sweep="Qwen3-235B-A22B on 256 H100",
     )
@@ -243,7 +246,10 @@ def _bridge_qwen3_fp8(
     data = gpus // pp // tp
     # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on under interleaving
     # (src/megatron/bridge/training/comm_overlap.py@0685ff5, "PP overlap": vp_size > 1)
-    overrides = {**CUDNN, "pp_overlap": pp > 1 and vp > 1}
+    # and its H100 Qwen3-235B configurations set moe_a2a_overlap (Megatron's combined 1F1B,
+    # scripts/performance/configs/qwen/qwen3_workload_base_configs.py@01b2977); its
+    # Qwen3-30B ones do not
+    overrides = {**CUDNN, "pp_overlap": pp > 1 and vp > 1, "ep_overlap": size == "235B-A22B"}
     name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
     config = _preset(f"qwen3-{size.lower()}", batch, 4096)
     if tp == 1:
@@ -317,7 +323,7 @@ RUNS = [
         pp=8,
         vp=4,
         recompute="norm, act",
-        note="the all-to-alls exposed (the run overlaps them with the other micro-batch's compute)",
+        ep_overlap=True,
     ),
     MoeRun(
         "Megatron Qwen3-235B TP2 EP8 FSDP, 256 H100",

@@ -222,6 +222,7 @@ HARDWARE_OVERRIDES = (
     "tile_n",
     "tp_overlap",
     "pp_overlap",
+    "ep_overlap",
 )
 
 
@@ -251,6 +252,7 @@ class HardwareOptions(CommandConfig):
     tile_n: int | None
     tp_overlap: bool | None
     pp_overlap: bool | None
+    ep_overlap: bool | None
 
     @property
     def hardware_overrides(self) -> Mapping[str, Any]:

@@ -649,6 +649,14 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
         "Megatron's overlap_p2p_comm does; only the fill's and flush's transfers wait "
         "(default: off)",
     )
+    p.add_argument(
+        "--ep-overlap",
+        dest="ep_overlap",
+        action=argparse.BooleanOptionalAction,
+        help="a mixture's expert all-to-alls run beside another micro-batch's compute, as "
+        "Megatron's combined 1F1B schedule (--overlap-moe-expert-parallel-comm) runs them; "
+        "only the chunks that run alone wait for theirs (default: off)",
+    )
 
 
 def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = True) -> None:

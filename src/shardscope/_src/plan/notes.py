@@ -621,6 +621,11 @@ def _time_model(values: TimeModelValues) -> str:
         if v.pp_overlap
         else "waiting for their chunks"
     )
+    if v.ep_overlap:
+        pp += (
+            "; a mixture's expert all-to-alls beside another micro-batch's compute (the "
+            "chunks that run alone waiting)"
+        )
     sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
     return (
         f"time model ({v.name}): matmuls at {v.matmul_fraction:.0%} of "

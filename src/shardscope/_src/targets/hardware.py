@@ -62,6 +62,13 @@ class Hardware(Record):
         ``overlap_p2p_comm``), so only the transfers of the pipeline's fill and flush are
         on the critical path; off unless set, on every device: each transfer then waits
         for its chunk (see :data:`TIME_MODEL_SOURCES`).
+      ep_overlap: the program runs a mixture's expert all-to-alls (its dispatch and
+        combine) beside another micro-batch's compute: Megatron's combined 1F1B schedule
+        (``overlap_moe_expert_parallel_comm``) pairs each forward chunk of the steady
+        phase with another micro-batch's backward chunk, so only the all-to-alls of the
+        chunks that run alone (a pipeline's fill and flush; without one, the first forward
+        and the last backward) are on the critical path; off unless set, on every device
+        (see :data:`TIME_MODEL_SOURCES`).
       host_memory_bytes: the host's memory per device (the host's DRAM over its devices),
         where activations offloaded by ``remat="offload"`` live; 0: no offload.
       host_bandwidth: bytes/s one device moves to or from host memory, each way (PCIe).
@@ -107,6 +114,7 @@ class Hardware(Record):
     comm_fraction: float = 0.8
     tp_overlap: bool = False
     pp_overlap: bool = False
+    ep_overlap: bool = False
     host_memory_bytes: float = 0.0
     host_bandwidth: float = 0.0
     fp8_peak_flops: float = 0.0
@@ -360,6 +368,20 @@ TIME_MODEL_SOURCES = {
         "bulk overlaps 2-24 multiprocessors each (num_sm); a hidden collective here holds "
         "comm_sms, NCCL's, an upper bound on those. Off by default: an XLA program on GPUs "
         "runs them on the critical path unless its flags ask for collective matmuls"
+    ),
+    "ep_overlap (off unless set)": (
+        "Megatron-Core's combined 1F1B schedule (--overlap-moe-expert-parallel-comm, MCore "
+        "v0.14: 'batch-level overlapping to hide EP-A2A communication'; megatron/core/"
+        "pipeline_parallel/combined_1f1b.py, combined_1f1b_schedule_for_no_pipelining and "
+        "for interleaving): a forward chunk of one micro-batch and a backward chunk of "
+        "another run together, the one's dispatch and combine beside the other's compute; "
+        "the interleaved schedule's warm-up forwards and cool-down backwards run alone. "
+        "Megatron-Bridge's H100 Qwen3-235B recipes set it (moe_a2a_overlap=True, "
+        "scripts/performance/configs/qwen/qwen3_workload_base_configs.py@01b2977), and the "
+        "Megatron MoE model zoo's Qwen3-235B table lists the same layout with and without "
+        "it (19.7 and 17.6 s, best_practice/Qwen3/readme.md@c1ad0b5). A hidden all-to-all "
+        "holds its share of the multiprocessors as the other collectives do. Off by "
+        "default: each chunk waits for its all-to-alls"
     ),
     "pp_overlap (off unless set)": (
         "NeMo's communication overlap guide (docs.nvidia.com/nemo-framework/user-guide/24.12/"
@@ -678,6 +700,13 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
                 raise ShardscopeError(
                     f"hardware setting tp_overlap={value!r} says whether tensor-parallel "
                     f"collectives run beside their matmuls: give True or False"
+                )
+            continue
+        if key == "ep_overlap":
+            if not isinstance(value, bool):
+                raise ShardscopeError(
+                    f"hardware setting ep_overlap={value!r} says whether a mixture's expert "
+                    f"all-to-alls run beside another micro-batch's compute: give True or False"
                 )
             continue
         if key == "pp_overlap":

@@ -252,6 +252,8 @@ class CommItem:
     cls: OverlapClass
     seconds: float
     held: float = 0.0
+    #: the collectives' kind (``all-to-all``, ...), where one kind is priced apart
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -558,9 +560,15 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     host = work.host_bytes / work.host_bandwidth if work.host_bytes else 0.0
     fwd = max(fwd, host)
     bwd = max(bwd, host) if work.train else 0.0
-    tp = sum(c.seconds for c in comm if c.cls == CRITICAL)
-    tp_held = sum(c.seconds * c.held for c in comm if c.cls == CRITICAL)
-    tp_exposed = overlap_seconds(fwd + bwd, tp / m, tp_held / m) if hw.tp_overlap else tp / m
+    critical = [c for c in comm if c.cls == CRITICAL]
+    tp = sum(c.seconds for c in critical)
+    # a mixture's all-to-alls beside another micro-batch's compute (ep_overlap), apart
+    exchange = [c for c in critical if c.kind == ALL_TO_ALL] if hw.ep_overlap and work.train else []
+    ex = sum(c.seconds for c in exchange)
+    ex_held = sum(c.seconds * c.held for c in exchange)
+    rest = tp - ex
+    rest_held = sum(c.seconds * c.held for c in critical) - ex_held
+    tp_exposed = overlap_seconds(fwd + bwd, rest / m, rest_held / m) if hw.tp_overlap else rest / m
     ring = [c for c in comm if c.cls == CONTEXT_RING]
     ring_s = sum(c.seconds for c in ring)
     tp_exposed += ring_seconds(hw, work, ring_s / m, sum(c.seconds * c.held for c in ring) / m)
@@ -572,8 +580,17 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     # whole stage's work per micro-batch without interleaving.
     v = work.virtual_stages
     chunk = (fwd + bwd + tp_exposed) / v
-    slot = chunk + 2 * p2p_one
-    pipeline = (v * m + p - 1) * slot
+    # Under ep_overlap a chunk's all-to-alls (forward's and backward's) run beside the
+    # compute of the chunk it is paired with (Megatron's combined 1F1B), but the chunks
+    # that run alone, and the fill's and flush's slots, wait for theirs.
+    alone = ex / (m * v)
+    ex_exposed = 0.0
+    if ex:
+        paired = v * m - _unpaired_chunks(p, v, m)
+        hidden_ex = overlap_seconds(chunk, alone, ex_held / (m * v))
+        ex_exposed = paired * hidden_ex + (v * m - paired) * alone
+    slot = chunk + alone + 2 * p2p_one
+    pipeline = (v * m + p - 1) * (chunk + 2 * p2p_one) + (p - 1) * alone + ex_exposed
     p2p_exposed = 2 * v * m * p2p_one
     if hw.pp_overlap and p > 1:
         # The steady phase's v m chunks send and receive beside the next chunk's compute
@@ -581,7 +598,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         # cover, or the compute their multiprocessors take; the fill's and the flush's
         # p - 1 slots keep theirs on the critical path.
         hidden = overlap_seconds(chunk, 2 * p2p_one, 2 * p2p_one * work.p2p_held)
-        pipeline = v * m * (chunk + hidden) + (p - 1) * slot
+        pipeline = v * m * (chunk + hidden) + (p - 1) * slot + ex_exposed
         p2p_exposed = v * m * hidden
     # The collectives of one class share its window: they go over the same links one after
     # another, so what exceeds the window in all is exposed.
@@ -624,10 +641,28 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         bubble_fraction=(p - 1) / (v * m + p - 1),
         offload_s=2 * m * host,
         contention_s=added - exposed,
-        tp_exposed_s=m * tp_exposed,
+        tp_exposed_s=m * tp_exposed + ex_exposed,
         p2p_exposed_s=p2p_exposed,
         routing_s=m * (route_fwd + route_bwd),
     )
+
+
+def _unpaired_chunks(p: int, v: int, m: int) -> int:
+    """The model chunks of a step, each a micro-batch's forward and backward on one
+    device, whose forward (and, as many, whose backward) Megatron's combined 1F1B runs
+    alone, not beside another chunk: without a pipeline the first forward and the last
+    backward (one chunk's worth); with one, the first stage's warm-up forwards and the
+    cool-down backwards as many, ``p - 1`` of them plain, ``2 (p - 1) + (v - 1) p``
+    interleaved, and one more under the overlap
+    (``forward_backward_pipelining_with_interleaving``); at most all ``v m``.
+
+    >>> _unpaired_chunks(1, 1, 8), _unpaired_chunks(4, 1, 8), _unpaired_chunks(8, 4, 128)
+    (1, 4, 39)
+    """
+    if p == 1:
+        return 1
+    warm = p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p
+    return min(v * m, warm + 1)
 
 
 def ring_seconds(hw: Hardware, work: StepWork, transfers_s: float, held_s: float) -> float:
@@ -1069,7 +1104,7 @@ def _item(
     seconds = collective_seconds(
         hw, sizes, kind, axes, group_size, traffic, count, once_per_node=once_per_node
     )
-    return CommItem(what, cls, seconds, held_share(hw, sizes, axes))
+    return CommItem(what, cls, seconds, held_share(hw, sizes, axes), kind)
 
 
 def compiled_comm_items(
