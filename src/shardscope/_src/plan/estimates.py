@@ -750,6 +750,7 @@ def estimate_memory(
     flash_attention: bool = True,
     schedule: Schedule | None = None,
     fp8_saved_inputs: str | None = None,
+    parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> MemoryEstimate:
     """Analytic memory per device of ``placement`` (see the module docstring for the formulas).
 
@@ -761,6 +762,9 @@ def estimate_memory(
     the stage's layers, or ``1 / virtual_stages`` of them interleaved).
     ``fp8_saved_inputs`` (an fp8 step's, :class:`Fp8SavedInputs`; None: 16-bit matmuls)
     ``"fp8"`` keeps the linear layers' inputs in fp8 (:func:`fp8_saved_inputs_change`).
+    ``parts``: what earlier calls on the same placement worked out, by the arguments each
+    piece depends on (the model state by the stages, one layer's activations by the
+    micro-batches and the recomputation; a sweep asks them of every schedule it screens).
 
     >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
     >>> dp, fsdp = (get_strategy(s).place(ModelConfig(), abstract_mesh("data=8"))
@@ -780,50 +784,39 @@ def estimate_memory(
             f"at {c.dtype} ({2 * item} bytes); use at least {2 * item} (16 for mixed-precision "
             f"Adam, 10 for the scaling book's convention)"
         )
-    s = placement.strategy
+    known = {} if parts is None else parts
     train = mode == Mode.TRAIN
     p = sched.stages
-    params = stage_elements_per_device(placement, s.param_rules(), p) * item
-    grads = stage_elements_per_device(placement, s.grad_rules(), p) * item if train else 0
-    optimizer = (
-        stage_elements_per_device(placement, s.optimizer_rules(), p) * (bytes_per_param - 2 * item)
-        if train
-        else 0
-    )
+    key: tuple[Any, ...] = ("state", train, bytes_per_param, p)
+    if key not in known:
+        known[key] = _model_state(placement, train, bytes_per_param, p)
+    params, grads, optimizer, gathered = known[key]
     m = sched.microbatches if train else 1
-    b = sequences_per_device(placement, m)
     host = 0
-    logits = logits_bytes(placement, b, train=train)
     if train:
         fp8_saved = fp8_saved_inputs == Fp8SavedInputs.FP8
-        kept = stored_activation_bytes_per_layer(
-            placement, sched, flash_attention=flash_attention, fp8_saved=fp8_saved
-        )
-        policy = remat_policy(sched.remat)
-        working = (
-            activation_bytes_per_layer(
-                placement, flash_attention=flash_attention, microbatches=m, fp8_saved=fp8_saved
-            )
-            if not policy.recomputes_nothing
-            else 0
-        )
+        key = ("layer", m, sched.remat, flash_attention, fp8_saved)
+        if key not in known:
+            known[key] = _layer_memory(placement, m, sched.remat, flash_attention, fp8_saved)
+        kept, working, logits, offloaded = known[key]
         # The layers of one model chunk: the stage's, or a 1/v of them interleaved.
         chunk = c.layers // sched.virtual_stages
         activations = chunk * kept * sched.in_flight + working + logits
-        if policy.offloaded:
-            offloaded = offloaded_bytes_per_layer(placement, m, sched.remat)
+        if offloaded is not None:
             host = chunk * offloaded * sched.in_flight
             activations += OFFLOAD_BUFFERS * offloaded
     else:
+        b = sequences_per_device(placement, m)
+        logits = logits_bytes(placement, b, train=train)
         activations = (
             activation_bytes_per_layer(placement, flash_attention=flash_attention) + logits
         )
-    gathered = 0
-    if Role.DATA in s.roles and s.shards_weights:
-        gathered = gathered_layer_elements(placement) * item // model_ways(placement)
     on_host = train and sched.offload_optimizer
     if on_host:
         host += optimizer
+    key = ("gathered_kv", m)
+    if key not in known:
+        known[key] = gathered_kv_bytes(placement, m)
     return MemoryEstimate(
         params,
         grads,
@@ -832,8 +825,55 @@ def estimate_memory(
         gathered,
         host,
         on_host,
-        gathered_kv_bytes(placement, m),
+        known[key],
     )
+
+
+def _model_state(
+    placement: Placement, train: bool, bytes_per_param: int, stages: int
+) -> tuple[int, int, int, int]:
+    """:func:`estimate_memory`'s parameters, gradients, optimizer state and gathered weights
+    per device (bytes): what the schedule but its stages leaves alone."""
+    item = placement.config.itemsize
+    s = placement.strategy
+    p = stages
+    params = stage_elements_per_device(placement, s.param_rules(), p) * item
+    grads = stage_elements_per_device(placement, s.grad_rules(), p) * item if train else 0
+    optimizer = (
+        stage_elements_per_device(placement, s.optimizer_rules(), p) * (bytes_per_param - 2 * item)
+        if train
+        else 0
+    )
+    gathered = 0
+    if Role.DATA in s.roles and s.shards_weights:
+        gathered = gathered_layer_elements(placement) * item // model_ways(placement)
+    return params, grads, optimizer, gathered
+
+
+def _layer_memory(
+    placement: Placement, microbatches: int, remat: str, flash_attention: bool, fp8_saved: bool
+) -> tuple[int, int, int, int | None]:
+    """:func:`estimate_memory`'s pieces of a train step by micro-batch: what one layer keeps
+    under ``remat``, one layer's activations while it is recomputed (0 when nothing is), the
+    logits, and what one layer offloads (None when nothing is)."""
+    m = microbatches
+    kept = stored_activation_bytes_per_layer(
+        placement,
+        Schedule(microbatches=m, remat=remat),
+        flash_attention=flash_attention,
+        fp8_saved=fp8_saved,
+    )
+    policy = remat_policy(remat)
+    working = (
+        activation_bytes_per_layer(
+            placement, flash_attention=flash_attention, microbatches=m, fp8_saved=fp8_saved
+        )
+        if not policy.recomputes_nothing
+        else 0
+    )
+    logits = logits_bytes(placement, sequences_per_device(placement, m), train=True)
+    offloaded = offloaded_bytes_per_layer(placement, m, remat) if policy.offloaded else None
+    return kept, working, logits, offloaded
 
 
 def gathered_layer_elements(placement: Placement) -> int:

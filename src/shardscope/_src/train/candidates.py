@@ -647,8 +647,10 @@ def screen(
     :class:`Fp8SavedInputs`; None or ``"high-precision"``: at the model's dtype). ``memo``:
     the step's collectives of earlier candidates on the same placement and mode (they depend
     only on the micro-batches, whether the forward is recomputed, and fp8 gathers);
-    ``parts``: the pieces of those collectives of earlier candidates on the same placement
-    and mode (:func:`~shardscope._src.train.timing.step_bound`).
+    ``parts``: the pieces of those collectives, memory and work of earlier candidates on
+    the same placement and mode (:func:`~shardscope._src.train.timing.step_bound`,
+    :func:`~shardscope._src.plan.estimates.estimate_memory`,
+    :func:`~shardscope._src.train.timing.step_work`).
     """
     sched = Schedule(
         cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer, cand.virtual_stages
@@ -660,6 +662,7 @@ def screen(
         flash_attention=flash_attention,
         schedule=sched,
         fp8_saved_inputs=fp8_saved_inputs,
+        parts=parts,
     )
     work = step_work(
         placement,
@@ -672,6 +675,7 @@ def screen(
         bytes_per_param=bytes_per_param,
         matmul_dtype=matmul_dtype,
         fp8_saved_inputs=fp8_saved_inputs,
+        parts=parts,
     )
     pricing = Pricing(placement, work)
     key = (cand.microbatches, reruns_forward_collectives(cand.remat), pricing.fp8_gathers)
@@ -679,7 +683,9 @@ def screen(
         need, comm = memo[key]
     else:
         need = step_bound(placement, sched, mode, parts=parts)
-        comm = tuple(comm_items(hw, placement, need.terms, fp8_gathers=pricing.fp8_gathers))
+        comm = tuple(
+            comm_items(hw, placement, need.terms, fp8_gathers=pricing.fp8_gathers, parts=parts)
+        )
         if memo is not None:
             memo[key] = need, comm
     return Screened(

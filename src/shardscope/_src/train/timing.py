@@ -799,7 +799,6 @@ def step_bound(
     micro-batch's placement and its bounds depend only on the micro-batch count)."""
 
     m = schedule.microbatches if mode == Mode.TRAIN else 1
-    local = set(placement.group(accumulated_roles(placement))[0])
     known = {} if parts is None else parts
 
     def part(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
@@ -807,15 +806,18 @@ def step_bound(
             known[key] = make()
         return cast(_T, known[key])
 
-    model = set(placement.axes.get(Role.MODEL, ()))
-
-    def once(t: Term) -> bool:
+    def once(t: Term, local: set[str], model: set[str]) -> bool:
         if t.role.sums_token_shards and set(t.axes) & model:
             # sequence parallelism's sums over 'model': once where each model shard adds up
             # its own over the micro-batches, else after every micro-batch
             return model <= local
         scattered_once = t.role == TermRole.GRADIENT_SCATTER and set(t.axes) <= local
         return t.role.once_per_step or scattered_once
+
+    def repeated(terms: Sequence[Term]) -> tuple[Term, ...]:
+        local = set(placement.group(accumulated_roles(placement))[0])
+        model = set(placement.axes.get(Role.MODEL, ()))
+        return tuple(replace(t, count=t.count * (1 if once(t, local, model) else m)) for t in terms)
 
     def micro_batch() -> Placement:
         if m == 1:
@@ -827,20 +829,30 @@ def step_bound(
             constraints=placement.constraints,
         )
 
-    one = part(("placement", m), micro_batch)
-    base = part(("bound", m, mode), lambda: transformer_bound(one, mode))
-    terms = [replace(t, count=t.count * (1 if once(t) else m)) for t in base.terms]
+    def one() -> Placement:
+        return part(("placement", m), micro_batch)
+
+    base = part(("bound", m, mode), lambda: transformer_bound(one(), mode))
+    terms = part(("repeated", m, mode), lambda: repeated(base.terms))
+    again: tuple[Term, ...] = ()
     if mode == Mode.TRAIN and reruns_forward_collectives(schedule.remat):
-        forward = part(("bound", m, Mode.FORWARD), lambda: transformer_bound(one, Mode.FORWARD))
-        for t in forward.terms:
-            terms.append(_rerun(t, m, "recomputed forward"))
+
+        def recomputed() -> tuple[Term, ...]:
+            forward = part(
+                ("bound", m, Mode.FORWARD), lambda: transformer_bound(one(), Mode.FORWARD)
+            )
+            return tuple(_rerun(t, m, "recomputed forward") for t in forward.terms)
+
+        again = part(("recomputed", m), recomputed)
     elif mode == Mode.TRAIN:
         # The layers' weights gathered at use (FSDP) are gathered again for the backward, as
         # PyTorch FSDP and ZeRO-3 do, rather than kept for it (the bound's minimum); so are
         # context parallelism's keys and values.
-        for t in part(("regathered", m), lambda: regathered_terms(one)):
-            terms.append(_rerun(t, m, "again for the backward"))
-    return Bound(base.label, tuple(terms), base.notes)
+        again = part(
+            ("regathered", m),
+            lambda: tuple(_rerun(t, m, "again for the backward") for t in regathered_terms(one())),
+        )
+    return Bound(base.label, terms + again, base.notes)
 
 
 def _rerun(t: Term, microbatches: int, rerun: str) -> Term:
@@ -860,6 +872,7 @@ def step_work(
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     fp8_saved_inputs: str | None = None,
+    parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
     of ``placement``'s program (one stage's layers, the whole batch) under ``schedule``;
@@ -868,7 +881,46 @@ def step_work(
     ``fp8_saved_inputs="fp8"`` (Transformer Engine's,
     :func:`~shardscope._src.plan.estimates.fp8_weight_cast_bytes`). Interleaved, the device
     runs the same layers in ``virtual_stages`` chunks: the same work, in more, shorter slots
-    (:func:`step_time`)."""
+    (:func:`step_time`). ``parts``: what earlier calls on the same placement worked out (the
+    work of schedules with the same micro-batches and recomputation, which differ only in
+    their model chunks and where the optimizer state lives)."""
+
+    known = {} if parts is None else parts
+    key = (
+        "work", schedule.microbatches, schedule.remat, schedule.stages, full_config, devices,
+        hw, flash_attention, mode, matmul_dtype, fp8_saved_inputs,
+    )  # fmt: skip
+    work: StepWork | None = known.get(key)
+    if work is None:
+        work = known[key] = _pass_work(
+            placement, schedule, full_config, devices, hw, flash_attention, mode, matmul_dtype,
+            fp8_saved_inputs,
+        )  # fmt: skip
+    host_optimizer = 0
+    if schedule.offload_optimizer:
+        rules = placement.strategy.optimizer_rules()
+        host_optimizer = stage_elements_per_device(placement, rules, schedule.stages) * (
+            bytes_per_param - 2 * placement.config.itemsize
+        )
+    if work.virtual_stages == schedule.virtual_stages and not host_optimizer:
+        return work
+    return replace(
+        work, virtual_stages=schedule.virtual_stages, host_optimizer_bytes=host_optimizer
+    )
+
+
+def _pass_work(
+    placement: Placement,
+    schedule: Schedule,
+    full_config: ModelConfig,
+    devices: int,
+    hw: Hardware,
+    flash_attention: bool,
+    mode: str,
+    matmul_dtype: str,
+    fp8_saved_inputs: str | None,
+) -> StepWork:
+    """:func:`step_work` of one model chunk per device, its optimizer state on the device."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -989,14 +1041,8 @@ def step_work(
         train=mode == Mode.TRAIN,
         host_bytes=host_bytes,
         host_bandwidth=hw.host_bandwidth,
-        host_optimizer_bytes=(
-            stage_elements_per_device(placement, placement.strategy.optimizer_rules(), p)
-            * (bytes_per_param - 2 * c.itemsize)
-            if schedule.offload_optimizer
-            else 0
-        ),
+        host_optimizer_bytes=0,
         **fp8_work,
-        virtual_stages=schedule.virtual_stages,
         expert_flops=expert_flops,
         expert_recompute_flops=expert_flops if recomputes_experts else 0.0,
         # memory-efficient attention is the fused kernel a hardware's rates describe
@@ -1047,10 +1093,17 @@ def gathered_bytes(
 
 
 def comm_items(
-    hw: Hardware, placement: Placement, terms: Sequence[Term], *, fp8_gathers: bool = False
+    hw: Hardware,
+    placement: Placement,
+    terms: Sequence[Term],
+    *,
+    fp8_gathers: bool = False,
+    parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> list[CommItem]:
     """The terms of ``placement``'s program (a :class:`Bound`'s), timed and classified;
-    ``fp8_gathers``: FSDP's weight gathers in fp8 (:func:`gathered_bytes`).
+    ``fp8_gathers``: FSDP's weight gathers in fp8 (:func:`gathered_bytes`). ``parts``: the
+    terms and collectives earlier calls on the same placement priced (a sweep's schedules
+    share most of their terms).
 
     A layer's weights are gathered, and their gradients reduce-scattered, together: one
     collective a layer and a pass over each group of devices, as PyTorch FSDP gathers the
@@ -1064,24 +1117,36 @@ def comm_items(
     """
 
     sizes = mesh_axes(placement.mesh)
+    known = {} if parts is None else parts
     items = []
     together: dict[tuple[Any, ...], tuple[list[str], float]] = {}
     for t in terms:
-        cls = classify(t.kind, t.axes, placement)
-        traffic = gathered_bytes(t.kind, cls, t.traffic_bytes, placement, fp8_gathers)
-        if t.role in (TermRole.WEIGHT_GATHER, TermRole.GRADIENT_SCATTER):
+        key: tuple[Any, ...] = ("term", t, fp8_gathers, hw)
+        priced = known.get(key)
+        if priced is None:
+            cls = classify(t.kind, t.axes, placement)
+            traffic = gathered_bytes(t.kind, cls, t.traffic_bytes, placement, fp8_gathers)
+            item = None
+            if t.role not in (TermRole.WEIGHT_GATHER, TermRole.GRADIENT_SCATTER):
+                item = _item(
+                    t.what, cls, hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count,
+                    once_per_node=t.once_per_node,
+                )  # fmt: skip
+            priced = known[key] = (cls, traffic, item)
+        cls, traffic, item = priced
+        if item is None:  # timed with the rest of its layer's, pass's and group's
             key = (t.kind, t.axes, t.group_size, t.count, t.rerun, t.stack, cls)
             names, sent = together.setdefault(key, ([], 0.0))
             together[key] = ([*names, t.what], sent + traffic)
             continue
-        items.append(
-            _item(
-                t.what, cls, hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count,
-                once_per_node=t.once_per_node,
-            )
-        )  # fmt: skip
+        items.append(item)
     for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
-        items.append(_item("; ".join(names), cls, hw, sizes, kind, axes, group, sent, count))
+        what = "; ".join(names)
+        key = ("together", what, cls, kind, axes, group, sent, count, hw)
+        item = known.get(key)
+        if item is None:
+            item = known[key] = _item(what, cls, hw, sizes, kind, axes, group, sent, count)
+        items.append(item)
     return items
 
 
