@@ -277,23 +277,16 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
             param=("virtual_stages", "mesh"),
         )
 
-    ranked_screen, skipped, n_candidates = screen_all(
+    ranked_screen, skipped, n_candidates = _screen(
+        r,
         config,
-        devices,
         hw,
         names,
-        mode=mode,
-        bytes_per_param=r.bytes_per_param,
-        flash_attention=r.flash_attention,
         remat=r.remat,
         microbatches=r.microbatches,
         stages=stages,
         mesh=pinned,
-        offload_optimizer=r.offload_optimizer,
-        matmul_dtype=r.matmul_dtype,
-        vocab_split=r.vocab_split,
         virtual_stages=r.virtual_stages,
-        fp8_saved_inputs=r.fp8_saved_inputs,
     )
     if r.beside_best:
         read_note.extend(_beside_best(r, config, hw, ranked_screen))
@@ -362,6 +355,28 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     )
 
 
+def _screen(
+    r: PlanRequest, config: ModelConfig, hw: Hardware, names: Sequence[str], **layout: Any
+) -> tuple[list[Screened], list[Skipped], int]:
+    """:func:`screen_all` of ``config`` on the request's devices, mode, state, attention,
+    precision, optimizer placement and vocabulary split, the ``layout`` (remat, mesh,
+    micro-batches, stages, virtual stages) pinned as given and the rest searched."""
+    return screen_all(
+        config,
+        r.devices,
+        hw,
+        names,
+        mode=r.mode,
+        bytes_per_param=r.bytes_per_param,
+        flash_attention=r.flash_attention,
+        offload_optimizer=r.offload_optimizer,
+        matmul_dtype=r.matmul_dtype,
+        vocab_split=r.vocab_split,
+        fp8_saved_inputs=r.fp8_saved_inputs,
+        **layout,
+    )
+
+
 def _beside_best(
     r: PlanRequest, config: ModelConfig, hw: Hardware, pinned: Sequence[Screened]
 ) -> list[Note]:
@@ -376,19 +391,7 @@ def _beside_best(
     names: tuple[str, ...] = DEFAULT_STRATEGIES
     if config.is_moe or config.is_mla:
         names = moe_strategies(names, asked=False)
-    every, _, _ = screen_all(
-        config,
-        r.devices,
-        hw,
-        names,
-        mode=r.mode,
-        bytes_per_param=r.bytes_per_param,
-        flash_attention=r.flash_attention,
-        offload_optimizer=r.offload_optimizer,
-        matmul_dtype=r.matmul_dtype,
-        vocab_split=r.vocab_split,
-        fp8_saved_inputs=r.fp8_saved_inputs,
-    )
+    every, _, _ = _screen(r, config, hw, names)
     best = min((s for s in every if s.fits), key=lambda s: s.step_time_s, default=None)
     if best is None:
         return []
