@@ -287,7 +287,9 @@ GB200_RACK = {
 }
 
 
-def _marin_hero(arm: str, tokens_per_s: float, strategy: str, mesh: tuple[tuple[str, int], ...]):
+def _marin_hero(
+    arm: str, tokens_per_s: float, strategy: str, mesh: tuple[tuple[str, int], ...]
+) -> MoeRun:
     """Marin's 359.6B-total, 20.9B-active grug MoE hero shape on one GB200 rack (64 GPUs):
     d 6144, 48 layers all with experts, 48 heads of 128 with 12 key/value heads, 128 experts
     of 3072 (top 4) and 2 shared ones of 3072, vocabulary 128256; batch 1024 of 4096,

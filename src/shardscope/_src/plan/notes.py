@@ -704,7 +704,7 @@ def _mesh_read(v: MeshReadValues) -> str:
 
 
 def _beside_best(v: BesideBestValues) -> str:
-    if v.best == v.pinned or v.best_s >= v.pinned_s:
+    if v.best_s >= v.pinned_s:  # the pinned layout is the best (beside_best_note)
         return (
             f"the pinned layout {v.pinned} is the fastest that fits of every layout the "
             f"planner screens ({format_seconds(v.pinned_s)} a step by the estimate)"

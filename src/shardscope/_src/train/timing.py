@@ -477,15 +477,16 @@ class StepTime(Record):
         >>> sum(t.parts().values())
         4.0
         """
-        return {
-            STEP_PARTS[0]: self.compute_s - self.routing_s,
-            STEP_PARTS[1]: self.routing_s,
-            STEP_PARTS[2]: self.tp_exposed_s,
-            STEP_PARTS[3]: self.p2p_exposed_s,
-            STEP_PARTS[4]: self.bubble_s,
-            STEP_PARTS[5]: self.data_exposed_s + self.contention_s,
-            STEP_PARTS[6]: self.optimizer_s,
-        }
+        seconds = (
+            self.compute_s - self.routing_s,
+            self.routing_s,
+            self.tp_exposed_s,
+            self.p2p_exposed_s,
+            self.bubble_s,
+            self.data_exposed_s + self.contention_s,
+            self.optimizer_s,
+        )
+        return dict(zip(STEP_PARTS, seconds, strict=True))
 
 
 #: The parts of a step (:meth:`StepTime.parts`), in the words a plan's notes use.
