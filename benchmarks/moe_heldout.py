@@ -294,7 +294,22 @@ def _marin_hero(
     d 6144, 48 layers all with experts, 48 heads of 128 with 12 key/value heads, 128 experts
     of 3072 (top 4) and 2 shared ones of 3072, vocabulary 128256; batch 1024 of 4096,
     recompute_all (``full``), the optimizer state on the host; the step from the tokens a
-    second of the 25-step pair (the control has no longer run)."""
+    second of the 25-step pair (the control has no longer run).
+
+    What the control's program does, from its sources, and how the estimate stands to it:
+    the parameters are fp32 and cast to bf16 on their shards before the layer scan
+    (``mp.cast_to_compute`` in moe_hero_fsdp/train.py), so the expert gathers (a quarter of
+    the bank at a time, ``expert_chunks=4``, inside the scanned layer: levanter
+    grug/_moe/sonic_cute.py) and their transposed gradient reduce-scatters move bf16, as
+    priced; each chunk's grouped matmul runs over ``T k size / E`` rows, the chunks' rows
+    summing to ``T k`` (no padded FLOPs); MuonH's Newton-Schulz runs on whole expert
+    matrices spread over the 64 devices in both arms (unpriced in both). Marin's profile of
+    the control (marin issues 8053 and 8054: 18.0 s a step) has 14.53 s of compute kernels
+    on the main stream, 2.15 s of NCCL all-gathers on that stream overlapping nothing and
+    0.9-1.0 s of other collectives running alone; the estimate's compute is 10.5 s (its
+    attention counted full where 40 of 48 layers attend a 512-token window), its
+    collectives 3.0 s, hidden but 0.65 s. The 4 s of compute the estimate lacks is not
+    named by the sources."""
     config = ModelConfig(
         d_model=6144, heads=48, kv_heads=12, head_dim=128, ff=3072, layers=48, batch=1024,
         seq=4096, vocab=128256, mlp="swiglu", dtype="bfloat16", experts=128, top_k=4,
