@@ -99,6 +99,9 @@ class MoeRun:
     #: None: the source does not state it (:data:`UNSTATED`)
     remat: str | None = None
     virtual_stages: int = 1
+    #: what its pipeline stages split: ``"embedding+loss"`` where Megatron counts the
+    #: embedding and the loss as a layer each (``account_for_*_in_pipeline_split``)
+    pipeline_split: str = "layers"
     overrides: dict[str, Any] | None = None
     instead: tuple[str, ...] = ()
     #: why the planner cannot write this run as it ran (its best plan is still judged; with
@@ -186,7 +189,10 @@ def _zoo_235b(
     folding), with the distributed optimizer and sequence parallelism (the zoo's
     ``model_configs/benchmarking/Qwen3-235B-A22B.yaml``): ``zero1_ep_fold_sp`` on
     ``stage=pp,data=edp,expert=ep/tp,model=tp``, the dense weights' optimizer state over
-    ``data x expert`` (its DP), the experts' over ``data`` (its EDP). ``recompute`` is the
+    ``data x expert`` (its DP), the experts' over ``data`` (its EDP). The same config sets
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
+    (``pipeline_split="embedding+loss"``: the 94 layers, the embedding and the loss are 96
+    pieces, 12 a stage of PP 8, 3 of PP 32). ``recompute`` is the
     readme's column as written: ``"norm, act"`` is Megatron's ``--recompute-modules
     layernorm moe_act`` (:data:`ZOO_NORM_ACT`). ``ep_overlap``: the readme's "+1f1b
     overlap", Megatron's combined 1F1B schedule (the all-to-alls beside the other
@@ -208,6 +214,7 @@ def _zoo_235b(
         2048 // data,
         ZOO_NORM_ACT if recompute == "norm, act" else recompute,
         vp,
+        pipeline_split="embedding+loss",
         overrides={**CUDNN, "ep_overlap": True} if ep_overlap else CUDNN,
         instead=tuple(instead),
         sweep="Qwen3-235B-A22B on 256 H100",
@@ -507,6 +514,7 @@ def estimate_run(run: MoeRun, *, nearest: bool = False) -> tuple[Screened, str]:
         remat,
         offload_optimizer=run.offload_optimizer,
         virtual_stages=run.virtual_stages,
+        pipeline_split=run.pipeline_split,
     )
     return (
         estimate(

@@ -109,6 +109,9 @@ class Run:
     #: the embedding, the output layer and the logits split over ``model`` (Megatron's
     #: vocabulary-parallel embedding and output layer)
     vocab_split: bool = False
+    #: what its pipeline stages split: ``"embedding+loss"`` where Megatron counts the
+    #: embedding and the loss as a layer each (``account_for_*_in_pipeline_split``)
+    pipeline_split: str = "layers"
     #: why the planner cannot write this run (it is then not planned)
     cannot: str = ""
     #: model-state bytes a parameter (the planner's ``bytes_per_param``): 16 for fp32 master
@@ -444,13 +447,6 @@ _MB_L405 = (
     "src/megatron/bridge/recipes/llama/llama3.py (account_for_embedding_in_pipeline_split and "
     "account_for_loss_in_pipeline_split, no recompute_granularity, use_distributed_optimizer)"
 )
-#: 126 layers over 8 stages of 8 virtual stages: Megatron counts the embedding and the loss
-#: as a layer each (``account_for_*_in_pipeline_split``), 128 pieces, 2 a chunk, 16 a stage.
-_L405_SPLIT = (
-    "the slowest stage's 16 layers (ceil(126 / 8): Megatron's 126 layers with the embedding and "
-    "the loss counted as layers are 16 a stage, 2 a chunk); plan() itself refuses interleaving "
-    "on unequal stages"
-)
 
 
 def _bridge_step(gbs: int, gpus: int, tokens_per_gpu_s: float) -> float:
@@ -481,6 +477,7 @@ def _bridge(
     preset = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b"}.get(model, "llama3-405b")
     name = {"LLAMA3_8B": "Llama 3 8B", "LLAMA3_70B": "Llama 3 70B"}.get(model, "Llama 3.1 405B")
     instead = kw.pop("instead", ())
+    split = kw.pop("pipeline_split", "layers")
     return replace(
         _nemo(
             f"{release} {name}",
@@ -494,6 +491,7 @@ def _bridge(
             **kw,
         ),
         instead=instead,
+        pipeline_split=split,
     )
 
 
@@ -503,7 +501,10 @@ _bridge70 = partial(
 )  # fmt: skip
 _bridge405 = partial(
     _bridge, model="LLAMA3.1_405B", gpus=1024, layout="TP 8, PP 8, CP 2, VP 8", recipe=_MB_L405,
-    tp=8, pp=8, cp=2, vp=8, pp_overlap=True, instead=(_L405_SPLIT,),
+    tp=8, pp=8, cp=2, vp=8, pp_overlap=True,
+    # account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split: the
+    # 126 layers, the embedding and the loss are 128 pieces, 16 a stage, 2 a chunk
+    pipeline_split="embedding+loss",
 )  # fmt: skip
 _bridge8 = partial(
     _bridge, model="LLAMA3_8B", gpus=8, gbs=128, layout="FSDP 8 (Megatron-FSDP), TP 1",
@@ -556,6 +557,7 @@ def _candidate(run: Run) -> Candidate:
         run.remat,
         vocab_split=run.vocab_split,
         virtual_stages=run.virtual_stages,
+        pipeline_split=run.pipeline_split,
     )
 
 
@@ -711,6 +713,7 @@ def _compile_run(run: Run) -> Any:
         remat=run.remat,
         microbatches=run.microbatches,
         virtual_stages=run.virtual_stages,
+        pipeline_split=run.pipeline_split,
         matmul_dtype=run.matmul_dtype,
         fp8_saved_inputs=run.fp8_saved_inputs,
         offload_optimizer=False,

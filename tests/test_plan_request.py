@@ -56,6 +56,7 @@ def test_plan_hands_every_keyword_to_the_request(monkeypatch):
         imbalance=1.5,
         dispatch_once=True,
         virtual_stages=1,
+        pipeline_split="embedding+loss",
         beside_best=True,
     )  # fmt: skip
     assert set(given) == set(FIELDS) - {"model", "devices"}
@@ -103,7 +104,7 @@ def test_every_option_maps_onto_its_field():
         "--fp8-peak-flops", "9e14",
         "--fp8-matmul-fraction", "0.5", "--no-vocab-split", "--virtual-stages", "1",
         "--imbalance", "1.5", "--dispatch-once", "--attention-fwd-flops", "3e14",
-        "--attention-bwd-flops", "2e14", "--beside-best",
+        "--attention-bwd-flops", "2e14", "--beside-best", "--pipeline-split", "loss",
     ]  # fmt: skip
     assert _cli_request(*argv) == PlanRequest(
         "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32,
@@ -115,7 +116,7 @@ def test_every_option_maps_onto_its_field():
         mesh="data=16", compile_top=5, bytes_per_param=18, flash_attention=False, workers=0,
         compiler="cpu", target_plans=2, offload_optimizer=True, matmul_dtype="fp8",
         fp8_saved_inputs="fp8", vocab_split=False, virtual_stages=1, imbalance=1.5,
-        dispatch_once=True, beside_best=True,
+        dispatch_once=True, beside_best=True, pipeline_split="loss",
     )  # fmt: skip
 
 

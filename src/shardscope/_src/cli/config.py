@@ -297,6 +297,7 @@ class PlanConfig(HardwareOptions):
     microbatches: int | None
     stages: int | None
     virtual_stages: int | None
+    pipeline_split: str | None
     mesh: str | None
     beside_best: bool | None
     compile_top: int | None

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from shardscope._src.base.errors import PlanError, is_int
@@ -209,7 +210,10 @@ def elements_per_device(placement: Placement, rules: Mapping[str, Any], prefix: 
 
 
 def stage_elements_per_device(
-    placement: Placement, rules: Mapping[str, Any], stages: int = 1
+    placement: Placement,
+    rules: Mapping[str, Any],
+    stages: int = 1,
+    stage: PipelineStage | None = None,
 ) -> int:
     """Elements one device of the stage planned stores of every parameter-shaped array stored
     by ``rules``: :func:`elements_per_device`, but with pipeline stages (``stages`` > 1) the
@@ -217,9 +221,21 @@ def stage_elements_per_device(
     output layer (untied) lives on the first stage alone (Megatron-LM's
     ``pre_process``/``post_process`` stages), so it is not counted. The first stage holds
     that embedding and more micro-batches in flight, which the memory estimate counts (a
-    table of the same size as the output layer's: the estimate bounds both stages)."""
+    table of the same size as the output layer's: the estimate bounds both stages). With a
+    ``stage`` of a split that counts the embedding or the loss as a layer, that stage's own:
+    the embedding where it holds it, the output layer where it holds it."""
     n = elements_per_device(placement, rules)
     shapes = param_shapes(placement.config)
+    if stage is not None:
+        # the embedding table where it is the input embedding or (tied) the output layer,
+        # the untied output layer on the last stage
+        if "embed" in shapes and not (
+            stage.embedding or (stage.output and "unembed" not in shapes)
+        ):
+            n -= math.prod(shapes["embed"]) // placement.ways(rules["embed"])
+        if "unembed" in shapes and not stage.output:
+            n -= math.prod(shapes["unembed"]) // placement.ways(rules["unembed"])
+        return n
     if stages > 1 and "embed" in shapes and "unembed" in shapes:
         n -= math.prod(shapes["embed"]) // placement.ways(rules["embed"])
     return n
@@ -294,12 +310,191 @@ def interleave_problem(
     return None
 
 
+class PipelineSplit(Vocab):
+    """What a pipeline's stages split: the layers alone, or with the input embedding and the
+    output layer and loss counted as one layer each (Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``,
+    Megatron-Core's ``TransformerConfig`` fields of those names, which Megatron-Bridge's
+    recipes set)."""
+
+    #: the layers alone, as evenly as they go (the larger stages last); the stage with the
+    #: output layer is planned, with the most layers (:func:`stage_layers`)
+    LAYERS = "layers"
+    #: the embedding counted as a layer: it takes one layer's place in the first stage's
+    #: first model chunk
+    EMBEDDING = "embedding"
+    #: the output layer and the loss counted as a layer: they take one layer's place in the
+    #: last stage's last model chunk
+    LOSS = "loss"
+    #: both (Megatron-Bridge's Llama 3.1 405B recipe, the Megatron MoE model zoo's configs)
+    EMBEDDING_LOSS = "embedding+loss"
+
+    @property
+    def embedding(self) -> bool:
+        """Whether the embedding is counted as a layer."""
+        return self in (PipelineSplit.EMBEDDING, PipelineSplit.EMBEDDING_LOSS)
+
+    @property
+    def loss(self) -> bool:
+        """Whether the output layer and the loss are counted as a layer."""
+        return self in (PipelineSplit.LOSS, PipelineSplit.EMBEDDING_LOSS)
+
+    @property
+    def accounted(self) -> bool:
+        """Whether anything but the layers is counted (Megatron's split, not the planner's)."""
+        return self.embedding or self.loss
+
+
+def split_problem(split: object, layers: int, stages: int, virtual_stages: int = 1) -> str | None:
+    """Why ``stages`` pipeline stages of ``virtual_stages`` model chunks each cannot split the
+    model's ``layers`` with the embedding and the loss counted as ``split`` says, in words
+    that name the fix; None when they can (and always under ``"layers"``, or with one stage).
+
+    Megatron-Core's ``get_num_layers_to_build``
+    (``megatron/core/transformer/transformer_block.py``) adds one layer for each counted
+    piece, asserts that the sum divides by the pipeline stages ("num_layers should be
+    divisible by pipeline_model_parallel_size") and each stage's share by the virtual
+    stages, then builds one layer fewer in the first stage's first chunk (the embedding)
+    and the last stage's last chunk (the loss). A stage left with no layer is refused: the
+    planner places a stage's layers.
+
+    >>> split_problem("embedding+loss", 126, 8, 8) is None
+    True
+    >>> print(split_problem("embedding+loss", 126, 6))  # doctest: +NORMALIZE_WHITESPACE
+    pipeline_split=embedding+loss: the 126 layers and the embedding and the loss counted as
+    a layer each are 128, which 6 pipeline stages do not divide (they divide by 1, 2, 4, 8,
+    16, 32, 64 or 128); give stages= dividing them, or pipeline_split=layers
+    """
+    s = PipelineSplit.parse(split, what="pipeline_split", error=PlanError, param="pipeline_split")
+    if not s.accounted or stages <= 1:
+        return None
+    pieces = layers + s.embedding + s.loss
+    what = " and ".join(w for w, on in (("the embedding", s.embedding), ("the loss", s.loss)) if on)
+    each = " each" if s.embedding and s.loss else ""
+    counted = f"the {layers} layers and {what} counted as a layer{each} are {pieces}"
+    if pieces % stages:
+        return (
+            f"pipeline_split={s}: {counted}, which {stages} pipeline stages do not divide "
+            f"(they divide by {or_list(divisors(pieces))}); give stages= dividing them, or "
+            f"pipeline_split=layers"
+        )
+    per_stage = pieces // stages
+    if per_stage % virtual_stages:
+        return (
+            f"pipeline_split={s}: {counted}, {per_stage} a stage over {stages} stages, which "
+            f"virtual_stages={virtual_stages} does not divide; choose virtual_stages= among "
+            f"{or_list(divisors(per_stage))}, or pipeline_split=layers"
+        )
+    if per_stage - s.embedding < 1 or per_stage - s.loss < 1:
+        return (
+            f"pipeline_split={s}: {counted}, {per_stage} a stage over {stages} stages, which "
+            f"leaves the first or the last stage no layer; choose fewer stages"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class PipelineStage(Record):
+    """One pipeline stage of a split that counts the embedding or the loss as a layer
+    (:class:`PipelineSplit`): its ``rank`` (0 the first), the layers of each of its model
+    chunks in the order it runs them (one chunk without interleaving), and whether it holds
+    the input ``embedding`` and the ``output`` layer (with the logits and the loss).
+
+    >>> PipelineStage(0, (1, 2, 2), embedding=True, output=False).layers
+    5
+    """
+
+    rank: int
+    chunk_layers: tuple[int, ...]
+    embedding: bool = False
+    output: bool = False
+
+    @property
+    def layers(self) -> int:
+        return sum(self.chunk_layers)
+
+
+def split_stages(
+    split: object, layers: int, stages: int, virtual_stages: int = 1
+) -> tuple[PipelineStage, ...]:
+    """The stages a split that counts the embedding or the loss as a layer prices: the first
+    (rank 0, the embedding), one of the middle ones (rank 1: the most micro-batches in
+    flight of those with the most layers) where there are any, and the last (the output
+    layer); each with its chunks' layers as Megatron-Core builds them
+    (:func:`split_problem` says when it cannot).
+
+    Llama 3.1 405B's 126 layers over 8 stages of 8 chunks, the embedding and the loss counted
+    (128 pieces, 2 a chunk): the first stage's first chunk holds the embedding and one layer,
+    the last stage's last chunk one layer and the loss:
+
+    >>> [s.chunk_layers for s in split_stages("embedding+loss", 126, 8, 8)]
+    [(1, 2, 2, 2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 2, 2, 1)]
+    """
+    problem = split_problem(split, layers, stages, virtual_stages)
+    if problem is not None:
+        raise PlanError(problem, param="pipeline_split")
+    s = PipelineSplit.parse(split)
+    v = virtual_stages
+    q = (layers + s.embedding + s.loss) // (stages * v)  # pieces a chunk
+    first = (q - s.embedding, *[q] * (v - 1))
+    last = (*[q] * (v - 1), q - s.loss)
+    if stages == 2:
+        return (PipelineStage(0, first, embedding=True), PipelineStage(1, last, output=True))
+    return (
+        PipelineStage(0, first, embedding=True),
+        PipelineStage(1, (q,) * v),
+        PipelineStage(stages - 1, last, output=True),
+    )
+
+
+def held_layers(stage: PipelineStage, stages: int, microbatches: int) -> int:
+    """The most layers' activations of one micro-batch each that ``stage``'s device holds at
+    once under (interleaved) 1F1B: Megatron-LM's schedule
+    (``forward_backward_pipelining_with_interleaving``) runs ``(p - rank - 1) * 2 + (v - 1)
+    p`` warm-up forwards on rank ``rank`` (``p - rank - 1`` without interleaving), then one
+    forward before each backward; forward ``k`` runs chunk ``(k mod p v) // p``, backward
+    ``k`` the chunks in the reverse order. With chunks of equal layers this is
+    :attr:`Schedule.in_flight`'s chunks (rank 0's) times a chunk's layers.
+
+    >>> held_layers(PipelineStage(0, (2, 2)), 4, 8), held_layers(PipelineStage(0, (1, 2)), 4, 8)
+    (22, 15)
+    """
+    return _held_layers(stage.chunk_layers, stages, stage.rank, microbatches)
+
+
+@lru_cache(maxsize=256)
+def _held_layers(chunks: tuple[int, ...], p: int, rank: int, m: int) -> int:
+    v = len(chunks)
+    total = m * v
+    if v == 1:
+        ahead = min(p - rank, m)
+    else:
+        ahead = min(2 * (p - rank - 1) + (v - 1) * p + 1, total)
+
+    def forward_chunk(k: int) -> int:
+        return (k % (p * v)) // p
+
+    held = sum(chunks[forward_chunk(k)] for k in range(ahead))
+    peak, sent = held, ahead
+    for k in range(total):
+        held -= chunks[v - 1 - forward_chunk(k)]
+        if sent < total:
+            held += chunks[forward_chunk(sent)]
+            sent += 1
+            peak = max(peak, held)
+    return peak
+
+
 @dataclass(frozen=True)
 class Schedule(Record):
     """How a train step is run: ``microbatches`` per data shard (gradient accumulation),
     ``remat`` (a recomputation policy's name: ``none``, ``selective``, ``full``, ...,
     :func:`~shardscope._src.model.remat.remat_policy`), pipeline ``stages`` (1F1B) and
-    ``virtual_stages`` model chunks per device (interleaved 1F1B; 1: plain 1F1B).
+    ``virtual_stages`` model chunks per device (interleaved 1F1B; 1: plain 1F1B);
+    ``stage``: the pipeline stage priced where a split counts the embedding or the loss as
+    a layer (:func:`split_stages`: its chunks' layers, rank and ends), None for the
+    planner's own (the last stage's weights and output layer, the first stage's
+    micro-batches in flight).
 
     Raises:
         PlanError: ``virtual_stages`` that cannot run with these stages and micro-batches
@@ -311,6 +506,7 @@ class Schedule(Record):
     stages: int = 1
     offload_optimizer: bool = False
     virtual_stages: int = 1
+    stage: PipelineStage | None = None
 
     def __post_init__(self) -> None:
         problem = interleave_problem(self.virtual_stages, self.stages, self.microbatches)
@@ -775,7 +971,9 @@ def estimate_memory(
     c = placement.config
     item = c.itemsize
     sched = schedule or Schedule()
-    problem = interleave_problem(sched.virtual_stages, sched.stages, sched.microbatches, c.layers)
+    # a split stage's chunks are given, and need not be equal (split_problem checked them)
+    layers = c.layers if sched.stage is None else None
+    problem = interleave_problem(sched.virtual_stages, sched.stages, sched.microbatches, layers)
     if problem is not None:
         raise PlanError(problem, param="virtual_stages")
     if mode == Mode.TRAIN and bytes_per_param < 2 * item:
@@ -787,9 +985,9 @@ def estimate_memory(
     known = {} if parts is None else parts
     train = mode == Mode.TRAIN
     p = sched.stages
-    key: tuple[Any, ...] = ("state", train, bytes_per_param, p)
+    key: tuple[Any, ...] = ("state", train, bytes_per_param, p, sched.stage)
     if key not in known:
-        known[key] = _model_state(placement, train, bytes_per_param, p)
+        known[key] = _model_state(placement, train, bytes_per_param, p, sched.stage)
     params, grads, optimizer, gathered = known[key]
     m = sched.microbatches if train else 1
     host = 0
@@ -799,11 +997,16 @@ def estimate_memory(
         if key not in known:
             known[key] = _layer_memory(placement, m, sched.remat, flash_attention, fp8_saved)
         kept, working, logits, offloaded = known[key]
-        # The layers of one model chunk: the stage's, or a 1/v of them interleaved.
-        chunk = c.layers // sched.virtual_stages
-        activations = chunk * kept * sched.in_flight + working + logits
+        # The layers of one model chunk: the stage's, or a 1/v of them interleaved; times
+        # the chunks in flight. A split stage's chunks may differ: their layers in flight.
+        if sched.stage is None:
+            held = c.layers // sched.virtual_stages * sched.in_flight
+        else:
+            held = held_layers(sched.stage, p, m)
+            logits = logits if sched.stage.output else 0
+        activations = held * kept + working + logits
         if offloaded is not None:
-            host = chunk * offloaded * sched.in_flight
+            host = held * offloaded
             activations += OFFLOAD_BUFFERS * offloaded
     else:
         b = sequences_per_device(placement, m)
@@ -830,20 +1033,24 @@ def estimate_memory(
 
 
 def _model_state(
-    placement: Placement, train: bool, bytes_per_param: int, stages: int
+    placement: Placement,
+    train: bool,
+    bytes_per_param: int,
+    stages: int,
+    stage: PipelineStage | None = None,
 ) -> tuple[int, int, int, int]:
     """:func:`estimate_memory`'s parameters, gradients, optimizer state and gathered weights
     per device (bytes): what the schedule but its stages leaves alone."""
     item = placement.config.itemsize
     s = placement.strategy
     p = stages
-    params = stage_elements_per_device(placement, s.param_rules(), p) * item
-    grads = stage_elements_per_device(placement, s.grad_rules(), p) * item if train else 0
-    optimizer = (
-        stage_elements_per_device(placement, s.optimizer_rules(), p) * (bytes_per_param - 2 * item)
-        if train
-        else 0
-    )
+
+    def elements(rules: Mapping[str, Any]) -> int:
+        return stage_elements_per_device(placement, rules, p, stage)
+
+    params = elements(s.param_rules()) * item
+    grads = elements(s.grad_rules()) * item if train else 0
+    optimizer = elements(s.optimizer_rules()) * (bytes_per_param - 2 * item) if train else 0
     gathered = 0
     if Role.DATA in s.roles and s.shards_weights:
         gathered = gathered_layer_elements(placement) * item // model_ways(placement)

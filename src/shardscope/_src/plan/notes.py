@@ -166,15 +166,18 @@ class RematerializationValues(NoteValues):
 @dataclass(frozen=True, kw_only=True)
 class PipelineStageValues(NoteValues):
     """The stage compiled: the ``stages``, its ``layers`` (of the model's ``of_layers``), the
-    ``virtual_stages`` each device runs (when interleaved) and its ``devices``."""
+    ``virtual_stages`` each device runs (when interleaved) and its ``devices``; and the
+    ``pipeline_split`` where it counts the embedding or the loss as a layer
+    (:class:`~shardscope._src.plan.estimates.PipelineSplit`)."""
 
-    optional = ("of_layers", "virtual_stages")
+    optional = ("of_layers", "virtual_stages", "pipeline_split")
 
     stages: int
     layers: int
     of_layers: int | None = None
     virtual_stages: int | None = None
     devices: int
+    pipeline_split: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -524,6 +527,14 @@ def _pipeline_stage(v: PipelineStageValues) -> str:
         text += (
             f"; interleaved, each device runs these layers as {chunks} virtual stages of "
             f"{v.layers // chunks}, whose collectives are the compiled stage's"
+        )
+    if v.pipeline_split is not None:
+        text += (
+            f"; the stages split the layers with the {v.pipeline_split.replace('+', ' and the ')}"
+            f" counted as a layer (Megatron's), so the first stage's first chunk or the last "
+            f"stage's last chunk holds a layer fewer: the estimate prices each stage with its "
+            f"own layers, embedding and output layer, the compile the stage of the most "
+            f"layers with both"
         )
     return text
 

@@ -25,6 +25,7 @@ from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     Fp8SavedInputs,
     MatmulDtype,
+    PipelineSplit,
     check_fp8_saved_inputs,
     check_matmul_dtype,
     interleave_problem,
@@ -180,6 +181,16 @@ class PlanRequest:
             stages): 1 is plain 1F1B; more needs pipeline stages, dividing each stage's
             layers, and micro-batches a multiple of the stages. None (the default): 1 and
             every count up to 4 that runs.
+        pipeline_split: what the pipeline stages split
+            (:class:`~shardscope._src.plan.estimates.PipelineSplit`): ``"layers"`` (the
+            default: the layers alone, as evenly as they go, planned by the largest stage),
+            or Megatron-LM's split with the embedding (``"embedding"``), the output layer and
+            loss (``"loss"``) or both (``"embedding+loss"``) counted as a layer each
+            (``--account-for-embedding-in-pipeline-split``,
+            ``--account-for-loss-in-pipeline-split``): the counted pieces must divide by the
+            stages and each stage's by its virtual stages; each stage is priced with its own
+            layers, embedding or output layer, the slowest setting the step and the fullest
+            the memory.
         compile_top: how many of the best estimated strategy-and-mesh pairs to compile (the
             best plan of each validated strategy is compiled as well).
         compiler: None (the default): the hardware's own target when its compiler is
@@ -332,6 +343,17 @@ class PlanRequest:
         metavar="N",
         default_text="try 1 and each count up to 4 that divides a stage's layers",
     )
+    pipeline_split: str = knob(
+        PipelineSplit.LAYERS,
+        "what the pipeline stages split: the layers alone (split as evenly as they go, "
+        "planned by the largest stage), or with the embedding, the loss (the output layer "
+        "and the logits) or both counted as a layer each, as Megatron's "
+        "--account-for-embedding-in-pipeline-split and "
+        "--account-for-loss-in-pipeline-split do (embedding+loss: both; the counted pieces "
+        "must divide by the stages, and a stage's by its virtual stages)",
+        kind=Kind.CHOICE,
+        choices=tuple(PipelineSplit),
+    )
     compile_top: int = knob(
         3,
         "compile the best estimated plans of the N best strategy-and-mesh pairs (and the best "
@@ -386,6 +408,10 @@ class PlanRequest:
         if self.remat is not None and not isinstance(self.remat, str):
             object.__setattr__(self, "remat", tuple(self.remat))
         _check_counts(self)
+        split = PipelineSplit.parse(
+            self.pipeline_split, what="pipeline_split", error=PlanError, param="pipeline_split"
+        )
+        object.__setattr__(self, "pipeline_split", split)
         for name in ("offload_optimizer", "vocab_split"):
             value = getattr(self, name)
             if value not in (None, True, False):

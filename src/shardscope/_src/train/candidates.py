@@ -35,6 +35,8 @@ from shardscope._src.model.remat import model_problem, remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     MatmulDtype,
+    PipelineSplit,
+    PipelineStage,
     Schedule,
     check_fp8_saved_inputs,
     data_ways,
@@ -44,6 +46,8 @@ from shardscope._src.plan.estimates import (
     layer_matmul_params,
     moe_layer_matmul_params,
     or_list,
+    split_problem,
+    split_stages,
 )
 from shardscope._src.plan.request import DEFAULT_STRATEGIES
 from shardscope._src.plan.types import Skipped, SkipReason
@@ -369,25 +373,38 @@ def interleaved_stage_options(
     microbatches: int | None,
     *,
     fixed: bool,
+    pipeline_split: str = PipelineSplit.LAYERS,
 ) -> tuple[int, ...]:
     """The pipeline stage counts of ``stage_counts`` (:func:`stage_options`) that
     ``virtual_stages`` runs with: all of them when it is None or 1. A :class:`PlanError`
     says why and what to choose when none does
     (:func:`~shardscope._src.plan.estimates.interleave_problem`); ``fixed``: the stages were
-    given (``stages=`` or a pinned mesh), so their own problem is the error."""
+    given (``stages=`` or a pinned mesh), so their own problem is the error. A
+    ``pipeline_split`` that counts the embedding or the loss as a layer keeps the counts
+    that divide what it counts (:func:`~shardscope._src.plan.estimates.split_problem`)."""
     v = virtual_stages
+    split = PipelineSplit.parse(pipeline_split, what="pipeline_split", error=PlanError)
+    if split.accounted:
+        if fixed:
+            (p,) = stage_counts
+            problem = split_problem(split, config.layers, p)
+            if problem is not None:
+                raise PlanError(problem, param="pipeline_split")
+        stage_counts = [p for p in stage_counts if split_problem(split, config.layers, p) is None]
     if v is None or v == 1:
         return tuple(stage_counts)
     problem = interleave_problem(v, None, train=mode == Mode.TRAIN)
     if problem is None and fixed:
         (p,) = stage_counts
-        problem = _stages_interleave_problem(v, config.layers, p, microbatches)
+        problem = _stages_interleave_problem(v, config.layers, p, microbatches, split)
+    if problem is not None and split.accounted:
+        raise PlanError(problem, param=("virtual_stages", "pipeline_split"))
     if problem is not None:
         raise PlanError(problem, param="virtual_stages")
     runs = tuple(
         p
         for p in stage_counts
-        if _stages_interleave_problem(v, config.layers, p, microbatches) is None
+        if _stages_interleave_problem(v, config.layers, p, microbatches, split) is None
     )
     if not runs:
         tried = ", ".join(_stage_sizes(config.layers, p) for p in stage_counts if p > 1)
@@ -411,11 +428,20 @@ def _stage_sizes(layers: int, stages: int) -> str:
 
 
 def _stages_interleave_problem(
-    v: int, layers: int, stages: int, microbatches: int | None
+    v: int,
+    layers: int,
+    stages: int,
+    microbatches: int | None,
+    split: str = PipelineSplit.LAYERS,
 ) -> str | None:
     """Why ``v`` virtual stages cannot run on ``stages`` pipeline stages of the ``layers``
     and ``microbatches`` (:func:`~shardscope._src.plan.estimates.interleave_problem`, and
-    unequal stages, which interleaving's equal chunks cannot split), or None."""
+    unequal stages, which interleaving's equal chunks cannot split), or None. A ``split``
+    that counts the embedding or the loss as a layer splits what it counts into equal
+    chunks (:func:`~shardscope._src.plan.estimates.split_problem`)."""
+    if PipelineSplit.parse(split).accounted and stages > 1:
+        problem = split_problem(split, layers, stages, v)
+        return problem or interleave_problem(v, stages, microbatches)
     if v != 1 and stages > 1 and uneven_stages(layers, stages):
         return (
             f"virtual_stages={v}: interleaving splits every stage's layers into {v} equal "
@@ -427,7 +453,11 @@ def _stages_interleave_problem(
 
 
 def virtual_stage_options(
-    layers: int, stages: int, microbatches: int, virtual_stages: int | None
+    layers: int,
+    stages: int,
+    microbatches: int,
+    virtual_stages: int | None,
+    split: str = PipelineSplit.LAYERS,
 ) -> tuple[int, ...]:
     """Virtual stages to try for ``stages`` pipeline stages of the model's ``layers`` and
     ``microbatches`` micro-batches: ``virtual_stages`` when it fixes them (none when it does
@@ -441,7 +471,9 @@ def virtual_stage_options(
     """
     tried = range(1, MAX_VIRTUAL_STAGES + 1) if virtual_stages is None else (virtual_stages,)
     return tuple(
-        v for v in tried if _stages_interleave_problem(v, layers, stages, microbatches) is None
+        v
+        for v in tried
+        if _stages_interleave_problem(v, layers, stages, microbatches, split) is None
     )
 
 
@@ -574,7 +606,13 @@ def dense_strategies(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool) -> ModelConfig:
+def stage_config(
+    config: ModelConfig,
+    cand: Candidate,
+    *,
+    flash_attention: bool,
+    stage: PipelineStage | None = None,
+) -> ModelConfig:
     """The program one device runs for ``cand``: one stage's layers, the whole batch, its
     recomputation, and blocked attention when the estimate assumes memory-efficient attention
     (so that the compiled program computes what the estimate counts).
@@ -588,16 +626,27 @@ def stage_config(config: ModelConfig, cand: Candidate, *, flash_attention: bool)
     A mixture of experts' dense layers open the first stage: the stage planned is the last,
     whose layers have experts (:func:`experts_outweigh_dense`: the heaviest).
 
+    Where ``cand.pipeline_split`` counts the embedding or the loss as a layer, the stages
+    are Megatron's (:func:`~shardscope._src.plan.estimates.split_stages`): the program is the
+    stage of the most layers, and ``stage`` one of the split's stages, whose layers it is
+    (the first stage's dense layers its own, another's those that reach it from the first).
+
     A dropless mixture of experts is compiled capacity-padded at capacity factor 1: what a
     dropless program computes and moves under uniform routing (the published benchmarks
     force it), and what the partitioner can place (under jit a ragged matmul's experts are
     gathered to the tokens instead)."""
     capacity = config.routed_capacity if config.is_moe else config.capacity_factor
     layers = stage_layers(config.layers, cand.stages)
+    if stage is not None:
+        layers = stage.layers
+    elif cand.split.accounted and cand.stages > 1:
+        layers = max(s.layers for s in split_stages(cand.split, config.layers, cand.stages))
     # a mixture's dense layers open the first stage; the last stage is planned (the heaviest:
     # experts_outweigh_dense), with those of them that reach it (interleaved, the last
     # device's chunks hold no more dense layers than that, so it is planned as no lighter)
     dense = max(0, config.dense_layers - (config.layers - layers))
+    if stage is not None and stage.rank == 0:
+        dense = min(config.dense_layers, layers)
     return replace(
         config,
         layers=layers,
@@ -652,9 +701,110 @@ def screen(
     :func:`~shardscope._src.plan.estimates.estimate_memory`,
     :func:`~shardscope._src.train.timing.step_work`).
     """
+    if cand.split.accounted and cand.stages > 1 and mode == Mode.TRAIN:
+        return _screen_split(
+            cand,
+            config,
+            hw,
+            mode,
+            bytes_per_param,
+            flash_attention,
+            matmul_dtype=matmul_dtype,
+            fp8_saved_inputs=fp8_saved_inputs,
+            parts=parts,
+        )
     sched = Schedule(
         cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer, cand.virtual_stages
     )
+    return _screen_stage(
+        cand,
+        placement,
+        config,
+        hw,
+        mode,
+        bytes_per_param,
+        flash_attention,
+        sched,
+        matmul_dtype=matmul_dtype,
+        fp8_saved_inputs=fp8_saved_inputs,
+        memo=memo,
+        parts=parts,
+    )
+
+
+def _screen_split(
+    cand: Candidate,
+    config: ModelConfig,
+    hw: Hardware,
+    mode: str,
+    bytes_per_param: int,
+    flash_attention: bool,
+    *,
+    matmul_dtype: str,
+    fp8_saved_inputs: str | None,
+    parts: dict[tuple[Any, ...], Any] | None,
+) -> Screened:
+    """:func:`screen` of a candidate whose pipeline split counts the embedding or the loss
+    as a layer: each of the split's stages priced on its own (its layers, its chunks'
+    layers in flight, the embedding or the output layer, its logits and loss where it holds
+    them; :func:`~shardscope._src.plan.estimates.split_stages`), the slowest stage's step
+    (it sets the pipeline's pace) with the fullest stage's memory (the device that must
+    fit). ``parts``: each stage's placement and pieces, kept for the candidate's other
+    schedules."""
+    known = {} if parts is None else parts
+    each = []
+    for stage in split_stages(cand.split, config.layers, cand.stages, cand.virtual_stages):
+        key = ("split stage", stage.rank, stage.layers)
+        if key not in known:
+            base = stage_config(config, cand, flash_attention=flash_attention, stage=stage)
+            placed = cand.strategy_record.place(base, abstract_mesh(cand.stage_mesh))
+            known[key] = placed, {}, {}
+        placement, memo, stage_parts = known[key]
+        sched = Schedule(
+            cand.microbatches,
+            cand.remat,
+            cand.stages,
+            cand.offload_optimizer,
+            cand.virtual_stages,
+            stage,
+        )
+        each.append(
+            _screen_stage(
+                cand,
+                placement,
+                config,
+                hw,
+                mode,
+                bytes_per_param,
+                flash_attention,
+                sched,
+                matmul_dtype=matmul_dtype,
+                fp8_saved_inputs=fp8_saved_inputs,
+                memo=memo,
+                parts=stage_parts,
+            )
+        )
+    slowest = max(each, key=lambda s: s.time.step_s)
+    fullest = max(each, key=lambda s: s.memory.total)
+    return replace(slowest, memory=fullest.memory)
+
+
+def _screen_stage(
+    cand: Candidate,
+    placement: Placement,
+    config: ModelConfig,
+    hw: Hardware,
+    mode: str,
+    bytes_per_param: int,
+    flash_attention: bool,
+    sched: Schedule,
+    *,
+    matmul_dtype: str,
+    fp8_saved_inputs: str | None,
+    memo: dict[tuple[int, bool, bool], tuple[Bound, tuple[CommItem, ...]]] | None,
+    parts: dict[tuple[Any, ...], Any] | None,
+) -> Screened:
+    """:func:`screen` of one stage's program under ``sched``."""
     mem = estimate_memory(
         placement,
         mode,
@@ -717,6 +867,7 @@ def screen_all(
     vocab_split: bool | None = None,
     virtual_stages: int | None = None,
     fp8_saved_inputs: str | None = None,
+    pipeline_split: str = PipelineSplit.LAYERS,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
@@ -725,9 +876,15 @@ def screen_all(
     (:func:`pinned_mesh`): only the candidates on it. ``virtual_stages`` fixes the model
     chunks per device (interleaved 1F1B; None: 1 and each count that runs, up to
     :data:`MAX_VIRTUAL_STAGES`). ``fp8_saved_inputs``: how an fp8 step keeps its linear
-    layers' inputs (:func:`screen`; refused with 16-bit matmuls)."""
+    layers' inputs (:func:`screen`; refused with 16-bit matmuls). ``pipeline_split``: what
+    the pipeline stages split (:class:`~shardscope._src.plan.estimates.PipelineSplit`;
+    Megatron's counts the embedding and the loss as a layer each, and only the stage
+    counts that divide what it counts are tried)."""
 
     saved = check_fp8_saved_inputs(fp8_saved_inputs, matmul_dtype)
+    split = PipelineSplit.parse(
+        pipeline_split, what="pipeline_split", error=PlanError, param="pipeline_split"
+    )
     names = tuple(strategies)
     skipped: list[Skipped] = []
     if mesh is not None:
@@ -739,8 +896,11 @@ def screen_all(
         virtual_stages,
         microbatches,
         fixed=stages is not None,
+        pipeline_split=split,
     )
     all_candidates = candidates(names, devices, stage_counts, mesh, node_size=hw.node_size)
+    if split.accounted:
+        all_candidates = [replace(c, pipeline_split=split) for c in all_candidates]
     remats = remat_options(mode, remat, flash_attention, hw)
     if config.is_moe or config.is_mla:
         remats = moe_remats(remats, config, asked=remat is not None)
@@ -779,7 +939,7 @@ def screen_all(
         schedules = [
             (m, v)
             for m in counts
-            for v in virtual_stage_options(config.layers, cand.stages, m, virtual_stages)
+            for v in virtual_stage_options(config.layers, cand.stages, m, virtual_stages, split)
         ]
 
         screened_on_placement = partial(

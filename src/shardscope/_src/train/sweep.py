@@ -50,7 +50,7 @@ from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, model_preset
 from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_workers
-from shardscope._src.plan.estimates import MatmulDtype, model_flops, settings_dict
+from shardscope._src.plan.estimates import MatmulDtype, PipelineSplit, model_flops, settings_dict
 from shardscope._src.plan.notes import (
     BesideBestValues,
     FitOnEstimateValues,
@@ -325,6 +325,12 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "microbatches": r.microbatches,
         "stages": stages,
         "virtual_stages": r.virtual_stages,
+        # written where the embedding or the loss is counted: old results read the same
+        **(
+            {"pipeline_split": str(r.pipeline_split)}
+            if PipelineSplit.parse(r.pipeline_split).accounted
+            else {}
+        ),
         "mesh": None if pinned is None else pinned.spec,
         "compile_top": r.compile_top,
         "matmul_dtype": r.matmul_dtype,
@@ -373,6 +379,7 @@ def _screen(
         matmul_dtype=r.matmul_dtype,
         vocab_split=r.vocab_split,
         fp8_saved_inputs=r.fp8_saved_inputs,
+        pipeline_split=r.pipeline_split,
         **layout,
     )
 
@@ -535,6 +542,7 @@ def _compiled_plan(
             of_layers=layers,
             virtual_stages=cand.virtual_stages if cand.virtual_stages > 1 else None,
             devices=math.prod(sizes.values()),
+            pipeline_split=str(cand.pipeline_split) if cand.split.accounted else None,
         )
         notes.append(Note(PlanNote.PIPELINE_STAGE, stage_values))
     # The fit is judged on the estimate; where the CPU compiler's memory stands far from it,
@@ -583,6 +591,7 @@ def _compiled_plan(
         vocab_split=cand.vocab_split,
         stages=cand.stages,
         virtual_stages=cand.virtual_stages,
+        pipeline_split=cand.pipeline_split,
         time=step,
         estimated_time=s.time,
         matmul_flops_per_device=flops,

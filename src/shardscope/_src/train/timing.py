@@ -889,7 +889,7 @@ def step_work(
     known = {} if parts is None else parts
     key = (
         "work", schedule.microbatches, schedule.remat, schedule.stages, full_config, devices,
-        hw, flash_attention, mode, matmul_dtype, fp8_saved_inputs,
+        hw, flash_attention, mode, matmul_dtype, fp8_saved_inputs, schedule.stage,
     )  # fmt: skip
     work: StepWork | None = known.get(key)
     if work is None:
@@ -900,9 +900,9 @@ def step_work(
     host_optimizer = 0
     if schedule.offload_optimizer:
         rules = placement.strategy.optimizer_rules()
-        host_optimizer = stage_elements_per_device(placement, rules, schedule.stages) * (
-            bytes_per_param - 2 * placement.config.itemsize
-        )
+        host_optimizer = stage_elements_per_device(
+            placement, rules, schedule.stages, schedule.stage
+        ) * (bytes_per_param - 2 * placement.config.itemsize)
     if work.virtual_stages == schedule.virtual_stages and not host_optimizer:
         return work
     return replace(
@@ -938,7 +938,9 @@ def _pass_work(
     # qk_head_dim, values of value_head_dim)
     core = attention_core_flops(c, tokens, c.seq) / t
     own = logits_model_split(placement)  # sequence parallelism or a vocabulary split
-    logits = weight_flops(c.d_model * (c.vocab or 0), tokens) / own
+    # the output layer's vocabulary: on the planned stage, or on a split's last stage alone
+    vocab = (c.vocab or 0) if schedule.stage is None or schedule.stage.output else 0
+    logits = weight_flops(c.d_model * vocab, tokens) / own
     fwd = c.layers * (layer + core) + logits
     policy = remat_policy(schedule.remat)
     # The recomputed forward: each projection with an output the policy recomputes runs
@@ -968,7 +970,7 @@ def _pass_work(
     per_layer = activation_bytes_per_layer(
         placement, flash_attention=flash_attention, microbatches=m
     )
-    logit_bytes = tokens * (c.vocab or 0) * 2 * c.itemsize / own  # the logits, their gradient
+    logit_bytes = tokens * vocab * 2 * c.itemsize / own  # the logits, their gradient
     host_bytes = 0
     if policy.offloaded:
         host_bytes = c.layers * offloaded_bytes_per_layer(placement, m, schedule.remat)
@@ -1035,7 +1037,7 @@ def _pass_work(
         p2p_bandwidth=p2p_bw,
         p2p_held=stage_held_share(hw, devices // p),
         optimizer_params=stage_elements_per_device(
-            placement, placement.strategy.optimizer_rules(), p
+            placement, placement.strategy.optimizer_rules(), p, schedule.stage
         ),
         model_flops=model_flops(full_config, mode),
         devices=devices,

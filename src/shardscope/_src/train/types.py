@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from shardscope._src.base.comm import ratio
+from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
 from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec
@@ -23,7 +24,7 @@ from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
-from shardscope._src.plan.estimates import MemoryEstimate
+from shardscope._src.plan.estimates import MemoryEstimate, PipelineSplit
 from shardscope._src.plan.notes import NoTargetFitValues, PlanNote, TargetOutOfMemoryValues
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.types import (
@@ -65,9 +66,21 @@ class Candidate:
     #: model chunks per device, each ``1 / virtual_stages`` of a stage's layers (interleaved
     #: 1F1B, Narayanan et al., arXiv 2104.04473, section 2.2.2); 1: plain 1F1B
     virtual_stages: int = 1
+    #: what the pipeline stages split: the layers alone, or with the embedding and the loss
+    #: counted as a layer each (Megatron's, :class:`~shardscope._src.plan.estimates.PipelineSplit`)
+    pipeline_split: str = PipelineSplit.LAYERS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
+        split = PipelineSplit.parse(
+            self.pipeline_split, what="pipeline_split", error=PlanError, param="pipeline_split"
+        )
+        object.__setattr__(self, "pipeline_split", split)
+
+    @property
+    def split(self) -> PipelineSplit:
+        """:attr:`pipeline_split` as its member."""
+        return PipelineSplit.parse(self.pipeline_split)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -105,6 +118,8 @@ class Candidate:
             parts.append("optimizer on host")
         if self.vocab_split:
             parts.append("vocab split")
+        if self.split.accounted and self.stages > 1:
+            parts.append(f"{self.pipeline_split} counted as layers")
         return ", ".join(parts)
 
     @property
@@ -191,7 +206,8 @@ class Screened:
             **record_dict(
                 self.candidate,
                 keys={"mesh_spec": "mesh"},
-                omit=("mesh",),
+                # the planner's own split is not written: old JSON reads the same
+                omit=("mesh", *(() if self.candidate.split.accounted else ("pipeline_split",))),
                 extra=("label", "mesh_spec", "stages"),
             ),
             "memory_bytes_per_device": self.memory.total,
@@ -273,6 +289,9 @@ class Plan:
     vocab_split: bool = False
     #: Model chunks per device (interleaved 1F1B; 1: plain 1F1B).
     virtual_stages: int = 1
+    #: What the pipeline stages split (:class:`~shardscope._src.plan.estimates.PipelineSplit`;
+    #: written only where the embedding or the loss is counted as a layer).
+    pipeline_split: str = PipelineSplit.LAYERS
     #: The compiled program's step time and its parts (None: no time model).
     time: StepTime | None = None
     #: The screening estimate's step time and its parts.
@@ -317,6 +336,7 @@ class Plan:
                 self.offload_optimizer,
                 self.vocab_split,
                 self.virtual_stages,
+                self.pipeline_split,
             )
             object.__setattr__(self, "candidate", made)
         object.__setattr__(self, "compiled_memory", CompiledMemory.from_dict(self.compiled_memory))
@@ -443,6 +463,11 @@ class Plan:
                 "bound",
                 "candidate",
                 "program",
+                *(
+                    ()
+                    if PipelineSplit.parse(self.pipeline_split).accounted
+                    else ("pipeline_split",)
+                ),
             ),
             extra=(
                 *PLAN_EXTRA,
