@@ -253,7 +253,10 @@ def _bridge_qwen3_fp8(
     dense weights' state over all of them, the experts' over their data-parallel copies
     (EDP): ``zero1_ep`` on ``stage=P,data=EDP,expert=E`` (EDP 1 where EP is the data
     ways); with TP 2 (235B) it is the zoo's fold with the distributed optimizer,
-    ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`)."""
+    ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`), its pipeline split counting the
+    embedding and the loss as a layer each, as the recipe the perf scripts build on sets them
+    (``qwen3_235b_a22b_pretrain_config``, src/megatron/bridge/recipes/qwen/qwen3_moe.py@2afd2d3:
+    ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``)."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
     data = gpus // pp // tp
     # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on under interleaving
@@ -273,8 +276,8 @@ def _bridge_qwen3_fp8(
     mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
         name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
-        batch // (data * mbs), None, vp, overrides=overrides, matmul_dtype="fp8",
-        fp8_saved_inputs="fp8",
+        batch // (data * mbs), None, vp, pipeline_split="embedding+loss", overrides=overrides,
+        matmul_dtype="fp8", fp8_saved_inputs="fp8",
     )  # fmt: skip
 
 
