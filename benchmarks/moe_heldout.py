@@ -284,17 +284,9 @@ def _bridge_qwen3_fp8(
 _MARIN = (
     "marin-community/marin pull 7981 (2026-08-05); experiments/grug/moe_hero_fsdp/README.md@04add6d"
 )
-#: One GB200 rack's GPUs as the B200 preset with the rack's datasheet figures (NVIDIA GB200
-#: NVL72: 2.5 PFLOP/s dense bf16 a GPU, 186 GB of HBM3e (13.4 TB over 72), every GPU on one
-#: NVLink domain; a Grace CPU's 480 GB of LPDDR5X and 900 GB/s NVLink-C2C, both ways, shared
-#: by its two GPUs), the runs' attention Transformer Engine-class (its FA4 kernels unpriced).
-GB200_RACK = {
-    "peak_flops": 2.5e15,
-    "memory_bytes": 186e9,
-    "node_size": 64,
-    "host_memory_bytes": 240e9,
-    "host_bandwidth": 225e9,
-}
+#: One GB200 rack's GPUs as the B200 preset with the rack's datasheet figures (its source and
+#: figures in ``training_heldout.py``, whose Blackwell rows plan with it too).
+GB200_RACK = training_heldout.GB200_RACK
 
 
 def _marin_hero(

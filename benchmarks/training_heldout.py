@@ -41,6 +41,16 @@ Megatron-FSDP, Llama 3 70B and Llama 3.1 405B with TP x PP x VP (x CP), all FP8 
 scaling), each planned by the recipe its scripts/performance configuration builds, the step
 derived from the published tokens a second a GPU; its fine-tuning rows are listed, not judged.
 
+The same summary's Blackwell tables are judged apart (``BLACKWELL_RUNS``, their own summary
+lines; "held-out, all" stays the H100 runs'): every dense FP8-CS pretraining row on DGX-B200
+(the ``b200`` preset as it is: its matmul fractions carried from the A100's by the MAMF
+ratio, never judged on a measured B200 before) and on DGX-GB200 (the preset with one NVL72
+rack's datasheet figures, ``GB200_RACK``), by the same helpers. The B200 preset has no
+measured fused-attention rates (``ATTENTION_FORWARD`` lists none: FlashAttention-4 publishes
+no causal head-dimension-128 figure), so these rows run their attention at the matmul rate,
+counted non-causal, where the H100 rows run cuDNN's measured rates. MXFP8 and NVFP4 rows, the
+GB300's and B300's (no preset) and the fine-tuning rows are listed, not judged.
+
 Run: ``python benchmarks/training_heldout.py`` (a second or two; no compile), or
 ``--compiled [PREFIX ...]`` to plan the rows whose names start with a prefix by compiling
 them with the H100 compiler, deviceless (minutes a row).
@@ -84,6 +94,42 @@ TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md@31a17bf"
 #: divides the global batch by): not the context, model or stage axes.
 DATA_AXES = ("replica", "data")
 
+#: One GB200 rack's GPUs as the B200 preset with the rack's datasheet figures (NVIDIA GB200
+#: NVL72: 2.5 PFLOP/s dense bf16 and 5 dense fp8 a GPU (its 360 and 720 sparse PFLOP/s over
+#: 72 GPUs, halved), 186 GB of HBM3e (13.4 TB over 72), every GPU on one NVLink domain; a
+#: Grace CPU's 480 GB of LPDDR5X and 900 GB/s NVLink-C2C, both ways, shared by its two GPUs),
+#: the runs' attention Transformer Engine-class (its FA4 kernels unpriced). A run over several
+#: racks has 64 GPUs to each NVLink domain (``node_size``) and the preset's network between
+#: them. ``moe_heldout.py`` plans its GB200 runs with it too.
+GB200_RACK = {
+    "peak_flops": 2.5e15,
+    "fp8_peak_flops": 5e15,
+    "memory_bytes": 186e9,
+    "node_size": 64,
+    "host_memory_bytes": 240e9,
+    "host_bandwidth": 225e9,
+}
+
+
+@dataclass(frozen=True)
+class System:
+    """A machine a published table names: the word its runs' names carry, the hardware
+    preset and the overrides it is planned with, and the attention kernel's rates (an
+    :func:`h100_attention` kernel; None: the preset's own, which for the B200 are none, its
+    attention at the matmul rate counted non-causal: ``ATTENTION_FORWARD`` has no B200
+    figure)."""
+
+    table: str  # as the table's header writes it
+    gpu: str
+    preset: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    attention: str | None = None
+
+
+DGX_H100 = System("DGX-H100", "H100", "h100", attention="cudnn")
+DGX_B200 = System("DGX-B200", "B200", "b200")
+DGX_GB200 = System("DGX-GB200", "GB200", "b200", GB200_RACK)
+
 
 @dataclass(frozen=True)
 class Run:
@@ -117,6 +163,8 @@ class Run:
     #: model-state bytes a parameter (the planner's ``bytes_per_param``): 16 for fp32 master
     #: weights and Adam moments beside the 16-bit weights and gradients
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM
+    #: the hardware preset it ran on (``overrides`` over it)
+    hardware: str = "h100"
 
     @property
     def devices(self) -> int:
@@ -177,11 +225,12 @@ def _nemo(
     fp8: bool = False,
     remat: str = "none",
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
-    attention: str = "cudnn",
+    attention: str | None = "cudnn",
     tp_overlap: bool = True,
     pp_overlap: bool = False,
     fsdp: bool = False,
     publisher: str = "NeMo",
+    system: System | None = None,
 ) -> Run:
     """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
     launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
@@ -198,7 +247,10 @@ def _nemo(
     the hardware setting of the same name). ``fsdp``: Megatron-FSDP over the data ranks
     instead of the distributed optimizer (``use_megatron_fsdp`` with
     ``data_parallel_sharding_strategy: optim_grads_params``: weights, gradients and optimizer
-    state sharded, the planner's ``fsdp``); ``publisher``: the name's first word."""
+    state sharded, the planner's ``fsdp``); ``publisher``: the name's first word; ``system``:
+    the machine it ran on (:data:`DGX_H100` unless given), whose ``attention`` replaces the
+    H100 kernel's rates where it names none (``attention=None``: the preset's own)."""
+    system = system or DGX_H100
     data = gpus // (tp * pp * cp)
     mesh = tuple(
         (a, n) for a, n in (("stage", pp), ("data", data), ("context", cp), ("model", tp)) if n > 1
@@ -209,7 +261,7 @@ def _nemo(
     if fsdp:
         strategy, dims = "fsdp" + strategy[len("zero1") :], f"FSDP {data}"
     return Run(
-        f"{publisher} {name}, {dims}, {gpus} H100" + (" FP8" if fp8 else ""),
+        f"{publisher} {name}, {dims}, {gpus} {system.gpu}" + (" FP8" if fp8 else ""),
         source,
         quote,
         config,
@@ -223,12 +275,14 @@ def _nemo(
         # Transformer Engine's fp8 linears keep their fp8 inputs for the backward
         fp8_saved_inputs="fp8" if fp8 else None,
         overrides={
-            **h100_attention(attention),
+            **(h100_attention(attention) if attention else {}),
+            **system.overrides,
             **({"tp_overlap": tp_overlap} if tp > 1 else {}),
             **({"pp_overlap": pp_overlap} if pp > 1 else {}),
         },
         vocab_split=tp > 1,
         bytes_per_param=bytes_per_param,
+        hardware=system.preset,
     )
 
 
@@ -456,23 +510,35 @@ def _bridge_step(gbs: int, gpus: int, tokens_per_gpu_s: float) -> float:
 
 
 def _bridge(
-    release: str, model: str, gpus: int, gbs: int, tokens_per_gpu_s: float, **kw: Any
+    release: str,
+    model: str,
+    gpus: int,
+    gbs: int,
+    tokens_per_gpu_s: float,
+    system: System = DGX_H100,
+    mbs: int = 1,
+    precision: str = "",
+    **kw: Any,
 ) -> Run:
-    """A Megatron-Bridge performance-summary row on DGX-H100 as its perf recipe runs it:
-    FP8-CS (``bf16_with_fp8_current_scaling_mixed``: Transformer Engine's tensorwise current
-    scaling, the planner's fp8), micro-batch 1, sequence 8192, the distributed optimizer
-    (fp32 master weights and moments), no recomputation, Transformer Engine's attention
-    (cuDNN's), the tensor-parallel collectives overlapped by userbuffers where TP > 1 and
+    """A Megatron-Bridge performance-summary row on ``system`` (DGX-H100 unless given) as
+    its perf recipe runs it: FP8-CS (``bf16_with_fp8_current_scaling_mixed``: Transformer
+    Engine's tensorwise current scaling, the planner's fp8), micro-batch ``mbs``, sequence
+    8192, the distributed optimizer (fp32 master weights and moments), no recomputation,
+    Transformer Engine's attention (cuDNN's; on Blackwell the preset's, ``System``), the
+    tensor-parallel collectives overlapped by userbuffers where TP > 1 and
     ``overlap_p2p_comm`` where PP > 1 and VP > 1 (comm_overlap.py turns it on under
-    interleaving); the step from the published tokens a second a GPU."""
+    interleaving); the step from the published tokens a second a GPU. ``precision``: the
+    table's precision cell where it is not the release's usual one (a figure beside it in
+    parentheses, FP8-MX's, is quoted and not judged)."""
     source = _MB_FORK if release in ("26.06", "26.04.01", "26.04", "26.02.01") else _MB_SUMMARY
     # the precision as each release's table writes it (25.09's has no precision column)
-    precision = {"25.11": "FP8-CS", "25.09": "no precision column"}.get(release, "FP8")
+    precision = precision or {"25.11": "FP8-CS", "25.09": "no precision column"}.get(release, "FP8")
     step = _bridge_step(gbs, gpus, tokens_per_gpu_s)
     quote = (
-        f"{release} NeMo Container, DGX-H100, {model}: {gpus} GPUs, {precision}, GBS {gbs}, "
-        f"MBS 1, sequence 8192, {kw.pop('layout')}: {tokens_per_gpu_s:g} tokens/s/GPU (step = "
-        f"{gbs} x 8192 / ({tokens_per_gpu_s:g} x {gpus}) = {step:.3f} s)"
+        f"{release} NeMo Container, {system.table}, {model}: {gpus} GPUs, {precision}, GBS "
+        f"{gbs}, MBS {mbs}, sequence 8192, {kw.pop('layout')}: {tokens_per_gpu_s:g} "
+        f"tokens/s/GPU{kw.pop('beside', '')} (step = {gbs} x 8192 / ({tokens_per_gpu_s:g} x "
+        f"{gpus}) = {step:.3f} s)"
     )
     preset = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b"}.get(model, "llama3-405b")
     name = {"LLAMA3_8B": "Llama 3 8B", "LLAMA3_70B": "Llama 3 70B"}.get(model, "Llama 3.1 405B")
@@ -487,7 +553,10 @@ def _bridge(
             source=f"{source}; {kw.pop('recipe')}",
             quote=quote,
             fp8=True,
+            mbs=mbs,
             publisher="Megatron-Bridge",
+            attention=system.attention,
+            system=system,
             **kw,
         ),
         instead=instead,
@@ -549,6 +618,140 @@ BRIDGE_LEFT_OUT = (
 RUNS = BF16_RUNS + FP8_RUNS + BRIDGE_RUNS
 
 
+# Megatron-Bridge's Blackwell rows, judged apart from the H100 ones above.
+
+_MB_BW_L3 = (
+    f"{_MB} scripts/performance/configs/llama/llama3_workload_base_configs.py@00919dc (B200 "
+    "and GB200 FP8_CS: the 8B micro-batch 2 under cuda_graph_impl local, cuda_graph_scope "
+    "full_iteration; the GB200 70B micro-batch 2, use_megatron_fsdp, "
+    "cpu_offloading_num_layers 40), llama3_llm_pretrain.py@2a0d46e (fsdp_double_buffer); "
+    "src/megatron/bridge/recipes/llama/llama3.py (no recompute_granularity, "
+    "use_distributed_optimizer)"
+)
+_MB_BW_L405 = (
+    f"{_MB} scripts/performance/configs/llama/llama31_workload_base_configs.py@0013c9a (B200 "
+    "FP8_CS V1: TP 4, PP 8, CP 2, VP 8, GBS 64 on 128; GB200 FP8_CS V2: TP 4, PP 16, VP 4, "
+    "GBS 1536 on 256, use_megatron_fsdp False; GB200 FP8_CS V1: TP 2, use_megatron_fsdp, "
+    "cpu_offloading_num_layers 92), llama31_llm_pretrain.py@0013c9a (the fp8 userbuffers' TP "
+    "overlap, userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192); "
+    "src/megatron/bridge/recipes/llama/llama3.py (account_for_embedding_in_pipeline_split and "
+    "account_for_loss_in_pipeline_split, no recompute_granularity, use_distributed_optimizer)"
+)
+#: what the 8B's recipe runs that the planner does not price
+_CUDA_GRAPHS = (
+    "no CUDA graphs (the recipe captures the whole iteration, cuda_graph_scope full_iteration: "
+    "the kernels' launches unpriced either way)"
+)
+
+
+def _offloaded(layers: int, of: int) -> str:
+    return (
+        f"every layer's activations on the device (the run offloads {layers} of its {of} "
+        f"layers' activations to host memory, cpu_offloading_num_layers {layers}: a choice "
+        "by layer, which the planner's policies, the same for every layer, cannot write)"
+    )
+
+
+def _split(pp: int, vp: int) -> str:
+    """The 405B's uneven pipeline split on ``pp`` stages of ``vp`` virtual stages."""
+    return (
+        f"the slowest stage's {-(-126 // pp)} layers (ceil(126 / {pp}): Megatron's 126 layers "
+        f"with the embedding and the loss counted as layers are {128 // pp} a stage, "
+        f"{128 // (pp * vp)} a chunk)"
+    )
+
+
+_bw8 = partial(
+    _bridge, model="LLAMA3_8B", gpus=8, gbs=128, mbs=2, recipe=_MB_BW_L3, tp=1,
+    instead=(_CUDA_GRAPHS,),
+)  # fmt: skip
+_bw70_fsdp = partial(
+    _bridge, model="LLAMA3_70B", gpus=64, mbs=2, system=DGX_GB200,
+    layout="FSDP 64 (Megatron-FSDP), TP 1", recipe=_MB_BW_L3, tp=1, fsdp=True,
+    instead=(_offloaded(40, 80),),
+)  # fmt: skip
+_bw405_b200 = partial(
+    _bridge, model="LLAMA3.1_405B", gpus=128, gbs=64, system=DGX_B200,
+    layout="TP 4, PP 8, CP 2, VP 8", recipe=_MB_BW_L405, tp=4, pp=8, cp=2, vp=8,
+    pp_overlap=True, instead=(_split(8, 8),),
+)  # fmt: skip
+_bw405_gb200 = partial(
+    _bridge, model="LLAMA3.1_405B", gpus=256, gbs=1536, system=DGX_GB200,
+    layout="TP 4, PP 16, CP 1, VP 4", recipe=_MB_BW_L405, tp=4, pp=16, vp=4,
+    pp_overlap=True, instead=(_split(16, 4),),
+)  # fmt: skip
+_CS_MX = "FP8-CS (FP8-MX)"
+
+#: Megatron-Bridge's dense DGX-B200 and DGX-GB200 pretraining rows at FP8-CS, every release's
+#: table read (26.06 back to 25.09; the B200's dense rows end at 25.11). A figure in
+#: parentheses beside one is FP8-MX's (quoted, not judged). 25.09's table has no precision
+#: column: its figures are the FP8-CS recipes' layouts, its parentheses FP8-MX's.
+BLACKWELL_RUNS = [
+    _bw8(release="25.11", system=DGX_B200, tokens_per_gpu_s=30624, precision=_CS_MX,
+         layout="TP 1, PP 1, CP 1", beside=" (29521)"),
+    _bw8(release="25.09", system=DGX_B200, tokens_per_gpu_s=29994, layout="TP 1, PP 1, CP 1",
+         beside=" (29388)"),
+    _bw405_b200(release="25.11", tokens_per_gpu_s=661, precision=_CS_MX, beside=" (624)"),
+    _bw405_b200(release="25.09", tokens_per_gpu_s=664, beside=" (622)"),
+    _bw8(release="25.11", system=DGX_GB200, tokens_per_gpu_s=31508, precision=_CS_MX,
+         layout="TP 1, PP 1, CP 1", beside=" (29789)"),
+    _bw8(release="25.09", system=DGX_GB200, tokens_per_gpu_s=31357, layout="TP 1, PP 1, CP 1",
+         beside=" (29925)"),
+    _bw70_fsdp(release="26.04.01", gbs=256, tokens_per_gpu_s=4224),
+    _bw70_fsdp(release="26.04", gbs=256, tokens_per_gpu_s=4143),
+    _bw70_fsdp(release="26.02.01", gbs=256, tokens_per_gpu_s=4357),
+    _bw70_fsdp(release="26.02", gbs=256, tokens_per_gpu_s=4040),
+    _bw70_fsdp(release="25.11", gbs=256, tokens_per_gpu_s=4312),
+    _bw70_fsdp(release="25.09", gbs=128, tokens_per_gpu_s=3986,
+               beside=" (3546, FP8-MX at TP 2, PP 4, VP 5)"),
+    _bw405_gb200(release="26.06", tokens_per_gpu_s=843),
+    _bw405_gb200(release="26.04.01", tokens_per_gpu_s=864),
+    _bw405_gb200(release="26.04", tokens_per_gpu_s=842),
+    _bw405_gb200(release="26.02.01", tokens_per_gpu_s=818),
+    _bw405_gb200(release="26.02", tokens_per_gpu_s=793),
+    _bw405_gb200(release="25.11", tokens_per_gpu_s=813),
+    _bridge(
+        "25.09", "LLAMA3.1_405B", 128, 64, 729, system=DGX_GB200,
+        layout="FSDP 64 (Megatron-FSDP), TP 2", beside=" (578, FP8-MX at TP 4, PP 8, CP 2, VP 8)",
+        recipe=_MB_BW_L405, tp=2, fsdp=True,
+        instead=(
+            _offloaded(92, 126),
+            "one Megatron-FSDP group of 64 (the recipe at 0013c9a also sets "
+            "num_distributed_optimizer_instances 2 under Megatron-FSDP on the GB200)",
+        ),
+    ),
+]  # fmt: skip
+
+_NOT_PRICED = "not priced: the planner's fp8 is tensorwise scaling (FP8-CS) alone"
+_NO_PRESET = "no preset: the planner has no B300 (Blackwell Ultra) figures"
+
+#: The dense Blackwell rows of the same tables that are not judged, and why.
+BLACKWELL_LEFT_OUT = (
+    (
+        "DGX-B200 and DGX-GB200 FP8-MX figures (the parentheses beside the FP8-CS ones "
+        "above) and the MXFP8 rows: 26.06 GB200 405B 783; 26.04.01 GB200 70B 3712, 405B 800; "
+        "26.04 GB200 70B 3828, 405B 793; 26.02.01 GB200 70B 3837, 405B 775; 26.02 GB200 70B "
+        "3613, 405B 786 tokens/s/GPU",
+        f"MXFP8, block scaling of 32 elements: {_NOT_PRICED}",
+    ),
+    (
+        "DGX-GB200 NVFP4 rows: 26.06 405B 1166; 26.04.01 70B 4864, 405B 1184; 26.04 70B 4898, "
+        "405B 1136; 26.02.01 70B 4557, 405B 1083; 26.02 70B 4458, 405B 1076 tokens/s/GPU",
+        f"NVFP4, 4-bit: {_NOT_PRICED}",
+    ),
+    (
+        "DGX-GB300 dense rows: Llama 3 8B (25.11), Llama 3 70B and Llama 3.1 405B (25.11 to "
+        "26.06) at FP8, MXFP8 and NVFP4",
+        f"GB300: {_NO_PRESET}",
+    ),
+    (
+        "26.06 SFT Llama 3 70B, 32 GB200 FP8 3864 and MXFP8 3593; LoRA Llama 3 70B, 8 GB200 FP8 "
+        "6206 and MXFP8 5958 tokens/s/GPU (and the GB300's)",
+        "fine-tuning and LoRA, not pretraining (as the H100's)",
+    ),
+)
+
+
 def _candidate(run: Run) -> Candidate:
     return Candidate(
         run.strategy,
@@ -566,7 +769,7 @@ def estimate_run(run: Run) -> Screened:
     it cannot write the configuration)."""
     if run.cannot:
         raise ShardscopeError(run.cannot)
-    hw = hardware("h100", **run.overrides)
+    hw = hardware(run.hardware, **run.overrides)
     return estimate(
         _candidate(run),
         run.config,
@@ -748,11 +951,24 @@ def main() -> None:
     _table(bridge)
     for row, why in BRIDGE_LEFT_OUT:
         print(f"{'':62}not judged: {row} ({why})")
+    blackwell = judge(BLACKWELL_RUNS)
+    print(
+        "\nHeld out on Blackwell, apart: Megatron-Bridge's performance summary (DGX-B200 as "
+        "the b200 preset, DGX-GB200 as it with GB200_RACK; FP8-CS; attention at the preset's "
+        "matmul rate, no B200 kernel being measured)"
+    )
+    _table(blackwell)
+    for row, why in BLACKWELL_LEFT_OUT:
+        print(f"{'':62}not judged: {row} ({why})")
     print()
     _summary("held-out bf16", bf16)
     _summary("held-out fp8", fp8)
     _summary("held-out Megatron-Bridge", bridge)
     _summary("held-out, all", bf16 + fp8 + bridge)
+    _summary("held-out Blackwell (B200 and GB200, not in 'all')", blackwell)
+    for gpu in ("B200", "GB200"):
+        rows = [j for j in blackwell if j.run.name.endswith(f" {gpu} FP8")]
+        _summary(f"held-out Blackwell, {gpu}", rows)
     _calibration_split()
     print(f"({time.perf_counter() - t0:.1f} s)")
     if args.compiled:
