@@ -652,15 +652,6 @@ def _offloaded(layers: int, of: int) -> str:
     )
 
 
-def _split(pp: int, vp: int) -> str:
-    """The 405B's uneven pipeline split on ``pp`` stages of ``vp`` virtual stages."""
-    return (
-        f"the slowest stage's {-(-126 // pp)} layers (ceil(126 / {pp}): Megatron's 126 layers "
-        f"with the embedding and the loss counted as layers are {128 // pp} a stage, "
-        f"{128 // (pp * vp)} a chunk)"
-    )
-
-
 _bw8 = partial(
     _bridge, model="LLAMA3_8B", gpus=8, gbs=128, mbs=2, recipe=_MB_BW_L3, tp=1,
     instead=(_CUDA_GRAPHS,),
@@ -673,12 +664,12 @@ _bw70_fsdp = partial(
 _bw405_b200 = partial(
     _bridge, model="LLAMA3.1_405B", gpus=128, gbs=64, system=DGX_B200,
     layout="TP 4, PP 8, CP 2, VP 8", recipe=_MB_BW_L405, tp=4, pp=8, cp=2, vp=8,
-    pp_overlap=True, instead=(_split(8, 8),),
+    pp_overlap=True, pipeline_split="embedding+loss",
 )  # fmt: skip
 _bw405_gb200 = partial(
     _bridge, model="LLAMA3.1_405B", gpus=256, gbs=1536, system=DGX_GB200,
     layout="TP 4, PP 16, CP 1, VP 4", recipe=_MB_BW_L405, tp=4, pp=16, vp=4,
-    pp_overlap=True, instead=(_split(16, 4),),
+    pp_overlap=True, pipeline_split="embedding+loss",
 )  # fmt: skip
 _CS_MX = "FP8-CS (FP8-MX)"
 
