@@ -158,6 +158,9 @@ class Run:
     #: what its pipeline stages split: ``"embedding+loss"`` where Megatron counts the
     #: embedding and the loss as a layer each (``account_for_*_in_pipeline_split``)
     pipeline_split: str = "layers"
+    #: how many of its first layers offload their activations to host memory
+    #: (Megatron-Core's ``cpu_offloading_num_layers``)
+    offload_layers: int = 0
     #: why the planner cannot write this run (it is then not planned)
     cannot: str = ""
     #: model-state bytes a parameter (the planner's ``bytes_per_param``): 16 for fp32 master
@@ -544,6 +547,7 @@ def _bridge(
     name = {"LLAMA3_8B": "Llama 3 8B", "LLAMA3_70B": "Llama 3 70B"}.get(model, "Llama 3.1 405B")
     instead = kw.pop("instead", ())
     split = kw.pop("pipeline_split", "layers")
+    offload_layers = kw.pop("offload_layers", 0)
     return replace(
         _nemo(
             f"{release} {name}",
@@ -561,6 +565,7 @@ def _bridge(
         ),
         instead=instead,
         pipeline_split=split,
+        offload_layers=offload_layers,
     )
 
 
@@ -644,14 +649,6 @@ _CUDA_GRAPHS = (
 )
 
 
-def _offloaded(layers: int, of: int) -> str:
-    return (
-        f"every layer's activations on the device (the run offloads {layers} of its {of} "
-        f"layers' activations to host memory, cpu_offloading_num_layers {layers}: a choice "
-        "by layer, which the planner's policies, the same for every layer, cannot write)"
-    )
-
-
 _bw8 = partial(
     _bridge, model="LLAMA3_8B", gpus=8, gbs=128, mbs=2, recipe=_MB_BW_L3, tp=1,
     instead=(_CUDA_GRAPHS,),
@@ -659,7 +656,7 @@ _bw8 = partial(
 _bw70_fsdp = partial(
     _bridge, model="LLAMA3_70B", gpus=64, mbs=2, system=DGX_GB200,
     layout="FSDP 64 (Megatron-FSDP), TP 1", recipe=_MB_BW_L3, tp=1, fsdp=True,
-    instead=(_offloaded(40, 80),),
+    offload_layers=40,
 )  # fmt: skip
 _bw405_b200 = partial(
     _bridge, model="LLAMA3.1_405B", gpus=128, gbs=64, system=DGX_B200,
@@ -704,9 +701,8 @@ BLACKWELL_RUNS = [
     _bridge(
         "25.09", "LLAMA3.1_405B", 128, 64, 729, system=DGX_GB200,
         layout="FSDP 64 (Megatron-FSDP), TP 2", beside=" (578, FP8-MX at TP 4, PP 8, CP 2, VP 8)",
-        recipe=_MB_BW_L405, tp=2, fsdp=True,
+        recipe=_MB_BW_L405, tp=2, fsdp=True, offload_layers=92,
         instead=(
-            _offloaded(92, 126),
             "one Megatron-FSDP group of 64 (the recipe at 0013c9a also sets "
             "num_distributed_optimizer_instances 2 under Megatron-FSDP on the GB200)",
         ),
@@ -752,6 +748,7 @@ def _candidate(run: Run) -> Candidate:
         vocab_split=run.vocab_split,
         virtual_stages=run.virtual_stages,
         pipeline_split=run.pipeline_split,
+        offload_layers=run.offload_layers,
     )
 
 
@@ -908,6 +905,7 @@ def _compile_run(run: Run) -> Any:
         microbatches=run.microbatches,
         virtual_stages=run.virtual_stages,
         pipeline_split=run.pipeline_split,
+        offload_layers=run.offload_layers,
         matmul_dtype=run.matmul_dtype,
         fp8_saved_inputs=run.fp8_saved_inputs,
         offload_optimizer=False,

@@ -57,6 +57,7 @@ def test_plan_hands_every_keyword_to_the_request(monkeypatch):
         dispatch_once=True,
         virtual_stages=1,
         pipeline_split="embedding+loss",
+        offload_layers=3,
         beside_best=True,
     )  # fmt: skip
     assert set(given) == set(FIELDS) - {"model", "devices"}

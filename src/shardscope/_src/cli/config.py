@@ -298,6 +298,7 @@ class PlanConfig(HardwareOptions):
     stages: int | None
     virtual_stages: int | None
     pipeline_split: str | None
+    offload_layers: int | None
     mesh: str | None
     beside_best: bool | None
     compile_top: int | None

@@ -393,6 +393,50 @@ def split_problem(split: object, layers: int, stages: int, virtual_stages: int =
     return None
 
 
+def offload_layers_problem(offload_layers: object, layers: int, stages: int = 1) -> str | None:
+    """Why the activations of ``offload_layers`` of a model's ``layers`` cannot be offloaded
+    to host memory layer by layer, in words that name the fix; None when they can.
+
+    Megatron-Core's activation offloading (``cpu_offloading_num_layers``, Transformer
+    Engine's ``get_cpu_offload_context``) copies the saved activations of the first ``N``
+    layers to the host after each one's forward and back before its backward; its
+    ``TransformerConfig`` refuses ``N`` outside ``[0, num_layers)`` (the last layer, whose
+    backward comes first, is never offloaded) and any pipeline (``pipeline_model_parallel_
+    size > 1``): the planner takes the same bounds.
+
+    >>> offload_layers_problem(40, 80) is None
+    True
+    >>> print(offload_layers_problem(80, 80))  # doctest: +NORMALIZE_WHITESPACE
+    offload_layers=80: at most the 79 layers before the last can have their activations
+    offloaded (the last layer's backward comes first; Megatron-Core's
+    cpu_offloading_num_layers < num_layers); give offload_layers= from 0 to 79
+    """
+    if isinstance(offload_layers, bool) or not isinstance(offload_layers, int):
+        return (
+            f"offload_layers={offload_layers!r}: give a whole number of layers, 0 to {layers - 1}"
+        )
+    if offload_layers < 0:
+        return (
+            f"offload_layers={offload_layers}: a count of layers cannot be negative; give "
+            f"offload_layers= from 0 (none offloaded) to {layers - 1}"
+        )
+    if offload_layers >= layers:
+        return (
+            f"offload_layers={offload_layers}: at most the {layers - 1} layers before the "
+            f"last can have their activations offloaded (the last layer's backward comes "
+            f"first; Megatron-Core's cpu_offloading_num_layers < num_layers); give "
+            f"offload_layers= from 0 to {layers - 1}"
+        )
+    if offload_layers and stages > 1:
+        return (
+            f"offload_layers={offload_layers} with {stages} pipeline stages: layer-by-layer "
+            f"activation offloading runs without a pipeline (Megatron-Core refuses "
+            f"cpu_offloading with pipeline_model_parallel_size > 1); give stages=1 or "
+            f"offload_layers=0"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class PipelineStage(Record):
     """One pipeline stage of a split that counts the embedding or the loss as a layer
@@ -494,7 +538,10 @@ class Schedule(Record):
     ``stage``: the pipeline stage priced where a split counts the embedding or the loss as
     a layer (:func:`split_stages`: its chunks' layers, rank and ends), None for the
     planner's own (the last stage's weights and output layer, the first stage's
-    micro-batches in flight).
+    micro-batches in flight). ``offload_layers``: how many of the layers have the
+    activations they keep copied to host memory after their forward and back for their
+    backward (Megatron-Core's ``cpu_offloading_num_layers``; :func:`estimate_memory` refuses
+    a count :func:`offload_layers_problem` names).
 
     Raises:
         PlanError: ``virtual_stages`` that cannot run with these stages and micro-batches
@@ -507,6 +554,7 @@ class Schedule(Record):
     offload_optimizer: bool = False
     virtual_stages: int = 1
     stage: PipelineStage | None = None
+    offload_layers: int = 0
 
     def __post_init__(self) -> None:
         problem = interleave_problem(self.virtual_stages, self.stages, self.microbatches)
@@ -991,6 +1039,12 @@ def estimate_memory(
     params, grads, optimizer, gathered = known[key]
     m = sched.microbatches if train else 1
     host = 0
+    if sched.offload_layers and not train:
+        raise PlanError(
+            f"offload_layers={sched.offload_layers}: a forward pass keeps no activations for "
+            f"a backward; give offload_layers=0",
+            param="offload_layers",
+        )
     if train:
         fp8_saved = fp8_saved_inputs == Fp8SavedInputs.FP8
         key = ("layer", m, sched.remat, flash_attention, fp8_saved)
@@ -1005,8 +1059,18 @@ def estimate_memory(
             held = held_layers(sched.stage, p, m)
             logits = logits if sched.stage.output else 0
         activations = held * kept + working + logits
+        if sched.offload_layers:
+            problem = offload_layers_problem(sched.offload_layers, c.layers, p)
+            if problem is not None:
+                raise PlanError(problem, param="offload_layers")
+            # What those layers keep lives on the host from their forward to their backward;
+            # the last layer stays, so each copy is out before the peak at the first backward
+            # and back after the layers past it have freed theirs.
+            moved = sched.offload_layers * kept
+            activations -= moved
+            host += moved
         if offloaded is not None:
-            host = held * offloaded
+            host += held * offloaded
             activations += OFFLOAD_BUFFERS * offloaded
     else:
         b = sequences_per_device(placement, m)

@@ -191,6 +191,12 @@ class PlanRequest:
             stages and each stage's by its virtual stages; each stage is priced with its own
             layers, embedding or output layer, the slowest setting the step and the fullest
             the memory.
+        offload_layers: how many of the first layers copy the activations they keep to host
+            memory after their forward and back before their backward (Megatron-Core's
+            ``cpu_offloading_num_layers`` with ``cpu_offloading_activations``): their bytes
+            leave the device and count against the host memory, and the copies run over the
+            host link beside the passes. At most the layers but the last, and without
+            pipeline stages (Megatron-Core's bounds); 0 (the default): none.
         compile_top: how many of the best estimated strategy-and-mesh pairs to compile (the
             best plan of each validated strategy is compiled as well).
         compiler: None (the default): the hardware's own target when its compiler is
@@ -354,6 +360,15 @@ class PlanRequest:
         kind=Kind.CHOICE,
         choices=tuple(PipelineSplit),
     )
+    offload_layers: int = knob(
+        0,
+        "how many of the first layers copy the activations they keep to host memory after "
+        "their forward and back before their backward (Megatron-Core's "
+        "cpu_offloading_num_layers): at most the layers but the last, without pipeline "
+        "stages; the copies run over the host link beside the compute",
+        kind=Kind.WHOLE,
+        metavar="N",
+    )
     compile_top: int = knob(
         3,
         "compile the best estimated plans of the N best strategy-and-mesh pairs (and the best "
@@ -490,6 +505,12 @@ def _check_counts(r: PlanRequest) -> None:
     if not is_int(r.compile_top, 0):
         raise PlanError(
             f"compile_top={r.compile_top!r}: must be 0 or a positive number", param="compile_top"
+        )
+    if not is_int(r.offload_layers, 0):
+        raise PlanError(
+            f"offload_layers={r.offload_layers!r}: a count of layers, 0 or more; give 0 (every "
+            f"layer's activations on the device) or the layers to offload",
+            param="offload_layers",
         )
     if r.virtual_stages is not None:
         # What the model's layers do not decide (they are checked when the sweep starts).

@@ -45,6 +45,7 @@ from shardscope._src.plan.estimates import (
     interleave_problem,
     layer_matmul_params,
     moe_layer_matmul_params,
+    offload_layers_problem,
     or_list,
     split_problem,
     split_stages,
@@ -714,7 +715,12 @@ def screen(
             parts=parts,
         )
     sched = Schedule(
-        cand.microbatches, cand.remat, cand.stages, cand.offload_optimizer, cand.virtual_stages
+        cand.microbatches,
+        cand.remat,
+        cand.stages,
+        cand.offload_optimizer,
+        cand.virtual_stages,
+        offload_layers=cand.offload_layers,
     )
     return _screen_stage(
         cand,
@@ -868,6 +874,7 @@ def screen_all(
     virtual_stages: int | None = None,
     fp8_saved_inputs: str | None = None,
     pipeline_split: str = PipelineSplit.LAYERS,
+    offload_layers: int = 0,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
@@ -879,7 +886,10 @@ def screen_all(
     layers' inputs (:func:`screen`; refused with 16-bit matmuls). ``pipeline_split``: what
     the pipeline stages split (:class:`~shardscope._src.plan.estimates.PipelineSplit`;
     Megatron's counts the embedding and the loss as a layer each, and only the stage
-    counts that divide what it counts are tried)."""
+    counts that divide what it counts are tried). ``offload_layers``: how many of the first
+    layers keep their activations in host memory from their forward to their backward
+    (Megatron-Core's ``cpu_offloading_num_layers``; without a pipeline, as Megatron-Core
+    runs it, so only one stage is tried)."""
 
     saved = check_fp8_saved_inputs(fp8_saved_inputs, matmul_dtype)
     split = PipelineSplit.parse(
@@ -889,6 +899,18 @@ def screen_all(
     skipped: list[Skipped] = []
     if mesh is not None:
         stages = MeshShape.of(mesh).get(STAGE_AXIS, 1)
+    if offload_layers:
+        problem = offload_layers_problem(offload_layers, config.layers, stages or 1)
+        if problem is None and (mode != Mode.TRAIN or hw.host_memory_bytes <= 0):
+            problem = f"offload_layers={offload_layers}: " + (
+                "a forward pass keeps no activations for a backward"
+                if mode != Mode.TRAIN
+                else f"hardware {hw.name!r} has no host memory (host_memory_bytes=0)"
+            )
+            problem += "; give offload_layers=0"
+        if problem is not None:
+            raise PlanError(problem, param="offload_layers")
+        stages = 1
     stage_counts = interleaved_stage_options(
         config,
         mode,
@@ -901,6 +923,8 @@ def screen_all(
     all_candidates = candidates(names, devices, stage_counts, mesh, node_size=hw.node_size)
     if split.accounted:
         all_candidates = [replace(c, pipeline_split=split) for c in all_candidates]
+    if offload_layers:
+        all_candidates = [replace(c, offload_layers=offload_layers) for c in all_candidates]
     remats = remat_options(mode, remat, flash_attention, hw)
     if config.is_moe or config.is_mla:
         remats = moe_remats(remats, config, asked=remat is not None)

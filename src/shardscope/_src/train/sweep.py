@@ -331,6 +331,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
             if PipelineSplit.parse(r.pipeline_split).accounted
             else {}
         ),
+        **({"offload_layers": r.offload_layers} if r.offload_layers else {}),
         "mesh": None if pinned is None else pinned.spec,
         "compile_top": r.compile_top,
         "matmul_dtype": r.matmul_dtype,
@@ -380,6 +381,7 @@ def _screen(
         vocab_split=r.vocab_split,
         fp8_saved_inputs=r.fp8_saved_inputs,
         pipeline_split=r.pipeline_split,
+        offload_layers=r.offload_layers,
         **layout,
     )
 
@@ -592,6 +594,7 @@ def _compiled_plan(
         stages=cand.stages,
         virtual_stages=cand.virtual_stages,
         pipeline_split=cand.pipeline_split,
+        offload_layers=cand.offload_layers,
         time=step,
         estimated_time=s.time,
         matmul_flops_per_device=flops,

@@ -116,6 +116,8 @@ Per micro-batch on the slowest pipeline stage, one device:
   memory during the forward and back during the backward, over the host link
   (``host_bandwidth``), beside the compute: a pass lasts as long as the longer of the two.
   What is recomputed is the forward without the kept query, key and value projections.
+  The same holds for what the first ``offload_layers`` layers keep (Megatron-Core's
+  ``cpu_offloading_num_layers``), added to the pass's copies.
 * **optimizer state on the host** (``offload_optimizer``): streamed in over the host link for
   the update and back, after the last backward, exposed.
 * **optimizer**: Adam reads and writes its state once per step: :data:`OPTIMIZER_BYTES` per
@@ -195,6 +197,7 @@ from shardscope._src.plan.estimates import (
     producer_params,
     routed_expert_work,
     stage_elements_per_device,
+    stored_activation_bytes_per_layer,
     tokens_per_device,
 )
 from shardscope._src.sharding.programs import accumulated_roles
@@ -301,7 +304,8 @@ class StepWork:
     model_flops: float  # the whole step, all devices, no recomputation
     devices: int
     train: bool = True
-    #: bytes offloaded to host memory per micro-batch (``remat="offload"``), each way
+    #: bytes offloaded to host memory per micro-batch (``remat="offload"``, and the layers
+    #: ``offload_layers`` offloads), each way
     host_bytes: float = 0.0
     host_bandwidth: float = 0.0
     #: optimizer state in host memory, streamed in for the update and back (each way)
@@ -890,6 +894,7 @@ def step_work(
     key = (
         "work", schedule.microbatches, schedule.remat, schedule.stages, full_config, devices,
         hw, flash_attention, mode, matmul_dtype, fp8_saved_inputs, schedule.stage,
+        schedule.offload_layers,
     )  # fmt: skip
     work: StepWork | None = known.get(key)
     if work is None:
@@ -974,6 +979,15 @@ def _pass_work(
     host_bytes = 0
     if policy.offloaded:
         host_bytes = c.layers * offloaded_bytes_per_layer(placement, m, schedule.remat)
+    layers_host = 0
+    if schedule.offload_layers:
+        # what each of those layers keeps, out in its forward and back in its backward
+        layers_host = schedule.offload_layers * stored_activation_bytes_per_layer(
+            placement,
+            Schedule(m, schedule.remat),
+            flash_attention=flash_attention,
+            fp8_saved=fp8_saved_inputs == Fp8SavedInputs.FP8,
+        )
     if policy.keeps_everything:
         again_bytes = 0
         if schedule.remat == Remat.SELECTIVE and not flash_attention:
@@ -1042,7 +1056,7 @@ def _pass_work(
         model_flops=model_flops(full_config, mode),
         devices=devices,
         train=mode == Mode.TRAIN,
-        host_bytes=host_bytes,
+        host_bytes=host_bytes + layers_host,
         host_bandwidth=hw.host_bandwidth,
         host_optimizer_bytes=0,
         **fp8_work,

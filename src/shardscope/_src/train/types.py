@@ -69,6 +69,10 @@ class Candidate:
     #: what the pipeline stages split: the layers alone, or with the embedding and the loss
     #: counted as a layer each (Megatron's, :class:`~shardscope._src.plan.estimates.PipelineSplit`)
     pipeline_split: str = PipelineSplit.LAYERS
+    #: how many of the first layers have the activations they keep copied to host memory
+    #: after their forward and back for their backward (Megatron-Core's
+    #: ``cpu_offloading_num_layers``); 0: every layer keeps them on the device
+    offload_layers: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
@@ -120,6 +124,8 @@ class Candidate:
             parts.append("vocab split")
         if self.split.accounted and self.stages > 1:
             parts.append(f"{self.pipeline_split} counted as layers")
+        if self.offload_layers:
+            parts.append(f"{self.offload_layers} layers' activations on host")
         return ", ".join(parts)
 
     @property
@@ -207,7 +213,11 @@ class Screened:
                 self.candidate,
                 keys={"mesh_spec": "mesh"},
                 # the planner's own split is not written: old JSON reads the same
-                omit=("mesh", *(() if self.candidate.split.accounted else ("pipeline_split",))),
+                omit=(
+                    "mesh",
+                    *(() if self.candidate.split.accounted else ("pipeline_split",)),
+                    *(() if self.candidate.offload_layers else ("offload_layers",)),
+                ),
                 extra=("label", "mesh_spec", "stages"),
             ),
             "memory_bytes_per_device": self.memory.total,
@@ -292,6 +302,9 @@ class Plan:
     #: What the pipeline stages split (:class:`~shardscope._src.plan.estimates.PipelineSplit`;
     #: written only where the embedding or the loss is counted as a layer).
     pipeline_split: str = PipelineSplit.LAYERS
+    #: How many of the first layers' kept activations live in host memory (written only
+    #: where some do).
+    offload_layers: int = 0
     #: The compiled program's step time and its parts (None: no time model).
     time: StepTime | None = None
     #: The screening estimate's step time and its parts.
@@ -337,6 +350,7 @@ class Plan:
                 self.vocab_split,
                 self.virtual_stages,
                 self.pipeline_split,
+                self.offload_layers,
             )
             object.__setattr__(self, "candidate", made)
         object.__setattr__(self, "compiled_memory", CompiledMemory.from_dict(self.compiled_memory))
@@ -468,6 +482,7 @@ class Plan:
                     if PipelineSplit.parse(self.pipeline_split).accounted
                     else ("pipeline_split",)
                 ),
+                *(() if self.offload_layers else ("offload_layers",)),
             ),
             extra=(
                 *PLAN_EXTRA,
