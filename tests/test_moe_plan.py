@@ -152,6 +152,19 @@ def test_a_mixture_whose_dense_layers_outweigh_its_experts_is_not_staged():
     assert {p.strategy for p in staged.plans if p.stages > 1} == {"dp", "fsdp_ep"}
 
 
+def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne_out():
+    kw = dict(hardware="h100", compiler="cpu", compile_top=0)
+    unsplit = shardscope.plan(SMALL, 8, strategies=["fsdp"], **kw)
+    (note,) = [n for n in unsplit.notes if n.kind == "experts-unsplit"]
+    assert note.values.labels == tuple(p.label for p in unsplit.plans)
+    assert "Marin" in note.text and "expert axis" in note.text
+    split = shardscope.plan(SMALL, 8, strategies=["fsdp_ep"], mesh="data=2,expert=4", **kw)
+    assert split.plans and not [n for n in split.notes if n.kind == "experts-unsplit"]
+    plain = replace(SMALL, experts=0, top_k=0, expert_ff=None, capacity_factor=None)
+    dense = shardscope.plan(plain, 8, strategies=["fsdp"], **kw)
+    assert dense.plans and not [n for n in dense.notes if n.kind == "experts-unsplit"]
+
+
 def test_expert_parallelism_for_a_dense_model_is_refused():
     with pytest.raises(PlanError, match="has none"):
         shardscope.plan("tiny", 8, strategies=["ep"], compile_top=0)

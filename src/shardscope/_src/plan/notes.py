@@ -95,6 +95,10 @@ class PlanNote(NoteKind):
     #: (values: ``pinned``, ``best``: their labels, ``pinned_s``, ``best_s``: their steps,
     #: ``parts``: each part of the step, its seconds pinned and best)
     BESIDE_BEST = "beside-best"
+    #: plans of a mixture of experts that split no expert over an expert axis, each device
+    #: running every expert on its own tokens, a layout whose estimate the one published A/B
+    #: of it against expert parallelism does not bear out (values: ``labels``)
+    EXPERTS_UNSPLIT = "experts-unsplit"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -378,6 +382,16 @@ class BesideBestValues(NoteValues):
 #: A part of the step whose difference is below this fraction of the pinned step is left
 #: out of :data:`PlanNote.BESIDE_BEST`'s words.
 BESIDE_BEST_SHOWN = 0.01
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertsUnsplitValues(NoteValues):
+    """The labels of the plans that keep every expert on every device."""
+
+    labels: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", tuple(self.labels))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -735,6 +749,18 @@ def _beside_best(v: BesideBestValues) -> str:
     )
 
 
+def _experts_unsplit(v: ExpertsUnsplitValues) -> str:
+    shown = ", ".join(v.labels[:3]) + (" ..." if len(v.labels) > 3 else "")
+    return (
+        f"a mixture with every expert on every device (no expert axis, the experts' weights "
+        f"gathered) is priced by an estimate that the one published pair of such a layout "
+        f"against expert parallelism does not bear out (Marin's 360B on one GB200 rack: that "
+        f"layout measured far slower than the estimate and slower than expert parallelism, "
+        f"which the estimate ranks the other way round); weigh {shown} against the best plan "
+        f"with an expert axis"
+    )
+
+
 def _identical_programs(v: IdenticalProgramsValues) -> str:
     same = v.same
     pairs = "; ".join(f"{label} = {other} {mesh}" for label, other, mesh in same[:6])
@@ -828,6 +854,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
         "compute time is 0, so they rank by communication alone"
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
+    PlanNote.EXPERTS_UNSPLIT: _experts_unsplit,
     PlanNote.MESH_READ: _mesh_read,
     PlanNote.BESIDE_BEST: _beside_best,
     PlanNote.NO_FIT: _no_fit,
@@ -864,6 +891,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.RECOMPILED_BY_TARGET: RecompiledValues,
     PlanNote.NO_FLOP_COUNT: NoValues,
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
+    PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MESH_READ: MeshReadValues,
     PlanNote.BESIDE_BEST: BesideBestValues,
     PlanNote.NO_FIT: NoFitValues,

@@ -295,8 +295,8 @@ def validation_table(result: PlanResult) -> Any:
 #: sources (the report's conventions, the JSON's notes and the docs' models page have them).
 LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
 #: The notes the terminal prints whole, not cut to one line: those that answer what the
-#: request asked (``beside_best``).
-ASKED_NOTES = frozenset({PlanNote.BESIDE_BEST})
+#: request asked (``beside_best``) and those that say a figure is not to be trusted.
+ASKED_NOTES = frozenset({PlanNote.BESIDE_BEST, PlanNote.EXPERTS_UNSPLIT})
 
 
 def _says_the_fit(p: Plan, note: Note, verbose: bool) -> bool:

@@ -53,6 +53,7 @@ from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_work
 from shardscope._src.plan.estimates import MatmulDtype, PipelineSplit, model_flops, settings_dict
 from shardscope._src.plan.notes import (
     BesideBestValues,
+    ExpertsUnsplitValues,
     FitOnEstimateValues,
     Fp8MatmulsValues,
     MeshReadValues,
@@ -614,6 +615,12 @@ def _closest(ranked_screen: Sequence[Screened]) -> dict[str, Any] | None:
     return {"label": small.candidate.label, "bytes": small.memory.total}
 
 
+def _expert_axis(plan: Plan) -> bool:
+    """Whether ``plan`` splits a mixture's experts over an expert axis of more than one
+    device."""
+    return plan.mesh.get("expert", 1) > 1
+
+
 def _result_notes(
     config: ModelConfig, hw: Hardware, plans: Sequence[Plan], matmul_dtype: str
 ) -> list[Note]:
@@ -630,6 +637,9 @@ def _result_notes(
             dtype=config.dtype,
         )
         notes.append(Note(PlanNote.FP8_MATMULS, fp8, ("matmul_dtype",)))
+    unsplit = tuple(p.label for p in plans if config.is_moe and not _expert_axis(p))
+    if unsplit:
+        notes.append(Note(PlanNote.EXPERTS_UNSPLIT, ExpertsUnsplitValues(labels=unsplit)))
     widened = {
         plan_compiler(p).compiler
         for p in plans
