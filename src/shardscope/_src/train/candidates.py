@@ -714,14 +714,6 @@ def screen(
             fp8_saved_inputs=fp8_saved_inputs,
             parts=parts,
         )
-    sched = Schedule(
-        cand.microbatches,
-        cand.remat,
-        cand.stages,
-        cand.offload_optimizer,
-        cand.virtual_stages,
-        offload_layers=cand.offload_layers,
-    )
     return _screen_stage(
         cand,
         placement,
@@ -730,7 +722,7 @@ def screen(
         mode,
         bytes_per_param,
         flash_attention,
-        sched,
+        cand.schedule(),
         matmul_dtype=matmul_dtype,
         fp8_saved_inputs=fp8_saved_inputs,
         memo=memo,
@@ -766,14 +758,6 @@ def _screen_split(
             placed = cand.strategy_record.place(base, abstract_mesh(cand.stage_mesh))
             known[key] = placed, {}, {}
         placement, memo, stage_parts = known[key]
-        sched = Schedule(
-            cand.microbatches,
-            cand.remat,
-            cand.stages,
-            cand.offload_optimizer,
-            cand.virtual_stages,
-            stage,
-        )
         each.append(
             _screen_stage(
                 cand,
@@ -783,7 +767,7 @@ def _screen_split(
                 mode,
                 bytes_per_param,
                 flash_attention,
-                sched,
+                cand.schedule(stage),
                 matmul_dtype=matmul_dtype,
                 fp8_saved_inputs=fp8_saved_inputs,
                 memo=memo,

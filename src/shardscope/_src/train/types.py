@@ -24,7 +24,7 @@ from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
-from shardscope._src.plan.estimates import MemoryEstimate, PipelineSplit
+from shardscope._src.plan.estimates import MemoryEstimate, PipelineSplit, PipelineStage, Schedule
 from shardscope._src.plan.notes import NoTargetFitValues, PlanNote, TargetOutOfMemoryValues
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.types import (
@@ -85,6 +85,20 @@ class Candidate:
     def split(self) -> PipelineSplit:
         """:attr:`pipeline_split` as its member."""
         return PipelineSplit.parse(self.pipeline_split)
+
+    def schedule(self, stage: PipelineStage | None = None) -> Schedule:
+        """How this candidate runs its step (its micro-batches, recomputation, stages,
+        offloads and virtual stages), priced on the pipeline ``stage`` of its split where
+        one is given (:class:`~shardscope._src.plan.estimates.Schedule`)."""
+        return Schedule(
+            self.microbatches,
+            self.remat,
+            self.stages,
+            self.offload_optimizer,
+            self.virtual_stages,
+            stage,
+            offload_layers=self.offload_layers,
+        )
 
     @property
     def sizes(self) -> dict[str, int]:
