@@ -5,7 +5,8 @@ against measured, one record a run and a summary per split, source and metric, a
 docs' accuracy page.
 
 A run's ``split`` is ``calibration`` (a row the constants were fitted to) or ``held-out`` (a
-run nothing was fitted to); its ``source`` is who published it. The summaries count the runs
+run nothing was fitted to; the dense runs on Blackwell GPUs apart, :data:`BLACKWELL`); its
+``source`` is who published it. The summaries count the runs
 and give the median and worst absolute error, the signed median (a model that is always fast
 is wrong even where its median error looks small) and how many land within 25%; a run the
 plans call a misfit (one that does not fit the hardware it ran on) is counted apart: a serving
@@ -105,6 +106,11 @@ def _training_records(
     return out
 
 
+#: The split of the held-out dense runs on Blackwell GPUs (B200 and GB200), judged apart from
+#: the H100 ones.
+BLACKWELL = "held-out on Blackwell"
+
+
 def training_runs() -> list[dict[str, Any]]:
     """Every training run of ``calibration.py``, ``training_heldout.py`` and
     ``moe_heldout.py`` (its runs as written), as the planner's screening estimate predicts it
@@ -128,21 +134,25 @@ def training_runs() -> list[dict[str, Any]]:
             out.extend(
                 _training_records(common, s, row.measured_s, row.peak_gib, moe=row.config.is_moe)
             )
-    for judged in training_heldout.judge(training_heldout.RUNS):
-        run, s = judged.run, judged.screened
-        if s is None:
-            continue
-        common = {
-            "split": "held-out",
-            "source": _source(run.name, training=True),
-            "run": run.name,
-            "hardware": "h100",
-            "by": "estimate",
-            "microbatches": run.microbatches,
-            "instead": "; ".join(run.instead) or None,
-            "misfit": _misfit(s),
-        }
-        out.extend(_training_records(common, s, run.measured_s, run.peak_gib))
+    for split, dense in (
+        ("held-out", training_heldout.RUNS),
+        (BLACKWELL, training_heldout.BLACKWELL_RUNS),
+    ):
+        for judged in training_heldout.judge(dense):
+            run, s = judged.run, judged.screened
+            if s is None:
+                continue
+            common = {
+                "split": split,
+                "source": _source(run.name, training=True),
+                "run": run.name,
+                "hardware": run.hardware,
+                "by": "estimate",
+                "microbatches": run.microbatches,
+                "instead": "; ".join(run.instead) or None,
+                "misfit": _misfit(s),
+            }
+            out.extend(_training_records(common, s, run.measured_s, run.peak_gib))
     for run in moe_heldout.RUNS:
         try:
             s, _ = moe_heldout.estimate_run(run)
