@@ -9,6 +9,8 @@ import pytest
 from helpers import assert_usage_error
 from shardscope import PlanError, PlanRequest
 from shardscope._src.model.config import ModelConfig
+from shardscope._src.plan.estimates import activation_bytes_per_layer
+from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.train.candidates import estimate
 from shardscope._src.train.types import Candidate
 
@@ -32,22 +34,57 @@ def test_sequence_parallel_fp8_copies_are_the_local_shards_and_the_out_projectio
     # zero1_sp on data=2 x model=4: 4 sequences of 128 tokens a device, the QKV's and the
     # MLP's normed inputs their 1/4 shards (h/t each) and the down-projection's input
     # (ff/t) 1 byte instead of 2; the attention keeps its 16-bit output and the
-    # out-projection an fp8 copy of its q/t beside it.
+    # out-projection an fp8 copy of its q/t beside it; no dropout masks (h/t each, 1 byte
+    # an element, two a layer).
     mesh, t, tokens = (("data", 2), ("model", 4)), 4, 4 * 128
     high = _activations("zero1_sp", mesh, saved="high-precision")
     fp8 = _activations("zero1_sp", mesh, saved="fp8")
     per_layer = tokens * (2 * H // t + FF // t) * (2 - 1) - tokens * (Q // t) * 1
+    per_layer += tokens * 2 * (H // t) * 1
     assert high - fp8 == LAYERS * per_layer
 
 
 def test_without_sequence_parallelism_the_normed_inputs_are_whole_and_unfused_keeps_one_copy():
     # tp on model=8: all 8 sequences on each device, the normed inputs whole (h), the
     # down-projection's ff/t; without memory-efficient attention the out-projection's fp8
-    # copy is the only one of the attention's output (q/t).
+    # copy is the only one of the attention's output (q/t); no dropout masks (h each).
     mesh, t, tokens = (("model", 8),), 8, 8 * 128
     high = _activations("tp", mesh, saved="high-precision", flash=False)
     fp8 = _activations("tp", mesh, saved="fp8", flash=False)
-    assert high - fp8 == LAYERS * tokens * (2 * H + Q // t + FF // t) * (2 - 1)
+    masks = 2 * H * 1
+    assert high - fp8 == LAYERS * tokens * ((2 * H + Q // t + FF // t) * (2 - 1) + masks)
+
+
+#: A grouped-query model: 8 query heads of 32, 4 key/value heads, SwiGLU ff 512.
+GQA = ModelConfig(
+    d_model=256, heads=8, kv_heads=4, ff=512, layers=4, batch=8, seq=128, vocab=1024,
+    mlp="swiglu", dtype="bfloat16",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("strategy", "mesh", "t", "sequences", "local"),
+    [("zero1_sp", "data=2,model=4", 4, 4, 4), ("tp", "model=4", 4, 8, 1)],
+    ids=["sp", "tp"],
+)
+def test_a_transformer_engine_layer_keeps_exactly_the_tensors_megatron_core_saves(
+    strategy, mesh, t, sequences, local
+):
+    # What a Llama layer of Megatron-Core with Transformer Engine saves for its backward,
+    # bytes a token, at a tensor-parallel degree t (sequence parallelism: the norms'
+    # tensors are a device's 1/t of the sequence, ``local``): each LayerNormLinear its
+    # norm's 16-bit input and its fp8 output (the QKV's and the MLP's); the fused
+    # attention its q, k and v and its 16-bit output; the out-projection an fp8 copy of
+    # that output; the SwiGLU its 16-bit input (gate and up); the down-projection an fp8
+    # copy of the SwiGLU's output; the bias-dropout-adds at dropout 0 no mask.
+    q, kv = 8 * 32, 4 * 32
+    norms = 2 * (H * 2 + H * 1) / local
+    attention = ((q + 2 * kv) * 2 + q * 2 + q * 1) / t
+    mlp = (2 * FF * 2 + FF * 1) / t
+    tokens = sequences * 128
+    placement = get_strategy(strategy).place(GQA, abstract_mesh(mesh))
+    kept = activation_bytes_per_layer(placement, fp8_saved=True)
+    assert kept == tokens * (norms + attention + mlp)
 
 
 def test_the_default_and_bf16_steps_keep_the_16_bit_inputs():
@@ -61,11 +98,12 @@ def test_the_default_and_bf16_steps_keep_the_16_bit_inputs():
 
 def test_full_recomputation_changes_only_the_layer_being_recomputed():
     # full recomputation keeps each layer's input, no linear's: only the layer being
-    # recomputed holds the fp8 copies.
+    # recomputed holds the fp8 copies (and no dropout masks).
     mesh, t, tokens = (("data", 2), ("model", 4)), 4, 4 * 128
     high = _activations("zero1_sp", mesh, saved="high-precision", remat="full")
     fp8 = _activations("zero1_sp", mesh, saved="fp8", remat="full")
-    assert high - fp8 == tokens * (2 * H // t + FF // t) - tokens * (Q // t)
+    masks = tokens * 2 * (H // t) * 1
+    assert high - fp8 == tokens * (2 * H // t + FF // t) - tokens * (Q // t) + masks
 
 
 def test_bad_values_are_refused_naming_the_value_and_the_fix(capsys):
@@ -84,7 +122,7 @@ def test_a_mixtures_experts_keep_fp8_copies_of_their_slots_and_their_down_projec
     # expert=8 a device runs one sequence of 128 tokens, each sending 2 slots of h to the
     # up-projections and 2 x expert_ff to the down-projections, 1 byte an element instead
     # of 2; its attention's inputs change as a dense layer's (both normed inputs h, the
-    # out-projection's fp8 copy of q beside the attention's output).
+    # out-projection's fp8 copy of q beside the attention's output, no dropout masks).
     experts, top_k, expert_ff = 8, 2, 128
     moe = ModelConfig(
         d_model=H, heads=8, kv_heads=8, ff=FF, layers=LAYERS, batch=8, seq=128, vocab=1024,
@@ -98,7 +136,7 @@ def test_a_mixtures_experts_keep_fp8_copies_of_their_slots_and_their_down_projec
         s = estimate(c, moe, "h100", matmul_dtype="fp8", fp8_saved_inputs=saved)
         return s.memory.activations
 
-    attention = tokens * (2 * H * (2 - 1) - Q * 1)
+    attention = tokens * (2 * H * (2 - 1) - Q * 1 + 2 * H * 1)
     experts_saved = tokens * top_k * (H + expert_ff) * (2 - 1)
     assert activations("high-precision") - activations("fp8") == LAYERS * (
         attention + experts_saved

@@ -12,7 +12,9 @@ Memory (per device, bytes):
   16-bit activations), per layer with ``s`` sequence, ``b`` sequences per data shard, ``h``
   d_model, ``a`` heads, ``f`` ff and ``t`` the tensor-parallel degree:
   ``sbh (10 + (8 + 4f/h)/t + 5as/(ht))`` and, with sequence parallelism,
-  ``sbh ((18 + 4f/h)/t + 5as/(ht))``. With ``f = 4h`` these are the paper's
+  ``sbh ((18 + 4f/h)/t + 5as/(ht))``, the paper's two dropout masks (``sbh`` each) among
+  the ``10`` (not counted for Transformer Engine's layers, ``fp8_saved_inputs="fp8"``, which
+  keep none). With ``f = 4h`` these are the paper's
   ``sbh (10 + 24/t + 5as/(ht))`` and ``sbh (34/t + 5as/(ht))``. Flash attention drops the
   ``5as/(ht)`` term (the default). The MLP's ``4f/h`` is the input and the output of its
   element-wise block (GELU's, ``2f`` bytes a token each); a SwiGLU MLP keeps ``6f/h``: the
@@ -116,7 +118,10 @@ class Fp8SavedInputs(Vocab):
     #: their fp8 copies (1 byte an element), a sequence-parallel linear's local shard,
     #: gathered again in the backward: Transformer Engine's ``Linear`` and
     #: ``LayerNormLinear`` (NeMo, Megatron-Core, Megatron-Bridge), which also cast their
-    #: weights once a step, not once a pass (:func:`fp8_weight_cast_bytes`)
+    #: weights once a step, not once a pass (:func:`fp8_weight_cast_bytes`). Their layers
+    #: are Megatron-Core's, whose bias-dropout-add keeps no dropout mask at the models'
+    #: ``hidden_dropout`` 0 (``torch.nn.functional.dropout`` returns its input at ``p=0``):
+    #: Korthikanti et al.'s two masks, ``sbh`` bytes each, are not counted
     FP8 = "fp8"
 
 
@@ -602,11 +607,14 @@ def tokens_per_device(placement: Placement, microbatches: int = 1) -> int:
 
 
 def _activation_terms(
-    placement: Placement, b: int, *, dense_mlp: bool = True
+    placement: Placement, b: int, *, dense_mlp: bool = True, dropout_masks: bool = True
 ) -> tuple[float, float, float]:
     """Bytes of one layer's activations for ``b`` sequences on one device: (replicated
     over the model axis, split by it, attention scores split by it), at the model's dtype;
-    ``dense_mlp=False`` leaves the MLP's hidden out (a layer with experts counts its own)."""
+    ``dense_mlp=False`` leaves the MLP's hidden out (a layer with experts counts its own).
+    ``dropout_masks=False`` leaves out Korthikanti et al.'s two dropout masks (after the
+    attention and after the MLP, ``sbh`` bytes each): a layer that keeps none
+    (:data:`Fp8SavedInputs.FP8`'s)."""
     c = placement.config
     s, h, f = c.seq, c.d_model, c.ff
     assert c.head_dim is not None and c.kv_heads is not None
@@ -625,11 +633,14 @@ def _activation_terms(
         latents = 2 * (c.kv_lora_rank + c.rope_head_dim) + 2 * c.kv_lora_rank
         latents += 4 * c.q_lora_rank
     scores = 5 * c.heads * s
+    # the two norms' inputs and outputs (the QKV's and the MLP's inputs), and the two
+    # residual dropouts' masks, 1 byte an element
+    residual = 8.0 * h + (2 * h if dropout_masks else 0)
     whole: float
     if placement.strategy.sequence_parallel:
-        whole, split = 0.0, (10 * h + latents + split) / t
+        whole, split = 0.0, (residual + latents + split) / t
     else:
-        whole, split = 10.0 * h + latents, split / t
+        whole, split = residual + latents, split / t
     scale = s * b * c.itemsize / 2 / context_ways(placement)  # a device's own tokens
     return whole * scale, split * scale, scores / t * scale
 
@@ -717,14 +728,18 @@ def activation_bytes_per_layer(
     them keep (:func:`moe_activation_bytes_per_layer` for the layers with experts).
     ``fp8_saved``: the linear layers' inputs kept in fp8 (:func:`fp8_saved_inputs_change`)."""
     b = sequences_per_device(placement, microbatches)
-    whole, split, scores = _activation_terms(placement, b)
+    # Transformer Engine's layers are Megatron-Core's, whose bias-dropout-add keeps no
+    # mask at the models' hidden dropout of 0 (Fp8SavedInputs.FP8)
+    whole, split, scores = _activation_terms(placement, b, dropout_masks=not fp8_saved)
     dense = whole + split + (0 if flash_attention else scores)
     if fp8_saved:
         dense += fp8_saved_inputs_change(placement, b, flash_attention=flash_attention)
     c = placement.config
     if not c.is_moe:
         return math.ceil(dense)
-    moe = moe_activation_bytes_per_layer(placement, flash_attention=flash_attention, b=b)
+    moe = moe_activation_bytes_per_layer(
+        placement, flash_attention=flash_attention, b=b, dropout_masks=not fp8_saved
+    )
     if fp8_saved:
         moe += fp8_saved_inputs_change(
             placement, b, flash_attention=flash_attention, dense_mlp=False
@@ -734,7 +749,7 @@ def activation_bytes_per_layer(
 
 
 def moe_activation_bytes_per_layer(
-    placement: Placement, *, flash_attention: bool = True, b: int
+    placement: Placement, *, flash_attention: bool = True, b: int, dropout_masks: bool = True
 ) -> float:
     """Bytes a layer with experts keeps for the backward for ``b`` sequences on one device:
     its attention's and norms' as a dense layer's (Korthikanti et al.), then, per token, the
@@ -754,9 +769,12 @@ def moe_activation_bytes_per_layer(
     Unfolded under sequence parallelism (ETP = TP) it keeps the logits and the weighted
     outputs of its own slice, and the slots as its experts take them, gathered over
     ``model`` (those of all its sequences' tokens, as unfolded without sequence
-    parallelism), their hidden split."""
+    parallelism), their hidden split. ``dropout_masks=False``: the attention's and norms'
+    without the dropout masks (:func:`_activation_terms`)."""
     c = placement.config
-    whole, split, scores = _activation_terms(placement, b, dense_mlp=False)
+    whole, split, scores = _activation_terms(
+        placement, b, dense_mlp=False, dropout_masks=dropout_masks
+    )
     attention = whole + split + (0 if flash_attention else scores)
     f = c.expert_ff or c.ff
     per_slot = 3 * f if c.mlp == "swiglu" else 2 * f  # elements: gate and up, their product
