@@ -1,5 +1,6 @@
 """A mixture's expert all-to-alls beside another micro-batch's compute (``ep_overlap``:
-Megatron's combined 1F1B schedule), the chunks that run alone waiting for theirs."""
+Megatron's combined 1F1B schedule), each beside the one sub-module the schedule pairs it
+with, the chunks that run alone waiting for theirs."""
 
 from dataclasses import replace
 
@@ -18,11 +19,16 @@ FLOPS = 1e13  # a micro-batch's forward: about 28 ms of forward and backward a c
 EXCHANGE, REDUCE = 0.08, 0.016
 
 
-def _work(stages: int = 1, virtual: int = 1) -> StepWork:
+def _work(
+    stages: int = 1, virtual: int = 1, experts: float = FLOPS / 2, share: float = 1.0
+) -> StepWork:
+    # half the forward is the experts' by default: each of a layer's four all-to-alls
+    # then has more compute beside it than it takes
     return StepWork(
         microbatches=M, stages=stages, virtual_stages=virtual, fwd_flops=FLOPS,
         recompute_flops=0.0, act_bytes=0, recompute_act_bytes=0, p2p_bytes=0,
         p2p_bandwidth=1e9, optimizer_params=0, model_flops=0, devices=stages,
+        expert_flops=experts, expert_layer_share=share,
     )  # fmt: skip
 
 
@@ -70,6 +76,49 @@ def test_an_interleaved_pipeline_waits_in_its_warm_up_cool_down_and_fill():
         rel=1e-12,
     )
     assert t.bubble_s == pytest.approx((p - 1) * (chunk + alone + two), rel=1e-12)
+
+
+def _rate() -> float:
+    # the H100's 16-bit matmul rate: FLOPs a second
+    h100 = hardware("h100")
+    return h100.peak_flops * h100.matmul_fraction
+
+
+def test_a_dispatch_longer_than_the_experts_backward_beside_it_pays_the_excess():
+    # A tenth of the forward is the experts': per micro-batch their backward's input
+    # gradients take E / R, beside the forward's dispatch; the other three all-to-alls
+    # each have at least 2 E / R beside them (the delayed weight gradients and the
+    # forward's experts; the attention forward with its weights' gradients; the
+    # attention backward). Each all-to-all takes 1.5 E / R and holds nothing, so each of
+    # the M - 1 paired micro-batches waits 0.5 E / R for its dispatch, and the unpaired
+    # one for all four.
+    on = hardware("h100", ep_overlap=True)
+    rate = _rate()
+    experts = FLOPS / 10
+    q = 1.5 * experts / rate  # one all-to-all of one micro-batch
+    comm = [CommItem("dispatch and combine", CRITICAL, 4 * M * q, 0.0, ALL_TO_ALL)]
+    t = step_time(on, _work(experts=experts), comm)
+    assert t.step_s == pytest.approx(
+        M * 3 * FLOPS / rate + (M - 1) * (q - experts / rate) + 4 * q, rel=1e-12
+    )
+
+
+def test_a_combine_hides_behind_the_attention_backward_of_the_layers_with_experts():
+    # Half the forward the experts' (E = F / 2): per micro-batch the forward's combine
+    # runs beside the attention's backward without its delayed weight gradients,
+    # 2 (F - E) / R - (F - E) / R = F / (2 R) over all the layers; with experts in half
+    # of them, only F / (4 R), shorter than the 0.4 F / R the combine takes, which then
+    # waits 0.15 F / R in each paired micro-batch; the other three pairs hide theirs
+    # (F / (2 R) or more beside each) either way.
+    on = hardware("h100", ep_overlap=True)
+    rate = _rate()
+    q = 0.4 * FLOPS / rate
+    comm = [CommItem("dispatch and combine", CRITICAL, 4 * M * q, 0.0, ALL_TO_ALL)]
+    compute = M * 3 * FLOPS / rate
+    every = step_time(on, _work(share=1.0), comm).step_s
+    assert every == pytest.approx(compute + 4 * q, rel=1e-12)
+    half = step_time(on, _work(share=0.5), comm).step_s
+    assert half == pytest.approx(compute + (M - 1) * 0.15 * FLOPS / rate + 4 * q, rel=1e-12)
 
 
 def test_a_forward_step_and_a_dense_step_are_unchanged():

@@ -648,8 +648,9 @@ def _time_model(values: TimeModelValues) -> str:
     )
     if v.ep_overlap:
         pp += (
-            "; a mixture's expert all-to-alls beside another micro-batch's compute (the "
-            "chunks that run alone waiting)"
+            "; a mixture's expert all-to-alls each beside the one sub-module of another "
+            "micro-batch that Megatron's combined 1F1B pairs it with (the chunks that run "
+            "alone waiting)"
         )
     sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
     return (

@@ -65,10 +65,12 @@ class Hardware(Record):
       ep_overlap: the program runs a mixture's expert all-to-alls (its dispatch and
         combine) beside another micro-batch's compute: Megatron's combined 1F1B schedule
         (``overlap_moe_expert_parallel_comm``) pairs each forward chunk of the steady
-        phase with another micro-batch's backward chunk, so only the all-to-alls of the
-        chunks that run alone (a pipeline's fill and flush; without one, the first forward
-        and the last backward) are on the critical path; off unless set, on every device
-        (see :data:`TIME_MODEL_SOURCES`).
+        phase with another micro-batch's backward chunk, each all-to-all of a layer
+        beside the one sub-module of the other the schedule pairs it with (what it
+        outlasts that by is on the critical path), and the all-to-alls of the chunks that
+        run alone (a pipeline's fill and flush; without one, the first forward and the
+        last backward) wait; off unless set, on every device (see
+        :data:`TIME_MODEL_SOURCES`).
       host_memory_bytes: the host's memory per device (the host's DRAM over its devices),
         where activations offloaded by ``remat="offload"`` live; 0: no offload.
       host_bandwidth: bytes/s one device moves to or from host memory, each way (PCIe).
@@ -379,12 +381,25 @@ TIME_MODEL_SOURCES = {
         "Megatron-Bridge's H100 Qwen3-235B recipes set it (moe_a2a_overlap=True, "
         "scripts/performance/configs/qwen/qwen3_workload_base_configs.py@01b2977), and the "
         "Megatron MoE model zoo's Qwen3-235B table lists the same layout with and without "
-        "it (19.7 and 17.6 s, best_practice/Qwen3/readme.md@c1ad0b5). A hidden all-to-all "
-        "holds its share of the multiprocessors as the other collectives do. Off by "
-        "default: each chunk waits for its all-to-alls. Not to be trusted far: on that "
-        "one published pair the estimate's step falls 31% (22.8 to 15.8 s) where the "
-        "measured one fell 11%: the whole chunk is taken as the window an all-to-all "
-        "hides in, where the schedule pairs each with one sub-module of the other chunk"
+        "it (19.7 and 17.6 s, best_practice/Qwen3/readme.md@c1ad0b5), its launcher setting "
+        "--delay-wgrad-compute beside it (sbatch_benchmarking.sh@38ce2ed, A2A_OVERLAP=1). "
+        "Layer by layer (megatron/core/models/gpt/fine_grained_schedule.py "
+        "schedule_layer_1f1b@01415c4, sub-modules from fine_grained_callables.py@3e55583; "
+        "pipeline_parallel/utils.py ScheduleNode: each sub-module, on the compute or the "
+        "communication stream, waits for the one before it of its own micro-batch) a "
+        "layer is four pairs: the backward's combine beside the forward's attention and "
+        "router (and the previous layer's delayed attention weight gradients), the "
+        "forward's dispatch beside the experts' backward input gradients, the backward's "
+        "dispatch beside the experts' delayed weight gradients and the forward's experts, "
+        "the forward's combine beside the attention's backward; each pair as long as the "
+        "longer of the two, a hidden all-to-all holding its share of the multiprocessors "
+        "as the other collectives do. Off by default: each chunk waits for its "
+        "all-to-alls. Not to be trusted far: on that one published pair the estimate's "
+        "step falls 30% (21.1 to 14.8 s) where the measured one fell 11%. The pairing "
+        "does not explain it: each of the layout's all-to-alls (15.5 ms a micro-batch on "
+        "its slowest stage) is about as long as the sub-module beside it (13-26 ms), so "
+        "pricing them pair by pair rather than beside the whole chunk moves the step "
+        "0.1 s; what the measured schedule loses beyond that is not priced"
     ),
     "pp_overlap (off unless set)": (
         "NeMo's communication overlap guide (docs.nvidia.com/nemo-framework/user-guide/24.12/"

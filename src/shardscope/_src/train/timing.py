@@ -99,6 +99,18 @@ Per micro-batch on the slowest pipeline stage, one device:
   Megatron's ``overlap_p2p_comm``, which NeMo's interleaved recipes set) the steady phase's
   ``v m`` chunks send and receive beside the next chunk's compute, and only the fill's and
   the flush's ``p - 1`` slots keep their transfers on the critical path.
+* **a mixture's all-to-alls beside another micro-batch** (``ep_overlap``: Megatron-Core's
+  combined 1F1B, which runs one micro-batch's forward of a chunk with another's backward
+  of one, layer by layer): each layer with experts is four pairs, one stream's
+  all-to-all beside the other's one sub-module, each as long as the longer of the two
+  (:func:`_exchange_seconds`: the backward's combine beside the forward's attention, the
+  forward's dispatch beside the experts' backward, the backward's dispatch beside the
+  forward's experts, the forward's combine beside the attention's backward); the output
+  layer and the layers without experts have nothing beside them. Dispatch and combine move
+  the same rows, forward and backward, so each pair has a quarter of the layer's
+  all-to-alls. The chunks the schedule runs alone (a pipeline's warm-up and cool-down;
+  without one the first forward and the last backward) and the fill's and flush's slots
+  wait for theirs.
 * **data-parallel and FSDP collectives** (over the data axes): overlapped with compute as far
   as the schedule allows. FSDP's gathers and reduce-scatters repeat per micro-batch and hide
   behind that micro-batch's forward and backward; ZeRO-2's gradient reduce-scatters repeat
@@ -362,6 +374,12 @@ class StepWork:
     routing_recompute_bytes: float = 0.0
     host_syncs: int = 0
     host_recompute_syncs: int = 0
+    #: the output layer's matmul FLOPs in ``fwd_flops`` (16-bit; 0 on a stage without it),
+    #: and the share of the stage's layers that have experts: what Megatron's combined 1F1B
+    #: schedule (``ep_overlap``) runs beside a mixture's all-to-alls is those layers'
+    #: sub-modules, never the loss's or a dense layer's (:func:`_exchange_seconds`)
+    logits_flops: float = 0.0
+    expert_layer_share: float = 1.0
 
     @property
     def matmul_flops(self) -> float:
@@ -432,6 +450,7 @@ class StepWork:
             fp8_recompute_flops=self.fp8_recompute_flops * r,
             expert_flops=self.expert_flops * r,
             expert_recompute_flops=self.expert_recompute_flops * r,
+            logits_flops=self.logits_flops * r,
             attention_flops=self.attention_flops * core,
             attention_rerun_flops=self.attention_rerun_flops * core,
         )
@@ -523,6 +542,11 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
             read = matmul_read_seconds(hw, passes * work.expert_weight_bytes, size)
         return max(run / share, read) - run
 
+    def experts(flops: float, passes: int, share: float) -> float:
+        # the routed experts' matmuls of a pass, as the step prices them
+        run = matmul_seconds(hw, flops, flops if work.fp8_flops else 0.0)
+        return run + weights_wait(flops, passes, share)
+
     act = stream_seconds(hw, HBM_PASSES * work.act_bytes)
     # a fused attention kernel's causal FLOPs (half the non-causal count) at its own rates
     attention = work.attention_flops if hw.attention_fwd_flops > 0 else 0.0
@@ -586,13 +610,30 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     v = work.virtual_stages
     chunk = (fwd + bwd + tp_exposed) / v
     # Under ep_overlap a chunk's all-to-alls (forward's and backward's) run beside the
-    # compute of the chunk it is paired with (Megatron's combined 1F1B), but the chunks
-    # that run alone, and the fill's and flush's slots, wait for theirs.
+    # compute of the chunk it is paired with (Megatron's combined 1F1B), each beside the
+    # one sub-module the schedule pairs it with (_exchange_seconds), but the chunks that
+    # run alone, and the fill's and flush's slots, wait for theirs.
     alone = ex / (m * v)
     ex_exposed = 0.0
     if ex:
         paired = v * m - _unpaired_chunks(p, v, m)
-        hidden_ex = overlap_seconds(chunk, alone, ex_held / (m * v))
+        # the four sub-modules' compute beside a layer's four all-to-alls, per micro-batch
+        e_fwd = experts(work.expert_flops, 1, work.expert_fwd_share)
+        e_bwd = experts(2 * work.expert_flops, 2, work.expert_bwd_share)
+        e_rerun = experts(work.expert_recompute_flops, 1, work.expert_fwd_share)
+        logits = matmul_seconds(hw, work.logits_flops)
+        # the other weights' gradients (one forward's matmuls but the experts' and the
+        # output layer's), which the schedule delays to the end of the layer's backward
+        fp8_experts = work.expert_flops if work.fp8_flops else 0.0
+        wgrad = matmul_seconds(
+            hw, dense - work.expert_flops - work.logits_flops, work.fp8_flops - fp8_experts
+        )
+        beside = _exchange_seconds(
+            fwd - e_fwd - logits, bwd - e_bwd - e_rerun - 2 * logits, wgrad,
+            e_fwd, e_bwd, e_rerun, work.expert_layer_share,
+        )  # fmt: skip
+        q, q_held = ex / (4 * m), ex_held / (4 * m)  # one of the four, per micro-batch
+        hidden_ex = sum(overlap_seconds(c, q, q_held) for c in beside) / v
         ex_exposed = paired * hidden_ex + (v * m - paired) * alone
     slot = chunk + alone + 2 * p2p_one
     pipeline = (v * m + p - 1) * (chunk + 2 * p2p_one) + (p - 1) * alone + ex_exposed
@@ -649,6 +690,49 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
         tp_exposed_s=m * tp_exposed + ex_exposed,
         p2p_exposed_s=p2p_exposed,
         routing_s=m * (route_fwd + route_bwd),
+    )
+
+
+def _exchange_seconds(
+    rest_fwd: float,
+    rest_bwd: float,
+    rest_wgrad: float,
+    experts_fwd: float,
+    experts_bwd: float,
+    experts_rerun: float,
+    share: float,
+) -> tuple[float, float, float, float]:
+    """The compute Megatron-Core's combined 1F1B schedule runs beside each of a mixture
+    layer's four all-to-alls, summed over a micro-batch's layers with experts (``share``
+    of its layers), when one micro-batch's forward of a layer runs with another's backward
+    of a layer (``schedule_layer_1f1b``, ``--overlap-moe-expert-parallel-comm`` with the
+    ``--delay-wgrad-compute`` the recipes set beside it; sources in
+    :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`). Its sub-modules take
+    turns on a compute and a communication stream, and each waits for the one before it of
+    its own micro-batch, so a layer is four pairs, each as long as the longer of its two:
+
+    1. the backward's combine beside the forward's attention and router (``rest_fwd``:
+       the forward but the experts' matmuls and the output layer's), with the previous
+       layer's delayed weight gradients of the same (``rest_wgrad``);
+    2. the forward's dispatch beside the experts' backward, input gradients
+       (``experts_bwd / 2``) and the experts recomputed (``experts_rerun``);
+    3. the backward's dispatch beside the experts' delayed weight gradients
+       (``experts_bwd / 2``) and the forward's experts (``experts_fwd``);
+    4. the forward's combine beside the backward's router and attention (``rest_bwd`` but
+       their weight gradients).
+
+    A layer without experts has no all-to-all: its compute, the output layer's and the
+    embedding's run with nothing beside them.
+
+    >>> _exchange_seconds(4.0, 8.0, 2.0, 3.0, 6.0, 0.0, 0.5)
+    (3.0, 3.0, 6.0, 3.0)
+    """
+    wgrad = min(share * rest_wgrad, share * max(0.0, rest_bwd))
+    return (
+        share * max(0.0, rest_fwd) + wgrad,
+        experts_bwd / 2 + experts_rerun,
+        experts_bwd / 2 + experts_fwd,
+        share * max(0.0, rest_bwd) - wgrad,
     )
 
 
@@ -1071,6 +1155,8 @@ def _pass_work(
         **_expert_shares(hw, placement, m),
         **_ring_work(placement, c.layers * core, rerun),
         **route,
+        logits_flops=logits,
+        expert_layer_share=c.moe_layers / c.layers if c.layers else 0.0,
     )
 
 
