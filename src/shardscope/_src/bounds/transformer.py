@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from shardscope._src.base.comm import (
     ALL_GATHER,
@@ -101,8 +102,8 @@ def transformer_bound(placement: Placement, mode: str = Mode.FORWARD) -> Bound:
         tokens = (c.batch // n_data) * (c.seq // _context_ways(placement))
         terms += _vocab_terms(model_axes, t, activation, tokens, train, s.sequence_parallel)
     storage = s.param_rules()
-    for name, shape in param_shapes(c).items():
-        terms += _weight_terms(placement, name, shape, train)
+    for weight in _weights_terms(placement, train).values():
+        terms += weight
     if train:
         terms += _loss_terms(placement)
         if uses_role(storage["wqkv"], Role.DATA):
@@ -118,9 +119,9 @@ def regathered_terms(placement: Placement) -> list[Term]:
     c = placement.config
     terms = [
         t
-        for name, shape in param_shapes(c).items()
+        for name, weight in _weights_terms(placement, False).items()
         if _stacked(c, name)
-        for t in _weight_terms(placement, name, shape, False)
+        for t in weight
         if t.role is TermRole.WEIGHT_GATHER
     ]
     if placement.strategy.context_parallel:
@@ -233,6 +234,36 @@ def _context_terms(
             what = f"gradient of the gathered {name} reduce-scattered to the sequence shards"
             terms += _term(REDUCE_SCATTER, axes, n, keys, layers, what, scope, role)
     return terms
+
+
+#: :func:`_weights_terms` of the placements asked for lately, by what they depend on: the
+#: planner's screen asks for them again for each micro-batch count of one placement (one
+#: micro-batch's placement differs only in its batch, which no weight's collective reads)
+_WEIGHTS_TERMS: dict[tuple[Any, ...], dict[str, tuple[Term, ...]]] = {}
+_WEIGHTS_TERMS_KEPT = 4096
+
+
+def _weights_terms(placement: Placement, train: bool) -> dict[str, tuple[Term, ...]]:
+    """:func:`_weight_terms` of every parameter of ``placement``'s model, in
+    :func:`param_shapes` order."""
+    c = placement.config
+    key = (
+        placement.strategy,
+        placement.mesh,
+        tuple(placement.axes.items()),
+        placement.constraints,
+        tuple(v for k, v in vars(c).items() if k != "batch"),
+        train,
+    )
+    known = _WEIGHTS_TERMS.get(key)
+    if known is None:
+        if len(_WEIGHTS_TERMS) >= _WEIGHTS_TERMS_KEPT:
+            _WEIGHTS_TERMS.clear()
+        known = _WEIGHTS_TERMS[key] = {
+            name: tuple(_weight_terms(placement, name, shape, train))
+            for name, shape in param_shapes(c).items()
+        }
+    return known
 
 
 def _weight_terms(

@@ -150,6 +150,7 @@ assume, say) is slower by that work at the matmul rate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -853,6 +854,8 @@ def classify(kind: str, axes: Sequence[str], placement: Placement) -> OverlapCla
     return PER_STEP_BWD
 
 
+# the screen asks it of every candidate, of a handful of policies
+@functools.lru_cache(maxsize=256)
 def reruns_forward_collectives(remat: str) -> bool:
     """Whether a train step under ``remat`` runs its forward's collectives again for the
     backward: where it computes the out-projection or the MLP's down-projection again
@@ -906,7 +909,9 @@ def step_bound(
     def repeated(terms: Sequence[Term]) -> tuple[Term, ...]:
         local = set(placement.group(accumulated_roles(placement))[0])
         model = set(placement.axes.get(Role.MODEL, ()))
-        return tuple(replace(t, count=t.count * (1 if once(t, local, model) else m)) for t in terms)
+        return tuple(
+            t if m == 1 or once(t, local, model) else replace(t, count=t.count * m) for t in terms
+        )
 
     def micro_batch() -> Placement:
         if m == 1:
@@ -988,10 +993,13 @@ def step_work(
         )  # fmt: skip
     host_optimizer = 0
     if schedule.offload_optimizer:
-        rules = placement.strategy.optimizer_rules()
-        host_optimizer = stage_elements_per_device(
-            placement, rules, schedule.stages, schedule.stage
-        ) * (bytes_per_param - 2 * placement.config.itemsize)
+        held = ("host optimizer", schedule.stages, schedule.stage, bytes_per_param)
+        if held not in known:
+            rules = placement.strategy.optimizer_rules()
+            known[held] = stage_elements_per_device(
+                placement, rules, schedule.stages, schedule.stage
+            ) * (bytes_per_param - 2 * placement.config.itemsize)
+        host_optimizer = known[held]
     if work.virtual_stages == schedule.virtual_stages and not host_optimizer:
         return work
     return replace(
