@@ -52,6 +52,7 @@ def test_plan_hands_every_keyword_to_the_request(monkeypatch):
         compiler="cpu", target_plans=2, mesh="data=8", workers=0, offload_optimizer=False,
         matmul_dtype="fp8",
         fp8_saved_inputs="fp8",
+        fp8_params=1,
         vocab_split=True,
         imbalance=1.5,
         dispatch_once=True,
@@ -102,7 +103,7 @@ def test_every_option_maps_onto_its_field():
         "--stages", "1", "--mesh", "data=16", "--compile-top", "5", "--bytes-per-param", "18",
         "--no-flash-attention", "--workers", "0", "--compiler", "cpu", "--target-plans", "2",
         "--offload-optimizer", "--matmul-dtype", "fp8", "--fp8-saved-inputs", "fp8",
-        "--fp8-peak-flops", "9e14",
+        "--fp8-params", "1", "--fp8-peak-flops", "9e14",
         "--fp8-matmul-fraction", "0.5", "--no-vocab-split", "--virtual-stages", "1",
         "--imbalance", "1.5", "--dispatch-once", "--attention-fwd-flops", "3e14",
         "--attention-bwd-flops", "2e14", "--beside-best", "--pipeline-split", "loss",
@@ -116,7 +117,8 @@ def test_every_option_maps_onto_its_field():
         strategies=("dp", "fsdp"), remat=("none", "full"), microbatches=2, stages=1,
         mesh="data=16", compile_top=5, bytes_per_param=18, flash_attention=False, workers=0,
         compiler="cpu", target_plans=2, offload_optimizer=True, matmul_dtype="fp8",
-        fp8_saved_inputs="fp8", vocab_split=False, virtual_stages=1, imbalance=1.5,
+        fp8_saved_inputs="fp8", fp8_params=1, vocab_split=False, virtual_stages=1,
+        imbalance=1.5,
         dispatch_once=True, beside_best=True, pipeline_split="loss",
     )  # fmt: skip
 

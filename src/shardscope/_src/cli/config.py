@@ -306,6 +306,7 @@ class PlanConfig(HardwareOptions):
     flash_attention: bool | None  # --no-flash-attention: False
     matmul_dtype: str | None
     fp8_saved_inputs: str | None
+    fp8_params: int | None
     workers: int | None
     compiler: str | None
     target_plans: int | None

@@ -285,6 +285,7 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
             ("--mesh", c.mesh),
             ("--matmul-dtype", c.matmul_dtype),
             ("--fp8-saved-inputs", c.fp8_saved_inputs),
+            ("--fp8-params", c.fp8_params),
         )
         if value is not None
     ]

@@ -147,6 +147,38 @@ def check_fp8_saved_inputs(value: object, matmul_dtype: object) -> Fp8SavedInput
     return saved
 
 
+def check_fp8_params(value: object, matmul_dtype: object, fp8_saved_inputs: object) -> int | None:
+    """``fp8_params`` as given (None: the layers' weights at the model's dtype; a count:
+    the linear layers' weights kept in fp8 but that many layers at each end of the model,
+    Megatron-Bridge's FP8-CS recipe's ``num_layers_at_start_in_bf16`` and
+    ``num_layers_at_end_in_bf16``), refused (a :class:`PlanError` naming the value and the
+    fix) when it is not a count of layers, or is given without Transformer Engine's fp8
+    linears (``matmul_dtype="fp8"`` and ``fp8_saved_inputs="fp8"``), whose weights these
+    are."""
+    if value is None:
+        return None
+    count = value if is_int(value, 0) else None
+    if count is None:
+        raise PlanError(
+            f"fp8_params={value!r}: the layers at each end of the model whose weights stay "
+            f"16-bit, 0 or more (Megatron-Bridge's FP8-CS recipe: 1); give a count, or "
+            f"drop fp8_params to keep every weight 16-bit",
+            param="fp8_params",
+        )
+    dtype = MatmulDtype.parse(
+        matmul_dtype, what="matmul_dtype", error=PlanError, param="matmul_dtype"
+    )
+    if dtype != MatmulDtype.FP8 or fp8_saved_inputs != Fp8SavedInputs.FP8:
+        raise PlanError(
+            f"fp8_params={value!r}: keeps Transformer Engine's fp8 linear layers' weights in "
+            f"fp8, and matmul_dtype={dtype.value!r} with fp8_saved_inputs="
+            f"{fp8_saved_inputs!r} runs no such layer; give matmul_dtype='fp8' and "
+            f"fp8_saved_inputs='fp8' with it, or drop fp8_params",
+            param="fp8_params",
+        )
+    return count
+
+
 #: Bytes an fp8 cast moves per element besides the two reads of the 16-bit tensor: the write of
 #: its 1-byte copy (dynamic tensorwise scaling: the amax pass reads the tensor, the cast reads it
 #: again and writes the copy).
@@ -1012,6 +1044,7 @@ def estimate_memory(
     flash_attention: bool = True,
     schedule: Schedule | None = None,
     fp8_saved_inputs: str | None = None,
+    fp8_params: int | None = None,
     parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> MemoryEstimate:
     """Analytic memory per device of ``placement`` (see the module docstring for the formulas).
@@ -1024,6 +1057,10 @@ def estimate_memory(
     the stage's layers, or ``1 / virtual_stages`` of them interleaved).
     ``fp8_saved_inputs`` (an fp8 step's, :class:`Fp8SavedInputs`; None: 16-bit matmuls)
     ``"fp8"`` keeps the linear layers' inputs in fp8 (:func:`fp8_saved_inputs_change`).
+    ``fp8_params`` (None: 16-bit weights) keeps the layers' linear weights in fp8, 1 byte an
+    element, but that many layers at each end of the model (:func:`fp8_param_elements`),
+    stored and, under FSDP, gathered (the gradients, master weights and optimizer state
+    unchanged).
     ``parts``: what earlier calls on the same placement worked out, by the arguments each
     piece depends on (the model state by the stages, one layer's activations by the
     micro-batches and the recomputation; a sweep asks them of every schedule it screens).
@@ -1051,9 +1088,11 @@ def estimate_memory(
     known = {} if parts is None else parts
     train = mode == Mode.TRAIN
     p = sched.stages
-    key: tuple[Any, ...] = ("state", train, bytes_per_param, p, sched.stage)
+    key: tuple[Any, ...] = ("state", train, bytes_per_param, p, sched.stage, fp8_params)
     if key not in known:
         known[key] = _model_state(placement, train, bytes_per_param, p, sched.stage)
+        if fp8_params is not None:
+            known[key] = _fp8_model_state(placement, known[key], fp8_params, sched)
     params, grads, optimizer, gathered = known[key]
     m = sched.microbatches if train else 1
     host = 0
@@ -1139,6 +1178,29 @@ def _model_state(
     return params, grads, optimizer, gathered
 
 
+def _fp8_model_state(
+    placement: Placement,
+    state: tuple[int, int, int, int],
+    fp8_params: int,
+    schedule: Schedule,
+) -> tuple[int, int, int, int]:
+    """:func:`_model_state` with the layers' linear weights at 1 byte an element
+    (``fp8_params``, :func:`estimate_memory`): those the device stores, and those FSDP
+    gathers for the layer that runs."""
+    params, grads, optimizer, gathered = state
+    s = placement.strategy
+    item = placement.config.itemsize
+    sched = schedule
+    bf16 = bf16_end_layers(
+        placement.config.layers, fp8_params, sched.stages, sched.stage, sched.virtual_stages
+    )
+    params -= fp8_param_elements(placement, s.param_rules(), bf16) * (item - FP8_ITEMSIZE)
+    if gathered:
+        linear = gathered_layer_elements(placement, FP8_PARAM_NAMES) // model_ways(placement)
+        gathered -= linear * (item - FP8_ITEMSIZE)
+    return params, grads, optimizer, gathered
+
+
 def _layer_memory(
     placement: Placement, microbatches: int, remat: str, flash_attention: bool, fp8_saved: bool
 ) -> tuple[int, int, int, int | None]:
@@ -1165,14 +1227,17 @@ def _layer_memory(
     return kept, working, logits, offloaded
 
 
-def gathered_layer_elements(placement: Placement) -> int:
+def gathered_layer_elements(placement: Placement, only: Sequence[str] = ()) -> int:
     """Elements of the largest layer's weights a device gathers at use (FSDP): a dense
     layer's, or a layer with experts' (its attention, router and shared experts, and the
     routed experts this device holds: ``experts / e`` under expert parallelism; folded,
     ``experts / (e t)`` whole, the elements of ``experts / e`` over the ``t`` its caller
-    divides every layer's by)."""
+    divides every layer's by). ``only``: of those weights alone (the linear weights,
+    :data:`FP8_PARAM_NAMES`, that ``fp8_params`` gathers in fp8)."""
     c = placement.config
     shapes = param_shapes(c)
+    if only:
+        shapes = {name: shape for name, shape in shapes.items() if name in only}
     dense = sum(math.prod(shape[1:]) for name, shape in shapes.items() if name in LAYER_PARAMS)
     if not c.is_moe:
         return dense
@@ -1558,6 +1623,85 @@ def fp8_weight_cast_bytes(elements: float, itemsize: int) -> float:
     6000
     """
     return elements * (2 * itemsize + 2 * FP8_ITEMSIZE)
+
+
+#: The layers' weights Transformer Engine's linears hold in fp8 under ``fp8_params``: every
+#: projection and MLP weight (its ``Linear``, ``LayerNormLinear``, ``LayerNormMLP`` and
+#: ``GroupedLinear`` built under ``fp8_model_init``); the norms' gains and the router stay
+#: 16-bit, as do the embedding and the output layer (not a layer's)
+FP8_PARAM_NAMES = tuple(
+    name for name in (*LAYER_PARAMS, *MOE_PARAMS) if not name.endswith("norm") and name != "router"
+)
+#: Bytes of the fp32 master weights the distributed optimizer keeps (``bytes_per_param``'s)
+MASTER_ITEMSIZE = 4
+
+
+def bf16_end_layers(
+    layers: int, count: int, stages: int = 1, stage: PipelineStage | None = None,
+    virtual_stages: int = 1,
+) -> int:  # fmt: skip
+    """How many of the planned stage's ``layers`` are among the ``count`` at each end of the
+    model that ``fp8_params`` keeps 16-bit: both ends without pipeline stages; with stages
+    the end each holds (the planned stage is the last, or ``stage`` of a split: its
+    embedding's end on the first, its output layer's on the last). Interleaved, only the
+    end chunk's layers are counted (``count`` past a chunk's layers reaches other stages).
+
+    >>> bf16_end_layers(8, 1), bf16_end_layers(8, 1, 4), bf16_end_layers(8, 3, 4, None, 4)
+    (2, 1, 2)
+    """
+    if stages == 1:
+        return min(2 * count, layers)
+    if stage is None:
+        return min(count, layers // virtual_stages)
+    held = (min(count, stage.chunk_layers[0]) if stage.embedding else 0) + (
+        min(count, stage.chunk_layers[-1]) if stage.output else 0
+    )
+    return min(held, layers)
+
+
+def fp8_param_elements(
+    placement: Placement,
+    rules: Mapping[str, Any],
+    bf16_layers: int = 0,
+) -> int:
+    """Elements of the layers' linear weights (:data:`FP8_PARAM_NAMES`) one device stores
+    by ``rules`` in fp8 under ``fp8_params``: every layer's of ``placement`` (a stage's)
+    but ``bf16_layers`` of them (:func:`bf16_end_layers`; a mixture of experts' two kinds
+    of layers: their mean).
+
+    >>> from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
+    >>> tp = get_strategy("tp").place(ModelConfig(layers=4), abstract_mesh("model=8"))
+    >>> fp8_param_elements(tp, tp.strategy.param_rules(), 1) * 4 == (
+    ...     fp8_param_elements(tp, tp.strategy.param_rules()) * 3)
+    True
+    """
+    names = set(FP8_PARAM_NAMES)
+    every = sum(
+        elements // placement.ways(rules[name])
+        for name, elements in placement.param_elements
+        if name in names
+    )
+    layers = placement.config.layers
+    return every * (layers - bf16_layers) // layers
+
+
+def fp8_param_cast_bytes(shard_elements: float, elements: float, itemsize: int) -> float:
+    """HBM bytes a step moves to keep ``elements`` weights (a device's, as its matmuls read
+    them) in fp8 under ``fp8_params``, of which the distributed optimizer updates
+    ``shard_elements``: in place of :func:`fp8_weight_cast_bytes`'s cast of the 16-bit
+    weights, the optimizer casts its fp32 master shard after the update (Megatron-Core's
+    ``DistributedOptimizer._copy_main_params_to_model_params`` calls ``quantize_param_shard``,
+    Transformer Engine's ``cast_master_weights_to_fp8``: the master shard cast to the
+    model's dtype, read for the amax and read again for the cast that writes the fp8
+    shard), and once the shards are gathered the transpose of the whole weight is written
+    (``post_all_gather_processing``) for the backward's data-gradient matmul, as
+    :func:`fp8_weight_cast_bytes` writes it.
+
+    >>> fp8_param_cast_bytes(250, 1000, 2)  # 250 x (4 + 2 + 2 + 2 + 1) + 1000 x (1 + 1)
+    4750
+    """
+    shard = MASTER_ITEMSIZE + 3 * itemsize + FP8_ITEMSIZE
+    return shard_elements * shard + elements * 2 * FP8_ITEMSIZE
 
 
 def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:

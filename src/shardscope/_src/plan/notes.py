@@ -309,12 +309,17 @@ class TimeModelValues(NoteValues):
 
 @dataclass(frozen=True, kw_only=True)
 class Fp8MatmulsValues(NoteValues):
-    """The hardware's fp8 rate and the model's 16-bit ``dtype``."""
+    """The hardware's fp8 rate and the model's 16-bit ``dtype``; ``fp8_params``: the layers
+    at each end whose weights stay 16-bit where the others' are kept in fp8 (None: every
+    weight 16-bit)."""
+
+    optional = ("fp8_params",)
 
     name: str
     fp8_peak_flops: float
     fp8_matmul_fraction: float
     dtype: str
+    fp8_params: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -684,6 +689,14 @@ def _fp8_matmuls(v: Fp8MatmulsValues) -> str:
         f"{v.dtype} (fp8_saved_inputs='high-precision', torchao's) or their fp8 copies "
         f"(fp8_saved_inputs='fp8', Transformer Engine's, which also casts the weights once "
         f"a step, not in every pass) in the estimate, {v.dtype} in the compiled program"
+        + (
+            ""
+            if v.fp8_params is None
+            else f". With fp8_params={v.fp8_params} the layers' linear weights are kept in "
+            f"fp8 (1 byte an element) but {v.fp8_params} layer(s) at each end, stored, cast "
+            f"from the fp32 master shard once a step and gathered by ZeRO and FSDP at one "
+            f"byte, in the estimate; {v.dtype} in the compiled program"
+        )
     )
 
 

@@ -26,6 +26,7 @@ from shardscope._src.plan.estimates import (
     Fp8SavedInputs,
     MatmulDtype,
     PipelineSplit,
+    check_fp8_params,
     check_fp8_saved_inputs,
     check_matmul_dtype,
     interleave_problem,
@@ -146,6 +147,15 @@ class PlanRequest:
             out-projection's copy beside the attention's 16-bit output; and the weights
             cast to fp8 once a step, cached across micro-batches, not in every pass).
             Refused with ``matmul_dtype="bfloat16"``.
+        fp8_params: the layers' linear weights kept in fp8, 1 byte an element (Transformer
+            Engine's fp8 parameters: Megatron-Core's ``fp8_param_gather``, which
+            Megatron-Bridge's fp8 recipes set), but this many layers at each end of the model
+            (the FP8-CS recipe's ``first_last_layers_bf16``: 1); None (the default): 16-bit
+            weights. The norms, the embedding and the output layer stay 16-bit, the
+            gradients, master weights and optimizer state are unchanged; the weights are
+            cast by the optimizer from its fp32 master shard once a step, and the
+            distributed optimizer's and FSDP's parameter gathers move them at one byte.
+            With ``matmul_dtype="fp8"`` and ``fp8_saved_inputs="fp8"`` only.
         remat: recomputation to try: ``"none"``, ``"selective"`` (the attention scores
             recomputed), ``"matmuls"`` (the matmul outputs kept), ``"full"``, ``"offload"``
             (each layer's input and its query, key and value projections in host memory,
@@ -301,6 +311,15 @@ class PlanRequest:
         choices=tuple(Fp8SavedInputs),
         default_text="high-precision with --matmul-dtype fp8",
     )
+    fp8_params: int | None = knob(
+        None,
+        "keep the layers' linear weights in fp8 (Transformer Engine's fp8 parameters, "
+        "Megatron's fp8_param_gather) but N layers at each end of the model (Megatron-Bridge's "
+        "FP8-CS recipe: 1); with --matmul-dtype fp8 --fp8-saved-inputs fp8 only",
+        kind=Kind.WHOLE,
+        metavar="N",
+        default_text="16-bit weights",
+    )
     remat: str | Sequence[str] | None = knob(
         None,
         "activation recomputation to try, comma-separated: none, selective (the attention "
@@ -448,6 +467,8 @@ class PlanRequest:
         object.__setattr__(self, "matmul_dtype", check_matmul_dtype(self.matmul_dtype, hw))
         saved = check_fp8_saved_inputs(self.fp8_saved_inputs, self.matmul_dtype)
         object.__setattr__(self, "fp8_saved_inputs", saved)
+        fp8_params = check_fp8_params(self.fp8_params, self.matmul_dtype, saved)
+        object.__setattr__(self, "fp8_params", fp8_params)
         if self.mesh is not None:  # one canonical, immutable shape, whatever form it came in
             object.__setattr__(self, "mesh", MeshShape.of(self.mesh))
         if self.beside_best not in (True, False):

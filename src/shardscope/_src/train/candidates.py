@@ -38,6 +38,7 @@ from shardscope._src.plan.estimates import (
     PipelineSplit,
     PipelineStage,
     Schedule,
+    check_fp8_params,
     check_fp8_saved_inputs,
     data_ways,
     divisors,
@@ -684,7 +685,8 @@ def screen(
     *,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     fp8_saved_inputs: str | None = None,
-    memo: dict[tuple[int, bool, bool], tuple[Bound, tuple[CommItem, ...]]] | None = None,
+    fp8_params: int | None = None,
+    memo: dict[tuple[Any, ...], tuple[Bound, tuple[CommItem, ...]]] | None = None,
     parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> Screened:
     """Estimates ``cand`` without compiling: memory per device and the time model's step.
@@ -694,7 +696,10 @@ def screen(
     step's time, and its memory only as ``fp8_saved_inputs`` says (fp8 training keeps
     16-bit weights and 32-bit master weights and optimizer state; ``"fp8"``: the linear
     layers' inputs kept for the backward in fp8, Transformer Engine's,
-    :class:`Fp8SavedInputs`; None or ``"high-precision"``: at the model's dtype). ``memo``:
+    :class:`Fp8SavedInputs`; None or ``"high-precision"``: at the model's dtype), and
+    ``fp8_params`` (a count: the layers' linear weights kept in fp8 but that many layers at
+    each end, :func:`~shardscope._src.plan.estimates.check_fp8_params`; None: 16-bit).
+    ``memo``:
     the step's collectives of earlier candidates on the same placement and mode (they depend
     only on the micro-batches, whether the forward is recomputed, and fp8 gathers);
     ``parts``: the pieces of those collectives, memory and work of earlier candidates on
@@ -712,6 +717,7 @@ def screen(
             flash_attention,
             matmul_dtype=matmul_dtype,
             fp8_saved_inputs=fp8_saved_inputs,
+            fp8_params=fp8_params,
             parts=parts,
         )
     return _screen_stage(
@@ -725,6 +731,7 @@ def screen(
         cand.schedule(),
         matmul_dtype=matmul_dtype,
         fp8_saved_inputs=fp8_saved_inputs,
+        fp8_params=fp8_params,
         memo=memo,
         parts=parts,
     )
@@ -740,6 +747,7 @@ def _screen_split(
     *,
     matmul_dtype: str,
     fp8_saved_inputs: str | None,
+    fp8_params: int | None,
     parts: dict[tuple[Any, ...], Any] | None,
 ) -> Screened:
     """:func:`screen` of a candidate whose pipeline split counts the embedding or the loss
@@ -770,6 +778,7 @@ def _screen_split(
                 cand.schedule(stage),
                 matmul_dtype=matmul_dtype,
                 fp8_saved_inputs=fp8_saved_inputs,
+                fp8_params=fp8_params,
                 memo=memo,
                 parts=stage_parts,
             )
@@ -791,7 +800,8 @@ def _screen_stage(
     *,
     matmul_dtype: str,
     fp8_saved_inputs: str | None,
-    memo: dict[tuple[int, bool, bool], tuple[Bound, tuple[CommItem, ...]]] | None,
+    fp8_params: int | None,
+    memo: dict[tuple[Any, ...], tuple[Bound, tuple[CommItem, ...]]] | None,
     parts: dict[tuple[Any, ...], Any] | None,
 ) -> Screened:
     """:func:`screen` of one stage's program under ``sched``."""
@@ -802,6 +812,7 @@ def _screen_stage(
         flash_attention=flash_attention,
         schedule=sched,
         fp8_saved_inputs=fp8_saved_inputs,
+        fp8_params=fp8_params,
         parts=parts,
     )
     work = step_work(
@@ -815,16 +826,31 @@ def _screen_stage(
         bytes_per_param=bytes_per_param,
         matmul_dtype=matmul_dtype,
         fp8_saved_inputs=fp8_saved_inputs,
+        fp8_params=fp8_params,
         parts=parts,
     )
     pricing = Pricing(placement, work)
-    key = (cand.microbatches, reruns_forward_collectives(cand.remat), pricing.fp8_gathers)
+    share = pricing.fp8_param_share
+    key: tuple[Any, ...] = (
+        cand.microbatches,
+        reruns_forward_collectives(cand.remat),
+        pricing.fp8_gathers,
+    )
+    if share:
+        key = (*key, share)
     if memo is not None and key in memo:
         need, comm = memo[key]
     else:
         need = step_bound(placement, sched, mode, parts=parts)
         comm = tuple(
-            comm_items(hw, placement, need.terms, fp8_gathers=pricing.fp8_gathers, parts=parts)
+            comm_items(
+                hw,
+                placement,
+                need.terms,
+                fp8_gathers=pricing.fp8_gathers,
+                fp8_param_share=share,
+                parts=parts,
+            )
         )
         if memo is not None:
             memo[key] = need, comm
@@ -859,6 +885,7 @@ def screen_all(
     fp8_saved_inputs: str | None = None,
     pipeline_split: str = PipelineSplit.LAYERS,
     offload_layers: int = 0,
+    fp8_params: int | None = None,
 ) -> tuple[list[Screened], list[Skipped], int]:
     """Every candidate of a sweep estimated without compiling, best first (those that fit
     the device memory by step time, then the rest by memory); the (strategy, mesh) pairs
@@ -867,7 +894,9 @@ def screen_all(
     (:func:`pinned_mesh`): only the candidates on it. ``virtual_stages`` fixes the model
     chunks per device (interleaved 1F1B; None: 1 and each count that runs, up to
     :data:`MAX_VIRTUAL_STAGES`). ``fp8_saved_inputs``: how an fp8 step keeps its linear
-    layers' inputs (:func:`screen`; refused with 16-bit matmuls). ``pipeline_split``: what
+    layers' inputs (:func:`screen`; refused with 16-bit matmuls); ``fp8_params``: their
+    weights kept in fp8 but that many layers at each end (:func:`screen`; refused without
+    ``fp8_saved_inputs="fp8"``). ``pipeline_split``: what
     the pipeline stages split (:class:`~shardscope._src.plan.estimates.PipelineSplit`;
     Megatron's counts the embedding and the loss as a layer each, and only the stage
     counts that divide what it counts are tried). ``offload_layers``: how many of the first
@@ -876,6 +905,7 @@ def screen_all(
     runs it, so only one stage is tried)."""
 
     saved = check_fp8_saved_inputs(fp8_saved_inputs, matmul_dtype)
+    fp8_params = check_fp8_params(fp8_params, matmul_dtype, saved)
     split = PipelineSplit.parse(
         pipeline_split, what="pipeline_split", error=PlanError, param="pipeline_split"
     )
@@ -960,6 +990,7 @@ def screen_all(
             flash_attention=flash_attention,
             matmul_dtype=matmul_dtype,
             fp8_saved_inputs=saved,
+            fp8_params=fp8_params,
             memo={},
             parts={},
         )
@@ -1040,11 +1071,13 @@ def estimate(
     flash_attention: bool = True,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     fp8_saved_inputs: str | None = None,
+    fp8_params: int | None = None,
 ) -> Screened:
     """One candidate (strategy, mesh, micro-batches, recomputation; a ``stage`` axis for
     pipeline stages) estimated without compiling: its memory per device and step time
     (``matmul_dtype="fp8"``: the layers' matmuls in fp8, their linear layers' inputs kept
-    as ``fp8_saved_inputs`` says, see :func:`screen`; refused with 16-bit matmuls).
+    as ``fp8_saved_inputs`` says, and their weights kept in fp8 as ``fp8_params`` says,
+    see :func:`screen`; refused with 16-bit matmuls).
 
     A 7B model trained with FSDP on 64 H100s, 128 sequences in 2 micro-batches per data shard,
     with full recomputation:
@@ -1058,6 +1091,7 @@ def estimate(
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     saved = check_fp8_saved_inputs(fp8_saved_inputs, matmul_dtype)
+    fp8_params = check_fp8_params(fp8_params, matmul_dtype, saved)
     base = stage_config(config, candidate, flash_attention=flash_attention)
     placement = candidate.strategy_record.place(base, abstract_mesh(candidate.stage_mesh))
     return screen(
@@ -1070,6 +1104,7 @@ def estimate(
         flash_attention,
         matmul_dtype=matmul_dtype,
         fp8_saved_inputs=saved,
+        fp8_params=fp8_params,
     )
 
 

@@ -337,6 +337,8 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "compile_top": r.compile_top,
         "matmul_dtype": r.matmul_dtype,
         "fp8_saved_inputs": r.fp8_saved_inputs,
+        # written where the weights are kept in fp8: old results read the same
+        **({"fp8_params": r.fp8_params} if r.fp8_params is not None else {}),
         "time_model": timing_constants(hw, r.matmul_dtype),
     }
     return PlanResult(
@@ -351,7 +353,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         validations=validations(ranked),
         notes=tuple(
             read_note
-            + _result_notes(config, hw, ranked, r.matmul_dtype)
+            + _result_notes(config, hw, ranked, r.matmul_dtype, r.fp8_params)
             + compiler_notes(compiler, ranked, hw)
         ),
         wall_s=time.perf_counter() - start,
@@ -383,6 +385,7 @@ def _screen(
         fp8_saved_inputs=r.fp8_saved_inputs,
         pipeline_split=r.pipeline_split,
         offload_layers=r.offload_layers,
+        fp8_params=r.fp8_params,
         **layout,
     )
 
@@ -622,7 +625,11 @@ def _expert_axis(plan: Plan) -> bool:
 
 
 def _result_notes(
-    config: ModelConfig, hw: Hardware, plans: Sequence[Plan], matmul_dtype: str
+    config: ModelConfig,
+    hw: Hardware,
+    plans: Sequence[Plan],
+    matmul_dtype: str,
+    fp8_params: int | None = None,
 ) -> list[Note]:
     notes = [
         Note(PlanNote.ANALYTIC_MEMORY),
@@ -635,6 +642,7 @@ def _result_notes(
             fp8_peak_flops=hw.fp8_peak_flops,
             fp8_matmul_fraction=hw.fp8_matmul_fraction,
             dtype=config.dtype,
+            fp8_params=fp8_params,
         )
         notes.append(Note(PlanNote.FP8_MATMULS, fp8, ("matmul_dtype",)))
     unsplit = tuple(p.label for p in plans if config.is_moe and not _expert_axis(p))

@@ -193,12 +193,15 @@ from shardscope._src.plan.estimates import (
     MatmulDtype,
     Schedule,
     activation_bytes_per_layer,
+    bf16_end_layers,
     check_matmul_dtype,
     expert_gemms,
     expert_routing,
     expert_weight_elements,
     fp8_cast_bytes,
     fp8_cast_elements_per_layer,
+    fp8_param_cast_bytes,
+    fp8_param_elements,
     fp8_weight_cast_bytes,
     fp8_weight_elements_per_layer,
     logits_model_split,
@@ -295,6 +298,11 @@ class Pricing:
         """FSDP's weight all-gathers move fp8 copies (the layers' matmuls run in fp8)."""
         return self.work.matmul_dtype == MatmulDtype.FP8
 
+    @property
+    def fp8_param_share(self) -> float:
+        """The share of ZeRO's gathered parameters that are fp8 weights (``fp8_params``)."""
+        return self.work.fp8_param_share
+
 
 @dataclass(frozen=True)
 class StepWork:
@@ -339,6 +347,9 @@ class StepWork:
     #: HBM bytes of the casts made once a step, not once a pass: Transformer Engine's fp8
     #: weights (``fp8_saved_inputs="fp8"``), cast on the first micro-batch and kept
     cast_step_bytes: float = 0.0
+    #: the share of the elements ZeRO's all-gather of updated parameters moves that are fp8
+    #: weights (``fp8_params``: one byte an element; 0: every element 16-bit)
+    fp8_param_share: float = 0.0
     #: model chunks per device (interleaved 1F1B; 1: plain 1F1B)
     virtual_stages: int = 1
     #: the routed experts' part of ``fwd_flops`` and of ``recompute_flops``, and the bytes
@@ -966,6 +977,7 @@ def step_work(
     bytes_per_param: int = DEFAULT_BYTES_PER_PARAM,
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     fp8_saved_inputs: str | None = None,
+    fp8_params: int | None = None,
     parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> StepWork:
     """The work of one device on the slowest stage (the one with the unembedding) of a step
@@ -973,7 +985,12 @@ def step_work(
     with ``matmul_dtype="fp8"`` the layers' matmul FLOPs that run in fp8 and the bytes of
     their casts (see the module docstring), the weights' once a pass, or once a step with
     ``fp8_saved_inputs="fp8"`` (Transformer Engine's,
-    :func:`~shardscope._src.plan.estimates.fp8_weight_cast_bytes`). Interleaved, the device
+    :func:`~shardscope._src.plan.estimates.fp8_weight_cast_bytes`); with ``fp8_params``
+    (the weights kept in fp8) the optimizer's cast of its master shard and the gathered
+    weights' transpose instead
+    (:func:`~shardscope._src.plan.estimates.fp8_param_cast_bytes`), and ZeRO's gather of
+    updated parameters moving the fp8 weights at one byte (:attr:`StepWork.fp8_param_share`).
+    Interleaved, the device
     runs the same layers in ``virtual_stages`` chunks: the same work, in more, shorter slots
     (:func:`step_time`). ``parts``: what earlier calls on the same placement worked out (the
     work of schedules with the same micro-batches and recomputation, which differ only in
@@ -983,13 +1000,13 @@ def step_work(
     key = (
         "work", schedule.microbatches, schedule.remat, schedule.stages, full_config, devices,
         hw, flash_attention, mode, matmul_dtype, fp8_saved_inputs, schedule.stage,
-        schedule.offload_layers,
+        schedule.offload_layers, fp8_params, schedule.virtual_stages if fp8_params else 0,
     )  # fmt: skip
     work: StepWork | None = known.get(key)
     if work is None:
         work = known[key] = _pass_work(
             placement, schedule, full_config, devices, hw, flash_attention, mode, matmul_dtype,
-            fp8_saved_inputs,
+            fp8_saved_inputs, fp8_params,
         )  # fmt: skip
     host_optimizer = 0
     if schedule.offload_optimizer:
@@ -1017,6 +1034,7 @@ def _pass_work(
     mode: str,
     matmul_dtype: str,
     fp8_saved_inputs: str | None,
+    fp8_params: int | None = None,
 ) -> StepWork:
     """:func:`step_work` of one model chunk per device, its optimizer state on the device."""
 
@@ -1123,13 +1141,17 @@ def _pass_work(
             ]
             fp8_again, cast_again = c.layers * (matmuls - router), c.layers * rest
         weights_once = c.layers * fp8_weight_elements_per_layer(placement) if cached else 0.0
+        cast_once = fp8_weight_cast_bytes(weights_once, c.itemsize)
+        if fp8_params is not None:
+            cast_once, share = _fp8_param_work(placement, schedule, fp8_params)
+            fp8_work["fp8_param_share"] = share
         fp8_work.update(
             fp8_flops=c.layers * (layer - router),
             fp8_recompute_flops=fp8_again,
             cast_bytes=fp8_cast_bytes(c.layers * cast_fwd, c.itemsize),
             cast_bwd_bytes=fp8_cast_bytes(c.layers * cast_bwd, c.itemsize),
             cast_recompute_bytes=fp8_cast_bytes(cast_again, c.itemsize),
-            cast_step_bytes=fp8_weight_cast_bytes(weights_once, c.itemsize),
+            cast_step_bytes=cast_once,
         )
     p2p_bw = stage_bandwidth(hw, devices // p)
     return StepWork(
@@ -1168,6 +1190,28 @@ def _pass_work(
     )
 
 
+def _fp8_param_work(
+    placement: Placement, schedule: Schedule, fp8_params: int
+) -> tuple[float, float]:
+    """``(cast_step_bytes, fp8_param_share)`` of a step whose layers keep their linear weights
+    in fp8 but ``fp8_params`` layers at each end
+    (:func:`~shardscope._src.plan.estimates.bf16_end_layers`): the optimizer's cast of the
+    device's master shard of the fp8 weights and the transpose of those it runs
+    (:func:`~shardscope._src.plan.estimates.fp8_param_cast_bytes`), and the share of the
+    stage's parameters (as its devices store them) that are fp8 weights, which ZeRO's
+    all-gather of updated parameters moves at one byte an element."""
+    c = placement.config
+    s = placement.strategy
+    sched = schedule
+    bf16 = bf16_end_layers(c.layers, fp8_params, sched.stages, sched.stage, sched.virtual_stages)
+    fp8_layers = c.layers - bf16
+    used = fp8_layers * fp8_weight_elements_per_layer(placement)
+    shard = fp8_param_elements(placement, s.optimizer_rules(), bf16)
+    stored = fp8_param_elements(placement, s.param_rules(), bf16)
+    every = stage_elements_per_device(placement, s.param_rules(), sched.stages, sched.stage)
+    return fp8_param_cast_bytes(shard, used, c.itemsize), stored / every if every else 0.0
+
+
 def _expert_shares(hw: Hardware, placement: Placement, microbatches: int) -> dict[str, Any]:
     """:class:`StepWork`'s shares of the flat rate the routed experts' matmuls reach at their
     shapes (:func:`~shardscope._src.plan.estimates.expert_gemms`), where the hardware
@@ -1190,16 +1234,30 @@ def _ring_work(placement: Placement, core: float, rerun: float) -> dict[str, Any
 
 
 def gathered_bytes(
-    kind: str, cls: OverlapClass, traffic: float, placement: Placement, fp8_gathers: bool
+    kind: str,
+    cls: OverlapClass,
+    traffic: float,
+    placement: Placement,
+    fp8_gathers: bool,
+    fp8_param_share: float = 0.0,
 ) -> float:
     """The bytes a collective of ``traffic`` 16-bit bytes moves when FSDP gathers its weights
     in fp8 (``fp8_gathers``): its all-gathers of the per-micro-batch class (FSDP's weights)
     move one byte per element (torchtitan's ``enable_fsdp_float8_all_gather`` casts each
     shard before the gather); every other collective is unchanged (gradients, ZeRO's gather
     of updated parameters and the tensor-parallel ones stay 16-bit). The one home of that
-    rule: the formula's terms and the compiled program's collectives are priced by it."""
+    rule: the formula's terms and the compiled program's collectives are priced by it.
+
+    ``fp8_param_share``: the share of ZeRO's gathered parameters that are kept in fp8
+    (``fp8_params``: Megatron-Core's ``fp8_param_gather``, whose parameter buffer of
+    Transformer Engine's fp8 weights is ``torch.uint8``); its all-gathers of updated
+    parameters move those at one byte an element, the rest (norms, embedding, output layer,
+    the layers kept 16-bit) at the model's dtype."""
+    item = placement.config.itemsize
     if fp8_gathers and kind == ALL_GATHER and cls == PER_MICROBATCH_FWD_BWD:
-        return traffic * FP8_ITEMSIZE / placement.config.itemsize
+        return traffic * FP8_ITEMSIZE / item
+    if fp8_param_share and kind == ALL_GATHER and cls == PER_STEP_FWD:
+        return traffic * (1 - fp8_param_share * (item - FP8_ITEMSIZE) / item)
     return traffic
 
 
@@ -1209,10 +1267,12 @@ def comm_items(
     terms: Sequence[Term],
     *,
     fp8_gathers: bool = False,
+    fp8_param_share: float = 0.0,
     parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> list[CommItem]:
     """The terms of ``placement``'s program (a :class:`Bound`'s), timed and classified;
-    ``fp8_gathers``: FSDP's weight gathers in fp8 (:func:`gathered_bytes`). ``parts``: the
+    ``fp8_gathers``: FSDP's weight gathers in fp8, ``fp8_param_share``: ZeRO's gathered
+    parameters' share in fp8 (:func:`gathered_bytes`). ``parts``: the
     terms and collectives earlier calls on the same placement priced (a sweep's schedules
     share most of their terms).
 
@@ -1232,11 +1292,13 @@ def comm_items(
     items = []
     together: dict[tuple[Any, ...], tuple[list[str], float]] = {}
     for t in terms:
-        key: tuple[Any, ...] = ("term", t, fp8_gathers, hw)
+        key: tuple[Any, ...] = ("term", t, fp8_gathers, fp8_param_share, hw)
         priced = known.get(key)
         if priced is None:
             cls = classify(t.kind, t.axes, placement)
-            traffic = gathered_bytes(t.kind, cls, t.traffic_bytes, placement, fp8_gathers)
+            traffic = gathered_bytes(
+                t.kind, cls, t.traffic_bytes, placement, fp8_gathers, fp8_param_share
+            )
             item = None
             if t.role not in (TermRole.WEIGHT_GATHER, TermRole.GRADIENT_SCATTER):
                 item = _item(
@@ -1291,13 +1353,15 @@ def compiled_comm_items(
     *,
     reduce_scatter_for_all_reduce: bool = False,
     fp8_gathers: bool = False,
+    fp8_param_share: float = 0.0,
 ) -> list[CommItem]:
     """A compiled program's collectives (one step's, every execution counted), timed by the
     one pricing and classified as :func:`classify` classifies the formula's terms.
 
     ``fp8_gathers``: the program's FSDP all-gathers over the data axes are priced at the
     bytes of fp8 weights (:func:`gathered_bytes`), as the formula's are: the compiled
-    program gathers 16-bit weights (the reference program runs no fp8 matmul).
+    program gathers 16-bit weights (the reference program runs no fp8 matmul); and
+    ``fp8_param_share`` of ZeRO's gathered parameters in fp8 (``fp8_params``), likewise.
 
     ``reduce_scatter_for_all_reduce``: the program comes from a compiler that forms no
     reduce-scatter (it all-reduces and slices, twice the bytes) while the hardware's own
@@ -1328,7 +1392,7 @@ def compiled_comm_items(
             traffic -= as_scatter
         if traffic > 0:
             cls = classify(kind, axes, placement)
-            traffic = gathered_bytes(kind, cls, traffic, placement, fp8_gathers)
+            traffic = gathered_bytes(kind, cls, traffic, placement, fp8_gathers, fp8_param_share)
             items.append(
                 _item(c.op_name or kind, cls, hw, sizes, kind, axes, c.group_size, traffic, c.count)
             )
@@ -1372,6 +1436,7 @@ def compiled_step(
         bound,
         reduce_scatter_for_all_reduce=substitutes_reduce_scatter(hw, compiler),
         fp8_gathers=pricing.fp8_gathers,
+        fp8_param_share=pricing.fp8_param_share,
     )
     return pricing.step(hw, items, flops)
 
