@@ -119,6 +119,9 @@ class MoeRun:
     #: how an fp8 run keeps its linear layers' inputs: "fp8" for Transformer Engine's
     #: (Megatron's), whose ``Linear`` and ``GroupedLinear`` save the quantized copy
     fp8_saved_inputs: str | None = None
+    #: the layers' linear weights kept in fp8 but this many layers at each end (None: 16-bit;
+    #: the planner's ``fp8_params``)
+    fp8_params: int | None = None
     #: the optimizer state in host memory, streamed in for the update
     offload_optimizer: bool = False
 
@@ -261,8 +264,11 @@ def _bridge_qwen3_fp8(
     ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`), its pipeline split counting the
     embedding and the loss as a layer each, as the recipe the perf scripts build on sets them
     (``qwen3_235b_a22b_pretrain_config``, src/megatron/bridge/recipes/qwen/qwen3_moe.py@2afd2d3:
-    ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``)."""
+    ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``).
+    The FP8-CS recipe keeps the linear layers' weights in fp8 but the first and the last
+    layer's (``fp8_params``: :data:`training_heldout.BRIDGE_FP8_CS_BF16_LAYERS`)."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
+    fp8_params = training_heldout.BRIDGE_FP8_CS_BF16_LAYERS
     data = gpus // pp // tp
     # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on under interleaving
     # (src/megatron/bridge/training/comm_overlap.py@0685ff5, "PP overlap": vp_size > 1)
@@ -277,12 +283,13 @@ def _bridge_qwen3_fp8(
             name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep",
             (("stage", pp), ("data", data // ep), ("expert", ep)), batch // (data * mbs), None,
             vp, overrides=overrides, matmul_dtype="fp8", fp8_saved_inputs="fp8",
+            fp8_params=fp8_params,
         )  # fmt: skip
     mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
         name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
         batch // (data * mbs), None, vp, pipeline_split="embedding+loss", overrides=overrides,
-        matmul_dtype="fp8", fp8_saved_inputs="fp8",
+        matmul_dtype="fp8", fp8_saved_inputs="fp8", fp8_params=fp8_params,
     )  # fmt: skip
 
 
@@ -602,6 +609,7 @@ def estimate_run(run: MoeRun, *, nearest: bool = False) -> tuple[Screened, str]:
             run.hw(),
             matmul_dtype=run.matmul_dtype,
             fp8_saved_inputs=run.fp8_saved_inputs,
+            fp8_params=run.fp8_params,
         ),
         remat,
     )
@@ -624,6 +632,7 @@ def best_plan(run: MoeRun) -> Screened | None:
         tuple(sorted((run.overrides or {}).items())),
         run.matmul_dtype,
         run.fp8_saved_inputs,
+        run.fp8_params,
     )
     if key not in _BEST:
         ranked, _, _ = screen_all(
@@ -633,6 +642,7 @@ def best_plan(run: MoeRun) -> Screened | None:
             MOE_STRATEGIES,
             matmul_dtype=run.matmul_dtype,
             fp8_saved_inputs=run.fp8_saved_inputs,
+            fp8_params=run.fp8_params,
         )
         _BEST[key] = next((s for s in ranked if s.fits), None)
     return _BEST[key]

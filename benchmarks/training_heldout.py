@@ -149,6 +149,9 @@ class Run:
     #: how its fp8 step keeps its linear layers' inputs for the backward (None: bf16, or
     #: the planner's default, ``high-precision``)
     fp8_saved_inputs: str | None = None
+    #: the layers' linear weights kept in fp8 but this many layers at each end (None: 16-bit
+    #: weights; the planner's ``fp8_params``)
+    fp8_params: int | None = None
     overrides: dict[str, Any] = field(default_factory=lambda: dict(CUDNN))
     peak_gib: float | None = None
     instead: tuple[str, ...] = ()
@@ -506,6 +509,14 @@ _MB_L405 = (
 )
 
 
+#: Megatron-Bridge's FP8-CS recipe (``bf16_with_fp8_current_scaling_mixed``,
+#: src/megatron/bridge/training/mixed_precision.py@0509780) sets ``fp8_param_gather = True``
+#: (the layers' linear weights kept as Transformer Engine's fp8 tensors) with
+#: ``first_last_layers_bf16``: ``num_layers_at_start_in_bf16 = num_layers_at_end_in_bf16 =
+#: 1``, the planner's ``fp8_params=1``
+BRIDGE_FP8_CS_BF16_LAYERS = 1
+
+
 def _bridge_step(gbs: int, gpus: int, tokens_per_gpu_s: float) -> float:
     """The step of a run the summary gives as tokens a second a GPU: the global batch's
     tokens (sequence 8192) over the throughput of all the GPUs."""
@@ -525,7 +536,8 @@ def _bridge(
 ) -> Run:
     """A Megatron-Bridge performance-summary row on ``system`` (DGX-H100 unless given) as
     its perf recipe runs it: FP8-CS (``bf16_with_fp8_current_scaling_mixed``: Transformer
-    Engine's tensorwise current scaling, the planner's fp8), micro-batch ``mbs``, sequence
+    Engine's tensorwise current scaling, the planner's fp8, its linear layers' weights kept
+    in fp8 but the first and the last layer's: ``fp8_params``), micro-batch ``mbs``, sequence
     8192, the distributed optimizer (fp32 master weights and moments), no recomputation,
     Transformer Engine's attention (cuDNN's; on Blackwell the preset's, ``System``), the
     tensor-parallel collectives overlapped by userbuffers where TP > 1 and
@@ -566,6 +578,9 @@ def _bridge(
         instead=instead,
         pipeline_split=split,
         offload_layers=offload_layers,
+        # the FP8-CS recipe's fp8_param_gather (Megatron-Core's fp8 parameters), the first
+        # and the last layer in bf16 (first_last_layers_bf16, one at each end)
+        fp8_params=BRIDGE_FP8_CS_BF16_LAYERS,
     )
 
 
@@ -764,6 +779,7 @@ def estimate_run(run: Run) -> Screened:
         hw,
         matmul_dtype=run.matmul_dtype,
         fp8_saved_inputs=run.fp8_saved_inputs,
+        fp8_params=run.fp8_params,
         bytes_per_param=run.bytes_per_param,
     )
 
@@ -908,6 +924,7 @@ def _compile_run(run: Run) -> Any:
         offload_layers=run.offload_layers,
         matmul_dtype=run.matmul_dtype,
         fp8_saved_inputs=run.fp8_saved_inputs,
+        fp8_params=run.fp8_params,
         offload_optimizer=False,
         vocab_split=run.vocab_split,
         bytes_per_param=run.bytes_per_param,
