@@ -142,34 +142,29 @@ def training_runs() -> list[dict[str, Any]]:
             run, s = judged.run, judged.screened
             if s is None:
                 continue
-            common = {
-                "split": split,
-                "source": _source(run.name, training=True),
-                "run": run.name,
-                "hardware": run.hardware,
-                "by": "estimate",
-                "microbatches": run.microbatches,
-                "instead": "; ".join(run.instead) or None,
-                "misfit": _misfit(s),
-            }
-            out.extend(_training_records(common, s, run.measured_s, run.peak_gib))
+            out.extend(_training_records(_held_out(split, run, s), s, run.measured_s, run.peak_gib))
     for run in moe_heldout.RUNS:
         try:
             s, _ = moe_heldout.estimate_run(run)
         except ShardscopeError:  # a layout the planner cannot write: listed there, not judged
             continue
-        common = {
-            "split": "held-out",
-            "source": _source(run.name, training=True),
-            "run": run.name,
-            "hardware": run.hardware,
-            "by": "estimate",
-            "microbatches": run.microbatches,
-            "instead": "; ".join(run.instead) or None,
-            "misfit": _misfit(s),
-        }
-        out.extend(_training_records(common, s, run.measured_s, moe=True))
+        out.extend(_training_records(_held_out("held-out", run, s), s, run.measured_s, moe=True))
     return out
+
+
+def _held_out(split: str, run: Any, s: Any) -> dict[str, Any]:
+    """What every record of a held-out run ``run`` (a dense or a mixture's benchmark row)
+    planned as ``s`` carries."""
+    return {
+        "split": split,
+        "source": _source(run.name, training=True),
+        "run": run.name,
+        "hardware": run.hardware,
+        "by": "estimate",
+        "microbatches": run.microbatches,
+        "instead": "; ".join(run.instead) or None,
+        "misfit": _misfit(s),
+    }
 
 
 _METRICS = {"token": "time per output token", "first": "time to first token"}
