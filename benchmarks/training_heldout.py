@@ -237,6 +237,8 @@ def _nemo(
     fsdp: bool = False,
     publisher: str = "NeMo",
     system: System | None = None,
+    fp8_params: int | None = None,
+    instead: tuple[str, ...] = (),
 ) -> Run:
     """A NeMo Megatron run: tensor parallel with sequence parallelism (the recipes' and
     launcher configs' ``sequence_parallel: true`` where TP > 1), context parallel, pipeline
@@ -255,7 +257,10 @@ def _nemo(
     ``data_parallel_sharding_strategy: optim_grads_params``: weights, gradients and optimizer
     state sharded, the planner's ``fsdp``); ``publisher``: the name's first word; ``system``:
     the machine it ran on (:data:`DGX_H100` unless given), whose ``attention`` replaces the
-    H100 kernel's rates where it names none (``attention=None``: the preset's own)."""
+    H100 kernel's rates where it names none (``attention=None``: the preset's own);
+    ``fp8_params``: the planner's, where the configuration sets ``fp8_params`` (NeMo builds
+    the model under Transformer Engine's ``fp8_model_init``); ``instead``: what the plan
+    prices otherwise than the run did."""
     system = system or DGX_H100
     data = gpus // (tp * pp * cp)
     mesh = tuple(
@@ -286,6 +291,8 @@ def _nemo(
             **({"tp_overlap": tp_overlap} if tp > 1 else {}),
             **({"pp_overlap": pp_overlap} if pp > 1 else {}),
         },
+        fp8_params=fp8_params,
+        instead=instead,
         vocab_split=tp > 1,
         bytes_per_param=bytes_per_param,
         hardware=system.preset,
@@ -470,13 +477,90 @@ BF16_RUNS = [
     ),
 ]
 
+#: NeMo 1's fp8 parameters, which every NeMo fp8 row's configuration sets: dgxc-benchmarking
+#: llama3.1/configure.sh@143b90d and nemotron/configure.sh@35a9aec pass ``+model.fp8_params=
+#: $FP8_ENABLED``, nemo_megatron/gpt3_175b_hydra.yaml@35a9aec (and @8f5cbb3) writes
+#: ``fp8_params: true``. NVIDIA/NeMo nemo/collections/nlp/models/language_modeling/
+#: megatron_gpt_model.py builds the whole model under Transformer Engine's ``fp8_model_init``
+#: where ``fp8`` and ``fp8_params`` are set (each Transformer Engine module's weights
+#: Float8Tensors), with no layer at either end kept out of it: ``fp8_params=0``. How the
+#: weights reach fp8 depends on the optimizer:
+#: - ``mcore_distributed_optim`` (launcher llama/llama3_1_8b.yaml@2ac7cee, nemotron/
+#:   nemotron4-15b-synth.yaml@8f5cbb3): the same file passes ``fp8_param_gather=self.cfg.get(
+#:   'fp8_params', False)`` to Megatron-Core's DistributedDataParallelConfig, Megatron-Core's
+#:   fp8 parameters, as the planner's ``fp8_params`` prices them.
+#: - ``distributed_fused_adam`` (launcher llama/llama3_1_70b.yaml@1ab2c78, gpt3_175b_hydra.yaml;
+#:   both ``contiguous_param_buffer: true``): megatron_base_model.py's ``setup_optimization``
+#:   sets ``store_params = True`` when ``fp8_params`` is set (fp32 master weights), and NeMo's
+#:   nemo/core/optim/distributed_adam.py (MegatronDistributedFusedAdam over Apex's
+#:   DistributedFusedAdam) initialises the Float8Tensor parameters' buckets with
+#:   ``param_sync_dtype=torch.uint8`` (gathered at 1 byte), makes each fp8 weight's data a view
+#:   of the contiguous uint8 parameter buffer (1 byte on the device), and in
+#:   ``_check_params_shard_dtypes`` casts the updated fp32 shard with ``cast_to_fp8`` into that
+#:   buffer ("FP32 values are cast into FP8 using per-param scaling factors") before the
+#:   gather, refreshing the transposes after it: what ``fp8_params`` prices but the cast, which
+#:   reads the fp32 shard once with the delayed-scaling recipe's scale (5 bytes an element)
+#:   where the planner prices Megatron-Core's current-scaling cast (11): 6 bytes on each of a
+#:   device's 1.1e9 (70B: 68.5e9 linear weights / TP 4 x PP 4, over DP 2 x CP 2) or 1.4e9
+#:   (175B: over TP 4 x PP 8 and DP 4) master elements, 6.4 or 8.2 GB, about 2-3 ms of HBM
+#:   time in steps of 11 and 5.6 s (:data:`NEMO_APEX_FP8_CAST`).
+NEMO_FP8_PARAMS_BF16_LAYERS = 0
+_NEMO_FP8_PARAMS = (
+    f"fp8_params: {DGXC} llama3.1/configure.sh@143b90d, nemotron/configure.sh@35a9aec, "
+    "nemo_megatron/gpt3_175b_hydra.yaml@35a9aec; NVIDIA/NeMo nemo/collections/nlp/models/"
+    "language_modeling/megatron_gpt_model.py (fp8_model_init, fp8_param_gather)"
+)
+_NEMO_APEX_FP8 = (
+    f"{_NEMO_FP8_PARAMS}; nemo/core/optim/distributed_adam.py (param_sync_dtype=torch.uint8, "
+    "_check_params_shard_dtypes), megatron_base_model.py (store_params)"
+)
+NEMO_APEX_FP8_CAST = (
+    "the optimizer's fp8 weight cast priced as Megatron-Core's (master shard to bf16, amax "
+    "pass, cast: 11 bytes an element) where NeMo's distributed Adam casts the fp32 shard with "
+    "the delayed-scaling recipe's scale in one pass (5 bytes)"
+)
+
 #: The same recipes' fp8 runs (Transformer Engine's fp8 linear layers; MaxText's
 #: ``quantization=fp8``; torchtitan's Float8 linears), planned with ``matmul_dtype="fp8"``.
 FP8_RUNS = [
-    _llama8(_preset("llama3-8b", 128, 8192), 8, measured_s=9.67, quote=_L8F, fp8=True),
-    _llama70(_preset("llama3-70b", 128, 8192), 64, measured_s=11.01, quote=_L70F, fp8=True),
-    _nemotron15(_preset("nemotron4-15b", 64, 4096), 16, measured_s=2.039, quote=_N15F, fp8=True),
-    _gpt3(_gpt3_175b(256), 128, measured_s=5.626, quote=_GPT3F, fp8=True),
+    _llama8(
+        _preset("llama3-8b", 128, 8192),
+        8,
+        measured_s=9.67,
+        quote=_L8F,
+        fp8=True,
+        source=f"{_L8}; {_NEMO_FP8_PARAMS}",
+        fp8_params=NEMO_FP8_PARAMS_BF16_LAYERS,
+    ),
+    _llama70(
+        _preset("llama3-70b", 128, 8192),
+        64,
+        measured_s=11.01,
+        quote=_L70F,
+        fp8=True,
+        source=f"{_L70}; {_NEMO_APEX_FP8}",
+        fp8_params=NEMO_FP8_PARAMS_BF16_LAYERS,
+        instead=(NEMO_APEX_FP8_CAST,),
+    ),
+    _nemotron15(
+        _preset("nemotron4-15b", 64, 4096),
+        16,
+        measured_s=2.039,
+        quote=_N15F,
+        fp8=True,
+        source=f"{_N15}; {_NEMO_FP8_PARAMS}",
+        fp8_params=NEMO_FP8_PARAMS_BF16_LAYERS,
+    ),
+    _gpt3(
+        _gpt3_175b(256),
+        128,
+        measured_s=5.626,
+        quote=_GPT3F,
+        fp8=True,
+        source=f"{_GPT3}; {_NEMO_APEX_FP8}",
+        fp8_params=NEMO_FP8_PARAMS_BF16_LAYERS,
+        instead=(NEMO_APEX_FP8_CAST,),
+    ),
     _maxtext_llama2_70b(64, 4.324, _MTF, fp8=True),
     _torchtitan_8b(
         8380,
