@@ -2,18 +2,22 @@
 calibrated on: each run (a) planned as it ran, its layout pinned, and (b) the planner's own
 best plan for the same model, devices and global batch, both against the measured step.
 
-The runs are 33 published mixture-of-experts training runs, each row with its source and the
-figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2
-and GPT-OSS on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on
-256 H100 (and Qwen3-Next-80B); Marin's 360B mixture under EP 64 and under FSDP on one GB200
-rack; Megatron-Bridge's GPT-OSS 120B and Qwen3 fp8 runs; MaxText's Mixtral 8x22B on TPU
-v6e-256, DeepSeek-V3 and Llama 4 on TPU v5p; and two sweeps on TPU, listed and not judged:
-Marin's grug MoE trial shape on v5p-256 under EP 16 and EP 32, each by all-to-all and by ring
-dispatch (its sequence length, recomputation and optimizer unpublished), and MaxText's
-Qwen3.5-35B-A3B on one v7x-8 host in six meshes and MoE kernels (linear attention, no v7x
-preset). Every published benchmark here forces balanced
-routing (or states dropless routing; Marin's capacity-padded pair is planned dropless, and
-says so), which is the planner's uniform routing (``imbalance=1``); DeepEP's dispatch is
+The runs are 48 published mixture-of-experts training runs, each row with its source and the
+figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2 and
+GPT-OSS on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on 256 H100
+(and Qwen3-Next-80B); Marin's 360B mixture under EP 64 and under FSDP on one GB200 rack;
+Megatron-Bridge's GPT-OSS 120B and Qwen3 fp8 runs; MaxText's Mixtral 8x22B on TPU v6e-256,
+DeepSeek-V3 and Llama 4 on TPU v5p; and two sweeps on TPU, listed and not judged: Marin's grug
+MoE trial shape on v5p-256 under EP 16 and EP 32, each by all-to-all and by ring dispatch (its
+sequence length, recomputation and optimizer unpublished), and MaxText's Qwen3.5-35B-A3B on one
+v7x-8 host in six meshes and MoE kernels (linear attention, no v7x preset). Three of Marin's
+GPU sweeps are listed and not judged too: its FSDP-against-EP16 ablation pairs on 16 H100 at
+two widths (a latent-expert model the decoder cannot write), its 512-expert model on one GB200
+rack under expert axes 1, 8, 16 and 64 (heads, expert width and vocabulary unpublished), and
+its row-13 benchmark on one B200 node under EP1, ring EP and ragged all-to-all EP (ring
+unpriced, the all-to-all XLA's slow default kernel). Every published benchmark here forces
+balanced routing (or states dropless routing; Marin's capacity-padded pair is planned dropless,
+and says so), which is the planner's uniform routing (``imbalance=1``); DeepEP's dispatch is
 ``dispatch_once`` (each token once to each device of its experts, across nodes once to each
 node).
 
@@ -36,7 +40,8 @@ best plan is far faster than what ran, either it found a better layout or the la
 prefers are underpriced; the published sweeps are the judges of the ranking, printed measured
 beside predicted: the Qwen3-235B one (one model, one batch, five layouts on 256 H100) and
 Marin's EP 64 against its FSDP control (one 360B mixture on one GB200 rack); the two TPU
-sweeps are printed with their measured order, none of their runs written.
+sweeps and Marin's three other GPU sweeps are printed with their measured order, none of their
+runs written.
 
 Run: ``python benchmarks/moe_heldout.py`` (a minute or two: the screens of 256- and
 1024-device meshes).
@@ -421,6 +426,105 @@ def _qwen35(layout: str, ms: float) -> MoeRun:
     )
 
 
+_MARIN_H100_ABL = "marin-community/marin issue 8046 (2026-08-07), its results table"
+#: Why the H100 ablation pairs are listed and not judged.
+_MARIN_H100_ABL_CANNOT = (
+    "the downsized hero shape as its launcher writes it "
+    "(experiments/grug/moe_hero_ep/small_scale_abl_launch.py@00d08ae, a later version than the "
+    "runs': d768 8 layers of 6 heads, d1024 12 of 8, 128 routed experts top-4 as wide as the "
+    "model, 192 from pull 8156, two shared) runs the routed experts in a latent space half the "
+    "width with down and up projections (LatentMoE), with a short convolution and separate "
+    "local and global key/value heads: no preset, and the decoder has none of them; the "
+    "version that ran (branch rav/fsdp-vs-ep-smallabl) is not stored, and neither the issue "
+    "nor the launcher sets the recomputation"
+)
+
+
+def _marin_h100_abl(rung: str, arm: str, tokens_per_s: float) -> MoeRun:
+    """Marin's FSDP-against-EP ablation ladder on 16 H100 (2 nodes of 8): a rung of the grug
+    MoE hero shape downsized to width ``rung``, batch 256 of 4096 (1,048,576 tokens a step,
+    the issue's "EP16, batch 256, seq 4096"), capacity factor 2.5, 60x token budget; ``arm``
+    ``EP16`` (experts over all 16 GPUs, fixed-capacity all-to-all) or ``FSDP`` (every device
+    the whole bank, dropless). The step from the tokens a second. Listed, not judged
+    (:data:`_MARIN_H100_ABL_CANNOT`); the measured order (FSDP before EP16 at both rungs) is
+    printed for a reader who can write it."""
+    return MoeRun(
+        f"Marin grug MoE {rung} ablation, {arm}, 16 H100",
+        _MARIN_H100_ABL,
+        None,
+        "h100",
+        16,
+        256 * 4096 / tokens_per_s,
+        cannot=_MARIN_H100_ABL_CANNOT,
+        sweep=f"Marin grug MoE {rung} ablation on 16 H100",
+    )
+
+
+_MARIN_E512 = "marin-community/marin issue 7332, comment of 2026-07-17 (EP vs non-EP at E512)"
+#: Why the 512-expert sweep is listed and not judged.
+_MARIN_E512_CANNOT = (
+    "the thread publishes d4096, 32 layers, 512 experts top-8, sequence 8192, batch 128, bf16 "
+    "and recompute_all, but not the heads, key/value heads, the experts' width, shared "
+    "experts, vocabulary or where the optimizer state lives (no config or logbook of these "
+    "runs is stored)"
+)
+
+
+def _marin_e512(arm: str, expert_axis: int, tokens_per_s: float) -> MoeRun:
+    """Marin's 512-expert, top-8 grug MoE on one GB200 rack (64 GPUs), batch 128 of 8192
+    (1,048,576 tokens a step), ``recompute_all``, bf16; the FSDP-EP spectrum by
+    ``expert_axis_size``: EP1 (all 64 on the non-expert axes, the local ``sonic_cute``
+    grouped GEMM) and EP 8, 16, 64 (``ragged_all_to_all`` with the QuACK local GEMM). The step
+    from the tokens a second (rounded to thousands in the source). Listed, not judged
+    (:data:`_MARIN_E512_CANNOT`); the measured order (EP 64, 16, 8, then EP1 2.4x slower) is
+    printed for a reader who can write it."""
+    return MoeRun(
+        f"Marin grug MoE d4096 E512 top-8, {arm} (expert axis {expert_axis}), 64 GB200",
+        _MARIN_E512,
+        None,
+        "b200",
+        64,
+        128 * 8192 / tokens_per_s,
+        overrides=GB200_RACK,
+        cannot=_MARIN_E512_CANNOT,
+        sweep="Marin grug MoE d4096 E512 top-8 on 64 GB200",
+    )
+
+
+_MARIN_B200 = (
+    "marin-community/marin issue 7012, comment of 2026-07-16 (EP backend measurements); "
+    ".agents/logbooks/7012-b200-moe-mfu.md@0717914 (the row-13 config, B200MFU-017/-018)"
+)
+#: Why the single-node B200 sweep is listed and not judged.
+_MARIN_B200_CANNOT = (
+    "the row-13 config is published as d2560, 26 layers, 64 experts of 1280 (the logbook's "
+    "microbenchmark shape) top-4, multi-head attention, MuonH, batch 128 of 4096, "
+    "recompute_all, but not the head count, vocabulary, shared experts or where the optimizer "
+    "state lives; and its expert-parallel arms move tokens by a ring (an all-gather and a "
+    "psum-scatter, which the planner does not price) or by XLA's default one-shot ragged "
+    "all-to-all kernel, 297 ms a call (B200MFU-018), not the all-to-all the planner prices"
+)
+
+
+def _marin_b200(arm: str, seconds: float) -> MoeRun:
+    """Marin's grug MoE row-13 benchmark on one 8-GPU B200 node: EP1 with FSDP (the local
+    ``sonic_cute`` grouped GEMM) against EP 2, 4 and 8 by ``ring`` and by
+    ``ragged_all_to_all``, all arms in turn on the same node, 20 steps (8 warm-up), the
+    steady median step. Listed, not judged (:data:`_MARIN_B200_CANNOT`); the measured order
+    (EP1 first, ring 12-17% slower, ragged all-to-all 5-16x slower) is printed for a reader
+    who can write it."""
+    return MoeRun(
+        f"Marin grug MoE d2560 row-13, {arm}, 8 B200",
+        _MARIN_B200,
+        None,
+        "b200",
+        8,
+        seconds,
+        cannot=_MARIN_B200_CANNOT,
+        sweep="Marin grug MoE d2560 row-13 on 8 B200",
+    )
+
+
 #: Every held-out mixture-of-experts run, by source.
 RUNS = [
     MoeRun(
@@ -583,6 +687,21 @@ RUNS = [
     _qwen35("ep 8, ragged sort", 1047.6),
     _qwen35("ep 8, ring of experts", 720.1),
     _qwen35("ep 8, ring of experts + ragged sort", 670.3),
+    _marin_h100_abl("d768", "EP16", 712_104),
+    _marin_h100_abl("d768", "FSDP", 1_067_478),
+    _marin_h100_abl("d1024", "EP16", 413_356),
+    _marin_h100_abl("d1024", "FSDP", 752_313),
+    _marin_e512("EP1", 1, 139_000),
+    _marin_e512("EP8", 8, 288_000),
+    _marin_e512("EP16", 16, 313_000),
+    _marin_e512("EP64", 64, 330_000),
+    _marin_b200("EP1 sonic_cute", 3.28),
+    _marin_b200("EP2 ring", 3.73),
+    _marin_b200("EP4 ring", 3.69),
+    _marin_b200("EP8 ring", 3.85),
+    _marin_b200("EP2 ragged_all_to_all", 51.0),
+    _marin_b200("EP4 ragged_all_to_all", 27.3),
+    _marin_b200("EP8 ragged_all_to_all", 15.6),
 ]
 
 
@@ -843,12 +962,13 @@ def main() -> None:
     _ranking(rows)
     print()
     _summary("held out", rows)
+    # a GB200 run is a B200 with the rack's figures; the one-node B200 sweep is apart
     for title, kept in (
-        ("held out, H100", lambda h: h == "h100"),
-        ("held out, GB200", lambda h: h == "b200"),
-        ("held out, TPU", lambda h: h.startswith("tpu-")),
+        ("held out, H100", lambda r: r.hardware == "h100"),
+        ("held out, GB200", lambda r: r.hardware == "b200" and r.overrides == GB200_RACK),
+        ("held out, TPU", lambda r: r.hardware.startswith("tpu-")),
     ):
-        _summary(title, [r for r in rows if kept(r.run.hardware)])
+        _summary(title, [r for r in rows if kept(r.run)])
     print("\nCalibration (CALIBRATION.md set 3), apart")
     _calibration()
     print(f"({time.perf_counter() - t0:.1f} s)")
