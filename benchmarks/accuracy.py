@@ -167,6 +167,23 @@ def _held_out(split: str, run: Any, s: Any) -> dict[str, Any]:
     }
 
 
+def unjudged_training_runs() -> list[dict[str, Any]]:
+    """The published training runs the benchmarks list and do not judge, and why: a run the
+    planner cannot write as it ran (its ``cannot``), and the rows of a judged table left out
+    (``BRIDGE_LEFT_OUT``, ``BLACKWELL_LEFT_OUT``), each with its measured step where it has
+    one."""
+    out: list[dict[str, Any]] = []
+    for run in [*training_heldout.RUNS, *training_heldout.BLACKWELL_RUNS]:
+        if run.cannot:
+            out.append({"run": run.name, "measured": run.measured_s, "why": run.cannot})
+    for what, why in (*training_heldout.BRIDGE_LEFT_OUT, *training_heldout.BLACKWELL_LEFT_OUT):
+        out.append({"run": what, "measured": None, "why": why})
+    for run in moe_heldout.RUNS:
+        if run.cannot and (run.config is None or not run.strategy):
+            out.append({"run": run.name, "measured": run.measured_s, "why": run.cannot})
+    return out
+
+
 _METRICS = {"token": "time per output token", "first": "time to first token"}
 
 

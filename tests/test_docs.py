@@ -51,6 +51,19 @@ def test_the_summaries_count_every_run_once_per_split_and_metric():
     assert {(r["split"], r["metric"]) for r in runs} == sources
 
 
+def test_every_training_run_the_benchmarks_list_is_judged_or_on_the_page_with_its_reason():
+    accuracy = _benchmark("accuracy")
+    moe_heldout = _benchmark("moe_heldout")
+    judged = {r["run"] for r in accuracy.training_runs()}
+    unjudged = accuracy.unjudged_training_runs()
+    listed = {r["run"] for r in unjudged}
+    # every mixture-of-experts run the benchmark reads is on the page, judged or listed
+    for run in moe_heldout.RUNS:
+        assert run.name in judged or run.name in listed, run.name
+    assert all(r["why"] for r in unjudged)
+    assert not judged & listed
+
+
 def test_the_api_page_lists_every_public_name():
     page = (DOCS / "reference/api.rst").read_text()
     listed = set(re.findall(r"shardscope\.(\w+)", page))

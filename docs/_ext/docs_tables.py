@@ -333,6 +333,16 @@ def accuracy_runs(report: dict[str, Any], split: str) -> Any:
 # -- models and strategies -------------------------------------------------------------------
 
 
+def unjudged_runs(records: Iterable[dict[str, Any]]) -> Any:
+    """The published runs a benchmark lists and does not judge: the run, its measured step
+    where it has one, and why (the benchmark's own words)."""
+    rows = [
+        (r["run"], "-" if r["measured"] is None else f"{r['measured']:.3g} s", r["why"])
+        for r in records
+    ]
+    return markdown(("run", "measured step", "why it is not judged"), rows)
+
+
 def model_presets() -> Any:
     """The model presets with their parameter counts and where their shapes come from."""
     import shardscope
