@@ -674,6 +674,13 @@ def _microbatch_options(placement: Placement, mode: str, microbatches: int | Non
     return options
 
 
+#: One pipeline stage a screen prices: its schedule, its program placed, and the memo and
+#: pieces its screens share (:func:`screen`).
+_StagePart = tuple[
+    Schedule, Placement, dict[tuple[Any, ...], Any] | None, dict[tuple[Any, ...], Any] | None
+]
+
+
 def screen(
     cand: Candidate,
     placement: Placement,
@@ -707,58 +714,51 @@ def screen(
     :func:`~shardscope._src.plan.estimates.estimate_memory`,
     :func:`~shardscope._src.train.timing.step_work`).
     """
+    stages: list[_StagePart]
     if cand.split.accounted and cand.stages > 1 and mode == Mode.TRAIN:
-        return _screen_split(
+        stages = _split_stage_parts(cand, config, flash_attention, parts)
+    else:
+        stages = [(cand.schedule(), placement, memo, parts)]
+    each = [
+        _screen_stage(
             cand,
+            placed,
             config,
             hw,
             mode,
             bytes_per_param,
             flash_attention,
+            sched,
             matmul_dtype=matmul_dtype,
             fp8_saved_inputs=fp8_saved_inputs,
             fp8_params=fp8_params,
-            parts=parts,
+            memo=stage_memo,
+            parts=stage_parts,
         )
-    return _screen_stage(
-        cand,
-        placement,
-        config,
-        hw,
-        mode,
-        bytes_per_param,
-        flash_attention,
-        cand.schedule(),
-        matmul_dtype=matmul_dtype,
-        fp8_saved_inputs=fp8_saved_inputs,
-        fp8_params=fp8_params,
-        memo=memo,
-        parts=parts,
-    )
+        for sched, placed, stage_memo, stage_parts in stages
+    ]
+    if len(each) == 1:
+        return each[0]
+    # a split's stages priced each on its own: the slowest sets the pipeline's pace, the
+    # fullest is the device that must fit
+    slowest = max(each, key=lambda s: s.time.step_s)
+    fullest = max(each, key=lambda s: s.memory.total)
+    return replace(slowest, memory=fullest.memory)
 
 
-def _screen_split(
+def _split_stage_parts(
     cand: Candidate,
     config: ModelConfig,
-    hw: Hardware,
-    mode: str,
-    bytes_per_param: int,
     flash_attention: bool,
-    *,
-    matmul_dtype: str,
-    fp8_saved_inputs: str | None,
-    fp8_params: int | None,
     parts: dict[tuple[Any, ...], Any] | None,
-) -> Screened:
-    """:func:`screen` of a candidate whose pipeline split counts the embedding or the loss
-    as a layer: each of the split's stages priced on its own (its layers, its chunks'
-    layers in flight, the embedding or the output layer, its logits and loss where it holds
-    them; :func:`~shardscope._src.plan.estimates.split_stages`), the slowest stage's step
-    (it sets the pipeline's pace) with the fullest stage's memory (the device that must
-    fit). ``parts``: each stage's placement and pieces, kept for the candidate's other
-    schedules."""
+) -> list[_StagePart]:
+    """The stages of a candidate whose pipeline split counts the embedding or the loss as a
+    layer (:func:`~shardscope._src.plan.estimates.split_stages`), each to be priced on its
+    own: its schedule, its program placed (its layers, the embedding or the output layer, its
+    logits and loss where it holds them) and the memo and pieces its screens share, kept in
+    ``parts`` for the candidate's other schedules."""
     known = {} if parts is None else parts
-    each = []
+    out = []
     for stage in split_stages(cand.split, config.layers, cand.stages, cand.virtual_stages):
         key = ("split stage", stage.rank, stage.layers)
         if key not in known:
@@ -766,26 +766,8 @@ def _screen_split(
             placed = cand.strategy_record.place(base, abstract_mesh(cand.stage_mesh))
             known[key] = placed, {}, {}
         placement, memo, stage_parts = known[key]
-        each.append(
-            _screen_stage(
-                cand,
-                placement,
-                config,
-                hw,
-                mode,
-                bytes_per_param,
-                flash_attention,
-                cand.schedule(stage),
-                matmul_dtype=matmul_dtype,
-                fp8_saved_inputs=fp8_saved_inputs,
-                fp8_params=fp8_params,
-                memo=memo,
-                parts=stage_parts,
-            )
-        )
-    slowest = max(each, key=lambda s: s.time.step_s)
-    fullest = max(each, key=lambda s: s.memory.total)
-    return replace(slowest, memory=fullest.memory)
+        out.append((cand.schedule(stage), placement, memo, stage_parts))
+    return out
 
 
 def _screen_stage(
