@@ -1190,9 +1190,12 @@ def _fp8_model_state(
     params, grads, optimizer, gathered = state
     s = placement.strategy
     item = placement.config.itemsize
-    sched = schedule
     bf16 = bf16_end_layers(
-        placement.config.layers, fp8_params, sched.stages, sched.stage, sched.virtual_stages
+        placement.config.layers,
+        fp8_params,
+        schedule.stages,
+        schedule.stage,
+        schedule.virtual_stages,
     )
     params -= fp8_param_elements(placement, s.param_rules(), bf16) * (item - FP8_ITEMSIZE)
     if gathered:

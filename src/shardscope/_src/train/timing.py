@@ -1202,13 +1202,14 @@ def _fp8_param_work(
     all-gather of updated parameters moves at one byte an element."""
     c = placement.config
     s = placement.strategy
-    sched = schedule
-    bf16 = bf16_end_layers(c.layers, fp8_params, sched.stages, sched.stage, sched.virtual_stages)
+    bf16 = bf16_end_layers(
+        c.layers, fp8_params, schedule.stages, schedule.stage, schedule.virtual_stages
+    )
     fp8_layers = c.layers - bf16
     used = fp8_layers * fp8_weight_elements_per_layer(placement)
     shard = fp8_param_elements(placement, s.optimizer_rules(), bf16)
     stored = fp8_param_elements(placement, s.param_rules(), bf16)
-    every = stage_elements_per_device(placement, s.param_rules(), sched.stages, sched.stage)
+    every = stage_elements_per_device(placement, s.param_rules(), schedule.stages, schedule.stage)
     return fp8_param_cast_bytes(shard, used, c.itemsize), stored / every if every else 0.0
 
 
