@@ -177,6 +177,15 @@ def _from_judged(row: calibration.Row, measured_from: str) -> MoeRun:
     )
 
 
+#: Megatron-Core's grouped experts (``TEGroupedMLP``) take the router's probabilities into
+#: their activation (``weighted_bias_swiglu_impl``, ``weighted_bias_quick_geglu_impl``) for
+#: every token dispatcher: the all-to-all one permutes the probabilities with the tokens and
+#: un-permutes the outputs without them (NVIDIA/Megatron-LM
+#: megatron/core/transformer/moe/token_dispatcher.py@0014f13, ``dispatch_preprocess`` and
+#: ``combine_postprocess``), so no expert output is kept for the weights' gradient: the
+#: planner's ``weight_activations``, set on every Megatron row.
+MEGATRON_WEIGHTING = {"weight_activations": True}
+
 #: The model zoo's "recompute norm, act": Megatron-Core's selective recomputation of the
 #: norms' outputs and the experts' activation (``--recompute-granularity selective
 #: --recompute-modules layernorm moe_act``).
@@ -209,7 +218,9 @@ def _zoo_235b(
     readme's column as written: ``"norm, act"`` is Megatron's ``--recompute-modules
     layernorm moe_act`` (:data:`ZOO_NORM_ACT`). ``ep_overlap``: the readme's "+1f1b
     overlap", Megatron's combined 1F1B schedule (the all-to-alls beside the other
-    micro-batch's compute)."""
+    micro-batch's compute). Megatron-Core's grouped experts scale each slot's activation by
+    its router weight under either dispatcher (``weight_activations``: DeepEP's flex
+    dispatcher and the all-to-all one alike keep no expert output, :data:`MEGATRON_WEIGHTING`)."""
     data = 256 // pp // tp
     edp = data * tp // ep
     instead = []
@@ -218,7 +229,7 @@ def _zoo_235b(
     return MoeRun(
         f"Megatron Qwen3-235B {layout}, 256 H100",
         _ZOO,
-        _preset("qwen3-235b-a22b", 2048, 4096, dispatch_once=deepep),
+        _preset("qwen3-235b-a22b", 2048, 4096, dispatch_once=deepep, **MEGATRON_WEIGHTING),
         "h100",
         256,
         measured_s,
@@ -234,16 +245,43 @@ def _zoo_235b(
     )
 
 
+#: Megatron-Bridge's H100 GPT-OSS 120B perf config, every stored version that runs it on PP 4
+#: (scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py,
+#: ``GPT_OSS_120B_H100_BF16_BASE_CONFIG`` and its renamed ``..._PRETRAIN_CONFIG_H100_BF16_V1``,
+#: @07eea52 among them): ``replace(BASE_GPT_OSS_120B_CONFIG, pipeline_model_parallel_size=4,
+#: recompute_modules=["layernorm", "moe_act"])`` over ``num_gpus=64,
+#: expert_model_parallel_size=8, expert_tensor_parallel_size=1, global_batch_size=512,
+#: micro_batch_size=1``. The recompute modules are inert: Megatron-Core recomputes them only
+#: under ``recompute_granularity == 'selective'`` (its grouped experts' ``activation_recompute``),
+#: which neither the perf script (``set_gpt_oss_common_configs``,
+#: ``_set_recompute_overrides`` in scripts/performance/utils/overrides.py) nor the recipe
+#: (``gpt_oss_120b_pretrain_config``) sets, so the rows keep the default (none).
+_BRIDGE_GPTOSS_CONFIG = (
+    "NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/gpt_oss/"
+    "gpt_oss_workload_base_configs.py@07eea52 (H100: PP 4, EP 8, GBS 512, MBS 1)"
+)
+
+
 def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> MoeRun:
     """Megatron-Bridge's GPT-OSS 120B on 64 H100: PP 4, EP 8, data parallel 16 (the experts
     replicated over 2 of them) with the distributed optimizer, dropless with forced balance;
     ``zero1_ep`` on ``stage=4,data=2,expert=8`` (the optimizer state of the dense weights
     sharded over all 16, the experts' over their 2), the attention Transformer Engine's
-    (cuDNN's)."""
+    (cuDNN's), the experts Megatron-Core's (:data:`MEGATRON_WEIGHTING`). ``mbs`` is the
+    micro-batch the perf config runs (:data:`_BRIDGE_GPTOSS_CONFIG`): 1. The 25.11 table's
+    H100 row says MBS 4 and GA 2, which its own GBS 512 and data parallel 16 (64 GPUs over
+    PP 4) contradict (16 x 4 x 2 = 128); the config's MBS 1 runs 512 = 16 x 1 x 32, as the
+    26.02 row states it (MBS 1)."""
+    instead = ["the sliding-window layers attend fully (the preset's)"]
+    if version == "25.11":
+        instead.append(
+            "micro-batch 1, as the perf config sets it (the table's MBS 4 and GA 2 give 16 x "
+            "4 x 2 = 128 sequences a step, not its GBS 512)"
+        )
     return MoeRun(
         f"Megatron-Bridge {version} GPT-OSS 120B, PP 4 x EP 8, 64 H100",
-        _BRIDGE,
-        _preset("gpt-oss-120b", batch, 4096),
+        f"{_BRIDGE}; {_BRIDGE_GPTOSS_CONFIG}",
+        _preset("gpt-oss-120b", batch, 4096, **MEGATRON_WEIGHTING),
         "h100",
         64,
         measured_s,
@@ -252,7 +290,7 @@ def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> Moe
         batch // (16 * mbs),
         None,
         overrides=CUDNN,
-        instead=("the sliding-window layers attend fully (the preset's)",),
+        instead=tuple(instead),
     )
 
 
@@ -271,7 +309,8 @@ def _bridge_qwen3_fp8(
     (``qwen3_235b_a22b_pretrain_config``, src/megatron/bridge/recipes/qwen/qwen3_moe.py@2afd2d3:
     ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``).
     The FP8-CS recipe keeps the linear layers' weights in fp8 but the first and the last
-    layer's (``fp8_params``: :data:`training_heldout.BRIDGE_FP8_CS_BF16_LAYERS`)."""
+    layer's (``fp8_params``: :data:`training_heldout.BRIDGE_FP8_CS_BF16_LAYERS`). The experts
+    are Megatron-Core's (:data:`MEGATRON_WEIGHTING`)."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
     fp8_params = training_heldout.BRIDGE_FP8_CS_BF16_LAYERS
     data = gpus // pp // tp
@@ -282,7 +321,7 @@ def _bridge_qwen3_fp8(
     # Qwen3-30B ones do not
     overrides = {**CUDNN, "pp_overlap": pp > 1 and vp > 1, "ep_overlap": size == "235B-A22B"}
     name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
-    config = _preset(f"qwen3-{size.lower()}", batch, 4096)
+    config = _preset(f"qwen3-{size.lower()}", batch, 4096, **MEGATRON_WEIGHTING)
     if tp == 1:
         return MoeRun(
             name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep",
@@ -625,7 +664,7 @@ RUNS = [
     # 64 GPUs its experts are split over
     _marin_hero("EP 64", 316_473, "fsdp_ep", (("data", 1), ("expert", 64))),
     _marin_hero("FSDP 64 (control)", 235_125, "fsdp", (("data", 64),)),
-    _bridge_gptoss("25.11", 512, 4, 5.82),
+    _bridge_gptoss("25.11", 512, 1, 5.82),
     _bridge_gptoss("26.02", 1280, 1, 13.669),
     _bridge_qwen3_fp8("26.02", "30B-A3B", 16, 1024, 1, 51.27, tp=1, pp=2, vp=12, ep=8),
     _bridge_qwen3_fp8("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.cost.routing import HOST_SYNC_S
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.plan.estimates import expert_routing
@@ -63,6 +64,30 @@ def test_dispatched_once_the_receiver_permutes_the_rows_it_received():
     assert r.backward_bytes() == pytest.approx(
         (2 * (received + SLOTS) - SLOTS) * ROW + TOKENS * 64 * 8, rel=1e-12
     )
+
+
+def test_experts_that_weight_their_activations_keep_and_reread_no_output():
+    # Megatron-Core's grouped experts scale each slot's activation by its router weight
+    # (sent once per expert, as its all-to-all dispatcher sends): no weighted output is kept
+    # for the backward, and none is read again for the router weights' gradient
+    from shardscope._src.plan.estimates import moe_activation_bytes_per_layer
+
+    ep = get_strategy("ep")
+    mesh = abstract_mesh("expert=8")
+    per_output = ep.place(MOE, mesh)
+    per_activation = ep.place(replace(MOE, weight_activations=True), mesh)
+    # 4 sequences of 256 tokens a device, 2 slots a token, each a row of d_model at 2 bytes
+    kept = moe_activation_bytes_per_layer(per_output, b=4)
+    assert kept - moe_activation_bytes_per_layer(per_activation, b=4) == 4 * 256 * 2 * ROW
+    r, w = expert_routing(per_output), expert_routing(per_activation)
+    # the routing's moves as sent once per expert; the un-permutation's read of the outputs
+    # is the routing's own, no kept activation's, and the backward's, no longer reading
+    # them for the weights' gradient, reads as much as before
+    assert (w.tokens, w.slots, w.sorted) == (r.tokens, r.slots, r.sorted) == (1024, 2048, 2048)
+    assert w.forward_bytes() - r.forward_bytes() == SLOTS * ROW
+    assert w.backward_bytes() == r.backward_bytes()
+    with pytest.raises(ModelConfigError, match="weight_activations=True: this model has no"):
+        replace(DENSE, weight_activations=True)
 
 
 @pytest.mark.parametrize("remat, forwards", [("none", 1), ("full", 2)], ids=["none", "full"])

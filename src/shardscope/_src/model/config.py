@@ -105,7 +105,17 @@ class ModelConfig(Record):
     each token once to each device of the expert axis that holds any of its experts, and
     sums its outputs of those experts there before they come back (DeepEP's dispatch and
     combine), rather than once per expert (GShard's): fewer bytes where a device holds
-    several experts. Its parameters are counted
+    several experts; the router weight then scales each slot's activation before the
+    down-projection, so the combine sums the outputs unweighted and the backward keeps none
+    of them. ``weight_activations`` says the same of a mixture sent once per expert:
+    Megatron-Core's grouped experts take the router's probabilities into their activation
+    for every token dispatcher (``TEGroupedMLP``'s ``weighted_bias_swiglu_impl``; the
+    all-to-all dispatcher permutes the probabilities with the tokens and un-permutes
+    without them, megatron/core/transformer/moe/token_dispatcher.py@0014f13), so the
+    estimates keep no expert output and read none again for the weights' gradient
+    (:attr:`weights_activations`). The reference program weights the activations only
+    where it sends once (``dispatch_once``): its compile of ``weight_activations`` alone
+    keeps the outputs its estimate leaves out. Its parameters are counted
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
     dense layers, then those with experts) and the strategies place it: expert parallelism
     (``ep``, ``zero1_ep``, ``fsdp_ep_tp``, ... with each data flavour but HSDP and with
@@ -148,6 +158,7 @@ class ModelConfig(Record):
     capacity_factor: float | None = None
     imbalance: float = 1.0
     dispatch_once: bool = False
+    weight_activations: bool = False
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
     rope_head_dim: int = 0
@@ -302,6 +313,21 @@ class ModelConfig(Record):
                 f"False once per expert",
                 param="dispatch_once",
             )
+        if not isinstance(self.weight_activations, bool) or (
+            self.weight_activations and not self.experts
+        ):
+            why = (
+                "this model has no experts to weight"
+                if isinstance(self.weight_activations, bool)
+                else "give True or False"
+            )
+            raise ModelConfigError(
+                f"model config weight_activations={self.weight_activations!r}: {why}; True "
+                f"scales each slot's activation by its router weight before the "
+                f"down-projection (Megatron-Core's grouped experts), False its output in the "
+                f"combine (GShard's)",
+                param="weight_activations",
+            )
         if self.expert_ff is not None and not is_int(self.expert_ff, 1):
             raise ModelConfigError(
                 f"model config expert_ff={self.expert_ff!r}: must be a positive integer or None "
@@ -376,6 +402,20 @@ class ModelConfig(Record):
     def dense_layer_count(self) -> int:
         """Layers with a dense MLP: all of a dense model's, a mixture's ``dense_layers``."""
         return self.layers - self.moe_layers
+
+    @property
+    def weights_activations(self) -> bool:
+        """Whether the router weight scales each slot's activation before the
+        down-projection rather than its output in the combine: ``weight_activations``, or a
+        mixture sent once to each device of its experts (``dispatch_once``), which weights
+        there. The backward then keeps no expert output for the weights' gradient.
+
+        >>> ModelConfig(experts=8, top_k=2).weights_activations
+        False
+        >>> ModelConfig(experts=8, top_k=2, weight_activations=True).weights_activations
+        True
+        """
+        return self.dispatch_once or self.weight_activations
 
     @property
     def routed_capacity(self) -> float:

@@ -788,9 +788,10 @@ def moe_activation_bytes_per_layer(
     router's float32 logits (``4 E``), the slots sent to the experts (``cf k h``: ``cf`` the
     capacity factor, 1 dropless; the up-projections' input), their outputs where the combine
     weights them by the router (``cf k h`` more: GShard's and MaxText's combine keeps them
-    to differentiate the weights; not with ``dispatch_once``, where the router weight scales
-    each slot's activation before the down-projection, as Megatron-Core's grouped MLP,
-    ``weighted_bias_swiglu_impl``, and NeMo AutoModel's DeepEP experts,
+    to differentiate the weights; not where the router weight scales each slot's activation
+    before the down-projection (:attr:`~shardscope._src.model.config.ModelConfig.
+    weights_activations`: ``dispatch_once``, or ``weight_activations``), as Megatron-Core's
+    grouped MLP, ``weighted_bias_swiglu_impl``, and NeMo AutoModel's DeepEP experts,
     ``WeightedSwiGLUFunction``, do: the outputs are summed unweighted and kept by nothing),
     the experts' hidden activations as a dense MLP's (``cf k`` times SwiGLU's ``3 f`` or
     GELU's ``2 f``, split over ``model``), and the shared experts' hidden as a dense MLP of
@@ -813,7 +814,7 @@ def moe_activation_bytes_per_layer(
     cf_k = c.routed_capacity * c.top_k
     t = model_ways(placement)
     tokens = b * c.seq // context_ways(placement)
-    slots = (1 if c.dispatch_once else 2) * cf_k * c.d_model  # inputs (and weighted outputs)
+    slots = (1 if c.weights_activations else 2) * cf_k * c.d_model  # inputs (weighted outputs)
     if placement.strategy.expert_fold:
         # the routed slots of its own tokens, each expert's hidden whole; the shared
         # experts' hidden split as a dense MLP's
@@ -824,7 +825,7 @@ def moe_activation_bytes_per_layer(
     if placement.strategy.gathers_expert_slots:
         own = tokens / t
         gathered = tokens * (cf_k * c.d_model + hidden)
-        weighted = 0 if c.dispatch_once else own * cf_k * c.d_model
+        weighted = 0 if c.weights_activations else own * cf_k * c.d_model
         return attention + (gathered + weighted) * c.itemsize + own * 4 * c.experts
     return attention + tokens * ((slots + hidden) * c.itemsize + 4 * c.experts)
 
@@ -1428,7 +1429,8 @@ def expert_routing(
     gathers_expert_slots`). With ``dispatch_once`` (DeepEP's) the device permutes the rows
     it received, each token once from each device of its experts (``e x share`` a token,
     :func:`~shardscope._src.model.moe.device_share`), nothing is sorted, and the router
-    weights scale the experts' activations rather than their outputs.
+    weights scale the experts' activations rather than their outputs (as they do with
+    ``weight_activations``: the weighted outputs are neither kept nor read again).
 
     >>> from dataclasses import replace
     >>> from shardscope._src.model.presets import model_preset
@@ -1461,7 +1463,7 @@ def expert_routing(
         d_model=c.d_model,
         itemsize=c.itemsize,
         sorted=sorted_rows,
-        weighted=not c.dispatch_once,
+        weighted=not c.weights_activations,
     )
 
 
