@@ -12,9 +12,10 @@ where a source does not name its kernel, the attention is at the calibrated matm
 are set.
 
 Where the planner cannot express the published configuration, the row says what it used
-instead (``instead``): torchtitan's per-op selective recomputation (every other matmul's output
-kept) as ``matmuls`` (every matmul's output kept); where the source does not state
-the micro-batches (Narayanan's Table 1), the planner's fastest that fits is used.
+instead (``instead``): torchtitan's per-op selective recomputation is written by the tensors it
+keeps, but the decoder's query, key and value are one matmul, run again whole for the key;
+where the source does not state the micro-batches (Narayanan's Table 1), the planner's
+fastest that fits is used.
 
 Run: `python benchmarks/calibration.py` (about a second; no compile).
 """
@@ -133,10 +134,20 @@ ROWS = [
         "fsdp",
         (("data", 8),),
         1,
-        "matmuls",
+        # torchtitan's per-op selective recomputation (pytorch/torchtitan
+        # torchtitan/distributed/activation_checkpoint.py@cfb9326, _apply_op_sac): each
+        # layer's policy counts its aten.mm calls and saves the outputs of the ops of its save
+        # list (torchtitan/models/llama3/infra/parallelize.py, _op_sac_save_list: mm, the SDPA
+        # kernels, reduce_scatter, max) but every second mm (the count incremented before
+        # its parity is tested: the 1st, 3rd, 5th and 7th kept). A layer's mms run wq, wk,
+        # wv, wo, w1 (gate), w3 (up), w2 (down): the query, the value, the gate, the down-
+        # projection and the attention kernel's output kept with the layer's input; the key,
+        # the out-projection, the up, the norms and the element-wise ops recomputed
+        "custom:query_proj=device,value_proj=device,context=device,mlpwi_0=device,mlpwo=device",
         2.457,
         peak_gib=77.0,
-        instead="every matmul output kept (torchtitan keeps every other one)",
+        instead="the key recomputed by running the fused query, key and value projection "
+        "again (torchtitan runs wk alone again)",
     ),
     Row(
         "torchtitan Llama 3.1 70B, FSDP 32 x TP 8 H100",

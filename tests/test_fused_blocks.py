@@ -9,7 +9,7 @@ import pytest
 
 from helpers import layer_growth
 from shardscope._src.model.config import ModelConfig
-from shardscope._src.model.fused import fused, rms_norm, swiglu
+from shardscope._src.model.fused import fused, gate_and_up, rms_norm, swiglu
 
 #: 8 sequences over data, each a quarter over context: 2048 tokens a device, as data=8 has.
 MESH_CP = "data=2,context=4"
@@ -20,7 +20,7 @@ MESH_CP = "data=2,context=4"
     [
         (rms_norm, [(2, 16, 32), (32,)]),
         (jax.nn.gelu, [(2, 16, 64)]),
-        (swiglu, [(2, 16, 2, 64)]),
+        (swiglu, [(2, 16, 64), (2, 16, 64)]),
     ],
     ids=["rms_norm", "gelu", "swiglu"],
 )
@@ -36,6 +36,36 @@ def test_a_fused_block_computes_and_differentiates_as_the_plain_one(fn, shapes):
     want = jax.grad(loss(fn), argnums=tuple(range(len(args))))(*args)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "equation, shapes",
+    [("bsd,dtf->bstf", [(2, 16, 8), (8, 2, 32)]), ("ecd,edtf->ectf", [(4, 6, 8), (4, 8, 2, 32)])],
+    ids=["mlp", "experts"],
+)
+def test_the_gate_and_up_compute_and_differentiate_as_two_matmuls(equation, shapes):
+    rng = np.random.default_rng(0)
+    x, w = (jnp.asarray(rng.standard_normal(s), dtype=jnp.float32) for s in shapes)
+    axis = equation.split("->")[0].split(",")[1].index("t")
+
+    def plain(x, w):
+        halves = (jax.lax.index_in_dim(w, i, axis, keepdims=False) for i in (0, 1))
+        single = equation.replace("t", "")
+        return tuple(jnp.einsum(single, x, h) for h in halves)
+
+    def loss(f):
+        return lambda x, w: sum(jnp.sum(jnp.sin(o) * (i + 1)) for i, o in enumerate(f(x, w)))
+
+    for got, want in zip(gate_and_up(equation, x, w), plain(x, w), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+    def split(x, w):
+        return gate_and_up(equation, x, w)
+
+    got = jax.grad(loss(split), argnums=(0, 1))(x, w)
+    want = jax.grad(loss(plain), argnums=(0, 1))(x, w)
+    for g, v in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.compiler

@@ -46,7 +46,7 @@ def test_megatrons_modules_recompute_their_tensors_and_keep_every_other():
     assert p.recomputed == (*NORMS, "expert_act")
     # the layer's input and every projection kept: no matmul runs again
     assert "decoder_layer_input" in p.on_device and p.rerun_producers() == ()
-    assert remat_policy("megatron:moe").rerun_producers() == ("mlp_in", "mlp_out")
+    assert remat_policy("megatron:moe").rerun_producers() == ("mlp_in_0", "mlp_in_1", "mlp_out")
     # its commas are its own in a list of policies
     assert split_policies("full,megatron:moe_act,layernorm,offload") == [
         "full", "megatron:moe_act,layernorm", "offload"

@@ -63,10 +63,57 @@ def test_a_mixtures_offload_policy_holds_its_experts_tensors_and_sends_the_rest_
     assert again == pytest.approx(MOE.layers * (2 * TOKENS * H * 8 + core + flash), rel=1e-12)
 
 
+def test_keeping_the_experts_gate_runs_their_up_alone_again():
+    # every named tensor kept but the experts' up: the backward runs again their up over the
+    # 2 slots a token fills (d x f each) and the router (its logits are named by none), and
+    # reads again a third of the experts' weights (gate, up and down, d x f each)
+    kept = ("decoder_layer_input", "pre_self_attention_norm", "query_proj", "key_proj",
+            "value_proj", "context", "out_proj", "post_self_attention_norm", "expert_input",
+            "mlpwi_0", "mlp_act", "expert_act", "mlpwo")  # fmt: skip
+    policy = "custom:" + ",".join(f"{t}=device" for t in kept)
+    work = estimate(Candidate("ep", (("expert", 8),), 1, policy), MOE, "h100").pricing.work
+    flash = attention_core_flops(MOE, TOKENS, 2048) / 2  # the blocked backward's scores
+    rerun = 2 * TOKENS * (SLOTS * H * F + H * 8)
+    assert work.recompute_flops == pytest.approx(MOE.layers * (rerun + flash), rel=1e-12)
+    experts = MOE.layers * 2 * TOKENS * SLOTS * 3 * H * F  # the routed experts' forward
+    assert work.expert_flops == experts
+    assert work.expert_recompute_flops == pytest.approx(experts / 3, rel=1e-12)
+
+
+@pytest.mark.parametrize("dropless", [False, True], ids=["capacity", "dropless"])
+def test_the_experts_gate_and_up_are_saved_as_the_policy_names_them(dropless, capsys):
+    """The residuals JAX saves for the backward of the routed experts, capacity-padded and
+    dropless (ragged): their gate kept, their up recomputed."""
+    import jax
+    import jax.numpy as jnp
+
+    from shardscope._src.model.moe import moe_capacity, moe_dropless
+    from shardscope._src.model.transformer import remat_policy as decoder_remat_policy
+
+    tokens, d, f, experts = 16, 8, 4, 4
+    x = jnp.ones((tokens, d))
+    router = jnp.arange(d * experts, dtype=jnp.float32).reshape(d, experts) / 100
+    w_in, w_down = jnp.full((experts, d, 2, f), 0.1), jnp.full((experts, f, d), 0.1)
+
+    def layer(x, router, w_in, w_down):
+        if dropless:
+            return moe_dropless(x, router, w_in, w_down, 2)
+        return moe_capacity(x, router, w_in, w_down, 2, 1.0)[0]
+
+    policy = decoder_remat_policy("custom:expert_input=device,mlpwi_0=device")
+    fn = jax.checkpoint(layer, policy=policy)
+    jax.ad_checkpoint.print_saved_residuals(fn, x, router, w_in, w_down)
+    named = re.findall(r"f32\[([0-9,]+)\] named '(\w+)'", capsys.readouterr().out)
+    # each of the 2 x 16 assignments a row, by expert (dropless) or in 4 experts' 8 slots
+    rows = f"{2 * tokens},{d}" if dropless else f"{experts},{2 * tokens // experts},{d}"
+    gate = f"{2 * tokens},{f}" if dropless else f"{experts},{2 * tokens // experts},{f}"
+    assert sorted(named) == sorted([(rows, "expert_input"), (gate, "mlpwi_0")])
+
+
 def test_the_compiled_program_keeps_the_experts_tensors_the_policy_names():
     # the H100 compiler's temporaries grow per layer of the scan by what a layer keeps: the
-    # experts' gate and up (named mlpwi where they are computed), not the layer's input
-    # or the out-projection's output, which are offloaded
+    # experts' gate and up (named mlpwi_0 and mlpwi_1 where they are computed), not the
+    # layer's input or the out-projection's output, which are offloaded
     def config_of(layers):
         return replace(MOE, layers=layers, seq=512, remat=MAXTEXT)
 

@@ -233,7 +233,12 @@ class ModelConfig(Record):
             )
         self._check_experts()
         self._check_latent()
-        problem = model_problem(policy, experts=self.experts > 0, latent=self.kv_lora_rank > 0)
+        problem = model_problem(
+            policy,
+            experts=self.experts > 0,
+            latent=self.kv_lora_rank > 0,
+            gated=self.mlp == "swiglu",
+        )
         if problem is not None:
             raise ModelConfigError(f"model config remat={self.remat!r}: {problem}", param="remat")
 

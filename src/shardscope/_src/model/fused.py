@@ -1,5 +1,6 @@
 """Element-wise blocks differentiated as fused kernels are: the reference decoder's norms
-and activation functions, and its experts'."""
+and activation functions, and its experts'; and SwiGLU's gate and up projections, two
+matmuls differentiated as the one of their stacked weight."""
 
 from __future__ import annotations
 
@@ -19,17 +20,17 @@ def rms_norm(x: Any, gain: Any) -> Any:
     return (x32 * scale).astype(x.dtype) * gain
 
 
-def swiglu(gate_up: Any) -> Any:
-    """SwiGLU's gating, ``silu(gate) * up``, of the stacked ``[..., 2, ff]`` projections."""
-    return jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
+def swiglu(gate: Any, up: Any) -> Any:
+    """SwiGLU's gating, ``silu(gate) * up``, of the gate and up projections ``[..., ff]``."""
+    return jax.nn.silu(gate) * up
 
 
-def weighted_swiglu(gate_up: Any, weight: Any) -> Any:
+def weighted_swiglu(gate: Any, up: Any, weight: Any) -> Any:
     """:func:`swiglu` of each row scaled by its router weight ``weight`` ``[...]``: the
     expert activation of Megatron-Core's grouped MLP (``weighted_bias_swiglu_impl``) and NeMo
     AutoModel's DeepEP experts (``WeightedSwiGLUFunction``), which weight a token's expert
     output before the down-projection, so the combine sums the outputs unweighted."""
-    return swiglu(gate_up) * weight[..., None].astype(gate_up.dtype)
+    return swiglu(gate, up) * weight[..., None].astype(up.dtype)
 
 
 def weighted_gelu(x: Any, weight: Any) -> Any:
@@ -70,3 +71,53 @@ fused_swiglu = fused(swiglu)
 #: weights for the backward
 fused_weighted_swiglu = fused(weighted_swiglu)
 fused_weighted_gelu = fused(weighted_gelu)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def gate_and_up(equation: str, x: Any, w: Any) -> tuple[Any, Any]:
+    """SwiGLU's gate and up projections of ``x`` by their stacked weight ``w`` (its axis
+    ``t`` in ``equation``, ``"bsd,dtf->bstf"``).
+
+    Differentiated (a training step), the two halves of ``w`` are two matmuls, so that a
+    recomputation policy that keeps one output runs the other's matmul alone again; and
+    their gradients are the one matmul's of the stacked weight: the two stacked, then that
+    matmul's transposes. Two matmuls' transposes would each reduce their partial sums of
+    ``x``'s gradient over the axes the hidden is split over (tensor parallelism), where the
+    compiler does not always add them first; the one matmul reduces their sum once (and
+    the weight's gradient once, FSDP's reduce-scatter). A forward alone (serving) runs the
+    one matmul of the stacked weight: nothing is recomputed there, and an 8-bit weight's
+    conversion stays in it.
+
+    >>> x, w = jnp.ones((1, 2, 3)), jnp.arange(12.0).reshape(3, 2, 2)
+    >>> gate, up = gate_and_up("bsd,dtf->bstf", x, w)
+    >>> gate[0, 0].tolist(), up[0, 0].tolist()
+    ([12.0, 15.0], [18.0, 21.0])
+    """
+    both = jnp.einsum(equation, x, w)
+    axis = equation.split("->")[1].index("t")
+    gate, up = (jax.lax.index_in_dim(both, i, axis, keepdims=False) for i in (0, 1))
+    return gate, up
+
+
+def _halves(equation: str, x: Any, w: Any) -> tuple[Any, Any]:
+    ins, out = equation.split("->")
+    lhs, rhs = ins.split(",")
+    half = f"{lhs},{rhs.replace('t', '')}->{out.replace('t', '')}"
+    axis = rhs.index("t")
+    gate, up = (jax.lax.index_in_dim(w, i, axis, keepdims=False) for i in (0, 1))
+    return jnp.einsum(half, x, gate), jnp.einsum(half, x, up)
+
+
+def _gate_and_up_forward(equation: str, x: Any, w: Any) -> tuple[Any, Any]:
+    return _halves(equation, x, w), (x, w)
+
+
+def _gate_and_up_backward(equation: str, res: Any, grads: Any) -> tuple[Any, Any]:
+    x, w = res
+    stacked = jnp.stack(grads, axis=equation.split("->")[1].index("t"))
+    (dx,) = jax.linear_transpose(lambda x_: jnp.einsum(equation, x_, w), x)(stacked)
+    (dw,) = jax.linear_transpose(lambda w_: jnp.einsum(equation, x, w_), w)(stacked)
+    return dx, dw
+
+
+gate_and_up.defvjp(_gate_and_up_forward, _gate_and_up_backward)

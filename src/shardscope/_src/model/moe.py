@@ -16,11 +16,12 @@ programs dispatch tokens to their experts.
 Routing is Mixtral's: the softmax of the top-k router logits (in float32), so each token's
 weights sum to one. The router runs in ``jax.named_scope("moe/router")``, the dispatch in
 ``("moe/dispatch")``, the experts in ``("moe/experts")`` and the combine in
-``("moe/combine")``, so that the audit names their collectives. The experts' up-projections
-over their slots are named ``mlpwi`` and their down-projections ``mlpwo`` (``checkpoint_name``,
-MaxText's names in its MoE block), their input ``expert_input`` and their activation
-``expert_act``, so that a recomputation policy by named tensor keeps,
-offloads or recomputes them as it does a dense MLP's.
+``("moe/combine")``, so that the audit names their collectives. The experts' gate and up
+projections over their slots are named ``mlpwi_0`` and ``mlpwi_1`` (GELU's one up-projection
+``mlpwi_0``) and their down-projections ``mlpwo`` (``checkpoint_name``, MaxText's names in its
+MoE block), their input ``expert_input`` and their activation ``expert_act``, so that a
+recomputation policy by named tensor keeps, offloads or recomputes them as it does a dense
+MLP's.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from shardscope._src.model.fused import (
     fused_swiglu,
     fused_weighted_gelu,
     fused_weighted_swiglu,
+    gate_and_up,
 )
 
 
@@ -74,10 +76,15 @@ def _expert_mlp(x: Any, w_in: Any, w_down: Any, weight: Any = None) -> Any:
     with jax.named_scope("moe/experts"):
         x = checkpoint_name(x, "expert_input")
         if w_in.ndim == 4:
-            h = checkpoint_name(jnp.einsum("ecd,edtf->ectf", x, w_in), "mlpwi")
-            u = fused_swiglu(h) if weight is None else fused_weighted_swiglu(h, weight)
+            # the gate and the up as two matmuls of the one weight's halves, as the dense MLP's
+            gate, up = gate_and_up("ecd,edtf->ectf", x, w_in)
+            gate, up = checkpoint_name(gate, "mlpwi_0"), checkpoint_name(up, "mlpwi_1")
+            if weight is None:
+                u = fused_swiglu(gate, up)
+            else:
+                u = fused_weighted_swiglu(gate, up, weight)
         else:
-            h = checkpoint_name(jnp.einsum("ecd,edf->ecf", x, w_in), "mlpwi")
+            h = checkpoint_name(jnp.einsum("ecd,edf->ecf", x, w_in), "mlpwi_0")
             u = fused_gelu(h) if weight is None else fused_weighted_gelu(h, weight)
         u = checkpoint_name(u, "expert_act")
         return checkpoint_name(jnp.einsum("ecf,efd->ecd", u, w_down), "mlpwo")
@@ -420,11 +427,11 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
         rows = checkpoint_name(jnp.take(x, token_of, axis=0), "expert_input")
     with jax.named_scope("moe/experts"):
         if w_in.ndim == 4:
-            gate = jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes)
-            up = jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes)
-            u = fused_swiglu(checkpoint_name(jnp.stack([gate, up], axis=-2), "mlpwi"))
+            gate = checkpoint_name(jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes), "mlpwi_0")
+            up = checkpoint_name(jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes), "mlpwi_1")
+            u = fused_swiglu(gate, up)
         else:
-            u = fused_gelu(checkpoint_name(jax.lax.ragged_dot(rows, w_in, sizes), "mlpwi"))
+            u = fused_gelu(checkpoint_name(jax.lax.ragged_dot(rows, w_in, sizes), "mlpwi_0"))
         u = checkpoint_name(u, "expert_act")
         y = checkpoint_name(jax.lax.ragged_dot(u, w_down, sizes), "mlpwo")
     with jax.named_scope("moe/combine"):

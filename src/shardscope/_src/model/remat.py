@@ -21,9 +21,12 @@ A policy is written as one of (:func:`remat_policy` reads them):
   ``base.yml`` sets each tensor to ``device``, ``offload`` or ``remat``; ``recompute`` here,
   ``remat`` read as it): a tensor left out is recomputed, but the layer's input, which is
   kept on the device (MaxText: "this tensor cannot be rematerialized - it serves as periodic
-  checkpoints"). The decoder's tensors are :data:`TENSORS`; ``qkv_proj`` and ``mlpwi_0`` /
-  ``mlpwi_1`` are MaxText's names of its fused and separate projections, read as the three
-  projections and as ``mlpwi``;
+  checkpoints"). The decoder's tensors are :data:`TENSORS`; ``qkv_proj`` and ``mlpwi`` are
+  MaxText's names of its fused projections (``fused_qkv``, ``fused_mlp``), read as the three
+  projections and as the MLP's gate and up, ``mlpwi_0`` and ``mlpwi_1`` (MaxText's names of
+  its separate ones, which the decoder computes as two matmuls, as MaxText does by default;
+  a GELU MLP's one up-projection is ``mlpwi_0``, which MaxText calls ``mlpwi``: ``mlpwi``
+  means it for either);
 * ``megatron:MODULE,MODULE,...``, Megatron-Core's selective recomputation
   (``--recompute-granularity selective --recompute-modules ...``, its config's
   ``recompute_modules``; ``megatron/core/transformer/transformer_config.py``): every named
@@ -40,11 +43,12 @@ compiled program keeps is what the policy says; the presets compile as they alwa
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardscope._src.base.errors import ShardscopeError
-from shardscope._src.base.records import Record
+from shardscope._src.base.errors import RecordError, ShardscopeError
+from shardscope._src.base.records import Record, field_of
 from shardscope._src.base.vocab import Vocab
 
 
@@ -71,33 +75,37 @@ TENSORS: dict[str, str] = {
     "out_proj": "the attention's out-projection",
     "post_self_attention_norm": "the MLP's normed input",
     "expert_input": "the routed experts' input, each slot's token as the dispatch delivers it",
-    "mlpwi": "the MLP's up-projections (SwiGLU's gate and up, one tensor; GELU's up)",
+    "mlpwi_0": "the MLP's gate projection (SwiGLU's; GELU's one up-projection)",
+    "mlpwi_1": "the MLP's up projection (SwiGLU's; a GELU MLP has none)",
     "mlp_act": "the MLP's activation, act(gate) x up (a mixture's shared experts' too)",
     "expert_act": "the routed experts' activation, act(gate) x up over their slots",
     "mlpwo": "the MLP's down-projection",
 }
 #: MaxText's names for several of the decoder's tensors at once: its fused projections
-#: (``fused_qkv``) and its separate gate and up projections, which the decoder computes as
-#: one tensor (``mlpwi``, MaxText's ``fused_mlp`` name).
+#: (``fused_qkv``, ``fused_mlp``): the query, key and value, and the MLP's gate and up (a GELU
+#: MLP's one up-projection, which MaxText names ``mlpwi`` too).
 GROUPS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("query_proj", "key_proj", "value_proj"),
-    "mlpwi_0": ("mlpwi",),
-    "mlpwi_1": ("mlpwi",),
+    "mlpwi": ("mlpwi_0", "mlpwi_1"),
 }
 #: The tensor every policy keeps (the layer loop's checkpoint), on the device unless offloaded.
 LAYER_INPUT = "decoder_layer_input"
 #: The matmuls that make the named tensors, each run again when any of its outputs is
 #: recomputed: the fused query, key and value projection, the attention core (``QK^T`` and
-#: ``PV``), the out-projection and the MLP's two.
+#: ``PV``), the out-projection, the MLP's gate and up (each its own matmul: GELU's one
+#: up-projection is ``mlp_in_0``, and it has no ``mlp_in_1``) and its down-projection.
 PRODUCERS: dict[str, tuple[str, ...]] = {
     "qkv": ("query_proj", "key_proj", "value_proj"),
     "core": ("context",),
     "out": ("out_proj",),
-    "mlp_in": ("mlpwi",),
+    "mlp_in_0": ("mlpwi_0",),
+    "mlp_in_1": ("mlpwi_1",),
     "mlp_out": ("mlpwo",),
 }
 #: The projections' matmuls (:data:`PRODUCERS` but the attention core).
-PROJECTIONS = ("qkv", "out", "mlp_in", "mlp_out")
+PROJECTIONS = ("qkv", "out", "mlp_in_0", "mlp_in_1", "mlp_out")
+#: The MLP's up-projections' matmuls (SwiGLU's gate and up, GELU's one).
+MLP_IN = ("mlp_in_0", "mlp_in_1")
 
 
 class CompiledAs(Vocab):
@@ -130,8 +138,8 @@ class RematPolicy(Record):
     >>> p = remat_policy("maxtext:save_dot_except_mlpwi")
     >>> p.recomputed[:4]
     ('pre_self_attention_norm', 'context', 'post_self_attention_norm', 'expert_input')
-    >>> p.rerun_producers()  # the attention core and the MLP's up-projections run again
-    ('core', 'mlp_in')
+    >>> p.rerun_producers()  # the attention core and the MLP's gate and up run again
+    ('core', 'mlp_in_0', 'mlp_in_1')
     >>> remat_policy("custom:query_proj=offload,key_proj=offload").offloaded
     ('query_proj', 'key_proj')
     """
@@ -143,6 +151,34 @@ class RematPolicy(Record):
 
     def place(self, tensor: str) -> Place:
         return dict(self.places)[tensor]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RematPolicy:
+        """The policy :meth:`to_dict` wrote. A place of a group (:data:`GROUPS`) is each of
+        its tensors': a record written when the MLP's gate and up were one tensor places
+        ``mlpwi``, read as both.
+
+        Raises:
+            RecordError: a field missing, a place that is no :class:`Place`, a tensor the
+                decoder does not name, or one left without a place.
+        """
+        what = "a recomputation policy"
+        places: dict[str, Place] = {}
+        for tensor, word in field_of(data, "places", what):
+            if tensor not in TENSORS and tensor not in GROUPS:
+                raise RecordError(f"{what} places {tensor!r}, which the decoder does not "
+                                  f"name; it names {_named()}")  # fmt: skip
+            place = Place.parse(word, what=f"{what}'s place of {tensor}", error=RecordError)
+            places.update(dict.fromkeys(GROUPS.get(tensor, (tensor,)), place))
+        if missing := [t for t in TENSORS if t not in places]:
+            raise RecordError(f"{what} places none of {', '.join(missing)}; write it again "
+                              f"with this shardscope")  # fmt: skip
+        return cls(
+            str(field_of(data, "name", what)),
+            tuple((t, places[t]) for t in TENSORS),
+            CompiledAs.parse(field_of(data, "compiled_as", what), error=RecordError),
+            str(field_of(data, "source", what)),
+        )
 
     def _with(self, place: Place) -> tuple[str, ...]:
         return tuple(t for t, p in self.places if p == place)
@@ -219,7 +255,8 @@ def _places(device: tuple[str, ...] = (), offload: tuple[str, ...] = ()) -> tupl
 
 
 _QKV = ("query_proj", "key_proj", "value_proj")
-_DOTS = (*_QKV, "out_proj", "mlpwi", "mlpwo")
+_MLPWI = GROUPS["mlpwi"]
+_DOTS = (*_QKV, "out_proj", *_MLPWI, "mlpwo")
 _ALL = tuple(TENSORS)
 _SHARDSCOPE = "shardscope's preset"
 _MAXTEXT = "MaxText remat_policy={} (MaxText/layers/decoders.py, Decoder.get_remat_policy)"
@@ -292,15 +329,15 @@ MEGATRON_MODULES: dict[str, tuple[str, ...]] = {
     "moe_act": ("expert_act",),
     "layernorm": ("pre_self_attention_norm", "post_self_attention_norm"),
     "mla_up_proj": ("query_proj", "key_proj", "value_proj"),
-    "mlp": ("mlpwi", "mlp_act", "mlpwo"),
-    "moe": ("expert_input", "mlpwi", "mlp_act", "expert_act", "mlpwo"),
+    "mlp": (*_MLPWI, "mlp_act", "mlpwo"),
+    "moe": ("expert_input", *_MLPWI, "mlp_act", "expert_act", "mlpwo"),
 }
 #: Megatron-Core's default ``recompute_modules`` (``selective`` with no list).
 MEGATRON_DEFAULT = ("core_attn",)
 #: Megatron's modules the decoder cannot recompute on their own, and why.
 _MEGATRON_UNNAMED = {
     "shared_experts": "the decoder names the shared experts' projections as the routed "
-    "experts' (mlpwi, mlpwo); write moe (the whole MLP of a layer with experts) instead",
+    "experts' (mlpwi_0, mlpwi_1, mlpwo); write moe (the whole MLP of a layer with experts) instead",
 }
 _MEGATRON = "Megatron-Core recompute_granularity=selective, recompute_modules=[{}]"
 
@@ -339,8 +376,10 @@ def _custom(value: str, body: str) -> RematPolicy:
                        f"(MaxText's remat)")  # fmt: skip
         for t in GROUPS.get(tensor, (tensor,)):
             if places.get(t, place) != place:
-                raise _bad(value, f"{tensor}={word} and {t}={places[t]}: the decoder computes "
-                           f"them as one tensor ({t}); give them one place")  # fmt: skip
+                group = f", and {tensor} stands for {', '.join(GROUPS[tensor])}" \
+                    if tensor in GROUPS else ""  # fmt: skip
+                raise _bad(value, f"{t} is placed twice, {places[t]} and {place} ({tensor}="
+                           f"{word}{group}); give it one place")  # fmt: skip
             places[t] = place
     if places.get(LAYER_INPUT) == Place.RECOMPUTE:
         raise _bad(value, f"{LAYER_INPUT} cannot be recomputed: it is the layer loop's "
@@ -348,14 +387,27 @@ def _custom(value: str, body: str) -> RematPolicy:
     full = tuple(
         (t, places.get(t, Place.DEVICE if t == LAYER_INPUT else Place.RECOMPUTE)) for t in TENSORS
     )
-    default = dict(_places())
-    written = ",".join(f"{t}={p}" for t, p in full if p != default[t]) or f"{LAYER_INPUT}=device"
     return RematPolicy(
-        f"custom:{written}",
+        f"custom:{_written(full)}",
         full,
         CompiledAs.NAMES,
         "MaxText remat_policy=custom (its base.yml: each tensor device, offload or remat)",
     )
+
+
+def _written(places: tuple[tuple[str, Place], ...]) -> str:
+    """A custom policy's canonical body: each tensor not in its default place, in
+    :data:`TENSORS` order, the MLP's gate and up as ``mlpwi`` where they share one (as
+    written before they were named apart)."""
+    default = dict(_places())
+    by = dict(places)
+    gate, up = GROUPS["mlpwi"]
+    items = []
+    for t, p in places:
+        if p == default[t] or (t == up and by[gate] == p):
+            continue
+        items.append(f"mlpwi={p}" if t == gate and by[up] == p else f"{t}={p}")
+    return ",".join(items) or f"{LAYER_INPUT}=device"
 
 
 def _megatron(value: str, body: str) -> RematPolicy:
@@ -445,20 +497,31 @@ LATENT_UNNAMED = ("query_proj", "key_proj", "value_proj")
 _NEEDS_EXPERTS = ("moe_act", "moe")
 
 
-def model_problem(policy: RematPolicy, *, experts: bool, latent: bool) -> str | None:
+def model_problem(policy: RematPolicy, *, experts: bool, latent: bool, gated: bool) -> str | None:
     """Why a model's layers cannot run ``policy`` (None: they can): a model with routed
-    ``experts`` names its layers' tensors as the dense decoder does, the experts' up- and
-    down-projections over the slots they fill as ``mlpwi`` and ``mlpwo`` (MaxText's MoE
-    names, ``mlpwi_0``, ``mlpwi_1`` and ``mlpwo``), but its experts' matmuls are batched over
-    the experts, which a policy by matmul (``matmuls``, ``jax:offload_dot_with_no_batch_dims``)
-    does not keep; ``latent`` attention names none of :data:`LATENT_UNNAMED`.
+    ``experts`` names its layers' tensors as the dense decoder does, the experts' gate, up
+    and down-projections over the slots they fill as ``mlpwi_0``, ``mlpwi_1`` and ``mlpwo``
+    (MaxText's MoE names), but its experts' matmuls are batched over the experts, which a
+    policy by matmul (``matmuls``, ``jax:offload_dot_with_no_batch_dims``) does not keep;
+    ``latent`` attention names none of :data:`LATENT_UNNAMED`; an MLP that is not ``gated``
+    (GELU's) has one up-projection, ``mlpwi_0``, and no ``mlpwi_1`` to keep apart from it.
 
     >>> model_problem(remat_policy("custom:decoder_layer_input=offload,out_proj=offload"),
-    ...               experts=True, latent=True) is None
+    ...               experts=True, latent=True, gated=True) is None
     True
-    >>> model_problem(remat_policy("offload"), experts=False, latent=True)[:62]
+    >>> model_problem(remat_policy("offload"), experts=False, latent=True, gated=True)[:62]
     'latent attention names no query_proj, key_proj, value_proj (it'
+    >>> model_problem(remat_policy("custom:mlpwi_1=device"), experts=False, latent=False,
+    ...               gated=False)[:58]
+    'mlpwi_1=device: a GELU MLP has no up projection apart from'
     """
+    gate, up = GROUPS["mlpwi"]
+    apart = policy.place(up)
+    if not gated and apart not in (Place.RECOMPUTE, policy.place(gate)):
+        return (
+            f"{up}={apart}: a GELU MLP has no up projection apart from its one up-projection, "
+            f"{gate}; place {gate} (or mlpwi) instead"
+        )
     if experts and policy.compiled_as in (CompiledAs.DOTS, CompiledAs.OFFLOAD_DOTS):
         return (
             f"a mixture of experts' routed experts run as matmuls batched over the experts, "

@@ -25,6 +25,7 @@ from shardscope._src.model.config import ModelConfig, param_shapes, split_params
 from shardscope._src.model.fused import fused_gelu as _gelu
 from shardscope._src.model.fused import fused_norm as _norm
 from shardscope._src.model.fused import fused_swiglu as _swiglu
+from shardscope._src.model.fused import gate_and_up
 from shardscope._src.model.moe import moe_capacity, moe_dropless
 from shardscope._src.model.remat import CompiledAs, Place
 from shardscope._src.model.remat import remat_policy as named_policy
@@ -561,21 +562,34 @@ def ring_attention(q: Any, k: Any, v: Any, axis_name: Any, shards: int) -> Any:
     return (acc / jnp.moveaxis(total, 3, 1)[..., None]).astype(q.dtype)
 
 
+def up_projections(h: Any, w: Any) -> Any:
+    """The MLP's activation of its normed input ``h`` ``[batch, seq, d_model]`` by its first
+    weight ``w`` as :meth:`Hooks.weight` gives it: SwiGLU's gate and up (``w`` ``[d_model, 2,
+    ff]``) as two matmuls, named ``mlpwi_0`` and ``mlpwi_1`` (MaxText's names of its
+    separate ``wi_0`` and ``wi_1``), or GELU's one (``w`` ``[d_model, ff]``), ``mlpwi_0``.
+
+    The two matmuls take the two halves of the one weight, sliced after it is gathered (the
+    weight stays one parameter, gathered once under FSDP), and are differentiated as the
+    one matmul of the stacked weight (:func:`~shardscope._src.model.fused.gate_and_up`): the
+    backward's collectives are the fused matmul's. A policy can keep one and recompute the
+    other: each runs again only for its own output."""
+    if w.ndim == 2:
+        return _gelu(checkpoint_name(jnp.einsum("bsd,df->bsf", h, w), "mlpwi_0"))
+    gate, up = gate_and_up("bsd,dtf->bstf", h, w)
+    return _swiglu(checkpoint_name(gate, "mlpwi_0"), checkpoint_name(up, "mlpwi_1"))
+
+
 def mlp(p: dict[str, Any], x: Any, hooks: Hooks) -> Any:
-    """MLP sublayer (pre-norm): GELU with ``w_up``, or SwiGLU with ``w_gate_up``; returns its
-    output only."""
+    """MLP sublayer (pre-norm): GELU with ``w_up``, or SwiGLU with ``w_gate_up``
+    (:func:`up_projections`); returns its output only."""
 
     with jax.named_scope("mlp"):
         normed = checkpoint_name(
             hooks.norm("mlp_norm", x, p["mlp_norm"]), "post_self_attention_norm"
         )
         h = hooks.enter("mlp", normed)
-        if "w_gate_up" in p:
-            gu = jnp.einsum("bsd,dtf->bstf", h, hooks.weight("w_gate_up", p["w_gate_up"]))
-            u = _swiglu(checkpoint_name(gu, "mlpwi"))
-        else:
-            up = jnp.einsum("bsd,df->bsf", h, hooks.weight("w_up", p["w_up"]))
-            u = _gelu(checkpoint_name(up, "mlpwi"))
+        first = "w_gate_up" if "w_gate_up" in p else "w_up"
+        u = up_projections(h, hooks.weight(first, p[first]))
         u = hooks.hidden(checkpoint_name(u, "mlp_act"))
         out = jnp.einsum("bsf,fd->bsd", u, hooks.weight("w_down", p["w_down"]))
         return hooks.exit("mlp", checkpoint_name(out, "mlpwo"))
@@ -637,13 +651,9 @@ def moe_mlp(
             # parallelism, as the dense MLP's (its output leaves by hooks.exit)
             hs = hooks.enter("moe", h)
             hs = hs * s_[first] if first in s_ else hs
-            # named as the routed experts' are (mlpwi, mlpwo): a policy places them alike
-            if first == "shared_gate_up":
-                gu = hooks.weight("shared_gate_up", p["shared_gate_up"])
-                u = _swiglu(checkpoint_name(jnp.einsum("bsd,dtf->bstf", hs, gu), "mlpwi"))
-            else:
-                up = hooks.weight("shared_up", p["shared_up"])
-                u = _gelu(checkpoint_name(jnp.einsum("bsd,df->bsf", hs, up), "mlpwi"))
+            # named as the routed experts' are (mlpwi_0, mlpwi_1, mlpwo): a policy places
+            # them alike
+            u = up_projections(hs, hooks.weight(first, p[first]))
             down = hooks.weight("shared_down", p["shared_down"])
             u = checkpoint_name(u, "mlp_act")
             out = checkpoint_name(jnp.einsum("bsf,fd->bsd", u, down), "mlpwo")

@@ -64,7 +64,7 @@ from shardscope._src.model.config import (
     param_shapes,
 )
 from shardscope._src.model.moe import device_share
-from shardscope._src.model.remat import remat_policy
+from shardscope._src.model.remat import MLP_IN, remat_policy
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.hardware import Hardware
 
@@ -843,23 +843,25 @@ def named_tensor_elements(
     and what it offloads are sums of these (:func:`named_tensor_bytes`). The query, key and
     value are ``heads x head_dim`` and ``kv_heads x head_dim`` wide (latent attention's
     query ``heads x qk_head_dim`` and its context ``heads x value_head_dim``); the MLP's
-    up-projections ``2 ff`` (SwiGLU's gate and up) or ``ff``.
+    gate and up projections, ``mlpwi_0`` and ``mlpwi_1``, ``ff`` each (a GELU MLP's one
+    up-projection is ``mlpwi_0``; its ``mlpwi_1`` is 0).
 
     A layer with ``experts`` names its experts' tensors as MaxText's MoE block does, over
     the slots a token fills (``cf k``: ``top_k`` times the routed capacity, as
-    :func:`moe_activation_bytes_per_layer` counts them): ``mlpwi`` the routed experts' and
-    the shared experts' up-projections, ``(cf k + shared) x 2 expert_ff`` (SwiGLU) or
-    ``x expert_ff``, split over ``model`` with the experts' hidden; ``mlpwo`` their
+    :func:`moe_activation_bytes_per_layer` counts them): ``mlpwi_0`` and ``mlpwi_1`` the
+    routed experts' and the shared experts' gate and up projections, ``(cf k + shared) x
+    expert_ff`` each (GELU's one, ``mlpwi_0``), split over ``model`` with the experts'
+    hidden; ``mlpwo`` their
     down-projections' outputs, ``cf k x h`` and the shared experts' ``h``, whole;
     ``expert_input`` the slots' tokens the experts take, ``cf k x h``, whole (where their
     outputs are); ``expert_act`` their activations, ``cf k x expert_ff``, and ``mlp_act``
-    the shared experts', split as ``mlpwi``. A dense layer's ``mlp_act`` is ``ff`` wide.
+    the shared experts', split as ``mlpwi_0``. A dense layer's ``mlp_act`` is ``ff`` wide.
 
     >>> from shardscope._src.model.config import ModelConfig
     >>> moe = ModelConfig(d_model=64, heads=4, ff=128, layers=2, mlp="swiglu", experts=8,
     ...                   top_k=2, expert_ff=32, capacity_factor=1.25)
-    >>> named_tensor_elements(moe, experts=True)["mlpwi"]  # 1.25 x 2 slots x 2 x 32
-    (0, 160.0)
+    >>> named_tensor_elements(moe, experts=True)["mlpwi_1"]  # 1.25 x 2 slots x 32, the up's
+    (0, 80.0)
     """
     c = config
     assert c.head_dim is not None and c.kv_heads is not None
@@ -867,7 +869,9 @@ def named_tensor_elements(
     context = q
     if c.is_mla:
         q, context = c.heads * c.qk_head_dim, c.heads * c.value_head_dim
-    mlpwi: tuple[float, float] = (0, 2 * c.ff if c.mlp == "swiglu" else c.ff)
+    gated = c.mlp == "swiglu"
+    gate: tuple[float, float] = (0, c.ff)
+    up: tuple[float, float] = (0, c.ff if gated else 0)
     mlpwo: tuple[float, float] = (h, 0)
     mlp_act: tuple[float, float] = (0, c.ff)
     expert_input: tuple[float, float] = (0, 0)
@@ -875,7 +879,8 @@ def named_tensor_elements(
     if experts:
         f = c.expert_ff or c.ff
         slots = c.routed_capacity * c.top_k
-        mlpwi = (0, (slots + c.shared_experts) * (2 * f if c.mlp == "swiglu" else f))
+        gate = (0, (slots + c.shared_experts) * f)
+        up = (0, (slots + c.shared_experts) * f if gated else 0)
         mlpwo = (slots * h + (h if c.shared_experts else 0), 0)
         mlp_act = (0, c.shared_experts * f)
         expert_input, expert_act = (slots * h, 0), (0, slots * f)
@@ -889,7 +894,8 @@ def named_tensor_elements(
         "out_proj": (h, 0),
         "post_self_attention_norm": (h, 0),
         "expert_input": expert_input,
-        "mlpwi": mlpwi,
+        "mlpwi_0": gate,
+        "mlpwi_1": up,
         "mlp_act": mlp_act,
         "expert_act": expert_act,
         "mlpwo": mlpwo,
@@ -933,13 +939,15 @@ def named_tensor_bytes(placement: Placement, tensors: Sequence[str], microbatche
 def producer_params(config: ModelConfig) -> dict[str, float]:
     """The weights each projection of :data:`~shardscope._src.model.remat.PRODUCERS` takes
     one token through (its FLOPs ``2 x`` per token; split over the model axis): the fused
-    query, key and value projection, the out-projection, the MLP's up-projections and its
-    down-projection (a mixture of experts': a layer's mean, its experts' slots counted)."""
+    query, key and value projection, the out-projection, the MLP's gate and up projections
+    (``d_model x ff`` each; a GELU MLP's one up-projection is ``mlp_in_0``, its ``mlp_in_1``
+    0) and its down-projection (a mixture of experts': a layer's mean, its experts' slots
+    counted)."""
     c = config
     assert c.head_dim is not None and c.kv_heads is not None
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    up = 2 * c.ff if c.mlp == "swiglu" else c.ff
-    mlp_in: float = c.d_model * up
+    gated = c.mlp == "swiglu"
+    mlp_in: float = c.d_model * c.ff
     mlp_out: float = c.ff * c.d_model
     if c.is_moe:
         # a layer's mean (a mixture's layers are of two kinds): a layer with experts takes
@@ -947,14 +955,15 @@ def producer_params(config: ModelConfig) -> dict[str, float]:
         # routed capacity's) and of the shared experts
         f = c.expert_ff or c.ff
         ways = c.routed_capacity * c.top_k + c.shared_experts
-        moe_in = ways * c.d_model * (2 * f if c.mlp == "swiglu" else f)
+        moe_in = ways * c.d_model * f
         moe_out = ways * f * c.d_model
         mlp_in = (c.dense_layer_count * mlp_in + c.moe_layers * moe_in) / c.layers
         mlp_out = (c.dense_layer_count * mlp_out + c.moe_layers * moe_out) / c.layers
     return {
         "qkv": c.d_model * (q_dim + 2 * kv_dim),
         "out": q_dim * c.d_model,
-        "mlp_in": mlp_in,
+        "mlp_in_0": mlp_in,
+        "mlp_in_1": mlp_in if gated else 0.0,
         "mlp_out": mlp_out,
     }
 
@@ -1526,15 +1535,21 @@ def fp8_cast_elements_per_layer(
     w = 0.0 if weights_cached else 1.0  # the weights, cast in each pass or not
     weights = w * layer_matmul_params(c) / t
     forward = tokens * (c.d_model + q_dim / t + c.d_model + c.ff / t) + weights
-    # each projection's input (cast once, whole or split) and its weights
+    # each projection's input (cast once, whole or split) and its weights; the MLP's input
+    # once for its gate and up, out of the forward where both are kept (where one is, its
+    # weights alone)
     skipped = {
         "qkv": tokens * c.d_model + w * c.d_model * (q_dim + 2 * kv_dim) / t,
         "out": tokens * q_dim / t + w * q_dim * c.d_model / t,
         "mlp_in": tokens * c.d_model + w * c.d_model * up / t,
         "mlp_out": tokens * c.ff / t + w * c.ff * c.d_model / t,
     }
-    for name in kept:
-        forward -= skipped[name]
+    share = _mlp_in_kept(kept, c)
+    for name in dict.fromkeys("mlp_in" if k in MLP_IN else k for k in kept):
+        if name != "mlp_in":
+            forward -= skipped[name]
+        else:
+            forward -= skipped[name] if share == 1 else share * w * c.d_model * up / t
     backward = tokens * ((q_dim + 2 * kv_dim) / t + c.d_model + up / t + c.d_model) + weights
     if not c.is_moe:
         return forward, backward
@@ -1553,13 +1568,23 @@ def fp8_cast_elements_per_layer(
         "mlp_out": tokens * (slots + shared) * f / t,
     }
     moe_weights = {k: w * v for k, v in _moe_layer_weight_elements(placement).items()}
-    moe_forward = sum(moe_inputs[k] + moe_weights[k] for k in moe_inputs if k not in kept)
+    moe_weights["mlp_in"] *= 1 - share
+    gone = {"mlp_in" if k in MLP_IN and share == 1 else k for k in kept}
+    moe_forward = sum(moe_inputs[k] + moe_weights[k] for k in moe_inputs if k not in gone)
     moe_backward = sum(moe_weights.values()) + tokens * (
         (q_dim + 2 * kv_dim) / t + c.d_model + (slots + shared) * up_e / t
         + (routed + (1 if shared else 0)) * c.d_model
     )  # fmt: skip
     n, k = c.dense_layer_count, c.moe_layers
     return (n * forward + k * moe_forward) / c.layers, (n * backward + k * moe_backward) / c.layers
+
+
+def _mlp_in_kept(kept: Sequence[str], config: ModelConfig) -> float:
+    """The share of the MLP's gate and up projections' weights (:data:`MLP_IN`) in ``kept``:
+    each half of a SwiGLU MLP's, a GELU MLP's one up-projection all of its."""
+    if config.mlp != "swiglu":
+        return 1.0 if MLP_IN[0] in kept else 0.0
+    return sum(0.5 for k in MLP_IN if k in kept)
 
 
 def _moe_layer_weight_elements(placement: Placement) -> dict[str, float]:
@@ -1579,6 +1604,7 @@ def _moe_layer_weight_elements(placement: Placement) -> dict[str, float]:
     return {
         "qkv": c.d_model * (q_dim + 2 * kv_dim) / t,
         "out": q_dim * c.d_model / t,
+        # the MLP's gate and up (or GELU's one up-projection) together
         "mlp_in": routed_in + shared * c.d_model * up_e / t,
         "mlp_out": routed_out + shared * f * c.d_model / t,
     }

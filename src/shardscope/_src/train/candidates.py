@@ -588,8 +588,17 @@ def moe_remats(remats: Sequence[str], config: ModelConfig, *, asked: bool) -> tu
     :func:`~shardscope._src.model.remat.model_problem`), or else :data:`MOE_REMATS`."""
     if not asked:
         return tuple(r for r in remats if r in MOE_REMATS)
+    return runnable_remats(remats, config)
+
+
+def runnable_remats(remats: Sequence[str], config: ModelConfig) -> tuple[str, ...]:
+    """``remats``, each of which the model's layers can run; else an error naming the first
+    that they cannot (:func:`~shardscope._src.model.remat.model_problem`)."""
     for r in remats:
-        problem = model_problem(remat_policy(r), experts=config.is_moe, latent=config.is_mla)
+        gated = config.mlp == "swiglu"
+        problem = model_problem(
+            remat_policy(r), experts=config.is_moe, latent=config.is_mla, gated=gated
+        )
         if problem is not None:
             raise PlanError(f"remat={r}: {problem}", param="remat")
     return tuple(remats)
@@ -925,6 +934,8 @@ def screen_all(
     if config.is_moe or config.is_mla:
         remats = moe_remats(remats, config, asked=remat is not None)
         names = moe_strategies(names, asked=True)
+    elif remat is not None:
+        remats = runnable_remats(remats, config)
     if config.is_mla and matmul_dtype == MatmulDtype.FP8:
         raise PlanError(
             "matmul_dtype='fp8': the planner prices latent attention's matmuls in 16 bits "

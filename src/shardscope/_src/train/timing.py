@@ -185,7 +185,7 @@ from shardscope._src.cost.links import (
 from shardscope._src.cost.routing import host_sync_seconds
 from shardscope._src.mesh import mesh_axes
 from shardscope._src.model.config import Mode, ModelConfig, Remat
-from shardscope._src.model.remat import PROJECTIONS, remat_policy
+from shardscope._src.model.remat import MLP_IN, PROJECTIONS, remat_policy
 from shardscope._src.plan.estimates import (
     DEFAULT_BYTES_PER_PARAM,
     FP8_ITEMSIZE,
@@ -196,6 +196,7 @@ from shardscope._src.plan.estimates import (
     bf16_end_layers,
     check_matmul_dtype,
     expert_gemms,
+    expert_mlp_params,
     expert_routing,
     expert_weight_elements,
     fp8_cast_bytes,
@@ -1063,14 +1064,16 @@ def _pass_work(
     # is recomputed; a policy that keeps everything runs nothing again but, selective
     # without memory-efficient attention, the attention core (Korthikanti et al.).
     rerun_ops = policy.rerun_producers()
-    again_ops = [op for op in PROJECTIONS if op in rerun_ops]
-    kept_ops = [op for op in PROJECTIONS if op not in rerun_ops]
+    weights = producer_params(c)
+    # the projections the model has (a GELU MLP has no mlp_in_1)
+    present = [op for op in PROJECTIONS if weights[op]]
+    again_ops = [op for op in present if op in rerun_ops]
+    kept_ops = [op for op in present if op not in rerun_ops]
     if not kept_ops:
         matmuls = layer  # the whole layer's (a mixture of experts' routers and experts too)
     elif not again_ops:
         matmuls = router
     else:
-        weights = producer_params(c)
         matmuls = layer - weight_flops(sum(weights[op] for op in kept_ops), tokens) / t
     if policy.keeps_everything:
         core_rerun = schedule.remat == Remat.SELECTIVE and not flash_attention
@@ -1114,7 +1117,13 @@ def _pass_work(
     fp8 = check_matmul_dtype(matmul_dtype, hw) == MatmulDtype.FP8
     fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
     expert_flops, expert_weights = routed_expert_work(placement, m)
-    recomputes_experts = "mlp_in" in rerun_ops or "mlp_out" in rerun_ops
+    # the routed experts' share run again: all of them where their down-projection or both
+    # their gate and up (GELU's one up-projection) run again, else the one that does
+    experts_again = [op for op in again_ops if op in (*MLP_IN, "mlp_out")]
+    recomputes_experts = bool(experts_again)
+    expert_share = 1.0
+    if experts_again and "mlp_out" not in again_ops and any(op in kept_ops for op in MLP_IN):
+        expert_share = c.d_model * (c.expert_ff or c.ff) / expert_mlp_params(c)
     routing = expert_routing(placement, m, dropless=full_config.capacity_factor is None)
     route: dict[str, Any] = {}
     if routing is not None:
@@ -1175,7 +1184,7 @@ def _pass_work(
         host_optimizer_bytes=0,
         **fp8_work,
         expert_flops=expert_flops,
-        expert_recompute_flops=expert_flops if recomputes_experts else 0.0,
+        expert_recompute_flops=expert_flops * expert_share if recomputes_experts else 0.0,
         # memory-efficient attention is the fused kernel a hardware's rates describe
         attention_flops=c.layers * core if flash_attention else 0.0,
         attention_rerun_flops=rerun if flash_attention else 0.0,
