@@ -121,6 +121,28 @@ def _mpt(layers: int, d: int, heads: int, batch: int) -> ModelConfig:
 # datasheets): the middle of that interval.
 TITAN_H100 = {"memory_bytes": 96e9, "hbm_bandwidth": 2.4e12, "peak_flops": (989e12 + 835e12) / 2}
 
+#: torchtitan's per-op selective recomputation (pytorch/torchtitan
+#: torchtitan/distributed/activation_checkpoint.py@cfb9326, _apply_op_sac): each layer's policy
+#: counts its aten.mm calls and saves the outputs of the ops of its save list
+#: (torchtitan/models/llama3/infra/parallelize.py, _op_sac_save_list: mm, the SDPA kernels,
+#: reduce_scatter, max) but every second mm (the count incremented before its parity is tested:
+#: the 1st, 3rd, 5th and 7th kept). A layer's mms run wq, wk, wv, wo, w1 (gate), w3 (up), w2
+#: (down): the query, the value, the gate, the down-projection and the attention kernel's
+#: output kept with the layer's input; the key, the out-projection, the up, the norms and the
+#: element-wise ops recomputed. The benchmarks' "selective activation checkpointing" runs of
+#: the 8B (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3) are planned with it.
+#: The policy marks what it does not save PREFER_RECOMPUTE, a hint torch.compile's partitioner
+#: (these runs compile each layer) may overrule by saving: the estimate's memory is the
+#: policy's, the least the run can have kept.
+TITAN_OP_SAC = (
+    "custom:query_proj=device,value_proj=device,context=device,mlpwi_0=device,mlpwo=device"
+)
+TITAN_OP_SAC_INSTEAD = (
+    "the key recomputed by running the fused query, key and value projection again "
+    "(torchtitan runs wk alone again); memory as the policy keeps it (torch.compile may keep "
+    "more)"
+)
+
 ROWS = [
     _narayanan(24, 2304, 24, 1, 32, 512, 137),
     _narayanan(32, 3072, 30, 2, 64, 512, 138),
@@ -134,20 +156,10 @@ ROWS = [
         "fsdp",
         (("data", 8),),
         1,
-        # torchtitan's per-op selective recomputation (pytorch/torchtitan
-        # torchtitan/distributed/activation_checkpoint.py@cfb9326, _apply_op_sac): each
-        # layer's policy counts its aten.mm calls and saves the outputs of the ops of its save
-        # list (torchtitan/models/llama3/infra/parallelize.py, _op_sac_save_list: mm, the SDPA
-        # kernels, reduce_scatter, max) but every second mm (the count incremented before
-        # its parity is tested: the 1st, 3rd, 5th and 7th kept). A layer's mms run wq, wk,
-        # wv, wo, w1 (gate), w3 (up), w2 (down): the query, the value, the gate, the down-
-        # projection and the attention kernel's output kept with the layer's input; the key,
-        # the out-projection, the up, the norms and the element-wise ops recomputed
-        "custom:query_proj=device,value_proj=device,context=device,mlpwi_0=device,mlpwo=device",
+        TITAN_OP_SAC,
         2.457,
         peak_gib=77.0,
-        instead="the key recomputed by running the fused query, key and value projection "
-        "again (torchtitan runs wk alone again)",
+        instead=TITAN_OP_SAC_INSTEAD,
     ),
     Row(
         "torchtitan Llama 3.1 70B, FSDP 32 x TP 8 H100",
