@@ -6,6 +6,7 @@ keeps the outputs; this one keeps none."""
 
 import contextlib
 import io
+import json
 from collections import Counter
 from dataclasses import replace
 
@@ -14,10 +15,16 @@ import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from helpers import assert_one_device_step, max_error, small_mixture
+import shardscope
+from helpers import assert_one_device_step, assert_usage_error, max_error, small_mixture
+from shardscope import ModelConfigError, PlanRequest
+from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.model import transformer
 from shardscope._src.model.moe import moe_capacity, moe_dropless
 from shardscope._src.sharding.programs import build_reference_program
+from shardscope._src.train.candidates import estimate
+from shardscope._src.train.sweep import resolve_config
+from shardscope._src.train.types import Candidate
 
 #: 8 SwiGLU experts of 256, 2 a token; one sequence of 512 tokens, d 128, in bfloat16.
 RESIDUALS = small_mixture(
@@ -98,3 +105,37 @@ def test_the_weights_travel_with_the_slots_to_their_experts_and_the_step_is_the_
     prog = build_reference_program("dp_ep_sp", weighted, "data=2,expert=2,model=2", mode="train")
     loss, grads = prog.fn(*prog.example_args())
     assert_one_device_step(loss, grads, config)
+
+
+def _config(*flags):
+    """The model ``shardscope plan`` plans with ``flags``: Mixtral 8x7B, 8 sequences of 512
+    on 8 devices."""
+    argv = ["plan", "--model", "mixtral-8x7b", "--devices", "8", "--batch", "8", "--seq", "512"]
+    return resolve_config(command_config(build_parser().parse_args([*argv, *flags])).request())[1]
+
+
+def test_the_command_line_asks_a_mixture_to_weight_its_activations_and_the_plan_keeps_less():
+    given = {flags: _config(*flags) for flags in ((), ("--weight-activations",))}
+    assert _config("--no-weight-activations").weight_activations is False
+    assert [c.weight_activations for c in given.values()] == [False, True]
+    ep = Candidate("ep", (("expert", 8),), microbatches=1, remat="none")
+    kept = [estimate(ep, c, "h100").memory.activations for c in given.values()]
+    # each of the 32 layers keeps no output of its 512 tokens' 2 experts, a row of 4096 in
+    # bfloat16 each
+    assert kept[0] - kept[1] == 32 * 512 * 2 * 4096 * 2
+
+
+def test_a_plan_records_that_its_experts_weight_their_activations():
+    config = small_mixture(layers=1, shared_experts=0)
+    kw = dict(compiler="cpu", compile_top=0, strategies=["ep"], mesh="expert=8", workers=0)
+    result = shardscope.plan(config, 8, microbatches=1, remat="none", weight_activations=True, **kw)
+    assert json.loads(json.dumps(result.to_dict()))["settings"]["weight_activations"] is True
+    assert result.config.weight_activations
+
+
+def test_a_dense_model_cannot_weight_its_experts_activations(capsys):
+    for command in (["plan"], ["serve", "--prompt", "64", "--output", "16"]):
+        argv = [*command, "--model", "tiny", "--devices", "8", "--weight-activations"]
+        assert_usage_error(argv, "weight_activations=True: this model has no experts", capsys)
+    with pytest.raises(ModelConfigError, match="weight_activations='yes': give True or False"):
+        resolve_config(PlanRequest("mixtral-8x7b", 8, weight_activations="yes"))
