@@ -172,14 +172,15 @@ def test_expert_parallelism_for_a_dense_model_is_refused():
 
 @pytest.mark.compiler
 @pytest.mark.parametrize(
-    "strategy, mesh_spec, once",
+    "strategy, mesh_spec, once, weighted",
     [
-        ("fsdp_ep", "data=2,expert=4", False),
-        ("ep", "expert=8", False),
-        ("fsdp_ep", "data=2,expert=4", True),
+        ("fsdp_ep", "data=2,expert=4", False, False),
+        ("ep", "expert=8", False, False),
+        ("ep", "expert=8", False, True),
+        ("fsdp_ep", "data=2,expert=4", True, False),
     ],
 )
-def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec, once):
+def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec, once, weighted):
     # The H100 compiler's temporaries grow per layer of the scan by what one layer keeps for
     # the backward; the experts' activation keeps only its input, as a fused kernel does.
     def config_of(layers):
@@ -199,17 +200,19 @@ def test_a_layer_with_experts_keeps_what_the_estimate_counts(strategy, mesh_spec
             expert_ff=256,
             capacity_factor=1.0,
             dispatch_once=once,
+            weight_activations=weighted,
         )
 
     # sent once to each device of its experts, a token's rows are gathered into its experts'
     # slots there: the backward keeps the slots, as it does sent once per expert; there the
-    # router weight scales the experts' activation, so their outputs are not kept
+    # router weight scales the experts' activation, so their outputs are not kept, nor are
+    # they sent once per expert with weight_activations (each slot's weight sent with it)
     estimate, kept = layer_growth(strategy, mesh_spec, config_of)
     # one sequence of 2048 tokens a device, bf16: the attention's and the norms' as a dense
     # layer's (10 h + 8 h), the slots sent to the 2 experts (2 h) and, weighted in the
     # combine, their outputs (2 h more), the experts' gate, up and product (2 x 3 x 256),
     # and the router's float32 logits (4 x 8)
-    slots = 2 * 128 if once else 2 * 2 * 128
+    slots = 2 * 128 if once or weighted else 2 * 2 * 128
     assert estimate == 2048 * (18 * 128 + 2 * (slots + 2 * 768) + 32)
     assert kept == pytest.approx(estimate, rel=0.03)
 

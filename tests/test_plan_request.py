@@ -56,6 +56,7 @@ def test_plan_hands_every_keyword_to_the_request(monkeypatch):
         vocab_split=True,
         imbalance=1.5,
         dispatch_once=True,
+        weight_activations=True,
         virtual_stages=1,
         pipeline_split="embedding+loss",
         offload_layers=3,
@@ -105,7 +106,8 @@ def test_every_option_maps_onto_its_field():
         "--offload-optimizer", "--matmul-dtype", "fp8", "--fp8-saved-inputs", "fp8",
         "--fp8-params", "1", "--fp8-peak-flops", "9e14",
         "--fp8-matmul-fraction", "0.5", "--no-vocab-split", "--virtual-stages", "1",
-        "--imbalance", "1.5", "--dispatch-once", "--attention-fwd-flops", "3e14",
+        "--imbalance", "1.5", "--dispatch-once", "--weight-activations",
+        "--attention-fwd-flops", "3e14",
         "--attention-bwd-flops", "2e14", "--beside-best", "--pipeline-split", "loss",
     ]  # fmt: skip
     assert _cli_request(*argv) == PlanRequest(
@@ -119,7 +121,7 @@ def test_every_option_maps_onto_its_field():
         compiler="cpu", target_plans=2, offload_optimizer=True, matmul_dtype="fp8",
         fp8_saved_inputs="fp8", fp8_params=1, vocab_split=False, virtual_stages=1,
         imbalance=1.5,
-        dispatch_once=True, beside_best=True, pipeline_split="loss",
+        dispatch_once=True, weight_activations=True, beside_best=True, pipeline_split="loss",
     )  # fmt: skip
 
 

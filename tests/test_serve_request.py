@@ -43,8 +43,8 @@ def test_every_knob_has_one_option_whose_help_names_its_default():
     knobs = [f for f in fields(ServeRequest) if knob_of(f) is not None]
     assert {f.name for f in knobs} == {
         "model", "devices", "prompt", "output", "hardware", "batch", "context", "weights",
-        "cache", "latency", "compiler", "imbalance", "dispatch_once", "rate",
-        "clients", "engine", "chunked_prefill",
+        "cache", "latency", "compiler", "imbalance", "dispatch_once", "weight_activations",
+        "rate", "clients", "engine", "chunked_prefill",
     }  # fmt: skip
     for f in knobs:
         assert by_dest[f.name].default is None, f.name  # not given: the request's default

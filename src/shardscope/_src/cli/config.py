@@ -294,6 +294,7 @@ class PlanConfig(HardwareOptions):
     vocab_split: bool | None
     imbalance: float | None
     dispatch_once: bool | None
+    weight_activations: bool | None
     microbatches: int | None
     stages: int | None
     virtual_stages: int | None
@@ -403,6 +404,7 @@ class ServeConfig(HardwareOptions):
     compiler: str | None
     imbalance: float | None
     dispatch_once: bool | None
+    weight_activations: bool | None
     rate: float | None
     clients: int | None
     engine: str | None

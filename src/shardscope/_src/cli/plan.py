@@ -248,7 +248,7 @@ SERVE_OPTIONS = tuple(
 _SERVE_READS = frozenset(
     {"flags", "model", "devices", "hardware", "batch", "compiler", "top", "json", "png"}
     | {"verbose"}
-    | {"serve", "imbalance", "dispatch_once", *SERVE_OPTIONS}
+    | {"serve", "imbalance", "dispatch_once", "weight_activations", *SERVE_OPTIONS}
     | {f.name for f in fields(HardwareOptions)}
 )
 

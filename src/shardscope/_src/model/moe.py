@@ -245,6 +245,7 @@ def moe_capacity(
     devices: int | None = None,
     slices: int = 1,
     chunks: int = 1,
+    weight_activations: bool = False,
 ) -> tuple[Any, Any]:
     """The capacity-padded MoE of ``x`` ``[tokens, d]``: ``(output, dropped)``, ``dropped``
     the number of token-expert assignments beyond their expert's capacity.
@@ -279,7 +280,14 @@ def moe_capacity(
 
     With ``chunks`` (expert with context parallelism: each sequence's groups its ``chunks``
     chunks, each routed on its device of the context axis, Megatron-Core's EP with CP), the
-    groups are chunk-major (within the slices): a device's chunks one block of them."""
+    groups are chunk-major (within the slices): a device's chunks one block of them.
+
+    With ``weight_activations`` (sent once per expert; ``devices`` implies it), each slot's
+    router weight travels with it to its expert (``[experts, groups, slots, 1]``, placed as
+    the slots are), scales its activation before the down-projection, and the combine sums
+    the outputs unweighted (Megatron-Core's grouped experts under its all-to-all dispatcher,
+    which permutes the probabilities with the tokens): the same sums, and the backward
+    keeps no expert output to differentiate the weights."""
     n_experts = router.shape[-1]
     t, d = x.shape
     if t % groups or groups % (slices * chunks):
@@ -302,15 +310,31 @@ def moe_capacity(
         # each group fills its slots of every expert where the group is (an empty slot takes
         # the zero row past its tokens), then the slots go to their experts (the all-to-all)
         filled = _fill(xg, token).reshape(groups, n_experts, slots, d)
-        buffer = _arrive(place, place("slots", jnp.swapaxes(filled, 0, 1)), slices)
+        buffer = _to_experts(place, filled, slices)
+        scale = None
+        if weight_activations:
+            # at the activations' dtype, in which they scale them (as the combine's would)
+            w = weight.astype(xg.dtype).reshape(groups, n_experts, slots, 1)
+            scale = _to_experts(place, w, slices)
     e, g, c, _ = buffer.shape
-    y = _expert_mlp(buffer.reshape(e, g * c, d), w_in, w_down).reshape(e, g, c, d)
+    if scale is not None:
+        scale = scale.reshape(e, g * c)
+    y = _expert_mlp(buffer.reshape(e, g * c, d), w_in, w_down, scale).reshape(e, g, c, d)
     with jax.named_scope("moe/combine"):
         y = _depart(place, y, slices)  # back to their groups (the all-to-all)
         rows = jnp.swapaxes(y, 0, 1).reshape(groups, n_experts * slots, d)
-        out = place("tokens", _scatter(rows, token, weight, t // groups))
+        # weighted already, the outputs are summed as they come
+        combine = jnp.ones_like(weight) if weight_activations else weight
+        out = place("tokens", _scatter(rows, token, combine, t // groups))
     dropped = t * top_k - jnp.sum(token < t // groups).astype(jnp.int32)
     return _sequence_major(out, slices, chunks), dropped
+
+
+def _to_experts(place: Any, a: Any, slices: int) -> Any:
+    """Each group's slots of every expert ``[groups, experts, slots, ...]`` sent to their
+    experts, ``[experts, groups, slots, ...]`` (placed at ``"slots"``, then
+    :func:`_arrive`): the dispatch's all-to-all."""
+    return _arrive(place, place("slots", jnp.swapaxes(a, 0, 1)), slices)
 
 
 def _local_experts(rows: Any, w_in: Any, w_down: Any, reduce: Any, weight: Any = None) -> Any:
@@ -413,9 +437,13 @@ def _moe_once(
     return out.reshape(groups * tokens, d), groups * tokens * top_k - done
 
 
-def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any:
+def moe_dropless(
+    x: Any, router: Any, w_in: Any, w_down: Any, top_k: int, *, weight_activations: bool = False
+) -> Any:
     """The dropless MoE of ``x`` ``[tokens, d]``: the assignments sorted by expert, each
-    expert's rows a group of ``jax.lax.ragged_dot``, the outputs weighted and summed back."""
+    expert's rows a group of ``jax.lax.ragged_dot``, the outputs weighted and summed back;
+    with ``weight_activations``, each row's activation weighted before the down-projection
+    and the outputs summed unweighted (:func:`moe_capacity`'s)."""
     n_experts = router.shape[-1]
     tokens = x.shape[0]
     weights, experts = route(x, router, top_k)
@@ -425,17 +453,24 @@ def moe_dropless(x: Any, router: Any, w_in: Any, w_down: Any, top_k: int) -> Any
     sizes = jnp.bincount(flat, length=n_experts).astype(jnp.int32)
     with jax.named_scope("moe/dispatch"):
         rows = checkpoint_name(jnp.take(x, token_of, axis=0), "expert_input")
+        # the router weights permuted with the rows, at the activations' dtype, in which
+        # they scale them
+        scale = None
+        if weight_activations:
+            scale = jnp.take(weights.reshape(-1), order).astype(x.dtype)
     with jax.named_scope("moe/experts"):
         if w_in.ndim == 4:
             gate = checkpoint_name(jax.lax.ragged_dot(rows, w_in[:, :, 0], sizes), "mlpwi_0")
             up = checkpoint_name(jax.lax.ragged_dot(rows, w_in[:, :, 1], sizes), "mlpwi_1")
-            u = fused_swiglu(gate, up)
+            u = fused_swiglu(gate, up) if scale is None else fused_weighted_swiglu(gate, up, scale)
         else:
-            u = fused_gelu(checkpoint_name(jax.lax.ragged_dot(rows, w_in, sizes), "mlpwi_0"))
+            h = checkpoint_name(jax.lax.ragged_dot(rows, w_in, sizes), "mlpwi_0")
+            u = fused_gelu(h) if scale is None else fused_weighted_gelu(h, scale)
         u = checkpoint_name(u, "expert_act")
         y = checkpoint_name(jax.lax.ragged_dot(u, w_down, sizes), "mlpwo")
     with jax.named_scope("moe/combine"):
-        y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)
+        if scale is None:
+            y = y * jnp.take(weights.reshape(-1), order)[:, None].astype(y.dtype)
         out = jnp.zeros((tokens, x.shape[1]), y.dtype).at[token_of].add(y)
     return out
 

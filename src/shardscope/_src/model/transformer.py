@@ -206,7 +206,10 @@ class Hooks:
         groups (one per sequence): dropless, or capacity-padded with :meth:`moe` placing its
         tokens and slots."""
         if config.capacity_factor is None:
-            return moe_dropless(tokens, router, w_in, w_down, config.top_k)
+            return moe_dropless(
+                tokens, router, w_in, w_down, config.top_k,
+                weight_activations=config.weights_activations,
+            )  # fmt: skip
         y, _ = moe_capacity(
             tokens,
             router,
@@ -219,6 +222,7 @@ class Hooks:
             devices=self.expert_devices if config.dispatch_once else None,
             slices=self.expert_slices,
             chunks=self.context_chunks,
+            weight_activations=config.weights_activations,
         )
         return y
 

@@ -105,6 +105,17 @@ def _dispatch_once_knob() -> Any:
     )
 
 
+def _weight_activations_knob() -> Any:
+    return knob(
+        None,
+        "a mixture of experts sent once per expert: each slot's router weight scales its "
+        "expert's activation before the down-projection and the outputs are summed "
+        "unweighted (Megatron-Core's grouped experts), not the outputs weighted in the combine",
+        kind=Kind.SWITCH,
+        default_text="the model's; the outputs weighted for a preset",
+    )
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A plan of ``model`` on ``devices`` accelerators: every strategy, mesh shape,
@@ -181,6 +192,12 @@ class PlanRequest:
             expert axis holding any of its experts, and sums its outputs there (DeepEP's
             dispatch and combine), rather than once per expert: True or False, None (the
             default) the model's (False for a preset).
+        weight_activations: a mixture of experts sent once per expert scales each slot's
+            activation by its router weight before the down-projection and sums the
+            outputs unweighted (Megatron-Core's grouped experts under its all-to-all
+            dispatcher), so the backward keeps no expert output, rather than weighting the
+            outputs in the combine (GShard's, MaxText's): True or False, None (the default)
+            the model's (False for a preset; ``dispatch_once`` implies it).
         microbatches: fix the micro-batches per data shard (default: every divisor of the
             sequences per data shard, up to 8 choices).
         stages: fix the pipeline stages, dividing the devices and no more than the layers
@@ -345,6 +362,7 @@ class PlanRequest:
     )
     imbalance: float | None = _imbalance_knob()
     dispatch_once: bool | None = _dispatch_once_knob()
+    weight_activations: bool | None = _weight_activations_knob()
     microbatches: int | None = knob(
         None,
         "micro-batches per data shard",
@@ -580,7 +598,8 @@ class ServeRequest:
         latency: seconds per output token to meet (None: no limit).
         compiler: None (the hardware's own compiler, deviceless, where it has one) or
             ``"cpu"`` (the estimate alone, nothing compiled).
-        imbalance, dispatch_once: a dropless mixture's routing, over the model's.
+        imbalance, dispatch_once, weight_activations: a mixture's routing (a dropless
+            one's imbalance), over the model's.
         rate: requests a second, arriving at random (online serving); give ``batch`` or
             ``rate``, not both.
         clients: clients in a closed loop, each sending its next request when its last one
@@ -662,6 +681,7 @@ class ServeRequest:
     )
     imbalance: float | None = _imbalance_knob()
     dispatch_once: bool | None = _dispatch_once_knob()
+    weight_activations: bool | None = _weight_activations_knob()
     rate: float | None = knob(
         None,
         "requests a second, arriving at random: each layout's latencies as its requests see "

@@ -80,9 +80,10 @@ def serve_request(request: ServeRequest) -> ServeResult:
     memory or its collectives). 8-bit weights halve a decode step's traffic; int8 ones are
     weight-only (their matmuls compute in the model's dtype), fp8 ones on a device with fp8
     matmul units are multiplied in fp8 (:func:`~shardscope._src.serve.estimate.fp8_matmuls`),
-    which speeds a prefill's matmuls too. ``imbalance`` and ``dispatch_once`` set a dropless
-    mixture's routing as :class:`ModelConfig` has them (the busiest expert's tokens over its
-    even share; each token once to each device of its experts), in place of the model's.
+    which speeds a prefill's matmuls too. ``imbalance``, ``dispatch_once`` and
+    ``weight_activations`` set a mixture's routing as :class:`ModelConfig` has them (a dropless
+    one's busiest expert's tokens over its even share; each token once to each device of its
+    experts; the router weights scaling the experts' activations), in place of the model's.
     ``rate`` (requests a second, arriving at random at the devices, spread evenly over the
     replicas) plans online serving (:mod:`~shardscope._src.serve.online`): each layout holds the
     sequences in flight at that rate (each replica's 99th percentile of them, as its batch), and
@@ -105,6 +106,8 @@ def serve_request(request: ServeRequest) -> ServeResult:
         config = replace(config, imbalance=request.imbalance)
     if request.dispatch_once is not None:
         config = replace(config, dispatch_once=request.dispatch_once)
+    if request.weight_activations is not None:
+        config = replace(config, weight_activations=request.weight_activations)
     hw, ctx, rate = request.device, request.context_tokens, request.rate
     prompt, weights, cache = request.prompt, request.weights, request.cache
     setting = (

@@ -155,6 +155,8 @@ def _resolve(r: PlanRequest) -> tuple[str, ModelConfig]:
         config = replace(config, imbalance=r.imbalance)
     if r.dispatch_once is not None:
         config = replace(config, dispatch_once=r.dispatch_once)
+    if r.weight_activations is not None:
+        config = replace(config, weight_activations=r.weight_activations)
     return name, config
 
 
@@ -323,6 +325,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         "vocab_split": r.vocab_split,
         "imbalance": r.imbalance,
         "dispatch_once": r.dispatch_once,
+        "weight_activations": r.weight_activations,
         "microbatches": r.microbatches,
         "stages": stages,
         "virtual_stages": r.virtual_stages,
