@@ -272,7 +272,22 @@ def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> Moe
     H100 row says MBS 4 and GA 2, which its own GBS 512 and data parallel 16 (64 GPUs over
     PP 4) contradict (16 x 4 x 2 = 128); the config's MBS 1 runs 512 = 16 x 1 x 32, as the
     26.02 row states it (MBS 1)."""
-    instead = ["the sliding-window layers attend fully (the preset's)"]
+    # GPT-OSS's attention has a learnable softmax sink a head (softmax_type="learnable",
+    # src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py@12bc34a; "Fused sink attention
+    # requires TE >= 2.8", else Megatron-Core's local attention). Transformer Engine runs
+    # such a softmax on FusedAttention or UnfusedDotProductAttention, never FlashAttention
+    # (get_attention_backend, transformer_engine/pytorch/attention/dot_product_attention/
+    # utils.py@002a3e5: "Disabling FlashAttention for softmax_type"), and cuDNN's kernel takes
+    # it from cuDNN 9.13.1 ("pre-9.13.1: vanilla; 9.13.1+: vanilla, off-by-one, learnable",
+    # nvte_get_fused_attn_backend, transformer_engine/common/fused_attn/fused_attn.cpp
+    # @015d346). The run had cuDNN's: an attention that keeps the scores (TE's unfused one
+    # or Megatron-Core's local one, 64 heads of 4096 x 4096 a layer) holds 239 GiB a device
+    # here by the planner's count (flash_attention=False), over an H100's 80 GB.
+    instead = [
+        "the sliding-window layers attend fully (the preset's)",
+        "the attention at cuDNN's rates without sinks for heads of 128 (GPT-OSS's are 64 "
+        "wide with a learnable softmax sink each: no published H100 rate of that kernel)",
+    ]
     if version == "25.11":
         instead.append(
             "micro-batch 1, as the perf config sets it (the table's MBS 4 and GA 2 give 16 x "
