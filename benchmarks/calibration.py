@@ -205,7 +205,9 @@ ROWS = [
         "fsdp",
         (("data", 64),),
         1,
-        "offload",
+        # the recipe's remat_policy custom: the layer's input and the query, key and value
+        # offloaded to host memory, the rest recomputed (the ``offload`` preset, by name)
+        "custom:decoder_layer_input=offload,query_proj=offload,key_proj=offload,value_proj=offload",
         18.688,
         # MaxText's llama3-70b-8192 Trillium configuration at 2 sequences per chip:
         # optimizer_memory_host_offload=True.
