@@ -14,13 +14,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import shardscope
 from helpers import assert_one_device_step, assert_usage_error, max_error, small_mixture
 from shardscope import ModelConfigError, PlanRequest
 from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.model import transformer
-from shardscope._src.model.moe import moe_capacity, moe_dropless
+from shardscope._src.model.moe import moe_capacity, moe_capacity_local, moe_dropless
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.train.candidates import estimate
 from shardscope._src.train.sweep import resolve_config
@@ -33,6 +35,14 @@ RESIDUALS = small_mixture(
 )  # fmt: skip
 
 
+def _saved(fn, *args):
+    """The shapes (and dtypes) of what ``fn`` keeps for the backward of ``args``."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_saved_residuals(fn, *args)
+    return [line.split(" ")[0] for line in out.getvalue().splitlines()]
+
+
 def _residual_shapes(config):
     """The shapes (and dtypes) of what one layer with experts keeps for the backward."""
     layer = jax.tree.map(
@@ -40,10 +50,7 @@ def _residual_shapes(config):
         transformer.abstract_params(config)["moe_layers"],
     )
     x = jax.ShapeDtypeStruct((1, config.seq, config.d_model), config.dtype)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        print_saved_residuals(lambda p, x: transformer.moe_layer(p, x, config), layer, x)
-    return [line.split(" ")[0] for line in out.getvalue().splitlines()]
+    return _saved(lambda p, x: transformer.moe_layer(p, x, config), layer, x)
 
 
 @pytest.mark.parametrize(
@@ -64,6 +71,39 @@ def test_weighting_the_activations_keeps_no_expert_output(capacity_factor, gone,
     activations = Counter(_residual_shapes(replace(config, weight_activations=True)))
     assert outputs - activations == Counter(gone)
     assert activations - outputs == Counter(added)
+
+
+def test_the_twins_experts_weighting_their_activations_keep_no_output():
+    # the shard_map twin over expert=8, as the strategies call it: each device routes its
+    # 512 tokens as one group into 8 experts x 128 slots (capacity 1), sends them to their
+    # experts and takes the outputs back; what its body keeps, traced where its axis is bound
+    mesh = jax.make_mesh((8,), ("expert",))
+    specs = (P("expert"), P(), P("expert"), P("expert"))
+    shapes = ((8 * 512, 128), (128, 8), (8, 128, 2, 256), (8, 256, 128))
+    args = [
+        jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+        for shape, spec in zip(shapes, specs, strict=True)
+    ]
+
+    def kept(weighted):
+        saved = []
+
+        def body(*a):
+            def twin(*a):
+                return moe_capacity_local(*a, 2, 1.0, "expert", weight_activations=weighted)
+
+            saved.extend(shape.split("{")[0] for shape in _saved(twin, *a))
+            return twin(*a)
+
+        jax.eval_shape(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=specs[0]), *args)
+        return Counter(saved)
+
+    outputs, activations = kept(False), kept(True)
+    # the group's 8 x 128 slot outputs, back from their experts, gone; the weights of the
+    # device's one expert's 128 slots from each of the 8 devices kept for its activation's
+    # backward
+    assert outputs - activations == Counter([f"bf16[1,{8 * 128},128]"])
+    assert activations - outputs == Counter([f"bf16[1,{8 * 128}]"])
 
 
 @pytest.mark.parametrize("capacity_factor", [1.0, None], ids=["capacity", "dropless"])
