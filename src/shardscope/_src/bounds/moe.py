@@ -50,6 +50,7 @@ def moe_layer_terms(
     data_devices: int = 1,
     expert_weight_bytes: int = 0,
     once: bool = False,
+    weight_activations: bool = False,
 ) -> tuple[Term, ...]:
     """The collectives one MoE layer needs over ``axis`` (``expert_devices`` devices, the
     tokens and the experts split over it; a tuple of axes for a group over several, as MoE
@@ -65,7 +66,11 @@ def moe_layer_terms(
     ``once``, each token goes once to each device of its experts (see the module docstring):
     ``ceil(imbalance x tokens x e x share)`` rows each way, and the slots' routing
     (``ceil(imbalance x tokens x top_k)`` row indices of 4 bytes and router weights of
-    ``itemsize``) with the dispatch, the weights' gradient back in the backward.
+    ``itemsize``) with the dispatch, the weights' gradient back in the backward. With
+    ``weight_activations`` (the experts scale their activations by the slots' router
+    weights: Megatron-Core's all-to-all dispatcher sends the probabilities with the
+    tokens), the router weights go with the slots (``ceil(imbalance x tokens x top_k)`` of
+    ``itemsize``), their gradient back in the backward, as ``once`` sends them.
 
     >>> [t.payload_bytes for t in moe_layer_terms(256, 64, 2, 8, "expert", 8, 2)]
     [65536, 65536]
@@ -127,11 +132,12 @@ def moe_layer_terms(
                 once_per_node=(experts, top_k) if once else (),
             )
         )
-    if once:
-        for what, size in (
-            ("which of its rows fills each expert's slot", INDEX_ITEMSIZE),
-            ("each expert slot's router weight", itemsize),
-        ):
+    # the slots' router weights go with them where the experts weight their activations (as
+    # they do sent once), and which of a device's rows fills each slot where sent once
+    routing = [("which of its rows fills each expert's slot", INDEX_ITEMSIZE)] if once else []
+    if once or weight_activations:
+        routing.append(("each expert slot's router weight", itemsize))
+        for what, size in routing:
             out.append(
                 Term(
                     ALL_TO_ALL,

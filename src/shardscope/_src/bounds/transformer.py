@@ -407,6 +407,7 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
             data_axis=data if replicas > 1 else None,
             data_devices=replicas,
             once=c.dispatch_once,
+            weight_activations=c.weight_activations,
         ):
             if t.kind == ALL_TO_ALL:
                 terms.append(replace(t, count=t.count * c.moe_layers))
@@ -434,6 +435,10 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
                     (n_slots * INDEX_ITEMSIZE, "which row fills each slot, gathered", False),
                     (n_slots * c.itemsize, "each slot's router weight, gathered", True),
                 ]
+            elif c.weight_activations:
+                # each slot's router weight with it (moe_layer_terms' weight_activations)
+                n_slots = math.ceil(c.routed_capacity * tokens * c.top_k)
+                moved = [(n_slots * c.itemsize, "each slot's router weight, gathered", True)]
             for (kind, backward), scope, what in (
                 ((ALL_GATHER, REDUCE_SCATTER), "moe/dispatch", "routed slots gathered"),
                 ((REDUCE_SCATTER, ALL_GATHER), "moe/combine", "routed experts' sums scattered"),

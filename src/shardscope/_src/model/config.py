@@ -113,11 +113,11 @@ class ModelConfig(Record):
     all-to-all dispatcher permutes the probabilities with the tokens and un-permutes
     without them, megatron/core/transformer/moe/token_dispatcher.py@0014f13), so the
     estimates keep no expert output and read none again for the weights' gradient
-    (:attr:`weights_activations`); the reference program compiles it so (each slot's
-    router weight sent to its expert with the slot, dropless with its row, the outputs
-    summed unweighted: the same sums, and the backward keeps no output), but for the
-    expert-parallel strategies' ``shard_map`` twins, which weight the outputs unless they
-    send once. Its parameters are counted
+    (:attr:`weights_activations`), and the bounds count the router weights sent with the
+    slots; the reference program and the expert-parallel strategies' ``shard_map`` twins
+    compile it so (each slot's router weight sent to its expert with the slot, dropless
+    with its row, the outputs summed unweighted: the same sums, and the backward keeps no
+    output). Its parameters are counted
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
     dense layers, then those with experts) and the strategies place it: expert parallelism
     (``ep``, ``zero1_ep``, ``fsdp_ep_tp``, ... with each data flavour but HSDP and with

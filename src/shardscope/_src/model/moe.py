@@ -488,6 +488,7 @@ def moe_capacity_local(
     reduce: Any = None,
     once: bool = False,
     gather_axis: str | None = None,
+    weight_activations: bool = False,
 ) -> Any:
     """The body of :func:`moe_capacity`'s ``shard_map`` twin, on one device of the expert
     axis ``axis`` (``e`` devices): its share of the tokens ``[tokens / e, d]``, routed in
@@ -501,7 +502,10 @@ def moe_capacity_local(
     experts' hidden split over it, each of its devices holding its own slice of the
     sequences: expert parallelism under sequence parallelism, ETP = TP), the slots that
     arrive are all-gathered over it and the experts' partial outputs reduce-scattered back
-    before the second ``all_to_all`` (Megatron-Core's ``MoEAlltoAllTokenDispatcher``)."""
+    before the second ``all_to_all`` (Megatron-Core's ``MoEAlltoAllTokenDispatcher``). With
+    ``weight_activations`` (``once`` implies it), the slots' router weights go with them by
+    their own ``all_to_all`` (and gather), scale the experts' activations before the
+    down-projection, and the outputs are summed unweighted (:func:`moe_capacity`'s)."""
     e = jax.lax.axis_size(axis)
     n_experts = router.shape[-1]
     local = w_in.shape[0]
@@ -523,14 +527,26 @@ def moe_capacity_local(
         buffer = jax.lax.all_to_all(filled, axis, 0, 0, tiled=True)
         if gather_axis is not None:  # every slice's slots, for the experts' split hidden
             buffer = jax.lax.all_gather(buffer, gather_axis, axis=2, tiled=True)
+        scale = None
+        if weight_activations:
+            # each slot's router weight with it, at the activations' dtype, in which it
+            # scales them
+            w = weight.astype(xg.dtype).reshape(groups, e, local, slots)
+            scale = jax.lax.all_to_all(jnp.moveaxis(w, 0, 2), axis, 0, 0, tiled=True)
+            if gather_axis is not None:
+                scale = jax.lax.all_gather(scale, gather_axis, axis=2, tiled=True)
     g = buffer.shape[2]
     rows = jnp.swapaxes(buffer, 0, 1).reshape(local, e * g * slots, d)
-    y = _local_experts(rows, w_in, w_down, reduce)
+    if scale is not None:
+        scale = jnp.swapaxes(scale, 0, 1).reshape(local, e * g * slots)
+    y = _local_experts(rows, w_in, w_down, reduce, scale)
     y = jnp.swapaxes(y.reshape(local, e, g, slots, d), 0, 1)
     with jax.named_scope("moe/combine"):
         if gather_axis is not None:  # the partial sums of this device's slices
             y = jax.lax.psum_scatter(y, gather_axis, scatter_dimension=2, tiled=True)
         y = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
         back = jnp.moveaxis(y, 2, 0).reshape(groups, n_experts * slots, d)
-        out = _scatter(back, token, weight, t // groups)
+        # weighted already, the outputs are summed as they come
+        combine = jnp.ones_like(weight) if weight_activations else weight
+        out = _scatter(back, token, combine, t // groups)
     return out.reshape(t, d)

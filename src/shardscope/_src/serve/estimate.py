@@ -229,6 +229,7 @@ def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int
         config.itemsize,
         imbalance=config.routed_capacity,
         once=config.dispatch_once,
+        weight_activations=config.weight_activations,
     )
     layers = config.moe_layers
     return sum(

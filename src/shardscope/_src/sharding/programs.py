@@ -341,6 +341,7 @@ class ShardMapHooks(Hooks):
             reduce=None if axis is None else reduce,
             once=config.dispatch_once,
             gather_axis=self.axis if gather else None,
+            weight_activations=config.weight_activations,
         )
 
 
