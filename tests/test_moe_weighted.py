@@ -16,6 +16,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from rich.console import Console
 
 import shardscope
 from helpers import assert_one_device_step, assert_usage_error, max_error, small_mixture
@@ -27,6 +28,7 @@ from shardscope._src.model import transformer
 from shardscope._src.model.moe import moe_capacity, moe_capacity_local, moe_dropless
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.estimates import Schedule
+from shardscope._src.render.serve import render_serve
 from shardscope._src.serve.estimate import estimate_plan
 from shardscope._src.serve.types import Layout, ServeLayout
 from shardscope._src.sharding.programs import build_reference_program
@@ -280,3 +282,24 @@ def test_a_dense_model_cannot_weight_its_experts_activations(capsys):
         assert_usage_error(argv, "weight_activations=True: this model has no experts", capsys)
     with pytest.raises(ModelConfigError, match="weight_activations='yes': give True or False"):
         resolve_config(PlanRequest("mixtral-8x7b", 8, weight_activations="yes"))
+
+
+def test_a_serving_result_records_that_its_experts_weight_their_activations():
+    # the serving estimate prices the weights sent with the slots (above), so its result says
+    # it asked for them, reads back with it, and its table's title says so
+    config = small_mixture(layers=1, shared_experts=0)
+    kw = dict(prompt=16, output=4, compiler="cpu")
+    weighted, plain = (
+        shardscope.serve(config, 8, weight_activations=flag, **kw) for flag in (True, False)
+    )
+    assert (weighted.weight_activations, plain.weight_activations) == (True, False)
+    data = json.loads(json.dumps(weighted.to_dict()))
+    assert data["weight_activations"] is True
+    assert shardscope.ServeResult.from_dict(data).weight_activations is True
+    said = "each slot's router weight sent with it to its expert"
+    titles = []
+    for result in (weighted, plain):
+        out = io.StringIO()
+        Console(file=out, width=400).print(render_serve(result))
+        titles.append(said in " ".join(out.getvalue().split()))
+    assert titles == [True, False]

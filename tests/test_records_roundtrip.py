@@ -298,6 +298,7 @@ def _since(body):
     prefill and no prefill attention kernel named."""
     plans = [p | {"engine": "none", "decode_host_s": 0.0} for p in body["plans"]]
     since = {"clients": None, "engine": "none", "chunked_prefill": None, "prefill_attention": None}
+    since["weight_activations"] = False
     return body | since | {"plans": plans}
 
 
@@ -353,7 +354,7 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     written = json.loads(write_result(tmp_path / "serve.json", now).read_text())
     assert (written["schema_version"], written["backend"]) == (4, None)
     assert shardscope.ServeResult.from_dict(written) == now
-    since = {"clients", "engine", "chunked_prefill", "prefill_attention"}
+    since = {"clients", "engine", "chunked_prefill", "prefill_attention", "weight_activations"}
     assert written.keys() - HEADER == old.keys() - HEADER | since
     on_tpu = dataclasses.replace(
         now, plans=tuple(dataclasses.replace(p, compiled_by="tpu-v5e") for p in now.plans)

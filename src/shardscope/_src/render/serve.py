@@ -68,6 +68,11 @@ def render_serve(
         + (f", at most {format_seconds(result.latency)} per token" if result.latency else "")
         + (f", busiest expert {result.imbalance:g}x its share" if result.imbalance > 1 else "")
         + (", each token once to each device of its experts" if result.dispatch_once else "")
+        + (
+            ", each slot's router weight sent with it to its expert"
+            if result.weight_activations
+            else ""
+        )
         + (f", on {result.engine}" if result.engine != "none" else "")
         + (f", prefill attention {result.prefill_attention}" if result.prefill_attention else "")
     )

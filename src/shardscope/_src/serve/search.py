@@ -153,6 +153,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
         plans=_ranked(fitting, at_rate=online is not None),
         imbalance=config.imbalance,
         dispatch_once=config.dispatch_once,
+        weight_activations=config.weight_activations,
         rate=rate,
         clients=request.clients,
         engine=request.engine,

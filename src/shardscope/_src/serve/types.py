@@ -201,10 +201,12 @@ class ServeResult(Record):
     cache: str
     latency: float | None
     plans: tuple[ServePlan, ...]
-    #: a mixture's routing as served: the busiest expert's tokens over its even share, and
-    #: whether each token goes once to each device of its experts
+    #: a mixture's routing as served: the busiest expert's tokens over its even share,
+    #: whether each token goes once to each device of its experts, and whether each slot's
+    #: router weight goes with it to scale its expert's activation (Megatron-Core's experts)
     imbalance: float = 1.0
     dispatch_once: bool = False
+    weight_activations: bool = False
     #: requests a second arriving at the devices (None: each plan at its batch)
     rate: float | None = None
     #: clients in a closed loop, each sending its next request when its last one ends
