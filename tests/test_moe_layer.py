@@ -231,6 +231,8 @@ def test_audit_moe_on_the_command_line(tmp_path, capsys):
     once = [*argv, "--experts", "16", "--top-k", "4", "--mesh", "data=2,expert=4"]
     assert main([*once, "--dispatch-once"]) == 0
     assert "each token once a device" in capsys.readouterr().out
+    assert main([*argv, "--weight-activations"]) == 0
+    assert "router weights with the slots" in capsys.readouterr().out
 
 
 def test_a_layer_sending_each_token_once_a_device_is_judged_by_that_bound():
@@ -251,6 +253,22 @@ def test_a_layer_sending_each_token_once_a_device_is_judged_by_that_bound():
     assert once.bound_bytes == 3 * (2 * bound_rows * 64 * 2 + routing) // 16
     assert per_expert.actual_bytes == 3 * 2 * 4 * 16 * (128 * 4 // 16) * 64 * 2 // 16
     assert once.actual_bytes < per_expert.actual_bytes
+
+
+def test_a_layer_whose_experts_weight_their_activations_sends_the_weights_with_the_slots():
+    from shardscope._src.verdict import moe_verdict
+
+    kw = dict(mesh="expert=8", tokens=512, d_model=64, ff=128, experts=8, top_k=2)
+    for impl in ("jit", "shard_map"):
+        weighted = moe_verdict(**kw, impl=impl, weight_activations=True).verdict
+        plain = moe_verdict(**kw, impl=impl).verdict
+        # 8 groups of 64 tokens fill 64 x 2 / 8 = 16 slots of each of the 8 experts; each
+        # slot's row goes out and back (bfloat16, d 64) and, weighted, its router weight
+        # (bfloat16) goes out too; an all-to-all over 8 sends 7 / 8**2 of its bytes
+        slots = 8 * 8 * (64 * 2 // 8)
+        assert plain.actual_bytes == 7 * 2 * slots * 64 * 2 // 64
+        assert weighted.actual_bytes == 7 * (2 * slots * 64 * 2 + slots * 2) // 64
+        assert (weighted.bound_bytes, weighted.ratio) == (weighted.actual_bytes, 1.0)
 
 
 def test_the_shard_map_twin_computes_the_jit_layer_with_two_explicit_all_to_alls():

@@ -246,6 +246,7 @@ def _run_audit_program(
             mode=c.mode,
             impl=c.impl,
             dispatch_once=c.dispatch_once,
+            weight_activations=c.weight_activations,
             target=target,
             **shown,
         )

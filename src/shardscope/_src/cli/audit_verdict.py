@@ -220,6 +220,7 @@ def run_moe_command(
     mode: str = Mode.FORWARD,
     impl: str = "jit",
     dispatch_once: bool = False,
+    weight_activations: bool = False,
     console: Any = None,
     target: str | None = None,
     by_scope: bool = False,
@@ -241,8 +242,10 @@ def run_moe_command(
         impl=impl,
         target=None,
         dispatch_once=dispatch_once,
+        weight_activations=weight_activations,
     )
     once = ", each token once a device" if dispatch_once else ""
+    once += ", router weights with the slots" if weight_activations else ""
     title = (
         f"MoE layer, {experts} experts top-{top_k}, {tokens} tokens x {d_model} ({dtype}, "
         f"{mode}, {impl}{once}) on mesh {mesh_spec}: collectives"

@@ -118,6 +118,7 @@ class AuditMoEConfig(AuditConfig):
     mode: str
     impl: str
     dispatch_once: bool = False
+    weight_activations: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -335,6 +335,12 @@ def _add_audit_moe(programs: argparse._SubParsersAction) -> None:
         help="send each token once to each device holding any of its experts and sum its "
         "outputs there (DeepEP's), not once per expert",
     )
+    moe.add_argument(
+        "--weight-activations",
+        action="store_true",
+        help="send each slot's router weight with it to its expert, which scales its "
+        "activation by it (Megatron-Core's all-to-all dispatcher), not its output in the combine",
+    )
 
 
 def _add_audit_reshard(programs: argparse._SubParsersAction) -> None:

@@ -218,6 +218,7 @@ def moe_verdict(
     target: str | None = None,
     impl: str = "jit",
     dispatch_once: bool = False,
+    weight_activations: bool = False,
 ) -> MoEReport:
     """Compiles one expert-parallel MoE layer (SwiGLU experts, capacity-padded dispatch in
     GShard's groups, :func:`~shardscope._src.model.moe.moe_capacity`), audits it and judges
@@ -230,7 +231,9 @@ def moe_verdict(
     weights. ``impl`` ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
     (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
     ``dispatch_once`` sends each token once to each device of its experts (DeepEP's), judged
-    against the bound of that dispatch.
+    against the bound of that dispatch; ``weight_activations`` sends each slot's router weight
+    with it to its expert, which scales its activation by it (Megatron-Core's all-to-all
+    dispatcher and grouped experts), judged against the bound that counts the weights.
 
     Raises:
         ModelConfigError: a shape the mesh does not divide (the tokens or the experts over
@@ -295,7 +298,15 @@ def moe_verdict(
             expert = PartitionSpec(EXPERT_AXIS)
             twin = jax.shard_map(
                 lambda x, r, wi, wd: moe_capacity_local(
-                    x, r, wi, wd, top_k, capacity_factor, EXPERT_AXIS, once=dispatch_once
+                    x,
+                    r,
+                    wi,
+                    wd,
+                    top_k,
+                    capacity_factor,
+                    EXPERT_AXIS,
+                    once=dispatch_once,
+                    weight_activations=weight_activations,
                 ),
                 mesh=mesh,
                 in_specs=(PartitionSpec(groups), PartitionSpec(), expert, expert),
@@ -304,7 +315,7 @@ def moe_verdict(
             return twin(x, router, w_in, w_down)
         out, _ = moe_capacity(
             x, router, w_in, w_down, top_k, capacity_factor, groups=e * dp, place=place,
-            devices=e if dispatch_once else None,
+            devices=e if dispatch_once else None, weight_activations=weight_activations,
         )  # fmt: skip
         return out
 
@@ -340,6 +351,7 @@ def moe_verdict(
         data_devices=dp,
         expert_weight_bytes=experts // e * 3 * d_model * ff * config.itemsize,
         once=dispatch_once,
+        weight_activations=weight_activations,
     )
     label = f"moe layer {experts} experts top-{top_k} [{tokens},{d_model}] {dtype}"
     bound = Bound(label, terms)
