@@ -56,6 +56,10 @@ def test_a_mixtures_offload_policy_holds_its_experts_tensors_and_sends_the_rest_
     rerun = 2 * TOKENS * (H * 3 * H + SLOTS * F * H + H * 8) + core
     flash = core / 2  # the blocked backward's scores
     assert s.pricing.work.recompute_flops == pytest.approx(MOE.layers * (rerun + flash), rel=1e-12)
+    # of the routed experts' forward (gate, up and down, d x f each over the 2 slots), the
+    # down-projection alone runs again
+    experts = MOE.layers * 2 * TOKENS * SLOTS * 3 * H * F
+    assert s.pricing.work.expert_recompute_flops == pytest.approx(experts / 3, rel=1e-12)
     # keeping every projection's output but the attention's: the attention core and the
     # router run again
     minimal = estimate(Candidate("ep", (("expert", 8),), 1, "maxtext:minimal"), MOE, "h100")
@@ -78,6 +82,11 @@ def test_keeping_the_experts_gate_runs_their_up_alone_again():
     experts = MOE.layers * 2 * TOKENS * SLOTS * 3 * H * F  # the routed experts' forward
     assert work.expert_flops == experts
     assert work.expert_recompute_flops == pytest.approx(experts / 3, rel=1e-12)
+    # the gate and the up recomputed, the down-projection kept: two of the experts' three
+    # matmuls run again
+    both = "custom:" + ",".join(f"{t}=device" for t in kept if t != "mlpwi_0")
+    work = estimate(Candidate("ep", (("expert", 8),), 1, both), MOE, "h100").pricing.work
+    assert work.expert_recompute_flops == pytest.approx(2 * experts / 3, rel=1e-12)
 
 
 @pytest.mark.parametrize("dropless", [False, True], ids=["capacity", "dropless"])

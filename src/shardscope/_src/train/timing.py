@@ -1117,13 +1117,11 @@ def _pass_work(
     fp8 = check_matmul_dtype(matmul_dtype, hw) == MatmulDtype.FP8
     fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
     expert_flops, expert_weights = routed_expert_work(placement, m)
-    # the routed experts' share run again: all of them where their down-projection or both
-    # their gate and up (GELU's one up-projection) run again, else the one that does
+    # the routed experts' share run again: each of their matmuls that runs again (the gate,
+    # the up and the down-projection, d x f each; GELU's one up-projection and its down)
     experts_again = [op for op in again_ops if op in (*MLP_IN, "mlp_out")]
     recomputes_experts = bool(experts_again)
-    expert_share = 1.0
-    if experts_again and "mlp_out" not in again_ops and any(op in kept_ops for op in MLP_IN):
-        expert_share = c.d_model * (c.expert_ff or c.ff) / expert_mlp_params(c)
+    expert_share = len(experts_again) * c.d_model * (c.expert_ff or c.ff) / expert_mlp_params(c)
     routing = expert_routing(placement, m, dropless=full_config.capacity_factor is None)
     route: dict[str, Any] = {}
     if routing is not None:
