@@ -1545,11 +1545,8 @@ def fp8_cast_elements_per_layer(
         "mlp_out": tokens * c.ff / t + w * c.ff * c.d_model / t,
     }
     share = _mlp_in_kept(kept, c)
-    for name in dict.fromkeys("mlp_in" if k in MLP_IN else k for k in kept):
-        if name != "mlp_in":
-            forward -= skipped[name]
-        else:
-            forward -= skipped[name] if share == 1 else share * w * c.d_model * up / t
+    forward -= sum(skipped[k] for k in ("qkv", "out", "mlp_out") if k in kept)
+    forward -= skipped["mlp_in"] if share == 1 else share * w * c.d_model * up / t
     backward = tokens * ((q_dim + 2 * kv_dim) / t + c.d_model + up / t + c.d_model) + weights
     if not c.is_moe:
         return forward, backward
@@ -1568,9 +1565,11 @@ def fp8_cast_elements_per_layer(
         "mlp_out": tokens * (slots + shared) * f / t,
     }
     moe_weights = {k: w * v for k, v in _moe_layer_weight_elements(placement).items()}
-    moe_weights["mlp_in"] *= 1 - share
-    gone = {"mlp_in" if k in MLP_IN and share == 1 else k for k in kept}
-    moe_forward = sum(moe_inputs[k] + moe_weights[k] for k in moe_inputs if k not in gone)
+    moe_forward = sum(
+        moe_inputs[k] + moe_weights[k] for k in ("qkv", "out", "mlp_out") if k not in kept
+    )
+    # the experts' gate and up: their input unless both are kept, the weights not kept
+    moe_forward += (0 if share == 1 else moe_inputs["mlp_in"]) + (1 - share) * moe_weights["mlp_in"]
     moe_backward = sum(moe_weights.values()) + tokens * (
         (q_dim + 2 * kv_dim) / t + c.d_model + (slots + shared) * up_e / t
         + (routed + (1 if shared else 0)) * c.d_model
