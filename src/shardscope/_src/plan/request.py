@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -114,6 +114,18 @@ def _weight_activations_knob() -> Any:
         kind=Kind.SWITCH,
         default_text="the model's; the outputs weighted for a preset",
     )
+
+
+#: A mixture's routing a request may set over its model's: the fields of the same names of
+#: :class:`PlanRequest`, :class:`ServeRequest` and :class:`ModelConfig`.
+ROUTING = ("imbalance", "dispatch_once", "weight_activations")
+
+
+def with_routing(config: ModelConfig, request: PlanRequest | ServeRequest) -> ModelConfig:
+    """``config`` with the routing ``request`` sets (:data:`ROUTING`: each it gives, not
+    None) in place of its own."""
+    given = {k: getattr(request, k) for k in ROUTING if getattr(request, k) is not None}
+    return replace(config, **given) if given else config
 
 
 @dataclass(frozen=True)

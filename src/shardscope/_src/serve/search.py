@@ -33,7 +33,7 @@ from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, FORMATS, check_servable
 from shardscope._src.plan.rank import StepSource, pareto_front, rank_key
-from shardscope._src.plan.request import ServeRequest
+from shardscope._src.plan.request import ServeRequest, with_routing
 from shardscope._src.serve.compiled import compile_decode, compile_prefill
 from shardscope._src.serve.estimate import (
     Held,
@@ -102,12 +102,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
             a routing it cannot have (an imbalance of a dense or capacity-padded model).
     """
     name, config = _model(request.model)
-    if request.imbalance is not None:
-        config = replace(config, imbalance=request.imbalance)
-    if request.dispatch_once is not None:
-        config = replace(config, dispatch_once=request.dispatch_once)
-    if request.weight_activations is not None:
-        config = replace(config, weight_activations=request.weight_activations)
+    config = with_routing(config, request)
     hw, ctx, rate = request.device, request.context_tokens, request.rate
     prompt, weights, cache = request.prompt, request.weights, request.cache
     setting = (

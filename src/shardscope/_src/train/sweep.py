@@ -72,6 +72,7 @@ from shardscope._src.plan.request import (
     MODEL_DIMS,
     PlanRequest,
     check_dims,
+    with_routing,
 )
 from shardscope._src.plan.types import Skipped, SkipReason
 from shardscope._src.sharding.strategies import ALL_STRATEGIES, get_strategy
@@ -151,13 +152,7 @@ def _check_arrays(c: ModelConfig) -> None:
 
 def _resolve(r: PlanRequest) -> tuple[str, ModelConfig]:
     name, config = _resolve_model(r)
-    if r.imbalance is not None:
-        config = replace(config, imbalance=r.imbalance)
-    if r.dispatch_once is not None:
-        config = replace(config, dispatch_once=r.dispatch_once)
-    if r.weight_activations is not None:
-        config = replace(config, weight_activations=r.weight_activations)
-    return name, config
+    return name, with_routing(config, r)
 
 
 def _resolve_model(r: PlanRequest) -> tuple[str, ModelConfig]:
