@@ -308,24 +308,33 @@ class ModelConfig(Record):
                 f"is {why}; leave it 1",
                 param="imbalance",
             )
-        # a mixture's switches: what True does, and what a model without experts lacks
-        for name, does, lacks in (
-            ("dispatch_once", "sends each token once to each device of its experts (a mixture "
-             "of experts: experts=N), False once per expert", "dispatch to"),
-            ("weight_activations", "scales each slot's activation by its router weight before "
-             "the down-projection (Megatron-Core's grouped experts), False its output in the "
-             "combine (GShard's)", "weight"),
-        ):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, bool) or (value and not self.experts):
-                why = (
-                    f"this model has no experts to {lacks}"
-                    if isinstance(value, bool)
-                    else "give True or False"
-                )
-                raise ModelConfigError(
-                    f"model config {name}={value!r}: {why}; True {does}", param=name
-                )
+        if not isinstance(self.dispatch_once, bool) or (self.dispatch_once and not self.experts):
+            why = (
+                "this model has no experts to dispatch to"
+                if isinstance(self.dispatch_once, bool)
+                else "give True or False"
+            )
+            raise ModelConfigError(
+                f"model config dispatch_once={self.dispatch_once!r}: {why}; True sends each "
+                f"token once to each device of its experts (a mixture of experts: experts=N), "
+                f"False once per expert",
+                param="dispatch_once",
+            )
+        if not isinstance(self.weight_activations, bool) or (
+            self.weight_activations and not self.experts
+        ):
+            why = (
+                "this model has no experts to weight"
+                if isinstance(self.weight_activations, bool)
+                else "give True or False"
+            )
+            raise ModelConfigError(
+                f"model config weight_activations={self.weight_activations!r}: {why}; True "
+                f"scales each slot's activation by its router weight before the "
+                f"down-projection (Megatron-Core's grouped experts), False its output in the "
+                f"combine (GShard's)",
+                param="weight_activations",
+            )
         if self.expert_ff is not None and not is_int(self.expert_ff, 1):
             raise ModelConfigError(
                 f"model config expert_ff={self.expert_ff!r}: must be a positive integer or None "
