@@ -2,24 +2,26 @@
 calibrated on: each run (a) planned as it ran, its layout pinned, and (b) the planner's own
 best plan for the same model, devices and global batch, both against the measured step.
 
-The runs are 48 published mixture-of-experts training runs, each row with its source and the
-figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2 and
-GPT-OSS on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on 256 H100
-(and Qwen3-Next-80B); Marin's 360B mixture under EP 64 and under FSDP on one GB200 rack;
-Megatron-Bridge's GPT-OSS 120B and Qwen3 fp8 runs; MaxText's Mixtral 8x22B on TPU v6e-256,
-DeepSeek-V3 and Llama 4 on TPU v5p; and two sweeps on TPU, listed and not judged: Marin's grug
-MoE trial shape on v5p-256 under EP 16 and EP 32, each by all-to-all and by ring dispatch (its
-sequence length, recomputation and optimizer unpublished), and MaxText's Qwen3.5-35B-A3B on one
-v7x-8 host in six meshes and MoE kernels (linear attention, no v7x preset). Three of Marin's
-GPU sweeps are listed and not judged too: its FSDP-against-EP16 ablation pairs on 16 H100 at
-two widths (a latent-expert model the decoder cannot write), its 512-expert model on one GB200
-rack under expert axes 1, 8, 16 and 64 (heads, expert width and vocabulary unpublished), and
-its row-13 benchmark on one B200 node under EP1, ring EP and ragged all-to-all EP (ring
-unpriced, the all-to-all XLA's slow default kernel). Every published benchmark here forces
-balanced routing (or states dropless routing; Marin's capacity-padded pair is planned dropless,
-and says so), which is the planner's uniform routing (``imbalance=1``); DeepEP's dispatch is
-``dispatch_once`` (each token once to each device of its experts, across nodes once to each
-node).
+The runs are 56 published mixture-of-experts training runs, each row with its source and the
+figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2 and GPT-OSS
+on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on 256 H100 (and
+Qwen3-Next-80B); Marin's 360B mixture under EP 64 and under FSDP on one GB200 rack;
+Megatron-Bridge's GPT-OSS 120B and Qwen3 fp8 runs, and its Qwen3-30B-A3B on 16 H100 at global
+batch 1024 (the 26.04 table's fp8 row and seven bf16 runs of its pull requests: all-to-all
+against HybridEP dispatch, EP overlap on and off, TP 2, two recomputations); MaxText's Mixtral
+8x22B on TPU v6e-256, DeepSeek-V3 and Llama 4 on TPU v5p; and two sweeps on TPU, listed and not
+judged: Marin's grug MoE trial shape on v5p-256 under EP 16 and EP 32, each by all-to-all and by
+ring dispatch (its sequence length, recomputation and optimizer unpublished), and MaxText's
+Qwen3.5-35B-A3B on one v7x-8 host in six meshes and MoE kernels (linear attention, no v7x
+preset). Three of Marin's GPU sweeps are listed and not judged too: its FSDP-against-EP16
+ablation pairs on 16 H100 at two widths (a latent-expert model the decoder cannot write), its
+512-expert model on one GB200 rack under expert axes 1, 8, 16 and 64 (heads, expert width and
+vocabulary unpublished), and its row-13 benchmark on one B200 node under EP1, ring EP and ragged
+all-to-all EP (ring unpriced, the all-to-all XLA's slow default kernel). Every published
+benchmark here forces balanced routing (or states dropless routing; Marin's capacity-padded pair
+is planned dropless, and says so), which is the planner's uniform routing (``imbalance=1``);
+DeepEP's and HybridEP's dispatch is ``dispatch_once`` (each token once to each device of its
+experts, across nodes once to each node).
 
 A run as written is priced by the analytic estimate (no compile), its layout in the
 planner's words: Megatron's tensor parallel with expert parallelism folded onto the same
@@ -38,7 +40,8 @@ The best plan is the estimate's screen over every strategy the planner prices a 
 micro-batch count and recomputation, on the run's hardware: the fastest that fits. Where the
 best plan is far faster than what ran, either it found a better layout or the layouts it
 prefers are underpriced; the published sweeps are the judges of the ranking, printed measured
-beside predicted: the Qwen3-235B one (one model, one batch, five layouts on 256 H100) and
+beside predicted: the Qwen3-235B one (one model, one batch, five layouts on 256 H100), the
+Qwen3-30B-A3B one (one model, one batch on 16 H100, eight runs of one recipe's shape) and
 Marin's EP 64 against its FSDP control (one 360B mixture on one GB200 rack); the two TPU
 sweeps and Marin's three other GPU sweeps are printed with their measured order, none of their
 runs written.
@@ -310,7 +313,17 @@ def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> Moe
 
 
 def _bridge_qwen3_fp8(
-    version: str, size: str, gpus: int, batch: int, mbs: int, measured_s: float, **layout: int
+    version: str,
+    size: str,
+    gpus: int,
+    batch: int,
+    mbs: int,
+    measured_s: float,
+    *,
+    source: str = _BRIDGE,
+    dispatch_once: bool = False,
+    sweep: str = "",
+    **layout: int,
 ) -> MoeRun:
     """Megatron-Bridge's Qwen3 in fp8 (FP8-CS: tensorwise current scaling, the time model's
     casts) on H100, as its table states the layout (``layout``: tp, pp, vp, ep); dropless,
@@ -325,7 +338,9 @@ def _bridge_qwen3_fp8(
     ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``).
     The FP8-CS recipe keeps the linear layers' weights in fp8 but the first and the last
     layer's (``fp8_params``: :data:`training_heldout.BRIDGE_FP8_CS_BF16_LAYERS`). The experts
-    are Megatron-Core's (:data:`MEGATRON_WEIGHTING`)."""
+    are Megatron-Core's (:data:`MEGATRON_WEIGHTING`). ``source``: the table the row is read
+    from (the archive at 0a25f91 unless given); ``dispatch_once``: the perf config's flex
+    dispatcher with HybridEP (each token once to each device of its experts)."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
     fp8_params = training_heldout.BRIDGE_FP8_CS_BF16_LAYERS
     data = gpus // pp // tp
@@ -336,20 +351,142 @@ def _bridge_qwen3_fp8(
     # Qwen3-30B ones do not
     overrides = {**CUDNN, "pp_overlap": pp > 1 and vp > 1, "ep_overlap": size == "235B-A22B"}
     name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
-    config = _preset(f"qwen3-{size.lower()}", batch, 4096, **MEGATRON_WEIGHTING)
+    config = _preset(
+        f"qwen3-{size.lower()}", batch, 4096, dispatch_once=dispatch_once, **MEGATRON_WEIGHTING
+    )
     if tp == 1:
         return MoeRun(
-            name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep",
+            name, source, config, "h100", gpus, measured_s, "zero1_ep",
             (("stage", pp), ("data", data // ep), ("expert", ep)), batch // (data * mbs), None,
             vp, overrides=overrides, matmul_dtype="fp8", fp8_saved_inputs="fp8",
-            fp8_params=fp8_params,
+            fp8_params=fp8_params, sweep=sweep,
         )  # fmt: skip
     mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
-        name, _BRIDGE, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
+        name, source, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
         batch // (data * mbs), None, vp, pipeline_split="embedding+loss", overrides=overrides,
-        matmul_dtype="fp8", fp8_saved_inputs="fp8", fp8_params=fp8_params,
+        matmul_dtype="fp8", fp8_saved_inputs="fp8", fp8_params=fp8_params, sweep=sweep,
     )  # fmt: skip
+
+
+#: The published runs of Qwen3-30B-A3B on 16 H100 at global batch 1024 (Megatron-Bridge's perf
+#: recipe shape), ranked as one sweep.
+QWEN30_SWEEP = "Qwen3-30B-A3B on 16 H100"
+_MB = "NVIDIA-NeMo/Megatron-Bridge"
+#: The 26.04 table, read from the NeMo automation account's fork (the only stored copy that
+#: has it, as ``training_heldout.py`` reads its 26.04 rows): "DGX-H100 | 16 | FP8 | 1024 | 1 |
+#: 4096 | 0 | 1 | 1 | 1 | n/a | 16 | 8901 | 205" (step = 1024 x 4096 / (16 x 8901) = 29.451 s;
+#: 205e12 / 8901 = 23.0 GFLOP a token, as the other releases' Qwen3-30B rows). The 26.04
+#: layout's perf config, ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1`` (@01b2977):
+#: ``num_gpus=16, global_batch_size=1024, expert_model_parallel_size=16,
+#: moe_a2a_overlap=False, moe_flex_dispatcher_backend="hybridep"``, no ``cuda_graph_impl``
+#: (its BF16 sibling sets TE graphs of ``moe_router, moe_preprocess``), micro-batch and TP/PP
+#: the ``WorkloadBaseConfig`` defaults (1); ``qwen3_30b_a3b_pretrain_config_h100``
+#: (qwen3_llm_pretrain.py@05c0c90) sets ``moe_token_dispatcher_type = "flex"`` and, in
+#: ``set_qwen3_common_configs``, ``recompute_granularity = None`` and
+#: ``moe_router_force_load_balancing = True``.
+_BRIDGE_2604 = (
+    "svcnemo-autobot/Megatron-Bridge docs/performance-summary-archive.md@52dfa15 (26.04 "
+    f"NeMo Container, DGX-H100); {_MB} scripts/performance/configs/qwen/"
+    "qwen3_workload_base_configs.py@01b2977 (H100 FP8_CS_V1: EP 16, HybridEP, no A2A "
+    "overlap), qwen3_llm_pretrain.py@05c0c90"
+)
+#: Pull 3862's three arms (merged 2026-05-16; "Steady mean, iters 3-8": "A0 | alltoall, no
+#: EP overlap | 41.25s", "A1 | EP overlap | 31.31s", "A2 | EP overlap + delayed wgrad |
+#: 31.20s", a "Current-main rerun on the same focused shape"); the shape as the skill it
+#: changed states it (skills/perf-moe-comm-overlap/SKILL.md@b17a5c9: "H100 x16 smoke on
+#: Qwen3 30B-A3B mock pretraining used `EP=16`, `alltoall`, global batch size 1024, CUDA
+#: graphs disabled, and `moe_permute_fusion=false`", run through the perf harness's
+#: ``-c bf16 -ng 16 --config_variant v1``, the H100 recipe's TP 1, PP 1, MBS 1). A1 is A2's
+#: plan (the planner's ``ep_overlap`` delays the experts' weight gradients) and is not written
+#: apart.
+_PR3862 = f"{_MB} pull 3862 (merged 2026-05-16); skills/perf-moe-comm-overlap/SKILL.md@b17a5c9"
+#: Pull 3880 (closed 2026-05-19; skills at da871ee): its layout sweep
+#: (skills/perf-parallelism-strategies/SKILL.md: "on 16 H100 GPUs with BF16, all-to-all
+#: dispatch, EP overlap on, CUDA graphs off, GBS=1024, and MBS=1, `TP=1, PP=1, EP=16` and
+#: `TP=1, PP=1, EP=8` were effectively tied at about 31 seconds/step after warmup ... `TP=2,
+#: PP=1, EP=16` dropped memory but regressed to about 60 seconds/step") and its recompute
+#: sweep (skills/perf-activation-recompute/SKILL.md: "Qwen3 30B A3B pretrain on 16x H100,
+#: BF16, all-to-all dispatch, CUDA graphs off, EP overlap off, MBS=1": None 42.21 s,
+#: [core_attn] 42.92 s, [moe_act] 41.79 s, [mlp] 41.09 s). Not written: TP 1 EP 8 (only
+#: "effectively tied" with EP 16 at "about 31", which would order the tie), its TP 1 EP 16
+#: (pull 3862's 31.20 s is that layout, two decimals), None (pull 3862's 41.25 s, the same
+#: knobs) and [mlp] (the planner refuses ``mlp`` on a mixture, whose MLPs are all experts, and
+#: the skill saw "No observed peak-memory win on this MoE shape").
+_PR3880_LAYOUT = (
+    f"{_MB} pull 3880 (2026-05-19); skills/perf-parallelism-strategies/SKILL.md@da871ee"
+)
+_PR3880_RECOMPUTE = (
+    f"{_MB} pull 3880 (2026-05-19); skills/perf-activation-recompute/SKILL.md@da871ee"
+)
+#: Pull 5094 (2026-07-25) turned ``overlap_moe_expert_parallel_comm`` on in the H100 BF16
+#: recipe ("16×H100, BF16, sequence length 4096, MBS/GBS 1/1024, TP1/PP1/CP1/EP16, mock data,
+#: forced load balancing, HybridEP, and Transformer Engine CUDA graph scopes", model-card
+#: "240.110 to 287.305 model TFLOPS/GPU"); its controlled step times are quoted by pull 5129
+#: (2026-07-27): "Prior controlled 16×H100 evidence in #5094 reduced Qwen step time from
+#: 24.714s to 20.992s with this setting" (287.305e12 x 20.992 x 16 / (1024 x 4096) = 23.0
+#: GFLOP a token, the tables' figure). The overlap arm is the plan of pull 5123's row (below)
+#: and is not written apart.
+_PR5094 = f"{_MB} pull 5129 (2026-07-27), quoting pull 5094's controlled A/B"
+#: Pull 5123 (merged 2026-07-27): "Enable HybridEP permute fusion for the BF16 benchmark
+#: recipe", "64-token HybridEP combine chunks and 10-SM forward/backward LayerNorm margins";
+#: "Container: `nvcr.io/nvidia/nemo:26.08.rc2`", "Steps 41-50: 20,147.290 ms average, 299.352
+#: model TFLOP/s/GPU"; the recipe it tunes, after pull 5094
+#: (src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py, the stored version:
+#: ``moe_permute_fusion_into_hybridep = True``, ``overlap_moe_expert_parallel_comm = True``,
+#: ``delay_wgrad_compute = False``).
+_PR5123 = f"{_MB} pull 5123 (merged 2026-07-27)"
+#: How the all-to-all arms of pull 3862 ran their permutation.
+_UNFUSED_PERMUTE = (
+    "Transformer Engine's fused permutation (the runs: moe_permute_fusion=false, 'because the "
+    "fused MoE permutation path failed in prior bring-up')"
+)
+_TE_GRAPHS = "no CUDA graphs (the run: Transformer Engine's, of the MoE router's scopes)"
+
+
+def _bridge_qwen30_bf16(
+    what: str,
+    source: str,
+    measured_s: float,
+    *,
+    hybridep: bool,
+    ep_overlap: bool,
+    tp: int = 1,
+    remat: str = "none",
+    instead: tuple[str, ...] = (),
+) -> MoeRun:
+    """Megatron-Bridge's Qwen3-30B-A3B in bf16 on 16 H100 (2 nodes of 8) as its pull requests
+    measured it, the H100 perf recipe's shape: global batch 1024 of 4096, micro-batch 1, TP 1
+    (``tp`` 2 where given), PP 1, EP 16 with ETP 1, forced balance, the distributed optimizer,
+    no recomputation unless ``remat`` (Megatron's ``recompute_modules``) says one. With TP 1 the
+    attention is data-parallel over all 16 and each device holds 8 of the 128 experts:
+    ``zero1_ep`` on ``data=1,expert=16`` (64 micro-batches); with TP 2 the model zoo's fold
+    (:func:`_zoo_235b`), ``zero1_ep_fold_sp`` on ``data=1,expert=8,model=2`` (the attention's
+    DP 8, 128 micro-batches). ``hybridep``: the flex dispatcher with HybridEP, each token once
+    to each device of its experts (``dispatch_once``), else the all-to-all one; ``ep_overlap``:
+    ``overlap_moe_expert_parallel_comm``, Megatron's combined 1F1B, the planner's
+    ``ep_overlap`` (whose schedule delays the experts' weight gradients). The attention
+    Transformer Engine's (cuDNN's), the experts Megatron-Core's (:data:`MEGATRON_WEIGHTING`)."""
+    config = _preset("qwen3-30b-a3b", 1024, 4096, dispatch_once=hybridep, **MEGATRON_WEIGHTING)
+    if tp == 1:
+        strategy, mesh = "zero1_ep", (("data", 1), ("expert", 16))
+    else:
+        strategy, mesh = "zero1_ep_fold_sp", (("data", 1), ("expert", 16 // tp), ("model", tp))
+    return MoeRun(
+        f"Megatron-Bridge Qwen3-30B-A3B BF16, {what}, 16 H100",
+        source,
+        config,
+        "h100",
+        16,
+        measured_s,
+        strategy,
+        mesh,
+        1024 // (16 // tp),
+        remat,
+        overrides={**CUDNN, "ep_overlap": True} if ep_overlap else CUDNN,
+        instead=instead,
+        sweep=QWEN30_SWEEP,
+    )
 
 
 _MARIN = (
@@ -681,10 +818,95 @@ RUNS = [
     _marin_hero("FSDP 64 (control)", 235_125, "fsdp", (("data", 64),)),
     _bridge_gptoss("25.11", 512, 1, 5.82),
     _bridge_gptoss("26.02", 1280, 1, 13.669),
+    # 1024 x 4096 / (16 x 5113) = 51.27 s: the archive's 26.02 row (5113 tokens/s/GPU, 118
+    # TFLOP/s/GPU, 23.1 GFLOP a token as every Qwen3-30B row; the NeMo fork's archive@52dfa15
+    # repeats it). The 26.02 release's own page (docs/performance-summary.md@df0289c) printed
+    # 2557 tokens/s/GPU beside the same 118 TFLOP/s/GPU (46 GFLOP a token, twice the model's):
+    # the later archive's figure is the one the two columns agree on
     _bridge_qwen3_fp8("26.02", "30B-A3B", 16, 1024, 1, 51.27, tp=1, pp=2, vp=12, ep=8),
     _bridge_qwen3_fp8("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),
     _bridge_qwen3_fp8("26.02", "235B-A22B", 256, 8192, 1, 80.265, tp=2, pp=8, vp=4, ep=32),
     _bridge_qwen3_fp8("25.11", "235B-A22B", 256, 2048, 1, 20.805, tp=2, pp=8, vp=4, ep=32),
+    _bridge_qwen30_bf16(
+        "all-to-all, no EP overlap",
+        _PR3862,
+        41.25,
+        hybridep=False,
+        ep_overlap=False,
+        instead=(_UNFUSED_PERMUTE,),
+    ),
+    _bridge_qwen30_bf16(
+        "all-to-all, EP overlap + delayed wgrad",
+        _PR3862,
+        31.20,
+        hybridep=False,
+        ep_overlap=True,
+        instead=(_UNFUSED_PERMUTE,),
+    ),
+    _bridge_qwen30_bf16(
+        "TP 2, all-to-all, EP overlap (about 60 s)",
+        _PR3880_LAYOUT,
+        60.0,
+        hybridep=False,
+        ep_overlap=True,
+        tp=2,
+        instead=(
+            "sequence parallelism beside TP 2 (the source states TP 2 only)",
+            "delayed expert weight gradients (the run's wgrad scheduling not stated)",
+        ),
+    ),
+    _bridge_qwen30_bf16(
+        "all-to-all, recompute moe_act",
+        _PR3880_RECOMPUTE,
+        41.79,
+        hybridep=False,
+        ep_overlap=False,
+        remat="megatron:moe_act",
+        instead=("TP 1, PP 1, EP 16, GBS 1024: the recipe's (the sweep states MBS 1 only)",),
+    ),
+    _bridge_qwen30_bf16(
+        "all-to-all, recompute core_attn",
+        _PR3880_RECOMPUTE,
+        42.92,
+        hybridep=False,
+        ep_overlap=False,
+        remat="megatron:core_attn",
+        instead=("TP 1, PP 1, EP 16, GBS 1024: the recipe's (the sweep states MBS 1 only)",),
+    ),
+    _bridge_qwen30_bf16(
+        "HybridEP, no EP overlap",
+        _PR5094,
+        24.714,
+        hybridep=True,
+        ep_overlap=False,
+        instead=(_TE_GRAPHS,),
+    ),
+    _bridge_qwen30_bf16(
+        "HybridEP with fused permute, EP overlap",
+        _PR5123,
+        20.147,
+        hybridep=True,
+        ep_overlap=True,
+        instead=(
+            _TE_GRAPHS,
+            "delayed expert weight gradients (the run: delay_wgrad_compute=False)",
+        ),
+    ),
+    _bridge_qwen3_fp8(
+        "26.04",
+        "30B-A3B",
+        16,
+        1024,
+        1,
+        29.451,
+        source=_BRIDGE_2604,
+        dispatch_once=True,
+        sweep=QWEN30_SWEEP,
+        tp=1,
+        pp=1,
+        vp=1,
+        ep=16,
+    ),
     MoeRun(
         "MaxText Mixtral 8x22B, FSDP 64 x EP 4, v6e-256",
         f"{_RECIPES} trillium/Mixtral-8x22B-MaxText",
