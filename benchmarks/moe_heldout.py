@@ -1188,9 +1188,16 @@ def _ranking(rows: list[Row]) -> None:
             f"  the ranking {order} the measured one: {alike} of the {len(pairs)} pairs the "
             f"measurements order are ordered alike"
         )
-        best = group[0].best
+        # the planner's best for the fastest run's model (a sweep's rows may differ in what
+        # the planner takes as part of the model: a dispatcher, the matmuls' precision)
+        best = measured[0].best
         if best is not None:
-            print(f"  the planner's best: {best.time.step_s:.1f}s {_layout(best)}")
+            fastest = measured[0].run.measured_s
+            print(
+                f"  the planner's best: {best.time.step_s:.1f}s {_layout(best)}, "
+                f"{best.time.step_s / fastest - 1:+.1%} against the fastest that ran "
+                f"({fastest:.1f}s)"
+            )
 
 
 def _calibration() -> None:
