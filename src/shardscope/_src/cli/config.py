@@ -224,6 +224,7 @@ HARDWARE_OVERRIDES = (
     "tp_overlap",
     "pp_overlap",
     "ep_overlap",
+    "fsdp_overlap",
 )
 
 
@@ -254,6 +255,7 @@ class HardwareOptions(CommandConfig):
     tp_overlap: bool | None
     pp_overlap: bool | None
     ep_overlap: bool | None
+    fsdp_overlap: bool | None
 
     @property
     def hardware_overrides(self) -> Mapping[str, Any]:

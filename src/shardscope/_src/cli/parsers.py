@@ -663,6 +663,15 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
         "Megatron's combined 1F1B schedule (--overlap-moe-expert-parallel-comm) runs them; "
         "only the chunks that run alone wait for theirs (default: off)",
     )
+    p.add_argument(
+        "--fsdp-overlap",
+        dest="fsdp_overlap",
+        action=argparse.BooleanOptionalAction,
+        help="FSDP's weight gathers and gradient reduce-scatters run beside compute, as "
+        "frameworks prefetch them (default: on); --no-fsdp-overlap puts them on the critical "
+        "path, as XLA's GPU compiler schedules a scanned layer's without its "
+        "pipelined-collective flags",
+    )
 
 
 def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = True) -> None:

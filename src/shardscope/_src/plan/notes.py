@@ -658,6 +658,13 @@ def _time_model(values: TimeModelValues) -> str:
             "alone waiting)"
         )
     sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
+    data = (
+        "data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
+        "schedule allows"
+        if v.fsdp_overlap
+        else "FSDP's gathers and reduce-scatters alone, on the critical path; data-parallel "
+        "and ZeRO collectives hidden behind compute as far as the schedule allows"
+    )
     return (
         f"time model ({v.name}): matmuls at {v.matmul_fraction:.0%} of "
         f"{v.peak_flops / 1e12:g} TFLOP/s, activations through HBM at "
@@ -665,8 +672,7 @@ def _time_model(values: TimeModelValues) -> str:
         f"{v.link_bandwidth / 1e9:g} GB/s within a node of {v.node_size} and of "
         f"{v.cross_node_bandwidth / 1e9:g} GB/s per device across nodes, "
         f"{v.latency_s * 1e6:g} us per ring step; tensor-parallel collectives {overlap}; "
-        f"data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
-        f"schedule allows; 1F1B pipeline bubble, its stages' transfers {pp}; copies to "
+        f"{data}; 1F1B pipeline bubble, its stages' transfers {pp}; copies to "
         f"host memory beside the compute; "
         f"the optimizer's pass over its state. Plans rank by this step time with the "
         f"matmul FLOPs (counted from its HLO) and the collectives of the program the compiler "

@@ -118,6 +118,8 @@ Per micro-batch on the slowest pipeline stage, one device:
   accumulated over the micro-batches and all-reduced once, behind the last micro-batch's
   backward (Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync`` all schedule it so); ZeRO's
   all-gather of the updated parameters, once per step, behind one micro-batch's forward.
+  A program that runs FSDP's gathers and reduce-scatters alone (``fsdp_overlap`` unset: a
+  JAX program's scanned layers under XLA's default GPU flags) pays them in full.
   What does not fit its window is exposed. On a GPU what does fit is not free: each
   collective holds its share of the multiprocessors while it runs
   (:func:`~shardscope._src.cost.links.held_share`: NCCL's channels), and the window's
@@ -677,6 +679,8 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
             PER_MICROBATCH_BWD: (bwd, m),
             PER_STEP_BWD: (bwd, 1),
         }.get(cls, (fwd, 1))
+        if cls == PER_MICROBATCH_FWD_BWD and not hw.fsdp_overlap:
+            window = 0.0  # FSDP's collectives run alone (``fsdp_overlap`` unset)
         exposed += n * max(0.0, seconds / n - window)
         added += n * overlap_seconds(window, seconds / n, held / n)
     optimizer = stream_seconds(hw, work.optimizer_params * OPTIMIZER_BYTES) if work.train else 0.0
