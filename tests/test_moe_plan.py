@@ -165,6 +165,21 @@ def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne
     assert dense.plans and not [n for n in dense.notes if n.kind == "experts-unsplit"]
 
 
+def test_a_mixtures_training_plans_say_their_step_is_the_least_it_takes():
+    kw = dict(hardware="h100", compiler="cpu", compile_top=0)
+    trained = shardscope.plan(SMALL, 8, strategies=["fsdp_ep"], mesh="data=2,expert=4", **kw)
+    (note,) = [n for n in trained.notes if n.kind == "mixture-step"]
+    assert "faster than the measured step" in note.text and "accuracy" in note.text
+    # a forward step and a dense model's training steps carry no such note
+    served = shardscope.plan(
+        SMALL, 8, strategies=["fsdp_ep"], mesh="data=2,expert=4", mode="forward", **kw
+    )
+    plain = replace(SMALL, experts=0, top_k=0, expert_ff=None, capacity_factor=None)
+    dense = shardscope.plan(plain, 8, strategies=["fsdp"], **kw)
+    for result in (served, dense):
+        assert result.plans and not [n for n in result.notes if n.kind == "mixture-step"]
+
+
 def test_expert_parallelism_for_a_dense_model_is_refused():
     with pytest.raises(PlanError, match="has none"):
         shardscope.plan("tiny", 8, strategies=["ep"], compile_top=0)

@@ -351,7 +351,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         validations=validations(ranked),
         notes=tuple(
             read_note
-            + _result_notes(config, hw, ranked, r.matmul_dtype, r.fp8_params)
+            + _result_notes(config, hw, ranked, r.matmul_dtype, r.fp8_params, mode)
             + compiler_notes(compiler, ranked, hw)
         ),
         wall_s=time.perf_counter() - start,
@@ -628,6 +628,7 @@ def _result_notes(
     plans: Sequence[Plan],
     matmul_dtype: str,
     fp8_params: int | None = None,
+    mode: str = Mode.TRAIN,
 ) -> list[Note]:
     notes = [
         Note(PlanNote.ANALYTIC_MEMORY),
@@ -643,6 +644,8 @@ def _result_notes(
             fp8_params=fp8_params,
         )
         notes.append(Note(PlanNote.FP8_MATMULS, fp8, ("matmul_dtype",)))
+    if config.is_moe and mode == Mode.TRAIN:
+        notes.append(Note(PlanNote.MIXTURE_STEP))
     unsplit = tuple(p.label for p in plans if config.is_moe and not _expert_axis(p))
     if unsplit:
         notes.append(Note(PlanNote.EXPERTS_UNSPLIT, ExpertsUnsplitValues(labels=unsplit)))
