@@ -2,13 +2,17 @@
 calibrated on: each run (a) planned as it ran, its layout pinned, and (b) the planner's own
 best plan for the same model, devices and global batch, both against the measured step.
 
-The runs are 56 published mixture-of-experts training runs, each row with its source and the
+The runs are 65 published mixture-of-experts training runs, each row with its source and the
 figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2 and GPT-OSS
 on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on 256 H100 (and
 Qwen3-Next-80B); Marin's 360B mixture under EP 64 and under FSDP on one GB200 rack;
-Megatron-Bridge's GPT-OSS 120B and Qwen3 fp8 runs, and its Qwen3-30B-A3B on 16 H100 at global
-batch 1024 (the 26.04 table's fp8 row and seven bf16 runs of its pull requests: all-to-all
-against HybridEP dispatch, EP overlap on and off, TP 2, two recomputations); MaxText's Mixtral
+Megatron-Bridge's DGX-H100 performance-summary rows of every release read (25.11 to 26.06:
+GPT-OSS 120B in four releases at global batch 1280 and one at 512, Qwen3-235B-A22B fp8 in four
+at 8192 and one at 2048, Qwen3-30B-A3B fp8 in five at 1024 and one at 512), and its
+Qwen3-30B-A3B on 16 H100 at global batch 1024 in seven bf16 runs of its pull requests
+(all-to-all against HybridEP dispatch, EP overlap on and off, TP 2, two recomputations); the
+summary's H100 rows not written (25.09's token-dropping and DeepSeek-V3 rows, Nemotron 3 Nano)
+are listed in a comment with why; MaxText's Mixtral
 8x22B on TPU v6e-256, DeepSeek-V3 and Llama 4 on TPU v5p; and two sweeps on TPU, listed and not
 judged: Marin's grug MoE trial shape on v5p-256 under EP 16 and EP 32, each by all-to-all and by
 ring dispatch (its sequence length, recomputation and optimizer unpublished), and MaxText's
@@ -41,8 +45,11 @@ micro-batch count and recomputation, on the run's hardware: the fastest that fit
 best plan is far faster than what ran, either it found a better layout or the layouts it
 prefers are underpriced; the published sweeps are the judges of the ranking, printed measured
 beside predicted: the Qwen3-235B one (one model, one batch, five layouts on 256 H100), the
-Qwen3-30B-A3B one (one model, one batch on 16 H100, eight runs of one recipe's shape) and
-Marin's EP 64 against its FSDP control (one 360B mixture on one GB200 rack); the two TPU
+Qwen3-30B-A3B one (one model, one batch on 16 H100: twelve runs, the seven bf16 ones and five
+releases' fp8 rows; a layout run in two releases is predicted equal, and said so) and Marin's
+EP 64 against its FSDP control (one 360B mixture on one GB200 rack). Megatron-Bridge's releases
+of one GPT-OSS 120B or Qwen3-235B-A22B layout are judged run by run, not as a sweep: they rank
+software, not layouts. The two TPU
 sweeps and Marin's three other GPU sweeps are printed with their measured order, none of their
 runs written.
 
@@ -265,7 +272,14 @@ _BRIDGE_GPTOSS_CONFIG = (
 )
 
 
-def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> MoeRun:
+def _bridge_gptoss(
+    version: str,
+    batch: int,
+    mbs: int,
+    measured_s: float,
+    *,
+    source: str = _BRIDGE,
+) -> MoeRun:
     """Megatron-Bridge's GPT-OSS 120B on 64 H100: PP 4, EP 8, data parallel 16 (the experts
     replicated over 2 of them) with the distributed optimizer, dropless with forced balance;
     ``zero1_ep`` on ``stage=4,data=2,expert=8`` (the optimizer state of the dense weights
@@ -274,7 +288,8 @@ def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> Moe
     micro-batch the perf config runs (:data:`_BRIDGE_GPTOSS_CONFIG`): 1. The 25.11 table's
     H100 row says MBS 4 and GA 2, which its own GBS 512 and data parallel 16 (64 GPUs over
     PP 4) contradict (16 x 4 x 2 = 128); the config's MBS 1 runs 512 = 16 x 1 x 32, as the
-    26.02 row states it (MBS 1)."""
+    26.02 row states it (MBS 1). ``source``: the table the row is read from (the archive at
+    0a25f91 unless given)."""
     # GPT-OSS's attention has a learnable softmax sink a head (softmax_type="learnable",
     # src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py@12bc34a; "Fused sink attention
     # requires TE >= 2.8", else Megatron-Core's local attention). Transformer Engine runs
@@ -298,7 +313,7 @@ def _bridge_gptoss(version: str, batch: int, mbs: int, measured_s: float) -> Moe
         )
     return MoeRun(
         f"Megatron-Bridge {version} GPT-OSS 120B, PP 4 x EP 8, 64 H100",
-        f"{_BRIDGE}; {_BRIDGE_GPTOSS_CONFIG}",
+        f"{source}; {_BRIDGE_GPTOSS_CONFIG}",
         _preset("gpt-oss-120b", batch, 4096, **MEGATRON_WEIGHTING),
         "h100",
         64,
@@ -391,6 +406,45 @@ _BRIDGE_2604 = (
     "qwen3_workload_base_configs.py@01b2977 (H100 FP8_CS_V1: EP 16, HybridEP, no A2A "
     "overlap), qwen3_llm_pretrain.py@05c0c90"
 )
+#: The later releases' DGX-H100 tables, read from the NeMo automation account's fork (its
+#: archive at 52dfa15 holds the 26.06, 26.04.01, 26.04 and 26.02.01 tables; each release's own
+#: page repeats its figures: zidanehuang001/Megatron-Bridge docs/performance-summary.md@8e0fe90
+#: for 26.02.01, radixark/Megatron-Bridge docs/performance-summary.md@d063066 for 26.04,
+#: basetenlabs/Megatron-Bridge docs/performance-summary.md@c3a4934 for 26.04.01, and
+#: okoge-kaz/Megatron-Bridge docs/performance-summary-archive.md@2e09c23 for 26.06). The
+#: 26.06.01, 26.08 and 26.08.01 tables (okoge-kaz's archive and page@2e09c23) have no DGX-H100
+#: mixture rows. Each step is GBS x 4096 / (GPUs x tokens/s/GPU), and each row's model TFLOP/s
+#: over its tokens/s gives the GFLOP a token every release's rows of that model share (GPT-OSS
+#: 120B 27.1-27.2, Qwen3-30B-A3B 22.9-23.1, Qwen3-235B-A22B 147.7-148.3).
+_BRIDGE_FORK = "svcnemo-autobot/Megatron-Bridge docs/performance-summary-archive.md@52dfa15"
+#: The H100 Qwen3 perf configs as stored at 01b2977, the only version read: Qwen3-30B-A3B's
+#: ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1`` (EP 16, HybridEP, ``moe_a2a_overlap=False``,
+#: no CUDA graphs) and Qwen3-235B-A22B's ``QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2``
+#: (``replace(..._H100_FP8_CS_V1, global_batch_size=8192)``: TP 2, PP 8, VP 4, EP 32,
+#: ``moe_a2a_overlap=True``, ``moe_token_dispatcher_type="alltoall"``); the later tables state
+#: the same layouts.
+_QWEN3_H100_CONFIGS = (
+    f"{_MB} scripts/performance/configs/qwen/qwen3_workload_base_configs.py@01b2977"
+)
+#: The Megatron-Bridge DGX-H100 mixture rows that are not written, and why:
+#: 25.09 (archive@0a25f91; "DeepSeekV3 (dropless) | 1024 | 8192 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 |
+#: 64 | 128 | 1297 | 338 (330)"): the 25.09 table has no precision column and prints two
+#: TFLOP/s figures (the parenthesized one another quantization granularity's) beside one
+#: tokens/s figure (338e12 / 1297 = 260.6 GFLOP a token, 330e12 / 1297 = 254.4), and its
+#: Megatron-Bridge layout of DeepSeek-V3 is not written here;
+#: 25.09 "Qwen3_30B_a3B (tokendrop) | 16 | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | 8 | 32 | 10494 |
+#: 241" and "Qwen3_235B_a22B (tokendrop) | 256 | 2048 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 | 32 | 128 |
+#: 1204 | 178" (22.97 and 147.8 GFLOP a token, as the later rows): token-dropping at a capacity
+#: factor the table does not state, and no precision column;
+#: Nemotron_3_Nano (26.02.01 14890 tokens/s/GPU, 26.04 14507, 26.04.01 14336, 26.06 14719; 16
+#: H100, FP8, GBS 1024, sequence 8192, EP 8; 22.2-22.4 GFLOP a token): a hybrid of Mamba and
+#: attention layers, which the decoder cannot write;
+#: two stored pages whose repository the index does not name (file ids 55941132558, a 26.04.01
+#: page, and 56183476306, a 26.06 page) print figures the fork's archive does not (26.04.01:
+#: 1696 tokens/s/GPU for Qwen3-235B, 204 TFLOP/s beside Qwen3-30B's 8960; 26.06: 8960 for
+#: Qwen3-30B and a GPT-OSS 120B H100 row of "5824 | 191", 32.8 GFLOP a token against 27.2 in
+#: every other GPT-OSS row): the archive's figures are the ones written.
+_BRIDGE_FORK_QWEN3 = f"{_BRIDGE_FORK}; {_QWEN3_H100_CONFIGS}"
 #: Pull 3862's three arms (merged 2026-05-16; "Steady mean, iters 3-8": "A0 | alltoall, no
 #: EP overlap | 41.25s", "A1 | EP overlap | 31.31s", "A2 | EP overlap + delayed wgrad |
 #: 31.20s", a "Current-main rerun on the same focused shape"); the shape as the skill it
@@ -826,14 +880,69 @@ RUNS = [
     _marin_hero("FSDP 64 (control)", 235_125, "fsdp", (("data", 64),)),
     _bridge_gptoss("25.11", 512, 1, 5.82),
     _bridge_gptoss("26.02", 1280, 1, 13.669),
+    # the fork's archive: 26.02.01 "DGX-H100 | 64 | BF16 | 1280 | 1 | 4096 | 0 | 1 | 4 | 1 | n/a |
+    # 8 | 5984 | 163" (1280 x 4096 / (64 x 5984) = 13.690 s), 26.04 "... | 5810 | 158" (14.100
+    # s), 26.04.01 "... | 5824 | 158" (14.066 s); the 26.06 archive has no GPT-OSS H100 row
+    _bridge_gptoss("26.02.01", 1280, 1, 13.690, source=_BRIDGE_FORK),
+    _bridge_gptoss("26.04", 1280, 1, 14.100, source=_BRIDGE_FORK),
+    _bridge_gptoss("26.04.01", 1280, 1, 14.066, source=_BRIDGE_FORK),
     # 1024 x 4096 / (16 x 5113) = 51.27 s: the archive's 26.02 row (5113 tokens/s/GPU, 118
     # TFLOP/s/GPU, 23.1 GFLOP a token as every Qwen3-30B row; the NeMo fork's archive@52dfa15
     # repeats it). The 26.02 release's own page (docs/performance-summary.md@df0289c) printed
     # 2557 tokens/s/GPU beside the same 118 TFLOP/s/GPU (46 GFLOP a token, twice the model's):
     # the later archive's figure is the one the two columns agree on
-    _bridge_qwen3_fp8("26.02", "30B-A3B", 16, 1024, 1, 51.27, tp=1, pp=2, vp=12, ep=8),
+    _bridge_qwen3_fp8(
+        "26.02", "30B-A3B", 16, 1024, 1, 51.27, sweep=QWEN30_SWEEP, tp=1, pp=2, vp=12, ep=8
+    ),
+    # the fork's archive, 26.02.01: "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 2 | 1 | 12 |
+    # 8 | 9058 | 208" (1024 x 4096 / (16 x 9058) = 28.941 s), the 26.02 layout
+    _bridge_qwen3_fp8(
+        "26.02.01",
+        "30B-A3B",
+        16,
+        1024,
+        1,
+        28.941,
+        source=_BRIDGE_FORK,
+        sweep=QWEN30_SWEEP,
+        tp=1,
+        pp=2,
+        vp=12,
+        ep=8,
+    ),
     _bridge_qwen3_fp8("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),
-    _bridge_qwen3_fp8("26.02", "235B-A22B", 256, 8192, 1, 80.265, tp=2, pp=8, vp=4, ep=32),
+    _bridge_qwen3_fp8(
+        "26.02",
+        "235B-A22B",
+        256,
+        8192,
+        1,
+        80.265,
+        tp=2,
+        pp=8,
+        vp=4,
+        ep=32,
+    ),
+    # the fork's archive: 26.02.01 "DGX-H100 | 256 | FP8 | 8192 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 |
+    # 32 | 1611 | 238" (8192 x 4096 / (256 x 1611) = 81.361 s), 26.04 "... | 1686 | 250" (77.741
+    # s), 26.04.01 "... | 1712 | 253" (76.561 s): the H100 FP8_CS_V2 config
+    # (:data:`_QWEN3_H100_CONFIGS`), all-to-all dispatch with moe_a2a_overlap
+    *(
+        _bridge_qwen3_fp8(
+            version,
+            "235B-A22B",
+            256,
+            8192,
+            1,
+            step,
+            source=_BRIDGE_FORK_QWEN3,
+            tp=2,
+            pp=8,
+            vp=4,
+            ep=32,
+        )
+        for version, step in (("26.02.01", 81.361), ("26.04", 77.741), ("26.04.01", 76.561))
+    ),
     _bridge_qwen3_fp8("25.11", "235B-A22B", 256, 2048, 1, 20.805, tp=2, pp=8, vp=4, ep=32),
     _bridge_qwen30_bf16(
         "all-to-all, no EP overlap",
@@ -914,6 +1023,28 @@ RUNS = [
         pp=1,
         vp=1,
         ep=16,
+    ),
+    # the fork's archive: 26.04.01 "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 1 | 1 | n/a |
+    # 16 | 8960 | 206" (1024 x 4096 / (16 x 8960) = 29.257 s) and 26.06 "DGX-H100 | 16 | FP8 |
+    # 1024 | 1 | 4096 | 1 | 1 | 1 | n/a | 16 | 8826 | 203" (29.701 s): the 26.04 layout, its
+    # perf config read at 01b2977 (:data:`_QWEN3_H100_CONFIGS`: HybridEP, no A2A overlap)
+    *(
+        _bridge_qwen3_fp8(
+            version,
+            "30B-A3B",
+            16,
+            1024,
+            1,
+            step,
+            source=_BRIDGE_FORK_QWEN3,
+            dispatch_once=True,
+            sweep=QWEN30_SWEEP,
+            tp=1,
+            pp=1,
+            vp=1,
+            ep=16,
+        )
+        for version, step in (("26.04.01", 29.257), ("26.06", 29.701))
     ),
     MoeRun(
         "MaxText Mixtral 8x22B, FSDP 64 x EP 4, v6e-256",
@@ -1191,10 +1322,13 @@ def _ranking(rows: list[Row]) -> None:
             print("  the planner writes none of these runs: no ranking to judge")
             continue
         alike = sum(1 for a, b in pairs if a[0] < b[0])
+        # runs the planner writes alike (one layout in two releases) are predicted equal
+        tied = sum(1 for a, b in pairs if a[0] == b[0])
         order = "matches" if alike == len(pairs) else "does not match"
         print(
             f"  the ranking {order} the measured one: {alike} of the {len(pairs)} pairs the "
             f"measurements order are ordered alike"
+            + (f" ({tied} of them predicted equal)" if tied else "")
         )
         # the planner's best for the fastest run's model (a sweep's rows may differ in what
         # the planner takes as part of the model: a dispatcher, the matmuls' precision)
