@@ -152,32 +152,40 @@ def test_a_mixture_whose_dense_layers_outweigh_its_experts_is_not_staged():
     assert {p.strategy for p in staged.plans if p.stages > 1} == {"dp", "fsdp_ep"}
 
 
-def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne_out():
+@pytest.fixture(scope="module")
+def noted() -> dict[str, shardscope.PlanResult]:
+    """Plans of SMALL without and with an expert axis, its forward step, and a dense twin's:
+    their result notes."""
     kw = dict(hardware="h100", compiler="cpu", compile_top=0)
-    unsplit = shardscope.plan(SMALL, 8, strategies=["fsdp"], **kw)
+    split = dict(strategies=["fsdp_ep"], mesh="data=2,expert=4")
+    plain = replace(SMALL, experts=0, top_k=0, expert_ff=None, capacity_factor=None)
+    return {
+        "unsplit": shardscope.plan(SMALL, 8, strategies=["fsdp"], **kw),
+        "split": shardscope.plan(SMALL, 8, **split, **kw),
+        "forward": shardscope.plan(SMALL, 8, **split, mode="forward", **kw),
+        "dense": shardscope.plan(plain, 8, strategies=["fsdp"], **kw),
+    }
+
+
+def _kinds(result: shardscope.PlanResult) -> list[str]:
+    return [n.kind for n in result.notes]
+
+
+def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne_out(noted):
+    unsplit = noted["unsplit"]
     (note,) = [n for n in unsplit.notes if n.kind == "experts-unsplit"]
     assert note.values.labels == tuple(p.label for p in unsplit.plans)
     assert "Marin" in note.text and "expert axis" in note.text
-    split = shardscope.plan(SMALL, 8, strategies=["fsdp_ep"], mesh="data=2,expert=4", **kw)
-    assert split.plans and not [n for n in split.notes if n.kind == "experts-unsplit"]
-    plain = replace(SMALL, experts=0, top_k=0, expert_ff=None, capacity_factor=None)
-    dense = shardscope.plan(plain, 8, strategies=["fsdp"], **kw)
-    assert dense.plans and not [n for n in dense.notes if n.kind == "experts-unsplit"]
+    for other in ("split", "dense"):
+        assert noted[other].plans and "experts-unsplit" not in _kinds(noted[other])
 
 
-def test_a_mixtures_training_plans_say_their_step_is_the_least_it_takes():
-    kw = dict(hardware="h100", compiler="cpu", compile_top=0)
-    trained = shardscope.plan(SMALL, 8, strategies=["fsdp_ep"], mesh="data=2,expert=4", **kw)
-    (note,) = [n for n in trained.notes if n.kind == "mixture-step"]
+def test_a_mixtures_training_plans_say_their_step_is_the_least_it_takes(noted):
+    (note,) = [n for n in noted["split"].notes if n.kind == "mixture-step"]
     assert "faster than the measured step" in note.text and "accuracy" in note.text
     # a forward step and a dense model's training steps carry no such note
-    served = shardscope.plan(
-        SMALL, 8, strategies=["fsdp_ep"], mesh="data=2,expert=4", mode="forward", **kw
-    )
-    plain = replace(SMALL, experts=0, top_k=0, expert_ff=None, capacity_factor=None)
-    dense = shardscope.plan(plain, 8, strategies=["fsdp"], **kw)
-    for result in (served, dense):
-        assert result.plans and not [n for n in result.notes if n.kind == "mixture-step"]
+    for other in ("forward", "dense"):
+        assert noted[other].plans and "mixture-step" not in _kinds(noted[other])
 
 
 def test_expert_parallelism_for_a_dense_model_is_refused():
