@@ -728,6 +728,19 @@ def _tiling(base: Hardware, key: str, value: Any) -> int:
     return int(value)
 
 
+#: The settings that are switches (True or False), each with what it says.
+SWITCHES = {
+    "tp_overlap": "tensor-parallel collectives run beside their matmuls",
+    "ep_overlap": "a mixture's expert all-to-alls run beside another micro-batch's compute",
+    "fsdp_overlap": "FSDP's weight gathers and gradient reduce-scatters run beside compute",
+    "pp_overlap": "pipeline stages' transfers run beside the steady phase's compute",
+    "hbm_by_size": "a matmul reaches the HBM bandwidth measured for its size",
+    "matmul_by_shape": (
+        "a mixture's expert matmuls run at the share of the rate measured for their shape"
+    ),
+}
+
+
 def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
     """A preset by name (``a100``, ``h100``, ``h200``, ``b200``, ``tpu-v5e``, ``tpu-v5p``,
     ``tpu-v6e``), with any field overridden, e.g. ``hardware("h100", link_bandwidth=370e9)``.
@@ -746,50 +759,13 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             raise ShardscopeError(
                 f"unknown hardware setting {key!r}; settable: {', '.join(sorted(known))}"
             )
-        if key == "tp_overlap":
+        if key in SWITCHES:
             if not isinstance(value, bool):
                 raise ShardscopeError(
-                    f"hardware setting tp_overlap={value!r} says whether tensor-parallel "
-                    f"collectives run beside their matmuls: give True or False"
+                    f"hardware setting {key}={value!r} says whether {SWITCHES[key]}: give True "
+                    f"or False"
                 )
-            continue
-        if key == "ep_overlap":
-            if not isinstance(value, bool):
-                raise ShardscopeError(
-                    f"hardware setting ep_overlap={value!r} says whether a mixture's expert "
-                    f"all-to-alls run beside another micro-batch's compute: give True or False"
-                )
-            continue
-        if key == "fsdp_overlap":
-            if not isinstance(value, bool):
-                raise ShardscopeError(
-                    f"hardware setting fsdp_overlap={value!r} says whether FSDP's weight "
-                    f"gathers and gradient reduce-scatters run beside compute: give True or "
-                    f"False"
-                )
-            continue
-        if key == "pp_overlap":
-            if not isinstance(value, bool):
-                raise ShardscopeError(
-                    f"hardware setting pp_overlap={value!r} says whether pipeline stages' "
-                    f"transfers run beside the steady phase's compute: give True or False"
-                )
-            continue
-        if key == "hbm_by_size":
-            if not isinstance(value, bool):
-                raise ShardscopeError(
-                    f"hardware setting hbm_by_size={value!r} says whether a matmul reaches "
-                    f"the HBM bandwidth measured for its size: give True or False"
-                )
-            continue
-        if key == "matmul_by_shape":
-            if not isinstance(value, bool):
-                raise ShardscopeError(
-                    f"hardware setting matmul_by_shape={value!r} says whether a mixture's "
-                    f"expert matmuls run at the share of the rate measured for their shape: "
-                    f"give True or False"
-                )
-            if value and not base.sms:
+            if key == "matmul_by_shape" and value and not base.sms:
                 raise ShardscopeError(
                     f"hardware setting matmul_by_shape=True on {base.name}: its matmuls' "
                     f"throughput by shape was measured on an H100's multiprocessors, and "
