@@ -1009,25 +1009,11 @@ RUNS = [
             "delayed expert weight gradients (the run: delay_wgrad_compute=False)",
         ),
     ),
-    _bridge_qwen3_fp8(
-        "26.04",
-        "30B-A3B",
-        16,
-        1024,
-        1,
-        29.451,
-        source=_BRIDGE_2604,
-        dispatch_once=True,
-        sweep=QWEN30_SWEEP,
-        tp=1,
-        pp=1,
-        vp=1,
-        ep=16,
-    ),
-    # the fork's archive: 26.04.01 "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 1 | 1 | n/a |
-    # 16 | 8960 | 206" (1024 x 4096 / (16 x 8960) = 29.257 s) and 26.06 "DGX-H100 | 16 | FP8 |
-    # 1024 | 1 | 4096 | 1 | 1 | 1 | n/a | 16 | 8826 | 203" (29.701 s): the 26.04 layout, its
-    # perf config read at 01b2977 (:data:`_QWEN3_H100_CONFIGS`: HybridEP, no A2A overlap)
+    # 26.04 (:data:`_BRIDGE_2604`, 29.451 s) and, in the fork's archive, its repeats: 26.04.01
+    # "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 1 | 1 | n/a | 16 | 8960 | 206" (1024 x
+    # 4096 / (16 x 8960) = 29.257 s) and 26.06 "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 1 | 1 |
+    # 1 | n/a | 16 | 8826 | 203" (29.701 s): the 26.04 layout, its perf config read at 01b2977
+    # (:data:`_QWEN3_H100_CONFIGS`: HybridEP, no A2A overlap)
     *(
         _bridge_qwen3_fp8(
             version,
@@ -1036,7 +1022,7 @@ RUNS = [
             1024,
             1,
             step,
-            source=_BRIDGE_FORK_QWEN3,
+            source=source,
             dispatch_once=True,
             sweep=QWEN30_SWEEP,
             tp=1,
@@ -1044,7 +1030,11 @@ RUNS = [
             vp=1,
             ep=16,
         )
-        for version, step in (("26.04.01", 29.257), ("26.06", 29.701))
+        for version, step, source in (
+            ("26.04", 29.451, _BRIDGE_2604),
+            ("26.04.01", 29.257, _BRIDGE_FORK_QWEN3),
+            ("26.06", 29.701, _BRIDGE_FORK_QWEN3),
+        )
     ),
     MoeRun(
         "MaxText Mixtral 8x22B, FSDP 64 x EP 4, v6e-256",
