@@ -388,24 +388,6 @@ def _bridge_qwen3_fp8(
 #: recipe shape), ranked as one sweep.
 QWEN30_SWEEP = "Qwen3-30B-A3B on 16 H100"
 _MB = "NVIDIA-NeMo/Megatron-Bridge"
-#: The 26.04 table, read from the NeMo automation account's fork (the only stored copy that
-#: has it, as ``training_heldout.py`` reads its 26.04 rows): "DGX-H100 | 16 | FP8 | 1024 | 1 |
-#: 4096 | 0 | 1 | 1 | 1 | n/a | 16 | 8901 | 205" (step = 1024 x 4096 / (16 x 8901) = 29.451 s;
-#: 205e12 / 8901 = 23.0 GFLOP a token, as the other releases' Qwen3-30B rows). The 26.04
-#: layout's perf config, ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1`` (@01b2977):
-#: ``num_gpus=16, global_batch_size=1024, expert_model_parallel_size=16,
-#: moe_a2a_overlap=False, moe_flex_dispatcher_backend="hybridep"``, no ``cuda_graph_impl``
-#: (its BF16 sibling sets TE graphs of ``moe_router, moe_preprocess``), micro-batch and TP/PP
-#: the ``WorkloadBaseConfig`` defaults (1); ``qwen3_30b_a3b_pretrain_config_h100``
-#: (qwen3_llm_pretrain.py@05c0c90) sets ``moe_token_dispatcher_type = "flex"`` and, in
-#: ``set_qwen3_common_configs``, ``recompute_granularity = None`` and
-#: ``moe_router_force_load_balancing = True``.
-_BRIDGE_2604 = (
-    "svcnemo-autobot/Megatron-Bridge docs/performance-summary-archive.md@52dfa15 (26.04 "
-    f"NeMo Container, DGX-H100); {_MB} scripts/performance/configs/qwen/"
-    "qwen3_workload_base_configs.py@01b2977 (H100 FP8_CS_V1: EP 16, HybridEP, no A2A "
-    "overlap), qwen3_llm_pretrain.py@05c0c90"
-)
 #: The later releases' DGX-H100 tables, read from the NeMo automation account's fork (its
 #: archive at 52dfa15 holds the 26.06, 26.04.01, 26.04 and 26.02.01 tables; each release's own
 #: page repeats its figures: zidanehuang001/Megatron-Bridge docs/performance-summary.md@8e0fe90
@@ -425,6 +407,22 @@ _BRIDGE_FORK = "svcnemo-autobot/Megatron-Bridge docs/performance-summary-archive
 #: the same layouts.
 _QWEN3_H100_CONFIGS = (
     f"{_MB} scripts/performance/configs/qwen/qwen3_workload_base_configs.py@01b2977"
+)
+#: The 26.04 table, read from the NeMo automation account's fork (the only stored copy that
+#: has it, as ``training_heldout.py`` reads its 26.04 rows): "DGX-H100 | 16 | FP8 | 1024 | 1 |
+#: 4096 | 0 | 1 | 1 | 1 | n/a | 16 | 8901 | 205" (step = 1024 x 4096 / (16 x 8901) = 29.451 s;
+#: 205e12 / 8901 = 23.0 GFLOP a token, as the other releases' Qwen3-30B rows). The 26.04
+#: layout's perf config, ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1`` (@01b2977):
+#: ``num_gpus=16, global_batch_size=1024, expert_model_parallel_size=16,
+#: moe_a2a_overlap=False, moe_flex_dispatcher_backend="hybridep"``, no ``cuda_graph_impl``
+#: (its BF16 sibling sets TE graphs of ``moe_router, moe_preprocess``), micro-batch and TP/PP
+#: the ``WorkloadBaseConfig`` defaults (1); ``qwen3_30b_a3b_pretrain_config_h100``
+#: (qwen3_llm_pretrain.py@05c0c90) sets ``moe_token_dispatcher_type = "flex"`` and, in
+#: ``set_qwen3_common_configs``, ``recompute_granularity = None`` and
+#: ``moe_router_force_load_balancing = True``.
+_BRIDGE_2604 = (
+    f"{_BRIDGE_FORK} (26.04 NeMo Container, DGX-H100); {_QWEN3_H100_CONFIGS} (H100 "
+    "FP8_CS_V1: EP 16, HybridEP, no A2A overlap), qwen3_llm_pretrain.py@05c0c90"
 )
 #: The Megatron-Bridge DGX-H100 mixture rows that are not written, and why:
 #: 25.09 (archive@0a25f91; "DeepSeekV3 (dropless) | 1024 | 8192 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 |
