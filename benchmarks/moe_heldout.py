@@ -1282,6 +1282,23 @@ def _summary(title: str, rows: list[Row]) -> None:
         print(f"{title}, best plan: {_stats(best)}")
 
 
+#: The software each run's name opens with ran it: NeMo AutoModel's GPT-OSS rows are named
+#: as ``calibration.py`` names them ("NeMo"), the Megatron MoE model zoo's as "Megatron".
+_FRAMEWORKS = {
+    "AutoModel": "NeMo AutoModel",
+    "NeMo": "NeMo AutoModel",
+    "Megatron": "Megatron-Core (the MoE model zoo)",
+    "Megatron-Bridge": "Megatron-Bridge",
+    "Marin": "Marin (JAX)",
+    "MaxText": "MaxText",
+}
+
+
+def _framework(run: MoeRun) -> str:
+    """The software that ran ``run`` (:data:`_FRAMEWORKS`, by its name's first word)."""
+    return _FRAMEWORKS[run.name.split()[0]]
+
+
 def _ranking(rows: list[Row]) -> None:
     """Each published sweep's layouts, ranked as measured beside as predicted."""
     sweeps: dict[str, list[Row]] = {}
@@ -1385,6 +1402,9 @@ def main() -> None:
         ("held out, TPU", lambda r: r.hardware.startswith("tpu-")),
     ):
         _summary(title, [r for r in rows if kept(r.run)])
+    # the software that ran them: one layout's step moves with it (the Qwen3-30B-A3B sweep)
+    for framework in dict.fromkeys(_framework(r.run) for r in rows):
+        _summary(f"held out, {framework}", [r for r in rows if _framework(r.run) == framework])
     print("\nCalibration (CALIBRATION.md set 3), apart")
     _calibration()
     print(f"({time.perf_counter() - t0:.1f} s)")
