@@ -15,6 +15,7 @@ from shardscope._src.base.errors import ModelConfigError, PlanError
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.estimates import estimate_memory, model_flops
+from shardscope._src.render.plan import ASKED_NOTES
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.train.timing import comm_items
 
@@ -154,16 +155,18 @@ def test_a_mixture_whose_dense_layers_outweigh_its_experts_is_not_staged():
 
 @pytest.fixture(scope="module")
 def noted() -> dict[str, shardscope.PlanResult]:
-    """Plans of SMALL without and with an expert axis, its forward step, and a dense twin's:
-    their result notes."""
+    """Plans of SMALL without and with an expert axis, the latter in fp8 too, its forward step
+    and a dense twin's training step (both in fp8): their result notes."""
     kw = dict(hardware="h100", compiler="cpu", compile_top=0)
     split = dict(strategies=["fsdp_ep"], mesh="data=2,expert=4")
     plain = replace(SMALL, experts=0, top_k=0, expert_ff=None, capacity_factor=None)
+    fp8 = dict(matmul_dtype="fp8")
     return {
         "unsplit": shardscope.plan(SMALL, 8, strategies=["fsdp"], **kw),
         "split": shardscope.plan(SMALL, 8, **split, **kw),
-        "forward": shardscope.plan(SMALL, 8, **split, mode="forward", **kw),
-        "dense": shardscope.plan(plain, 8, strategies=["fsdp"], **kw),
+        "split-fp8": shardscope.plan(SMALL, 8, **split, **fp8, **kw),
+        "forward": shardscope.plan(SMALL, 8, **split, mode="forward", **fp8, **kw),
+        "dense": shardscope.plan(plain, 8, strategies=["fsdp"], **fp8, **kw),
     }
 
 
@@ -186,6 +189,18 @@ def test_a_mixtures_training_plans_say_their_step_is_the_least_it_takes(noted):
     # a forward step and a dense model's training steps carry no such note
     for other in ("forward", "dense"):
         assert noted[other].plans and "mixture-step" not in _kinds(noted[other])
+
+
+def test_a_mixtures_fp8_training_plans_say_the_fp8_saving_is_not_borne_out(noted):
+    (note,) = [n for n in noted["split-fp8"].notes if n.kind == "mixture-fp8"]
+    assert "Qwen3-30B-A3B" in note.text and 'matmul_dtype="bfloat16"' in note.text
+    assert note.params == ("matmul_dtype",)
+    # the terminal prints it whole, as the fp8 choice asked for it
+    assert note.kind in ASKED_NOTES
+    # not on its bfloat16 plans, its fp8 forward step, nor a dense model's fp8 plans
+    assert "fp8-matmuls" in _kinds(noted["forward"]) and "fp8-matmuls" in _kinds(noted["dense"])
+    for other in ("split", "forward", "dense", "unsplit"):
+        assert noted[other].plans and "mixture-fp8" not in _kinds(noted[other])
 
 
 def test_expert_parallelism_for_a_dense_model_is_refused():

@@ -219,6 +219,7 @@ NOTE_VALUES = {
     "identical-programs": {"same": [["fsdp data=8", "dp", "data=8"]]},
     "experts-unsplit": {"labels": ["fsdp data=8", "dp data=8"]},
     "mixture-step": {},
+    "mixture-fp8": {},
     "no-fit": {"label": "dp data=8", "need": 9, "have": 8, "hardware": "h100", "searched": False},
     "target-out-of-memory": {"target": "h100", "count": 2, "label": "dp data=8", "error": None},
     "no-target-fit": {"target": "h100", "label": "dp data=8", "have": 8, "need": 9,

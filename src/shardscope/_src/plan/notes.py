@@ -102,6 +102,10 @@ class PlanNote(NoteKind):
     #: a mixture of experts' step is an estimate that has come out faster than the measured
     #: step on most of the published mixture runs it is judged on
     MIXTURE_STEP = "mixture-step"
+    #: a mixture of experts trained in fp8, whose estimate runs the experts' matmuls at the
+    #: fp8 rate and so comes out faster than in 16 bits, which the published runs of one
+    #: fine-grained mixture in both do not bear out
+    MIXTURE_FP8 = "mixture-fp8"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -885,6 +889,17 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
         "more on some (each run and its error: docs/models/accuracy.md, "
         "benchmarks/moe_heldout.py): read it as the least the layout takes"
     ),
+    PlanNote.MIXTURE_FP8: (
+        "a mixture of experts in fp8: the estimate runs the experts' matmuls at the fp8 rate, "
+        "each cast priced as its bytes through HBM, and so expects fp8 to save time, which "
+        "the published runs of a fine-grained mixture in both do not bear out: Megatron-Bridge's "
+        "Qwen3-30B-A3B on 16 H100 (EP 16, HybridEP, each run as NVIDIA configured it) took "
+        "29.26-29.70 s a step in fp8 (per-tensor scaling, three releases) against 24.71 s in "
+        "bf16 (20.15 s with its expert all-to-alls overlapped and its permutation fused), where "
+        "the estimate gives the fp8 runs 19.31 s and the 24.71 s bf16 run 21.79 s "
+        '(benchmarks/moe_heldout.py). Plan it again with matmul_dtype="bfloat16" '
+        "(--matmul-dtype bfloat16) and weigh the two"
+    ),
     PlanNote.MESH_READ: _mesh_read,
     PlanNote.BESIDE_BEST: _beside_best,
     PlanNote.NO_FIT: _no_fit,
@@ -923,6 +938,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
     PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MIXTURE_STEP: NoValues,
+    PlanNote.MIXTURE_FP8: NoValues,
     PlanNote.MESH_READ: MeshReadValues,
     PlanNote.BESIDE_BEST: BesideBestValues,
     PlanNote.NO_FIT: NoFitValues,

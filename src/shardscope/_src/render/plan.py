@@ -296,7 +296,9 @@ def validation_table(result: PlanResult) -> Any:
 LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
 #: The notes the terminal prints whole, not cut to one line: those that answer what the
 #: request asked (``beside_best``) and those that say a figure is not to be trusted.
-ASKED_NOTES = frozenset({PlanNote.BESIDE_BEST, PlanNote.EXPERTS_UNSPLIT, PlanNote.MIXTURE_STEP})
+ASKED_NOTES = frozenset(
+    {PlanNote.BESIDE_BEST, PlanNote.EXPERTS_UNSPLIT, PlanNote.MIXTURE_STEP, PlanNote.MIXTURE_FP8}
+)
 
 
 def _says_the_fit(p: Plan, note: Note, verbose: bool) -> bool:

@@ -646,6 +646,8 @@ def _result_notes(
         notes.append(Note(PlanNote.FP8_MATMULS, fp8, ("matmul_dtype",)))
     if config.is_moe and mode == Mode.TRAIN:
         notes.append(Note(PlanNote.MIXTURE_STEP))
+        if matmul_dtype == MatmulDtype.FP8:
+            notes.append(Note(PlanNote.MIXTURE_FP8, params=("matmul_dtype",)))
     unsplit = tuple(p.label for p in plans if config.is_moe and not _expert_axis(p))
     if unsplit:
         notes.append(Note(PlanNote.EXPERTS_UNSPLIT, ExpertsUnsplitValues(labels=unsplit)))
