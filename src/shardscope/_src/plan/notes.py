@@ -894,10 +894,10 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
         "each cast priced as its bytes through HBM, and so expects fp8 to save time, which "
         "the published runs of a fine-grained mixture in both do not bear out: Megatron-Bridge's "
         "Qwen3-30B-A3B on 16 H100 (EP 16, HybridEP, each run as NVIDIA configured it) took "
-        "29.26-29.70 s a step in fp8 (per-tensor scaling, three releases) against 24.71 s in "
+        "29.26-29.70 s a step in fp8 (per-tensor scaling, three releases) and 24.71 s in "
         "bf16 (20.15 s with its expert all-to-alls overlapped and its permutation fused), where "
-        "the estimate gives the fp8 runs 19.31 s and the 24.71 s bf16 run 21.79 s "
-        '(benchmarks/moe_heldout.py). Plan it again with matmul_dtype="bfloat16" '
+        "the estimate has the fp8 runs the faster (benchmarks/moe_heldout.py prints each run "
+        'and its estimate). Plan it again with matmul_dtype="bfloat16" '
         "(--matmul-dtype bfloat16) and weigh the two"
     ),
     PlanNote.MESH_READ: _mesh_read,
