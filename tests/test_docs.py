@@ -76,3 +76,25 @@ def test_every_guide_sets_the_simulated_devices_first():
         cells = page.read_text().split("```{code-cell} ipython3\n")[1:]
         if cells:  # an executed page: its first cell, as a reader runs it, sets the devices
             assert "shardscope.use_cpu_devices(8)" in cells[0].split("```")[0], page.name
+
+
+def test_the_mixture_fp8_note_quotes_the_runs_the_benchmark_judges():
+    from shardscope._src.plan.notes import Note, PlanNote
+
+    moe_heldout = _benchmark("moe_heldout")
+    runs = {r.name: r for r in moe_heldout.RUNS}
+    fp8 = [
+        runs[f"Megatron-Bridge {v} Qwen3-30B-A3B FP8, 16 H100"]
+        for v in ("26.04", "26.04.01", "26.06")
+    ]
+    bf16 = runs["Megatron-Bridge Qwen3-30B-A3B BF16, HybridEP, no EP overlap, 16 H100"]
+    fused = runs[
+        "Megatron-Bridge Qwen3-30B-A3B BF16, HybridEP with fused permute, EP overlap, 16 H100"
+    ]
+    text = Note(PlanNote.MIXTURE_FP8).text
+    measured = sorted(r.measured_s for r in fp8)
+    assert f"{measured[0]:.2f}-{measured[-1]:.2f} s a step in fp8" in text
+    assert f"{bf16.measured_s:.2f} s in bf16 ({fused.measured_s:.2f} s with" in text
+    # what it says of the estimate holds: it has every fp8 run faster than the bf16 one
+    bf16_s = moe_heldout.estimate_run(bf16)[0].time.step_s
+    assert all(moe_heldout.estimate_run(r)[0].time.step_s < bf16_s for r in fp8)
