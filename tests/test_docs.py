@@ -98,3 +98,23 @@ def test_the_mixture_fp8_note_quotes_the_runs_the_benchmark_judges():
     # what it says of the estimate holds: it has every fp8 run faster than the bf16 one
     bf16_s = moe_heldout.estimate_run(bf16)[0].time.step_s
     assert all(moe_heldout.estimate_run(r)[0].time.step_s < bf16_s for r in fp8)
+
+
+def test_the_experts_unsplit_note_quotes_the_marin_pair_the_benchmark_judges():
+    from shardscope._src.plan.notes import ExpertsUnsplitValues, Note, PlanNote
+
+    moe_heldout = _benchmark("moe_heldout")
+    runs = {r.name: r for r in moe_heldout.RUNS}
+    ep = runs["Marin 360B-A21B EP 64, 64 GB200 (one rack)"]
+    fsdp = runs["Marin 360B-A21B FSDP 64 (control), 64 GB200 (one rack)"]
+    text = Note(PlanNote.EXPERTS_UNSPLIT, ExpertsUnsplitValues(labels=("fsdp",))).text
+
+    def tokens_per_s(run):
+        return round(run.config.batch * run.config.seq / run.measured_s)
+
+    assert f"ran {tokens_per_s(fsdp):,} tokens a second against" in text
+    assert f"expert parallelism's {tokens_per_s(ep):,}," in text
+    # what it says of the estimate holds: the FSDP run, planned with its collectives on the
+    # critical path (the benchmark's overrides), is slower than the estimate
+    assert fsdp.overrides["fsdp_overlap"] is False
+    assert fsdp.measured_s > moe_heldout.estimate_run(fsdp)[0].time.step_s
