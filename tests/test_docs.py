@@ -1,6 +1,7 @@
 """What the docs site is built from stays whole: the accuracy page's committed serving runs are
-every run the benchmark judges, and the API page lists every public name. (`make docs`
-builds the site itself, every guide executed; CI runs it after the suite.)"""
+every run the benchmark judges, the API page lists every public name, and the published runs a
+plan's notes quote are the benchmark's. (`make docs` builds the site itself, every guide
+executed; CI runs it after the suite.)"""
 
 import json
 import re
