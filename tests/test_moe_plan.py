@@ -16,6 +16,7 @@ from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.estimates import estimate_memory, model_flops
 from shardscope._src.render.plan import ASKED_NOTES
+from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.train.timing import comm_items
 
@@ -331,6 +332,34 @@ def test_a_dropless_mixture_is_planned_and_compiled_at_its_imbalance():
     uniform = 2 * 32 * 2 * 64 * 2 * 3 // 4 * 2 * 2 * 2
     assert compiled_a2a() == uniform
     assert compiled_a2a(imbalance=1.5) == uniform * 3 // 2
+
+
+@pytest.mark.parametrize("strategy, mesh", [("fsdp", "data=8"), ("ep", "expert=8")])
+def test_a_dropless_program_under_jit_sends_every_slot_to_every_device(strategy, mesh):
+    # Its routing sorts the whole batch's assignments at once: the partitioner all-reduces
+    # every one of the batch's 16 x 32 tokens x top-2 rows of d_model (float32 here) in the
+    # combine, forward and backward, whatever the strategy (why the planner compiles a
+    # dropless mixture capacity-padded)
+    config = replace(SMALL, capacity_factor=None, dtype="float32")
+    audit = shardscope.audit(build_reference_program(strategy, config, mesh, mode="train"))
+    combine = [
+        (c.kind, c.payload_bytes, c.count) for c in audit.collectives if c.scope == "moe/combine"
+    ]
+    assert ("all-reduce", 16 * 32 * 2 * 64 * 4, 2) in combine
+
+
+@pytest.mark.parametrize("compiler", ["cpu", pytest.param("h100", marks=pytest.mark.compiler)])
+def test_the_fsdp_plan_of_a_dropless_mixture_keeps_each_devices_tokens_on_it(compiler):
+    # FSDP gathers every expert to each device's own sequences: no slot leaves its device
+    result = shardscope.plan(
+        replace(SMALL, capacity_factor=None), 8, hardware="h100", compiler=compiler,
+        strategies=["fsdp"], mesh="data=8", remat="none", compile_top=1, microbatches=1,
+    )  # fmt: skip
+    (p,) = result.plans
+    assert p.collectives
+    moved = [c for c in p.collectives if "moe/dispatch" in (c.op_name or "")]
+    moved += [c for c in p.collectives if "moe/combine" in (c.op_name or "")]
+    assert moved == []
 
 
 @pytest.mark.parametrize(

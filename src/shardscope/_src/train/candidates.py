@@ -644,8 +644,8 @@ def stage_config(
 
     A dropless mixture of experts is compiled capacity-padded at capacity factor 1: what a
     dropless program computes and moves under uniform routing (the published benchmarks
-    force it), and what the partitioner can place (under jit a ragged matmul's experts are
-    gathered to the tokens instead)."""
+    force it), and what the partitioner can place (under jit a dropless program's dispatch
+    and combine all-reduce every slot of the batch to every device)."""
     capacity = config.routed_capacity if config.is_moe else config.capacity_factor
     layers = stage_layers(config.layers, cand.stages)
     if stage is not None:
