@@ -348,11 +348,11 @@ def test_a_dropless_program_under_jit_sends_every_slot_to_every_device(strategy,
     assert ("all-reduce", 16 * 32 * 2 * 64 * 4, 2) in combine
 
 
-@pytest.mark.parametrize("compiler", ["cpu", pytest.param("h100", marks=pytest.mark.compiler)])
-def test_the_fsdp_plan_of_a_dropless_mixture_keeps_each_devices_tokens_on_it(compiler):
+def test_the_fsdp_plan_of_a_dropless_mixture_keeps_each_devices_tokens_on_it():
     # FSDP gathers every expert to each device's own sequences: no slot leaves its device
+    # (the program is compiled capacity-padded, whichever compiler compiles it)
     result = shardscope.plan(
-        replace(SMALL, capacity_factor=None), 8, hardware="h100", compiler=compiler,
+        replace(SMALL, capacity_factor=None), 8, hardware="h100", compiler="cpu",
         strategies=["fsdp"], mesh="data=8", remat="none", compile_top=1, microbatches=1,
     )  # fmt: skip
     (p,) = result.plans
