@@ -235,7 +235,17 @@ TIME_MODEL_SOURCES = {
         "kernels at 98.6% of cuBLAS batched matmul throughput on average (91-104% over its "
         "problem sizes): a batched matmul's rate for the shape (matmul_by_shape where it is "
         "measured, else matmul_fraction), no faster than reading the experts' weights "
-        "through HBM where they get fewer tokens than the rate over the bandwidth"
+        "through HBM where they get fewer tokens than the rate over the bandwidth. Held "
+        "against grouped kernels measured on an H100 at Qwen3-30B-A3B's up-projection, 128 "
+        "experts of 512 rows (K 2,048, N 1,536), forward and backward (tgale96/grouped_gemm "
+        "pull request 37; its log, Knarf04/grouped_gemm run.log@514ad86, 'Fwd+Bwd TFLOPs "
+        "(est)', a few element-wise kernels included): CUTLASS's SM90 grouped kernel 481.62 "
+        "TFLOP/s, a loop of cuBLAS matmuls 388.49, cuBLAS's grouped API 255.67; the H100's "
+        "table prices the same three matmuls at about 370 (393 forward, 384 and 337 for the "
+        "two gradients), at the loop of cuBLAS's matmuls, as Transformer Engine's "
+        "GroupedLinear runs them (NVIDIA/TransformerEngine pull request 853, 'Grouped GEMM "
+        "for fp32/bf16/fp16/fp8 via multi-stream cuBLAS'; issue 1386, 2024-12-31: cuBLAS's "
+        "grouped API's 'performance is not as good as the multi-stream implementation')"
     ),
     "a dropless mixture's routing in bytes (cost.routing.Routing)": (
         "what the kernels move, counted, not fitted: NVIDIA/Megatron-LM megatron/core/"
