@@ -188,3 +188,20 @@ def test_a_dense_step_and_a_gpu_without_the_table_are_priced_as_before():
     assert estimate(c, MOE, a100).time == estimate(c, MOE, off).time
     on = estimate(c, FEW, replace(a100, matmul_by_shape=True)).time
     assert on.compute_s > estimate(c, FEW, a100).time.compute_s
+
+
+def test_the_sources_figures_for_the_published_grouped_kernels_are_the_tables():
+    # The source holds the table's price of Qwen3-30B-A3B's up-projection, 128 experts of
+    # 512 rows (K 2,048, N 1,536), beside grouped kernels measured at that shape: its forward
+    # and its two gradients' matmuls (the input's, 512 x 2,048 over 1,536; the weights',
+    # 2,048 x 1,536 over 512), each a share of the flat rate, in TFLOP/s
+    from shardscope._src.targets.hardware import TIME_MODEL_SOURCES
+
+    h = hardware("h100")
+    flat = h.peak_flops * h.matmul_fraction / 1e12
+    passes = [Gemm(512, 1536, 2048, 128), Gemm(512, 2048, 1536, 128), Gemm(2048, 1536, 512, 128)]
+    rates = [measured_efficiency(h, g) * flat for g in passes]
+    together = len(rates) / sum(1 / r for r in rates)  # the same FLOPs in each
+    text = TIME_MODEL_SOURCES["a mixture's grouped expert matmuls at a batched matmul's rate"]
+    shown = f"at about {round(together, -1):.0f} ({rates[0]:.0f} forward, {rates[1]:.0f} and "
+    assert shown + f"{rates[2]:.0f} for the" in text
