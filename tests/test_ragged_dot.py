@@ -98,6 +98,18 @@ def test_a_ragged_dot_is_noted_as_the_cpu_compiles_it_once_per_group(cpu_plans):
     assert "xla_gpu_experimental_use_ragged_dot_fusion" in note.text
 
 
+def test_the_terminal_prints_the_note_whole(cpu_plans):
+    from rich.console import Console
+
+    from shardscope._src.render.program_plan import render_program_plan
+
+    console = Console(record=True, width=100)
+    render_program_plan(cpu_plans, console=console)
+    (note,) = _notes(cpu_plans.notes)
+    printed = " ".join(console.export_text().split())
+    assert f"note: {note.text}" in printed
+
+
 def test_the_cpu_program_computes_every_group_of_each_ragged_dot():
     from shardscope._src.audit.ragged import RaggedDots
     from shardscope._src.program.program import compile_candidate
