@@ -99,12 +99,15 @@ def test_a_ragged_dot_is_noted_as_the_cpu_compiles_it_once_per_group(cpu_plans):
 
 
 def test_the_terminal_prints_the_note_whole(cpu_plans):
+    import io
+
     from rich.console import Console
 
     from shardscope._src.render.program_plan import render_program_plan
 
-    console = Console(record=True, width=100)
-    render_program_plan(cpu_plans, console=console)
+    # the command line's default, which cuts the other notes to a line each
+    console = Console(record=True, width=100, file=io.StringIO())
+    render_program_plan(cpu_plans, console=console, verbose=False)
     (note,) = _notes(cpu_plans.notes)
     printed = " ".join(console.export_text().split())
     assert f"note: {note.text}" in printed
@@ -147,3 +150,21 @@ def test_the_tpu_compiler_keeps_a_ragged_dot_and_nothing_is_noted():
     r = _plan(_ragged_step, devices=4, target="tpu-v5e")
     (plan,) = r.plans
     assert not _notes(r.notes) and not _notes(plan.notes)
+
+
+def test_a_steps_jaxpr_comes_with_its_lowering_where_the_step_traces():
+    from jax.extend.core import ClosedJaxpr
+
+    from helpers import program_module
+    from shardscope._src.audit.stages import lower_step_traced
+
+    mesh = shardscope.make_mesh("data=8", axis_types="auto")
+    flax_mlp, eqx_mlp = program_module("flax_mlp"), program_module("eqx_mlp")
+    # Flax NNX's jit traces (its Traced holds JAX's); Equinox's filter_jit does not
+    lowered, jaxpr = lower_step_traced(flax_mlp.make_step, mesh, flax_mlp.RULES["dp"])
+    assert isinstance(lowered, jax.stages.Lowered) and isinstance(jaxpr, ClosedJaxpr)
+    lowered, jaxpr = lower_step_traced(eqx_mlp.make_step, mesh, eqx_mlp.RULES["dp"])
+    assert isinstance(lowered, jax.stages.Lowered) and jaxpr is None
+    # a stage make_step returns has none
+    stage = _ragged_step(mesh)[0].lower(*_ragged_step(mesh)[1])
+    assert lower_step_traced(lambda mesh: stage, mesh) == (stage, None)
