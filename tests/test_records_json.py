@@ -204,6 +204,7 @@ NOTE_VALUES = {
     "memory-pressure": {"compiler": "XLA:GPU", "limit_bytes": 1, "reached_bytes": 3,
                         "original_bytes": 4},  # fmt: skip
     "compiled-flops": {"compiler": "XLA:GPU", "formula": 2.5e12, "compiled": None},
+    "ragged-dot-dense": {"compiler": "XLA:CPU", "count": 3, "groups": [8, 16]},
     "analytic-memory": {},
     "compiled-memory": {"target": None},
     "communication": {},

@@ -137,7 +137,27 @@ def lower(program: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
     ``kwargs`` are options for ``jax.jit`` (for a plain function, or to re-jit).
     """
+    return _lower(program, args, kwargs, with_jaxpr=False)[0]
 
+
+def lower_traced(
+    program: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any | None]:
+    """:func:`lower`'s ``Lowered`` and the program's jaxpr (a ``ClosedJaxpr``): that of the
+    ``Traced`` its ``trace(*args)`` gives (JAX's, or one a library's holds: Flax NNX's), None
+    where it has no ``trace`` (Equinox's ``filter_jit``) or was lowered inside ``jax.jit``
+    (:func:`_lower_in_jit`).
+
+    The trace follows the lowering in its context, so JAX finds the one the lowering made
+    and traces nothing again (measured on JAX 0.10.2: 1 ms against 107 ms for the first
+    trace of a 200-layer step; under 1 ms for an ``nnx.jit`` step).
+    """
+    return _lower(program, args, kwargs, with_jaxpr=True)
+
+
+def _lower(
+    program: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, with_jaxpr: bool
+) -> tuple[Any, Any | None]:
     if kwargs or not hasattr(program, "lower"):
         if not callable(program):
             raise ShardscopeError(
@@ -159,7 +179,7 @@ def lower(program: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             raise
         try:
             with module_scopes():
-                return _lower_in_jit(fn, args)
+                return _lower_in_jit(fn, args), None
         except Exception as traced:
             # Traced with array inputs, the program got further: when it stopped at its
             # shardings, that says more than the wrapper's refusal of abstract arguments.
@@ -173,7 +193,21 @@ def lower(program: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             f"jax.stages.Lowered nor a wrapper holding one; pass the jax.jit function, its "
             f"Lowered or its Compiled instead"
         )
-    return lowered
+    if not with_jaxpr:
+        return lowered, None
+    with module_scopes():  # as it was lowered, so that JAX finds the trace it made
+        return lowered, _jaxpr_of(fn, args)
+
+
+def _jaxpr_of(fn: Any, args: tuple[Any, ...]) -> Any | None:
+    """The jaxpr of the ``Traced`` (JAX's, or the one a library's holds) that
+    ``fn.trace(*args)`` gives; None where ``fn`` has no ``trace`` or it gives no such
+    stage."""
+    trace = getattr(fn, "trace", None)
+    if not callable(trace):
+        return None
+    stage = unwrap_stage(trace(*args), jax.stages.Traced)
+    return None if stage is None else stage.jaxpr
 
 
 def _lower_in_jit(fn: Any, args: tuple[Any, ...]) -> Any:
@@ -275,14 +309,26 @@ def lower_step(
         MissingMeshError: ``make_step`` needed a mesh set (names the fix).
         AxisTypeError: the program's shardings do not fit the mesh's axis types.
     """
+    return lower_step_traced(make_step, mesh, rules, where=where)[0]
+
+
+def lower_step_traced(
+    make_step: Callable[..., Any],
+    mesh: Any,
+    rules: Sequence[tuple[str, Any]] = (),
+    *,
+    where: str = "make_step",
+) -> tuple[Any, Any | None]:
+    """:func:`lower_step`'s stage and the step's jaxpr (:func:`lower_traced`'s; None where
+    ``make_step`` returned a stage)."""
     got = build_step(make_step, mesh, rules, where=where)
     stage = program_stage(got)
     if stage is not None:
-        return stage
+        return stage, None
     step, args = check_step_pair(got, where)
     with jax.set_mesh(mesh), rules_context(rules):
         try:
-            return lower(step, args, {})
+            return lower_traced(step, args, {})
         except Exception as e:
             explained = axis_type_error(e, mesh, where)
             if explained is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 from shardscope._src.audit.compile import FAST_COMPILE_OPTIONS, RECORDED_LOG_LINES, audit
+from shardscope._src.audit.ragged import RaggedDots, dense_ragged_dots
 from shardscope._src.audit.records import Audit, Collective, MemoryPressure, Rematerialization
 from shardscope._src.audit.width import Width
 from shardscope._src.base.devices import backends_started, flag_device_count
@@ -80,7 +81,8 @@ def plan_collective(c: Collective, width: Width) -> PlanCollective:
 class CompiledProgram:
     """One planned program as its compiler built it: the audit of its optimized HLO (what it
     was read from beside it, ``audit.program``), the compiler's buffer assignment, its FLOP
-    counts, what its compile log said, and the seconds the compile and the audit took."""
+    counts, what its compile log said, the seconds the compile and the audit took, and the
+    ragged dots it computes densely."""
 
     audit: Audit
     #: the compiler's buffer assignment per device (empty where it gives none)
@@ -95,6 +97,9 @@ class CompiledProgram:
     memory_pressure: MemoryPressure | None
     #: seconds of the compile and the audit of its HLO
     compile_s: float
+    #: the program's ragged dots (``jax.lax.ragged_dot``) that it computes as dense matmuls
+    #: over every group (:mod:`~shardscope._src.audit.ragged`; None: none, or no jaxpr given)
+    ragged_dots: RaggedDots | None = None
 
     @property
     def exact(self) -> bool:
@@ -133,6 +138,7 @@ def compile_plan(
     mesh: Any = None,
     options: Mapping[str, Any] | None = None,
     drop: tuple[str, ...] = RECORDED_LOG_LINES,
+    jaxpr: Any = None,
 ) -> CompiledProgram:
     """Compiles a planned program and audits it: the one compile step of every planner.
 
@@ -141,7 +147,9 @@ def compile_plan(
     ``args`` (lowered, then compiled); ``mesh`` names the axes when the program's shardings
     do not (see :func:`~shardscope._src.audit.compile.audit`). The compiler's log is read
     for its rematerializations and memory pressure; its lines containing any of ``drop``
-    stay off the terminal (by default the ones read: the plan's notes say them).
+    stay off the terminal (by default the ones read: the plan's notes say them). With the
+    program's ``jaxpr`` (:func:`~shardscope._src.audit.stages.lower_step_traced`), its ragged
+    dots that the compiled program computes densely are counted.
 
     Raises what :func:`~shardscope._src.audit.compile.audit` raises: a compiler that finds
     the program does not fit raises :class:`~shardscope._src.base.errors.DeviceMemoryError`,
@@ -158,6 +166,7 @@ def compile_plan(
         rematerializations=result.rematerializations or (),
         memory_pressure=result.memory_pressure,
         compile_s=time.perf_counter() - start,
+        ragged_dots=dense_ragged_dots(jaxpr, result.backend, result.module),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any, Self
 from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes, format_flops, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
-from shardscope._src.targets.capabilities import Support, reduce_scatter_words
+from shardscope._src.targets.capabilities import CPU_COMPILER, Support, reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES, Hardware
 
 
@@ -55,6 +55,10 @@ class PlanNote(NoteKind):
     #: (values: ``compiler``, ``formula``: the time model's per device and step, ``compiled``:
     #: the program's, None when not counted)
     COMPILED_FLOPS = "compiled-flops"
+    #: a user's program's ragged dots (``jax.lax.ragged_dot``) compiled as dense matmuls over
+    #: every group, each computing its group count times its useful FLOPs (values:
+    #: ``compiler``, ``count``, ``groups``; :mod:`~shardscope._src.audit.ragged`)
+    RAGGED_DOT_DENSE = "ragged-dot-dense"
     # -- a sweep's notes
     #: memory is the analytic estimate, the CPU compiler's beside it
     ANALYTIC_MEMORY = "analytic-memory"
@@ -291,6 +295,20 @@ class CompiledFlopsValues(NoteValues):
     compiler: str
     formula: float
     compiled: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaggedDotDenseValues(NoteValues):
+    """The compiler (in words, ``"XLA:CPU"``), the ``count`` of ragged dots its program
+    computes densely, and their ``groups`` (each group count once, ascending)
+    (:class:`~shardscope._src.audit.ragged.RaggedDots`)."""
+
+    compiler: str
+    count: int
+    groups: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", tuple(self.groups))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -533,6 +551,29 @@ def _compiled_flops(v: CompiledFlopsValues) -> str:
         f"FLOPs than the time model counts ({format_flops(compiled)} against "
         f"{format_flops(formula)} per device per step; the formula counts {counted}): the "
         f"step is priced with the program's count, the estimate keeps the formula's"
+    )
+
+
+def _ragged_dot_dense(v: RaggedDotDenseValues) -> str:
+    times = " or ".join(str(g) for g in v.groups)
+    dots = f"{v.count} ragged dot{'' if v.count == 1 else 's'}"
+    if v.compiler == CPU_COMPILER.compiler:
+        how = "JAX lowers jax.lax.ragged_dot for the CPU"
+    else:
+        how = f"{v.compiler} rewrites jax.lax.ragged_dot (XLA's RaggedDotRewriter)"
+    return (
+        f"{how} as one dense matmul over every group (the ragged operand copied for each "
+        f"group, the rows outside it zeroed): the program's {dots}, gradients' included, "
+        f"compute {times} times their useful FLOPs, and the plans price them so, as "
+        f"compiled. A grouped matmul computes each group's rows alone: XLA's cuDNN "
+        f"ragged-dot fusion, on NVIDIA GPUs from Ampere on with cuDNN 9.22 or newer "
+        f"(XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true; bf16 and f16, forward "
+        f"and input gradients, weight gradients with a newer cuDNN; more than 20x the dense "
+        f"rewrite's speed in its pull request, openxla/xla#40189), or the TPU compiler's own "
+        f"ragged-dot kernel (its cost analysis counts the useful FLOPs alone). "
+        f"Capacity-padded dispatch (each expert's tokens gathered into a buffer of fixed "
+        f"size, one batched matmul) computes its padding instead of every group: the planner "
+        f"compiles a dropless mixture of its own so"
     )
 
 
@@ -854,6 +895,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     ),
     PlanNote.MEMORY_PRESSURE: _memory_pressure,
     PlanNote.COMPILED_FLOPS: _compiled_flops,
+    PlanNote.RAGGED_DOT_DENSE: _ragged_dot_dense,
     PlanNote.ANALYTIC_MEMORY: (
         "memory per device is what the fit was judged by: a target compiler's buffer "
         "assignment where it compiled the plan (with the optimizer state beside the step), "
@@ -924,6 +966,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.TARGET_COMPILE_FAILED: TargetErrorValues,
     PlanNote.MEMORY_PRESSURE: MemoryPressureValues,
     PlanNote.COMPILED_FLOPS: CompiledFlopsValues,
+    PlanNote.RAGGED_DOT_DENSE: RaggedDotDenseValues,
     PlanNote.ANALYTIC_MEMORY: NoValues,
     PlanNote.COMPILED_MEMORY: CompiledMemoryValues,
     PlanNote.COMMUNICATION: NoValues,

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardscope._src.audit.stages import lower_step
+from shardscope._src.audit.stages import lower_step_traced
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.errors import (
     AxisTypeError,
@@ -332,11 +332,11 @@ def compile_candidate(
         mesh = shape.on(devices, axis_types=axis_types)
     else:
         mesh = target_mesh(target, shape, axis_types=axis_types)
-    stage = lower_step(make_step, mesh, rules, where=where)
+    stage, jaxpr = lower_step_traced(make_step, mesh, rules, where=where)
     t1 = time.perf_counter()
     # a Compiled is audited as it is
     options = None if isinstance(stage, jax.stages.Compiled) else _compile_options(target)
-    compiled = compile_plan(stage, mesh=mesh, options=options)
+    compiled = compile_plan(stage, mesh=mesh, options=options, jaxpr=jaxpr)
     t2 = time.perf_counter()
     result = compiled.audit
     cpu = CPU_TARGET.name  # an audit of simulated CPU devices names no target
@@ -1012,6 +1012,11 @@ def _program_plan(
         notes.append(Note(PlanNote.MEMORY_PRESSURE, pressure))
     if not program.exact:
         notes.append(Note(PlanNote.INEXACT))
+    if program.ragged_dots is not None:
+        compiler = get_target(result.target or CPU).capabilities.compiler
+        ragged = program.ragged_dots
+        values = {"compiler": compiler, "count": ragged.count, "groups": ragged.groups}
+        notes.append(Note(PlanNote.RAGGED_DOT_DENSE, values))
     # The compiler's own count where it gives one (CPU, TPU), else the HLO's (GPU).
     flops = program.flops if program.flops is not None else program.hlo_flops
     return ProgramPlan(
@@ -1104,4 +1109,7 @@ def _result_notes(hw: Hardware, plans: Sequence[ProgramPlan], target: str | None
         compiler = get_target(target or CPU).capabilities.compiler
         values = {"dtype": "16-bit", "itemsize": 2, "compiler": compiler}
         notes.append(Note(PlanNote.WIDENED, values))
+    ragged = [n for p in plans for n in p.notes if n.kind == PlanNote.RAGGED_DOT_DENSE]
+    if ragged:  # once for the sweep (the best plan's), where the terminal shows notes
+        notes.append(ragged[0])
     return notes

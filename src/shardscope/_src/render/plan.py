@@ -295,9 +295,16 @@ def validation_table(result: PlanResult) -> Any:
 #: sources (the report's conventions, the JSON's notes and the docs' models page have them).
 LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
 #: The notes the terminal prints whole, not cut to one line: those that answer what the
-#: request asked (``beside_best``) and those that say a figure is not to be trusted.
+#: request asked (``beside_best``) and those that say a figure is not to be trusted, or what
+#: it is made of (``ragged_dot_dense``: a program's compute at every group).
 ASKED_NOTES = frozenset(
-    {PlanNote.BESIDE_BEST, PlanNote.EXPERTS_UNSPLIT, PlanNote.MIXTURE_STEP, PlanNote.MIXTURE_FP8}
+    {
+        PlanNote.BESIDE_BEST,
+        PlanNote.EXPERTS_UNSPLIT,
+        PlanNote.MIXTURE_STEP,
+        PlanNote.MIXTURE_FP8,
+        PlanNote.RAGGED_DOT_DENSE,
+    }
 )
 
 

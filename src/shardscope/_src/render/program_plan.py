@@ -12,6 +12,7 @@ from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.render.brief import print_line, skipped_lines
 from shardscope._src.render.columns import Column, markdown_table
 from shardscope._src.render.plan import (
+    ASKED_NOTES,
     COMM_BOUND,
     COMM_BYTES,
     COMM_COLUMNS,
@@ -141,7 +142,7 @@ def render_program_plan(
     if not result.plans:
         return
     for note in result.notes:
-        if verbose:
+        if verbose or note.kind in ASKED_NOTES:
             console.print(f"note: {note}", highlight=False)
         elif note.kind not in LONG_NOTES:
             print_line(console, f"note: {note}")
