@@ -451,7 +451,8 @@ class Strategy:
     def activation_rules(self) -> dict[str, Roles]:
         return dict(self.activations)
 
-    @property
+    # the screen asks it of every candidate (data_ways), through a dict of the rules each time
+    @functools.cached_property
     def batch_roles(self) -> tuple[str, ...]:
         """The roles the batch is split over, in the order of its entry: ``()`` (every
         device sees the whole batch), ``("data",)``, or HSDP's ``("replica", "data")``."""
