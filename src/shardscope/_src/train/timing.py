@@ -1300,12 +1300,14 @@ def comm_items(
     """
 
     sizes = mesh_axes(placement.mesh)
+    # what earlier calls priced with this hardware and these gathers, looked up once a call
+    # rather than once a term (the hardware's hash is its every field's)
     known = {} if parts is None else parts
+    priced_here = known.setdefault(("comm", fp8_gathers, fp8_param_share, hw), {})
     items = []
     together: dict[tuple[Any, ...], tuple[list[str], float]] = {}
     for t in terms:
-        key: tuple[Any, ...] = ("term", t, fp8_gathers, fp8_param_share, hw)
-        priced = known.get(key)
+        priced = priced_here.get(t)
         if priced is None:
             cls = classify(t.kind, t.axes, placement)
             traffic = gathered_bytes(
@@ -1317,20 +1319,20 @@ def comm_items(
                     t.what, cls, hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count,
                     once_per_node=t.once_per_node,
                 )  # fmt: skip
-            priced = known[key] = (cls, traffic, item)
+            priced = priced_here[t] = (cls, traffic, item)
         cls, traffic, item = priced
         if item is None:  # timed with the rest of its layer's, pass's and group's
-            key = (t.kind, t.axes, t.group_size, t.count, t.rerun, t.stack, cls)
+            key: tuple[Any, ...] = (t.kind, t.axes, t.group_size, t.count, t.rerun, t.stack, cls)
             names, sent = together.setdefault(key, ([], 0.0))
             together[key] = ([*names, t.what], sent + traffic)
             continue
         items.append(item)
     for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
         what = "; ".join(names)
-        key = ("together", what, cls, kind, axes, group, sent, count, hw)
-        item = known.get(key)
+        key = ("together", what, cls, kind, axes, group, sent, count)
+        item = priced_here.get(key)
         if item is None:
-            item = known[key] = _item(what, cls, hw, sizes, kind, axes, group, sent, count)
+            item = priced_here[key] = _item(what, cls, hw, sizes, kind, axes, group, sent, count)
         items.append(item)
     return items
 
