@@ -279,6 +279,44 @@ class CommItem:
 
 
 @dataclass(frozen=True)
+class CommLoad:
+    """A step's collectives summed as :func:`step_time` reads them: the critical path's
+    (and its all-to-alls apart), context parallelism's ring, and each other overlap class,
+    in the order the collectives first name it. Their sums depend on the collectives alone,
+    so a sweep's schedules that share the collectives share them (:meth:`of`)."""
+
+    critical_s: float
+    critical_held_s: float
+    #: the critical path's all-to-alls (a mixture's dispatch and combine)
+    exchange_s: float
+    exchange_held_s: float
+    ring_s: float
+    ring_held_s: float
+    #: ``(class, seconds, seconds times held share)`` of each other class
+    by_class: tuple[tuple[OverlapClass, float, float], ...]
+
+    @classmethod
+    def of(cls, comm: Sequence[CommItem]) -> CommLoad:
+        critical = [c for c in comm if c.cls == CRITICAL]
+        exchange = [c for c in critical if c.kind == ALL_TO_ALL]
+        ring = [c for c in comm if c.cls == CONTEXT_RING]
+        by_class: dict[OverlapClass, tuple[float, float]] = {}
+        for c in comm:
+            if c.cls not in (CRITICAL, CONTEXT_RING):
+                seconds, held = by_class.get(c.cls, (0.0, 0.0))
+                by_class[c.cls] = (seconds + c.seconds, held + c.seconds * c.held)
+        return cls(
+            critical_s=sum(c.seconds for c in critical),
+            critical_held_s=sum(c.seconds * c.held for c in critical),
+            exchange_s=sum(c.seconds for c in exchange),
+            exchange_held_s=sum(c.seconds * c.held for c in exchange),
+            ring_s=sum(c.seconds for c in ring),
+            ring_held_s=sum(c.seconds * c.held for c in ring),
+            by_class=tuple((k, seconds, held) for k, (seconds, held) in by_class.items()),
+        )
+
+
+@dataclass(frozen=True)
 class Pricing:
     """What a candidate's step is priced with besides its collectives: its placement (which
     axes are tensor parallel, which data) and the work of one device (FLOPs, bytes, the
@@ -539,8 +577,10 @@ STEP_PARTS = (
 )
 
 
-def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
-    """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
+def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem] | CommLoad) -> StepTime:
+    """The step time of ``work`` with collectives ``comm`` (see the module docstring), or
+    with their sums (:meth:`CommLoad.of`, for the many steps that share them)."""
+    load = comm if isinstance(comm, CommLoad) else CommLoad.of(comm)
     m, p = work.microbatches, work.stages
 
     def weights_wait(flops: float, passes: int, share: float) -> float:
@@ -604,18 +644,16 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     host = work.host_bytes / work.host_bandwidth if work.host_bytes else 0.0
     fwd = max(fwd, host)
     bwd = max(bwd, host) if work.train else 0.0
-    critical = [c for c in comm if c.cls == CRITICAL]
-    tp = sum(c.seconds for c in critical)
+    tp = load.critical_s
     # a mixture's all-to-alls beside another micro-batch's compute (ep_overlap), apart
-    exchange = [c for c in critical if c.kind == ALL_TO_ALL] if hw.ep_overlap and work.train else []
-    ex = sum(c.seconds for c in exchange)
-    ex_held = sum(c.seconds * c.held for c in exchange)
+    exchanged = hw.ep_overlap and work.train
+    ex = load.exchange_s if exchanged else 0
+    ex_held = load.exchange_held_s if exchanged else 0
     rest = tp - ex
-    rest_held = sum(c.seconds * c.held for c in critical) - ex_held
+    rest_held = load.critical_held_s - ex_held
     tp_exposed = overlap_seconds(fwd + bwd, rest / m, rest_held / m) if hw.tp_overlap else rest / m
-    ring = [c for c in comm if c.cls == CONTEXT_RING]
-    ring_s = sum(c.seconds for c in ring)
-    tp_exposed += ring_seconds(hw, work, ring_s / m, sum(c.seconds * c.held for c in ring) / m)
+    ring_s = load.ring_s
+    tp_exposed += ring_seconds(hw, work, ring_s / m, load.ring_held_s / m)
     # one point-to-point transfer: one latency, its bytes at the bandwidth between stages
     p2p_one = (
         alpha_beta_seconds(1, hw.latency_s, work.p2p_bytes, work.p2p_bandwidth) if p > 1 else 0.0
@@ -665,14 +703,9 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     # another, so what exceeds the window in all is exposed.
     # On a GPU each holds some of the multiprocessors while it runs, and the compute beside
     # it goes at the rest of its rate (overlap_seconds).
-    by_class: dict[OverlapClass, tuple[float, float]] = {}
-    for c in comm:
-        if c.cls not in (CRITICAL, CONTEXT_RING):
-            seconds, held = by_class.get(c.cls, (0.0, 0.0))
-            by_class[c.cls] = (seconds + c.seconds, held + c.seconds * c.held)
-    data = sum(seconds for seconds, _ in by_class.values())
+    data = sum(seconds for _, seconds, _ in load.by_class)
     exposed = added = 0.0
-    for cls, (seconds, held) in by_class.items():
+    for cls, seconds, held in load.by_class:
         # the window each repetition hides behind, and how often it repeats
         window, n = {
             PER_MICROBATCH_FWD_BWD: (fwd + bwd, m),
