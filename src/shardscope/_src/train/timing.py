@@ -1040,21 +1040,23 @@ def step_work(
         hw, flash_attention, mode, matmul_dtype, fp8_saved_inputs, schedule.stage,
         schedule.offload_layers, fp8_params, schedule.virtual_stages if fp8_params else 0,
     )  # fmt: skip
+    # the optimizer state's elements a device of the stage updates: the placement's
+    optimizer_key = ("optimizer elements", schedule.stages, schedule.stage)
+    if optimizer_key not in known:
+        rules = placement.strategy.optimizer_rules()
+        known[optimizer_key] = stage_elements_per_device(
+            placement, rules, schedule.stages, schedule.stage
+        )
+    optimizer_params: int = known[optimizer_key]
     work: StepWork | None = known.get(key)
     if work is None:
         work = known[key] = _pass_work(
             placement, schedule, full_config, devices, hw, flash_attention, mode, matmul_dtype,
-            fp8_saved_inputs, fp8_params,
+            fp8_saved_inputs, optimizer_params, fp8_params,
         )  # fmt: skip
     host_optimizer = 0
     if schedule.offload_optimizer:
-        held = ("host optimizer", schedule.stages, schedule.stage, bytes_per_param)
-        if held not in known:
-            rules = placement.strategy.optimizer_rules()
-            known[held] = stage_elements_per_device(
-                placement, rules, schedule.stages, schedule.stage
-            ) * (bytes_per_param - 2 * placement.config.itemsize)
-        host_optimizer = known[held]
+        host_optimizer = optimizer_params * (bytes_per_param - 2 * placement.config.itemsize)
     if work.virtual_stages == schedule.virtual_stages and not host_optimizer:
         return work
     return replace(
@@ -1072,9 +1074,11 @@ def _pass_work(
     mode: str,
     matmul_dtype: str,
     fp8_saved_inputs: str | None,
+    optimizer_params: int,
     fp8_params: int | None = None,
 ) -> StepWork:
-    """:func:`step_work` of one model chunk per device, its optimizer state on the device."""
+    """:func:`step_work` of one model chunk per device, its optimizer state on the device
+    (``optimizer_params`` its elements)."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -1208,9 +1212,7 @@ def _pass_work(
         p2p_bytes=tokens * c.d_model * c.itemsize / t,
         p2p_bandwidth=p2p_bw,
         p2p_held=stage_held_share(hw, devices // p),
-        optimizer_params=stage_elements_per_device(
-            placement, placement.strategy.optimizer_rules(), p, schedule.stage
-        ),
+        optimizer_params=optimizer_params,
         model_flops=model_flops(full_config, mode),
         devices=devices,
         train=mode == Mode.TRAIN,
