@@ -943,9 +943,7 @@ def step_bound(
     known = {} if parts is None else parts
 
     def part(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
-        if key not in known:
-            known[key] = make()
-        return cast(_T, known[key])
+        return _kept(known, key, make)
 
     def once(t: Term, local: set[str], model: set[str]) -> bool:
         if t.role.sums_token_shards and set(t.axes) & model:
@@ -996,6 +994,13 @@ def step_bound(
             lambda: tuple(_rerun(t, m, "again for the backward") for t in regathered_terms(one())),
         )
     return Bound(base.label, terms + again, base.notes)
+
+
+def _kept(known: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+    """``known[key]``, made (``make()``) and kept there the first time it is asked for."""
+    if key not in known:
+        known[key] = make()
+    return cast(_T, known[key])
 
 
 def _rerun(t: Term, microbatches: int, rerun: str) -> Term:
@@ -1052,7 +1057,7 @@ def step_work(
     if work is None:
         work = known[key] = _pass_work(
             placement, schedule, full_config, devices, hw, flash_attention, mode, matmul_dtype,
-            fp8_saved_inputs, optimizer_params, fp8_params,
+            fp8_saved_inputs, optimizer_params, fp8_params, known,
         )  # fmt: skip
     host_optimizer = 0
     if schedule.offload_optimizer:
@@ -1075,10 +1080,13 @@ def _pass_work(
     matmul_dtype: str,
     fp8_saved_inputs: str | None,
     optimizer_params: int,
-    fp8_params: int | None = None,
+    fp8_params: int | None,
+    known: dict[tuple[Any, ...], Any],
 ) -> StepWork:
     """:func:`step_work` of one model chunk per device, its optimizer state on the device
-    (``optimizer_params`` its elements)."""
+    (``optimizer_params`` its elements); ``known``: :func:`step_work`'s ``parts``, where the
+    routed experts' pieces are kept for the placement's other recomputations (they depend on
+    the micro-batches alone)."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -1157,7 +1165,9 @@ def _pass_work(
         again_bytes = max(0, c.layers * max(0, per_layer - kept) - host_bytes)
     fp8 = check_matmul_dtype(matmul_dtype, hw) == MatmulDtype.FP8
     fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
-    expert_flops, expert_weights = routed_expert_work(placement, m)
+    expert_flops, expert_weights = _kept(
+        known, ("routed experts", m), lambda: routed_expert_work(placement, m)
+    )
     # the routed experts' share run again: each of their matmuls that runs again (the gate,
     # the up and the down-projection, d x f each; GELU's one up-projection and its down)
     experts_again = [op for op in again_ops if op in (*MLP_IN, "mlp_out")]
@@ -1227,8 +1237,9 @@ def _pass_work(
         attention_rerun_flops=rerun if flash_attention else 0.0,
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
-        expert_weight_kernels=c.moe_layers * len(expert_weight_elements(placement)),
-        **_expert_shares(hw, placement, m),
+        expert_weight_kernels=c.moe_layers
+        * _kept(known, ("expert weights",), lambda: len(expert_weight_elements(placement))),
+        **_kept(known, ("expert shares", hw, m), lambda: _expert_shares(hw, placement, m)),
         **_ring_work(placement, c.layers * core, rerun),
         **route,
         logits_flops=logits,
