@@ -40,6 +40,8 @@ class Vocab(StrEnum):
     @classmethod
     def get(cls, value: object) -> Self | None:
         """The member equal to ``value`` (a member or its string), else None."""
+        if isinstance(value, cls):  # a member is the one equal to it
+            return value
         for m in cls:
             if value == m.value:
                 return m

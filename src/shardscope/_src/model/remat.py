@@ -183,16 +183,18 @@ class RematPolicy(Record):
     def _with(self, place: Place) -> tuple[str, ...]:
         return tuple(t for t, p in self.places if p == place)
 
-    @property
+    # The policies are made once a name (remat_policy) and the screen asks these of every
+    # candidate: each is worked out once a policy.
+    @functools.cached_property
     def on_device(self) -> tuple[str, ...]:
         """The tensors kept in device memory (the layer's input among them unless offloaded)."""
         return self._with(Place.DEVICE)
 
-    @property
+    @functools.cached_property
     def offloaded(self) -> tuple[str, ...]:
         return self._with(Place.OFFLOAD)
 
-    @property
+    @functools.cached_property
     def recomputed(self) -> tuple[str, ...]:
         return self._with(Place.RECOMPUTE)
 
@@ -210,12 +212,16 @@ class RematPolicy(Record):
     def rerun_producers(self) -> tuple[str, ...]:
         """The matmuls of :data:`PRODUCERS` the backward runs again: those with an output
         recomputed (none for a policy that keeps everything)."""
+        return self._rerun_producers
+
+    @functools.cached_property
+    def _rerun_producers(self) -> tuple[str, ...]:
         if self.keeps_everything:
             return ()
         gone = set(self.recomputed)
         return tuple(op for op, outs in PRODUCERS.items() if gone & set(outs))
 
-    @property
+    @functools.cached_property
     def reruns_forward_collectives(self) -> bool:
         """Whether the backward runs the forward's collectives again: the out-projection or
         the MLP's down-projection computed again (their outputs end in the tensor-parallel
@@ -223,7 +229,7 @@ class RematPolicy(Record):
         rerun = self.rerun_producers()
         return "out" in rerun or "mlp_out" in rerun
 
-    @property
+    @functools.cached_property
     def keeps_only_input(self) -> bool:
         """Whether it keeps nothing but the layer's input (on the device or offloaded): the
         backward runs the whole layer's forward again."""

@@ -1734,6 +1734,8 @@ def fp8_param_cast_bytes(shard_elements: float, elements: float, itemsize: int) 
     return shard_elements * shard + elements * 2 * FP8_ITEMSIZE
 
 
+# the screen asks it of every schedule it prices, of one model
+@lru_cache(maxsize=256)
 def model_flops(config: ModelConfig, mode: str = Mode.TRAIN) -> int:
     """FLOPs of one step on all devices together (see :data:`FLOPS_CONVENTION`).
 

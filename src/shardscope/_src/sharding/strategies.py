@@ -451,7 +451,8 @@ class Strategy:
     def activation_rules(self) -> dict[str, Roles]:
         return dict(self.activations)
 
-    @property
+    # the screen asks it of every candidate (data_ways), through a dict of the rules each time
+    @functools.cached_property
     def batch_roles(self) -> tuple[str, ...]:
         """The roles the batch is split over, in the order of its entry: ``()`` (every
         device sees the whole batch), ``("data",)``, or HSDP's ``("replica", "data")``."""
@@ -904,6 +905,34 @@ def mesh_spec_for(strategy: str | Strategy, sizes: tuple[int, ...]) -> str:
     return ",".join(f"{n}={v}" for n, v in zip(names, sizes, strict=True))
 
 
+# A sweep places each strategy on many meshes (and each placement again per micro-batch
+# count), of one model: what to check is worked out once a strategy and its parameters.
+@functools.lru_cache(maxsize=1024)
+def _sharded_dims(
+    strategy: Strategy, params: tuple[str, ...]
+) -> tuple[tuple[tuple[str, Entry], str], ...]:
+    """Each ``(dimension, role)`` that ``strategy`` splits among the arrays of a model whose
+    parameters are ``params``, with the first array that splits it so (``"parameter
+    'wqkv'"``, ``"activation 'residual'"``), in the order :meth:`Placement.validate` checks
+    them: the sequence over ``context`` first (the dimension a context-parallel mesh is
+    chosen for, so its message comes before the weights'), the rest in rule order."""
+    wanted: dict[tuple[str, Entry], str] = {}
+    for kind, rules in (
+        ("parameter", strategy.param_rules()),
+        ("gradient", strategy.grad_rules()),
+        ("optimizer state", strategy.optimizer_rules()),
+    ):
+        for name in params:
+            for dim, role in zip(PARAM_DIMS[name], rules[name], strict=True):
+                if role is not None:
+                    wanted.setdefault((dim, role), f"{kind} {name!r}")
+    for point, roles in strategy.activation_rules().items():
+        for dim, role in zip(ACTIVATION_DIMS[point], roles, strict=True):
+            if role is not None:
+                wanted.setdefault((dim, role), f"activation {point!r}")
+    return tuple(sorted(wanted.items(), key=lambda kv: kv[0] != ("seq", Role.CONTEXT)))
+
+
 def _resolve_roles(
     strategy: Strategy,
     sizes: dict[str, int],
@@ -1249,25 +1278,7 @@ class Placement:
                 f" (the all-gather form {gather!r} over context=1 is the same program)"
             )
         sizes = self.dim_sizes()
-        wanted: dict[tuple[str, Entry], str] = {}
-        s = self.strategy
-        for kind, rules in (
-            ("parameter", s.param_rules()),
-            ("gradient", s.grad_rules()),
-            ("optimizer state", s.optimizer_rules()),
-        ):
-            for name in param_shapes(self.config):
-                for dim, role in zip(PARAM_DIMS[name], rules[name], strict=True):
-                    if role is not None:
-                        wanted.setdefault((dim, role), f"{kind} {name!r}")
-        for point, roles in self.strategy.activation_rules().items():
-            for dim, role in zip(ACTIVATION_DIMS[point], roles, strict=True):
-                if role is not None:
-                    wanted.setdefault((dim, role), f"activation {point!r}")
-        # The sequence over 'context' first: the dimension a context-parallel mesh is chosen
-        # for, so its message comes before the weights' (stable: otherwise in rule order).
-        ordered = sorted(wanted.items(), key=lambda kv: kv[0] != ("seq", Role.CONTEXT))
-        for (dim, role), where in ordered:
+        for (dim, role), where in _sharded_dims(self.strategy, tuple(param_shapes(self.config))):
             ways = self.role_size(role)
             size = sizes[dim]
             if size % ways:

@@ -66,7 +66,7 @@ from shardscope._src.sharding.strategies import (
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.train.timing import (
-    CommItem,
+    CommLoad,
     Pricing,
     comm_items,
     reruns_forward_collectives,
@@ -702,7 +702,7 @@ def screen(
     matmul_dtype: str = MatmulDtype.BFLOAT16,
     fp8_saved_inputs: str | None = None,
     fp8_params: int | None = None,
-    memo: dict[tuple[Any, ...], tuple[Bound, tuple[CommItem, ...]]] | None = None,
+    memo: dict[tuple[Any, ...], tuple[Bound, CommLoad]] | None = None,
     parts: dict[tuple[Any, ...], Any] | None = None,
 ) -> Screened:
     """Estimates ``cand`` without compiling: memory per device and the time model's step.
@@ -716,8 +716,9 @@ def screen(
     ``fp8_params`` (a count: the layers' linear weights kept in fp8 but that many layers at
     each end, :func:`~shardscope._src.plan.estimates.check_fp8_params`; None: 16-bit).
     ``memo``:
-    the step's collectives of earlier candidates on the same placement and mode (they depend
-    only on the micro-batches, whether the forward is recomputed, and fp8 gathers);
+    the step's bound and its collectives, summed (:class:`~shardscope._src.train.timing.
+    CommLoad`), of earlier candidates on the same placement and mode (they depend only on
+    the micro-batches, whether the forward is recomputed, and fp8 gathers);
     ``parts``: the pieces of those collectives, memory and work of earlier candidates on
     the same placement and mode (:func:`~shardscope._src.train.timing.step_bound`,
     :func:`~shardscope._src.plan.estimates.estimate_memory`,
@@ -792,7 +793,7 @@ def _screen_stage(
     matmul_dtype: str,
     fp8_saved_inputs: str | None,
     fp8_params: int | None,
-    memo: dict[tuple[Any, ...], tuple[Bound, tuple[CommItem, ...]]] | None,
+    memo: dict[tuple[Any, ...], tuple[Bound, CommLoad]] | None,
     parts: dict[tuple[Any, ...], Any] | None,
 ) -> Screened:
     """:func:`screen` of one stage's program under ``sched``."""
@@ -833,7 +834,7 @@ def _screen_stage(
         need, comm = memo[key]
     else:
         need = step_bound(placement, sched, mode, parts=parts)
-        comm = tuple(
+        comm = CommLoad.of(
             comm_items(
                 hw,
                 placement,

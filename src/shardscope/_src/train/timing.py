@@ -279,6 +279,44 @@ class CommItem:
 
 
 @dataclass(frozen=True)
+class CommLoad:
+    """A step's collectives summed as :func:`step_time` reads them: the critical path's
+    (and its all-to-alls apart), context parallelism's ring, and each other overlap class,
+    in the order the collectives first name it. Their sums depend on the collectives alone,
+    so a sweep's schedules that share the collectives share them (:meth:`of`)."""
+
+    critical_s: float
+    critical_held_s: float
+    #: the critical path's all-to-alls (a mixture's dispatch and combine)
+    exchange_s: float
+    exchange_held_s: float
+    ring_s: float
+    ring_held_s: float
+    #: ``(class, seconds, seconds times held share)`` of each other class
+    by_class: tuple[tuple[OverlapClass, float, float], ...]
+
+    @classmethod
+    def of(cls, comm: Sequence[CommItem]) -> CommLoad:
+        critical = [c for c in comm if c.cls == CRITICAL]
+        exchange = [c for c in critical if c.kind == ALL_TO_ALL]
+        ring = [c for c in comm if c.cls == CONTEXT_RING]
+        by_class: dict[OverlapClass, tuple[float, float]] = {}
+        for c in comm:
+            if c.cls not in (CRITICAL, CONTEXT_RING):
+                seconds, held = by_class.get(c.cls, (0.0, 0.0))
+                by_class[c.cls] = (seconds + c.seconds, held + c.seconds * c.held)
+        return cls(
+            critical_s=sum(c.seconds for c in critical),
+            critical_held_s=sum(c.seconds * c.held for c in critical),
+            exchange_s=sum(c.seconds for c in exchange),
+            exchange_held_s=sum(c.seconds * c.held for c in exchange),
+            ring_s=sum(c.seconds for c in ring),
+            ring_held_s=sum(c.seconds * c.held for c in ring),
+            by_class=tuple((k, seconds, held) for k, (seconds, held) in by_class.items()),
+        )
+
+
+@dataclass(frozen=True)
 class Pricing:
     """What a candidate's step is priced with besides its collectives: its placement (which
     axes are tensor parallel, which data) and the work of one device (FLOPs, bytes, the
@@ -539,8 +577,10 @@ STEP_PARTS = (
 )
 
 
-def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTime:
-    """The step time of ``work`` with collectives ``comm`` (see the module docstring)."""
+def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem] | CommLoad) -> StepTime:
+    """The step time of ``work`` with collectives ``comm`` (see the module docstring), or
+    with their sums (:meth:`CommLoad.of`, for the many steps that share them)."""
+    load = comm if isinstance(comm, CommLoad) else CommLoad.of(comm)
     m, p = work.microbatches, work.stages
 
     def weights_wait(flops: float, passes: int, share: float) -> float:
@@ -604,18 +644,16 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     host = work.host_bytes / work.host_bandwidth if work.host_bytes else 0.0
     fwd = max(fwd, host)
     bwd = max(bwd, host) if work.train else 0.0
-    critical = [c for c in comm if c.cls == CRITICAL]
-    tp = sum(c.seconds for c in critical)
+    tp = load.critical_s
     # a mixture's all-to-alls beside another micro-batch's compute (ep_overlap), apart
-    exchange = [c for c in critical if c.kind == ALL_TO_ALL] if hw.ep_overlap and work.train else []
-    ex = sum(c.seconds for c in exchange)
-    ex_held = sum(c.seconds * c.held for c in exchange)
+    exchanged = hw.ep_overlap and work.train
+    ex = load.exchange_s if exchanged else 0
+    ex_held = load.exchange_held_s if exchanged else 0
     rest = tp - ex
-    rest_held = sum(c.seconds * c.held for c in critical) - ex_held
+    rest_held = load.critical_held_s - ex_held
     tp_exposed = overlap_seconds(fwd + bwd, rest / m, rest_held / m) if hw.tp_overlap else rest / m
-    ring = [c for c in comm if c.cls == CONTEXT_RING]
-    ring_s = sum(c.seconds for c in ring)
-    tp_exposed += ring_seconds(hw, work, ring_s / m, sum(c.seconds * c.held for c in ring) / m)
+    ring_s = load.ring_s
+    tp_exposed += ring_seconds(hw, work, ring_s / m, load.ring_held_s / m)
     # one point-to-point transfer: one latency, its bytes at the bandwidth between stages
     p2p_one = (
         alpha_beta_seconds(1, hw.latency_s, work.p2p_bytes, work.p2p_bandwidth) if p > 1 else 0.0
@@ -665,14 +703,9 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem]) -> StepTim
     # another, so what exceeds the window in all is exposed.
     # On a GPU each holds some of the multiprocessors while it runs, and the compute beside
     # it goes at the rest of its rate (overlap_seconds).
-    by_class: dict[OverlapClass, tuple[float, float]] = {}
-    for c in comm:
-        if c.cls not in (CRITICAL, CONTEXT_RING):
-            seconds, held = by_class.get(c.cls, (0.0, 0.0))
-            by_class[c.cls] = (seconds + c.seconds, held + c.seconds * c.held)
-    data = sum(seconds for seconds, _ in by_class.values())
+    data = sum(seconds for _, seconds, _ in load.by_class)
     exposed = added = 0.0
-    for cls, (seconds, held) in by_class.items():
+    for cls, seconds, held in load.by_class:
         # the window each repetition hides behind, and how often it repeats
         window, n = {
             PER_MICROBATCH_FWD_BWD: (fwd + bwd, m),
@@ -910,9 +943,7 @@ def step_bound(
     known = {} if parts is None else parts
 
     def part(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
-        if key not in known:
-            known[key] = make()
-        return cast(_T, known[key])
+        return _kept(known, key, make)
 
     def once(t: Term, local: set[str], model: set[str]) -> bool:
         if t.role.sums_token_shards and set(t.axes) & model:
@@ -965,6 +996,13 @@ def step_bound(
     return Bound(base.label, terms + again, base.notes)
 
 
+def _kept(known: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+    """``known[key]``, made (``make()``) and kept there the first time it is asked for."""
+    if key not in known:
+        known[key] = make()
+    return cast(_T, known[key])
+
+
 def _rerun(t: Term, microbatches: int, rerun: str) -> Term:
     """``t`` run again in pass ``rerun`` of each of the ``microbatches``."""
     return replace(t, count=t.count * microbatches, what=f"{t.what} ({rerun})", rerun=rerun)
@@ -1007,21 +1045,23 @@ def step_work(
         hw, flash_attention, mode, matmul_dtype, fp8_saved_inputs, schedule.stage,
         schedule.offload_layers, fp8_params, schedule.virtual_stages if fp8_params else 0,
     )  # fmt: skip
+    # the optimizer state's elements a device of the stage updates: the placement's
+    optimizer_key = ("optimizer elements", schedule.stages, schedule.stage)
+    if optimizer_key not in known:
+        rules = placement.strategy.optimizer_rules()
+        known[optimizer_key] = stage_elements_per_device(
+            placement, rules, schedule.stages, schedule.stage
+        )
+    optimizer_params: int = known[optimizer_key]
     work: StepWork | None = known.get(key)
     if work is None:
         work = known[key] = _pass_work(
             placement, schedule, full_config, devices, hw, flash_attention, mode, matmul_dtype,
-            fp8_saved_inputs, fp8_params,
+            fp8_saved_inputs, optimizer_params, fp8_params, known,
         )  # fmt: skip
     host_optimizer = 0
     if schedule.offload_optimizer:
-        held = ("host optimizer", schedule.stages, schedule.stage, bytes_per_param)
-        if held not in known:
-            rules = placement.strategy.optimizer_rules()
-            known[held] = stage_elements_per_device(
-                placement, rules, schedule.stages, schedule.stage
-            ) * (bytes_per_param - 2 * placement.config.itemsize)
-        host_optimizer = known[held]
+        host_optimizer = optimizer_params * (bytes_per_param - 2 * placement.config.itemsize)
     if work.virtual_stages == schedule.virtual_stages and not host_optimizer:
         return work
     return replace(
@@ -1039,9 +1079,14 @@ def _pass_work(
     mode: str,
     matmul_dtype: str,
     fp8_saved_inputs: str | None,
-    fp8_params: int | None = None,
+    optimizer_params: int,
+    fp8_params: int | None,
+    known: dict[tuple[Any, ...], Any],
 ) -> StepWork:
-    """:func:`step_work` of one model chunk per device, its optimizer state on the device."""
+    """:func:`step_work` of one model chunk per device, its optimizer state on the device
+    (``optimizer_params`` its elements); ``known``: :func:`step_work`'s ``parts``, where the
+    routed experts' pieces are kept for the placement's other recomputations (they depend on
+    the micro-batches alone)."""
 
     c = placement.config
     m, p = schedule.microbatches, schedule.stages
@@ -1120,7 +1165,9 @@ def _pass_work(
         again_bytes = max(0, c.layers * max(0, per_layer - kept) - host_bytes)
     fp8 = check_matmul_dtype(matmul_dtype, hw) == MatmulDtype.FP8
     fp8_work: dict[str, Any] = {"matmul_dtype": MatmulDtype.FP8} if fp8 else {}
-    expert_flops, expert_weights = routed_expert_work(placement, m)
+    expert_flops, expert_weights = _kept(
+        known, ("routed experts", m), lambda: routed_expert_work(placement, m)
+    )
     # the routed experts' share run again: each of their matmuls that runs again (the gate,
     # the up and the down-projection, d x f each; GELU's one up-projection and its down)
     experts_again = [op for op in again_ops if op in (*MLP_IN, "mlp_out")]
@@ -1175,9 +1222,7 @@ def _pass_work(
         p2p_bytes=tokens * c.d_model * c.itemsize / t,
         p2p_bandwidth=p2p_bw,
         p2p_held=stage_held_share(hw, devices // p),
-        optimizer_params=stage_elements_per_device(
-            placement, placement.strategy.optimizer_rules(), p, schedule.stage
-        ),
+        optimizer_params=optimizer_params,
         model_flops=model_flops(full_config, mode),
         devices=devices,
         train=mode == Mode.TRAIN,
@@ -1192,8 +1237,9 @@ def _pass_work(
         attention_rerun_flops=rerun if flash_attention else 0.0,
         # the weights as the matmuls read them: 16-bit, or their fp8 copies
         expert_weight_bytes=expert_weights * (FP8_ITEMSIZE if fp8 else c.itemsize),
-        expert_weight_kernels=c.moe_layers * len(expert_weight_elements(placement)),
-        **_expert_shares(hw, placement, m),
+        expert_weight_kernels=c.moe_layers
+        * _kept(known, ("expert weights",), lambda: len(expert_weight_elements(placement))),
+        **_kept(known, ("expert shares", hw, m), lambda: _expert_shares(hw, placement, m)),
         **_ring_work(placement, c.layers * core, rerun),
         **route,
         logits_flops=logits,
@@ -1300,12 +1346,14 @@ def comm_items(
     """
 
     sizes = mesh_axes(placement.mesh)
+    # what earlier calls priced with this hardware and these gathers, looked up once a call
+    # rather than once a term (the hardware's hash is its every field's)
     known = {} if parts is None else parts
+    priced_here = known.setdefault(("comm", fp8_gathers, fp8_param_share, hw), {})
     items = []
     together: dict[tuple[Any, ...], tuple[list[str], float]] = {}
     for t in terms:
-        key: tuple[Any, ...] = ("term", t, fp8_gathers, fp8_param_share, hw)
-        priced = known.get(key)
+        priced = priced_here.get(t)
         if priced is None:
             cls = classify(t.kind, t.axes, placement)
             traffic = gathered_bytes(
@@ -1317,20 +1365,20 @@ def comm_items(
                     t.what, cls, hw, sizes, t.kind, t.axes, t.group_size, traffic, t.count,
                     once_per_node=t.once_per_node,
                 )  # fmt: skip
-            priced = known[key] = (cls, traffic, item)
+            priced = priced_here[t] = (cls, traffic, item)
         cls, traffic, item = priced
         if item is None:  # timed with the rest of its layer's, pass's and group's
-            key = (t.kind, t.axes, t.group_size, t.count, t.rerun, t.stack, cls)
+            key: tuple[Any, ...] = (t.kind, t.axes, t.group_size, t.count, t.rerun, t.stack, cls)
             names, sent = together.setdefault(key, ([], 0.0))
             together[key] = ([*names, t.what], sent + traffic)
             continue
         items.append(item)
     for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
         what = "; ".join(names)
-        key = ("together", what, cls, kind, axes, group, sent, count, hw)
-        item = known.get(key)
+        key = ("together", what, cls, kind, axes, group, sent, count)
+        item = priced_here.get(key)
         if item is None:
-            item = known[key] = _item(what, cls, hw, sizes, kind, axes, group, sent, count)
+            item = priced_here[key] = _item(what, cls, hw, sizes, kind, axes, group, sent, count)
         items.append(item)
     return items
 
