@@ -67,6 +67,11 @@ def test_matmuls_read_their_operands_at_the_bandwidth_the_compiler_prices():
         (("h100",), {"comm_sms": -2}, r"comm_sms=-2 is the multiprocessors a collective holds"),
         (("a100",), {"comm_sms_net": 200}, r"comm_sms_net=200 is more .* a100 has \(108\)"),
         (("tpu-v5p",), {"comm_sms": 4}, "a TPU's collectives hold none of its cores"),
+        (("h100",), {"exchange_sms": -2}, r"exchange_sms=-2 is the multiprocessors a mixture's"),
+        (("h100",), {"exchange_sms": 2.5}, r"exchange_sms=2.5 .* a whole number of at least 0"),
+        (("h100",), {"exchange_sms": True}, r"exchange_sms=True .* a whole number of at least 0"),
+        (("h100",), {"exchange_sms": 133}, r"exchange_sms=133 is more .* h100 has \(132\); give"),
+        (("tpu-v5p",), {"exchange_sms": 8}, r"exchange_sms=8 .*a TPU's collectives hold none"),
     ],
 )
 def test_bad_presets(args, kw, words):

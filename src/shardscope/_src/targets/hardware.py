@@ -108,6 +108,11 @@ class Hardware(Record):
         across nodes: compute running beside it has the rest
         (:func:`~shardscope._src.cost.compute.overlap_seconds`; see
         :data:`TIME_MODEL_SOURCES`). 0 on a TPU, whose transfers are DMAs beside its cores.
+      exchange_sms: the multiprocessors a mixture's dispatch and combine (its all-to-alls)
+        hold while they run beside compute, where DeepEP or HybridEP runs them with the
+        multiprocessors it is configured to take rather than NCCL's channels; 0: NCCL's
+        (``comm_sms``, ``comm_sms_net``), as every other collective (see
+        :data:`TIME_MODEL_SOURCES`). 0 on a TPU.
     """
 
     name: str
@@ -141,6 +146,7 @@ class Hardware(Record):
     tile_n: int = 128
     comm_sms: int = 0
     comm_sms_net: int = 0
+    exchange_sms: int = 0
 
     @property
     def has_fp8(self) -> bool:
@@ -539,6 +545,27 @@ TIME_MODEL_SOURCES = {
         "Operations': 'z = x + 1  # happens at the same time as ppermute'), a reduction's "
         "additions not priced"
     ),
+    "exchange_sms (GPUs: 0 unless set, NCCL's channels)": (
+        "a mixture's dispatch and combine run by DeepEP or HybridEP (Megatron-Core's flex "
+        "dispatcher) hold the multiprocessors the library is configured with, not NCCL's "
+        "channels: Megatron-Core's TransformerConfig (NVIDIA/Megatron-LM megatron/core/"
+        "transformer/transformer_config.py@002526d) has moe_flex_dispatcher_num_sms, 'Number "
+        "of SMs for the flex token dispatcher's dispatch/combine communication, for all "
+        "backends (deepep, hybridep, ncclep). None lets each backend use its own default', "
+        "beside the deprecated moe_deepep_num_sms ('Number of SMs to use for DeepEP "
+        "(historical default 20)') and moe_hybridep_num_sms ('None uses the default from "
+        "DeepEP'). Megatron-Bridge's 16-H100 recipes set their own: pull 5123 (merged "
+        "2026-07-27, Qwen3-30B-A3B BF16) 'Extend the recipe unit test to cover the tuned "
+        "knobs and inherited 32-SM HybridEP setting'; pull 5266 (merged, 2026-08-03, "
+        "Nemotron 3.5 Nano) 'Retune HybridEP to 32 dispatcher SMs'; pull 5098 (open, "
+        "2026-07-26, Qwen3.5-35B-A3B) '16 dispatcher SMs'. Set, each all-to-all holds "
+        "min(exchange_sms, sms) of sms while it runs beside compute, inside a node or across "
+        "nodes alike; every other collective keeps NCCL's. Not priced: the multiprocessors "
+        "Transformer Engine's norms leave free for the communication (pull 5123: '10-SM "
+        "forward/backward LayerNorm margins'). 0 by default: few sources state a run's "
+        "dispatcher SMs, and Megatron's alltoall dispatcher runs NCCL's all-to-all, which "
+        "holds NCCL's channels; TPUs 0"
+    ),
     "host_memory_bytes, host_bandwidth": (
         "GPUs: the DGX system's memory over its 8 GPUs (DGX A100 and H100/H200: 2 TB, DGX "
         "B200: 4 TB) and one PCIe x16 link each way (Gen4 32 GB/s on the A100, Gen5 64 GB/s "
@@ -713,8 +740,19 @@ MAX_KERNEL_LAUNCH_S = 1e-3
 #: The settings of a GPU matmul's tiling: its multiprocessors and the output tile each runs.
 GEMM_TILING = ("sms", "tile_m", "tile_n")
 
-#: The multiprocessors a collective holds while it runs, inside a node and across nodes.
-COMM_SMS = ("comm_sms", "comm_sms_net")
+#: The multiprocessors a collective holds while it runs, inside a node and across nodes, and
+#: those a mixture's dispatch and combine hold where their library is configured with its own.
+COMM_SMS = ("comm_sms", "comm_sms_net", "exchange_sms")
+
+#: What each of :data:`COMM_SMS` is, as its errors say it.
+_HELD = {
+    "comm_sms": "the multiprocessors a collective holds while it runs",
+    "comm_sms_net": "the multiprocessors a collective holds while it runs",
+    "exchange_sms": (
+        "the multiprocessors a mixture's all-to-alls hold while they run (DeepEP's or "
+        "HybridEP's configured count; 0: NCCL's channels)"
+    ),
+}
 
 
 def _tiling(base: Hardware, key: str, value: Any) -> int:
@@ -791,9 +829,8 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             whole = isinstance(value, int | float) and not isinstance(value, bool)
             if not whole or not math.isfinite(value) or value != int(value) or value < 0:
                 raise ShardscopeError(
-                    f"hardware setting {key}={value!r} is the multiprocessors a collective "
-                    f"holds while it runs ({getattr(base, key)} on {base.name}): give a whole "
-                    f"number of at least 0"
+                    f"hardware setting {key}={value!r} is {_HELD[key]} ({getattr(base, key)} on "
+                    f"{base.name}): give a whole number of at least 0"
                 )
             overrides[key] = int(value)
             continue
