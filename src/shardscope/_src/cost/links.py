@@ -35,7 +35,9 @@ takes the longer of its hops' latency and its traffic's time, not their sum. Gro
 cross slices (over the data-center network) keep the alpha-beta sum.
 
 While it runs, a GPU collective holds some of the device's multiprocessors
-(:func:`held_share`): compute beside it has the rest.
+(:func:`held_share`): compute beside it has the rest. NCCL's channels, unless it is a
+mixture's all-to-all and the hardware says how many its dispatcher takes (``exchange_sms``:
+DeepEP's or HybridEP's configured count).
 
 Serving engines all-reduce a tensor-parallel layer's small outputs inside a node with their
 own kernel, not NCCL's: each GPU writes its part into buffers its peers read over NVLink, and
@@ -57,6 +59,7 @@ import numpy as np
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
+    ALL_TO_ALL,
     EXCHANGES,
     REDUCE_SCATTER,
     latency_steps,
@@ -136,18 +139,27 @@ def crosses_nodes(sizes: Mapping[str, int], axes: Sequence[str], node_size: int)
     return True if found is None else found.crosses
 
 
-def held_share(hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str]) -> float:
-    """The share of a GPU's multiprocessors a collective over ``axes`` of a mesh of ``sizes``
-    holds while it runs (NCCL's channels, one multiprocessor each): ``comm_sms_net`` of
-    ``sms`` where a group spans nodes, ``comm_sms`` inside one; 0 on a TPU. Compute beside it
-    runs on the rest (:func:`~shardscope._src.cost.compute.overlap_seconds`).
+def held_share(
+    hw: Hardware, sizes: Mapping[str, int], axes: Sequence[str], kind: str = ""
+) -> float:
+    """The share of a GPU's multiprocessors a collective of ``kind`` over ``axes`` of a mesh
+    of ``sizes`` holds while it runs (NCCL's channels, one multiprocessor each):
+    ``comm_sms_net`` of ``sms`` where a group spans nodes, ``comm_sms`` inside one; a
+    mixture's all-to-all ``exchange_sms`` of ``sms`` where that is set (DeepEP's or
+    HybridEP's own, across nodes or not); 0 on a TPU. Compute beside it runs on the rest
+    (:func:`~shardscope._src.cost.compute.overlap_seconds`).
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> held_share(hardware("a100"), {"data": 8}, ("data",)) == 24 / 108
     True
     >>> held_share(hardware("a100"), {"data": 16}, ("data",)) == 16 / 108
     True
+    >>> hybridep = hardware("h100", exchange_sms=32)
+    >>> held_share(hybridep, {"expert": 16}, ("expert",), "all-to-all") == 32 / 132
+    True
     """
+    if kind == ALL_TO_ALL and hw.exchange_sms and hw.sms:
+        return min(hw.exchange_sms, hw.sms) / hw.sms
     return _channels_share(hw, crosses_nodes(sizes, axes, hw.node_size))
 
 

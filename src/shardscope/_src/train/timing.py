@@ -869,6 +869,8 @@ def describe(hw: Hardware, matmul_dtype: str = MatmulDtype.BFLOAT16) -> dict[str
         )
     if hw.comm_sms or hw.comm_sms_net:
         constants.update(sms=hw.sms, comm_sms=hw.comm_sms, comm_sms_net=hw.comm_sms_net)
+    if hw.exchange_sms:
+        constants.update(sms=hw.sms, exchange_sms=hw.exchange_sms)
     return constants
 
 
@@ -1402,7 +1404,7 @@ def _item(
     seconds = collective_seconds(
         hw, sizes, kind, axes, group_size, traffic, count, once_per_node=once_per_node
     )
-    return CommItem(what, cls, seconds, held_share(hw, sizes, axes), kind)
+    return CommItem(what, cls, seconds, held_share(hw, sizes, axes, kind), kind)
 
 
 def compiled_comm_items(
