@@ -6,6 +6,8 @@ import pytest
 
 from shardscope import hardware, transformer_bound
 from shardscope._src.base.comm import ALL_TO_ALL
+from shardscope._src.cli.args import UsageError
+from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
 from shardscope._src.train.timing import StepWork, comm_items, step_time
@@ -74,3 +76,14 @@ def test_unset_by_default_and_nothing_held_on_a_tpu():
     placement = get_strategy("zero1_ep").place(MOE, abstract_mesh("data=1,expert=16"))
     terms = transformer_bound(placement, Mode.TRAIN).terms
     assert all(i.held == 0 for i in comm_items(tpu, placement, terms))
+
+
+def test_the_command_line_sets_it_on_the_hardware():
+    argv = ["plan", "--model", "tiny", "--devices", "8", "--hardware", "h100"]
+    config = command_config(build_parser().parse_args([*argv, "--exchange-sms", "32"]))
+    assert dict(config.hardware_overrides) == {"exchange_sms": 32}
+    request = config.request()
+    assert hardware(request.hardware, **request.hardware_overrides).exchange_sms == 32
+    assert "exchange_sms" not in command_config(build_parser().parse_args(argv)).hardware_overrides
+    with pytest.raises(UsageError, match="--exchange-sms: -1 must be 0 or more"):
+        build_parser().parse_args([*argv, "--exchange-sms", "-1"])

@@ -221,6 +221,7 @@ HARDWARE_OVERRIDES = (
     "sms",
     "tile_m",
     "tile_n",
+    "exchange_sms",
     "tp_overlap",
     "pp_overlap",
     "ep_overlap",
@@ -252,6 +253,7 @@ class HardwareOptions(CommandConfig):
     sms: int | None
     tile_m: int | None
     tile_n: int | None
+    exchange_sms: int | None
     tp_overlap: bool | None
     pp_overlap: bool | None
     ep_overlap: bool | None

@@ -640,6 +640,15 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
     ):
         p.add_argument(flag, dest=dest, type=positive_int, metavar="N", help=help_text)
     p.add_argument(
+        "--exchange-sms",
+        dest="exchange_sms",
+        type=nonnegative_int,
+        metavar="N",
+        help="multiprocessors a mixture's all-to-alls hold while they run beside compute, as "
+        "DeepEP's or HybridEP's configured count (Megatron's moe_hybridep_num_sms; default 0: "
+        "NCCL's channels, as the other collectives)",
+    )
+    p.add_argument(
         "--tp-overlap",
         dest="tp_overlap",
         action=argparse.BooleanOptionalAction,
