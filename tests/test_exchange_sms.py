@@ -10,7 +10,7 @@ from shardscope._src.cli.args import UsageError
 from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
-from shardscope._src.train.timing import StepWork, comm_items, step_time
+from shardscope._src.train.timing import StepWork, comm_items, describe, step_time
 
 M = 8
 FLOPS = 1e13  # a micro-batch's forward: far longer than any of its collectives here
@@ -87,3 +87,8 @@ def test_the_command_line_sets_it_on_the_hardware():
     assert "exchange_sms" not in command_config(build_parser().parse_args(argv)).hardware_overrides
     with pytest.raises(UsageError, match="--exchange-sms: -1 must be 0 or more"):
         build_parser().parse_args([*argv, "--exchange-sms", "-1"])
+
+
+def test_the_time_models_constants_name_it_where_set():
+    assert "exchange_sms" not in describe(hardware("h100"))
+    assert describe(hardware("h100", exchange_sms=32))["exchange_sms"] == 32
