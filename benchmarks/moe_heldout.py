@@ -506,6 +506,7 @@ def _bridge_qwen30_bf16(
     tp: int = 1,
     remat: str = "none",
     instead: tuple[str, ...] = (),
+    exchange_sms: int = 0,
 ) -> MoeRun:
     """Megatron-Bridge's Qwen3-30B-A3B in bf16 on 16 H100 (2 nodes of 8) as its pull requests
     measured it, the H100 perf recipe's shape: global batch 1024 of 4096, micro-batch 1, TP 1
@@ -517,9 +518,14 @@ def _bridge_qwen30_bf16(
     DP 8, 128 micro-batches). ``hybridep``: the flex dispatcher with HybridEP, each token once
     to each device of its experts (``dispatch_once``), else the all-to-all one; ``ep_overlap``:
     ``overlap_moe_expert_parallel_comm``, Megatron's combined 1F1B, the planner's
-    ``ep_overlap`` (whose schedule delays the experts' weight gradients). The attention
-    Transformer Engine's (cuDNN's), the experts Megatron-Core's (:data:`MEGATRON_WEIGHTING`)."""
+    ``ep_overlap`` (whose schedule delays the experts' weight gradients); ``exchange_sms``:
+    the multiprocessors HybridEP's dispatch and combine hold, where the source states them
+    (0: NCCL's channels). The attention Transformer Engine's (cuDNN's), the experts
+    Megatron-Core's (:data:`MEGATRON_WEIGHTING`)."""
     config = _preset("qwen3-30b-a3b", 1024, 4096, dispatch_once=hybridep, **MEGATRON_WEIGHTING)
+    overrides = {**CUDNN, "ep_overlap": True} if ep_overlap else dict(CUDNN)
+    if exchange_sms:
+        overrides["exchange_sms"] = exchange_sms
     if tp == 1:
         strategy, mesh = "zero1_ep", (("data", 1), ("expert", 16))
     else:
@@ -535,7 +541,7 @@ def _bridge_qwen30_bf16(
         mesh,
         1024 // (16 // tp),
         remat,
-        overrides={**CUDNN, "ep_overlap": True} if ep_overlap else CUDNN,
+        overrides=overrides,
         instead=instead,
         sweep=QWEN30_SWEEP,
     )
@@ -1006,6 +1012,9 @@ RUNS = [
             _TE_GRAPHS,
             "delayed expert weight gradients (the run: delay_wgrad_compute=False)",
         ),
+        # pull 5123: "Extend the recipe unit test to cover the tuned knobs and inherited
+        # 32-SM HybridEP setting" (its "10-SM forward/backward LayerNorm margins" not priced)
+        exchange_sms=32,
     ),
     # 26.04 (:data:`_BRIDGE_2604`, 29.451 s) and, in the fork's archive, its repeats: 26.04.01
     # "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 1 | 1 | n/a | 16 | 8960 | 206" (1024 x
