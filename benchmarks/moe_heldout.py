@@ -894,25 +894,25 @@ RUNS = [
     # TFLOP/s/GPU, 23.1 GFLOP a token as every Qwen3-30B row; the NeMo fork's archive@52dfa15
     # repeats it). The 26.02 release's own page (docs/performance-summary.md@df0289c) printed
     # 2557 tokens/s/GPU beside the same 118 TFLOP/s/GPU (46 GFLOP a token, twice the model's):
-    # the later archive's figure is the one the two columns agree on
-    _bridge_qwen3_fp8(
-        "26.02", "30B-A3B", 16, 1024, 1, 51.27, sweep=QWEN30_SWEEP, tp=1, pp=2, vp=12, ep=8
-    ),
-    # the fork's archive, 26.02.01: "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 2 | 1 | 12 |
-    # 8 | 9058 | 208" (1024 x 4096 / (16 x 9058) = 28.941 s), the 26.02 layout
-    _bridge_qwen3_fp8(
-        "26.02.01",
-        "30B-A3B",
-        16,
-        1024,
-        1,
-        28.941,
-        source=_BRIDGE_FORK,
-        sweep=QWEN30_SWEEP,
-        tp=1,
-        pp=2,
-        vp=12,
-        ep=8,
+    # the later archive's figure is the one the two columns agree on. The fork's archive,
+    # 26.02.01: "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 2 | 1 | 12 | 8 | 9058 | 208"
+    # (1024 x 4096 / (16 x 9058) = 28.941 s), the 26.02 layout
+    *(
+        _bridge_qwen3_fp8(
+            version,
+            "30B-A3B",
+            16,
+            1024,
+            1,
+            step,
+            source=source,
+            sweep=QWEN30_SWEEP,
+            tp=1,
+            pp=2,
+            vp=12,
+            ep=8,
+        )
+        for version, step, source in (("26.02", 51.27, _BRIDGE), ("26.02.01", 28.941, _BRIDGE_FORK))
     ),
     _bridge_qwen3_fp8("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),
     _bridge_qwen3_fp8(
