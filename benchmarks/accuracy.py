@@ -179,7 +179,7 @@ def unjudged_training_runs() -> list[dict[str, Any]]:
     for what, why in (*training_heldout.BRIDGE_LEFT_OUT, *training_heldout.BLACKWELL_LEFT_OUT):
         out.append({"run": what, "measured": None, "why": why})
     for run in moe_heldout.RUNS:
-        if run.cannot and (run.config is None or not run.strategy):
+        if run.cannot:  # not judged, its nearest layout written or not
             out.append({"run": run.name, "measured": run.measured_s, "why": run.cannot})
     return out
 

@@ -101,7 +101,7 @@ def test_the_mixture_fp8_note_quotes_the_runs_the_benchmark_judges():
     assert all(moe_heldout.estimate_run(r)[0].time.step_s < bf16_s for r in fp8)
 
 
-def test_the_experts_unsplit_note_quotes_the_marin_pair_the_benchmark_judges():
+def test_the_experts_unsplit_note_quotes_the_marin_pair_and_the_mixtral_sweep_the_benchmark_lists():
     from shardscope._src.plan.notes import ExpertsUnsplitValues, Note, PlanNote
 
     moe_heldout = _benchmark("moe_heldout")
@@ -113,9 +113,20 @@ def test_the_experts_unsplit_note_quotes_the_marin_pair_the_benchmark_judges():
     def tokens_per_s(run):
         return round(run.config.batch * run.config.seq / run.measured_s)
 
-    assert f"ran {tokens_per_s(fsdp):,} tokens a second against" in text
+    assert f"program: {tokens_per_s(fsdp):,} tokens a second against" in text
     assert f"expert parallelism's {tokens_per_s(ep):,}," in text
     # what it says of the estimate holds: the FSDP run, planned with its collectives on the
     # critical path (the benchmark's overrides), is slower than the estimate
     assert fsdp.overrides["fsdp_overlap"] is False
     assert fsdp.measured_s > moe_heldout.estimate_run(fsdp)[0].time.step_s
+    # BioNeMo's Mixtral sweep on one B200 node: plain FSDP the slowest that ran, the figures
+    # quoted its and the fastest's, and the estimate's nearest layouts put it last too
+    sweep = [r for r in moe_heldout.RUNS if r.sweep == "Mixtral 8x7B on 8 B200"]
+    assert len(sweep) == 4
+    slowest = max(sweep, key=lambda r: r.measured_s)
+    fastest = min(sweep, key=lambda r: r.measured_s)
+    assert slowest.strategy == "fsdp" and dict(fastest.mesh)["expert"] == 4
+    assert "1.237 s a step against 0.962 s with 4-way expert parallelism" in text
+    assert (slowest.measured_s, fastest.measured_s) == (1.237, 0.962)
+    nearest = {r.name: moe_heldout.estimate_run(r, nearest=True)[0].time.step_s for r in sweep}
+    assert max(nearest, key=nearest.__getitem__) == slowest.name
