@@ -24,6 +24,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from shardscope._src.base.collect import collector_paused
 from shardscope._src.base.comm import format_bytes
 from shardscope._src.base.errors import PlanError, ShardscopeError, StrategyError, is_int
 from shardscope._src.bounds.terms import Bound
@@ -857,6 +858,7 @@ def _screen_stage(
     )
 
 
+@collector_paused
 def screen_all(
     config: ModelConfig,
     devices: int,
@@ -894,7 +896,8 @@ def screen_all(
     counts that divide what it counts are tried). ``offload_layers``: how many of the first
     layers keep their activations in host memory from their forward to their backward
     (Megatron-Core's ``cpu_offloading_num_layers``; without a pipeline, as Megatron-Core
-    runs it, so only one stage is tried)."""
+    runs it, so only one stage is tried). The garbage collector's passes are held off while it
+    runs (:func:`~shardscope._src.base.collect.collector_paused`)."""
 
     saved = check_fp8_saved_inputs(fp8_saved_inputs, matmul_dtype)
     fp8_params = check_fp8_params(fp8_params, matmul_dtype, saved)
