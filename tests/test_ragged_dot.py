@@ -168,3 +168,61 @@ def test_a_steps_jaxpr_comes_with_its_lowering_where_the_step_traces():
     # a stage make_step returns has none
     stage = _ragged_step(mesh)[0].lower(*_ragged_step(mesh)[1])
     assert lower_step_traced(lambda mesh: stage, mesh) == (stage, None)
+
+
+def _audit_notes(audit):
+    from shardscope._src.render.audit import audit_notes
+
+    return [n for n in audit_notes(audit) if "ragged_dot" in n]
+
+
+def test_the_audit_of_a_function_says_its_ragged_dots_are_dense_and_writes_them():
+    from shardscope._src.audit.ragged import RaggedDots
+
+    mesh = shardscope.make_mesh("data=1", devices=jax.devices()[:1], axis_types="auto")
+    step, args = _ragged_step(mesh)
+    audit = shardscope.audit(step, *args)
+    assert audit.ragged_dots == RaggedDots(count=3, groups=(E,))
+    (note,) = _audit_notes(audit)
+    assert note.startswith("JAX lowers jax.lax.ragged_dot for the CPU as one dense matmul")
+    assert f"3 ragged dots, gradients' included, compute {E} times" in note
+    # the audit's own FLOPs count every group, as the note says
+    assert audit.hlo_flops == 3 * E * USEFUL
+    # its JSON keeps them, and reads them back
+    data = json.loads(json.dumps(audit.to_dict()))
+    assert data["ragged_dots"] == {"count": 3, "groups": [E]}
+    assert shardscope.Audit.from_dict(data).ragged_dots == audit.ragged_dots
+
+
+def test_an_audit_without_the_functions_trace_or_a_dense_ragged_dot_says_nothing_of_them():
+    mesh = shardscope.make_mesh("data=1", devices=jax.devices()[:1], axis_types="auto")
+    step, args = _ragged_step(mesh)
+    lowered = step.lower(*args)
+    # a Lowered, its Compiled and its text hold no trace: nothing is read, nothing said
+    for program in (lowered, lowered.compile(), lowered.compile().as_text()):
+        audit = shardscope.audit(program)
+        assert audit.ragged_dots is None and not _audit_notes(audit)
+    for make in (_dense_step, _ragged_batch_step):
+        step, args = make(mesh)
+        audit = shardscope.audit(step, *args)
+        assert audit.ragged_dots is None and not _audit_notes(audit)
+
+
+def test_the_audit_of_a_programs_step_reads_its_trace():
+    from shardscope._src.audit.ragged import RaggedDots
+
+    audit = shardscope.audit_program(_ragged_step, "data=1", axis_types="auto")
+    assert audit.ragged_dots == RaggedDots(count=3, groups=(E,))
+
+
+@pytest.mark.skipif(not compiler_installed("h100"), reason="needs the gpu-compile extra")
+def test_the_audit_on_the_gpu_compiler_says_xla_rewrote_the_ragged_dots():
+    from shardscope._src.audit.ragged import RaggedDots
+
+    mesh = shardscope.target_mesh("h100", {"data": 1}, axis_types="auto")
+    step, args = _ragged_step(mesh)
+    audit = shardscope.audit(step, *args)
+    assert audit.ragged_dots == RaggedDots(count=3, groups=(E,))
+    (note,) = _audit_notes(audit)
+    assert note.startswith("XLA:GPU rewrites jax.lax.ragged_dot (XLA's RaggedDotRewriter)")
+    assert audit.hlo_flops == 3 * E * USEFUL

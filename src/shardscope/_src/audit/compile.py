@@ -33,13 +33,14 @@ import jax
 from shardscope._src.audit.analysis import analyze
 from shardscope._src.audit.overlap import program_cost
 from shardscope._src.audit.pricing import priced
+from shardscope._src.audit.ragged import dense_ragged_dots
 from shardscope._src.audit.records import (
     Audit,
     AuditedProgram,
     MemoryPressure,
     Rematerialization,
 )
-from shardscope._src.audit.stages import lower, lower_step, unwrap_stage
+from shardscope._src.audit.stages import lower_step_traced, lower_traced, unwrap_stage
 from shardscope._src.base.errors import (
     DeviceMemoryError,
     HloParseError,
@@ -266,8 +267,8 @@ def audit(
     if isinstance(program, str):
         _refuse_options_for_text(args, jit_kwargs, compiler_options)
         return _audit_text(program, given_axes)
-    compiled, log = _compile(program, args, jit_kwargs, mesh, compiler_options, axis_types)
-    return _audit_compiled(compiled, log, given_axes, target)
+    compiled, log, jaxpr = _compile(program, args, jit_kwargs, mesh, compiler_options, axis_types)
+    return _audit_compiled(compiled, log, given_axes, target, jaxpr)
 
 
 def audit_program(
@@ -311,8 +312,9 @@ def audit_program(
     """
     mesh, pairs = step_mesh(make_step, mesh, rules, rule_set, axis_types, target)
     name = where or getattr(make_step, "__qualname__", None) or "make_step"
-    stage = lower_step(make_step, mesh, pairs, where=name)
-    return audit(stage, mesh=mesh, target=None)
+    stage, jaxpr = lower_step_traced(make_step, mesh, pairs, where=name)
+    compiled, log, _ = _compile(stage, (), {}, mesh, None)
+    return _audit_compiled(compiled, log, _mesh_from(mesh), None, jaxpr)
 
 
 def step_mesh(
@@ -363,9 +365,10 @@ def _compile(
     mesh: Any,
     compiler_options: Mapping[str, Any] | None,
     axis_types: Any = None,
-) -> tuple[Any, str | None]:
-    """``(compiled program, the compiler's log)``: a Compiled as it is (no log), a Lowered or
-    a function compiled with ``compiler_options``."""
+) -> tuple[Any, str | None, Any | None]:
+    """``(compiled program, the compiler's log, the function's jaxpr)``: a Compiled as it is
+    (no log), a Lowered or a function compiled with ``compiler_options``; the jaxpr is the
+    trace of a function the audit lowered itself (:func:`_lowered`), else None."""
     # A library's Compiled or Lowered (Flax's, Equinox's) holds JAX's own.
     program = unwrap_stage(program, jax.stages.Compiled) or (
         unwrap_stage(program, jax.stages.Lowered) or program
@@ -381,24 +384,25 @@ def _compile(
                 "audit(compiled, compiler_options=...): the program is already compiled; "
                 "pass its Lowered (or the function) to compile it with these options"
             )
-        return program, None
-    lowered = _lowered(program, args, jit_kwargs, mesh, axis_types)
+        return program, None, None
+    lowered, jaxpr = _lowered(program, args, jit_kwargs, mesh, axis_types)
     with capture_stderr() as captured:
         compiled = compile_lowered(lowered, **(compiler_options or {}))
-    return compiled, captured[0] if captured else None
+    return compiled, captured[0] if captured else None, jaxpr
 
 
 def _lowered(
     program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any, axis_types: Any
-) -> Any:
-    """A Lowered as it is; a function lowered on its example arguments."""
+) -> tuple[Any, Any | None]:
+    """A Lowered as it is (no jaxpr); a function lowered on its example arguments, with its
+    jaxpr where it has one (:func:`~shardscope._src.audit.stages.lower_traced`)."""
     if isinstance(program, jax.stages.Lowered):
         if args or jit_kwargs:
             raise ShardscopeError(
                 "audit(lowered) takes no example arguments or jit options: the "
                 "program is already lowered"
             )
-        return program
+        return program, None
     if callable(program) or hasattr(program, "lower"):
         return _lower(program, args, jit_kwargs, mesh, axis_types)
     raise ShardscopeError(
@@ -429,9 +433,11 @@ def _audit_text(
     compiled: jax.stages.Compiled | None = None,
     log: str | None = None,
     facts: ProgramFacts | None = None,
+    jaxpr: Any = None,
 ) -> Audit:
     """The audit of HLO text; of a ``compiled`` program's text with its ``facts`` and, when
-    the audit compiled it, the compiler's ``log`` (its rematerializations)."""
+    the audit compiled it, the compiler's ``log`` (its rematerializations) and the function's
+    ``jaxpr`` (its ragged dots computed densely)."""
     module = parse_hlo(text)
     axes = _axes_of(module, axes)
     collectives, unknown = analyze(module, axes)
@@ -469,6 +475,7 @@ def _audit_text(
         hlo_bytes=None if cost is None else cost.bytes,
         priced_on=None if hardware is None else hardware.name,
         memory_pressure=pressure,
+        ragged_dots=dense_ragged_dots(jaxpr, None if facts is None else facts.backend, module),
     )
     return result.with_program(AuditedProgram(text, module, compiled))
 
@@ -481,10 +488,15 @@ def _hardware_of(target: str | None) -> Hardware | None:
 
 
 def _audit_compiled(
-    compiled: jax.stages.Compiled, log: str | None, given_axes: dict[str, int] | None, target: Any
+    compiled: jax.stages.Compiled,
+    log: str | None,
+    given_axes: dict[str, int] | None,
+    target: Any,
+    jaxpr: Any = None,
 ) -> Audit:
-    """The audit of a compiled program: its HLO, shardings, memory, flops and, with the
-    compiler's log, its rematerializations."""
+    """The audit of a compiled program: its HLO, shardings, memory, flops, with the
+    compiler's log its rematerializations, and with the function's ``jaxpr`` the ragged dots
+    it computes densely."""
     in_leaves = _shardings_in(compiled.input_shardings)
     out_leaves = _shardings_in(compiled.output_shardings)
     backend, compiled_for = _compiled_for(in_leaves + out_leaves)
@@ -511,7 +523,7 @@ def _audit_compiled(
             "JAX gives no HLO text for this compiled program, so there is nothing to audit; "
             "audit the jitted function or its lowering instead"
         )
-    return _audit_text(text, axes, compiled=compiled, log=log, facts=facts)
+    return _audit_text(text, axes, compiled=compiled, log=log, facts=facts, jaxpr=jaxpr)
 
 
 def _axes_of(module: HloModule, axes: dict[str, int] | None) -> dict[str, int]:
@@ -662,7 +674,7 @@ def _compiled_for(shardings: list[Any]) -> tuple[str | None, str | None]:
 
 def _lower(
     program: Any, args: tuple[Any, ...], jit_kwargs: dict[str, Any], mesh: Any, axis_types: Any
-) -> Any:
+) -> tuple[Any, Any | None]:
 
     ctx: Any = contextlib.nullcontext()
     if mesh is not None and not isinstance(mesh, str | Mapping):
@@ -673,4 +685,4 @@ def _lower(
         if math.prod(parse_mesh_spec(mesh).values()) == jax.device_count():
             ctx = jax.set_mesh(make_mesh(mesh, axis_types=axis_types))
     with ctx:
-        return lower(program, args, jit_kwargs)
+        return lower_traced(program, args, jit_kwargs)

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from shardscope._src.base.records import Record, field_of, int_tuple
 from shardscope._src.hlo.parse import HloModule
 
 #: The name of the primitive ``jax.lax.ragged_dot`` and ``jax.lax.ragged_dot_general`` bind
@@ -36,13 +37,50 @@ RAGGED_DOT_PRIMITIVE = "ragged_dot_general"
 
 
 @dataclass(frozen=True)
-class RaggedDots:
+class RaggedDots(Record):
     """The ragged dots a compiled program computes as dense matmuls over every group:
     ``count`` of them, ``groups``: their group counts (each one once, ascending), each such
     dot computing that many times its useful FLOPs."""
 
     count: int
     groups: tuple[int, ...]
+
+    def sentence(self, compiler: str, *, cpu: bool, priced: str) -> str:
+        """What the ``compiler`` (in words, ``"XLA:GPU"``; ``cpu``: the CPU's) made of the
+        dots, what ``priced`` them so (``"the plans price them so, as compiled"``), and what a
+        grouped matmul would take instead.
+
+        >>> said = RaggedDots(3, (8,)).sentence("XLA:CPU", cpu=True, priced="so on")
+        >>> said[:41]
+        'JAX lowers jax.lax.ragged_dot for the CPU'
+        >>> "compute 8 times their useful FLOPs, and so on" in said and "3 ragged dots" in said
+        True
+        """
+        times = " or ".join(str(g) for g in self.groups)
+        dots = f"{self.count} ragged dot{'' if self.count == 1 else 's'}"
+        if cpu:
+            how = "JAX lowers jax.lax.ragged_dot for the CPU"
+        else:
+            how = f"{compiler} rewrites jax.lax.ragged_dot (XLA's RaggedDotRewriter)"
+        return (
+            f"{how} as one dense matmul over every group (the ragged operand copied for each "
+            f"group, the rows outside it zeroed): the program's {dots}, gradients' included, "
+            f"compute {times} times their useful FLOPs, and {priced}. A grouped matmul "
+            f"computes each group's rows alone: XLA's cuDNN ragged-dot fusion, on NVIDIA GPUs "
+            f"from Ampere on with cuDNN 9.22 or newer "
+            f"(XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true; bf16 and f16, "
+            f"forward and input gradients, weight gradients with a newer cuDNN; more than 20x "
+            f"the dense rewrite's speed in its pull request, openxla/xla#40189), or the TPU "
+            f"compiler's own ragged-dot kernel (its cost analysis counts the useful FLOPs "
+            f"alone). Capacity-padded dispatch (each expert's tokens gathered into a buffer of "
+            f"fixed size, one batched matmul) computes its padding instead of every group: the "
+            f"planner compiles a dropless mixture of its own so"
+        )
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RaggedDots:
+        what = "a ragged dots record"
+        return cls(int(field_of(data, "count", what)), int_tuple(field_of(data, "groups", what)))
 
 
 def traced_ragged_dots(jaxpr: Any) -> list[int]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shardscope._src.audit.overlap import Exposure, Overlap
+from shardscope._src.audit.ragged import RaggedDots
 from shardscope._src.base import comm as _comm
 from shardscope._src.base.comm import Totals, format_bytes, group_totals
 from shardscope._src.base.display import View, show
@@ -495,6 +496,10 @@ class Audit:
     (:mod:`~shardscope._src.audit.overlap`); None where the audit has no hardware to price on
     (the CPU backend, HLO text). ``memory_pressure`` is the compiler's word, when it logged it,
     that rematerialization could not bring the program under the memory it had.
+    ``ragged_dots`` are the program's ``jax.lax.ragged_dot`` calls that its compiler computes
+    as dense matmuls over every group (:mod:`~shardscope._src.audit.ragged`), read from the
+    function's trace: None where there are none, and for a program the audit did not lower
+    itself (a ``Lowered`` or ``Compiled``, HLO text, a function without ``trace``).
 
     The fields are plain data (compared, written by :meth:`to_dict`, read back by
     :meth:`from_dict`). What the audit was read from, the HLO text, its parsed module and
@@ -520,6 +525,7 @@ class Audit:
     hlo_bytes: int | None = None
     priced_on: str | None = None
     memory_pressure: MemoryPressure | None = None
+    ragged_dots: RaggedDots | None = None
 
     def __post_init__(self) -> None:
         # A memory dict by XLA's field names (what earlier versions held) stands for the record.
@@ -856,6 +862,7 @@ class Audit:
             hlo_bytes=read("hlo_bytes", _opt_int),
             priced_on=read("priced_on", _opt_str),
             memory_pressure=read("memory_pressure", MemoryPressure.from_dict),
+            ragged_dots=read("ragged_dots", RaggedDots.from_dict),
         )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
+from shardscope._src.audit.ragged import RaggedDots
 from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes, format_flops, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
@@ -555,26 +556,9 @@ def _compiled_flops(v: CompiledFlopsValues) -> str:
 
 
 def _ragged_dot_dense(v: RaggedDotDenseValues) -> str:
-    times = " or ".join(str(g) for g in v.groups)
-    dots = f"{v.count} ragged dot{'' if v.count == 1 else 's'}"
-    if v.compiler == CPU_COMPILER.compiler:
-        how = "JAX lowers jax.lax.ragged_dot for the CPU"
-    else:
-        how = f"{v.compiler} rewrites jax.lax.ragged_dot (XLA's RaggedDotRewriter)"
-    return (
-        f"{how} as one dense matmul over every group (the ragged operand copied for each "
-        f"group, the rows outside it zeroed): the program's {dots}, gradients' included, "
-        f"compute {times} times their useful FLOPs, and the plans price them so, as "
-        f"compiled. A grouped matmul computes each group's rows alone: XLA's cuDNN "
-        f"ragged-dot fusion, on NVIDIA GPUs from Ampere on with cuDNN 9.22 or newer "
-        f"(XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true; bf16 and f16, forward "
-        f"and input gradients, weight gradients with a newer cuDNN; more than 20x the dense "
-        f"rewrite's speed in its pull request, openxla/xla#40189), or the TPU compiler's own "
-        f"ragged-dot kernel (its cost analysis counts the useful FLOPs alone). "
-        f"Capacity-padded dispatch (each expert's tokens gathered into a buffer of fixed "
-        f"size, one batched matmul) computes its padding instead of every group: the planner "
-        f"compiles a dropless mixture of its own so"
-    )
+    dots = RaggedDots(v.count, v.groups)
+    cpu = v.compiler == CPU_COMPILER.compiler
+    return dots.sentence(v.compiler, cpu=cpu, priced="the plans price them so, as compiled")
 
 
 def _pipeline_stage(v: PipelineStageValues) -> str:
