@@ -226,3 +226,12 @@ def test_the_audit_on_the_gpu_compiler_says_xla_rewrote_the_ragged_dots():
     (note,) = _audit_notes(audit)
     assert note.startswith("XLA:GPU rewrites jax.lax.ragged_dot (XLA's RaggedDotRewriter)")
     assert audit.hlo_flops == 3 * E * USEFUL
+
+
+def test_the_compile_step_given_a_function_counts_its_ragged_dots_from_its_own_trace():
+    from shardscope._src.audit.ragged import RaggedDots
+    from shardscope._src.plan.compile import compile_plan
+
+    mesh = shardscope.make_mesh("data=1", devices=jax.devices()[:1], axis_types="auto")
+    step, args = _ragged_step(mesh)
+    assert compile_plan(step, *args).ragged_dots == RaggedDots(count=3, groups=(E,))

@@ -149,7 +149,8 @@ def compile_plan(
     for its rematerializations and memory pressure; its lines containing any of ``drop``
     stay off the terminal (by default the ones read: the plan's notes say them). With the
     program's ``jaxpr`` (:func:`~shardscope._src.audit.stages.lower_step_traced`), its ragged
-    dots that the compiled program computes densely are counted.
+    dots that the compiled program computes densely are counted (a function lowered here
+    has them from its own trace).
 
     Raises what :func:`~shardscope._src.audit.compile.audit` raises: a compiler that finds
     the program does not fit raises :class:`~shardscope._src.base.errors.DeviceMemoryError`,
@@ -166,7 +167,12 @@ def compile_plan(
         rematerializations=result.rematerializations or (),
         memory_pressure=result.memory_pressure,
         compile_s=time.perf_counter() - start,
-        ragged_dots=dense_ragged_dots(jaxpr, result.backend, result.module),
+        # a function the audit lowered itself: its audit read them from its trace
+        ragged_dots=(
+            result.ragged_dots
+            if jaxpr is None
+            else dense_ragged_dots(jaxpr, result.backend, result.module)
+        ),
     )
 
 
