@@ -2,8 +2,8 @@
 
 A screen of tens of thousands of candidates allocates far more container objects than it frees,
 so the collector's automatic passes run again and again over a heap that only grows, and find
-nothing to free: about a sixth of the largest screen's time (GPT-3 175B on 768 A100s: 8.1 s with
-them, 6.7-7.0 s without). :func:`paused` holds them off for the length of a block, and
+nothing to free: about an eighth of the largest screen's time (GPT-3 175B on 768 A100s: 8.1 s
+with them, 7.2 s without). :func:`paused` holds them off for the length of a block, and
 :func:`collector_paused` for a function's call; each leaves the collector as it found it: on
 again after the block (the next automatic pass frees whatever cycles the block left), or off if
 the caller had turned it off. What is computed does not change: reference counting frees the
