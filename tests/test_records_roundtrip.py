@@ -47,7 +47,14 @@ def via_json(data):
 
 #: What this version writes that the earlier one did not (an audit's, a collective's): a
 #: file of the earlier version reads them back as unknown.
-NEW_AUDIT_KEYS = {"hlo_flops", "hlo_bytes", "priced_on", "exposure", "memory_pressure"}
+NEW_AUDIT_KEYS = {
+    "hlo_flops",
+    "hlo_bytes",
+    "priced_on",
+    "exposure",
+    "memory_pressure",
+    "ragged_dots",
+}
 NEW_COLLECTIVE_KEYS = {"overlap"}
 
 
