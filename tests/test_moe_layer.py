@@ -208,6 +208,13 @@ def test_the_verdict_of_an_expert_parallel_layer_is_the_bound(mode):
     assert report.verdict.bound_bytes == report.verdict.actual_bytes
     assert report.verdict.actual_bytes == 2 * passes * sent + router
     assert report.verdict.optimal
+    # by scope, each exchange under its own name, every piece of it (the CPU compiler sends
+    # it as one operand a peer, and the buffer it sends is built outside the scope)
+    phases = ("forward", "backward") if mode == "train" else ("forward",)
+    rows = {(r.scope, r.kind): (r.count, r.phases) for r in report.audit.by_scope()}
+    assert rows[("moe/dispatch", "all-to-all")] == (passes, phases)
+    assert rows[("moe/combine", "all-to-all")] == (passes, phases)
+    assert ("", "all-to-all") not in rows
 
 
 def test_audit_moe_on_the_command_line(tmp_path, capsys):

@@ -559,8 +559,11 @@ def _origin(
     first user for a gather (the weight is named where it is used), else the other way. A
     combined permute's part is named by its own result (the element the compiler kept the
     permute's metadata on), or failing that by an origin with a Python line (a program
-    argument is named, not placed)."""
-    if len(ins.operands) == 1 and own is not None:
+    argument is named, not placed). An all-to-all's operands are the pieces of the arrays
+    one exchange sends (XLA splits an array's all-to-all into one operand per peer, and
+    combines no two of them): each is named by the instruction's own metadata, where the
+    exchange was called, not where its buffer was built."""
+    if own is not None and (len(ins.operands) == 1 or ins.opcode == CollectiveKind.ALL_TO_ALL):
         return own
     index = i if ins.shape.is_tuple else None
     produced = tracer.producer_origin(ins.operands[i])
