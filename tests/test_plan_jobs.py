@@ -681,6 +681,37 @@ def test_the_cpu_compilers_all_reduce_is_priced_as_the_reduce_scatter_the_gpu_fo
     assert as_is.step_s > priced.step_s
 
 
+@pytest.mark.parametrize("hw", ["h100", "tpu-v5p"])
+def test_the_note_on_the_missing_reduce_scatter_says_how_the_step_priced_it(hw):
+    from shardscope._src.train.sweep import plan
+
+    result = plan(
+        SMALL, 2, hardware=hw, strategies=["fsdp"], mesh="data=2", remat="none", microbatches=1,
+        offload_optimizer=False, workers=0, compiler="cpu",
+    )  # fmt: skip
+    (p,) = result.plans
+    (note,) = [n for n in result.notes if n.kind == PlanNote.NO_REDUCE_SCATTER]
+    # the CPU program's gradient all-reduces, each twice a reduce-scatter's bytes
+    sent = sum(c.traffic_bytes for c in p.collectives if c.kind == "all-reduce")
+    assert sent > 0 and not [c for c in p.collectives if c.kind == "reduce-scatter"]
+    # the step as the plan prices it (its compiler's), and with every all-reduce charged as
+    # compiled (a compiler that forms reduce-scatters has none to stand in for)
+    priced = compiled_step(result.hardware, p.pricing, p.collectives, p.bound, CPU_COMPILER)
+    as_compiled = compiled_step(result.hardware, p.pricing, p.collectives, p.bound, GPU_COMPILER)
+    assert p.step_time_s == pytest.approx(priced.step_s, rel=1e-12)
+    if hw == "h100":
+        # the H100's compiler forms them: the step prices them as its reduce-scatters, for
+        # less than as compiled, and the note says so
+        assert priced.data_comm_s < as_compiled.data_comm_s
+        assert note.values.priced_as == "h100"
+        assert "as the reduce-scatters the h100's own compiler forms" in note.text
+    else:
+        # the TPU's forms them only sometimes: the step is charged the compiled all-reduces
+        assert priced.data_comm_s == as_compiled.data_comm_s
+        assert note.values.priced_as is None and "priced_as" not in note.values.to_dict()
+        assert "are charged the compiled all-reduce" in note.text
+
+
 # -- the compiled program's matmul FLOPs -----------------------------------------------------
 
 #: SMALL on 2 devices, data parallel: 8 / 2 sequences of 16 tokens per device.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from shardscope._src.audit.ragged import RaggedDots
 from shardscope._src.audit.records import MemoryPressure
@@ -163,10 +163,15 @@ class NoValues(NoteValues):
 @dataclass(frozen=True, kw_only=True)
 class ReduceScatterValues(NoteValues):
     """A compiler and how dependably it forms reduce-scatters
-    (:attr:`~shardscope._src.targets.capabilities.Capabilities.forms_reduce_scatter`)."""
+    (:attr:`~shardscope._src.targets.capabilities.Capabilities.forms_reduce_scatter`), and
+    ``priced_as``: the hardware whose own compiler forms them, where the step prices the
+    compiled all-reduces as those reduce-scatters (None: as compiled)."""
+
+    optional: ClassVar[tuple[str, ...]] = ("priced_as",)
 
     compiler: str
     forms: Support | str
+    priced_as: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -508,9 +513,17 @@ def _widened(v: WidenedValues) -> str:
 
 
 def _no_reduce_scatter(v: ReduceScatterValues) -> str:
+    if v.priced_as:
+        charged = (
+            f"the step prices those all-reduces as the reduce-scatters the {v.priced_as}'s own "
+            f"compiler forms, and the communication column (comm_time_s) counts them as "
+            f"compiled"
+        )
+    else:
+        charged = "are charged the compiled all-reduce"
+        charged = f"plans that need one (FSDP gradients, sequence parallelism) {charged}"
     return (
-        f"{reduce_scatter_words(v.compiler, v.forms)} (twice the bytes): plans that "
-        f"need one (FSDP gradients, sequence parallelism) are charged the compiled all-reduce; "
+        f"{reduce_scatter_words(v.compiler, v.forms)} (twice the bytes): {charged}; "
         f"bound_comm_time_s is the time at the lower bound"
     )
 

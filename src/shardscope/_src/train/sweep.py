@@ -94,7 +94,7 @@ from shardscope._src.train.candidates import (
 )
 from shardscope._src.train.compile import compile_all
 from shardscope._src.train.target import check_compiler, compiler_notes, recompile_on_target
-from shardscope._src.train.timing import compiled_step
+from shardscope._src.train.timing import compiled_step, substitutes_reduce_scatter
 from shardscope._src.train.timing import describe as timing_constants
 from shardscope._src.train.types import (
     STAGE_AXIS,
@@ -669,6 +669,9 @@ def _result_notes(
     }
     for c in sorted(short, key=lambda c: c.compiler):
         if c.may_all_reduce_for_reduce_scatter:
-            forms = ReduceScatterValues(compiler=c.compiler, forms=c.forms_reduce_scatter)
+            priced = hw.name if substitutes_reduce_scatter(hw, c) else None
+            forms = ReduceScatterValues(
+                compiler=c.compiler, forms=c.forms_reduce_scatter, priced_as=priced
+            )
             notes.append(Note(PlanNote.NO_REDUCE_SCATTER, forms))
     return notes
