@@ -154,3 +154,16 @@ def test_audit_command_writes_json(tmp_path, capsys):
     assert sum(data["counts"].values()) == 1
     (c,) = data["collectives"]
     assert (c["axes"], c["payload_bytes"], c["count"]) == (["model"], 16 * 1024 * 4, 1)
+
+
+def test_the_strategies_help_names_what_a_sweep_of_a_mixture_screens(capsys):
+    from shardscope._src.cli.main import main
+    from shardscope._src.train.candidates import DEFAULT_STRATEGIES, MOE_STRATEGIES
+
+    with pytest.raises(SystemExit) as stop:
+        main(["plan", "--help"])
+    assert stop.value.code == 0
+    # argparse wraps the list anywhere, within a name too
+    said = "".join(capsys.readouterr().out.split())
+    assert f"(default:{','.join(DEFAULT_STRATEGIES)};" in said
+    assert f"foramixtureofexpertsorlatentattention,{','.join(MOE_STRATEGIES)})" in said

@@ -63,6 +63,28 @@ DEFAULT_STRATEGIES = (
     "hsdp",
     *COMPOSED_DEFAULTS,
 )
+#: The strategies a sweep of a mixture of experts (or of latent attention) tries unasked:
+#: expert parallelism alone, with data parallelism, with FSDP and with tensor parallelism, and
+#: TP x EP x DP with the distributed optimizer (``zero1_ep_tp``). The other compositions of
+#: expert, data and tensor parallelism are priced when asked for (those with tensor
+#: parallelism screen as many meshes each as the rest together): Megatron-LM's default with
+#: sequence parallelism and the experts' hidden over the tensor-parallel ranks
+#: (``zero1_ep_sp``: its meshes are zero1_ep_tp's, and would make the screen of
+#: Qwen3-235B-A22B on 256 H100s 3.7 s to 5.5 s, its best plan the same, and
+#: benchmarks/moe_heldout.py 77 s to 113 s, the best plan of its two TPU Mixtral rows further
+#: from their measured steps), and the folded ones (``zero1_ep_fold_sp``, MoE parallel
+#: folding: 5.1 s to 7.0 s on the same screen).
+MOE_STRATEGIES = (
+    "dp",
+    "fsdp",
+    "dp_tp",
+    "fsdp_tp",
+    "ep",
+    "dp_ep",
+    "fsdp_ep",
+    "ep_tp",
+    "zero1_ep_tp",
+)
 #: The most devices a plan may have (a bound on the enumeration, far above any cluster).
 MAX_PLANNED_DEVICES = 2**20
 #: The model dimensions a request names (None: the preset's).
@@ -306,7 +328,8 @@ class PlanRequest:
         None,
         "comma-separated strategies to try",
         metavar="LIST",
-        default_text=",".join(DEFAULT_STRATEGIES),
+        default_text=f"{','.join(DEFAULT_STRATEGIES)}; for a mixture of experts or latent "
+        f"attention, {','.join(MOE_STRATEGIES)}",
     )
     bytes_per_param: int = knob(
         DEFAULT_BYTES_PER_PARAM,

@@ -52,7 +52,7 @@ from shardscope._src.plan.estimates import (
     split_problem,
     split_stages,
 )
-from shardscope._src.plan.request import DEFAULT_STRATEGIES
+from shardscope._src.plan.request import DEFAULT_STRATEGIES, MOE_STRATEGIES
 from shardscope._src.plan.types import Skipped, SkipReason
 from shardscope._src.sharding.strategies import (
     ALL_STRATEGIES,
@@ -538,27 +538,6 @@ MOE_PRICED = (
     "dp_tp",
     "fsdp_tp",
     *(n for n, s in ALL_STRATEGIES.items() if s.expert_parallel),
-)
-#: The strategies a sweep of a mixture tries unasked: expert parallelism alone, with data
-#: parallelism, with FSDP and with tensor parallelism, and TP x EP x DP with the distributed
-#: optimizer (``zero1_ep_tp``). The other compositions of expert, data and tensor
-#: parallelism are priced when asked for (those with tensor parallelism screen as many
-#: meshes each as the rest together): Megatron-LM's default with sequence parallelism and
-#: the experts' hidden over the tensor-parallel ranks (``zero1_ep_sp``: its meshes are
-#: zero1_ep_tp's, and would make the screen of Qwen3-235B-A22B on 256 H100s 3.7 s to 5.5 s,
-#: its best plan the same, and benchmarks/moe_heldout.py 77 s to 113 s, the best plan of its
-#: two TPU Mixtral rows further from their measured steps), and the folded ones
-#: (``zero1_ep_fold_sp``, MoE parallel folding: 5.1 s to 7.0 s on the same screen).
-MOE_STRATEGIES = (
-    "dp",
-    "fsdp",
-    "dp_tp",
-    "fsdp_tp",
-    "ep",
-    "dp_ep",
-    "fsdp_ep",
-    "ep_tp",
-    "zero1_ep_tp",
 )
 #: The recomputations a sweep of a mixture of experts (or latent attention) tries when none is
 #: asked for; one asked for is priced where the model's layers can run it
