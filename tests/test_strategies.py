@@ -96,6 +96,14 @@ def test_heads_not_divisible_names_value_rule_and_fix():
     assert "choose heads a multiple of 4" in msg
 
 
+def test_the_split_offered_for_a_dimension_is_one_a_mesh_of_the_devices_has():
+    with pytest.raises(StrategyError) as err:
+        get_strategy("dp").place(ModelConfig(d_model=32, heads=8, ff=64, batch=12), "data=8")
+    # 12 sequences over 8: a data axis of 4 divides both (6 divides 12, but no mesh of 8)
+    assert "choose batch a multiple of 8 (e.g. batch=8)" in str(err.value)
+    assert "a mesh whose data axes multiply to a divisor of 12 (e.g. 4)" in str(err.value)
+
+
 def test_ff_not_divisible():
     with pytest.raises(StrategyError, match=r"ff=60 .* not divisible by 8"):
         get_strategy("tp").place(ModelConfig(d_model=32, heads=8, ff=60), "model=8")

@@ -1284,8 +1284,10 @@ class Placement:
             if size % ways:
                 axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.entry_axes(role))
                 what = "+".join(entry_roles(role))
-                # the largest split of the dimension no wider than this one
-                fits = max(d for d in range(1, min(size, ways) + 1) if size % d == 0)
+                # the widest split of the dimension that a mesh of these devices has: one
+                # dividing both (a split that divides the size alone, 6 of 12 on 8 devices,
+                # is no mesh's)
+                fits = math.gcd(size, ways)
                 if dim == "kv_heads" and self.config.kv_heads == self.config.heads:
                     dim = "heads"  # multi-head attention: the heads themselves
                 elif dim == "kv_heads":
