@@ -98,7 +98,11 @@ BAD: list[tuple[list[str], str]] = [
         ["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=8", "--stages", "2"],
         "disagree",
     ),
-    (["plan", "--devices", "8", "--model", "huge"], "unknown model preset 'huge'"),
+    (["plan", "--devices", "8", "--model", "huge"], "unknown model preset 'huge';"),
+    (
+        ["plan", "--devices", "8", "--model", "qwen3-30b"],
+        "unknown model preset 'qwen3-30b' (did you mean 'qwen3-30b-a3b'?)",
+    ),
     (["plan", "--devices", "8", "--model", "tiny", "--hardware", "abacus"], "invalid choice"),
     (["plan", "--devices", "8", "--model", "tiny", "--memory", "-5"], "positive number"),
     (["plan", "--devices", "8", "--model", "tiny", "--memory", "nan"], "positive number"),

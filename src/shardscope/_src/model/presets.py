@@ -10,6 +10,7 @@ of its weights) are not modelled.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -419,11 +420,13 @@ def model_preset(name: str) -> ModelPreset:
     text = str(name)
     if text.endswith(".json") or Path(text).is_file():
         return load_hf_config(text)
+    close = difflib.get_close_matches(key, [*MODEL_PRESETS, *ALIASES], n=1)
+    meant = f" (did you mean {close[0]!r}?)" if close else ""
     raise PlanError(
-        f"unknown model preset {name!r}; choose one of {', '.join(DENSE_PRESETS)} (or "
-        f"{', '.join(ALIASES)}; mixtures of experts: {', '.join(MOE_PRESETS)}), give a "
-        f"Llama-family config.json path, or give the shape with d_model, heads, ff, layers "
-        f"(and vocab)",
+        f"unknown model preset {name!r}{meant}; choose one of {', '.join(DENSE_PRESETS)} (or "
+        f"{', '.join(ALIASES)}; mixtures of experts: {', '.join(MOE_PRESETS)}), give the path "
+        f"of a Hugging Face config.json (Llama-family, Mixtral, Qwen3-MoE, DeepSeek-V3), or "
+        f"give the shape with d_model, heads, ff, layers (and vocab)",
         param=("model", "d_model", "heads", "ff", "layers", "vocab"),
     )
 
