@@ -100,6 +100,14 @@ BAD: list[tuple[list[str], str]] = [
     ),
     (["plan", "--devices", "8", "--model", "huge"], "unknown model preset 'huge';"),
     (
+        ["plan", "--devices", "8", "--model", "tiny", "--rate", "3"],
+        "--rate describes serving; give --serve with it",
+    ),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--rate", "3", "--prompt", "64"],
+        "describe serving; give --serve with them",
+    ),
+    (
         ["plan", "--devices", "8", "--model", "qwen3-30b"],
         "unknown model preset 'qwen3-30b' (did you mean 'qwen3-30b-a3b'?)",
     ),

@@ -224,8 +224,10 @@ def plan_command(c: PlanConfig) -> int:
         return _cmd_serve(c)
     serving = [c.flags.options[k] for k in SERVE_OPTIONS if getattr(c, k) is not None]
     if serving:
+        one = len(serving) == 1
         raise UsageError(
-            f"{PROG} plan: {', '.join(serving)} describe serving; give --serve with them"
+            f"{PROG} plan: {', '.join(serving)} {'describes' if one else 'describe'} serving; "
+            f"give --serve with {'it' if one else 'them'}"
         )
     return run_plan_command(
         c.request(),
