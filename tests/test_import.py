@@ -118,6 +118,7 @@ def test_a_record_finds_its_renderer_only_when_it_is_shown():
         "    return console.export_text()\n"
         "shown = [text(lay), text(audit), text(diff)]\n"
         "bundles = [lay._repr_mimebundle_(), audit._repr_mimebundle_()]\n"
+        "printed = str(audit)\n"
         "from shardscope._src.render.audit import audit_mimebundle, audit_table\n"
         "from shardscope._src.render.diff import diff_table\n"
         "from shardscope._src.render.layout import layout_mimebundle, layout_table\n"
@@ -125,13 +126,17 @@ def test_a_record_finds_its_renderer_only_when_it_is_shown():
         "print(json.dumps({'before': before, 'after': loaded(),\n"
         "    'same': [a == b for a, b in zip(shown, drawn)],\n"
         "    'bundles': [bundles[0] == layout_mimebundle(lay),\n"
-        "                bundles[1] == audit_mimebundle(audit)]}))\n"
+        "                bundles[1] == audit_mimebundle(audit)],\n"
+        "    'printed': printed == bundles[1]['text/plain'],\n"
+        "    'repr': repr(audit).startswith('Audit(collectives=')}))\n"
     )
     assert got["before"] == []
     assert {"shardscope._src.render.layout", "shardscope._src.render.audit"} <= set(got["after"])
     assert "shardscope._src.render.diff" in got["after"]
     assert got["same"] == [True, True, True]
     assert got["bundles"] == [True, True]
+    # print(audit) shows the notebook's plain-text table; repr keeps the fields
+    assert got["printed"] and got["repr"]
 
 
 def test_no_module_imports_one_that_imports_it_back():

@@ -793,6 +793,12 @@ class Audit:
         bundle: dict[str, str] = show(self, View.NOTEBOOK)
         return bundle
 
+    def __str__(self) -> str:
+        """The audit's table as plain text, what ``print(audit)`` shows (``repr`` keeps the
+        fields)."""
+        text: str = show(self, View.TEXT)
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data (:meth:`from_dict` reads it back)."""
         return {

@@ -17,7 +17,7 @@ from shardscope._src.base.display import View, register
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.render.brief import print_line
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
-from shardscope._src.render.console import mimebundle, output_console
+from shardscope._src.render.console import mimebundle, mimebundle_text, output_console
 from shardscope._src.targets.specs import CPU_TARGET, TARGETS
 
 if TYPE_CHECKING:
@@ -458,6 +458,12 @@ def expect_differences(audit: Audit, checks: list[ExpectCheck]) -> str:
     return "\n".join(lines)
 
 
+def audit_text(audit: Audit) -> str:
+    """The audit table as plain text (``print(audit)``)."""
+    return mimebundle_text(audit_table(audit), width=140)
+
+
 register(Audit, View.RICH, audit_table)
 register(Audit, View.NOTEBOOK, audit_mimebundle)
+register(Audit, View.TEXT, audit_text)
 register(Audit, View.EXPECTATIONS, expect_differences)

@@ -30,6 +30,15 @@ def natural_width(renderable: Any, *, least: int = PIPED_WIDTH, most: int = 240)
     return max(least, min(most, wide.measure(renderable).maximum))
 
 
+def mimebundle_text(renderable: Any, width: int = 110) -> str:
+    """Plain text of a rich renderable, as :func:`mimebundle` gives it."""
+    from rich.console import Console
+
+    rec = Console(width=width, record=True, file=io.StringIO(), force_jupyter=False)
+    rec.print(renderable)
+    return rec.export_text(clear=False)
+
+
 def mimebundle(renderable: Any, width: int = 110) -> dict[str, str]:
     """Plain text and HTML of a rich renderable, for notebooks' ``_repr_mimebundle_``."""
     from rich.console import Console
