@@ -164,6 +164,7 @@ def noted() -> dict[str, shardscope.PlanResult]:
     fp8 = dict(matmul_dtype="fp8")
     return {
         "unsplit": shardscope.plan(SMALL, 8, strategies=["fsdp"], **kw),
+        "both": shardscope.plan(SMALL, 8, strategies=["fsdp", "fsdp_ep"], **kw),
         "split": shardscope.plan(SMALL, 8, **split, **kw),
         "split-fp8": shardscope.plan(SMALL, 8, **split, **fp8, **kw),
         "forward": shardscope.plan(SMALL, 8, **split, mode="forward", **fp8, **kw),
@@ -180,6 +181,16 @@ def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne
     (note,) = [n for n in unsplit.notes if n.kind == "experts-unsplit"]
     assert note.values.labels == tuple(p.label for p in unsplit.plans)
     assert "Marin" in note.text and "expert axis" in note.text
+    # none of its plans has an expert axis: the note says how to get one
+    assert note.values.split is None and "plan again with --strategies naming one" in note.text
+    # beside plans with one, it names the best of them and its rank
+    both = noted["both"]
+    (beside,) = [n for n in both.notes if n.kind == "experts-unsplit"]
+    split = [p for p in both.plans if p.mesh.get("expert", 1) > 1]
+    assert split and [p.strategy for p in split] == ["fsdp_ep"] * len(split)
+    best = min(split, key=lambda p: p.step_time_s)
+    assert (beside.values.split, beside.values.split_rank) == (best.label, best.rank)
+    assert beside.text.endswith(f"with an expert axis: {best.label}, ranked {best.rank}")
     for other in ("split", "dense"):
         assert noted[other].plans and "experts-unsplit" not in _kinds(noted[other])
 

@@ -422,9 +422,14 @@ BESIDE_BEST_SHOWN = 0.01
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertsUnsplitValues(NoteValues):
-    """The labels of the plans that keep every expert on every device."""
+    """The labels of the plans that keep every expert on every device, and the label and
+    rank of the best plan with an expert axis where the result holds one."""
+
+    optional: ClassVar[tuple[str, ...]] = ("split", "split_rank")
 
     labels: tuple[str, ...]
+    split: str | None = None
+    split_rank: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", tuple(self.labels))
@@ -826,6 +831,12 @@ def _experts_unsplit(v: ExpertsUnsplitValues) -> str:
         f"--no-fsdp-overlap prices; BioNeMo's Mixtral 8x7B on one node of 8 B200s, PyTorch: "
         f"1.237 s a step against 0.962 s with 4-way expert parallelism, the slowest of its "
         f"four layouts); weigh {shown} against the best plan with an expert axis"
+        + (
+            f": {v.split}, ranked {v.split_rank}"
+            if v.split
+            else " (none is among these plans: plan again with --strategies naming one, "
+            "fsdp_ep or ep)"
+        )
     )
 
 

@@ -650,7 +650,13 @@ def _result_notes(
             notes.append(Note(PlanNote.MIXTURE_FP8, params=("matmul_dtype",)))
     unsplit = tuple(p.label for p in plans if config.is_moe and not _expert_axis(p))
     if unsplit:
-        notes.append(Note(PlanNote.EXPERTS_UNSPLIT, ExpertsUnsplitValues(labels=unsplit)))
+        split = min((p for p in plans if _expert_axis(p)), key=lambda p: p.rank, default=None)
+        values = ExpertsUnsplitValues(
+            labels=unsplit,
+            split=None if split is None else split.label,
+            split_rank=None if split is None else split.rank,
+        )
+        notes.append(Note(PlanNote.EXPERTS_UNSPLIT, values))
     widened = {
         plan_compiler(p).compiler
         for p in plans
