@@ -547,7 +547,10 @@ def _memory_pressure(v: MemoryPressureValues) -> str:
         # arguments and outputs and keeps 5% (gpu_compiler.cc, GetSchedulerMemoryLimit)
         said += (
             " (its limit: 95% of the memory it was told, less the program's arguments and "
-            "outputs); it recomputed what it could, and the step is priced with what it runs"
+            "outputs; its figures are its scheduler's count, the memory column its buffer "
+            "assignment's); it recomputed what it could, the step is priced with what it "
+            "runs, and whether the plan fits is judged on the memory column against the "
+            "device's memory"
         )
     return said
 
