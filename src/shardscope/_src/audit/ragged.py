@@ -73,8 +73,8 @@ class RaggedDots(Record):
             f"the dense rewrite's speed in its pull request, openxla/xla#40189), or the TPU "
             f"compiler's own ragged-dot kernel (its cost analysis counts the useful FLOPs "
             f"alone). Capacity-padded dispatch (each expert's tokens gathered into a buffer of "
-            f"fixed size, one batched matmul) computes its padding instead of every group: the "
-            f"planner compiles a dropless mixture of its own so"
+            f"fixed size, one batched matmul) computes its padding instead of every group, as "
+            f"the planner's own mixtures compile"
         )
 
     @classmethod
