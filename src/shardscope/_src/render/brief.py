@@ -3,7 +3,7 @@ paragraph when it is not asked to be verbose (the command line's default; ``--ve
 JSON and the reports keep everything).
 
 A skipped candidate's reason is one line with the count and a few of the layouts; a note is
-one line, cut at the console's width with an ellipsis.
+one line, cut after a whole word at the console's width, with an ellipsis.
 """
 
 from __future__ import annotations
@@ -32,11 +32,27 @@ def skipped_lines(skipped: Sequence[Skipped], *, named: int = NAMED) -> list[str
     return lines
 
 
+def cut_line(text: str, width: int) -> str:
+    """``text`` in ``width`` characters: whole where it fits, else cut after its last whole
+    word that leaves room for an ellipsis (mid-word only where the first word is wider).
+
+    >>> cut_line("the step is priced as compiled", 20)
+    'the step is priced…'
+    >>> cut_line("short", 20), cut_line("unbreakable", 5)
+    ('short', 'unbr…')
+    """
+    if len(text) <= width:
+        return text
+    kept = text[: max(0, width - 1)]
+    space = kept.rfind(" ")
+    return (kept[:space].rstrip() if space > 0 else kept) + "…"
+
+
 def print_line(console: Any, text: str, *, style: str | None = None) -> None:
-    """Prints ``text`` on one line of ``console``, cut with an ellipsis where it is wider
-    (rich's own overflow); ``style`` colours it."""
+    """Prints ``text`` on one line of ``console``, cut after a whole word with an ellipsis
+    where it is wider (:func:`cut_line`); ``style`` colours it."""
     console.print(
-        text,
+        cut_line(text, console.width),
         style=style,
         no_wrap=True,
         overflow="ellipsis",
