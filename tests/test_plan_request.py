@@ -11,6 +11,7 @@ from helpers import assert_usage_error, sub_parser
 from shardscope import MeshSpecError, PlanError, PlanRequest, ShardscopeError
 from shardscope._src.cli.main import build_parser, command_config
 from shardscope._src.train import sweep
+from shardscope._src.train.candidates import MOE_STRATEGIES
 
 FIELDS = {f.name: f for f in dataclasses.fields(PlanRequest)}
 
@@ -92,7 +93,9 @@ def test_the_help_prints_the_request_defaults():
     assert "(default: 16: mixed-precision Adam)" in helps["bytes_per_param"]
     assert "(default 3)" in helps["target_plans"]
     listed = helps["strategies"].split("(default: ")[1].rstrip(")")
-    assert PlanRequest().strategy_names == tuple(listed.split(","))
+    dense, mixture = listed.split("; for a mixture of experts or latent attention, ")
+    assert PlanRequest().strategy_names == tuple(dense.split(","))
+    assert MOE_STRATEGIES == tuple(mixture.split(","))
 
 
 def test_every_option_maps_onto_its_field():

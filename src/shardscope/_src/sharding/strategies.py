@@ -1284,10 +1284,15 @@ class Placement:
             if size % ways:
                 axes = ", ".join(f"{a}={self._sizes[a]}" for a in self.entry_axes(role))
                 what = "+".join(entry_roles(role))
-                # the widest split of the dimension that a mesh of these devices has: one
-                # dividing both (a split that divides the size alone, 6 of 12 on 8 devices,
-                # is no mesh's)
-                fits = math.gcd(size, ways)
+                # the widest split of the dimension, no wider than this one, that a mesh of
+                # these devices has: dividing the devices too (6 of 12 sequences on 8 devices
+                # is no mesh's; 2 of 8192 tokens on 12 is)
+                devices = math.prod(self._sizes.values())
+                fits = max(
+                    d
+                    for d in range(1, min(size, ways) + 1)
+                    if size % d == 0 and devices % d == 0
+                )
                 if dim == "kv_heads" and self.config.kv_heads == self.config.heads:
                     dim = "heads"  # multi-head attention: the heads themselves
                 elif dim == "kv_heads":
