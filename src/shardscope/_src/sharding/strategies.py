@@ -1289,9 +1289,7 @@ class Placement:
                 # is no mesh's; 2 of 8192 tokens on 12 is)
                 devices = math.prod(self._sizes.values())
                 fits = max(
-                    d
-                    for d in range(1, min(size, ways) + 1)
-                    if size % d == 0 and devices % d == 0
+                    d for d in range(1, min(size, ways) + 1) if size % d == 0 and devices % d == 0
                 )
                 if dim == "kv_heads" and self.config.kv_heads == self.config.heads:
                     dim = "heads"  # multi-head attention: the heads themselves
