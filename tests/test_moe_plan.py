@@ -15,6 +15,7 @@ from shardscope._src.base.errors import ModelConfigError, PlanError
 from shardscope._src.model.config import Mode, ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.estimates import estimate_memory, model_flops
+from shardscope._src.plan.notes import ExpertsUnsplitValues, Note, PlanNote
 from shardscope._src.render.plan import ASKED_NOTES
 from shardscope._src.sharding.programs import build_reference_program
 from shardscope._src.sharding.strategies import abstract_mesh, get_strategy
@@ -163,8 +164,7 @@ def noted() -> dict[str, shardscope.PlanResult]:
     plain = replace(SMALL, experts=0, top_k=0, expert_ff=None, capacity_factor=None)
     fp8 = dict(matmul_dtype="fp8")
     return {
-        "unsplit": shardscope.plan(SMALL, 8, strategies=["fsdp"], **kw),
-        "both": shardscope.plan(SMALL, 8, strategies=["fsdp", "fsdp_ep"], **kw),
+        "unsplit": shardscope.plan(SMALL, 8, strategies=["fsdp", "fsdp_ep"], **kw),
         "split": shardscope.plan(SMALL, 8, **split, **kw),
         "split-fp8": shardscope.plan(SMALL, 8, **split, **fp8, **kw),
         "forward": shardscope.plan(SMALL, 8, **split, mode="forward", **fp8, **kw),
@@ -179,18 +179,20 @@ def _kinds(result: shardscope.PlanResult) -> list[str]:
 def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne_out(noted):
     unsplit = noted["unsplit"]
     (note,) = [n for n in unsplit.notes if n.kind == "experts-unsplit"]
-    assert note.values.labels == tuple(p.label for p in unsplit.plans)
+    fsdp = [p for p in unsplit.plans if p.strategy == "fsdp"]
+    assert fsdp and note.values.labels == tuple(p.label for p in fsdp)
     assert "Marin" in note.text and "expert axis" in note.text
-    # none of its plans has an expert axis: the note says how to get one
-    assert note.values.split is None and "plan again with --strategies naming one" in note.text
     # beside plans with one, it names the best of them and its rank
-    both = noted["both"]
-    (beside,) = [n for n in both.notes if n.kind == "experts-unsplit"]
-    split = [p for p in both.plans if p.mesh.get("expert", 1) > 1]
+    split = [p for p in unsplit.plans if p.mesh.get("expert", 1) > 1]
     assert split and [p.strategy for p in split] == ["fsdp_ep"] * len(split)
     best = min(split, key=lambda p: p.step_time_s)
-    assert (beside.values.split, beside.values.split_rank) == (best.label, best.rank)
-    assert beside.text.endswith(f"with an expert axis: {best.label}, ranked {best.rank}")
+    assert (note.values.split, note.values.split_rank) == (best.label, best.rank)
+    assert note.text.endswith(f"with an expert axis: {best.label}, ranked {best.rank}")
+    # with none among the plans, it says how to get one
+    alone = Note(PlanNote.EXPERTS_UNSPLIT, ExpertsUnsplitValues(labels=note.values.labels))
+    assert alone.text.endswith(
+        "(none is among these plans: plan again with --strategies naming one, fsdp_ep or ep)"
+    )
     for other in ("split", "dense"):
         assert noted[other].plans and "experts-unsplit" not in _kinds(noted[other])
 
