@@ -15,12 +15,13 @@ from shardscope._src.cost.compute import launch_seconds
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.plan.rank import StepCost, StepSource
+from shardscope._src.plan.request import ServeRequest
 from shardscope._src.serve import compiled as compiled_module
 from shardscope._src.serve import search as search_module
 from shardscope._src.serve.compiled import compile_decode, compile_prefill
 from shardscope._src.serve.estimate import decode_kernels
 from shardscope._src.serve.layouts import weight_reads
-from shardscope._src.serve.search import serve
+from shardscope._src.serve.search import serve, serve_request
 from shardscope._src.serve.types import Layout, ServeLayout
 from shardscope._src.targets.hardware import PRESETS
 
@@ -149,9 +150,14 @@ def test_the_best_of_each_layout_is_compiled_by_the_h100_compiler():
     # the MLP's down projection) and the vocabulary-parallel embedding's, priced as the
     # formula's, and the compiled buffers: the weights and the cache the estimate counts,
     # and the step's temporaries beside them
-    result = serve("llama3-8b", 2, hardware="h100", prompt=512, output=128)
+    told = []
+    request = ServeRequest("llama3-8b", 2, hardware="h100", prompt=512, output=128)
+    result = serve_request(request, lambda *call: told.append(call))
     compiled = [p for p in result.plans if p.compiled_by == "h100"]
     assert {p.strategy for p in compiled} == {"tp", "dp_tp"}
+    # the progress bar is told of each layout as it is compiled, one at a time
+    assert [(done, total) for done, total, _ in told] == [(1, 2), (2, 2)]
+    assert {label.split()[0] for _, _, label in told} == {"tp", "dp_tp"}
     for p in compiled:
         assert p.fits
         if p.tensor_parallel > 1:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from shardscope._src.base.knobs import REQUIRED, Kind, Knob, knob_of
@@ -108,3 +109,38 @@ def more_line(*, report: bool) -> str:
 def print_more(console: Any, *, report: bool) -> None:
     """Prints :func:`more_line` on ``console`` (a rich Console), as it is."""
     console.print(more_line(report=report), highlight=False, markup=False)
+
+
+@contextmanager
+def compile_progress(console: Any = None) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress callback for the planners (training and serving), drawing a bar on
+    ``console`` (default stderr) from the first plan it compiles; no bar in logs and pipes."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar_console = console or Console(stderr=True)
+    bar = Progress(
+        TextColumn("compiling plans"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        console=bar_console,
+        transient=True,
+        disable=not bar_console.is_terminal,
+    )
+    task = None
+
+    def progress(done: int, total: int, label: str) -> None:
+        nonlocal task
+        if total == 0:
+            return
+        if task is None:
+            bar.start()
+            task = bar.add_task("", total=total)
+        bar.update(task, completed=done, description=label)
+
+    try:
+        yield progress
+    finally:
+        if task is not None:
+            bar.stop()

@@ -4,8 +4,7 @@ options are in parsers.py): a built-in model (:func:`run_plan_command`) or the u
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -25,7 +24,7 @@ from shardscope._src.cli.args import (
 )
 from shardscope._src.cli.audit_program import simulate_devices
 from shardscope._src.cli.config import HardwareOptions, PlanConfig
-from shardscope._src.cli.options import print_more
+from shardscope._src.cli.options import compile_progress, print_more
 from shardscope._src.cli.paths import check_file_path, check_output_paths, print_written
 from shardscope._src.cli.serve import run_serve_command
 from shardscope._src.plan.request import DEFAULT_REQUEST, PlanRequest, ServeRequest
@@ -84,7 +83,7 @@ def run_plan_command(
     # before minutes of compiling, not after
     check_output_paths({"--json": json_path, "--png": png_path, "--report": report_path})
     _ensure_devices(request.devices)
-    with _compile_progress(progress_console) as progress:
+    with compile_progress(progress_console) as progress:
         result = plan_request(request, progress)
     if console is None:
         # the plan table is the widest: piped, it is printed as wide as its cells need; JSON
@@ -115,41 +114,6 @@ def check_program_devices(devices: int) -> None:
             f"--devices {devices}: your program is compiled on all its devices, and the CPU "
             f"backend simulates at most {MAX_CPU_DEVICES}; plan {MAX_CPU_DEVICES} or fewer"
         )
-
-
-@contextmanager
-def _compile_progress(console: Any = None) -> Iterator[Callable[[int, int, str], None]]:
-    """A progress callback for the planner, drawing a bar on ``console`` (default stderr)
-    from the first plan it compiles; no bar in logs and pipes."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    bar_console = console or Console(stderr=True)
-    bar = Progress(
-        TextColumn("compiling plans"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        console=bar_console,
-        transient=True,
-        disable=not bar_console.is_terminal,
-    )
-    task = None
-
-    def progress(done: int, total: int, label: str) -> None:
-        nonlocal task
-        if total == 0:
-            return
-        if task is None:
-            bar.start()
-            task = bar.add_task("", total=total)
-        bar.update(task, completed=done, description=label)
-
-    try:
-        yield progress
-    finally:
-        if task is not None:
-            bar.stop()
 
 
 class PlanFiles(PlanSet[RankedPlan], Protocol):

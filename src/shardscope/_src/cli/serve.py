@@ -7,7 +7,7 @@ from pathlib import Path
 
 from shardscope._src.base.records import write_result
 from shardscope._src.cli.config import ServeConfig
-from shardscope._src.cli.options import print_more
+from shardscope._src.cli.options import compile_progress, print_more
 from shardscope._src.cli.paths import check_output_paths, print_written
 from shardscope._src.plan.request import ServeRequest
 
@@ -39,7 +39,8 @@ def run_serve_command(
     from shardscope._src.render.serve import plot_serve, render_serve
     from shardscope._src.serve.search import serve_request
 
-    result = serve_request(request)
+    with compile_progress() as progress:
+        result = serve_request(request, progress)
     # piped, the table is printed as wide as its cells need (the caption wraps to it)
     width = natural_width(render_serve(result, top=top, caption=False), least=100)
     console = output_console(piped_width=width)

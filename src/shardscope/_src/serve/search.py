@@ -32,6 +32,7 @@ from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
 from shardscope._src.model.serving import EIGHT_BIT, FORMATS, check_servable
+from shardscope._src.plan.compile import Progress
 from shardscope._src.plan.rank import StepSource, pareto_front, rank_key
 from shardscope._src.plan.request import ServeRequest, with_routing
 from shardscope._src.serve.compiled import compile_decode, compile_prefill
@@ -64,7 +65,7 @@ def serve(model: str | ModelConfig, devices: int, **knobs: Any) -> ServeResult:
     return serve_request(ServeRequest(model, devices, **knobs))
 
 
-def serve_request(request: ServeRequest) -> ServeResult:
+def serve_request(request: ServeRequest, progress: Progress | None = None) -> ServeResult:
     """Plans serving the request's ``model`` on ``devices`` of ``hardware``: prompts of ``prompt``
     tokens, ``output`` tokens generated each, a KV cache of ``context`` (default: ``prompt +
     output``) per sequence, ``weights`` and ``cache`` in bfloat16, float16, int8 or fp8 (see
@@ -91,7 +92,8 @@ def serve_request(request: ServeRequest) -> ServeResult:
     batched in flight beside the decode; the best is the fastest per output token. Give
     ``batch`` or ``rate``, not both. Every step and prefill pays the host work of the
     request's ``engine`` (:mod:`~shardscope._src.targets.engines`), and each request's first
-    token its API server's time.
+    token its API server's time. ``progress(done, total, label)`` is called as each layout's
+    best plan is compiled (the command line's progress bar).
 
     Raises:
         PlanError: a bad count, format or compiler (naming it); a batch or context that
@@ -122,7 +124,7 @@ def serve_request(request: ServeRequest) -> ServeResult:
     per_token = None if online is not None else request.latency
     fitting = _meeting(fitting, per_token)
     if request.compile_target is not None and {weights, cache} <= {config.dtype, *EIGHT_BIT}:
-        fitting = _compiled(request, config, hw, fitting, per_token, online)
+        fitting = _compiled(request, config, hw, fitting, per_token, online, progress)
     if online is not None:
         loaded = [online.loaded(p) for p in fitting]
         if not any(loaded):
@@ -208,10 +210,11 @@ def _compiled(
     fitting: list[ServePlan],
     per_token: float | None,
     online: _Online | _Closed | None,
+    progress: Progress | None = None,
 ) -> list[ServePlan]:
     """``fitting`` with the best of each layout compiled, and the leaders while an estimate
     ranks first (:func:`_compile_best`, :func:`_compile_leaders`): those that fit once
-    compiled and meet ``per_token``."""
+    compiled and meet ``per_token``; ``progress`` told as each layout is compiled."""
     batch, prompt = request.batch, request.prompt
     weights, cache = request.weights, request.cache
     fitting, prefills, refits = _compile_best(
@@ -222,6 +225,7 @@ def _compiled(
         weights,
         cache,
         fixed=batch is not None or online is not None,
+        progress=progress,
     )
     fitting = [p for p in fitting if p.fits]
     fitting = _compile_leaders(fitting, prefills, config, hw, prompt, weights, cache, per_token)
@@ -690,6 +694,7 @@ def _compile_best(
     cache: str,
     *,
     fixed: bool = False,
+    progress: Progress | None = None,
 ) -> tuple[list[ServePlan], dict[_LayoutKey, ServePlan], list[tuple[ServePlan, ServePlan]]]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the largest batch it would fit at (its excess over
@@ -703,14 +708,14 @@ def _compile_best(
 
     With a ``fixed`` batch (the user's) no other is tried: a compiled misfit is returned
     beside the largest batch its program would fit at, ``(misfit, smaller)``, for the error
-    that names it."""
+    that names it. ``progress(done, layouts, label)`` is told as each layout is done."""
     layouts: dict[_LayoutKey, list[ServePlan]] = {}
     refits: list[tuple[ServePlan, ServePlan]] = []
     for p in sorted(plans, key=lambda p: -p.batch):
         layouts.setdefault(_key(p), []).append(p)
     out: list[ServePlan] = []
     prefills: dict[_LayoutKey, ServePlan] = {}
-    for key, group in layouts.items():
+    for done, (key, group) in enumerate(layouts.items(), 1):
         queue, tries = list(group), 0
         while queue and tries < COMPILES_PER_LAYOUT:
             p, tries = queue.pop(0), tries + 1
@@ -732,6 +737,8 @@ def _compile_best(
             if smaller is not None and (not queue or smaller.batch > queue[0].batch):
                 queue.insert(0, smaller)
         out.extend(queue)  # estimated: beyond the compiles a layout takes
+        if progress is not None:
+            progress(done, len(layouts), group[0].label)
     return out, prefills, refits
 
 
