@@ -332,19 +332,18 @@ def audit_notes(audit: Audit) -> list[str]:
         notes.append(f"unknown instruction {u.opcode} ({u.name}): {u.raw[:120]}")
     if audit.memory_pressure is not None:
         notes.append(audit.memory_pressure.sentence())
+    # An audit of simulated devices names the CPU's target, or none.
+    compiler = CPU_TARGET if audit.target is None else TARGETS.get(audit.target)
     if audit.ragged_dots is not None:
-        on = CPU_TARGET if audit.target is None else TARGETS.get(audit.target)
         notes.append(
             audit.ragged_dots.sentence(
-                "XLA:GPU" if on is None else on.capabilities.compiler,
+                "XLA:GPU" if compiler is None else compiler.capabilities.compiler,
                 cpu=audit.backend == "cpu",
                 priced="the audit counts them so: its FLOPs, and the compute it sets beside "
                 "each collective",
             )
         )
     m = audit.memory
-    # An audit of simulated devices names the CPU's target, or none.
-    compiler = CPU_TARGET if audit.target is None else TARGETS.get(audit.target)
     if m is not None and compiler is CPU_TARGET and m.temp_size_in_bytes is not None:
         notes.append(
             f"memory per device (the CPU compiler's buffers: arguments + outputs + "

@@ -30,21 +30,24 @@ def natural_width(renderable: Any, *, least: int = PIPED_WIDTH, most: int = 240)
     return max(least, min(most, wide.measure(renderable).maximum))
 
 
-def mimebundle_text(renderable: Any, width: int = 110) -> str:
-    """Plain text of a rich renderable, as :func:`mimebundle` gives it."""
+def _recorded(renderable: Any, width: int) -> Any:
+    """A rich Console, ``width`` wide, that printed ``renderable`` to nothing and kept it."""
     from rich.console import Console
 
     rec = Console(width=width, record=True, file=io.StringIO(), force_jupyter=False)
     rec.print(renderable)
-    return rec.export_text(clear=False)
+    return rec
+
+
+def mimebundle_text(renderable: Any, width: int = 110) -> str:
+    """Plain text of a rich renderable, as :func:`mimebundle` gives it."""
+    text: str = _recorded(renderable, width).export_text(clear=False)
+    return text
 
 
 def mimebundle(renderable: Any, width: int = 110) -> dict[str, str]:
     """Plain text and HTML of a rich renderable, for notebooks' ``_repr_mimebundle_``."""
-    from rich.console import Console
-
-    rec = Console(width=width, record=True, file=io.StringIO(), force_jupyter=False)
-    rec.print(renderable)
+    rec = _recorded(renderable, width)
     return {
         "text/plain": rec.export_text(clear=False),
         "text/html": rec.export_html(inline_styles=True, code_format="<pre>{code}</pre>"),
