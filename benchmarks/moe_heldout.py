@@ -393,6 +393,16 @@ def _bridge_qwen3_fp8(
 #: The published runs of Qwen3-30B-A3B on 16 H100 at global batch 1024 (Megatron-Bridge's perf
 #: recipe shape), ranked as one sweep.
 QWEN30_SWEEP = "Qwen3-30B-A3B on 16 H100"
+
+
+def _bridge_qwen30_fp8(version: str, step: float, source: str, **layout: Any) -> MoeRun:
+    """A Megatron-Bridge release's Qwen3-30B-A3B fp8 row of the sweep (:data:`QWEN30_SWEEP`):
+    16 H100s, global batch 1024, micro-batch 1, the ``layout`` its table states."""
+    return _bridge_qwen3_fp8(
+        version, "30B-A3B", 16, 1024, 1, step, source=source, sweep=QWEN30_SWEEP, **layout
+    )
+
+
 _MB = "NVIDIA-NeMo/Megatron-Bridge"
 #: The later releases' DGX-H100 tables, read from the NeMo automation account's fork (its
 #: archive at 52dfa15 holds the 26.06, 26.04.01, 26.04 and 26.02.01 tables; each release's own
@@ -985,20 +995,7 @@ RUNS = [
     # 26.02.01: "DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 2 | 1 | 12 | 8 | 9058 | 208"
     # (1024 x 4096 / (16 x 9058) = 28.941 s), the 26.02 layout
     *(
-        _bridge_qwen3_fp8(
-            version,
-            "30B-A3B",
-            16,
-            1024,
-            1,
-            step,
-            source=source,
-            sweep=QWEN30_SWEEP,
-            tp=1,
-            pp=2,
-            vp=12,
-            ep=8,
-        )
+        _bridge_qwen30_fp8(version, step, source, tp=1, pp=2, vp=12, ep=8)
         for version, step, source in (("26.02", 51.27, _BRIDGE), ("26.02.01", 28.941, _BRIDGE_FORK))
     ),
     _bridge_qwen3_fp8("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),
@@ -1109,21 +1106,7 @@ RUNS = [
     # 1 | n/a | 16 | 8826 | 203" (29.701 s): the 26.04 layout, its perf config read at 01b2977
     # (:data:`_QWEN3_H100_CONFIGS`: HybridEP, no A2A overlap)
     *(
-        _bridge_qwen3_fp8(
-            version,
-            "30B-A3B",
-            16,
-            1024,
-            1,
-            step,
-            source=source,
-            dispatch_once=True,
-            sweep=QWEN30_SWEEP,
-            tp=1,
-            pp=1,
-            vp=1,
-            ep=16,
-        )
+        _bridge_qwen30_fp8(version, step, source, dispatch_once=True, tp=1, pp=1, vp=1, ep=16)
         for version, step, source in (
             ("26.04", 29.451, _BRIDGE_2604),
             ("26.04.01", 29.257, _BRIDGE_FORK_QWEN3),
