@@ -177,6 +177,25 @@ def test_candidates_factor_the_device_count():
     assert all(math.prod(c.sizes.values()) == 64 for c in candidates(["dp_sp"], 64))
 
 
+def test_an_expert_sweep_lists_each_program_once():
+    # dp_ep replicates over 'data' what ep replicates: on data=1 it is ep's program, so a sweep
+    # of both lists it once; fsdp_ep's dense weights are sharded over data x expert, another
+    # program on data=1
+    labels = [c.label for c in candidates(["ep", "dp_ep", "fsdp_ep"], 8)]
+    assert labels == [
+        "ep expert=8",
+        "dp_ep data=4,expert=2",
+        "dp_ep data=2,expert=4",
+        "fsdp_ep data=4,expert=2",
+        "fsdp_ep data=2,expert=4",
+        "fsdp_ep data=1,expert=8",
+    ]
+    # asked alone, or pinned to it, dp_ep keeps its data=1 mesh
+    assert "dp_ep data=1,expert=8" in [c.label for c in candidates(["dp_ep"], 8)]
+    pinned = candidates(["ep", "dp_ep"], 8, mesh={"data": 1, "expert": 8})
+    assert [c.label for c in pinned] == ["dp_ep data=1,expert=8"]
+
+
 # The tiny preset's weights: 4 layers of two norm gains, wqkv (256, 768), wo (256, 256),
 # w_up and w_down (256, 1024); the embedding and unembedding (1024, 256) and the final norm.
 TINY_PARAMS = 4 * (256 + 256 * 768 + 256 * 256 + 256 + 2 * 256 * 1024) + 2 * 1024 * 256 + 256

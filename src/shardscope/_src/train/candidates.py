@@ -54,6 +54,7 @@ from shardscope._src.plan.estimates import (
 )
 from shardscope._src.plan.request import DEFAULT_STRATEGIES, MOE_STRATEGIES
 from shardscope._src.plan.types import Skipped, SkipReason
+from shardscope._src.sharding.parallelism import DataParallel, Parallelism
 from shardscope._src.sharding.strategies import (
     ALL_STRATEGIES,
     CONTEXT_AXIS,
@@ -120,8 +121,23 @@ def candidates(
     if mesh is not None:
         pinned = MeshShape.of(mesh)
         stage = pinned.get(STAGE_AXIS, 1)
-        return [c for c in candidates(strategies, devices, (stage,)) if c.mesh == pinned]
+        every = _enumerate(strategies, devices, (stage,), None, distinct=False)
+        return [c for c in every if c.mesh == pinned]
+    return _enumerate(strategies, devices, stages, node_size)
 
+
+def _enumerate(
+    strategies: Iterable[str],
+    devices: int,
+    stages: Sequence[int],
+    node_size: int | None,
+    *,
+    distinct: bool = True,
+) -> list[Candidate]:
+    """:func:`candidates` without a pinned mesh: each strategy's meshes, an expert-parallel
+    strategy's ``data=1`` among them unless ``distinct`` and another of ``strategies`` is
+    that program (:func:`_data_one_repeats`)."""
+    strategies = list(strategies)
     out = []
     for p in stages:
         n = devices // p
@@ -141,6 +157,7 @@ def candidates(
                     (n // t, *f)
                     for t in divisors(n)
                     if 1 < t and (rest == 1 or t < n or strategy.expert_fold)
+                    if t < n or not (distinct and _data_one_repeats(name, strategies))
                     for f in factorizations(t, rest)
                 ]
             else:
@@ -152,6 +169,26 @@ def candidates(
                     continue
                 out.append(Candidate(name, sizes))
     return out
+
+
+def _data_one_repeats(name: str, strategies: Sequence[str]) -> bool:
+    """Whether ``name`` on ``data=1`` is a program another of ``strategies`` already
+    enumerates: a data-parallel flavour that replicates the weights over ``data`` (``dp``)
+    has nothing on an axis of one device, so ``dp_ep data=1,expert=n`` is ``ep expert=n``.
+    A flavour that shards over ``data`` and ``expert`` together (FSDP, ZeRO) is not.
+
+    >>> _data_one_repeats("dp_ep", ["ep", "dp_ep"]), _data_one_repeats("dp_ep", ["dp_ep"])
+    (True, False)
+    >>> _data_one_repeats("fsdp_ep", ["ep", "fsdp_ep"])
+    False
+    """
+    try:
+        dims = Parallelism.parse(name)
+    except StrategyError:  # a strategy not named by the naming rule
+        return False
+    if dims.data != DataParallel.DP:
+        return False
+    return replace(dims, data=DataParallel.NONE).name in strategies
 
 
 def factorizations(n: int, k: int) -> list[tuple[int, ...]]:
