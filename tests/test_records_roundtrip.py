@@ -302,10 +302,10 @@ SERVE_JSON = FIXTURES / "serve_json"
 def _since(body):
     """A schema-3 result's data with the fields written since at their defaults: no clients in
     a closed loop, no engine (``none``: no host cost in any plan's times), no chunked
-    prefill and no prefill attention kernel named."""
+    prefill, no prefill attention kernel named and no memory share given."""
     plans = [p | {"engine": "none", "decode_host_s": 0.0} for p in body["plans"]]
     since = {"clients": None, "engine": "none", "chunked_prefill": None, "prefill_attention": None}
-    since["weight_activations"] = False
+    since |= {"weight_activations": False, "memory_share": None}
     return body | since | {"plans": plans}
 
 
@@ -361,7 +361,10 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     written = json.loads(write_result(tmp_path / "serve.json", now).read_text())
     assert (written["schema_version"], written["backend"]) == (4, None)
     assert shardscope.ServeResult.from_dict(written) == now
-    since = {"clients", "engine", "chunked_prefill", "prefill_attention", "weight_activations"}
+    since = {
+        "clients", "engine", "chunked_prefill", "prefill_attention", "weight_activations",
+        "memory_share",
+    }  # fmt: skip
     assert written.keys() - HEADER == old.keys() - HEADER | since
     on_tpu = dataclasses.replace(
         now, plans=tuple(dataclasses.replace(p, compiled_by="tpu-v5e") for p in now.plans)

@@ -433,6 +433,9 @@ def test_deepseek_v3_holds_its_latent_cache_whole_on_each_device_of_a_replica():
 EXTRA = 2**30
 #: Llama 3.1 8B served on one H100, as the two tests below plan it.
 EIGHT_B = (("llama3-8b", 1), dict(hardware="h100", prompt=512, output=128))
+#: What vLLM (the default engine) lets an H100 hold as it starts: gpu_memory_utilization 0.9
+#: of the 79.11 GiB the CUDA runtime reports.
+VLLM_H100 = 0.9 * 79.11 * 2**30
 
 
 def _compiler_holding_more(monkeypatch):
@@ -453,7 +456,7 @@ def _compiler_holding_more(monkeypatch):
         b
         for b in range(1, largest + 1)
         if serve(*args, batch=b, compiler="cpu", **kw).best.memory_bytes_per_device + EXTRA
-        <= H100.memory_bytes
+        <= VLLM_H100
     )
     return largest, fits
 
@@ -471,7 +474,7 @@ def test_a_layout_whose_largest_batch_does_not_fit_compiled_tries_the_largest_th
         (p for p in serve(*args, **kw).plans if p.compiled_by == "h100"), key=lambda p: p.batch
     )
     assert compiled.batch == fits
-    assert compiled.memory_bytes_per_device <= H100.memory_bytes
+    assert compiled.memory_bytes_per_device <= VLLM_H100
 
 
 def test_a_batch_given_that_does_not_fit_compiled_is_refused_not_changed(monkeypatch):

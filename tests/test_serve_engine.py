@@ -132,3 +132,81 @@ def test_an_engine_that_chunks_its_prefills_plans_the_load_with_its_chunks():
 def test_a_chunked_prefill_is_a_whole_number_of_tokens(bad):
     with pytest.raises(PlanError, match=f"chunked_prefill={bad!r}"):
         ServeRequest("llama3-8b", 1, prompt=512, output=128, clients=2, chunked_prefill=bad)
+
+
+#: What the CUDA runtime reports of an H100 80GB HBM3 (vLLM issue 27508's log).
+H100_RUNTIME = 79.11 * 2**30
+
+
+def test_each_engine_lets_a_device_hold_what_it_keeps_for_the_weights_and_the_cache():
+    weights = 20 * 2**30
+    h100 = hardware("h100")
+    limit = {name: e.memory_limit(h100, 1, weights) for name, e in ENGINES.items()}
+    # vLLM: gpu_memory_utilization 0.9 of the device, the weights within it
+    assert limit["vllm"] == limit["vllm-async"] == limit["vllm-v0"] == 0.9 * H100_RUNTIME
+    # TensorRT-LLM and LMDeploy: 0.9 and 0.8 of what the weights leave
+    assert limit["tensorrt-llm"] == pytest.approx(weights + 0.9 * (H100_RUNTIME - weights))
+    assert limit["lmdeploy"] == pytest.approx(weights + 0.8 * (H100_RUNTIME - weights))
+    # SGLang at tensor parallelism 1 keeps back 512 MiB, 8,192 prefill tokens at 1.5 MiB,
+    # 256 graph sequences at 2 MiB and 1/8 GiB: 13,440 MiB of the device's MiB
+    mib = H100_RUNTIME / 2**20
+    assert limit["sglang"] == round((mib - 13440) / mib, 3) * H100_RUNTIME
+    # a device alone (and gpt-fast's static cache) hold the whole preset memory
+    assert limit["none"] == limit["gpt-fast"] == 80e9
+    # a memory given is the whole the runtime reports too
+    small = hardware("h100", memory_bytes=40e9)
+    assert ENGINES["vllm"].memory_limit(small, 1, weights) == 0.9 * 40e9
+
+
+def test_the_largest_batch_is_what_the_engines_share_holds():
+    # Llama 3.1 8B on one H100, prompts of 512 and 128 tokens out: a sequence's cache is
+    # 640 tokens of 32 layers' keys and values, 8 heads of 128, in bfloat16; its decode step
+    # holds its float32 logits and a layer's scores (float32) and probabilities over its
+    # context for each of 32 heads; a prefill a layer's over the prompt
+    weights = 8_030_261_248 * 2
+    cache = 640 * 32 * 2 * 8 * 128 * 2
+    decode = 128_256 * 4 + 32 * 640 * (4 + 2)
+    prefill = 32 * 512 * 512 * (4 + 2)
+
+    def most(limit):
+        room = limit - weights
+        return int(min(room // (cache + decode), (room - prefill) // cache))
+
+    kw = dict(hardware="h100", prompt=512, output=128, compiler="cpu")
+    for engine, share, limit in (
+        ("vllm", None, 0.9 * H100_RUNTIME),
+        ("vllm", 0.95, 0.95 * H100_RUNTIME),  # started with --gpu-memory-utilization 0.95
+        ("none", None, 80e9),
+    ):
+        result = serve("llama3-8b", 1, engine=engine, memory_share=share, **kw)
+        largest = max(result.plans, key=lambda p: p.batch)
+        assert largest.batch == most(limit)
+        assert largest.memory_limit_bytes == int(limit)
+        assert largest.memory_bytes_per_device <= limit
+        assert result.memory_share == share
+        assert type(result).from_dict(result.to_dict()).memory_share == share
+    assert most(0.9 * H100_RUNTIME) < most(0.95 * H100_RUNTIME)
+
+
+@pytest.mark.parametrize(
+    "engine, share, words",
+    [
+        ("vllm", 1.5, "memory_share=1.5: vllm's gpu_memory_utilization, a fraction in"),
+        ("vllm", 0, "memory_share=0: vllm's gpu_memory_utilization, a fraction in"),
+        ("none", 0.9, "engine='none' keeps no share of the device's memory back"),
+        ("gpt-fast", 0.9, "engine='gpt-fast' keeps no share"),
+    ],
+)
+def test_a_memory_share_is_a_fraction_of_an_engine_that_keeps_one(engine, share, words):
+    with pytest.raises(PlanError, match=words) as err:
+        ServeRequest("llama3-8b", 1, prompt=512, output=128, engine=engine, memory_share=share)
+    assert err.value.params == ("memory_share",)
+
+
+def test_a_batch_beyond_the_engines_share_names_its_setting():
+    # a batch that fits the device but not vLLM's 0.9 of it: the error names the engine's
+    # option to raise
+    kw = dict(hardware="h100", prompt=512, output=128, compiler="cpu")
+    fits_alone = max(p.batch for p in serve("llama3-8b", 1, engine="none", **kw).plans)
+    with pytest.raises(PlanError, match="start vllm with a larger gpu_memory_utilization"):
+        serve("llama3-8b", 1, batch=fits_alone, engine="vllm", **kw)

@@ -44,7 +44,7 @@ def test_every_knob_has_one_option_whose_help_names_its_default():
     assert {f.name for f in knobs} == {
         "model", "devices", "prompt", "output", "hardware", "batch", "context", "weights",
         "cache", "latency", "compiler", "imbalance", "dispatch_once", "weight_activations",
-        "rate", "clients", "engine", "chunked_prefill",
+        "rate", "clients", "engine", "chunked_prefill", "memory_share",
     }  # fmt: skip
     for f in knobs:
         assert by_dest[f.name].default is None, f.name  # not given: the request's default

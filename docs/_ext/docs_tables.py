@@ -153,12 +153,13 @@ def serving_engines() -> Any:
             "yes" if e.overlapped else "no",
             f"{e.request_s * 1e3:g} ms",
             kernels(e),
+            "all of it" if e.memory is None else e.memory.about,
         )
         for e in ENGINES.values()
     ]
     header = (
         "engine", "what it is", "a step", "a sequence", "overlapped", "a request",
-        "prefill attention",
+        "prefill attention", "device memory it holds",
     )  # fmt: skip
     return markdown(header, rows)
 

@@ -331,6 +331,7 @@ class PlanConfig(HardwareOptions):
     clients: int | None = None
     engine: str | None = None
     chunked_prefill: int | None = None
+    memory_share: float | None = None
     verbose: bool = False
 
     @property
@@ -414,6 +415,7 @@ class ServeConfig(HardwareOptions):
     clients: int | None
     engine: str | None
     chunked_prefill: int | None
+    memory_share: float | None
     top: int | None
     json: str | None
     png: str | None

@@ -657,10 +657,17 @@ class ServeRequest:
             many iterations as it needs (:mod:`~shardscope._src.serve.online`). None: the
             engine's own (vLLM's V1 and SGLang chunk by default, the others prefill each
             prompt whole); 0: each prompt whole.
+        memory_share: the share of a device's memory the engine holds, as it was started
+            (vLLM's ``--gpu-memory-utilization``, SGLang's ``--mem-fraction-static``: of
+            the device's memory as its runtime reports it; TensorRT-LLM's
+            ``free_gpu_memory_fraction``, LMDeploy's ``cache_max_entry_count``: of what the
+            weights leave of it). None: the engine's default
+            (:class:`~shardscope._src.targets.engines.MemoryRule`); a plan holds its weights,
+            cache and temporaries within it. ``none`` and ``gpt-fast`` keep none back.
 
     What can be checked without the model is checked here, in this order: the counts, the
     context, the batch, the formats, the latency, the rate, the clients, the engine, the
-    chunked prefill, the compiler.
+    memory share, the chunked prefill, the compiler.
 
     Raises:
         PlanError: naming the field (``params``) and the fix.
@@ -746,6 +753,16 @@ class ServeRequest:
         metavar="TOKENS",
         default_text="the engine's own",
     )
+    memory_share: float | None = knob(
+        None,
+        "the share of a device's memory the engine holds, as started with it: vLLM's "
+        "--gpu-memory-utilization, SGLang's --mem-fraction-static (of the device), "
+        "TensorRT-LLM's free_gpu_memory_fraction, LMDeploy's cache_max_entry_count (of what "
+        "the weights leave)",
+        kind=Kind.NUMBER,
+        metavar="X",
+        default_text="the engine's own",
+    )
 
     def __post_init__(self) -> None:
         overrides = MappingProxyType(dict(self.hardware_overrides or {}))
@@ -806,6 +823,22 @@ class ServeRequest:
                     param="clients",
                 )
         object.__setattr__(self, "engine", get_engine(self.engine).name)
+        share = self.memory_share
+        if share is not None:
+            rule = get_engine(self.engine).memory
+            if rule is None:
+                raise PlanError(
+                    f"memory_share={share!r}: engine={self.engine!r} keeps no share of the "
+                    f"device's memory back (a plan holds all of it); give an engine that does "
+                    f"(vllm, sglang, tensorrt-llm, lmdeploy) or leave memory_share out",
+                    param="memory_share",
+                )
+            number = isinstance(share, int | float) and not isinstance(share, bool)
+            if not (number and 0 < share <= 1):
+                raise PlanError(
+                    f"memory_share={share!r}: {self.engine}'s {rule.setting}, a fraction in (0, 1]",
+                    param="memory_share",
+                )
         chunk = self.chunked_prefill
         if chunk is not None and not is_int(chunk, 0):
             raise PlanError(

@@ -13,6 +13,7 @@ from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.render.columns import Column, rich_table
+from shardscope._src.targets.engines import ENGINES
 
 if TYPE_CHECKING:
     from shardscope._src.serve.types import ServePlan, ServeResult
@@ -50,6 +51,25 @@ def serve_columns(
     )
 
 
+def _memory_words(name: str) -> str:
+    """What the engine lets a device hold, for the caption (nothing for an engine that is
+    not a preset: a result read back from a later shardscope's file)."""
+    known = ENGINES.get(name)
+    if known is None:
+        return ""
+    rule = known.memory
+    held = "the device's whole memory" if rule is None else rule.about
+    return f" Mem/dev fits within what {name} holds: {held} (a plan's memory_limit_bytes)."
+
+
+def _share_words(result: ServeResult) -> str:
+    """The engine's memory share where the request gave it, for the title."""
+    known = ENGINES.get(result.engine)
+    if result.memory_share is None or known is None or known.memory is None:
+        return ""
+    return f" ({known.memory.setting} {result.memory_share:g})"
+
+
 def render_serve(
     result: ServeResult, *, top: int | None = None, caption: bool = True, verbose: bool = True
 ) -> Any:
@@ -74,6 +94,7 @@ def render_serve(
             else ""
         )
         + (f", on {result.engine}" if result.engine != "none" else "")
+        + _share_words(result)
         + (f", prefill attention {result.prefill_attention}" if result.prefill_attention else "")
     )
     kv = any(p.kv_replicas > 1 for p in shown)
@@ -99,6 +120,7 @@ def render_serve(
         "compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
         "collectives and the times, or the estimate. First token: one prompt prefilled "
         "alone on a replica (on a TPU, estimated)."
+        + _memory_words(result.engine)
         + (
             f" At {result.rate:g} requests/s, arriving at random: per token and first token "
             f"as requests see them, each prompt prefilled in an iteration of its own beside "

@@ -143,13 +143,19 @@ def largest_batch(
     context: int,
     weights: str,
     cache: str,
+    *,
+    engine: str = "none",
+    memory_share: float | None = None,
 ) -> int:
     """The most sequences the layout's replicas hold beside their weights and a prefill's
-    temporaries (a multiple of the replicas; 0 when the weights alone do not leave room for
-    one)."""
+    temporaries within the memory the serving ``engine`` lets a device hold (at
+    ``memory_share`` where given: :meth:`~shardscope._src.targets.engines.Engine.
+    memory_limit`; a multiple of the replicas; 0 when the weights alone do not leave room
+    for one)."""
     r = layout.replicas
     one = holds(config, layout, r, prompt, context, weights, cache)  # a sequence a replica
-    room = hw.memory_bytes - one.weights
+    limit = get_engine(engine).memory_limit(hw, layout.t, one.weights, memory_share)
+    room = limit - one.weights
     if room <= 0:
         return 0
     return r * int(min(room // (one.cache + one.decode), max(0, room - one.prefill) // one.cache))
@@ -163,10 +169,17 @@ def batch_sizes(
     context: int,
     weights: str,
     cache: str,
+    *,
+    engine: str = "none",
+    memory_share: float | None = None,
 ) -> list[int]:
-    """Powers of two times the replicas, and the largest batch that fits a device."""
+    """Powers of two times the replicas, and the largest batch that fits a device under the
+    serving ``engine`` (at ``memory_share``: :func:`largest_batch`)."""
     r = layout.replicas
-    largest = largest_batch(config, hw, layout, prompt, context, weights, cache)
+    largest = largest_batch(
+        config, hw, layout, prompt, context, weights, cache, engine=engine,
+        memory_share=memory_share,
+    )  # fmt: skip
     largest = min(largest, MAX_BATCH * r)
     out = []
     b = r
@@ -401,11 +414,13 @@ def estimate_plan(
     cache: str,
     *,
     engine: str = "none",
+    memory_share: float | None = None,
 ) -> ServePlan:
     """The plan of ``layout`` serving ``batch`` sequences of ``context`` tokens, estimated
-    (see the module docstring): what a device holds, the decode step's time and its parts,
+    (see the module docstring): what a device holds (within what the serving ``engine``
+    lets it hold, at ``memory_share`` where given), the decode step's time and its parts,
     and the time to the first token of one ``prompt`` a replica, each with the host's work
-    of the serving ``engine`` (:func:`~shardscope._src.targets.engines.engine`)."""
+    of the ``engine`` (:func:`~shardscope._src.targets.engines.engine`)."""
     t, r = layout.t, layout.replicas
     c = served(config, t)
     held = holds(config, layout, batch, prompt, context, weights, cache)
@@ -446,7 +461,7 @@ def estimate_plan(
         weight_bytes_per_device=weight,
         cache_bytes_per_device=cached,
         temp_bytes_per_device=held.temporaries,
-        memory_limit_bytes=int(hw.memory_bytes),
+        memory_limit_bytes=int(host.memory_limit(hw, t, weight, memory_share)),
         decode_step_s=decode,
         decode_memory_s=memory_s,
         decode_compute_s=compute_s,

@@ -109,7 +109,7 @@ def serve_request(request: ServeRequest, progress: Progress | None = None) -> Se
     prompt, weights, cache = request.prompt, request.weights, request.cache
     setting = (
         config, hw, request.devices, prompt, request.output, ctx, weights, cache, request.engine,
-        request.chunk_tokens,
+        request.chunk_tokens, request.memory_share,
     )  # fmt: skip
     online: _Online | _Closed | None = None
     if rate is not None:
@@ -156,6 +156,7 @@ def serve_request(request: ServeRequest, progress: Progress | None = None) -> Se
         engine=request.engine,
         chunked_prefill=None if online is None else online.chunk,
         prefill_attention=None if kernel is None else kernel.kernel,
+        memory_share=request.memory_share,
     )
 
 
@@ -184,21 +185,51 @@ def _estimated(
         sizes = (
             [batch]
             if batch is not None
-            else batch_sizes(config, hw, layout, prompt, ctx, weights, cache)
+            else batch_sizes(
+                config,
+                hw,
+                layout,
+                prompt,
+                ctx,
+                weights,
+                cache,
+                engine=request.engine,
+                memory_share=request.memory_share,
+            )  # fmt: skip
         )
         for b in sizes:
             if b % r:
                 continue
             plans.append(
                 estimate_plan(
-                    config, hw, layout, b, prompt, ctx, weights, cache, engine=request.engine
+                    config,
+                    hw,
+                    layout,
+                    b,
+                    prompt,
+                    ctx,
+                    weights,
+                    cache,
+                    engine=request.engine,
+                    memory_share=request.memory_share,
                 )
             )
     fitting = [p for p in plans if p.fits]
     if not fitting and online is not None:
         raise online.error()
     if not fitting:
-        text, param = _no_fit(config, hw, devices, batch, prompt, ctx, weights, cache)
+        text, param = _no_fit(
+            config,
+            hw,
+            devices,
+            batch,
+            prompt,
+            ctx,
+            weights,
+            cache,
+            request.engine,
+            request.memory_share,
+        )
         raise PlanError(text, param=param)
     return fitting
 
@@ -242,7 +273,18 @@ def _compiled(
         )
     if not fitting:
         ctx = request.context_tokens
-        text, param = _no_fit(config, hw, request.devices, batch, prompt, ctx, weights, cache)
+        text, param = _no_fit(
+            config,
+            hw,
+            request.devices,
+            batch,
+            prompt,
+            ctx,
+            weights,
+            cache,
+            request.engine,
+            request.memory_share,
+        )
         raise PlanError(text, param=param)
     return _meeting(fitting, per_token)  # as compiled
 
@@ -271,8 +313,9 @@ def _round_down(x: float) -> float:
 @dataclass(frozen=True)
 class _Serving:
     """What planning a layout under a load needs: the model, the hardware and the devices,
-    the requests' tokens, the cache's tokens a sequence, the formats, the engine and the
-    tokens an iteration of a chunked prefill carries (None: each prompt whole)."""
+    the requests' tokens, the cache's tokens a sequence, the formats, the engine, the
+    tokens an iteration of a chunked prefill carries (None: each prompt whole) and the share
+    of a device's memory the engine holds (None: its own)."""
 
     config: ModelConfig
     hw: Hardware
@@ -284,6 +327,7 @@ class _Serving:
     cache: str
     engine: str
     chunk: int | None
+    memory_share: float | None
 
 
 @dataclass(frozen=True)
@@ -341,6 +385,7 @@ class _Online(_Serving):
                 c.weights,
                 c.cache,
                 engine=c.engine,
+                memory_share=c.memory_share,
             )
             load = self.load(plan, rate)
             if load is None:
@@ -405,7 +450,16 @@ class _Online(_Serving):
         )
         if most <= 0:
             text, _ = _no_fit(
-                c.config, c.hw, c.devices, None, c.prompt, c.context, c.weights, c.cache
+                c.config,
+                c.hw,
+                c.devices,
+                None,
+                c.prompt,
+                c.context,
+                c.weights,
+                c.cache,
+                c.engine,
+                c.memory_share,
             )
             return PlanError(f"{head}; {text}", param="rate")
         most = _round_down(most)
@@ -486,12 +540,31 @@ class _Closed(_Serving):
         None where a replica holds no sequence."""
         c, r = self, layout.replicas
         per_replica = -(-self.clients // r)
-        most = largest_batch(c.config, c.hw, layout, c.prompt, c.context, c.weights, c.cache)
+        most = largest_batch(
+            c.config,
+            c.hw,
+            layout,
+            c.prompt,
+            c.context,
+            c.weights,
+            c.cache,
+            engine=c.engine,
+            memory_share=c.memory_share,
+        )
         k = min(per_replica, most // r)
         if k < 1:
             return None
         return estimate_plan(
-            c.config, c.hw, layout, k * r, c.prompt, c.context, c.weights, c.cache, engine=c.engine
+            c.config,
+            c.hw,
+            layout,
+            k * r,
+            c.prompt,
+            c.context,
+            c.weights,
+            c.cache,
+            engine=c.engine,
+            memory_share=c.memory_share,
         )
 
     def loaded(self, plan: ServePlan) -> ServePlan:
@@ -545,7 +618,18 @@ class _Closed(_Serving):
                 f"{smaller.batch}: give clients={smaller.batch} or less, or more devices",
                 param="clients",
             )
-        text, _ = _no_fit(c.config, c.hw, c.devices, None, c.prompt, c.context, c.weights, c.cache)
+        text, _ = _no_fit(
+            c.config,
+            c.hw,
+            c.devices,
+            None,
+            c.prompt,
+            c.context,
+            c.weights,
+            c.cache,
+            c.engine,
+            c.memory_share,
+        )
         return PlanError(f"{head}; {text}", param="clients")
 
 
@@ -792,9 +876,11 @@ def _refit(
     batch = plan.batch - r * max(1, math.ceil(excess / (one.cache + one.decode)))
     if batch < r:
         return None
-    return estimate_plan(
+    smaller = estimate_plan(
         config, hw, layout, batch, prompt, plan.context, weights, cache, engine=plan.engine
     )
+    # the same layout and weights: what the engine lets a device hold is the misfit's
+    return replace(smaller, memory_limit_bytes=plan.memory_limit_bytes)
 
 
 def _no_fit(
@@ -806,12 +892,18 @@ def _no_fit(
     context: int,
     weights: str,
     cache: str,
+    engine: str,
+    memory_share: float | None,
 ) -> tuple[str, str]:
     """Why nothing fits, and the largest batch that does at this context (on how many
-    devices), or that the weights alone do not; with the parameter to change."""
+    devices) within what the serving ``engine`` lets a device hold (at ``memory_share``
+    where given), or that the weights alone do not; with the parameter to change."""
     best: tuple[int, int] | None = None
     for layout in layouts_for(config, devices):
-        fits = largest_batch(config, hw, layout, prompt, context, weights, cache)
+        fits = largest_batch(
+            config, hw, layout, prompt, context, weights, cache, engine=engine,
+            memory_share=memory_share,
+        )  # fmt: skip
         if fits and (best is None or fits > best[0]):
             best = (fits, layout.t)
     asked = f"batch={batch} " if batch is not None else ""
@@ -832,7 +924,17 @@ def _no_fit(
             n
             for n in range(1, 2 * devices + 1)
             if any(
-                largest_batch(config, hw, layout, prompt, context, weights, cache)
+                largest_batch(
+                    config,
+                    hw,
+                    layout,
+                    prompt,
+                    context,
+                    weights,
+                    cache,
+                    engine=engine,
+                    memory_share=memory_share,
+                )  # fmt: skip
                 for layout in layouts_for(config, n)
             )
         ]
@@ -849,8 +951,15 @@ def _no_fit(
             )
             + f"; device counts that serve it: {counts}"
         ), "devices"
+    rule = get_engine(engine).memory
+    within = (
+        ""
+        if rule is None
+        else f" within what {engine} lets a device hold ({rule.words(hw, best[1], memory_share)})"
+    )
     return (
-        f"{asked}at context={context} fits no layout of {devices} x {hw.name}; the largest "
-        f"batch that fits is {best[0]}, {where}; "
+        f"{asked}at context={context} fits no layout of {devices} x {hw.name}{within}; the "
+        f"largest batch that fits is {best[0]}, {where}; "
         f"give batch={best[0]} or less, a shorter context, or an int8 cache"
+        + ("" if rule is None else f", or start {engine} with a larger {rule.setting}")
     ), ("batch" if batch is not None else "context")

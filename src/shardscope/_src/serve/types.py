@@ -222,6 +222,9 @@ class ServeResult(Record):
     #: ``attention_fwd_flops``, the hardware's own rate); None: at the matmul rate, counted
     #: non-causal (no published rate for that device, or a result from before there was one)
     prefill_attention: str | None = None
+    #: the share of a device's memory the engine held, as the request gave it (None: the
+    #: engine's own; each plan's ``memory_limit_bytes`` is what it let a device hold)
+    memory_share: float | None = None
 
     @property
     def best(self) -> ServePlan:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 from shardscope._src.base.errors import PlanError
@@ -37,6 +38,100 @@ from shardscope._src.targets.hardware import GIB, Hardware, attention_forward_fl
 class EngineError(PlanError):
     """A serving engine that is not one of the presets (a :class:`PlanError`: the serving
     planner's callers catch it with its other errors)."""
+
+
+class MemoryOf(StrEnum):
+    """What an engine's memory fraction is a fraction of (:class:`MemoryRule`)."""
+
+    #: the device's memory as its runtime reports it: the weights, the cache and the step's
+    #: temporaries within the share (vLLM's ``gpu_memory_utilization``, SGLang's
+    #: ``mem_fraction_static``)
+    DEVICE = "device"
+    #: what the weights leave of it: the cache and the temporaries within the share
+    #: (TensorRT-LLM's ``free_gpu_memory_fraction``, LMDeploy's ``cache_max_entry_count``)
+    FREE = "free"
+
+
+@dataclass(frozen=True)
+class MemoryRule:
+    """How much of a device's memory an engine lets a plan hold, as it starts by default: a
+    ``share`` of the memory the device's runtime reports (:attr:`~shardscope._src.targets.
+    hardware.Hardware.runtime_memory`), or of what the weights leave of it (``of``), set by
+    the engine's option named ``setting``; ``share`` is a fraction, or the engine's rule for
+    it by the device and the tensor parallelism of a replica.
+
+    The plan's temporaries (its decode step's, a prefill's) are held within the share under
+    either kind: where the engine keeps its activations in the rest (SGLang) or sizes the
+    cache after a profiled step (TensorRT-LLM, LMDeploy), the limit is that much lower than
+    the engine's own.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> round(MemoryRule("gpu_memory_utilization", MemoryOf.DEVICE, 0.9).limit(h, 1, 0) / GIB, 3)
+    71.199
+    >>> free = MemoryRule("free_gpu_memory_fraction", MemoryOf.FREE, 0.9)
+    >>> free.limit(h, 1, 20 * GIB) / GIB == 20 + 0.9 * (79.11 - 20)
+    True
+    """
+
+    setting: str
+    of: MemoryOf
+    share: float | Callable[[Hardware, int], float]
+
+    def fraction(self, hw: Hardware, t: int) -> float:
+        """The share on ``hw`` for a replica of tensor parallelism over ``t`` devices."""
+        return self.share(hw, t) if callable(self.share) else self.share
+
+    def limit(self, hw: Hardware, t: int, weights: float, share: float | None = None) -> float:
+        """The bytes a device of ``hw`` may hold (weights, cache and temporaries) where a
+        replica's tensor parallelism is over ``t`` devices and its weights take
+        ``weights`` bytes of each; ``share`` in place of the engine's own (its setting
+        given)."""
+        whole = hw.runtime_memory
+        f = self.fraction(hw, t) if share is None else share
+        return f * whole if self.of is MemoryOf.DEVICE else weights + f * (whole - weights)
+
+    @property
+    def about(self) -> str:
+        """The rule in words, on no device in particular.
+
+        >>> _VLLM_MEMORY.about
+        'gpu_memory_utilization 0.9 of the device'
+        """
+        share = "by its rule" if callable(self.share) else f"{self.share:g}"
+        of = "the device" if self.of is MemoryOf.DEVICE else "what the weights leave"
+        return f"{self.setting} {share} of {of}"
+
+    def words(self, hw: Hardware, t: int, share: float | None = None) -> str:
+        """The rule in words on ``hw`` at ``t`` (at ``share`` where given)."""
+        whole = f"the {hw.runtime_memory / GIB:.2f} GiB its runtime reports"
+        of = whole if self.of is MemoryOf.DEVICE else f"what the weights leave of {whole}"
+        f = self.fraction(hw, t) if share is None else share
+        return f"{self.setting} {f:g} of {of}"
+
+
+#: MiB, as SGLang counts a device's memory.
+_MIB = 2**20
+
+
+def _sglang_share(hw: Hardware, t: int) -> float:
+    """SGLang's default ``mem_fraction_static`` on ``hw`` for tensor parallelism over ``t``:
+    the device's memory less a reserve for its activations (its chunked prefill's tokens at
+    1.5 MiB each), its CUDA graphs (2 MiB a sequence of their largest batch, 256 under
+    tensor parallelism of 4 and 512 from it), metadata (512 MiB) and tensor parallelism's
+    buffers (``t / 8`` GiB), at least 10 GiB on a device of more than 60 GiB, as a share of
+    the device's memory, rounded to three places (:data:`ENGINE_SOURCES`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> [_sglang_share(hardware("h100"), t) for t in (1, 2, 4, 8)]
+    [0.834, 0.833, 0.823, 0.817]
+    """
+    mib = hw.runtime_memory / _MIB
+    graphs = 256 if t < 4 else 512
+    reserve = 512 + max(_sglang_chunk(hw), 2048) * 1.5 + graphs * 2 + t / 8 * 1024
+    if mib > 60 * 1024:
+        reserve = max(reserve, 10 * 1024)
+    return round((mib - reserve) / mib, 3)
 
 
 class PrefillAttention(NamedTuple):
@@ -80,6 +175,9 @@ class Engine:
       attention: the fused causal attention kernel its prefills run (or the measured kernel
         nearest it, :data:`ENGINE_SOURCES`), ``attention_on`` the GPU presets on which it runs
         another (``(gpu, kernel)`` pairs; :meth:`prefill_attention`).
+      memory: how much of a device's memory it lets a plan hold by default
+        (:class:`MemoryRule`; :meth:`memory_limit`); None: all of the device's memory (the
+        hardware's ``memory_bytes``).
     """
 
     name: str
@@ -92,6 +190,26 @@ class Engine:
     custom_all_reduce: bool = False
     attention: str = FA2
     attention_on: tuple[tuple[str, str], ...] = ()
+    memory: MemoryRule | None = None
+
+    def memory_limit(
+        self, hw: Hardware, t: int, weights: float, share: float | None = None
+    ) -> float:
+        """The bytes a device of ``hw`` may hold serving under this engine, where a replica's
+        tensor parallelism is over ``t`` devices and its weights take ``weights`` bytes of
+        each (:class:`MemoryRule`; ``share`` in place of its own), or the device's memory
+        where the engine has no rule.
+
+        >>> from shardscope._src.targets.hardware import hardware
+        >>> h = hardware("h100")
+        >>> engine("none").memory_limit(h, 1, 0) == h.memory_bytes
+        True
+        >>> engine("vllm").memory_limit(h, 8, 0) == 0.9 * h.runtime_memory
+        True
+        """
+        if self.memory is None:
+            return hw.memory_bytes
+        return self.memory.limit(hw, t, weights, share)
 
     def prefill_attention(self, hw: Hardware) -> PrefillAttention | None:
         """The fused causal kernel this engine's prefills run on ``hw`` and its measured
@@ -154,6 +272,10 @@ _VIDUR_SEQUENCE_S = (_VIDUR_BATCH_64_MS - _VIDUR_BATCH_8_MS) / (64 - 8) * 1e-3
 _VIDUR_STEP_S = _VIDUR_BATCH_8_MS * 1e-3 - 8 * _VIDUR_SEQUENCE_S
 
 
+#: vLLM's ``gpu_memory_utilization`` as it starts (:data:`ENGINE_SOURCES`).
+_VLLM_MEMORY = MemoryRule("gpu_memory_utilization", MemoryOf.DEVICE, 0.9)
+
+
 def _vllm_chunk(hw: Hardware) -> int:
     """vLLM's V1 engine's token budget an iteration (``max_num_batched_tokens``) as its
     OpenAI server starts: 8192 on a device of 70 GiB or more other than an A100, 2048 on
@@ -182,6 +304,7 @@ ENGINES: dict[str, Engine] = {
             chunk=_vllm_chunk,
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
+            memory=_VLLM_MEMORY,
         ),
         Engine(
             "vllm-async",
@@ -193,6 +316,7 @@ ENGINES: dict[str, Engine] = {
             chunk=_vllm_chunk,
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
+            memory=_VLLM_MEMORY,
         ),
         Engine(
             "vllm-v0",
@@ -202,6 +326,7 @@ ENGINES: dict[str, Engine] = {
             request_s=0.0,
             about="vLLM's V0 engine before 0.6 (Vidur's profile of its vLLM-derived engine)",
             custom_all_reduce=True,
+            memory=_VLLM_MEMORY,
         ),
         Engine(
             "sglang",
@@ -213,6 +338,7 @@ ENGINES: dict[str, Engine] = {
             chunk=_sglang_chunk,
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
+            memory=MemoryRule("mem_fraction_static", MemoryOf.DEVICE, _sglang_share),
         ),
         Engine(
             "tensorrt-llm",
@@ -223,6 +349,7 @@ ENGINES: dict[str, Engine] = {
             about="TensorRT-LLM's C++ runtime and its PyTorch executor (NVIDIA NIM runs it)",
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
+            memory=MemoryRule("free_gpu_memory_fraction", MemoryOf.FREE, 0.9),
         ),
         Engine(
             "lmdeploy",
@@ -231,6 +358,7 @@ ENGINES: dict[str, Engine] = {
             overlapped=False,
             request_s=0.0,
             about="LMDeploy's TurboMind engine (C++)",
+            memory=MemoryRule("cache_max_entry_count", MemoryOf.FREE, 0.8),
         ),
         Engine(
             "gpt-fast",
@@ -344,6 +472,61 @@ ENGINE_SOURCES = {
         "names its own rate (attention_fwd_flops) runs that instead; a GPU with no published "
         "rate (the B200) and a TPU keep the attention at the matmul rate, non-causal. The "
         "rates: hardware.ATTENTION_FORWARD"
+    ),
+    "memory: vllm, vllm-async, vllm-v0 gpu_memory_utilization 0.9 of the device": (
+        "vLLM's CacheConfig (vllm-project/vllm vllm/config/cache.py@c1d86421): "
+        "'gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)', 'The fraction of "
+        "GPU memory to be used for the model executor ... If unspecified, will use the "
+        "default value of 0.9'; of the device's total as torch.cuda.mem_get_info reports it "
+        "(vllm/utils/mem_utils.py@a6d5c390; vllm/v1/worker/gpu_worker.py@35d5cda1: "
+        "'self.requested_memory = (self.init_snapshot.total_memory * "
+        "self.cache_config.gpu_memory_utilization)'), the weights, the profiled step's peak "
+        "activations and non-torch memory within it ('available_kv_cache_memory_bytes = "
+        "(self.requested_memory - profile_result.non_kv_cache_memory)'). From vLLM 0.21 the "
+        "default is 0.92 with the CUDA graphs' memory estimated within it (pull 38284, "
+        "2026-03-26: 'correspondingly increases the default `--gpu-memory-utilization` to "
+        "0.92'); the presets describe the releases before it"
+    ),
+    "memory: sglang mem_fraction_static by its rule (H100: 0.834 at TP 1 to 0.817 at TP 8)": (
+        "SGLang's server_args._handle_gpu_memory_settings (sgl-project/sglang "
+        "python/sglang/srt/server_args.py@001067ff, the rule since pull 10975, 2025-09-27): "
+        "'reserved_mem = 512', plus max(chunked_prefill_size, 2048) * 1.5 for the "
+        "activations, cuda_graph_max_bs * 2 (256 under TP 4, 512 from it, on the H100 and "
+        "H200 bands), tp_size * pp_size / 8 * 1024, 'if gpu_mem is not None and gpu_mem > "
+        "60 * 1024: reserved_mem = max(reserved_mem, 10 * 1024)', then "
+        "'mem_fraction_static = round((gpu_mem - reserved_mem) / gpu_mem, 3)', in MiB; "
+        "'mem_fraction_static is defined as (model weights + KV cache pool) / GPU memory "
+        "capacity'. gpu_mem is the device's total as nvidia-smi reports it (an H100's 81559 "
+        "MiB, NVIDIA/nccl issue 1264), taken here as the runtime's (81,009 MiB: the share "
+        "0.001 lower at most); the B200 band's graph batch not read (the H100's taken). "
+        "SGLang keeps the activations in the rest: the planner holds them within the share"
+    ),
+    "memory: tensorrt-llm free_gpu_memory_fraction 0.9, lmdeploy cache_max_entry_count 0.8, "
+    "of what the weights leave": (
+        "TensorRT-LLM's trtllm-serve (NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py"
+        "@00209af1): '--kv_cache_free_gpu_memory_fraction', 'default=0.9', 'Free GPU memory "
+        "fraction reserved for KV Cache, after allocating model weights and buffers' (its "
+        "PyTorch executor, _torch/pyexecutor/_util.py@00043967: 'available_kv_mem = "
+        "(total_gpu_memory - peak_memory + allocated_bytes) * fraction'); LMDeploy "
+        "(InternLM/lmdeploy lmdeploy/messages.py@0043859b): 'cache_max_entry_count: float = "
+        "0.8', 'the percentage of FREE GPU memory to be reserved for the k/v cache', free "
+        "once the model is built. Both size the cache after a profiled step's activations: "
+        "the planner holds the temporaries within the share"
+    ),
+    "memory: gpt-fast and none the device's memory_bytes": (
+        "gpt-fast allocates its cache for the batch and length it is given "
+        "(pytorch-labs/gpt-fast model.py@03e10bc2, setup_caches: torch.zeros of "
+        "(max_batch_size, n_heads, max_seq_length, head_dim)), no share kept back"
+    ),
+    "runtime memory: a100 79.25 GiB, h100 79.11 GiB, h200 139.81 GiB, b200 178.35 GiB": (
+        "the totals the CUDA runtime reports, which engines take their shares of: an H100 80GB "
+        "HBM3 'GPU 0 has a total capacity of 79.11 GiB' (vllm-project/vllm issue 27508, "
+        "nvidia-smi '0MiB / 81559MiB' beside it); an H200 'GPU: NVIDIA H200 (139.81 GiB)' "
+        "(vllm-project/vllm issue 34553); an A100 80GB '79.25 GiB total capacity' "
+        "(levihsu/OOTDiffusion issue 235, 2025-03-17; SXM or PCIe not stated); a B200 "
+        "'Total Global Memory: 178.35 GB' (pytorch/ao pull 4002, 2026-03-05: GiB by its value, "
+        "nvidia-smi's 183359 MiB being 179.06 GiB). Drivers differ by a few hundredths of a "
+        "GiB. TPUs: their memory_bytes"
     ),
     "lmdeploy: 0": (
         "no published measurement of TurboMind's host time a step (its step loop is C++): "

@@ -108,6 +108,11 @@ class Hardware(Record):
         across nodes: compute running beside it has the rest
         (:func:`~shardscope._src.cost.compute.overlap_seconds`; see
         :data:`TIME_MODEL_SOURCES`). 0 on a TPU, whose transfers are DMAs beside its cores.
+      runtime_memory_bytes: the device memory its runtime reports as the whole
+        (``torch.cuda.mem_get_info``'s total: what a serving engine takes its share of,
+        :class:`~shardscope._src.targets.engines.MemoryRule`); 0: ``memory_bytes`` (a TPU,
+        or a preset whose ``memory_bytes`` is overridden; see
+        :data:`~shardscope._src.targets.engines.ENGINE_SOURCES`).
       exchange_sms: the multiprocessors a mixture's dispatch and combine (its all-to-alls)
         hold while they run beside compute, where DeepEP or HybridEP runs them with the
         multiprocessors it is configured to take rather than NCCL's channels; 0: NCCL's
@@ -147,6 +152,19 @@ class Hardware(Record):
     comm_sms: int = 0
     comm_sms_net: int = 0
     exchange_sms: int = 0
+    runtime_memory_bytes: float = 0.0
+
+    @property
+    def runtime_memory(self) -> float:
+        """The device memory its runtime reports (``runtime_memory_bytes``, or
+        ``memory_bytes`` where that is 0).
+
+        >>> hardware("h100").runtime_memory / GIB
+        79.11
+        >>> hardware("h100", memory_bytes=40e9).runtime_memory
+        40000000000.0
+        """
+        return self.runtime_memory_bytes or self.memory_bytes
 
     @property
     def has_fp8(self) -> bool:
@@ -605,6 +623,7 @@ PRESETS: dict[str, Hardware] = {
             sms=108,
             comm_sms=24,
             comm_sms_net=16,
+            runtime_memory_bytes=79.25 * GIB,
         ),
         Hardware(
             "h100",
@@ -629,6 +648,7 @@ PRESETS: dict[str, Hardware] = {
             sms=132,
             comm_sms=32,
             comm_sms_net=16,
+            runtime_memory_bytes=79.11 * GIB,
         ),
         Hardware(
             "h200",
@@ -652,6 +672,7 @@ PRESETS: dict[str, Hardware] = {
             sms=132,
             comm_sms=32,
             comm_sms_net=16,
+            runtime_memory_bytes=139.81 * GIB,
         ),
         Hardware(
             "b200",
@@ -674,6 +695,7 @@ PRESETS: dict[str, Hardware] = {
             sms=148,
             comm_sms=32,
             comm_sms_net=16,
+            runtime_memory_bytes=178.35 * GIB,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -836,7 +858,8 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             continue
         # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
         # fp8 matmuls, no attention rates (0) attention at the matmul rate, no launch time
-        # (0) kernels launched for free; every other value is positive.
+        # (0) kernels launched for free, no runtime memory (0) the device memory; every other
+        # value is positive.
         zero_ok = key in (
             "host_memory_bytes",
             "fp8_peak_flops",
@@ -845,6 +868,7 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             "attention_bwd_flops",
             "kernel_launch_s",
             "kernel_floor_s",
+            "runtime_memory_bytes",
         )
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
@@ -873,7 +897,10 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
     if not overrides:
         return base
     # a fraction given is the fraction a matmul reaches, whatever its size
-    by_size = {"hbm_by_size": False} if "hbm_fraction" in overrides else {}
+    by_size: dict[str, Any] = {"hbm_by_size": False} if "hbm_fraction" in overrides else {}
+    # a memory given is the whole the runtime reports too, unless that is given
+    if "memory_bytes" in overrides and "runtime_memory_bytes" not in overrides:
+        by_size["runtime_memory_bytes"] = 0.0
     hw = replace(
         base,
         **{**by_size, **overrides},
