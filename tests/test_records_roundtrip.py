@@ -302,10 +302,10 @@ SERVE_JSON = FIXTURES / "serve_json"
 def _since(body):
     """A schema-3 result's data with the fields written since at their defaults: no clients in
     a closed loop, no engine (``none``: no host cost in any plan's times), no chunked
-    prefill, no prefill attention kernel named and no memory share given."""
+    prefill, no prefill attention kernel named, no memory share given and no notes."""
     plans = [p | {"engine": "none", "decode_host_s": 0.0} for p in body["plans"]]
     since = {"clients": None, "engine": "none", "chunked_prefill": None, "prefill_attention": None}
-    since |= {"weight_activations": False, "memory_share": None}
+    since |= {"weight_activations": False, "memory_share": None, "notes": []}
     return body | since | {"plans": plans}
 
 
@@ -363,7 +363,7 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     assert shardscope.ServeResult.from_dict(written) == now
     since = {
         "clients", "engine", "chunked_prefill", "prefill_attention", "weight_activations",
-        "memory_share",
+        "memory_share", "notes",
     }  # fmt: skip
     assert written.keys() - HEADER == old.keys() - HEADER | since
     on_tpu = dataclasses.replace(

@@ -22,7 +22,7 @@ from shardscope._src.serve.compiled import compile_decode, compile_prefill
 from shardscope._src.serve.estimate import decode_kernels
 from shardscope._src.serve.layouts import weight_reads
 from shardscope._src.serve.search import serve, serve_request
-from shardscope._src.serve.types import Layout, ServeLayout
+from shardscope._src.serve.types import Layout, ServeLayout, ServeNote, ServeResult
 from shardscope._src.targets.hardware import PRESETS
 
 H100 = PRESETS["h100"]
@@ -678,3 +678,26 @@ def test_a_servers_grouped_kernel_reads_a_layers_experts_on_a_device_at_once():
             (experts * 4096 * 2 * 14336 // t, 32),
             (experts * 14336 // t * 4096, 32),
         ]
+
+
+def test_a_mixture_whose_layouts_cannot_split_its_experts_says_why():
+    # Qwen3-30B-A3B on 6 H100s: tensor parallelism divides the 6 devices and the 32 heads and
+    # divides or is a multiple of the 4 key/value heads (1 or 2: replicas of 6 or 3), and an
+    # expert axis spans the replicas: neither 6 nor 3 divides the 128 experts. 2, 4 and 8
+    # devices have replicas of 2, 4 or 8 (up to 12, 6, 10 and 12 have none)
+    kw = dict(hardware="h100", prompt=2048, output=256, compiler="cpu")
+    result = serve("qwen3-30b-a3b", 6, **kw)
+    assert {p.strategy for p in result.plans} == {"dp_tp"}
+    (note,) = result.notes
+    assert note.kind is ServeNote.EXPERTS_NOT_SPLIT
+    assert (note.values.experts, note.values.replicas, note.values.counts) == (
+        128,
+        (3, 6),
+        (2, 4, 8),
+    )
+    assert note.params == ("devices",)
+    assert "2, 4 or 8 devices have layouts that split them" in note.text
+    assert ServeResult.from_dict(result.to_dict()).notes == result.notes
+    # on 8 devices the experts are split; a dense model has none to split
+    assert serve("qwen3-30b-a3b", 8, **kw).notes == ()
+    assert serve("llama3-8b", 6, **kw).notes == ()

@@ -35,6 +35,7 @@ def run_serve_command(
     """Plans ``request``, prints the table and writes the files asked for; returns 0.
     ``verbose`` prints the caption that explains the columns (else the answer on one screen
     and a line saying where the rest is)."""
+    from shardscope._src.render.brief import print_line
     from shardscope._src.render.console import natural_width, output_console
     from shardscope._src.render.serve import plot_serve, render_serve
     from shardscope._src.serve.search import serve_request
@@ -45,6 +46,11 @@ def run_serve_command(
     width = natural_width(render_serve(result, top=top, caption=False), least=100)
     console = output_console(piped_width=width)
     console.print(render_serve(result, top=top, verbose=verbose))
+    for note in result.notes:
+        if verbose:
+            console.print(f"note: {note}", highlight=False)
+        else:
+            print_line(console, f"note: {note}")
     if not verbose:
         print_more(console, report=False)
     written: list[Path | None] = []

@@ -27,6 +27,7 @@ from typing import Any
 
 from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.base.errors import PlanError
+from shardscope._src.base.notes import Note
 from shardscope._src.cost.compute import launch_seconds, prefill_attention
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
@@ -47,7 +48,14 @@ from shardscope._src.serve.estimate import (
 )
 from shardscope._src.serve.layouts import layouts_for, served, untouched_share
 from shardscope._src.serve.online import Load, closed_loop, poisson_quantile, under_load
-from shardscope._src.serve.types import Layout, ServePlan, ServeResult
+from shardscope._src.serve.types import (
+    ExpertsNotSplitValues,
+    Layout,
+    ServeLayout,
+    ServeNote,
+    ServePlan,
+    ServeResult,
+)
 from shardscope._src.targets.engines import engine as get_engine
 from shardscope._src.targets.hardware import Hardware
 
@@ -157,7 +165,29 @@ def serve_request(request: ServeRequest, progress: Progress | None = None) -> Se
         chunked_prefill=None if online is None else online.chunk,
         prefill_attention=None if kernel is None else kernel.kernel,
         memory_share=request.memory_share,
+        notes=_experts_not_split(name, config, request.devices),
     )
+
+
+def _experts_not_split(name: str, config: ModelConfig, devices: int) -> tuple[Note, ...]:
+    """The note of a mixture none of whose layouts on ``devices`` splits its experts (an
+    expert axis spans a layout's replicas, and none of their counts divides the experts),
+    with the device counts up to twice as many whose layouts do; nothing otherwise."""
+    if not config.is_moe:
+        return ()
+    layouts = layouts_for(config, devices)
+    replicas = sorted({layout.replicas for layout in layouts if layout.replicas > 1})
+    if not replicas or any(layout.strategy is ServeLayout.EP_TP for layout in layouts):
+        return ()
+    counts = [
+        n
+        for n in range(2, 2 * devices + 1)
+        if any(layout.strategy is ServeLayout.EP_TP for layout in layouts_for(config, n))
+    ]
+    values = ExpertsNotSplitValues(
+        model=name, experts=config.experts, devices=devices, replicas=replicas, counts=counts
+    )
+    return (Note(ServeNote.EXPERTS_NOT_SPLIT, values, ("devices",)),)
 
 
 def _estimated(

@@ -13,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from shardscope._src.base.errors import RecordError
+from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.base.records import SCHEMA_VERSION, Record, field_of, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import MeshShape
+from shardscope._src.plan.estimates import or_list
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.targets.specs import get_target
 
@@ -32,6 +34,62 @@ class ServeLayout(Vocab):
     TP = "tp"  # tensor parallelism over every device
     DP_TP = "dp_tp"  # replicas of tensor parallelism, each holding every expert
     EP_TP = "ep_tp"  # replicas of tensor parallelism that split a mixture's experts
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertsNotSplitValues(NoteValues):
+    """Why no layout of a mixture's serving plans splits its routed experts: the model, its
+    experts, the devices, the replica counts its layouts have (an expert axis spans a
+    layout's replicas) and the device counts, up to twice as many, that have a layout that
+    splits them."""
+
+    optional: ClassVar[tuple[str, ...]] = ()
+
+    model: str
+    experts: int
+    devices: int
+    replicas: tuple[int, ...]
+    counts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replicas", tuple(self.replicas))
+        object.__setattr__(self, "counts", tuple(self.counts))
+
+
+class ServeNote(NoteKind):
+    """What a serving result notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
+
+    #: a mixture none of whose layouts on these devices splits its experts (values:
+    #: :class:`ExpertsNotSplitValues`)
+    EXPERTS_NOT_SPLIT = "experts-not-split"
+
+    def values_of(self, values: Any) -> NoteValues:
+        """``values`` as this kind's record, made from their mapping where given one."""
+        if isinstance(values, ExpertsNotSplitValues):
+            return values
+        return ExpertsNotSplitValues.from_dict(values)
+
+    def describe(self, values: Any) -> str:
+        """The note's words.
+
+        >>> v = dict(model="m", experts=128, devices=6, replicas=[3, 6], counts=[2, 4, 8])
+        >>> print(Note(ServeNote.EXPERTS_NOT_SPLIT, v))
+        no layout of 6 devices splits m's 128 routed experts: an expert axis spans a layout's \
+replicas (here 3 or 6), none of which divides 128, so each replica holds every expert \
+(dp_tp); 2, 4 or 8 devices have layouts that split them (ep_tp)
+        """
+        v = self.values_of(values)
+        assert isinstance(v, ExpertsNotSplitValues)
+        counts = (
+            f"{or_list(v.counts)} devices have layouts that split them (ep_tp)"
+            if v.counts
+            else f"no device count up to {2 * v.devices} has a layout that splits them"
+        )
+        return (
+            f"no layout of {v.devices} devices splits {v.model}'s {v.experts} routed experts: "
+            f"an expert axis spans a layout's replicas (here {or_list(v.replicas)}), none of "
+            f"which divides {v.experts}, so each replica holds every expert (dp_tp); {counts}"
+        )
 
 
 @dataclass(frozen=True)
@@ -225,6 +283,8 @@ class ServeResult(Record):
     #: the share of a device's memory the engine held, as the request gave it (None: the
     #: engine's own; each plan's ``memory_limit_bytes`` is what it let a device hold)
     memory_share: float | None = None
+    #: what the reader should know beyond the plans (:class:`ServeNote`)
+    notes: tuple[Note, ...] = ()
 
     @property
     def best(self) -> ServePlan:
@@ -264,6 +324,10 @@ class ServeResult(Record):
             elif f.name in data:
                 values[f.name] = data[f.name]
         values["plans"] = tuple(ServePlan.from_dict(p) for p in values["plans"])
+        values["notes"] = tuple(
+            Note(ServeNote(n["kind"]), n["values"], tuple(n.get("params", ())))
+            for n in values.get("notes", ())
+        )
         return cls(**values)
 
     @property
