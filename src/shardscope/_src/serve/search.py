@@ -176,14 +176,14 @@ def _experts_not_split(name: str, config: ModelConfig, devices: int) -> tuple[No
     if not config.is_moe:
         return ()
     layouts = layouts_for(config, devices)
-    replicas = sorted({layout.replicas for layout in layouts if layout.replicas > 1})
+    replicas = tuple(sorted({layout.replicas for layout in layouts if layout.replicas > 1}))
     if not replicas or any(layout.strategy is ServeLayout.EP_TP for layout in layouts):
         return ()
-    counts = [
+    counts = tuple(
         n
         for n in range(2, 2 * devices + 1)
         if any(layout.strategy is ServeLayout.EP_TP for layout in layouts_for(config, n))
-    ]
+    )
     values = ExpertsNotSplitValues(
         model=name, experts=config.experts, devices=devices, replicas=replicas, counts=counts
     )
