@@ -159,7 +159,8 @@ def _kimi_k2(batch: int) -> ModelConfig:
     layers (the first dense), d 7168, latent attention of 64 heads (q_lora 1536, kv_lora
     512, 128 + 64 query and key dimensions, values of 128), 384 routed experts of 2048 and
     one shared, 8 routed a token, dense FFN 18432, vocabulary 163840: DeepSeek-V3's preset
-    with its heads, experts, dense layers and vocabulary."""
+    with its heads, experts, dense layers and vocabulary, and routed from every expert
+    (its ``n_group`` 1 and ``topk_group`` 1, where DeepSeek-V3's are 8 and 4)."""
     return _preset(
         "deepseek-v3",
         batch,
@@ -170,6 +171,8 @@ def _kimi_k2(batch: int) -> ModelConfig:
         dense_layers=1,
         vocab=163840,
         dispatch_once=True,
+        expert_groups=1,
+        groups_per_token=1,
     )
 
 

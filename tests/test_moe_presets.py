@@ -144,8 +144,13 @@ def test_deepseek_v3_counts_as_its_shape_says_and_its_config_json_reads_the_same
         qk_nope_head_dim=nope,
         qk_rope_head_dim=rope,
         v_head_dim=v,
+        n_group=8,
+        topk_group=4,
     )
-    assert load_hf_config(path).param_count() == total
+    read = load_hf_config(path)
+    assert read.param_count() == total
+    # each token's experts from 4 of 8 groups, as the preset routes them
+    assert read.config(batch=1).group_limit == p.config(batch=1).group_limit == (8, 4)
 
 
 def test_a_config_json_with_experts_it_cannot_read_is_refused_not_read_dense(tmp_path):
@@ -166,6 +171,18 @@ def test_bad_expert_settings_name_the_value():
         ModelConfig(layers=2, experts=4, top_k=1, dense_layers=2)
     with pytest.raises(ModelConfigError, match="experts=-1"):
         ModelConfig(experts=-1)
+    # a group limit: groups dividing the experts, a token's from no more of them, and its
+    # top_k within the experts of the groups it may use; none without experts
+    with pytest.raises(ModelConfigError, match="expert_groups=3, groups_per_token=1"):
+        ModelConfig(experts=8, top_k=2, expert_groups=3)
+    with pytest.raises(ModelConfigError, match="expert_groups=4, groups_per_token=5"):
+        ModelConfig(experts=8, top_k=2, expert_groups=4, groups_per_token=5)
+    with pytest.raises(ModelConfigError, match="top_k=3: a token's experts come from"):
+        ModelConfig(experts=8, top_k=3, expert_groups=4, groups_per_token=1)
+    with pytest.raises(ModelConfigError, match="groups_per_token=0"):
+        ModelConfig(experts=8, top_k=2, groups_per_token=0)
+    with pytest.raises(ModelConfigError, match="expert_groups=2 describe a mixture"):
+        ModelConfig(expert_groups=2)
 
 
 def test_what_the_planner_cannot_price_for_a_mixture_is_refused_naming_the_flag(capsys):

@@ -124,3 +124,46 @@ def test_a_dense_step_pays_no_routing():
         t = estimate(Candidate(strategy, mesh, remat="full"), DENSE, "h100").time
         assert t.routing_s == 0.0
     assert expert_routing(get_strategy("fsdp").place(DENSE, abstract_mesh("data=8"))) is None
+
+
+def test_a_group_limited_router_keeps_each_token_in_its_groups():
+    # 16 experts in 4 groups of 4, a token's 3 from 2 of them: on random logits no token's
+    # experts span more than 2 groups, and many span 2 (unlimited, most would span 3)
+    import jax
+    import numpy as np
+
+    from shardscope._src.model.moe import route
+
+    logits = jax.random.normal(jax.random.key(0), (4096, 16))
+    eye = np.eye(16, dtype=np.float32)
+    spans = [len(set(row // 4)) for row in np.asarray(route(logits, eye, 3, group_limit=(4, 2))[1])]
+    assert max(spans) == 2 and spans.count(2) > len(spans) // 2
+    unlimited = [len(set(row // 4)) for row in np.asarray(route(logits, eye, 3)[1])]
+    assert unlimited.count(3) > len(unlimited) // 4
+
+
+@pytest.mark.parametrize("devices", [16, 8, 4, 2, 3])
+def test_the_share_of_tokens_a_device_receives_within_a_group_limit(devices):
+    # device_share's model of a group-limited routing: a token's 2 groups any 2 of the 4
+    # alike, its 3 experts any 3 of their 8 alike; counted over draws of that model, a
+    # device's share of the tokens (a device of 1, 2, 4 or 8 experts in order, or over 3
+    # devices of 5, which lie across groups: 15 of the 16 experts placed)
+    import numpy as np
+
+    from shardscope._src.model.moe import device_share
+
+    rng = np.random.default_rng(0)
+    experts, top_k, groups, chosen, n = 16, 3, 4, 2, 40000
+    picked_groups = np.argsort(rng.random((n, groups)), axis=1)[:, :chosen]
+    pool = (picked_groups[:, :, None] * 4 + np.arange(4)).reshape(n, chosen * 4)
+    order = np.argsort(rng.random((n, chosen * 4)), axis=1)[:, :top_k]
+    picked = np.take_along_axis(pool, order, axis=1)
+    local = experts // devices
+    hit = [len({e // local for e in row if e < local * devices}) for row in picked]
+    counted = sum(hit) / (n * devices)
+    assert device_share(experts, devices, top_k, (groups, chosen)) == pytest.approx(
+        counted, abs=0.01
+    )
+    if devices == 8:  # by hand: the device's group chosen with probability 1/2, and then
+        # 1 - C(8 - 2, 3) / C(8, 3) of the tokens reach its 2 experts
+        assert device_share(experts, 8, top_k, (4, 2)) == pytest.approx(0.5 * (1 - 20 / 56))

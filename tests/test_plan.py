@@ -138,8 +138,10 @@ def test_a_reading_that_crosses_nodes_differently_is_said():
     [
         ("ici_fsdp=8,dcn_fsdp=16,dcn_data=4", "replica=4,data=128"),
         ("ici_tensor_parallelism=8,dcn_fsdp_parallelism=4", "data=4,model=8"),
-        ("dcn_pipeline=4,ici_data=2,ici_sequence=2,ici_tensor=4",
-         "stage=4,data=2,context=2,model=4"),
+        (
+            "dcn_pipeline=4,ici_data=2,ici_sequence=2,ici_tensor=4",
+            "stage=4,data=2,context=2,model=4",
+        ),
         ("ici_expert=8,dcn_data=2", "data=2,expert=8"),
     ],
 )
@@ -628,8 +630,14 @@ def test_a_pipeline_plans_target_memory_says_what_its_stage_does_not_hold(sweep,
     # before its first backward: 2 + 2 + 1 = 5 chunks of layers / 2
     assert (values.stage_layers, values.held_layers) == (layers, 5 * (layers // 2))
     note = PlanNote.COMPILED_BY_TARGET.describe(
-        {"target": "h100", "memory_bytes": 40 * gib, "estimate_bytes": 60 * gib,
-         "fit_bytes": 50 * gib, "stage_layers": 12, "held_layers": 103}  # fmt: skip
+        {
+            "target": "h100",
+            "memory_bytes": 40 * gib,
+            "estimate_bytes": 60 * gib,
+            "fit_bytes": 50 * gib,
+            "stage_layers": 12,
+            "held_layers": 103,
+        }  # fmt: skip
     )
     assert note.endswith(
         "the fit is judged on the compiler's 50 GiB (its buffers and 10 GiB of optimizer state), "

@@ -196,13 +196,26 @@ NOTE_VALUES = {
     "inexact": {},
     "per-microbatch-reduction": {},
     "pipeline-stage": {"stages": 4, "layers": 2, "of_layers": 7, "devices": 16},
-    "compiled-by-target": {"target": "h100", "error": "out of memory", "room_bytes": 5,
-                           "optimizer_bytes": 3},  # fmt: skip
-    "fit-on-estimate": {"compiler": "XLA:CPU", "compiled_bytes": 6, "optimizer_bytes": 2,
-                        "estimate_bytes": 5, "stages": 1},  # fmt: skip
+    "compiled-by-target": {
+        "target": "h100",
+        "error": "out of memory",
+        "room_bytes": 5,
+        "optimizer_bytes": 3,
+    },  # fmt: skip
+    "fit-on-estimate": {
+        "compiler": "XLA:CPU",
+        "compiled_bytes": 6,
+        "optimizer_bytes": 2,
+        "estimate_bytes": 5,
+        "stages": 1,
+    },  # fmt: skip
     "target-compile-failed": {"target": "h100", "error": "it broke"},
-    "memory-pressure": {"compiler": "XLA:GPU", "limit_bytes": 1, "reached_bytes": 3,
-                        "original_bytes": 4},  # fmt: skip
+    "memory-pressure": {
+        "compiler": "XLA:GPU",
+        "limit_bytes": 1,
+        "reached_bytes": 3,
+        "original_bytes": 4,
+    },  # fmt: skip
     "compiled-flops": {"compiler": "XLA:GPU", "formula": 2.5e12, "compiled": None},
     "ragged-dot-dense": {"compiler": "XLA:CPU", "count": 3, "groups": [8, 16]},
     "analytic-memory": {},
@@ -210,8 +223,12 @@ NOTE_VALUES = {
     "communication": {},
     "time-model": "h100",
     "program-time-model": "tpu-v5e",
-    "fp8-matmuls": {"name": "h100", "fp8_peak_flops": 1.9e15, "fp8_matmul_fraction": 0.5,
-                    "dtype": "bfloat16"},  # fmt: skip
+    "fp8-matmuls": {
+        "name": "h100",
+        "fp8_peak_flops": 1.9e15,
+        "fp8_matmul_fraction": 0.5,
+        "dtype": "bfloat16",
+    },  # fmt: skip
     "widened": {"dtype": "bfloat16", "itemsize": 2, "compiler": "XLA:CPU"},
     "no-reduce-scatter": {"compiler": "XLA:TPU", "forms": "sometimes"},
     "target-compiler-missing": {"target": "h100", "extra": "gpu-compile"},
@@ -223,10 +240,20 @@ NOTE_VALUES = {
     "mixture-fp8": {},
     "no-fit": {"label": "dp data=8", "need": 9, "have": 8, "hardware": "h100", "searched": False},
     "target-out-of-memory": {"target": "h100", "count": 2, "label": "dp data=8", "error": None},
-    "no-target-fit": {"target": "h100", "label": "dp data=8", "have": 8, "need": 9,
-                      "hardware": "h100"},  # fmt: skip
-    "no-plan": {"what": "tiny", "devices": 8, "skipped": {"memory": 3}, "limit": 8,
-                "hardware": "h100"},  # fmt: skip
+    "no-target-fit": {
+        "target": "h100",
+        "label": "dp data=8",
+        "have": 8,
+        "need": 9,
+        "hardware": "h100",
+    },  # fmt: skip
+    "no-plan": {
+        "what": "tiny",
+        "devices": 8,
+        "skipped": {"memory": 3},
+        "limit": 8,
+        "hardware": "h100",
+    },  # fmt: skip
 }
 
 

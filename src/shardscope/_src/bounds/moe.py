@@ -35,6 +35,12 @@ from shardscope._src.model.moe import device_share
 INDEX_ITEMSIZE = 4
 
 
+def _once_per_node(experts: int, top_k: int, group_limit: tuple[int, int]) -> tuple[int, ...]:
+    """A sent-once all-to-all's routing for the links (:attr:`Term.once_per_node`): ``(experts,
+    top_k)``, and the group limit where the routing has one."""
+    return (experts, top_k) if group_limit[0] == group_limit[1] else (experts, top_k, *group_limit)
+
+
 def moe_layer_terms(
     tokens: int,
     d_model: int,
@@ -51,6 +57,7 @@ def moe_layer_terms(
     expert_weight_bytes: int = 0,
     once: bool = False,
     weight_activations: bool = False,
+    group_limit: tuple[int, int] = (1, 1),
 ) -> tuple[Term, ...]:
     """The collectives one MoE layer needs over ``axis`` (``expert_devices`` devices, the
     tokens and the experts split over it; a tuple of axes for a group over several, as MoE
@@ -64,7 +71,8 @@ def moe_layer_terms(
     replica's all-to-alls over ``axis`` alone): then each device's experts' gradients
     (``expert_weight_bytes``) are summed over it, and the router's over both axes. With
     ``once``, each token goes once to each device of its experts (see the module docstring):
-    ``ceil(imbalance x tokens x e x share)`` rows each way, and the slots' routing
+    ``ceil(imbalance x tokens x e x share)`` rows each way (``share`` the routing's within
+    its ``group_limit``: :func:`~shardscope._src.model.moe.device_share`), and the slots' routing
     (``ceil(imbalance x tokens x top_k)`` row indices of 4 bytes and router weights of
     ``itemsize``) with the dispatch, the weights' gradient back in the backward. With
     ``weight_activations`` (the experts scale their activations by the slots' router
@@ -110,7 +118,7 @@ def moe_layer_terms(
     replica = tokens // data_devices
     group = (axis,) if isinstance(axis, str) else tuple(axis)
     slots = math.ceil(imbalance * replica * top_k)
-    share = device_share(experts, expert_devices, top_k)
+    share = device_share(experts, expert_devices, top_k, group_limit)
     rows = math.ceil(imbalance * replica * expert_devices * share) if once else slots
     payload = rows * d_model * itemsize
     passes = 2 if train else 1
@@ -129,7 +137,7 @@ def moe_layer_terms(
                 what + (", forward and backward" if train else ""),
                 scope,
                 role=TermRole.ACTIVATION,
-                once_per_node=(experts, top_k) if once else (),
+                once_per_node=_once_per_node(experts, top_k, group_limit) if once else (),
             )
         )
     # the slots' router weights go with them where the experts weight their activations (as

@@ -60,8 +60,9 @@ class Term:
     whose weight it moves (``"layers"``, ``"moe_layers"``; ``""``: a weight of no layer, or
     no weight). ``once_per_node`` is ``(experts, top_k)`` for an all-to-all that sends each
     token once to each device of its experts, which across nodes goes once to each node
-    (DeepEP's; priced by :func:`~shardscope._src.cost.links.exchange_bandwidth`), ``()``
-    for every other collective.
+    (DeepEP's; priced by :func:`~shardscope._src.cost.links.exchange_bandwidth`), with the
+    routing's group limit after them where it has one (``(experts, top_k, groups,
+    groups_per_token)``), ``()`` for every other collective.
     """
 
     kind: str

@@ -408,6 +408,7 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
             data_devices=replicas,
             once=c.dispatch_once,
             weight_activations=c.weight_activations,
+            group_limit=c.group_limit,
         ):
             if t.kind == ALL_TO_ALL:
                 terms.append(replace(t, count=t.count * c.moe_layers))
@@ -428,7 +429,7 @@ def _moe_terms(placement: Placement, train: bool) -> list[Term]:
                 # each token's row once to each device of its experts (moe_layer_terms'
                 # once), which of them fills each slot and its router weight with them
                 e = placement.role_size(Role.EXPERT)
-                share = device_share(c.experts, e, c.top_k)
+                share = device_share(c.experts, e, c.top_k, c.group_limit)
                 rows = math.ceil(c.routed_capacity * tokens * e * share) * c.d_model * c.itemsize
                 n_slots = math.ceil(c.routed_capacity * tokens * c.top_k)
                 moved = [

@@ -206,15 +206,17 @@ def exchange_bandwidth(
 
     ``once_per_node`` ``(experts, top_k)``: the all-to-all sends each token once to each
     device of the group holding any of its ``top_k`` of ``experts`` experts (``experts / n``
-    a device, uniform routing), as DeepEP's dispatch and combine do, and its internode
-    kernels send a token across the network once to each node holding any of them, to the
-    device of the sender's local rank there, which forwards it over NVLink to the node's
-    devices that need it (deepseek-ai/DeepEP's README: "forwarding from RDMA to NVLink
+    a device, uniform routing; ``(experts, top_k, groups, chosen)`` within a group limit:
+    :func:`~shardscope._src.model.moe.device_share`), as DeepEP's dispatch and combine do,
+    and its internode kernels send a token across the network once to each node holding any
+    of them, to the device of the sender's local rank there, which forwards it over NVLink
+    to the node's devices that need it (deepseek-ai/DeepEP's README: "forwarding from RDMA to NVLink
     domain"). Of the remote share, the network then carries ``(k - 1) q / ((n - m) d)``
     (:func:`~shardscope._src.model.moe.device_share`: ``d`` a device's, ``q`` a node's of
     the ``k``), and the links inside the node the rest, the forwarding, beside the node's
-    own share: 0.69 of the remote bytes for DeepSeek-V3 at EP 64 on 8 nodes, 0.50 for Kimi
-    K2 at EP 32 on 4.
+    own share: 0.69 of the remote bytes for 256 experts, 8 a token, at EP 64 on 8 nodes (0.49
+    within DeepSeek-V3's 4 of 8 groups, a node's experts each), 0.50 for Kimi K2 at EP 32 on
+    4.
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> h = hardware("h100")
@@ -223,8 +225,11 @@ def exchange_bandwidth(
     >>> round(exchange_bandwidth(h, {"expert": 64}, ("expert",)) / 1e9, 1)  # 56 of 63 away
     45.0
     >>> round(exchange_bandwidth(h, {"expert": 64}, ("expert",), once_per_node=(256, 8)) / 1e9,
-    ...       1)  # DeepSeek-V3's 256 experts, 8 a token, once a node
+    ...       1)  # 256 experts, 8 a token, once a node
     65.2
+    >>> round(exchange_bandwidth(h, {"expert": 64}, ("expert",),
+    ...                          once_per_node=(256, 8, 8, 4)) / 1e9, 1)  # from 4 of 8 groups
+    91.3
     """
     inside = group_bandwidth(hw, sizes, axes)
     if math.prod(sizes.values()) <= hw.node_size:
@@ -238,9 +243,11 @@ def exchange_bandwidth(
     m = n // nodes
     remote, local = (n - m) / (n - 1), (m - 1) / (n - 1)
     if once_per_node:
-        experts, top_k = once_per_node
-        per_device = (n - m) * device_share(experts, n, top_k)
-        crossing = remote * (nodes - 1) * device_share(experts, nodes, top_k) / per_device
+        experts, top_k, *limit = once_per_node
+        group_limit = (limit[0], limit[1]) if limit else (1, 1)
+        per_device = (n - m) * device_share(experts, n, top_k, group_limit)
+        node = device_share(experts, nodes, top_k, group_limit)
+        crossing = remote * (nodes - 1) * node / per_device
         local, remote = local + remote - crossing, crossing
     per_byte = max(remote / hw.cross_node_bandwidth, local / hw.link_bandwidth)
     return hw.comm_fraction / per_byte

@@ -117,7 +117,12 @@ class ModelConfig(Record):
     slots; the reference program and the expert-parallel strategies' ``shard_map`` twins
     compile it so (each slot's router weight sent to its expert with the slot, dropless
     with its row, the outputs summed unweighted: the same sums, and the backward keeps no
-    output). Its parameters are counted
+    output). ``expert_groups`` and ``groups_per_token``: the router picks each token's
+    experts among those of ``groups_per_token`` of ``expert_groups`` equal groups of them,
+    the groups ranked by their best experts' logits (DeepSeek-V3's node-limited routing, its
+    config's ``n_group`` 8 and ``topk_group`` 4: under expert parallelism of 64 over 8 nodes
+    each group is a node's experts, and a token reaches at most 4 nodes); 1 and 1: any of
+    them. Its parameters are counted
     (:meth:`param_count`, :meth:`active_param_count`); the reference decoder runs it (the
     dense layers, then those with experts) and the strategies place it: expert parallelism
     (``ep``, ``zero1_ep``, ``fsdp_ep_tp``, ... with each data flavour but HSDP and with
@@ -161,6 +166,8 @@ class ModelConfig(Record):
     imbalance: float = 1.0
     dispatch_once: bool = False
     weight_activations: bool = False
+    expert_groups: int = 1
+    groups_per_token: int = 1
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
     rope_head_dim: int = 0
@@ -340,12 +347,20 @@ class ModelConfig(Record):
                 f"model config expert_ff={self.expert_ff!r}: must be a positive integer or None "
                 f"(None: ff)"
             )
+        for name in ("expert_groups", "groups_per_token"):
+            value = getattr(self, name)
+            if not is_int(value, 1) or value > MAX_DIM:
+                raise ModelConfigError(
+                    f"model config {name}={value!r}: must be a positive integer (1: the router "
+                    f"picks among every expert)"
+                )
         if not self.experts:
             extra = [
                 n
                 for n in ("top_k", "shared_experts", "dense_layers", "expert_ff", "capacity_factor")
                 if getattr(self, n)
             ]
+            extra += [n for n in ("expert_groups", "groups_per_token") if getattr(self, n) != 1]
             if extra:
                 raise ModelConfigError(
                     f"model config {', '.join(f'{n}={getattr(self, n)}' for n in extra)} "
@@ -362,6 +377,21 @@ class ModelConfig(Record):
                 f"model config dense_layers={self.dense_layers}: a mixture of experts needs a "
                 f"layer with experts after them, and it has layers={self.layers}"
             )
+        groups, chosen = self.group_limit
+        if self.experts % groups or chosen > groups:
+            raise ModelConfigError(
+                f"model config expert_groups={groups}, groups_per_token={chosen}: the "
+                f"experts={self.experts} split into equal groups, a token's chosen among "
+                f"them; choose expert_groups dividing {self.experts} and groups_per_token "
+                f"at most it"
+            )
+        if self.top_k > chosen * (self.experts // groups):
+            raise ModelConfigError(
+                f"model config top_k={self.top_k}: a token's experts come from "
+                f"groups_per_token={chosen} groups of {self.experts // groups}, "
+                f"{chosen * (self.experts // groups)} experts; choose top_k at most that, or "
+                f"more groups_per_token"
+            )
 
     @property
     def q_per_kv(self) -> int:
@@ -376,6 +406,16 @@ class ModelConfig(Record):
     def is_moe(self) -> bool:
         """Whether its MLPs are mixtures of experts."""
         return self.experts > 0
+
+    @property
+    def group_limit(self) -> tuple[int, int]:
+        """``(expert_groups, groups_per_token)``: the groups of experts, and how many of
+        them a token's experts come from.
+
+        >>> ModelConfig(experts=256, top_k=8, expert_groups=8, groups_per_token=4).group_limit
+        (8, 4)
+        """
+        return self.expert_groups, self.groups_per_token
 
     @property
     def is_mla(self) -> bool:

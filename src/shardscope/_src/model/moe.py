@@ -26,6 +26,7 @@ MLP's.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -51,17 +52,51 @@ def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
     return max(1, math.ceil(factor * tokens * top_k / experts))
 
 
-def route(h: Any, router: Any, top_k: int, place: Any = None) -> tuple[Any, Any]:
+def route(
+    h: Any, router: Any, top_k: int, place: Any = None, group_limit: tuple[int, int] = (1, 1)
+) -> tuple[Any, Any]:
     """``(weights, experts)`` of each token ``[..., d]``, ``[..., top_k]`` each: the top-k
     experts by router logit, highest first, and the softmax of their logits (float32).
-    ``place("tokens", logits)`` keeps the logits where their tokens are."""
+    ``place("tokens", logits)`` keeps the logits where their tokens are. ``group_limit``
+    ``(groups, chosen)``: the experts are ``groups`` equal groups, each ranked by its best
+    logit, and a token's top-k are taken from its ``chosen`` best groups (DeepSeek-V3's
+    node-limited routing; :attr:`~shardscope._src.model.config.ModelConfig.group_limit`).
+
+    >>> import numpy as np
+    >>> one = np.ones((1, 1), np.float32)  # a token whose logits are the router's row
+    >>> router = np.array([[0, 1, 9, 8, 7, 2, 3, 6]], np.float32)  # groups' best 1, 9, 7, 6
+    >>> route(one, router, 3)[1].tolist()
+    [[2, 3, 4]]
+    >>> route(one, router, 3, group_limit=(4, 2))[1].tolist()  # experts 2, 3, 4 and 5
+    [[2, 3, 4]]
+    >>> route(one, router, 4, group_limit=(4, 2))[1].tolist()  # not 7: its group is out
+    [[2, 3, 4, 5]]
+    >>> route(one, router, 3, group_limit=(4, 1))
+    Traceback (most recent call last):
+    ...
+    ValueError: top_k=3 experts from 1 of 4 groups of 2: at most 2
+    """
+    groups, chosen = group_limit
+    n_experts = router.shape[-1]
+    if top_k > chosen * (n_experts // groups):
+        raise ValueError(
+            f"top_k={top_k} experts from {chosen} of {groups} groups of "
+            f"{n_experts // groups}: at most {chosen * (n_experts // groups)}"
+        )
     with jax.named_scope("moe/router"):
         logits = jnp.einsum("...d,de->...e", h, router).astype(jnp.float32)
         if place is not None:
             logits = place("tokens", logits)
+        ranked = logits
+        if chosen < groups:
+            # each group by its best expert's logit; the experts of the other groups out
+            grouped = logits.reshape(*logits.shape[:-1], groups, n_experts // groups)
+            best = jnp.argsort(-jnp.max(grouped, axis=-1), axis=-1, stable=True)[..., :chosen]
+            kept = jnp.sum(jax.nn.one_hot(best, groups, dtype=jnp.bool_), axis=-2) > 0
+            ranked = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(logits.shape)
         # a stable sort rather than lax.top_k, whose partitioning gathers every token's
         # logits (measured on XLA's CPU compiler): ties go to the lower expert either way
-        experts = jnp.argsort(-logits, axis=-1, stable=True)[..., :top_k]
+        experts = jnp.argsort(-ranked, axis=-1, stable=True)[..., :top_k]
         top = jnp.take_along_axis(logits, experts, axis=-1)
         return jax.nn.softmax(top, axis=-1), experts
 
@@ -180,20 +215,59 @@ def _sequence_major(x: Any, slices: int, chunks: int = 1) -> Any:
     return jnp.transpose(x, (2, 1, 0, 3, 4)).reshape(groups * t, d)
 
 
-def device_share(experts: int, devices: int, top_k: int) -> float:
+def device_share(
+    experts: int, devices: int, top_k: int, group_limit: tuple[int, int] = (1, 1)
+) -> float:
     """Under uniform routing, the share of a group's tokens that send to one device of an
-    expert axis of ``devices`` (each holding ``experts / devices`` experts): those with at
-    least one of their ``top_k`` experts there, ``1 - C(E - E/e, k) / C(E, k)``; ``top_k /
-    experts`` with one expert a device.
+    expert axis of ``devices`` (each holding ``experts / devices`` experts, in order): those
+    with at least one of their ``top_k`` experts there, ``1 - C(E - E/e, k) / C(E, k)``;
+    ``top_k / experts`` with one expert a device.
+
+    With ``group_limit`` ``(G, g)`` (:func:`route`'s: a token's experts from ``g`` of ``G``
+    groups of ``s = E / G``, the groups chosen uniformly), a device is missed when the
+    groups chosen hold none of its experts, or hold ``L`` of them and the ``k`` experts
+    drawn from the ``g s`` of the chosen groups miss those: summed over which of the ``m``
+    groups its experts lie in are chosen, ``C(G - m, g - |T|) / C(G, g) x C(g s - L_T, k) /
+    C(g s, k)``, averaged over the devices (their experts lie across the groups alike or
+    not).
 
     >>> round(device_share(128, 8, 8), 4)  # Qwen3-30B-A3B over 8 devices
     0.6674
+    >>> round(device_share(256, 8, 8), 4), round(device_share(256, 8, 8, (8, 4)), 4)
+    (0.6618, 0.4536)
     """
     local = experts // devices
-    return 1 - math.comb(experts - local, top_k) / math.comb(experts, top_k)
+    groups, chosen = group_limit
+    if chosen == groups:
+        return 1 - math.comb(experts - local, top_k) / math.comb(experts, top_k)
+    size = experts // groups
+    pool = chosen * size
+    missed = 0.0
+    for device in range(devices):
+        first, last = device * local, (device + 1) * local
+        held = [  # the device's experts in each group they lie in
+            min(last, (g + 1) * size) - max(first, g * size)
+            for g in range(first // size, (last - 1) // size + 1)
+        ]
+        m = len(held)
+        for taken in itertools.product((False, True), repeat=m):
+            t = sum(taken)
+            if t > chosen or chosen - t > groups - m:
+                continue
+            drawn = sum(h for h, on in zip(held, taken, strict=True) if on)
+            p_groups = math.comb(groups - m, chosen - t) / math.comb(groups, chosen)
+            missed += p_groups * math.comb(pool - drawn, top_k) / math.comb(pool, top_k)
+    return 1 - missed / devices
 
 
-def device_capacity(tokens: int, experts: int, devices: int, top_k: int, factor: float) -> int:
+def device_capacity(
+    tokens: int,
+    experts: int,
+    devices: int,
+    top_k: int,
+    factor: float,
+    group_limit: tuple[int, int] = (1, 1),
+) -> int:
     """Rows a group sends each device when each token is sent once to each device holding
     any of its experts: ``ceil(factor x tokens x`` :func:`device_share` ``)``, at least 1;
     :func:`capacity` with one expert a device.
@@ -201,7 +275,8 @@ def device_capacity(tokens: int, experts: int, devices: int, top_k: int, factor:
     >>> device_capacity(4096, 8, 8, 2, 1.25) == capacity(4096, 8, 2, 1.25)
     True
     """
-    return max(1, math.ceil(factor * tokens * device_share(experts, devices, top_k)))
+    share = device_share(experts, devices, top_k, group_limit)
+    return max(1, math.ceil(factor * tokens * share))
 
 
 def device_rows(
@@ -246,9 +321,11 @@ def moe_capacity(
     slices: int = 1,
     chunks: int = 1,
     weight_activations: bool = False,
+    group_limit: tuple[int, int] = (1, 1),
 ) -> tuple[Any, Any]:
     """The capacity-padded MoE of ``x`` ``[tokens, d]``: ``(output, dropped)``, ``dropped``
-    the number of token-expert assignments beyond their expert's capacity.
+    the number of token-expert assignments beyond their expert's capacity; each token
+    routed within ``group_limit`` (:func:`route`).
 
     The tokens are split into ``groups`` (GShard's: one per device of the expert axis), each
     routed and padded on its own, so that a group's tokens go to every expert's slots for
@@ -295,7 +372,7 @@ def moe_capacity(
             f"tokens={t} do not split into groups={groups} of slices={slices} x chunks={chunks}"
         )
     xg = place("tokens", _slice_major(x, groups, slices, chunks))
-    weights, experts = route(xg, router, top_k, place)
+    weights, experts = route(xg, router, top_k, place, group_limit)
     slots = capacity(t // groups, n_experts, top_k, factor)
     token, weight = jax.vmap(lambda w, e: slot_tokens(w, e, n_experts, slots))(weights, experts)
     if devices is not None:
@@ -303,7 +380,7 @@ def moe_capacity(
             raise ValueError(f"experts={n_experts} do not split over devices={devices}")
         out, dropped = _moe_once(
             xg, experts, token, weight, w_in, w_down, n_experts, devices, slots, factor, place,
-            slices=slices,
+            slices=slices, group_limit=group_limit,
         )  # fmt: skip
         return _sequence_major(out.reshape(groups, t // groups, d), slices, chunks), dropped
     with jax.named_scope("moe/dispatch"):
@@ -362,8 +439,10 @@ def _moe_once(
     *,
     slices: int = 1,
     gather_axis: str | None = None,
+    group_limit: tuple[int, int] = (1, 1),
 ) -> tuple[Any, Any]:
-    """:func:`moe_capacity` sending each token once to each device of its experts: under
+    """:func:`moe_capacity` sending each token once to each device of its experts (as many
+    rows as :func:`device_capacity` gives the routing's ``group_limit``): under
     jit with ``place`` (the arrays ``[devices, groups, ...]`` resharded onto the expert
     axis; ``slices``: :func:`moe_capacity`'s), or on one device of ``axis`` inside
     ``shard_map`` (an explicit ``all_to_all`` each way, ``w_in`` and ``w_down`` this device's
@@ -373,7 +452,7 @@ def _moe_once(
     groups, tokens, d = xg.shape
     top_k = experts.shape[-1]
     local = n_experts // devices
-    rows = device_capacity(tokens, n_experts, devices, top_k, factor)
+    rows = device_capacity(tokens, n_experts, devices, top_k, factor, group_limit)
     sent, row = jax.vmap(lambda e, tk: device_rows(e, tk, n_experts, devices, rows, slots))(
         experts, token
     )
@@ -438,15 +517,23 @@ def _moe_once(
 
 
 def moe_dropless(
-    x: Any, router: Any, w_in: Any, w_down: Any, top_k: int, *, weight_activations: bool = False
+    x: Any,
+    router: Any,
+    w_in: Any,
+    w_down: Any,
+    top_k: int,
+    *,
+    weight_activations: bool = False,
+    group_limit: tuple[int, int] = (1, 1),
 ) -> Any:
-    """The dropless MoE of ``x`` ``[tokens, d]``: the assignments sorted by expert, each
-    expert's rows a group of ``jax.lax.ragged_dot``, the outputs weighted and summed back;
-    with ``weight_activations``, each row's activation weighted before the down-projection
-    and the outputs summed unweighted (:func:`moe_capacity`'s)."""
+    """The dropless MoE of ``x`` ``[tokens, d]``: the assignments (within ``group_limit``,
+    :func:`route`) sorted by expert, each expert's rows a group of ``jax.lax.ragged_dot``,
+    the outputs weighted and summed back; with ``weight_activations``, each row's activation
+    weighted before the down-projection and the outputs summed unweighted
+    (:func:`moe_capacity`'s)."""
     n_experts = router.shape[-1]
     tokens = x.shape[0]
-    weights, experts = route(x, router, top_k)
+    weights, experts = route(x, router, top_k, group_limit=group_limit)
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     token_of = order // top_k
@@ -489,6 +576,7 @@ def moe_capacity_local(
     once: bool = False,
     gather_axis: str | None = None,
     weight_activations: bool = False,
+    group_limit: tuple[int, int] = (1, 1),
 ) -> Any:
     """The body of :func:`moe_capacity`'s ``shard_map`` twin, on one device of the expert
     axis ``axis`` (``e`` devices): its share of the tokens ``[tokens / e, d]``, routed in
@@ -511,13 +599,13 @@ def moe_capacity_local(
     local = w_in.shape[0]
     t, d = x.shape
     xg = x.reshape(groups, t // groups, d)
-    weights, experts = route(xg, router, top_k)
+    weights, experts = route(xg, router, top_k, group_limit=group_limit)
     slots = capacity(t // groups, n_experts, top_k, factor)
     token, weight = jax.vmap(lambda w, i: slot_tokens(w, i, n_experts, slots))(weights, experts)
     if once:
         out, _ = _moe_once(
             xg, experts, token, weight, w_in, w_down, n_experts, e, slots, factor,
-            axis=axis, reduce=reduce, gather_axis=gather_axis,
+            axis=axis, reduce=reduce, gather_axis=gather_axis, group_limit=group_limit,
         )  # fmt: skip
         return out
     with jax.named_scope("moe/dispatch"):

@@ -59,6 +59,9 @@ class ModelPreset:
     q_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_dim: int | None = None
+    #: group-limited routing (:attr:`ModelConfig.group_limit`; 1 and 1: none)
+    expert_groups: int = 1
+    groups_per_token: int = 1
 
     def config(
         self, *, batch: int, seq: int | None = None, dtype: str = "bfloat16", **overrides: Any
@@ -87,6 +90,8 @@ class ModelPreset:
             q_lora_rank=self.q_lora_rank,
             rope_head_dim=self.rope_head_dim,
             v_head_dim=self.v_head_dim,
+            expert_groups=self.expert_groups,
+            groups_per_token=self.groups_per_token,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if overrides.get("heads") is not None and overrides.get("kv_heads") is None:
@@ -305,7 +310,9 @@ _MOE_PRESETS = (
         "routed per token, multi-head latent attention (128 heads, q_lora_rank 1536, "
         "kv_lora_rank 512, 128 + 64 rotary query and key dimensions, values of 128); shapes "
         "from deepseek-ai/DeepSeek-V3's config.json. The multi-token prediction module (14B, "
-        "in the 685B of the checkpoint) is not in the 671B and not modelled",
+        "in the 685B of the checkpoint) is not in the 671B and not modelled; each token's "
+        "experts from 4 of 8 groups (the report's node-limited routing, 'each token will be "
+        "sent to at most M nodes', M = 4; config.json n_group 8, topk_group 4)",
         head_dim=128,
         published_params=671e9,
         experts=256,
@@ -318,6 +325,8 @@ _MOE_PRESETS = (
         q_lora_rank=1536,
         rope_head_dim=64,
         v_head_dim=128,
+        expert_groups=8,
+        groups_per_token=4,
     ),
 )
 
@@ -581,8 +590,10 @@ def _hf_experts(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
             ("rope_head_dim", "qk_rope_head_dim", 0),
             ("head_dim", "qk_nope_head_dim", 1),
             ("v_head_dim", "v_head_dim", 1),
+            ("expert_groups", "n_group", 1),
+            ("groups_per_token", "topk_group", 1),
         ):
-            value = data.get(key) or 0
+            value = data.get(key) or (1 if field in ("expert_groups", "groups_per_token") else 0)
             if not is_int(value, least):
                 raise ModelConfigError(
                     f"model={str(path)!r}: config.json {key}={data.get(key)!r} must be a whole "

@@ -208,7 +208,7 @@ class Hooks:
         if config.capacity_factor is None:
             return moe_dropless(
                 tokens, router, w_in, w_down, config.top_k,
-                weight_activations=config.weights_activations,
+                weight_activations=config.weights_activations, group_limit=config.group_limit,
             )  # fmt: skip
         y, _ = moe_capacity(
             tokens,
@@ -223,6 +223,7 @@ class Hooks:
             slices=self.expert_slices,
             chunks=self.context_chunks,
             weight_activations=config.weights_activations,
+            group_limit=config.group_limit,
         )
         return y
 

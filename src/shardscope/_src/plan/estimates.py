@@ -1461,7 +1461,8 @@ def expert_routing(
     slots = own * c.top_k * c.routed_capacity
     tokens, sorted_rows = own, 0.0
     if c.dispatch_once:
-        tokens = own * split * device_share(c.experts, split, c.top_k) * c.routed_capacity
+        share = device_share(c.experts, split, c.top_k, c.group_limit)
+        tokens = own * split * share * c.routed_capacity
     elif split > 1 and c.experts // split > 1:
         sorted_rows = slots * (model_ways(placement) if s.gathers_expert_slots else 1)
     return Routing(

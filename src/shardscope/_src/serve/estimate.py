@@ -243,6 +243,7 @@ def _all_to_all_s(hw: Hardware, config: ModelConfig, layout: Layout, tokens: int
         imbalance=config.routed_capacity,
         once=config.dispatch_once,
         weight_activations=config.weight_activations,
+        group_limit=config.group_limit,
     )
     layers = config.moe_layers
     return sum(

@@ -342,6 +342,7 @@ class ShardMapHooks(Hooks):
             once=config.dispatch_once,
             gather_axis=self.axis if gather else None,
             weight_activations=config.weight_activations,
+            group_limit=config.group_limit,
         )
 
 
