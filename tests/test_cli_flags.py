@@ -39,6 +39,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "plan/request.py": [("plan",)],
     "train/sweep.py": [("plan",)],
     "serve/search.py": [("plan",), ("serve",)],
+    "serve/types.py": [("plan",), ("serve",)],
     "targets/engines.py": [("plan",), ("serve",)],
     "suggest/suggest.py": [("shard",)],
     "plan/cluster.py": [("shard",)],
@@ -59,6 +60,8 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("plan/request.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
     # serve()'s refusal of what fits nowhere names what to change (_no_fit)
     ("serve/search.py", "param"): {"devices", "batch", "context"},
+    # a serving result's notes read back from its JSON: the serving notes' parameters
+    ("serve/types.py", "tuple(n.get('params', ()))"): {"devices"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
 }
