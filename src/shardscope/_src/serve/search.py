@@ -205,6 +205,8 @@ def _estimated(
             f"key/value heads; choose a device count with a divisor of {config.kv_heads}",
             param="devices",
         )
+    # the engine whose host each plan pays, at the memory share it holds
+    on_engine: dict[str, Any] = dict(engine=request.engine, memory_share=request.memory_share)
     plans = []
     for layout in layouts:
         r = layout.replicas
@@ -215,53 +217,29 @@ def _estimated(
         sizes = (
             [batch]
             if batch is not None
-            else batch_sizes(
-                config,
-                hw,
-                layout,
-                prompt,
-                ctx,
-                weights,
-                cache,
-                engine=request.engine,
-                memory_share=request.memory_share,
-            )  # fmt: skip
+            else batch_sizes(config, hw, layout, prompt, ctx, weights, cache, **on_engine)
         )
         for b in sizes:
             if b % r:
                 continue
             plans.append(
-                estimate_plan(
-                    config,
-                    hw,
-                    layout,
-                    b,
-                    prompt,
-                    ctx,
-                    weights,
-                    cache,
-                    engine=request.engine,
-                    memory_share=request.memory_share,
-                )
+                estimate_plan(config, hw, layout, b, prompt, ctx, weights, cache, **on_engine)
             )
     fitting = [p for p in plans if p.fits]
     if not fitting and online is not None:
         raise online.error()
     if not fitting:
-        text, param = _no_fit(
-            config,
-            hw,
-            devices,
-            batch,
-            prompt,
-            ctx,
-            weights,
-            cache,
-            request.engine,
-            request.memory_share,
-        )
-        raise PlanError(text, param=param)
+        raise _nothing_fits(request, config, hw)
     return fitting
+
+
+def _nothing_fits(request: ServeRequest, config: ModelConfig, hw: Hardware) -> PlanError:
+    """The request's refusal where no plan fits (:func:`_no_fit`)."""
+    text, param = _no_fit(
+        config, hw, request.devices, request.batch, request.prompt, request.context_tokens,
+        request.weights, request.cache, request.engine, request.memory_share,
+    )  # fmt: skip
+    return PlanError(text, param=param)
 
 
 def _compiled(
@@ -302,20 +280,7 @@ def _compiled(
             param="batch",
         )
     if not fitting:
-        ctx = request.context_tokens
-        text, param = _no_fit(
-            config,
-            hw,
-            request.devices,
-            batch,
-            prompt,
-            ctx,
-            weights,
-            cache,
-            request.engine,
-            request.memory_share,
-        )
-        raise PlanError(text, param=param)
+        raise _nothing_fits(request, config, hw)
     return _meeting(fitting, per_token)  # as compiled
 
 
@@ -358,6 +323,24 @@ class _Serving:
     engine: str
     chunk: int | None
     memory_share: float | None
+
+    def sized(self, layout: Layout) -> tuple[Any, ...]:
+        """:func:`largest_batch`'s arguments before its keywords, for ``layout``."""
+        return (self.config, self.hw, layout, self.prompt, self.context, self.weights, self.cache)
+
+    def estimated(self, layout: Layout, batch: int) -> ServePlan:
+        """``layout``'s plan at ``batch``, estimated on the engine, at its memory share."""
+        return estimate_plan(
+            self.config, self.hw, layout, batch, self.prompt, self.context, self.weights,
+            self.cache, engine=self.engine, memory_share=self.memory_share,
+        )  # fmt: skip
+
+    def no_fit(self) -> str:
+        """Why no batch of any layout fits at this context, and what does (:func:`_no_fit`)."""
+        return _no_fit(
+            self.config, self.hw, self.devices, None, self.prompt, self.context, self.weights,
+            self.cache, self.engine, self.memory_share,
+        )[0]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -405,18 +388,7 @@ class _Online(_Serving):
         tried: dict[int, ServePlan] = {}
         k = 1
         for _ in range(16):  # a round or two: the batch moves the mean in flight little
-            plan = estimate_plan(
-                c.config,
-                c.hw,
-                layout,
-                k * r,
-                c.prompt,
-                c.context,
-                c.weights,
-                c.cache,
-                engine=c.engine,
-                memory_share=c.memory_share,
-            )
+            plan = c.estimated(layout, k * r)
             load = self.load(plan, rate)
             if load is None:
                 return None
@@ -479,18 +451,7 @@ class _Online(_Serving):
             f"it{once}"
         )
         if most <= 0:
-            text, _ = _no_fit(
-                c.config,
-                c.hw,
-                c.devices,
-                None,
-                c.prompt,
-                c.context,
-                c.weights,
-                c.cache,
-                c.engine,
-                c.memory_share,
-            )
+            text = c.no_fit()
             return PlanError(f"{head}; {text}", param="rate")
         most = _round_down(most)
         return PlanError(
@@ -570,32 +531,11 @@ class _Closed(_Serving):
         None where a replica holds no sequence."""
         c, r = self, layout.replicas
         per_replica = -(-self.clients // r)
-        most = largest_batch(
-            c.config,
-            c.hw,
-            layout,
-            c.prompt,
-            c.context,
-            c.weights,
-            c.cache,
-            engine=c.engine,
-            memory_share=c.memory_share,
-        )
+        most = largest_batch(*c.sized(layout), engine=c.engine, memory_share=c.memory_share)
         k = min(per_replica, most // r)
         if k < 1:
             return None
-        return estimate_plan(
-            c.config,
-            c.hw,
-            layout,
-            k * r,
-            c.prompt,
-            c.context,
-            c.weights,
-            c.cache,
-            engine=c.engine,
-            memory_share=c.memory_share,
-        )
+        return c.estimated(layout, k * r)
 
     def loaded(self, plan: ServePlan) -> ServePlan:
         """``plan`` under the clients: its time per output token and to the first token as
@@ -648,18 +588,7 @@ class _Closed(_Serving):
                 f"{smaller.batch}: give clients={smaller.batch} or less, or more devices",
                 param="clients",
             )
-        text, _ = _no_fit(
-            c.config,
-            c.hw,
-            c.devices,
-            None,
-            c.prompt,
-            c.context,
-            c.weights,
-            c.cache,
-            c.engine,
-            c.memory_share,
-        )
+        text = c.no_fit()
         return PlanError(f"{head}; {text}", param="clients")
 
 
