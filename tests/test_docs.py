@@ -130,3 +130,21 @@ def test_the_experts_unsplit_note_quotes_the_marin_pair_and_the_mixtral_sweep_th
     assert (slowest.measured_s, fastest.measured_s) == (1.237, 0.962)
     nearest = {r.name: moe_heldout.estimate_run(r, nearest=True)[0].time.step_s for r in sweep}
     assert max(nearest, key=nearest.__getitem__) == slowest.name
+
+
+def test_the_guides_figures_of_engine_memory_and_group_limited_routing_are_the_codes():
+    # what plan_serving.md and moe.md write of the engines' memory and of DeepSeek-V3's
+    # group-limited routing, computed again from the rules and the share they quote
+    from shardscope._src.model.moe import device_share
+    from shardscope._src.targets.engines import ENGINES
+    from shardscope._src.targets.hardware import GIB, hardware
+
+    serving = " ".join((DOCS / "guides/plan_serving.md").read_text().split())
+    h100 = hardware("h100")
+    vllm = ENGINES["vllm"].memory_limit(h100, 1, 0)
+    assert f"({h100.runtime_memory / GIB:.2f} GiB on an H100: {vllm / GIB:.1f} GiB)" in serving
+    sglang = [ENGINES["sglang"].memory.fraction(h100, t) for t in (1, 8)]
+    assert f"({sglang[0]:g} of an H100 at tensor parallelism 1, {sglang[1]:g} at 8)" in serving
+    moe = " ".join((DOCS / "guides/moe.md").read_text().split())
+    nodes = [8 * device_share(256, 8, 8, limit) for limit in ((8, 4), (8, 8))]
+    assert f"it reaches {nodes[0]:.1f} nodes where unlimited it would reach {nodes[1]:.1f}" in moe
