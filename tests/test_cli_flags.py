@@ -59,7 +59,7 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     # ServeRequest's counts and formats, checked in loops
     ("plan/request.py", "what"): {"devices", "prompt", "output", "weights", "cache"},
     # serve()'s refusal of what fits nowhere names what to change (_no_fit)
-    ("serve/search.py", "param"): {"devices", "batch", "context"},
+    ("serve/search.py", "param"): {"devices", "batch", "context", "memory_share"},
     # a serving result's notes read back from its JSON: the serving notes' parameters
     ("serve/types.py", "tuple(n.get('params', ()))"): {"devices"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it

@@ -352,9 +352,16 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     assert [p.decode_kernels for p in read.plans] == [0, 0]
     assert [p.decode_kernels for p in now.plans] == [4 * 10 + 4] * 2
     assert (read.prefill_attention, now.prefill_attention) == (None, "flash-attention-2")
+    # and the memory a device holds on no engine: all an H100's runtime reports since
+    # (79.11 GiB), the preset's 80 GB then
+    assert {p.memory_limit_bytes for p in read.plans} == {80 * 10**9}
+    assert {p.memory_limit_bytes for p in now.plans} == {int(79.11 * 2**30)}
     now_counted_as_then = dataclasses.replace(
         now,
-        plans=tuple(dataclasses.replace(p, decode_kernels=0) for p in now.plans),
+        plans=tuple(
+            dataclasses.replace(p, decode_kernels=0, memory_limit_bytes=80 * 10**9)
+            for p in now.plans
+        ),
         prefill_attention=None,
     )
     assert exact(read) == exact(now_counted_as_then)

@@ -3,6 +3,7 @@ or beside it, and its API server's time before a request's first token
 (shardscope._src.targets.engines)."""
 
 import json
+import re
 
 import pytest
 
@@ -151,8 +152,10 @@ def test_each_engine_lets_a_device_hold_what_it_keeps_for_the_weights_and_the_ca
     # 256 graph sequences at 2 MiB and 1/8 GiB: 13,440 MiB of the device's MiB
     mib = H100_RUNTIME / 2**20
     assert limit["sglang"] == round((mib - 13440) / mib, 3) * H100_RUNTIME
-    # a device alone (and gpt-fast's static cache) hold the whole preset memory
-    assert limit["none"] == limit["gpt-fast"] == 80e9
+    # a device alone (and gpt-fast's static cache) hold all the runtime reports, as much as
+    # any engine's share of it
+    assert limit["none"] == limit["gpt-fast"] == H100_RUNTIME
+    assert max(limit.values()) == H100_RUNTIME
     # a memory given is the whole the runtime reports too
     small = hardware("h100", memory_bytes=40e9)
     assert ENGINES["vllm"].memory_limit(small, 1, weights) == 0.9 * 40e9
@@ -176,7 +179,7 @@ def test_the_largest_batch_is_what_the_engines_share_holds():
     for engine, share, limit in (
         ("vllm", None, 0.9 * H100_RUNTIME),
         ("vllm", 0.95, 0.95 * H100_RUNTIME),  # started with --gpu-memory-utilization 0.95
-        ("none", None, 80e9),
+        ("none", None, H100_RUNTIME),
     ):
         result = serve("llama3-8b", 1, engine=engine, memory_share=share, **kw)
         largest = max(result.plans, key=lambda p: p.batch)
@@ -191,8 +194,8 @@ def test_the_largest_batch_is_what_the_engines_share_holds():
 @pytest.mark.parametrize(
     "engine, share, words",
     [
-        ("vllm", 1.5, "memory_share=1.5: vllm's gpu_memory_utilization, a fraction in"),
-        ("vllm", 0, "memory_share=0: vllm's gpu_memory_utilization, a fraction in"),
+        ("vllm", 1.5, "memory_share=1.5: vllm's gpu_memory_utilization, a fraction above 0"),
+        ("vllm", 0, "memory_share=0: vllm's gpu_memory_utilization, a fraction above 0"),
         ("none", 0.9, "engine='none' keeps no share of the device's memory back"),
         ("gpt-fast", 0.9, "engine='gpt-fast' keeps no share"),
     ],
@@ -208,5 +211,55 @@ def test_a_batch_beyond_the_engines_share_names_its_setting():
     # option to raise
     kw = dict(hardware="h100", prompt=512, output=128, compiler="cpu")
     fits_alone = max(p.batch for p in serve("llama3-8b", 1, engine="none", **kw).plans)
-    with pytest.raises(PlanError, match="start vllm with a larger gpu_memory_utilization"):
+    with pytest.raises(
+        PlanError, match="a larger memory_share .start vllm with a larger gpu_memory_u"
+    ):
         serve("llama3-8b", 1, batch=fits_alone, engine="vllm", **kw)
+
+
+def test_a_share_too_small_for_the_weights_is_named_as_what_to_change():
+    # Llama 3 70B's bfloat16 weights are 16.4 GiB a device of 8: 1% of an H100 holds none
+    # of them, all of it holds sequences; the share is what to change, not the devices
+    kw = dict(hardware="h100", prompt=2048, output=256, compiler="cpu")
+    with pytest.raises(PlanError, match="give a larger memory_share") as err:
+        serve("llama3-70b", 8, memory_share=0.01, **kw)
+    assert err.value.params == ("memory_share",)
+    assert "gpu_memory_utilization 0.01 of the 79.11 GiB" in str(err.value)
+    # one device is too few whatever the share: the devices are what to change
+    with pytest.raises(PlanError, match="give more devices") as err:
+        serve("llama3-70b", 1, **kw)
+    assert err.value.params == ("devices",)
+
+
+@pytest.mark.parametrize("bad", ["abc", "0", "-1", "1.5", "nan"])
+def test_the_command_line_reads_a_memory_share_as_a_fraction(bad, capsys):
+    argv = ["serve", "--model", "tiny", "--devices", "1", "--prompt", "8", "--output", "8"]
+    line = assert_usage_error([*argv, f"--memory-share={bad}"], "--memory-share", capsys)
+    assert ("e.g. 0.95" if bad == "abc" else "a fraction above 0 and at most 1") in line
+
+
+def test_the_caption_says_what_the_engine_holds_of_a_device(capsys):
+    # vLLM started at 0.95 of an H100's 79.11 GiB holds 75.15 GiB of it; on the device alone
+    # all 79.11 GiB
+    argv = ["serve", "--model", "llama3-8b", "--devices", "1", "--prompt", "512", "--output",
+            "128", "--compiler", "cpu", "--verbose"]  # fmt: skip
+    assert main([*argv, "--memory-share", "0.95"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"gpu_memory_utilization 0.95 of the device, {0.95 * 79.11:.2f} GiB." in out
+    assert main([*argv, "--engine", "none"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "all the memory a device's runtime reports, 79.11 GiB." in out
+
+
+def test_verbose_shows_every_plan_that_fits(capsys):
+    # Llama 3 70B on 8 H100s has more plans that fit than the dozen the screen shows
+    argv = ["serve", "--model", "llama3-70b", "--devices", "8", "--prompt", "2048", "--output",
+            "256", "--compiler", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    fit, shown = map(
+        int, re.search(r"(\d+) plans fit; (\d+) shown", capsys.readouterr().out).groups()
+    )
+    assert shown < fit
+    assert main([*argv, "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert f"{fit} plans fit; {fit} shown" in out

@@ -128,3 +128,11 @@ def test_each_request_knob_is_one_option_of_its_command(command, request_type):
         assert action.default is None, f.name  # not given: the request's default applies
         if spec.default_text is not None and not action.required:
             assert f"(default: {spec.default_text})" in action.help, f.name
+
+
+def test_serve_writes_its_json_alone_to_standard_output(capsys):
+    # --json -: standard output is the JSON, read whole; the table goes to standard error
+    assert main(["serve", *BASE, "--batch", "4", "--compiler", "cpu", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert [p["batch"] for p in json.loads(out)["plans"]] == [4]
+    assert "tok/s/chip" in err

@@ -153,7 +153,7 @@ def serving_engines() -> Any:
             "yes" if e.overlapped else "no",
             f"{e.request_s * 1e3:g} ms",
             kernels(e),
-            "all of it" if e.memory is None else e.memory.about,
+            "all of it" if e.memory is None else e.memory.about(),
         )
         for e in ENGINES.values()
     ]

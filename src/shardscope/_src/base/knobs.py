@@ -30,6 +30,7 @@ class Kind(Vocab):
     COUNT = "count"  # a positive whole number
     WHOLE = "whole"  # a whole number, 0 or more
     NUMBER = "number"  # a positive number
+    FRACTION = "fraction"  # a number in (0, 1]
     SECONDS = "seconds"  # a positive number of seconds
     TEXT = "text"  # a word or a list the request parses
     CHOICE = "choice"  # one of ``choices``

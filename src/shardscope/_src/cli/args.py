@@ -60,6 +60,17 @@ def positive_number(text: str, unit: str = "") -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share of a whole, above 0 and at most 1 (``0.95``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 0.95)") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a fraction above 0 and at most 1")
+    return value
+
+
 def nonnegative_number(text: str) -> float:
     """A finite number of 0 or more (``1e-6``), for a cost that may be turned off."""
     try:

@@ -14,13 +14,20 @@ from contextlib import contextmanager
 from typing import Any
 
 from shardscope._src.base.knobs import REQUIRED, Kind, Knob, knob_of
-from shardscope._src.cli.args import nonnegative_int, positive_float, positive_int, positive_number
+from shardscope._src.cli.args import (
+    fraction,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    positive_number,
+)
 
 #: How the command line reads each kind of value.
 _READERS: Mapping[Kind, Callable[[str], Any]] = {
     Kind.COUNT: positive_int,
     Kind.WHOLE: nonnegative_int,
     Kind.NUMBER: positive_number,
+    Kind.FRACTION: fraction,
     Kind.SECONDS: positive_float,
 }
 

@@ -546,7 +546,10 @@ def add_serve_parser(sub: Any) -> None:
     )
     _hardware_settings_options(p)
     _output_options(
-        p, chart="the chart of time per output token against throughput per chip", report=False
+        p,
+        chart="the chart of time per output token against throughput per chip",
+        report=False,
+        top="show the best N and every plan of the latency-throughput front (default 12)",
     )
     p.set_defaults(config=ServeConfig)
 
@@ -683,9 +686,16 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _output_options(p: argparse.ArgumentParser, *, chart: str, report: bool = True) -> None:
-    """What a planning command shows and writes: ``--png`` draws ``chart``."""
-    p.add_argument("--top", type=positive_int, metavar="N", help="show only the best N")
+def _output_options(
+    p: argparse.ArgumentParser,
+    *,
+    chart: str,
+    report: bool = True,
+    top: str = "show only the best N",
+) -> None:
+    """What a planning command shows and writes: ``--png`` draws ``chart``; ``top`` is what
+    ``--top`` shows."""
+    p.add_argument("--top", type=positive_int, metavar="N", help=top)
     p.add_argument("--json", metavar="FILE", help="write the plans as JSON ('-': stdout)")
     p.add_argument("--png", metavar="FILE", help=f"write {chart}")
     if report:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardscope._src.base.records import write_result
+from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.config import ServeConfig
 from shardscope._src.cli.options import compile_progress, print_more
 from shardscope._src.cli.paths import check_output_paths, print_written
@@ -42,9 +42,12 @@ def run_serve_command(
 
     with compile_progress() as progress:
         result = serve_request(request, progress)
-    # piped, the table is printed as wide as its cells need (the caption wraps to it)
+    if verbose and top is None:  # everything: every plan that fits
+        top = len(result.plans)
+    # piped, the table is printed as wide as its cells need (the caption wraps to it); the
+    # JSON written to standard output owns it, and the table goes to standard error
     width = natural_width(render_serve(result, top=top, caption=False), least=100)
-    console = output_console(piped_width=width)
+    console = output_console(piped_width=width, stderr=json_path == STDOUT)
     console.print(render_serve(result, top=top, verbose=verbose))
     for note in result.notes:
         if verbose:

@@ -757,9 +757,9 @@ class ServeRequest:
         None,
         "the share of a device's memory the engine holds, as started with it: vLLM's "
         "--gpu-memory-utilization, SGLang's --mem-fraction-static (of the device), "
-        "TensorRT-LLM's free_gpu_memory_fraction, LMDeploy's cache_max_entry_count (of what "
+        "TensorRT-LLM's free_gpu_memory_fraction and LMDeploy's cache_max_entry_count (of what "
         "the weights leave)",
-        kind=Kind.NUMBER,
+        kind=Kind.FRACTION,
         metavar="X",
         default_text="the engine's own",
     )
@@ -827,16 +827,18 @@ class ServeRequest:
         if share is not None:
             rule = get_engine(self.engine).memory
             if rule is None:
+                keeping = ", ".join(e.name for e in ENGINES.values() if e.memory is not None)
                 raise PlanError(
                     f"memory_share={share!r}: engine={self.engine!r} keeps no share of the "
                     f"device's memory back (a plan holds all of it); give an engine that does "
-                    f"(vllm, sglang, tensorrt-llm, lmdeploy) or leave memory_share out",
+                    f"({keeping}) or leave memory_share out",
                     param="memory_share",
                 )
             number = isinstance(share, int | float) and not isinstance(share, bool)
             if not (number and 0 < share <= 1):
                 raise PlanError(
-                    f"memory_share={share!r}: {self.engine}'s {rule.setting}, a fraction in (0, 1]",
+                    f"memory_share={share!r}: {self.engine}'s {rule.setting}, a fraction above "
+                    f"0 and at most 1 (e.g. 0.95)",
                     param="memory_share",
                 )
         chunk = self.chunked_prefill

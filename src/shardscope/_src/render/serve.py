@@ -51,15 +51,24 @@ def serve_columns(
     )
 
 
-def _memory_words(name: str) -> str:
-    """What the engine lets a device hold, for the caption (nothing for an engine that is
-    not a preset: a result read back from a later shardscope's file)."""
-    known = ENGINES.get(name)
-    if known is None:
+def _memory_words(result: ServeResult, shown: list[ServePlan]) -> str:
+    """What the engine lets a device hold, for the caption: its rule (at the share the
+    request gave) and the bytes it came to for the plans shown (their memory_limit_bytes;
+    the rule is left out for an engine that is not a preset: a result read back from a
+    later shardscope's file)."""
+    limits = sorted({p.memory_limit_bytes for p in shown})
+    if not limits:
         return ""
-    rule = known.memory
-    held = "the device's whole memory" if rule is None else rule.about
-    return f" Mem/dev fits within what {name} holds: {held} (a plan's memory_limit_bytes)."
+    held = format_bytes(limits[0])
+    if len(limits) > 1:
+        held = f"{held} to {format_bytes(limits[-1])} by layout"
+    known = ENGINES.get(result.engine)
+    if known is None:
+        return f" Mem/dev fits within {held} a device."
+    if known.memory is None:
+        return f" Mem/dev fits within all the memory a device's runtime reports, {held}."
+    how = known.memory.about(result.memory_share)
+    return f" Mem/dev fits within what {result.engine} holds of a device: {how}, {held}."
 
 
 def _share_words(result: ServeResult) -> str:
@@ -120,7 +129,7 @@ def render_serve(
         "compiler whose decode step (and, on a GPU, prefill) gave the memory, the "
         "collectives and the times, or the estimate. First token: one prompt prefilled "
         "alone on a replica (on a TPU, estimated)."
-        + _memory_words(result.engine)
+        + _memory_words(result, shown)
         + (
             f" At {result.rate:g} requests/s, arriving at random: per token and first token "
             f"as requests see them, each prompt prefilled in an iteration of its own beside "

@@ -869,9 +869,27 @@ def _no_fit(
     if best is not None:
         t = best[1]
         where = "on each device alone" if t == 1 else f"with tensor parallelism over {t} devices"
+    rule = get_engine(engine).memory
+    if best is None and rule is not None:
+        # the engine's share may be all that stands in the way: what all of a device holds
+        whole = [
+            (n, layout)
+            for layout in layouts_for(config, devices)
+            if (n := largest_batch(config, hw, layout, prompt, context, weights, cache))
+        ]
+        if whole:
+            n, layout = max(whole, key=lambda pair: pair[0])
+            return (
+                f"{asked}at context={context}: no layout of {devices} x {hw.name} holds the "
+                f"{weights} weights and one sequence within what {engine} lets a device hold "
+                f"({rule.words(hw, layout.t, memory_share)}); all of a device's "
+                f"{hw.runtime_memory / 2**30:.2f} GiB hold {n} sequences on {layout.strategy} "
+                f"{layout.mesh.spec}: give a larger memory_share (start {engine} with a larger "
+                f"{rule.setting})"
+            ), "memory_share"
     if best is None:
         size = config.param_count() * FORMATS[weights] / 2**30
-        need = math.ceil(config.param_count() * FORMATS[weights] / hw.memory_bytes)
+        need = math.ceil(config.param_count() * FORMATS[weights] / hw.runtime_memory)
         if devices < need:
             return (
                 f"{asked}at context={context}: the {weights} weights alone ({size:.1f} GiB) do "
@@ -910,7 +928,6 @@ def _no_fit(
             )
             + f"; device counts that serve it: {counts}"
         ), "devices"
-    rule = get_engine(engine).memory
     within = (
         ""
         if rule is None
@@ -920,5 +937,9 @@ def _no_fit(
         f"{asked}at context={context} fits no layout of {devices} x {hw.name}{within}; the "
         f"largest batch that fits is {best[0]}, {where}; "
         f"give batch={best[0]} or less, a shorter context, or an int8 cache"
-        + ("" if rule is None else f", or start {engine} with a larger {rule.setting}")
+        + (
+            ""
+            if rule is None
+            else f", or a larger memory_share (start {engine} with a larger {rule.setting})"
+        )
     ), ("batch" if batch is not None else "context")

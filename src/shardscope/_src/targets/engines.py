@@ -91,16 +91,17 @@ class MemoryRule:
         f = self.fraction(hw, t) if share is None else share
         return f * whole if self.of is MemoryOf.DEVICE else weights + f * (whole - weights)
 
-    @property
-    def about(self) -> str:
-        """The rule in words, on no device in particular.
+    def about(self, share: float | None = None) -> str:
+        """The rule in words, on no device in particular (at ``share`` where given).
 
-        >>> _VLLM_MEMORY.about
-        'gpu_memory_utilization 0.9 of the device'
+        >>> _VLLM_MEMORY.about(), _VLLM_MEMORY.about(0.95)
+        ('gpu_memory_utilization 0.9 of the device', 'gpu_memory_utilization 0.95 of the device')
         """
-        share = "by its rule" if callable(self.share) else f"{self.share:g}"
+        if share is None:
+            share = None if callable(self.share) else self.share
+        share_words = "by its rule" if share is None else f"{share:g}"
         of = "the device" if self.of is MemoryOf.DEVICE else "what the weights leave"
-        return f"{self.setting} {share} of {of}"
+        return f"{self.setting} {share_words} of {of}"
 
     def words(self, hw: Hardware, t: int, share: float | None = None) -> str:
         """The rule in words on ``hw`` at ``t`` (at ``share`` where given)."""
@@ -176,8 +177,8 @@ class Engine:
         nearest it, :data:`ENGINE_SOURCES`), ``attention_on`` the GPU presets on which it runs
         another (``(gpu, kernel)`` pairs; :meth:`prefill_attention`).
       memory: how much of a device's memory it lets a plan hold by default
-        (:class:`MemoryRule`; :meth:`memory_limit`); None: all of the device's memory (the
-        hardware's ``memory_bytes``).
+        (:class:`MemoryRule`; :meth:`memory_limit`); None: all of the memory the device's
+        runtime reports (the hardware's ``runtime_memory``).
     """
 
     name: str
@@ -197,18 +198,18 @@ class Engine:
     ) -> float:
         """The bytes a device of ``hw`` may hold serving under this engine, where a replica's
         tensor parallelism is over ``t`` devices and its weights take ``weights`` bytes of
-        each (:class:`MemoryRule`; ``share`` in place of its own), or the device's memory
-        where the engine has no rule.
+        each (:class:`MemoryRule`; ``share`` in place of its own), or all the memory the
+        device's runtime reports where the engine has no rule.
 
         >>> from shardscope._src.targets.hardware import hardware
         >>> h = hardware("h100")
-        >>> engine("none").memory_limit(h, 1, 0) == h.memory_bytes
+        >>> engine("none").memory_limit(h, 1, 0) == h.runtime_memory
         True
         >>> engine("vllm").memory_limit(h, 8, 0) == 0.9 * h.runtime_memory
         True
         """
         if self.memory is None:
-            return hw.memory_bytes
+            return hw.runtime_memory
         return self.memory.limit(hw, t, weights, share)
 
     def prefill_attention(self, hw: Hardware) -> PrefillAttention | None:
@@ -513,10 +514,11 @@ ENGINE_SOURCES = {
         "once the model is built. Both size the cache after a profiled step's activations: "
         "the planner holds the temporaries within the share"
     ),
-    "memory: gpt-fast and none the device's memory_bytes": (
+    "memory: gpt-fast and none all the memory the runtime reports": (
         "gpt-fast allocates its cache for the batch and length it is given "
         "(pytorch-labs/gpt-fast model.py@03e10bc2, setup_caches: torch.zeros of "
-        "(max_batch_size, n_heads, max_seq_length, head_dim)), no share kept back"
+        "(max_batch_size, n_heads, max_seq_length, head_dim)), no share kept back; none, the "
+        "device alone, holds all of it too"
     ),
     "runtime memory: a100 79.25 GiB, h100 79.11 GiB, h200 139.81 GiB, b200 178.35 GiB": (
         "the totals the CUDA runtime reports, which engines take their shares of: an H100 80GB "
