@@ -472,3 +472,10 @@ def test_a_jit_expert_parallel_program_reduces_over_expert_per_micro_batch_and_s
     assert (once.count, once.payload_bytes) == (1, (2 * layer + rest + experts) * 2 + 4)
     (v,) = result.validations
     assert "over 'expert' after each of the 2 micro-batches" in v.explanation
+
+
+def test_a_mixtures_headline_names_its_experts(noted):
+    from shardscope._src.render.plan import headline
+
+    assert f", {SMALL.experts} experts, {SMALL.top_k} a token, vocab" in headline(noted["split"])
+    assert " experts" not in headline(noted["dense"])

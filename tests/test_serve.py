@@ -696,7 +696,8 @@ def test_a_mixture_whose_layouts_cannot_split_its_experts_says_why():
         (2, 4, 8),
     )
     assert note.params == ("devices",)
-    assert "2, 4 or 8 devices have layouts that split them" in note.text
+    assert "128 routed experts (2, 4 or 8 devices do)" in note.text
+    assert "22 or 21 a rank of 6" in note.text  # 128 = 2 x 22 + 4 x 21
     assert ServeResult.from_dict(result.to_dict()).notes == result.notes
     # on 8 devices the experts are split; a dense model has none to split
     assert serve("qwen3-30b-a3b", 8, **kw).notes == ()

@@ -408,6 +408,21 @@ class ModelConfig(Record):
         return self.experts > 0
 
     @property
+    def experts_words(self) -> str:
+        """A mixture's routed experts in words for a headline ("" for a dense model).
+
+        >>> ModelConfig(experts=256, top_k=8, expert_groups=8, groups_per_token=4).experts_words
+        '256 experts, 8 a token from 4 of 8 groups'
+        >>> ModelConfig(experts=8, top_k=2).experts_words
+        '8 experts, 2 a token'
+        """
+        if not self.is_moe:
+            return ""
+        groups, chosen = self.group_limit
+        within = f" from {chosen} of {groups} groups" if chosen < groups else ""
+        return f"{self.experts} experts, {self.top_k} a token{within}"
+
+    @property
     def group_limit(self) -> tuple[int, int]:
         """``(expert_groups, groups_per_token)``: the groups of experts, and how many of
         them a token's experts come from.

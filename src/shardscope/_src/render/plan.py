@@ -75,9 +75,11 @@ def format_mfu(mfu: float | None) -> str:
 def headline(result: PlanResult) -> str:
     c, hw = result.config, result.hardware
     params = c.param_count()
+    experts = f"{c.experts_words}, " if c.is_moe else ""
     return (
         f"{result.model} ({params / 1e9:.3g}B params: d_model {c.d_model}, {c.heads} heads, "
-        f"ff {c.ff}, {c.layers} layers, vocab {c.vocab}) {result.mode}, batch {c.batch} x seq "
+        f"ff {c.ff}, {c.layers} layers, {experts}vocab {c.vocab}) {result.mode}, batch "
+        f"{c.batch} x seq "
         f"{c.seq}, {c.dtype}, on {result.devices} x {hw.name} "
         f"({format_bytes(hw.memory_bytes)}, {hw.peak_flops / 1e12:g} TFLOP/s)"
     )

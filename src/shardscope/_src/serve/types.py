@@ -60,7 +60,10 @@ class ServeNote(NoteKind):
     """What a serving result notes (its :class:`~shardscope._src.base.notes.Note` kinds)."""
 
     #: a mixture none of whose layouts on these devices splits its experts (values:
-    #: :class:`ExpertsNotSplitValues`)
+    #: :class:`ExpertsNotSplitValues`); vLLM splits them unevenly where they do not divide
+    #: (vllm-project/vllm vllm/model_executor/layers/fused_moe/layer.py@0014ec6c,
+    #: determine_expert_map: "Distribute experts as evenly as possible to each rank", the
+    #: remainder one more each on the first ranks), which the planner does not lay out
     EXPERTS_NOT_SPLIT = "experts-not-split"
 
     def values_of(self, values: Any) -> NoteValues:
@@ -74,21 +77,32 @@ class ServeNote(NoteKind):
 
         >>> v = dict(model="m", experts=128, devices=6, replicas=[3, 6], counts=[2, 4, 8])
         >>> print(Note(ServeNote.EXPERTS_NOT_SPLIT, v))
-        no layout of 6 devices splits m's 128 routed experts: an expert axis spans a layout's \
-replicas (here 3 or 6), none of which divides 128, so each replica holds every expert \
-(dp_tp); 2, 4 or 8 devices have layouts that split them (ep_tp)
+        no layout of 6 devices splits m's 128 routed experts (2, 4 or 8 devices do): the \
+planner splits them evenly over a layout's replicas, 3 (tensor parallelism over 2) or 6 \
+(over 1), and none of those divides 128, so each replica holds every expert (dp_tp); an \
+engine that splits them unevenly (vLLM's expert parallelism: 22 or 21 a rank of 6) is not \
+planned
         """
         v = self.values_of(values)
         assert isinstance(v, ExpertsNotSplitValues)
         counts = (
-            f"{or_list(v.counts)} devices have layouts that split them (ep_tp)"
+            f"{or_list(v.counts)} devices do"
             if v.counts
-            else f"no device count up to {2 * v.devices} has a layout that splits them"
+            else f"no device count up to {2 * v.devices} does"
         )
+        first, *rest = (
+            f"{r} (tensor parallelism over {v.devices // r})" if i == 0 else
+            f"{r} (over {v.devices // r})"
+            for i, r in enumerate(v.replicas)
+        )  # fmt: skip
+        r = v.replicas[-1]
         return (
-            f"no layout of {v.devices} devices splits {v.model}'s {v.experts} routed experts: "
-            f"an expert axis spans a layout's replicas (here {or_list(v.replicas)}), none of "
-            f"which divides {v.experts}, so each replica holds every expert (dp_tp); {counts}"
+            f"no layout of {v.devices} devices splits {v.model}'s {v.experts} routed experts "
+            f"({counts}): the planner splits them evenly over a layout's replicas, "
+            f"{or_list([first, *rest])}, and none of those divides {v.experts}, so each "
+            f"replica holds every expert (dp_tp); an engine that splits them unevenly (vLLM's "
+            f"expert parallelism: {-(-v.experts // r)} or {v.experts // r} a rank of {r}) is "
+            f"not planned"
         )
 
 
