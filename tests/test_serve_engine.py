@@ -263,3 +263,24 @@ def test_verbose_shows_every_plan_that_fits(capsys):
     assert main([*argv, "--verbose"]) == 0
     out = capsys.readouterr().out
     assert f"{fit} plans fit; {fit} shown" in out
+
+
+def test_a_replica_runs_no_more_sequences_than_its_engine_does():
+    # vLLM's max_num_seqs as it starts: 256 on an A100, whose 0.9 of 79.25 GiB would hold
+    # hundreds more of Llama 3.1 8B's 640-token sequences; 1024 on an H100, beyond the 714
+    # its memory holds
+    kw = dict(prompt=512, output=128, compiler="cpu")
+    a100 = serve("llama3-8b", 1, hardware="a100", **kw)
+    assert max(p.batch for p in a100.plans) == 256
+    assert max(p.batch for p in serve("llama3-8b", 1, hardware="h100", **kw).plans) == 714
+    # without a cap (SGLang's is not read) the A100's memory decides
+    assert (
+        max(p.batch for p in serve("llama3-8b", 1, hardware="a100", engine="sglang", **kw).plans)
+        > 256
+    )
+    with pytest.raises(PlanError, match="at most 256 sequences a replica at once") as err:
+        serve("llama3-8b", 1, hardware="a100", batch=300, **kw)
+    assert err.value.params == ("batch",)
+    # 300 clients in a closed loop: 256 run, the others wait for a place
+    closed = serve("llama3-8b", 1, hardware="a100", clients=300, **kw)
+    assert {p.batch for p in closed.plans} == {256}

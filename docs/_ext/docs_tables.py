@@ -154,12 +154,15 @@ def serving_engines() -> Any:
             f"{e.request_s * 1e3:g} ms",
             kernels(e),
             "all of it" if e.memory is None else e.memory.about(),
+            "as its memory holds"
+            if e.sequences is None
+            else ", ".join(f"{e.max_sequences(hardware(g))} on {g}" for g in ("h100", "a100")),
         )
         for e in ENGINES.values()
     ]
     header = (
         "engine", "what it is", "a step", "a sequence", "overlapped", "a request",
-        "prefill attention", "device memory it holds",
+        "prefill attention", "device memory it holds", "sequences a replica",
     )  # fmt: skip
     return markdown(header, rows)
 

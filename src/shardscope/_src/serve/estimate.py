@@ -150,15 +150,18 @@ def largest_batch(
     """The most sequences the layout's replicas hold beside their weights and a prefill's
     temporaries within the memory the serving ``engine`` lets a device hold (at
     ``memory_share`` where given: :meth:`~shardscope._src.targets.engines.Engine.
-    memory_limit`; a multiple of the replicas; 0 when the weights alone do not leave room
-    for one)."""
+    memory_limit`), and no more a replica than the engine runs at once
+    (:meth:`~shardscope._src.targets.engines.Engine.max_sequences`); a multiple of the
+    replicas; 0 when the weights alone do not leave room for one."""
     r = layout.replicas
     one = holds(config, layout, r, prompt, context, weights, cache)  # a sequence a replica
-    limit = get_engine(engine).memory_limit(hw, layout.t, one.weights, memory_share)
-    room = limit - one.weights
+    host = get_engine(engine)
+    room = host.memory_limit(hw, layout.t, one.weights, memory_share) - one.weights
     if room <= 0:
         return 0
-    return r * int(min(room // (one.cache + one.decode), max(0, room - one.prefill) // one.cache))
+    most = int(min(room // (one.cache + one.decode), max(0, room - one.prefill) // one.cache))
+    cap = host.max_sequences(hw)  # the engine's own cap on a replica's sequences
+    return r * (most if cap is None else min(most, cap))
 
 
 def batch_sizes(

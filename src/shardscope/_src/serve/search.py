@@ -205,8 +205,10 @@ def _estimated(
             f"key/value heads; choose a device count with a divisor of {config.kv_heads}",
             param="devices",
         )
-    # the engine whose host each plan pays, at the memory share it holds
+    # the engine whose host each plan pays, at the memory share it holds, and the most
+    # sequences a replica of it runs at once
     on_engine: dict[str, Any] = dict(engine=request.engine, memory_share=request.memory_share)
+    cap = get_engine(request.engine).max_sequences(hw)
     plans = []
     for layout in layouts:
         r = layout.replicas
@@ -220,7 +222,7 @@ def _estimated(
             else batch_sizes(config, hw, layout, prompt, ctx, weights, cache, **on_engine)
         )
         for b in sizes:
-            if b % r:
+            if b % r or (cap is not None and b // r > cap):
                 continue
             plans.append(
                 estimate_plan(config, hw, layout, b, prompt, ctx, weights, cache, **on_engine)
@@ -416,6 +418,9 @@ class _Online(_Serving):
         if plan.memory_bytes_per_device + extra * (one.cache + one.decode) > (
             plan.memory_limit_bytes
         ):
+            return None
+        cap = get_engine(self.engine).max_sequences(self.hw)
+        if cap is not None and per_replica + extra > cap:  # more than the engine runs at once
             return None
         return replace(
             plan,
@@ -858,6 +863,8 @@ def _no_fit(
     devices) within what the serving ``engine`` lets a device hold (at ``memory_share``
     where given), or that the weights alone do not; with the parameter to change."""
     best: tuple[int, int] | None = None
+    capped = False  # the best is as many sequences a replica as the engine runs at once
+    cap = get_engine(engine).max_sequences(hw)
     for layout in layouts_for(config, devices):
         fits = largest_batch(
             config, hw, layout, prompt, context, weights, cache, engine=engine,
@@ -865,6 +872,7 @@ def _no_fit(
         )  # fmt: skip
         if fits and (best is None or fits > best[0]):
             best = (fits, layout.t)
+            capped = cap is not None and fits == cap * layout.replicas
     asked = f"batch={batch} " if batch is not None else ""
     if best is not None:
         t = best[1]
@@ -933,6 +941,14 @@ def _no_fit(
         if rule is None
         else f" within what {engine} lets a device hold ({rule.words(hw, best[1], memory_share)})"
     )
+    if capped:
+        # the engine runs no more at once, whatever the memory holds
+        return (
+            f"{asked}fits no layout of {devices} x {hw.name} as {engine} starts: it runs at "
+            f"most {cap} sequences a replica at once (its max_num_seqs on {hw.name}); the "
+            f"largest batch is {best[0]}, {where}; give batch={best[0]} or less, or plan a "
+            f"load (rate or clients), whose requests beyond it wait"
+        ), ("batch" if batch is not None else "context")
     return (
         f"{asked}at context={context} fits no layout of {devices} x {hw.name}{within}; the "
         f"largest batch that fits is {best[0]}, {where}; "

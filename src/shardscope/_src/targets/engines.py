@@ -176,6 +176,9 @@ class Engine:
       attention: the fused causal attention kernel its prefills run (or the measured kernel
         nearest it, :data:`ENGINE_SOURCES`), ``attention_on`` the GPU presets on which it runs
         another (``(gpu, kernel)`` pairs; :meth:`prefill_attention`).
+      sequences: the most sequences a replica's engine runs at once by default, by the
+        device it runs on (vLLM's ``max_num_seqs``; :meth:`max_sequences`); None: as many as
+        its memory holds (no published default, or none).
       memory: how much of a device's memory it lets a plan hold by default
         (:class:`MemoryRule`; :meth:`memory_limit`); None: all of the memory the device's
         runtime reports (the hardware's ``runtime_memory``).
@@ -192,6 +195,18 @@ class Engine:
     attention: str = FA2
     attention_on: tuple[tuple[str, str], ...] = ()
     memory: MemoryRule | None = None
+    sequences: Callable[[Hardware], int] | None = None
+
+    def max_sequences(self, hw: Hardware) -> int | None:
+        """The most sequences a replica runs at once on ``hw`` (None: no cap but its memory).
+
+        >>> from shardscope._src.targets.hardware import hardware
+        >>> [engine("vllm").max_sequences(hardware(n)) for n in ("h100", "a100")]
+        [1024, 256]
+        >>> engine("sglang").max_sequences(hardware("h100")) is None
+        True
+        """
+        return None if self.sequences is None else self.sequences(hw)
 
     def memory_limit(
         self, hw: Hardware, t: int, weights: float, share: float | None = None
@@ -277,11 +292,22 @@ _VIDUR_STEP_S = _VIDUR_BATCH_8_MS * 1e-3 - 8 * _VIDUR_SEQUENCE_S
 _VLLM_MEMORY = MemoryRule("gpu_memory_utilization", MemoryOf.DEVICE, 0.9)
 
 
+def _vllm_large(hw: Hardware) -> bool:
+    """Whether vLLM's V1 engine takes its larger defaults on ``hw``: a device of 70 GiB or
+    more other than an A100 (:data:`ENGINE_SOURCES`)."""
+    return hw.memory_bytes >= 70 * GIB and not hw.name.startswith("a100")
+
+
 def _vllm_chunk(hw: Hardware) -> int:
     """vLLM's V1 engine's token budget an iteration (``max_num_batched_tokens``) as its
-    OpenAI server starts: 8192 on a device of 70 GiB or more other than an A100, 2048 on
-    the rest (:data:`ENGINE_SOURCES`)."""
-    return 8192 if hw.memory_bytes >= 70 * GIB and not hw.name.startswith("a100") else 2048
+    OpenAI server starts: 8192 on :func:`_vllm_large` devices, 2048 on the rest."""
+    return 8192 if _vllm_large(hw) else 2048
+
+
+def _vllm_sequences(hw: Hardware) -> int:
+    """vLLM's V1 engine's most sequences an iteration (``max_num_seqs``) as its OpenAI
+    server starts: 1024 on :func:`_vllm_large` devices, 256 on the rest."""
+    return 1024 if _vllm_large(hw) else 256
 
 
 def _sglang_chunk(hw: Hardware) -> int:
@@ -303,6 +329,7 @@ ENGINES: dict[str, Engine] = {
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine as it starts (0.8 and later, synchronous scheduling)",
             chunk=_vllm_chunk,
+            sequences=_vllm_sequences,
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
             memory=_VLLM_MEMORY,
@@ -315,6 +342,7 @@ ENGINES: dict[str, Engine] = {
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine with --async-scheduling",
             chunk=_vllm_chunk,
+            sequences=_vllm_sequences,
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
             memory=_VLLM_MEMORY,
@@ -415,6 +443,16 @@ ENGINE_SOURCES = {
         "H100, H200, A100, H20 ... 8192 else: # B200, MI300 ... 16384'. vLLM's V0, "
         "TensorRT-LLM (enable_chunked_context off unless set), LMDeploy's TurboMind and "
         "gpt-fast prefill each prompt whole"
+    ),
+    "sequences: vllm and vllm-async 1024 a replica (70 GiB or more, not an A100) or 256; the "
+    "others as many as the memory holds": (
+        "vLLM's EngineArgs (vllm-project/vllm vllm/engine/arg_utils.py@99d7eb5): 'if "
+        'device_memory >= 70 * GiB_bytes and "a100" not in device_name: # For GPUs like H100 '
+        "and MI300x, use larger default values', 'default_max_num_seqs = { "
+        "UsageContext.LLM_CLASS: 1024, UsageContext.OPENAI_API_SERVER: 1024 }', else 256 each, "
+        "the engine's max_num_seqs unless given (and no more than max_num_batched_tokens); each "
+        "data-parallel replica runs its own scheduler. vLLM's V0 engine, SGLang, TensorRT-LLM, "
+        "LMDeploy and gpt-fast are given none here: their caps by device are not read"
     ),
     "vllm-async: vllm's costs, overlapped": (
         "vLLM's engine arguments, as above: with --async-scheduling the scheduler prepares the "
