@@ -26,6 +26,7 @@ MLP's.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any
@@ -215,6 +216,7 @@ def _sequence_major(x: Any, slices: int, chunks: int = 1) -> Any:
     return jnp.transpose(x, (2, 1, 0, 3, 4)).reshape(groups * t, d)
 
 
+@functools.cache  # the screen asks it of every candidate; a few hundred devices take a ms
 def device_share(
     experts: int, devices: int, top_k: int, group_limit: tuple[int, int] = (1, 1)
 ) -> float:
