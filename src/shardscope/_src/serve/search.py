@@ -864,7 +864,8 @@ def _no_fit(
     where given), or that the weights alone do not; with the parameter to change."""
     best: tuple[int, int] | None = None
     capped = False  # the best is as many sequences a replica as the engine runs at once
-    cap = get_engine(engine).max_sequences(hw)
+    host = get_engine(engine)
+    cap = host.max_sequences(hw)
     for layout in layouts_for(config, devices):
         fits = largest_batch(
             config, hw, layout, prompt, context, weights, cache, engine=engine,
@@ -877,7 +878,7 @@ def _no_fit(
     if best is not None:
         t = best[1]
         where = "on each device alone" if t == 1 else f"with tensor parallelism over {t} devices"
-    rule = get_engine(engine).memory
+    rule = host.memory
     if best is None and rule is not None:
         # the engine's share may be all that stands in the way: what all of a device holds
         whole = [
@@ -941,11 +942,12 @@ def _no_fit(
         if rule is None
         else f" within what {engine} lets a device hold ({rule.words(hw, best[1], memory_share)})"
     )
-    if capped:
+    if capped and host.sequences is not None:
         # the engine runs no more at once, whatever the memory holds
         return (
             f"{asked}fits no layout of {devices} x {hw.name} as {engine} starts: it runs at "
-            f"most {cap} sequences a replica at once (its max_num_seqs on {hw.name}); the "
+            f"most {cap} sequences a replica at once (its {host.sequences.setting} on "
+            f"{hw.name}); the "
             f"largest batch is {best[0]}, {where}; give batch={best[0]} or less, or plan a "
             f"load (rate or clients), whose requests beyond it wait"
         ), ("batch" if batch is not None else "context")

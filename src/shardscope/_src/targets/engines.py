@@ -135,6 +135,14 @@ def _sglang_share(hw: Hardware, t: int) -> float:
     return round((mib - reserve) / mib, 3)
 
 
+class SequenceCap(NamedTuple):
+    """The most sequences a replica's engine runs at once, as it starts: its option's name
+    (``setting``) and its value by the device (``count``)."""
+
+    setting: str
+    count: Callable[[Hardware], int]
+
+
 class PrefillAttention(NamedTuple):
     """The fused causal attention kernel a prefill's attention core runs as: its name and its
     measured causal forward FLOP/s (:data:`~shardscope._src.targets.hardware.
@@ -177,8 +185,9 @@ class Engine:
         nearest it, :data:`ENGINE_SOURCES`), ``attention_on`` the GPU presets on which it runs
         another (``(gpu, kernel)`` pairs; :meth:`prefill_attention`).
       sequences: the most sequences a replica's engine runs at once by default, by the
-        device it runs on (vLLM's ``max_num_seqs``; :meth:`max_sequences`); None: as many as
-        its memory holds (no published default, or none).
+        device it runs on, and the option that sets it (:class:`SequenceCap`: vLLM's
+        ``max_num_seqs``; :meth:`max_sequences`); None: as many as its memory holds (no
+        published default, or none).
       memory: how much of a device's memory it lets a plan hold by default
         (:class:`MemoryRule`; :meth:`memory_limit`); None: all of the memory the device's
         runtime reports (the hardware's ``runtime_memory``).
@@ -195,7 +204,7 @@ class Engine:
     attention: str = FA2
     attention_on: tuple[tuple[str, str], ...] = ()
     memory: MemoryRule | None = None
-    sequences: Callable[[Hardware], int] | None = None
+    sequences: SequenceCap | None = None
 
     def max_sequences(self, hw: Hardware) -> int | None:
         """The most sequences a replica runs at once on ``hw`` (None: no cap but its memory).
@@ -206,7 +215,7 @@ class Engine:
         >>> engine("sglang").max_sequences(hardware("h100")) is None
         True
         """
-        return None if self.sequences is None else self.sequences(hw)
+        return None if self.sequences is None else self.sequences.count(hw)
 
     def memory_limit(
         self, hw: Hardware, t: int, weights: float, share: float | None = None
@@ -329,7 +338,7 @@ ENGINES: dict[str, Engine] = {
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine as it starts (0.8 and later, synchronous scheduling)",
             chunk=_vllm_chunk,
-            sequences=_vllm_sequences,
+            sequences=SequenceCap("max_num_seqs", _vllm_sequences),
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
             memory=_VLLM_MEMORY,
@@ -342,7 +351,7 @@ ENGINES: dict[str, Engine] = {
             request_s=_VLLM_REQUEST_S,
             about="vLLM's V1 engine with --async-scheduling",
             chunk=_vllm_chunk,
-            sequences=_vllm_sequences,
+            sequences=SequenceCap("max_num_seqs", _vllm_sequences),
             custom_all_reduce=True,
             attention_on=_HOPPER_FA3,
             memory=_VLLM_MEMORY,
