@@ -713,7 +713,7 @@ def _time_model(values: TimeModelValues) -> str:
     sources = "; ".join(f"{k}: {s}" for k, s in TIME_MODEL_SOURCES.items())
     data = (
         "data-parallel, FSDP and ZeRO collectives hidden behind compute as far as the "
-        "schedule allows"
+        "schedule allows (FSDP's gathers for the forward behind the forward alone)"
         if v.fsdp_overlap
         else "FSDP's gathers and reduce-scatters alone, on the critical path; data-parallel "
         "and ZeRO collectives hidden behind compute as far as the schedule allows"

@@ -112,12 +112,15 @@ Per micro-batch on the slowest pipeline stage, one device:
   without one the first forward and the last backward) and the fill's and flush's slots
   wait for theirs.
 * **data-parallel and FSDP collectives** (over the data axes): overlapped with compute as far
-  as the schedule allows. FSDP's gathers and reduce-scatters repeat per micro-batch and hide
-  behind that micro-batch's forward and backward; ZeRO-2's gradient reduce-scatters repeat
-  per micro-batch and hide behind its backward; a replicated gradient (DP, ZeRO-1) is
-  accumulated over the micro-batches and all-reduced once, behind the last micro-batch's
-  backward (Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync`` all schedule it so); ZeRO's
-  all-gather of the updated parameters, once per step, behind one micro-batch's forward.
+  as the schedule allows. FSDP's gathers and reduce-scatters repeat per micro-batch, each
+  behind the pass that runs it: the forward's gathers behind the forward (a layer waits for
+  its weights, so what the forward does not cover cannot wait for the backward), the
+  backward's gathers and the gradients' reduce-scatters behind the backward; ZeRO-2's
+  gradient reduce-scatters repeat per micro-batch and hide behind its backward; a replicated
+  gradient (DP, ZeRO-1) is accumulated over the micro-batches and all-reduced once, behind
+  the last micro-batch's backward (Megatron-LM, DeepSpeed and PyTorch DDP's ``no_sync`` all
+  schedule it so); ZeRO's all-gather of the updated parameters, once per step, behind one
+  micro-batch's forward.
   A program that runs FSDP's gathers and reduce-scatters alone (``fsdp_overlap`` unset: a
   JAX program's scanned layers under XLA's default GPU flags) pays them in full.
   What does not fit its window is exposed. On a GPU what does fit is not free: each
@@ -276,6 +279,9 @@ class CommItem:
     held: float = 0.0
     #: the collectives' kind (``all-to-all``, ...), where one kind is priced apart
     kind: str = ""
+    #: of ``seconds``, those the forward runs (FSDP's gathers of the weights at their use,
+    #: the first time a micro-batch uses them); the rest run in the backward
+    forward_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -292,19 +298,24 @@ class CommLoad:
     exchange_held_s: float
     ring_s: float
     ring_held_s: float
-    #: ``(class, seconds, seconds times held share)`` of each other class
-    by_class: tuple[tuple[OverlapClass, float, float], ...]
+    #: ``(class, seconds, seconds times held share, of the seconds the forward's)`` of each
+    #: other class
+    by_class: tuple[tuple[OverlapClass, float, float, float], ...]
 
     @classmethod
     def of(cls, comm: Sequence[CommItem]) -> CommLoad:
         critical = [c for c in comm if c.cls == CRITICAL]
         exchange = [c for c in critical if c.kind == ALL_TO_ALL]
         ring = [c for c in comm if c.cls == CONTEXT_RING]
-        by_class: dict[OverlapClass, tuple[float, float]] = {}
+        by_class: dict[OverlapClass, tuple[float, float, float]] = {}
         for c in comm:
             if c.cls not in (CRITICAL, CONTEXT_RING):
-                seconds, held = by_class.get(c.cls, (0.0, 0.0))
-                by_class[c.cls] = (seconds + c.seconds, held + c.seconds * c.held)
+                seconds, held, forward = by_class.get(c.cls, (0.0, 0.0, 0.0))
+                by_class[c.cls] = (
+                    seconds + c.seconds,
+                    held + c.seconds * c.held,
+                    forward + c.forward_s,
+                )
         return cls(
             critical_s=sum(c.seconds for c in critical),
             critical_held_s=sum(c.seconds * c.held for c in critical),
@@ -312,7 +323,7 @@ class CommLoad:
             exchange_held_s=sum(c.seconds * c.held for c in exchange),
             ring_s=sum(c.seconds for c in ring),
             ring_held_s=sum(c.seconds * c.held for c in ring),
-            by_class=tuple((k, seconds, held) for k, (seconds, held) in by_class.items()),
+            by_class=tuple((k, *sums) for k, sums in by_class.items()),
         )
 
 
@@ -703,19 +714,24 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem] | CommLoad)
     # another, so what exceeds the window in all is exposed.
     # On a GPU each holds some of the multiprocessors while it runs, and the compute beside
     # it goes at the rest of its rate (overlap_seconds).
-    data = sum(seconds for _, seconds, _ in load.by_class)
+    data = sum(seconds for _, seconds, _, _ in load.by_class)
     exposed = added = 0.0
-    for cls, seconds, held in load.by_class:
-        # the window each repetition hides behind, and how often it repeats
-        window, n = {
-            PER_MICROBATCH_FWD_BWD: (fwd + bwd, m),
-            PER_MICROBATCH_BWD: (bwd, m),
-            PER_STEP_BWD: (bwd, 1),
-        }.get(cls, (fwd, 1))
-        if cls == PER_MICROBATCH_FWD_BWD and not hw.fsdp_overlap:
-            window = 0.0  # FSDP's collectives run alone (``fsdp_overlap`` unset)
-        exposed += n * max(0.0, seconds / n - window)
-        added += n * overlap_seconds(window, seconds / n, held / n)
+    for cls, seconds, held, forward in load.by_class:
+        # the windows each repetition hides behind, with the seconds (and held seconds) each
+        # hides, and how often it repeats
+        n = m if cls in (PER_MICROBATCH_FWD_BWD, PER_MICROBATCH_BWD) else 1
+        if cls == PER_MICROBATCH_FWD_BWD:
+            # FSDP's: the forward's gathers behind the forward, the rest behind the backward
+            # (behind the forward alone without one), or alone (``fsdp_overlap`` unset)
+            share = forward / seconds if seconds and work.train else 1.0
+            on = 1.0 if hw.fsdp_overlap else 0.0
+            windows = [(on * fwd, share), (on * bwd, 1.0 - share)]
+        else:
+            windows = [({PER_MICROBATCH_BWD: bwd, PER_STEP_BWD: bwd}.get(cls, fwd), 1.0)]
+        for window, part in windows:
+            if part:
+                exposed += n * max(0.0, part * seconds / n - window)
+                added += n * overlap_seconds(window, part * seconds / n, part * held / n)
     optimizer = stream_seconds(hw, work.optimizer_params * OPTIMIZER_BYTES) if work.train else 0.0
     if work.train and work.host_optimizer_bytes:
         # In from the host before the update and back after it, after the last backward.
@@ -1375,12 +1391,17 @@ def comm_items(
             together[key] = ([*names, t.what], sent + traffic)
             continue
         items.append(item)
-    for (kind, axes, group, count, _, _, cls), (names, sent) in together.items():
+    for (kind, axes, group, count, rerun, _, cls), (names, sent) in together.items():
         what = "; ".join(names)
         key = ("together", what, cls, kind, axes, group, sent, count)
         item = priced_here.get(key)
         if item is None:
-            item = priced_here[key] = _item(what, cls, hw, sizes, kind, axes, group, sent, count)
+            item = _item(what, cls, hw, sizes, kind, axes, group, sent, count)
+            if kind == ALL_GATHER and not rerun and cls == PER_MICROBATCH_FWD_BWD:
+                # FSDP's weights gathered at their use in the forward (the backward's again
+                # are the terms it reruns)
+                item = replace(item, forward_s=item.seconds)
+            priced_here[key] = item
         items.append(item)
     return items
 
@@ -1433,10 +1454,14 @@ def compiled_comm_items(
     sizes = mesh_axes(placement.mesh)
     # All-reduce bytes (twice a reduce-scatter's) that stand for a reduce-scatter, per axes.
     budget: dict[tuple[str, ...], float] = {}
-    if reduce_scatter_for_all_reduce:
-        for t in bound.terms:
-            if t.kind == REDUCE_SCATTER:
-                budget[t.axes] = budget.get(t.axes, 0.0) + 2 * t.traffic_bytes
+    # FSDP's gather bytes the formula runs in the forward, per axes: the program's gathers
+    # of that class are the forward's up to them, the backward's beyond
+    forward: dict[tuple[str, ...], float] = {}
+    for t in bound.terms:
+        if reduce_scatter_for_all_reduce and t.kind == REDUCE_SCATTER:
+            budget[t.axes] = budget.get(t.axes, 0.0) + 2 * t.traffic_bytes
+        if t.role is TermRole.WEIGHT_GATHER and not t.rerun:
+            forward[t.axes] = forward.get(t.axes, 0.0) + t.traffic_bytes
     items = []
     for c in collectives:
         axes = () if c.irregular else c.axes
@@ -1454,10 +1479,16 @@ def compiled_comm_items(
             traffic -= as_scatter
         if traffic > 0:
             cls = classify(kind, axes, placement)
+            ahead = 0.0
+            if kind == ALL_GATHER and cls == PER_MICROBATCH_FWD_BWD:
+                ahead = min(traffic, forward.get(axes, 0.0))
+                forward[axes] = forward.get(axes, 0.0) - ahead
+            share = ahead / traffic
             traffic = gathered_bytes(kind, cls, traffic, placement, fp8_gathers, fp8_param_share)
-            items.append(
-                _item(c.op_name or kind, cls, hw, sizes, kind, axes, c.group_size, traffic, c.count)
+            item = _item(
+                c.op_name or kind, cls, hw, sizes, kind, axes, c.group_size, traffic, c.count
             )
+            items.append(replace(item, forward_s=share * item.seconds) if share else item)
     return items
 
 
