@@ -303,7 +303,10 @@ def _since(body):
     """A schema-3 result's data with the fields written since at their defaults: no clients in
     a closed loop, no engine (``none``: no host cost in any plan's times), no chunked
     prefill, no prefill attention kernel named, no memory share given and no notes."""
-    plans = [p | {"engine": "none", "decode_host_s": 0.0} for p in body["plans"]]
+    plans = [
+        p | {"engine": "none", "decode_host_s": 0.0, "engine_memory_share": None}
+        for p in body["plans"]
+    ]
     since = {"clients": None, "engine": "none", "chunked_prefill": None, "prefill_attention": None}
     since |= {"weight_activations": False, "memory_share": None, "notes": []}
     return body | since | {"plans": plans}

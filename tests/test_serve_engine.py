@@ -191,6 +191,34 @@ def test_the_largest_batch_is_what_the_engines_share_holds():
     assert most(0.9 * H100_RUNTIME) < most(0.95 * H100_RUNTIME)
 
 
+def test_each_plan_names_the_engine_setting_that_holds_it():
+    # SGLang's mem_fraction_static by tensor parallelism on an H100: the runtime's MiB less
+    # 512 MiB, 8,192 prefill tokens at 1.5 MiB, 2 MiB for each graph sequence (256 below
+    # tensor parallelism 4, 512 from it) and t / 8 GiB, at least 10 GiB
+    mib = H100_RUNTIME / 2**20
+
+    def sglang(t):
+        reserve = max(512 + 8192 * 1.5 + (256 if t < 4 else 512) * 2 + t * 128, 10 * 1024)
+        return round((mib - reserve) / mib, 3)
+
+    kw = dict(hardware="h100", prompt=512, output=128, compiler="cpu")
+    result = serve("llama3-8b", 4, engine="sglang", **kw)
+    by_t = {p.mesh["model"]: p for p in result.plans}
+    assert set(by_t) >= {1, 4}
+    for t, p in by_t.items():
+        assert p.engine_memory_share == sglang(t)
+        assert p.memory_limit_bytes == int(sglang(t) * H100_RUNTIME)
+    assert by_t[1].engine_memory_share > by_t[4].engine_memory_share
+    # vLLM's gpu_memory_utilization, its own or the one given; none on the device alone
+    assert {p.engine_memory_share for p in serve("llama3-8b", 1, **kw).plans} == {0.9}
+    given = serve("llama3-8b", 1, memory_share=0.95, **kw)
+    assert {p.engine_memory_share for p in given.plans} == {0.95}
+    alone = serve("llama3-8b", 1, engine="none", **kw)
+    assert {p.engine_memory_share for p in alone.plans} == {None}
+    # and the JSON keeps it
+    assert type(result).from_dict(result.to_dict()) == result
+
+
 @pytest.mark.parametrize(
     "engine, share, words",
     [

@@ -506,7 +506,12 @@ def add_plan_parser(sub: Any) -> None:
     # its shape, where the library's default is a preset
     add_request_options(p, PlanRequest, skip=("model",), required=("devices",))
     _hardware_settings_options(p)
-    _output_options(p, chart="the chart of step time against the memory that decided the fit")
+    _output_options(
+        p,
+        chart="the chart of step time against the memory that decided the fit",
+        top="show only the best N (with --serve: the best N and every plan of the "
+        "latency-throughput front)",
+    )
     _plan_serve_options(p)
     p.set_defaults(config=PlanConfig)
 

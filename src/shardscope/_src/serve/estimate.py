@@ -466,6 +466,7 @@ def estimate_plan(
         cache_bytes_per_device=cached,
         temp_bytes_per_device=held.temporaries,
         memory_limit_bytes=int(host.memory_limit(hw, t, weight, memory_share)),
+        engine_memory_share=host.memory_fraction(hw, t, memory_share),
         decode_step_s=decode,
         decode_memory_s=memory_s,
         decode_compute_s=compute_s,

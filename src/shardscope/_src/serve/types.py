@@ -162,6 +162,11 @@ class ServePlan(Record):
     #: the devices that hold each key/value head (above 1 where tensor parallelism is wider
     #: than the model's key/value heads)
     kv_replicas: int = 1
+    #: the value of the engine's memory setting that ``memory_limit_bytes`` is held to
+    #: (:meth:`~shardscope._src.targets.engines.Engine.memory_fraction`: vLLM's
+    #: ``gpu_memory_utilization``, SGLang's ``mem_fraction_static`` for this plan's tensor
+    #: parallelism, ...): what to start the engine with; None on an engine with no rule
+    engine_memory_share: float | None = None
     #: at a request rate (:mod:`~shardscope._src.serve.online`): the mean sequences in flight
     #: (``batch`` is what the cache holds: each replica's 99th percentile of its own), the
     #: decode step alone at ``batch`` and one prompt's prefill alone, which

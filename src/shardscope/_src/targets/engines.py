@@ -236,6 +236,23 @@ class Engine:
             return hw.runtime_memory
         return self.memory.limit(hw, t, weights, share)
 
+    def memory_fraction(self, hw: Hardware, t: int, share: float | None = None) -> float | None:
+        """The value of this engine's memory setting (:attr:`MemoryRule.setting`) that
+        :meth:`memory_limit` holds a device of ``hw`` to, where a replica's tensor
+        parallelism is over ``t`` devices: ``share`` where given, else the engine's own (by
+        the device and ``t`` where its rule is one); None where the engine has no rule.
+
+        >>> from shardscope._src.targets.hardware import hardware
+        >>> h = hardware("h100")
+        >>> [engine("sglang").memory_fraction(h, t) for t in (1, 8)]
+        [0.834, 0.817]
+        >>> engine("vllm").memory_fraction(h, 8, 0.95), engine("none").memory_fraction(h, 8)
+        (0.95, None)
+        """
+        if self.memory is None:
+            return None
+        return self.memory.fraction(hw, t) if share is None else share
+
     def prefill_attention(self, hw: Hardware) -> PrefillAttention | None:
         """The fused causal kernel this engine's prefills run on ``hw`` and its measured
         forward rate there (None where none is published for that device: a B200, a TPU).
