@@ -64,6 +64,12 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("serve/types.py", "tuple(n.get('params', ()))"): {"devices"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
+    # the no-fit note: the request's choices that narrowed the search (PlanResult.
+    # pinned_choices) before what it always names
+    ("plan/types.py", "(*pinned, *FIT_PARAMS)"): {
+        "remat", "microbatches", "stages", "mesh", "offload_optimizer", "flash_attention",
+        "devices", "batch", "seq", "memory_bytes",
+    },  # fmt: skip
 }
 
 #: (command, parameter) pairs that the command deliberately names by no flag, and why.

@@ -1074,3 +1074,42 @@ def test_no_best_plan_when_none_fits():
     assert note.params == ("devices", "batch", "seq", "memory_bytes")
     data = result.to_dict()
     assert data["best"] is None and data["fit_note"] == note.to_dict()
+    # a plan a device cannot hold is on no memory-time front
+    assert not any(p.pareto for p in result.plans)
+
+
+def test_no_fit_names_what_the_request_pinned_not_a_search_it_did_not_make():
+    from shardscope import plan
+
+    small = {"memory_bytes": 7.5e6, "host_memory_bytes": 0}
+    result = plan(
+        "tiny", 8, hardware_overrides=small, compiler="cpu", strategies=["sp"], mesh="model=8",
+        remat="none",
+    )  # fmt: skip
+    assert result.plans and result.best is None
+    note = result.fit_note
+    assert note.values.pinned == ("remat none", "mesh model=8")
+    assert note.text.startswith("no plan fits with what the request pinned (remat none, mesh")
+    assert "even with full recomputation" not in note.text
+    assert "leave remat and mesh to the planner, or use more devices" in note.text
+    assert note.params == ("remat", "mesh", "devices", "batch", "seq", "memory_bytes")
+    assert not any(p.pareto for p in result.plans)
+
+
+def test_the_communication_table_wraps_the_plan_and_keeps_every_figure_whole(sweep):
+    import io
+
+    from rich.console import Console
+
+    from shardscope._src.base.comm import format_bytes, format_seconds
+    from shardscope._src.render.plan import comm_table
+
+    # a terminal narrower than the plan's name and its figures side by side
+    console = Console(record=True, width=96, file=io.StringIO())
+    console.print(comm_table(sweep, top=len(sweep.plans)))
+    text = console.export_text()
+    assert "…" not in text
+    for p in sweep.plans:
+        for a in p.comm:
+            for figure in (str(a.count), format_bytes(a.traffic_bytes), format_seconds(a.time_s)):
+                assert figure in text

@@ -448,13 +448,21 @@ class IdenticalProgramsValues(NoteValues):
 @dataclass(frozen=True, kw_only=True)
 class NoFitValues(NoteValues):
     """The closest plan, the bytes a device it ``need``s of those it ``have``s, and whether
-    every recomputation, micro-batch and stage choice was ``searched``."""
+    every recomputation, micro-batch and stage choice was ``searched``; ``pinned``: the
+    choices the request fixed that the search would otherwise have made (``remat none``,
+    ``mesh data=8``, ...), with ``pinned_params`` the request's names for them."""
 
     label: str
     need: int
     have: int
     hardware: str
     searched: bool
+    pinned: tuple[str, ...] = ()
+    pinned_params: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pinned", tuple(self.pinned))
+        object.__setattr__(self, "pinned_params", tuple(self.pinned_params))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -852,13 +860,20 @@ def _identical_programs(v: IdenticalProgramsValues) -> str:
 def _no_fit(v: NoFitValues) -> str:
     need, have = v.need, v.have
     searched = (
-        ", even with full recomputation, micro-batches and pipeline stages" if v.searched else ""
+        ", even with full recomputation, micro-batches and pipeline stages"
+        if v.searched and not v.pinned
+        else f" with what the request pinned ({', '.join(v.pinned)})"
+        if v.pinned
+        else ""
     )
+    params = v.pinned_params
+    named = ", ".join(params[:-1]) + " and " + params[-1] if len(params) > 1 else "".join(params)
+    free = f"leave {named} to the planner, or " if params else ""
     return (
         f"no plan fits{searched}: the closest, {v.label}, needs {format_bytes(need)} per "
         f"device of the {format_bytes(have)} a {v.hardware} has ({format_bytes(need - have)}, "
-        f"{need / have - 1:.0%} over); use more devices, a smaller batch or sequence, or more "
-        f"memory per device"
+        f"{need / have - 1:.0%} over); {free}use more devices, a smaller batch or sequence, or "
+        f"more memory per device"
     )
 
 

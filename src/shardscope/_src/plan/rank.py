@@ -95,6 +95,31 @@ def step_rank_key(names: Sequence[str]) -> Callable[[_S], tuple[Any, ...]]:
     return rank_key(*merits)
 
 
+class _Fitting(Protocol):
+    @property
+    def fits(self) -> bool: ...
+    @property
+    def fit_memory_bytes_per_device(self) -> int: ...
+    @property
+    def step_time_s(self) -> float: ...
+
+
+_Fit = TypeVar("_Fit", bound=_Fitting)
+
+
+def memory_time_front(plans: Sequence[_Fit]) -> set[int]:
+    """Indices of the plans that fit and that no other plan that fits beats on both the
+    memory that decided the fit and the step time (:func:`pareto_front`): a plan a device
+    cannot hold is on no front."""
+    fitting = [i for i, p in enumerate(plans) if p.fits]
+    front = pareto_front(
+        [plans[i] for i in fitting],
+        lambda p: p.fit_memory_bytes_per_device,
+        lambda p: p.step_time_s,
+    )
+    return {fitting[j] for j in front}
+
+
 def pareto_front(plans: Sequence[_P], *merits: Callable[[_P], float]) -> set[int]:
     """Indices of the plans no other plan beats on all ``merits`` (each the lower the
     better): none other is as good on every one and better on one.

@@ -93,9 +93,27 @@ PLAN_EXTRA = (
 )
 
 
-def no_fit_note(label: str, need: int, have: int, hardware: str, searched: bool = True) -> Note:
-    values = NoFitValues(label=label, need=need, have=have, hardware=hardware, searched=searched)
-    return Note(PlanNote.NO_FIT, values, FIT_PARAMS)
+def no_fit_note(
+    label: str,
+    need: int,
+    have: int,
+    hardware: str,
+    searched: bool = True,
+    pinned: Mapping[str, str] | None = None,
+) -> Note:
+    """The no-fit note of the closest plan; ``pinned``: the request's choices that narrowed
+    the search, ``{param: words}`` (the note names them and their flags)."""
+    pinned = dict(pinned or {})
+    values = NoFitValues(
+        label=label,
+        need=need,
+        have=have,
+        hardware=hardware,
+        searched=searched,
+        pinned=tuple(pinned.values()),
+        pinned_params=tuple(pinned),
+    )
+    return Note(PlanNote.NO_FIT, values, (*pinned, *FIT_PARAMS))
 
 
 def skipped_by_reason(skipped: Sequence[Skipped]) -> dict[SkipReason, list[Skipped]]:

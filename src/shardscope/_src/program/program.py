@@ -61,7 +61,7 @@ from shardscope._src.plan.compile import (
 )
 from shardscope._src.plan.estimates import divisors
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.plan.rank import StepSource, pareto_front, step_rank_key
+from shardscope._src.plan.rank import StepSource, memory_time_front, step_rank_key
 from shardscope._src.plan.request import ProgramRequest
 from shardscope._src.plan.tasks import LostTask
 from shardscope._src.plan.types import (
@@ -898,7 +898,7 @@ def rank_plans(plans: Sequence[ProgramPlan], names: Sequence[str]) -> tuple[Prog
     of their rule set in ``names`` and the mesh sizes (a total order: the same plans give the
     same ranking), with the Pareto front of memory and time marked."""
     order = sorted(plans, key=step_rank_key(list(dict.fromkeys(names))))
-    front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
+    front = memory_time_front(order)
     return tuple(replace(p, rank=k + 1, pareto=k in front) for k, p in enumerate(order))
 
 

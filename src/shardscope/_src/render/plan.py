@@ -251,7 +251,7 @@ def comm_table(result: PlanResult, *, top: int = 3, edge: bool = True) -> Any:
     """The best plans' collectives per mesh axis and kind, loop trips counted: one row per
     axis and kind, the plan named on its first (without ``edge``, no blank line above and
     below its rows)."""
-    label: Column[tuple[str, AxisComm]] = Column("plan", lambda row: row[0], no_wrap=True)
+    label: Column[tuple[str, AxisComm]] = Column("plan", lambda row: row[0], fold=True)
 
     def comm_of(row: tuple[str, AxisComm]) -> AxisComm:
         return row[1]

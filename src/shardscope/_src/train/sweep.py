@@ -64,7 +64,7 @@ from shardscope._src.plan.notes import (
     WidenedValues,
     disagree,
 )
-from shardscope._src.plan.rank import pareto_front, step_rank_key
+from shardscope._src.plan.rank import memory_time_front, step_rank_key
 from shardscope._src.plan.request import (
     COMPOSED_DEFAULTS,
     DEFAULT_REQUEST,
@@ -309,7 +309,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         order = recompile_on_target(
             order, hw, compiler, r.target_plans, progress, step_rank_key(names)
         )
-    front = pareto_front(order, lambda p: p.fit_memory_bytes_per_device, lambda p: p.step_time_s)
+    front = memory_time_front(order)
     ranked = tuple(replace(p, rank=i + 1, pareto=i in front) for i, p in enumerate(order))
     settings = {
         **settings_dict(r.bytes_per_param, r.flash_attention),

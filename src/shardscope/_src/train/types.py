@@ -564,9 +564,10 @@ class PlanResult:
         if self.best is not None or (not self.plans and self.closest is None):
             return None
         hardware, have = self.hardware.name, int(self.hardware.memory_bytes)
+        pinned = self.pinned_choices
         if self.closest is not None and not any(p.compiled_by_accelerator for p in self.plans):
             label, need = self.closest["label"], int(self.closest["bytes"])
-            return no_fit_note(label, need, have, hardware)
+            return no_fit_note(label, need, have, hardware, pinned=pinned)
         on_target = self.compiler.is_accelerator
         compiled = [p for p in self.plans if on_target and p.compiled_by == self.compiler]
         sized = [p for p in compiled if p.target_memory_bytes_per_device is not None]
@@ -590,7 +591,28 @@ class PlanResult:
             params = ("devices", "batch", "seq", "target_plans")
             return Note(PlanNote.NO_TARGET_FIT, values, params)
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
-        return no_fit_note(small.label, small.memory_bytes_per_device, have, hardware)
+        return no_fit_note(
+            small.label, small.memory_bytes_per_device, have, hardware, pinned=pinned
+        )
+
+    @property
+    def pinned_choices(self) -> dict[str, str]:
+        """The request's choices that kept the search from a smaller plan, ``{param:
+        words}``: a recomputation other than full, a micro-batch or stage count, a mesh, the
+        optimizer state kept on the device, attention without the fused kernel."""
+        s = self.settings
+        pinned = {}
+        remat = s.get("remat")
+        if remat and "full" not in remat:
+            pinned["remat"] = f"remat {', '.join(remat)}"
+        for param in ("microbatches", "stages", "mesh"):
+            if s.get(param) is not None:
+                pinned[param] = f"{param} {s[param]}"
+        if s.get("offload_optimizer") is False:
+            pinned["offload_optimizer"] = "the optimizer state on the device"
+        if s.get("flash_attention") is False:
+            pinned["flash_attention"] = "attention without the fused kernel"
+        return pinned
 
     @property
     def empty_reason(self) -> Note | None:
