@@ -1113,3 +1113,26 @@ def test_the_communication_table_wraps_the_plan_and_keeps_every_figure_whole(swe
         for a in p.comm:
             for figure in (str(a.count), format_bytes(a.traffic_bytes), format_seconds(a.time_s)):
                 assert figure in text
+
+
+def test_the_comm_column_is_the_communication_the_step_prices():
+    import io
+
+    from rich.console import Console
+
+    from shardscope import plan
+    from shardscope._src.base.comm import format_seconds
+    from shardscope._src.render.plan import plan_table
+
+    # XLA:CPU forms no reduce-scatter: FSDP's gradients leave as all-reduces of twice the
+    # bytes, which the step prices as the reduce-scatters the H100's compiler forms
+    result = plan("tiny", 8, strategies=["fsdp"], mesh="data=8", compiler="cpu", workers=0)
+    p = result.plans[0]
+    t = p.time
+    assert t.comm_s == t.tp_comm_s + t.data_comm_s + t.p2p_s
+    assert t.comm_s < p.comm_time_s
+    console = Console(record=True, width=250, file=io.StringIO())
+    console.print(plan_table(result))
+    row = next(line for line in console.export_text().splitlines() if " fsdp " in line)
+    assert f" {format_seconds(t.comm_s)} " in row
+    assert f" {format_seconds(p.comm_time_s)} " not in row

@@ -141,7 +141,13 @@ PLAN_COLUMNS: tuple[Column[Plan], ...] = (
     FITS,
     COMM_BYTES,
     figure("x bound", lambda p: format_ratio(p.bound_ratio)),
-    COMM_TIME,
+    # the collectives as the step prices them (a compiler's that forms no reduce-scatter
+    # has its all-reduces priced as the reduce-scatters the hardware's compiler forms)
+    figure(
+        "comm",
+        lambda p: format_seconds(p.time.comm_s if p.time is not None else p.comm_time_s),
+        "comm time",
+    ),
     COMPUTE,
     STEP,
     figure("MFU", lambda p: format_mfu(p.mfu)),
@@ -239,7 +245,9 @@ _PLAN_COLUMNS_TEXT = (
     "assignment where it compiled the plan, else the analytic estimate; the CPU "
     "compiler's numbers are in the JSON and report). Schedule: micro-batches per data "
     "shard, recomputation, the optimizer state on the host (streamed in and out for the "
-    "update, exposed) and the vocabulary split over 'model' where chosen. Step: the "
+    "update, exposed) and the vocabulary split over 'model' where chosen. Comm: every "
+    "collective and pipeline transfer of the step as the time model prices it, hidden or "
+    "not (the per-axis table has the compiled program's own). Step: the "
     "compiled program's collectives in the time model (compute at the achievable "
     "fraction of peak, tensor-parallel collectives exposed, data-parallel ones overlapped "
     "as the schedule allows, pipeline bubble, optimizer); MFU: model FLOPs over the "

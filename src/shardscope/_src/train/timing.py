@@ -550,6 +550,13 @@ class StepTime(Record):
     #: what the pipeline's transfers add to the step beyond its bubble (of ``p2p_s``)
     p2p_exposed_s: float = 0.0
 
+    @property
+    def comm_s(self) -> float:
+        """Every collective and pipeline transfer of the step as it is priced, hidden or
+        not: the tensor, sequence, expert and context ones, the data-parallel ones and the
+        stages' transfers."""
+        return self.tp_comm_s + self.data_comm_s + self.p2p_s
+
     def parts(self) -> dict[str, float]:
         """The step in parts that add up to ``step_s``, by what each part is: the compute
         (with the weights' fp8 casts and host offload it waits on), a mixture's routing
