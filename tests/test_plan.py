@@ -899,7 +899,7 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
     header = next(line for line in printed.splitlines() if "strategy" in line)
     assert header.split() == ["#", "strategy", "mesh", "schedule", "mem/dev", "memory",
                               "by", "fits", "comm/dev", "x", "bound", "comm", "compute",
-                              "step", "MFU"]  # fmt: skip
+                              "rest", "step", "MFU"]  # fmt: skip
     for p in data["plans"]:
         ranks = ([str(p["rank"])], [f"{p['rank']}*"])
         (row,) = [
@@ -1136,3 +1136,5 @@ def test_the_comm_column_is_the_communication_the_step_prices():
     row = next(line for line in console.export_text().splitlines() if " fsdp " in line)
     assert f" {format_seconds(t.comm_s)} " in row
     assert f" {format_seconds(p.comm_time_s)} " not in row
+    # and what the step takes beyond its compute, so the columns account for the step
+    assert f" {format_seconds(t.step_s - t.compute_s)} " in row

@@ -149,6 +149,9 @@ PLAN_COLUMNS: tuple[Column[Plan], ...] = (
         "comm time",
     ),
     COMPUTE,
+    # what the step takes beyond its compute: the collectives it does not hide and the
+    # compute they slow, the pipeline's bubble and transfers, the optimizer's update
+    figure("rest", lambda p: format_seconds(max(0.0, p.step_time_s - p.compute_time_s))),
     STEP,
     figure("MFU", lambda p: format_mfu(p.mfu)),
     PARETO,
@@ -247,7 +250,9 @@ _PLAN_COLUMNS_TEXT = (
     "shard, recomputation, the optimizer state on the host (streamed in and out for the "
     "update, exposed) and the vocabulary split over 'model' where chosen. Comm: every "
     "collective and pipeline transfer of the step as the time model prices it, hidden or "
-    "not (the per-axis table has the compiled program's own). Step: the "
+    "not (the per-axis table has the compiled program's own). Rest: what the step takes "
+    "beyond its compute (the collectives it does not hide and the compute they slow, the "
+    "pipeline's bubble and transfers, the optimizer's update). Step: the "
     "compiled program's collectives in the time model (compute at the achievable "
     "fraction of peak, tensor-parallel collectives exposed, data-parallel ones overlapped "
     "as the schedule allows, pipeline bubble, optimizer); MFU: model FLOPs over the "
