@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from shardscope._src.audit.overlap import kernel_costs
 from shardscope._src.audit.stages import lower_step_traced
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.errors import (
@@ -48,7 +49,15 @@ from shardscope._src.base.notes import Note
 from shardscope._src.base.records import record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
-from shardscope._src.cost.compute import hidden_seconds, matmul_seconds, serial_seconds
+from shardscope._src.cost.compute import (
+    by_kernel,
+    compiled_step_seconds,
+    hidden_seconds,
+    kernels_seconds,
+    matmul_seconds,
+    moved_seconds,
+    serial_seconds,
+)
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.mesh import MeshShape, axis_types_of, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
@@ -120,7 +129,9 @@ class ProgramPlan:
     - aliased): on the CPU compiler that is not a GPU/TPU prediction, on a target's compiler
     it is that compiler's own. ``flops_per_device`` is the compiler's count, or where it gives
     none (the GPU compiler) the one counted from the program's HLO; ``compute_time_s`` runs
-    them at the time model's matmul rate (peak x ``matmul_fraction``).
+    them at the time model's matmul rate (peak x ``matmul_fraction``) and, compiled by an
+    accelerator's compiler, its kernels' traffic, least times and launches too
+    (:func:`compute_seconds`).
     """
 
     rules_name: str
@@ -1029,13 +1040,39 @@ def _program_plan(
         comm=comm,
         comm_time_s=sum(a.time_s for a in comm),
         flops_per_device=flops,
-        # The time model's rate for matmul FLOPs (train/timing.py), the one compute model.
-        compute_time_s=matmul_seconds(hw, flops or 0.0),
+        compute_time_s=compute_seconds(program, hw, flops or 0.0),
         notes=tuple(notes),
         timing=timing,
         exact=program.exact,
         same_as=same_as,
         target=result.target or CPU,
+    )
+
+
+def compute_seconds(program: CompiledProgram, hw: Hardware, flops: float) -> float:
+    """The compute of one step of ``program`` on ``hw``, its ``flops`` of matmuls at the time
+    model's rate (peak x ``matmul_fraction``, train/timing.py's): compiled by an
+    accelerator's compiler, its kernels as that compiler fused them, each reading and writing
+    its bytes through HBM; on a GPU one after another, each the longer of its arithmetic and
+    its traffic and never less than the least a kernel runs, each launched at
+    ``kernel_launch_s``; on a TPU the slower of its matmuls and its traffic (as a compiled
+    serving step is timed, :func:`~shardscope._src.cost.compute.compiled_step_seconds`).
+    Compiled by the CPU's compiler, whose kernels and bytes are no accelerator's, its
+    matmuls alone."""
+    result = program.audit
+    if get_target(result.target or CPU).family is Family.CPU:
+        return matmul_seconds(hw, flops)
+    if result.program is None or result.hlo_bytes is None:
+        return matmul_seconds(hw, flops)
+    runs = kernel_costs(result.program.module)
+    flop = matmul_seconds(hw, 1.0)
+    return compiled_step_seconds(
+        hw,
+        memory_s=sum(n * moved_seconds(hw, k.cost) for k, n in runs.items()),
+        compute_s=matmul_seconds(hw, flops),
+        kernels_s=kernels_seconds(hw, runs, (flop, flop)) if by_kernel(hw) else None,
+        comm_s=0.0,
+        kernels=sum(runs.values()),
     )
 
 
