@@ -89,7 +89,12 @@ BAD: list[tuple[list[str], str]] = [
         + ["--matmul-dtype", "fp8"],
         "hardware 'a100' has no fp8 matmuls",
     ),
-    (["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=2,foo=4"], "in any order"),
+    (["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=2,foo=4"], "axis 'foo' is none"),
+    (
+        ["plan", "--devices", "8", "--model", "tiny", "--mesh", "expert=8"],
+        "its 'expert' axis splits a mixture's routed experts, and tiny has none",
+    ),
+    (["plan", "--devices", "8", "--model", "tiny", "--stages", "3"], "(flag --stages)"),
     (
         ["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=8", "--strategies", "tp"],
         "strategies that run on it: replicated, dp, fsdp",

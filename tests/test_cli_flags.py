@@ -67,8 +67,16 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     # the no-fit note: the request's choices that narrowed the search (PlanResult.
     # pinned_choices) before what it always names
     ("plan/types.py", "(*pinned, *FIT_PARAMS)"): {
-        "remat", "microbatches", "stages", "mesh", "offload_optimizer", "flash_attention",
-        "devices", "batch", "seq", "memory_bytes",
+        "remat",
+        "microbatches",
+        "stages",
+        "mesh",
+        "offload_optimizer",
+        "flash_attention",
+        "devices",
+        "batch",
+        "seq",
+        "memory_bytes",
     },  # fmt: skip
 }
 

@@ -1138,3 +1138,18 @@ def test_the_comm_column_is_the_communication_the_step_prices():
     assert f" {format_seconds(p.comm_time_s)} " not in row
     # and what the step takes beyond its compute, so the columns account for the step
     assert f" {format_seconds(t.step_s - t.compute_s)} " in row
+
+
+def test_a_micro_batch_count_no_data_shard_splits_into_names_the_counts_that_do():
+    from shardscope import plan
+
+    # tiny's 8 sequences over 8 data shards: one a shard, which 3 micro-batches cannot split;
+    # every layout of 8 devices shards the data 8, 4, 2 or 1 ways (1, 2, 4 or 8 a shard)
+    result = plan("tiny", 8, microbatches=3, compiler="cpu", workers=0)
+    assert not result.plans
+    reason = result.empty_reason
+    assert "microbatches=3 does not divide the 1 sequence of a data shard (batch 8 over 8)" in (
+        reason.text
+    )
+    assert "give microbatches dividing 1, or a batch of a multiple of 24" in reason.text
+    assert reason.params[:2] == ("microbatches", "batch")

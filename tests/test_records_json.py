@@ -239,8 +239,13 @@ NOTE_VALUES = {
     "mixture-step": {},
     "mixture-fp8": {},
     "no-fit": {
-        "label": "dp data=8", "need": 9, "have": 8, "hardware": "h100", "searched": False,
-        "pinned": ["remat none"], "pinned_params": ["remat"],
+        "label": "dp data=8",
+        "need": 9,
+        "have": 8,
+        "hardware": "h100",
+        "searched": False,
+        "pinned": ["remat none"],
+        "pinned_params": ["remat"],
     },  # fmt: skip
     "target-out-of-memory": {"target": "h100", "count": 2, "label": "dp data=8", "error": None},
     "no-target-fit": {

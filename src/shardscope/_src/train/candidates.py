@@ -319,6 +319,15 @@ def pinned_mesh(
     if reordered is not None and candidates(strategies, devices, (stage,), reordered):
         return reordered
     sizes = reordered or sizes
+    named = (STAGE_AXIS, "replica", "data", "expert", "context", "model")
+    unknown = [a for a in sizes.names if a not in named]
+    if unknown:
+        raise PlanError(
+            f"mesh={where!r}: axis {unknown[0]!r} is none the planner names; its axes are "
+            f"{STAGE_AXIS} (pipeline stages), replica, data, expert, context and model, in any "
+            f"order (or MaxText's ici_X and dcn_X parallelism)",
+            param="mesh",
+        )
     fits = runs_on(sizes, devices, list(ALL_STRATEGIES))
     if fits:
         why = f"the strategies that run on it: {', '.join(fits)}"
@@ -353,7 +362,7 @@ def stage_options(
     staged = mode == Mode.TRAIN and (not config.is_moe or experts_outweigh_dense(config))
     if stages is not None:
         if not is_int(stages, 1):
-            raise PlanError(f"stages={stages!r}: must be a positive integer")
+            raise PlanError(f"stages={stages!r}: must be a positive integer", param="stages")
         if stages > 1 and not staged and config.is_moe:
             raise PlanError(
                 f"stages={stages}: this mixture's {config.dense_layers} dense layers compute "
@@ -365,7 +374,8 @@ def stage_options(
             raise PlanError(
                 f"stages={stages}: pipeline stages must divide the {devices} devices and be "
                 f"no more than the {config.layers} layers; choose one of "
-                f"{or_list([p for p in divisors(devices) if p <= config.layers])}"
+                f"{or_list([p for p in divisors(devices) if p <= config.layers])}",
+                param="stages",
             )
         return (stages,)
     if not staged:
@@ -1019,8 +1029,11 @@ def screen_all(
                 f"micro-batches a multiple of the {cand.stages} stages, and the {per_shard} "
                 f"sequences of a data shard split into {or_list(counts)}"
                 if counts
-                else f"microbatches={microbatches} does not divide the {per_shard} sequences "
-                f"of a data shard"
+                else f"microbatches={microbatches} does not divide the {per_shard} "
+                f"sequence{'s' if per_shard != 1 else ''} of a data shard (batch "
+                f"{placement.config.batch} over {data_ways(placement)}): give microbatches "
+                f"dividing {per_shard}, or a batch of a multiple of "
+                f"{(microbatches or 1) * data_ways(placement)}"
             )
             skipped.append(Skipped(cand.strategy, cand.mesh_spec, SkipReason.DIVISIBILITY, why))
             continue

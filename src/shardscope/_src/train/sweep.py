@@ -250,6 +250,13 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         pinned = pinned_mesh(r.mesh, devices, allowed)
         if r.strategies is None and not runs_on(pinned, devices, names):
             names = tuple(runs_on(pinned, devices, allowed))
+            if not config.is_moe and names and all(get_strategy(n).expert_parallel for n in names):
+                raise PlanError(
+                    f"mesh={pinned.spec!r}: its 'expert' axis splits a mixture's routed "
+                    f"experts, and {model_name} has none; give a mesh without one (e.g. "
+                    f"data={devices})",
+                    param="mesh",
+                )
         given = MeshShape.of(r.mesh)
         if given != pinned:
             values = MeshReadValues(

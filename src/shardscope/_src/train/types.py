@@ -8,7 +8,7 @@ these and nothing else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -619,7 +619,11 @@ class PlanResult:
         """Why there is no plan (None when there is one)."""
         if self.plans:
             return None
-        return no_plan_note(self.model, self.devices, self.skipped, self.hardware)
+        note = no_plan_note(self.model, self.devices, self.skipped, self.hardware)
+        if self.settings.get("microbatches") is not None:
+            # a micro-batch count the data shards' sequences do not split into
+            note = replace(note, params=("microbatches", "batch", *note.params))
+        return note
 
     def to_dict(self) -> dict[str, Any]:
         return {
