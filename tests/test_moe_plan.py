@@ -179,13 +179,14 @@ def _kinds(result: shardscope.PlanResult) -> list[str]:
 def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne_out(noted):
     unsplit = noted["unsplit"]
     (note,) = [n for n in unsplit.notes if n.kind == "experts-unsplit"]
-    fsdp = [p for p in unsplit.plans if p.strategy == "fsdp"]
-    assert fsdp and note.values.labels == tuple(p.label for p in fsdp)
-    assert "Marin" in note.text and "expert axis" in note.text
-    # beside plans with one, it names the best of them and its rank
     split = [p for p in unsplit.plans if p.mesh.get("expert", 1) > 1]
     assert split and [p.strategy for p in split] == ["fsdp_ep"] * len(split)
     best = min(split, key=lambda p: p.step_time_s)
+    # it names the plans without an expert axis that rank above the best with one
+    fsdp = [p for p in unsplit.plans if p.strategy == "fsdp" and p.rank < best.rank]
+    assert fsdp and note.values.labels == tuple(p.label for p in fsdp)
+    assert "Marin" in note.text and "expert axis" in note.text
+    # beside plans with one, it names the best of them and its rank
     assert (note.values.split, note.values.split_rank) == (best.label, best.rank)
     assert note.text.endswith(f"with an expert axis: {best.label}, ranked {best.rank}")
     # with none among the plans, it says how to get one
@@ -195,6 +196,23 @@ def test_a_mixture_planned_without_an_expert_axis_says_its_estimate_is_not_borne
     )
     for other in ("split", "dense"):
         assert noted[other].plans and "experts-unsplit" not in _kinds(noted[other])
+
+
+def test_no_layout_without_an_expert_axis_above_the_best_with_one_needs_the_note(noted):
+    from shardscope._src.train.sweep import experts_unsplit_note
+
+    plans = noted["unsplit"].plans
+    split = min((p for p in plans if p.mesh.get("expert", 1) > 1), key=lambda p: p.rank)
+    unsplit = [p for p in plans if p.mesh.get("expert", 1) == 1]
+    # ranked below the best plan with an expert axis, the layouts without one go unnamed
+    reranked = [replace(p, rank=k + 1) for k, p in enumerate([split, *unsplit])]
+    assert experts_unsplit_note(reranked) is None
+    # one of them above it is named, and it alone
+    above = [replace(unsplit[0], rank=1), replace(split, rank=2)]
+    above += [replace(p, rank=k + 3) for k, p in enumerate(unsplit[1:])]
+    note = experts_unsplit_note(above)
+    assert note.values.labels == (unsplit[0].label,)
+    assert (note.values.split, note.values.split_rank) == (split.label, 2)
 
 
 def test_a_mixtures_training_plans_say_their_step_is_the_least_it_takes(noted):

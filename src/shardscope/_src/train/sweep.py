@@ -629,6 +629,25 @@ def _expert_axis(plan: Plan) -> bool:
     return plan.mesh.get("expert", 1) > 1
 
 
+def experts_unsplit_note(plans: Sequence[Plan]) -> Note | None:
+    """A mixture's plans without an expert axis that rank above the best with one (all of
+    them where none has one), whose estimate the published sweeps of such a layout do not
+    bear out, named beside that best; None where there are none: below it they would not
+    change what the user runs."""
+    split = min((p for p in plans if _expert_axis(p)), key=lambda p: p.rank, default=None)
+    unsplit = tuple(
+        p.label for p in plans if not _expert_axis(p) and (split is None or p.rank < split.rank)
+    )
+    if not unsplit:
+        return None
+    values = ExpertsUnsplitValues(
+        labels=unsplit,
+        split=None if split is None else split.label,
+        split_rank=None if split is None else split.rank,
+    )
+    return Note(PlanNote.EXPERTS_UNSPLIT, values)
+
+
 def _result_notes(
     config: ModelConfig,
     hw: Hardware,
@@ -655,15 +674,9 @@ def _result_notes(
         notes.append(Note(PlanNote.MIXTURE_STEP))
         if matmul_dtype == MatmulDtype.FP8:
             notes.append(Note(PlanNote.MIXTURE_FP8, params=("matmul_dtype",)))
-    unsplit = tuple(p.label for p in plans if config.is_moe and not _expert_axis(p))
-    if unsplit:
-        split = min((p for p in plans if _expert_axis(p)), key=lambda p: p.rank, default=None)
-        values = ExpertsUnsplitValues(
-            labels=unsplit,
-            split=None if split is None else split.label,
-            split_rank=None if split is None else split.rank,
-        )
-        notes.append(Note(PlanNote.EXPERTS_UNSPLIT, values))
+    unsplit = experts_unsplit_note(plans) if config.is_moe else None
+    if unsplit is not None:
+        notes.append(unsplit)
     widened = {
         plan_compiler(p).compiler
         for p in plans
