@@ -1153,3 +1153,23 @@ def test_a_micro_batch_count_no_data_shard_splits_into_names_the_counts_that_do(
     )
     assert "give microbatches dividing 1, or a batch of a multiple of 24" in reason.text
     assert reason.params[:2] == ("microbatches", "batch")
+
+
+def test_model_flops_count_what_their_convention_says_of_a_gated_grouped_query_model():
+    from shardscope._src.model.presets import model_preset
+    from shardscope._src.plan.estimates import FLOPS_CONVENTION, model_flops
+
+    # Llama 3 8B: 32 layers of d_model 4096, 32 query heads and 8 key/value heads of 128, a
+    # gated MLP of 14,336 (three matrices), vocabulary 128,256; 8 sequences of 8,192
+    h, layers, ff, vocab, seq, batch = 4096, 32, 14336, 128256, 8192, 8
+    kv = 8 * 128
+    layer = h * h + 2 * h * kv + h * h + 3 * h * ff  # q, k and v, out, gate, up and down
+    core = 4 * seq * 32 * 128  # QK^T and PV a token a layer, against the whole sequence
+    tokens = batch * seq
+    forward = 2 * tokens * (layers * layer + h * vocab) + tokens * layers * core
+    config = model_preset("llama3-8b").config(batch=batch, seq=seq)
+    assert model_flops(config) == 3 * forward
+    assert model_flops(config, "forward") == forward
+    # and the convention written into every result says so
+    assert "three where the MLP is gated" in FLOPS_CONVENTION
+    assert "key and value projections at their heads" in FLOPS_CONVENTION

@@ -72,8 +72,14 @@ from shardscope._src.targets.hardware import Hardware
 DEFAULT_BYTES_PER_PARAM = 16
 
 FLOPS_CONVENTION = (
-    "model FLOPs (Korthikanti et al. 2022, Eq. 7, MLP width ff): forward 2 x tokens x "
-    "(L(4h^2 + 2h ff) + 2Lsh + hv), non-causal attention; train = 3 x forward, no recompute"
+    "model FLOPs: forward 2 x tokens x (the weight matrices a token meets: each layer's "
+    "query, key and value projections at their heads, its output projection and its MLP's "
+    "matrices, three where the MLP is gated, a mixture's router, shared experts and top_k "
+    "routed ones; the unembedding, h x v) + each layer's attention core, QK^T and PV of "
+    "every token against its whole sequence (4 x tokens x s x heads x head_dim), "
+    "non-causal; train = 3 x forward, no recompute. For an MLP of two matrices and as many "
+    "key as query heads this is Korthikanti et al. 2022's Eq. 7 with MLP width ff: forward "
+    "2 x tokens x (L(4h^2 + 2h ff) + 2Lsh + hv)"
 )
 ACTIVATION_CONVENTION = (
     "activations: Korthikanti et al. 2022, Table 2, MLP terms scaled from 4h to ff, "
