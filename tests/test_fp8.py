@@ -277,6 +277,11 @@ def test_a_plan_says_its_matmul_dtype_and_prices_its_compiled_gathers_in_fp8():
         remat="none", microbatches=1,
     )  # fmt: skip
     assert bf16.to_dict()["settings"]["matmul_dtype"] == "bfloat16"
+    # the table's headline says it too
+    from shardscope._src.render.plan import headline
+
+    assert ", bfloat16, the layers' matmuls in fp8, on 8 x h100" in headline(result)
+    assert ", bfloat16, on 8 x h100" in headline(bf16)
     assert not [n for n in bf16.notes if n.kind == PlanNote.FP8_MATMULS]
     assert "fp8_peak_flops" not in bf16.settings["time_model"]
     # Memory is unchanged by default: fp8 training keeps its 16-bit weights and 32-bit master

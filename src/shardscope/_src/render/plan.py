@@ -76,11 +76,14 @@ def headline(result: PlanResult) -> str:
     c, hw = result.config, result.hardware
     params = c.param_count()
     experts = f"{c.experts_words}, " if c.is_moe else ""
+    # the layers' matmuls in fp8 where the request runs them so, the rest at the model's dtype
+    fp8 = result.settings.get("matmul_dtype") == "fp8"
+    dtype = f"{c.dtype}, the layers' matmuls in fp8" if fp8 else c.dtype
     return (
         f"{result.model} ({params / 1e9:.3g}B params: d_model {c.d_model}, {c.heads} heads, "
         f"ff {c.ff}, {c.layers} layers, {experts}vocab {c.vocab}) {result.mode}, batch "
         f"{c.batch} x seq "
-        f"{c.seq}, {c.dtype}, on {result.devices} x {hw.name} "
+        f"{c.seq}, {dtype}, on {result.devices} x {hw.name} "
         f"({format_bytes(hw.memory_bytes)}, {hw.peak_flops / 1e12:g} TFLOP/s)"
     )
 
