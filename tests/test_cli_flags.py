@@ -64,6 +64,11 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("serve/types.py", "tuple(n.get('params', ()))"): {"devices"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
+    # no plan at all: a micro-batch count the data shards' sequences do not split into,
+    # before what no_plan_note names (a memory the model state outgrew)
+    ("train/types.py", "('microbatches', 'batch', *note.params)"): {
+        "microbatches", "batch", "devices", "hardware", "memory_bytes", "bytes_per_param",
+    },  # fmt: skip
     # the no-fit note: the request's choices that narrowed the search (PlanResult.
     # pinned_choices) before what it always names
     ("plan/types.py", "(*pinned, *FIT_PARAMS)"): {
