@@ -67,7 +67,12 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     # no plan at all: a micro-batch count the data shards' sequences do not split into,
     # before what no_plan_note names (a memory the model state outgrew)
     ("train/types.py", "('microbatches', 'batch', *note.params)"): {
-        "microbatches", "batch", "devices", "hardware", "memory_bytes", "bytes_per_param",
+        "microbatches",
+        "batch",
+        "devices",
+        "hardware",
+        "memory_bytes",
+        "bytes_per_param",
     },  # fmt: skip
     # the no-fit note: the request's choices that narrowed the search (PlanResult.
     # pinned_choices) before what it always names

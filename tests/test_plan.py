@@ -1173,3 +1173,30 @@ def test_model_flops_count_what_their_convention_says_of_a_gated_grouped_query_m
     # and the convention written into every result says so
     assert "three where the MLP is gated" in FLOPS_CONVENTION
     assert "key and value projections at their heads" in FLOPS_CONVENTION
+
+
+def test_a_strategy_screened_and_not_compiled_is_named_with_its_best_plan():
+    from shardscope._src.targets.hardware import hardware
+    from shardscope._src.train.candidates import estimate
+    from shardscope._src.train.sweep import not_compiled
+    from shardscope._src.train.types import Candidate
+
+    # a default sweep compiles a composed strategy (zero1_sp, ...) only among its best pairs:
+    # screened plans of two strategies, in rank order, of which one strategy's is compiled
+    h100, config = hardware("h100"), TINY.config(batch=8)
+    zero1_sp = [estimate(Candidate("zero1_sp", m, 1, "none"), config, h100)
+                for m in ("data=4,model=2", "data=2,model=4")]  # fmt: skip
+    fsdp = estimate(Candidate("fsdp", "data=8", 1, "none"), config, h100)
+    ranked = sorted([*zero1_sp, fsdp], key=lambda s: s.step_time_s)
+    note = not_compiled(ranked, [fsdp])
+    best = min(zero1_sp, key=lambda s: s.step_time_s)
+    assert note.values.strategies == ("zero1_sp",)
+    assert note.values.labels == (best.candidate.label,)
+    assert note.values.estimates == (best.step_time_s,)
+    assert note.params == ("compile_top", "strategies")
+    assert note.text.startswith("not compiled, so not in the table: zero1_sp (")
+    # one that does not fit is not named; every strategy compiled, nothing is
+    tight = hardware("h100", memory_bytes=1e3)
+    misfit = estimate(Candidate("zero1_sp", "data=4,model=2", 1, "none"), config, tight)
+    assert not misfit.fits and not_compiled([misfit, fsdp], [fsdp]) is None
+    assert not_compiled(ranked, [fsdp, best]) is None

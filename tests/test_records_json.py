@@ -236,6 +236,11 @@ NOTE_VALUES = {
     "no-flop-count": {},
     "identical-programs": {"same": [["fsdp data=8", "dp", "data=8"]]},
     "experts-unsplit": {"labels": ["fsdp data=8", "dp data=8"]},
+    "not-compiled": {
+        "strategies": ["zero1_sp"],
+        "labels": ["zero1_sp data=4,model=2"],
+        "estimates": [1.04],
+    },  # fmt: skip
     "mixture-step": {},
     "mixture-fp8": {},
     "no-fit": {

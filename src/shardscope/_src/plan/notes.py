@@ -92,6 +92,10 @@ class PlanNote(NoteKind):
     NO_FLOP_COUNT = "no-flop-count"
     #: rule sets that compiled to the same program (values: ``same``: label, same as, mesh)
     IDENTICAL_PROGRAMS = "identical-programs"
+    #: strategies the screen priced, a plan of each fitting, none of which was compiled (a
+    #: default sweep compiles a composed strategy only among its best pairs) (values:
+    #: ``strategies``, ``labels``, ``estimates``: each one's best screened plan and its step)
+    NOT_COMPILED = "not-compiled"
     #: a pinned mesh read as the planner's (values: ``given``, ``read``, ``node_size``, the
     #: axes whose groups cross nodes as given, ``given_crossing``, and as read,
     #: ``read_crossing``, and ``maxtext``: given as MaxText's parallelism)
@@ -443,6 +447,20 @@ class IdenticalProgramsValues(NoteValues):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "same", tuple(tuple(s) for s in self.same))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NotCompiledValues(NoteValues):
+    """The strategies screened and not compiled, each one's best screened plan and that
+    plan's step by the estimate."""
+
+    strategies: tuple[str, ...]
+    labels: tuple[str, ...]
+    estimates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("strategies", "labels", "estimates"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -857,6 +875,18 @@ def _identical_programs(v: IdenticalProgramsValues) -> str:
     return "identical programs: " + pairs + (" ..." if len(same) > 6 else "")
 
 
+def _not_compiled(v: NotCompiledValues) -> str:
+    each = "; ".join(
+        f"{label} {format_seconds(step)}" for label, step in zip(v.labels, v.estimates, strict=True)
+    )
+    return (
+        f"not compiled, so not in the table: {', '.join(v.strategies)} (a default sweep "
+        f"compiles a composed strategy only among its best pairs; compile more pairs, or "
+        f"name the strategies to compile the best of each); their best by the estimate: "
+        f"{each}"
+    )
+
+
 def _no_fit(v: NoFitValues) -> str:
     need, have = v.need, v.have
     searched = (
@@ -952,6 +982,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
         "compute time is 0, so they rank by communication alone"
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
+    PlanNote.NOT_COMPILED: _not_compiled,
     PlanNote.EXPERTS_UNSPLIT: _experts_unsplit,
     PlanNote.MIXTURE_STEP: (
         "a mixture of experts' step is the estimate's, which has come out faster than the "
@@ -1007,6 +1038,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.RECOMPILED_BY_TARGET: RecompiledValues,
     PlanNote.NO_FLOP_COUNT: NoValues,
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
+    PlanNote.NOT_COMPILED: NotCompiledValues,
     PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MIXTURE_STEP: NoValues,
     PlanNote.MIXTURE_FP8: NoValues,

@@ -318,6 +318,7 @@ LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
 ASKED_NOTES = frozenset(
     {
         PlanNote.BESIDE_BEST,
+        PlanNote.NOT_COMPILED,
         PlanNote.EXPERTS_UNSPLIT,
         PlanNote.MIXTURE_STEP,
         PlanNote.MIXTURE_FP8,

@@ -57,6 +57,7 @@ from shardscope._src.plan.notes import (
     FitOnEstimateValues,
     Fp8MatmulsValues,
     MeshReadValues,
+    NotCompiledValues,
     PipelineStageValues,
     PlanNote,
     ReduceScatterValues,
@@ -304,6 +305,9 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         r.compile_top,
         every,
     )
+    left = not_compiled(ranked_screen, todo)
+    if left is not None:
+        read_note.append(left)
     simulated = max((_stage_devices(s) for s in todo), default=1)
     n_workers = default_workers(simulated) if r.workers is None else r.workers
     n_workers = min(n_workers, len(todo), os.cpu_count() or 1)  # more would only wait
@@ -627,6 +631,26 @@ def _expert_axis(plan: Plan) -> bool:
     """Whether ``plan`` splits a mixture's experts over an expert axis of more than one
     device."""
     return plan.mesh.get("expert", 1) > 1
+
+
+def not_compiled(ranked: Sequence[Screened], todo: Sequence[Screened]) -> Note | None:
+    """The strategies with a screened plan that fits and none compiled, each named with its
+    best screened plan (``ranked`` is in rank order) and that plan's step by the estimate;
+    None where every such strategy has a compiled plan."""
+    compiled = {s.candidate.strategy for s in todo}
+    best: dict[str, Screened] = {}
+    for s in ranked:
+        name = s.candidate.strategy
+        if s.fits and name not in compiled:
+            best.setdefault(name, s)
+    if not best:
+        return None
+    values = NotCompiledValues(
+        strategies=tuple(best),
+        labels=tuple(s.candidate.label for s in best.values()),
+        estimates=tuple(s.step_time_s for s in best.values()),
+    )
+    return Note(PlanNote.NOT_COMPILED, values, ("compile_top", "strategies"))
 
 
 def experts_unsplit_note(plans: Sequence[Plan]) -> Note | None:
