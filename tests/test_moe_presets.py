@@ -6,7 +6,7 @@ import json
 import pytest
 
 from helpers import assert_usage_error
-from shardscope._src.base.errors import ModelConfigError
+from shardscope._src.base.errors import ModelConfigError, PlanError
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import MODEL_PRESETS, load_hf_config, model_preset
 
@@ -160,6 +160,23 @@ def test_a_config_json_with_experts_it_cannot_read_is_refused_not_read_dense(tmp
     bad = _write(tmp_path, model_type="mixtral", num_local_experts=8, num_experts_per_tok=0)
     with pytest.raises(ModelConfigError, match="num_experts_per_tok=0"):
         load_hf_config(bad)
+    # more experts a token than the model has: the file's keys, not the planner's names
+    many = _write(tmp_path, model_type="mixtral", num_local_experts=8, num_experts_per_tok=10)
+    with pytest.raises(ModelConfigError) as err:
+        load_hf_config(many)
+    assert str(many) in str(err.value)
+    assert "num_experts_per_tok=10 routes each token to more experts than its " in str(err.value)
+    assert "num_local_experts=8; give at most 8" in str(err.value)
+
+
+def test_a_model_folder_is_read_by_its_config_json(tmp_path):
+    path = _write(tmp_path, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2)
+    assert model_preset(str(path.parent)) == load_hf_config(path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PlanError, match="is a folder without a config.json") as err:
+        model_preset(str(empty))
+    assert err.value.params == ("model",)
 
 
 def test_bad_expert_settings_name_the_value():

@@ -939,7 +939,7 @@ def test_plan_command_writes_json_png_and_report(tmp_path, capsys):
         (
             # a size with its unit reads as the bytes it names: 1 KiB, then too little
             ["plan", "--model", "tiny", "--devices", "8", "--memory", "1KiB"],
-            "needs more than the 1 KiB of a h100",
+            "needs more than the 1 KiB of one h100",
         ),
         (
             ["plan", "--model", "tiny", "--devices", "8", "--memory", "1000"],

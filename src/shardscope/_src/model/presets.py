@@ -429,6 +429,16 @@ def model_preset(name: str) -> ModelPreset:
     text = str(name)
     if text.endswith(".json") or Path(text).is_file():
         return load_hf_config(text)
+    if Path(text).is_dir():
+        # a Hugging Face model's folder (a snapshot, a checkout): its config.json
+        inside = Path(text) / "config.json"
+        if inside.is_file():
+            return load_hf_config(str(inside))
+        raise PlanError(
+            f"model={name!r} is a folder without a config.json; give the path of a Hugging "
+            f"Face config.json, or of a model's folder that holds one",
+            param="model",
+        )
     close = difflib.get_close_matches(key, [*MODEL_PRESETS, *ALIASES], n=1)
     meant = f" (did you mean {close[0]!r}?)" if close else ""
     raise PlanError(
@@ -580,6 +590,12 @@ def _hf_experts(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
                 param="model",
             )
         values[field] = value
+    if values["top_k"] > values["experts"]:
+        raise ModelConfigError(
+            f"model={str(path)!r}: config.json {k_key}={values['top_k']} routes each token to "
+            f"more experts than its {n_key}={values['experts']}; give at most {values['experts']}",
+            param="model",
+        )
     if kind == "deepseek_v3":
         # shared experts, dense layers first, and multi-head latent attention
         for field, key, least in (

@@ -901,7 +901,7 @@ def _no_fit(v: NoFitValues) -> str:
     free = f"leave {named} to the planner, or " if params else ""
     return (
         f"no plan fits{searched}: the closest, {v.label}, needs {format_bytes(need)} per "
-        f"device of the {format_bytes(have)} a {v.hardware} has ({format_bytes(need - have)}, "
+        f"device of the {format_bytes(have)} one {v.hardware} has ({format_bytes(need - have)}, "
         f"{need / have - 1:.0%} over); {free}use more devices, a smaller batch or sequence, or "
         f"more memory per device"
     )
@@ -911,7 +911,7 @@ def _no_target_fit(v: NoTargetFitValues) -> str:
     return (
         f"no plan the {v.target} compiler compiled fits: the smallest, {v.label}, needs "
         f"{format_bytes(v.need)} per device in its buffer assignment, of the "
-        f"{format_bytes(v.have)} a {v.hardware} has; use more devices, a smaller batch "
+        f"{format_bytes(v.have)} one {v.hardware} has; use more devices, a smaller batch "
         f"or sequence, or compile more plans on the target"
     )
 
@@ -925,7 +925,7 @@ def _no_plan(v: NoPlanValues) -> str:
     text = f"{head}: {parts}"
     if v.limit is not None:
         text += (
-            f"; the model state alone needs more than the {format_bytes(v.limit)} of a "
+            f"; the model state alone needs more than the {format_bytes(v.limit)} of one "
             f"{v.hardware}: use more devices, a preset with more memory, more memory per "
             f"device, or fewer bytes per parameter"
         )
