@@ -566,7 +566,8 @@ def _plan_what_options(p: argparse.ArgumentParser) -> None:
         metavar="NAME|FILE",
         help=f"a model preset ({', '.join(DENSE_PRESETS)}; 7b, 13b, 70b are the Llama 2 "
         f"ones; the mixtures of experts {', '.join(MOE_PRESETS)}) or the path of a Hugging "
-        f"Face config.json (Llama-family, Mixtral, Qwen3-MoE, DeepSeek-V3)",
+        f"Face config.json or of a model's folder holding one (Llama-family, Mixtral, "
+        f"Qwen3-MoE, DeepSeek-V3)",
     )
     p.add_argument(
         "--program",

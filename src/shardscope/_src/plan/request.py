@@ -96,7 +96,8 @@ def _model_help() -> str:
     return (
         f"a model preset ({', '.join(DENSE_PRESETS)}; 7b, 13b, 70b are the Llama 2 ones; the "
         f"mixtures of experts {', '.join(MOE_PRESETS)}) or the path of a Hugging Face "
-        f"config.json (Llama-family, Mixtral, Qwen3-MoE, DeepSeek-V3)"
+        f"config.json or of a model's folder holding one (Llama-family, Mixtral, Qwen3-MoE, "
+        f"DeepSeek-V3)"
     )
 
 
