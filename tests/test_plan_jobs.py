@@ -820,6 +820,8 @@ def test_a_program_plans_time_model_note_names_the_rate_it_computes_at():
     # compute is the FLOP count at the achievable matmul rate, not at the peak
     text = PlanNote.PROGRAM_TIME_MODEL.describe(hardware("h100").to_dict())
     assert "at the achievable matmul rate (989 TFLOP/s peak x 0.54)" in text
+    # and what a compiled accelerator program's kernels add: the H100's least kernel and launch
+    assert "none under 2 us and each launched at 1 us" in text
 
 
 def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():

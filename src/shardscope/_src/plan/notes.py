@@ -792,8 +792,14 @@ def _program_time_model(values: TimeModelValues) -> str:
         f"within a node of {v.node_size}, {v.cross_node_bandwidth / 1e9:g} GB/s for "
         f"groups that span nodes, {v.latency_s * 1e6:g} us per step); compute = the "
         f"compiler's FLOP count per device at the achievable matmul rate "
-        f"({v.peak_flops / 1e12:g} TFLOP/s peak x {v.matmul_fraction:g}); step = "
-        f"compute + communication (no overlap) or the larger of the two (perfect overlap)"
+        f"({v.peak_flops / 1e12:g} TFLOP/s peak x {v.matmul_fraction:g}) and, where an "
+        f"accelerator's compiler compiled the program, its kernels as that compiler fused "
+        f"them, each its HBM traffic beside its arithmetic, on a GPU one after another, none "
+        f"under {v.kernel_floor_s * 1e6:g} us and each launched at "
+        f"{v.kernel_launch_s * 1e6:g} us (the CPU's compiler's kernels are no "
+        f"accelerator's: its matmuls alone, so a step of a few small matmuls takes "
+        f"nanoseconds there); step = compute + communication (no overlap) or the larger of "
+        f"the two (perfect overlap)"
     )
 
 
