@@ -112,6 +112,11 @@ def candidates(
     >>> [c.label for c in candidates(["fsdp_cp"], 8)]
     ['fsdp_cp data=4,context=2', 'fsdp_cp data=2,context=4']
 
+    A stage of one device is one program whatever the one-role strategy: the first names it.
+
+    >>> [c.label for c in candidates(["dp", "fsdp", "tp"], 4, (2, 4))]
+    ['dp stage=2,data=2', 'fsdp stage=2,data=2', 'tp stage=2,model=2', 'dp stage=4,data=1']
+
     With ``mesh`` (axis sizes, in the planner's order: ``stage``, ``pod``..., ``data``,
     ``model``), only the candidates on exactly that mesh:
 
@@ -138,6 +143,9 @@ def _enumerate(
     strategy's ``data=1`` among them unless ``distinct`` and another of ``strategies`` is
     that program (:func:`_data_one_repeats`)."""
     strategies = list(strategies)
+    # a stage of one device runs one program whatever the one-role strategy (its axis of
+    # one device shards and replicates nothing): the first of them names it
+    alone = next((n for n in strategies if len(get_strategy(n).roles) <= 1), None)
     out = []
     for p in stages:
         n = devices // p
@@ -145,6 +153,8 @@ def _enumerate(
             shapes: list[tuple[int, ...]]
             strategy = get_strategy(name)
             if len(strategy.roles) <= 1:
+                if n == 1 and distinct and name != alone:
+                    continue
                 shapes = [(n,)]
             elif strategy.expert_parallel and Role.DATA in strategy.roles:
                 # the experts over every device too (data=1): the dense weights then
