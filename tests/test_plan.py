@@ -849,6 +849,38 @@ def test_the_terminal_says_which_memory_a_fit_is_judged_on_where_the_other_would
     assert shown(2 * high, verbose=True)
 
 
+def test_in_brief_the_plans_whose_fit_the_other_figure_would_decide_share_one_line(sweep):
+    from rich.console import Console
+
+    from shardscope._src.base.comm import format_bytes
+    from shardscope._src.render.plan import render_plan
+
+    noted = [p for p in sweep.plans if any(n.kind == PlanNote.FIT_ON_ESTIMATE for n in p.notes)]
+    assert len(noted) >= 2
+
+    def limit(p):  # between the two figures: the choice decides the fit
+        other = p.compiled_memory.buffer_bytes + p.memory.device_optimizer
+        return (p.memory.total + other) // 2
+
+    plans = tuple(replace(p, memory_limit_bytes=limit(p)) for p in noted[:2])
+
+    def text(verbose):
+        console = Console(record=True, width=800, file=io.StringIO())
+        render_plan(replace(sweep, plans=plans), console=console, verbose=verbose)
+        return console.export_text()
+
+    brief = text(verbose=False)
+    (line,) = [x for x in brief.splitlines() if x.startswith("note: plans ")]
+    assert line.startswith(f"note: plans {plans[0].rank} and {plans[1].rank}: each fit is judged")
+    low = min(p.memory.total for p in plans)
+    assert format_bytes(low) in line and "no device's" in line
+    assert "note: plan " not in brief.replace("note: plans ", "")
+    # in full, a line a plan, as before
+    full = text(verbose=True)
+    assert all(f"note: plan {p.rank} ({p.label}): the fit is judged" in full for p in plans)
+    assert "note: plans " not in full
+
+
 # -- the command -------------------------------------------------------------------------------
 
 

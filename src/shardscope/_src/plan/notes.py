@@ -672,9 +672,8 @@ def _compiled_by_target(v: CompiledByTargetValues) -> str:
     return text
 
 
-def _fit_on_estimate(v: FitOnEstimateValues) -> str:
-    other = v.other_bytes
-    beside = f" and {format_bytes(v.optimizer_bytes)} of optimizer state" * bool(v.optimizer_bytes)
+def fit_on_estimate_why(v: FitOnEstimateValues) -> str:
+    """Why a compiler's buffers are not what a plan's fit is judged on."""
     why = (
         f"the {v.compiler} backend computes 16-bit arithmetic in f32 and has no GPU/TPU memory "
         f"scheduler, so its buffers are no device's"
@@ -684,6 +683,13 @@ def _fit_on_estimate(v: FitOnEstimateValues) -> str:
             "; and its program runs one stage's micro-batches one after another, where the "
             "1F1B schedule the estimate counts holds several at once"
         )
+    return why
+
+
+def _fit_on_estimate(v: FitOnEstimateValues) -> str:
+    other = v.other_bytes
+    beside = f" and {format_bytes(v.optimizer_bytes)} of optimizer state" * bool(v.optimizer_bytes)
+    why = fit_on_estimate_why(v)
     return (
         f"the fit is judged on the analytic estimate, {format_bytes(v.estimate_bytes)}, not on "
         f"the {v.compiler} compiler's {format_bytes(other)} (its buffers{beside}), which "
@@ -961,9 +967,9 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     PlanNote.COMPILED_FLOPS: _compiled_flops,
     PlanNote.RAGGED_DOT_DENSE: _ragged_dot_dense,
     PlanNote.ANALYTIC_MEMORY: (
-        "memory per device is what the fit was judged by: a target compiler's buffer "
-        "assignment where it compiled the plan (with the optimizer state beside the step), "
-        "else the analytic estimate (ZeRO model state, Korthikanti activations); the CPU "
+        "memory per device: the analytic estimate (ZeRO model state, Korthikanti "
+        "activations), or a target compiler's buffer assignment where it compiled the plan "
+        "(with the optimizer state beside the step), is what the fit was judged by; the CPU "
         "compiler's buffer assignment in the JSON and report (bf16 computed in f32, no GPU/TPU "
         "memory scheduler) is no GPU/TPU prediction"
     ),

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_flops, format_seconds
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.cost.memory import memory_fits
-from shardscope._src.plan.notes import PlanNote, fit_judged
+from shardscope._src.plan.notes import (
+    FitOnEstimateValues,
+    PlanNote,
+    fit_judged,
+    fit_on_estimate_why,
+)
 from shardscope._src.render.brief import print_line, skipped_lines
 from shardscope._src.render.columns import (
     Alarm,
@@ -331,6 +336,28 @@ ASKED_NOTES = frozenset(
 )
 
 
+def _fits_on_estimate(fits: Sequence[tuple[Plan, Note]]) -> str:
+    """The fit-on-estimate notes of several plans as one line: which plans, the two figures'
+    ranges, and why the compiler's are not the device's (each plan's note in full is in the
+    JSON, the report and ``--verbose``)."""
+    values = [n.values for _, n in fits if isinstance(n.values, FitOnEstimateValues)]
+    ranks = [str(p.rank) for p, _ in fits]
+    named = ", ".join(ranks[:-1]) + " and " + ranks[-1]
+
+    def span(xs: Sequence[int]) -> str:
+        low, high = format_bytes(min(xs)), format_bytes(max(xs))
+        return low if low == high else f"{low} to {high}"
+
+    # the reasons of the plan with the most stages (a staged one's has the schedule's too)
+    most = max(values, key=lambda v: v.stages)
+    return (
+        f"note: plans {named}: each fit is judged on the analytic estimate "
+        f"({span([v.estimate_bytes for v in values])}), not on the {most.compiler} compiler's "
+        f"buffers ({span([v.other_bytes for v in values])}), which would judge it otherwise: "
+        f"{fit_on_estimate_why(most)} (each plan's figures: --verbose, the JSON, the report)"
+    )
+
+
 def _says_the_fit(p: Plan, note: Note, verbose: bool) -> bool:
     """Whether the terminal shows ``note`` of ``p``: one saying which of a compiler's memory
     and the estimate the fit was judged on, every one when ``verbose``, else where the other
@@ -397,12 +424,18 @@ def render_plan(
         for note in result.notes
         if verbose or note.kind not in LONG_NOTES
     ]
-    notes += [
-        (f"note: plan {p.rank} ({p.label}): {note}", False)
+    shown = [
+        (p, note)
         for p in result.plans[: top or None]
         for note in p.notes
         if note.kind == PlanNote.MEMORY_PRESSURE or _says_the_fit(p, note, verbose)
     ]
+    fits = [(p, n) for p, n in shown if n.kind == PlanNote.FIT_ON_ESTIMATE]
+    if not verbose and len(fits) > 1:
+        # one line for the plans whose fit a CPU compile's buffers would judge otherwise
+        notes.append((_fits_on_estimate(fits), True))
+        shown = [(p, n) for p, n in shown if n.kind != PlanNote.FIT_ON_ESTIMATE]
+    notes += [(f"note: plan {p.rank} ({p.label}): {note}", False) for p, note in shown]
     for line, whole in notes:
         if verbose or whole:
             console.print(line, highlight=False, markup=False)
