@@ -1232,3 +1232,14 @@ def test_a_strategy_screened_and_not_compiled_is_named_with_its_best_plan():
     misfit = estimate(Candidate("zero1_sp", "data=4,model=2", 1, "none"), config, tight)
     assert not misfit.fits and not_compiled([misfit, fsdp], [fsdp]) is None
     assert not_compiled(ranked, [fsdp, best]) is None
+
+
+def test_the_headline_says_the_overlaps_a_request_sets_other_than_its_hardwares(sweep):
+    from shardscope._src.render.plan import headline
+    from shardscope._src.targets.hardware import hardware
+
+    assert "overlapped" not in headline(replace(sweep, hardware=hardware("h100")))
+    off = replace(sweep, hardware=hardware("h100", fsdp_overlap=False, ep_overlap=True))
+    assert headline(off).endswith(
+        "989 TFLOP/s; expert all-to-alls overlapped; FSDP collectives not overlapped)"
+    )

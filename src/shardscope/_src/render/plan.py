@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_flops, format_seconds
+from shardscope._src.base.errors import ShardscopeError
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.plan.notes import (
@@ -28,6 +29,7 @@ from shardscope._src.render.columns import (
     rich_columns,
     rich_table,
 )
+from shardscope._src.targets.hardware import hardware as get_hardware
 
 if TYPE_CHECKING:
     from shardscope._src.base.notes import Note
@@ -89,8 +91,33 @@ def headline(result: PlanResult) -> str:
         f"ff {c.ff}, {c.layers} layers, {experts}vocab {c.vocab}) {result.mode}, batch "
         f"{c.batch} x seq "
         f"{c.seq}, {dtype}, on {result.devices} x {hw.name} "
-        f"({format_bytes(hw.memory_bytes)}, {hw.peak_flops / 1e12:g} TFLOP/s)"
+        f"({format_bytes(hw.memory_bytes)}, {hw.peak_flops / 1e12:g} TFLOP/s{_overlaps(hw)})"
     )
+
+
+#: The overlap settings of a step's collectives, in the words the headline gives them where a
+#: request sets them other than the hardware's own.
+_OVERLAPS = {
+    "tp_overlap": "tensor-parallel collectives",
+    "pp_overlap": "pipeline transfers",
+    "ep_overlap": "expert all-to-alls",
+    "fsdp_overlap": "FSDP collectives",
+}
+
+
+def _overlaps(hw: Hardware) -> str:
+    """``; FSDP collectives not overlapped`` and the like: the overlaps ``hw`` sets other
+    than its preset's ("" where none, or where it is no preset)."""
+    try:
+        preset = get_hardware(hw.name)
+    except ShardscopeError:
+        return ""
+    said = [
+        f"{words} {'overlapped' if getattr(hw, name) else 'not overlapped'}"
+        for name, words in _OVERLAPS.items()
+        if getattr(hw, name) != getattr(preset, name)
+    ]
+    return "".join(f"; {s}" for s in said)
 
 
 # -- columns: each table's columns written once, for the terminal and for Markdown -------------
