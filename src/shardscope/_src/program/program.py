@@ -1060,9 +1060,8 @@ def compute_seconds(program: CompiledProgram, hw: Hardware, flops: float) -> flo
     Compiled by the CPU's compiler, whose kernels and bytes are no accelerator's, its
     matmuls alone."""
     result = program.audit
-    if get_target(result.target or CPU).family is Family.CPU:
-        return matmul_seconds(hw, flops)
-    if result.program is None or result.hlo_bytes is None:
+    on_cpu = get_target(result.target or CPU).family is Family.CPU
+    if on_cpu or result.program is None or result.hlo_bytes is None:
         return matmul_seconds(hw, flops)
     runs = kernel_costs(result.program.module)
     flop = matmul_seconds(hw, 1.0)
