@@ -28,3 +28,13 @@ def format_spec(spec: Sequence[Any]) -> str:
 def format_spec_entries(spec: Sequence[str | None]) -> str:
     """One axis name or ``None`` per dimension, the form ``--a-spec`` takes: ``'x,None'``."""
     return ",".join("None" if a is None else a for a in spec)
+
+
+def and_list(words: Sequence[object]) -> str:
+    """``"1, 2 and 4"``: ``words`` as a sentence lists them.
+
+    >>> and_list(["remat"]), and_list(["remat", "mesh", "stages"])
+    ('remat', 'remat, mesh and stages')
+    """
+    text = [str(w) for w in words]
+    return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} and {text[-1]}"

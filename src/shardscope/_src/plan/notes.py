@@ -14,6 +14,7 @@ from shardscope._src.audit.ragged import RaggedDots
 from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes, format_flops, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
+from shardscope._src.base.text import and_list
 from shardscope._src.targets.capabilities import CPU_COMPILER, Support, reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES, Hardware
 
@@ -908,9 +909,7 @@ def _no_fit(v: NoFitValues) -> str:
         if v.pinned
         else ""
     )
-    params = v.pinned_params
-    named = ", ".join(params[:-1]) + " and " + params[-1] if len(params) > 1 else "".join(params)
-    free = f"leave {named} to the planner, or " if params else ""
+    free = f"leave {and_list(v.pinned_params)} to the planner, or " if v.pinned_params else ""
     return (
         f"no plan fits{searched}: the closest, {v.label}, needs {format_bytes(need)} per "
         f"device of the {format_bytes(have)} one {v.hardware} has ({format_bytes(need - have)}, "

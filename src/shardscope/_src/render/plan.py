@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_flops, format_seconds
 from shardscope._src.base.errors import ShardscopeError
+from shardscope._src.base.text import and_list
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.plan.notes import (
@@ -368,8 +369,6 @@ def _fits_on_estimate(fits: Sequence[tuple[Plan, Note]]) -> str:
     ranges, and why the compiler's are not the device's (each plan's note in full is in the
     JSON, the report and ``--verbose``)."""
     values = [n.values for _, n in fits if isinstance(n.values, FitOnEstimateValues)]
-    ranks = [str(p.rank) for p, _ in fits]
-    named = ", ".join(ranks[:-1]) + " and " + ranks[-1]
 
     def span(xs: Sequence[int]) -> str:
         low, high = format_bytes(min(xs)), format_bytes(max(xs))
@@ -378,7 +377,8 @@ def _fits_on_estimate(fits: Sequence[tuple[Plan, Note]]) -> str:
     # the reasons of the plan with the most stages (a staged one's has the schedule's too)
     most = max(values, key=lambda v: v.stages)
     return (
-        f"note: plans {named}: each fit is judged on the analytic estimate "
+        f"note: plans {and_list([p.rank for p, _ in fits])}: each fit is judged on the "
+        f"analytic estimate "
         f"({span([v.estimate_bytes for v in values])}), not on the {most.compiler} compiler's "
         f"buffers ({span([v.other_bytes for v in values])}), which would judge it otherwise: "
         f"{fit_on_estimate_why(most)} (each plan's figures: --verbose, the JSON, the report)"

@@ -329,13 +329,10 @@ def pinned_mesh(
     if reordered is not None and candidates(strategies, devices, (stage,), reordered):
         return reordered
     sizes = reordered or sizes
-    named = (STAGE_AXIS, "replica", "data", "expert", "context", "model")
-    unknown = [a for a in sizes.names if a not in named]
+    unknown = [a for a in sizes.names if a != STAGE_AXIS and a not in set(Role)]
     if unknown:
         raise PlanError(
-            f"mesh={where!r}: axis {unknown[0]!r} is none the planner names; its axes are "
-            f"{STAGE_AXIS} (pipeline stages), replica, data, expert, context and model, in any "
-            f"order (or MaxText's ici_X and dcn_X parallelism)",
+            f"mesh={where!r}: axis {unknown[0]!r} is none the planner names; {_AXES}",
             param="mesh",
         )
     fits = runs_on(sizes, devices, list(ALL_STRATEGIES))
@@ -343,16 +340,20 @@ def pinned_mesh(
         why = f"the strategies that run on it: {', '.join(fits)}"
     else:
         shapes = sorted({c.mesh_spec for c in every})
-        why = (
-            f"the planner names the axes {STAGE_AXIS} (pipeline stages), replica, data, "
-            f"expert, context and model, in any order (or MaxText's ici_X and dcn_X "
-            f"parallelism), e.g. {', '.join(shapes[:4])}"
-        )
+        why = f"{_AXES}, e.g. {', '.join(shapes[:4])}"
         raise PlanError(f"mesh={where!r}: no strategy runs on it; {why}", param="mesh")
     raise PlanError(
         f"mesh={where!r}: none of the strategies {', '.join(strategies)} runs on it; {why}",
         param=("mesh", "strategies"),
     )
+
+
+#: The mesh axes the planner names (a role's axis is named as the role), in the words its
+#: refusals give them.
+_AXES = (
+    f"the planner names the axes {STAGE_AXIS} (pipeline stages), replica, data, expert, "
+    f"context and model, in any order (or MaxText's ici_X and dcn_X parallelism)"
+)
 
 
 def stage_options(

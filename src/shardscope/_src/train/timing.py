@@ -734,7 +734,7 @@ def step_time(hw: Hardware, work: StepWork, comm: Sequence[CommItem] | CommLoad)
             on = 1.0 if hw.fsdp_overlap else 0.0
             windows = [(on * fwd, share), (on * bwd, 1.0 - share)]
         else:
-            windows = [({PER_MICROBATCH_BWD: bwd, PER_STEP_BWD: bwd}.get(cls, fwd), 1.0)]
+            windows = [(bwd if cls in (PER_MICROBATCH_BWD, PER_STEP_BWD) else fwd, 1.0)]
         for window, part in windows:
             if part:
                 exposed += n * max(0.0, part * seconds / n - window)
