@@ -28,6 +28,9 @@ from shardscope._src.cli.main import main
         (["audit", "matmul", "--json", "/tmp"], "'/tmp' is a folder, not a file"),
         (["audit", "matmul", "--json", ""], "argument --json: is empty"),
         (["audit", "matmul", "--mesh", "model=99999999999"], "more than this tool supports"),
+        # a value that starts with '-' is read as the next flag: the line says how to write it
+        (["plan", "--model", "llama3-8b", "--devices", "8", "--memory", "-5GB"], "--memory=VALUE"),
+        (["plan", "--model", "llama3-8b", "--devices", "8", "--memory=-5GB"], "-5GB must be a"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):

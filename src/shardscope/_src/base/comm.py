@@ -143,7 +143,7 @@ def ratio(actual: int | float, bound: int | float) -> float | None:
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*([KMGT]i?B|B)\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
     "b": 1,
     "kib": 2**10,
@@ -159,11 +159,13 @@ _SIZE_UNITS = {
 
 def parse_bytes(text: str) -> float | None:
     """Bytes from a number (``"80e9"``) or a size with its unit (``"80GB"``, ``"79.1GiB"``,
-    ``"64 MiB"``: KB, MB, GB, TB are powers of 1000, KiB to TiB of 1024); None when ``text``
-    is neither.
+    ``"64 MiB"``: KB, MB, GB, TB are powers of 1000, KiB to TiB of 1024), signed as written
+    (the caller judges the range); None when ``text`` is neither.
 
     >>> parse_bytes("80GB"), parse_bytes("2 KiB"), parse_bytes("1e3"), parse_bytes("lots")
     (80000000000.0, 2048.0, 1000.0, None)
+    >>> parse_bytes("-5GB")
+    -5000000000.0
     """
     m = _SIZE.match(text)
     if m:

@@ -5,6 +5,7 @@ the flags that set the library's parameters, and the parser class whose errors a
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -164,6 +165,11 @@ class Parser(argparse.ArgumentParser):
         self.set_defaults(command_parser=self)
 
     def error(self, message: str) -> NoReturn:
+        names = re.fullmatch(r"argument ([\w/-]+): expected one argument", message)
+        if names:
+            # argparse reads a value that starts with '-' (--memory -5GB) as the next flag
+            flag = max(names.group(1).split("/"), key=len)
+            message += f"; give it a value (one that starts with '-' written {flag}=VALUE)"
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
     # argparse converts every option value here, whatever group or parser added the option:
