@@ -44,8 +44,8 @@ def test_plan_takes_the_request_fields_with_their_defaults():
 def test_plan_hands_every_keyword_to_the_request(monkeypatch):
     # A value other than the default for every field: plan() forwards each to the request.
     given = dict(
-        d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32, mode="forward",
-        hardware="tpu-v5p",
+        d_model=64, heads=4, ff=256, layers=2, vocab=512, kv_heads=2, head_dim=8, batch=16,
+        seq=32, mode="forward", hardware="tpu-v5p",
         hardware_overrides={"link_bandwidth": 1e11, "fp8_peak_flops": 9e14,
                             "fp8_matmul_fraction": 0.5},
         strategies=["dp", "fsdp"], bytes_per_param=18, flash_attention=False,
@@ -101,7 +101,8 @@ def test_the_help_prints_the_request_defaults():
 def test_every_option_maps_onto_its_field():
     argv = [
         "--model", "tiny", "--devices", "16", "--d-model", "64", "--heads", "4", "--ff", "256",
-        "--layers", "2", "--vocab", "512", "--batch", "16", "--seq", "32", "--mode", "forward",
+        "--layers", "2", "--vocab", "512", "--kv-heads", "2", "--head-dim", "8",
+        "--batch", "16", "--seq", "32", "--mode", "forward",
         "--hardware", "tpu-v5p", "--link-bandwidth", "1e11", "--node-size", "4",
         "--strategies", "dp, fsdp", "--remat", "none,full", "--microbatches", "2",
         "--stages", "1", "--mesh", "data=16", "--compile-top", "5", "--bytes-per-param", "18",
@@ -114,7 +115,8 @@ def test_every_option_maps_onto_its_field():
         "--attention-bwd-flops", "2e14", "--beside-best", "--pipeline-split", "loss",
     ]  # fmt: skip
     assert _cli_request(*argv) == PlanRequest(
-        "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, batch=16, seq=32,
+        "tiny", 16, d_model=64, heads=4, ff=256, layers=2, vocab=512, kv_heads=2, head_dim=8,
+        batch=16, seq=32,
         mode="forward", hardware="tpu-v5p",
         hardware_overrides={"link_bandwidth": 1e11, "node_size": 4, "fp8_peak_flops": 9e14,
                             "fp8_matmul_fraction": 0.5, "attention_fwd_flops": 3e14,
@@ -143,7 +145,9 @@ def test_a_request_keeps_what_it_was_given_whatever_the_caller_changes_later():
         r.hardware_overrides["memory_bytes"] = 1.0  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.devices = 16  # type: ignore[misc]
-    assert r.dims == {"d_model": None, "heads": None, "ff": None, "layers": None, "vocab": None}
+    assert r.dims == dict.fromkeys(
+        ("d_model", "heads", "ff", "layers", "vocab", "kv_heads", "head_dim")
+    )
 
 
 def test_a_request_holds_its_mesh_as_one_shape_whatever_form_it_came_in():
@@ -208,3 +212,30 @@ def test_a_target_compile_count_is_refused_before_any_compile():
     with pytest.raises(PlanError, match="target_plans=0: must be a positive whole number") as e:
         shardscope.plan_request(request)
     assert e.value.params == ("target_plans",)
+
+
+def test_the_key_value_heads_and_head_width_given_shape_the_model():
+    from shardscope._src.train.sweep import resolve_config
+
+    # Llama 3 8B with 4 key/value heads of its 8: each of 32 layers loses the key and value
+    # projections of 4 heads of 128, each d_model 4096 wide
+    llama = resolve_config(PlanRequest("llama3-8b", 8))[1]
+    fewer = resolve_config(PlanRequest("llama3-8b", 8, kv_heads=4))[1]
+    assert (fewer.kv_heads, fewer.head_dim) == (4, 128)
+    assert llama.param_count() - fewer.param_count() == 32 * 2 * 4096 * 4 * 128
+    # a shape whose width the heads do not divide, with its head width given
+    odd = resolve_config(PlanRequest(None, 8, d_model=96, heads=5, head_dim=16, ff=256, layers=2))
+    assert (odd[1].heads, odd[1].kv_heads, odd[1].head_dim) == (5, 5, 16)
+
+
+def test_a_width_the_heads_do_not_divide_names_the_flags_that_fix_it(capsys):
+    from helpers import assert_usage_error
+
+    line = assert_usage_error(
+        ["plan", "--model", "llama3-8b", "--devices", "8", "--d-model", "4097"], "heads=17", capsys
+    )
+    assert line.rstrip().endswith("(flags --d-model, --heads, --head-dim)")
+    line = assert_usage_error(
+        ["plan", "--model", "llama3-8b", "--devices", "8", "--kv-heads", "5"], "kv_heads=", capsys
+    )
+    assert line.rstrip().endswith("(flags --heads, --kv-heads)")

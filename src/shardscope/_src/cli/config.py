@@ -288,6 +288,8 @@ class PlanConfig(HardwareOptions):
     ff: int | None
     layers: int | None
     vocab: int | None
+    kv_heads: int | None
+    head_dim: int | None
     devices: int
     batch: int | None
     seq: int | None

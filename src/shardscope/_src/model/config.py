@@ -212,7 +212,8 @@ class ModelConfig(Record):
                     f"model config d_model={self.d_model} is not divisible by "
                     f"heads={self.heads}; each head needs d_model / heads dimensions: choose "
                     f"heads dividing {self.d_model}, e.g. "
-                    f"heads={_divisor_near(self.d_model, self.heads)}, or give head_dim"
+                    f"heads={_divisor_near(self.d_model, self.heads)}, or give head_dim",
+                    param=("d_model", "heads", "head_dim"),
                 )
             object.__setattr__(self, "head_dim", self.d_model // self.heads)
         if self.kv_heads is None:
@@ -222,7 +223,8 @@ class ModelConfig(Record):
             raise ModelConfigError(
                 f"model config heads={self.heads} is not divisible by kv_heads={self.kv_heads}; "
                 f"each key/value head serves the same number of query heads: choose kv_heads "
-                f"dividing {self.heads}, e.g. kv_heads={_divisor_near(self.heads, self.kv_heads)}"
+                f"dividing {self.heads}, e.g. kv_heads={_divisor_near(self.heads, self.kv_heads)}",
+                param=("heads", "kv_heads"),
             )
         try:
             policy = remat_policy(self.remat)

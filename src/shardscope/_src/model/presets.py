@@ -499,10 +499,13 @@ def load_hf_config(path: str | Path) -> ModelPreset:
         )
     missing = [k for k in HF_REQUIRED if k not in data]
     if missing:
+        kind = data.get("model_type")
         raise ModelConfigError(
-            f"model={str(path)!r}: config.json lacks {', '.join(missing)}; a Llama-family config "
-            f"has {', '.join(HF_REQUIRED)} (and optionally num_key_value_heads, head_dim, "
-            f"tie_word_embeddings, max_position_embeddings)",
+            f"model={str(path)!r}: config.json"
+            f"{f' (model_type {kind!r})' if isinstance(kind, str) else ''} lacks "
+            f"{', '.join(missing)}; the planner reads Llama-family decoders and the mixtures "
+            f"{', '.join(HF_MOE)}, whose configs have {', '.join(HF_REQUIRED)} (and optionally "
+            f"num_key_value_heads, head_dim, tie_word_embeddings, max_position_embeddings)",
             param="model",
         )
 

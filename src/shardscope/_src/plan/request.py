@@ -88,7 +88,7 @@ MOE_STRATEGIES = (
 #: The most devices a plan may have (a bound on the enumeration, far above any cluster).
 MAX_PLANNED_DEVICES = 2**20
 #: The model dimensions a request names (None: the preset's).
-MODEL_DIMS = ("d_model", "heads", "ff", "layers", "vocab")
+MODEL_DIMS = ("d_model", "heads", "ff", "layers", "vocab", "kv_heads", "head_dim")
 _SHAPE = "model shape (overrides the preset's)"
 
 
@@ -312,6 +312,19 @@ class PlanRequest:
     ff: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
     layers: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
     vocab: int | None = knob(None, _SHAPE, kind=Kind.COUNT, metavar="N")
+    kv_heads: int | None = knob(
+        None,
+        "model shape: the key/value heads, dividing the heads (grouped-query attention; "
+        "default: the preset's, the heads for a shape given without one)",
+        kind=Kind.COUNT,
+        metavar="N",
+    )
+    head_dim: int | None = knob(
+        None,
+        "model shape: each head's width (default: the preset's, else d_model / heads)",
+        kind=Kind.COUNT,
+        metavar="N",
+    )
     batch: int | None = knob(
         None,
         "global batch in sequences",
