@@ -684,6 +684,13 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     assert why.values.limit == result.hardware.memory_bytes
     assert "memory_bytes" in why.params and "bytes_per_param" in why.params
     assert "memory" in why.text and "tpu-v5e" in why.text and "--" not in why.text
+    # Llama 2 70B's 68,976,648,192 parameters: 4 bytes each of weights and gradients on
+    # 16 GiB devices take 275.9 GB / 17.18 GB = 16.06, so 17 of them; the optimizer's 12
+    # bytes each on 64 GiB of host a device take 12.04, so 13; with the optimizer on the
+    # device, 16 bytes each take 64.2, so 65
+    assert why.values.least_devices == 17 and "use at least 17 devices" in why.text
+    kept = plan("70b", 8, hardware="tpu-v5e", workers=0, compiler="cpu", offload_optimizer=False)
+    assert kept.empty_reason.values.least_devices == 65
 
 
 def test_the_table_holds_the_best_plan_of_each_strategy():

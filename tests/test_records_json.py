@@ -266,6 +266,7 @@ NOTE_VALUES = {
         "skipped": {"memory": 3},
         "limit": 8,
         "hardware": "h100",
+        "least_devices": 9,
     },  # fmt: skip
 }
 

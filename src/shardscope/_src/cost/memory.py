@@ -182,3 +182,44 @@ def memory_fits(
     (True, False, False)
     """
     return held_bytes <= limit_bytes and host_bytes <= host_limit_bytes
+
+
+def least_devices_for_state(
+    params: int,
+    itemsize: int,
+    memory_bytes: float,
+    *,
+    train: bool,
+    bytes_per_param: int,
+    host_memory_bytes: float = 0,
+) -> int:
+    """The fewest devices that hold a model's state sharded over all of them, a count below
+    which no layout fits whatever its activations: the parameters (``itemsize`` bytes each)
+    and, in training, ``bytes_per_param`` bytes each of parameters, gradients and optimizer
+    state, or (with ``host_memory_bytes`` per device on the host) the optimizer state there
+    where that takes fewer devices.
+
+    DeepSeek-V3's 671B parameters in mixed-precision Adam on 80 GB devices, alone and
+    with 250 GB of host memory each for the optimizer state:
+
+    >>> p = 671_000_000_000
+    >>> least_devices_for_state(p, 2, 80e9, train=True, bytes_per_param=16)
+    135
+    >>> least_devices_for_state(p, 2, 80e9, train=True, bytes_per_param=16, host_memory_bytes=250e9)
+    34
+    >>> least_devices_for_state(p, 2, 80e9, train=False, bytes_per_param=16)
+    17
+    """
+
+    def least(state: float, limit: float) -> int:
+        return max(1, -(-int(state) // int(limit)))
+
+    if not train:
+        return least(params * itemsize, memory_bytes)
+    on_device = least(params * bytes_per_param, memory_bytes)
+    if host_memory_bytes <= 0:
+        return on_device
+    weights_and_grads = params * 2 * itemsize
+    optimizer = params * max(0, bytes_per_param - 2 * itemsize)
+    on_host = max(least(weights_and_grads, memory_bytes), least(optimizer, host_memory_bytes))
+    return min(on_device, on_host)

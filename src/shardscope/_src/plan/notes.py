@@ -509,9 +509,10 @@ class NoTargetFitValues(NoteValues):
 @dataclass(frozen=True, kw_only=True)
 class NoPlanValues(NoteValues):
     """What was swept on how many devices, the candidates skipped by reason, the memory the
-    model state outgrew (``limit`` of ``hardware``, when it did) and one skipped example."""
+    model state outgrew (``limit`` of ``hardware``, when it did), the fewest devices that
+    hold it (``least_devices``, when known) and one skipped example."""
 
-    optional = ("limit", "hardware", "example")
+    optional = ("limit", "hardware", "example", "least_devices")
 
     what: str
     devices: int
@@ -519,6 +520,7 @@ class NoPlanValues(NoteValues):
     limit: int | None = None
     hardware: str | None = None
     example: str | None = None
+    least_devices: int | None = None
 
 
 #: What earlier versions wrote for kinds since renamed.
@@ -935,9 +937,15 @@ def _no_plan(v: NoPlanValues) -> str:
     parts = ", ".join(f"{n} skipped for {reason}" for reason, n in skipped.items())
     text = f"{head}: {parts}"
     if v.limit is not None:
+        more = (
+            f"at least {v.least_devices:,} devices (the model state sharded over all of "
+            f"them, before activations)"
+            if v.least_devices is not None
+            else "more devices"
+        )
         text += (
             f"; the model state alone needs more than the {format_bytes(v.limit)} of one "
-            f"{v.hardware}: use more devices, a preset with more memory, more memory per "
+            f"{v.hardware}: use {more}, a preset with more memory, more memory per "
             f"device, or fewer bytes per parameter"
         )
     if v.example:

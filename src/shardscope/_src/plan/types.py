@@ -132,22 +132,34 @@ def skipped_by_reason(skipped: Sequence[Skipped]) -> dict[SkipReason, list[Skipp
 
 
 def no_plan_note(
-    what: str, devices: int, skipped: Sequence[Skipped], hardware: Hardware | None = None
+    what: str,
+    devices: int,
+    skipped: Sequence[Skipped],
+    hardware: Hardware | None = None,
+    least_devices: int | None = None,
 ) -> Note:
     """Why a sweep of ``what`` on ``devices`` has no plan: what was skipped, for which
-    reasons, one example, and (with ``hardware``) the memory the model state outgrew."""
+    reasons, one example, and (with ``hardware``) the memory the model state outgrew, with
+    the fewest devices that hold it (``least_devices``, where known)."""
     by = skipped_by_reason(skipped)
     counts = {str(reason): len(v) for reason, v in by.items()}
-    limit = name = None
+    limit = name = least = None
     params: tuple[str, ...] = ()
     if hardware is not None and SkipReason.MEMORY in by:
         limit, name = int(hardware.memory_bytes), hardware.name
         params = ("devices", "hardware", "memory_bytes", "bytes_per_param")
+        least = least_devices if least_devices is not None and least_devices > devices else None
     example = by.get(SkipReason.DIVISIBILITY) or by.get(SkipReason.ERROR)
     if example is None and limit is None:
         example = list(skipped)
     first = f"{example[0].strategy} {example[0].mesh}: {example[0].message}" if example else None
     values = NoPlanValues(
-        what=what, devices=devices, skipped=counts, limit=limit, hardware=name, example=first
+        what=what,
+        devices=devices,
+        skipped=counts,
+        limit=limit,
+        hardware=name,
+        example=first,
+        least_devices=least,
     )
     return Note(PlanNote.NO_PLAN, values, params)

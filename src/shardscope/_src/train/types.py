@@ -20,9 +20,9 @@ from shardscope._src.base.records import Record, json_value, record_dict
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.compute import hidden_seconds, serial_seconds
-from shardscope._src.cost.memory import CompiledMemory, memory_fits
+from shardscope._src.cost.memory import CompiledMemory, least_devices_for_state, memory_fits
 from shardscope._src.mesh import MeshShape
-from shardscope._src.model.config import ModelConfig, Remat
+from shardscope._src.model.config import Mode, ModelConfig, Remat
 from shardscope._src.plan.collectives import AxisComm, PlanCollective
 from shardscope._src.plan.estimates import MemoryEstimate, PipelineSplit, PipelineStage, Schedule
 from shardscope._src.plan.notes import NoTargetFitValues, PlanNote, TargetOutOfMemoryValues
@@ -615,11 +615,32 @@ class PlanResult:
         return pinned
 
     @property
+    def least_devices(self) -> int | None:
+        """The fewest devices of this hardware that hold the model state sharded over all
+        of them (:func:`~shardscope._src.cost.memory.least_devices_for_state`), the optimizer
+        state on the host where the request leaves it free to be; None for weights kept in
+        fp8, which that count does not price."""
+        s = self.settings
+        if s.get("fp8_params") is not None:
+            return None
+        hw = self.hardware
+        return least_devices_for_state(
+            self.config.param_count(),
+            self.config.itemsize,
+            hw.memory_bytes,
+            train=self.mode == Mode.TRAIN,
+            bytes_per_param=s["bytes_per_param"],
+            host_memory_bytes=0 if s.get("offload_optimizer") is False else hw.host_memory_bytes,
+        )
+
+    @property
     def empty_reason(self) -> Note | None:
         """Why there is no plan (None when there is one)."""
         if self.plans:
             return None
-        note = no_plan_note(self.model, self.devices, self.skipped, self.hardware)
+        note = no_plan_note(
+            self.model, self.devices, self.skipped, self.hardware, self.least_devices
+        )
         if self.settings.get("microbatches") is not None:
             # a micro-batch count the data shards' sequences do not split into
             note = replace(note, params=("microbatches", "batch", *note.params))
