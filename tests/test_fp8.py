@@ -282,6 +282,9 @@ def test_a_plan_says_its_matmul_dtype_and_prices_its_compiled_gathers_in_fp8():
 
     assert ", bfloat16, the layers' matmuls in fp8, on 8 x h100" in headline(result)
     assert ", bfloat16, on 8 x h100" in headline(bf16)
+    # the device's memory as its datasheet gives it and as a runtime's GiB show it: 80e9 bytes
+    # are 74.51 x 2**30
+    assert "on 8 x h100, 80 GB (74.51 GiB) and 989 TFLOP/s each" in headline(bf16)
     assert not [n for n in bf16.notes if n.kind == PlanNote.FP8_MATMULS]
     assert "fp8_peak_flops" not in bf16.settings["time_model"]
     # Memory is unchanged by default: fp8 training keeps its 16-bit weights and 32-bit master

@@ -176,6 +176,20 @@ def parse_bytes(text: str) -> float | None:
         return None
 
 
+def format_memory(n: int | float) -> str:
+    """A device's memory for people: a datasheet's decimal size beside its binary one
+    (``80e9`` -> ``'80 GB (74.51 GiB)'``, what a runtime's GiB shows below it), a binary
+    size as :func:`format_bytes` writes it.
+
+    >>> format_memory(80e9), format_memory(16 * 2**30), format_memory(79.11 * 2**30)
+    ('80 GB (74.51 GiB)', '16 GiB', '79.11 GiB')
+    """
+    gb = n / 1e9
+    if n >= 2**30 and gb == int(gb) and n % 2**30:
+        return f"{gb:g} GB ({format_bytes(n)})"
+    return format_bytes(n)
+
+
 def format_bytes(n: int | float) -> str:
     """Bytes for people: ``65536`` -> ``'64 KiB'``; exact below 1 KiB; any size.
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Self
 
 from shardscope._src.audit.ragged import RaggedDots
 from shardscope._src.audit.records import MemoryPressure
-from shardscope._src.base.comm import format_bytes, format_flops, format_seconds
+from shardscope._src.base.comm import format_bytes, format_flops, format_memory, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.base.text import and_list
 from shardscope._src.targets.capabilities import CPU_COMPILER, Support, reduce_scatter_words
@@ -914,7 +914,7 @@ def _no_fit(v: NoFitValues) -> str:
     free = f"leave {and_list(v.pinned_params)} to the planner, or " if v.pinned_params else ""
     return (
         f"no plan fits{searched}: the closest, {v.label}, needs {format_bytes(need)} per "
-        f"device of the {format_bytes(have)} one {v.hardware} has ({format_bytes(need - have)}, "
+        f"device of the {format_memory(have)} one {v.hardware} has ({format_bytes(need - have)}, "
         f"{need / have - 1:.0%} over); {free}use more devices, a smaller batch or sequence, or "
         f"more memory per device"
     )
@@ -924,7 +924,7 @@ def _no_target_fit(v: NoTargetFitValues) -> str:
     return (
         f"no plan the {v.target} compiler compiled fits: the smallest, {v.label}, needs "
         f"{format_bytes(v.need)} per device in its buffer assignment, of the "
-        f"{format_bytes(v.have)} one {v.hardware} has; use more devices, a smaller batch "
+        f"{format_memory(v.have)} one {v.hardware} has; use more devices, a smaller batch "
         f"or sequence, or compile more plans on the target"
     )
 
@@ -944,7 +944,7 @@ def _no_plan(v: NoPlanValues) -> str:
             else "more devices"
         )
         text += (
-            f"; the model state alone needs more than the {format_bytes(v.limit)} of one "
+            f"; the model state alone needs more than the {format_memory(v.limit)} of one "
             f"{v.hardware}: use {more}, a preset with more memory, more memory per "
             f"device, or fewer bytes per parameter"
         )

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardscope._src.base.comm import CollectiveKind, format_bytes, format_flops, format_seconds
+from shardscope._src.base.comm import (
+    CollectiveKind,
+    format_bytes,
+    format_flops,
+    format_memory,
+    format_seconds,
+)
 from shardscope._src.base.errors import ShardscopeError
 from shardscope._src.base.text import and_list
 from shardscope._src.check.bound import TOLERANCE
@@ -91,8 +97,8 @@ def headline(result: PlanResult) -> str:
         f"{result.model} ({params / 1e9:.3g}B params: d_model {c.d_model}, {c.heads} heads, "
         f"ff {c.ff}, {c.layers} layers, {experts}vocab {c.vocab}) {result.mode}, batch "
         f"{c.batch} x seq "
-        f"{c.seq}, {dtype}, on {result.devices} x {hw.name} "
-        f"({format_bytes(hw.memory_bytes)}, {hw.peak_flops / 1e12:g} TFLOP/s{_overlaps(hw)})"
+        f"{c.seq}, {dtype}, on {result.devices} x {hw.name}, {format_memory(hw.memory_bytes)} "
+        f"and {hw.peak_flops / 1e12:g} TFLOP/s each{_overlaps(hw)}"
     )
 
 

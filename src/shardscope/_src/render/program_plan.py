@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.comm import format_bytes, format_seconds
+from shardscope._src.base.comm import format_bytes, format_memory, format_seconds
 from shardscope._src.render.brief import print_line, skipped_lines
 from shardscope._src.render.columns import Column, markdown_table
 from shardscope._src.render.plan import (
@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 def headline(result: ProgramPlanResult) -> str:
     hw = result.hardware
     return (
-        f"{result.program} on {result.devices} x {hw.name} ({format_bytes(hw.memory_bytes)}, "
-        f"{hw.peak_flops / 1e12:g} TFLOP/s), mesh axes {', '.join(result.axes)}, "
+        f"{result.program} on {result.devices} x {hw.name}, {format_memory(hw.memory_bytes)} "
+        f"and {hw.peak_flops / 1e12:g} TFLOP/s each, mesh axes {', '.join(result.axes)}, "
         f"{len(result.rule_sets)} rule set(s)"
     )
 

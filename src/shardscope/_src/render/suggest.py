@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardscope._src.base.comm import format_bytes, format_seconds
+from shardscope._src.base.comm import format_bytes, format_memory, format_seconds
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.render.brief import skipped_lines as grouped_skipped_lines
 from shardscope._src.render.columns import Column, markdown_table, rich_table
@@ -23,7 +23,8 @@ def headline(result: SuggestResult) -> str:
     compiler = result.target if result.target != "cpu" else "simulated CPU devices"
     named = "axes its dataflow joins" if result.by_dataflow else "logical names"
     return (
-        f"{result.program} on {result.devices} x {hw.name} ({format_bytes(hw.memory_bytes)}), "
+        f"{result.program} on {result.devices} x {hw.name}, {format_memory(hw.memory_bytes)} "
+        f"each, "
         f"mesh axes {', '.join(result.axes)}, {named} {', '.join(result.names)}: "
         f"{result.candidates} candidates screened, {result.compiled} compiled "
         f"({compiler}) in {result.wall_s:.1f} s"

@@ -77,7 +77,7 @@ from jax.sharding import PartitionSpec
 
 from shardscope._src.audit.stages import build_step, check_step_pair, lower, program_stage
 from shardscope._src.base.atomic import write_atomic
-from shardscope._src.base.comm import format_bytes, traffic_bytes
+from shardscope._src.base.comm import format_bytes, format_memory, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
 from shardscope._src.base.records import record_dict
 from shardscope._src.cost.compute import matmul_seconds, serial_seconds
@@ -668,7 +668,7 @@ def no_fit_advice(
 
     work = workload(arrays, 0.0)
     here = smallest(devices)
-    words = [f"no proposal fits {format_bytes(hw.memory_bytes)} per device on {hw.name}"]
+    words = [f"no proposal fits {format_memory(hw.memory_bytes)} per device on {hw.name}"]
     if here is not None:
         need, sizes, assign = here
         # each weight with its optimizer state, each other array alone

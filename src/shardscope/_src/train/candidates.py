@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from shardscope._src.base.collect import collector_paused
-from shardscope._src.base.comm import format_bytes
+from shardscope._src.base.comm import format_bytes, format_memory
 from shardscope._src.base.errors import PlanError, ShardscopeError, StrategyError, is_int
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.links import crosses_nodes
@@ -1072,7 +1072,7 @@ def screen_all(
                     SkipReason.MEMORY,
                     f"{'with the vocabulary split over model, ' if cand.vocab_split else ''}"
                     f"{what} need {format_bytes(state)} per device, more than the "
-                    f"{format_bytes(hw.memory_bytes)} of one {hw.name}; shard them over more "
+                    f"{format_memory(hw.memory_bytes)} of one {hw.name}; shard them over more "
                     f"devices (fsdp, fsdp_tp, zero2) or use a device with more memory",
                 )
             )
