@@ -719,6 +719,22 @@ def test_plan_program_on_a_target_compiler():
         )
 
 
+def test_a_program_compiled_for_the_cpu_pays_its_matmuls_kernels_on_a_gpu():
+    # XLA:CPU's fusions are no GPU's, but each matmul is a kernel of its own on a GPU too:
+    # the forward's x @ w and the weight's gradient, two kernels each far below the least a
+    # kernel runs, each launched; a TPU runs the program as one, its matmuls at the flat rate.
+    rules = {"fsdp": [("batch", "data"), ("embed", "data")]}
+    h100 = shardscope.plan_program(_bf16_step, 8, rules=rules, axes=("data",), hardware="h100")
+    (p,) = h100.plans
+    hw = h100.hardware
+    assert p.flops_per_device / (989e12 * 0.54) < 1e-7
+    assert p.compute_time_s == pytest.approx(2 * (hw.kernel_floor_s + hw.kernel_launch_s))
+    tpu = shardscope.plan_program(
+        _bf16_step, 8, rules=rules, axes=("data",), hardware="tpu-v5e"
+    ).plans[0]
+    assert tpu.compute_time_s == pytest.approx(tpu.flops_per_device / (197e12 * 0.75))
+
+
 def test_the_gpu_kernel_cache_changes_nothing_a_plan_reads(monkeypatch):
     import os
 

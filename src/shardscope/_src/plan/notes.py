@@ -805,9 +805,9 @@ def _program_time_model(values: TimeModelValues) -> str:
         f"accelerator's compiler compiled the program, its kernels as that compiler fused "
         f"them, each its HBM traffic beside its arithmetic, on a GPU one after another, none "
         f"under {v.kernel_floor_s * 1e6:g} us and each launched at "
-        f"{v.kernel_launch_s * 1e6:g} us (the CPU's compiler's kernels are no "
-        f"accelerator's: its matmuls alone, so a step of a few small matmuls takes "
-        f"nanoseconds there); step = compute + communication (no overlap) or the larger of "
+        f"{v.kernel_launch_s * 1e6:g} us (the CPU's compiler's fusions are no "
+        f"accelerator's: its matmuls alone, on a GPU each a kernel of its own, none under "
+        f"that least and each launched); step = compute + communication (no overlap) or the larger of "
         f"the two (perfect overlap)"
     )
 

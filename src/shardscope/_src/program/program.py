@@ -52,8 +52,10 @@ from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.compute import (
     by_kernel,
     compiled_step_seconds,
+    floor_seconds,
     hidden_seconds,
     kernels_seconds,
+    launch_seconds,
     matmul_seconds,
     moved_seconds,
     serial_seconds,
@@ -1057,13 +1059,22 @@ def compute_seconds(program: CompiledProgram, hw: Hardware, flops: float) -> flo
     its traffic and never less than the least a kernel runs, each launched at
     ``kernel_launch_s``; on a TPU the slower of its matmuls and its traffic (as a compiled
     serving step is timed, :func:`~shardscope._src.cost.compute.compiled_step_seconds`).
-    Compiled by the CPU's compiler, whose kernels and bytes are no accelerator's, its
-    matmuls alone."""
+    Compiled by the CPU's compiler, whose fusions and bytes are no accelerator's, its
+    matmuls alone; on a GPU each of them a kernel of its own there too (a library call or a
+    fusion of one), so each at least the least a kernel runs and launched: a step never
+    priced below what its matmuls' kernels take on the device."""
     result = program.audit
     on_cpu = get_target(result.target or CPU).family is Family.CPU
-    if on_cpu or result.program is None or result.hlo_bytes is None:
+    if result.program is None or (not on_cpu and result.hlo_bytes is None):
         return matmul_seconds(hw, flops)
     runs = kernel_costs(result.program.module)
+    if on_cpu:
+        if not by_kernel(hw):
+            return matmul_seconds(hw, flops)
+        matmuls = {k: n for k, n in runs.items() if k.cost.flops}
+        flop, floor = matmul_seconds(hw, 1.0), floor_seconds(hw, 1)
+        each = sum(n * max(k.cost.flops * flop, floor) for k, n in matmuls.items())
+        return max(matmul_seconds(hw, flops), each) + launch_seconds(hw, sum(matmuls.values()))
     flop = matmul_seconds(hw, 1.0)
     return compiled_step_seconds(
         hw,
