@@ -807,8 +807,8 @@ def _program_time_model(values: TimeModelValues) -> str:
         f"under {v.kernel_floor_s * 1e6:g} us and each launched at "
         f"{v.kernel_launch_s * 1e6:g} us (the CPU's compiler's fusions are no "
         f"accelerator's: its matmuls alone, on a GPU each a kernel of its own, none under "
-        f"that least and each launched); step = compute + communication (no overlap) or the larger of "
-        f"the two (perfect overlap)"
+        f"that least and each launched); step = compute + communication (no overlap) or "
+        f"the larger of the two (perfect overlap)"
     )
 
 
