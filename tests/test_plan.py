@@ -1248,5 +1248,5 @@ def test_the_headline_says_the_overlaps_a_request_sets_other_than_its_hardwares(
     assert "overlapped" not in headline(replace(sweep, hardware=hardware("h100")))
     off = replace(sweep, hardware=hardware("h100", fsdp_overlap=False, ep_overlap=True))
     assert headline(off).endswith(
-        "989 TFLOP/s; expert all-to-alls overlapped; FSDP collectives not overlapped)"
+        "989 TFLOP/s each; expert all-to-alls overlapped; FSDP collectives not overlapped"
     )
