@@ -165,11 +165,13 @@ def test_the_largest_batch_is_what_the_engines_share_holds():
     # Llama 3.1 8B on one H100, prompts of 512 and 128 tokens out: a sequence's cache is
     # 640 tokens of 32 layers' keys and values, 8 heads of 128, in bfloat16; its decode step
     # holds its float32 logits and a layer's scores (float32) and probabilities over its
-    # context for each of 32 heads; a prefill a layer's over the prompt
+    # context for each of 32 heads; a prefill a layer's activations over the prompt (its
+    # MLP's residual, normed input, gate, up and their product: 2 x 4,096 + 3 x 14,336
+    # bfloat16 elements a token) and the last token's float32 logits
     weights = 8_030_261_248 * 2
     cache = 640 * 32 * 2 * 8 * 128 * 2
     decode = 128_256 * 4 + 32 * 640 * (4 + 2)
-    prefill = 32 * 512 * 512 * (4 + 2)
+    prefill = 512 * (2 * 4096 + 3 * 14336) * 2 + 128_256 * 4
 
     def most(limit):
         room = limit - weights
@@ -189,6 +191,27 @@ def test_the_largest_batch_is_what_the_engines_share_holds():
         assert result.memory_share == share
         assert type(result).from_dict(result.to_dict()).memory_share == share
     assert most(0.9 * H100_RUNTIME) < most(0.95 * H100_RUNTIME)
+
+
+def test_a_long_prompt_is_prefilled_beside_the_cache_by_the_chunk_without_its_scores():
+    # Llama 3 70B on four H100s under vLLM, prompts of 100,000 tokens: each layer's scores
+    # over the prompt (16 heads a device, 100,000^2 of them, float32 and bfloat16: 960 GB)
+    # are never held, as the fused kernel the prefill is timed by keeps them on chip. What
+    # a prefill holds is a layer's activations over vLLM's 8,192-token chunk on an H100, its
+    # MLP's widest (2 x 8,192 + 3 x 28,672 / 4 bfloat16 elements a token), and the last
+    # token's float32 logits over a quarter of the vocabulary; prefilled whole, over the
+    # prompt. Either way, the cache of a few sequences of 100,064 tokens fits beside them.
+    kw = dict(hardware="h100", prompt=100_000, output=64, compiler="cpu")
+    chunked = serve("llama3-70b", 4, **kw)
+    whole = serve("llama3-70b", 4, chunked_prefill=0, **kw)
+    for result, tokens in ((chunked, 8192), (whole, 100_000)):
+        prefill = tokens * (2 * 8192 + 3 * 28672 // 4) * 2 + 128_256 // 4 * 4
+        one = min(result.plans, key=lambda p: p.batch)
+        # one sequence's decode temporaries: its logits and 16 heads' scores over its context
+        assert one.batch == 1 and prefill > 128_256 // 4 * 4 + 16 * 100_064 * (4 + 2)
+        assert one.temp_bytes_per_device == prefill
+        assert all(p.fits for p in result.plans)
+    assert max(p.batch for p in chunked.plans) >= max(p.batch for p in whole.plans) >= 2
 
 
 def test_each_plan_names_the_engine_setting_that_holds_it():

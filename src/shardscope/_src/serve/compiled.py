@@ -12,10 +12,11 @@ its scores kept on chip (a prefill's, its causal half at the rate of the kernel 
 engine runs on that GPU: :func:`~shardscope._src.cost.compute.prefill_attention`); their
 collectives priced as every collective is, and the kernels
 they launch at the hardware's ``kernel_launch_s``; then the plan's engine's host work, as
-:func:`~shardscope._src.serve.estimate.estimate_plan` adds it), their memory the compiled
-buffers (``compiled_by``). On a TPU target the decode step is compiled and timed so too, and the
-prefill is estimated. Each program is compiled at two depths and extrapolated to the model's
-(:func:`_compile_layers`, :data:`DEPTH`).
+:func:`~shardscope._src.serve.estimate.estimate_plan` adds it), the decode step's memory its
+compiled buffers (``compiled_by``; a prefill's beside them as estimated, its compiled buffers
+holding the scores the fused kernel keeps on chip). On a TPU target the decode step is
+compiled and timed so too, and the prefill is estimated. Each program is compiled at two
+depths and extrapolated to the model's (:func:`_compile_layers`, :data:`DEPTH`).
 """
 
 from __future__ import annotations
@@ -344,9 +345,10 @@ def compile_prefill(
     replica (the reference decoder's :func:`~shardscope._src.model.serving.prefill`, the
     last token's logits; at two depths, :func:`_compile_layers`; ``weights`` and ``cache``
     as :func:`compile_decode` takes them): its matmuls and traffic (:func:`_compile`), its
-    collectives and its kernels' launches. Its buffers beyond the weights (the prompt's
-    activations, scores and cache) are the plan's temporaries where they pass the decode
-    step's: a server prefills beside the cache it decodes from. On a TPU target the plan is
+    collectives and its kernels' launches. Its buffers are not the plan's: they hold each
+    layer's scores over the prompt, which the fused attention kernel the prefill is timed by
+    (the engine's) keeps on chip; a prefill's temporaries are estimated
+    (:func:`~shardscope._src.serve.estimate.prefill_bytes`). On a TPU target the plan is
     returned as it is (the prefill estimated)."""
     if TARGETS[hw.name].family != Family.GPU:
         return plan
@@ -380,11 +382,9 @@ def compile_prefill(
     if got.memory_s is None or got.flops is None:  # an HLO too deep to count
         return plan
     compute_s = step_matmul_seconds(hw, got.flops, of, fp8=fp8, attention=rate, shape=shape)
-    extra = max(0, got.held_bytes - plan.weight_bytes_per_device)
     first_s = got.seconds(hw, got.memory_s, compute_s)
     return replace(
         plan,
         estimate=plan.estimated,
         first_token_s=first_s + get_engine(plan.engine).exposed_seconds(first_s, 1),
-        temp_bytes_per_device=max(plan.temp_bytes_per_device, extra),
     )

@@ -50,8 +50,11 @@ pricing of collectives (:func:`~shardscope._src.cost.links.collective_seconds`):
   two (the longer of them), for the decode step (the replica's sequences) and the prefill
   (one).
 * **memory** a device: its share of the weights and of the cache of ``context`` tokens for
-  each of its replica's sequences, and the decode step's logits (float32, each device its
-  slice of the vocabulary).
+  each of its replica's sequences, and the larger of the decode step's temporaries (its
+  logits, float32, each device its slice of the vocabulary, and a layer's scores over the
+  context) and a prefill's beside them (:func:`prefill_bytes`: one layer's activations for
+  the tokens an iteration prefills, the prompt or the engine's chunk of it; the fused
+  attention kernel the prefill is timed by holds no scores).
 
 """
 
@@ -99,11 +102,52 @@ def _scores_bytes(config: ModelConfig, t: int, queries: int, keys: int) -> int:
     return config.heads // t * queries * keys * (4 + config.itemsize)
 
 
+def prefill_bytes(config: ModelConfig, t: int, tokens: int) -> int:
+    """What a prefill of ``tokens`` tokens a replica holds on a device of tensor parallelism
+    over ``t`` beside the weights and the cache: one layer's activations at a time (the
+    layers run one after another), the larger of its attention's and its MLP's, and the
+    last token's logits (float32, the device's slice of the vocabulary). The attention
+    runs as a fused kernel (FlashAttention's, as every engine's prefill does and as the
+    prefill is timed), which keeps its scores on chip: its inputs and outputs alone.
+
+    * attention: the residual stream and its normed copy (``2 x d_model`` a token), the
+      queries and the attention's output (``heads x head_dim / t`` each), the keys and the
+      values (``kv_heads x head_dim / t`` each; latent attention makes them per head);
+    * MLP: the residual stream and its normed copy, and the gated MLP's gate, up and their
+      product (``3 x ff / t`` a token); with experts, each token's ``top_k`` routed rows (at
+      the routing's capacity) and its shared experts' of the experts' width, and its
+      dispatched copies (``top_k x d_model``).
+
+    Llama 3 70B's 8,192-token chunk on four devices: its MLP's 8,192 x (2 x 8,192 +
+    3 x 28,672 / 4) elements of two bytes, and 128,256 / 4 logits of four:
+
+    >>> from shardscope._src.model.presets import model_preset
+    >>> c = model_preset("llama3-70b").config(batch=1)
+    >>> prefill_bytes(c, 4, 8192) == 8192 * (2 * 8192 + 3 * 28672 // 4) * 2 + 128256 // 4 * 4
+    True
+    """
+    c = config
+    d, hd = c.d_model, c.head_dim or c.d_model // c.heads
+    if c.is_mla:
+        q = k = c.heads * (hd + c.rope_head_dim)
+        v = c.heads * (c.v_head_dim or hd)
+        attention = q + k + v + c.heads * (c.v_head_dim or hd)
+    else:
+        attention = 2 * c.heads * hd + 2 * (c.kv_heads or c.heads) * hd
+    widths = [attention // t]
+    if c.dense_layer_count:
+        widths.append(3 * c.ff // t)
+    if c.is_moe:
+        rows = c.routed_capacity * c.top_k + c.shared_experts
+        widths.append(int(rows * 3 * (c.expert_ff or c.ff) // t + c.top_k * d))
+    return tokens * (2 * d + max(widths)) * c.itemsize + (c.vocab or 0) // t * 4
+
+
 class Held(NamedTuple):
     """Bytes on one device: the weights, the cache, the decode step's temporaries (the
     logits, float32, each device its slice of the vocabulary; a layer's scores and
-    probabilities over the context) and a prefill's beside them (one prompt a replica: a
-    layer's scores and probabilities over the prompt)."""
+    probabilities over the context) and a prefill's beside them (one prompt a replica, or
+    the engine's chunk of it: :func:`prefill_bytes`)."""
 
     weights: int
     cache: int
@@ -123,8 +167,10 @@ def holds(
     context: int,
     weights: str,
     cache: str,
+    chunk: int | None = None,
 ) -> Held:
-    """What one device holds serving ``batch`` sequences (:class:`Held`)."""
+    """What one device holds serving ``batch`` sequences (:class:`Held`), a prefill
+    carrying ``chunk`` tokens an iteration (None: the prompt whole)."""
     t, r = layout.t, layout.replicas
     c = served(config, t)
     weight = weight_elements(config, layout)[0] * FORMATS[weights]
@@ -132,7 +178,8 @@ def holds(
     # split by key/value head; latent attention's latent is every head's, whole on each
     cached //= 1 if c.is_mla else t
     decode = (batch // r) * ((c.vocab or 0) // t * 4 + _scores_bytes(c, t, 1, context))
-    return Held(weight, cached, decode, _scores_bytes(c, t, prompt, prompt))
+    prefilled = prompt if chunk is None else min(prompt, chunk)
+    return Held(weight, cached, decode, prefill_bytes(c, t, prefilled))
 
 
 def largest_batch(
@@ -146,15 +193,17 @@ def largest_batch(
     *,
     engine: str = "none",
     memory_share: float | None = None,
+    chunk: int | None = None,
 ) -> int:
     """The most sequences the layout's replicas hold beside their weights and a prefill's
-    temporaries within the memory the serving ``engine`` lets a device hold (at
-    ``memory_share`` where given: :meth:`~shardscope._src.targets.engines.Engine.
-    memory_limit`), and no more a replica than the engine runs at once
-    (:meth:`~shardscope._src.targets.engines.Engine.max_sequences`); a multiple of the
-    replicas; 0 when the weights alone do not leave room for one."""
+    temporaries (``chunk`` tokens an iteration, None: the prompt whole) within the memory
+    the serving ``engine`` lets a device hold (at ``memory_share`` where given:
+    :meth:`~shardscope._src.targets.engines.Engine.memory_limit`), and no more a replica
+    than the engine runs at once (:meth:`~shardscope._src.targets.engines.Engine.
+    max_sequences`); a multiple of the replicas; 0 when the weights alone do not leave
+    room for one."""
     r = layout.replicas
-    one = holds(config, layout, r, prompt, context, weights, cache)  # a sequence a replica
+    one = holds(config, layout, r, prompt, context, weights, cache, chunk)  # one a replica
     host = get_engine(engine)
     room = host.memory_limit(hw, layout.t, one.weights, memory_share) - one.weights
     if room <= 0:
@@ -175,13 +224,15 @@ def batch_sizes(
     *,
     engine: str = "none",
     memory_share: float | None = None,
+    chunk: int | None = None,
 ) -> list[int]:
     """Powers of two times the replicas, and the largest batch that fits a device under the
-    serving ``engine`` (at ``memory_share``: :func:`largest_batch`)."""
+    serving ``engine`` (at ``memory_share``, prefilling ``chunk`` tokens an iteration:
+    :func:`largest_batch`)."""
     r = layout.replicas
     largest = largest_batch(
         config, hw, layout, prompt, context, weights, cache, engine=engine,
-        memory_share=memory_share,
+        memory_share=memory_share, chunk=chunk,
     )  # fmt: skip
     largest = min(largest, MAX_BATCH * r)
     out = []
@@ -419,15 +470,17 @@ def estimate_plan(
     *,
     engine: str = "none",
     memory_share: float | None = None,
+    chunk: int | None = None,
 ) -> ServePlan:
     """The plan of ``layout`` serving ``batch`` sequences of ``context`` tokens, estimated
     (see the module docstring): what a device holds (within what the serving ``engine``
-    lets it hold, at ``memory_share`` where given), the decode step's time and its parts,
-    and the time to the first token of one ``prompt`` a replica, each with the host's work
-    of the ``engine`` (:func:`~shardscope._src.targets.engines.engine`)."""
+    lets it hold, at ``memory_share`` where given, beside a prefill of ``chunk`` tokens an
+    iteration, None: the prompt whole), the decode step's time and its parts, and the time
+    to the first token of one ``prompt`` a replica, each with the host's work of the
+    ``engine`` (:func:`~shardscope._src.targets.engines.engine`)."""
     t, r = layout.t, layout.replicas
     c = served(config, t)
-    held = holds(config, layout, batch, prompt, context, weights, cache)
+    held = holds(config, layout, batch, prompt, context, weights, cache, chunk)
     weight, cached = held.weights, held.cache
     per_replica = batch // r
     # the weights' matmuls read the weights (but those of experts no token reaches), the

@@ -205,9 +205,11 @@ def _estimated(
             f"key/value heads; choose a device count with a divisor of {config.kv_heads}",
             param="devices",
         )
-    # the engine whose host each plan pays, at the memory share it holds, and the most
-    # sequences a replica of it runs at once
-    on_engine: dict[str, Any] = dict(engine=request.engine, memory_share=request.memory_share)
+    # the engine whose host each plan pays, at the memory share it holds and the tokens it
+    # prefills an iteration, and the most sequences a replica of it runs at once
+    on_engine: dict[str, Any] = dict(
+        engine=request.engine, memory_share=request.memory_share, chunk=request.chunk_tokens
+    )
     cap = get_engine(request.engine).max_sequences(hw)
     plans = []
     for layout in layouts:
@@ -240,6 +242,7 @@ def _nothing_fits(request: ServeRequest, config: ModelConfig, hw: Hardware) -> P
     text, param = _no_fit(
         config, hw, request.devices, request.batch, request.prompt, request.context_tokens,
         request.weights, request.cache, request.engine, request.memory_share,
+        request.chunk_tokens,
     )  # fmt: skip
     return PlanError(text, param=param)
 
@@ -267,9 +270,12 @@ def _compiled(
         cache,
         fixed=batch is not None or online is not None,
         progress=progress,
+        chunk=request.chunk_tokens,
     )
     fitting = [p for p in fitting if p.fits]
-    fitting = _compile_leaders(fitting, prefills, config, hw, prompt, weights, cache, per_token)
+    fitting = _compile_leaders(
+        fitting, prefills, config, hw, prompt, weights, cache, per_token, request.chunk_tokens
+    )
     if not fitting and online is not None:
         raise online.error(refits=refits)
     if not fitting and refits:
@@ -334,14 +340,14 @@ class _Serving:
         """``layout``'s plan at ``batch``, estimated on the engine, at its memory share."""
         return estimate_plan(
             self.config, self.hw, layout, batch, self.prompt, self.context, self.weights,
-            self.cache, engine=self.engine, memory_share=self.memory_share,
+            self.cache, engine=self.engine, memory_share=self.memory_share, chunk=self.chunk,
         )  # fmt: skip
 
     def no_fit(self) -> str:
         """Why no batch of any layout fits at this context, and what does (:func:`_no_fit`)."""
         return _no_fit(
             self.config, self.hw, self.devices, None, self.prompt, self.context, self.weights,
-            self.cache, self.engine, self.memory_share,
+            self.cache, self.engine, self.memory_share, self.chunk,
         )[0]  # fmt: skip
 
 
@@ -355,7 +361,9 @@ class _Online(_Serving):
     def one(self, layout: Layout) -> Held:
         """What one sequence a replica holds on a device."""
         c = self
-        return holds(c.config, layout, layout.replicas, c.prompt, c.context, c.weights, c.cache)
+        return holds(
+            c.config, layout, layout.replicas, c.prompt, c.context, c.weights, c.cache, c.chunk
+        )
 
     def sequence_s(self, plan: ServePlan) -> float:
         """What one more sequence a replica adds to ``plan``'s decode step
@@ -536,7 +544,9 @@ class _Closed(_Serving):
         None where a replica holds no sequence."""
         c, r = self, layout.replicas
         per_replica = -(-self.clients // r)
-        most = largest_batch(*c.sized(layout), engine=c.engine, memory_share=c.memory_share)
+        most = largest_batch(
+            *c.sized(layout), engine=c.engine, memory_share=c.memory_share, chunk=c.chunk
+        )
         k = min(per_replica, most // r)
         if k < 1:
             return None
@@ -725,12 +735,22 @@ def _beside_compiled(estimate: ServePlan, compiled: ServePlan, hw: Hardware) -> 
 
 
 def _prefill_alone(
-    compiled: ServePlan, config: ModelConfig, hw: Hardware, prompt: int, weights: str, cache: str
+    compiled: ServePlan,
+    config: ModelConfig,
+    hw: Hardware,
+    prompt: int,
+    weights: str,
+    cache: str,
+    chunk: int | None,
 ) -> ServePlan:
-    """``compiled`` with its layout's compiled prefill, its temporaries the prefill's alone
-    (beyond the weights)."""
-    alone = replace(compiled, temp_bytes_per_device=0)
-    return compile_prefill(alone, config, hw, prompt, weights=weights, cache=cache)
+    """``compiled`` with its layout's compiled prefill's time to the first token, its
+    temporaries the prefill's alone as estimated (:func:`~shardscope._src.serve.estimate.
+    prefill_bytes`, ``chunk`` tokens an iteration): the compiled program's buffers hold the
+    prompt's scores, which the fused kernel its time is priced by keeps on chip."""
+    prefilled = compile_prefill(compiled, config, hw, prompt, weights=weights, cache=cache)
+    held = holds(config, compiled.layout, compiled.replicas, prompt, compiled.context,
+                 weights, cache, chunk)  # fmt: skip
+    return replace(prefilled, temp_bytes_per_device=held.prefill)
 
 
 def _compile_best(
@@ -743,6 +763,7 @@ def _compile_best(
     *,
     fixed: bool = False,
     progress: Progress | None = None,
+    chunk: int | None = None,
 ) -> tuple[list[ServePlan], dict[_LayoutKey, ServePlan], list[tuple[ServePlan, ServePlan]]]:
     """``plans`` with the best of each layout compiled: its largest batch first, and while
     the compiled program does not fit, the largest batch it would fit at (its excess over
@@ -770,14 +791,16 @@ def _compile_best(
             compiled = compile_decode(p, config, hw, weights=weights, cache=cache)
             if compiled.fits:
                 if key not in prefills:
-                    prefills[key] = _prefill_alone(compiled, config, hw, prompt, weights, cache)
+                    prefills[key] = _prefill_alone(
+                        compiled, config, hw, prompt, weights, cache, chunk
+                    )
                 compiled = _beside(compiled, prefills[key])
             if compiled.fits:
                 rest = [_beside_compiled(q, compiled, hw) for q in queue]
                 out.extend([compiled, *rest])
                 queue = []
                 break
-            smaller = _refit(p, compiled, config, hw, prompt, weights, cache)
+            smaller = _refit(p, compiled, config, hw, prompt, weights, cache, chunk)
             if fixed:
                 if smaller is not None:
                     refits.append((compiled, smaller))
@@ -799,6 +822,7 @@ def _compile_leaders(
     weights: str,
     cache: str,
     latency: float | None,
+    chunk: int | None = None,
 ) -> list[ServePlan]:
     """``plans`` (those that fit) with the first-ranked one compiled while it is an estimate
     (at most :data:`SERVE_LEADER_COMPILES`): a layout's smaller batch may pass its compiled
@@ -812,7 +836,7 @@ def _compile_leaders(
         compiled = compile_decode(top, config, hw, weights=weights, cache=cache)
         key = _key(top)
         if compiled.fits and key not in prefills:
-            prefills[key] = _prefill_alone(compiled, config, hw, prompt, weights, cache)
+            prefills[key] = _prefill_alone(compiled, config, hw, prompt, weights, cache, chunk)
         if key in prefills:
             compiled = _beside(compiled, prefills[key])
         plans = [compiled if p is top else p for p in plans]
@@ -828,21 +852,24 @@ def _refit(
     prompt: int,
     weights: str,
     cache: str,
+    chunk: int | None = None,
 ) -> ServePlan | None:
     """The plan of ``plan``'s layout at the largest batch its compiled program (which does
     not fit) would fit at: its excess over the memory taken off a replica's sequence at a
     time, each the cache and the decode step's temporaries of one sequence a replica (as
-    estimated; None where no batch is left)."""
+    estimated, beside a prefill of ``chunk`` tokens an iteration; None where no batch is
+    left)."""
     layout = plan.layout
     r = layout.replicas
-    one = holds(config, layout, r, prompt, plan.context, weights, cache)  # a sequence a replica
+    one = holds(config, layout, r, prompt, plan.context, weights, cache, chunk)  # one a replica
     excess = compiled.memory_bytes_per_device - compiled.memory_limit_bytes
     batch = plan.batch - r * max(1, math.ceil(excess / (one.cache + one.decode)))
     if batch < r:
         return None
     smaller = estimate_plan(
-        config, hw, layout, batch, prompt, plan.context, weights, cache, engine=plan.engine
-    )
+        config, hw, layout, batch, prompt, plan.context, weights, cache, engine=plan.engine,
+        chunk=chunk,
+    )  # fmt: skip
     # the same layout and weights: what the engine lets a device hold is the misfit's
     return replace(smaller, memory_limit_bytes=plan.memory_limit_bytes)
 
@@ -858,10 +885,12 @@ def _no_fit(
     cache: str,
     engine: str,
     memory_share: float | None,
+    chunk: int | None = None,
 ) -> tuple[str, str]:
     """Why nothing fits, and the largest batch that does at this context (on how many
     devices) within what the serving ``engine`` lets a device hold (at ``memory_share``
-    where given), or that the weights alone do not; with the parameter to change."""
+    where given, beside a prefill of ``chunk`` tokens an iteration), or that the weights
+    alone do not; with the parameter to change."""
     best: tuple[int, int] | None = None
     capped = False  # the best is as many sequences a replica as the engine runs at once
     host = get_engine(engine)
@@ -869,7 +898,7 @@ def _no_fit(
     for layout in layouts_for(config, devices):
         fits = largest_batch(
             config, hw, layout, prompt, context, weights, cache, engine=engine,
-            memory_share=memory_share,
+            memory_share=memory_share, chunk=chunk,
         )  # fmt: skip
         if fits and (best is None or fits > best[0]):
             best = (fits, layout.t)
@@ -884,7 +913,9 @@ def _no_fit(
         whole = [
             (n, layout)
             for layout in layouts_for(config, devices)
-            if (n := largest_batch(config, hw, layout, prompt, context, weights, cache))
+            if (
+                n := largest_batch(config, hw, layout, prompt, context, weights, cache, chunk=chunk)
+            )
         ]
         if whole:
             n, layout = max(whole, key=lambda pair: pair[0])
@@ -920,6 +951,7 @@ def _no_fit(
                     cache,
                     engine=engine,
                     memory_share=memory_share,
+                    chunk=chunk,
                 )  # fmt: skip
                 for layout in layouts_for(config, n)
             )
