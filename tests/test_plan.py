@@ -1154,6 +1154,20 @@ def test_the_communication_table_wraps_the_plan_and_keeps_every_figure_whole(swe
                 assert figure in text
 
 
+def test_the_communication_table_says_what_a_sub_axis_is(sweep):
+    from shardscope._src.render.plan import comm_sections, comm_table
+
+    # XLA splits data=4 into two factors of 2 for some collectives and names each as Shardy
+    # does: the table's note reads the label back
+    p = sweep.plans[0]
+    split = replace(p, comm=(replace(p.comm[0], axes="data:(1)2,model"),))
+    caption = comm_table(replace(sweep, plans=(split,)), top=1).caption
+    assert caption.startswith("data:(1)2: a part of the mesh axis data the compiler split")
+    assert any(line.startswith("- data:(1)2: a part") for line in comm_sections([split], []))
+    assert all(":(" not in a.axes for a in p.comm)
+    assert comm_table(replace(sweep, plans=(p,)), top=1).caption is None
+
+
 def test_the_comm_column_is_the_communication_the_step_prices():
     import io
 

@@ -20,6 +20,7 @@ from shardscope._src.base.errors import ShardscopeError
 from shardscope._src.base.text import and_list
 from shardscope._src.check.bound import TOLERANCE
 from shardscope._src.cost.memory import memory_fits
+from shardscope._src.hlo.groups import AxisRef
 from shardscope._src.plan.notes import (
     FitOnEstimateValues,
     PlanNote,
@@ -306,6 +307,27 @@ _PLAN_COLUMNS_TEXT = (
 )
 
 
+def sub_axis_words(labels: Sequence[str]) -> str | None:
+    """What an axis label of the compiler's sub-axes means, with the first among ``labels``
+    (comma-separated mesh axes) as its example; None where none is one.
+
+    >>> print(sub_axis_words(["data", "data:(2)2,model"])[:56])
+    data:(2)2: a part of the mesh axis data the compiler spl
+    >>> sub_axis_words(["data,model"]) is None
+    True
+    """
+    for label in labels:
+        for part in label.split(","):
+            ref = AxisRef.parse(part.strip())
+            if ref.size is not None:
+                return (
+                    f"{ref.label}: a part of the mesh axis {ref.name} the compiler split it "
+                    f"into (Shardy's sub-axis name:(k)n: n of the axis's devices, the factor of "
+                    f"it after factors of k)"
+                )
+    return None
+
+
 def comm_table(result: PlanResult, *, top: int = 3, edge: bool = True) -> Any:
     """The best plans' collectives per mesh axis and kind, loop trips counted: one row per
     axis and kind, the plan named on its first (without ``edge``, no blank line above and
@@ -318,7 +340,14 @@ def comm_table(result: PlanResult, *, top: int = 3, edge: bool = True) -> Any:
     columns = [label, *(c.on(comm_of) for c in rich_columns(COMM_COLUMNS))]
     shown = min(top, len(result.plans))
     best = "the best plan" if shown == 1 else f"the best {shown} plans"
-    table = rich_table(columns, (), title=f"Communication of {best}, per axis", show_edge=edge)
+    axes = [a.axes for p in result.plans[:top] for a in p.comm]
+    table = rich_table(
+        columns,
+        (),
+        title=f"Communication of {best}, per axis",
+        caption=sub_axis_words(axes),
+        show_edge=edge,
+    )
     for p in result.plans[:top]:
         for i, a in enumerate(p.comm):
             table.add_row(*rich_cells(columns, (f"{p.rank}. {p.label}" if i == 0 else "", a)))
@@ -543,7 +572,8 @@ def comm_sections(plans: Sequence[RankedPlan], columns: Sequence[Column[AxisComm
             lines += ["No communication.", ""]
             continue
         lines += markdown_table(columns, p.comm)
-        lines += [f"- {n}" for n in p.notes]
+        sub_axes = sub_axis_words([a.axes for a in p.comm])
+        lines += [f"- {n}" for n in (*p.notes, *([sub_axes] if sub_axes else []))]
         lines.append("")
     return lines
 
