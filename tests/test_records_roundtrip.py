@@ -359,11 +359,22 @@ def test_a_serving_result_reads_back_as_the_planner_makes_it(tmp_path):
     # (79.11 GiB), the preset's 80 GB then
     assert {p.memory_limit_bytes for p in read.plans} == {80 * 10**9}
     assert {p.memory_limit_bytes for p in now.plans} == {int(79.11 * 2**30)}
+    # and a prefill's temporaries: a layer's scores over the 64-token prompt then (8 heads a
+    # device at tensor parallelism 1, 4 at 2; float32 and bfloat16), a layer's activations
+    # since (its MLP's widest: 2 x 256 + 3 x 1024 / t elements of 2 bytes a token, and the
+    # last token's float32 logits over 1024 / t of the vocabulary)
+    then = [8 * 64 * 64 * 6, 4 * 64 * 64 * 6]
+    since = [64 * (2 * 256 + 3 * 1024 // t) * 2 + 1024 // t * 4 for t in (1, 2)]
+    assert [p.tensor_parallel for p in now.plans] == [1, 2]
+    assert [p.temp_bytes_per_device for p in read.plans] == then
+    assert [p.temp_bytes_per_device for p in now.plans] == since
     now_counted_as_then = dataclasses.replace(
         now,
         plans=tuple(
-            dataclasses.replace(p, decode_kernels=0, memory_limit_bytes=80 * 10**9)
-            for p in now.plans
+            dataclasses.replace(
+                p, decode_kernels=0, memory_limit_bytes=80 * 10**9, temp_bytes_per_device=held
+            )
+            for p, held in zip(now.plans, then, strict=True)
         ),
         prefill_attention=None,
     )
