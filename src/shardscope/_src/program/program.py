@@ -22,6 +22,7 @@ import itertools
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardscope._src.audit.overlap import kernel_costs
+from shardscope._src.audit.overlap import Kernel, kernel_costs
 from shardscope._src.audit.stages import lower_step_traced
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.errors import (
@@ -52,15 +53,14 @@ from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.compute import (
     by_kernel,
     compiled_step_seconds,
-    floor_seconds,
     hidden_seconds,
     kernels_seconds,
-    launch_seconds,
     matmul_seconds,
     moved_seconds,
     serial_seconds,
 )
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
+from shardscope._src.hlo.cost import Cost
 from shardscope._src.mesh import MeshShape, axis_types_of, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import (
@@ -1067,14 +1067,15 @@ def compute_seconds(program: CompiledProgram, hw: Hardware, flops: float) -> flo
     on_cpu = get_target(result.target or CPU).family is Family.CPU
     if result.program is None or (not on_cpu and result.hlo_bytes is None):
         return matmul_seconds(hw, flops)
-    runs = kernel_costs(result.program.module)
-    if on_cpu:
-        if not by_kernel(hw):
-            return matmul_seconds(hw, flops)
-        matmuls = {k: n for k, n in runs.items() if k.cost.flops}
-        flop, floor = matmul_seconds(hw, 1.0), floor_seconds(hw, 1)
-        each = sum(n * max(k.cost.flops * flop, floor) for k, n in matmuls.items())
-        return max(matmul_seconds(hw, flops), each) + launch_seconds(hw, sum(matmuls.values()))
+    if on_cpu and not by_kernel(hw):
+        return matmul_seconds(hw, flops)
+    runs: Mapping[Kernel, int] = kernel_costs(result.program.module)
+    if on_cpu:  # its matmuls' kernels alone, their arithmetic without the CPU's bytes
+        matmuls: Counter[Kernel] = Counter()
+        for k, n in runs.items():
+            if k.cost.flops:
+                matmuls[Kernel(Cost(k.cost.flops), k.fused)] += n
+        runs = matmuls
     flop = matmul_seconds(hw, 1.0)
     return compiled_step_seconds(
         hw,
