@@ -9,6 +9,7 @@ written here once, for the audit and every planner.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -189,32 +190,32 @@ def least_devices_for_state(
     itemsize: int,
     memory_bytes: float,
     *,
-    train: bool,
-    bytes_per_param: int,
+    bytes_per_param: int | None = None,
     host_memory_bytes: float = 0,
 ) -> int:
     """The fewest devices that hold a model's state sharded over all of them, a count below
-    which no layout fits whatever its activations: the parameters (``itemsize`` bytes each)
-    and, in training, ``bytes_per_param`` bytes each of parameters, gradients and optimizer
-    state, or (with ``host_memory_bytes`` per device on the host) the optimizer state there
-    where that takes fewer devices.
+    which no layout fits whatever its activations: the parameters (``itemsize`` bytes each:
+    a server's weights, where ``bytes_per_param`` is None) or, in training,
+    ``bytes_per_param`` bytes each of parameters, gradients and optimizer state, or (with
+    ``host_memory_bytes`` per device on the host) the optimizer state there where that
+    takes fewer devices.
 
     DeepSeek-V3's 671B parameters in mixed-precision Adam on 80 GB devices, alone and
-    with 250 GB of host memory each for the optimizer state:
+    with 250 GB of host memory each for the optimizer state, and its 16-bit weights alone:
 
     >>> p = 671_000_000_000
-    >>> least_devices_for_state(p, 2, 80e9, train=True, bytes_per_param=16)
+    >>> least_devices_for_state(p, 2, 80e9, bytes_per_param=16)
     135
-    >>> least_devices_for_state(p, 2, 80e9, train=True, bytes_per_param=16, host_memory_bytes=250e9)
+    >>> least_devices_for_state(p, 2, 80e9, bytes_per_param=16, host_memory_bytes=250e9)
     34
-    >>> least_devices_for_state(p, 2, 80e9, train=False, bytes_per_param=16)
+    >>> least_devices_for_state(p, 2, 80e9)
     17
     """
 
     def least(state: float, limit: float) -> int:
-        return max(1, -(-int(state) // int(limit)))
+        return max(1, math.ceil(state / limit))
 
-    if not train:
+    if bytes_per_param is None:
         return least(params * itemsize, memory_bytes)
     on_device = least(params * bytes_per_param, memory_bytes)
     if host_memory_bytes <= 0:

@@ -29,6 +29,7 @@ from shardscope._src.base.comm import format_bytes, format_seconds
 from shardscope._src.base.errors import PlanError
 from shardscope._src.base.notes import Note
 from shardscope._src.cost.compute import launch_seconds, prefill_attention
+from shardscope._src.cost.memory import least_devices_for_state
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.presets import model_preset
@@ -929,7 +930,7 @@ def _no_fit(
             ), "memory_share"
     if best is None:
         size = config.param_count() * FORMATS[weights] / 2**30
-        need = math.ceil(config.param_count() * FORMATS[weights] / hw.runtime_memory)
+        need = least_devices_for_state(config.param_count(), FORMATS[weights], hw.runtime_memory)
         if devices < need:
             return (
                 f"{asked}at context={context}: the {weights} weights alone ({size:.1f} GiB) do "

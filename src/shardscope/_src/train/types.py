@@ -628,8 +628,7 @@ class PlanResult:
             self.config.param_count(),
             self.config.itemsize,
             hw.memory_bytes,
-            train=self.mode == Mode.TRAIN,
-            bytes_per_param=s["bytes_per_param"],
+            bytes_per_param=s["bytes_per_param"] if self.mode == Mode.TRAIN else None,
             host_memory_bytes=0 if s.get("offload_optimizer") is False else hw.host_memory_bytes,
         )
 
