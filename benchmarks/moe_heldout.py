@@ -288,6 +288,14 @@ def _bridge_gptoss(
     measured_s: float,
     *,
     source: str = _BRIDGE,
+    gpu: str = "H100",
+    pp: int = 4,
+    ep: int = 8,
+    seq: int = 4096,
+    remat: str | None = None,
+    dispatch_once: bool = False,
+    ep_overlap: bool = False,
+    config: str = _BRIDGE_GPTOSS_CONFIG,
 ) -> MoeRun:
     """Megatron-Bridge's GPT-OSS 120B on 64 H100: PP 4, EP 8, data parallel 16 (the experts
     replicated over 2 of them) with the distributed optimizer, dropless with forced balance;
@@ -298,7 +306,17 @@ def _bridge_gptoss(
     H100 row says MBS 4 and GA 2, which its own GBS 512 and data parallel 16 (64 GPUs over
     PP 4) contradict (16 x 4 x 2 = 128); the config's MBS 1 runs 512 = 16 x 1 x 32, as the
     26.02 row states it (MBS 1). ``source``: the table the row is read from (the archive at
-    0a25f91 unless given)."""
+    0a25f91 unless given).
+
+    On Blackwell (``gpu`` ``"B200"``: the ``b200`` preset; ``"GB200"``: it with
+    :data:`GB200_RACK`) the rows run PP 1 (``pp``) and EP ``ep`` over the 64 GPUs' data
+    parallel 64, ``zero1_ep`` on ``data=64/ep,expert=ep``, at the sequence ``seq`` the table
+    states, the attention at the preset's rates (the B200 has no measured attention kernel,
+    as ``training_heldout.py``'s Blackwell rows), with the recomputation ``remat`` the perf
+    config sets (None: not stated), ``dispatch_once`` for HybridEP's flex dispatcher and
+    ``ep_overlap`` for ``moe_a2a_overlap`` (Megatron's combined 1F1B, which delays the
+    experts' weight gradients: ``_set_moe_a2a_overlap_overrides``, ``delay_wgrad_compute =
+    True``); ``config``: the perf config the row is read with."""
     # GPT-OSS's attention has a learnable softmax sink a head (softmax_type="learnable",
     # src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py@12bc34a; "Fused sink attention
     # requires TE >= 2.8", else Megatron-Core's local attention). Transformer Engine runs
@@ -310,33 +328,49 @@ def _bridge_gptoss(
     # @015d346). The run had cuDNN's: an attention that keeps the scores (TE's unfused one
     # or Megatron-Core's local one, 64 heads of 4096 x 4096 a layer) holds 239 GiB a device
     # here by the planner's count (flash_attention=False), over an H100's 80 GB.
-    instead = [
-        "the sliding-window layers attend fully (the preset's)",
-        "the attention at cuDNN's rates without sinks for heads of 128 (GPT-OSS's are 64 "
-        "wide with a learnable softmax sink each: no published H100 rate of that kernel)",
-    ]
-    if version == "25.11":
+    instead = ["the sliding-window layers attend fully (the preset's)"]
+    if gpu == "H100":
+        instead.append(
+            "the attention at cuDNN's rates without sinks for heads of 128 (GPT-OSS's are 64 "
+            "wide with a learnable softmax sink each: no published H100 rate of that kernel)"
+        )
+        hw, overrides = "h100", dict(CUDNN)
+    else:
+        instead.append(
+            "the attention at the preset's matmul rate, counted non-causal and without its "
+            "learnable softmax sinks (the B200 preset has no measured attention kernel)"
+        )
+        hw, overrides = "b200", dict(GB200_RACK) if gpu == "GB200" else {}
+        if gpu == "GB200":
+            instead.append("a GB200 rack as 64 B200s on one NVLink domain (GB200_RACK)")
+    if ep_overlap:
+        overrides["ep_overlap"] = True
+    if version == "25.11" and gpu == "H100":
         instead.append(
             "micro-batch 1, as the perf config sets it (the table's MBS 4 and GA 2 give 16 x "
             "4 x 2 = 128 sequences a step, not its GBS 512)"
         )
+    dp = 64 // pp
+    stage = (("stage", pp),) if pp > 1 else ()
+    layout = f"PP {pp} x EP {ep}" if pp > 1 else f"EP {ep}"
+    once = {"dispatch_once": True} if dispatch_once else {}
     return MoeRun(
-        f"Megatron-Bridge {version} GPT-OSS 120B, PP 4 x EP 8, 64 H100",
-        f"{source}; {_BRIDGE_GPTOSS_CONFIG}",
-        _preset("gpt-oss-120b", batch, 4096, **MEGATRON_WEIGHTING),
-        "h100",
+        f"Megatron-Bridge {version} GPT-OSS 120B, {layout}, 64 {gpu}",
+        f"{source}; {config}",
+        _preset("gpt-oss-120b", batch, seq, **once, **MEGATRON_WEIGHTING),
+        hw,
         64,
         measured_s,
         "zero1_ep",
-        (("stage", 4), ("data", 2), ("expert", 8)),
-        batch // (16 * mbs),
-        None,
-        overrides=CUDNN,
+        (*stage, ("data", dp // ep), ("expert", ep)),
+        batch // (dp * mbs),
+        remat,
+        overrides=overrides,
         instead=tuple(instead),
     )
 
 
-def _bridge_qwen3_fp8(
+def _bridge_qwen3(
     version: str,
     size: str,
     gpus: int,
@@ -347,6 +381,10 @@ def _bridge_qwen3_fp8(
     source: str = _BRIDGE,
     dispatch_once: bool = False,
     sweep: str = "",
+    gpu: str = "H100",
+    precision: str = "FP8",
+    ep_overlap: bool | None = None,
+    instead: tuple[str, ...] = (),
     **layout: int,
 ) -> MoeRun:
     """Megatron-Bridge's Qwen3 in fp8 (FP8-CS: tensorwise current scaling, the time model's
@@ -356,40 +394,67 @@ def _bridge_qwen3_fp8(
     dense weights' state over all of them, the experts' over their data-parallel copies
     (EDP): ``zero1_ep`` on ``stage=P,data=EDP,expert=E`` (EDP 1 where EP is the data
     ways); with TP 2 (235B) it is the zoo's fold with the distributed optimizer,
-    ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`), its pipeline split counting the
-    embedding and the loss as a layer each, as the recipe the perf scripts build on sets them
-    (``qwen3_235b_a22b_pretrain_config``, src/megatron/bridge/recipes/qwen/qwen3_moe.py@2afd2d3:
+    ``zero1_ep_fold_sp`` (the layout of :func:`_zoo_235b`). Qwen3-235B-A22B's pipeline split
+    counts the embedding and the loss as a layer each, as the recipe the perf scripts build on
+    sets them (``qwen3_235b_a22b_pretrain_config``,
+    src/megatron/bridge/recipes/qwen/qwen3_moe.py@2afd2d3:
     ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``).
     The FP8-CS recipe keeps the linear layers' weights in fp8 but the first and the last
     layer's (``fp8_params``: :data:`training_heldout.BRIDGE_FP8_CS_BF16_LAYERS`). The experts
     are Megatron-Core's (:data:`MEGATRON_WEIGHTING`). ``source``: the table the row is read
     from (the archive at 0a25f91 unless given); ``dispatch_once``: the perf config's flex
-    dispatcher with HybridEP (each token once to each device of its experts)."""
+    dispatcher with HybridEP (each token once to each device of its experts).
+
+    ``gpu`` ``"GB200"``: the ``b200`` preset with :data:`GB200_RACK`, its attention at the
+    preset's rates (no measured B200 attention kernel); ``precision`` ``"BF16"``: bf16
+    matmuls and weights; ``ep_overlap``: ``moe_a2a_overlap`` (None: the H100 configs', on for
+    Qwen3-235B-A22B alone); ``instead``: what else the row is planned with."""
     tp, pp, vp, ep = layout["tp"], layout["pp"], layout["vp"], layout["ep"]
-    fp8_params = training_heldout.BRIDGE_FP8_CS_BF16_LAYERS
     data = gpus // pp // tp
     # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on under interleaving
     # (src/megatron/bridge/training/comm_overlap.py@0685ff5, "PP overlap": vp_size > 1)
     # and its H100 Qwen3-235B configurations set moe_a2a_overlap (Megatron's combined 1F1B,
     # scripts/performance/configs/qwen/qwen3_workload_base_configs.py@01b2977); its
     # Qwen3-30B ones do not
-    overrides = {**CUDNN, "pp_overlap": pp > 1 and vp > 1, "ep_overlap": size == "235B-A22B"}
-    name = f"Megatron-Bridge {version} Qwen3-{size} FP8, {gpus} H100"
+    if ep_overlap is None:
+        ep_overlap = size == "235B-A22B"
+    if gpu == "H100":
+        hw, overrides = "h100", dict(CUDNN)
+    else:
+        hw, overrides = "b200", dict(GB200_RACK) if gpu == "GB200" else {}
+        rack = ("a GB200 rack as 64 B200s on one NVLink domain (GB200_RACK)",)
+        instead = (
+            "the attention at the preset's matmul rate, counted non-causal (the B200 preset "
+            "has no measured attention kernel)",
+            *(rack if gpu == "GB200" else ()),
+            *instead,
+        )
+    overrides.update(pp_overlap=pp > 1 and vp > 1, ep_overlap=ep_overlap)
+    fp8 = (
+        {
+            "matmul_dtype": "fp8",
+            "fp8_saved_inputs": "fp8",
+            "fp8_params": training_heldout.BRIDGE_FP8_CS_BF16_LAYERS,
+        }
+        if precision == "FP8"
+        else {}
+    )
+    split = "embedding+loss" if size == "235B-A22B" else "layers"
+    name = f"Megatron-Bridge {version} Qwen3-{size} {precision}, {gpus} {gpu}"
     config = _preset(
         f"qwen3-{size.lower()}", batch, 4096, dispatch_once=dispatch_once, **MEGATRON_WEIGHTING
     )
     if tp == 1:
         return MoeRun(
-            name, source, config, "h100", gpus, measured_s, "zero1_ep",
+            name, source, config, hw, gpus, measured_s, "zero1_ep",
             (("stage", pp), ("data", data // ep), ("expert", ep)), batch // (data * mbs), None,
-            vp, overrides=overrides, matmul_dtype="fp8", fp8_saved_inputs="fp8",
-            fp8_params=fp8_params, sweep=sweep,
+            vp, pipeline_split=split, overrides=overrides, instead=instead, sweep=sweep, **fp8,
         )  # fmt: skip
     mesh = (("stage", pp), ("data", data * tp // ep), ("expert", ep // tp), ("model", tp))
     return MoeRun(
-        name, source, config, "h100", gpus, measured_s, "zero1_ep_fold_sp", mesh,
-        batch // (data * mbs), None, vp, pipeline_split="embedding+loss", overrides=overrides,
-        matmul_dtype="fp8", fp8_saved_inputs="fp8", fp8_params=fp8_params, sweep=sweep,
+        name, source, config, hw, gpus, measured_s, "zero1_ep_fold_sp", mesh,
+        batch // (data * mbs), None, vp, pipeline_split=split, overrides=overrides,
+        instead=instead, sweep=sweep, **fp8,
     )  # fmt: skip
 
 
@@ -401,7 +466,7 @@ QWEN30_SWEEP = "Qwen3-30B-A3B on 16 H100"
 def _bridge_qwen30_fp8(version: str, step: float, source: str, **layout: Any) -> MoeRun:
     """A Megatron-Bridge release's Qwen3-30B-A3B fp8 row of the sweep (:data:`QWEN30_SWEEP`):
     16 H100s, global batch 1024, micro-batch 1, the ``layout`` its table states."""
-    return _bridge_qwen3_fp8(
+    return _bridge_qwen3(
         version, "30B-A3B", 16, 1024, 1, step, source=source, sweep=QWEN30_SWEEP, **layout
     )
 
@@ -1001,8 +1066,8 @@ RUNS = [
         _bridge_qwen30_fp8(version, step, source, tp=1, pp=2, vp=12, ep=8)
         for version, step, source in (("26.02", 51.27, _BRIDGE), ("26.02.01", 28.941, _BRIDGE_FORK))
     ),
-    _bridge_qwen3_fp8("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),
-    _bridge_qwen3_fp8(
+    _bridge_qwen3("25.11", "30B-A3B", 16, 512, 2, 24.848, tp=1, pp=2, vp=24, ep=8),
+    _bridge_qwen3(
         "26.02",
         "235B-A22B",
         256,
@@ -1019,7 +1084,7 @@ RUNS = [
     # s), 26.04.01 "... | 1712 | 253" (76.561 s): the H100 FP8_CS_V2 config
     # (:data:`_QWEN3_H100_CONFIGS`), all-to-all dispatch with moe_a2a_overlap
     *(
-        _bridge_qwen3_fp8(
+        _bridge_qwen3(
             version,
             "235B-A22B",
             256,
@@ -1034,7 +1099,7 @@ RUNS = [
         )
         for version, step in (("26.02.01", 81.361), ("26.04", 77.741), ("26.04.01", 76.561))
     ),
-    _bridge_qwen3_fp8("25.11", "235B-A22B", 256, 2048, 1, 20.805, tp=2, pp=8, vp=4, ep=32),
+    _bridge_qwen3("25.11", "235B-A22B", 256, 2048, 1, 20.805, tp=2, pp=8, vp=4, ep=32),
     _bridge_qwen30_bf16(
         "all-to-all, no EP overlap",
         _PR3862,
