@@ -2,7 +2,7 @@
 calibrated on: each run (a) planned as it ran, its layout pinned, and (b) the planner's own
 best plan for the same model, devices and global batch, both against the measured step.
 
-The runs are 75 published mixture-of-experts training runs, each row with its source and the
+The runs are 87 published mixture-of-experts training runs, each row with its source and the
 figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2 and GPT-OSS
 on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on 256 H100 (and
 Qwen3-Next-80B); Marin's 360B mixture under EP 64 and under FSDP on one GB200 rack;
@@ -12,7 +12,11 @@ at 8192 and one at 2048, Qwen3-30B-A3B fp8 in five at 1024 and one at 512), and 
 Qwen3-30B-A3B on 16 H100 at global batch 1024 in seven bf16 runs of its pull requests
 (all-to-all against HybridEP dispatch, EP overlap on and off, TP 2, two recomputations); the
 summary's H100 rows not written (25.09's token-dropping and DeepSeek-V3 rows, Nemotron 3 Nano)
-are listed in a comment with why; MaxText's Mixtral
+are listed in a comment with why; the same summary's Blackwell BF16 mixture rows, GPT-OSS 120B
+on 64 B200 and on 64 GB200 in five releases each (25.11 to 26.04.01) and Qwen3-235B-A22B on
+256 GB200 (25.11), with DeepSeek-V3's 25.11 GB200 row listed and not judged, its MXFP8 rows
+and the GB300's and B300's in a comment with why, reported under their hardware and apart
+from the H100 rows in the Megatron-Bridge lines; MaxText's Mixtral
 8x22B on TPU v6e-256, DeepSeek-V3 and Llama 4 on TPU v5p; and two sweeps on TPU, listed and not
 judged: Marin's grug MoE trial shape on v5p-256 under EP 16 and EP 32, each by all-to-all and by
 ring dispatch (its sequence length, recomputation and optimizer unpublished), and MaxText's
@@ -578,6 +582,82 @@ _UNFUSED_PERMUTE = (
     "fused MoE permutation path failed in prior bring-up')"
 )
 _TE_GRAPHS = "no CUDA graphs (the run: Transformer Engine's, of the MoE router's scopes)"
+
+#: Megatron-Bridge's Blackwell mixture rows (DGX-B200: the ``b200`` preset; DGX-GB200: it with
+#: :data:`GB200_RACK`, as ``training_heldout.py`` plans the dense ones), from the same tables:
+#: 25.11 and 26.02 from the archive at 0a25f91 (:data:`_BRIDGE`), 26.02.01, 26.04 and 26.04.01
+#: from the NeMo automation account's fork (:data:`_BRIDGE_FORK`); each step GBS x sequence /
+#: (64 x tokens/s/GPU), and each row's model TFLOP/s over its tokens/s gives GPT-OSS 120B's
+#: 27.1-27.2 GFLOP a token at sequence 4096, as the H100 rows (30.7 at 25.11 GB200's 8192). The
+#: BF16 rows are written: GPT-OSS 120B, 64 GPUs, GBS 1280, MBS 4, TP 1, PP 1 ("DGX-B200 | 64 |
+#: BF16 | 1280 | 4 | 4096 | 0 | 1 | 1 | 1 | n/a | 8 | 13568 | 369" at 26.04.01; 26.04 "... |
+#: 13045 | 355", 26.02.01 "... | 13722 | 373", 26.02 "... | n/a | 64 | 8047 | 219"; "DGX-GB200 |
+#: 64 | BF16 | 1280 | 4 | 4096 | 0 | 1 | 1 | 1 | n/a | 64 | 16640 | 452" at 26.04.01, 26.04
+#: "... | 15938 | 433", 26.02.01 "... | 15754 | 428", 26.02 "... | 15784 | 428"), and 25.11's
+#: "GPT OSS 120B | 64 | BF16 | 512 | 4 | 4096 | 0 | 1 | 1 | 1 | 1 | 8 | 2 | 8213 | 223" (B200)
+#: and "GPT OSS 120B | 64 | BF16 | 1280 | 1 | 8192 | 0 | 1 | 1 | 1 | 1 | 64 | 20 | 15876 | 488"
+#: (GB200), "Qwen3_235B_a22B | 256 | BF16 | 8192 | 1 | 4096 | 0 | 1 | 8 | 1 | 3 | 32 | 256 |
+#: 4916 | 728" (GB200, 148.1 GFLOP a token as the H100 rows) and "DeepSeekV3 (w/o MTP) | 256 |
+#: BF16 | 4096 | 1 | 4096 | 0 | 1 | 4 | 1 | 4 | 64 | 64 | 3139 | 782" (GB200, listed: below).
+#:
+#: GPT-OSS's perf configs (scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py),
+#: each version at the release it matches: @1e7adfa, whose V2 (GBS 1280) runs the B200 at EP 64
+#: as the 26.02 row does (``GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 = replace(..._B200_BF16_V1,
+#: global_batch_size=1280)``, V1 ``expert_model_parallel_size=64, micro_batch_size=4,
+#: recompute_modules=["layernorm", "moe_act"]``; the GB200's the same), no flex backend and no
+#: A2A overlap; zidanehuang001/Megatron-Bridge@8e0fe90 (the 26.02.01 page's commit): the B200's
+#: V2 ``expert_model_parallel_size=8, moe_flex_dispatcher_backend="hybridep"``, the GB200's
+#: ``moe_flex_dispatcher_backend="hybridep", moe_a2a_overlap=True``; radixark/Megatron-Bridge
+#: @d063066 (the 26.04 page's commit; NVIDIA-NeMo@07eea52 the same, no version tied to 26.04.01,
+#: whose rows state the 26.04 layout): the B200's ``expert_model_parallel_size=8``, the GB200's
+#: ``moe_a2a_overlap=True``, neither a flex backend. The recipe (src/megatron/bridge/recipes/
+#: gpt_oss/gpt_oss.py@d063066, ``gpt_oss_120b_pretrain_config``) sets
+#: ``moe_token_dispatcher_type = "alltoall"``, ``cuda_graph_impl = "none"``,
+#: ``recompute_granularity = None``; the perf script's ``set_workload_base_configs``
+#: (scripts/performance/utils/overrides.py, NVIDIA-NeMo@00538e2, zidanehuang001@8e0fe90 and
+#: radixark@d063066 alike) passes the config's ``recompute_modules`` to
+#: ``_set_recompute_overrides``, which sets ``recompute_granularity = "selective"`` with them
+#: (the norms and the experts' activation recomputed, :data:`ZOO_NORM_ACT`), and
+#: ``moe_a2a_overlap`` to ``_set_moe_a2a_overlap_overrides`` (``overlap_moe_expert_parallel_comm``
+#: and ``delay_wgrad_compute``). No stored config states 25.11's Blackwell GPT-OSS layouts (B200
+#: GBS 512 at EP 8, GB200 MBS 1 at sequence 8192): their recomputation is not stated, their
+#: dispatcher the recipe's all-to-all. 25.11's Qwen3-235B-A22B GB200 layout (PP 8, VP 3, EP 32 on
+#: 256) is in no stored config either (the stored GB200 BF16 V2 configs run PP 8 x EP 8): written
+#: with the all-to-all, no A2A overlap and the recomputation not stated.
+_BRIDGE_BW_GPTOSS = f"{_MB} scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py"
+_BRIDGE_BW_GPTOSS_2602 = (
+    f"{_BRIDGE_BW_GPTOSS}@1e7adfa (V2: EP 64, all-to-all), utils/overrides.py@00538e2 "
+    "(selective recompute of layernorm, moe_act)"
+)
+_BRIDGE_BW_GPTOSS_260201 = (
+    "zidanehuang001/Megatron-Bridge scripts/performance/configs/gpt_oss/"
+    "gpt_oss_workload_base_configs.py@8e0fe90 (V2: HybridEP; GB200 A2A overlap), "
+    "utils/overrides.py@8e0fe90 (selective recompute of layernorm, moe_act)"
+)
+_BRIDGE_BW_GPTOSS_2604 = (
+    "radixark/Megatron-Bridge scripts/performance/configs/gpt_oss/"
+    "gpt_oss_workload_base_configs.py@d063066 (V2: all-to-all; GB200 A2A overlap), "
+    "utils/overrides.py@d063066 (selective recompute of layernorm, moe_act)"
+)
+_BRIDGE_BW_2511 = "no stored perf config of this layout (the recipe's all-to-all)"
+#: The Blackwell mixture rows of the same tables not written, and why:
+#: DeepSeek-V3 25.11 GB200 BF16 is listed with ``cannot=`` (RUNS); every other Blackwell mixture
+#: row is MXFP8 (FP8-MX), which the planner does not price (its fp8 is tensorwise scaling alone,
+#: ``matmul_dtype`` "bfloat16" or "fp8", as ``training_heldout.py`` leaves the dense MXFP8 rows):
+#: DGX-B200 Qwen3-30B-A3B (8 GPUs, GBS 512: 26.04.01 27136, 26.04 26859, 26.02.01 26695 at MBS 4,
+#: 26.02 9691 at MBS 1, 25.11 9299 tokens/s/GPU), Qwen3-235B-A22B (256 GPUs, PP 8, EP 8: 26.04.01
+#: 3776, 26.02 3805; 25.11 64 GPUs, GBS 1024, PP 8, VP 2: 3269) and DeepSeek-V3 (256 GPUs: 26.04.01
+#: 3328 at PP 8, VP 2, EP 32; 26.04 2815, 26.02.01 2790, 26.02 2689 at PP 16, EP 8; 25.11 "w/ MTP"
+#: GBS 2048: 2139); DGX-GB200 Qwen3-30B-A3B (26.08.01 40960, 26.08 39936, 26.06.01 40960, 26.06
+#: 40706, 26.04.01 26112, 26.04 26032, 26.02.01 26373, 26.02 26084, 25.11 23766), Qwen3-235B-A22B
+#: (26.08.01 7264, 26.08 7280, 26.06.01 7360, 26.06 7376, 26.04.01 5680, 26.04 5672, 26.02.01
+#: 5530, 26.02 5448), DeepSeek-V3 (26.08.01 4912, 26.08 4912, 26.06.01 4928, 26.06 4969, 26.04.01
+#: 4256, 26.04 4193, 26.02.01 4021, 26.02 3955, 25.11 4018) and GPT-OSS 120B (26.08.01 28544,
+#: 26.08 28672, 26.06.01 18304, 26.06 28947); 25.09's GB200 and B200 rows are token-dropping with
+#: no precision column (as its H100 rows); Nemotron 3 Nano, Super, Ultra and 3.5 Lightning
+#: (hybrids of Mamba and attention layers, the decoder cannot write them) and DeepSeek-V4 Flash
+#: (no preset) are listed nowhere else; the DGX-GB300 and DGX-B300 rows of every release (GPT-OSS
+#: 120B BF16 among them) have no preset (as ``training_heldout.py``'s GB300 rows).
 
 
 def _bridge_qwen30_bf16(
@@ -1181,6 +1261,135 @@ RUNS = [
             ("26.06", 29.701, _BRIDGE_FORK_QWEN3),
         )
     ),
+    # Megatron-Bridge's Blackwell rows (the tables and configs: the block above
+    # _bridge_qwen30_bf16): GPT-OSS 120B on 64 B200, then on 64 GB200
+    _bridge_gptoss("25.11", 512, 4, 3.990, gpu="B200", pp=1, ep=8, config=_BRIDGE_BW_2511),
+    _bridge_gptoss(
+        "26.02",
+        1280,
+        4,
+        10.180,
+        gpu="B200",
+        pp=1,
+        ep=64,
+        remat=ZOO_NORM_ACT,
+        config=_BRIDGE_BW_GPTOSS_2602,
+    ),
+    _bridge_gptoss(
+        "26.02.01",
+        1280,
+        4,
+        5.970,
+        source=_BRIDGE_FORK,
+        gpu="B200",
+        pp=1,
+        ep=8,
+        remat=ZOO_NORM_ACT,
+        dispatch_once=True,
+        config=_BRIDGE_BW_GPTOSS_260201,
+    ),
+    *(
+        _bridge_gptoss(
+            version,
+            1280,
+            4,
+            step,
+            source=_BRIDGE_FORK,
+            gpu="B200",
+            pp=1,
+            ep=8,
+            remat=ZOO_NORM_ACT,
+            config=_BRIDGE_BW_GPTOSS_2604,
+        )
+        for version, step in (("26.04", 6.280), ("26.04.01", 6.038))
+    ),
+    _bridge_gptoss(
+        "25.11", 1280, 1, 10.320, gpu="GB200", pp=1, ep=64, seq=8192, config=_BRIDGE_BW_2511
+    ),
+    _bridge_gptoss(
+        "26.02",
+        1280,
+        4,
+        5.190,
+        gpu="GB200",
+        pp=1,
+        ep=64,
+        remat=ZOO_NORM_ACT,
+        config=_BRIDGE_BW_GPTOSS_2602,
+    ),
+    _bridge_gptoss(
+        "26.02.01",
+        1280,
+        4,
+        5.200,
+        source=_BRIDGE_FORK,
+        gpu="GB200",
+        pp=1,
+        ep=64,
+        remat=ZOO_NORM_ACT,
+        dispatch_once=True,
+        ep_overlap=True,
+        config=_BRIDGE_BW_GPTOSS_260201,
+    ),
+    *(
+        _bridge_gptoss(
+            version,
+            1280,
+            4,
+            step,
+            source=_BRIDGE_FORK,
+            gpu="GB200",
+            pp=1,
+            ep=64,
+            remat=ZOO_NORM_ACT,
+            ep_overlap=True,
+            config=_BRIDGE_BW_GPTOSS_2604,
+        )
+        for version, step in (("26.04", 5.140), ("26.04.01", 4.923))
+    ),
+    # 8192 x 4096 / (256 x 4916) = 26.662 s
+    _bridge_qwen3(
+        "25.11",
+        "235B-A22B",
+        256,
+        8192,
+        1,
+        26.662,
+        source=f"{_BRIDGE}; {_BRIDGE_BW_2511}",
+        gpu="GB200",
+        precision="BF16",
+        ep_overlap=False,
+        tp=1,
+        pp=8,
+        vp=3,
+        ep=32,
+        instead=(
+            "the all-to-all dispatcher and no A2A overlap (no stored perf config of this layout)",
+        ),
+    ),
+    # 4096 x 4096 / (256 x 3139) = 20.878 s
+    MoeRun(
+        "Megatron-Bridge 25.11 DeepSeek-V3 BF16, PP 4 x EP 64, 256 GB200",
+        f"{_BRIDGE}; {_BRIDGE_BW_2511}",
+        _preset("deepseek-v3", 4096, 4096, **MEGATRON_WEIGHTING),
+        "b200",
+        256,
+        20.878,
+        "zero1_ep",
+        (("stage", 4), ("data", 1), ("expert", 64)),
+        64,
+        None,
+        4,
+        overrides=GB200_RACK,
+        cannot="the recipe's PP 4 x VP 4 layout puts the embedding and 4 layers in the first "
+        "model chunk, 4 in each of the next 14 and 1 with the loss in the last "
+        "(set_deepseek_v3_pipeline_model_parallel_layout, radixark/Megatron-Bridge "
+        "src/megatron/bridge/recipes/deepseek/deepseek_v3.py@d063066), which the planner's "
+        "split does not write; its optimizer keeps bf16 moments and gradients "
+        "(use_precision_aware_optimizer); and no stored perf config states 25.11's dispatcher "
+        "or recomputation (the stored GB200 ones, at GBS 2048, set HybridEP with "
+        "recompute_modules mla_up_proj or mlp)",
+    ),
     MoeRun(
         "MaxText Mixtral 8x22B, FSDP 64 x EP 4, v6e-256",
         f"{_RECIPES} trillium/Mixtral-8x22B-MaxText",
@@ -1455,8 +1664,12 @@ _FRAMEWORKS = {
 
 
 def _framework(run: MoeRun) -> str:
-    """The software that ran ``run`` (:data:`_FRAMEWORKS`, by its name's first word)."""
-    return _FRAMEWORKS[run.name.split()[0]]
+    """The software that ran ``run`` (:data:`_FRAMEWORKS`, by its name's first word);
+    Megatron-Bridge's Blackwell rows apart from its H100 ones."""
+    framework = _FRAMEWORKS[run.name.split()[0]]
+    if framework == "Megatron-Bridge" and run.hardware == "b200":
+        return f"{framework} on Blackwell (B200 and GB200)"
+    return framework
 
 
 def _ranking(rows: list[Row]) -> None:
@@ -1553,14 +1766,14 @@ def main() -> None:
     print()
     _summary("held out", rows)
 
-    # a GB200 run is a B200 with the rack's figures; one node of B200s is apart
+    # a GB200 run is a B200 with the rack's figures; the B200 runs are DGX-B200 nodes of 8
     def rack(r: MoeRun) -> bool:
         return (r.overrides or {}).items() >= GB200_RACK.items()
 
     for title, kept in (
         ("held out, H100", lambda r: r.hardware == "h100"),
         ("held out, GB200", lambda r: r.hardware == "b200" and rack(r)),
-        ("held out, B200 (one node)", lambda r: r.hardware == "b200" and not rack(r)),
+        ("held out, B200", lambda r: r.hardware == "b200" and not rack(r)),
         ("held out, TPU", lambda r: r.hardware.startswith("tpu-")),
     ):
         _summary(title, [r for r in rows if kept(r.run)])
