@@ -274,11 +274,14 @@ def _zoo_235b(
 #: @07eea52 among them): ``replace(BASE_GPT_OSS_120B_CONFIG, pipeline_model_parallel_size=4,
 #: recompute_modules=["layernorm", "moe_act"])`` over ``num_gpus=64,
 #: expert_model_parallel_size=8, expert_tensor_parallel_size=1, global_batch_size=512,
-#: micro_batch_size=1``. The recompute modules are inert: Megatron-Core recomputes them only
-#: under ``recompute_granularity == 'selective'`` (its grouped experts' ``activation_recompute``),
-#: which neither the perf script (``set_gpt_oss_common_configs``,
-#: ``_set_recompute_overrides`` in scripts/performance/utils/overrides.py) nor the recipe
-#: (``gpt_oss_120b_pretrain_config``) sets, so the rows keep the default (none).
+#: micro_batch_size=1``. Megatron-Core recomputes the modules only under
+#: ``recompute_granularity == 'selective'`` (its grouped experts' ``activation_recompute``).
+#: The perf script's ``_set_recompute_overrides`` (scripts/performance/utils/overrides.py) sets
+#: it with them since pull 1653 ("selective granularity recompute", merged 2025-12-09:
+#: ``model.recompute_granularity = "selective"``; NVIDIA-NeMo@00538e2, zidanehuang001@8e0fe90,
+#: radixark@d063066), so the 26.02 release and later recompute the norms and the experts'
+#: activation (:data:`ZOO_NORM_ACT`); the 25.11 release's script set the modules alone (the
+#: version without the line), and its row keeps the default (none).
 _BRIDGE_GPTOSS_CONFIG = (
     "NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/gpt_oss/"
     "gpt_oss_workload_base_configs.py@07eea52 (H100: PP 4, EP 8, GBS 512, MBS 1)"
@@ -310,14 +313,16 @@ def _bridge_gptoss(
     H100 row says MBS 4 and GA 2, which its own GBS 512 and data parallel 16 (64 GPUs over
     PP 4) contradict (16 x 4 x 2 = 128); the config's MBS 1 runs 512 = 16 x 1 x 32, as the
     26.02 row states it (MBS 1). ``source``: the table the row is read from (the archive at
-    0a25f91 unless given).
+    0a25f91 unless given); ``remat``: the recomputation the perf config sets (None: not
+    stated; on H100 the norms' and the experts' activation from 26.02, none at 25.11, as the
+    comment of :data:`_BRIDGE_GPTOSS_CONFIG` reads the perf script).
 
     On Blackwell (``gpu`` ``"B200"``: the ``b200`` preset; ``"GB200"``: it with
     :data:`GB200_RACK`) the rows run PP 1 (``pp``) and EP ``ep`` over the 64 GPUs' data
     parallel 64, ``zero1_ep`` on ``data=64/ep,expert=ep``, at the sequence ``seq`` the table
     states, the attention at the preset's rates (the B200 has no measured attention kernel,
-    as ``training_heldout.py``'s Blackwell rows), with the recomputation ``remat`` the perf
-    config sets (None: not stated), ``dispatch_once`` for HybridEP's flex dispatcher and
+    as ``training_heldout.py``'s Blackwell rows), ``dispatch_once`` for HybridEP's flex
+    dispatcher and
     ``ep_overlap`` for ``moe_a2a_overlap`` (Megatron's combined 1F1B, which delays the
     experts' weight gradients: ``_set_moe_a2a_overlap_overrides``, ``delay_wgrad_compute =
     True``); ``config``: the perf config the row is read with."""
@@ -1127,14 +1132,14 @@ RUNS = [
     # 64 GPUs its experts are split over
     _marin_hero("EP 64", 316_473, "fsdp_ep", (("data", 1), ("expert", 64))),
     _marin_hero("FSDP 64 (control)", 235_125, "fsdp", (("data", 64),)),
-    _bridge_gptoss("25.11", 512, 1, 5.82),
-    _bridge_gptoss("26.02", 1280, 1, 13.669),
+    _bridge_gptoss("25.11", 512, 1, 5.82, remat="none"),
+    _bridge_gptoss("26.02", 1280, 1, 13.669, remat=ZOO_NORM_ACT),
     # the fork's archive: 26.02.01 "DGX-H100 | 64 | BF16 | 1280 | 1 | 4096 | 0 | 1 | 4 | 1 | n/a |
     # 8 | 5984 | 163" (1280 x 4096 / (64 x 5984) = 13.690 s), 26.04 "... | 5810 | 158" (14.100
     # s), 26.04.01 "... | 5824 | 158" (14.066 s); the 26.06 archive has no GPT-OSS H100 row
-    _bridge_gptoss("26.02.01", 1280, 1, 13.690, source=_BRIDGE_FORK),
-    _bridge_gptoss("26.04", 1280, 1, 14.100, source=_BRIDGE_FORK),
-    _bridge_gptoss("26.04.01", 1280, 1, 14.066, source=_BRIDGE_FORK),
+    _bridge_gptoss("26.02.01", 1280, 1, 13.690, source=_BRIDGE_FORK, remat=ZOO_NORM_ACT),
+    _bridge_gptoss("26.04", 1280, 1, 14.100, source=_BRIDGE_FORK, remat=ZOO_NORM_ACT),
+    _bridge_gptoss("26.04.01", 1280, 1, 14.066, source=_BRIDGE_FORK, remat=ZOO_NORM_ACT),
     # 1024 x 4096 / (16 x 5113) = 51.27 s: the archive's 26.02 row (5113 tokens/s/GPU, 118
     # TFLOP/s/GPU, 23.1 GFLOP a token as every Qwen3-30B row; the NeMo fork's archive@52dfa15
     # repeats it). The 26.02 release's own page (docs/performance-summary.md@df0289c) printed
