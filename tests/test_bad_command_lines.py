@@ -81,7 +81,9 @@ BAD: list[tuple[list[str], str]] = [
         ["plan", "--devices", "8", "--model", "tiny", "--png", "{tmp}/r", "--report", "{tmp}/./r"],
         "--png and --report both write",
     ),
-    (["plan", "--devices", "8", "--model", "tiny", "--report", "{tmp}/adir"], "is a folder"),
+    # the example file name of the result's kind
+    (["plan", "--devices", "8", "--model", "tiny", "--report", "{tmp}/adir"], "adir/report.md'"),
+    (["plan", "--devices", "8", "--model", "tiny", "--png", "{tmp}/adir"], "adir/out.png'"),
     (["plan", "--devices", "2000000", "--model", "tiny"], "at most 1,048,576"),
     (["plan", "--devices", "8", "--model", "tiny", "--mesh", "data=16"], "has 16 devices"),
     (

@@ -69,15 +69,16 @@ def _path_error(path: Path, e: OSError) -> OutputPathError:
     )
 
 
-def refuse_non_file(path: str | os.PathLike[str]) -> Path:
+def refuse_non_file(path: str | os.PathLike[str], example: str = "out.json") -> Path:
     """``path`` as a :class:`~pathlib.Path`; an :class:`OutputPathError` when it is empty, a
-    folder, or inside a file, so it cannot be a file."""
+    folder, or inside a file, so it cannot be a file (the error's ``example``: a file name of
+    the kind the result is)."""
     if not str(path).strip():
-        raise OutputPathError("the output file path is empty; give a file name, e.g. out.json")
+        raise OutputPathError(f"the output file path is empty; give a file name, e.g. {example}")
     p = Path(path)
     if p.is_dir():
         raise OutputPathError(
-            f"{str(p)!r} is a folder, not a file; give a file name, e.g. {str(p / 'out.json')!r}"
+            f"{str(p)!r} is a folder, not a file; give a file name, e.g. {str(p / example)!r}"
         )
     for parent in p.parents:
         if parent.exists():

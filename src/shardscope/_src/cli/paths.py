@@ -13,10 +13,14 @@ from shardscope._src.base.errors import OutputPathError
 from shardscope._src.base.records import STDOUT
 
 
-def check_file_path(path: str | os.PathLike[str]) -> Path:
+#: A file name of the kind each result flag writes, for its errors (default ``out.json``).
+_EXAMPLES = {"--png": "out.png", "--report": "report.md"}
+
+
+def check_file_path(path: str | os.PathLike[str], example: str = "out.json") -> Path:
     """Refuses a result file path that cannot be a file, or whose nearest existing folder
-    cannot be written."""
-    p = refuse_non_file(path)
+    cannot be written (``example``: a file name of the result's kind, for the error)."""
+    p = refuse_non_file(path, example)
     for parent in p.parents:
         if parent.exists():
             try:  # the one sure test of writability is writing
@@ -44,7 +48,7 @@ def check_output_paths(
     for flag, path in paths.items():
         if path is None or os.fspath(path) == STDOUT:
             continue
-        check_file_path(path)
+        check_file_path(path, _EXAMPLES.get(flag, "out.json"))
         key = os.path.realpath(path)
         if key in read:
             raise OutputPathError(
