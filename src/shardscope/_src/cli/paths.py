@@ -12,7 +12,6 @@ from shardscope._src.base.atomic import refuse_non_file
 from shardscope._src.base.errors import OutputPathError
 from shardscope._src.base.records import STDOUT
 
-
 #: A file name of the kind each result flag writes, for its errors (default ``out.json``).
 _EXAMPLES = {"--png": "out.png", "--report": "report.md"}
 
