@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import jax
@@ -112,6 +113,22 @@ def test_the_explicit_program_joins_through_the_command_line(explicit_cli):
     assert read_trace(out / "trace").files  # the trace was kept where asked
 
 
+def test_a_trace_joined_to_its_program_compiled_for_the_cpu_gets_its_devices(
+    explicit_cli, monkeypatch, capsys
+):
+    from shardscope._src.cli import profile as cli_profile
+    from shardscope._src.cli.main import main
+
+    simulated = []  # what a fresh process would simulate before JAX starts
+    monkeypatch.setattr(cli_profile, "simulate_devices", simulated.append)
+    _, _, out = explicit_cli
+    ref = f"{PROGRAMS / 'explicit_llama.py'}:make_step"
+    argv = ["profile", "--trace", str(out / "trace"), ref, "--mesh", "data=2,model=4"]
+    assert main([*argv, "--target", "cpu"]) == 0
+    assert simulated == [2 * 4]
+    assert "names alone" in capsys.readouterr().out
+
+
 def test_step_figures_add_up_and_the_timeline_marks_only_uncovered_time(profiled):
     for p, _ in profiled.values():
         for s in p.per_step:
@@ -151,12 +168,24 @@ def test_hardware_prices_the_predictions_beside_the_measured(two_programs):
     assert (c.events, c.time_s) == (plain.collectives[0].events, plain.collectives[0].time_s)
 
 
+def test_an_audit_read_from_json_names_the_way_to_price_it(two_programs, tmp_path):
+    folder, audit_a, _ = two_programs
+    path = write_result(tmp_path / "a.json", audit_a)
+    plain = profile_trace(folder, path)
+    assert plain.priced_on is None
+    text = " ".join(format_profile(plain, width=400).split())  # the caption wraps
+    assert "join the trace to the program" in text
+    with pytest.raises(shardscope.ProfileError, match="--mesh SPEC --hardware h100") as e:
+        profile_trace(folder, path, hardware="h100")
+    assert e.value.params == ("hardware",)
+
+
 # -- traces that do not join: one error, nothing written ------------------------------------
 
 
-def _psum_step(name):
-    """A jitted step called ``name`` whose one collective sums over all 8 devices."""
-    mesh = shardscope.make_mesh("data=8")
+def _psum_step(name, devices=8):
+    """A jitted step called ``name`` whose one collective sums over ``devices`` devices."""
+    mesh = shardscope.make_mesh(f"data={devices}", devices=jax.devices()[:devices])
 
     def step(x):
         return jnp.sum(x, axis=0)
@@ -210,6 +239,54 @@ def test_a_trace_of_another_program_is_refused(two_programs):
     assert same_name.module_name == audit_a.module_name
     with pytest.raises(shardscope.ProfileError, match="does not have"):
         profile_trace(folder, same_name)
+
+
+def test_a_trace_of_the_program_on_another_mesh_is_refused(two_programs):
+    folder, audit_a, _ = two_programs
+    # the same step on 4 devices: its program's name is the traced one's, and its mesh is not
+    on_four = shardscope.audit(*_psum_step("a", devices=4))
+    assert on_four.module_name == audit_a.module_name
+    with pytest.raises(shardscope.ProfileError, match="ran on 8 devices.*data=4 has 4"):
+        profile_trace(folder, on_four)
+
+
+def test_a_joined_trace_says_it_matched_by_names_and_which_session_it_read(
+    two_programs, profiled, tmp_path
+):
+    folder, audit_a, _ = two_programs
+    run_here, _ = profiled["dp"]
+    assert run_here.joined_by == "run"
+    assert "names alone" not in format_profile(run_here, width=400)
+    joined = profile_trace(folder, audit_a)
+    assert (joined.joined_by, joined.sessions) == ("names", 1)
+    assert "names alone" in format_profile(joined, width=400)
+    # the folder traced again earlier: two sessions, the newest read and named
+    (session,) = {Path(f).parent for f in read_trace(folder).files}
+    twice = tmp_path / "twice"
+    shutil.copytree(folder, twice)
+    shutil.copytree(session, twice / session.relative_to(folder).parent / "2000_01_01_00_00_00")
+    again = profile_trace(twice, audit_a)
+    assert (again.session, again.sessions) == (session.name, 2)
+    assert again.collectives == joined.collectives
+    assert f"read session {session.name}, the newest of the 2" in format_profile(again, width=400)
+    with pytest.raises(shardscope.ProfileError, match="newest of the 2"):
+        profile_trace(twice, shardscope.audit(*_psum_step("c")))
+
+
+def test_a_collective_of_several_scopes_is_one_row_naming_them(profiled):
+    p, audit = profiled["dp"]
+    parts = {c.name: {x.scope for x in c.parts} for c in audit.collectives}
+    combined = [c for c in p.collectives if len(parts[c.name]) > 1]
+    assert combined, "the data-parallel step reduces several layers' gradients at once"
+    rows = p.by_scope()
+    for c in combined:
+        (row,) = [r for r in rows if r.scopes and set(r.scopes) == parts[c.name]]
+        assert (row.axes, row.kind, row.count) == (c.axes, c.kind, c.count)
+        assert row.time_s == pytest.approx(c.step_time_s)
+        assert " + ".join(row.scopes) in format_profile(p, width=400, by_scope=True)
+    # every collective's time is in exactly one row
+    total = sum(c.step_time_s for c in p.collectives)
+    assert sum(r.time_s for r in rows) == pytest.approx(total)
 
 
 def test_a_folder_without_a_trace_or_device_events_is_refused(two_programs, tmp_path):

@@ -20,6 +20,7 @@ from shardscope._src.render.console import output_console
 from shardscope._src.render.profile import profile_width, render_profile
 from shardscope._src.render.profile_plot import plot_profile_timeline
 from shardscope._src.sharding.rules import load_rules_file
+from shardscope._src.targets.specs import Family, get_target
 
 
 def check_profile(c: ProfileConfig) -> None:
@@ -78,7 +79,7 @@ def run_profile(c: ProfileConfig) -> Profile:
         return profile_trace(c.trace, c.audit, hardware=c.hardware)
     assert c.program_ref is not None  # check_profile refused the command line otherwise
     axes = mesh_needed(c.mesh, f"profiling {c.program_ref}")
-    if c.compile_target is None:
+    if c.compile_target is None or get_target(c.compile_target).family == Family.CPU:
         simulate_devices(math.prod(axes.values()))
     make_step = load_program(c.program_ref)
     options: dict[str, Any] = {

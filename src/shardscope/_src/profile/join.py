@@ -22,6 +22,7 @@ time. A collective's exposed time is the part of its event outside the device's 
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from bisect import bisect_right
@@ -32,6 +33,7 @@ from itertools import accumulate
 from shardscope._src.audit.records import Audit, Collective
 from shardscope._src.base import comm
 from shardscope._src.base.errors import ProfileError
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.profile.records import (
     MeasuredCollective,
     PredictedStep,
@@ -143,7 +145,14 @@ def collective_aliases(audit: Audit) -> tuple[dict[str, int], set[str]]:
     return runs, waits
 
 
-def _kinds(audit: Audit, ops: Iterable[str]) -> dict[str, int]:
+def _read(trace: Trace) -> str:
+    """``"; read session ..."`` where the trace's folder holds several sessions, else ``""``:
+    said with an error, for the newest session may not be the one meant."""
+    where = trace.where()
+    return f"; {where}" if where else ""
+
+
+def _kinds(trace: Trace, audit: Audit, ops: Iterable[str]) -> dict[str, int]:
     """Each instruction the program's events name as compute, communication or container;
     a :class:`ProfileError` for one that is not the audited program's."""
     runs, waits = collective_aliases(audit)
@@ -176,7 +185,7 @@ def _kinds(audit: Audit, ops: Iterable[str]) -> dict[str, int]:
             f"the trace's events of module {audit.module_name!r} name {len(strangers)} "
             f"{what} the audited program does not have ({shown}): it is a trace of another "
             f"program of that name, or of another compile of it; audit the program that ran "
-            f"(the same JAX, flags and target)"
+            f"(the same JAX, flags and target){_read(trace)}"
         )
     return out
 
@@ -212,12 +221,16 @@ def join(
     program: str,
     predicted: PredictedStep | None = None,
     keep_trace: bool = True,
+    joined_by: str = "names",
 ) -> Profile:
-    """The :class:`Profile` of ``trace``'s runs of ``audit``'s program.
+    """The :class:`Profile` of ``trace``'s runs of ``audit``'s program. ``joined_by``:
+    ``"run"`` where ``trace`` is of the audited executable, run here; ``"names"`` where it was
+    taken elsewhere, and only the names of the program and its instructions join the two.
 
     Raises:
-        ProfileError: the trace holds no event of the audit's module, or events of it that
-            name instructions the audited program lacks (a trace of another program).
+        ProfileError: the trace holds no event of the audit's module, events of it that name
+            instructions the audited program lacks (a trace of another program), or events on
+            more devices than the audit's mesh has (a trace of another mesh).
     """
     modules = trace.modules()
     mine = [e for e in trace.events if e.module == audit.module_name]
@@ -226,12 +239,22 @@ def join(
         raise ProfileError(
             f"the trace {trace.path!r} holds no event of program {audit.module_name!r} (the "
             f"audit's HLO module); it holds {found}: a trace of another program. Trace the "
-            f"audited program, or audit the one traced"
+            f"audited program, or audit the one traced{_read(trace)}"
         )
-    kinds = _kinds(audit, {e.op for e in mine})
+    devices = sorted({e.device for e in mine})
+    # A program compiled for a mesh runs on its devices: a trace of it on more is of another
+    # mesh. Fewer may be one host's file of several.
+    mesh_devices = math.prod(audit.mesh_axes.values())
+    if len(devices) > mesh_devices:
+        raise ProfileError(
+            f"the trace's events of program {audit.module_name!r} ran on {len(devices)} "
+            f"devices, and the audited program's mesh {format_mesh_spec(audit.mesh_axes)} has "
+            f"{mesh_devices}: a trace of the program on another mesh; audit it on the mesh "
+            f"that ran{_read(trace)}"
+        )
+    kinds = _kinds(trace, audit, {e.op for e in mine})
     runs, _ = collective_aliases(audit)
     steps = _steps(mine)
-    devices = sorted({e.device for e in mine})
     measures = [_Measure() for _ in audit.collectives]
     figures: list[StepFigures] = []
     rows_of_step: list[list[TimelineRow]] = []
@@ -283,6 +306,9 @@ def join(
         events=len(mine),
         other_events=len(trace.events) - len(mine),
         trace=trace.path if keep_trace else None,
+        joined_by=joined_by,
+        session=trace.session or None,
+        sessions=trace.sessions,
     ).with_audit(audit)
 
 
@@ -332,6 +358,7 @@ def _device_step(
 def _measured(c: Collective, m: _Measure, steps: int, devices: int) -> MeasuredCollective:
     per_step = [m.per_step.get(k, [0.0, 0.0]) for k in range(steps)]
     has = bool(m.durations)
+    scopes = tuple(dict.fromkeys(p.scope for p in c.parts))
     return MeasuredCollective(
         name=c.name,
         kind=c.kind,
@@ -350,4 +377,5 @@ def _measured(c: Collective, m: _Measure, steps: int, devices: int) -> MeasuredC
         step_exposed_s=statistics.median(x / devices for _, x in per_step),
         predicted_s=None if c.overlap is None else c.overlap.comm_s,
         predicted_exposed_s=None if c.overlap is None else c.overlap.exposed_s,
+        scopes=scopes if len(scopes) > 1 else (),
     )

@@ -98,6 +98,8 @@ class MeasuredCollective(Record):
             averaged over the devices: the median over the steps.
         predicted_s, predicted_exposed_s: one execution by the audit's pricing, and what of
             it the compute scheduled beside it does not hide (None: not priced).
+        scopes: the scopes of the arrays it carries, where it combines arrays of several
+            (two layers' gradients reduced in one all-reduce); empty otherwise (``scope``).
     """
 
     name: str
@@ -117,6 +119,7 @@ class MeasuredCollective(Record):
     step_exposed_s: float
     predicted_s: float | None = None
     predicted_exposed_s: float | None = None
+    scopes: tuple[str, ...] = ()
 
     @property
     def found(self) -> bool:
@@ -149,14 +152,17 @@ class MeasuredCollective(Record):
             step_exposed_s=float(need("step_exposed_s")),
             predicted_s=_opt_float(data.get("predicted_s")),
             predicted_exposed_s=_opt_float(data.get("predicted_exposed_s")),
+            scopes=tuple(str(x) for x in data.get("scopes", ())),
         )
 
 
 @dataclass(frozen=True)
 class ScopeRow(Record):
     """The collectives of one scope over one set of axes with one kind, per step: measured
-    beside predicted (None: the audit was not priced). A combined collective counts under its
-    own scope (a measured time cannot be split between the arrays it carries)."""
+    beside predicted (None: the audit was not priced). A collective that combines arrays of
+    several scopes is a row of its own, ``scopes`` naming them (``scope`` theirs in common):
+    one execution carries them all, and its measured time cannot be split between them,
+    where the audit's ``by_scope`` splits its bytes by array."""
 
     scope: str
     axes: str
@@ -166,6 +172,7 @@ class ScopeRow(Record):
     exposed_s: float
     predicted_s: float | None
     predicted_exposed_s: float | None
+    scopes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,12 @@ class Profile:
         events: instruction events of the program joined; ``other_events`` those of other
             programs in the trace, left out.
         trace: the trace it was read from (None: a temporary one, removed).
+        joined_by: ``"run"`` where the program was run here and traced (the executable the
+            audit compiled); ``"names"`` where a trace taken elsewhere was joined to an
+            audit by its program's and instructions' names, which is all a trace records of
+            them: not their shapes, nor the mesh.
+        session, sessions: the profiling session read (its folder's name) and how many the
+            trace's folder holds (the newest is read).
     """
 
     program: str
@@ -245,6 +258,9 @@ class Profile:
     events: int
     other_events: int
     trace: str | None = None
+    joined_by: str = "run"
+    session: str | None = None
+    sessions: int = 1
 
     def with_audit(self, audit: Audit) -> Profile:
         """This profile, holding the ``audit`` it was joined to (returns ``self``)."""
@@ -276,9 +292,10 @@ class Profile:
 
     def by_scope(self) -> tuple[ScopeRow, ...]:
         """Per step, per scope, axes and kind: measured beside predicted."""
-        rows: dict[tuple[str, str, str], list[Any]] = {}
+        rows: dict[tuple[str, tuple[str, ...], str, str], list[Any]] = {}
         for c in self.collectives:
-            row = rows.setdefault((c.scope, c.axes, c.kind), [0, 0.0, 0.0, 0.0, 0.0, True])
+            key = (c.scope, c.scopes, c.axes, c.kind)
+            row = rows.setdefault(key, [0, 0.0, 0.0, 0.0, 0.0, True])
             row[0] += c.count
             row[1] += c.step_time_s
             row[2] += c.step_exposed_s
@@ -287,18 +304,26 @@ class Profile:
             else:
                 row[3] += c.predicted_s * c.count
                 row[4] += c.predicted_exposed_s * c.count
-        order = sorted(rows, key=lambda k: k[0])  # stable: the audit's axes and kind order
-        return tuple(
-            ScopeRow(
-                *key,
-                rows[key][0],
-                rows[key][1],
-                rows[key][2],
-                rows[key][3] if rows[key][5] else None,
-                rows[key][4] if rows[key][5] else None,
+        out = []
+        # stable: the audit's axes and kind order; a combined collective's row after its
+        # scope's own
+        for key in sorted(rows, key=lambda k: (k[0], k[1])):
+            scope, scopes, axes, kind = key
+            count, time_s, exposed_s, predicted_s, predicted_exposed_s, priced = rows[key]
+            out.append(
+                ScopeRow(
+                    scope,
+                    axes,
+                    kind,
+                    count,
+                    time_s,
+                    exposed_s,
+                    predicted_s if priced else None,
+                    predicted_exposed_s if priced else None,
+                    scopes,
+                )
             )
-            for key in order
-        )
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data (:meth:`from_dict` reads it back)."""
@@ -335,4 +360,7 @@ class Profile:
             events=int(need("events")),
             other_events=int(need("other_events")),
             trace=None if trace is None else str(trace),
+            joined_by=str(data.get("joined_by", "run")),
+            session=None if data.get("session") is None else str(data["session"]),
+            sessions=int(data.get("sessions", 1)),
         )

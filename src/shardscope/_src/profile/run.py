@@ -120,6 +120,7 @@ def profile(
             program=str(label),
             predicted=_predicted(audit, program, hw),
             keep_trace=False,
+            joined_by="run",
         )
         if trace_dir is None:
             return result
@@ -287,8 +288,11 @@ def _priced_on(audit: Audit, hardware: str | Hardware | None) -> tuple[Audit, Ha
     if module is None:
         raise ProfileError(
             f"hardware={hw.name!r}: an audit read from JSON is priced on "
-            f"{audit.priced_on or 'nothing'} and holds no program to price again; audit the "
-            f"program for that hardware's target (shardscope audit --target), or drop hardware"
+            f"{audit.priced_on or 'nothing'} and holds no program to price again; join the "
+            f"trace to the program instead, compiled here as it ran and priced on "
+            f"{hw.name} (profile --trace DIR FILE.py:FUNCTION --mesh SPEC --hardware "
+            f"{hw.name}; profile_program_trace in Python), or drop hardware",
+            param="hardware",
         )
     collectives = priced(audit.collectives, module, audit.mesh_axes, hw)
     again = replace(audit, collectives=collectives, priced_on=hw.name)

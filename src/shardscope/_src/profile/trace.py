@@ -57,15 +57,29 @@ class Trace:
     files: tuple[str, ...]
     events: tuple[OpEvent, ...]
     source: str
+    #: the session read (the folder ``jax.profiler.trace`` named by its start time), and how
+    #: many sessions the folder holds: a folder traced twice holds two, and the newest is read
+    session: str = ""
+    sessions: int = 1
+
+    def where(self) -> str:
+        """Which session of the folder was read, where it holds several (else empty)."""
+        if self.sessions < 2:
+            return ""
+        return (
+            f"read session {self.session}, the newest of the {self.sessions} under "
+            f"{self.path} (give a session's folder to read another)"
+        )
 
     def modules(self) -> Counter[str]:
         """Events per HLO module (the program an event's instruction belongs to)."""
         return Counter(e.module for e in self.events)
 
 
-def trace_files(path: str | os.PathLike[str]) -> tuple[str, ...]:
+def trace_files(path: str | os.PathLike[str]) -> tuple[tuple[str, ...], str, int]:
     """The ``*.xplane.pb`` files of the newest profiling session under ``path`` (or ``path``
-    itself when it is one): one per host that took part.
+    itself when it is one): one per host that took part; the session's folder name, and how
+    many sessions ``path`` holds.
 
     Raises:
         ProfileError: ``path`` does not exist, or holds no trace.
@@ -77,7 +91,7 @@ def trace_files(path: str | os.PathLike[str]) -> tuple[str, ...]:
                 f"trace {str(p)!r} is not a profile JAX wrote (a {TRACE_SUFFIX} file); give "
                 f"the folder jax.profiler.trace(DIR) wrote, or one of its {TRACE_SUFFIX} files"
             )
-        return (str(p),)
+        return (str(p),), p.parent.name, 1
     if not p.is_dir():
         raise ProfileError(f"trace folder {str(p)!r} does not exist")
     found = sorted(p.rglob(f"*{TRACE_SUFFIX}"))
@@ -88,8 +102,9 @@ def trace_files(path: str | os.PathLike[str]) -> tuple[str, ...]:
         )
     # jax.profiler names each session's folder by its start time (YYYY_MM_DD_HH_MM_SS): a
     # folder traced twice holds two sessions, and the newest is the one just taken.
-    newest = max(f.parent for f in found)
-    return tuple(str(f) for f in found if f.parent == newest)
+    sessions = {f.parent for f in found}
+    newest = max(sessions)
+    return tuple(str(f) for f in found if f.parent == newest), newest.name, len(sessions)
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
@@ -102,7 +117,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     """
     from jax.profiler import ProfileData
 
-    files = trace_files(path)
+    files, session, sessions = trace_files(path)
     events: list[OpEvent] = []
     sources = set()
     planes: list[str] = []
@@ -122,13 +137,15 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             offset = max(e.device for e in found) + 1
             events += found
     if not events:
+        read = f" ({session}, the newest of {sessions} sessions)" if sessions > 1 else ""
         raise ProfileError(
-            f"trace {os.fspath(path)!r} holds no device events: no event names an HLO "
+            f"trace {os.fspath(path)!r}{read} holds no device events: no event names an HLO "
             f"instruction (an hlo_op stat) on a /device: plane or the {_HOST_PLANE} plane "
             f"(its planes: {', '.join(sorted(set(planes))) or 'none'}); trace the step's runs "
             f"inside jax.profiler.trace and wait for them (jax.block_until_ready)"
         )
-    return Trace(os.fspath(path), files, tuple(events), "device" if "device" in sources else "host")
+    source = "device" if "device" in sources else "host"
+    return Trace(os.fspath(path), files, tuple(events), source, session, sessions)
 
 
 def _host_events(data: Any, offset: int) -> tuple[list[OpEvent], str, list[str]]:

@@ -34,6 +34,13 @@ def _short(where: str | None) -> str:
     return f"{os.path.basename(path)}:{line}" if path else where
 
 
+def _scope(r: ScopeRow) -> str:
+    """A row's scope; a combined collective's the scopes it carries, joined by ``+``."""
+    if r.scopes:
+        return " + ".join(s or "(no scope)" for s in r.scopes)
+    return r.scope or "(no scope)"
+
+
 def _spread(c: MeasuredCollective) -> str:
     if c.time_min_s is None or c.time_max_s is None:
         return "-"
@@ -74,7 +81,7 @@ COLLECTIVE_COLUMNS: tuple[Column[MeasuredCollective], ...] = (
 )
 
 SCOPE_COLUMNS: tuple[Column[ScopeRow], ...] = (
-    Column("scope", lambda r: r.scope or "(no scope)", fold=True),
+    Column("scope", lambda r: _scope(r), fold=True),
     Column("axes", lambda r: r.axes, no_wrap=True),
     Column("kind", lambda r: r.kind, no_wrap=True),
     _figure("count", lambda r: str(r.count)),
@@ -134,6 +141,17 @@ def coverage_line(p: Profile) -> str:
     )
     if p.other_events:
         line += f"; {p.other_events:,} events of other programs left out"
+    if p.joined_by == "names":
+        line += (
+            "; joined by the program's and its instructions' names alone, which is all a "
+            "trace records of them (not their shapes, nor the mesh): the audit must be of "
+            "the batch and mesh that ran"
+        )
+    if p.sessions > 1:
+        line += (
+            f"; read session {p.session}, the newest of the {p.sessions} under {p.trace} "
+            f"(give a session's folder to read another)"
+        )
     return line
 
 
@@ -146,9 +164,18 @@ def _main_table(p: Profile, by_scope: bool) -> Any:
         title = f"{where}: each collective, one execution on a device"
         table = rich_table(COLLECTIVE_COLUMNS, p.collectives, title=title)
     if p.priced_on is None:
+        audit = p.audit
+        if audit is not None and audit.module is None:  # read from JSON: nothing to price
+            how = (
+                "an audit read from JSON holds no program to price: join the trace to the "
+                "program, with a hardware preset (FILE.py:FUNCTION --mesh SPEC --hardware "
+                "h100), to price it"
+            )
+        else:
+            how = "give a hardware preset (--hardware h100, hardware='h100') to price on one"
         table.caption = (
-            "predicted: '-' where nothing is priced (the CPU backend has no hardware preset; "
-            "give hardware='h100' or --hardware to price on one)"
+            f"predicted: '-' where nothing is priced (the CPU backend has no hardware preset; "
+            f"{how})"
         )
     return table
 
