@@ -56,6 +56,7 @@ from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_m
 from shardscope._src.mesh import (
     axis_types_name,
     axis_types_of,
+    first_devices_mesh,
     format_mesh_spec,
     make_mesh,
     mesh_axes,
@@ -332,8 +333,7 @@ def step_mesh(
         if target is not None:
             mesh = target_mesh(target, axes, axis_types=axis_types)
         else:
-            devices = jax.devices()[: math.prod(axes.values())]
-            mesh = make_mesh(axes, devices=devices, axis_types=axis_types)
+            mesh = first_devices_mesh(axes, axis_types=axis_types)
     elif axis_types is not None:
         raise MeshSpecError(
             f"axis_types={axis_types!r} builds a mesh from a description, but mesh is a Mesh "
