@@ -24,6 +24,7 @@ AUDITS = [("audit", p) for p in ("program", "hlo", "matmul", "reshard", "transfo
 COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "audit/compile.py": [("audit", "program")],
     "audit/diff.py": [("diff",)],
+    "audit/records.py": [],  # Audit.expect's budgets: a test suite's, no command's
     "audit/stages.py": [("audit", "program"), ("plan",)],
     "base/distributed.py": [("lab",), *AUDITS],
     "launch.py": [("launch",)],
@@ -64,6 +65,10 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("serve/types.py", "tuple(n.get('params', ()))"): {"devices"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
+    # so do kind_named and parse_budget
+    ("base/comm.py", "param"): set(),
+    # Audit.expect's byte budgets, read by _byte_budget
+    ("audit/records.py", "param"): {"traffic_bytes", "bytes_per_axis"},
     # no plan at all: a micro-batch count the data shards' sequences do not split into,
     # before what no_plan_note names (a memory the model state outgrew)
     ("train/types.py", "('microbatches', 'batch', *note.params)"): {

@@ -323,8 +323,53 @@ def test_diff_refuses_files_of_another_schema(tmp_path):
     dumped.write_text(json.dumps(data))
     with pytest.raises(shardscope.AuditDiffError, match="no schema_version and is not an"):
         shardscope.diff_audits(old, dumped)
-    with pytest.raises(shardscope.ShardscopeError, match="byte budget"):
+    with pytest.raises(shardscope.ShardscopeError, match="max_bytes_increase 'lots': write"):
         shardscope.diff_audits(old, old, max_bytes_increase="lots")
+
+
+def test_expect_reads_a_size_as_the_diff_reads_its_budget():
+    # the all-reduce of a 16 x 512 f32 output over 8 devices sends 2 x 7/8 x 32 KiB = 56 KiB
+    split_k = _matmul_audit(P("model", None))
+    assert split_k.total().traffic_bytes == 56 * 1024
+    split_k.expect(traffic_bytes="56KiB", bytes_per_axis={"model": "56 KiB"})
+    with pytest.raises(AssertionError, match="bytes/device in all"):
+        split_k.expect(traffic_bytes="55KiB")
+    with pytest.raises(AssertionError, match="bytes/device over 'model'"):
+        split_k.expect(bytes_per_axis={"model": "1KiB"})
+    with pytest.raises(shardscope.ShardscopeError) as percent:
+        split_k.expect(traffic_bytes="5%")
+    assert str(percent.value).startswith(
+        "traffic_bytes '5%': a percentage needs an earlier total to be a share of"
+    )
+    assert percent.value.params == ("traffic_bytes",)
+    with pytest.raises(shardscope.ShardscopeError, match=r"bytes_per_axis\['model'\] 'lots'"):
+        split_k.expect(bytes_per_axis={"model": "lots"})
+
+
+def test_no_new_takes_one_kind_as_a_string_and_either_spelling():
+    replicated, split_k = _matmul_audit(P()), _matmul_audit(P("model", None))
+    want = ("new all-reduce over model: 0 -> 1 per run, where none may be new",)
+    for no_new in ("all-reduce", "all_reduce", ["all_reduce"], ("all-reduce",)):
+        assert shardscope.diff_audits(replicated, split_k, no_new=no_new).violations == want
+    assert shardscope.diff_audits(replicated, split_k, no_new="all-gather").ok
+
+
+def test_a_read_audit_whose_totals_hold_an_unknown_kind_is_refused(tmp_path, capsys):
+    from shardscope._src.base.records import write_result
+
+    old, bad = tmp_path / "old.json", tmp_path / "bad.json"
+    write_result(old, _matmul_audit(P("model", None)))
+    data = json.loads(old.read_text())
+    data["totals"][0]["kind"] = "all_reduce"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(shardscope.AuditDiffError) as err:
+        shardscope.diff_audits(old, bad)
+    assert "a totals entry has kind 'all_reduce', which is not a collective kind" in str(
+        err.value
+    )
+    assert "(all-reduce, all-gather, reduce-scatter" in str(err.value)
+    line = assert_usage_error(["diff", str(old), str(bad)], "has kind 'all_reduce'", capsys)
+    assert line.startswith("shardscope: error: new ")
 
 
 def test_expect_collectives_pins_a_baseline(tmp_path, monkeypatch):
@@ -390,6 +435,9 @@ def test_cli_audits_a_program_and_diffs_two_runs(tmp_path, capsys):
     assert main(["diff", str(new), str(old), "--max-bytes-increase", "1KiB"]) == 1
     assert "budget broken: bytes per device grew" in capsys.readouterr().out
     assert main(["diff", str(new), str(old), "--no-new", "all-reduce"]) == 1
+    assert "budget broken: new all-reduce over data: 0 -> 1" in capsys.readouterr().out
+    # the keyword's spelling, as the library takes it
+    assert main(["diff", str(new), str(old), "--no-new", "all_reduce"]) == 1
     assert "budget broken: new all-reduce over data: 0 -> 1" in capsys.readouterr().out
 
 

@@ -302,7 +302,7 @@ class ScopeTotals(Record):
 
         return cls(
             str(need("scope")),
-            str(need("kind")),
+            _kind_read(data, "a per-scope totals entry"),
             str(need("axes")),
             int(need("count")),
             int(need("payload_bytes")),
@@ -335,7 +335,7 @@ class KindTotals(Record):
 
         return cls(
             str(need("axes")),
-            str(need("kind")),
+            _kind_read(data, "a totals entry"),
             int(need("count")),
             int(need("payload_bytes")),
             int(need("traffic_bytes")),
@@ -707,8 +707,8 @@ class Audit:
     def expect(
         self,
         *,
-        bytes_per_axis: Mapping[str, int] | None = None,
-        traffic_bytes: int | None = None,
+        bytes_per_axis: Mapping[str, int | str] | None = None,
+        traffic_bytes: int | str | None = None,
         **counts: int,
     ) -> Audit:
         """Checks budgets; raises ``AssertionError`` with a table of what differed.
@@ -719,6 +719,9 @@ class Audit:
             bytes_per_axis: ``{axis: budget}``: the bytes each device sends over collectives
                 that run over that axis (alone or with others) must not exceed the budget.
             traffic_bytes: budget for the bytes each device sends in all.
+
+        A budget is bytes (``1048576``) or a size with its unit (``"1MiB"``, ``"500KB"``), as
+        :func:`shardscope.diff_audits` reads ``max_bytes_increase``.
 
         Returns ``self``, so checks chain.
 
@@ -752,11 +755,12 @@ class Audit:
         return rows
 
     def _budget_rows(
-        self, bytes_per_axis: Mapping[str, int], traffic_bytes: int | None
+        self, bytes_per_axis: Mapping[str, int | str], traffic_bytes: int | str | None
     ) -> list[ExpectCheck]:
         """The check of each byte budget :meth:`expect` is given."""
         rows = []
-        for axis, budget in bytes_per_axis.items():
+        for axis, given in bytes_per_axis.items():
+            budget = _byte_budget(given, f"bytes_per_axis[{axis!r}]", "bytes_per_axis")
             got = self.axis_traffic(axis)
             rows.append(
                 ExpectCheck(
@@ -767,13 +771,14 @@ class Audit:
                 )
             )
         if traffic_bytes is not None:
+            budget = _byte_budget(traffic_bytes, "traffic_bytes", "traffic_bytes")
             got = self.total().traffic_bytes
             rows.append(
                 ExpectCheck(
                     "bytes/device in all",
-                    f"<= {format_bytes(traffic_bytes)}",
+                    f"<= {format_bytes(budget)}",
                     format_bytes(got),
-                    got <= traffic_bytes,
+                    got <= budget,
                 )
             )
         return rows
@@ -870,6 +875,33 @@ class Audit:
             memory_pressure=read("memory_pressure", MemoryPressure.from_dict),
             ragged_dots=read("ragged_dots", RaggedDots.from_dict),
         )
+
+
+def _byte_budget(value: int | str, what: str, param: str) -> float:
+    """The bytes a budget :meth:`Audit.expect` is given allows: bytes or a size, read as
+    :func:`~shardscope._src.base.comm.parse_budget` reads a diff's; a percentage is refused
+    (there is no earlier total to take it of)."""
+    amount, percent = _comm.parse_budget(value, what=what, param=param)
+    if percent:
+        raise ShardscopeError(
+            f"{what} {value!r}: a percentage needs an earlier total to be a share of; give "
+            f"bytes or a size such as 1MiB, or compare with a baseline "
+            f"(expect_collectives(..., baseline=..., max_bytes_increase={value!r}))",
+            param=param,
+        )
+    return amount
+
+
+def _kind_read(data: Mapping[str, Any], where: str) -> str:
+    """The collective kind of a totals entry read back, refused when this shardscope does
+    not report it (a diff would take it for a kind that came or went)."""
+    kind = str(field_of(data, "kind", where))
+    if _comm.CollectiveKind.get(kind) is None:
+        raise RecordError(
+            f"{where} has kind {kind!r}, which is not a collective kind this shardscope "
+            f"reports ({_comm.CollectiveKind.choices()})"
+        )
+    return kind
 
 
 def _kind_rank(kind: str) -> int:

@@ -16,6 +16,7 @@ from shardscope._src.cli.args import (
     PROG,
     Parser,
     add_axis_types_option,
+    collective_kind,
     nonnegative_int,
     nonnegative_number,
     positive_bytes,
@@ -410,9 +411,10 @@ def add_diff_parser(sub: argparse._SubParsersAction) -> None:
         "--no-new",
         action="append",
         default=[],
-        choices=list(KINDS),
+        type=collective_kind,
         metavar="KIND",
-        help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
+        help="a collective kind whose count must not grow (repeatable): "
+        f"{', '.join(KINDS)}, or with underscores (all_gather)",
     )
     diff.add_argument(
         "--by-scope",
