@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardscope._src.audit.records import Audit, AuditTotals, KindTotals, ScopeTotals
-from shardscope._src.base.comm import format_bytes, kind_named, parse_budget
+from shardscope._src.base.comm import CollectiveKind, format_bytes, kind_named, parse_budget
 from shardscope._src.base.display import View, show
 from shardscope._src.base.errors import AuditDiffError, RecordError
 from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
@@ -178,6 +178,16 @@ def _load(source: Any, what: str) -> AuditTotals:
         raise AuditDiffError(
             f"{what} {name!r} is not an audit this shardscope reads: {e}"
         ) from None
+    read: tuple[KindTotals | ScopeTotals, ...] = (*sums.totals, *(sums.by_scope or ()))
+    for row in read:
+        if CollectiveKind.get(row.kind) is None:
+            # a kind this shardscope does not report would read as one that came or went
+            where = "by_scope" if isinstance(row, ScopeTotals) else "totals"
+            raise AuditDiffError(
+                f"{what} {name!r}: its {where} hold the kind {row.kind!r}, which is not a "
+                f"collective kind this shardscope reports ({CollectiveKind.choices()}); "
+                f"{_SAME_SHARDSCOPE}"
+            )
     # A file is named by its path, a dict by its module.
     return replace(sums, module_name=name)
 
