@@ -1,5 +1,6 @@
 """Planning, diffing and budgeting a user's own program, from Python and from the shell."""
 
+import io
 import json
 import re
 from pathlib import Path
@@ -325,6 +326,69 @@ def test_diff_refuses_files_of_another_schema(tmp_path):
         shardscope.diff_audits(old, dumped)
     with pytest.raises(shardscope.ShardscopeError, match="max_bytes_increase 'lots': write"):
         shardscope.diff_audits(old, old, max_bytes_increase="lots")
+
+
+def test_diff_warns_when_the_audits_are_of_different_meshes(tmp_path):
+    from shardscope._src.base.records import write_result
+
+    on8 = _matmul_audit(P("model", None))
+    mesh4 = shardscope.make_mesh("model=4", devices=jax.devices()[:4], axis_types="auto")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh4, P()))
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh4, P("model")))
+    on4 = shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
+    want = (
+        "the audits are of different meshes (model=8 -> model=4): two programs, not one changed",
+    )
+    assert shardscope.diff_audits(on8, on4).warnings == want
+    assert shardscope.diff_audits(on8, _matmul_audit(P())).warnings == ()
+    # read back from the JSON the command writes, the same
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, on8)
+    write_result(new, on4)
+    d = shardscope.diff_audits(old, new)
+    assert d.warnings == want and d.ok  # a warning, not a broken budget
+    assert f"warning: {want[0]}" in d.text()
+    # an audit of another target: the CPU's against one that says it is an h100's
+    other = json.loads(old.read_text())
+    other["target"] = "h100"
+    assert shardscope.diff_audits(old, other).warnings == (
+        "the audits are of different targets (cpu -> h100): two programs, not one changed",
+    )
+
+
+def test_diff_without_a_budget_says_it_only_reports(tmp_path, capsys):
+    from shardscope._src.base.records import write_result
+    from shardscope._src.cli.diff import NO_BUDGET
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, _matmul_audit(P()))
+    write_result(new, _matmul_audit(P("model", None)))
+    assert main(["diff", str(old), str(new)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == NO_BUDGET
+    assert "--max-bytes-increase" in NO_BUDGET and "--no-new" in NO_BUDGET
+    assert main(["diff", str(old), str(new), "--max-bytes-increase", "1MiB"]) == 0
+    assert NO_BUDGET not in capsys.readouterr().out
+
+
+def test_diff_counts_one_unchanged_row_in_the_singular():
+    from rich.console import Console
+
+    from shardscope._src.render.diff import diff_table
+
+    def totals(gathers):
+        rows = [("all-reduce", 1, 1024, 1792), ("all-gather", gathers, 1024, 896 * gathers)]
+        return {
+            "totals": [
+                {"axes": "model", "kind": k, "count": c, "payload_bytes": p, "traffic_bytes": t}
+                for k, c, p, t in rows
+            ]
+        }
+
+    d = shardscope.diff_audits(totals(1), totals(2))
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(diff_table(d))
+    assert "; 1 row unchanged" in " ".join(out.getvalue().split())  # the caption may wrap
 
 
 def test_expect_reads_a_size_as_the_diff_reads_its_budget():

@@ -84,13 +84,16 @@ class DiffRow:
 
 @dataclass(frozen=True)
 class AuditDiff:
-    """Two audits compared. ``violations`` lists the budgets broken (empty: within budget)."""
+    """Two audits compared. ``violations`` lists the budgets broken (empty: within budget);
+    ``warnings`` what makes the comparison doubtful though no budget is broken: audits of
+    different meshes or targets (two programs, not one before and after a change)."""
 
     old_name: str
     new_name: str
     rows: tuple[DiffRow, ...]
     violations: tuple[str, ...] = ()
     by_scope: bool = False
+    warnings: tuple[str, ...] = ()
 
     @property
     def changed(self) -> tuple[DiffRow, ...]:
@@ -278,5 +281,21 @@ def diff_audits(
                     f"where none may be new"
                 )
     return AuditDiff(
-        old_sums.module_name, new_sums.module_name, tuple(rows), tuple(violations), by_scope
+        old_sums.module_name,
+        new_sums.module_name,
+        tuple(rows),
+        tuple(violations),
+        by_scope,
+        _mismatches(old_sums, new_sums),
     )
+
+
+def _mismatches(old: AuditTotals, new: AuditTotals) -> tuple[str, ...]:
+    """What the two audits were compiled for that differs (where both say): each a line."""
+    out = []
+    for what, a, b in (("meshes", old.mesh, new.mesh), ("targets", old.target, new.target)):
+        if a is not None and b is not None and a != b:
+            out.append(
+                f"the audits are of different {what} ({a} -> {b}): two programs, not one changed"
+            )
+    return tuple(out)

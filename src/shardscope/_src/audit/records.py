@@ -345,25 +345,40 @@ class KindTotals(Record):
 @dataclass(frozen=True)
 class AuditTotals:
     """An audit's sums, the part of its JSON a diff reads: per (axes, kind) and, when the
-    audit wrote them (``None`` otherwise), per (scope, axes, kind)."""
+    audit wrote them (``None`` otherwise), per (scope, axes, kind); and what they were
+    compiled for, where the audit says: its mesh (``mesh``, ``"data=2,model=4"``) and its
+    target (``target``: the compile target, else the backend), so that a diff can tell two
+    programs from one program changed."""
 
     module_name: str
     totals: tuple[KindTotals, ...]
     by_scope: tuple[ScopeTotals, ...] | None
+    mesh: str | None = None
+    target: str | None = None
 
     @classmethod
     def of(cls, audit: Audit) -> AuditTotals:
-        return cls(audit.module_name, audit.kind_totals(), tuple(audit.by_scope()))
+        return cls(
+            audit.module_name,
+            audit.kind_totals(),
+            tuple(audit.by_scope()),
+            format_mesh_spec(audit.mesh_axes),
+            audit.target or audit.backend,
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AuditTotals:
         """The sums in an audit's JSON (:meth:`Audit.to_dict`)."""
         rows = field_of(data, "totals", "an audit")
         scoped = data.get("by_scope")
+        axes = data.get("mesh_axes")
+        target = data.get("target") or data.get("backend")
         return cls(
             str(data.get("module", "")),
             tuple(KindTotals.from_dict(r) for r in rows),
             None if scoped is None else tuple(ScopeTotals.from_dict(r) for r in scoped),
+            format_mesh_spec(axes) if isinstance(axes, Mapping) and axes else None,
+            target if isinstance(target, str) else None,
         )
 
 
