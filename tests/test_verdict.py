@@ -160,6 +160,25 @@ def test_sixteen_bit_collectives_are_judged_at_width():
     assert "XLA:CPU widened the bfloat16 program's collectives to float32" in widened.text
 
 
+def test_the_short_view_prints_the_widened_note_whole_and_cuts_the_others():
+    from rich.console import Console
+
+    from shardscope._src.render.verdict import render_verdict
+
+    v = _mm(("None,x", "None,None", "None,x"), shape=(4096, 1024, 1024, "bfloat16")).verdict
+    out = io.StringIO()
+    render_verdict(v, console=Console(file=out, width=100, color_system=None), verbose=False)
+    text = out.getvalue()
+    (widened,) = [n for n in v.notes if n.kind == "widened"]
+    assert len(widened.text) > 100  # wider than the console: printed on two lines, whole
+    # the verdict table's 7 MiB (bfloat16) beside the audit's 14 MiB (float32 on the wire)
+    assert widened.text.endswith("this compiled program sends 14 MiB per device")
+    assert widened.text in " ".join(text.split())
+    # a hint's line is still cut to the console's width
+    hint = next(line for line in text.splitlines() if line.startswith("hint"))
+    assert len(hint) <= 100 and hint.endswith("…")
+
+
 # -- transformer verdicts -------------------------------------------------------------------------
 
 
