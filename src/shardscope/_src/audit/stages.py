@@ -362,36 +362,63 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     kinds = set(mesh_axis_types(mesh))
     spec = format_mesh_spec(mesh_axes(mesh)) if kinds else "?"
+
+    def both(words: Callable[[Callable[[str], str]], str]) -> dict[str, Any]:
+        # The message with the fix in Python's words (axis_types='auto'), and in the shell's
+        # (--axis-types auto, the flag that sets it), for an AxisTypeError's arguments.
+        return {
+            "message": words(lambda kind: f"axis_types={kind!r}"),
+            "shell": words(lambda kind: f"--axis-types {kind}"),
+        }
+
     if "names that are of type Auto" in text and "auto" in kinds:
         return AxisTypeError(
-            f"{where}: the program is written for Explicit axes (sharding in types: "
-            f"out_sharding=, jax.sharding.reshard), but mesh {spec!r} has Auto axes; build it "
-            f"with axis_types='explicit', JAX's default. JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: the program is written for Explicit axes (sharding in "
+                    f"types: out_sharding=, jax.sharding.reshard), but mesh {spec!r} has Auto "
+                    f"axes; build it with {fix('explicit')}, JAX's default. JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
     if "explicit" not in kinds:
         return None
     if "can only refer to Auto axes" in text:
         return AxisTypeError(
-            f"{where}: the program constrains shardings with with_sharding_constraint, which "
-            f"takes only Auto axes, but mesh {spec!r} has Explicit axes; build it with "
-            f"axis_types='auto' (or move arrays with jax.sharding.reshard). JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: the program constrains shardings with "
+                    f"with_sharding_constraint, which takes only Auto axes, but mesh {spec!r} has "
+                    f"Explicit axes; build it with {fix('auto')} (or move arrays with "
+                    f"jax.sharding.reshard). JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
     if "acts as an assert when all axes of mesh are of type `Explicit`" in text:
         return AxisTypeError(
-            f"{where}: with_sharding_constraint only checks shardings on Explicit axes, and on "
-            f"mesh {spec!r} one does not hold: the program is written for Auto axes, so build "
-            f"the mesh with axis_types='auto' (or move the array with jax.sharding.reshard). "
-            f"JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: with_sharding_constraint only checks shardings on "
+                    f"Explicit axes, and on mesh {spec!r} one does not hold: the program is "
+                    f"written for Auto axes, so build the mesh with {fix('auto')} (or move the "
+                    f"array with jax.sharding.reshard). JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
     if type(error).__name__ == "ShardingTypeError":
         e = ShardingTypeCheckError(
-            f"{where}: the program's shardings do not type-check on the Explicit axes of mesh "
-            f"{spec!r}: JAX cannot tell a result's sharding under this layout; say it with "
-            f"out_sharding= or jax.sharding.reshard, choose another layout, or, for code "
-            f"written for Auto axes, build the mesh with axis_types='auto'. JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: the program's shardings do not type-check on the "
+                    f"Explicit axes of mesh {spec!r}: JAX cannot tell a result's sharding under "
+                    f"this layout; say it with out_sharding= or jax.sharding.reshard, choose "
+                    f"another layout, or, for code written for Auto axes, build the mesh with "
+                    f"{fix('auto')}. JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
         e.jax_said = first
