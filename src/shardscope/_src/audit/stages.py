@@ -18,6 +18,7 @@ call, which XLA inlines.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 from shardscope._src.audit.scopes import module_scopes
 from shardscope._src.base.errors import (
     AxisTypeError,
+    LayoutError,
     MissingMeshError,
     ProgramError,
     ShardingTypeCheckError,
@@ -330,10 +332,53 @@ def lower_step_traced(
         try:
             return lower_traced(step, args, {})
         except Exception as e:
-            explained = axis_type_error(e, mesh, where)
+            explained = axis_type_error(e, mesh, where) or indivisible_error(e, args, where)
             if explained is not None:
                 raise explained from e
             raise
+
+
+def indivisible_error(error: BaseException, args: Any, where: str) -> LayoutError | None:
+    """Our words, with the fix, for JAX's refusal of an argument whose dimension the mesh
+    axes it is split over do not divide (its ``IndivisibleError``, not public API, so known
+    by its name), found among ``args``; None for other errors, or where no argument's
+    sharding is the one refused."""
+    if type(error).__name__ != "IndivisibleError":
+        return None
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    leaves = jax.tree_util.tree_flatten_with_path(args)[0]
+    for path, leaf in leaves:
+        sharding, shape = getattr(leaf, "sharding", None), getattr(leaf, "shape", None)
+        if not isinstance(sharding, jax.sharding.NamedSharding) or shape is None:
+            continue
+        sizes = mesh_axes(sharding.mesh)
+        for dim, (size, entry) in enumerate(zip(shape, sharding.spec, strict=False)):
+            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            ways = math.prod(sizes[a] for a in axes)
+            if size % ways == 0:
+                continue
+            # the sizes a mesh of at most this many devices could split the dimension into
+            fits = [d for d in range(1, math.prod(sizes.values()) + 1) if size % d == 0]
+            over = (
+                f"axis {axes[0]!r} ({ways})"
+                if len(axes) == 1
+                else f"axes {' x '.join(f'{a}={sizes[a]}' for a in axes)} ({ways})"
+            )
+            choose = (
+                f"a size of {axes[0]!r} that divides {size}"
+                if len(axes) == 1
+                else f"sizes of {', '.join(axes)} whose product divides {size}"
+            )
+            return LayoutError(
+                f"{where} on mesh {format_mesh_spec(sizes)}: dimension {dim} of argument "
+                f"{jax.tree_util.keystr(path)} (size {size}, shape {tuple(shape)}) is split over "
+                f"{over}, which does not divide {size}; choose {choose} (e.g. "
+                f"{', '.join(map(str, fits))}), or split that dimension over other axes. "
+                f"JAX said: {first}",
+                param="mesh",
+            )
+    return None
 
 
 def _context_error(error: BaseException, mesh: Any, where: str) -> ShardscopeError | None:
