@@ -415,6 +415,65 @@ def test_taster_reshard_is_one_all_to_all():
 MESHES = {"8": "model=8", "2x4": "data=2,model=4", "2x2x2": "pipe=2,data=2,model=2"}
 
 
+def test_an_argument_the_mesh_does_not_divide_is_named_with_the_sizes_that_do():
+    from shardscope._src.base.errors import LayoutError
+
+    def one_axis(mesh):
+        x = jax.ShapeDtypeStruct((64, 16), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+        return jax.jit(lambda x: x * 2), (x,)
+
+    with pytest.raises(LayoutError) as err:
+        shardscope.audit_program(one_axis, "data=3,model=2", axis_types="auto")
+    said = str(err.value)
+    assert said.startswith(one_axis.__qualname__)  # the program, then what it was given
+    assert said[len(one_axis.__qualname__) :].startswith(
+        " on mesh data=3,model=2: dimension 0 of argument [0] (size 64, shape "
+        "(64, 16)) is split over axis 'data' (3), which does not divide 64; choose a size of "
+        "'data' that divides 64 (e.g. 1, 2, 4), or split that dimension over other axes. "
+        "JAX said: "
+    )
+    assert err.value.params == ("mesh",)
+
+    def two_axes(mesh):
+        spec = P(None, ("data", "model"))
+        w = jax.ShapeDtypeStruct((16, 12), jnp.float32, sharding=NamedSharding(mesh, spec))
+        return jax.jit(lambda p: p["w"] * 2), ({"w": w},)
+
+    with pytest.raises(LayoutError) as err:
+        shardscope.audit_program(two_axes, "data=2,model=4", axis_types="auto")
+    said = str(err.value)
+    assert said[len(two_axes.__qualname__) :].startswith(
+        " on mesh data=2,model=4: dimension 1 of argument [0]['w'] (size 12, shape "
+        "(16, 12)) is split over axes data=2 x model=4 (8), which does not divide 12; choose "
+        "sizes of data, model whose product divides 12 (e.g. 1, 2, 3, 4, 6), or split"
+    )
+
+
+def test_a_path_is_read_and_a_file_name_given_as_text_is_named(tmp_path):
+    mesh = shardscope.make_mesh("model=8", axis_types="auto")
+    x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P("model")))
+    text = jax.jit(lambda x, w: x @ w).lower(x, w).compile().as_text()
+    dump = tmp_path / "module_0001.jit_f.cpu_after_optimizations.txt"
+    dump.write_text(text)
+    from_path, from_text = audit(dump, mesh="model=8"), audit(text, mesh="model=8")
+    assert from_path.to_dict() == from_text.to_dict()
+    assert from_path.counts()["all-reduce"] == 1
+    with pytest.raises(HloParseError) as named:
+        audit(str(dump), mesh="model=8")
+    assert str(named.value) == (
+        f"audit({str(dump)!r}): this is a file name, not HLO text; pass "
+        f"pathlib.Path({str(dump)!r}) to read the file, or its text"
+    )
+    missing = tmp_path / "missing.txt"
+    with pytest.raises(ShardscopeError) as gone:
+        audit(missing, mesh="model=8")
+    assert str(gone.value).startswith(f"audit(Path({str(missing)!r})): no such file")
+    # a one-line text that names no file is still read as (bad) HLO
+    with pytest.raises(HloParseError, match="is not HLO"):
+        audit(str(missing), mesh="model=8")
+
+
 @needs8
 @pytest.mark.parametrize("spec", list(MESHES.values()), ids=list(MESHES))
 def test_every_target_form_audits_alike(spec):

@@ -58,7 +58,10 @@ BAD: list[tuple[list[str], str]] = [
     # diff
     (["diff", "{tmp}/afile"], "NEW.json"),
     (["diff", "{tmp}/afile", "{tmp}/afile", "--json", "{tmp}/afile"], "would overwrite the input"),
-    (["diff", "{tmp}/afile", "{tmp}/afile", "--no-new", "all-sideways"], "invalid choice"),
+    (
+        ["diff", "{tmp}/afile", "{tmp}/afile", "--no-new", "all-sideways"],
+        "kind 'all-sideways': choose one of all-reduce",
+    ),
     # plan
     (["plan"], "--devices"),
     (["plan", "--devices", "8"], "preset"),

@@ -44,7 +44,24 @@ def test_a_mesh_larger_than_the_running_backend_is_one_line_exit_2(capsys):
 
     assert len(jax.devices()) == 8
     argv = ["audit", "matmul", "--mesh", "model=64"]
-    assert_usage_error(argv, "needs 64 devices but 8 are available", capsys)
+    line = assert_usage_error(argv, "needs 64 devices but 8 are available", capsys)
+    assert "give --devices 64, or a mesh of at most 8 devices" in line
+    assert "use_cpu_devices" not in line  # the Python fix is no use in the shell
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["audit", "matmul", "--mesh", "model=4"],
+        ["audit", "transformer", "--strategy", "tp", "--mesh", "model=4", "--layers", "1"],
+        ["audit", "moe", "--mesh", "expert=4", "--tokens", "512", "--d-model", "64"],
+    ],
+    ids=["matmul", "transformer", "moe"],
+)
+def test_a_mesh_smaller_than_the_devices_uses_the_first_ones(argv, tmp_path, capsys):
+    out = tmp_path / "audit.json"
+    assert main([*argv, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["num_partitions"] == 4
 
 
 def test_debug_shows_the_traceback(capsys):

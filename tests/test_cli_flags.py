@@ -24,6 +24,7 @@ AUDITS = [("audit", p) for p in ("program", "hlo", "matmul", "reshard", "transfo
 COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "audit/compile.py": [("audit", "program")],
     "audit/diff.py": [("diff",)],
+    "audit/records.py": [],  # Audit.expect's budgets: a test suite's, no command's
     "audit/stages.py": [("audit", "program"), ("plan",)],
     "base/distributed.py": [("lab",), *AUDITS],
     "launch.py": [("launch",)],
@@ -64,6 +65,10 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
     ("serve/types.py", "tuple(n.get('params', ()))"): {"devices"},
     # Vocab.parse raises with its caller's param=, collected where the caller writes it
     ("base/vocab.py", "param"): set(),
+    # so do kind_named and parse_budget
+    ("base/comm.py", "param"): set(),
+    # Audit.expect's byte budgets, read by _byte_budget
+    ("audit/records.py", "param"): {"traffic_bytes", "bytes_per_axis"},
     # no plan at all: a micro-batch count the data shards' sequences do not split into,
     # before what no_plan_note names (a memory the model state outgrew)
     ("train/types.py", "('microbatches', 'batch', *note.params)"): {
@@ -231,3 +236,48 @@ def test_a_bad_make_step_names_the_program_flag(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "takes no rules" in err and err.rstrip().endswith("(flag --program)"), err
     assert "--make-step" not in err
+
+
+def test_an_error_with_shell_words_is_printed_in_them_alone():
+    from shardscope._src.base.errors import AxisTypeError
+    from shardscope._src.cli.main import in_shell_words
+
+    flags = command_config(build_parser().parse_args(["audit", "program", "f.py:g"])).flags
+    python = AxisTypeError("build it with axis_types='auto'", param="axis_types")
+    assert in_shell_words(python, flags) == "build it with axis_types='auto' (flag --axis-types)"
+    both = AxisTypeError(
+        "build it with axis_types='auto'",
+        param="axis_types",
+        shell="build it with --axis-types auto",
+    )
+    assert str(both) == "build it with axis_types='auto'"  # Python callers keep the library's
+    assert in_shell_words(both, flags) == "build it with --axis-types auto"
+
+
+def test_an_auto_axes_program_is_told_the_flag_in_the_shell(tmp_path, monkeypatch, capsys):
+    from helpers import assert_usage_error
+
+    (tmp_path / "step.py").write_text(
+        "import jax, jax.numpy as jnp\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "def make_step(mesh):\n"
+        "    x = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, P()))\n"
+        "    step = jax.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, P('data')))\n"
+        "    return step, (x,)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    line = assert_usage_error(
+        ["audit", "step.py:make_step", "--mesh", "data=8"], "--axis-types auto", capsys
+    )
+    assert "axis_types=" not in line and "(flag" not in line
+
+
+def test_the_launcher_names_its_own_flag_for_the_devices_of_each_process(capsys):
+    from helpers import assert_usage_error
+
+    line = assert_usage_error(
+        ["launch", "-n", "2", "--", "lab", "--devices", "4"],
+        "give the devices of each process as --devices-per-process N (before the --)",
+        capsys,
+    )
+    assert "devices_per_process" not in line

@@ -312,7 +312,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         (["-n", "100000", "--", "lab"], "at most 64 local processes"),
         (["-n", "100000", "--", "lab"], "(flags -n/--num-processes, --devices-per-process)"),
         (["-n", "64", "--devices-per-process", "64", "--", "lab"], "= 4096 devices"),
-        (["-n", "2", "--", "lab", "--devices", "2"], "(flag --devices-per-process)"),
+        (["-n", "2", "--", "lab", "--devices", "2"], "as --devices-per-process N (before"),
         (["-n", "2", "--", "plan", "--model", "tiny", "--devices", "8"], "'plan' cannot run"),
     ],
 )

@@ -185,6 +185,18 @@ def test_a_capacity_factor_at_or_below_zero_is_refused():
     assert ModelConfig(experts=8, top_k=2, capacity_factor=1.25).capacity_factor == 1.25
 
 
+def test_an_expert_mesh_smaller_than_the_devices_is_built_of_the_first_ones():
+    from shardscope._src.verdict import moe_verdict
+
+    report = moe_verdict("expert=4", tokens=512, d_model=64, ff=128, experts=8, top_k=2)
+    # "expert=4" on the suite's 8 devices: 4 groups of 128 tokens, each sending its 2 x 128
+    # slots to 8 experts (32 slots each) of 64 bfloat16 values; the forward's two
+    # all-to-alls over 4 devices each send 3/16 of that payload
+    payload = 4 * 8 * math.ceil(128 * 2 / 8) * 64 * 2
+    assert report.audit.num_partitions == 4
+    assert report.verdict.actual_bytes == 2 * (3 * payload // 16)
+
+
 @pytest.mark.parametrize("mode", ["forward", "train"])
 def test_the_verdict_of_an_expert_parallel_layer_is_the_bound(mode):
     from shardscope._src.verdict import moe_verdict

@@ -1,5 +1,6 @@
 """Planning, diffing and budgeting a user's own program, from Python and from the shell."""
 
+import io
 import json
 import re
 from pathlib import Path
@@ -323,8 +324,115 @@ def test_diff_refuses_files_of_another_schema(tmp_path):
     dumped.write_text(json.dumps(data))
     with pytest.raises(shardscope.AuditDiffError, match="no schema_version and is not an"):
         shardscope.diff_audits(old, dumped)
-    with pytest.raises(shardscope.ShardscopeError, match="byte budget"):
+    with pytest.raises(shardscope.ShardscopeError, match="max_bytes_increase 'lots': write"):
         shardscope.diff_audits(old, old, max_bytes_increase="lots")
+
+
+def test_diff_warns_when_the_audits_are_of_different_meshes(tmp_path):
+    from shardscope._src.base.records import write_result
+
+    on8 = _matmul_audit(P("model", None))
+    mesh4 = shardscope.make_mesh("model=4", devices=jax.devices()[:4], axis_types="auto")
+    x = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh4, P()))
+    w = jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=NamedSharding(mesh4, P("model")))
+    on4 = shardscope.audit(jax.jit(lambda x, w: x @ w), x, w)
+    want = (
+        "the audits are of different meshes (model=8 -> model=4): two programs, not one changed",
+    )
+    assert shardscope.diff_audits(on8, on4).warnings == want
+    assert shardscope.diff_audits(on8, _matmul_audit(P())).warnings == ()
+    # read back from the JSON the command writes, the same
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, on8)
+    write_result(new, on4)
+    d = shardscope.diff_audits(old, new)
+    assert d.warnings == want and d.ok  # a warning, not a broken budget
+    assert f"warning: {want[0]}" in d.text()
+    # an audit of another target: the CPU's against one that says it is an h100's
+    other = json.loads(old.read_text())
+    other["target"] = "h100"
+    assert shardscope.diff_audits(old, other).warnings == (
+        "the audits are of different targets (cpu -> h100): two programs, not one changed",
+    )
+
+
+def test_diff_without_a_budget_says_it_only_reports(tmp_path, capsys):
+    from shardscope._src.base.records import write_result
+    from shardscope._src.cli.diff import NO_BUDGET
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    write_result(old, _matmul_audit(P()))
+    write_result(new, _matmul_audit(P("model", None)))
+    assert main(["diff", str(old), str(new)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == NO_BUDGET
+    assert "--max-bytes-increase" in NO_BUDGET and "--no-new" in NO_BUDGET
+    assert main(["diff", str(old), str(new), "--max-bytes-increase", "1MiB"]) == 0
+    assert NO_BUDGET not in capsys.readouterr().out
+
+
+def test_diff_counts_one_unchanged_row_in_the_singular():
+    from rich.console import Console
+
+    from shardscope._src.render.diff import diff_table
+
+    def totals(gathers):
+        rows = [("all-reduce", 1, 1024, 1792), ("all-gather", gathers, 1024, 896 * gathers)]
+        return {
+            "totals": [
+                {"axes": "model", "kind": k, "count": c, "payload_bytes": p, "traffic_bytes": t}
+                for k, c, p, t in rows
+            ]
+        }
+
+    d = shardscope.diff_audits(totals(1), totals(2))
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(diff_table(d))
+    assert "; 1 row unchanged" in " ".join(out.getvalue().split())  # the caption may wrap
+
+
+def test_expect_reads_a_size_as_the_diff_reads_its_budget():
+    # the all-reduce of a 16 x 512 f32 output over 8 devices sends 2 x 7/8 x 32 KiB = 56 KiB
+    split_k = _matmul_audit(P("model", None))
+    assert split_k.total().traffic_bytes == 56 * 1024
+    split_k.expect(traffic_bytes="56KiB", bytes_per_axis={"model": "56 KiB"})
+    with pytest.raises(AssertionError, match="bytes/device in all"):
+        split_k.expect(traffic_bytes="55KiB")
+    with pytest.raises(AssertionError, match="bytes/device over 'model'"):
+        split_k.expect(bytes_per_axis={"model": "1KiB"})
+    with pytest.raises(shardscope.ShardscopeError) as percent:
+        split_k.expect(traffic_bytes="5%")
+    assert str(percent.value).startswith(
+        "traffic_bytes '5%': a percentage needs an earlier total to be a share of"
+    )
+    assert percent.value.params == ("traffic_bytes",)
+    with pytest.raises(shardscope.ShardscopeError, match=r"bytes_per_axis\['model'\] 'lots'"):
+        split_k.expect(bytes_per_axis={"model": "lots"})
+
+
+def test_no_new_takes_one_kind_as_a_string_and_either_spelling():
+    replicated, split_k = _matmul_audit(P()), _matmul_audit(P("model", None))
+    want = ("new all-reduce over model: 0 -> 1 per run, where none may be new",)
+    for no_new in ("all-reduce", "all_reduce", ["all_reduce"], ("all-reduce",)):
+        assert shardscope.diff_audits(replicated, split_k, no_new=no_new).violations == want
+    assert shardscope.diff_audits(replicated, split_k, no_new="all-gather").ok
+
+
+def test_a_read_audit_whose_totals_hold_an_unknown_kind_is_refused(tmp_path, capsys):
+    from shardscope._src.base.records import write_result
+
+    old, bad = tmp_path / "old.json", tmp_path / "bad.json"
+    write_result(old, _matmul_audit(P("model", None)))
+    data = json.loads(old.read_text())
+    data["totals"][0]["kind"] = "all_reduce"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(shardscope.AuditDiffError) as err:
+        shardscope.diff_audits(old, bad)
+    said = str(err.value)
+    assert f"new '{bad}': its totals hold the kind 'all_reduce', which is not a" in said
+    assert "(all-reduce, all-gather, reduce-scatter" in said
+    line = assert_usage_error(["diff", str(old), str(bad)], "the kind 'all_reduce'", capsys)
+    assert line.startswith("shardscope: error: new ")
 
 
 def test_expect_collectives_pins_a_baseline(tmp_path, monkeypatch):
@@ -390,6 +498,9 @@ def test_cli_audits_a_program_and_diffs_two_runs(tmp_path, capsys):
     assert main(["diff", str(new), str(old), "--max-bytes-increase", "1KiB"]) == 1
     assert "budget broken: bytes per device grew" in capsys.readouterr().out
     assert main(["diff", str(new), str(old), "--no-new", "all-reduce"]) == 1
+    assert "budget broken: new all-reduce over data: 0 -> 1" in capsys.readouterr().out
+    # the keyword's spelling, as the library takes it
+    assert main(["diff", str(new), str(old), "--no-new", "all_reduce"]) == 1
     assert "budget broken: new all-reduce over data: 0 -> 1" in capsys.readouterr().out
 
 
@@ -475,7 +586,10 @@ def test_audit_program_refuses_rules_as_the_command_line_does(
         main(argv)
     assert code.value.code == 2
     suffix = f" (flag {flags})" if flags else ""
-    assert capsys.readouterr().err == f"shardscope: error: {info.value}{suffix}\n"
+    # the shell's own words where the library's name a Python argument (rule_set=NAME)
+    said = f"{info.value}{suffix}" if info.value.shell is None else info.value.shell
+    assert capsys.readouterr().err == f"shardscope: error: {said}\n"
+    assert "rule_set=NAME" not in said
 
 
 def test_plan_program_takes_a_rules_file_and_one_rule_set(tmp_path, capsys):
@@ -588,7 +702,7 @@ def test_cli_plans_a_program(tmp_path, capsys):
         (["plan", "--model", "tiny", "--devices", "8", "--rule-set", "dp"], "give --program"),
         (
             ["audit", FLAX, "--mesh", "data=2,model=4"],
-            "choose one with rule_set=NAME (flag --rule-set)",
+            "choose one with --rule-set NAME",
         ),
         (["audit", FLAX, "--mesh", "data=2,model=4", "--rule-set", "zz"], "is not in"),
         (["audit", FLAX], "needs --mesh"),

@@ -15,7 +15,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from shardscope._src.audit.compile import audit  # noqa: E402
-from shardscope._src.base.errors import ShardscopeError, StrategyError  # noqa: E402
+from shardscope._src.base.errors import MeshSpecError, ShardscopeError, StrategyError  # noqa: E402
 from shardscope._src.bounds.terms import Bound  # noqa: E402
 from shardscope._src.bounds.transformer import transformer_bound  # noqa: E402
 from shardscope._src.cli.audit_verdict import run_matmul_command, run_transformer_command  # noqa: E402
@@ -69,6 +69,30 @@ def test_case_d_double_prime_gathers_a_whole_operand_four_times_the_bound():
     assert v.hints and v.hints[0].reaches_bound
     assert v.hints[0].traffic_bytes == v.bound_bytes and v.hints[0].ratio == 1.0
     assert v.hints[0].counts == {"all-to-all": 2}
+
+
+def test_a_mesh_smaller_than_the_devices_is_built_of_the_first_ones():
+    # "x=4" on the suite's 8 devices: the matmul compiles for 4 partitions and gathers A
+    # (a (4096, 1024) f32 array) over them, 3/4 of it sent per device.
+    report = _mm(("None,x", "None,None", "None,x"), mesh="x=4")
+    assert report.audit.num_partitions == 4
+    assert report.verdict.actual_bytes == 3 * 4096 * 1024 * 4 // 4
+    assert report.verdict.bound_bytes == 2 * 3 * 4096 * 1024 * 4 // 16
+    tp = transformer_verdict("tp", SMALL, "model=4", hints=False)
+    assert tp.audit.num_partitions == 4
+    assert {c.group_size for c in tp.audit.collectives} == {4}
+
+
+def test_a_mesh_larger_than_the_devices_is_refused_with_the_count():
+    with pytest.raises(MeshSpecError) as err:
+        _mm(("None,x", "None,None", "None,x"), mesh="x=16")
+    assert str(err.value) == (
+        "mesh 'x=16' needs 16 devices but 8 are available; choose sizes that multiply to at "
+        "most 8, or simulate 16 CPU devices with shardscope.use_cpu_devices(16) before JAX's "
+        "first computation"
+    )
+    with pytest.raises(MeshSpecError, match="'data=2,model=8' needs 2 x 8 = 16 devices"):
+        transformer_verdict("dp_tp", SMALL, "data=2,model=8")
 
 
 def test_case_e_prime_is_eight_thirds_before_the_hint_and_the_bound_after():
@@ -134,6 +158,25 @@ def test_sixteen_bit_collectives_are_judged_at_width():
     values = {"dtype": "bfloat16", "backend_bytes": v.backend_bytes, "compiler": "XLA:CPU"}
     assert widened.values == values
     assert "XLA:CPU widened the bfloat16 program's collectives to float32" in widened.text
+
+
+def test_the_short_view_prints_the_widened_note_whole_and_cuts_the_others():
+    from rich.console import Console
+
+    from shardscope._src.render.verdict import render_verdict
+
+    v = _mm(("None,x", "None,None", "None,x"), shape=(4096, 1024, 1024, "bfloat16")).verdict
+    out = io.StringIO()
+    render_verdict(v, console=Console(file=out, width=100, color_system=None), verbose=False)
+    text = out.getvalue()
+    (widened,) = [n for n in v.notes if n.kind == "widened"]
+    assert len(widened.text) > 100  # wider than the console: printed on two lines, whole
+    # the verdict table's 7 MiB (bfloat16) beside the audit's 14 MiB (float32 on the wire)
+    assert widened.text.endswith("this compiled program sends 14 MiB per device")
+    assert widened.text in " ".join(text.split())
+    # a hint's line is still cut to the console's width
+    hint = next(line for line in text.splitlines() if line.startswith("hint"))
+    assert len(hint) <= 100 and hint.endswith("…")
 
 
 # -- transformer verdicts -------------------------------------------------------------------------

@@ -394,11 +394,14 @@ def check_launch_command(command: Sequence[str]) -> None:
         )
     clash = [a for a in command if a.split("=", 1)[0] in LAUNCHER_FLAGS]
     if clash:
-        raise ShardscopeError(
+        sets = (
             f"the launcher sets {', '.join(LAUNCHER_FLAGS)} for each process itself; remove "
-            f"{' '.join(clash)} from the sub-command, and give the devices of each process as "
-            f"devices_per_process",
+            f"{' '.join(clash)} from the sub-command, and give the devices of each process as"
+        )
+        raise ShardscopeError(
+            f"{sets} devices_per_process",
             param="devices_per_process",
+            shell=f"{sets} --devices-per-process N (before the --)",
         )
 
 

@@ -351,8 +351,7 @@ def make_mesh(
     if len(set(devs)) != len(devs):
         raise MeshSpecError("the devices given to make_mesh repeat a device; list each once")
     if need != len(devs):
-        shape = " x ".join(str(v) for v in axes.values())
-        needs = f"{shape} = {need}" if len(axes) > 1 else str(need)
+        needs = _product(axes)
         if need < len(devs):
             fix = f"or pass devices=jax.devices()[:{need}] to use the first {need}"
         else:
@@ -369,6 +368,42 @@ def make_mesh(
         tuple(axes),
         axis_types=kinds,
     )
+
+
+def first_devices_mesh(
+    spec: str | Mapping[str, int], *, axis_types: Any = None
+) -> jax.sharding.Mesh:
+    """A mesh of the description ``spec`` over the first of JAX's devices, as many as it
+    holds: ``"model=4"`` on 8 devices uses devices 0 to 3. What a description given in place
+    of a mesh builds (:func:`shardscope.audit_program`, the verdicts); :func:`make_mesh`
+    itself takes every device unless it is given some.
+
+    >>> first_devices_mesh("model=4").devices.size  # on 8 devices
+    4
+
+    Raises:
+        MeshSpecError: a bad description, or one that needs more devices than JAX has
+            (names the count and how to simulate it).
+        AxisTypeError: an axis type that does not exist.
+    """
+    axes = parse_mesh_spec(spec)
+    need = math.prod(axes.values())
+    have = jax.devices()
+    if need > len(have):
+        raise MeshSpecError(
+            f"mesh {format_mesh_spec(axes)!r} needs {_product(axes)} devices but {len(have)} "
+            f"are available; choose sizes that multiply to at most {len(have)}, or simulate "
+            f"{need} CPU devices with shardscope.use_cpu_devices({need}) before JAX's first "
+            f"computation"
+        )
+    return make_mesh(axes, devices=have[:need], axis_types=axis_types)
+
+
+def _product(axes: Mapping[str, int]) -> str:
+    """``"2 x 4 = 8"`` for a mesh of several axes, ``"8"`` for one."""
+    need = math.prod(axes.values())
+    shape = " x ".join(str(v) for v in axes.values())
+    return f"{shape} = {need}" if len(axes) > 1 else str(need)
 
 
 def auto_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import weakref
 from collections.abc import Mapping
@@ -56,6 +57,7 @@ from shardscope._src.hlo.parse import MAIN_THREAD, HloModule, parse_hlo, parse_m
 from shardscope._src.mesh import (
     axis_types_name,
     axis_types_of,
+    first_devices_mesh,
     format_mesh_spec,
     make_mesh,
     mesh_axes,
@@ -223,7 +225,8 @@ def audit(
             ``jax.ShapeDtypeStruct`` with shardings, so nothing is allocated), a plain
             function (``in_shardings`` / ``out_shardings`` go in ``jit_kwargs``), a
             ``jax.stages.Lowered``, a ``jax.stages.Compiled``, or the text of
-            ``compiled.as_text()``.
+            ``compiled.as_text()`` (a ``pathlib.Path`` to a file of it, such as XLA's
+            ``*after_optimizations.txt`` dump, is read).
         *args: example arguments when ``program`` is a function.
         mesh: a ``jax.sharding.Mesh`` or a description such as ``"dp=2,mp=4"`` (devices in
             iota order) naming the axes. Optional when the program's shardings carry a mesh;
@@ -246,7 +249,8 @@ def audit(
         An :class:`Audit`.
 
     Raises:
-        HloParseError: the text is not optimized HLO.
+        HloParseError: the text is not optimized HLO (or is the name of a file: give it as a
+            ``Path``).
         DeviceMemoryError: the compiler ran out of device memory (the TPU's does).
         MeshSpecError: the mesh does not hold the program's number of partitions.
         TargetError: an unknown target, its compiler not installed, a device count it is
@@ -254,6 +258,10 @@ def audit(
     """
 
     given_axes = _mesh_from(mesh)  # a bad mesh is refused before anything is compiled
+    if isinstance(program, os.PathLike):
+        program = _read_hlo_file(program)
+    elif isinstance(program, str):
+        _refuse_a_file_name(program)
     if axis_types is not None and not isinstance(mesh, str | Mapping):
         raise MeshSpecError(
             f"axis_types={axis_types!r} is for a mesh built from a description (mesh='data=8'); "
@@ -332,8 +340,7 @@ def step_mesh(
         if target is not None:
             mesh = target_mesh(target, axes, axis_types=axis_types)
         else:
-            devices = jax.devices()[: math.prod(axes.values())]
-            mesh = make_mesh(axes, devices=devices, axis_types=axis_types)
+            mesh = first_devices_mesh(axes, axis_types=axis_types)
     elif axis_types is not None:
         raise MeshSpecError(
             f"axis_types={axis_types!r} builds a mesh from a description, but mesh is a Mesh "
@@ -341,6 +348,42 @@ def step_mesh(
             param="axis_types",
         )
     return mesh, pairs
+
+
+def _read_hlo_file(path: os.PathLike[str]) -> str:
+    """The HLO text in the file at ``path``."""
+    shown = f"Path({os.fspath(path)!r})"
+    if not os.path.exists(path):
+        raise ShardscopeError(
+            f"audit({shown}): no such file; give the path of optimized HLO (XLA's "
+            f"*after_optimizations.txt dump) or the text itself"
+        )
+    if os.path.isdir(path):
+        raise ShardscopeError(
+            f"audit({shown}) is a folder; give the path of one optimized HLO file in it "
+            f"(*after_optimizations.txt)"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ShardscopeError(f"audit({shown}): the file cannot be read: {e}") from None
+
+
+def _refuse_a_file_name(text: str) -> None:
+    """Refuses a one-line string that names an existing file: a path given as text."""
+    line = text.strip()
+    if not line or "\n" in line or "\0" in line or len(line) > 4096:
+        return
+    try:
+        is_file = os.path.isfile(line)
+    except (OSError, ValueError):
+        return
+    if is_file:
+        raise HloParseError(
+            f"audit({line!r}): this is a file name, not HLO text; pass "
+            f"pathlib.Path({line!r}) to read the file, or its text"
+        )
 
 
 def _refuse_options_for_text(

@@ -9,16 +9,14 @@ that must not appear where they were not before.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shardscope._src.audit.records import Audit, AuditTotals, KindTotals, ScopeTotals
-from shardscope._src.base import comm as _comm
-from shardscope._src.base.comm import format_bytes, parse_bytes
+from shardscope._src.base.comm import CollectiveKind, format_bytes, kind_named, parse_budget
 from shardscope._src.base.display import View, show
-from shardscope._src.base.errors import AuditDiffError, RecordError, ShardscopeError
+from shardscope._src.base.errors import AuditDiffError, RecordError
 from shardscope._src.base.records import SCHEMA_VERSION, read_json, record_dict
 from shardscope._src.base.vocab import Vocab
 
@@ -86,13 +84,16 @@ class DiffRow:
 
 @dataclass(frozen=True)
 class AuditDiff:
-    """Two audits compared. ``violations`` lists the budgets broken (empty: within budget)."""
+    """Two audits compared. ``violations`` lists the budgets broken (empty: within budget);
+    ``warnings`` what makes the comparison doubtful though no budget is broken: audits of
+    different meshes or targets (two programs, not one before and after a change)."""
 
     old_name: str
     new_name: str
     rows: tuple[DiffRow, ...]
     violations: tuple[str, ...] = ()
     by_scope: bool = False
+    warnings: tuple[str, ...] = ()
 
     @property
     def changed(self) -> tuple[DiffRow, ...]:
@@ -180,6 +181,16 @@ def _load(source: Any, what: str) -> AuditTotals:
         raise AuditDiffError(
             f"{what} {name!r} is not an audit this shardscope reads: {e}"
         ) from None
+    read: tuple[KindTotals | ScopeTotals, ...] = (*sums.totals, *(sums.by_scope or ()))
+    for row in read:
+        if CollectiveKind.get(row.kind) is None:
+            # a kind this shardscope does not report would read as one that came or went
+            where = "by_scope" if isinstance(row, ScopeTotals) else "totals"
+            raise AuditDiffError(
+                f"{what} {name!r}: its {where} hold the kind {row.kind!r}, which is not a "
+                f"collective kind this shardscope reports ({CollectiveKind.choices()}); "
+                f"{_SAME_SHARDSCOPE}"
+            )
     # A file is named by its path, a dict by its module.
     return replace(sums, module_name=name)
 
@@ -207,31 +218,12 @@ def _totals(
     return out
 
 
-def parse_budget(text: str | int) -> tuple[float, bool]:
-    """``(amount, is_percent)`` from ``1048576``, ``"1MiB"``, ``"500KB"`` or ``"5%"``."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ShardscopeError(f"a byte budget must be >= 0, got {text}")
-        return float(text), False
-    words = str(text).strip()
-    percent = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", words)
-    if percent:
-        return float(percent.group(1)), True
-    size = parse_bytes(words)
-    if size is None or not size >= 0 or size == float("inf"):
-        raise ShardscopeError(
-            f"byte budget {text!r}: write a number of bytes, a size such as 64MiB or 1GB, or a "
-            f"percentage of the old total such as 5%"
-        )
-    return size, False
-
-
 def diff_audits(
     old: Any,
     new: Any,
     *,
     max_bytes_increase: str | int | None = None,
-    no_new: Sequence[str] = (),
+    no_new: Sequence[str] | str = (),
     by_scope: bool = False,
 ) -> AuditDiff:
     """Compares two audits per (axes, kind) and checks budgets.
@@ -240,20 +232,21 @@ def diff_audits(
         old, new: :class:`Audit` objects, their ``to_dict()``, or paths of their JSON.
         max_bytes_increase: the most the bytes each device sends may grow, in all: bytes,
             a size (``"64MiB"``) or a percentage of the old total (``"5%"``).
-        no_new: kinds (``"all-gather"``) whose count must not grow over any set of axes.
+        no_new: kinds (``"all-gather"`` or ``"all_gather"``, one or a sequence) whose count
+            must not grow over any set of axes.
         by_scope: one row per scope (named scope or module path), axes and kind, from the
             audits' ``by_scope`` totals, so that "block 3's MLP gained an all-gather" is a row.
 
     Raises:
         AuditDiffError: unreadable files, not audits, or different schema versions.
     """
-    kinds = []
-    for k in no_new:
-        kind = k.replace("_", "-")
-        if kind not in _comm.KINDS:
-            raise ShardscopeError(f"no-new kind {k!r}: choose from {', '.join(_comm.KINDS)}")
-        kinds.append(kind)
-    budget = parse_budget(max_bytes_increase) if max_bytes_increase is not None else None
+    named = (no_new,) if isinstance(no_new, str) else no_new
+    kinds = [kind_named(k, what="no_new kind", param="no_new") for k in named]
+    budget = None
+    if max_bytes_increase is not None:
+        budget = parse_budget(
+            max_bytes_increase, what="max_bytes_increase", param="max_bytes_increase"
+        )
     old_sums, new_sums = _load(old, "old"), _load(new, "new")
     a, b = _totals(old_sums, by_scope), _totals(new_sums, by_scope)
     rows = []
@@ -288,5 +281,21 @@ def diff_audits(
                     f"where none may be new"
                 )
     return AuditDiff(
-        old_sums.module_name, new_sums.module_name, tuple(rows), tuple(violations), by_scope
+        old_sums.module_name,
+        new_sums.module_name,
+        tuple(rows),
+        tuple(violations),
+        by_scope,
+        _mismatches(old_sums, new_sums),
     )
+
+
+def _mismatches(old: AuditTotals, new: AuditTotals) -> tuple[str, ...]:
+    """What the two audits were compiled for that differs (where both say): each a line."""
+    out = []
+    for what, a, b in (("meshes", old.mesh, new.mesh), ("targets", old.target, new.target)):
+        if a is not None and b is not None and a != b:
+            out.append(
+                f"the audits are of different {what} ({a} -> {b}): two programs, not one changed"
+            )
+    return tuple(out)

@@ -28,9 +28,9 @@ def expect_collectives(
     mesh: Any = None,
     baseline: str | os.PathLike[str] | None = None,
     max_bytes_increase: str | int | None = None,
-    no_new: Sequence[str] = (),
-    bytes_per_axis: Mapping[str, int] | None = None,
-    traffic_bytes: int | None = None,
+    no_new: Sequence[str] | str = (),
+    bytes_per_axis: Mapping[str, int | str] | None = None,
+    traffic_bytes: int | str | None = None,
     update: bool | None = None,
     **counts: int,
 ) -> Any:
@@ -41,7 +41,8 @@ def expect_collectives(
         baseline: a JSON file holding an earlier audit of the same program (written when
             missing or when updating).
         max_bytes_increase: with a baseline, how much the bytes each device sends may grow
-            (bytes, ``"64MiB"`` or ``"5%"``); no_new: kinds whose count must not grow.
+            (bytes, ``"64MiB"`` or ``"5%"``); no_new: kinds whose count must not grow (one
+            kind, ``"all-gather"``, or several).
             Without either, any change from the baseline fails.
         bytes_per_axis, traffic_bytes, counts: as :meth:`Audit.expect`
             (``all_gather=0, all_reduce=2``).

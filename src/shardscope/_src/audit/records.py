@@ -345,25 +345,40 @@ class KindTotals(Record):
 @dataclass(frozen=True)
 class AuditTotals:
     """An audit's sums, the part of its JSON a diff reads: per (axes, kind) and, when the
-    audit wrote them (``None`` otherwise), per (scope, axes, kind)."""
+    audit wrote them (``None`` otherwise), per (scope, axes, kind); and what they were
+    compiled for, where the audit says: its mesh (``mesh``, ``"data=2,model=4"``) and its
+    target (``target``: the compile target, else the backend), so that a diff can tell two
+    programs from one program changed."""
 
     module_name: str
     totals: tuple[KindTotals, ...]
     by_scope: tuple[ScopeTotals, ...] | None
+    mesh: str | None = None
+    target: str | None = None
 
     @classmethod
     def of(cls, audit: Audit) -> AuditTotals:
-        return cls(audit.module_name, audit.kind_totals(), tuple(audit.by_scope()))
+        return cls(
+            audit.module_name,
+            audit.kind_totals(),
+            tuple(audit.by_scope()),
+            format_mesh_spec(audit.mesh_axes),
+            audit.target or audit.backend,
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AuditTotals:
         """The sums in an audit's JSON (:meth:`Audit.to_dict`)."""
         rows = field_of(data, "totals", "an audit")
         scoped = data.get("by_scope")
+        axes = data.get("mesh_axes")
+        target = data.get("target") or data.get("backend")
         return cls(
             str(data.get("module", "")),
             tuple(KindTotals.from_dict(r) for r in rows),
             None if scoped is None else tuple(ScopeTotals.from_dict(r) for r in scoped),
+            format_mesh_spec(axes) if isinstance(axes, Mapping) and axes else None,
+            target if isinstance(target, str) else None,
         )
 
 
@@ -707,8 +722,8 @@ class Audit:
     def expect(
         self,
         *,
-        bytes_per_axis: Mapping[str, int] | None = None,
-        traffic_bytes: int | None = None,
+        bytes_per_axis: Mapping[str, int | str] | None = None,
+        traffic_bytes: int | str | None = None,
         **counts: int,
     ) -> Audit:
         """Checks budgets; raises ``AssertionError`` with a table of what differed.
@@ -719,6 +734,9 @@ class Audit:
             bytes_per_axis: ``{axis: budget}``: the bytes each device sends over collectives
                 that run over that axis (alone or with others) must not exceed the budget.
             traffic_bytes: budget for the bytes each device sends in all.
+
+        A budget is bytes (``1048576``) or a size with its unit (``"1MiB"``, ``"500KB"``), as
+        :func:`shardscope.diff_audits` reads ``max_bytes_increase``.
 
         Returns ``self``, so checks chain.
 
@@ -752,11 +770,12 @@ class Audit:
         return rows
 
     def _budget_rows(
-        self, bytes_per_axis: Mapping[str, int], traffic_bytes: int | None
+        self, bytes_per_axis: Mapping[str, int | str], traffic_bytes: int | str | None
     ) -> list[ExpectCheck]:
         """The check of each byte budget :meth:`expect` is given."""
         rows = []
-        for axis, budget in bytes_per_axis.items():
+        for axis, given in bytes_per_axis.items():
+            budget = _byte_budget(given, f"bytes_per_axis[{axis!r}]", "bytes_per_axis")
             got = self.axis_traffic(axis)
             rows.append(
                 ExpectCheck(
@@ -767,13 +786,14 @@ class Audit:
                 )
             )
         if traffic_bytes is not None:
+            budget = _byte_budget(traffic_bytes, "traffic_bytes", "traffic_bytes")
             got = self.total().traffic_bytes
             rows.append(
                 ExpectCheck(
                     "bytes/device in all",
-                    f"<= {format_bytes(traffic_bytes)}",
+                    f"<= {format_bytes(budget)}",
                     format_bytes(got),
-                    got <= traffic_bytes,
+                    got <= budget,
                 )
             )
         return rows
@@ -870,6 +890,21 @@ class Audit:
             memory_pressure=read("memory_pressure", MemoryPressure.from_dict),
             ragged_dots=read("ragged_dots", RaggedDots.from_dict),
         )
+
+
+def _byte_budget(value: int | str, what: str, param: str) -> float:
+    """The bytes a budget :meth:`Audit.expect` is given allows: bytes or a size, read as
+    :func:`~shardscope._src.base.comm.parse_budget` reads a diff's; a percentage is refused
+    (there is no earlier total to take it of)."""
+    amount, percent = _comm.parse_budget(value, what=what, param=param)
+    if percent:
+        raise ShardscopeError(
+            f"{what} {value!r}: a percentage needs an earlier total to be a share of; give "
+            f"bytes or a size such as 1MiB, or compare with a baseline "
+            f"(expect_collectives(..., baseline=..., max_bytes_increase={value!r}))",
+            param=param,
+        )
+    return amount
 
 
 def _kind_rank(kind: str) -> int:

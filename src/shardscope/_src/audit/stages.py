@@ -18,6 +18,7 @@ call, which XLA inlines.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 from shardscope._src.audit.scopes import module_scopes
 from shardscope._src.base.errors import (
     AxisTypeError,
+    LayoutError,
     MissingMeshError,
     ProgramError,
     ShardingTypeCheckError,
@@ -330,10 +332,53 @@ def lower_step_traced(
         try:
             return lower_traced(step, args, {})
         except Exception as e:
-            explained = axis_type_error(e, mesh, where)
+            explained = axis_type_error(e, mesh, where) or indivisible_error(e, args, where)
             if explained is not None:
                 raise explained from e
             raise
+
+
+def indivisible_error(error: BaseException, args: Any, where: str) -> LayoutError | None:
+    """Our words, with the fix, for JAX's refusal of an argument whose dimension the mesh
+    axes it is split over do not divide (its ``IndivisibleError``, not public API, so known
+    by its name), found among ``args``; None for other errors, or where no argument's
+    sharding is the one refused."""
+    if type(error).__name__ != "IndivisibleError":
+        return None
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    leaves = jax.tree_util.tree_flatten_with_path(args)[0]
+    for path, leaf in leaves:
+        sharding, shape = getattr(leaf, "sharding", None), getattr(leaf, "shape", None)
+        if not isinstance(sharding, jax.sharding.NamedSharding) or shape is None:
+            continue
+        sizes = mesh_axes(sharding.mesh)
+        for dim, (size, entry) in enumerate(zip(shape, sharding.spec, strict=False)):
+            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            ways = math.prod(sizes[a] for a in axes)
+            if size % ways == 0:
+                continue
+            # the sizes a mesh of at most this many devices could split the dimension into
+            fits = [d for d in range(1, math.prod(sizes.values()) + 1) if size % d == 0]
+            over = (
+                f"axis {axes[0]!r} ({ways})"
+                if len(axes) == 1
+                else f"axes {' x '.join(f'{a}={sizes[a]}' for a in axes)} ({ways})"
+            )
+            choose = (
+                f"a size of {axes[0]!r} that divides {size}"
+                if len(axes) == 1
+                else f"sizes of {', '.join(axes)} whose product divides {size}"
+            )
+            return LayoutError(
+                f"{where} on mesh {format_mesh_spec(sizes)}: dimension {dim} of argument "
+                f"{jax.tree_util.keystr(path)} (size {size}, shape {tuple(shape)}) is split over "
+                f"{over}, which does not divide {size}; choose {choose} (e.g. "
+                f"{', '.join(map(str, fits))}), or split that dimension over other axes. "
+                f"JAX said: {first}",
+                param="mesh",
+            )
+    return None
 
 
 def _context_error(error: BaseException, mesh: Any, where: str) -> ShardscopeError | None:
@@ -362,36 +407,63 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     kinds = set(mesh_axis_types(mesh))
     spec = format_mesh_spec(mesh_axes(mesh)) if kinds else "?"
+
+    def both(words: Callable[[Callable[[str], str]], str]) -> dict[str, Any]:
+        # The message with the fix in Python's words (axis_types='auto'), and in the shell's
+        # (--axis-types auto, the flag that sets it), for an AxisTypeError's arguments.
+        return {
+            "message": words(lambda kind: f"axis_types={kind!r}"),
+            "shell": words(lambda kind: f"--axis-types {kind}"),
+        }
+
     if "names that are of type Auto" in text and "auto" in kinds:
         return AxisTypeError(
-            f"{where}: the program is written for Explicit axes (sharding in types: "
-            f"out_sharding=, jax.sharding.reshard), but mesh {spec!r} has Auto axes; build it "
-            f"with axis_types='explicit', JAX's default. JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: the program is written for Explicit axes (sharding in "
+                    f"types: out_sharding=, jax.sharding.reshard), but mesh {spec!r} has Auto "
+                    f"axes; build it with {fix('explicit')}, JAX's default. JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
     if "explicit" not in kinds:
         return None
     if "can only refer to Auto axes" in text:
         return AxisTypeError(
-            f"{where}: the program constrains shardings with with_sharding_constraint, which "
-            f"takes only Auto axes, but mesh {spec!r} has Explicit axes; build it with "
-            f"axis_types='auto' (or move arrays with jax.sharding.reshard). JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: the program constrains shardings with "
+                    f"with_sharding_constraint, which takes only Auto axes, but mesh {spec!r} has "
+                    f"Explicit axes; build it with {fix('auto')} (or move arrays with "
+                    f"jax.sharding.reshard). JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
     if "acts as an assert when all axes of mesh are of type `Explicit`" in text:
         return AxisTypeError(
-            f"{where}: with_sharding_constraint only checks shardings on Explicit axes, and on "
-            f"mesh {spec!r} one does not hold: the program is written for Auto axes, so build "
-            f"the mesh with axis_types='auto' (or move the array with jax.sharding.reshard). "
-            f"JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: with_sharding_constraint only checks shardings on "
+                    f"Explicit axes, and on mesh {spec!r} one does not hold: the program is "
+                    f"written for Auto axes, so build the mesh with {fix('auto')} (or move the "
+                    f"array with jax.sharding.reshard). JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
     if type(error).__name__ == "ShardingTypeError":
         e = ShardingTypeCheckError(
-            f"{where}: the program's shardings do not type-check on the Explicit axes of mesh "
-            f"{spec!r}: JAX cannot tell a result's sharding under this layout; say it with "
-            f"out_sharding= or jax.sharding.reshard, choose another layout, or, for code "
-            f"written for Auto axes, build the mesh with axis_types='auto'. JAX said: {first}",
+            **both(
+                lambda fix: (
+                    f"{where}: the program's shardings do not type-check on the "
+                    f"Explicit axes of mesh {spec!r}: JAX cannot tell a result's sharding under "
+                    f"this layout; say it with out_sharding= or jax.sharding.reshard, choose "
+                    f"another layout, or, for code written for Auto axes, build the mesh with "
+                    f"{fix('auto')}. JAX said: {first}"
+                )
+            ),
             param="axis_types",
         )
         e.jax_said = first

@@ -51,6 +51,29 @@ COLLECTIVE_BROADCAST = CollectiveKind.COLLECTIVE_BROADCAST
 #: Every collective kind the audit reports, in the order tables list them.
 KINDS: tuple[CollectiveKind, ...] = tuple(CollectiveKind)
 
+
+def kind_named(
+    name: object, *, what: str = "collective kind", param: str | tuple[str, ...] = ()
+) -> CollectiveKind:
+    """The kind ``name`` spells, with dashes as HLO writes it or underscores as a keyword
+    does (``"all-gather"``, ``"all_gather"``): the one vocabulary of every kind a user names.
+
+    >>> kind_named("all_gather"), kind_named("reduce-scatter")
+    ('all-gather', 'reduce-scatter')
+
+    Raises:
+        ShardscopeError: a name that spells no kind (``what`` and ``param`` name it).
+    """
+    found = CollectiveKind.get(name.strip().replace("_", "-")) if isinstance(name, str) else None
+    if found is None:
+        raise ShardscopeError(
+            f"{what} {name!r}: choose one of {CollectiveKind.choices()} (with dashes or "
+            f"underscores)",
+            param=param,
+        )
+    return found
+
+
 #: The kinds whose payload is exchanged among the group, each device receiving a part.
 EXCHANGES = frozenset({ALL_TO_ALL, RAGGED_ALL_TO_ALL})
 #: The kinds that move one device's buffer to others rather than combining the group's.
@@ -174,6 +197,34 @@ def parse_bytes(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
+
+
+def parse_budget(
+    text: str | int, *, what: str = "byte budget", param: str | tuple[str, ...] = ()
+) -> tuple[float, bool]:
+    """``(amount, is_percent)`` from ``1048576``, ``"1MiB"``, ``"500KB"`` or ``"5%"``: a
+    budget of bytes, the amount or a percentage of an earlier total (``what`` and ``param``
+    name it in errors).
+
+    >>> parse_budget("1MiB"), parse_budget("5%"), parse_budget(4096)
+    ((1048576.0, False), (5.0, True), (4096.0, False))
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ShardscopeError(f"{what} must be >= 0, got {text}", param=param)
+        return float(text), False
+    words = str(text).strip()
+    percent = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", words)
+    if percent:
+        return float(percent.group(1)), True
+    size = parse_bytes(words)
+    if size is None or not size >= 0 or size == float("inf"):
+        raise ShardscopeError(
+            f"{what} {text!r}: write a number of bytes, a size such as 64MiB or 1GB, or a "
+            f"percentage of the old total such as 5%",
+            param=param,
+        )
+    return size, False
 
 
 def format_memory(n: int | float) -> str:

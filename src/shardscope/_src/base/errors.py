@@ -6,11 +6,16 @@ from typing import TypeGuard
 
 
 class _NamesParams(Exception):
-    """An error that names the library parameters holding the bad values (``params``)."""
+    """An error that names the library parameters holding the bad values (``params``), and,
+    where its fix is written in Python's words (``axis_types='auto'``), the same message in
+    the command line's (``shell``: ``--axis-types auto``), or None."""
 
-    def __init__(self, message: str, *, param: str | tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message: str, *, param: str | tuple[str, ...] = (), shell: str | None = None
+    ) -> None:
         super().__init__(message)
         self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param)
+        self.shell = shell
 
 
 class ShardscopeError(_NamesParams, ValueError):
@@ -18,7 +23,8 @@ class ShardscopeError(_NamesParams, ValueError):
 
     ``params`` names the arguments of the library call that hold the bad values (empty when
     no one does), in the library's words; the command line tells its users the flags that
-    set them.
+    set them, or, where the error has one, prints its ``shell`` message instead, which
+    writes the fix with the flags themselves.
 
     >>> e = ShardscopeError("batch=0: must be positive", param="batch")
     >>> str(e), e.params

@@ -38,6 +38,12 @@ class NoteKind(StrEnum):
     def describe(self, values: Any) -> str:
         raise NotImplementedError(f"{type(self).__name__}.describe")
 
+    @property
+    def whole(self) -> bool:
+        """Whether the short view prints this kind's notes whole rather than cut to a line:
+        a note that reconciles two figures on the same screen (by default, none)."""
+        return False
+
     def values_of(self, values: Any) -> Any:
         """``values`` as this kind's notes hold them: by default as given; a kind whose values
         have a record (:class:`NoteValues`) makes it from their mapping."""

@@ -199,6 +199,12 @@ class VerdictNote(NoteKind):
         # Values written by earlier versions, read back.
         return cls.NO_REDUCE_SCATTER_FORMED if value == "no-reduce-scatter-on-cpu" else None
 
+    @property
+    def whole(self) -> bool:
+        # The widened note says why the verdict's bytes (at the program's width) differ from
+        # the audit's table above it (at the width the compiler sent): cut, it explains nothing.
+        return self is VerdictNote.WIDENED
+
     def describe(self, values: Mapping[str, Any]) -> str:
         match self:
             case VerdictNote.WIDENED:

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from shardscope._src.base.comm import parse_bytes
-from shardscope._src.base.errors import StrategyError
+from shardscope._src.base.comm import CollectiveKind, kind_named, parse_bytes
+from shardscope._src.base.errors import ShardscopeError, StrategyError
 from shardscope._src.sharding.strategies import get_strategy
 
 
@@ -23,6 +23,15 @@ def strategy_name(text: str) -> str:
     except StrategyError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def collective_kind(text: str) -> CollectiveKind:
+    """A collective kind (argparse type), with dashes or underscores as the library takes it
+    (``all-gather``, ``all_gather``), refused in the library's words."""
+    try:
+        return kind_named(text, what="kind")
+    except ShardscopeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _whole(text: str) -> int:

@@ -14,6 +14,7 @@ from shardscope._src.audit.user_program import check_program_ref
 from shardscope._src.base.errors import MeshSpecError, TargetError
 from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.audit_program import (
+    check_devices_for,
     hlo_file,
     mesh_needed,
     run_audit_hlo,
@@ -88,6 +89,7 @@ def run_audit_command(
         mesh = target_mesh(target, mesh_spec or DEFAULT_MESH, axis_types="auto")
     else:
         ensure_devices_for(mesh_spec, devices)
+        check_devices_for(mesh_spec or DEFAULT_MESH)
 
     program = get_demo(demo, mesh)
     result = audit(program)

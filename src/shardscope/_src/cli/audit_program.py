@@ -7,13 +7,15 @@ import math
 import os
 from typing import Any
 
+import jax
+
 from shardscope._src.audit.compile import audit, audit_program
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.devices import backends_started, use_cpu_devices
 from shardscope._src.base.errors import MeshSpecError, ProgramError, ShardscopeError, one_line
 from shardscope._src.base.records import STDOUT, write_result
 from shardscope._src.cli.options import print_more
-from shardscope._src.mesh import parse_mesh_spec
+from shardscope._src.mesh import format_mesh_spec, parse_mesh_spec
 from shardscope._src.render.audit import render_audit
 from shardscope._src.render.console import output_console
 from shardscope._src.sharding.rules import load_rules_file
@@ -33,6 +35,18 @@ def simulate_devices(n: int) -> None:
 
     if not backends_started():
         use_cpu_devices(max(n, 1))
+
+
+def check_devices_for(mesh_spec: str) -> None:
+    """Refuses, in the shell's words, a mesh of more devices than JAX runs with (a mesh of
+    fewer is built of the first devices)."""
+    axes = parse_mesh_spec(mesh_spec)
+    need, have = math.prod(axes.values()), jax.device_count()
+    if need > have:
+        raise MeshSpecError(
+            f"mesh {format_mesh_spec(axes)!r} needs {need} devices but {have} are available; "
+            f"give --devices {need}, or a mesh of at most {have} devices"
+        )
 
 
 def run_audit_program(
@@ -58,6 +72,7 @@ def run_audit_program(
         load_rules_file(rules_path)  # refused before the program runs, when it cannot be read
     if target is None:
         simulate_devices(math.prod(axes.values()))
+        check_devices_for(format_mesh_spec(axes))
     make_step = load_program(ref)
     try:
         result = audit_program(

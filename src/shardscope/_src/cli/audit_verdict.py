@@ -12,6 +12,7 @@ from typing import Any
 from shardscope._src.base.errors import MeshSpecError, ModelConfigError
 from shardscope._src.base.records import write_result
 from shardscope._src.bounds.matmul import matmul_problem
+from shardscope._src.cli.audit_program import check_devices_for
 from shardscope._src.cli.options import print_more
 from shardscope._src.mesh import ensure_devices_for, parse_mesh_spec
 from shardscope._src.model.config import Mode, ModelConfig
@@ -132,6 +133,7 @@ def _mesh_for(mesh_spec: str, target: str | None) -> Any:
 
     if target is None or get_target(target).family == Family.CPU:
         ensure_devices_for(mesh_spec)
+        check_devices_for(mesh_spec)  # a smaller mesh is built of the first devices
         return mesh_spec
     return target_mesh(target, mesh_spec, axis_types="auto")
 

@@ -13,6 +13,9 @@ from shardscope._src.cli.paths import check_output_paths
 from shardscope._src.render.console import natural_width, output_console
 from shardscope._src.render.diff import diff_table, render_diff
 
+#: What ``diff`` says when it is given no budget: it exits 0 whatever changed.
+NO_BUDGET = "no budget: exit 0 whatever changed; --max-bytes-increase or --no-new set one"
+
 
 def check_diff(c: DiffConfig) -> None:
 
@@ -41,7 +44,8 @@ def run_diff(
     console: Any = None,
     by_scope: bool = False,
 ) -> int:
-    """Prints how the collectives changed; 1 when a budget is broken, else 0."""
+    """Prints how the collectives changed; 1 when a budget is broken, else 0 (without a
+    budget it only reports, and says so)."""
 
     d = diff_audits(
         old, new, max_bytes_increase=max_bytes_increase, no_new=no_new, by_scope=by_scope
@@ -51,6 +55,8 @@ def run_diff(
             least = natural_width(diff_table(d), least=80) if d.changed else 80
             console = output_console(piped_width=least)
         render_diff(d, console=console)
+        if max_bytes_increase is None and not no_new:
+            console.print(NO_BUDGET, highlight=False, markup=False, soft_wrap=True)
     if json_path is not None:
         write_result(json_path, d)
     return 0 if d.ok else 1

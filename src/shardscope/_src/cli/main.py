@@ -17,6 +17,7 @@ from shardscope._src.base.errors import DeviceSetupError, ShardscopeError
 from shardscope._src.cli.args import (
     NO_FLAGS,
     PROG,
+    Flags,
     UsageError,
 )
 from shardscope._src.cli.config import (
@@ -70,7 +71,7 @@ def _launch_command(c: LaunchConfig) -> int:
         check_launch_command(command)
         check_launch_size(c.num_processes, c.devices_per_process)
     except ShardscopeError as e:
-        raise UsageError(f"{PROG} launch: {e}{c.flags(e.params)}") from None
+        raise UsageError(f"{PROG} launch: {in_shell_words(e, c.flags)}") from None
     # A bad sub-command is reported once, here, rather than by every process.
     try:
         build_parser().parse_args(_route_audit(command))
@@ -91,7 +92,7 @@ def _launch_command(c: LaunchConfig) -> int:
         _check(sub)
     except ShardscopeError as e:
         where = " ".join(command[:2])
-        raise UsageError(f"{PROG} launch: {where}: {e}{sub.flags(e.params)}") from None
+        raise UsageError(f"{PROG} launch: {where}: {in_shell_words(e, sub.flags)}") from None
     result = launch(
         command,
         c.num_processes,
@@ -167,14 +168,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return run(config)
     except UsageError as e:
         _fail(str(e))
-    except ShardscopeError as e:
+    except (ShardscopeError, DeviceSetupError) as e:
         if debug:
             raise
-        _fail(f"{PROG}: error: {e}{flags(e.params)}")
-    except DeviceSetupError as e:
-        if debug:
-            raise
-        _fail(f"{PROG}: error: {e}{flags(e.params)}")
+        _fail(f"{PROG}: error: {in_shell_words(e, flags)}")
     except OSError as e:  # a file we were asked to write or read; the message names it
         if debug:
             raise
@@ -183,6 +180,14 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def in_shell_words(error: ShardscopeError | DeviceSetupError, flags: Flags) -> str:
+    """A library error as the command line says it: its message in the shell's words where
+    it has them (they name the flags), else its message and the flags of its parameters."""
+    if error.shell is not None:
+        return error.shell
+    return f"{error}{flags(error.params)}"
 
 
 def command_config(args: argparse.Namespace) -> CommandConfig:

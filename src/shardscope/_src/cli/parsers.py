@@ -16,6 +16,7 @@ from shardscope._src.cli.args import (
     PROG,
     Parser,
     add_axis_types_option,
+    collective_kind,
     nonnegative_int,
     nonnegative_number,
     positive_bytes,
@@ -396,7 +397,10 @@ def add_diff_parser(sub: argparse._SubParsersAction) -> None:
         "changed, per axis and kind; exit 1 when a budget is broken",
         description="Compare two audit JSON files written by 'shardscope audit ... --json': "
         "list the collectives that appeared, disappeared or changed count or bytes per mesh "
-        "axis and kind. Exit 0 within budget, 1 when a budget is broken, 2 on bad input.",
+        "axis and kind. Exit 0 within budget, 1 when a budget is broken, 2 on bad input. "
+        "Without --max-bytes-increase or --no-new there is no budget: it only reports, and "
+        "exits 0 whatever changed. It warns when the two audits are of different meshes or "
+        "targets.",
     )
     diff.add_argument("old", metavar="OLD.json")
     diff.add_argument("new", metavar="NEW.json")
@@ -410,9 +414,10 @@ def add_diff_parser(sub: argparse._SubParsersAction) -> None:
         "--no-new",
         action="append",
         default=[],
-        choices=list(KINDS),
+        type=collective_kind,
         metavar="KIND",
-        help="a collective kind whose count must not grow (repeatable), e.g. all-gather",
+        help="a collective kind whose count must not grow (repeatable): "
+        f"{', '.join(KINDS)}, or with underscores (all_gather)",
     )
     diff.add_argument(
         "--by-scope",

@@ -67,8 +67,9 @@ def diff_table(diff: AuditDiff, *, all_rows: bool = False) -> Any:
     """One row per (axes, kind) that appeared, disappeared or changed (``all_rows``: every one)."""
     shown = diff.rows if all_rows else diff.changed
     total = _signed(diff.new_traffic_bytes - diff.old_traffic_bytes)
+    same = len(diff.rows) - len(diff.changed)
     caption = f"{_total_line(diff)} ({total}); " + (
-        f"{len(diff.rows) - len(diff.changed)} rows unchanged" if not all_rows else ""
+        f"{same} {'row' if same == 1 else 'rows'} unchanged" if not all_rows else ""
     )
     return rich_table(
         diff_columns(diff),
@@ -81,11 +82,12 @@ def diff_table(diff: AuditDiff, *, all_rows: bool = False) -> Any:
 def diff_text(diff: AuditDiff, *, all_rows: bool = False) -> str:
     """The same table as plain text, with the total bytes under it."""
     shown = diff.rows if all_rows else diff.changed
-    return "\n".join([*text_table(diff_columns(diff), shown, indent=""), _total_line(diff)])
+    lines = [*text_table(diff_columns(diff), shown, indent=""), _total_line(diff)]
+    return "\n".join([*lines, *(f"warning: {w}" for w in diff.warnings)])
 
 
 def render_diff(diff: AuditDiff, *, console: Any = None) -> None:
-    """Prints the table, then each broken budget (or that none is)."""
+    """Prints the table, then what makes the comparison doubtful, then each broken budget."""
     from rich.console import Console
 
     console = console or Console()
@@ -97,6 +99,8 @@ def render_diff(diff: AuditDiff, *, console: Any = None) -> None:
             f"{format_bytes(diff.new_traffic_bytes)} per device in the same collectives",
             highlight=False,
         )
+    for w in diff.warnings:
+        console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     for v in diff.violations:
         console.print(f"[bold red]budget broken:[/] {v}", highlight=False)
 

@@ -131,13 +131,16 @@ def render_verdict(
     verdict: Verdict, *, console: Any = None, title: str | None = None, verbose: bool = True
 ) -> None:
     """Prints the verdict table and its lines to ``console`` (a new rich Console by default);
-    not ``verbose``, each line but the verdict's own is cut to one line of the console."""
+    not ``verbose``, each line but the verdict's own is cut to one line of the console, but
+    for the notes whose kind is printed whole (those that reconcile two figures shown)."""
 
     console = console or output_console()
     console.print(verdict_table(verdict, title=title))
     lines = verdict_lines(verdict, verbose=verbose)
+    notes = (*verdict.bound_notes, *verdict.notes)
+    whole = {f"note: {n}" for n in notes if n.kind.whole}
     for line in lines[:-1]:
-        if verbose:
+        if verbose or line in whole:
             console.print(line, highlight=False, markup=False)
         else:
             print_line(console, line)

@@ -11,7 +11,6 @@ on a mesh; :func:`shardscope.audit` accepts a :class:`Demo` directly (it has ``l
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardscope._src.base.comm import CollectiveKind
 from shardscope._src.base.errors import MeshSpecError, ShardscopeError
-from shardscope._src.mesh import format_mesh_spec, make_mesh, parse_mesh_spec
+from shardscope._src.mesh import first_devices_mesh, parse_mesh_spec
 
 DEFAULT_MESH = "model=8"
 DEMO_FACTS: dict[str, tuple[CollectiveKind, int]] = {  # what XLA inserts on a 1-D mesh
@@ -77,16 +76,7 @@ def demo_mesh(mesh: Any = None) -> Any:
     if mesh is not None and not isinstance(mesh, str):
         return mesh
 
-    axes = parse_mesh_spec(mesh or DEFAULT_MESH)
-    need = math.prod(axes.values())
-    have = jax.devices()
-    if need > len(have):
-        raise MeshSpecError(
-            f"mesh {format_mesh_spec(axes)!r} needs {need} devices but JAX has {len(have)}; "
-            f"choose sizes that multiply to at most {len(have)}, or simulate more with "
-            f"shardscope.use_cpu_devices({need}) before JAX starts"
-        )
-    return make_mesh(axes, devices=have[:need], axis_types="auto")
+    return first_devices_mesh(mesh or DEFAULT_MESH, axis_types="auto")
 
 
 def _axis(mesh: Any) -> str:

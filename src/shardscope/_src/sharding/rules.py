@@ -273,10 +273,11 @@ def choose_rule_set(found: RuleSets | None, rule_set: str | None) -> tuple[str, 
         return None
     if rule_set is None:
         if len(found.sets) > 1:
+            held = f"{found.source} holds {len(found.sets)} rule sets ({', '.join(found.sets)})"
             raise RulesError(
-                f"{found.source} holds {len(found.sets)} rule sets ({', '.join(found.sets)}); "
-                f"choose one with rule_set=NAME",
+                f"{held}; choose one with rule_set=NAME",
                 param="rule_set",
+                shell=f"{held}; choose one with --rule-set NAME",
             )
         return next(iter(found.sets.items()))
     if rule_set not in found.sets:

@@ -43,8 +43,8 @@ from shardscope._src.base.vocab import Vocab
 from shardscope._src.mesh import (
     MeshShape,
     auto_mesh,
+    first_devices_mesh,
     format_mesh_spec,
-    make_mesh,
     mesh_axes,
 )
 from shardscope._src.model.config import (
@@ -549,7 +549,7 @@ class Strategy:
             )
         # The reference model constrains its activations (with_sharding_constraint) and lets
         # the compiler choose the collectives: it runs on Auto axes whatever the mesh's types.
-        mesh = auto_mesh(make_mesh(mesh) if isinstance(mesh, str) else mesh)
+        mesh = auto_mesh(first_devices_mesh(mesh) if isinstance(mesh, str) else mesh)
         sizes = mesh_axes(mesh)
         resolved = _resolve_roles(self, sizes, model_axis, axes)
         placement = Placement(self, config, mesh, resolved, constraints)

@@ -21,7 +21,7 @@ from shardscope._src.bounds.matmul import (
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.check.compare import Hint, Verdict, compare
-from shardscope._src.mesh import auto_mesh, format_mesh_spec, make_mesh
+from shardscope._src.mesh import auto_mesh, first_devices_mesh, format_mesh_spec
 from shardscope._src.model.config import Mode, ModelConfig, param_shapes
 from shardscope._src.sharding.programs import Program, build_matmul, build_reference_program
 from shardscope._src.verdict.hints import (
@@ -75,6 +75,8 @@ def matmul_verdict(
     shard_map when a reduce-scatter is involved, and, when the cheapest schedule duplicates the
     compute, the cheapest one that does not; each compiled and audited. A hint that duplicates
     the compute says so, with its flops per device: fewer bytes are not free.
+    ``mesh``: a ``Mesh``, or a description (``"x=8"``) built of the first devices it holds
+    (``"x=4"`` on 8 devices uses 4 of them); one of more devices than JAX has is refused.
 
     >>> report = matmul_verdict("x=8", 4096, 1024, 1024, "float32", "None,x", "None,None",
     ...                         "None,x")
@@ -83,7 +85,8 @@ def matmul_verdict(
     """
 
     problem = matmul_problem(mesh, m, k, n, dtype, a_spec, b_spec, out_spec)
-    mesh_obj = auto_mesh(make_mesh(dict(problem.mesh)) if isinstance(mesh, str | dict) else mesh)
+    described = isinstance(mesh, str | dict)
+    mesh_obj = auto_mesh(first_devices_mesh(dict(problem.mesh)) if described else mesh)
     schedule = best_schedule(problem)
     result = audit(build_matmul(problem, mesh_obj).lower())
     bound = schedule.bound()
@@ -149,6 +152,7 @@ def transformer_verdict(
     constraints (if they were left out), then its shard_map twin with explicit
     ``psum`` / ``all_gather`` / ``psum_scatter`` (if it has one). Each is compiled and
     audited; its traffic is reported whether or not it reaches the bound.
+    ``mesh``: a ``Mesh``, or a description (``"model=8"``) built of the first devices it holds.
     """
 
     program = build_reference_program(
@@ -224,12 +228,13 @@ def moe_verdict(
     GShard's groups, :func:`~shardscope._src.model.moe.moe_capacity`), audits it and judges
     it against :func:`~shardscope._src.bounds.moe.moe_layer_terms` with the capacity factor
     as the imbalance its buffers allow. ``mesh`` has the axis ``expert``: the tokens and the
-    experts are split over it (``"expert=8"``; made of ``target``'s compile-only devices when
-    given); an axis ``data`` splits the tokens further and replicates the experts
-    (``"data=2,expert=4"``: expert x data parallelism, whose train step sums the experts'
-    gradients over ``data``). ``mode`` ``"train"`` differentiates the layer's input and
-    weights. ``impl`` ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
-    (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
+    experts are split over it (``"expert=8"``: made of the first devices it holds, or of
+    ``target``'s compile-only devices when given); an axis ``data`` splits the tokens
+    further and replicates the experts (``"data=2,expert=4"``: expert x data parallelism,
+    whose train step sums the experts' gradients over ``data``). ``mode`` ``"train"``
+    differentiates the layer's input and weights. ``impl`` ``"shard_map"`` compiles its
+    twin with explicit ``all_to_all`` s (:func:`~shardscope._src.model.moe.moe_capacity_local`)
+    instead of jit's constraints.
     ``dispatch_once`` sends each token once to each device of its experts (DeepEP's), judged
     against the bound of that dispatch; ``weight_activations`` sends each slot's router weight
     with it to its expert, which scales its activation by it (Megatron-Core's all-to-all
@@ -265,7 +270,7 @@ def moe_verdict(
         capacity_factor=capacity_factor,
     )  # the shape's own checks
     if isinstance(mesh, str | dict):
-        mesh = target_mesh(target, mesh, axis_types="auto") if target else make_mesh(mesh)
+        mesh = target_mesh(target, mesh, axis_types="auto") if target else first_devices_mesh(mesh)
     mesh = auto_mesh(mesh)
     sizes = dict(mesh.shape)
     if EXPERT_AXIS not in sizes or set(sizes) - {EXPERT_AXIS, DATA_AXIS}:
