@@ -175,9 +175,10 @@ def test_an_audit_read_from_json_names_the_way_to_price_it(two_programs, tmp_pat
     assert plain.priced_on is None
     text = " ".join(format_profile(plain, width=400).split())  # the caption wraps
     assert "join the trace to the program" in text
-    with pytest.raises(shardscope.ProfileError, match="--mesh SPEC --hardware h100") as e:
+    with pytest.raises(shardscope.ProfileError, match="profile_program_trace") as e:
         profile_trace(folder, path, hardware="h100")
     assert e.value.params == ("hardware",)
+    assert "FILE.py:FUNCTION --mesh SPEC --hardware h100" in e.value.shell
 
 
 # -- traces that do not join: one error, nothing written ------------------------------------

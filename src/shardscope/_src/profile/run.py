@@ -290,9 +290,14 @@ def _priced_on(audit: Audit, hardware: str | Hardware | None) -> tuple[Audit, Ha
             f"hardware={hw.name!r}: an audit read from JSON is priced on "
             f"{audit.priced_on or 'nothing'} and holds no program to price again; join the "
             f"trace to the program instead, compiled here as it ran and priced on "
-            f"{hw.name} (profile --trace DIR FILE.py:FUNCTION --mesh SPEC --hardware "
-            f"{hw.name}; profile_program_trace in Python), or drop hardware",
+            f"{hw.name} (profile_program_trace), or drop hardware",
             param="hardware",
+            shell=(
+                f"--hardware {hw.name}: an audit read from JSON (--audit) is priced on "
+                f"{audit.priced_on or 'nothing'} and holds no program to price again; give the "
+                f"program in place of --audit, compiled here as it ran: profile --trace DIR "
+                f"FILE.py:FUNCTION --mesh SPEC --hardware {hw.name}; or drop --hardware"
+            ),
         )
     collectives = priced(audit.collectives, module, audit.mesh_axes, hw)
     again = replace(audit, collectives=collectives, priced_on=hw.name)
