@@ -24,7 +24,7 @@ AUDITS = [("audit", p) for p in ("program", "hlo", "matmul", "reshard", "transfo
 COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "audit/compile.py": [("audit", "program")],
     "audit/diff.py": [("diff",)],
-    "audit/stages.py": [("audit", "program"), ("plan",)],
+    "audit/stages.py": [("audit", "program"), ("plan",), ("shard",)],
     "base/distributed.py": [("lab",), *AUDITS],
     "launch.py": [("launch",)],
     "mesh.py": [("audit", "program"), ("plan",)],

@@ -99,6 +99,20 @@ def test_a_program_name_missing_from_the_rules_is_one_error_naming_it():
         shardscope.suggest(make_step, 8, rules=[("batch", "pipe")], axis_types="auto")
 
 
+def test_code_for_auto_axes_searched_on_explicit_ones_names_the_axis_types(capsys):
+    # flax_mlp.py is written for Auto axes: on JAX's default Explicit axes its matmuls'
+    # contracted dimensions are sharded and JAX cannot type the result; the rules are fine
+    make_step = load_program(MLP)
+    with pytest.raises(shardscope.AxisTypeError, match="axis_types='auto'") as info:
+        shardscope.suggest(make_step, 8, compiler="cpu", compiles=2, workers=0)
+    assert not isinstance(info.value, shardscope.RulesError)
+    assert "missing from the rules" not in str(info.value)
+    argv = ["shard", MLP, "--devices", "8", "--compiler", "cpu", "--compiles", "2"]
+    line = assert_usage_error(argv, "axis_types='auto'", capsys)
+    assert line.rstrip().endswith("(flag --axis-types)"), line
+    assert "--rules" not in line
+
+
 def test_the_weights_are_the_arrays_the_optimizer_state_mirrors():
     make_step = load_program(LLAMA)
     names = ("batch", "vocab", "embed", "heads", "mlp")

@@ -351,9 +351,12 @@ def _context_error(error: BaseException, mesh: Any, where: str) -> ShardscopeErr
     return None
 
 
-def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeError | None:
+def axis_type_error(
+    error: BaseException, mesh: Any, where: str, *, mesh_words: str | None = None
+) -> AxisTypeError | None:
     """Our words for JAX's refusal of shardings that do not fit the mesh's axis types (code
     for Explicit axes on an Auto mesh, or the reverse), or None for other errors.
+    ``mesh_words`` names the mesh (default: ``mesh 'data=2,model=4'``).
 
     JAX 0.10.2 says so in a ``ValueError`` and an ``AssertionError`` whose wording is matched
     below, and in its ``ShardingTypeError`` (not public API, so known by its name).
@@ -361,11 +364,12 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
     text = str(error)
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     kinds = set(mesh_axis_types(mesh))
-    spec = format_mesh_spec(mesh_axes(mesh)) if kinds else "?"
+    spec = repr(format_mesh_spec(mesh_axes(mesh))) if kinds else "'?'"
+    spec = spec if mesh_words is None else mesh_words
     if "names that are of type Auto" in text and "auto" in kinds:
         return AxisTypeError(
             f"{where}: the program is written for Explicit axes (sharding in types: "
-            f"out_sharding=, jax.sharding.reshard), but mesh {spec!r} has Auto axes; build it "
+            f"out_sharding=, jax.sharding.reshard), but {spec} has Auto axes; build it "
             f"with axis_types='explicit', JAX's default. JAX said: {first}",
             param="axis_types",
         )
@@ -374,22 +378,22 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
     if "can only refer to Auto axes" in text:
         return AxisTypeError(
             f"{where}: the program constrains shardings with with_sharding_constraint, which "
-            f"takes only Auto axes, but mesh {spec!r} has Explicit axes; build it with "
+            f"takes only Auto axes, but {spec} has Explicit axes; build it with "
             f"axis_types='auto' (or move arrays with jax.sharding.reshard). JAX said: {first}",
             param="axis_types",
         )
     if "acts as an assert when all axes of mesh are of type `Explicit`" in text:
         return AxisTypeError(
             f"{where}: with_sharding_constraint only checks shardings on Explicit axes, and on "
-            f"mesh {spec!r} one does not hold: the program is written for Auto axes, so build "
+            f"{spec} one does not hold: the program is written for Auto axes, so build "
             f"the mesh with axis_types='auto' (or move the array with jax.sharding.reshard). "
             f"JAX said: {first}",
             param="axis_types",
         )
     if type(error).__name__ == "ShardingTypeError":
         e = ShardingTypeCheckError(
-            f"{where}: the program's shardings do not type-check on the Explicit axes of mesh "
-            f"{spec!r}: JAX cannot tell a result's sharding under this layout; say it with "
+            f"{where}: the program's shardings do not type-check on the Explicit axes of "
+            f"{spec}: JAX cannot tell a result's sharding under this layout; say it with "
             f"out_sharding= or jax.sharding.reshard, choose another layout, or, for code "
             f"written for Auto axes, build the mesh with axis_types='auto'. JAX said: {first}",
             param="axis_types",

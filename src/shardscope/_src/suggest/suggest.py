@@ -75,7 +75,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from shardscope._src.audit.stages import build_step, check_step_pair, lower, program_stage
+from shardscope._src.audit.stages import (
+    axis_type_error,
+    build_step,
+    check_step_pair,
+    lower,
+    program_stage,
+)
 from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, format_memory, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
@@ -439,6 +445,8 @@ def probe_program(
     are ``names``.
 
     Raises:
+        AxisTypeError: the program's shardings do not fit the probe's axis types (code
+            written for Auto axes on Explicit ones: names ``axis_types='auto'``).
         RulesError: the program could not be built with its logical names as the axes (it
             names one that ``names`` lacks, or a mesh axis of its own).
     """
@@ -461,6 +469,11 @@ def probe_program(
     except RulesError:
         raise
     except Exception as e:
+        # code written for Auto axes on the probe's Explicit ones: the axis types' fault
+        words = f"the probe's mesh (an axis of size 1 per logical name: {', '.join(names)})"
+        explained = axis_type_error(e, mesh, where, mesh_words=words)
+        if explained is not None:
+            raise explained from e
         raise RulesError(
             f"{where} could not be built with its logical names ({', '.join(names)}) as the "
             f"mesh's axes: a name it uses is missing from the rules, or it names mesh axes "
@@ -818,6 +831,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     Raises:
         RulesError: no logical names to search, rules naming a mesh axis not among ``axes``,
             or a program that uses a logical name the rules lack (the error names them).
+        AxisTypeError: a program whose shardings do not fit the axis types (code written
+            for Auto axes, searched on Explicit ones: the error names ``axis_types='auto'``).
         PlanError: too few devices, a bad ``compiles``, or a ``make_step`` that takes no rules.
 
     >>> result = suggest(make_step, 8, axis_types="auto")  # doctest: +SKIP
