@@ -4,6 +4,7 @@ program's logical names."""
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -90,11 +91,19 @@ def test_the_change_turns_your_best_rules_into_the_proposal(mlp):
     assert change.speedup == own.step_time_s / best.step_time_s
 
 
-def test_a_program_name_missing_from_the_rules_is_one_error_naming_it():
+def test_a_program_name_missing_from_the_rules_is_one_error_naming_it(tmp_path, capsys):
     make_step = load_program(MLP)
     rules = [("batch", "data"), ("embed", None)]  # no rule for "hidden"
-    with pytest.raises(shardscope.RulesError, match="hidden"):
+    words = "uses logical name 'hidden', which rules= does not map (it maps batch, embed): add"
+    with pytest.raises(shardscope.RulesError, match=re.escape(words)):
         shardscope.suggest(make_step, 8, rules=rules, axis_types="auto")
+    # a typo in a rules file: the file, and the name the program uses that is close to it
+    path = tmp_path / "typo.json"
+    typo = [["batch", "data"], ["embed", None], ["hiden", "model"]]
+    path.write_text(json.dumps({"rules": {"mine": typo}}))
+    argv = ["shard", MLP, "--devices", "8", "--compiler", "cpu", "--axis-types", "auto"]
+    line = assert_usage_error([*argv, "--rules", str(path)], "'hiden' is close", capsys)
+    assert f"which rules file {str(path)!r} does not map (it maps batch, embed, hiden;" in line
     with pytest.raises(shardscope.RulesError, match="'pipe'"):
         shardscope.suggest(make_step, 8, rules=[("batch", "pipe")], axis_types="auto")
 

@@ -126,6 +126,7 @@ from shardscope._src.sharding.rules import (
     rules_context,
     sharded_rules,
     takes_rules,
+    unmapped_name_error,
     uses_flax,
 )
 from shardscope._src.targets.hardware import Hardware
@@ -438,11 +439,16 @@ def _one_axis(axes: Any, mesh: Mapping[str, int]) -> str | None:
 
 
 def probe_program(
-    make_step: Callable[..., Any], names: Sequence[str], *, where: str, axis_type: Any = None
+    make_step: Callable[..., Any],
+    names: Sequence[str],
+    *,
+    where: str,
+    axis_type: Any = None,
+    named_by: str = "rules=",
 ) -> tuple[tuple[ProbedArray, ...], float]:
     """The program's arguments with their logical names, and the step's FLOPs (JAX's count
     of the lowering; 0 when it gives none), from one build on a one-device mesh whose axes
-    are ``names``.
+    are ``names`` (those ``named_by`` names: its words in an error).
 
     Raises:
         AxisTypeError: the program's shardings do not fit the probe's axis types (code
@@ -474,6 +480,9 @@ def probe_program(
         explained = axis_type_error(e, mesh, where, mesh_words=words)
         if explained is not None:
             raise explained from e
+        unmapped = unmapped_name_error(e, names, named_by, program=where)
+        if unmapped is not None:
+            raise unmapped from e
         raise RulesError(
             f"{where} could not be built with its logical names ({', '.join(names)}) as the "
             f"mesh's axes: a name it uses is missing from the rules, or it names mesh axes "
@@ -907,7 +916,10 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     if per_array:
         arrays, flops = probed, probed_flops
     else:
-        arrays, flops = probe_program(make_step, names, where=f"{label}(probe)", axis_type=kinds[0])
+        named_by = "logical_axes=" if found is None else found.source
+        arrays, flops = probe_program(
+            make_step, names, where=f"{label}(probe)", axis_type=kinds[0], named_by=named_by
+        )
     t1 = time.perf_counter()
     shapes = mesh_list(None, axes, devices)
     work = workload(arrays, flops)
