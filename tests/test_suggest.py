@@ -54,10 +54,11 @@ def test_the_best_proposal_fits_and_beats_the_hand_written_rules(mlp):
     json.dumps(result.to_dict())
 
 
-def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path):
+def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path, monkeypatch):
     make_step, result = mlp
-    path = tmp_path / "suggested.json"
-    result.write_rules(path)
+    monkeypatch.chdir(tmp_path)
+    path = result.write_rules()  # by default under the name that says it holds rules
+    assert path.name == "suggested-rules.json"
     data = json.loads(path.read_text())
     assert data["axes"] == ["data", "model"] and list(data["rules"]) == ["suggested"]
     again = shardscope.plan_program(
@@ -419,6 +420,37 @@ def test_the_command_line_writes_a_spec_per_array_for_a_program_without_names(tm
     assert {p: len(leaf.shape) for p, leaf in leaves} == {
         p: len(spec) for p, spec in data["specs"].items()
     }
+
+
+def test_a_specs_file_is_written_as_one_and_refused_as_rules_with_how_to_apply_it(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    argv = ["shard", f"{EQX}:make_step", "--devices", "8", "--compiler", "cpu"]
+    assert main([*argv, "--axis-types", "auto", "--compiles", "2", "--workers", "0"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["suggested-specs.json"]
+    data = json.loads((tmp_path / "suggested-specs.json").read_text())
+    path, spec = next((k, v) for k, v in data["specs"].items() if any(v))
+    shown = ", ".join("None" if a is None else repr(a) for a in spec)
+    mesh = ",".join(f"{k}={v}" for k, v in data["mesh"].items())
+    # each reader of rules says what the file is and how to apply it, in one line
+    for command in (
+        ["audit", f"{EQX}:make_step", "--mesh", mesh],
+        ["plan", "--program", f"{EQX}:make_step", "--devices", "8"],
+        ["shard", f"{EQX}:make_step", "--devices", "8"],
+    ):
+        line = assert_usage_error(
+            [*command, "--rules", "suggested-specs.json"], "is a specs file", capsys
+        )
+        assert line.startswith("shardscope: error: rules file 'suggested-specs.json' is a ")
+        assert f"by its path on mesh {mesh}), not rules" in line
+        assert f"e.g. P({shown}) for the one at {path}" in line
+        assert line.rstrip().endswith("without rules (flag --rules)"), line
+    with pytest.raises(shardscope.RulesError, match="is a specs file"):
+        shardscope.audit_program(
+            load_program(f"{EQX}:make_step"), mesh, rules="suggested-specs.json"
+        )
 
 
 def test_a_settled_search_compiled_every_neighbour_of_the_best():

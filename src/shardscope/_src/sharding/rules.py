@@ -138,6 +138,8 @@ def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tup
     ``{logical: mesh axes}`` object. Mesh axes are a name, a list of names or null.
     """
     data = read_json(path, "rules file", RulesError)
+    if isinstance(data, Mapping) and "specs" in data and "rules" not in data:
+        raise RulesError(_specs_file_words(path, data), param="rules")
     if not isinstance(data, Mapping) or "rules" not in data:
         raise RulesError(
             f'rules file {str(path)!r} must be a JSON object with "rules": {{name: [[logical, '
@@ -158,6 +160,29 @@ def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tup
         axes = tuple(raw)
         check_rules_axes(rule_sets, axes)
     return rule_sets, axes
+
+
+def _specs_file_words(path: str | os.PathLike[str], data: Mapping[str, Any]) -> str:
+    """What a specs file given as rules is, and how to apply it: ``shard``'s file for a
+    program without logical names holds ``{"mesh": {...}, "specs": {path: spec}}``."""
+    mesh, specs = data.get("mesh"), data.get("specs")
+    on = ""
+    if isinstance(mesh, Mapping) and mesh:
+        on = " on mesh " + ",".join(f"{k}={v}" for k, v in mesh.items())
+    example = ""
+    if isinstance(specs, Mapping) and specs:
+        # the first spec that shards something says most
+        shown = [(k, v) for k, v in specs.items() if isinstance(v, list)]
+        if shown:
+            where, spec = next(((k, v) for k, v in shown if any(v)), shown[0])
+            entries = ", ".join("None" if a is None else repr(a) for a in spec)
+            example = f", e.g. P({entries}) for the one at {where}"
+    return (
+        f"rules file {str(path)!r} is a specs file (shard's proposal for a program without "
+        f"logical names: each argument's PartitionSpec by its path{on}), not rules: give each "
+        f"argument of make_step's step its spec{example}, and audit or plan the program as "
+        f"written, without rules"
+    )
 
 
 def sharded_rules(rules: Rules) -> str:

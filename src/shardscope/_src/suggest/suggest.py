@@ -134,6 +134,10 @@ from shardscope._src.targets.specs import CPU_TARGET, get_target
 
 #: The rule set name the written rules file holds.
 SUGGESTED = "suggested"
+#: Where :meth:`SuggestResult.write_rules` writes by default: the best's rules file, or for a
+#: program without logical names (searched array by array) its mesh and specs file.
+RULES_FILE = "suggested-rules.json"
+SPECS_FILE = "suggested-specs.json"
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -378,10 +382,17 @@ class SuggestResult:
             f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
         )
 
-    def write_rules(self, path: Any) -> Path:
-        """Writes :meth:`rules_text` to ``path`` atomically; returns where."""
+    @property
+    def file_name(self) -> str:
+        """The name :meth:`write_rules` gives its file by default: ``suggested-rules.json``,
+        or ``suggested-specs.json`` for a program without logical names (its specs)."""
+        return default_file(self.by_dataflow)
+
+    def write_rules(self, path: Any = None) -> Path:
+        """Writes :meth:`rules_text` to ``path`` (default :attr:`file_name`) atomically;
+        returns where."""
         text = self.rules_text()
-        return write_atomic(path, lambda f: f.write(text))
+        return write_atomic(self.file_name if path is None else path, lambda f: f.write(text))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -755,6 +766,18 @@ def compute_floor(
     return floor
 
 
+def searched_by_array(make_step: Callable[..., Any], args: Any = None) -> bool:
+    """Whether :func:`suggest` searches ``make_step`` array by array: given its arguments, or
+    a ``make_step(mesh)`` that takes no rules and does not use Flax (no logical names)."""
+    return args is not None or (not takes_rules(make_step) and not uses_flax(make_step))
+
+
+def default_file(by_array: bool) -> str:
+    """The default name of the file a search writes (:data:`RULES_FILE`, or
+    :data:`SPECS_FILE` for a program searched array by array)."""
+    return SPECS_FILE if by_array else RULES_FILE
+
+
 def default_workers(compiles: int) -> int:
     """Two worker processes where more than three compiles are asked for on a machine of two
     or more cores, else none (see :func:`suggest`)."""
@@ -835,7 +858,9 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     Returns:
         A :class:`SuggestResult`: ``proposals`` ranked, ``best``, ``to_dict()``, and
         ``write_rules(path)`` for a rules file that ``audit``, ``plan --program`` and Flax's
-        ``logical_axis_rules`` (its pairs) take as they are.
+        ``logical_axis_rules`` (its pairs) take as they are; for a program searched array by
+        array, a file of the mesh and each argument's spec, which no reader of rules takes
+        (each says so): the specs are given to the arguments in ``make_step``.
 
     Raises:
         RulesError: no logical names to search, rules naming a mesh axis not among ``axes``,
@@ -858,7 +883,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
     label = name or program_name(make_step)
-    per_array = args is not None or (not takes_rules(make_step) and not uses_flax(make_step))
+    per_array = searched_by_array(make_step, args)
     # a worker loads the program from its file; given arguments stay in this process
     ref = None if args is not None else program_ref(make_step, by_dataflow=per_array)
     if per_array:
