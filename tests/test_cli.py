@@ -25,6 +25,8 @@ from shardscope._src.cli.main import main
         (["audit", "reshard", "--devices", "4"], "give --devices 8 or a smaller mesh"),
         (["lab", "--out", ""], "argument --out: is empty"),
         (["lab", "--out", "/proc/version/x"], "'/proc/version' is a file, not a folder"),
+        # the file the lab writes there, not one it never writes
+        (["lab", "--out", "/proc/x"], "cannot write '/proc/x/sharding_taster.json'"),
         (["audit", "matmul", "--json", "/tmp"], "'/tmp' is a folder, not a file"),
         (["audit", "matmul", "--json", ""], "argument --json: is empty"),
         (["audit", "matmul", "--mesh", "model=99999999999"], "more than this tool supports"),
