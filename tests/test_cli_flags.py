@@ -26,6 +26,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "audit/diff.py": [("diff",)],
     "audit/stages.py": [("audit", "program"), ("plan",), ("shard",)],
     "base/distributed.py": [("lab",), *AUDITS],
+    "lab/taster.py": [("lab",)],
     "launch.py": [("launch",)],
     "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],

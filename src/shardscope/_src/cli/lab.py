@@ -15,6 +15,8 @@ from shardscope._src.lab.harness import scorecard_name
 def check_lab(c: LabConfig) -> None:
 
     check_dir_path(c.out, writes=scorecard_name(taster.LAB_ID))
+    if c.devices is not None:
+        taster.check_devices(c.devices)
 
 
 def fast_compile_flags() -> None:
