@@ -15,7 +15,7 @@ import shardscope
 from helpers import assert_usage_error, mlp_search
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.cli.main import build_parser, command_config, main
-from shardscope._src.render.suggest import ARRAYS_SHOWN, render_suggest
+from shardscope._src.render.suggest import ARRAYS_SHOWN, render_suggest, suggest_markdown_report
 from shardscope._src.suggest.suggest import probe_program, screen, workload
 from shardscope._src.targets.hardware import PRESETS
 
@@ -188,6 +188,31 @@ def _rendered(result, *, verbose):
     return console.export_text()
 
 
+def test_a_best_that_replicates_everything_says_what_the_fastest_split_costs(mlp):
+    _, result = mlp
+    # a 64 x 256 MLP on 8 devices: the collectives of any split outweigh what it saves
+    best = result.best
+    assert best.replicated and all(a is None for _, a in best.rules)
+    split = next(p for p in result.proposals if p.fits and not p.replicated)
+    assert split.step_time_s > best.step_time_s
+    (note,) = result.notes
+    assert note.kind == "all-replicated" and note.values.devices == 8
+    # what the note claims holds of the two compiled programs
+    assert note.values.comm_s == split.plan.comm_time_s > 0
+    assert note.values.saved_s == best.plan.compute_time_s - split.plan.compute_time_s
+    assert note.values.comm_s > note.values.saved_s
+    assert f"the fastest split, {_rules_of(split)} on " in note.text
+    assert f"note: {note.text[:100]}" in _rendered(result, verbose=False)
+    assert f"\nnote: {note.text}\n" in suggest_markdown_report(result)
+    assert result.to_dict()["notes"] == [note.to_dict()]
+
+
+def _rules_of(p):
+    from shardscope._src.sharding.rules import sharded_rules
+
+    return sharded_rules(p.rules)
+
+
 def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():
     make_step = load_program(MLP)
     # a slow chip: compute decides, so a plan that leaves devices repeating others' work
@@ -209,6 +234,8 @@ def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():
     assert result.best.ratio == result.best.step_time_s / every.best.step_time_s
     for s in slower:  # each left out is slower than the best
         assert compiled[(s.strategy, s.mesh)].step_time_s > own.best.step_time_s
+    # compute decides: the best splits the work, and there is nothing to note about that
+    assert not result.best.replicated and result.notes == ()
     # a plan taken from another compile of its layout is what its own compile gives
     assert result.own_shared > 0 and result.own_compiled + result.own_shared == len(own.plans)
     for p in own.plans:

@@ -85,13 +85,16 @@ from shardscope._src.audit.stages import (
 from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, format_memory, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
+from shardscope._src.base.notes import Note
 from shardscope._src.base.records import record_dict
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.cost.compute import matmul_seconds, serial_seconds
 from shardscope._src.cost.links import collective_seconds
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
+from shardscope._src.plan.notes import AllReplicatedValues, PlanNote
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
 from shardscope._src.plan.types import Skipped
@@ -219,6 +222,11 @@ class Proposal:
         return self.plan.fits
 
     @property
+    def replicated(self) -> bool:
+        """Whether every argument is whole on every device (its spec splits nothing)."""
+        return all(a is None for shard in self.arrays for a in shard.spec)
+
+    @property
     def specs(self) -> dict[str, PartitionSpec]:
         """Every argument's ``PartitionSpec`` by its path (``jax.tree_util.keystr``)."""
         return {a.path: PartitionSpec(*a.spec) for a in self.arrays}
@@ -319,6 +327,28 @@ class SuggestResult:
         return next((p for p in self.proposals if p.fits), None)
 
     @property
+    def notes(self) -> tuple[Note, ...]:
+        """What the proposals want their reader to know: where the best replicates every
+        array and the fastest proposal that splits the work (and fits) spends more time on
+        collectives than it saves in compute, that note (``all-replicated``)."""
+        best = self.best
+        if best is None or not best.replicated:
+            return ()
+        split = next((p for p in self.proposals if p.fits and not p.replicated), None)
+        if split is None:
+            return ()
+        saved = best.plan.compute_time_s - split.plan.compute_time_s
+        if split.plan.comm_time_s <= saved:
+            return ()  # not what made it slower
+        values = AllReplicatedValues(
+            devices=self.devices,
+            split=f"{sharded_rules(split.rules)} on {format_mesh_spec(split.mesh)}",
+            saved_s=saved,
+            comm_s=split.plan.comm_time_s,
+        )
+        return (Note(PlanNote.ALL_REPLICATED, values),)
+
+    @property
     def own_best(self) -> ProgramPlan | None:
         """The best plan of the user's own rules (None without rules, or when none fits)."""
         return None if self.own is None else self.own.best
@@ -410,6 +440,7 @@ class SuggestResult:
             "timing": dict(self.timing),
             "best": None if self.best is None else self.best.label,
             "fit_advice": self.fit_advice,
+            "notes": [n.to_dict() for n in self.notes],
             "proposals": [p.to_dict() for p in self.proposals],
             "skipped": [record_dict(s) for s in self.skipped],
             "own_best": None if self.own_best is None else self.own_best.to_dict(),
