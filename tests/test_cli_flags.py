@@ -25,8 +25,9 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "audit/compile.py": [("audit", "program")],
     "audit/diff.py": [("diff",)],
     "audit/records.py": [],  # Audit.expect's budgets: a test suite's, no command's
-    "audit/stages.py": [("audit", "program"), ("plan",)],
+    "audit/stages.py": [("audit", "program"), ("plan",), ("shard",)],
     "base/distributed.py": [("lab",), *AUDITS],
+    "lab/taster.py": [("lab",)],
     "launch.py": [("launch",)],
     "mesh.py": [("audit", "program"), ("plan",)],
     "model/presets.py": [("plan",)],
@@ -96,7 +97,11 @@ COMPUTED: dict[tuple[str, str], set[str]] = {
 }
 
 #: (command, parameter) pairs that the command deliberately names by no flag, and why.
-OMITTED: dict[tuple[tuple[str, ...], str], str] = {}
+OMITTED: dict[tuple[tuple[str, ...], str], str] = {
+    # shard searches the mesh: a mesh that does not divide an argument is a proposal it
+    # skips, not a value the user gave
+    (("shard",), "mesh"): "the search's own meshes",
+}
 
 
 def _strings(node: ast.AST, names: dict[str, set[str]]) -> set[str] | None:

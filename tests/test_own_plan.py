@@ -592,6 +592,39 @@ def test_audit_program_refuses_rules_as_the_command_line_does(
     assert "rule_set=NAME" not in said
 
 
+def test_a_logical_name_the_rule_set_lacks_is_named_with_the_set_and_a_close_one(tmp_path, capsys):
+    from shardscope._src.audit.user_program import load_program
+
+    make_step = load_program(FLAX)  # its kernels are named (embed, hidden)
+    typo = {"mine": [["batch", "data"], ["embed", None], ["hiden", "model"]]}
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps({"axes": ["data", "model"], "rules": typo}))
+    argv = ["audit", FLAX, "--axis-types", "auto", "--mesh", "data=2,model=4"]
+    line = assert_usage_error([*argv, "--rules", str(path)], "logical name 'hidden'", capsys)
+    # (a long path is cut to its ends on the command line: its file name stays)
+    assert "which rule set 'mine' of rules file '" in line and "typo.json'" in line
+    assert "(it maps batch, embed, hiden; 'hiden' is close)" in line
+    assert line.rstrip().endswith(
+        ": correct 'hiden' to 'hidden', or add a rule for 'hidden' (flag --rules)"
+    ), line
+    # no name close to it: the fix is a rule for it
+    with pytest.raises(shardscope.RulesError) as info:
+        shardscope.audit_program(
+            make_step,
+            "data=8",
+            rules={"dp": [["batch", "data"], ["embed", None]]},
+            axis_types="auto",
+        )
+    assert "'hidden', which rule set 'dp' of rules= does not map (it maps batch, embed): add " in (
+        str(info.value)
+    )
+    # a plan of the set: each candidate is skipped in the same words
+    r = shardscope.plan_program(make_step, 8, rules=str(path), axis_types="auto")
+    assert r.plans == () and len(r.skipped) == 4
+    for s in r.skipped:
+        assert "uses logical name 'hidden', which rule set 'mine' does not map" in s.message
+
+
 def test_plan_program_takes_a_rules_file_and_one_rule_set(tmp_path, capsys):
     from shardscope._src.audit.user_program import load_program
 

@@ -191,6 +191,12 @@ def test_each_planner_says_what_priced_the_step_it_ranks_by():
 #: A note of every plan kind as its values' mapping (the JSON's "values", key order too),
 #: the optional keys of some left out and None values of others kept.
 NOTE_VALUES = {
+    "all-replicated": {
+        "devices": 8,
+        "split": "batch->data on data=8",
+        "saved_s": 0.0,
+        "comm_s": 1e-5,
+    },
     "all-reduce-for-reduce-scatter": {"compiler": "XLA:CPU", "forms": "never"},
     "rematerialization": {"sites": ["a.py:1", "b.py:2"]},
     "inexact": {},

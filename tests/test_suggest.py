@@ -4,6 +4,7 @@ program's logical names."""
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import shardscope
 from helpers import assert_usage_error, mlp_search
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.cli.main import build_parser, command_config, main
-from shardscope._src.render.suggest import ARRAYS_SHOWN, render_suggest
+from shardscope._src.render.suggest import ARRAYS_SHOWN, render_suggest, suggest_markdown_report
 from shardscope._src.suggest.suggest import probe_program, screen, workload
 from shardscope._src.targets.hardware import PRESETS
 
@@ -53,10 +54,11 @@ def test_the_best_proposal_fits_and_beats_the_hand_written_rules(mlp):
     json.dumps(result.to_dict())
 
 
-def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path):
+def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path, monkeypatch):
     make_step, result = mlp
-    path = tmp_path / "suggested.json"
-    result.write_rules(path)
+    monkeypatch.chdir(tmp_path)
+    path = result.write_rules()  # by default under the name that says it holds rules
+    assert path.name == "suggested-rules.json"
     data = json.loads(path.read_text())
     assert data["axes"] == ["data", "model"] and list(data["rules"]) == ["suggested"]
     again = shardscope.plan_program(
@@ -90,13 +92,37 @@ def test_the_change_turns_your_best_rules_into_the_proposal(mlp):
     assert change.speedup == own.step_time_s / best.step_time_s
 
 
-def test_a_program_name_missing_from_the_rules_is_one_error_naming_it():
+def test_a_program_name_missing_from_the_rules_is_one_error_naming_it(tmp_path, capsys):
     make_step = load_program(MLP)
     rules = [("batch", "data"), ("embed", None)]  # no rule for "hidden"
-    with pytest.raises(shardscope.RulesError, match="hidden"):
+    words = "uses logical name 'hidden', which rules= does not map (it maps batch, embed): add"
+    with pytest.raises(shardscope.RulesError, match=re.escape(words)):
         shardscope.suggest(make_step, 8, rules=rules, axis_types="auto")
+    # a typo in a rules file: the file, and the name the program uses that is close to it
+    path = tmp_path / "typo.json"
+    typo = [["batch", "data"], ["embed", None], ["hiden", "model"]]
+    path.write_text(json.dumps({"rules": {"mine": typo}}))
+    argv = ["shard", MLP, "--devices", "8", "--compiler", "cpu", "--axis-types", "auto"]
+    line = assert_usage_error([*argv, "--rules", str(path)], "'hiden' is close", capsys)
+    # (a long path is cut to its ends on the command line: its file name stays)
+    assert "which rules file '" in line and "typo.json'" in line
+    assert "does not map (it maps batch, embed, hiden;" in line
     with pytest.raises(shardscope.RulesError, match="'pipe'"):
         shardscope.suggest(make_step, 8, rules=[("batch", "pipe")], axis_types="auto")
+
+
+def test_code_for_auto_axes_searched_on_explicit_ones_names_the_axis_types(capsys):
+    # flax_mlp.py is written for Auto axes: on JAX's default Explicit axes its matmuls'
+    # contracted dimensions are sharded and JAX cannot type the result; the rules are fine
+    make_step = load_program(MLP)
+    with pytest.raises(shardscope.AxisTypeError, match="axis_types='auto'") as info:
+        shardscope.suggest(make_step, 8, compiler="cpu", compiles=2, workers=0)
+    assert not isinstance(info.value, shardscope.RulesError)
+    assert "missing from the rules" not in str(info.value)
+    argv = ["shard", MLP, "--devices", "8", "--compiler", "cpu", "--compiles", "2"]
+    # the command line's words: the flag, not the Python argument
+    line = assert_usage_error(argv, "build the mesh with --axis-types auto", capsys)
+    assert "axis_types=" not in line and "--rules" not in line
 
 
 def test_the_weights_are_the_arrays_the_optimizer_state_mirrors():
@@ -164,6 +190,31 @@ def _rendered(result, *, verbose):
     return console.export_text()
 
 
+def test_a_best_that_replicates_everything_says_what_the_fastest_split_costs(mlp):
+    _, result = mlp
+    # a 64 x 256 MLP on 8 devices: the collectives of any split outweigh what it saves
+    best = result.best
+    assert best.replicated and all(a is None for _, a in best.rules)
+    split = next(p for p in result.proposals if p.fits and not p.replicated)
+    assert split.step_time_s > best.step_time_s
+    (note,) = result.notes
+    assert note.kind == "all-replicated" and note.values.devices == 8
+    # what the note claims holds of the two compiled programs
+    assert note.values.comm_s == split.plan.comm_time_s > 0
+    assert note.values.saved_s == best.plan.compute_time_s - split.plan.compute_time_s
+    assert note.values.comm_s > note.values.saved_s
+    assert f"the fastest split, {_rules_of(split)} on " in note.text
+    assert f"note: {note.text[:100]}" in _rendered(result, verbose=False)
+    assert f"\nnote: {note.text}\n" in suggest_markdown_report(result)
+    assert result.to_dict()["notes"] == [note.to_dict()]
+
+
+def _rules_of(p):
+    from shardscope._src.sharding.rules import sharded_rules
+
+    return sharded_rules(p.rules)
+
+
 def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():
     make_step = load_program(MLP)
     # a slow chip: compute decides, so a plan that leaves devices repeating others' work
@@ -185,6 +236,8 @@ def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():
     assert result.best.ratio == result.best.step_time_s / every.best.step_time_s
     for s in slower:  # each left out is slower than the best
         assert compiled[(s.strategy, s.mesh)].step_time_s > own.best.step_time_s
+    # compute decides: the best splits the work, and there is nothing to note about that
+    assert not result.best.replicated and result.notes == ()
     # a plan taken from another compile of its layout is what its own compile gives
     assert result.own_shared > 0 and result.own_compiled + result.own_shared == len(own.plans)
     for p in own.plans:
@@ -396,6 +449,37 @@ def test_the_command_line_writes_a_spec_per_array_for_a_program_without_names(tm
     assert {p: len(leaf.shape) for p, leaf in leaves} == {
         p: len(spec) for p, spec in data["specs"].items()
     }
+
+
+def test_a_specs_file_is_written_as_one_and_refused_as_rules_with_how_to_apply_it(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    argv = ["shard", f"{EQX}:make_step", "--devices", "8", "--compiler", "cpu"]
+    assert main([*argv, "--axis-types", "auto", "--compiles", "2", "--workers", "0"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["suggested-specs.json"]
+    data = json.loads((tmp_path / "suggested-specs.json").read_text())
+    path, spec = next((k, v) for k, v in data["specs"].items() if any(v))
+    shown = ", ".join("None" if a is None else repr(a) for a in spec)
+    mesh = ",".join(f"{k}={v}" for k, v in data["mesh"].items())
+    # each reader of rules says what the file is and how to apply it, in one line
+    for command in (
+        ["audit", f"{EQX}:make_step", "--mesh", mesh],
+        ["plan", "--program", f"{EQX}:make_step", "--devices", "8"],
+        ["shard", f"{EQX}:make_step", "--devices", "8"],
+    ):
+        line = assert_usage_error(
+            [*command, "--rules", "suggested-specs.json"], "is a specs file", capsys
+        )
+        assert line.startswith("shardscope: error: rules file 'suggested-specs.json' is a ")
+        assert f"by its path on mesh {mesh}), not rules" in line
+        assert f"e.g. P({shown}) for the one at {path}" in line
+        assert line.rstrip().endswith("without rules (flag --rules)"), line
+    with pytest.raises(shardscope.RulesError, match="is a specs file"):
+        shardscope.audit_program(
+            load_program(f"{EQX}:make_step"), mesh, rules="suggested-specs.json"
+        )
 
 
 def test_a_settled_search_compiled_every_neighbour_of_the_best():

@@ -4,7 +4,9 @@ notebook ``notebooks/sharding_taster.py`` calls the steps one by one. Every step
 
 from shardscope._src.lab.taster import LAB_ID as LAB_ID
 from shardscope._src.lab.taster import audit_demo as audit_demo
+from shardscope._src.lab.taster import check_devices as check_devices
 from shardscope._src.lab.taster import exercises as exercises
+from shardscope._src.lab.taster import lab_device_counts as lab_device_counts
 from shardscope._src.lab.taster import make_inputs as make_inputs
 from shardscope._src.lab.taster import memory_layouts as memory_layouts
 from shardscope._src.lab.taster import memory_picture as memory_picture

@@ -63,7 +63,7 @@ from shardscope._src.mesh import (
     mesh_axes,
     parse_mesh_spec,
 )
-from shardscope._src.sharding.rules import Rules, rules_for_mesh
+from shardscope._src.sharding.rules import Rules, rules_for_mesh, rules_unmapped_error
 from shardscope._src.targets.devices import target_of_device
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import check_mesh_target, target_mesh
@@ -316,11 +316,20 @@ def audit_program(
             one they fit).
         MissingMeshError: ``make_step`` needs a mesh set while it runs.
         RulesError: rules that are not pairs, name an axis the mesh lacks or cannot be read,
-            or several sets and no ``rule_set`` naming one of them.
+            several sets and no ``rule_set`` naming one of them, or a set that does not map
+            a logical name the program uses (naming it, and a close one the set maps).
     """
     mesh, pairs = step_mesh(make_step, mesh, rules, rule_set, axis_types, target)
     name = where or getattr(make_step, "__qualname__", None) or "make_step"
-    stage, jaxpr = lower_step_traced(make_step, mesh, pairs, where=name)
+    try:
+        stage, jaxpr = lower_step_traced(make_step, mesh, pairs, where=name)
+    except ValueError as e:  # a logical name the rules lack reached JAX as a mesh axis
+        explained = (
+            rules_unmapped_error(e, rules, rule_set, make_step, program=name) if pairs else None
+        )
+        if explained is not None:
+            raise explained from e
+        raise
     compiled, log, _ = _compile(stage, (), {}, mesh, None)
     return _audit_compiled(compiled, log, _mesh_from(mesh), None, jaxpr)
 

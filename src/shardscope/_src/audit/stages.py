@@ -396,9 +396,12 @@ def _context_error(error: BaseException, mesh: Any, where: str) -> ShardscopeErr
     return None
 
 
-def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeError | None:
+def axis_type_error(
+    error: BaseException, mesh: Any, where: str, *, mesh_words: str | None = None
+) -> AxisTypeError | None:
     """Our words for JAX's refusal of shardings that do not fit the mesh's axis types (code
     for Explicit axes on an Auto mesh, or the reverse), or None for other errors.
+    ``mesh_words`` names the mesh (default: ``mesh 'data=2,model=4'``).
 
     JAX 0.10.2 says so in a ``ValueError`` and an ``AssertionError`` whose wording is matched
     below, and in its ``ShardingTypeError`` (not public API, so known by its name).
@@ -406,7 +409,8 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
     text = str(error)
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     kinds = set(mesh_axis_types(mesh))
-    spec = format_mesh_spec(mesh_axes(mesh)) if kinds else "?"
+    spec = f"mesh {format_mesh_spec(mesh_axes(mesh))!r}" if kinds else "mesh '?'"
+    spec = spec if mesh_words is None else mesh_words
 
     def both(words: Callable[[Callable[[str], str]], str]) -> dict[str, Any]:
         # The message with the fix in Python's words (axis_types='auto'), and in the shell's
@@ -421,7 +425,7 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
             **both(
                 lambda fix: (
                     f"{where}: the program is written for Explicit axes (sharding in "
-                    f"types: out_sharding=, jax.sharding.reshard), but mesh {spec!r} has Auto "
+                    f"types: out_sharding=, jax.sharding.reshard), but {spec} has Auto "
                     f"axes; build it with {fix('explicit')}, JAX's default. JAX said: {first}"
                 )
             ),
@@ -434,7 +438,7 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
             **both(
                 lambda fix: (
                     f"{where}: the program constrains shardings with "
-                    f"with_sharding_constraint, which takes only Auto axes, but mesh {spec!r} has "
+                    f"with_sharding_constraint, which takes only Auto axes, but {spec} has "
                     f"Explicit axes; build it with {fix('auto')} (or move arrays with "
                     f"jax.sharding.reshard). JAX said: {first}"
                 )
@@ -446,7 +450,7 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
             **both(
                 lambda fix: (
                     f"{where}: with_sharding_constraint only checks shardings on "
-                    f"Explicit axes, and on mesh {spec!r} one does not hold: the program is "
+                    f"Explicit axes, and on {spec} one does not hold: the program is "
                     f"written for Auto axes, so build the mesh with {fix('auto')} (or move the "
                     f"array with jax.sharding.reshard). JAX said: {first}"
                 )
@@ -458,7 +462,7 @@ def axis_type_error(error: BaseException, mesh: Any, where: str) -> AxisTypeErro
             **both(
                 lambda fix: (
                     f"{where}: the program's shardings do not type-check on the "
-                    f"Explicit axes of mesh {spec!r}: JAX cannot tell a result's sharding under "
+                    f"Explicit axes of {spec}: JAX cannot tell a result's sharding under "
                     f"this layout; say it with out_sharding= or jax.sharding.reshard, choose "
                     f"another layout, or, for code written for Auto axes, build the mesh with "
                     f"{fix('auto')}. JAX said: {first}"

@@ -388,7 +388,7 @@ class ShardConfig(HardwareOptions):
     ray: str | None
     workers: int | None
     top: int | None
-    out: str
+    out: str | None  # None: the search's default for the program (suggest.default_file)
     json: str | None
     report: str | None
     verbose: bool

@@ -9,11 +9,14 @@ from shardscope._src.base.devices import backends_started
 from shardscope._src.cli.config import LabConfig
 from shardscope._src.cli.paths import check_dir_path
 from shardscope._src.lab import taster
+from shardscope._src.lab.harness import scorecard_name
 
 
 def check_lab(c: LabConfig) -> None:
 
-    check_dir_path(c.out)
+    check_dir_path(c.out, writes=scorecard_name(taster.LAB_ID))
+    if c.devices is not None:
+        taster.check_devices(c.devices)
 
 
 def fast_compile_flags() -> None:

@@ -746,8 +746,9 @@ def add_shard_parser(sub: Any) -> None:
     p.add_argument(
         "--out",
         metavar="FILE",
-        default="suggested-rules.json",
-        help="where to write the best proposal's rules file (default suggested-rules.json)",
+        help="where to write the best proposal's rules file (default suggested-rules.json); "
+        "for a program without logical names, its mesh and specs file (default "
+        "suggested-specs.json)",
     )
     p.add_argument("--json", metavar="FILE", help="write the search as JSON ('-': stdout)")
     p.add_argument("--report", metavar="FILE", help="write a Markdown report")

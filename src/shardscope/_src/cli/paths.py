@@ -62,8 +62,9 @@ def check_output_paths(
         seen[key] = flag
 
 
-def check_dir_path(path: str | os.PathLike[str]) -> Path:
-    """Refuses a result folder that cannot be made or written."""
+def check_dir_path(path: str | os.PathLike[str], *, writes: str) -> Path:
+    """Refuses a result folder that cannot be made or written; ``writes`` names a file the
+    command writes there (the errors name it)."""
     if not str(path).strip():
         raise OutputPathError(
             "the output folder is empty; give a folder, e.g. 'scores'", param="out_dir"
@@ -71,7 +72,7 @@ def check_dir_path(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise OutputPathError(f"{str(p)!r} is a file, not a folder; give a folder for results")
-    check_file_path(p / "results.json")
+    check_file_path(p / writes)
     return p
 
 

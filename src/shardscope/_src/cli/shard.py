@@ -21,7 +21,7 @@ from shardscope._src.plan.request import DEFAULT_REQUEST, SuggestRequest
 from shardscope._src.render.console import output_console
 from shardscope._src.render.suggest import render_suggest, suggest_markdown_report
 from shardscope._src.sharding.rules import load_rules_file
-from shardscope._src.suggest.suggest import suggest_request
+from shardscope._src.suggest.suggest import default_file, searched_by_array, suggest_request
 from shardscope._src.targets.specs import TARGETS
 
 
@@ -44,16 +44,20 @@ def check_shard(c: ShardConfig) -> None:
             f"{PROG} shard: --compiler {c.compiler} compiles for {c.compiler} but the steps "
             f"are timed on --hardware {hardware}; give --hardware {c.compiler}"
         )
-    check_output_paths(
-        {"--out": c.out, "--json": c.json, "--report": c.report},
-        inputs={"--rules": c.rules},
-    )
+    _check_outputs(c, c.out)
     if c.out == STDOUT:
         raise UsageError(f"{PROG} shard: --out names the rules file to write; give a path")
     if c.rules is not None:
         load_rules_file(c.rules)
     if c.ray is not None:
         check_address(c.ray)  # within seconds, before the program is built
+
+
+def _check_outputs(c: ShardConfig, out: str | None) -> None:
+    check_output_paths(
+        {"--out": out, "--json": c.json, "--report": c.report},
+        inputs={"--rules": c.rules},
+    )
 
 
 def _names(text: str | None, flag: str) -> list[str] | None:
@@ -71,6 +75,10 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
     if target is None and c.ray is None:
         simulate_devices(c.devices)
     make_step = load_program(c.program)
+    # the file's default name says what it holds: rules, or a program's specs by array
+    out = c.out or default_file(searched_by_array(make_step))
+    if c.out is None:
+        _check_outputs(c, out)
     knobs = given(c, SuggestRequest, skip=("devices", "axes", "logical_axes"))
     request = SuggestRequest(
         make_step,
@@ -92,7 +100,7 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
         print_more(console, report=True)
     written: list[Path | None] = []
     if result.best is not None:
-        written.append(result.write_rules(c.out))
+        written.append(result.write_rules(out))
     if c.json:
         written.append(write_result(c.json, result))
     if c.report:

@@ -48,6 +48,11 @@ def _scalar_or_norm(x: Any) -> tuple[float, Any]:
     return float(np.linalg.norm(arr.ravel())), {"shape": list(arr.shape)}
 
 
+def scorecard_name(lab_id: str) -> str:
+    """The name of the scorecard a lab writes in its folder (:meth:`Lab.save`)."""
+    return f"{lab_id}.json"
+
+
 class Lab:
     """A scorecard of named checks. Made by :func:`bootstrap`; see its docstring."""
 
@@ -272,7 +277,7 @@ class Lab:
     def save(self) -> Path:
         """Writes the :meth:`scorecard` to ``<out_dir>/<lab_id>.json`` atomically; returns the
         path. Prints nothing."""
-        path = self.out_dir / f"{self.lab_id}.json"
+        path = self.out_dir / scorecard_name(self.lab_id)
         if self.primary:
             write_result(path, self)
         return path

@@ -6,6 +6,7 @@ steps one by one. Every step takes the :class:`~shardscope.Lab` it records its c
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,13 @@ from jax.sharding import PartitionSpec as P
 
 from shardscope._src.audit.compile import audit
 from shardscope._src.base.devices import host_value
-from shardscope._src.lab.exercises import run_exercise_checks
+from shardscope._src.base.errors import LayoutError, is_int
+from shardscope._src.lab.exercises import (
+    EXERCISE_CONFIG,
+    ONE_DEVICE,
+    exercises_fit,
+    run_exercise_checks,
+)
 from shardscope._src.lab.harness import Lab, bootstrap
 from shardscope._src.layout import Layout, layout
 from shardscope._src.mesh import make_mesh
@@ -31,6 +38,40 @@ LAB_ID = "sharding_taster"
 ROWS = COLS = 1024  # the parameter matrix
 BATCH = 16  # rows of the activation
 MATMUL_RTOL = 1e-4  # float32 sums in another order: about 1e-7 observed
+
+
+def lab_fits(devices: int) -> bool:
+    """Whether every array of the lab splits evenly over ``devices``: the parameter's rows
+    and columns (steps 2 to 6: the 1-D mesh is every device) and the exercises' block."""
+    return ROWS % devices == 0 and COLS % devices == 0 and exercises_fit(devices)
+
+
+def lab_device_counts() -> tuple[int, ...]:
+    """Every device count the lab's arrays split evenly over (:func:`lab_fits`): among the
+    divisors of the parameter's rows and columns."""
+    both = math.gcd(ROWS, COLS)
+    return tuple(d for d in range(1, both + 1) if both % d == 0 and lab_fits(d))
+
+
+def check_devices(devices: int, *, given: bool = True) -> None:
+    """Refuses a device count the lab's arrays do not split evenly over (its checks would
+    fail for the count, not for what they check).
+
+    ``given``: the count is the ``devices`` asked for (else the devices JAX has).
+
+    Raises:
+        LayoutError: names the count and those that fit.
+    """
+    if lab_fits(devices):
+        return
+    counts = [str(n) for n in lab_device_counts()]
+    what = f"devices={devices}" if given else f"JAX has {devices} devices"
+    raise LayoutError(
+        f"{what}: the lab splits a {ROWS} x {COLS} parameter and a tensor-parallel "
+        f"decoder block of {EXERCISE_CONFIG.heads} heads evenly over every device, and "
+        f"{devices} devices do not divide them; give {', '.join(counts[:-1])} or {counts[-1]}",
+        param="devices",
+    )
 
 
 def _local_shard_shapes(x: Any) -> set[tuple[int, ...]]:
@@ -107,7 +148,7 @@ def audit_demo(lab: Lab, check: str, demo: str, mesh: Any) -> Any:
     """
 
     if mesh.devices.size < 2:
-        lab.skip(check, "one device: nothing to communicate")
+        lab.skip(check, ONE_DEVICE)
         return None
 
     kind, payload = DEMO_FACTS[demo]
@@ -281,9 +322,18 @@ def run(
     verbose: bool = True,
     seed: int = 0,
 ) -> tuple[Lab, dict[str, Any]]:
-    """Runs the whole taster; returns the lab and its summary, having written the JSON."""
+    """Runs the whole taster; returns the lab and its summary, having written the JSON.
+
+    Raises:
+        LayoutError: ``devices`` (or, when None, the devices JAX has) that the lab's arrays do
+            not split evenly over (:func:`check_devices`), before any check runs.
+    """
+    if is_int(devices, 1):
+        check_devices(devices)  # before JAX starts
     prefetch_chart_library()  # step 6 draws; the import runs while XLA compiles steps 1-5
     lab = bootstrap(LAB_ID, seed=seed, out_dir=out_dir, devices=devices, verbose=verbose)
+    # those of XLA_FLAGS, an accelerator's, every process's together
+    check_devices(jax.device_count(), given=False)
     x_host, w_host = make_inputs(lab)
     mesh = mesh_1d(lab)
     w = shard_parameter(lab, mesh, w_host)

@@ -116,6 +116,10 @@ class PlanNote(NoteKind):
     #: fp8 rate and so comes out faster than in 16 bits, which the published runs of one
     #: fine-grained mixture in both do not bear out
     MIXTURE_FP8 = "mixture-fp8"
+    #: a search's best proposal replicates every array, and the fastest that splits the
+    #: work spends more on collectives than it saves in compute (values: ``devices``,
+    #: ``split``: what the other shards and its mesh, ``saved_s``, ``comm_s``)
+    ALL_REPLICATED = "all-replicated"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -402,6 +406,18 @@ class MeshReadValues(NoteValues):
     def __post_init__(self) -> None:
         object.__setattr__(self, "given_crossing", tuple(self.given_crossing))
         object.__setattr__(self, "read_crossing", tuple(self.read_crossing))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllReplicatedValues(NoteValues):
+    """A search whose best replicates every array: the devices, and the fastest proposal
+    that splits the work: what it shards and where, the compute it saves against the best and
+    the time its collectives take."""
+
+    devices: int
+    split: str
+    saved_s: float
+    comm_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -863,6 +879,15 @@ def _beside_best(v: BesideBestValues) -> str:
     )
 
 
+def _all_replicated(v: AllReplicatedValues) -> str:
+    saved = f"{format_seconds(v.saved_s)} of compute" if v.saved_s > 0 else "no compute"
+    return (
+        f"all replicated: the {v.devices} devices each do the whole step; the fastest split, "
+        f"{v.split}, saves {saved} and adds {format_seconds(v.comm_s)} of collectives: at "
+        f"this size communication costs more than it saves"
+    )
+
+
 def _experts_unsplit(v: ExpertsUnsplitValues) -> str:
     shown = ", ".join(v.labels[:3]) + (" ..." if len(v.labels) > 3 else "")
     return (
@@ -1001,6 +1026,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
         "compute time is 0, so they rank by communication alone"
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
+    PlanNote.ALL_REPLICATED: _all_replicated,
     PlanNote.NOT_COMPILED: _not_compiled,
     PlanNote.EXPERTS_UNSPLIT: _experts_unsplit,
     PlanNote.MIXTURE_STEP: (
@@ -1057,6 +1083,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.RECOMPILED_BY_TARGET: RecompiledValues,
     PlanNote.NO_FLOP_COUNT: NoValues,
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
+    PlanNote.ALL_REPLICATED: AllReplicatedValues,
     PlanNote.NOT_COMPILED: NotCompiledValues,
     PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MIXTURE_STEP: NoValues,

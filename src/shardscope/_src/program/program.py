@@ -95,6 +95,7 @@ from shardscope._src.sharding.rules import (
     normalize_rules,
     rules_axes,
     takes_rules,
+    unmapped_name_error,
     uses_flax,
 )
 from shardscope._src.targets.devices import require_compiler
@@ -829,7 +830,9 @@ def _compile_one(
         return None, Skipped(rn, spec, SkipReason.MEMORY, str(e)), ""
     except Exception as e:  # the user's program failed for this mesh and rules
         reason = SkipReason.DIVISIBILITY if _indivisible(e) else SkipReason.ERROR
-        return None, Skipped(rn, spec, reason, one_line(e)), ""
+        # a logical name the set lacks reached JAX as a mesh axis: said in our words
+        unmapped = unmapped_name_error(e, [n for n, _ in r], f"rule set {rn!r}", program=label)
+        return None, Skipped(rn, spec, reason, str(unmapped) if unmapped else one_line(e)), ""
     return _program_plan(rn, r, sizes, compiled, hw, None), None, compiled[3]
 
 

@@ -124,6 +124,8 @@ def render_suggest(
         console.print(result.fit_advice or "no proposal compiled", highlight=False)
         return
     console.print(settled_line(result), highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False)
     change = result.change
     if change is not None:
         for line in change_lines(change):
@@ -146,7 +148,10 @@ def suggest_markdown_report(result: SuggestResult) -> str:
     if best is None:
         lines.append(result.fit_advice or "no proposal compiled")
         return "\n".join(lines) + "\n"
-    lines += [settled_line(result), "", "## Rules of the best", "", "```json"]
+    lines += [settled_line(result), ""]
+    if result.notes:
+        lines += [*(f"note: {note}" for note in result.notes), ""]
+    lines += ["## Rules of the best", "", "```json"]
     lines += [result.rules_text().rstrip("\n"), "```", ""]
     change = result.change
     if change is not None:

@@ -11,6 +11,7 @@ argument of ``make_step(mesh, rules)``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import os
 import sys
@@ -137,6 +138,8 @@ def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tup
     ``{logical: mesh axes}`` object. Mesh axes are a name, a list of names or null.
     """
     data = read_json(path, "rules file", RulesError)
+    if isinstance(data, Mapping) and "specs" in data and "rules" not in data:
+        raise RulesError(_specs_file_words(path, data), param="rules")
     if not isinstance(data, Mapping) or "rules" not in data:
         raise RulesError(
             f'rules file {str(path)!r} must be a JSON object with "rules": {{name: [[logical, '
@@ -157,6 +160,29 @@ def load_rules_file(path: str | os.PathLike[str]) -> tuple[dict[str, Rules], tup
         axes = tuple(raw)
         check_rules_axes(rule_sets, axes)
     return rule_sets, axes
+
+
+def _specs_file_words(path: str | os.PathLike[str], data: Mapping[str, Any]) -> str:
+    """What a specs file given as rules is, and how to apply it: ``shard``'s file for a
+    program without logical names holds ``{"mesh": {...}, "specs": {path: spec}}``."""
+    mesh, specs = data.get("mesh"), data.get("specs")
+    on = ""
+    if isinstance(mesh, Mapping) and mesh:
+        on = " on mesh " + ",".join(f"{k}={v}" for k, v in mesh.items())
+    example = ""
+    if isinstance(specs, Mapping) and specs:
+        # the first spec that shards something says most
+        shown = [(k, v) for k, v in specs.items() if isinstance(v, list)]
+        if shown:
+            where, spec = next(((k, v) for k, v in shown if any(v)), shown[0])
+            entries = ", ".join("None" if a is None else repr(a) for a in spec)
+            example = f", e.g. P({entries}) for the one at {where}"
+    return (
+        f"rules file {str(path)!r} is a specs file (shard's proposal for a program without "
+        f"logical names: each argument's PartitionSpec by its path{on}), not rules: give each "
+        f"argument of make_step's step its spec{example}, and audit or plan the program as "
+        f"written, without rules"
+    )
 
 
 def sharded_rules(rules: Rules) -> str:
@@ -252,6 +278,70 @@ def find_rule_sets(rules: object, make_step: Callable[..., object]) -> RuleSets 
         sets, axes = load_rules_file(rules)
         return RuleSets(sets, f"rules file {os.fspath(rules)!r}", axes)
     return RuleSets(normalize_rules(rules), "rules=")
+
+
+#: How JAX 0.10.2 begins its refusal of a ``PartitionSpec`` naming an axis its mesh lacks
+#: (``named_sharding._check_mesh_resource_axis``: "Resource axis: NAME of P(...) is not found
+#: in mesh: (...)"); the error carries no field holding the name, so it is read from there.
+_NOT_IN_MESH = "Resource axis: "
+
+
+def unmapped_name_error(
+    error: BaseException,
+    mapped: Sequence[str],
+    where: str,
+    *,
+    program: str = "the program",
+) -> RulesError | None:
+    """Our words for JAX's refusal of a sharding that names an axis the mesh lacks, where the
+    name is one ``mapped`` (the logical names the rules in force map, described by ``where``)
+    does not hold: Flax passes a logical name its rules lack through as it is, so a typo in a
+    rule reaches JAX as a mesh axis. Names the name, the names mapped, a close one where there
+    is one, and the fix; None for other errors (or when there are no rules).
+
+    >>> e = ValueError("Resource axis: hidden of P(None, 'hidden') is not found in mesh: ()")
+    >>> err = unmapped_name_error(e, ["batch", "hiden"], "rule set 'mine'")
+    >>> print(err)  # doctest: +NORMALIZE_WHITESPACE
+    the program uses logical name 'hidden', which rule set 'mine' does not map (it maps batch,
+    hiden; 'hiden' is close): correct 'hiden' to 'hidden', or add a rule for 'hidden'
+    """
+    text = str(error)
+    if not mapped or not isinstance(error, ValueError) or not text.startswith(_NOT_IN_MESH):
+        return None
+    name = text[len(_NOT_IN_MESH) :].split(" of ", 1)[0]
+    if not name or name in mapped:
+        return None
+    close = difflib.get_close_matches(name, list(mapped), n=1)
+    near = f"; {close[0]!r} is close" if close else ""
+    fix = (
+        f"correct {close[0]!r} to {name!r}, or add a rule for {name!r}"
+        if close
+        else f"add a rule for {name!r} (its mesh axes, or none to leave it whole)"
+    )
+    return RulesError(
+        f"{program} uses logical name {name!r}, which {where} does not map (it maps "
+        f"{', '.join(mapped)}{near}): {fix}",
+        param="rules",
+    )
+
+
+def rules_unmapped_error(
+    error: BaseException,
+    rules: object,
+    rule_set: str | None,
+    make_step: Callable[..., object],
+    *,
+    program: str = "the program",
+) -> RulesError | None:
+    """:func:`unmapped_name_error` for the one rule set :func:`rules_for_mesh` chose from the
+    same ``rules`` and ``rule_set``, named with where it came from (its file)."""
+    found = find_rule_sets(rules, make_step)
+    chosen = choose_rule_set(found, rule_set)
+    if found is None or chosen is None:
+        return None
+    name, pairs = chosen
+    where = f"rule set {name!r} of {found.source}"
+    return unmapped_name_error(error, [n for n, _ in pairs], where, program=program)
 
 
 def choose_rule_set(found: RuleSets | None, rule_set: str | None) -> tuple[str, Rules] | None:

@@ -75,17 +75,26 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from shardscope._src.audit.stages import build_step, check_step_pair, lower, program_stage
+from shardscope._src.audit.stages import (
+    axis_type_error,
+    build_step,
+    check_step_pair,
+    lower,
+    program_stage,
+)
 from shardscope._src.base.atomic import write_atomic
 from shardscope._src.base.comm import format_bytes, format_memory, traffic_bytes
 from shardscope._src.base.errors import PlanError, RulesError, is_int, one_line
+from shardscope._src.base.notes import Note
 from shardscope._src.base.records import record_dict
+from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.cost.compute import matmul_seconds, serial_seconds
 from shardscope._src.cost.links import collective_seconds
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
+from shardscope._src.plan.notes import AllReplicatedValues, PlanNote
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
 from shardscope._src.plan.types import Skipped
@@ -120,6 +129,7 @@ from shardscope._src.sharding.rules import (
     rules_context,
     sharded_rules,
     takes_rules,
+    unmapped_name_error,
     uses_flax,
 )
 from shardscope._src.targets.hardware import Hardware
@@ -127,6 +137,10 @@ from shardscope._src.targets.specs import CPU_TARGET, get_target
 
 #: The rule set name the written rules file holds.
 SUGGESTED = "suggested"
+#: Where :meth:`SuggestResult.write_rules` writes by default: the best's rules file, or for a
+#: program without logical names (searched array by array) its mesh and specs file.
+RULES_FILE = "suggested-rules.json"
+SPECS_FILE = "suggested-specs.json"
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -206,6 +220,11 @@ class Proposal:
     @property
     def fits(self) -> bool:
         return self.plan.fits
+
+    @property
+    def replicated(self) -> bool:
+        """Whether every argument is whole on every device (its spec splits nothing)."""
+        return all(a is None for shard in self.arrays for a in shard.spec)
 
     @property
     def specs(self) -> dict[str, PartitionSpec]:
@@ -308,6 +327,28 @@ class SuggestResult:
         return next((p for p in self.proposals if p.fits), None)
 
     @property
+    def notes(self) -> tuple[Note, ...]:
+        """What the proposals want their reader to know: where the best replicates every
+        array and the fastest proposal that splits the work (and fits) spends more time on
+        collectives than it saves in compute, that note (``all-replicated``)."""
+        best = self.best
+        if best is None or not best.replicated:
+            return ()
+        split = next((p for p in self.proposals if p.fits and not p.replicated), None)
+        if split is None:
+            return ()
+        saved = best.plan.compute_time_s - split.plan.compute_time_s
+        if split.plan.comm_time_s <= saved:
+            return ()  # not what made it slower
+        values = AllReplicatedValues(
+            devices=self.devices,
+            split=f"{sharded_rules(split.rules)} on {format_mesh_spec(split.mesh)}",
+            saved_s=saved,
+            comm_s=split.plan.comm_time_s,
+        )
+        return (Note(PlanNote.ALL_REPLICATED, values),)
+
+    @property
     def own_best(self) -> ProgramPlan | None:
         """The best plan of the user's own rules (None without rules, or when none fits)."""
         return None if self.own is None else self.own.best
@@ -371,10 +412,17 @@ class SuggestResult:
             f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
         )
 
-    def write_rules(self, path: Any) -> Path:
-        """Writes :meth:`rules_text` to ``path`` atomically; returns where."""
+    @property
+    def file_name(self) -> str:
+        """The name :meth:`write_rules` gives its file by default: ``suggested-rules.json``,
+        or ``suggested-specs.json`` for a program without logical names (its specs)."""
+        return default_file(self.by_dataflow)
+
+    def write_rules(self, path: Any = None) -> Path:
+        """Writes :meth:`rules_text` to ``path`` (default :attr:`file_name`) atomically;
+        returns where."""
         text = self.rules_text()
-        return write_atomic(path, lambda f: f.write(text))
+        return write_atomic(self.file_name if path is None else path, lambda f: f.write(text))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -392,6 +440,7 @@ class SuggestResult:
             "timing": dict(self.timing),
             "best": None if self.best is None else self.best.label,
             "fit_advice": self.fit_advice,
+            "notes": [n.to_dict() for n in self.notes],
             "proposals": [p.to_dict() for p in self.proposals],
             "skipped": [record_dict(s) for s in self.skipped],
             "own_best": None if self.own_best is None else self.own_best.to_dict(),
@@ -432,13 +481,20 @@ def _one_axis(axes: Any, mesh: Mapping[str, int]) -> str | None:
 
 
 def probe_program(
-    make_step: Callable[..., Any], names: Sequence[str], *, where: str, axis_type: Any = None
+    make_step: Callable[..., Any],
+    names: Sequence[str],
+    *,
+    where: str,
+    axis_type: Any = None,
+    named_by: str = "rules=",
 ) -> tuple[tuple[ProbedArray, ...], float]:
     """The program's arguments with their logical names, and the step's FLOPs (JAX's count
     of the lowering; 0 when it gives none), from one build on a one-device mesh whose axes
-    are ``names``.
+    are ``names`` (those ``named_by`` names: its words in an error).
 
     Raises:
+        AxisTypeError: the program's shardings do not fit the probe's axis types (code
+            written for Auto axes on Explicit ones: names ``axis_types='auto'``).
         RulesError: the program could not be built with its logical names as the axes (it
             names one that ``names`` lacks, or a mesh axis of its own).
     """
@@ -461,6 +517,14 @@ def probe_program(
     except RulesError:
         raise
     except Exception as e:
+        # code written for Auto axes on the probe's Explicit ones: the axis types' fault
+        words = f"the probe's mesh (an axis of size 1 per logical name: {', '.join(names)})"
+        explained = axis_type_error(e, mesh, where, mesh_words=words)
+        if explained is not None:
+            raise explained from e
+        unmapped = unmapped_name_error(e, names, named_by, program=where)
+        if unmapped is not None:
+            raise unmapped from e
         raise RulesError(
             f"{where} could not be built with its logical names ({', '.join(names)}) as the "
             f"mesh's axes: a name it uses is missing from the rules, or it names mesh axes "
@@ -733,6 +797,18 @@ def compute_floor(
     return floor
 
 
+def searched_by_array(make_step: Callable[..., Any], args: Any = None) -> bool:
+    """Whether :func:`suggest` searches ``make_step`` array by array: given its arguments, or
+    a ``make_step(mesh)`` that takes no rules and does not use Flax (no logical names)."""
+    return args is not None or (not takes_rules(make_step) and not uses_flax(make_step))
+
+
+def default_file(by_array: bool) -> str:
+    """The default name of the file a search writes (:data:`RULES_FILE`, or
+    :data:`SPECS_FILE` for a program searched array by array)."""
+    return SPECS_FILE if by_array else RULES_FILE
+
+
 def default_workers(compiles: int) -> int:
     """Two worker processes where more than three compiles are asked for on a machine of two
     or more cores, else none (see :func:`suggest`)."""
@@ -813,11 +889,15 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     Returns:
         A :class:`SuggestResult`: ``proposals`` ranked, ``best``, ``to_dict()``, and
         ``write_rules(path)`` for a rules file that ``audit``, ``plan --program`` and Flax's
-        ``logical_axis_rules`` (its pairs) take as they are.
+        ``logical_axis_rules`` (its pairs) take as they are; for a program searched array by
+        array, a file of the mesh and each argument's spec, which no reader of rules takes
+        (each says so): the specs are given to the arguments in ``make_step``.
 
     Raises:
         RulesError: no logical names to search, rules naming a mesh axis not among ``axes``,
             or a program that uses a logical name the rules lack (the error names them).
+        AxisTypeError: a program whose shardings do not fit the axis types (code written
+            for Auto axes, searched on Explicit ones: the error names ``axis_types='auto'``).
         PlanError: too few devices, a bad ``compiles``, or a ``make_step`` that takes no rules.
 
     >>> result = suggest(make_step, 8, axis_types="auto")  # doctest: +SKIP
@@ -834,7 +914,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
     label = name or program_name(make_step)
-    per_array = args is not None or (not takes_rules(make_step) and not uses_flax(make_step))
+    per_array = searched_by_array(make_step, args)
     # a worker loads the program from its file; given arguments stay in this process
     ref = None if args is not None else program_ref(make_step, by_dataflow=per_array)
     if per_array:
@@ -892,7 +972,10 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     if per_array:
         arrays, flops = probed, probed_flops
     else:
-        arrays, flops = probe_program(make_step, names, where=f"{label}(probe)", axis_type=kinds[0])
+        named_by = "logical_axes=" if found is None else found.source
+        arrays, flops = probe_program(
+            make_step, names, where=f"{label}(probe)", axis_type=kinds[0], named_by=named_by
+        )
     t1 = time.perf_counter()
     shapes = mesh_list(None, axes, devices)
     work = workload(arrays, flops)
