@@ -665,6 +665,38 @@ _BRIDGE_BW_2511 = "no stored perf config of this layout (the recipe's all-to-all
 #: 120B BF16 among them) have no preset (as ``training_heldout.py``'s GB300 rows).
 
 
+def _bw_gptoss(
+    gpu: str,
+    version: str,
+    measured_s: float,
+    ep: int,
+    config: str,
+    *,
+    source: str = _BRIDGE_FORK,
+    hybridep: bool = False,
+    overlap: bool = False,
+) -> MoeRun:
+    """A Blackwell GPT-OSS 120B row of Megatron-Bridge's tables from 26.02 on (the block above
+    :func:`_bridge_qwen30_bf16`): 64 ``gpu``, GBS 1280, MBS 4, PP 1, EP ``ep``, the norms and
+    the experts' activation recomputed (selective, :data:`ZOO_NORM_ACT`), HybridEP's flex
+    dispatcher where ``hybridep``, ``moe_a2a_overlap`` where ``overlap``; ``config``: the perf
+    config read, ``source``: the table (the fork's archive unless given)."""
+    return _bridge_gptoss(
+        version,
+        1280,
+        4,
+        measured_s,
+        source=source,
+        gpu=gpu,
+        pp=1,
+        ep=ep,
+        remat=ZOO_NORM_ACT,
+        dispatch_once=hybridep,
+        ep_overlap=overlap,
+        config=config,
+    )
+
+
 def _bridge_qwen30_bf16(
     what: str,
     source: str,
@@ -1269,89 +1301,19 @@ RUNS = [
     # Megatron-Bridge's Blackwell rows (the tables and configs: the block above
     # _bridge_qwen30_bf16): GPT-OSS 120B on 64 B200, then on 64 GB200
     _bridge_gptoss("25.11", 512, 4, 3.990, gpu="B200", pp=1, ep=8, config=_BRIDGE_BW_2511),
-    _bridge_gptoss(
-        "26.02",
-        1280,
-        4,
-        10.180,
-        gpu="B200",
-        pp=1,
-        ep=64,
-        remat=ZOO_NORM_ACT,
-        config=_BRIDGE_BW_GPTOSS_2602,
-    ),
-    _bridge_gptoss(
-        "26.02.01",
-        1280,
-        4,
-        5.970,
-        source=_BRIDGE_FORK,
-        gpu="B200",
-        pp=1,
-        ep=8,
-        remat=ZOO_NORM_ACT,
-        dispatch_once=True,
-        config=_BRIDGE_BW_GPTOSS_260201,
-    ),
-    *(
-        _bridge_gptoss(
-            version,
-            1280,
-            4,
-            step,
-            source=_BRIDGE_FORK,
-            gpu="B200",
-            pp=1,
-            ep=8,
-            remat=ZOO_NORM_ACT,
-            config=_BRIDGE_BW_GPTOSS_2604,
-        )
-        for version, step in (("26.04", 6.280), ("26.04.01", 6.038))
-    ),
+    _bw_gptoss("B200", "26.02", 10.180, 64, _BRIDGE_BW_GPTOSS_2602, source=_BRIDGE),
+    _bw_gptoss("B200", "26.02.01", 5.970, 8, _BRIDGE_BW_GPTOSS_260201, hybridep=True),
+    _bw_gptoss("B200", "26.04", 6.280, 8, _BRIDGE_BW_GPTOSS_2604),
+    _bw_gptoss("B200", "26.04.01", 6.038, 8, _BRIDGE_BW_GPTOSS_2604),
     _bridge_gptoss(
         "25.11", 1280, 1, 10.320, gpu="GB200", pp=1, ep=64, seq=8192, config=_BRIDGE_BW_2511
     ),
-    _bridge_gptoss(
-        "26.02",
-        1280,
-        4,
-        5.190,
-        gpu="GB200",
-        pp=1,
-        ep=64,
-        remat=ZOO_NORM_ACT,
-        config=_BRIDGE_BW_GPTOSS_2602,
+    _bw_gptoss("GB200", "26.02", 5.190, 64, _BRIDGE_BW_GPTOSS_2602, source=_BRIDGE),
+    _bw_gptoss(
+        "GB200", "26.02.01", 5.200, 64, _BRIDGE_BW_GPTOSS_260201, hybridep=True, overlap=True
     ),
-    _bridge_gptoss(
-        "26.02.01",
-        1280,
-        4,
-        5.200,
-        source=_BRIDGE_FORK,
-        gpu="GB200",
-        pp=1,
-        ep=64,
-        remat=ZOO_NORM_ACT,
-        dispatch_once=True,
-        ep_overlap=True,
-        config=_BRIDGE_BW_GPTOSS_260201,
-    ),
-    *(
-        _bridge_gptoss(
-            version,
-            1280,
-            4,
-            step,
-            source=_BRIDGE_FORK,
-            gpu="GB200",
-            pp=1,
-            ep=64,
-            remat=ZOO_NORM_ACT,
-            ep_overlap=True,
-            config=_BRIDGE_BW_GPTOSS_2604,
-        )
-        for version, step in (("26.04", 5.140), ("26.04.01", 4.923))
-    ),
+    _bw_gptoss("GB200", "26.04", 5.140, 64, _BRIDGE_BW_GPTOSS_2604, overlap=True),
+    _bw_gptoss("GB200", "26.04.01", 4.923, 64, _BRIDGE_BW_GPTOSS_2604, overlap=True),
     # 8192 x 4096 / (256 x 4916) = 26.662 s
     _bridge_qwen3(
         "25.11",
