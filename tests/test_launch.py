@@ -314,6 +314,10 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         (["-n", "64", "--devices-per-process", "64", "--", "lab"], "= 4096 devices"),
         (["-n", "2", "--", "lab", "--devices", "2"], "as --devices-per-process N (before"),
         (["-n", "2", "--", "plan", "--model", "tiny", "--devices", "8"], "'plan' cannot run"),
+        # the lab's arrays over 3 x 1 devices, named by the launcher's flags
+        (["-n", "3", "--devices-per-process", "1", "--", "lab"], "3 processes x 1 = 3 devices"),
+        (["-n", "3", "--", "lab"], "3 processes x 4 = 12 devices"),
+        (["-n", "3", "--", "lab"], "8 in all (flags --devices-per-process, -n/--num-processes)"),
     ],
 )
 def test_runs_it_cannot_hold_are_refused_before_starting(args, words, capsys):

@@ -15,8 +15,8 @@ from shardscope._src.lab.harness import scorecard_name
 def check_lab(c: LabConfig) -> None:
 
     check_dir_path(c.out, writes=scorecard_name(taster.LAB_ID))
-    if c.devices is not None:
-        taster.check_devices(c.devices)
+    if c.devices is not None:  # each process's, in a run of several
+        taster.check_devices(c.devices, processes=c.multiprocess.num_processes or 1)
 
 
 def fast_compile_flags() -> None:

@@ -64,6 +64,11 @@ def _route_audit(argv: list[str]) -> list[str]:
 # -- shardscope launch --------------------------------------------------------------------------
 
 
+#: The sub-command's options the launcher gives each process, by the launcher's own option
+#: that sets them.
+_LAUNCHER_SETS = {"devices": "devices_per_process", "num_processes": "num_processes"}
+
+
 def _launch_command(c: LaunchConfig) -> int:
 
     command = c.sub_command
@@ -92,7 +97,12 @@ def _launch_command(c: LaunchConfig) -> int:
         _check(sub)
     except ShardscopeError as e:
         where = " ".join(command[:2])
-        raise UsageError(f"{PROG} launch: {where}: {in_shell_words(e, sub.flags)}") from None
+        if e.shell is None and e.params and set(e.params) <= set(_LAUNCHER_SETS):
+            # what the launcher gives each process is set by its own flags
+            words = f"{e}{c.flags(tuple(_LAUNCHER_SETS[p] for p in e.params))}"
+        else:
+            words = in_shell_words(e, sub.flags)
+        raise UsageError(f"{PROG} launch: {where}: {words}") from None
     result = launch(
         command,
         c.num_processes,

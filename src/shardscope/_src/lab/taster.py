@@ -53,24 +53,32 @@ def lab_device_counts() -> tuple[int, ...]:
     return tuple(d for d in range(1, both + 1) if both % d == 0 and lab_fits(d))
 
 
-def check_devices(devices: int, *, given: bool = True) -> None:
+def check_devices(devices: int, *, given: bool = True, processes: int = 1) -> None:
     """Refuses a device count the lab's arrays do not split evenly over (its checks would
     fail for the count, not for what they check).
 
-    ``given``: the count is the ``devices`` asked for (else the devices JAX has).
+    ``given``: the count is the ``devices`` asked for (else the devices JAX has);
+    ``processes``: the processes of a multi-process run, each with ``devices``.
 
     Raises:
         LayoutError: names the count and those that fit.
     """
-    if lab_fits(devices):
+    total = devices * processes
+    if lab_fits(total):
         return
     counts = [str(n) for n in lab_device_counts()]
-    what = f"devices={devices}" if given else f"JAX has {devices} devices"
+    params: tuple[str, ...] = ("devices",)
+    if processes > 1:
+        what = f"{processes} processes x {devices} = {total} devices"
+        params = ("devices", "num_processes")
+    else:
+        what = f"devices={devices}" if given else f"JAX has {devices} devices"
     raise LayoutError(
         f"{what}: the lab splits a {ROWS} x {COLS} parameter and a tensor-parallel "
         f"decoder block of {EXERCISE_CONFIG.heads} heads evenly over every device, and "
-        f"{devices} devices do not divide them; give {', '.join(counts[:-1])} or {counts[-1]}",
-        param="devices",
+        f"{total} devices do not divide them; give {', '.join(counts[:-1])} or {counts[-1]}"
+        + (" in all" if processes > 1 else ""),
+        param=params,
     )
 
 
