@@ -215,6 +215,11 @@ MEGATRON_WEIGHTING = {"weight_activations": True}
 ZOO_NORM_ACT = "megatron:moe_act,layernorm"
 
 
+#: The model zoo's Qwen3-235B-A22B layouts on 256 H100 at global batch 2048 of 4096, ranked as
+#: one sweep.
+ZOO_235B_SWEEP = "Qwen3-235B-A22B on 256 H100"
+
+
 def _zoo_235b(
     layout: str,
     measured_s: float,
@@ -227,6 +232,13 @@ def _zoo_235b(
     deepep: bool = True,
     note: str = "",
     ep_overlap: bool = False,
+    batch: int = 2048,
+    seq: int = 4096,
+    gpu: str = "H100",
+    source: str = _ZOO,
+    exchange_sms: int = 0,
+    instead: tuple[str, ...] = (),
+    sweep: str = ZOO_235B_SWEEP,
 ) -> MoeRun:
     """Qwen3-235B-A22B on 256 H100 in the model zoo's layout: global batch 2048 of 4096,
     micro-batch 1; a pipeline stage's devices are ``tp x dp`` for the attention and
@@ -243,28 +255,58 @@ def _zoo_235b(
     overlap", Megatron's combined 1F1B schedule (the all-to-alls beside the other
     micro-batch's compute). Megatron-Core's grouped experts scale each slot's activation by
     its router weight under either dispatcher (``weight_activations``: DeepEP's flex
-    dispatcher and the all-to-all one alike keep no expert output, :data:`MEGATRON_WEIGHTING`)."""
+    dispatcher and the all-to-all one alike keep no expert output, :data:`MEGATRON_WEIGHTING`).
+
+    ``batch`` and ``seq``: the global batch and sequence where a run states others (its
+    micro-batch still 1); with TP 1 the attention is data-parallel over the experts' devices,
+    ``zero1_ep`` on ``stage=pp,data=edp,expert=ep`` (the layout of :func:`_bridge_qwen3`).
+    ``gpu`` ``"GB200"``: the ``b200`` preset with :data:`GB200_RACK`, the attention at the
+    preset's rates (no measured B200 attention kernel); ``deepep`` is then HybridEP's flex
+    dispatcher, each token once to each device of its experts all the same. ``source``: the
+    table the row is read from; ``exchange_sms``: the multiprocessors HybridEP's dispatch and
+    combine hold, where the launcher states them; ``instead``: what else the row is planned
+    with; ``sweep``: the sweep the row belongs to (none for a run of another batch or
+    sequence)."""
     data = 256 // pp // tp
     edp = data * tp // ep
-    instead = []
+    said = []
     if note:
-        instead.append(note)
+        said.append(note)
+    if gpu == "H100":
+        hw, overrides = "h100", dict(CUDNN)
+    else:
+        hw, overrides = "b200", dict(GB200_RACK)
+        said += [
+            "the attention at the preset's matmul rate, counted non-causal (the B200 preset "
+            "has no measured attention kernel)",
+            "a GB200 rack as 64 B200s on one NVLink domain (GB200_RACK)",
+        ]
+    said += instead
+    if ep_overlap:
+        overrides["ep_overlap"] = True
+    if exchange_sms:
+        overrides["exchange_sms"] = exchange_sms
+    if tp == 1:
+        strategy, mesh = "zero1_ep", (("stage", pp), ("data", edp), ("expert", ep))
+    else:
+        strategy = "zero1_ep_fold_sp"
+        mesh = (("stage", pp), ("data", edp), ("expert", ep // tp), ("model", tp))
     return MoeRun(
-        f"Megatron Qwen3-235B {layout}, 256 H100",
-        _ZOO,
-        _preset("qwen3-235b-a22b", 2048, 4096, dispatch_once=deepep, **MEGATRON_WEIGHTING),
-        "h100",
+        f"Megatron Qwen3-235B {layout}, 256 {gpu}",
+        source,
+        _preset("qwen3-235b-a22b", batch, seq, dispatch_once=deepep, **MEGATRON_WEIGHTING),
+        hw,
         256,
         measured_s,
-        "zero1_ep_fold_sp",
-        (("stage", pp), ("data", edp), ("expert", ep // tp), ("model", tp)),
-        2048 // data,
+        strategy,
+        mesh,
+        batch // data,
         ZOO_NORM_ACT if recompute == "norm, act" else recompute,
         vp,
         pipeline_split="embedding+loss",
-        overrides={**CUDNN, "ep_overlap": True} if ep_overlap else CUDNN,
-        instead=tuple(instead),
-        sweep="Qwen3-235B-A22B on 256 H100",
+        overrides=overrides,
+        instead=tuple(said),
+        sweep=sweep,
     )
 
 
@@ -1137,7 +1179,7 @@ RUNS = [
         4,
         "full",
         overrides=CUDNN,
-        sweep="Qwen3-235B-A22B on 256 H100",
+        sweep=ZOO_235B_SWEEP,
     ),
     _zoo_235b(
         "TP2 EP8 PP32 VP3 all-to-all",
