@@ -2,11 +2,12 @@
 calibrated on: each run (a) planned as it ran, its layout pinned, and (b) the planner's own
 best plan for the same model, devices and global batch, both against the measured step.
 
-The runs are 87 published mixture-of-experts training runs, each row with its source and the
+The runs are 91 published mixture-of-experts training runs, each row with its source and the
 figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2 and GPT-OSS
 on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on 256 H100 (and
-Qwen3-Next-80B); Marin's 360B mixture under EP 64 and under FSDP on one GB200 rack;
-Megatron-Bridge's DGX-H100 performance-summary rows of every release read (25.11 to 26.06:
+Qwen3-Next-80B), at sequence 16384 on 256 H100 (its long-context rows at 32768 to 131072, under
+context parallelism, listed); Marin's 360B mixture under EP 64 and under FSDP on one GB200
+rack; Megatron-Bridge's DGX-H100 performance-summary rows of every release read (25.11 to 26.06:
 GPT-OSS 120B in four releases at global batch 1280 and one at 512, Qwen3-235B-A22B fp8 in four
 at 8192 and one at 2048, Qwen3-30B-A3B fp8 in five at 1024 and one at 512), and its
 Qwen3-30B-A3B on 16 H100 at global batch 1024 in seven bf16 runs of its pull requests
@@ -213,6 +214,44 @@ MEGATRON_WEIGHTING = {"weight_activations": True}
 #: norms' outputs and the experts' activation (``--recompute-granularity selective
 #: --recompute-modules layernorm moe_act``).
 ZOO_NORM_ACT = "megatron:moe_act,layernorm"
+
+
+#: How the model zoo's TFLOP/s-only rows become steps: Megatron's own count,
+#: ``num_floating_point_operations`` (NVIDIA/Megatron-LM megatron/training/training.py@001b00c,
+#: its attention scores halved: "causal mask (only half of the mask is non-zero)"), for
+#: Qwen3-235B-A22B (94 layers, d 4096, 64 query heads of 128 and 4 key/value groups, 8 of 128
+#: experts of 1536, the vocabulary padded to 151936 by ``--make-vocab-size-divisible-by 1187``)
+#: is 148.03 GFLOP a token at sequence 4096, 204.81 at 16384, 280.51 at 32768, 431.91 at 65536
+#: and 734.70 at 131072; each step is GBS x sequence x that / (GPUs x TFLOP/s). The count gives
+#: back the zoo's own H100 steps from their TFLOP/s (245, 276, 200 and 167: 19.80, 17.58, 24.25
+#: and 29.05 s against the table's 19.7, 17.6, 24.2 and 29.0).
+#:
+#: The long-context table (:data:`_ZOO`, "Long Context": 256 H100 as "NNODES 32", Qwen3-235B-A22B,
+#: DeepEP, bf16; its command ``PP=8 VPP=4 TP=${TP} EP=8 CP=${CP} GBS=${GBS} ... PR=bf16 ...
+#: --recompute-granularity selective --recompute-modules layernorm moe``, A2A_OVERLAP=0, micro-batch
+#: 1 the runtime config's): "H100| 16384 | 32 | 4 | 1 | 256 | 295 (forced balance) / 237
+#: (dropless)" is written (256 x 16384 x 204.81e9 / (256 x 295e12) = 11.375 s); the forced-balance
+#: rows at CP 2, 4 and 8 ("32768 ... 335", "65536 ... 368", "131072 ... 389": 27.438, 76.917 and
+#: 247.554 s) are listed, the planner pricing no context parallelism for a mixture; the dropless
+#: figures (237, 277, 320, 357) are not written: their routing's imbalance is not published.
+_ZOO_LONG = f"{_ZOO}, Long Context (forced balance)"
+
+
+def _zoo_long_cp(seq: int, cp: int, measured_s: float) -> MoeRun:
+    """A forced-balance row of the zoo's long-context table run with context parallelism
+    (:data:`_ZOO_LONG`): Qwen3-235B-A22B on 256 H100, global batch 256 of ``seq``, TP 4, CP
+    ``cp``, PP 8, VPP 4, EP 8, DeepEP, the norms and the MoE layers recomputed. Listed: the
+    planner prices no context parallelism for a mixture of experts."""
+    return MoeRun(
+        f"Megatron Qwen3-235B TP4 CP{cp} EP8 PP8 VP4, sequence {seq}, 256 H100",
+        _ZOO_LONG,
+        None,
+        "h100",
+        256,
+        measured_s,
+        cannot=f"context parallelism (CP {cp}): the planner prices no context or sequence "
+        "parallelism for a mixture of experts",
+    )
 
 
 #: The model zoo's Qwen3-235B-A22B layouts on 256 H100 at global batch 2048 of 4096, ranked as
@@ -1202,6 +1241,23 @@ RUNS = [
         cannot="Gated DeltaNet linear attention in 3 of 4 layers, 512 experts of 512: no "
         "preset, and the decoder has no linear attention",
     ),
+    # the long-context table (:data:`_ZOO_LONG`): sequence 16384 at CP 1, written; CP 2 to 8 listed
+    _zoo_235b(
+        "TP4 EP8 PP8 VP4, sequence 16384",
+        11.375,
+        tp=4,
+        ep=8,
+        pp=8,
+        vp=4,
+        recompute="megatron:layernorm,moe",
+        batch=256,
+        seq=16384,
+        source=_ZOO_LONG,
+        sweep="",
+    ),
+    _zoo_long_cp(32768, 2, 27.438),
+    _zoo_long_cp(65536, 4, 76.917),
+    _zoo_long_cp(131072, 8, 247.554),
     # the 25-step pair (mhep-009, mhep-010): the EP arm's dense weights FSDP over the same
     # 64 GPUs its experts are split over
     _marin_hero("EP 64", 316_473, "fsdp_ep", (("data", 1), ("expert", 64))),
