@@ -2,14 +2,15 @@
 calibrated on: each run (a) planned as it ran, its layout pinned, and (b) the planner's own
 best plan for the same model, devices and global batch, both against the measured step.
 
-The runs are 91 published mixture-of-experts training runs, each row with its source and the
+The runs are 92 published mixture-of-experts training runs, each row with its source and the
 figures it quotes (none is in CALIBRATION.md): NeMo AutoModel's DeepSeek-V3, Kimi K2 and GPT-OSS
 on DGX-H100; the Megatron MoE model zoo's Qwen3-235B-A22B in five layouts on 256 H100 (and
 Qwen3-Next-80B), at sequence 16384 on 256 H100 (its long-context rows at 32768 to 131072, under
-context parallelism, listed); Marin's 360B mixture under EP 64 and under FSDP on one GB200
-rack; Megatron-Bridge's DGX-H100 performance-summary rows of every release read (25.11 to 26.06:
-GPT-OSS 120B in four releases at global batch 1280 and one at 512, Qwen3-235B-A22B fp8 in four
-at 8192 and one at 2048, Qwen3-30B-A3B fp8 in five at 1024 and one at 512), and its
+context parallelism, listed) and in one layout on 256 GB200; Marin's 360B mixture under EP 64
+and under FSDP on one GB200 rack; Megatron-Bridge's DGX-H100 performance-summary rows of every
+release read (25.11 to 26.06: GPT-OSS 120B in four releases at global batch 1280 and one at
+512, Qwen3-235B-A22B fp8 in four at 8192 and one at 2048, Qwen3-30B-A3B fp8 in five at 1024
+and one at 512), and its
 Qwen3-30B-A3B on 16 H100 at global batch 1024 in seven bf16 runs of its pull requests
 (all-to-all against HybridEP dispatch, EP overlap on and off, TP 2, two recomputations); the
 summary's H100 rows not written (25.09's token-dropping and DeepSeek-V3 rows, Nemotron 3 Nano)
@@ -55,7 +56,9 @@ The best plan is the estimate's screen over every strategy the planner prices a 
 micro-batch count and recomputation, on the run's hardware: the fastest that fits. Where the
 best plan is far faster than what ran, either it found a better layout or the layouts it
 prefers are underpriced; the published sweeps are the judges of the ranking, printed measured
-beside predicted: the Qwen3-235B one (one model, one batch, five layouts on 256 H100), the
+beside predicted: the Qwen3-235B one (one model, one batch, five layouts on 256 H100), its
+GB200 one (the zoo's layout and Megatron-Bridge 25.11's on 256 GB200 at one batch: two programs
+as well as two layouts), the
 Qwen3-30B-A3B one (one model, one batch on 16 H100: twelve runs, the seven bf16 ones and five
 releases' fp8 rows; a layout run in two releases is predicted equal, and said so) and Marin's
 EP 64 against its FSDP control (one 360B mixture on one GB200 rack). Megatron-Bridge's releases
@@ -235,6 +238,43 @@ ZOO_NORM_ACT = "megatron:moe_act,layernorm"
 #: 247.554 s) are listed, the planner pricing no context parallelism for a mixture; the dropless
 #: figures (237, 277, 320, 357) are not written: their routing's imbalance is not published.
 _ZOO_LONG = f"{_ZOO}, Long Context (forced balance)"
+#: The zoo's GB200 table (yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md@020b813;
+#: NVIDIA/Megatron-LM examples/moe-modelzoo/best_practice/qwen3/readme.md@f13818d the same row):
+#: "GB200 | 4096 | 64 | BF16 | 1 | 8 | 1 | 8 | 1 | 8192 | 750" (TP, PP, VPP, EP, MBS, GBS,
+#: TFLOPS; "Dispatcher: HybridEP", "NVLink Domain Size: 72"), its command ``DISPATCHER=hybridep
+#: SEGMENT=2 PR=bf16 A2A_OVERLAP=0 TP=1 PP=8 VPP=1 EP=8 NNODES=64 MBS=1 GBS=8192 ...
+#: --moe-router-force-load-balancing --cuda-graph-impl transformer_engine --cuda-graph-scope attn
+#: moe_router moe_preprocess`` (no recomputation set, nor by the model's benchmarking config); the
+#: launcher (sbatch_benchmarking.sh@38ce2ed) runs a GB200 cluster's nodes 4 tasks each (64 nodes:
+#: 256 GPUs) and HybridEP with ``--moe-hybridep-num-sms 32``: 8192 x 4096 x 148.03e9 / (256 x
+#: 750e12) = 25.871 s.
+#:
+#: The zoo's and Megatron-LM's other published MoE figures, not written, and why:
+#: the GB200 table's MXFP8 rows (919 TFLOPS at PP 4, VPP 6, EP 64, MBS 3, GBS 3072 with activation
+#: offloading; 1150 at sequence 131072, TP 4, PP 4, VPP 12, CP 4, EP 32) and the GB300 rows (974
+#: MXFP8 at 64 nodes, PP 4, EP 32, MBS 2, GBS 8192 in the zoo@020b813, where Megatron-LM@f13818d
+#: prints "GB300 | 4096 | 16 | MXFP8 | 1 | 1 | 1 | 1 | 64 | 1 | 8192 | 1055" and lists the 1150
+#: long-context row under GB200): MXFP8 is not priced and the GB300 has no preset; Mixtral 8x22B
+#: (best_practice/Mixtral/run_mixtral_8x22B.sh@0993e66: "Dropless training, stable performance
+#: should be around 455TFLOPS for H100", "Token Drop training, perf should be around 470TFLOPS"):
+#: an approximate figure, its dropless run routed by the auxiliary loss on real data (no forced
+#: balance), and its layout the runtime config's, whose stored versions differ (Mixtral-8x22B
+#: "2 8 8 1 1" TP, PP, EP, CP, VPP at 30631ea, "2 8 8 1 7" at 3a2d8b5); DeepSeek-V3 on GB200
+#: (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md
+#: @1d9edcf, 494.46 to 970.01 TFLOPS/GPU) is MXFP8 throughout; the zoo's DeepSeek-V3, Qwen3-30B-A3B
+#: and Qwen3-33B scripts and Megatron-LM's examples/moe_recipes (README@19d22f5) publish layouts
+#: with no measured figure; the Megatron Core MoE report's Table 11 (arXiv 2603.07685) and the MoE
+#: Parallel Folding paper's tables (arXiv 2504.14960) are stored only as others' readings of their
+#: images, not their figures and layouts.
+_ZOO_GB200 = (
+    "yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md@020b813, GB200 BF16; "
+    "sbatch_benchmarking.sh@38ce2ed (4 GPUs a node, HybridEP on 32 SMs)"
+)
+#: How the zoo's GB200 run held its router: CUDA graphs the planner does not price.
+_ZOO_GRAPHS = (
+    "no CUDA graphs (the run: Transformer Engine's, of the attention's, the MoE router's and "
+    "preprocess's scopes)"
+)
 
 
 def _zoo_long_cp(seq: int, cp: int, measured_s: float) -> MoeRun:
@@ -257,6 +297,10 @@ def _zoo_long_cp(seq: int, cp: int, measured_s: float) -> MoeRun:
 #: The model zoo's Qwen3-235B-A22B layouts on 256 H100 at global batch 2048 of 4096, ranked as
 #: one sweep.
 ZOO_235B_SWEEP = "Qwen3-235B-A22B on 256 H100"
+#: The published runs of Qwen3-235B-A22B in bf16 on 256 GB200 at global batch 8192 of 4096 (the
+#: model zoo's and Megatron-Bridge's 25.11 layout), ranked as one sweep: their software differs
+#: as well as their layouts.
+ZOO_235B_GB200_SWEEP = "Qwen3-235B-A22B on 256 GB200"
 
 
 def _zoo_235b(
@@ -1258,6 +1302,22 @@ RUNS = [
     _zoo_long_cp(32768, 2, 27.438),
     _zoo_long_cp(65536, 4, 76.917),
     _zoo_long_cp(131072, 8, 247.554),
+    # the GB200 table (:data:`_ZOO_GB200`): 8192 x 4096 x 148.03e9 / (256 x 750e12) = 25.871 s
+    _zoo_235b(
+        "TP1 EP8 PP8",
+        25.871,
+        tp=1,
+        ep=8,
+        pp=8,
+        vp=1,
+        recompute="none",
+        batch=8192,
+        gpu="GB200",
+        source=_ZOO_GB200,
+        exchange_sms=32,
+        instead=(_ZOO_GRAPHS,),
+        sweep=ZOO_235B_GB200_SWEEP,
+    ),
     # the 25-step pair (mhep-009, mhep-010): the EP arm's dense weights FSDP over the same
     # 64 GPUs its experts are split over
     _marin_hero("EP 64", 316_473, "fsdp_ep", (("data", 1), ("expert", 64))),
@@ -1431,6 +1491,7 @@ RUNS = [
         instead=(
             "the all-to-all dispatcher and no A2A overlap (no stored perf config of this layout)",
         ),
+        sweep=ZOO_235B_GB200_SWEEP,
     ),
     # 4096 x 4096 / (256 x 3139) = 20.878 s
     MoeRun(
@@ -1730,10 +1791,13 @@ _FRAMEWORKS = {
 
 def _framework(run: MoeRun) -> str:
     """The software that ran ``run`` (:data:`_FRAMEWORKS`, by its name's first word);
-    Megatron-Bridge's Blackwell rows apart from its H100 ones."""
+    Megatron-Bridge's Blackwell rows and the model zoo's GB200 row apart from their H100
+    ones."""
     framework = _FRAMEWORKS[run.name.split()[0]]
     if framework == "Megatron-Bridge" and run.hardware == "b200":
         return f"{framework} on Blackwell (B200 and GB200)"
+    if framework == _FRAMEWORKS["Megatron"] and run.hardware == "b200":
+        return f"{framework} on GB200"
     return framework
 
 
