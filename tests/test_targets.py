@@ -5,6 +5,7 @@ few seconds on 2 cores); the rest checks the target records, the topologies chos
 device count and the errors, without compiling.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -265,8 +266,12 @@ def test_missing_extra_is_one_error_naming_it(monkeypatch):
     assert "pip install 'shardscope[tpu-compile]'" in str(info.value)
 
 
-def _fsdp_step(mesh, d=256, ff=1024, layers=2, batch=32, seq=64):
-    """A scanned MLP train step, bf16 weights sharded over ``data`` (FSDP), SGD update."""
+def _fsdp_step(mesh, d=256, ff=1024, layers=2, batch=32, seq=64, scoped=False):
+    """A scanned MLP train step, bf16 weights sharded over ``data`` (FSDP), SGD update;
+    ``scoped``: its two matmuls in named scopes ``up`` and ``down``."""
+
+    def scope(name):
+        return jax.named_scope(name) if scoped else contextlib.nullcontext()
 
     def spec(*s):
         return NamedSharding(mesh, P(*s))
@@ -281,7 +286,10 @@ def _fsdp_step(mesh, d=256, ff=1024, layers=2, batch=32, seq=64):
 
     def loss(p, x):
         def layer(h, w):
-            return h + jax.nn.gelu(h @ w[0]) @ w[1], None
+            with scope("up"):
+                u = jax.nn.gelu(h @ w[0])
+            with scope("down"):
+                return h + u @ w[1], None
 
         h, _ = jax.lax.scan(layer, x, (p["w_in"], p["w_out"]))
         return jnp.mean(h.astype(jnp.float32) ** 2)
@@ -315,7 +323,7 @@ def test_fsdp_step_on_8_h100s_reduce_scatters_16_bit_gradients_over_data():
 
 def test_an_fsdp_step_on_h100s_is_priced_with_what_its_schedule_hides():
     mesh = shardscope.target_mesh("h100", "data=8", axis_types="auto")
-    step, params, x = _fsdp_step(mesh)
+    step, params, x = _fsdp_step(mesh, scoped=True)
     a = shardscope.audit(step, params, x)
     assert a.priced_on == "h100"
     # Counted from the HLO: per device 32 / 8 sequences of 64 tokens; per layer two matmuls
@@ -338,7 +346,18 @@ def test_an_fsdp_step_on_h100s_is_priced_with_what_its_schedule_hides():
         assert o.hidden_s + o.exposed_s == pytest.approx(o.comm_s, rel=1e-12)
     e = a.exposure()
     assert e.comm_s == pytest.approx(sum(c.overlap.comm_s * c.count for c in a.collectives))
-    assert set(a.exposure_by_scope()) == {c.scope for c in a.collectives}
+    # every collective combines a gradient or weight of each matmul, as many bytes of each:
+    # half of each one's time is the up projection's and half the down one's
+    for c in a.collectives:
+        assert sorted((p.scope, p.traffic_bytes) for p in c.parts) == [
+            ("down", 7 * 256 * 1024 * 2 // 8),
+            ("up", 7 * 256 * 1024 * 2 // 8),
+        ]
+    by_scope = a.exposure_by_scope()
+    assert set(by_scope) == {"up", "down"}
+    for half in by_scope.values():
+        assert half.comm_s == pytest.approx(e.comm_s / 2, rel=1e-12)
+        assert half.exposed_s == pytest.approx(e.exposed_s / 2, rel=1e-12)
     shown = format_audit(a, width=200)
     assert "Communication time on h100" in shown
     assert f"per run on h100: {format_seconds(e.comm_s)} of communication" in shown

@@ -135,6 +135,10 @@ class Exposure(Record):
             self.exposed_s + other.exposed_s,
         )
 
+    def scaled(self, share: float) -> Exposure:
+        """``share`` of each of these seconds."""
+        return Exposure(self.comm_s * share, self.hidden_s * share, self.exposed_s * share)
+
     @staticmethod
     def of(overlap: Overlap, count: int) -> Exposure:
         """``count`` executions of ``overlap``'s collective."""

@@ -613,13 +613,21 @@ class Audit:
         return out
 
     def exposure_by_scope(self) -> dict[str, Exposure]:
-        """:meth:`exposure` per scope of the collectives (``""``: outside any), the most
-        exposed first (empty: not priced)."""
+        """:meth:`exposure` per scope (``""``: outside any), the most exposed first (empty:
+        not priced). As :meth:`by_scope` counts each array of a combined collective toward its
+        own scope, a combined collective's time goes to its arrays' scopes by their share of
+        its bytes (its time is its bytes' time, and the latency they share)."""
         out: dict[str, Exposure] = {}
         for c in self.collectives:
-            if c.overlap is not None:
-                here = Exposure.of(c.overlap, c.count)
-                out[c.scope] = out.get(c.scope, Exposure(0.0, 0.0, 0.0)) + here
+            if c.overlap is None:
+                continue
+            here = Exposure.of(c.overlap, c.count)
+            sent = sum(p.traffic_bytes for p in c.parts)
+            shares: dict[str, float] = {}
+            for p in c.parts if sent else ():
+                shares[p.scope] = shares.get(p.scope, 0.0) + p.traffic_bytes / sent
+            for scope, share in (shares or {c.scope: 1.0}).items():
+                out[scope] = out.get(scope, Exposure(0.0, 0.0, 0.0)) + here.scaled(share)
         return dict(sorted(out.items(), key=lambda kv: -kv[1].exposed_s))
 
     def by_scope(self) -> list[ScopeTotals]:
