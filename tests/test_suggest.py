@@ -92,6 +92,31 @@ def test_the_change_turns_your_best_rules_into_the_proposal(mlp):
     assert change.speedup == own.step_time_s / best.step_time_s
 
 
+def test_the_comparisons_with_your_rules_say_slower_or_faster_in_words(mlp):
+    from shardscope._src.render.suggest import change_lines
+    from shardscope._src.suggest.suggest import Change
+
+    _, result = mlp
+    # each proposal's row: its time over the user's best, which no proposal beats here
+    rows = {
+        line.split()[0]: line
+        for line in _rendered(result, verbose=False).splitlines()
+        if line.split()[:1] in ([str(p.rank)] for p in result.proposals)
+    }
+    for p in result.proposals:
+        assert p.ratio >= 1
+        words = "same" if f"{p.ratio:.2f}" == "1.00" else f"{p.ratio:.2f}x slower"
+        assert rows[str(p.rank)].rstrip().endswith(words), rows[str(p.rank)]
+    # the summary under the table reads the same way round as the column: time over yours
+    mesh = {"data": 8, "model": 1}
+    for own_s, step_s, words in (
+        (783e-6, 899e-6, "(1.15x slower)"),
+        (1.0, 0.2119, "(4.72x faster)"),
+    ):
+        change = Change("dp data=8", mesh, mesh, (), own_s, step_s, 1, 1)
+        assert words in change_lines(change)[-1]
+
+
 def test_a_program_name_missing_from_the_rules_is_one_error_naming_it(tmp_path, capsys):
     make_step = load_program(MLP)
     rules = [("batch", "data"), ("embed", None)]  # no rule for "hidden"

@@ -11,7 +11,6 @@ from shardscope._src.base.comm import format_bytes, format_memory, format_second
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.render.brief import skipped_lines as grouped_skipped_lines
 from shardscope._src.render.columns import Column, markdown_table, rich_table
-from shardscope._src.render.plan import format_ratio
 from shardscope._src.sharding.rules import sharded_rules
 
 if TYPE_CHECKING:
@@ -35,6 +34,21 @@ def _rules(p: Proposal) -> str:
     return sharded_rules(p.rules)
 
 
+def format_against(ratio: float | None) -> str:
+    """A step time over yours (:attr:`~shardscope._src.suggest.suggest.Proposal.ratio`) in
+    words that cannot be read the wrong way round: ``'1.15x slower'``, ``'4.72x faster'``,
+    ``'same'`` where the two round alike (``'-'``: no yardstick, or no time).
+
+    >>> format_against(1.148), format_against(0.2119), format_against(1.001), format_against(None)
+    ('1.15x slower', '4.72x faster', 'same', '-')
+    """
+    if ratio is None or ratio <= 0:
+        return "-"
+    if f"{ratio:.2f}" == "1.00" and f"{1 / ratio:.2f}" == "1.00":
+        return "same"
+    return f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
+
+
 PROPOSAL_COLUMNS: tuple[Column[Proposal], ...] = (
     Column("#", lambda p: str(p.rank)),
     Column("mesh", lambda p: format_mesh_spec(p.mesh), no_wrap=True),
@@ -42,7 +56,7 @@ PROPOSAL_COLUMNS: tuple[Column[Proposal], ...] = (
     Column("memory", lambda p: format_bytes(p.memory_bytes_per_device), justify="right"),
     Column("fits", lambda p: "yes" if p.fits else "no"),
     Column("step", lambda p: format_seconds(p.step_time_s), justify="right"),
-    Column("vs yours", lambda p: format_ratio(p.ratio), justify="right"),
+    Column("vs yours", lambda p: format_against(p.ratio), justify="right"),
 )
 
 
@@ -87,9 +101,10 @@ def change_lines(change: Change) -> list[str]:
         if own_mesh != mesh:
             lines.append(f"  mesh {own_mesh} -> {mesh}")
         lines += [f"  {m}" for m in moves]
+    ratio = change.step_time_s / change.own_step_time_s if change.own_step_time_s else None
     lines.append(
         f"  step {format_seconds(change.own_step_time_s)} -> "
-        f"{format_seconds(change.step_time_s)} ({change.speedup:.2f}x), memory "
+        f"{format_seconds(change.step_time_s)} ({format_against(ratio)}), memory "
         f"{format_bytes(change.own_memory_bytes_per_device)} -> "
         f"{format_bytes(change.memory_bytes_per_device)} a device"
     )
