@@ -57,8 +57,9 @@ def test_the_best_proposal_fits_and_beats_the_hand_written_rules(mlp):
 def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path, monkeypatch):
     make_step, result = mlp
     monkeypatch.chdir(tmp_path)
-    path = result.write_rules()  # by default under the name that says it holds rules
-    assert path.name == "suggested-rules.json"
+    # the best proposal's own file: its one set, named "suggested"
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(result.best.rules_file(result.axes)))
     data = json.loads(path.read_text())
     assert data["axes"] == ["data", "model"] and list(data["rules"]) == ["suggested"]
     again = shardscope.plan_program(
@@ -66,6 +67,16 @@ def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path, monkeypa
     )
     assert again.best.step_time_s == result.best.step_time_s
     assert again.best.memory_bytes_per_device == result.best.memory_bytes_per_device
+    # the best replicates everything, as the user's dp does on data=1: the same program, so
+    # the answer is to keep the user's rules, and the written file holds them
+    own = result.own_best
+    assert result.keep_own and result.best.step_time_s == own.step_time_s
+    path = result.write_rules()  # by default under the name that says it holds rules
+    assert path.name == "suggested-rules.json"
+    assert json.loads(path.read_text()) == {
+        "axes": ["data", "model"],
+        "rules": {own.rules_name: [list(p) for p in own.rules]},
+    }
 
 
 def test_the_same_input_gives_the_same_ranking(mlp):
@@ -90,6 +101,38 @@ def test_the_change_turns_your_best_rules_into_the_proposal(mlp):
         n: a for n, a in best.rules if a is not None and best.mesh[a] > 1
     }
     assert change.speedup == own.step_time_s / best.step_time_s
+
+
+def test_when_no_proposal_beats_your_rules_the_answer_is_to_keep_them():
+    make_step = load_program(MLP)
+    # one compile: the screen's leader, data=2,model=4 with the batch on data, slower than
+    # the user's best (dp, which on data=1,model=8 replicates everything)
+    result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=1, workers=0)
+    (best,) = result.proposals
+    own = result.own_best
+    assert best.fits and best.step_time_s > own.step_time_s and best.ratio > 1
+    assert result.keep_own and result.best is best  # best stays the best proposal
+    keep = result.notes[0]
+    assert keep.kind == "keep-own" and keep.values.rules_name == own.rules_name
+    assert (keep.values.proposals, keep.values.fitting) == (1, 1)
+    assert keep.values.mesh == own.mesh_spec and keep.values.step_s == own.step_time_s
+    # said first, before the table; the proposal is never headlined as the answer
+    text = _rendered(result, verbose=False)
+    lines = text.splitlines()
+    assert text.index(keep.text) < text.index("proposals (compiled, best first)")
+    assert "keep it" in keep.text
+    assert f"your {own.rules_name} on {own.mesh_spec}" in keep.text
+    assert not any(line.startswith("against your best") for line in lines)
+    assert any(line.startswith("the best proposal against your best") for line in lines)
+    # the file holds the user's rule set, under its name, in the JSON and the report too
+    assert result.rules_file() == {
+        "axes": ["data", "model"],
+        "rules": {own.rules_name: [list(p) for p in own.rules]},
+    }
+    assert result.to_dict()["keep_own"] is True
+    report = suggest_markdown_report(result)
+    assert f"## Rules to keep: yours, {own.rules_name} on {own.mesh_spec}" in report
+    assert "## Rules of the best" not in report and result.rules_text() in report
 
 
 def test_the_comparisons_with_your_rules_say_slower_or_faster_in_words(mlp):
@@ -222,8 +265,9 @@ def test_a_best_that_replicates_everything_says_what_the_fastest_split_costs(mlp
     assert best.replicated and all(a is None for _, a in best.rules)
     split = next(p for p in result.proposals if p.fits and not p.replicated)
     assert split.step_time_s > best.step_time_s
-    (note,) = result.notes
-    assert note.kind == "all-replicated" and note.values.devices == 8
+    keep, note = result.notes  # the answer first: the user's rules tie the best
+    assert keep.kind == "keep-own" and note.kind == "all-replicated"
+    assert note.values.devices == 8
     # what the note claims holds of the two compiled programs
     assert note.values.comm_s == split.plan.comm_time_s > 0
     assert note.values.saved_s == best.plan.compute_time_s - split.plan.compute_time_s
@@ -231,7 +275,7 @@ def test_a_best_that_replicates_everything_says_what_the_fastest_split_costs(mlp
     assert f"the fastest split, {_rules_of(split)} on " in note.text
     assert f"note: {note.text[:100]}" in _rendered(result, verbose=False)
     assert f"\nnote: {note.text}\n" in suggest_markdown_report(result)
-    assert result.to_dict()["notes"] == [note.to_dict()]
+    assert result.to_dict()["notes"] == [keep.to_dict(), note.to_dict()]
 
 
 def _rules_of(p):
@@ -262,7 +306,8 @@ def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():
     for s in slower:  # each left out is slower than the best
         assert compiled[(s.strategy, s.mesh)].step_time_s > own.best.step_time_s
     # compute decides: the best splits the work, and there is nothing to note about that
-    assert not result.best.replicated and result.notes == ()
+    assert not result.best.replicated
+    assert "all-replicated" not in [n.kind for n in result.notes]
     # a plan taken from another compile of its layout is what its own compile gives
     assert result.own_shared > 0 and result.own_compiled + result.own_shared == len(own.plans)
     for p in own.plans:
@@ -346,7 +391,12 @@ def test_the_command_line_prints_the_arrays_and_writes_the_rules(tmp_path, capsy
         == 0
     )
     assert main(["audit", MLP, "--mesh", mesh, "--rules", str(out), "--axis-types", "auto"]) == 0
-    assert list(rules["rules"]) == ["suggested"]
+    # no proposal beats the user's dp (the best is its program): the file holds dp, and the
+    # answer is said right after the headline
+    assert data["keep_own"] and list(rules["rules"]) == [data["own_best"]["rules_name"]]
+    said = text.index("none of the 3 compiled proposals beats your ")
+    assert said < text.index("proposals (compiled, best first)")
+    assert "the rules file holds your " in text
     # the command answers to the library's name too: the same request, which main runs by
     # its type (searched again, it would compile the same candidates again)
     parse = build_parser().parse_args

@@ -120,6 +120,11 @@ class PlanNote(NoteKind):
     #: work spends more on collectives than it saves in compute (values: ``devices``,
     #: ``split``: what the other shards and its mesh, ``saved_s``, ``comm_s``)
     ALL_REPLICATED = "all-replicated"
+    #: a search's compiled proposals, none faster than the best plan of the user's own rules,
+    #: which fits: keep those (values: ``proposals``: how many compiled, ``fitting``: how many
+    #: of them fit, ``rules_name``, ``mesh``, ``step_s``, ``memory_bytes``: the user's best,
+    #: ``settled``: whether the search reached a local optimum)
+    KEEP_OWN = "keep-own"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -418,6 +423,21 @@ class AllReplicatedValues(NoteValues):
     split: str
     saved_s: float
     comm_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeepOwnValues(NoteValues):
+    """A search none of whose compiled proposals beats the best plan of the user's own rules:
+    how many it compiled and how many of those fit, that plan (its rule set, mesh, step and
+    memory a device) and whether the search settled (every neighbour of its best compiled)."""
+
+    proposals: int
+    fitting: int
+    rules_name: str
+    mesh: str
+    step_s: float
+    memory_bytes: int
+    settled: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -888,6 +908,27 @@ def _all_replicated(v: AllReplicatedValues) -> str:
     )
 
 
+def _keep_own(v: KeepOwnValues) -> str:
+    yours = f"your {v.rules_name} on {v.mesh}"
+    held = f"{format_seconds(v.step_s)}, {format_bytes(v.memory_bytes)} a device"
+    none = (
+        "the one compiled proposal"
+        if v.proposals == 1
+        else f"none of the {v.proposals} compiled proposals"
+    )
+    beats, fits = ("does not beat", "does not fit") if v.proposals == 1 else ("beats", "fits")
+    if v.fitting:
+        head = f"{none} {beats} {yours} ({held}): keep it"
+    else:
+        head = f"{none} {fits}, and {yours} does ({held}): keep it"
+    more = (
+        "the search settled (every neighbour of its best proposal compiled, none faster)"
+        if v.settled
+        else "more compiles may find a faster one (--compiles, compiles=)"
+    )
+    return f"{head}; {more}"
+
+
 def _experts_unsplit(v: ExpertsUnsplitValues) -> str:
     shown = ", ".join(v.labels[:3]) + (" ..." if len(v.labels) > 3 else "")
     return (
@@ -1027,6 +1068,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
     PlanNote.ALL_REPLICATED: _all_replicated,
+    PlanNote.KEEP_OWN: _keep_own,
     PlanNote.NOT_COMPILED: _not_compiled,
     PlanNote.EXPERTS_UNSPLIT: _experts_unsplit,
     PlanNote.MIXTURE_STEP: (
@@ -1084,6 +1126,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.NO_FLOP_COUNT: NoValues,
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
     PlanNote.ALL_REPLICATED: AllReplicatedValues,
+    PlanNote.KEEP_OWN: KeepOwnValues,
     PlanNote.NOT_COMPILED: NotCompiledValues,
     PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MIXTURE_STEP: NoValues,

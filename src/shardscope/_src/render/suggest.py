@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes, format_memory, format_seconds
 from shardscope._src.base.text import format_mesh_spec
+from shardscope._src.plan.notes import PlanNote
 from shardscope._src.render.brief import skipped_lines as grouped_skipped_lines
 from shardscope._src.render.columns import Column, markdown_table, rich_table
 from shardscope._src.sharding.rules import sharded_rules
@@ -76,24 +77,29 @@ def settled_line(result: SuggestResult) -> str:
     """Whether the search reached a local optimum the compiler checked, or its budget."""
     if result.settled:
         return (
-            "the best is a local optimum: every neighbour (one name moved, or the next mesh "
-            "shape) was compiled and none is faster"
+            "the best proposal is a local optimum: every neighbour (one name moved, or the "
+            "next mesh shape) was compiled and none is faster"
         )
     return (
         f"the budget of {result.compiled} compiles ran out before every neighbour of the best "
-        f"was compiled (more: --compiles, compiles=)"
+        f"proposal was compiled (more: --compiles, compiles=)"
     )
 
 
-def change_lines(change: Change) -> list[str]:
-    """What the best proposal changes in the user's best plan, in words."""
+def change_lines(change: Change, *, keep_own: bool = False) -> list[str]:
+    """What the best proposal changes in the user's best plan, in words; ``keep_own``: the
+    user's plan is at least as fast, and the words say the proposal does not beat it."""
     moves = [f"{n}: {a or 'replicated'} -> {b or 'replicated'}" for n, a, b in change.moves]
     mesh = format_mesh_spec(change.mesh)
     own_mesh = format_mesh_spec(change.own_mesh)
+    yours = (
+        f"your best, {change.own_label} ({format_seconds(change.own_step_time_s)}, "
+        f"{format_bytes(change.own_memory_bytes_per_device)} a device)"
+    )
     lines = [
-        f"against your best, {change.own_label} "
-        f"({format_seconds(change.own_step_time_s)}, "
-        f"{format_bytes(change.own_memory_bytes_per_device)} a device):"
+        f"the best proposal against {yours}, which it does not beat:"
+        if keep_own
+        else f"against {yours}:"
     ]
     if change.same:
         lines.append("  nothing: your best shards every name as the best proposal does")
@@ -128,6 +134,11 @@ def render_suggest(
     a reason and the best's first :data:`ARRAYS_SHOWN` arrays are listed (the JSON and the
     report have every one)."""
     console.print(headline(result), highlight=False)
+    # the answer first: where no proposal beats the user's own rules, that
+    notes = result.notes
+    for note in notes:
+        if note.kind == PlanNote.KEEP_OWN:
+            console.print(note.text, highlight=False)
     shown: Sequence[Proposal] = result.proposals[:top] if top else result.proposals
     console.print(
         rich_table(PROPOSAL_COLUMNS, shown, title="proposals (compiled, best first)"),
@@ -136,46 +147,64 @@ def render_suggest(
         console.print(line, highlight=False)
     best = result.best
     if best is None:
-        console.print(result.fit_advice or "no proposal compiled", highlight=False)
+        if not result.keep_own:
+            console.print(result.fit_advice or "no proposal compiled", highlight=False)
         return
     console.print(settled_line(result), highlight=False)
-    for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
+    for note in notes:
+        if note.kind != PlanNote.KEEP_OWN:
+            console.print(f"note: {note}", highlight=False)
     change = result.change
     if change is not None:
-        for line in change_lines(change):
+        for line in change_lines(change, keep_own=result.keep_own):
             console.print(line, highlight=False)
     arrays = best.arrays if verbose else best.arrays[:ARRAYS_SHOWN]
     which = "every array"
     if len(arrays) < len(best.arrays):
         which = f"the first {len(arrays)} of its {len(best.arrays)} arrays"
-    console.print(
-        rich_table(ARRAY_COLUMNS, arrays, title=f"the best, {format_mesh_spec(best.mesh)}: {which}")
-    )
+    what = "the best proposal" if result.keep_own else "the best"
+    title = f"{what}, {format_mesh_spec(best.mesh)}: {which}"
+    console.print(rich_table(ARRAY_COLUMNS, arrays, title=title))
 
 
 def suggest_markdown_report(result: SuggestResult) -> str:
     """The search as Markdown: the headline, the proposals, the change, the best's arrays."""
     lines = [f"# Sharding proposals for {result.program}", "", headline(result), ""]
+    notes = result.notes
+    keep = [n for n in notes if n.kind == PlanNote.KEEP_OWN]
+    lines += [*(f"**{note}**" for note in keep), *([""] if keep else [])]
     lines += markdown_table(PROPOSAL_COLUMNS, result.proposals)
     best = result.best
     lines.append("")
+    own = result.own_best
+    if result.keep_own and own is not None:
+        lines += [f"## Rules to keep: yours, {own.rules_name} on {own.mesh_spec}", "", "```json"]
+        lines += [result.rules_text().rstrip("\n"), "```", ""]
     if best is None:
-        lines.append(result.fit_advice or "no proposal compiled")
+        if not result.keep_own:
+            lines.append(result.fit_advice or "no proposal compiled")
         return "\n".join(lines) + "\n"
     lines += [settled_line(result), ""]
-    if result.notes:
-        lines += [*(f"note: {note}" for note in result.notes), ""]
-    lines += ["## Rules of the best", "", "```json"]
-    lines += [result.rules_text().rstrip("\n"), "```", ""]
+    others = [n for n in notes if n.kind != PlanNote.KEEP_OWN]
+    if others:
+        lines += [*(f"note: {note}" for note in others), ""]
+    if not result.keep_own:
+        lines += ["## Rules of the best", "", "```json"]
+        lines += [result.rules_text().rstrip("\n"), "```", ""]
     change = result.change
     if change is not None:
-        lines += ["## Against your rules", ""]
+        lines += [
+            "## The best proposal against your rules"
+            if result.keep_own
+            else "## Against your rules",
+            "",
+        ]
         lines += [
             line.strip() if i == 0 else "-" + line[1:]
-            for i, line in enumerate(change_lines(change))
+            for i, line in enumerate(change_lines(change, keep_own=result.keep_own))
         ]
         lines.append("")
-    lines += [f"## Every array of the best ({format_mesh_spec(best.mesh)})", ""]
+    which = "the best proposal (not faster than yours)" if result.keep_own else "the best"
+    lines += [f"## Every array of {which} ({format_mesh_spec(best.mesh)})", ""]
     lines += markdown_table(ARRAY_COLUMNS, best.arrays)
     return "\n".join(lines) + "\n"

@@ -94,7 +94,7 @@ from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
-from shardscope._src.plan.notes import AllReplicatedValues, PlanNote
+from shardscope._src.plan.notes import AllReplicatedValues, KeepOwnValues, PlanNote
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
 from shardscope._src.plan.types import Skipped
@@ -323,14 +323,41 @@ class SuggestResult:
 
     @property
     def best(self) -> Proposal | None:
-        """The fastest compiled proposal that fits the device memory (None when none fits)."""
+        """The fastest compiled proposal that fits the device memory (None when none fits);
+        where :attr:`keep_own`, the user's own best is at least as fast."""
         return next((p for p in self.proposals if p.fits), None)
 
     @property
+    def keep_own(self) -> bool:
+        """Whether the answer is the user's own rules: their best plan (:attr:`own_best`)
+        fits and no compiled proposal that fits is faster (equal counts as not faster). Then
+        :meth:`rules_file` holds that plan's rule set, not :attr:`best`'s, and the first note
+        (``keep-own``) says so."""
+        own, best = self.own_best, self.best
+        return own is not None and (best is None or own.step_time_s <= best.step_time_s)
+
+    @property
     def notes(self) -> tuple[Note, ...]:
-        """What the proposals want their reader to know: where the best replicates every
-        array and the fastest proposal that splits the work (and fits) spends more time on
-        collectives than it saves in compute, that note (``all-replicated``)."""
+        """What the proposals want their reader to know, the answer first: where
+        :attr:`keep_own`, that note (``keep-own``); where the best replicates every array and
+        the fastest proposal that splits the work (and fits) spends more time on collectives
+        than it saves in compute, that note (``all-replicated``)."""
+        own = self.own_best
+        first: tuple[Note, ...] = ()
+        if own is not None and self.keep_own:
+            values = KeepOwnValues(
+                proposals=len(self.proposals),
+                fitting=sum(p.fits for p in self.proposals),
+                rules_name=own.rules_name,
+                mesh=own.mesh_spec,
+                step_s=own.step_time_s,
+                memory_bytes=own.memory_bytes_per_device,
+                settled=self.settled,
+            )
+            first = (Note(PlanNote.KEEP_OWN, values),)
+        return first + self._replicated_notes()
+
+    def _replicated_notes(self) -> tuple[Note, ...]:
         best = self.best
         if best is None or not best.replicated:
             return ()
@@ -356,8 +383,9 @@ class SuggestResult:
     @property
     def fit_advice(self) -> str | None:
         """When no proposal fits: the arrays that dominate the smallest and the smallest
-        device count whose screen fits (None when one fits)."""
-        if self.best is not None:
+        device count whose screen fits (None when one fits, or the user's own rules do:
+        :attr:`keep_own`)."""
+        if self.best is not None or self.keep_own:
             return None
         return no_fit_advice(self.arrays, self.names, self.axes, self.devices, self.hardware)
 
@@ -390,8 +418,16 @@ class SuggestResult:
         )
 
     def rules_file(self) -> dict[str, Any]:
-        """The best proposal's rules file, or for a program without names (searched array
-        by array) its mesh and specs file (raises when none fits)."""
+        """The rules file of the answer: the best proposal's (its one set named
+        ``suggested``), or where :attr:`keep_own` the user's best rule set under its own
+        name; for a program without names (searched array by array) the best's mesh and
+        specs file. Raises when neither a proposal nor the user's rules fit."""
+        own = self.own_best
+        if own is not None and self.keep_own:
+            return {
+                "axes": list(self.axes),
+                "rules": {own.rules_name: [list(p) for p in own.rules]},
+            }
         if self.best is None:
             raise PlanError(self.fit_advice or f"no proposal for {self.program}")
         if self.by_dataflow:
@@ -401,15 +437,16 @@ class SuggestResult:
     def rules_text(self) -> str:
         """:meth:`rules_file` as the JSON text the file holds, a rule (or a spec) to a line."""
         data = self.rules_file()
-        if self.by_dataflow:
+        if "specs" in data:
             lines = ",\n".join(
                 f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in data["specs"].items()
             )
             return f'{{\n  "mesh": {json.dumps(data["mesh"])},\n  "specs": {{\n{lines}\n  }}\n}}\n'
-        pairs = ",\n".join(f"      {json.dumps(p)}" for p in data["rules"][SUGGESTED])
+        ((name, rules),) = data["rules"].items()
+        pairs = ",\n".join(f"      {json.dumps(p)}" for p in rules)
         return (
             f'{{\n  "axes": {json.dumps(data["axes"])},\n  "rules": {{\n'
-            f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
+            f"    {json.dumps(name)}: [\n{pairs}\n    ]\n  }}\n}}\n"
         )
 
     @property
@@ -439,6 +476,7 @@ class SuggestResult:
             "wall_s": self.wall_s,
             "timing": dict(self.timing),
             "best": None if self.best is None else self.best.label,
+            "keep_own": self.keep_own,
             "fit_advice": self.fit_advice,
             "notes": [n.to_dict() for n in self.notes],
             "proposals": [p.to_dict() for p in self.proposals],
