@@ -359,6 +359,69 @@ def test_no_fit_names_the_arrays_and_the_smallest_device_count():
         result.rules_file()
 
 
+def test_no_fit_where_the_arguments_fit_says_what_does_not_and_to_donate():
+    from shardscope._src.base.comm import format_bytes
+
+    make_step = load_program(MLP)
+    # 100,000 bytes: the MLP's arguments fit on 8 devices (its state over 8 is ~50 KB), the
+    # arguments, outputs and temporaries of every compiled layout do not
+    limit = 100_000
+    result = shardscope.suggest(
+        make_step,
+        8,
+        axis_types="auto",
+        compiles=2,
+        workers=0,
+        compare=False,
+        hardware_overrides={"memory_bytes": limit},
+    )
+    assert result.best is None
+    small = min((p.plan for p in result.proposals), key=lambda p: p.memory_bytes_per_device)
+    m = small.compiled_memory
+    assert m.argument_size_in_bytes <= limit < small.memory_bytes_per_device
+    assert m.alias_size_in_bytes == 0 and 2 * m.output_size_in_bytes >= m.argument_size_in_bytes
+    advice = result.fit_advice
+    # the devices asked for are checked first: no doubling where the arguments fit
+    assert "the arguments fit on 8 devices" in advice and "device count" not in advice
+    assert (
+        f"arguments {format_bytes(m.argument_size_in_bytes)}, outputs "
+        f"{format_bytes(m.output_size_in_bytes)}, temporaries {format_bytes(m.temp_size_in_bytes)}"
+        ", none aliased: the arguments fit, the outputs and temporaries do not" in advice
+    )
+    assert "donate the model and optimizer state (donate_argnums)" in advice
+    assert "a smaller batch in make_step" in advice
+
+
+def test_the_memory_words_name_the_part_over_and_donation_only_where_it_helps():
+    from shardscope._src.plan.notes import compiled_memory_words
+
+    mib = 2**20
+    # the review's decoder: 117.1 MiB of arguments, as much output, nothing aliased
+    words = compiled_memory_words(117 * mib, 117 * mib, 164 * mib, 0, 300 * mib)
+    assert "the arguments fit, the outputs and temporaries do not" in words
+    assert "donate the model and optimizer state (donate_argnums)" in words
+    assert "up to 117 MiB of the arguments' memory" in words
+    # donated already (aliased), or outputs a small part of the arguments: no donation
+    assert "donate" not in compiled_memory_words(
+        117 * mib, 117 * mib, 164 * mib, 117 * mib, 300 * mib
+    )
+    assert "donate" not in compiled_memory_words(117 * mib, 40 * mib, 400 * mib, 0, 300 * mib)
+    # the arguments alone over: said so, and donation cannot help
+    over = compiled_memory_words(400 * mib, 400 * mib, 0, 0, 300 * mib)
+    assert over.endswith("the arguments alone do not fit") and "donate" not in over
+
+
+def test_plan_program_no_fit_names_no_flag_it_refuses(capsys):
+    argv = ["plan", "--program", MLP, "--devices", "8", "--axis-types", "auto"]
+    argv += ["--meshes", "data=8", "--rule-set", "dp", "--memory", "100000"]
+    assert main(argv) == 0  # (no plan fits: said under the table)
+    out = " ".join(capsys.readouterr().out.split())
+    said = out[out.index("no plan fits") :].split("rules dp:")[0]
+    assert "a smaller batch in make_step" in said and "arguments alone do not fit" in said
+    assert "--batch" not in said and "--seq" not in said and "sequence" not in said
+    assert said.rstrip().endswith("(flags --devices, --memory)")
+
+
 def test_the_command_line_prints_the_arrays_and_writes_the_rules(tmp_path, capsys):
     out, report, js = tmp_path / "rules.json", tmp_path / "r.md", tmp_path / "s.json"
     argv = ["shard", MLP, "--devices", "8", "--compiler", "cpu", "--axis-types", "auto"]
@@ -414,8 +477,13 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys):
     )
     # (compiled in this process: the search's worker processes are test_worker_processes_...)
     argv = [*base, "--memory", "40000", "--workers", "0", "--out", str(tmp_path / "x.json")]
-    line = assert_usage_error(argv, "16", capsys, quiet=False)
-    assert "smallest device count" in line
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    printed = capsys.readouterr()
+    assert info.value.code == 2 and printed.err.count("\n") == 1
+    assert "the smallest device count whose arguments fit is 16" in printed.err
+    # the advice is the error's one line, not printed under the table too
+    assert "smallest device count" not in printed.out and "no proposal fits" not in printed.out
     assert not (tmp_path / "x.json").exists()
 
 

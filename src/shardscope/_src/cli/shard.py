@@ -95,7 +95,8 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
     result = suggest_request(request)
     if console is None:
         console = output_console(piped_width=150, stderr=c.json == STDOUT)
-    render_suggest(result, console=console, top=c.top, verbose=c.verbose)
+    # where nothing fits, the advice is the error's one line, printed once
+    render_suggest(result, console=console, top=c.top, verbose=c.verbose, advice=False)
     if not c.verbose:
         print_more(console, report=True)
     written: list[Path | None] = []

@@ -514,6 +514,21 @@ class NoFitValues(NoteValues):
     searched: bool
     pinned: tuple[str, ...] = ()
     pinned_params: tuple[str, ...] = ()
+    #: a user's program (``plan --program``): its ``make_step`` sets the batch, and the
+    #: closest plan's compiled memory, part by part (None: a built-in model's plan)
+    program: bool | None = None
+    arguments: int | None = None
+    outputs: int | None = None
+    temporaries: int | None = None
+    aliased: int | None = None
+
+    optional: ClassVar[tuple[str, ...]] = (
+        "program",
+        "arguments",
+        "outputs",
+        "temporaries",
+        "aliased",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pinned", tuple(self.pinned))
@@ -968,8 +983,44 @@ def _not_compiled(v: NotCompiledValues) -> str:
     )
 
 
+def compiled_memory_words(
+    arguments: int, outputs: int, temporaries: int, aliased: int, have: float
+) -> str:
+    """A compiled program's memory a device part by part, which part takes it over
+    ``have``, and where nothing is aliased and its outputs are at least half its arguments
+    (a step returning the state it takes), donation: ``'arguments 117.1 MiB, outputs 117.1
+    MiB, temporaries 164 MiB, none aliased: the arguments fit, the outputs and temporaries
+    do not; donate ...'``."""
+    alias = f"{format_bytes(aliased)} aliased" if aliased else "none aliased"
+    parts = (
+        f"arguments {format_bytes(arguments)}, outputs {format_bytes(outputs)}, "
+        f"temporaries {format_bytes(temporaries)}, {alias}"
+    )
+    if arguments > have:
+        return f"{parts}: the arguments alone do not fit"
+    words = f"{parts}: the arguments fit, the outputs and temporaries do not"
+    if not aliased and arguments and 2 * outputs >= arguments:
+        words += (
+            f"; donate the model and optimizer state (donate_argnums) and the outputs reuse "
+            f"up to {format_bytes(min(arguments, outputs))} of the arguments' memory"
+        )
+    return words
+
+
 def _no_fit(v: NoFitValues) -> str:
     need, have = v.need, v.have
+    if v.program:
+        parts = ""
+        if None not in (v.arguments, v.outputs, v.temporaries, v.aliased):
+            parts = "; " + compiled_memory_words(
+                v.arguments or 0, v.outputs or 0, v.temporaries or 0, v.aliased or 0, have
+            )
+        return (
+            f"no plan fits: the closest, {v.label}, needs {format_bytes(need)} per device of "
+            f"the {format_memory(have)} one {v.hardware} has ({format_bytes(need - have)}, "
+            f"{need / have - 1:.0%} over){parts}; use more devices, a smaller batch in "
+            f"make_step, or more memory per device"
+        )
     searched = (
         ", even with full recomputation, micro-batches and pipeline stages"
         if v.searched and not v.pinned

@@ -127,12 +127,18 @@ ARRAYS_SHOWN = 10
 
 
 def render_suggest(
-    result: SuggestResult, *, console: Any, top: int | None = None, verbose: bool = True
+    result: SuggestResult,
+    *,
+    console: Any,
+    top: int | None = None,
+    verbose: bool = True,
+    advice: bool = True,
 ) -> None:
     """Prints the proposals, what the best changes in the user's plan and its arrays. Not
     ``verbose`` (the command line's default), the candidates whose compile failed are a line
     a reason and the best's first :data:`ARRAYS_SHOWN` arrays are listed (the JSON and the
-    report have every one)."""
+    report have every one). Where nothing fits, the fit advice is printed unless not
+    ``advice`` (the command line raises it as its one-line error instead)."""
     console.print(headline(result), highlight=False)
     # the answer first: where no proposal beats the user's own rules, that
     notes = result.notes
@@ -147,7 +153,7 @@ def render_suggest(
         console.print(line, highlight=False)
     best = result.best
     if best is None:
-        if not result.keep_own:
+        if advice and not result.keep_own:
             console.print(result.fit_advice or "no proposal compiled", highlight=False)
         return
     console.print(settled_line(result), highlight=False)

@@ -94,7 +94,12 @@ from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
-from shardscope._src.plan.notes import AllReplicatedValues, KeepOwnValues, PlanNote
+from shardscope._src.plan.notes import (
+    AllReplicatedValues,
+    KeepOwnValues,
+    PlanNote,
+    compiled_memory_words,
+)
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
 from shardscope._src.plan.types import Skipped
@@ -387,7 +392,14 @@ class SuggestResult:
         :attr:`keep_own`)."""
         if self.best is not None or self.keep_own:
             return None
-        return no_fit_advice(self.arrays, self.names, self.axes, self.devices, self.hardware)
+        return no_fit_advice(
+            self.arrays,
+            self.names,
+            self.axes,
+            self.devices,
+            self.hardware,
+            plans=[p.plan for p in self.proposals],
+        )
 
     @property
     def change(self) -> Change | None:
@@ -755,10 +767,15 @@ def no_fit_advice(
     devices: int,
     hw: Hardware,
     *,
+    plans: Sequence[ProgramPlan] = (),
     doublings: int = 12,
 ) -> str:
-    """Which arrays dominate the smallest candidate, and the smallest device count (the
-    devices times a power of two) whose arguments alone fit, by the screen's arithmetic."""
+    """Why nothing fits, by what does not. Where the smallest candidate's arguments fit on
+    ``devices`` (the screen's arithmetic), the smallest compiled of ``plans`` part by part
+    (arguments, outputs, temporaries, aliased) and donation where it would help
+    (:func:`~shardscope._src.plan.notes.compiled_memory_words`); else the arrays that
+    dominate the smallest candidate and the smallest device count (the devices times a
+    power of two) whose arguments alone fit."""
 
     def smallest(n: int) -> tuple[int, dict[str, int], dict[str, str | None]] | None:
         best = None
@@ -771,6 +788,25 @@ def no_fit_advice(
     work = workload(arrays, 0.0)
     here = smallest(devices)
     words = [f"no proposal fits {format_memory(hw.memory_bytes)} per device on {hw.name}"]
+    if here is not None and memory_fits(here[0], hw.memory_bytes) and plans:
+        # the arguments fit on the devices asked for: what does not is the rest
+        small = min(plans, key=lambda p: p.memory_bytes_per_device)
+        m = small.compiled_memory
+        parts = compiled_memory_words(
+            m.argument_size_in_bytes or 0,
+            m.output_size_in_bytes or 0,
+            m.temp_size_in_bytes or 0,
+            m.alias_size_in_bytes or 0,
+            hw.memory_bytes,
+        )
+        words += [
+            f"the arguments fit on {devices} devices (the smallest layout's: "
+            f"{format_bytes(here[0])})",
+            f"the smallest compiled, {sharded_rules(small.rules)} on {small.mesh_spec}, needs "
+            f"{format_bytes(small.memory_bytes_per_device)}: {parts}",
+            "use more devices, a smaller batch in make_step, or more memory per device",
+        ]
+        return "; ".join(words)
     if here is not None:
         need, sizes, assign = here
         # each weight with its optimizer state, each other array alone
