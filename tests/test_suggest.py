@@ -594,6 +594,31 @@ def test_the_command_line_writes_a_spec_per_array_for_a_program_without_names(tm
     }
 
 
+def test_candidates_that_do_not_type_check_are_one_line_with_the_fix(tmp_path, capsys):
+    # the Equinox step gives no out_sharding: on JAX's default Explicit axes no split of
+    # its batch type-checks, and every candidate compiled is skipped for that
+    js = tmp_path / "s.json"
+    argv = ["shard", f"{EQX}:make_step", "--devices", "8", "--compiler", "cpu"]
+    argv += ["--compiles", "2", "--workers", "0", "--json", str(js)]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    printed = capsys.readouterr()
+    skipped = json.loads(js.read_text())["skipped"]
+    assert info.value.code == 2 and len(skipped) == 2
+    assert {s["reason"] for s in skipped} == {"type-check"}
+    # one line for the reason, with its fix, and each candidate set apart by ";"
+    out = " ".join(printed.out.split())
+    shown = "; ".join(f"{s['strategy']} on {s['mesh']}" for s in skipped)
+    fix = "--axis-types auto (axis_types='auto') lets the compiler choose their shardings"
+    assert "2 candidates do not type-check on Explicit axes" in out
+    assert f"{fix} ({shown})" in out
+    # the error says why nothing compiled, not that nothing fits the memory
+    assert (
+        printed.err.count("\n") == 1 and "no proposal compiled: 2 do not type-check" in printed.err
+    )
+    assert "fits" not in printed.err and "--axis-types auto" in printed.err
+
+
 def test_a_specs_file_is_written_as_one_and_refused_as_rules_with_how_to_apply_it(
     tmp_path, monkeypatch, capsys
 ):

@@ -839,7 +839,7 @@ def _compile_one(
             f"its shardings do not type-check on the Explicit axes (for code written for "
             f"Auto axes: axis_types='auto'): {e.jax_said or e}"
         )
-        return None, Skipped(rn, spec, SkipReason.ERROR, why), ""
+        return None, Skipped(rn, spec, SkipReason.TYPE_CHECK, why), ""
     except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
         raise
     except DeviceMemoryError as e:  # the target's compiler found it does not fit

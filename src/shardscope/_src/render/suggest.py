@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from shardscope._src.base.comm import format_bytes, format_memory, format_seconds
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.plan.notes import PlanNote
-from shardscope._src.render.brief import skipped_lines as grouped_skipped_lines
+from shardscope._src.plan.types import Skipped, skipped_by_reason
+from shardscope._src.render.brief import NAMED
 from shardscope._src.render.columns import Column, markdown_table, rich_table
 from shardscope._src.sharding.rules import sharded_rules
 
@@ -120,6 +121,24 @@ def change_lines(change: Change, *, keep_own: bool = False) -> list[str]:
 def skipped_lines(result: SuggestResult) -> list[str]:
     """A line per candidate whose compile failed (its mesh and why), the JSON's ``skipped``."""
     return [f"skipped {s.strategy} {s.mesh} ({s.reason}): {s.message}" for s in result.skipped]
+
+
+def grouped_skipped_lines(skipped: Sequence[Skipped], *, named: int = NAMED) -> list[str]:
+    """A line a reason the candidates were skipped for: how many, what to do where there is
+    a fix (:data:`~shardscope._src.suggest.suggest.SKIP_FIXES`), then the first ``named`` of
+    them, each its rules and mesh, set apart by ``;`` (a candidate's rules are themselves a
+    list with commas)."""
+    from shardscope._src.suggest.suggest import SKIP_FIXES  # (jax's import, where it runs)
+
+    lines = []
+    for reason, group in skipped_by_reason(skipped).items():
+        shown = "; ".join(f"{s.strategy} on {s.mesh}" for s in group[:named])
+        more = f"; and {len(group) - named} more" if len(group) > named else ""
+        many = f"{len(group)} candidate{'s' if len(group) != 1 else ''}"
+        fix = SKIP_FIXES.get(reason)
+        head = f"{many} {fix}" if fix else f"skipped for {reason}: {many}"
+        lines.append(f"{head} ({shown}{more})")
+    return lines
 
 
 #: The arrays of the best proposal the terminal lists when not verbose.

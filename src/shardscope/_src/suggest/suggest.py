@@ -102,7 +102,7 @@ from shardscope._src.plan.notes import (
 )
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
-from shardscope._src.plan.types import Skipped
+from shardscope._src.plan.types import Skipped, SkipReason, skipped_by_reason
 from shardscope._src.plan.worker import WorkerPool
 from shardscope._src.program.dataflow import (
     ProbedArray,
@@ -146,6 +146,16 @@ SUGGESTED = "suggested"
 #: program without logical names (searched array by array) its mesh and specs file.
 RULES_FILE = "suggested-rules.json"
 SPECS_FILE = "suggested-specs.json"
+
+
+#: What to do about candidates skipped for a reason, where there is a fix: the words that
+#: follow their count ("4 candidates do not type-check ...").
+SKIP_FIXES = {
+    SkipReason.TYPE_CHECK: (
+        "do not type-check on Explicit axes (the program gives no out_sharding for them); "
+        "--axis-types auto (axis_types='auto') lets the compiler choose their shardings"
+    ),
+}
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -392,6 +402,14 @@ class SuggestResult:
         :attr:`keep_own`)."""
         if self.best is not None or self.keep_own:
             return None
+        if not self.proposals:  # nothing compiled: why, not how much memory
+            why = [
+                f"{len(group)} {SKIP_FIXES[reason]}"
+                if reason in SKIP_FIXES
+                else f"{len(group)} skipped for {reason}"
+                for reason, group in skipped_by_reason(self.skipped).items()
+            ]
+            return f"no proposal compiled: {'; '.join(why) or 'no candidate'}"
         return no_fit_advice(
             self.arrays,
             self.names,
