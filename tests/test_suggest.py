@@ -57,8 +57,9 @@ def test_the_best_proposal_fits_and_beats_the_hand_written_rules(mlp):
 def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path, monkeypatch):
     make_step, result = mlp
     monkeypatch.chdir(tmp_path)
-    path = result.write_rules()  # by default under the name that says it holds rules
-    assert path.name == "suggested-rules.json"
+    # the best proposal's own file: its one set, named "suggested"
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(result.best.rules_file(result.axes)))
     data = json.loads(path.read_text())
     assert data["axes"] == ["data", "model"] and list(data["rules"]) == ["suggested"]
     again = shardscope.plan_program(
@@ -66,6 +67,16 @@ def test_the_rules_file_round_trips_through_plan_program(mlp, tmp_path, monkeypa
     )
     assert again.best.step_time_s == result.best.step_time_s
     assert again.best.memory_bytes_per_device == result.best.memory_bytes_per_device
+    # the best replicates everything, as the user's dp does on data=1: the same program, so
+    # the answer is to keep the user's rules, and the written file holds them
+    own = result.own_best
+    assert result.keep_own and result.best.step_time_s == own.step_time_s
+    path = result.write_rules()  # by default under the name that says it holds rules
+    assert path.name == "suggested-rules.json"
+    assert json.loads(path.read_text()) == {
+        "axes": ["data", "model"],
+        "rules": {own.rules_name: [list(p) for p in own.rules]},
+    }
 
 
 def test_the_same_input_gives_the_same_ranking(mlp):
@@ -90,6 +101,63 @@ def test_the_change_turns_your_best_rules_into_the_proposal(mlp):
         n: a for n, a in best.rules if a is not None and best.mesh[a] > 1
     }
     assert change.speedup == own.step_time_s / best.step_time_s
+
+
+def test_when_no_proposal_beats_your_rules_the_answer_is_to_keep_them():
+    make_step = load_program(MLP)
+    # one compile: the screen's leader, data=2,model=4 with the batch on data, slower than
+    # the user's best (dp, which on data=1,model=8 replicates everything)
+    result = shardscope.suggest(make_step, 8, axis_types="auto", compiles=1, workers=0)
+    (best,) = result.proposals
+    own = result.own_best
+    assert best.fits and best.step_time_s > own.step_time_s and best.ratio > 1
+    assert result.keep_own and result.best is best  # best stays the best proposal
+    keep = result.notes[0]
+    assert keep.kind == "keep-own" and keep.values.rules_name == own.rules_name
+    assert (keep.values.proposals, keep.values.fitting) == (1, 1)
+    assert keep.values.mesh == own.mesh_spec and keep.values.step_s == own.step_time_s
+    # said first, before the table; the proposal is never headlined as the answer
+    text = _rendered(result, verbose=False)
+    lines = text.splitlines()
+    assert text.index(keep.text) < text.index("proposals (compiled, best first)")
+    assert "keep it" in keep.text
+    assert f"your {own.rules_name} on {own.mesh_spec}" in keep.text
+    assert not any(line.startswith("against your best") for line in lines)
+    assert any(line.startswith("the best proposal against your best") for line in lines)
+    # the file holds the user's rule set, under its name, in the JSON and the report too
+    assert result.rules_file() == {
+        "axes": ["data", "model"],
+        "rules": {own.rules_name: [list(p) for p in own.rules]},
+    }
+    assert result.to_dict()["keep_own"] is True
+    report = suggest_markdown_report(result)
+    assert f"## Rules to keep: yours, {own.rules_name} on {own.mesh_spec}" in report
+    assert "## Rules of the best" not in report and result.rules_text() in report
+
+
+def test_the_comparisons_with_your_rules_say_slower_or_faster_in_words(mlp):
+    from shardscope._src.render.suggest import change_lines
+    from shardscope._src.suggest.suggest import Change
+
+    _, result = mlp
+    # each proposal's row: its time over the user's best, which no proposal beats here
+    rows = {
+        line.split()[0]: line
+        for line in _rendered(result, verbose=False).splitlines()
+        if line.split()[:1] in ([str(p.rank)] for p in result.proposals)
+    }
+    for p in result.proposals:
+        assert p.ratio >= 1
+        words = "same" if f"{p.ratio:.2f}" == "1.00" else f"{p.ratio:.2f}x slower"
+        assert rows[str(p.rank)].rstrip().endswith(words), rows[str(p.rank)]
+    # the summary under the table reads the same way round as the column: time over yours
+    mesh = {"data": 8, "model": 1}
+    for own_s, step_s, words in (
+        (783e-6, 899e-6, "(1.15x slower)"),
+        (1.0, 0.2119, "(4.72x faster)"),
+    ):
+        change = Change("dp data=8", mesh, mesh, (), own_s, step_s, 1, 1)
+        assert words in change_lines(change)[-1]
 
 
 def test_a_program_name_missing_from_the_rules_is_one_error_naming_it(tmp_path, capsys):
@@ -197,8 +265,9 @@ def test_a_best_that_replicates_everything_says_what_the_fastest_split_costs(mlp
     assert best.replicated and all(a is None for _, a in best.rules)
     split = next(p for p in result.proposals if p.fits and not p.replicated)
     assert split.step_time_s > best.step_time_s
-    (note,) = result.notes
-    assert note.kind == "all-replicated" and note.values.devices == 8
+    keep, note = result.notes  # the answer first: the user's rules tie the best
+    assert keep.kind == "keep-own" and note.kind == "all-replicated"
+    assert note.values.devices == 8
     # what the note claims holds of the two compiled programs
     assert note.values.comm_s == split.plan.comm_time_s > 0
     assert note.values.saved_s == best.plan.compute_time_s - split.plan.compute_time_s
@@ -206,7 +275,7 @@ def test_a_best_that_replicates_everything_says_what_the_fastest_split_costs(mlp
     assert f"the fastest split, {_rules_of(split)} on " in note.text
     assert f"note: {note.text[:100]}" in _rendered(result, verbose=False)
     assert f"\nnote: {note.text}\n" in suggest_markdown_report(result)
-    assert result.to_dict()["notes"] == [note.to_dict()]
+    assert result.to_dict()["notes"] == [keep.to_dict(), note.to_dict()]
 
 
 def _rules_of(p):
@@ -237,7 +306,8 @@ def test_the_yardstick_compiles_only_the_plans_that_could_be_your_best():
     for s in slower:  # each left out is slower than the best
         assert compiled[(s.strategy, s.mesh)].step_time_s > own.best.step_time_s
     # compute decides: the best splits the work, and there is nothing to note about that
-    assert not result.best.replicated and result.notes == ()
+    assert not result.best.replicated
+    assert "all-replicated" not in [n.kind for n in result.notes]
     # a plan taken from another compile of its layout is what its own compile gives
     assert result.own_shared > 0 and result.own_compiled + result.own_shared == len(own.plans)
     for p in own.plans:
@@ -289,6 +359,69 @@ def test_no_fit_names_the_arrays_and_the_smallest_device_count():
         result.rules_file()
 
 
+def test_no_fit_where_the_arguments_fit_says_what_does_not_and_to_donate():
+    from shardscope._src.base.comm import format_bytes
+
+    make_step = load_program(MLP)
+    # 100,000 bytes: the MLP's arguments fit on 8 devices (its state over 8 is ~50 KB), the
+    # arguments, outputs and temporaries of every compiled layout do not
+    limit = 100_000
+    result = shardscope.suggest(
+        make_step,
+        8,
+        axis_types="auto",
+        compiles=2,
+        workers=0,
+        compare=False,
+        hardware_overrides={"memory_bytes": limit},
+    )
+    assert result.best is None
+    small = min((p.plan for p in result.proposals), key=lambda p: p.memory_bytes_per_device)
+    m = small.compiled_memory
+    assert m.argument_size_in_bytes <= limit < small.memory_bytes_per_device
+    assert m.alias_size_in_bytes == 0 and 2 * m.output_size_in_bytes >= m.argument_size_in_bytes
+    advice = result.fit_advice
+    # the devices asked for are checked first: no doubling where the arguments fit
+    assert "the arguments fit on 8 devices" in advice and "device count" not in advice
+    assert (
+        f"arguments {format_bytes(m.argument_size_in_bytes)}, outputs "
+        f"{format_bytes(m.output_size_in_bytes)}, temporaries {format_bytes(m.temp_size_in_bytes)}"
+        ", none aliased: the arguments fit, the outputs and temporaries do not" in advice
+    )
+    assert "donate the model and optimizer state (donate_argnums)" in advice
+    assert "a smaller batch in make_step" in advice
+
+
+def test_the_memory_words_name_the_part_over_and_donation_only_where_it_helps():
+    from shardscope._src.plan.notes import compiled_memory_words
+
+    mib = 2**20
+    # the review's decoder: 117.1 MiB of arguments, as much output, nothing aliased
+    words = compiled_memory_words(117 * mib, 117 * mib, 164 * mib, 0, 300 * mib)
+    assert "the arguments fit, the outputs and temporaries do not" in words
+    assert "donate the model and optimizer state (donate_argnums)" in words
+    assert "up to 117 MiB of the arguments' memory" in words
+    # donated already (aliased), or outputs a small part of the arguments: no donation
+    assert "donate" not in compiled_memory_words(
+        117 * mib, 117 * mib, 164 * mib, 117 * mib, 300 * mib
+    )
+    assert "donate" not in compiled_memory_words(117 * mib, 40 * mib, 400 * mib, 0, 300 * mib)
+    # the arguments alone over: said so, and donation cannot help
+    over = compiled_memory_words(400 * mib, 400 * mib, 0, 0, 300 * mib)
+    assert over.endswith("the arguments alone do not fit") and "donate" not in over
+
+
+def test_plan_program_no_fit_names_no_flag_it_refuses(capsys):
+    argv = ["plan", "--program", MLP, "--devices", "8", "--axis-types", "auto"]
+    argv += ["--meshes", "data=8", "--rule-set", "dp", "--memory", "100000"]
+    assert main(argv) == 0  # (no plan fits: said under the table)
+    out = " ".join(capsys.readouterr().out.split())
+    said = out[out.index("no plan fits") :].split("rules dp:")[0]
+    assert "a smaller batch in make_step" in said and "arguments alone do not fit" in said
+    assert "--batch" not in said and "--seq" not in said and "sequence" not in said
+    assert said.rstrip().endswith("(flags --devices, --memory)")
+
+
 def test_the_command_line_prints_the_arrays_and_writes_the_rules(tmp_path, capsys):
     out, report, js = tmp_path / "rules.json", tmp_path / "r.md", tmp_path / "s.json"
     argv = ["shard", MLP, "--devices", "8", "--compiler", "cpu", "--axis-types", "auto"]
@@ -321,7 +454,12 @@ def test_the_command_line_prints_the_arrays_and_writes_the_rules(tmp_path, capsy
         == 0
     )
     assert main(["audit", MLP, "--mesh", mesh, "--rules", str(out), "--axis-types", "auto"]) == 0
-    assert list(rules["rules"]) == ["suggested"]
+    # no proposal beats the user's dp (the best is its program): the file holds dp, and the
+    # answer is said right after the headline
+    assert data["keep_own"] and list(rules["rules"]) == [data["own_best"]["rules_name"]]
+    said = text.index("none of the 3 compiled proposals beats your ")
+    assert said < text.index("proposals (compiled, best first)")
+    assert "the rules file holds your " in text
     # the command answers to the library's name too: the same request, which main runs by
     # its type (searched again, it would compile the same candidates again)
     parse = build_parser().parse_args
@@ -339,8 +477,13 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys):
     )
     # (compiled in this process: the search's worker processes are test_worker_processes_...)
     argv = [*base, "--memory", "40000", "--workers", "0", "--out", str(tmp_path / "x.json")]
-    line = assert_usage_error(argv, "16", capsys, quiet=False)
-    assert "smallest device count" in line
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    printed = capsys.readouterr()
+    assert info.value.code == 2 and printed.err.count("\n") == 1
+    assert "the smallest device count whose arguments fit is 16" in printed.err
+    # the advice is the error's one line, not printed under the table too
+    assert "smallest device count" not in printed.out and "no proposal fits" not in printed.out
     assert not (tmp_path / "x.json").exists()
 
 
@@ -449,6 +592,31 @@ def test_the_command_line_writes_a_spec_per_array_for_a_program_without_names(tm
     assert {p: len(leaf.shape) for p, leaf in leaves} == {
         p: len(spec) for p, spec in data["specs"].items()
     }
+
+
+def test_candidates_that_do_not_type_check_are_one_line_with_the_fix(tmp_path, capsys):
+    # the Equinox step gives no out_sharding: on JAX's default Explicit axes no split of
+    # its batch type-checks, and every candidate compiled is skipped for that
+    js = tmp_path / "s.json"
+    argv = ["shard", f"{EQX}:make_step", "--devices", "8", "--compiler", "cpu"]
+    argv += ["--compiles", "2", "--workers", "0", "--json", str(js)]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    printed = capsys.readouterr()
+    skipped = json.loads(js.read_text())["skipped"]
+    assert info.value.code == 2 and len(skipped) == 2
+    assert {s["reason"] for s in skipped} == {"type-check"}
+    # one line for the reason, with its fix, and each candidate set apart by ";"
+    out = " ".join(printed.out.split())
+    shown = "; ".join(f"{s['strategy']} on {s['mesh']}" for s in skipped)
+    fix = "--axis-types auto (axis_types='auto') lets the compiler choose their shardings"
+    assert "2 candidates do not type-check on Explicit axes" in out
+    assert f"{fix} ({shown})" in out
+    # the error says why nothing compiled, not that nothing fits the memory
+    assert (
+        printed.err.count("\n") == 1 and "no proposal compiled: 2 do not type-check" in printed.err
+    )
+    assert "fits" not in printed.err and "--axis-types auto" in printed.err
 
 
 def test_a_specs_file_is_written_as_one_and_refused_as_rules_with_how_to_apply_it(

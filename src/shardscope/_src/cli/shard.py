@@ -95,11 +95,17 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
     result = suggest_request(request)
     if console is None:
         console = output_console(piped_width=150, stderr=c.json == STDOUT)
-    render_suggest(result, console=console, top=c.top, verbose=c.verbose)
+    # where nothing fits, the advice is the error's one line, printed once
+    render_suggest(result, console=console, top=c.top, verbose=c.verbose, advice=False)
     if not c.verbose:
         print_more(console, report=True)
     written: list[Path | None] = []
-    if result.best is not None:
+    own = result.own_best
+    if result.keep_own and own is not None:
+        console.print(
+            f"the rules file holds your {own.rules_name} (no proposal beats it)", highlight=False
+        )
+    if result.best is not None or result.keep_own:
         written.append(result.write_rules(out))
     if c.json:
         written.append(write_result(c.json, result))
@@ -107,6 +113,6 @@ def shard_command(c: ShardConfig, console: Any = None) -> int:
         text = suggest_markdown_report(result)
         written.append(write_atomic(c.report, lambda f: f.write(text)))
     print_written(console, written)
-    if result.best is None:
+    if result.best is None and not result.keep_own:
         raise PlanError(result.fit_advice or "no proposal compiled", param="devices")
     return 0

@@ -120,6 +120,11 @@ class PlanNote(NoteKind):
     #: work spends more on collectives than it saves in compute (values: ``devices``,
     #: ``split``: what the other shards and its mesh, ``saved_s``, ``comm_s``)
     ALL_REPLICATED = "all-replicated"
+    #: a search's compiled proposals, none faster than the best plan of the user's own rules,
+    #: which fits: keep those (values: ``proposals``: how many compiled, ``fitting``: how many
+    #: of them fit, ``rules_name``, ``mesh``, ``step_s``, ``memory_bytes``: the user's best,
+    #: ``settled``: whether the search reached a local optimum)
+    KEEP_OWN = "keep-own"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -421,6 +426,21 @@ class AllReplicatedValues(NoteValues):
 
 
 @dataclass(frozen=True, kw_only=True)
+class KeepOwnValues(NoteValues):
+    """A search none of whose compiled proposals beats the best plan of the user's own rules:
+    how many it compiled and how many of those fit, that plan (its rule set, mesh, step and
+    memory a device) and whether the search settled (every neighbour of its best compiled)."""
+
+    proposals: int
+    fitting: int
+    rules_name: str
+    mesh: str
+    step_s: float
+    memory_bytes: int
+    settled: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class BesideBestValues(NoteValues):
     """The fastest plan of a pinned layout that fits (``pinned``) and the fastest of every
     layout the planner screens that fits (``best``): their labels, their steps by the
@@ -494,6 +514,21 @@ class NoFitValues(NoteValues):
     searched: bool
     pinned: tuple[str, ...] = ()
     pinned_params: tuple[str, ...] = ()
+    #: a user's program (``plan --program``): its ``make_step`` sets the batch, and the
+    #: closest plan's compiled memory, part by part (None: a built-in model's plan)
+    program: bool | None = None
+    arguments: int | None = None
+    outputs: int | None = None
+    temporaries: int | None = None
+    aliased: int | None = None
+
+    optional: ClassVar[tuple[str, ...]] = (
+        "program",
+        "arguments",
+        "outputs",
+        "temporaries",
+        "aliased",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pinned", tuple(self.pinned))
@@ -888,6 +923,27 @@ def _all_replicated(v: AllReplicatedValues) -> str:
     )
 
 
+def _keep_own(v: KeepOwnValues) -> str:
+    yours = f"your {v.rules_name} on {v.mesh}"
+    held = f"{format_seconds(v.step_s)}, {format_bytes(v.memory_bytes)} a device"
+    none = (
+        "the one compiled proposal"
+        if v.proposals == 1
+        else f"none of the {v.proposals} compiled proposals"
+    )
+    beats, fits = ("does not beat", "does not fit") if v.proposals == 1 else ("beats", "fits")
+    if v.fitting:
+        head = f"{none} {beats} {yours} ({held}): keep it"
+    else:
+        head = f"{none} {fits}, and {yours} does ({held}): keep it"
+    more = (
+        "the search settled (every neighbour of its best proposal compiled, none faster)"
+        if v.settled
+        else "more compiles may find a faster one (--compiles, compiles=)"
+    )
+    return f"{head}; {more}"
+
+
 def _experts_unsplit(v: ExpertsUnsplitValues) -> str:
     shown = ", ".join(v.labels[:3]) + (" ..." if len(v.labels) > 3 else "")
     return (
@@ -927,8 +983,44 @@ def _not_compiled(v: NotCompiledValues) -> str:
     )
 
 
+def compiled_memory_words(
+    arguments: int, outputs: int, temporaries: int, aliased: int, have: float
+) -> str:
+    """A compiled program's memory a device part by part, which part takes it over
+    ``have``, and where nothing is aliased and its outputs are at least half its arguments
+    (a step returning the state it takes), donation: ``'arguments 117.1 MiB, outputs 117.1
+    MiB, temporaries 164 MiB, none aliased: the arguments fit, the outputs and temporaries
+    do not; donate ...'``."""
+    alias = f"{format_bytes(aliased)} aliased" if aliased else "none aliased"
+    parts = (
+        f"arguments {format_bytes(arguments)}, outputs {format_bytes(outputs)}, "
+        f"temporaries {format_bytes(temporaries)}, {alias}"
+    )
+    if arguments > have:
+        return f"{parts}: the arguments alone do not fit"
+    words = f"{parts}: the arguments fit, the outputs and temporaries do not"
+    if not aliased and arguments and 2 * outputs >= arguments:
+        words += (
+            f"; donate the model and optimizer state (donate_argnums) and the outputs reuse "
+            f"up to {format_bytes(min(arguments, outputs))} of the arguments' memory"
+        )
+    return words
+
+
 def _no_fit(v: NoFitValues) -> str:
     need, have = v.need, v.have
+    if v.program:
+        parts = ""
+        if None not in (v.arguments, v.outputs, v.temporaries, v.aliased):
+            parts = "; " + compiled_memory_words(
+                v.arguments or 0, v.outputs or 0, v.temporaries or 0, v.aliased or 0, have
+            )
+        return (
+            f"no plan fits: the closest, {v.label}, needs {format_bytes(need)} per device of "
+            f"the {format_memory(have)} one {v.hardware} has ({format_bytes(need - have)}, "
+            f"{need / have - 1:.0%} over){parts}; use more devices, a smaller batch in "
+            f"make_step, or more memory per device"
+        )
     searched = (
         ", even with full recomputation, micro-batches and pipeline stages"
         if v.searched and not v.pinned
@@ -1027,6 +1119,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     ),
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
     PlanNote.ALL_REPLICATED: _all_replicated,
+    PlanNote.KEEP_OWN: _keep_own,
     PlanNote.NOT_COMPILED: _not_compiled,
     PlanNote.EXPERTS_UNSPLIT: _experts_unsplit,
     PlanNote.MIXTURE_STEP: (
@@ -1084,6 +1177,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.NO_FLOP_COUNT: NoValues,
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
     PlanNote.ALL_REPLICATED: AllReplicatedValues,
+    PlanNote.KEEP_OWN: KeepOwnValues,
     PlanNote.NOT_COMPILED: NotCompiledValues,
     PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MIXTURE_STEP: NoValues,

@@ -30,6 +30,9 @@ class SkipReason(StrEnum):
     MEMORY = "memory"
     #: the compile itself failed (``Skipped.message`` has the error)
     ERROR = "error"
+    #: its shardings do not type-check on the mesh's Explicit axes (code written for Auto
+    #: axes; ``Skipped.message`` has JAX's words)
+    TYPE_CHECK = "type-check"
     #: its program (one pipeline stage's) needs more simulated devices than one process has
     SIMULATION = "simulation"
     #: the cluster lost it: its worker died on every try, so it was not compiled

@@ -71,12 +71,11 @@ from shardscope._src.plan.compile import (
     local_devices,
 )
 from shardscope._src.plan.estimates import divisors
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import NoFitValues, PlanNote
 from shardscope._src.plan.rank import StepSource, memory_time_front, step_rank_key
 from shardscope._src.plan.request import ProgramRequest
 from shardscope._src.plan.tasks import LostTask
 from shardscope._src.plan.types import (
-    FIT_PARAMS,
     PLAN_EXTRA,
     PLAN_KEYS,
     ProgramFacts,
@@ -119,6 +118,11 @@ def mesh_shapes(devices: int, axes: Sequence[str]) -> list[MeshShape]:
         if devices % head == 0:
             out.append(MeshShape(tuple(zip(axes, (*sizes, devices // head), strict=True))))
     return out
+
+
+#: What changes whether a program's plan fits: the devices and the memory a device (its
+#: batch is its make_step's, not a request's field).
+PROGRAM_FIT_PARAMS = ("devices", "memory_bytes")
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -280,9 +284,21 @@ class ProgramPlanResult:
         if not self.plans or self.best is not None:
             return None
         small = min(self.plans, key=lambda p: p.memory_bytes_per_device)
-        values = {"label": small.label, "need": small.memory_bytes_per_device}
-        values.update(have=int(self.hardware.memory_bytes), hardware=self.hardware.name)
-        return Note(PlanNote.NO_FIT, {**values, "searched": False}, FIT_PARAMS)
+        memory = small.compiled_memory
+        # make_step sets the batch: the flags of the built-in model's are no way out here
+        values = NoFitValues(
+            label=small.label,
+            need=small.memory_bytes_per_device,
+            have=int(self.hardware.memory_bytes),
+            hardware=self.hardware.name,
+            searched=False,
+            program=True,
+            arguments=memory.argument_size_in_bytes or 0,
+            outputs=memory.output_size_in_bytes or 0,
+            temporaries=memory.temp_size_in_bytes or 0,
+            aliased=memory.alias_size_in_bytes or 0,
+        )
+        return Note(PlanNote.NO_FIT, values, PROGRAM_FIT_PARAMS)
 
     @property
     def empty_reason(self) -> Note | None:
@@ -823,7 +839,7 @@ def _compile_one(
             f"its shardings do not type-check on the Explicit axes (for code written for "
             f"Auto axes: axis_types='auto'): {e.jax_said or e}"
         )
-        return None, Skipped(rn, spec, SkipReason.ERROR, why), ""
+        return None, Skipped(rn, spec, SkipReason.TYPE_CHECK, why), ""
     except (PlanError, ProgramError, TargetError, AxisTypeError, MissingMeshError):
         raise
     except DeviceMemoryError as e:  # the target's compiler found it does not fit

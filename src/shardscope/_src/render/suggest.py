@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes, format_memory, format_seconds
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.render.brief import skipped_lines as grouped_skipped_lines
+from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.types import Skipped, skipped_by_reason
+from shardscope._src.render.brief import NAMED
 from shardscope._src.render.columns import Column, markdown_table, rich_table
-from shardscope._src.render.plan import format_ratio
 from shardscope._src.sharding.rules import sharded_rules
 
 if TYPE_CHECKING:
@@ -35,6 +36,21 @@ def _rules(p: Proposal) -> str:
     return sharded_rules(p.rules)
 
 
+def format_against(ratio: float | None) -> str:
+    """A step time over yours (:attr:`~shardscope._src.suggest.suggest.Proposal.ratio`) in
+    words that cannot be read the wrong way round: ``'1.15x slower'``, ``'4.72x faster'``,
+    ``'same'`` where the two round alike (``'-'``: no yardstick, or no time).
+
+    >>> format_against(1.148), format_against(0.2119), format_against(1.001), format_against(None)
+    ('1.15x slower', '4.72x faster', 'same', '-')
+    """
+    if ratio is None or ratio <= 0:
+        return "-"
+    if f"{ratio:.2f}" == "1.00" and f"{1 / ratio:.2f}" == "1.00":
+        return "same"
+    return f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
+
+
 PROPOSAL_COLUMNS: tuple[Column[Proposal], ...] = (
     Column("#", lambda p: str(p.rank)),
     Column("mesh", lambda p: format_mesh_spec(p.mesh), no_wrap=True),
@@ -42,7 +58,7 @@ PROPOSAL_COLUMNS: tuple[Column[Proposal], ...] = (
     Column("memory", lambda p: format_bytes(p.memory_bytes_per_device), justify="right"),
     Column("fits", lambda p: "yes" if p.fits else "no"),
     Column("step", lambda p: format_seconds(p.step_time_s), justify="right"),
-    Column("vs yours", lambda p: format_ratio(p.ratio), justify="right"),
+    Column("vs yours", lambda p: format_against(p.ratio), justify="right"),
 )
 
 
@@ -62,24 +78,29 @@ def settled_line(result: SuggestResult) -> str:
     """Whether the search reached a local optimum the compiler checked, or its budget."""
     if result.settled:
         return (
-            "the best is a local optimum: every neighbour (one name moved, or the next mesh "
-            "shape) was compiled and none is faster"
+            "the best proposal is a local optimum: every neighbour (one name moved, or the "
+            "next mesh shape) was compiled and none is faster"
         )
     return (
         f"the budget of {result.compiled} compiles ran out before every neighbour of the best "
-        f"was compiled (more: --compiles, compiles=)"
+        f"proposal was compiled (more: --compiles, compiles=)"
     )
 
 
-def change_lines(change: Change) -> list[str]:
-    """What the best proposal changes in the user's best plan, in words."""
+def change_lines(change: Change, *, keep_own: bool = False) -> list[str]:
+    """What the best proposal changes in the user's best plan, in words; ``keep_own``: the
+    user's plan is at least as fast, and the words say the proposal does not beat it."""
     moves = [f"{n}: {a or 'replicated'} -> {b or 'replicated'}" for n, a, b in change.moves]
     mesh = format_mesh_spec(change.mesh)
     own_mesh = format_mesh_spec(change.own_mesh)
+    yours = (
+        f"your best, {change.own_label} ({format_seconds(change.own_step_time_s)}, "
+        f"{format_bytes(change.own_memory_bytes_per_device)} a device)"
+    )
     lines = [
-        f"against your best, {change.own_label} "
-        f"({format_seconds(change.own_step_time_s)}, "
-        f"{format_bytes(change.own_memory_bytes_per_device)} a device):"
+        f"the best proposal against {yours}, which it does not beat:"
+        if keep_own
+        else f"against {yours}:"
     ]
     if change.same:
         lines.append("  nothing: your best shards every name as the best proposal does")
@@ -87,9 +108,10 @@ def change_lines(change: Change) -> list[str]:
         if own_mesh != mesh:
             lines.append(f"  mesh {own_mesh} -> {mesh}")
         lines += [f"  {m}" for m in moves]
+    ratio = change.step_time_s / change.own_step_time_s if change.own_step_time_s else None
     lines.append(
         f"  step {format_seconds(change.own_step_time_s)} -> "
-        f"{format_seconds(change.step_time_s)} ({change.speedup:.2f}x), memory "
+        f"{format_seconds(change.step_time_s)} ({format_against(ratio)}), memory "
         f"{format_bytes(change.own_memory_bytes_per_device)} -> "
         f"{format_bytes(change.memory_bytes_per_device)} a device"
     )
@@ -101,18 +123,47 @@ def skipped_lines(result: SuggestResult) -> list[str]:
     return [f"skipped {s.strategy} {s.mesh} ({s.reason}): {s.message}" for s in result.skipped]
 
 
+def grouped_skipped_lines(skipped: Sequence[Skipped], *, named: int = NAMED) -> list[str]:
+    """A line a reason the candidates were skipped for: how many, what to do where there is
+    a fix (:data:`~shardscope._src.suggest.suggest.SKIP_FIXES`), then the first ``named`` of
+    them, each its rules and mesh, set apart by ``;`` (a candidate's rules are themselves a
+    list with commas)."""
+    from shardscope._src.suggest.suggest import SKIP_FIXES  # (jax's import, where it runs)
+
+    lines = []
+    for reason, group in skipped_by_reason(skipped).items():
+        shown = "; ".join(f"{s.strategy} on {s.mesh}" for s in group[:named])
+        more = f"; and {len(group) - named} more" if len(group) > named else ""
+        many = f"{len(group)} candidate{'s' if len(group) != 1 else ''}"
+        fix = SKIP_FIXES.get(reason)
+        head = f"{many} {fix}" if fix else f"skipped for {reason}: {many}"
+        lines.append(f"{head} ({shown}{more})")
+    return lines
+
+
 #: The arrays of the best proposal the terminal lists when not verbose.
 ARRAYS_SHOWN = 10
 
 
 def render_suggest(
-    result: SuggestResult, *, console: Any, top: int | None = None, verbose: bool = True
+    result: SuggestResult,
+    *,
+    console: Any,
+    top: int | None = None,
+    verbose: bool = True,
+    advice: bool = True,
 ) -> None:
     """Prints the proposals, what the best changes in the user's plan and its arrays. Not
     ``verbose`` (the command line's default), the candidates whose compile failed are a line
     a reason and the best's first :data:`ARRAYS_SHOWN` arrays are listed (the JSON and the
-    report have every one)."""
+    report have every one). Where nothing fits, the fit advice is printed unless not
+    ``advice`` (the command line raises it as its one-line error instead)."""
     console.print(headline(result), highlight=False)
+    # the answer first: where no proposal beats the user's own rules, that
+    notes = result.notes
+    for note in notes:
+        if note.kind == PlanNote.KEEP_OWN:
+            console.print(note.text, highlight=False)
     shown: Sequence[Proposal] = result.proposals[:top] if top else result.proposals
     console.print(
         rich_table(PROPOSAL_COLUMNS, shown, title="proposals (compiled, best first)"),
@@ -121,46 +172,64 @@ def render_suggest(
         console.print(line, highlight=False)
     best = result.best
     if best is None:
-        console.print(result.fit_advice or "no proposal compiled", highlight=False)
+        if advice and not result.keep_own:
+            console.print(result.fit_advice or "no proposal compiled", highlight=False)
         return
     console.print(settled_line(result), highlight=False)
-    for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
+    for note in notes:
+        if note.kind != PlanNote.KEEP_OWN:
+            console.print(f"note: {note}", highlight=False)
     change = result.change
     if change is not None:
-        for line in change_lines(change):
+        for line in change_lines(change, keep_own=result.keep_own):
             console.print(line, highlight=False)
     arrays = best.arrays if verbose else best.arrays[:ARRAYS_SHOWN]
     which = "every array"
     if len(arrays) < len(best.arrays):
         which = f"the first {len(arrays)} of its {len(best.arrays)} arrays"
-    console.print(
-        rich_table(ARRAY_COLUMNS, arrays, title=f"the best, {format_mesh_spec(best.mesh)}: {which}")
-    )
+    what = "the best proposal" if result.keep_own else "the best"
+    title = f"{what}, {format_mesh_spec(best.mesh)}: {which}"
+    console.print(rich_table(ARRAY_COLUMNS, arrays, title=title))
 
 
 def suggest_markdown_report(result: SuggestResult) -> str:
     """The search as Markdown: the headline, the proposals, the change, the best's arrays."""
     lines = [f"# Sharding proposals for {result.program}", "", headline(result), ""]
+    notes = result.notes
+    keep = [n for n in notes if n.kind == PlanNote.KEEP_OWN]
+    lines += [*(f"**{note}**" for note in keep), *([""] if keep else [])]
     lines += markdown_table(PROPOSAL_COLUMNS, result.proposals)
     best = result.best
     lines.append("")
+    own = result.own_best
+    if result.keep_own and own is not None:
+        lines += [f"## Rules to keep: yours, {own.rules_name} on {own.mesh_spec}", "", "```json"]
+        lines += [result.rules_text().rstrip("\n"), "```", ""]
     if best is None:
-        lines.append(result.fit_advice or "no proposal compiled")
+        if not result.keep_own:
+            lines.append(result.fit_advice or "no proposal compiled")
         return "\n".join(lines) + "\n"
     lines += [settled_line(result), ""]
-    if result.notes:
-        lines += [*(f"note: {note}" for note in result.notes), ""]
-    lines += ["## Rules of the best", "", "```json"]
-    lines += [result.rules_text().rstrip("\n"), "```", ""]
+    others = [n for n in notes if n.kind != PlanNote.KEEP_OWN]
+    if others:
+        lines += [*(f"note: {note}" for note in others), ""]
+    if not result.keep_own:
+        lines += ["## Rules of the best", "", "```json"]
+        lines += [result.rules_text().rstrip("\n"), "```", ""]
     change = result.change
     if change is not None:
-        lines += ["## Against your rules", ""]
+        lines += [
+            "## The best proposal against your rules"
+            if result.keep_own
+            else "## Against your rules",
+            "",
+        ]
         lines += [
             line.strip() if i == 0 else "-" + line[1:]
-            for i, line in enumerate(change_lines(change))
+            for i, line in enumerate(change_lines(change, keep_own=result.keep_own))
         ]
         lines.append("")
-    lines += [f"## Every array of the best ({format_mesh_spec(best.mesh)})", ""]
+    which = "the best proposal (not faster than yours)" if result.keep_own else "the best"
+    lines += [f"## Every array of {which} ({format_mesh_spec(best.mesh)})", ""]
     lines += markdown_table(ARRAY_COLUMNS, best.arrays)
     return "\n".join(lines) + "\n"

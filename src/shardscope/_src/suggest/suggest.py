@@ -94,10 +94,15 @@ from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import axis_types_of, make_mesh
 from shardscope._src.plan.cluster import RayPool, ray_requested
 from shardscope._src.plan.compile import local_devices
-from shardscope._src.plan.notes import AllReplicatedValues, PlanNote
+from shardscope._src.plan.notes import (
+    AllReplicatedValues,
+    KeepOwnValues,
+    PlanNote,
+    compiled_memory_words,
+)
 from shardscope._src.plan.rank import StepSource
 from shardscope._src.plan.request import DEFAULT_AXES, ProgramRequest, SuggestRequest
-from shardscope._src.plan.types import Skipped
+from shardscope._src.plan.types import Skipped, SkipReason, skipped_by_reason
 from shardscope._src.plan.worker import WorkerPool
 from shardscope._src.program.dataflow import (
     ProbedArray,
@@ -141,6 +146,16 @@ SUGGESTED = "suggested"
 #: program without logical names (searched array by array) its mesh and specs file.
 RULES_FILE = "suggested-rules.json"
 SPECS_FILE = "suggested-specs.json"
+
+
+#: What to do about candidates skipped for a reason, where there is a fix: the words that
+#: follow their count ("4 candidates do not type-check ...").
+SKIP_FIXES = {
+    SkipReason.TYPE_CHECK: (
+        "do not type-check on Explicit axes (the program gives no out_sharding for them); "
+        "--axis-types auto (axis_types='auto') lets the compiler choose their shardings"
+    ),
+}
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -323,14 +338,41 @@ class SuggestResult:
 
     @property
     def best(self) -> Proposal | None:
-        """The fastest compiled proposal that fits the device memory (None when none fits)."""
+        """The fastest compiled proposal that fits the device memory (None when none fits);
+        where :attr:`keep_own`, the user's own best is at least as fast."""
         return next((p for p in self.proposals if p.fits), None)
 
     @property
+    def keep_own(self) -> bool:
+        """Whether the answer is the user's own rules: their best plan (:attr:`own_best`)
+        fits and no compiled proposal that fits is faster (equal counts as not faster). Then
+        :meth:`rules_file` holds that plan's rule set, not :attr:`best`'s, and the first note
+        (``keep-own``) says so."""
+        own, best = self.own_best, self.best
+        return own is not None and (best is None or own.step_time_s <= best.step_time_s)
+
+    @property
     def notes(self) -> tuple[Note, ...]:
-        """What the proposals want their reader to know: where the best replicates every
-        array and the fastest proposal that splits the work (and fits) spends more time on
-        collectives than it saves in compute, that note (``all-replicated``)."""
+        """What the proposals want their reader to know, the answer first: where
+        :attr:`keep_own`, that note (``keep-own``); where the best replicates every array and
+        the fastest proposal that splits the work (and fits) spends more time on collectives
+        than it saves in compute, that note (``all-replicated``)."""
+        own = self.own_best
+        first: tuple[Note, ...] = ()
+        if own is not None and self.keep_own:
+            values = KeepOwnValues(
+                proposals=len(self.proposals),
+                fitting=sum(p.fits for p in self.proposals),
+                rules_name=own.rules_name,
+                mesh=own.mesh_spec,
+                step_s=own.step_time_s,
+                memory_bytes=own.memory_bytes_per_device,
+                settled=self.settled,
+            )
+            first = (Note(PlanNote.KEEP_OWN, values),)
+        return first + self._replicated_notes()
+
+    def _replicated_notes(self) -> tuple[Note, ...]:
         best = self.best
         if best is None or not best.replicated:
             return ()
@@ -356,10 +398,26 @@ class SuggestResult:
     @property
     def fit_advice(self) -> str | None:
         """When no proposal fits: the arrays that dominate the smallest and the smallest
-        device count whose screen fits (None when one fits)."""
-        if self.best is not None:
+        device count whose screen fits (None when one fits, or the user's own rules do:
+        :attr:`keep_own`)."""
+        if self.best is not None or self.keep_own:
             return None
-        return no_fit_advice(self.arrays, self.names, self.axes, self.devices, self.hardware)
+        if not self.proposals:  # nothing compiled: why, not how much memory
+            why = [
+                f"{len(group)} {SKIP_FIXES[reason]}"
+                if reason in SKIP_FIXES
+                else f"{len(group)} skipped for {reason}"
+                for reason, group in skipped_by_reason(self.skipped).items()
+            ]
+            return f"no proposal compiled: {'; '.join(why) or 'no candidate'}"
+        return no_fit_advice(
+            self.arrays,
+            self.names,
+            self.axes,
+            self.devices,
+            self.hardware,
+            plans=[p.plan for p in self.proposals],
+        )
 
     @property
     def change(self) -> Change | None:
@@ -390,8 +448,16 @@ class SuggestResult:
         )
 
     def rules_file(self) -> dict[str, Any]:
-        """The best proposal's rules file, or for a program without names (searched array
-        by array) its mesh and specs file (raises when none fits)."""
+        """The rules file of the answer: the best proposal's (its one set named
+        ``suggested``), or where :attr:`keep_own` the user's best rule set under its own
+        name; for a program without names (searched array by array) the best's mesh and
+        specs file. Raises when neither a proposal nor the user's rules fit."""
+        own = self.own_best
+        if own is not None and self.keep_own:
+            return {
+                "axes": list(self.axes),
+                "rules": {own.rules_name: [list(p) for p in own.rules]},
+            }
         if self.best is None:
             raise PlanError(self.fit_advice or f"no proposal for {self.program}")
         if self.by_dataflow:
@@ -401,15 +467,16 @@ class SuggestResult:
     def rules_text(self) -> str:
         """:meth:`rules_file` as the JSON text the file holds, a rule (or a spec) to a line."""
         data = self.rules_file()
-        if self.by_dataflow:
+        if "specs" in data:
             lines = ",\n".join(
                 f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in data["specs"].items()
             )
             return f'{{\n  "mesh": {json.dumps(data["mesh"])},\n  "specs": {{\n{lines}\n  }}\n}}\n'
-        pairs = ",\n".join(f"      {json.dumps(p)}" for p in data["rules"][SUGGESTED])
+        ((name, rules),) = data["rules"].items()
+        pairs = ",\n".join(f"      {json.dumps(p)}" for p in rules)
         return (
             f'{{\n  "axes": {json.dumps(data["axes"])},\n  "rules": {{\n'
-            f'    "{SUGGESTED}": [\n{pairs}\n    ]\n  }}\n}}\n'
+            f"    {json.dumps(name)}: [\n{pairs}\n    ]\n  }}\n}}\n"
         )
 
     @property
@@ -439,6 +506,7 @@ class SuggestResult:
             "wall_s": self.wall_s,
             "timing": dict(self.timing),
             "best": None if self.best is None else self.best.label,
+            "keep_own": self.keep_own,
             "fit_advice": self.fit_advice,
             "notes": [n.to_dict() for n in self.notes],
             "proposals": [p.to_dict() for p in self.proposals],
@@ -717,10 +785,15 @@ def no_fit_advice(
     devices: int,
     hw: Hardware,
     *,
+    plans: Sequence[ProgramPlan] = (),
     doublings: int = 12,
 ) -> str:
-    """Which arrays dominate the smallest candidate, and the smallest device count (the
-    devices times a power of two) whose arguments alone fit, by the screen's arithmetic."""
+    """Why nothing fits, by what does not. Where the smallest candidate's arguments fit on
+    ``devices`` (the screen's arithmetic), the smallest compiled of ``plans`` part by part
+    (arguments, outputs, temporaries, aliased) and donation where it would help
+    (:func:`~shardscope._src.plan.notes.compiled_memory_words`); else the arrays that
+    dominate the smallest candidate and the smallest device count (the devices times a
+    power of two) whose arguments alone fit."""
 
     def smallest(n: int) -> tuple[int, dict[str, int], dict[str, str | None]] | None:
         best = None
@@ -733,6 +806,25 @@ def no_fit_advice(
     work = workload(arrays, 0.0)
     here = smallest(devices)
     words = [f"no proposal fits {format_memory(hw.memory_bytes)} per device on {hw.name}"]
+    if here is not None and memory_fits(here[0], hw.memory_bytes) and plans:
+        # the arguments fit on the devices asked for: what does not is the rest
+        small = min(plans, key=lambda p: p.memory_bytes_per_device)
+        m = small.compiled_memory
+        parts = compiled_memory_words(
+            m.argument_size_in_bytes or 0,
+            m.output_size_in_bytes or 0,
+            m.temp_size_in_bytes or 0,
+            m.alias_size_in_bytes or 0,
+            hw.memory_bytes,
+        )
+        words += [
+            f"the arguments fit on {devices} devices (the smallest layout's: "
+            f"{format_bytes(here[0])})",
+            f"the smallest compiled, {sharded_rules(small.rules)} on {small.mesh_spec}, needs "
+            f"{format_bytes(small.memory_bytes_per_device)}: {parts}",
+            "use more devices, a smaller batch in make_step, or more memory per device",
+        ]
+        return "; ".join(words)
     if here is not None:
         need, sizes, assign = here
         # each weight with its optimizer state, each other array alone
