@@ -418,3 +418,15 @@ def test_each_matmul_is_counted_and_priced_at_the_arithmetic_its_hlo_states():
     assert dot_seconds(hardware("tpu-v5e"), got) == pytest.approx(
         (dot + 2 * dot + 3 * dot + 6 * dot) / (197e12 * 0.75), rel=1e-12
     )
+
+
+def test_an_fp8_product_runs_at_the_fp8_rate_where_the_device_has_one():
+    from shardscope._src.hlo.cost import dot_arithmetic
+
+    # both operands 8-bit floats: fp8's arithmetic; one of them bf16: 16-bit's
+    assert dot_arithmetic(("f8e4m3fn", "f8e5m2"), "default") is DotArithmetic.F8
+    assert dot_arithmetic(("f8e4m3fn", "bf16"), "default") is DotArithmetic.NARROW
+    fp8 = Cost(10**12, f8_flops=10**12)
+    # an H100 at its dense fp8 1979 TFLOP/s x 0.48; an A100, which has no fp8 units, at bf16's
+    assert dot_seconds(hardware("h100"), fp8) == pytest.approx(1e12 / (1979e12 * 0.48))
+    assert dot_seconds(hardware("a100"), fp8) == pytest.approx(1e12 / (312e12 * 0.585))
