@@ -18,9 +18,10 @@ from shardscope._src.audit.overlap import (
     windows,
 )
 from shardscope._src.base.errors import HloParseError
-from shardscope._src.cost.compute import roofline_seconds
-from shardscope._src.hlo.cost import ConvWindow, Cost, instruction_cost
+from shardscope._src.cost.compute import dot_seconds, kernels_seconds, roofline_seconds
+from shardscope._src.hlo.cost import ConvWindow, Cost, DotArithmetic, instruction_cost, total
 from shardscope._src.hlo.parse import parse_hlo
+from shardscope._src.targets.hardware import hardware
 
 TARGETS = Path(__file__).parent / "fixtures" / "hlo_targets"
 D, FF, LAYERS = 256, 1024, 3  # generate.py's fsdp_step and tp_step
@@ -263,16 +264,17 @@ def test_a_fused_scope_is_what_passes_results_within_it_and_prices_others_on_the
     # they are outside the scope
     fused = whole + whole + half + half
     assert kernel_costs(m, scope="core") == {
-        Kernel(Cost(2 * matmul, fused, fused), fused=True): 1,
+        Kernel(Cost(2 * matmul, fused, fused, f32_flops=2 * matmul), fused=True): 1,
         Kernel(exponential): 2,
         Kernel(update): 1,
         Kernel(negation): 1,
     }
     # kernel by kernel: the slice reads its half and writes it (as the negation does),
-    # each matmul reads its operands and writes its result
+    # each matmul reads its operands and writes its result; f32 products, counted so
+    moved = half + whole + half
     assert kernel_costs(m) == {
         Kernel(Cost(0, half + half)): 2,
-        Kernel(Cost(matmul, half + whole + half, half + whole + half)): 2,
+        Kernel(Cost(matmul, moved, moved, f32_flops=matmul)): 2,
         Kernel(exponential): 3,
         Kernel(update): 1,
     }
@@ -375,3 +377,56 @@ def test_calls_nested_deeper_than_pythons_stack_leave_the_counts_unknown():
     )
     a = shardscope.audit("HloModule deep, num_partitions=1\n\n" + "\n".join(chain) + entry)
     assert (a.hlo_flops, a.hlo_bytes) == (None, None) and a.collectives == ()
+
+
+def test_each_matmul_is_counted_and_priced_at_the_arithmetic_its_hlo_states():
+    m = parse_hlo(
+        (Path(__file__).parent / "fixtures/hlo_handwritten/dot_arithmetic.hlo").read_text()
+    )
+    dot = 2 * 64 * 32 * 128  # each of the five: f32[64,32] of [64,128] @ [128,32]
+    got = total(k.cost * n for k, n in kernel_costs(m).items())
+    # as the HLO states them: bf16 operands; f32 at highest; the cuBLAS call's f32 at DEFAULT
+    # (from its backend_config); the converted operands' two f32 products, one at high
+    assert (got.flops, got.flops_of(DotArithmetic.NARROW)) == (5 * dot, dot)
+    assert (got.f32_flops, got.f32_high_flops, got.f32_highest_flops) == (2 * dot, dot, dot)
+    # where the compiler widened 16-bit products (XLA:CPU), the products of converted bf16
+    # operands, directly or through a fusion's parameters, are 16-bit's
+    cpu = total(k.cost * n for k, n in kernel_costs(m, widened=True).items())
+    assert (cpu.flops_of(DotArithmetic.NARROW), cpu.f32_flops, cpu.f32_high_flops) == (
+        3 * dot,
+        dot,
+        0,
+    )
+    assert cpu.f32_highest_flops == dot
+    # each at its own rate: on an H100 16-bit at 989 TFLOP/s, f32 at default and high as
+    # TF32 (494.5, half of the datasheet's 989 with sparsity), at highest as fp32 (67), all
+    # at the same fraction 0.54
+    rate = 0.54e12
+    assert dot_seconds(hardware("h100"), got) == pytest.approx(
+        dot / (989 * rate) + 3 * dot / (494.5 * rate) + dot / (67 * rate), rel=1e-12
+    )
+    # a GPU's kernels one after another, each at its arithmetic's rate (nothing moved: its
+    # FLOPs alone), unless the caller gives the FLOPs' seconds (a server's flat rates)
+    # (each above the least a kernel runs)
+    runs = {Kernel(Cost(10**10, f32_flops=10**10)): 2, Kernel(Cost(10**10)): 1}
+    assert kernels_seconds(hardware("h100"), runs) == pytest.approx(
+        2e10 / (494.5 * rate) + 1e10 / (989 * rate), rel=1e-12
+    )
+    assert kernels_seconds(hardware("h100"), runs, (1e-15, 1e-15)) == pytest.approx(3e-5)
+    # on a TPU an f32 product is bf16 passes at the peak: one at default, three at high,
+    # six at highest
+    assert dot_seconds(hardware("tpu-v5e"), got) == pytest.approx(
+        (dot + 2 * dot + 3 * dot + 6 * dot) / (197e12 * 0.75), rel=1e-12
+    )
+
+
+def test_an_fp8_product_runs_at_the_fp8_rate_where_the_device_has_one():
+    from shardscope._src.hlo.cost import dot_arithmetic
+
+    # both operands 8-bit floats: fp8's arithmetic; one of them bf16: 16-bit's
+    assert dot_arithmetic(("f8e4m3fn", "f8e5m2"), "default") is DotArithmetic.F8
+    assert dot_arithmetic(("f8e4m3fn", "bf16"), "default") is DotArithmetic.NARROW
+    fp8 = Cost(10**12, f8_flops=10**12)
+    # an H100 at its dense fp8 1979 TFLOP/s x 0.48; an A100, which has no fp8 units, at bf16's
+    assert dot_seconds(hardware("h100"), fp8) == pytest.approx(1e12 / (1979e12 * 0.48))
+    assert dot_seconds(hardware("a100"), fp8) == pytest.approx(1e12 / (312e12 * 0.585))

@@ -882,6 +882,75 @@ def test_a_program_compiled_for_the_cpu_pays_its_matmuls_kernels_on_a_gpu():
     assert tpu.compute_time_s == pytest.approx(tpu.flops_per_device / (197e12 * 0.75))
 
 
+#: A step of one matmul and its weight's gradient, each 2 x 512 x 2,048 x 2,048 FLOPs a
+#: device (the batch over 8): 8 us at the H100's bf16 rate, above the least a kernel runs.
+ROWS, WIDTH = 4096, 2048
+
+
+def _matmul_step(dtype, precision=None):
+    def make_step(mesh, rules):
+        spec_x = shardscope.logical_to_spec(("batch", "embed"), rules)
+        w = jax.ShapeDtypeStruct((WIDTH, WIDTH), dtype, sharding=NamedSharding(mesh, P()))
+        x = jax.ShapeDtypeStruct((ROWS, WIDTH), dtype, sharding=NamedSharding(mesh, spec_x))
+
+        def loss(w, x):
+            return jnp.mean(jnp.tanh(jnp.dot(x, w, precision=precision)).astype(jnp.float32))
+
+        return jax.jit(jax.grad(loss)), (w, x)
+
+    return make_step
+
+
+#: Each program's matmuls' arithmetic and its rate on an H100 (989 TFLOP/s bf16, 494.5 TF32,
+#: 67 fp32, dense) and a TPU v5e (197 TFLOP/s bf16, an f32 product at highest six passes),
+#: each at its time model's fraction (0.54, 0.75).
+ARITHMETIC = {
+    "bf16": (jnp.bfloat16, None, 989e12 * 0.54, 197e12 * 0.75),
+    "f32": (jnp.float32, None, 494.5e12 * 0.54, 197e12 * 0.75),
+    "f32-highest": (jnp.float32, "highest", 67e12 * 0.54, 197e12 * 0.75 / 6),
+}
+
+
+@pytest.mark.parametrize("kind", list(ARITHMETIC))
+def test_a_programs_matmuls_cost_their_flops_at_their_dtypes_rate(kind):
+    # compiled for the CPU (which widens bf16 products to f32, its converts read back) and
+    # priced on an H100: the compiler's FLOP count at the rate of the program's arithmetic
+    # (an f32 program's as TF32, JAX's default on a GPU: twice the bf16 time; at precision
+    # highest as fp32), beside the two kernels' launches; on a TPU f32 is one bf16 pass at
+    # default, six at highest
+    dtype, precision, gpu_rate, tpu_rate = ARITHMETIC[kind]
+    rules = {"dp": [("batch", "data")]}
+    step = _matmul_step(dtype, precision)
+    (p,) = shardscope.plan_program(step, 8, rules=rules, axes=("data",), hardware="h100").plans
+    matmuls = 2 * 2 * (ROWS // 8) * WIDTH * WIDTH
+    assert matmuls <= p.flops_per_device < 1.01 * matmuls  # the CPU's count: and a tanh
+    launches = 2 * shardscope.hardware("h100").kernel_launch_s
+    assert p.compute_time_s == pytest.approx(p.flops_per_device / gpu_rate + launches, rel=1e-9)
+    r = shardscope.plan_program(step, 8, rules=rules, axes=("data",), hardware="tpu-v5e")
+    assert r.plans[0].compute_time_s == pytest.approx(p.flops_per_device / tpu_rate, rel=1e-9)
+
+
+def test_a_program_compiled_for_an_h100_prices_its_f32_matmuls_as_tf32():
+    # the H100 compiler's own program (its FLOPs counted from the HLO: 2 m n k each), its
+    # matmuls' traffic, least time and launches set to nothing: their FLOPs at TF32's rate,
+    # at fp32's at precision highest, at bf16's for a bf16 program
+    rules = {"dp": [("batch", "data")]}
+    free = {"hbm_fraction": 1.0, "hbm_bandwidth": 1e30, "kernel_floor_s": 0, "kernel_launch_s": 0}
+    matmuls = 2 * 2 * (ROWS // 8) * WIDTH * WIDTH
+    for kind, (dtype, precision, rate, _) in ARITHMETIC.items():
+        (p,) = shardscope.plan_program(
+            _matmul_step(dtype, precision),
+            8,
+            rules=rules,
+            axes=("data",),
+            target="h100",
+            axis_types="auto",
+            hardware_overrides=free,
+        ).plans
+        assert p.flops_per_device == matmuls, kind
+        assert p.compute_time_s == pytest.approx(matmuls / rate, rel=1e-9), kind
+
+
 def test_the_gpu_kernel_cache_changes_nothing_a_plan_reads(monkeypatch):
     import os
 

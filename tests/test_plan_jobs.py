@@ -822,7 +822,14 @@ def test_fp8_keeps_its_share_of_a_compiled_count():
 def test_a_program_plans_time_model_note_names_the_rate_it_computes_at():
     # compute is the FLOP count at the achievable matmul rate, not at the peak
     text = PlanNote.PROGRAM_TIME_MODEL.describe(hardware("h100").to_dict())
-    assert "at the achievable matmul rate (989 TFLOP/s peak x 0.54)" in text
+    assert "at the achievable matmul rate of each matmul's arithmetic" in text
+    assert "(bf16 and f16 at 989 TFLOP/s peak x 0.54; " in text
+    # an f32 program's matmuls: TF32's dense rate, fp32's at precision highest, the same
+    # fraction of each
+    assert "f32 at JAX's default or high precision as TF32, 494.5 TFLOP/s x 0.54" in text
+    assert "at precision highest as fp32, 67 TFLOP/s x 0.54; fp8 at 1979 TFLOP/s x 0.48)" in text
+    tpu = PlanNote.PROGRAM_TIME_MODEL.describe(hardware("tpu-v5e").to_dict())
+    assert "f32 as one bf16 pass at that rate, three at precision high, six at highest)" in tpu
     # and what a compiled accelerator program's kernels add: the H100's least kernel and launch
     assert "none under 2 us and each launched at 1 us" in text
 

@@ -178,9 +178,9 @@ class _Walk:
     """Costs of one module's scheduled computations, each computed once; ``scope``: a
     named scope whose instructions run as one kernel (:func:`kernel_costs`)."""
 
-    def __init__(self, module: HloModule, scope: str | None = None) -> None:
+    def __init__(self, module: HloModule, scope: str | None = None, widened: bool = False) -> None:
         self.module = module
-        self.counter = CostCounter(module)
+        self.counter = CostCounter(module, widened=widened)
         self.scope = scope
         self._runs: dict[str, Cost] = {}
         self._kernels: dict[str, dict[Kernel, int]] = {}
@@ -317,14 +317,15 @@ class _Walk:
                 for operand in ins.operands:
                     if operand in inside:
                         parent[find(operand)] = find(ins.name)
-        flops: dict[str, int] = {}
+        flops: dict[str, Cost] = {}
         written: dict[str, int] = {}
         reads: dict[str, dict[str, int]] = {}
         for ins in comp.instructions:
             if ins.name not in inside or ins.opcode in FREE:
                 continue
             group = find(ins.name)
-            flops[group] = flops.get(group, 0) + self.counter.instruction(comp, ins).flops
+            matmuls = self.counter.instruction(comp, ins).matmuls
+            flops[group] = flops.get(group, Cost()) + matmuls
             out = result_bytes(ins) if ins.name in used else 0
             written[group] = written.get(group, 0) + out
             taken = reads.setdefault(group, {})
@@ -335,8 +336,8 @@ class _Walk:
         out_costs = []
         for group, f in flops.items():
             moved = written[group] + sum(reads[group].values())
-            if f or moved:
-                out_costs.append(Cost(f, moved, moved if f else 0))
+            if f.flops or moved:
+                out_costs.append(f + Cost(0, moved, moved if f.flops else 0))
         return out_costs
 
 
@@ -373,14 +374,18 @@ def program_kernels(module: HloModule) -> int:
     return sum(kernel_costs(module).values())
 
 
-def kernel_costs(module: HloModule, scope: str | None = None) -> dict[Kernel, int]:
+def kernel_costs(
+    module: HloModule, scope: str | None = None, *, widened: bool = False
+) -> dict[Kernel, int]:
     """The kernels one run of the whole program launches per device, by what each computes
     and moves a run: how many of them cost that (:func:`program_kernels` counts them). A
     GPU runs them one after another, so that its program's time is theirs summed. ``scope``
     names a ``jax.named_scope`` whose instructions run as one kernel where a hand-written
     kernel does their work (an attention core): each set of them that pass one another
-    their results is one kernel, which keeps those on chip."""
-    return _Walk(module, scope).kernels(module.entry_name)
+    their results is one kernel, which keeps those on chip. ``widened``: the compiler
+    widened 16-bit products to f32 (XLA:CPU's), whose FLOPs are counted as 16-bit's
+    (:class:`~shardscope._src.hlo.cost.CostCounter`)."""
+    return _Walk(module, scope, widened).kernels(module.entry_name)
 
 
 def _dones(comp: Computation) -> dict[str, tuple[int, Instruction]]:

@@ -214,6 +214,8 @@ HARDWARE_OVERRIDES = (
     "comm_fraction",
     "fp8_peak_flops",
     "fp8_matmul_fraction",
+    "tf32_peak_flops",
+    "fp32_peak_flops",
     "attention_fwd_flops",
     "attention_bwd_flops",
     "kernel_launch_s",
@@ -245,6 +247,8 @@ class HardwareOptions(CommandConfig):
     comm_fraction: float | None
     fp8_peak_flops: float | None
     fp8_matmul_fraction: float | None
+    tf32_peak_flops: float | None
+    fp32_peak_flops: float | None
     attention_fwd_flops: float | None
     attention_bwd_flops: float | None
     kernel_launch_s: float | None

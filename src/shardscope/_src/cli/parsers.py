@@ -617,6 +617,17 @@ def _hardware_settings_options(p: argparse.ArgumentParser) -> None:
             "fraction of the fp8 peak the fp8 matmuls reach",
         ),
         (
+            "--tf32-peak-flops",
+            "tf32_peak_flops",
+            "TF32 FLOP/s per device: a GPU's rate for a program's f32 matmuls at JAX's "
+            "default precision",
+        ),
+        (
+            "--fp32-peak-flops",
+            "fp32_peak_flops",
+            "fp32 FLOP/s per device: a GPU's rate for f32 matmuls at precision highest",
+        ),
+        (
             "--attention-fwd-flops",
             "attention_fwd_flops",
             "FLOP/s of a fused causal attention kernel's forward (FlashAttention's count; "

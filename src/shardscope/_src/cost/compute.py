@@ -3,9 +3,12 @@ price from FLOPs and bytes.
 
 * **matmuls** run at the fraction of the peak a transformer's matmuls reach
   (:func:`matmul_seconds`: ``peak_flops x matmul_fraction``, the fp8 ones at ``fp8_peak_flops x
-  fp8_matmul_fraction``); on a GPU a matmul of a known shape at the share of that its tiles
-  fill of the waves they run in (:func:`gemm_efficiency`, :func:`gemm_seconds`: a few
-  tokens' rows leave most of each tile, and few tiles most multiprocessors, idle); and
+  fp8_matmul_fraction``); a compiled program's each at the rate of the arithmetic its HLO
+  states (:func:`dot_seconds`: f32 ones on a GPU as TF32, ``tf32_peak_flops``, or at
+  precision HIGHEST ``fp32_peak_flops``, on a TPU as one, three or six bf16 passes); on a
+  GPU a matmul of a known shape at the share of that its tiles fill of the waves they run in
+  (:func:`gemm_efficiency`, :func:`gemm_seconds`: a few tokens' rows leave most of each tile,
+  and few tiles most multiprocessors, idle); and
   they read their operands from HBM at the fraction of its bandwidth they reach
   (:func:`matmul_read_seconds`: ``hbm_bandwidth x hbm_fraction``).
 * **element-wise work** streams through HBM at the whole bandwidth (:func:`stream_seconds`).
@@ -39,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
 from shardscope._src.cost.flops import ATTENTION_BACKWARD, Gemm, causal_flops
-from shardscope._src.hlo.cost import Cost
+from shardscope._src.hlo.cost import Cost, DotArithmetic
 from shardscope._src.targets import specs
 from shardscope._src.targets.engines import Engine, PrefillAttention
 from shardscope._src.targets.hardware import Hardware
@@ -90,6 +93,81 @@ def matmul_seconds(hw: Hardware, flops: float, fp8_flops: float = 0.0) -> float:
     if not fp8_flops:
         return rest
     return rest + fp8_flops / (hw.fp8_peak_flops * hw.fp8_matmul_fraction)
+
+
+#: The bf16 passes a TPU makes of an f32 matmul at the precision its HLO states (JAX's
+#: "Matmul precision" page: DEFAULT one, HIGH three, HIGHEST six; its source in
+#: :data:`~shardscope._src.targets.hardware.TIME_MODEL_SOURCES`).
+TPU_F32_PASSES = {
+    DotArithmetic.F32: 1,
+    DotArithmetic.F32_HIGH: 3,
+    DotArithmetic.F32_HIGHEST: 6,
+}
+
+
+def dot_flop_seconds(hw: Hardware) -> dict[DotArithmetic, float]:
+    """The seconds a FLOP of a compiled program's matmuls takes on ``hw`` by the arithmetic
+    its HLO states: 16-bit at ``peak_flops x matmul_fraction`` (:func:`matmul_seconds`);
+    f8 at the fp8 rate where the device has one (else the 16-bit); f32 at DEFAULT or HIGH
+    precision at ``tf32_peak_flops x matmul_fraction`` and at HIGHEST at
+    ``fp32_peak_flops x matmul_fraction`` where the device has those rates (a GPU), else,
+    on a GPU, at the 16-bit rate, and on a TPU as :data:`TPU_F32_PASSES` bf16 passes.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> s = dot_flop_seconds(hardware("h100"))
+    >>> round(s[DotArithmetic.F32] / s[DotArithmetic.NARROW], 3)
+    2.0
+    >>> s = dot_flop_seconds(hardware("tpu-v5e"))
+    >>> s[DotArithmetic.F32_HIGHEST] / s[DotArithmetic.NARROW]
+    6.0
+    """
+    narrow = matmul_seconds(hw, 1.0)
+    fp8 = matmul_seconds(hw, 1.0, 1.0) if hw.has_fp8 else narrow
+    if hw.tf32_peak_flops > 0:
+        tf32 = 1.0 / (hw.tf32_peak_flops * hw.matmul_fraction)
+        fp32 = 1.0 / (hw.fp32_peak_flops * hw.matmul_fraction) if hw.fp32_peak_flops else tf32
+        f32 = {
+            DotArithmetic.F32: tf32,
+            DotArithmetic.F32_HIGH: tf32,
+            DotArithmetic.F32_HIGHEST: fp32,
+        }
+    elif by_kernel(hw):
+        f32 = dict.fromkeys(TPU_F32_PASSES, narrow)
+    else:
+        f32 = {a: narrow * passes for a, passes in TPU_F32_PASSES.items()}
+    return {DotArithmetic.NARROW: narrow, DotArithmetic.F8: fp8, **f32}
+
+
+def dot_seconds(hw: Hardware, cost: Cost) -> float:
+    """The time of ``cost``'s matmul FLOPs on ``hw``, each at the rate of its arithmetic
+    (:func:`dot_flop_seconds`).
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("h100")
+    >>> dot_seconds(h, Cost(10**15)) == 10**15 * matmul_seconds(h, 1.0)
+    True
+    >>> round(dot_seconds(h, Cost(10**15, f32_flops=10**15)), 3)  # 494.5e12 x 0.54
+    3.745
+    """
+    per_flop = dot_flop_seconds(hw)
+    return sum(cost.flops_of(a) * per_flop[a] for a in DotArithmetic if cost.flops_of(a))
+
+
+def counted_matmul_seconds(hw: Hardware, flops: float, counted: Cost) -> float:
+    """The time of ``flops`` of matmuls (a compiler's count of a program) in the mix of
+    arithmetic ``counted`` from its HLO: :func:`matmul_seconds` where every counted FLOP is
+    16-bit's (or none is counted), else that times the counted FLOPs' :func:`dot_seconds`
+    over their time at the 16-bit rate.
+
+    >>> from shardscope._src.targets.hardware import hardware
+    >>> h = hardware("a100")
+    >>> round(counted_matmul_seconds(h, 1e15, Cost(10, f32_flops=10)), 3)  # 156e12 x 0.585
+    10.958
+    """
+    narrow = counted.flops_of(DotArithmetic.NARROW)
+    if not counted.flops or narrow == counted.flops:
+        return matmul_seconds(hw, flops)
+    return matmul_seconds(hw, flops) * dot_seconds(hw, counted) / matmul_seconds(hw, counted.flops)
 
 
 #: The fewest rows a GPU matmul's tile has: a tensor-core instruction's (PTX's
@@ -672,16 +750,22 @@ def moved_seconds(hw: Hardware, cost: Cost) -> float:
     return matmul_read_seconds(hw, cost.matmul_bytes) + stream_seconds(hw, rest)
 
 
-def kernels_seconds(hw: Hardware, runs: Mapping[_R, int], flop_s: tuple[float, float]) -> float:
+def kernels_seconds(
+    hw: Hardware, runs: Mapping[_R, int], flop_s: tuple[float, float] | None = None
+) -> float:
     """A compiled program's kernels one after another, ``runs`` each kernel's launches:
     each :func:`kernel_seconds` of its FLOPs (a FLOP of a matmul taking ``flop_s[0]``
-    seconds, one of a fused attention core ``flop_s[1]``) and its bytes
-    (:func:`moved_seconds`), and never less than the least a kernel runs
-    (:func:`floor_seconds`)."""
+    seconds, one of a fused attention core ``flop_s[1]``; None: each at the rate of the
+    arithmetic its HLO states, :func:`dot_seconds`) and its bytes (:func:`moved_seconds`),
+    and never less than the least a kernel runs (:func:`floor_seconds`)."""
+
+    def compute_s(k: _R) -> float:
+        return dot_seconds(hw, k.cost) if flop_s is None else k.cost.flops * flop_s[k.fused]
+
     return sum(
         n
         * max(
-            kernel_seconds(k.cost.flops * flop_s[k.fused], moved_seconds(hw, k.cost)),
+            kernel_seconds(compute_s(k), moved_seconds(hw, k.cost)),
             floor_seconds(hw, 1),
         )
         for k, n in runs.items()

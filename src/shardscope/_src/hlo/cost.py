@@ -9,7 +9,9 @@ Two figures per instruction, the ones a roofline reads:
   as spatial ones, padded so that one tap of each window meets the input: the padding is no
   work); a cuBLAS ``custom-call`` reads its contracting dimensions from its
   ``backend_config``. A fusion or call counts what its computation does. Element-wise
-  arithmetic is not counted: it is bound by memory.
+  arithmetic is not counted: it is bound by memory. Each product's FLOPs are also counted by
+  the arithmetic its HLO states (:class:`DotArithmetic`: its operands' element type and its
+  ``operand_precision``), which the time model prices at its own rate.
 - **Bytes** it reads and writes in device memory: its operands and its result as the device
   runs it, at the boundary of a fusion (what is fused stays on chip). A dynamic-update-slice,
   fused or not, writes into its buffer in place: only the update is read and written. A
@@ -28,10 +30,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from shardscope._src.base import comm
 from shardscope._src.base.errors import HloParseError
-from shardscope._src.hlo.parse import Computation, HloModule, Instruction, Shape, read_int
+from shardscope._src.hlo.parse import (
+    DTYPE_BITS,
+    Computation,
+    HloModule,
+    Instruction,
+    Shape,
+    read_int,
+)
 
 #: Instructions that move no data through device memory and compute nothing.
 FREE = frozenset(
@@ -48,25 +58,94 @@ _IN_PLACE = "dynamic-update-slice"
 _TAKES = frozenset({"slice", "dynamic-slice", "gather"})
 
 
+class DotArithmetic(StrEnum):
+    """The arithmetic a matrix product's HLO states: its operands' element type and, for
+    ``f32`` operands, its ``operand_precision`` (``{high,high}``, ``{highest,highest}``;
+    none written: DEFAULT). Where a device runs each, and at what rate, is the time model's
+    (:func:`~shardscope._src.cost.compute.dot_seconds`): on a GPU JAX's DEFAULT and HIGH f32
+    products run as TF32 and HIGHEST as f32, on a TPU as one, three and six bf16 passes."""
+
+    #: 16-bit float operands (bf16, f16), and every type not named below: the peak's rate.
+    NARROW = "16-bit"
+    F32 = "f32"
+    F32_HIGH = "f32 high"
+    F32_HIGHEST = "f32 highest"
+    #: 8-bit float operands (f8e4m3fn, f8e5m2, ...).
+    F8 = "f8"
+
+
 @dataclass(frozen=True)
 class Cost:
     """FLOPs of matrix products and bytes through device memory (both per device);
     ``matmul_bytes``: those of the bytes the instructions that multiply matrices move (a
-    dot, a convolution, a matmul's library call, a fusion with one in it)."""
+    dot, a convolution, a matmul's library call, a fusion with one in it). ``f32_flops``,
+    ``f32_high_flops``, ``f32_highest_flops`` and ``f8_flops`` are those of the FLOPs whose
+    products state that arithmetic (:class:`DotArithmetic`); the rest are 16-bit's."""
 
     flops: int = 0
     bytes: int = 0
     matmul_bytes: int = 0
+    f32_flops: int = 0
+    f32_high_flops: int = 0
+    f32_highest_flops: int = 0
+    f8_flops: int = 0
+
+    @classmethod
+    def of_dot(cls, flops: int, arithmetic: DotArithmetic) -> Cost:
+        """``flops`` of products of ``arithmetic``, nothing moved."""
+        field = _ARITHMETIC_FIELD.get(arithmetic)
+        return cls(flops, **({field: flops} if field else {}))
+
+    def flops_of(self, arithmetic: DotArithmetic) -> int:
+        """Those of the FLOPs whose products state ``arithmetic``."""
+        field = _ARITHMETIC_FIELD.get(arithmetic)
+        if field is None:
+            return self.flops - sum(int(getattr(self, f)) for f in _ARITHMETIC_FIELD.values())
+        return int(getattr(self, field))
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(
             self.flops + other.flops,
             self.bytes + other.bytes,
             self.matmul_bytes + other.matmul_bytes,
+            self.f32_flops + other.f32_flops,
+            self.f32_high_flops + other.f32_high_flops,
+            self.f32_highest_flops + other.f32_highest_flops,
+            self.f8_flops + other.f8_flops,
         )
 
     def __mul__(self, times: int) -> Cost:
-        return Cost(self.flops * times, self.bytes * times, self.matmul_bytes * times)
+        return Cost(
+            self.flops * times,
+            self.bytes * times,
+            self.matmul_bytes * times,
+            self.f32_flops * times,
+            self.f32_high_flops * times,
+            self.f32_highest_flops * times,
+            self.f8_flops * times,
+        )
+
+    @property
+    def matmuls(self) -> Cost:
+        """Its FLOPs alone, by arithmetic, nothing moved."""
+        return Cost(
+            self.flops,
+            0,
+            0,
+            self.f32_flops,
+            self.f32_high_flops,
+            self.f32_highest_flops,
+            self.f8_flops,
+        )
+
+
+#: The :class:`Cost` field that holds each arithmetic's FLOPs (16-bit's: the rest).
+_ARITHMETIC_FIELD = {
+    DotArithmetic.F32: "f32_flops",
+    DotArithmetic.F32_HIGH: "f32_high_flops",
+    DotArithmetic.F32_HIGHEST: "f32_highest_flops",
+    DotArithmetic.F8: "f8_flops",
+}
 
 
 def total(costs: Iterable[Cost]) -> Cost:
@@ -307,38 +386,153 @@ def gemm_flops(comp: Computation, ins: Instruction) -> int:
     return 2 * _result(ins.shape).element_count * _elements(lhs.shape, contracting)
 
 
+#: Instructions whose result holds values of their first operand, rearranged or in part.
+_SAME_VALUES = frozenset({"bitcast", "copy", "transpose", "reshape", "broadcast", "slice"})
+
+#: ``operand_precision`` levels, least first (PrecisionConfig's DEFAULT, HIGH, HIGHEST).
+_PRECISIONS = ("default", "high", "highest")
+
+
+def _is_float(dtype: str | None) -> bool:
+    return dtype is not None and dtype in DTYPE_BITS and dtype.startswith(("f", "bf"))
+
+
+def _widens_float(src: str | None, dst: str | None) -> bool:
+    """Whether converting ``src`` to ``dst`` widens a float (bf16 to f32), its values
+    unchanged."""
+    return _is_float(src) and _is_float(dst) and DTYPE_BITS[src or ""] < DTYPE_BITS[dst or ""]
+
+
+def _precision(levels: Iterable[str]) -> str:
+    """The highest of a product's operand precisions (``DEFAULT``, ``high``, ...; none:
+    DEFAULT)."""
+    got = [p.strip().lower() for p in levels if p.strip().lower() in _PRECISIONS]
+    return max(got, key=_PRECISIONS.index, default="default")
+
+
+def dot_arithmetic(types: Iterable[str | None], precision: str) -> DotArithmetic:
+    """The :class:`DotArithmetic` of a product of operands of element ``types`` at
+    ``operand_precision`` ``precision``: f32 where an operand is f32 (the other is converted
+    to it), f8 where both are 8-bit floats, else 16-bit's.
+
+    >>> dot_arithmetic(("f32", "f32"), "highest"), dot_arithmetic(("bf16", "bf16"), "default")
+    (<DotArithmetic.F32_HIGHEST: 'f32 highest'>, <DotArithmetic.NARROW: '16-bit'>)
+    """
+    kinds = tuple(types)
+    if "f32" in kinds:
+        return {"high": DotArithmetic.F32_HIGH, "highest": DotArithmetic.F32_HIGHEST}.get(
+            precision, DotArithmetic.F32
+        )
+    if kinds and all(t is not None and t.startswith("f8") for t in kinds):
+        return DotArithmetic.F8
+    return DotArithmetic.NARROW
+
+
 class CostCounter:
     """Counts one module's instructions, each computation's FLOPs computed once (a
-    computation that many fusions call counts once, however deep it nests)."""
+    computation that many fusions call counts once, however deep it nests).
 
-    def __init__(self, module: HloModule) -> None:
+    ``widened``: the compiler widened the program's 16-bit products to f32 (XLA:CPU's does:
+    a bf16 ``x @ w`` is an f32 dot of converted operands there), so an f32 operand converted
+    from a narrower float, directly or through a fusion or a rearrangement, is counted at
+    that float's arithmetic; a product the program itself wrote in f32 of converted 16-bit
+    values is then counted as 16-bit's too. A GPU's or TPU's compiler keeps the program's
+    types, and there an operand's type is the product's."""
+
+    def __init__(self, module: HloModule, *, widened: bool = False) -> None:
         self.module = module
-        self._flops: dict[str, int] = {}
+        self.widened = widened
+        self._flops: dict[tuple[str, tuple[str | None, ...]], Cost] = {}
 
     def computation_flops(self, name: str, _seen: frozenset[str] = frozenset()) -> int:
         """FLOPs of the matrix products a computation (a fusion's) does once."""
-        if name in self._flops:
-            return self._flops[name]
+        return self.computation_matmuls(name, _seen).flops
+
+    def computation_matmuls(
+        self,
+        name: str,
+        _seen: frozenset[str] = frozenset(),
+        params: tuple[str | None, ...] = (),
+    ) -> Cost:
+        """The matrix products' FLOPs, by arithmetic, a computation does once; ``params``:
+        the element types its parameters' values have where the compiler widened them."""
+        key = (name, params)
+        if key in self._flops:
+            return self._flops[key]
         comp = self.module.computations.get(name)
         if comp is None or name in _seen:  # a call cycle (the audit's analysis refuses one)
-            return 0
+            return Cost()
         inner = _seen | {name}
-        got = sum(self._instruction_flops(comp, ins, inner) for ins in comp.instructions)
-        self._flops[name] = got
+        got = total(self._instruction_flops(comp, ins, inner, params) for ins in comp.instructions)
+        self._flops[key] = got
         return got
 
+    def _stored(
+        self, comp: Computation, name: str, params: tuple[str | None, ...], depth: int = 0
+    ) -> str | None:
+        """The element type of the values ``name`` holds: its own, or where the compiler
+        widened them (``widened``), the narrower float's they were converted from."""
+        ins = comp.by_name.get(name)
+        while ins is not None and self.widened and depth < 64:
+            depth += 1
+            if ins.opcode == "parameter":
+                i = read_int(ins.literal or "")
+                given = params[i] if i is not None and i < len(params) else None
+                return given or ins.shape.dtype
+            if ins.opcode == "fusion":
+                callee = next(
+                    (self.module.computations.get(c) for _, c in ins.called_computations), None
+                )
+                root = callee.root if callee is not None else None
+                if callee is None or root is None:
+                    break
+                inner = tuple(self._stored(comp, op, params, depth) for op in ins.operands)
+                return self._stored(callee, root.name, inner, depth)
+            src = _operand(comp, ins, 0)
+            if src is None:
+                break
+            if (ins.opcode == "convert" and _widens_float(src.shape.dtype, ins.shape.dtype)) or (
+                ins.opcode in _SAME_VALUES and src.shape.dtype == ins.shape.dtype
+            ):
+                ins = src
+                continue
+            break
+        return None if ins is None else ins.shape.dtype
+
+    def _arithmetic(
+        self,
+        comp: Computation,
+        ins: Instruction,
+        params: tuple[str | None, ...],
+        precision: str,
+    ) -> DotArithmetic:
+        types = (self._stored(comp, op, params) for op in ins.operands[:2])
+        return dot_arithmetic(types, precision)
+
     def _instruction_flops(
-        self, comp: Computation, ins: Instruction, seen: frozenset[str] = frozenset()
-    ) -> int:
-        if ins.opcode == "dot":
-            return dot_flops(comp, ins)
-        if ins.opcode == "convolution":
-            return convolution_flops(comp, ins)
+        self,
+        comp: Computation,
+        ins: Instruction,
+        seen: frozenset[str] = frozenset(),
+        params: tuple[str | None, ...] = (),
+    ) -> Cost:
+        if ins.opcode in ("dot", "convolution"):
+            flops = dot_flops(comp, ins) if ins.opcode == "dot" else convolution_flops(comp, ins)
+            levels = ins.attributes.get("operand_precision", "").strip("{}").split(",")
+            return Cost.of_dot(flops, self._arithmetic(comp, ins, params, _precision(levels)))
         if ins.opcode == "custom-call":
-            return gemm_flops(comp, ins)
+            flops = gemm_flops(comp, ins)
+            if not flops:
+                return Cost()
+            return Cost.of_dot(flops, self._arithmetic(comp, ins, params, _gemm_precision(ins)))
         if ins.opcode == "fusion":
-            return sum(self.computation_flops(c, seen) for _, c in ins.called_computations)
-        return 0
+            inner = (
+                tuple(self._stored(comp, op, params) for op in ins.operands) if self.widened else ()
+            )
+            return total(
+                self.computation_matmuls(c, seen, inner) for _, c in ins.called_computations
+            )
+        return Cost()
 
     def instruction(self, comp: Computation, ins: Instruction) -> Cost:
         """What ``ins`` computes and moves each time it runs, as the device runs it (a
@@ -353,9 +547,19 @@ class CostCounter:
             return Cost()
         if ins.opcode in FREE or ins.opcode in CONTROL or _is_communication(ins.opcode):
             return Cost()
-        flops = self._instruction_flops(comp, ins)
+        matmuls = self._instruction_flops(comp, ins)
         moved = _memory_bytes(self.module, comp, ins)
-        return Cost(flops, moved, moved if flops else 0)
+        return matmuls + Cost(0, moved, moved if matmuls.flops else 0)
+
+
+def _gemm_precision(ins: Instruction) -> str:
+    """A cuBLAS call's operand precision, from its ``backend_config``'s
+    ``precision_config`` (``"operand_precision": ["HIGHEST", "HIGHEST"]``)."""
+    config = ins.backend_config
+    gemm = config.get("gemm_backend_config") if isinstance(config, dict) else None
+    precision = gemm.get("precision_config") if isinstance(gemm, dict) else None
+    levels = precision.get("operand_precision") if isinstance(precision, dict) else None
+    return _precision(str(p) for p in levels) if isinstance(levels, list) else "default"
 
 
 def _root(module: HloModule, ins: Instruction) -> Instruction | None:

@@ -15,8 +15,10 @@ from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes, format_flops, format_memory, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.base.text import and_list
+from shardscope._src.targets import specs
 from shardscope._src.targets.capabilities import CPU_COMPILER, Support, reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES, Hardware
+from shardscope._src.targets.specs import Family
 
 
 class PlanNote(NoteKind):
@@ -845,14 +847,37 @@ def _fp8_matmuls(v: Fp8MatmulsValues) -> str:
     )
 
 
+def _dot_rates(v: Hardware) -> str:
+    """The rates of a compiled program's matmuls by their arithmetic
+    (:func:`~shardscope._src.cost.compute.dot_flop_seconds`), as the time note says them."""
+    peak = f"{v.peak_flops / 1e12:g} TFLOP/s peak x {v.matmul_fraction:g}"
+    if v.tf32_peak_flops > 0:
+        highest = v.fp32_peak_flops or v.tf32_peak_flops
+        f32 = (
+            f"f32 at JAX's default or high precision as TF32, {v.tf32_peak_flops / 1e12:g} "
+            f"TFLOP/s x {v.matmul_fraction:g}, at precision highest as fp32, "
+            f"{highest / 1e12:g} TFLOP/s x {v.matmul_fraction:g}"
+        )
+    elif specs.family(v.name) is Family.GPU:
+        f32 = "f32 at that rate too (no TF32 rate given)"
+    else:
+        f32 = "f32 as one bf16 pass at that rate, three at precision high, six at highest"
+    fp8 = (
+        f"; fp8 at {v.fp8_peak_flops / 1e12:g} TFLOP/s x {v.fp8_matmul_fraction:g}"
+        if v.has_fp8
+        else ""
+    )
+    return f"bf16 and f16 at {peak}; {f32}{fp8}"
+
+
 def _program_time_model(values: TimeModelValues) -> str:
     v = values.hardware
     return (
         f"time: alpha-beta per collective ({v.name}: {v.link_bandwidth / 1e9:g} GB/s "
         f"within a node of {v.node_size}, {v.cross_node_bandwidth / 1e9:g} GB/s for "
         f"groups that span nodes, {v.latency_s * 1e6:g} us per step); compute = the "
-        f"compiler's FLOP count per device at the achievable matmul rate "
-        f"({v.peak_flops / 1e12:g} TFLOP/s peak x {v.matmul_fraction:g}) and, where an "
+        f"compiler's FLOP count per device at the achievable matmul rate of each matmul's "
+        f"arithmetic as its HLO states it ({_dot_rates(v)}) and, where an "
         f"accelerator's compiler compiled the program, its kernels as that compiler fused "
         f"them, each its HBM traffic beside its arithmetic, on a GPU one after another, none "
         f"under {v.kernel_floor_s * 1e6:g} us and each launched at "

@@ -53,6 +53,7 @@ from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.compute import (
     by_kernel,
     compiled_step_seconds,
+    counted_matmul_seconds,
     hidden_seconds,
     kernels_seconds,
     matmul_seconds,
@@ -60,7 +61,7 @@ from shardscope._src.cost.compute import (
     serial_seconds,
 )
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
-from shardscope._src.hlo.cost import Cost
+from shardscope._src.hlo.cost import total
 from shardscope._src.mesh import MeshShape, axis_types_of, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import (
@@ -1072,7 +1073,10 @@ def _program_plan(
 
 def compute_seconds(program: CompiledProgram, hw: Hardware, flops: float) -> float:
     """The compute of one step of ``program`` on ``hw``, its ``flops`` of matmuls at the time
-    model's rate (peak x ``matmul_fraction``, train/timing.py's): compiled by an
+    model's rate (peak x ``matmul_fraction``, train/timing.py's), each matmul at the rate of
+    the arithmetic its HLO states (its operands' type and precision:
+    :func:`~shardscope._src.cost.compute.dot_seconds`; f32 ones on a GPU as TF32, the CPU
+    compiler's f32 products of widened 16-bit operands as 16-bit ones): compiled by an
     accelerator's compiler, its kernels as that compiler fused them, each reading and writing
     its bytes through HBM; on a GPU one after another, each the longer of its arithmetic and
     its traffic and never less than the least a kernel runs, each launched at
@@ -1086,21 +1090,22 @@ def compute_seconds(program: CompiledProgram, hw: Hardware, flops: float) -> flo
     on_cpu = get_target(result.target or CPU).family is Family.CPU
     if result.program is None or (not on_cpu and result.hlo_bytes is None):
         return matmul_seconds(hw, flops)
+    # XLA:CPU widens 16-bit products to f32: their operands' conversions say they were 16-bit
+    runs: Mapping[Kernel, int] = kernel_costs(result.program.module, widened=on_cpu)
+    compute_s = counted_matmul_seconds(hw, flops, total(k.cost * n for k, n in runs.items()))
     if on_cpu and not by_kernel(hw):
-        return matmul_seconds(hw, flops)
-    runs: Mapping[Kernel, int] = kernel_costs(result.program.module)
+        return compute_s
     if on_cpu:  # its matmuls' kernels alone, their arithmetic without the CPU's bytes
         matmuls: Counter[Kernel] = Counter()
         for k, n in runs.items():
             if k.cost.flops:
-                matmuls[Kernel(Cost(k.cost.flops), k.fused)] += n
+                matmuls[Kernel(k.cost.matmuls, k.fused)] += n
         runs = matmuls
-    flop = matmul_seconds(hw, 1.0)
     return compiled_step_seconds(
         hw,
         memory_s=sum(n * moved_seconds(hw, k.cost) for k, n in runs.items()),
-        compute_s=matmul_seconds(hw, flops),
-        kernels_s=kernels_seconds(hw, runs, (flop, flop)) if by_kernel(hw) else None,
+        compute_s=compute_s,
+        kernels_s=kernels_seconds(hw, runs) if by_kernel(hw) else None,
         comm_s=0.0,
         kernels=sum(runs.values()),
     )

@@ -118,6 +118,14 @@ class Hardware(Record):
         multiprocessors it is configured to take rather than NCCL's channels; 0: NCCL's
         (``comm_sms``, ``comm_sms_net``), as every other collective (see
         :data:`TIME_MODEL_SOURCES`). 0 on a TPU.
+      tf32_peak_flops: dense TF32 tensor-core FLOP/s per device (datasheet), the rate of a
+        compiled program's f32 matmuls at JAX's DEFAULT or HIGH precision on a GPU, which
+        reach ``matmul_fraction`` of it as 16-bit ones of ``peak_flops``; 0: f32 matmuls
+        as a TPU runs them (passes of bf16 at ``peak_flops``), or, on a GPU, at
+        ``peak_flops`` (see :data:`TIME_MODEL_SOURCES`).
+      fp32_peak_flops: dense fp32 FLOP/s per device, without tensor cores (datasheet), the
+        rate of a GPU's f32 matmuls at precision HIGHEST, at ``matmul_fraction`` of it; 0:
+        at ``tf32_peak_flops``'s rate (a TPU: six bf16 passes).
     """
 
     name: str
@@ -153,6 +161,8 @@ class Hardware(Record):
     comm_sms_net: int = 0
     exchange_sms: int = 0
     runtime_memory_bytes: float = 0.0
+    tf32_peak_flops: float = 0.0
+    fp32_peak_flops: float = 0.0
 
     @property
     def runtime_memory(self) -> float:
@@ -200,6 +210,32 @@ TIME_MODEL_SOURCES = {
         "H200 SXM 1979 TFLOP/s, HGX B200 4500; the A100 has no fp8 tensor cores (0); the "
         "Cloud TPU docs list bf16 and int8 rates for v5e (int8 393 TOPs), v5p (bf16 459) and "
         "v6e (int8 1836 TOPs) and no fp8 rate (0)"
+    ),
+    "tf32_peak_flops (A100 156, H100 and H200 494.5, B200 1100 TFLOP/s), fp32_peak_flops "
+    "(A100 19.5, H100 and H200 67, B200 75)": (
+        "what a compiled program's f32 matmuls run as: JAX's 'Matmul precision' page "
+        "(jax-ml/jax docs/201/precision.md@151feb1): 'float32 dot products may be computed "
+        "with reduced-precision arithmetic internally (bfloat16 on TPU, TF32 on recent "
+        "GPUs)'; Precision.DEFAULT 'On TPU, computes in bfloat16; on GPU, uses TF32 where "
+        "available', HIGH 'On TPU, three bfloat16 passes; on GPU, TF32', HIGHEST 'On TPU, "
+        "six bfloat16 passes; on GPU, true float32' (an HLO dot's operand_precision). The "
+        "rates, dense (without sparsity), from NVIDIA's datasheets: A100 SXM 'TF32 156 | "
+        "312' (dense | sparse) and FP32 19.5 TFLOP/s (the A100 datasheet's table as "
+        "glennklockwood.com/garden/processors/A100 copies it); H100 SXM 'TF32 Tensor Core "
+        "989 TFLOPS*', 'FP32 67 TFLOPS', '* Shown with sparsity. Specifications 1/2 lower "
+        "without sparsity' (NVIDIA's H100 table as archive-lib.hpctech.co.jp/gpuproduct/"
+        "nvidia-h100.html copies it: 494.5 dense); the H200 the H100's die and clocks "
+        "(FP32 66.91 TFLOP/s, hmc-tech.com); HGX B200 'TF32 Tensor Core ... 2.2 PFLOPS' "
+        "(with sparsity) and 'FP32 ... 75 TFLOPS' a GPU (NVIDIA's HGX table as "
+        "zdszero.github.io/Computer/Artificial_Intelligence/Hardware.html copies it; "
+        "glennklockwood.com/garden/processors/B200 gives the HGX B200 'TF32 | 1100 | "
+        "2200', dense and sparse, and FP32 80). Each at matmul_fraction of it, as 16-bit "
+        "matmuls of peak_flops: no published TF32 or FP32 layer measurement was found to "
+        "calibrate a fraction of its own. TPUs 0: an f32 matmul there is one, three or six "
+        "bf16 passes at peak_flops x matmul_fraction (DEFAULT, HIGH, HIGHEST; the page's "
+        "dot algorithms, 'BF16_BF16_F32_X3, _X6, _X9 ... that many bfloat16 operations ... "
+        "at proportionally higher cost'). A product given a dot algorithm (the HLO's "
+        "algorithm=) is priced by its operands and precision alone"
     ),
     "fp8_matmul_fraction (H100) 0.48, (H200) 0.49, (B200) 0.51": (
         "the bf16 calibration carried over: 0.673 (= 0.585 / 0.869, the A100's layer "
@@ -629,6 +665,8 @@ PRESETS: dict[str, Hardware] = {
             comm_sms=24,
             comm_sms_net=16,
             runtime_memory_bytes=79.25 * GIB,
+            tf32_peak_flops=156e12,
+            fp32_peak_flops=19.5e12,
         ),
         Hardware(
             "h100",
@@ -654,6 +692,8 @@ PRESETS: dict[str, Hardware] = {
             comm_sms=32,
             comm_sms_net=16,
             runtime_memory_bytes=79.11 * GIB,
+            tf32_peak_flops=494.5e12,
+            fp32_peak_flops=67e12,
         ),
         Hardware(
             "h200",
@@ -678,6 +718,8 @@ PRESETS: dict[str, Hardware] = {
             comm_sms=32,
             comm_sms_net=16,
             runtime_memory_bytes=139.81 * GIB,
+            tf32_peak_flops=494.5e12,
+            fp32_peak_flops=67e12,
         ),
         Hardware(
             "b200",
@@ -701,6 +743,8 @@ PRESETS: dict[str, Hardware] = {
             comm_sms=32,
             comm_sms_net=16,
             runtime_memory_bytes=178.35 * GIB,
+            tf32_peak_flops=1100e12,
+            fp32_peak_flops=75e12,
         ),
         # TPU ICI: a ring along one torus axis uses both directions of a link.
         Hardware(
@@ -863,8 +907,8 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             continue
         # No host memory (0) is a hardware that cannot offload, no fp8 rate (0) one without
         # fp8 matmuls, no attention rates (0) attention at the matmul rate, no launch time
-        # (0) kernels launched for free, no runtime memory (0) the device memory; every other
-        # value is positive.
+        # (0) kernels launched for free, no runtime memory (0) the device memory, no TF32 or
+        # fp32 rate (0) f32 matmuls as bf16 ones; every other value is positive.
         zero_ok = key in (
             "host_memory_bytes",
             "fp8_peak_flops",
@@ -874,6 +918,8 @@ def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
             "kernel_launch_s",
             "kernel_floor_s",
             "runtime_memory_bytes",
+            "tf32_peak_flops",
+            "fp32_peak_flops",
         )
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
