@@ -388,6 +388,9 @@ def gemm_flops(comp: Computation, ins: Instruction) -> int:
 
 #: Instructions whose result holds values of their first operand, rearranged or in part.
 _SAME_VALUES = frozenset({"bitcast", "copy", "transpose", "reshape", "broadcast", "slice"})
+#: The most instructions a widened value's chain is followed back through (a bound, not a
+#: length any compiled chain reaches).
+_LONGEST_CHAIN = 256
 
 #: ``operand_precision`` levels, least first (PrecisionConfig's DEFAULT, HIGH, HIGHEST).
 _PRECISIONS = ("default", "high", "highest")
@@ -467,18 +470,30 @@ class CostCounter:
         self._flops[key] = got
         return got
 
-    def _stored(
-        self, comp: Computation, name: str, params: tuple[str | None, ...], depth: int = 0
-    ) -> str | None:
+    def _stored(self, comp: Computation, name: str, params: tuple[str | None, ...]) -> str | None:
         """The element type of the values ``name`` holds: its own, or where the compiler
-        widened them (``widened``), the narrower float's they were converted from."""
+        widened them (``widened``), the narrower float's they were converted from.
+
+        One chain of values is followed back: through widening converts and value-keeping
+        instructions, into a fusion at its root, and out of it again at a parameter to the
+        fusion's operand, never into more than that one chain (so the walk is as long as the
+        chain, whatever the program's size)."""
         ins = comp.by_name.get(name)
-        while ins is not None and self.widened and depth < 64:
-            depth += 1
+        here = comp
+        callers: list[tuple[Computation, Instruction]] = []  # the fusions walked into
+        for _ in range(_LONGEST_CHAIN):
+            if ins is None or not self.widened:
+                break
             if ins.opcode == "parameter":
                 i = read_int(ins.literal or "")
-                given = params[i] if i is not None and i < len(params) else None
-                return given or ins.shape.dtype
+                if not callers:
+                    given = params[i] if i is not None and i < len(params) else None
+                    return given or ins.shape.dtype
+                here, fusion = callers.pop()
+                if i is None or i >= len(fusion.operands):
+                    return ins.shape.dtype
+                ins = here.by_name.get(fusion.operands[i])
+                continue
             if ins.opcode == "fusion":
                 callee = next(
                     (self.module.computations.get(c) for _, c in ins.called_computations), None
@@ -486,9 +501,10 @@ class CostCounter:
                 root = callee.root if callee is not None else None
                 if callee is None or root is None:
                     break
-                inner = tuple(self._stored(comp, op, params, depth) for op in ins.operands)
-                return self._stored(callee, root.name, inner, depth)
-            src = _operand(comp, ins, 0)
+                callers.append((here, ins))
+                here, ins = callee, root
+                continue
+            src = _operand(here, ins, 0)
             if src is None:
                 break
             if (ins.opcode == "convert" and _widens_float(src.shape.dtype, ins.shape.dtype)) or (
