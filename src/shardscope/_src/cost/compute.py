@@ -111,12 +111,17 @@ def dot_flop_seconds(hw: Hardware) -> dict[DotArithmetic, float]:
     f8 at the fp8 rate where the device has one (else the 16-bit); f32 at DEFAULT or HIGH
     precision at ``tf32_peak_flops x matmul_fraction`` and at HIGHEST at
     ``fp32_peak_flops x matmul_fraction`` where the device has those rates (a GPU), else,
-    on a GPU, at the 16-bit rate, and on a TPU as :data:`TPU_F32_PASSES` bf16 passes.
+    on a GPU, at the 16-bit rate, and on a TPU as :data:`TPU_F32_PASSES` bf16 passes. A
+    32-bit product runs no faster than a 16-bit one: with ``peak_flops`` set below those
+    rates (a slower device), they take its rate.
 
     >>> from shardscope._src.targets.hardware import hardware
     >>> s = dot_flop_seconds(hardware("h100"))
     >>> round(s[DotArithmetic.F32] / s[DotArithmetic.NARROW], 3)
     2.0
+    >>> s = dot_flop_seconds(hardware("h100", peak_flops=1e9))
+    >>> s[DotArithmetic.F32] == s[DotArithmetic.NARROW] == s[DotArithmetic.F32_HIGHEST]
+    True
     >>> s = dot_flop_seconds(hardware("tpu-v5e"))
     >>> s[DotArithmetic.F32_HIGHEST] / s[DotArithmetic.NARROW]
     6.0
@@ -124,8 +129,10 @@ def dot_flop_seconds(hw: Hardware) -> dict[DotArithmetic, float]:
     narrow = matmul_seconds(hw, 1.0)
     fp8 = matmul_seconds(hw, 1.0, 1.0) if hw.has_fp8 else narrow
     if hw.tf32_peak_flops > 0:
-        tf32 = 1.0 / (hw.tf32_peak_flops * hw.matmul_fraction)
-        fp32 = 1.0 / (hw.fp32_peak_flops * hw.matmul_fraction) if hw.fp32_peak_flops else tf32
+        tf32_rate = min(hw.tf32_peak_flops, hw.peak_flops)
+        fp32_rate = min(hw.fp32_peak_flops or tf32_rate, tf32_rate)
+        tf32 = 1.0 / (tf32_rate * hw.matmul_fraction)
+        fp32 = 1.0 / (fp32_rate * hw.matmul_fraction)
         f32 = {
             DotArithmetic.F32: tf32,
             DotArithmetic.F32_HIGH: tf32,
