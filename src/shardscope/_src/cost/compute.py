@@ -156,8 +156,12 @@ def dot_seconds(hw: Hardware, cost: Cost) -> float:
     >>> round(dot_seconds(h, Cost(10**15, f32_flops=10**15)), 3)  # 494.5e12 x 0.54
     3.745
     """
-    per_flop = dot_flop_seconds(hw)
-    return sum(cost.flops_of(a) * per_flop[a] for a in DotArithmetic if cost.flops_of(a))
+    return _dots_at(cost, dot_flop_seconds(hw))
+
+
+def _dots_at(cost: Cost, per_flop: Mapping[DotArithmetic, float]) -> float:
+    """``cost``'s matmul FLOPs, each arithmetic's at its seconds a FLOP."""
+    return sum(n * per_flop[a] for a in DotArithmetic if (n := cost.flops_of(a)))
 
 
 def counted_matmul_seconds(hw: Hardware, flops: float, counted: Cost) -> float:
@@ -766,8 +770,10 @@ def kernels_seconds(
     arithmetic its HLO states, :func:`dot_seconds`) and its bytes (:func:`moved_seconds`),
     and never less than the least a kernel runs (:func:`floor_seconds`)."""
 
+    per_flop = dot_flop_seconds(hw) if flop_s is None else {}  # once for every kernel
+
     def compute_s(k: _R) -> float:
-        return dot_seconds(hw, k.cost) if flop_s is None else k.cost.flops * flop_s[k.fused]
+        return _dots_at(k.cost, per_flop) if flop_s is None else k.cost.flops * flop_s[k.fused]
 
     return sum(
         n

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from shardscope._src.base import comm
@@ -128,15 +128,7 @@ class Cost:
     @property
     def matmuls(self) -> Cost:
         """Its FLOPs alone, by arithmetic, nothing moved."""
-        return Cost(
-            self.flops,
-            0,
-            0,
-            self.f32_flops,
-            self.f32_high_flops,
-            self.f32_highest_flops,
-            self.f8_flops,
-        )
+        return replace(self, bytes=0, matmul_bytes=0)
 
 
 #: The :class:`Cost` field that holds each arithmetic's FLOPs (16-bit's: the rest).
@@ -542,9 +534,11 @@ class CostCounter:
                 return Cost()
             return Cost.of_dot(flops, self._arithmetic(comp, ins, params, _gemm_precision(ins)))
         if ins.opcode == "fusion":
-            inner = (
-                tuple(self._stored(comp, op, params) for op in ins.operands) if self.widened else ()
-            )
+            got = total(self.computation_matmuls(c, seen) for _, c in ins.called_computations)
+            if not self.widened or not got.flops:
+                return got
+            # its products' operands may be the caller's widened values: read them through
+            inner = tuple(self._stored(comp, op, params) for op in ins.operands)
             return total(
                 self.computation_matmuls(c, seen, inner) for _, c in ins.called_computations
             )
