@@ -866,6 +866,44 @@ def test_plan_program_on_a_target_compiler():
         )
 
 
+def _scanned_fsdp_step(mesh, rules):
+    # four bf16 layers scanned, their weights split over the data axis: the H100 compiler
+    # gathers each layer's weight and reduces its gradient inside the loop, beside the
+    # matmuls of the loop's body
+    spec_w = shardscope.logical_to_spec(("layers", "embed", "hidden"), rules)
+    spec_x = shardscope.logical_to_spec(("batch", "embed"), rules)
+    w = jax.ShapeDtypeStruct((4, 1024, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, spec_w))
+    x = jax.ShapeDtypeStruct((2048, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, spec_x))
+
+    def loss(w, x):
+        x, _ = jax.lax.scan(lambda x, layer: (jnp.tanh(x @ layer), None), x, w)
+        return jnp.mean(x.astype(jnp.float32) ** 2)
+
+    return jax.jit(jax.grad(loss)), (w, x)
+
+
+@pytest.mark.compiler
+def test_a_target_compiled_plans_step_is_its_compute_and_the_audits_exposed_communication():
+    rules = {"fsdp": [("batch", "data"), ("embed", "data")]}
+    kwargs = dict(rules=rules, axes=("data",), axis_types="auto")
+    (p,) = shardscope.plan_program(_scanned_fsdp_step, 8, target="h100", **kwargs).plans
+    # the audit of the same program on the same hardware: what its schedule hides
+    audit = shardscope.audit_program(
+        _scanned_fsdp_step, "data=8", rules=rules["fsdp"], axis_types="auto", target="h100"
+    )
+    exposure = audit.exposure()
+    assert exposure.hidden_s > 0
+    assert exposure.comm_s == pytest.approx(p.comm_time_s, rel=1e-9)
+    assert p.exposed_time_s == pytest.approx(exposure.exposed_s, rel=1e-9)
+    # the step pays the exposed part alone: less than compute and communication end to end
+    assert p.step_time_s == pytest.approx(p.compute_time_s + exposure.exposed_s, rel=1e-9)
+    assert p.step_time_s < p.compute_time_s + p.comm_time_s
+    # the CPU's compiler runs each collective on its own: nothing hidden
+    (cpu,) = shardscope.plan_program(_scanned_fsdp_step, 8, hardware="h100", **kwargs).plans
+    assert cpu.exposed_time_s is None
+    assert cpu.step_time_s == pytest.approx(cpu.compute_time_s + cpu.comm_time_s, rel=1e-9)
+
+
 def test_a_program_compiled_for_the_cpu_pays_its_matmuls_kernels_on_a_gpu():
     # XLA:CPU's fusions are no GPU's, but each matmul is a kernel of its own on a GPU too:
     # the forward's x @ w and the weight's gradient, two kernels each far below the least a

@@ -832,6 +832,19 @@ def test_a_program_plans_time_model_note_names_the_rate_it_computes_at():
     assert "f32 as one bf16 pass at that rate, three at precision high, six at highest)" in tpu
     # and what a compiled accelerator program's kernels add: the H100's least kernel and launch
     assert "none under 2 us and each launched at 1 us" in text
+    # compiled for the CPU, whose collectives run on their own: compute and communication
+    assert text.endswith(
+        "step = compute + communication (the CPU's compiler runs each "
+        "collective on its own: no overlap) or the larger of the two (perfect "
+        "overlap)"
+    )
+    # compiled by the H100's compiler: what its schedule leaves exposed
+    scheduled = PlanNote.PROGRAM_TIME_MODEL.describe(
+        {**hardware("h100").to_dict(), "scheduled_by": "XLA:GPU"}
+    )
+    assert "step = compute + the communication the XLA:GPU compiler's schedule leaves exposed" in (
+        scheduled
+    )
 
 
 def test_the_compilers_memory_pressure_reads_as_a_note_of_the_plan():

@@ -355,6 +355,28 @@ class TimeModelValues(NoteValues):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProgramTimeModelValues(TimeModelValues):
+    """The hardware a user's program is priced on and, where an accelerator's compiler
+    scheduled its collectives beside its compute, that compiler's name (``scheduled_by``;
+    None: the CPU's compiler, which runs each on its own). Its JSON is the hardware's, with
+    ``scheduled_by`` where set."""
+
+    scheduled_by: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        fields = dict(data)
+        scheduled_by = fields.pop("scheduled_by", None)
+        return cls(hardware=Hardware(**fields), scheduled_by=scheduled_by)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.hardware.to_dict()
+        if self.scheduled_by is not None:
+            out["scheduled_by"] = self.scheduled_by
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class Fp8MatmulsValues(NoteValues):
     """The hardware's fp8 rate and the model's 16-bit ``dtype``; ``fp8_params``: the layers
     at each end whose weights stay 16-bit where the others' are kept in fp8 (None: every
@@ -870,8 +892,17 @@ def _dot_rates(v: Hardware) -> str:
     return f"bf16 and f16 at {peak}; {f32}{fp8}"
 
 
-def _program_time_model(values: TimeModelValues) -> str:
+def _program_time_model(values: ProgramTimeModelValues) -> str:
     v = values.hardware
+    step = (
+        f"step = compute + the communication the {values.scheduled_by} compiler's schedule "
+        f"leaves exposed (each asynchronous collective less the compute scheduled beside "
+        f"it, as the audit prices it), never less than the communication alone; overlap = "
+        f"the larger of compute and communication (every collective hidden)"
+        if values.scheduled_by
+        else "step = compute + communication (the CPU's compiler runs each collective on its "
+        "own: no overlap) or the larger of the two (perfect overlap)"
+    )
     return (
         f"time: alpha-beta per collective ({v.name}: {v.link_bandwidth / 1e9:g} GB/s "
         f"within a node of {v.node_size}, {v.cross_node_bandwidth / 1e9:g} GB/s for "
@@ -883,8 +914,7 @@ def _program_time_model(values: TimeModelValues) -> str:
         f"under {v.kernel_floor_s * 1e6:g} us and each launched at "
         f"{v.kernel_launch_s * 1e6:g} us (the CPU's compiler's fusions are no "
         f"accelerator's: its matmuls alone, on a GPU each a kernel of its own, none under "
-        f"that least and each launched); step = compute + communication (no overlap) or "
-        f"the larger of the two (perfect overlap)"
+        f"that least and each launched); {step}"
     )
 
 
@@ -1193,7 +1223,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.COMPILED_MEMORY: CompiledMemoryValues,
     PlanNote.COMMUNICATION: NoValues,
     PlanNote.TIME_MODEL: TimeModelValues,
-    PlanNote.PROGRAM_TIME_MODEL: TimeModelValues,
+    PlanNote.PROGRAM_TIME_MODEL: ProgramTimeModelValues,
     PlanNote.FP8_MATMULS: Fp8MatmulsValues,
     PlanNote.WIDENED: WidenedValues,
     PlanNote.NO_REDUCE_SCATTER: ReduceScatterValues,

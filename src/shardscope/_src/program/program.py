@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from shardscope._src.audit.overlap import Kernel, kernel_costs
+from shardscope._src.audit.pricing import priced
 from shardscope._src.audit.stages import lower_step_traced
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.errors import (
@@ -72,7 +73,7 @@ from shardscope._src.plan.compile import (
     local_devices,
 )
 from shardscope._src.plan.estimates import divisors
-from shardscope._src.plan.notes import NoFitValues, PlanNote
+from shardscope._src.plan.notes import NoFitValues, PlanNote, ProgramTimeModelValues
 from shardscope._src.plan.rank import StepSource, memory_time_front, step_rank_key
 from shardscope._src.plan.request import ProgramRequest
 from shardscope._src.plan.tasks import LostTask
@@ -139,7 +140,9 @@ class ProgramPlan:
     none (the GPU compiler) the one counted from the program's HLO; ``compute_time_s`` runs
     them at the time model's matmul rate (peak x ``matmul_fraction``) and, compiled by an
     accelerator's compiler, its kernels' traffic, least times and launches too
-    (:func:`compute_seconds`).
+    (:func:`compute_seconds`). ``exposed_time_s`` is the communication the compute its
+    compiler scheduled beside it leaves exposed (:func:`exposed_seconds`, the audit's exposed
+    time), None where the CPU's compiler built it, which runs each collective on its own.
     """
 
     rules_name: str
@@ -160,6 +163,7 @@ class ProgramPlan:
     same_as: str | None = None
     #: the compiler that built it (``"cpu"``, or a target's name)
     target: str = "cpu"
+    exposed_time_s: float | None = None
 
     def __post_init__(self) -> None:
         # A memory dict by XLA's field names (what earlier versions held) stands for the record.
@@ -216,7 +220,13 @@ class ProgramPlan:
 
     @property
     def step_time_s(self) -> float:
-        return serial_seconds(self.compute_time_s, self.comm_time_s)
+        """Compute and the communication its compiler's schedule leaves exposed, never less
+        than the communication alone (its links carry every collective's bytes); compute
+        and communication one after the other where no schedule hides any
+        (``exposed_time_s`` None: the CPU's compiler)."""
+        if self.exposed_time_s is None:
+            return serial_seconds(self.compute_time_s, self.comm_time_s)
+        return max(self.compute_time_s + self.exposed_time_s, self.comm_time_s)
 
     @property
     def step_source(self) -> StepSource:
@@ -1068,7 +1078,23 @@ def _program_plan(
         exact=program.exact,
         same_as=same_as,
         target=result.target or CPU,
+        exposed_time_s=exposed_seconds(program, hw),
     )
+
+
+def exposed_seconds(program: CompiledProgram, hw: Hardware) -> float | None:
+    """The communication of one step of ``program`` on ``hw`` that the compute its
+    compiler scheduled beside it does not hide: each collective priced on ``hw`` and, where
+    asynchronous, less the compute scheduled in its window, or the compute it takes from
+    that window, whichever is more (:func:`~shardscope._src.audit.pricing.priced`: the
+    audit's exposed time, by the training step's one overlap rule). None where the CPU's
+    compiler built it: it runs each collective on its own, and its schedule is no
+    accelerator's."""
+    result = program.audit
+    if result.program is None or get_target(result.target or CPU).family is Family.CPU:
+        return None
+    found = priced(result.collectives, result.program.module, result.mesh_axes, hw)
+    return sum(c.overlap.exposed_s * c.count for c in found if c.overlap is not None)
 
 
 def compute_seconds(program: CompiledProgram, hw: Hardware, flops: float) -> float:
@@ -1166,11 +1192,21 @@ def mesh_list(
     return out
 
 
+def _time_model_values(
+    hw: Hardware, plans: Sequence[ProgramPlan], target: str | None
+) -> ProgramTimeModelValues:
+    """The time model's note: ``hw``, and the compiler whose schedule priced the plans'
+    exposed communication where one did (every plan of a sweep is one compiler's)."""
+    scheduled = any(p.exposed_time_s is not None for p in plans)
+    compiler = get_target(target or CPU).capabilities.compiler if scheduled else None
+    return ProgramTimeModelValues(hardware=hw, scheduled_by=compiler)
+
+
 def _result_notes(hw: Hardware, plans: Sequence[ProgramPlan], target: str | None) -> list[Note]:
     notes = [
         Note(PlanNote.COMPILED_MEMORY, {"target": target}),
         Note(PlanNote.COMMUNICATION),
-        Note(PlanNote.PROGRAM_TIME_MODEL, hw.to_dict()),
+        Note(PlanNote.PROGRAM_TIME_MODEL, _time_model_values(hw, plans, target)),
     ]
     if any(p.flops_per_device is None for p in plans):
         notes.append(Note(PlanNote.NO_FLOP_COUNT))

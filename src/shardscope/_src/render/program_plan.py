@@ -99,8 +99,14 @@ def program_plan_table(
         f"{result.wall_s:.1f} s. * Pareto front (memory vs step time)."
     )
     if verbose:
+        step = (
+            "compute + the comm its schedule leaves exposed"
+            if any(p.exposed_time_s is not None for p in result.plans)
+            else "compute + comm"
+        )
         caption += (
-            " Memory: the compiler's buffers per device. Step: compute + comm; overlap: the larger."
+            f" Memory: the compiler's buffers per device. Step: {step}; overlap: compute or "
+            "comm, the larger."
         )
     return ranked_table(
         PROGRAM_PLAN_COLUMNS,
