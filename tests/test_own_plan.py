@@ -625,6 +625,33 @@ def test_a_logical_name_the_rule_set_lacks_is_named_with_the_set_and_a_close_one
         assert "uses logical name 'hidden', which rule set 'mine' does not map" in s.message
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["audit", "program", FLAX, "--mesh", "data=8"],
+        ["audit", "matmul"],
+        ["profile", "--trace", "t", FLAX, "--mesh", "data=8"],
+    ],
+    ids=["audit-program", "audit-matmul", "profile"],
+)
+def test_audit_and_profile_take_the_compiler_by_the_name_plan_gives_it(argv):
+    from shardscope._src.cli.main import build_parser, command_config
+
+    for flag in ("--compiler", "--target"):  # one option, two spellings
+        config = command_config(build_parser().parse_args([*argv, flag, "h100"]))
+        assert config.compile_target == "h100", flag
+    assert command_config(build_parser().parse_args(argv)).compile_target is None
+
+
+def test_the_audit_help_names_the_compiler_as_plan_does(capsys):
+    from helpers import sub_parser
+
+    text = " ".join(sub_parser(("audit", "program")).format_help().split())
+    assert "--compiler TARGET, --target TARGET compile for this hardware" in text
+    argv = ["audit", "reshard", "--target", "h100", "--devices", "8"]
+    assert_usage_error(argv, "with --compiler h100 the mesh alone sets the device count", capsys)
+
+
 def test_plan_program_takes_a_rules_file_and_one_rule_set(tmp_path, capsys):
     from shardscope._src.audit.user_program import load_program
 
