@@ -486,9 +486,11 @@ def plan_rule_sets(
     axes, meshes, axis_types = request.axes, request.meshes, request.axis_types
     name = request.name
     start = time.perf_counter()
-    rule_sets, axes = _check_program(make_step, devices, rules, request.rule_set, axes, meshes)
+    rule_sets, axes, axes_from = _check_program(
+        make_step, devices, rules, request.rule_set, axes, meshes
+    )
     kinds = axis_types_of(axis_types, axes)
-    shapes = mesh_list(meshes, axes, devices)
+    shapes = mesh_list(meshes, axes, devices, axes_from=axes_from)
     target_name, hw = target_hardware(
         request.target, request.hardware, request.hardware_overrides, devices
     )
@@ -942,8 +944,14 @@ def _check_program(
     rule_set: str | None,
     axes: Sequence[str] | None,
     meshes: Sequence[str | Mapping[str, int]] | None,
-) -> tuple[dict[str, Rules], tuple[str, ...]]:
-    """The rule sets and mesh axes to plan over, once ``make_step`` and they fit together."""
+) -> tuple[dict[str, Rules], tuple[str, ...], str]:
+    """The rule sets and mesh axes to plan over, once ``make_step`` and they fit together,
+    and the words that say where the axes come from.
+
+    The axes are ``axes``, else those the rules file names, else those of the meshes when
+    they are given, else those every rule set of the program names: ``rule_set`` chooses
+    the set to plan, not the axes, so its plans are the plans of that set the whole sweep
+    ranks (meshes with an axis it does not name included)."""
     if not callable(make_step):
         raise PlanError(
             f"make_step must be a function of the mesh, got {type(make_step).__name__}",
@@ -952,22 +960,35 @@ def _check_program(
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
     found = find_rule_sets(rules, make_step)
+    axes_from = "the axes given"
     if found is not None and found.axes:
         if axes:
             raise PlanError(
                 f"axes={tuple(axes)!r} and {found.source} both name the mesh axes; keep one",
                 param=("axes", "rules"),
             )
-        axes = found.axes
+        axes, axes_from = found.axes, f"the axes {found.source} names"
     chosen = choose_rule_set(found, rule_set) if rule_set is not None else None
     if chosen is not None:
         rule_sets = dict([chosen])
     else:
         rule_sets = dict(found.sets) if found is not None else normalize_rules(None)
-    if axes is None:
-        axes = rules_axes(rule_sets)
-        if meshes and not axes:
-            axes = tuple(parse_mesh_spec(meshes[0]))
+    if axes is None and meshes:
+        axes, axes_from = tuple(parse_mesh_spec(meshes[0])), "the axes of the first mesh"
+        for name, pairs in rule_sets.items():
+            lacking = [a for a in rules_axes({name: pairs}) if a not in axes]
+            if lacking:
+                raise PlanError(
+                    f"rule set {name!r} shards over mesh axis {lacking[0]!r}, which the meshes "
+                    f"lack (their axes: {', '.join(axes)}); give meshes with {lacking[0]!r}, "
+                    f"or plan another rule set",
+                    param=("meshes", "rule_set"),
+                )
+    elif axes is None:
+        axes = rules_axes(dict(found.sets) if found is not None else rule_sets)
+        axes_from = "the axes the program's rule sets name"
+        if found is not None:
+            axes_from = f"the axes the rule sets of {found.source} name"
     axes = tuple(axes)
     if not axes:
         raise PlanError(
@@ -986,7 +1007,7 @@ def _check_program(
                 "the shardings with shardscope.logical_to_spec(names, rules)",
                 param="make_step",
             )
-    return rule_sets, axes
+    return rule_sets, axes, axes_from
 
 
 def one_compiler(target: str | None, compiler: str | None) -> str | None:
@@ -1146,10 +1167,16 @@ def program_name(fn: Any) -> str:
 
 
 def mesh_list(
-    meshes: Sequence[str | Mapping[str, int]] | None, axes: tuple[str, ...], devices: int
+    meshes: Sequence[str | Mapping[str, int]] | None,
+    axes: tuple[str, ...],
+    devices: int,
+    *,
+    axes_from: str = "",
 ) -> list[MeshShape]:
     """The mesh shapes to plan over: ``meshes`` checked (each with the ``axes``, in order,
-    and ``devices`` devices), or every shape of :func:`mesh_shapes` when None."""
+    and ``devices`` devices), or every shape of :func:`mesh_shapes` when None. ``axes_from``
+    says where the axes come from (``"the axes of the first mesh"``), in the refusal of a
+    mesh with others."""
     if meshes is None:
         return mesh_shapes(devices, axes)
     out = []
@@ -1158,7 +1185,8 @@ def mesh_list(
         if sizes.names != axes:
             raise PlanError(
                 f"mesh {m!r} has axes {', '.join(sizes)}; every mesh must have the axes "
-                f"{', '.join(axes)}, in that order"
+                f"{', '.join(axes)}, in that order" + (f" ({axes_from})" if axes_from else ""),
+                param="meshes",
             )
         if sizes.devices != devices:
             raise PlanError(f"mesh {m!r} holds {sizes.devices} devices, not {devices}")
