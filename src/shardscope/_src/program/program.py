@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from shardscope._src.audit.names import carried_names
 from shardscope._src.audit.overlap import Kernel, kernel_costs
 from shardscope._src.audit.stages import lower_step_traced
 from shardscope._src.audit.user_program import load_program
@@ -96,6 +97,7 @@ from shardscope._src.sharding.rules import (
     rules_axes,
     takes_rules,
     unmapped_name_error,
+    unused_rules,
     uses_flax,
 )
 from shardscope._src.targets.devices import require_compiler
@@ -498,6 +500,11 @@ def plan_rule_sets(
     if target_name is None and (pool is None or ref is None):
         local = local_devices(devices, otherwise=" (the command line does it for you)")
     label = name or program_name(make_step)
+    # The logical names the program's arrays carry: every one a set lacks is named at once,
+    # and a rule for a name none carries is noted (it changes nothing).
+    names = list(dict.fromkeys(n for r in rule_sets.values() for n, _ in r))
+    used = carried_names(make_step, names, axis_type=kinds[0], where=label) if names else None
+    unused = () if used is None else unused_rules(rule_sets, used)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
 
@@ -514,6 +521,7 @@ def plan_rule_sets(
             pool=pool,
             ref=ref,
             cache=cache,
+            used=used,
         )
 
     if floor is None:
@@ -530,7 +538,10 @@ def plan_rule_sets(
         rule_sets=rule_sets,
         plans=ranked,
         skipped=tuple(skipped),
-        notes=tuple(_result_notes(hw, ranked, target_name)),
+        notes=(
+            *(Note(PlanNote.UNUSED_RULES, u) for u in unused),
+            *_result_notes(hw, ranked, target_name),
+        ),
         target=target_name or CPU_TARGET.name,
         axis_types=",".join(sorted(set(k.name.lower() for k in kinds))),
         wall_s=time.perf_counter() - start,
@@ -704,6 +715,7 @@ def compile_program(
     pool: Any = None,
     ref: ProgramRef | None = None,
     cache: CompileCache | None = None,
+    used: Sequence[str] | None = None,
 ) -> list[ProgramFacts]:
     """The facts of each item of ``todo`` (each a ``(rule set name, rules, mesh sizes)``): its
     plan and its program's fingerprint, or why it was skipped, in ``todo``'s order. The one
@@ -714,7 +726,9 @@ def compile_program(
     run in its workers, each loading the program from its file; a candidate a cluster lost
     is skipped as ``lost``. With a ``cache`` (a :class:`CompileCache`), a layout it holds is
     taken from it, one that ``todo`` names twice is compiled once, and every compile is kept
-    there."""
+    there. ``used``, the logical names the program's arrays carry
+    (:func:`~shardscope._src.audit.names.carried_names`), lets a candidate whose rules lack
+    some be skipped naming every one."""
     total = len(todo)
     if progress:
         progress(0, total, "")
@@ -753,6 +767,7 @@ def compile_program(
                 axis_types=tuple(k.name for k in kinds),
                 hardware=hw,
                 where=f"{label}(mesh {format_mesh_spec(todo[i][2])})",
+                used=None if used is None else tuple(used),
             )
             for i in fresh
         ]
@@ -771,7 +786,7 @@ def compile_program(
         for i in fresh:
             rn, r, sizes = todo[i]
             plan, skip, fingerprint = _compile_one(
-                make_step, rn, r, sizes, hw, local, label, target, kinds
+                make_step, rn, r, sizes, hw, local, label, target, kinds, used
             )
             finished(i, ProgramFacts(plan, fingerprint, skip))
     out = []
@@ -823,9 +838,11 @@ def _compile_one(
     label: str,
     target: str | None,
     kinds: Any,
+    used: Sequence[str] | None = None,
 ) -> tuple[ProgramPlan | None, Skipped | None, str]:
     """``(plan, None, fingerprint)`` of one candidate, or ``(None, skipped, "")``; raises the
-    errors that are the caller's (a bad program, rules or target)."""
+    errors that are the caller's (a bad program, rules or target). ``used``: the logical
+    names the program's arrays carry, where known."""
     spec = format_mesh_spec(sizes)
     try:
         compiled = compile_candidate(
@@ -850,7 +867,14 @@ def _compile_one(
     except Exception as e:  # the user's program failed for this mesh and rules
         reason = SkipReason.DIVISIBILITY if _indivisible(e) else SkipReason.ERROR
         # a logical name the set lacks reached JAX as a mesh axis: said in our words
-        unmapped = unmapped_name_error(e, [n for n, _ in r], f"rule set {rn!r}", program=label)
+        unmapped = unmapped_name_error(
+            e,
+            [n for n, _ in r],
+            f"rule set {rn!r}",
+            program=label,
+            used=used,
+            mesh_axes=list(sizes),
+        )
         return None, Skipped(rn, spec, reason, str(unmapped) if unmapped else one_line(e)), ""
     return _program_plan(rn, r, sizes, compiled, hw, None), None, compiled[3]
 
@@ -882,6 +906,7 @@ class ProgramTask:
     axis_types: tuple[str, ...]
     hardware: Hardware
     where: str
+    used: tuple[str, ...] | None = None
 
     def run(self, devices: Sequence[jax.Device] | None = None) -> ProgramFacts:
         """The candidate's plan, compiled on ``devices`` (default: this process's first CPU
@@ -915,6 +940,7 @@ class ProgramTask:
             label,
             self.target,
             kinds,
+            self.used,
         )
         return ProgramFacts(plan, fingerprint, skipped)
 
