@@ -226,7 +226,7 @@ def test_the_flag_maps_onto_the_field():
 
 def test_the_flag_is_the_built_in_models_alone(capsys):
     argv = ["plan", "--program", "x.py:make_step", "--devices", "8", "--matmul-dtype", "fp8"]
-    assert_usage_error(argv, "--matmul-dtype describe the built-in model", capsys)
+    assert_usage_error(argv, "--matmul-dtype describes the built-in model", capsys)
 
 
 # -- a plan ------------------------------------------------------------------------------------

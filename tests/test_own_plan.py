@@ -625,6 +625,73 @@ def test_a_logical_name_the_rule_set_lacks_is_named_with_the_set_and_a_close_one
         assert "uses logical name 'hidden', which rule set 'mine' does not map" in s.message
 
 
+def test_one_rule_set_is_planned_on_the_meshes_of_the_whole_sweep(flax_plans):
+    from shardscope._src.audit.user_program import load_program
+
+    make_step = load_program(FLAX)
+
+    def dp_rows(result):
+        return {p.mesh_spec: p.comm_bytes_per_device for p in result.plans if p.rules_name == "dp"}
+
+    whole = dp_rows(flax_plans)
+    assert len(whole) == len(mesh_shapes(8, ("data", "model"))) == 4
+    # the axes of every set of the program, not those of the one chosen (dp names data alone)
+    alone = shardscope.plan_program(make_step, 8, rule_set="dp", axis_types="auto")
+    assert alone.axes == ("data", "model") and dp_rows(alone) == whole
+    # meshes with the program's axes, as the whole sweep ranks them
+    meshes = ["data=8,model=1", "data=4,model=2"]
+    given = shardscope.plan_program(make_step, 8, rule_set="dp", meshes=meshes, axis_types="auto")
+    assert dp_rows(given) == {m: whole[m] for m in meshes}
+    # ... or with the chosen set's axes alone: model=1 changes nothing
+    data = shardscope.plan_program(
+        make_step, 8, rule_set="dp", meshes=["data=8"], axis_types="auto"
+    )
+    assert data.axes == ("data",) and dp_rows(data) == {"data=8": whole["data=8,model=1"]}
+    # a set that shards over an axis the meshes lack, and meshes that disagree, are refused
+    # saying where the axes come from
+    with pytest.raises(shardscope.PlanError) as info:
+        shardscope.plan_program(make_step, 8, rule_set="dp_tp", meshes=["data=8"])
+    assert "rule set 'dp_tp' shards over mesh axis 'model', which the meshes lack" in str(
+        info.value
+    )
+    assert info.value.params == ("meshes", "rule_set")
+    with pytest.raises(shardscope.PlanError, match=r"\(the axes of the first mesh\)"):
+        shardscope.plan_program(make_step, 8, rule_set="dp", meshes=["data=8", "data=4,model=2"])
+
+
+def test_plan_program_names_meshes_where_the_built_in_models_mesh_is_given(capsys):
+    argv = ["plan", "--program", FLAX, "--devices", "8", "--mesh", "data=8,model=1"]
+    line = assert_usage_error(argv, "--mesh describes the built-in model", capsys)
+    assert line.rstrip().endswith("give --meshes data=8,model=1 instead")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["audit", "program", FLAX, "--mesh", "data=8"],
+        ["audit", "matmul"],
+        ["profile", "--trace", "t", FLAX, "--mesh", "data=8"],
+    ],
+    ids=["audit-program", "audit-matmul", "profile"],
+)
+def test_audit_and_profile_take_the_compiler_by_the_name_plan_gives_it(argv):
+    from shardscope._src.cli.main import build_parser, command_config
+
+    for flag in ("--compiler", "--target"):  # one option, two spellings
+        config = command_config(build_parser().parse_args([*argv, flag, "h100"]))
+        assert config.compile_target == "h100", flag
+    assert command_config(build_parser().parse_args(argv)).compile_target is None
+
+
+def test_the_audit_help_names_the_compiler_as_plan_does(capsys):
+    from helpers import sub_parser
+
+    text = " ".join(sub_parser(("audit", "program")).format_help().split())
+    assert "--compiler TARGET, --target TARGET compile for this hardware" in text
+    argv = ["audit", "reshard", "--target", "h100", "--devices", "8"]
+    assert_usage_error(argv, "with --compiler h100 the mesh alone sets the device count", capsys)
+
+
 def test_plan_program_takes_a_rules_file_and_one_rule_set(tmp_path, capsys):
     from shardscope._src.audit.user_program import load_program
 
@@ -730,7 +797,7 @@ def test_cli_plans_a_program(tmp_path, capsys):
             "defines no 'nope'",
         ),
         (["plan", "--program", "eqx_mlp", "--devices", "8"], "write FILE.py:FUNCTION"),
-        (["plan", "--program", EQX, "--devices", "8", "--model", "tiny"], "drop them"),
+        (["plan", "--program", EQX, "--devices", "8", "--model", "tiny"], "(drop it)"),
         (["plan", "--model", "tiny", "--devices", "8", "--rules", "r.json"], "give --program"),
         (["plan", "--model", "tiny", "--devices", "8", "--rule-set", "dp"], "give --program"),
         (

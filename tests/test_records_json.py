@@ -233,6 +233,7 @@ NOTE_VALUES = {
     },  # fmt: skip
     "compiled-flops": {"compiler": "XLA:GPU", "formula": 2.5e12, "compiled": None},
     "ragged-dot-dense": {"compiler": "XLA:CPU", "count": 3, "groups": [8, 16]},
+    "unused-rules": {"rule_set": "tp_seq", "rules": [["sequence", "model"], ["x", ["a", "b"]]]},
     "analytic-memory": {},
     "compiled-memory": {"target": None},
     "communication": {},

@@ -54,6 +54,7 @@ NEW_AUDIT_KEYS = {
     "exposure",
     "memory_pressure",
     "ragged_dots",
+    "unused_rules",
 }
 NEW_COLLECTIVE_KEYS = {"overlap"}
 

@@ -21,6 +21,7 @@ Example (needs 8 simulated devices, so not run as a doctest)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -32,6 +33,7 @@ from typing import Any
 import jax
 
 from shardscope._src.audit.analysis import analyze
+from shardscope._src.audit.names import carried_names
 from shardscope._src.audit.overlap import program_cost
 from shardscope._src.audit.pricing import priced
 from shardscope._src.audit.ragged import dense_ragged_dots
@@ -63,7 +65,15 @@ from shardscope._src.mesh import (
     mesh_axes,
     parse_mesh_spec,
 )
-from shardscope._src.sharding.rules import Rules, rules_for_mesh, rules_unmapped_error
+from shardscope._src.sharding.rules import (
+    Rules,
+    choose_rule_set,
+    find_rule_sets,
+    refused_axis,
+    rules_for_mesh,
+    rules_unmapped_error,
+    unused_rules,
+)
 from shardscope._src.targets.devices import target_of_device
 from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.mesh import check_mesh_target, target_mesh
@@ -317,21 +327,48 @@ def audit_program(
         MissingMeshError: ``make_step`` needs a mesh set while it runs.
         RulesError: rules that are not pairs, name an axis the mesh lacks or cannot be read,
             several sets and no ``rule_set`` naming one of them, or a set that does not map
-            a logical name the program uses (naming it, and a close one the set maps).
+            logical names the program uses (naming every one, and a close one the set maps
+            where the program does not use it).
+
+    With rules, the audit's :attr:`~shardscope.Audit.unused_rules` are those that shard a
+    logical name no array of the program carries (found by building the program once more,
+    on one device).
     """
     mesh, pairs = step_mesh(make_step, mesh, rules, rule_set, axis_types, target)
     name = where or getattr(make_step, "__qualname__", None) or "make_step"
+    kinds = getattr(mesh, "axis_types", None) or (None,)
+    mapped = [n for n, _ in pairs]
     try:
         stage, jaxpr = lower_step_traced(make_step, mesh, pairs, where=name)
     except ValueError as e:  # a logical name the rules lack reached JAX as a mesh axis
-        explained = (
-            rules_unmapped_error(e, rules, rule_set, make_step, program=name) if pairs else None
-        )
+        explained = None
+        if pairs and refused_axis(e) is not None:
+            # JAX names the first; the names the program carries give every one at once
+            used = carried_names(make_step, mapped, axis_type=kinds[0], where=name)
+            explained = rules_unmapped_error(
+                e,
+                rules,
+                rule_set,
+                make_step,
+                program=name,
+                used=used,
+                mesh_axes=tuple(map(str, mesh.axis_names)),
+            )
         if explained is not None:
             raise explained from e
         raise
     compiled, log, _ = _compile(stage, (), {}, mesh, None)
-    return _audit_compiled(compiled, log, _mesh_from(mesh), None, jaxpr)
+    result = _audit_compiled(compiled, log, _mesh_from(mesh), None, jaxpr)
+    if not any(axes is not None for _, axes in pairs):
+        return result
+    used = carried_names(make_step, mapped, axis_type=kinds[0], where=name)
+    chosen = choose_rule_set(find_rule_sets(rules, make_step), rule_set)
+    unused = () if used is None or chosen is None else unused_rules({chosen[0]: pairs}, used)
+    if not unused:
+        return result
+    program = result.program
+    result = dataclasses.replace(result, unused_rules=unused[0])
+    return result if program is None else result.with_program(program)
 
 
 def step_mesh(

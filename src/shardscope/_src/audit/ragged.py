@@ -89,7 +89,7 @@ def traced_ragged_dots(jaxpr: Any) -> list[int]:
     whose ragged dimension is not a batch dimension; a ragged batch dimension is a batched
     matmul as it stands, computed densely without waste."""
     out = []
-    for eqn in _equations(jaxpr):
+    for eqn in equations(jaxpr):
         if eqn.primitive.name != RAGGED_DOT_PRIMITIVE:
             continue
         numbers = eqn.params["ragged_dot_dimension_numbers"]
@@ -100,7 +100,9 @@ def traced_ragged_dots(jaxpr: Any) -> list[int]:
     return out
 
 
-def _equations(jaxpr: Any) -> Iterator[Any]:
+def equations(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` (a ``ClosedJaxpr`` or ``Jaxpr``) and of every jaxpr its
+    equations run (jit, remat, custom derivatives, loop bodies, branches), outer first."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr holds its Jaxpr
     for eqn in jaxpr.eqns:
         yield eqn
@@ -108,7 +110,7 @@ def _equations(jaxpr: Any) -> Iterator[Any]:
             for sub in value if isinstance(value, tuple | list) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    yield from _equations(inner)
+                    yield from equations(inner)
 
 
 def densified_dots(module: HloModule) -> int:

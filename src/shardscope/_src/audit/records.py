@@ -18,6 +18,7 @@ from shardscope._src.cost.memory import CompiledMemory
 from shardscope._src.hlo.groups import AxisRef
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
+from shardscope._src.sharding.rules import UnusedRules
 
 if TYPE_CHECKING:
     import jax
@@ -515,6 +516,9 @@ class Audit:
     as dense matmuls over every group (:mod:`~shardscope._src.audit.ragged`), read from the
     function's trace: None where there are none, and for a program the audit did not lower
     itself (a ``Lowered`` or ``Compiled``, HLO text, a function without ``trace``).
+    ``unused_rules`` are the rules in force that shard a logical name no array of the program
+    carries (:func:`~shardscope._src.audit.compile.audit_program` of a program with rules):
+    they change nothing; None where there are none or no rules.
 
     The fields are plain data (compared, written by :meth:`to_dict`, read back by
     :meth:`from_dict`). What the audit was read from, the HLO text, its parsed module and
@@ -541,6 +545,7 @@ class Audit:
     priced_on: str | None = None
     memory_pressure: MemoryPressure | None = None
     ragged_dots: RaggedDots | None = None
+    unused_rules: UnusedRules | None = None
 
     def __post_init__(self) -> None:
         # A memory dict by XLA's field names (what earlier versions held) stands for the record.
@@ -897,6 +902,7 @@ class Audit:
             priced_on=read("priced_on", _opt_str),
             memory_pressure=read("memory_pressure", MemoryPressure.from_dict),
             ragged_dots=read("ragged_dots", RaggedDots.from_dict),
+            unused_rules=read("unused_rules", UnusedRules.from_dict),
         )
 
 

@@ -176,7 +176,7 @@ def audit_command(c: AuditConfig) -> int:
 
 
 def _audit_target(c: AuditConfig) -> str | None:
-    """The GPU/TPU target of ``audit --target``, or None for simulated CPU devices."""
+    """The GPU/TPU target of ``audit --compiler``, or None for simulated CPU devices."""
     if c.compile_target is None:
         return None
 
@@ -185,12 +185,12 @@ def _audit_target(c: AuditConfig) -> str | None:
         return None
     if c.devices is not None:
         raise TargetError(
-            f"--devices simulates CPU devices; with --target {t.name} the mesh alone sets the "
+            f"--devices simulates CPU devices; with --compiler {t.name} the mesh alone sets the "
             f"device count: drop --devices"
         )
     if c.multiprocess.num_processes is not None or c.multiprocess.detect:
         raise TargetError(
-            f"--target {t.name} compiles in one process for devices it does not have: drop "
+            f"--compiler {t.name} compiles in one process for devices it does not have: drop "
             f"the multi-process options"
         )
     return t.name

@@ -59,7 +59,7 @@ class AuditConfig(CommandConfig):
     json: str | None
     devices: int | None
     by_scope: bool
-    compile_target: str | None  # --target; None: simulated CPU devices
+    compile_target: str | None  # --compiler (or --target); None: simulated CPU devices
     verbose: bool
     multiprocess: DistributedConfig
 
@@ -172,7 +172,7 @@ class ProfileConfig(CommandConfig):
     mesh: str | None
     trace: str | None
     audit: str | None
-    compile_target: str | None  # --target, for the audit of a trace taken elsewhere
+    compile_target: str | None  # --compiler, for the audit of a trace taken elsewhere
     steps: int
     warmup: int
     hardware: str | None

@@ -214,8 +214,10 @@ def _target_option(
     what: str = "compile for this hardware with its own compiler, on devices it does not need",
     default: str = "; default cpu: simulated CPU devices",
 ) -> None:
-    """``--target``: ``what`` it does, then the targets (and ``default``)."""
+    """``--compiler`` (as ``plan``, ``shard`` and ``serve`` name it; ``--target`` is the same
+    option): ``what`` it does, then the targets (and ``default``)."""
     p.add_argument(
+        "--compiler",
         "--target",
         dest="compile_target",
         default=None,
@@ -440,7 +442,7 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "of it: measured time and exposed time beside predicted, per collective, per scope "
         "and per step. With --trace DIR, read a trace taken elsewhere and join it to --audit "
         "FILE (written by 'shardscope audit --json') or to FILE.py:FUNCTION compiled for "
-        "--target.",
+        "--compiler.",
     )
     prof.add_argument(
         "program_ref",

@@ -256,9 +256,14 @@ def _cmd_plan_program(c: PlanConfig, program: str) -> int:
         if value is not None
     ]
     if model_flags:
+        one = len(model_flags) == 1
+        instead = ""
+        if c.mesh is not None:  # the one with a twin: the meshes a program is planned on
+            instead = f"; to plan your program on mesh {c.mesh}, give --meshes {c.mesh} instead"
         raise UsageError(
-            f"{PROG} plan: {', '.join(model_flags)} describe the built-in model; with "
-            f"--program your make_step builds the model (drop them)"
+            f"{PROG} plan: {', '.join(model_flags)} {'describes' if one else 'describe'} the "
+            f"built-in model; with --program your make_step builds the model (drop "
+            f"{'it' if one else 'them'}){instead}"
         )
     # Without --hardware a program is timed on the built-in model's default hardware too.
     hardware = c.hardware or str(DEFAULT_REQUEST.hardware)

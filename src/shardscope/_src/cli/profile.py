@@ -31,7 +31,7 @@ def check_profile(c: ProfileConfig) -> None:
                 f"{PROG} profile: give the program, FILE.py:FUNCTION --mesh SPEC, or a trace "
                 f"taken elsewhere, --trace DIR --audit FILE"
             )
-        for flag, value in (("--audit", c.audit), ("--target", c.compile_target)):
+        for flag, value in (("--audit", c.audit), ("--compiler", c.compile_target)):
             if value is not None:
                 raise UsageError(
                     f"{PROG} profile: {flag} is for joining a trace taken elsewhere (--trace "

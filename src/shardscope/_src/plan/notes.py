@@ -15,6 +15,7 @@ from shardscope._src.audit.records import MemoryPressure
 from shardscope._src.base.comm import format_bytes, format_flops, format_memory, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.base.text import and_list
+from shardscope._src.sharding.rules import UnusedRules
 from shardscope._src.targets import specs
 from shardscope._src.targets.capabilities import CPU_COMPILER, Support, reduce_scatter_words
 from shardscope._src.targets.hardware import TIME_MODEL_SOURCES, Hardware
@@ -64,6 +65,10 @@ class PlanNote(NoteKind):
     #: ``compiler``, ``count``, ``groups``; :mod:`~shardscope._src.audit.ragged`)
     RAGGED_DOT_DENSE = "ragged-dot-dense"
     # -- a sweep's notes
+    #: rules of a user's rule set that shard a logical name no array of the program carries,
+    #: and so change nothing (values: ``rule_set``, ``rules``;
+    #: :class:`~shardscope._src.sharding.rules.UnusedRules`)
+    UNUSED_RULES = "unused-rules"
     #: memory is the analytic estimate, the CPU compiler's beside it
     ANALYTIC_MEMORY = "analytic-memory"
     #: memory is a compiler's buffer assignment (values: ``target``, None for the CPU)
@@ -1145,6 +1150,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     PlanNote.MEMORY_PRESSURE: _memory_pressure,
     PlanNote.COMPILED_FLOPS: _compiled_flops,
     PlanNote.RAGGED_DOT_DENSE: _ragged_dot_dense,
+    PlanNote.UNUSED_RULES: UnusedRules.sentence,
     PlanNote.ANALYTIC_MEMORY: (
         "memory per device: the analytic estimate (ZeRO model state, Korthikanti "
         "activations), or a target compiler's buffer assignment where it compiled the plan "
@@ -1219,6 +1225,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.MEMORY_PRESSURE: MemoryPressureValues,
     PlanNote.COMPILED_FLOPS: CompiledFlopsValues,
     PlanNote.RAGGED_DOT_DENSE: RaggedDotDenseValues,
+    PlanNote.UNUSED_RULES: UnusedRules,
     PlanNote.ANALYTIC_MEMORY: NoValues,
     PlanNote.COMPILED_MEMORY: CompiledMemoryValues,
     PlanNote.COMMUNICATION: NoValues,

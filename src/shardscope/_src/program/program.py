@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from shardscope._src.audit.names import carried_names
 from shardscope._src.audit.overlap import Kernel, kernel_costs
 from shardscope._src.audit.pricing import priced
 from shardscope._src.audit.stages import lower_step_traced
@@ -97,6 +98,7 @@ from shardscope._src.sharding.rules import (
     rules_axes,
     takes_rules,
     unmapped_name_error,
+    unused_rules,
     uses_flax,
 )
 from shardscope._src.targets.devices import require_compiler
@@ -496,9 +498,11 @@ def plan_rule_sets(
     axes, meshes, axis_types = request.axes, request.meshes, request.axis_types
     name = request.name
     start = time.perf_counter()
-    rule_sets, axes = _check_program(make_step, devices, rules, request.rule_set, axes, meshes)
+    rule_sets, axes, axes_from = _check_program(
+        make_step, devices, rules, request.rule_set, axes, meshes
+    )
     kinds = axis_types_of(axis_types, axes)
-    shapes = mesh_list(meshes, axes, devices)
+    shapes = mesh_list(meshes, axes, devices, axes_from=axes_from)
     target_name, hw = target_hardware(
         request.target, request.hardware, request.hardware_overrides, devices
     )
@@ -506,6 +510,11 @@ def plan_rule_sets(
     if target_name is None and (pool is None or ref is None):
         local = local_devices(devices, otherwise=" (the command line does it for you)")
     label = name or program_name(make_step)
+    # The logical names the program's arrays carry: every one a set lacks is named at once,
+    # and a rule for a name none carries is noted (it changes nothing).
+    names = list(dict.fromkeys(n for r in rule_sets.values() for n, _ in r))
+    used = carried_names(make_step, names, axis_type=kinds[0], where=label) if names else None
+    unused = () if used is None else unused_rules(rule_sets, used)
 
     todo = [(rn, r, s) for rn, r in rule_sets.items() for s in shapes]
 
@@ -522,6 +531,7 @@ def plan_rule_sets(
             pool=pool,
             ref=ref,
             cache=cache,
+            used=used,
         )
 
     if floor is None:
@@ -538,7 +548,10 @@ def plan_rule_sets(
         rule_sets=rule_sets,
         plans=ranked,
         skipped=tuple(skipped),
-        notes=tuple(_result_notes(hw, ranked, target_name)),
+        notes=(
+            *(Note(PlanNote.UNUSED_RULES, u) for u in unused),
+            *_result_notes(hw, ranked, target_name),
+        ),
         target=target_name or CPU_TARGET.name,
         axis_types=",".join(sorted(set(k.name.lower() for k in kinds))),
         wall_s=time.perf_counter() - start,
@@ -712,6 +725,7 @@ def compile_program(
     pool: Any = None,
     ref: ProgramRef | None = None,
     cache: CompileCache | None = None,
+    used: Sequence[str] | None = None,
 ) -> list[ProgramFacts]:
     """The facts of each item of ``todo`` (each a ``(rule set name, rules, mesh sizes)``): its
     plan and its program's fingerprint, or why it was skipped, in ``todo``'s order. The one
@@ -722,7 +736,9 @@ def compile_program(
     run in its workers, each loading the program from its file; a candidate a cluster lost
     is skipped as ``lost``. With a ``cache`` (a :class:`CompileCache`), a layout it holds is
     taken from it, one that ``todo`` names twice is compiled once, and every compile is kept
-    there."""
+    there. ``used``, the logical names the program's arrays carry
+    (:func:`~shardscope._src.audit.names.carried_names`), lets a candidate whose rules lack
+    some be skipped naming every one."""
     total = len(todo)
     if progress:
         progress(0, total, "")
@@ -761,6 +777,7 @@ def compile_program(
                 axis_types=tuple(k.name for k in kinds),
                 hardware=hw,
                 where=f"{label}(mesh {format_mesh_spec(todo[i][2])})",
+                used=None if used is None else tuple(used),
             )
             for i in fresh
         ]
@@ -779,7 +796,7 @@ def compile_program(
         for i in fresh:
             rn, r, sizes = todo[i]
             plan, skip, fingerprint = _compile_one(
-                make_step, rn, r, sizes, hw, local, label, target, kinds
+                make_step, rn, r, sizes, hw, local, label, target, kinds, used
             )
             finished(i, ProgramFacts(plan, fingerprint, skip))
     out = []
@@ -831,9 +848,11 @@ def _compile_one(
     label: str,
     target: str | None,
     kinds: Any,
+    used: Sequence[str] | None = None,
 ) -> tuple[ProgramPlan | None, Skipped | None, str]:
     """``(plan, None, fingerprint)`` of one candidate, or ``(None, skipped, "")``; raises the
-    errors that are the caller's (a bad program, rules or target)."""
+    errors that are the caller's (a bad program, rules or target). ``used``: the logical
+    names the program's arrays carry, where known."""
     spec = format_mesh_spec(sizes)
     try:
         compiled = compile_candidate(
@@ -858,7 +877,14 @@ def _compile_one(
     except Exception as e:  # the user's program failed for this mesh and rules
         reason = SkipReason.DIVISIBILITY if _indivisible(e) else SkipReason.ERROR
         # a logical name the set lacks reached JAX as a mesh axis: said in our words
-        unmapped = unmapped_name_error(e, [n for n, _ in r], f"rule set {rn!r}", program=label)
+        unmapped = unmapped_name_error(
+            e,
+            [n for n, _ in r],
+            f"rule set {rn!r}",
+            program=label,
+            used=used,
+            mesh_axes=list(sizes),
+        )
         return None, Skipped(rn, spec, reason, str(unmapped) if unmapped else one_line(e)), ""
     return _program_plan(rn, r, sizes, compiled, hw, None), None, compiled[3]
 
@@ -890,6 +916,7 @@ class ProgramTask:
     axis_types: tuple[str, ...]
     hardware: Hardware
     where: str
+    used: tuple[str, ...] | None = None
 
     def run(self, devices: Sequence[jax.Device] | None = None) -> ProgramFacts:
         """The candidate's plan, compiled on ``devices`` (default: this process's first CPU
@@ -923,6 +950,7 @@ class ProgramTask:
             label,
             self.target,
             kinds,
+            self.used,
         )
         return ProgramFacts(plan, fingerprint, skipped)
 
@@ -952,8 +980,14 @@ def _check_program(
     rule_set: str | None,
     axes: Sequence[str] | None,
     meshes: Sequence[str | Mapping[str, int]] | None,
-) -> tuple[dict[str, Rules], tuple[str, ...]]:
-    """The rule sets and mesh axes to plan over, once ``make_step`` and they fit together."""
+) -> tuple[dict[str, Rules], tuple[str, ...], str]:
+    """The rule sets and mesh axes to plan over, once ``make_step`` and they fit together,
+    and the words that say where the axes come from.
+
+    The axes are ``axes``, else those the rules file names, else those of the meshes when
+    they are given, else those every rule set of the program names: ``rule_set`` chooses
+    the set to plan, not the axes, so its plans are the plans of that set the whole sweep
+    ranks (meshes with an axis it does not name included)."""
     if not callable(make_step):
         raise PlanError(
             f"make_step must be a function of the mesh, got {type(make_step).__name__}",
@@ -962,22 +996,35 @@ def _check_program(
     if not is_int(devices, 1):
         raise PlanError(f"devices={devices!r}: must be a positive whole number", param="devices")
     found = find_rule_sets(rules, make_step)
+    axes_from = "the axes given"
     if found is not None and found.axes:
         if axes:
             raise PlanError(
                 f"axes={tuple(axes)!r} and {found.source} both name the mesh axes; keep one",
                 param=("axes", "rules"),
             )
-        axes = found.axes
+        axes, axes_from = found.axes, f"the axes {found.source} names"
     chosen = choose_rule_set(found, rule_set) if rule_set is not None else None
     if chosen is not None:
         rule_sets = dict([chosen])
     else:
         rule_sets = dict(found.sets) if found is not None else normalize_rules(None)
-    if axes is None:
-        axes = rules_axes(rule_sets)
-        if meshes and not axes:
-            axes = tuple(parse_mesh_spec(meshes[0]))
+    if axes is None and meshes:
+        axes, axes_from = tuple(parse_mesh_spec(meshes[0])), "the axes of the first mesh"
+        for name, pairs in rule_sets.items():
+            lacking = [a for a in rules_axes({name: pairs}) if a not in axes]
+            if lacking:
+                raise PlanError(
+                    f"rule set {name!r} shards over mesh axis {lacking[0]!r}, which the meshes "
+                    f"lack (their axes: {', '.join(axes)}); give meshes with {lacking[0]!r}, "
+                    f"or plan another rule set",
+                    param=("meshes", "rule_set"),
+                )
+    elif axes is None:
+        axes = rules_axes(dict(found.sets) if found is not None else rule_sets)
+        axes_from = "the axes the program's rule sets name"
+        if found is not None:
+            axes_from = f"the axes the rule sets of {found.source} name"
     axes = tuple(axes)
     if not axes:
         raise PlanError(
@@ -996,7 +1043,7 @@ def _check_program(
                 "the shardings with shardscope.logical_to_spec(names, rules)",
                 param="make_step",
             )
-    return rule_sets, axes
+    return rule_sets, axes, axes_from
 
 
 def one_compiler(target: str | None, compiler: str | None) -> str | None:
@@ -1172,10 +1219,16 @@ def program_name(fn: Any) -> str:
 
 
 def mesh_list(
-    meshes: Sequence[str | Mapping[str, int]] | None, axes: tuple[str, ...], devices: int
+    meshes: Sequence[str | Mapping[str, int]] | None,
+    axes: tuple[str, ...],
+    devices: int,
+    *,
+    axes_from: str = "",
 ) -> list[MeshShape]:
     """The mesh shapes to plan over: ``meshes`` checked (each with the ``axes``, in order,
-    and ``devices`` devices), or every shape of :func:`mesh_shapes` when None."""
+    and ``devices`` devices), or every shape of :func:`mesh_shapes` when None. ``axes_from``
+    says where the axes come from (``"the axes of the first mesh"``), in the refusal of a
+    mesh with others."""
     if meshes is None:
         return mesh_shapes(devices, axes)
     out = []
@@ -1184,7 +1237,8 @@ def mesh_list(
         if sizes.names != axes:
             raise PlanError(
                 f"mesh {m!r} has axes {', '.join(sizes)}; every mesh must have the axes "
-                f"{', '.join(axes)}, in that order"
+                f"{', '.join(axes)}, in that order" + (f" ({axes_from})" if axes_from else ""),
+                param="meshes",
             )
         if sizes.devices != devices:
             raise PlanError(f"mesh {m!r} holds {sizes.devices} devices, not {devices}")

@@ -332,6 +332,8 @@ def audit_notes(audit: Audit) -> list[str]:
         notes.append(f"unknown instruction {u.opcode} ({u.name}): {u.raw[:120]}")
     if audit.memory_pressure is not None:
         notes.append(audit.memory_pressure.sentence())
+    if audit.unused_rules is not None:
+        notes.append(audit.unused_rules.sentence())
     # An audit of simulated devices names the CPU's target, or none.
     compiler = CPU_TARGET if audit.target is None else TARGETS.get(audit.target)
     if audit.ragged_dots is not None:

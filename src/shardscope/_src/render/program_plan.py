@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes, format_memory, format_seconds
+from shardscope._src.plan.notes import PlanNote
 from shardscope._src.render.brief import print_line, skipped_lines
 from shardscope._src.render.columns import Column, markdown_table
 from shardscope._src.render.plan import (
@@ -145,9 +146,15 @@ def render_program_plan(
 
     for name, rules in result.rule_sets.items():
         console.print(f"rules {name}: {format_rules(rules)}", highlight=False)
+    # beside the rules they are about, with or without plans
+    for note in result.notes:
+        if note.kind == PlanNote.UNUSED_RULES:
+            console.print(f"note: {note}", highlight=False)
     if not result.plans:
         return
     for note in result.notes:
+        if note.kind == PlanNote.UNUSED_RULES:
+            continue
         if verbose or note.kind in ASKED_NOTES:
             console.print(f"note: {note}", highlight=False)
         elif note.kind not in LONG_NOTES:
@@ -172,6 +179,8 @@ def program_markdown_report(result: ProgramPlanResult) -> str:
         "",
     ]
     lines += [f"- **{n}**: {format_rules(r)}" for n, r in result.rule_sets.items()]
+    unused = [n for n in result.notes if n.kind == PlanNote.UNUSED_RULES]
+    lines += ["", *(f"Note: {n}" for n in unused)] if unused else []
     lines.append("")
     if not result.plans:
         lines += [f"**{result.empty_reason}**", ""]
@@ -184,6 +193,6 @@ def program_markdown_report(result: ProgramPlanResult) -> str:
         lines += comm_sections(result.plans, PROGRAM_COMM_COLUMNS)
     lines += skipped_section(result, first="rules")
     lines += ["## Conventions and caveats", ""]
-    lines += [f"- {n}" for n in result.notes]
+    lines += [f"- {n}" for n in result.notes if n.kind != PlanNote.UNUSED_RULES]
     lines.append("")
     return "\n".join(lines)

@@ -15,14 +15,16 @@ import difflib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jax.sharding import PartitionSpec
 
 from shardscope._src.base.errors import RulesError
+from shardscope._src.base.notes import NoteValues
 from shardscope._src.base.records import read_json
+from shardscope._src.base.text import and_list
 
 #: What one logical name is sharded over: a mesh axis, several, or None (not sharded).
 RuleAxes = str | tuple[str, ...] | None
@@ -286,41 +288,92 @@ def find_rule_sets(rules: object, make_step: Callable[..., object]) -> RuleSets 
 _NOT_IN_MESH = "Resource axis: "
 
 
+def refused_axis(error: BaseException) -> str | None:
+    """The axis name JAX's refusal of a sharding naming an axis its mesh lacks names; None
+    for other errors.
+
+    >>> refused_axis(ValueError("Resource axis: hidden of P(None, 'hidden') is not found in "
+    ...                         "mesh: ('data',)"))
+    'hidden'
+    """
+    text = str(error)
+    if not isinstance(error, ValueError) or not text.startswith(_NOT_IN_MESH):
+        return None
+    return text[len(_NOT_IN_MESH) :].split(" of ", 1)[0] or None
+
+
 def unmapped_name_error(
     error: BaseException,
     mapped: Sequence[str],
     where: str,
     *,
     program: str = "the program",
+    used: Sequence[str] | None = None,
+    mesh_axes: Sequence[str] = (),
 ) -> RulesError | None:
     """Our words for JAX's refusal of a sharding that names an axis the mesh lacks, where the
     name is one ``mapped`` (the logical names the rules in force map, described by ``where``)
     does not hold: Flax passes a logical name its rules lack through as it is, so a typo in a
-    rule reaches JAX as a mesh axis. Names the name, the names mapped, a close one where there
-    is one, and the fix; None for other errors (or when there are no rules).
+    rule reaches JAX as a mesh axis. None for other errors (or when there are no rules).
+
+    JAX names the first such name it meets; ``used``, the logical names the program's arrays
+    carry (:func:`~shardscope._src.audit.names.carried_names`), gives every one the rules
+    lack at once (those of the ``mesh_axes`` left out: a name that is a mesh axis passes
+    through as one). Each is named with its fix: correct a close name the rules map, where
+    the program does not use that name itself, or add a rule.
 
     >>> e = ValueError("Resource axis: hidden of P(None, 'hidden') is not found in mesh: ()")
     >>> err = unmapped_name_error(e, ["batch", "hiden"], "rule set 'mine'")
     >>> print(err)  # doctest: +NORMALIZE_WHITESPACE
     the program uses logical name 'hidden', which rule set 'mine' does not map (it maps batch,
     hiden; 'hiden' is close): correct 'hiden' to 'hidden', or add a rule for 'hidden'
+    >>> err = unmapped_name_error(e, ["batch", "heads"], "rule set 'mine'",
+    ...                           used=["batch", "heads", "head_dim", "hidden"])
+    >>> print(err)  # doctest: +NORMALIZE_WHITESPACE
+    the program uses logical names 'head_dim' and 'hidden', which rule set 'mine' does not
+    map (it maps batch, heads): add a rule for 'head_dim'; add a rule for 'hidden' (a rule's
+    mesh axes, or none to leave the name whole)
     """
-    text = str(error)
-    if not mapped or not isinstance(error, ValueError) or not text.startswith(_NOT_IN_MESH):
+    name = refused_axis(error)
+    if not mapped or name is None or name in mapped:
         return None
-    name = text[len(_NOT_IN_MESH) :].split(" of ", 1)[0]
-    if not name or name in mapped:
-        return None
-    close = difflib.get_close_matches(name, list(mapped), n=1)
-    near = f"; {close[0]!r} is close" if close else ""
-    fix = (
-        f"correct {close[0]!r} to {name!r}, or add a rule for {name!r}"
-        if close
-        else f"add a rule for {name!r} (its mesh axes, or none to leave it whole)"
+    missing = [name]
+    if used is not None:
+        missing = [n for n in dict.fromkeys(used) if n not in mapped and n not in mesh_axes]
+        if name not in missing:  # (the program used it where the probe did not see it)
+            missing.insert(0, name)
+    # A close name the rules map is offered as the typo only where the program does not use
+    # it itself: correcting it would leave a name the program uses without a rule.
+    spare = [n for n in mapped if used is None or n not in used]
+    close: dict[str, str] = {}
+    for n in missing:
+        found = difflib.get_close_matches(n, [m for m in spare if m not in close.values()], n=1)
+        if found:
+            close[n] = found[0]
+    maps = f"it maps {', '.join(mapped)}"
+    if len(missing) == 1:
+        near = f"; {close[name]!r} is close" if close else ""
+        fix = (
+            f"correct {close[name]!r} to {name!r}, or add a rule for {name!r}"
+            if close
+            else f"add a rule for {name!r} (its mesh axes, or none to leave it whole)"
+        )
+        return RulesError(
+            f"{program} uses logical name {name!r}, which {where} does not map ({maps}"
+            f"{near}): {fix}",
+            param="rules",
+        )
+    near = "".join(f"; {c!r} is close to {n!r}" for n, c in close.items())
+    fixes = "; ".join(
+        f"correct {close[n]!r} to {n!r}, or add a rule for {n!r}"
+        if n in close
+        else f"add a rule for {n!r}"
+        for n in missing
     )
     return RulesError(
-        f"{program} uses logical name {name!r}, which {where} does not map (it maps "
-        f"{', '.join(mapped)}{near}): {fix}",
+        f"{program} uses logical names {and_list([repr(n) for n in missing])}, which {where} "
+        f"does not map ({maps}{near}): {fixes} (a rule's mesh axes, or none to leave the name "
+        f"whole)",
         param="rules",
     )
 
@@ -332,6 +385,8 @@ def rules_unmapped_error(
     make_step: Callable[..., object],
     *,
     program: str = "the program",
+    used: Sequence[str] | None = None,
+    mesh_axes: Sequence[str] = (),
 ) -> RulesError | None:
     """:func:`unmapped_name_error` for the one rule set :func:`rules_for_mesh` chose from the
     same ``rules`` and ``rule_set``, named with where it came from (its file)."""
@@ -341,7 +396,63 @@ def rules_unmapped_error(
         return None
     name, pairs = chosen
     where = f"rule set {name!r} of {found.source}"
-    return unmapped_name_error(error, [n for n, _ in pairs], where, program=program)
+    mapped = [n for n, _ in pairs]
+    return unmapped_name_error(
+        error, mapped, where, program=program, used=used, mesh_axes=mesh_axes
+    )
+
+
+@dataclass(frozen=True)
+class UnusedRules(NoteValues):
+    """The rules of the set ``rule_set`` that map a logical name no array of the program
+    carries to mesh axes: accepted, and they change nothing in this program (a set shared
+    between programs may hold rules for names another one uses). An audit's record of them,
+    and the values of a plan's note of them."""
+
+    rule_set: str
+    rules: Rules
+
+    def __post_init__(self) -> None:
+        # (read back from JSON, a pair is a list and several mesh axes a list)
+        object.__setattr__(self, "rules", _rule_set(self.rule_set, self.rules))
+
+    def sentence(self) -> str:
+        """The note's words.
+
+        >>> print(UnusedRules("tp_seq", (("sequence", "model"),)).sentence())
+        ... # doctest: +NORMALIZE_WHITESPACE
+        rule set 'tp_seq': no array of the program carries the logical name 'sequence', so
+        its rule sequence->model changes nothing here (check its spelling, or name the arrays
+        it should split with it)
+        """
+        one = len(self.rules) == 1
+        names = and_list([repr(n) for n, _ in self.rules])
+        return (
+            f"rule set {self.rule_set!r}: no array of the program carries the logical "
+            f"name{'' if one else 's'} {names}, so its rule{'' if one else 's'} "
+            f"{format_rules(self.rules)} change{'s' if one else ''} nothing here (check "
+            f"{'its' if one else 'their'} spelling, or name the arrays "
+            f"{'it' if one else 'they'} should split with {'it' if one else 'them'})"
+        )
+
+
+def unused_rules(
+    rule_sets: Mapping[str, Rules], carried: Collection[str]
+) -> tuple[UnusedRules, ...]:
+    """The rules of each set that shard a logical name none of ``carried`` (the names the
+    program's arrays carry) is, one record per set that has any. A rule that leaves a name
+    whole changes nothing for a program without it either, and is not listed.
+
+    >>> unused_rules({"tp_seq": (("batch", "data"), ("sequence", "model"), ("x", None))},
+    ...              ["batch", "embed"])
+    (UnusedRules(rule_set='tp_seq', rules=(('sequence', 'model'),)),)
+    """
+    out = []
+    for name, rules in rule_sets.items():
+        unused = tuple((n, a) for n, a in rules if a is not None and n not in carried)
+        if unused:
+            out.append(UnusedRules(name, unused))
+    return tuple(out)
 
 
 def choose_rule_set(found: RuleSets | None, rule_set: str | None) -> tuple[str, Rules] | None:

@@ -75,6 +75,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from shardscope._src.audit.names import carried_names
 from shardscope._src.audit.stages import (
     axis_type_error,
     build_step,
@@ -131,6 +132,7 @@ from shardscope._src.sharding.rules import (
     RuleSets,
     check_rules_axes,
     find_rule_sets,
+    refused_axis,
     rules_context,
     sharded_rules,
     takes_rules,
@@ -356,7 +358,8 @@ class SuggestResult:
         """What the proposals want their reader to know, the answer first: where
         :attr:`keep_own`, that note (``keep-own``); where the best replicates every array and
         the fastest proposal that splits the work (and fits) spends more time on collectives
-        than it saves in compute, that note (``all-replicated``)."""
+        than it saves in compute, that note (``all-replicated``); then the notes the plan of the
+        user's rules makes of those of them that change nothing (``unused-rules``)."""
         own = self.own_best
         first: tuple[Note, ...] = ()
         if own is not None and self.keep_own:
@@ -370,7 +373,10 @@ class SuggestResult:
                 settled=self.settled,
             )
             first = (Note(PlanNote.KEEP_OWN, values),)
-        return first + self._replicated_notes()
+        # the user's rules that change nothing, as their plan noted them
+        mine = self.own.notes if self.own is not None else ()
+        unused = tuple(n for n in mine if n.kind == PlanNote.UNUSED_RULES)
+        return first + self._replicated_notes() + unused
 
     def _replicated_notes(self) -> tuple[Note, ...]:
         best = self.best
@@ -590,7 +596,10 @@ def probe_program(
         explained = axis_type_error(e, mesh, where, mesh_words=words)
         if explained is not None:
             raise explained from e
-        unmapped = unmapped_name_error(e, names, named_by, program=where)
+        unmapped = None
+        if refused_axis(e) is not None:  # every name the rules lack, not JAX's first alone
+            used = carried_names(make_step, names, axis_type=axis_type, where=where)
+            unmapped = unmapped_name_error(e, names, named_by, program=where, used=used)
         if unmapped is not None:
             raise unmapped from e
         raise RulesError(
