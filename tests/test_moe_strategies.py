@@ -317,3 +317,29 @@ def test_the_distributed_optimizer_with_experts_updates_its_shards_as_megatron_s
         ("data", "expert"): 4 * (dense_layer + 2 * moe_layer + outside),
         ("data",): 4 * experts,
     }
+
+
+@pytest.mark.parametrize("strategy, times", [("zero1_ep", 1), ("fsdp_ep", 4)])
+def test_the_dense_weights_gradients_cross_the_expert_axis_once_a_step_under_zero1(
+    strategy, times
+):
+    """ZeRO-1 with experts keeps the dense weights' gradients replicated over data x expert:
+    each device adds up its own over the micro-batches and they are reduce-scattered to the
+    optimizer's shards once a step (Megatron-LM's distributed optimizer over its data x
+    expert group), as dp_ep's all-reduce of them is; FSDP stores them sharded over both axes
+    and reduce-scatters each micro-batch's as its backward makes them."""
+    from shardscope._src.train.timing import Schedule, step_bound
+
+    # 32 sequences: 4 micro-batches of 8, one a device
+    placement = get_strategy(strategy).place(_moe(batch=32), abstract_mesh("data=2,expert=4"))
+    scattered = sum(
+        t.totals.payload_bytes
+        for t in step_bound(placement, Schedule(microbatches=4), "train").terms
+        if t.kind == "reduce-scatter" and tuple(t.axes) == ("data", "expert")
+    )
+    # float32 elements of the weights that are not routed experts: two layers of a norm,
+    # 4 heads of 16 (queries, keys, values and the out-projection), a norm, the router over 8
+    # experts and a shared SwiGLU expert of 32; the embedding, unembedding and final norm
+    layer = 64 + 64 * 4 * 16 * 3 + 4 * 16 * 64 + 64 + 64 * 8 + 64 * 2 * 32 + 32 * 64
+    dense = 2 * layer + 256 * 64 + 256 * 64 + 64
+    assert scattered == times * dense * 4

@@ -623,6 +623,25 @@ def local_roles(placement: Placement) -> tuple[str, ...]:
     )
 
 
+def dense_local_roles(placement: Placement) -> tuple[str, ...]:
+    """The batch's roles over which a mixture's dense weights' gradients (all but the routed
+    experts') are replicated: :func:`local_roles`, which leaves out ``expert`` because the
+    routed experts' gradients are split over it, and ``expert`` too where no dense weight's
+    gradient is. Each device can add up its own dense gradients over the micro-batches and
+    reduce them over these roles once per step, as Megatron-LM's distributed optimizer
+    reduce-scatters the dense weights' over its data x expert group once; the routed
+    experts' are never reduced over ``expert`` (each expert's gradient is its own device's).
+    :func:`local_roles` where the model has no experts."""
+    s = placement.strategy
+    own = local_roles(placement)
+    if not placement.config.is_moe or Role.EXPERT not in s.batch_roles or Role.EXPERT in own:
+        return own
+    dense = (g for name, g in s.grad_rules().items() if not name.startswith("expert_"))
+    if any(uses_role(g, Role.EXPERT) for g in dense):
+        return own
+    return (*own, Role.EXPERT)
+
+
 def local_context(placement: Placement) -> tuple[str, ...]:
     """``("context",)`` where the gradients are replicated over the context axis, so that
     each context shard can add up its own partial gradients (those of its part of every

@@ -222,7 +222,7 @@ from shardscope._src.plan.estimates import (
     stored_activation_bytes_per_layer,
     tokens_per_device,
 )
-from shardscope._src.sharding.programs import accumulated_roles
+from shardscope._src.sharding.programs import accumulated_roles, dense_local_roles
 from shardscope._src.sharding.strategies import Placement, Role
 from shardscope._src.targets.capabilities import Capabilities, Support
 from shardscope._src.targets.hardware import Hardware
@@ -954,7 +954,11 @@ def step_bound(
     reference program accumulates locally and reduces once a step, as Megatron-LM's
     distributed optimizer does, over the data axes and, under context parallelism, the
     context axis too: each context shard adds up the partial gradients of its part of the
-    sequences (:func:`~shardscope._src.sharding.programs.accumulated_roles`). Under sequence
+    sequences (:func:`~shardscope._src.sharding.programs.accumulated_roles`), and a
+    mixture's dense weights' over the expert axes too where they are replicated there
+    (:func:`~shardscope._src.sharding.programs.dense_local_roles`: ZeRO-1 with expert
+    parallelism, as Megatron-LM's distributed optimizer reduces them over data x expert once;
+    the routed experts' gradients are never reduced over ``expert``). Under sequence
     parallelism the sums over ``model`` (the norms' gains, the loss) are once a step where
     each model shard adds up its own, as Megatron-LM's ``finalize_model_grads`` sums the
     norms' (:func:`~shardscope._src.sharding.programs.local_sequence`), and after every
@@ -970,19 +974,23 @@ def step_bound(
     def part(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
         return _kept(known, key, make)
 
-    def once(t: Term, local: set[str], model: set[str]) -> bool:
+    def once(t: Term, local: set[str], dense: set[str], model: set[str]) -> bool:
         if t.role.sums_token_shards and set(t.axes) & model:
             # sequence parallelism's sums over 'model': once where each model shard adds up
             # its own over the micro-batches, else after every micro-batch
             return model <= local
-        scattered_once = t.role == TermRole.GRADIENT_SCATTER and set(t.axes) <= local
+        # a reduce-scatter over an expert axis is of the dense weights' gradients alone:
+        # once where they are replicated over its roles
+        scattered_once = t.role == TermRole.GRADIENT_SCATTER and set(t.axes) <= dense
         return t.role.once_per_step or scattered_once
 
     def repeated(terms: Sequence[Term]) -> tuple[Term, ...]:
         local = set(placement.group(accumulated_roles(placement))[0])
+        dense = local | set(placement.group(dense_local_roles(placement))[0])
         model = set(placement.axes.get(Role.MODEL, ()))
         return tuple(
-            t if m == 1 or once(t, local, model) else replace(t, count=t.count * m) for t in terms
+            t if m == 1 or once(t, local, dense, model) else replace(t, count=t.count * m)
+            for t in terms
         )
 
     def micro_batch() -> Placement:
