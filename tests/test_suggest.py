@@ -682,3 +682,25 @@ def test_an_explicit_sharding_program_that_names_its_mesh_axes_is_searched_by_ar
     result = shardscope.suggest(make_step, 8, compiles=3, workers=0)
     assert result.by_dataflow and result.best is not None and result.best.fits
     assert result.axes == ("data", "model") and result.compiled == 3
+
+
+def test_other_mesh_axes_are_searched_with_only_the_names_of_the_modules_rules(capsys):
+    # RULES map to data and model; compared with the proposals, they are planned on the
+    # searched axes, so other axes are refused with the way out
+    base = ["shard", MLP, "--devices", "8", "--axis-types", "auto", "--compiler", "cpu"]
+    line = assert_usage_error([*base, "--axes", "fsdp,tensor"], "'data'", capsys)
+    assert "which is not one of the mesh axes (fsdp, tensor)" in line
+    assert "pass compare=False" in line and line.rstrip().endswith(
+        "(flags --compare/--no-compare, --rules)"
+    )
+    # without the comparison the rules give their logical names alone: any axes are searched
+    make_step = load_program(MLP)
+    result = shardscope.suggest(
+        make_step, 8, axes=("fsdp", "tensor"), compare=False, compiles=1, workers=0,
+        axis_types="auto",
+    )  # fmt: skip
+    assert result.axes == ("fsdp", "tensor") and result.own is None
+    assert result.names == tuple(n for n, _ in _rules(make_step)["dp"])
+    (best,) = result.proposals
+    assert tuple(best.mesh) == ("fsdp", "tensor") and math.prod(best.mesh.values()) == 8
+    assert {a for _, a in best.rules} <= {"fsdp", "tensor", None}

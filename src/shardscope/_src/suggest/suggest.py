@@ -984,6 +984,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         compare: plan the user's rule sets too (on every mesh shape) as the yardstick of
             each proposal's ``ratio`` and of :attr:`SuggestResult.change`: the plans that
             could be their best, each layout compiled once (the search's compiles shared).
+            False: the rules give only their logical names, so ``axes`` may be other mesh
+            axes than those the rules map to.
         axis_types: the meshes' axis types, as in :func:`shardscope.make_mesh`.
         name: what to call the program in the output.
 
@@ -995,7 +997,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         (each says so): the specs are given to the arguments in ``make_step``.
 
     Raises:
-        RulesError: no logical names to search, rules naming a mesh axis not among ``axes``,
+        RulesError: no logical names to search, rules naming a mesh axis not among ``axes``
+            (where they are compared: the error says to pass ``compare=False``),
             or a program that uses a logical name the rules lack (the error names them).
         AxisTypeError: a program whose shardings do not fit the axis types (code written
             for Auto axes, searched on Explicit ones: the error names ``axis_types='auto'``).
@@ -1033,7 +1036,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         )
     else:
         found = find_rule_sets(rules, make_step)
-        axes = _axes(found, axes)
+        axes = _axes(found, axes, compare=compare)
         names = _logical_names(found, logical_axes)
     target_name, hw = target_hardware(
         request.target, request.hardware, request.hardware_overrides, devices
@@ -1316,7 +1319,12 @@ def _signature(sizes: Mapping[str, int], assign: Mapping[str, str | None]) -> tu
     return tuple((n, place(a)) for n, a in assign.items())
 
 
-def _axes(found: RuleSets | None, axes: Sequence[str] | None) -> tuple[str, ...]:
+def _axes(
+    found: RuleSets | None, axes: Sequence[str] | None, *, compare: bool = True
+) -> tuple[str, ...]:
+    """The mesh axes to search: the rules file's, else ``axes``, else :data:`DEFAULT_AXES`.
+    Where the user's rules are the yardstick (``compare``) they are planned on these axes, so
+    each must map to them; without it they give only their logical names, and any axes do."""
     if found is not None and found.axes:
         if axes:
             raise PlanError(
@@ -1327,8 +1335,17 @@ def _axes(found: RuleSets | None, axes: Sequence[str] | None) -> tuple[str, ...]
     out = tuple(axes or DEFAULT_AXES)
     if len(set(out)) != len(out):
         raise PlanError(f"axes {out} name an axis twice", param="axes")
-    if found is not None:
-        check_rules_axes(found.sets, out)
+    if found is not None and compare:
+        try:
+            check_rules_axes(found.sets, out)
+        except RulesError as e:
+            raise RulesError(
+                f"{e}; the search plans {found.source} on its mesh axes as the yardstick of "
+                f"its proposals: to search the axes {', '.join(out)} with only the rules' "
+                f"logical names, pass compare=False, or give rules that map to those axes (a "
+                f'rules file with "axes")',
+                param=("compare", "rules"),
+            ) from e
     return out
 
 
