@@ -206,6 +206,12 @@ NOTE_VALUES = {
         "memory_bytes": 369_205_248,
         "settled": False,
     },
+    "negligible-names": {
+        "names": ["norm", "bias"],
+        "bytes": 55_296,
+        "arguments_bytes": 245_465_088,
+        "share": 0.01,
+    },
     "all-reduce-for-reduce-scatter": {"compiler": "XLA:CPU", "forms": "never"},
     "rematerialization": {"sites": ["a.py:1", "b.py:2"]},
     "inexact": {},

@@ -704,3 +704,56 @@ def test_other_mesh_axes_are_searched_with_only_the_names_of_the_modules_rules(c
     (best,) = result.proposals
     assert tuple(best.mesh) == ("fsdp", "tensor") and math.prod(best.mesh.values()) == 8
     assert {a for _, a in best.rules} <= {"fsdp", "tensor", None}
+
+
+TINY = f"{PROGRAMS / 'nnx_tiny_lm.py'}:make_step"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    make_step = load_program(TINY)
+    return make_step, shardscope.suggest(make_step, 8, axis_types="auto", compiles=6, workers=0)
+
+
+def _mirror_free(mesh, rules):
+    """A layout up to the names of the mesh axes: each axis that holds a name, as its size
+    and the names on it."""
+    on = {}
+    for name, axis in rules:
+        if axis is not None and mesh[axis] > 1:
+            on.setdefault(axis, []).append(name)
+    return sorted((mesh[a], sorted(names)) for a, names in on.items())
+
+
+def test_mirror_images_and_negligible_names_get_no_compiles_of_their_own(tiny):
+    make_step, result = tiny
+    m = sys.modules[make_step.__module__]
+    # the norm's scale and its two Adam moments: D floats each
+    assert result.negligible == (("norm", 3 * m.D * 4),)
+    params = 2 * m.VOCAB * m.D + 2 * m.D * m.F + m.D
+    tokens = 2 * m.BATCH * m.SEQ * 4
+    # (and two counters of 4 bytes: the optimizer's step and Adam's count)
+    assert sum(a.nbytes for a in result.arrays) == 3 * params * 4 + tokens + 2 * 4
+    note = next(n for n in result.notes if n.kind == "negligible-names")
+    assert note.values.names == ("norm",) and note.values.bytes == 768
+    assert note.values.bytes < 0.01 * note.values.arguments_bytes
+    assert "norm not searched" in note.text and f"note: {note.text[:60]}" in _rendered(
+        result, verbose=False
+    )
+    # every compile a layout of its own: the norm replicated, no two the same up to the
+    # names of the axes (8 devices sit in one H100 node), the batch on the first axis
+    assert result.compiled == len(result.proposals) == 6
+    layouts = [_mirror_free(p.mesh, p.rules) for p in result.proposals]
+    assert all(len([x for x in layouts if x == y]) == 1 for y in layouts), layouts
+    for p in result.proposals:
+        rules = dict(p.rules)
+        assert rules["norm"] is None
+        if rules["batch"] is not None and p.mesh[rules["batch"]] > 1:
+            assert rules["batch"] == "data", p.label
+    assert result.layouts < result.candidates
+    # across two nodes the order of the axes decides which groups cross one: kept apart
+    two = shardscope.suggest(
+        make_step, 8, axis_types="auto", compiles=1, workers=0, compare=False,
+        hardware_overrides={"node_size": 4},
+    )  # fmt: skip
+    assert two.candidates == result.candidates and two.layouts > result.layouts

@@ -132,6 +132,11 @@ class PlanNote(NoteKind):
     #: of them fit, ``rules_name``, ``mesh``, ``step_s``, ``memory_bytes``: the user's best,
     #: ``settled``: whether the search reached a local optimum)
     KEEP_OWN = "keep-own"
+    #: a search's logical names whose arrays hold too little to search, replicated in every
+    #: proposal (values: ``names``, ``bytes``: their arrays', with their optimizer state,
+    #: ``arguments_bytes``: every argument's, ``share``: the share under which a name is not
+    #: searched)
+    NEGLIGIBLE_NAMES = "negligible-names"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -467,6 +472,20 @@ class KeepOwnValues(NoteValues):
     step_s: float
     memory_bytes: int
     settled: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class NegligibleNamesValues(NoteValues):
+    """A search's names not searched: the names, their arrays' bytes (with the optimizer
+    state), every argument's bytes and the share under which a name is not searched."""
+
+    names: tuple[str, ...]
+    bytes: int
+    arguments_bytes: int
+    share: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(self.names))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1004,6 +1023,18 @@ def _keep_own(v: KeepOwnValues) -> str:
     return f"{head}; {more}"
 
 
+def _negligible_names(v: NegligibleNamesValues) -> str:
+    its = "its" if len(v.names) == 1 else "their"
+    part = v.bytes / v.arguments_bytes if v.arguments_bytes else 0.0
+    return (
+        f"{and_list(list(v.names))} not searched: {its} arrays ({format_bytes(v.bytes)} with "
+        f"their optimizer state, {part:.2%} of the arguments' "
+        f"{format_bytes(v.arguments_bytes)}) stay replicated in every proposal; split, arrays "
+        f"under {v.share:.0%} of the arguments change what a device holds and computes by "
+        f"less than that, not worth compiles of their own"
+    )
+
+
 def _experts_unsplit(v: ExpertsUnsplitValues) -> str:
     shown = ", ".join(v.labels[:3]) + (" ..." if len(v.labels) > 3 else "")
     return (
@@ -1181,6 +1212,7 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
     PlanNote.ALL_REPLICATED: _all_replicated,
     PlanNote.KEEP_OWN: _keep_own,
+    PlanNote.NEGLIGIBLE_NAMES: _negligible_names,
     PlanNote.NOT_COMPILED: _not_compiled,
     PlanNote.EXPERTS_UNSPLIT: _experts_unsplit,
     PlanNote.MIXTURE_STEP: (
@@ -1240,6 +1272,7 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
     PlanNote.ALL_REPLICATED: AllReplicatedValues,
     PlanNote.KEEP_OWN: KeepOwnValues,
+    PlanNote.NEGLIGIBLE_NAMES: NegligibleNamesValues,
     PlanNote.NOT_COMPILED: NotCompiledValues,
     PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MIXTURE_STEP: NoValues,

@@ -27,7 +27,8 @@ def headline(result: SuggestResult) -> str:
         f"{result.program} on {result.devices} x {hw.name}, {format_memory(hw.memory_bytes)} "
         f"each, "
         f"mesh axes {', '.join(result.axes)}, {named} {', '.join(result.names)}: "
-        f"{result.candidates} candidates screened, {result.compiled} compiled "
+        f"{result.candidates} candidates screened ({result.layouts} distinct layouts), "
+        f"{result.compiled} compiled "
         f"({compiler}) in {result.wall_s:.1f} s"
     )
 
