@@ -212,6 +212,13 @@ NOTE_VALUES = {
         "arguments_bytes": 245_465_088,
         "share": 0.01,
     },
+    "repeated-work": {
+        "label": "dp data=8,model=4",
+        "what": "the best",
+        "devices": 32,
+        "working": 8.0,
+        "copies": 4.0,
+    },
     "all-reduce-for-reduce-scatter": {"compiler": "XLA:CPU", "forms": "never"},
     "rematerialization": {"sites": ["a.py:1", "b.py:2"]},
     "inexact": {},

@@ -757,3 +757,70 @@ def test_mirror_images_and_negligible_names_get_no_compiles_of_their_own(tiny):
         hardware_overrides={"node_size": 4},
     )  # fmt: skip
     assert two.candidates == result.candidates and two.layouts > result.layouts
+
+
+def test_the_devices_doing_distinct_work_are_read_from_the_compiled_products(tiny):
+    make_step, result = tiny
+    m = sys.modules[make_step.__module__]
+    # three products of equal size a token (up, down, head), each forward and twice backward
+    unit = 2 * m.BATCH * m.SEQ * m.D * m.F
+    assert m.D * m.F == m.F * m.D == m.D * m.VOCAB
+    checked = 0
+    for p in result.proposals:
+        assert p.plan.step_matmul_flops == 9 * unit
+        rules = dict(p.rules)
+        used = [a for a in rules.values() if a is not None]
+        if len(used) != len(set(used)):
+            continue  # two names on one axis: no share of the products to read off
+        kb, km, kv = (p.mesh[rules[n]] if rules[n] else 1 for n in ("batch", "mlp", "vocab"))
+        # a device's products: up and down split by the batch's and the mlp's axes, the
+        # head by the batch's and the vocabulary's
+        assert p.plan.matmul_flops_per_device * kb * km * kv == unit * (6 * kv + 3 * km)
+        assert p.working_devices == pytest.approx(9 * kb * km * kv / (6 * kv + 3 * km), rel=1e-12)
+        checked += 1
+    assert checked >= 4
+    text = _rendered(result, verbose=False)
+    assert "distinct work" in text
+    for p in result.proposals:
+        line = next(x for x in text.splitlines() if x.strip().startswith(f"{p.rank} "))
+        assert f" {p.working_devices:.3g} of 8 " in line.replace(".0 of", " of"), line
+    # the best replicates everything: the all-replicated note says so, and no second note
+    assert result.best.working_devices == 1
+    kinds = [n.kind for n in result.notes]
+    assert "all-replicated" in kinds and "repeated-work" not in kinds
+
+
+def test_plan_program_says_how_many_devices_do_distinct_work():
+    from rich.console import Console
+
+    from shardscope._src.program.program import repeated_work_note
+    from shardscope._src.render.program_plan import render_program_plan
+
+    make_step = load_program(TINY)
+    result = shardscope.plan_program(
+        make_step, 8, rules=_rules(make_step), meshes=["data=4,model=2"], axis_types="auto"
+    )
+    plans = {p.rules_name: p for p in result.plans}
+    # dp names no rule for model: each batch share is computed twice; dp_tp splits every
+    # product over model too
+    assert (plans["dp"].work_copies, plans["dp"].working_devices) == (2.0, 4.0)
+    assert (plans["dp_tp"].work_copies, plans["dp_tp"].working_devices) == (1.0, 8.0)
+    data = plans["dp"].to_dict()
+    assert data["work_copies"] == 2.0 and data["working_devices"] == 4.0
+    assert data["matmul_flops_per_device"] * 8 == 2 * data["step_matmul_flops"]
+    note = repeated_work_note(plans["dp"])
+    assert (note.values.working, note.values.copies, note.values.whole) == (4.0, 2.0, 4)
+    assert note.values.label == "dp data=4,model=2"
+    assert "does distinct work on 4 of 8 devices (2 copies of each share" in note.text
+    assert "the other 4 repeat their work" in note.text and "use 4, or grow the batch" in note.text
+    assert repeated_work_note(plans["dp_tp"]) is None
+    # the sweep notes its best's
+    expected = [note] if result.best.rules_name == "dp" else []
+    assert [n for n in result.notes if n.kind == "repeated-work"] == expected
+    console = Console(record=True, width=250, file=io.StringIO())
+    render_program_plan(result, console=console, verbose=False)
+    text = console.export_text()
+    assert "distinct work" in text
+    for p in result.plans:
+        line = next(x for x in text.splitlines() if p.rules_name in x and "data=4" in x)
+        assert f" {p.working_devices:.0f} of 8 " in line, line

@@ -131,6 +131,7 @@ from shardscope._src.program.program import (
     program_name,
     program_ref,
     rank_plans,
+    repeated_work_note,
     target_hardware,
 )
 from shardscope._src.sharding.rules import (
@@ -243,6 +244,12 @@ class Proposal:
     @property
     def fits(self) -> bool:
         return self.plan.fits
+
+    @property
+    def working_devices(self) -> float | None:
+        """The devices that do distinct work, by the compiled program
+        (:attr:`~shardscope._src.program.program.ProgramPlan.working_devices`)."""
+        return self.plan.working_devices
 
     @property
     def replicated(self) -> bool:
@@ -370,9 +377,11 @@ class SuggestResult:
         """What the proposals want their reader to know, the answer first: where
         :attr:`keep_own`, that note (``keep-own``); where the best replicates every array and
         the fastest proposal that splits the work (and fits) spends more time on collectives
-        than it saves in compute, that note (``all-replicated``); where names were too small
-        to search (:attr:`negligible`), which (``negligible-names``); then the notes the plan
-        of the user's rules makes of those of them that change nothing (``unused-rules``)."""
+        than it saves in compute, that note (``all-replicated``), else where the answer leaves
+        devices repeating others' work, how many do distinct work (``repeated-work``); where
+        names were too small to search (:attr:`negligible`), which (``negligible-names``); then
+        the notes the plan of the user's rules makes of those of them that change nothing
+        (``unused-rules``)."""
         own = self.own_best
         first: tuple[Note, ...] = ()
         if own is not None and self.keep_own:
@@ -386,10 +395,26 @@ class SuggestResult:
                 settled=self.settled,
             )
             first = (Note(PlanNote.KEEP_OWN, values),)
+        replicated = self._replicated_notes()
+        # all replicated says it already: each device does the whole step
+        repeated = () if replicated else self._repeated_notes()
         # the user's rules that change nothing, as their plan noted them
         mine = self.own.notes if self.own is not None else ()
         unused = tuple(n for n in mine if n.kind == PlanNote.UNUSED_RULES)
-        return first + self._replicated_notes() + self._negligible_notes() + unused
+        return first + replicated + repeated + self._negligible_notes() + unused
+
+    def _repeated_notes(self) -> tuple[Note, ...]:
+        """Where the answer (the user's best where :attr:`keep_own`, else the best proposal)
+        leaves devices repeating others' work, that note (``repeated-work``)."""
+        own, best = self.own_best, self.best
+        if own is not None and self.keep_own:
+            note = repeated_work_note(own, what="your best")
+        elif best is not None:
+            label = f"{sharded_rules(best.rules)} on {format_mesh_spec(best.mesh)}"
+            note = repeated_work_note(best.plan, label=label)
+        else:
+            note = None
+        return () if note is None else (note,)
 
     def _negligible_notes(self) -> tuple[Note, ...]:
         if not self.negligible:
@@ -924,10 +949,13 @@ def no_fit_advice(
 
 
 def used_devices(sizes: Mapping[str, int], rules: Rules) -> int:
-    """The devices that do distinct work under ``rules``: the product of the sizes of the
-    mesh axes some rule names. Along an axis no rule names, every device holds the same
-    shards and computes the same (the program's shardings all come from its rules: the probe
-    refuses a program that names mesh axes of its own)."""
+    """The most devices that can do distinct work under ``rules``, before any compile: the
+    product of the sizes of the mesh axes some rule names. Along an axis no rule names, every
+    device holds the same shards and computes the same (the program's shardings all come from
+    its rules: the probe refuses a program that names mesh axes of its own); an axis that a
+    rule names may still split little of the work (a norm's scale alone), which only the
+    compiled program tells (``ProgramPlan.working_devices``). An upper bound, as
+    :func:`compute_floor` needs one."""
     named = {a for _, axes in rules for a in ((axes,) if isinstance(axes, str) else axes or ())}
     return math.prod(n for a, n in sizes.items() if a in named)
 
