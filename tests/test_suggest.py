@@ -817,10 +817,12 @@ def test_plan_program_says_how_many_devices_do_distinct_work():
     # the sweep notes its best's
     expected = [note] if result.best.rules_name == "dp" else []
     assert [n for n in result.notes if n.kind == "repeated-work"] == expected
-    console = Console(record=True, width=250, file=io.StringIO())
+    console = Console(record=True, width=150, file=io.StringIO())
     render_program_plan(result, console=console, verbose=False)
     text = console.export_text()
     assert "distinct work" in text
+    for n in expected:  # whole, not cut to a line: it says what the mesh's size hides
+        assert " ".join(f"note: {n.text}".split()) in " ".join(text.split())
     for p in result.plans:
         line = next(x for x in text.splitlines() if p.rules_name in x and "data=4" in x)
         assert f" {p.working_devices:.0f} of 8 " in line, line

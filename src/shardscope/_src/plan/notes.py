@@ -1076,8 +1076,8 @@ def _repeated_work(v: RepeatedWorkValues) -> str:
     copies = format_count(v.copies)
     head = (
         f"{v.what}, {v.label}, does distinct work on {format_count(v.working)} of "
-        f"{v.devices} devices ({copies} {'copy' if copies == '1' else 'copies'} of each share: "
-        f"a device's matmul FLOPs times {v.devices} over the whole step's)"
+        f"{v.devices} devices ({copies} {'copy' if copies == '1' else 'copies'} of each share, "
+        f"by the compiled matmul FLOPs)"
     )
     n = v.whole
     if n is None:
