@@ -682,3 +682,147 @@ def test_an_explicit_sharding_program_that_names_its_mesh_axes_is_searched_by_ar
     result = shardscope.suggest(make_step, 8, compiles=3, workers=0)
     assert result.by_dataflow and result.best is not None and result.best.fits
     assert result.axes == ("data", "model") and result.compiled == 3
+
+
+def test_other_mesh_axes_are_searched_with_only_the_names_of_the_modules_rules(capsys):
+    # RULES map to data and model; compared with the proposals, they are planned on the
+    # searched axes, so other axes are refused with the way out
+    base = ["shard", MLP, "--devices", "8", "--axis-types", "auto", "--compiler", "cpu"]
+    line = assert_usage_error([*base, "--axes", "fsdp,tensor"], "'data'", capsys)
+    assert "which is not one of the mesh axes (fsdp, tensor)" in line
+    assert "pass compare=False" in line and line.rstrip().endswith(
+        "(flags --compare/--no-compare, --rules)"
+    )
+    # without the comparison the rules give their logical names alone: any axes are searched
+    make_step = load_program(MLP)
+    result = shardscope.suggest(
+        make_step, 8, axes=("fsdp", "tensor"), compare=False, compiles=1, workers=0,
+        axis_types="auto",
+    )  # fmt: skip
+    assert result.axes == ("fsdp", "tensor") and result.own is None
+    assert result.names == tuple(n for n, _ in _rules(make_step)["dp"])
+    (best,) = result.proposals
+    assert tuple(best.mesh) == ("fsdp", "tensor") and math.prod(best.mesh.values()) == 8
+    assert {a for _, a in best.rules} <= {"fsdp", "tensor", None}
+
+
+TINY = f"{PROGRAMS / 'nnx_tiny_lm.py'}:make_step"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    make_step = load_program(TINY)
+    return make_step, shardscope.suggest(make_step, 8, axis_types="auto", compiles=6, workers=0)
+
+
+def _mirror_free(mesh, rules):
+    """A layout up to the names of the mesh axes: each axis that holds a name, as its size
+    and the names on it."""
+    on = {}
+    for name, axis in rules:
+        if axis is not None and mesh[axis] > 1:
+            on.setdefault(axis, []).append(name)
+    return sorted((mesh[a], sorted(names)) for a, names in on.items())
+
+
+def test_mirror_images_and_negligible_names_get_no_compiles_of_their_own(tiny):
+    make_step, result = tiny
+    m = sys.modules[make_step.__module__]
+    # the norm's scale and its two Adam moments: D floats each
+    assert result.negligible == (("norm", 3 * m.D * 4),)
+    params = 2 * m.VOCAB * m.D + 2 * m.D * m.F + m.D
+    tokens = 2 * m.BATCH * m.SEQ * 4
+    # (and two counters of 4 bytes: the optimizer's step and Adam's count)
+    assert sum(a.nbytes for a in result.arrays) == 3 * params * 4 + tokens + 2 * 4
+    note = next(n for n in result.notes if n.kind == "negligible-names")
+    assert note.values.names == ("norm",) and note.values.bytes == 768
+    assert note.values.bytes < 0.01 * note.values.arguments_bytes
+    assert "norm not searched" in note.text and f"note: {note.text[:60]}" in _rendered(
+        result, verbose=False
+    )
+    # every compile a layout of its own: the norm replicated, no two the same up to the
+    # names of the axes (8 devices sit in one H100 node), the batch on the first axis
+    assert result.compiled == len(result.proposals) == 6
+    layouts = [_mirror_free(p.mesh, p.rules) for p in result.proposals]
+    assert all(len([x for x in layouts if x == y]) == 1 for y in layouts), layouts
+    for p in result.proposals:
+        rules = dict(p.rules)
+        assert rules["norm"] is None
+        if rules["batch"] is not None and p.mesh[rules["batch"]] > 1:
+            assert rules["batch"] == "data", p.label
+    assert result.layouts < result.candidates
+    # across two nodes the order of the axes decides which groups cross one: kept apart
+    two = shardscope.suggest(
+        make_step, 8, axis_types="auto", compiles=1, workers=0, compare=False,
+        hardware_overrides={"node_size": 4},
+    )  # fmt: skip
+    assert two.candidates == result.candidates and two.layouts > result.layouts
+
+
+def test_the_devices_doing_distinct_work_are_read_from_the_compiled_products(tiny):
+    make_step, result = tiny
+    m = sys.modules[make_step.__module__]
+    # three products of equal size a token (up, down, head), each forward and twice backward
+    unit = 2 * m.BATCH * m.SEQ * m.D * m.F
+    assert m.D * m.F == m.F * m.D == m.D * m.VOCAB
+    checked = 0
+    for p in result.proposals:
+        assert p.plan.step_matmul_flops == 9 * unit
+        rules = dict(p.rules)
+        used = [a for a in rules.values() if a is not None]
+        if len(used) != len(set(used)):
+            continue  # two names on one axis: no share of the products to read off
+        kb, km, kv = (p.mesh[rules[n]] if rules[n] else 1 for n in ("batch", "mlp", "vocab"))
+        # a device's products: up and down split by the batch's and the mlp's axes, the
+        # head by the batch's and the vocabulary's
+        assert p.plan.matmul_flops_per_device * kb * km * kv == unit * (6 * kv + 3 * km)
+        assert p.working_devices == pytest.approx(9 * kb * km * kv / (6 * kv + 3 * km), rel=1e-12)
+        checked += 1
+    assert checked >= 4
+    text = _rendered(result, verbose=False)
+    assert "distinct work" in text
+    for p in result.proposals:
+        line = next(x for x in text.splitlines() if x.strip().startswith(f"{p.rank} "))
+        assert f" {p.working_devices:.3g} of 8 " in line.replace(".0 of", " of"), line
+    # the best replicates everything: the all-replicated note says so, and no second note
+    assert result.best.working_devices == 1
+    kinds = [n.kind for n in result.notes]
+    assert "all-replicated" in kinds and "repeated-work" not in kinds
+
+
+def test_plan_program_says_how_many_devices_do_distinct_work():
+    from rich.console import Console
+
+    from shardscope._src.program.program import repeated_work_note
+    from shardscope._src.render.program_plan import render_program_plan
+
+    make_step = load_program(TINY)
+    result = shardscope.plan_program(
+        make_step, 8, rules=_rules(make_step), meshes=["data=4,model=2"], axis_types="auto"
+    )
+    plans = {p.rules_name: p for p in result.plans}
+    # dp names no rule for model: each batch share is computed twice; dp_tp splits every
+    # product over model too
+    assert (plans["dp"].work_copies, plans["dp"].working_devices) == (2.0, 4.0)
+    assert (plans["dp_tp"].work_copies, plans["dp_tp"].working_devices) == (1.0, 8.0)
+    data = plans["dp"].to_dict()
+    assert data["work_copies"] == 2.0 and data["working_devices"] == 4.0
+    assert data["matmul_flops_per_device"] * 8 == 2 * data["step_matmul_flops"]
+    note = repeated_work_note(plans["dp"])
+    assert (note.values.working, note.values.copies, note.values.whole) == (4.0, 2.0, 4)
+    assert note.values.label == "dp data=4,model=2"
+    assert "does distinct work on 4 of 8 devices (2 copies of each share" in note.text
+    assert "the other 4 repeat their work" in note.text and "use 4, or grow the batch" in note.text
+    assert repeated_work_note(plans["dp_tp"]) is None
+    # the sweep notes its best's
+    expected = [note] if result.best.rules_name == "dp" else []
+    assert [n for n in result.notes if n.kind == "repeated-work"] == expected
+    console = Console(record=True, width=150, file=io.StringIO())
+    render_program_plan(result, console=console, verbose=False)
+    text = console.export_text()
+    assert "distinct work" in text
+    for n in expected:  # whole, not cut to a line: it says what the mesh's size hides
+        assert " ".join(f"note: {n.text}".split()) in " ".join(text.split())
+    for p in result.plans:
+        line = next(x for x in text.splitlines() if p.rules_name in x and "data=4" in x)
+        assert f" {p.working_devices:.0f} of 8 " in line, line

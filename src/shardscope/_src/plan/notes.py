@@ -132,6 +132,16 @@ class PlanNote(NoteKind):
     #: of them fit, ``rules_name``, ``mesh``, ``step_s``, ``memory_bytes``: the user's best,
     #: ``settled``: whether the search reached a local optimum)
     KEEP_OWN = "keep-own"
+    #: a search's logical names whose arrays hold too little to search, replicated in every
+    #: proposal (values: ``names``, ``bytes``: their arrays', with their optimizer state,
+    #: ``arguments_bytes``: every argument's, ``share``: the share under which a name is not
+    #: searched)
+    NEGLIGIBLE_NAMES = "negligible-names"
+    #: the best plan or proposal of a user's program leaves devices repeating others' work,
+    #: by its compiled matmul FLOPs against the whole step's (values: ``label``, ``what``:
+    #: how the note names it, ``devices``, ``working``: the devices doing distinct work,
+    #: ``copies``: how many compute each share)
+    REPEATED_WORK = "repeated-work"
     # -- why a sweep has no plan that fits, or none at all
     #: none fits (values: ``label``, ``need``, ``have``, ``hardware``, ``searched``: whether
     #: every recomputation, micro-batch and stage choice was searched)
@@ -467,6 +477,42 @@ class KeepOwnValues(NoteValues):
     step_s: float
     memory_bytes: int
     settled: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class NegligibleNamesValues(NoteValues):
+    """A search's names not searched: the names, their arrays' bytes (with the optimizer
+    state), every argument's bytes and the share under which a name is not searched."""
+
+    names: tuple[str, ...]
+    bytes: int
+    arguments_bytes: int
+    share: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(self.names))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RepeatedWorkValues(NoteValues):
+    """A plan whose devices repeat others' work: its label and how the note names it, its
+    devices, those doing distinct work (the step's matmul FLOPs over a device's) and how
+    many devices compute each share (the devices over those)."""
+
+    label: str
+    what: str
+    devices: int
+    working: float
+    copies: float
+
+    @property
+    def whole(self) -> int | None:
+        """The devices doing distinct work where they are a whole number that divides the
+        devices (each share computed by the same number of them), else None."""
+        n = round(self.working)
+        if n < 1 or abs(self.working - n) > 1e-6 * n or self.devices % n:
+            return None
+        return n
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1004,6 +1050,45 @@ def _keep_own(v: KeepOwnValues) -> str:
     return f"{head}; {more}"
 
 
+def _negligible_names(v: NegligibleNamesValues) -> str:
+    its = "its" if len(v.names) == 1 else "their"
+    part = v.bytes / v.arguments_bytes if v.arguments_bytes else 0.0
+    return (
+        f"{and_list(list(v.names))} not searched: {its} arrays ({format_bytes(v.bytes)} with "
+        f"their optimizer state, {part:.2%} of the arguments' "
+        f"{format_bytes(v.arguments_bytes)}) stay replicated in every proposal; split, arrays "
+        f"under {v.share:.0%} of the arguments change what a device holds and computes by "
+        f"less than that, not worth compiles of their own"
+    )
+
+
+def format_count(x: float) -> str:
+    """A count that may be fractional: ``'4'``, ``'4.57'``.
+
+    >>> format_count(4.0), format_count(4.571428), format_count(1.75)
+    ('4', '4.57', '1.75')
+    """
+    n = round(x)
+    return str(n) if abs(x - n) <= 1e-6 * max(1, n) else f"{x:.3g}"
+
+
+def _repeated_work(v: RepeatedWorkValues) -> str:
+    copies = format_count(v.copies)
+    head = (
+        f"{v.what}, {v.label}, does distinct work on {format_count(v.working)} of "
+        f"{v.devices} devices ({copies} {'copy' if copies == '1' else 'copies'} of each share, "
+        f"by the compiled matmul FLOPs)"
+    )
+    n = v.whole
+    if n is None:
+        return f"{head}: part of the work repeats on other devices"
+    return (
+        f"{head}: the other {v.devices - n} repeat their work, and {n} "
+        f"device{'s' if n != 1 else ''} would compute the step as fast; use {n}, or grow "
+        f"the batch so that every device has a share of its own"
+    )
+
+
 def _experts_unsplit(v: ExpertsUnsplitValues) -> str:
     shown = ", ".join(v.labels[:3]) + (" ..." if len(v.labels) > 3 else "")
     return (
@@ -1181,6 +1266,8 @@ _TEXTS: dict[PlanNote, str | Callable[[Any], str]] = {
     PlanNote.IDENTICAL_PROGRAMS: _identical_programs,
     PlanNote.ALL_REPLICATED: _all_replicated,
     PlanNote.KEEP_OWN: _keep_own,
+    PlanNote.NEGLIGIBLE_NAMES: _negligible_names,
+    PlanNote.REPEATED_WORK: _repeated_work,
     PlanNote.NOT_COMPILED: _not_compiled,
     PlanNote.EXPERTS_UNSPLIT: _experts_unsplit,
     PlanNote.MIXTURE_STEP: (
@@ -1240,6 +1327,8 @@ _VALUES: dict[PlanNote, type[NoteValues]] = {
     PlanNote.IDENTICAL_PROGRAMS: IdenticalProgramsValues,
     PlanNote.ALL_REPLICATED: AllReplicatedValues,
     PlanNote.KEEP_OWN: KeepOwnValues,
+    PlanNote.NEGLIGIBLE_NAMES: NegligibleNamesValues,
+    PlanNote.REPEATED_WORK: RepeatedWorkValues,
     PlanNote.NOT_COMPILED: NotCompiledValues,
     PlanNote.EXPERTS_UNSPLIT: ExpertsUnsplitValues,
     PlanNote.MIXTURE_STEP: NoValues,

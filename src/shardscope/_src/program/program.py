@@ -31,13 +31,14 @@ import jax
 import jax.numpy as jnp
 
 from shardscope._src.audit.names import carried_names
-from shardscope._src.audit.overlap import Kernel, kernel_costs
+from shardscope._src.audit.overlap import Kernel, kernel_costs, program_cost
 from shardscope._src.audit.pricing import priced
 from shardscope._src.audit.stages import lower_step_traced
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.base.errors import (
     AxisTypeError,
     DeviceMemoryError,
+    HloParseError,
     LayoutError,
     MissingMeshError,
     PlanError,
@@ -64,6 +65,7 @@ from shardscope._src.cost.compute import (
 )
 from shardscope._src.cost.memory import CompiledMemory, memory_fits
 from shardscope._src.hlo.cost import total
+from shardscope._src.hlo.parse import parse_hlo
 from shardscope._src.mesh import MeshShape, axis_types_of, parse_mesh_spec
 from shardscope._src.plan.collectives import AxisComm, PlanCollective, axis_comm
 from shardscope._src.plan.compile import (
@@ -74,7 +76,12 @@ from shardscope._src.plan.compile import (
     local_devices,
 )
 from shardscope._src.plan.estimates import divisors
-from shardscope._src.plan.notes import NoFitValues, PlanNote, ProgramTimeModelValues
+from shardscope._src.plan.notes import (
+    NoFitValues,
+    PlanNote,
+    ProgramTimeModelValues,
+    RepeatedWorkValues,
+)
 from shardscope._src.plan.rank import StepSource, memory_time_front, step_rank_key
 from shardscope._src.plan.request import ProgramRequest
 from shardscope._src.plan.tasks import LostTask
@@ -166,6 +173,12 @@ class ProgramPlan:
     #: the compiler that built it (``"cpu"``, or a target's name)
     target: str = "cpu"
     exposed_time_s: float | None = None
+    #: the FLOPs of the matrix products a device runs a step, counted from the compiled HLO
+    #: (:func:`~shardscope._src.audit.overlap.program_cost`), and those of the whole step,
+    #: counted alike from its lowering before the partitioner split it over the mesh
+    #: (:func:`step_matmul_flops`); None where either is unknown
+    matmul_flops_per_device: int | None = None
+    step_matmul_flops: int | None = None
 
     def __post_init__(self) -> None:
         # A memory dict by XLA's field names (what earlier versions held) stands for the record.
@@ -221,6 +234,30 @@ class ProgramPlan:
         return None
 
     @property
+    def devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+    @property
+    def work_copies(self) -> float | None:
+        """How many times the devices together compute each share of the step's matrix
+        products: a device's matmul FLOPs times the devices over the whole step's (1: no
+        device repeats another's work; 8 copies on 32 devices: 4 shares, each computed by 8).
+        A product the compiler computes again (rematerialized for memory) counts as a copy
+        too; a product it folded away is never less than one copy. None where either count
+        is unknown or zero."""
+        mine, whole = self.matmul_flops_per_device, self.step_matmul_flops
+        if not mine or not whole:
+            return None
+        return max(1.0, mine * self.devices / whole)
+
+    @property
+    def working_devices(self) -> float | None:
+        """The devices that do distinct work: the devices over :attr:`work_copies` (the
+        whole step's matmul FLOPs over one device's)."""
+        copies = self.work_copies
+        return None if copies is None else self.devices / copies
+
+    @property
     def step_time_s(self) -> float:
         """Compute and the communication its compiler's schedule leaves exposed, never less
         than the communication alone (its links carry every collective's bytes); compute
@@ -249,7 +286,7 @@ class ProgramPlan:
                 self,
                 keys={**PLAN_KEYS, "same_as": "same_program_as"},
                 omit=("memory_limit_bytes",),
-                extra=PLAN_EXTRA,
+                extra=(*PLAN_EXTRA, "work_copies", "working_devices"),
             ),
             "memory_source": "compiled",
         }
@@ -363,11 +400,12 @@ def compile_candidate(
     where: str,
     target: str | None = None,
     axis_types: Any = None,
-) -> tuple[CompiledProgram, Mapping[str, float], int, str]:
-    """``(compiled program, timing, itemsize, hlo fingerprint)`` of one candidate: on
+) -> tuple[CompiledProgram, Mapping[str, float], int, str, int | None]:
+    """``(compiled program, timing, itemsize, hlo fingerprint, step FLOPs)`` of one candidate: on
     simulated CPU devices with the planner's options (the partitioned program and its
     buffers, not fast CPU code), or on ``target``'s compile-only devices with its own
-    compiler. A ``Compiled`` that ``make_step`` returned is audited as it is."""
+    compiler. A ``Compiled`` that ``make_step`` returned is audited as it is. Also the
+    whole step's matmul FLOPs (:func:`step_matmul_flops`), the fifth of the tuple."""
 
     t0 = time.perf_counter()
     shape = MeshShape.of(sizes)
@@ -390,12 +428,41 @@ def compile_candidate(
         )
     fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
     itemsize = _itemsize(stage.args_info)
+    whole = step_matmul_flops(stage)
     timing = {
         "lower_s": t1 - t0,
         "compile_s": compiled.compile_s,
         "audit_s": time.perf_counter() - t2,
     }
-    return compiled, timing, itemsize, fingerprint
+    return compiled, timing, itemsize, fingerprint, whole
+
+
+#: The custom calls that open a ``shard_map``'s region in a lowered program: its body is
+#: written per device there, so the lowering is no longer the whole step's work.
+_MANUAL_REGIONS = frozenset(
+    {"xla.sdy.GlobalToLocalShape", "SPMDFullToShardShape", "xla.sdy.LocalToGlobalShape"}
+)
+
+
+def step_matmul_flops(stage: Any) -> int | None:
+    """The FLOPs of the matrix products of one whole step: its lowering, before the
+    partitioner split it over the mesh, counted as a compiled program's are
+    (:func:`~shardscope._src.audit.overlap.program_cost`: a dot's, loops by their trip
+    counts), so that a device's count over it is exact (``ProgramPlan.work_copies``). None
+    for a program compiled already (no lowering to read), one with a ``shard_map`` (its body
+    is lowered per device), or HLO the counter cannot read."""
+    if not isinstance(stage, jax.stages.Lowered):
+        return None
+    try:
+        module = parse_hlo(stage.as_text(dialect="hlo"))
+        for comp in module.computations.values():
+            for ins in comp.instructions:
+                target = ins.attributes.get("custom_call_target", "").strip('"')
+                if ins.opcode == "custom-call" and target in _MANUAL_REGIONS:
+                    return None
+        return program_cost(module).flops
+    except (HloParseError, RecursionError):  # unknown, said as such (None), not guessed
+        return None
 
 
 # -- the front door -----------------------------------------------------------------------------
@@ -1083,12 +1150,12 @@ def _program_plan(
     rules_name: str,
     rules: Rules,
     sizes: Mapping[str, int],
-    compiled: tuple[CompiledProgram, Mapping[str, float], int, str],
+    compiled: tuple[CompiledProgram, Mapping[str, float], int, str, int | None],
     hw: Hardware,
     same_as: str | None,
 ) -> ProgramPlan:
     """The plan of one rule set on one mesh shape from its compile."""
-    program, timing, itemsize, _ = compiled
+    program, timing, itemsize, _, whole = compiled
     result = program.audit
     collectives = program.plan_collectives(itemsize=itemsize)
     comm = axis_comm(hw, sizes, collectives, Bound("none", (), ()))
@@ -1126,6 +1193,8 @@ def _program_plan(
         same_as=same_as,
         target=result.target or CPU,
         exposed_time_s=exposed_seconds(program, hw),
+        matmul_flops_per_device=result.hlo_flops,
+        step_matmul_flops=whole,
     )
 
 
@@ -1190,7 +1259,9 @@ def compiled_plan(
     """The plan :func:`plan_program` makes of one program compiled already (its mesh the
     audit's, its collectives as compiled): the planner's figures for a program that is not
     to be compiled again (``shardscope.profile`` sets them beside what a run measured)."""
-    return _program_plan(name, (), dict(program.audit.mesh_axes), (program, {}, 4, ""), hw, None)
+    timing: dict[str, float] = {}
+    plan = (program, timing, 4, "", None)
+    return _program_plan(name, (), dict(program.audit.mesh_axes), plan, hw, None)
 
 
 def _indivisible(error: BaseException) -> bool:
@@ -1274,4 +1345,29 @@ def _result_notes(hw: Hardware, plans: Sequence[ProgramPlan], target: str | None
     ragged = [n for p in plans for n in p.notes if n.kind == PlanNote.RAGGED_DOT_DENSE]
     if ragged:  # once for the sweep (the best plan's), where the terminal shows notes
         notes.append(ragged[0])
+    best = next((p for p in plans if p.fits), None)
+    repeated = None if best is None else repeated_work_note(best)
+    if repeated is not None:
+        notes.append(repeated)
     return notes
+
+
+def repeated_work_note(
+    plan: ProgramPlan, *, what: str = "the best", label: str | None = None
+) -> Note | None:
+    """Where at least one device's worth of ``plan``'s work repeats other devices' (its
+    :attr:`~ProgramPlan.working_devices` at most its devices less one): how many devices do
+    distinct work, how many copies of each share, and, where those are a whole number that
+    divides the devices, that so many devices would compute its step as fast (``what`` and
+    ``label``, default its label: how the note names the plan)."""
+    working, copies = plan.working_devices, plan.work_copies
+    if working is None or copies is None or working > plan.devices - 1:
+        return None
+    values = RepeatedWorkValues(
+        label=plan.label if label is None else label,
+        what=what,
+        devices=plan.devices,
+        working=working,
+        copies=copies,
+    )
+    return Note(PlanNote.REPEATED_WORK, values)

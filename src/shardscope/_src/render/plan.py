@@ -386,7 +386,8 @@ def validation_table(result: PlanResult) -> Any:
 LONG_NOTES = frozenset({PlanNote.TIME_MODEL})
 #: The notes the terminal prints whole, not cut to one line: those that answer what the
 #: request asked (``beside_best``) and those that say a figure is not to be trusted, or what
-#: it is made of (``ragged_dot_dense``: a program's compute at every group).
+#: it is made of (``ragged_dot_dense``: a program's compute at every group; ``repeated_work``:
+#: a mesh's devices that repeat others' work).
 ASKED_NOTES = frozenset(
     {
         PlanNote.BESIDE_BEST,
@@ -395,6 +396,7 @@ ASKED_NOTES = frozenset(
         PlanNote.MIXTURE_STEP,
         PlanNote.MIXTURE_FP8,
         PlanNote.RAGGED_DOT_DENSE,
+        PlanNote.REPEATED_WORK,
     }
 )
 

@@ -36,6 +36,7 @@ from shardscope._src.render.plan import (
     skipped_section,
     skipped_table,
 )
+from shardscope._src.render.suggest import distinct_work
 from shardscope._src.sharding.rules import format_rules
 
 if TYPE_CHECKING:
@@ -64,6 +65,12 @@ PROGRAM_PLAN_COLUMNS: tuple[Column[ProgramPlan], ...] = (
     MESH,
     MEMORY,
     FITS,
+    Column(
+        "distinct work",
+        lambda p: distinct_work(p.working_devices, p.devices),
+        justify="right",
+        no_wrap=True,
+    ),
     COMM_BYTES,
     Column("collectives", comm_summary, only="rich"),
     COMM_TIME,

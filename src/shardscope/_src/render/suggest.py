@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardscope._src.base.comm import format_bytes, format_memory, format_seconds
 from shardscope._src.base.text import format_mesh_spec
-from shardscope._src.plan.notes import PlanNote
+from shardscope._src.plan.notes import PlanNote, format_count
 from shardscope._src.plan.types import Skipped, skipped_by_reason
 from shardscope._src.render.brief import NAMED
 from shardscope._src.render.columns import Column, markdown_table, rich_table
@@ -27,7 +27,8 @@ def headline(result: SuggestResult) -> str:
         f"{result.program} on {result.devices} x {hw.name}, {format_memory(hw.memory_bytes)} "
         f"each, "
         f"mesh axes {', '.join(result.axes)}, {named} {', '.join(result.names)}: "
-        f"{result.candidates} candidates screened, {result.compiled} compiled "
+        f"{result.candidates} candidates screened ({result.layouts} distinct layouts), "
+        f"{result.compiled} compiled "
         f"({compiler}) in {result.wall_s:.1f} s"
     )
 
@@ -51,12 +52,23 @@ def format_against(ratio: float | None) -> str:
     return f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
 
 
+def distinct_work(working: float | None, devices: int) -> str:
+    """The devices doing distinct work of ``devices``: ``'4 of 32'`` (``'-'``: unknown)."""
+    return "-" if working is None else f"{format_count(working)} of {devices}"
+
+
 PROPOSAL_COLUMNS: tuple[Column[Proposal], ...] = (
     Column("#", lambda p: str(p.rank)),
     Column("mesh", lambda p: format_mesh_spec(p.mesh), no_wrap=True),
     Column("rules", _rules, fold=True),
     Column("memory", lambda p: format_bytes(p.memory_bytes_per_device), justify="right"),
     Column("fits", lambda p: "yes" if p.fits else "no"),
+    Column(
+        "distinct work",
+        lambda p: distinct_work(p.working_devices, p.plan.devices),
+        justify="right",
+        no_wrap=True,
+    ),
     Column("step", lambda p: format_seconds(p.step_time_s), justify="right"),
     Column("vs yours", lambda p: format_against(p.ratio), justify="right"),
 )

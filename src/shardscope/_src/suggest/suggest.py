@@ -9,9 +9,14 @@ How it searches, and why this way:
    so a program naming an axis the rules lack fails here, with the name.
 2. **Every candidate.** Each mesh shape of the devices over the axes (:func:`mesh_shapes`)
    times each assignment of every logical name to one mesh axis or to none. An axis of size 1
-   shards nothing, so it counts as none and equal candidates are kept once. A candidate is
-   dropped when an array would use a mesh axis twice (Flax NNX refuses that) or a dimension
-   is not divisible by its axes.
+   shards nothing, so it counts as none and equal candidates are kept once; where every device
+   sits in one node and the program names no mesh axis itself, so are mirror images (the same
+   names on another axis of the same size: :func:`_signature`), the one that keeps the batch
+   on the first axis standing for them. A name whose arrays are weights (with their optimizer
+   state) under :data:`NEGLIGIBLE_SHARE` of the arguments' bytes (:func:`negligible_names`: a
+   norm's scale) is not searched: it stays on none. A candidate is dropped when an array would
+   use a mesh axis twice (Flax NNX refuses that) or a dimension is not divisible by its
+   axes.
 3. **A cheap screen.** Arithmetic on the probed arrays alone. The weights are the arrays
    the optimizer's state mirrors (a parameter's path ends its moments' paths), so layers
    that share shapes are told apart from the tokens. Memory: bytes per device of every
@@ -66,7 +71,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -98,6 +103,7 @@ from shardscope._src.plan.compile import local_devices
 from shardscope._src.plan.notes import (
     AllReplicatedValues,
     KeepOwnValues,
+    NegligibleNamesValues,
     PlanNote,
     compiled_memory_words,
 )
@@ -125,6 +131,7 @@ from shardscope._src.program.program import (
     program_name,
     program_ref,
     rank_plans,
+    repeated_work_note,
     target_hardware,
 )
 from shardscope._src.sharding.rules import (
@@ -239,6 +246,12 @@ class Proposal:
         return self.plan.fits
 
     @property
+    def working_devices(self) -> float | None:
+        """The devices that do distinct work, by the compiled program
+        (:attr:`~shardscope._src.program.program.ProgramPlan.working_devices`)."""
+        return self.plan.working_devices
+
+    @property
     def replicated(self) -> bool:
         """Whether every argument is whole on every device (its spec splits nothing)."""
         return all(a is None for shard in self.arrays for a in shard.spec)
@@ -331,6 +344,12 @@ class SuggestResult:
     #: a compile of the same layout instead (the search's, or one of its own)
     own_compiled: int = 0
     own_shared: int = 0
+    #: the screened candidates as distinct layouts: those that compile to one program (they
+    #: differ in axes of size 1, or are mirror images: :func:`_signature`) counted once
+    layouts: int = 0
+    #: the names not searched, each with the bytes of its arrays (:func:`negligible_names`):
+    #: replicated in every proposal
+    negligible: tuple[tuple[str, int], ...] = ()
 
     @property
     def backend(self) -> str:
@@ -358,8 +377,11 @@ class SuggestResult:
         """What the proposals want their reader to know, the answer first: where
         :attr:`keep_own`, that note (``keep-own``); where the best replicates every array and
         the fastest proposal that splits the work (and fits) spends more time on collectives
-        than it saves in compute, that note (``all-replicated``); then the notes the plan of the
-        user's rules makes of those of them that change nothing (``unused-rules``)."""
+        than it saves in compute, that note (``all-replicated``), else where the answer leaves
+        devices repeating others' work, how many do distinct work (``repeated-work``); where
+        names were too small to search (:attr:`negligible`), which (``negligible-names``); then
+        the notes the plan of the user's rules makes of those of them that change nothing
+        (``unused-rules``)."""
         own = self.own_best
         first: tuple[Note, ...] = ()
         if own is not None and self.keep_own:
@@ -373,10 +395,37 @@ class SuggestResult:
                 settled=self.settled,
             )
             first = (Note(PlanNote.KEEP_OWN, values),)
+        replicated = self._replicated_notes()
+        # all replicated says it already: each device does the whole step
+        repeated = () if replicated else self._repeated_notes()
         # the user's rules that change nothing, as their plan noted them
         mine = self.own.notes if self.own is not None else ()
         unused = tuple(n for n in mine if n.kind == PlanNote.UNUSED_RULES)
-        return first + self._replicated_notes() + unused
+        return first + replicated + repeated + self._negligible_notes() + unused
+
+    def _repeated_notes(self) -> tuple[Note, ...]:
+        """Where the answer (the user's best where :attr:`keep_own`, else the best proposal)
+        leaves devices repeating others' work, that note (``repeated-work``)."""
+        own, best = self.own_best, self.best
+        if own is not None and self.keep_own:
+            note = repeated_work_note(own, what="your best")
+        elif best is not None:
+            label = f"{sharded_rules(best.rules)} on {format_mesh_spec(best.mesh)}"
+            note = repeated_work_note(best.plan, label=label)
+        else:
+            note = None
+        return () if note is None else (note,)
+
+    def _negligible_notes(self) -> tuple[Note, ...]:
+        if not self.negligible:
+            return ()
+        values = NegligibleNamesValues(
+            names=tuple(n for n, _ in self.negligible),
+            bytes=sum(b for _, b in self.negligible),
+            arguments_bytes=sum(a.nbytes for a in self.arrays),
+            share=NEGLIGIBLE_SHARE,
+        )
+        return (Note(PlanNote.NEGLIGIBLE_NAMES, values),)
 
     def _replicated_notes(self) -> tuple[Note, ...]:
         best = self.best
@@ -508,6 +557,8 @@ class SuggestResult:
             "axes": list(self.axes),
             "names": list(self.names),
             "candidates": self.candidates,
+            "layouts": self.layouts,
+            "negligible": [list(n) for n in self.negligible],
             "compiled": self.compiled,
             "wall_s": self.wall_s,
             "timing": dict(self.timing),
@@ -775,16 +826,48 @@ def screen(
 
 
 def candidates(
-    names: Sequence[str], axes: Sequence[str], shapes: Sequence[Mapping[str, int]]
+    names: Sequence[str],
+    axes: Sequence[str],
+    shapes: Sequence[Mapping[str, int]],
+    *,
+    fixed: Collection[str] = (),
 ) -> list[tuple[dict[str, int], dict[str, str | None]]]:
-    """Every ``(mesh sizes, assignment)``: each name to one axis of size > 1 or to none,
-    each once per mesh shape, in a fixed order."""
+    """Every ``(mesh sizes, assignment)``: each name to one axis of size > 1 or to none (the
+    ``fixed`` names to none alone), each once per mesh shape, in a fixed order."""
     out = []
     for sizes in shapes:
         live = [a for a in axes if sizes[a] > 1]
-        for choice in itertools.product((None, *live), repeat=len(names)):
+        choices = [(None,) if n in fixed else (None, *live) for n in names]
+        for choice in itertools.product(*choices):
             out.append((dict(sizes), dict(zip(names, choice, strict=True))))
     return out
+
+
+#: The share of the arguments' bytes under which a logical name's arrays are too small to
+#: search: split over any axis, they change what a device holds by less than this share, and
+#: (a weight's matmuls being its elements times the tokens) its matmul FLOPs by less too.
+NEGLIGIBLE_SHARE = 0.01
+
+
+def negligible_names(
+    arrays: Sequence[ProbedArray], names: Sequence[str], work: Workload
+) -> tuple[tuple[str, int], ...]:
+    """The names not worth a compile of their own, each with the bytes of its arrays: those
+    that name only weights (and their optimizer state), together under
+    :data:`NEGLIGIBLE_SHARE` of every argument's bytes (an RMSNorm's scale). A name on an
+    input (the batch's tokens) splits the step's activations, whatever the bytes of the
+    input, and one on no argument may name activations inside the step: both are searched."""
+    total = sum(a.nbytes for a in arrays)
+    owners = work.owners or tuple(range(len(arrays)))
+    out = []
+    for name in names:
+        held = [i for i, a in enumerate(arrays) if any(name in d for d in a.names)]
+        if not held or not all(work.weights[owners[i]] for i in held):
+            continue
+        size = sum(arrays[i].nbytes for i in held)
+        if size < NEGLIGIBLE_SHARE * total:
+            out.append((name, size))
+    return tuple(out)
 
 
 def no_fit_advice(
@@ -866,10 +949,13 @@ def no_fit_advice(
 
 
 def used_devices(sizes: Mapping[str, int], rules: Rules) -> int:
-    """The devices that do distinct work under ``rules``: the product of the sizes of the
-    mesh axes some rule names. Along an axis no rule names, every device holds the same
-    shards and computes the same (the program's shardings all come from its rules: the probe
-    refuses a program that names mesh axes of its own)."""
+    """The most devices that can do distinct work under ``rules``, before any compile: the
+    product of the sizes of the mesh axes some rule names. Along an axis no rule names, every
+    device holds the same shards and computes the same (the program's shardings all come from
+    its rules: the probe refuses a program that names mesh axes of its own); an axis that a
+    rule names may still split little of the work (a norm's scale alone), which only the
+    compiled program tells (``ProgramPlan.working_devices``). An upper bound, as
+    :func:`compute_floor` needs one."""
     named = {a for _, axes in rules for a in ((axes,) if isinstance(axes, str) else axes or ())}
     return math.prod(n for a, n in sizes.items() if a in named)
 
@@ -984,6 +1070,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         compare: plan the user's rule sets too (on every mesh shape) as the yardstick of
             each proposal's ``ratio`` and of :attr:`SuggestResult.change`: the plans that
             could be their best, each layout compiled once (the search's compiles shared).
+            False: the rules give only their logical names, so ``axes`` may be other mesh
+            axes than those the rules map to.
         axis_types: the meshes' axis types, as in :func:`shardscope.make_mesh`.
         name: what to call the program in the output.
 
@@ -995,7 +1083,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         (each says so): the specs are given to the arguments in ``make_step``.
 
     Raises:
-        RulesError: no logical names to search, rules naming a mesh axis not among ``axes``,
+        RulesError: no logical names to search, rules naming a mesh axis not among ``axes``
+            (where they are compared: the error says to pass ``compare=False``),
             or a program that uses a logical name the rules lack (the error names them).
         AxisTypeError: a program whose shardings do not fit the axis types (code written
             for Auto axes, searched on Explicit ones: the error names ``axis_types='auto'``).
@@ -1033,7 +1122,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         )
     else:
         found = find_rule_sets(rules, make_step)
-        axes = _axes(found, axes)
+        axes = _axes(found, axes, compare=compare)
         names = _logical_names(found, logical_axes)
     target_name, hw = target_hardware(
         request.target, request.hardware, request.hardware_overrides, devices
@@ -1080,8 +1169,10 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
     t1 = time.perf_counter()
     shapes = mesh_list(None, axes, devices)
     work = workload(arrays, flops)
+    # names whose arrays are too small to matter stay replicated: no compile goes to them
+    negligible = negligible_names(arrays, names, work)
     screened: dict[tuple[tuple[int, ...], tuple[tuple[str, str | None], ...]], Screen] = {}
-    for sizes, assign in candidates(names, axes, shapes):
+    for sizes, assign in candidates(names, axes, shapes, fixed={n for n, _ in negligible}):
         s = screen(arrays, assign, sizes, work, hw)
         if s is not None:
             screened.setdefault((tuple(sizes.values()), tuple(assign.items())), s)
@@ -1096,13 +1187,17 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         ),
     )
     # Candidates that differ only in axes of size 1 (data=8,model=1 with the batch on data
-    # and data=1,model=8 with it on model) compile to the same program: one of each is kept,
+    # and data=1,model=8 with it on model) compile to the same program, and so, where every
+    # device sits in one node (no axis's groups cross one) and the program names no mesh axis
+    # of its own, do those that differ only in the names of the axes (data=2,model=4 with the
+    # batch on model and data=4,model=2 with it on data: mirror images). One of each is kept,
     # at the place of the first in the screen's order, and the one that reads most as people
     # write it stands for them all (the batch on the first mesh axis, ``data``).
+    mirrors = not per_array and devices <= hw.node_size
     kept: dict[tuple[Any, ...], int] = {}
     unique: list[Any] = []
     for key, s in order:
-        sig = _signature(dict(zip(axes, key[0], strict=True)), dict(key[1]))
+        sig = _signature(dict(zip(axes, key[0], strict=True)), dict(key[1]), mirrors=mirrors)
         if sig not in kept:
             kept[sig] = len(unique)
             unique.append((key, s))
@@ -1160,7 +1255,7 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         _, sizes, rules_t = by_name[plan.rules_name]
         near = {
             index_of[k]
-            for k in _neighbours(sizes, dict(rules_t), shapes, axes, kept, unique)
+            for k in _neighbours(sizes, dict(rules_t), shapes, axes, kept, unique, mirrors)
             if index_of[k] not in done
         }
         return sorted(near)
@@ -1240,6 +1335,8 @@ def suggest_request(request: SuggestRequest) -> SuggestResult:
         skipped=tuple(skipped),
         own=own,
         candidates=len(screened),
+        layouts=len(unique),
+        negligible=negligible,
         compiled=len(done),
         own_compiled=len(cache) - searched,
         own_shared=cache.hits - shared,
@@ -1263,10 +1360,12 @@ def _neighbours(
     axes: Sequence[str],
     kept: Mapping[tuple[Any, ...], int],
     unique: Sequence[Any],
+    mirrors: bool = False,
 ) -> list[tuple[Any, ...]]:
     """The screened candidates one step from ``(sizes, assign)``: one name on another axis
     (of size > 1) or on none, on the same mesh; or the same names on a mesh shape that moves a
-    factor of two between two axes. Each as its kept equal's key."""
+    factor of two between two axes. Each as its kept equal's key (``mirrors``: equal up to
+    the axes' names, as :func:`_signature` groups them)."""
     out = []
     live = [a for a in axes if sizes[a] > 1]
     for name, axis in assign.items():
@@ -1279,7 +1378,7 @@ def _neighbours(
             out.append((shape, dict(assign)))
     keys = []
     for s, a in out:
-        i = kept.get(_signature(s, a))
+        i = kept.get(_signature(s, a, mirrors=mirrors))
         if i is not None:
             keys.append(unique[i][0])
     return keys
@@ -1301,11 +1400,30 @@ def _reads_better(
     return bool(score(key) > score(than))
 
 
-def _signature(sizes: Mapping[str, int], assign: Mapping[str, str | None]) -> tuple[Any, ...]:
+def _signature(
+    sizes: Mapping[str, int], assign: Mapping[str, str | None], *, mirrors: bool = False
+) -> tuple[Any, ...]:
     """What a candidate shards: each name's mesh axis as its size and its stride in the
     device order (the product of the sizes of the axes after it; the last axis is the
     innermost, within a node first), or none. Candidates that differ only in axes no name
-    uses, or of size 1, group the devices alike and compile to the same program."""
+    uses, or of size 1, group the devices alike and compile to the same program.
+
+    ``mirrors``: where the device order cannot matter (every device in one node) and the
+    program names no mesh axis itself, up to the axes' names: each axis that holds a name as
+    its size and the names on it, in sorted order, so that a mirror image (the same names on
+    the other axis of the same size) is the same candidate, and so is any mesh shape whose
+    other devices repeat the same work (every name replicated: one program on any shape).
+
+    >>> a = _signature({"data": 2, "model": 4}, {"batch": "model", "mlp": "data"}, mirrors=True)
+    >>> a == _signature({"data": 4, "model": 2}, {"batch": "data", "mlp": "model"}, mirrors=True)
+    True
+    """
+    if mirrors:
+        on: dict[str, list[str]] = {}
+        for name, axis in assign.items():
+            if axis is not None and sizes[axis] > 1:
+                on.setdefault(axis, []).append(name)
+        return tuple(sorted((sizes[a], tuple(sorted(names))) for a, names in on.items()))
     order = list(sizes)
 
     def place(axis: str | None) -> tuple[int, int]:
@@ -1316,7 +1434,12 @@ def _signature(sizes: Mapping[str, int], assign: Mapping[str, str | None]) -> tu
     return tuple((n, place(a)) for n, a in assign.items())
 
 
-def _axes(found: RuleSets | None, axes: Sequence[str] | None) -> tuple[str, ...]:
+def _axes(
+    found: RuleSets | None, axes: Sequence[str] | None, *, compare: bool = True
+) -> tuple[str, ...]:
+    """The mesh axes to search: the rules file's, else ``axes``, else :data:`DEFAULT_AXES`.
+    Where the user's rules are the yardstick (``compare``) they are planned on these axes, so
+    each must map to them; without it they give only their logical names, and any axes do."""
     if found is not None and found.axes:
         if axes:
             raise PlanError(
@@ -1327,8 +1450,17 @@ def _axes(found: RuleSets | None, axes: Sequence[str] | None) -> tuple[str, ...]
     out = tuple(axes or DEFAULT_AXES)
     if len(set(out)) != len(out):
         raise PlanError(f"axes {out} name an axis twice", param="axes")
-    if found is not None:
-        check_rules_axes(found.sets, out)
+    if found is not None and compare:
+        try:
+            check_rules_axes(found.sets, out)
+        except RulesError as e:
+            raise RulesError(
+                f"{e}; the search plans {found.source} on its mesh axes as the yardstick of "
+                f"its proposals: to search the axes {', '.join(out)} with only the rules' "
+                f"logical names, pass compare=False, or give rules that map to those axes (a "
+                f'rules file with "axes")',
+                param=("compare", "rules"),
+            ) from e
     return out
 
 
