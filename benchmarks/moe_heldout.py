@@ -87,6 +87,7 @@ import training_heldout  # noqa: E402
 
 from shardscope import ModelConfig, ShardscopeError, hardware  # noqa: E402
 from shardscope._src.model.presets import model_preset  # noqa: E402
+from shardscope._src.plan.notes import MixtureStepValues  # noqa: E402
 from shardscope._src.train.candidates import MOE_STRATEGIES, estimate, screen_all  # noqa: E402
 from shardscope._src.train.sweep import beside_best_note  # noqa: E402
 from shardscope._src.train.types import Candidate, Screened  # noqa: E402
@@ -281,7 +282,11 @@ def _zoo_long_cp(seq: int, cp: int, measured_s: float) -> MoeRun:
     """A forced-balance row of the zoo's long-context table run with context parallelism
     (:data:`_ZOO_LONG`): Qwen3-235B-A22B on 256 H100, global batch 256 of ``seq``, TP 4, CP
     ``cp``, PP 8, VPP 4, EP 8, DeepEP, the norms and the MoE layers recomputed. Listed: the
-    planner prices no context parallelism for a mixture of experts."""
+    run folds its EP 8 over the TP 4 (ETP 1: each expert whole), as the 4096-token rows do
+    (``zero1_ep_fold_sp``), and the planner's folded expert parallelism takes no context axis;
+    its unfolded forms with context (``zero1_ep_sp_cp``) split each expert over the tensor
+    axis and hold EP 4 at most beside TP 4 and CP 2 on a 32-device stage, so none is this
+    layout."""
     return MoeRun(
         f"Megatron Qwen3-235B TP4 CP{cp} EP8 PP8 VP4, sequence {seq}, 256 H100",
         _ZOO_LONG,
@@ -289,8 +294,9 @@ def _zoo_long_cp(seq: int, cp: int, measured_s: float) -> MoeRun:
         "h100",
         256,
         measured_s,
-        cannot=f"context parallelism (CP {cp}): the planner prices no context or sequence "
-        "parallelism for a mixture of experts",
+        cannot=f"EP 8 folded over TP 4 (each expert whole) with context parallelism (CP {cp}): "
+        "the planner's folded expert parallelism takes no context axis, and its unfolded "
+        "forms with one (zero1_ep_sp_cp) split each expert over the tensor axis",
     )
 
 
@@ -1886,6 +1892,29 @@ def _devices(mesh: tuple[tuple[str, int], ...]) -> int:
     return n
 
 
+def _note_check(rows: list[Row]) -> None:
+    """Whether the figures every mixture's plan quotes (its ``mixture-step`` note:
+    :class:`~shardscope._src.plan.notes.MixtureStepValues`) are this run's, at the note's
+    precision."""
+    written = [r.error for r in rows if r.error is not None]
+    best = [r.best_error for r in rows if r.error is not None and r.best_error is not None]
+    here = MixtureStepValues(
+        runs=len(written),
+        signed_median=round(statistics.median(written), 3),
+        within_25=sum(abs(e) <= 0.25 for e in written),
+        fastest=round(min(written), 3),
+        slowest=round(max(written), 3),
+        best_signed_median=round(statistics.median(best), 3),
+    )
+    if here == MixtureStepValues():
+        print("the plans' mixture-step note quotes these figures")
+    else:
+        print(
+            f"the plans' mixture-step note quotes {MixtureStepValues().to_dict()}, this run "
+            f"gives {here.to_dict()}: update MixtureStepValues (shardscope/_src/plan/notes.py)"
+        )
+
+
 def main() -> None:
     t0 = time.perf_counter()
     rows = judge(RUNS)
@@ -1909,6 +1938,7 @@ def main() -> None:
     # the software that ran them: one layout's step moves with it (the Qwen3-30B-A3B sweep)
     for framework in dict.fromkeys(_framework(r.run) for r in rows):
         _summary(f"held out, {framework}", [r for r in rows if _framework(r.run) == framework])
+    _note_check(rows)
     print("\nCalibration (CALIBRATION.md set 3), apart")
     _calibration()
     print(f"({time.perf_counter() - t0:.1f} s)")

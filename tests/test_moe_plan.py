@@ -215,9 +215,19 @@ def test_no_layout_without_an_expert_axis_above_the_best_with_one_needs_the_note
     assert (note.values.split, note.values.split_rank) == (split.label, 2)
 
 
-def test_a_mixtures_training_plans_say_their_step_is_the_least_it_takes(noted):
+def test_a_mixtures_training_plans_say_how_far_their_step_has_been_from_measured(noted):
     (note,) = [n for n in noted["split"].notes if n.kind == "mixture-step"]
-    assert "faster than the measured step" in note.text and "accuracy" in note.text
+    # the held-out figures it quotes, each a share of the measured step, in words: which
+    # way and by how much
+    v = note.values
+    assert v.runs >= v.within_25 > 0 and v.fastest <= v.signed_median <= v.slowest
+    assert f"{v.runs} published mixture runs" in note.text
+    assert f"{-v.signed_median:.0%} faster than measured at the median" in note.text
+    assert f"from {-v.fastest:.0%} faster to {v.slowest:.0%} slower" in note.text
+    assert "moe_heldout.py" in note.text and "accuracy" in note.text
+    # a record of other figures reads as they are: a slow median is "slower"
+    slow = PlanNote.MIXTURE_STEP.describe({**v.to_dict(), "signed_median": 0.05})
+    assert "came out 5% slower than measured at the median" in slow
     # a forward step and a dense model's training steps carry no such note
     for other in ("forward", "dense"):
         assert noted[other].plans and "mixture-step" not in _kinds(noted[other])

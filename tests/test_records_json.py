@@ -270,7 +270,14 @@ NOTE_VALUES = {
         "labels": ["zero1_sp data=4,model=2"],
         "estimates": [1.04],
     },  # fmt: skip
-    "mixture-step": {},
+    "mixture-step": {
+        "runs": 53,
+        "signed_median": -0.178,
+        "within_25": 28,
+        "fastest": -0.626,
+        "slowest": 0.368,
+        "best_signed_median": -0.381,
+    },
     "mixture-fp8": {},
     "no-fit": {
         "label": "dp data=8",
