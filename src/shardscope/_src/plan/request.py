@@ -394,7 +394,8 @@ class PlanRequest:
         "(maxtext:save_qkv_proj, ...), JAX's (jax:offload_dot_with_no_batch_dims) or "
         "custom:TENSOR=PLACE,... (places device, offload, recompute)",
         metavar="LIST",
-        default_text="all",
+        default_text="none, selective (without flash attention), matmuls, full and, with "
+        "host memory, offload; a mixture of experts or latent attention none and full",
     )
     offload_optimizer: bool | None = knob(
         None,
