@@ -12,13 +12,14 @@ from typing import Any
 
 from shardscope._src.audit.compile import audit
 from shardscope._src.audit.records import Audit
+from shardscope._src.base.notes import Note
 from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.bounds.matmul import (
     MatmulSchedule,
     best_schedule,
     matmul_problem,
 )
-from shardscope._src.bounds.terms import Bound
+from shardscope._src.bounds.terms import Bound, BoundNote
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.check.compare import Hint, Verdict, compare
 from shardscope._src.mesh import auto_mesh, first_devices_mesh, format_mesh_spec
@@ -226,8 +227,10 @@ def moe_verdict(
 ) -> MoEReport:
     """Compiles one expert-parallel MoE layer (SwiGLU experts, capacity-padded dispatch in
     GShard's groups, :func:`~shardscope._src.model.moe.moe_capacity`), audits it and judges
-    it against :func:`~shardscope._src.bounds.moe.moe_layer_terms` with the capacity factor
-    as the imbalance its buffers allow. ``mesh`` has the axis ``expert``: the tokens and the
+    it against :func:`~shardscope._src.bounds.moe.moe_layer_terms`: the least top-k routing
+    sends, each expert's slots its even share of the tokens (capacity factor 1). A capacity
+    factor above 1 pads the slots, and the all-to-alls send the padding: the layer then sends
+    up to that factor times the bound, and the bound's note says why. ``mesh`` has the axis ``expert``: the tokens and the
     experts are split over it (``"expert=8"``: made of the first devices it holds, or of
     ``target``'s compile-only devices when given); an axis ``data`` splits the tokens
     further and replicates the experts (``"data=2,expert=4"``: expert x data parallelism,
@@ -350,7 +353,9 @@ def moe_verdict(
         EXPERT_AXIS,
         e,
         config.itemsize,
-        imbalance=max(1.0, capacity_factor),
+        # top-k routing's least: each expert's slots its even share; padding beyond it is
+        # the program's to answer for (the note says so)
+        imbalance=1.0,
         train=mode == Mode.TRAIN,
         data_axis=DATA_AXIS if dp > 1 else None,
         data_devices=dp,
@@ -359,7 +364,10 @@ def moe_verdict(
         weight_activations=weight_activations,
     )
     label = f"moe layer {experts} experts top-{top_k} [{tokens},{d_model}] {dtype}"
-    bound = Bound(label, terms)
+    notes = []
+    if capacity_factor > 1:
+        notes.append(Note(BoundNote.CAPACITY_PADDED, {"capacity_factor": capacity_factor}))
+    bound = Bound(label, terms, tuple(notes))
     verdict = compare(result, bound, program_dtype=dtype, label=label)
     shape = dict(
         tokens=tokens,
