@@ -193,6 +193,9 @@ class VerdictNote(NoteKind):
     #: ``split_flops_per_device``, ``split_bytes`` and ``split_ratio`` of the cheapest
     #: schedule that keeps the compute split)
     DUPLICATED_COMPUTE = "duplicated-compute"
+    #: the strategy's shard_map twin was not tried as a hint: it dispatches by capacity and
+    #: the mixture of experts is dropless (values: ``strategy``)
+    NO_TWIN_FOR_DROPLESS = "no-twin-for-dropless"
 
     @classmethod
     def _missing_(cls, value: object) -> VerdictNote | None:
@@ -223,6 +226,13 @@ class VerdictNote(NoteKind):
                 return (
                     f"no hint verified on this backend: {words}, so only an explicit "
                     f"psum_scatter in shard_map is sure to reach the bound"
+                )
+            case VerdictNote.NO_TWIN_FOR_DROPLESS:
+                return (
+                    f"no shard_map hint: the shard_map twin of {values['strategy']!r} "
+                    f"dispatches by capacity and this mixture of experts is dropless "
+                    f"(capacity_factor=None); give the config a capacity_factor (1.0 drops "
+                    f"nothing under balanced routing) to compile and compare the twin"
                 )
             case VerdictNote.BELOW_BOUND:
                 return (

@@ -151,8 +151,10 @@ def transformer_verdict(
 
     Hints, tried when the program exceeds its bound: the strategy's activation sharding
     constraints (if they were left out), then its shard_map twin with explicit
-    ``psum`` / ``all_gather`` / ``psum_scatter`` (if it has one). Each is compiled and
-    audited; its traffic is reported whether or not it reaches the bound.
+    ``psum`` / ``all_gather`` / ``psum_scatter`` (if it has one: the expert-parallel twins
+    dispatch by capacity, so for a dropless mixture of experts the twin is not tried and a
+    note says why). Each is compiled and audited; its traffic is reported whether or not it
+    reaches the bound.
     ``mesh``: a ``Mesh``, or a description (``"model=8"``) built of the first devices it holds.
     """
 
@@ -171,7 +173,8 @@ def transformer_verdict(
     )
     found: tuple[Hint, ...] = ()
     if hints and not verdict.optimal:
-        found = transformer_hints(program, bound, mode, impl, constraints)
+        found, untried = transformer_hints(program, bound, mode, impl, constraints)
+        verdict = verdict.replace(notes=(*verdict.notes, *untried))
         if not found:
             verdict = verdict.with_note(no_hint_note(verdict))
     return TransformerReport(program, result, bound, verdict.replace(hints=found))
