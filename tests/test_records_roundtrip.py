@@ -54,6 +54,7 @@ NEW_AUDIT_KEYS = {
     "exposure",
     "memory_pressure",
     "ragged_dots",
+    "widened_dtype",
 }
 NEW_COLLECTIVE_KEYS = {"overlap"}
 
@@ -193,6 +194,7 @@ def audits(draw):
         execution_threads=tuple(draw(st.lists(names, max_size=2))),
         backend=draw(st.sampled_from([None, "cpu", "gpu", "tpu"])),
         target=draw(maybe),
+        widened_dtype=draw(st.sampled_from([None, "bfloat16", "float16"])),
     )
 
 

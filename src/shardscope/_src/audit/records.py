@@ -515,6 +515,10 @@ class Audit:
     as dense matmuls over every group (:mod:`~shardscope._src.audit.ragged`), read from the
     function's trace: None where there are none, and for a program the audit did not lower
     itself (a ``Lowered`` or ``Compiled``, HLO text, a function without ``trace``).
+    ``widened_dtype`` is the 16-bit type of a program whose compiler moved its collectives
+    as float32 (XLA:CPU runs 16-bit arithmetic in float32): the collectives' bytes are the
+    float32 it sends, twice what a compiler that keeps 16 bits sends
+    (:func:`~shardscope._src.audit.width.widened_dtype`); None where none were widened.
 
     The fields are plain data (compared, written by :meth:`to_dict`, read back by
     :meth:`from_dict`). What the audit was read from, the HLO text, its parsed module and
@@ -541,6 +545,7 @@ class Audit:
     priced_on: str | None = None
     memory_pressure: MemoryPressure | None = None
     ragged_dots: RaggedDots | None = None
+    widened_dtype: str | None = None
 
     def __post_init__(self) -> None:
         # A memory dict by XLA's field names (what earlier versions held) stands for the record.
@@ -897,6 +902,7 @@ class Audit:
             priced_on=read("priced_on", _opt_str),
             memory_pressure=read("memory_pressure", MemoryPressure.from_dict),
             ragged_dots=read("ragged_dots", RaggedDots.from_dict),
+            widened_dtype=read("widened_dtype", _opt_str),
         )
 
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from shardscope._src.audit.records import Audit, Collective
-from shardscope._src.audit.width import Width
+from shardscope._src.audit.width import Width, widened_words
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -214,10 +214,10 @@ class VerdictNote(NoteKind):
                 dtype = values["dtype"]
                 compiler = values.get("compiler") or "the compiler"
                 return (
-                    f"{compiler} widened the {dtype} program's collectives to float32 (it runs "
-                    f"16-bit dots in float32); bytes here are at {dtype} width, as a compiler "
-                    f"that keeps {dtype} sends them: this compiled program sends "
-                    f"{format_bytes(values['backend_bytes'])} per device"
+                    f"{widened_words(compiler, dtype)}; this verdict counts its collectives at "
+                    f"{dtype} width, as a compiler that keeps {dtype} sends them, where the "
+                    f"audit's table of collectives counts the float32 sent: this compiled "
+                    f"program sends {format_bytes(values['backend_bytes'])} per device"
                 )
             case VerdictNote.INEXACT:
                 return "some counts are not exact (unknown loop trip counts or branches)"

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Self
 
 from shardscope._src.audit.ragged import RaggedDots
 from shardscope._src.audit.records import MemoryPressure
+from shardscope._src.audit.width import widened_words
 from shardscope._src.base.comm import format_bytes, format_flops, format_memory, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.base.text import and_list
@@ -615,9 +616,9 @@ def _all_reduce_for_reduce_scatter(v: ReduceScatterValues) -> str:
 
 def _widened(v: WidenedValues) -> str:
     return (
-        f"{v.compiler} runs {v.dtype} arithmetic in f32 and moves f32 through the "
-        f"collectives; they are counted at {v.itemsize} bytes per element, as compilers "
-        f"that keep 16 bits send them (cpu_comm_bytes_per_device has the bytes it sends)"
+        f"{widened_words(v.compiler, v.dtype)}; they are counted at {v.itemsize} bytes per "
+        f"element, as compilers that keep 16 bits send them (cpu_comm_bytes_per_device has "
+        f"the bytes it sends)"
     )
 
 
