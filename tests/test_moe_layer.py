@@ -184,6 +184,13 @@ def test_a_capacity_factor_at_or_below_zero_is_refused():
         with pytest.raises(ModelConfigError, match="capacity_factor"):
             ModelConfig(experts=8, top_k=2, capacity_factor=bad)
     assert ModelConfig(experts=8, top_k=2, capacity_factor=1.25).capacity_factor == 1.25
+    # the audited layer dispatches by capacity alone: no dropless form is offered for it
+    from shardscope._src.verdict import moe_verdict
+
+    for bad in (0, None):
+        with pytest.raises(ModelConfigError, match="a number above 0") as info:
+            moe_verdict("expert=8", capacity_factor=bad)
+        assert "None" not in str(info.value).split(":", 1)[1]
 
 
 def test_an_expert_mesh_smaller_than_the_devices_is_built_of_the_first_ones():
@@ -202,9 +209,7 @@ def test_an_expert_mesh_smaller_than_the_devices_is_built_of_the_first_ones():
 def test_the_verdict_of_an_expert_parallel_layer_is_the_bound(mode):
     from shardscope._src.verdict import moe_verdict
 
-    report = moe_verdict(
-        "expert=8", tokens=512, d_model=64, ff=128, experts=8, top_k=2, mode=mode
-    )
+    report = moe_verdict("expert=8", tokens=512, d_model=64, ff=128, experts=8, top_k=2, mode=mode)
     # every token's activations to its 2 experts, each expert's slots its even share:
     # 8 groups x 8 experts x (64 x 2 / 8) slots x 64 x 2 bytes, each way
     payload = 8 * 8 * (64 * 2 // 8) * 64 * 2
@@ -264,8 +269,11 @@ def test_audit_moe_on_the_command_line(tmp_path, capsys):
     assert_usage_error([*argv, "--mesh", "model=8"], "'expert'", capsys)
     assert_usage_error([*argv, "--tokens", "100"], "--tokens 100", capsys)
     assert_usage_error([*argv, "--mesh", "data=2,expert=4", "--tokens", "36"], "8 devices", capsys)
-    assert_usage_error([*argv, "--top-k", "9"], "top_k=9", capsys)
-    assert_usage_error([*argv, "--capacity-factor", "0"], "capacity_factor=0", capsys)
+    # each refusal names the flag the user gave, and offers only what the command can take
+    line = assert_usage_error([*argv, "--top-k", "10"], "--top-k 10: ", capsys)
+    assert "1 to --experts 8 experts" in line
+    line = assert_usage_error([*argv, "--capacity-factor", "0"], "--capacity-factor 0: ", capsys)
+    assert "None" not in line and "dropless" not in line
     once = [*argv, "--experts", "16", "--top-k", "4", "--mesh", "data=2,expert=4"]
     assert main([*once, "--dispatch-once"]) == 0
     assert "each token once a device" in capsys.readouterr().out

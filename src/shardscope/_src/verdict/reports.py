@@ -233,14 +233,14 @@ def moe_verdict(
     it against :func:`~shardscope._src.bounds.moe.moe_layer_terms`: the least top-k routing
     sends, each expert's slots its even share of the tokens (capacity factor 1). A capacity
     factor above 1 pads the slots, and the all-to-alls send the padding: the layer then sends
-    up to that factor times the bound, and the bound's note says why. ``mesh`` has the axis ``expert``: the tokens and the
-    experts are split over it (``"expert=8"``: made of the first devices it holds, or of
-    ``target``'s compile-only devices when given); an axis ``data`` splits the tokens
-    further and replicates the experts (``"data=2,expert=4"``: expert x data parallelism,
-    whose train step sums the experts' gradients over ``data``). ``mode`` ``"train"``
-    differentiates the layer's input and weights. ``impl`` ``"shard_map"`` compiles its
-    twin with explicit ``all_to_all`` s (:func:`~shardscope._src.model.moe.moe_capacity_local`)
-    instead of jit's constraints.
+    up to that factor times the bound, and the bound's note says why. ``mesh`` has the axis
+    ``expert``: the tokens and the experts are split over it (``"expert=8"``: made of the
+    first devices it holds, or of ``target``'s compile-only devices when given); an axis
+    ``data`` splits the tokens further and replicates the experts (``"data=2,expert=4"``:
+    expert x data parallelism, whose train step sums the experts' gradients over ``data``).
+    ``mode`` ``"train"`` differentiates the layer's input and weights. ``impl``
+    ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
+    (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
     ``dispatch_once`` sends each token once to each device of its experts (DeepEP's), judged
     against the bound of that dispatch; ``weight_activations`` sends each slot's router weight
     with it to its expert, which scales its activation by it (Megatron-Core's all-to-all
@@ -262,6 +262,14 @@ def moe_verdict(
 
     if impl not in ("jit", "shard_map"):
         raise ModelConfigError(f"impl={impl!r}: give 'jit' or 'shard_map'")
+    cf = capacity_factor
+    if isinstance(cf, bool) or not isinstance(cf, int | float) or not cf > 0:
+        # the layer dispatches by capacity alone: it has no dropless form to offer
+        raise ModelConfigError(
+            f"capacity_factor={cf!r}: each expert's slots over its even share of the tokens, "
+            f"a number above 0 (1 pads nothing under balanced routing)",
+            param="capacity_factor",
+        )
 
     config = ModelConfig(
         d_model=d_model,
