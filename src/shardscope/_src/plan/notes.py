@@ -586,9 +586,11 @@ class NoTargetFitValues(NoteValues):
 class NoPlanValues(NoteValues):
     """What was swept on how many devices, the candidates skipped by reason, the memory the
     model state outgrew (``limit`` of ``hardware``, when it did), the fewest devices that
-    hold it (``least_devices``, when known) and one skipped example."""
+    hold it (``least_devices``, when known), the fewest with the optimizer state on the host
+    where the request kept it on the device and these devices would hold it there
+    (``least_devices_offloaded``), and one skipped example."""
 
-    optional = ("limit", "hardware", "example", "least_devices")
+    optional = ("limit", "hardware", "example", "least_devices", "least_devices_offloaded")
 
     what: str
     devices: int
@@ -597,6 +599,7 @@ class NoPlanValues(NoteValues):
     hardware: str | None = None
     example: str | None = None
     least_devices: int | None = None
+    least_devices_offloaded: int | None = None
 
 
 #: What earlier versions wrote for kinds since renamed.
@@ -1118,9 +1121,17 @@ def _no_plan(v: NoPlanValues) -> str:
         )
         text += (
             f"; the model state alone needs more than the {format_memory(v.limit)} of one "
-            f"{v.hardware}: use {more}, a preset with more memory, more memory per "
-            f"device, or fewer bytes per parameter"
+            f"{v.hardware}"
         )
+        if v.least_devices_offloaded is not None:
+            text += (
+                f" with the optimizer state kept on the device (offload_optimizer=False); with "
+                f"it on the host {v.least_devices_offloaded:,} devices hold the model state: "
+                f"leave offload_optimizer to the planner, or use {more}"
+            )
+        else:
+            text += f": use {more}"
+        text += ", a preset with more memory, more memory per device, or fewer bytes per parameter"
     if v.example:
         text += f"; e.g. {v.example}"
     return text
