@@ -931,13 +931,22 @@ def _recompiled_by_target(v: RecompiledValues) -> str:
     )
 
 
+def _axis_names(spec: str) -> list[str]:
+    """The axes' names of a mesh written ``data=8,expert=8``."""
+    return [part.partition("=")[0].strip() for part in spec.split(",") if part.strip()]
+
+
 def _mesh_read(v: MeshReadValues) -> str:
-    how = (
-        "MaxText's parallelism, each axis its DCN size times its ICI size, the DCN part "
-        "outside (across nodes or slices)"
-        if v.maxtext
-        else "the planner's order: stage, replica, data, expert, context, model, the last inner"
-    )
+    added = [] if v.maxtext else [a for a in _axis_names(v.read) if a not in _axis_names(v.given)]
+    if v.maxtext:
+        how = (
+            "MaxText's parallelism, each axis its DCN size times its ICI size, the DCN part "
+            "outside (across nodes or slices)"
+        )
+    elif added:
+        how = f"the strategy's axes written out: {', '.join(f'{a}=1' for a in added)}"
+    else:
+        how = "the planner's order: stage, replica, data, expert, context, model, the last inner"
     text = f"mesh {v.given!r} planned as {v.read} ({how})"
     if not v.maxtext and set(v.given_crossing) != set(v.read_crossing):
 
