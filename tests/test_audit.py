@@ -734,3 +734,32 @@ def test_width_leaves_other_collectives_as_compiled():
     assert Width("float32").payload(f32) == 64 and Width(None).traffic(f32) == f32.traffic_bytes
     odd = _widened("all-gather", "f32", [(16,)], 999)  # not the arrays it names
     assert bf16.payload(odd) == 999 and bf16.traffic(odd) == odd.traffic_bytes
+
+
+@needs8
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_an_audit_on_cpu_says_its_16_bit_collectives_went_as_float32(dtype):
+    from shardscope._src.audit.records import Audit
+    from shardscope._src.audit.width import widened_dtype
+
+    mesh = shardscope.make_mesh("model=8", axis_types="auto")
+    a = jax.ShapeDtypeStruct((64, 128), dtype, sharding=NamedSharding(mesh, P(None, "model")))
+    b = jax.ShapeDtypeStruct((128, 32), dtype, sharding=NamedSharding(mesh, P("model", None)))
+    out = NamedSharding(mesh, P())
+    result = audit(jax.jit(lambda x, y: x @ y, out_shardings=out), a, b)
+    # the partial products all-reduced over 8 devices: XLA:CPU sends f32[64,32] either way
+    (c,) = result.collectives
+    assert (c.kind, c.dtype, c.payload_bytes) == ("all-reduce", "f32", 64 * 32 * 4)
+    assert c.traffic_bytes == 2 * 7 * 64 * 32 * 4 // 8  # 14 KiB
+    text = " ".join(format_audit(result, width=200).split())  # the caption wraps at the table
+    read_back = Audit.from_dict(json.loads(json.dumps(result.to_dict())))
+    if dtype == "float32":
+        assert result.widened_dtype is None and "float32 it sends" not in text
+        return
+    assert result.widened_dtype == "bfloat16" == read_back.widened_dtype
+    # at bfloat16 width, as a compiler that keeps 16 bits sends it: 2 * 7 * 64 * 32 * 2 / 8
+    assert "XLA:CPU runs bfloat16 arithmetic in f32 and moves f32" in text
+    assert "this table counts the float32 it sends, where a compiler that keeps bfloat16 " in text
+    assert f"sends {comm.format_bytes(2 * 7 * 64 * 32 * 2 // 8)} per device" in text
+    # the same program compiled by a compiler that keeps 16 bits has nothing widened
+    assert widened_dtype(result.module, "gpu", result.collectives) is None

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import sub_parser
-from shardscope._src.cli.args import DEST_OF, NO_FLAGS, Flags
+from shardscope._src.cli.args import DEST_OF, NO_FLAGS, Flags, UsageError
 from shardscope._src.cli.main import build_parser, command_config, main
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "shardscope" / "_src"
@@ -50,6 +50,7 @@ COMMANDS_OF: dict[str, list[tuple[str, ...]]] = {
     "train/types.py": [("plan",)],
     "sharding/rules.py": [("audit", "program"), ("plan",)],
     "sharding/strategies.py": [("audit", "transformer")],
+    "verdict/reports.py": [("audit", "moe")],
 }
 
 #: ``param=`` values that are not written out where they are raised: what they can hold.
@@ -286,3 +287,20 @@ def test_the_launcher_names_its_own_flag_for_the_devices_of_each_process(capsys)
         capsys,
     )
     assert "devices_per_process" not in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--model", "tiny", "--devices", "8"],
+        ["serve", "--model", "tiny", "--devices", "8", "--prompt", "8", "--output", "8"],
+        ["profile", "prog.py:step", "--mesh", "data=8"],
+    ],
+    ids=["plan", "serve", "profile"],
+)
+def test_a_hardware_preset_is_named_in_any_case_as_a_model_preset_is(argv):
+    parser = build_parser()
+    assert parser.parse_args([*argv, "--hardware", "H100"]).hardware == "h100"
+    assert parser.parse_args([*argv, "--hardware", "TPU-v5p"]).hardware == "tpu-v5p"
+    with pytest.raises(UsageError, match="invalid choice: 'h10'"):
+        parser.parse_args([*argv, "--hardware", "H10"])

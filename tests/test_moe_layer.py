@@ -16,6 +16,7 @@ from shardscope._src.base.errors import ModelConfigError
 from shardscope._src.bounds.moe import moe_layer_terms
 from shardscope._src.model.config import ModelConfig
 from shardscope._src.model.moe import capacity, moe_capacity, moe_dropless
+from shardscope._src.render.verdict import verdict_lines
 
 T, D, F, E, K = 64, 16, 24, 4, 2
 
@@ -183,6 +184,13 @@ def test_a_capacity_factor_at_or_below_zero_is_refused():
         with pytest.raises(ModelConfigError, match="capacity_factor"):
             ModelConfig(experts=8, top_k=2, capacity_factor=bad)
     assert ModelConfig(experts=8, top_k=2, capacity_factor=1.25).capacity_factor == 1.25
+    # the audited layer dispatches by capacity alone: no dropless form is offered for it
+    from shardscope._src.verdict import moe_verdict
+
+    for bad in (0, None):
+        with pytest.raises(ModelConfigError, match="a number above 0") as info:
+            moe_verdict("expert=8", capacity_factor=bad)
+        assert "None" not in str(info.value).split(":", 1)[1]
 
 
 def test_an_expert_mesh_smaller_than_the_devices_is_built_of_the_first_ones():
@@ -201,25 +209,16 @@ def test_an_expert_mesh_smaller_than_the_devices_is_built_of_the_first_ones():
 def test_the_verdict_of_an_expert_parallel_layer_is_the_bound(mode):
     from shardscope._src.verdict import moe_verdict
 
-    report = moe_verdict(
-        "expert=8",
-        tokens=512,
-        d_model=64,
-        ff=128,
-        experts=8,
-        top_k=2,
-        capacity_factor=1.25,
-        mode=mode,
-    )
-    # every token's activations to its 2 experts, in slots padded to 1.25 x the even share:
-    # 8 groups x 8 experts x ceil(1.25 x 64 x 2 / 8) slots x 64 x 2 bytes, each way
-    payload = 8 * 8 * math.ceil(1.25 * 64 * 2 / 8) * 64 * 2
+    report = moe_verdict("expert=8", tokens=512, d_model=64, ff=128, experts=8, top_k=2, mode=mode)
+    # every token's activations to its 2 experts, each expert's slots its even share:
+    # 8 groups x 8 experts x (64 x 2 / 8) slots x 64 x 2 bytes, each way
+    payload = 8 * 8 * (64 * 2 // 8) * 64 * 2
     passes = 2 if mode == "train" else 1
     sent = 7 * payload // 64  # an all-to-all over 8 devices sends (8 - 1) / 8**2 of it
     router = 2 * 7 * 64 * 8 * 2 // 8 if mode == "train" else 0  # its gradient's all-reduce
     assert report.verdict.bound_bytes == report.verdict.actual_bytes
     assert report.verdict.actual_bytes == 2 * passes * sent + router
-    assert report.verdict.optimal
+    assert report.verdict.optimal and report.bound.notes == ()
     # by scope, each exchange under its own name, every piece of it (the CPU compiler sends
     # it as one operand a peer, and the buffer it sends is built outside the scope)
     phases = ("forward", "backward") if mode == "train" else ("forward",)
@@ -227,6 +226,31 @@ def test_the_verdict_of_an_expert_parallel_layer_is_the_bound(mode):
     assert rows[("moe/dispatch", "all-to-all")] == (passes, phases)
     assert rows[("moe/combine", "all-to-all")] == (passes, phases)
     assert ("", "all-to-all") not in rows
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_a_capacity_padded_layer_sends_its_padding_beyond_the_bound_of_top_k_routing(mode):
+    from shardscope._src.bounds.terms import BoundNote
+    from shardscope._src.verdict import moe_verdict
+
+    kw = dict(tokens=512, d_model=64, ff=128, experts=8, top_k=2, mode=mode)
+    padded = moe_verdict("expert=8", capacity_factor=1.25, **kw)
+    # the bound: top-k routing's 8 groups x 8 experts x (64 x 2 / 8) slots x 64 x 2 bytes;
+    # the program pads each expert's slots to ceil(1.25 x 64 x 2 / 8) = 20 and sends them
+    bound_payload = 8 * 8 * (64 * 2 // 8) * 64 * 2
+    sent_payload = 8 * 8 * math.ceil(1.25 * 64 * 2 / 8) * 64 * 2
+    passes = 2 if mode == "train" else 1
+    router = 2 * 7 * 64 * 8 * 2 // 8 if mode == "train" else 0
+    v = padded.verdict
+    assert v.bound_bytes == 2 * passes * (7 * bound_payload // 64) + router
+    assert v.actual_bytes == 2 * passes * (7 * sent_payload // 64) + router
+    (row,) = [r for r in v.rows if r.kind == "all-to-all"]
+    assert row.ratio == 1.25 and not v.optimal
+    assert [n.kind for n in padded.bound.notes] == [BoundNote.CAPACITY_PADDED]
+    assert "capacity factor 1.25 pads" in str(padded.bound.notes[0])
+    assert "padding" in next(line for line in verdict_lines(v) if "capacity factor" in line)
+    # at the bound of an unpadded layer: capacity factor 1 sends what its bound allows
+    assert padded.bound.traffic_bytes == moe_verdict("expert=8", **kw).verdict.actual_bytes
 
 
 def test_audit_moe_on_the_command_line(tmp_path, capsys):
@@ -245,8 +269,11 @@ def test_audit_moe_on_the_command_line(tmp_path, capsys):
     assert_usage_error([*argv, "--mesh", "model=8"], "'expert'", capsys)
     assert_usage_error([*argv, "--tokens", "100"], "--tokens 100", capsys)
     assert_usage_error([*argv, "--mesh", "data=2,expert=4", "--tokens", "36"], "8 devices", capsys)
-    assert_usage_error([*argv, "--top-k", "9"], "top_k=9", capsys)
-    assert_usage_error([*argv, "--capacity-factor", "0"], "capacity_factor=0", capsys)
+    # each refusal names the flag the user gave, and offers only what the command can take
+    line = assert_usage_error([*argv, "--top-k", "10"], "--top-k 10: ", capsys)
+    assert "1 to --experts 8 experts" in line
+    line = assert_usage_error([*argv, "--capacity-factor", "0"], "--capacity-factor 0: ", capsys)
+    assert "None" not in line and "dropless" not in line
     once = [*argv, "--experts", "16", "--top-k", "4", "--mesh", "data=2,expert=4"]
     assert main([*once, "--dispatch-once"]) == 0
     assert "each token once a device" in capsys.readouterr().out

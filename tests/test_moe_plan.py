@@ -507,3 +507,73 @@ def test_a_mixtures_headline_names_its_experts(noted):
 
     assert f", {SMALL.experts} experts, {SMALL.top_k} a token, vocab" in headline(noted["split"])
     assert " experts" not in headline(noted["dense"])
+
+
+def _refusal(**kwargs):
+    with pytest.raises(PlanError) as info:
+        shardscope.plan(SMALL, 8, compiler="cpu", compile_top=0, workers=0, **kwargs)
+    return info.value
+
+
+def test_a_mixtures_mesh_refusal_names_the_axis_missing_and_what_a_mixture_runs_on_it():
+    from shardscope._src.train.candidates import MOE_PRICED
+
+    e = _refusal(mesh="data=4,model=2", strategies=["ep"])
+    # ep splits the experts over 'expert' alone: on 8 devices its one mesh is expert=8
+    assert "mesh='data=4,model=2': ep needs an 'expert' axis, e.g. mesh='expert=8'" in str(e)
+    # of what runs on data x model, a mixture is planned under dp_tp and fsdp_tp alone (not
+    # zero1_tp, zero2_tp or the sp ones, which are refused for it)
+    ran = str(e).split("that run on it: ")[1].split(", ")
+    assert ran == ["dp_tp", "fsdp_tp"] and set(ran) <= set(MOE_PRICED)
+    assert e.params == ("mesh", "strategies")
+    e = _refusal(mesh="data=2,expert=4", strategies=["ep"])
+    assert "ep takes no 'data' axis, e.g. mesh='expert=8'" in str(e)
+
+
+def test_a_mixtures_mesh_without_the_data_axis_of_size_one_is_read_with_it():
+    result = shardscope.plan(
+        SMALL, 8, mesh="expert=8", strategies=["fsdp_ep"], compiler="cpu", compile_top=0,
+        workers=0,
+    )  # fmt: skip
+    assert {p.mesh_spec for p in result.plans} == {"data=1,expert=8"}
+    (read,) = [n for n in result.notes if n.kind == "mesh-read"]
+    assert "mesh 'expert=8' planned as data=1,expert=8 (the strategy's axes written out" in str(
+        read
+    )
+
+
+@pytest.mark.parametrize(
+    "strategy, why, nearest",
+    [
+        ("hsdp", "a mixture of experts is not planned under HSDP", "fsdp_ep or fsdp"),
+        ("zero1_sp_cp", "without expert parallelism", "zero1_ep_sp_cp"),
+        ("hsdp_tp", "not planned under HSDP", "fsdp_ep_tp or fsdp_tp"),
+    ],
+)
+def test_a_strategy_refused_for_a_mixture_says_why_and_names_the_nearest_priced(
+    strategy, why, nearest
+):
+    from shardscope._src.train.candidates import MOE_PRICED
+
+    text = str(_refusal(strategies=[strategy]))
+    assert text.startswith(f"{strategy}: ") and why in text
+    assert text.endswith(f"; nearest: {nearest}")
+    assert all(n in MOE_PRICED for n in nearest.split(" or "))
+    # one reason and a few names, not every priced strategy
+    assert "zero2_ep_tp_cp_ring" not in text
+
+
+def test_a_presets_expert_count_the_mesh_does_not_divide_names_the_mesh_to_choose(capsys):
+    from helpers import assert_usage_error
+
+    with pytest.raises(PlanError) as info:
+        shardscope.plan("mixtral-8x7b", 64, mesh="data=4,expert=16", compiler="cpu", workers=0)
+    text = str(info.value)
+    # Mixtral's 8 experts over expert=16; the mesh of 64 nearest it whose expert axis
+    # divides 8 is data=8,expert=8, and the preset's expert count is no knob of the planner
+    assert "splits the 8 experts of mixtral-8x7b over mesh axes expert=16 (16 ways)" in text
+    assert "e.g. mesh='data=8,expert=8'" in text and "config.json" in text
+    assert "experts=16" not in text and info.value.params == ("mesh",)
+    argv = ["plan", "--model", "mixtral-8x7b", "--devices", "64", "--mesh", "data=4,expert=16"]
+    line = assert_usage_error([*argv, "--compiler", "cpu"], "e.g. mesh='data=8,expert=8'", capsys)
+    assert line.endswith("(flag --mesh)\n")

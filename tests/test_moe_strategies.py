@@ -194,6 +194,21 @@ def test_expert_strategies_refuse_what_they_cannot_place():
         build_reference_program("ep", _moe(capacity_factor=None), "expert=8", impl="shard_map")
 
 
+def test_the_verdict_of_a_dropless_mixture_says_why_it_tries_no_shard_map_twin():
+    from shardscope._src.check.compare import VerdictNote
+
+    config = _moe(capacity_factor=None)
+    report = shardscope.transformer_verdict("ep", config, "expert=8", mode="train")
+    # dropless under jit, the partitioner sends every slot to every device: beyond the bound,
+    # and the one hint of 'ep', its shard_map twin, dispatches by capacity
+    assert not report.verdict.optimal and report.verdict.hints == ()
+    (note,) = [n for n in report.verdict.notes if n.kind == VerdictNote.NO_TWIN_FOR_DROPLESS]
+    assert note.values == {"strategy": "ep"} and "give the config a capacity_factor" in str(note)
+    # asked for the twin itself, the same config is refused with the fix
+    with pytest.raises(StrategyError, match="dispatch by capacity; set capacity_factor"):
+        shardscope.transformer_verdict("ep", config, "expert=8", mode="train", impl="shard_map")
+
+
 def test_dropless_under_plain_jit_still_equalsone_device_step():
     config = _moe(capacity_factor=None)
     _, want = one_device_step(config)

@@ -691,6 +691,23 @@ def test_a_model_that_fits_nowhere_is_an_empty_result_saying_why():
     assert why.values.least_devices == 17 and "use at least 17 devices" in why.text
     kept = plan("70b", 8, hardware="tpu-v5e", workers=0, compiler="cpu", offload_optimizer=False)
     assert kept.empty_reason.values.least_devices == 65
+    # on 8 devices the optimizer on the host would not do either (17 needed): not named
+    assert kept.empty_reason.values.least_devices_offloaded is None
+    assert "offload_optimizer" not in kept.empty_reason.params
+
+
+def test_no_plan_names_the_optimizer_kept_on_the_device_where_that_is_why():
+    # Llama 2 70B on 32 TPU v5e: the state in 16 bytes a parameter needs 65 of them, with
+    # the optimizer's 12 on the host 17 (the test above): the pinned choice is why
+    kept = plan("70b", 32, hardware="tpu-v5e", workers=0, compiler="cpu", offload_optimizer=False)
+    why = kept.empty_reason
+    assert kept.plans == () and (why.values.least_devices, why.values.least_devices_offloaded) == (
+        65,
+        17,
+    )
+    assert "offload_optimizer" in why.params
+    assert "on the device (offload_optimizer=False); with it on the host 17 devices" in why.text
+    assert "leave offload_optimizer to the planner, or use at least 65 devices" in why.text
 
 
 def test_the_table_holds_the_best_plan_of_each_strategy():

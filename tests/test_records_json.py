@@ -303,6 +303,7 @@ NOTE_VALUES = {
         "limit": 8,
         "hardware": "h100",
         "least_devices": 9,
+        "least_devices_offloaded": 3,
     },  # fmt: skip
 }
 

@@ -55,6 +55,7 @@ NEW_AUDIT_KEYS = {
     "memory_pressure",
     "ragged_dots",
     "unused_rules",
+    "widened_dtype",
 }
 NEW_COLLECTIVE_KEYS = {"overlap"}
 
@@ -194,6 +195,7 @@ def audits(draw):
         execution_threads=tuple(draw(st.lists(names, max_size=2))),
         backend=draw(st.sampled_from([None, "cpu", "gpu", "tpu"])),
         target=draw(maybe),
+        widened_dtype=draw(st.sampled_from([None, "bfloat16", "float16"])),
     )
 
 

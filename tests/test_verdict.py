@@ -157,7 +157,10 @@ def test_sixteen_bit_collectives_are_judged_at_width():
     (widened,) = [n for n in v.notes if n.kind == "widened"]
     values = {"dtype": "bfloat16", "backend_bytes": v.backend_bytes, "compiler": "XLA:CPU"}
     assert widened.values == values
-    assert "XLA:CPU widened the bfloat16 program's collectives to float32" in widened.text
+    assert widened.text.startswith("XLA:CPU runs bfloat16 arithmetic in f32 and moves f32")
+    # it names the table each figure is in: the verdict's at bfloat16, the audit's as sent
+    assert "this verdict counts its collectives at bfloat16 width" in widened.text
+    assert "the audit's table of collectives counts the float32 sent" in widened.text
 
 
 def test_the_short_view_prints_the_widened_note_whole_and_cuts_the_others():

@@ -44,6 +44,7 @@ from shardscope._src.audit.records import (
     Rematerialization,
 )
 from shardscope._src.audit.stages import lower_step_traced, lower_traced, unwrap_stage
+from shardscope._src.audit.width import widened_dtype
 from shardscope._src.base.errors import (
     DeviceMemoryError,
     HloParseError,
@@ -565,6 +566,7 @@ def _audit_text(
         priced_on=None if hardware is None else hardware.name,
         memory_pressure=pressure,
         ragged_dots=dense_ragged_dots(jaxpr, None if facts is None else facts.backend, module),
+        widened_dtype=widened_dtype(module, None if facts is None else facts.backend, collectives),
     )
     return result.with_program(AuditedProgram(text, module, compiled))
 

@@ -519,6 +519,10 @@ class Audit:
     ``unused_rules`` are the rules in force that shard a logical name no array of the program
     carries (:func:`~shardscope._src.audit.compile.audit_program` of a program with rules):
     they change nothing; None where there are none or no rules.
+    ``widened_dtype`` is the 16-bit type of a program whose compiler moved its collectives
+    as float32 (XLA:CPU runs 16-bit arithmetic in float32): the collectives' bytes are the
+    float32 it sends, twice what a compiler that keeps 16 bits sends
+    (:func:`~shardscope._src.audit.width.widened_dtype`); None where none were widened.
 
     The fields are plain data (compared, written by :meth:`to_dict`, read back by
     :meth:`from_dict`). What the audit was read from, the HLO text, its parsed module and
@@ -546,6 +550,7 @@ class Audit:
     memory_pressure: MemoryPressure | None = None
     ragged_dots: RaggedDots | None = None
     unused_rules: UnusedRules | None = None
+    widened_dtype: str | None = None
 
     def __post_init__(self) -> None:
         # A memory dict by XLA's field names (what earlier versions held) stands for the record.
@@ -903,6 +908,7 @@ class Audit:
             memory_pressure=read("memory_pressure", MemoryPressure.from_dict),
             ragged_dots=read("ragged_dots", RaggedDots.from_dict),
             unused_rules=read("unused_rules", UnusedRules.from_dict),
+            widened_dtype=read("widened_dtype", _opt_str),
         )
 
 

@@ -25,10 +25,44 @@ from typing import Any
 
 from shardscope._src.audit.records import Collective
 from shardscope._src.base import comm as _comm
+from shardscope._src.hlo.parse import HloModule
 from shardscope._src.targets.capabilities import compiler_capabilities
 
 #: Bytes per element of the program dtypes the models and matmuls are built in.
 PROGRAM_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+#: The program dtype of each 16-bit HLO element type.
+_SIXTEEN_BIT = {"bf16": "bfloat16", "f16": "float16"}
+
+
+def widened_words(compiler: str, dtype: str) -> str:
+    """What a compiler that widens 16-bit collectives does to a ``dtype`` program: the words
+    the planner's note, the verdict's and the audit's share."""
+    return f"{compiler} runs {dtype} arithmetic in f32 and moves f32 through the collectives"
+
+
+def widened_dtype(
+    module: HloModule, backend: str | None, collectives: tuple[Collective, ...]
+) -> str | None:
+    """The 16-bit dtype (``"bfloat16"``, ``"float16"``) of a program whose compiler moved its
+    collectives as float32, or None. The program's dtype is its entry's floating-point
+    parameters' where they are all one 16-bit type (as the planner reads a user's program's
+    width); it counts where the compiler (``backend``'s) widens 16-bit collectives and some
+    of them send fewer bytes at that width (:class:`Width`)."""
+    caps = compiler_capabilities(backend)
+    if backend is None or caps is None or not caps.widens_16bit:
+        return None
+    floats = {
+        leaf.dtype
+        for ins in module.entry.instructions
+        if ins.opcode == "parameter"
+        for leaf in ins.shape.leaves()
+        if leaf.dtype is not None and leaf.dtype.startswith(("f", "bf"))
+    }
+    dtype = _SIXTEEN_BIT.get(floats.pop(), "") if len(floats) == 1 else ""
+    if not dtype:
+        return None
+    sent = sum(c.traffic_bytes * c.count for c in collectives)
+    return dtype if Width(dtype).total(collectives) != sent else None
 
 
 class Width:

@@ -75,6 +75,32 @@ class StrategyError(ShardscopeError):
     """A sharding strategy or spec that does not fit the model, the mesh or the operands."""
 
 
+class IndivisibleError(StrategyError):
+    """A strategy that splits a model dimension over mesh axes whose sizes do not divide it:
+    ``dim`` (``"experts"``) of ``size``, split ``ways`` ways over the mesh ``axes``
+    (``"expert=16"``) of the ``roles`` (``"expert"``); ``fits`` is the widest split of it a
+    mesh of these devices has."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        dim: str,
+        size: int,
+        ways: int,
+        axes: str,
+        roles: str,
+        fits: int,
+    ) -> None:
+        super().__init__(message)
+        self.dim = dim
+        self.size = size
+        self.ways = ways
+        self.axes = axes
+        self.roles = roles
+        self.fits = fits
+
+
 class PlanError(ShardscopeError):
     """A planning request that cannot be met (unknown preset, no device count, no plan)."""
 

@@ -99,12 +99,29 @@ class BoundNote(NoteKind):
     #: how one mesh axis serves a matmul (values: ``axis``, ``partition``: ``"m"``, ``"n"``,
     #: ``"k"`` or None, ``steps``: what each of its collectives does)
     AXIS_SCHEDULE = "axis-schedule"
+    #: the bound is what top-k routing sends (each expert's slots its even share of the
+    #: tokens), and the program pads the slots by a capacity factor above 1, sending the
+    #: padding too (values: ``capacity_factor``)
+    CAPACITY_PADDED = "capacity-padded"
+
+    @property
+    def whole(self) -> bool:
+        # The padding note says why a ratio above 1 is the capacity factor's: cut, it does not.
+        return self is BoundNote.CAPACITY_PADDED
 
     def describe(self, values: Mapping[str, Any]) -> str:
         if self is BoundNote.FSDP_KEEPS_GATHERED:
             return (
                 "FSDP bound keeps gathered weights for the backward pass; ZeRO-3 as "
                 "published gathers them again (1.5x data parallel)"
+            )
+        if self is BoundNote.CAPACITY_PADDED:
+            cf = values["capacity_factor"]
+            return (
+                f"capacity factor {cf:g} pads each expert's slots to {cf:g}x its even share "
+                f"of the tokens, and the all-to-alls send the padded slots too; the bound is "
+                f"what top-k routing sends (capacity factor 1), so the all-to-alls' ratio "
+                f"above 1 is the padding's"
             )
         what = {
             "m": "rows of C (m)",

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from shardscope._src.audit.records import Audit, Collective
-from shardscope._src.audit.width import Width
+from shardscope._src.audit.width import Width, widened_words
 from shardscope._src.base.comm import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -193,6 +193,9 @@ class VerdictNote(NoteKind):
     #: ``split_flops_per_device``, ``split_bytes`` and ``split_ratio`` of the cheapest
     #: schedule that keeps the compute split)
     DUPLICATED_COMPUTE = "duplicated-compute"
+    #: the strategy's shard_map twin was not tried as a hint: it dispatches by capacity and
+    #: the mixture of experts is dropless (values: ``strategy``)
+    NO_TWIN_FOR_DROPLESS = "no-twin-for-dropless"
 
     @classmethod
     def _missing_(cls, value: object) -> VerdictNote | None:
@@ -211,10 +214,10 @@ class VerdictNote(NoteKind):
                 dtype = values["dtype"]
                 compiler = values.get("compiler") or "the compiler"
                 return (
-                    f"{compiler} widened the {dtype} program's collectives to float32 (it runs "
-                    f"16-bit dots in float32); bytes here are at {dtype} width, as a compiler "
-                    f"that keeps {dtype} sends them: this compiled program sends "
-                    f"{format_bytes(values['backend_bytes'])} per device"
+                    f"{widened_words(compiler, dtype)}; this verdict counts its collectives at "
+                    f"{dtype} width, as a compiler that keeps {dtype} sends them, where the "
+                    f"audit's table of collectives counts the float32 sent: this compiled "
+                    f"program sends {format_bytes(values['backend_bytes'])} per device"
                 )
             case VerdictNote.INEXACT:
                 return "some counts are not exact (unknown loop trip counts or branches)"
@@ -223,6 +226,13 @@ class VerdictNote(NoteKind):
                 return (
                     f"no hint verified on this backend: {words}, so only an explicit "
                     f"psum_scatter in shard_map is sure to reach the bound"
+                )
+            case VerdictNote.NO_TWIN_FOR_DROPLESS:
+                return (
+                    f"no shard_map hint: the shard_map twin of {values['strategy']!r} "
+                    f"dispatches by capacity and this mixture of experts is dropless "
+                    f"(capacity_factor=None); give the config a capacity_factor (1.0 drops "
+                    f"nothing under balanced routing) to compile and compare the twin"
                 )
             case VerdictNote.BELOW_BOUND:
                 return (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -105,6 +105,17 @@ def positive_bytes(text: str) -> float:
 def positive_float(text: str) -> float:
     """Seconds above 0."""
     return positive_number(text, " of seconds")
+
+
+def choice_reader(choices: Iterable[str]) -> Any:
+    """How an option of ``choices`` reads its value: case-insensitively (``H100`` is
+    ``h100``, as a model preset's name is read) where the choices are all lower-case, so no
+    two differ by case alone; else as written (None).
+
+    >>> choice_reader(("h100", "tpu-v5p"))("H100"), choice_reader(("Auto", "auto"))
+    ('h100', None)
+    """
+    return str.lower if all(c == c.lower() for c in choices) else None
 
 
 def add_axis_types_option(p: argparse.ArgumentParser) -> None:

@@ -197,15 +197,21 @@ def check_moe_command(
                 f"{flag} {n} does not split over the {over} devices that share them; give a "
                 f"multiple of {over}"
             )
+    if not 1 <= top_k <= experts:
+        raise ModelConfigError(
+            f"--top-k {top_k}: each token goes to 1 to --experts {experts} experts; give a "
+            f"top-k in that range"
+        )
+    if not capacity_factor > 0:
+        # the layer dispatches by capacity alone: there is no dropless form to offer here
+        raise ModelConfigError(
+            f"--capacity-factor {capacity_factor:g}: each expert's slots over its even share "
+            f"of the tokens, a number above 0 (1 pads nothing under balanced routing, 1.25 "
+            f"pads each expert to 1.25 x its share)"
+        )
     ModelConfig(
-        d_model=8,
-        heads=1,
-        ff=8,
-        dtype=dtype,
-        experts=experts,
-        top_k=top_k,
-        capacity_factor=capacity_factor,
-    )  # top-k within the experts, a capacity factor above 0, a dtype it knows
+        d_model=8, heads=1, ff=8, dtype=dtype, experts=experts, top_k=top_k
+    )  # a dtype it knows
 
 
 def run_moe_command(

@@ -15,6 +15,7 @@ from typing import Any
 
 from shardscope._src.base.knobs import REQUIRED, Kind, Knob, knob_of
 from shardscope._src.cli.args import (
+    choice_reader,
     fraction,
     nonnegative_int,
     positive_float,
@@ -68,6 +69,7 @@ def add_request_options(
             kwargs.update(metavar=spec.metavar)
             if spec.kind is Kind.CHOICE:
                 kwargs.update(choices=list(spec.choices), metavar=None)
+                kwargs.update(type=choice_reader(spec.choices))
             elif spec.kind in _READERS:
                 kwargs.update(type=_READERS[spec.kind])
         if must:

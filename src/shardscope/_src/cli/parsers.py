@@ -16,6 +16,7 @@ from shardscope._src.cli.args import (
     PROG,
     Parser,
     add_axis_types_option,
+    choice_reader,
     collective_kind,
     nonnegative_int,
     nonnegative_number,
@@ -478,6 +479,7 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "--hardware",
         default=None,
         choices=list(PRESETS),
+        type=choice_reader(PRESETS),
         metavar="NAME",
         help="price the predictions on this preset (default: the devices' own; none on CPU: "
         f"{', '.join(PRESETS)})",
@@ -591,6 +593,7 @@ def _plan_hardware_options(p: argparse.ArgumentParser, what: str = "") -> None:
     p.add_argument(
         "--hardware",
         choices=list(PRESETS),
+        type=choice_reader(PRESETS),
         help=f"hardware preset{what} (default {DEFAULT_REQUEST.hardware})",
     )
     _hardware_settings_options(p)

@@ -412,6 +412,16 @@ UNMODELLED: dict[str, str] = {}
 ALIASES = {"7b": "llama2-7b", "13b": "llama2-13b", "70b": "llama2-70b", "gpt3": "gpt3-175b"}
 
 
+def is_preset(name: object) -> bool:
+    """Whether ``name`` names a preset (any case, or an alias), not a model's config.json.
+
+    >>> is_preset("Mixtral-8x7B"), is_preset("7b"), is_preset("mymodel/config.json")
+    (True, True, False)
+    """
+    key = str(name).lower()
+    return ALIASES.get(key, key) in MODEL_PRESETS
+
+
 def model_preset(name: str) -> ModelPreset:
     """The preset called ``name`` (see :data:`MODEL_PRESETS`, :data:`ALIASES`), or the model
     of a Hugging Face ``config.json`` when ``name`` is the path of one.

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Self
 
 from shardscope._src.audit.ragged import RaggedDots
 from shardscope._src.audit.records import MemoryPressure
+from shardscope._src.audit.width import widened_words
 from shardscope._src.base.comm import format_bytes, format_flops, format_memory, format_seconds
 from shardscope._src.base.notes import Note, NoteKind, NoteValues
 from shardscope._src.base.text import and_list
@@ -653,9 +654,11 @@ class NoTargetFitValues(NoteValues):
 class NoPlanValues(NoteValues):
     """What was swept on how many devices, the candidates skipped by reason, the memory the
     model state outgrew (``limit`` of ``hardware``, when it did), the fewest devices that
-    hold it (``least_devices``, when known) and one skipped example."""
+    hold it (``least_devices``, when known), the fewest with the optimizer state on the host
+    where the request kept it on the device and these devices would hold it there
+    (``least_devices_offloaded``), and one skipped example."""
 
-    optional = ("limit", "hardware", "example", "least_devices")
+    optional = ("limit", "hardware", "example", "least_devices", "least_devices_offloaded")
 
     what: str
     devices: int
@@ -664,6 +667,7 @@ class NoPlanValues(NoteValues):
     hardware: str | None = None
     example: str | None = None
     least_devices: int | None = None
+    least_devices_offloaded: int | None = None
 
 
 #: What earlier versions wrote for kinds since renamed.
@@ -683,9 +687,9 @@ def _all_reduce_for_reduce_scatter(v: ReduceScatterValues) -> str:
 
 def _widened(v: WidenedValues) -> str:
     return (
-        f"{v.compiler} runs {v.dtype} arithmetic in f32 and moves f32 through the "
-        f"collectives; they are counted at {v.itemsize} bytes per element, as compilers "
-        f"that keep 16 bits send them (cpu_comm_bytes_per_device has the bytes it sends)"
+        f"{widened_words(v.compiler, v.dtype)}; they are counted at {v.itemsize} bytes per "
+        f"element, as compilers that keep 16 bits send them (cpu_comm_bytes_per_device has "
+        f"the bytes it sends)"
     )
 
 
@@ -1013,13 +1017,22 @@ def _recompiled_by_target(v: RecompiledValues) -> str:
     )
 
 
+def _axis_names(spec: str) -> list[str]:
+    """The axes' names of a mesh written ``data=8,expert=8``."""
+    return [part.partition("=")[0].strip() for part in spec.split(",") if part.strip()]
+
+
 def _mesh_read(v: MeshReadValues) -> str:
-    how = (
-        "MaxText's parallelism, each axis its DCN size times its ICI size, the DCN part "
-        "outside (across nodes or slices)"
-        if v.maxtext
-        else "the planner's order: stage, replica, data, expert, context, model, the last inner"
-    )
+    added = [] if v.maxtext else [a for a in _axis_names(v.read) if a not in _axis_names(v.given)]
+    if v.maxtext:
+        how = (
+            "MaxText's parallelism, each axis its DCN size times its ICI size, the DCN part "
+            "outside (across nodes or slices)"
+        )
+    elif added:
+        how = f"the strategy's axes written out: {', '.join(f'{a}=1' for a in added)}"
+    else:
+        how = "the planner's order: stage, replica, data, expert, context, model, the last inner"
     text = f"mesh {v.given!r} planned as {v.read} ({how})"
     if not v.maxtext and set(v.given_crossing) != set(v.read_crossing):
 
@@ -1242,9 +1255,17 @@ def _no_plan(v: NoPlanValues) -> str:
         )
         text += (
             f"; the model state alone needs more than the {format_memory(v.limit)} of one "
-            f"{v.hardware}: use {more}, a preset with more memory, more memory per "
-            f"device, or fewer bytes per parameter"
+            f"{v.hardware}"
         )
+        if v.least_devices_offloaded is not None:
+            text += (
+                f" with the optimizer state kept on the device (offload_optimizer=False); with "
+                f"it on the host {v.least_devices_offloaded:,} devices hold the model state: "
+                f"leave offload_optimizer to the planner, or use {more}"
+            )
+        else:
+            text += f": use {more}"
+        text += ", a preset with more memory, more memory per device, or fewer bytes per parameter"
     if v.example:
         text += f"; e.g. {v.example}"
     return text

@@ -140,18 +140,24 @@ def no_plan_note(
     skipped: Sequence[Skipped],
     hardware: Hardware | None = None,
     least_devices: int | None = None,
+    least_devices_offloaded: int | None = None,
 ) -> Note:
     """Why a sweep of ``what`` on ``devices`` has no plan: what was skipped, for which
     reasons, one example, and (with ``hardware``) the memory the model state outgrew, with
-    the fewest devices that hold it (``least_devices``, where known)."""
+    the fewest devices that hold it (``least_devices``, where known) and, where the request
+    kept the optimizer state on the device, the fewest that hold it with the optimizer state
+    on the host (``least_devices_offloaded``: named where these ``devices`` would)."""
     by = skipped_by_reason(skipped)
     counts = {str(reason): len(v) for reason, v in by.items()}
-    limit = name = least = None
+    limit = name = least = offloaded = None
     params: tuple[str, ...] = ()
     if hardware is not None and SkipReason.MEMORY in by:
         limit, name = int(hardware.memory_bytes), hardware.name
         params = ("devices", "hardware", "memory_bytes", "bytes_per_param")
         least = least_devices if least_devices is not None and least_devices > devices else None
+        if least_devices_offloaded is not None and least_devices_offloaded <= devices:
+            offloaded = least_devices_offloaded
+            params = ("offload_optimizer", *params)
     example = by.get(SkipReason.DIVISIBILITY) or by.get(SkipReason.ERROR)
     if example is None and limit is None:
         example = list(skipped)
@@ -164,5 +170,6 @@ def no_plan_note(
         hardware=name,
         example=first,
         least_devices=least,
+        least_devices_offloaded=offloaded,
     )
     return Note(PlanNote.NO_PLAN, values, params)

@@ -12,12 +12,14 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from shardscope._src.audit.records import Audit
+from shardscope._src.audit.width import Width, widened_words
 from shardscope._src.base.comm import CollectiveKind, format_bytes, format_seconds
 from shardscope._src.base.display import View, register
 from shardscope._src.base.text import format_mesh_spec
 from shardscope._src.render.brief import print_line
 from shardscope._src.render.columns import Alarm, Column, rich_table, text_table
 from shardscope._src.render.console import mimebundle, mimebundle_text, output_console
+from shardscope._src.targets.capabilities import compiler_capabilities
 from shardscope._src.targets.specs import CPU_TARGET, TARGETS
 
 if TYPE_CHECKING:
@@ -92,6 +94,26 @@ def _groups_text(c: Collective, limit: int = 200) -> str:
     return "".join(parts)[:limit]
 
 
+def widened_line(audit: Audit) -> str | None:
+    """What the tables' bytes are where the compiler moved a 16-bit program's collectives as
+    float32 (:attr:`Audit.widened_dtype`), and what a compiler that keeps 16 bits sends;
+    None where it did not."""
+    dtype = audit.widened_dtype
+    if dtype is None:
+        return None
+    caps = compiler_capabilities(audit.backend)
+    compiler = caps.compiler if caps is not None else "the compiler"
+    narrow = format_bytes(Width(dtype).total(audit.collectives))
+    return (
+        f"{widened_words(compiler, dtype)}; this table counts the float32 it sends, where a "
+        f"compiler that keeps {dtype} sends {narrow} per device"
+    )
+
+
+def _caption(*lines: str | None) -> str | None:
+    return "\n".join(line for line in lines if line) or None
+
+
 def audit_table(audit: Audit, *, title: str | None = None, verbose: bool = True) -> Any:
     """A ``rich.table.Table`` of the audit's collectives; not ``verbose``, a collective the
     compiler combined from several arrays names the first's source line and counts the
@@ -104,6 +126,8 @@ def audit_table(audit: Audit, *, title: str | None = None, verbose: bool = True)
         title=title or f"Collectives of {audit.module_name} on mesh {mesh}",
         show_footer=False,
         header_style="bold",
+        caption=widened_line(audit),
+        caption_justify="left",
     )
     # The facts never wrap; in a narrow terminal the source and HLO name give way first.
     table.add_column("axes", no_wrap=True)
@@ -178,6 +202,7 @@ def scope_table(audit: Audit, *, title: str | None = None) -> Any:
         if title
         else f"Collectives of {audit.module_name} on mesh {mesh}, by scope",
         header_style="bold",
+        caption_justify="left",
     )
     table.add_column("scope", overflow="fold", ratio=1)
     table.add_column("axes", no_wrap=True)
@@ -205,11 +230,13 @@ def scope_table(audit: Audit, *, title: str | None = None) -> Any:
             "+".join(r.phases) or "-",
             ", ".join(_short(s) for s in r.sources),
         )
+    combined = None
     if any(c.parts and len({p.scope for p in c.parts}) > 1 for c in audit.collectives):
-        table.caption = (
+        combined = (
             "a collective the compiler combined from several scopes' arrays counts once in "
             "each of them, with their own bytes (audit.counts() counts it once)"
         )
+    table.caption = _caption(widened_line(audit), combined)
     return table
 
 

@@ -211,7 +211,7 @@ class Parallelism:
                 f"and with context parallelism ({CONTEXT_PART}, {CONTEXT_PART}_{RING_PART}), "
                 f"and not with HSDP; choose e.g. {fix.name}, or "
                 f"{replace(self, expert=False, expert_fold=False).name} without expert "
-                f"parallelism"
+                f"parallelism (a dense model's)"
             )
 
     @property

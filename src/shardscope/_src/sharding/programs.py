@@ -477,7 +477,7 @@ def build_reference_program(
             f"the shard_map twin of strategy {placement.name!r} does not place {what}; use "
             f"impl='jit', or the twin of {which}"
         )
-    if impl == "shard_map" and placement.config.is_moe and placement.config.capacity_factor is None:
+    if impl == "shard_map" and twin_needs_capacity(placement):
         raise StrategyError(
             "the shard_map twins of expert parallelism dispatch by capacity; set "
             "capacity_factor (1.0 drops nothing under balanced routing), or use impl='jit'"
@@ -575,6 +575,13 @@ def _check_microbatches(bound: Placement, mode: str, impl: str, microbatches: in
             f"from {', '.join(map(str, fits[:12]))}"
             + (" (the batch must divide by the data axes)" if batch % data else "")
         )
+
+
+def twin_needs_capacity(placement: Placement) -> bool:
+    """Whether ``placement``'s shard_map twin cannot be built for its model: a dropless
+    mixture of experts (``capacity_factor`` None), where the expert-parallel twins dispatch
+    by capacity."""
+    return placement.config.is_moe and placement.config.capacity_factor is None
 
 
 def _check_dropless(bound: Placement, mode: str, impl: str, microbatches: int) -> None:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shardscope._src.base.errors import StrategyError, is_int
+from shardscope._src.base.errors import IndivisibleError, StrategyError, is_int
 from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.base.vocab import Vocab
 from shardscope._src.mesh import (
@@ -1302,12 +1302,18 @@ class Placement:
                         f"parallel size): choose a model axis dividing {size} "
                         f"(e.g. {fits})"
                     )
-                raise StrategyError(
+                raise IndivisibleError(
                     f"strategy {self.name!r} shards {dim}={size} ({where}) over mesh axes "
                     f"{axes} ({ways} ways), but {size} is not divisible by {ways}; choose "
                     f"{dim} a multiple of {ways} (e.g. {dim}={ways * max(1, size // ways)}), "
                     f"or a mesh whose {what} axes multiply to a divisor of {size} "
-                    f"(e.g. {fits})"
+                    f"(e.g. {fits})",
+                    dim=dim,
+                    size=size,
+                    ways=ways,
+                    axes=axes,
+                    roles=what,
+                    fits=fits,
                 )
 
     def to_dict(self) -> dict[str, Any]:

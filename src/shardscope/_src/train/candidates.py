@@ -26,7 +26,13 @@ from typing import Any
 
 from shardscope._src.base.collect import collector_paused
 from shardscope._src.base.comm import format_bytes, format_memory
-from shardscope._src.base.errors import PlanError, ShardscopeError, StrategyError, is_int
+from shardscope._src.base.errors import (
+    IndivisibleError,
+    PlanError,
+    ShardscopeError,
+    StrategyError,
+    is_int,
+)
 from shardscope._src.bounds.terms import Bound
 from shardscope._src.cost.links import crosses_nodes
 from shardscope._src.cost.memory import memory_fits
@@ -52,7 +58,7 @@ from shardscope._src.plan.estimates import (
     split_problem,
     split_stages,
 )
-from shardscope._src.plan.request import DEFAULT_STRATEGIES, MOE_STRATEGIES
+from shardscope._src.plan.request import DEFAULT_STRATEGIES, MODEL_DIMS, MOE_STRATEGIES
 from shardscope._src.plan.types import Skipped, SkipReason
 from shardscope._src.sharding.parallelism import DataParallel, Parallelism
 from shardscope._src.sharding.strategies import (
@@ -302,13 +308,24 @@ def runs_on(mesh: MeshShape, devices: int, strategies: Sequence[str]) -> list[st
 
 
 def pinned_mesh(
-    mesh: str | Mapping[str, int], devices: int, strategies: Sequence[str]
+    mesh: str | Mapping[str, int],
+    devices: int,
+    strategies: Sequence[str],
+    *,
+    takes: Sequence[str] | None = None,
+    asked: bool = True,
 ) -> MeshShape:
     """A mesh to plan on exactly (``"data=32,model=8"``, or its shape), checked: its devices
     are the plan's and at least one of ``strategies`` runs on it (a :class:`PlanError` says
     which do). Its axes may come in any order (read in the planner's, which
-    :func:`crossing_axes` of the two tells apart) and as MaxText's parallelism
-    (:func:`maxtext_mesh`)."""
+    :func:`crossing_axes` of the two tells apart), as MaxText's parallelism
+    (:func:`maxtext_mesh`), and without an axis of size 1 that a strategy names (``expert=64``
+    is fsdp_ep's ``data=1,expert=64``).
+
+    ``takes``: the strategies the model can be planned under (default: every one), the only
+    ones a refusal names as running on the mesh; ``asked``: whether ``strategies`` were the
+    user's (a refusal then says what each of them needs of the mesh).
+    """
     sizes = MeshShape.of(mesh)
     sizes = maxtext_mesh(sizes) or sizes
     where = sizes.spec
@@ -322,29 +339,140 @@ def pinned_mesh(
     stage = sizes.get(STAGE_AXIS, 1)
     if candidates(strategies, devices, (stage,), sizes):
         return sizes
-    # the same axes written in another order: read in the planner's
+    # the same axes written in another order, or without those of size 1 (which change
+    # nothing the program does): read as the strategies write them
+    for c in candidates(strategies, devices, (stage,)):
+        if _sized(c.mesh) == _sized(sizes):
+            return c.mesh
     every = candidates(ALL_STRATEGIES, devices, (stage,))
     same = sorted(sizes.items())
-    reordered = next((c.mesh for c in every if sorted(c.mesh.items()) == same), None)
-    if reordered is not None and candidates(strategies, devices, (stage,), reordered):
-        return reordered
-    sizes = reordered or sizes
+    sizes = next((c.mesh for c in every if sorted(c.mesh.items()) == same), sizes)
     unknown = [a for a in sizes.names if a != STAGE_AXIS and a not in set(Role)]
     if unknown:
         raise PlanError(
             f"mesh={where!r}: axis {unknown[0]!r} is none the planner names; {_AXES}",
             param="mesh",
         )
-    fits = runs_on(sizes, devices, list(ALL_STRATEGIES))
-    if fits:
-        why = f"the strategies that run on it: {', '.join(fits)}"
-    else:
-        shapes = sorted({c.mesh_spec for c in every})
-        why = f"{_AXES}, e.g. {', '.join(shapes[:4])}"
-        raise PlanError(f"mesh={where!r}: no strategy runs on it; {why}", param="mesh")
+    takes = tuple(ALL_STRATEGIES) if takes is None else tuple(takes)
+    which = "" if set(takes) == set(ALL_STRATEGIES) else " the model is planned under"
+    fits = runs_on(sizes, devices, list(takes))
+    if asked:
+        needs = "; ".join(_mesh_needs(n, sizes, devices) for n in strategies)
+        ran = f"; the strategies{which} that run on it: {', '.join(fits)}" if fits else ""
+        raise PlanError(f"mesh={where!r}: {needs}{ran}", param=("mesh", "strategies"))
+    if fits:  # none of the default strategies runs on it: the sweep plans these
+        raise PlanError(
+            f"mesh={where!r}: none of the strategies {', '.join(strategies)} runs on it; "
+            f"the strategies{which} that run on it: {', '.join(fits)}",
+            param=("mesh", "strategies"),
+        )
+    near = [c.mesh.spec for c in _nearest(candidates(takes, devices, (stage,)), sizes)]
     raise PlanError(
-        f"mesh={where!r}: none of the strategies {', '.join(strategies)} runs on it; {why}",
-        param=("mesh", "strategies"),
+        f"mesh={where!r}: no strategy{which} runs on it; {_AXES}, e.g. "
+        f"{', '.join(list(dict.fromkeys(near))[:4])}",
+        param="mesh",
+    )
+
+
+def _sized(mesh: MeshShape) -> list[tuple[str, int]]:
+    """``mesh``'s axes of more than one device, sorted: what a program on it depends on."""
+    return sorted((a, n) for a, n in mesh.items() if n > 1)
+
+
+def _nearest(cands: Sequence[Candidate], mesh: MeshShape) -> list[Candidate]:
+    """``cands`` ordered by how much of ``mesh`` their meshes keep: the axes of the same
+    size first, then the same axes, then the sizes nearest (by factors of 2), then as
+    given."""
+    pairs, names = set(mesh.items()), set(mesh.names)
+
+    def apart(other: MeshShape) -> float:
+        axes = set(other.names) | names
+        return sum(abs(math.log2(other.get(a, 1)) - math.log2(mesh.get(a, 1))) for a in axes)
+
+    return sorted(
+        cands,
+        key=lambda c: (
+            -len(pairs & set(c.mesh.items())),
+            -len(names & set(c.mesh.names)),
+            apart(c.mesh),
+        ),
+    )
+
+
+def _axes_words(axes: Sequence[str]) -> str:
+    """``an 'expert' axis``, ``a 'model' axis`` or ``axes 'data' and 'model'``."""
+    quoted = [repr(a) for a in axes]
+    if len(quoted) == 1:
+        return f"{'an' if axes[0][:1] in 'aeiou' else 'a'} {quoted[0]} axis"
+    return f"axes {', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def _mesh_needs(name: str, mesh: MeshShape, devices: int) -> str:
+    """What strategy ``name`` needs of ``mesh`` that it lacks, with the nearest mesh of
+    ``devices`` it runs on: the axes it needs and the mesh does not have, else the axes it
+    takes none of, else the sizes."""
+    stage = mesh.get(STAGE_AXIS, 1)
+    own = candidates([name], devices, (stage,))
+    if not own:
+        return f"{name} has no mesh of {devices} devices in {stage} stage(s)"
+    example = f"e.g. mesh={_nearest(own, mesh)[0].mesh.spec!r}"
+    meshes = [set(c.mesh.names) for c in own]
+    missing = [a for a in own[0].mesh.names if all(a in m for m in meshes) and a not in mesh]
+    if missing:
+        return f"{name} needs {_axes_words(missing)}, {example}"
+    extra = [a for a, n in mesh.items() if n > 1 and not any(a in m for m in meshes)]
+    if extra:
+        return f"{name} takes no {' or '.join(map(repr, extra))} axis, {example}"
+    return f"{name} does not run on these sizes, {example}"
+
+
+def indivisible_mesh_error(
+    config: ModelConfig,
+    mesh: MeshShape,
+    strategy: str,
+    *,
+    flash_attention: bool,
+    preset: str | None = None,
+    written: str | None = None,
+) -> PlanError | None:
+    """The refusal of a pinned ``mesh`` (``written`` so by the user, where that differs) on
+    which ``strategy`` splits a dimension of the model over axes that do not divide it (None
+    where it places there): the mesh to choose, with the nearest of its devices on which the
+    strategy places; for a ``preset``, whose dimensions the planner takes no other value of
+    but those it is given (its experts), the mesh alone, and that a config.json plans another
+    count."""
+    stage = mesh.get(STAGE_AXIS, 1)
+    devices = mesh.devices
+
+    def problem(cand: Candidate) -> IndivisibleError | None:
+        base = stage_config(config, cand, flash_attention=flash_attention)
+        try:
+            cand.strategy_record.place(base, abstract_mesh(cand.stage_mesh))
+        except IndivisibleError as e:
+            return e
+        except StrategyError:
+            return None  # another refusal: not this one's to word
+        return None
+
+    here = candidates([strategy], devices, (stage,), mesh)
+    e = problem(here[0]) if here else None
+    if e is None:
+        return None
+    own = _nearest(candidates([strategy], devices, (stage,)), mesh)
+    fix = next((c.mesh.spec for c in own if c.mesh != mesh and problem(c) is None), None)
+    example = f", e.g. mesh={fix!r}" if fix else ""
+    where = f"mesh={written or mesh.spec!r}"
+    if written is not None and written != mesh.spec:
+        where += f" (read as {mesh.spec})"
+    if preset is None or e.dim in MODEL_DIMS or e.dim in ("batch", "seq"):
+        return PlanError(f"{where}: {e}{example}", param="mesh")
+    return PlanError(
+        f"{where}: strategy {strategy!r} splits the {e.size} {e.dim} of {preset} "
+        f"over mesh axes {e.axes} ({e.ways} ways), and {e.size} is not divisible by "
+        f"{e.ways}; choose a mesh whose {e.roles} axes multiply to a divisor of {e.size}"
+        f"{example} (a preset's {e.dim} are its own: to plan another count, give the path of "
+        f"a config.json as the model)",
+        param="mesh",
     )
 
 
@@ -604,20 +732,44 @@ MOE_PRICED = (
 MOE_REMATS = (Remat.NONE, Remat.FULL)
 
 
-def moe_strategies(names: Sequence[str], *, asked: bool) -> tuple[str, ...]:
-    """The strategies a sweep of a mixture of experts tries: :data:`MOE_STRATEGIES` when
-    none were ``asked`` for, else those given, each of which must be one of
-    :data:`MOE_PRICED`."""
+def moe_strategies(names: Sequence[str], *, asked: bool, experts: bool = True) -> tuple[str, ...]:
+    """The strategies a sweep of a mixture of experts (``experts``; else of latent attention
+    alone) tries: :data:`MOE_STRATEGIES` when none were ``asked`` for, else those given, each
+    of which must be one of :data:`MOE_PRICED` (a :class:`PlanError` says why each other is
+    not, and names the nearest that is: :func:`moe_refusal`)."""
     if not asked:
         return MOE_STRATEGIES
     other = [n for n in names if n not in MOE_PRICED]
     if other:
         raise PlanError(
-            f"strategies {', '.join(other)}: the planner prices a mixture of experts or latent "
-            f"attention under {', '.join(MOE_PRICED)}; choose from those",
-            param="strategies",
+            "; ".join(moe_refusal(n, experts=experts) for n in other), param="strategies"
         )
     return tuple(names)
+
+
+def moe_refusal(name: str, *, experts: bool = True) -> str:
+    """Why ``name``, not one of :data:`MOE_PRICED`, is not planned for a mixture of experts
+    (``experts``; else for latent attention alone), and the nearest strategies that are:
+    with expert parallelism added (for a mixture), and without it, HSDP read as FSDP.
+
+    >>> moe_refusal("zero1_sp_cp").split("; ")[1]
+    'nearest: zero1_ep_sp_cp'
+    >>> moe_refusal("hsdp")
+    'hsdp: a mixture of experts is not planned under HSDP; nearest: fsdp_ep or fsdp'
+    """
+    what = "a mixture of experts" if experts else "latent attention"
+    dense = [n for n in MOE_PRICED if not ALL_STRATEGIES[n].expert_parallel]
+    p = Parallelism.parse(name)
+    if p.data == DataParallel.HSDP:
+        why = f"{what} is not planned under HSDP"
+        p = replace(p, data=DataParallel.FSDP)
+    else:
+        why = f"without expert parallelism {what} is planned only under {or_list(dense)}"
+    near = [replace(p, expert=True).name] if experts and not p.expert else []
+    near = [n for n in dict.fromkeys([*near, p.name]) if n in MOE_PRICED and n != name]
+    return f"{name}: {why}; " + (
+        f"nearest: {or_list(near)}" if near else f"choose {or_list(dense)}"
+    )
 
 
 def moe_remats(remats: Sequence[str], config: ModelConfig, *, asked: bool) -> tuple[str, ...]:
@@ -974,7 +1126,7 @@ def screen_all(
     remats = remat_options(mode, remat, flash_attention, hw)
     if config.is_moe or config.is_mla:
         remats = moe_remats(remats, config, asked=remat is not None)
-        names = moe_strategies(names, asked=True)
+        names = moe_strategies(names, asked=True, experts=config.is_moe)
     elif remat is not None:
         remats = runnable_remats(remats, config)
     if config.is_mla and matmul_dtype == MatmulDtype.FP8:

@@ -47,7 +47,7 @@ from shardscope._src.base.notes import Note
 from shardscope._src.cost.memory import memory_fits
 from shardscope._src.mesh import MeshShape
 from shardscope._src.model.config import Mode, ModelConfig
-from shardscope._src.model.presets import MODEL_PRESETS, model_preset
+from shardscope._src.model.presets import MODEL_PRESETS, is_preset, model_preset
 from shardscope._src.plan.collectives import axis_comm, bound_time
 from shardscope._src.plan.compile import COMPILE_OPTIONS, Progress, default_workers
 from shardscope._src.plan.estimates import MatmulDtype, PipelineSplit, model_flops, settings_dict
@@ -82,7 +82,9 @@ from shardscope._src.targets.hardware import Hardware
 from shardscope._src.targets.hardware import hardware as get_hardware
 from shardscope._src.targets.specs import CPU_TARGET
 from shardscope._src.train.candidates import (
+    MOE_PRICED,
     crossing_axes,
+    indivisible_mesh_error,
     maxtext_mesh,
     moe_remats,
     moe_strategies,
@@ -240,15 +242,17 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     compiler = check_compiler(r.compiler, hw, r.devices, r.target_plans)
     model_name, config = resolve_config(r)
     if config.is_moe or config.is_mla:
-        names = moe_strategies(names, asked=r.strategies is not None)
+        names = moe_strategies(names, asked=r.strategies is not None, experts=config.is_moe)
     _check_bytes_per_param(r.bytes_per_param, config, r.mode)
     devices, mode, stages = r.devices, r.mode, r.stages
     pinned = None
     read_note: list[Note] = []
     if r.mesh is not None:
-        # a mesh on which none of the default strategies runs plans those that do
-        allowed = names if r.strategies is not None else tuple(ALL_STRATEGIES)
-        pinned = pinned_mesh(r.mesh, devices, allowed)
+        # a mesh on which none of the default strategies runs plans those that do, of the
+        # strategies the model is planned under
+        takes = MOE_PRICED if config.is_moe or config.is_mla else tuple(ALL_STRATEGIES)
+        allowed = names if r.strategies is not None else takes
+        pinned = pinned_mesh(r.mesh, devices, allowed, takes=takes, asked=r.strategies is not None)
         if r.strategies is None and not runs_on(pinned, devices, names):
             names = tuple(runs_on(pinned, devices, allowed))
             if not config.is_moe and names and all(get_strategy(n).expert_parallel for n in names):
@@ -294,6 +298,20 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
         mesh=pinned,
         virtual_stages=r.virtual_stages,
     )
+    indivisible = all(k.reason == SkipReason.DIVISIBILITY for k in skipped)
+    if pinned is not None and not ranked_screen and skipped and indivisible:
+        # a pinned mesh that splits a dimension of the model it does not divide: the mesh to
+        # choose, in one line, before anything is written
+        refused = indivisible_mesh_error(
+            config,
+            pinned,
+            skipped[0].strategy,
+            flash_attention=r.flash_attention,
+            preset=model_name if isinstance(r.model, str) and is_preset(r.model) else None,
+            written=MeshShape.of(r.mesh).spec,
+        )
+        if refused is not None:
+            raise refused
     if r.beside_best:
         read_note.extend(_beside_best(r, config, hw, ranked_screen))
     ranked_screen, too_big = _simulable(ranked_screen, devices)

@@ -633,12 +633,35 @@ class PlanResult:
         )
 
     @property
+    def _least_devices_offloaded(self) -> int | None:
+        """:attr:`least_devices` with the optimizer state on the host, where the request
+        kept it on the device (``offload_optimizer=False``) and the hardware has host
+        memory; else None."""
+        s, hw = self.settings, self.hardware
+        if s.get("offload_optimizer") is not False or not hw.host_memory_bytes:
+            return None
+        if s.get("fp8_params") is not None or self.mode != Mode.TRAIN:
+            return None
+        return least_devices_for_state(
+            self.config.param_count(),
+            self.config.itemsize,
+            hw.memory_bytes,
+            bytes_per_param=s["bytes_per_param"],
+            host_memory_bytes=hw.host_memory_bytes,
+        )
+
+    @property
     def empty_reason(self) -> Note | None:
         """Why there is no plan (None when there is one)."""
         if self.plans:
             return None
         note = no_plan_note(
-            self.model, self.devices, self.skipped, self.hardware, self.least_devices
+            self.model,
+            self.devices,
+            self.skipped,
+            self.hardware,
+            self.least_devices,
+            self._least_devices_offloaded,
         )
         if self.settings.get("microbatches") is not None:
             # a micro-batch count the data shards' sequences do not split into

@@ -28,7 +28,12 @@ from shardscope._src.check.compare import (
     narrowed_bytes,
     ratio,
 )
-from shardscope._src.sharding.programs import Program, build_matmul, build_reference_program
+from shardscope._src.sharding.programs import (
+    Program,
+    build_matmul,
+    build_reference_program,
+    twin_needs_capacity,
+)
 from shardscope._src.sharding.strategies import Placement
 
 
@@ -118,10 +123,12 @@ def _constraint_text(placement: Placement) -> str:
 
 def transformer_hints(
     program: Program, bound: Bound, mode: str, impl: str, constraints: bool
-) -> tuple[Hint, ...]:
+) -> tuple[tuple[Hint, ...], tuple[Note, ...]]:
     """The strategy's activation constraints (when left out) and its shard_map twin (when it
-    has one), each compiled."""
+    has one and can place the model), each compiled; and the notes of the hints not tried
+    (a twin that cannot place a dropless mixture of experts)."""
     found = []
+    notes = []
     s = program.placement.strategy
     if impl == "jit" and not constraints and s.activations:
         fixed = build_reference_program(s, program.config, program.mesh, mode=mode, impl="jit")
@@ -135,7 +142,9 @@ def transformer_hints(
                 program.config.dtype,
             )
         )
-    if impl == "jit" and s.twin:
+    if impl == "jit" and s.twin and twin_needs_capacity(program.placement):
+        notes.append(Note(VerdictNote.NO_TWIN_FOR_DROPLESS, {"strategy": s.name}))
+    elif impl == "jit" and s.twin:
         twin = build_reference_program(s, program.config, program.mesh, mode=mode, impl="shard_map")
         collectives = (
             "all_gather before the column-parallel matmuls and psum_scatter "
@@ -152,7 +161,7 @@ def transformer_hints(
                 program.config.dtype,
             )
         )
-    return tuple(found)
+    return tuple(found), tuple(notes)
 
 
 def no_hint_note(verdict: Verdict) -> Note | None:

@@ -12,13 +12,14 @@ from typing import Any
 
 from shardscope._src.audit.compile import audit
 from shardscope._src.audit.records import Audit
+from shardscope._src.base.notes import Note
 from shardscope._src.base.records import json_value, record_dict
 from shardscope._src.bounds.matmul import (
     MatmulSchedule,
     best_schedule,
     matmul_problem,
 )
-from shardscope._src.bounds.terms import Bound
+from shardscope._src.bounds.terms import Bound, BoundNote
 from shardscope._src.bounds.transformer import transformer_bound
 from shardscope._src.check.compare import Hint, Verdict, compare
 from shardscope._src.mesh import auto_mesh, first_devices_mesh, format_mesh_spec
@@ -150,8 +151,10 @@ def transformer_verdict(
 
     Hints, tried when the program exceeds its bound: the strategy's activation sharding
     constraints (if they were left out), then its shard_map twin with explicit
-    ``psum`` / ``all_gather`` / ``psum_scatter`` (if it has one). Each is compiled and
-    audited; its traffic is reported whether or not it reaches the bound.
+    ``psum`` / ``all_gather`` / ``psum_scatter`` (if it has one: the expert-parallel twins
+    dispatch by capacity, so for a dropless mixture of experts the twin is not tried and a
+    note says why). Each is compiled and audited; its traffic is reported whether or not it
+    reaches the bound.
     ``mesh``: a ``Mesh``, or a description (``"model=8"``) built of the first devices it holds.
     """
 
@@ -170,7 +173,8 @@ def transformer_verdict(
     )
     found: tuple[Hint, ...] = ()
     if hints and not verdict.optimal:
-        found = transformer_hints(program, bound, mode, impl, constraints)
+        found, untried = transformer_hints(program, bound, mode, impl, constraints)
+        verdict = verdict.replace(notes=(*verdict.notes, *untried))
         if not found:
             verdict = verdict.with_note(no_hint_note(verdict))
     return TransformerReport(program, result, bound, verdict.replace(hints=found))
@@ -226,15 +230,17 @@ def moe_verdict(
 ) -> MoEReport:
     """Compiles one expert-parallel MoE layer (SwiGLU experts, capacity-padded dispatch in
     GShard's groups, :func:`~shardscope._src.model.moe.moe_capacity`), audits it and judges
-    it against :func:`~shardscope._src.bounds.moe.moe_layer_terms` with the capacity factor
-    as the imbalance its buffers allow. ``mesh`` has the axis ``expert``: the tokens and the
-    experts are split over it (``"expert=8"``: made of the first devices it holds, or of
-    ``target``'s compile-only devices when given); an axis ``data`` splits the tokens
-    further and replicates the experts (``"data=2,expert=4"``: expert x data parallelism,
-    whose train step sums the experts' gradients over ``data``). ``mode`` ``"train"``
-    differentiates the layer's input and weights. ``impl`` ``"shard_map"`` compiles its
-    twin with explicit ``all_to_all`` s (:func:`~shardscope._src.model.moe.moe_capacity_local`)
-    instead of jit's constraints.
+    it against :func:`~shardscope._src.bounds.moe.moe_layer_terms`: the least top-k routing
+    sends, each expert's slots its even share of the tokens (capacity factor 1). A capacity
+    factor above 1 pads the slots, and the all-to-alls send the padding: the layer then sends
+    up to that factor times the bound, and the bound's note says why. ``mesh`` has the axis
+    ``expert``: the tokens and the experts are split over it (``"expert=8"``: made of the
+    first devices it holds, or of ``target``'s compile-only devices when given); an axis
+    ``data`` splits the tokens further and replicates the experts (``"data=2,expert=4"``:
+    expert x data parallelism, whose train step sums the experts' gradients over ``data``).
+    ``mode`` ``"train"`` differentiates the layer's input and weights. ``impl``
+    ``"shard_map"`` compiles its twin with explicit ``all_to_all`` s
+    (:func:`~shardscope._src.model.moe.moe_capacity_local`) instead of jit's constraints.
     ``dispatch_once`` sends each token once to each device of its experts (DeepEP's), judged
     against the bound of that dispatch; ``weight_activations`` sends each slot's router weight
     with it to its expert, which scales its activation by it (Megatron-Core's all-to-all
@@ -256,6 +262,14 @@ def moe_verdict(
 
     if impl not in ("jit", "shard_map"):
         raise ModelConfigError(f"impl={impl!r}: give 'jit' or 'shard_map'")
+    cf = capacity_factor
+    if isinstance(cf, bool) or not isinstance(cf, int | float) or not cf > 0:
+        # the layer dispatches by capacity alone: it has no dropless form to offer
+        raise ModelConfigError(
+            f"capacity_factor={cf!r}: each expert's slots over its even share of the tokens, "
+            f"a number above 0 (1 pads nothing under balanced routing)",
+            param="capacity_factor",
+        )
 
     config = ModelConfig(
         d_model=d_model,
@@ -350,7 +364,9 @@ def moe_verdict(
         EXPERT_AXIS,
         e,
         config.itemsize,
-        imbalance=max(1.0, capacity_factor),
+        # top-k routing's least: each expert's slots its even share; padding beyond it is
+        # the program's to answer for (the note says so)
+        imbalance=1.0,
         train=mode == Mode.TRAIN,
         data_axis=DATA_AXIS if dp > 1 else None,
         data_devices=dp,
@@ -359,7 +375,10 @@ def moe_verdict(
         weight_activations=weight_activations,
     )
     label = f"moe layer {experts} experts top-{top_k} [{tokens},{d_model}] {dtype}"
-    bound = Bound(label, terms)
+    notes = []
+    if capacity_factor > 1:
+        notes.append(Note(BoundNote.CAPACITY_PADDED, {"capacity_factor": capacity_factor}))
+    bound = Bound(label, terms, tuple(notes))
     verdict = compare(result, bound, program_dtype=dtype, label=label)
     shape = dict(
         tokens=tokens,
