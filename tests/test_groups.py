@@ -8,6 +8,7 @@ from shardscope._src.hlo.groups import (
     AxisRef,
     axes_of_groups,
     axes_of_pairs,
+    groups_of_axes,
     parse_replica_groups,
     parse_source_target_pairs,
 )
@@ -205,3 +206,46 @@ def test_an_axis_name_like_a_sub_axis_but_not_one_stays_whole():
     assert AxisRef.parse("a:(2)") == AxisRef("a:(2)")
     assert AxisRef.parse("a:(2)4") == AxisRef("a", 2, 4)
     assert str(AxisRef("a", 2, 4)) == "a:(2)4"
+
+
+MESH_3D = {"a": 2, "b": 3, "c": 2}
+SUBSETS_3D = [(), ("a",), ("b",), ("c",), ("a", "b"), ("a", "c"), ("b", "c"), ("a", "b", "c")]
+
+
+@pytest.mark.parametrize("axes", SUBSETS_3D, ids=lambda a: ",".join(a) or "none")
+def test_groups_of_axes_hold_the_partitions_that_agree_off_those_axes(axes):
+    # Derived from the coordinates: a group is every partition with the same coordinates on
+    # the other axes, in increasing id (row-major over the spanned axes); the groups in
+    # increasing id of their first member (row-major over the other axes).
+    coords = np.stack(np.unravel_index(np.arange(12), (2, 3, 2)), axis=-1)
+    other = [d for d, name in enumerate(MESH_3D) if name not in axes]
+    keys = sorted({tuple(int(x) for x in row[other]) for row in coords})
+    want = tuple(
+        tuple(int(p) for p in range(12) if tuple(coords[p, other]) == key) for key in keys
+    )
+    assert groups_of_axes(axes, MESH_3D) == want
+    match = axes_of_groups(want, MESH_3D)
+    assert not match.irregular and match.axes == axes
+
+
+@pytest.mark.parametrize(
+    "axes, mesh, groups",
+    [
+        (("dp", "mp:(2)2"), DP_MP, ((0, 1, 4, 5), (2, 3, 6, 7))),
+        (("mp:(1)2",), DP_MP, ((0, 2), (1, 3), (4, 6), (5, 7))),
+        (("i:(1)2", "i:(4)2"), {"i": 8}, ((0, 1, 4, 5), (2, 3, 6, 7))),
+        (("i:(3)4",), {"i": 12}, ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11))),
+    ],
+)
+def test_groups_of_sub_axes_are_the_ones_axes_of_groups_names_so(axes, mesh, groups):
+    assert groups_of_axes(axes, mesh) == groups
+    assert axes_of_groups(groups, mesh).axes == axes
+
+
+@pytest.mark.parametrize(
+    "axes",
+    [("nope",), ("mp:(3)2",), ("mp:(1)4", "mp:(2)2")],
+    ids=["unknown axis", "sub-axis not dividing", "overlapping sub-axes"],
+)
+def test_groups_of_axes_that_name_no_groups_are_none(axes):
+    assert groups_of_axes(axes, DP_MP) is None

@@ -1,5 +1,6 @@
 """The local launcher: real 2-process JAX runs, a worker killed or stopped, Ctrl-C, bad input."""
 
+import argparse
 import importlib.metadata
 import io
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import shardscope
-from helpers import assert_usage_error
+from helpers import assert_usage_error, sub_parser
 from shardscope._src.launch import free_port, supervise
 
 pytestmark = pytest.mark.skipif(
@@ -241,10 +242,45 @@ def test_timeout_ends_whole_process_groups():
         (["launch", "-n", "2", "--", "lab", "--process-id=1"], "remove --process-id=1"),
         (["launch", "-n", "2", "--", "launch", "-n", "2"], "cannot launch itself"),
         (["launch", "-n", "2", "--timeout", "0", "--", "lab"], "positive number of seconds"),
+        # their --devices is the count they plan for: the reason is that they run in one process
+        (
+            ["launch", "-n", "2", "--", "serve", "--model", "tiny", "--devices", "8"],
+            "'serve' cannot run as several processes; the launcher runs lab and audit",
+        ),
+        (
+            ["launch", "-n", "2", "--", "shard", "x.py:f", "--devices", "8"],
+            "'shard' cannot run as several processes",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):
-    assert_usage_error(argv, words, capsys)
+    line = assert_usage_error(argv, words, capsys)
+    if "cannot run as several" in words:
+        assert "remove --devices" not in line, line
+
+
+def _takes_launcher_options(parser: argparse.ArgumentParser) -> bool:
+    """Whether ``parser`` (or, for one with programs, every program's parser) takes the options
+    that join a multi-process run."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if subs:
+        return all(_takes_launcher_options(p) for p in subs[0].choices.values())
+    return any("--coordinator" in a.option_strings for a in parser._actions)
+
+
+def test_every_sub_command_is_known_to_the_launcher_as_what_its_parser_says():
+    """The launcher's two lists are the parser's sub-commands split by whether they take
+    --coordinator, so a sub-command is refused for the right reason before its flags are read."""
+    from shardscope._src.launch import MULTIPROCESS_COMMANDS, SINGLE_PROCESS_COMMANDS
+
+    top = sub_parser(())
+    commands = dict(
+        next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
+    )
+    commands.pop("launch")
+    joins = {name for name, p in commands.items() if _takes_launcher_options(p)}
+    assert set(MULTIPROCESS_COMMANDS) == joins
+    assert set(SINGLE_PROCESS_COMMANDS) == set(commands) - joins
 
 
 def test_bad_input_in_a_real_process_starts_nothing():

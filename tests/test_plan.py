@@ -873,6 +873,27 @@ def test_the_terminal_says_which_memory_a_fit_is_judged_on_where_the_other_would
     assert shown(2 * high, verbose=True)
 
 
+def test_in_brief_one_plan_s_fit_note_keeps_the_other_figure_on_a_narrow_terminal(sweep):
+    """The note is shown because the other figure would judge the fit otherwise: that figure,
+    which comes late in the note, is printed even where the note is wider than the console."""
+    from rich.console import Console
+
+    from shardscope._src.base.comm import format_bytes
+    from shardscope._src.render.plan import render_plan
+
+    (p, *_) = [p for p in sweep.plans if any(n.kind == PlanNote.FIT_ON_ESTIMATE for n in p.notes)]
+    other = p.compiled_memory.buffer_bytes + p.memory.device_optimizer
+    plan = replace(p, memory_limit_bytes=(p.memory.total + other) // 2)
+    console = Console(record=True, width=100, file=io.StringIO())
+    render_plan(replace(sweep, plans=(plan,)), console=console, verbose=False)
+    brief = " ".join(console.export_text().split())
+    start = f"note: plan {p.rank} ({p.label}): the fit is judged on the analytic estimate"
+    assert start in brief
+    note = brief[brief.index(start) :]
+    assert f"compiler's {format_bytes(other)}" in note
+    assert "no device's" in note and "…" not in note
+
+
 def test_in_brief_the_plans_whose_fit_the_other_figure_would_decide_share_one_line(sweep):
     from rich.console import Console
 

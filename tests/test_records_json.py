@@ -65,7 +65,7 @@ def test_a_record_mixin_serializes_its_fields():
     assert Totals(2, 64, 112).to_dict() == {"count": 2, "payload_bytes": 64, "traffic_bytes": 112}
 
 
-def test_replica_groups_are_listed_only_when_irregular():
+def test_replica_groups_are_listed_when_irregular_not_where_the_axes_name_them():
     regular = (FIXTURES / "psum_3d.hlo").read_text()
     irregular = regular.replace("{{0,2},{1,3},{4,6},{5,7}}", "{{0,3},{1,2},{4,7},{5,6}}")
     assert irregular != regular

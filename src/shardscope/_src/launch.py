@@ -332,10 +332,11 @@ def shardscope_commands(
     return [base + ["--process-id", str(i)] for i in range(num_processes)]
 
 
-#: The sub-commands that join a multi-process run, and those that do not (``plan`` simulates
-#: the devices it plans for in one process).
+#: The sub-commands that join a multi-process run, and those that do not (``plan``, ``serve``
+#: and ``shard`` simulate the devices they plan for in one process; their ``--devices`` is
+#: that count, not the launcher's flag, so they are refused for what they are first).
 MULTIPROCESS_COMMANDS = ("lab", "audit")
-SINGLE_PROCESS_COMMANDS = ("plan",)
+SINGLE_PROCESS_COMMANDS = ("diff", "plan", "profile", "serve", "shard", "suggest")
 #: At most this many local processes: each is a whole JAX runtime (about 150 MB and a second
 #: of start-up), so far more than the cores only thrashes the machine.
 MAX_PROCESSES = 64

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shardscope._src.audit.overlap import Exposure, Overlap
@@ -15,7 +15,7 @@ from shardscope._src.base.display import View, show
 from shardscope._src.base.errors import RecordError, ShardscopeError, is_int
 from shardscope._src.base.records import Record, field_of, int_tuple, json_value, record_dict
 from shardscope._src.cost.memory import CompiledMemory
-from shardscope._src.hlo.groups import AxisRef
+from shardscope._src.hlo.groups import AxisRef, groups_of_axes
 from shardscope._src.hlo.parse import HloModule
 from shardscope._src.mesh import format_mesh_spec
 from shardscope._src.sharding.rules import UnusedRules
@@ -125,7 +125,9 @@ class Collective:
             device or when irregular.
         group_size: devices in one replica group (for a permute: along its axes).
         irregular: the groups match no set of mesh axes; ``groups`` holds them, ``reason`` why.
-        groups: the replica groups as partition ids (for a permute: the pairs' devices).
+        groups: the replica groups as partition ids (for a permute: the pairs' devices), in
+            the compiler's order; the JSON spells them out only where the axes do not name
+            them in that order (:meth:`to_dict`).
         dtype, shape: element type and shape of the payload array (the first, when the
             instruction combines several: ``shapes`` has them all). all-reduce,
             reduce-scatter, collective-permute, collective-broadcast: the operand;
@@ -214,25 +216,43 @@ class Collective:
             return "irregular"
         return ",".join(self.axes) if self.axes else "-"
 
-    def to_dict(self) -> dict[str, Any]:
+    def named_groups(self, mesh_axes: Mapping[str, int] | None) -> tuple[tuple[int, ...], ...]:
+        """The replica groups a regular collective's axes name over a mesh of ``mesh_axes``
+        (:func:`~shardscope._src.hlo.groups.groups_of_axes`; a permute's: the devices of its
+        pairs), what a JSON ``null`` reads back as; ``()`` when irregular, without a mesh or
+        where the axes name none."""
+        if self.irregular or mesh_axes is None:
+            return ()
+        if self.kind == _comm.CollectiveKind.COLLECTIVE_PERMUTE:
+            return (tuple(sorted({d for pair in self.pairs for d in pair})),)
+        return groups_of_axes(self.axes, mesh_axes) or ()
+
+    def to_dict(self, mesh_axes: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """JSON-ready plain data. The replica groups are spelled out where
+        :meth:`from_dict`, given the same ``mesh_axes``, would not read them back from the
+        axes (:meth:`named_groups`): always when irregular, and when the compiler printed a
+        regular collective's groups in another order; else they are ``null``."""
+        named = not self.irregular and self.groups == self.named_groups(mesh_axes)
         return {
             **record_dict(self),
-            # regular groups are the axes named above: spelled out only when irregular
-            "groups": json_value(self.groups) if self.irregular else None,
+            "groups": None if named else json_value(self.groups),
             "pairs": json_value(self.pairs) or None,
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Collective:
-        """The collective :meth:`to_dict` wrote. The replica groups of a regular collective
-        are not written (its axes name them): they read back as ``()``."""
+    def from_dict(
+        cls, data: Mapping[str, Any], mesh_axes: Mapping[str, int] | None = None
+    ) -> Collective:
+        """The collective :meth:`to_dict` wrote, given the same ``mesh_axes``: replica
+        groups written ``null`` read back as those its axes name over that mesh
+        (:meth:`named_groups`; ``()`` without one)."""
         what = f"collective {data.get('name', '?')!r}" if isinstance(data, Mapping) else ""
 
         def need(key: str) -> Any:
             return field_of(data, key, what or "a collective")
 
         channel = data.get("channel_id")
-        return cls(
+        read = cls(
             kind=str(need("kind")),
             name=str(need("name")),
             computation=str(need("computation")),
@@ -270,6 +290,9 @@ class Collective:
             parts=tuple(Part.from_dict(x) for x in data.get("parts", ())),
             overlap=None if data.get("overlap") is None else Overlap.from_dict(data["overlap"]),
         )
+        if data.get("groups") is None:
+            read = replace(read, groups=read.named_groups(mesh_axes))
+        return read
 
 
 @dataclass(frozen=True)
@@ -838,7 +861,7 @@ class Audit:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready plain data (:meth:`from_dict` reads it back)."""
+        """JSON-ready plain data (:meth:`from_dict` reads it back as an equal audit)."""
         return {
             **record_dict(
                 self,
@@ -847,15 +870,18 @@ class Audit:
                 extra=("counts", "exact", "total", "by_scope", "exposure"),
             ),
             "totals": json_value(self.kind_totals()),
-            # The long list last, so that a reader of the file sees the summary first.
-            "collectives": json_value(self.sorted_collectives()),
+            # The long list last, so that a reader of the file sees the summary first; in the
+            # audit's own order, which from_dict keeps (the tables sort it).
+            "collectives": [c.to_dict(self.mesh_axes) for c in self.collectives],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Audit:
         """The audit :meth:`to_dict` wrote (what ``shardscope audit --json`` writes, whose
-        header and other keys it ignores). The sums (``counts``, ``totals``, ...) are
-        computed again from the collectives; it has no :attr:`program`.
+        header and other keys it ignores), equal to the one that wrote it. The sums
+        (``counts``, ``totals``, ...) are computed again from the collectives; it has no
+        :attr:`program`. A file of an earlier version, which wrote no regular collective's
+        replica groups, reads them back as its axes name them.
 
         Raises:
             RecordError: ``data`` lacks a field of an audit or holds one of another type.
@@ -879,13 +905,16 @@ class Audit:
                     f"({type(e).__name__}: {e}); write it again with this shardscope"
                 ) from None
 
+        mesh_axes = read(
+            "mesh_axes", lambda v: {str(k): int(n) for k, n in v.items()}, required=True
+        )
         return cls(
             collectives=read(
-                "collectives", lambda v: tuple(Collective.from_dict(c) for c in v), required=True
+                "collectives",
+                lambda v: tuple(Collective.from_dict(c, mesh_axes) for c in v),
+                required=True,
             ),
-            mesh_axes=read(
-                "mesh_axes", lambda v: {str(k): int(n) for k, n in v.items()}, required=True
-            ),
+            mesh_axes=mesh_axes,
             num_partitions=read("num_partitions", int, required=True),
             module_name=read("module", str, required=True),
             memory=read("memory", CompiledMemory.from_dict),

@@ -570,6 +570,62 @@ def axes_of_groups(groups: Sequence[Sequence[int]], mesh_axes: Mapping[str, int]
     return AxisMatch((), group_size, True, "groups span different axes")
 
 
+def groups_of_axes(
+    axes: Sequence[str], mesh_axes: Mapping[str, int]
+) -> tuple[tuple[int, ...], ...] | None:
+    """The replica groups (partition ids) that span exactly ``axes`` (labels, as
+    :attr:`AxisMatch.axes` writes them) over a mesh of ``mesh_axes``, in one order: the
+    groups by the coordinates they do not span, each group by those it spans, both
+    row-major in mesh order. None where a label names no axis of the mesh, a sub-axis does
+    not divide its axis, or two sub-axes overlap.
+
+    :func:`axes_of_groups` of the result gives ``axes`` back; a compiler may print the same
+    groups in another order (``[4,2]<=[2,2,2]T(1,0,2)``), which this does not reproduce.
+
+    >>> groups_of_axes(("dp",), {"dp": 2, "mp": 4})
+    ((0, 4), (1, 5), (2, 6), (3, 7))
+    >>> groups_of_axes(("dp", "mp:(2)2"), {"dp": 2, "mp": 4})
+    ((0, 1, 4, 5), (2, 3, 6, 7))
+    """
+    return _groups_of_axes(tuple(axes), tuple((str(k), int(v)) for k, v in mesh_axes.items()))
+
+
+@functools.lru_cache(maxsize=256)
+def _groups_of_axes(
+    axes: tuple[str, ...], mesh: tuple[tuple[str, int], ...]
+) -> tuple[tuple[int, ...], ...] | None:
+    sizes = dict(mesh)
+    refs: dict[str, list[tuple[int, int]]] = {}  # axis -> (pre, size) of each reference
+    for label in axes:
+        ref = AxisRef.parse(label)
+        if ref.name not in sizes:
+            return None
+        n = sizes[ref.name]
+        size = n if ref.size is None else ref.size
+        if ref.pre < 1 or size < 1 or n % (ref.pre * size):
+            return None
+        refs.setdefault(ref.name, []).append((ref.pre, size))
+    # Each axis cut into factors, major first, at the bounds of the sub-axes named on it.
+    factors: list[int] = []
+    spanned: list[bool] = []
+    for name, n in mesh:
+        on = refs.get(name, [])
+        cuts = sorted({1, n, *(p for p, _ in on), *(p * k for p, k in on)})
+        for low, high in zip(cuts, cuts[1:], strict=False):
+            if high % low:
+                return None
+            owners = sum(p <= low and high <= p * k for p, k in on)
+            if owners > 1:
+                return None
+            factors.append(high // low)
+            spanned.append(owners == 1)
+    ids = np.arange(math.prod(n for _, n in mesh)).reshape(factors or [1])
+    order = [i for i, s in enumerate(spanned) if not s] + [i for i, s in enumerate(spanned) if s]
+    size = math.prod(f for f, s in zip(factors, spanned, strict=True) if s)
+    rows = ids.transpose(order or [0]).reshape(-1, size)
+    return tuple(tuple(row) for row in rows.tolist())
+
+
 def axes_of_pairs(pairs: Sequence[tuple[int, int]], mesh_axes: Mapping[str, int]) -> AxisMatch:
     """Axes along which a collective-permute moves data: where source and target differ.
 

@@ -265,8 +265,9 @@ class PlanRequest:
             installed, else ``"cpu"`` and a note names the extra (as ``shardscope plan``
             does); ``"cpu"`` (every plan compiled by the CPU backend over simulated devices),
             or the hardware's own target (``"h100"``, ``"tpu-v5p"``, see
-            ``shardscope.TARGETS``): every candidate is screened on the CPU compiler, then
-            leading ones are compiled again by the target's compiler, deviceless, until
+            ``shardscope.TARGETS``): the leading candidates of the analytic screening
+            (``compile_top``) are compiled on the CPU compiler, then leading ones again by
+            the target's compiler, deviceless, until
             ``target_plans`` of them fit (at most ``3 * target_plans`` compiles). Those plans
             take their collectives, memory per device and fit from that compile
             (``compiled_by``); a TPU out-of-memory at compile does not fit; ``best`` is then

@@ -454,7 +454,8 @@ def render_plan(
     With no plan it prints why (unless ``empty_reason=False``: the CLI says it on stderr).
     ``flags`` turns the parameters a note names into the words that follow it (the command
     line names its flags). Not ``verbose`` (the command line's default), the skipped
-    candidates are a line a reason, the validation one line, each note one line and the
+    candidates are a line a reason, the validation one line, each note one line (but one
+    saying which memory a fit was judged on, shown for the other figure, whole) and the
     time model's constants and their sources left out (the JSON and the report have them).
     """
     from rich.console import Console
@@ -499,7 +500,12 @@ def render_plan(
         # one line for the plans whose fit a CPU compile's buffers would judge otherwise
         notes.append((_fits_on_estimate(fits), True))
         shown = [(p, n) for p, n in shown if n.kind != PlanNote.FIT_ON_ESTIMATE]
-    notes += [(f"note: plan {p.rank} ({p.label}): {note}", False) for p, note in shown]
+    # a fit note is shown for the figure it sets beside the one judged on: printed whole, as
+    # the line for several plans is, so that figure is not cut off
+    notes += [
+        (f"note: plan {p.rank} ({p.label}): {note}", fit_judged(note) is not None)
+        for p, note in shown
+    ]
     for line, whole in notes:
         if verbose or whole:
             console.print(line, highlight=False, markup=False)

@@ -214,7 +214,7 @@ def plan(
         PlanError: an unknown preset, a bad device count or mode.
         TypeError: a keyword that is not a field of :class:`PlanRequest`.
 
-    Not run as a doctest (it compiles every candidate; the planner tests run sweeps):
+    Not run as a doctest (it compiles plans; the planner tests run sweeps):
 
     >>> result = plan("tiny", 8, workers=0)  # doctest: +SKIP
     >>> result.best.label  # doctest: +SKIP
@@ -228,7 +228,7 @@ def plan_request(request: PlanRequest, progress: Progress | None = None) -> Plan
     """Plans what ``request`` asks for (see :func:`plan`, which builds the request from its
     arguments); ``progress`` is called as ``progress(done, total, label)`` while compiling.
 
-    Not run as a doctest (it compiles every candidate; the planner tests run sweeps):
+    Not run as a doctest (it compiles plans; the planner tests run sweeps):
 
     >>> result = plan_request(PlanRequest("tiny", 8, workers=0))  # doctest: +SKIP
     >>> result.best.label  # doctest: +SKIP
@@ -564,7 +564,7 @@ def _compiled_plan(
     cand, bound, stage = s.candidate, s.bound, program.config
     sizes = program.mesh.sizes
     comm = axis_comm(hw, sizes, got.collectives, bound)
-    # The sweep compiles every candidate on the CPU backend (a target recompiles the leaders).
+    # The sweep compiles its plans on the CPU backend (a target recompiles the leaders).
     notes = compiled_notes(got, bound, got.collectives, CPU_COMPILER)
     if cand.microbatches > 1 and reduces_per_microbatch(got, bound, cand):
         notes.append(Note(PlanNote.PER_MICROBATCH_REDUCTION))

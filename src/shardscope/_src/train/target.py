@@ -1,7 +1,8 @@
 """Compiling a plan with the target's own compiler (deviceless GPU or TPU), for its memory.
 
-The sweep screens every candidate on the CPU compiler (fast, and what the estimates were
-built on); the leading plans are then compiled again for the target's compile-only devices.
+The sweep screens the candidates analytically and compiles the leaders on the CPU compiler
+(fast, and what the estimates were built on); the leading plans are then compiled again for
+the target's compile-only devices.
 What comes back is the target's own buffer assignment (memory per device), its collectives
 (its reduce-scatters, its 16-bit payloads), its matmul FLOPs counted from its HLO (both priced
 in the plan's step), and on TPU the compiler's own FLOP count and time estimate. A TPU program
