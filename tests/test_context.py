@@ -312,4 +312,5 @@ def test_the_command_line_names_the_sequence(capsys):
             "data=8,context=3"]  # fmt: skip
     # The plan prints its table of skipped candidates, then the one line.
     line = assert_usage_error(argv, "seq=8192", capsys, quiet=False)
-    assert "fsdp_cp data=8,context=3" in line and "context=3 (3 ways)" in line
+    assert "mesh='data=8,context=3': strategy 'fsdp_cp'" in line
+    assert "context=3 (3 ways)" in line
