@@ -22,6 +22,7 @@ import itertools
 import math
 import sys
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -428,7 +429,7 @@ def compile_candidate(
         )
     fingerprint = hashlib.sha256(result.hlo_text.encode()).hexdigest()[:16]
     itemsize = _itemsize(stage.args_info)
-    whole = step_matmul_flops(stage)
+    whole = _step_flops(make_step, sizes, stage)
     timing = {
         "lower_s": t1 - t0,
         "compile_s": compiled.compile_s,
@@ -442,6 +443,35 @@ def compile_candidate(
 _MANUAL_REGIONS = frozenset(
     {"xla.sdy.GlobalToLocalShape", "SPMDFullToShardShape", "xla.sdy.LocalToGlobalShape"}
 )
+
+
+#: The whole step's matmul FLOPs of a ``make_step`` by mesh shape and its arguments' shapes
+#: and types, counted once (:func:`_step_flops`).
+_STEP_FLOPS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], int | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _step_flops(make_step: Any, sizes: Mapping[str, int], stage: Any) -> int | None:
+    """:func:`step_matmul_flops` of ``stage``, ``make_step``'s program on a mesh of
+    ``sizes``, counted once for the shapes and types of its arguments on that mesh shape:
+    the rule sets and layouts a search compiles there change where the products run, not
+    what the whole step computes."""
+    if not isinstance(stage, jax.stages.Lowered):
+        return None
+    args = tuple(
+        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
+        for x in jax.tree.leaves(stage.args_info)
+    )
+    # (not the arguments' tree: a Flax model's carries its variables' shardings)
+    key = (tuple(sizes.items()), args)
+    try:
+        known = _STEP_FLOPS.setdefault(make_step, {})
+    except TypeError:  # not weakly referable: counted each time
+        return step_matmul_flops(stage)
+    if key not in known:
+        known[key] = step_matmul_flops(stage)
+    return known[key]
 
 
 def step_matmul_flops(stage: Any) -> int | None:
