@@ -15,7 +15,12 @@ import shardscope
 from helpers import assert_usage_error, mlp_search
 from shardscope._src.audit.user_program import load_program
 from shardscope._src.cli.main import build_parser, command_config, main
-from shardscope._src.render.suggest import ARRAYS_SHOWN, render_suggest, suggest_markdown_report
+from shardscope._src.render.suggest import (
+    ARRAYS_SHOWN,
+    dataflow_names,
+    render_suggest,
+    suggest_markdown_report,
+)
 from shardscope._src.suggest.suggest import probe_program, screen, workload
 from shardscope._src.targets.hardware import PRESETS
 
@@ -682,6 +687,11 @@ def test_an_explicit_sharding_program_that_names_its_mesh_axes_is_searched_by_ar
     result = shardscope.suggest(make_step, 8, compiles=3, workers=0)
     assert result.by_dataflow and result.best is not None and result.best.fits
     assert result.axes == ("data", "model") and result.compiled == 3
+    # the axis of the tokens' batch is named after the step's second argument's first
+    # dimension, of the program's BATCH = 8 sequences: the output says so
+    legend = dataflow_names(result)
+    assert "arg1_0 = [1] dim 0 (8)" in legend
+    assert len(legend.split("; ")) == len(result.names)
 
 
 def test_other_mesh_axes_are_searched_with_only_the_names_of_the_modules_rules(capsys):
@@ -700,6 +710,7 @@ def test_other_mesh_axes_are_searched_with_only_the_names_of_the_modules_rules(c
         axis_types="auto",
     )  # fmt: skip
     assert result.axes == ("fsdp", "tensor") and result.own is None
+    assert dataflow_names(result) is None  # its names are the program's own
     assert result.names == tuple(n for n, _ in _rules(make_step)["dp"])
     (best,) = result.proposals
     assert tuple(best.mesh) == ("fsdp", "tensor") and math.prod(best.mesh.values()) == 8

@@ -33,6 +33,31 @@ def headline(result: SuggestResult) -> str:
     )
 
 
+def dataflow_names(result: SuggestResult) -> str | None:
+    """What each axis a program's dataflow joins is named after, where it has no logical
+    names: the first array dimension it holds, with its size, and how many other dimensions
+    it joins (``arg2_0 = [2] dim 0 (16) and 1 other dimensions``); None for a named program."""
+    if not result.by_dataflow:
+        return None
+    first: dict[str, tuple[str, int, int]] = {}
+    more: dict[str, int] = {}
+    for a in result.arrays:
+        for d, names in enumerate(a.names):
+            for n in names:
+                if n in first:
+                    more[n] = more.get(n, 0) + 1
+                else:
+                    first[n] = (a.path, d, a.shape[d])
+    parts = []
+    for n in result.names:
+        if n not in first:
+            continue
+        path, d, size = first[n]
+        also = f" and {more[n]} other dimensions" if more.get(n) else ""
+        parts.append(f"{n} = {path} dim {d} ({size}){also}")
+    return "the axes, each named after the first array dimension it holds: " + "; ".join(parts)
+
+
 def _rules(p: Proposal) -> str:
     return sharded_rules(p.rules)
 
@@ -171,6 +196,9 @@ def render_suggest(
     report have every one). Where nothing fits, the fit advice is printed unless not
     ``advice`` (the command line raises it as its one-line error instead)."""
     console.print(headline(result), highlight=False)
+    legend = dataflow_names(result)
+    if legend is not None:
+        console.print(legend, highlight=False)
     # the answer first: where no proposal beats the user's own rules, that
     notes = result.notes
     for note in notes:
@@ -207,6 +235,9 @@ def render_suggest(
 def suggest_markdown_report(result: SuggestResult) -> str:
     """The search as Markdown: the headline, the proposals, the change, the best's arrays."""
     lines = [f"# Sharding proposals for {result.program}", "", headline(result), ""]
+    legend = dataflow_names(result)
+    if legend is not None:
+        lines += [legend, ""]
     notes = result.notes
     keep = [n for n in notes if n.kind == PlanNote.KEEP_OWN]
     lines += [*(f"**{note}**" for note in keep), *([""] if keep else [])]
