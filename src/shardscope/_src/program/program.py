@@ -1235,10 +1235,14 @@ def exposed_seconds(program: CompiledProgram, hw: Hardware) -> float | None:
     that window, whichever is more (:func:`~shardscope._src.audit.pricing.priced`: the
     audit's exposed time, by the training step's one overlap rule). None where the CPU's
     compiler built it: it runs each collective on its own, and its schedule is no
-    accelerator's."""
+    accelerator's. The audit priced its collectives on its target's hardware already: where
+    that is ``hw``, its exposure is taken as it is, not priced again."""
     result = program.audit
     if result.program is None or get_target(result.target or CPU).family is Family.CPU:
         return None
+    exposure = result.exposure()
+    if exposure is not None and get_hardware(str(result.priced_on)) == hw:
+        return exposure.exposed_s
     found = priced(result.collectives, result.program.module, result.mesh_axes, hw)
     return sum(c.overlap.exposed_s * c.count for c in found if c.overlap is not None)
 
